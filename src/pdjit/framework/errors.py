@@ -1,0 +1,66 @@
+"""The errors pdjit raises, and how they name the op or variable at fault.
+
+Every error about an op says which op (type, block, index) and where the user created it (the
+last frame of its ``op_callstack`` outside pdjit); every error about a variable names it; and
+both say what was expected and what was got.
+"""
+from __future__ import annotations
+
+
+class PdjitError(Exception):
+    """Base class of pdjit's own errors."""
+
+
+class ProgramError(PdjitError, ValueError):
+    """A program is malformed: refused while it is built, loaded or verified."""
+
+
+class OpError(PdjitError):
+    """An op failed (while its shape was inferred or while it ran).
+
+    ``op_type``, ``block_idx``, ``op_idx`` and ``location`` identify it; ``reason`` is the
+    message without the op's description.
+    """
+
+    def __init__(self, reason: str, op_type: str, block_idx: int | None, op_idx: int | None,
+                 location: str | None):
+        self.reason, self.op_type = reason, op_type
+        self.block_idx, self.op_idx, self.location = block_idx, op_idx, location
+        super().__init__(f"{describe_op(op_type, block_idx, op_idx, location)}: {reason}")
+
+
+class OpShapeError(OpError, ProgramError):
+    """An op's inputs do not fit it (raised at build time by infer_shape)."""
+
+
+class OpRunError(OpError, RuntimeError):
+    """An op failed while it ran."""
+
+
+class FeedError(PdjitError, ValueError):
+    """A feed does not match the variable it feeds (name, dtype or shape)."""
+
+
+class UnregisteredOpError(ProgramError, NotImplementedError):
+    """A program uses an op type that pdjit does not know."""
+
+
+class ShapeMismatch(ValueError):
+    """Raised by op definitions (infer_shape, reference) for input that does not fit the op.
+
+    The framework adds the op's description; the message says what was expected vs got.
+    """
+
+
+def describe_op(op_type: str, block_idx, op_idx, location) -> str:
+    where = []
+    if block_idx is not None:
+        where.append(f"block {block_idx}")
+    if op_idx is not None:
+        where.append(f"op #{op_idx}")
+    text = f"op '{op_type}'"
+    if where:
+        text += f" ({', '.join(where)})"
+    if location:
+        text += f", created at {location}"
+    return text

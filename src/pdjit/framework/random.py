@@ -1,0 +1,90 @@
+"""pdjit's one random stream: counter-based, so every executor draws the same numbers.
+
+A random op draws element ``i`` of its output from ``mix64(key + (i + 1) * GOLDEN)``, where
+``key`` depends only on:
+
+- the op's ``seed`` attribute when it is non-zero (then every run draws the same numbers, as in
+  Fluid), else
+- the program's ``random_seed`` (or a per-process entropy seed when that is 0), the op's block
+  and index, and how many times this executor ran the program before.
+
+Being a pure function of (key, index), the stream can be generated in any order, by any target:
+the reference interpreter here, and the generated code of the compiled targets.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+_MASK = (1 << 64) - 1
+_PROCESS_SEED = int.from_bytes(os.urandom(8), "little")
+
+
+def mix64_int(x: int) -> int:
+    """splitmix64's finaliser on a Python int (exact 64-bit wrap-around)."""
+    x &= _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
+
+
+def op_key(op_seed: int, program_seed: int, block_idx: int, op_idx: int, run: int) -> int:
+    """The stream key of one run of one random op."""
+    if op_seed:
+        return mix64_int(mix64_int(int(op_seed) & _MASK) ^ 0x5EED)
+    base = int(program_seed) if program_seed else _PROCESS_SEED
+    k = mix64_int(base & _MASK)
+    for part in (block_idx, op_idx, run):
+        k = mix64_int(k ^ (int(part) & _MASK))
+    return k
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+    x = x ^ (x >> np.uint64(30))
+    x = x * _M1
+    x = x ^ (x >> np.uint64(27))
+    x = x * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+def bits(key: int, n: int, offset: int = 0) -> np.ndarray:
+    """``n`` uint64 words of the stream of ``key``, starting at element ``offset``."""
+    with np.errstate(over="ignore"):
+        i = np.arange(offset + 1, offset + n + 1, dtype=np.uint64)
+        return _mix64(np.uint64(key) + i * GOLDEN)
+
+
+def uniform01(key: int, n: int, offset: int = 0) -> np.ndarray:
+    """``n`` float64 in [0, 1): the top 53 bits of each word."""
+    return (bits(key, n, offset) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+def uniform(key: int, shape, low: float, high: float, dtype) -> np.ndarray:
+    n = int(np.prod(shape, dtype=np.int64))
+    u = uniform01(key, n)
+    return (low + (high - low) * u).astype(dtype).reshape(shape)
+
+
+def normal(key: int, shape, mean: float, std: float, dtype) -> np.ndarray:
+    """Box-Muller on the pair of words (2i, 2i+1) for element i."""
+    n = int(np.prod(shape, dtype=np.int64))
+    u = uniform01(key, 2 * n)
+    u1, u2 = 1.0 - u[0::2], u[1::2]  # u1 in (0, 1]: log is finite
+    z = np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
+    return (mean + std * z).astype(dtype).reshape(shape)
+
+
+def truncated_normal(key: int, shape, mean: float, std: float, dtype, a: float = -2.0,
+                     b: float = 2.0) -> np.ndarray:
+    """Normal truncated to [mean + a*std, mean + b*std] by inverting the CDF (no rejection)."""
+    from scipy.special import ndtr, ndtri
+
+    n = int(np.prod(shape, dtype=np.int64))
+    u = uniform01(key, n)
+    lo, hi = ndtr(a), ndtr(b)
+    z = ndtri(lo + u * (hi - lo))
+    return (mean + std * np.clip(z, a, b)).astype(dtype).reshape(shape)

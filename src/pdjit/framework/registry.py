@@ -1,0 +1,372 @@
+"""The op registry and the op-definition contract.
+
+Every op type is defined exactly once, by an :class:`OpDef` passed to :func:`register_op`. The
+definition is the only place that knows the op; program building, passes, code generation,
+backward and the test kit read it and never switch on op names.
+
+An ``OpDef`` holds:
+
+``type``
+    The op type as written in ``OpDesc.type`` (PaddlePaddle's legacy names: ``mul``,
+    ``elementwise_add``, ``reshape2``...).
+``inputs`` / ``outputs``
+    Slots (:class:`Slot`), in order. Written compactly as strings: ``"X"``; a trailing ``*``
+    marks a duplicable slot (a list of variables), ``?`` a dispensable one (may be absent or
+    empty), ``~`` an intermediate output (computed for the backward pass, not a user result).
+    ``"XShape?~"`` is dispensable and intermediate.
+``attrs``
+    ``{name: AttrSpec}`` with the proto attribute type, the default (``REQUIRED`` if the user
+    must give it) and, for the test kit's strategies, the values it may take (``choices`` or
+    ``low``/``high``).
+``traits``
+    A frozenset of the trait constants below. Passes test traits, never names:
+
+    - ``ELEMENTWISE``: every output element depends only on the input elements at the same
+      (broadcast) index; fusable into a loop nest.
+    - ``BROADCAST``: inputs broadcast with Fluid's ``axis`` rule (implies ``ELEMENTWISE``).
+    - ``REDUCTION``: reduces an input over some axes; ends or folds into a fusion group.
+    - ``OPAQUE``: a library call or loop nest of its own (matmul, softmax, gather...).
+    - ``VIEW``: output is input's data reinterpreted (reshape, squeeze); no arithmetic.
+    - ``SIDE_EFFECT``: must not be pruned or reordered (save, print, assign into persistables).
+    - ``CONTROL_FLOW``: owns sub-blocks (``BLOCK``/``BLOCKS`` attributes); a plan boundary.
+    - ``RANDOM``: draws random numbers from the run's stream (see ``pdjit.framework.random``).
+    - ``FEED_FETCH``: moves values between the run's feed/fetch lists and variables.
+    - ``SEQUENCE``: reads or writes LoD offsets.
+``infer_shape``
+    ``infer_shape(X, Y, ..., *, attr1, attr2...) -> {out_slot: VarMeta | [VarMeta] }``.
+    Called at build time (the seeds' InferShape). Each input slot arrives as a
+    :class:`VarMeta` (``shape`` with ``-1`` for unknown dims, ``dtype`` as ``np.dtype``,
+    ``lod_level``, ``type``), a list of them for duplicable slots, or ``None`` when a
+    dispensable slot is absent; each declared attribute arrives as a keyword (a function may
+    take ``**_`` to ignore attributes it does not need). It returns a meta for each output slot
+    it defines, and raises :class:`ShapeMismatch` with an "expected ..., got ..." message when
+    the inputs do not fit. Unknown dims stay ``-1``; nothing here may look at values.
+``reference``
+    ``reference(X, Y, ..., *, attrs...) -> {out_slot: ndarray | [ndarray]}``: the op's
+    semantics in NumPy. It is the test oracle, the interpreter of the reference executor, and
+    the step the compiled executor falls back to for ops without ``emit``. Inputs arrive as
+    NumPy arrays (lists for duplicable slots, ``None`` when absent). A reference that declares
+    a parameter named ``ctx`` also gets a :class:`pdjit.runtime.context.RunContext` (random
+    stream, LoD, scope and sub-block execution for control flow). It must return arrays of the
+    dtypes ``infer_shape`` promised, never views of its inputs that it then mutates, and must
+    raise :class:`ShapeMismatch` (or ``IndexError`` for an out-of-range index) rather than
+    read outside an array.
+``emit``
+    How the code generator inlines the op, or ``None`` (declared: not lowered; the compiled
+    plan calls ``reference`` in a step of its own and the fusion report says so):
+
+    - ``ELEMENTWISE`` ops: a scalar-expression template, e.g. ``"max({X}, {T}(0))"``. ``{X}``
+      stands for the scalar value of input slot ``X`` at the current index, ``{T}`` for the
+      output's NumPy scalar type name (``float32``), ``{name}`` for an attribute's value as a
+      Python literal. The expression must compile under ``numba.njit`` and ``numba.cuda.jit``:
+      use ``math.*`` for exact functions and the vectorisable helpers of the code generator's
+      math module (``_m.tanh``, ``_m.exp``...) for transcendentals. An op with several outputs
+      gives ``{slot: template}``. A callable ``emit(dtypes: {slot: np.dtype}, **attrs)`` may
+      return the template when it depends on dtypes or attributes beyond substitution.
+    - ``REDUCTION`` ops: :class:`Reduce` ``(init, combine, finalize)`` templates over ``{acc}``,
+      ``{x}`` (the element) and ``{n}`` (the count reduced).
+    - ``OPAQUE`` ops: :class:`Call` naming a kernel function (a Numba-compilable function
+      in an ops module) with the argument order; it writes into preallocated outputs.
+``grad``
+    The grad maker, or ``None`` (declared: no gradient flows through this op). Called by the
+    backward pass as ``grad(op) -> [GradOpSpec]`` where ``op`` is the forward
+    :class:`pdjit.framework.program.Operator`. A :class:`GradOpSpec` names an op type and
+    its inputs/outputs by variable name: forward names as they are, gradients by
+    ``grad_var_name(name)`` (``name@GRAD``). The maker describes the full gradient; the
+    backward pass removes outputs nobody needs, renames and sums gradients with several
+    producers, and drops grad ops that produce nothing needed.
+
+A program may contain op types that are not registered (loaded from a file): it loads and
+prints, and running it raises :class:`UnregisteredOpError` naming the op.
+"""
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from pdjit.framework.errors import UnregisteredOpError
+from pdjit.proto import framework_pb2 as pb
+
+A = pb.AttrType
+
+# ---- traits --------------------------------------------------------------------------------
+ELEMENTWISE = "elementwise"
+BROADCAST = "broadcast"
+REDUCTION = "reduction"
+OPAQUE = "opaque"
+VIEW = "view"
+SIDE_EFFECT = "side_effect"
+CONTROL_FLOW = "control_flow"
+RANDOM = "random"
+FEED_FETCH = "feed_fetch"
+SEQUENCE = "sequence"
+ALL_TRAITS = frozenset({ELEMENTWISE, BROADCAST, REDUCTION, OPAQUE, VIEW, SIDE_EFFECT,
+                        CONTROL_FLOW, RANDOM, FEED_FETCH, SEQUENCE})
+
+GRAD_SUFFIX = "@GRAD"
+EMPTY_VAR_NAME = "@EMPTY@"
+
+
+def grad_var_name(name: str) -> str:
+    """The name of the gradient variable of ``name`` (Fluid's ``@GRAD`` convention)."""
+    return name + GRAD_SUFFIX
+
+
+class _NoGradYet:
+    """``grad=NO_GRAD_YET``: the op is differentiable but its grad maker is not written yet.
+
+    The backward pass refuses such an op with an error naming it; the registry-wide test lists
+    them. (``grad=None`` means something else: no gradient flows through the op.)
+    """
+
+    def __repr__(self):
+        return "NO_GRAD_YET"
+
+    def __call__(self, op):
+        raise NotImplementedError(f"the gradient of op {op.type!r} is not implemented yet")
+
+
+NO_GRAD_YET = _NoGradYet()
+
+
+class _Required:
+    def __repr__(self):
+        return "REQUIRED"
+
+
+REQUIRED = _Required()
+
+
+# ---- slots and attributes ------------------------------------------------------------------
+@dataclass(frozen=True)
+class Slot:
+    name: str
+    duplicable: bool = False
+    dispensable: bool = False
+    intermediate: bool = False
+
+    @staticmethod
+    def parse(spec: "str | Slot") -> "Slot":
+        if isinstance(spec, Slot):
+            return spec
+        name = spec.rstrip("*?~")
+        flags = spec[len(name):]
+        return Slot(name, "*" in flags, "?" in flags, "~" in flags)
+
+
+@dataclass(frozen=True)
+class AttrSpec:
+    """A declared attribute: proto type, default, and the values strategies may draw."""
+    type: int
+    default: Any = REQUIRED
+    choices: tuple | None = None
+    low: float | None = None
+    high: float | None = None
+    doc: str = ""
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+
+def _spec(t):
+    def make(default=REQUIRED, *, choices=None, low=None, high=None, doc=""):
+        return AttrSpec(t, default, tuple(choices) if choices is not None else None, low, high, doc)
+    make.__name__ = pb.AttrType.Name(t)
+    return make
+
+
+Int, Long, Float, Float64, Bool, Str = (_spec(A.INT), _spec(A.LONG), _spec(A.FLOAT),
+                                        _spec(A.FLOAT64), _spec(A.BOOLEAN), _spec(A.STRING))
+Ints, Longs, Floats, Float64s, Bools, Strs = (_spec(A.INTS), _spec(A.LONGS), _spec(A.FLOATS),
+                                              _spec(A.FLOAT64S), _spec(A.BOOLEANS),
+                                              _spec(A.STRINGS))
+BlockAttr, BlocksAttr = _spec(A.BLOCK), _spec(A.BLOCKS)
+
+# Attributes any op may carry (PaddlePaddle's framework attributes). They never change what an
+# op computes; op definitions do not see them.
+OP_ROLE_FORWARD, OP_ROLE_BACKWARD, OP_ROLE_OPTIMIZE, OP_ROLE_LRSCHED, OP_ROLE_LOSS = \
+    0x0000, 0x0001, 0x0002, 0x0010, 0x0100
+COMMON_ATTRS: Mapping[str, AttrSpec] = {
+    "op_role": Int(OP_ROLE_FORWARD),
+    "op_role_var": Strs([]),
+    "op_namescope": Str("/"),
+    "op_callstack": Strs([]),
+    "op_device": Str(""),
+    "with_quant_attr": Bool(False),
+}
+
+
+# ---- shapes at build time --------------------------------------------------------------------
+@dataclass(frozen=True)
+class VarMeta:
+    """What is known of a variable at build time: shape (``-1`` unknown), dtype, LoD level."""
+    shape: tuple
+    dtype: np.dtype
+    lod_level: int = 0
+    type: int = pb.VarType.LOD_TENSOR
+    name: str = ""
+
+    def __post_init__(self):
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        object.__setattr__(self, "dtype", np.dtype(self.dtype))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def with_(self, **kw) -> "VarMeta":
+        d = dict(shape=self.shape, dtype=self.dtype, lod_level=self.lod_level, type=self.type)
+        d.update(kw)
+        return VarMeta(**d)
+
+
+# ---- emit forms for reductions and opaque ops -------------------------------------------------
+@dataclass(frozen=True)
+class Reduce:
+    init: str
+    combine: str
+    finalize: str = "{acc}"
+
+
+@dataclass(frozen=True)
+class Call:
+    """An opaque op lowered as a call: ``kernel(*args)`` where args name slots and attrs."""
+    kernel: Callable
+    args: tuple
+
+
+# ---- grad makers --------------------------------------------------------------------------
+@dataclass
+class GradOpSpec:
+    type: str
+    inputs: dict
+    outputs: dict
+    attrs: dict = field(default_factory=dict)
+
+
+# ---- the definition --------------------------------------------------------------------------
+class _Signature:
+    """Which slots and attributes a definition function takes, worked out once."""
+
+    def __init__(self, fn: Callable, slots: Sequence[str], attrs: Sequence[str]):
+        params = inspect.signature(fn).parameters
+        self.takes_all = any(p.kind == p.VAR_KEYWORD for p in params.values())
+        self.ctx = "ctx" in params
+        self.slots = [s for s in slots if s in params or self.takes_all]
+        self.attrs = [a for a in attrs if a in params or self.takes_all]
+
+
+@dataclass(eq=False)
+class OpDef:
+    type: str
+    inputs: tuple
+    outputs: tuple
+    attrs: Mapping[str, AttrSpec]
+    traits: frozenset
+    infer_shape: Callable
+    reference: Callable
+    emit: Any
+    grad: Callable | None
+    doc: str = ""
+
+    def __post_init__(self):
+        self.inputs = tuple(Slot.parse(s) for s in self.inputs)
+        self.outputs = tuple(Slot.parse(s) for s in self.outputs)
+        self.traits = frozenset(self.traits)
+        unknown = self.traits - ALL_TRAITS
+        if unknown:
+            raise ValueError(f"op {self.type!r}: unknown traits {sorted(unknown)}")
+        if BROADCAST in self.traits:
+            self.traits |= {ELEMENTWISE}
+        slot_names = [s.name for s in self.inputs]
+        self._infer_sig = _Signature(self.infer_shape, slot_names, list(self.attrs))
+        self._ref_sig = _Signature(self.reference, slot_names, list(self.attrs))
+
+    def input_slot(self, name: str) -> Slot | None:
+        return next((s for s in self.inputs if s.name == name), None)
+
+    def output_slot(self, name: str) -> Slot | None:
+        return next((s for s in self.outputs if s.name == name), None)
+
+    def has(self, trait: str) -> bool:
+        return trait in self.traits
+
+    @property
+    def differentiable(self) -> bool:
+        return self.grad is not None
+
+    def attr_values(self, given: Mapping[str, Any]) -> dict:
+        """Declared attributes with defaults filled in (``given`` may hold extra ones)."""
+        out = {}
+        for name, spec in self.attrs.items():
+            if name in given:
+                out[name] = given[name]
+            elif not spec.required:
+                out[name] = spec.default
+        return out
+
+    def call_infer_shape(self, inputs: Mapping[str, Any], attrs: Mapping[str, Any]) -> dict:
+        return self._call(self.infer_shape, self._infer_sig, inputs, attrs, None)
+
+    def call_reference(self, inputs: Mapping[str, Any], attrs: Mapping[str, Any], ctx=None) -> dict:
+        return self._call(self.reference, self._ref_sig, inputs, attrs, ctx)
+
+    def _call(self, fn, sig: _Signature, inputs, attrs, ctx):
+        kw = {s: inputs.get(s) for s in sig.slots}
+        for a in sig.attrs:
+            if a in attrs:
+                kw[a] = attrs[a]
+        if sig.ctx:
+            kw["ctx"] = ctx
+        return fn(**kw)
+
+
+_REGISTRY: dict[str, OpDef] = {}
+_BUILTINS_LOADED = False
+
+
+def register_op(type: str, *, inputs: Sequence, outputs: Sequence, attrs: Mapping | None = None,
+                traits: Sequence = (), infer_shape: Callable, reference: Callable, emit: Any,
+                grad: Callable | None, doc: str = "", replace: bool = False) -> OpDef:
+    """Define an op. ``emit`` and ``grad`` have no default: each op declares both decisions."""
+    if type in _REGISTRY and not replace:
+        raise ValueError(f"op type {type!r} is already registered")
+    opdef = OpDef(type, tuple(inputs), tuple(outputs), dict(attrs or {}), frozenset(traits),
+                  infer_shape, reference, emit, grad, doc)
+    _REGISTRY[type] = opdef
+    return opdef
+
+
+def unregister_op(type: str) -> None:
+    _REGISTRY.pop(type, None)
+
+
+def _load_builtins() -> None:
+    global _BUILTINS_LOADED
+    if not _BUILTINS_LOADED:
+        _BUILTINS_LOADED = True
+        importlib.import_module("pdjit.ops")
+
+
+def lookup(type: str) -> OpDef | None:
+    """The definition of ``type``, or ``None`` when it is not registered."""
+    _load_builtins()
+    return _REGISTRY.get(type)
+
+
+def get(type: str) -> OpDef:
+    """The definition of ``type``; :class:`UnregisteredOpError` when there is none."""
+    d = lookup(type)
+    if d is None:
+        raise UnregisteredOpError(f"op type {type!r} is not registered in pdjit")
+    return d
+
+
+def all_ops() -> dict[str, OpDef]:
+    _load_builtins()
+    return dict(_REGISTRY)

@@ -1,0 +1,115 @@
+"""Binary elementwise ops with Fluid's ``axis`` broadcasting, comparisons and logical ops."""
+from __future__ import annotations
+
+import numpy as np
+
+from pdjit.framework.errors import ShapeMismatch
+from pdjit.framework.registry import BROADCAST, NO_GRAD_YET, Bool, Int, register_op
+from pdjit.ops._common import NUMERIC, aligned_arrays, broadcast_shapes, check_dtype
+
+_AXIS = {"axis": Int(-1, low=-1, high=4)}
+BOOL = np.dtype(np.bool_)
+
+
+def _binary_infer(out_dtype=None, allowed=NUMERIC):
+    def infer(X, Y, *, axis):
+        check_dtype(X, allowed, "input X")
+        if X.dtype != Y.dtype:
+            raise ShapeMismatch(f"X and Y must have one dtype: expected Y {X.dtype}, got "
+                                f"{Y.dtype}")
+        shape = broadcast_shapes(X.shape, Y.shape, axis)
+        return {"Out": X.with_(shape=shape, dtype=out_dtype or X.dtype)}
+    return infer
+
+
+def _binary_ref(fn, out_dtype=None):
+    def ref(X, Y, *, axis):
+        x, y = aligned_arrays(X, Y, axis)
+        out = np.asarray(fn(x, y))
+        return {"Out": out.astype(out_dtype or X.dtype, copy=False)}
+    return ref
+
+
+def _int_div(x, y):
+    if x.dtype.kind in "iu":
+        if np.any(y == 0):
+            raise ZeroDivisionError("integer division by zero")
+        q = np.abs(x) // np.abs(y)
+        return np.where((x < 0) ^ (y < 0), -q, q)  # C semantics: truncate toward zero
+    return x / y
+
+
+def _floordiv(x, y):
+    if x.dtype.kind in "iu" and np.any(y == 0):
+        raise ZeroDivisionError("integer division by zero")
+    return np.floor_divide(x, y)
+
+
+def _mod(x, y):
+    if x.dtype.kind in "iu" and np.any(y == 0):
+        raise ZeroDivisionError("integer modulo by zero")
+    return np.mod(x, y)
+
+
+# name, NumPy semantics, scalar template for the code generator
+_ARITH = [
+    ("elementwise_add", np.add, "{X} + {Y}"),
+    ("elementwise_sub", np.subtract, "{X} - {Y}"),
+    ("elementwise_mul", np.multiply, "{X} * {Y}"),
+    ("elementwise_div", _int_div, "{X} / {Y}"),
+    ("elementwise_max", np.maximum, "max({X}, {Y})"),
+    ("elementwise_min", np.minimum, "min({X}, {Y})"),
+    ("elementwise_pow", np.power, "{X} ** {Y}"),
+    ("elementwise_mod", _mod, "{X} % {Y}"),
+    ("elementwise_floordiv", _floordiv, "{X} // {Y}"),
+]
+_NON_DIFFERENTIABLE = {"elementwise_mod", "elementwise_floordiv"}
+
+for _name, _fn, _emit in _ARITH:
+    register_op(
+        _name, inputs=["X", "Y"], outputs=["Out"], attrs=dict(_AXIS), traits=[BROADCAST],
+        infer_shape=_binary_infer(), reference=_binary_ref(_fn), emit=_emit,
+        grad=None if _name in _NON_DIFFERENTIABLE else NO_GRAD_YET,
+        doc=f"Out = {_emit.format(X='X', Y='Y')}, Y broadcast into X by Fluid's axis rule.")
+
+_COMPARE = [
+    ("less_than", np.less, "{X} < {Y}"),
+    ("less_equal", np.less_equal, "{X} <= {Y}"),
+    ("greater_than", np.greater, "{X} > {Y}"),
+    ("greater_equal", np.greater_equal, "{X} >= {Y}"),
+    ("equal", np.equal, "{X} == {Y}"),
+    ("not_equal", np.not_equal, "{X} != {Y}"),
+]
+for _name, _fn, _emit in _COMPARE:
+    register_op(
+        _name, inputs=["X", "Y"], outputs=["Out"],
+        attrs={**_AXIS, "force_cpu": Bool(False)},
+        traits=[BROADCAST], infer_shape=_binary_infer(BOOL, NUMERIC + (BOOL,)),
+        reference=_binary_ref(_fn, BOOL), emit=_emit, grad=None,
+        doc=f"Out = {_emit.format(X='X', Y='Y')} elementwise (bool), with axis broadcasting.")
+
+_LOGICAL = [
+    ("logical_and", np.logical_and, "{X} and {Y}"),
+    ("logical_or", np.logical_or, "{X} or {Y}"),
+    ("logical_xor", np.logical_xor, "{X} != {Y}"),
+]
+
+
+def _logical_infer(X, Y=None):
+    if Y is None:
+        return {"Out": X.with_(dtype=BOOL)}
+    return {"Out": X.with_(shape=broadcast_shapes(X.shape, Y.shape, -1), dtype=BOOL)}
+
+
+for _name, _fn, _emit in _LOGICAL:
+    register_op(
+        _name, inputs=["X", "Y"], outputs=["Out"], traits=[BROADCAST],
+        infer_shape=_logical_infer,
+        reference=lambda X, Y, _fn=_fn: {"Out": _fn(X.astype(bool), Y.astype(bool))},
+        emit=_emit, grad=None,
+        doc=f"Out = X {_name[8:]} Y elementwise, on truth values (NumPy broadcasting).")
+
+register_op(
+    "logical_not", inputs=["X"], outputs=["Out"], traits=[BROADCAST],
+    infer_shape=_logical_infer, reference=lambda X: {"Out": np.logical_not(X.astype(bool))},
+    emit="not {X}", grad=None, doc="Out = not X elementwise.")

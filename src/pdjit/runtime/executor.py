@@ -1,0 +1,200 @@
+"""The Executor: runs a program's global block in a Scope (seed 004).
+
+``mode='reference'`` interprets ops one by one with their NumPy references: the debugging mode
+and the oracle every compiled target is tested against. The mode comes from the ``mode``
+argument, else the ``PDJIT_EXECUTOR`` environment variable.
+
+Guarantees of ``run``: feeds and fetches are checked against the program before anything runs
+(errors name the variable, expected vs got); an op that fails raises an ``OpRunError`` naming
+it and where the user created it; persistable results reach the Scope only after the whole run
+succeeded; fetched arrays are copies that alias nothing the executor or the Scope holds.
+"""
+from __future__ import annotations
+
+import os
+import weakref
+
+import numpy as np
+
+from pdjit.framework import registry
+from pdjit.framework.errors import OpRunError, PdjitError, UnregisteredOpError
+from pdjit.framework.program import Block, Program, default_main_program
+from pdjit.proto import framework_pb2 as pb
+from pdjit.runtime import feed_fetch
+from pdjit.runtime.context import Env, RunContext
+from pdjit.runtime.place import CPUPlace, Place
+from pdjit.runtime.scope import Scope, global_scope
+from pdjit.runtime.tensor import LoDTensor
+
+VarType = pb.VarType
+MODES = ("reference",)
+_NO_WRITE_BACK = {VarType.FEED_MINIBATCH, VarType.FETCH_LIST}
+
+
+def _default_mode() -> str:
+    mode = os.environ.get("PDJIT_EXECUTOR", "reference").strip().lower()
+    if mode not in MODES:
+        raise ValueError(f"PDJIT_EXECUTOR={mode!r}: expected one of {MODES}")
+    return mode
+
+
+class Executor:
+    def __init__(self, place: Place | None = None, mode: str | None = None):
+        self.place = place if place is not None else CPUPlace()
+        if not isinstance(self.place, Place):
+            raise TypeError(f"Executor: place must be CPUPlace() or CUDAPlace(i), got {place!r}")
+        if self.place.kind != "cpu":
+            raise NotImplementedError(f"Executor: {self.place!r} is not supported yet; use "
+                                      f"CPUPlace()")
+        self.mode = mode.lower() if mode else _default_mode()
+        if self.mode not in MODES:
+            raise ValueError(f"Executor: mode {mode!r} is not one of {MODES}")
+        self._prepared: dict = {}
+        self._runs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def close(self) -> None:
+        self._prepared.clear()
+
+    # -- the public entry point -----------------------------------------------------------------
+    def run(self, program: Program | None = None, feed=None, fetch_list=None,
+            feed_var_name: str = "feed", fetch_var_name: str = "fetch", scope: Scope | None = None,
+            return_numpy: bool = True, use_program_cache: bool = True):
+        program = program if program is not None else default_main_program()
+        if not isinstance(program, Program):
+            raise TypeError(f"Executor.run: program must be a Program, got "
+                            f"{type(program).__name__}")
+        if feed is not None and not isinstance(feed, dict):
+            raise TypeError(f"Executor.run: feed must be a dict of name -> value, got "
+                            f"{type(feed).__name__}")
+        if isinstance(fetch_list, (str,)) or (fetch_list is not None
+                                              and not isinstance(fetch_list, (list, tuple))):
+            fetch_list = [fetch_list]
+        scope = scope if scope is not None else global_scope()
+        feed = feed or {}
+        feed_names = feed_fetch.feed_names_of(feed)
+        fetch_names = feed_fetch.fetch_names_of(fetch_list)
+        run = self._prepare(program, feed_names, fetch_names, feed_var_name, fetch_var_name)
+
+        gb = run.program.global_block()
+        by_name = {(k.name if not isinstance(k, str) else k): v for k, v in feed.items()}
+        feed_values = [feed_fetch.check_feed(gb.var(n), by_name[n]) for n in run.feed_names]
+
+        run_index = self._runs.get(program, 0)
+        self._runs[program] = run_index + 1
+        env = Env(scope, gb)
+        env.set(run.feed_var, feed_values)
+        env.set(run.fetch_var, [None] * len(run.fetch_names))
+        self._run_block(gb, env, run_index)
+
+        fetched = env.get(run.fetch_var)
+        results = []
+        for name, value in zip(run.fetch_names, fetched):
+            if value is None:
+                raise PdjitError(f"fetch: variable {name!r} has no value after the run")
+            results.append(_to_user(value, return_numpy))
+        self._commit(run.program, env, scope)
+        return results
+
+    def _prepare(self, program, feed_names, fetch_names, feed_var, fetch_var):
+        key = (id(program), program.version, feed_names, fetch_names, feed_var, fetch_var)
+        hit = self._prepared.get(key)
+        if hit is not None and hit[0] is program:
+            return hit[1]
+        run = feed_fetch.prepare(program, feed_names, fetch_names, feed_var, fetch_var)
+        self._prepared[key] = (program, run)
+        return run
+
+    @staticmethod
+    def _commit(program: Program, env: Env, scope: Scope) -> None:
+        """Write the run's persistable values into the Scope (only after it succeeded)."""
+        gb = program.global_block()
+        for name, value in env.values.items():
+            v = gb.vars.get(name)
+            if v is not None and v.persistable and v.type not in _NO_WRITE_BACK:
+                scope.var(name).value = value
+
+    # -- interpretation -------------------------------------------------------------------------
+    def _run_block(self, block: Block, env: Env, run_index: int) -> None:
+        for op_idx, op in enumerate(block.ops):
+            self._run_op(op, op_idx, env, run_index)
+
+    def _run_op(self, op, op_idx: int, env: Env, run_index: int) -> None:
+        opdef = registry.lookup(op.type)
+        if opdef is None:
+            raise UnregisteredOpError(f"{op._describe()}: op type {op.type!r} is not registered "
+                                      f"in pdjit, so the program cannot run")
+        ctx = RunContext(self, env, op, op_idx, run_index)
+        raw = opdef.has(registry.FEED_FETCH) or opdef.has(registry.CONTROL_FLOW)
+        inputs = {}
+        for slot in opdef.inputs:
+            names = [n for n in op.input(slot.name) if n != registry.EMPTY_VAR_NAME]
+            values = []
+            for n in names:
+                value = env.get(n)
+                if value is None:
+                    raise _op_error(op, op_idx, f"input {slot.name!r} reads variable {n!r}, which "
+                                    f"holds no value (run the startup program, or feed it)")
+                if not raw and isinstance(value, LoDTensor):
+                    ctx.in_lods.setdefault(slot.name, []).append(value.lod())
+                    value = np.asarray(value)
+                values.append(value)
+            inputs[slot.name] = values if slot.duplicable else (values[0] if values else None)
+        attrs = {k: v for k, v in op.all_attrs().items() if k in opdef.attrs}
+        try:
+            with np.errstate(all="ignore"):
+                result = opdef.call_reference(inputs, attrs, ctx)
+        except PdjitError as e:
+            if isinstance(e, OpRunError):
+                raise
+            raise _op_error(op, op_idx, str(e)) from e
+        except (ValueError, IndexError, KeyError, TypeError, ArithmeticError, MemoryError) as e:
+            raise _op_error(op, op_idx, f"{type(e).__name__}: {e}") from e
+        self._store_outputs(op, op_idx, opdef, result, ctx, env, raw)
+
+    def _store_outputs(self, op, op_idx, opdef, result, ctx, env, raw) -> None:
+        block = op.block
+        first_lod = next((lods[0] for lods in ctx.in_lods.values() if lods and lods[0]), None)
+        for slot in opdef.outputs:
+            names = [n for n in op.output(slot.name) if n != registry.EMPTY_VAR_NAME]
+            if not names:
+                continue
+            if slot.name not in result:
+                if slot.dispensable or slot.intermediate:
+                    continue
+                raise _op_error(op, op_idx, f"internal: the reference gave no output "
+                                f"{slot.name!r}")
+            values = result[slot.name]
+            values = list(values) if slot.duplicable else [values]
+            if len(values) != len(names):
+                raise _op_error(op, op_idx, f"internal: output {slot.name!r} binds {len(names)} "
+                                f"variables, the reference gave {len(values)} values")
+            for i, (n, value) in enumerate(zip(names, values)):
+                if not raw and isinstance(value, np.ndarray):
+                    var = block._find_var_recursive(n)
+                    if var is not None and var.dtype is not None and var.type == VarType.LOD_TENSOR \
+                            and value.dtype != var.dtype:
+                        raise _op_error(op, op_idx, f"internal: output {slot.name!r} ({n!r}) is "
+                                        f"declared {var.dtype}, the reference gave {value.dtype}")
+                    lod = ctx.out_lods.get(slot.name, {}).get(i)
+                    if lod is None and first_lod and var is not None and var.lod_level and \
+                            value.ndim and value.shape[0] == first_lod[-1][-1]:
+                        lod = first_lod
+                    if lod:
+                        value = LoDTensor(value, lod)
+                env.set(n, value)
+
+
+def _op_error(op, op_idx, reason) -> OpRunError:
+    return OpRunError(reason, op.type, op.block.idx, op_idx, op.location())
+
+
+def _to_user(value, return_numpy: bool):
+    if isinstance(value, LoDTensor):
+        if return_numpy:
+            return np.array(value, copy=True)
+        return LoDTensor(np.array(value, copy=True), value.lod())
+    if isinstance(value, np.ndarray):
+        return np.array(value, copy=True)
+    if isinstance(value, list):
+        return [_to_user(v, return_numpy) for v in value]
+    return value

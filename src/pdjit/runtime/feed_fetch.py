@@ -1,0 +1,172 @@
+"""Feed and fetch, the Fluid way, shared by every executor mode.
+
+``prepare`` turns (program, feed names, fetch names) into a *run program*: a copy of the program
+with ``feed`` ops (reading column ``col`` of the ``feed`` variable, a ``FEED_MINIBATCH``) at the
+front of the global block and ``fetch`` ops (writing column ``col`` of the ``fetch`` variable, a
+``FETCH_LIST``) at the end. A program that already has feed/fetch ops (a saved inference model)
+keeps them. ``check_feed`` validates one user value against its ``VarDesc`` before anything runs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from pdjit.framework import dtypes
+from pdjit.framework.errors import FeedError
+from pdjit.framework.program import Program, Variable
+from pdjit.proto import framework_pb2 as pb
+from pdjit.runtime.tensor import LoDTensor, check_lod
+
+VarType = pb.VarType
+
+
+@dataclass
+class RunProgram:
+    program: Program          # the program actually run (feed/fetch ops included)
+    feed_names: tuple         # column i of the feed list feeds feed_names[i]
+    fetch_names: tuple        # column i of the fetch list is fetch_names[i]
+    feed_var: str
+    fetch_var: str
+
+
+def fetch_names_of(fetch_list) -> tuple:
+    names = []
+    for f in fetch_list or ():
+        if isinstance(f, Variable):
+            names.append(f.name)
+        elif isinstance(f, str):
+            names.append(f)
+        else:
+            raise TypeError(f"fetch_list items must be Variables or names, got "
+                            f"{type(f).__name__}: {f!r}")
+    return tuple(names)
+
+
+def feed_names_of(feed) -> tuple:
+    names = []
+    for k in feed or {}:
+        if isinstance(k, Variable):
+            names.append(k.name)
+        elif isinstance(k, str):
+            names.append(k)
+        else:
+            raise TypeError(f"feed keys must be variable names or Variables, got "
+                            f"{type(k).__name__}: {k!r}")
+    return tuple(names)
+
+
+def _existing_feed_fetch(program: Program, feed_var: str, fetch_var: str):
+    gb = program.global_block()
+    feeds = {op.attr("col"): op.output("Out")[0] for op in gb.ops
+             if op.type == "feed" and op.input("X") == [feed_var]}
+    fetches = {op.attr("col"): op.input("X")[0] for op in gb.ops
+               if op.type == "fetch" and op.output("Out") == [fetch_var]}
+    return feeds, fetches
+
+
+def prepare(program: Program, feed_names: tuple, fetch_names: tuple, feed_var: str = "feed",
+            fetch_var: str = "fetch") -> RunProgram:
+    """Build the run program for these feeds and fetches (checked against ``program``)."""
+    gb = program.global_block()
+    for n in feed_names:
+        if not gb.has_var(n):
+            data = [v.name for v in gb.vars.values() if v.need_check_feed] or \
+                   [v.name for v in gb.vars.values() if v.op is None and not v.persistable]
+            raise FeedError(f"feed: variable {n!r} is not in the program's global block "
+                            f"(variables that can be fed: {', '.join(data[:20]) or 'none'})")
+    for n in fetch_names:
+        if not any(b.has_var(n) for b in program.blocks):
+            raise FeedError(f"fetch: variable {n!r} is not in the program")
+
+    feeds, fetches = _existing_feed_fetch(program, feed_var, fetch_var)
+    if feeds or fetches:
+        # A saved inference model: keep its feed/fetch ops; feeds go to their columns by name.
+        missing = set(feeds.values()) - set(feed_names)
+        if missing:
+            raise FeedError(f"feed: the program reads {sorted(missing)} from its feed ops; "
+                            f"feed them (got {list(feed_names)})")
+        order = tuple(feeds[c] for c in sorted(feeds))
+        fetch_order = tuple(fetches[c] for c in sorted(fetches))
+        if fetch_names and fetch_names != fetch_order:
+            run = program.clone()
+            _strip_fetch_ops(run, fetch_var)
+            _add_fetch_ops(run, fetch_names, fetch_var)
+            fetch_order = fetch_names
+        else:
+            run = program
+        extra = [n for n in feed_names if n not in order]
+        if extra:
+            raise FeedError(f"feed: {extra} are not read by the program's feed ops "
+                            f"(it reads {list(order)})")
+        return RunProgram(run, order, fetch_order, feed_var, fetch_var)
+
+    run = program.clone()
+    run.random_seed = program.random_seed
+    g = run.global_block()
+    g.create_var(name=feed_var, type=VarType.FEED_MINIBATCH, persistable=True)
+    for col, name in enumerate(feed_names):
+        g._insert_op(col, "feed", inputs={"X": [feed_var]}, outputs={"Out": [name]},
+                     attrs={"col": col}, infer_shape=False)
+    _add_fetch_ops(run, fetch_names, fetch_var)
+    return RunProgram(run, feed_names, fetch_names, feed_var, fetch_var)
+
+
+def _strip_fetch_ops(program: Program, fetch_var: str) -> None:
+    g = program.global_block()
+    g.ops = [op for op in g.ops if not (op.type == "fetch" and op.output("Out") == [fetch_var])]
+    program._bump()
+
+
+def _add_fetch_ops(program: Program, fetch_names: tuple, fetch_var: str) -> None:
+    g = program.global_block()
+    g.create_var(name=fetch_var, type=VarType.FETCH_LIST, persistable=True)
+    for col, name in enumerate(fetch_names):
+        if not g.has_var(name):  # fetched from a sub-block: declare it where fetch can see it
+            src = next(b.vars[name] for b in program.blocks if b.has_var(name))
+            g.create_var(name=name, shape=src.shape, dtype=src.dtype, type=src.type)
+        g.append_op("fetch", inputs={"X": [name]}, outputs={"Out": [fetch_var]},
+                    attrs={"col": col}, infer_shape=False)
+
+
+def check_feed(var: Variable, value):
+    """A user's feed value -> the runtime value for ``var`` (array or LoDTensor), or FeedError.
+
+    NumPy arrays must have the variable's dtype exactly; Python numbers and lists are converted
+    to it. The rank must match and every known dim (not ``-1``) must be equal.
+    """
+    lod = None
+    if isinstance(value, LoDTensor):
+        lod, value = value.lod(), np.asarray(value)
+    want = var.dtype
+    if isinstance(value, np.ndarray):
+        arr = value
+        if want is not None and arr.dtype != want:
+            raise FeedError(f"feed: variable {var.name!r} expects dtype {dtypes.dtype_str(want)}, "
+                            f"got {arr.dtype}")
+    elif isinstance(value, (np.generic, int, float, bool, list, tuple)):
+        try:
+            arr = np.asarray(value, dtype=want)
+        except (TypeError, ValueError) as e:
+            raise FeedError(f"feed: variable {var.name!r}: cannot convert the value to "
+                            f"{dtypes.dtype_str(want)}: {e}") from None
+        if arr.dtype == object:
+            raise FeedError(f"feed: variable {var.name!r}: ragged lists cannot be fed")
+    else:
+        raise FeedError(f"feed: variable {var.name!r}: expected a numpy array, a list or a "
+                        f"LoDTensor, got {type(value).__name__}")
+    shape = var.shape
+    if var.type == VarType.LOD_TENSOR and shape:
+        if arr.ndim != len(shape) or any(d >= 0 and d != a for d, a in zip(shape, arr.shape)):
+            raise FeedError(f"feed: variable {var.name!r} expects shape {list(shape)} (-1 = any "
+                            f"size), got {list(arr.shape)}")
+    if not arr.dtype.isnative:
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    arr = np.ascontiguousarray(arr)
+    if lod:
+        try:
+            check_lod(lod, arr.shape[0] if arr.ndim else 1, f"feed {var.name!r} LoD")
+        except ValueError as e:
+            raise FeedError(str(e)) from None
+        return LoDTensor(arr, lod)
+    return arr
