@@ -186,6 +186,7 @@ Ints, Longs, Floats, Float64s, Bools, Strs = (_spec(A.INTS), _spec(A.LONGS), _sp
                                               _spec(A.FLOAT64S), _spec(A.BOOLEANS),
                                               _spec(A.STRINGS))
 BlockAttr, BlocksAttr = _spec(A.BLOCK), _spec(A.BLOCKS)
+Scalar, Scalars = _spec(A.SCALAR), _spec(A.SCALARS)
 
 # Attributes any op may carry (PaddlePaddle's framework attributes). They never change what an
 # op computes; op definitions do not see them.

@@ -2,4 +2,5 @@
 
 One module per family; each op is defined once, with ``pdjit.framework.registry.register_op``.
 """
-from pdjit.ops import activation, elementwise, io  # noqa: F401
+from pdjit.ops import (activation, creation, elementwise, io, matmul, nn, reduce,  # noqa: F401
+                       shape)

@@ -132,3 +132,18 @@ register_op(
     attrs={"in_dtype": Int(choices=_CAST_CODES), "out_dtype": Int(choices=_CAST_CODES)},
     traits=[ELEMENTWISE], infer_shape=_cast_infer, reference=_cast_ref, emit="{T}({X})",
     grad=NO_GRAD_YET, doc="Out = X converted to out_dtype (a VarType code).")
+
+
+# ---- increment: X + step, on a one-element counter ----------------------------------------------
+def _increment_infer(X, *, step):
+    if X.shape not in ((), (1,), (-1,)):
+        raise ShapeMismatch(f"increment works on a one-element tensor: expected shape [1] or [], "
+                            f"got {list(X.shape)}")
+    return {"Out": X}
+
+
+register_op(
+    "increment", inputs=["X"], outputs=["Out"], attrs={"step": Float(1.0, low=-4.0, high=4.0)},
+    traits=[ELEMENTWISE], infer_shape=_increment_infer,
+    reference=lambda X, *, step: {"Out": (X + np.asarray(step).astype(X.dtype)).astype(X.dtype)},
+    emit="{X} + {T}({step})", grad=None, doc="Out = X + step (a loop counter).")

@@ -162,7 +162,8 @@ def check_feed(var: Variable, value):
                             f"size), got {list(arr.shape)}")
     if not arr.dtype.isnative:
         arr = arr.astype(arr.dtype.newbyteorder("="))
-    arr = np.ascontiguousarray(arr)
+    if not arr.flags.c_contiguous:
+        arr = np.array(arr, order="C")  # (np.ascontiguousarray would turn 0-d into 1-d)
     if lod:
         try:
             check_lod(lod, arr.shape[0] if arr.ndim else 1, f"feed {var.name!r} LoD")

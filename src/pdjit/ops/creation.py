@@ -1,0 +1,203 @@
+"""Ops that create values: constants, copies, and the random initialisers.
+
+Random ops draw from pdjit's one stream (``pdjit.framework.random``): element ``i`` of the
+output is a pure function of the op's key and ``i``, so every executor draws the same numbers.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from pdjit.framework import dtypes
+from pdjit.framework import random as prandom
+from pdjit.framework.errors import ShapeMismatch
+from pdjit.framework.registry import (NO_GRAD_YET, OPAQUE, RANDOM, Bool, Float, Float64s, Floats,
+                                      Int, Ints, Longs, Scalars, Str, VarMeta, register_op)
+from pdjit.ops._common import norm_axis
+
+_DTYPE_CODES = tuple(dtypes.to_code(d) for d in
+                     ("bool", "int32", "int64", "float16", "float32", "float64", "uint8", "int8",
+                      "int16"))
+_FLOAT_CODES = tuple(dtypes.to_code(d) for d in ("float16", "float32", "float64"))
+
+
+def _np_dtype(code) -> np.dtype:
+    try:
+        return dtypes.to_numpy(code)
+    except TypeError as e:
+        raise ShapeMismatch(f"dtype: {e}") from None
+
+
+def _shape_from(shape, ShapeTensor=None, ShapeTensorList=None) -> tuple:
+    if ShapeTensor is not None:
+        return tuple(int(d) for d in np.asarray(ShapeTensor).reshape(-1))
+    if ShapeTensorList:
+        return tuple(int(np.asarray(t).reshape(-1)[0]) for t in ShapeTensorList)
+    return tuple(int(d) for d in shape)
+
+
+def _check_run_shape(shape) -> tuple:
+    if any(d < 0 for d in shape):
+        raise ShapeMismatch(f"shape must be fully known when the op runs, got {list(shape)}")
+    return shape
+
+
+def _created_infer(shape, dtype, ShapeTensor=None, ShapeTensorList=None):
+    if ShapeTensor is not None:
+        n = ShapeTensor.shape[0] if ShapeTensor.shape else 1
+        return VarMeta((-1,) * max(n, 0), _np_dtype(dtype))
+    if ShapeTensorList:
+        return VarMeta((-1,) * len(ShapeTensorList), _np_dtype(dtype))
+    if any(int(d) < -1 for d in shape):
+        raise ShapeMismatch(f"shape: dims must be >= 0 (or -1), got {list(shape)}")
+    return VarMeta(tuple(shape), _np_dtype(dtype))
+
+
+# ---- fill_constant -----------------------------------------------------------------------------
+def _fill_infer(ValueTensor=None, ShapeTensor=None, ShapeTensorList=None, *, shape, dtype, **_):
+    return {"Out": _created_infer(shape, dtype, ShapeTensor, ShapeTensorList)}
+
+
+def _fill_value(value, str_value, dtype: np.dtype):
+    if str_value:
+        v = float(str_value)
+        return v if dtype.kind == "f" else int(v) if dtype.kind in "iu" else bool(v)
+    return value
+
+
+def _fill_ref(ValueTensor=None, ShapeTensor=None, ShapeTensorList=None, *, shape, dtype, value,
+              str_value):
+    dt = _np_dtype(dtype)
+    shp = _check_run_shape(_shape_from(shape, ShapeTensor, ShapeTensorList))
+    v = ValueTensor.reshape(-1)[0] if ValueTensor is not None else _fill_value(value, str_value, dt)
+    return {"Out": np.full(shp, v, dtype=dt)}
+
+
+register_op(
+    "fill_constant", inputs=["ValueTensor?", "ShapeTensor?", "ShapeTensorList*?"],
+    outputs=["Out"],
+    attrs={"dtype": Int(5, choices=_DTYPE_CODES), "shape": Longs([]),
+           "value": Float(0.0, low=-4.0, high=4.0), "str_value": Str(""),
+           "force_cpu": Bool(False), "place_type": Int(-1)},
+    traits=[OPAQUE], infer_shape=_fill_infer, reference=_fill_ref, emit=None, grad=None,
+    doc="Out = a tensor of `shape` filled with `value` (or `str_value`, exactly).")
+
+
+# ---- fill_constant_batch_size_like -----------------------------------------------------------
+def _fcbsl_infer(Input, *, shape, input_dim_idx, output_dim_idx, dtype, **_):
+    out = list(shape)
+    i = norm_axis(input_dim_idx, Input.ndim, "input_dim_idx")
+    o = norm_axis(output_dim_idx, len(out), "output_dim_idx")
+    out[o] = Input.shape[i]
+    return {"Out": VarMeta(tuple(out), _np_dtype(dtype))}
+
+
+def _fcbsl_ref(Input, *, shape, input_dim_idx, output_dim_idx, dtype, value, str_value):
+    dt = _np_dtype(dtype)
+    out = list(shape)
+    out[output_dim_idx % len(out)] = Input.shape[input_dim_idx % max(Input.ndim, 1)]
+    return {"Out": np.full(_check_run_shape(tuple(out)), _fill_value(value, str_value, dt), dt)}
+
+
+register_op(
+    "fill_constant_batch_size_like", inputs=["Input"], outputs=["Out"],
+    attrs={"shape": Ints(), "input_dim_idx": Int(0), "output_dim_idx": Int(0),
+           "dtype": Int(5, choices=_DTYPE_CODES), "value": Float(0.0), "str_value": Str(""),
+           "force_cpu": Bool(False)},
+    traits=[OPAQUE], infer_shape=_fcbsl_infer, reference=_fcbsl_ref, emit=None, grad=None,
+    doc="Out = constant of `shape` whose dim output_dim_idx is Input's dim input_dim_idx.")
+
+
+# ---- assign --------------------------------------------------------------------------------------
+register_op(
+    "assign", inputs=["X?"], outputs=["Out"], traits=[OPAQUE],
+    infer_shape=lambda X=None: {"Out": X} if X is not None else {},
+    reference=lambda X=None: {"Out": np.array(X, copy=True)} if X is not None else {},
+    emit=None, grad=NO_GRAD_YET, doc="Out = a copy of X.")
+
+
+# ---- random initialisers ----------------------------------------------------------------------
+def _random_infer(ShapeTensor=None, ShapeTensorList=None, *, shape, dtype, **_):
+    if _np_dtype(dtype).kind != "f":
+        raise ShapeMismatch(f"dtype: expected a float type, got {_np_dtype(dtype)}")
+    return {"Out": _created_infer(shape, dtype, ShapeTensor, ShapeTensorList)}
+
+
+def _uniform_ref(ShapeTensor=None, ShapeTensorList=None, *, shape, dtype, min, max, ctx,
+                 diag_num, diag_step, diag_val):
+    shp = _check_run_shape(_shape_from(shape, ShapeTensor, ShapeTensorList))
+    if min > max:
+        raise ShapeMismatch(f"expected min <= max, got min={min}, max={max}")
+    out = prandom.uniform(ctx.rng_key(), shp, min, max, _np_dtype(dtype))
+    if diag_num > 0:  # Paddle's option: put diag_val on a strided diagonal of the flat array
+        flat = out.reshape(-1)
+        for i in range(diag_num):
+            idx = i * diag_step + i
+            if idx < flat.size:
+                flat[idx] = diag_val
+    return {"Out": out}
+
+
+register_op(
+    "uniform_random", inputs=["ShapeTensor?", "ShapeTensorList*?"], outputs=["Out"],
+    attrs={"shape": Longs([]), "dtype": Int(5, choices=_FLOAT_CODES),
+           "min": Float(-1.0, low=-4.0, high=0.0), "max": Float(1.0, low=0.0, high=4.0),
+           "seed": Int(0), "diag_num": Int(0), "diag_step": Int(0), "diag_val": Float(1.0)},
+    traits=[OPAQUE, RANDOM], infer_shape=_random_infer, reference=_uniform_ref, emit=None,
+    grad=None, doc="Out ~ Uniform[min, max) from the run's random stream.")
+
+
+def _gaussian_ref(ShapeTensor=None, ShapeTensorList=None, *, shape, dtype, mean, std, ctx):
+    shp = _check_run_shape(_shape_from(shape, ShapeTensor, ShapeTensorList))
+    return {"Out": prandom.normal(ctx.rng_key(), shp, mean, std, _np_dtype(dtype))}
+
+
+register_op(
+    "gaussian_random", inputs=["ShapeTensor?", "ShapeTensorList*?"], outputs=["Out"],
+    attrs={"shape": Longs([]), "mean": Float(0.0), "std": Float(1.0, low=0.0, high=4.0),
+           "seed": Int(0), "dtype": Int(5, choices=_FLOAT_CODES)},
+    traits=[OPAQUE, RANDOM], infer_shape=_random_infer, reference=_gaussian_ref, emit=None,
+    grad=None, doc="Out ~ Normal(mean, std) from the run's random stream.")
+
+
+def _tgauss_ref(*, shape, dtype, mean, std, a, b, ctx):
+    shp = _check_run_shape(tuple(int(d) for d in shape))
+    if not a < b:
+        raise ShapeMismatch(f"expected a < b, got a={a}, b={b}")
+    return {"Out": prandom.truncated_normal(ctx.rng_key(), shp, mean, std, _np_dtype(dtype), a, b)}
+
+
+register_op(
+    "truncated_gaussian_random", inputs=[], outputs=["Out"],
+    attrs={"shape": Ints(), "mean": Float(0.0), "std": Float(1.0, low=0.0, high=4.0),
+           "seed": Int(0), "a": Float(-2.0), "b": Float(2.0),
+           "dtype": Int(5, choices=_FLOAT_CODES)},
+    traits=[OPAQUE, RANDOM], infer_shape=_random_infer, reference=_tgauss_ref, emit=None,
+    grad=None, doc="Out ~ Normal(mean, std) truncated to [mean + a*std, mean + b*std].")
+
+
+# ---- assign_value: a constant tensor written into the program ----------------------------------
+_VALUE_ATTRS = ("values", "fp32_values", "int32_values", "int64_values", "bool_values",
+                "fp64_values")
+
+
+def _assign_value_infer(ValuesTensor=None, *, shape, dtype, **_):
+    return {"Out": VarMeta(tuple(shape), _np_dtype(dtype))}
+
+
+def _assign_value_ref(ValuesTensor=None, *, shape, dtype, **values):
+    dt = _np_dtype(dtype)
+    given = next((values[k] for k in _VALUE_ATTRS if values.get(k)), [])
+    n = int(np.prod(shape, dtype=np.int64))
+    if len(given) != n:
+        raise ShapeMismatch(f"expected {n} values for shape {list(shape)}, got {len(given)}")
+    return {"Out": np.asarray(given).astype(dt).reshape(tuple(shape))}
+
+
+register_op(
+    "assign_value", inputs=["ValuesTensor?"], outputs=["Out"],
+    attrs={"shape": Ints(), "dtype": Int(choices=_DTYPE_CODES), "values": Scalars([]),
+           "fp32_values": Floats([]), "int32_values": Ints([]), "int64_values": Longs([]),
+           "bool_values": Ints([]), "fp64_values": Float64s([])},
+    traits=[OPAQUE], infer_shape=_assign_value_infer, reference=_assign_value_ref, emit=None,
+    grad=None, doc="Out = the constant stored in the attributes (Paddle 3: `values`; older "
+                   "programs: fp32_values/int32_values/int64_values/bool_values).")

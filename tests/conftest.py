@@ -1,0 +1,33 @@
+"""Test configuration: Hypothesis profiles and shared fixtures.
+
+Profiles: ``ci`` (the default: bounded, derandomised, no deadline because first calls compile)
+and ``dev`` (many more examples, for deep local runs: ``HYPOTHESIS_PROFILE=dev pytest``).
+"""
+import os
+import pathlib
+
+import pytest
+from hypothesis import HealthCheck, settings
+
+settings.register_profile("ci", max_examples=25, derandomize=True, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("dev", max_examples=400, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "paddle"
+
+
+@pytest.fixture
+def fresh_programs():
+    """A fresh (main, startup) pair installed as the defaults, with fresh unique names."""
+    import pdjit as fluid
+
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        yield main, startup
+
+
+@pytest.fixture
+def fixtures_dir():
+    return FIXTURES
