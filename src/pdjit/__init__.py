@@ -4,10 +4,26 @@
 with ``fluid.Executor(fluid.CPUPlace())``.
 """
 from pdjit import initializer, layers, ops  # noqa: F401  (ops: registers the built-in ops)
-from pdjit.framework import (Block, Operator, Parameter, Program, Variable, default_main_program,
-                             default_startup_program, program_guard, unique_name)
-from pdjit.framework.errors import (FeedError, OpError, OpRunError, OpShapeError, PdjitError,
-                                    ProgramError, UnregisteredOpError)
+from pdjit.framework import (
+                             Block,
+                             Operator,
+                             Parameter,
+                             Program,
+                             Variable,
+                             default_main_program,
+                             default_startup_program,
+                             program_guard,
+                             unique_name,
+)
+from pdjit.framework.errors import (
+                             FeedError,
+                             OpError,
+                             OpRunError,
+                             OpShapeError,
+                             PdjitError,
+                             ProgramError,
+                             UnregisteredOpError,
+)
 from pdjit.layers.io import data_v2 as data
 from pdjit.param_attr import ParamAttr
 from pdjit.runtime.executor import Executor

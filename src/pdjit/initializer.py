@@ -88,7 +88,7 @@ def compute_fans(shape) -> tuple:
 
 
 class Xavier(Initializer):
-    """Glorot: Uniform(+-sqrt(6 / (fan_in + fan_out))) or Normal(0, sqrt(2 / (fan_in + fan_out)))."""
+    """Glorot: Uniform(+-sqrt(6 / (fan_in + fan_out))) or Normal(0, sqrt(2 / (fan_in+fan_out)))."""
 
     def __init__(self, uniform: bool = True, fan_in=None, fan_out=None, seed: int = 0):
         self.uniform, self.fan_in, self.fan_out, self.seed = uniform, fan_in, fan_out, int(seed)

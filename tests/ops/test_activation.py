@@ -67,6 +67,8 @@ def test_scale(after):
                  {"Out": want}, batch_unknown=True)
     s = np.array([3.0])
     check_output("scale", {"X": x, "ScaleTensor": s}, {"bias": 1.0}, {"Out": x * 3.0 + 1.0})
+    check_output("scale", {"X": x, "ScaleTensor": s, "BiasTensor": np.array([-2.0])}, {},
+                 {"Out": x * 3.0 - 2.0})
 
 
 def test_scale_on_integers_truncates_its_attributes_like_paddle():

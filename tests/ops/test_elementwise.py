@@ -65,7 +65,8 @@ def test_integer_division_truncates_toward_zero_mod_and_floordiv_follow_python()
     check_output("elementwise_mod", {"X": x, "Y": y}, {}, {"Out": np.array([1, 1, -1, -1, 0])})
     xf = np.array([-7.5, 7.5], np.float32)
     yf = np.array([2.0, -2.0], np.float32)
-    check_output("elementwise_mod", {"X": xf, "Y": yf}, {}, {"Out": np.array([0.5, -0.5], np.float32)})
+    check_output("elementwise_mod", {"X": xf, "Y": yf}, {},
+                 {"Out": np.array([0.5, -0.5], np.float32)})
 
 
 def test_integer_division_by_zero_is_a_clear_error():

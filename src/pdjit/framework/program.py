@@ -25,8 +25,13 @@ from google.protobuf import text_format
 
 from pdjit.framework import attrs as attrs_mod
 from pdjit.framework import dtypes, registry, unique_name
-from pdjit.framework.errors import (OpShapeError, ProgramError, ShapeMismatch,
-                                    UnregisteredOpError, describe_op)
+from pdjit.framework.errors import (
+    OpShapeError,
+    ProgramError,
+    ShapeMismatch,
+    UnregisteredOpError,
+    describe_op,
+)
 from pdjit.proto import framework_pb2 as pb
 
 VarType = pb.VarType
@@ -624,6 +629,8 @@ def infer_op_shape(op: Operator, opdef: registry.OpDef, fail) -> None:
         res = result[slot.name]
         res = res if isinstance(res, (list, tuple)) else [res]
         names = op.output(slot.name)
+        if not names:
+            continue  # a dispensable output left unbound: its meta is not needed
         if len(names) != len(res) and res:
             raise fail(f"output {slot.name!r}: infer_shape gave {len(res)} results for "
                        f"{len(names)} variables")

@@ -7,8 +7,12 @@ initialising ops in the default startup program, and appends its ops (shapes inf
 from __future__ import annotations
 
 from pdjit.framework import dtypes, registry, unique_name
-from pdjit.framework.program import (Parameter, Variable, default_main_program,
-                                     default_startup_program)
+from pdjit.framework.program import (
+    Parameter,
+    Variable,
+    default_main_program,
+    default_startup_program,
+)
 from pdjit.initializer import Constant, Xavier
 from pdjit.param_attr import ParamAttr
 
@@ -82,7 +86,8 @@ class LayerHelper:
         return None if attr is False else attr
 
     # -- variables -------------------------------------------------------------------------------
-    def create_variable_for_type_inference(self, dtype=None, stop_gradient: bool = False) -> Variable:
+    def create_variable_for_type_inference(self, dtype=None,
+                                           stop_gradient: bool = False) -> Variable:
         return self.block.create_var(name=unique_name.generate(f"{self.name}.tmp"),
                                      dtype=dtype if dtype is not None else "float32",
                                      stop_gradient=stop_gradient)

@@ -92,7 +92,8 @@ def cast(x, dtype) -> Variable:
     helper = LayerHelper("cast")
     out = helper.create_variable_for_type_inference(dtype)
     helper.append_op("cast", inputs={"X": [x]}, outputs={"Out": [out]},
-                     attrs={"in_dtype": dtypes.to_code(x.dtype), "out_dtype": dtypes.to_code(dtype)})
+                     attrs={"in_dtype": dtypes.to_code(x.dtype),
+                            "out_dtype": dtypes.to_code(dtype)})
     return out
 
 

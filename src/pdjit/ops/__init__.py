@@ -2,5 +2,14 @@
 
 One module per family; each op is defined once, with ``pdjit.framework.registry.register_op``.
 """
-from pdjit.ops import (activation, creation, elementwise, io, matmul, nn, reduce,  # noqa: F401
-                       shape)
+from pdjit.ops import (  # noqa: F401
+    activation,
+    creation,
+    elementwise,
+    indexing,
+    io,
+    matmul,
+    nn,
+    reduce,
+    shape,
+)

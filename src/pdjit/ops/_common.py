@@ -69,6 +69,13 @@ def reduce_to_shape(g: np.ndarray, shape, axis: int, full_shape) -> np.ndarray:
     return g.reshape(shape)
 
 
+def int_values(t) -> list:
+    """The ints held by a tensor-valued attribute input (a tensor or a list of 1-element ones)."""
+    if isinstance(t, (list, tuple)):
+        return [int(np.asarray(v).reshape(-1)[0]) for v in t]
+    return [int(v) for v in np.asarray(t).reshape(-1)]
+
+
 def same_as(x: VarMeta, **kw) -> VarMeta:
     return x.with_(**kw)
 

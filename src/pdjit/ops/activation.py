@@ -10,8 +10,7 @@ import numpy as np
 
 from pdjit.framework import dtypes
 from pdjit.framework.errors import ShapeMismatch
-from pdjit.framework.registry import (ELEMENTWISE, NO_GRAD_YET, Bool, Float, Int,
-                                      register_op)
+from pdjit.framework.registry import ELEMENTWISE, NO_GRAD_YET, Bool, Float, Int, register_op
 from pdjit.ops._common import FLOATS, NUMERIC, check_dtype
 
 
@@ -54,17 +53,20 @@ _unary("sign", np.sign, "{T}(({X} > 0) - ({X} < 0))", NUMERIC, doc="Out = sign(X
 
 
 # ---- scale: Out = scale * X + bias (or scale * (X + bias)) ------------------------------------
-def _scale_infer(X, ScaleTensor=None, **_):
+def _scale_infer(X, ScaleTensor=None, BiasTensor=None, **_):
     check_dtype(X, NUMERIC, "input X")
-    if ScaleTensor is not None and ScaleTensor.shape not in ((), (1,), (-1,)):
-        raise ShapeMismatch(f"ScaleTensor must hold one value: expected shape [] or [1], got "
-                            f"{list(ScaleTensor.shape)}")
+    for name, t in (("ScaleTensor", ScaleTensor), ("BiasTensor", BiasTensor)):
+        if t is not None and t.shape not in ((), (1,), (-1,)):
+            raise ShapeMismatch(f"{name} must hold one value: expected shape [] or [1], got "
+                                f"{list(t.shape)}")
     return {"Out": X}
 
 
-def _scale_ref(X, ScaleTensor=None, *, scale, bias, bias_after_scale):
+def _scale_ref(X, ScaleTensor=None, BiasTensor=None, *, scale, bias, bias_after_scale):
     if ScaleTensor is not None:
         scale = ScaleTensor.reshape(-1)[0]
+    if BiasTensor is not None:
+        bias = BiasTensor.reshape(-1)[0]
     s, b = np.asarray(scale).astype(X.dtype), np.asarray(bias).astype(X.dtype)
     out = X * s + b if bias_after_scale else (X + b) * s
     return {"Out": out.astype(X.dtype, copy=False)}
@@ -77,7 +79,7 @@ def _scale_emit(dtypes_, *, scale, bias, bias_after_scale):
 
 
 register_op(
-    "scale", inputs=["X", "ScaleTensor?"], outputs=["Out"],
+    "scale", inputs=["X", "ScaleTensor?", "BiasTensor?"], outputs=["Out"],
     attrs={"scale": Float(1.0, low=-4.0, high=4.0), "bias": Float(0.0, low=-4.0, high=4.0),
            "bias_after_scale": Bool(True)},
     traits=[ELEMENTWISE], infer_shape=_scale_infer, reference=_scale_ref, emit=_scale_emit,

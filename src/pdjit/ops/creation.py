@@ -10,8 +10,22 @@ import numpy as np
 from pdjit.framework import dtypes
 from pdjit.framework import random as prandom
 from pdjit.framework.errors import ShapeMismatch
-from pdjit.framework.registry import (NO_GRAD_YET, OPAQUE, RANDOM, Bool, Float, Float64s, Floats,
-                                      Int, Ints, Longs, Scalars, Str, VarMeta, register_op)
+from pdjit.framework.registry import (
+    NO_GRAD_YET,
+    OPAQUE,
+    RANDOM,
+    Bool,
+    Float,
+    Float64s,
+    Floats,
+    Int,
+    Ints,
+    Longs,
+    Scalars,
+    Str,
+    VarMeta,
+    register_op,
+)
 from pdjit.ops._common import norm_axis
 
 _DTYPE_CODES = tuple(dtypes.to_code(d) for d in

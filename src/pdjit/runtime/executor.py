@@ -171,10 +171,6 @@ class Executor:
             for i, (n, value) in enumerate(zip(names, values)):
                 if not raw and isinstance(value, np.ndarray):
                     var = block._find_var_recursive(n)
-                    if var is not None and var.dtype is not None and var.type == VarType.LOD_TENSOR \
-                            and value.dtype != var.dtype:
-                        raise _op_error(op, op_idx, f"internal: output {slot.name!r} ({n!r}) is "
-                                        f"declared {var.dtype}, the reference gave {value.dtype}")
                     lod = ctx.out_lods.get(slot.name, {}).get(i)
                     if lod is None and first_lod and var is not None and var.lod_level and \
                             value.ndim and value.shape[0] == first_lod[-1][-1]:

@@ -8,7 +8,8 @@ executor mode in :data:`TARGETS`, and checks that
 - the op's ``infer_shape`` agrees with what ran: same dtype, same rank, every known dim equal.
 
 With ``batch_unknown=True`` the inputs are declared with ``-1`` leading dims, as Fluid's data
-layers are, so the op is also checked with sizes unknown at build time.
+layers are, so the op is also checked with sizes unknown at build time; a collection of slot
+names (``{"X"}``) makes only those slots' leading dims unknown (weights keep theirs).
 
 Failures raise ``AssertionError`` with a reproducer: op, attrs, input shapes and dtypes.
 """
@@ -63,7 +64,7 @@ def build_op_program(op_type: str, inputs: Mapping, attrs: Mapping | None = None
             lod = value.lod() if isinstance(value, LoDTensor) else None
             arr = np.asarray(value)
             shape = list(arr.shape)
-            if batch_unknown and shape:
+            if shape and (batch_unknown is True or (batch_unknown and slot.name in batch_unknown)):
                 shape[0] = -1
             name = f"{slot.name.lower()}_{i}"
             v = block.create_var(name=name, shape=shape, dtype=arr.dtype,
@@ -136,7 +137,7 @@ def check_output(op_type: str, inputs: Mapping, attrs: Mapping | None = None,
     """
     first = None
     for mode in modes or TARGETS:
-        for unknown in ((False, True) if batch_unknown else (False,)):
+        for unknown in ((False, batch_unknown) if batch_unknown else (False,)):
             got = run_op(op_type, inputs, attrs, mode, unknown, outputs)
             where = f"{_describe(op_type, inputs, attrs)} [{mode}" \
                     f"{', -1 batch dims' if unknown else ''}]"

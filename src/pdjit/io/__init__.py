@@ -1,0 +1,11 @@
+"""Reading and writing programs and parameters in PaddlePaddle's formats."""
+from pdjit.io.tensor_stream import (
+                                    load_combined_params,
+                                    persistable_names,
+                                    read_tensor,
+                                    save_combined_params,
+                                    write_tensor,
+)
+
+__all__ = ["load_combined_params", "persistable_names", "read_tensor", "save_combined_params",
+           "write_tensor"]

@@ -1,0 +1,307 @@
+"""Fluid 1.x layers for reductions, reshaping and indexing.
+
+Each function appends one op (Paddle's legacy type: ``reshape`` emits ``reshape2``, ``squeeze``
+``squeeze2``...) to the current block of the default main program and returns its output
+Variable(s); shapes are inferred as the op is appended, so a bad shape fails here, naming the op.
+
+Where Fluid 1.8 accepts a Variable for a shape, axis, bound or count (``reshape(x, [v, 4])``,
+``concat(xs, axis=v)``, ``topk(x, k=v)``), the op's tensor input slot carries it and the dims it
+decides are unknown (``-1``) until run time.
+
+``one_hot`` emits ``one_hot_v2``: the one-hot dim is *appended* (``[N, 1]`` ids give
+``[N, 1, depth]``), unlike Fluid 1.x's ``one_hot`` op, which replaced a last dim of 1 (that op
+no longer exists in PaddlePaddle 3.x).
+"""
+from __future__ import annotations
+
+from pdjit.framework.program import Variable
+from pdjit.layers.layer_helper import LayerHelper, check_variable
+
+__all__ = ["reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod", "mean",
+           "sums", "reshape", "transpose", "concat", "split", "slice", "squeeze", "unsqueeze",
+           "stack", "gather", "one_hot", "argmax", "argmin", "topk"]
+
+
+def _int_tensor(value, layer) -> Variable:
+    """A Variable stays; an int becomes a 1-element int32 constant (for ``*TensorList`` slots)."""
+    if isinstance(value, Variable):
+        return value
+    if not isinstance(value, int):
+        raise TypeError(f"{layer}: expected an int or a Variable, got {type(value).__name__}")
+    from pdjit.layers.tensor import fill_constant  # local: tensor imports layer_helper too
+    return fill_constant([1], "int32", value)
+
+
+def _ints(value, arg, layer) -> list:
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    for v in values:
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise TypeError(f"{layer}: {arg} must be ints, got {v!r}")
+    return [int(v) for v in values]
+
+
+# ---- reductions ------------------------------------------------------------------------------
+def _reduce(op_type, input, dim, keep_dim, name):
+    check_variable(input, "input", op_type)
+    helper = LayerHelper(op_type, name=name)
+    dims = [] if dim is None else _ints(dim, "dim", op_type)
+    out = helper.create_variable_for_type_inference(input.dtype)
+    # Fluid writes dim=[0] with reduce_all for "everything"; the op treats both alike
+    helper.append_op(op_type, inputs={"X": [input]}, outputs={"Out": [out]},
+                     attrs={"dim": dims or [0], "keep_dim": bool(keep_dim),
+                            "reduce_all": not dims or len(dims) == len(input.shape)})
+    return out
+
+
+def reduce_sum(input, dim=None, keep_dim=False, name=None):
+    """The sum of ``input`` over ``dim`` (an int or list; None: every dim -> a 0-d result)."""
+    return _reduce("reduce_sum", input, dim, keep_dim, name)
+
+
+def reduce_mean(input, dim=None, keep_dim=False, name=None):
+    """The mean of ``input`` over ``dim`` (None: every dim)."""
+    return _reduce("reduce_mean", input, dim, keep_dim, name)
+
+
+def reduce_max(input, dim=None, keep_dim=False, name=None):
+    """The maximum of ``input`` over ``dim`` (None: every dim)."""
+    return _reduce("reduce_max", input, dim, keep_dim, name)
+
+
+def reduce_min(input, dim=None, keep_dim=False, name=None):
+    """The minimum of ``input`` over ``dim`` (None: every dim)."""
+    return _reduce("reduce_min", input, dim, keep_dim, name)
+
+
+def reduce_prod(input, dim=None, keep_dim=False, name=None):
+    """The product of ``input`` over ``dim`` (None: every dim)."""
+    return _reduce("reduce_prod", input, dim, keep_dim, name)
+
+
+def mean(x, name=None):
+    """The mean of every element of ``x``: a 0-d Variable."""
+    check_variable(x, "x", "mean")
+    helper = LayerHelper("mean", name=name)
+    out = helper.create_variable_for_type_inference(x.dtype)
+    helper.append_op("mean", inputs={"X": [x]}, outputs={"Out": [out]})
+    return out
+
+
+def sums(input, out=None):
+    """The elementwise sum of a list of Variables of one shape (``sum`` op); into ``out``."""
+    helper = LayerHelper("sum", input=input)
+    xs = helper.multiple_input("input")
+    if out is None:
+        out = helper.create_variable_for_type_inference(helper.input_dtype("input"))
+    helper.append_op("sum", inputs={"X": xs}, outputs={"Out": [out]})
+    return out
+
+
+# ---- reshaping -------------------------------------------------------------------------------
+def _with_xshape(op_type, x, inputs, attrs, name, act=None):
+    helper = LayerHelper(op_type, name=name, act=act)
+    out = helper.create_variable_for_type_inference(x.dtype)
+    xshape = helper.create_variable_for_type_inference(x.dtype, stop_gradient=True)
+    helper.append_op(op_type, inputs={"X": [x], **inputs}, outputs={"Out": [out],
+                                                                   "XShape": [xshape]},
+                     attrs=attrs)
+    return helper.append_activation(out, act)
+
+
+def reshape(x, shape, actual_shape=None, act=None, inplace=False, name=None):
+    """``x`` with a new ``shape`` (0: keep x's dim, -1: inferred), then ``act``.
+
+    ``shape`` may be a list of ints and Variables, or a 1-D int Variable; ``actual_shape`` (a
+    Variable) overrides it at run time. ``inplace`` is accepted for compatibility; a new
+    Variable is always returned.
+    """
+    check_variable(x, "x", "reshape")
+    inputs, attrs = {}, {}
+    if isinstance(shape, Variable):
+        inputs["Shape"] = [shape]
+    elif isinstance(shape, (list, tuple)):
+        if any(isinstance(s, Variable) for s in shape):
+            inputs["ShapeTensor"] = [_int_tensor(s, "reshape") for s in shape]
+            attrs["shape"] = [-1 if isinstance(s, Variable) else int(s) for s in shape]
+        else:
+            attrs["shape"] = _ints(shape, "shape", "reshape")
+    else:
+        raise TypeError(f"reshape: shape must be a list, tuple or Variable, got "
+                        f"{type(shape).__name__}")
+    if actual_shape is not None:
+        inputs["Shape"] = [check_variable(actual_shape, "actual_shape", "reshape")]
+    return _with_xshape("reshape2", x, inputs, attrs, name, act)
+
+
+def transpose(x, perm, name=None):
+    """``x`` with its dims permuted: dim i of the result is dim ``perm[i]`` of ``x``."""
+    check_variable(x, "x", "transpose")
+    perm = _ints(perm, "perm", "transpose")
+    if len(perm) != len(x.shape):
+        raise ValueError(f"transpose: perm must have one entry per dim of x: expected "
+                         f"{len(x.shape)}, got {len(perm)} ({perm})")
+    return _with_xshape("transpose2", x, {}, {"axis": perm}, name)
+
+
+def squeeze(input, axes, name=None):
+    """``input`` without its size-1 dims among ``axes`` (all size-1 dims when empty)."""
+    check_variable(input, "input", "squeeze")
+    return _with_xshape("squeeze2", input, {}, {"axes": _ints(axes, "axes", "squeeze")}, name)
+
+
+def unsqueeze(input, axes, name=None):
+    """``input`` with size-1 dims inserted at ``axes`` (ints, or a Variable of them)."""
+    check_variable(input, "input", "unsqueeze")
+    if isinstance(axes, Variable):
+        return _with_xshape("unsqueeze2", input, {"AxesTensor": [axes]}, {}, name)
+    if isinstance(axes, (list, tuple)) and any(isinstance(a, Variable) for a in axes):
+        return _with_xshape("unsqueeze2", input,
+                            {"AxesTensorList": [_int_tensor(a, "unsqueeze") for a in axes]}, {},
+                            name)
+    return _with_xshape("unsqueeze2", input, {}, {"axes": _ints(axes, "axes", "unsqueeze")}, name)
+
+
+# ---- joining and cutting ---------------------------------------------------------------------
+def concat(input, axis=0, name=None):
+    """The Variables in ``input`` joined along ``axis`` (an int or an int Variable)."""
+    helper = LayerHelper("concat", input=input, name=name)
+    xs = helper.multiple_input("input")
+    out = helper.create_variable_for_type_inference(helper.input_dtype("input"))
+    inputs = {"X": xs}
+    attrs = {}
+    if isinstance(axis, Variable):
+        inputs["AxisTensor"] = [axis]
+    else:
+        attrs["axis"] = _ints(axis, "axis", "concat")[0]
+    helper.append_op("concat", inputs=inputs, outputs={"Out": [out]}, attrs=attrs)
+    return out
+
+
+def stack(x, axis=0):
+    """The Variables in ``x`` (one shape) stacked along a new dim at ``axis``."""
+    helper = LayerHelper("stack", x=x)
+    xs = helper.multiple_input("x")
+    out = helper.create_variable_for_type_inference(helper.input_dtype("x"))
+    helper.append_op("stack", inputs={"X": xs}, outputs={"Y": [out]},
+                     attrs={"axis": _ints(axis, "axis", "stack")[0]})
+    return out
+
+
+def split(input, num_or_sections, dim=-1, name=None):
+    """``input`` cut along ``dim`` into ``num_or_sections`` equal parts (an int) or parts of the
+    given sizes (a list; one -1 takes the rest). Returns the list of parts."""
+    check_variable(input, "input", "split")
+    helper = LayerHelper("split", name=name)
+    inputs, attrs = {"X": [input]}, {}
+    if isinstance(dim, Variable):
+        inputs["AxisTensor"] = [dim]
+    else:
+        attrs["axis"] = _ints(dim, "dim", "split")[0]
+    if isinstance(num_or_sections, int) and not isinstance(num_or_sections, bool):
+        if num_or_sections < 1:
+            raise ValueError(f"split: num_or_sections must be >= 1, got {num_or_sections}")
+        n, attrs["num"] = num_or_sections, num_or_sections
+    elif isinstance(num_or_sections, (list, tuple)) and num_or_sections:
+        n = len(num_or_sections)
+        if any(isinstance(s, Variable) for s in num_or_sections):
+            inputs["SectionsTensorList"] = [_int_tensor(s, "split") for s in num_or_sections]
+        attrs["sections"] = [-1 if isinstance(s, Variable) else int(s) for s in num_or_sections]
+    else:
+        raise TypeError(f"split: num_or_sections must be an int or a non-empty list, got "
+                        f"{num_or_sections!r}")
+    outs = [helper.create_variable_for_type_inference(input.dtype) for _ in range(n)]
+    helper.append_op("split", inputs=inputs, outputs={"Out": outs}, attrs=attrs)
+    return outs
+
+
+def slice(input, axes, starts, ends):
+    """``input[starts[i]:ends[i]]`` along each of ``axes`` (Python-style bounds, clamped).
+
+    ``starts``/``ends`` may be lists of ints and Variables, or 1-D int Variables.
+    """
+    check_variable(input, "input", "slice")
+    helper = LayerHelper("slice")
+    axes = _ints(axes, "axes", "slice")
+    inputs, attrs = {"Input": [input]}, {"axes": axes}
+    flags = [1] * len(axes)
+    for key, value in (("starts", starts), ("ends", ends)):
+        slot = key.capitalize() + "Tensor"
+        if isinstance(value, Variable):
+            inputs[slot] = [value]
+            flags = [-1] * len(axes)
+        elif any(isinstance(v, Variable) for v in value):
+            inputs[slot + "List"] = [_int_tensor(v, "slice") for v in value]
+            flags = [-1 if isinstance(v, Variable) else f for v, f in zip(value, flags)]
+            attrs[key] = [-1 if isinstance(v, Variable) else int(v) for v in value]
+        else:
+            attrs[key] = _ints(value, key, "slice")
+    attrs["infer_flags"] = flags
+    out = helper.create_variable_for_type_inference(input.dtype)
+    helper.append_op("slice", inputs=inputs, outputs={"Out": [out]}, attrs=attrs)
+    return out
+
+
+# ---- indexing --------------------------------------------------------------------------------
+def gather(input, index, overwrite=True):
+    """The rows of ``input`` at ``index`` (1-D int). ``overwrite`` only matters to the gradient
+    of duplicate indices in Fluid; PaddlePaddle 3.x's op has no such attribute."""
+    check_variable(input, "input", "gather")
+    check_variable(index, "index", "gather")
+    helper = LayerHelper("gather")
+    out = helper.create_variable_for_type_inference(input.dtype)
+    helper.append_op("gather", inputs={"X": [input], "Index": [index]}, outputs={"Out": [out]})
+    return out
+
+
+def one_hot(input, depth, allow_out_of_range=False):
+    """``input``'s int ids one-hot encoded (float32) in a new last dim of size ``depth``.
+
+    ``one_hot_v2`` semantics: the dim is appended. Ids outside ``[0, depth)`` are an error at
+    run time, or give all-zero rows with ``allow_out_of_range``.
+    """
+    check_variable(input, "input", "one_hot")
+    helper = LayerHelper("one_hot_v2")
+    inputs, attrs = {"X": [input]}, {"allow_out_of_range": bool(allow_out_of_range)}
+    if isinstance(depth, Variable):
+        inputs["depth_tensor"] = [depth]
+    else:
+        attrs["depth"] = _ints(depth, "depth", "one_hot")[0]
+    out = helper.create_variable_for_type_inference("float32")
+    helper.append_op("one_hot_v2", inputs=inputs, outputs={"Out": [out]}, attrs=attrs)
+    return out
+
+
+def _arg(op_type, layer, x, axis):
+    check_variable(x, "x", layer)
+    helper = LayerHelper(op_type)
+    out = helper.create_variable_for_type_inference("int64", stop_gradient=True)
+    helper.append_op(op_type, inputs={"X": [x]}, outputs={"Out": [out]},
+                     attrs={"axis": _ints(axis, "axis", layer)[0]})
+    return out
+
+
+def argmax(x, axis=0):
+    """The int64 index of the largest value of ``x`` along ``axis`` (that dim removed)."""
+    return _arg("arg_max", "argmax", x, axis)
+
+
+def argmin(x, axis=0):
+    """The int64 index of the smallest value of ``x`` along ``axis`` (that dim removed)."""
+    return _arg("arg_min", "argmin", x, axis)
+
+
+def topk(input, k, name=None):
+    """(values, indices): the ``k`` largest entries of ``input`` along its last dim, descending,
+    and their int64 indices. ``k`` may be an int or a 1-element int Variable."""
+    check_variable(input, "input", "topk")
+    helper = LayerHelper("top_k_v2", name=name)
+    inputs, attrs = {"X": [input]}, {}
+    if isinstance(k, Variable):
+        inputs["K"] = [k]
+    else:
+        attrs["k"] = _ints(k, "k", "topk")[0]
+    values = helper.create_variable_for_type_inference(input.dtype)
+    indices = helper.create_variable_for_type_inference("int64", stop_gradient=True)
+    helper.append_op("top_k_v2", inputs=inputs, outputs={"Out": [values], "Indices": [indices]},
+                     attrs=attrs)
+    return values, indices

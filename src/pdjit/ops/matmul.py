@@ -1,0 +1,173 @@
+"""Matrix products: ``mul`` (Fluid's flatten-then-multiply), ``matmul`` (legacy) and ``matmul_v2``.
+
+Semantics follow PaddlePaddle 3.3.1's legacy ops (measured, see /tmp/paddle_notes.md):
+
+- ``mul`` flattens X to 2-D at ``x_num_col_dims`` and Y at ``y_num_col_dims``; the result has
+  shape ``X.shape[:x_num_col_dims] + Y.shape[y_num_col_dims:]``.
+- ``matmul`` / ``matmul_v2`` multiply over the last two dims with NumPy broadcasting of the batch
+  dims. A 1-D X is a row vector and a 1-D Y a column vector whatever the transpose flags say
+  (Paddle ignores the flag for a vector), and the added dim is dropped from the result, so
+  ``[K] x [K]`` gives a 0-d result. The legacy ``matmul`` also insists, as Paddle's InferShape
+  does, that the batch sizes (products of the batch dims) be equal unless one operand has no
+  batch dims: ``[1, 3, 4] x [2, 4, 5]`` is refused there, accepted by ``matmul_v2``.
+
+All three are OPAQUE library calls; ``emit`` is left to the compiler work.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from pdjit.framework.errors import ShapeMismatch
+from pdjit.framework.registry import NO_GRAD_YET, OPAQUE, Bool, Float, Int, register_op
+from pdjit.ops._common import FLOATS, broadcast_dim, check_dtype, prod_known
+
+_INT_MATMUL = (np.dtype(np.int32), np.dtype(np.int64))
+
+
+def _same_dtype(X, Y, op):
+    if X.dtype != Y.dtype:
+        raise ShapeMismatch(f"{op}: X and Y must have one dtype: expected Y {X.dtype}, got "
+                            f"{Y.dtype}")
+
+
+def _prod(dims) -> int:
+    return int(np.prod(dims, dtype=np.int64))
+
+
+def _dims_agree(a: int, b: int) -> bool:
+    return a == b or a < 0 or b < 0
+
+
+# ---- mul -----------------------------------------------------------------------------------
+def _mul_infer(X, Y, *, x_num_col_dims, y_num_col_dims):
+    check_dtype(X, FLOATS, "input X")
+    _same_dtype(X, Y, "mul")
+    for name, meta, n in (("x", X, x_num_col_dims), ("y", Y, y_num_col_dims)):
+        if not 1 <= n < max(meta.ndim, 1) or meta.ndim < 2:
+            raise ShapeMismatch(f"{name}_num_col_dims={n} does not fit {name.upper()} of shape "
+                                f"{list(meta.shape)}: expected 1 <= {name}_num_col_dims < rank "
+                                f"(and rank >= 2)")
+    k_x = prod_known(X.shape[x_num_col_dims:])
+    k_y = prod_known(Y.shape[:y_num_col_dims])
+    if not _dims_agree(k_x, k_y):
+        raise ShapeMismatch(
+            f"X flattened at x_num_col_dims={x_num_col_dims} has width {k_x} and Y flattened at "
+            f"y_num_col_dims={y_num_col_dims} has height {k_y}: expected them equal, got X "
+            f"{list(X.shape)} and Y {list(Y.shape)}")
+    return {"Out": X.with_(shape=X.shape[:x_num_col_dims] + Y.shape[y_num_col_dims:])}
+
+
+def _mul_ref(X, Y, *, x_num_col_dims, y_num_col_dims):
+    xs, ys = X.shape, Y.shape
+    x2 = X.reshape(_prod(xs[:x_num_col_dims]), _prod(xs[x_num_col_dims:]))
+    y2 = Y.reshape(_prod(ys[:y_num_col_dims]), _prod(ys[y_num_col_dims:]))
+    if x2.shape[1] != y2.shape[0]:
+        raise ShapeMismatch(f"X flattened to {list(x2.shape)} and Y flattened to "
+                            f"{list(y2.shape)}: expected X's width equal to Y's height")
+    out = x2 @ y2
+    return {"Out": out.reshape(xs[:x_num_col_dims] + ys[y_num_col_dims:]).astype(X.dtype,
+                                                                                   copy=False)}
+
+
+register_op(
+    "mul", inputs=["X", "Y"], outputs=["Out"],
+    attrs={"x_num_col_dims": Int(1, low=1, high=3), "y_num_col_dims": Int(1, low=1, high=3)},
+    traits=[OPAQUE], infer_shape=_mul_infer, reference=_mul_ref, emit=None, grad=NO_GRAD_YET,
+    doc="Out = flatten(X, x_num_col_dims) @ flatten(Y, y_num_col_dims), reshaped to "
+        "X.shape[:x_num_col_dims] + Y.shape[y_num_col_dims:].")
+
+
+# ---- matmul / matmul_v2 ----------------------------------------------------------------------
+def _matmul_shape(xs: tuple, ys: tuple, tx: bool, ty: bool, legacy: bool) -> tuple:
+    """Output shape of a (batched) matmul; ``-1`` dims stay unknown."""
+    if not xs or not ys:
+        raise ShapeMismatch(f"matmul operands must have rank >= 1, got X {list(xs)} and Y "
+                            f"{list(ys)}")
+    # A vector ignores its transpose flag: X is a row, Y a column.
+    x2 = (1,) + xs if len(xs) == 1 else xs
+    y2 = ys + (1,) if len(ys) == 1 else ys
+    if len(xs) > 1 and tx:
+        x2 = x2[:-2] + (x2[-1], x2[-2])
+    if len(ys) > 1 and ty:
+        y2 = y2[:-2] + (y2[-1], y2[-2])
+    m, k_x = x2[-2:]
+    k_y, n = y2[-2:]
+    if not _dims_agree(k_x, k_y):
+        raise ShapeMismatch(
+            f"the inner dims of X {list(xs)} (transpose={tx}) and Y {list(ys)} "
+            f"(transpose={ty}) differ: expected X's {k_x} columns to equal Y's rows, got "
+            f"{k_y}")
+    bx, by = x2[:-2], y2[:-2]
+    if legacy and bx and by:
+        px, py = prod_known(bx), prod_known(by)
+        if px >= 0 and py >= 0 and px != py:
+            raise ShapeMismatch(
+                f"the batch sizes of X {list(xs)} and Y {list(ys)} differ: expected equal "
+                f"batch sizes (or one operand without batch dims), got {px} and {py}")
+    nb = max(len(bx), len(by))
+    bx, by = (1,) * (nb - len(bx)) + bx, (1,) * (nb - len(by)) + by
+    msg = (f"the batch dims of X {list(xs)} and Y {list(ys)} do not broadcast: expected each "
+           f"aligned pair equal or 1")
+    batch = tuple(broadcast_dim(a, b, msg) for a, b in zip(bx, by))
+    out = batch + (m, n)
+    if len(ys) == 1:
+        out = out[:-1]
+    if len(xs) == 1:
+        out = out[:-2] + out[-1:] if len(ys) > 1 else out[:-1]
+    return out
+
+
+def _matmul_np(x, y, tx, ty):
+    if x.ndim > 1 and tx:
+        x = np.swapaxes(x, -1, -2)
+    if y.ndim > 1 and ty:
+        y = np.swapaxes(y, -1, -2)
+    return np.matmul(x, y)
+
+
+def _matmul_infer(X, Y, *, transpose_X, transpose_Y, head_number=1, **_):
+    check_dtype(X, FLOATS, "input X")
+    _same_dtype(X, Y, "matmul")
+    if head_number != 1:
+        raise ShapeMismatch(f"matmul: head_number={head_number} is not supported (it is a "
+                            f"oneDNN/CUDA-only fusion attribute): expected 1")
+    return {"Out": X.with_(shape=_matmul_shape(X.shape, Y.shape, transpose_X, transpose_Y,
+                                               legacy=True))}
+
+
+def _matmul_ref(X, Y, *, transpose_X, transpose_Y, alpha, **_):
+    _matmul_shape(X.shape, Y.shape, transpose_X, transpose_Y, legacy=True)  # clear errors
+    out = _matmul_np(X, Y, transpose_X, transpose_Y)
+    if alpha != 1.0:
+        out = out * np.asarray(alpha, X.dtype)
+    return {"Out": np.asarray(out).astype(X.dtype, copy=False)}
+
+
+register_op(
+    "matmul", inputs=["X", "Y"], outputs=["Out"],
+    attrs={"transpose_X": Bool(False), "transpose_Y": Bool(False),
+           "alpha": Float(1.0, low=-2.0, high=2.0), "head_number": Int(1, choices=(1,))},
+    traits=[OPAQUE], infer_shape=_matmul_infer, reference=_matmul_ref, emit=None,
+    grad=NO_GRAD_YET,
+    doc="Out = alpha * op(X) @ op(Y) over the last two dims (op transposes when asked), batch "
+        "dims broadcast; 1-D X is a row, 1-D Y a column.")
+
+
+def _matmul_v2_infer(X, Y, *, trans_x, trans_y):
+    check_dtype(X, FLOATS + _INT_MATMUL, "input X")
+    _same_dtype(X, Y, "matmul_v2")
+    return {"Out": X.with_(shape=_matmul_shape(X.shape, Y.shape, trans_x, trans_y,
+                                               legacy=False))}
+
+
+def _matmul_v2_ref(X, Y, *, trans_x, trans_y):
+    _matmul_shape(X.shape, Y.shape, trans_x, trans_y, legacy=False)
+    return {"Out": np.asarray(_matmul_np(X, Y, trans_x, trans_y)).astype(X.dtype, copy=False)}
+
+
+register_op(
+    "matmul_v2", inputs=["X", "Y"], outputs=["Out"],
+    attrs={"trans_x": Bool(False), "trans_y": Bool(False)},
+    traits=[OPAQUE], infer_shape=_matmul_v2_infer, reference=_matmul_v2_ref, emit=None,
+    grad=NO_GRAD_YET,
+    doc="Out = op(X) @ op(Y) with NumPy batch broadcasting; 1-D X is a row, 1-D Y a column.")

@@ -1,0 +1,331 @@
+"""Neural-network ops: softmax, the cross entropies, accuracy, dropout, embedding lookup.
+
+Numerics follow PaddlePaddle 3.3.1's CPU kernels (measured; see /tmp/paddle_notes.md):
+
+- ``softmax`` (and the softmax inside ``softmax_with_cross_entropy``) subtracts the row max and
+  then clips the shifted logits at -64 before ``exp``, as Paddle's CPU kernel does. So no
+  probability is below ``exp(-64) / n`` (about 1.6e-28) and a hard-label loss is at most about
+  ``64 + log(n)``; ``[1000, 0, -1000]`` gives a loss of 64 for class 1, as in Paddle.
+  ``numeric_stable_mode`` does not change the CPU result (Paddle's CPU kernel ignores it too).
+- ``cross_entropy``/``cross_entropy2`` take probabilities: ``log(0) = -inf`` is replaced by
+  ``-1e20`` (Paddle's ``TolerableValue``), so a zero probability on the true class gives a loss
+  of ``1e20`` and a soft label of 0 on a zero probability contributes 0, never NaN.
+- Hard labels equal to ``ignore_index`` give a loss of 0; soft labels ignore ``ignore_index``.
+  Any other label outside ``[0, classes)`` is an ``IndexError`` naming the value and the range.
+- ``accuracy`` gives 0-d outputs: Accuracy float32, Correct and Total int32.
+- ``dropout`` keeps an element when its uniform draw ``u >= dropout_prob``; with
+  ``downgrade_in_infer`` training leaves kept values as they are and test mode multiplies by
+  ``1 - p``; with ``upscale_in_train`` training divides kept values by ``1 - p`` (zeros when
+  ``p == 1``) and test mode is the identity. In test mode Mask is all ones (Paddle leaves it
+  unset).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from pdjit.framework import random as prandom
+from pdjit.framework.errors import ShapeMismatch
+from pdjit.framework.registry import (
+    NO_GRAD_YET,
+    OPAQUE,
+    RANDOM,
+    Bool,
+    Float,
+    Int,
+    Long,
+    Str,
+    register_op,
+)
+from pdjit.ops._common import FLOATS, INDEX, check_dtype, norm_axis
+
+_TOLERABLE = 1e20  # Paddle's kApproInf: what log(0) = -inf becomes in the cross entropies
+_CLIP = -64.0  # Paddle's CPU softmax clips (x - max) at this value before exp
+_IGNORE = {"ignore_index": Int(-100, low=-100, high=3)}
+
+
+def _dims_agree(a: int, b: int) -> bool:
+    return a == b or a < 0 or b < 0
+
+
+def _shape_agrees(got, want) -> bool:
+    return len(got) == len(want) and all(_dims_agree(a, b) for a, b in zip(got, want))
+
+
+def check_ids(ids: np.ndarray, n: int, what: str, ignore: int | None = None) -> None:
+    """IndexError naming the first id outside ``[0, n)`` (``ignore`` is allowed)."""
+    bad = (ids < 0) | (ids >= n)
+    if ignore is not None:
+        bad &= ids != ignore
+    if np.any(bad):
+        where = tuple(int(i) for i in np.argwhere(bad)[0])
+        extra = f" or ignore_index={ignore}" if ignore is not None else ""
+        raise IndexError(f"{what} holds {int(ids[where])} at index {list(where)}: expected a "
+                         f"value in [0, {n}){extra}")
+
+
+def _tolerable_log(p: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        lg = np.log(p)
+    return np.clip(lg, -_TOLERABLE, _TOLERABLE).astype(p.dtype, copy=False)
+
+
+def _log_softmax(x: np.ndarray, axis: int):
+    """(softmax, log_softmax) along ``axis`` with Paddle's CPU clipping of shifted logits."""
+    shifted = np.maximum(x - x.max(axis=axis, keepdims=True), np.asarray(_CLIP, x.dtype))
+    e = np.exp(shifted)
+    s = e.sum(axis=axis, keepdims=True)
+    return (e / s).astype(x.dtype, copy=False), (shifted - np.log(s)).astype(x.dtype, copy=False)
+
+
+# ---- softmax ----------------------------------------------------------------------------------
+def _softmax_infer(X, *, axis):
+    check_dtype(X, FLOATS, "input X")
+    norm_axis(axis, X.ndim)
+    return {"Out": X}
+
+
+def _softmax_ref(X, *, axis):
+    if X.ndim == 0:
+        return {"Out": np.ones_like(X)}
+    return {"Out": _log_softmax(X, norm_axis(axis, X.ndim))[0]}
+
+
+register_op(
+    "softmax", inputs=["X"], outputs=["Out"], attrs={"axis": Int(-1, low=-1, high=1)},
+    traits=[OPAQUE], infer_shape=_softmax_infer, reference=_softmax_ref, emit=None,
+    grad=NO_GRAD_YET, doc="Out = exp(X - max) / sum(exp(X - max)) along axis.")
+
+
+# ---- cross_entropy / cross_entropy2 (X holds probabilities) --------------------------------------
+def _hard_label_meta(X, Label, what):
+    check_dtype(Label, INDEX, f"hard {what}")
+    lead = X.shape[:-1]
+    if not (_shape_agrees(Label.shape, lead + (1,)) or _shape_agrees(Label.shape, lead)):
+        raise ShapeMismatch(f"hard labels must have shape {list(lead + (1,))} (or "
+                            f"{list(lead)}) for X of shape {list(X.shape)}, got "
+                            f"{list(Label.shape)}")
+
+
+def _ce_infer(X, Label, *, soft_label, ignore_index):
+    check_dtype(X, FLOATS, "input X")
+    if X.ndim < 2:
+        raise ShapeMismatch(f"X must have rank >= 2 (classes in the last dim), got shape "
+                            f"{list(X.shape)}")
+    if soft_label:
+        if Label.dtype != X.dtype or not _shape_agrees(Label.shape, X.shape):
+            raise ShapeMismatch(f"soft labels must match X: expected {X.dtype}"
+                                f"{list(X.shape)}, got {Label.dtype}{list(Label.shape)}")
+        return {"Y": X.with_(shape=X.shape[:-1] + (1,))}
+    _hard_label_meta(X, Label, "Label")
+    return {"Y": X.with_(shape=Label.shape)}
+
+
+def _pick(X, Label, ignore_index):
+    """X's entry at each row's label (0 where ignored), shaped like X.shape[:-1] + (1,)."""
+    lab = Label.reshape(X.shape[:-1] + (1,)).astype(np.int64)
+    check_ids(lab, X.shape[-1], "Label", ignore_index)
+    ignored = lab == ignore_index
+    picked = np.take_along_axis(X, np.where(ignored, 0, lab), axis=-1)
+    return np.where(ignored, np.zeros((), X.dtype), picked).astype(X.dtype, copy=False), ignored
+
+
+def _ce_ref(X, Label, *, soft_label, ignore_index):
+    if soft_label:
+        y = -(Label * _tolerable_log(X)).sum(axis=-1, keepdims=True)
+        return {"Y": y.astype(X.dtype, copy=False)}
+    picked, ignored = _pick(X, Label, ignore_index)
+    y = np.where(ignored, np.zeros((), X.dtype), -_tolerable_log(picked))
+    return {"Y": y.astype(X.dtype, copy=False).reshape(Label.shape)}
+
+
+register_op(
+    "cross_entropy", inputs=["X", "Label"], outputs=["Y"],
+    attrs={"soft_label": Bool(False), **_IGNORE},
+    traits=[OPAQUE], infer_shape=_ce_infer, reference=_ce_ref, emit=None, grad=NO_GRAD_YET,
+    doc="Y = -log(X[label]) (hard) or -sum(Label * log(X)) (soft); X holds probabilities.")
+
+
+def _ce2_infer(X, Label, *, ignore_index):
+    check_dtype(X, FLOATS, "input X")
+    if X.ndim < 2:
+        raise ShapeMismatch(f"X must have rank >= 2 (classes in the last dim), got shape "
+                            f"{list(X.shape)}")
+    check_dtype(Label, INDEX, "Label")
+    want = X.shape[:-1] + (1,)
+    if not _shape_agrees(Label.shape, want):
+        raise ShapeMismatch(f"Label must have shape {list(want)} for X of shape "
+                            f"{list(X.shape)}, got {list(Label.shape)}")
+    # XShape carries X's shape for the backward pass and holds no data (last dim 0, as Paddle).
+    return {"Y": X.with_(shape=want), "MatchX": X.with_(shape=want),
+            "XShape": X.with_(shape=X.shape + (0,))}
+
+
+def _ce2_ref(X, Label, *, ignore_index):
+    picked, ignored = _pick(X, Label, ignore_index)
+    y = np.where(ignored, np.zeros((), X.dtype), -_tolerable_log(picked)).astype(X.dtype)
+    return {"Y": y, "MatchX": picked, "XShape": np.empty(X.shape + (0,), X.dtype)}
+
+
+register_op(
+    "cross_entropy2", inputs=["X", "Label"], outputs=["Y", "XShape~", "MatchX~"],
+    attrs=dict(_IGNORE), traits=[OPAQUE], infer_shape=_ce2_infer, reference=_ce2_ref,
+    emit=None, grad=NO_GRAD_YET,
+    doc="Hard-label cross entropy of probabilities: Y = -log(MatchX), MatchX = X[label].")
+
+
+# ---- softmax_with_cross_entropy --------------------------------------------------------------
+def _swce_infer(Logits, Label, *, soft_label, ignore_index, axis, **_):
+    check_dtype(Logits, FLOATS, "input Logits")
+    ax = norm_axis(axis, Logits.ndim)
+    loss_shape = Logits.shape[:ax] + (1,) + Logits.shape[ax + 1:]
+    if soft_label:
+        if Label.dtype != Logits.dtype or not _shape_agrees(Label.shape, Logits.shape):
+            raise ShapeMismatch(f"soft labels must match Logits: expected {Logits.dtype}"
+                                f"{list(Logits.shape)}, got {Label.dtype}{list(Label.shape)}")
+    else:
+        check_dtype(Label, INDEX, "hard Label")
+        if not _shape_agrees(Label.shape, loss_shape):
+            raise ShapeMismatch(f"hard labels must have shape {list(loss_shape)} (Logits "
+                                f"{list(Logits.shape)} with 1 at axis {axis}), got "
+                                f"{list(Label.shape)}")
+    return {"Softmax": Logits, "Loss": Logits.with_(shape=loss_shape)}
+
+
+def _swce_ref(Logits, Label, *, soft_label, use_softmax, ignore_index, axis, **_):
+    ax = norm_axis(axis, Logits.ndim)
+    x = np.moveaxis(Logits, ax, -1)
+    if use_softmax:
+        sm, logp = _log_softmax(x, -1)
+    else:  # Logits already hold probabilities
+        sm, logp = x, _tolerable_log(x)
+    if soft_label:
+        loss = -(np.moveaxis(Label, ax, -1) * logp).sum(axis=-1, keepdims=True)
+    else:
+        lab = np.moveaxis(Label, ax, -1).astype(np.int64)
+        check_ids(lab, x.shape[-1], "Label", ignore_index)
+        ignored = lab == ignore_index
+        picked = np.take_along_axis(logp, np.where(ignored, 0, lab), axis=-1)
+        loss = np.where(ignored, np.zeros((), Logits.dtype), -picked)
+    return {"Softmax": np.moveaxis(sm, -1, ax).astype(Logits.dtype, copy=True),
+            "Loss": np.moveaxis(loss, -1, ax).astype(Logits.dtype, copy=False)}
+
+
+register_op(
+    "softmax_with_cross_entropy", inputs=["Logits", "Label"], outputs=["Softmax", "Loss"],
+    attrs={"soft_label": Bool(False), "use_softmax": Bool(True),
+           "numeric_stable_mode": Bool(True), **_IGNORE, "axis": Int(-1, low=-1, high=1)},
+    traits=[OPAQUE], infer_shape=_swce_infer, reference=_swce_ref, emit=None, grad=NO_GRAD_YET,
+    doc="Softmax = softmax(Logits, axis); Loss = cross entropy of Softmax against Label, "
+        "computed as -log_softmax.")
+
+
+# ---- accuracy ----------------------------------------------------------------------------------
+def _acc_infer(Out, Indices, Label):
+    check_dtype(Indices, INDEX, "Indices")
+    check_dtype(Label, INDEX, "Label")
+    if Indices.ndim != 2 or not _shape_agrees(Out.shape, Indices.shape):
+        raise ShapeMismatch(f"Out and Indices must be [N, k] of one shape, got Out "
+                            f"{list(Out.shape)} and Indices {list(Indices.shape)}")
+    if Label.ndim != 2 or not _shape_agrees(Label.shape, (Indices.shape[0], 1)):
+        raise ShapeMismatch(f"Label must have shape [{Indices.shape[0]}, 1] for Indices of "
+                            f"shape {list(Indices.shape)}, got {list(Label.shape)}")
+    f32, i32 = np.dtype(np.float32), np.dtype(np.int32)
+    return {"Accuracy": Out.with_(shape=(), dtype=f32), "Correct": Out.with_(shape=(), dtype=i32),
+            "Total": Out.with_(shape=(), dtype=i32)}
+
+
+def _acc_ref(Out, Indices, Label):
+    total = Indices.shape[0]
+    correct = int(np.any(Indices == Label.reshape(-1, 1), axis=1).sum()) if total else 0
+    acc = correct / total if total else 0.0
+    return {"Accuracy": np.asarray(acc, np.float32), "Correct": np.asarray(correct, np.int32),
+            "Total": np.asarray(total, np.int32)}
+
+
+register_op(
+    "accuracy", inputs=["Out", "Indices", "Label"], outputs=["Accuracy", "Correct", "Total"],
+    traits=[OPAQUE], infer_shape=_acc_infer, reference=_acc_ref, emit=None, grad=None,
+    doc="Correct = rows whose Label is among the top-k Indices; Accuracy = Correct / Total.")
+
+
+# ---- dropout -------------------------------------------------------------------------------------
+_DROPOUT_IMPLS = ("downgrade_in_infer", "upscale_in_train")
+
+
+def _dropout_infer(X, Seed=None, *, dropout_prob, dropout_implementation, **_):
+    check_dtype(X, FLOATS, "input X")
+    if not 0.0 <= dropout_prob <= 1.0:
+        raise ShapeMismatch(f"dropout_prob must be in [0, 1], got {dropout_prob}")
+    if dropout_implementation not in _DROPOUT_IMPLS:
+        raise ShapeMismatch(f"dropout_implementation must be one of {list(_DROPOUT_IMPLS)}, got "
+                            f"{dropout_implementation!r}")
+    if Seed is not None and Seed.shape not in ((1,), (-1,), ()):
+        raise ShapeMismatch(f"Seed must hold one value: expected shape [1], got "
+                            f"{list(Seed.shape)}")
+    return {"Out": X, "Mask": X.with_(dtype=np.dtype(np.uint8))}
+
+
+def _dropout_key(Seed, seed, fix_seed, ctx) -> int:
+    if Seed is not None and int(Seed.reshape(-1)[0]):
+        return prandom.op_key(int(Seed.reshape(-1)[0]), 0, 0, 0, 0)  # the Seed input wins
+    if ctx is not None:
+        return ctx.rng_key()
+    return prandom.op_key(seed if fix_seed else 0, 0, 0, 0, 0)
+
+
+def _dropout_ref(X, Seed=None, *, dropout_prob, is_test, dropout_implementation, seed, fix_seed,
+                 ctx=None):
+    p = float(dropout_prob)
+    upscale = dropout_implementation == "upscale_in_train"
+    if is_test:
+        out = X.copy() if upscale else X * np.asarray(1.0 - p, X.dtype)
+        return {"Out": out.astype(X.dtype, copy=False), "Mask": np.ones(X.shape, np.uint8)}
+    u = prandom.uniform01(_dropout_key(Seed, seed, fix_seed, ctx), X.size).reshape(X.shape)
+    keep = u >= p
+    if upscale:
+        kept = X / np.asarray(1.0 - p, X.dtype) if p < 1.0 else np.zeros_like(X)
+    else:
+        kept = X
+    out = np.where(keep, kept, np.zeros((), X.dtype))
+    return {"Out": out.astype(X.dtype, copy=False), "Mask": keep.astype(np.uint8)}
+
+
+register_op(
+    "dropout", inputs=["X", "Seed?"], outputs=["Out", "Mask~"],
+    attrs={"dropout_prob": Float(0.5, low=0.0, high=1.0), "is_test": Bool(False),
+           "dropout_implementation": Str("downgrade_in_infer", choices=_DROPOUT_IMPLS),
+           # runtime extra attrs in Paddle; declared so a fixed seed can be recorded
+           "seed": Int(0, low=0, high=1000), "fix_seed": Bool(False)},
+    traits=[OPAQUE, RANDOM], infer_shape=_dropout_infer, reference=_dropout_ref, emit=None,
+    grad=NO_GRAD_YET,
+    doc="Out = X where a uniform draw >= dropout_prob else 0, scaled per "
+        "dropout_implementation; Mask (uint8) records what was kept.")
+
+
+# ---- lookup_table_v2 (embedding) ---------------------------------------------------------------
+def _lookup_infer(Ids, W, **_):
+    check_dtype(Ids, INDEX, "Ids")
+    check_dtype(W, FLOATS, "table W")
+    if W.ndim != 2:
+        raise ShapeMismatch(f"W must be a 2-D table [rows, width], got shape {list(W.shape)}")
+    return {"Out": W.with_(shape=Ids.shape + (W.shape[1],), lod_level=Ids.lod_level)}
+
+
+def _lookup_ref(Ids, W, *, padding_idx, **_):
+    ids = Ids.astype(np.int64)
+    pad = ids == padding_idx if padding_idx != -1 else np.zeros(ids.shape, bool)
+    check_ids(np.where(pad, 0, ids), W.shape[0], "Ids")
+    out = W[np.where(pad, 0, ids)]
+    out[pad] = 0
+    return {"Out": out.astype(W.dtype, copy=False)}
+
+
+register_op(
+    "lookup_table_v2", inputs=["Ids", "W"], outputs=["Out"],
+    attrs={"padding_idx": Long(-1, low=-1, high=3),
+           # runtime extra attrs in Paddle, written by Fluid's embedding layer
+           "is_sparse": Bool(False), "is_distributed": Bool(False),
+           "remote_prefetch": Bool(False)},
+    traits=[OPAQUE], infer_shape=_lookup_infer, reference=_lookup_ref, emit=None,
+    grad=NO_GRAD_YET,
+    doc="Out[..., :] = W[Ids[...], :]; rows for padding_idx (unless -1) are zeros.")

@@ -1,0 +1,325 @@
+"""Reductions: ``reduce_sum/mean/max/min/prod``, ``mean``, ``sum`` (add_n), ``arg_max/arg_min``
+and ``top_k``/``top_k_v2``.
+
+Semantics follow PaddlePaddle 3.3.1's legacy ops (checked against it while writing):
+
+- ``dim`` is normalised (negative counts from the end) and must hold no duplicates; an empty
+  ``dim``, ``reduce_all`` or a ``dim`` naming every axis reduces everything, giving a 0-d result
+  (shape ``()``) unless ``keep_dim``.
+- Output dtypes: ``out_dtype`` when given (not -1); otherwise ``reduce_sum`` of bool or int32
+  gives int64 (as Paddle's sum does), and every other reduction keeps X's dtype. The integer mean
+  truncates toward zero, as Paddle's integer kernel does.
+- ``reduce_max``/``reduce_min`` over an axis of size 0 is an error (there is no identity).
+- ``arg_max``/``arg_min`` return the first index of the extreme value; ``top_k*`` order ties by
+  index (lowest first). Paddle's tie order is its partial sort's and is not specified, so equal
+  values may come back in another order there.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from pdjit.framework import dtypes
+from pdjit.framework.errors import ShapeMismatch
+from pdjit.framework.registry import (
+    ELEMENTWISE,
+    NO_GRAD_YET,
+    OPAQUE,
+    REDUCTION,
+    REQUIRED,
+    Bool,
+    Int,
+    Ints,
+    Long,
+    Reduce,
+    register_op,
+)
+from pdjit.ops._common import FLOATS, INDEX, NUMERIC, check_dtype, norm_axis
+
+BOOL = np.dtype(np.bool_)
+INT64 = np.dtype(np.int64)
+_REDUCE_ATTRS = {
+    "dim": Ints([0], doc="axes to reduce; empty means all"),
+    "keep_dim": Bool(False),
+    "reduce_all": Bool(False),
+    "in_dtype": Int(-1, choices=(-1,)),
+    "out_dtype": Int(-1, choices=(-1,)),
+}
+
+
+# ---- reduce_* --------------------------------------------------------------------------------
+def _reduce_axes(shape, dim, reduce_all) -> tuple:
+    """The normalised, sorted axes a reduction removes (all of them for an empty ``dim``)."""
+    rank = len(shape)
+    axes = []
+    for d in dim:
+        a = norm_axis(int(d), rank, "dim")
+        if a in axes:
+            raise ShapeMismatch(f"dim {list(dim)} names axis {a} twice: expected distinct axes")
+        axes.append(a)
+    if reduce_all or not axes or len(axes) >= rank:
+        return tuple(range(rank))
+    return tuple(sorted(axes))
+
+
+def _reduced_shape(shape, axes, keep_dim) -> tuple:
+    if keep_dim:
+        return tuple(1 if i in axes else d for i, d in enumerate(shape))
+    return tuple(d for i, d in enumerate(shape) if i not in axes)
+
+
+def _out_dtype(op_type, x_dtype, out_dtype) -> np.dtype:
+    if out_dtype not in (-1, None):
+        try:
+            return dtypes.to_numpy(out_dtype)
+        except TypeError as e:
+            raise ShapeMismatch(f"out_dtype: {e}") from None
+    if op_type == "reduce_sum" and x_dtype in (BOOL, np.dtype(np.int32)):
+        return INT64
+    return x_dtype
+
+
+def _mean(x, axes, keepdims, out):
+    if out.kind in "iu":  # Paddle's integer mean: exact integer sum, quotient truncated to zero
+        n = max(int(np.prod([x.shape[a] for a in axes])), 1)
+        s = np.sum(x, axis=axes, keepdims=keepdims, dtype=np.int64)
+        return np.where(s >= 0, s // n, -((-s) // n))
+    acc = np.float64 if out == np.float64 else np.float32  # float16 accumulates in float32
+    return np.mean(x, axis=axes, keepdims=keepdims, dtype=acc)
+
+
+_NP = {"reduce_sum": np.sum, "reduce_max": np.max, "reduce_min": np.min, "reduce_prod": np.prod}
+_NO_IDENTITY = {"reduce_max", "reduce_min"}
+
+
+def _make_reduce(op_type):
+    allowed = NUMERIC + (BOOL,) if op_type == "reduce_sum" else NUMERIC
+
+    def infer(X, *, dim, keep_dim, reduce_all, in_dtype, out_dtype):
+        check_dtype(X, allowed, "input X")
+        axes = _reduce_axes(X.shape, dim, reduce_all)
+        if op_type in _NO_IDENTITY and any(X.shape[a] == 0 for a in axes):
+            raise ShapeMismatch(f"{op_type} of X of shape {list(X.shape)} over axes {list(axes)}: "
+                                f"expected every reduced dim to be non-empty, got a 0")
+        return {"Out": X.with_(shape=_reduced_shape(X.shape, axes, keep_dim),
+                               dtype=_out_dtype(op_type, X.dtype, out_dtype))}
+
+    def ref(X, *, dim, keep_dim, reduce_all, in_dtype, out_dtype):
+        if in_dtype not in (-1, None):
+            X = X.astype(dtypes.to_numpy(in_dtype), copy=False)
+        axes = _reduce_axes(X.shape, dim, reduce_all)
+        out = _out_dtype(op_type, X.dtype, out_dtype)
+        if op_type in _NO_IDENTITY and any(X.shape[a] == 0 for a in axes):
+            raise ShapeMismatch(f"{op_type} of X of shape {list(X.shape)} over axes "
+                                f"{list(axes)}: expected non-empty reduced dims, got a 0")
+        if op_type == "reduce_mean":
+            r = _mean(X, axes, keep_dim, out)
+        elif op_type in ("reduce_sum", "reduce_prod"):
+            # accumulate in the output type (int64 for int sums), as Paddle's kernels do
+            acc = out if out.kind != "f" or out.itemsize >= 4 else np.float32
+            r = _NP[op_type](X, axis=axes, keepdims=keep_dim, dtype=acc)
+        else:
+            r = _NP[op_type](X, axis=axes, keepdims=keep_dim)
+        return {"Out": np.asarray(r).astype(out, copy=False)}
+
+    return infer, ref
+
+
+def _init_max(dt, sign):
+    if dt.kind == "f":
+        return f"{{T}}({'-' if sign < 0 else ''}math.inf)"
+    info = np.iinfo(dt)
+    return f"{{T}}({info.min if sign < 0 else info.max})"
+
+
+def _reduce_emit(op_type):
+    """``emit(dtypes, **attrs) -> Reduce``: the templates depend on the output dtype."""
+    def emit(dtypes_, **_):
+        dt = np.dtype(dtypes_.get("Out", dtypes_.get("X")))
+        if op_type == "reduce_sum":
+            return Reduce("{T}(0)", "{acc} + {T}({x})")
+        if op_type == "reduce_prod":
+            return Reduce("{T}(1)", "{acc} * {T}({x})")
+        if op_type == "reduce_max":
+            return Reduce(_init_max(dt, -1), "max({acc}, {x})")
+        if op_type == "reduce_min":
+            return Reduce(_init_max(dt, +1), "min({acc}, {x})")
+        # reduce_mean
+        if dt.kind in "iu":  # truncate toward zero like Paddle's integer mean
+            return Reduce("{T}(0)", "{acc} + {T}({x})",
+                          "({acc} // {n} if {acc} >= 0 else -((-{acc}) // {n}))")
+        return Reduce("{T}(0)", "{acc} + {T}({x})", "{acc} / {T}({n})")
+    return emit
+
+
+for _t in ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod"):
+    _infer, _ref = _make_reduce(_t)
+    register_op(_t, inputs=["X"], outputs=["Out"], attrs=dict(_REDUCE_ATTRS), traits=[REDUCTION],
+                infer_shape=_infer, reference=_ref, emit=_reduce_emit(_t), grad=NO_GRAD_YET,
+                doc=f"Out = {_t[7:]} of X over the axes in dim (all axes when dim is empty or "
+                    f"reduce_all); keep_dim keeps them as size 1.")
+
+
+# ---- mean: the mean of every element, a 0-d result --------------------------------------------
+def _mean_infer(X):
+    check_dtype(X, FLOATS, "input X")
+    return {"Out": X.with_(shape=())}
+
+
+register_op(
+    "mean", inputs=["X"], outputs=["Out"], traits=[REDUCTION], infer_shape=_mean_infer,
+    reference=lambda X: {"Out": np.asarray(_mean(X, tuple(range(X.ndim)), False, X.dtype))
+                         .astype(X.dtype)},
+    emit=_reduce_emit("reduce_mean"), grad=NO_GRAD_YET,
+    doc="Out = the mean of every element of X (a 0-d tensor).")
+
+
+# ---- sum: X[0] + X[1] + ... (Paddle's add_n) --------------------------------------------------
+def _sum_infer(X):
+    if not X:
+        raise ShapeMismatch("sum: expected at least one input in X, got none")
+    first = X[0]
+    check_dtype(first, NUMERIC, "input X[0]")
+    shape = list(first.shape)
+    for i, m in enumerate(X[1:], 1):
+        if m.dtype != first.dtype or m.ndim != first.ndim:
+            raise ShapeMismatch(f"sum: every X must match X[0] ({first.dtype}{list(first.shape)}): "
+                                f"expected X[{i}] alike, got {m.dtype}{list(m.shape)}")
+        for j, d in enumerate(m.shape):
+            if -1 not in (d, shape[j]) and d != shape[j]:
+                raise ShapeMismatch(f"sum: expected X[{i}] of shape {list(first.shape)}, got "
+                                    f"{list(m.shape)}")
+            if shape[j] == -1:
+                shape[j] = d
+    return {"Out": first.with_(shape=tuple(shape))}
+
+
+def _sum_ref(X):
+    out = np.array(X[0], copy=True)
+    for i, x in enumerate(X[1:], 1):
+        if x.shape != out.shape:
+            raise ShapeMismatch(f"sum: expected X[{i}] of shape {list(out.shape)}, got "
+                                f"{list(x.shape)}")
+        out += x
+    return {"Out": out}
+
+
+register_op(
+    "sum", inputs=["X*"], outputs=["Out"], traits=[ELEMENTWISE], infer_shape=_sum_infer,
+    reference=_sum_ref, emit=None, grad=NO_GRAD_YET,
+    doc="Out = X[0] + X[1] + ..., inputs of one shape and dtype.")
+
+
+# ---- arg_max / arg_min -------------------------------------------------------------------------
+_INDEX_CODES = {-1: INT64, 2: np.dtype(np.int32), 3: INT64}  # Paddle: dtype -1 means int64
+
+
+def _arg_shape(shape, axis, keepdims, flatten):
+    rank = len(shape)
+    a = norm_axis(int(axis), rank, "axis")
+    if flatten:
+        return (1,) * rank if keepdims else (), None
+    if rank == 0:
+        return (), None
+    return _reduced_shape(shape, (a,), keepdims), a
+
+
+def _make_arg(op_type, fn):
+    def infer(X, *, axis, keepdims, flatten, dtype):
+        check_dtype(X, NUMERIC, "input X")
+        if dtype not in _INDEX_CODES:
+            raise ShapeMismatch(f"{op_type}: expected dtype 2 (int32), 3 (int64) or -1, got "
+                                f"{dtype}")
+        shape, a = _arg_shape(X.shape, axis, keepdims, flatten)
+        if X.ndim and 0 in (X.shape if flatten else (X.shape[a],)):
+            raise ShapeMismatch(f"{op_type} of X of shape {list(X.shape)}: expected a non-empty "
+                                f"reduced axis, got size 0")
+        return {"Out": X.with_(shape=shape, dtype=_INDEX_CODES[dtype])}
+
+    def ref(X, *, axis, keepdims, flatten, dtype):
+        shape, a = _arg_shape(X.shape, axis, keepdims, flatten)
+        if X.size == 0:
+            raise ShapeMismatch(f"{op_type} of X of shape {list(X.shape)}: expected a non-empty "
+                                f"tensor")
+        if flatten or X.ndim == 0:
+            r = fn(X.reshape(-1))
+        else:
+            r = fn(X, axis=a)
+        return {"Out": np.asarray(r).reshape(shape).astype(_INDEX_CODES[dtype])}
+
+    register_op(op_type, inputs=["X"], outputs=["Out"],
+                attrs={"axis": Long(REQUIRED, low=-3, high=3), "keepdims": Bool(False),
+                       "flatten": Bool(False), "dtype": Int(3, choices=(2, 3))},
+                traits=[OPAQUE], infer_shape=infer, reference=ref, emit=None, grad=None,
+                doc=f"Out = the index of the {op_type[4:]}imum of X along axis (of the "
+                    f"flattened X with flatten); the first one on ties.")
+
+
+_make_arg("arg_max", np.argmax)
+_make_arg("arg_min", np.argmin)
+
+
+# ---- top_k / top_k_v2 ------------------------------------------------------------------------
+def _topk_infer(X, K, k, axis, op_type):
+    check_dtype(X, NUMERIC, "input X")
+    if K is not None:
+        check_dtype(K, INDEX, "input K")
+    a = norm_axis(axis, X.ndim, "axis")
+    if X.ndim == 0:
+        if K is None and k != 1:
+            raise ShapeMismatch(f"{op_type} of a 0-d X: expected k = 1, got k={k}")
+        shape = ()
+    else:
+        d = X.shape[a]
+        if K is None and (k < 1 or (d >= 0 and k > d)):
+            raise ShapeMismatch(f"{op_type}: expected 1 <= k <= {d if d >= 0 else 'dim'} (the "
+                                f"size of axis {a} of X {list(X.shape)}), got k={k}")
+        shape = tuple((-1 if K is not None else k) if i == a else s for i, s in enumerate(X.shape))
+    return {"Out": X.with_(shape=shape), "Indices": X.with_(shape=shape, dtype=INT64)}
+
+
+def _topk_ref(X, K, k, axis, largest, op_type):
+    if K is not None:
+        k = int(np.asarray(K).reshape(-1)[0])
+    if X.ndim == 0:
+        if k != 1:
+            raise ShapeMismatch(f"{op_type} of a 0-d X: expected k = 1, got k={k}")
+        return {"Out": X.copy(), "Indices": np.zeros((), INT64)}
+    a = norm_axis(axis, X.ndim, "axis")
+    n = X.shape[a]
+    if not 1 <= k <= n:
+        raise ShapeMismatch(f"{op_type}: expected 1 <= k <= {n} (the size of axis {a} of X "
+                            f"{list(X.shape)}), got k={k}")
+    if largest:
+        # a stable ascending sort of the reversed axis, read backwards: values descend and
+        # equal values keep ascending indices (no negation, so unsigned and INT_MIN are safe)
+        rev = np.flip(X, axis=a)
+        order = np.flip(np.argsort(rev, axis=a, kind="stable"), axis=a)
+        order = n - 1 - order
+    else:
+        order = np.argsort(X, axis=a, kind="stable")
+    idx = np.take(order, np.arange(k), axis=a)
+    return {"Out": np.take_along_axis(X, idx, axis=a), "Indices": idx.astype(INT64)}
+
+
+register_op(
+    "top_k", inputs=["X", "K?"], outputs=["Out", "Indices"],
+    attrs={"k": Int(1, low=1, high=3)}, traits=[OPAQUE],
+    infer_shape=lambda X, K=None, *, k: _topk_infer(X, K, k, -1, "top_k"),
+    reference=lambda X, K=None, *, k: _topk_ref(X, K, k, -1, True, "top_k"),
+    emit=None, grad=NO_GRAD_YET,
+    doc="Out, Indices = the k largest values of X along its last axis (descending), and their "
+        "int64 indices; K (a 1-element tensor) overrides k.")
+
+register_op(
+    "top_k_v2", inputs=["X", "K?"], outputs=["Out", "Indices"],
+    attrs={"k": Int(1, low=1, high=3), "axis": Int(-1, low=-1, high=3),
+           "largest": Bool(True), "sorted": Bool(True)},
+    traits=[OPAQUE],
+    infer_shape=lambda X, K=None, *, k, axis, largest, sorted: _topk_infer(X, K, k, axis,
+                                                                          "top_k_v2"),
+    # sorted=False leaves the order unspecified in Paddle; returning it sorted is one valid order
+    reference=lambda X, K=None, *, k, axis, largest, sorted: _topk_ref(X, K, k, axis, largest,
+                                                                      "top_k_v2"),
+    emit=None, grad=NO_GRAD_YET,
+    doc="Out, Indices = the k largest (or smallest) values of X along axis, sorted, and their "
+        "int64 indices; ties keep the lower index first.")

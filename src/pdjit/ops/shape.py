@@ -1,0 +1,206 @@
+"""Layout ops: reshape(2), transpose(2), squeeze2, unsqueeze2 — same data, new shape or order.
+
+Semantics follow PaddlePaddle 3.3.1's legacy ops (checked against it while writing). Build-time
+shapes keep ``-1`` for dims unknown until run time; where an unknown dim only passes through
+(``reshape2`` of ``[-1, 3, 4]`` to ``[0, -1]``) the other dims are still worked out.
+
+``XShape`` (of the ``*2`` variants) exists for the backward pass only: like Paddle it has shape
+``[0] + X.shape``, and its value is an empty array of that shape.
+
+Ops reading tensor-valued attributes (``Shape``/``ShapeTensor``, ``AxesTensor``...) give ``-1``
+for the dims those values decide; the reference reads the values at run time.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from pdjit.framework.errors import ShapeMismatch
+from pdjit.framework.registry import (
+    NO_GRAD_YET,
+    OPAQUE,
+    REQUIRED,
+    VIEW,
+    Bool,
+    Ints,
+    register_op,
+)
+from pdjit.ops._common import int_values, norm_axis, prod_known
+
+
+def _xshape(X):
+    """XShape's value: an empty array of shape [0] + X.shape (it only carries X's shape)."""
+    return np.empty((0,) + X.shape, X.dtype)
+
+
+
+# ---- reshape / reshape2 ----------------------------------------------------------------------
+def reshape_target(in_shape, shape) -> tuple:
+    """Fluid's reshape rule: ``0`` copies the input dim at that index, one ``-1`` is inferred.
+
+    Works on build-time shapes (``-1`` = unknown input dims) and on run-time ones alike.
+    """
+    in_shape, shape = tuple(in_shape), [int(s) for s in shape]
+    bad = f"reshape of X {list(in_shape)} to shape {shape}"
+    out, infer_at, copied = [], None, set()
+    for i, s in enumerate(shape):
+        if s == -1:
+            if infer_at is not None:
+                raise ShapeMismatch(f"{bad}: expected at most one -1 in shape, got two")
+            infer_at = i
+            out.append(-1)
+        elif s == 0:
+            if i >= len(in_shape):
+                raise ShapeMismatch(f"{bad}: shape[{i}] = 0 copies X's dim {i}, but X has rank "
+                                    f"{len(in_shape)}: expected 0 only below index "
+                                    f"{len(in_shape)}")
+            copied.add(i)
+            out.append(in_shape[i])
+        elif s > 0:
+            out.append(s)
+        else:
+            raise ShapeMismatch(f"{bad}: expected dims > 0, 0 (copy) or -1 (infer), got {s}")
+    # copied dims cancel out, so the rest of X must hold as many elements as the rest of Out
+    in_rest = prod_known(d for j, d in enumerate(in_shape) if j not in copied)
+    out_rest = prod_known(d for j, d in enumerate(out) if j not in copied and j != infer_at)
+    if infer_at is not None:
+        if in_rest >= 0:
+            if out_rest == 0 or in_rest % out_rest:
+                raise ShapeMismatch(f"{bad}: expected X's {in_rest} elements (beyond copied "
+                                    f"dims) to divide by {out_rest}, got a remainder")
+            out[infer_at] = in_rest // out_rest
+    elif in_rest >= 0 and out_rest >= 0 and in_rest != out_rest:
+        raise ShapeMismatch(f"{bad}: expected as many elements as X ({in_rest}), got {out_rest}")
+    return tuple(out)
+
+
+def _reshape_infer(X, Shape=None, ShapeTensor=None, *, shape, **_):
+    if ShapeTensor:
+        out = (-1,) * len(ShapeTensor)
+    elif Shape is not None:
+        if Shape.ndim != 1 or (Shape.shape[0] < 0 and not shape):
+            raise ShapeMismatch(f"reshape: expected Shape to be a 1-D tensor of known length, "
+                                f"got shape {list(Shape.shape)}")
+        out = (-1,) * (Shape.shape[0] if Shape.shape[0] >= 0 else len(shape))
+    else:
+        out = reshape_target(X.shape, shape)
+    return {"Out": X.with_(shape=out), "XShape": X.with_(shape=(0,) + X.shape)}
+
+
+def _reshape_ref(X, Shape=None, ShapeTensor=None, *, shape, **_):
+    if ShapeTensor:
+        shape = int_values(ShapeTensor)
+    elif Shape is not None:
+        shape = int_values(Shape)
+    return {"Out": X.reshape(reshape_target(X.shape, shape)), "XShape": _xshape(X)}
+
+
+_SHAPE_IN = ["X", "Shape?", "ShapeTensor*?"]
+register_op(
+    "reshape2", inputs=_SHAPE_IN, outputs=["Out", "XShape~"],
+    attrs={"shape": Ints([]), "use_quantizer": Bool(False)}, traits=[VIEW],
+    infer_shape=_reshape_infer, reference=_reshape_ref, emit=None, grad=NO_GRAD_YET,
+    doc="Out = X with a new shape: 0 copies X's dim, -1 is inferred; ShapeTensor (a list of "
+        "1-element tensors) or Shape (a 1-D tensor) override the shape attribute.")
+# the old ops without XShape share the functions: results for undeclared slots are ignored
+register_op(
+    "reshape", inputs=_SHAPE_IN, outputs=["Out"], attrs={"shape": Ints([])}, traits=[VIEW],
+    infer_shape=_reshape_infer, reference=_reshape_ref, emit=None, grad=NO_GRAD_YET,
+    doc="reshape2 without XShape (the old op).")
+
+
+# ---- transpose / transpose2 ------------------------------------------------------------------
+def _perm(axis, rank) -> list:
+    perm = [norm_axis(int(a), rank, "axis") for a in axis]
+    if len(perm) != rank or sorted(perm) != list(range(rank)):
+        raise ShapeMismatch(f"transpose: expected axis to be a permutation of 0..{rank - 1} for X "
+                            f"of rank {rank}, got {list(axis)}")
+    return perm
+
+
+def _transpose_infer(X, *, axis):
+    perm = _perm(axis, X.ndim)
+    return {"Out": X.with_(shape=tuple(X.shape[p] for p in perm)),
+            "XShape": X.with_(shape=(0,) + X.shape)}
+
+
+def _transpose_ref(X, *, axis):
+    # a copy: transposed data is laid out anew, as Paddle's kernel does
+    return {"Out": np.transpose(X, _perm(axis, X.ndim)).copy(),
+            "XShape": _xshape(X)}
+
+
+_AXIS_PERM = {"axis": Ints(REQUIRED)}
+register_op("transpose2", inputs=["X"], outputs=["Out", "XShape~"], attrs=dict(_AXIS_PERM),
+            traits=[OPAQUE], infer_shape=_transpose_infer, reference=_transpose_ref, emit=None,
+            grad=NO_GRAD_YET, doc="Out = X with its dims permuted: Out.dim[i] = X.dim[axis[i]].")
+register_op("transpose", inputs=["X"], outputs=["Out"], attrs=dict(_AXIS_PERM), traits=[OPAQUE],
+            infer_shape=_transpose_infer, reference=_transpose_ref, emit=None, grad=NO_GRAD_YET,
+            doc="transpose2 without XShape (the old op).")
+
+
+# ---- squeeze2 / unsqueeze2 -------------------------------------------------------------------
+def squeeze_shape(shape, axes, runtime) -> tuple:
+    """Drop size-1 dims: those in ``axes`` (others are left), or every one when axes is empty.
+
+    At build time an unknown dim named in ``axes`` is assumed to be 1, as Paddle does.
+    """
+    rank = len(shape)
+    if rank == 0:
+        return ()
+    named = {norm_axis(int(a), rank, "axes") for a in axes}
+    drop = {i for i in (named or range(rank))
+            if shape[i] == 1 or (named and not runtime and shape[i] == -1)}
+    return tuple(d for i, d in enumerate(shape) if i not in drop)
+
+
+def unsqueeze_shape(shape, axes) -> tuple:
+    """Insert size-1 dims one axis at a time; a negative axis counts in the shape so far."""
+    out = list(shape)
+    for a in axes:
+        cur = int(a) + len(out) + 1 if a < 0 else int(a)
+        if not 0 <= cur <= len(out):
+            raise ShapeMismatch(f"unsqueeze: axis {a} is out of range for a tensor of rank "
+                                f"{len(out)}: expected {-len(out) - 1}..{len(out)}")
+        out.insert(cur, 1)
+    return tuple(out)
+
+
+register_op(
+    "squeeze2", inputs=["X"], outputs=["Out", "XShape~"], attrs={"axes": Ints([])},
+    traits=[VIEW],
+    infer_shape=lambda X, *, axes: {"Out": X.with_(shape=squeeze_shape(X.shape, axes, False)),
+                                    "XShape": X.with_(shape=(0,) + X.shape)},
+    reference=lambda X, *, axes: {"Out": X.reshape(squeeze_shape(X.shape, axes, True)),
+                                  "XShape": _xshape(X)},
+    emit=None, grad=NO_GRAD_YET,
+    doc="Out = X without its size-1 dims among axes (every size-1 dim when axes is empty); "
+        "dims of other sizes are left in place.")
+
+
+def _unsqueeze_infer(X, AxesTensor=None, AxesTensorList=None, *, axes):
+    if AxesTensorList:
+        out = (-1,) * (X.ndim + len(AxesTensorList))
+    elif AxesTensor is not None:
+        if AxesTensor.ndim != 1 or AxesTensor.shape[0] < 0:
+            raise ShapeMismatch(f"unsqueeze2: expected AxesTensor 1-D of known length, got "
+                                f"shape {list(AxesTensor.shape)}")
+        out = (-1,) * (X.ndim + AxesTensor.shape[0])
+    else:
+        out = unsqueeze_shape(X.shape, axes)
+    return {"Out": X.with_(shape=out), "XShape": X.with_(shape=(0,) + X.shape)}
+
+
+def _unsqueeze_ref(X, AxesTensor=None, AxesTensorList=None, *, axes):
+    if AxesTensorList:
+        axes = int_values(AxesTensorList)
+    elif AxesTensor is not None:
+        axes = int_values(AxesTensor)
+    return {"Out": X.reshape(unsqueeze_shape(X.shape, axes)), "XShape": _xshape(X)}
+
+
+register_op(
+    "unsqueeze2", inputs=["X", "AxesTensor?", "AxesTensorList*?"], outputs=["Out", "XShape~"],
+    attrs={"axes": Ints([])}, traits=[VIEW], infer_shape=_unsqueeze_infer,
+    reference=_unsqueeze_ref, emit=None, grad=NO_GRAD_YET,
+    doc="Out = X with size-1 dims inserted at axes, in order.")
+
