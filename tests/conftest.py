@@ -5,6 +5,7 @@ and ``dev`` (many more examples, for deep local runs: ``HYPOTHESIS_PROFILE=dev p
 """
 import os
 import pathlib
+import tempfile
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -16,6 +17,11 @@ settings.register_profile("dev", max_examples=400, deadline=None,
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "paddle"
+
+# Compiled kernels of the test session go to one per-user directory (warm on later runs of the
+# same machine, cold on a new one), not into the user's own pdjit cache.
+os.environ.setdefault("PDJIT_CACHE_DIR", os.path.join(tempfile.gettempdir(),
+                                                      f"pdjit-test-cache-{os.getuid()}"))
 
 
 @pytest.fixture

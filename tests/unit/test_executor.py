@@ -50,22 +50,20 @@ def test_failed_run_leaves_the_scope_as_it_was():
     main, startup, x, acc, y = _counter_program()
     with fluid.program_guard(main, startup):
         idx = fluid.layers.data(name="idx", shape=[1], dtype="int64", append_batch_size=False)
-        table = fluid.layers.fill_constant([3, 2], "float32", 1.0)
         main.global_block().append_op(
             "cast", inputs={"X": idx}, outputs={"Out": main.global_block().create_var(name="c")},
             attrs={"in_dtype": 3, "out_dtype": 5})
         bad = main.global_block().create_var(name="bad")
         main.global_block().append_op("elementwise_div", inputs={"X": idx, "Y": idx},
                                       outputs={"Out": bad})
-        del table
     scope, exe = fluid.Scope(), fluid.Executor()
     exe.run(startup, scope=scope)
     exe.run(main, feed={"x": np.ones(2, np.float32), "idx": np.array([1])}, fetch_list=[acc],
             scope=scope)
     before = scope.find_var("acc").value.copy()
     with pytest.raises(OpRunError) as e:  # integer division by zero, after acc was updated
-        exe.run(main, feed={"x": np.ones(2, np.float32), "idx": np.array([0])}, fetch_list=[acc],
-                scope=scope)
+        exe.run(main, feed={"x": np.ones(2, np.float32), "idx": np.array([0])},
+                fetch_list=[acc, bad], scope=scope)
     assert "op 'elementwise_div'" in str(e.value) and "division by zero" in str(e.value)
     assert "test_executor.py" in str(e.value)
     np.testing.assert_array_equal(scope.find_var("acc").value, before)

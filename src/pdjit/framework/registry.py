@@ -63,10 +63,13 @@ An ``OpDef`` holds:
       math module (``_m.tanh``, ``_m.exp``...) for transcendentals. An op with several outputs
       gives ``{slot: template}``. A callable ``emit(dtypes: {slot: np.dtype}, **attrs)`` may
       return the template when it depends on dtypes or attributes beyond substitution.
-    - ``REDUCTION`` ops: :class:`Reduce` ``(init, combine, finalize)`` templates over ``{acc}``,
-      ``{x}`` (the element) and ``{n}`` (the count reduced).
-    - ``OPAQUE`` ops: :class:`Call` naming a kernel function (a Numba-compilable function
-      in an ops module) with the argument order; it writes into preallocated outputs.
+    - ``REDUCTION`` ops: :class:`Reduce` ``(init, combine, finalize, axes, keep_dim)`` with
+      templates over ``{acc}``, ``{x}`` (the element) and ``{n}`` (the count reduced), or a
+      callable ``emit(dtypes, **attrs)`` returning one (or ``None``).
+    - ``OPAQUE`` and ``VIEW`` ops: :class:`Opaque` whose ``lower(ctx)`` returns source lines:
+      a loop nest or a library call (``np.dot``) inside the generated function.
+
+    A callable ``emit`` may return ``None``: not lowerable for these dtypes or attributes.
 ``grad``
     The grad maker, or ``None`` (declared: no gradient flows through this op). Called by the
     backward pass as ``grad(op) -> [GradOpSpec]`` where ``op`` is the forward
@@ -74,7 +77,8 @@ An ``OpDef`` holds:
     its inputs/outputs by variable name: forward names as they are, gradients by
     ``grad_var_name(name)`` (``name@GRAD``). The maker describes the full gradient; the
     backward pass removes outputs nobody needs, renames and sums gradients with several
-    producers, and drops grad ops that produce nothing needed.
+    producers, and drops grad ops that produce nothing needed. ``grad=NO_GRAD_YET`` declares
+    the op differentiable with its grad maker still to be written.
 
 A program may contain op types that are not registered (loaded from a file): it loads and
 prints, and running it raises :class:`UnregisteredOpError` naming the op.
@@ -229,16 +233,28 @@ class VarMeta:
 # ---- emit forms for reductions and opaque ops -------------------------------------------------
 @dataclass(frozen=True)
 class Reduce:
+    """A reduction's lowering: ``acc = init; acc = combine(acc, x)...; out = finalize(acc, n)``.
+
+    ``axes`` are the reduced axes of input ``X`` (``None``: all), ``keep_dim`` keeps them as 1s.
+    """
     init: str
     combine: str
     finalize: str = "{acc}"
+    axes: tuple | None = None
+    keep_dim: bool = False
 
 
 @dataclass(frozen=True)
-class Call:
-    """An opaque op lowered as a call: ``kernel(*args)`` where args name slots and attrs."""
-    kernel: Callable
-    args: tuple
+class Opaque:
+    """An opaque op's lowering: ``lower(ctx) -> [source lines]`` or ``None`` (not lowerable for
+    these ranks/dtypes/attributes: the op runs its reference).
+
+    ``ctx`` (``pdjit.codegen.lowering.LowerContext``) names the op's input and output values
+    (``ctx.inp("X")``, ``ctx.out("Out")``), their ranks and dtypes, its attributes
+    (``ctx.attrs``), and registers Numba-compilable helper functions (``ctx.kernel(fn)``).
+    Lines may use ``np`` (as Numba supports it) and must leave each output a C-contiguous array.
+    """
+    lower: Callable
 
 
 # ---- grad makers --------------------------------------------------------------------------

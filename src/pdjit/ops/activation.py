@@ -33,7 +33,8 @@ def _sigmoid(x):
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
 
 
-_unary("relu", lambda x: np.maximum(x, 0), "max({X}, {T}(0))", NUMERIC, doc="Out = max(X, 0)")
+_unary("relu", lambda x: np.maximum(x, 0), "np.maximum({X}, {T}(0))", NUMERIC,
+       doc="Out = max(X, 0)")
 _unary("leaky_relu", lambda x, alpha: np.where(x > 0, x, x * np.asarray(alpha, x.dtype)),
        "{X} if {X} > {T}(0) else {X} * {T}({alpha})",
        attrs={"alpha": Float(0.02, low=0.0, high=1.0)}, doc="Out = X if X > 0 else alpha * X")
@@ -41,14 +42,14 @@ _unary("sigmoid", _sigmoid, "_m.sigmoid({X})", doc="Out = 1 / (1 + exp(-X))")
 _unary("tanh", np.tanh, "_m.tanh({X})", doc="Out = tanh(X)")
 _unary("exp", np.exp, "_m.exp({X})", doc="Out = exp(X)")
 _unary("log", np.log, "_m.log({X})", doc="Out = ln(X)")
-_unary("sqrt", np.sqrt, "math.sqrt({X})", doc="Out = sqrt(X)")
-_unary("rsqrt", lambda x: 1 / np.sqrt(x), "{T}(1) / math.sqrt({X})", doc="Out = 1 / sqrt(X)")
+_unary("sqrt", np.sqrt, "np.sqrt({X})", doc="Out = sqrt(X)")
+_unary("rsqrt", lambda x: 1 / np.sqrt(x), "{T}(1) / np.sqrt({X})", doc="Out = 1 / sqrt(X)")
 _unary("reciprocal", lambda x: 1 / x, "{T}(1) / {X}", doc="Out = 1 / X")
 _unary("abs", np.abs, "abs({X})", NUMERIC, doc="Out = |X|")
 _unary("square", np.square, "{X} * {X}", NUMERIC, doc="Out = X * X")
-_unary("floor", np.floor, "math.floor({X})", doc="Out = floor(X)", differentiable=False)
-_unary("ceil", np.ceil, "math.ceil({X})", doc="Out = ceil(X)", differentiable=False)
-_unary("sign", np.sign, "{T}(({X} > 0) - ({X} < 0))", NUMERIC, doc="Out = sign(X)",
+_unary("floor", np.floor, "np.floor({X})", doc="Out = floor(X)", differentiable=False)
+_unary("ceil", np.ceil, "np.ceil({X})", doc="Out = ceil(X)", differentiable=False)
+_unary("sign", np.sign, "np.sign({X})", NUMERIC, doc="Out = sign(X)",
        differentiable=False)
 
 
@@ -73,6 +74,8 @@ def _scale_ref(X, ScaleTensor=None, BiasTensor=None, *, scale, bias, bias_after_
 
 
 def _scale_emit(dtypes_, *, scale, bias, bias_after_scale):
+    if "ScaleTensor" in dtypes_ or "BiasTensor" in dtypes_:
+        return None  # the factors are known at run time only
     if bias_after_scale:
         return "{X} * {T}({scale}) + {T}({bias})"
     return "({X} + {T}({bias})) * {T}({scale})"
@@ -101,11 +104,17 @@ def _clip_ref(X, Min=None, Max=None, *, min, max):
     return {"Out": np.minimum(np.maximum(X, lo), hi)}
 
 
+def _clip_emit(dtypes_, *, min, max):
+    if "Min" in dtypes_ or "Max" in dtypes_ or min > max:
+        return None  # bounds known at run time only, or an error the reference reports
+    return "np.minimum(np.maximum({X}, {T}({min})), {T}({max}))"
+
+
 register_op(
     "clip", inputs=["X", "Min?", "Max?"], outputs=["Out"],
     attrs={"min": Float(-1.0, low=-4.0, high=0.0), "max": Float(1.0, low=0.0, high=4.0)},
     traits=[ELEMENTWISE], infer_shape=_clip_infer, reference=_clip_ref,
-    emit="min(max({X}, {T}({min})), {T}({max}))", grad=NO_GRAD_YET,
+    emit=_clip_emit, grad=NO_GRAD_YET,
     doc="Out = min(max(X, min), max).")
 
 

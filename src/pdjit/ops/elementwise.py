@@ -57,18 +57,28 @@ _ARITH = [
     ("elementwise_sub", np.subtract, "{X} - {Y}"),
     ("elementwise_mul", np.multiply, "{X} * {Y}"),
     ("elementwise_div", _int_div, "{X} / {Y}"),
-    ("elementwise_max", np.maximum, "max({X}, {Y})"),
-    ("elementwise_min", np.minimum, "min({X}, {Y})"),
+    ("elementwise_max", np.maximum, "np.maximum({X}, {Y})"),
+    ("elementwise_min", np.minimum, "np.minimum({X}, {Y})"),
     ("elementwise_pow", np.power, "{X} ** {Y}"),
     ("elementwise_mod", _mod, "{X} % {Y}"),
     ("elementwise_floordiv", _floordiv, "{X} // {Y}"),
 ]
 _NON_DIFFERENTIABLE = {"elementwise_mod", "elementwise_floordiv"}
+# Integer division, modulo and power raise on a zero divisor or a negative exponent in the
+# reference; the generated code would not, so for integers these ops run their reference.
+_FLOAT_ONLY_EMIT = {"elementwise_div", "elementwise_mod", "elementwise_floordiv",
+                    "elementwise_pow"}
+
+
+def _emit_for(name, template):
+    if name not in _FLOAT_ONLY_EMIT:
+        return template
+    return lambda dtypes_, **_: template if np.dtype(dtypes_["X"]).kind == "f" else None
 
 for _name, _fn, _emit in _ARITH:
     register_op(
         _name, inputs=["X", "Y"], outputs=["Out"], attrs=dict(_AXIS), traits=[BROADCAST],
-        infer_shape=_binary_infer(), reference=_binary_ref(_fn), emit=_emit,
+        infer_shape=_binary_infer(), reference=_binary_ref(_fn), emit=_emit_for(_name, _emit),
         grad=None if _name in _NON_DIFFERENTIABLE else NO_GRAD_YET,
         doc=f"Out = {_emit.format(X='X', Y='Y')}, Y broadcast into X by Fluid's axis rule.")
 
@@ -89,9 +99,9 @@ for _name, _fn, _emit in _COMPARE:
         doc=f"Out = {_emit.format(X='X', Y='Y')} elementwise (bool), with axis broadcasting.")
 
 _LOGICAL = [
-    ("logical_and", np.logical_and, "{X} and {Y}"),
-    ("logical_or", np.logical_or, "{X} or {Y}"),
-    ("logical_xor", np.logical_xor, "{X} != {Y}"),
+    ("logical_and", np.logical_and, "bool({X}) and bool({Y})"),
+    ("logical_or", np.logical_or, "bool({X}) or bool({Y})"),
+    ("logical_xor", np.logical_xor, "bool({X}) != bool({Y})"),
 ]
 
 
@@ -112,4 +122,4 @@ for _name, _fn, _emit in _LOGICAL:
 register_op(
     "logical_not", inputs=["X"], outputs=["Out"], traits=[BROADCAST],
     infer_shape=_logical_infer, reference=lambda X: {"Out": np.logical_not(X.astype(bool))},
-    emit="not {X}", grad=None, doc="Out = not X elementwise.")
+    emit="not bool({X})", grad=None, doc="Out = not X elementwise.")

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from pdjit.framework.errors import ShapeMismatch
-from pdjit.framework.registry import NO_GRAD_YET, OPAQUE, Bool, Float, Int, register_op
+from pdjit.framework.registry import NO_GRAD_YET, OPAQUE, Bool, Float, Int, Opaque, register_op
 from pdjit.ops._common import FLOATS, broadcast_dim, check_dtype, prod_known
 
 _INT_MATMUL = (np.dtype(np.int32), np.dtype(np.int64))
@@ -69,10 +69,45 @@ def _mul_ref(X, Y, *, x_num_col_dims, y_num_col_dims):
                                                                                    copy=False)}
 
 
+def _blas_ok(ctx) -> bool:
+    """np.dot inside generated code is BLAS: float32/float64 only."""
+    return ctx.dtype("X").kind == "f" and ctx.dtype("X") == ctx.dtype("Y")
+
+
+def _mul_lower(ctx):
+    if not _blas_ok(ctx):
+        return None
+    xn, yn = ctx.attrs["x_num_col_dims"], ctx.attrs["y_num_col_dims"]
+    rx, ry = ctx.rank("X"), ctx.rank("Y")
+    X, Y = ctx.inp("X"), ctx.inp("Y")
+    x2, y2 = ctx.tmp("x"), ctx.tmp("y")
+    dims = [f"{X}.shape[{i}]" for i in range(xn)] + [f"{Y}.shape[{i}]" for i in range(yn, ry)]
+    out = ctx.out("Out")
+    return [f"{x2} = {X}.reshape(({ctx.prod(X, 0, xn)}, {ctx.prod(X, xn, rx)}))",
+            f"{y2} = {Y}.reshape(({ctx.prod(Y, 0, yn)}, {ctx.prod(Y, yn, ry)}))",
+            f"{out} = np.dot({x2}, {y2}).reshape({ctx.tuple_src(dims)})"]
+
+
+def _matmul_2d_lower(tx_attr, ty_attr, alpha_attr=None):
+    """Rank-2 matmul as one BLAS call (other ranks run the reference)."""
+    def lower(ctx):
+        if not _blas_ok(ctx) or ctx.rank("X") != 2 or ctx.rank("Y") != 2:
+            return None
+        X, Y = ctx.inp("X"), ctx.inp("Y")
+        a = f"{X}.T" if ctx.attrs[tx_attr] else X
+        b = f"{Y}.T" if ctx.attrs[ty_attr] else Y
+        scale = ""
+        if alpha_attr and ctx.attrs[alpha_attr] != 1.0:
+            scale = f" * {ctx.T('X')}({float(ctx.attrs[alpha_attr])!r})"
+        return [f"{ctx.out('Out')} = np.dot({a}, {b}){scale}"]
+    return lower
+
+
 register_op(
     "mul", inputs=["X", "Y"], outputs=["Out"],
     attrs={"x_num_col_dims": Int(1, low=1, high=3), "y_num_col_dims": Int(1, low=1, high=3)},
-    traits=[OPAQUE], infer_shape=_mul_infer, reference=_mul_ref, emit=None, grad=NO_GRAD_YET,
+    traits=[OPAQUE], infer_shape=_mul_infer, reference=_mul_ref, emit=Opaque(_mul_lower),
+    grad=NO_GRAD_YET,
     doc="Out = flatten(X, x_num_col_dims) @ flatten(Y, y_num_col_dims), reshaped to "
         "X.shape[:x_num_col_dims] + Y.shape[y_num_col_dims:].")
 
@@ -147,7 +182,8 @@ register_op(
     "matmul", inputs=["X", "Y"], outputs=["Out"],
     attrs={"transpose_X": Bool(False), "transpose_Y": Bool(False),
            "alpha": Float(1.0, low=-2.0, high=2.0), "head_number": Int(1, choices=(1,))},
-    traits=[OPAQUE], infer_shape=_matmul_infer, reference=_matmul_ref, emit=None,
+    traits=[OPAQUE], infer_shape=_matmul_infer, reference=_matmul_ref,
+    emit=Opaque(_matmul_2d_lower("transpose_X", "transpose_Y", "alpha")),
     grad=NO_GRAD_YET,
     doc="Out = alpha * op(X) @ op(Y) over the last two dims (op transposes when asked), batch "
         "dims broadcast; 1-D X is a row, 1-D Y a column.")
@@ -168,6 +204,7 @@ def _matmul_v2_ref(X, Y, *, trans_x, trans_y):
 register_op(
     "matmul_v2", inputs=["X", "Y"], outputs=["Out"],
     attrs={"trans_x": Bool(False), "trans_y": Bool(False)},
-    traits=[OPAQUE], infer_shape=_matmul_v2_infer, reference=_matmul_v2_ref, emit=None,
+    traits=[OPAQUE], infer_shape=_matmul_v2_infer, reference=_matmul_v2_ref,
+    emit=Opaque(_matmul_2d_lower("trans_x", "trans_y")),
     grad=NO_GRAD_YET,
     doc="Out = op(X) @ op(Y) with NumPy batch broadcasting; 1-D X is a row, 1-D Y a column.")

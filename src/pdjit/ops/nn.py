@@ -33,6 +33,7 @@ from pdjit.framework.registry import (
     Float,
     Int,
     Long,
+    Opaque,
     Str,
     register_op,
 )
@@ -90,9 +91,35 @@ def _softmax_ref(X, *, axis):
     return {"Out": _log_softmax(X, norm_axis(axis, X.ndim))[0]}
 
 
+def _softmax_lower(ctx):
+    """Softmax over the last axis, row by row: max, clipped exp, sum, scale."""
+    r = ctx.rank("X")
+    if r == 0 or ctx.dtype("X").kind != "f" or ctx.attrs["axis"] not in (-1, r - 1):
+        return None
+    X, out, T = ctx.inp("X"), ctx.out("Out"), ctx.T("X")
+    x2, o2, i, j, m, s, e = (ctx.tmp(h) for h in ("x", "o", "i", "j", "m", "s", "e"))
+    return [
+        f"{x2} = {X}.reshape(({ctx.prod(X, 0, r - 1)}, {X}.shape[{r - 1}]))",
+        f"{out} = np.empty_like({X})",
+        f"{o2} = {out}.reshape({x2}.shape)",
+        f"for {i} in range({x2}.shape[0]):",
+        f"    {m} = {T}(-math.inf)",
+        f"    for {j} in range({x2}.shape[1]):",
+        f"        {m} = max({m}, {x2}[{i}, {j}])",
+        f"    {s} = {T}(0)",
+        f"    for {j} in range({x2}.shape[1]):",
+        f"        {e} = _m.exp(max({x2}[{i}, {j}] - {m}, {T}({_CLIP})))",
+        f"        {o2}[{i}, {j}] = {e}",
+        f"        {s} += {e}",
+        f"    for {j} in range({x2}.shape[1]):",
+        f"        {o2}[{i}, {j}] = {o2}[{i}, {j}] / {s}",
+    ]
+
+
 register_op(
     "softmax", inputs=["X"], outputs=["Out"], attrs={"axis": Int(-1, low=-1, high=1)},
-    traits=[OPAQUE], infer_shape=_softmax_infer, reference=_softmax_ref, emit=None,
+    traits=[OPAQUE], infer_shape=_softmax_infer, reference=_softmax_ref,
+    emit=Opaque(_softmax_lower),
     grad=NO_GRAD_YET, doc="Out = exp(X - max) / sum(exp(X - max)) along axis.")
 
 

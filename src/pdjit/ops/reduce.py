@@ -133,21 +133,23 @@ def _init_max(dt, sign):
 
 def _reduce_emit(op_type):
     """``emit(dtypes, **attrs) -> Reduce``: the templates depend on the output dtype."""
-    def emit(dtypes_, **_):
+    def emit(dtypes_, dim=None, keep_dim=False, reduce_all=False, **_):
         dt = np.dtype(dtypes_.get("Out", dtypes_.get("X")))
+        axes = None if reduce_all or not dim else tuple(dim)
         if op_type == "reduce_sum":
-            return Reduce("{T}(0)", "{acc} + {T}({x})")
-        if op_type == "reduce_prod":
-            return Reduce("{T}(1)", "{acc} * {T}({x})")
-        if op_type == "reduce_max":
-            return Reduce(_init_max(dt, -1), "max({acc}, {x})")
-        if op_type == "reduce_min":
-            return Reduce(_init_max(dt, +1), "min({acc}, {x})")
-        # reduce_mean
-        if dt.kind in "iu":  # truncate toward zero like Paddle's integer mean
-            return Reduce("{T}(0)", "{acc} + {T}({x})",
-                          "({acc} // {n} if {acc} >= 0 else -((-{acc}) // {n}))")
-        return Reduce("{T}(0)", "{acc} + {T}({x})", "{acc} / {T}({n})")
+            r = Reduce("{T}(0)", "{acc} + {T}({x})")
+        elif op_type == "reduce_prod":
+            r = Reduce("{T}(1)", "{acc} * {T}({x})")
+        elif op_type == "reduce_max":  # np.maximum propagates NaN as NumPy's max does
+            r = Reduce(_init_max(dt, -1), "np.maximum({acc}, {x})")
+        elif op_type == "reduce_min":
+            r = Reduce(_init_max(dt, +1), "np.minimum({acc}, {x})")
+        elif dt.kind in "iu":  # reduce_mean: truncate toward zero like Paddle's integer mean
+            r = Reduce("{T}(0)", "{acc} + {T}({x})",
+                       "({acc} // {n} if {acc} >= 0 else -((-{acc}) // {n}))")
+        else:
+            r = Reduce("{T}(0)", "{acc} + {T}({x})", "{acc} / {T}({n})")
+        return Reduce(r.init, r.combine, r.finalize, axes, bool(keep_dim))
     return emit
 
 

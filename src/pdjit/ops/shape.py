@@ -22,6 +22,7 @@ from pdjit.framework.registry import (
     VIEW,
     Bool,
     Ints,
+    Opaque,
     register_op,
 )
 from pdjit.ops._common import int_values, norm_axis, prod_known
@@ -73,6 +74,38 @@ def reshape_target(in_shape, shape) -> tuple:
     return tuple(out)
 
 
+def _xshape_line(ctx, X) -> list:
+    if not ctx.has_output("XShape"):
+        return []
+    dims = ["0"] + [f"{X}.shape[{i}]" for i in range(ctx.rank("X"))]
+    return [f"{ctx.out('XShape')} = np.empty({ctx.tuple_src(dims)}, {ctx.T('X')})"]
+
+
+def _view_lines(ctx, dims) -> list:
+    """Out = X viewed with ``dims`` (source expressions), checked to hold X's elements."""
+    X = ctx.inp("X")
+    lines = _xshape_line(ctx, X)
+    total = " * ".join(f"({d})" for d in dims) or "1"
+    lines.append(f"_rt.check({total} == {X}.size)")
+    lines.append(f"{ctx.out('Out')} = {X}.reshape({ctx.tuple_src(dims)})")
+    return lines
+
+
+def _reshape_lower(ctx):
+    if ctx.has_input("Shape") or ctx.has_input("ShapeTensor"):
+        return None  # the target shape is a run-time value
+    X, shape = ctx.inp("X"), [int(s) for s in ctx.attrs["shape"]]
+    if shape.count(-1) > 1 or any(s < -1 for s in shape) or \
+            any(s == 0 and i >= ctx.rank("X") for i, s in enumerate(shape)):
+        return None  # an error the reference reports
+    dims = [f"{X}.shape[{i}]" if s == 0 else str(s) for i, s in enumerate(shape)]
+    if -1 in shape:
+        at = shape.index(-1)
+        rest = " * ".join(f"({d})" for i, d in enumerate(dims) if i != at) or "1"
+        dims[at] = f"({X}.size // ({rest}) if ({rest}) > 0 else -1)"
+    return _view_lines(ctx, dims)
+
+
 def _reshape_infer(X, Shape=None, ShapeTensor=None, *, shape, **_):
     if ShapeTensor:
         out = (-1,) * len(ShapeTensor)
@@ -98,13 +131,15 @@ _SHAPE_IN = ["X", "Shape?", "ShapeTensor*?"]
 register_op(
     "reshape2", inputs=_SHAPE_IN, outputs=["Out", "XShape~"],
     attrs={"shape": Ints([]), "use_quantizer": Bool(False)}, traits=[VIEW],
-    infer_shape=_reshape_infer, reference=_reshape_ref, emit=None, grad=NO_GRAD_YET,
+    infer_shape=_reshape_infer, reference=_reshape_ref, emit=Opaque(_reshape_lower),
+    grad=NO_GRAD_YET,
     doc="Out = X with a new shape: 0 copies X's dim, -1 is inferred; ShapeTensor (a list of "
         "1-element tensors) or Shape (a 1-D tensor) override the shape attribute.")
 # the old ops without XShape share the functions: results for undeclared slots are ignored
 register_op(
     "reshape", inputs=_SHAPE_IN, outputs=["Out"], attrs={"shape": Ints([])}, traits=[VIEW],
-    infer_shape=_reshape_infer, reference=_reshape_ref, emit=None, grad=NO_GRAD_YET,
+    infer_shape=_reshape_infer, reference=_reshape_ref, emit=Opaque(_reshape_lower),
+    grad=NO_GRAD_YET,
     doc="reshape2 without XShape (the old op).")
 
 
@@ -130,11 +165,22 @@ def _transpose_ref(X, *, axis):
 
 
 _AXIS_PERM = {"axis": Ints(REQUIRED)}
+def _transpose_lower(ctx):
+    X, r = ctx.inp("X"), ctx.rank("X")
+    perm = [int(a) % max(r, 1) for a in ctx.attrs["axis"]]
+    if sorted(perm) != list(range(r)):
+        return None  # an error the reference reports
+    return _xshape_line(ctx, X) + [
+        f"{ctx.out('Out')} = {X}.transpose({ctx.tuple_src(perm)}).copy()"]
+
+
 register_op("transpose2", inputs=["X"], outputs=["Out", "XShape~"], attrs=dict(_AXIS_PERM),
-            traits=[OPAQUE], infer_shape=_transpose_infer, reference=_transpose_ref, emit=None,
+            traits=[OPAQUE], infer_shape=_transpose_infer, reference=_transpose_ref,
+            emit=Opaque(_transpose_lower),
             grad=NO_GRAD_YET, doc="Out = X with its dims permuted: Out.dim[i] = X.dim[axis[i]].")
 register_op("transpose", inputs=["X"], outputs=["Out"], attrs=dict(_AXIS_PERM), traits=[OPAQUE],
-            infer_shape=_transpose_infer, reference=_transpose_ref, emit=None, grad=NO_GRAD_YET,
+            infer_shape=_transpose_infer, reference=_transpose_ref,
+            emit=Opaque(_transpose_lower), grad=NO_GRAD_YET,
             doc="transpose2 without XShape (the old op).")
 
 
@@ -165,6 +211,21 @@ def unsqueeze_shape(shape, axes) -> tuple:
     return tuple(out)
 
 
+def _squeeze_lower(ctx):
+    """The dims to drop are fixed at build time; each must be 1 at run time (else the
+    reference, which keeps a non-1 dim named in axes, decides)."""
+    X, r = ctx.inp("X"), ctx.rank("X")
+    out_rank = ctx.rank("Out")
+    build = ctx._var(ctx.op.input("X")[0]).shape
+    named = {int(a) % max(r, 1) for a in ctx.attrs["axes"]}
+    drop = [i for i in range(r) if (i in named if named else build[i] == 1)]
+    keep = [i for i in range(r) if i not in drop]
+    if len(keep) != out_rank:
+        return None
+    checks = [f"_rt.check({X}.shape[{i}] == 1)" for i in drop]
+    return checks + _view_lines(ctx, [f"{X}.shape[{i}]" for i in keep])
+
+
 register_op(
     "squeeze2", inputs=["X"], outputs=["Out", "XShape~"], attrs={"axes": Ints([])},
     traits=[VIEW],
@@ -172,7 +233,7 @@ register_op(
                                     "XShape": X.with_(shape=(0,) + X.shape)},
     reference=lambda X, *, axes: {"Out": X.reshape(squeeze_shape(X.shape, axes, True)),
                                   "XShape": _xshape(X)},
-    emit=None, grad=NO_GRAD_YET,
+    emit=Opaque(lambda ctx: _squeeze_lower(ctx)), grad=NO_GRAD_YET,
     doc="Out = X without its size-1 dims among axes (every size-1 dim when axes is empty); "
         "dims of other sizes are left in place.")
 
@@ -201,6 +262,19 @@ def _unsqueeze_ref(X, AxesTensor=None, AxesTensorList=None, *, axes):
 register_op(
     "unsqueeze2", inputs=["X", "AxesTensor?", "AxesTensorList*?"], outputs=["Out", "XShape~"],
     attrs={"axes": Ints([])}, traits=[VIEW], infer_shape=_unsqueeze_infer,
-    reference=_unsqueeze_ref, emit=None, grad=NO_GRAD_YET,
+    reference=_unsqueeze_ref, emit=Opaque(lambda ctx: _unsqueeze_lower(ctx)),
+    grad=NO_GRAD_YET,
     doc="Out = X with size-1 dims inserted at axes, in order.")
 
+
+
+def _unsqueeze_lower(ctx):
+    if ctx.has_input("AxesTensor") or ctx.has_input("AxesTensorList"):
+        return None
+    X, r = ctx.inp("X"), ctx.rank("X")
+    marks = tuple(range(2, r + 2))  # stand-ins for X's dims (never 1)
+    try:
+        placed = unsqueeze_shape(marks, ctx.attrs["axes"])
+    except ShapeMismatch:
+        return None
+    return _view_lines(ctx, [f"{X}.shape[{d - 2}]" if d != 1 else "1" for d in placed])

@@ -1,8 +1,10 @@
 """The Executor: runs a program's global block in a Scope (seed 004).
 
-``mode='reference'`` interprets ops one by one with their NumPy references: the debugging mode
-and the oracle every compiled target is tested against. The mode comes from the ``mode``
-argument, else the ``PDJIT_EXECUTOR`` environment variable.
+``mode='compiled'`` (the default) lowers the block once per program version into a plan of
+Numba-compiled functions in which chains of ops are fused (``pdjit.runtime.plan``), and on
+every run only binds values and calls them. ``mode='reference'`` interprets ops one by one with
+their NumPy references: the debugging mode and the oracle the compiled mode is tested against.
+The mode comes from the ``mode`` argument, else the ``PDJIT_EXECUTOR`` environment variable.
 
 Guarantees of ``run``: feeds and fetches are checked against the program before anything runs
 (errors name the variable, expected vs got); an op that fails raises an ``OpRunError`` naming
@@ -23,16 +25,17 @@ from pdjit.proto import framework_pb2 as pb
 from pdjit.runtime import feed_fetch
 from pdjit.runtime.context import Env, RunContext
 from pdjit.runtime.place import CPUPlace, Place
+from pdjit.runtime.plan import build_plan
 from pdjit.runtime.scope import Scope, global_scope
 from pdjit.runtime.tensor import LoDTensor
 
 VarType = pb.VarType
-MODES = ("reference",)
+MODES = ("compiled", "reference")
 _NO_WRITE_BACK = {VarType.FEED_MINIBATCH, VarType.FETCH_LIST}
 
 
 def _default_mode() -> str:
-    mode = os.environ.get("PDJIT_EXECUTOR", "reference").strip().lower()
+    mode = os.environ.get("PDJIT_EXECUTOR", "compiled").strip().lower()
     if mode not in MODES:
         raise ValueError(f"PDJIT_EXECUTOR={mode!r}: expected one of {MODES}")
     return mode
@@ -50,10 +53,12 @@ class Executor:
         if self.mode not in MODES:
             raise ValueError(f"Executor: mode {mode!r} is not one of {MODES}")
         self._prepared: dict = {}
+        self._plans: dict = {}
         self._runs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def close(self) -> None:
         self._prepared.clear()
+        self._plans.clear()
 
     # -- the public entry point -----------------------------------------------------------------
     def run(self, program: Program | None = None, feed=None, fetch_list=None,
@@ -82,11 +87,18 @@ class Executor:
         run_index = self._runs.get(program, 0)
         self._runs[program] = run_index + 1
         env = Env(scope, gb)
-        env.set(run.feed_var, feed_values)
-        env.set(run.fetch_var, [None] * len(run.fetch_names))
-        self._run_block(gb, env, run_index)
-
-        fetched = env.get(run.fetch_var)
+        if self.mode == "compiled":
+            plan = self._plan(run)
+            values = env.values
+            for name, value in zip(run.feed_names, feed_values):
+                values[name] = value
+            plan.run(self, env, run_index)
+            fetched = [env.get(n) for n in run.fetch_names]
+        else:
+            env.set(run.feed_var, feed_values)
+            env.set(run.fetch_var, [None] * len(run.fetch_names))
+            self._run_block(gb, env, run_index)
+            fetched = env.get(run.fetch_var)
         results = []
         for name, value in zip(run.fetch_names, fetched):
             if value is None:
@@ -94,6 +106,23 @@ class Executor:
             results.append(_to_user(value, return_numpy))
         self._commit(run.program, env, scope)
         return results
+
+    def _plan(self, run):
+        key = (id(run.program), run.program.version)
+        hit = self._plans.get(key)
+        if hit is not None and hit[0] is run.program:
+            return hit[1]
+        plan = build_plan(run.program, run.fetch_names)
+        self._plans[key] = (run.program, plan)
+        return plan
+
+    def explain(self, program: Program | None = None, feed=None, fetch_list=None) -> str:
+        """The fusion groups (with the reasons ops were not fused), the plan's steps and the
+        generated source for running ``program`` with these feeds and fetches."""
+        program = program if program is not None else default_main_program()
+        run = self._prepare(program, feed_fetch.feed_names_of(feed or {}),
+                            feed_fetch.fetch_names_of(fetch_list), "feed", "fetch")
+        return self._plan(run).report()
 
     def _prepare(self, program, feed_names, fetch_names, feed_var, fetch_var):
         key = (id(program), program.version, feed_names, fetch_names, feed_var, fetch_var)

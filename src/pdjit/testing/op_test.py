@@ -26,7 +26,7 @@ from pdjit.runtime.scope import Scope
 from pdjit.runtime.tensor import LoDTensor
 
 #: Executor modes every op is checked in; compiled targets join this list as they land.
-TARGETS = ["reference"]
+TARGETS = ["reference", "compiled"]
 
 _TOL = {np.dtype(np.float16): (1e-3, 1e-3), np.dtype(np.float32): (1e-5, 1e-6),
         np.dtype(np.float64): (1e-10, 1e-12)}

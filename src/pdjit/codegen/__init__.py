@@ -1,0 +1,1 @@
+"""Code generation: turning fused op groups into Numba kernels."""

@@ -1,0 +1,246 @@
+"""Fusion partition: a block's ops -> groups -> segments (program -> plan).
+
+Assumes: the ops are pruned, in program order, registered, and their variables' shapes and
+dtypes were inferred (``-1`` = known at run time). Guarantees:
+
+- every op is in exactly one :class:`Group`, groups keep program order;
+- an ``elementwise`` group holds ops with an ``emit`` template whose outputs all have the group's
+  build-time shape; a ``reduction`` group is such a chain (possibly empty) ending in one
+  reduction whose input the chain computes; an ``opaque`` group is one op lowered as a call;
+  a ``reference`` group is one op that runs its NumPy reference;
+- ``Group.stored`` lists the values a group must write to memory: those read by another group,
+  fetched, persistable, or read from another block. Everything else stays in registers;
+- a :class:`Segment` is a maximal run of lowerable groups: one native function;
+- every time an op does not join the group before it, ``Partition.log`` says why.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pdjit.framework import registry
+from pdjit.framework.program import Block, Operator
+from pdjit.proto import framework_pb2 as pb
+
+ELEMENTWISE, REDUCTION, OPAQUE, REFERENCE = "elementwise", "reduction", "opaque", "reference"
+
+
+@dataclass
+class Node:
+    """An op with its lowering decided: kind, and the template / Reduce / Opaque to emit."""
+    op: Operator
+    kind: str
+    lowering: object = None
+    why_not: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"{self.op.type}#{self.op.idx}"
+
+
+@dataclass
+class Group:
+    kind: str
+    nodes: list
+    shape: tuple = ()
+    stored: list = field(default_factory=list)
+
+    @property
+    def ops(self) -> list:
+        return [n.op for n in self.nodes]
+
+    def describe(self) -> str:
+        ops = ", ".join(n.label for n in self.nodes)
+        text = f"{self.kind} [{ops}]"
+        if self.kind in (ELEMENTWISE, REDUCTION):
+            text += f" shape {list(self.shape)}"
+        if self.stored:
+            text += f" stores {self.stored}"
+        if self.kind == REFERENCE:
+            text += f" ({self.nodes[0].why_not})"
+        return text
+
+
+@dataclass
+class Segment:
+    groups: list
+
+    @property
+    def native(self) -> bool:
+        return self.groups[0].kind != REFERENCE
+
+
+@dataclass
+class Partition:
+    segments: list
+    log: list
+
+    def describe(self) -> str:
+        lines = []
+        for i, seg in enumerate(self.segments):
+            lines.append(f"segment {i} ({'native' if seg.native else 'reference'}):")
+            lines += [f"  group {g.kind}: {g.describe()}" for g in seg.groups]
+        if self.log:
+            lines.append("not fused:")
+            lines += [f"  {reason}" for reason in self.log]
+        return "\n".join(lines)
+
+
+def _dense(block: Block, name: str):
+    v = block._find_var_recursive(name)
+    if v is None or v.type != pb.VarType.LOD_TENSOR or v.dtype is None:
+        return None
+    return v
+
+
+def classify(op: Operator) -> Node:
+    """Decide how ``op`` lowers, from its definition's traits and ``emit``."""
+    opdef = registry.lookup(op.type)
+    if opdef is None:
+        return Node(op, REFERENCE, why_not="not registered")
+    if opdef.emit is None:
+        return Node(op, REFERENCE, why_not="no emit rule: runs its reference")
+    block = op.block
+    dtypes = {}
+    for slot in opdef.inputs + opdef.outputs:
+        names = op.input(slot.name) if slot in opdef.inputs else op.output(slot.name)
+        names = [n for n in names if n != registry.EMPTY_VAR_NAME]
+        if not names:
+            continue
+        vs = [_dense(block, n) for n in names]
+        if any(v is None for v in vs):
+            return Node(op, REFERENCE, why_not=f"slot {slot.name} is not a dense tensor")
+        dtypes[slot.name] = vs[0].dtype
+    attrs = {k: v for k, v in op.all_attrs().items() if k in opdef.attrs}
+    emit = opdef.emit
+    if callable(emit) and not isinstance(emit, registry.Opaque):
+        emit = emit(dtypes, **attrs)
+    if emit is None:
+        return Node(op, REFERENCE, why_not="emit declines these dtypes/attributes")
+    if isinstance(emit, registry.Reduce):
+        return Node(op, REDUCTION, emit)
+    if isinstance(emit, registry.Opaque):
+        return Node(op, OPAQUE, emit)
+    if isinstance(emit, str) and opdef.has(registry.ELEMENTWISE):
+        if any(s.duplicable for s in opdef.inputs) or len(opdef.outputs) != 1:
+            return Node(op, REFERENCE, why_not="elementwise emit needs single-value slots")
+        return Node(op, ELEMENTWISE, emit)
+    return Node(op, REFERENCE, why_not=f"emit of type {type(emit).__name__} does not fit its "
+                                       f"traits")
+
+
+def out_shape(op: Operator) -> tuple:
+    v = op.block._find_var_recursive(op.output_arg_names[0])
+    return tuple(v.shape)
+
+
+def partition(block: Block, ops: list, live_out: set, declined=frozenset()) -> Partition:
+    """Group ``ops`` (pruned, in order). ``live_out``: names needed after the block's ops run
+    (fetched, persistable, read by other blocks). ``declined``: ids of ops whose lowering
+    declined their ranks/dtypes when the code generator tried; they run their reference."""
+    log: list = []
+    groups: list = []
+    open_group: Group | None = None
+
+    def close():
+        nonlocal open_group
+        if open_group is not None:
+            groups.append(open_group)
+            open_group = None
+
+    for op in ops:
+        node = classify(op)
+        if id(op) in declined:
+            node = Node(op, REFERENCE, why_not="its lowering declines these ranks/dtypes")
+        if node.kind == REFERENCE:
+            if open_group is not None:
+                log.append(f"{node.label}: {node.why_not}")
+            close()
+            groups.append(Group(REFERENCE, [node]))
+            continue
+        if node.kind == ELEMENTWISE:
+            shape = out_shape(node.op)
+            if open_group is not None and open_group.kind == ELEMENTWISE:
+                if open_group.shape == shape:
+                    open_group.nodes.append(node)
+                    continue
+                log.append(f"{node.label}: output shape {list(shape)} differs from the open "
+                           f"group's {list(open_group.shape)}")
+            elif open_group is not None:
+                log.append(f"{node.label}: the group before it ended at a {open_group.kind} op")
+            close()
+            open_group = Group(ELEMENTWISE, [node], shape)
+            continue
+        if node.kind == REDUCTION:
+            x = node.op.input("X")
+            if open_group is not None and open_group.kind == ELEMENTWISE and len(x) == 1 \
+                    and x[0] in _defined(open_group) and \
+                    tuple(_var(block, x[0]).shape) == open_group.shape:
+                open_group.nodes.append(node)
+                open_group.kind = REDUCTION
+            else:
+                if open_group is not None:
+                    log.append(f"{node.label}: its input is not computed by the open group")
+                close()
+                open_group = Group(REDUCTION, [node], tuple(_var(block, x[0]).shape))
+            close()
+            continue
+        if open_group is not None:
+            log.append(f"{node.label}: opaque ops are calls of their own")
+        close()
+        groups.append(Group(OPAQUE, [node]))
+    close()
+    _mark_stored(groups, live_out)
+    segments: list = []
+    for g in groups:
+        if g.kind == REFERENCE or not segments or not segments[-1].native:
+            segments.append(Segment([g]))
+        else:
+            segments[-1].groups.append(g)
+    return Partition(segments, log)
+
+
+def _var(block: Block, name: str):
+    return block._find_var_recursive(name)
+
+
+def _defined(group: Group) -> set:
+    return {n for node in group.nodes for n in node.op.output_arg_names}
+
+
+def _mark_stored(groups: list, live_out: set) -> None:
+    readers: dict = {}
+    for gi, g in enumerate(groups):
+        for node in g.nodes:
+            for n in node.op.input_arg_names:
+                readers.setdefault(n, set()).add(gi)
+    for gi, g in enumerate(groups):
+        last_def: dict = {}
+        for node in g.nodes:
+            for n in node.op.output_arg_names:
+                if n != registry.EMPTY_VAR_NAME:
+                    last_def[n] = node
+        if g.kind == REFERENCE:
+            g.stored = list(last_def)
+            continue
+        final = g.nodes[-1]
+        g.stored = [n for n, node in last_def.items()
+                    if n in live_out or readers.get(n, set()) - {gi}
+                    or (g.kind != ELEMENTWISE and node is final)]
+
+
+def live_names(program, block: Block, targets) -> set:
+    """Names a block's run must leave in memory: targets, persistables, other blocks' reads."""
+    live = set(targets)
+    live.update(v.name for v in block.vars.values() if v.persistable)
+    for b in program.blocks:
+        if b is not block:
+            for op in b.ops:
+                live.update(op.input_arg_names)
+    return live
+
+
+def numpy_type_name(dtype) -> str:
+    d = np.dtype(dtype)
+    return "np.bool_" if d == np.bool_ else f"np.{d.name}"

@@ -1,0 +1,146 @@
+"""The compiled executor: fusion decisions, one plan across batch sizes, errors, inspection."""
+import numpy as np
+import pytest
+
+import pdjit as fluid
+from pdjit.framework.errors import OpRunError
+
+
+def _steps(exe):
+    (prog, plan), = exe._plans.values()
+    return plan.steps
+
+
+def _both(main, feed, fetch, startup=None):
+    """Run compiled and reference from the same start; return both results."""
+    out = []
+    for mode in ("compiled", "reference"):
+        scope, exe = fluid.Scope(), fluid.Executor(mode=mode)
+        if startup is not None:
+            exe.run(startup, scope=scope)
+        out.append(exe.run(main, feed=feed, fetch_list=fetch, scope=scope))
+    return out
+
+
+def test_elementwise_chain_fuses_into_one_native_step(fresh_programs):
+    main, _ = fresh_programs
+    x = fluid.layers.data(name="x", shape=[8], dtype="float32")
+    a = fluid.layers.data(name="a", shape=[8], dtype="float32")
+    y = fluid.layers.relu(fluid.layers.tanh(x * a + 1.0) * 2.0 - 0.25) + x * 0.5
+    exe = fluid.Executor()
+    xv = np.random.default_rng(0).normal(size=(5, 8)).astype(np.float32)
+    av = np.random.default_rng(1).normal(size=(5, 8)).astype(np.float32)
+    (got,) = exe.run(main, feed={"x": xv, "a": av}, fetch_list=[y], scope=fluid.Scope())
+    want = np.maximum(np.tanh(xv * av + 1) * 2 - 0.25, 0) + xv * 0.5
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    (step,) = _steps(exe)
+    assert step.describe().startswith("native")
+    assert step.describe().count("elementwise [") == 1  # one group holds every op
+    assert step.outputs == [y.name]                     # intermediates never reach memory
+    assert step.fallbacks == 0
+
+
+def test_one_plan_serves_every_batch_size(fresh_programs):
+    main, _ = fresh_programs
+    x = fluid.layers.data(name="x", shape=[3], dtype="float32")
+    y = fluid.layers.reduce_sum(fluid.layers.exp(x), dim=[1])
+    exe, scope = fluid.Executor(), fluid.Scope()
+    for n in (1, 4, 17, 4):
+        xv = np.arange(3 * n, dtype=np.float32).reshape(n, 3) / 10
+        (got,) = exe.run(main, feed={"x": xv}, fetch_list=[y], scope=scope)
+        np.testing.assert_allclose(got, np.exp(xv).sum(1), rtol=1e-5)
+    (step,) = _steps(exe)
+    assert len(exe._plans) == 1
+    assert len(step.compiled.fn.signatures) == 1  # specialised on dtype and rank, not size
+
+
+def test_refusals_have_reasons_and_explain_shows_source(fresh_programs):
+    main, _ = fresh_programs
+    x = fluid.layers.data(name="x", shape=[4], dtype="float32")
+    h = fluid.layers.relu(x)
+    s = fluid.layers.reduce_sum(h, dim=[1], keep_dim=True)     # folds relu in
+    t = fluid.layers.elementwise_div(h, s)                    # shape differs from reduction's
+    u = fluid.layers.concat([t, t], axis=1)                    # no emit: reference step
+    exe = fluid.Executor()
+    report = exe.explain(main, feed={"x": None}, fetch_list=[u])
+    assert "reduction [relu#" in report and "reduce_sum#" in report
+    assert "concat#" in report and "no emit rule" in report
+    assert "def segment(" in report and "@numba.njit(" in report
+    xv = np.abs(np.random.default_rng(2).normal(size=(3, 4))).astype(np.float32) + 0.1
+    got, ref = _both(main, {"x": xv}, [u])
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-6)
+
+
+def test_broadcasting_inside_a_fused_group(fresh_programs):
+    main, _ = fresh_programs
+    x = fluid.layers.data(name="x", shape=[2, 3, 4], dtype="float64", append_batch_size=False)
+    b = fluid.layers.data(name="b", shape=[3], dtype="float64", append_batch_size=False)
+    c = fluid.layers.data(name="c", shape=[1, 4], dtype="float64", append_batch_size=False)
+    y = fluid.layers.elementwise_mul(fluid.layers.elementwise_add(x, b, axis=1), c, axis=1)
+    z = fluid.layers.sigmoid(y)
+    rng = np.random.default_rng(3)
+    feed = {"x": rng.normal(size=(2, 3, 4)), "b": rng.normal(size=3), "c": rng.normal(size=(1, 4))}
+    got, ref = _both(main, feed, [y, z])
+    for g, r in zip(got, ref):
+        np.testing.assert_allclose(g, r, rtol=1e-12)
+    want = (feed["x"] + feed["b"][None, :, None]) * feed["c"][None]
+    np.testing.assert_allclose(got[0], want, rtol=1e-12)
+
+
+def test_runtime_shape_error_names_the_op_and_scope_is_kept(fresh_programs):
+    main, startup = fresh_programs
+    x = fluid.layers.data(name="x", shape=[-1, 3], dtype="float32", append_batch_size=False)
+    y = fluid.layers.data(name="y", shape=[-1, 3], dtype="float32", append_batch_size=False)
+    acc = fluid.layers.create_global_var([1], 0.0, "float32", persistable=True, name="acc")
+    fluid.layers.assign(fluid.layers.increment(acc, value=1.0) if hasattr(fluid.layers, "increment")
+                        else acc + 1.0, output=acc)
+    z = fluid.layers.elementwise_add(x, y)
+    scope, exe = fluid.Scope(), fluid.Executor()
+    exe.run(startup, scope=scope)
+    with pytest.raises(OpRunError, match=r"op 'elementwise_add'.*do not broadcast"):
+        exe.run(main, feed={"x": np.ones((2, 3), np.float32), "y": np.ones((4, 3), np.float32)},
+                fetch_list=[z], scope=scope)
+    np.testing.assert_array_equal(scope.find_var("acc").value, [0.0])
+    (got,) = exe.run(main, feed={"x": np.ones((2, 3), np.float32),
+                                 "y": np.ones((1, 3), np.float32)}, fetch_list=[z], scope=scope)
+    np.testing.assert_array_equal(got, np.full((2, 3), 2.0))
+
+
+def test_mlp_forward_is_one_native_function(fresh_programs):
+    main, startup = fresh_programs
+    startup.random_seed = 5
+    x = fluid.layers.data(name="x", shape=[16], dtype="float32")
+    h = fluid.layers.fc(x, size=32, act="relu")
+    p = fluid.layers.fc(h, size=10, act="softmax")
+    xv = np.random.default_rng(4).normal(size=(8, 16)).astype(np.float32)
+    got, ref = _both(main, {"x": xv}, [p], startup)
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-5, atol=1e-7)
+    exe = fluid.Executor()
+    scope = fluid.Scope()
+    exe.run(startup, scope=scope)
+    exe.run(main, feed={"x": xv}, fetch_list=[p], scope=scope)
+    main_steps = [s for prog, plan in exe._plans.values() if prog.global_block().has_var("x")
+                  for s in plan.steps]
+    assert len(main_steps) == 1 and main_steps[0].describe().startswith("native")
+
+
+def test_dump_env_prints_the_plan(fresh_programs, monkeypatch, capsys):
+    main, _ = fresh_programs
+    x = fluid.layers.data(name="x", shape=[2], dtype="float32")
+    y = fluid.layers.abs(x)
+    monkeypatch.setenv("PDJIT_DUMP", "1")
+    monkeypatch.setenv("PDJIT_DUMP_AFTER", "prune,fusion")
+    fluid.Executor().run(main, feed={"x": np.ones((1, 2), np.float32)}, fetch_list=[y],
+                         scope=fluid.Scope())
+    err = capsys.readouterr().err
+    assert "after pass prune" in err and "after pass fusion" in err and "def segment(" in err
+
+
+def test_reference_mode_is_selectable_by_environment(monkeypatch):
+    monkeypatch.setenv("PDJIT_EXECUTOR", "reference")
+    assert fluid.Executor().mode == "reference"
+    monkeypatch.setenv("PDJIT_EXECUTOR", "compiled")
+    assert fluid.Executor().mode == "compiled"
+    monkeypatch.setenv("PDJIT_EXECUTOR", "turbo")
+    with pytest.raises(ValueError, match="PDJIT_EXECUTOR='turbo'"):
+        fluid.Executor()
