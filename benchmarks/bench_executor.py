@@ -15,8 +15,13 @@ jax (`jax.jit`) and PaddlePaddle's legacy executor (`paddlepaddle`, FLAGS_enable
 """
 from __future__ import annotations
 
-import argparse
 import os
+
+# NumPy's BLAS gets one thread as pdjit's does (its measured default): two threads on this
+# 2-vCPU kind of machine make BLAS-bound work ~10x slower; compare like with like.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import argparse  # noqa: E402
 import statistics
 import subprocess
 import sys

@@ -4,6 +4,7 @@
 with ``fluid.Executor(fluid.CPUPlace())``.
 """
 from pdjit import initializer, layers, ops  # noqa: F401  (ops: registers the built-in ops)
+from pdjit.codegen.compiler import clear_cache
 from pdjit.framework import (
                              Block,
                              Operator,
@@ -30,6 +31,7 @@ from pdjit.runtime.executor import Executor
 from pdjit.runtime.place import CPUPlace, CUDAPinnedPlace, CUDAPlace
 from pdjit.runtime.scope import Scope, global_scope, scope_guard
 from pdjit.runtime.tensor import LoDTensor
+from pdjit.runtime.threads import get_num_threads, set_num_threads
 
 __version__ = "0.1.0"
 
@@ -38,5 +40,6 @@ __all__ = [
     "default_startup_program", "program_guard", "unique_name", "initializer", "layers",
     "ParamAttr", "Executor", "CPUPlace", "CUDAPlace", "CUDAPinnedPlace", "Scope", "global_scope",
     "scope_guard", "LoDTensor", "data", "FeedError", "OpError", "OpRunError", "OpShapeError",
-    "PdjitError", "ProgramError", "UnregisteredOpError",
+    "PdjitError", "ProgramError", "UnregisteredOpError", "set_num_threads", "get_num_threads",
+    "clear_cache",
 ]

@@ -279,8 +279,11 @@ class SegmentGen:
             self.emit(line.replace(f"IDX{lid}", "o"), 3)
         for line in body + stores + (reduce["flat"] if reduce else []):
             self.emit(line, 3)
-        self.emit("else:")
         rank = len(dims)
+        row_leaves = [lid for lid, (_, r, off) in enumerate(leaves) if r and off + r == rank]
+        if reduce is None and rank >= 2 and row_leaves:
+            self._row_path(leaves, dims, total, body, loads, stores)
+        self.emit("else:")
         # element strides of each leaf along each iteration dim (0 where it broadcasts)
         for lid, (loc, r, off) in enumerate(leaves):
             for j in range(r):
@@ -306,6 +309,26 @@ class SegmentGen:
         for line in body + stores + (reduce["nested"] if reduce else []):
             self.emit(line, ind)
         self.emit("o += 1", ind)
+
+    def _row_path(self, leaves, dims, total, body, loads, stores) -> None:
+        """Rows of the last dim, each input either full-size or one row repeated (a bias):
+        unit-stride inner loops that vectorise, where the strided nest would not."""
+        last = dims[-1]
+        cond = " and ".join(
+            f"({loc}.size == {total} or ({loc}.size == {last} and {loc}.shape[{r - 1}] == {last}))"
+            if off + r == len(dims) and r else f"{loc}.size == {total}"
+            for loc, r, off in leaves)
+        self.emit(f"elif {last} > 0 and {cond}:")
+        self.emit(f"for r in range({total} // {last}):", 2)
+        for lid, (loc, _, _) in enumerate(leaves):
+            self.emit(f"rb{lid} = r * {last} if {loc}.size == {total} else 0", 3)
+        self.emit(f"ob = r * {last}", 3)
+        self.emit(f"for k in range({last}):", 3)
+        self.emit("o = ob + k", 4)
+        for lid, line in enumerate(loads):
+            self.emit(line.replace(f"IDX{lid}", f"rb{lid} + k"), 4)
+        for line in body + stores:
+            self.emit(line, 4)
 
     def _reduction(self, node, leaves, dims, total, body, loads, stores, x_expr) -> None:
         red = node.lowering

@@ -266,6 +266,26 @@ class GradOpSpec:
     attrs: dict = field(default_factory=dict)
 
 
+def default_grad(grad_type: str, fwd_inputs=("X",), fwd_outputs=(), grad_outputs=("Out",),
+                 wrt=("X",)):
+    """The common grad maker: ``grad_type`` reads the forward inputs named in ``fwd_inputs``, the
+    forward outputs in ``fwd_outputs``, and the gradients ``<slot>@GRAD`` of the outputs in
+    ``grad_outputs``; it writes ``<slot>@GRAD`` for each input slot in ``wrt``, and copies the
+    forward op's declared attributes. (Paddle's convention: ``tanh_grad`` reads ``Out`` and
+    ``Out@GRAD``, ``square_grad`` reads ``X`` and ``Out@GRAD``...)"""
+    def maker(op):
+        ins = {s: op.input(s) for s in fwd_inputs if op.input(s)}
+        ins.update({s: op.output(s) for s in fwd_outputs if op.output(s)})
+        for s in grad_outputs:
+            ins[f"{s}@GRAD"] = [grad_var_name(n) for n in op.output(s)]
+        outs = {f"{s}@GRAD": [grad_var_name(n) for n in op.input(s) if n != EMPTY_VAR_NAME]
+                for s in wrt if op.input(s)}
+        attrs = {k: v for k, v in op.all_attrs().items()
+                 if k in get(op.type).attrs}
+        return [GradOpSpec(grad_type, ins, outs, attrs)]
+    return maker
+
+
 # ---- the definition --------------------------------------------------------------------------
 class _Signature:
     """Which slots and attributes a definition function takes, worked out once."""

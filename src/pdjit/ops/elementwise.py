@@ -4,8 +4,22 @@ from __future__ import annotations
 import numpy as np
 
 from pdjit.framework.errors import ShapeMismatch
-from pdjit.framework.registry import BROADCAST, NO_GRAD_YET, Bool, Int, register_op
-from pdjit.ops._common import NUMERIC, aligned_arrays, broadcast_shapes, check_dtype
+from pdjit.framework.registry import (
+    BROADCAST,
+    ELEMENTWISE,
+    OPAQUE,
+    Bool,
+    Int,
+    default_grad,
+    register_op,
+)
+from pdjit.ops._common import (
+    NUMERIC,
+    aligned_arrays,
+    broadcast_shapes,
+    check_dtype,
+    reduce_to_shape,
+)
 
 _AXIS = {"axis": Int(-1, low=-1, high=4)}
 BOOL = np.dtype(np.bool_)
@@ -79,7 +93,9 @@ for _name, _fn, _emit in _ARITH:
     register_op(
         _name, inputs=["X", "Y"], outputs=["Out"], attrs=dict(_AXIS), traits=[BROADCAST],
         infer_shape=_binary_infer(), reference=_binary_ref(_fn), emit=_emit_for(_name, _emit),
-        grad=None if _name in _NON_DIFFERENTIABLE else NO_GRAD_YET,
+        grad=None if _name in _NON_DIFFERENTIABLE else default_grad(
+            f"{_name}_grad", fwd_inputs=("X", "Y"),
+            fwd_outputs=("Out",) if _name == "elementwise_div" else (), wrt=("X", "Y")),
         doc=f"Out = {_emit.format(X='X', Y='Y')}, Y broadcast into X by Fluid's axis rule.")
 
 _COMPARE = [
@@ -123,3 +139,47 @@ register_op(
     "logical_not", inputs=["X"], outputs=["Out"], traits=[BROADCAST],
     infer_shape=_logical_infer, reference=lambda X: {"Out": np.logical_not(X.astype(bool))},
     emit="not bool({X})", grad=None, doc="Out = not X elementwise.")
+
+
+# ---- gradients ---------------------------------------------------------------------------------
+# d(op)/dX and d(op)/dY as NumPy functions of (x, y, out, dout) on the aligned operands; each
+# result is summed back to its operand's shape where the forward op broadcast it.
+_GRADS = {
+    "elementwise_add": (lambda x, y, o, g: g, lambda x, y, o, g: g),
+    "elementwise_sub": (lambda x, y, o, g: g, lambda x, y, o, g: -g),
+    "elementwise_mul": (lambda x, y, o, g: g * y, lambda x, y, o, g: g * x),
+    "elementwise_div": (lambda x, y, o, g: g / y, lambda x, y, o, g: -g * x / (y * y)),
+    "elementwise_max": (lambda x, y, o, g: g * (x > y), lambda x, y, o, g: g * (x <= y)),
+    "elementwise_min": (lambda x, y, o, g: g * (x < y), lambda x, y, o, g: g * (x >= y)),
+    "elementwise_pow": (lambda x, y, o, g: g * y * np.power(x, y - 1),
+                        lambda x, y, o, g: g * np.log(np.where(x > 0, x, 1)) * np.power(x, y)),
+}
+
+
+def _ew_grad_infer(X, Y, **_):
+    return {"X@GRAD": X, "Y@GRAD": Y}
+
+
+def _ew_grad_ref(dx, dy):
+    def ref(X, Y, *, axis, **kw):
+        g = kw["Out@GRAD"]
+        x, y = aligned_arrays(X, Y, axis)
+        out = kw.get("Out")
+        return {"X@GRAD": reduce_to_shape(dx(x, y, out, g), X.shape, axis, g.shape)
+                .astype(X.dtype, copy=False),
+                "Y@GRAD": reduce_to_shape(dy(x, y, out, g), Y.shape, axis, g.shape)
+                .astype(Y.dtype, copy=False)}
+    return ref
+
+
+for _name, (_dx, _dy) in _GRADS.items():
+    register_op(
+        f"{_name}_grad", inputs=["X", "Y", "Out?", "Out@GRAD"], outputs=["X@GRAD?", "Y@GRAD?"],
+        attrs=dict(_AXIS), traits=[OPAQUE], infer_shape=_ew_grad_infer,
+        reference=_ew_grad_ref(_dx, _dy), emit=None, grad=None,
+        doc=f"Gradients of {_name} w.r.t. X and Y (summed over broadcast dims).")
+
+register_op(
+    "fill_zeros_like", inputs=["X"], outputs=["Out"], traits=[ELEMENTWISE],
+    infer_shape=lambda X: {"Out": X}, reference=lambda X: {"Out": np.zeros_like(X)},
+    emit="{T}(0)", grad=None, doc="Out = zeros of X's shape and dtype.")

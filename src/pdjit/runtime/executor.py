@@ -31,7 +31,6 @@ from pdjit.runtime.tensor import LoDTensor
 
 VarType = pb.VarType
 MODES = ("compiled", "reference")
-_NO_WRITE_BACK = {VarType.FEED_MINIBATCH, VarType.FETCH_LIST}
 
 
 def _default_mode() -> str:
@@ -76,24 +75,36 @@ class Executor:
             fetch_list = [fetch_list]
         scope = scope if scope is not None else global_scope()
         feed = feed or {}
-        feed_names = feed_fetch.feed_names_of(feed)
-        fetch_names = feed_fetch.fetch_names_of(fetch_list)
-        run = self._prepare(program, feed_names, fetch_names, feed_var_name, fetch_var_name)
+        try:
+            feed_names = tuple([k if type(k) is str else k.name for k in feed])
+            fetch_names = tuple([f if type(f) is str else f.name for f in fetch_list or ()])
+        except AttributeError:  # let the checking versions say what was wrong
+            feed_names = feed_fetch.feed_names_of(feed)
+            fetch_names = feed_fetch.fetch_names_of(fetch_list)
+        run, plan = self._prepare(program, feed_names, fetch_names, feed_var_name,
+                                  fetch_var_name)
 
         gb = run.program.global_block()
-        by_name = {(k.name if not isinstance(k, str) else k): v for k, v in feed.items()}
-        feed_values = [feed_fetch.check_feed(gb.var(n), by_name[n]) for n in run.feed_names]
+        by_name = {(k if type(k) is str else k.name): v for k, v in feed.items()}
+        feed_values = [feed_fetch.check_feed_spec(spec, by_name[n])
+                       for n, spec in zip(run.feed_names, run.feed_specs)]
 
         run_index = self._runs.get(program, 0)
         self._runs[program] = run_index + 1
         env = Env(scope, gb)
-        if self.mode == "compiled":
-            plan = self._plan(run)
+        if plan is not None:
             values = env.values
             for name, value in zip(run.feed_names, feed_values):
                 values[name] = value
             plan.run(self, env, run_index)
             fetched = [env.get(n) for n in run.fetch_names]
+            if return_numpy:  # a fresh array nothing else holds goes to the user as it is
+                given = set()
+                for i, n in enumerate(run.fetch_names):
+                    v = fetched[i]
+                    if n in plan.fresh and n not in given and type(v) is np.ndarray:
+                        fetched[i] = _Owned(v)
+                        given.add(n)
         else:
             env.set(run.feed_var, feed_values)
             env.set(run.fetch_var, [None] * len(run.fetch_names))
@@ -104,7 +115,9 @@ class Executor:
             if value is None:
                 raise PdjitError(f"fetch: variable {name!r} has no value after the run")
             results.append(_to_user(value, return_numpy))
-        self._commit(run.program, env, scope)
+        for name, value in env.values.items():  # commit: only after the whole run succeeded
+            if name in run.persistables:
+                scope.var(name).value = value
         return results
 
     def _plan(self, run):
@@ -120,27 +133,20 @@ class Executor:
         """The fusion groups (with the reasons ops were not fused), the plan's steps and the
         generated source for running ``program`` with these feeds and fetches."""
         program = program if program is not None else default_main_program()
-        run = self._prepare(program, feed_fetch.feed_names_of(feed or {}),
-                            feed_fetch.fetch_names_of(fetch_list), "feed", "fetch")
+        run, _ = self._prepare(program, feed_fetch.feed_names_of(feed or {}),
+                               feed_fetch.fetch_names_of(fetch_list), "feed", "fetch")
         return self._plan(run).report()
 
     def _prepare(self, program, feed_names, fetch_names, feed_var, fetch_var):
+        """(run program, compiled plan or None), built once per program version and names."""
         key = (id(program), program.version, feed_names, fetch_names, feed_var, fetch_var)
         hit = self._prepared.get(key)
         if hit is not None and hit[0] is program:
-            return hit[1]
+            return hit[1], hit[2]
         run = feed_fetch.prepare(program, feed_names, fetch_names, feed_var, fetch_var)
-        self._prepared[key] = (program, run)
-        return run
-
-    @staticmethod
-    def _commit(program: Program, env: Env, scope: Scope) -> None:
-        """Write the run's persistable values into the Scope (only after it succeeded)."""
-        gb = program.global_block()
-        for name, value in env.values.items():
-            v = gb.vars.get(name)
-            if v is not None and v.persistable and v.type not in _NO_WRITE_BACK:
-                scope.var(name).value = value
+        plan = self._plan(run) if self.mode == "compiled" else None
+        self._prepared[key] = (program, run, plan)
+        return run, plan
 
     # -- interpretation -------------------------------------------------------------------------
     def _run_block(self, block: Block, env: Env, run_index: int) -> None:
@@ -213,7 +219,17 @@ def _op_error(op, op_idx, reason) -> OpRunError:
     return OpRunError(reason, op.type, op.block.idx, op_idx, op.location())
 
 
+class _Owned:
+    """A fetched array no one else holds: handed over without a copy."""
+    __slots__ = ("array",)
+
+    def __init__(self, array):
+        self.array = array
+
+
 def _to_user(value, return_numpy: bool):
+    if type(value) is _Owned:
+        return value.array
     if isinstance(value, LoDTensor):
         if return_numpy:
             return np.array(value, copy=True)

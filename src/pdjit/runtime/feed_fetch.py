@@ -29,6 +29,17 @@ class RunProgram:
     feed_var: str
     fetch_var: str
 
+    def __post_init__(self):
+        """What every run needs, worked out once: feed specs, persistable names."""
+        gb = self.program.global_block()
+        self.feed_specs = tuple(
+            (gb.var(n), gb.var(n).dtype,
+             tuple(gb.var(n).shape) if gb.var(n).type == VarType.LOD_TENSOR else None)
+            for n in self.feed_names)
+        self.persistables = frozenset(
+            v.name for v in gb.vars.values()
+            if v.persistable and v.type not in (VarType.FEED_MINIBATCH, VarType.FETCH_LIST))
+
 
 def fetch_names_of(fetch_list) -> tuple:
     names = []
@@ -127,6 +138,19 @@ def _add_fetch_ops(program: Program, fetch_names: tuple, fetch_var: str) -> None
             g.create_var(name=name, shape=src.shape, dtype=src.dtype, type=src.type)
         g.append_op("fetch", inputs={"X": [name]}, outputs={"Out": [fetch_var]},
                     attrs={"col": col}, infer_shape=False)
+
+
+def check_feed_spec(spec, value):
+    """``check_feed`` with the VarDesc read ahead of time; the common case costs a few checks."""
+    var, dtype, shape = spec
+    if type(value) is np.ndarray and value.dtype == dtype and shape is not None \
+            and value.ndim == len(shape) and value.flags.c_contiguous:
+        for d, a in zip(shape, value.shape):
+            if d >= 0 and d != a:
+                break
+        else:
+            return value
+    return check_feed(var, value)
 
 
 def check_feed(var: Variable, value):

@@ -23,6 +23,7 @@ from pdjit.framework import registry
 from pdjit.passes import dump_after
 from pdjit.passes.fusion import live_names, partition
 from pdjit.passes.prune import prune
+from pdjit.runtime import threads
 
 
 class ReferenceStep:
@@ -82,8 +83,13 @@ def _is_cache_damage(e: Exception) -> bool:
 
 
 class Plan:
-    def __init__(self, steps, partition_text, sources, compile_seconds):
+    """``fresh``: names whose final value is a new array made by native code (not a view, not
+    persistable) that nothing else holds after the run: the executor may hand it to the user
+    without copying."""
+
+    def __init__(self, steps, partition_text, sources, compile_seconds, fresh=frozenset()):
         self.steps = steps
+        self.fresh = fresh
         self.partition_text = partition_text
         self.sources = sources
         self.compile_seconds = compile_seconds
@@ -103,6 +109,7 @@ class Plan:
 def build_plan(program, fetch_names) -> Plan:
     """Lower ``program``'s global block (feed/fetch ops excluded) into a plan."""
     t0 = time.perf_counter()
+    threads.ensure_applied()
     block = program.global_block()
     kept = prune(block, fetch_names)
     ops = [op for op in kept if not _is_feed_fetch(op)]
@@ -129,7 +136,8 @@ def build_plan(program, fetch_names) -> Plan:
         desc = "; ".join(g.describe() for g in seg.groups)
         steps.append(NativeStep(compiled, gen.args, gen.expected, gen.outputs, seg_ops, desc))
         sources.append((compiled.name, compiled.text))
-    plan = Plan(steps, part.describe(), sources, time.perf_counter() - t0)
+    plan = Plan(steps, part.describe(), sources, time.perf_counter() - t0,
+                _fresh_names(part, gens, block))
     if os.environ.get("PDJIT_DUMP"):
         print(plan.report(), file=sys.stderr)
     return plan
@@ -151,6 +159,22 @@ def _generate(part, block, live) -> list:
         gen.generate()
         gens.append(gen)
     return gens
+
+
+def _fresh_names(part, gens, block) -> frozenset:
+    """Values whose last writer is a native, non-view op and that are not persistable."""
+    last_writer_native: dict = {}
+    for seg, gen in zip(part.segments, gens):
+        for g in seg.groups:
+            for op in g.ops:
+                opdef = registry.lookup(op.type)
+                makes_new = gen is not None and opdef is not None and \
+                    not opdef.has(registry.VIEW)
+                for n in op.output_arg_names:
+                    last_writer_native[n] = makes_new
+    return frozenset(n for n, new in last_writer_native.items()
+                     if new and not ((v := block._find_var_recursive(n)) is not None
+                                     and v.persistable))
 
 
 def _is_feed_fetch(op) -> bool:
