@@ -12,6 +12,8 @@ jax (`jax.jit`) and PaddlePaddle's legacy executor (`paddlepaddle`, FLAGS_enable
 2. overhead: Executor.run of a 3-op program on a [1, 16] float32 feed, against NumPy op by op.
 3. mlp: forward of an MLP 64-256-256-10 (relu, softmax) at batch 128, against NumPy with `@`.
 4. coldstart: whole-process time to the first result of a small MLP, disk cache warm vs cold.
+5. train: one SGD step of the MLP 64-256-256-10 (batch 128, softmax cross entropy, fetching
+   the loss) against the same step written by hand in NumPy; jax.jit where installed.
 """
 from __future__ import annotations
 
@@ -207,8 +209,56 @@ def bench_coldstart(repeat: int) -> None:
     report("cold start: process start to first result of a small MLP", res, "cold cache")
 
 
+def bench_train(repeat: int) -> None:
+    import pdjit as fluid
+
+    main, startup = fluid.Program(), fluid.Program()
+    startup.random_seed = 1
+    with fluid.program_guard(main, startup):
+        x = fluid.layers.data(name="x", shape=[64], dtype="float32")
+        label = fluid.layers.data(name="label", shape=[1], dtype="int64")
+        h = fluid.layers.fc(x, 256, act="relu")
+        h = fluid.layers.fc(h, 256, act="relu")
+        logits = fluid.layers.fc(h, 10)
+        loss = fluid.layers.mean(fluid.layers.softmax_with_cross_entropy(logits, label))
+        fluid.optimizer.SGD(0.01).minimize(loss)
+    exe, scope = fluid.Executor(), fluid.Scope()
+    exe.run(startup, scope=scope)
+    rng = np.random.default_rng(0)
+    xv = rng.standard_normal((128, 64)).astype(np.float32)
+    yv = rng.integers(0, 10, (128, 1)).astype(np.int64)
+    feed = {"x": xv, "label": yv}
+    p = [scope.find_var(f"fc_{i}.{k}_0").value.copy() for i in range(3) for k in "wb"]
+    onehot = np.eye(10, dtype=np.float32)[yv[:, 0]]
+
+    def numpy_step():
+        w0, b0, w1, b1, w2, b2 = p
+        a0 = xv @ w0 + b0
+        h0 = np.maximum(a0, 0)
+        a1 = h0 @ w1 + b1
+        h1 = np.maximum(a1, 0)
+        z = h1 @ w2 + b2
+        e = np.exp(z - z.max(axis=1, keepdims=True))
+        s = e / e.sum(axis=1, keepdims=True)
+        loss_v = -np.log(s[np.arange(128), yv[:, 0]]).mean()
+        dz = (s - onehot) / 128
+        dh1 = (dz @ w2.T) * (a1 > 0)
+        dh0 = (dh1 @ w1.T) * (a0 > 0)
+        for param, g in ((w2, h1.T @ dz), (b2, dz.sum(0)), (w1, h0.T @ dh1),
+                         (b1, dh1.sum(0)), (w0, xv.T @ dh0), (b0, dh0.sum(0))):
+            param -= np.float32(0.01) * g
+        return loss_v
+
+    contenders = {"pdjit Executor.run": lambda: exe.run(main, feed=feed, fetch_list=[loss],
+                                                        scope=scope),
+                  "NumPy by hand": numpy_step}
+    res = interleaved(contenders, repeat * 5)
+    report("training step, MLP 64-256-256-10, batch 128, SGD (one BLAS thread)", res,
+           "NumPy by hand")
+
+
 BENCHES = {"chain": bench_chain, "overhead": bench_overhead, "mlp": bench_mlp,
-           "coldstart": bench_coldstart}
+           "coldstart": bench_coldstart, "train": bench_train}
 
 
 def main() -> None:

@@ -6,17 +6,19 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _run(name: str) -> str:
-    proc = subprocess.run([sys.executable, str(ROOT / "examples" / name)], capture_output=True,
-                          text=True, timeout=300, cwd=ROOT)
+def _run(name: str, *args) -> str:
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / name), *args],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 
 
-def test_fit_a_line_prints_predictions_and_cost():
+def test_fit_a_line_trains_and_prints_predictions_and_cost():
     out = _run("fit_a_line.py")
-    assert out.startswith("[array([[") and "dtype=float32)" in out
-    assert out.count("array(") == 2
+    costs = [float(line.split()[-1]) for line in out.splitlines() if line.startswith("step")]
+    assert len(costs) == 6 and costs[-1] < costs[0] / 100  # the loss decreases
+    tail = out[out.index("[array([["):]
+    assert "dtype=float32)" in tail and tail.count("array(") == 2
 
 
 def test_inspect_program_round_trips():
@@ -39,3 +41,17 @@ def test_cli_inspect_and_ops(tmp_path):
     bad.write_bytes(b"\xff\xfe garbage")
     out = subprocess.run(cli + ["inspect", str(bad)], capture_output=True, text=True)
     assert out.returncode == 2 and "cannot parse a ProgramDesc" in out.stderr
+
+
+def test_digits_mlp_learns_on_a_few_epochs():
+    out = _run("digits_mlp.py", "--epochs", "3")
+    acc = float(out.split("test accuracy:")[1].split()[0])
+    assert acc > 0.85  # 3 of the default 25 epochs; the full run reaches ~0.99
+
+
+def test_custom_op_example_fuses_and_trains():
+    out = _run("custom_op.py")
+    assert "output and gradient checked" in out
+    assert "swish#" in out and "swish_grad#" in out
+    first, last = [float(line.split()[-1]) for line in out.splitlines() if line.startswith("step")]
+    assert last < first

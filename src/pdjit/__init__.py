@@ -3,30 +3,31 @@
 ``import pdjit as fluid`` gives Fluid's user API: build a program with ``fluid.layers``, run it
 with ``fluid.Executor(fluid.CPUPlace())``.
 """
-from pdjit import initializer, layers, ops  # noqa: F401  (ops: registers the built-in ops)
+from pdjit import backward, clip, initializer, layers, ops, optimizer, regularizer  # noqa: F401 (ops registers ops)
 from pdjit.codegen.compiler import clear_cache
 from pdjit.framework import (
-                             Block,
-                             Operator,
-                             Parameter,
-                             Program,
-                             Variable,
-                             default_main_program,
-                             default_startup_program,
-                             program_guard,
-                             unique_name,
+                   Block,
+                   Operator,
+                   Parameter,
+                   Program,
+                   Variable,
+                   default_main_program,
+                   default_startup_program,
+                   program_guard,
+                   unique_name,
 )
 from pdjit.framework.errors import (
-                             FeedError,
-                             OpError,
-                             OpRunError,
-                             OpShapeError,
-                             PdjitError,
-                             ProgramError,
-                             UnregisteredOpError,
+                   FeedError,
+                   OpError,
+                   OpRunError,
+                   OpShapeError,
+                   PdjitError,
+                   ProgramError,
+                   UnregisteredOpError,
 )
 from pdjit.layers.io import data_v2 as data
 from pdjit.param_attr import ParamAttr
+from pdjit.passes.backward import append_backward, gradients
 from pdjit.runtime.executor import Executor
 from pdjit.runtime.place import CPUPlace, CUDAPinnedPlace, CUDAPlace
 from pdjit.runtime.scope import Scope, global_scope, scope_guard
@@ -41,5 +42,5 @@ __all__ = [
     "ParamAttr", "Executor", "CPUPlace", "CUDAPlace", "CUDAPinnedPlace", "Scope", "global_scope",
     "scope_guard", "LoDTensor", "data", "FeedError", "OpError", "OpRunError", "OpShapeError",
     "PdjitError", "ProgramError", "UnregisteredOpError", "set_num_threads", "get_num_threads",
-    "clear_cache",
+    "clear_cache", "append_backward", "gradients", "optimizer", "regularizer", "clip", "backward",
 ]

@@ -144,3 +144,38 @@ def test_reference_mode_is_selectable_by_environment(monkeypatch):
     monkeypatch.setenv("PDJIT_EXECUTOR", "turbo")
     with pytest.raises(ValueError, match="PDJIT_EXECUTOR='turbo'"):
         fluid.Executor()
+
+
+def test_parallel_loops_when_threads_are_asked_for(fresh_programs):
+    from pdjit.codegen.lowering import PARALLEL_MIN_SIZE
+
+    main, _ = fresh_programs
+    x = fluid.layers.data(name="x", shape=[-1], dtype="float32", append_batch_size=False)
+    y = fluid.layers.sigmoid(x * 2.0) + x
+    fluid.set_num_threads(2)
+    try:
+        exe = fluid.Executor()
+        for n in (5, PARALLEL_MIN_SIZE + 3):  # below and above the parallel threshold
+            xv = np.linspace(-3, 3, n).astype(np.float32)
+            (got,) = exe.run(main, feed={"x": xv}, fetch_list=[y], scope=fluid.Scope())
+            np.testing.assert_allclose(got, 1 / (1 + np.exp(-2 * xv)) + xv, rtol=1e-6,
+                                       atol=1e-6)
+        (step,) = _steps(exe)
+        assert "numba.prange" in step.compiled.text and "parallel=True" in step.compiled.text
+    finally:
+        fluid.set_num_threads(1)
+    assert fluid.get_num_threads() == 1
+
+
+def test_in_place_update_of_a_persistable_is_written_back(fresh_programs):
+    """An elementwise op whose output is its own input (increment) in a fused group."""
+    main, startup = fresh_programs
+    counter = fluid.layers.create_global_var([1], 0.0, "float32", persistable=True, name="n")
+    main.global_block().append_op("increment", inputs={"X": counter}, outputs={"Out": counter},
+                                  attrs={"step": 2.0})
+    doubled = counter * 2.0
+    scope, exe = fluid.Scope(), fluid.Executor()
+    exe.run(startup, scope=scope)
+    for k in range(1, 4):
+        (d,) = exe.run(main, fetch_list=[doubled], scope=scope)
+        assert float(d[0]) == 4.0 * k and float(scope.find_var("n").value[0]) == 2.0 * k

@@ -260,7 +260,10 @@ def test_view_traits():
     for op in ("transpose2", "concat", "split", "slice", "stack", "gather", "one_hot_v2"):
         assert registry.get(op).has(registry.OPAQUE)
     assert registry.get("one_hot_v2").grad is None
-    assert registry.get("gather").grad is registry.NO_GRAD_YET
+    for op in ("reshape2", "reshape", "transpose2", "transpose", "squeeze2", "unsqueeze2",
+               "concat", "split", "slice", "stack", "gather"):
+        grad = registry.get(op).grad
+        assert grad is not None and grad is not registry.NO_GRAD_YET, op
 
 
 # ---- gather ----------------------------------------------------------------------------------

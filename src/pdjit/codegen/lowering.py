@@ -40,6 +40,11 @@ def literal(value) -> str:
     return repr(value)
 
 
+# Below this many elements a parallel loop loses to its thread start-up (measured: the
+# break-even of numba's prange on 2 cores is ~1e3-1e4 elements; at 6.5e4 two threads win).
+PARALLEL_MIN_SIZE = 65536
+
+
 class Declined(Exception):
     """An opaque op's lowering returned None: the op must run its reference instead."""
 
@@ -55,6 +60,10 @@ class LowerContext:
         self.gen, self.node, self.op = gen, node, node.op
         opdef = registry.get(self.op.type)
         self.attrs = {k: v for k, v in self.op.all_attrs().items() if k in opdef.attrs}
+        # inputs mean the values before the op: bind them now, before any output is defined
+        # (an in-place op such as an optimizer update writes ParamOut into Param's name)
+        self._inputs = {n: gen.read(n) for n in self.op.input_arg_names
+                        if n != registry.EMPTY_VAR_NAME}
 
     def has_input(self, slot: str) -> bool:
         return bool([n for n in self.op.input(slot) if n != registry.EMPTY_VAR_NAME])
@@ -63,7 +72,7 @@ class LowerContext:
         return bool([n for n in self.op.output(slot) if n != registry.EMPTY_VAR_NAME])
 
     def inp(self, slot: str, i: int = 0) -> str:
-        return self.gen.read(self.op.input(slot)[i])
+        return self._inputs[self.op.input(slot)[i]]
 
     def out(self, slot: str, i: int = 0) -> str:
         return self.gen.define(self.op.output(slot)[i])
@@ -101,8 +110,8 @@ class LowerContext:
 class SegmentGen:
     """Builds the source of one segment's function."""
 
-    def __init__(self, segment: Segment, block, needed_after: set):
-        self.segment, self.block = segment, block
+    def __init__(self, segment: Segment, block, needed_after: set, parallel: bool = False):
+        self.segment, self.block, self.parallel = segment, block, parallel
         self.needed_after = needed_after
         self.lines: list = []
         self.args: list = []          # env names, in argument order
@@ -110,6 +119,7 @@ class SegmentGen:
         self.counter = 0
         self.kernels: dict = {}       # local name -> function
         self.expected: list = []      # (dtype, ndim) per argument
+        self.defined: set = set()     # env names this segment writes (in place ones included)
 
     # -- names ---------------------------------------------------------------------------------
     def fresh(self, hint: str) -> str:
@@ -130,6 +140,7 @@ class SegmentGen:
     def define(self, name: str) -> str:
         local = self.fresh("s")
         self.current[name] = local
+        self.defined.add(name)
         return local
 
     def kernel(self, fn) -> str:
@@ -146,16 +157,14 @@ class SegmentGen:
     # -- the function --------------------------------------------------------------------------
     def generate(self) -> None:
         for gi, group in enumerate(self.segment.groups):
-            self.emit(f"# group {gi}: {group.describe()}")
+            # name- and size-free, so equal kernels share one cache entry across programs
+            ops = ", ".join(node.op.type for node in group.nodes)
+            self.emit(f"# group {gi}: {group.kind} [{ops}] rank {len(group.shape)}")
             if group.kind == OPAQUE:
                 self._opaque(group)
             else:
                 self._loop_group(group)
-        self.outputs = [n for n in self.current if n in self.needed_after
-                        and n not in self.args_set()]
-
-    def args_set(self) -> set:
-        return set(self.args)
+        self.outputs = [n for n in self.current if n in self.needed_after and n in self.defined]
 
     def source(self, fn_name: str) -> str:
         head = f"def {fn_name}({', '.join(f'a{i}' for i in range(len(self.args)))}):"
@@ -274,11 +283,22 @@ class SegmentGen:
         if not flat_ok:
             full = "False"
         self.emit(f"if {full}:")
-        self.emit(f"for o in range({total}):", 2)
-        for lid, line in enumerate(loads):
-            self.emit(line.replace(f"IDX{lid}", "o"), 3)
-        for line in body + stores + (reduce["flat"] if reduce else []):
-            self.emit(line, 3)
+        flat_body = [line.replace(f"IDX{lid}", "o") for lid, line in enumerate(loads)] + \
+            body + stores + (reduce["flat"] if reduce else [])
+        if self.parallel and reduce is None:
+            # threads pay off only on large arrays: decided here, at run time, by size
+            self.emit(f"if {total} >= {PARALLEL_MIN_SIZE}:", 2)
+            self.emit(f"for o in numba.prange({total}):", 3)
+            for line in flat_body:
+                self.emit(line, 4)
+            self.emit("else:", 2)
+            self.emit(f"for o in range({total}):", 3)
+            for line in flat_body:
+                self.emit(line, 4)
+        else:
+            self.emit(f"for o in range({total}):", 2)
+            for line in flat_body:
+                self.emit(line, 3)
         rank = len(dims)
         row_leaves = [lid for lid, (_, r, off) in enumerate(leaves) if r and off + r == rank]
         if reduce is None and rank >= 2 and row_leaves:

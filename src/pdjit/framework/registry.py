@@ -310,6 +310,7 @@ class OpDef:
     emit: Any
     grad: Callable | None
     doc: str = ""
+    domain: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
         self.inputs = tuple(Slot.parse(s) for s in self.inputs)
@@ -369,12 +370,17 @@ _BUILTINS_LOADED = False
 
 def register_op(type: str, *, inputs: Sequence, outputs: Sequence, attrs: Mapping | None = None,
                 traits: Sequence = (), infer_shape: Callable, reference: Callable, emit: Any,
-                grad: Callable | None, doc: str = "", replace: bool = False) -> OpDef:
-    """Define an op. ``emit`` and ``grad`` have no default: each op declares both decisions."""
+                grad: Callable | None, doc: str = "", domain: Mapping | None = None,
+                replace: bool = False) -> OpDef:
+    """Define an op. ``emit`` and ``grad`` have no default: each op declares both decisions.
+
+    ``domain`` (optional) says which values an input slot takes: ``{"X": "positive"}``
+    (also ``"nonzero"``, ``"unit"`` for (-1, 1)); the test kit's strategies respect it.
+    """
     if type in _REGISTRY and not replace:
         raise ValueError(f"op type {type!r} is already registered")
     opdef = OpDef(type, tuple(inputs), tuple(outputs), dict(attrs or {}), frozenset(traits),
-                  infer_shape, reference, emit, grad, doc)
+                  infer_shape, reference, emit, grad, doc, dict(domain or {}))
     _REGISTRY[type] = opdef
     return opdef
 

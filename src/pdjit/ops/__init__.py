@@ -10,6 +10,8 @@ from pdjit.ops import (  # noqa: F401
     io,
     matmul,
     nn,
+    optimizer,
     reduce,
     shape,
+    trig,
 )

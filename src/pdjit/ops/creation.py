@@ -11,19 +11,20 @@ from pdjit.framework import dtypes
 from pdjit.framework import random as prandom
 from pdjit.framework.errors import ShapeMismatch
 from pdjit.framework.registry import (
-    NO_GRAD_YET,
     OPAQUE,
     RANDOM,
     Bool,
     Float,
     Float64s,
     Floats,
+    GradOpSpec,
     Int,
     Ints,
     Longs,
     Scalars,
     Str,
     VarMeta,
+    grad_var_name,
     register_op,
 )
 from pdjit.ops._common import norm_axis
@@ -58,7 +59,11 @@ def _check_run_shape(shape) -> tuple:
 def _created_infer(shape, dtype, ShapeTensor=None, ShapeTensorList=None):
     if ShapeTensor is not None:
         n = ShapeTensor.shape[0] if ShapeTensor.shape else 1
-        return VarMeta((-1,) * max(n, 0), _np_dtype(dtype))
+        if n < 0:
+            raise ShapeMismatch(f"ShapeTensor's length decides the output's rank, so it must be "
+                                f"known when the program is built: expected shape [k], got "
+                                f"{list(ShapeTensor.shape)}")
+        return VarMeta((-1,) * n, _np_dtype(dtype))
     if ShapeTensorList:
         return VarMeta((-1,) * len(ShapeTensorList), _np_dtype(dtype))
     if any(int(d) < -1 for d in shape):
@@ -114,7 +119,8 @@ def _fcbsl_ref(Input, *, shape, input_dim_idx, output_dim_idx, dtype, value, str
 
 register_op(
     "fill_constant_batch_size_like", inputs=["Input"], outputs=["Out"],
-    attrs={"shape": Ints(), "input_dim_idx": Int(0), "output_dim_idx": Int(0),
+    attrs={"shape": Ints(choices=([-1, 3], [-1], [2, -1, 4])), "input_dim_idx": Int(0),
+           "output_dim_idx": Int(0),
            "dtype": Int(5, choices=_DTYPE_CODES), "value": Float(0.0), "str_value": Str(""),
            "force_cpu": Bool(False)},
     traits=[OPAQUE], infer_shape=_fcbsl_infer, reference=_fcbsl_ref, emit=None, grad=None,
@@ -122,11 +128,19 @@ register_op(
 
 
 # ---- assign --------------------------------------------------------------------------------------
+def _assign_grad(op):
+    """Paddle's grad of ``assign``: an ``assign`` of ``Out@GRAD`` into ``X@GRAD``."""
+    if not op.input("X"):
+        return []  # an assign without X (its value set elsewhere) has nothing to differentiate
+    return [GradOpSpec("assign", {"X": [grad_var_name(n) for n in op.output("Out")]},
+                       {"Out": [grad_var_name(n) for n in op.input("X")]})]
+
+
 register_op(
     "assign", inputs=["X?"], outputs=["Out"], traits=[OPAQUE],
     infer_shape=lambda X=None: {"Out": X} if X is not None else {},
     reference=lambda X=None: {"Out": np.array(X, copy=True)} if X is not None else {},
-    emit=None, grad=NO_GRAD_YET, doc="Out = a copy of X.")
+    emit=None, grad=_assign_grad, doc="Out = a copy of X.")
 
 
 # ---- random initialisers ----------------------------------------------------------------------
@@ -182,7 +196,8 @@ def _tgauss_ref(*, shape, dtype, mean, std, a, b, ctx):
 
 register_op(
     "truncated_gaussian_random", inputs=[], outputs=["Out"],
-    attrs={"shape": Ints(), "mean": Float(0.0), "std": Float(1.0, low=0.0, high=4.0),
+    attrs={"shape": Ints(choices=([3], [2, 3], [4, 1, 2])), "mean": Float(0.0),
+           "std": Float(1.0, low=0.0, high=4.0),
            "seed": Int(0), "a": Float(-2.0), "b": Float(2.0),
            "dtype": Int(5, choices=_FLOAT_CODES)},
     traits=[OPAQUE, RANDOM], infer_shape=_random_infer, reference=_tgauss_ref, emit=None,
@@ -209,7 +224,8 @@ def _assign_value_ref(ValuesTensor=None, *, shape, dtype, **values):
 
 register_op(
     "assign_value", inputs=["ValuesTensor?"], outputs=["Out"],
-    attrs={"shape": Ints(), "dtype": Int(choices=_DTYPE_CODES), "values": Scalars([]),
+    attrs={"shape": Ints(choices=([2], [1, 3])), "dtype": Int(choices=_DTYPE_CODES),
+           "values": Scalars([]),
            "fp32_values": Floats([]), "int32_values": Ints([]), "int64_values": Longs([]),
            "bool_values": Ints([]), "fp64_values": Float64s([])},
     traits=[OPAQUE], infer_shape=_assign_value_infer, reference=_assign_value_ref, emit=None,

@@ -84,6 +84,10 @@ _FLOAT_ONLY_EMIT = {"elementwise_div", "elementwise_mod", "elementwise_floordiv"
                     "elementwise_pow"}
 
 
+_DOMAINS = {"elementwise_div": {"Y": "nonzero"}, "elementwise_mod": {"Y": "nonzero"},
+            "elementwise_floordiv": {"Y": "nonzero"}, "elementwise_pow": {"X": "positive"}}
+
+
 def _emit_for(name, template):
     if name not in _FLOAT_ONLY_EMIT:
         return template
@@ -93,6 +97,7 @@ for _name, _fn, _emit in _ARITH:
     register_op(
         _name, inputs=["X", "Y"], outputs=["Out"], attrs=dict(_AXIS), traits=[BROADCAST],
         infer_shape=_binary_infer(), reference=_binary_ref(_fn), emit=_emit_for(_name, _emit),
+        domain=_DOMAINS.get(_name),
         grad=None if _name in _NON_DIFFERENTIABLE else default_grad(
             f"{_name}_grad", fwd_inputs=("X", "Y"),
             fwd_outputs=("Out",) if _name == "elementwise_div" else (), wrt=("X", "Y")),

@@ -12,12 +12,14 @@ import numpy as np
 from pdjit.framework import dtypes
 from pdjit.framework.errors import ShapeMismatch
 from pdjit.framework.registry import (
-    NO_GRAD_YET,
     OPAQUE,
     REQUIRED,
     Bool,
+    GradOpSpec,
     Int,
     Ints,
+    default_grad,
+    grad_var_name,
     register_op,
 )
 from pdjit.ops._common import INDEX, check_dtype, int_values, norm_axis
@@ -80,7 +82,8 @@ register_op(
     "concat", inputs=["X*", "AxisTensor?"], outputs=["Out"], attrs={"axis": Int(0, low=-2,
                                                                               high=2)},
     traits=[OPAQUE], infer_shape=_concat_infer, reference=_concat_ref, emit=None,
-    grad=NO_GRAD_YET, doc="Out = the inputs joined along axis (AxisTensor overrides axis).")
+    grad=default_grad("concat_grad", fwd_inputs=("X", "AxisTensor")),
+    doc="Out = the inputs joined along axis (AxisTensor overrides axis).")
 
 
 def _stack_infer(X, *, axis):
@@ -99,7 +102,8 @@ def _stack_ref(X, *, axis):
 
 register_op("stack", inputs=["X*"], outputs=["Y"], attrs={"axis": Int(0, low=-2, high=2)},
             traits=[OPAQUE], infer_shape=_stack_infer, reference=_stack_ref, emit=None,
-            grad=NO_GRAD_YET, doc="Y = the inputs (of one shape) stacked along a new axis.")
+            grad=default_grad("stack_grad", grad_outputs=("Y",)),
+            doc="Y = the inputs (of one shape) stacked along a new axis.")
 
 
 def _split_sizes(dim, num, sections, where) -> list:
@@ -152,7 +156,8 @@ def _split_ref(X, AxisTensor=None, SectionsTensorList=None, *, num, sections, ax
 register_op(
     "split", inputs=["X", "AxisTensor?", "SectionsTensorList*?"], outputs=["Out*"],
     attrs={"sections": Ints([]), "num": Int(0, low=0, high=3), "axis": Int(0, low=-2, high=2)},
-    traits=[OPAQUE], infer_shape=_split_infer, reference=_split_ref, emit=None, grad=NO_GRAD_YET,
+    traits=[OPAQUE], infer_shape=_split_infer, reference=_split_ref, emit=None,
+    grad=lambda op: _split_grad(op),
     doc="Out = X cut along axis into num equal pieces, or pieces of the sizes in sections "
         "(one -1 takes the rest).")
 
@@ -201,25 +206,39 @@ def _slice_infer(Input, StartsTensor=None, EndsTensor=None, StartsTensorList=Non
     return {"Out": Input.with_(shape=tuple(out[a] for a in keep))}
 
 
-def _slice_ref(Input, StartsTensor=None, EndsTensor=None, StartsTensorList=None,
-               EndsTensorList=None, *, axes, starts, ends, infer_flags, decrease_axis):
+def _slice_index(shape, StartsTensor, EndsTensor, StartsTensorList, EndsTensorList, *, axes,
+                 starts, ends, decrease_axis):
+    """(the index of the slice into an array of ``shape``, its shape before decrease_axis, the
+    shape after), with tensor-valued bounds read."""
     starts = int_values(StartsTensorList) if StartsTensorList else \
         int_values(StartsTensor) if StartsTensor is not None else starts
     ends = int_values(EndsTensorList) if EndsTensorList else \
         int_values(EndsTensor) if EndsTensor is not None else ends
-    axes_n, out, keep = _slice_plan(Input.shape, axes, starts, ends, decrease_axis, True)
-    index = [slice(None)] * Input.ndim
+    axes_n, out, keep = _slice_plan(shape, axes, starts, ends, decrease_axis, True)
+    index = [slice(None)] * len(shape)
     for i, a in enumerate(axes_n):
-        index[a] = slice(*_clamp_range(int(starts[i]), int(ends[i]), Input.shape[a]))
-    return {"Out": np.ascontiguousarray(Input[tuple(index)]).reshape([out[a] for a in keep])}
+        index[a] = slice(*_clamp_range(int(starts[i]), int(ends[i]), shape[a]))
+    return tuple(index), tuple(out), tuple(out[a] for a in keep)
+
+
+def _slice_ref(Input, StartsTensor=None, EndsTensor=None, StartsTensorList=None,
+               EndsTensorList=None, *, axes, starts, ends, infer_flags, decrease_axis):
+    index, _, out = _slice_index(Input.shape, StartsTensor, EndsTensor, StartsTensorList,
+                                 EndsTensorList, axes=axes, starts=starts, ends=ends,
+                                 decrease_axis=decrease_axis)
+    return {"Out": np.ascontiguousarray(Input[index]).reshape(out)}
 
 
 register_op(
     "slice", inputs=["Input", "StartsTensor?", "EndsTensor?", "StartsTensorList*?",
                      "EndsTensorList*?"], outputs=["Out"],
-    attrs={"axes": Ints(REQUIRED), "starts": Ints([]), "ends": Ints([]), "infer_flags": Ints([]),
+    attrs={"axes": Ints(REQUIRED, choices=([0], [1], [0, 1])), "starts": Ints([]), "ends": Ints([]),
+           "infer_flags": Ints([]),
            "decrease_axis": Ints([])},
-    traits=[OPAQUE], infer_shape=_slice_infer, reference=_slice_ref, emit=None, grad=NO_GRAD_YET,
+    traits=[OPAQUE], infer_shape=_slice_infer, reference=_slice_ref, emit=None,
+    grad=default_grad("slice_grad", fwd_inputs=("Input", "StartsTensor", "EndsTensor",
+                                                "StartsTensorList", "EndsTensorList"),
+                      wrt=("Input",)),
     doc="Out = Input[starts:ends] along axes (Python-style bounds, clamped); decrease_axis "
         "drops those size-1 axes.")
 
@@ -239,7 +258,8 @@ def _gather_infer(X, Index, Axis=None, *, axis):
     return {"Out": X.with_(shape=X.shape[:a] + mid + X.shape[a + 1:])}
 
 
-def _gather_ref(X, Index, Axis=None, *, axis):
+def _gather_plan(X, Index, Axis, axis, what="gather"):
+    """(the axis gathered along, the indices as int64 in 0..n-1), every index checked."""
     if Axis is not None:
         axis = int_values(Axis)[0]
     a = norm_axis(axis, X.ndim, "axis")
@@ -247,15 +267,22 @@ def _gather_ref(X, Index, Axis=None, *, axis):
     idx = Index.reshape(-1) if Index.ndim == 2 else Index
     bad = (idx < -n) | (idx >= n)
     if np.any(bad):  # negative indices count from the end (Paddle 3.x); beyond that: an error
-        raise IndexError(f"gather: index {int(idx[bad].reshape(-1)[0])} is out of range for axis "
-                         f"{a} of size {n}: expected -{n} <= index < {n}")
-    return {"Out": np.take(X, idx.astype(np.int64), axis=a)}
+        raise IndexError(f"{what}: index {int(idx[bad].reshape(-1)[0])} is out of range for "
+                         f"axis {a} of size {n}: expected -{n} <= index < {n}")
+    idx = idx.astype(np.int64)
+    return a, np.where(idx < 0, idx + n, idx)
+
+
+def _gather_ref(X, Index, Axis=None, *, axis):
+    a, idx = _gather_plan(X, Index, Axis, axis)
+    return {"Out": np.take(X, idx, axis=a)}
 
 
 register_op(
     "gather", inputs=["X", "Index", "Axis?"], outputs=["Out"],
     attrs={"axis": Int(0, low=-2, high=2)}, traits=[OPAQUE], infer_shape=_gather_infer,
-    reference=_gather_ref, emit=None, grad=NO_GRAD_YET,
+    reference=_gather_ref, emit=None,
+    grad=default_grad("gather_grad", fwd_inputs=("X", "Index", "Axis")),
     doc="Out = X's slices at Index along axis (Axis, a 1-element tensor, overrides axis).")
 
 
@@ -288,3 +315,109 @@ register_op(
            "allow_out_of_range": Bool(False)},
     traits=[OPAQUE], infer_shape=_one_hot_infer, reference=_one_hot_ref, emit=None, grad=None,
     doc="Out = X's values one-hot encoded in a new last dim of size depth.")
+
+
+# ---- gradients ---------------------------------------------------------------------------------
+# Paddle's grad ops and slots: concat_grad (X, AxisTensor?, Out@GRAD -> X@GRAD list), split's
+# gradient is a plain ``concat`` of the Out@GRADs, stack_grad (X, Y@GRAD -> X@GRAD list),
+# slice_grad (the forward inputs and attrs + Out@GRAD -> Input@GRAD), gather_grad (X, Index,
+# Axis?, Out@GRAD -> X@GRAD). Each reads only shapes from the forward inputs.
+def _same_metas(slot):
+    """infer_shape of a grad op whose ``slot@GRAD`` output(s) mirror forward input ``slot``."""
+    return lambda **kw: {f"{slot}@GRAD": kw[slot]}
+
+
+def _concat_grad_ref(X, AxisTensor=None, *, axis, **kw):
+    g = kw["Out@GRAD"]
+    if AxisTensor is not None:
+        axis = int_values(AxisTensor)[0]
+    a = norm_axis(axis, X[0].ndim, "axis")
+    sizes = [x.shape[a] for x in X]
+    if g.ndim != X[0].ndim or g.shape[a] != sum(sizes):
+        raise ShapeMismatch(f"concat_grad: expected Out@GRAD with {sum(sizes)} entries along "
+                            f"axis {a} (the inputs' {sizes}), got shape {list(g.shape)}")
+    pieces = np.split(g, np.cumsum(sizes)[:-1], axis=a)
+    return {"X@GRAD": [np.ascontiguousarray(p, dtype=x.dtype) for p, x in zip(pieces, X)]}
+
+
+register_op(
+    "concat_grad", inputs=["X*", "AxisTensor?", "Out@GRAD"], outputs=["X@GRAD*?"],
+    attrs={"axis": Int(0)}, traits=[OPAQUE], infer_shape=_same_metas("X"),
+    reference=_concat_grad_ref, emit=None, grad=None,
+    doc="X@GRAD[i] = the piece of Out@GRAD that X[i] filled along axis; concat's gradient.")
+
+
+def _split_grad(op):
+    """split's gradient joins the Out@GRADs again: a ``concat`` along the same axis, as in
+    Paddle. An output nobody used has no gradient; the backward pass binds zeros for it."""
+    ins = {"X": [grad_var_name(n) for n in op.output("Out")]}
+    if op.input("AxisTensor"):
+        ins["AxisTensor"] = op.input("AxisTensor")
+    # Paddle copies num and sections too; pdjit's concat declares axis only, and needs no more
+    return [GradOpSpec("concat", ins, {"Out": [grad_var_name(n) for n in op.input("X")]},
+                       {"axis": op.attr("axis")})]
+
+
+def _stack_grad_ref(X, *, axis, **kw):
+    g = kw["Y@GRAD"]
+    a = norm_axis(axis, X[0].ndim + 1, "axis")
+    if g.ndim != X[0].ndim + 1 or g.shape[a] != len(X):
+        raise ShapeMismatch(f"stack_grad: expected Y@GRAD of rank {X[0].ndim + 1} with "
+                            f"{len(X)} entries along axis {a}, got shape {list(g.shape)}")
+    return {"X@GRAD": [np.ascontiguousarray(np.take(g, i, axis=a), dtype=x.dtype)
+                       for i, x in enumerate(X)]}
+
+
+register_op(
+    "stack_grad", inputs=["X*", "Y@GRAD"], outputs=["X@GRAD*?"], attrs={"axis": Int(0)},
+    traits=[OPAQUE], infer_shape=_same_metas("X"), reference=_stack_grad_ref, emit=None,
+    grad=None, doc="X@GRAD[i] = Y@GRAD's entry i along axis; stack's gradient.")
+
+
+def _slice_grad_ref(Input, StartsTensor=None, EndsTensor=None, StartsTensorList=None,
+                    EndsTensorList=None, *, axes, starts, ends, infer_flags, decrease_axis, **kw):
+    g = kw["Out@GRAD"]
+    index, full, out = _slice_index(Input.shape, StartsTensor, EndsTensor, StartsTensorList,
+                                    EndsTensorList, axes=axes, starts=starts, ends=ends,
+                                    decrease_axis=decrease_axis)
+    if g.shape != out:
+        raise ShapeMismatch(f"slice_grad: expected Out@GRAD of shape {list(out)} (the slice's), "
+                            f"got {list(g.shape)}")
+    dx = np.zeros(Input.shape, Input.dtype)
+    # decrease_axis dropped size-1 axes from Out: put them back before writing the slice
+    dx[index] = g.reshape(full)
+    return {"Input@GRAD": dx}
+
+
+register_op(
+    "slice_grad", inputs=["Input", "StartsTensor?", "EndsTensor?", "StartsTensorList*?",
+                          "EndsTensorList*?", "Out@GRAD"], outputs=["Input@GRAD?"],
+    attrs={"axes": Ints(REQUIRED, choices=([0], [1], [0, 1])), "starts": Ints([]), "ends": Ints([]),
+           "infer_flags": Ints([]),
+           "decrease_axis": Ints([])},
+    traits=[OPAQUE], infer_shape=_same_metas("Input"), reference=_slice_grad_ref, emit=None,
+    grad=None, doc="Input@GRAD = zeros with Out@GRAD written at the slice; slice's gradient.")
+
+
+def _gather_grad_ref(X, Index, Axis=None, *, axis, **kw):
+    g = kw["Out@GRAD"]
+    a, idx = _gather_plan(X, Index, Axis, axis, "gather_grad")
+    want = X.shape[:a] + idx.shape + X.shape[a + 1:]
+    if g.shape != want:
+        raise ShapeMismatch(f"gather_grad: expected Out@GRAD of shape {list(want)} (gather's "
+                            f"output), got {list(g.shape)}")
+    dx = np.zeros(X.shape, X.dtype)
+    # an index taken several times receives the sum of its rows' gradients: add.at
+    # accumulates repeats where plain fancy assignment would keep only the last
+    moved = np.moveaxis(dx, a, 0)
+    # (a 0-d Index took one slice and dropped the axis: g already has that slice's shape)
+    np.add.at(moved, idx, np.moveaxis(g, a, 0) if idx.ndim else g)
+    return {"X@GRAD": dx}
+
+
+register_op(
+    "gather_grad", inputs=["X", "Index", "Axis?", "Out@GRAD"], outputs=["X@GRAD?"],
+    attrs={"axis": Int(0)}, traits=[OPAQUE], infer_shape=_same_metas("X"),
+    reference=_gather_grad_ref, emit=None, grad=None,
+    doc="X@GRAD = zeros with Out@GRAD's slices added at Index along axis (repeated indices "
+        "add up); gather's gradient.")

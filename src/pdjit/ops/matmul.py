@@ -11,14 +11,26 @@ Semantics follow PaddlePaddle 3.3.1's legacy ops (measured, see /tmp/paddle_note
   does, that the batch sizes (products of the batch dims) be equal unless one operand has no
   batch dims: ``[1, 3, 4] x [2, 4, 5]`` is refused there, accepted by ``matmul_v2``.
 
-All three are OPAQUE library calls; ``emit`` is left to the compiler work.
+All three are OPAQUE library calls. Their gradients (``mul_grad``, ``matmul_grad``,
+``matmul_v2_grad``: ``X, Y, Out@GRAD -> X@GRAD?, Y@GRAD?``, Paddle's slots) are products too:
+for ``Out = op(X) @ op(Y)``, ``d op(X) = dOut @ op(Y)^T`` and ``d op(Y) = op(X)^T @ dOut``,
+transposed back where the forward transposed, and summed over the batch dims the forward
+broadcast. Rank-2 float operands lower to one ``np.dot`` per gradient.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from pdjit.framework.errors import ShapeMismatch
-from pdjit.framework.registry import NO_GRAD_YET, OPAQUE, Bool, Float, Int, Opaque, register_op
+from pdjit.framework.registry import (
+    OPAQUE,
+    Bool,
+    Float,
+    Int,
+    Opaque,
+    default_grad,
+    register_op,
+)
 from pdjit.ops._common import FLOATS, broadcast_dim, check_dtype, prod_known
 
 _INT_MATMUL = (np.dtype(np.int32), np.dtype(np.int64))
@@ -107,7 +119,7 @@ register_op(
     "mul", inputs=["X", "Y"], outputs=["Out"],
     attrs={"x_num_col_dims": Int(1, low=1, high=3), "y_num_col_dims": Int(1, low=1, high=3)},
     traits=[OPAQUE], infer_shape=_mul_infer, reference=_mul_ref, emit=Opaque(_mul_lower),
-    grad=NO_GRAD_YET,
+    grad=default_grad("mul_grad", fwd_inputs=("X", "Y"), wrt=("X", "Y")),
     doc="Out = flatten(X, x_num_col_dims) @ flatten(Y, y_num_col_dims), reshaped to "
         "X.shape[:x_num_col_dims] + Y.shape[y_num_col_dims:].")
 
@@ -184,7 +196,7 @@ register_op(
            "alpha": Float(1.0, low=-2.0, high=2.0), "head_number": Int(1, choices=(1,))},
     traits=[OPAQUE], infer_shape=_matmul_infer, reference=_matmul_ref,
     emit=Opaque(_matmul_2d_lower("transpose_X", "transpose_Y", "alpha")),
-    grad=NO_GRAD_YET,
+    grad=default_grad("matmul_grad", fwd_inputs=("X", "Y"), wrt=("X", "Y")),
     doc="Out = alpha * op(X) @ op(Y) over the last two dims (op transposes when asked), batch "
         "dims broadcast; 1-D X is a row, 1-D Y a column.")
 
@@ -206,5 +218,151 @@ register_op(
     attrs={"trans_x": Bool(False), "trans_y": Bool(False)},
     traits=[OPAQUE], infer_shape=_matmul_v2_infer, reference=_matmul_v2_ref,
     emit=Opaque(_matmul_2d_lower("trans_x", "trans_y")),
-    grad=NO_GRAD_YET,
+    grad=default_grad("matmul_v2_grad", fwd_inputs=("X", "Y"), wrt=("X", "Y")),
     doc="Out = op(X) @ op(Y) with NumPy batch broadcasting; 1-D X is a row, 1-D Y a column.")
+
+
+# ---- gradients ---------------------------------------------------------------------------------
+def _grad_infer(X, Y, **_):
+    """Each gradient has its forward operand's shape and dtype."""
+    return {"X@GRAD": X, "Y@GRAD": Y}
+
+
+def _check_out_grad(g: np.ndarray, want: tuple, op: str) -> None:
+    if g.size != _prod(want):
+        raise ShapeMismatch(f"{op}: Out@GRAD must have the forward output's shape: expected "
+                            f"{list(want)}, got {list(g.shape)}")
+
+
+def _sum_to(g: np.ndarray, shape: tuple) -> np.ndarray:
+    """Sum a gradient computed on broadcast batch dims back to an operand of ``shape``."""
+    extra = g.ndim - len(shape)
+    if extra > 0:
+        g = g.sum(axis=tuple(range(extra)))
+    axes = tuple(i for i, (a, b) in enumerate(zip(shape, g.shape)) if a == 1 and b != 1)
+    return g.sum(axis=axes, keepdims=True) if axes else g
+
+
+def _swap(a: np.ndarray) -> np.ndarray:
+    return np.swapaxes(a, -1, -2)
+
+
+def _matmul_grads(x, y, g, tx: bool, ty: bool, alpha: float, op: str):
+    """(dX, dY) of ``Out = alpha * op(X) @ op(Y)`` with the forward's vector and batch rules."""
+    # Work on the operands as the forward saw them: a vector X is a row [1, K], a vector Y a
+    # column [K, 1], and a vector ignores its transpose flag.
+    x2 = x.reshape((1,) + x.shape) if x.ndim == 1 else x
+    y2 = y.reshape(y.shape + (1,)) if y.ndim == 1 else y
+    tx, ty = tx and x.ndim > 1, ty and y.ndim > 1
+    xe = _swap(x2) if tx else x2
+    ye = _swap(y2) if ty else y2
+    batch = np.broadcast_shapes(xe.shape[:-2], ye.shape[:-2])
+    out2 = batch + (xe.shape[-2], ye.shape[-1])
+    _check_out_grad(g, out2, op)
+    g2 = g.reshape(out2)
+    if alpha != 1.0:
+        g2 = g2 * np.asarray(alpha, g.dtype)
+    dxe = np.matmul(g2, _swap(ye))      # d op(X) = dOut @ op(Y)^T
+    dye = np.matmul(_swap(xe), g2)      # d op(Y) = op(X)^T @ dOut
+    dx = _sum_to(_swap(dxe) if tx else dxe, x2.shape).reshape(x.shape)
+    dy = _sum_to(_swap(dye) if ty else dye, y2.shape).reshape(y.shape)
+    return dx.astype(x.dtype, copy=False), dy.astype(y.dtype, copy=False)
+
+
+def _mul_grad_ref(X, Y, *, x_num_col_dims, y_num_col_dims, **kw):
+    g = kw["Out@GRAD"]
+    xs, ys = X.shape, Y.shape
+    x2 = X.reshape(_prod(xs[:x_num_col_dims]), _prod(xs[x_num_col_dims:]))
+    y2 = Y.reshape(_prod(ys[:y_num_col_dims]), _prod(ys[y_num_col_dims:]))
+    _check_out_grad(g, (x2.shape[0], y2.shape[1]), "mul_grad")
+    g2 = g.reshape(x2.shape[0], y2.shape[1])
+    return {"X@GRAD": (g2 @ y2.T).reshape(xs).astype(X.dtype, copy=False),
+            "Y@GRAD": (x2.T @ g2).reshape(ys).astype(Y.dtype, copy=False)}
+
+
+def _grad_blas_ok(ctx) -> bool:
+    return _blas_ok(ctx) and ctx.dtype("Out@GRAD") == ctx.dtype("X")
+
+
+def _mul_grad_lower(ctx):
+    """Flatten as the forward does, then one np.dot per wanted gradient."""
+    if not _grad_blas_ok(ctx):
+        return None
+    xn, yn = ctx.attrs["x_num_col_dims"], ctx.attrs["y_num_col_dims"]
+    rx, ry = ctx.rank("X"), ctx.rank("Y")
+    X, Y, G = ctx.inp("X"), ctx.inp("Y"), ctx.inp("Out@GRAD")
+    x2, y2, g2 = ctx.tmp("x"), ctx.tmp("y"), ctx.tmp("g")
+    lines = [f"{x2} = {X}.reshape(({ctx.prod(X, 0, xn)}, {ctx.prod(X, xn, rx)}))",
+             f"{y2} = {Y}.reshape(({ctx.prod(Y, 0, yn)}, {ctx.prod(Y, yn, ry)}))",
+             f"{g2} = {G}.reshape(({x2}.shape[0], {y2}.shape[1]))"]
+    if ctx.has_output("X@GRAD"):
+        lines.append(f"{ctx.out('X@GRAD')} = np.dot({g2}, {y2}.T).reshape({X}.shape)")
+    if ctx.has_output("Y@GRAD"):
+        lines.append(f"{ctx.out('Y@GRAD')} = np.dot({x2}.T, {g2}).reshape({Y}.shape)")
+    return lines
+
+
+def _matmul_grad_2d_lower(tx_attr, ty_attr, alpha_attr=None):
+    """Rank-2 gradients as BLAS calls on (possibly transposed) views; other ranks decline.
+
+    With ``Out = op(X) @ op(Y)``: ``dX = dOut @ op(Y)^T`` (transposed back if X was), and
+    ``dY = op(X)^T @ dOut`` (likewise); each case below is that product with the transposes
+    folded into the operands so the result comes out of np.dot C-contiguous.
+    """
+    def lower(ctx):
+        if not _grad_blas_ok(ctx) or ctx.rank("X") != 2 or ctx.rank("Y") != 2 or \
+                ctx.rank("Out@GRAD") != 2:
+            return None
+        X, Y, G = ctx.inp("X"), ctx.inp("Y"), ctx.inp("Out@GRAD")
+        tx, ty = bool(ctx.attrs[tx_attr]), bool(ctx.attrs[ty_attr])
+        scale = ""
+        if alpha_attr and ctx.attrs[alpha_attr] != 1.0:
+            scale = f" * {ctx.T('X')}({float(ctx.attrs[alpha_attr])!r})"
+        dx = {(False, False): (G, f"{Y}.T"), (False, True): (G, Y),
+              (True, False): (Y, f"{G}.T"), (True, True): (f"{Y}.T", f"{G}.T")}[tx, ty]
+        dy = {(False, False): (f"{X}.T", G), (False, True): (f"{G}.T", X),
+              (True, False): (X, G), (True, True): (f"{G}.T", f"{X}.T")}[tx, ty]
+        lines = []
+        if ctx.has_output("X@GRAD"):
+            lines.append(f"{ctx.out('X@GRAD')} = np.dot({dx[0]}, {dx[1]}){scale}")
+        if ctx.has_output("Y@GRAD"):
+            lines.append(f"{ctx.out('Y@GRAD')} = np.dot({dy[0]}, {dy[1]}){scale}")
+        return lines
+    return lower
+
+
+register_op(
+    "mul_grad", inputs=["X", "Y", "Out@GRAD"], outputs=["X@GRAD?", "Y@GRAD?"],
+    attrs={"x_num_col_dims": Int(1, low=1, high=3), "y_num_col_dims": Int(1, low=1, high=3)},
+    traits=[OPAQUE], infer_shape=_grad_infer, reference=_mul_grad_ref,
+    emit=Opaque(_mul_grad_lower), grad=None,
+    doc="dX = dOut2 @ Y2^T and dY = X2^T @ dOut2 on the flattened operands, reshaped back.")
+
+
+def _matmul_grad_ref(X, Y, *, transpose_X, transpose_Y, alpha, **kw):
+    dx, dy = _matmul_grads(X, Y, kw["Out@GRAD"], transpose_X, transpose_Y, alpha, "matmul_grad")
+    return {"X@GRAD": dx, "Y@GRAD": dy}
+
+
+register_op(
+    "matmul_grad", inputs=["X", "Y", "Out@GRAD"], outputs=["X@GRAD?", "Y@GRAD?"],
+    attrs={"transpose_X": Bool(False), "transpose_Y": Bool(False),
+           "alpha": Float(1.0, low=-2.0, high=2.0), "head_number": Int(1, choices=(1,))},
+    traits=[OPAQUE], infer_shape=_grad_infer, reference=_matmul_grad_ref,
+    emit=Opaque(_matmul_grad_2d_lower("transpose_X", "transpose_Y", "alpha")), grad=None,
+    doc="Gradients of matmul: alpha * dOut @ op(Y)^T and alpha * op(X)^T @ dOut, transposed "
+        "back where the forward transposed, summed over broadcast batch dims.")
+
+
+def _matmul_v2_grad_ref(X, Y, *, trans_x, trans_y, **kw):
+    dx, dy = _matmul_grads(X, Y, kw["Out@GRAD"], trans_x, trans_y, 1.0, "matmul_v2_grad")
+    return {"X@GRAD": dx, "Y@GRAD": dy}
+
+
+register_op(
+    "matmul_v2_grad", inputs=["X", "Y", "Out@GRAD"], outputs=["X@GRAD?", "Y@GRAD?"],
+    attrs={"trans_x": Bool(False), "trans_y": Bool(False)},
+    traits=[OPAQUE], infer_shape=_grad_infer, reference=_matmul_v2_grad_ref,
+    emit=Opaque(_matmul_grad_2d_lower("trans_x", "trans_y")), grad=None,
+    doc="Gradients of matmul_v2: dOut @ op(Y)^T and op(X)^T @ dOut, transposed back where the "
+        "forward transposed, summed over broadcast batch dims.")

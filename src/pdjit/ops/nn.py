@@ -26,7 +26,6 @@ import numpy as np
 from pdjit.framework import random as prandom
 from pdjit.framework.errors import ShapeMismatch
 from pdjit.framework.registry import (
-    NO_GRAD_YET,
     OPAQUE,
     RANDOM,
     Bool,
@@ -35,6 +34,7 @@ from pdjit.framework.registry import (
     Long,
     Opaque,
     Str,
+    default_grad,
     register_op,
 )
 from pdjit.ops._common import FLOATS, INDEX, check_dtype, norm_axis
@@ -120,7 +120,8 @@ register_op(
     "softmax", inputs=["X"], outputs=["Out"], attrs={"axis": Int(-1, low=-1, high=1)},
     traits=[OPAQUE], infer_shape=_softmax_infer, reference=_softmax_ref,
     emit=Opaque(_softmax_lower),
-    grad=NO_GRAD_YET, doc="Out = exp(X - max) / sum(exp(X - max)) along axis.")
+    grad=default_grad("softmax_grad", fwd_inputs=(), fwd_outputs=("Out",)),
+    doc="Out = exp(X - max) / sum(exp(X - max)) along axis.")
 
 
 # ---- cross_entropy / cross_entropy2 (X holds probabilities) --------------------------------------
@@ -168,7 +169,8 @@ def _ce_ref(X, Label, *, soft_label, ignore_index):
 register_op(
     "cross_entropy", inputs=["X", "Label"], outputs=["Y"],
     attrs={"soft_label": Bool(False), **_IGNORE},
-    traits=[OPAQUE], infer_shape=_ce_infer, reference=_ce_ref, emit=None, grad=NO_GRAD_YET,
+    traits=[OPAQUE], infer_shape=_ce_infer, reference=_ce_ref, emit=None,
+    grad=default_grad("cross_entropy_grad", fwd_inputs=("X", "Label"), grad_outputs=("Y",)),
     doc="Y = -log(X[label]) (hard) or -sum(Label * log(X)) (soft); X holds probabilities.")
 
 
@@ -196,7 +198,9 @@ def _ce2_ref(X, Label, *, ignore_index):
 register_op(
     "cross_entropy2", inputs=["X", "Label"], outputs=["Y", "XShape~", "MatchX~"],
     attrs=dict(_IGNORE), traits=[OPAQUE], infer_shape=_ce2_infer, reference=_ce2_ref,
-    emit=None, grad=NO_GRAD_YET,
+    emit=None,
+    grad=default_grad("cross_entropy_grad2", fwd_inputs=("Label",),
+                      fwd_outputs=("XShape", "MatchX"), grad_outputs=("Y",)),
     doc="Hard-label cross entropy of probabilities: Y = -log(MatchX), MatchX = X[label].")
 
 
@@ -241,7 +245,9 @@ register_op(
     "softmax_with_cross_entropy", inputs=["Logits", "Label"], outputs=["Softmax", "Loss"],
     attrs={"soft_label": Bool(False), "use_softmax": Bool(True),
            "numeric_stable_mode": Bool(True), **_IGNORE, "axis": Int(-1, low=-1, high=1)},
-    traits=[OPAQUE], infer_shape=_swce_infer, reference=_swce_ref, emit=None, grad=NO_GRAD_YET,
+    traits=[OPAQUE], infer_shape=_swce_infer, reference=_swce_ref, emit=None,
+    grad=default_grad("softmax_with_cross_entropy_grad", fwd_inputs=("Label",),
+                      fwd_outputs=("Softmax",), grad_outputs=("Loss",), wrt=("Logits",)),
     doc="Softmax = softmax(Logits, axis); Loss = cross entropy of Softmax against Label, "
         "computed as -log_softmax.")
 
@@ -324,7 +330,7 @@ register_op(
            # runtime extra attrs in Paddle; declared so a fixed seed can be recorded
            "seed": Int(0, low=0, high=1000), "fix_seed": Bool(False)},
     traits=[OPAQUE, RANDOM], infer_shape=_dropout_infer, reference=_dropout_ref, emit=None,
-    grad=NO_GRAD_YET,
+    grad=default_grad("dropout_grad", fwd_inputs=(), fwd_outputs=("Mask",)),
     doc="Out = X where a uniform draw >= dropout_prob else 0, scaled per "
         "dropout_implementation; Mask (uint8) records what was kept.")
 
@@ -354,5 +360,224 @@ register_op(
            "is_sparse": Bool(False), "is_distributed": Bool(False),
            "remote_prefetch": Bool(False)},
     traits=[OPAQUE], infer_shape=_lookup_infer, reference=_lookup_ref, emit=None,
-    grad=NO_GRAD_YET,
+    grad=default_grad("lookup_table_v2_grad", fwd_inputs=("W", "Ids"), wrt=("W",)),
     doc="Out[..., :] = W[Ids[...], :]; rows for padding_idx (unless -1) are zeros.")
+
+
+# ---- gradients ---------------------------------------------------------------------------------
+# Slots and formulas are Paddle 3.3.1's CPU grad kernels (checked numerically against Paddle):
+# each grad op reads what its Paddle counterpart reads, so a program differentiated here has the
+# same grad ops as one differentiated by Paddle.
+def _same_size(g: np.ndarray, want: tuple, what: str) -> None:
+    if g.size != int(np.prod(want, dtype=np.int64)):
+        raise ShapeMismatch(f"{what} must have the forward output's shape: expected "
+                            f"{list(want)}, got {list(g.shape)}")
+
+
+def _softmax_grad_infer(Out, **_):
+    return {"X@GRAD": Out}
+
+
+def _softmax_grad_ref(Out, *, axis, **kw):
+    g = kw["Out@GRAD"]
+    _same_size(g, Out.shape, "softmax_grad: Out@GRAD")
+    if Out.ndim == 0:  # softmax of a scalar is the constant 1
+        return {"X@GRAD": np.zeros_like(Out)}
+    g = g.reshape(Out.shape)
+    ax = norm_axis(axis, Out.ndim)
+    # dX = Out * (dOut - sum(dOut * Out)) along axis: the softmax Jacobian applied to dOut
+    dx = Out * (g - (g * Out).sum(axis=ax, keepdims=True))
+    return {"X@GRAD": dx.astype(Out.dtype, copy=False)}
+
+
+def _softmax_grad_lower(ctx):
+    """The last-axis case, row by row: one dot product, then one scaled difference."""
+    r = ctx.rank("Out")
+    if r == 0 or ctx.dtype("Out").kind != "f" or ctx.dtype("Out@GRAD") != ctx.dtype("Out") \
+            or ctx.attrs["axis"] not in (-1, r - 1):
+        return None
+    O, G, T = ctx.inp("Out"), ctx.inp("Out@GRAD"), ctx.T("Out")
+    dx = ctx.out("X@GRAD")
+    o2, g2, d2, i, j, s = (ctx.tmp(h) for h in ("o", "g", "d", "i", "j", "s"))
+    return [
+        f"if {G}.size != {O}.size: raise ValueError('pdjit: softmax_grad shapes differ')",
+        f"{o2} = {O}.reshape(({ctx.prod(O, 0, r - 1)}, {O}.shape[{r - 1}]))",
+        f"{g2} = {G}.reshape({o2}.shape)",
+        f"{dx} = np.empty_like({O})",
+        f"{d2} = {dx}.reshape({o2}.shape)",
+        f"for {i} in range({o2}.shape[0]):",
+        f"    {s} = {T}(0)",
+        f"    for {j} in range({o2}.shape[1]):",
+        f"        {s} += {o2}[{i}, {j}] * {g2}[{i}, {j}]",
+        f"    for {j} in range({o2}.shape[1]):",
+        f"        {d2}[{i}, {j}] = {o2}[{i}, {j}] * ({g2}[{i}, {j}] - {s})",
+    ]
+
+
+register_op(
+    "softmax_grad", inputs=["Out", "Out@GRAD"], outputs=["X@GRAD?"],
+    attrs={"axis": Int(-1, low=-1, high=1)}, traits=[OPAQUE], infer_shape=_softmax_grad_infer,
+    reference=_softmax_grad_ref, emit=Opaque(_softmax_grad_lower), grad=None,
+    doc="dX = Out * (dOut - sum(dOut * Out, axis)).")
+
+
+def _x_grad_infer(X, **_):
+    return {"X@GRAD": X}
+
+
+def _ce_grad_ref(X, Label, *, soft_label, ignore_index, **kw):
+    lead = X.shape[:-1] + (1,)
+    dy = kw["Y@GRAD"]
+    _same_size(dy, lead, "cross_entropy_grad: Y@GRAD")
+    dy = dy.reshape(lead)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if soft_label:  # d(-sum(L * log X))/dX = -L / X (Paddle: no TolerableValue here)
+            dx = -Label * dy / X
+        else:
+            picked, ignored = _pick(X, Label, ignore_index)
+            lab = np.where(ignored, 0, Label.reshape(lead).astype(np.int64))
+            dx = np.zeros_like(X)
+            np.put_along_axis(dx, lab, np.where(ignored, np.zeros((), X.dtype), -dy / picked),
+                              axis=-1)
+    return {"X@GRAD": dx.astype(X.dtype, copy=False)}
+
+
+register_op(
+    "cross_entropy_grad", inputs=["X", "Label", "Y@GRAD"], outputs=["X@GRAD?"],
+    attrs={"soft_label": Bool(False), **_IGNORE}, traits=[OPAQUE], infer_shape=_x_grad_infer,
+    reference=_ce_grad_ref, emit=None, grad=None,
+    doc="dX = -dY / X at each row's label (hard; 0 elsewhere and on ignored rows) or "
+        "-Label * dY / X (soft).")
+
+
+def _ce2_grad_infer(XShape, **_):
+    # XShape is X's shape with a trailing 0 (it holds no data): X@GRAD gets X's shape back
+    return {"X@GRAD": XShape.with_(shape=XShape.shape[:-1])}
+
+
+def _ce2_grad_ref(XShape, Label, MatchX, *, ignore_index, **kw):
+    x_shape = XShape.shape[:-1]
+    lead = x_shape[:-1] + (1,)
+    dy = kw["Y@GRAD"]
+    _same_size(dy, lead, "cross_entropy_grad2: Y@GRAD")
+    lab = Label.reshape(lead).astype(np.int64)
+    check_ids(lab, x_shape[-1], "Label", ignore_index)
+    ignored = lab == ignore_index
+    dx = np.zeros(x_shape, MatchX.dtype)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        val = np.where(ignored, np.zeros((), MatchX.dtype),
+                       -dy.reshape(lead) / MatchX.reshape(lead))
+    np.put_along_axis(dx, np.where(ignored, 0, lab), val.astype(MatchX.dtype, copy=False), axis=-1)
+    return {"X@GRAD": dx}
+
+
+register_op(
+    "cross_entropy_grad2", inputs=["XShape", "Label", "MatchX", "Y@GRAD"], outputs=["X@GRAD?"],
+    attrs=dict(_IGNORE), traits=[OPAQUE], infer_shape=_ce2_grad_infer,
+    reference=_ce2_grad_ref, emit=None, grad=None,
+    doc="dX = -dY / MatchX at each row's label, 0 elsewhere and on ignored rows; X's shape "
+        "comes from XShape.")
+
+
+def _swce_grad_infer(Softmax, **_):
+    return {"Logits@GRAD": Softmax}
+
+
+def _swce_grad_ref(Label, Softmax, *, soft_label, use_softmax, ignore_index, axis, **kw):
+    ax = norm_axis(axis, Softmax.ndim)
+    sm = np.moveaxis(Softmax, ax, -1)
+    lead = sm.shape[:-1] + (1,)
+    dl = kw["Loss@GRAD"]
+    _same_size(dl, lead, "softmax_with_cross_entropy_grad: Loss@GRAD")
+    dl = np.moveaxis(dl.reshape(Softmax.shape[:ax] + (1,) + Softmax.shape[ax + 1:]), ax, -1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if soft_label:
+            lab = np.moveaxis(Label, ax, -1)
+            # Paddle's kernel assumes each soft label sums to 1: softmax - label, not
+            # softmax * sum(label) - label
+            dx = (sm - lab) * dl if use_softmax else -lab / sm * dl
+        else:
+            lab = np.moveaxis(Label, ax, -1).astype(np.int64).reshape(lead)
+            check_ids(lab, sm.shape[-1], "Label", ignore_index)
+            ignored = lab == ignore_index
+            safe = np.where(ignored, 0, lab)
+            if use_softmax:  # softmax - one_hot(label)
+                dx = sm.copy()
+                np.put_along_axis(dx, safe, np.take_along_axis(sm, safe, axis=-1) - 1, axis=-1)
+            else:  # Softmax holds the probabilities themselves: -1 / p at the label
+                dx = np.zeros_like(sm)
+                np.put_along_axis(dx, safe, -1 / np.take_along_axis(sm, safe, axis=-1), axis=-1)
+            dx = np.where(ignored, np.zeros((), sm.dtype), dx * dl)
+    return {"Logits@GRAD": np.ascontiguousarray(np.moveaxis(dx, -1, ax))
+            .astype(Softmax.dtype, copy=False)}
+
+
+register_op(
+    "softmax_with_cross_entropy_grad", inputs=["Label", "Softmax", "Loss@GRAD"],
+    outputs=["Logits@GRAD?"],
+    attrs={"soft_label": Bool(False), "use_softmax": Bool(True),
+           "numeric_stable_mode": Bool(True), **_IGNORE, "axis": Int(-1, low=-1, high=1)},
+    traits=[OPAQUE], infer_shape=_swce_grad_infer, reference=_swce_grad_ref, emit=None,
+    grad=None,
+    doc="dLogits = (Softmax - onehot(Label)) * dLoss (hard; 0 on ignored rows) or "
+        "(Softmax - Label) * dLoss (soft); with use_softmax=False, -Label / Softmax * dLoss.")
+
+
+def _dropout_grad_infer(Mask, **kw):
+    return {"X@GRAD": kw["Out@GRAD"]}
+
+
+def _dropout_grad_ref(Mask, *, dropout_prob, is_test, dropout_implementation, **kw):
+    g = kw["Out@GRAD"]
+    p = float(dropout_prob)
+    upscale = dropout_implementation == "upscale_in_train"
+    if is_test:  # the forward was a fixed scaling: 1 (upscale) or 1 - p (downgrade)
+        dx = g.copy() if upscale else g * np.asarray(1.0 - p, g.dtype)
+        return {"X@GRAD": dx.astype(g.dtype, copy=False)}
+    if Mask.shape != g.shape:
+        raise ShapeMismatch(f"dropout_grad: Mask must have Out@GRAD's shape: expected "
+                            f"{list(g.shape)}, got {list(Mask.shape)}")
+    keep = Mask.astype(g.dtype)
+    if upscale:
+        dx = g * keep / np.asarray(1.0 - p, g.dtype) if p < 1.0 else np.zeros_like(g)
+    else:
+        dx = g * keep
+    return {"X@GRAD": dx.astype(g.dtype, copy=False)}
+
+
+register_op(
+    "dropout_grad", inputs=["Mask", "Out@GRAD"], outputs=["X@GRAD?"],
+    attrs={"dropout_prob": Float(0.5, low=0.0, high=1.0), "is_test": Bool(False),
+           "dropout_implementation": Str("downgrade_in_infer", choices=_DROPOUT_IMPLS),
+           "seed": Int(0, low=0, high=1000), "fix_seed": Bool(False)},
+    traits=[OPAQUE], infer_shape=_dropout_grad_infer, reference=_dropout_grad_ref, emit=None,
+    grad=None,
+    doc="dX = dOut * Mask (scaled by 1 / (1 - p) with upscale_in_train); in test mode the "
+        "forward's fixed scale.")
+
+
+def _lookup_grad_infer(W, Ids, **_):
+    return {"W@GRAD": W}
+
+
+def _lookup_grad_ref(W, Ids, *, padding_idx, **kw):
+    g = kw["Out@GRAD"]
+    ids = Ids.astype(np.int64).reshape(-1)
+    width = W.shape[1]
+    _same_size(g, (ids.size, width), "lookup_table_v2_grad: Out@GRAD")
+    pad = ids == padding_idx if padding_idx != -1 else np.zeros(ids.shape, bool)
+    check_ids(np.where(pad, 0, ids), W.shape[0], "Ids")
+    dw = np.zeros(W.shape, W.dtype)
+    # a row looked up several times collects every lookup's gradient; padding rows get none
+    np.add.at(dw, ids[~pad], g.reshape(ids.size, width)[~pad])
+    return {"W@GRAD": dw}
+
+
+register_op(
+    "lookup_table_v2_grad", inputs=["W", "Ids", "Out@GRAD"], outputs=["W@GRAD?"],
+    attrs={"padding_idx": Long(-1, low=-1, high=3), "is_sparse": Bool(False),
+           "is_distributed": Bool(False), "remote_prefetch": Bool(False)},
+    traits=[OPAQUE], infer_shape=_lookup_grad_infer, reference=_lookup_grad_ref, emit=None,
+    grad=None,
+    doc="W@GRAD (dense) = sum of Out@GRAD rows over the lookups of each row; padding_idx's "
+        "row stays zero.")

@@ -13,6 +13,19 @@ Semantics follow PaddlePaddle 3.3.1's legacy ops (checked against it while writi
 - ``arg_max``/``arg_min`` return the first index of the extreme value; ``top_k*`` order ties by
   index (lowest first). Paddle's tie order is its partial sort's and is not specified, so equal
   values may come back in another order there.
+
+Gradients (Paddle's grad ops and slots; all ``OPAQUE``, run by their references for now):
+
+- ``reduce_<op>_grad`` reads ``X`` (for its shape), ``Out`` (max/min/prod) and ``Out@GRAD``,
+  with the forward attributes, and writes ``X@GRAD``; ``mean_grad`` reads ``X`` and ``Out@GRAD``.
+- ``reduce_max``/``reduce_min``: Paddle 3.3.1 splits the gradient equally among the positions
+  equal to the extreme (``[1, 3, 3]`` gets ``[0, .5, .5]``), which is what is done here.
+- ``reduce_prod``: the gradient is the product of the other elements, computed without
+  dividing; Paddle computes ``Out / X`` and gives NaN where X is 0.
+- ``sum`` (add_n): one ``scale`` (factor 1) of ``Out@GRAD`` per input, as Paddle emits; an
+  input listed twice gets two, which the backward pass sums.
+- ``top_k``/``top_k_v2``: ``top_k*_grad`` reads ``X``, ``K``, ``Indices`` and ``Out@GRAD`` and
+  scatters the gradient to the selected positions (zero elsewhere); indices get none.
 """
 from __future__ import annotations
 
@@ -22,15 +35,17 @@ from pdjit.framework import dtypes
 from pdjit.framework.errors import ShapeMismatch
 from pdjit.framework.registry import (
     ELEMENTWISE,
-    NO_GRAD_YET,
     OPAQUE,
     REDUCTION,
     REQUIRED,
     Bool,
+    GradOpSpec,
     Int,
     Ints,
     Long,
     Reduce,
+    default_grad,
+    grad_var_name,
     register_op,
 )
 from pdjit.ops._common import FLOATS, INDEX, NUMERIC, check_dtype, norm_axis
@@ -153,12 +168,72 @@ def _reduce_emit(op_type):
     return emit
 
 
+# ---- reduce_*_grad -----------------------------------------------------------------------------
+def _others_product(x, axes):
+    """For every element, the product of the other elements of its reduced group.
+
+    Exclusive prefix and suffix products over the flattened reduced axes: exact where X holds
+    zeros (dividing Out by X, as Paddle does, gives NaN there).
+    """
+    rest = [a for a in range(x.ndim) if a not in axes]
+    moved = np.transpose(x, rest + list(axes))
+    lead = moved.shape[:len(rest)]
+    flat = moved.reshape(lead + (-1,))
+    ones = np.ones(lead + (1,), x.dtype)
+    before = np.cumprod(np.concatenate([ones, flat[..., :-1]], axis=-1), axis=-1)
+    after = np.flip(np.cumprod(np.flip(np.concatenate([flat[..., 1:], ones], axis=-1), -1),
+                               axis=-1), -1)
+    prod = (before * after).reshape(moved.shape)
+    return np.transpose(prod, np.argsort(rest + list(axes)))
+
+
+def _make_reduce_grad(op_type):
+    def infer(X, *, dim, keep_dim, reduce_all, in_dtype, out_dtype, **_):
+        return {"X@GRAD": X}
+
+    def ref(X, Out=None, *, dim, keep_dim, reduce_all, in_dtype, out_dtype, **kw):
+        g = kw["Out@GRAD"]
+        x = X.astype(dtypes.to_numpy(in_dtype), copy=False) if in_dtype not in (-1, None) else X
+        axes = _reduce_axes(X.shape, dim, reduce_all)
+        kept = _reduced_shape(X.shape, axes, True)
+        want = _reduced_shape(X.shape, axes, keep_dim)
+        if g.shape != want:
+            raise ShapeMismatch(f"{op_type}_grad: expected Out@GRAD of shape {list(want)} (X "
+                                f"{list(X.shape)} reduced over {list(axes)}), got "
+                                f"{list(g.shape)}")
+        g = g.reshape(kept)  # the reduced axes back as 1s, to broadcast against X
+        if op_type == "reduce_sum":
+            dx = np.broadcast_to(g, X.shape)
+        elif op_type == "reduce_mean":
+            n = max(int(np.prod([X.shape[a] for a in axes])), 1)
+            dx = np.broadcast_to(g / n, X.shape)
+        elif op_type == "reduce_prod":
+            dx = g * _others_product(x, axes)
+        else:  # max / min: shared equally by every position equal to the extreme (Paddle's rule)
+            if Out is None:
+                raise ShapeMismatch(f"{op_type}_grad: expected input Out (the forward result), "
+                                    f"got none")
+            hit = x == Out.reshape(kept)
+            dx = g * hit / np.sum(hit, axis=axes, keepdims=True)
+        return {"X@GRAD": np.array(dx, dtype=X.dtype)}
+
+    return infer, ref
+
+
 for _t in ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod"):
     _infer, _ref = _make_reduce(_t)
+    _reads_out = ("Out",) if _t in ("reduce_max", "reduce_min", "reduce_prod") else ()
     register_op(_t, inputs=["X"], outputs=["Out"], attrs=dict(_REDUCE_ATTRS), traits=[REDUCTION],
-                infer_shape=_infer, reference=_ref, emit=_reduce_emit(_t), grad=NO_GRAD_YET,
+                infer_shape=_infer, reference=_ref, emit=_reduce_emit(_t),
+                grad=default_grad(f"{_t}_grad", fwd_outputs=_reads_out),
                 doc=f"Out = {_t[7:]} of X over the axes in dim (all axes when dim is empty or "
                     f"reduce_all); keep_dim keeps them as size 1.")
+    _infer, _ref = _make_reduce_grad(_t)
+    register_op(f"{_t}_grad", inputs=["X", "Out?", "Out@GRAD"], outputs=["X@GRAD?"],
+                attrs=dict(_REDUCE_ATTRS), traits=[OPAQUE], infer_shape=_infer, reference=_ref,
+                emit=None, grad=None,
+                doc=f"X@GRAD = the gradient of {_t}: Out@GRAD spread back over the reduced "
+                    f"axes of X.")
 
 
 # ---- mean: the mean of every element, a 0-d result --------------------------------------------
@@ -171,8 +246,22 @@ register_op(
     "mean", inputs=["X"], outputs=["Out"], traits=[REDUCTION], infer_shape=_mean_infer,
     reference=lambda X: {"Out": np.asarray(_mean(X, tuple(range(X.ndim)), False, X.dtype))
                          .astype(X.dtype)},
-    emit=_reduce_emit("reduce_mean"), grad=NO_GRAD_YET,
+    emit=_reduce_emit("reduce_mean"), grad=default_grad("mean_grad"),
     doc="Out = the mean of every element of X (a 0-d tensor).")
+
+
+def _mean_grad_ref(X, **kw):
+    g = kw["Out@GRAD"]
+    if g.size != 1:
+        raise ShapeMismatch(f"mean_grad: expected a one-element Out@GRAD, got shape "
+                            f"{list(g.shape)}")
+    return {"X@GRAD": np.full(X.shape, g.reshape(-1)[0] / max(X.size, 1), dtype=X.dtype)}
+
+
+register_op(
+    "mean_grad", inputs=["X", "Out@GRAD"], outputs=["X@GRAD?"], traits=[OPAQUE],
+    infer_shape=lambda X, **_: {"X@GRAD": X}, reference=_mean_grad_ref, emit=None, grad=None,
+    doc="X@GRAD = Out@GRAD / X.size everywhere (gradient of mean).")
 
 
 # ---- sum: X[0] + X[1] + ... (Paddle's add_n) --------------------------------------------------
@@ -205,9 +294,22 @@ def _sum_ref(X):
     return {"Out": out}
 
 
+def _sum_grad(op):
+    """Paddle's grad of add_n: ``X[i]@GRAD = scale(Out@GRAD, 1)`` for each input, one op each.
+
+    A copy per input rather than sharing Out@GRAD: every gradient variable stays written once
+    (the backward pass renames and sums an input listed twice). Paddle 3.3.1 emits exactly
+    these ``scale`` ops, with only ``scale`` set.
+    """
+    (out,) = op.output("Out")
+    return [GradOpSpec("scale", {"X": [grad_var_name(out)]}, {"Out": [grad_var_name(n)]},
+                       {"scale": 1.0})
+            for n in op.input("X")]
+
+
 register_op(
     "sum", inputs=["X*"], outputs=["Out"], traits=[ELEMENTWISE], infer_shape=_sum_infer,
-    reference=_sum_ref, emit=None, grad=NO_GRAD_YET,
+    reference=_sum_ref, emit=None, grad=_sum_grad,
     doc="Out = X[0] + X[1] + ..., inputs of one shape and dtype.")
 
 
@@ -303,12 +405,55 @@ def _topk_ref(X, K, k, axis, largest, op_type):
     return {"Out": np.take_along_axis(X, idx, axis=a), "Indices": idx.astype(INT64)}
 
 
+def _make_topk_grad(op_type, axis_of):
+    """``top_k*_grad``: Out@GRAD scattered into zeros of X's shape at Indices along the axis."""
+    def infer(X, K=None, Indices=None, **_):
+        return {"X@GRAD": X}
+
+    def ref(X, K=None, Indices=None, **kw):
+        g = kw["Out@GRAD"]
+        if Indices is None or Indices.shape != g.shape:
+            raise ShapeMismatch(f"{op_type}_grad: expected Indices of Out@GRAD's shape "
+                                f"{list(g.shape)}, got "
+                                f"{None if Indices is None else list(Indices.shape)}")
+        dx = np.zeros(X.shape, X.dtype)
+        if X.ndim == 0:
+            dx[()] = g
+            return {"X@GRAD": dx}
+        a = norm_axis(axis_of(kw), X.ndim, "axis")
+        n = X.shape[a]
+        if Indices.size and (Indices.min() < 0 or Indices.max() >= n):
+            raise IndexError(f"{op_type}_grad: expected Indices in [0, {n}), got values in "
+                             f"[{Indices.min()}, {Indices.max()}]")
+        # add, not assign: right even if an index were repeated
+        where = list(np.indices(g.shape, sparse=True))
+        where[a] = Indices
+        np.add.at(dx, tuple(where), g.astype(X.dtype, copy=False))
+        return {"X@GRAD": dx}
+
+    return infer, ref
+
+
+for _t, _axis_of, _attrs in (
+        ("top_k", lambda kw: -1, {"k": Int(1, low=1, high=3)}),
+        ("top_k_v2", lambda kw: kw["axis"],
+         {"k": Int(1, low=1, high=3), "axis": Int(-1, low=-1, high=3), "largest": Bool(True),
+          "sorted": Bool(True)})):
+    _infer, _ref = _make_topk_grad(_t, _axis_of)
+    register_op(f"{_t}_grad", inputs=["X", "K?", "Indices", "Out@GRAD"], outputs=["X@GRAD?"],
+                attrs=_attrs, traits=[OPAQUE], infer_shape=_infer, reference=_ref, emit=None,
+                grad=None,
+                doc=f"X@GRAD = zeros of X's shape with Out@GRAD added at Indices (gradient of "
+                    f"{_t}).")
+
+_TOPK_GRAD = dict(fwd_inputs=("X", "K"), fwd_outputs=("Indices",), grad_outputs=("Out",))
+
 register_op(
     "top_k", inputs=["X", "K?"], outputs=["Out", "Indices"],
     attrs={"k": Int(1, low=1, high=3)}, traits=[OPAQUE],
     infer_shape=lambda X, K=None, *, k: _topk_infer(X, K, k, -1, "top_k"),
     reference=lambda X, K=None, *, k: _topk_ref(X, K, k, -1, True, "top_k"),
-    emit=None, grad=NO_GRAD_YET,
+    emit=None, grad=default_grad("top_k_grad", **_TOPK_GRAD),
     doc="Out, Indices = the k largest values of X along its last axis (descending), and their "
         "int64 indices; K (a 1-element tensor) overrides k.")
 
@@ -322,6 +467,6 @@ register_op(
     # sorted=False leaves the order unspecified in Paddle; returning it sorted is one valid order
     reference=lambda X, K=None, *, k, axis, largest, sorted: _topk_ref(X, K, k, axis, largest,
                                                                       "top_k_v2"),
-    emit=None, grad=NO_GRAD_YET,
+    emit=None, grad=default_grad("top_k_v2_grad", **_TOPK_GRAD),
     doc="Out, Indices = the k largest (or smallest) values of X along axis, sorted, and their "
         "int64 indices; ties keep the lower index first.")

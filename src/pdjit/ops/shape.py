@@ -16,13 +16,13 @@ import numpy as np
 
 from pdjit.framework.errors import ShapeMismatch
 from pdjit.framework.registry import (
-    NO_GRAD_YET,
     OPAQUE,
     REQUIRED,
     VIEW,
     Bool,
     Ints,
     Opaque,
+    default_grad,
     register_op,
 )
 from pdjit.ops._common import int_values, norm_axis, prod_known
@@ -132,14 +132,14 @@ register_op(
     "reshape2", inputs=_SHAPE_IN, outputs=["Out", "XShape~"],
     attrs={"shape": Ints([]), "use_quantizer": Bool(False)}, traits=[VIEW],
     infer_shape=_reshape_infer, reference=_reshape_ref, emit=Opaque(_reshape_lower),
-    grad=NO_GRAD_YET,
+    grad=default_grad("reshape2_grad", fwd_inputs=(), fwd_outputs=("XShape",)),
     doc="Out = X with a new shape: 0 copies X's dim, -1 is inferred; ShapeTensor (a list of "
         "1-element tensors) or Shape (a 1-D tensor) override the shape attribute.")
 # the old ops without XShape share the functions: results for undeclared slots are ignored
 register_op(
     "reshape", inputs=_SHAPE_IN, outputs=["Out"], attrs={"shape": Ints([])}, traits=[VIEW],
     infer_shape=_reshape_infer, reference=_reshape_ref, emit=Opaque(_reshape_lower),
-    grad=NO_GRAD_YET,
+    grad=default_grad("reshape_grad"),
     doc="reshape2 without XShape (the old op).")
 
 
@@ -164,7 +164,7 @@ def _transpose_ref(X, *, axis):
             "XShape": _xshape(X)}
 
 
-_AXIS_PERM = {"axis": Ints(REQUIRED)}
+_AXIS_PERM = {"axis": Ints(REQUIRED, choices=([1, 0], [0, 2, 1], [2, 0, 1]))}
 def _transpose_lower(ctx):
     X, r = ctx.inp("X"), ctx.rank("X")
     perm = [int(a) % max(r, 1) for a in ctx.attrs["axis"]]
@@ -177,10 +177,11 @@ def _transpose_lower(ctx):
 register_op("transpose2", inputs=["X"], outputs=["Out", "XShape~"], attrs=dict(_AXIS_PERM),
             traits=[OPAQUE], infer_shape=_transpose_infer, reference=_transpose_ref,
             emit=Opaque(_transpose_lower),
-            grad=NO_GRAD_YET, doc="Out = X with its dims permuted: Out.dim[i] = X.dim[axis[i]].")
+            grad=default_grad("transpose2_grad", fwd_inputs=(), fwd_outputs=("XShape",)),
+            doc="Out = X with its dims permuted: Out.dim[i] = X.dim[axis[i]].")
 register_op("transpose", inputs=["X"], outputs=["Out"], attrs=dict(_AXIS_PERM), traits=[OPAQUE],
             infer_shape=_transpose_infer, reference=_transpose_ref,
-            emit=Opaque(_transpose_lower), grad=NO_GRAD_YET,
+            emit=Opaque(_transpose_lower), grad=default_grad("transpose_grad"),
             doc="transpose2 without XShape (the old op).")
 
 
@@ -233,7 +234,8 @@ register_op(
                                     "XShape": X.with_(shape=(0,) + X.shape)},
     reference=lambda X, *, axes: {"Out": X.reshape(squeeze_shape(X.shape, axes, True)),
                                   "XShape": _xshape(X)},
-    emit=Opaque(lambda ctx: _squeeze_lower(ctx)), grad=NO_GRAD_YET,
+    emit=Opaque(lambda ctx: _squeeze_lower(ctx)),
+    grad=default_grad("squeeze2_grad", fwd_inputs=(), fwd_outputs=("XShape",)),
     doc="Out = X without its size-1 dims among axes (every size-1 dim when axes is empty); "
         "dims of other sizes are left in place.")
 
@@ -263,7 +265,8 @@ register_op(
     "unsqueeze2", inputs=["X", "AxesTensor?", "AxesTensorList*?"], outputs=["Out", "XShape~"],
     attrs={"axes": Ints([])}, traits=[VIEW], infer_shape=_unsqueeze_infer,
     reference=_unsqueeze_ref, emit=Opaque(lambda ctx: _unsqueeze_lower(ctx)),
-    grad=NO_GRAD_YET,
+    grad=default_grad("unsqueeze2_grad", fwd_inputs=("AxesTensor", "AxesTensorList"),
+                      fwd_outputs=("XShape",)),
     doc="Out = X with size-1 dims inserted at axes, in order.")
 
 
@@ -278,3 +281,121 @@ def _unsqueeze_lower(ctx):
     except ShapeMismatch:
         return None
     return _view_lines(ctx, [f"{X}.shape[{d - 2}]" if d != 1 else "1" for d in placed])
+
+
+# ---- gradients ---------------------------------------------------------------------------------
+# A layout op moves elements without arithmetic, so its gradient moves Out@GRAD back: a view
+# with X's shape (reshape, squeeze, unsqueeze) or the inverse permutation (transpose). The *2
+# grad ops learn X's shape from XShape (shape [0] + X.shape), as Paddle's do, so X itself need
+# not stay alive for the backward pass; the old ops read X.
+def _shape_from_xshape(XShape) -> tuple:
+    """X's shape, as carried by XShape ([0] + X.shape)."""
+    if XShape.ndim == 0 or XShape.shape[0] != 0:
+        raise ShapeMismatch(f"expected XShape of shape [0] + X.shape, got {list(XShape.shape)}")
+    return XShape.shape[1:]
+
+
+def _grad_meta_from_xshape(XShape, **_):
+    return {"X@GRAD": XShape.with_(shape=_shape_from_xshape(XShape))}
+
+
+def _grad_meta_from_x(X, **_):
+    return {"X@GRAD": X}
+
+
+def _regrow(target_shape, **kw):
+    """X@GRAD = Out@GRAD with X's shape (the views' gradient), checked to hold X's elements."""
+    g = kw["Out@GRAD"]
+    if g.size != int(np.prod(target_shape)):
+        raise ShapeMismatch(f"expected Out@GRAD with {int(np.prod(target_shape))} elements (X's "
+                            f"shape {list(target_shape)}), got shape {list(g.shape)}")
+    return {"X@GRAD": g.reshape(target_shape)}
+
+
+def _view_grad_lower(shape_slot):
+    """Lowering of a view's gradient: Out@GRAD reshaped to X's shape, read at run time from
+    ``shape_slot`` (XShape: its dims 1..; X: its dims)."""
+    def lower(ctx):
+        if not ctx.has_output("X@GRAD"):
+            return []
+        src = ctx.inp(shape_slot)
+        skip = 1 if shape_slot == "XShape" else 0
+        rank = ctx.rank(shape_slot) - skip
+        dims = [f"{src}.shape[{i + skip}]" for i in range(rank)]
+        g = ctx.inp("Out@GRAD")
+        total = " * ".join(f"({d})" for d in dims) or "1"
+        return [f"_rt.check({total} == {g}.size)",
+                f"{ctx.out('X@GRAD')} = {g}.reshape({ctx.tuple_src(dims)})"]
+    return Opaque(lower)
+
+
+_VIEW_GRADS = [
+    # grad op, its inputs, its attrs (the forward op's: the grad maker copies them)
+    ("reshape2_grad", ["XShape", "Out@GRAD"], {"shape": Ints([]), "use_quantizer": Bool(False)}),
+    ("squeeze2_grad", ["XShape", "Out@GRAD"], {"axes": Ints([])}),
+    ("unsqueeze2_grad", ["XShape", "AxesTensor?", "AxesTensorList*?", "Out@GRAD"],
+     {"axes": Ints([])}),
+]
+for _name, _ins, _attrs in _VIEW_GRADS:
+    register_op(
+        _name, inputs=_ins, outputs=["X@GRAD?"], attrs=_attrs, traits=[VIEW],
+        infer_shape=_grad_meta_from_xshape,
+        reference=lambda XShape, **kw: _regrow(_shape_from_xshape(XShape), **kw),
+        emit=_view_grad_lower("XShape"), grad=None,
+        doc=f"X@GRAD = Out@GRAD viewed with X's shape (XShape's dims after the first); the "
+            f"gradient of {_name[:-5]}.")
+
+# Paddle's old reshape_grad also lists Out, Shape and ShapeTensor; they are accepted (so its
+# programs load) but not needed: X carries the shape.
+register_op(
+    "reshape_grad", inputs=["X", "Out?", "Shape?", "ShapeTensor*?", "Out@GRAD"],
+    outputs=["X@GRAD?"], attrs={"shape": Ints([])}, traits=[VIEW],
+    infer_shape=_grad_meta_from_x, reference=lambda X, **kw: _regrow(X.shape, **kw),
+    emit=_view_grad_lower("X"), grad=None,
+    doc="X@GRAD = Out@GRAD viewed with X's shape; the gradient of the old reshape op.")
+
+
+def _inverse_perm(axis, rank) -> list:
+    perm = _perm(axis, rank)
+    inv = [0] * rank
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return inv
+
+
+def _transpose_grad_ref(target_shape, axis, g):
+    inv = _inverse_perm(axis, len(target_shape))
+    out = np.transpose(g, inv)
+    if out.shape != tuple(target_shape):
+        raise ShapeMismatch(f"transpose grad: expected Out@GRAD of shape "
+                            f"{[target_shape[p] for p in _perm(axis, len(target_shape))]}, "
+                            f"got {list(g.shape)}")
+    return {"X@GRAD": out.copy()}
+
+
+def _transpose_grad_lower(ctx):
+    if not ctx.has_output("X@GRAD"):
+        return []
+    r = ctx.rank("Out@GRAD")
+    perm = [int(a) % max(r, 1) for a in ctx.attrs["axis"]]
+    if sorted(perm) != list(range(r)):
+        return None  # an error the reference reports
+    inv = [perm.index(i) for i in range(r)]
+    g = ctx.inp("Out@GRAD")
+    return [f"{ctx.out('X@GRAD')} = {g}.transpose({ctx.tuple_src(inv)}).copy()"]
+
+
+register_op(
+    "transpose2_grad", inputs=["XShape", "Out@GRAD"], outputs=["X@GRAD?"],
+    attrs=dict(_AXIS_PERM), traits=[OPAQUE], infer_shape=_grad_meta_from_xshape,
+    reference=lambda XShape, *, axis, **kw: _transpose_grad_ref(_shape_from_xshape(XShape), axis,
+                                                                kw["Out@GRAD"]),
+    emit=Opaque(_transpose_grad_lower), grad=None,
+    doc="X@GRAD = Out@GRAD permuted back (the inverse of axis); the gradient of transpose2.")
+# Paddle's old transpose_grad also lists Out; accepted, not needed.
+register_op(
+    "transpose_grad", inputs=["X", "Out?", "Out@GRAD"], outputs=["X@GRAD?"],
+    attrs=dict(_AXIS_PERM), traits=[OPAQUE], infer_shape=_grad_meta_from_x,
+    reference=lambda X, *, axis, **kw: _transpose_grad_ref(X.shape, axis, kw["Out@GRAD"]),
+    emit=Opaque(_transpose_grad_lower), grad=None,
+    doc="X@GRAD = Out@GRAD permuted back (the inverse of axis); the gradient of transpose.")

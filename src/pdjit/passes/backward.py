@@ -23,7 +23,7 @@ from __future__ import annotations
 from pdjit.framework import registry
 from pdjit.framework.errors import ProgramError
 from pdjit.framework.program import Parameter, Program, Variable
-from pdjit.framework.registry import OP_ROLE_BACKWARD, OP_ROLE_LOSS, grad_var_name
+from pdjit.framework.registry import EMPTY_VAR_NAME, OP_ROLE_BACKWARD, OP_ROLE_LOSS, grad_var_name
 from pdjit.passes import dump_after
 
 
@@ -42,6 +42,7 @@ class _Backward:
         self.grad_of: dict = {}         # grad var name -> forward var name
         self.contribs: dict = {}        # forward var name -> [grad names written so far]
         self.summed: set = set()        # forward var names whose grad is final
+        self.pending: dict = {}         # outputs of the grad op being built
 
     def needs_grad(self, name: str) -> bool:
         v = self.block._find_var_recursive(name)
@@ -110,6 +111,10 @@ class _Backward:
         return name
 
     def _rename_output(self, old: str, new: str) -> None:
+        for names in self.pending.values():  # the grad op being built (x * x: two outputs)
+            if old in names:
+                names[names.index(old)] = new
+                return
         for op in reversed(self.block.ops):
             if old in op.output_arg_names:
                 op._rename_output(old, new)
@@ -139,11 +144,17 @@ class _Backward:
                         bound.append(n)
                 inputs[slot] = bound
             outputs, any_out, role_var = {}, False, []
+            self.pending = outputs
+            grad_def = registry.get(spec.type)
             for slot, names in spec.outputs.items():
-                bound = []
+                out_slot = grad_def.output_slot(slot)
+                keep_places = out_slot is not None and out_slot.duplicable
+                bound = outputs[slot] = []
                 for n in names:
                     fwd = in_grads.get(n, self.grad_of.get(n))
                     if fwd is None or not self.needs_grad(fwd):
+                        if keep_places:  # a list slot keeps positions: Paddle's @EMPTY@
+                            bound.append(EMPTY_VAR_NAME)
                         continue
                     target = self.write_target(fwd)
                     bound.append(target)
@@ -152,6 +163,7 @@ class _Backward:
                     if isinstance(v, Parameter):
                         role_var += [fwd, grad_var_name(fwd)]
                 outputs[slot] = bound
+            self.pending = {}
             if not any_out:
                 continue
             attrs = dict(spec.attrs)
@@ -211,6 +223,8 @@ def append_backward(loss: Variable, parameter_list=None, no_grad_set=None, callb
     if callbacks:
         raise NotImplementedError("append_backward: callbacks are not supported")
     program = loss.block.program
+    if loss.op is not None:  # Paddle marks the op that computes the loss
+        loss.op._set_attr("op_role", registry.OP_ROLE_FORWARD | OP_ROLE_LOSS)
     params = program.global_block().all_parameters()
     if parameter_list is not None:
         wanted = _names(parameter_list)

@@ -190,8 +190,8 @@ class Executor:
         block = op.block
         first_lod = next((lods[0] for lods in ctx.in_lods.values() if lods and lods[0]), None)
         for slot in opdef.outputs:
-            names = [n for n in op.output(slot.name) if n != registry.EMPTY_VAR_NAME]
-            if not names:
+            names = op.output(slot.name)  # may hold @EMPTY@ placeholders: matched by position
+            if not any(n != registry.EMPTY_VAR_NAME for n in names):
                 continue
             if slot.name not in result:
                 if slot.dispensable or slot.intermediate:
@@ -204,6 +204,8 @@ class Executor:
                 raise _op_error(op, op_idx, f"internal: output {slot.name!r} binds {len(names)} "
                                 f"variables, the reference gave {len(values)} values")
             for i, (n, value) in enumerate(zip(names, values)):
+                if n == registry.EMPTY_VAR_NAME:
+                    continue
                 if not raw and isinstance(value, np.ndarray):
                     var = block._find_var_recursive(n)
                     lod = ctx.out_lods.get(slot.name, {}).get(i)

@@ -16,6 +16,7 @@ import sys
 import time
 
 import numpy as np
+from numba.core.errors import NumbaError
 
 from pdjit.codegen.compiler import CACHE_ERRORS, compile_function
 from pdjit.codegen.lowering import Declined, SegmentGen
@@ -43,6 +44,7 @@ class NativeStep:
         self.ops = ops                     # [(op, op_idx)] for the reference fallback
         self.description = description
         self.fallbacks = 0                 # how many runs fell back to the references
+        self.retired = None                # why the native code was given up, if it was
 
     def run(self, executor, env, run_index) -> None:
         values = []
@@ -54,8 +56,13 @@ class NativeStep:
             if not a.flags.c_contiguous or not a.flags.writeable:
                 a = np.array(a, order="C")
             values.append(a)
+        if self.retired is not None:
+            return self._fallback(executor, env, run_index)
         try:
             results = self.compiled.fn(*values)
+        except NumbaError as e:  # the code does not compile: never try again (it is slow)
+            self.retired = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+            return self._fallback(executor, env, run_index)
         except CACHE_ERRORS as e:
             if not _is_cache_damage(e):
                 return self._fallback(executor, env, run_index)
@@ -73,6 +80,8 @@ class NativeStep:
             executor._run_op(op, op_idx, env, run_index)
 
     def describe(self) -> str:
+        if self.retired:
+            return f"native {self.compiled.name} RETIRED ({self.retired}): {self.description}"
         return f"native {self.compiled.name}: {self.description}"
 
 
@@ -131,7 +140,8 @@ def build_plan(program, fetch_names) -> Plan:
             node = seg.groups[0].nodes[0]
             steps.append(ReferenceStep(node.op, index[id(node.op)], node.why_not))
             continue
-        compiled = compile_function(gen.source("segment"), "segment", gen.kernels)
+        compiled = compile_function(gen.source("segment"), "segment", gen.kernels,
+                                    parallel=gen.parallel and "numba.prange" in gen.source(""))
         seg_ops = [(op, index[id(op)]) for g in seg.groups for op in g.ops]
         desc = "; ".join(g.describe() for g in seg.groups)
         steps.append(NativeStep(compiled, gen.args, gen.expected, gen.outputs, seg_ops, desc))
@@ -155,7 +165,7 @@ def _generate(part, block, live) -> list:
             for g in other.groups:
                 for op in g.ops:
                     later.update(op.input_arg_names)
-        gen = SegmentGen(seg, block, later)
+        gen = SegmentGen(seg, block, later, parallel=threads.get_num_threads() > 1)
         gen.generate()
         gens.append(gen)
     return gens

@@ -3,7 +3,11 @@
 Generated code calls BLAS (``np.dot`` inside Numba goes to SciPy's bundled OpenBLAS). Measured
 on a 2-vCPU machine (``benchmarks/bench_executor.py --only mlp``), an MLP forward at batch 128
 took 0.37 ms with one BLAS thread and 4.0 ms with two: threads fight over too few cores. So the
-default is one thread; ``set_num_threads(n)`` or ``PDJIT_NUM_THREADS=n`` asks for more.
+default is one thread; ``set_num_threads(n)`` or ``PDJIT_NUM_THREADS=n`` asks for more. With
+more than one thread, elementwise loops are also compiled with ``prange`` and run in parallel
+when they are large enough (decided at run time, in the generated code); that compiles about
+three times slower, one more reason it is not the default. Set it before building programs:
+plans already compiled keep their loops.
 """
 from __future__ import annotations
 
@@ -47,6 +51,9 @@ def set_num_threads(n: int) -> bool:
     setters = _openblas_setters()
     for fn in setters:
         fn(n)
+    import numba
+
+    numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
     _applied = n
     return bool(setters)
 

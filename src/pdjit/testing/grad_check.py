@@ -13,25 +13,41 @@ from typing import Mapping
 
 import numpy as np
 
-from pdjit.framework import registry
 from pdjit.passes.backward import gradients
 from pdjit.runtime.executor import Executor
 from pdjit.runtime.scope import Scope
 from pdjit.testing.op_test import TARGETS, _describe, build_op_program
 
 
+def _as64(v):
+    """Float inputs in float64 (the check needs the precision); others as they are."""
+    if isinstance(v, (list, tuple)):
+        return [_as64(x) for x in v]
+    a = np.asarray(v)
+    return a.astype(np.float64) if a.dtype.kind == "f" else a
+
+
+def _pick(outs, out_index):
+    return outs[out_index] if isinstance(outs, list) else outs
+
+
 def numeric_grad(op_type, inputs, attrs, output_name, name, weights, out_index=0,
-                 delta=1e-6) -> np.ndarray:
-    """Central differences of ``sum(weights * op(...)[output])`` w.r.t. input ``name``."""
+                 delta=1e-6, index=None, outputs=None) -> np.ndarray:
+    """Central differences of ``sum(weights * op(...)[output])`` w.r.t. input ``name``
+    (element ``index`` of it when the slot holds a list)."""
     from pdjit.testing.op_test import run_op
 
-    x = np.asarray(inputs[name], dtype=np.float64)
+    inputs = {k: (list(v) if isinstance(v, list) else v) for k, v in inputs.items()}
+    x = np.array(inputs[name][index] if index is not None else inputs[name], dtype=np.float64)
+    if index is not None:
+        inputs[name][index] = x
+    else:
+        inputs[name] = x
     grad = np.zeros_like(x)
     flat, gflat = x.reshape(-1), grad.reshape(-1)
 
     def f():
-        outs = run_op(op_type, dict(inputs, **{name: x}), attrs)[output_name]
-        o = outs[out_index] if isinstance(outs, list) else outs
+        o = _pick(run_op(op_type, inputs, attrs, outputs=outputs)[output_name], out_index)
         return float(np.sum(weights * o))
 
     for i in range(flat.size):
@@ -48,47 +64,46 @@ def numeric_grad(op_type, inputs, attrs, output_name, name, weights, out_index=0
 def check_grad(op_type: str, inputs: Mapping, attrs: Mapping | None = None,
                inputs_to_check=("X",), output_name: str = "Out", *, out_index: int = 0,
                max_relative_error: float = 1e-5, atol: float = 1e-7, delta: float = 1e-6,
-               modes=None, seed: int = 0) -> dict:
-    """Compare ``append_backward``'s gradients with finite differences; return them.
+               modes=None, seed: int = 0, outputs: Mapping | None = None) -> dict:
+    """Compare the backward pass's gradients with finite differences; return them.
 
-    Float inputs are converted to float64 (the check needs the precision); integer inputs
-    (labels, indices) are left as they are.
+    Float inputs are converted to float64; integer inputs (labels, indices) are left as they
+    are. A slot holding a list (``concat``'s X) has each element checked. ``outputs`` sizes
+    list outputs (``{"Out": 3}`` for a split into 3).
     """
-    inputs = {k: (np.asarray(v, np.float64) if np.asarray(v).dtype.kind == "f" else v)
-              for k, v in inputs.items() if v is not None}
+    inputs = {k: _as64(v) for k, v in inputs.items() if v is not None}
     attrs = dict(attrs or {})
-    opdef = registry.get(op_type)
-    prog, feed, out_vars = build_op_program(op_type, inputs, attrs)
+    prog, feed, out_vars = build_op_program(op_type, inputs, attrs, outputs=outputs)
     block = prog.global_block()
-    out = out_vars[output_name][out_index] if opdef.output_slot(output_name).duplicable \
-        else out_vars[output_name][0]
-    weights = np.random.default_rng(seed).uniform(0.5, 1.5, size=_run_shape(
-        op_type, inputs, attrs, output_name, out_index))
+    out = out_vars[output_name][out_index]
+    from pdjit.testing.op_test import run_op
+
+    shape = np.shape(_pick(run_op(op_type, inputs, attrs, outputs=outputs)[output_name],
+                           out_index))
+    weights = np.random.default_rng(seed).uniform(0.5, 1.5, size=shape)
     w = block.create_var(name="check_grad_w", shape=list(weights.shape), dtype=out.dtype,
                          need_check_feed=True)
-    checked = [block.var(f"{slot.lower()}_0") for slot in inputs_to_check]
-    grads = gradients([out], checked, target_gradients=[w])
+    checked = []  # (slot, element index or None, variable)
+    for slot in inputs_to_check:
+        if isinstance(inputs[slot], list):
+            checked += [(slot, i, block.var(f"{slot.lower()}_{i}"))
+                        for i in range(len(inputs[slot]))]
+        else:
+            checked.append((slot, None, block.var(f"{slot.lower()}_0")))
+    grads = gradients([out], [v for _, _, v in checked], target_gradients=[w])
     feed = dict(feed, check_grad_w=weights.astype(out.dtype))
     got = {}
     for mode in modes or TARGETS:
-        results = Executor(mode=mode).run(prog, feed=feed, fetch_list=[g for g in grads if g is not None],
-                                          scope=Scope())
-        it = iter(results)
-        for slot, g in zip(inputs_to_check, grads):
-            where = f"{_describe(op_type, inputs, attrs)} d{output_name}/d{slot} [{mode}]"
+        fetch = [g for g in grads if g is not None]
+        results = iter(Executor(mode=mode).run(prog, feed=feed, fetch_list=fetch, scope=Scope()))
+        for (slot, index, _), g in zip(checked, grads):
+            label = slot if index is None else f"{slot}[{index}]"
+            where = f"{_describe(op_type, inputs, attrs)} d{output_name}/d{label} [{mode}]"
             assert g is not None, f"{where}: the backward pass gave no gradient"
-            value = next(it)
+            value = next(results)
             want = numeric_grad(op_type, inputs, attrs, output_name, slot, weights, out_index,
-                                delta)
+                                delta, index, outputs)
             np.testing.assert_allclose(value, want, rtol=max_relative_error, atol=atol,
                                        err_msg=where)
-            got.setdefault(slot, value)
+            got.setdefault(label, value)
     return got
-
-
-def _run_shape(op_type, inputs, attrs, output_name, out_index):
-    from pdjit.testing.op_test import run_op
-
-    outs = run_op(op_type, inputs, attrs)[output_name]
-    o = outs[out_index] if isinstance(outs, list) else outs
-    return np.asarray(o).shape

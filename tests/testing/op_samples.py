@@ -1,0 +1,432 @@
+"""One or more valid samples for every registered forward op (used by ``test_registry.py``).
+
+``SAMPLES = {op_type: [sample, ...]}``. A sample is either
+
+- a function ``rng -> (inputs, attrs)`` (run and compared across executor modes only), or
+- a dict with the keys
+
+  ``inputs``   ``{slot: array | [arrays]}``, or a function ``rng -> {slot: ...}``;
+  ``attrs``    ``{name: value}`` (default ``{}``);
+  ``outputs``  sizes of list outputs, e.g. ``{"Out": 2}`` for a split into 2 (default none);
+  ``grad``     the input slots to gradient-check, or ``None`` (default: no gradient check);
+  ``out``      the output slot the gradient check differentiates (default ``"Out"``).
+
+:func:`materialize` turns either form into one :class:`Sample`.
+
+Values are chosen where the ops are smooth: float inputs are float64; ``relu``/``abs``/
+``sign``/``leaky_relu`` inputs keep away from 0, ``clip`` inputs from min/max, ``floor``/
+``ceil`` from integers, ``reduce_max``/``top_k``/``arg_max`` inputs have no ties; ``log``/
+``sqrt``/``rsqrt`` get positive inputs, divisors keep away from 0; labels and indices are int64
+and in range. Shapes are small and mostly rank 2, so the compiled kernels are few.
+
+A new op joins by adding an entry here: ``test_every_forward_op_has_a_sample`` fails until it
+has one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+F64 = np.float64
+I64 = np.int64
+
+# VarType codes (PaddlePaddle's): dtype attributes of cast, fill_constant, random ops...
+BOOL, INT32, INT64, FP32, FP64 = 0, 2, 3, 5, 6
+
+
+# ---- value helpers ---------------------------------------------------------------------------
+def u(rng, shape, lo=-1.0, hi=1.0):
+    """Uniform float64 values in [lo, hi)."""
+    return rng.uniform(lo, hi, size=shape).astype(F64)
+
+
+def pos(rng, shape, lo=0.5, hi=2.0):
+    """Positive float64 values (log, sqrt, divisors, products)."""
+    return u(rng, shape, lo, hi)
+
+
+def away(rng, shape, gap=0.2, hi=1.5):
+    """Float64 values of random sign with ``gap <= |x| < hi``: away from a kink at 0."""
+    mag = rng.uniform(gap, hi, size=shape)
+    sign = np.where(rng.random(size=shape) < 0.5, -1.0, 1.0)
+    return (mag * sign).astype(F64)
+
+
+def distinct(rng, shape, step=0.25):
+    """Float64 values without ties (every pair at least ``step`` apart): max/min/argmax/top_k."""
+    n = int(np.prod(shape))
+    vals = (rng.permutation(n) - n / 2) * step + rng.uniform(-0.05, 0.05, size=n)
+    return vals.reshape(shape).astype(F64)
+
+
+def off_integer(rng, shape):
+    """Float64 values at least 0.1 from every integer (floor, ceil)."""
+    whole = rng.integers(-3, 3, size=shape)
+    return (whole + rng.uniform(0.1, 0.9, size=shape)).astype(F64)
+
+
+def probs(rng, shape):
+    """Rows (last axis) of probabilities, each entry >= ~0.1."""
+    p = rng.uniform(0.5, 1.5, size=shape)
+    return (p / p.sum(axis=-1, keepdims=True)).astype(F64)
+
+
+def labels(rng, shape, classes):
+    return rng.integers(0, classes, size=shape).astype(I64)
+
+
+def lr(value=0.1):
+    return np.array([value], F64)
+
+
+# ---- the sample form -------------------------------------------------------------------------
+@dataclass
+class Sample:
+    inputs: dict
+    attrs: dict = field(default_factory=dict)
+    outputs: dict | None = None
+    grad: list | None = None
+    out: str = "Out"
+
+
+def materialize(sample, rng) -> Sample:
+    """A sample (function or dict) as a :class:`Sample` with its values drawn from ``rng``."""
+    if callable(sample):
+        inputs, attrs = sample(rng)
+        return Sample(dict(inputs), dict(attrs or {}))
+    inputs = sample["inputs"]
+    inputs = inputs(rng) if callable(inputs) else inputs
+    grad = sample.get("grad")
+    return Sample(dict(inputs), dict(sample.get("attrs") or {}), sample.get("outputs"),
+                  list(grad) if grad else None, sample.get("out", "Out"))
+
+
+def S(inputs, attrs=None, grad=None, out="Out", outputs=None) -> dict:
+    """A dict sample (keyword shorthand)."""
+    d = {"inputs": inputs, "attrs": dict(attrs or {}), "grad": grad, "out": out}
+    if outputs:
+        d["outputs"] = outputs
+    return d
+
+
+SAMPLES: dict = {}
+
+
+def add(op_type, *samples):
+    SAMPLES.setdefault(op_type, []).extend(samples)
+
+
+# ---- unary elementwise (activation.py, trig.py) ------------------------------------------------
+add("relu", S(lambda r: {"X": away(r, (2, 3))}, grad=["X"]))
+add("leaky_relu", S(lambda r: {"X": away(r, (2, 3))}, {"alpha": 0.1}, grad=["X"]))
+add("sigmoid", S(lambda r: {"X": u(r, (2, 3), -2, 2)}, grad=["X"]))
+add("tanh", S(lambda r: {"X": u(r, (2, 3), -2, 2)}, grad=["X"]))
+add("exp", S(lambda r: {"X": u(r, (2, 3), -1, 1)}, grad=["X"]))
+add("log", S(lambda r: {"X": pos(r, (2, 3))}, grad=["X"]))
+add("sqrt", S(lambda r: {"X": pos(r, (2, 3))}, grad=["X"]))
+add("rsqrt", S(lambda r: {"X": pos(r, (2, 3))}, grad=["X"]))
+add("reciprocal", S(lambda r: {"X": away(r, (2, 3), gap=0.5)}, grad=["X"]))
+add("abs", S(lambda r: {"X": away(r, (2, 3))}, grad=["X"]))
+add("square", S(lambda r: {"X": u(r, (2, 3), -2, 2)}, grad=["X"]))
+add("sin", S(lambda r: {"X": u(r, (2, 3), -2, 2)}, grad=["X"]))
+add("cos", S(lambda r: {"X": u(r, (2, 3), -2, 2)}, grad=["X"]))
+add("floor", S(lambda r: {"X": off_integer(r, (2, 3))}))
+add("ceil", S(lambda r: {"X": off_integer(r, (2, 3))}))
+add("sign", S(lambda r: {"X": away(r, (2, 3))}))
+add("scale",
+    S(lambda r: {"X": u(r, (2, 3))}, {"scale": 2.0, "bias": 0.5}, grad=["X"]),
+    S(lambda r: {"X": u(r, (2, 3))}, {"scale": -1.5, "bias": 0.25, "bias_after_scale": False},
+      grad=["X"]),
+    # the factor and bias given as tensors (not lowered: the compiled plan runs the reference)
+    S(lambda r: {"X": u(r, (2, 3)), "ScaleTensor": np.array([3.0]),
+                 "BiasTensor": np.array([-0.5])}, grad=["X"]))
+
+
+def _clip_x(r, shape, lo=-0.5, hi=0.5, gap=0.1):
+    """Values in (-1, 1) at least ``gap`` from the clip bounds."""
+    x = r.uniform(-1, 1, size=shape)
+    for b in (lo, hi):
+        near = np.abs(x - b) < gap
+        x = np.where(near, b + np.where(x >= b, gap, -gap) * 1.5, x)
+    return x.astype(F64)
+
+
+add("clip",
+    S(lambda r: {"X": _clip_x(r, (2, 3))}, {"min": -0.5, "max": 0.5}, grad=["X"]),
+    S(lambda r: {"X": _clip_x(r, (2, 3)), "Min": np.array([-0.5]), "Max": np.array([0.5])},
+      grad=["X"]))
+add("cast",
+    S(lambda r: {"X": u(r, (2, 3))}, {"in_dtype": FP64, "out_dtype": FP64}, grad=["X"]),
+    S(lambda r: {"X": u(r, (2, 3), -3, 3)}, {"in_dtype": FP64, "out_dtype": INT32}),
+    S(lambda r: {"X": u(r, (2, 3))}, {"in_dtype": FP64, "out_dtype": FP32}),
+    S(lambda r: {"X": r.integers(-3, 3, (2, 3)).astype(I64)}, {"in_dtype": INT64,
+                                                               "out_dtype": FP64}))
+add("increment", S(lambda r: {"X": np.array([2.0])}, {"step": 1.5}))
+add("fill_zeros_like", S(lambda r: {"X": u(r, (2, 3))}))
+add("assign", S(lambda r: {"X": u(r, (2, 3))}, grad=["X"]))
+
+
+# ---- binary elementwise, comparisons, logical ops (elementwise.py) -----------------------------
+def _xy(r, x=(2, 3), y=(2, 3), xf=u, yf=u):
+    return {"X": xf(r, x), "Y": yf(r, y)}
+
+
+for _t in ("elementwise_add", "elementwise_sub", "elementwise_mul"):
+    add(_t,
+        S(lambda r: _xy(r), grad=["X", "Y"]),
+        # Y broadcast along X's trailing dim, then along dim 0 with axis=0
+        S(lambda r: _xy(r, y=(3,)), grad=["X", "Y"]),
+        S(lambda r: _xy(r, y=(2,)), {"axis": 0}, grad=["X", "Y"]),
+        # both operands broadcast: X [2, 1] against Y [1, 3]
+        S(lambda r: _xy(r, x=(2, 1), y=(1, 3)), grad=["X", "Y"]),
+        S(lambda r: {"X": r.integers(-5, 5, (2, 3)).astype(I64),
+                     "Y": r.integers(-5, 5, (3,)).astype(I64)}))
+add("elementwise_div",
+    S(lambda r: _xy(r, yf=lambda r, s: away(r, s, gap=0.5)), grad=["X", "Y"]),
+    S(lambda r: _xy(r, y=(3,), yf=lambda r, s: away(r, s, gap=0.5)), grad=["X", "Y"]),
+    S(lambda r: _xy(r, x=(2, 1), y=(1, 3), yf=lambda r, s: away(r, s, gap=0.5)),
+      grad=["X", "Y"]))
+
+
+def _max_min_xy(r, y_shape=(2, 3)):
+    """X and Y that differ by >= 0.2 everywhere (no ties between them)."""
+    y = u(r, y_shape)
+    x = np.broadcast_to(y, (2, 3)) + away(r, (2, 3), gap=0.2, hi=1.0)
+    return {"X": x.astype(F64), "Y": y}
+
+
+for _t in ("elementwise_max", "elementwise_min"):
+    add(_t, S(_max_min_xy, grad=["X", "Y"]),
+        S(lambda r: _max_min_xy(r, (3,)), grad=["X", "Y"]))
+add("elementwise_pow",
+    S(lambda r: _xy(r, xf=pos, yf=lambda r, s: u(r, s, 0.5, 2.0)), grad=["X", "Y"]))
+for _t in ("elementwise_floordiv", "elementwise_mod"):
+    add(_t,
+        S(lambda r: {"X": r.integers(-20, 20, (2, 3)).astype(I64),
+                     "Y": r.integers(1, 5, (2, 3)).astype(I64)}),
+        S(lambda r: {"X": u(r, (2, 3), -4, 4), "Y": pos(r, (2, 3), 0.5, 1.5)}))
+
+
+def _with_ties(r, shape):
+    """Float64 values from a small set, so X == Y happens."""
+    return r.integers(0, 3, size=shape).astype(F64)
+
+
+for _t in ("less_than", "less_equal", "greater_than", "greater_equal", "equal", "not_equal"):
+    add(_t,
+        S(lambda r: _xy(r, xf=_with_ties, yf=_with_ties)),
+        S(lambda r: {"X": r.integers(0, 3, (2, 3)).astype(I64),
+                     "Y": r.integers(0, 3, (3,)).astype(I64)}))
+
+
+def _bools(r, shape):
+    return r.random(size=shape) < 0.5
+
+
+for _t in ("logical_and", "logical_or", "logical_xor"):
+    add(_t, S(lambda r: {"X": _bools(r, (2, 3)), "Y": _bools(r, (2, 3))}))
+add("logical_not", S(lambda r: {"X": _bools(r, (2, 3))}))
+
+
+# ---- reductions (reduce.py) ------------------------------------------------------------------
+for _t in ("reduce_sum", "reduce_mean"):
+    add(_t,
+        S(lambda r: {"X": u(r, (2, 3))}, {"dim": [1]}, grad=["X"]),
+        S(lambda r: {"X": u(r, (2, 3))}, {"dim": [0], "keep_dim": True}, grad=["X"]),
+        S(lambda r: {"X": u(r, (2, 3))}, {"reduce_all": True}, grad=["X"]))
+for _t in ("reduce_max", "reduce_min"):
+    add(_t,
+        S(lambda r: {"X": distinct(r, (2, 3))}, {"dim": [1]}, grad=["X"]),
+        S(lambda r: {"X": distinct(r, (2, 3))}, {"dim": [0], "keep_dim": True}, grad=["X"]))
+add("reduce_prod",
+    S(lambda r: {"X": pos(r, (2, 3), 0.5, 1.5)}, {"dim": [1]}, grad=["X"]),
+    S(lambda r: {"X": u(r, (2, 3))}, {"reduce_all": True}, grad=["X"]))
+add("reduce_sum",  # bool/int32 sums give int64
+    S(lambda r: {"X": r.integers(-3, 3, (2, 3)).astype(np.int32)}, {"dim": [0]}),
+    # rank 3: a middle axis, and two axes around one kept
+    S(lambda r: {"X": u(r, (2, 3, 2))}, {"dim": [1]}, grad=["X"]),
+    S(lambda r: {"X": u(r, (2, 3, 2))}, {"dim": [0, -1], "keep_dim": True}, grad=["X"]))
+add("reduce_max",
+    S(lambda r: {"X": distinct(r, (2, 3, 2))}, {"dim": [-1, 0]}, grad=["X"]))
+add("mean", S(lambda r: {"X": u(r, (2, 3))}, grad=["X"]))
+add("sum",
+    S(lambda r: {"X": [u(r, (2, 3)) for _ in range(3)]}, grad=["X"]),
+    S(lambda r: {"X": [r.integers(-3, 3, (2, 3)).astype(I64) for _ in range(2)]}))
+for _t in ("arg_max", "arg_min"):
+    add(_t,
+        S(lambda r: {"X": distinct(r, (2, 3))}, {"axis": 1}),
+        S(lambda r: {"X": distinct(r, (2, 3))}, {"axis": 0, "keepdims": True, "dtype": INT32}),
+        S(lambda r: {"X": distinct(r, (2, 3))}, {"axis": 0, "flatten": True}))
+add("top_k",
+    S(lambda r: {"X": distinct(r, (2, 4))}, {"k": 2}, grad=["X"]),
+    S(lambda r: {"X": distinct(r, (2, 4)), "K": np.array([3], I64)}, grad=["X"]))
+add("top_k_v2",
+    S(lambda r: {"X": distinct(r, (2, 4))}, {"k": 2}, grad=["X"]),
+    S(lambda r: {"X": distinct(r, (2, 4))}, {"k": 1, "axis": 0, "largest": False}, grad=["X"]))
+
+
+# ---- matmul family (matmul.py) ----------------------------------------------------------------
+add("mul",
+    S(lambda r: {"X": u(r, (2, 3)), "Y": u(r, (3, 4))}, grad=["X", "Y"]),
+    S(lambda r: {"X": u(r, (2, 3, 2)), "Y": u(r, (2, 4))}, {"x_num_col_dims": 2},
+      grad=["X", "Y"]))
+add("matmul",
+    S(lambda r: {"X": u(r, (2, 3)), "Y": u(r, (3, 4))}, grad=["X", "Y"]),
+    S(lambda r: {"X": u(r, (3, 2)), "Y": u(r, (4, 3))},
+      {"transpose_X": True, "transpose_Y": True, "alpha": 2.0}, grad=["X", "Y"]),
+    S(lambda r: {"X": u(r, (2, 2, 3)), "Y": u(r, (3, 4))}, grad=["X", "Y"]))
+add("matmul_v2",
+    S(lambda r: {"X": u(r, (2, 3)), "Y": u(r, (3, 4))}, grad=["X", "Y"]),
+    S(lambda r: {"X": u(r, (2, 3)), "Y": u(r, (4, 3))}, {"trans_y": True}, grad=["X", "Y"]),
+    S(lambda r: {"X": u(r, (2, 2, 3)), "Y": u(r, (3, 4))}, grad=["X", "Y"]),
+    S(lambda r: {"X": u(r, (3,)), "Y": u(r, (3, 4))}, grad=["X", "Y"]))
+
+
+# ---- nn (nn.py) -------------------------------------------------------------------------------
+add("softmax",
+    S(lambda r: {"X": u(r, (2, 3), -2, 2)}, grad=["X"]),
+    S(lambda r: {"X": u(r, (2, 3), -2, 2)}, {"axis": 0}, grad=["X"]),
+    S(lambda r: {"X": u(r, (2, 2, 3), -2, 2)}, grad=["X"]))
+add("cross_entropy",
+    S(lambda r: {"X": probs(r, (2, 3)), "Label": labels(r, (2, 1), 3)}, out="Y", grad=["X"]),
+    S(lambda r: {"X": probs(r, (2, 3)), "Label": probs(r, (2, 3))}, {"soft_label": True},
+      out="Y", grad=["X"]),
+    S(lambda r: {"X": probs(r, (3, 3)), "Label": np.array([[0], [-100], [2]], I64)},
+      out="Y", grad=["X"]))
+add("cross_entropy2",
+    S(lambda r: {"X": probs(r, (2, 3)), "Label": labels(r, (2, 1), 3)}, out="Y", grad=["X"]))
+add("softmax_with_cross_entropy",
+    S(lambda r: {"Logits": u(r, (2, 3), -2, 2), "Label": labels(r, (2, 1), 3)}, out="Loss",
+      grad=["Logits"]),
+    S(lambda r: {"Logits": u(r, (2, 3), -2, 2), "Label": probs(r, (2, 3))},
+      {"soft_label": True}, out="Loss", grad=["Logits"]),
+    S(lambda r: {"Logits": u(r, (2, 3), -2, 2), "Label": labels(r, (1, 3), 2)}, {"axis": 0},
+      out="Loss", grad=["Logits"]))
+
+
+def _accuracy_inputs(r):
+    out = np.sort(r.uniform(0, 1, size=(4, 2)), axis=1)[:, ::-1].copy()
+    indices = np.stack([r.permutation(3)[:2] for _ in range(4)]).astype(I64)
+    return {"Out": out, "Indices": indices, "Label": labels(r, (4, 1), 3)}
+
+
+add("accuracy", lambda r: (_accuracy_inputs(r), {}))  # the function form of a sample
+add("dropout",
+    S(lambda r: {"X": u(r, (2, 3))}, {"dropout_prob": 0.3, "seed": 7, "fix_seed": True},
+      grad=["X"]),
+    S(lambda r: {"X": u(r, (2, 3))}, {"dropout_prob": 0.4, "seed": 3, "fix_seed": True,
+                                      "dropout_implementation": "upscale_in_train"}, grad=["X"]),
+    S(lambda r: {"X": u(r, (2, 3))}, {"dropout_prob": 0.3, "is_test": True}, grad=["X"]))
+add("lookup_table_v2",
+    S(lambda r: {"Ids": labels(r, (2, 3), 5), "W": u(r, (5, 4))}, grad=["W"]),
+    S(lambda r: {"Ids": np.array([[0, 2, 1], [2, 4, 2]], I64), "W": u(r, (5, 4))},
+      {"padding_idx": 2}, grad=["W"]))
+
+
+# ---- select and join (indexing.py) -------------------------------------------------------------
+add("concat",
+    S(lambda r: {"X": [u(r, (2, 3)), u(r, (1, 3))]}, {"axis": 0}, grad=["X"]),
+    S(lambda r: {"X": [u(r, (2, 3)), u(r, (2, 1)), u(r, (2, 2))]}, {"axis": -1}, grad=["X"]),
+    S(lambda r: {"X": [u(r, (2, 3)), u(r, (2, 2))], "AxisTensor": np.array([1], np.int32)},
+      grad=["X"]))
+add("stack",
+    S(lambda r: {"X": [u(r, (2, 3)), u(r, (2, 3))]}, {"axis": 1}, out="Y", grad=["X"]))
+add("split",
+    S(lambda r: {"X": u(r, (4, 3))}, {"num": 2, "axis": 0}, outputs={"Out": 2}, grad=["X"]),
+    S(lambda r: {"X": u(r, (2, 5))}, {"sections": [1, -1, 2], "axis": 1}, outputs={"Out": 3},
+      grad=["X"]))
+add("slice",
+    S(lambda r: {"Input": u(r, (3, 4))}, {"axes": [0, 1], "starts": [1, 0], "ends": [3, -1]},
+      grad=["Input"]),
+    S(lambda r: {"Input": u(r, (3, 4))},
+      {"axes": [0], "starts": [1], "ends": [2], "decrease_axis": [0]}, grad=["Input"]),
+    S(lambda r: {"Input": u(r, (3, 4)), "StartsTensor": np.array([-2], I64),
+                 "EndsTensor": np.array([100], I64)}, {"axes": [1]}, grad=["Input"]))
+add("gather",
+    S(lambda r: {"X": u(r, (4, 3)), "Index": np.array([3, 0, 3], I64)}, grad=["X"]),
+    S(lambda r: {"X": u(r, (2, 4)), "Index": np.array([1, -1], I64)}, {"axis": 1},
+      grad=["X"]),
+    S(lambda r: {"X": u(r, (3, 2)), "Index": np.array([[2], [0]], I64)}, grad=["X"]))
+add("one_hot_v2",
+    S(lambda r: {"X": labels(r, (2, 3), 4)}, {"depth": 4}),
+    S(lambda r: {"X": labels(r, (3,), 4), "depth_tensor": np.array([5], I64)},
+      {"dtype": INT64}))
+
+
+# ---- layout (shape.py) -------------------------------------------------------------------------
+for _t in ("reshape", "reshape2"):
+    add(_t,
+        S(lambda r: {"X": u(r, (2, 3))}, {"shape": [3, 2]}, grad=["X"]),
+        S(lambda r: {"X": u(r, (2, 3))}, {"shape": [0, -1, 1]}, grad=["X"]),
+        S(lambda r: {"X": u(r, (2, 3)), "Shape": np.array([6], np.int32)}, grad=["X"]))
+for _t in ("transpose", "transpose2"):
+    add(_t,
+        S(lambda r: {"X": u(r, (2, 3))}, {"axis": [1, 0]}, grad=["X"]),
+        S(lambda r: {"X": u(r, (2, 3, 2))}, {"axis": [2, 0, 1]}, grad=["X"]))
+add("squeeze2",
+    S(lambda r: {"X": u(r, (2, 1, 3))}, {"axes": [1]}, grad=["X"]),
+    S(lambda r: {"X": u(r, (1, 3, 1))}, {"axes": []}, grad=["X"]))
+add("unsqueeze2",
+    S(lambda r: {"X": u(r, (2, 3))}, {"axes": [0, -1]}, grad=["X"]),
+    S(lambda r: {"X": u(r, (2, 3)), "AxesTensor": np.array([1], np.int32)}, grad=["X"]))
+
+
+# ---- creation (creation.py) --------------------------------------------------------------------
+add("fill_constant",
+    S({}, {"shape": [2, 3], "dtype": FP64, "value": 1.5}),
+    S({}, {"shape": [3], "dtype": INT64, "value": 7.0}),
+    S(lambda r: {"ShapeTensor": np.array([2, 3], I64)}, {"dtype": FP64, "value": -2.0}))
+add("fill_constant_batch_size_like",
+    S(lambda r: {"Input": u(r, (3, 2))}, {"shape": [-1, 4], "dtype": FP64, "value": 2.5}))
+add("assign_value",
+    S({}, {"shape": [2, 3], "dtype": FP32, "fp32_values": [0.5, 1.0, 1.5, -2.0, 0.0, 3.0]}),
+    S({}, {"shape": [3], "dtype": INT64, "int64_values": [4, -1, 2]}))
+add("uniform_random",
+    S({}, {"shape": [2, 3], "dtype": FP64, "min": -2.0, "max": 3.0, "seed": 11}),
+    S({}, {"shape": [4], "dtype": FP32, "seed": 12, "diag_num": 2, "diag_step": 1,
+           "diag_val": 5.0}))
+add("gaussian_random",
+    S({}, {"shape": [2, 3], "dtype": FP64, "mean": 1.0, "std": 2.0, "seed": 13}))
+add("truncated_gaussian_random",
+    S({}, {"shape": [2, 3], "dtype": FP64, "mean": 0.5, "std": 1.0, "seed": 17}))
+
+
+# ---- optimizer update ops (optimizer.py): state inputs, no gradient -------------------------
+add("sgd",
+    S(lambda r: {"Param": u(r, (2, 3)), "LearningRate": lr(), "Grad": u(r, (2, 3))}))
+add("momentum",
+    S(lambda r: {"Param": u(r, (2, 3)), "Grad": u(r, (2, 3)), "Velocity": u(r, (2, 3)),
+                 "LearningRate": lr()}, {"mu": 0.9}),
+    S(lambda r: {"Param": u(r, (2, 3)), "Grad": u(r, (2, 3)), "Velocity": u(r, (2, 3)),
+                 "LearningRate": lr()},
+      {"mu": 0.8, "use_nesterov": True, "regularization_method": "l2_decay",
+       "regularization_coeff": 0.01}))
+
+
+def _adam_state(r):
+    return {"Param": u(r, (2, 3)), "Grad": u(r, (2, 3)), "LearningRate": lr(0.01),
+            "Moment1": u(r, (2, 3), -0.1, 0.1), "Moment2": pos(r, (2, 3), 0.01, 0.1),
+            "Beta1Pow": np.array([0.9 ** 3]), "Beta2Pow": np.array([0.999 ** 3])}
+
+
+add("adam", S(_adam_state), S(_adam_state, {"beta1": 0.8, "beta2": 0.99, "epsilon": 1e-6}))
+add("adamw", S(_adam_state, {"with_decay": True, "coeff": 0.05, "lr_ratio": 0.5}),
+    S(_adam_state))
+add("adagrad",
+    S(lambda r: {"Param": u(r, (2, 3)), "Grad": u(r, (2, 3)), "Moment": pos(r, (2, 3), 0.1, 1),
+                 "LearningRate": lr()}))
+
+
+def _rmsprop_state(r, centered=False):
+    s = {"Param": u(r, (2, 3)), "MeanSquare": pos(r, (2, 3), 0.5, 1.0), "Grad": u(r, (2, 3)),
+         "Moment": u(r, (2, 3), -0.1, 0.1), "LearningRate": lr(0.01)}
+    if centered:
+        s["MeanGrad"] = u(r, (2, 3), -0.1, 0.1)
+    return s
+
+
+add("rmsprop",
+    S(_rmsprop_state, {"momentum": 0.5}),
+    {"inputs": lambda r: _rmsprop_state(r, True), "attrs": {"centered": True},
+     "outputs": {"MeanGradOut": 1}})
