@@ -154,7 +154,7 @@ def bench_mlp(repeat: int) -> None:
 
     main, startup = fluid.Program(), fluid.Program()
     startup.random_seed = 1
-    with fluid.program_guard(main, startup):
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
         x = fluid.layers.data(name="x", shape=[64], dtype="float32")
         h = fluid.layers.fc(x, 256, act="relu")
         h = fluid.layers.fc(h, 256, act="relu")
@@ -214,7 +214,7 @@ def bench_train(repeat: int) -> None:
 
     main, startup = fluid.Program(), fluid.Program()
     startup.random_seed = 1
-    with fluid.program_guard(main, startup):
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
         x = fluid.layers.data(name="x", shape=[64], dtype="float32")
         label = fluid.layers.data(name="label", shape=[1], dtype="int64")
         h = fluid.layers.fc(x, 256, act="relu")
@@ -252,6 +252,32 @@ def bench_train(repeat: int) -> None:
     contenders = {"pdjit Executor.run": lambda: exe.run(main, feed=feed, fetch_list=[loss],
                                                         scope=scope),
                   "NumPy by hand": numpy_step}
+    try:
+        import jax
+        import jax.numpy as jnp
+
+        def jloss(params, x, y):
+            w0, b0, w1, b1, w2, b2 = params
+            h = jax.nn.relu(x @ w0 + b0)
+            h = jax.nn.relu(h @ w1 + b1)
+            z = h @ w2 + b2
+            return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(z), y, axis=1))
+
+        @jax.jit
+        def jstep(params, x, y):
+            value, grads = jax.value_and_grad(jloss)(params, x, y)
+            return value, [q - 0.01 * g for q, g in zip(params, grads)]
+
+        state = {"p": [jax.device_put(q) for q in p]}
+        jx, jy = jax.device_put(xv), jax.device_put(yv)
+
+        def jax_step():
+            value, state["p"] = jstep(state["p"], jx, jy)
+            return float(value)
+
+        contenders["jax.jit"] = jax_step
+    except ImportError:
+        pass
     res = interleaved(contenders, repeat * 5)
     report("training step, MLP 64-256-256-10, batch 128, SGD (one BLAS thread)", res,
            "NumPy by hand")

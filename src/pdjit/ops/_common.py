@@ -69,6 +69,16 @@ def reduce_to_shape(g: np.ndarray, shape, axis: int, full_shape) -> np.ndarray:
     return g.reshape(shape)
 
 
+def src_literal(value) -> str:
+    """A number as Python source for generated code (infinities and nan included)."""
+    v = float(value)
+    if v != v:
+        return "math.nan"
+    if v in (float("inf"), float("-inf")):
+        return "math.inf" if v > 0 else "-math.inf"
+    return repr(value) if isinstance(value, (bool, int)) else repr(v)
+
+
 def int_values(t) -> list:
     """The ints held by a tensor-valued attribute input (a tensor or a list of 1-element ones)."""
     if isinstance(t, (list, tuple)):

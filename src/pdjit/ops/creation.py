@@ -21,13 +21,14 @@ from pdjit.framework.registry import (
     Int,
     Ints,
     Longs,
+    Opaque,
     Scalars,
     Str,
     VarMeta,
     grad_var_name,
     register_op,
 )
-from pdjit.ops._common import norm_axis
+from pdjit.ops._common import norm_axis, src_literal
 
 _DTYPE_CODES = tuple(dtypes.to_code(d) for d in
                      ("bool", "int32", "int64", "float16", "float32", "float64", "uint8", "int8",
@@ -91,13 +92,28 @@ def _fill_ref(ValueTensor=None, ShapeTensor=None, ShapeTensorList=None, *, shape
     return {"Out": np.full(shp, v, dtype=dt)}
 
 
+def _fill_lower(ctx):
+    """A constant of a shape known at build time: an allocation and a fill."""
+    if any(ctx.has_input(s) for s in ("ValueTensor", "ShapeTensor", "ShapeTensorList")):
+        return None
+    shape = [int(d) for d in ctx.attrs["shape"]]
+    if any(d < 0 for d in shape):
+        return None
+    dt = _np_dtype(ctx.attrs["dtype"])
+    value = _fill_value(ctx.attrs["value"], ctx.attrs["str_value"], dt)
+    out, T = ctx.out("Out"), ctx.T("Out")
+    return [f"{out} = np.empty({ctx.tuple_src(shape)}, {T})",
+            f"{out}.reshape({out}.size)[:] = {T}({src_literal(value)})"]
+
+
 register_op(
     "fill_constant", inputs=["ValueTensor?", "ShapeTensor?", "ShapeTensorList*?"],
     outputs=["Out"],
     attrs={"dtype": Int(5, choices=_DTYPE_CODES), "shape": Longs([]),
            "value": Float(0.0, low=-4.0, high=4.0), "str_value": Str(""),
            "force_cpu": Bool(False), "place_type": Int(-1)},
-    traits=[OPAQUE], infer_shape=_fill_infer, reference=_fill_ref, emit=None, grad=None,
+    traits=[OPAQUE], infer_shape=_fill_infer, reference=_fill_ref, emit=Opaque(_fill_lower),
+    grad=None,
     doc="Out = a tensor of `shape` filled with `value` (or `str_value`, exactly).")
 
 

@@ -10,6 +10,7 @@ from pdjit.framework.registry import (
     OPAQUE,
     Bool,
     Int,
+    Opaque,
     default_grad,
     register_op,
 )
@@ -177,11 +178,41 @@ def _ew_grad_ref(dx, dy):
     return ref
 
 
+def _add_sub_grad_lower(sign):
+    """The common bias case: X has Out's shape, Y covers Out's trailing dims. dX = dOut and
+    dY = the rows of dOut summed (negated for sub). Anything else runs the reference."""
+    def lower(ctx):
+        g_rank, y_rank, x_rank = ctx.rank("Out@GRAD"), ctx.rank("Y"), ctx.rank("X")
+        axis = ctx.attrs["axis"]
+        off = g_rank - y_rank if axis == -1 else axis
+        if x_rank != g_rank or off + y_rank != g_rank or ctx.dtype("X").kind != "f":
+            return None
+        X, Y, g, T = ctx.inp("X"), ctx.inp("Y"), ctx.inp("Out@GRAD"), ctx.T("Y")
+        lines = [f"_rt.check({X}.size == {g}.size)"]
+        lines += [f"_rt.check({Y}.shape[{j}] == {g}.shape[{off + j}])" for j in range(y_rank)]
+        if ctx.has_output("X@GRAD"):
+            lines.append(f"{ctx.out('X@GRAD')} = {g}.copy()")
+        if ctx.has_output("Y@GRAD"):
+            acc, g2, i, j = ctx.tmp("acc"), ctx.tmp("g"), ctx.tmp("i"), ctx.tmp("j")
+            lines += [f"{acc} = np.zeros({Y}.size, {T})",
+                      f"{g2} = {g}.reshape(({g}.size // max({Y}.size, 1), {Y}.size))",
+                      f"for {i} in range({g2}.shape[0]):",
+                      f"    for {j} in range({g2}.shape[1]):",
+                      f"        {acc}[{j}] += {g2}[{i}, {j}]",
+                      f"{ctx.out('Y@GRAD')} = ({sign}{acc}).reshape({Y}.shape)"]
+        return lines
+    return lower
+
+
+_GRAD_LOWER = {"elementwise_add": _add_sub_grad_lower(""),
+               "elementwise_sub": _add_sub_grad_lower("-")}
+
 for _name, (_dx, _dy) in _GRADS.items():
     register_op(
         f"{_name}_grad", inputs=["X", "Y", "Out?", "Out@GRAD"], outputs=["X@GRAD?", "Y@GRAD?"],
         attrs=dict(_AXIS), traits=[OPAQUE], infer_shape=_ew_grad_infer,
-        reference=_ew_grad_ref(_dx, _dy), emit=None, grad=None,
+        reference=_ew_grad_ref(_dx, _dy),
+        emit=Opaque(_GRAD_LOWER[_name]) if _name in _GRAD_LOWER else None, grad=None,
         doc=f"Gradients of {_name} w.r.t. X and Y (summed over broadcast dims).")
 
 register_op(

@@ -241,11 +241,84 @@ def _swce_ref(Logits, Label, *, soft_label, use_softmax, ignore_index, axis, **_
             "Loss": np.moveaxis(loss, -1, ax).astype(Logits.dtype, copy=False)}
 
 
+def _swce_lowerable(ctx, x_slot) -> bool:
+    """Hard labels over the last axis, with the softmax: the case training loops use."""
+    r = ctx.rank(x_slot)
+    return (r >= 1 and not ctx.attrs["soft_label"] and ctx.attrs["use_softmax"]
+            and ctx.attrs["axis"] in (-1, r - 1) and ctx.dtype(x_slot).kind == "f")
+
+
+def _swce_lower(ctx):
+    """Row by row: max, clipped exp, sum; Softmax = e / sum; Loss = log(sum) - shifted[label].
+    A label out of range raises: the references then report it."""
+    if not _swce_lowerable(ctx, "Logits"):
+        return None
+    X, L, T, r = ctx.inp("Logits"), ctx.inp("Label"), ctx.T("Logits"), ctx.rank("Logits")
+    sm, loss = ctx.out("Softmax"), ctx.out("Loss")
+    x2, s2, lab, lf, i, j, m, s, k = (ctx.tmp(h) for h in "xsblfijmk")
+    lead = [f"{X}.shape[{d}]" for d in range(r - 1)]
+    ign = int(ctx.attrs["ignore_index"])
+    return [
+        f"{x2} = {X}.reshape(({ctx.prod(X, 0, r - 1)}, {X}.shape[{r - 1}]))",
+        f"{lab} = {L}.reshape({L}.size)",
+        f"_rt.check({lab}.size == {x2}.shape[0])",
+        f"{sm} = np.empty_like({X})",
+        f"{s2} = {sm}.reshape({x2}.shape)",
+        f"{loss} = np.empty({ctx.tuple_src(lead + ['1'])}, {T})",
+        f"{lf} = {loss}.reshape({loss}.size)",
+        f"for {i} in range({x2}.shape[0]):",
+        f"    {m} = {T}(-math.inf)",
+        f"    for {j} in range({x2}.shape[1]):",
+        f"        {m} = max({m}, {x2}[{i}, {j}])",
+        f"    {s} = {T}(0)",
+        f"    for {j} in range({x2}.shape[1]):",
+        f"        {s2}[{i}, {j}] = _m.exp(max({x2}[{i}, {j}] - {m}, {T}({_CLIP})))",
+        f"        {s} += {s2}[{i}, {j}]",
+        f"    for {j} in range({x2}.shape[1]):",
+        f"        {s2}[{i}, {j}] = {s2}[{i}, {j}] / {s}",
+        f"    {k} = {lab}[{i}]",
+        f"    if {k} == {ign}:",
+        f"        {lf}[{i}] = {T}(0)",
+        "    else:",
+        f"        _rt.check(0 <= {k} < {x2}.shape[1])",
+        f"        {lf}[{i}] = {T}(math.log({s})) - max({x2}[{i}, {k}] - {m}, {T}({_CLIP}))",
+    ]
+
+
+def _swce_grad_lower(ctx):
+    """Logits@GRAD = (Softmax - onehot(Label)) * Loss@GRAD per row; 0 on ignored rows."""
+    if not _swce_lowerable(ctx, "Softmax") or not ctx.has_output("Logits@GRAD"):
+        return None
+    sm, L, g, T = ctx.inp("Softmax"), ctx.inp("Label"), ctx.inp("Loss@GRAD"), ctx.T("Softmax")
+    r = ctx.rank("Softmax")
+    out = ctx.out("Logits@GRAD")
+    s2, o2, lab, gf, i, j, k = (ctx.tmp(h) for h in "sobgijk")
+    ign = int(ctx.attrs["ignore_index"])
+    return [
+        f"{s2} = {sm}.reshape(({ctx.prod(sm, 0, r - 1)}, {sm}.shape[{r - 1}]))",
+        f"{lab} = {L}.reshape({L}.size)",
+        f"{gf} = {g}.reshape({g}.size)",
+        f"_rt.check({lab}.size == {s2}.shape[0] and {gf}.size == {s2}.shape[0])",
+        f"{out} = np.empty_like({sm})",
+        f"{o2} = {out}.reshape({s2}.shape)",
+        f"for {i} in range({s2}.shape[0]):",
+        f"    {k} = {lab}[{i}]",
+        f"    if {k} == {ign}:",
+        f"        for {j} in range({s2}.shape[1]):",
+        f"            {o2}[{i}, {j}] = {T}(0)",
+        "    else:",
+        f"        _rt.check(0 <= {k} < {s2}.shape[1])",
+        f"        for {j} in range({s2}.shape[1]):",
+        f"            {o2}[{i}, {j}] = {s2}[{i}, {j}] * {gf}[{i}]",
+        f"        {o2}[{i}, {k}] = ({s2}[{i}, {k}] - {T}(1)) * {gf}[{i}]",
+    ]
+
+
 register_op(
     "softmax_with_cross_entropy", inputs=["Logits", "Label"], outputs=["Softmax", "Loss"],
     attrs={"soft_label": Bool(False), "use_softmax": Bool(True),
            "numeric_stable_mode": Bool(True), **_IGNORE, "axis": Int(-1, low=-1, high=1)},
-    traits=[OPAQUE], infer_shape=_swce_infer, reference=_swce_ref, emit=None,
+    traits=[OPAQUE], infer_shape=_swce_infer, reference=_swce_ref, emit=Opaque(_swce_lower),
     grad=default_grad("softmax_with_cross_entropy_grad", fwd_inputs=("Label",),
                       fwd_outputs=("Softmax",), grad_outputs=("Loss",), wrt=("Logits",)),
     doc="Softmax = softmax(Logits, axis); Loss = cross entropy of Softmax against Label, "
@@ -517,8 +590,8 @@ register_op(
     outputs=["Logits@GRAD?"],
     attrs={"soft_label": Bool(False), "use_softmax": Bool(True),
            "numeric_stable_mode": Bool(True), **_IGNORE, "axis": Int(-1, low=-1, high=1)},
-    traits=[OPAQUE], infer_shape=_swce_grad_infer, reference=_swce_grad_ref, emit=None,
-    grad=None,
+    traits=[OPAQUE], infer_shape=_swce_grad_infer, reference=_swce_grad_ref,
+    emit=Opaque(_swce_grad_lower), grad=None,
     doc="dLogits = (Softmax - onehot(Label)) * dLoss (hard; 0 on ignored rows) or "
         "(Softmax - Label) * dLoss (soft); with use_softmax=False, -Label / Softmax * dLoss.")
 

@@ -43,6 +43,7 @@ from pdjit.framework.registry import (
     Int,
     Ints,
     Long,
+    Opaque,
     Reduce,
     default_grad,
     grad_var_name,
@@ -258,9 +259,19 @@ def _mean_grad_ref(X, **kw):
     return {"X@GRAD": np.full(X.shape, g.reshape(-1)[0] / max(X.size, 1), dtype=X.dtype)}
 
 
+def _mean_grad_lower(ctx):
+    if ctx.dtype("X").kind != "f" or not ctx.has_output("X@GRAD"):
+        return None
+    X, g, out, T = ctx.inp("X"), ctx.inp("Out@GRAD"), ctx.out("X@GRAD"), ctx.T("X")
+    return [f"_rt.check({g}.size == 1)",
+            f"{out} = np.empty_like({X})",
+            f"{out}.reshape({out}.size)[:] = {g}.reshape(1)[0] / {T}({X}.size)"]
+
+
 register_op(
     "mean_grad", inputs=["X", "Out@GRAD"], outputs=["X@GRAD?"], traits=[OPAQUE],
-    infer_shape=lambda X, **_: {"X@GRAD": X}, reference=_mean_grad_ref, emit=None, grad=None,
+    infer_shape=lambda X, **_: {"X@GRAD": X}, reference=_mean_grad_ref,
+    emit=Opaque(_mean_grad_lower), grad=None,
     doc="X@GRAD = Out@GRAD / X.size everywhere (gradient of mean).")
 
 

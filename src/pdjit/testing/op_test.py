@@ -88,7 +88,9 @@ def run_op(op_type: str, inputs: Mapping, attrs: Mapping | None = None, mode: st
     prog, feed, out_vars = build_op_program(op_type, inputs, attrs, batch_unknown, outputs)
     opdef = registry.get(op_type)
     fetch = [v for vs in out_vars.values() for v in vs]
-    results = Executor(mode=mode).run(prog, feed=feed, fetch_list=fetch, scope=Scope())
+    exe = Executor(mode=mode)
+    results = exe.run(prog, feed=feed, fetch_list=fetch, scope=Scope())
+    _check_native(exe, op_type, inputs, attrs)
     got, it = {}, iter(results)
     for slot in opdef.outputs:
         if slot.name not in out_vars:
@@ -98,6 +100,16 @@ def run_op(op_type: str, inputs: Mapping, attrs: Mapping | None = None, mode: st
             _check_meta(op_type, inputs, attrs, v, a)
         got[slot.name] = arrays if slot.duplicable else arrays[0]
     return got
+
+
+def _check_native(exe, op_type, inputs, attrs) -> None:
+    """Compiled mode must really run native code: a native step that gave up (its code did not
+    compile) or fell back to the references on valid inputs is a lowering bug."""
+    for _, plan in exe._plans.values():
+        for step in plan.steps:
+            bad = getattr(step, "retired", None) or (getattr(step, "fallbacks", 0) and
+                                                     "native code fell back at run time")
+            assert not bad, f"{_describe(op_type, inputs, attrs)}: {bad}"
 
 
 def _check_meta(op_type, inputs, attrs, var, arr) -> None:
