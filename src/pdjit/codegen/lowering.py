@@ -54,7 +54,7 @@ class Declined(Exception):
 
 
 class LowerContext:
-    """What an ``Opaque.lower`` sees: value names, ranks, dtypes, attributes, kernels."""
+    """What an ``Opaque.lower`` sees: value names, ranks, dtypes, attributes, fresh names."""
 
     def __init__(self, gen: "SegmentGen", node):
         self.gen, self.node, self.op = gen, node, node.op
@@ -103,8 +103,6 @@ class LowerContext:
     def tmp(self, hint: str = "t") -> str:
         return self.gen.fresh(hint)
 
-    def kernel(self, fn) -> str:
-        return self.gen.kernel(fn)
 
 
 class SegmentGen:
@@ -112,12 +110,12 @@ class SegmentGen:
 
     def __init__(self, segment: Segment, block, needed_after: set, parallel: bool = False):
         self.segment, self.block, self.parallel = segment, block, parallel
+        self.uses_prange = False      # whether a parallel loop was emitted
         self.needed_after = needed_after
         self.lines: list = []
         self.args: list = []          # env names, in argument order
         self.current: dict = {}       # env name -> local array holding its latest value
         self.counter = 0
-        self.kernels: dict = {}       # local name -> function
         self.expected: list = []      # (dtype, ndim) per argument
         self.defined: set = set()     # env names this segment writes (in place ones included)
 
@@ -141,14 +139,6 @@ class SegmentGen:
         local = self.fresh("s")
         self.current[name] = local
         self.defined.add(name)
-        return local
-
-    def kernel(self, fn) -> str:
-        for local, f in self.kernels.items():
-            if f is fn:
-                return local
-        local = f"_k_{fn.__name__.lstrip('_')}_{len(self.kernels)}"
-        self.kernels[local] = fn
         return local
 
     def emit(self, line: str, indent: int = 1) -> None:
@@ -287,6 +277,7 @@ class SegmentGen:
             body + stores + (reduce["flat"] if reduce else [])
         if self.parallel and reduce is None:
             # threads pay off only on large arrays: decided here, at run time, by size
+            self.uses_prange = True
             self.emit(f"if {total} >= {PARALLEL_MIN_SIZE}:", 2)
             self.emit(f"for o in numba.prange({total}):", 3)
             for line in flat_body:

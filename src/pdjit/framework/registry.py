@@ -251,7 +251,7 @@ class Opaque:
 
     ``ctx`` (``pdjit.codegen.lowering.LowerContext``) names the op's input and output values
     (``ctx.inp("X")``, ``ctx.out("Out")``), their ranks and dtypes, its attributes
-    (``ctx.attrs``), and registers Numba-compilable helper functions (``ctx.kernel(fn)``).
+    (``ctx.attrs``), and gives fresh local names (``ctx.tmp()``).
     Lines may use ``np`` (as Numba supports it) and must leave each output a C-contiguous array.
     """
     lower: Callable

@@ -140,8 +140,7 @@ def build_plan(program, fetch_names) -> Plan:
             node = seg.groups[0].nodes[0]
             steps.append(ReferenceStep(node.op, index[id(node.op)], node.why_not))
             continue
-        compiled = compile_function(gen.source("segment"), "segment", gen.kernels,
-                                    parallel=gen.parallel and "numba.prange" in gen.source(""))
+        compiled = compile_function(gen.source("segment"), "segment", parallel=gen.uses_prange)
         seg_ops = [(op, index[id(op)]) for g in seg.groups for op in g.ops]
         desc = "; ".join(g.describe() for g in seg.groups)
         steps.append(NativeStep(compiled, gen.args, gen.expected, gen.outputs, seg_ops, desc))
