@@ -72,7 +72,7 @@ def _read_scalar(s: pb.Scalar):
 
 def infer_type(value) -> int:
     """The attribute type a Python value is stored as when no op definition declares one."""
-    from pdjit.framework.program import Block  # local: program imports this module
+    from pdjit.framework.block import Block  # local: block imports this module
 
     if isinstance(value, (bool, np.bool_)):
         return A.BOOLEAN
@@ -104,7 +104,7 @@ def infer_type(value) -> int:
 
 def write(attr: pb.OpDesc.Attr, name: str, t: int, value) -> None:
     """Fill ``attr`` with ``value`` stored as type ``t``; raise ``TypeError`` if it does not fit."""
-    from pdjit.framework.program import Block
+    from pdjit.framework.block import Block
 
     attr.Clear()
     attr.name = name
