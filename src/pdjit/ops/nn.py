@@ -91,29 +91,36 @@ def _softmax_ref(X, *, axis):
     return {"Out": _log_softmax(X, norm_axis(axis, X.ndim))[0]}
 
 
-def _softmax_lower(ctx):
-    """Softmax over the last axis, row by row: max, clipped exp, sum, scale."""
-    r = ctx.rank("X")
-    if r == 0 or ctx.dtype("X").kind != "f" or ctx.attrs["axis"] not in (-1, r - 1):
-        return None
-    X, out, T = ctx.inp("X"), ctx.out("Out"), ctx.T("X")
-    x2, o2, i, j, m, s, e = (ctx.tmp(h) for h in ("x", "o", "i", "j", "m", "s", "e"))
+def _softmax_rows(x2, o2, i, j, m, s, T) -> list:
+    """Source of a loop over the rows ``i`` of ``x2`` writing their softmax into ``o2``: max,
+    exp of the shifted values clipped at -64 (Paddle's CPU kernel), sum, scale. The row's max
+    and sum stay in ``m`` and ``s``; lines appended with 4 more spaces run in the same row."""
     return [
-        f"{x2} = {X}.reshape(({ctx.prod(X, 0, r - 1)}, {X}.shape[{r - 1}]))",
-        f"{out} = np.empty_like({X})",
-        f"{o2} = {out}.reshape({x2}.shape)",
         f"for {i} in range({x2}.shape[0]):",
         f"    {m} = {T}(-math.inf)",
         f"    for {j} in range({x2}.shape[1]):",
         f"        {m} = max({m}, {x2}[{i}, {j}])",
         f"    {s} = {T}(0)",
         f"    for {j} in range({x2}.shape[1]):",
-        f"        {e} = _m.exp(max({x2}[{i}, {j}] - {m}, {T}({_CLIP})))",
-        f"        {o2}[{i}, {j}] = {e}",
-        f"        {s} += {e}",
+        f"        {o2}[{i}, {j}] = _m.exp(max({x2}[{i}, {j}] - {m}, {T}({_CLIP})))",
+        f"        {s} += {o2}[{i}, {j}]",
         f"    for {j} in range({x2}.shape[1]):",
         f"        {o2}[{i}, {j}] = {o2}[{i}, {j}] / {s}",
     ]
+
+
+def _softmax_lower(ctx):
+    """Softmax over the last axis, row by row."""
+    r = ctx.rank("X")
+    if r == 0 or ctx.dtype("X").kind != "f" or ctx.attrs["axis"] not in (-1, r - 1):
+        return None
+    X, out, T = ctx.inp("X"), ctx.out("Out"), ctx.T("X")
+    x2, o2, i, j, m, s = (ctx.tmp(h) for h in ("x", "o", "i", "j", "m", "s"))
+    return [
+        f"{x2} = {X}.reshape(({ctx.prod(X, 0, r - 1)}, {X}.shape[{r - 1}]))",
+        f"{out} = np.empty_like({X})",
+        f"{o2} = {out}.reshape({x2}.shape)",
+    ] + _softmax_rows(x2, o2, i, j, m, s, T)
 
 
 register_op(
@@ -266,16 +273,7 @@ def _swce_lower(ctx):
         f"{s2} = {sm}.reshape({x2}.shape)",
         f"{loss} = np.empty({ctx.tuple_src(lead + ['1'])}, {T})",
         f"{lf} = {loss}.reshape({loss}.size)",
-        f"for {i} in range({x2}.shape[0]):",
-        f"    {m} = {T}(-math.inf)",
-        f"    for {j} in range({x2}.shape[1]):",
-        f"        {m} = max({m}, {x2}[{i}, {j}])",
-        f"    {s} = {T}(0)",
-        f"    for {j} in range({x2}.shape[1]):",
-        f"        {s2}[{i}, {j}] = _m.exp(max({x2}[{i}, {j}] - {m}, {T}({_CLIP})))",
-        f"        {s} += {s2}[{i}, {j}]",
-        f"    for {j} in range({x2}.shape[1]):",
-        f"        {s2}[{i}, {j}] = {s2}[{i}, {j}] / {s}",
+    ] + _softmax_rows(x2, s2, i, j, m, s, T) + [
         f"    {k} = {lab}[{i}]",
         f"    if {k} == {ign}:",
         f"        {lf}[{i}] = {T}(0)",
