@@ -96,6 +96,10 @@ class LowerContext:
         """Source for the product of ``local.shape[lo:hi]`` (``1`` when empty)."""
         return " * ".join(f"{local}.shape[{i}]" for i in range(lo, hi)) or "1"
 
+    def as_rows(self, local: str, rank: int) -> str:
+        """Source viewing ``local`` (of ``rank`` >= 1) as rows of its last axis: a 2-D array."""
+        return f"{local}.reshape(({self.prod(local, 0, rank - 1)}, {local}.shape[{rank - 1}]))"
+
     @staticmethod
     def tuple_src(items) -> str:
         return "(" + "".join(f"{i}, " for i in items) + ")"

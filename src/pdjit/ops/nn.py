@@ -117,7 +117,7 @@ def _softmax_lower(ctx):
     X, out, T = ctx.inp("X"), ctx.out("Out"), ctx.T("X")
     x2, o2, i, j, m, s = (ctx.tmp(h) for h in ("x", "o", "i", "j", "m", "s"))
     return [
-        f"{x2} = {X}.reshape(({ctx.prod(X, 0, r - 1)}, {X}.shape[{r - 1}]))",
+        f"{x2} = {ctx.as_rows(X, r)}",
         f"{out} = np.empty_like({X})",
         f"{o2} = {out}.reshape({x2}.shape)",
     ] + _softmax_rows(x2, o2, i, j, m, s, T)
@@ -266,7 +266,7 @@ def _swce_lower(ctx):
     lead = [f"{X}.shape[{d}]" for d in range(r - 1)]
     ign = int(ctx.attrs["ignore_index"])
     return [
-        f"{x2} = {X}.reshape(({ctx.prod(X, 0, r - 1)}, {X}.shape[{r - 1}]))",
+        f"{x2} = {ctx.as_rows(X, r)}",
         f"{lab} = {L}.reshape({L}.size)",
         f"_rt.check({lab}.size == {x2}.shape[0])",
         f"{sm} = np.empty_like({X})",
@@ -293,7 +293,7 @@ def _swce_grad_lower(ctx):
     s2, o2, lab, gf, i, j, k = (ctx.tmp(h) for h in "sobgijk")
     ign = int(ctx.attrs["ignore_index"])
     return [
-        f"{s2} = {sm}.reshape(({ctx.prod(sm, 0, r - 1)}, {sm}.shape[{r - 1}]))",
+        f"{s2} = {ctx.as_rows(sm, r)}",
         f"{lab} = {L}.reshape({L}.size)",
         f"{gf} = {g}.reshape({g}.size)",
         f"_rt.check({lab}.size == {s2}.shape[0] and {gf}.size == {s2}.shape[0])",

@@ -41,30 +41,25 @@ class RunProgram:
             if v.persistable and v.type not in (VarType.FEED_MINIBATCH, VarType.FETCH_LIST))
 
 
-def fetch_names_of(fetch_list) -> tuple:
+def _names_of(items, what: str) -> tuple:
     names = []
-    for f in fetch_list or ():
-        if isinstance(f, Variable):
-            names.append(f.name)
-        elif isinstance(f, str):
-            names.append(f)
+    for item in items or ():
+        if isinstance(item, Variable):
+            names.append(item.name)
+        elif isinstance(item, str):
+            names.append(item)
         else:
-            raise TypeError(f"fetch_list items must be Variables or names, got "
-                            f"{type(f).__name__}: {f!r}")
+            raise TypeError(f"{what} must be Variables or variable names, got "
+                            f"{type(item).__name__}: {item!r}")
     return tuple(names)
+
+
+def fetch_names_of(fetch_list) -> tuple:
+    return _names_of(fetch_list, "fetch_list items")
 
 
 def feed_names_of(feed) -> tuple:
-    names = []
-    for k in feed or {}:
-        if isinstance(k, Variable):
-            names.append(k.name)
-        elif isinstance(k, str):
-            names.append(k)
-        else:
-            raise TypeError(f"feed keys must be variable names or Variables, got "
-                            f"{type(k).__name__}: {k!r}")
-    return tuple(names)
+    return _names_of(feed, "feed keys")
 
 
 def _existing_feed_fetch(program: Program, feed_var: str, fetch_var: str):
