@@ -80,6 +80,18 @@ An ``OpDef`` holds:
     producers, and drops grad ops that produce nothing needed. ``grad=NO_GRAD_YET`` declares
     the op differentiable with its grad maker still to be written.
 
+``out_lod`` (optional)
+    How the LoD of outputs follows from the LoD of inputs, without running the op:
+    ``out_lod(lods, *, attrs...) -> {out_slot: lod | [lod]}``. ``lods`` maps each input slot the
+    op binds to its LoD (a list of offset lists, ``[]`` when the value has none; a list of LoDs
+    for a duplicable slot); absent dispensable slots are not in it. The result gives the LoD of
+    each output slot it names (``[]``: the output carries none); outputs it does not name get
+    the default (an output variable with ``lod_level > 0`` and as many rows as the first LoD
+    input takes that input's LoD). It raises :class:`ShapeMismatch` for LoDs the op refuses and
+    :class:`ValueDependentLoD` when an output's LoD depends on values (``lod_reset`` from Y's
+    data): then only the reference knows it (``ctx.set_output_lod``). Both executors use it, so a
+    reference need not set the LoD of outputs ``out_lod`` covers.
+
 A program may contain op types that are not registered (loaded from a file): it loads and
 prints, and running it raises :class:`UnregisteredOpError` naming the op.
 """
@@ -113,6 +125,10 @@ ALL_TRAITS = frozenset({ELEMENTWISE, BROADCAST, REDUCTION, OPAQUE, VIEW, SIDE_EF
 
 GRAD_SUFFIX = "@GRAD"
 EMPTY_VAR_NAME = "@EMPTY@"
+
+
+class ValueDependentLoD(Exception):
+    """Raised by an ``out_lod`` rule: this output's LoD depends on input values, not LoDs."""
 
 
 def grad_var_name(name: str) -> str:
@@ -311,6 +327,7 @@ class OpDef:
     grad: Callable | None
     doc: str = ""
     domain: Mapping[str, str] = field(default_factory=dict)
+    out_lod: Callable | None = None
 
     def __post_init__(self):
         self.inputs = tuple(Slot.parse(s) for s in self.inputs)
@@ -354,6 +371,13 @@ class OpDef:
     def call_reference(self, inputs: Mapping[str, Any], attrs: Mapping[str, Any], ctx=None) -> dict:
         return self._call(self.reference, self._ref_sig, inputs, attrs, ctx)
 
+    def call_out_lod(self, lods: Mapping[str, Any], attrs: Mapping[str, Any]) -> dict:
+        """The output LoDs ``out_lod`` defines (``{}`` without a rule); may raise
+        :class:`ValueDependentLoD` or :class:`ShapeMismatch`."""
+        if self.out_lod is None:
+            return {}
+        return self.out_lod(dict(lods), **self.attr_values(attrs))
+
     def _call(self, fn, sig: _Signature, inputs, attrs, ctx):
         kw = {s: inputs.get(s) for s in sig.slots}
         for a in sig.attrs:
@@ -371,7 +395,7 @@ _BUILTINS_LOADED = False
 def register_op(type: str, *, inputs: Sequence, outputs: Sequence, attrs: Mapping | None = None,
                 traits: Sequence = (), infer_shape: Callable, reference: Callable, emit: Any,
                 grad: Callable | None, doc: str = "", domain: Mapping | None = None,
-                replace: bool = False) -> OpDef:
+                replace: bool = False, out_lod: Callable | None = None) -> OpDef:
     """Define an op. ``emit`` and ``grad`` have no default: each op declares both decisions.
 
     ``domain`` (optional) says which values an input slot takes: ``{"X": "positive"}``
@@ -380,7 +404,7 @@ def register_op(type: str, *, inputs: Sequence, outputs: Sequence, attrs: Mappin
     if type in _REGISTRY and not replace:
         raise ValueError(f"op type {type!r} is already registered")
     opdef = OpDef(type, tuple(inputs), tuple(outputs), dict(attrs or {}), frozenset(traits),
-                  infer_shape, reference, emit, grad, doc, dict(domain or {}))
+                  infer_shape, reference, emit, grad, doc, dict(domain or {}), out_lod)
     _REGISTRY[type] = opdef
     return opdef
 

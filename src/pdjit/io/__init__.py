@@ -6,6 +6,14 @@ from pdjit.io.tensor_stream import (
                                     save_combined_params,
                                     write_tensor,
 )
+from pdjit.io.variables import (
+                                is_persistable,
+                                load_persistables,
+                                load_vars,
+                                save_persistables,
+                                save_vars,
+)
 
 __all__ = ["load_combined_params", "persistable_names", "read_tensor", "save_combined_params",
-           "write_tensor"]
+           "write_tensor", "is_persistable", "load_persistables", "load_vars",
+           "save_persistables", "save_vars"]

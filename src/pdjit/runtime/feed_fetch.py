@@ -16,7 +16,7 @@ from pdjit.framework import dtypes
 from pdjit.framework.errors import FeedError
 from pdjit.framework.program import Program, Variable
 from pdjit.proto import framework_pb2 as pb
-from pdjit.runtime.tensor import LoDTensor, check_lod
+from pdjit.runtime.tensor import LoDTensor, check_offsets
 
 VarType = pb.VarType
 
@@ -156,7 +156,11 @@ def check_feed(var: Variable, value):
     """
     lod = None
     if isinstance(value, LoDTensor):
-        lod, value = value.lod(), np.asarray(value)
+        if value._array is None:
+            raise FeedError(f"feed: variable {var.name!r}: the LoDTensor holds no data")
+        lod, value = value._lod, value._array
+        if lod:
+            _check_lod_level(var, lod)
     want = var.dtype
     if isinstance(value, np.ndarray):
         arr = value
@@ -185,8 +189,21 @@ def check_feed(var: Variable, value):
         arr = np.array(arr, order="C")  # (np.ascontiguousarray would turn 0-d into 1-d)
     if lod:
         try:
-            check_lod(lod, arr.shape[0] if arr.ndim else 1, f"feed {var.name!r} LoD")
+            lod = check_offsets(lod, arr.shape[0] if arr.ndim else 1, f"feed {var.name!r} LoD")
         except ValueError as e:
             raise FeedError(str(e)) from None
-        return LoDTensor(arr, lod)
+        return LoDTensor._wrap(arr, lod)
     return arr
+
+
+def _check_lod_level(var: Variable, lod) -> None:
+    """A fed LoD must have as many levels as the variable declares (``data(lod_level=...)``)."""
+    want = var.lod_level if var.type == VarType.LOD_TENSOR else 0
+    if want == 0:
+        raise FeedError(f"feed: variable {var.name!r} is declared with lod_level 0 but the fed "
+                        f"LoDTensor has a LoD of {len(lod)} level(s); declare it with "
+                        f"lod_level={len(lod)} (data(..., lod_level={len(lod)})) or feed a "
+                        f"plain array")
+    if want != len(lod):
+        raise FeedError(f"feed: variable {var.name!r} expects a LoD of {want} level(s) "
+                        f"(lod_level={want}), got {len(lod)}")

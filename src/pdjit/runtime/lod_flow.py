@@ -1,0 +1,132 @@
+"""How LoD offsets flow through the ops of one native segment.
+
+Native code computes arrays only; the LoD of what it returns is worked out here, with the same
+rules as the reference executor (``Executor._store_outputs``): an op's ``out_lod`` rule gives
+the LoD of the outputs it names; any other output whose variable has ``lod_level > 0`` takes
+the LoD of the op's first input that carries one, when its rows match. The walk over the
+segment's ops is prepared once per plan (:class:`LoDFlow`) and costs a few dict operations per
+op at run time, and nothing when no input carries a LoD and no op needs one.
+
+Lowerings that loop over offsets ask for them with ``LowerContext.lod(slot, level)``: each such
+request becomes an extra ``int64`` argument of the native function, bound here from the LoD the
+value has when its op runs.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from pdjit.framework import registry
+from pdjit.runtime.tensor import LoDTensor, check_offsets
+
+_NO_OFFSETS = np.zeros(0, np.int64)
+_NO_OFFSETS.flags.writeable = False
+
+
+class LoDUnavailable(Exception):
+    """The native step cannot know a LoD (missing where a lowering needs it, value-dependent, or
+    not fitting an output): run the references, which give the answer or the precise error."""
+
+
+class _OpFlow:
+    __slots__ = ("opdef", "attrs", "ins", "outs", "requests")
+
+    def __init__(self, opdef, attrs, ins, outs):
+        self.opdef, self.attrs, self.ins, self.outs = opdef, attrs, ins, outs
+        self.requests = []            # [(position in the extra args, name, level, optional)]
+
+
+class LoDFlow:
+    """The LoD rules of a segment's ops, in order. ``requests``: ``(op, env name, level,
+    optional)`` per offsets argument the generated function takes, in argument order."""
+
+    def __init__(self, ops, requests=()):
+        self.flows = []
+        by_op = {}
+        for op, _ in ops:
+            opdef = registry.get(op.type)
+            block = op.block
+            ins = [(s.name, s.duplicable,
+                    [n for n in op.input(s.name) if n != registry.EMPTY_VAR_NAME])
+                   for s in opdef.inputs]
+            ins = [x for x in ins if x[2]]
+            outs = []
+            for s in opdef.outputs:
+                names = []
+                for n in op.output(s.name):
+                    var = block._find_var_recursive(n) if n != registry.EMPTY_VAR_NAME else None
+                    names.append((n, bool(var is not None and var.lod_level)))
+                outs.append((s.name, s.duplicable, names))
+            attrs = {k: v for k, v in op.all_attrs().items() if k in opdef.attrs}
+            flow = _OpFlow(opdef, attrs, ins, outs)
+            by_op[id(op)] = flow
+            self.flows.append(flow)
+        for pos, (op, name, level, optional) in enumerate(requests):
+            by_op[id(op)].requests.append((pos, name, level, optional))
+        self.n_requests = len(requests)
+        # a control-flow op (a native loop) says nothing of LoD: LoD inputs run its reference
+        self.refuse = any(f.opdef.has(registry.CONTROL_FLOW) for f in self.flows)
+        # with neither a rule nor a request, inputs without LoD give outputs without LoD
+        self.always = bool(requests) or any(f.opdef.out_lod is not None for f in self.flows)
+
+    def resolve(self, arg_lods: dict):
+        """``({name: (lod arrays, from a rule)}, extra offsets args)`` for one run, from the LoDs
+        of the segment's arguments; :class:`LoDUnavailable` when a needed LoD is missing."""
+        if self.refuse and arg_lods:
+            raise LoDUnavailable("a control-flow op does not propagate LoD natively")
+        lods = {n: (lod, False) for n, lod in arg_lods.items()}
+        extra = [None] * self.n_requests
+        for f in self.flows:
+            for pos, name, level, optional in f.requests:
+                lod = lods.get(name, ((), False))[0]
+                if not lod or not -len(lod) <= level < len(lod):
+                    if not optional:
+                        raise LoDUnavailable(f"{name!r} has no LoD level {level}")
+                    extra[pos] = _NO_OFFSETS
+                else:
+                    extra[pos] = lod[level]
+            first = None
+            for _, _, names in f.ins:
+                for n in names:
+                    hit = lods.get(n)
+                    if hit is not None and hit[0]:
+                        first = hit[0]
+                        break
+                if first is not None:
+                    break
+            rule = {}
+            if f.opdef.out_lod is not None:
+                given = {}
+                for slot, dup, names in f.ins:
+                    got = [[a.tolist() for a in lods.get(n, ((), False))[0]] for n in names]
+                    given[slot] = got if dup else got[0]
+                try:
+                    rule = f.opdef.call_out_lod(given, f.attrs)
+                except registry.ValueDependentLoD:
+                    raise LoDUnavailable("the output LoD depends on values") from None
+                except (ValueError, IndexError, KeyError, TypeError) as e:
+                    raise LoDUnavailable(str(e)) from None
+            for slot, dup, names in f.outs:
+                if slot in rule:
+                    given = rule[slot] if dup else [rule[slot]]
+                    for (n, _), lod in zip(names, given):
+                        try:
+                            lods[n] = (check_offsets(lod or [], None), True)
+                        except ValueError as e:
+                            raise LoDUnavailable(str(e)) from None
+                else:
+                    for n, has_level in names:
+                        lods[n] = (first, False) if has_level and first is not None else ((),
+                                                                                       False)
+        return lods, extra
+
+    @staticmethod
+    def attach(name: str, value, lods: dict):
+        """``value`` as the env holds it: a LoDTensor when its LoD is non-empty and fits."""
+        lod, ruled = lods.get(name, ((), False))
+        if not lod or type(value) is not np.ndarray:
+            return value
+        if value.ndim and value.shape[0] == lod[-1][-1]:
+            return LoDTensor._wrap(value, lod)
+        if ruled:
+            raise LoDUnavailable(f"output {name!r}: its LoD does not fit its rows")
+        return value
