@@ -5,7 +5,8 @@
 - a function ``rng -> (inputs, attrs)`` (run and compared across executor modes only), or
 - a dict with the keys
 
-  ``inputs``   ``{slot: array | [arrays]}``, or a function ``rng -> {slot: ...}``;
+  ``inputs``   ``{slot: array | [arrays]}``, or a function ``rng -> {slot: ...}``; a LoD
+               input is an ``(array, lod)`` pair (or a ``LoDTensor``);
   ``attrs``    ``{name: value}`` (default ``{}``);
   ``outputs``  sizes of list outputs, e.g. ``{"Out": 2}`` for a split into 2 (default none);
   ``grad``     the input slots to gradient-check, or ``None`` (default: no gradient check);
@@ -430,3 +431,63 @@ add("rmsprop",
     S(_rmsprop_state, {"momentum": 0.5}),
     {"inputs": lambda r: _rmsprop_state(r, True), "attrs": {"centered": True},
      "outputs": {"MeanGradOut": 1}})
+
+
+# ---- control flow (ops/control_flow.py) ---------------------------------------------------------
+# conditional_block / while own sub-blocks, select_output leaves its unselected outputs without
+# a value, and the tensor-array ops take or give tensor arrays: they are exempt here
+# (test_registry.NO_SAMPLE, CONTROL_FLOW) and covered by tests/control_flow/.
+def _merge_inputs(r):
+    mask = np.array([[True], [False], [False], [True], [False]])
+    x = u(r, (5, 3))
+    return {"X": mask, "Mask": mask, "InTrue": x[mask[:, 0]], "InFalse": x[~mask[:, 0]]}
+
+
+add("select_input",
+    S(lambda r: {"X": [u(r, (2, 3)), u(r, (2, 3))], "Mask": np.array([1], np.int32)},
+      grad=["X"]),
+    S(lambda r: {"X": [u(r, (2, 3)), u(r, (2, 3)), u(r, (2, 3))],
+                 "Mask": np.array([0], np.int32)}))
+add("split_lod_tensor",
+    S(lambda r: {"X": u(r, (4, 3)), "Mask": np.array([[True], [False], [True], [True]])},
+      grad=["X"], out="OutTrue"),
+    S(lambda r: {"X": u(r, (3, 2)), "Mask": np.zeros((3, 1), bool)}))
+add("merge_lod_tensor", S(_merge_inputs, grad=["InTrue", "InFalse"]))
+
+
+# ---- sequence ops (ops/sequence.py): LoD inputs as (array, lod) pairs, empty sequences in -----
+SEQ_LOD = [[0, 2, 2, 5]]
+
+
+def _lod_x(r, shape=(5, 3), f=u, lod=SEQ_LOD):
+    return (f(r, shape), lod)
+
+
+for _pool in ("AVERAGE", "SUM", "SQRT", "LAST", "FIRST"):
+    add("sequence_pool", S(lambda r: {"X": _lod_x(r)}, {"pooltype": _pool, "pad_value": 0.5},
+                           grad=["X"]))
+add("sequence_pool",
+    S(lambda r: {"X": _lod_x(r, f=distinct)}, {"pooltype": "MAX"}, grad=["X"]),
+    S(lambda r: {"X": _lod_x(r, (5, 2), lod=[[0, 1, 3], [0, 2, 2, 5]])}, {"pooltype": "SUM"},
+      grad=["X"]))
+add("sequence_softmax", S(lambda r: {"X": _lod_x(r, (5, 1))}, grad=["X"]))
+add("sequence_expand",
+    S(lambda r: {"X": u(r, (3, 2)), "Y": _lod_x(r, (5, 1))}, grad=["X"]),
+    S(lambda r: {"X": _lod_x(r, (3, 2), lod=[[0, 1, 1, 3]]), "Y": _lod_x(r, (5, 1))},
+      {"ref_level": 0}, grad=["X"]))
+add("sequence_expand_as", S(lambda r: {"X": u(r, (3, 2)), "Y": _lod_x(r, (5, 1))}, grad=["X"]))
+add("sequence_concat",
+    S(lambda r: {"X": [_lod_x(r, (5, 2)), _lod_x(r, (4, 2), lod=[[0, 0, 3, 4]])]}, grad=["X"]))
+add("sequence_pad",
+    S(lambda r: {"X": _lod_x(r), "PadValue": np.array([0.25])}, grad=["X"]),
+    S(lambda r: {"X": _lod_x(r), "PadValue": u(r, (3,))}, {"padded_length": 4}, grad=["X"]))
+add("sequence_unpad",
+    S(lambda r: {"X": u(r, (3, 4, 2)), "Length": np.array([2, 0, 4], I64)}, grad=["X"]))
+add("sequence_mask",
+    S({"X": np.array([[0, 3], [1, 2]], I64)}, {"out_dtype": INT64}, out="Y"),
+    S({"X": np.array([4, 1], I64), "MaxLenTensor": np.array([5], np.int32)},
+      {"out_dtype": FP64}, out="Y"))
+add("sequence_reverse", S(lambda r: {"X": _lod_x(r)}, grad=["X"], out="Y"))
+add("lod_reset",
+    S(lambda r: {"X": u(r, (5, 2))}, {"target_lod": [0, 4, 5]}, grad=["X"]),
+    S(lambda r: {"X": _lod_x(r, (5, 2)), "Y": _lod_x(r, (5, 1), lod=[[0, 5]])}, grad=["X"]))

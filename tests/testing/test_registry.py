@@ -87,8 +87,19 @@ def _sample(op_type: str, index: int):
 
 
 # ---- coverage ----------------------------------------------------------------------------------
+# Ops that cannot be sampled as one op fed by data variables, with the reason. Ops with the
+# CONTROL_FLOW trait (sub-blocks as attributes) are exempt too; tests/control_flow/ covers both.
+NO_SAMPLE = {t: "takes or gives a tensor array (a list), which cannot be fed or fetched as one "
+                "tensor" for t in ("write_to_array", "read_from_array", "lod_array_length",
+                                   "tensor_array_to_tensor", "sum_array")}
+
+
+def _exempt(op_type) -> bool:
+    return op_type in NO_SAMPLE or ALL_OPS[op_type].has(registry.CONTROL_FLOW)
+
+
 def test_every_forward_op_has_a_sample():
-    missing = [t for t in FORWARD_OPS if not SAMPLES.get(t)]
+    missing = [t for t in FORWARD_OPS if not SAMPLES.get(t) and not _exempt(t)]
     assert not missing, (f"{len(missing)} registered op(s) without a sample in "
                          f"tests/testing/op_samples.py: {', '.join(missing)}")
 

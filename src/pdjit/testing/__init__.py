@@ -4,6 +4,8 @@
   expected result (and the op's ``infer_shape`` with what ran); ``run_op`` runs one op;
 - ``check_grad`` compares the backward pass's gradients with finite differences;
 - ``assert_programs_equivalent`` compares a whole program compiled vs interpreted;
+- ``check_program_grad`` compares a whole program's gradients (control flow included) with
+  finite differences;
 - ``strategies``: Hypothesis strategies for shapes, attributes, arrays and random programs.
 """
 from pdjit.testing import strategies
@@ -16,7 +18,9 @@ from pdjit.testing.op_test import (
                                    run_op,
                                    tolerance,
 )
+from pdjit.testing.program_grad import check_program_grad
 from pdjit.testing.programs import assert_programs_equivalent
 
 __all__ = ["TARGETS", "assert_close", "assert_programs_equivalent", "build_op_program",
-           "check_grad", "check_output", "run_op", "strategies", "tolerance"]
+           "check_grad", "check_output", "check_program_grad", "run_op", "strategies",
+           "tolerance"]

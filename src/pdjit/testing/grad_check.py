@@ -16,15 +16,19 @@ import numpy as np
 from pdjit.passes.backward import gradients
 from pdjit.runtime.executor import Executor
 from pdjit.runtime.scope import Scope
-from pdjit.testing.op_test import TARGETS, _describe, build_op_program
+from pdjit.runtime.tensor import LoDTensor
+from pdjit.testing.op_test import TARGETS, _describe, as_lod_input, build_op_program, lod_of
 
 
 def _as64(v):
-    """Float inputs in float64 (the check needs the precision); others as they are."""
+    """Float inputs in float64 (the check needs the precision); others as they are. A LoD input
+    (``LoDTensor`` or ``(array, lod)`` pair) keeps its LoD."""
+    v = as_lod_input(v)
     if isinstance(v, (list, tuple)):
         return [_as64(x) for x in v]
     a = np.asarray(v)
-    return a.astype(np.float64) if a.dtype.kind == "f" else a
+    a = a.astype(np.float64) if a.dtype.kind == "f" else a
+    return LoDTensor(a, v.lod()) if isinstance(v, LoDTensor) and v.lod() else a
 
 
 def _pick(outs, out_index):
@@ -38,11 +42,14 @@ def numeric_grad(op_type, inputs, attrs, output_name, name, weights, out_index=0
     from pdjit.testing.op_test import run_op
 
     inputs = {k: (list(v) if isinstance(v, list) else v) for k, v in inputs.items()}
-    x = np.array(inputs[name][index] if index is not None else inputs[name], dtype=np.float64)
+    given = inputs[name][index] if index is not None else inputs[name]
+    x = np.array(np.asarray(as_lod_input(given)), dtype=np.float64)
+    lod = lod_of(given)
+    value = LoDTensor(x, lod) if lod else x  # shares x: the perturbations below reach it
     if index is not None:
-        inputs[name][index] = x
+        inputs[name][index] = value
     else:
-        inputs[name] = x
+        inputs[name] = value
     grad = np.zeros_like(x)
     flat, gflat = x.reshape(-1), grad.reshape(-1)
 

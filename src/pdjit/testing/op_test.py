@@ -11,6 +11,11 @@ With ``batch_unknown=True`` the inputs are declared with ``-1`` leading dims, as
 layers are, so the op is also checked with sizes unknown at build time; a collection of slot
 names (``{"X"}``) makes only those slots' leading dims unknown (weights keep theirs).
 
+LoD: an input may be a :class:`LoDTensor` or an ``(array, lod)`` pair (``lod`` a list of offset
+lists); it is declared with its ``lod_level`` and fed with its LoD. An expected output given as a
+``LoDTensor`` or ``(array, lod)`` pair has its LoD compared too (``(array, [])``: no LoD);
+``run_op(..., return_lod=True)`` returns outputs that carry a LoD as ``LoDTensor``.
+
 Failures raise ``AssertionError`` with a reproducer: op, attrs, input shapes and dtypes.
 """
 from __future__ import annotations
@@ -37,8 +42,26 @@ def tolerance(dtype) -> tuple:
     return _TOL.get(np.dtype(dtype), (0.0, 0.0))
 
 
+def as_lod_input(value):
+    """An ``(array, lod)`` pair as a :class:`LoDTensor`; any other value as it is."""
+    if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], list) \
+            and not isinstance(value[0], (list, tuple)):
+        return LoDTensor(np.asarray(value[0]), value[1])
+    return value
+
+
+def lod_of(value) -> list:
+    """The LoD of a value (``[]`` for a plain array)."""
+    value = as_lod_input(value)
+    return value.lod() if isinstance(value, LoDTensor) else []
+
+
 def _describe(op_type, inputs, attrs) -> str:
     def d(v):
+        v = as_lod_input(v)
+        if isinstance(v, LoDTensor) and v.lod():
+            a = np.asarray(v)
+            return f"{a.dtype}{list(a.shape)} lod={v.lod()}"
         if isinstance(v, (list, tuple)):
             return "[" + ", ".join(d(x) for x in v) + "]"
         a = np.asarray(v)
@@ -61,6 +84,7 @@ def build_op_program(op_type: str, inputs: Mapping, attrs: Mapping | None = None
         values = list(values) if slot.duplicable else [values]
         vs = []
         for i, value in enumerate(values):
+            value = as_lod_input(value)
             lod = value.lod() if isinstance(value, LoDTensor) else None
             arr = np.asarray(value)
             shape = list(arr.shape)
@@ -83,13 +107,18 @@ def build_op_program(op_type: str, inputs: Mapping, attrs: Mapping | None = None
 
 
 def run_op(op_type: str, inputs: Mapping, attrs: Mapping | None = None, mode: str = "reference",
-           batch_unknown: bool = False, outputs: Mapping | None = None) -> dict:
-    """Run one op; returns ``{slot: array or [arrays]}`` and checks infer_shape on the way."""
+           batch_unknown: bool = False, outputs: Mapping | None = None,
+           return_lod: bool = False) -> dict:
+    """Run one op; returns ``{slot: array or [arrays]}`` and checks infer_shape on the way.
+
+    With ``return_lod`` an output that carries a LoD comes back as a ``LoDTensor``."""
     prog, feed, out_vars = build_op_program(op_type, inputs, attrs, batch_unknown, outputs)
     opdef = registry.get(op_type)
     fetch = [v for vs in out_vars.values() for v in vs]
     exe = Executor(mode=mode)
-    results = exe.run(prog, feed=feed, fetch_list=fetch, scope=Scope())
+    results = exe.run(prog, feed=feed, fetch_list=fetch, scope=Scope(), return_numpy=False)
+    results = [np.asarray(r) if isinstance(r, LoDTensor) and not (return_lod and r.lod())
+               else r for r in results]
     _check_native(exe, op_type, inputs, attrs)
     got, it = {}, iter(results)
     for slot in opdef.outputs:
@@ -150,14 +179,26 @@ def check_output(op_type: str, inputs: Mapping, attrs: Mapping | None = None,
     first = None
     for mode in modes or TARGETS:
         for unknown in ((False, batch_unknown) if batch_unknown else (False,)):
-            got = run_op(op_type, inputs, attrs, mode, unknown, outputs)
+            got = run_op(op_type, inputs, attrs, mode, unknown, outputs, return_lod=True)
             where = f"{_describe(op_type, inputs, attrs)} [{mode}" \
                     f"{', -1 batch dims' if unknown else ''}]"
             for slot, want in (expected or {}).items():
-                if isinstance(want, (list, tuple)):
+                if isinstance(want, list) or (isinstance(want, tuple)
+                                              and as_lod_input(want) is want):
+                    assert len(got[slot]) == len(want), f"{where} output {slot}: " \
+                        f"{len(got[slot])} values, expected {len(want)}"
                     for i, (g, w) in enumerate(zip(got[slot], want)):
-                        assert_close(g, w, f"{where} output {slot}[{i}]", rtol, atol)
+                        _assert_close_lod(g, w, f"{where} output {slot}[{i}]", rtol, atol)
                 else:
-                    assert_close(got[slot], want, f"{where} output {slot}", rtol, atol)
-            first = first or got
+                    _assert_close_lod(got[slot], want, f"{where} output {slot}", rtol, atol)
+            first = first or {k: [np.asarray(x) for x in v] if isinstance(v, list)
+                              else np.asarray(v) for k, v in got.items()}
     return first
+
+
+def _assert_close_lod(got, want, where, rtol, atol) -> None:
+    """Data within tolerance; the LoD too when ``want`` gives one (a LoDTensor or a pair)."""
+    want = as_lod_input(want)
+    if isinstance(want, LoDTensor):
+        assert lod_of(got) == want.lod(), f"{where}: LoD {lod_of(got)}, expected {want.lod()}"
+    assert_close(np.asarray(got), np.asarray(want), where, rtol, atol)

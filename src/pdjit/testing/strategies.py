@@ -6,7 +6,9 @@
   (choices, ranges, defaults); ``arrays(shape, dtype, domain)``: values in an op's input
   domain (``positive`` for ``log``...);
 - ``elementwise_programs()``: random DAGs of the registered elementwise ops (picked by traits,
-  so new ops join by themselves), each returned with feeds, ready to run.
+  so new ops join by themselves), each returned with feeds, ready to run;
+- ``lods(rows, max_seqs, ...)``: valid LoDs (offset lists per level, empty sequences included
+  unless ``allow_empty=False``); ``lod_tensors(...)``: ``LoDTensor`` values with such a LoD.
 """
 from __future__ import annotations
 
@@ -67,6 +69,9 @@ def _attr_strategy(name: str, spec: registry.AttrSpec) -> st.SearchStrategy:
         return st.integers(int(spec.low), int(spec.high))
     if spec.type == A.BOOLEAN:
         return st.booleans()
+    if spec.type in (A.BLOCK, A.BLOCKS):
+        raise ValueError(f"attribute {name!r} names a block of a program and cannot be drawn: "
+                         f"build the op inside a program (see pdjit.testing.check_program_grad)")
     if spec.required:
         raise ValueError(f"attribute {name!r} is required and declares no values to draw "
                          f"(choices or low/high)")
@@ -176,3 +181,60 @@ def _into_domain(op_type, slot, var):
     if domain == "unit":
         return layers.scale(layers.tanh(var), scale=0.9)
     return var
+
+
+# ---- LoD -----------------------------------------------------------------------------------
+def _split(draw, total: int, parts: int, allow_empty: bool) -> list:
+    """``parts`` non-negative lengths summing to ``total`` (each >= 1 unless allow_empty)."""
+    if parts == 0:
+        return []
+    low = 0 if allow_empty else 1
+    free = total - low * parts
+    cuts = sorted(draw(st.lists(st.integers(0, free), min_size=parts - 1, max_size=parts - 1)))
+    bounds = [0] + cuts + [free]
+    return [low + b - a for a, b in zip(bounds, bounds[1:])]
+
+
+def _offsets(lengths) -> list:
+    offs = [0]
+    for n in lengths:
+        offs.append(offs[-1] + n)
+    return offs
+
+
+@st.composite
+def lods(draw, rows: int | None = None, max_seqs: int = 5, max_len: int = 4, levels: int = 1,
+         allow_empty: bool = True, min_seqs: int = 1) -> list:
+    """A valid LoD: ``levels`` lists of offsets, each starting at 0 and never decreasing; the
+    last level ends at ``rows`` (drawn when ``None``, at most ``max_seqs * max_len``), each
+    upper level at the number of sequences of the level below it."""
+    if rows is None:
+        n = draw(st.integers(min_seqs, max_seqs))
+        lo = 0 if allow_empty else 1
+        lengths = draw(st.lists(st.integers(lo, max_len), min_size=n, max_size=n))
+    else:
+        most = max_seqs if allow_empty else min(max_seqs, rows)
+        if rows > 0 and most < 1:
+            raise ValueError(f"lods: {rows} rows cannot be split into at most {max_seqs} "
+                             f"sequences")
+        n = draw(st.integers(min(max(min_seqs, 1 if rows else 0), most), most))
+        lengths = _split(draw, rows, n, allow_empty)
+    out = [_offsets(lengths)]
+    for _ in range(levels - 1):
+        below = len(out[0]) - 1
+        n = draw(st.integers(1 if below else 0, max(below, 1) if allow_empty else max(below, 0)))
+        out.insert(0, _offsets(_split(draw, below, n, allow_empty or below == 0)))
+    return out
+
+
+@st.composite
+def lod_tensors(draw, dtype="float64", feature_shape=(3,), lod=None, domain: str | None = None,
+                **lod_kw):
+    """A ``LoDTensor`` of ``dtype`` with rows ``feature_shape`` and a LoD (``lod``, or one drawn
+    by :func:`lods` with ``lod_kw``), values in ``domain``."""
+    from pdjit.runtime.tensor import LoDTensor
+
+    lod = lod if lod is not None else draw(lods(**lod_kw))
+    rows = lod[-1][-1]
+    data = draw(arrays((rows,) + tuple(feature_shape), dtype, domain))
+    return LoDTensor(data, lod)
