@@ -107,6 +107,35 @@ class LowerContext:
     def tmp(self, hint: str = "t") -> str:
         return self.gen.fresh(hint)
 
+    def used(self, slot: str, i: int = 0) -> bool:
+        """Whether output ``slot``'s value is read after this op (by a later op of the segment
+        or after the segment): a lowering may skip computing an unused output."""
+        name = self.op.output(slot)[i]
+        if name in self.gen.needed_after:
+            return True
+        ops = [op for g in self.gen.segment.groups for op in g.ops]
+        at = next(k for k, op in enumerate(ops) if op is self.op)
+        return any(name in op.input_arg_names for op in ops[at + 1:])
+
+    def loop(self, var: str, count: str, body: list, size: str | None = None) -> list:
+        """Source of ``for var in range(count): body``, run on threads (``numba.prange``) when
+        ``size`` (an element count) is large; iterations must write disjoint memory."""
+        indented = ["    " + line for line in body]
+        if not (self.gen.parallel and size):
+            return [f"for {var} in range({count}):"] + indented
+        self.gen.uses_prange = True
+        return ([f"if {size} >= {PARALLEL_MIN_SIZE}:", f"    for {var} in numba.prange({count}):"]
+                + ["    " + line for line in indented]
+                + ["else:", f"    for {var} in range({count}):"]
+                + ["    " + line for line in indented])
+
+    def lod(self, slot: str, level: int = -1, i: int = 0, optional: bool = False) -> str:
+        """The local name of an ``int64`` array of the offsets of input ``slot``'s LoD at
+        ``level`` (``-1``: the last level), bound at run time from the LoD the value has when
+        this op runs. Without that LoD the step runs the references (which raise the clear
+        error), unless ``optional``: then the array is empty."""
+        return self.gen.lod_arg(self.op, self.op.input(slot)[i], level, optional)
+
 
 
 class SegmentGen:
@@ -122,6 +151,7 @@ class SegmentGen:
         self.counter = 0
         self.expected: list = []      # (dtype, ndim) per argument
         self.defined: set = set()     # env names this segment writes (in place ones included)
+        self.lod_requests: list = []  # (op, env name, level, optional) per offsets argument
 
     # -- names ---------------------------------------------------------------------------------
     def fresh(self, hint: str) -> str:
@@ -138,6 +168,15 @@ class SegmentGen:
             self.expected.append((v.dtype, len(v.shape)))
             self.current[name] = local
         return local
+
+    def lod_arg(self, op, name: str, level: int, optional: bool) -> str:
+        """The argument holding ``name``'s offsets at ``level`` as ``op`` sees them."""
+        key = (op, name, level, optional)
+        for k, req in enumerate(self.lod_requests):
+            if req[0] is op and req[1:] == key[1:]:
+                return f"lod{k}"
+        self.lod_requests.append(key)
+        return f"lod{len(self.lod_requests) - 1}"
 
     def define(self, name: str) -> str:
         local = self.fresh("s")
@@ -161,7 +200,9 @@ class SegmentGen:
         self.outputs = [n for n in self.current if n in self.needed_after and n in self.defined]
 
     def source(self, fn_name: str) -> str:
-        head = f"def {fn_name}({', '.join(f'a{i}' for i in range(len(self.args)))}):"
+        params = [f"a{i}" for i in range(len(self.args))] + \
+            [f"lod{k}" for k in range(len(self.lod_requests))]
+        head = f"def {fn_name}({', '.join(params)}):"
         ret = "    return (" + "".join(f"{self.current[n]}, " for n in self.outputs) + ")"
         return "\n".join([head] + self.lines + [ret])
 

@@ -70,7 +70,9 @@ def assign(input, output=None) -> Variable:
     helper = LayerHelper("assign")
     if isinstance(input, Variable):
         if output is None:
-            output = helper.create_variable_for_type_inference(input.dtype)
+            output = helper.create_variable(  # a tensor array's copy is a tensor array
+                name=unique_name.generate(f"{helper.name}.tmp"), dtype=input.dtype,
+                type=input.type)
         helper.append_op("assign", inputs={"X": [input]}, outputs={"Out": [output]})
         return output
     arr = np.asarray(input)

@@ -4,6 +4,7 @@ One module per family; each op is defined once, with ``pdjit.framework.registry.
 """
 from pdjit.ops import (  # noqa: F401
     activation,
+    control_flow,
     creation,
     elementwise,
     indexing,
@@ -12,6 +13,7 @@ from pdjit.ops import (  # noqa: F401
     nn,
     optimizer,
     reduce,
+    sequence,
     shape,
     trig,
 )

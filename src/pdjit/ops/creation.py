@@ -152,11 +152,19 @@ def _assign_grad(op):
                        {"Out": [grad_var_name(n) for n in op.input("X")]})]
 
 
+def _assign_lower(ctx):
+    """A copy of a dense tensor (fusion keeps tensor arrays and values set elsewhere out)."""
+    if not ctx.has_input("X"):
+        return None
+    return [f"{ctx.out('Out')} = {ctx.inp('X')}.copy()"]
+
+
 register_op(
     "assign", inputs=["X?"], outputs=["Out"], traits=[OPAQUE],
     infer_shape=lambda X=None: {"Out": X} if X is not None else {},
-    reference=lambda X=None: {"Out": np.array(X, copy=True)} if X is not None else {},
-    emit=None, grad=_assign_grad, doc="Out = a copy of X.")
+    reference=lambda X=None: {} if X is None else  # a tensor array (a list) is copied as one
+    {"Out": list(X) if isinstance(X, list) else np.array(X, copy=True)},
+    emit=Opaque(_assign_lower), grad=_assign_grad, doc="Out = a copy of X.")
 
 
 # ---- random initialisers ----------------------------------------------------------------------

@@ -231,9 +231,14 @@ def _mark_stored(groups: list, live_out: set) -> None:
 
 
 def live_names(program, block: Block, targets) -> set:
-    """Names a block's run must leave in memory: targets, persistables, other blocks' reads."""
+    """Names a block's run must leave in memory: targets, persistables, other blocks' reads
+    and, for a sub-block, every name it writes that is declared outside it (the parent reads
+    it after the control-flow op, or the next iteration does)."""
     live = set(targets)
     live.update(v.name for v in block.vars.values() if v.persistable)
+    if block.idx != 0:
+        live.update(n for op in block.ops for n in op.output_arg_names
+                    if n != registry.EMPTY_VAR_NAME and not block.has_var(n))
     for b in program.blocks:
         if b is not block:
             for op in b.ops:

@@ -10,14 +10,22 @@ from __future__ import annotations
 from pdjit.framework import random as prandom
 from pdjit.framework.program import Block, Operator
 from pdjit.runtime.scope import Scope
+from pdjit.runtime.tensor import LoDTensor
 
 _MISSING = object()
 
 
 class Env:
+    """The values of one run of ``block``.
+
+    ``saved`` is filled by the control-flow op that made this env for a sub-block run: the
+    op's inputs as they were when the run started (see :class:`StepScopes`).
+    """
+
     def __init__(self, scope: Scope, block: Block, parent: "Env | None" = None):
         self.scope, self.block, self.parent = scope, block, parent
         self.values: dict = {}
+        self.saved: dict = {}
 
     def get(self, name: str, default=None):
         e = self
@@ -36,7 +44,37 @@ class Env:
         (e if e.block.has_var(name) else self).values[name] = value
 
     def child(self, block: Block) -> "Env":
+        """An env for one run of sub-block ``block``: reads fall back to this env; writes of
+        variables declared by an enclosing block go to that block's env; the sub-block's own
+        variables live in the child and go away with it."""
         return Env(self.scope, block, self)
+
+    def __repr__(self):
+        return f"Env(block {self.block.idx}, {len(self.values)} values)"
+
+
+class StepScopes(list):
+    """The value of a ``STEP_SCOPES`` variable: the child :class:`Env` of each sub-block run of
+    a control-flow op, in run order, kept for the backward pass.
+
+    - ``conditional_block`` stores (output ``Scope``) a StepScopes holding the one env its
+      sub-block ran in, or none when the condition did not hold.
+    - ``while`` stores (output ``StepScopes``) one env per iteration, first to last, when
+      ``is_test`` is false; when it is true nothing is kept (an empty StepScopes).
+
+    Each env's ``values`` holds what the sub-block wrote to its own variables (those declared
+    in the sub-block) during that run; writes to variables of enclosing blocks went to those
+    blocks' envs. Each env's ``saved`` is ``{name: value}`` for every name of the op's inputs
+    (``while``: ``X``; ``conditional_block``: ``Input``) as it was when that run started: a
+    ``while`` overwrites loop-carried variables in the enclosing env as it goes, so the value an
+    iteration read is found only here. ``saved`` values may be ``None`` (no value yet), and are
+    never mutated by the runtime. ``env.parent`` is the env the op ran in.
+    """
+
+    __slots__ = ()
+
+    def __repr__(self):
+        return f"StepScopes({len(self)} env(s))"
 
 
 class RunContext:
@@ -66,6 +104,15 @@ class RunContext:
     def set_output_lod(self, slot: str, lod, i: int = 0) -> None:
         self.out_lods.setdefault(slot, {})[i] = lod
 
+    def new_step_scopes(self) -> StepScopes:
+        return StepScopes()
+
+    @staticmethod
+    def with_lod(array, lod) -> LoDTensor:
+        """``array`` with LoD offsets ``lod`` (a runtime LoD tensor value)."""
+        return LoDTensor(array, lod)
+
     def run_block(self, block_idx: int, env: Env) -> None:
-        """Run a sub-block in ``env`` (made with ``self.env.child(block)``)."""
+        """Run a sub-block in ``env`` (made with ``self.env.child(block)``): the one entry point
+        control-flow references use to run a sub-block."""
         self.executor._run_block(self.program.block(block_idx), env, self.run_index)

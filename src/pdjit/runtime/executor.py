@@ -27,7 +27,7 @@ from pdjit.runtime.context import Env, RunContext
 from pdjit.runtime.place import CPUPlace, Place
 from pdjit.runtime.plan import build_plan
 from pdjit.runtime.scope import Scope, global_scope
-from pdjit.runtime.tensor import LoDTensor
+from pdjit.runtime.tensor import LoDTensor, check_offsets
 
 VarType = pb.VarType
 MODES = ("compiled", "reference")
@@ -53,11 +53,13 @@ class Executor:
             raise ValueError(f"Executor: mode {mode!r} is not one of {MODES}")
         self._prepared: dict = {}
         self._plans: dict = {}
+        self._block_plans: dict = {}   # sub-block plans: (program id, version, block idx)
         self._runs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def close(self) -> None:
         self._prepared.clear()
         self._plans.clear()
+        self._block_plans.clear()
 
     # -- the public entry point -----------------------------------------------------------------
     def run(self, program: Program | None = None, feed=None, fetch_list=None,
@@ -125,13 +127,25 @@ class Executor:
         hit = self._plans.get(key)
         if hit is not None and hit[0] is run.program:
             return hit[1]
-        plan = build_plan(run.program, run.fetch_names)
+        plan = build_plan(run.program, run.fetch_names, sub_plan=self._block_plan)
         self._plans[key] = (run.program, plan)
         return plan
 
+    def _block_plan(self, block: Block):
+        """The compiled plan of a sub-block, built once per program version."""
+        program = block.program
+        key = (id(program), program.version, block.idx)
+        hit = self._block_plans.get(key)
+        if hit is not None and hit[0] is program:
+            return hit[1]
+        plan = build_plan(program, (), block=block, sub_plan=self._block_plan)
+        self._block_plans[key] = (program, plan)
+        return plan
+
     def explain(self, program: Program | None = None, feed=None, fetch_list=None) -> str:
-        """The fusion groups (with the reasons ops were not fused), the plan's steps and the
-        generated source for running ``program`` with these feeds and fetches."""
+        """The fusion groups (with the reasons ops were not fused), the plan's steps (the plans
+        of control-flow ops' sub-blocks indented under them) and the generated source for
+        running ``program`` with these feeds and fetches."""
         program = program if program is not None else default_main_program()
         run, _ = self._prepare(program, feed_fetch.feed_names_of(feed or {}),
                                feed_fetch.fetch_names_of(fetch_list), "feed", "fetch")
@@ -150,6 +164,9 @@ class Executor:
 
     # -- interpretation -------------------------------------------------------------------------
     def _run_block(self, block: Block, env: Env, run_index: int) -> None:
+        if self.mode == "compiled" and block.idx != 0:  # a sub-block: its own compiled plan
+            self._block_plan(block).run(self, env, run_index)
+            return
         for op_idx, op in enumerate(block.ops):
             self._run_op(op, op_idx, env, run_index)
 
@@ -167,11 +184,21 @@ class Executor:
             for n in names:
                 value = env.get(n)
                 if value is None:
-                    raise _op_error(op, op_idx, f"input {slot.name!r} reads variable {n!r}, which "
-                                    f"holds no value (run the startup program, or feed it)")
-                if not raw and isinstance(value, LoDTensor):
-                    ctx.in_lods.setdefault(slot.name, []).append(value.lod())
-                    value = np.asarray(value)
+                    var = op.block._find_var_recursive(n)
+                    if var is not None and var.type == VarType.LOD_TENSOR_ARRAY:
+                        value = []  # a tensor array nothing has written to yet is empty
+                    elif opdef.has(registry.CONTROL_FLOW):
+                        values.append(None)  # control flow decides what a missing value means
+                        continue
+                    else:
+                        raise _op_error(op, op_idx, f"input {slot.name!r} reads variable {n!r}, "
+                                        f"which holds no value (run the startup program, or "
+                                        f"feed it)")
+                if not raw:  # in_lods[slot][i]: the LoD of the slot's i-th value ([]: none)
+                    slot_lods = ctx.in_lods.setdefault(slot.name, [])
+                    slot_lods.append(value.lod() if isinstance(value, LoDTensor) else [])
+                    if isinstance(value, LoDTensor):
+                        value = np.asarray(value)
                 values.append(value)
             inputs[slot.name] = values if slot.duplicable else (values[0] if values else None)
         attrs = {k: v for k, v in op.all_attrs().items() if k in opdef.attrs}
@@ -188,7 +215,18 @@ class Executor:
 
     def _store_outputs(self, op, op_idx, opdef, result, ctx, env, raw) -> None:
         block = op.block
-        first_lod = next((lods[0] for lods in ctx.in_lods.values() if lods and lods[0]), None)
+        first_lod = next((lod for lods in ctx.in_lods.values() for lod in lods if lod), None)
+        rule = {}  # output LoDs from the op's out_lod rule (registry.py)
+        if opdef.out_lod is not None and not raw:
+            lods = {s.name: ctx.in_lods.get(s.name, []) if s.duplicable
+                    else ctx.input_lod(s.name) for s in opdef.inputs
+                    if any(n != registry.EMPTY_VAR_NAME for n in op.input(s.name))}
+            try:
+                rule = opdef.call_out_lod(lods, op.all_attrs())
+            except registry.ValueDependentLoD:
+                rule = {}
+            except (ValueError, IndexError, KeyError, TypeError) as e:
+                raise _op_error(op, op_idx, str(e)) from e
         for slot in opdef.outputs:
             names = op.output(slot.name)  # may hold @EMPTY@ placeholders: matched by position
             if not any(n != registry.EMPTY_VAR_NAME for n in names):
@@ -204,16 +242,22 @@ class Executor:
                 raise _op_error(op, op_idx, f"internal: output {slot.name!r} binds {len(names)} "
                                 f"variables, the reference gave {len(values)} values")
             for i, (n, value) in enumerate(zip(names, values)):
-                if n == registry.EMPTY_VAR_NAME:
-                    continue
+                if n == registry.EMPTY_VAR_NAME or (raw and value is None):
+                    continue  # (a control-flow op's None: that output is left untouched)
                 if not raw and isinstance(value, np.ndarray):
                     var = block._find_var_recursive(n)
                     lod = ctx.out_lods.get(slot.name, {}).get(i)
+                    if lod is None and slot.name in rule:
+                        lod = rule[slot.name][i] if slot.duplicable else rule[slot.name]
                     if lod is None and first_lod and var is not None and var.lod_level and \
                             value.ndim and value.shape[0] == first_lod[-1][-1]:
                         lod = first_lod
                     if lod:
-                        value = LoDTensor(value, lod)
+                        try:
+                            value = LoDTensor._wrap(value, check_offsets(
+                                lod, value.shape[0] if value.ndim else 1, "its LoD"))
+                        except ValueError as e:
+                            raise _op_error(op, op_idx, f"output {slot.name!r}: {e}") from e
                 env.set(n, value)
 
 
@@ -230,14 +274,17 @@ class _Owned:
 
 
 def _to_user(value, return_numpy: bool):
+    """A fetched value as the user gets it: a copy; with ``return_numpy=False`` a LoDTensor
+    (with an empty LoD for a dense value, as Fluid gives)."""
     if type(value) is _Owned:
-        return value.array
+        return value.array if return_numpy else LoDTensor._wrap(value.array, [])
     if isinstance(value, LoDTensor):
         if return_numpy:
             return np.array(value, copy=True)
-        return LoDTensor(np.array(value, copy=True), value.lod())
+        return LoDTensor._wrap(np.array(value, copy=True), list(value._lod))
     if isinstance(value, np.ndarray):
-        return np.array(value, copy=True)
+        return np.array(value, copy=True) if return_numpy else \
+            LoDTensor._wrap(np.array(value, copy=True), [])
     if isinstance(value, list):
         return [_to_user(v, return_numpy) for v in value]
     return value

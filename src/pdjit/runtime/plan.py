@@ -2,8 +2,17 @@
 
 ``build_plan`` runs the pipeline — prune, partition into fusion groups and segments, generate
 and compile one native function per segment — and returns a :class:`Plan`. A plan is a list of
-steps: :class:`NativeStep` (one Numba function) and :class:`ReferenceStep` (one op's NumPy
-reference, for ops without ``emit``). Feed and fetch are bound by the executor directly.
+steps: :class:`NativeStep` (one Numba function), :class:`ReferenceStep` (one op's NumPy
+reference, for ops without ``emit``) and :class:`LoopStep` (a whole ``while``-style loop in one
+Numba function). Feed and fetch are bound by the executor directly.
+
+Any block has a plan (the plan tree): a control-flow op's sub-blocks get plans of their own,
+built through the ``sub_plan`` callback (the executor caches them per program version and
+block) and shown indented under the op by :meth:`Plan.report`. A loop op whose body is fully
+lowerable, whose step scopes nobody reads, becomes a :class:`LoopStep`; otherwise the op runs
+its reference, which runs the body's plan once per iteration (``PDJIT_NATIVE_LOOPS=0`` forces
+that, for debugging and comparison). The reason a loop is not native is in its step's
+description.
 
 A native step that fails (a shape that does not fit, a damaged cache) re-runs its ops with their
 references on the same, untouched values: that gives the precise error naming the op, or the
@@ -19,17 +28,25 @@ import numpy as np
 from numba.core.errors import NumbaError
 
 from pdjit.codegen.compiler import CACHE_ERRORS, compile_function
+from pdjit.codegen.loops import LoopGen
 from pdjit.codegen.lowering import Declined, SegmentGen
 from pdjit.framework import registry
 from pdjit.passes import dump_after
-from pdjit.passes.fusion import live_names, partition
+from pdjit.passes.fusion import REFERENCE, live_names, partition
 from pdjit.passes.prune import prune
+from pdjit.proto import framework_pb2 as pb
 from pdjit.runtime import threads
+from pdjit.runtime.context import StepScopes
+from pdjit.runtime.lod_flow import LoDFlow, LoDUnavailable
+from pdjit.runtime.tensor import LoDTensor
 
 
 class ReferenceStep:
-    def __init__(self, op, op_idx: int, why: str):
+    kind = "reference"
+
+    def __init__(self, op, op_idx: int, why: str, sub_plans=()):
         self.op, self.op_idx, self.why = op, op_idx, why
+        self.sub_plans = list(sub_plans)   # [(block idx, Plan)] of a control-flow op
 
     def run(self, executor, env, run_index) -> None:
         executor._run_op(self.op, self.op_idx, env, run_index)
@@ -39,25 +56,45 @@ class ReferenceStep:
 
 
 class NativeStep:
-    def __init__(self, compiled, args, expected, outputs, ops, description):
+    kind = "native"
+
+    def __init__(self, compiled, args, expected, outputs, ops, description, lod_requests=()):
         self.compiled, self.args, self.expected, self.outputs = compiled, args, expected, outputs
         self.ops = ops                     # [(op, op_idx)] for the reference fallback
         self.description = description
         self.fallbacks = 0                 # how many runs fell back to the references
         self.retired = None                # why the native code was given up, if it was
+        # LoD: inputs that are LoDTensors run natively; lod_flow gives the outputs their LoD
+        # and binds the offsets arguments that sequence lowerings asked for
+        self.lod_flow = LoDFlow(ops, lod_requests)
 
     def run(self, executor, env, run_index) -> None:
         values = []
         get = env.get
+        arg_lods = None
         for name, (dtype, ndim) in zip(self.args, self.expected):
             a = get(name)
-            if type(a) is not np.ndarray or a.dtype != dtype or a.ndim != ndim:
+            if type(a) is not np.ndarray:
+                if not isinstance(a, LoDTensor) or a._array is None:
+                    return self._fallback(executor, env, run_index)
+                if a._lod:
+                    arg_lods = arg_lods or {}
+                    arg_lods[name] = a._lod
+                a = a._array
+            if a.dtype != dtype or a.ndim != ndim:
                 return self._fallback(executor, env, run_index)
             if not a.flags.c_contiguous or not a.flags.writeable:
                 a = np.array(a, order="C")
             values.append(a)
         if self.retired is not None:
             return self._fallback(executor, env, run_index)
+        lods = None
+        if arg_lods is not None or self.lod_flow.always:
+            try:
+                lods, extra = self.lod_flow.resolve(arg_lods or {})
+            except LoDUnavailable:
+                return self._fallback(executor, env, run_index)
+            values += extra
         try:
             results = self.compiled.fn(*values)
         except NumbaError as e:  # the code does not compile: never try again (it is slow)
@@ -70,6 +107,11 @@ class NativeStep:
             results = self.compiled.fn(*values)
         except Exception:  # noqa: BLE001 - any failure: the references say what it was
             return self._fallback(executor, env, run_index)
+        if lods is not None:
+            try:
+                results = [LoDFlow.attach(n, v, lods) for n, v in zip(self.outputs, results)]
+            except LoDUnavailable:
+                return self._fallback(executor, env, run_index)
         set_ = env.set
         for name, value in zip(self.outputs, results):
             set_(name, value)
@@ -85,6 +127,32 @@ class NativeStep:
         return f"native {self.compiled.name}: {self.description}"
 
 
+class LoopStep(NativeStep):
+    """A loop op run as one native function (``pdjit.codegen.loops``): the condition and the
+    body run in native code, no Python per iteration. Any mismatch or failure re-runs the loop
+    op's reference on the untouched values (the generated loop never writes its inputs)."""
+    kind = "native_loop"
+
+    def __init__(self, compiled, loop: LoopGen, op, op_idx: int, body_idx: int, description):
+        super().__init__(compiled, loop.args, loop.expected, loop.outputs, [(op, op_idx)],
+                         description)
+        self.op, self.op_idx, self.body_idx = op, op_idx, body_idx
+        self.step_scopes = [n for n in op.output("StepScopes") if n != registry.EMPTY_VAR_NAME]
+
+    def run(self, executor, env, run_index) -> None:
+        before = self.fallbacks
+        super().run(executor, env, run_index)
+        if self.fallbacks == before:  # ran natively: no iteration's scope was kept
+            for name in self.step_scopes:
+                env.set(name, StepScopes())
+
+    def describe(self) -> str:
+        head = f"native loop {self.op.type}#{self.op_idx} over block {self.body_idx}"
+        if self.retired:
+            return f"{head} {self.compiled.name} RETIRED ({self.retired}): {self.description}"
+        return f"{head} {self.compiled.name}: {self.description}"
+
+
 def _is_cache_damage(e: Exception) -> bool:
     import pickle
 
@@ -94,37 +162,73 @@ def _is_cache_damage(e: Exception) -> bool:
 class Plan:
     """``fresh``: names whose final value is a new array made by native code (not a view, not
     persistable) that nothing else holds after the run: the executor may hand it to the user
-    without copying."""
+    without copying. ``block_idx``: the block the plan runs."""
 
-    def __init__(self, steps, partition_text, sources, compile_seconds, fresh=frozenset()):
+    def __init__(self, steps, partition_text, sources, compile_seconds, fresh=frozenset(),
+                 block_idx: int = 0):
         self.steps = steps
         self.fresh = fresh
         self.partition_text = partition_text
         self.sources = sources
         self.compile_seconds = compile_seconds
+        self.block_idx = block_idx
 
     def run(self, executor, env, run_index) -> None:
         for step in self.steps:
             step.run(executor, env, run_index)
 
+    def walk(self):
+        """Every step of this plan and of its sub-plans, depth first."""
+        for step in self.steps:
+            yield step
+            for _, sub in getattr(step, "sub_plans", ()):
+                yield from sub.walk()
+
     def report(self) -> str:
-        lines = ["== fusion ==", self.partition_text, "== steps =="]
-        lines += [f"  {s.describe()}" for s in self.steps]
-        for name, text in self.sources:
-            lines += [f"== generated source: {name} ==", text]
+        """The fusion groups and steps of this plan, its sub-plans indented under their
+        control-flow op, then every generated source."""
+        lines = self._outline("")
+        for plan in self._plans():
+            for name, text in plan.sources:
+                where = f" (block {plan.block_idx})" if plan is not self else ""
+                lines += [f"== generated source: {name}{where} ==", text]
         return "\n".join(lines)
 
+    def _outline(self, indent: str) -> list:
+        lines = [f"{indent}== fusion =="]
+        lines += [indent + line for line in self.partition_text.splitlines()]
+        lines.append(f"{indent}== steps ==")
+        for s in self.steps:
+            lines.append(f"{indent}  {s.describe()}")
+            for idx, sub in getattr(s, "sub_plans", ()):
+                lines.append(f"{indent}    -- sub-block {idx} --")
+                lines += sub._outline(indent + "    ")
+        return lines
 
-def build_plan(program, fetch_names) -> Plan:
-    """Lower ``program``'s global block (feed/fetch ops excluded) into a plan."""
+    def _plans(self):
+        yield self
+        for s in self.steps:
+            for _, sub in getattr(s, "sub_plans", ()):
+                yield from sub._plans()
+
+
+def build_plan(program, fetch_names=(), block=None, sub_plan=None) -> Plan:
+    """Lower one block of ``program`` into a plan: the global block (feed/fetch ops excluded)
+    unless ``block`` is given. ``sub_plan(block) -> Plan`` gives the plans of control-flow ops'
+    sub-blocks (None: not shown). Live after the block: ``fetch_names``, persistables, names any
+    other block reads and, for a sub-block, every name it writes that is declared outside it."""
     t0 = time.perf_counter()
     threads.ensure_applied()
-    block = program.global_block()
-    kept = prune(block, fetch_names)
+    block = program.global_block() if block is None else block
+    live = live_names(program, block, fetch_names)
+    if block.idx != 0 and _step_scopes_read(program, block):
+        # each run's env is kept and read (for the backward pass): it must hold every value
+        live.update(n for op in block.ops for n in op.output_arg_names
+                    if n != registry.EMPTY_VAR_NAME)
+    kept = prune(block, live)
     ops = [op for op in kept if not _is_feed_fetch(op)]
     dump_after("prune", lambda: "\n".join(repr(op) for op in ops))
     index = {id(op): i for i, op in enumerate(block.ops)}
-    live = live_names(program, block, fetch_names)
     declined: set = set()
     while True:  # generate every segment's source; an op whose lowering declines runs its
         part = partition(block, ops, live, declined)  # reference, and we partition again
@@ -138,18 +242,116 @@ def build_plan(program, fetch_names) -> Plan:
     for seg, gen in zip(part.segments, gens):
         if gen is None:
             node = seg.groups[0].nodes[0]
-            steps.append(ReferenceStep(node.op, index[id(node.op)], node.why_not))
+            op, op_idx = node.op, index[id(node.op)]
+            loop, why_not = _native_loop(program, op)
+            if loop is not None:
+                compiled = compile_function(loop.source("loop"), "loop",
+                                            parallel=loop.body.uses_prange)
+                desc = "; ".join(g.describe() for g in loop.body.segment.groups)
+                steps.append(LoopStep(compiled, loop, op, op_idx, op.attr("sub_block"), desc))
+                sources.append((compiled.name, compiled.text))
+                continue
+            why = node.why_not + (f"; not a native loop: {why_not}" if why_not else "")
+            subs = [(b, sub_plan(program.block(b))) for b in _sub_blocks(op)] \
+                if sub_plan is not None else []
+            steps.append(ReferenceStep(op, op_idx, why, subs))
             continue
         compiled = compile_function(gen.source("segment"), "segment", parallel=gen.uses_prange)
         seg_ops = [(op, index[id(op)]) for g in seg.groups for op in g.ops]
         desc = "; ".join(g.describe() for g in seg.groups)
-        steps.append(NativeStep(compiled, gen.args, gen.expected, gen.outputs, seg_ops, desc))
+        steps.append(NativeStep(compiled, gen.args, gen.expected, gen.outputs, seg_ops, desc,
+                                gen.lod_requests))
         sources.append((compiled.name, compiled.text))
     plan = Plan(steps, part.describe(), sources, time.perf_counter() - t0,
-                _fresh_names(part, gens, block))
+                _fresh_names(part, gens, block), block.idx)
     if os.environ.get("PDJIT_DUMP"):
         print(plan.report(), file=sys.stderr)
     return plan
+
+
+def _sub_blocks(op) -> list:
+    """The indices of the blocks ``op`` owns (its BLOCK and BLOCKS attributes)."""
+    out = []
+    for name in op.attr_names:
+        t = op.attr_type(name)
+        if t == pb.AttrType.BLOCK:
+            out.append(op.attr(name))
+        elif t == pb.AttrType.BLOCKS:
+            out.extend(op.attr(name))
+    return out
+
+
+def _step_scopes_read(program, block) -> bool:
+    """Whether some op reads the step scopes of an op that runs ``block`` (a ``STEP_SCOPES``
+    output of the op owning it)."""
+    scopes = set()
+    for b in program.blocks:
+        for op in b.ops:
+            opdef = registry.lookup(op.type)
+            if opdef is not None and opdef.has(registry.CONTROL_FLOW) and \
+                    block.idx in _sub_blocks(op):
+                for n in op.output_arg_names:
+                    v = op.block._find_var_recursive(n)
+                    if v is not None and v.type == pb.VarType.STEP_SCOPES:
+                        scopes.add(n)
+    return bool(scopes) and any(n in scopes for b in program.blocks for op in b.ops
+                                for n in op.input_arg_names)
+
+
+def _is_loop(opdef, op) -> bool:
+    """A ``while``-style op: control flow over a ``sub_block`` run while ``Condition`` holds,
+    recording ``StepScopes``."""
+    return opdef.has(registry.CONTROL_FLOW) and op.has_attr("sub_block") and \
+        opdef.input_slot("Condition") is not None and \
+        opdef.output_slot("StepScopes") is not None
+
+
+def _native_loop(program, op):
+    """(LoopGen, "") when ``op`` is a loop that can run as one native function, else
+    (None, why not; "" when it is no loop at all)."""
+    opdef = registry.lookup(op.type)
+    if opdef is None or not _is_loop(opdef, op):
+        return None, ""
+    if os.environ.get("PDJIT_NATIVE_LOOPS", "1") == "0":
+        return None, "PDJIT_NATIVE_LOOPS=0"
+    scopes = [n for n in op.output("StepScopes") if n != registry.EMPTY_VAR_NAME]
+    if scopes and not (op.has_attr("is_test") and op.attr("is_test")):
+        readers = [o for b in program.blocks for o in b.ops
+                   if any(n in scopes for n in o.input_arg_names)]
+        if readers:
+            return None, f"its step scopes are read by {readers[0].type}"
+    conds = op.input("Condition")
+    if len(conds) != 1:
+        return None, "expected one condition"
+    body = program.block(op.attr("sub_block"))
+    for bop in body.ops:
+        bdef = registry.lookup(bop.type)
+        if bdef is None:
+            return None, f"body op {bop.type} is not registered"
+        for trait in (registry.CONTROL_FLOW, registry.RANDOM, registry.FEED_FETCH,
+                      registry.SEQUENCE):
+            if bdef.has(trait):
+                return None, f"body op {bop.type} is {trait}"
+    # what outlives an iteration: the names the body writes that are declared outside it (its
+    # own variables live in one iteration's env only)
+    carried = {n for bop in body.ops for n in bop.output_arg_names
+               if n != registry.EMPTY_VAR_NAME and not body.has_var(n)}
+    ops = prune(body, carried)
+    part = partition(body, ops, carried)
+    if len(part.segments) != 1 or not part.segments[0].native:
+        bad = next((g.nodes[0] for s in part.segments for g in s.groups if g.kind == REFERENCE),
+                   None)
+        return None, (f"body op {bad.label} is not lowerable ({bad.why_not})" if bad is not None
+                      else "empty body")
+    gen = SegmentGen(part.segments[0], body, carried, parallel=threads.get_num_threads() > 1)
+    try:
+        gen.generate()
+    except Declined as d:
+        return None, f"body op {d.op.type} declines its lowering"
+    try:
+        return LoopGen(gen, conds[0]), ""
+    except ValueError as e:
+        return None, str(e)
 
 
 def _generate(part, block, live) -> list:

@@ -1,0 +1,70 @@
+"""A loop around a generated segment: ``while cond: body`` inside one native function (CPU).
+
+The body is a :class:`~pdjit.codegen.lowering.SegmentGen` already generated for the loop's
+body block. :meth:`LoopGen.source` wraps its lines in a ``while`` whose condition is re-read from
+the condition value's latest array at the end of every iteration, so one call runs the whole
+loop with no Python per iteration.
+
+Guarantees of the generated function:
+
+- it takes the values the body reads from outside plus the initial values of every carried
+  value the body writes without reading it first (in ``LoopGen.args`` order) and returns the
+  final value of every carried value (``LoopGen.outputs``); with zero iterations it returns
+  the initial values;
+- it never writes into an array it was given (lowerings never write their inputs): every
+  iteration's results are new arrays, and the carried values are rebound to them all at once at
+  the end of the iteration, so a swap of two carried values is a swap;
+- a carried value whose shape changes from one iteration to the next, or a condition that does
+  not hold exactly one element, raises ``ValueError`` (the caller then runs the loop with the
+  reference semantics on the untouched inputs);
+- the source names no variable and no size, so equal loops share one cache entry.
+"""
+from __future__ import annotations
+
+
+class LoopGen:
+    """Source of ``while cond: body`` around a generated body segment.
+
+    ``body``: a generated ``SegmentGen`` whose ``outputs`` are the carried values (the values
+    the body writes that live outside one iteration). ``cond``: the name of the condition value,
+    which the body must write.
+    """
+
+    def __init__(self, body, cond: str):
+        if cond not in body.defined:
+            raise ValueError("the loop body never writes its condition")
+        if getattr(body, "lod_requests", None):
+            raise ValueError("the loop body reads LoD offsets")
+        self.body, self.cond = body, cond
+        self.args: list = list(body.args)
+        self.expected: list = list(body.expected)
+        self.outputs: list = list(body.outputs)
+        if cond not in self.outputs:
+            self.outputs.append(cond)
+        # every carried value has a loop variable: its argument, or a new one for its initial value
+        self.loop_var: dict = {n: f"a{i}" for i, n in enumerate(self.args)}
+        for name in self.outputs:
+            if name not in self.loop_var:
+                self.loop_var[name] = f"a{len(self.args)}"
+                self.args.append(name)
+                v = body.block._find_var_recursive(name)
+                self.expected.append((v.dtype, len(v.shape)))
+
+    def source(self, fn_name: str) -> str:
+        body = self.body
+        lines = [f"def {fn_name}({', '.join(f'a{i}' for i in range(len(self.args)))}):"]
+        cond_var = self.loop_var[self.cond]
+        lines.append(f"    while {cond_var}.reshape(1)[0]:")
+        lines += ["    " + line for line in body.lines]
+        changed = [n for n in self.outputs if body.current[n] != self.loop_var[n]]
+        for n in changed:
+            new, old = body.current[n], self.loop_var[n]
+            lines.append(f"        if {new}.shape != {old}.shape:")
+            lines.append("            raise ValueError('pdjit: a loop-carried value changed "
+                         "shape')")
+        if changed:
+            lhs = "".join(f"{self.loop_var[n]}, " for n in changed)
+            rhs = "".join(f"{body.current[n]}, " for n in changed)
+            lines.append(f"        ({lhs}) = ({rhs})")
+        lines.append("    return (" + "".join(f"{self.loop_var[n]}, " for n in self.outputs) + ")")
+        return "\n".join(lines)
