@@ -32,6 +32,7 @@ import textwrap
 import time
 
 import numpy as np
+from _common import interleaved, report
 
 
 def median_ms(fn, repeat: int, warmup: int = 2) -> float:
@@ -43,28 +44,6 @@ def median_ms(fn, repeat: int, warmup: int = 2) -> float:
         fn()
         times.append(time.perf_counter() - t)
     return statistics.median(times) * 1e3
-
-
-def interleaved(contenders: dict, repeat: int) -> dict:
-    """Medians (ms) of each contender, measured in alternating rounds to share the noise."""
-    for fn in contenders.values():
-        fn()
-        fn()
-    samples = {k: [] for k in contenders}
-    for _ in range(repeat):
-        for k, fn in contenders.items():
-            t = time.perf_counter()
-            fn()
-            samples[k].append(time.perf_counter() - t)
-    return {k: statistics.median(v) * 1e3 for k, v in samples.items()}
-
-
-def report(title: str, results: dict, base: str) -> None:
-    print(f"\n## {title}")
-    print(f"| contender | median ms | vs {base} |")
-    print("|---|---|---|")
-    for k, v in results.items():
-        print(f"| {k} | {v:.4f} | {v / results[base]:.2f}x |")
 
 
 # ---- 1. elementwise chain ----

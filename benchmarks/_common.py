@@ -1,0 +1,29 @@
+"""What every benchmark here shares: interleaved timing and a markdown report."""
+from __future__ import annotations
+
+import statistics
+import time
+
+
+def interleaved(contenders: dict, repeat: int, warmup: int = 2) -> dict:
+    """Median milliseconds of each contender, measured in alternating rounds so that every
+    contender sees the same noise; each runs ``warmup`` times first (compiles, caches)."""
+    for fn in contenders.values():
+        for _ in range(warmup):
+            fn()
+    samples = {k: [] for k in contenders}
+    for _ in range(repeat):
+        for k, fn in contenders.items():
+            t = time.perf_counter()
+            fn()
+            samples[k].append(time.perf_counter() - t)
+    return {k: statistics.median(v) * 1e3 for k, v in samples.items()}
+
+
+def report(title: str, results: dict, base: str, digits: int = 4) -> None:
+    """A markdown table of ``results`` (ms) with each one's ratio to ``results[base]``."""
+    print(f"\n## {title}")
+    print(f"| contender | median ms | vs {base} |")
+    print("|---|---|---|")
+    for k, v in results.items():
+        print(f"| {k} | {v:.{digits}f} | {v / results[base]:.2f}x |")
