@@ -28,6 +28,7 @@ SCRIPT = textwrap.dedent("""
 
 def _run(tmp_path, scale):
     env = dict(os.environ, PDJIT_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("NUMBA_CACHE_DIR", None)   # numba's compiled code must sit beside the modules
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(scale)], capture_output=True,
                           text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr

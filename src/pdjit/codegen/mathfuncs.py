@@ -109,7 +109,7 @@ __all__ = ["tanh", "exp", "expm1", "log", "log1p", "sigmoid", "softplus", "erf"]
 # Strict IEEE semantics are required (no reassociation, no nnan/ninf): the shifter rounding
 # trick, the Cody-Waite / log1p compensations and the nan/inf selects rely on every operation
 # being rounded as written. FMA contraction only removes roundings (measured 20-40 % faster).
-_jit = njit(error_model="numpy", nogil=True, fastmath={"contract"})
+_jit = njit(error_model="numpy", nogil=True, fastmath={"contract"}, cache=True)
 
 
 # --------------------------------------------------------------------------- bit casts
