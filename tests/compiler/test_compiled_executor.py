@@ -87,6 +87,27 @@ def test_broadcasting_inside_a_fused_group(fresh_programs):
     np.testing.assert_allclose(got[0], want, rtol=1e-12)
 
 
+@pytest.mark.parametrize("y_shape, row_loop", [([4], True), ([1, 4], True), ([-1, 4], False)])
+def test_row_loop_is_compiled_only_where_a_leaf_can_be_a_repeated_row(fresh_programs, y_shape,
+                                                                      row_loop):
+    """A bias (rank 1, or size 1 in a leading dim) gets the vectorising row loop; same-shape
+    leaves do not, and a [-1, 4] leaf fed one row at run time still broadcasts (strided nest)."""
+    main, _ = fresh_programs
+    x = fluid.layers.data(name="x", shape=[-1, 4], dtype="float32", append_batch_size=False)
+    y = fluid.layers.data(name="y", shape=y_shape, dtype="float32", append_batch_size=False)
+    z = fluid.layers.tanh(fluid.layers.elementwise_add(x, y))
+    report = fluid.Executor().explain(main, feed={"x": None, "y": None}, fetch_list=[z])
+    assert ("for r in range(" in report) == row_loop, report
+    rng = np.random.default_rng(4)
+    xv = rng.normal(size=(5, 4)).astype(np.float32)
+    fed = [[5 if d == -1 else d for d in y_shape]] + ([[1, 4]] if -1 in y_shape else [])
+    for shape in fed:
+        yv = rng.normal(size=shape).astype(np.float32)
+        got, ref = _both(main, {"x": xv, "y": yv}, [z])
+        np.testing.assert_allclose(got[0], np.tanh(xv + yv), rtol=1e-6)
+        np.testing.assert_allclose(got[0], ref[0], rtol=1e-6)
+
+
 def test_runtime_shape_error_names_the_op_and_scope_is_kept(fresh_programs):
     main, startup = fresh_programs
     x = fluid.layers.data(name="x", shape=[-1, 3], dtype="float32", append_batch_size=False)

@@ -45,6 +45,17 @@ def literal(value) -> str:
 PARALLEL_MIN_SIZE = 65536
 
 
+def _may_be_a_row(shape: tuple, offset: int, group_shape: tuple) -> bool:
+    """Whether a leaf of build-time ``shape`` (placed at ``offset``) is one row repeated over
+    the group: it ends at the group's last dim and lacks, or has size 1 at, an earlier dim the
+    group has. Only then is the row loop worth compiling (it costs ~a third of a kernel's
+    compile time); a leaf that turns out 1-sized only at run time takes the strided nest."""
+    rank, r = len(group_shape), len(shape)
+    if not r or offset + r != rank or rank < 2:
+        return False
+    return r < rank or any(shape[j] == 1 and group_shape[j] != 1 for j in range(r - 1))
+
+
 class Declined(Exception):
     """An opaque op's lowering returned None: the op must run its reference instead."""
 
@@ -223,6 +234,7 @@ class SegmentGen:
 
         # 1. walk the chain symbolically: leaves (array, offset), scalar expressions per value
         leaves: list = []              # (local array, rank, offset)
+        static: list = []              # each leaf's build-time shape (-1: known at run time)
         leaf_index: dict = {}
         exprs: dict = {}               # env name -> scalar expression (a local scalar name)
         body: list = []                # statements of the element computation
@@ -235,6 +247,7 @@ class SegmentGen:
                 v = self.block._find_var_recursive(name)
                 leaf_index[key] = len(leaves)
                 leaves.append((local, len(v.shape), offset))
+                static.append(tuple(v.shape))
             return leaf_index[key]
 
         def value_of(name, offset):
@@ -297,7 +310,10 @@ class SegmentGen:
         loads = [f"x{lid} = L{lid}[IDX{lid}]" for lid in range(len(leaves))]
         stores = [f"{flat[n]}[o] = {exprs[n]}" for n in stored_chain]
         if reduce_node is None:
-            self._emit_loops(leaves, dims, total, body, loads, stores, reduce=None)
+            rows = any(_may_be_a_row(shape, off, group.shape)
+                       for shape, (_, _, off) in zip(static, leaves))
+            self._emit_loops(leaves, dims, total, body, loads, stores, reduce=None,
+                             row_path=rows)
             return
         self._reduction(reduce_node, leaves, dims, total, body, loads, stores, red_expr)
 
@@ -312,8 +328,10 @@ class SegmentGen:
             return rank - r if axis == -1 else axis
         return rank - r
 
-    def _emit_loops(self, leaves, dims, total, body, loads, stores, reduce, flat_ok=True):
-        """The flat loop (every input full-size) and the strided loop nest (broadcasting)."""
+    def _emit_loops(self, leaves, dims, total, body, loads, stores, reduce, flat_ok=True,
+                    row_path=False):
+        """The flat loop (every input full-size), the row loop when ``row_path`` (see
+        ``_row_path``) and the strided loop nest (any broadcasting)."""
         full = " and ".join(f"{loc}.size == {total}" for loc, _, _ in leaves) or "True"
         if not flat_ok:
             full = "False"
@@ -337,7 +355,7 @@ class SegmentGen:
                 self.emit(line, 3)
         rank = len(dims)
         row_leaves = [lid for lid, (_, r, off) in enumerate(leaves) if r and off + r == rank]
-        if reduce is None and rank >= 2 and row_leaves:
+        if row_path and reduce is None and rank >= 2 and row_leaves:
             self._row_path(leaves, dims, total, body, loads, stores)
         self.emit("else:")
         # element strides of each leaf along each iteration dim (0 where it broadcasts)
