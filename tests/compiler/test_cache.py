@@ -6,30 +6,33 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
+
 SCRIPT = textwrap.dedent("""
     import json, sys
     import numpy as np
     import pdjit as fluid
-    scale = float(sys.argv[1])
+    from pdjit.codegen.compiler import kernel_stats
+    scale, act = float(sys.argv[1]), sys.argv[2]
     main = fluid.Program()
     with fluid.program_guard(main, fluid.Program()):
         x = fluid.layers.data(name="x", shape=[4], dtype="float32")
-        y = fluid.layers.sigmoid(fluid.layers.scale(x, scale=scale)) * 3.0
+        y = getattr(fluid.layers, act)(fluid.layers.scale(x, scale=scale)) * 3.0
     exe = fluid.Executor()
     (out,) = exe.run(main, feed={"x": np.ones((2, 4), np.float32)}, fetch_list=[y],
                      scope=fluid.Scope())
     (prog, plan), = exe._plans.values()
-    fn = plan.steps[0].compiled.fn
-    print(json.dumps({"hits": sum(fn.stats.cache_hits.values()),
-                      "misses": sum(fn.stats.cache_misses.values()),
-                      "module": plan.steps[0].compiled.name, "out": out.tolist()}))
+    (kernel,) = plan.steps[0].compiled.kernels
+    stats = kernel_stats()
+    print(json.dumps({"hits": stats["loaded"], "misses": stats["compiled"],
+                      "module": kernel.name, "out": out.tolist()}))
 """)
 
 
-def _run(tmp_path, scale):
+def _run(tmp_path, scale, act="sigmoid"):
     env = dict(os.environ, PDJIT_CACHE_DIR=str(tmp_path / "cache"))
     env.pop("NUMBA_CACHE_DIR", None)   # numba's compiled code must sit beside the modules
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(scale)], capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(scale), act], capture_output=True,
                           text=True, env=env, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -41,7 +44,11 @@ def test_second_process_loads_from_disk_without_compiling(tmp_path):
     second = _run(tmp_path, 2.0)
     assert second["misses"] == 0 and second["hits"] == 1  # no compile happened
     assert second["module"] == first["module"] and second["out"] == first["out"]
-    changed = _run(tmp_path, 2.5)                          # a changed program recompiles
+    # another constant is a run-time argument of the same kernel: nothing compiles
+    rescaled = _run(tmp_path, 2.5)
+    assert rescaled["module"] == first["module"] and rescaled["misses"] == 0
+    assert np.allclose(rescaled["out"], 3 / (1 + np.exp(-2.5)))
+    changed = _run(tmp_path, 2.0, "tanh")                  # another computation compiles
     assert changed["module"] != first["module"] and changed["misses"] == 1
 
 

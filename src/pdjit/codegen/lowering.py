@@ -1,27 +1,41 @@
-"""Segment -> Python source for one Numba-compiled function (the CPU loop skeleton).
+"""Segment -> a host driver calling one compiled kernel per fusion group.
 
-A segment's function takes the arrays it reads from outside (``a0, a1, ...``) and returns the
-arrays it stores that are needed after it. Each group becomes:
+Each group of a segment becomes a kernel whose text is a function of the group alone (op types
+and emit rules, dtypes, ranks, the loop form; never variable names, sizes or numeric attribute
+values, which are run-time arguments), so identical layers, programs and processes share one
+compiled kernel (``pdjit.codegen.compiler``):
 
-- elementwise / reduction: a loop nest over the group's iteration shape, the broadcast of its
-  inputs' run-time shapes (Fluid's ``axis`` alignment is fixed at compile time, sizes are not:
-  the code specialises on ranks and dtypes only). Every input's shape is checked against the
-  iteration shape before the loop, so no index can leave an array; a flat loop serves the
-  common case where every input has the full shape (it vectorises), a strided loop nest the
-  broadcasting case. Values used only inside the group stay scalars;
-- opaque: the lines the op's ``Opaque.lower`` gives (a library call such as ``np.dot``).
+- elementwise / reduction groups: a :class:`~pdjit.codegen.kernel.LoopKernel` description,
+  rendered by the target (``pdjit.codegen.cpu``) with one loop form chosen from the static
+  shapes. The kernel takes its outputs as arguments; the driver computes the run-time shape,
+  checks it, allocates, and calls;
+- opaque groups: the lines the op's ``Opaque.lower`` gives, as a kernel of their own (inputs as
+  parameters, outputs returned), or, for a ``host`` lowering (library calls such as GEMM, and
+  views), as lines of the driver itself: nothing to compile.
 
-A shape problem raises ``ValueError`` inside the native code; the executor then re-runs the
-segment with the op references, which either report the precise error or give the answer.
+The driver's lines are valid Python (a plan runs them as a Python function: nothing compiles
+but the kernels) and valid under Numba (a native loop compiles them inside its ``while``).
+
+A shape problem raises ``ValueError``; the executor then re-runs the segment with the op
+references, which either report the precise error or give the answer.
 """
 from __future__ import annotations
 
 import math
+import string
 
 import numpy as np
 
+from pdjit.codegen.compiler import compile_function
+from pdjit.codegen.cpu import PARALLEL_MIN_SIZE
+from pdjit.codegen.kernel import FLAT_FORMS, Leaf, LoopKernel, ReduceSpec, choose_form, place_leaf
+from pdjit.codegen.targets import get_target
 from pdjit.framework import registry
 from pdjit.passes.fusion import OPAQUE, REDUCTION, Group, Segment, numpy_type_name
+from pdjit.proto import framework_pb2 as pb
+
+# attribute types passed to kernels as run-time arguments rather than written into their text
+_NUMERIC_ATTRS = (pb.AttrType.FLOAT, pb.AttrType.FLOAT64)
 
 
 def literal(value) -> str:
@@ -38,22 +52,6 @@ def literal(value) -> str:
     if isinstance(value, (list, tuple)):
         return "(" + "".join(literal(v) + ", " for v in value) + ")"
     return repr(value)
-
-
-# Below this many elements a parallel loop loses to its thread start-up (measured: the
-# break-even of numba's prange on 2 cores is ~1e3-1e4 elements; at 6.5e4 two threads win).
-PARALLEL_MIN_SIZE = 65536
-
-
-def _may_be_a_row(shape: tuple, offset: int, group_shape: tuple) -> bool:
-    """Whether a leaf of build-time ``shape`` (placed at ``offset``) is one row repeated over
-    the group: it ends at the group's last dim and lacks, or has size 1 at, an earlier dim the
-    group has. Only then is the row loop worth compiling (it costs ~a third of a kernel's
-    compile time); a leaf that turns out 1-sized only at run time takes the strided nest."""
-    rank, r = len(group_shape), len(shape)
-    if not r or offset + r != rank or rank < 2:
-        return False
-    return r < rank or any(shape[j] == 1 and group_shape[j] != 1 for j in range(r - 1))
 
 
 class Declined(Exception):
@@ -149,12 +147,69 @@ class LowerContext:
 
 
 
-class SegmentGen:
-    """Builds the source of one segment's function."""
+class _KernelScope:
+    """The names an opaque lowering sees when its lines become a kernel of their own: inputs
+    are the kernel's parameters, outputs its locals, returned to the driver."""
 
-    def __init__(self, segment: Segment, block, needed_after: set, parallel: bool = False):
+    def __init__(self, gen: "SegmentGen"):
+        self.gen = gen
+        self.block, self.segment, self.needed_after = gen.block, gen.segment, gen.needed_after
+        self.parallel = gen.parallel
+        self.uses_prange = False
+        self.params: list = []        # kernel parameter -> the driver's local
+        self.param_of: dict = {}
+        self.current: dict = {}
+        self.defined: list = []       # env names, in definition order
+        self.counter = 0
+
+    def fresh(self, hint: str) -> str:
+        self.counter += 1
+        return f"{hint}{self.counter}"
+
+    def _param(self, driver_local: str) -> str:
+        p = self.param_of.get(driver_local)
+        if p is None:
+            p = self.param_of[driver_local] = f"a{len(self.params)}"
+            self.params.append(driver_local)
+        return p
+
+    def read(self, name: str) -> str:
+        local = self.current.get(name)
+        if local is None:
+            local = self.current[name] = self._param(self.gen.read(name))
+        return local
+
+    def define(self, name: str) -> str:
+        local = self.current[name] = self.fresh("s")
+        if name not in self.defined:
+            self.defined.append(name)
+        return local
+
+    def lod_arg(self, op, name: str, level: int, optional: bool) -> str:
+        return self._param(self.gen.lod_arg(op, name, level, optional))
+
+
+class SegmentGen:
+    """Builds one segment: a host driver (a function valid both as Python and under Numba) that
+    calls one kernel per group, each compiled once per distinct text and shared by every
+    segment, program and process that needs it.
+
+    After :meth:`generate`: ``lines`` (the driver's body), ``args`` (env names read, in
+    parameter order ``a0, a1...``), ``expected`` ((dtype, ndim) per argument), ``outputs``
+    (env names returned), ``calls`` ((global name, Compiled) of the kernels it calls),
+    ``lazy`` ((global name, source) of parallel variants compiled at their first call),
+    ``lod_requests`` (offsets arguments ``lod0...``, bound at run time).
+
+    ``native``: the driver will be compiled by Numba (a loop body): no lazily compiled
+    parallel variants. ``target``: the name of the target that renders the kernels.
+    """
+
+    def __init__(self, segment: Segment, block, needed_after: set, parallel: bool = False,
+                 native: bool = False, target: str = "cpu"):
         self.segment, self.block, self.parallel = segment, block, parallel
-        self.uses_prange = False      # whether a parallel loop was emitted
+        self.target = get_target(target)
+        self.native = native
+        self.uses_prange = False      # whether a parallel loop was emitted (native drivers)
         self.needed_after = needed_after
         self.lines: list = []
         self.args: list = []          # env names, in argument order
@@ -163,6 +218,9 @@ class SegmentGen:
         self.expected: list = []      # (dtype, ndim) per argument
         self.defined: set = set()     # env names this segment writes (in place ones included)
         self.lod_requests: list = []  # (op, env name, level, optional) per offsets argument
+        self.calls: list = []         # (global name, Compiled)
+        self.lazy: list = []          # (global name, kernel source): parallel variants
+        self._globals: dict = {}      # module name -> global name
 
     # -- names ---------------------------------------------------------------------------------
     def fresh(self, hint: str) -> str:
@@ -198,10 +256,19 @@ class SegmentGen:
     def emit(self, line: str, indent: int = 1) -> None:
         self.lines.append("    " * indent + line)
 
-    # -- the function --------------------------------------------------------------------------
+    def _kernel(self, source: str, parallel: bool = False) -> str:
+        """The global name under which the driver calls the compiled ``source``."""
+        compiled = compile_function(source, "kernel", parallel=parallel,
+                                    target=self.target.NAME)
+        g = self._globals.get(compiled.name)
+        if g is None:
+            g = self._globals[compiled.name] = f"K{len(self.calls)}"
+            self.calls.append((g, compiled))
+        return g
+
+    # -- the driver ----------------------------------------------------------------------------
     def generate(self) -> None:
         for gi, group in enumerate(self.segment.groups):
-            # name- and size-free, so equal kernels share one cache entry across programs
             ops = ", ".join(node.op.type for node in group.nodes)
             self.emit(f"# group {gi}: {group.kind} [{ops}] rank {len(group.shape)}")
             if group.kind == OPAQUE:
@@ -220,102 +287,117 @@ class SegmentGen:
     # -- opaque ops ----------------------------------------------------------------------------
     def _opaque(self, group: Group) -> None:
         node = group.nodes[0]
-        lines = node.lowering.lower(LowerContext(self, node))
+        if node.lowering.host:  # library calls and views: lines of the driver itself
+            lines = node.lowering.lower(LowerContext(self, node))
+            if lines is None:
+                raise Declined(node.op)
+            for line in lines:
+                self.emit(line)
+            return
+        scope = _KernelScope(self)
+        lines = node.lowering.lower(LowerContext(scope, node))
         if lines is None:
             raise Declined(node.op)
-        for line in lines:
-            self.emit(line)
+        outs = scope.defined
+        src = "\n".join([f"def kernel({', '.join(f'a{i}' for i in range(len(scope.params)))}):"]
+            + ["    " + line for line in lines]
+            + ["    return (" + "".join(f"{scope.current[n]}, " for n in outs) + ")"])
+        g = self._kernel(src, parallel=scope.uses_prange)
+        self.uses_prange |= scope.uses_prange
+        targets = [self.define(n) for n in outs]
+        self.emit(f"({''.join(t + ', ' for t in targets)}) = {g}({', '.join(scope.params)})")
 
-    # -- loop nests ----------------------------------------------------------------------------
+    # -- loop groups ---------------------------------------------------------------------------
     def _loop_group(self, group: Group) -> None:
         rank = len(group.shape)
         reduce_node = group.nodes[-1] if group.kind == REDUCTION else None
         chain = group.nodes[:-1] if reduce_node else group.nodes
 
-        # 1. walk the chain symbolically: leaves (array, offset), scalar expressions per value
-        leaves: list = []              # (local array, rank, offset)
-        static: list = []              # each leaf's build-time shape (-1: known at run time)
+        # walk the chain symbolically: leaves, scalar expressions per value, run-time params
+        leaves: list = []              # Leaf
+        locals_: list = []             # the driver's local array of each leaf
+        row_ranks: list = []
         leaf_index: dict = {}
         exprs: dict = {}               # env name -> scalar expression (a local scalar name)
-        body: list = []                # statements of the element computation
-        cones: dict = {}               # env name -> set of leaf ids it depends on
-
-        def leaf(name, offset):
-            local = self.read(name)
-            key = (local, offset)
-            if key not in leaf_index:
-                v = self.block._find_var_recursive(name)
-                leaf_index[key] = len(leaves)
-                leaves.append((local, len(v.shape), offset))
-                static.append(tuple(v.shape))
-            return leaf_index[key]
+        cones: dict = {}               # env name -> leaf ids it depends on
+        body: list = []
+        params: list = []              # the parameters' values, as literals for the driver
 
         def value_of(name, offset):
             if name in exprs:
                 return exprs[name], cones[name]
-            lid = leaf(name, offset)
-            return f"x{lid}", {lid}
+            local = self.read(name)
+            key = (local, offset)
+            if key not in leaf_index:
+                shape = tuple(self.block._find_var_recursive(name).shape)
+                place, k = place_leaf(shape, offset, group.shape)
+                leaf_index[key] = len(leaves)
+                leaves.append(Leaf(len(shape), offset, shape, place))
+                locals_.append(local)
+                row_ranks.append(k)
+            lid = leaf_index[key]
+            return f"x{lid}", frozenset({lid})
 
+        counter = 0
         for node in chain:
             op = node.op
             opdef = registry.get(op.type)
             out_name = op.output_arg_names[0]
-            subst, cone = {}, set()
+            subst, cone = {}, frozenset()
             for slot in opdef.inputs:
                 names = [n for n in op.input(slot.name) if n != registry.EMPTY_VAR_NAME]
                 if not names:
                     continue
-                off = self._offset(op, opdef, slot.name, rank)
-                expr, c = value_of(names[0], off)
+                expr, c = value_of(names[0], self._offset(op, opdef, slot.name, rank))
                 subst[slot.name] = expr
                 cone |= c
-            attrs = {k: literal(v) for k, v in op.all_attrs().items() if k in opdef.attrs}
+            fields = {f for _, f, _, _ in string.Formatter().parse(node.lowering) if f}
+            attrs = {}
+            for k, v in op.all_attrs().items():
+                if k not in opdef.attrs or k not in fields:
+                    continue
+                if opdef.attrs[k].type in _NUMERIC_ATTRS and isinstance(v, float):
+                    attrs[k] = f"p{len(params)}"   # a run-time argument: kernels share
+                    params.append(literal(v))
+                else:
+                    attrs[k] = literal(v)
             t = numpy_type_name(self.block._find_var_recursive(out_name).dtype)
-            local = self.fresh("e")
+            counter += 1
+            local = f"e{counter}"
             body.append(f"{local} = {node.lowering.format(T=t, **attrs, **subst)}")
             exprs[out_name], cones[out_name] = local, cone
 
-        if reduce_node is not None:
-            x_name = reduce_node.op.input("X")[0]
-            red_expr, red_cone = value_of(x_name, 0)
-        # 2. iteration dims: broadcast of the leaves, checked
-        dims = [f"d{self.fresh('')}" for _ in range(rank)]
-        for d in range(rank):
-            self.emit(f"{dims[d]} = 1")
-        for local, r, off in leaves:
-            for j in range(r):
-                self.emit(f"{dims[off + j]} = _rt.bdim({dims[off + j]}, {local}.shape[{j}])")
-        total = self.fresh("n")
-        self.emit(f"{total} = " + (" * ".join(dims) if dims else "1"))
-        # values stored by the group must have the full shape (their own inputs cover it)
         stored_chain = [n for n in group.stored if n in exprs]
-        for name in stored_chain:
-            for d in range(rank):
-                cover = [f"{loc}.shape[{d - off}] == {dims[d]}"
-                         for lid, (loc, r, off) in enumerate(leaves)
-                         if lid in cones[name] and off <= d < off + r]
-                cond = " or ".join([f"{dims[d]} == 1"] + cover)
-                self.emit(f"if not ({cond}): raise ValueError('pdjit: fused value of a smaller "
-                          f"shape')")
-        shape_tuple = "(" + "".join(f"{d}, " for d in dims) + ")"
-        flat = {}
-        for name in stored_chain:
-            arr = self.define(name)
-            t = numpy_type_name(self.block._find_var_recursive(name).dtype)
-            self.emit(f"{arr} = np.empty({shape_tuple}, {t})")
-            flat[name] = f"{arr}f"
-            self.emit(f"{arr}f = {arr}.reshape({total})")
-        for lid, (local, _, _) in enumerate(leaves):
-            self.emit(f"L{lid} = {local}.reshape({local}.size)")
-        loads = [f"x{lid} = L{lid}[IDX{lid}]" for lid in range(len(leaves))]
-        stores = [f"{flat[n]}[o] = {exprs[n]}" for n in stored_chain]
-        if reduce_node is None:
-            rows = any(_may_be_a_row(shape, off, group.shape)
-                       for shape, (_, _, off) in zip(static, leaves))
-            self._emit_loops(leaves, dims, total, body, loads, stores, reduce=None,
-                             row_path=rows)
-            return
-        self._reduction(reduce_node, leaves, dims, total, body, loads, stores, red_expr)
+        stores = [(exprs[n], numpy_type_name(self.block._find_var_recursive(n).dtype), cones[n])
+                  for n in stored_chain]
+        spec = None
+        if reduce_node is not None:
+            red = reduce_node.lowering
+            x_expr, x_cone = value_of(reduce_node.op.input("X")[0], 0)
+            out_name = reduce_node.op.output("Out")[0]
+            t = numpy_type_name(self.block._find_var_recursive(out_name).dtype)
+            axes = tuple(range(rank)) if red.axes is None or not rank else \
+                tuple(sorted({a % rank for a in red.axes}))
+            spec = ReduceSpec(red.init.format(T=t),
+                              red.combine.format(acc="{acc}", x=x_expr, T=t),
+                              red.finalize.format(acc="{acc}", n="{n}", T=t),
+                              axes, red.keep_dim, t, x_expr, x_cone)
+        kernel = LoopKernel(rank, leaves, body, stores, len(params), reduce=spec)
+        kernel.form = choose_form(kernel, row_ranks)
+        kname = self._kernel(self.target.render(kernel))
+        pname = None
+        if self.parallel and kernel.form in FLAT_FORMS:
+            if self.native:
+                kname = self._kernel(self.target.render(kernel, parallel=True), parallel=True)
+                self.uses_prange = True
+            else:
+                pname = f"P{len(self.lazy)}"
+                self.lazy.append((pname, self.target.render(kernel, parallel=True)))
+        store_locals = [self.define(n) for n in stored_chain]
+        red_local = self.define(reduce_node.op.output("Out")[0]) if spec is not None else None
+        for line in self.target.call_site(kernel, self.fresh, locals_, store_locals, red_local,
+                                          params, kname, pname):
+            self.emit(line)
 
     def _offset(self, op, opdef, slot: str, rank: int) -> int:
         """Where ``slot``'s dims start within the op's output dims."""
@@ -327,132 +409,3 @@ class SegmentGen:
             axis = op.attr("axis")
             return rank - r if axis == -1 else axis
         return rank - r
-
-    def _emit_loops(self, leaves, dims, total, body, loads, stores, reduce, flat_ok=True,
-                    row_path=False):
-        """The flat loop (every input full-size), the row loop when ``row_path`` (see
-        ``_row_path``) and the strided loop nest (any broadcasting)."""
-        full = " and ".join(f"{loc}.size == {total}" for loc, _, _ in leaves) or "True"
-        if not flat_ok:
-            full = "False"
-        self.emit(f"if {full}:")
-        flat_body = [line.replace(f"IDX{lid}", "o") for lid, line in enumerate(loads)] + \
-            body + stores + (reduce["flat"] if reduce else [])
-        if self.parallel and reduce is None:
-            # threads pay off only on large arrays: decided here, at run time, by size
-            self.uses_prange = True
-            self.emit(f"if {total} >= {PARALLEL_MIN_SIZE}:", 2)
-            self.emit(f"for o in numba.prange({total}):", 3)
-            for line in flat_body:
-                self.emit(line, 4)
-            self.emit("else:", 2)
-            self.emit(f"for o in range({total}):", 3)
-            for line in flat_body:
-                self.emit(line, 4)
-        else:
-            self.emit(f"for o in range({total}):", 2)
-            for line in flat_body:
-                self.emit(line, 3)
-        rank = len(dims)
-        row_leaves = [lid for lid, (_, r, off) in enumerate(leaves) if r and off + r == rank]
-        if row_path and reduce is None and rank >= 2 and row_leaves:
-            self._row_path(leaves, dims, total, body, loads, stores)
-        self.emit("else:")
-        # element strides of each leaf along each iteration dim (0 where it broadcasts)
-        for lid, (loc, r, off) in enumerate(leaves):
-            for j in range(r):
-                later = " * ".join(f"{loc}.shape[{k}]" for k in range(j + 1, r)) or "1"
-                self.emit(f"st{lid}_{off + j} = 0 if {loc}.shape[{j}] == 1 else {later}", 2)
-        if reduce:
-            for line in reduce["setup"]:
-                self.emit(line, 2)
-        self.emit("o = 0", 2)
-        for d in range(rank):
-            ind = 2 + d
-            self.emit(f"for i{d} in range({dims[d]}):", ind)
-            for lid, (_, r, off) in enumerate(leaves):
-                prev = f"b{lid}_{d - 1}" if d > 0 else "0"
-                step = f" + i{d} * st{lid}_{d}" if off <= d < off + r else ""
-                self.emit(f"b{lid}_{d} = {prev}{step}", ind + 1)
-            if reduce:
-                for line in reduce["index"](d):
-                    self.emit(line, ind + 1)
-        ind = 2 + rank
-        for lid, line in enumerate(loads):
-            self.emit(line.replace(f"IDX{lid}", f"b{lid}_{rank - 1}" if rank else "0"), ind)
-        for line in body + stores + (reduce["nested"] if reduce else []):
-            self.emit(line, ind)
-        self.emit("o += 1", ind)
-
-    def _row_path(self, leaves, dims, total, body, loads, stores) -> None:
-        """Rows of the last dim, each input either full-size or one row repeated (a bias):
-        unit-stride inner loops that vectorise, where the strided nest would not."""
-        last = dims[-1]
-        cond = " and ".join(
-            f"({loc}.size == {total} or ({loc}.size == {last} and {loc}.shape[{r - 1}] == {last}))"
-            if off + r == len(dims) and r else f"{loc}.size == {total}"
-            for loc, r, off in leaves)
-        self.emit(f"elif {last} > 0 and {cond}:")
-        self.emit(f"for r in range({total} // {last}):", 2)
-        for lid, (loc, _, _) in enumerate(leaves):
-            self.emit(f"rb{lid} = r * {last} if {loc}.size == {total} else 0", 3)
-        self.emit(f"ob = r * {last}", 3)
-        self.emit(f"for k in range({last}):", 3)
-        self.emit("o = ob + k", 4)
-        for lid, line in enumerate(loads):
-            self.emit(line.replace(f"IDX{lid}", f"rb{lid} + k"), 4)
-        for line in body + stores:
-            self.emit(line, 4)
-
-    def _reduction(self, node, leaves, dims, total, body, loads, stores, x_expr) -> None:
-        red = node.lowering
-        rank = len(dims)
-        axes = tuple(range(rank)) if red.axes is None else \
-            tuple(sorted({a % max(rank, 1) for a in red.axes}))
-        out_name = node.op.output("Out")[0]
-        t = numpy_type_name(self.block._find_var_recursive(out_name).dtype)
-        fmt = dict(T=t)
-        kept = [d for d in range(rank) if d not in axes]
-        out_dims = [(dims[d] if d in kept else "1") for d in range(rank)] if red.keep_dim \
-            else [dims[d] for d in kept]
-        out = self.define(out_name)
-        acc = self.fresh("acc")
-        count = self.fresh("m")
-        out_total = " * ".join(dims[d] for d in kept) or "1"
-        self.emit(f"{count} = ({total} // ({out_total})) if ({out_total}) > 0 else 0")
-        init = red.init.format(**fmt)
-        combine = red.combine.format(acc="{acc}", x=x_expr, **fmt)
-        finalize = red.finalize.format(acc="{acc}", n=count, **fmt)
-        shape = "(" + "".join(f"{d}, " for d in out_dims) + ")"
-        if not kept:  # reduce everything: accumulate in a register
-            self.emit(f"{acc} = {init}")
-            reduce = {"flat": [f"{acc} = {combine.format(acc=acc)}"], "setup": [],
-                      "nested": [f"{acc} = {combine.format(acc=acc)}"], "index": lambda d: []}
-            self._emit_loops(leaves, dims, total, body, loads, stores, reduce)
-            self.emit(f"{out} = np.empty({shape}, {t})")
-            self.emit(f"{out}.reshape(1)[0] = {finalize.format(acc=acc)}")
-            return
-        self.emit(f"{out} = np.empty({shape}, {t})")
-        self.emit(f"{acc} = {out}.reshape({out}.size)")
-        self.emit(f"{acc}[:] = {init}")
-        ostride = {}
-        for i, d in enumerate(kept):
-            ostride[d] = " * ".join(dims[k] for k in kept[i + 1:]) or "1"
-        item = f"{acc}[q{rank - 1 if rank else 0}]"
-        reduce = {
-            "flat": [f"{acc}[oq] = {combine.format(acc=acc + '[oq]')}"],
-            "setup": [],
-            "nested": [f"{item} = {combine.format(acc=item)}"],
-            "index": lambda d: [f"q{d} = {f'q{d - 1}' if d else '0'}"
-                                f"{f' + i{d} * ({ostride[d]})' if d in ostride else ''}"],
-        }
-        # the flat path needs the output index of element o: decompose o only when reducing
-        # a suffix of dims (then oq = o // reduced_count), else use the nested path
-        suffix = axes == tuple(range(rank - len(axes), rank))
-        if suffix:
-            reduce["flat"] = [f"oq = o // {count} if {count} > 0 else 0"] + reduce["flat"]
-            self._emit_loops(leaves, dims, total, body, loads, stores, reduce)
-        else:
-            self._emit_loops(leaves, dims, total, body, loads, stores, reduce, flat_ok=False)
-        self.emit(f"for k in range({acc}.size):")
-        self.emit(f"{acc}[k] = {finalize.format(acc=acc + '[k]')}", 2)

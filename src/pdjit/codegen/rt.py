@@ -1,12 +1,16 @@
-"""Helpers the generated code calls (compiled with it by Numba).
+"""Helpers the generated code calls: from kernels (compiled with them by Numba) and from the
+host driver (plain Python), with one meaning in both.
+
+``bdim``, ``check`` and ``gemm`` are plain Python functions that Numba also compiles
+(``overload``), so the same line runs in a Python driver, in a kernel and inside a native loop.
 
 Keep this file small and stable: generated modules embed a hash of it, so that a change here
 invalidates Numba's on-disk cache of every generated module that uses it.
 """
-import numba
+import numpy as np
+from numba.extending import overload
 
 
-@numba.njit(inline="always")
 def bdim(acc, d):
     """Broadcast one more size into a dim: 1 gives way to anything; else sizes must agree."""
     if acc == 1:
@@ -16,7 +20,30 @@ def bdim(acc, d):
     raise ValueError("pdjit: operand shapes do not broadcast")
 
 
-@numba.njit(inline="always")
 def check(cond):
+    """Raise ``ValueError`` unless ``cond``: a shape that does not fit (the executor then
+    re-runs the ops with their references, which say precisely what was wrong)."""
     if not cond:
         raise ValueError("pdjit: operand shapes do not fit")
+
+
+def gemm(a, b):
+    """The matrix product of two 2-D arrays (BLAS): every lowering multiplies through here."""
+    return np.dot(a, b)
+
+
+@overload(bdim, inline="always")
+def _bdim_native(acc, d):
+    return bdim
+
+
+@overload(check, inline="always")
+def _check_native(cond):
+    return check
+
+
+@overload(gemm)
+def _gemm_native(a, b):
+    def impl(a, b):
+        return np.dot(a, b)
+    return impl

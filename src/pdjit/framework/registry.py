@@ -269,8 +269,16 @@ class Opaque:
     (``ctx.inp("X")``, ``ctx.out("Out")``), their ranks and dtypes, its attributes
     (``ctx.attrs``), and gives fresh local names (``ctx.tmp()``).
     Lines may use ``np`` (as Numba supports it) and must leave each output a C-contiguous array.
+
+    The lines become a kernel of their own, compiled once per distinct text. ``host=True``
+    declares lines that only call libraries or make views (GEMM through ``_rt.gemm``,
+    ``reshape``, a copy): they run in the plan's driver as they are, valid both as Python and
+    under Numba, and compile nothing. ``targets``: the code generation targets the lines are
+    written for; a plan for another target runs the op's reference.
     """
     lower: Callable
+    host: bool = False
+    targets: tuple = ("cpu",)
 
 
 # ---- grad makers --------------------------------------------------------------------------

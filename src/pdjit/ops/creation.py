@@ -112,8 +112,8 @@ register_op(
     attrs={"dtype": Int(5, choices=_DTYPE_CODES), "shape": Longs([]),
            "value": Float(0.0, low=-4.0, high=4.0), "str_value": Str(""),
            "force_cpu": Bool(False), "place_type": Int(-1)},
-    traits=[OPAQUE], infer_shape=_fill_infer, reference=_fill_ref, emit=Opaque(_fill_lower),
-    grad=None,
+    traits=[OPAQUE], infer_shape=_fill_infer, reference=_fill_ref,
+    emit=Opaque(_fill_lower, host=True), grad=None,
     doc="Out = a tensor of `shape` filled with `value` (or `str_value`, exactly).")
 
 
@@ -164,7 +164,7 @@ register_op(
     infer_shape=lambda X=None: {"Out": X} if X is not None else {},
     reference=lambda X=None: {} if X is None else  # a tensor array (a list) is copied as one
     {"Out": list(X) if isinstance(X, list) else np.array(X, copy=True)},
-    emit=Opaque(_assign_lower), grad=_assign_grad, doc="Out = a copy of X.")
+    emit=Opaque(_assign_lower, host=True), grad=_assign_grad, doc="Out = a copy of X.")
 
 
 # ---- random initialisers ----------------------------------------------------------------------

@@ -97,7 +97,7 @@ def _mul_lower(ctx):
     out = ctx.out("Out")
     return [f"{x2} = {X}.reshape(({ctx.prod(X, 0, xn)}, {ctx.prod(X, xn, rx)}))",
             f"{y2} = {Y}.reshape(({ctx.prod(Y, 0, yn)}, {ctx.prod(Y, yn, ry)}))",
-            f"{out} = np.dot({x2}, {y2}).reshape({ctx.tuple_src(dims)})"]
+            f"{out} = _rt.gemm({x2}, {y2}).reshape({ctx.tuple_src(dims)})"]
 
 
 def _matmul_2d_lower(tx_attr, ty_attr, alpha_attr=None):
@@ -111,14 +111,14 @@ def _matmul_2d_lower(tx_attr, ty_attr, alpha_attr=None):
         scale = ""
         if alpha_attr and ctx.attrs[alpha_attr] != 1.0:
             scale = f" * {ctx.T('X')}({float(ctx.attrs[alpha_attr])!r})"
-        return [f"{ctx.out('Out')} = np.dot({a}, {b}){scale}"]
+        return [f"{ctx.out('Out')} = _rt.gemm({a}, {b}){scale}"]
     return lower
 
 
 register_op(
     "mul", inputs=["X", "Y"], outputs=["Out"],
     attrs={"x_num_col_dims": Int(1, low=1, high=3), "y_num_col_dims": Int(1, low=1, high=3)},
-    traits=[OPAQUE], infer_shape=_mul_infer, reference=_mul_ref, emit=Opaque(_mul_lower),
+    traits=[OPAQUE], infer_shape=_mul_infer, reference=_mul_ref, emit=Opaque(_mul_lower, host=True),
     grad=default_grad("mul_grad", fwd_inputs=("X", "Y"), wrt=("X", "Y")),
     doc="Out = flatten(X, x_num_col_dims) @ flatten(Y, y_num_col_dims), reshaped to "
         "X.shape[:x_num_col_dims] + Y.shape[y_num_col_dims:].")
@@ -195,7 +195,7 @@ register_op(
     attrs={"transpose_X": Bool(False), "transpose_Y": Bool(False),
            "alpha": Float(1.0, low=-2.0, high=2.0), "head_number": Int(1, choices=(1,))},
     traits=[OPAQUE], infer_shape=_matmul_infer, reference=_matmul_ref,
-    emit=Opaque(_matmul_2d_lower("transpose_X", "transpose_Y", "alpha")),
+    emit=Opaque(_matmul_2d_lower("transpose_X", "transpose_Y", "alpha"), host=True),
     grad=default_grad("matmul_grad", fwd_inputs=("X", "Y"), wrt=("X", "Y")),
     doc="Out = alpha * op(X) @ op(Y) over the last two dims (op transposes when asked), batch "
         "dims broadcast; 1-D X is a row, 1-D Y a column.")
@@ -217,7 +217,7 @@ register_op(
     "matmul_v2", inputs=["X", "Y"], outputs=["Out"],
     attrs={"trans_x": Bool(False), "trans_y": Bool(False)},
     traits=[OPAQUE], infer_shape=_matmul_v2_infer, reference=_matmul_v2_ref,
-    emit=Opaque(_matmul_2d_lower("trans_x", "trans_y")),
+    emit=Opaque(_matmul_2d_lower("trans_x", "trans_y"), host=True),
     grad=default_grad("matmul_v2_grad", fwd_inputs=("X", "Y"), wrt=("X", "Y")),
     doc="Out = op(X) @ op(Y) with NumPy batch broadcasting; 1-D X is a row, 1-D Y a column.")
 
@@ -296,9 +296,9 @@ def _mul_grad_lower(ctx):
              f"{y2} = {Y}.reshape(({ctx.prod(Y, 0, yn)}, {ctx.prod(Y, yn, ry)}))",
              f"{g2} = {G}.reshape(({x2}.shape[0], {y2}.shape[1]))"]
     if ctx.has_output("X@GRAD"):
-        lines.append(f"{ctx.out('X@GRAD')} = np.dot({g2}, {y2}.T).reshape({X}.shape)")
+        lines.append(f"{ctx.out('X@GRAD')} = _rt.gemm({g2}, {y2}.T).reshape({X}.shape)")
     if ctx.has_output("Y@GRAD"):
-        lines.append(f"{ctx.out('Y@GRAD')} = np.dot({x2}.T, {g2}).reshape({Y}.shape)")
+        lines.append(f"{ctx.out('Y@GRAD')} = _rt.gemm({x2}.T, {g2}).reshape({Y}.shape)")
     return lines
 
 
@@ -324,9 +324,9 @@ def _matmul_grad_2d_lower(tx_attr, ty_attr, alpha_attr=None):
               (True, False): (X, G), (True, True): (f"{G}.T", f"{X}.T")}[tx, ty]
         lines = []
         if ctx.has_output("X@GRAD"):
-            lines.append(f"{ctx.out('X@GRAD')} = np.dot({dx[0]}, {dx[1]}){scale}")
+            lines.append(f"{ctx.out('X@GRAD')} = _rt.gemm({dx[0]}, {dx[1]}){scale}")
         if ctx.has_output("Y@GRAD"):
-            lines.append(f"{ctx.out('Y@GRAD')} = np.dot({dy[0]}, {dy[1]}){scale}")
+            lines.append(f"{ctx.out('Y@GRAD')} = _rt.gemm({dy[0]}, {dy[1]}){scale}")
         return lines
     return lower
 
@@ -335,7 +335,7 @@ register_op(
     "mul_grad", inputs=["X", "Y", "Out@GRAD"], outputs=["X@GRAD?", "Y@GRAD?"],
     attrs={"x_num_col_dims": Int(1, low=1, high=3), "y_num_col_dims": Int(1, low=1, high=3)},
     traits=[OPAQUE], infer_shape=_grad_infer, reference=_mul_grad_ref,
-    emit=Opaque(_mul_grad_lower), grad=None,
+    emit=Opaque(_mul_grad_lower, host=True), grad=None,
     doc="dX = dOut2 @ Y2^T and dY = X2^T @ dOut2 on the flattened operands, reshaped back.")
 
 
@@ -349,7 +349,7 @@ register_op(
     attrs={"transpose_X": Bool(False), "transpose_Y": Bool(False),
            "alpha": Float(1.0, low=-2.0, high=2.0), "head_number": Int(1, choices=(1,))},
     traits=[OPAQUE], infer_shape=_grad_infer, reference=_matmul_grad_ref,
-    emit=Opaque(_matmul_grad_2d_lower("transpose_X", "transpose_Y", "alpha")), grad=None,
+    emit=Opaque(_matmul_grad_2d_lower("transpose_X", "transpose_Y", "alpha"), host=True), grad=None,
     doc="Gradients of matmul: alpha * dOut @ op(Y)^T and alpha * op(X)^T @ dOut, transposed "
         "back where the forward transposed, summed over broadcast batch dims.")
 
@@ -363,6 +363,6 @@ register_op(
     "matmul_v2_grad", inputs=["X", "Y", "Out@GRAD"], outputs=["X@GRAD?", "Y@GRAD?"],
     attrs={"trans_x": Bool(False), "trans_y": Bool(False)},
     traits=[OPAQUE], infer_shape=_grad_infer, reference=_matmul_v2_grad_ref,
-    emit=Opaque(_matmul_grad_2d_lower("trans_x", "trans_y")), grad=None,
+    emit=Opaque(_matmul_grad_2d_lower("trans_x", "trans_y"), host=True), grad=None,
     doc="Gradients of matmul_v2: dOut @ op(Y)^T and op(X)^T @ dOut, transposed back where the "
         "forward transposed, summed over broadcast batch dims.")

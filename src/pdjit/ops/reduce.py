@@ -271,7 +271,7 @@ def _mean_grad_lower(ctx):
 register_op(
     "mean_grad", inputs=["X", "Out@GRAD"], outputs=["X@GRAD?"], traits=[OPAQUE],
     infer_shape=lambda X, **_: {"X@GRAD": X}, reference=_mean_grad_ref,
-    emit=Opaque(_mean_grad_lower), grad=None,
+    emit=Opaque(_mean_grad_lower, host=True), grad=None,
     doc="X@GRAD = Out@GRAD / X.size everywhere (gradient of mean).")
 
 

@@ -131,14 +131,14 @@ _SHAPE_IN = ["X", "Shape?", "ShapeTensor*?"]
 register_op(
     "reshape2", inputs=_SHAPE_IN, outputs=["Out", "XShape~"],
     attrs={"shape": Ints([]), "use_quantizer": Bool(False)}, traits=[VIEW],
-    infer_shape=_reshape_infer, reference=_reshape_ref, emit=Opaque(_reshape_lower),
+    infer_shape=_reshape_infer, reference=_reshape_ref, emit=Opaque(_reshape_lower, host=True),
     grad=default_grad("reshape2_grad", fwd_inputs=(), fwd_outputs=("XShape",)),
     doc="Out = X with a new shape: 0 copies X's dim, -1 is inferred; ShapeTensor (a list of "
         "1-element tensors) or Shape (a 1-D tensor) override the shape attribute.")
 # the old ops without XShape share the functions: results for undeclared slots are ignored
 register_op(
     "reshape", inputs=_SHAPE_IN, outputs=["Out"], attrs={"shape": Ints([])}, traits=[VIEW],
-    infer_shape=_reshape_infer, reference=_reshape_ref, emit=Opaque(_reshape_lower),
+    infer_shape=_reshape_infer, reference=_reshape_ref, emit=Opaque(_reshape_lower, host=True),
     grad=default_grad("reshape_grad"),
     doc="reshape2 without XShape (the old op).")
 
@@ -176,12 +176,12 @@ def _transpose_lower(ctx):
 
 register_op("transpose2", inputs=["X"], outputs=["Out", "XShape~"], attrs=dict(_AXIS_PERM),
             traits=[OPAQUE], infer_shape=_transpose_infer, reference=_transpose_ref,
-            emit=Opaque(_transpose_lower),
+            emit=Opaque(_transpose_lower, host=True),
             grad=default_grad("transpose2_grad", fwd_inputs=(), fwd_outputs=("XShape",)),
             doc="Out = X with its dims permuted: Out.dim[i] = X.dim[axis[i]].")
 register_op("transpose", inputs=["X"], outputs=["Out"], attrs=dict(_AXIS_PERM), traits=[OPAQUE],
             infer_shape=_transpose_infer, reference=_transpose_ref,
-            emit=Opaque(_transpose_lower), grad=default_grad("transpose_grad"),
+            emit=Opaque(_transpose_lower, host=True), grad=default_grad("transpose_grad"),
             doc="transpose2 without XShape (the old op).")
 
 
@@ -234,7 +234,7 @@ register_op(
                                     "XShape": X.with_(shape=(0,) + X.shape)},
     reference=lambda X, *, axes: {"Out": X.reshape(squeeze_shape(X.shape, axes, True)),
                                   "XShape": _xshape(X)},
-    emit=Opaque(lambda ctx: _squeeze_lower(ctx)),
+    emit=Opaque(lambda ctx: _squeeze_lower(ctx), host=True),
     grad=default_grad("squeeze2_grad", fwd_inputs=(), fwd_outputs=("XShape",)),
     doc="Out = X without its size-1 dims among axes (every size-1 dim when axes is empty); "
         "dims of other sizes are left in place.")
@@ -264,7 +264,7 @@ def _unsqueeze_ref(X, AxesTensor=None, AxesTensorList=None, *, axes):
 register_op(
     "unsqueeze2", inputs=["X", "AxesTensor?", "AxesTensorList*?"], outputs=["Out", "XShape~"],
     attrs={"axes": Ints([])}, traits=[VIEW], infer_shape=_unsqueeze_infer,
-    reference=_unsqueeze_ref, emit=Opaque(lambda ctx: _unsqueeze_lower(ctx)),
+    reference=_unsqueeze_ref, emit=Opaque(lambda ctx: _unsqueeze_lower(ctx), host=True),
     grad=default_grad("unsqueeze2_grad", fwd_inputs=("AxesTensor", "AxesTensorList"),
                       fwd_outputs=("XShape",)),
     doc="Out = X with size-1 dims inserted at axes, in order.")
@@ -326,7 +326,7 @@ def _view_grad_lower(shape_slot):
         total = " * ".join(f"({d})" for d in dims) or "1"
         return [f"_rt.check({total} == {g}.size)",
                 f"{ctx.out('X@GRAD')} = {g}.reshape({ctx.tuple_src(dims)})"]
-    return Opaque(lower)
+    return Opaque(lower, host=True)
 
 
 _VIEW_GRADS = [
@@ -390,12 +390,12 @@ register_op(
     attrs=dict(_AXIS_PERM), traits=[OPAQUE], infer_shape=_grad_meta_from_xshape,
     reference=lambda XShape, *, axis, **kw: _transpose_grad_ref(_shape_from_xshape(XShape), axis,
                                                                 kw["Out@GRAD"]),
-    emit=Opaque(_transpose_grad_lower), grad=None,
+    emit=Opaque(_transpose_grad_lower, host=True), grad=None,
     doc="X@GRAD = Out@GRAD permuted back (the inverse of axis); the gradient of transpose2.")
 # Paddle's old transpose_grad also lists Out; accepted, not needed.
 register_op(
     "transpose_grad", inputs=["X", "Out?", "Out@GRAD"], outputs=["X@GRAD?"],
     attrs=dict(_AXIS_PERM), traits=[OPAQUE], infer_shape=_grad_meta_from_x,
     reference=lambda X, *, axis, **kw: _transpose_grad_ref(X.shape, axis, kw["Out@GRAD"]),
-    emit=Opaque(_transpose_grad_lower), grad=None,
+    emit=Opaque(_transpose_grad_lower, host=True), grad=None,
     doc="X@GRAD = Out@GRAD permuted back (the inverse of axis); the gradient of transpose.")

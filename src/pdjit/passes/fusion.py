@@ -94,8 +94,8 @@ def _dense(block: Block, name: str):
     return v
 
 
-def classify(op: Operator) -> Node:
-    """Decide how ``op`` lowers, from its definition's traits and ``emit``."""
+def classify(op: Operator, target: str = "cpu") -> Node:
+    """Decide how ``op`` lowers for ``target``, from its definition's traits and ``emit``."""
     opdef = registry.lookup(op.type)
     if opdef is None:
         return Node(op, REFERENCE, why_not="not registered")
@@ -121,6 +121,8 @@ def classify(op: Operator) -> Node:
     if isinstance(emit, registry.Reduce):
         return Node(op, REDUCTION, emit)
     if isinstance(emit, registry.Opaque):
+        if target not in emit.targets:
+            return Node(op, REFERENCE, why_not=f"no lowering for target {target}")
         return Node(op, OPAQUE, emit)
     if isinstance(emit, str) and opdef.has(registry.ELEMENTWISE):
         if any(s.duplicable for s in opdef.inputs) or len(opdef.outputs) != 1:
@@ -135,10 +137,12 @@ def out_shape(op: Operator) -> tuple:
     return tuple(v.shape)
 
 
-def partition(block: Block, ops: list, live_out: set, declined=frozenset()) -> Partition:
-    """Group ``ops`` (pruned, in order). ``live_out``: names needed after the block's ops run
-    (fetched, persistable, read by other blocks). ``declined``: ids of ops whose lowering
-    declined their ranks/dtypes when the code generator tried; they run their reference."""
+def partition(block: Block, ops: list, live_out: set, declined=frozenset(),
+              target: str = "cpu") -> Partition:
+    """Group ``ops`` (pruned, in order) for ``target``. ``live_out``: names needed after the
+    block's ops run (fetched, persistable, read by other blocks). ``declined``: ids of ops whose
+    lowering declined their ranks/dtypes when the code generator tried; they run their
+    reference."""
     log: list = []
     groups: list = []
     open_group: Group | None = None
@@ -150,7 +154,7 @@ def partition(block: Block, ops: list, live_out: set, declined=frozenset()) -> P
             open_group = None
 
     for op in ops:
-        node = classify(op)
+        node = classify(op, target)
         if id(op) in declined:
             node = Node(op, REFERENCE, why_not="its lowering declines these ranks/dtypes")
         if node.kind == REFERENCE:

@@ -127,7 +127,8 @@ class Executor:
         hit = self._plans.get(key)
         if hit is not None and hit[0] is run.program:
             return hit[1]
-        plan = build_plan(run.program, run.fetch_names, sub_plan=self._block_plan)
+        plan = build_plan(run.program, run.fetch_names, sub_plan=self._block_plan,
+                          place=self.place)
         self._plans[key] = (run.program, plan)
         return plan
 
@@ -138,7 +139,8 @@ class Executor:
         hit = self._block_plans.get(key)
         if hit is not None and hit[0] is program:
             return hit[1]
-        plan = build_plan(program, (), block=block, sub_plan=self._block_plan)
+        plan = build_plan(program, (), block=block, sub_plan=self._block_plan,
+                          place=self.place)
         self._block_plans[key] = (program, plan)
         return plan
 

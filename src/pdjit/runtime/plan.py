@@ -30,6 +30,7 @@ from numba.core.errors import NumbaError
 from pdjit.codegen.compiler import CACHE_ERRORS, compile_function
 from pdjit.codegen.loops import LoopGen
 from pdjit.codegen.lowering import Declined, SegmentGen
+from pdjit.codegen.targets import target_name
 from pdjit.framework import registry
 from pdjit.passes import dump_after
 from pdjit.passes.fusion import REFERENCE, live_names, partition
@@ -212,12 +213,14 @@ class Plan:
                 yield from sub._plans()
 
 
-def build_plan(program, fetch_names=(), block=None, sub_plan=None) -> Plan:
+def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None) -> Plan:
     """Lower one block of ``program`` into a plan: the global block (feed/fetch ops excluded)
     unless ``block`` is given. ``sub_plan(block) -> Plan`` gives the plans of control-flow ops'
     sub-blocks (None: not shown). Live after the block: ``fetch_names``, persistables, names any
-    other block reads and, for a sub-block, every name it writes that is declared outside it."""
+    other block reads and, for a sub-block, every name it writes that is declared outside it.
+    ``place`` chooses the code generation target (``None``: the CPU)."""
     t0 = time.perf_counter()
+    target = target_name(place)
     threads.ensure_applied()
     block = program.global_block() if block is None else block
     live = live_names(program, block, fetch_names)
@@ -231,9 +234,9 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None) -> Plan:
     index = {id(op): i for i, op in enumerate(block.ops)}
     declined: set = set()
     while True:  # generate every segment's source; an op whose lowering declines runs its
-        part = partition(block, ops, live, declined)  # reference, and we partition again
+        part = partition(block, ops, live, declined, target)  # reference: partition again
         try:
-            gens = _generate(part, block, live)
+            gens = _generate(part, block, live, target)
             break
         except Declined as d:
             declined.add(id(d.op))
@@ -243,10 +246,11 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None) -> Plan:
         if gen is None:
             node = seg.groups[0].nodes[0]
             op, op_idx = node.op, index[id(node.op)]
-            loop, why_not = _native_loop(program, op)
+            loop, why_not = _native_loop(program, op, target)
             if loop is not None:
                 compiled = compile_function(loop.source("loop"), "loop",
-                                            parallel=loop.body.uses_prange)
+                                            parallel=loop.body.uses_prange,
+                                            target=target, calls=loop.body.calls)
                 desc = "; ".join(g.describe() for g in loop.body.segment.groups)
                 steps.append(LoopStep(compiled, loop, op, op_idx, op.attr("sub_block"), desc))
                 sources.append((compiled.name, compiled.text))
@@ -256,7 +260,7 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None) -> Plan:
                 if sub_plan is not None else []
             steps.append(ReferenceStep(op, op_idx, why, subs))
             continue
-        compiled = compile_function(gen.source("segment"), "segment", parallel=gen.uses_prange)
+        compiled = gen.target.HostDriver(gen)
         seg_ops = [(op, index[id(op)]) for g in seg.groups for op in g.ops]
         desc = "; ".join(g.describe() for g in seg.groups)
         steps.append(NativeStep(compiled, gen.args, gen.expected, gen.outputs, seg_ops, desc,
@@ -306,7 +310,7 @@ def _is_loop(opdef, op) -> bool:
         opdef.output_slot("StepScopes") is not None
 
 
-def _native_loop(program, op):
+def _native_loop(program, op, target: str):
     """(LoopGen, "") when ``op`` is a loop that can run as one native function, else
     (None, why not; "" when it is no loop at all)."""
     opdef = registry.lookup(op.type)
@@ -337,13 +341,14 @@ def _native_loop(program, op):
     carried = {n for bop in body.ops for n in bop.output_arg_names
                if n != registry.EMPTY_VAR_NAME and not body.has_var(n)}
     ops = prune(body, carried)
-    part = partition(body, ops, carried)
+    part = partition(body, ops, carried, target=target)
     if len(part.segments) != 1 or not part.segments[0].native:
         bad = next((g.nodes[0] for s in part.segments for g in s.groups if g.kind == REFERENCE),
                    None)
         return None, (f"body op {bad.label} is not lowerable ({bad.why_not})" if bad is not None
                       else "empty body")
-    gen = SegmentGen(part.segments[0], body, carried, parallel=threads.get_num_threads() > 1)
+    gen = SegmentGen(part.segments[0], body, carried, parallel=threads.get_num_threads() > 1,
+                     native=True, target=target)
     try:
         gen.generate()
     except Declined as d:
@@ -354,7 +359,7 @@ def _native_loop(program, op):
         return None, str(e)
 
 
-def _generate(part, block, live) -> list:
+def _generate(part, block, live, target: str) -> list:
     """A SegmentGen (source ready) per native segment, None per reference one."""
     gens = []
     for si, seg in enumerate(part.segments):
@@ -366,7 +371,8 @@ def _generate(part, block, live) -> list:
             for g in other.groups:
                 for op in g.ops:
                     later.update(op.input_arg_names)
-        gen = SegmentGen(seg, block, later, parallel=threads.get_num_threads() > 1)
+        gen = SegmentGen(seg, block, later, parallel=threads.get_num_threads() > 1,
+                         target=target)
         gen.generate()
         gens.append(gen)
     return gens

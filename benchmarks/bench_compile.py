@@ -1,0 +1,215 @@
+"""Cold compile time: the first training step of a deep MLP, pdjit against jax.jit.
+
+    python benchmarks/bench_compile.py [--n 10,30,100] [--no-jax] [--no-pdjit] [--timeout 900]
+
+The model: N fc layers of width 64 (input width 64; activations relu, tanh, sigmoid, none in
+turn; after every third layer h = h + scale(h, 0.5)), an fc to 10 classes, softmax cross
+entropy, mean, Adam(1e-3); batch 32 of fixed random float32 data. Each measurement runs in a
+fresh process with empty caches (PDJIT_CACHE_DIR, NUMBA_CACHE_DIR new temp dirs; Numba cache
+files left in the installed pdjit package are deleted first). It times `import pdjit`, the
+first exe.run of the main program (lowering + Numba compilation) and a second, warm run; jax:
+the first call of a jitted step (trace + XLA compile, JAX_PLATFORMS=cpu) and a warm call.
+Last, N+2 layers (N=10 when in the list, else the smallest N) in a fresh process that reuses
+the N-layer run's caches: how much compiled code a slightly different program loads.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import importlib.util
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+ACTS = ["relu", "tanh", "sigmoid", None]
+WIDTH, CLASSES, BATCH = 64, 10, 32
+
+
+def data(np):
+    rng = np.random.default_rng(0)
+    return (rng.standard_normal((BATCH, WIDTH)).astype(np.float32),
+            rng.integers(0, CLASSES, (BATCH, 1)).astype(np.int64))
+
+
+def child_pdjit(n: int) -> dict:
+    t = time.perf_counter()
+    import pdjit as fluid
+    t_import = time.perf_counter() - t
+    import numpy as np
+
+    main, startup = fluid.Program(), fluid.Program()
+    startup.random_seed = 1
+    with fluid.program_guard(main, startup):
+        h = fluid.layers.data(name="x", shape=[WIDTH], dtype="float32")
+        label = fluid.layers.data(name="label", shape=[1], dtype="int64")
+        for i in range(n):
+            h = fluid.layers.fc(h, WIDTH, act=ACTS[i % 4])
+            if i % 3 == 2:
+                h = h + fluid.layers.scale(h, scale=0.5)
+        logits = fluid.layers.fc(h, CLASSES)
+        loss = fluid.layers.mean(fluid.layers.softmax_with_cross_entropy(logits, label))
+        fluid.optimizer.Adam(learning_rate=1e-3).minimize(loss)
+    xv, yv = data(np)
+    exe = fluid.Executor(fluid.CPUPlace())
+    exe.run(startup)
+    times = []
+    for _ in range(2):
+        t = time.perf_counter()
+        exe.run(main, feed={"x": xv, "label": yv}, fetch_list=[loss])
+        times.append(time.perf_counter() - t)
+    from pdjit.codegen import compiler
+    stats = compiler.kernel_stats() if hasattr(compiler, "kernel_stats") else None
+    return {"n": n, "ops": len(main.global_block().ops), "import_s": t_import,
+            "first_s": times[0], "warm_ms": times[1] * 1e3, "kernel_stats": stats}
+
+
+def child_jax(n: int) -> dict:
+    t = time.perf_counter()
+    import jax
+    import jax.numpy as jnp
+    t_import = time.perf_counter() - t
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    sizes = [WIDTH] * (n + 1) + [CLASSES]
+    params = [(jnp.asarray(rng.uniform(-1, 1, (a, b)).astype(np.float32) * np.sqrt(6 / (a + b))),
+               jnp.zeros(b, jnp.float32)) for a, b in zip(sizes[:-1], sizes[1:])]
+    acts = {"relu": jax.nn.relu, "tanh": jnp.tanh, "sigmoid": jax.nn.sigmoid, None: lambda h: h}
+
+    def loss_fn(params, x, y):
+        h = x
+        for i, (w, b) in enumerate(params[:-1]):
+            h = acts[ACTS[i % 4]](h @ w + b)
+            if i % 3 == 2:
+                h = h + 0.5 * h
+        w, b = params[-1]
+        logp = jax.nn.log_softmax(h @ w + b)
+        return -jnp.mean(jnp.take_along_axis(logp, y, axis=1))
+
+    @jax.jit
+    def step(params, state, x, y):  # Adam as Paddle's adam op does it
+        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
+        m, v, b1p, b2p = state
+        lr_t = 1e-3 * jnp.sqrt(1 - b2p) / (1 - b1p)
+        tm = jax.tree_util.tree_map
+        m = tm(lambda m, g: 0.9 * m + 0.1 * g, m, grads)
+        v = tm(lambda v, g: 0.999 * v + 0.001 * g * g, v, grads)
+        params = tm(lambda p, m, v: p - lr_t * m / (jnp.sqrt(v) + 1e-8 * jnp.sqrt(1 - b2p)),
+                    params, m, v)
+        return params, (m, v, b1p * 0.9, b2p * 0.999), loss
+
+    zeros = jax.tree_util.tree_map(jnp.zeros_like, params)
+    state = (zeros, zeros, jnp.float32(0.9), jnp.float32(0.999))
+    xv, yv = data(np)
+    x, y = jnp.asarray(xv), jnp.asarray(yv.astype(np.int32))
+    times = []
+    for _ in range(2):
+        t = time.perf_counter()
+        params, state, loss = step(params, state, x, y)
+        loss.block_until_ready()
+        times.append(time.perf_counter() - t)
+    return {"n": n, "import_s": t_import, "first_s": times[0], "warm_ms": times[1] * 1e3}
+
+
+def spawn(kind: str, n: int, env: dict, timeout: float) -> dict:
+    cmd = [sys.executable, __file__, "--child", kind, "--n", str(n)]
+    try:
+        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"{kind} N={n}: > {timeout:g} s timeout", "timeout": True}
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
+    if p.returncode or not lines:
+        tail = "\n".join(p.stderr.strip().splitlines()[-15:])
+        return {"error": f"{kind} N={n} exited {p.returncode}:\n{tail}"}
+    return json.loads(lines[-1])
+
+
+def purge_package_cache() -> tuple[pathlib.Path | None, int]:
+    """Delete Numba cache files under the installed pdjit package, without importing it."""
+    spec = importlib.util.find_spec("pdjit")
+    if spec is None or not spec.submodule_search_locations:
+        return None, 0
+    pkg = pathlib.Path(list(spec.submodule_search_locations)[0])
+    files = [f for pat in ("*.nbi", "*.nbc") for f in pkg.rglob(f"__pycache__/{pat}")]
+    for f in files:
+        f.unlink(missing_ok=True)
+    return pkg, len(files)
+
+
+def fmt(r: dict | None, key: str, digits: int) -> str:
+    if r is None:
+        return "-"
+    if "error" in r:
+        return "> timeout" if r.get("timeout") else "error"
+    return f"{r[key]:.{digits}f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--n", default="10,30,100", help="comma-separated layer counts")
+    ap.add_argument("--no-jax", action="store_true")
+    ap.add_argument("--no-pdjit", action="store_true")
+    ap.add_argument("--timeout", type=float, default=900, help="seconds per child process")
+    ap.add_argument("--child", choices=["pdjit", "jax"], help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        fn = child_pdjit if args.child == "pdjit" else child_jax
+        print(json.dumps(fn(int(args.n))), flush=True)
+        return
+    ns = [int(s) for s in args.n.split(",")]
+    base = 10 if 10 in ns else ns[0]  # the row the others are compared with; reuse's source
+    jax_ok = not args.no_jax and importlib.util.find_spec("jax") is not None
+    jax_v = importlib.metadata.version("jax") if jax_ok else "not run"
+    print(f"numba {importlib.metadata.version('numba')}, jax {jax_v}, {os.cpu_count()} CPUs")
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION")}
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="pdjit-bench-compile-"))
+    pd, jx, caches, purged, pkg = {}, {}, {}, 0, None
+    try:
+        for n in ns:
+            if not args.no_pdjit:
+                caches[n] = {"PDJIT_CACHE_DIR": str(tmp / f"pdjit-{n}"),
+                             "NUMBA_CACHE_DIR": str(tmp / f"numba-{n}")}
+                for d in caches[n].values():
+                    os.makedirs(d)
+                pkg, k = purge_package_cache()
+                purged += k
+                pd[n] = spawn("pdjit", n, {**base_env, **caches[n]}, args.timeout)
+            if jax_ok:
+                jx[n] = spawn("jax", n, {**base_env, "JAX_PLATFORMS": "cpu"}, args.timeout)
+        reuse = None
+        if caches:
+            reuse = spawn("pdjit", base + 2, {**base_env, **caches[base]}, args.timeout)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if pkg is not None:
+        print(f"deleted {purged} Numba cache files (*.nbi, *.nbc) under {pkg} before cold runs")
+    ref = pd.get(base)
+    print("\n## cold first training step (fresh process, empty caches), Adam, batch 32")
+    print(f"| N | ops | pdjit first s | jax first s | pdjit/jax | pdjit vs N={base} | "
+          "pdjit warm ms | jax warm ms | pdjit import s | pdjit kernel_stats |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for n in ns:
+        p, j = pd.get(n), jx.get(n)
+        ok_p, ok_j, ok_ref = (r is not None and "error" not in r for r in (p, j, ref))
+        ratio = f"{p['first_s'] / j['first_s']:.1f}x" if ok_p and ok_j else "-"
+        vs = f"{p['first_s'] / ref['first_s']:.2f}x" if ok_p and ok_ref else "-"
+        print(f"| {n} | {p['ops'] if ok_p else '-'} | {fmt(p, 'first_s', 2)} | "
+              f"{fmt(j, 'first_s', 2)} | {ratio} | {vs} | {fmt(p, 'warm_ms', 2)} | "
+              f"{fmt(j, 'warm_ms', 2)} | {fmt(p, 'import_s', 2)} | "
+              f"{p.get('kernel_stats') if ok_p else '-'} |")
+    if reuse is not None:
+        first = fmt(reuse, "first_s", 2) + (" s" if "error" not in reuse else "")
+        print(f"\nN={base + 2} reusing the N={base} run's caches: first step {first}, "
+              f"ops {reuse.get('ops', '-')}, kernel_stats {reuse.get('kernel_stats', '-')}")
+    errors = [r for r in [*pd.values(), *jx.values(), reuse] if r and "error" in r]
+    for r in errors:
+        print(f"\n{r['error']}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,300 @@
+"""The ``cpu`` target: kernel descriptions rendered as Numba functions, and their call sites.
+
+A loop kernel takes its outputs as arguments (destination passing): ``kernel(L0.., O0.., R0,
+p0.., sizes..)`` with the leaves ``L``, the stored chain values ``O``, the reduction's result
+``R`` and the attribute parameters ``p``. Except in the strided forms, every array arrives
+flattened to one dimension, so one kernel serves every rank. The call site (:func:`call_site`)
+is a few lines valid both as Python (the plan's host driver) and under Numba (a native loop):
+it reads the run-time shapes, checks them against the chosen form, allocates the outputs and
+calls the kernel. A form whose shape check fails raises ``ValueError``; the executor then runs
+the group's ops with their references, which either report the precise error or compute the
+broadcast the form did not cover.
+
+Parallel variants (``numba.prange`` over the outer loop) of the flat and row forms are rendered
+separately and compiled only when a run first reaches :data:`PARALLEL_MIN_SIZE` elements.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+
+import numpy as np
+
+from pdjit.codegen import rt
+from pdjit.codegen.compiler import compile_function, module_text
+from pdjit.codegen.kernel import FULL, ROW, SCALAR, LoopKernel
+
+NAME = "cpu"
+
+# Below this many elements a parallel loop loses to its thread start-up (measured: the
+# break-even of numba's prange on 2 cores is ~1e3-1e4 elements; at 6.5e4 two threads win).
+PARALLEL_MIN_SIZE = 65536
+
+
+def _prod(sh: str, lo: int, hi: int) -> str:
+    return " * ".join(f"{sh}[{d}]" for d in range(lo, hi)) or "1"
+
+
+def _sizes(k: LoopKernel) -> list:
+    return {"flat": ["n"], "row": ["nr", "nc"], "reduce_all": ["n"],
+            "reduce_rows": ["nr", "nc"], "reduce_block": ["no", "nr", "ni"]}.get(k.form, [])
+
+
+def _params(k: LoopKernel) -> list:
+    names = [f"L{i}" for i in range(len(k.leaves))] + [f"O{j}" for j in range(len(k.stores))]
+    if k.reduce is not None:
+        names.append("R0")
+    return names + [f"p{i}" for i in range(k.nparams)] + _sizes(k)
+
+
+def render(k: LoopKernel, parallel: bool = False) -> str:
+    """The source of ``def kernel(...)`` for ``k`` (``parallel``: prange over the outer loop)."""
+    lines = [f"def kernel({', '.join(_params(k))}):"]
+    body = _STRIDED(k) if k.form in ("strided", "reduce_strided") else _FORMS[k.form](k, parallel)
+    return "\n".join(lines + ["    " + line for line in body])
+
+
+def _hoisted(k: LoopKernel) -> list:
+    return [f"x{i} = L{i}[0]" for i, leaf in enumerate(k.leaves) if leaf.place == SCALAR]
+
+
+def _element(k: LoopKernel, full_idx: str, row_idx: str = "") -> list:
+    loads = [f"x{i} = L{i}[{full_idx if leaf.place == FULL else row_idx}]"
+             for i, leaf in enumerate(k.leaves) if leaf.place in (FULL, ROW)]
+    stores = [f"O{j}[{full_idx}] = {expr}" for j, (expr, _, _) in enumerate(k.stores)]
+    return loads + k.body + stores
+
+
+def _indent(lines, n=1) -> list:
+    return ["    " * n + line for line in lines]
+
+
+def _flat(k, parallel):
+    rng = "numba.prange" if parallel else "range"
+    return _hoisted(k) + [f"for i in {rng}(n):"] + _indent(_element(k, "i"))
+
+
+def _row(k, parallel):
+    rng = "numba.prange" if parallel else "range"
+    return _hoisted(k) + [f"for r in {rng}(nr):", "    b = r * nc", "    for c in range(nc):"] + \
+        _indent(_element(k, "b + c", "c"), 2)
+
+
+def _reduce_all(k, parallel):
+    red = k.reduce
+    return _hoisted(k) + [f"acc = {red.init}", "for i in range(n):"] + \
+        _indent(_element(k, "i") + [f"acc = {red.combine.format(acc='acc')}"]) + \
+        [f"R0[0] = {red.finalize.format(acc='acc', n='n')}"]
+
+
+def _reduce_rows(k, parallel):
+    red = k.reduce
+    return _hoisted(k) + ["for r in range(nr):", f"    acc = {red.init}", "    b = r * nc",
+                          "    for c in range(nc):"] + \
+        _indent(["e = b + c"] + _element(k, "e") + [f"acc = {red.combine.format(acc='acc')}"],
+                2) + [f"    R0[r] = {red.finalize.format(acc='acc', n='nc')}"]
+
+
+def _reduce_block(k, parallel):
+    red = k.reduce
+    item = "R0[o * ni + i]"
+    return _hoisted(k) + [
+        "for o in range(no):",
+        "    for i in range(ni):",
+        f"        {item} = {red.init}",
+        "    for r in range(nr):",
+        "        b = (o * nr + r) * ni",
+        "        for i in range(ni):"] + \
+        _indent(["e = b + i"] + _element(k, "e") + [f"{item} = {red.combine.format(acc=item)}"],
+                3) + [
+        "    for i in range(ni):",
+        f"        {item} = {red.finalize.format(acc=item, n='nr')}"]
+
+
+_FORMS = {"flat": _flat, "row": _row, "reduce_all": _reduce_all, "reduce_rows": _reduce_rows,
+          "reduce_block": _reduce_block}
+
+
+def _STRIDED(k: LoopKernel) -> list:  # noqa: N802 - one of the forms
+    """A loop nest over the broadcast of the leaves' run-time shapes, each leaf stepping with
+    its own strides (0 where it broadcasts); the reduction, if any, indexes its output by the
+    kept dims."""
+    rank, leaves = k.rank, k.leaves
+    lines = [f"d{d} = 1" for d in range(rank)]
+    for i, leaf in enumerate(leaves):
+        for j in range(leaf.rank):
+            lines.append(f"d{leaf.offset + j} = _rt.bdim(d{leaf.offset + j}, L{i}.shape[{j}])")
+    lines.append("n = " + (" * ".join(f"d{d}" for d in range(rank)) or "1"))
+    for _, _, cone in k.stores:  # a stored value must cover the whole iteration shape
+        for d in range(rank):
+            cover = [f"L{i}.shape[{d - leaf.offset}] == d{d}" for i, leaf in enumerate(leaves)
+                     if i in cone and leaf.offset <= d < leaf.offset + leaf.rank]
+            lines.append(f"_rt.check({' or '.join([f'd{d} == 1'] + cover)})")
+    lines += [f"F{i} = L{i}.reshape(L{i}.size)" for i in range(len(leaves))]
+    lines += [f"Q{j} = O{j}.reshape(O{j}.size)" for j in range(len(k.stores))]
+    for i, leaf in enumerate(leaves):
+        for j in range(leaf.rank):
+            later = " * ".join(f"L{i}.shape[{m}]" for m in range(j + 1, leaf.rank)) or "1"
+            lines.append(f"st{i}_{leaf.offset + j} = 0 if L{i}.shape[{j}] == 1 else {later}")
+    red = k.reduce
+    nest_extra: dict = {}
+    inner: list = []
+    if red is not None:
+        kept = [d for d in range(rank) if d not in red.axes]
+        out_total = " * ".join(f"d{d}" for d in kept) or "1"
+        lines.append(f"m = (n // ({out_total})) if ({out_total}) > 0 else 0")
+        if kept:
+            lines += ["A = R0.reshape(R0.size)", "for q in range(A.size):",
+                      f"    A[q] = {red.init}"]
+            for pos, d in enumerate(kept):
+                stride = " * ".join(f"d{e}" for e in kept[pos + 1:]) or "1"
+                nest_extra[d] = f"q{d} = {f'q{d - 1}' if d else '0'} + i{d} * ({stride})"
+            last = f"q{rank - 1}"
+            item = f"A[{last}]"
+            inner = [f"{item} = {red.combine.format(acc=item)}"]
+        else:
+            lines.append(f"acc = {red.init}")
+            inner = [f"acc = {red.combine.format(acc='acc')}"]
+    lines.append("o = 0")
+    ind = 0
+    for d in range(rank):
+        lines.append("    " * ind + f"for i{d} in range(d{d}):")
+        ind += 1
+        for i, leaf in enumerate(leaves):
+            prev = f"b{i}_{d - 1}" if d > 0 else "0"
+            step = f" + i{d} * st{i}_{d}" if leaf.offset <= d < leaf.offset + leaf.rank else ""
+            lines.append("    " * ind + f"b{i}_{d} = {prev}{step}")
+        if red is not None and kept:
+            lines.append("    " * ind + nest_extra.get(d, f"q{d} = {f'q{d - 1}' if d else '0'}"))
+    loads = [f"x{i} = F{i}[{f'b{i}_{rank - 1}' if rank else '0'}]" for i in range(len(leaves))]
+    stores = [f"Q{j}[o] = {expr}" for j, (expr, _, _) in enumerate(k.stores)]
+    lines += _indent(loads + k.body + stores + inner + ["o += 1"], ind)
+    if red is not None:
+        if kept:
+            lines += ["for q in range(A.size):",
+                      f"    A[q] = {red.finalize.format(acc='A[q]', n='m')}"]
+        else:
+            lines.append(f"R0.reshape(R0.size)[0] = {red.finalize.format(acc='acc', n='m')}")
+    return lines
+
+
+# ---- call sites --------------------------------------------------------------------------------
+def call_site(k: LoopKernel, fresh, leaves: list, stores: list, red_out: str | None,
+              params: list, kname: str, pname: str | None = None) -> list:
+    """Lines that compute the run-time iteration shape, check it, allocate the outputs (locals
+    ``stores`` and ``red_out``, in the order of ``k.stores``), and call the kernel global
+    ``kname`` (``pname``: its parallel variant, called above the size threshold). ``leaves``:
+    the local arrays of ``k.leaves``; ``params``: the parameters' sources; ``fresh(hint)`` gives
+    new local names."""
+    sh = fresh("sh")
+    lines = []
+    if k.form in ("strided", "reduce_strided"):
+        dims = []
+        for d in range(k.rank):
+            acc = "1"
+            for loc, leaf in zip(leaves, k.leaves):
+                if leaf.offset <= d < leaf.offset + leaf.rank:
+                    acc = f"_rt.bdim({acc}, {loc}.shape[{d - leaf.offset}])"
+            dims.append(acc)
+        lines.append(f"{sh} = (" + "".join(f"{d}, " for d in dims) + ")")
+        flat = False
+    else:
+        first = next(i for i, leaf in enumerate(k.leaves) if leaf.place == FULL)
+        lines.append(f"{sh} = {leaves[first]}.shape")
+        conds = []
+        for loc, leaf in zip(leaves, k.leaves):
+            if leaf.place == FULL and loc != leaves[first]:
+                conds.append(f"{loc}.shape == {sh}")
+            elif leaf.place == SCALAR:
+                conds.append(f"{loc}.size == 1")
+            elif leaf.place == ROW:
+                lead = leaf.rank - k.row_rank
+                conds += [f"{loc}.shape[{j}] == 1" for j in range(lead)]
+                conds += [f"{loc}.shape[{j}] == {sh}[{leaf.offset + j}]"
+                          for j in range(lead, leaf.rank)]
+        if conds:
+            lines.append(f"_rt.check({' and '.join(conds)})")
+        flat = True
+    for loc, (_, t, _) in zip(stores, k.stores):
+        lines.append(f"{loc} = np.empty({sh}, {t})")
+    red = k.reduce
+    if red is not None:
+        dims = [("1" if red.keep_dim else None) if d in red.axes else f"{sh}[{d}]"
+                for d in range(k.rank)]
+        lines.append(f"{red_out} = np.empty((" + "".join(f"{d}, " for d in dims if d) +
+                     f"), {red.dtype})")
+    outs = stores + ([red_out] if red is not None else [])
+    args = [f"{loc}.reshape({loc}.size)" if flat else loc for loc in leaves + outs] + list(params)
+    r0 = k.rank
+    if k.form in ("flat", "reduce_all"):
+        n = fresh("n")
+        lines.append(f"{n} = {leaves[first]}.size")
+        args.append(n)
+    elif k.form == "row":
+        n, nc, nr = fresh("n"), fresh("nc"), fresh("nr")
+        lines += [f"{n} = {leaves[first]}.size", f"{nc} = {_prod(sh, r0 - k.row_rank, r0)}",
+                  f"{nr} = ({n} // {nc}) if {nc} > 0 else 0"]
+        args += [nr, nc]
+    elif k.form == "reduce_rows":
+        a = red.axes[0]
+        nr, nc = fresh("nr"), fresh("nc")
+        lines += [f"{nr} = {_prod(sh, 0, a)}", f"{nc} = {_prod(sh, a, r0)}"]
+        args += [nr, nc]
+    elif k.form == "reduce_block":
+        a, b = red.axes[0], red.axes[-1] + 1
+        no, nr, ni = fresh("no"), fresh("nr"), fresh("ni")
+        lines += [f"{no} = {_prod(sh, 0, a)}", f"{nr} = {_prod(sh, a, b)}",
+                  f"{ni} = {_prod(sh, b, r0)}"]
+        args += [no, nr, ni]
+    call = f"({', '.join(args)})"
+    if pname is not None and k.form in ("flat", "row"):
+        lines += [f"if {n} >= {PARALLEL_MIN_SIZE}:", f"    {pname}{call}", "else:",
+                  f"    {kname}{call}"]
+    else:
+        lines.append(f"{kname}{call}")
+    return lines
+
+
+# ---- the host driver ---------------------------------------------------------------------------
+class _LazyKernel:
+    """A parallel variant, compiled when a run first calls it (few runs reach the size)."""
+
+    def __init__(self, source: str):
+        self.source, self.fn = source, None
+
+    def __call__(self, *args):
+        if self.fn is None:
+            self.fn = compile_function(self.source, "kernel", parallel=True, target=NAME).fn
+        return self.fn(*args)
+
+
+class HostDriver:
+    """A segment's driver as a plain Python function that calls its compiled kernels: building
+    it compiles nothing but the kernels Numba has not seen (at their first call)."""
+
+    def __init__(self, gen, fn_name: str = "segment"):
+        self.fn_name = fn_name
+        self.source = gen.source(fn_name)
+        self.calls, self.lazy = list(gen.calls), list(gen.lazy)
+        self.kernels = [c for _, c in self.calls]
+        self.name = f"{fn_name}_" + hashlib.sha256(self.source.encode()).hexdigest()[:12]
+        parts = [f"# host driver {self.name}", self.source]
+        parts += [f"# {g} = {c.name}\n{c.text}" for g, c in self.calls]
+        parts += [f"# {g}: parallel variant, compiled at its first call\n"
+                  f"{module_text(src, 'kernel', parallel=True, target=NAME)}"
+                  for g, src in self.lazy]
+        self.text = "\n".join(parts)
+        self._build()
+
+    def _build(self) -> None:
+        ns = {"np": np, "math": math, "_rt": rt}
+        ns.update({g: c.fn for g, c in self.calls})
+        ns.update({g: _LazyKernel(src) for g, src in self.lazy})
+        exec(compile(self.source, f"<pdjit {self.name}>", "exec"), ns)  # noqa: S102
+        self.fn = ns[self.fn_name]
+
+    def reload_clean(self) -> None:
+        """Reload every kernel without its cache files (a damaged cache), then rebind."""
+        for c in self.kernels:
+            c.reload_clean()
+        self._build()
