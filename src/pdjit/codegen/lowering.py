@@ -159,6 +159,7 @@ class _KernelScope:
         self.params: list = []        # kernel parameter -> the driver's local
         self.param_of: dict = {}
         self.current: dict = {}
+        self.driver_local: dict = {}  # env name read -> the driver's local holding it
         self.defined: list = []       # env names, in definition order
         self.counter = 0
 
@@ -176,7 +177,8 @@ class _KernelScope:
     def read(self, name: str) -> str:
         local = self.current.get(name)
         if local is None:
-            local = self.current[name] = self._param(self.gen.read(name))
+            outer = self.driver_local[name] = self.gen.read(name)
+            local = self.current[name] = self._param(outer)
         return local
 
     def define(self, name: str) -> str:
@@ -304,8 +306,20 @@ class SegmentGen:
             + ["    return (" + "".join(f"{scope.current[n]}, " for n in outs) + ")"])
         g = self._kernel(src, parallel=scope.uses_prange)
         self.uses_prange |= scope.uses_prange
+        like = node.lowering.shapes_like
+        args = scope.params
+        if like:  # flat arrays in, outputs shaped like their inputs
+            args = [a if a.startswith("lod") else f"{a}.reshape({a}.size)" for a in args]
         targets = [self.define(n) for n in outs]
-        self.emit(f"({''.join(t + ', ' for t in targets)}) = {g}({', '.join(scope.params)})")
+        self.emit(f"({''.join(t + ', ' for t in targets)}) = {g}({', '.join(args)})")
+        if like:
+            op = node.op
+            for slot, src_slot in like.items():
+                for name in op.output(slot):
+                    if name in outs:
+                        t = targets[outs.index(name)]
+                        src = scope.driver_local[op.input(src_slot)[0]]
+                        self.emit(f"{t} = {t}.reshape({src}.shape)")
 
     # -- loop groups ---------------------------------------------------------------------------
     def _loop_group(self, group: Group) -> None:
@@ -384,6 +398,7 @@ class SegmentGen:
                               axes, red.keep_dim, t, x_expr, x_cone)
         kernel = LoopKernel(rank, leaves, body, stores, len(params), reduce=spec)
         kernel.form = choose_form(kernel, row_ranks)
+        self.emit(f"# form {kernel.form}")
         kname = self._kernel(self.target.render(kernel))
         pname = None
         if self.parallel and kernel.form in FLAT_FORMS:

@@ -275,10 +275,15 @@ class Opaque:
     ``reshape``, a copy): they run in the plan's driver as they are, valid both as Python and
     under Numba, and compile nothing. ``targets``: the code generation targets the lines are
     written for; a plan for another target runs the op's reference.
+
+    ``shapes_like`` (``{output slot: input slot}``) declares a kernel that works on its arrays'
+    elements alone (an optimizer update): it receives every input flattened to 1-D, so one
+    compiled kernel serves every rank, and each output is given the shape of the named input.
     """
     lower: Callable
     host: bool = False
     targets: tuple = ("cpu",)
+    shapes_like: Mapping[str, str] | None = None
 
 
 # ---- grad makers --------------------------------------------------------------------------

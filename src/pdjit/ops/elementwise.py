@@ -187,19 +187,14 @@ def _add_sub_grad_lower(sign):
         off = g_rank - y_rank if axis == -1 else axis
         if x_rank != g_rank or off + y_rank != g_rank or ctx.dtype("X").kind != "f":
             return None
-        X, Y, g, T = ctx.inp("X"), ctx.inp("Y"), ctx.inp("Out@GRAD"), ctx.T("Y")
+        X, Y, g = ctx.inp("X"), ctx.inp("Y"), ctx.inp("Out@GRAD")
         lines = [f"_rt.check({X}.size == {g}.size)"]
         lines += [f"_rt.check({Y}.shape[{j}] == {g}.shape[{off + j}])" for j in range(y_rank)]
         if ctx.has_output("X@GRAD"):
             lines.append(f"{ctx.out('X@GRAD')} = {g}.copy()")
         if ctx.has_output("Y@GRAD"):
-            acc, g2, i, j = ctx.tmp("acc"), ctx.tmp("g"), ctx.tmp("i"), ctx.tmp("j")
-            lines += [f"{acc} = np.zeros({Y}.size, {T})",
-                      f"{g2} = {g}.reshape(({g}.size // max({Y}.size, 1), {Y}.size))",
-                      f"for {i} in range({g2}.shape[0]):",
-                      f"    for {j} in range({g2}.shape[1]):",
-                      f"        {acc}[{j}] += {g2}[{i}, {j}]",
-                      f"{ctx.out('Y@GRAD')} = ({sign}{acc}).reshape({Y}.shape)"]
+            rows = f"{g}.reshape(({g}.size // max({Y}.size, 1), {Y}.size))"
+            lines.append(f"{ctx.out('Y@GRAD')} = ({sign}{rows}.sum(axis=0)).reshape({Y}.shape)")
         return lines
     return lower
 
@@ -212,7 +207,8 @@ for _name, (_dx, _dy) in _GRADS.items():
         f"{_name}_grad", inputs=["X", "Y", "Out?", "Out@GRAD"], outputs=["X@GRAD?", "Y@GRAD?"],
         attrs=dict(_AXIS), traits=[OPAQUE], infer_shape=_ew_grad_infer,
         reference=_ew_grad_ref(_dx, _dy),
-        emit=Opaque(_GRAD_LOWER[_name]) if _name in _GRAD_LOWER else None, grad=None,
+        emit=Opaque(_GRAD_LOWER[_name], host=True) if _name in _GRAD_LOWER else None,
+        grad=None,
         doc=f"Gradients of {_name} w.r.t. X and Y (summed over broadcast dims).")
 
 register_op(

@@ -182,7 +182,7 @@ register_op(
         ("Param", "Grad"), ("ParamOut",),
         lambda ctx, T, v: [f"lr_ = {T}({v['LearningRate']}[0])"],
         lambda ctx, T, v, i: [f"{v['ParamOut']}[{i}] = {v['Param']}[{i}] - lr_ * "
-                              f"{v['Grad']}[{i}]"])),
+                              f"{v['Grad']}[{i}]"]), shapes_like={"ParamOut": "Param"}),
     grad=None, doc="ParamOut = Param - LearningRate * Grad.")
 
 
@@ -242,7 +242,8 @@ register_op(
            "rescale_grad": Float(1.0, low=0.5, high=2.0)},
     traits=[OPAQUE], infer_shape=_momentum_infer, reference=_momentum_ref,
     emit=Opaque(_elementwise_lower(("Param", "Grad", "Velocity"), ("ParamOut", "VelocityOut"),
-                                   _momentum_prologue, _momentum_body)),
+                                   _momentum_prologue, _momentum_body),
+                shapes_like={"ParamOut": "Param", "VelocityOut": "Velocity"}),
     grad=None,
     doc="VelocityOut = mu * Velocity + Grad (+ l2 coeff * Param); ParamOut = Param - lr * "
         "VelocityOut (Nesterov: Param - lr * (Grad + mu * VelocityOut)).")
@@ -376,9 +377,12 @@ _adam_loop = _elementwise_lower(("Param", "Grad", "Moment1", "Moment2"),
                                 _adam_body,
                                 check_scalars=("LearningRate", "Beta1Pow", "Beta2Pow"))
 
+_ADAM_SHAPES = {"ParamOut": "Param", "Moment1Out": "Moment1", "Moment2Out": "Moment2",
+                "Beta1PowOut": "Beta1Pow", "Beta2PowOut": "Beta2Pow"}
+
 register_op(
     "adam", inputs=_ADAM_INPUTS, outputs=_ADAM_OUTPUTS, attrs=dict(_ADAM_ATTRS),
-    traits=[OPAQUE], infer_shape=_adam_infer, reference=_adam_ref, emit=Opaque(_adam_lower),
+    traits=[OPAQUE], infer_shape=_adam_infer, reference=_adam_ref, emit=Opaque(_adam_lower, shapes_like=_ADAM_SHAPES),
     grad=None,
     doc="Adam: moments updated, ParamOut = Param - lr * sqrt(1 - b2p) / (1 - b1p) * m1 / "
         "(sqrt(m2) + epsilon * sqrt(1 - b2p)); beta pows multiplied by beta1/beta2.")
@@ -400,7 +404,7 @@ register_op(
     "adamw", inputs=_ADAM_INPUTS, outputs=_ADAM_OUTPUTS,
     attrs={**_ADAM_ATTRS, "lr_ratio": Float(1.0, low=0.1, high=1.0),
            "coeff": Float(0.01, low=0.0, high=0.1), "with_decay": Bool(False)},
-    traits=[OPAQUE], infer_shape=_adam_infer, reference=_adamw_ref, emit=Opaque(_adam_lower),
+    traits=[OPAQUE], infer_shape=_adam_infer, reference=_adamw_ref, emit=Opaque(_adam_lower, shapes_like=_ADAM_SHAPES),
     grad=None,
     doc="AdamW: with with_decay, Param -= lr * lr_ratio * coeff * Param, then the adam update.")
 

@@ -1,6 +1,7 @@
 """How many threads pdjit's compiled code uses.
 
-Generated code calls BLAS (``np.dot`` inside Numba goes to SciPy's bundled OpenBLAS). Measured
+Generated code calls BLAS (``np.dot`` inside Numba goes to SciPy's bundled OpenBLAS, in the
+host driver to NumPy's; both are set). Measured
 on a 2-vCPU machine (``benchmarks/bench_executor.py --only mlp``), an MLP forward at batch 128
 took 0.37 ms with one BLAS thread and 4.0 ms with two: threads fight over too few cores. So the
 default is one thread; ``set_num_threads(n)`` or ``PDJIT_NUM_THREADS=n`` asks for more. With
@@ -15,18 +16,23 @@ import ctypes
 import glob
 import os
 
+import numpy as np
+
 _applied = None
 
 
 def _openblas_setters() -> list:
-    """``set_num_threads`` functions of the OpenBLAS that SciPy (and so Numba) uses."""
+    """``set_num_threads`` functions of the OpenBLAS libraries pdjit's GEMMs use: SciPy's
+    (``np.dot`` inside Numba) and NumPy's (``np.dot`` in the host driver)."""
     try:
         import scipy
         import scipy.linalg.cython_blas  # noqa: F401 - loads the library Numba calls
     except ImportError:
         return []
-    libs = glob.glob(os.path.join(os.path.dirname(os.path.dirname(scipy.__file__)),
-                                  "scipy.libs", "*openblas*"))
+    site = os.path.dirname(os.path.dirname(scipy.__file__))
+    libs = glob.glob(os.path.join(site, "scipy.libs", "*openblas*")) + \
+        glob.glob(os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy.libs",
+                               "*openblas*"))
     setters = []
     for path in libs:
         try:
