@@ -7,8 +7,8 @@ turn; after every third layer h = h + scale(h, 0.5)), an fc to 10 classes, softm
 entropy, mean, Adam(1e-3); batch 32 of fixed random float32 data. Each measurement runs in a
 fresh process with empty caches (PDJIT_CACHE_DIR, NUMBA_CACHE_DIR new temp dirs; Numba cache
 files left in the installed pdjit package are deleted first). It times `import pdjit`, the
-first exe.run of the main program (lowering + Numba compilation) and a second, warm run; jax:
-the first call of a jitted step (trace + XLA compile, JAX_PLATFORMS=cpu) and a warm call.
+first exe.run of the main program (lowering + Numba compilation) and the median of 20 warm runs;
+jax: the first call of a jitted step (trace + XLA compile, JAX_PLATFORMS=cpu) and 20 warm calls.
 Last, N+2 layers (N=10 when in the list, else the smallest N) in a fresh process that reuses
 the N-layer run's caches: how much compiled code a slightly different program loads.
 """
@@ -21,12 +21,14 @@ import json
 import os
 import pathlib
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
 ACTS = ["relu", "tanh", "sigmoid", None]
+WARM = 20  # warm steps after the first: their median is the warm time
 WIDTH, CLASSES, BATCH = 64, 10, 32
 
 
@@ -58,14 +60,15 @@ def child_pdjit(n: int) -> dict:
     exe = fluid.Executor(fluid.CPUPlace())
     exe.run(startup)
     times = []
-    for _ in range(2):
+    for _ in range(1 + WARM):
         t = time.perf_counter()
         exe.run(main, feed={"x": xv, "label": yv}, fetch_list=[loss])
         times.append(time.perf_counter() - t)
     from pdjit.codegen import compiler
     stats = compiler.kernel_stats() if hasattr(compiler, "kernel_stats") else None
     return {"n": n, "ops": len(main.global_block().ops), "import_s": t_import,
-            "first_s": times[0], "warm_ms": times[1] * 1e3, "kernel_stats": stats}
+            "first_s": times[0], "warm_ms": statistics.median(times[1:]) * 1e3,
+            "kernel_stats": stats}
 
 
 def child_jax(n: int) -> dict:
@@ -108,12 +111,13 @@ def child_jax(n: int) -> dict:
     xv, yv = data(np)
     x, y = jnp.asarray(xv), jnp.asarray(yv.astype(np.int32))
     times = []
-    for _ in range(2):
+    for _ in range(1 + WARM):
         t = time.perf_counter()
         params, state, loss = step(params, state, x, y)
         loss.block_until_ready()
         times.append(time.perf_counter() - t)
-    return {"n": n, "import_s": t_import, "first_s": times[0], "warm_ms": times[1] * 1e3}
+    return {"n": n, "import_s": t_import, "first_s": times[0],
+            "warm_ms": statistics.median(times[1:]) * 1e3}
 
 
 def spawn(kind: str, n: int, env: dict, timeout: float) -> dict:

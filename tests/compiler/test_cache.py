@@ -63,3 +63,56 @@ def test_damaged_cache_entry_is_rebuilt_not_a_crash(tmp_path):
     assert again["out"] == first["out"]
     healed = _run(tmp_path, 1.5)
     assert healed["misses"] == 0 and healed["hits"] == 1
+
+
+POOL_SCRIPT = textwrap.dedent("""
+    import json
+    import numpy as np
+    import pdjit as fluid
+    from pdjit.codegen import compiler
+    main, startup = fluid.Program(), fluid.Program()
+    startup.random_seed = 2
+    with fluid.program_guard(main, startup):
+        h = fluid.layers.data(name="x", shape=[6], dtype="float32")
+        label = fluid.layers.data(name="label", shape=[1], dtype="int64")
+        for act in ("relu", "tanh", "sigmoid", None):
+            h = fluid.layers.fc(h, 6, act=act)
+        loss = fluid.layers.mean(fluid.layers.softmax_with_cross_entropy(
+            fluid.layers.fc(h, 3), label))
+        fluid.optimizer.Adam(0.01).minimize(loss)
+    rng = np.random.default_rng(0)
+    feed = {"x": rng.standard_normal((4, 6)).astype(np.float32),
+            "label": rng.integers(0, 3, (4, 1)).astype(np.int64)}
+    losses = {}
+    for mode in ("compiled", "reference"):
+        exe, scope = fluid.Executor(mode=mode), fluid.Scope()
+        exe.run(startup, scope=scope)
+        losses[mode] = [float(exe.run(main, feed=feed, fetch_list=[loss], scope=scope)[0])
+                        for _ in range(3)]
+    print(json.dumps({"losses": losses, "stats": compiler.kernel_stats(),
+                      "by_worker": compiler._by_worker[0]}))
+""")
+
+
+def _pool_run(tmp_path, workers):
+    env = dict(os.environ, PDJIT_CACHE_DIR=str(tmp_path / f"cache{workers}"),
+               PDJIT_COMPILE_WORKERS=str(workers))
+    env.pop("NUMBA_CACHE_DIR", None)
+    proc = subprocess.run([sys.executable, "-c", POOL_SCRIPT], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_a_compile_worker_shares_the_work_and_the_results_are_the_same(tmp_path):
+    alone, pooled = _pool_run(tmp_path, 0), _pool_run(tmp_path, 1)
+    for got in (alone, pooled):
+        np.testing.assert_allclose(got["losses"]["compiled"], got["losses"]["reference"],
+                                   rtol=1e-5)
+    assert alone["losses"]["compiled"] == pooled["losses"]["compiled"]
+    # every kernel compiled once, here or in the worker, and the worker's loaded from disk
+    assert alone["stats"]["compiled"] == alone["stats"]["kernels"]
+    assert pooled["stats"]["kernels"] == alone["stats"]["kernels"]
+    assert pooled["stats"]["compiled"] + pooled["stats"]["loaded"] >= pooled["stats"]["kernels"]
+    assert pooled["stats"]["loaded"] == 0   # nothing was on disk before: all compiled fresh
+    assert alone["by_worker"] == 0 and 0 < pooled["by_worker"] < pooled["stats"]["kernels"]

@@ -22,18 +22,24 @@ import importlib.util
 import os
 import pathlib
 import pickle
+import re
 import shutil
+import signal
 import sys
 import tempfile
 import threading
+import time
+import warnings
 
 import numba
+import numpy as np
 
 import pdjit
 
 _lock = threading.RLock()
 _modules: dict = {}
 _compiled: dict = {}   # module name -> Compiled: one per distinct text in this process
+_by_worker = [0]       # kernels a compile worker compiled for this process
 # Exceptions Numba lets escape from a damaged cache file.
 CACHE_ERRORS = (pickle.UnpicklingError, EOFError, ImportError, AttributeError, ValueError,
                 TypeError)
@@ -163,7 +169,9 @@ def kernel_stats() -> dict:
         if stats is not None:
             compiled += sum(stats.cache_misses.values())
             loaded += sum(stats.cache_hits.values())
-    return {"kernels": len(_compiled), "compiled": compiled, "loaded": loaded}
+    # what a compile worker compiled, this process loaded from disk
+    return {"kernels": len(_compiled), "compiled": compiled + _by_worker[0],
+            "loaded": max(loaded - _by_worker[0], 0)}
 
 
 def _load(name: str, path: pathlib.Path, fn_name: str):
@@ -175,3 +183,125 @@ def _load(name: str, path: pathlib.Path, fn_name: str):
         spec.loader.exec_module(mod)
         _modules[name] = mod
     return getattr(mod, fn_name)
+
+
+# ---- compiling ahead of the first call, on two cores ---------------------------------------------
+# Below this many kernels to compile, a worker costs more than it saves.
+POOL_MIN_JOBS = 3
+
+
+def compile_workers() -> int:
+    """Worker processes that compile kernels beside this one: ``PDJIT_COMPILE_WORKERS``, else
+    one when the machine has more than one core (at most one: measured on 2 cores)."""
+    env = os.environ.get("PDJIT_COMPILE_WORKERS")
+    if env is not None:
+        try:
+            return max(0, min(1, int(env)))
+        except ValueError:
+            raise ValueError(f"PDJIT_COMPILE_WORKERS={env!r}: expected 0 or 1") from None
+    return 1 if (os.cpu_count() or 1) > 1 and hasattr(os, "fork") else 0
+
+
+def _numba_type(t):
+    from numba.core import types
+
+    if t is float:
+        return types.float64
+    if t is int:
+        return types.int64
+    if t == "lod":  # LoD offsets are read-only int64 arrays
+        return types.Array(types.int64, 1, "C", readonly=True)
+    dtype, ndim = t
+    return types.Array(numba.from_dtype(np.dtype(dtype)), ndim, "C")
+
+
+def _is_cached(c: Compiled) -> bool:
+    cache = getattr(c.fn, "_cache", None)
+    path = getattr(getattr(cache, "_cache_file", None), "_index_path", None)
+    return path is not None and os.path.exists(path)
+
+
+def _cost(c: Compiled) -> float:
+    """A rough estimate of a kernel's compile time: its size, and the math helpers it needs
+    compiled (measured: a one-loop kernel ~0.1 s, a helper ~0.1-0.3 s)."""
+    return 1.0 + len(c.text) / 400 + 2.0 * len(set(re.findall(r"_m\.(\w+)\(", c.text)))
+
+
+def precompile(jobs) -> int:
+    """Compile ``jobs`` (``(Compiled, predicted argument types)``) before their first call,
+    this process and a forked worker taking them from one queue, costliest first; the worker
+    writes what it compiles to the disk cache, from which the first calls here load it.
+    Kernels already on disk or in memory are skipped, and a prediction that turns out wrong
+    only means the first call compiles as it would have anyway. Returns how many kernels
+    the worker compiled (0 without a worker)."""
+    todo, seen = [], set()
+    for c, argtypes in jobs:
+        try:
+            sig = tuple(_numba_type(t) for t in argtypes)
+        except (TypeError, ValueError, NotImplementedError):
+            continue
+        if (c.name, sig) in seen or sig in c.fn.overloads or _is_cached(c):
+            continue
+        seen.add((c.name, sig))
+        todo.append((c, sig))
+    if len(todo) < POOL_MIN_JOBS or compile_workers() == 0 or len(todo) > 65535 or \
+            threading.active_count() > 1:  # another Python thread may hold a lock forever
+        return 0
+    todo.sort(key=lambda j: -_cost(j[0]))
+    # the queue: a pipe holding every job's index; a 2-byte read claims one, atomically
+    rd, wr = os.pipe()
+    os.write(wr, b"".join(i.to_bytes(2, "little") for i in range(len(todo))))
+    os.close(wr)
+    os.set_blocking(rd, False)
+    from numba.core.compiler_lock import global_compiler_lock
+
+    with global_compiler_lock, warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with native threads
+        pid = os.fork()
+        if pid == 0:  # the worker: compile into the disk cache, then leave without cleanup
+            try:
+                _drain(rd, todo)
+            finally:
+                os._exit(0)
+    t0 = time.monotonic()
+    try:
+        mine = _drain(rd, todo)
+    finally:
+        os.close(rd)
+    # whatever the worker is still compiling, this process will need: wait for it (a worker
+    # that hangs is killed: its kernels then compile at their first call)
+    _wait(pid, deadline=time.monotonic() + max(30.0, 3 * (time.monotonic() - t0)))
+    _by_worker[0] += len(todo) - mine
+    return len(todo) - mine
+
+
+def _drain(rd: int, todo: list) -> int:
+    """Compile jobs from the queue until it is empty; how many this process took."""
+    n = 0
+    while True:
+        try:
+            item = os.read(rd, 2)
+        except BlockingIOError:
+            return n
+        if len(item) < 2:
+            return n
+        c, sig = todo[int.from_bytes(item, "little")]
+        n += 1
+        try:
+            c.fn.compile(sig)
+        except BaseException:  # noqa: BLE001 - the first call compiles again and reports it
+            pass
+
+
+def _wait(pid: int, deadline: float) -> None:
+    """Wait for the worker; one that hangs past ``deadline`` is killed (its kernels then
+    compile at their first call, as without a worker)."""
+    while True:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return
+        time.sleep(0.002)

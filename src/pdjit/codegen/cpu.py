@@ -47,6 +47,21 @@ def _params(k: LoopKernel) -> list:
     return names + [f"p{i}" for i in range(k.nparams)] + _sizes(k)
 
 
+def argtypes(k: LoopKernel, leaf_dtypes: list) -> list:
+    """The kernel's argument types as its call site passes them (see ``SegmentGen._kernel``)."""
+    strided = k.form in ("strided", "reduce_strided")
+    types = [(dt, leaf.rank if strided else 1) for dt, leaf in zip(leaf_dtypes, k.leaves)]
+    types += [(np.dtype(t[3:]) if t != "np.bool_" else np.dtype(bool), k.rank if strided else 1)
+              for _, t, _ in k.stores]
+    red = k.reduce
+    if red is not None:
+        out_rank = k.rank if red.keep_dim else k.rank - len(red.axes)
+        t = red.dtype
+        types.append((np.dtype(t[3:]) if t != "np.bool_" else np.dtype(bool),
+                      out_rank if strided else 1))
+    return types + [float] * k.nparams + [int] * len(_sizes(k))
+
+
 def render(k: LoopKernel, parallel: bool = False) -> str:
     """The source of ``def kernel(...)`` for ``k`` (``parallel``: prange over the outer loop)."""
     lines = [f"def kernel({', '.join(_params(k))}):"]

@@ -222,6 +222,8 @@ class SegmentGen:
         self.lod_requests: list = []  # (op, env name, level, optional) per offsets argument
         self.calls: list = []         # (global name, Compiled)
         self.lazy: list = []          # (global name, kernel source): parallel variants
+        self.jobs: list = []          # (Compiled, predicted argument types): see precompile
+        self.meta: dict = {}          # local -> (dtype, ndim) it will hold
         self._globals: dict = {}      # module name -> global name
 
     # -- names ---------------------------------------------------------------------------------
@@ -237,6 +239,7 @@ class SegmentGen:
             self.args.append(name)
             v = self.block._find_var_recursive(name)
             self.expected.append((v.dtype, len(v.shape)))
+            self.meta[local] = self.expected[-1]
             self.current[name] = local
         return local
 
@@ -253,15 +256,22 @@ class SegmentGen:
         local = self.fresh("s")
         self.current[name] = local
         self.defined.add(name)
+        v = self.block._find_var_recursive(name)
+        if v is not None and v.dtype is not None:
+            self.meta[local] = (v.dtype, len(v.shape))
         return local
 
     def emit(self, line: str, indent: int = 1) -> None:
         self.lines.append("    " * indent + line)
 
-    def _kernel(self, source: str, parallel: bool = False) -> str:
-        """The global name under which the driver calls the compiled ``source``."""
+    def _kernel(self, source: str, parallel: bool = False, argtypes=None) -> str:
+        """The global name under which the driver calls the compiled ``source``;
+        ``argtypes``: the argument types its call will most likely have ((dtype, ndim) per
+        array, ``float``/``int`` per scalar, ``"lod"`` per offsets array)."""
         compiled = compile_function(source, "kernel", parallel=parallel,
                                     target=self.target.NAME)
+        if argtypes is not None:
+            self.jobs.append((compiled, tuple(argtypes)))
         g = self._globals.get(compiled.name)
         if g is None:
             g = self._globals[compiled.name] = f"K{len(self.calls)}"
@@ -304,9 +314,17 @@ class SegmentGen:
         src = "\n".join([f"def kernel({', '.join(f'a{i}' for i in range(len(scope.params)))}):"]
             + ["    " + line for line in lines]
             + ["    return (" + "".join(f"{scope.current[n]}, " for n in outs) + ")"])
-        g = self._kernel(src, parallel=scope.uses_prange)
-        self.uses_prange |= scope.uses_prange
         like = node.lowering.shapes_like
+        argtypes = []
+        for a in scope.params:
+            if a.startswith("lod"):
+                argtypes.append("lod")
+            else:
+                dt, nd = self.meta.get(a, (None, None))
+                argtypes.append((dt, 1 if like else nd) if dt is not None else None)
+        g = self._kernel(src, parallel=scope.uses_prange,
+                         argtypes=None if None in argtypes else argtypes)
+        self.uses_prange |= scope.uses_prange
         args = scope.params
         if like:  # flat arrays in, outputs shaped like their inputs
             args = [a if a.startswith("lod") else f"{a}.reshape({a}.size)" for a in args]
@@ -399,7 +417,9 @@ class SegmentGen:
         kernel = LoopKernel(rank, leaves, body, stores, len(params), reduce=spec)
         kernel.form = choose_form(kernel, row_ranks)
         self.emit(f"# form {kernel.form}")
-        kname = self._kernel(self.target.render(kernel))
+        leaf_dtypes = [self.meta.get(loc, (None,))[0] for loc in locals_]
+        kname = self._kernel(self.target.render(kernel), argtypes=None if None in leaf_dtypes
+                             else self.target.argtypes(kernel, leaf_dtypes))
         pname = None
         if self.parallel and kernel.form in FLAT_FORMS:
             if self.native:

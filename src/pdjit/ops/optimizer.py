@@ -382,7 +382,8 @@ _ADAM_SHAPES = {"ParamOut": "Param", "Moment1Out": "Moment1", "Moment2Out": "Mom
 
 register_op(
     "adam", inputs=_ADAM_INPUTS, outputs=_ADAM_OUTPUTS, attrs=dict(_ADAM_ATTRS),
-    traits=[OPAQUE], infer_shape=_adam_infer, reference=_adam_ref, emit=Opaque(_adam_lower, shapes_like=_ADAM_SHAPES),
+    traits=[OPAQUE], infer_shape=_adam_infer, reference=_adam_ref,
+    emit=Opaque(_adam_lower, shapes_like=_ADAM_SHAPES),
     grad=None,
     doc="Adam: moments updated, ParamOut = Param - lr * sqrt(1 - b2p) / (1 - b1p) * m1 / "
         "(sqrt(m2) + epsilon * sqrt(1 - b2p)); beta pows multiplied by beta1/beta2.")
@@ -404,7 +405,8 @@ register_op(
     "adamw", inputs=_ADAM_INPUTS, outputs=_ADAM_OUTPUTS,
     attrs={**_ADAM_ATTRS, "lr_ratio": Float(1.0, low=0.1, high=1.0),
            "coeff": Float(0.01, low=0.0, high=0.1), "with_decay": Bool(False)},
-    traits=[OPAQUE], infer_shape=_adam_infer, reference=_adamw_ref, emit=Opaque(_adam_lower, shapes_like=_ADAM_SHAPES),
+    traits=[OPAQUE], infer_shape=_adam_infer, reference=_adamw_ref,
+    emit=Opaque(_adam_lower, shapes_like=_ADAM_SHAPES),
     grad=None,
     doc="AdamW: with with_decay, Param -= lr * lr_ratio * coeff * Param, then the adam update.")
 

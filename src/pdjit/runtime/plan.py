@@ -27,7 +27,7 @@ import time
 import numpy as np
 from numba.core.errors import NumbaError
 
-from pdjit.codegen.compiler import CACHE_ERRORS, compile_function
+from pdjit.codegen.compiler import CACHE_ERRORS, compile_function, precompile
 from pdjit.codegen.loops import LoopGen
 from pdjit.codegen.lowering import Declined, SegmentGen
 from pdjit.codegen.targets import target_name
@@ -241,6 +241,7 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None) -
         except Declined as d:
             declined.add(id(d.op))
     dump_after("fusion", part.describe)
+    precompile([job for gen in gens if gen is not None for job in gen.jobs])
     steps, sources = [], []
     for seg, gen in zip(part.segments, gens):
         if gen is None:
