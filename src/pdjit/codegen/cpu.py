@@ -26,6 +26,8 @@ from pdjit.codegen.kernel import FULL, ROW, SCALAR, LoopKernel
 
 NAME = "cpu"
 
+_MISFIT = "pdjit: operand shapes do not fit the kernel's loop form"
+
 # Below this many elements a parallel loop loses to its thread start-up (measured: the
 # break-even of numba's prange on 2 cores is ~1e3-1e4 elements; at 6.5e4 two threads win).
 PARALLEL_MIN_SIZE = 65536
@@ -194,15 +196,23 @@ def _STRIDED(k: LoopKernel) -> list:  # noqa: N802 - one of the forms
 
 
 # ---- call sites --------------------------------------------------------------------------------
-def call_site(k: LoopKernel, fresh, leaves: list, stores: list, red_out: str | None,
-              params: list, kname: str, pname: str | None = None) -> list:
+def call_site(k: LoopKernel, fresh, flats: dict, leaves: list, stores: list,
+              red_out: str | None, params: list, kname: str, pname: str | None = None) -> list:
     """Lines that compute the run-time iteration shape, check it, allocate the outputs (locals
     ``stores`` and ``red_out``, in the order of ``k.stores``), and call the kernel global
     ``kname`` (``pname``: its parallel variant, called above the size threshold). ``leaves``:
     the local arrays of ``k.leaves``; ``params``: the parameters' sources; ``fresh(hint)`` gives
-    new local names."""
+    new local names; ``flats`` maps a local to the local of its 1-D view (read and extended:
+    each view is made once per driver)."""
     sh = fresh("sh")
     lines = []
+
+    def flat(local):
+        if local not in flats:
+            flats[local] = fresh("f")
+            lines.append(f"{flats[local]} = {local}.reshape({local}.size)")
+        return flats[local]
+
     if k.form in ("strided", "reduce_strided"):
         dims = []
         for d in range(k.rank):
@@ -212,7 +222,7 @@ def call_site(k: LoopKernel, fresh, leaves: list, stores: list, red_out: str | N
                     acc = f"_rt.bdim({acc}, {loc}.shape[{d - leaf.offset}])"
             dims.append(acc)
         lines.append(f"{sh} = (" + "".join(f"{d}, " for d in dims) + ")")
-        flat = False
+        is_flat = False
     else:
         first = next(i for i, leaf in enumerate(k.leaves) if leaf.place == FULL)
         lines.append(f"{sh} = {leaves[first]}.shape")
@@ -228,18 +238,29 @@ def call_site(k: LoopKernel, fresh, leaves: list, stores: list, red_out: str | N
                 conds += [f"{loc}.shape[{j}] == {sh}[{leaf.offset + j}]"
                           for j in range(lead, leaf.rank)]
         if conds:
-            lines.append(f"_rt.check({' and '.join(conds)})")
-        flat = True
-    for loc, (_, t, _) in zip(stores, k.stores):
-        lines.append(f"{loc} = np.empty({sh}, {t})")
+            lines += [f"if not ({' and '.join(conds)}):", f"    raise ValueError({_MISFIT!r})"]
+        is_flat = True
     red = k.reduce
+    outs = stores + ([red_out] if red is not None else [])
+    if is_flat:  # outputs allocated flat, viewed with their shape
+        out_args = [fresh("o") for _ in outs]
+        for loc, o, (_, t, _) in zip(stores, out_args, k.stores):
+            lines += [f"{o} = np.empty({leaves[first]}.size, {t})", f"{loc} = {o}.reshape({sh})"]
+            flats[loc] = o
+    else:
+        out_args = outs
+        for loc, (_, t, _) in zip(stores, k.stores):
+            lines.append(f"{loc} = np.empty({sh}, {t})")
     if red is not None:
         dims = [("1" if red.keep_dim else None) if d in red.axes else f"{sh}[{d}]"
                 for d in range(k.rank)]
         lines.append(f"{red_out} = np.empty((" + "".join(f"{d}, " for d in dims if d) +
                      f"), {red.dtype})")
-    outs = stores + ([red_out] if red is not None else [])
-    args = [f"{loc}.reshape({loc}.size)" if flat else loc for loc in leaves + outs] + list(params)
+        if is_flat:
+            lines.append(f"{out_args[-1]} = {red_out}.reshape({red_out}.size)")
+            flats[red_out] = out_args[-1]
+    leaf_args = [flat(loc) for loc in leaves] if is_flat else list(leaves)
+    args = leaf_args + out_args + list(params)
     r0 = k.rank
     if k.form in ("flat", "reduce_all"):
         n = fresh("n")
@@ -247,8 +268,10 @@ def call_site(k: LoopKernel, fresh, leaves: list, stores: list, red_out: str | N
         args.append(n)
     elif k.form == "row":
         n, nc, nr = fresh("n"), fresh("nc"), fresh("nr")
-        lines += [f"{n} = {leaves[first]}.size", f"{nc} = {_prod(sh, r0 - k.row_rank, r0)}",
-                  f"{nr} = ({n} // {nc}) if {nc} > 0 else 0"]
+        lines += [f"{nr} = {_prod(sh, 0, r0 - k.row_rank)}",
+                  f"{nc} = {_prod(sh, r0 - k.row_rank, r0)}"]
+        if pname is not None:
+            lines.append(f"{n} = {leaves[first]}.size")
         args += [nr, nc]
     elif k.form == "reduce_rows":
         a = red.axes[0]
@@ -283,6 +306,14 @@ class _LazyKernel:
         return self.fn(*args)
 
 
+class _HostRT:
+    """``_rt`` as the host driver sees it: the same helpers, the GEMM without a wrapper."""
+    bdim, check, gemm = staticmethod(rt.bdim), staticmethod(rt.check), staticmethod(np.dot)
+
+
+_HOST_RT = _HostRT()
+
+
 class HostDriver:
     """A segment's driver as a plain Python function that calls its compiled kernels: building
     it compiles nothing but the kernels Numba has not seen (at their first call)."""
@@ -302,7 +333,7 @@ class HostDriver:
         self._build()
 
     def _build(self) -> None:
-        ns = {"np": np, "math": math, "_rt": rt}
+        ns = {"np": np, "math": math, "_rt": _HOST_RT}
         ns.update({g: c.fn for g, c in self.calls})
         ns.update({g: _LazyKernel(src) for g, src in self.lazy})
         exec(compile(self.source, f"<pdjit {self.name}>", "exec"), ns)  # noqa: S102

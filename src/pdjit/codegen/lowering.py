@@ -224,6 +224,7 @@ class SegmentGen:
         self.lazy: list = []          # (global name, kernel source): parallel variants
         self.jobs: list = []          # (Compiled, predicted argument types): see precompile
         self.meta: dict = {}          # local -> (dtype, ndim) it will hold
+        self.flats: dict = {}         # local -> a local holding its 1-D view
         self._globals: dict = {}      # module name -> global name
 
     # -- names ---------------------------------------------------------------------------------
@@ -263,6 +264,14 @@ class SegmentGen:
 
     def emit(self, line: str, indent: int = 1) -> None:
         self.lines.append("    " * indent + line)
+
+    def flat(self, local: str) -> str:
+        """A 1-D view of the C-contiguous array ``local``, made once per driver."""
+        f = self.flats.get(local)
+        if f is None:
+            f = self.flats[local] = self.fresh("f")
+            self.emit(f"{f} = {local}.reshape({local}.size)")
+        return f
 
     def _kernel(self, source: str, parallel: bool = False, argtypes=None) -> str:
         """The global name under which the driver calls the compiled ``source``;
@@ -327,17 +336,21 @@ class SegmentGen:
         self.uses_prange |= scope.uses_prange
         args = scope.params
         if like:  # flat arrays in, outputs shaped like their inputs
-            args = [a if a.startswith("lod") else f"{a}.reshape({a}.size)" for a in args]
+            args = [a if a.startswith("lod") else self.flat(a) for a in args]
+            shape_of = {}
+            for slot, src_slot in like.items():
+                for name in node.op.output(slot):
+                    shape_of[name] = scope.driver_local[node.op.input(src_slot)[0]]
+            raw = [self.fresh("r") for _ in outs]
+            self.emit(f"({''.join(r + ', ' for r in raw)}) = {g}({', '.join(args)})")
+            for name, r in zip(outs, raw):
+                local = self.define(name)
+                src = shape_of.get(name)
+                self.emit(f"{local} = {r}.reshape({src}.shape)" if src else f"{local} = {r}")
+                self.flats[local] = r
+            return
         targets = [self.define(n) for n in outs]
         self.emit(f"({''.join(t + ', ' for t in targets)}) = {g}({', '.join(args)})")
-        if like:
-            op = node.op
-            for slot, src_slot in like.items():
-                for name in op.output(slot):
-                    if name in outs:
-                        t = targets[outs.index(name)]
-                        src = scope.driver_local[op.input(src_slot)[0]]
-                        self.emit(f"{t} = {t}.reshape({src}.shape)")
 
     # -- loop groups ---------------------------------------------------------------------------
     def _loop_group(self, group: Group) -> None:
@@ -430,8 +443,8 @@ class SegmentGen:
                 self.lazy.append((pname, self.target.render(kernel, parallel=True)))
         store_locals = [self.define(n) for n in stored_chain]
         red_local = self.define(reduce_node.op.output("Out")[0]) if spec is not None else None
-        for line in self.target.call_site(kernel, self.fresh, locals_, store_locals, red_local,
-                                          params, kname, pname):
+        for line in self.target.call_site(kernel, self.fresh, self.flats, locals_, store_locals,
+                                          red_local, params, kname, pname):
             self.emit(line)
 
     def _offset(self, op, opdef, slot: str, rank: int) -> int:

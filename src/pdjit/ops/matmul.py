@@ -92,12 +92,24 @@ def _mul_lower(ctx):
     xn, yn = ctx.attrs["x_num_col_dims"], ctx.attrs["y_num_col_dims"]
     rx, ry = ctx.rank("X"), ctx.rank("Y")
     X, Y = ctx.inp("X"), ctx.inp("Y")
-    x2, y2 = ctx.tmp("x"), ctx.tmp("y")
     dims = [f"{X}.shape[{i}]" for i in range(xn)] + [f"{Y}.shape[{i}]" for i in range(yn, ry)]
-    out = ctx.out("Out")
-    return [f"{x2} = {X}.reshape(({ctx.prod(X, 0, xn)}, {ctx.prod(X, xn, rx)}))",
-            f"{y2} = {Y}.reshape(({ctx.prod(Y, 0, yn)}, {ctx.prod(Y, yn, ry)}))",
-            f"{out} = _rt.gemm({x2}, {y2}).reshape({ctx.tuple_src(dims)})"]
+    lx, x2 = _as_matrix(ctx, X, rx, xn)
+    ly, y2 = _as_matrix(ctx, Y, ry, yn)
+    lines = lx + ly
+    out = f"_rt.gemm({x2}, {y2})"
+    if len(dims) != 2:
+        out += f".reshape({ctx.tuple_src(dims)})"
+    return lines + [f"{ctx.out('Out')} = {out}"]
+
+
+def _as_matrix(ctx, local: str, rank: int, split: int):
+    """(lines, name) of ``local`` viewed as a matrix of its dims before and after ``split``
+    (no line when it is one already)."""
+    if rank == 2 and split == 1:
+        return [], local
+    m = ctx.tmp("m")
+    return [f"{m} = {local}.reshape(({ctx.prod(local, 0, split)}, "
+            f"{ctx.prod(local, split, rank)}))"], m
 
 
 def _matmul_2d_lower(tx_attr, ty_attr, alpha_attr=None):
@@ -291,14 +303,19 @@ def _mul_grad_lower(ctx):
     xn, yn = ctx.attrs["x_num_col_dims"], ctx.attrs["y_num_col_dims"]
     rx, ry = ctx.rank("X"), ctx.rank("Y")
     X, Y, G = ctx.inp("X"), ctx.inp("Y"), ctx.inp("Out@GRAD")
-    x2, y2, g2 = ctx.tmp("x"), ctx.tmp("y"), ctx.tmp("g")
-    lines = [f"{x2} = {X}.reshape(({ctx.prod(X, 0, xn)}, {ctx.prod(X, xn, rx)}))",
-             f"{y2} = {Y}.reshape(({ctx.prod(Y, 0, yn)}, {ctx.prod(Y, yn, ry)}))",
-             f"{g2} = {G}.reshape(({x2}.shape[0], {y2}.shape[1]))"]
+    lx, x2 = _as_matrix(ctx, X, rx, xn)
+    ly, y2 = _as_matrix(ctx, Y, ry, yn)
+    lines = lx + ly
+    g2 = G
+    if ctx.rank("Out@GRAD") != 2:
+        g2 = ctx.tmp("g")
+        lines.append(f"{g2} = {G}.reshape(({x2}.shape[0], {y2}.shape[1]))")
     if ctx.has_output("X@GRAD"):
-        lines.append(f"{ctx.out('X@GRAD')} = _rt.gemm({g2}, {y2}.T).reshape({X}.shape)")
+        back = f".reshape({X}.shape)" if x2 != X else ""
+        lines.append(f"{ctx.out('X@GRAD')} = _rt.gemm({g2}, {y2}.T){back}")
     if ctx.has_output("Y@GRAD"):
-        lines.append(f"{ctx.out('Y@GRAD')} = _rt.gemm({x2}.T, {g2}).reshape({Y}.shape)")
+        back = f".reshape({Y}.shape)" if y2 != Y else ""
+        lines.append(f"{ctx.out('Y@GRAD')} = _rt.gemm({x2}.T, {g2}){back}")
     return lines
 
 
