@@ -13,6 +13,12 @@ cache does not notice when a called function in another file changes.
 The cache directory is ``PDJIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/pdjit`` (``~/.cache/pdjit``).
 ``clear_cache()`` empties it. A damaged entry (Numba raises ``UnpicklingError`` or ``EOFError``
 on a truncated ``.nbc`` file and does not catch it) is deleted and compiled again.
+
+Each distinct text is one :class:`Compiled` per process (``compile_function`` returns the same
+object for the same text), so equal kernels of different plans and programs share one Numba
+dispatcher. :func:`precompile` compiles a new plan's kernels before their first call, on two
+cores: a forked worker process and this one take them from one queue, and the worker's land in
+the disk cache, from which the first calls here load them.
 """
 from __future__ import annotations
 
