@@ -22,6 +22,7 @@ references, which either report the precise error or give the answer.
 from __future__ import annotations
 
 import math
+import re
 import string
 
 import numpy as np
@@ -83,8 +84,16 @@ class LowerContext:
     def inp(self, slot: str, i: int = 0) -> str:
         return self._inputs[self.op.input(slot)[i]]
 
-    def out(self, slot: str, i: int = 0) -> str:
-        return self.gen.define(self.op.output(slot)[i])
+    def out(self, slot: str, i: int = 0, shape: str | None = None, zero: bool = False) -> str:
+        """The local name of output ``slot``'s value. With ``shape`` (a source expression over
+        the op's inputs and offsets, e.g. ``f"{X}.shape"``) the driver allocates the array (of
+        the output variable's dtype; zeroed with ``zero``) and passes it in: the lines only
+        write it (destination passing). Without, the lines must bind the name themselves (a
+        view, or a size known only from values inside the kernel)."""
+        name = self.op.output(slot)[i]
+        if shape is None:
+            return self.gen.define(name)
+        return self.gen.define_out(name, shape, numpy_type_name(self._var(name).dtype), zero)
 
     def _var(self, name):
         return self.op.block._find_var_recursive(name)
@@ -160,7 +169,8 @@ class _KernelScope:
         self.param_of: dict = {}
         self.current: dict = {}
         self.driver_local: dict = {}  # env name read -> the driver's local holding it
-        self.defined: list = []       # env names, in definition order
+        self.defined: list = []       # env names the kernel allocates, in definition order
+        self.dests: list = []         # (env name, param, shape, dtype, zero): driver-allocated
         self.counter = 0
 
     def fresh(self, hint: str) -> str:
@@ -189,6 +199,12 @@ class _KernelScope:
 
     def lod_arg(self, op, name: str, level: int, optional: bool) -> str:
         return self._param(self.gen.lod_arg(op, name, level, optional))
+
+    def define_out(self, name: str, shape: str, dtype: str, zero: bool) -> str:
+        """An output the driver allocates: a parameter after the inputs."""
+        local = self.current[name] = self.fresh("d")
+        self.dests.append((name, local, shape, dtype, zero))
+        return local
 
 
 class SegmentGen:
@@ -262,6 +278,12 @@ class SegmentGen:
             self.meta[local] = (v.dtype, len(v.shape))
         return local
 
+    def define_out(self, name: str, shape: str, dtype: str, zero: bool) -> str:
+        """An output allocated here (host lines write into it)."""
+        local = self.define(name)
+        self.emit(f"{local} = np.{'zeros' if zero else 'empty'}({shape}, {dtype})")
+        return local
+
     def emit(self, line: str, indent: int = 1) -> None:
         self.lines.append("    " * indent + line)
 
@@ -319,38 +341,38 @@ class SegmentGen:
         lines = node.lowering.lower(LowerContext(scope, node))
         if lines is None:
             raise Declined(node.op)
-        outs = scope.defined
-        src = "\n".join([f"def kernel({', '.join(f'a{i}' for i in range(len(scope.params)))}):"]
-            + ["    " + line for line in lines]
-            + ["    return (" + "".join(f"{scope.current[n]}, " for n in outs) + ")"])
-        like = node.lowering.shapes_like
+        outs = [n for n in scope.defined if n not in {d[0] for d in scope.dests}]
+        params = [f"a{i}" for i in range(len(scope.params))] + [d[1] for d in scope.dests]
+        src = "\n".join([f"def kernel({', '.join(params)}):"]
+                        + ["    " + line for line in lines]
+                        + ["    return (" + "".join(f"{scope.current[n]}, " for n in outs) + ")"])
+        flat = node.lowering.flat
+        if flat and outs:
+            raise ValueError(f"{node.op.type}: a flat Opaque lowering must let the driver "
+                             f"allocate its outputs (ctx.out(slot, shape=...))")
+        # the outputs the driver allocates, their shapes over the driver's locals
+        dests = []
+        for name, _, shape, dtype, zero in scope.dests:
+            shape = re.sub(r"\ba(\d+)\b", lambda m: scope.params[int(m.group(1))], shape)
+            local = self.define(name)
+            self.emit(f"{local} = np.{'zeros' if zero else 'empty'}({shape}, {dtype})")
+            dests.append(local)
         argtypes = []
-        for a in scope.params:
+        for a in scope.params + dests:
             if a.startswith("lod"):
                 argtypes.append("lod")
             else:
                 dt, nd = self.meta.get(a, (None, None))
-                argtypes.append((dt, 1 if like else nd) if dt is not None else None)
+                argtypes.append((dt, 1 if flat else nd) if dt is not None else None)
         g = self._kernel(src, parallel=scope.uses_prange,
                          argtypes=None if None in argtypes else argtypes)
         self.uses_prange |= scope.uses_prange
-        args = scope.params
-        if like:  # flat arrays in, outputs shaped like their inputs
+        args = scope.params + dests
+        if flat:  # every array 1-D: one kernel for every rank
             args = [a if a.startswith("lod") else self.flat(a) for a in args]
-            shape_of = {}
-            for slot, src_slot in like.items():
-                for name in node.op.output(slot):
-                    shape_of[name] = scope.driver_local[node.op.input(src_slot)[0]]
-            raw = [self.fresh("r") for _ in outs]
-            self.emit(f"({''.join(r + ', ' for r in raw)}) = {g}({', '.join(args)})")
-            for name, r in zip(outs, raw):
-                local = self.define(name)
-                src = shape_of.get(name)
-                self.emit(f"{local} = {r}.reshape({src}.shape)" if src else f"{local} = {r}")
-                self.flats[local] = r
-            return
         targets = [self.define(n) for n in outs]
-        self.emit(f"({''.join(t + ', ' for t in targets)}) = {g}({', '.join(args)})")
+        call = f"{g}({', '.join(args)})"
+        self.emit(f"({''.join(t + ', ' for t in targets)}) = {call}" if targets else call)
 
     # -- loop groups ---------------------------------------------------------------------------
     def _loop_group(self, group: Group) -> None:

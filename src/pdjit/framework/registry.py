@@ -276,14 +276,17 @@ class Opaque:
     under Numba, and compile nothing. ``targets``: the code generation targets the lines are
     written for; a plan for another target runs the op's reference.
 
-    ``shapes_like`` (``{output slot: input slot}``) declares a kernel that works on its arrays'
-    elements alone (an optimizer update): it receives every input flattened to 1-D, so one
-    compiled kernel serves every rank, and each output is given the shape of the named input.
+    Outputs: ``ctx.out(slot, shape=...)`` lets the driver allocate the output and pass it in
+    (destination passing: the lines only write it); ``ctx.out(slot)`` leaves the lines to bind
+    it (a view, or a size known only inside from values). ``flat=True`` declares lines that
+    work on their arrays' elements alone (an optimizer update): every array, inputs and
+    driver-allocated outputs, arrives flattened to 1-D, so one compiled kernel serves every
+    rank; all its outputs must be driver-allocated.
     """
     lower: Callable
     host: bool = False
     targets: tuple = ("cpu",)
-    shapes_like: Mapping[str, str] | None = None
+    flat: bool = False
 
 
 # ---- grad makers --------------------------------------------------------------------------

@@ -114,11 +114,11 @@ def _softmax_lower(ctx):
     r = ctx.rank("X")
     if r == 0 or ctx.dtype("X").kind != "f" or ctx.attrs["axis"] not in (-1, r - 1):
         return None
-    X, out, T = ctx.inp("X"), ctx.out("Out"), ctx.T("X")
+    X, T = ctx.inp("X"), ctx.T("X")
+    out = ctx.out("Out", shape=f"{X}.shape")
     x2, o2, i, j, m, s = (ctx.tmp(h) for h in ("x", "o", "i", "j", "m", "s"))
     return [
         f"{x2} = {ctx.as_rows(X, r)}",
-        f"{out} = np.empty_like({X})",
         f"{o2} = {out}.reshape({x2}.shape)",
     ] + _softmax_rows(x2, o2, i, j, m, s, T)
 
@@ -261,17 +261,16 @@ def _swce_lower(ctx):
     if not _swce_lowerable(ctx, "Logits"):
         return None
     X, L, T, r = ctx.inp("Logits"), ctx.inp("Label"), ctx.T("Logits"), ctx.rank("Logits")
-    sm, loss = ctx.out("Softmax"), ctx.out("Loss")
-    x2, s2, lab, lf, i, j, m, s, k = (ctx.tmp(h) for h in "xsblfijmk")
     lead = [f"{X}.shape[{d}]" for d in range(r - 1)]
+    sm = ctx.out("Softmax", shape=f"{X}.shape")
+    loss = ctx.out("Loss", shape=ctx.tuple_src(lead + ["1"]))
+    x2, s2, lab, lf, i, j, m, s, k = (ctx.tmp(h) for h in "xsblfijmk")
     ign = int(ctx.attrs["ignore_index"])
     return [
         f"{x2} = {ctx.as_rows(X, r)}",
         f"{lab} = {L}.reshape({L}.size)",
         f"_rt.check({lab}.size == {x2}.shape[0])",
-        f"{sm} = np.empty_like({X})",
         f"{s2} = {sm}.reshape({x2}.shape)",
-        f"{loss} = np.empty({ctx.tuple_src(lead + ['1'])}, {T})",
         f"{lf} = {loss}.reshape({loss}.size)",
     ] + _softmax_rows(x2, s2, i, j, m, s, T) + [
         f"    {k} = {lab}[{i}]",
@@ -289,7 +288,7 @@ def _swce_grad_lower(ctx):
         return None
     sm, L, g, T = ctx.inp("Softmax"), ctx.inp("Label"), ctx.inp("Loss@GRAD"), ctx.T("Softmax")
     r = ctx.rank("Softmax")
-    out = ctx.out("Logits@GRAD")
+    out = ctx.out("Logits@GRAD", shape=f"{sm}.shape")
     s2, o2, lab, gf, i, j, k = (ctx.tmp(h) for h in "sobgijk")
     ign = int(ctx.attrs["ignore_index"])
     return [
@@ -297,7 +296,6 @@ def _swce_grad_lower(ctx):
         f"{lab} = {L}.reshape({L}.size)",
         f"{gf} = {g}.reshape({g}.size)",
         f"_rt.check({lab}.size == {s2}.shape[0] and {gf}.size == {s2}.shape[0])",
-        f"{out} = np.empty_like({sm})",
         f"{o2} = {out}.reshape({s2}.shape)",
         f"for {i} in range({s2}.shape[0]):",
         f"    {k} = {lab}[{i}]",
@@ -468,13 +466,12 @@ def _softmax_grad_lower(ctx):
             or ctx.attrs["axis"] not in (-1, r - 1):
         return None
     O, G, T = ctx.inp("Out"), ctx.inp("Out@GRAD"), ctx.T("Out")
-    dx = ctx.out("X@GRAD")
+    dx = ctx.out("X@GRAD", shape=f"{O}.shape")
     o2, g2, d2, i, j, s = (ctx.tmp(h) for h in ("o", "g", "d", "i", "j", "s"))
     return [
         f"if {G}.size != {O}.size: raise ValueError('pdjit: softmax_grad shapes differ')",
         f"{o2} = {O}.reshape(({ctx.prod(O, 0, r - 1)}, {O}.shape[{r - 1}]))",
         f"{g2} = {G}.reshape({o2}.shape)",
-        f"{dx} = np.empty_like({O})",
         f"{d2} = {dx}.reshape({o2}.shape)",
         f"for {i} in range({o2}.shape[0]):",
         f"    {s} = {T}(0)",

@@ -111,10 +111,10 @@ def _elementwise_lower(slots_in, slots_out, prologue, body, check_scalars=("Lear
 
     ``prologue(ctx, T, v)`` gives lines computing scalars once (``v`` maps slot -> flat local,
     scalar slots -> their 1-element flat view); ``body(ctx, T, v, i)`` the lines of one element.
-    Declines for master params and dtypes other than float32/float64. Outputs are new arrays
-    even when they name an input variable (``ParamOut`` = ``Param``): the code generator
-    returns them as that variable's new value, and the inputs stay untouched should the
-    segment fall back to the references.
+    Declines for master params and dtypes other than float32/float64. The kernel is ``flat``
+    (every array 1-D); outputs are new arrays the driver allocates, even when they name an
+    input variable (``ParamOut`` = ``Param``), so the inputs stay untouched should the segment
+    fall back to the references.
     """
     def lower(ctx):
         if ctx.has_input("MasterParam"):
@@ -142,12 +142,8 @@ def _elementwise_lower(slots_in, slots_out, prologue, body, check_scalars=("Lear
             v[s] = ctx.tmp(s[:2].lower())
             lines.append(f"{v[s]} = {a}.reshape(1)")
         for s in slots_out:
-            if not ctx.has_output(s):
-                continue
-            o = ctx.out(s)
-            lines.append(f"{o} = np.empty_like({P})")
-            v[s] = ctx.tmp(s[:2].lower())
-            lines.append(f"{v[s]} = {o}.reshape({o}.size)")
+            if ctx.has_output(s):
+                v[s] = ctx.out(s, shape=f"{P}.shape")
         lines += prologue(ctx, T, v)
         i = ctx.tmp("i")
         lines.append(f"for {i} in range({v['Param']}.size):")
@@ -182,7 +178,7 @@ register_op(
         ("Param", "Grad"), ("ParamOut",),
         lambda ctx, T, v: [f"lr_ = {T}({v['LearningRate']}[0])"],
         lambda ctx, T, v, i: [f"{v['ParamOut']}[{i}] = {v['Param']}[{i}] - lr_ * "
-                              f"{v['Grad']}[{i}]"]), shapes_like={"ParamOut": "Param"}),
+                              f"{v['Grad']}[{i}]"]), flat=True),
     grad=None, doc="ParamOut = Param - LearningRate * Grad.")
 
 
@@ -243,7 +239,7 @@ register_op(
     traits=[OPAQUE], infer_shape=_momentum_infer, reference=_momentum_ref,
     emit=Opaque(_elementwise_lower(("Param", "Grad", "Velocity"), ("ParamOut", "VelocityOut"),
                                    _momentum_prologue, _momentum_body),
-                shapes_like={"ParamOut": "Param", "VelocityOut": "Velocity"}),
+                flat=True),
     grad=None,
     doc="VelocityOut = mu * Velocity + Grad (+ l2 coeff * Param); ParamOut = Param - lr * "
         "VelocityOut (Nesterov: Param - lr * (Grad + mu * VelocityOut)).")
@@ -353,9 +349,8 @@ def _adam_prologue(ctx, T, v):
              "epst_ = eps_ * np.sqrt(one_ - b2p_)"]
     keep = ctx.attrs["use_global_beta_pow"]
     for pw, pow_, b in (("Beta1Pow", "b1p_", "b1_"), ("Beta2Pow", "b2p_", "b2_")):
-        out = ctx.out(f"{pw}Out")
-        lines.append(f"{out} = np.empty_like({ctx.inp(pw)})")
-        lines.append(f"{out}.reshape(1)[0] = {pow_}" + ("" if keep else f" * {b}"))
+        out = ctx.out(f"{pw}Out", shape=f"{ctx.inp(pw)}.shape")
+        lines.append(f"{out}[0] = {pow_}" + ("" if keep else f" * {b}"))
     return lines
 
 
@@ -377,13 +372,10 @@ _adam_loop = _elementwise_lower(("Param", "Grad", "Moment1", "Moment2"),
                                 _adam_body,
                                 check_scalars=("LearningRate", "Beta1Pow", "Beta2Pow"))
 
-_ADAM_SHAPES = {"ParamOut": "Param", "Moment1Out": "Moment1", "Moment2Out": "Moment2",
-                "Beta1PowOut": "Beta1Pow", "Beta2PowOut": "Beta2Pow"}
-
 register_op(
     "adam", inputs=_ADAM_INPUTS, outputs=_ADAM_OUTPUTS, attrs=dict(_ADAM_ATTRS),
     traits=[OPAQUE], infer_shape=_adam_infer, reference=_adam_ref,
-    emit=Opaque(_adam_lower, shapes_like=_ADAM_SHAPES),
+    emit=Opaque(_adam_lower, flat=True),
     grad=None,
     doc="Adam: moments updated, ParamOut = Param - lr * sqrt(1 - b2p) / (1 - b1p) * m1 / "
         "(sqrt(m2) + epsilon * sqrt(1 - b2p)); beta pows multiplied by beta1/beta2.")
@@ -406,7 +398,7 @@ register_op(
     attrs={**_ADAM_ATTRS, "lr_ratio": Float(1.0, low=0.1, high=1.0),
            "coeff": Float(0.01, low=0.0, high=0.1), "with_decay": Bool(False)},
     traits=[OPAQUE], infer_shape=_adam_infer, reference=_adamw_ref,
-    emit=Opaque(_adam_lower, shapes_like=_ADAM_SHAPES),
+    emit=Opaque(_adam_lower, flat=True),
     grad=None,
     doc="AdamW: with with_decay, Param -= lr * lr_ratio * coeff * Param, then the adam update.")
 

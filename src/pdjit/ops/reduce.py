@@ -262,9 +262,9 @@ def _mean_grad_ref(X, **kw):
 def _mean_grad_lower(ctx):
     if ctx.dtype("X").kind != "f" or not ctx.has_output("X@GRAD"):
         return None
-    X, g, out, T = ctx.inp("X"), ctx.inp("Out@GRAD"), ctx.out("X@GRAD"), ctx.T("X")
+    X, g, T = ctx.inp("X"), ctx.inp("Out@GRAD"), ctx.T("X")
+    out = ctx.out("X@GRAD", shape=f"{X}.shape")
     return [f"_rt.check({g}.size == 1)",
-            f"{out} = np.empty_like({X})",
             f"{out}.reshape({out}.size)[:] = {g}.reshape(1)[0] / {T}({X}.size)"]
 
 

@@ -109,13 +109,12 @@ def pool_grad(ctx):
         return None
     X, G, offs, T = ctx.inp("X"), ctx.inp("Out@GRAD"), ctx.lod("X"), ctx.T("X")
     n, w, g2, d2, s, b, e, k, i, c, j = (ctx.tmp(h) for h in "nwgdsbekicj")
-    out = ctx.out("X@GRAD")
+    out = ctx.out("X@GRAD", shape=f"{X}.shape", zero=True)
     lines = _check_offsets(offs, n, f"{X}.shape[0]") + [
         f"{w} = {ctx.prod(X, 1, r)}",
         f"if {G}.shape[0] != {n} or {G}.size != {n} * {w}:",
         f"    {_BAD}",
         f"{g2} = {G}.reshape(({n}, {w}))",
-        f"{out} = np.zeros({X}.shape, {T})",
         f"{d2} = {out}.reshape(({X}.shape[0], {w}))",
     ]
     body = _seq_header(ctx, offs, s, b, e) + [f"if {e} == {b}:", "    continue"]
@@ -162,10 +161,9 @@ def softmax(ctx):
         return None
     X, offs, T = ctx.inp("X"), ctx.lod("X"), ctx.T("X")
     n, x1, o1, s, b, e, i, m, t = (ctx.tmp(h) for h in "nxosbeimt")
-    out = ctx.out("Out")
+    out = ctx.out("Out", shape=f"{X}.shape")
     lines = _check_offsets(offs, n, f"{X}.shape[0]") + _column_checks(ctx, X) + [
         f"{x1} = {X}.reshape({X}.size)",
-        f"{out} = np.empty_like({X})",
         f"{o1} = {out}.reshape({X}.size)",
     ]
     body = _seq_header(ctx, offs, s, b, e) + [
@@ -192,13 +190,12 @@ def softmax_grad(ctx):
     X, O, G = ctx.inp("X"), ctx.inp("Out"), ctx.inp("Out@GRAD")
     offs, T = ctx.lod("X"), ctx.T("X")
     n, o1, g1, d1, s, b, e, i, t = (ctx.tmp(h) for h in "nogdsbeit")
-    out = ctx.out("X@GRAD")
+    out = ctx.out("X@GRAD", shape=f"{X}.shape")
     lines = _check_offsets(offs, n, f"{X}.shape[0]") + [
         f"if {O}.shape != {X}.shape or {G}.shape != {X}.shape:",
         f"    {_BAD}",
         f"{o1} = {O}.reshape({O}.size)",
         f"{g1} = {G}.reshape({G}.size)",
-        f"{out} = np.empty({X}.shape, {T})",
         f"{d1} = {out}.reshape({X}.size)",
     ]
     body = _seq_header(ctx, offs, s, b, e) + [
@@ -240,9 +237,9 @@ def expand_as_grad(ctx):
     r = ctx.rank("X")
     if r < 1 or ctx.dtype("X").kind != "f" or ctx.dtype("Out@GRAD") != ctx.dtype("X"):
         return None
-    X, G, offs, T = ctx.inp("X"), ctx.inp("Out@GRAD"), ctx.lod("Y"), ctx.T("X")
+    X, G, offs = ctx.inp("X"), ctx.inp("Out@GRAD"), ctx.lod("Y")
     n, w, g2, d2, s, b, e, i, k = (ctx.tmp(h) for h in "nwgdsbeik")
-    out = ctx.out("X@GRAD")
+    out = ctx.out("X@GRAD", shape=f"{X}.shape", zero=True)
     lines = [f"{n} = {offs}.shape[0] - 1",
              f"if {n} != {X}.shape[0]:",
              f"    {_BAD}",
@@ -250,7 +247,6 @@ def expand_as_grad(ctx):
              f"if {G}.shape[0] != {offs}[{n}] or {G}.size != {offs}[{n}] * {w}:",
              f"    {_BAD}",
              f"{g2} = {G}.reshape(({offs}[{n}], {w}))",
-             f"{out} = np.zeros({X}.shape, {T})",
              f"{d2} = {out}.reshape(({n}, {w}))"]
     body = _seq_header(ctx, offs, s, b, e) + [
         f"for {i} in range({b}, {e}):",
@@ -352,15 +348,14 @@ def _reverse(ctx, src_slot: str, out_slot: str):
     r = ctx.rank("X")
     if r < 1 or ctx.dtype(src_slot) != ctx.dtype("X"):
         return None
-    X, S, offs, T = ctx.inp("X"), ctx.inp(src_slot), ctx.lod("X"), ctx.T("X")
+    X, S, offs = ctx.inp("X"), ctx.inp(src_slot), ctx.lod("X")
     n, w, x2, o2, s, b, e, i, k = (ctx.tmp(h) for h in "nwxosbeik")
-    out = ctx.out(out_slot)
+    out = ctx.out(out_slot, shape=f"{X}.shape")
     lines = _check_offsets(offs, n, f"{X}.shape[0]") + [
         f"if {S}.shape != {X}.shape:",
         f"    {_BAD}",
         f"{w} = {ctx.prod(X, 1, r)}",
         f"{x2} = {S}.reshape(({X}.shape[0], {w}))",
-        f"{out} = np.empty({X}.shape, {T})",
         f"{o2} = {out}.reshape(({X}.shape[0], {w}))",
     ]
     body = _seq_header(ctx, offs, s, b, e) + [
@@ -441,14 +436,13 @@ def pad_grad(ctx):
         return None
     X, G, offs, T = ctx.inp("X"), ctx.inp("Out@GRAD"), ctx.lod("X"), ctx.T("X")
     n, w, g3, d2, s, b, e, j, k = (ctx.tmp(h) for h in "nwgdsbejk")
-    out = ctx.out("X@GRAD")
+    out = ctx.out("X@GRAD", shape=f"{X}.shape")
     same = " or ".join(f"{G}.shape[{d + 1}] != {X}.shape[{d}]" for d in range(1, r))
     lines = _check_offsets(offs, n, f"{X}.shape[0]") + [
         f"if {G}.shape[0] != {n} or {same}:",
         f"    {_BAD}",
         f"{w} = {ctx.prod(X, 1, r)}",
         f"{g3} = {G}.reshape(({n}, {G}.shape[1], {w}))",
-        f"{out} = np.empty({X}.shape, {T})",
         f"{d2} = {out}.reshape(({X}.shape[0], {w}))",
     ]
     body = _seq_header(ctx, offs, s, b, e) + [
@@ -513,7 +507,7 @@ def concat_grad(ctx):
             any(ctx.rank("X", i) != r for i in range(count)):
         return None
     xs = [ctx.inp("X", i) for i in range(count)]
-    G, T = ctx.inp("Out@GRAD"), ctx.T("Out@GRAD")
+    G = ctx.inp("Out@GRAD")
     n, st, w, g2, s, q, j, k = (ctx.tmp(h) for h in ("n", "st", "w", "g", "s", "q", "j", "k"))
     lines, offs = _concat_setup(ctx, count, n, st, [f"{x}.shape[0]" for x in xs])
     lines += [f"{w} = {ctx.prod(G, 1, ctx.rank('Out@GRAD'))}",
@@ -525,9 +519,8 @@ def concat_grad(ctx):
         if ctx.op.output("X@GRAD")[i] == EMPTY_VAR_NAME:
             views.append(None)
             continue
-        d, v = ctx.out("X@GRAD", i), ctx.tmp("d")
+        d, v = ctx.out("X@GRAD", i, shape=f"{x}.shape"), ctx.tmp("d")
         lines += [f"if {x}.size != {x}.shape[0] * {w}:", f"    {_BAD}",
-                  f"{d} = np.empty({x}.shape, {T})",
                   f"{v} = {d}.reshape(({x}.shape[0], {w}))"]
         views.append(v)
     body = [f"{q} = {st}[{s}]"]
