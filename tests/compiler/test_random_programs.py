@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pdjit as fluid
+from pdjit.testing import assert_native
 
 K = 5
 UNARY = ["relu", "tanh", "sigmoid", "abs", "square", "exp", "sign"]
@@ -87,3 +88,4 @@ def test_random_programs_compiled_equals_reference(prog, seed):
             assert g.shape == w.shape, (v.name, steps)
             np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-12, err_msg=f"{v.name} {steps}")
     assert len(compiled._plans) == 1  # one plan for every batch size
+    assert_native(compiled, str(steps))

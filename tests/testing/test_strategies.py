@@ -8,6 +8,7 @@ import pdjit as fluid
 from pdjit.framework import registry
 from pdjit.ops._common import broadcast_shapes
 from pdjit.proto import framework_pb2 as pb
+from pdjit.testing import assert_native
 from pdjit.testing import strategies as S
 
 
@@ -56,8 +57,9 @@ def test_arrays_respect_domains(domain, dtype, data):
 @given(S.elementwise_programs())
 def test_random_elementwise_programs_compiled_equals_reference(case):
     prog, feed, fetch = case
-    got = fluid.Executor(mode="compiled").run(prog, feed=feed, fetch_list=fetch,
-                                              scope=fluid.Scope())
+    compiled = fluid.Executor(mode="compiled")
+    got = compiled.run(prog, feed=feed, fetch_list=fetch, scope=fluid.Scope())
+    assert_native(compiled)
     want = fluid.Executor(mode="reference").run(prog, feed=feed, fetch_list=fetch,
                                                 scope=fluid.Scope())
     for g, w in zip(got, want):

@@ -330,13 +330,17 @@ class HostDriver:
                   f"{module_text(src, 'kernel', parallel=True, target=NAME)}"
                   for g, src in self.lazy]
         self.text = "\n".join(parts)
+        self.filename = f"<pdjit {self.name}>"
+        # the 1-based source line of each group's comment: a traceback's line names the group
+        self.group_lines = [k + 1 for k, line in enumerate(self.source.splitlines())
+                            if line.lstrip().startswith("# group ")]
         self._build()
 
     def _build(self) -> None:
         ns = {"np": np, "math": math, "_rt": _HOST_RT}
         ns.update({g: c.fn for g, c in self.calls})
         ns.update({g: _LazyKernel(src) for g, src in self.lazy})
-        exec(compile(self.source, f"<pdjit {self.name}>", "exec"), ns)  # noqa: S102
+        exec(compile(self.source, self.filename, "exec"), ns)  # noqa: S102
         self.fn = ns[self.fn_name]
 
     def reload_clean(self) -> None:

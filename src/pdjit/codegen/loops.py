@@ -21,6 +21,63 @@ Guarantees of the generated function:
 """
 from __future__ import annotations
 
+from pdjit.codegen.lowering import Declined, SegmentGen
+from pdjit.framework import registry
+from pdjit.passes.fusion import REFERENCE, partition
+from pdjit.passes.prune import prune
+
+# ops whose traits keep a body out of native code: nested blocks, random draws, feeds and
+# fetches, LoD offsets
+_NOT_IN_NATIVE_LOOPS = (registry.CONTROL_FLOW, registry.RANDOM, registry.FEED_FETCH,
+                        registry.SEQUENCE)
+
+
+def native_loop(program, op, target: str = "cpu", parallel: bool = False):
+    """``(LoopGen, "")`` when the loop op ``op`` (its definition declares
+    ``ControlFlow(LOOP, ...)``) can run as one native function, else ``(None, why not)``.
+
+    It can when nothing reads its step scopes (no backward pass through it), it has one
+    condition, and its body is one native segment of lowerable ops."""
+    control = registry.get(op.type).control
+    scopes = [n for n in op.output(control.step_scopes) if n != registry.EMPTY_VAR_NAME] \
+        if control.keeps_scopes(op) else []
+    if scopes:
+        readers = [o for b in program.blocks for o in b.ops
+                   if any(n in scopes for n in o.input_arg_names)]
+        if readers:
+            return None, f"its step scopes are read by {readers[0].type}"
+    conds = op.input(control.condition)
+    if len(conds) != 1:
+        return None, "expected one condition"
+    body = program.block(op.attr(control.body))
+    for bop in body.ops:
+        bdef = registry.lookup(bop.type)
+        if bdef is None:
+            return None, f"body op {bop.type} is not registered"
+        for trait in _NOT_IN_NATIVE_LOOPS:
+            if bdef.has(trait):
+                return None, f"body op {bop.type} is {trait}"
+    # what outlives an iteration: the names the body writes that are declared outside it (its
+    # own variables live in one iteration's env only)
+    carried = {n for bop in body.ops for n in bop.output_arg_names
+               if n != registry.EMPTY_VAR_NAME and not body.has_var(n)}
+    part = partition(body, prune(body, carried), carried, target=target)
+    if len(part.segments) != 1 or not part.segments[0].native:
+        bad = next((g.nodes[0] for s in part.segments for g in s.groups if g.kind == REFERENCE),
+                   None)
+        return None, (f"body op {bad.label} is not lowerable ({bad.why_not})" if bad is not None
+                      else "empty body")
+    gen = SegmentGen(part.segments[0], body, carried, parallel=parallel, native=True,
+                     target=target)
+    try:
+        gen.generate()
+    except Declined as d:
+        return None, f"body op {d.op.type} declines its lowering"
+    try:
+        return LoopGen(gen, conds[0]), ""
+    except ValueError as e:
+        return None, str(e)
+
 
 class LoopGen:
     """Source of ``while cond: body`` around a generated body segment.

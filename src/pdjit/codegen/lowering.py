@@ -98,6 +98,11 @@ class LowerContext:
     def _var(self, name):
         return self.op.block._find_var_recursive(name)
 
+    def shape(self, slot: str, i: int = 0) -> tuple:
+        """The build-time shape of slot ``slot``'s value (``-1``: known at run time)."""
+        names = self.op.input(slot) or self.op.output(slot)
+        return tuple(self._var(names[i]).shape)
+
     def rank(self, slot: str, i: int = 0) -> int:
         names = self.op.input(slot) or self.op.output(slot)
         return len(self._var(names[i]).shape)

@@ -37,6 +37,20 @@ class OpRunError(OpError, RuntimeError):
     """An op failed while it ran."""
 
 
+class FallbackError(OpRunError):
+    """Strict mode (``Executor(strict=True)``, ``PDJIT_STRICT=1``): native code gave up on
+    valid input and the op's NumPy reference computed the result instead."""
+
+
+class FallbackWarning(UserWarning):
+    """Native code fell back to the NumPy references (once per plan step)."""
+
+
+class ReferenceStepWarning(UserWarning):
+    """A compiled plan runs an op with its NumPy reference: the op has no lowering for these
+    dtypes, ranks or attributes (once per op type and reason)."""
+
+
 class FeedError(PdjitError, ValueError):
     """A feed does not match the variable it feeds (name, dtype or shape)."""
 

@@ -80,6 +80,9 @@ An ``OpDef`` holds:
     producers, and drops grad ops that produce nothing needed. ``grad=NO_GRAD_YET`` declares
     the op differentiable with its grad maker still to be written.
 
+``control`` (``CONTROL_FLOW`` ops)
+    A :class:`ControlFlow`: which attribute names the body block, which slots hold the
+    condition and the step scopes, and whether the body loops or branches.
 ``out_lod`` (optional)
     How the LoD of outputs follows from the LoD of inputs, without running the op:
     ``out_lod(lods, *, attrs...) -> {out_slot: lod | [lod]}``. ``lods`` maps each input slot the
@@ -289,6 +292,46 @@ class Opaque:
     flat: bool = False
 
 
+# ---- control flow ------------------------------------------------------------------------
+LOOP, BRANCH = "loop", "branch"
+
+
+@dataclass(frozen=True)
+class ControlFlow:
+    """What a ``CONTROL_FLOW`` op's slots and attributes mean, declared with the op so that
+    passes and the runtime never probe names:
+
+    ``kind``
+        ``LOOP`` (the body block runs while the condition holds) or ``BRANCH`` (it runs once
+        when the condition holds; otherwise its outputs keep their values).
+    ``body``
+        The ``BLOCK`` attribute naming the sub-block.
+    ``condition``
+        The input slot holding the condition.
+    ``step_scopes``
+        The output slot (a ``STEP_SCOPES`` variable) keeping the scope of each run of the body,
+        which the backward pass reads.
+    ``keeps_no_scopes``
+        A ``BOOLEAN`` attribute that, when true, means the step scopes stay empty (inference).
+    """
+    kind: str
+    body: str = "sub_block"
+    condition: str | None = None
+    step_scopes: str | None = None
+    keeps_no_scopes: str | None = None
+
+    def keeps_scopes(self, op) -> bool:
+        """Whether ``op`` (of this definition) records the scope of each run of its body."""
+        return self.step_scopes is not None and not (
+            self.keeps_no_scopes is not None and op.has_attr(self.keeps_no_scopes)
+            and op.attr(self.keeps_no_scopes))
+
+    def __post_init__(self):
+        if self.kind not in (LOOP, BRANCH):
+            raise ValueError(f"ControlFlow.kind must be {LOOP!r} or {BRANCH!r}, got "
+                             f"{self.kind!r}")
+
+
 # ---- grad makers --------------------------------------------------------------------------
 @dataclass
 class GradOpSpec:
@@ -344,6 +387,7 @@ class OpDef:
     doc: str = ""
     domain: Mapping[str, str] = field(default_factory=dict)
     out_lod: Callable | None = None
+    control: ControlFlow | None = None
 
     def __post_init__(self):
         self.inputs = tuple(Slot.parse(s) for s in self.inputs)
@@ -354,6 +398,19 @@ class OpDef:
             raise ValueError(f"op {self.type!r}: unknown traits {sorted(unknown)}")
         if BROADCAST in self.traits:
             self.traits |= {ELEMENTWISE}
+        if self.control is not None:
+            if CONTROL_FLOW not in self.traits:
+                raise ValueError(f"op {self.type!r}: a ControlFlow declaration needs the "
+                                 f"CONTROL_FLOW trait")
+            if self.control.body not in self.attrs or \
+                    self.attrs[self.control.body].type != A.BLOCK:
+                raise ValueError(f"op {self.type!r}: ControlFlow.body {self.control.body!r} is "
+                                 f"not a BLOCK attribute of the op")
+            for slot, slots in ((self.control.condition, self.inputs),
+                                (self.control.step_scopes, self.outputs)):
+                if slot is not None and slot not in {s.name for s in slots}:
+                    raise ValueError(f"op {self.type!r}: ControlFlow names slot {slot!r}, which "
+                                     f"the op does not have")
         slot_names = [s.name for s in self.inputs]
         self._infer_sig = _Signature(self.infer_shape, slot_names, list(self.attrs))
         self._ref_sig = _Signature(self.reference, slot_names, list(self.attrs))
@@ -411,7 +468,8 @@ _BUILTINS_LOADED = False
 def register_op(type: str, *, inputs: Sequence, outputs: Sequence, attrs: Mapping | None = None,
                 traits: Sequence = (), infer_shape: Callable, reference: Callable, emit: Any,
                 grad: Callable | None, doc: str = "", domain: Mapping | None = None,
-                replace: bool = False, out_lod: Callable | None = None) -> OpDef:
+                replace: bool = False, out_lod: Callable | None = None,
+                control: ControlFlow | None = None) -> OpDef:
     """Define an op. ``emit`` and ``grad`` have no default: each op declares both decisions.
 
     ``domain`` (optional) says which values an input slot takes: ``{"X": "positive"}``
@@ -420,7 +478,7 @@ def register_op(type: str, *, inputs: Sequence, outputs: Sequence, attrs: Mappin
     if type in _REGISTRY and not replace:
         raise ValueError(f"op type {type!r} is already registered")
     opdef = OpDef(type, tuple(inputs), tuple(outputs), dict(attrs or {}), frozenset(traits),
-                  infer_shape, reference, emit, grad, doc, dict(domain or {}), out_lod)
+                  infer_shape, reference, emit, grad, doc, dict(domain or {}), out_lod, control)
     _REGISTRY[type] = opdef
     return opdef
 

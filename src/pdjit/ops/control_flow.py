@@ -26,11 +26,14 @@ import numpy as np
 
 from pdjit.framework.errors import ShapeMismatch
 from pdjit.framework.registry import (
+    BRANCH,
     CONTROL_FLOW,
+    LOOP,
     OPAQUE,
     SEQUENCE,
     BlockAttr,
     Bool,
+    ControlFlow,
     Int,
     Strs,
     VarMeta,
@@ -102,6 +105,7 @@ register_op(
            "skip_eager_deletion_vars": Strs([], doc=_SKIP_DOC)},
     traits=[CONTROL_FLOW], infer_shape=lambda **_: {}, reference=_cond_block_ref, emit=None,
     grad=_GRADS["conditional_block"],
+    control=ControlFlow(BRANCH, body="sub_block", condition="Cond", step_scopes="Scope"),
     doc="Runs sub_block once if the condition holds: the one bool element of Cond when "
         "is_scalar_condition, else when every Cond tensor is non-empty. Scope gets a "
         "StepScopes holding the run's env (empty if the block did not run).")
@@ -132,6 +136,8 @@ register_op(
            "skip_eager_deletion_vars": Strs([], doc=_SKIP_DOC)},
     traits=[CONTROL_FLOW], infer_shape=lambda **_: {}, reference=_while_ref, emit=None,
     grad=_GRADS["while"],
+    control=ControlFlow(LOOP, body="sub_block", condition="Condition",
+                        step_scopes="StepScopes", keeps_no_scopes="is_test"),
     doc="Runs sub_block while Condition (a bool[1] re-read before each iteration) is true. "
         "StepScopes gets one env per iteration unless is_test.")
 

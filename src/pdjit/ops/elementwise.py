@@ -178,6 +178,12 @@ def _ew_grad_ref(dx, dy):
     return ref
 
 
+def _fits(shape, target) -> bool:
+    """Whether build-time ``shape`` can only be ``target`` (no 1 standing for a larger dim)."""
+    return all(a == b or (a == -1 and b == -1) or (a == -1 and b != 1) or (b == -1 and a != 1)
+               for a, b in zip(shape, target))
+
+
 def _add_sub_grad_lower(sign):
     """The common bias case: X has Out's shape, Y covers Out's trailing dims. dX = dOut and
     dY = the rows of dOut summed (negated for sub). Anything else runs the reference."""
@@ -187,6 +193,10 @@ def _add_sub_grad_lower(sign):
         off = g_rank - y_rank if axis == -1 else axis
         if x_rank != g_rank or off + y_rank != g_rank or ctx.dtype("X").kind != "f":
             return None
+        g_shape = ctx.shape("Out@GRAD")
+        if not _fits(ctx.shape("X"), g_shape) or \
+                not _fits(ctx.shape("Y"), g_shape[off:off + y_rank]):
+            return None  # a broadcast inside X or Y (a size-1 dim): the reference sums it
         X, Y, g = ctx.inp("X"), ctx.inp("Y"), ctx.inp("Out@GRAD")
         lines = [f"_rt.check({X}.size == {g}.size)"]
         lines += [f"_rt.check({Y}.shape[{j}] == {g}.shape[{off + j}])" for j in range(y_rank)]

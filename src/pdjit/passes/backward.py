@@ -334,8 +334,8 @@ class _Backward:
 
     def note_branch(self, op) -> None:
         opdef = registry.lookup(op.type)
-        is_branch = opdef is not None and opdef.output_slot("StepScopes") is None and \
-            any(op.attr_type(a) == registry.A.BLOCK for a in op.attr_names)
+        is_branch = opdef is not None and opdef.control is not None and \
+            opdef.control.kind == registry.BRANCH
         if is_branch:
             for n in set(op.output_arg_names) - set(op.input_arg_names):
                 self.maybe_kept[n] = op
@@ -405,7 +405,7 @@ class _Backward:
         opdef = registry.get(op.type)
         sub.owner = op
         sub.saved_names = set(op.input_arg_names)  # the step scope's ``saved`` values
-        sub.repeats = opdef.output_slot("StepScopes") is not None  # one run per iteration
+        sub.repeats = opdef.control is not None and opdef.control.kind == registry.LOOP
         for fwd, name in seeds.items():
             if sub.needs_grad(fwd):
                 sub.seed(fwd, name)

@@ -41,7 +41,13 @@ def _default_mode() -> str:
 
 
 class Executor:
-    def __init__(self, place: Place | None = None, mode: str | None = None):
+    """Runs programs in a Scope. ``strict=True`` (or ``PDJIT_STRICT=1``) makes native code that
+    falls back to the NumPy references an error (:class:`FallbackError`) instead of a warning
+    (:class:`FallbackWarning`, once per plan step); ops planned as reference steps (no
+    lowering) are not fallbacks."""
+
+    def __init__(self, place: Place | None = None, mode: str | None = None,
+                 strict: bool | None = None):
         self.place = place if place is not None else CPUPlace()
         if not isinstance(self.place, Place):
             raise TypeError(f"Executor: place must be CPUPlace() or CUDAPlace(i), got {place!r}")
@@ -49,6 +55,8 @@ class Executor:
             raise NotImplementedError(f"Executor: {self.place!r} is not supported yet; use "
                                       f"CPUPlace()")
         self.mode = mode.lower() if mode else _default_mode()
+        self.strict = bool(strict) if strict is not None else \
+            os.environ.get("PDJIT_STRICT", "0").strip() not in ("", "0")
         if self.mode not in MODES:
             raise ValueError(f"Executor: mode {mode!r} is not one of {MODES}")
         self._prepared: dict = {}

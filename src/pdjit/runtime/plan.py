@@ -23,17 +23,24 @@ from __future__ import annotations
 import os
 import sys
 import time
+import warnings
 
 import numpy as np
 from numba.core.errors import NumbaError
 
 from pdjit.codegen.compiler import CACHE_ERRORS, compile_function, precompile
-from pdjit.codegen.loops import LoopGen
+from pdjit.codegen.loops import LoopGen, native_loop
 from pdjit.codegen.lowering import Declined, SegmentGen
 from pdjit.codegen.targets import target_name
 from pdjit.framework import registry
+from pdjit.framework.errors import (
+    FallbackError,
+    FallbackWarning,
+    ReferenceStepWarning,
+    describe_op,
+)
 from pdjit.passes import dump_after
-from pdjit.passes.fusion import REFERENCE, live_names, partition
+from pdjit.passes.fusion import live_names, partition
 from pdjit.passes.prune import prune
 from pdjit.proto import framework_pb2 as pb
 from pdjit.runtime import threads
@@ -59,12 +66,15 @@ class ReferenceStep:
 class NativeStep:
     kind = "native"
 
-    def __init__(self, compiled, args, expected, outputs, ops, description, lod_requests=()):
+    def __init__(self, compiled, args, expected, outputs, ops, description, lod_requests=(),
+                 groups=None):
         self.compiled, self.args, self.expected, self.outputs = compiled, args, expected, outputs
         self.ops = ops                     # [(op, op_idx)] for the reference fallback
+        self.groups = groups or [ops]      # the ops of each group, for naming what failed
         self.description = description
         self.fallbacks = 0                 # how many runs fell back to the references
         self.retired = None                # why the native code was given up, if it was
+        self.last_fallback = None          # (op, op_idx, reason) of the latest fallback
         # LoD: inputs that are LoDTensors run natively; lod_flow gives the outputs their LoD
         # and binds the offsets arguments that sequence lowerings asked for
         self.lod_flow = LoDFlow(ops, lod_requests)
@@ -77,55 +87,98 @@ class NativeStep:
             a = get(name)
             if type(a) is not np.ndarray:
                 if not isinstance(a, LoDTensor) or a._array is None:
-                    return self._fallback(executor, env, run_index)
+                    return self._fallback(executor, env, run_index, self._reader(name),
+                                          f"input {name!r} holds {type(a).__name__}, not a "
+                                          f"dense tensor")
                 if a._lod:
                     arg_lods = arg_lods or {}
                     arg_lods[name] = a._lod
                 a = a._array
             if a.dtype != dtype or a.ndim != ndim:
-                return self._fallback(executor, env, run_index)
+                return self._fallback(executor, env, run_index, self._reader(name),
+                                      f"input {name!r} is {a.dtype} of rank {a.ndim}; the "
+                                      f"plan was built for {np.dtype(dtype)} of rank {ndim}")
             if not a.flags.c_contiguous or not a.flags.writeable:
                 a = np.array(a, order="C")
             values.append(a)
         if self.retired is not None:
-            return self._fallback(executor, env, run_index)
+            return self._fallback(executor, env, run_index, self.ops[0],
+                                  f"its native code was given up: {self.retired}")
         lods = None
         if arg_lods is not None or self.lod_flow.always:
             try:
                 lods, extra = self.lod_flow.resolve(arg_lods or {})
-            except LoDUnavailable:
-                return self._fallback(executor, env, run_index)
+            except LoDUnavailable as e:
+                return self._fallback(executor, env, run_index, self.ops[0],
+                                      f"a LoD it needs is unknown: {e}")
             values += extra
         try:
             results = self.compiled.fn(*values)
         except NumbaError as e:  # the code does not compile: never try again (it is slow)
             self.retired = f"{type(e).__name__}: {str(e).splitlines()[0]}"
-            return self._fallback(executor, env, run_index)
+            return self._fallback(executor, env, run_index, self._failing(e),
+                                  f"its native code does not compile ({self.retired})")
         except CACHE_ERRORS as e:
             if not _is_cache_damage(e):
-                return self._fallback(executor, env, run_index)
+                return self._fallback(executor, env, run_index, self._failing(e),
+                                      f"{type(e).__name__}: {e}")
             self.compiled.reload_clean()
             results = self.compiled.fn(*values)
-        except Exception:  # noqa: BLE001 - any failure: the references say what it was
-            return self._fallback(executor, env, run_index)
+        except Exception as e:  # noqa: BLE001 - any failure: the references say what it was
+            return self._fallback(executor, env, run_index, self._failing(e),
+                                  f"{type(e).__name__}: {e}")
         if lods is not None:
             try:
                 results = [LoDFlow.attach(n, v, lods) for n, v in zip(self.outputs, results)]
-            except LoDUnavailable:
-                return self._fallback(executor, env, run_index)
+            except LoDUnavailable as e:
+                return self._fallback(executor, env, run_index, self.ops[0],
+                                      f"an output's LoD is unknown: {e}")
         set_ = env.set
         for name, value in zip(self.outputs, results):
             set_(name, value)
 
-    def _fallback(self, executor, env, run_index) -> None:
+    def _reader(self, name: str):
+        return next(((op, i) for op, i in self.ops if name in op.input_arg_names), self.ops[0])
+
+    def _failing(self, exc):
+        """The first op of the group whose kernel call raised ``exc`` (found from the line of
+        the host driver in the traceback), else the step's first op."""
+        lines = getattr(self.compiled, "group_lines", None)
+        code = getattr(self.compiled, "filename", None)
+        tb, lineno = exc.__traceback__, None
+        while tb is not None:
+            if tb.tb_frame.f_code.co_filename == code:
+                lineno = tb.tb_lineno
+            tb = tb.tb_next
+        if lines and lineno is not None:
+            gi = max((k for k, at in enumerate(lines) if at <= lineno), default=0)
+            if gi < len(self.groups) and self.groups[gi]:
+                return self.groups[gi][0]
+        return self.ops[0]
+
+    def _fallback(self, executor, env, run_index, culprit, reason: str) -> None:
+        """Run the ops with their references on the untouched values; say so once (a
+        warning), or, in strict mode, raise once the references got through."""
         self.fallbacks += 1
-        for op, op_idx in self.ops:
-            executor._run_op(op, op_idx, env, run_index)
+        op, op_idx = culprit
+        self.last_fallback = (op, op_idx, reason)
+        for o, i in self.ops:
+            executor._run_op(o, i, env, run_index)
+        what = f"native code fell back to the NumPy references: {reason}"
+        if executor.strict:
+            raise FallbackError(f"{what} (strict mode)", op.type, op.block.idx, op_idx,
+                                op.location())
+        if self.fallbacks == 1:
+            warnings.warn(describe_op(op.type, op.block.idx, op_idx, op.location()) + ": " +
+                          what, FallbackWarning, stacklevel=2)
 
     def describe(self) -> str:
+        tail = f" ({self.fallbacks} fallback(s), last: {self.last_fallback[2]})" \
+            if self.fallbacks else ""
         if self.retired:
-            return f"native {self.compiled.name} RETIRED ({self.retired}): {self.description}"
-        return f"native {self.compiled.name}: {self.description}"
+            return f"native {self.compiled.name} RETIRED ({self.retired}): " \
+                   f"{self.description}{tail}"
+        return f"native {self.compiled.name}: {self.description}{tail}"
 
 
 class LoopStep(NativeStep):
@@ -134,11 +187,13 @@ class LoopStep(NativeStep):
     op's reference on the untouched values (the generated loop never writes its inputs)."""
     kind = "native_loop"
 
-    def __init__(self, compiled, loop: LoopGen, op, op_idx: int, body_idx: int, description):
+    def __init__(self, compiled, loop: LoopGen, op, op_idx: int, description):
         super().__init__(compiled, loop.args, loop.expected, loop.outputs, [(op, op_idx)],
                          description)
-        self.op, self.op_idx, self.body_idx = op, op_idx, body_idx
-        self.step_scopes = [n for n in op.output("StepScopes") if n != registry.EMPTY_VAR_NAME]
+        control = registry.get(op.type).control
+        self.op, self.op_idx, self.body_idx = op, op_idx, op.attr(control.body)
+        self.step_scopes = [n for n in op.output(control.step_scopes)
+                            if n != registry.EMPTY_VAR_NAME] if control.step_scopes else []
 
     def run(self, executor, env, run_index) -> None:
         before = self.fallbacks
@@ -253,25 +308,41 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None) -
                                             parallel=loop.body.uses_prange,
                                             target=target, calls=loop.body.calls)
                 desc = "; ".join(g.describe() for g in loop.body.segment.groups)
-                steps.append(LoopStep(compiled, loop, op, op_idx, op.attr("sub_block"), desc))
+                steps.append(LoopStep(compiled, loop, op, op_idx, desc))
                 sources.append((compiled.name, compiled.text))
                 continue
             why = node.why_not + (f"; not a native loop: {why_not}" if why_not else "")
             subs = [(b, sub_plan(program.block(b))) for b in _sub_blocks(op)] \
                 if sub_plan is not None else []
             steps.append(ReferenceStep(op, op_idx, why, subs))
+            _warn_reference_step(op, node.why_not)
             continue
         compiled = gen.target.HostDriver(gen)
-        seg_ops = [(op, index[id(op)]) for g in seg.groups for op in g.ops]
+        groups = [[(op, index[id(op)]) for op in g.ops] for g in seg.groups]
         desc = "; ".join(g.describe() for g in seg.groups)
-        steps.append(NativeStep(compiled, gen.args, gen.expected, gen.outputs, seg_ops, desc,
-                                gen.lod_requests))
+        steps.append(NativeStep(compiled, gen.args, gen.expected, gen.outputs,
+                                [o for g in groups for o in g], desc, gen.lod_requests, groups))
         sources.append((compiled.name, compiled.text))
     plan = Plan(steps, part.describe(), sources, time.perf_counter() - t0,
                 _fresh_names(part, gens, block), block.idx)
     if os.environ.get("PDJIT_DUMP"):
         print(plan.report(), file=sys.stderr)
     return plan
+
+
+_warned: set = set()
+
+
+def _warn_reference_step(op, why: str) -> None:
+    """Say once per op type and reason that a compiled plan runs an op's reference (control
+    flow and feed/fetch ops run that way by design: their sub-blocks are what compiles)."""
+    opdef = registry.lookup(op.type)
+    if opdef is not None and (opdef.has(registry.CONTROL_FLOW) or opdef.has(registry.FEED_FETCH)):
+        return
+    if (op.type, why) not in _warned:
+        _warned.add((op.type, why))
+        warnings.warn(f"op {op.type!r} runs its NumPy reference in compiled plans: {why}",
+                      ReferenceStepWarning, stacklevel=3)
 
 
 def _sub_blocks(op) -> list:
@@ -303,61 +374,15 @@ def _step_scopes_read(program, block) -> bool:
                                 for n in op.input_arg_names)
 
 
-def _is_loop(opdef, op) -> bool:
-    """A ``while``-style op: control flow over a ``sub_block`` run while ``Condition`` holds,
-    recording ``StepScopes``."""
-    return opdef.has(registry.CONTROL_FLOW) and op.has_attr("sub_block") and \
-        opdef.input_slot("Condition") is not None and \
-        opdef.output_slot("StepScopes") is not None
-
-
 def _native_loop(program, op, target: str):
-    """(LoopGen, "") when ``op`` is a loop that can run as one native function, else
-    (None, why not; "" when it is no loop at all)."""
+    """(LoopGen, "") when ``op`` is a loop that runs as one native function, else (None, why
+    not; "" when it is no loop at all)."""
     opdef = registry.lookup(op.type)
-    if opdef is None or not _is_loop(opdef, op):
+    if opdef is None or opdef.control is None or opdef.control.kind != registry.LOOP:
         return None, ""
     if os.environ.get("PDJIT_NATIVE_LOOPS", "1") == "0":
         return None, "PDJIT_NATIVE_LOOPS=0"
-    scopes = [n for n in op.output("StepScopes") if n != registry.EMPTY_VAR_NAME]
-    if scopes and not (op.has_attr("is_test") and op.attr("is_test")):
-        readers = [o for b in program.blocks for o in b.ops
-                   if any(n in scopes for n in o.input_arg_names)]
-        if readers:
-            return None, f"its step scopes are read by {readers[0].type}"
-    conds = op.input("Condition")
-    if len(conds) != 1:
-        return None, "expected one condition"
-    body = program.block(op.attr("sub_block"))
-    for bop in body.ops:
-        bdef = registry.lookup(bop.type)
-        if bdef is None:
-            return None, f"body op {bop.type} is not registered"
-        for trait in (registry.CONTROL_FLOW, registry.RANDOM, registry.FEED_FETCH,
-                      registry.SEQUENCE):
-            if bdef.has(trait):
-                return None, f"body op {bop.type} is {trait}"
-    # what outlives an iteration: the names the body writes that are declared outside it (its
-    # own variables live in one iteration's env only)
-    carried = {n for bop in body.ops for n in bop.output_arg_names
-               if n != registry.EMPTY_VAR_NAME and not body.has_var(n)}
-    ops = prune(body, carried)
-    part = partition(body, ops, carried, target=target)
-    if len(part.segments) != 1 or not part.segments[0].native:
-        bad = next((g.nodes[0] for s in part.segments for g in s.groups if g.kind == REFERENCE),
-                   None)
-        return None, (f"body op {bad.label} is not lowerable ({bad.why_not})" if bad is not None
-                      else "empty body")
-    gen = SegmentGen(part.segments[0], body, carried, parallel=threads.get_num_threads() > 1,
-                     native=True, target=target)
-    try:
-        gen.generate()
-    except Declined as d:
-        return None, f"body op {d.op.type} declines its lowering"
-    try:
-        return LoopGen(gen, conds[0]), ""
-    except ValueError as e:
-        return None, str(e)
+    return native_loop(program, op, target, parallel=threads.get_num_threads() > 1)
 
 
 def _generate(part, block, live, target: str) -> list:

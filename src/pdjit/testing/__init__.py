@@ -3,7 +3,8 @@
 - ``check_output`` runs an op through every executor mode and compares with an independent
   expected result (and the op's ``infer_shape`` with what ran); ``run_op`` runs one op;
 - ``check_grad`` compares the backward pass's gradients with finite differences;
-- ``assert_programs_equivalent`` compares a whole program compiled vs interpreted;
+- ``assert_programs_equivalent`` compares a whole program compiled vs interpreted (and
+  ``assert_native`` checks that the compiled side really ran native code);
 - ``check_program_grad`` compares a whole program's gradients (control flow included) with
   finite differences;
 - ``strategies``: Hypothesis strategies for shapes, attributes, arrays and random programs.
@@ -13,6 +14,7 @@ from pdjit.testing.grad_check import check_grad
 from pdjit.testing.op_test import (
                                    TARGETS,
                                    assert_close,
+                                   assert_native,
                                    build_op_program,
                                    check_output,
                                    run_op,
@@ -21,6 +23,6 @@ from pdjit.testing.op_test import (
 from pdjit.testing.program_grad import check_program_grad
 from pdjit.testing.programs import assert_programs_equivalent
 
-__all__ = ["TARGETS", "assert_close", "assert_programs_equivalent", "build_op_program",
-           "check_grad", "check_output", "check_program_grad", "run_op", "strategies",
-           "tolerance"]
+__all__ = ["TARGETS", "assert_close", "assert_native", "assert_programs_equivalent",
+           "build_op_program", "check_grad", "check_output", "check_program_grad", "run_op",
+           "strategies", "tolerance"]

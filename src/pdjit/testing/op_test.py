@@ -134,11 +134,25 @@ def run_op(op_type: str, inputs: Mapping, attrs: Mapping | None = None, mode: st
 def _check_native(exe, op_type, inputs, attrs) -> None:
     """Compiled mode must really run native code: a native step that gave up (its code did not
     compile) or fell back to the references on valid inputs is a lowering bug."""
+    assert_native(exe, _describe(op_type, inputs, attrs), require=False)
+
+
+def assert_native(exe, where: str = "", require: bool = True) -> int:
+    """Assert that every native step ``exe`` ran (in every plan and sub-plan) ran natively:
+    none gave up its code or fell back to the references. With ``require``, at least one
+    native step must exist (a program of reference steps only would otherwise pass any
+    compiled-vs-reference comparison). Returns the number of native steps."""
+    native = 0
     for _, plan in exe._plans.values():
-        for step in plan.steps:
-            bad = getattr(step, "retired", None) or (getattr(step, "fallbacks", 0) and
-                                                     "native code fell back at run time")
-            assert not bad, f"{_describe(op_type, inputs, attrs)}: {bad}"
+        for step in plan.walk():
+            if not step.kind.startswith("native"):
+                continue
+            native += 1
+            bad = step.retired or (step.fallbacks and
+                                   f"native code fell back at run time: {step.describe()}")
+            assert not bad, f"{where}: {bad}" if where else bad
+    assert native or not require, f"{where}: no step of the plan ran native code"
+    return native
 
 
 def _check_meta(op_type, inputs, attrs, var, arr) -> None:

@@ -5,7 +5,7 @@ import numpy as np
 
 from pdjit.runtime.executor import Executor
 from pdjit.runtime.scope import Scope
-from pdjit.testing.op_test import tolerance
+from pdjit.testing.op_test import assert_native, tolerance
 
 
 def _copy_scope(scope: Scope | None) -> Scope:
@@ -29,6 +29,8 @@ def assert_programs_equivalent(program, feed, fetch_list, scope: Scope | None = 
         exe = Executor(mode=mode)
         for _ in range(runs):
             results[mode] = exe.run(program, feed=feed, fetch_list=fetch_list, scope=s)
+        if mode == "compiled":
+            assert_native(exe, "assert_programs_equivalent", require=False)
         scopes[mode] = s
     base = modes[0]
     for mode in modes[1:]:
