@@ -223,13 +223,18 @@ class SegmentGen:
     ``lazy`` ((global name, source) of parallel variants compiled at their first call),
     ``lod_requests`` (offsets arguments ``lod0...``, bound at run time).
 
-    ``native``: the driver will be compiled by Numba (a loop body): no lazily compiled
-    parallel variants. ``target``: the name of the target that renders the kernels.
+    ``parallel``: opaque lowerings may loop on threads (``ctx.loop``), and in a native driver
+    the flat and row loop kernels do too; ``parallel_loops`` (default: ``parallel``): a host
+    driver calls a parallel variant of its flat and row loop kernels above
+    ``PARALLEL_MIN_SIZE`` elements, compiled when first called. ``native``: the driver will be
+    compiled by Numba (a loop body): no lazily compiled variants. ``target``: the name of the
+    target that renders the kernels.
     """
 
     def __init__(self, segment: Segment, block, needed_after: set, parallel: bool = False,
-                 native: bool = False, target: str = "cpu"):
+                 native: bool = False, target: str = "cpu", parallel_loops: bool | None = None):
         self.segment, self.block, self.parallel = segment, block, parallel
+        self.parallel_loops = parallel if parallel_loops is None else parallel_loops
         self.target = get_target(target)
         self.native = native
         self.uses_prange = False      # whether a parallel loop was emitted (native drivers)
@@ -461,11 +466,11 @@ class SegmentGen:
         kname = self._kernel(self.target.render(kernel), argtypes=None if None in leaf_dtypes
                              else self.target.argtypes(kernel, leaf_dtypes))
         pname = None
-        if self.parallel and kernel.form in FLAT_FORMS:
-            if self.native:
+        if kernel.form in FLAT_FORMS:
+            if self.native and self.parallel:
                 kname = self._kernel(self.target.render(kernel, parallel=True), parallel=True)
                 self.uses_prange = True
-            else:
+            elif not self.native and self.parallel_loops:
                 pname = f"P{len(self.lazy)}"
                 self.lazy.append((pname, self.target.render(kernel, parallel=True)))
         store_locals = [self.define(n) for n in stored_chain]

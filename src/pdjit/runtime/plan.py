@@ -398,7 +398,7 @@ def _generate(part, block, live, target: str) -> list:
                 for op in g.ops:
                     later.update(op.input_arg_names)
         gen = SegmentGen(seg, block, later, parallel=threads.get_num_threads() > 1,
-                         target=target)
+                         parallel_loops=threads.loop_threads() > 1, target=target)
         gen.generate()
         gens.append(gen)
     return gens

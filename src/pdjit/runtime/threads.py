@@ -1,14 +1,19 @@
 """How many threads pdjit's compiled code uses.
 
-Generated code calls BLAS (``np.dot`` inside Numba goes to SciPy's bundled OpenBLAS, in the
-host driver to NumPy's; both are set). Measured
-on a 2-vCPU machine (``benchmarks/bench_executor.py --only mlp``), an MLP forward at batch 128
-took 0.37 ms with one BLAS thread and 4.0 ms with two: threads fight over too few cores. So the
-default is one thread; ``set_num_threads(n)`` or ``PDJIT_NUM_THREADS=n`` asks for more. With
-more than one thread, elementwise loops are also compiled with ``prange`` and run in parallel
-when they are large enough (decided at run time, in the generated code); that compiles about
-three times slower, one more reason it is not the default. Set it before building programs:
-plans already compiled keep their loops.
+Two kinds of threads, set apart because they were measured apart on a 2-vCPU machine:
+
+- Large elementwise loops (the ``flat`` and ``row`` forms, at least ``PARALLEL_MIN_SIZE``
+  elements) run on every core by default: their parallel variant (``numba.prange``) is compiled
+  when a run first reaches that size, and the chain benchmark then runs near the all-core
+  memory bound. Numba's OpenMP threading layer is told not to spin while it waits
+  (``OMP_WAIT_POLICY=passive``, set when pdjit is imported unless already set): spinning
+  threads cost ~8 ms per call when the other core is busy.
+- BLAS calls (``np.dot``; SciPy's OpenBLAS inside Numba, NumPy's in the host driver) and the
+  loops of opaque lowerings stay on one thread by default: an MLP forward at batch 128 took
+  0.37 ms with one BLAS thread and 4.0 ms with two (threads fight over too few cores).
+
+``set_num_threads(n)`` or ``PDJIT_NUM_THREADS=n`` sets both to ``n``. Set it before building
+programs: plans already compiled keep their loops.
 """
 from __future__ import annotations
 
@@ -17,6 +22,10 @@ import glob
 import os
 
 import numpy as np
+
+# before the OpenMP runtime loads (Numba loads it at the first parallel loop): waiting threads
+# sleep rather than spin
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 _applied = None
 
@@ -65,7 +74,18 @@ def set_num_threads(n: int) -> bool:
 
 
 def get_num_threads() -> int:
+    """Threads for BLAS calls and opaque lowerings' loops (default 1)."""
     return _applied if _applied is not None else default_num_threads()
+
+
+def loop_threads() -> int:
+    """Threads for large elementwise loops: the number asked for, else every core Numba
+    may use."""
+    if _applied is not None or os.environ.get("PDJIT_NUM_THREADS"):
+        return get_num_threads()
+    import numba
+
+    return numba.config.NUMBA_NUM_THREADS
 
 
 def default_num_threads() -> int:
@@ -79,6 +99,16 @@ def default_num_threads() -> int:
 
 
 def ensure_applied() -> None:
-    """Apply the default once, before the first compiled plan runs."""
-    if _applied is None:
-        set_num_threads(default_num_threads())
+    """Apply the default once, before the first compiled plan runs: one BLAS thread, every
+    core for large elementwise loops."""
+    global _default_applied
+    if _applied is None and not _default_applied:
+        _default_applied = True
+        for fn in _openblas_setters():
+            fn(default_num_threads())
+        import numba
+
+        numba.set_num_threads(min(loop_threads(), numba.config.NUMBA_NUM_THREADS))
+
+
+_default_applied = False

@@ -1,0 +1,44 @@
+"""Threads where they win: large elementwise loops run on every core by default, their parallel
+variant compiled only when a run first reaches the size; BLAS stays on one thread."""
+import numpy as np
+
+import pdjit as fluid
+from pdjit.codegen.cpu import PARALLEL_MIN_SIZE
+from pdjit.runtime import threads
+from pdjit.testing import assert_native
+
+
+def test_default_threads_every_core_for_loops_one_for_blas(monkeypatch):
+    monkeypatch.delenv("PDJIT_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "_applied", None)
+    import numba
+
+    assert threads.get_num_threads() == 1
+    assert threads.loop_threads() == numba.config.NUMBA_NUM_THREADS
+    monkeypatch.setenv("PDJIT_NUM_THREADS", "1")
+    assert threads.loop_threads() == 1
+
+
+def test_the_parallel_variant_compiles_only_when_a_run_reaches_its_size(monkeypatch):
+    monkeypatch.delenv("PDJIT_NUM_THREADS", raising=False)
+    monkeypatch.setattr(threads, "_applied", None)
+    if threads.loop_threads() < 2:
+        import pytest
+        pytest.skip("one core: no parallel loops")
+    main = fluid.Program()
+    with fluid.program_guard(main, fluid.Program()):
+        x = fluid.layers.data(name="x", shape=[-1], dtype="float32", append_batch_size=False)
+        y = fluid.layers.tanh(x * 3.0) - x
+    exe = fluid.Executor()
+    small = np.linspace(-1, 1, 100, dtype=np.float32)
+    (got,) = exe.run(main, feed={"x": small}, fetch_list=[y], scope=fluid.Scope())
+    np.testing.assert_allclose(got, np.tanh(small * 3) - small, rtol=1e-6, atol=1e-6)
+    (step,) = [s for _, p in exe._plans.values() for s in p.walk() if s.kind == "native"]
+    ns = step.compiled.fn.__globals__
+    (lazy,) = [ns[g] for g, _ in step.compiled.lazy]
+    assert lazy.fn is None                      # small: the serial kernel ran, nothing more
+    big = np.linspace(-1, 1, PARALLEL_MIN_SIZE + 7, dtype=np.float32)
+    (got,) = exe.run(main, feed={"x": big}, fetch_list=[y], scope=fluid.Scope())
+    np.testing.assert_allclose(got, np.tanh(big * 3) - big, rtol=1e-6, atol=1e-6)
+    assert lazy.fn is not None and "parallel=True" in step.compiled.text
+    assert_native(exe)
