@@ -1,7 +1,7 @@
 """How LoD offsets flow through the ops of one native segment.
 
 Native code computes arrays only; the LoD of what it returns is worked out here, with the same
-rules as the reference executor (``Executor._store_outputs``): an op's ``out_lod`` rule gives
+rules as the reference interpreter (``pdjit.runtime.interpreter``): an op's ``out_lod`` rule gives
 the LoD of the outputs it names; any other output whose variable has ``lod_level > 0`` takes
 the LoD of the op's first input that carries one, when its rows match. The walk over the
 segment's ops is prepared once per plan (:class:`LoDFlow`) and costs a few dict operations per

@@ -1,0 +1,120 @@
+"""The reference interpreter: an op run with its NumPy reference (``OpDef.reference``).
+
+It is the executor's ``reference`` mode (the debugging mode and the oracle the compiled mode is
+tested against), the step of a compiled plan for an op without a lowering, and what a native
+step falls back to. Inputs are read from the run's ``Env`` (a missing value is an error naming
+the op and the variable), LoD tensors arrive as arrays with their LoDs in the ``RunContext``,
+outputs get their LoD from the op's ``out_lod`` rule or the first input carrying one.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from pdjit.framework import registry
+from pdjit.framework.errors import OpRunError, PdjitError, UnregisteredOpError
+from pdjit.proto import framework_pb2 as pb
+from pdjit.runtime.context import Env, RunContext
+from pdjit.runtime.tensor import LoDTensor, check_offsets
+
+VarType = pb.VarType
+
+
+def run_op(executor, op, op_idx: int, env: Env, run_index: int) -> None:
+    """Run ``op`` (index ``op_idx`` of its block) with its NumPy reference on the values in
+    ``env``, and store its outputs there, with their LoD; errors name the op."""
+    opdef = registry.lookup(op.type)
+    if opdef is None:
+        raise UnregisteredOpError(f"{op._describe()}: op type {op.type!r} is not registered "
+                                  f"in pdjit, so the program cannot run")
+    ctx = RunContext(executor, env, op, op_idx, run_index)
+    raw = opdef.has(registry.FEED_FETCH) or opdef.has(registry.CONTROL_FLOW)
+    inputs = {}
+    for slot in opdef.inputs:
+        names = [n for n in op.input(slot.name) if n != registry.EMPTY_VAR_NAME]
+        values = []
+        for n in names:
+            value = env.get(n)
+            if value is None:
+                var = op.block._find_var_recursive(n)
+                if var is not None and var.type == VarType.LOD_TENSOR_ARRAY:
+                    value = []  # a tensor array nothing has written to yet is empty
+                elif opdef.has(registry.CONTROL_FLOW):
+                    values.append(None)  # control flow decides what a missing value means
+                    continue
+                else:
+                    raise _op_error(op, op_idx, f"input {slot.name!r} reads variable {n!r}, "
+                                    f"which holds no value (run the startup program, or "
+                                    f"feed it)")
+            if not raw:  # in_lods[slot][i]: the LoD of the slot's i-th value ([]: none)
+                slot_lods = ctx.in_lods.setdefault(slot.name, [])
+                slot_lods.append(value.lod() if isinstance(value, LoDTensor) else [])
+                if isinstance(value, LoDTensor):
+                    value = np.asarray(value)
+            values.append(value)
+        inputs[slot.name] = values if slot.duplicable else (values[0] if values else None)
+    attrs = {k: v for k, v in op.all_attrs().items() if k in opdef.attrs}
+    try:
+        with np.errstate(all="ignore"):
+            result = opdef.call_reference(inputs, attrs, ctx)
+    except PdjitError as e:
+        if isinstance(e, OpRunError):
+            raise
+        raise _op_error(op, op_idx, str(e)) from e
+    except (ValueError, IndexError, KeyError, TypeError, ArithmeticError, MemoryError) as e:
+        raise _op_error(op, op_idx, f"{type(e).__name__}: {e}") from e
+    _store_outputs(op, op_idx, opdef, result, ctx, env, raw)
+
+def _store_outputs(op, op_idx, opdef, result, ctx, env, raw) -> None:
+    block = op.block
+    first_lod = next((lod for lods in ctx.in_lods.values() for lod in lods if lod), None)
+    rule = {}  # output LoDs from the op's out_lod rule (registry.py)
+    if opdef.out_lod is not None and not raw:
+        lods = {s.name: ctx.in_lods.get(s.name, []) if s.duplicable
+                else ctx.input_lod(s.name) for s in opdef.inputs
+                if any(n != registry.EMPTY_VAR_NAME for n in op.input(s.name))}
+        try:
+            rule = opdef.call_out_lod(lods, op.all_attrs())
+        except registry.ValueDependentLoD:
+            rule = {}
+        except (ValueError, IndexError, KeyError, TypeError) as e:
+            raise _op_error(op, op_idx, str(e)) from e
+    for slot in opdef.outputs:
+        names = op.output(slot.name)  # may hold @EMPTY@ placeholders: matched by position
+        if not any(n != registry.EMPTY_VAR_NAME for n in names):
+            continue
+        if slot.name not in result:
+            if slot.dispensable or slot.intermediate:
+                continue
+            raise _op_error(op, op_idx, f"internal: the reference gave no output "
+                            f"{slot.name!r}")
+        values = result[slot.name]
+        values = list(values) if slot.duplicable else [values]
+        if len(values) != len(names):
+            raise _op_error(op, op_idx, f"internal: output {slot.name!r} binds {len(names)} "
+                            f"variables, the reference gave {len(values)} values")
+        for i, (n, value) in enumerate(zip(names, values)):
+            if n == registry.EMPTY_VAR_NAME or (raw and value is None):
+                continue  # (a control-flow op's None: that output is left untouched)
+            if not raw and isinstance(value, np.ndarray):
+                var = block._find_var_recursive(n)
+                lod = ctx.out_lods.get(slot.name, {}).get(i)
+                if lod is None and slot.name in rule:
+                    lod = rule[slot.name][i] if slot.duplicable else rule[slot.name]
+                if lod is None and first_lod and var is not None and var.lod_level and \
+                        value.ndim and value.shape[0] == first_lod[-1][-1]:
+                    lod = first_lod
+                if lod:
+                    try:
+                        value = LoDTensor._wrap(value, check_offsets(
+                            lod, value.shape[0] if value.ndim else 1, "its LoD"))
+                    except ValueError as e:
+                        raise _op_error(op, op_idx, f"output {slot.name!r}: {e}") from e
+            env.set(n, value)
+
+
+def _op_error(op, op_idx, reason) -> OpRunError:
+    return OpRunError(reason, op.type, op.block.idx, op_idx, op.location())
+
+
+def _op_error(op, op_idx, reason) -> OpRunError:
+    return OpRunError(reason, op.type, op.block.idx, op_idx, op.location())
