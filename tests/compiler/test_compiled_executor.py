@@ -210,3 +210,52 @@ def test_in_place_update_of_a_persistable_is_written_back(fresh_programs):
     for k in range(1, 4):
         (d,) = exe.run(main, fetch_list=[doubled], scope=scope)
         assert float(d[0]) == 4.0 * k and float(scope.find_var("n").value[0]) == 2.0 * k
+
+
+def test_plans_live_on_the_program_keyed_by_content_not_identity():
+    import gc
+    import weakref
+
+    def build():
+        main = fluid.Program()
+        with fluid.program_guard(main, fluid.Program()), fluid.unique_name.guard():
+            x = fluid.layers.data(name="x", shape=[3], dtype="float32")
+            y = fluid.layers.tanh(x) * 2.0
+        return main, y
+
+    exe = fluid.Executor()
+    main, y = build()
+    xv = np.ones((2, 3), np.float32)
+    exe.run(main, feed={"x": xv}, fetch_list=[y], scope=fluid.Scope())
+    key = main.content_key()
+    assert main.content_key() is key                    # computed once per version
+    (entry,) = [v for k, v in main._run_cache().items() if k[1][0] == "run"]
+    exe.run(main, feed={"x": xv}, fetch_list=[y], scope=fluid.Scope())
+    assert [v for k, v in main._run_cache().items() if k[1][0] == "run"] == [entry]
+    # an equal program has the same content key, a changed one another
+    again = main.clone()
+    assert again.content_key() == key
+    with fluid.program_guard(main, fluid.Program()):
+        fluid.layers.relu(y)
+    assert main.content_key() != key and not main._run_cache()  # the old plans are gone
+    # the executor does not keep programs alive
+    ref = weakref.ref(again)
+    exe.run(again, feed={"x": xv}, fetch_list=[y.name], scope=fluid.Scope())
+    del again
+    gc.collect()
+    assert ref() is None
+
+
+def test_no_feed_or_fetch_op_is_added_to_the_program(fresh_programs):
+    main, _ = fresh_programs
+    x = fluid.layers.data(name="x", shape=[3], dtype="float32")
+    y = fluid.layers.relu(x)
+    before = [op.type for op in main.global_block().ops]
+    for mode in ("compiled", "reference"):
+        exe = fluid.Executor(mode=mode)
+        exe.run(main, feed={"x": np.ones((1, 3), np.float32)}, fetch_list=[y],
+                scope=fluid.Scope())
+        assert [op.type for op in main.global_block().ops] == before
+        if mode == "compiled":
+            ((prog, _),) = exe._plans.values()
+            assert prog is main                          # the user's program itself ran

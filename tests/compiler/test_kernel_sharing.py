@@ -50,11 +50,11 @@ def _train(layers):
     for _ in range(5):
         (last,) = exe.run(main, feed=feed, fetch_list=[loss], scope=scope)
     assert last < first  # it trains
-    return exe
+    return exe, main   # (plans live as long as their program)
 
 
 def test_k_identical_layers_compile_the_kernels_of_two():
-    two, six = _train(2), _train(6)
+    (two, _p2), (six, _p6) = _train(2), _train(6)
     _assert_native(two)
     _assert_native(six)
     assert _kernels(six) == _kernels(two)
@@ -82,7 +82,7 @@ def test_scale_by_different_constants_shares_one_kernel():
 
 def test_kernel_stats_count_distinct_kernels():
     before = compiler.kernel_stats()
-    _train(3)
+    _train(3)  # noqa: F841
     after = compiler.kernel_stats()
     assert after["kernels"] >= before["kernels"]
     assert after["compiled"] + after["loaded"] >= after["kernels"] - before["kernels"]

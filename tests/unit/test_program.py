@@ -150,7 +150,7 @@ def test_unregistered_op_loads_prints_and_fails_to_run_by_name():
     loaded = fluid.Program.parse_from_string(data)
     assert loaded.global_block().ops[0].type == "rel0"
     assert 'type: "rel0"' in loaded.to_string(True) and "rel0(" in str(loaded)
-    with pytest.raises(UnregisteredOpError, match=r"op 'rel0' \(block 0, op #1\).*not registered"):
+    with pytest.raises(UnregisteredOpError, match=r"op 'rel0' \(block 0, op #0\).*not registered"):
         fluid.Executor().run(loaded, feed={"x": np.ones(2, np.float32)}, fetch_list=["y"],
                              scope=fluid.Scope())
 

@@ -32,16 +32,18 @@ _NOT_IN_NATIVE_LOOPS = (registry.CONTROL_FLOW, registry.RANDOM, registry.FEED_FE
                         registry.SEQUENCE)
 
 
-def native_loop(program, op, target: str = "cpu", parallel: bool = False):
+def native_loop(program, op, target: str = "cpu", parallel: bool = False, fetched=()):
     """``(LoopGen, "")`` when the loop op ``op`` (its definition declares
     ``ControlFlow(LOOP, ...)``) can run as one native function, else ``(None, why not)``.
 
-    It can when nothing reads its step scopes (no backward pass through it), it has one
+    It can when nothing reads (or ``fetched`` names) its step scopes, it has one
     condition, and its body is one native segment of lowerable ops."""
     control = registry.get(op.type).control
     scopes = [n for n in op.output(control.step_scopes) if n != registry.EMPTY_VAR_NAME] \
         if control.keeps_scopes(op) else []
     if scopes:
+        if set(scopes) & set(fetched):
+            return None, "its step scopes are fetched"
         readers = [o for b in program.blocks for o in b.ops
                    if any(n in scopes for n in o.input_arg_names)]
         if readers:

@@ -18,6 +18,7 @@ with an :class:`OpShapeError` and leaves the block as it was.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 from typing import Iterable, Iterator
 
 from google.protobuf import text_format
@@ -55,6 +56,28 @@ class Program:
 
     def _bump(self) -> None:
         self._version += 1
+
+    def content_key(self) -> str:
+        """A hash of what the program computes (its ``ProgramDesc`` and random seed), computed
+        once per version."""
+        if getattr(self, "_key_version", None) != (self._version, self.random_seed):
+            h = hashlib.sha256(self.desc.SerializeToString(deterministic=True))
+            h.update(str(self.random_seed).encode())
+            self._content_key = h.hexdigest()
+            self._key_version = (self._version, self.random_seed)
+        return self._content_key
+
+    def _run_cache(self) -> dict:
+        """What executors built for this program (run bindings, compiled plans), valid for its
+        current content; emptied when the content changes."""
+        version = (self._version, self.random_seed)
+        if getattr(self, "_run_cache_version", None) == version:
+            return self._run_cache_dict  # the same version: O(1)
+        key = self.content_key()
+        if getattr(self, "_run_cache_key", None) != key:
+            self._run_cache_key, self._run_cache_dict = key, {}
+        self._run_cache_version = version
+        return self._run_cache_dict
 
     @property
     def desc(self) -> pb.ProgramDesc:

@@ -22,10 +22,14 @@ class Env:
     op's inputs as they were when the run started (see :class:`StepScopes`).
     """
 
-    def __init__(self, scope: Scope, block: Block, parent: "Env | None" = None):
+    def __init__(self, scope: Scope, block: Block, parent: "Env | None" = None,
+                 fetched: frozenset = frozenset()):
         self.scope, self.block, self.parent = scope, block, parent
         self.values: dict = {}
         self.saved: dict = {}
+        # the names the run fetches (plans of sub-blocks whose step scopes are fetched keep
+        # every value of every iteration)
+        self.fetched = parent.fetched if parent is not None else fetched
 
     def get(self, name: str, default=None):
         e = self

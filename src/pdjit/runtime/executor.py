@@ -18,6 +18,7 @@ import weakref
 
 import numpy as np
 
+from pdjit.framework import registry
 from pdjit.framework.errors import PdjitError
 from pdjit.framework.program import Block, Program, default_main_program
 from pdjit.proto import framework_pb2 as pb
@@ -29,7 +30,13 @@ from pdjit.runtime.scope import Scope, global_scope
 from pdjit.runtime.tensor import LoDTensor
 
 VarType = pb.VarType
+_NONE = object()
 MODES = ("compiled", "reference")
+
+
+def _is_step_scopes(program: Program, name: str) -> bool:
+    v = program.global_block()._find_var_recursive(name)
+    return v is not None and v.type == VarType.STEP_SCOPES
 
 
 def _default_mode() -> str:
@@ -54,19 +61,19 @@ class Executor:
             raise NotImplementedError(f"Executor: {self.place!r} is not supported yet; use "
                                       f"CPUPlace()")
         self.mode = mode.lower() if mode else _default_mode()
+        self._kind = (self.mode, repr(self.place))   # part of every cache key, cheap to hash
         self.strict = bool(strict) if strict is not None else \
             os.environ.get("PDJIT_STRICT", "0").strip() not in ("", "0")
         if self.mode not in MODES:
             raise ValueError(f"Executor: mode {mode!r} is not one of {MODES}")
-        self._prepared: dict = {}
-        self._plans: dict = {}
-        self._block_plans: dict = {}   # sub-block plans: (program id, version, block idx)
         self._runs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
     def close(self) -> None:
-        self._prepared.clear()
-        self._plans.clear()
-        self._block_plans.clear()
+        """Forget the compiled plans of every program this executor ran."""
+        for program in list(self._runs.keys()):
+            cache = program._run_cache()
+            for k in [k for k in cache if k[0] == self._kind]:
+                del cache[k]
 
     # -- the public entry point -----------------------------------------------------------------
     def run(self, program: Program | None = None, feed=None, fetch_list=None,
@@ -100,11 +107,11 @@ class Executor:
 
         run_index = self._runs.get(program, 0)
         self._runs[program] = run_index + 1
-        env = Env(scope, gb)
+        env = Env(scope, gb, fetched=run.fetched)
+        values = env.values
+        for name, value in zip(run.feed_names, feed_values):
+            values[name] = value
         if plan is not None:
-            values = env.values
-            for name, value in zip(run.feed_names, feed_values):
-                values[name] = value
             plan.run(self, env, run_index)
             fetched = [env.get(n) for n in run.fetch_names]
             if return_numpy:  # a fresh array nothing else holds goes to the user as it is
@@ -115,10 +122,8 @@ class Executor:
                         fetched[i] = _Owned(v)
                         given.add(n)
         else:
-            env.set(run.feed_var, feed_values)
-            env.set(run.fetch_var, [None] * len(run.fetch_names))
             self._run_block(gb, env, run_index)
-            fetched = env.get(run.fetch_var)
+            fetched = [env.get(n) for n in run.fetch_names]
         results = []
         for name, value in zip(run.fetch_names, fetched):
             if value is None:
@@ -130,26 +135,39 @@ class Executor:
         return results
 
     def _plan(self, run):
-        key = (id(run.program), run.program.version)
-        hit = self._plans.get(key)
-        if hit is not None and hit[0] is run.program:
-            return hit[1]
-        plan = build_plan(run.program, run.fetch_names, sub_plan=self._block_plan,
-                          place=self.place)
-        self._plans[key] = (run.program, plan)
-        return plan
+        return self._cached(run.program, ("plan", run.fetch_names),
+                            lambda: build_plan(run.program, run.fetch_names,
+                                               sub_plan=self._block_plan, place=self.place))
 
-    def _block_plan(self, block: Block):
-        """The compiled plan of a sub-block, built once per program version."""
-        program = block.program
-        key = (id(program), program.version, block.idx)
-        hit = self._block_plans.get(key)
-        if hit is not None and hit[0] is program:
-            return hit[1]
-        plan = build_plan(program, (), block=block, sub_plan=self._block_plan,
-                          place=self.place)
-        self._block_plans[key] = (program, plan)
-        return plan
+    def _block_plan(self, block: Block, fetched: frozenset = frozenset()):
+        """The compiled plan of a sub-block, built once per program content (and per set of
+        fetched step scopes: fetching them keeps every value of every run of the block)."""
+        scopes = tuple(sorted(n for n in fetched if _is_step_scopes(block.program, n)))
+        return self._cached(block.program, ("block", block.idx, scopes),
+                            lambda: build_plan(block.program, scopes, block=block,
+                                               sub_plan=self._block_plan, place=self.place))
+
+    def _cached(self, program: Program, key, build):
+        """``build()``'s result, kept on ``program`` under its content key (computed once per
+        program version), this executor's mode and place, and ``key``: a run looks it up in
+        O(1), and the cache goes away with the program."""
+        cache = program._run_cache()
+        full = (self._kind, key)
+        hit = cache.get(full, _NONE)
+        if hit is _NONE:
+            hit = cache[full] = build()
+        return hit
+
+    @property
+    def _plans(self) -> dict:
+        """The compiled plans of the programs this executor ran that are still alive:
+        ``{key: (program run, plan)}`` (for introspection and tests)."""
+        out = {}
+        for program in list(self._runs.keys()):
+            for (kind, key), value in list(program._run_cache().items()):
+                if kind == self._kind and key[0] == "run" and value[1] is not None:
+                    out[(id(program), key)] = (value[0].program, value[1])
+        return out
 
     def explain(self, program: Program | None = None, feed=None, fetch_list=None) -> str:
         """The fusion groups (with the reasons ops were not fused), the plan's steps (the plans
@@ -158,18 +176,18 @@ class Executor:
         program = program if program is not None else default_main_program()
         run, _ = self._prepare(program, feed_fetch.feed_names_of(feed or {}),
                                feed_fetch.fetch_names_of(fetch_list), "feed", "fetch")
+        self._runs.setdefault(program, 0)  # its plans show in _plans, as if it had run
         return self._plan(run).report()
 
     def _prepare(self, program, feed_names, fetch_names, feed_var, fetch_var):
-        """(run program, compiled plan or None), built once per program version and names."""
-        key = (id(program), program.version, feed_names, fetch_names, feed_var, fetch_var)
-        hit = self._prepared.get(key)
-        if hit is not None and hit[0] is program:
-            return hit[1], hit[2]
-        run = feed_fetch.prepare(program, feed_names, fetch_names, feed_var, fetch_var)
-        plan = self._plan(run) if self.mode == "compiled" else None
-        self._prepared[key] = (program, run, plan)
-        return run, plan
+        """(run program, compiled plan or None), built once per program content and names."""
+        cache = program._run_cache()
+        key = (self._kind, ("run", feed_names, fetch_names, feed_var, fetch_var))
+        hit = cache.get(key)
+        if hit is None:
+            run = feed_fetch.prepare(program, feed_names, fetch_names, feed_var, fetch_var)
+            hit = cache[key] = (run, self._plan(run) if self.mode == "compiled" else None)
+        return hit
 
     # -- interpretation -------------------------------------------------------------------------
     # the reference interpreter (pdjit.runtime.interpreter): one op with its NumPy reference
@@ -177,9 +195,12 @@ class Executor:
 
     def _run_block(self, block: Block, env: Env, run_index: int) -> None:
         if self.mode == "compiled" and block.idx != 0:  # a sub-block: its own compiled plan
-            self._block_plan(block).run(self, env, run_index)
+            self._block_plan(block, env.fetched).run(self, env, run_index)
             return
         for op_idx, op in enumerate(block.ops):
+            opdef = registry.lookup(op.type)
+            if opdef is not None and opdef.has(registry.FEED_FETCH):
+                continue  # the run binds feeds and reads fetches by name
             self._run_op(op, op_idx, env, run_index)
 
 class _Owned:

@@ -1,10 +1,11 @@
 """Feed and fetch, the Fluid way, shared by every executor mode.
 
-``prepare`` turns (program, feed names, fetch names) into a *run program*: a copy of the program
-with ``feed`` ops (reading column ``col`` of the ``feed`` variable, a ``FEED_MINIBATCH``) at the
-front of the global block and ``fetch`` ops (writing column ``col`` of the ``fetch`` variable, a
-``FETCH_LIST``) at the end. A program that already has feed/fetch ops (a saved inference model)
-keeps them. ``check_feed`` validates one user value against its ``VarDesc`` before anything runs.
+``prepare`` checks (program, feed names, fetch names) and returns what a run binds: fed
+values go straight to their variables and fetched ones are read from theirs, in every executor
+mode; no ``feed``/``fetch`` op is added. A program that has them (a saved inference model) says
+with them which variables are fed (their ``col`` orders the feeds) and, unless the caller names
+others, which are fetched; the executors skip those ops. ``check_feed`` validates one user value
+against its ``VarDesc`` before anything runs.
 """
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ VarType = pb.VarType
 
 @dataclass
 class RunProgram:
-    program: Program          # the program actually run (feed/fetch ops included)
+    program: Program          # the program run: the user's (a copy only to fetch a sub-block's
+                              # variable)
     feed_names: tuple         # column i of the feed list feeds feed_names[i]
     fetch_names: tuple        # column i of the fetch list is fetch_names[i]
     feed_var: str
@@ -36,6 +38,7 @@ class RunProgram:
             (gb.var(n), gb.var(n).dtype,
              tuple(gb.var(n).shape) if gb.var(n).type == VarType.LOD_TENSOR else None)
             for n in self.feed_names)
+        self.fetched = frozenset(self.fetch_names)
         self.persistables = frozenset(
             v.name for v in gb.vars.values()
             if v.persistable and v.type not in (VarType.FEED_MINIBATCH, VarType.FETCH_LIST))
@@ -87,52 +90,29 @@ def prepare(program: Program, feed_names: tuple, fetch_names: tuple, feed_var: s
 
     feeds, fetches = _existing_feed_fetch(program, feed_var, fetch_var)
     if feeds or fetches:
-        # A saved inference model: keep its feed/fetch ops; feeds go to their columns by name.
+        # A saved inference model: its feed ops say which variables are fed (by column), its
+        # fetch ops what is fetched unless the caller names other variables.
         missing = set(feeds.values()) - set(feed_names)
         if missing:
             raise FeedError(f"feed: the program reads {sorted(missing)} from its feed ops; "
                             f"feed them (got {list(feed_names)})")
         order = tuple(feeds[c] for c in sorted(feeds))
-        fetch_order = tuple(fetches[c] for c in sorted(fetches))
-        if fetch_names and fetch_names != fetch_order:
-            run = program.clone()
-            _strip_fetch_ops(run, fetch_var)
-            _add_fetch_ops(run, fetch_names, fetch_var)
-            fetch_order = fetch_names
-        else:
-            run = program
         extra = [n for n in feed_names if n not in order]
         if extra:
             raise FeedError(f"feed: {extra} are not read by the program's feed ops "
                             f"(it reads {list(order)})")
-        return RunProgram(run, order, fetch_order, feed_var, fetch_var)
-
-    run = program.clone()
-    run.random_seed = program.random_seed
-    g = run.global_block()
-    g.create_var(name=feed_var, type=VarType.FEED_MINIBATCH, persistable=True)
-    for col, name in enumerate(feed_names):
-        g._insert_op(col, "feed", inputs={"X": [feed_var]}, outputs={"Out": [name]},
-                     attrs={"col": col}, infer_shape=False)
-    _add_fetch_ops(run, fetch_names, fetch_var)
-    return RunProgram(run, feed_names, fetch_names, feed_var, fetch_var)
-
-
-def _strip_fetch_ops(program: Program, fetch_var: str) -> None:
-    g = program.global_block()
-    g.ops = [op for op in g.ops if not (op.type == "fetch" and op.output("Out") == [fetch_var])]
-    program._bump()
-
-
-def _add_fetch_ops(program: Program, fetch_names: tuple, fetch_var: str) -> None:
-    g = program.global_block()
-    g.create_var(name=fetch_var, type=VarType.FETCH_LIST, persistable=True)
-    for col, name in enumerate(fetch_names):
-        if not g.has_var(name):  # fetched from a sub-block: declare it where fetch can see it
-            src = next(b.vars[name] for b in program.blocks if b.has_var(name))
+        feed_names = order
+        fetch_names = fetch_names or tuple(fetches[c] for c in sorted(fetches))
+    gb = program.global_block()
+    hidden = [n for n in fetch_names if not gb.has_var(n)]
+    run = program
+    if hidden:  # fetched from a sub-block: declare it where its value outlives the sub-block
+        run = program.clone()
+        g = run.global_block()
+        for name in hidden:
+            src = next(b.vars[name] for b in run.blocks if b.has_var(name))
             g.create_var(name=name, shape=src.shape, dtype=src.dtype, type=src.type)
-        g.append_op("fetch", inputs={"X": [name]}, outputs={"Out": [fetch_var]},
-                    attrs={"col": col}, infer_shape=False)
+    return RunProgram(run, feed_names, fetch_names, feed_var, fetch_var)
 
 
 def check_feed_spec(spec, value):

@@ -279,7 +279,7 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None) -
     threads.ensure_applied()
     block = program.global_block() if block is None else block
     live = live_names(program, block, fetch_names)
-    if block.idx != 0 and _step_scopes_read(program, block):
+    if block.idx != 0 and _step_scopes_read(program, block, fetch_names):
         # each run's env is kept and read (for the backward pass): it must hold every value
         live.update(n for op in block.ops for n in op.output_arg_names
                     if n != registry.EMPTY_VAR_NAME)
@@ -302,7 +302,7 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None) -
         if gen is None:
             node = seg.groups[0].nodes[0]
             op, op_idx = node.op, index[id(node.op)]
-            loop, why_not = _native_loop(program, op, target)
+            loop, why_not = _native_loop(program, op, target, fetch_names)
             if loop is not None:
                 compiled = compile_function(loop.source("loop"), "loop",
                                             parallel=loop.body.uses_prange,
@@ -357,9 +357,9 @@ def _sub_blocks(op) -> list:
     return out
 
 
-def _step_scopes_read(program, block) -> bool:
-    """Whether some op reads the step scopes of an op that runs ``block`` (a ``STEP_SCOPES``
-    output of the op owning it)."""
+def _step_scopes_read(program, block, fetched=()) -> bool:
+    """Whether some op reads, or the run fetches, the step scopes of an op that runs ``block``
+    (a ``STEP_SCOPES`` output of the op owning it)."""
     scopes = set()
     for b in program.blocks:
         for op in b.ops:
@@ -370,11 +370,11 @@ def _step_scopes_read(program, block) -> bool:
                     v = op.block._find_var_recursive(n)
                     if v is not None and v.type == pb.VarType.STEP_SCOPES:
                         scopes.add(n)
-    return bool(scopes) and any(n in scopes for b in program.blocks for op in b.ops
-                                for n in op.input_arg_names)
+    return bool(scopes) and (bool(scopes & set(fetched)) or any(
+        n in scopes for b in program.blocks for op in b.ops for n in op.input_arg_names))
 
 
-def _native_loop(program, op, target: str):
+def _native_loop(program, op, target: str, fetched=()):
     """(LoopGen, "") when ``op`` is a loop that runs as one native function, else (None, why
     not; "" when it is no loop at all)."""
     opdef = registry.lookup(op.type)
@@ -382,7 +382,8 @@ def _native_loop(program, op, target: str):
         return None, ""
     if os.environ.get("PDJIT_NATIVE_LOOPS", "1") == "0":
         return None, "PDJIT_NATIVE_LOOPS=0"
-    return native_loop(program, op, target, parallel=threads.get_num_threads() > 1)
+    return native_loop(program, op, target, parallel=threads.get_num_threads() > 1,
+                       fetched=fetched)
 
 
 def _generate(part, block, live, target: str) -> list:
