@@ -14,6 +14,7 @@ from pdjit.framework import registry
 from pdjit.framework.errors import OpRunError, PdjitError, UnregisteredOpError
 from pdjit.proto import framework_pb2 as pb
 from pdjit.runtime.context import Env, RunContext
+from pdjit.runtime.lod_flow import first_lod, output_lod, rule_lods
 from pdjit.runtime.tensor import LoDTensor, check_offsets
 
 VarType = pb.VarType
@@ -66,16 +67,15 @@ def run_op(executor, op, op_idx: int, env: Env, run_index: int) -> None:
 
 def _store_outputs(op, op_idx, opdef, result, ctx, env, raw) -> None:
     block = op.block
-    first_lod = next((lod for lods in ctx.in_lods.values() for lod in lods if lod), None)
-    rule = {}  # output LoDs from the op's out_lod rule (registry.py)
-    if opdef.out_lod is not None and not raw:
-        lods = {s.name: ctx.in_lods.get(s.name, []) if s.duplicable
-                else ctx.input_lod(s.name) for s in opdef.inputs
-                if any(n != registry.EMPTY_VAR_NAME for n in op.input(s.name))}
+    first, rule = None, {}
+    if not raw:
+        in_lods = [(s.name, s.duplicable, ctx.in_lods.get(s.name, [])) for s in opdef.inputs
+                   if any(n != registry.EMPTY_VAR_NAME for n in op.input(s.name))]
+        first = first_lod(in_lods)
         try:
-            rule = opdef.call_out_lod(lods, op.all_attrs())
+            rule = rule_lods(opdef, op.all_attrs(), in_lods)
         except registry.ValueDependentLoD:
-            rule = {}
+            pass  # the reference set those LoDs itself (ctx.set_output_lod)
         except (ValueError, IndexError, KeyError, TypeError) as e:
             raise _op_error(op, op_idx, str(e)) from e
     for slot in opdef.outputs:
@@ -98,11 +98,10 @@ def _store_outputs(op, op_idx, opdef, result, ctx, env, raw) -> None:
             if not raw and isinstance(value, np.ndarray):
                 var = block._find_var_recursive(n)
                 lod = ctx.out_lods.get(slot.name, {}).get(i)
-                if lod is None and slot.name in rule:
-                    lod = rule[slot.name][i] if slot.duplicable else rule[slot.name]
-                if lod is None and first_lod and var is not None and var.lod_level and \
-                        value.ndim and value.shape[0] == first_lod[-1][-1]:
-                    lod = first_lod
+                if lod is None:
+                    lod, _ = output_lod(slot.name, slot.duplicable, i, rule, first,
+                                        var is not None and bool(var.lod_level),
+                                        value.shape[0] if value.ndim else -1)
                 if lod:
                     try:
                         value = LoDTensor._wrap(value, check_offsets(

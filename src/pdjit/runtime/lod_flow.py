@@ -22,6 +22,38 @@ _NO_OFFSETS = np.zeros(0, np.int64)
 _NO_OFFSETS.flags.writeable = False
 
 
+def first_lod(in_lods):
+    """The first LoD among an op's inputs: ``in_lods`` lists ``(slot, duplicable, [the LoD of
+    each value it binds])`` in slot order (a LoD is a sequence of offset sequences, empty when
+    the value has none); None when no input has one."""
+    return next((lod for _, _, lods in in_lods for lod in lods if len(lod)), None)
+
+
+def rule_lods(opdef, attrs, in_lods, to_rule=None) -> dict:
+    """``{output slot: LoD or [LoD]}`` from the op's ``out_lod`` rule (``{}`` without one), the
+    rule both executors apply; ``to_rule`` converts each LoD to the lists the rule takes.
+    Raises :class:`~pdjit.framework.registry.ValueDependentLoD` when the rule needs values,
+    and the rule's own errors for LoDs it refuses."""
+    if opdef.out_lod is None:
+        return {}
+    conv = to_rule or (lambda lod: lod)
+    given = {slot: [conv(lod) for lod in lods] if dup else (conv(lods[0]) if lods else [])
+             for slot, dup, lods in in_lods}
+    return opdef.call_out_lod(given, attrs)
+
+
+def output_lod(slot: str, duplicable: bool, i: int, rule: dict, first, has_level: bool,
+               rows=None):
+    """``(LoD, ruled)`` for value ``i`` of output ``slot``: the rule's when it names the slot;
+    else the first input LoD when the output's variable has a LoD level (and, when ``rows`` is
+    given, the value has as many rows as that LoD covers); else ``(None, False)``."""
+    if slot in rule:
+        return (rule[slot][i] if duplicable else rule[slot]), True
+    if first is not None and has_level and (rows is None or rows == first[-1][-1]):
+        return first, False
+    return None, False
+
+
 class LoDUnavailable(Exception):
     """The native step cannot know a LoD (missing where a lowering needs it, value-dependent, or
     not fitting an output): run the references, which give the answer or the precise error."""
@@ -84,39 +116,26 @@ class LoDFlow:
                     extra[pos] = _NO_OFFSETS
                 else:
                     extra[pos] = lod[level]
-            first = None
-            for _, _, names in f.ins:
-                for n in names:
-                    hit = lods.get(n)
-                    if hit is not None and hit[0]:
-                        first = hit[0]
-                        break
-                if first is not None:
-                    break
-            rule = {}
-            if f.opdef.out_lod is not None:
-                given = {}
-                for slot, dup, names in f.ins:
-                    got = [[a.tolist() for a in lods.get(n, ((), False))[0]] for n in names]
-                    given[slot] = got if dup else got[0]
-                try:
-                    rule = f.opdef.call_out_lod(given, f.attrs)
-                except registry.ValueDependentLoD:
-                    raise LoDUnavailable("the output LoD depends on values") from None
-                except (ValueError, IndexError, KeyError, TypeError) as e:
-                    raise LoDUnavailable(str(e)) from None
+            in_lods = [(slot, dup, [lods.get(n, ((), False))[0] for n in names])
+                       for slot, dup, names in f.ins]
+            first = first_lod(in_lods)
+            try:
+                rule = rule_lods(f.opdef, f.attrs, in_lods,
+                                 to_rule=lambda lod: [a.tolist() for a in lod])
+            except registry.ValueDependentLoD:
+                raise LoDUnavailable("the output LoD depends on values") from None
+            except (ValueError, IndexError, KeyError, TypeError) as e:
+                raise LoDUnavailable(str(e)) from None
             for slot, dup, names in f.outs:
-                if slot in rule:
-                    given = rule[slot] if dup else [rule[slot]]
-                    for (n, _), lod in zip(names, given):
+                for i, (n, has_level) in enumerate(names):
+                    lod, ruled = output_lod(slot, dup, i, rule, first, has_level)
+                    if ruled:
                         try:
                             lods[n] = (check_offsets(lod or [], None), True)
                         except ValueError as e:
                             raise LoDUnavailable(str(e)) from None
-                else:
-                    for n, has_level in names:
-                        lods[n] = (first, False) if has_level and first is not None else ((),
-                                                                                       False)
+                    else:
+                        lods[n] = (lod, False) if lod is not None else ((), False)
         return lods, extra
 
     @staticmethod
