@@ -22,6 +22,9 @@ FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "paddle"
 # same machine, cold on a new one), not into the user's own pdjit cache.
 os.environ.setdefault("PDJIT_CACHE_DIR", os.path.join(tempfile.gettempdir(),
                                                       f"pdjit-test-cache-{os.getuid()}"))
+# Native code that falls back to the references fails the test (a lowering bug would otherwise
+# hide behind the right answer); tests of fallbacks ask for Executor(strict=False).
+os.environ.setdefault("PDJIT_STRICT", "1")
 # Under pytest-xdist every core already runs a test process: no compile workers beside them.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("PDJIT_COMPILE_WORKERS", "0")

@@ -110,8 +110,8 @@ def test_row_loop_is_compiled_only_where_a_leaf_can_be_a_repeated_row(fresh_prog
         yv = rng.normal(size=shape).astype(np.float32)
         if list(shape) == [1, 4] and -1 in y_shape:
             with pytest.warns(FallbackWarning, match="elementwise_add"):
-                got = fluid.Executor().run(main, feed={"x": xv, "y": yv}, fetch_list=[z],
-                                           scope=fluid.Scope())
+                got = fluid.Executor(strict=False).run(main, feed={"x": xv, "y": yv},
+                                                       fetch_list=[z], scope=fluid.Scope())
         else:
             got, ref = _both(main, {"x": xv, "y": yv}, [z])
             np.testing.assert_allclose(got[0], ref[0], rtol=1e-6)
@@ -126,7 +126,7 @@ def test_runtime_shape_error_names_the_op_and_scope_is_kept(fresh_programs):
     fluid.layers.assign(fluid.layers.increment(acc, value=1.0) if hasattr(fluid.layers, "increment")
                         else acc + 1.0, output=acc)
     z = fluid.layers.elementwise_add(x, y)
-    scope, exe = fluid.Scope(), fluid.Executor()
+    scope, exe = fluid.Scope(), fluid.Executor(strict=False)  # a broadcast outside the form
     exe.run(startup, scope=scope)
     with pytest.raises(OpRunError, match=r"op 'elementwise_add'.*do not broadcast"):
         exe.run(main, feed={"x": np.ones((2, 3), np.float32), "y": np.ones((4, 3), np.float32)},

@@ -37,7 +37,7 @@ def _mul_program():
 
 def test_a_fallback_warns_once_naming_the_op_and_the_reason():
     main, startup, z = _mul_program()
-    exe, scope = fluid.Executor(), fluid.Scope()
+    exe, scope = fluid.Executor(strict=False), fluid.Scope()
     exe.run(startup, scope=scope)
     with pytest.warns(FallbackWarning) as caught:
         (got,) = exe.run(main, feed={"x": X34, "y": X14}, fetch_list=[z], scope=scope)
@@ -118,7 +118,7 @@ def test_the_native_check_walks_sub_plans():
         flag = fluid.layers.reduce_sum(x) > fluid.layers.reduce_sum(x) - 1.0   # always true
         out = fluid.layers.cond(flag, lambda: fluid.layers.elementwise_mul(x, y) + 1.0,
                                 lambda: x * 0.0)
-    exe = fluid.Executor()
+    exe = fluid.Executor(strict=False)
     (got,) = exe.run(main, feed={"x": X34, "y": X34}, fetch_list=[out], scope=fluid.Scope())
     np.testing.assert_allclose(got, X34 * X34 + 1, rtol=1e-6)
     assert assert_native(exe) >= 2
