@@ -333,11 +333,15 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None) -
 _warned: set = set()
 
 
+_BY_DESIGN = (registry.CONTROL_FLOW, registry.FEED_FETCH, registry.RANDOM)
+
+
 def _warn_reference_step(op, why: str) -> None:
-    """Say once per op type and reason that a compiled plan runs an op's reference (control
-    flow and feed/fetch ops run that way by design: their sub-blocks are what compiles)."""
+    """Say once per op type and reason that a compiled plan runs an op's reference. Control
+    flow (its sub-blocks are what compiles), feed/fetch and random ops (initializers, dropout:
+    they draw from the run's random stream) run that way by design and are not named."""
     opdef = registry.lookup(op.type)
-    if opdef is not None and (opdef.has(registry.CONTROL_FLOW) or opdef.has(registry.FEED_FETCH)):
+    if opdef is not None and any(opdef.has(t) for t in _BY_DESIGN):
         return
     if (op.type, why) not in _warned:
         _warned.add((op.type, why))
