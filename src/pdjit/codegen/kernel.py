@@ -23,11 +23,10 @@ axes) and ``reduce_strided``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 FULL, ROW, SCALAR, STRIDED = "full", "row", "scalar", "strided"
 FLAT_FORMS = ("flat", "row")
-REDUCE_FORMS = ("reduce_all", "reduce_rows", "reduce_block", "reduce_strided")
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,6 @@ class LoopKernel:
     form: str = "flat"
     row_rank: int = 0
     reduce: ReduceSpec | None = None
-    leaf_dtypes: list = field(default_factory=list)
 
 
 def place_leaf(shape: tuple, offset: int, group: tuple) -> tuple:
