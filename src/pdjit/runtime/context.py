@@ -23,13 +23,13 @@ class Env:
     """
 
     def __init__(self, scope: Scope, block: Block, parent: "Env | None" = None,
-                 fetched: frozenset = frozenset()):
+                 fetched_scopes: tuple = ()):
         self.scope, self.block, self.parent = scope, block, parent
         self.values: dict = {}
         self.saved: dict = {}
-        # the names the run fetches (plans of sub-blocks whose step scopes are fetched keep
-        # every value of every iteration)
-        self.fetched = parent.fetched if parent is not None else fetched
+        # the step scopes the run fetches (the plans of their blocks keep every value of
+        # every iteration)
+        self.fetched_scopes = parent.fetched_scopes if parent is not None else fetched_scopes
 
     def get(self, name: str, default=None):
         e = self

@@ -34,11 +34,6 @@ _NONE = object()
 MODES = ("compiled", "reference")
 
 
-def _is_step_scopes(program: Program, name: str) -> bool:
-    v = program.global_block()._find_var_recursive(name)
-    return v is not None and v.type == VarType.STEP_SCOPES
-
-
 def _default_mode() -> str:
     mode = os.environ.get("PDJIT_EXECUTOR", "compiled").strip().lower()
     if mode not in MODES:
@@ -107,7 +102,7 @@ class Executor:
 
         run_index = self._runs.get(program, 0)
         self._runs[program] = run_index + 1
-        env = Env(scope, gb, fetched=run.fetched)
+        env = Env(scope, gb, fetched_scopes=run.fetched_scopes)
         values = env.values
         for name, value in zip(run.feed_names, feed_values):
             values[name] = value
@@ -139,10 +134,9 @@ class Executor:
                             lambda: build_plan(run.program, run.fetch_names,
                                                sub_plan=self._block_plan, place=self.place))
 
-    def _block_plan(self, block: Block, fetched: frozenset = frozenset()):
+    def _block_plan(self, block: Block, scopes: tuple = ()):
         """The compiled plan of a sub-block, built once per program content (and per set of
         fetched step scopes: fetching them keeps every value of every run of the block)."""
-        scopes = tuple(sorted(n for n in fetched if _is_step_scopes(block.program, n)))
         return self._cached(block.program, ("block", block.idx, scopes),
                             lambda: build_plan(block.program, scopes, block=block,
                                                sub_plan=self._block_plan, place=self.place))
@@ -195,7 +189,7 @@ class Executor:
 
     def _run_block(self, block: Block, env: Env, run_index: int) -> None:
         if self.mode == "compiled" and block.idx != 0:  # a sub-block: its own compiled plan
-            self._block_plan(block, env.fetched).run(self, env, run_index)
+            self._block_plan(block, env.fetched_scopes).run(self, env, run_index)
             return
         for op_idx, op in enumerate(block.ops):
             opdef = registry.lookup(op.type)

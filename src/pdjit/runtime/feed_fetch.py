@@ -38,7 +38,10 @@ class RunProgram:
             (gb.var(n), gb.var(n).dtype,
              tuple(gb.var(n).shape) if gb.var(n).type == VarType.LOD_TENSOR else None)
             for n in self.feed_names)
-        self.fetched = frozenset(self.fetch_names)
+        # the step scopes the run fetches: the plans of their blocks keep every value
+        self.fetched_scopes = tuple(sorted(
+            n for n in set(self.fetch_names)
+            if (v := gb._find_var_recursive(n)) is not None and v.type == VarType.STEP_SCOPES))
         self.persistables = frozenset(
             v.name for v in gb.vars.values()
             if v.persistable and v.type not in (VarType.FEED_MINIBATCH, VarType.FETCH_LIST))
