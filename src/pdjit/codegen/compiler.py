@@ -198,14 +198,15 @@ POOL_MIN_JOBS = 3
 
 def compile_workers() -> int:
     """Worker processes that compile kernels beside this one: ``PDJIT_COMPILE_WORKERS``, else
-    one when the machine has more than one core (at most one: measured on 2 cores)."""
+    one on Linux when the machine has more than one core (at most one: measured on 2 cores;
+    the worker is forked, which other systems' libraries do not all survive)."""
     env = os.environ.get("PDJIT_COMPILE_WORKERS")
     if env is not None:
         try:
             return max(0, min(1, int(env)))
         except ValueError:
             raise ValueError(f"PDJIT_COMPILE_WORKERS={env!r}: expected 0 or 1") from None
-    return 1 if (os.cpu_count() or 1) > 1 and hasattr(os, "fork") else 0
+    return 1 if (os.cpu_count() or 1) > 1 and sys.platform.startswith("linux") else 0
 
 
 def _numba_type(t):
@@ -251,6 +252,7 @@ def precompile(jobs) -> int:
         seen.add((c.name, sig))
         todo.append((c, sig))
     if len(todo) < POOL_MIN_JOBS or compile_workers() == 0 or len(todo) > 65535 or \
+            not hasattr(os, "fork") or \
             threading.active_count() > 1:  # another Python thread may hold a lock forever
         return 0
     todo.sort(key=lambda j: -_cost(j[0]))
