@@ -42,3 +42,46 @@ def test_the_parallel_variant_compiles_only_when_a_run_reaches_its_size(monkeypa
     np.testing.assert_allclose(got, np.tanh(big * 3) - big, rtol=1e-6, atol=1e-6)
     assert lazy.fn is not None and "parallel=True" in step.compiled.text
     assert_native(exe)
+
+
+def test_the_users_numpy_blas_keeps_its_threads(monkeypatch):
+    from pdjit.runtime.threads import _openblas, _site
+
+    seen = []
+
+    class Spy(threads.numpy_blas):
+        __slots__ = ()
+
+        def __enter__(self):
+            out = super().__enter__()
+            seen.append(get())          # inside a run: pdjit's count
+            return out
+
+    monkeypatch.setattr(threads, "numpy_blas", Spy)
+
+    set_, get = _openblas(__import__("os").path.join(_site(np), "numpy.libs"))
+    if set_ is None or get is None:
+        import pytest
+        pytest.skip("NumPy's BLAS is not an OpenBLAS with a thread count")
+    before = get()
+    set_(2)
+    try:
+        main = fluid.Program()
+        with fluid.program_guard(main, fluid.Program()):
+            x = fluid.layers.data(name="x", shape=[4], dtype="float32")
+            y = fluid.layers.fc(x, 3)
+        exe = fluid.Executor()
+        scope = fluid.Scope()
+        exe.run(fluid.default_startup_program(), scope=scope)
+        exe.run(main.clone(), feed={"x": np.ones((2, 4), np.float32)}, fetch_list=[y.name],
+                scope=_with_params(main, scope))
+        assert seen == [threads.get_num_threads()]   # pdjit's count while its GEMMs ran
+        assert get() == 2                            # the user's count again afterwards
+    finally:
+        set_(before)
+
+
+def _with_params(main, scope):
+    for v in main.global_block().all_parameters():
+        scope.var(v.name).value = np.ones(v.shape, np.float32)
+    return scope

@@ -194,6 +194,8 @@ def _load(name: str, path: pathlib.Path, fn_name: str):
 # ---- compiling ahead of the first call, on two cores ---------------------------------------------
 # Below this many kernels to compile, a worker costs more than it saves.
 POOL_MIN_JOBS = 3
+# The queue (2 bytes a job) is written before the fork and must fit a pipe (64 KiB on Linux).
+_MAX_JOBS = 30000
 
 
 def compile_workers() -> int:
@@ -251,7 +253,7 @@ def precompile(jobs) -> int:
             continue
         seen.add((c.name, sig))
         todo.append((c, sig))
-    if len(todo) < POOL_MIN_JOBS or compile_workers() == 0 or len(todo) > 65535 or \
+    if len(todo) < POOL_MIN_JOBS or compile_workers() == 0 or len(todo) > _MAX_JOBS or \
             not hasattr(os, "fork") or \
             threading.active_count() > 1:  # another Python thread may hold a lock forever
         return 0
@@ -268,14 +270,18 @@ def precompile(jobs) -> int:
         pid = os.fork()
         if pid == 0:  # the worker: compile into the disk cache, then leave without cleanup
             try:
-                _drain(rd, todo)
+                _drain(rd, todo, BaseException)
             finally:
                 os._exit(0)
     t0 = time.monotonic()
     try:
-        mine = _drain(rd, todo)
-    finally:
+        mine = _drain(rd, todo, Exception)
+    except BaseException:  # an interrupt: stop the worker too, and let it through
         os.close(rd)
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise
+    os.close(rd)
     # whatever the worker is still compiling, this process will need: wait for it (a worker
     # that hangs is killed: its kernels then compile at their first call)
     _wait(pid, deadline=time.monotonic() + max(30.0, 3 * (time.monotonic() - t0)))
@@ -283,8 +289,9 @@ def precompile(jobs) -> int:
     return len(todo) - mine
 
 
-def _drain(rd: int, todo: list) -> int:
-    """Compile jobs from the queue until it is empty; how many this process took."""
+def _drain(rd: int, todo: list, swallow) -> int:
+    """Compile jobs from the queue until it is empty; how many this process took. A job's
+    failure (of class ``swallow``) is left for its first call to report."""
     n = 0
     while True:
         try:
@@ -297,19 +304,23 @@ def _drain(rd: int, todo: list) -> int:
         n += 1
         try:
             c.fn.compile(sig)
-        except BaseException:  # noqa: BLE001 - the first call compiles again and reports it
+        except swallow:  # noqa: BLE001 - the first call compiles again and reports it
             pass
 
 
 def _wait(pid: int, deadline: float) -> None:
-    """Wait for the worker; one that hangs past ``deadline`` is killed (its kernels then
-    compile at their first call, as without a worker)."""
-    while True:
-        done, _ = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return
-        if time.monotonic() > deadline:
+    """Wait for the worker; one that hangs past ``deadline`` (or an interrupt) kills it (its
+    kernels then compile at their first call, as without a worker)."""
+    done = 0
+    try:
+        while True:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.002)
+    finally:
+        if not done:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-            return
-        time.sleep(0.002)

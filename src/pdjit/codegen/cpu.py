@@ -27,6 +27,7 @@ from pdjit.codegen.kernel import FULL, ROW, SCALAR, LoopKernel
 NAME = "cpu"
 
 _MISFIT = "pdjit: operand shapes do not fit the kernel's loop form"
+_EMPTY = "pdjit: a reduction without identity over an empty extent"
 
 # Below this many elements a parallel loop loses to its thread start-up (measured: the
 # break-even of numba's prange on 2 cores is ~1e3-1e4 elements; at 6.5e4 two threads win).
@@ -160,6 +161,8 @@ def _STRIDED(k: LoopKernel) -> list:  # noqa: N802 - one of the forms
         kept = [d for d in range(rank) if d not in red.axes]
         out_total = " * ".join(f"d{d}" for d in kept) or "1"
         lines.append(f"m = (n // ({out_total})) if ({out_total}) > 0 else 0")
+        if not red.identity:  # nothing to reduce into a non-empty output: the reference says
+            lines.append(f"_rt.check(m > 0 or ({out_total}) == 0)")
         if kept:
             lines += ["A = R0.reshape(R0.size)", "for q in range(A.size):",
                       f"    A[q] = {red.init}"]
@@ -284,6 +287,12 @@ def call_site(k: LoopKernel, fresh, flats: dict, leaves: list, stores: list,
         lines += [f"{no} = {_prod(sh, 0, a)}", f"{nr} = {_prod(sh, a, b)}",
                   f"{ni} = {_prod(sh, b, r0)}"]
         args += [no, nr, ni]
+    if red is not None and not red.identity and k.form != "reduce_strided":
+        # nothing to reduce into a non-empty output: the reference says what is wrong
+        empty = {"reduce_all": f"{args[-1]} == 0",
+                 "reduce_rows": f"{args[-1]} == 0 and {args[-2]} > 0",
+                 "reduce_block": f"{args[-2]} == 0 and {args[-3]} * {args[-1]} > 0"}[k.form]
+        lines += [f"if {empty}:", f"    raise ValueError({_EMPTY!r})"]
     call = f"({', '.join(args)})"
     if pname is not None and k.form in ("flat", "row"):
         lines += [f"if {n} >= {PARALLEL_MIN_SIZE}:", f"    {pname}{call}", "else:",

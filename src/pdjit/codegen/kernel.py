@@ -48,6 +48,7 @@ class ReduceSpec:
     dtype: str             # the output's NumPy type name
     x: str                 # the scalar expression reduced
     cone: frozenset = frozenset()   # leaf ids ``x`` depends on
+    identity: bool = True  # False: an empty extent into a non-empty output is an error
 
 
 @dataclass

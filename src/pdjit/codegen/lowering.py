@@ -375,7 +375,7 @@ class SegmentGen:
                 dt, nd = self.meta.get(a, (None, None))
                 argtypes.append((dt, 1 if flat else nd) if dt is not None else None)
         g = self._kernel(src, parallel=scope.uses_prange,
-                         argtypes=None if None in argtypes else argtypes)
+                         argtypes=None if any(t is None for t in argtypes) else argtypes)
         self.uses_prange |= scope.uses_prange
         args = scope.params + dests
         if flat:  # every array 1-D: one kernel for every rank
@@ -458,12 +458,13 @@ class SegmentGen:
             spec = ReduceSpec(red.init.format(T=t),
                               red.combine.format(acc="{acc}", x=x_expr, T=t),
                               red.finalize.format(acc="{acc}", n="{n}", T=t),
-                              axes, red.keep_dim, t, x_expr, x_cone)
+                              axes, red.keep_dim, t, x_expr, x_cone, red.identity)
         kernel = LoopKernel(rank, leaves, body, stores, len(params), reduce=spec)
         kernel.form = choose_form(kernel, row_ranks)
         self.emit(f"# form {kernel.form}")
         leaf_dtypes = [self.meta.get(loc, (None,))[0] for loc in locals_]
-        kname = self._kernel(self.target.render(kernel), argtypes=None if None in leaf_dtypes
+        unknown = any(d is None for d in leaf_dtypes)  # (np.dtype == None holds for float64)
+        kname = self._kernel(self.target.render(kernel), argtypes=None if unknown
                              else self.target.argtypes(kernel, leaf_dtypes))
         pname = None
         if kernel.form in FLAT_FORMS:

@@ -67,6 +67,13 @@ class Program:
             self._key_version = (self._version, self.random_seed)
         return self._content_key
 
+    def __getstate__(self):
+        """Pickled and copied without what executors built for it (compiled plans)."""
+        state = dict(self.__dict__)
+        for k in ("_run_cache_dict", "_run_cache_key", "_run_cache_version"):
+            state.pop(k, None)
+        return state
+
     def _run_cache(self) -> dict:
         """What executors built for this program (run bindings, compiled plans), valid for its
         current content; emptied when the content changes."""

@@ -255,12 +255,15 @@ class Reduce:
     """A reduction's lowering: ``acc = init; acc = combine(acc, x)...; out = finalize(acc, n)``.
 
     ``axes`` are the reduced axes of input ``X`` (``None``: all), ``keep_dim`` keeps them as 1s.
+    ``identity``: ``init`` is the result of reducing nothing (a sum's 0); when False (max, min)
+    reducing an empty extent into a non-empty output is left to the reference, which refuses.
     """
     init: str
     combine: str
     finalize: str = "{acc}"
     axes: tuple | None = None
     keep_dim: bool = False
+    identity: bool = True
 
 
 @dataclass(frozen=True)

@@ -165,7 +165,8 @@ def _reduce_emit(op_type):
                        "({acc} // {n} if {acc} >= 0 else -((-{acc}) // {n}))")
         else:
             r = Reduce("{T}(0)", "{acc} + {T}({x})", "{acc} / {T}({n})")
-        return Reduce(r.init, r.combine, r.finalize, axes, bool(keep_dim))
+        return Reduce(r.init, r.combine, r.finalize, axes, bool(keep_dim),
+                      identity=op_type not in ("reduce_max", "reduce_min"))
     return emit
 
 

@@ -334,8 +334,7 @@ class _Backward:
 
     def note_branch(self, op) -> None:
         opdef = registry.lookup(op.type)
-        is_branch = opdef is not None and opdef.control is not None and \
-            opdef.control.kind == registry.BRANCH
+        is_branch = opdef is not None and _control_kind(op, opdef) == registry.BRANCH
         if is_branch:
             for n in set(op.output_arg_names) - set(op.input_arg_names):
                 self.maybe_kept[n] = op
@@ -405,7 +404,7 @@ class _Backward:
         opdef = registry.get(op.type)
         sub.owner = op
         sub.saved_names = set(op.input_arg_names)  # the step scope's ``saved`` values
-        sub.repeats = opdef.control is not None and opdef.control.kind == registry.LOOP
+        sub.repeats = _control_kind(op, opdef) == registry.LOOP  # one run per iteration
         for fwd, name in seeds.items():
             if sub.needs_grad(fwd):
                 sub.seed(fwd, name)
@@ -439,6 +438,19 @@ def registry_dtype(var: Variable) -> int:
     from pdjit.framework import dtypes
 
     return dtypes.to_code(var.dtype)
+
+
+def _control_kind(op, opdef):
+    """LOOP or BRANCH for an op owning a sub-block: its ControlFlow declaration, else (an op
+    registered without one) LOOP when it records step scopes (an output of type STEP_SCOPES),
+    BRANCH otherwise; None for an op without a sub-block."""
+    if opdef.control is not None:
+        return opdef.control.kind
+    if not any(op.attr_type(a) == registry.A.BLOCK for a in op.attr_names):
+        return None
+    scopes = any((v := op.block._find_var_recursive(n)) is not None
+                 and v.type == pb.VarType.STEP_SCOPES for n in op.output_arg_names)
+    return registry.LOOP if scopes else registry.BRANCH
 
 
 def _run(program, targets, seeds, no_grad_set, sources=()) -> _Backward:

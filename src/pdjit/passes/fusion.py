@@ -166,11 +166,13 @@ def partition(block: Block, ops: list, live_out: set, declined=frozenset(),
         if node.kind == ELEMENTWISE:
             shape = out_shape(node.op)
             if open_group is not None and open_group.kind == ELEMENTWISE:
-                if open_group.shape == shape:
+                if open_group.shape == shape and _connected(open_group, node.op):
                     open_group.nodes.append(node)
                     continue
                 log.append(f"{node.label}: output shape {list(shape)} differs from the open "
-                           f"group's {list(open_group.shape)}")
+                           f"group's {list(open_group.shape)}" if open_group.shape != shape
+                           else f"{node.label}: reads nothing the open group reads or computes "
+                                f"(its -1 dims may be other sizes)")
             elif open_group is not None:
                 log.append(f"{node.label}: the group before it ended at a {open_group.kind} op")
             close()
@@ -203,6 +205,14 @@ def partition(block: Block, ops: list, live_out: set, declined=frozenset(),
         else:
             segments[-1].groups.append(g)
     return Partition(segments, log)
+
+
+def _connected(group: Group, op: Operator) -> bool:
+    """Whether ``op`` reads a value ``group`` reads or computes: only then do equal build-time
+    shapes with ``-1`` dims stand for equal run-time shapes (a batch of tokens and a batch of
+    sequences are both ``[-1, D]``)."""
+    names = {n for node in group.nodes for n in node.op.input_arg_names} | _defined(group)
+    return any(n in names for n in op.input_arg_names)
 
 
 def _var(block: Block, name: str):

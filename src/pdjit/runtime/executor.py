@@ -13,6 +13,7 @@ succeeded; fetched arrays are copies that alias nothing the executor or the Scop
 """
 from __future__ import annotations
 
+import itertools
 import os
 import weakref
 
@@ -22,7 +23,7 @@ from pdjit.framework import registry
 from pdjit.framework.errors import PdjitError
 from pdjit.framework.program import Block, Program, default_main_program
 from pdjit.proto import framework_pb2 as pb
-from pdjit.runtime import feed_fetch, interpreter
+from pdjit.runtime import feed_fetch, interpreter, threads
 from pdjit.runtime.context import Env
 from pdjit.runtime.place import CPUPlace, Place
 from pdjit.runtime.plan import build_plan
@@ -31,6 +32,15 @@ from pdjit.runtime.tensor import LoDTensor
 
 VarType = pb.VarType
 _NONE = object()
+_EXECUTORS = itertools.count()
+
+
+def _forget(programs, kind) -> None:
+    """Drop the plans an executor (``kind``) left on ``programs``."""
+    for program in list(programs.keys()):
+        cache = program.__dict__.get("_run_cache_dict", {})
+        for k in [k for k in cache if k[0] == kind]:
+            del cache[k]
 MODES = ("compiled", "reference")
 
 
@@ -56,19 +66,19 @@ class Executor:
             raise NotImplementedError(f"Executor: {self.place!r} is not supported yet; use "
                                       f"CPUPlace()")
         self.mode = mode.lower() if mode else _default_mode()
-        self._kind = (self.mode, repr(self.place))   # part of every cache key, cheap to hash
+        # part of every cache key, cheap to hash: the plans an executor builds are its own (they
+        # hold per-step state, and follow the settings of when they were built)
+        self._kind = (next(_EXECUTORS), self.mode, repr(self.place))
         self.strict = bool(strict) if strict is not None else \
             os.environ.get("PDJIT_STRICT", "0").strip() not in ("", "0")
         if self.mode not in MODES:
             raise ValueError(f"Executor: mode {mode!r} is not one of {MODES}")
         self._runs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        weakref.finalize(self, _forget, self._runs, self._kind)
 
     def close(self) -> None:
         """Forget the compiled plans of every program this executor ran."""
-        for program in list(self._runs.keys()):
-            cache = program._run_cache()
-            for k in [k for k in cache if k[0] == self._kind]:
-                del cache[k]
+        _forget(self._runs, self._kind)
 
     # -- the public entry point -----------------------------------------------------------------
     def run(self, program: Program | None = None, feed=None, fetch_list=None,
@@ -107,7 +117,11 @@ class Executor:
         for name, value in zip(run.feed_names, feed_values):
             values[name] = value
         if plan is not None:
-            plan.run(self, env, run_index)
+            if plan.blas:
+                with threads.numpy_blas():
+                    plan.run(self, env, run_index)
+            else:
+                plan.run(self, env, run_index)
             fetched = [env.get(n) for n in run.fetch_names]
             if return_numpy:  # a fresh array nothing else holds goes to the user as it is
                 given = set()

@@ -109,12 +109,14 @@ def prepare(program: Program, feed_names: tuple, fetch_names: tuple, feed_var: s
     gb = program.global_block()
     hidden = [n for n in fetch_names if not gb.has_var(n)]
     run = program
-    if hidden:  # fetched from a sub-block: declare it where its value outlives the sub-block
-        run = program.clone()
+    if hidden:  # fetched from a sub-block: a copy declares it in the global block instead, so
+        run = program.clone()  # its value outlives the sub-block's runs (the last one's stays)
         g = run.global_block()
         for name in hidden:
-            src = next(b.vars[name] for b in run.blocks if b.has_var(name))
+            owner = next(b for b in run.blocks if b.has_var(name))
+            src = owner.vars[name]
             g.create_var(name=name, shape=src.shape, dtype=src.dtype, type=src.type)
+            owner._remove_var(name)
     return RunProgram(run, feed_names, fetch_names, feed_var, fetch_var)
 
 

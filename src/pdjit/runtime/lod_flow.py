@@ -60,7 +60,7 @@ class LoDUnavailable(Exception):
 
 
 class _OpFlow:
-    __slots__ = ("opdef", "attrs", "ins", "outs", "requests")
+    __slots__ = ("opdef", "attrs", "ins", "outs", "requests", "dim0")
 
     def __init__(self, opdef, attrs, ins, outs):
         self.opdef, self.attrs, self.ins, self.outs = opdef, attrs, ins, outs
@@ -88,8 +88,16 @@ class LoDFlow:
                     var = block._find_var_recursive(n) if n != registry.EMPTY_VAR_NAME else None
                     names.append((n, bool(var is not None and var.lod_level)))
                 outs.append((s.name, s.duplicable, names))
+            # build-time first dims: an input's LoD passes to an output (not ruled) only when
+            # they agree (the reference checks the run-time rows; intermediates' rows are not
+            # seen here)
+            dim0 = {}
+            for n in [n for _, _, ns in ins for n in ns] + [n for _, _, ns in outs for n, _ in ns]:
+                var = block._find_var_recursive(n)
+                dim0[n] = var.shape[0] if var is not None and var.shape else None
             attrs = {k: v for k, v in op.all_attrs().items() if k in opdef.attrs}
             flow = _OpFlow(opdef, attrs, ins, outs)
+            flow.dim0 = dim0
             by_op[id(op)] = flow
             self.flows.append(flow)
         for pos, (op, name, level, optional) in enumerate(requests):
@@ -119,6 +127,8 @@ class LoDFlow:
             in_lods = [(slot, dup, [lods.get(n, ((), False))[0] for n in names])
                        for slot, dup, names in f.ins]
             first = first_lod(in_lods)
+            carrier = next((n for _, _, names in f.ins for n in names
+                            if len(lods.get(n, ((), False))[0])), None)
             try:
                 rule = rule_lods(f.opdef, f.attrs, in_lods,
                                  to_rule=lambda lod: [a.tolist() for a in lod])
@@ -128,7 +138,8 @@ class LoDFlow:
                 raise LoDUnavailable(str(e)) from None
             for slot, dup, names in f.outs:
                 for i, (n, has_level) in enumerate(names):
-                    lod, ruled = output_lod(slot, dup, i, rule, first, has_level)
+                    rows_agree = carrier is not None and f.dim0.get(n) == f.dim0.get(carrier)
+                    lod, ruled = output_lod(slot, dup, i, rule, first, has_level and rows_agree)
                     if ruled:
                         try:
                             lods[n] = (check_offsets(lod or [], None), True)

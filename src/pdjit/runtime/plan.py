@@ -223,6 +223,9 @@ class Plan:
     def __init__(self, steps, partition_text, sources, compile_seconds, fresh=frozenset(),
                  block_idx: int = 0):
         self.steps = steps
+        # whether a step may call the host's BLAS (a GEMM in a driver, or a sub-block's plan)
+        self.blas = any("_rt.gemm" in getattr(s.compiled, "source", "") if s.kind == "native"
+                        else bool(getattr(s, "sub_plans", ())) for s in steps)
         self.fresh = fresh
         self.partition_text = partition_text
         self.sources = sources

@@ -8,8 +8,9 @@ Two kinds of threads, set apart because they were measured apart on a 2-vCPU mac
   memory bound. Numba's OpenMP threading layer is told not to spin while it waits
   (``OMP_WAIT_POLICY=passive``, set when pdjit is imported unless already set): spinning
   threads cost ~8 ms per call when the other core is busy.
-- BLAS calls (``np.dot``; SciPy's OpenBLAS inside Numba, NumPy's in the host driver) and the
-  loops of opaque lowerings stay on one thread by default: an MLP forward at batch 128 took
+- BLAS calls (``np.dot``; SciPy's OpenBLAS inside Numba, NumPy's in the host driver, set
+  only while a plan runs: the user's own NumPy keeps its threads) and the loops of opaque
+  lowerings stay on one thread by default: an MLP forward at batch 128 took
   0.37 ms with one BLAS thread and 4.0 ms with two (threads fight over too few cores).
 
 ``set_num_threads(n)`` or ``PDJIT_NUM_THREADS=n`` sets both to ``n``. Set it before building
@@ -30,32 +31,67 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 _applied = None
 
 
+def _openblas(libs_dir: str) -> tuple:
+    """(set, get) thread-count functions of the OpenBLAS bundled in ``libs_dir`` (None each
+    when there is none)."""
+    for path in glob.glob(os.path.join(libs_dir, "*openblas*")):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for pre in ("scipy_openblas_", "openblas_"):
+            for suf in ("64_", ""):
+                set_ = getattr(lib, f"{pre}set_num_threads{suf}", None)
+                get = getattr(lib, f"{pre}get_num_threads{suf}", None)
+                if set_ is not None:
+                    set_.argtypes, set_.restype = [ctypes.c_int], None
+                    if get is not None:
+                        get.argtypes, get.restype = [], ctypes.c_int
+                    return set_, get
+    return None, None
+
+
+def _site(module) -> str:
+    return os.path.dirname(os.path.dirname(module.__file__))
+
+
 def _openblas_setters() -> list:
-    """``set_num_threads`` functions of the OpenBLAS libraries pdjit's GEMMs use: SciPy's
-    (``np.dot`` inside Numba) and NumPy's (``np.dot`` in the host driver)."""
+    """``set_num_threads`` of the OpenBLAS that SciPy (and so Numba's ``np.dot``) uses."""
     try:
         import scipy
         import scipy.linalg.cython_blas  # noqa: F401 - loads the library Numba calls
     except ImportError:
         return []
-    site = os.path.dirname(os.path.dirname(scipy.__file__))
-    libs = glob.glob(os.path.join(site, "scipy.libs", "*openblas*")) + \
-        glob.glob(os.path.join(os.path.dirname(os.path.dirname(np.__file__)), "numpy.libs",
-                               "*openblas*"))
-    setters = []
-    for path in libs:
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for sym in ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads",
-                    "openblas_set_num_threads64_", "openblas_set_num_threads"):
-            fn = getattr(lib, sym, None)
-            if fn is not None:
-                fn.argtypes, fn.restype = [ctypes.c_int], None
-                setters.append(fn)
-                break
-    return setters
+    set_, _ = _openblas(os.path.join(_site(scipy), "scipy.libs"))
+    return [set_] if set_ is not None else []
+
+
+_numpy_blas = None
+
+
+class numpy_blas:  # noqa: N801 - used as a context manager, like a function
+    """NumPy's OpenBLAS (the host driver's GEMMs) at pdjit's BLAS thread count while a plan
+    runs, and at the user's own count again afterwards."""
+    __slots__ = ("prev",)
+
+    def __enter__(self):
+        global _numpy_blas
+        if _numpy_blas is None:
+            _numpy_blas = _openblas(os.path.join(_site(np), "numpy.libs"))
+        set_, get = _numpy_blas
+        self.prev = None
+        if set_ is not None and get is not None:
+            want = get_num_threads()
+            have = get()
+            if have != want:
+                set_(want)
+                self.prev = have
+        return self
+
+    def __exit__(self, *exc):
+        if self.prev is not None:
+            _numpy_blas[0](self.prev)
+        return False
 
 
 def set_num_threads(n: int) -> bool:
