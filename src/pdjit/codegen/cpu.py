@@ -68,7 +68,7 @@ def argtypes(k: LoopKernel, leaf_dtypes: list) -> list:
 def render(k: LoopKernel, parallel: bool = False) -> str:
     """The source of ``def kernel(...)`` for ``k`` (``parallel``: prange over the outer loop)."""
     lines = [f"def kernel({', '.join(_params(k))}):"]
-    body = _STRIDED(k) if k.form in ("strided", "reduce_strided") else _FORMS[k.form](k, parallel)
+    body = _FORMS[k.form](k, parallel)
     return "\n".join(lines + ["    " + line for line in body])
 
 
@@ -129,11 +129,9 @@ def _reduce_block(k, parallel):
         f"        {item} = {red.finalize.format(acc=item, n='nr')}"]
 
 
-_FORMS = {"flat": _flat, "row": _row, "reduce_all": _reduce_all, "reduce_rows": _reduce_rows,
-          "reduce_block": _reduce_block}
 
 
-def _STRIDED(k: LoopKernel) -> list:  # noqa: N802 - one of the forms
+def _strided(k: LoopKernel, parallel: bool = False) -> list:
     """A loop nest over the broadcast of the leaves' run-time shapes, each leaf stepping with
     its own strides (0 where it broadcasts); the reduction, if any, indexes its output by the
     kept dims."""
@@ -196,6 +194,11 @@ def _STRIDED(k: LoopKernel) -> list:  # noqa: N802 - one of the forms
         else:
             lines.append(f"R0.reshape(R0.size)[0] = {red.finalize.format(acc='acc', n='m')}")
     return lines
+
+
+_FORMS = {"flat": _flat, "row": _row, "strided": _strided, "reduce_all": _reduce_all,
+          "reduce_rows": _reduce_rows, "reduce_block": _reduce_block,
+          "reduce_strided": _strided}
 
 
 # ---- call sites --------------------------------------------------------------------------------
