@@ -7,8 +7,8 @@ Numba caches only functions that live in a real module file registered in ``sys.
 Numba's compiled code beside it (``__pycache__``), and runs without compiling.
 
 The file's text includes a hash of everything it calls that lives elsewhere (the runtime
-helpers, the math functions, pdjit's and Numba's versions), because Numba's
-cache does not notice when a called function in another file changes.
+helpers, the math functions, the library kernels of ``nnlib``, pdjit's and Numba's versions),
+because Numba's cache does not notice when a called function in another file changes.
 
 The cache directory is ``PDJIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/pdjit`` (``~/.cache/pdjit``).
 ``clear_cache()`` empties it. A damaged entry (Numba raises ``UnpicklingError`` or ``EOFError``
@@ -91,8 +91,10 @@ def deps_hash() -> str:
     """What every generated module depends on outside itself."""
     global _DEPS
     if _DEPS is None:
+        nnlib = pathlib.Path(importlib.import_module("pdjit.codegen.nnlib").__file__).parent
         _DEPS = _source_hash(pdjit.__version__, numba.__version__,
-                             _file_text("pdjit.codegen.rt"), _file_text("pdjit.codegen.mathfuncs"))
+                             _file_text("pdjit.codegen.rt"), _file_text("pdjit.codegen.mathfuncs"),
+                             *(f.read_text() for f in sorted(nnlib.glob("*.py"))))
     return _DEPS
 
 
@@ -105,7 +107,7 @@ def module_text(fn_source: str, fn_name: str, parallel: bool = False, target: st
              f"target {target}",
              "import math", "", "import numba", "import numpy as np", "",
              "from pdjit.codegen import mathfuncs as _m", "from pdjit.codegen import rt as _rt",
-             ""]
+             "from pdjit.codegen import nnlib as _nn", ""]
     if calls:
         lines += ["from pdjit.codegen.compiler import load_kernel as _kernel", ""]
         lines += [f"{g} = _kernel({c.name!r}, {c.fn_name!r})" for g, c in calls]

@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from pdjit.codegen import rt
+from pdjit.codegen import nnlib, rt
 from pdjit.codegen.compiler import compile_function, module_text
 from pdjit.codegen.kernel import FULL, ROW, SCALAR, LoopKernel
 
@@ -349,7 +349,7 @@ class HostDriver:
         self._build()
 
     def _build(self) -> None:
-        ns = {"np": np, "math": math, "_rt": _HOST_RT}
+        ns = {"np": np, "math": math, "_rt": _HOST_RT, "_nn": nnlib}
         ns.update({g: c.fn for g, c in self.calls})
         ns.update({g: _LazyKernel(src) for g, src in self.lazy})
         exec(compile(self.source, self.filename, "exec"), ns)  # noqa: S102

@@ -1,0 +1,19 @@
+"""Library kernels: hand-written Numba functions that op lowerings call for loop nests that are
+not generated from templates (convolution, pooling, normalisation, interpolation, padding).
+
+A lowering names them as ``_nn.<function>`` in its lines. The same name resolves in the host
+driver (plain Python calling the compiled dispatcher), in a generated kernel and in a native
+loop (Numba compiles the call in). Each function is compiled once per type signature and kept
+in Numba's on-disk cache: its sizes, strides, paddings... are arguments, so one compilation
+serves every layer and program.
+
+Write them with :data:`jit` (or :data:`pjit` for ``numba.prange`` loops), take outputs as
+arguments (the driver allocates them), and keep them target-neutral in meaning: one function
+per operation and data layout, documented with what it computes. Every file of this package
+is part of the hash that invalidates generated modules (``compiler.deps_hash``).
+
+Submodules, one per op family, each re-exported here: ``conv``, ``pool``, ``norm``, ``image``.
+"""
+from pdjit.codegen.nnlib._jit import jit, pjit  # noqa: F401
+from pdjit.codegen.nnlib.conv import *  # noqa: F401,F403
+from pdjit.codegen.nnlib.pool import *  # noqa: F401,F403
