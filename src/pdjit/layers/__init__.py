@@ -5,24 +5,30 @@ own module; this package re-exports them all.
 """
 from pdjit.layers import (
     control_flow,
+    conv,
+    image,
     io,
     learning_rate_scheduler,
     math_ops,
     nn,
+    norm,
     sequence,
     shape_ops,
     tensor,
 )
 from pdjit.layers.control_flow import *  # noqa: F401,F403
+from pdjit.layers.conv import *  # noqa: F401,F403
+from pdjit.layers.image import *  # noqa: F401,F403
 from pdjit.layers.io import *  # noqa: F401,F403
 from pdjit.layers.layer_helper import LayerHelper
 from pdjit.layers.learning_rate_scheduler import *  # noqa: F401,F403
 from pdjit.layers.math_ops import *  # noqa: F401,F403
 from pdjit.layers.nn import *  # noqa: F401,F403
+from pdjit.layers.norm import *  # noqa: F401,F403
 from pdjit.layers.sequence import *  # noqa: F401,F403
 from pdjit.layers.shape_ops import *  # noqa: F401,F403
 from pdjit.layers.tensor import *  # noqa: F401,F403
 
-__all__ = (["LayerHelper"] + control_flow.__all__ + io.__all__ + learning_rate_scheduler.__all__
-           + math_ops.__all__ + nn.__all__ + sequence.__all__ + shape_ops.__all__
+__all__ = (["LayerHelper"] + control_flow.__all__ + conv.__all__ + image.__all__ + io.__all__ + learning_rate_scheduler.__all__
+           + math_ops.__all__ + nn.__all__ + norm.__all__ + sequence.__all__ + shape_ops.__all__
            + tensor.__all__)
