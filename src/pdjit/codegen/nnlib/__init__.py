@@ -16,6 +16,6 @@ Submodules, one per op family, each re-exported here: ``conv``, ``pool``, ``norm
 """
 from pdjit.codegen.nnlib._jit import jit, pjit  # noqa: F401
 from pdjit.codegen.nnlib.conv import *  # noqa: F401,F403
-from pdjit.codegen.nnlib.pool import *  # noqa: F401,F403
-from pdjit.codegen.nnlib.norm import *  # noqa: F401,F403
 from pdjit.codegen.nnlib.image import *  # noqa: F401,F403
+from pdjit.codegen.nnlib.norm import *  # noqa: F401,F403
+from pdjit.codegen.nnlib.pool import *  # noqa: F401,F403

@@ -1,1 +1,284 @@
-__all__ = []
+"""Convolution kernels: 2-D convolution, its two gradients, and so the transposed convolution.
+
+One geometry describes them all: an image ``x`` of ``[N, C, H, W]`` convolved with a filter
+``w`` of ``[M, C/groups, KH, KW]`` gives ``y`` of ``[N, M, OH, OW]``, with strides ``sh, sw``,
+top/left paddings ``pt, pl`` (the bottom/right ones follow from the sizes) and dilations
+``dh, dw``. Three primitives cover the forward and backward passes of both ``conv2d``
+(``y = conv(x, w)``) and ``conv2d_transpose`` (its output is ``conv``'s input gradient):
+
+- :func:`conv2d_fwd`: ``y = conv(x, w)``;
+- :func:`conv2d_bwd_data`: ``dx = conv^T(dy, w)`` (``dx`` overwritten);
+- :func:`conv2d_bwd_filter`: ``dw = d conv / d w`` contracted with ``dy`` (``dw`` overwritten).
+
+Each works on NCHW arrays (:func:`nchw`, :func:`nhwc_into` shuffle NHWC data on the way).
+A sample is lowered to a matrix product: its patches are copied into ``col`` (``[C/groups *
+KH * KW, OH * OW]`` per group, "im2col") and multiplied by the filter with BLAS; a filter with
+one input channel per group and few output channels (depthwise) runs as direct loops instead,
+where a product of such thin matrices would cost more than it computes. Batches of several
+samples run on threads when large (the kernels release the GIL; in a native loop's compiled
+driver, on its own thread).
+"""
+import numpy as np
+from numba.extending import overload
+
+from pdjit.codegen.nnlib._jit import jit
+
+__all__ = ["pool", "conv2d_fwd", "conv2d_bwd_data", "conv2d_bwd_filter", "nchw", "nhwc_into",
+           "nchw_empty"]
+
+# below this many multiply-adds a batch is not worth the threads' wake-up
+_PARALLEL_MIN_WORK = 1 << 21
+
+
+@jit
+def _im2col(x, c0, cg, kh_, kw_, sh, sw, pt, pl, dh, dw, oh_, ow_, col):
+    """Patches of channels ``c0..c0+cg`` of one sample ``x`` ([C, H, W]) into ``col``."""
+    h_, w_ = x.shape[1], x.shape[2]
+    for c in range(cg):
+        for i in range(kh_):
+            for j in range(kw_):
+                r = (c * kh_ + i) * kw_ + j
+                off = j * dw - pl
+                # the output columns whose input column lies inside the image
+                lo = 0
+                while lo < ow_ and lo * sw + off < 0:
+                    lo += 1
+                hi = ow_
+                while hi > lo and (hi - 1) * sw + off >= w_:
+                    hi -= 1
+                for oh in range(oh_):
+                    ih = oh * sh - pt + i * dh
+                    base = oh * ow_
+                    if ih < 0 or ih >= h_:
+                        for ow in range(ow_):
+                            col[r, base + ow] = 0
+                        continue
+                    for ow in range(lo):
+                        col[r, base + ow] = 0
+                    if sw == 1:
+                        for ow in range(lo, hi):
+                            col[r, base + ow] = x[c0 + c, ih, ow + off]
+                    else:
+                        for ow in range(lo, hi):
+                            col[r, base + ow] = x[c0 + c, ih, ow * sw + off]
+                    for ow in range(hi, ow_):
+                        col[r, base + ow] = 0
+
+
+@jit
+def _col2im(col, c0, cg, kh_, kw_, sh, sw, pt, pl, dh, dw, oh_, ow_, dx):
+    """Add the patches in ``col`` back into channels ``c0..c0+cg`` of one sample ``dx``."""
+    h_, w_ = dx.shape[1], dx.shape[2]
+    for c in range(cg):
+        for i in range(kh_):
+            for j in range(kw_):
+                r = (c * kh_ + i) * kw_ + j
+                for oh in range(oh_):
+                    ih = oh * sh - pt + i * dh
+                    if ih < 0 or ih >= h_:
+                        continue
+                    base = oh * ow_
+                    for ow in range(ow_):
+                        iw = ow * sw - pl + j * dw
+                        if 0 <= iw < w_:
+                            dx[c0 + c, ih, iw] += col[r, base + ow]
+
+
+@jit
+def _direct(x, w, y, n, sh, sw, pt, pl, dh, dw, groups):
+    """``y[n] = conv(x[n], w)`` by direct loops (one input channel per group)."""
+    h_, w_ = x.shape[2], x.shape[3]
+    m_, cg, kh_, kw_ = w.shape
+    oh_, ow_ = y.shape[2], y.shape[3]
+    mg = m_ // groups
+    for m in range(m_):
+        g = m // mg
+        for oh in range(oh_):
+            for ow in range(ow_):
+                y[n, m, oh, ow] = 0
+        for c in range(cg):
+            ci = g * cg + c
+            for i in range(kh_):
+                for oh in range(oh_):
+                    ih = oh * sh - pt + i * dh
+                    if ih < 0 or ih >= h_:
+                        continue
+                    for j in range(kw_):
+                        wv = w[m, c, i, j]
+                        off = j * dw - pl
+                        for ow in range(ow_):
+                            iw = ow * sw + off
+                            if 0 <= iw < w_:
+                                y[n, m, oh, ow] += wv * x[n, ci, ih, iw]
+
+
+
+@jit
+def _use_direct(cg, mg):
+    return cg == 1 and mg <= 4
+
+
+@jit
+def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
+    """``y[n] = conv(x[n], w)`` for the samples ``n0..n1``."""
+    m_, cg, kh_, kw_ = w.shape
+    mg = m_ // groups
+    oh_, ow_ = y.shape[2], y.shape[3]
+    if _use_direct(cg, mg):
+        for n in range(n0, n1):
+            _direct(x, w, y, n, sh, sw, pt, pl, dh, dw, groups)
+        return
+    w2 = w.reshape((m_, cg * kh_ * kw_))
+    col = np.empty((cg * kh_ * kw_, oh_ * ow_), x.dtype)
+    for n in range(n0, n1):
+        for g in range(groups):
+            _im2col(x[n], g * cg, cg, kh_, kw_, sh, sw, pt, pl, dh, dw, oh_, ow_, col)
+            r = np.dot(w2[g * mg:(g + 1) * mg], col)
+            y[n, g * mg:(g + 1) * mg] = r.reshape((mg, oh_, ow_))
+
+
+@jit
+def _bwd_data_range(dy, w, dx, n0, n1, sh, sw, pt, pl, dh, dw, groups):
+    """``dx[n] = conv^T(dy[n], w)`` for the samples ``n0..n1``."""
+    m_, cg, kh_, kw_ = w.shape
+    mg = m_ // groups
+    oh_, ow_ = dy.shape[2], dy.shape[3]
+    w2 = w.reshape((m_, cg * kh_ * kw_))
+    for n in range(n0, n1):
+        dx[n] = 0
+        for g in range(groups):
+            d2 = dy[n, g * mg:(g + 1) * mg].reshape((mg, oh_ * ow_))
+            col = np.dot(w2[g * mg:(g + 1) * mg].T, d2)
+            _col2im(col, g * cg, cg, kh_, kw_, sh, sw, pt, pl, dh, dw, oh_, ow_, dx[n])
+
+
+@jit
+def _bwd_filter_range(x, dy, dwt, n0, n1, sh, sw, pt, pl, dh, dw, groups):
+    """``dwt = sum over the samples n0..n1 of dy[n] @ col(x[n])^T``, per group."""
+    m_, cg, kh_, kw_ = dwt.shape
+    mg = m_ // groups
+    oh_, ow_ = dy.shape[2], dy.shape[3]
+    dw2 = dwt.reshape((m_, cg * kh_ * kw_))
+    dw2[:] = 0
+    col = np.empty((cg * kh_ * kw_, oh_ * ow_), x.dtype)
+    for n in range(n0, n1):
+        for g in range(groups):
+            _im2col(x[n], g * cg, cg, kh_, kw_, sh, sw, pt, pl, dh, dw, oh_, ow_, col)
+            d2 = dy[n, g * mg:(g + 1) * mg].reshape((mg, oh_ * ow_))
+            dw2[g * mg:(g + 1) * mg] += np.dot(d2, col.T)
+
+
+# ---- the entry points: whole batches, split over threads when large ---------------------------
+_pool = [None]
+
+
+def _parts(n: int, work: int) -> int:
+    """How many threads a batch of ``n`` samples and ``work`` multiply-adds is split over."""
+    if n < 2 or work < _PARALLEL_MIN_WORK:
+        return 1
+    from pdjit.runtime.threads import loop_threads
+
+    return max(1, min(n, loop_threads()))
+
+
+def pool():
+    """The threads library kernels split large batches over (kernels release the GIL)."""
+    if _pool[0] is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _pool[0] = ThreadPoolExecutor(thread_name_prefix="pdjit-nn")
+    return _pool[0]
+
+
+def _split(fn, parts, n, *args):
+    """Run ``fn(a, b, c, n0, n1, ...)`` over ``parts`` slices of the batch, on threads."""
+    head, tail = args[:3], args[3:]
+    futures = [pool().submit(fn, *head, p * n // parts, (p + 1) * n // parts, *tail)
+               for p in range(1, parts)]
+    fn(*head, 0, n // parts, *tail)
+    for f in futures:
+        f.result()
+
+
+def conv2d_fwd(x, w, y, sh, sw, pt, pl, dh, dw, groups):
+    """``y = conv(x, w)`` (NCHW): ``y`` is written, not read."""
+    n = x.shape[0]
+    parts = _parts(n, y.size * w[0].size)
+    if parts == 1:
+        _fwd_range(x, w, y, 0, n, sh, sw, pt, pl, dh, dw, groups)
+    else:
+        _split(_fwd_range, parts, n, x, w, y, sh, sw, pt, pl, dh, dw, groups)
+
+
+def conv2d_bwd_data(dy, w, dx, sh, sw, pt, pl, dh, dw, groups):
+    """``dx = conv^T(dy, w)`` (NCHW): the gradient of ``conv`` for its input; ``dx`` is
+    overwritten. (It is also the transposed convolution of ``dy``.)"""
+    n = dy.shape[0]
+    parts = _parts(n, dy.size * w[0].size)
+    if parts == 1:
+        _bwd_data_range(dy, w, dx, 0, n, sh, sw, pt, pl, dh, dw, groups)
+    else:
+        _split(_bwd_data_range, parts, n, dy, w, dx, sh, sw, pt, pl, dh, dw, groups)
+
+
+def conv2d_bwd_filter(x, dy, dwt, sh, sw, pt, pl, dh, dw, groups):
+    """``dwt`` = the gradient of ``conv(x, w)`` for ``w``, contracted with ``dy`` (NCHW);
+    ``dwt`` (shaped like the filter) is overwritten."""
+    n = x.shape[0]
+    parts = _parts(n, dy.size * dwt[0].size)
+    if parts == 1:
+        _bwd_filter_range(x, dy, dwt, 0, n, sh, sw, pt, pl, dh, dw, groups)
+        return
+    acc = np.empty((parts,) + dwt.shape, dwt.dtype)
+    futures = [pool().submit(_bwd_filter_range, x, dy, acc[p], p * n // parts,
+                               (p + 1) * n // parts, sh, sw, pt, pl, dh, dw, groups)
+               for p in range(parts)]
+    for f in futures:
+        f.result()
+    np.sum(acc, axis=0, out=dwt)
+
+
+# inside compiled code (a native loop's driver): the whole batch on this thread
+@overload(conv2d_fwd)
+def _conv2d_fwd_native(x, w, y, sh, sw, pt, pl, dh, dw, groups):
+    def impl(x, w, y, sh, sw, pt, pl, dh, dw, groups):
+        _fwd_range(x, w, y, 0, x.shape[0], sh, sw, pt, pl, dh, dw, groups)
+    return impl
+
+
+@overload(conv2d_bwd_data)
+def _conv2d_bwd_data_native(dy, w, dx, sh, sw, pt, pl, dh, dw, groups):
+    def impl(dy, w, dx, sh, sw, pt, pl, dh, dw, groups):
+        _bwd_data_range(dy, w, dx, 0, dy.shape[0], sh, sw, pt, pl, dh, dw, groups)
+    return impl
+
+
+@overload(conv2d_bwd_filter)
+def _conv2d_bwd_filter_native(x, dy, dwt, sh, sw, pt, pl, dh, dw, groups):
+    def impl(x, dy, dwt, sh, sw, pt, pl, dh, dw, groups):
+        _bwd_filter_range(x, dy, dwt, 0, x.shape[0], sh, sw, pt, pl, dh, dw, groups)
+    return impl
+
+
+# ---- NHWC: the same, with the layout shuffled on the way in and out ------------------------------
+@jit
+def nchw(x):
+    """A C-contiguous NCHW copy of the NHWC array ``x``."""
+    return np.ascontiguousarray(x.transpose((0, 3, 1, 2)))
+
+
+@jit
+def nhwc_into(src, dst):
+    """Write the NCHW array ``src`` into the NHWC array ``dst``."""
+    n_, c_, h_, w_ = src.shape
+    for n in range(n_):
+        for h in range(h_):
+            for w in range(w_):
+                for c in range(c_):
+                    dst[n, h, w, c] = src[n, c, h, w]
+
+
+@jit
+def nchw_empty(a):
+    """An uninitialised NCHW array for the NHWC array ``a``."""
+    return np.empty((a.shape[0], a.shape[3], a.shape[1], a.shape[2]), a.dtype)
