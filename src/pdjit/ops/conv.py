@@ -273,7 +273,7 @@ def _args(g: Geometry, X: str, kh: int, kw: int, groups: int, x_hw=None) -> str:
     return f"{g.strides[0]}, {g.strides[1]}, {pt}, {pl}, {dh}, {dw}, {groups}"
 
 
-def _in_nchw(ctx, g: Geometry, local: str) -> list:
+def as_nchw(ctx, g: Geometry, local: str) -> list:
     """(lines, local) of ``local`` as an NCHW array."""
     if not g.nhwc:
         return [], local
@@ -291,15 +291,15 @@ def _conv_lower(ctx):
     g = _geometry(ctx.attrs, "conv2d")
     X, W = ctx.inp("Input"), ctx.inp("Filter")
     _, _, kh, kw = ctx.shape("Filter")
-    lines, xc = _in_nchw(ctx, g, X)
-    n, _, h, w = _dims(g, X)
-    y, pre, post = _dest(ctx, g, "Output", n, f"{W}.shape[0]", g.src_conv_out(0, h, kh),
+    lines, xc = as_nchw(ctx, g, X)
+    n, _, h, w = image_dims(g, X)
+    y, pre, post = nchw_dest(ctx, g, "Output", n, f"{W}.shape[0]", g.src_conv_out(0, h, kh),
                          g.src_conv_out(1, w, kw))
     call = f"_nn.conv2d_fwd({xc}, {W}, {y}, {_args(g, xc, kh, kw, ctx.attrs['groups'])})"
     return lines + pre + [call] + post
 
 
-def _dest(ctx, g: Geometry, slot: str, n: str, c: str, h: str, w: str) -> tuple:
+def nchw_dest(ctx, g: Geometry, slot: str, n: str, c: str, h: str, w: str) -> tuple:
     """(NCHW local to compute into, lines before, lines after) for output ``slot`` of dims
     ``n, c, h, w`` (source expressions over the op's inputs)."""
     out = ctx.out(slot, shape=f"({', '.join(g.image(n, c, h, w))})")
@@ -309,7 +309,7 @@ def _dest(ctx, g: Geometry, slot: str, n: str, c: str, h: str, w: str) -> tuple:
     return t, [f"{t} = _nn.nchw_empty({out})"], [f"_nn.nhwc_into({t}, {out})"]
 
 
-def _dims(g: Geometry, X: str) -> tuple:
+def image_dims(g: Geometry, X: str) -> tuple:
     """Source for (N, C, H, W) of the image ``X`` in its own layout."""
     n, h, w, c = (f"{X}.shape[{i}]" for i in range(4))
     return (n, c, h, w) if g.nhwc else (n, h, w, c)
@@ -334,12 +334,12 @@ def _conv_grad_lower(ctx):
     g = _geometry(ctx.attrs, "conv2d_grad")
     X, W, DY = ctx.inp("Input"), ctx.inp("Filter"), ctx.inp("Output@GRAD")
     _, _, kh, kw = ctx.shape("Filter")
-    lines, xc = _in_nchw(ctx, g, X)
-    more, dyc = _in_nchw(ctx, g, DY)
+    lines, xc = as_nchw(ctx, g, X)
+    more, dyc = as_nchw(ctx, g, DY)
     lines += more
     args = _args(g, xc, kh, kw, ctx.attrs["groups"])
     if ctx.has_output("Input@GRAD"):
-        dx, pre, post = _dest(ctx, g, "Input@GRAD", *_dims(g, X))
+        dx, pre, post = nchw_dest(ctx, g, "Input@GRAD", *image_dims(g, X))
         lines += pre + [f"_nn.conv2d_bwd_data({dyc}, {W}, {dx}, {args})"] + post
     if ctx.has_output("Filter@GRAD"):
         dw = ctx.out("Filter@GRAD", shape=f"{W}.shape")
@@ -454,14 +454,14 @@ def _t_args(ctx, g: Geometry, X: str, kh: int, kw: int) -> str:
     if g.algo != "SAME":
         return (f"{g.strides[0]}, {g.strides[1]}, {g.pads[0]}, {g.pads[2]}, "
                 f"{g.dilations[0]}, {g.dilations[1]}, {ctx.attrs['groups']}")
-    _, _, h, w = _dims(g, X)
+    _, _, h, w = image_dims(g, X)
     pt, _, _ = g.src_window(0, h, kh)
     pl, _, _ = g.src_window(1, w, kw)
     return f"{g.strides[0]}, {g.strides[1]}, {pt}, {pl}, 1, 1, {ctx.attrs['groups']}"
 
 
 def _t_out_src(ctx, g: Geometry, X: str, axis: int, k: int) -> str:
-    size = _dims(g, X)[2 + axis]
+    size = image_dims(g, X)[2 + axis]
     s = g.strides[axis]
     out_size = list(ctx.attrs["output_size"])
     if out_size:
@@ -478,8 +478,8 @@ def _convt_lower(ctx):
     g = _geometry(ctx.attrs, "conv2d_transpose")
     X, W = ctx.inp("Input"), ctx.inp("Filter")
     _, mg, kh, kw = ctx.shape("Filter")
-    lines, xc = _in_nchw(ctx, g, X)
-    y, pre, post = _dest(ctx, g, "Output", f"{X}.shape[0]", f"{W}.shape[1] * {ctx.attrs['groups']}",
+    lines, xc = as_nchw(ctx, g, X)
+    y, pre, post = nchw_dest(ctx, g, "Output", f"{X}.shape[0]", f"{W}.shape[1] * {ctx.attrs['groups']}",
                          _t_out_src(ctx, g, X, 0, kh), _t_out_src(ctx, g, X, 1, kw))
     call = f"_nn.conv2d_bwd_data({xc}, {W}, {y}, {_t_args(ctx, g, X, kh, kw)})"
     return lines + pre + [call] + post
@@ -491,12 +491,12 @@ def _convt_grad_lower(ctx):
     g = _geometry(ctx.attrs, "conv2d_transpose_grad")
     X, W, DY = ctx.inp("Input"), ctx.inp("Filter"), ctx.inp("Output@GRAD")
     _, _, kh, kw = ctx.shape("Filter")
-    lines, xc = _in_nchw(ctx, g, X)
-    more, dyc = _in_nchw(ctx, g, DY)
+    lines, xc = as_nchw(ctx, g, X)
+    more, dyc = as_nchw(ctx, g, DY)
     lines += more
     args = _t_args(ctx, g, X, kh, kw)
     if ctx.has_output("Input@GRAD"):
-        dx, pre, post = _dest(ctx, g, "Input@GRAD", *_dims(g, X))
+        dx, pre, post = nchw_dest(ctx, g, "Input@GRAD", *image_dims(g, X))
         lines += pre + [f"_nn.conv2d_fwd({dyc}, {W}, {dx}, {args})"] + post
     if ctx.has_output("Filter@GRAD"):
         dw = ctx.out("Filter@GRAD", shape=f"{W}.shape")
