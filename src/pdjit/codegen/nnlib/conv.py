@@ -35,9 +35,10 @@ def _im2col(x, c0, cg, kh_, kw_, sh, sw, pt, pl, dh, dw, oh_, ow_, col):
     """Patches of channels ``c0..c0+cg`` of one sample ``x`` ([C, H, W]) into ``col``."""
     h_, w_ = x.shape[1], x.shape[2]
     for c in range(cg):
+        xc = x[c0 + c]
         for i in range(kh_):
             for j in range(kw_):
-                r = (c * kh_ + i) * kw_ + j
+                crow = col[(c * kh_ + i) * kw_ + j]
                 off = j * dw - pl
                 # the output columns whose input column lies inside the image
                 lo = 0
@@ -51,18 +52,18 @@ def _im2col(x, c0, cg, kh_, kw_, sh, sw, pt, pl, dh, dw, oh_, ow_, col):
                     base = oh * ow_
                     if ih < 0 or ih >= h_:
                         for ow in range(ow_):
-                            col[r, base + ow] = 0
+                            crow[base + ow] = 0
                         continue
+                    xr = xc[ih]
                     for ow in range(lo):
-                        col[r, base + ow] = 0
-                    if sw == 1:
-                        for ow in range(lo, hi):
-                            col[r, base + ow] = x[c0 + c, ih, ow + off]
+                        crow[base + ow] = 0
+                    if sw == 1 and hi - lo >= 16:  # long rows: a vectorised slice copy
+                        crow[base + lo:base + hi] = xr[lo + off:hi + off]
                     else:
                         for ow in range(lo, hi):
-                            col[r, base + ow] = x[c0 + c, ih, ow * sw + off]
+                            crow[base + ow] = xr[ow * sw + off]
                     for ow in range(hi, ow_):
-                        col[r, base + ow] = 0
+                        crow[base + ow] = 0
 
 
 @jit

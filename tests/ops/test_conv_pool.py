@@ -1,0 +1,320 @@
+"""conv2d / conv2d_transpose / pool2d / max_pool2d_with_index (and the depthwise types) against
+NumPy written here: naive loops over every output element, and values PaddlePaddle 3.3.1
+printed for the same inputs. Gradients against finite differences."""
+import numpy as np
+import pytest
+
+import pdjit as fluid
+from pdjit.framework.errors import OpShapeError
+from pdjit.testing import assert_native
+from pdjit.testing.grad_check import check_grad
+from pdjit.testing.op_test import check_output
+
+RNG = np.random.default_rng(3)
+
+
+def _pads4(p):
+    return [p[0], p[0], p[1], p[1]] if len(p) == 2 else list(p)
+
+
+def _same(size, k, s):
+    out = -(-size // s)
+    total = max((out - 1) * s + k - size, 0)
+    return total // 2, total - total // 2
+
+
+def naive_conv(x, w, strides=(1, 1), paddings=(0, 0), dilations=(1, 1), groups=1, algo=None):
+    """NCHW convolution, one output element at a time."""
+    n, c, h, wd = x.shape
+    m, cg, kh, kw = w.shape
+    pt, pb, pl, pr = _pads4(paddings)
+    dh, dw = dilations
+    if algo == "SAME":
+        (pt, pb), (pl, pr), dh, dw = _same(h, kh, strides[0]), _same(wd, kw, strides[1]), 1, 1
+    elif algo == "VALID":
+        pt = pb = pl = pr = 0
+    oh = (h + pt + pb - dh * (kh - 1) - 1) // strides[0] + 1
+    ow = (wd + pl + pr - dw * (kw - 1) - 1) // strides[1] + 1
+    y = np.zeros((n, m, oh, ow))
+    mg = m // groups
+    for b in range(n):
+        for o in range(m):
+            g = o // mg
+            for i in range(oh):
+                for j in range(ow):
+                    acc = 0.0
+                    for ci in range(cg):
+                        for a in range(kh):
+                            for e in range(kw):
+                                hh = i * strides[0] - pt + a * dh
+                                ww = j * strides[1] - pl + e * dw
+                                if 0 <= hh < h and 0 <= ww < wd:
+                                    acc += x[b, g * cg + ci, hh, ww] * w[o, ci, a, e]
+                    y[b, o, i, j] = acc
+    return y.astype(x.dtype)
+
+
+def naive_conv_t(x, w, strides=(1, 1), paddings=(0, 0), dilations=(1, 1), groups=1,
+                 out_hw=None, algo=None):
+    """NCHW transposed convolution: every input element scattered through the filter."""
+    n, c, h, wd = x.shape
+    _, mg, kh, kw = w.shape
+    pt, pb, pl, pr = _pads4(paddings)
+    dh, dw = dilations
+    if algo == "SAME":
+        (pt, pb), (pl, pr), dh, dw = _same(h, kh, strides[0]), _same(wd, kw, strides[1]), 1, 1
+    full_h = (h - 1) * strides[0] + dh * (kh - 1) + 1
+    full_w = (wd - 1) * strides[1] + dw * (kw - 1) + 1
+    oh, ow = out_hw or (full_h - pt - pb, full_w - pl - pr)
+    y = np.zeros((n, mg * groups, max(full_h, oh + pt), max(full_w, ow + pl)))
+    cg = c // groups
+    for b in range(n):
+        for ci in range(c):
+            g = ci // cg
+            for i in range(h):
+                for j in range(wd):
+                    for o in range(mg):
+                        for a in range(kh):
+                            for e in range(kw):
+                                y[b, g * mg + o, i * strides[0] + a * dh, j * strides[1] + e * dw] \
+                                    += x[b, ci, i, j] * w[ci, o, a, e]
+    return y[:, :, pt:pt + oh, pl:pl + ow].astype(x.dtype)
+
+
+def _nhwc(a):
+    return np.ascontiguousarray(a.transpose(0, 2, 3, 1))
+
+
+CONV_CASES = [
+    dict(),
+    dict(strides=[2, 1], paddings=[1, 2]),
+    dict(strides=[2, 2], paddings=[0, 1, 2, 1], dilations=[1, 2]),
+    dict(groups=2, paddings=[1, 1]),
+    dict(padding_algorithm="SAME", strides=[2, 2], dilations=[2, 2]),  # SAME ignores dilations
+    dict(padding_algorithm="VALID", paddings=[3, 3], strides=[1, 2]),
+]
+
+
+@pytest.mark.parametrize("attrs", CONV_CASES)
+def test_conv2d_both_layouts(attrs):
+    x = RNG.normal(size=(2, 4, 7, 6)).astype(np.float32)
+    w = RNG.normal(size=(6, 4 // attrs.get("groups", 1), 3, 3)).astype(np.float32)
+    want = naive_conv(x, w, attrs.get("strides", (1, 1)), attrs.get("paddings", (0, 0)),
+                      attrs.get("dilations", (1, 1)), attrs.get("groups", 1),
+                      attrs.get("padding_algorithm"))
+    check_output("conv2d", {"Input": x, "Filter": w}, attrs, {"Output": want},
+                 rtol=1e-4, atol=1e-5, batch_unknown={"Input"})
+    check_output("conv2d", {"Input": _nhwc(x), "Filter": w}, dict(attrs, data_format="NHWC"),
+                 {"Output": _nhwc(want)}, rtol=1e-4, atol=1e-5)
+
+
+def test_depthwise_conv2d_and_batch_one():
+    x = RNG.normal(size=(1, 3, 9, 8))
+    w = RNG.normal(size=(6, 1, 3, 3))  # channel multiplier 2
+    attrs = dict(groups=3, strides=[2, 2], paddings=[1, 1])
+    want = naive_conv(x, w, (2, 2), (1, 1), groups=3)
+    for op in ("depthwise_conv2d", "conv2d"):
+        check_output(op, {"Input": x, "Filter": w}, attrs, {"Output": want})
+
+
+TRANSPOSE_CASES = [
+    (dict(), None),
+    (dict(strides=[2, 2], paddings=[1, 0]), None),
+    (dict(strides=[2, 1], paddings=[1, 1], output_size=[10, 3]), (10, 3)),
+    (dict(strides=[2, 2], output_padding=[1, 1], dilations=[2, 1]), "pad"),
+    (dict(groups=2, paddings=[0, 1, 1, 0]), None),
+    (dict(padding_algorithm="SAME", strides=[2, 2]), None),
+]
+
+
+@pytest.mark.parametrize("attrs,out", TRANSPOSE_CASES)
+def test_conv2d_transpose_both_layouts(attrs, out):
+    x = RNG.normal(size=(2, 4, 5, 4))
+    g = attrs.get("groups", 1)
+    w = RNG.normal(size=(4, 3, 3, 2))
+    s, p, d = attrs.get("strides", (1, 1)), attrs.get("paddings", (0, 0)), \
+        attrs.get("dilations", (1, 1))
+    if out == "pad":
+        base = naive_conv_t(x, w, s, p, d, g)
+        want = naive_conv_t(x, w, s, p, d, g, out_hw=(base.shape[2] + 1, base.shape[3] + 1))
+    else:
+        want = naive_conv_t(x, w, s, p, d, g, out_hw=out, algo=attrs.get("padding_algorithm"))
+    check_output("conv2d_transpose", {"Input": x, "Filter": w}, attrs, {"Output": want},
+                 batch_unknown={"Input"})
+    check_output("conv2d_transpose", {"Input": _nhwc(x), "Filter": w},
+                 dict(attrs, data_format="NHWC"), {"Output": _nhwc(want)})
+
+
+def test_depthwise_conv2d_transpose():
+    x = RNG.normal(size=(1, 3, 4, 5))
+    w = RNG.normal(size=(3, 1, 3, 3))
+    attrs = dict(groups=3, strides=[2, 2], paddings=[1, 1])
+    check_output("depthwise_conv2d_transpose", {"Input": x, "Filter": w}, attrs,
+                 {"Output": naive_conv_t(x, w, (2, 2), (1, 1), groups=3)})
+
+
+@pytest.mark.parametrize("op,attrs", [
+    ("conv2d", dict(strides=[2, 1], paddings=[1, 0, 2, 1], groups=2)),
+    ("conv2d", dict(padding_algorithm="SAME", strides=[2, 2], data_format="NHWC")),
+    ("depthwise_conv2d", dict(groups=4, dilations=[2, 1], paddings=[2, 1])),
+    ("conv2d_transpose", dict(strides=[2, 2], paddings=[1, 0], groups=2)),
+    ("conv2d_transpose", dict(strides=[2, 1], output_padding=[1, 0], data_format="NHWC")),
+])
+def test_conv_grads(op, attrs):
+    nhwc = attrs.get("data_format") == "NHWC"
+    transpose = op.endswith("transpose")
+    groups = attrs.get("groups", 1)
+    x = RNG.normal(size=(2, 4, 5, 4))
+    w = RNG.normal(size=(4, 2, 3, 2) if transpose else (4, 4 // groups, 3, 2))
+    check_grad(op, {"Input": _nhwc(x) if nhwc else x, "Filter": w}, attrs,
+               ["Input", "Filter"], "Output", max_relative_error=1e-6)
+
+
+# ---- pooling ------------------------------------------------------------------------------------
+X25 = np.arange(1, 26, dtype=np.float32).reshape(1, 1, 5, 5)
+
+# (attrs, Out) as PaddlePaddle 3.3.1's legacy executor printed them for X25
+PADDLE_POOL = [
+    (dict(pooling_type="avg", ksize=[3, 3], strides=[2, 2], paddings=[1, 1], exclusive=False,
+          ceil_mode=True),
+     [[1.7777778, 3.6666667, 3.1111112], [7.6666665, 13., 9.666667],
+      [8.444445, 13.666667, 9.777778]]),
+    (dict(pooling_type="avg", ksize=[3, 3], strides=[2, 2], paddings=[1, 1], ceil_mode=True),
+     [[4., 5.5, 7.], [11.5, 13., 14.5], [19., 20.5, 22.]]),
+    (dict(pooling_type="avg", ksize=[2, 2], strides=[2, 2], exclusive=False, ceil_mode=True),
+     [[4., 6., 7.5], [14., 16., 17.5], [21.5, 23.5, 25.]]),
+    (dict(pooling_type="max", ksize=[2, 2], strides=[2, 2], ceil_mode=True),
+     [[7., 9., 10.], [17., 19., 20.], [22., 24., 25.]]),
+    (dict(pooling_type="avg", ksize=[2, 3], adaptive=True),
+     [[6.5, 8., 9.5], [16.5, 18., 19.5]]),
+    (dict(pooling_type="max", ksize=[3, 3], strides=[2, 2], padding_algorithm="SAME"),
+     [[7., 9., 10.], [17., 19., 20.], [22., 24., 25.]]),
+    # unequal paddings: a window ends at H + the padding *before* (Paddle's CPU kernel)
+    (dict(pooling_type="avg", ksize=[2, 2], strides=[2, 2], paddings=[0, 1, 0, 1],
+          exclusive=False), [[4., 6., 7.5], [14., 16., 17.5], [21.5, 23.5, 25.]]),
+    (dict(pooling_type="avg", ksize=[2, 2], strides=[2, 2], paddings=[1, 0, 1, 0],
+          exclusive=False), [[0.25, 1.25, 2.25], [4.25, 10., 12.], [9.25, 20., 22.]]),
+    (dict(pooling_type="avg", ksize=[2, 2], paddings=[1, 1], global_pooling=True), [[13.]]),
+    (dict(pooling_type="avg", ksize=[2, 2], strides=[2, 2], paddings=[1, 1], exclusive=False,
+          padding_algorithm="VALID", ceil_mode=True),
+     [[4., 6., 7.5], [14., 16., 17.5], [21.5, 23.5, 25.]]),
+]
+
+
+@pytest.mark.parametrize("attrs,want", PADDLE_POOL)
+def test_pool2d_matches_paddle(attrs, want):
+    want = np.array(want, np.float32)
+    check_output("pool2d", {"X": X25}, attrs, {"Out": want[None, None]}, batch_unknown=True)
+    check_output("pool2d", {"X": X25.reshape(1, 5, 5, 1)}, dict(attrs, data_format="NHWC"),
+                 {"Out": want[None, :, :, None]})
+
+
+def naive_pool(x, k, s, p, is_max, exclusive=True, ceil=False):
+    """Pooling by the window rule of the module docstring, one output element at a time."""
+    n, c, h, w = x.shape
+    pt, pb, pl, pr = _pads4(p)
+    oh = (h - k[0] + pt + pb + (s[0] - 1 if ceil else 0)) // s[0] + 1
+    ow = (w - k[1] + pl + pr + (s[1] - 1 if ceil else 0)) // s[1] + 1
+    y = np.zeros((n, c, oh, ow))
+    for i in range(oh):
+        a0 = i * s[0] - pt
+        a1 = min(a0 + k[0], h + pt)
+        for j in range(ow):
+            b0 = j * s[1] - pl
+            b1 = min(b0 + k[1], w + pl)
+            win = x[:, :, max(a0, 0):min(a1, h), max(b0, 0):min(b1, w)]
+            if is_max:
+                y[:, :, i, j] = win.max(axis=(2, 3))
+            else:
+                cnt = win.shape[2] * win.shape[3] if exclusive else (a1 - a0) * (b1 - b0)
+                y[:, :, i, j] = win.sum(axis=(2, 3)) / cnt
+    return y
+
+
+@pytest.mark.parametrize("attrs", [
+    dict(pooling_type="max", ksize=[3, 2], strides=[2, 1], paddings=[1, 0]),
+    dict(pooling_type="avg", ksize=[3, 3], strides=[2, 2], paddings=[1, 2, 0, 1],
+         exclusive=False, ceil_mode=True),
+])
+def test_pool2d_odd_sizes(attrs):
+    x = RNG.normal(size=(3, 2, 7, 6))
+    want = naive_pool(x, attrs["ksize"], attrs["strides"], attrs["paddings"],
+                      attrs["pooling_type"] == "max", attrs.get("exclusive", True),
+                      attrs.get("ceil_mode", False))
+    check_output("pool2d", {"X": x}, attrs, {"Out": want})
+
+
+def test_max_pool2d_with_index_matches_paddle():
+    check_output("max_pool2d_with_index", {"X": X25},
+                 dict(ksize=[3, 3], strides=[2, 2], paddings=[1, 1]),
+                 {"Out": np.array([[7, 9, 10], [17, 19, 20], [22, 24, 25]], np.float32)[None, None],
+                  "Mask": np.array([[6, 8, 9], [16, 18, 19], [21, 23, 24]], np.int32)[None, None]})
+    check_output("max_pool2d_with_index", {"X": X25}, dict(ksize=[2, 2], adaptive=True),
+                 {"Out": np.array([[13, 15], [23, 25]], np.float32)[None, None],
+                  "Mask": np.array([[12, 14], [22, 24]], np.int32)[None, None]})
+
+
+@pytest.mark.parametrize("op,attrs", [
+    ("pool2d", dict(pooling_type="max", ksize=[2, 2], strides=[2, 2], ceil_mode=True)),
+    ("pool2d", dict(pooling_type="avg", ksize=[3, 3], strides=[2, 2], paddings=[1, 1],
+                    exclusive=False, data_format="NHWC")),
+    ("pool2d", dict(pooling_type="avg", ksize=[2, 3], adaptive=True)),
+    ("pool2d", dict(pooling_type="max", ksize=[1, 1], global_pooling=True)),
+    ("max_pool2d_with_index", dict(ksize=[3, 3], strides=[2, 2], paddings=[1, 1])),
+])
+def test_pool_grads(op, attrs):
+    x = RNG.permutation(2 * 3 * 5 * 5).reshape(2, 3, 5, 5) / 7.0  # distinct: one max a window
+    check_grad(op, {"X": x}, attrs, ["X"])
+
+
+def test_max_pool_gradient_goes_to_the_first_maximum():
+    x = np.ones((1, 1, 2, 2), np.float32)
+    prog = fluid.Program()
+    with fluid.program_guard(prog, fluid.Program()):
+        xv = fluid.layers.data("x", [1, 1, 2, 2], append_batch_size=False, stop_gradient=False)
+        y = fluid.layers.pool2d(xv, 2, "max", 2)
+        (g,) = fluid.gradients([y], [xv])
+    for mode in ("reference", "compiled"):
+        exe = fluid.Executor(fluid.CPUPlace(), mode=mode)
+        (got,) = exe.run(prog, feed={"x": x}, fetch_list=[g])
+        np.testing.assert_array_equal(got, [[[[1, 0], [0, 0]]]])
+
+
+# ---- layers and errors --------------------------------------------------------------------------
+def test_conv_pool_layers_match_numpy(fresh_programs):
+    main, startup = fresh_programs
+    x = fluid.layers.data("x", [3, 9, 9])
+    c = fluid.layers.conv2d(x, 4, 3, stride=2, padding=[[0, 0], [0, 0], [1, 0], [0, 1]],
+                            act="relu")
+    t = fluid.layers.conv2d_transpose(c, 2, filter_size=3, stride=2, groups=2)
+    p = fluid.layers.pool2d(t, 3, "avg", 2, pool_padding="SAME")
+    a = fluid.layers.adaptive_pool2d(p, [2, 3], "max")
+    exe = fluid.Executor(fluid.CPUPlace())
+    exe.run(startup)
+    xb = RNG.normal(size=(2, 3, 9, 9)).astype(np.float32)
+    got = exe.run(main, feed={"x": xb}, fetch_list=[c, t, p, a])
+    assert_native(exe)
+    scope = fluid.global_scope()
+    w0, b0 = (np.asarray(scope.find_var(n).get_tensor()) for n in ("conv2d_0.w_0", "conv2d_0.b_0"))
+    w1, b1 = (np.asarray(scope.find_var(n).get_tensor())
+              for n in ("conv2d_transpose_0.w_0", "conv2d_transpose_0.b_0"))
+    assert w0.shape == (4, 3, 3, 3) and w1.shape == (4, 1, 3, 3)
+    want_c = np.maximum(naive_conv(xb, w0, (2, 2), (1, 0, 0, 1)) + b0[:, None, None], 0)
+    np.testing.assert_allclose(got[0], want_c, rtol=1e-4, atol=1e-5)
+    want_t = naive_conv_t(want_c, w1, (2, 2), groups=2) + b1[:, None, None]
+    np.testing.assert_allclose(got[1], want_t, rtol=1e-4, atol=1e-5)
+    assert got[2].shape == (2, 2, 5, 5) and got[3].shape == (2, 2, 2, 3)
+
+
+def test_depthwise_layer_type_and_clear_errors(fresh_programs):
+    x = fluid.layers.data("x", [4, 8, 8])
+    fluid.layers.conv2d(x, 8, 3, groups=4, use_cudnn=False)
+    assert fluid.default_main_program().global_block().ops[-2].type == "depthwise_conv2d"
+    w = fluid.layers.create_parameter([4, 3, 3, 3], "float32")
+    with pytest.raises(OpShapeError, match=r"conv2d.*4 channels.*expects 3"):
+        block = fluid.default_main_program().global_block()
+        out = block.create_var(name="bad", dtype="float32")
+        block.append_op(type="conv2d", inputs={"Input": [x], "Filter": [w]},
+                        outputs={"Output": [out]})
+    with pytest.raises(OpShapeError, match=r"output_size\[0\] = 30 .*expected a value in"):
+        fluid.layers.conv2d_transpose(x, 2, output_size=30, filter_size=3, stride=2)
