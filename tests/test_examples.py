@@ -63,3 +63,9 @@ def test_text_classification_learns_from_lod_batches():
     assert len(losses) == 2 and losses[1] < losses[0]
     acc = float(out.split("test accuracy:")[1].split()[0])
     assert acc > 0.85  # 2 of the default 4 epochs; the full run reaches ~0.96
+
+
+def test_digits_cnn_learns_in_one_epoch():
+    out = _run("digits_cnn.py", "--epochs", "1")
+    acc = float(out.split("test accuracy:")[1].split()[0])
+    assert acc > 0.85  # 1 of the default 15 epochs; the full run reaches ~0.99

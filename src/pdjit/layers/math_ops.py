@@ -9,6 +9,7 @@ import numbers
 
 from pdjit.framework import dtypes
 from pdjit.framework.program import Variable
+from pdjit.initializer import Constant
 from pdjit.layers.layer_helper import LayerHelper, check_variable
 
 _ELEMENTWISE = ["elementwise_add", "elementwise_sub", "elementwise_mul", "elementwise_div",
@@ -20,7 +21,9 @@ _COMPARE = ["less_than", "less_equal", "greater_than", "greater_equal", "equal",
 _LOGICAL = ["logical_and", "logical_or", "logical_xor"]
 
 __all__ = (_ELEMENTWISE + _ACTIVATIONS + _COMPARE + _LOGICAL
-           + ["logical_not", "leaky_relu", "scale", "clip", "elementwise_floor_div"])
+           + ["logical_not", "leaky_relu", "scale", "clip", "elementwise_floor_div", "relu6",
+              "hard_swish", "hard_sigmoid", "swish", "silu", "elu", "selu", "softplus", "mish",
+              "prelu"])
 
 
 def _binary(op_type: str, x, y, axis: int = -1, act=None, name=None) -> Variable:
@@ -137,6 +140,92 @@ def clip(x, min: float, max: float, name=None) -> Variable:
         raise ValueError(f"clip: expected min <= max, got min={min}, max={max}")
     return _unary("clip", x, name, min=float(min), max=float(max))
 
+
+
+# ---- activations with attributes (Fluid 1.x signatures) --------------------------------------
+def relu6(x, threshold: float = 6.0, name=None) -> Variable:
+    """``min(max(x, 0), threshold)``."""
+    return _unary("relu6", x, name, threshold=float(threshold))
+
+
+def hard_swish(x, threshold: float = 6.0, scale: float = 6.0, offset: float = 3.0,
+               name=None) -> Variable:
+    """``x * min(max(x + offset, 0), threshold) / scale`` (MobileNetV3)."""
+    return _unary("hard_swish", x, name, threshold=float(threshold), scale=float(scale),
+                  offset=float(offset))
+
+
+def hard_sigmoid(x, slope: float = 0.2, offset: float = 0.5, name=None) -> Variable:
+    """``min(max(slope * x + offset, 0), 1)``."""
+    return _unary("hard_sigmoid", x, name, slope=float(slope), offset=float(offset))
+
+
+def swish(x, beta: float = 1.0, name=None) -> Variable:
+    """``x * sigmoid(beta * x)``."""
+    return _unary("swish", x, name, beta=float(beta))
+
+
+def silu(x, name=None) -> Variable:
+    """``x * sigmoid(x)``."""
+    return _unary("silu", x, name)
+
+
+def elu(x, alpha: float = 1.0, name=None) -> Variable:
+    """``x if x > 0 else alpha * (exp(x) - 1)``."""
+    return _unary("elu", x, name, alpha=float(alpha))
+
+
+def selu(x, scale=None, alpha=None, name=None) -> Variable:
+    """``scale * (x if x > 0 else alpha * (exp(x) - 1))``; ``None`` keeps the op's defaults."""
+    attrs = {k: float(v) for k, v in (("scale", scale), ("alpha", alpha)) if v is not None}
+    return _unary("selu", x, name, **attrs)
+
+
+def softplus(x, beta: float = 1.0, threshold: float = 20.0, name=None) -> Variable:
+    """``log(1 + exp(beta * x)) / beta``, or ``x`` where ``beta * x > threshold``."""
+    return _unary("softplus", x, name, beta=float(beta), threshold=float(threshold))
+
+
+def mish(x, threshold: float = 20.0, name=None) -> Variable:
+    """``x * tanh(softplus(x))``, softplus taken as ``x`` above ``threshold``."""
+    return _unary("mish", x, name, threshold=float(threshold))
+
+
+_PRELU_FORMATS = {"NC": "NCHW", "NCL": "NCHW", "NCHW": "NCHW", "NCDHW": "NCHW",
+                  "NLC": "NHWC", "NHWC": "NHWC", "NDHWC": "NHWC"}
+
+
+def prelu(x, mode: str, param_attr=None, data_format: str = "NCHW", name=None) -> Variable:
+    """``x if x > 0 else alpha * x`` with a learnt ``alpha`` (initialised to 0.25) shared by
+    ``mode``: ``"all"`` (one value, shape [1]), ``"channel"`` (one per channel: shape
+    [1, C, 1, 1], or [1, 1, 1, C] for a channels-last ``data_format``) or ``"element"`` (one per
+    element of a sample: shape [1] + x.shape[1:]); the shapes Paddle's ``static.nn.prelu``
+    creates. ``data_format`` may be any of Paddle's spellings (``NC``, ``NCL``, ``NCDHW``,
+    ``NLC``, ``NDHWC``...)."""
+    check_variable(x, "x", "prelu")
+    if mode not in ("all", "channel", "element"):
+        raise ValueError(f"prelu: mode must be one of 'all', 'channel', 'element', got {mode!r}")
+    fmt = _PRELU_FORMATS.get(data_format)
+    shape = [1]
+    if mode == "channel":
+        if fmt is None:
+            raise ValueError(f"prelu: data_format must be one of {sorted(_PRELU_FORMATS)}, got "
+                             f"{data_format!r}")
+        if len(x.shape) < 2:
+            raise ValueError(f"prelu: mode 'channel' needs x of rank >= 2, got shape "
+                             f"{list(x.shape)}")
+        shape = [1, x.shape[1], 1, 1] if fmt == "NCHW" else [1, 1, 1, x.shape[-1]]
+    elif mode == "element":
+        if len(x.shape) < 1:
+            raise ValueError("prelu: mode 'element' needs x of rank >= 1")
+        shape = [1] + list(x.shape[1:])
+    helper = LayerHelper("prelu", name=name, param_attr=param_attr)
+    alpha = helper.create_parameter(helper.param_attr, shape, x.dtype,
+                                    default_initializer=Constant(0.25))
+    out = helper.create_variable_for_type_inference(x.dtype)
+    helper.append_op("prelu", inputs={"X": [x], "Alpha": [alpha]}, outputs={"Out": [out]},
+                     attrs={"mode": mode, "data_format": fmt or data_format})
+    return out
 
 # ---- operators on Variable ------------------------------------------------------------------
 def _constant_like(x: Variable, value) -> Variable:

@@ -26,10 +26,13 @@ from pdjit.framework import dtypes
 from pdjit.framework.errors import ShapeMismatch
 from pdjit.framework.registry import (
     ELEMENTWISE,
+    OPAQUE,
     Bool,
     Float,
     GradOpSpec,
     Int,
+    Opaque,
+    Str,
     default_grad,
     grad_var_name,
     register_op,
@@ -37,49 +40,80 @@ from pdjit.framework.registry import (
 from pdjit.ops._common import FLOATS, NUMERIC, check_dtype
 
 
-def _unary(name, fn, emit, allowed=FLOATS, attrs=None, doc="", grad=None, domain=None):
+def _unary(name, fn, emit, allowed=FLOATS, attrs=None, doc="", grad=None, domain=None,
+           may_lack_attrs=False):
     """Register a unary elementwise op and, when ``grad`` is given, its ``<name>_grad`` op.
 
-    ``grad`` is ``(reads, dx, template)``: ``reads`` is the forward slot the derivative is
-    computed from (``"X"`` or ``"Out"``, as Paddle's grad op reads it), ``dx(v, g, **attrs)``
-    the NumPy gradient from that value and ``Out@GRAD``, and ``template`` the same expression
-    for the code generator. ``grad=None`` declares the op not differentiable.
+    ``grad`` is ``(reads, dx, template)``: ``reads`` names the forward slots the grad op reads
+    besides ``Out@GRAD`` (``"X"``, ``"Out"`` or ``("X", "Out")``, as Paddle's grad op reads
+    them), ``dx(*values, g, **attrs)`` the NumPy gradient from their values (in ``reads``
+    order) and ``Out@GRAD``, and ``template`` the same expression for the code generator.
+    ``grad=None`` declares the op not differentiable. ``may_lack_attrs``: programs written by
+    some Paddle version leave attributes out (see ``_filled``); the emit rules then become
+    callables that write in the defaults of the absent ones.
     """
+    attrs = attrs or {}
+
     def infer(X, **_):
         check_dtype(X, allowed, "input X")
         return {"Out": X}
 
     def ref(X, **kw):
-        return {"Out": np.asarray(fn(X, **kw)).astype(X.dtype, copy=False)}
+        return {"Out": np.asarray(fn(X, **_filled(attrs, kw))).astype(X.dtype, copy=False)}
 
     maker = None
     if grad is not None:
         reads, dx, template = grad
-        maker = default_grad(f"{name}_grad", fwd_inputs=("X",) if reads == "X" else (),
-                             fwd_outputs=("Out",) if reads == "Out" else ())
-        _register_unary_grad(name, reads, dx, template, attrs or {})
-    register_op(name, inputs=["X"], outputs=["Out"], attrs=attrs or {}, traits=[ELEMENTWISE],
-                infer_shape=infer, reference=ref, emit=emit, grad=maker, doc=doc,
-                domain={"X": domain} if domain else None)
+        reads = (reads,) if isinstance(reads, str) else tuple(reads)
+        maker = default_grad(f"{name}_grad", fwd_inputs=("X",) if "X" in reads else (),
+                             fwd_outputs=("Out",) if "Out" in reads else ())
+        _register_unary_grad(name, reads, dx, template, attrs, may_lack_attrs)
+    register_op(name, inputs=["X"], outputs=["Out"], attrs=attrs, traits=[ELEMENTWISE],
+                infer_shape=infer, reference=ref,
+                emit=_with_defaults(emit, attrs) if may_lack_attrs else emit, grad=maker,
+                doc=doc, domain={"X": domain} if domain else None)
 
 
-def _register_unary_grad(name, reads, dx, template, attrs):
-    """``<name>_grad``: ``X@GRAD = dx(<reads>, Out@GRAD)``, elementwise and fusable."""
+def _filled(attrs, given) -> dict:
+    """The values of ``attrs``: as given, or their defaults where the op carries none (a
+    program written by Paddle 3.3.1 has no ``threshold`` on relu6, no ``beta`` on swish)."""
+    return {a: given[a] if a in given else spec.default for a, spec in attrs.items()}
+
+
+def _with_defaults(template, attrs):
+    """The emit rule of a template over attributes: the template itself, with the default
+    written in for an attribute the op does not carry (see ``_filled``)."""
+    if not attrs or not isinstance(template, str):
+        return template
+
+    def emit(dtypes_, **given):
+        t = template
+        for a, spec in attrs.items():
+            if a not in given:
+                t = t.replace("{" + a + "}", repr(spec.default))
+        return t
+    return emit
+
+
+def _register_unary_grad(name, reads, dx, template, attrs, may_lack_attrs):
+    """``<name>_grad``: ``X@GRAD = dx(<reads>..., Out@GRAD)``, elementwise and fusable."""
     def infer(**kw):
         # X@GRAD has the forward X's shape and dtype; for a unary op Out has the same ones
-        return {"X@GRAD": kw[reads]}
+        return {"X@GRAD": kw[reads[0]]}
 
     def ref(**kw):
-        v, g = kw[reads], kw["Out@GRAD"]
-        if v.shape != g.shape:
-            raise ShapeMismatch(f"{name}_grad: expected Out@GRAD of {reads}'s shape "
-                                f"{list(v.shape)}, got {list(g.shape)}")
-        params = {a: kw[a] for a in attrs}
-        return {"X@GRAD": np.asarray(dx(v, g, **params)).astype(v.dtype, copy=False)}
+        values, g = [kw[r] for r in reads], kw["Out@GRAD"]
+        for r, v in zip(reads, values):
+            if v.shape != g.shape:
+                raise ShapeMismatch(f"{name}_grad: expected Out@GRAD of {r}'s shape "
+                                    f"{list(v.shape)}, got {list(g.shape)}")
+        params = _filled(attrs, kw)
+        return {"X@GRAD": np.asarray(dx(*values, g, **params)).astype(values[0].dtype,
+                                                                      copy=False)}
 
-    register_op(f"{name}_grad", inputs=[reads, "Out@GRAD"], outputs=["X@GRAD?"],
+    register_op(f"{name}_grad", inputs=[*reads, "Out@GRAD"], outputs=["X@GRAD?"],
                 attrs=dict(attrs), traits=[ELEMENTWISE], infer_shape=infer, reference=ref,
-                emit=template, grad=None,
+                emit=_with_defaults(template, attrs) if may_lack_attrs else template, grad=None,
                 doc=f"X@GRAD = {template.replace('{', '').replace('}', '')} (gradient of "
                     f"{name}).")
 
@@ -126,6 +160,351 @@ _unary("square", np.square, "{X} * {X}", NUMERIC, doc="Out = X * X",
 _unary("floor", np.floor, "np.floor({X})", doc="Out = floor(X)")
 _unary("ceil", np.ceil, "np.ceil({X})", doc="Out = ceil(X)")
 _unary("sign", np.sign, "np.sign({X})", NUMERIC, doc="Out = sign(X)")
+
+
+# ---- activations of vision models (MobileNetV3, YOLO, EfficientNet...) ------------------------
+# Semantics and grad slots are Paddle 3.3.1's (see the module docstring). Transcendentals go
+# through the code generator's helpers; the NumPy references avoid overflow warnings by
+# evaluating the branch that np.where drops on safe values.
+def _clamp(v, lo, hi):
+    return np.minimum(np.maximum(v, lo), hi)
+
+
+def _f(x, v):
+    """Attribute ``v`` as a scalar of ``x``'s dtype (float32 math stays float32)."""
+    return np.asarray(v, x.dtype)
+
+
+def _softplus_np(z):
+    return np.logaddexp(np.zeros((), z.dtype), z)
+
+
+def _neg_expm1(x):
+    """alpha * (exp(x) - 1) needs expm1 of the non-positive part only."""
+    return np.expm1(np.minimum(x, 0))
+
+
+_unary("relu6", lambda x, threshold: _clamp(x, _f(x, 0), _f(x, threshold)),
+       "np.minimum(np.maximum({X}, {T}(0)), {T}({threshold}))",
+       attrs={"threshold": Float(6.0, low=1.0, high=10.0,
+                                 doc="Fluid 1.x writes it; Paddle 3.3.1 writes none (6)")},
+       may_lack_attrs=True, doc="Out = min(max(X, 0), threshold)",
+       # relu6_grad reads Out: 0 at both kinks (Out == 0 and Out == threshold)
+       grad=("Out", lambda out, g, threshold: np.where((out > 0) & (out < threshold), g,
+                                                       np.zeros((), g.dtype)),
+             "{Out@GRAD} if {Out} > {T}(0) and {Out} < {T}({threshold}) else {T}(0)"))
+
+
+def _hard_swish(x, threshold, scale, offset):
+    return x * _clamp(x + _f(x, offset), _f(x, 0), _f(x, threshold)) / _f(x, scale)
+
+
+def _hard_swish_dx(x, g, threshold, scale, offset):
+    # Paddle's HardSwishGradFunctor: 1 (not threshold / scale) where X + offset >= threshold
+    t = x + _f(x, offset)
+    inner = np.where(t > 0, g * (2 * x + _f(x, offset)) / _f(x, scale), np.zeros((), g.dtype))
+    return np.where(t < threshold, inner, g)
+
+
+_unary("hard_swish", _hard_swish,
+       "{X} * np.minimum(np.maximum({X} + {T}({offset}), {T}(0)), {T}({threshold})) "
+       "/ {T}({scale})",
+       attrs={"threshold": Float(6.0, low=1.0, high=10.0), "scale": Float(6.0, low=1.0, high=10.0),
+              "offset": Float(3.0, low=0.5, high=5.0)},
+       may_lack_attrs=True, doc="Out = X * min(max(X + offset, 0), threshold) / scale",
+       grad=("X", _hard_swish_dx,
+             "({Out@GRAD} * ({T}(2) * {X} + {T}({offset})) / {T}({scale}) "
+             "if {X} + {T}({offset}) > {T}(0) else {T}(0)) "
+             "if {X} + {T}({offset}) < {T}({threshold}) else {Out@GRAD}"))
+_unary("hard_sigmoid",
+       lambda x, slope, offset: _clamp(x * _f(x, slope) + _f(x, offset), _f(x, 0), _f(x, 1)),
+       "np.minimum(np.maximum({X} * {T}({slope}) + {T}({offset}), {T}(0)), {T}(1))",
+       attrs={"slope": Float(0.2, low=0.0625, high=1.0), "offset": Float(0.5, low=0.0, high=1.0)},
+       may_lack_attrs=True, doc="Out = min(max(slope * X + offset, 0), 1)",
+       # hard_sigmoid_grad reads Out: slope strictly between the bounds, 0 at them
+       grad=("Out", lambda out, g, slope, offset: np.where(
+           (out > 0) & (out < 1), g * _f(g, slope), np.zeros((), g.dtype)),
+           "{Out@GRAD} * {T}({slope}) if {Out} > {T}(0) and {Out} < {T}(1) else {T}(0)"))
+
+_SIG_BX = "_m.sigmoid({T}({beta}) * {X})"
+_unary("swish", lambda x, beta: x * _sigmoid(x * _f(x, beta)), "{X} * " + _SIG_BX,
+       attrs={"beta": Float(1.0, low=0.25, high=4.0,
+                            doc="Fluid 1.x writes it; Paddle 3.3.1 writes none (1)")},
+       may_lack_attrs=True, doc="Out = X * sigmoid(beta * X)",
+       grad=("X", lambda x, g, beta: g * _sigmoid(x * _f(x, beta)) * (
+           1 + _f(x, beta) * x * (1 - _sigmoid(x * _f(x, beta)))),
+           f"{{Out@GRAD}} * {_SIG_BX} * ({{T}}(1) + {{T}}({{beta}}) * {{X}} * "
+           f"({{T}}(1) - {_SIG_BX}))"))
+# silu_grad reads X and Out (Paddle's slots); the derivative is computed from X alone
+_unary("silu", lambda x: x * _sigmoid(x), "{X} * _m.sigmoid({X})", doc="Out = X * sigmoid(X)",
+       grad=(("X", "Out"), lambda x, out, g: g * _sigmoid(x) * (1 + x * (1 - _sigmoid(x))),
+             "{Out@GRAD} * _m.sigmoid({X}) * ({T}(1) + {X} * ({T}(1) - _m.sigmoid({X})))"))
+_unary("elu", lambda x, alpha: np.where(x > 0, x, _f(x, alpha) * _neg_expm1(x)),
+       "{X} if {X} > {T}(0) else {T}({alpha}) * _m.expm1({X})",
+       attrs={"alpha": Float(1.0, low=0.125, high=2.0)},
+       may_lack_attrs=True, doc="Out = X if X > 0 else alpha * (exp(X) - 1)",
+       # Paddle's elu_grad: Out@GRAD where X > 0, else Out@GRAD * (Out + alpha) (= alpha at 0)
+       grad=(("X", "Out"), lambda x, out, g, alpha: np.where(x > 0, g, g * (out + _f(x, alpha))),
+             "{Out@GRAD} if {X} > {T}(0) else {Out@GRAD} * ({Out} + {T}({alpha}))"))
+_unary("selu",
+       lambda x, scale, alpha: _f(x, scale) * np.where(x > 0, x, _f(x, alpha) * _neg_expm1(x)),
+       "{T}({scale}) * ({X} if {X} > {T}(0) else {T}({alpha}) * _m.expm1({X}))",
+       attrs={"scale": Float(1.0507009873554805, low=1.0, high=2.0),
+              "alpha": Float(1.6732632423543772, low=0.0, high=2.0)},
+       may_lack_attrs=True, doc="Out = scale * (X if X > 0 else alpha * (exp(X) - 1))",
+       # selu_grad reads Out only: scale where Out > 0, else Out + scale * alpha (at 0 too)
+       grad=("Out", lambda out, g, scale, alpha: np.where(
+           out > 0, g * _f(g, scale), g * (out + _f(g, scale) * _f(g, alpha))),
+           "{Out@GRAD} * {T}({scale}) if {Out} > {T}(0) else "
+           "{Out@GRAD} * ({Out} + {T}({scale}) * {T}({alpha}))"))
+
+
+def _softplus(x, beta, threshold):
+    bx = x * _f(x, beta)
+    return np.where(bx > threshold, x, _softplus_np(bx) / _f(x, beta))
+
+
+_unary("softplus", _softplus,
+       "{X} if {T}({beta}) * {X} > {T}({threshold}) else "
+       "_m.softplus({T}({beta}) * {X}) / {T}({beta})",
+       attrs={"beta": Float(1.0, low=0.5, high=4.0), "threshold": Float(20.0, low=5.0, high=30.0)},
+       may_lack_attrs=True,
+       doc="Out = X if beta * X > threshold else log(1 + exp(beta * X)) / beta",
+       grad=("X", lambda x, g, beta, threshold: np.where(
+           x * _f(x, beta) > threshold, g, g * _sigmoid(x * _f(x, beta))),
+           "{Out@GRAD} if {T}({beta}) * {X} > {T}({threshold}) else "
+           "{Out@GRAD} * _m.sigmoid({T}({beta}) * {X})"))
+
+
+def _mish_sp(x, threshold):
+    return np.where(x > threshold, x, _softplus_np(x))
+
+
+def _mish_dx(x, g, threshold):
+    # Paddle's MishGradFunctor: sp = softplus with the threshold, d = tanh(sp) + X *
+    # (1 - tanh(sp)^2) * (1 - exp(-sp)); 1 - exp(-sp) is sigmoid(X) below the threshold
+    sp = _mish_sp(x, threshold)
+    t = np.tanh(sp)
+    return g * (t + x * (1 - t * t) * -np.expm1(-sp))
+
+
+_MISH_SP = "({X} if {X} > {T}({threshold}) else _m.softplus({X}))"
+_MISH_T = f"_m.tanh({_MISH_SP})"
+_unary("mish", lambda x, threshold: x * np.tanh(_mish_sp(x, threshold)), "{X} * " + _MISH_T,
+       attrs={"threshold": Float(20.0, low=5.0, high=30.0)},
+       may_lack_attrs=True, doc="Out = X * tanh(X if X > threshold else log(1 + exp(X)))",
+       grad=("X", _mish_dx,
+             f"{{Out@GRAD}} * ({_MISH_T} + {{X}} * ({{T}}(1) - {_MISH_T} * {_MISH_T}) * "
+             f"-_m.expm1(-{_MISH_SP}))"))
+
+
+# ---- prelu: Out = X if X > 0 else Alpha * X, Alpha shared per mode ---------------------------
+# Not a unary op: Alpha broadcasts by mode ("all": one value; "channel": one per channel, the
+# channel axis being 1 (NCHW) or the last (NHWC); "element": one per element of a sample), and
+# Alpha's gradient is a reduction over what shares it. Alpha's shape need not line up with X's
+# by NumPy's rule (Paddle takes a channel Alpha as [C] or [1, C, 1, 1] for X of any rank >= 2),
+# so both ops are opaque loop nests over X viewed as rows: for "channel"/NCHW a row is the
+# spatial extent of one (sample, channel) pair and takes Alpha[row % C]; for NHWC and "element"
+# a column k takes Alpha[k]; for "all" every element takes Alpha[0].
+_PRELU_MODES = ("all", "channel", "element")
+_PRELU_FORMATS = ("NCHW", "NHWC")
+
+
+def _known_prod(dims) -> int:
+    """The product of ``dims``, or -1 when one is unknown."""
+    return -1 if any(d < 0 for d in dims) else int(np.prod(dims, dtype=np.int64))
+
+
+def _prelu_alpha_size(x_shape, mode, data_format) -> int:
+    """How many values Alpha must hold for X of ``x_shape`` (-1: unknown until run time);
+    ShapeMismatch for a mode, format or rank Paddle refuses."""
+    rank = len(x_shape)
+    if mode == "all":
+        return 1
+    if mode == "channel":
+        if rank < 2:
+            raise ShapeMismatch(f"prelu: mode 'channel' expects X of rank >= 2, got shape "
+                                f"{list(x_shape)}")
+        if data_format not in _PRELU_FORMATS:
+            raise ShapeMismatch(f"prelu: data_format must be one of {list(_PRELU_FORMATS)} in "
+                                f"mode 'channel', got {data_format!r}")
+        return x_shape[1] if data_format == "NCHW" else x_shape[-1]
+    if mode == "element":
+        if rank < 1:
+            raise ShapeMismatch("prelu: mode 'element' expects X of rank >= 1, got a scalar")
+        return _known_prod(x_shape[1:])
+    raise ShapeMismatch(f"prelu: mode must be one of {list(_PRELU_MODES)}, got {mode!r}")
+
+
+def _prelu_infer(X, Alpha, *, mode="all", data_format="NCHW"):
+    check_dtype(X, FLOATS, "input X")
+    if Alpha.dtype != X.dtype:
+        raise ShapeMismatch(f"prelu: Alpha must have X's dtype {X.dtype}, got {Alpha.dtype}")
+    want = _prelu_alpha_size(X.shape, mode, data_format)
+    if mode == "element" and Alpha.ndim != X.ndim:
+        raise ShapeMismatch(f"prelu: in mode 'element' Alpha must have X's rank {X.ndim}, got "
+                            f"shape {list(Alpha.shape)}")
+    have = _known_prod(Alpha.shape[1:] if mode == "element" else Alpha.shape)
+    if want >= 0 and have >= 0 and want != have:
+        raise ShapeMismatch(f"prelu: in mode {mode!r} Alpha must hold {want} value(s) for X of "
+                            f"shape {list(X.shape)}, got shape {list(Alpha.shape)}")
+    return {"Out": X}
+
+
+def _prelu_alpha(X, Alpha, mode, data_format):
+    """Alpha reshaped to broadcast against X (NumPy's rule), after checking its size."""
+    want = _prelu_alpha_size(X.shape, mode, data_format)
+    if Alpha.size != want:
+        raise ShapeMismatch(f"prelu: in mode {mode!r} Alpha must hold {want} value(s) for X of "
+                            f"shape {list(X.shape)}, got shape {list(Alpha.shape)}")
+    if mode == "all":
+        return Alpha.reshape(())
+    if mode == "element":
+        return Alpha.reshape((1,) + X.shape[1:])
+    shape = [1] * X.ndim
+    shape[1 if data_format == "NCHW" else -1] = want
+    return Alpha.reshape(shape)
+
+
+def _prelu_ref(X, Alpha, *, mode="all", data_format="NCHW"):
+    a = _prelu_alpha(X, Alpha, mode, data_format)
+    return {"Out": np.where(X > 0, X, a * X).astype(X.dtype, copy=False)}
+
+
+def _prelu_grad_ref(X, Alpha, *, mode="all", data_format="NCHW", **kw):
+    g = kw["Out@GRAD"]
+    if g.shape != X.shape:
+        raise ShapeMismatch(f"prelu_grad: expected Out@GRAD of X's shape {list(X.shape)}, got "
+                            f"{list(g.shape)}")
+    a = _prelu_alpha(X, Alpha, mode, data_format)
+    pos = X > 0
+    # Paddle tests X > 0: at 0 the slope is Alpha; Alpha's gradient sums X * Out@GRAD where X <= 0
+    dx = np.where(pos, g, a * g).astype(X.dtype, copy=False)
+    contrib = np.where(pos, np.zeros((), X.dtype), X * g)
+    axes = tuple(i for i in range(X.ndim) if np.ndim(a) == 0 or a.shape[i] == 1)
+    da = contrib.sum(axis=axes).reshape(Alpha.shape).astype(Alpha.dtype, copy=False)
+    return {"X@GRAD": dx, "Alpha@GRAD": da}
+
+
+def _prelu_attrs(ctx):
+    """(mode, data_format) of the op being lowered, defaults for absent ones."""
+    return ctx.attrs.get("mode", "all"), ctx.attrs.get("data_format", "NCHW")
+
+
+def _prelu_rows(ctx, X, rank):
+    """(rows, cols, alpha index of the column loop or None, of the row loop or None): source
+    expressions viewing X as rows for the mode (see the section comment)."""
+    mode, fmt = _prelu_attrs(ctx)
+    if mode == "channel" and fmt == "NCHW":
+        return (f"{X}.shape[0] * {X}.shape[1]", ctx.prod(X, 2, rank), None,
+                f"% {X}.shape[1]")
+    if mode == "element":
+        return f"{X}.shape[0]", ctx.prod(X, 1, rank), "k", None
+    if mode == "channel":  # NHWC
+        return ctx.prod(X, 0, rank - 1), f"{X}.shape[{rank - 1}]", "k", None
+    return ctx.prod(X, 0, rank - 1), f"{X}.shape[{rank - 1}]", None, None  # all
+
+
+def _prelu_check(ctx, X, A, rank) -> list:
+    """Lines raising ValueError (the executor then runs the references, which explain) when
+    Alpha does not hold the values the mode needs."""
+    mode, fmt = _prelu_attrs(ctx)
+    if mode == "all":
+        want = "1"
+    elif mode == "element":
+        want = ctx.prod(X, 1, rank)
+    else:
+        want = f"{X}.shape[{1 if fmt == 'NCHW' else rank - 1}]"
+    return [f"if {A}.size != {want}: raise ValueError('pdjit: prelu Alpha size')"]
+
+
+def _prelu_lowerable(ctx) -> bool:
+    r = ctx.rank("X")
+    mode, fmt = _prelu_attrs(ctx)
+    return (r >= 1 and ctx.dtype("X").kind == "f" and ctx.dtype("Alpha") == ctx.dtype("X")
+            and mode in _PRELU_MODES and not (mode == "channel" and (r < 2 or fmt not in
+                                                                       _PRELU_FORMATS)))
+
+
+def _prelu_lower(ctx):
+    if not _prelu_lowerable(ctx):
+        return None
+    X, A, T, r = ctx.inp("X"), ctx.inp("Alpha"), ctx.T("X"), ctx.rank("X")
+    out = ctx.out("Out", shape=f"{X}.shape")
+    x2, o2, a1, i, k, al, v = (ctx.tmp(h) for h in ("x", "o", "a", "i", "k", "al", "v"))
+    rows, cols, col_idx, row_idx = _prelu_rows(ctx, X, r)
+    ka = k if col_idx else None
+    row_alpha = [f"{al} = {a1}[{i} {row_idx}]"] if row_idx else \
+        [] if ka else [f"{al} = {a1}[0]"]
+    col_alpha = f"{a1}[{ka}]" if ka else al
+    body = row_alpha + [
+        f"for {k} in range({x2}.shape[1]):",
+        f"    {v} = {x2}[{i}, {k}]",
+        f"    {o2}[{i}, {k}] = {v} if {v} > {T}(0) else {col_alpha} * {v}",
+    ]
+    return (_prelu_check(ctx, X, A, r) + [
+        f"{x2} = {X}.reshape(({rows}, {cols}))",
+        f"{o2} = {out}.reshape({x2}.shape)",
+        f"{a1} = {A}.reshape(({A}.size,))",
+    ] + ctx.loop(i, f"{x2}.shape[0]", body, size=f"{X}.size"))
+
+
+def _prelu_grad_lower(ctx):
+    if not _prelu_lowerable(ctx) or ctx.dtype("Out@GRAD") != ctx.dtype("X"):
+        return None
+    X, A, G, T, r = ctx.inp("X"), ctx.inp("Alpha"), ctx.inp("Out@GRAD"), ctx.T("X"), ctx.rank("X")
+    want_dx, want_da = ctx.has_output("X@GRAD"), ctx.has_output("Alpha@GRAD")
+    x2, g2, d2, a1, da1, i, k, al, v, gv, s = (ctx.tmp(h) for h in (
+        "x", "g", "d", "a", "da", "i", "k", "al", "v", "gv", "s"))
+    rows, cols, col_idx, row_idx = _prelu_rows(ctx, X, r)
+    lines = _prelu_check(ctx, X, A, r) + [
+        f"if {G}.size != {X}.size: raise ValueError('pdjit: prelu_grad shapes differ')",
+        f"{x2} = {X}.reshape(({rows}, {cols}))",
+        f"{g2} = {G}.reshape({x2}.shape)",
+        f"{a1} = {A}.reshape(({A}.size,))",
+    ]
+    if want_dx:
+        dx = ctx.out("X@GRAD", shape=f"{X}.shape")
+        lines.append(f"{d2} = {dx}.reshape({x2}.shape)")
+    if want_da:
+        da = ctx.out("Alpha@GRAD", shape=f"{A}.shape", zero=True)
+        lines.append(f"{da1} = {da}.reshape(({A}.size,))")
+    # one pass over X: the row's Alpha (or the column's), X@GRAD, and Alpha@GRAD's sums.
+    # Serial over rows: Alpha@GRAD entries are shared between rows.
+    row_a = f"{i} {row_idx}" if row_idx else "0"
+    a_of = f"{a1}[{k}]" if col_idx else al
+    body = [f"    {v} = {x2}[{i}, {k}]", f"    {gv} = {g2}[{i}, {k}]"]
+    if want_dx:
+        body.append(f"    {d2}[{i}, {k}] = {gv} if {v} > {T}(0) else {a_of} * {gv}")
+    if want_da and col_idx:
+        body.append(f"    if not {v} > {T}(0): {da1}[{k}] += {v} * {gv}")
+    elif want_da:
+        body.append(f"    if not {v} > {T}(0): {s} += {v} * {gv}")
+    loop = ([f"{al} = {a1}[{row_a}]"] if not col_idx else []) + \
+        ([f"{s} = {T}(0)"] if want_da and not col_idx else []) + \
+        [f"for {k} in range({x2}.shape[1]):"] + body + \
+        ([f"{da1}[{row_a}] += {s}"] if want_da and not col_idx else [])
+    lines.append(f"for {i} in range({x2}.shape[0]):")
+    lines += ["    " + line for line in loop]
+    return lines
+
+
+_PRELU_ATTRS = {"mode": Str("all", choices=_PRELU_MODES),
+                "data_format": Str("NCHW", choices=_PRELU_FORMATS)}
+
+register_op(
+    "prelu", inputs=["X", "Alpha"], outputs=["Out"], attrs=_PRELU_ATTRS, traits=[OPAQUE],
+    infer_shape=_prelu_infer, reference=_prelu_ref, emit=Opaque(_prelu_lower),
+    grad=default_grad("prelu_grad", fwd_inputs=("X", "Alpha"), wrt=("X", "Alpha")),
+    doc="Out = X if X > 0 else Alpha * X, Alpha shared by mode (all, channel, element).")
+
+register_op(
+    "prelu_grad", inputs=["X", "Alpha", "Out@GRAD"], outputs=["X@GRAD?", "Alpha@GRAD?"],
+    attrs=_PRELU_ATTRS, traits=[OPAQUE],
+    infer_shape=lambda X, Alpha, **_: {"X@GRAD": X, "Alpha@GRAD": Alpha},
+    reference=_prelu_grad_ref, emit=Opaque(_prelu_grad_lower), grad=None,
+    doc="X@GRAD = Out@GRAD if X > 0 else Alpha * Out@GRAD; Alpha@GRAD = the sum of "
+        "X * Out@GRAD where X <= 0 over the elements sharing each Alpha value.")
 
 
 # ---- scale: Out = scale * X + bias (or scale * (X + bias)) ------------------------------------

@@ -479,8 +479,9 @@ def _convt_lower(ctx):
     X, W = ctx.inp("Input"), ctx.inp("Filter")
     _, mg, kh, kw = ctx.shape("Filter")
     lines, xc = as_nchw(ctx, g, X)
-    y, pre, post = nchw_dest(ctx, g, "Output", f"{X}.shape[0]", f"{W}.shape[1] * {ctx.attrs['groups']}",
-                         _t_out_src(ctx, g, X, 0, kh), _t_out_src(ctx, g, X, 1, kw))
+    m = f"{W}.shape[1] * {ctx.attrs['groups']}"
+    y, pre, post = nchw_dest(ctx, g, "Output", f"{X}.shape[0]", m, _t_out_src(ctx, g, X, 0, kh),
+                             _t_out_src(ctx, g, X, 1, kw))
     call = f"_nn.conv2d_bwd_data({xc}, {W}, {y}, {_t_args(ctx, g, X, kh, kw)})"
     return lines + pre + [call] + post
 
