@@ -1,4 +1,5 @@
-"""Unary elementwise ops: activations, ``scale``, ``clip``, ``cast``, and their gradients.
+"""Unary elementwise ops: activations, ``scale``, ``clip``, ``cast``, and their gradients;
+and ``prelu`` (an activation with a learnt, broadcast ``Alpha``).
 
 Each is a NumPy reference plus a scalar template for the code generator. Transcendentals emit
 the code generator's vectorisable helpers (``_m.tanh`` ...), never bare libm calls (see
@@ -8,12 +9,22 @@ Gradients follow PaddlePaddle 3.3.1's legacy grad makers (checked with
 ``core.get_grad_op_desc`` and by running them):
 
 - ``<act>_grad`` reads ``Out`` and ``Out@GRAD`` when the derivative is cheapest from the output
-  (relu, sigmoid, tanh, exp, sqrt, rsqrt, reciprocal), ``X`` and ``Out@GRAD`` otherwise
-  (leaky_relu, log, abs, square); it writes ``X@GRAD``. The grad ops are ``ELEMENTWISE`` with a
-  template, so the backward pass fuses like the forward one.
+  (relu, sigmoid, tanh, exp, sqrt, rsqrt, reciprocal, relu6, hard_sigmoid, selu), ``X`` and
+  ``Out@GRAD`` otherwise (leaky_relu, log, abs, square, hard_swish, swish, softplus, mish),
+  ``X``, ``Out`` and ``Out@GRAD`` for silu and elu; it writes ``X@GRAD``. The grad ops are
+  ``ELEMENTWISE`` with a template, so the backward pass fuses like the forward one.
 - At the kinks Paddle's choices are copied: relu'(0) = 0 (it tests ``Out > 0``),
   leaky_relu'(0) = 1 (it tests ``X >= 0``), abs'(0) = 0 (sign), and clip passes the gradient
-  at both bounds (``min <= X <= max``).
+  at both bounds (``min <= X <= max``); relu6 and hard_sigmoid pass it strictly inside their
+  bounds only; hard_swish's is 0 at ``X = -offset``; elu'(0) = alpha, selu'(0) = scale * alpha;
+  prelu'(0) = Alpha (all test ``X > 0`` or ``Out > 0``).
+- Where Paddle's gradient is not its forward's derivative, Paddle's is copied: hard_swish's is
+  1 (not threshold / scale) from ``X + offset >= threshold`` on, and mish's uses
+  ``1 - exp(-X)`` for the derivative of its softplus above ``threshold`` (where the forward
+  takes ``X`` itself). Both agree with the derivative at the default attributes.
+- Attributes Paddle 3.3.1 ignores are honoured as Fluid 1.x defined them: it writes no
+  ``threshold`` on relu6 and no ``beta`` on swish (absent: 6 and 1) and computes hard_swish
+  with 6, 6, 3 whatever its attributes say.
 - ``scale``'s gradient is a ``scale`` of ``Out@GRAD`` by the same factor with bias 0 (and the
   same ``ScaleTensor`` when there is one); ``cast``'s is a ``cast`` back; ``assign``'s (in
   ``creation.py``) an ``assign``.
@@ -392,17 +403,15 @@ def _prelu_attrs(ctx):
 
 
 def _prelu_rows(ctx, X, rank):
-    """(rows, cols, alpha index of the column loop or None, of the row loop or None): source
-    expressions viewing X as rows for the mode (see the section comment)."""
+    """(rows, cols, share): source expressions viewing X as a 2-D array of rows for the mode,
+    and which index picks Alpha's value: ``"row"`` (``row % C``), ``"col"`` or ``"one"``."""
     mode, fmt = _prelu_attrs(ctx)
     if mode == "channel" and fmt == "NCHW":
-        return (f"{X}.shape[0] * {X}.shape[1]", ctx.prod(X, 2, rank), None,
-                f"% {X}.shape[1]")
+        return f"{X}.shape[0] * {X}.shape[1]", ctx.prod(X, 2, rank), "row"
     if mode == "element":
-        return f"{X}.shape[0]", ctx.prod(X, 1, rank), "k", None
-    if mode == "channel":  # NHWC
-        return ctx.prod(X, 0, rank - 1), f"{X}.shape[{rank - 1}]", "k", None
-    return ctx.prod(X, 0, rank - 1), f"{X}.shape[{rank - 1}]", None, None  # all
+        return f"{X}.shape[0]", ctx.prod(X, 1, rank), "col"
+    last = (ctx.prod(X, 0, rank - 1), f"{X}.shape[{rank - 1}]")
+    return (*last, "col") if mode == "channel" else (*last, "one")
 
 
 def _prelu_check(ctx, X, A, rank) -> list:
@@ -421,9 +430,16 @@ def _prelu_check(ctx, X, A, rank) -> list:
 def _prelu_lowerable(ctx) -> bool:
     r = ctx.rank("X")
     mode, fmt = _prelu_attrs(ctx)
-    return (r >= 1 and ctx.dtype("X").kind == "f" and ctx.dtype("Alpha") == ctx.dtype("X")
-            and mode in _PRELU_MODES and not (mode == "channel" and (r < 2 or fmt not in
-                                                                       _PRELU_FORMATS)))
+    if mode == "channel" and (r < 2 or fmt not in _PRELU_FORMATS):
+        return False
+    return (r >= 1 and mode in _PRELU_MODES and ctx.dtype("X").kind == "f"
+            and ctx.dtype("Alpha") == ctx.dtype("X"))
+
+
+def _prelu_row_entry(share, arr, i, X) -> str:
+    """Source for the entry of ``arr`` (Alpha or its gradient, flat) that row ``i`` uses
+    (shares ``"row"`` and ``"one"``)."""
+    return f"{arr}[{i} % {X}.shape[1]]" if share == "row" else f"{arr}[0]"
 
 
 def _prelu_lower(ctx):
@@ -432,15 +448,15 @@ def _prelu_lower(ctx):
     X, A, T, r = ctx.inp("X"), ctx.inp("Alpha"), ctx.T("X"), ctx.rank("X")
     out = ctx.out("Out", shape=f"{X}.shape")
     x2, o2, a1, i, k, al, v = (ctx.tmp(h) for h in ("x", "o", "a", "i", "k", "al", "v"))
-    rows, cols, col_idx, row_idx = _prelu_rows(ctx, X, r)
-    ka = k if col_idx else None
-    row_alpha = [f"{al} = {a1}[{i} {row_idx}]"] if row_idx else \
-        [] if ka else [f"{al} = {a1}[0]"]
-    col_alpha = f"{a1}[{ka}]" if ka else al
-    body = row_alpha + [
+    rows, cols, share = _prelu_rows(ctx, X, r)
+    if share == "col":
+        head, alpha = [], f"{a1}[{k}]"
+    else:
+        head, alpha = [f"{al} = {_prelu_row_entry(share, a1, i, X)}"], al
+    body = head + [
         f"for {k} in range({x2}.shape[1]):",
         f"    {v} = {x2}[{i}, {k}]",
-        f"    {o2}[{i}, {k}] = {v} if {v} > {T}(0) else {col_alpha} * {v}",
+        f"    {o2}[{i}, {k}] = {v} if {v} > {T}(0) else {alpha} * {v}",
     ]
     return (_prelu_check(ctx, X, A, r) + [
         f"{x2} = {X}.reshape(({rows}, {cols}))",
@@ -450,13 +466,16 @@ def _prelu_lower(ctx):
 
 
 def _prelu_grad_lower(ctx):
+    """One pass over X: X@GRAD, and Alpha@GRAD's sums of X * Out@GRAD where X <= 0 (summed
+    per row first when the row shares one Alpha value). Serial over the rows, which share
+    Alpha@GRAD's entries."""
     if not _prelu_lowerable(ctx) or ctx.dtype("Out@GRAD") != ctx.dtype("X"):
         return None
     X, A, G, T, r = ctx.inp("X"), ctx.inp("Alpha"), ctx.inp("Out@GRAD"), ctx.T("X"), ctx.rank("X")
     want_dx, want_da = ctx.has_output("X@GRAD"), ctx.has_output("Alpha@GRAD")
     x2, g2, d2, a1, da1, i, k, al, v, gv, s = (ctx.tmp(h) for h in (
         "x", "g", "d", "a", "da", "i", "k", "al", "v", "gv", "s"))
-    rows, cols, col_idx, row_idx = _prelu_rows(ctx, X, r)
+    rows, cols, share = _prelu_rows(ctx, X, r)
     lines = _prelu_check(ctx, X, A, r) + [
         f"if {G}.size != {X}.size: raise ValueError('pdjit: prelu_grad shapes differ')",
         f"{x2} = {X}.reshape(({rows}, {cols}))",
@@ -469,24 +488,23 @@ def _prelu_grad_lower(ctx):
     if want_da:
         da = ctx.out("Alpha@GRAD", shape=f"{A}.shape", zero=True)
         lines.append(f"{da1} = {da}.reshape(({A}.size,))")
-    # one pass over X: the row's Alpha (or the column's), X@GRAD, and Alpha@GRAD's sums.
-    # Serial over rows: Alpha@GRAD entries are shared between rows.
-    row_a = f"{i} {row_idx}" if row_idx else "0"
-    a_of = f"{a1}[{k}]" if col_idx else al
+    contrib = f"({T}(0) if {v} > {T}(0) else {v} * {gv})"
+    if share == "col":
+        head, tail, alpha = [], [], f"{a1}[{k}]"
+        acc = f"{da1}[{k}] += {contrib}"
+    else:
+        head = [f"{al} = {_prelu_row_entry(share, a1, i, X)}"] + \
+            ([f"{s} = {T}(0)"] if want_da else [])
+        tail = [f"{_prelu_row_entry(share, da1, i, X)} += {s}"] if want_da else []
+        alpha = al
+        acc = f"{s} += {contrib}"
     body = [f"    {v} = {x2}[{i}, {k}]", f"    {gv} = {g2}[{i}, {k}]"]
     if want_dx:
-        body.append(f"    {d2}[{i}, {k}] = {gv} if {v} > {T}(0) else {a_of} * {gv}")
-    if want_da and col_idx:
-        body.append(f"    if not {v} > {T}(0): {da1}[{k}] += {v} * {gv}")
-    elif want_da:
-        body.append(f"    if not {v} > {T}(0): {s} += {v} * {gv}")
-    loop = ([f"{al} = {a1}[{row_a}]"] if not col_idx else []) + \
-        ([f"{s} = {T}(0)"] if want_da and not col_idx else []) + \
-        [f"for {k} in range({x2}.shape[1]):"] + body + \
-        ([f"{da1}[{row_a}] += {s}"] if want_da and not col_idx else [])
-    lines.append(f"for {i} in range({x2}.shape[0]):")
-    lines += ["    " + line for line in loop]
-    return lines
+        body.append(f"    {d2}[{i}, {k}] = {gv} if {v} > {T}(0) else {alpha} * {gv}")
+    if want_da:
+        body.append(f"    {acc}")
+    loop = head + [f"for {k} in range({x2}.shape[1]):"] + body + tail
+    return lines + [f"for {i} in range({x2}.shape[0]):"] + ["    " + line for line in loop]
 
 
 _PRELU_ATTRS = {"mode": Str("all", choices=_PRELU_MODES),
