@@ -491,3 +491,36 @@ add("sequence_reverse", S(lambda r: {"X": _lod_x(r)}, grad=["X"], out="Y"))
 add("lod_reset",
     S(lambda r: {"X": u(r, (5, 2))}, {"target_lod": [0, 4, 5]}, grad=["X"]),
     S(lambda r: {"X": _lod_x(r, (5, 2)), "Y": _lod_x(r, (5, 1), lod=[[0, 5]])}, grad=["X"]))
+
+# ---- vision: activations, convolution, pooling --------------------------------------------------
+add("relu6", S(lambda r: {"X": away(r, (2, 3), hi=1.5) * 4}, {"threshold": 4.0}, grad=["X"]))
+add("hard_swish", S(lambda r: {"X": away(r, (2, 3)) * 2}, grad=["X"]))
+add("hard_sigmoid", S(lambda r: {"X": u(r, (2, 3), -2, 2)}, grad=["X"]))
+add("swish", S(lambda r: {"X": u(r, (2, 3), -2, 2)}, {"beta": 1.5}, grad=["X"]))
+add("silu", S(lambda r: {"X": u(r, (2, 3), -2, 2)}, grad=["X"]))
+add("elu", S(lambda r: {"X": away(r, (2, 3))}, {"alpha": 0.5}, grad=["X"]))
+add("selu", S(lambda r: {"X": away(r, (2, 3))}, grad=["X"]))
+add("softplus", S(lambda r: {"X": u(r, (2, 3), -2, 2)}, {"beta": 2.0}, grad=["X"]))
+add("mish", S(lambda r: {"X": u(r, (2, 3), -2, 2)}, grad=["X"]))
+add("prelu",
+    S(lambda r: {"X": away(r, (2, 3, 2)), "Alpha": pos(r, (1, 3, 1, 1), 0.1, 0.5)},
+      {"mode": "channel"}, grad=["X", "Alpha"]),
+    S(lambda r: {"X": away(r, (2, 3)), "Alpha": pos(r, (1,), 0.1, 0.5)}, {"mode": "all"},
+      grad=["X", "Alpha"]))
+for _conv in ("conv2d", "depthwise_conv2d"):
+    add(_conv, S(lambda r: {"Input": u(r, (2, 2, 4, 3)), "Filter": u(r, (4, 1, 2, 2))},
+                 {"groups": 2, "paddings": [1, 0], "strides": [2, 1]}, grad=["Input", "Filter"],
+                 out="Output"))
+for _conv in ("conv2d_transpose", "depthwise_conv2d_transpose"):
+    add(_conv, S(lambda r: {"Input": u(r, (2, 2, 3, 2)), "Filter": u(r, (2, 1, 2, 2))},
+                 {"groups": 2, "strides": [2, 1], "paddings": [0, 1]}, grad=["Input", "Filter"],
+                 out="Output"))
+add("pool2d",
+    S(lambda r: {"X": distinct(r, (2, 2, 4, 5))}, {"ksize": [2, 2], "strides": [2, 2],
+                                                    "ceil_mode": True}, grad=["X"]),
+    S(lambda r: {"X": u(r, (2, 2, 4, 5))}, {"pooling_type": "avg", "ksize": [3, 3],
+                                            "paddings": [1, 1], "exclusive": False},
+      grad=["X"]))
+add("max_pool2d_with_index",
+    S(lambda r: {"X": distinct(r, (2, 2, 4, 5))}, {"ksize": [2, 2], "strides": [2, 2]},
+      grad=["X"]))

@@ -69,7 +69,7 @@ class LowerContext:
     def __init__(self, gen: "SegmentGen", node):
         self.gen, self.node, self.op = gen, node, node.op
         opdef = registry.get(self.op.type)
-        self.attrs = {k: v for k, v in self.op.all_attrs().items() if k in opdef.attrs}
+        self.attrs = opdef.attr_values(self.op.all_attrs())
         # inputs mean the values before the op: bind them now, before any output is defined
         # (an in-place op such as an optimizer update writes ParamOut into Param's name)
         self._inputs = {n: gen.read(n) for n in self.op.input_arg_names
@@ -430,8 +430,8 @@ class SegmentGen:
                 cone |= c
             fields = {f for _, f, _, _ in string.Formatter().parse(node.lowering) if f}
             attrs = {}
-            for k, v in op.all_attrs().items():
-                if k not in opdef.attrs or k not in fields:
+            for k, v in opdef.attr_values(op.all_attrs()).items():
+                if k not in fields:
                     continue
                 if opdef.attrs[k].type in _NUMERIC_ATTRS and isinstance(v, float):
                     attrs[k] = f"p{len(params)}"   # a run-time argument: kernels share

@@ -455,6 +455,8 @@ class OpDef:
         return self.out_lod(dict(lods), **self.attr_values(attrs))
 
     def _call(self, fn, sig: _Signature, inputs, attrs, ctx):
+        # an op read from a file may leave out attributes its writer did not know: defaults
+        attrs = {**self.attr_values(attrs), **attrs}
         kw = {s: inputs.get(s) for s in sig.slots}
         for a in sig.attrs:
             if a in attrs:
