@@ -63,6 +63,8 @@ def naive_conv_t(x, w, strides=(1, 1), paddings=(0, 0), dilations=(1, 1), groups
     dh, dw = dilations
     if algo == "SAME":
         (pt, pb), (pl, pr), dh, dw = _same(h, kh, strides[0]), _same(wd, kw, strides[1]), 1, 1
+    elif algo == "VALID":
+        pt = pb = pl = pr = 0
     full_h = (h - 1) * strides[0] + dh * (kh - 1) + 1
     full_w = (wd - 1) * strides[1] + dw * (kw - 1) + 1
     oh, ow = out_hw or (full_h - pt - pb, full_w - pl - pr)
@@ -124,6 +126,7 @@ TRANSPOSE_CASES = [
     (dict(strides=[2, 2], output_padding=[1, 1], dilations=[2, 1]), "pad"),
     (dict(groups=2, paddings=[0, 1, 1, 0]), None),
     (dict(padding_algorithm="SAME", strides=[2, 2]), None),
+    (dict(padding_algorithm="VALID", paddings=[1, 1], strides=[2, 1]), None),
 ]
 
 

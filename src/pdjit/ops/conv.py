@@ -451,6 +451,9 @@ def _convt_grad_ref(Input, Filter, **kw):
 def _t_args(ctx, g: Geometry, X: str, kh: int, kw: int) -> str:
     """Library arguments of the convolution a transposed one transposes; SAME pads come from
     the transposed op's input ``X`` (its original layout)."""
+    if g.algo == "VALID":
+        return (f"{g.strides[0]}, {g.strides[1]}, 0, 0, {g.dilations[0]}, {g.dilations[1]}, "
+                f"{ctx.attrs['groups']}")
     if g.algo != "SAME":
         return (f"{g.strides[0]}, {g.strides[1]}, {g.pads[0]}, {g.pads[2]}, "
                 f"{g.dilations[0]}, {g.dilations[1]}, {ctx.attrs['groups']}")

@@ -14,7 +14,7 @@ Semantics are PaddlePaddle 3.3.1's legacy ops (measured against it):
   by the window's length before clipping to the image.
 - ``max`` ignores padding; the gradient goes to the first maximum of each window (row-major).
   ``max_pool2d_with_index`` writes that position ``h * W + w`` as ``Mask`` (int32); it has no
-  ``data_format``, ``padding_algorithm`` or ``ceil_mode``.
+  ``data_format`` or ``padding_algorithm``.
 """
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ _POOL_ATTRS = {
 }
 _INDEX_ATTRS = {
     "ksize": Ints(REQUIRED), "global_pooling": Bool(False), "strides": Ints([1, 1]),
-    "paddings": Ints([0, 0]), "adaptive": Bool(False),
+    "paddings": Ints([0, 0]), "adaptive": Bool(False), "ceil_mode": Bool(False),
 }
 
 
