@@ -524,3 +524,21 @@ add("pool2d",
 add("max_pool2d_with_index",
     S(lambda r: {"X": distinct(r, (2, 2, 4, 5))}, {"ksize": [2, 2], "strides": [2, 2]},
       grad=["X"]))
+
+# ---- vision: shape and image ops (image.py) -----------------------------------------------------
+add("flatten_contiguous_range",
+    S(lambda r: {"X": u(r, (2, 3, 2))}, {"start_axis": 1, "stop_axis": -1}, grad=["X"]))
+add("flatten2", S(lambda r: {"X": u(r, (2, 3, 2))}, {"axis": 2}, grad=["X"]))
+add("shape", S(lambda r: {"Input": u(r, (2, 3))}, out="Out"))
+add("pad", S(lambda r: {"X": u(r, (2, 3))}, {"paddings": [1, 0, 0, 2], "pad_value": 0.5},
+             grad=["X"]))
+add("pad3d", S(lambda r: {"X": u(r, (1, 2, 2, 2, 3))},
+               {"paddings": [1, 2, 0, 1, 1, 0], "mode": "reflect"}, grad=["X"]))
+for _interp in ("bilinear_interp", "bilinear_interp_v2", "nearest_interp", "nearest_interp_v2"):
+    add(_interp, S(lambda r: {"X": u(r, (1, 2, 3, 2))},
+                   {"out_h": 4, "out_w": 3, "align_corners": False, "align_mode": 0,
+                    "interp_method": "nearest" if _interp.startswith("n") else "bilinear"},
+                   grad=["X"]))
+add("affine_channel",
+    S(lambda r: {"X": u(r, (2, 3, 2)), "Scale": u(r, (3,)), "Bias": u(r, (3,))},
+      {"data_layout": "NCHW"}, grad=["X", "Scale", "Bias"]))

@@ -136,8 +136,8 @@ def _flatten_op(name, groups_of, attrs, grad_inputs):
 
 _flatten_op("flatten_contiguous_range",
             lambda rank, *, start_axis, stop_axis, **_: _range_groups(rank, start_axis, stop_axis),
-            {"start_axis": Int(REQUIRED, low=0, high=1), "stop_axis": Int(REQUIRED, low=-1, high=1)},
-            ())
+            {"start_axis": Int(REQUIRED, low=0, high=1),
+             "stop_axis": Int(REQUIRED, low=-1, high=1)}, ())
 # Paddle's flatten2_grad lists X as well (not needed: XShape carries its shape)
 _flatten_op("flatten2", lambda rank, *, axis, **_: _flatten2_groups(rank, axis),
             {"axis": Int(1, low=0, high=1)}, ("X?",))
@@ -223,7 +223,8 @@ def _pad_grad_lower(ctx):
     return [f"{dx}[:] = {g}[{inner}]"]
 
 
-_PAD_ATTRS = {"paddings": Ints(REQUIRED), "pad_value": Float(0.0)}
+_PAD_ATTRS = {"paddings": Ints(REQUIRED, choices=([0, 1, 2, 0], [1, 1, 0, 2])),
+              "pad_value": Float(0.0)}
 register_op(
     "pad", inputs=["X"], outputs=["Out"], attrs=_PAD_ATTRS, traits=[OPAQUE],
     infer_shape=_pad_infer, reference=_pad_ref, emit=Opaque(_pad_lower, host=True),
@@ -240,7 +241,8 @@ register_op(
 # ---- pad3d ------------------------------------------------------------------------------------
 _PAD_MODES = {"constant": 0, "reflect": 1, "replicate": 2, "circular": 3}
 _PAD3D_ATTRS = {
-    "paddings": Ints(REQUIRED, doc="left, right, top, bottom, front, back"),
+    "paddings": Ints(REQUIRED, choices=([1, 0, 0, 1, 1, 1], [0, 2, 1, 0, 0, 0]),
+                     doc="left, right, top, bottom, front, back"),
     "mode": Str("constant", choices=tuple(_PAD_MODES)),
     "value": Float(0.0),
     "data_format": Str("NCDHW", choices=("NCDHW", "NDHWC")),
@@ -660,7 +662,7 @@ def _interp_geometry(ctx, X, ah, aw, out_size) -> list | None:
     sh, sw = scales
     oh, ow, rh, rw = out_size
     lines = []
-    if ctx.has_input("Scale"):
+    if ctx.has_input("Scale") and not ctx.has_input("SizeTensor"):
         lines.append(f"_rt.check({sh} > 0.0 and {sw} > 0.0)")
     if ctx.has_input("SizeTensor"):
         st = [ctx.inp("SizeTensor", i) for i in range(2)]
