@@ -542,3 +542,19 @@ for _interp in ("bilinear_interp", "bilinear_interp_v2", "nearest_interp", "near
 add("affine_channel",
     S(lambda r: {"X": u(r, (2, 3, 2)), "Scale": u(r, (3,)), "Bias": u(r, (3,))},
       {"data_layout": "NCHW"}, grad=["X", "Scale", "Bias"]))
+
+# ---- normalisation (norm.py) --------------------------------------------------------------------
+def _bn_inputs(r):
+    return {"X": u(r, (3, 2, 2)), "Scale": pos(r, (2,)), "Bias": u(r, (2,)),
+            "Mean": u(r, (2,)), "Variance": pos(r, (2,))}
+
+
+add("batch_norm", S(_bn_inputs, {"momentum": 0.8}, grad=["X", "Scale", "Bias"], out="Y"),
+    S(_bn_inputs, {"use_global_stats": True, "data_layout": "NHWC"},
+      grad=["X", "Scale", "Bias"], out="Y"))
+add("instance_norm",
+    S(lambda r: {"X": u(r, (2, 2, 3)), "Scale": pos(r, (2,)), "Bias": u(r, (2,))},
+      grad=["X", "Scale", "Bias"], out="Y"))
+add("group_norm",
+    S(lambda r: {"X": u(r, (2, 4, 3)), "Scale": pos(r, (4,)), "Bias": u(r, (4,))},
+      {"groups": 2}, grad=["X", "Scale", "Bias"], out="Y"))

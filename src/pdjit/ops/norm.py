@@ -34,8 +34,10 @@ those of its CPU kernels, compared with Paddle on both layouts, float32 and floa
   itself. ``groups`` (default -1, as Paddle) must be >= 1, at most C, and divide C. Its grad
   reads Y as Paddle's grad maker passes it, but computes from X and the statistics.
 
-Natively, each op is one call of a library kernel (``pdjit.codegen.nnlib.norm``) on a 4-D
-view of its data, for float32 and float64; float16 runs the references.
+Natively (float32 and float64; float16 runs the references) every op calls the three library
+kernels of ``pdjit.codegen.nnlib.norm`` (statistics, normalisation, gradients) on a 4-D view
+of its data, one compilation per dtype for all of them; the host lines do the bookkeeping on
+the few values per channel (running averages, saved statistics) with NumPy.
 """
 from __future__ import annotations
 
@@ -159,24 +161,6 @@ def _native(ctx, slots) -> bool:
     return all(ctx.dtype(s) in _NATIVE for s in slots if ctx.has_input(s) or ctx.has_output(s))
 
 
-def _view_src(ctx, local: str, rank: int, data_layout: str) -> str:
-    """Source of the ``(A, P, C, R)`` view of ``local`` (see :func:`_view`)."""
-    if data_layout == "NHWC" and rank > 2:
-        return (f"{local}.reshape(({local}.shape[0], {ctx.prod(local, 1, rank - 1)}, "
-                f"{local}.shape[{rank - 1}], 1))")
-    return f"{local}.reshape(({local}.shape[0], 1, {local}.shape[1], {ctx.prod(local, 2, rank)}))"
-
-
-def _param_src(ctx, slot: str, c: str, T: str, fill: str) -> str:
-    """The input of ``slot``, or a constant array (``fill``: ``ones``/``zeros``) when absent."""
-    return ctx.inp(slot) if ctx.has_input(slot) else f"np.{fill}(({c},), {T})"
-
-
-def _out_src(ctx, slot: str, shape: str, T: str) -> str:
-    """A driver-allocated output, or a scratch array when the slot is not bound."""
-    return ctx.out(slot, shape=shape) if ctx.has_output(slot) else f"np.empty({shape}, {T})"
-
-
 def _f32(value) -> str:
     """A float attribute as the float32 value Paddle stores, as a Python literal."""
     return repr(float(np.float32(value)))
@@ -184,6 +168,65 @@ def _f32(value) -> str:
 
 def _batch_stats(is_test: bool, use_global_stats: bool, trainable_statistics: bool) -> bool:
     return not ((is_test and not trainable_statistics) or use_global_stats)
+
+
+class _Host:
+    """Host lines under construction for a norm op on X: the ``(A, P, C, R)`` views of arrays
+    (see :func:`_view`), per-channel inputs (constants when absent), outputs (scratch arrays
+    when not bound). The lines call the kernels of ``pdjit.codegen.nnlib.norm`` and do the
+    per-channel bookkeeping on a few values with NumPy (valid Python and Numba)."""
+
+    def __init__(self, ctx, data_layout: str):
+        self.ctx, self.layout, self.lines = ctx, data_layout, []
+        self.rank, self.T, self.X = ctx.rank("X"), ctx.T("X"), ctx.inp("X")
+        self.c = f"{self.X}.shape[{_channel_axis(self.rank, data_layout)}]"
+
+    def emit(self, *lines: str) -> None:
+        self.lines.extend(lines)
+
+    def tmp(self, hint: str) -> str:
+        return self.ctx.tmp(hint)
+
+    def view(self, local: str) -> str:
+        r, v = self.rank, self.tmp("v")
+        if self.layout == "NHWC" and r > 2:
+            shape = (f"({local}.shape[0], {self.ctx.prod(local, 1, r - 1)}, "
+                     f"{local}.shape[{r - 1}], 1)")
+        else:
+            shape = f"({local}.shape[0], 1, {local}.shape[1], {self.ctx.prod(local, 2, r)})"
+        self.emit(f"{v} = {local}.reshape({shape})")
+        return v
+
+    def dtype_of(self, slot: str) -> str:
+        ctx = self.ctx
+        return ctx.T(slot) if ctx.has_input(slot) or ctx.has_output(slot) else self.T
+
+    def param(self, slot: str, fill: str) -> str:
+        """Input ``slot``, or ``np.ones``/``np.zeros`` (``fill``) per channel when absent."""
+        if self.ctx.has_input(slot):
+            return self.ctx.inp(slot)
+        return self.const(fill, self.dtype_of(slot))
+
+    def const(self, fill: str, T: str) -> str:
+        t = self.tmp("k")
+        self.emit(f"{t} = np.{fill}(({self.c},), {T})")
+        return t
+
+    def out(self, slot: str, shape: str, T: str) -> str:
+        """Output ``slot`` allocated by the driver, or a scratch array when it is not bound."""
+        if self.ctx.has_output(slot):
+            return self.ctx.out(slot, shape=shape)
+        t = self.tmp("u")
+        self.emit(f"{t} = np.empty({shape}, {T})")
+        return t
+
+    def grads(self, x4: str, dy: str) -> tuple:
+        """(dy4, dx4, dscale, dbias): the out-grad viewed like ``x4`` and the gradients."""
+        dy4, dx = self.tmp("g"), self.out("X@GRAD", f"{self.X}.shape", self.T)
+        self.emit(f"{dy4} = {dy}.reshape({x4}.shape)")
+        ds = self.out("Scale@GRAD", f"({self.c},)", self.dtype_of("Scale"))
+        db = self.out("Bias@GRAD", f"({self.c},)", self.dtype_of("Bias"))
+        return dy4, f"{dx}.reshape({x4}.shape)", ds, db
 
 
 # ---- batch_norm --------------------------------------------------------------------------------
@@ -238,7 +281,8 @@ def _bn_ref(X, Mean, Variance, Scale=None, Bias=None, MomentumTensor=None, *, ep
         mean_out, var_out, saved = Mean.copy(), Variance.copy(), (mean, inv)
     elif x4.shape[0] * x4.shape[1] * x4.shape[3] == 1:  # one value per channel: Y = X
         zeros = np.zeros(c, Mean.dtype)
-        return {"Y": X.copy(), "MeanOut": Mean.copy(), "VarianceOut": Variance.copy(),
+        y = np.maximum(X, 0) if fuse_with_relu else X.copy()
+        return {"Y": y, "MeanOut": Mean.copy(), "VarianceOut": Variance.copy(),
                 "SavedMean": zeros, "SavedVariance": zeros.copy(),
                 "ReserveSpace": np.empty((0,), X.dtype)}
     else:
@@ -262,27 +306,42 @@ def _bn_lower(ctx):
     if not _native(ctx, ("X", "Scale", "Bias", "Mean", "Variance", "MomentumTensor")):
         return None
     a = ctx.attrs
-    layout, r, T = a["data_layout"], ctx.rank("X"), ctx.T("X")
-    X, mean, var = ctx.inp("X"), ctx.inp("Mean"), ctx.inp("Variance")
-    c = f"{X}.shape[{_channel_axis(r, layout)}]"
-    scale = _param_src(ctx, "Scale", c, T, "ones")
-    bias = _param_src(ctx, "Bias", c, T, "zeros")
-    momentum = _f32(a["momentum"])
+    h = _Host(ctx, a["data_layout"])
+    mean, var, TS = ctx.inp("Mean"), ctx.inp("Variance"), ctx.T("Mean")
+    scale, bias = h.param("Scale", "ones"), h.param("Bias", "zeros")
+    mom = _f32(a["momentum"])
     if ctx.has_input("MomentumTensor"):
-        mt = ctx.inp("MomentumTensor")
-        momentum = f"float({mt}.reshape({mt}.size)[0])"
-    TS = ctx.T("Mean")
-    y = ctx.out("Y", shape=f"{X}.shape")
-    outs = [_out_src(ctx, "MeanOut", f"{mean}.shape", TS),
-            _out_src(ctx, "VarianceOut", f"{var}.shape", TS),
-            _out_src(ctx, "SavedMean", f"({c},)", TS),
-            _out_src(ctx, "SavedVariance", f"({c},)", TS)]
+        mt, mom = ctx.inp("MomentumTensor"), h.tmp("mom")
+        h.emit(f"{mom} = float({mt}.reshape({mt}.size)[0])")
+    y = ctx.out("Y", shape=f"{h.X}.shape")
+    mo, vo = h.out("MeanOut", f"{mean}.shape", TS), h.out("VarianceOut", f"{var}.shape", TS)
+    sm, sv = h.out("SavedMean", f"({h.c},)", TS), h.out("SavedVariance", f"({h.c},)", TS)
     if ctx.has_output("ReserveSpace"):
         ctx.out("ReserveSpace", shape="(0,)")
-    batch = _batch_stats(a["is_test"], a["use_global_stats"], a["trainable_statistics"])
-    return [f"_nn.batch_norm_fwd({_view_src(ctx, X, r, layout)}, {scale}, {bias}, {mean}, "
-            f"{var}, {momentum}, {_f32(a['epsilon'])}, {batch}, {bool(a['fuse_with_relu'])}, "
-            f"{_view_src(ctx, y, r, layout)}, {', '.join(outs)})"]
+    x4, y4 = h.view(h.X), h.view(y)
+    m, v, inv = h.tmp("m"), h.tmp("v"), h.tmp("inv")
+    eps, relu = _f32(a["epsilon"]), bool(a["fuse_with_relu"])
+    apply = f"_nn.norm_apply({x4}, {m}, {inv}, {{}}, {{}}, False, 1, {relu}, {y4})"
+    if not _batch_stats(a["is_test"], a["use_global_stats"], a["trainable_statistics"]):
+        h.emit(f"{m} = {mean}.astype(np.float64).reshape((1, {mean}.size))",
+               f"{inv} = 1.0 / np.sqrt({var}.astype(np.float64).reshape((1, {var}.size)) + "
+               f"{eps})",
+               f"{mo}[:] = {mean}", f"{vo}[:] = {var}", f"{sm}[:] = {mean}",
+               f"{sv}[:] = {inv}[0]", apply.format(scale, bias))
+        return h.lines
+    ones, zeros = h.const("ones", h.dtype_of("Scale")), h.const("zeros", h.dtype_of("Bias"))
+    h.emit(f"{m} = np.empty((1, {x4}.shape[2]))", f"{v} = np.empty((1, {x4}.shape[2]))",
+           f"_nn.norm_stats({x4}, False, 1, {m}, {v})",
+           f"if {x4}.size == {x4}.shape[2]:  # one value per channel: Y = X, statistics kept",
+           f"    {m}[:, :] = 0.0", f"    {inv} = np.ones((1, {x4}.shape[2]))",
+           f"    {mo}[:] = {mean}", f"    {vo}[:] = {var}", f"    {sm}[:] = 0.0",
+           f"    {sv}[:] = 0.0", "    " + apply.format(ones, zeros),
+           "else:",
+           f"    {inv} = 1.0 / np.sqrt({v} + {eps})",
+           f"    {mo}[:] = {mean}.astype(np.float64) * {mom} + {m}[0] * (1.0 - {mom})",
+           f"    {vo}[:] = {var}.astype(np.float64) * {mom} + {v}[0] * (1.0 - {mom})",
+           f"    {sm}[:] = {m}[0]", f"    {sv}[:] = {inv}[0]", "    " + apply.format(scale, bias))
+    return h.lines
 
 
 def _bn_grad_maker(op):
@@ -353,14 +412,6 @@ def _bn_grad_ref(X, SavedMean, SavedVariance, Scale=None, Bias=None, MeanOut=Non
     return _grad_result(X, Scale, Bias, dx, dscale, dbias)
 
 
-def _grad_outs_src(ctx, X: str, c: str, T: str) -> list:
-    TS = ctx.T("Scale") if ctx.has_input("Scale") else T
-    TB = ctx.T("Bias") if ctx.has_input("Bias") else T
-    return [_out_src(ctx, "X@GRAD", f"{X}.shape", T),
-            _out_src(ctx, "Scale@GRAD", f"({c},)", TS),
-            _out_src(ctx, "Bias@GRAD", f"({c},)", TB)]
-
-
 def _bn_grad_lower(ctx):
     if not _native(ctx, ("X", "Scale", "Bias", "SavedMean", "SavedVariance", "MeanOut",
                          "VarianceOut", "Y@GRAD")):
@@ -369,18 +420,27 @@ def _bn_grad_lower(ctx):
     batch = _batch_stats(a["is_test"], a["use_global_stats"], a["trainable_statistics"])
     if not batch and not (ctx.has_input("MeanOut") and ctx.has_input("VarianceOut")):
         return None  # the reference names what is missing
-    layout, r, T = a["data_layout"], ctx.rank("X"), ctx.T("X")
-    X, dy = ctx.inp("X"), ctx.inp("Y@GRAD")
+    h = _Host(ctx, a["data_layout"])
+    scale = h.param("Scale", "ones")
+    x4 = h.view(h.X)
+    dy4, dx4, ds, db = h.grads(x4, ctx.inp("Y@GRAD"))
+    grad = f"_nn.norm_grad({x4}, {dy4}, {{}}, {{}}, {{}}, False, 1, {{}}, {dx4}, {ds}, {db})"
+    if not batch:
+        mean, var = ctx.inp("MeanOut"), ctx.inp("VarianceOut")
+        h.emit(grad.format(f"{mean}.astype(np.float64).reshape((1, {mean}.size))",
+                           f"1.0 / np.sqrt({var}.astype(np.float64).reshape((1, {var}.size)) + "
+                           f"{_f32(a['epsilon'])})", scale, False))
+        return h.lines
     sm, sv = ctx.inp("SavedMean"), ctx.inp("SavedVariance")
-    mean = ctx.inp("MeanOut") if ctx.has_input("MeanOut") else sm
-    var = ctx.inp("VarianceOut") if ctx.has_input("VarianceOut") else sv
-    c = f"{X}.shape[{_channel_axis(r, layout)}]"
-    dx, ds, db = _grad_outs_src(ctx, X, c, T)
-    x4 = ctx.tmp("x")
-    return [f"{x4} = {_view_src(ctx, X, r, layout)}",
-            f"_nn.batch_norm_bwd({x4}, {dy}.reshape({x4}.shape), "
-            f"{_param_src(ctx, 'Scale', c, T, 'ones')}, {sm}, {sv}, {mean}, {var}, "
-            f"{_f32(a['epsilon'])}, {batch}, {dx}.reshape({x4}.shape), {ds}, {db})"]
+    ones = h.const("ones", h.dtype_of("Scale"))
+    h.emit(f"if {x4}.size == {x4}.shape[2]:  # the forward op passed X through",
+           "    " + grad.format(f"np.zeros((1, {x4}.shape[2]))", f"np.ones((1, {x4}.shape[2]))",
+                                ones, False),
+           f"    {ds}[:] = 0.0", f"    {db}[:] = 0.0",
+           "else:",
+           "    " + grad.format(f"{sm}.astype(np.float64).reshape((1, {sm}.size))",
+                                f"{sv}.astype(np.float64).reshape((1, {sv}.size))", scale, True))
+    return h.lines
 
 
 register_op(
@@ -418,16 +478,20 @@ def _in_ref(X, Scale=None, Bias=None, *, epsilon):
 def _in_lower(ctx):
     if not _native(ctx, ("X", "Scale", "Bias")):
         return None
-    r, T = ctx.rank("X"), ctx.T("X")
-    X = ctx.inp("X")
-    c = f"{X}.shape[1]"
-    TS = ctx.T("Scale") if ctx.has_input("Scale") else T
-    y = ctx.out("Y", shape=f"{X}.shape")
-    nc = f"({X}.shape[0] * {c},)"
-    return [f"_nn.instance_norm_fwd({_view_src(ctx, X, r, 'NCHW')}, "
-            f"{_param_src(ctx, 'Scale', c, T, 'ones')}, {_param_src(ctx, 'Bias', c, T, 'zeros')}, "
-            f"{_f32(ctx.attrs['epsilon'])}, {_view_src(ctx, y, r, 'NCHW')}, "
-            f"{_out_src(ctx, 'SavedMean', nc, TS)}, {_out_src(ctx, 'SavedVariance', nc, TS)})"]
+    h = _Host(ctx, "NCHW")
+    scale, bias, TS = h.param("Scale", "ones"), h.param("Bias", "zeros"), h.dtype_of("Scale")
+    y = ctx.out("Y", shape=f"{h.X}.shape")
+    nc = f"({h.X}.shape[0] * {h.c},)"
+    sm, sv = h.out("SavedMean", nc, TS), h.out("SavedVariance", nc, TS)
+    x4, y4 = h.view(h.X), h.view(y)
+    m, v, inv = h.tmp("m"), h.tmp("v"), h.tmp("inv")
+    h.emit(f"{m} = np.empty(({x4}.shape[0], {x4}.shape[2]))",
+           f"{v} = np.empty(({x4}.shape[0], {x4}.shape[2]))",
+           f"_nn.norm_stats({x4}, True, 1, {m}, {v})",
+           f"{inv} = 1.0 / np.sqrt({v} + {_f32(ctx.attrs['epsilon'])})",
+           f"{sm}[:] = {m}.reshape({m}.size)", f"{sv}[:] = {inv}.reshape({inv}.size)",
+           f"_nn.norm_apply({x4}, {m}, {inv}, {scale}, {bias}, True, 1, False, {y4})")
+    return h.lines
 
 
 register_op(
@@ -463,18 +527,16 @@ def _in_grad_ref(X, SavedMean, SavedVariance, Scale=None, Bias=None, **kw):
 def _in_grad_lower(ctx):
     if not _native(ctx, ("X", "Scale", "SavedMean", "SavedVariance", "Y@GRAD")):
         return None
-    r, T = ctx.rank("X"), ctx.T("X")
-    X, dy = ctx.inp("X"), ctx.inp("Y@GRAD")
-    sm, sv = ctx.inp("SavedMean"), ctx.inp("SavedVariance")
-    c = f"{X}.shape[1]"
-    dx, ds, db = _grad_outs_src(ctx, X, c, T)
-    x4 = ctx.tmp("x")
-    return [f"if {sm}.size != {X}.shape[0] * {c} or {sv}.size != {sm}.size: "
-            f"raise ValueError('pdjit: instance_norm_grad statistics size')",
-            f"{x4} = {_view_src(ctx, X, r, 'NCHW')}",
-            f"_nn.instance_norm_bwd({x4}, {dy}.reshape({x4}.shape), "
-            f"{_param_src(ctx, 'Scale', c, T, 'ones')}, {sm}, {sv}, "
-            f"{dx}.reshape({x4}.shape), {ds}, {db})"]
+    h = _Host(ctx, "NCHW")
+    scale = h.param("Scale", "ones")
+    x4 = h.view(h.X)
+    dy4, dx4, ds, db = h.grads(x4, ctx.inp("Y@GRAD"))
+    stat = f"({x4}.shape[0], {x4}.shape[2])"
+    h.emit(f"_nn.norm_grad({x4}, {dy4}, "
+           f"{ctx.inp('SavedMean')}.astype(np.float64).reshape({stat}), "
+           f"{ctx.inp('SavedVariance')}.astype(np.float64).reshape({stat}), {scale}, True, 1, "
+           f"True, {dx4}, {ds}, {db})")
+    return h.lines
 
 
 register_op(
@@ -526,15 +588,20 @@ def _gn_lower(ctx):
     if not _native(ctx, ("X", "Scale", "Bias")):
         return None
     a = ctx.attrs
-    layout, r, T, groups = a["data_layout"], ctx.rank("X"), ctx.T("X"), int(a["groups"])
-    X = ctx.inp("X")
-    c = f"{X}.shape[{_channel_axis(r, layout)}]"
-    y = ctx.out("Y", shape=f"{X}.shape")
-    stat = f"({X}.shape[0], {groups})"
-    return [f"_nn.group_norm_fwd({_view_src(ctx, X, r, layout)}, "
-            f"{_param_src(ctx, 'Scale', c, T, 'ones')}, {_param_src(ctx, 'Bias', c, T, 'zeros')}, "
-            f"{groups}, {_f32(a['epsilon'])}, {_view_src(ctx, y, r, layout)}, "
-            f"{_out_src(ctx, 'Mean', stat, T)}, {_out_src(ctx, 'Variance', stat, T)})"]
+    h, groups = _Host(ctx, a["data_layout"]), int(a["groups"])
+    scale, bias = h.param("Scale", "ones"), h.param("Bias", "zeros")
+    y = ctx.out("Y", shape=f"{h.X}.shape")
+    stat = f"({h.X}.shape[0], {groups})"
+    mo, vo = h.out("Mean", stat, h.T), h.out("Variance", stat, h.T)
+    x4, y4 = h.view(h.X), h.view(y)
+    m, v = h.tmp("m"), h.tmp("v")
+    cpg = f"{x4}.shape[2] // {groups}"
+    h.emit(f"{m} = np.empty({stat})", f"{v} = np.empty({stat})",
+           f"_nn.norm_stats({x4}, True, {cpg}, {m}, {v})",
+           f"{mo}[:, :] = {m}", f"{vo}[:, :] = {v}",
+           f"_nn.norm_apply({x4}, {m}, 1.0 / np.sqrt({v} + {_f32(a['epsilon'])}), {scale}, "
+           f"{bias}, True, {cpg}, False, {y4})")
+    return h.lines
 
 
 register_op(
@@ -574,18 +641,16 @@ def _gn_grad_lower(ctx):
     if not _native(ctx, ("X", "Scale", "Mean", "Variance", "Y@GRAD")):
         return None
     a = ctx.attrs
-    layout, r, T, groups = a["data_layout"], ctx.rank("X"), ctx.T("X"), int(a["groups"])
-    X, dy = ctx.inp("X"), ctx.inp("Y@GRAD")
-    mean, var = ctx.inp("Mean"), ctx.inp("Variance")
-    c = f"{X}.shape[{_channel_axis(r, layout)}]"
-    dx, ds, db = _grad_outs_src(ctx, X, c, T)
-    x4 = ctx.tmp("x")
-    return [f"{x4} = {_view_src(ctx, X, r, layout)}",
-            f"_nn.group_norm_bwd({x4}, {dy}.reshape({x4}.shape), "
-            f"{_param_src(ctx, 'Scale', c, T, 'ones')}, "
-            f"{mean}.reshape(({X}.shape[0], {groups})), "
-            f"{var}.reshape(({X}.shape[0], {groups})), {groups}, {_f32(a['epsilon'])}, "
-            f"{dx}.reshape({x4}.shape), {ds}, {db})"]
+    h, groups = _Host(ctx, a["data_layout"]), int(a["groups"])
+    scale = h.param("Scale", "ones")
+    x4 = h.view(h.X)
+    dy4, dx4, ds, db = h.grads(x4, ctx.inp("Y@GRAD"))
+    stat = f"({x4}.shape[0], {groups})"
+    h.emit(f"_nn.norm_grad({x4}, {dy4}, {ctx.inp('Mean')}.astype(np.float64).reshape({stat}), "
+           f"1.0 / np.sqrt({ctx.inp('Variance')}.astype(np.float64).reshape({stat}) + "
+           f"{_f32(a['epsilon'])}), {scale}, True, {x4}.shape[2] // {groups}, True, {dx4}, "
+           f"{ds}, {db})")
+    return h.lines
 
 
 register_op(

@@ -1,267 +1,227 @@
-"""Normalisation kernels: batch, instance and group norm, forward and backward.
+"""Normalisation kernels (batch, instance and group norm): statistics, normalisation, gradients.
 
 Every kernel sees its data as a 4-D view ``(A, P, C, R)`` of a C-contiguous array with ``C``
 channels: ``NCHW`` data ``(N, C, *S)`` as ``(N, 1, C, prod(S))`` and ``NHWC`` data
-``(N, *S, C)`` as ``(N, prod(S), C, 1)``; so one compilation per dtype serves both layouts and
-every rank.
+``(N, *S, C)`` as ``(N, prod(S), C, 1)``; so one compilation per dtype serves both layouts,
+every rank and all three ops (the per-op bookkeeping on a few values per channel is in the
+lowerings' host lines). Channel-last data (``R == 1``) is walked as ``(A, P, C)`` rows so the
+loop over channels is contiguous (and vectorised); otherwise the inner loop runs over ``R``.
 
-Statistics are those of groups of elements, ``stat[k, g]``: ``k = a`` when they are taken per
-sample (instance and group norm) and ``k = 0`` when over the whole batch (batch norm);
-``g = c // cpg`` with ``cpg`` channels per group (1 for batch and instance norm). Sums
-accumulate in float64; variances are biased (divided by the count) and taken in two passes.
-``inv`` is ``1 / sqrt(var + epsilon)``. Outputs are arguments (the driver allocates them);
-sizes and attributes are arguments too.
+Statistics belong to groups of elements, ``stat[k, g]`` (float64 arrays ``(K, G)``):
+``k = a`` when they are taken per sample (instance and group norm, ``K = A``) and ``k = 0``
+when over the whole batch (batch norm, ``K = 1``); ``g = c // cpg`` with ``cpg`` channels per
+group (1 for batch and instance norm, ``G = C / cpg``). Sums accumulate in float64 per
+``(k, c)``, then per group; variances are biased (divided by the count) and taken in two
+passes. ``inv`` is ``1 / sqrt(var + eps)``. Outputs are arguments (the driver allocates them).
 """
 import numpy as np
 
 from pdjit.codegen.nnlib._jit import jit
 
-__all__ = ["batch_norm_fwd", "batch_norm_bwd", "instance_norm_fwd", "instance_norm_bwd",
-           "group_norm_fwd", "group_norm_bwd"]
+__all__ = ["norm_stats", "norm_apply", "norm_grad"]
 
 
 @jit
-def _check_params(x, scale, bias):
-    c = x.shape[2]
-    if scale.shape[0] != c or bias.shape[0] != c:
-        raise ValueError("pdjit: Scale and Bias must hold one value per channel of X")
-
-
-@jit
-def _stats(x, per_sample, cpg, mean, var):
-    """``mean``, ``var`` (float64 ``(K, G)``) of ``x``'s groups."""
+def norm_stats(x, per_sample, cpg, mean, var):
+    """``mean[k, g]`` and biased ``var[k, g]`` of the groups of ``x``."""
     A, P, C, R = x.shape
+    K = A if per_sample else 1
+    if cpg < 1 or C % cpg != 0 or mean.shape != (K, C // cpg) or var.shape != mean.shape:
+        raise ValueError("pdjit: the norm statistics do not fit the data")
     mean[:, :] = 0.0
     var[:, :] = 0.0
     n = P * R * cpg * (1 if per_sample else A)
     if n == 0:
         return
+    acc = np.zeros((K, C))
+    x3 = x.reshape((A, P, C * R))  # indexed [a, p, c] when R == 1
     for a in range(A):
         k = a if per_sample else 0
         for p in range(P):
-            for c in range(C):
-                s = 0.0
-                for r in range(R):
-                    s += x[a, p, c, r]
-                mean[k, c // cpg] += s
+            if R == 1:
+                for c in range(C):
+                    acc[k, c] += x3[a, p, c]
+            else:
+                for c in range(C):  # four partial sums: independent chains run faster
+                    t0 = t1 = t2 = t3 = 0.0
+                    r = 0
+                    while r + 4 <= R:
+                        t0 += x[a, p, c, r]
+                        t1 += x[a, p, c, r + 1]
+                        t2 += x[a, p, c, r + 2]
+                        t3 += x[a, p, c, r + 3]
+                        r += 4
+                    while r < R:
+                        t0 += x[a, p, c, r]
+                        r += 1
+                    acc[k, c] += (t0 + t1) + (t2 + t3)
+    for k in range(K):
+        for c in range(C):
+            mean[k, c // cpg] += acc[k, c]
     mean /= n
+    mc = np.empty((K, C))  # each channel's group mean
+    for k in range(K):
+        for c in range(C):
+            mc[k, c] = mean[k, c // cpg]
+    acc[:, :] = 0.0
     for a in range(A):
         k = a if per_sample else 0
         for p in range(P):
-            for c in range(C):
-                m = mean[k, c // cpg]
-                s = 0.0
-                for r in range(R):
-                    d = x[a, p, c, r] - m
-                    s += d * d
-                var[k, c // cpg] += s
+            if R == 1:
+                for c in range(C):
+                    d = x3[a, p, c] - mc[k, c]
+                    acc[k, c] += d * d
+            else:
+                for c in range(C):
+                    m = mc[k, c]
+                    t0 = t1 = t2 = t3 = 0.0
+                    r = 0
+                    while r + 4 <= R:
+                        d0 = x[a, p, c, r] - m
+                        d1 = x[a, p, c, r + 1] - m
+                        d2 = x[a, p, c, r + 2] - m
+                        d3 = x[a, p, c, r + 3] - m
+                        t0 += d0 * d0
+                        t1 += d1 * d1
+                        t2 += d2 * d2
+                        t3 += d3 * d3
+                        r += 4
+                    while r < R:
+                        d0 = x[a, p, c, r] - m
+                        t0 += d0 * d0
+                        r += 1
+                    acc[k, c] += (t0 + t1) + (t2 + t3)
+    for k in range(K):
+        for c in range(C):
+            var[k, c // cpg] += acc[k, c]
     var /= n
 
 
 @jit
-def _apply(x, mean, inv, scale, bias, per_sample, cpg, relu, y):
-    """``y = (x - mean) * inv * scale[c] + bias[c]`` (then ``max(y, 0)`` with ``relu``)."""
+def norm_apply(x, mean, inv, scale, bias, per_sample, cpg, relu, y):
+    """``y = (x - mean[k, g]) * inv[k, g] * scale[c] + bias[c]``, computed as ``x * s + b``
+    per channel (as Paddle's CPU kernel does), then ``max(y, 0)`` with ``relu``."""
     A, P, C, R = x.shape
+    K = A if per_sample else 1
+    if cpg < 1 or C % cpg != 0 or mean.shape != (K, C // cpg) or inv.shape != mean.shape:
+        raise ValueError("pdjit: the norm statistics do not fit the data")
+    if scale.shape[0] != C or bias.shape[0] != C or y.shape != x.shape:
+        raise ValueError("pdjit: norm_apply: Scale, Bias or Y do not fit X")
+    s = np.empty((K, C))
+    b = np.empty((K, C))
+    for k in range(K):
+        for c in range(C):
+            g = c // cpg
+            s[k, c] = inv[k, g] * scale[c]
+            b[k, c] = bias[c] - mean[k, g] * s[k, c]
+    x3 = x.reshape((A, P, C * R))  # indexed [a, p, c] when R == 1
+    y3 = y.reshape((A, P, C * R))
     for a in range(A):
         k = a if per_sample else 0
         for p in range(P):
-            for c in range(C):
-                g = c // cpg
-                s = inv[k, g] * scale[c]
-                b = bias[c] - mean[k, g] * s
-                for r in range(R):
-                    v = x[a, p, c, r] * s + b
+            if R == 1:
+                for c in range(C):
+                    v = x3[a, p, c] * s[k, c] + b[k, c]
                     if relu and v < 0.0:
                         v = 0.0
-                    y[a, p, c, r] = v
+                    y3[a, p, c] = v
+            else:
+                for c in range(C):
+                    sc = s[k, c]
+                    bc = b[k, c]
+                    for r in range(R):
+                        v = x[a, p, c, r] * sc + bc
+                        if relu and v < 0.0:
+                            v = 0.0
+                        y[a, p, c, r] = v
 
 
 @jit
-def _grad(x, dy, mean, inv, scale, per_sample, cpg, batch_stats, dx, dscale, dbias):
-    """The gradients of ``_apply`` (without relu): ``dscale[c] = sum(dy * xhat)``,
+def norm_grad(x, dy, mean, inv, scale, per_sample, cpg, batch_stats, dx, dscale, dbias):
+    """The gradients of :func:`norm_apply` (without relu): ``dscale[c] = sum(dy * xhat)``,
     ``dbias[c] = sum(dy)`` and, with ``batch_stats`` (the statistics are those of ``x``),
     ``dx = inv * (g - mean(g) - xhat * mean(g * xhat))`` over each group where
-    ``g = dy * scale[c]``, else (fixed statistics) ``dx = inv * g``."""
+    ``g = dy * scale[c]``; without (fixed statistics) ``dx = inv * g``."""
     A, P, C, R = x.shape
-    K, G = mean.shape
-    sg = np.zeros((K, G))
-    sgx = np.zeros((K, G))
-    ds = np.zeros(C)
-    db = np.zeros(C)
+    K = A if per_sample else 1
+    if cpg < 1 or C % cpg != 0 or mean.shape != (K, C // cpg) or inv.shape != mean.shape:
+        raise ValueError("pdjit: the norm statistics do not fit the data")
+    if scale.shape[0] != C or dscale.shape[0] != C or dbias.shape[0] != C or \
+            dy.shape != x.shape or dx.shape != x.shape:
+        raise ValueError("pdjit: norm_grad: Scale, Y@GRAD or the gradients do not fit X")
+    mc = np.empty((K, C))  # each channel's group mean
+    for k in range(K):
+        for c in range(C):
+            mc[k, c] = mean[k, c // cpg]
+    s1 = np.zeros((K, C))  # sum(dy)
+    s2 = np.zeros((K, C))  # sum(dy * (x - mean))
+    x3 = x.reshape((A, P, C * R))  # indexed [a, p, c] when R == 1
+    g3 = dy.reshape((A, P, C * R))
+    d3 = dx.reshape((A, P, C * R))
     for a in range(A):
         k = a if per_sample else 0
         for p in range(P):
-            for c in range(C):
-                g = c // cpg
-                m = mean[k, g]
-                s1 = 0.0
-                s2 = 0.0
-                for r in range(R):
-                    d = dy[a, p, c, r]
-                    s1 += d
-                    s2 += d * (x[a, p, c, r] - m)
-                s2 *= inv[k, g]
-                db[c] += s1
-                ds[c] += s2
-                sg[k, g] += s1 * scale[c]
-                sgx[k, g] += s2 * scale[c]
+            if R == 1:
+                for c in range(C):
+                    d = g3[a, p, c]
+                    s1[k, c] += d
+                    s2[k, c] += d * (x3[a, p, c] - mc[k, c])
+            else:
+                for c in range(C):  # two partial sums of each
+                    m = mc[k, c]
+                    t0 = t1 = u0 = u1 = 0.0
+                    r = 0
+                    while r + 2 <= R:
+                        d0 = dy[a, p, c, r]
+                        d1 = dy[a, p, c, r + 1]
+                        t0 += d0
+                        t1 += d1
+                        u0 += d0 * (x[a, p, c, r] - m)
+                        u1 += d1 * (x[a, p, c, r + 1] - m)
+                        r += 2
+                    if r < R:
+                        d0 = dy[a, p, c, r]
+                        t0 += d0
+                        u0 += d0 * (x[a, p, c, r] - m)
+                    s1[k, c] += t0 + t1
+                    s2[k, c] += u0 + u1
+    # dx = cg * dy + cx * (x - mean) + c0, per (k, c)
+    sg = np.zeros(mean.shape)   # sum over the group of g
+    sgx = np.zeros(mean.shape)  # sum over the group of g * xhat
+    for c in range(C):
+        dscale[c] = 0.0
+        dbias[c] = 0.0
+    for k in range(K):
+        for c in range(C):
+            g = c // cpg
+            dbias[c] += s1[k, c]
+            dscale[c] += s2[k, c] * inv[k, g]
+            sg[k, g] += s1[k, c] * scale[c]
+            sgx[k, g] += s2[k, c] * inv[k, g] * scale[c]
     n = P * R * cpg * (1 if per_sample else A)
+    cg = np.empty((K, C))
+    cx = np.zeros((K, C))
+    c0 = np.zeros((K, C))
+    for k in range(K):
+        for c in range(C):
+            g = c // cpg
+            iv = inv[k, g]
+            cg[k, c] = iv * scale[c]
+            if batch_stats:
+                cx[k, c] = -iv * iv * sgx[k, g] / n
+                c0[k, c] = -iv * sg[k, g] / n
     for a in range(A):
         k = a if per_sample else 0
         for p in range(P):
-            for c in range(C):
-                g = c // cpg
-                m = mean[k, g]
-                iv = inv[k, g]
-                sc = scale[c]
-                if batch_stats:
-                    c1 = sg[k, g] / n
-                    c2 = sgx[k, g] / n
+            if R == 1:
+                for c in range(C):
+                    d3[a, p, c] = cg[k, c] * g3[a, p, c] + cx[k, c] * (x3[a, p, c] - mc[k, c]) \
+                        + c0[k, c]
+            else:
+                for c in range(C):
+                    gc = cg[k, c]
+                    xc = cx[k, c]
+                    zc = c0[k, c]
+                    m = mc[k, c]
                     for r in range(R):
-                        xh = (x[a, p, c, r] - m) * iv
-                        dx[a, p, c, r] = iv * (sc * dy[a, p, c, r] - c1 - xh * c2)
-                else:
-                    for r in range(R):
-                        dx[a, p, c, r] = iv * sc * dy[a, p, c, r]
-    for c in range(C):
-        dscale[c] = ds[c]
-        dbias[c] = db[c]
-
-
-@jit
-def _copy(src, dst):
-    s = src.reshape(src.size)
-    d = dst.reshape(dst.size)
-    for i in range(s.size):
-        d[i] = s[i]
-
-
-@jit
-def batch_norm_fwd(x, scale, bias, mean, variance, momentum, epsilon, batch_stats, relu,
-                   y, mean_out, variance_out, saved_mean, saved_inv):
-    """Batch norm of ``x`` (4-D view) per channel. With ``batch_stats``: the batch mean and
-    biased variance normalise, ``mean_out = momentum * mean + (1 - momentum) * batch_mean``
-    (likewise ``variance_out``), ``saved_mean``/``saved_inv`` get the batch mean and
-    ``1 / sqrt(var + epsilon)``; a batch of one value per channel leaves ``y = x``, the running
-    statistics as they are and zeros saved (Paddle's CPU kernel). Without: ``mean`` and
-    ``variance`` normalise, are copied to ``mean_out``/``variance_out`` and saved."""
-    _check_params(x, scale, bias)
-    A, P, C, R = x.shape
-    if mean.shape[0] != C or variance.shape[0] != C:
-        raise ValueError("pdjit: Mean and Variance must hold one value per channel of X")
-    m = np.empty((1, C))
-    iv = np.empty((1, C))
-    if batch_stats:
-        if A * P * R == 1:
-            _copy(x, y)
-            for c in range(C):
-                mean_out[c] = mean[c]
-                variance_out[c] = variance[c]
-                saved_mean[c] = 0.0
-                saved_inv[c] = 0.0
-            return
-        v = np.empty((1, C))
-        _stats(x, False, 1, m, v)
-        for c in range(C):
-            mean_out[c] = mean[c] * momentum + m[0, c] * (1.0 - momentum)
-            variance_out[c] = variance[c] * momentum + v[0, c] * (1.0 - momentum)
-            iv[0, c] = 1.0 / np.sqrt(v[0, c] + epsilon)
-    else:
-        for c in range(C):
-            m[0, c] = mean[c]
-            iv[0, c] = 1.0 / np.sqrt(variance[c] + epsilon)
-            mean_out[c] = mean[c]
-            variance_out[c] = variance[c]
-    for c in range(C):
-        saved_mean[c] = m[0, c]
-        saved_inv[c] = iv[0, c]
-    _apply(x, m, iv, scale, bias, False, 1, relu, y)
-
-
-@jit
-def batch_norm_bwd(x, dy, scale, saved_mean, saved_inv, mean, variance, epsilon, batch_stats,
-                   dx, dscale, dbias):
-    """Gradients of :func:`batch_norm_fwd` (without relu) with respect to ``x``, ``scale`` and
-    ``bias``: with ``batch_stats`` through the batch statistics ``saved_mean``/``saved_inv``,
-    else with the fixed ``mean``/``variance``."""
-    A, P, C, R = x.shape
-    m = np.empty((1, C))
-    iv = np.empty((1, C))
-    if batch_stats:
-        if A * P * R == 1:  # the forward pass copied x
-            _copy(dy, dx)
-            for c in range(C):
-                dscale[c] = 0.0
-                dbias[c] = 0.0
-            return
-        for c in range(C):
-            m[0, c] = saved_mean[c]
-            iv[0, c] = saved_inv[c]
-    else:
-        for c in range(C):
-            m[0, c] = mean[c]
-            iv[0, c] = 1.0 / np.sqrt(variance[c] + epsilon)
-    _grad(x, dy, m, iv, scale, False, 1, batch_stats, dx, dscale, dbias)
-
-
-@jit
-def instance_norm_fwd(x, scale, bias, epsilon, y, saved_mean, saved_inv):
-    """Instance norm: statistics per (sample, channel); ``saved_mean``/``saved_inv`` (``N*C``)
-    get the mean and ``1 / sqrt(var + epsilon)``."""
-    _check_params(x, scale, bias)
-    N, C = x.shape[0], x.shape[2]
-    m = np.empty((N, C))
-    v = np.empty((N, C))
-    _stats(x, True, 1, m, v)
-    iv = 1.0 / np.sqrt(v + epsilon)
-    for a in range(N):
-        for c in range(C):
-            saved_mean[a * C + c] = m[a, c]
-            saved_inv[a * C + c] = iv[a, c]
-    _apply(x, m, iv, scale, bias, True, 1, False, y)
-
-
-@jit
-def instance_norm_bwd(x, dy, scale, saved_mean, saved_inv, dx, dscale, dbias):
-    """Gradients of :func:`instance_norm_fwd` through its saved statistics."""
-    N, C = x.shape[0], x.shape[2]
-    m = np.empty((N, C))
-    iv = np.empty((N, C))
-    for a in range(N):
-        for c in range(C):
-            m[a, c] = saved_mean[a * C + c]
-            iv[a, c] = saved_inv[a * C + c]
-    _grad(x, dy, m, iv, scale, True, 1, True, dx, dscale, dbias)
-
-
-@jit
-def group_norm_fwd(x, scale, bias, groups, epsilon, y, mean, var):
-    """Group norm: statistics per (sample, group of ``C / groups`` channels); ``mean`` and
-    ``var`` (``(N, groups)``) get the mean and the variance itself."""
-    _check_params(x, scale, bias)
-    N, C = x.shape[0], x.shape[2]
-    if groups < 1 or C % groups != 0:
-        raise ValueError("pdjit: groups must divide the channels of X")
-    m = np.empty((N, groups))
-    v = np.empty((N, groups))
-    _stats(x, True, C // groups, m, v)
-    for a in range(N):
-        for g in range(groups):
-            mean[a, g] = m[a, g]
-            var[a, g] = v[a, g]
-    _apply(x, m, 1.0 / np.sqrt(v + epsilon), scale, bias, True, C // groups, False, y)
-
-
-@jit
-def group_norm_bwd(x, dy, scale, mean, var, groups, epsilon, dx, dscale, dbias):
-    """Gradients of :func:`group_norm_fwd` through its statistics ``mean``/``var``."""
-    N, C = x.shape[0], x.shape[2]
-    if groups < 1 or C % groups != 0:
-        raise ValueError("pdjit: groups must divide the channels of X")
-    m = np.empty((N, groups))
-    iv = np.empty((N, groups))
-    for a in range(N):
-        for g in range(groups):
-            m[a, g] = mean[a, g]
-            iv[a, g] = 1.0 / np.sqrt(var[a, g] + epsilon)
-    _grad(x, dy, m, iv, scale, True, C // groups, True, dx, dscale, dbias)
+                        dx[a, p, c, r] = gc * dy[a, p, c, r] + xc * (x[a, p, c, r] - m) + zc
