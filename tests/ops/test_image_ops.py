@@ -334,15 +334,15 @@ def test_grads_with_tensor_inputs():
 
 @pytest.mark.parametrize("op,shapes,attrs", GRAD_CASES)
 def test_grad_programs_are_native(op, shapes, attrs):
-    # float32 forward and backward: every step of the gradient program runs native code
-    inputs = {k: _rand(*s) for k, s in shapes.items()}
+    # every step of the gradient program runs native code
+    inputs = {k: _rand(*s, dtype="float64") for k, s in shapes.items()}
     prog, feed, outs = build_op_program(op, inputs, attrs)
     block, out = prog.global_block(), outs["Out"][0]
-    w = block.create_var(name="w", shape=list(out.shape), dtype=np.float32, need_check_feed=True)
+    w = block.create_var(name="w", shape=list(out.shape), dtype=np.float64, need_check_feed=True)
     wrt = [block.var(f"{k.lower()}_0") for k in inputs]
     grads = gradients([out], wrt, target_gradients=[w])
     exe = Executor()
-    exe.run(prog, feed=dict(feed, w=np.ones(out.shape, np.float32)),
+    exe.run(prog, feed=dict(feed, w=np.ones(out.shape)),
             fetch_list=[g for g in grads if g is not None], scope=Scope())
     assert_native(exe, op)
     kinds = [s.kind for _, plan in exe._plans.values() for s in plan.walk()]
