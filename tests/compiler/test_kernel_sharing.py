@@ -103,21 +103,26 @@ RNG = np.random.default_rng(7)
 X = RNG.standard_normal((3, 4, 5)).astype(np.float32)
 ROW = RNG.standard_normal(5).astype(np.float32)
 COL = RNG.standard_normal(3).astype(np.float32)
+MID = RNG.standard_normal(4).astype(np.float32)
 
 
 def _data(name, shape):
     return fluid.layers.data(name=name, shape=shape, dtype="float32", append_batch_size=False)
 
 
-@pytest.mark.parametrize("case", ["flat", "row", "strided", "reduce_all", "reduce_rows",
+@pytest.mark.parametrize("case", ["flat", "row", "mid", "strided", "reduce_all", "reduce_rows",
                                   "reduce_block", "reduce_strided"])
 def test_one_loop_form_per_kernel_chosen_from_static_shapes(case):
     L = fluid.layers
-    feeds = {"x": X, "r": ROW, "c": COL}
+    feeds = {"x": X, "r": ROW, "c": COL, "m": MID}
     builds = {
         "flat": (lambda: L.tanh(_data("x", [-1, 4, 5]) * 2.0), lambda: np.tanh(X * 2)),
         "row": (lambda: L.elementwise_add(_data("x", [-1, 4, 5]), _data("r", [5])),
                 lambda: X + ROW),
+        # a per-channel operand on a middle axis (a bias after a convolution)
+        "mid": (lambda: L.relu(L.elementwise_add(_data("x", [-1, 4, 5]), _data("m", [4]),
+                                                 axis=1)),
+                lambda: np.maximum(X + MID[:, None], 0)),
         "strided": (lambda: L.elementwise_mul(_data("x", [-1, 4, 5]), _data("c", [-1]),
                                               axis=0),
                     lambda: X * COL[:, None, None]),

@@ -22,7 +22,7 @@ import numpy as np
 
 from pdjit.codegen import nnlib, rt
 from pdjit.codegen.compiler import compile_function, module_text
-from pdjit.codegen.kernel import FULL, ROW, SCALAR, LoopKernel
+from pdjit.codegen.kernel import FULL, MID, ROW, SCALAR, LoopKernel
 
 NAME = "cpu"
 
@@ -39,7 +39,7 @@ def _prod(sh: str, lo: int, hi: int) -> str:
 
 
 def _sizes(k: LoopKernel) -> list:
-    return {"flat": ["n"], "row": ["nr", "nc"], "reduce_all": ["n"],
+    return {"flat": ["n"], "row": ["nr", "nc"], "mid": ["no", "nm", "ni"], "reduce_all": ["n"],
             "reduce_rows": ["nr", "nc"], "reduce_block": ["no", "nr", "ni"]}.get(k.form, [])
 
 
@@ -96,6 +96,13 @@ def _row(k, parallel):
     rng = "numba.prange" if parallel else "range"
     return _hoisted(k) + [f"for r in {rng}(nr):", "    b = r * nc", "    for c in range(nc):"] + \
         _indent(_element(k, "b + c", "c"), 2)
+
+
+def _mid(k, parallel):
+    rng = "numba.prange" if parallel else "range"
+    mids = [f"x{i} = L{i}[m]" for i, leaf in enumerate(k.leaves) if leaf.place == MID]
+    return _hoisted(k) + [f"for q in {rng}(no * nm):", "    m = q % nm"] + _indent(mids) + \
+        ["    b = q * ni", "    for i in range(ni):"] + _indent(_element(k, "b + i"), 2)
 
 
 def _reduce_all(k, parallel):
@@ -196,7 +203,7 @@ def _strided(k: LoopKernel, parallel: bool = False) -> list:
     return lines
 
 
-_FORMS = {"flat": _flat, "row": _row, "strided": _strided, "reduce_all": _reduce_all,
+_FORMS = {"flat": _flat, "row": _row, "mid": _mid, "strided": _strided, "reduce_all": _reduce_all,
           "reduce_rows": _reduce_rows, "reduce_block": _reduce_block,
           "reduce_strided": _strided}
 
@@ -243,6 +250,11 @@ def call_site(k: LoopKernel, fresh, flats: dict, leaves: list, stores: list,
                 conds += [f"{loc}.shape[{j}] == 1" for j in range(lead)]
                 conds += [f"{loc}.shape[{j}] == {sh}[{leaf.offset + j}]"
                           for j in range(lead, leaf.rank)]
+            elif leaf.place == MID:
+                a, b = k.mid
+                conds += [f"{loc}.shape[{j}] == {sh}[{leaf.offset + j}]"
+                          if a <= leaf.offset + j < b else f"{loc}.shape[{j}] == 1"
+                          for j in range(leaf.rank)]
         if conds:
             lines += [f"if not ({' and '.join(conds)}):", f"    raise ValueError({_MISFIT!r})"]
         is_flat = True
@@ -279,6 +291,14 @@ def call_site(k: LoopKernel, fresh, flats: dict, leaves: list, stores: list,
         if pname is not None:
             lines.append(f"{n} = {leaves[first]}.size")
         args += [nr, nc]
+    elif k.form == "mid":
+        a, b = k.mid
+        n, no, nm, ni = fresh("n"), fresh("no"), fresh("nm"), fresh("ni")
+        lines += [f"{no} = {_prod(sh, 0, a)}", f"{nm} = {_prod(sh, a, b)}",
+                  f"{ni} = {_prod(sh, b, r0)}"]
+        if pname is not None:
+            lines.append(f"{n} = {leaves[first]}.size")
+        args += [no, nm, ni]
     elif k.form == "reduce_rows":
         a = red.axes[0]
         nr, nc = fresh("nr"), fresh("nc")
@@ -297,7 +317,7 @@ def call_site(k: LoopKernel, fresh, flats: dict, leaves: list, stores: list,
                  "reduce_block": f"{args[-2]} == 0 and {args[-3]} * {args[-1]} > 0"}[k.form]
         lines += [f"if {empty}:", f"    raise ValueError({_EMPTY!r})"]
     call = f"({', '.join(args)})"
-    if pname is not None and k.form in ("flat", "row"):
+    if pname is not None and k.form in ("flat", "row", "mid"):
         lines += [f"if {n} >= {PARALLEL_MIN_SIZE}:", f"    {pname}{call}", "else:",
                   f"    {kname}{call}"]
     else:

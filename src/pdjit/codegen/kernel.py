@@ -14,10 +14,13 @@ Placements of a leaf (its build-time shape against the group's, ``-1`` matching 
 - ``full``: the group's shape;
 - ``row``: the group's last ``row_rank`` dims (leading dims absent or 1): repeated over rows;
 - ``scalar``: one element, broadcast everywhere;
-- ``strided``: anything else (a broadcast known only at run time, a middle axis...).
+- ``mid``: a block of middle dims ``[a, b)`` of the group, 1s (or nothing) around it: a
+  per-channel operand (a bias or a batch-norm scale on axis 1 of an image);
+- ``strided``: anything else (a broadcast known only at run time...).
 
 Loop forms: ``flat`` (full and scalar leaves: one loop), ``row`` (some rows: a loop over rows
-and one over the row), ``strided`` (a loop nest with per-leaf strides), and for reductions
+and one over the row), ``mid`` (mid leaves of one block: a loop over (outer, channel) pairs,
+the channel's values loaded once, and a contiguous inner loop), ``strided`` (a loop nest with per-leaf strides), and for reductions
 ``reduce_all``, ``reduce_rows`` (a suffix of axes), ``reduce_block`` (a contiguous block of
 axes) and ``reduce_strided``.
 """
@@ -25,8 +28,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-FULL, ROW, SCALAR, STRIDED = "full", "row", "scalar", "strided"
-FLAT_FORMS = ("flat", "row")
+FULL, ROW, SCALAR, MID, STRIDED = "full", "row", "scalar", "mid", "strided"
+FLAT_FORMS = ("flat", "row", "mid")
 
 
 @dataclass(frozen=True)
@@ -60,11 +63,13 @@ class LoopKernel:
     nparams: int
     form: str = "flat"
     row_rank: int = 0
+    mid: tuple = ()        # the ``mid`` form's block of dims [a, b)
     reduce: ReduceSpec | None = None
 
 
 def place_leaf(shape: tuple, offset: int, group: tuple) -> tuple:
-    """(placement, row rank) of a leaf of build-time ``shape`` at ``offset`` in ``group``."""
+    """(placement, detail) of a leaf of build-time ``shape`` at ``offset`` in ``group``: the
+    row rank of a ``row`` leaf, the block ``(a, b)`` of a ``mid`` one."""
     rank, r = len(group), len(shape)
     if all(d == 1 for d in shape) and not (r == rank and tuple(shape) == tuple(group)):
         return SCALAR, 0
@@ -77,6 +82,17 @@ def place_leaf(shape: tuple, offset: int, group: tuple) -> tuple:
         k = r - lead
         if k and tuple(shape[lead:]) == tuple(group[rank - k:]) and rank - k > 0:
             return ROW, k
+    if r and offset + r <= rank:
+        lead = 0
+        while lead < r and shape[lead] == 1:
+            lead += 1
+        end = r
+        while end > lead and shape[end - 1] == 1:
+            end -= 1
+        a, b = offset + lead, offset + end
+        if end > lead and b < rank and tuple(shape[lead:end]) == tuple(group[a:b]) \
+                and -1 not in shape[lead:end]:
+            return MID, (a, b)
     return STRIDED, 0
 
 
@@ -87,7 +103,7 @@ def choose_form(kernel: LoopKernel, row_ranks: list) -> str:
     covered = all(cone & full for _, _, cone in kernel.stores)
     red = kernel.reduce
     if red is not None:
-        if STRIDED in places or ROW in places or not full or not covered or \
+        if STRIDED in places or ROW in places or MID in places or not full or not covered or \
                 not red.cone & full:
             return "reduce_strided"
         axes, rank = red.axes, kernel.rank
@@ -99,6 +115,12 @@ def choose_form(kernel: LoopKernel, row_ranks: list) -> str:
     if STRIDED in places or not full or not covered:
         return "strided"
     rows = {k for k, p in zip(row_ranks, places) if p == ROW}
+    mids = {k for k, p in zip(row_ranks, places) if p == MID}
+    if mids:
+        if len(mids) > 1 or rows:
+            return "strided"
+        kernel.mid = mids.pop()
+        return "mid"
     if len(rows) > 1:
         return "strided"
     if rows:

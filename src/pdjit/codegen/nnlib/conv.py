@@ -18,6 +18,7 @@ where a product of such thin matrices would cost more than it computes. Batches 
 samples run on threads when large (the kernels release the GIL; in a native loop's compiled
 driver, on its own thread).
 """
+import numba
 import numpy as np
 from numba.extending import overload
 
@@ -26,63 +27,87 @@ from pdjit.codegen.nnlib._jit import jit
 __all__ = ["pool", "conv2d_fwd", "conv2d_bwd_data", "conv2d_bwd_filter", "nchw", "nhwc_into",
            "nchw_empty"]
 
+U = numba.uint64
+
 # below this many multiply-adds a batch is not worth the threads' wake-up
 _PARALLEL_MIN_WORK = 1 << 21
 
 
 @jit
+def _cols(ow_, w_, sw, off):
+    """``lo, hi``: the output columns ``lo..hi`` whose input column ``ow * sw + off`` lies in
+    ``0..w_``."""
+    lo = 0
+    while lo < ow_ and lo * sw + off < 0:
+        lo += 1
+    hi = ow_
+    while hi > lo and (hi - 1) * sw + off >= w_:
+        hi -= 1
+    return lo, hi
+
+
+# Indices are unsigned (U) in the inner loops: Numba then drops its negative-index wraparound,
+# and the loops vectorise (2-4x faster copies, measured).
+@jit
 def _im2col(x, c0, cg, kh_, kw_, sh, sw, pt, pl, dh, dw, oh_, ow_, col):
-    """Patches of channels ``c0..c0+cg`` of one sample ``x`` ([C, H, W]) into ``col``."""
+    """Patches of channels ``c0..c0+cg`` of one sample ``x`` ([C, H, W]) into ``col``
+    ([cg * kh * kw, oh * ow])."""
     h_, w_ = x.shape[1], x.shape[2]
+    xf = x.reshape(x.size)
+    cf = col.reshape(col.size)
+    p_ = oh_ * ow_
     for c in range(cg):
-        xc = x[c0 + c]
         for i in range(kh_):
             for j in range(kw_):
-                crow = col[(c * kh_ + i) * kw_ + j]
+                r = (c * kh_ + i) * kw_ + j
                 off = j * dw - pl
-                # the output columns whose input column lies inside the image
-                lo = 0
-                while lo < ow_ and lo * sw + off < 0:
-                    lo += 1
-                hi = ow_
-                while hi > lo and (hi - 1) * sw + off >= w_:
-                    hi -= 1
+                lo, hi = _cols(ow_, w_, sw, off)
                 for oh in range(oh_):
                     ih = oh * sh - pt + i * dh
-                    base = oh * ow_
+                    d0 = U(r * p_ + oh * ow_)
                     if ih < 0 or ih >= h_:
                         for ow in range(ow_):
-                            crow[base + ow] = 0
+                            cf[d0 + U(ow)] = 0
                         continue
-                    xr = xc[ih]
+                    s0 = U(((c0 + c) * h_ + ih) * w_ + off + lo * sw)
                     for ow in range(lo):
-                        crow[base + ow] = 0
-                    if sw == 1 and hi - lo >= 16:  # long rows: a vectorised slice copy
-                        crow[base + lo:base + hi] = xr[lo + off:hi + off]
+                        cf[d0 + U(ow)] = 0
+                    dd = d0 + U(lo)
+                    if sw == 1:
+                        for k in range(U(hi - lo)):
+                            cf[dd + k] = xf[s0 + k]
                     else:
-                        for ow in range(lo, hi):
-                            crow[base + ow] = xr[ow * sw + off]
+                        for k in range(U(hi - lo)):
+                            cf[dd + k] = xf[s0 + k * U(sw)]
                     for ow in range(hi, ow_):
-                        crow[base + ow] = 0
+                        cf[d0 + U(ow)] = 0
 
 
 @jit
 def _col2im(col, c0, cg, kh_, kw_, sh, sw, pt, pl, dh, dw, oh_, ow_, dx):
     """Add the patches in ``col`` back into channels ``c0..c0+cg`` of one sample ``dx``."""
     h_, w_ = dx.shape[1], dx.shape[2]
+    df = dx.reshape(dx.size)
+    cf = col.reshape(col.size)
+    p_ = oh_ * ow_
     for c in range(cg):
         for i in range(kh_):
             for j in range(kw_):
                 r = (c * kh_ + i) * kw_ + j
+                off = j * dw - pl
+                lo, hi = _cols(ow_, w_, sw, off)
                 for oh in range(oh_):
                     ih = oh * sh - pt + i * dh
                     if ih < 0 or ih >= h_:
                         continue
-                    base = oh * ow_
-                    for ow in range(ow_):
-                        iw = ow * sw - pl + j * dw
-                        if 0 <= iw < w_:
-                            dx[c0 + c, ih, iw] += col[r, base + ow]
+                    s0 = U(r * p_ + oh * ow_ + lo)
+                    d0 = U(((c0 + c) * h_ + ih) * w_ + off + lo * sw)
+                    if sw == 1:
+                        for k in range(U(hi - lo)):
+                            df[d0 + k] += cf[s0 + k]
+                    else:
+                        for k in range(U(hi - lo)):
+                            df[d0 + k * U(sw)] += cf[s0 + k]
 
 
 @jit
