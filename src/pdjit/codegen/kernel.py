@@ -20,9 +20,9 @@ Placements of a leaf (its build-time shape against the group's, ``-1`` matching 
 
 Loop forms: ``flat`` (full and scalar leaves: one loop), ``row`` (some rows: a loop over rows
 and one over the row), ``mid`` (mid leaves of one block: a loop over (outer, channel) pairs,
-the channel's values loaded once, and a contiguous inner loop), ``strided`` (a loop nest with per-leaf strides), and for reductions
-``reduce_all``, ``reduce_rows`` (a suffix of axes), ``reduce_block`` (a contiguous block of
-axes) and ``reduce_strided``.
+the channel's values loaded once, and a contiguous inner loop), ``strided`` (a loop nest with
+per-leaf strides), and for reductions ``reduce_all``, ``reduce_rows`` (a suffix of axes),
+``reduce_block`` (a contiguous block of axes) and ``reduce_strided``.
 """
 from __future__ import annotations
 
