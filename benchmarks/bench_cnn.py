@@ -29,12 +29,14 @@
    call of the jitted step (trace + XLA compile) in a fresh process (JAX_PLATFORMS=cpu, no
    persistent compilation cache). Also the same pdjit process run again on the now-warm caches.
 
-Timing: each contender runs in its own block (warm-up, then ``--repeat`` timed calls) one
-after another, so that one library's spinning thread pool (ONNX Runtime's, XLA's) does not eat
-into the next contender's timed calls; ``--rounds`` such passes, and the median of all timed
-calls. Peers are optional: a peer that is not installed (``onnx`` + ``onnxruntime``,
-``paddlepaddle``, ``jax``: the ``compare`` extra) is skipped with a note. Every library runs at
-its own default threads (pdjit: its defaults; Paddle: its defaults; XLA: every core).
+Timing: every contender runs in its own process (``--child``), one after another, ``--rounds``
+times (the order reversed every other round); each process warms up, then times ``--repeat``
+calls (x10 at B = 1, x2 at B = 64); the table shows the median of all timed calls. Separate
+processes because libraries sharing one process disturbed each other: pdjit's LeNet at B = 64
+went from 1.8 ms to 2.9-4.2 ms in a process where an ONNX Runtime session had run. Peers are
+optional: a peer that is not installed (``onnx`` + ``onnxruntime``, ``paddlepaddle``, ``jax``:
+the ``compare`` extra) is skipped with a note. Every library runs at its own default threads
+(pdjit: its defaults; Paddle: its defaults; XLA: every core).
 ``--quick`` is a smoke run: few repeats, one round, no cold-compile processes unless ``--only``
 names ``cold``.
 """
@@ -47,6 +49,7 @@ os.environ.setdefault("FLAGS_enable_pir_api", "0")
 os.environ.setdefault("GLOG_minloglevel", "2")
 
 import argparse  # noqa: E402
+import atexit
 import importlib.metadata
 import importlib.util
 import json
@@ -70,19 +73,29 @@ BN_MOMENTUM, BN_EPS, LR, MOMENTUM = 0.9, 1e-5, 0.01, 0.9
 
 
 # ---------------------------------------------------------------- timing and reporting
-def blocks(contenders: dict, repeat: int, rounds: int, warmup: int = 3) -> dict:
-    """Median ms of each contender over ``rounds`` passes; in a pass each contender runs
-    ``warmup`` untimed calls and then ``repeat`` timed calls, one contender after another."""
-    samples = {k: [] for k in contenders}
-    for _ in range(rounds):
-        for k, fn in contenders.items():
-            for _ in range(warmup):
-                fn()
-            for _ in range(repeat):
-                t = time.perf_counter()
-                fn()
-                samples[k].append(time.perf_counter() - t)
-    return {k: statistics.median(v) * 1e3 for k, v in samples.items()}
+def time_calls(fn, repeat: int, warmup: int = 5) -> list:
+    """Seconds of ``repeat`` calls of ``fn`` after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def interleaved_children(bench: str, names: list, args) -> dict:
+    """name -> the results of ``--rounds`` child processes, one per contender and round (the
+    order reversed every other round), each running ``child_<bench>(name, repeat)``."""
+    runs = {name: [] for name in names}
+    for r in range(args.rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            out = spawn(f"{bench}:{name}", dict(os.environ), args.timeout, args.repeat)
+            if "error" in out:
+                raise SystemExit(out["error"])
+            runs[name].append(out)
+    return runs
 
 
 def table(title: str, header: list, rows: list) -> None:
@@ -263,54 +276,74 @@ def lenet_jax(params: dict):
     return lambda xv: net(dev, xv).block_until_ready()
 
 
-def bench_lenet(args) -> None:
-    params = lenet_params()
-    notes = []
-    rows, checks = [], []
-    for batch in (1, 64):
-        xv = np.random.default_rng(batch).standard_normal((batch, 1, 28, 28)).astype(np.float32)
-        pdjit_fn = lenet_pdjit(params)
-        want = pdjit_fn(xv)
-        tol = 1e-4 * max(1.0, float(np.max(np.abs(want))))
-        runners = {"pdjit": pdjit_fn}
-        if have("onnx", "onnxruntime"):
-            model = lenet_onnx(params)
-            runners["ORT 1 thread"] = lenet_ort(model, 1)
-            runners["ORT 2 threads"] = lenet_ort(model, 2)
-        elif batch == 1:
-            notes.append("onnx/onnxruntime not installed: ORT skipped")
-        if have("paddle"):
-            runners["Paddle legacy"] = lenet_paddle(params)
-        elif batch == 1:
-            notes.append("paddlepaddle not installed: Paddle skipped")
-        if have("jax"):
-            runners["jax.jit"] = lenet_jax(params)
-        elif batch == 1:
-            notes.append("jax not installed: jax skipped")
-        for name, fn in runners.items():
-            if name != "pdjit":
-                checks.append(f"{name} B={batch}: {agree(name, np.asarray(fn(xv)), want, tol):.1e}")
-        # device arrays for jax (what a jax user holds), host arrays for the others
-        calls = {}
-        for name, fn in runners.items():
-            arg = xv
-            if name == "jax.jit":
-                import jax
+LENET_BATCHES = (1, 64)
 
-                arg = jax.device_put(xv)
-            calls[name] = (lambda f, a: (lambda: f(a)))(fn, arg)
-        repeat = args.repeat * (10 if batch == 1 else 2)
-        res = blocks(calls, repeat, args.rounds)
+
+def lenet_contenders() -> tuple[dict, list]:
+    """name -> builder ``params -> runner``, and notes on the peers that are not installed."""
+    found, notes = {"pdjit": lenet_pdjit}, []
+    if have("onnx", "onnxruntime"):
+        found["ORT 1 thread"] = lambda p: lenet_ort(lenet_onnx(p), 1)
+        found["ORT 2 threads"] = lambda p: lenet_ort(lenet_onnx(p), 2)
+    else:
+        notes.append("onnx/onnxruntime not installed: ORT skipped")
+    if have("paddle"):
+        found["Paddle legacy"] = lenet_paddle
+    else:
+        notes.append("paddlepaddle not installed: Paddle skipped")
+    if have("jax"):
+        found["jax.jit"] = lenet_jax
+    else:
+        notes.append("jax not installed: jax skipped")
+    return found, notes
+
+
+def lenet_input(batch: int) -> np.ndarray:
+    return np.random.default_rng(batch).standard_normal((batch, 1, 28, 28)).astype(np.float32)
+
+
+def child_lenet(name: str, repeat: int) -> dict:
+    """One contender in this process: its outputs and timed calls (seconds) per batch."""
+    fn = lenet_contenders()[0][name](lenet_params())
+    result = {}
+    for batch in LENET_BATCHES:
+        arg = lenet_input(batch)
+        if name == "jax.jit":  # a jax user holds device arrays
+            import jax
+
+            arg = jax.device_put(arg)
+        out = np.asarray(fn(arg))
+        calls = repeat * (10 if batch == 1 else 2)
+        result[str(batch)] = {"out": out.tolist(),
+                              "s": time_calls(lambda a=arg: fn(a), calls)}
+    return result
+
+
+def bench_lenet(args) -> None:
+    names, notes = lenet_contenders()
+    runs = interleaved_children("lenet", list(names), args)
+    rows, checks = [], []
+    for batch in map(str, LENET_BATCHES):
+        want = np.asarray(runs["pdjit"][0][batch]["out"])
+        tol = 1e-4 * max(1.0, float(np.max(np.abs(want))))
+        res = {}
+        for name, parts in runs.items():
+            for part in parts:
+                if name != "pdjit":
+                    diff = agree(f"{name} B={batch}", part[batch]["out"], want, tol)
+            if name != "pdjit":
+                checks.append(f"{name} B={batch}: {diff:.1e}")
+            res[name] = statistics.median(t for part in parts for t in part[batch]["s"]) * 1e3
         ort = [res[k] for k in ("ORT 1 thread", "ORT 2 threads") if k in res]
         best = min(ort) if ort else None
-        rows.append([str(batch), ms(res["pdjit"]), ms(res.get("ORT 1 thread")),
+        rows.append([batch, ms(res["pdjit"]), ms(res.get("ORT 1 thread")),
                      ms(res.get("ORT 2 threads")), ms(best), ms(res.get("Paddle legacy")),
                      ms(res.get("jax.jit")),
                      f"{res['pdjit'] / best:.2f}x" if best else "-"])
     table("LeNet-5 inference, float32, median ms per call (outputs checked against pdjit's)",
           ["B", "pdjit", "ORT 1 thread", "ORT 2 threads", "ORT best", "Paddle legacy",
            "jax.jit", "pdjit / ORT best"], rows)
-    print("max abs diff vs pdjit: " + "; ".join(checks))
+    print("max abs diff vs pdjit: " + ("; ".join(checks) or "-"))
     for n in notes:
         print(f"note: {n}")
 
@@ -489,34 +522,50 @@ def make_resnet_jax():
     return step
 
 
-def bench_resnet(args) -> None:
-    params = resnet_params()
-    xv, yv = resnet_batch()
-    runners, notes = {"pdjit": resnet_pdjit(params)}, []
+def resnet_contenders() -> tuple[dict, list]:
+    found, notes = {"pdjit": resnet_pdjit}, []
     if have("paddle"):
-        runners["Paddle legacy"] = resnet_paddle(params)
+        found["Paddle legacy"] = resnet_paddle
     else:
         notes.append("paddlepaddle not installed: Paddle skipped")
-    feeds = {name: (xv, yv) for name in runners}
     if have("jax"):
-        import jax
-
-        runners["jax.jit"] = resnet_jax(params)
-        feeds["jax.jit"] = (jax.device_put(xv), jax.device_put(yv.astype(np.int32)))
+        found["jax.jit"] = resnet_jax
     else:
         notes.append("jax not installed: jax skipped")
-    # the first two steps from the same weights: the loss, then the loss after one update
-    losses = {name: [fn(*feeds[name]), fn(*feeds[name])] for name, fn in runners.items()}
-    checks = [f"{name}: {agree(name, v, losses['pdjit'], 2e-3):.1e}"
-              for name, v in losses.items() if name != "pdjit"]
-    calls = {name: (lambda f, a: (lambda: f(*a)))(fn, feeds[name]) for name, fn in runners.items()}
-    res = blocks(calls, args.repeat, args.rounds, warmup=2)
+    return found, notes
+
+
+def child_resnet(name: str, repeat: int) -> dict:
+    """One contender in this process: the losses of its first two steps from the shared
+    weights, then timed steps (seconds)."""
+    step = resnet_contenders()[0][name](resnet_params())
+    xv, yv = resnet_batch()
+    feed = (xv, yv)
+    if name == "jax.jit":
+        import jax
+
+        feed = (jax.device_put(xv), jax.device_put(yv.astype(np.int32)))
+    losses = [step(*feed), step(*feed)]
+    return {"losses": losses, "s": time_calls(lambda: step(*feed), repeat, warmup=2)}
+
+
+def bench_resnet(args) -> None:
+    names, notes = resnet_contenders()
+    runs = interleaved_children("resnet", list(names), args)
+    want = runs["pdjit"][0]["losses"]
+    res, checks = {}, []
+    for name, parts in runs.items():
+        for part in parts:
+            diff = agree(name, part["losses"], want, 2e-3)
+        if name != "pdjit":
+            checks.append(f"{name}: {diff:.1e}")
+        res[name] = statistics.median(t for part in parts for t in part["s"]) * 1e3
     table(f"ResNet-style training step, batch {RESNET_BATCH} x 3 x 32 x 32, Momentum, "
           "median ms per step (feed, step, fetch the loss)",
           ["contender", "ms / step", "vs pdjit"],
           [[k, ms(v), f"{v / res['pdjit']:.2f}x"] for k, v in res.items()])
-    print("first two losses: " + "; ".join(f"{k} {v[0]:.5f} {v[1]:.5f}" for k, v in
-                                           losses.items()))
+    print("first two losses: " + "; ".join(f"{k} {v[0]['losses'][0]:.5f} "
+                                           f"{v[0]['losses'][1]:.5f}" for k, v in runs.items()))
     print("max abs diff of those vs pdjit: " + ("; ".join(checks) or "-"))
     for n in notes:
         print(f"note: {n}")
@@ -538,7 +587,29 @@ def child_cold_pdjit() -> dict:
         step(xv, yv)
         times.append(time.perf_counter() - t)
     return {"import_s": t_import, "build_startup_s": t_build, "first_s": times[0],
-            "next_ms": min(times[1:]) * 1e3}
+            "next_ms": min(times[1:]) * 1e3, "compiles": compile_counts()}
+
+
+def compile_counts() -> str:
+    """Numba compilations made / loaded from disk in this process: pdjit's generated kernels
+    (``compiler.kernel_stats``) and its library kernels (the dispatchers of ``nnlib``)."""
+    from numba.core.dispatcher import Dispatcher
+
+    from pdjit.codegen import compiler
+
+    gen = compiler.kernel_stats()
+    made = loaded = 0
+    seen = set()
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("pdjit.codegen.nnlib"):
+            continue
+        for fn in vars(mod).values():
+            if isinstance(fn, Dispatcher) and id(fn) not in seen:
+                seen.add(id(fn))
+                made += sum(fn.stats.cache_misses.values())
+                loaded += sum(fn.stats.cache_hits.values())
+    return (f"generated: {gen['kernels']} kernels, {gen['compiled']} compiled, "
+            f"{gen['loaded']} loaded; library: {made} compiled, {loaded} loaded")
 
 
 def child_cold_jax() -> dict:
@@ -559,8 +630,9 @@ def child_cold_jax() -> dict:
             "next_ms": min(times[1:]) * 1e3}
 
 
-def spawn(kind: str, env: dict, timeout: float) -> dict:
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", kind]
+def spawn(kind: str, env: dict, timeout: float, repeat: int = 0) -> dict:
+    """Run ``--child kind`` in a fresh process; its last JSON line, or {"error": ...}."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", kind, "--repeat", str(repeat)]
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -601,6 +673,9 @@ def bench_cold(args) -> None:
                      f"{r['build_startup_s']:.2f}", ms(r["next_ms"])])
     table("cold start of the ResNet training step: fresh processes",
           ["run", "first step s", "import s", "build + startup s", "next step ms"], rows)
+    for k, r in runs.items():
+        if "compiles" in r:
+            print(f"{k}: numba compilations: {r['compiles']}")
     for e in errors:
         print(f"\n{e}")
 
@@ -615,14 +690,20 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, help="passes over the contenders (default 3; quick 1)")
     ap.add_argument("--only", help="comma-separated: lenet,resnet,cold (quick: lenet,resnet)")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per cold process")
-    ap.add_argument("--child", choices=["cold-pdjit", "cold-jax"], help=argparse.SUPPRESS)
+    ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        fn = child_cold_pdjit if args.child == "cold-pdjit" else child_cold_jax
+        kind, _, name = args.child.partition(":")
+        fn = {"cold-pdjit": child_cold_pdjit, "cold-jax": child_cold_jax,
+              "lenet": lambda: child_lenet(name, args.repeat),
+              "resnet": lambda: child_resnet(name, args.repeat)}[kind]
         print(json.dumps(fn()), flush=True)
         return
     args.repeat = args.repeat or (5 if args.quick else 30)
     args.rounds = args.rounds or (1 if args.quick else 3)
+    if "PDJIT_CACHE_DIR" not in os.environ:  # one kernel cache for every child (cold: its own)
+        os.environ["PDJIT_CACHE_DIR"] = tempfile.mkdtemp(prefix="pdjit-bench-cnn-")
+        atexit.register(shutil.rmtree, os.environ["PDJIT_CACHE_DIR"], True)
     only = args.only or ("lenet,resnet" if args.quick else ",".join(BENCHES))
     versions = []
     for dist in ("numba", "onnxruntime", "paddlepaddle", "jax"):
