@@ -29,9 +29,12 @@ NAME = "cpu"
 _MISFIT = "pdjit: operand shapes do not fit the kernel's loop form"
 _EMPTY = "pdjit: a reduction without identity over an empty extent"
 
-# Below this many elements a parallel loop loses to its thread start-up (measured: the
-# break-even of numba's prange on 2 cores is ~1e3-1e4 elements; at 6.5e4 two threads win).
-PARALLEL_MIN_SIZE = 65536
+# Below this many elements a parallel loop loses to its thread start-up. Alone, the break-even
+# of numba's prange on 2 cores is ~1e3-1e4 elements (at 6.5e4 two threads win); between other
+# kernels of a network, whose threads the waiting OpenMP threads must wake after, it is far
+# higher (measured: LeNet's bias + relu over 221,184 elements took 337 us on 2 threads and
+# 56 us on one).
+PARALLEL_MIN_SIZE = 1 << 20
 
 
 def _prod(sh: str, lo: int, hi: int) -> str:
@@ -94,7 +97,10 @@ def _flat(k, parallel):
 
 def _row(k, parallel):
     rng = "numba.prange" if parallel else "range"
-    return _hoisted(k) + [f"for r in {rng}(nr):", "    b = r * nc", "    for c in range(nc):"] + \
+    # unsigned offsets: Numba then skips its negative-index wraparound and the inner loop
+    # vectorises
+    return _hoisted(k) + [f"for r in {rng}(nr):", "    b = np.uint64(r * nc)",
+                          "    for c in range(np.uint64(nc)):"] + \
         _indent(_element(k, "b + c", "c"), 2)
 
 
@@ -102,7 +108,8 @@ def _mid(k, parallel):
     rng = "numba.prange" if parallel else "range"
     mids = [f"x{i} = L{i}[m]" for i, leaf in enumerate(k.leaves) if leaf.place == MID]
     return _hoisted(k) + [f"for q in {rng}(no * nm):", "    m = q % nm"] + _indent(mids) + \
-        ["    b = q * ni", "    for i in range(ni):"] + _indent(_element(k, "b + i"), 2)
+        ["    b = np.uint64(q * ni)", "    for i in range(np.uint64(ni)):"] + \
+        _indent(_element(k, "b + i"), 2)
 
 
 def _reduce_all(k, parallel):

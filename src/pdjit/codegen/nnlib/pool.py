@@ -9,53 +9,108 @@ The window of output ``(oh, ow)`` along one axis (PaddlePaddle's rule, see ``pdj
   elements read (``exclusive`` or adaptive) or by the window's length before that clipping.
 
 The first maximum of a window wins (its position is the ``mask``; its input gets the gradient).
+The windows of each axis are worked out once per call; the planes (sample, channel) of a large
+input are split over threads.
 """
+import numba
 import numpy as np
+from numba.extending import overload
 
 from pdjit.codegen.nnlib._jit import jit
+from pdjit.codegen.nnlib.conv import _cols, split_work
 
 __all__ = ["pool2d_fwd", "pool2d_bwd", "max_pool2d_index_fwd", "max_pool2d_index_bwd"]
 
-
-@jit
-def _span(o, size, osize, k, s, p, adaptive):
-    """(first, end, length) of output ``o``'s window along one axis: ``first..end`` is read,
-    ``length`` is the window's length for a non-exclusive average."""
-    if adaptive:
-        a = (o * size) // osize
-        b = -((-(o + 1) * size) // osize)
-        return a, b, b - a
-    a = o * s - p
-    b = min(a + k, size + p)
-    return max(a, 0), min(b, size), b - a
+U = numba.uint64
 
 
 @jit
+def _spans(osize, size, k, s, p, adaptive):
+    """Per output index along one axis: (first, end) read, and the window's length for a
+    non-exclusive average."""
+    a = np.empty(osize, np.int64)
+    b = np.empty(osize, np.int64)
+    length = np.empty(osize, np.int64)
+    for o in range(osize):
+        if adaptive:
+            lo = (o * size) // osize
+            hi = -((-(o + 1) * size) // osize)
+            a[o], b[o], length[o] = lo, hi, hi - lo
+        else:
+            lo = o * s - p
+            hi = min(lo + k, size + p)
+            a[o], b[o], length[o] = max(lo, 0), min(hi, size), hi - lo
+    return a, b, length
+
+
+@jit
+def _fwd_planes(x, y, q0, q1, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptive):
+    h_, w_ = x.shape[2], x.shape[3]
+    oh_, ow_ = y.shape[2], y.shape[3]
+    ha, hb, hl = _spans(oh_, h_, kh, sh, pt, adaptive)
+    wa, wb, wl = _spans(ow_, w_, kw, sw, pl, adaptive)
+    xf = x.reshape(x.size)
+    yf = y.reshape(y.size)
+    acc = np.empty(ow_, np.float64)
+    # each window column j: the output columns lo..hi whose input column lies in the image
+    los = np.empty(max(kw, 1), np.int64)
+    his = np.empty(max(kw, 1), np.int64)
+    if not adaptive:
+        for j in range(kw):
+            los[j], his[j] = _cols(ow_, w_, sw, j - pl)
+    for q in range(q0, q1):
+        xb = q * h_ * w_
+        yb = q * oh_ * ow_
+        for oh in range(oh_):
+            for ow in range(ow_):
+                acc[ow] = -np.inf if is_max else 0.0
+            for h in range(ha[oh], hb[oh]):
+                row = U(xb + h * w_)
+                if adaptive:  # windows of their own sizes: element by element
+                    for ow in range(ow_):
+                        for w in range(U(wa[ow]), U(wb[ow])):
+                            v = xf[row + w]
+                            if is_max:
+                                acc[ow] = v if v > acc[ow] else acc[ow]
+                            else:
+                                acc[ow] += v
+                    continue
+                # one window column at a time, over the whole output row: long, branch-free
+                # inner loops (a window's own loops are too short to run fast)
+                for j in range(kw):
+                    lo, hi = los[j], his[j]
+                    start = row + U(lo * sw + j - pl)
+                    if is_max:
+                        for k in range(U(hi - lo)):
+                            v = xf[start + k * U(sw)]
+                            a = acc[U(lo) + k]
+                            acc[U(lo) + k] = v if v > a else a
+                    else:
+                        for k in range(U(hi - lo)):
+                            acc[U(lo) + k] += xf[start + k * U(sw)]
+            for ow in range(ow_):
+                v = acc[ow]
+                if not is_max:
+                    if exclusive or adaptive:
+                        v = v / ((hb[oh] - ha[oh]) * (wb[ow] - wa[ow]))
+                    else:
+                        v = v / (hl[oh] * wl[ow])
+                yf[U(yb + oh * ow_ + ow)] = v
+
+
 def pool2d_fwd(x, y, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptive):
     """``y`` = the max (``is_max``) or average pool of ``x``."""
-    n_, c_, h_, w_ = x.shape
-    oh_, ow_ = y.shape[2], y.shape[3]
-    for n in range(n_):
-        for c in range(c_):
-            for oh in range(oh_):
-                h0, h1, lh = _span(oh, h_, oh_, kh, sh, pt, adaptive)
-                for ow in range(ow_):
-                    w0, w1, lw = _span(ow, w_, ow_, kw, sw, pl, adaptive)
-                    if is_max:
-                        acc = -np.inf
-                        for h in range(h0, h1):
-                            for w in range(w0, w1):
-                                v = x[n, c, h, w]
-                                if v > acc:
-                                    acc = v
-                        y[n, c, oh, ow] = acc
-                    else:
-                        acc = 0.0
-                        for h in range(h0, h1):
-                            for w in range(w0, w1):
-                                acc += x[n, c, h, w]
-                        cnt = (h1 - h0) * (w1 - w0) if exclusive or adaptive else lh * lw
-                        y[n, c, oh, ow] = acc / cnt
+    planes = x.shape[0] * x.shape[1]
+    split_work(_fwd_planes, planes, y.size * kh * kw, x, y, kh, kw, sh, sw, pt, pl, is_max,
+               exclusive, adaptive)
+
+
+@overload(pool2d_fwd)
+def _pool2d_fwd_native(x, y, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptive):
+    def impl(x, y, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptive):
+        _fwd_planes(x, y, 0, x.shape[0] * x.shape[1], kh, kw, sh, sw, pt, pl, is_max,
+                    exclusive, adaptive)
+    return impl
 
 
 @jit
@@ -63,13 +118,15 @@ def pool2d_bwd(x, y, dy, dx, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptive
     """``dx`` (overwritten) = the gradient of :func:`pool2d_fwd` contracted with ``dy``."""
     n_, c_, h_, w_ = x.shape
     oh_, ow_ = y.shape[2], y.shape[3]
+    ha, hb, hl = _spans(oh_, h_, kh, sh, pt, adaptive)
+    wa, wb, wl = _spans(ow_, w_, kw, sw, pl, adaptive)
     dx[:] = 0
     for n in range(n_):
         for c in range(c_):
             for oh in range(oh_):
-                h0, h1, lh = _span(oh, h_, oh_, kh, sh, pt, adaptive)
+                h0, h1 = ha[oh], hb[oh]
                 for ow in range(ow_):
-                    w0, w1, lw = _span(ow, w_, ow_, kw, sw, pl, adaptive)
+                    w0, w1 = wa[ow], wb[ow]
                     g = dy[n, c, oh, ow]
                     if is_max:
                         m = y[n, c, oh, ow]
@@ -80,8 +137,10 @@ def pool2d_bwd(x, y, dy, dx, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptive
                                     dx[n, c, h, w] += g
                                     done = True
                     else:
-                        cnt = (h1 - h0) * (w1 - w0) if exclusive or adaptive else lh * lw
-                        share = g / cnt
+                        if exclusive or adaptive:
+                            share = g / ((h1 - h0) * (w1 - w0))
+                        else:
+                            share = g / (hl[oh] * wl[ow])
                         for h in range(h0, h1):
                             for w in range(w0, w1):
                                 dx[n, c, h, w] += share
@@ -93,16 +152,16 @@ def max_pool2d_index_fwd(x, y, mask, kh, kw, sh, sw, pt, pl, adaptive):
     plane."""
     n_, c_, h_, w_ = x.shape
     oh_, ow_ = y.shape[2], y.shape[3]
+    ha, hb, _ = _spans(oh_, h_, kh, sh, pt, adaptive)
+    wa, wb, _ = _spans(ow_, w_, kw, sw, pl, adaptive)
     for n in range(n_):
         for c in range(c_):
             for oh in range(oh_):
-                h0, h1, _ = _span(oh, h_, oh_, kh, sh, pt, adaptive)
                 for ow in range(ow_):
-                    w0, w1, _ = _span(ow, w_, ow_, kw, sw, pl, adaptive)
                     acc = -np.inf
                     at = -1
-                    for h in range(h0, h1):
-                        for w in range(w0, w1):
+                    for h in range(ha[oh], hb[oh]):
+                        for w in range(wa[ow], wb[ow]):
                             v = x[n, c, h, w]
                             if v > acc:
                                 acc = v
