@@ -289,23 +289,15 @@ def split_work(fn, n, work, *args, head=2):
 
 def conv2d_fwd(x, w, y, sh, sw, pt, pl, dh, dw, groups):
     """``y = conv(x, w)`` (NCHW): ``y`` is written, not read."""
-    n = x.shape[0]
-    parts = _parts(n, y.size * w[0].size)
-    if parts == 1:
-        _fwd_range(x, w, y, 0, n, sh, sw, pt, pl, dh, dw, groups)
-    else:
-        _split(_fwd_range, parts, n, x, w, y, sh, sw, pt, pl, dh, dw, groups)
+    split_work(_fwd_range, x.shape[0], y.size * w[0].size, x, w, y, sh, sw, pt, pl, dh, dw,
+               groups, head=3)
 
 
 def conv2d_bwd_data(dy, w, dx, sh, sw, pt, pl, dh, dw, groups):
     """``dx = conv^T(dy, w)`` (NCHW): the gradient of ``conv`` for its input; ``dx`` is
     overwritten. (It is also the transposed convolution of ``dy``.)"""
-    n = dy.shape[0]
-    parts = _parts(n, dy.size * w[0].size)
-    if parts == 1:
-        _bwd_data_range(dy, w, dx, 0, n, sh, sw, pt, pl, dh, dw, groups)
-    else:
-        _split(_bwd_data_range, parts, n, dy, w, dx, sh, sw, pt, pl, dh, dw, groups)
+    split_work(_bwd_data_range, dy.shape[0], dy.size * w[0].size, dy, w, dx, sh, sw, pt, pl,
+               dh, dw, groups, head=3)
 
 
 def conv2d_bwd_filter(x, dy, dwt, sh, sw, pt, pl, dh, dw, groups):
