@@ -34,7 +34,7 @@ import numpy as np
 from pdjit.framework import dtypes
 from pdjit.framework.errors import ShapeMismatch
 from pdjit.framework.registry import (
-    ELEMENTWISE,
+    EMPTY_VAR_NAME,
     OPAQUE,
     REDUCTION,
     REQUIRED,
@@ -50,6 +50,7 @@ from pdjit.framework.registry import (
     register_op,
 )
 from pdjit.ops._common import FLOATS, INDEX, NUMERIC, check_dtype, norm_axis
+from pdjit.proto import framework_pb2 as pb
 
 BOOL = np.dtype(np.bool_)
 INT64 = np.dtype(np.int64)
@@ -306,6 +307,24 @@ def _sum_ref(X):
     return {"Out": out}
 
 
+def _sum_lower(ctx):
+    """Dense inputs of one shape: the first copied into the output, the others added in place
+    (``np.add`` with ``out``, a library loop, valid in the driver and in native loops)."""
+    names = ctx.op.input("X")
+    n = len(names)
+    if n < 1 or EMPTY_VAR_NAME in names or len({ctx.shape("X", i) for i in range(n)}) > 1 or \
+            any(ctx.dtype("X", i) != ctx.dtype("X") for i in range(n)) or \
+            any(ctx._var(a).type != pb.VarType.LOD_TENSOR for a in names):
+        return None  # tensor arrays, or shapes that may differ: the reference
+    xs = [ctx.inp("X", i) for i in range(n)]
+    out = ctx.out("Out", shape=f"{xs[0]}.shape")
+    lines = [f"_rt.check({x}.shape == {xs[0]}.shape)" for x in xs[1:]]
+    if n == 1:
+        return lines + [f"{out}.reshape({out}.size)[:] = {xs[0]}.reshape({xs[0]}.size)"]
+    return lines + [f"np.add({xs[0]}, {xs[1]}, {out})"] + \
+        [f"np.add({out}, {x}, {out})" for x in xs[2:]]
+
+
 def _sum_grad(op):
     """Paddle's grad of add_n: ``X[i]@GRAD = scale(Out@GRAD, 1)`` for each input, one op each.
 
@@ -320,8 +339,8 @@ def _sum_grad(op):
 
 
 register_op(
-    "sum", inputs=["X*"], outputs=["Out"], traits=[ELEMENTWISE], infer_shape=_sum_infer,
-    reference=_sum_ref, emit=None, grad=_sum_grad,
+    "sum", inputs=["X*"], outputs=["Out"], traits=[OPAQUE], infer_shape=_sum_infer,
+    reference=_sum_ref, emit=Opaque(_sum_lower, host=True), grad=_sum_grad,
     doc="Out = X[0] + X[1] + ..., inputs of one shape and dtype.")
 
 
