@@ -108,37 +108,43 @@ def _col2im(cf, rs, at, c0, cg, kh_, kw_, sh, sw, pt, pl, dh, dw, oh_, ow_, dx):
 
 
 @jit
-def _direct(x, w, y, n, sh, sw, pt, pl, dh, dw, groups):
-    """``y[n] = conv(x[n], w)`` by direct loops (one input channel per group)."""
+def _direct_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
+    """``y[n] = conv(x[n], w)`` for the samples ``n0..n1`` by direct loops (one input channel
+    per group: a product of such thin matrices costs more than it computes)."""
     h_, w_ = x.shape[2], x.shape[3]
     m_, cg, kh_, kw_ = w.shape
     oh_, ow_ = y.shape[2], y.shape[3]
     mg = m_ // groups
-    for m in range(m_):
-        g = m // mg
-        for oh in range(oh_):
-            for ow in range(ow_):
-                y[n, m, oh, ow] = 0
-        for c in range(cg):
-            ci = g * cg + c
-            for i in range(kh_):
-                for oh in range(oh_):
-                    ih = oh * sh - pt + i * dh
-                    if ih < 0 or ih >= h_:
-                        continue
-                    for j in range(kw_):
-                        wv = w[m, c, i, j]
-                        off = j * dw - pl
-                        for ow in range(ow_):
-                            iw = ow * sw + off
-                            if 0 <= iw < w_:
-                                y[n, m, oh, ow] += wv * x[n, ci, ih, iw]
+    xf = x.reshape(x.size)
+    yf = y.reshape(y.size)
+    wf = w.reshape(w.size)
+    for n in range(n0, n1):
+        for m in range(m_):
+            g = m // mg
+            yb = (n * m_ + m) * oh_ * ow_
+            for k in range(U(oh_ * ow_)):
+                yf[U(yb) + k] = 0
+            for c in range(cg):
+                xb = (n * x.shape[1] + g * cg + c) * h_ * w_
+                for i in range(kh_):
+                    for oh in range(oh_):
+                        ih = oh * sh - pt + i * dh
+                        if ih < 0 or ih >= h_:
+                            continue
+                        for j in range(kw_):
+                            wv = wf[((m * cg + c) * kh_ + i) * kw_ + j]
+                            off = j * dw - pl
+                            lo, hi = _cols(ow_, w_, sw, off)
+                            src = U(xb + ih * w_ + off + lo * sw)
+                            dst = U(yb + oh * ow_ + lo)
+                            for k in range(U(hi - lo)):
+                                yf[dst + k] += wv * xf[src + k * U(sw)]
 
 
-
-@jit
-def _use_direct(cg, mg):
-    return cg == 1 and mg <= 4
+def _direct_ok(w, groups) -> bool:
+    """Whether the direct loops serve this filter (one input channel per group, few outputs
+    per group)."""
+    return w.shape[1] == 1 and w.shape[0] // groups <= 4
 
 
 # A block of samples shares one matrix product: their patches sit side by side in ``col``
@@ -146,6 +152,8 @@ def _use_direct(cg, mg):
 # [M/groups, K] x [K, P] per sample of a few hundred columns runs far below its peak). The
 # block stays small, because wider products and buffers that leave the cache lose again
 # (measured: [6, 25] x [25, 36864] took 3.6x longer than 64 products of 576 columns).
+# The loops below copy element by element through flat views with unsigned offsets rather
+# than assigning slices of 2-D arrays: the same speed, a quarter of the compile time.
 _BLOCK_COLS = 2048
 _COL_ELEMS = 1 << 16
 
@@ -162,35 +170,42 @@ def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
     m_, cg, kh_, kw_ = w.shape
     mg = m_ // groups
     oh_, ow_ = y.shape[2], y.shape[3]
-    if _use_direct(cg, mg):
-        for n in range(n0, n1):
-            _direct(x, w, y, n, sh, sw, pt, pl, dh, dw, groups)
-        return
     p_, k_ = oh_ * ow_, cg * kh_ * kw_
     nb = _block(n1 - n0, k_, p_)
     w2 = w.reshape((m_, k_))
-    col = np.empty((k_, nb * p_), x.dtype)
-    yf = y.reshape((y.shape[0], m_, p_))
+    yf = y.reshape(y.size)
     for b0 in range(n0, n1, nb):
         b1 = min(b0 + nb, n1)
         width = (b1 - b0) * p_
-        cols = col if b1 - b0 == nb else np.empty((k_, width), x.dtype)
+        cols = np.empty((k_, width), x.dtype)
         cf = cols.reshape(cols.size)
         for g in range(groups):
             for n in range(b0, b1):
                 _im2col(x[n], g * cg, cg, kh_, kw_, sh, sw, pt, pl, dh, dw, oh_, ow_, cf, width,
                         (n - b0) * p_)
-            r = np.dot(w2[g * mg:(g + 1) * mg], cols)
+            rf = np.dot(w2[g * mg:(g + 1) * mg], cols).reshape(mg * width)
             for n in range(b0, b1):
-                yf[n, g * mg:(g + 1) * mg] = r[:, (n - b0) * p_:(n - b0 + 1) * p_]
+                for m in range(mg):
+                    src = U(m * width + (n - b0) * p_)
+                    dst = U((n * m_ + g * mg + m) * p_)
+                    for k in range(U(p_)):
+                        yf[dst + k] = rf[src + k]
 
 
 @jit
-def _gather_dy(dy, n0, n1, g, mg, p_, d2):
-    """``d2[m, (n - n0) * P + p] = dy[n, g * mg + m, p]`` for the samples ``n0..n1``."""
-    df = dy.reshape((dy.shape[0], dy.shape[1], p_))
-    for n in range(n0, n1):
-        d2[:, (n - n0) * p_:(n - n0 + 1) * p_] = df[n, g * mg:(g + 1) * mg]
+def _gather_dy(dy, b0, b1, g, mg, p_, width):
+    """``[mg, width]``: ``dy[n, g * mg + m]`` of the samples ``b0..b1`` side by side."""
+    m_ = dy.shape[1]
+    d2 = np.empty((mg, width), dy.dtype)
+    df = dy.reshape(dy.size)
+    f2 = d2.reshape(d2.size)
+    for n in range(b0, b1):
+        for m in range(mg):
+            src = U((n * m_ + g * mg + m) * p_)
+            dst = U(m * width + (n - b0) * p_)
+            for k in range(U(p_)):
+                f2[dst + k] = df[src + k]
+    return d2
 
 
 @jit
@@ -201,18 +216,17 @@ def _bwd_data_range(dy, w, dx, n0, n1, sh, sw, pt, pl, dh, dw, groups):
     oh_, ow_ = dy.shape[2], dy.shape[3]
     p_, k_ = oh_ * ow_, cg * kh_ * kw_
     nb = _block(n1 - n0, k_, p_)
-    w2t = np.ascontiguousarray(w.reshape((m_, k_)).T)
-    d2 = np.empty((mg, nb * p_), dy.dtype)
-    for n in range(n0, n1):
-        dx[n] = 0
+    w2 = w.reshape((m_, k_))
+    dxf = dx.reshape(dx.size)
+    per = dx.size // max(dx.shape[0], 1)
+    for k in range(U(n0 * per), U(n1 * per)):
+        dxf[k] = 0
     for b0 in range(n0, n1, nb):
         b1 = min(b0 + nb, n1)
         width = (b1 - b0) * p_
         for g in range(groups):
-            part = d2 if b1 - b0 == nb else np.empty((mg, width), dy.dtype)
-            _gather_dy(dy, b0, b1, g, mg, p_, part)
-            col = np.dot(w2t[:, g * mg:(g + 1) * mg], part)
-            cf = col.reshape(col.size)
+            d2 = _gather_dy(dy, b0, b1, g, mg, p_, width)
+            cf = np.dot(w2[g * mg:(g + 1) * mg].T, d2).reshape(k_ * width)
             for n in range(b0, b1):
                 _col2im(cf, width, (n - b0) * p_, g * cg, cg, kh_, kw_, sh, sw, pt, pl, dh,
                         dw, oh_, ow_, dx[n])
@@ -226,22 +240,23 @@ def _bwd_filter_range(x, dy, dwt, n0, n1, sh, sw, pt, pl, dh, dw, groups):
     oh_, ow_ = dy.shape[2], dy.shape[3]
     p_, k_ = oh_ * ow_, cg * kh_ * kw_
     nb = _block(n1 - n0, k_, p_)
-    dw2 = dwt.reshape((m_, k_))
-    dw2[:] = 0
-    col = np.empty((k_, nb * p_), x.dtype)
-    d2 = np.empty((mg, nb * p_), dy.dtype)
+    dwf = dwt.reshape(dwt.size)
+    for k in range(dwf.size):
+        dwf[k] = 0
     for b0 in range(n0, n1, nb):
         b1 = min(b0 + nb, n1)
         width = (b1 - b0) * p_
+        cols = np.empty((k_, width), x.dtype)
+        cf = cols.reshape(cols.size)
         for g in range(groups):
-            cols = col if b1 - b0 == nb else np.empty((k_, width), x.dtype)
-            cf = cols.reshape(cols.size)
             for n in range(b0, b1):
                 _im2col(x[n], g * cg, cg, kh_, kw_, sh, sw, pt, pl, dh, dw, oh_, ow_, cf, width,
                         (n - b0) * p_)
-            part = d2 if b1 - b0 == nb else np.empty((mg, width), dy.dtype)
-            _gather_dy(dy, b0, b1, g, mg, p_, part)
-            dw2[g * mg:(g + 1) * mg] += np.dot(part, cols.T)
+            d2 = _gather_dy(dy, b0, b1, g, mg, p_, width)
+            part = np.dot(d2, cols.T).reshape(mg * k_)
+            base = U(g * mg * k_)
+            for k in range(U(mg * k_)):
+                dwf[base + k] += part[k]
 
 
 # ---- the entry points: whole batches, split over threads when large ---------------------------
@@ -289,8 +304,9 @@ def split_work(fn, n, work, *args, head=2):
 
 def conv2d_fwd(x, w, y, sh, sw, pt, pl, dh, dw, groups):
     """``y = conv(x, w)`` (NCHW): ``y`` is written, not read."""
-    split_work(_fwd_range, x.shape[0], y.size * w[0].size, x, w, y, sh, sw, pt, pl, dh, dw,
-               groups, head=3)
+    fn = _direct_range if _direct_ok(w, groups) else _fwd_range
+    split_work(fn, x.shape[0], y.size * w[0].size, x, w, y, sh, sw, pt, pl, dh, dw, groups,
+               head=3)
 
 
 def conv2d_bwd_data(dy, w, dx, sh, sw, pt, pl, dh, dw, groups):
@@ -321,7 +337,10 @@ def conv2d_bwd_filter(x, dy, dwt, sh, sw, pt, pl, dh, dw, groups):
 @overload(conv2d_fwd)
 def _conv2d_fwd_native(x, w, y, sh, sw, pt, pl, dh, dw, groups):
     def impl(x, w, y, sh, sw, pt, pl, dh, dw, groups):
-        _fwd_range(x, w, y, 0, x.shape[0], sh, sw, pt, pl, dh, dw, groups)
+        if w.shape[1] == 1 and w.shape[0] // groups <= 4:
+            _direct_range(x, w, y, 0, x.shape[0], sh, sw, pt, pl, dh, dw, groups)
+        else:
+            _fwd_range(x, w, y, 0, x.shape[0], sh, sw, pt, pl, dh, dw, groups)
     return impl
 
 
