@@ -213,6 +213,16 @@ def compile_workers() -> int:
     return 1 if (os.cpu_count() or 1) > 1 and sys.platform.startswith("linux") else 0
 
 
+class LibraryKernel:
+    """A library kernel (``pdjit.codegen.nnlib``) as a compile job: its dispatcher caches
+    itself on disk (``cache=True``), so a worker's compilation serves this process too."""
+
+    def __init__(self, fn, cost: float = 8.0):
+        self.fn, self.cost = fn, cost
+        self.name = f"{fn.py_func.__module__}.{fn.py_func.__qualname__}"
+        self.text = ""
+
+
 def _numba_type(t):
     from numba.core import types
 
@@ -220,28 +230,42 @@ def _numba_type(t):
         return types.float64
     if t is int:
         return types.int64
+    if t is bool:
+        return types.boolean
     if t == "lod":  # LoD offsets are read-only int64 arrays
         return types.Array(types.int64, 1, "C", readonly=True)
     dtype, ndim = t
     return types.Array(numba.from_dtype(np.dtype(dtype)), ndim, "C")
 
 
-def _is_cached(c: Compiled) -> bool:
+def _is_cached(c, sig) -> bool:
     cache = getattr(c.fn, "_cache", None)
-    path = getattr(getattr(cache, "_cache_file", None), "_index_path", None)
-    return path is not None and os.path.exists(path)
+    impl = getattr(cache, "_cache_file", None)
+    path = getattr(impl, "_index_path", None)
+    if path is None or not os.path.exists(path):
+        return False
+    if not isinstance(c, LibraryKernel):  # one generated module, one signature
+        return True
+    try:  # a library kernel has many signatures: is this one in its index?
+        return any(key[0] == sig for key in impl._load_index())
+    except Exception:  # noqa: BLE001 - an unreadable index: compile, as the first call would
+        return False
 
 
-def _cost(c: Compiled) -> float:
+def _cost(c) -> float:
     """A rough estimate of a kernel's compile time: its size, and the math helpers it needs
-    compiled (measured: a one-loop kernel ~0.1 s, a helper ~0.1-0.3 s)."""
+    compiled (measured: a one-loop kernel ~0.1 s, a helper ~0.1-0.3 s; a library kernel
+    ~0.5-2 s)."""
+    if isinstance(c, LibraryKernel):
+        return c.cost
     return 1.0 + len(c.text) / 400 + 2.0 * len(set(re.findall(r"_m\.(\w+)\(", c.text)))
 
 
 def precompile(jobs) -> int:
-    """Compile ``jobs`` (``(Compiled, predicted argument types)``) before their first call,
-    this process and a forked worker taking them from one queue, costliest first; the worker
-    writes what it compiles to the disk cache, from which the first calls here load it.
+    """Compile ``jobs`` (``(Compiled or LibraryKernel, predicted argument types)``) before
+    their first call, this process and a forked worker taking them from one queue, costliest
+    first; the worker writes what it compiles to the disk cache, from which the first calls
+    here load it.
     Kernels already on disk or in memory are skipped, and a prediction that turns out wrong
     only means the first call compiles as it would have anyway. Returns how many kernels
     the worker compiled (0 without a worker)."""
@@ -251,7 +275,7 @@ def precompile(jobs) -> int:
             sig = tuple(_numba_type(t) for t in argtypes)
         except (TypeError, ValueError, NotImplementedError):
             continue
-        if (c.name, sig) in seen or sig in c.fn.overloads or _is_cached(c):
+        if (c.name, sig) in seen or sig in c.fn.overloads or _is_cached(c, sig):
             continue
         seen.add((c.name, sig))
         todo.append((c, sig))

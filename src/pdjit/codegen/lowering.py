@@ -27,7 +27,8 @@ import string
 
 import numpy as np
 
-from pdjit.codegen.compiler import compile_function
+from pdjit.codegen import nnlib
+from pdjit.codegen.compiler import LibraryKernel, compile_function
 from pdjit.codegen.cpu import PARALLEL_MIN_SIZE
 from pdjit.codegen.kernel import FLAT_FORMS, Leaf, LoopKernel, ReduceSpec, choose_form, place_leaf
 from pdjit.codegen.targets import get_target
@@ -346,6 +347,8 @@ class SegmentGen:
                 raise Declined(node.op)
             for line in lines:
                 self.emit(line)
+            self.jobs += [(LibraryKernel(fn), types) for fn, types in
+                          nnlib.library_jobs(lines, self._float_dtype(node.op))]
             return
         scope = _KernelScope(self)
         lines = node.lowering.lower(LowerContext(scope, node))
@@ -383,6 +386,14 @@ class SegmentGen:
         targets = [self.define(n) for n in outs]
         call = f"{g}({', '.join(args)})"
         self.emit(f"({''.join(t + ', ' for t in targets)}) = {call}" if targets else call)
+
+    def _float_dtype(self, op):
+        """The dtype of ``op``'s first floating-point input (float64 when it has none)."""
+        for name in op.input_arg_names:
+            v = self.block._find_var_recursive(name)
+            if v is not None and v.dtype is not None and np.dtype(v.dtype).kind == "f":
+                return v.dtype
+        return np.dtype(np.float64)
 
     # -- loop groups ---------------------------------------------------------------------------
     def _loop_group(self, group: Group) -> None:

@@ -14,8 +14,26 @@ is part of the hash that invalidates generated modules (``compiler.deps_hash``).
 
 Submodules, one per op family, each re-exported here: ``conv``, ``pool``, ``norm``, ``image``.
 """
-from pdjit.codegen.nnlib._jit import jit, pjit  # noqa: F401
+import re
+
+import numpy as np
+
+from pdjit.codegen.nnlib._jit import JOBS, jit, pjit  # noqa: F401
 from pdjit.codegen.nnlib.conv import *  # noqa: F401,F403
 from pdjit.codegen.nnlib.image import *  # noqa: F401,F403
 from pdjit.codegen.nnlib.norm import *  # noqa: F401,F403
 from pdjit.codegen.nnlib.pool import *  # noqa: F401,F403
+
+
+def library_jobs(lines, dtype) -> list:
+    """``(dispatcher, argument types)`` of the library kernels that ``lines`` call
+    (``_nn.<entry>(``), for float data of ``dtype``: compile jobs for a new plan."""
+    dtype = np.dtype(dtype)
+    if dtype.kind != "f":
+        return []
+    found = []
+    for name in dict.fromkeys(re.findall(r"_nn\.(\w+)\(", "\n".join(lines))):
+        maker = JOBS.get(name)
+        if maker is not None:
+            found += maker(dtype)
+    return found

@@ -22,7 +22,7 @@ import numba
 import numpy as np
 from numba.extending import overload
 
-from pdjit.codegen.nnlib._jit import jit
+from pdjit.codegen.nnlib._jit import jit, jobs
 
 __all__ = ["split_work", "conv2d_fwd", "conv2d_bwd_data", "conv2d_bwd_filter", "nchw", "nhwc_into",
            "nchw_empty"]
@@ -331,6 +331,16 @@ def conv2d_bwd_filter(x, dy, dwt, sh, sw, pt, pl, dh, dw, groups):
     for f in futures:
         f.result()
     np.sum(acc, axis=0, out=dwt)
+
+
+def _range_types(T):
+    """Argument types of the ``*_range`` kernels: three 4-D arrays, a range, the geometry."""
+    return ((T, 4), (T, 4), (T, 4)) + (int,) * 9
+
+
+jobs("conv2d_fwd")(lambda T: [(_fwd_range, _range_types(T))])
+jobs("conv2d_bwd_data")(lambda T: [(_bwd_data_range, _range_types(T))])
+jobs("conv2d_bwd_filter")(lambda T: [(_bwd_filter_range, _range_types(T))])
 
 
 # inside compiled code (a native loop's driver): the whole batch on this thread

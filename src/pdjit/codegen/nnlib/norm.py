@@ -16,7 +16,7 @@ passes. ``inv`` is ``1 / sqrt(var + eps)``. Outputs are arguments (the driver al
 """
 import numpy as np
 
-from pdjit.codegen.nnlib._jit import jit
+from pdjit.codegen.nnlib._jit import jit, jobs
 
 __all__ = ["norm_stats", "norm_apply", "norm_grad"]
 
@@ -225,3 +225,13 @@ def norm_grad(x, dy, mean, inv, scale, per_sample, cpg, batch_stats, dx, dscale,
                     m = mc[k, c]
                     for r in range(R):
                         dx[a, p, c, r] = gc * dy[a, p, c, r] + xc * (x[a, p, c, r] - m) + zc
+
+
+# what the lowerings pass: 4-D views of the data, float64 statistics (K, G), per-channel
+# parameters of the data's type
+_F64 = np.dtype(np.float64)
+jobs("norm_stats")(lambda T: [(norm_stats, ((T, 4), bool, int, (_F64, 2), (_F64, 2)))])
+jobs("norm_apply")(lambda T: [(norm_apply, ((T, 4), (_F64, 2), (_F64, 2), (T, 1), (T, 1), bool,
+                                            int, bool, (T, 4)))])
+jobs("norm_grad")(lambda T: [(norm_grad, ((T, 4), (T, 4), (_F64, 2), (_F64, 2), (T, 1), bool,
+                                          int, bool, (T, 4), (T, 1), (T, 1)))])

@@ -16,7 +16,7 @@ import numba
 import numpy as np
 from numba.extending import overload
 
-from pdjit.codegen.nnlib._jit import jit
+from pdjit.codegen.nnlib._jit import jit, jobs
 from pdjit.codegen.nnlib.conv import _cols, split_work
 
 __all__ = ["pool2d_fwd", "pool2d_bwd", "max_pool2d_index_fwd", "max_pool2d_index_bwd"]
@@ -105,6 +105,9 @@ def pool2d_fwd(x, y, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptive):
                exclusive, adaptive)
 
 
+jobs("pool2d_fwd")(lambda T: [(_fwd_planes, ((T, 4), (T, 4)) + (int,) * 8 + (bool,) * 3)])
+
+
 @overload(pool2d_fwd)
 def _pool2d_fwd_native(x, y, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptive):
     def impl(x, y, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptive):
@@ -144,6 +147,9 @@ def pool2d_bwd(x, y, dy, dx, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptive
                         for h in range(h0, h1):
                             for w in range(w0, w1):
                                 dx[n, c, h, w] += share
+
+
+jobs("pool2d_bwd")(lambda T: [(pool2d_bwd, ((T, 4),) * 4 + (int,) * 6 + (bool,) * 3)])
 
 
 @jit

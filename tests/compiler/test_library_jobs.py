@@ -1,0 +1,34 @@
+"""A new plan's compile worker compiles the library kernels its host lines will call: the
+predicted signatures must be the ones the calls really use (else the worker's work is lost)."""
+import numpy as np
+
+import pdjit as fluid
+from pdjit.codegen import compiler, nnlib
+from pdjit.testing import assert_native
+
+
+def test_predicted_library_signatures_are_the_ones_the_calls_use(fresh_programs):
+    main, startup = fresh_programs
+    x = fluid.layers.data("x", [3, 8, 8])
+    h = fluid.layers.conv2d(x, 4, 3, padding=1, bias_attr=False)
+    h = fluid.layers.batch_norm(h, act="relu")
+    h = fluid.layers.conv2d(h, 4, 3, padding=1)  # its input gradient: bwd_data
+    h = fluid.layers.pool2d(h, 2, "max", 2)
+    loss = fluid.layers.mean(h)
+    fluid.optimizer.SGD(0.1).minimize(loss)
+    exe = fluid.Executor(fluid.CPUPlace())
+    exe.run(startup)
+    exe.run(main, feed={"x": np.random.rand(2, 3, 8, 8).astype(np.float32)}, fetch_list=[loss])
+    assert_native(exe)
+    source = "\n".join(step.compiled.source for _, plan in exe._plans.values()
+                       for step in plan.walk() if step.kind.startswith("native"))
+    jobs = nnlib.library_jobs(source.splitlines(), np.float32)
+    names = {fn.py_func.__name__ for fn, _ in jobs}
+    assert {"_fwd_range", "_bwd_data_range", "_bwd_filter_range", "_fwd_planes", "pool2d_bwd",
+            "norm_stats", "norm_apply", "norm_grad"} <= names
+    for fn, types in jobs:
+        sig = tuple(compiler._numba_type(t) for t in types)
+        assert sig in fn.overloads, (fn.py_func.__name__, sig, list(fn.overloads))
+        # and the disk cache knows the signature, so a worker's compilation is found
+        assert compiler._is_cached(compiler.LibraryKernel(fn), sig)
+    assert nnlib.library_jobs(source.splitlines(), np.int64) == []
