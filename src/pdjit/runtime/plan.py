@@ -43,7 +43,7 @@ from pdjit.passes import dump_after
 from pdjit.passes.fusion import live_names, partition
 from pdjit.passes.prune import prune
 from pdjit.proto import framework_pb2 as pb
-from pdjit.runtime import threads
+from pdjit.runtime import memory, threads
 from pdjit.runtime.context import StepScopes
 from pdjit.runtime.lod_flow import LoDFlow, LoDUnavailable
 from pdjit.runtime.tensor import LoDTensor
@@ -280,6 +280,7 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None) -
     t0 = time.perf_counter()
     target = target_name(place)
     threads.ensure_applied()
+    memory.tune_malloc()
     block = program.global_block() if block is None else block
     live = live_names(program, block, fetch_names)
     if block.idx != 0 and _step_scopes_read(program, block, fetch_names):

@@ -3,9 +3,10 @@
 Two kinds of threads, set apart because they were measured apart on a 2-vCPU machine:
 
 - Large elementwise loops (the ``flat``, ``row`` and ``mid`` forms, at least
-  ``PARALLEL_MIN_SIZE`` elements) run on every core by default: their parallel variant (``numba.prange``) is compiled
-  when a run first reaches that size, and the chain benchmark then runs near the all-core
-  memory bound. Numba's OpenMP threading layer is told not to spin while it waits
+  ``PARALLEL_MIN_SIZE`` elements) run on every core by default: their parallel variant
+  (``numba.prange``) is compiled when a run first reaches that size, and the chain benchmark
+  then runs near the all-core memory bound. Numba's OpenMP threading layer is told not to
+  spin while it waits
   (``OMP_WAIT_POLICY=passive``, set when pdjit is imported unless already set): spinning
   threads cost ~8 ms per call when the other core is busy.
 - BLAS calls (``np.dot``; SciPy's OpenBLAS inside Numba, NumPy's in the host driver, set

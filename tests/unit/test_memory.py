@@ -1,0 +1,37 @@
+"""pdjit keeps large freed blocks in the heap (glibc) before its first compiled plan runs."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+CHILD = """
+import ctypes, os
+import numpy as np
+import pdjit as fluid
+from pdjit.runtime import memory
+x = fluid.layers.data("x", [4])
+y = fluid.layers.relu(x)
+exe = fluid.Executor()
+exe.run(fluid.default_main_program(), feed={"x": np.ones((2, 4), np.float32)}, fetch_list=[y])
+print("tuned" if memory.applied[0] else "untouched")
+# with the threshold raised, a freed 8 MiB block is reused from the heap, not unmapped
+a = np.empty(8 << 18, np.float32); addr = a.ctypes.data; del a
+b = np.empty(8 << 18, np.float32)
+print("reused" if b.ctypes.data == addr else "fresh")
+"""
+
+
+def _run(env):
+    out = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True,
+                         env={**os.environ, **env}, timeout=300)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_large_blocks_stay_in_the_heap_unless_turned_off():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    assert _run({**env, "PDJIT_MALLOC_TUNE": "1"}) == ["tuned", "reused"]
+    assert _run({**env, "PDJIT_MALLOC_TUNE": "0"})[0] == "untouched"
+    assert _run({**env, "MALLOC_TRIM_THRESHOLD_": "1000000"})[0] == "untouched"
