@@ -229,15 +229,20 @@ def from_nchw(a, g: Geometry):
 
 
 # ---- conv2d / depthwise_conv2d ----------------------------------------------------------------
-def _conv_infer(Input, Filter, **attrs):
-    op = "conv2d"
+def _operands(Input, Filter, attrs, op):
+    """Checks both convolutions make of their operands; their geometry."""
     check_dtype(Input, FLOATS, "Input")
     if Filter.dtype != Input.dtype:
         raise ShapeMismatch(f"{op}: expected Filter of Input's dtype {Input.dtype}, got "
                             f"{Filter.dtype}")
     _check_4d(Input, "Input", op)
     _check_4d(Filter, "Filter", op)
-    g = _geometry(attrs, op)
+    return _geometry(attrs, op)
+
+
+def _conv_infer(Input, Filter, **attrs):
+    op = "conv2d"
+    g = _operands(Input, Filter, attrs, op)
     groups = attrs["groups"]
     m, cg, kh, kw = Filter.shape
     c = g.channels(Input.shape)
@@ -328,23 +333,34 @@ def _conv_grad_infer(Input, Filter, **_):
     return {"Input@GRAD": Input, "Filter@GRAD": Filter}
 
 
-def _conv_grad_lower(ctx):
+def _grad_lines(ctx, what: str, transposed: bool) -> list | None:
+    """Both gradients of a convolution (``transposed``: of a transposed one, whose input
+    gradient is a convolution and whose filter gradient swaps image and output gradient)."""
     if not _float_ok(ctx, "Input", "Filter", "Output@GRAD"):
         return None
-    g = _geometry(ctx.attrs, "conv2d_grad")
+    g = _geometry(ctx.attrs, what)
     X, W, DY = ctx.inp("Input"), ctx.inp("Filter"), ctx.inp("Output@GRAD")
     _, _, kh, kw = ctx.shape("Filter")
     lines, xc = as_nchw(ctx, g, X)
     more, dyc = as_nchw(ctx, g, DY)
     lines += more
-    args = _args(g, xc, kh, kw, ctx.attrs["groups"])
+    if transposed:
+        args = _t_args(ctx, g, X, kh, kw)
+        data, image, grad = "conv2d_fwd", dyc, xc
+    else:
+        args = _args(g, xc, kh, kw, ctx.attrs["groups"])
+        data, image, grad = "conv2d_bwd_data", xc, dyc
     if ctx.has_output("Input@GRAD"):
         dx, pre, post = nchw_dest(ctx, g, "Input@GRAD", *image_dims(g, X))
-        lines += pre + [f"_nn.conv2d_bwd_data({dyc}, {W}, {dx}, {args})"] + post
+        lines += pre + [f"_nn.{data}({dyc}, {W}, {dx}, {args})"] + post
     if ctx.has_output("Filter@GRAD"):
         dw = ctx.out("Filter@GRAD", shape=f"{W}.shape")
-        lines.append(f"_nn.conv2d_bwd_filter({xc}, {dyc}, {dw}, {args})")
+        lines.append(f"_nn.conv2d_bwd_filter({image}, {grad}, {dw}, {args})")
     return lines
+
+
+def _conv_grad_lower(ctx):
+    return _grad_lines(ctx, "conv2d_grad", transposed=False)
 
 
 for _t in ("conv2d", "depthwise_conv2d"):
@@ -394,13 +410,7 @@ def _t_out(g: Geometry, axis: int, size: int, k: int, attrs) -> int:
 
 def _convt_infer(Input, Filter, **attrs):
     op = "conv2d_transpose"
-    check_dtype(Input, FLOATS, "Input")
-    if Filter.dtype != Input.dtype:
-        raise ShapeMismatch(f"{op}: expected Filter of Input's dtype {Input.dtype}, got "
-                            f"{Filter.dtype}")
-    _check_4d(Input, "Input", op)
-    _check_4d(Filter, "Filter", op)
-    g = _geometry(attrs, op)
+    g = _operands(Input, Filter, attrs, op)
     groups = attrs["groups"]
     cin, mg, kh, kw = Filter.shape
     c = g.channels(Input.shape)
@@ -490,22 +500,7 @@ def _convt_lower(ctx):
 
 
 def _convt_grad_lower(ctx):
-    if not _float_ok(ctx, "Input", "Filter", "Output@GRAD"):
-        return None
-    g = _geometry(ctx.attrs, "conv2d_transpose_grad")
-    X, W, DY = ctx.inp("Input"), ctx.inp("Filter"), ctx.inp("Output@GRAD")
-    _, _, kh, kw = ctx.shape("Filter")
-    lines, xc = as_nchw(ctx, g, X)
-    more, dyc = as_nchw(ctx, g, DY)
-    lines += more
-    args = _t_args(ctx, g, X, kh, kw)
-    if ctx.has_output("Input@GRAD"):
-        dx, pre, post = nchw_dest(ctx, g, "Input@GRAD", *image_dims(g, X))
-        lines += pre + [f"_nn.conv2d_fwd({dyc}, {W}, {dx}, {args})"] + post
-    if ctx.has_output("Filter@GRAD"):
-        dw = ctx.out("Filter@GRAD", shape=f"{W}.shape")
-        lines.append(f"_nn.conv2d_bwd_filter({dyc}, {xc}, {dw}, {args})")
-    return lines
+    return _grad_lines(ctx, "conv2d_transpose_grad", transposed=True)
 
 
 for _t in ("conv2d_transpose", "depthwise_conv2d_transpose"):
