@@ -321,3 +321,22 @@ def test_depthwise_layer_type_and_clear_errors(fresh_programs):
                         outputs={"Output": [out]})
     with pytest.raises(OpShapeError, match=r"output_size\[0\] = 30 .*expected a value in"):
         fluid.layers.conv2d_transpose(x, 2, output_size=30, filter_size=3, stride=2)
+
+
+def test_misfit_run_time_shapes_give_the_op_error_not_a_crash(fresh_programs):
+    """With every dim unknown at build time, a feed whose channels do not fit the filter must
+    reach the reference's error (the library kernels index without bounds checks)."""
+    x = fluid.layers.data("x", [-1, -1, -1, -1], append_batch_size=False)
+    w = fluid.layers.create_parameter([4, 3, 3, 3], "float32", name="w")
+    block = fluid.default_main_program().global_block()
+    out = block.create_var(name="out", dtype="float32")
+    block.append_op(type="conv2d", inputs={"Input": [x], "Filter": [w]},
+                    outputs={"Output": [out]})
+    pooled = fluid.layers.pool2d(out, 2, "max", 2)
+    exe = fluid.Executor(fluid.CPUPlace(), strict=False)
+    exe.run(fluid.default_startup_program())
+    good = exe.run(feed={"x": np.ones((2, 3, 6, 6), np.float32)}, fetch_list=[pooled])[0]
+    assert good.shape == (2, 4, 2, 2)
+    assert_native(exe)
+    with pytest.raises(Exception, match=r"conv2d.*5 channels.*expects 3"):
+        exe.run(feed={"x": np.ones((2, 5, 6, 6), np.float32)}, fetch_list=[pooled])

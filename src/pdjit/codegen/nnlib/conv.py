@@ -302,8 +302,21 @@ def split_work(fn, n, work, *args, head=2):
         _split(fn, parts, n, *args, head=head)
 
 
+_MISFIT = "pdjit: convolution operands do not fit each other"
+
+
+def _fits(image, out, w, groups) -> bool:
+    """Whether an image [N, C, H, W], an output [N, M, OH, OW] and a filter [M, C/groups, KH,
+    KW] fit (the kernels index without bounds checks: a misfit must not reach them)."""
+    return groups >= 1 and w.shape[0] % groups == 0 and image.shape[1] == w.shape[1] * groups \
+        and out.shape[1] == w.shape[0] and image.shape[0] == out.shape[0] and \
+        min(w.shape[2], w.shape[3]) >= 1
+
+
 def conv2d_fwd(x, w, y, sh, sw, pt, pl, dh, dw, groups):
     """``y = conv(x, w)`` (NCHW): ``y`` is written, not read."""
+    if not _fits(x, y, w, groups):
+        raise ValueError(_MISFIT)
     fn = _direct_range if _direct_ok(w, groups) else _fwd_range
     split_work(fn, x.shape[0], y.size * w[0].size, x, w, y, sh, sw, pt, pl, dh, dw, groups,
                head=3)
@@ -312,6 +325,8 @@ def conv2d_fwd(x, w, y, sh, sw, pt, pl, dh, dw, groups):
 def conv2d_bwd_data(dy, w, dx, sh, sw, pt, pl, dh, dw, groups):
     """``dx = conv^T(dy, w)`` (NCHW): the gradient of ``conv`` for its input; ``dx`` is
     overwritten. (It is also the transposed convolution of ``dy``.)"""
+    if not _fits(dx, dy, w, groups):
+        raise ValueError(_MISFIT)
     split_work(_bwd_data_range, dy.shape[0], dy.size * w[0].size, dy, w, dx, sh, sw, pt, pl,
                dh, dw, groups, head=3)
 
@@ -319,6 +334,8 @@ def conv2d_bwd_data(dy, w, dx, sh, sw, pt, pl, dh, dw, groups):
 def conv2d_bwd_filter(x, dy, dwt, sh, sw, pt, pl, dh, dw, groups):
     """``dwt`` = the gradient of ``conv(x, w)`` for ``w``, contracted with ``dy`` (NCHW);
     ``dwt`` (shaped like the filter) is overwritten."""
+    if not _fits(x, dy, dwt, groups):
+        raise ValueError(_MISFIT)
     n = x.shape[0]
     parts = _parts(n, dy.size * dwt[0].size)
     if parts == 1:
@@ -343,10 +360,15 @@ jobs("conv2d_bwd_data")(lambda T: [(_bwd_data_range, _range_types(T))])
 jobs("conv2d_bwd_filter")(lambda T: [(_bwd_filter_range, _range_types(T))])
 
 
+_fits_native = jit(_fits)
+
+
 # inside compiled code (a native loop's driver): the whole batch on this thread
 @overload(conv2d_fwd)
 def _conv2d_fwd_native(x, w, y, sh, sw, pt, pl, dh, dw, groups):
     def impl(x, w, y, sh, sw, pt, pl, dh, dw, groups):
+        if not _fits_native(x, y, w, groups):
+            raise ValueError(_MISFIT)
         if w.shape[1] == 1 and w.shape[0] // groups <= 4:
             _direct_range(x, w, y, 0, x.shape[0], sh, sw, pt, pl, dh, dw, groups)
         else:
@@ -357,6 +379,8 @@ def _conv2d_fwd_native(x, w, y, sh, sw, pt, pl, dh, dw, groups):
 @overload(conv2d_bwd_data)
 def _conv2d_bwd_data_native(dy, w, dx, sh, sw, pt, pl, dh, dw, groups):
     def impl(dy, w, dx, sh, sw, pt, pl, dh, dw, groups):
+        if not _fits_native(dx, dy, w, groups):
+            raise ValueError(_MISFIT)
         _bwd_data_range(dy, w, dx, 0, dy.shape[0], sh, sw, pt, pl, dh, dw, groups)
     return impl
 
@@ -364,6 +388,8 @@ def _conv2d_bwd_data_native(dy, w, dx, sh, sw, pt, pl, dh, dw, groups):
 @overload(conv2d_bwd_filter)
 def _conv2d_bwd_filter_native(x, dy, dwt, sh, sw, pt, pl, dh, dw, groups):
     def impl(x, dy, dwt, sh, sw, pt, pl, dh, dw, groups):
+        if not _fits_native(x, dy, dwt, groups):
+            raise ValueError(_MISFIT)
         _bwd_filter_range(x, dy, dwt, 0, x.shape[0], sh, sw, pt, pl, dh, dw, groups)
     return impl
 

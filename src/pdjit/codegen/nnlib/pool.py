@@ -98,8 +98,13 @@ def _fwd_planes(x, y, q0, q1, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptiv
                 yf[U(yb + oh * ow_ + ow)] = v
 
 
+_MISFIT = "pdjit: pooling operands do not fit each other"
+
+
 def pool2d_fwd(x, y, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptive):
     """``y`` = the max (``is_max``) or average pool of ``x``."""
+    if x.shape[:2] != y.shape[:2]:
+        raise ValueError(_MISFIT)
     planes = x.shape[0] * x.shape[1]
     split_work(_fwd_planes, planes, y.size * kh * kw, x, y, kh, kw, sh, sw, pt, pl, is_max,
                exclusive, adaptive)
@@ -111,6 +116,8 @@ jobs("pool2d_fwd")(lambda T: [(_fwd_planes, ((T, 4), (T, 4)) + (int,) * 8 + (boo
 @overload(pool2d_fwd)
 def _pool2d_fwd_native(x, y, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptive):
     def impl(x, y, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptive):
+        if x.shape[:2] != y.shape[:2]:
+            raise ValueError(_MISFIT)
         _fwd_planes(x, y, 0, x.shape[0] * x.shape[1], kh, kw, sh, sw, pt, pl, is_max,
                     exclusive, adaptive)
     return impl
@@ -119,6 +126,8 @@ def _pool2d_fwd_native(x, y, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptive
 @jit
 def pool2d_bwd(x, y, dy, dx, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptive):
     """``dx`` (overwritten) = the gradient of :func:`pool2d_fwd` contracted with ``dy``."""
+    if dy.shape != y.shape or dx.shape != x.shape or x.shape[:2] != y.shape[:2]:
+        raise ValueError(_MISFIT)
     n_, c_, h_, w_ = x.shape
     oh_, ow_ = y.shape[2], y.shape[3]
     ha, hb, hl = _spans(oh_, h_, kh, sh, pt, adaptive)
@@ -156,6 +165,8 @@ jobs("pool2d_bwd")(lambda T: [(pool2d_bwd, ((T, 4),) * 4 + (int,) * 6 + (bool,) 
 def max_pool2d_index_fwd(x, y, mask, kh, kw, sh, sw, pt, pl, adaptive):
     """``y`` = the max pool of ``x`` and ``mask`` = each maximum's index ``h * W + w`` in its
     plane."""
+    if mask.shape != y.shape or x.shape[:2] != y.shape[:2]:
+        raise ValueError(_MISFIT)
     n_, c_, h_, w_ = x.shape
     oh_, ow_ = y.shape[2], y.shape[3]
     ha, hb, _ = _spans(oh_, h_, kh, sh, pt, adaptive)
@@ -179,8 +190,16 @@ def max_pool2d_index_fwd(x, y, mask, kh, kw, sh, sw, pt, pl, adaptive):
 @jit
 def max_pool2d_index_bwd(mask, dy, dx):
     """``dx`` (overwritten): each ``dy`` element added at the input position its ``mask``
-    names."""
+    names (a position outside the plane is an error)."""
     n_, c_, h_, w_ = dx.shape
+    if mask.shape != dy.shape or mask.shape[:2] != dx.shape[:2]:
+        raise ValueError(_MISFIT)
+    for n in range(n_):
+        for c in range(c_):
+            for oh in range(dy.shape[2]):
+                for ow in range(dy.shape[3]):
+                    if mask[n, c, oh, ow] >= h_ * w_:
+                        raise ValueError("pdjit: a max-pool mask points outside its plane")
     dx[:] = 0
     for n in range(n_):
         for c in range(c_):
