@@ -340,3 +340,76 @@ def test_misfit_run_time_shapes_give_the_op_error_not_a_crash(fresh_programs):
     assert_native(exe)
     with pytest.raises(Exception, match=r"conv2d.*5 channels.*expects 3"):
         exe.run(feed={"x": np.ones((2, 5, 6, 6), np.float32)}, fetch_list=[pooled])
+
+
+# ---- epilogues: the elementwise chain after a convolution, run block by block ----------------
+def _report(exe, prog, feed, fetch):
+    return exe.explain(prog, feed=feed, fetch_list=fetch)
+
+
+def test_conv_epilogue_runs_block_by_block_and_matches_numpy(fresh_programs):
+    """conv -> bias -> relu -> residual add: one compiled call computes blocks of samples and
+    runs the chain on each; a chain with an operand broadcast outside the blockable forms
+    runs after the whole batch. Both against naive NumPy, native."""
+    main, startup = fresh_programs
+    x = fluid.layers.data("x", [3, 9, 8])
+    z = fluid.layers.data("z", [4, 9, 8])
+    s = fluid.layers.data("s", [1, 9, 8])   # broadcast over channels: a strided operand
+    c = fluid.layers.conv2d(x, 4, 3, padding=1, act="relu")
+    out = fluid.layers.elementwise_add(c, z)  # joins the conv's epilogue group
+    c2 = fluid.layers.conv2d(x, 4, 3, padding=1, bias_attr=False)
+    out2 = fluid.layers.elementwise_mul(c2, s)
+    exe = fluid.Executor(fluid.CPUPlace())
+    exe.run(startup)
+    feed = {"x": RNG.normal(size=(5, 3, 9, 8)).astype(np.float32),
+            "z": RNG.normal(size=(5, 4, 9, 8)).astype(np.float32),
+            "s": RNG.normal(size=(5, 1, 9, 8)).astype(np.float32)}
+    got, got2 = exe.run(main, feed=feed, fetch_list=[out, out2])
+    assert_native(exe)
+    scope = fluid.global_scope()
+    w, b = (np.asarray(scope.find_var(n).get_tensor()) for n in ("conv2d_0.w_0", "conv2d_0.b_0"))
+    w2 = np.asarray(scope.find_var("conv2d_1.w_0").get_tensor())
+    want = np.maximum(naive_conv(feed["x"], w, paddings=(1, 1)) + b[:, None, None], 0) + feed["z"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got2, naive_conv(feed["x"], w2, paddings=(1, 1)) * feed["s"],
+                               rtol=1e-4, atol=1e-5)
+    report = _report(exe, main, feed, [out, out2])
+    assert report.count("_nn.split_work(") == 1 and "_nn.conv._fwd_range(r0, r1, r2, b0, b1" \
+        in report
+    assert "_nn.conv._fwd_range(" in report.split("_nn.split_work(")[1]  # the strided one
+
+
+def test_conv_epilogue_inside_a_native_loop(fresh_programs):
+    """In a native loop's compiled driver the block-by-block call runs on this thread."""
+    main, startup = fresh_programs
+    x = fluid.layers.data("x", [2, 2, 5, 5], append_batch_size=False)
+    i = fluid.layers.fill_constant([1], "int64", 0)
+    n = fluid.layers.fill_constant([1], "int64", 2)
+    h = fluid.layers.scale(x, scale=1.0)
+    cond = fluid.layers.less_than(i, n)
+    loop = fluid.layers.While(cond, is_test=True)
+    with loop.block():
+        fluid.layers.increment(i, value=1.0, in_place=True)
+        y = fluid.layers.conv2d(h, 2, 3, padding=1, act="tanh",
+                                param_attr=fluid.ParamAttr(name="lw"),
+                                bias_attr=fluid.ParamAttr(name="lb"))
+        fluid.layers.assign(y, h)
+        fluid.layers.less_than(i, n, cond=cond)
+    xv = RNG.normal(size=(2, 2, 5, 5)).astype(np.float32)
+    got = {}
+    for mode in ("compiled", "reference"):
+        exe = fluid.Executor(fluid.CPUPlace(), mode=mode)
+        scope = fluid.Scope()
+        exe.run(startup, scope=scope)
+        got[mode] = exe.run(main, feed={"x": xv}, fetch_list=[h], scope=scope)[0]
+        if mode == "compiled":
+            kinds = [s.kind for _, plan in exe._plans.values() for s in plan.steps]
+            assert "native_loop" in kinds
+            assert_native(exe)
+            w = np.asarray(scope.find_var("lw").get_tensor())
+            b = np.asarray(scope.find_var("lb").get_tensor())
+    want = xv
+    for _ in range(2):
+        want = np.tanh(naive_conv(want, w, paddings=(1, 1)) + b[:, None, None])
+    np.testing.assert_allclose(got["compiled"], want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(got["reference"], want, rtol=1e-4, atol=1e-5)

@@ -223,7 +223,8 @@ def call_site(k: LoopKernel, fresh, flats: dict, leaves: list, stores: list,
     ``kname`` (``pname``: its parallel variant, called above the size threshold). ``leaves``:
     the local arrays of ``k.leaves``; ``params``: the parameters' sources; ``fresh(hint)`` gives
     new local names; ``flats`` maps a local to the local of its 1-D view (read and extended:
-    each view is made once per driver)."""
+    each view is made once per driver). With ``kname=None``: ``(lines, arguments)`` without
+    the call."""
     sh = fresh("sh")
     lines = []
 
@@ -323,6 +324,8 @@ def call_site(k: LoopKernel, fresh, flats: dict, leaves: list, stores: list,
                  "reduce_rows": f"{args[-1]} == 0 and {args[-2]} > 0",
                  "reduce_block": f"{args[-2]} == 0 and {args[-3]} * {args[-1]} > 0"}[k.form]
         lines += [f"if {empty}:", f"    raise ValueError({_EMPTY!r})"]
+    if kname is None:  # the caller calls: the lines that prepare, and the arguments
+        return lines, args
     call = f"({', '.join(args)})"
     if pname is not None and k.form in ("flat", "row", "mid"):
         lines += [f"if {n} >= {PARALLEL_MIN_SIZE}:", f"    {pname}{call}", "else:",
@@ -330,6 +333,44 @@ def call_site(k: LoopKernel, fresh, flats: dict, leaves: list, stores: list,
     else:
         lines.append(f"{kname}{call}")
     return lines
+
+
+# ---- an opaque op computed by blocks of samples, its epilogue after each block ---------------
+BLOCK_FORMS = ("flat", "row", "mid")
+# samples per block: about this many output elements (256 KiB of float32: in L2 when the
+# epilogue reads them back)
+BLOCK_ELEMS = 1 << 16
+
+
+def blocked_kernel(k: LoopKernel, fn: str, nbefore: int, nafter: int) -> str:
+    """Source of ``kernel(n0, n1, N, r0.., L0.., O0.., p0.., sizes)``: for each block
+    ``b0..b1`` of the samples ``n0..n1`` (of ``N``), ``fn(r<before>, b0, b1, r<after>)``
+    computes the block of an opaque op's output, then the epilogue kernel ``E`` (global: the
+    compiled ``k``) runs on it while it is in cache: its full leaves and outputs (flat,
+    ``L``/``O``) sliced to the block, its other leaves whole, its sizes (those of the whole
+    batch) scaled to the block."""
+    nl, no = len(k.leaves), len(k.stores)
+    rs = [f"r{i}" for i in range(nbefore + nafter)]
+    sizes = {"flat": ["n"], "row": ["nr", "nc"], "mid": ["no", "nm", "ni"]}[k.form]
+    params = ["n0", "n1", "N"] + rs + [f"L{i}" for i in range(nl)] + \
+        [f"O{j}" for j in range(no)] + [f"p{i}" for i in range(k.nparams)] + sizes
+    full = next(i for i, leaf in enumerate(k.leaves) if leaf.place == FULL)
+    args = [f"L{i}[lo:hi]" if leaf.place == FULL else f"L{i}"
+            for i, leaf in enumerate(k.leaves)]
+    args += [f"O{j}[lo:hi]" for j in range(no)] + [f"p{i}" for i in range(k.nparams)]
+    args += [f"{sizes[0]} // N * (b1 - b0)"] + sizes[1:]
+    call = ", ".join(rs[:nbefore] + ["b0", "b1"] + rs[nbefore:])
+    return "\n".join([
+        f"def kernel({', '.join(params)}):",
+        "    if N == 0:",
+        "        return",
+        f"    per = L{full}.size // N",
+        f"    nb = max(1, {BLOCK_ELEMS} // max(per, 1))",
+        "    for b0 in range(n0, n1, nb):",
+        "        b1 = min(b0 + nb, n1)",
+        f"        {fn}({call})",
+        "        lo, hi = b0 * per, b1 * per",
+        f"        E({', '.join(args)})"])
 
 
 # ---- the host driver ---------------------------------------------------------------------------

@@ -30,7 +30,15 @@ import numpy as np
 from pdjit.codegen import nnlib
 from pdjit.codegen.compiler import LibraryKernel, compile_function
 from pdjit.codegen.cpu import PARALLEL_MIN_SIZE
-from pdjit.codegen.kernel import FLAT_FORMS, Leaf, LoopKernel, ReduceSpec, choose_form, place_leaf
+from pdjit.codegen.kernel import (
+    FLAT_FORMS,
+    FULL,
+    Leaf,
+    LoopKernel,
+    ReduceSpec,
+    choose_form,
+    place_leaf,
+)
 from pdjit.codegen.targets import get_target
 from pdjit.framework import registry
 from pdjit.passes.fusion import OPAQUE, REDUCTION, Group, Segment, numpy_type_name
@@ -322,13 +330,19 @@ class SegmentGen:
 
     # -- the driver ----------------------------------------------------------------------------
     def generate(self) -> None:
-        for gi, group in enumerate(self.segment.groups):
+        groups = self.segment.groups
+        blocks = None  # an opaque op computed by blocks, waiting for its epilogue group
+        for gi, group in enumerate(groups):
             ops = ", ".join(node.op.type for node in group.nodes)
             self.emit(f"# group {gi}: {group.kind} [{ops}] rank {len(group.shape)}")
             if group.kind == OPAQUE:
-                self._opaque(group)
+                nxt = groups[gi + 1] if gi + 1 < len(groups) else None
+                blocks = self._blocked(group, nxt)
+                if blocks is None:
+                    self._opaque(group)
             else:
-                self._loop_group(group)
+                self._loop_group(group, blocks)
+                blocks = None
         self.outputs = [n for n in self.current if n in self.needed_after and n in self.defined]
 
     def source(self, fn_name: str) -> str:
@@ -337,6 +351,32 @@ class SegmentGen:
         head = f"def {fn_name}({', '.join(params)}):"
         ret = "    return (" + "".join(f"{self.current[n]}, " for n in self.outputs) + ")"
         return "\n".join([head] + self.lines + [ret])
+
+    # -- an opaque op by blocks, its epilogue after each ----------------------------------------
+    def _blocked(self, group: Group, nxt: Group | None):
+        """When ``group``'s op can be computed by blocks of samples and the elementwise group
+        ``nxt`` reads its output: emit the op's preparing lines and return ``(output name,
+        fn, before, after, work)`` for ``_loop_group`` to call with its epilogue (else
+        None, nothing emitted)."""
+        node = group.nodes[0]
+        low = node.lowering
+        if nxt is None or nxt.kind == REDUCTION or not getattr(low, "blocked", None) or \
+                not low.host or self.target.NAME != "cpu":
+            return None
+        outs = [n for n in node.op.output_arg_names if n != registry.EMPTY_VAR_NAME]
+        if len(outs) != 1 or len(nxt.shape) < 2 or \
+                tuple(self.block._find_var_recursive(outs[0]).shape) != tuple(nxt.shape) or \
+                not any(outs[0] in n.op.input_arg_names for n in nxt.nodes):
+            return None
+        spec = low.blocked(LowerContext(self, node))
+        if spec is None:
+            return None
+        lines, fn, before, after, work = spec
+        for line in lines:
+            self.emit(line)
+        self.jobs += [(LibraryKernel(f), types) for f, types in
+                      nnlib.library_jobs(lines, self._float_dtype(node.op))]
+        return outs[0], fn, list(before), list(after), work
 
     # -- opaque ops ----------------------------------------------------------------------------
     def _opaque(self, group: Group) -> None:
@@ -396,7 +436,10 @@ class SegmentGen:
         return np.dtype(np.float64)
 
     # -- loop groups ---------------------------------------------------------------------------
-    def _loop_group(self, group: Group) -> None:
+    def _loop_group(self, group: Group, blocks=None) -> None:
+        """Lines of a loop group's kernel call; with ``blocks`` (from :meth:`_blocked`) the
+        call also computes the opaque op before it, block by block (or, when this group's
+        form does not allow it, the op for the whole batch first)."""
         rank = len(group.shape)
         reduce_node = group.nodes[-1] if group.kind == REDUCTION else None
         chain = group.nodes[:-1] if reduce_node else group.nodes
@@ -487,9 +530,41 @@ class SegmentGen:
                 self.lazy.append((pname, self.target.render(kernel, parallel=True)))
         store_locals = [self.define(n) for n in stored_chain]
         red_local = self.define(reduce_node.op.output("Out")[0]) if spec is not None else None
+        if blocks is not None:
+            y = self.current.get(blocks[0])
+            ok = spec is None and kernel.form in self.target.BLOCK_FORMS and y in locals_ and \
+                kernel.leaves[locals_.index(y)].place == FULL and \
+                (kernel.form != "mid" or kernel.mid[0] >= 1)
+            if ok:
+                self._epilogue(kernel, kname, locals_, store_locals, params, blocks)
+                return
+            _, fn, before, after, _ = blocks  # the whole batch, then this group as usual
+            self.emit(f"{fn}({', '.join(before + ['0', f'{y}.shape[0]'] + after)})")
         for line in self.target.call_site(kernel, self.fresh, self.flats, locals_, store_locals,
                                           red_local, params, kname, pname):
             self.emit(line)
+
+    def _epilogue(self, kernel, kname, locals_, store_locals, params, blocks) -> None:
+        """One compiled call: the opaque op's blocks of samples, each followed by this loop
+        kernel on it; on threads by blocks when large (a host driver)."""
+        name, fn, before, after, work = blocks
+        y = self.current[name]
+        lines, args = self.target.call_site(kernel, self.fresh, self.flats, locals_,
+                                            store_locals, None, params, None)
+        for line in lines:
+            self.emit(line)
+        epi = next(c for g, c in self.calls if g == kname)
+        src = self.target.blocked_kernel(kernel, fn, len(before), len(after))
+        compiled = compile_function(src, "kernel", target=self.target.NAME, calls=[("E", epi)])
+        g = self._globals.get(compiled.name)
+        if g is None:
+            g = self._globals[compiled.name] = f"K{len(self.calls)}"
+            self.calls.append((g, compiled))
+        rest = [f"{y}.shape[0]"] + before + after + args
+        if self.native:
+            self.emit(f"{g}(0, {y}.shape[0], {', '.join(rest)})")
+        else:
+            self.emit(f"_nn.split_work({g}, {y}.shape[0], {work}, {', '.join(rest)}, head=0)")
 
     def _offset(self, op, opdef, slot: str, rank: int) -> int:
         """Where ``slot``'s dims start within the op's output dims."""

@@ -288,11 +288,20 @@ class Opaque:
     work on their arrays' elements alone (an optimizer update): every array, inputs and
     driver-allocated outputs, arrives flattened to 1-D, so one compiled kernel serves every
     rank; all its outputs must be driver-allocated.
+
+    ``blocked(ctx) -> (lines, fn, before, after)`` (host lowerings, optional): the op computed
+    by samples, so that the elementwise chain after it (a bias, an activation, a residual add:
+    an epilogue) runs on each block of samples right after the block is computed, while it is
+    in cache. ``lines`` are driver lines as ``lower`` gives them (they allocate the output
+    with ``ctx.out(slot, shape=...)``, the whole batch), and ``fn(*before, n0, n1, *after)``,
+    a compiled function (``_nn....``), computes the output's samples ``n0..n1``; ``before``
+    and ``after`` are source expressions over the driver's locals. ``None``: not by blocks.
     """
     lower: Callable
     host: bool = False
     targets: tuple = ("cpu",)
     flat: bool = False
+    blocked: Callable | None = None
 
 
 # ---- control flow ------------------------------------------------------------------------

@@ -269,13 +269,16 @@ def _conv_infer_arrays(Input, Filter, attrs):
     _conv_infer(VarMeta(Input.shape, Input.dtype), VarMeta(Filter.shape, Filter.dtype), **attrs)
 
 
-def _args(g: Geometry, X: str, kh: int, kw: int, groups: int, x_hw=None) -> str:
+def _arg_list(g: Geometry, X: str, kh: int, kw: int, groups: int) -> list:
     """The geometry arguments of a library call: ``sh, sw, pt, pl, dh, dw, groups``, with the
     pads of SAME worked out from the run-time size of the image ``X`` (NCHW local)."""
-    h, w = x_hw or (f"{X}.shape[2]", f"{X}.shape[3]")
-    pt, _, dh = g.src_window(0, h, kh)
-    pl, _, dw = g.src_window(1, w, kw)
-    return f"{g.strides[0]}, {g.strides[1]}, {pt}, {pl}, {dh}, {dw}, {groups}"
+    pt, _, dh = g.src_window(0, f"{X}.shape[2]", kh)
+    pl, _, dw = g.src_window(1, f"{X}.shape[3]", kw)
+    return [str(g.strides[0]), str(g.strides[1]), pt, pl, dh, dw, str(groups)]
+
+
+def _args(g: Geometry, X: str, kh: int, kw: int, groups: int) -> str:
+    return ", ".join(_arg_list(g, X, kh, kw, groups))
 
 
 def as_nchw(ctx, g: Geometry, local: str) -> list:
@@ -302,6 +305,24 @@ def _conv_lower(ctx):
                          g.src_conv_out(1, w, kw))
     call = f"_nn.conv2d_fwd({xc}, {W}, {y}, {_args(g, xc, kh, kw, ctx.attrs['groups'])})"
     return lines + pre + [call] + post
+
+
+def _conv_blocked(ctx):
+    """The convolution by blocks of samples (NCHW float data and a filter of known shape), for
+    an epilogue after each block (see ``Opaque.blocked``)."""
+    g = _geometry(ctx.attrs, "conv2d")
+    m, cg, kh, kw = ctx.shape("Filter")
+    groups = ctx.attrs["groups"]
+    if g.nhwc or not _float_ok(ctx, "Input", "Filter") or min(m, cg, kh, kw) < 1:
+        return None
+    X, W = ctx.inp("Input"), ctx.inp("Filter")
+    n, _, h, w = image_dims(g, X)
+    y = ctx.out("Output", shape=f"({n}, {W}.shape[0], {g.src_conv_out(0, h, kh)}, "
+                                f"{g.src_conv_out(1, w, kw)})")
+    direct = cg == 1 and m // groups <= 4  # as nnlib.conv chooses
+    fn = "_nn.conv._direct_range" if direct else "_nn.conv._fwd_range"
+    check = f"_rt.check(_nn.conv._fits_native({X}, {y}, {W}, {groups}))"
+    return [check], fn, [X, W, y], _arg_list(g, X, kh, kw, groups), f"{y}.size * {W}[0].size"
 
 
 def nchw_dest(ctx, g: Geometry, slot: str, n: str, c: str, h: str, w: str) -> tuple:
@@ -366,7 +387,8 @@ def _conv_grad_lower(ctx):
 for _t in ("conv2d", "depthwise_conv2d"):
     register_op(
         _t, inputs=["Input", "Filter"], outputs=["Output"], attrs=_CONV_ATTRS, traits=[OPAQUE],
-        infer_shape=_conv_infer, reference=_conv_ref, emit=Opaque(_conv_lower, host=True),
+        infer_shape=_conv_infer, reference=_conv_ref,
+        emit=Opaque(_conv_lower, host=True, blocked=_conv_blocked),
         grad=default_grad(f"{_t}_grad", fwd_inputs=("Input", "Filter"),
                           grad_outputs=("Output",), wrt=("Input", "Filter")),
         doc="Output = the 2-D convolution of Input with Filter [M, C/groups, KH, KW].")
