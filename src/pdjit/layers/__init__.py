@@ -30,5 +30,5 @@ from pdjit.layers.shape_ops import *  # noqa: F401,F403
 from pdjit.layers.tensor import *  # noqa: F401,F403
 
 __all__ = (["LayerHelper"] + control_flow.__all__ + conv.__all__ + image.__all__ + io.__all__
-           + learning_rate_scheduler.__all__ + math_ops.__all__ + nn.__all__ + norm.__all__ + sequence.__all__ + shape_ops.__all__
-           + tensor.__all__)
+           + learning_rate_scheduler.__all__ + math_ops.__all__ + nn.__all__ + norm.__all__
+           + sequence.__all__ + shape_ops.__all__ + tensor.__all__)

@@ -35,15 +35,16 @@ from pdjit.framework.registry import (
 from pdjit.ops._common import FLOATS, check_dtype
 from pdjit.ops.conv import Geometry, as_nchw, from_nchw, image_dims, nchw_dest, to_nchw
 
+_KSIZE = Ints(REQUIRED, choices=([2, 2], [3, 3], [1, 2]))
 _POOL_ATTRS = {
-    "pooling_type": Str("max", choices=("max", "avg")), "ksize": Ints(REQUIRED, choices=([2, 2], [3, 3], [1, 2])),
+    "pooling_type": Str("max", choices=("max", "avg")), "ksize": _KSIZE,
     "global_pooling": Bool(False), "strides": Ints([1, 1]), "paddings": Ints([0, 0]),
     "exclusive": Bool(True), "adaptive": Bool(False), "ceil_mode": Bool(False),
     "data_format": Str("NCHW", choices=("NCHW", "NHWC")),
     "padding_algorithm": Str("EXPLICIT", choices=("EXPLICIT", "SAME", "VALID")),
 }
 _INDEX_ATTRS = {
-    "ksize": Ints(REQUIRED, choices=([2, 2], [3, 3], [1, 2])), "global_pooling": Bool(False), "strides": Ints([1, 1]),
+    "ksize": _KSIZE, "global_pooling": Bool(False), "strides": Ints([1, 1]),
     "paddings": Ints([0, 0]), "adaptive": Bool(False), "ceil_mode": Bool(False),
 }
 
