@@ -202,10 +202,76 @@ def _ce2_ref(X, Label, *, ignore_index):
     return {"Y": y, "MatchX": picked, "XShape": np.empty(X.shape + (0,), X.dtype)}
 
 
+def _tolerable_neg_log(p: str, T: str) -> str:
+    """Source of ``-log(p)`` as :func:`_tolerable_log` clips it: ``1e20`` for ``p == 0``."""
+    return (f"{T}(-math.log({p})) if {p} > 0 else ({T}({_TOLERABLE}) if {p} == 0 "
+            f"else {T}(math.nan))")
+
+
+def _ce2_lower(ctx):
+    """Row by row: MatchX = X[label], Y = -log(MatchX) (0 for ignored rows). A label out of
+    range raises: the references then report it."""
+    r = ctx.rank("X")
+    if r < 2 or ctx.dtype("X").kind != "f":
+        return None
+    X, L, T = ctx.inp("X"), ctx.inp("Label"), ctx.T("X")
+    lead = ctx.tuple_src([f"{X}.shape[{d}]" for d in range(r - 1)] + ["1"])
+    y, mx = ctx.out("Y", shape=lead), ctx.out("MatchX", shape=lead)
+    if ctx.has_output("XShape"):
+        ctx.out("XShape", shape=ctx.tuple_src([f"{X}.shape[{d}]" for d in range(r)] + ["0"]))
+    x2, lab, yf, mf, i, k, v = (ctx.tmp(h) for h in "xlymikv")
+    ign = int(ctx.attrs["ignore_index"])
+    return [
+        f"{x2} = {ctx.as_rows(X, r)}",
+        f"{lab} = {L}.reshape({L}.size)",
+        f"_rt.check({lab}.size == {x2}.shape[0])",
+        f"{yf} = {y}.reshape({y}.size)",
+        f"{mf} = {mx}.reshape({mx}.size)",
+        f"for {i} in range({x2}.shape[0]):",
+        f"    {k} = {lab}[{i}]",
+        f"    if {k} == {ign}:",
+        f"        {yf}[{i}] = {T}(0)",
+        f"        {mf}[{i}] = {T}(0)",
+        "    else:",
+        f"        _rt.check(0 <= {k} < {x2}.shape[1])",
+        f"        {v} = {x2}[{i}, {k}]",
+        f"        {mf}[{i}] = {v}",
+        f"        {yf}[{i}] = {_tolerable_neg_log(v, T)}",
+    ]
+
+
+def _ce2_grad_lower(ctx):
+    """X@GRAD: zeros, and -dY / MatchX at each row's label (0 on ignored rows)."""
+    if not ctx.has_output("X@GRAD") or ctx.dtype("MatchX").kind != "f":
+        return None
+    xs = ctx.shape("XShape")
+    r = len(xs) - 1
+    if r < 2:
+        return None
+    XS, L, M, G = ctx.inp("XShape"), ctx.inp("Label"), ctx.inp("MatchX"), ctx.inp("Y@GRAD")
+    dx = ctx.out("X@GRAD", shape=ctx.tuple_src([f"{XS}.shape[{d}]" for d in range(r)]),
+                 zero=True)
+    d2, lab, mf, gf, i, k = (ctx.tmp(h) for h in "dlmgik")
+    ign = int(ctx.attrs["ignore_index"])
+    return [
+        f"{d2} = {ctx.as_rows(dx, r)}",
+        f"{lab} = {L}.reshape({L}.size)",
+        f"{mf} = {M}.reshape({M}.size)",
+        f"{gf} = {G}.reshape({G}.size)",
+        f"_rt.check({lab}.size == {d2}.shape[0] and {mf}.size == {d2}.shape[0] and "
+        f"{gf}.size == {d2}.shape[0])",
+        f"for {i} in range({d2}.shape[0]):",
+        f"    {k} = {lab}[{i}]",
+        f"    if {k} != {ign}:",
+        f"        _rt.check(0 <= {k} < {d2}.shape[1])",
+        f"        {d2}[{i}, {k}] = -{gf}[{i}] / {mf}[{i}]",
+    ]
+
+
 register_op(
     "cross_entropy2", inputs=["X", "Label"], outputs=["Y", "XShape~", "MatchX~"],
     attrs=dict(_IGNORE), traits=[OPAQUE], infer_shape=_ce2_infer, reference=_ce2_ref,
-    emit=None,
+    emit=Opaque(_ce2_lower),
     grad=default_grad("cross_entropy_grad2", fwd_inputs=("Label",),
                       fwd_outputs=("XShape", "MatchX"), grad_outputs=("Y",)),
     doc="Hard-label cross entropy of probabilities: Y = -log(MatchX), MatchX = X[label].")
@@ -344,9 +410,36 @@ def _acc_ref(Out, Indices, Label):
             "Total": np.asarray(total, np.int32)}
 
 
+def _acc_lower(ctx):
+    """Count the rows whose label is among their top-k indices."""
+    I, L = ctx.inp("Indices"), ctx.inp("Label")
+    # the lines allocate: the dtypes are the op's (float32, int32, int32), whatever a loaded
+    # program declared for the variables
+    acc, cor, tot = (ctx.out(s_) for s_ in ("Accuracy", "Correct", "Total"))
+    lab, n, i, j, c = (ctx.tmp(h) for h in "lnijc")
+    return [
+        f"{acc} = np.empty((), np.float32)",
+        f"{cor} = np.empty((), np.int32)",
+        f"{tot} = np.empty((), np.int32)",
+        f"{lab} = {L}.reshape({L}.size)",
+        f"{n} = {I}.shape[0]",
+        f"_rt.check({lab}.size == {n})",
+        f"{c} = 0",
+        f"for {i} in range({n}):",
+        f"    for {j} in range({I}.shape[1]):",
+        f"        if {I}[{i}, {j}] == {lab}[{i}]:",
+        f"            {c} += 1",
+        "            break",
+        f"{cor}[()] = {c}",
+        f"{tot}[()] = {n}",
+        f"{acc}[()] = np.float32({c} / {n}) if {n} > 0 else np.float32(0)",
+    ]
+
+
 register_op(
     "accuracy", inputs=["Out", "Indices", "Label"], outputs=["Accuracy", "Correct", "Total"],
-    traits=[OPAQUE], infer_shape=_acc_infer, reference=_acc_ref, emit=None, grad=None,
+    traits=[OPAQUE], infer_shape=_acc_infer, reference=_acc_ref, emit=Opaque(_acc_lower),
+    grad=None,
     doc="Correct = rows whose Label is among the top-k Indices; Accuracy = Correct / Total.")
 
 
@@ -542,7 +635,7 @@ def _ce2_grad_ref(XShape, Label, MatchX, *, ignore_index, **kw):
 register_op(
     "cross_entropy_grad2", inputs=["XShape", "Label", "MatchX", "Y@GRAD"], outputs=["X@GRAD?"],
     attrs=dict(_IGNORE), traits=[OPAQUE], infer_shape=_ce2_grad_infer,
-    reference=_ce2_grad_ref, emit=None, grad=None,
+    reference=_ce2_grad_ref, emit=Opaque(_ce2_grad_lower), grad=None,
     doc="dX = -dY / MatchX at each row's label, 0 elsewhere and on ignored rows; X's shape "
         "comes from XShape.")
 

@@ -477,6 +477,44 @@ for _t, _axis_of, _attrs in (
                 doc=f"X@GRAD = zeros of X's shape with Out@GRAD added at Indices (gradient of "
                     f"{_t}).")
 
+def _topk_lower(ctx):
+    """The k largest (smallest) of each row of the last axis by k passes of selection (the
+    first of equal values wins, as in the reference's stable order); small k only. A NaN
+    raises: the reference then orders it."""
+    r, k = ctx.rank("X"), int(ctx.attrs["k"])
+    axis = ctx.attrs.get("axis", -1)
+    if r < 1 or ctx.has_input("K") or axis not in (-1, r - 1) or not 1 <= k <= 64 or \
+            ctx.dtype("X").kind not in "fiu":
+        return None
+    X = ctx.inp("X")
+    shape = ctx.tuple_src([f"{X}.shape[{d}]" for d in range(r - 1)] + [str(k)])
+    out, ind = ctx.out("Out", shape=shape), ctx.out("Indices", shape=shape)
+    better = ">" if ctx.attrs.get("largest", True) else "<"
+    x2, o2, i2, taken, i, j, d, b, bv, v = (ctx.tmp(h) for h in "xoitrjdbwv")
+    return [
+        f"{x2} = {ctx.as_rows(X, r)}",
+        f"_rt.check({x2}.shape[1] >= {k})",
+        f"{o2} = {out}.reshape(({x2}.shape[0], {k}))",
+        f"{i2} = {ind}.reshape(({x2}.shape[0], {k}))",
+        f"{taken} = np.zeros({x2}.shape[1], np.bool_)",
+        f"for {i} in range({x2}.shape[0]):",
+        f"    for {d} in range({x2}.shape[1]):",
+        f"        {taken}[{d}] = False",
+        f"    for {j} in range({k}):",
+        f"        {b} = -1",
+        f"        {bv} = {x2}[{i}, 0]",
+        f"        for {d} in range({x2}.shape[1]):",
+        f"            {v} = {x2}[{i}, {d}]",
+        f"            _rt.check({v} == {v})",
+        f"            if not {taken}[{d}] and ({b} < 0 or {v} {better} {bv}):",
+        f"                {b} = {d}",
+        f"                {bv} = {v}",
+        f"        {taken}[{b}] = True",
+        f"        {o2}[{i}, {j}] = {bv}",
+        f"        {i2}[{i}, {j}] = {b}",
+    ]
+
+
 _TOPK_GRAD = dict(fwd_inputs=("X", "K"), fwd_outputs=("Indices",), grad_outputs=("Out",))
 
 register_op(
@@ -484,7 +522,7 @@ register_op(
     attrs={"k": Int(1, low=1, high=3)}, traits=[OPAQUE],
     infer_shape=lambda X, K=None, *, k: _topk_infer(X, K, k, -1, "top_k"),
     reference=lambda X, K=None, *, k: _topk_ref(X, K, k, -1, True, "top_k"),
-    emit=None, grad=default_grad("top_k_grad", **_TOPK_GRAD),
+    emit=Opaque(_topk_lower), grad=default_grad("top_k_grad", **_TOPK_GRAD),
     doc="Out, Indices = the k largest values of X along its last axis (descending), and their "
         "int64 indices; K (a 1-element tensor) overrides k.")
 
@@ -498,6 +536,6 @@ register_op(
     # sorted=False leaves the order unspecified in Paddle; returning it sorted is one valid order
     reference=lambda X, K=None, *, k, axis, largest, sorted: _topk_ref(X, K, k, axis, largest,
                                                                       "top_k_v2"),
-    emit=None, grad=default_grad("top_k_v2_grad", **_TOPK_GRAD),
+    emit=Opaque(_topk_lower), grad=default_grad("top_k_v2_grad", **_TOPK_GRAD),
     doc="Out, Indices = the k largest (or smallest) values of X along axis, sorted, and their "
         "int64 indices; ties keep the lower index first.")
