@@ -289,8 +289,18 @@ def as_nchw(ctx, g: Geometry, local: str) -> list:
     return [f"{t} = _nn.nchw({local})"], t
 
 
+_NATIVE_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def native_float(dtype) -> bool:
+    """Whether the library kernels take this dtype (BLAS: float32 and float64; float16 runs
+    the references)."""
+    return np.dtype(dtype) in _NATIVE_FLOATS
+
+
 def _float_ok(ctx, *slots) -> bool:
-    return all(ctx.dtype(s).kind == "f" and ctx.dtype(s) == ctx.dtype(slots[0]) for s in slots)
+    return all(native_float(ctx.dtype(s)) and ctx.dtype(s) == ctx.dtype(slots[0])
+               for s in slots)
 
 
 def _conv_lower(ctx):

@@ -33,7 +33,15 @@ from pdjit.framework.registry import (
     register_op,
 )
 from pdjit.ops._common import FLOATS, check_dtype
-from pdjit.ops.conv import Geometry, as_nchw, from_nchw, image_dims, nchw_dest, to_nchw
+from pdjit.ops.conv import (
+    Geometry,
+    as_nchw,
+    from_nchw,
+    image_dims,
+    native_float,
+    nchw_dest,
+    to_nchw,
+)
 
 _KSIZE = Ints(REQUIRED, choices=([2, 2], [3, 3], [1, 2]))
 _POOL_ATTRS = {
@@ -185,7 +193,7 @@ def _pool_grad_ref(X, Out, **kw):
 
 
 def _pool_lower(ctx):
-    if ctx.dtype("X").kind != "f":
+    if not native_float(ctx.dtype("X")):
         return None
     p = _Pool(ctx.attrs, "pool2d")
     X = ctx.inp("X")
@@ -197,7 +205,7 @@ def _pool_lower(ctx):
 
 
 def _pool_grad_lower(ctx):
-    if ctx.dtype("X").kind != "f":
+    if not native_float(ctx.dtype("X")):
         return None
     p = _Pool(ctx.attrs, "pool2d_grad")
     X, Y, DY = ctx.inp("X"), ctx.inp("Out"), ctx.inp("Out@GRAD")
@@ -259,7 +267,7 @@ def _index_grad_ref(X, Mask, **kw):
 
 
 def _index_lower(ctx):
-    if ctx.dtype("X").kind != "f":
+    if not native_float(ctx.dtype("X")):
         return None
     p = _Pool(ctx.attrs, "max_pool2d_with_index")
     X = ctx.inp("X")
@@ -270,7 +278,7 @@ def _index_lower(ctx):
 
 
 def _index_grad_lower(ctx):
-    if ctx.dtype("X").kind != "f":
+    if not native_float(ctx.dtype("X")):
         return None
     X, M, DY = ctx.inp("X"), ctx.inp("Mask"), ctx.inp("Out@GRAD")
     dx = ctx.out("X@GRAD", shape=f"{X}.shape")
