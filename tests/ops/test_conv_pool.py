@@ -1,14 +1,16 @@
 """conv2d / conv2d_transpose / pool2d / max_pool2d_with_index (and the depthwise types) against
 NumPy written here: naive loops over every output element, and values PaddlePaddle 3.3.1
 printed for the same inputs. Gradients against finite differences."""
+import warnings
+
 import numpy as np
 import pytest
 
 import pdjit as fluid
-from pdjit.framework.errors import OpShapeError
+from pdjit.framework.errors import OpShapeError, ReferenceStepWarning
 from pdjit.testing import assert_native
 from pdjit.testing.grad_check import check_grad
-from pdjit.testing.op_test import check_output
+from pdjit.testing.op_test import check_output, run_op
 
 RNG = np.random.default_rng(3)
 
@@ -413,3 +415,15 @@ def test_conv_epilogue_inside_a_native_loop(fresh_programs):
         want = np.tanh(naive_conv(want, w, paddings=(1, 1)) + b[:, None, None])
     np.testing.assert_allclose(got["compiled"], want, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(got["reference"], want, rtol=1e-4, atol=1e-5)
+
+
+def test_float16_runs_the_references():
+    """The library kernels are float32/float64 (BLAS): float16 convolutions and pools run
+    their references, with the right answer."""
+    x = RNG.normal(size=(1, 2, 5, 5)).astype(np.float16)
+    w = RNG.normal(size=(3, 2, 3, 3)).astype(np.float16)
+    want = naive_conv(x.astype(np.float64), w.astype(np.float64)).astype(np.float16)
+    with warnings.catch_warnings():  # once per process: another test may have seen it first
+        warnings.simplefilter("ignore", ReferenceStepWarning)
+        got = run_op("conv2d", {"Input": x, "Filter": w}, {}, mode="compiled")
+    np.testing.assert_allclose(got["Output"].astype(np.float64), want, rtol=2e-2, atol=2e-2)
