@@ -360,7 +360,7 @@ class SegmentGen:
         None, nothing emitted)."""
         node = group.nodes[0]
         low = node.lowering
-        if nxt is None or nxt.kind == REDUCTION or not getattr(low, "blocked", None) or \
+        if nxt is None or nxt.kind == REDUCTION or low.blocked is None or \
                 not low.host or self.target.NAME != "cpu":
             return None
         outs = [n for n in node.op.output_arg_names if n != registry.EMPTY_VAR_NAME]

@@ -71,6 +71,14 @@ def _channels(input, data_format: str, layer: str) -> int:
     return int(c)
 
 
+def _groups(groups, c: int, num_filters: int, layer: str) -> int:
+    groups = 1 if groups is None else int(groups)
+    if groups < 1 or c % groups or num_filters % groups:
+        raise ValueError(f"{layer}: groups={groups} must divide the input's {c} channels and "
+                         f"the {num_filters} filters")
+    return groups
+
+
 def _bias_act(helper, pre_bias, data_format: str):
     axis = 3 if data_format == "NHWC" else 1
     pre_act = helper.append_bias_op(pre_bias, dim_start=axis, dim_end=axis + 1)
@@ -86,10 +94,7 @@ def conv2d(input, num_filters, filter_size, stride=1, padding=0, dilation=1, gro
     check_dtype(input, "input", _FLOATS, "conv2d")
     data_format = _format(data_format, "conv2d")
     c = _channels(input, data_format, "conv2d")
-    groups = 1 if groups is None else int(groups)
-    if groups < 1 or c % groups or num_filters % groups:
-        raise ValueError(f"conv2d: groups={groups} must divide the input's {c} channels and the "
-                         f"{num_filters} filters")
+    groups = _groups(groups, c, num_filters, "conv2d")
     ksize = _pair(filter_size, "filter_size", "conv2d")
     paddings, algo = _padding(padding, data_format, "conv2d")
     op_type = "conv2d"
@@ -120,10 +125,7 @@ def conv2d_transpose(input, num_filters, output_size=None, filter_size=None, pad
     check_dtype(input, "input", _FLOATS, "conv2d_transpose")
     data_format = _format(data_format, "conv2d_transpose")
     c = _channels(input, data_format, "conv2d_transpose")
-    groups = 1 if groups is None else int(groups)
-    if groups < 1 or c % groups or num_filters % groups:
-        raise ValueError(f"conv2d_transpose: groups={groups} must divide the input's {c} "
-                         f"channels and the {num_filters} filters")
+    groups = _groups(groups, c, num_filters, "conv2d_transpose")
     stride = _pair(stride, "stride", "conv2d_transpose")
     dilation = _pair(dilation, "dilation", "conv2d_transpose")
     paddings, algo = _padding(padding, data_format, "conv2d_transpose")

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from pdjit.codegen.nnlib.conv import use_direct
 from pdjit.framework.errors import ShapeMismatch
 from pdjit.framework.registry import (
     OPAQUE,
@@ -34,6 +35,7 @@ from pdjit.framework.registry import (
     Ints,
     Opaque,
     Str,
+    VarMeta,
     default_grad,
     register_op,
 )
@@ -265,7 +267,6 @@ def _conv_ref(Input, Filter, **attrs):
 
 
 def _conv_infer_arrays(Input, Filter, attrs):
-    from pdjit.framework.registry import VarMeta
     _conv_infer(VarMeta(Input.shape, Input.dtype), VarMeta(Filter.shape, Filter.dtype), **attrs)
 
 
@@ -329,8 +330,7 @@ def _conv_blocked(ctx):
     n, _, h, w = image_dims(g, X)
     y = ctx.out("Output", shape=f"({n}, {W}.shape[0], {g.src_conv_out(0, h, kh)}, "
                                 f"{g.src_conv_out(1, w, kw)})")
-    direct = cg == 1 and m // groups <= 4  # as nnlib.conv chooses
-    fn = "_nn.conv._direct_range" if direct else "_nn.conv._fwd_range"
+    fn = "_nn.conv._direct_range" if use_direct(cg, m // groups) else "_nn.conv._fwd_range"
     check = f"_rt.check(_nn.conv._fits_native({X}, {y}, {W}, {groups}))"
     return [check], fn, [X, W, y], _arg_list(g, X, kh, kw, groups), f"{y}.size * {W}[0].size"
 
@@ -470,7 +470,6 @@ def _convt_geometry(attrs, what, in_shape, k_hw):
 
 
 def _convt_ref(Input, Filter, **attrs):
-    from pdjit.framework.registry import VarMeta
     meta = _convt_infer(VarMeta(Input.shape, Input.dtype), VarMeta(Filter.shape, Filter.dtype),
                         **attrs)["Output"]
     g = _convt_geometry(attrs, "conv2d_transpose", Input.shape, Filter.shape[2:])

@@ -23,6 +23,7 @@ import numpy as np
 from numba.extending import overload
 
 from pdjit.codegen.nnlib._jit import jit, jobs
+from pdjit.runtime.threads import loop_threads
 
 __all__ = ["split_work", "conv2d_fwd", "conv2d_bwd_data", "conv2d_bwd_filter", "nchw", "nhwc_into",
            "nchw_empty"]
@@ -141,10 +142,10 @@ def _direct_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
                                 yf[dst + k] += wv * xf[src + k * U(sw)]
 
 
-def _direct_ok(w, groups) -> bool:
-    """Whether the direct loops serve this filter (one input channel per group, few outputs
-    per group)."""
-    return w.shape[1] == 1 and w.shape[0] // groups <= 4
+def use_direct(cg, mg) -> bool:
+    """Whether the direct loops serve a filter of ``cg`` input and ``mg`` output channels per
+    group (one input channel, few outputs: depthwise), rather than im2col + BLAS."""
+    return cg == 1 and mg <= 4
 
 
 # A block of samples shares one matrix product: their patches sit side by side in ``col``
@@ -267,8 +268,6 @@ def _parts(n: int, work: int) -> int:
     """How many threads a batch of ``n`` samples and ``work`` multiply-adds is split over."""
     if n < 2 or work < _PARALLEL_MIN_WORK:
         return 1
-    from pdjit.runtime.threads import loop_threads
-
     return max(1, min(n, loop_threads()))
 
 
@@ -317,7 +316,7 @@ def conv2d_fwd(x, w, y, sh, sw, pt, pl, dh, dw, groups):
     """``y = conv(x, w)`` (NCHW): ``y`` is written, not read."""
     if not _fits(x, y, w, groups):
         raise ValueError(_MISFIT)
-    fn = _direct_range if _direct_ok(w, groups) else _fwd_range
+    fn = _direct_range if use_direct(w.shape[1], w.shape[0] // groups) else _fwd_range
     split_work(fn, x.shape[0], y.size * w[0].size, x, w, y, sh, sw, pt, pl, dh, dw, groups,
                head=3)
 
@@ -361,6 +360,7 @@ jobs("conv2d_bwd_filter")(lambda T: [(_bwd_filter_range, _range_types(T))])
 
 
 _fits_native = jit(_fits)
+_use_direct_native = jit(use_direct)
 
 
 # inside compiled code (a native loop's driver): the whole batch on this thread
@@ -369,7 +369,7 @@ def _conv2d_fwd_native(x, w, y, sh, sw, pt, pl, dh, dw, groups):
     def impl(x, w, y, sh, sw, pt, pl, dh, dw, groups):
         if not _fits_native(x, y, w, groups):
             raise ValueError(_MISFIT)
-        if w.shape[1] == 1 and w.shape[0] // groups <= 4:
+        if _use_direct_native(w.shape[1], w.shape[0] // groups):
             _direct_range(x, w, y, 0, x.shape[0], sh, sw, pt, pl, dh, dw, groups)
         else:
             _fwd_range(x, w, y, 0, x.shape[0], sh, sw, pt, pl, dh, dw, groups)
