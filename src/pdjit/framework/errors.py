@@ -55,6 +55,10 @@ class FeedError(PdjitError, ValueError):
     """A feed does not match the variable it feeds (name, dtype or shape)."""
 
 
+class ModelFileError(PdjitError, ValueError):
+    """A model or parameter file is missing, damaged, or does not belong to its program."""
+
+
 class UnregisteredOpError(ProgramError, NotImplementedError):
     """A program uses an op type that pdjit does not know."""
 

@@ -1,4 +1,5 @@
 """Reading and writing programs and parameters in PaddlePaddle's formats."""
+from pdjit.io.inference import load_inference_model, save_inference_model
 from pdjit.io.tensor_stream import (
                                     load_combined_params,
                                     persistable_names,
@@ -7,13 +8,13 @@ from pdjit.io.tensor_stream import (
                                     write_tensor,
 )
 from pdjit.io.variables import (
-                                is_persistable,
-                                load_persistables,
-                                load_vars,
-                                save_persistables,
-                                save_vars,
+                                    is_persistable,
+                                    load_persistables,
+                                    load_vars,
+                                    save_persistables,
+                                    save_vars,
 )
 
 __all__ = ["load_combined_params", "persistable_names", "read_tensor", "save_combined_params",
            "write_tensor", "is_persistable", "load_persistables", "load_vars",
-           "save_persistables", "save_vars"]
+           "save_persistables", "save_vars", "save_inference_model", "load_inference_model"]

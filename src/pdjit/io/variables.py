@@ -13,6 +13,7 @@ import os
 import numpy as np
 
 from pdjit.framework import dtypes
+from pdjit.framework.errors import ModelFileError
 from pdjit.framework.program import Program, Variable, default_main_program
 from pdjit.io.tensor_stream import _Reader, read_tensor, write_tensor
 from pdjit.proto import framework_pb2 as pb
@@ -69,54 +70,83 @@ def save_vars(executor, dirname, main_program=None, vars=None, predicate=None, f
             f.write(write_tensor(value))
 
 
-def _check_against(var, value, where: str) -> None:
+def check_against(var, value, where: str) -> None:
+    """``value`` (read from ``where``) has ``var``'s dtype and known dims, or ModelFileError."""
     if isinstance(var, str):
         return
     arr = np.asarray(value)
     if var.dtype is not None and arr.dtype != var.dtype:
-        raise ValueError(f"{where}: variable {var.name!r} is {dtypes.dtype_str(var.dtype)} in "
-                         f"the program, the file holds {arr.dtype}")
+        raise ModelFileError(f"{where}: variable {var.name!r} is {dtypes.dtype_str(var.dtype)} "
+                             f"in the program, the file holds {arr.dtype}")
     shape = tuple(var.shape)
     if shape and (len(shape) != arr.ndim or any(d >= 0 and d != a
                                                 for d, a in zip(shape, arr.shape))):
-        raise ValueError(f"{where}: variable {var.name!r} has shape {list(shape)} in the "
-                         f"program, the file holds {list(arr.shape)}")
+        raise ModelFileError(f"{where}: variable {var.name!r} has shape {list(shape)} in the "
+                             f"program, the file holds {list(arr.shape)}")
+
+
+def _read_file(path: str, what: str) -> bytes:
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise ModelFileError(f"{what}: no such file: {path}") from None
+    except OSError as e:
+        raise ModelFileError(f"{what}: cannot read {path}: {e.strerror}") from None
+
+
+def read_checked(reader, var, path: str):
+    name = var if isinstance(var, str) else var.name
+    try:
+        value = read_tensor(reader, name)
+    except ValueError as e:
+        raise ModelFileError(str(e)) from None
+    check_against(var, value, path)
+    return value
+
+
+def read_values(chosen, dirname, filename=None) -> dict:
+    """``{name: value}`` of the variables ``chosen`` (Variables or names), read from the combined
+    file ``dirname/filename`` (in that order) or from one file per variable, each checked
+    against its ``VarDesc``; any problem is a ModelFileError naming the file and variable."""
+    values = {}
+    if filename is not None:
+        path = os.path.join(dirname, filename)
+        reader = _Reader(_read_file(path, "parameters"), path)
+        for v in chosen:
+            values[v if isinstance(v, str) else v.name] = read_checked(reader, v, path)
+        left = len(reader.data) - reader.pos
+        if left:
+            names = list(values)
+            raise ModelFileError(f"{path}: {left} bytes left after the {len(names)} expected "
+                                 f"tensors: the file does not match the variables "
+                                 f"{names[:5]}{'...' if len(names) > 5 else ''}")
+        return values
+    for v in chosen:
+        name = v if isinstance(v, str) else v.name
+        path = os.path.join(dirname, name)
+        reader = _Reader(_read_file(path, f"variable {name!r}"), path)
+        values[name] = read_checked(reader, v, path)
+        if reader.pos != len(reader.data):
+            raise ModelFileError(f"{path}: {len(reader.data) - reader.pos} bytes left after the "
+                                 f"tensor of {name!r}")
+    return values
+
+
+def commit_values(values: dict, scope) -> None:
+    """Write values read by :func:`read_values` into ``scope``."""
+    for n, value in values.items():
+        scope.var(n).value = value if isinstance(value, LoDTensor) else \
+            np.ascontiguousarray(value)
 
 
 def load_vars(executor, dirname, main_program=None, vars=None, predicate=None, filename=None,
               scope=None) -> None:
     """Read the values of ``vars`` (or of the program's variables ``predicate`` accepts) into
-    the scope; a LoD saved with a value comes back with it."""
-    chosen = _select(main_program, vars, predicate)
-    names = [v if isinstance(v, str) else v.name for v in chosen]
-    loaded = {}
-    if filename is not None:
-        path = os.path.join(dirname, filename)
-        with open(path, "rb") as f:
-            reader = _Reader(f.read(), path)
-        for n in names:
-            loaded[n] = read_tensor(reader, n)
-        if reader.pos != len(reader.data):
-            raise ValueError(f"{path}: {len(reader.data) - reader.pos} bytes left after the "
-                             f"{len(names)} expected tensors: the file does not match the "
-                             f"variables {names[:5]}{'...' if len(names) > 5 else ''}")
-    else:
-        for n in names:
-            path = os.path.join(dirname, n)
-            if not os.path.exists(path):
-                raise FileNotFoundError(f"load_vars: no file for variable {n!r}: {path}")
-            with open(path, "rb") as f:
-                reader = _Reader(f.read(), path)
-            loaded[n] = read_tensor(reader, n)
-            if reader.pos != len(reader.data):
-                raise ValueError(f"{path}: {len(reader.data) - reader.pos} bytes left after "
-                                 f"the tensor")
-    for v in chosen:
-        n = v if isinstance(v, str) else v.name
-        _check_against(v, loaded[n], f"load_vars {os.path.join(dirname, filename or n)}")
-    sc = _scope(scope)
-    for n, value in loaded.items():
-        sc.var(n).value = value if isinstance(value, LoDTensor) else np.ascontiguousarray(value)
+    the scope, only once every one was read and checked; a LoD saved with a value comes back
+    with it."""
+    commit_values(read_values(_select(main_program, vars, predicate), dirname, filename),
+                  _scope(scope))
 
 
 def save_persistables(executor, dirname, main_program=None, filename=None, scope=None) -> None:
