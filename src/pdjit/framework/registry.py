@@ -83,6 +83,15 @@ An ``OpDef`` holds:
 ``control`` (``CONTROL_FLOW`` ops)
     A :class:`ControlFlow`: which attribute names the body block, which slots hold the
     condition and the step scopes, and whether the body loops or branches.
+``inference`` (optional)
+    What the op is at inference, for the inference passes (``pdjit.passes.inference``):
+    ``inference(op) -> Passthrough | Rewrite | ChannelAffine | ChannelLinear | None``, called with
+    the :class:`pdjit.framework.program.Operator` (as grad makers are); ``None``: nothing to say
+    for this op and these attributes. :class:`Passthrough`: an output holds an input unchanged (a
+    no-op to remove); :class:`Rewrite`: another op computes the same; :class:`ChannelAffine`:
+    ``out = x * a + b`` per channel with ``a``, ``b`` from constant inputs (a batch norm with
+    running statistics); :class:`ChannelLinear`: linear in a weight, output channel by channel (a
+    convolution, a product), so a following :class:`ChannelAffine` folds into the weight.
 ``out_lod`` (optional)
     How the LoD of outputs follows from the LoD of inputs, without running the op:
     ``out_lod(lods, *, attrs...) -> {out_slot: lod | [lod]}``. ``lods`` maps each input slot the
@@ -344,6 +353,53 @@ class ControlFlow:
                              f"{self.kind!r}")
 
 
+# ---- what an op is at inference (``OpDef.inference``) ------------------------------------
+@dataclass(frozen=True)
+class Passthrough:
+    """At inference, output slot ``out`` holds input slot ``x`` unchanged (value, dtype, LoD)."""
+    x: str = "X"
+    out: str = "Out"
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """At inference, op ``type`` with these slots (variable names) and attributes computes the
+    same; outputs of the op that it does not name are not computed any more."""
+    type: str
+    inputs: dict
+    outputs: dict
+    attrs: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ChannelAffine:
+    """At inference, ``out = x * a + b`` per channel along ``axis`` of ``x`` (negative: from the
+    end), where ``coefficients({slot: value}) -> (a, b)`` (vectors over the channels; ``None`` for
+    ones / zeros; the whole result ``None``: these values do not fit) is computed from the values
+    of the constant input slots ``params`` (float64; an absent dispensable slot gives ``None``).
+    ``passes``: ``{output slot: input slot}`` outputs that hold an input's value unchanged (the
+    running statistics a batch norm writes in place)."""
+    x: str
+    out: str
+    axis: int
+    params: tuple
+    coefficients: Callable
+    passes: Mapping = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ChannelLinear:
+    """The op is linear in its weight input slot ``weight``, and channel ``c`` of output slot
+    ``out`` (along ``axis``, negative: from the end) depends on its own part of the weight:
+    ``scale_weight(w, a)`` (``a`` a float64 vector over the channels) gives the weight with
+    which the output's channel ``c`` comes out multiplied by ``a[c]``, or ``None`` when ``w``
+    does not have the form this needs."""
+    weight: str
+    out: str
+    axis: int
+    scale_weight: Callable
+
+
 # ---- grad makers --------------------------------------------------------------------------
 @dataclass
 class GradOpSpec:
@@ -400,6 +456,7 @@ class OpDef:
     domain: Mapping[str, str] = field(default_factory=dict)
     out_lod: Callable | None = None
     control: ControlFlow | None = None
+    inference: Callable | None = None
 
     def __post_init__(self):
         self.inputs = tuple(Slot.parse(s) for s in self.inputs)
@@ -483,7 +540,8 @@ def register_op(type: str, *, inputs: Sequence, outputs: Sequence, attrs: Mappin
                 traits: Sequence = (), infer_shape: Callable, reference: Callable, emit: Any,
                 grad: Callable | None, doc: str = "", domain: Mapping | None = None,
                 replace: bool = False, out_lod: Callable | None = None,
-                control: ControlFlow | None = None) -> OpDef:
+                control: ControlFlow | None = None,
+                inference: Callable | None = None) -> OpDef:
     """Define an op. ``emit`` and ``grad`` have no default: each op declares both decisions.
 
     ``domain`` (optional) says which values an input slot takes: ``{"X": "positive"}``
@@ -492,7 +550,8 @@ def register_op(type: str, *, inputs: Sequence, outputs: Sequence, attrs: Mappin
     if type in _REGISTRY and not replace:
         raise ValueError(f"op type {type!r} is already registered")
     opdef = OpDef(type, tuple(inputs), tuple(outputs), dict(attrs or {}), frozenset(traits),
-                  infer_shape, reference, emit, grad, doc, dict(domain or {}), out_lod, control)
+                  infer_shape, reference, emit, grad, doc, dict(domain or {}), out_lod, control,
+                  inference)
     _REGISTRY[type] = opdef
     return opdef
 

@@ -43,6 +43,7 @@ from pdjit.framework.registry import (
     GradOpSpec,
     Int,
     Opaque,
+    Passthrough,
     Str,
     default_grad,
     grad_var_name,
@@ -570,12 +571,21 @@ def _scale_grad(op):
                         "bias": 0.0, "bias_after_scale": True})]
 
 
+def _scale_inference(op):
+    """Scale by 1 with bias 0 (factors given as attributes) leaves X as it is."""
+    a = op.all_attrs()
+    if op.input("ScaleTensor") or op.input("BiasTensor") or a.get("scale", 1.0) != 1.0 \
+            or a.get("bias", 0.0) != 0.0:
+        return None
+    return Passthrough("X", "Out")
+
+
 register_op(
     "scale", inputs=["X", "ScaleTensor?", "BiasTensor?"], outputs=["Out"],
     attrs={"scale": Float(1.0, low=-4.0, high=4.0), "bias": Float(0.0, low=-4.0, high=4.0),
            "bias_after_scale": Bool(True)},
     traits=[ELEMENTWISE], infer_shape=_scale_infer, reference=_scale_ref, emit=_scale_emit,
-    grad=_scale_grad,
+    grad=_scale_grad, inference=_scale_inference,
     doc="Out = scale * X + bias (bias_after_scale) or scale * (X + bias).")
 
 

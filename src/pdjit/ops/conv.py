@@ -31,6 +31,7 @@ from pdjit.codegen.nnlib.conv import use_direct
 from pdjit.framework.errors import ShapeMismatch
 from pdjit.framework.registry import (
     OPAQUE,
+    ChannelLinear,
     Int,
     Ints,
     Opaque,
@@ -394,10 +395,29 @@ def _conv_grad_lower(ctx):
     return _grad_lines(ctx, "conv2d_grad", transposed=False)
 
 
+def _channel_linear(transposed: bool):
+    """Output channel m is filter row m ([M, C/g, kh, kw]) or, transposed ([C, M/g, kh, kw]),
+    column m % (M/g) of the rows of group m // (M/g): what inference passes scale."""
+    def inference(op):
+        g = int(op.all_attrs().get("groups", 1) or 1)
+
+        def scale_weight(w, a):
+            if w.ndim != 4:
+                return None
+            if not transposed:
+                return w * a.reshape(-1, 1, 1, 1)
+            c, mg = w.shape[:2]
+            return (w.reshape(g, c // g, mg, *w.shape[2:])
+                    * a.reshape(g, 1, mg, 1, 1)).reshape(w.shape)
+        nhwc = op.all_attrs().get("data_format", "NCHW") == "NHWC"
+        return ChannelLinear("Filter", "Output", -1 if nhwc else 1, scale_weight)
+    return inference
+
+
 for _t in ("conv2d", "depthwise_conv2d"):
     register_op(
         _t, inputs=["Input", "Filter"], outputs=["Output"], attrs=_CONV_ATTRS, traits=[OPAQUE],
-        infer_shape=_conv_infer, reference=_conv_ref,
+        infer_shape=_conv_infer, reference=_conv_ref, inference=_channel_linear(False),
         emit=Opaque(_conv_lower, host=True, blocked=_conv_blocked),
         grad=default_grad(f"{_t}_grad", fwd_inputs=("Input", "Filter"),
                           grad_outputs=("Output",), wrt=("Input", "Filter")),
@@ -538,6 +558,7 @@ for _t in ("conv2d_transpose", "depthwise_conv2d_transpose"):
     register_op(
         _t, inputs=["Input", "Filter"], outputs=["Output"], attrs=_TRANSPOSE_ATTRS,
         traits=[OPAQUE], infer_shape=_convt_infer, reference=_convt_ref,
+        inference=_channel_linear(True),
         emit=Opaque(_convt_lower, host=True),
         grad=default_grad(f"{_t}_grad", fwd_inputs=("Input", "Filter"),
                           grad_outputs=("Output",), wrt=("Input", "Filter")),

@@ -22,6 +22,7 @@ from pdjit.framework.registry import (
     Ints,
     Longs,
     Opaque,
+    Passthrough,
     Scalars,
     Str,
     VarMeta,
@@ -164,7 +165,8 @@ register_op(
     infer_shape=lambda X=None: {"Out": X} if X is not None else {},
     reference=lambda X=None: {} if X is None else  # a tensor array (a list) is copied as one
     {"Out": list(X) if isinstance(X, list) else np.array(X, copy=True)},
-    emit=Opaque(_assign_lower, host=True), grad=_assign_grad, doc="Out = a copy of X.")
+    emit=Opaque(_assign_lower, host=True), grad=_assign_grad, doc="Out = a copy of X.",
+    inference=lambda op: Passthrough("X", "Out") if op.input("X") else None)
 
 
 # ---- random initialisers ----------------------------------------------------------------------

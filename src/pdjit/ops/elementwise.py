@@ -9,6 +9,7 @@ from pdjit.framework.registry import (
     ELEMENTWISE,
     OPAQUE,
     Bool,
+    ChannelAffine,
     Int,
     Opaque,
     default_grad,
@@ -94,11 +95,27 @@ def _emit_for(name, template):
         return template
     return lambda dtypes_, **_: template if np.dtype(dtypes_["X"]).kind == "f" else None
 
+def _channel_affine(name):
+    """A 1-D constant Y added or multiplied along X's dim ``axis`` (the last for -1): per
+    channel, what inference passes fold into a preceding convolution or product."""
+    if name not in ("elementwise_add", "elementwise_mul"):
+        return None
+    add = name == "elementwise_add"
+
+    def inference(op):
+        def coefficients(v):
+            y = v["Y"]
+            return None if y.ndim != 1 else (None, y) if add else (y, None)
+        return ChannelAffine("X", "Out", int(op.all_attrs().get("axis", -1)), ("Y",),
+                             coefficients)
+    return inference
+
+
 for _name, _fn, _emit in _ARITH:
     register_op(
         _name, inputs=["X", "Y"], outputs=["Out"], attrs=dict(_AXIS), traits=[BROADCAST],
         infer_shape=_binary_infer(), reference=_binary_ref(_fn), emit=_emit_for(_name, _emit),
-        domain=_DOMAINS.get(_name),
+        domain=_DOMAINS.get(_name), inference=_channel_affine(_name),
         grad=None if _name in _NON_DIFFERENTIABLE else default_grad(
             f"{_name}_grad", fwd_inputs=("X", "Y"),
             fwd_outputs=("Out",) if _name == "elementwise_div" else (), wrt=("X", "Y")),

@@ -25,6 +25,7 @@ from pdjit.framework.errors import ShapeMismatch
 from pdjit.framework.registry import (
     OPAQUE,
     Bool,
+    ChannelLinear,
     Float,
     Int,
     Opaque,
@@ -48,6 +49,19 @@ def _prod(dims) -> int:
 
 def _dims_agree(a: int, b: int) -> bool:
     return a == b or a < 0 or b < 0
+
+
+def _channel_linear(trans_attr):
+    """Out's last axis is Y's columns (rows when transposed): what inference passes scale."""
+    def inference(op):
+        trans = bool(op.all_attrs().get(trans_attr, False)) if trans_attr else False
+
+        def scale_weight(w, a):
+            if w.ndim != 2:
+                return None
+            return w * (a.reshape(-1, 1) if trans else a.reshape(1, -1))
+        return ChannelLinear("Y", "Out", -1, scale_weight)
+    return inference
 
 
 # ---- mul -----------------------------------------------------------------------------------
@@ -131,6 +145,7 @@ register_op(
     "mul", inputs=["X", "Y"], outputs=["Out"],
     attrs={"x_num_col_dims": Int(1, low=1, high=3), "y_num_col_dims": Int(1, low=1, high=3)},
     traits=[OPAQUE], infer_shape=_mul_infer, reference=_mul_ref, emit=Opaque(_mul_lower, host=True),
+    inference=_channel_linear(None),
     grad=default_grad("mul_grad", fwd_inputs=("X", "Y"), wrt=("X", "Y")),
     doc="Out = flatten(X, x_num_col_dims) @ flatten(Y, y_num_col_dims), reshaped to "
         "X.shape[:x_num_col_dims] + Y.shape[y_num_col_dims:].")
@@ -208,6 +223,7 @@ register_op(
            "alpha": Float(1.0, low=-2.0, high=2.0), "head_number": Int(1, choices=(1,))},
     traits=[OPAQUE], infer_shape=_matmul_infer, reference=_matmul_ref,
     emit=Opaque(_matmul_2d_lower("transpose_X", "transpose_Y", "alpha"), host=True),
+    inference=_channel_linear("transpose_Y"),
     grad=default_grad("matmul_grad", fwd_inputs=("X", "Y"), wrt=("X", "Y")),
     doc="Out = alpha * op(X) @ op(Y) over the last two dims (op transposes when asked), batch "
         "dims broadcast; 1-D X is a row, 1-D Y a column.")
@@ -230,6 +246,7 @@ register_op(
     attrs={"trans_x": Bool(False), "trans_y": Bool(False)},
     traits=[OPAQUE], infer_shape=_matmul_v2_infer, reference=_matmul_v2_ref,
     emit=Opaque(_matmul_2d_lower("trans_x", "trans_y"), host=True),
+    inference=_channel_linear("trans_y"),
     grad=default_grad("matmul_v2_grad", fwd_inputs=("X", "Y"), wrt=("X", "Y")),
     doc="Out = op(X) @ op(Y) with NumPy batch broadcasting; 1-D X is a row, 1-D Y a column.")
 

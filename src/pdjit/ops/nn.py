@@ -33,6 +33,8 @@ from pdjit.framework.registry import (
     Int,
     Long,
     Opaque,
+    Passthrough,
+    Rewrite,
     Str,
     default_grad,
     register_op,
@@ -485,6 +487,18 @@ def _dropout_ref(X, Seed=None, *, dropout_prob, is_test, dropout_implementation,
     return {"Out": out.astype(X.dtype, copy=False), "Mask": keep.astype(np.uint8)}
 
 
+def _dropout_inference(op):
+    """In test mode: X itself (upscale_in_train) or X scaled by 1 - dropout_prob."""
+    a = op.all_attrs()
+    if not a.get("is_test", False):
+        return None
+    p = float(a.get("dropout_prob", 0.5))
+    if a.get("dropout_implementation", "downgrade_in_infer") == "upscale_in_train" or p == 0.0:
+        return Passthrough("X", "Out")
+    return Rewrite("scale", {"X": op.input("X")}, {"Out": op.output("Out")},
+                   {"scale": 1.0 - p, "bias": 0.0, "bias_after_scale": True})
+
+
 register_op(
     "dropout", inputs=["X", "Seed?"], outputs=["Out", "Mask~"],
     attrs={"dropout_prob": Float(0.5, low=0.0, high=1.0), "is_test": Bool(False),
@@ -493,6 +507,7 @@ register_op(
            "seed": Int(0, low=0, high=1000), "fix_seed": Bool(False)},
     traits=[OPAQUE, RANDOM], infer_shape=_dropout_infer, reference=_dropout_ref, emit=None,
     grad=default_grad("dropout_grad", fwd_inputs=(), fwd_outputs=("Mask",)),
+    inference=_dropout_inference,
     doc="Out = X where a uniform draw >= dropout_prob else 0, scaled per "
         "dropout_implementation; Mask (uint8) records what was kept.")
 

@@ -47,6 +47,7 @@ from pdjit.framework.errors import ProgramError, ShapeMismatch
 from pdjit.framework.registry import (
     OPAQUE,
     Bool,
+    ChannelAffine,
     Float,
     Int,
     Opaque,
@@ -356,11 +357,29 @@ _bn_default_grad = default_grad(
     fwd_outputs=("MeanOut", "VarianceOut", "SavedMean", "SavedVariance", "ReserveSpace"),
     grad_outputs=("Y",), wrt=("X", "Scale", "Bias"))
 
+def _bn_inference(op):
+    """With running statistics, a per-channel ``Y = X * a + b`` (what inference passes fold)."""
+    a = op.all_attrs()
+    if _batch_stats(a.get("is_test", False), a.get("use_global_stats", False),
+                    a.get("trainable_statistics", False)) or a.get("fuse_with_relu", False):
+        return None
+    eps = float(a.get("epsilon", 1e-5))
+
+    def coefficients(v):
+        mul = v["Scale"] / np.sqrt(v["Variance"] + eps) if v["Scale"] is not None \
+            else 1.0 / np.sqrt(v["Variance"] + eps)
+        return mul, (v["Bias"] if v["Bias"] is not None else 0.0) - v["Mean"] * mul
+
+    return ChannelAffine("X", "Y", 1 if a.get("data_layout", "NCHW") == "NCHW" else -1,
+                         ("Scale", "Bias", "Mean", "Variance"), coefficients,
+                         {"MeanOut": "Mean", "VarianceOut": "Variance"})
+
+
 register_op(
     "batch_norm", inputs=["X", "Scale?", "Bias?", "Mean", "Variance", "MomentumTensor?"],
     outputs=["Y", "MeanOut", "VarianceOut", "SavedMean~", "SavedVariance~", "ReserveSpace?"],
     attrs=dict(_BN_ATTRS), traits=[OPAQUE], infer_shape=_bn_infer, reference=_bn_ref,
-    emit=Opaque(_bn_lower, host=True), grad=_bn_grad_maker,
+    emit=Opaque(_bn_lower, host=True), grad=_bn_grad_maker, inference=_bn_inference,
     doc="Y = (X - mean) / sqrt(var + epsilon) * Scale + Bias per channel, with batch or running "
         "statistics; the running statistics move by momentum in training.")
 
