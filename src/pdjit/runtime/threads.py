@@ -61,13 +61,16 @@ def _site(module) -> str:
 
 
 def _openblas_setters() -> list:
-    """``set_num_threads`` of the OpenBLAS that SciPy (and so Numba's ``np.dot``) uses."""
-    try:
-        import scipy
-        import scipy.linalg.cython_blas  # noqa: F401 - loads the library Numba calls
-    except ImportError:
+    """``set_num_threads`` of the OpenBLAS that SciPy (and so Numba's ``np.dot``) uses. The
+    library is found without importing ``scipy.linalg`` (a quarter of a second at start-up):
+    loading it by path here is what SciPy's BLAS module links to when it loads later."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("scipy")
+    if spec is None or not spec.submodule_search_locations:
         return []
-    set_, _ = _openblas(os.path.join(_site(scipy), "scipy.libs"))
+    site = os.path.dirname(list(spec.submodule_search_locations)[0])
+    set_, _ = _openblas(os.path.join(site, "scipy.libs"))
     return [set_] if set_ is not None else []
 
 
