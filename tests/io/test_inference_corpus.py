@@ -5,7 +5,8 @@ PaddlePaddle 3.3.1, legacy mode) holds small models written by Paddle's
 ``save_inference_model``, the inputs fed and what Paddle computed from the saved files
 (``<name>_io.npz``: ``<case>/feed/<var>``, ``<case>/fetch/<var>``), and ``manifest.json``.
 Every model loads with ``pdjit.io.inference.load_model`` and runs natively
-(``Executor(strict=True)``: a step that falls back to its NumPy reference fails the test) to
+(``Executor(strict=True)``: native code that falls back to its NumPy reference fails the test,
+and so does an op planned as a reference step, by ``ReferenceStepWarning`` made an error) to
 Paddle's outputs within ``RTOL``/``ATOL``. The Fluid 1.x directory forms (``__model__`` with one
 file per variable, or ``__params__``) load through ``pdjit.io.load_inference_model`` and give
 the same outputs. Paddle is not needed to run these tests.
@@ -23,6 +24,9 @@ from pdjit.io.inference import load_model
 
 MODELS = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "paddle" / "models"
 MANIFEST = json.loads((MODELS / "manifest.json").read_text())["models"]
+# every step of a compiled plan must be native code: a reference step is an error (its warning
+# comes when the plan is built, in the first test of a process that runs that program)
+pytestmark = pytest.mark.filterwarnings("error::pdjit.framework.errors.ReferenceStepWarning")
 #: float32 outputs against Paddle's (softmax probabilities, logits of order 1, activations)
 RTOL = ATOL = 1e-5
 
