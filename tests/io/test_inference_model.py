@@ -362,3 +362,21 @@ def test_paddle_loads_what_pdjit_saved(trained, tmp_path):
         assert feeds == ["x", "extra"]
         np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(hid, want_h, rtol=1e-5, atol=1e-6)
+
+
+def test_a_loop_updating_the_fed_value_is_kept(fresh_programs, tmp_path):
+    """Pruning drops the producers of a fed value, never an op that updates it in place (a
+    ``while`` carrying the fed variable)."""
+    x = fluid.data("x", [-1, 3], "float32")
+    i = fluid.layers.fill_constant([1], "int64", 0)
+    n = fluid.layers.fill_constant([1], "int64", 3)
+    _, h = fluid.layers.while_loop(lambda i, h: fluid.layers.less_than(i, n),
+                                   lambda i, h: [i + 1, h * 2.0], [i, x])
+    y = fluid.layers.scale(h, 1.0, bias=1.0)
+    exe = fluid.Executor()
+    xv = RNG.standard_normal((2, 3)).astype("float32")
+    static.save_inference_model(str(tmp_path / "m"), [x], [y], exe, program=fresh_programs[0])
+    program, feeds, fetches = static.load_inference_model(str(tmp_path / "m"), exe)
+    assert "while" in [op.type for op in program.global_block().ops]
+    (out,) = exe.run(program, feed={"x": xv}, fetch_list=fetches)
+    np.testing.assert_allclose(out, xv * 8 + 1, rtol=1e-6)

@@ -97,8 +97,9 @@ def _is_feed_fetch(op) -> bool:
 
 
 def _prune_ops(program: Program, feeds: list, targets: list) -> list:
-    """The indices of the global block's ops the targets need, the fed variables given:
-    an op is kept when it writes a needed name (a fed name is not needed: its producers go)."""
+    """The indices of the global block's ops the targets need, the fed variables given: an op
+    is kept when it writes a needed name, unless all it writes of them are fed values it does
+    not read (their producers go; a loop updating a fed value in place stays)."""
     gb = program.global_block()
     needed, fed = set(targets), set(feeds)
     keep = []
@@ -106,13 +107,16 @@ def _prune_ops(program: Program, feeds: list, targets: list) -> list:
         op = gb.ops[i]
         if _is_feed_fetch(op):
             continue
-        outs = [n for n in op.output_arg_names if n not in fed]
-        if not any(n in needed for n in outs):
+        outs = [n for n in op.output_arg_names if n in needed]
+        if not outs:
             continue
-        keep.append(i)
-        needed.update(op.input_arg_names)
+        reads = set(op.input_arg_names)
         for sub in _sub_blocks(op):
-            needed |= _block_reads(program, sub)
+            reads |= _block_reads(program, sub)
+        if all(n in fed and n not in reads for n in outs):
+            continue  # it only produces what is fed instead (an op updating a fed value stays)
+        keep.append(i)
+        needed |= reads
     keep.reverse()
     return keep
 
@@ -122,7 +126,7 @@ def _clean_op(desc: pb.OpDesc) -> None:
     if len(kept) != len(desc.attrs):
         del desc.attrs[:]
         desc.attrs.extend(kept)
-    desc.is_target = False
+    desc.ClearField("is_target")
     for a in desc.attrs:
         if a.name == "is_test" and a.type == pb.AttrType.BOOLEAN:
             a.b = True
@@ -134,6 +138,7 @@ def _feed_fetch_op(kind: str, holder: str, name: str, col: int) -> pb.OpDesc:
     desc.inputs.add(parameter="X", arguments=[x])
     desc.outputs.add(parameter="Out", arguments=[out])
     desc.attrs.add(name="col", type=pb.AttrType.INT, i=col)
+    desc.attrs.add(name="op_callstack", type=pb.AttrType.STRINGS)
     desc.attrs.add(name="op_device", type=pb.AttrType.STRING, s="")
     desc.attrs.add(name="op_namescope", type=pb.AttrType.STRING, s="/")
     desc.attrs.add(name="op_role", type=pb.AttrType.INT, i=0)
@@ -190,7 +195,8 @@ def normalize_program(program: Program, feed_vars, fetch_vars) -> Program:
         g.ops.append(_feed_fetch_op("fetch", FETCH_HOLDER, name, col))
     for b in desc.blocks:
         for op in b.ops:
-            _clean_op(op)
+            if op.type not in ("feed", "fetch") or b.idx:
+                _clean_op(op)
     out = Program._from_desc(desc)
     out.random_seed = program.random_seed
     out._is_test = True
