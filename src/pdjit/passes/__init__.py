@@ -2,7 +2,8 @@
 
 Passes never run code and never name an op: they read op definitions' traits and ``emit``.
 ``PDJIT_DUMP_AFTER=<pass>`` (``prune``, ``fusion``; comma-separated or ``all``) prints what a
-pass produced, to stderr.
+pass produced, to stderr. The inference passes (``pdjit.passes.inference``) are ``test_mode``,
+``remove_noops``, ``fold_batch_norm`` and ``fold_constants``.
 """
 from __future__ import annotations
 

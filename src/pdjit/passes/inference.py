@@ -1,0 +1,584 @@
+"""Inference passes: rewrites of a program that only predicts, with the values of its parameters.
+
+Each pass is ``fn(program, params) -> (program, params)``: ``params`` maps the names of
+persistable variables to their values (``np.ndarray``). A pass never changes what it is given:
+it returns a new program (``Program.clone``) and a new dict (the arrays it leaves alone are
+shared, new values are new arrays). It keeps the ``feed``/``fetch`` ops and the names of fed and
+fetched variables, and what every fetch gives stays the same (to rounding: folding computes the
+new weights in float64 and stores them in the weight's dtype). In pipeline order
+(:data:`INFERENCE_PASSES`; ``PDJIT_DUMP_AFTER=<name>`` prints a pass's result):
+
+``test_mode``
+    ``is_test = True`` on every op that declares (or carries) an ``is_test`` attribute, in every
+    block: dropout stops dropping, batch norm uses its running statistics.
+``remove_noops``
+    An op whose definition says it passes a value through at inference
+    (:class:`~pdjit.framework.registry.Passthrough`: dropout in test mode with
+    ``upscale_in_train``, ``scale`` by 1 with bias 0, ``assign``, so whole chains of them) goes:
+    its readers read its input instead. When its output must keep its name (fetched,
+    persistable, read by a sub-block or a control-flow op) the op that produced its input
+    writes that name instead, when that is safe; otherwise the op stays. An op that becomes
+    another (:class:`~pdjit.framework.registry.Rewrite`: dropout in test mode with
+    ``downgrade_in_infer`` is a ``scale`` by ``1 - dropout_prob``) is replaced.
+``fold_batch_norm``
+    An op linear in a constant weight by output channel
+    (:class:`~pdjit.framework.registry.ChannelLinear`: convolutions, transposed ones, ``mul``,
+    ``matmul``/``matmul_v2`` with a 2-D weight) followed by a chain of per-channel affine ops
+    with constant coefficients (:class:`~pdjit.framework.registry.ChannelAffine`: per-channel
+    bias adds and multiplies, batch norm with running statistics) on the same channel axis,
+    one of them scaling, becomes the op with a new weight and one ``elementwise_add`` of a new
+    bias. New weights get new names (the old weight may be shared); each value in the chain
+    must be read by the next op only.
+``fold_constants``
+    Ops of the global block whose inputs are all constants (persistables with values in
+    ``params`` that no op writes, or results of ops folded before them), and that have no side
+    effect, no randomness, no control flow, no LoD, run once here with their NumPy references;
+    the results that other ops still read become persistable variables with values in
+    ``params``. An op without inputs (``fill_constant``) is folded only into the ops that read
+    it: when one of its readers stays, so does it (a constant built at run time costs less than
+    one stored in the model).
+
+After ``fold_batch_norm`` and ``fold_constants``, parameters no op reads any more are dropped
+from ``params`` and from the program (:func:`prune_unused_params`).
+
+The names that must survive a pass: persistables, what feed and fetch ops read and write, what
+control-flow ops (and ops the registry does not know) read and write, names used in more than
+one block, and, in a program without fetch ops, every variable that no op reads (it may be a
+result), an op's intermediate outputs aside. The passes read op definitions
+(``OpDef.inference``, traits, attributes, references) and never name an op type, except the
+``elementwise_add`` that carries a folded bias.
+"""
+from __future__ import annotations
+
+import inspect
+from collections import defaultdict
+from typing import Callable
+
+import numpy as np
+
+from pdjit.framework import registry
+from pdjit.framework.errors import PdjitError
+from pdjit.framework.program import Block, Program
+from pdjit.framework.registry import (
+    EMPTY_VAR_NAME,
+    ChannelAffine,
+    ChannelLinear,
+    Passthrough,
+    Rewrite,
+)
+from pdjit.passes import dump_after
+from pdjit.proto import framework_pb2 as pb
+
+VarType = pb.VarType
+_BLOCK_ATTRS = (pb.AttrType.BLOCK, pb.AttrType.BLOCKS)
+_CARRIED_ATTRS = ("op_role", "op_namescope", "op_callstack", "op_device")
+_NOT_CONSTANT = (registry.SIDE_EFFECT, registry.RANDOM, registry.CONTROL_FLOW,
+                 registry.FEED_FETCH, registry.SEQUENCE)
+_BIAS_ADD = "elementwise_add"
+
+__all__ = ["INFERENCE_PASSES", "optimize", "test_mode", "remove_noops", "fold_batch_norm",
+           "fold_constants", "prune_unused_params"]
+
+
+# ---- who reads and writes what ----------------------------------------------------------------
+def _owns_blocks(op) -> bool:
+    return any(op.attr_type(n) in _BLOCK_ATTRS for n in op.attr_names)
+
+
+class _Uses:
+    """Every op's reads and writes of every name, in every block, and the names that must
+    keep their name and their value (``pinned``). Built again after each rewrite."""
+
+    def __init__(self, program: Program):
+        self.readers: dict = defaultdict(list)  # name -> [(block idx, op index)]
+        self.writers: dict = defaultdict(list)
+        self.blocks: dict = defaultdict(set)
+        self.pinned: set = set()
+        intermediate, has_results = set(), False
+        for b in program.blocks:
+            self.pinned.update(n for n, v in b.vars.items() if v.persistable)
+            for i, op in enumerate(b.ops):
+                opdef = registry.lookup(op.type)
+                ins = [n for n in op.input_arg_names if n != EMPTY_VAR_NAME]
+                outs = [n for n in op.output_arg_names if n != EMPTY_VAR_NAME]
+                for n in ins:
+                    self.readers[n].append((b.idx, i))
+                    self.blocks[n].add(b.idx)
+                for n in outs:
+                    self.writers[n].append((b.idx, i))
+                    self.blocks[n].add(b.idx)
+                if opdef is None or opdef.has(registry.CONTROL_FLOW) or \
+                        opdef.has(registry.FEED_FETCH) or _owns_blocks(op):
+                    self.pinned.update(ins)
+                    self.pinned.update(outs)
+                if opdef is None:
+                    continue
+                if opdef.has(registry.FEED_FETCH) and any(
+                        (v := b._find_var_recursive(n)) is not None
+                        and v.type == VarType.FETCH_LIST for n in outs):
+                    has_results = True
+                for slot in opdef.outputs:
+                    if slot.intermediate:
+                        intermediate.update(op.output(slot.name))
+        if not has_results:  # no fetch op says what the results are: any unread value may be
+            self.pinned.update(n for n in self.writers
+                               if not self.readers.get(n) and n not in intermediate)
+
+    def local(self, name: str, block_idx: int) -> bool:
+        """Only ops of block ``block_idx`` read or write ``name``."""
+        return self.blocks.get(name, set()) <= {block_idx}
+
+    def dead(self, name: str) -> bool:
+        """Nothing reads ``name`` and it need not survive."""
+        return name == EMPTY_VAR_NAME or (not self.readers.get(name) and name not in self.pinned)
+
+    def mentioned(self, name: str) -> bool:
+        return bool(self.blocks.get(name))
+
+
+def _inference(op):
+    opdef = registry.lookup(op.type)
+    if opdef is None or opdef.inference is None:
+        return None
+    return opdef.inference(op)
+
+
+def _single(names) -> str | None:
+    names = [n for n in names if n != EMPTY_VAR_NAME]
+    return names[0] if len(names) == 1 else None
+
+
+def _ancestors(block: Block) -> set:
+    out, b = set(), block.parent_block
+    while b is not None:
+        out.add(b.idx)
+        b = b.parent_block
+    return out
+
+
+def _drop_vars(program: Program, names, params: dict | None = None) -> None:
+    """Forget the variables ``names`` (which no op mentions any more)."""
+    for n in names:
+        for b in program.blocks:
+            if n in b.vars:
+                b._remove_var(n)
+        if params is not None:
+            params.pop(n, None)
+
+
+def _mentioned_names(program: Program) -> set:
+    return {n for b in program.blocks for op in b.ops
+            for n in op.input_arg_names + op.output_arg_names}
+
+
+def _carried(op) -> dict:
+    return {k: v for k, v in op.all_attrs().items() if k in _CARRIED_ATTRS}
+
+
+def _insert_like(block: Block, index: int, like, type_: str, inputs, outputs, attrs):
+    """Insert an op that stands for ``like``: its role, name scope, device and creation stack."""
+    new = block._insert_op(index, type_, inputs, outputs, {**attrs, **_carried(like)})
+    if not like.has_attr("op_callstack"):  # as saved models have it: no stack of ours
+        new._remove_attr("op_callstack")
+    return new
+
+
+def _fresh_name(program: Program, params: dict, base: str) -> str:
+    taken = {n for b in program.blocks for n in b.vars} | set(params)
+    name, k = base, 0
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    return name
+
+
+def _check_args(fn: str, program, params) -> None:
+    if not isinstance(program, Program):
+        raise TypeError(f"{fn}: program must be a pdjit Program, got {type(program).__name__}")
+    if not isinstance(params, dict):
+        raise TypeError(f"{fn}: params must be a dict of name -> np.ndarray, got "
+                        f"{type(params).__name__}")
+
+
+def _finish(name: str, program: Program, params: dict):
+    for b in program.blocks:  # each variable's producing op, as the rewrites left them
+        for op in b.ops:
+            for n in op.output_arg_names:
+                v = b._find_var_recursive(n)
+                if v is not None:
+                    v.op = op
+    program._bump()
+    dump_after(name, lambda: str(program))
+    return program, params
+
+
+# ---- test_mode --------------------------------------------------------------------------------
+def test_mode(program: Program, params: dict):
+    """``is_test = True`` on every op that declares or carries ``is_test``, in every block."""
+    _check_args("test_mode", program, params)
+    prog = program.clone()
+    for b in prog.blocks:
+        for op in b.ops:
+            opdef = registry.lookup(op.type)
+            declared = opdef is not None and "is_test" in opdef.attrs
+            if (declared or op.has_attr("is_test")) and op.all_attrs().get("is_test") is not True:
+                op._set_attr("is_test", True)
+    prog._is_test = True
+    return _finish("test_mode", prog, dict(params))
+
+
+test_mode.__test__ = False  # a pass, not a test (pytest collects ``test_*`` names it imports)
+
+
+# ---- remove_noops -----------------------------------------------------------------------------
+def remove_noops(program: Program, params: dict):
+    """Remove the ops that pass a value through at inference; replace those that become
+    another op (see the module's documentation)."""
+    _check_args("remove_noops", program, params)
+    prog = program.clone()
+    while _remove_one_noop(prog):
+        pass
+    return _finish("remove_noops", prog, dict(params))
+
+
+def _remove_one_noop(prog: Program) -> bool:
+    uses = _Uses(prog)
+    for b in prog.blocks:
+        for i, op in enumerate(b.ops):
+            spec = _inference(op)
+            if isinstance(spec, Passthrough) and _drop_passthrough(prog, b, i, op, spec, uses):
+                return True
+            if isinstance(spec, Rewrite) and _rewrite(prog, b, i, op, spec, uses):
+                return True
+    return False
+
+
+def _dead_outputs(op, keep: set, uses: _Uses) -> list | None:
+    """The names ``op`` writes besides ``keep``, when nothing needs them (else ``None``)."""
+    others = [n for n in op.output_arg_names if n not in keep and n != EMPTY_VAR_NAME]
+    if not all(uses.dead(n) for n in others):
+        return None
+    return [n for n in others if len(uses.writers[n]) == 1]
+
+
+def _drop_passthrough(prog, b, i, op, spec: Passthrough, uses: _Uses) -> bool:
+    x, o = _single(op.input(spec.x)), _single(op.output(spec.out))
+    if x is None or o is None:
+        return False
+    dead = _dead_outputs(op, {o}, uses)
+    if dead is None:
+        return False
+    if x == o:  # in place: the value is already there
+        b._remove_op(i)
+        _drop_vars(prog, dead)
+        return True
+    # x keeps its value wherever o is read: written before the op, once, here or in an
+    # ancestor block (or never: fed, or a parameter)
+    xw = uses.writers[x]
+    x_stable = not xw or (len(xw) == 1 and (
+        (xw[0][0] == b.idx and xw[0][1] < i) or xw[0][0] in _ancestors(b)))
+    o_after = all(bi == b.idx and j > i for bi, j in uses.readers[o])
+    o_once = uses.writers[o] == [(b.idx, i)]
+    if x_stable and o_once and o_after and o not in uses.pinned and uses.local(o, b.idx):
+        b._remove_op(i)
+        for op2 in b.ops[i:]:
+            op2._rename_input(o, x)
+        _drop_vars(prog, dead + [o])
+        return True
+    # o must keep its name: the op that wrote x writes o instead
+    if (len(xw) == 1 and xw[0][0] == b.idx and xw[0][1] < i and x not in uses.pinned
+            and uses.local(x, b.idx) and o_once and o_after and uses.local(o, b.idx)
+            and all(j > xw[0][1] for _, j in uses.readers[x])):
+        b._remove_op(i)
+        for op2 in b.ops[xw[0][1]:]:
+            op2._rename_input(x, o)
+            op2._rename_output(x, o)
+        _drop_vars(prog, dead + [x])
+        return True
+    return False
+
+
+def _rewrite(prog, b, i, op, spec: Rewrite, uses: _Uses) -> bool:
+    if spec.type == op.type:
+        return False  # a rewrite into itself would never end
+    kept = {n for names in spec.outputs.values() for n in names}
+    dead = _dead_outputs(op, kept, uses)
+    if dead is None:
+        return False
+    _insert_like(b, i, op, spec.type, spec.inputs, spec.outputs, spec.attrs)
+    b._remove_op(i + 1)
+    _drop_vars(prog, dead)
+    return True
+
+
+# ---- fold_batch_norm --------------------------------------------------------------------------
+def fold_batch_norm(program: Program, params: dict):
+    """Fold per-channel affine chains (batch norm with running statistics, bias adds) into
+    the weight of the convolution or product before them (see the module's documentation)."""
+    _check_args("fold_batch_norm", program, params)
+    prog, params = program.clone(), dict(params)
+    while _fold_one_chain(prog, params):
+        pass
+    _prune_params(prog, params)
+    return _finish("fold_batch_norm", prog, params)
+
+
+def _fold_one_chain(prog: Program, params: dict) -> bool:
+    uses = _Uses(prog)
+    for b in prog.blocks:
+        for i, op in enumerate(b.ops):
+            spec = _inference(op)
+            if isinstance(spec, ChannelLinear) and _fold_chain(prog, b, i, op, spec, uses, params):
+                return True
+    return False
+
+
+def _rank(block: Block, name: str) -> int | None:
+    v = block._find_var_recursive(name)
+    return len(v.shape) if v is not None and v.type == VarType.LOD_TENSOR else None
+
+
+def _constant(prog_block: Block, name: str, uses: _Uses, params: dict,
+              writers_ok: Callable = lambda w: False) -> bool:
+    """``name`` is a persistable with a value in ``params`` that no op changes."""
+    v = prog_block._find_var_recursive(name)
+    return (v is not None and v.persistable and isinstance(params.get(name), np.ndarray)
+            and all(writers_ok(w) for w in uses.writers.get(name, ())))
+
+
+def _affine_step(b: Block, j: int, op, spec: ChannelAffine, uses: _Uses, params: dict):
+    """``(a, b)`` of the affine op ``op`` (index ``j``), when its coefficients are constants
+    and its other outputs are not needed; else ``None``."""
+    values = {}
+    for slot in spec.params:
+        names = [n for n in op.input(slot) if n != EMPTY_VAR_NAME]
+        if not names:
+            values[slot] = None
+            continue
+        if len(names) != 1:
+            return None
+        n = names[0]
+        in_place = any(src == slot and op.output(s) == [n] for s, src in spec.passes.items())
+        if not _constant(b, n, uses, params, lambda w, ok=in_place: ok and w == (b.idx, j)):
+            return None
+        values[slot] = np.asarray(params[n], np.float64)
+    for slot, names in op.outputs.items():
+        if slot == spec.out:
+            continue
+        for n in names:
+            passes = slot in spec.passes and op.input(spec.passes[slot]) == [n]
+            if not passes and not uses.dead(n):
+                return None
+    return spec.coefficients(values)
+
+
+def _fold_chain(prog, b: Block, i: int, op, spec: ChannelLinear, uses: _Uses,
+                params: dict) -> bool:
+    w, t0 = _single(op.input(spec.weight)), _single(op.output(spec.out))
+    if w is None or t0 is None or not _constant(b, w, uses, params):
+        return False
+    wv = params[w]
+    rank = _rank(b, t0)
+    if wv.dtype.kind != "f" or rank is None or not -rank <= spec.axis < rank:
+        return False
+    axis = spec.axis % rank
+    chain, cur, last = [], t0, i  # chain: [(index, op, (a, b))]
+    while True:
+        rd = uses.readers.get(cur, [])
+        if cur in uses.pinned or not uses.local(cur, b.idx) or len(rd) != 1 or \
+                len(uses.writers[cur]) != 1 or rd[0][1] <= last:
+            break
+        j = rd[0][1]
+        nxt = b.ops[j]
+        aff = _inference(nxt)
+        if not isinstance(aff, ChannelAffine) or _single(nxt.input(aff.x)) != cur:
+            break
+        out = _single(nxt.output(aff.out))
+        if out is None or len(uses.writers[out]) != 1 or _rank(b, out) != rank or \
+                not -rank <= aff.axis < rank or aff.axis % rank != axis:
+            break
+        coef = _affine_step(b, j, nxt, aff, uses, params)
+        if coef is None:
+            break
+        chain.append((j, nxt, coef))
+        cur, last = out, j
+    if not any(a is not None for _, _, (a, _) in chain):
+        return False  # nothing scales: a bias add stays as it is
+    # y = ((x * a1 + b1) * a2 + b2)...: one scale and one bias per channel
+    sizes = {np.size(v) for _, _, coef in chain for v in coef if v is not None}
+    sizes.discard(1)
+    c = prog_c = b._find_var_recursive(t0).shape[axis]
+    if len(sizes) > 1 or (sizes and prog_c > 0 and sizes != {prog_c}):
+        return False
+    c = sizes.pop() if sizes else (prog_c if prog_c > 0 else None)
+    if c is None:
+        return False
+    scale, bias = np.ones(c), np.zeros(c)
+    for _, _, (a_k, b_k) in chain:
+        if a_k is not None:
+            a_k = np.broadcast_to(np.asarray(a_k, np.float64).reshape(-1), (c,))
+            scale, bias = scale * a_k, bias * a_k
+        if b_k is not None:
+            bias = bias + np.broadcast_to(np.asarray(b_k, np.float64).reshape(-1), (c,))
+    new_w = spec.scale_weight(np.asarray(wv, np.float64), scale)
+    if new_w is None or new_w.shape != wv.shape:
+        return False
+    # the rewrite: the op reads a new weight; one bias add writes the chain's result
+    final, gb = cur, prog.global_block()
+    w_name = _fresh_name(prog, params, f"{w}.folded")
+    params[w_name] = np.ascontiguousarray(new_w.astype(wv.dtype))
+    wvar = gb.create_var(name=w_name, shape=wv.shape, dtype=wv.dtype, persistable=True,
+                         stop_gradient=True)
+    wvar.is_parameter = b._find_var_recursive(w).is_parameter
+    b_name = _fresh_name(prog, params, f"{w}.folded_bias")
+    params[b_name] = bias.astype(wv.dtype)
+    gb.create_var(name=b_name, shape=(c,), dtype=wv.dtype, persistable=True, stop_gradient=True)
+    op._set_slot("input", spec.weight, [w_name])
+    gone = {n for _, o, _ in chain for n in o.input_arg_names + o.output_arg_names}
+    for j, _, _ in reversed(chain):
+        b._remove_op(j)
+    _insert_like(b, i + 1, chain[-1][1], _BIAS_ADD, {"X": [t0], "Y": [b_name]},
+                 {"Out": [final]}, {"axis": -1 if axis == rank - 1 else axis})
+    still = _mentioned_names(prog)
+    _drop_vars(prog, [n for n in gone if n not in still and n not in params])
+    return True
+
+
+# ---- fold_constants ---------------------------------------------------------------------------
+def _takes_ctx(opdef) -> bool:
+    return "ctx" in inspect.signature(opdef.reference).parameters
+
+
+def fold_constants(program: Program, params: dict):
+    """Run the global block's ops on constants once, here (see the module's documentation)."""
+    _check_args("fold_constants", program, params)
+    prog, params = program.clone(), dict(params)
+    gb, uses = prog.global_block(), _Uses(prog)
+    known: dict = {}   # name -> value computed here
+    folded: list = []  # (op index, op, is a pure creator)
+    for i, op in enumerate(gb.ops):
+        opdef = registry.lookup(op.type)
+        if opdef is None or any(opdef.has(t) for t in _NOT_CONSTANT) or _owns_blocks(op) or \
+                _takes_ctx(opdef):
+            continue
+        ins = [n for n in op.input_arg_names if n != EMPTY_VAR_NAME]
+        outs = [n for n in op.output_arg_names if n != EMPTY_VAR_NAME]
+        if not outs or any(n in ins or len(uses.writers[n]) != 1 for n in outs):
+            continue
+        if any((v := gb._find_var_recursive(n)) is None or v.type != VarType.LOD_TENSOR
+               for n in outs):
+            continue
+        if not all(n in known or _constant(gb, n, uses, params) for n in ins):
+            continue
+        values = _evaluate(op, opdef, lambda n: known[n] if n in known else params[n])
+        if values is None:
+            continue
+        known.update(values)
+        folded.append((i, op, not ins))
+    # what stays reads some of the folded values: those become parameters (or, made by an op
+    # without inputs, keep their op)
+    gone = {i for i, _, _ in folded}
+    needed = set(uses.pinned)
+    for b in prog.blocks:
+        for k, op in enumerate(b.ops):
+            if b.idx != 0 or k not in gone:
+                needed.update(op.input_arg_names)
+    keep = set()
+    for i, op, creator in folded:
+        if creator and any(n in needed for n in op.output_arg_names):
+            keep.add(i)
+    for i, op, _ in folded:
+        if i in keep:
+            continue
+        for n in op.output_arg_names:
+            if n in needed and n in known:
+                v = gb._find_var_recursive(n)
+                v.persistable, v.stop_gradient = True, True
+                v.shape, v.dtype = known[n].shape, known[n].dtype
+                params[n] = np.array(known[n])  # its own array, never a view of another
+    for i in sorted(gone - keep, reverse=True):
+        gb._remove_op(i)
+    still = _mentioned_names(prog)
+    _drop_vars(prog, [n for i, op, _ in folded if i not in keep
+                      for n in op.output_arg_names if n not in still])
+    _prune_params(prog, params)
+    return _finish("fold_constants", prog, params)
+
+
+def _evaluate(op, opdef, value_of) -> dict | None:
+    """``{output name: value}`` of ``op`` run with its NumPy reference, or ``None`` when the
+    reference refuses these values or gives something other than arrays."""
+    inputs = {}
+    for slot in opdef.inputs:
+        vals = [value_of(n) for n in op.input(slot.name) if n != EMPTY_VAR_NAME]
+        inputs[slot.name] = vals if slot.duplicable else (vals[0] if vals else None)
+    attrs = {k: v for k, v in op.all_attrs().items() if k in opdef.attrs}
+    try:
+        with np.errstate(all="ignore"):
+            result = opdef.call_reference(inputs, attrs)
+    except (PdjitError, ValueError, IndexError, KeyError, TypeError, ArithmeticError):
+        return None  # left for run time, where the error names the op
+    out = {}
+    for slot in opdef.outputs:
+        names = op.output(slot.name)
+        if not any(n != EMPTY_VAR_NAME for n in names):
+            continue
+        if slot.name not in result:
+            return None
+        vals = result[slot.name]
+        vals = list(vals) if slot.duplicable else [vals]
+        if len(vals) != len(names):
+            return None
+        for n, v in zip(names, vals):
+            if n == EMPTY_VAR_NAME:
+                continue
+            if not isinstance(v, np.ndarray):
+                return None
+            out[n] = v
+    return out
+
+
+# ---- unused parameters ------------------------------------------------------------------------
+def _prune_params(prog: Program, params: dict) -> None:
+    used = _mentioned_names(prog)
+    _drop_vars(prog, [n for n in list(params) if n not in used], params)
+
+
+def prune_unused_params(program: Program, params: dict):
+    """Drop the parameters no op of any block reads or writes, from ``params`` and from the
+    program's variables."""
+    _check_args("prune_unused_params", program, params)
+    prog, params = program.clone(), dict(params)
+    _prune_params(prog, params)
+    prog._bump()
+    return prog, params
+
+
+# ---- the pipeline -----------------------------------------------------------------------------
+INFERENCE_PASSES = [
+    ("test_mode", test_mode),
+    ("remove_noops", remove_noops),
+    ("fold_batch_norm", fold_batch_norm),
+    ("fold_constants", fold_constants),
+]
+
+
+def optimize(program: Program, params: dict, passes=None):
+    """Apply the inference passes (all, or those named in ``passes``) in pipeline order;
+    returns ``(program, params)``, new ones, the given ones unchanged."""
+    _check_args("optimize", program, params)
+    known = [n for n, _ in INFERENCE_PASSES]
+    if passes is not None:
+        if isinstance(passes, str):
+            passes = [p.strip() for p in passes.split(",") if p.strip()]
+        unknown = [p for p in passes if p not in known]
+        if unknown:
+            raise ValueError(f"optimize: unknown inference pass(es) {unknown}: expected names "
+                             f"from {known}")
+    wanted = set(known if passes is None else passes)
+    for name, fn in INFERENCE_PASSES:
+        if name in wanted:
+            program, params = fn(program, params)
+    if not wanted:
+        program, params = program.clone(), dict(params)
+    return program, params
