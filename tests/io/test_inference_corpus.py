@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import pdjit as fluid
+from pdjit.framework import registry
 from pdjit.io.inference import load_model
 
 MODELS = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "paddle" / "models"
@@ -225,3 +226,25 @@ def test_paddle_runs_the_corpus_as_pdjit_saved_it(tmp_path):
         for f, out in zip(MANIFEST[name]["fetch"], outs):
             np.testing.assert_allclose(out, io[f"batch2/fetch/{f['name']}"], rtol=RTOL,
                                        atol=ATOL, err_msg=f"{name}: {f['name']}")
+
+
+@pytest.mark.parametrize("name", _models(sorted(MANIFEST)))
+def test_corpus_through_the_predictor(name):
+    """The Predictor (inference passes on: batch norm folded, dropout gone) gives Paddle's
+    outputs, and every step it runs is native code."""
+    import pdjit.inference as inference
+
+    predictor = inference.create_predictor(inference.Config(str(MODELS / name)))
+    types = Counter(op.type for b in predictor.program().blocks for op in b.ops)
+    assert not types["batch_norm"] and not types["dropout"]
+    io = _io(name)
+    for case in MANIFEST[name]["cases"]:
+        outs = predictor.run([io[f"{case}/feed/{n}"] for n in predictor.get_input_names()])
+        for n, got in zip(predictor.get_output_names(), outs):
+            np.testing.assert_allclose(got, io[f"{case}/fetch/{n}"], rtol=RTOL, atol=ATOL,
+                                       err_msg=f"{name}: {n}, case {case}")
+    steps = [s for _, plan in predictor._exe._plans.values() for s in plan.walk()]
+    # control-flow ops run their sub-blocks' plans (native) from the host
+    control = registry.CONTROL_FLOW
+    assert steps and all(s.kind.startswith("native") or registry.get(s.op.type).has(control)
+                         for s in steps), [s.describe() for s in steps]
