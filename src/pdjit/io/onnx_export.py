@@ -163,8 +163,9 @@ class _Exporter:
         if v is not None and v.persistable:
             raise ValueError(f"{self.where()} reads the persistable variable {var!r}, which "
                              f"params does not hold")
-        raise NotImplementedError(f"{self.where()} reads {var!r}, which no earlier converted op "
-                                  f"produces (an output the export does not write?)")
+        raise NotImplementedError(f"{self.where()} reads {var!r}, which is not fed, not in "
+                                  f"params, and not written by an earlier converted op (or is "
+                                  f"an output the conversion does not write)")
 
     def inp(self, op, slot: str) -> str:
         names = op.input(slot)
@@ -531,10 +532,11 @@ def _cast(ex, op):
 
 
 # -- convolution and pooling ----------------------------------------------------------------------
-def _geometry(ex, op, algo_default="EXPLICIT") -> Geometry:
+def _geometry(op) -> Geometry:
+    """The window attributes of a convolution or pooling op, as pdjit's ops read them."""
     return Geometry(strides=list(_attr(op, "strides", [1, 1])),
                     paddings=list(_attr(op, "paddings", [0, 0])),
-                    padding_algorithm=_attr(op, "padding_algorithm", algo_default) or "EXPLICIT",
+                    padding_algorithm=_attr(op, "padding_algorithm", "EXPLICIT") or "EXPLICIT",
                     dilations=list(_attr(op, "dilations", [1, 1])),
                     data_format=_layout(op, "data_format"), what=op.type)
 
@@ -562,7 +564,7 @@ def _window_attrs(g: Geometry, hw, k) -> dict:
 
 def _conv(ex, op):
     xv, wv = ex.in_var(op, "Input"), ex.in_var(op, "Filter")
-    g = _geometry(ex, op)
+    g = _geometry(op)
     xs, ks = ex.shape(xv), ex.shape(wv)
     if len(xs) != 4 or len(ks) != 4:
         raise ex.unsupported(f"a convolution of rank {len(xs)} (Input {list(xs)})")
@@ -574,7 +576,7 @@ def _conv(ex, op):
 
 def _conv_transpose(ex, op):
     xv, wv = ex.in_var(op, "Input"), ex.in_var(op, "Filter")
-    g = _geometry(ex, op)
+    g = _geometry(op)
     xs, ks = ex.shape(xv), ex.shape(wv)
     if len(xs) != 4 or len(ks) != 4:
         raise ex.unsupported(f"a transposed convolution of rank {len(xs)} (Input {list(xs)})")
@@ -607,10 +609,7 @@ def _pool2d(ex, op):
     if len(xs) != 4:
         raise ex.unsupported(f"pool2d of rank {len(xs)}")
     is_max = _attr(op, "pooling_type", "max") == "max"
-    g = Geometry(strides=list(_attr(op, "strides", [1, 1])),
-                 paddings=list(_attr(op, "paddings", [0, 0])),
-                 padding_algorithm=_attr(op, "padding_algorithm", "EXPLICIT") or "EXPLICIT",
-                 data_format=_layout(op, "data_format"), what="pool2d")
+    g = _geometry(op)
     hw, ksize = g.spatial(xs), [int(v) for v in op.attr("ksize")]
     x, out = ex.inp(op, "X"), ex.out_var(op)
     global_ = bool(_attr(op, "global_pooling", False))
