@@ -1,0 +1,100 @@
+"""Finding what a command was pointed at: a saved inference model, or a bare program file."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pdjit.framework import dtypes
+from pdjit.framework.errors import ModelFileError, ProgramError
+from pdjit.framework.program import Program
+from pdjit.io import inference as inf
+from pdjit.io.tensor_stream import persistable_names
+from pdjit.proto import framework_pb2 as pb
+from pdjit.tools import CliError
+
+
+@dataclass
+class Loaded:
+    """A program and, when they could be read, its parameters."""
+    program: Program
+    model_file: str
+    params: dict | None = field(default=None, repr=False)  # None: not loaded
+    params_file: str | None = None
+    params_dir: str | None = None
+    params_note: str | None = None   # why the parameters were not loaded
+    feed_names: list = field(default_factory=list)
+    fetch_names: list = field(default_factory=list)
+
+
+def load_program(path: str) -> Loaded:
+    """The program at ``path`` (anything ``load_model`` takes, or any serialized ProgramDesc
+    file, e.g. a training program) and its parameters when they are there and readable.
+
+    A program that cannot be found or parsed is a :class:`ModelFileError`; parameters that cannot
+    be read leave ``params`` at None with the reason in ``params_note``."""
+    model_file, pdir, pname = inf.resolve(path)
+    try:
+        with open(model_file, "rb") as f:
+            data = f.read()
+    except FileNotFoundError:
+        raise ModelFileError(f"no such file: {model_file}") from None
+    except OSError as e:
+        raise ModelFileError(f"cannot read {model_file}: {e.strerror}") from None
+    try:
+        program = Program.parse_from_string(data)
+    except ProgramError as e:
+        raise ModelFileError(f"{model_file}: {e}") from None
+    out = Loaded(program, model_file)
+    try:
+        out.feed_names = inf.feed_target_names(program)
+        out.fetch_names = inf.fetch_target_names(program)
+    except ProgramError as e:
+        out.params_note = f"{model_file}: {e}"
+        return out
+    has_persistables = bool(persistables(program))
+    if not has_persistables:
+        out.params = {}
+        return out
+    if pname is None and not out.feed_names and not out.fetch_names:
+        # a program of its own (a training program): no parameter files to look for
+        return out
+    try:
+        out.params = inf.read_params(program, pdir, pname)
+        out.params_file = os.path.join(pdir, pname) if pname else None
+        out.params_dir = pdir
+    except ModelFileError as e:
+        out.params_note = str(e)
+    return out
+
+
+def persistables(program: Program) -> list:
+    """The persistable variables a parameter file holds (feed/fetch holders excluded), in
+    file order (sorted names)."""
+    by_name = {}
+    for v in program.list_vars():
+        by_name.setdefault(v.name, v)
+    return [by_name[n] for n in persistable_names(program)]
+
+
+def shape_str(shape) -> str:
+    return "[" + ", ".join(str(int(d)) for d in shape) + "]"
+
+
+def dtype_name(dtype) -> str:
+    return "-" if dtype is None else dtypes.dtype_str(np.dtype(dtype))
+
+
+def describe_var(program: Program, name: str) -> str:
+    gb = program.global_block()
+    if not gb.has_var(name):
+        return f"{name} (not declared)"
+    v = gb.var(name)
+    lod = f" lod_level {v.lod_level}" if v.type == pb.VarType.LOD_TENSOR and v.lod_level else ""
+    return f"{name} {shape_str(v.shape)} {dtype_name(v.dtype)}{lod}"
+
+
+def require(cond: bool, message: str) -> None:
+    if not cond:
+        raise CliError(message)
