@@ -28,21 +28,6 @@ def test_inspect_program_round_trips():
     assert 'type: LOD_TENSOR' in out
 
 
-def test_cli_inspect_and_ops(tmp_path):
-    model = ROOT / "tests" / "fixtures" / "paddle" / "mlp_infer.pdmodel"
-    cli = [sys.executable, "-m", "pdjit.cli"]
-    out = subprocess.run(cli + ["inspect", str(model)], capture_output=True, text=True)
-    assert out.returncode == 0 and "softmax(inputs={X=" in out.stdout
-    out = subprocess.run(cli + ["ops", "mul"], capture_output=True, text=True)
-    assert out.returncode == 0 and "attr x_num_col_dims: INT = 1" in out.stdout
-    out = subprocess.run(cli + ["ops", "nope"], capture_output=True, text=True)
-    assert out.returncode == 2 and "'nope' is not registered" in out.stderr
-    bad = tmp_path / "bad.pdmodel"
-    bad.write_bytes(b"\xff\xfe garbage")
-    out = subprocess.run(cli + ["inspect", str(bad)], capture_output=True, text=True)
-    assert out.returncode == 2 and "cannot parse a ProgramDesc" in out.stderr
-
-
 def test_digits_mlp_learns_on_a_few_epochs():
     out = _run("digits_mlp.py", "--epochs", "3")
     acc = float(out.split("test accuracy:")[1].split()[0])
