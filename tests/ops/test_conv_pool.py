@@ -427,3 +427,26 @@ def test_float16_runs_the_references():
         warnings.simplefilter("ignore", ReferenceStepWarning)
         got = run_op("conv2d", {"Input": x, "Filter": w}, {}, mode="compiled")
     np.testing.assert_allclose(got["Output"].astype(np.float64), want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_direct_depthwise_kernel_against_naive(seed):
+    """The direct (depthwise) library kernel on random geometry: strides 1-3 per axis,
+    dilations, asymmetric paddings wider than the filter, 1..5-tap filters, channel
+    multipliers 1-4, rectangular planes (it splits each padded plane by stride phase)."""
+    from pdjit.codegen.nnlib import conv
+
+    r = np.random.default_rng(seed)
+    groups, mult = int(r.integers(1, 5)), int(r.integers(1, 5))
+    kh, kw = int(r.integers(1, 6)), int(r.integers(1, 6))
+    sh, sw, dh, dw = (int(v) for v in r.integers(1, 4, 4))
+    pt, pl = int(r.integers(0, 6)), int(r.integers(0, 6))
+    h = int(r.integers(max(1, dh * (kh - 1) + 1 - 2 * pt), 14))
+    wd = int(r.integers(max(1, dw * (kw - 1) + 1 - 2 * pl), 14))
+    x = r.normal(size=(2, groups, h, wd))
+    w = r.normal(size=(groups * mult, 1, kh, kw))
+    want = naive_conv(x, w, (sh, sw), (pt, pl), (dh, dw), groups)
+    assert conv.use_direct(1, mult)
+    y = np.full(want.shape, np.nan)
+    conv.conv2d_fwd(x, w, y, sh, sw, pt, pl, dh, dw, groups)
+    np.testing.assert_allclose(y, want, rtol=1e-12, atol=1e-12)
