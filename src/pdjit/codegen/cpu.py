@@ -20,7 +20,7 @@ import math
 
 import numpy as np
 
-from pdjit.codegen import nnlib, rt
+from pdjit.codegen import memplan, nnlib, rt
 from pdjit.codegen.compiler import compile_function, module_text
 from pdjit.codegen.kernel import FULL, MID, ROW, SCALAR, LoopKernel
 
@@ -68,10 +68,18 @@ def argtypes(k: LoopKernel, leaf_dtypes: list) -> list:
     return types + [float] * k.nparams + [int] * len(_sizes(k))
 
 
-def render(k: LoopKernel, parallel: bool = False) -> str:
-    """The source of ``def kernel(...)`` for ``k`` (``parallel``: prange over the outer loop)."""
+def render(k: LoopKernel, parallel: bool = False, inplace: dict | None = None) -> str:
+    """The source of ``def kernel(...)`` for ``k`` (``parallel``: prange over the outer loop).
+    ``inplace`` ``{store j: leaf i}`` (forms ``INPLACE_FORMS`` only): the variant that writes
+    stored value ``j`` into leaf ``i`` (whose buffer the memory plan gave the output), with the
+    same parameters (``O{j}`` unused). Writing through ``O{j}`` when it is ``L{i}`` would be
+    right too, but LLVM's run-time overlap check then takes the loop's scalar path (measured:
+    bias + relu over [128, 256] 2.7 us with distinct arrays, 9.5 us aliased, 2.2 us with the
+    variant)."""
+    if inplace and k.form not in INPLACE_FORMS:
+        raise ValueError(f"no in-place variant of the {k.form} form")
     lines = [f"def kernel({', '.join(_params(k))}):"]
-    body = _FORMS[k.form](k, parallel)
+    body = _FORMS[k.form](k, parallel, inplace) if inplace else _FORMS[k.form](k, parallel)
     return "\n".join(lines + ["    " + line for line in body])
 
 
@@ -79,10 +87,12 @@ def _hoisted(k: LoopKernel) -> list:
     return [f"x{i} = L{i}[0]" for i, leaf in enumerate(k.leaves) if leaf.place == SCALAR]
 
 
-def _element(k: LoopKernel, full_idx: str, row_idx: str = "") -> list:
+def _element(k: LoopKernel, full_idx: str, row_idx: str = "", inplace=None) -> list:
     loads = [f"x{i} = L{i}[{full_idx if leaf.place == FULL else row_idx}]"
              for i, leaf in enumerate(k.leaves) if leaf.place in (FULL, ROW)]
-    stores = [f"O{j}[{full_idx}] = {expr}" for j, (expr, _, _) in enumerate(k.stores)]
+    inplace = inplace or {}
+    stores = [f"{f'L{inplace[j]}' if j in inplace else f'O{j}'}[{full_idx}] = {expr}"
+              for j, (expr, _, _) in enumerate(k.stores)]
     return loads + k.body + stores
 
 
@@ -90,26 +100,26 @@ def _indent(lines, n=1) -> list:
     return ["    " * n + line for line in lines]
 
 
-def _flat(k, parallel):
+def _flat(k, parallel, inplace=None):
     rng = "numba.prange" if parallel else "range"
-    return _hoisted(k) + [f"for i in {rng}(n):"] + _indent(_element(k, "i"))
+    return _hoisted(k) + [f"for i in {rng}(n):"] + _indent(_element(k, "i", "", inplace))
 
 
-def _row(k, parallel):
+def _row(k, parallel, inplace=None):
     rng = "numba.prange" if parallel else "range"
     # unsigned offsets: Numba then skips its negative-index wraparound and the inner loop
     # vectorises
     return _hoisted(k) + [f"for r in {rng}(nr):", "    b = np.uint64(r * nc)",
                           "    for c in range(np.uint64(nc)):"] + \
-        _indent(_element(k, "b + c", "c"), 2)
+        _indent(_element(k, "b + c", "c", inplace), 2)
 
 
-def _mid(k, parallel):
+def _mid(k, parallel, inplace=None):
     rng = "numba.prange" if parallel else "range"
     mids = [f"x{i} = L{i}[m]" for i, leaf in enumerate(k.leaves) if leaf.place == MID]
     return _hoisted(k) + [f"for q in {rng}(no * nm):", "    m = q % nm"] + _indent(mids) + \
         ["    b = np.uint64(q * ni)", "    for i in range(np.uint64(ni)):"] + \
-        _indent(_element(k, "b + i"), 2)
+        _indent(_element(k, "b + i", "", inplace), 2)
 
 
 def _reduce_all(k, parallel):
@@ -213,6 +223,14 @@ def _strided(k: LoopKernel, parallel: bool = False) -> list:
 _FORMS = {"flat": _flat, "row": _row, "mid": _mid, "strided": _strided, "reduce_all": _reduce_all,
           "reduce_rows": _reduce_rows, "reduce_block": _reduce_block,
           "reduce_strided": _strided}
+
+
+# Loop forms whose kernels read every full-shape leaf at the very element they then write
+# (loads before stores, one element per iteration, outputs indexed like the full leaves): an
+# output may take the buffer of such a leaf that nothing reads after the kernel (memory plan;
+# the kernel's variant ``render(k, inplace=...)`` then writes the leaf). Not the strided forms
+# (a leaf's strides may broadcast) nor the reductions.
+INPLACE_FORMS = ("flat", "row", "mid")
 
 
 # ---- call sites --------------------------------------------------------------------------------
@@ -396,11 +414,18 @@ _HOST_RT = _HostRT()
 
 class HostDriver:
     """A segment's driver as a plain Python function that calls its compiled kernels: building
-    it compiles nothing but the kernels Numba has not seen (at their first call)."""
+    it compiles nothing but the kernels Numba has not seen (at their first call).
 
-    def __init__(self, gen, fn_name: str = "segment"):
+    ``memory_optim``: the driver reuses the buffers of dead intermediates and releases each
+    intermediate after its last use (``pdjit.codegen.memplan``; ``memory_plan`` says how)."""
+
+    def __init__(self, gen, fn_name: str = "segment", memory_optim: bool = False):
         self.fn_name = fn_name
         self.source = gen.source(fn_name)
+        self.memory_plan = None
+        if memory_optim:
+            gen.plan_memory()
+            self.source, self.memory_plan = gen.source(fn_name), gen.memory_plan
         self.calls, self.lazy = list(gen.calls), list(gen.lazy)
         self.kernels = [c for _, c in self.calls]
         self.name = f"{fn_name}_" + hashlib.sha256(self.source.encode()).hexdigest()[:12]
@@ -417,7 +442,7 @@ class HostDriver:
         self._build()
 
     def _build(self) -> None:
-        ns = {"np": np, "math": math, "_rt": _HOST_RT, "_nn": nnlib}
+        ns = {"np": np, "math": math, "_rt": _HOST_RT, "_nn": nnlib, "_mp": memplan}
         ns.update({g: c.fn for g, c in self.calls})
         ns.update({g: _LazyKernel(src) for g, src in self.lazy})
         exec(compile(self.source, self.filename, "exec"), ns)  # noqa: S102

@@ -27,8 +27,8 @@ import string
 
 import numpy as np
 
-from pdjit.codegen import nnlib
-from pdjit.codegen.compiler import LibraryKernel, compile_function
+from pdjit.codegen import memplan, nnlib
+from pdjit.codegen.compiler import Compiled, LibraryKernel, compile_function
 from pdjit.codegen.cpu import PARALLEL_MIN_SIZE
 from pdjit.codegen.kernel import (
     FLAT_FORMS,
@@ -260,6 +260,12 @@ class SegmentGen:
         self.jobs: list = []          # (Compiled, predicted argument types): see precompile
         self.meta: dict = {}          # local -> (dtype, ndim) it will hold
         self.flats: dict = {}         # local -> a local holding its 1-D view
+        self.labels: dict = {}        # local -> the env name whose value it holds
+        self.inplace: dict = {}       # output local -> (leaves it may overwrite, other leaves,
+        #                               leaf -> renames of the call's kernels: see _note_inplace)
+        self._epilogues: dict = {}    # global of a blocked kernel -> the Compiled it calls
+        self.memory_plan = None       # after plan_memory(): what the memory plan decided
+        self._planned = None          # ... and the rewritten driver
         self._globals: dict = {}      # module name -> global name
 
     # -- names ---------------------------------------------------------------------------------
@@ -292,6 +298,7 @@ class SegmentGen:
         local = self.fresh("s")
         self.current[name] = local
         self.defined.add(name)
+        self.labels[local] = name
         v = self.block._find_var_recursive(name)
         if v is not None and v.dtype is not None:
             self.meta[local] = (v.dtype, len(v.shape))
@@ -346,6 +353,9 @@ class SegmentGen:
         self.outputs = [n for n in self.current if n in self.needed_after and n in self.defined]
 
     def source(self, fn_name: str) -> str:
+        if self._planned is not None:
+            head, rest = self._planned.split("\n", 1)
+            return f"def {fn_name}({head.split('(', 1)[1]}\n{rest}"
         params = [f"a{i}" for i in range(len(self.args))] + \
             [f"lod{k}" for k in range(len(self.lod_requests))]
         head = f"def {fn_name}({', '.join(params)}):"
@@ -518,8 +528,8 @@ class SegmentGen:
         self.emit(f"# form {kernel.form}")
         leaf_dtypes = [self.meta.get(loc, (None,))[0] for loc in locals_]
         unknown = any(d is None for d in leaf_dtypes)  # (np.dtype == None holds for float64)
-        kname = self._kernel(self.target.render(kernel), argtypes=None if unknown
-                             else self.target.argtypes(kernel, leaf_dtypes))
+        argtypes = None if unknown else self.target.argtypes(kernel, leaf_dtypes)
+        kname = self._kernel(self.target.render(kernel), argtypes=argtypes)
         pname = None
         if kernel.form in FLAT_FORMS:
             if self.native and self.parallel:
@@ -536,13 +546,116 @@ class SegmentGen:
                 kernel.leaves[locals_.index(y)].place == FULL and \
                 (kernel.form != "mid" or kernel.mid[0] >= 1)
             if ok:
-                self._epilogue(kernel, kname, locals_, store_locals, params, blocks)
+                g = self._epilogue(kernel, kname, locals_, store_locals, params, blocks)
+                # the op's operands are read block by block during the call: only its output
+                # may be overwritten in place
+                self._note_inplace(kernel, locals_, store_locals, stored_chain,
+                                   {"call": g, "blocked": blocks, "argtypes": argtypes,
+                                    "map": {}}, only=y)
                 return
             _, fn, before, after, _ = blocks  # the whole batch, then this group as usual
             self.emit(f"{fn}({', '.join(before + ['0', f'{y}.shape[0]'] + after)})")
         for line in self.target.call_site(kernel, self.fresh, self.flats, locals_, store_locals,
                                           red_local, params, kname, pname):
             self.emit(line)
+        if spec is None:
+            self._note_inplace(kernel, locals_, store_locals, stored_chain,
+                               {"call": kname, "parallel": pname, "argtypes": argtypes,
+                                "map": {}})
+
+    def _note_inplace(self, kernel, locals_, store_locals, stored, call: dict,
+                      only=None) -> None:
+        """For the memory plan (``memplan.plan_driver``'s ``inplace``): which leaves each
+        stored output of this loop kernel could overwrite (a full-shape leaf of the output's
+        dtype: the target's ``INPLACE_FORMS`` read it at the very element they then write), the
+        kernel's other leaves, and how to switch the call to the kernel's variant that writes
+        that leaf (``call``: the globals the driver calls, the argument types)."""
+        if self.native or kernel.form not in getattr(self.target, "INPLACE_FORMS", ()):
+            return
+        full = [(i, loc) for i, (loc, leaf) in enumerate(zip(locals_, kernel.leaves))
+                if leaf.place == FULL]
+        others = [loc for loc, leaf in zip(locals_, kernel.leaves) if leaf.place != FULL]
+        for j, (name, loc) in enumerate(zip(stored, store_locals)):
+            out = self.flats.get(loc)
+            if out is None:
+                continue
+            dt = np.dtype(self.block._find_var_recursive(name).dtype)
+            ok = {x: i for i, x in full if (only is None or x == only) and
+                  self.meta.get(x, (None,))[0] is not None and np.dtype(self.meta[x][0]) == dt}
+            self.inplace[out] = (list(ok), [x for _, x in full if x not in ok] + others,
+                                 lambda leaf, j=j, ok=ok: self._inplace_variant(
+                                     kernel, call, j, ok[leaf]))
+
+    def _inplace_variant(self, kernel, call: dict, j: int, i: int) -> dict:
+        """Register the variant of ``kernel`` that writes its stored value ``j`` into leaf
+        ``i`` (besides those of earlier calls for the same group); the renames of the globals
+        the group's call statement names, old -> new."""
+        call["map"][j] = i
+        mapping = dict(call["map"])
+        renames = {}
+        variant = self._kernel(self.target.render(kernel, inplace=mapping),
+                               argtypes=call["argtypes"])
+        if call.get("blocked"):
+            _, fn, before, after, _ = call["blocked"]
+            epi = next(c for g, c in self.calls if g == variant)
+            variant = self._register(compile_function(
+                self.target.blocked_kernel(kernel, fn, len(before), len(after)), "kernel",
+                target=self.target.NAME, calls=[("E", epi)]))
+            self._epilogues[variant] = epi
+        renames[call["call"]] = variant
+        call["call"] = variant
+        if call.get("parallel"):
+            p = f"P{len(self.lazy)}"
+            self.lazy.append((p, self.target.render(kernel, parallel=True, inplace=mapping)))
+            renames[call["parallel"]] = p
+            call["parallel"] = p
+        return renames
+
+    def _register(self, compiled) -> str:
+        """The global name under which the driver calls ``compiled`` (registered once)."""
+        g = self._globals.get(compiled.name)
+        if g is None:
+            g = self._globals[compiled.name] = f"K{len(self.calls)}"
+            self.calls.append((g, compiled))
+        return g
+
+    # -- the memory plan -----------------------------------------------------------------------
+    def estimates(self) -> dict:
+        """Per labelled local: (elements per sample of its variable, unknown dims as 1;
+        whether a dim is unknown until run time)."""
+        out = {}
+        for local, name in self.labels.items():
+            v = self.block._find_var_recursive(name)
+            if v is not None and v.shape is not None:
+                out[local] = (int(np.prod([max(d, 1) for d in v.shape], dtype=np.int64)),
+                              any(d < 0 for d in v.shape))
+        return out
+
+    def plan_memory(self) -> None:
+        """Rewrite the driver (a host driver: not a native loop body) to reuse and release
+        its intermediates' buffers by liveness (``pdjit.codegen.memplan``), before its
+        kernels are compiled: kernels the rewritten driver no longer calls are not compiled.
+        ``memory_plan`` says what was decided; ``source()`` gives the rewritten driver."""
+        if self.native:
+            raise ValueError("a native loop body keeps its driver as generated")
+        if self.memory_plan is not None:
+            return
+        planned, self.memory_plan = memplan.plan_driver(
+            self.source("segment"), self.labels, self.estimates(), self.inplace)
+        self._planned = planned
+        self.calls = self.used_calls()
+        keep = {id(c) for _, c in self.calls}
+        self.jobs = [(c, t) for c, t in self.jobs
+                     if not isinstance(c, Compiled) or id(c) in keep]
+        used = set(re.findall(r"\bP\d+\b", planned))
+        self.lazy = [(g, src) for g, src in self.lazy if g in used]
+
+    def used_calls(self) -> list:
+        """The ``calls`` the driver's source names, and the kernels its blocked kernels call."""
+        src = self.source("segment")
+        used = {g for g, _ in self.calls if re.search(rf"\b{g}\b", src)}
+        epis = {id(self._epilogues[g]) for g in used if g in self._epilogues}
+        return [(g, c) for g, c in self.calls if g in used or id(c) in epis]
 
     def _epilogue(self, kernel, kname, locals_, store_locals, params, blocks) -> None:
         """One compiled call: the opaque op's blocks of samples, each followed by this loop
@@ -555,16 +668,15 @@ class SegmentGen:
             self.emit(line)
         epi = next(c for g, c in self.calls if g == kname)
         src = self.target.blocked_kernel(kernel, fn, len(before), len(after))
-        compiled = compile_function(src, "kernel", target=self.target.NAME, calls=[("E", epi)])
-        g = self._globals.get(compiled.name)
-        if g is None:
-            g = self._globals[compiled.name] = f"K{len(self.calls)}"
-            self.calls.append((g, compiled))
+        g = self._register(compile_function(src, "kernel", target=self.target.NAME,
+                                            calls=[("E", epi)]))
+        self._epilogues[g] = epi
         rest = [f"{y}.shape[0]"] + before + after + args
         if self.native:
             self.emit(f"{g}(0, {y}.shape[0], {', '.join(rest)})")
         else:
             self.emit(f"_nn.split_work({g}, {y}.shape[0], {work}, {', '.join(rest)}, head=0)")
+        return g
 
     def _offset(self, op, opdef, slot: str, rank: int) -> int:
         """Where ``slot``'s dims start within the op's output dims."""

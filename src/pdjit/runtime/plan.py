@@ -262,6 +262,18 @@ class Plan:
             for idx, sub in getattr(s, "sub_plans", ()):
                 lines.append(f"{indent}    -- sub-block {idx} --")
                 lines += sub._outline(indent + "    ")
+        lines += self._memory_lines(indent)
+        return lines
+
+    def _memory_lines(self, indent: str) -> list:
+        """The memory plan of each native step's driver (when built with one): which
+        intermediates share which slot buffer, and which are freed after which group."""
+        lines = []
+        for s in self.steps:
+            mp = getattr(s.compiled, "memory_plan", None) if s.kind == "native" else None
+            if mp is not None:
+                lines.append(f"{indent}== memory plan: {s.compiled.name} ==")
+                lines.append(mp.describe(indent + "  "))
         return lines
 
     def _plans(self):
@@ -271,12 +283,15 @@ class Plan:
                 yield from sub._plans()
 
 
-def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None) -> Plan:
+def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None,
+               memory_optim: bool = False) -> Plan:
     """Lower one block of ``program`` into a plan: the global block (feed/fetch ops excluded)
     unless ``block`` is given. ``sub_plan(block) -> Plan`` gives the plans of control-flow ops'
     sub-blocks (None: not shown). Live after the block: ``fetch_names``, persistables, names any
     other block reads and, for a sub-block, every name it writes that is declared outside it.
-    ``place`` chooses the code generation target (``None``: the CPU)."""
+    ``place`` chooses the code generation target (``None``: the CPU). ``memory_optim``: each
+    native step's driver reuses and releases its intermediates' buffers by liveness
+    (``pdjit.codegen.memplan``; native loops are left as they are)."""
     t0 = time.perf_counter()
     target = target_name(place)
     threads.ensure_applied()
@@ -300,6 +315,10 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None) -
         except Declined as d:
             declined.add(id(d.op))
     dump_after("fusion", part.describe)
+    if memory_optim:  # before compiling: the plan switches some calls to in-place variants
+        for gen in gens:
+            if gen is not None:
+                gen.plan_memory()
     precompile([job for gen in gens if gen is not None for job in gen.jobs])
     steps, sources = [], []
     for seg, gen in zip(part.segments, gens):
@@ -321,7 +340,7 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None) -
             steps.append(ReferenceStep(op, op_idx, why, subs))
             _warn_reference_step(op, node.why_not)
             continue
-        compiled = gen.target.HostDriver(gen)
+        compiled = gen.target.HostDriver(gen, memory_optim=memory_optim)
         groups = [[(op, index[id(op)]) for op in g.ops] for g in seg.groups]
         desc = "; ".join(g.describe() for g in seg.groups)
         steps.append(NativeStep(compiled, gen.args, gen.expected, gen.outputs,
@@ -329,6 +348,8 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None) -
         sources.append((compiled.name, compiled.text))
     plan = Plan(steps, part.describe(), sources, time.perf_counter() - t0,
                 _fresh_names(part, gens, block), block.idx)
+    if memory_optim:
+        dump_after("memory_plan", lambda: "\n".join(plan._memory_lines("")))
     if os.environ.get("PDJIT_DUMP"):
         print(plan.report(), file=sys.stderr)
     return plan
