@@ -25,6 +25,9 @@ os.environ.setdefault("PDJIT_CACHE_DIR", os.path.join(tempfile.gettempdir(),
 # Native code that falls back to the references fails the test (a lowering bug would otherwise
 # hide behind the right answer); tests of fallbacks ask for Executor(strict=False).
 os.environ.setdefault("PDJIT_STRICT", "1")
+# The Predictor's native drivers (one compiled function per plan step, seconds of compile time
+# per model) only where a test asks for them: the suite's other tests run the host drivers.
+os.environ.setdefault("PDJIT_NATIVE_DRIVERS", "0")
 # Under pytest-xdist every core already runs a test process: no compile workers beside them.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("PDJIT_COMPILE_WORKERS", "0")

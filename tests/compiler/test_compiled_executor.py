@@ -259,3 +259,35 @@ def test_no_feed_or_fetch_op_is_added_to_the_program(fresh_programs):
         if mode == "compiled":
             ((prog, _),) = exe._plans.values()
             assert prog is main                          # the user's program itself ran
+
+
+def test_native_drivers_are_measured_and_chosen_per_batch_size(fresh_programs):
+    """``Executor(native_drivers=True)``: each native step also has its driver as one compiled
+    function; the first runs of a batch size time both and keep the faster; every run gives
+    the NumPy answer."""
+    main, startup = fresh_programs
+    x = fluid.layers.data("x", [6])
+    h = fluid.layers.fc(x, 5, act="relu", param_attr=fluid.ParamAttr(name="w0"),
+                        bias_attr=fluid.ParamAttr(name="b0"))
+    y = fluid.layers.softmax(fluid.layers.scale(h, 2.0, bias=0.5))
+    scope = fluid.Scope()
+    exe = fluid.Executor(native_drivers=True, strict=True)
+    exe.run(startup, scope=scope)
+    w0, b0 = (np.asarray(scope.find_var(n).value) for n in ("w0", "b0"))
+    rng = np.random.default_rng(3)
+    for batch in (1, 7):
+        for _ in range(10):
+            xv = rng.standard_normal((batch, 6)).astype("float32")
+            (out,) = exe.run(main, feed={"x": xv}, fetch_list=[y], scope=scope)
+            z = 2.0 * np.maximum(xv @ w0 + b0, 0) + 0.5
+            e = np.exp(z - z.max(1, keepdims=True))
+            np.testing.assert_allclose(out, e / e.sum(1, keepdims=True), rtol=1e-5, atol=1e-6)
+    steps = [s for (pid, _), (_, plan) in exe._plans.items() if pid == id(main)
+             for s in plan.steps if s.kind == "native"]
+    assert steps
+    for step in steps:
+        assert step.native is not None
+        assert sorted(step.picked) == [1, 7]
+        assert all(fn in (step.native.fn, step.compiled.fn) for fn in step.picked.values())
+        assert "driver by batch size" in step.describe()
+        assert step.native.fn.signatures  # the native driver was compiled and ran

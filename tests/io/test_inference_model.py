@@ -379,3 +379,18 @@ def test_a_loop_updating_the_fed_value_is_kept(fresh_programs, tmp_path):
     assert "while" in [op.type for op in program.global_block().ops]
     (out,) = exe.run(program, feed={"x": xv}, fetch_list=fetches)
     np.testing.assert_allclose(out, xv * 8 + 1, rtol=1e-6)
+
+
+def test_predictor_native_drivers(trained, tmp_path):
+    """With native drivers (the Predictor's default; the suite turns the default off), every
+    step has its driver compiled as one function and keeps the faster driver per batch size;
+    the answers stay the NumPy forward pass."""
+    pred, scope = _predictor(trained, tmp_path, switch_native_drivers=True)
+    assert pred._exe.native_drivers
+    for _ in range(10):
+        xv, ev = _inputs(2)
+        (out,) = pred.run([xv, ev])
+        np.testing.assert_allclose(out, _forward(scope, xv, ev)[0], rtol=1e-5, atol=1e-6)
+    steps = [s for _, plan in pred._exe._plans.values() for s in plan.steps]
+    assert steps and all(s.kind == "native" and s.native is not None for s in steps)
+    assert all(list(s.picked) == [2] and s.native.fn.signatures for s in steps)

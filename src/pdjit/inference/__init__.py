@@ -12,9 +12,11 @@ Creating a predictor reads and checks the whole model (``pdjit.io.inference.load
 applies the inference passes (``pdjit.passes.inference``; ``switch_ir_optim(False)`` turns them
 off, ``delete_pass(name)`` drops one) and keeps the parameters in a Scope of its own. The first
 run of each input signature compiles (kernels come from the disk cache when they were compiled
-before). Inputs are checked against the model's variables when they are given (name, dtype,
-rank and the known dims), so a wrong input is an error naming the variable before anything
-runs. ``clone()`` gives a predictor sharing the model and parameters, for another thread.
+before). Each compiled step also gets its driver as one native function, and the first runs of
+each batch size keep the faster of the two (``switch_native_drivers``). Inputs are checked
+against the model's variables when they are given (name, dtype, rank and the known dims), so a
+wrong input is an error naming the variable before anything runs. ``clone()`` gives a
+predictor sharing the model and parameters, for another thread.
 """
 from __future__ import annotations
 
@@ -26,8 +28,8 @@ import numpy as np
 from pdjit.framework.errors import FeedError
 from pdjit.io.inference import InferenceModel, load_model
 from pdjit.runtime import threads
-from pdjit.runtime.executor import Executor
-from pdjit.runtime.feed_fetch import check_feed
+from pdjit.runtime.executor import Executor, env_flag
+from pdjit.runtime.feed_fetch import check_feed, check_feed_spec, feed_spec
 from pdjit.runtime.place import CPUPlace, CUDAPlace
 from pdjit.runtime.scope import Scope
 from pdjit.runtime.tensor import LoDTensor
@@ -78,6 +80,7 @@ class Config:
                 self.set_model(model_dir_or_prog_file, params_file)
         self._ir_optim = True
         self._memory_optim = False
+        self._native_drivers = env_flag("PDJIT_NATIVE_DRIVERS", True)
         self._threads = None
         self._gpu = None            # (memory_mb, device_id) once enable_use_gpu was called
         self._deleted_passes: list = []
@@ -129,6 +132,16 @@ class Config:
     def memory_optim_enabled(self) -> bool:
         return self._memory_optim
 
+    def switch_native_drivers(self, x: bool = True) -> None:
+        """Compile each step's driver into one native function as well, and run whichever
+        measures faster per batch size (on by default; ``PDJIT_NATIVE_DRIVERS=0`` turns the
+        default off). The first process to run a model pays seconds of compile time for it;
+        later ones load it from the disk cache."""
+        self._native_drivers = bool(x)
+
+    def native_drivers_enabled(self) -> bool:
+        return self._native_drivers
+
     def set_cpu_math_library_num_threads(self, n: int) -> None:
         """Threads of compiled loops and BLAS (process-wide: ``pdjit.set_num_threads``)."""
         if not isinstance(n, (int, np.integer)) or n < 1:
@@ -161,6 +174,7 @@ class Config:
         return "\n".join([f"model: {model}", f"ir_optim: {self._ir_optim}",
                           f"deleted passes: {self._deleted_passes or '-'}",
                           f"memory_optim: {self._memory_optim}",
+                          f"native drivers: {self._native_drivers}",
                           f"cpu threads: {self.cpu_math_library_num_threads()}",
                           f"use_gpu: {self.use_gpu()}"])
 
@@ -258,13 +272,14 @@ class Predictor:
         if config._threads is not None:
             threads.set_num_threads(config._threads)
         place = CUDAPlace(config.gpu_device_id()) if config.use_gpu() else CPUPlace()
-        kw = {"memory_optim": True} if config._memory_optim else {}
-        self._exe = Executor(place, **kw)
+        self._exe = Executor(place, memory_optim=config._memory_optim,
+                             native_drivers=config._native_drivers)
         self._feeds: dict = {}
         self._shapes: dict = {}
         self._outputs: dict = {}
         gb = self._program.global_block()
         self._in = {n: Tensor(self, n, True) for n in self._inputs}
+        self._specs = [feed_spec(gb.var(n)) for n in self._inputs]
         self._out = {n: Tensor(self, n, False) for n in self._output_names if gb.has_var(n)}
 
     def get_input_names(self) -> list:
@@ -294,8 +309,8 @@ class Predictor:
                 n = len(inputs) if isinstance(inputs, (list, tuple)) else type(inputs).__name__
                 raise FeedError(f"run: expected a list of {len(self._inputs)} arrays "
                                 f"({self._inputs}), got {n}")
-            gb = self._program.global_block()
-            feeds = {n: check_feed(gb.var(n), v) for n, v in zip(self._inputs, inputs)}
+            feeds = {n: check_feed_spec(spec, v)
+                     for n, spec, v in zip(self._inputs, self._specs, inputs)}
             return self._run(feeds)
         missing = [n for n in self._inputs if n not in self._feeds]
         if missing:

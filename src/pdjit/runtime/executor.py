@@ -51,13 +51,20 @@ def _default_mode() -> str:
     return mode
 
 
-def _default_memory_optim() -> bool:
-    v = os.environ.get("PDJIT_MEMORY_OPTIM", "0").strip().lower()
-    if v in ("", "0", "false", "off", "no"):
+def env_flag(name: str, default: bool) -> bool:
+    """A 0/1 switch from the environment variable ``name``."""
+    v = os.environ.get(name, "").strip().lower()
+    if v == "":
+        return default
+    if v in ("0", "false", "off", "no"):
         return False
     if v in ("1", "true", "on", "yes"):
         return True
-    raise ValueError(f"PDJIT_MEMORY_OPTIM={v!r}: expected 0 or 1")
+    raise ValueError(f"{name}={v!r}: expected 0 or 1")
+
+
+def _default_memory_optim() -> bool:
+    return env_flag("PDJIT_MEMORY_OPTIM", False)
 
 
 class Executor:
@@ -71,10 +78,17 @@ class Executor:
     (``pdjit.codegen.memplan``): a lower peak memory; ``explain()`` shows the assignment.
     Off by default, as in Paddle Inference (``Config.enable_memory_optim()`` turns it on for a
     Predictor); measured with ``benchmarks/bench_memory.py`` it never slowed a run (0.91-1.00x
-    of the time, 0.21-0.86x of the peak traced memory)."""
+    of the time, 0.21-0.86x of the peak traced memory).
+
+    ``native_drivers=True`` (or ``PDJIT_NATIVE_DRIVERS=1``) also compiles each native step's
+    driver into one native function (seconds of compile time per program the first time, then
+    from the disk cache) and runs whichever of the two drivers measures faster for each batch
+    size: no Python between the kernels of a small batch. Off by default for the Executor (a
+    training program compiles once and runs large batches); the Predictor turns it on."""
 
     def __init__(self, place: Place | None = None, mode: str | None = None,
-                 strict: bool | None = None, memory_optim: bool | None = None):
+                 strict: bool | None = None, memory_optim: bool | None = None,
+                 native_drivers: bool | None = None):
         self.place = place if place is not None else CPUPlace()
         if not isinstance(self.place, Place):
             raise TypeError(f"Executor: place must be CPUPlace() or CUDAPlace(i), got {place!r}")
@@ -86,7 +100,10 @@ class Executor:
             _default_memory_optim()
         # part of every cache key, cheap to hash: the plans an executor builds are its own (they
         # hold per-step state, and follow the settings of when they were built)
-        self._kind = (next(_EXECUTORS), self.mode, repr(self.place), self.memory_optim)
+        self.native_drivers = bool(native_drivers) if native_drivers is not None else \
+            env_flag("PDJIT_NATIVE_DRIVERS", False)
+        self._kind = (next(_EXECUTORS), self.mode, repr(self.place), self.memory_optim,
+                      self.native_drivers)
         self.strict = bool(strict) if strict is not None else \
             os.environ.get("PDJIT_STRICT", "0").strip() not in ("", "0")
         if self.mode not in MODES:
@@ -165,7 +182,8 @@ class Executor:
         return self._cached(run.program, ("plan", run.fetch_names),
                             lambda: build_plan(run.program, run.fetch_names,
                                                sub_plan=self._block_plan, place=self.place,
-                                               memory_optim=self.memory_optim))
+                                               memory_optim=self.memory_optim,
+                                               native_drivers=self.native_drivers))
 
     def _block_plan(self, block: Block, scopes: tuple = ()):
         """The compiled plan of a sub-block, built once per program content (and per set of
@@ -173,7 +191,8 @@ class Executor:
         return self._cached(block.program, ("block", block.idx, scopes),
                             lambda: build_plan(block.program, scopes, block=block,
                                                sub_plan=self._block_plan, place=self.place,
-                                               memory_optim=self.memory_optim))
+                                               memory_optim=self.memory_optim,
+                                               native_drivers=self.native_drivers))
 
     def _cached(self, program: Program, key, build):
         """``build()``'s result, kept on ``program`` under its content key (computed once per

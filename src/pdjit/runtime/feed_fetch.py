@@ -34,10 +34,7 @@ class RunProgram:
     def __post_init__(self):
         """What every run needs, worked out once: feed specs, persistable names."""
         gb = self.program.global_block()
-        self.feed_specs = tuple(
-            (gb.var(n), gb.var(n).dtype,
-             tuple(gb.var(n).shape) if gb.var(n).type == VarType.LOD_TENSOR else None)
-            for n in self.feed_names)
+        self.feed_specs = tuple(feed_spec(gb.var(n)) for n in self.feed_names)
         # the step scopes the run fetches: the plans of their blocks keep every value
         self.fetched_scopes = tuple(sorted(
             n for n in set(self.fetch_names)
@@ -118,6 +115,11 @@ def prepare(program: Program, feed_names: tuple, fetch_names: tuple, feed_var: s
             g.create_var(name=name, shape=src.shape, dtype=src.dtype, type=src.type)
             owner._remove_var(name)
     return RunProgram(run, feed_names, fetch_names, feed_var, fetch_var)
+
+
+def feed_spec(var: Variable) -> tuple:
+    """What ``check_feed_spec`` needs of ``var``, read once."""
+    return var, var.dtype, tuple(var.shape) if var.type == VarType.LOD_TENSOR else None
 
 
 def check_feed_spec(spec, value):

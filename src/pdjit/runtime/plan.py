@@ -21,6 +21,7 @@ right answer. Nothing a native step computes reaches the env before it returned.
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 import time
 import warnings
@@ -67,8 +68,17 @@ class NativeStep:
     kind = "native"
 
     def __init__(self, compiled, args, expected, outputs, ops, description, lod_requests=(),
-                 groups=None):
+                 groups=None, native=None, batch_arg: int = 0, params=()):
         self.compiled, self.args, self.expected, self.outputs = compiled, args, expected, outputs
+        # the driver compiled as one native function, when the plan was built with it: the
+        # first runs of each batch size time both drivers, then the faster one serves that size
+        self.native, self.batch_arg = native, batch_arg
+        # the arguments that are parameters (persistables the step does not write): an array
+        # seen and checked last run is passed on without its checks again
+        self._params = frozenset(params)
+        self._checked = [None] * len(args)
+        self._trials: dict = {}            # batch size -> ([host times], [native times])
+        self.picked: dict = {}             # batch size -> the driver chosen for it
         self.ops = ops                     # [(op, op_idx)] for the reference fallback
         self.groups = groups or [ops]      # the ops of each group, for naming what failed
         self.description = description
@@ -83,8 +93,12 @@ class NativeStep:
         values = []
         get = env.get
         arg_lods = None
-        for name, (dtype, ndim) in zip(self.args, self.expected):
+        checked = self._checked
+        for i, (name, (dtype, ndim)) in enumerate(zip(self.args, self.expected)):
             a = get(name)
+            if a is checked[i]:  # the same parameter array as last run: checked then
+                values.append(a)
+                continue
             if type(a) is not np.ndarray:
                 if not isinstance(a, LoDTensor) or a._array is None:
                     return self._fallback(executor, env, run_index, self._reader(name),
@@ -100,6 +114,8 @@ class NativeStep:
                                       f"plan was built for {np.dtype(dtype)} of rank {ndim}")
             if not a.flags.c_contiguous or not a.flags.writeable:
                 a = np.array(a, order="C")
+            elif i in self._params:
+                checked[i] = a
             values.append(a)
         if self.retired is not None:
             return self._fallback(executor, env, run_index, self.ops[0],
@@ -113,7 +129,7 @@ class NativeStep:
                                       f"a LoD it needs is unknown: {e}")
             values += extra
         try:
-            results = self.compiled.fn(*values)
+            results = self.compiled.fn(*values) if self.native is None else self._call(values)
         except NumbaError as e:  # the code does not compile: never try again (it is slow)
             self.retired = f"{type(e).__name__}: {str(e).splitlines()[0]}"
             return self._fallback(executor, env, run_index, self._failing(e),
@@ -136,6 +152,41 @@ class NativeStep:
         set_ = env.set
         for name, value in zip(self.outputs, results):
             set_(name, value)
+
+    # how many runs of a batch size each driver gets before one is chosen: the first of each
+    # compiles or loads, the rest are timed
+    _WARM, _TIMED = 1, 3
+
+    def _call(self, values):
+        """Run the driver chosen for this batch size, or the next trial of the two."""
+        a = values[self.batch_arg] if values else None
+        key = a.shape[0] if a is not None and a.ndim else 0
+        fn = self.picked.get(key)
+        if fn is not None:
+            return fn(*values)
+        host, native = self._trials.setdefault(key, ([], []))
+        use_native = len(native) < len(host)
+        fn = self.native.fn if use_native else self.compiled.fn
+        t0 = time.perf_counter()
+        if use_native:
+            try:
+                results = fn(*values)
+            except NumbaError as e:  # the native driver does not compile: the host one serves
+                self.native_failed = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+                self.native = None
+                return self.compiled.fn(*values)
+        else:
+            results = fn(*values)
+        (native if use_native else host).append(time.perf_counter() - t0)
+        n = self._WARM + self._TIMED
+        if len(native) >= n and len(host) >= n:
+            fast_native = statistics.median(native[self._WARM:]) < \
+                statistics.median(host[self._WARM:])
+            if len(self.picked) > 64:
+                self.picked.clear()
+            self.picked[key] = self.native.fn if fast_native else self.compiled.fn
+            del self._trials[key]
+        return results
 
     def _reader(self, name: str):
         return next(((op, i) for op, i in self.ops if name in op.input_arg_names), self.ops[0])
@@ -178,6 +229,12 @@ class NativeStep:
         if self.retired:
             return f"native {self.compiled.name} RETIRED ({self.retired}): " \
                    f"{self.description}{tail}"
+        if self.native is not None and self.picked:
+            which = {k: "native" if fn is self.native.fn else "host"
+                     for k, fn in sorted(self.picked.items())}
+            tail += f" (driver by batch size: {which})"
+        elif getattr(self, "native_failed", None):
+            tail += f" (native driver given up: {self.native_failed})"
         return f"native {self.compiled.name}: {self.description}{tail}"
 
 
@@ -284,14 +341,16 @@ class Plan:
 
 
 def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None,
-               memory_optim: bool = False) -> Plan:
+               memory_optim: bool = False, native_drivers: bool = False) -> Plan:
     """Lower one block of ``program`` into a plan: the global block (feed/fetch ops excluded)
     unless ``block`` is given. ``sub_plan(block) -> Plan`` gives the plans of control-flow ops'
     sub-blocks (None: not shown). Live after the block: ``fetch_names``, persistables, names any
     other block reads and, for a sub-block, every name it writes that is declared outside it.
     ``place`` chooses the code generation target (``None``: the CPU). ``memory_optim``: each
     native step's driver reuses and releases its intermediates' buffers by liveness
-    (``pdjit.codegen.memplan``; native loops are left as they are)."""
+    (``pdjit.codegen.memplan``; native loops are left as they are). ``native_drivers``: each
+    native step also gets its driver as one compiled function, and runs whichever of the two
+    measures faster on its first runs of each batch size (``NativeStep``)."""
     t0 = time.perf_counter()
     target = target_name(place)
     threads.ensure_applied()
@@ -341,11 +400,17 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None,
             _warn_reference_step(op, node.why_not)
             continue
         compiled = gen.target.HostDriver(gen, memory_optim=memory_optim)
+        native = _native_driver(gen, target) \
+            if native_drivers and hasattr(gen.target, "NativeDriver") else None
         groups = [[(op, index[id(op)]) for op in g.ops] for g in seg.groups]
         desc = "; ".join(g.describe() for g in seg.groups)
         steps.append(NativeStep(compiled, gen.args, gen.expected, gen.outputs,
-                                [o for g in groups for o in g], desc, gen.lod_requests, groups))
+                                [o for g in groups for o in g], desc, gen.lod_requests, groups,
+                                native=native, batch_arg=_batch_arg(block, gen.args),
+                                params=_param_args(block, gen)))
         sources.append((compiled.name, compiled.text))
+        if native is not None:
+            sources.append((native.name, native.text))
     plan = Plan(steps, part.describe(), sources, time.perf_counter() - t0,
                 _fresh_names(part, gens, block), block.idx)
     if memory_optim:
@@ -423,6 +488,41 @@ def _native_loop(program, op, target: str, fetched=()):
         return None, "PDJIT_NATIVE_LOOPS=0"
     return native_loop(program, op, target, parallel=threads.get_num_threads() > 1,
                        fetched=fetched)
+
+
+def _param_args(block, gen) -> list:
+    """The indices of ``gen``'s arguments that are persistables it does not write."""
+    out = []
+    for i, n in enumerate(gen.args):
+        v = block._find_var_recursive(n)
+        if v is not None and v.persistable and n not in gen.defined:
+            out.append(i)
+    return out
+
+
+def _batch_arg(block, names) -> int:
+    """The index of the first argument whose leading dim is known only at run time (the batch),
+    else 0."""
+    for i, n in enumerate(names):
+        v = block._find_var_recursive(n)
+        if v is not None and v.shape and v.shape[0] < 0:
+            return i
+    return 0
+
+
+def _native_driver(gen, target: str):
+    """The segment of ``gen`` as one native function (None when a lowering declines to be
+    compiled code, or the native driver would bind other values)."""
+    ngen = SegmentGen(gen.segment, gen.block, gen.needed_after,
+                      parallel=threads.get_num_threads() > 1, native=True, target=target)
+    try:
+        ngen.generate()
+    except Declined:
+        return None
+    if list(ngen.args) != list(gen.args) or list(ngen.outputs) != list(gen.outputs) or \
+            ngen.lod_requests:
+        return None
+    return gen.target.NativeDriver(ngen)
 
 
 def _generate(part, block, live, target: str) -> list:

@@ -29,6 +29,10 @@ PEERS = ("onnxruntime", "paddle")
 _MODULES = {"onnxruntime": "onnxruntime", "paddle": "paddle"}
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_peer_worker.py")
 _LOAD_TIMEOUT_S = 300.0
+# a pause before each engine's round: an OpenMP runtime's threads keep spinning for a while
+# after a run (200 ms by default), and on a small machine they slowed the next engine's
+# single thread (pdjit's LeNet at batch 1: 0.075 ms right after Paddle's round, 0.042 alone)
+_SETTLE_S = 0.3
 
 
 # -- a progress bar on stderr ---------------------------------------------------------------------
@@ -382,6 +386,7 @@ def bench(path: str, batches: list, threads: int | None = None, repeat: int = 30
                         if e.name in skipped:
                             continue
                         bar.update(0, f"batch {batch}: timing ({r + 1}/{rounds})")
+                        time.sleep(_SETTLE_S)  # the previous engine's idle threads stop spinning
                         try:
                             times[e.name] += e.time(k)
                         except EngineFailed as err:
