@@ -33,6 +33,7 @@ _LOAD_TIMEOUT_S = 300.0
 # after a run (200 ms by default), and on a small machine they slowed the next engine's
 # single thread (pdjit's LeNet at batch 1: 0.075 ms right after Paddle's round, 0.042 alone)
 _SETTLE_S = 0.3
+_REWARM = 5  # untimed runs of an engine before each of its timed rounds
 
 
 # -- a progress bar on stderr ---------------------------------------------------------------------
@@ -388,6 +389,7 @@ def bench(path: str, batches: list, threads: int | None = None, repeat: int = 30
                         bar.update(0, f"batch {batch}: timing ({r + 1}/{rounds})")
                         time.sleep(_SETTLE_S)  # the previous engine's idle threads stop spinning
                         try:
+                            e.time(_REWARM)  # after the pause: caches and clocks warm again
                             times[e.name] += e.time(k)
                         except EngineFailed as err:
                             _fail(e, f"batch {batch}: {err}", skipped, status)
