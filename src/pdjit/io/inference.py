@@ -253,7 +253,7 @@ def parse_model(data: bytes, path: str) -> Program:
     return program
 
 
-def _param_vars(program: Program) -> list:
+def param_vars(program: Program) -> list:
     """The persistable variables a parameter file holds, in file order (sorted names)."""
     names = persistable_names(program)
     by_name = {}
@@ -265,13 +265,13 @@ def _param_vars(program: Program) -> list:
 def read_params(program: Program, dirname: str, params_filename: str | None) -> dict:
     """``{name: value}`` for every persistable of ``program``, read from one combined file or
     one file per variable, each checked against its ``VarDesc``."""
-    chosen = _param_vars(program)
+    chosen = param_vars(program)
     return read_values(chosen, dirname, params_filename) if chosen else {}
 
 
 def params_from_bytes(program: Program, data: bytes, what: str) -> dict:
     """``read_params`` from the bytes of a combined file."""
-    chosen = _param_vars(program)
+    chosen = param_vars(program)
     reader = _Reader(data, what)
     values = {v.name: read_checked(reader, v, what) for v in chosen}
     if reader.pos != len(reader.data):
@@ -286,7 +286,7 @@ def _params_blob(values: dict, names: list) -> bytes:
 
 def _scope_values(program: Program, scope) -> dict:
     values = {}
-    for v in _param_vars(program):
+    for v in param_vars(program):
         sv = scope.find_var(v.name)
         if sv is None or sv.value is None:
             raise ValueError(f"save_inference_model: persistable variable {v.name!r} has no value "

@@ -10,12 +10,12 @@ from collections import Counter
 import numpy as np
 
 from pdjit.framework import registry
+from pdjit.io.inference import param_vars
 from pdjit.tools.model import (
     Loaded,
     describe_var,
     dtype_name,
     load_program,
-    persistables,
     shape_str,
 )
 
@@ -61,7 +61,7 @@ def param_summary(loaded: Loaded, params: dict | None, largest: int = 5) -> list
         head = f"# parameters (values from {where})"
     else:
         rows = []
-        for v in persistables(program):
+        for v in param_vars(program):
             shape = tuple(v.shape)
             known = all(d >= 0 for d in shape)
             size = int(np.prod(shape, dtype=np.int64)) if known else None

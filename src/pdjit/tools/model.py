@@ -10,7 +10,6 @@ from pdjit.framework import dtypes
 from pdjit.framework.errors import ModelFileError, ProgramError
 from pdjit.framework.program import Program
 from pdjit.io import inference as inf
-from pdjit.io.tensor_stream import persistable_names
 from pdjit.proto import framework_pb2 as pb
 from pdjit.tools import CliError
 
@@ -53,7 +52,7 @@ def load_program(path: str) -> Loaded:
     except ProgramError as e:
         out.params_note = f"{model_file}: {e}"
         return out
-    has_persistables = bool(persistables(program))
+    has_persistables = bool(inf.param_vars(program))
     if not has_persistables:
         out.params = {}
         return out
@@ -67,15 +66,6 @@ def load_program(path: str) -> Loaded:
     except ModelFileError as e:
         out.params_note = str(e)
     return out
-
-
-def persistables(program: Program) -> list:
-    """The persistable variables a parameter file holds (feed/fetch holders excluded), in
-    file order (sorted names)."""
-    by_name = {}
-    for v in program.list_vars():
-        by_name.setdefault(v.name, v)
-    return [by_name[n] for n in persistable_names(program)]
 
 
 def shape_str(shape) -> str:
