@@ -70,7 +70,7 @@ class Program:
     def __getstate__(self):
         """Pickled and copied without what executors built for it (compiled plans)."""
         state = dict(self.__dict__)
-        for k in ("_run_cache_dict", "_run_cache_key", "_run_cache_version"):
+        for k in ("_run_cache_dict", "_run_cache_key", "_run_cache_version", "_run_counts"):
             state.pop(k, None)
         return state
 

@@ -145,8 +145,13 @@ class Executor:
         feed_values = [feed_fetch.check_feed_spec(spec, by_name[n])
                        for n, spec in zip(run.feed_names, run.feed_specs)]
 
-        run_index = self._runs.get(program, 0)
-        self._runs[program] = run_index + 1
+        counts = program.__dict__.get("_run_counts")  # runs of this program by executor
+        if counts is None:
+            counts = program._run_counts = {}
+        run_index = counts.get(self._kind, 0)
+        if not run_index:
+            self._runs[program] = True  # a program this executor ran (weakly): its plans
+        counts[self._kind] = run_index + 1
         env = Env(scope, gb, fetched_scopes=run.fetched_scopes)
         values = env.values
         for name, value in zip(run.feed_names, feed_values):
@@ -223,7 +228,7 @@ class Executor:
         program = program if program is not None else default_main_program()
         run, _ = self._prepare(program, feed_fetch.feed_names_of(feed or {}),
                                feed_fetch.fetch_names_of(fetch_list), "feed", "fetch")
-        self._runs.setdefault(program, 0)  # its plans show in _plans, as if it had run
+        self._runs[program] = True  # its plans show in _plans, as if it had run
         return self._plan(run).report()
 
     def _prepare(self, program, feed_names, fetch_names, feed_var, fetch_var):

@@ -133,6 +133,17 @@ def loop_threads() -> int:
 
 
 def default_num_threads() -> int:
+    """``PDJIT_NUM_THREADS``, else 1 (read once: every plan run asks)."""
+    global _default_threads
+    if _default_threads is None:
+        _default_threads = _read_default_threads()
+    return _default_threads
+
+
+_default_threads = None
+
+
+def _read_default_threads() -> int:
     env = os.environ.get("PDJIT_NUM_THREADS")
     if env:
         try:
