@@ -248,3 +248,23 @@ def test_corpus_through_the_predictor(name):
     control = registry.CONTROL_FLOW
     assert steps and all(s.kind.startswith("native") or registry.get(s.op.type).has(control)
                          for s in steps), [s.describe() for s in steps]
+
+
+@pytest.mark.parametrize("name", ["resnet_block", "mobilenet", "cond_while"])
+def test_corpus_with_the_memory_plan(name):
+    """``Config.enable_memory_optim()``: buffers reused and released by liveness inside each
+    compiled step; the outputs stay Paddle's, and the plan reports what it assigned."""
+    import pdjit.inference as inference
+
+    config = inference.Config(str(MODELS / name))
+    config.enable_memory_optim()
+    predictor = inference.create_predictor(config)
+    assert predictor._exe.memory_optim
+    io = _io(name)
+    for case in MANIFEST[name]["cases"]:
+        outs = predictor.run([io[f"{case}/feed/{n}"] for n in predictor.get_input_names()])
+        for n, got in zip(predictor.get_output_names(), outs):
+            np.testing.assert_allclose(got, io[f"{case}/fetch/{n}"], rtol=RTOL, atol=ATOL,
+                                       err_msg=f"{name}: {n}, case {case}")
+    plans = [plan for _, plan in predictor._exe._plans.values()]
+    assert any("memory plan" in plan.report() for plan in plans)
