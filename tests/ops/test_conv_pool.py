@@ -450,3 +450,52 @@ def test_direct_depthwise_kernel_against_naive(seed):
     y = np.full(want.shape, np.nan)
     conv.conv2d_fwd(x, w, y, sh, sw, pt, pl, dh, dw, groups)
     np.testing.assert_allclose(y, want, rtol=1e-12, atol=1e-12)
+
+
+# ---- the taps kernel: convolutions with few output channels, without im2col ------------------
+TAPS_CASES = [  # (n, c, h, w, m, kh, kw, strides, paddings [t, b, l, r], dilations, groups)
+    (1, 1, 12, 12, 6, 5, 5, (1, 1), (2, 2, 2, 2), (1, 1), 1),  # 6 rows: two overlapping fours
+    (2, 4, 32, 32, 4, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),  # the image itself; rows 4 KiB apart
+    (2, 8, 16, 16, 8, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),  # the image itself, rows in place
+    (2, 3, 9, 13, 2, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),   # 3 taps padded to 4, 2 rows aside
+    (1, 4, 23, 26, 8, 3, 3, (2, 3), (1, 2, 0, 2), (1, 2), 2),  # groups, strides, dilation, pads
+    (1, 6, 14, 14, 5, 5, 5, (1, 1), (0, 0, 0, 0), (1, 1), 1),  # 100 outputs, computed to 112
+    (2, 6, 16, 16, 5, 1, 1, (2, 2), (0, 0, 0, 0), (1, 1), 1),  # 1x1 stride 2: one row phase
+    (1, 2, 20, 19, 3, 3, 2, (3, 2), (2, 0, 1, 1), (2, 3), 1),  # row phases read by dilation
+]
+
+
+def _taps_case(seed):
+    """A random geometry the taps kernel serves (at least 64 outputs per channel)."""
+    r = np.random.default_rng(seed)
+    while True:
+        groups = int(r.integers(1, 3))
+        cg, mg = int(r.integers(1, 4)), int(r.integers(1, 7))
+        kh, kw = int(r.integers(1, 4)), int(r.integers(1, 4))
+        sh, sw, dh, dw = (int(v) for v in r.integers(1, 3, 4))
+        pads = tuple(int(v) for v in r.integers(0, 3, 4))
+        h, w = int(r.integers(8, 22)), int(r.integers(8, 22))
+        oh = (h + pads[0] + pads[1] - dh * (kh - 1) - 1) // sh + 1
+        ow = (w + pads[2] + pads[3] - dw * (kw - 1) - 1) // sw + 1
+        if oh * ow >= 64:
+            return (1, groups * cg, h, w, groups * mg, kh, kw, (sh, sw), pads, (dh, dw), groups)
+
+
+@pytest.mark.parametrize("case", TAPS_CASES + [_taps_case(s) for s in range(6)])
+def test_taps_kernel_against_naive(case):
+    """The convolution that reads the image through a table of tap offsets (few output
+    channels per group, 64+ outputs each): float32 and float64 against the naive loops, the
+    library entry as the compiled plans call it (all of y written: it starts as NaN)."""
+    from pdjit.codegen.nnlib import conv
+
+    n, c, h, w, m, kh, kw, strides, pads, dils, groups = case
+    r = np.random.default_rng(abs(hash(case)) % 2**32)
+    x = r.normal(size=(n, c, h, w))
+    wt = r.normal(size=(m, c // groups, kh, kw))
+    want = naive_conv(x, wt, strides, pads, dils, groups)
+    assert conv._use_taps(m // groups, wt[0].size, want.shape[2] * want.shape[3])
+    for dtype, tol in ((np.float64, 1e-12), (np.float32, 2e-5)):
+        y = np.full(want.shape, np.nan, dtype)
+        conv.conv2d_fwd(x.astype(dtype), wt.astype(dtype), y, *strides, pads[0], pads[2], *dils,
+                        groups)
+        np.testing.assert_allclose(y, want, rtol=tol, atol=tol * 10)

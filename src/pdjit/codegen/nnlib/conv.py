@@ -215,6 +215,10 @@ def use_direct(cg, mg) -> bool:
 # The loops below copy element by element through flat views with unsigned offsets rather
 # than assigning slices of 2-D arrays: the same speed, a quarter of the compile time.
 _BLOCK_COLS = 2048
+
+#: the two forward paths: compiled into :func:`_fwd_range` only (Numba compiles a callee once
+#: on its own and again inside each caller that links it: 1.5 s of a LeNet's cold start)
+_inline = numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
 _COL_ELEMS = 1 << 16
 
 
@@ -224,9 +228,10 @@ def _block(n, k_, p_):
     return max(1, min(n, _BLOCK_COLS // max(p_, 1), _COL_ELEMS // max(k_ * p_, 1)))
 
 
-@jit
-def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
-    """``y[n] = conv(x[n], w)`` for the samples ``n0..n1``."""
+@_inline
+def _gemm_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
+    """``y[n] = conv(x[n], w)`` for the samples ``n0..n1``: im2col of blocks of samples, one
+    BLAS product per block and group."""
     m_, cg, kh_, kw_ = w.shape
     mg = m_ // groups
     oh_, ow_ = y.shape[2], y.shape[3]
@@ -250,6 +255,192 @@ def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
                     dst = U((n * m_ + g * mg + m) * p_)
                     for k in range(U(p_)):
                         yf[dst + k] = rf[src + k]
+
+
+# ---- the product without im2col, for few output channels ------------------------------------
+# BLAS runs far below its peak on the thin products of a convolution with few output channels
+# per group (an [M/groups, K] filter of M/groups = 6..32), and the im2col copy before it costs
+# as much again (measured: 60% of a LeNet layer at batch 64). The kernels below read the image
+# through a table of row offsets instead ("taps"): output row ``m`` of a sample is the sum over
+# ``k`` of ``w2[m, k]`` times the ``P`` values at ``xs[tap[k]:]``, where ``xs`` holds each input
+# channel once per filter column (and stride phase of rows), so the ``P`` inputs of one filter
+# tap are contiguous and in output order, and the output rows of a sample are written in place
+# (a 1x1 unpadded stride-1 convolution reads the image itself). The output positions are the
+# innermost, contiguous loop (vectorised); four output rows share each pass over four taps (16
+# multiply-adds per 4 inputs loaded and 4 partial sums loaded and stored).
+
+#: the kernel's Numba options: a library kernel's, with fastmath "contract" so that ``a * b + c``
+#: is one fused multiply-add (as in BLAS); nothing is reassociated: every output sums its
+#: products in the filter's order
+_fma_jit = numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})
+
+
+@_fma_jit
+def _rows4(wf, w0, k4, xs, xb, tap, df, d0, ds, span):
+    """Rows ``r < 4`` of ``df`` (``span`` values at ``d0 + r * ds``) = the sum over ``k <
+    k4`` of ``wf[w0 + r * k4 + k] * xs[xb + tap[k] + q]``: a first pass over four taps that
+    stores, then passes that add.
+
+    ``k4`` and ``span`` are multiples of 4 and 16 (the callers pad them), and the loop is told
+    so (``& ~15``): a vector loop with no scalar remainder, whose copies of the 16 weights
+    pushed the broadcast ones out of the registers (spilled weights: 15-20% slower, measured),
+    and a quarter of the code a remainder costs (the kernel is compiled again into every
+    caller)."""
+    pn = U(span) & ~U(15)
+    y0, y1, y2, y3 = U(d0), U(d0 + ds), U(d0 + 2 * ds), U(d0 + 3 * ds)
+    w1, w2, w3 = w0 + k4, w0 + 2 * k4, w0 + 3 * k4
+    for k in range(0, k4, 4):
+        a0, a1, a2, a3 = wf[w0 + k], wf[w0 + k + 1], wf[w0 + k + 2], wf[w0 + k + 3]
+        b0, b1, b2, b3 = wf[w1 + k], wf[w1 + k + 1], wf[w1 + k + 2], wf[w1 + k + 3]
+        c0, c1, c2, c3 = wf[w2 + k], wf[w2 + k + 1], wf[w2 + k + 2], wf[w2 + k + 3]
+        e0, e1, e2, e3 = wf[w3 + k], wf[w3 + k + 1], wf[w3 + k + 2], wf[w3 + k + 3]
+        x0, x1 = U(xb + tap[k]), U(xb + tap[k + 1])
+        x2, x3 = U(xb + tap[k + 2]), U(xb + tap[k + 3])
+        if k == 0:
+            for q in range(pn):
+                v0, v1, v2, v3 = xs[x0 + q], xs[x1 + q], xs[x2 + q], xs[x3 + q]
+                df[y0 + q] = a0 * v0 + a1 * v1 + a2 * v2 + a3 * v3
+                df[y1 + q] = b0 * v0 + b1 * v1 + b2 * v2 + b3 * v3
+                df[y2 + q] = c0 * v0 + c1 * v1 + c2 * v2 + c3 * v3
+                df[y3 + q] = e0 * v0 + e1 * v1 + e2 * v2 + e3 * v3
+        else:
+            for q in range(pn):
+                v0, v1, v2, v3 = xs[x0 + q], xs[x1 + q], xs[x2 + q], xs[x3 + q]
+                df[y0 + q] = df[y0 + q] + a0 * v0 + a1 * v1 + a2 * v2 + a3 * v3
+                df[y1 + q] = df[y1 + q] + b0 * v0 + b1 * v1 + b2 * v2 + b3 * v3
+                df[y2 + q] = df[y2 + q] + c0 * v0 + c1 * v1 + c2 * v2 + c3 * v3
+                df[y3 + q] = df[y3 + q] + e0 * v0 + e1 * v1 + e2 * v2 + e3 * v3
+
+
+@jit
+def _aliases(stride, itemsize) -> bool:
+    """Whether rows ``stride`` elements apart, written together by :func:`_rows4`, sit near a
+    multiple of 4 KiB apart (such stores and loads stall each other: a [16, 144] x [144, 1024]
+    product ran at 23 GMAC/s with rows 1024 float32 apart and at 53 with 1152)."""
+    for j in range(1, 4):
+        d = j * stride * itemsize
+        if d >= 4096 and (d % 4096 < 512 or d % 4096 > 4096 - 512):
+            return True
+    return False
+
+
+@_inline
+def _taps_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
+    """``y[n] = conv(x[n], w)`` for the samples ``n0..n1`` through :func:`_rows4`.
+
+    ``xs`` holds one plane per input channel ``c``, filter column ``j`` and row phase ``r`` of
+    the stride: ``hq`` rows (``ho * sh + r - pt`` of the image) of ``ow`` values (columns
+    ``o * sw + j * dw - pl``, zero outside the image), so tap ``(c, i, j)`` reads plane
+    ``(c, j, (i * dh) % sh)`` from row ``(i * dh) // sh`` on: ``P`` contiguous values in output
+    order (``kw`` copies of the image where im2col makes ``kh * kw``). The filter is copied
+    with its rows padded to a multiple of 4 taps (zero weights on a zero plane) and, below 4
+    output channels per group, to 4 rows (computed aside)."""
+    h_, w_ = x.shape[2], x.shape[3]
+    m_, cg, kh_, kw_ = w.shape
+    c_ = x.shape[1]
+    mg = m_ // groups
+    oh_, ow_ = y.shape[2], y.shape[3]
+    p_, k_ = oh_ * ow_, cg * kh_ * kw_
+    if n1 <= n0 or p_ == 0:
+        return
+    xf = x.reshape(x.size)
+    yf = y.reshape(y.size)
+    k4 = (k_ + 3) // 4 * 4
+    mq = max(mg, 4)
+    # the filter, rows padded to mq and taps to k4 with zeros (by counters, as the taps below)
+    wp = np.empty(groups * mq * k4, w.dtype)
+    wf = w.reshape(w.size)
+    src = m = k = 0
+    for d in range(wp.size):
+        if m < mg and k < k_:
+            wp[d] = wf[src]
+            src += 1
+        else:
+            wp[d] = 0
+        k += 1
+        if k == k4:
+            k = 0
+            m += 1
+            if m == mq:
+                m = 0
+    # a 1x1 unpadded stride-1 convolution of whole taps and whole vectors: the image is its
+    # own plane
+    plain = kh_ == 1 and kw_ == 1 and sh == 1 and sw == 1 and pt == 0 and pl == 0 and \
+        oh_ == h_ and ow_ == w_ and k_ == k4 and p_ % 16 == 0
+    # otherwise the outputs are computed up to a multiple of 16 (reading on into the next
+    # plane, and past the last into the zero plane): a pass over the taps for the last few
+    # outputs cost 30% of a [16, 150] x [150, 100] product
+    span = p_ if plain else (p_ + 15) // 16 * 16
+    hq = oh_ + ((kh_ - 1) * dh) // sh
+    pp = hq * ow_
+    one = min(kh_, 1)  # not the literal 1: the im2col the BLAS path compiles serves
+    zero = cg * kw_ * sh * pp  # the zero plane the padding taps read
+    if plain:
+        xs = xf
+    else:
+        xs = np.empty(zero + span, x.dtype)
+        for q in range(zero, zero + span):
+            xs[q] = 0
+    # tap k = (c, i, j) by counters: a loop the vectoriser leaves alone (a third of the
+    # code of this function otherwise, all compiled again into each caller)
+    tap = np.empty(k4, np.int64)
+    c = i = j = 0
+    for k in range(k4):
+        tap[k] = zero if k >= k_ else \
+            ((c * kw_ + j) * sh + (i * dh) % sh) * pp + ((i * dh) // sh) * ow_
+        j += 1
+        if j == kw_:
+            j = 0
+            i += 1
+            if i == kh_:
+                i = 0
+                c += 1
+    # rows 4 KiB apart, fewer than 4 or a span past the outputs: computed aside at a padded
+    # stride, then copied out
+    ds = span
+    while _aliases(ds, x.itemsize):
+        ds += 16
+    aside = ds != p_ or mg < 4
+    acc = np.empty(mq * ds if aside else 0, x.dtype)
+    df = acc if aside else yf
+    for n in range(n0, n1):
+        for g in range(groups):
+            xb = 0
+            if plain:
+                xb = (n * c_ + g * cg) * p_
+            else:
+                for r in range(sh if kh_ > 1 else 1):  # a 1x1 filter reads phase 0 only
+                    _im2col(x[n], g * cg, cg, one, kw_, sh, sw, pt - r, pl, dh, dw, hq, ow_, xs,
+                            sh * pp, r * pp)
+            y0 = (n * m_ + g * mg) * p_
+            d0 = 0 if aside else y0
+            # by fours, the last four overlapping the ones before when mg is no multiple of 4
+            # (rows computed twice cost less than a pass of its own)
+            for m4 in range(0, mq, 4):
+                m = min(m4, mq - 4)
+                _rows4(wp, (g * mq + m) * k4, k4, xs, xb, tap, df, d0 + m * ds, ds, span)
+            if aside:
+                for m in range(mg):
+                    src, dst = U(m * ds), U(y0 + m * p_)
+                    for q in range(U(p_)):
+                        yf[dst + q] = acc[src + q]
+
+
+@jit
+def _use_taps(mg, k_, p_) -> bool:
+    """Whether :func:`_taps_range` serves ``mg`` output channels per group, ``k_`` products
+    per output and ``p_`` outputs per channel rather than im2col + BLAS."""
+    return mg <= 32 and p_ >= 16
+
+
+@jit
+def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
+    """``y[n] = conv(x[n], w)`` for the samples ``n0..n1``."""
+    m_, cg, kh_, kw_ = w.shape
+    if _use_taps(m_ // groups, cg * kh_ * kw_, y.shape[2] * y.shape[3]):
+        _taps_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups)
+    else:
+        _gemm_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups)
 
 
 @jit
