@@ -461,7 +461,12 @@ TAPS_CASES = [  # (n, c, h, w, m, kh, kw, strides, paddings [t, b, l, r], dilati
     (1, 4, 23, 26, 8, 3, 3, (2, 3), (1, 2, 0, 2), (1, 2), 2),  # groups, strides, dilation, pads
     (1, 6, 14, 14, 5, 5, 5, (1, 1), (0, 0, 0, 0), (1, 1), 1),  # 100 outputs, computed to 112
     (2, 6, 16, 16, 5, 1, 1, (2, 2), (0, 0, 0, 0), (1, 1), 1),  # 1x1 stride 2: one row phase
-    (1, 2, 20, 19, 3, 3, 2, (3, 2), (2, 0, 1, 1), (2, 3), 1),  # row phases read by dilation
+    (1, 2, 26, 21, 3, 3, 2, (3, 2), (2, 0, 1, 1), (2, 3), 1),  # row phases read by dilation
+    (1, 2, 16, 16, 34, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1),  # 34 channels over 256 outputs
+    # "same" convolutions: each plane row block one copy, the columns outside zeroed after
+    (1, 3, 10, 11, 5, 3, 3, (1, 1), (2, 2, 2, 2), (2, 2), 1),
+    (1, 4, 9, 12, 6, 3, 3, (1, 1), (0, 2, 1, 1), (1, 1), 2),
+    (1, 2, 70, 1, 4, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1),    # one column: side taps all zero
 ]
 
 
@@ -499,3 +504,23 @@ def test_taps_kernel_against_naive(case):
         conv.conv2d_fwd(x.astype(dtype), wt.astype(dtype), y, *strides, pads[0], pads[2], *dils,
                         groups)
         np.testing.assert_allclose(y, want, rtol=tol, atol=tol * 10)
+
+
+@pytest.mark.parametrize("xshape,wshape,pads,dils", [
+    ((2, 3, 5, 1), (40, 3, 3, 3), (1, 1, 1, 1), (1, 1)),  # one column: side taps all zero
+    ((2, 2, 6, 7), (8, 2, 3, 3), (2, 2, 2, 2), (2, 2)),
+    ((1, 2, 4, 6), (36, 2, 3, 3), (0, 2, 1, 1), (1, 1)),
+])
+def test_im2col_of_same_convolutions_through_blas(xshape, wshape, pads, dils):
+    """Stride-1 convolutions with as many output columns as image columns copy each patch
+    row's rows inside the image in one piece (then zero the columns outside): the BLAS path
+    (small planes, many channels) against the naive loops."""
+    from pdjit.codegen.nnlib import conv
+
+    x, w = RNG.normal(size=xshape), RNG.normal(size=wshape)
+    want = naive_conv(x, w, (1, 1), pads, dils)
+    assert want.shape[3] == xshape[3]
+    assert not conv._use_taps(wshape[0], w[0].size, want.shape[2] * want.shape[3])
+    y = np.full(want.shape, np.nan)
+    conv.conv2d_fwd(x, w, y, 1, 1, pads[0], pads[2], *dils, 1)
+    np.testing.assert_allclose(y, want, rtol=1e-12, atol=1e-12)

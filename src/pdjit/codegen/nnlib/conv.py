@@ -215,10 +215,6 @@ def use_direct(cg, mg) -> bool:
 # The loops below copy element by element through flat views with unsigned offsets rather
 # than assigning slices of 2-D arrays: the same speed, a quarter of the compile time.
 _BLOCK_COLS = 2048
-
-#: the two forward paths: compiled into :func:`_fwd_range` only (Numba compiles a callee once
-#: on its own and again inside each caller that links it: 1.5 s of a LeNet's cold start)
-_inline = numba.njit(cache=True, nogil=True, error_model="numpy", inline="always")
 _COL_ELEMS = 1 << 16
 
 
@@ -226,35 +222,6 @@ _COL_ELEMS = 1 << 16
 def _block(n, k_, p_):
     """How many samples (of ``n``) share one product."""
     return max(1, min(n, _BLOCK_COLS // max(p_, 1), _COL_ELEMS // max(k_ * p_, 1)))
-
-
-@_inline
-def _gemm_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
-    """``y[n] = conv(x[n], w)`` for the samples ``n0..n1``: im2col of blocks of samples, one
-    BLAS product per block and group."""
-    m_, cg, kh_, kw_ = w.shape
-    mg = m_ // groups
-    oh_, ow_ = y.shape[2], y.shape[3]
-    p_, k_ = oh_ * ow_, cg * kh_ * kw_
-    nb = _block(n1 - n0, k_, p_)
-    w2 = w.reshape((m_, k_))
-    yf = y.reshape(y.size)
-    for b0 in range(n0, n1, nb):
-        b1 = min(b0 + nb, n1)
-        width = (b1 - b0) * p_
-        cols = np.empty((k_, width), x.dtype)
-        cf = cols.reshape(cols.size)
-        for g in range(groups):
-            for n in range(b0, b1):
-                _im2col(x[n], g * cg, cg, kh_, kw_, sh, sw, pt, pl, dh, dw, oh_, ow_, cf, width,
-                        (n - b0) * p_)
-            rf = np.dot(w2[g * mg:(g + 1) * mg], cols).reshape(mg * width)
-            for n in range(b0, b1):
-                for m in range(mg):
-                    src = U(m * width + (n - b0) * p_)
-                    dst = U((n * m_ + g * mg + m) * p_)
-                    for k in range(U(p_)):
-                        yf[dst + k] = rf[src + k]
 
 
 # ---- the product without im2col, for few output channels ------------------------------------
@@ -267,7 +234,8 @@ def _gemm_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
 # tap are contiguous and in output order, and the output rows of a sample are written in place
 # (a 1x1 unpadded stride-1 convolution reads the image itself). The output positions are the
 # innermost, contiguous loop (vectorised); four output rows share each pass over four taps (16
-# multiply-adds per 4 inputs loaded and 4 partial sums loaded and stored).
+# multiply-adds per 4 inputs loaded and 4 partial sums loaded and stored). _fwd_range builds
+# the planes and the tap table and calls the kernel.
 
 #: the kernel's Numba options: a library kernel's, with fastmath "contract" so that ``a * b + c``
 #: is one fused multiply-add (as in BLAS); nothing is reassociated: every output sums its
@@ -324,17 +292,36 @@ def _aliases(stride, itemsize) -> bool:
     return False
 
 
-@_inline
-def _taps_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
-    """``y[n] = conv(x[n], w)`` for the samples ``n0..n1`` through :func:`_rows4`.
+@jit
+def _use_taps(mg, k_, p_) -> bool:
+    """Whether the taps kernel serves ``mg`` output channels per group, ``k_`` products per
+    output and ``p_`` outputs per channel, rather than im2col + BLAS.
 
-    ``xs`` holds one plane per input channel ``c``, filter column ``j`` and row phase ``r`` of
-    the stride: ``hq`` rows (``ho * sh + r - pt`` of the image) of ``ow`` values (columns
-    ``o * sw + j * dw - pl``, zero outside the image), so tap ``(c, i, j)`` reads plane
-    ``(c, j, (i * dh) % sh)`` from row ``(i * dh) // sh`` on: ``P`` contiguous values in output
-    order (``kw`` copies of the image where im2col makes ``kh * kw``). The filter is copied
-    with its rows padded to a multiple of 4 taps (zero weights on a zero plane) and, below 4
-    output channels per group, to 4 rows (computed aside)."""
+    Measured (one thread, float32 and float64, against the BLAS path): faster for every plane of
+    256+ outputs (M = 8..256, K = 16..2304: 0.4-0.99x the time; a 1x1 of 512 inputs to 64
+    outputs at 16x16 alone 1.1x), and for 64+ outputs with up to 32 output channels (0.6-0.9x);
+    slower on smaller planes (4x4 of 32 or 64 channels: 1.5-2x, its passes too short) and on
+    8x8 planes of 64+ channels (1.1-1.35x), where BLAS's blocking pays."""
+    return p_ >= 256 or (p_ >= 64 and mg <= 32)
+
+
+@jit
+def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
+    """``y[n] = conv(x[n], w)`` for the samples ``n0..n1``: by taps (:func:`_rows4`) where
+    :func:`_use_taps` says so, else by im2col of blocks of samples and one BLAS product per
+    block and group.
+
+    The taps path: ``xs`` holds one plane per input channel ``c``, filter column ``j`` and row
+    phase ``r`` of the stride: ``hq`` rows (``ho * sh + r - pt`` of the image) of ``ow``
+    values (columns ``o * sw + j * dw - pl``, zero outside the image), so tap ``(c, i, j)``
+    reads plane ``(c, j, (i * dh) % sh)`` from row ``(i * dh) // sh`` on: ``P`` contiguous
+    values in output order (``kw`` copies of the image where im2col makes ``kh * kw``). The
+    filter is copied with its rows padded to a multiple of 4 taps (zero weights on a zero
+    plane) and, below 4 output channels per group, to 4 rows (computed aside).
+
+    (One function for both paths, not two called from it: Numba compiles a callee on its own
+    and then again inside each caller it is linked into, and its inliner copies the callee's
+    IR at a cost of its own: 1 s more compile either way.)"""
     h_, w_ = x.shape[2], x.shape[3]
     m_, cg, kh_, kw_ = w.shape
     c_ = x.shape[1]
@@ -343,26 +330,42 @@ def _taps_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
     p_, k_ = oh_ * ow_, cg * kh_ * kw_
     if n1 <= n0 or p_ == 0:
         return
-    xf = x.reshape(x.size)
     yf = y.reshape(y.size)
+    if not _use_taps(mg, k_, p_):
+        nb = _block(n1 - n0, k_, p_)
+        w2 = w.reshape((m_, k_))
+        for b0 in range(n0, n1, nb):
+            b1 = min(b0 + nb, n1)
+            width = (b1 - b0) * p_
+            cols = np.empty((k_, width), x.dtype)
+            cf = cols.reshape(cols.size)
+            for g in range(groups):
+                for n in range(b0, b1):
+                    _im2col(x[n], g * cg, cg, kh_, kw_, sh, sw, pt, pl, dh, dw, oh_, ow_, cf,
+                            width, (n - b0) * p_)
+                rf = np.dot(w2[g * mg:(g + 1) * mg], cols).reshape(mg * width)
+                for n in range(b0, b1):
+                    for m in range(mg):
+                        src = U(m * width + (n - b0) * p_)
+                        dst = U((n * m_ + g * mg + m) * p_)
+                        for k in range(U(p_)):
+                            yf[dst + k] = rf[src + k]
+        return
+    xf = x.reshape(x.size)
     k4 = (k_ + 3) // 4 * 4
     mq = max(mg, 4)
-    # the filter, rows padded to mq and taps to k4 with zeros (by counters, as the taps below)
-    wp = np.empty(groups * mq * k4, w.dtype)
+    # the filter, its rows padded to k4 taps and (per group) to mq rows with zeros, where
+    # they are not already
     wf = w.reshape(w.size)
-    src = m = k = 0
-    for d in range(wp.size):
-        if m < mg and k < k_:
-            wp[d] = wf[src]
-            src += 1
-        else:
-            wp[d] = 0
-        k += 1
-        if k == k4:
-            k = 0
-            m += 1
-            if m == mq:
-                m = 0
+    wp = wf if mq == mg and k4 == k_ else np.empty(groups * mq * k4, w.dtype)
+    for gm in range(groups * mq if mq != mg or k4 != k_ else 0):
+        d, m = U(gm * k4), gm % mq
+        if m < mg:
+            ws = U((gm // mq * mg + m) * k_)
+            for t in range(U(k_)):
+                wp[d + t] = wf[ws + t]
+        for t in range(U(k_ if m < mg else 0), U(k4)):
+            wp[d + t] = 0
     # a 1x1 unpadded stride-1 convolution of whole taps and whole vectors: the image is its
     # own plane
     plain = kh_ == 1 and kw_ == 1 and sh == 1 and sw == 1 and pt == 0 and pl == 0 and \
@@ -385,8 +388,8 @@ def _taps_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
     # code of this function otherwise, all compiled again into each caller)
     tap = np.empty(k4, np.int64)
     c = i = j = 0
-    for k in range(k4):
-        tap[k] = zero if k >= k_ else \
+    for t in range(k4):
+        tap[t] = zero if t >= k_ else \
             ((c * kw_ + j) * sh + (i * dh) % sh) * pp + ((i * dh) // sh) * ow_
         j += 1
         if j == kw_:
@@ -417,30 +420,13 @@ def _taps_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
             # by fours, the last four overlapping the ones before when mg is no multiple of 4
             # (rows computed twice cost less than a pass of its own)
             for m4 in range(0, mq, 4):
-                m = min(m4, mq - 4)
-                _rows4(wp, (g * mq + m) * k4, k4, xs, xb, tap, df, d0 + m * ds, ds, span)
+                mr = min(m4, mq - 4)
+                _rows4(wp, (g * mq + mr) * k4, k4, xs, xb, tap, df, d0 + mr * ds, ds, span)
             if aside:
-                for m in range(mg):
-                    src, dst = U(m * ds), U(y0 + m * p_)
+                for mr in range(mg):
+                    sa, da = U(mr * ds), U(y0 + mr * p_)
                     for q in range(U(p_)):
-                        yf[dst + q] = acc[src + q]
-
-
-@jit
-def _use_taps(mg, k_, p_) -> bool:
-    """Whether :func:`_taps_range` serves ``mg`` output channels per group, ``k_`` products
-    per output and ``p_`` outputs per channel rather than im2col + BLAS."""
-    return mg <= 32 and p_ >= 16
-
-
-@jit
-def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
-    """``y[n] = conv(x[n], w)`` for the samples ``n0..n1``."""
-    m_, cg, kh_, kw_ = w.shape
-    if _use_taps(m_ // groups, cg * kh_ * kw_, y.shape[2] * y.shape[3]):
-        _taps_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups)
-    else:
-        _gemm_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups)
+                        yf[da + q] = acc[sa + q]
 
 
 @jit
