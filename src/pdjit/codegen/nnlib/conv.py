@@ -14,9 +14,11 @@ Each works on NCHW arrays (:func:`nchw`, :func:`nhwc_into` shuffle NHWC data on 
 A sample is lowered to a matrix product: its patches are copied into ``col`` (``[C/groups *
 KH * KW, OH * OW]`` per group, "im2col") and multiplied by the filter with BLAS; a filter with
 one input channel per group and few output channels (depthwise) runs as direct loops instead,
-where a product of such thin matrices would cost more than it computes. Batches of several
-samples run on threads when large (the kernels release the GIL; in a native loop's compiled
-driver, on its own thread).
+where a product of such thin matrices would cost more than it computes. The forward pass of a
+filter with few output channels per group over a plane of many outputs skips both im2col and
+BLAS: a Numba kernel reads the image through a table of tap offsets (:func:`_rows4`, see
+:func:`_fwd_range` and :func:`_use_taps`). Batches of several samples run on threads when
+large (the kernels release the GIL; in a native loop's compiled driver, on its own thread).
 """
 import numba
 import numpy as np
@@ -227,7 +229,7 @@ def _block(n, k_, p_):
 # ---- the product without im2col, for few output channels ------------------------------------
 # BLAS runs far below its peak on the thin products of a convolution with few output channels
 # per group (an [M/groups, K] filter of M/groups = 6..32), and the im2col copy before it costs
-# as much again (measured: 60% of a LeNet layer at batch 64). The kernels below read the image
+# as much again (measured: 60% of a LeNet layer at batch 64). The kernel below reads the image
 # through a table of row offsets instead ("taps"): output row ``m`` of a sample is the sum over
 # ``k`` of ``w2[m, k]`` times the ``P`` values at ``xs[tap[k]:]``, where ``xs`` holds each input
 # channel once per filter column (and stride phase of rows), so the ``P`` inputs of one filter
@@ -252,8 +254,8 @@ def _rows4(wf, w0, k4, xs, xb, tap, df, d0, ds, span):
     ``k4`` and ``span`` are multiples of 4 and 16 (the callers pad them), and the loop is told
     so (``& ~15``): a vector loop with no scalar remainder, whose copies of the 16 weights
     pushed the broadcast ones out of the registers (spilled weights: 15-20% slower, measured),
-    and a quarter of the code a remainder costs (the kernel is compiled again into every
-    caller)."""
+    and a quarter of the code of the kernel with a remainder pass (the kernel is compiled
+    again into every caller)."""
     pn = U(span) & ~U(15)
     y0, y1, y2, y3 = U(d0), U(d0 + ds), U(d0 + 2 * ds), U(d0 + 3 * ds)
     w1, w2, w3 = w0 + k4, w0 + 2 * k4, w0 + 3 * k4
@@ -315,9 +317,9 @@ def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
     phase ``r`` of the stride: ``hq`` rows (``ho * sh + r - pt`` of the image) of ``ow``
     values (columns ``o * sw + j * dw - pl``, zero outside the image), so tap ``(c, i, j)``
     reads plane ``(c, j, (i * dh) % sh)`` from row ``(i * dh) // sh`` on: ``P`` contiguous
-    values in output order (``kw`` copies of the image where im2col makes ``kh * kw``). The
-    filter is copied with its rows padded to a multiple of 4 taps (zero weights on a zero
-    plane) and, below 4 output channels per group, to 4 rows (computed aside).
+    values in output order (``kw`` copies of the image where im2col makes ``kh * kw``). Where
+    needed the filter is copied with its rows padded to a multiple of 4 taps (zero weights on
+    a zero plane) and, below 4 output channels per group, to 4 rows (computed aside).
 
     (One function for both paths, not two called from it: Numba compiles a callee on its own
     and then again inside each caller it is linked into, and its inliner copies the callee's
@@ -388,8 +390,8 @@ def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
     # code of this function otherwise, all compiled again into each caller)
     tap = np.empty(k4, np.int64)
     c = i = j = 0
-    for t in range(k4):
-        tap[t] = zero if t >= k_ else \
+    for tk in range(k4):
+        tap[tk] = zero if tk >= k_ else \
             ((c * kw_ + j) * sh + (i * dh) % sh) * pp + ((i * dh) // sh) * ow_
         j += 1
         if j == kw_:
