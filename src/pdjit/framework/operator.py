@@ -128,6 +128,16 @@ class Operator:
     def all_attrs(self) -> dict:
         return dict(self._attrs)
 
+    def sub_block_indices(self) -> list:
+        """The indices of the blocks this op owns (its BLOCK and BLOCKS attributes)."""
+        out = []
+        for a in self.desc.attrs:
+            if a.type == pb.AttrType.BLOCK:
+                out.append(int(a.block_idx))
+            elif a.type == pb.AttrType.BLOCKS:
+                out.extend(int(i) for i in a.blocks_idx)
+        return out
+
     def attr_type(self, name: str) -> int:
         for a in self.desc.attrs:
             if a.name == name:

@@ -35,6 +35,7 @@ from pdjit.framework.program import Program, Variable, default_main_program
 from pdjit.io.tensor_stream import _Reader, persistable_names, write_tensor
 from pdjit.io.variables import _read_file, commit_values, read_checked, read_values
 from pdjit.proto import framework_pb2 as pb
+from pdjit.runtime.feed_fetch import names_of
 from pdjit.runtime.scope import global_scope
 
 VarType = pb.VarType
@@ -51,18 +52,8 @@ __all__ = ["save_inference_model", "load_inference_model", "normalize_program",
 
 # -- the inference program ------------------------------------------------------------------------
 def _names(items, what: str) -> list:
-    if isinstance(items, (str, Variable)):
-        items = [items]
-    out = []
-    for item in items or ():
-        if isinstance(item, Variable):
-            out.append(item.name)
-        elif isinstance(item, str):
-            out.append(item)
-        else:
-            raise TypeError(f"{what} must be Variables or variable names, got "
-                            f"{type(item).__name__}: {item!r}")
-    return out
+    """Names of Variables or names; one of them alone stands for a list of one."""
+    return list(names_of([items] if isinstance(items, (str, Variable)) else items, what))
 
 
 def _block_reads(program: Program, idx: int, seen=None) -> set:
@@ -75,20 +66,9 @@ def _block_reads(program: Program, idx: int, seen=None) -> set:
     reads = set()
     for op in block.ops:
         reads.update(op.input_arg_names)
-        for sub in _sub_blocks(op):
+        for sub in op.sub_block_indices():
             reads |= _block_reads(program, sub, seen)
     return {n for n in reads if n not in block.vars}
-
-
-def _sub_blocks(op) -> list:
-    out = []
-    for name in op.attr_names:
-        t = op.attr_type(name)
-        if t == pb.AttrType.BLOCK:
-            out.append(op.attr(name))
-        elif t == pb.AttrType.BLOCKS:
-            out.extend(op.attr(name))
-    return out
 
 
 def _is_feed_fetch(op) -> bool:
@@ -111,7 +91,7 @@ def _prune_ops(program: Program, feeds: list, targets: list) -> list:
         if not outs:
             continue
         reads = set(op.input_arg_names)
-        for sub in _sub_blocks(op):
+        for sub in op.sub_block_indices():
             reads |= _block_reads(program, sub)
         if all(n in fed and n not in reads for n in outs):
             continue  # it only produces what is fed instead (an op updating a fed value stays)

@@ -70,7 +70,6 @@ from pdjit.passes import dump_after
 from pdjit.proto import framework_pb2 as pb
 
 VarType = pb.VarType
-_BLOCK_ATTRS = (pb.AttrType.BLOCK, pb.AttrType.BLOCKS)
 _CARRIED_ATTRS = ("op_role", "op_namescope", "op_callstack", "op_device")
 _NOT_CONSTANT = (registry.SIDE_EFFECT, registry.RANDOM, registry.CONTROL_FLOW,
                  registry.FEED_FETCH, registry.SEQUENCE)
@@ -82,7 +81,7 @@ __all__ = ["INFERENCE_PASSES", "optimize", "test_mode", "remove_noops", "fold_ba
 
 # ---- who reads and writes what ----------------------------------------------------------------
 def _owns_blocks(op) -> bool:
-    return any(op.attr_type(n) in _BLOCK_ATTRS for n in op.attr_names)
+    return bool(op.sub_block_indices())
 
 
 class _Uses:

@@ -44,7 +44,7 @@ class RunProgram:
             if v.persistable and v.type not in (VarType.FEED_MINIBATCH, VarType.FETCH_LIST))
 
 
-def _names_of(items, what: str) -> tuple:
+def names_of(items, what: str) -> tuple:
     names = []
     for item in items or ():
         if isinstance(item, Variable):
@@ -58,11 +58,11 @@ def _names_of(items, what: str) -> tuple:
 
 
 def fetch_names_of(fetch_list) -> tuple:
-    return _names_of(fetch_list, "fetch_list items")
+    return names_of(fetch_list, "fetch_list items")
 
 
 def feed_names_of(feed) -> tuple:
-    return _names_of(feed, "feed keys")
+    return names_of(feed, "feed keys")
 
 
 def _existing_feed_fetch(program: Program, feed_var: str, fetch_var: str):

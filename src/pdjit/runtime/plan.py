@@ -394,7 +394,7 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None,
                 sources.append((compiled.name, compiled.text))
                 continue
             why = node.why_not + (f"; not a native loop: {why_not}" if why_not else "")
-            subs = [(b, sub_plan(program.block(b))) for b in _sub_blocks(op)] \
+            subs = [(b, sub_plan(program.block(b))) for b in op.sub_block_indices()] \
                 if sub_plan is not None else []
             steps.append(ReferenceStep(op, op_idx, why, subs))
             _warn_reference_step(op, node.why_not)
@@ -449,18 +449,6 @@ def _warn_reference_step(op, why: str) -> None:
                       ReferenceStepWarning, stacklevel=_user_stacklevel())
 
 
-def _sub_blocks(op) -> list:
-    """The indices of the blocks ``op`` owns (its BLOCK and BLOCKS attributes)."""
-    out = []
-    for name in op.attr_names:
-        t = op.attr_type(name)
-        if t == pb.AttrType.BLOCK:
-            out.append(op.attr(name))
-        elif t == pb.AttrType.BLOCKS:
-            out.extend(op.attr(name))
-    return out
-
-
 def _step_scopes_read(program, block, fetched=()) -> bool:
     """Whether some op reads, or the run fetches, the step scopes of an op that runs ``block``
     (a ``STEP_SCOPES`` output of the op owning it)."""
@@ -469,7 +457,7 @@ def _step_scopes_read(program, block, fetched=()) -> bool:
         for op in b.ops:
             opdef = registry.lookup(op.type)
             if opdef is not None and opdef.has(registry.CONTROL_FLOW) and \
-                    block.idx in _sub_blocks(op):
+                    block.idx in op.sub_block_indices():
                 for n in op.output_arg_names:
                     v = op.block._find_var_recursive(n)
                     if v is not None and v.type == pb.VarType.STEP_SCOPES:

@@ -28,17 +28,6 @@ def quote(text) -> str:
     return f'"{s}"'
 
 
-def _sub_blocks(op) -> list:
-    out = []
-    for name in op.attr_names:
-        t = op.attr_type(name)
-        if t == pb.AttrType.BLOCK:
-            out.append(int(op.attr(name)))
-        elif t == pb.AttrType.BLOCKS:
-            out.extend(int(i) for i in op.attr(name))
-    return out
-
-
 class _Dot:
     def __init__(self, program: Program):
         self.program = program
@@ -112,7 +101,7 @@ class _Dot:
                 for n in names:
                     dst = self.var_node(block, n, pending)
                     self.edges.append(f"{op_id} -> {dst} [label={quote(slot)}];")
-            for sub in _sub_blocks(op):
+            for sub in op.sub_block_indices():
                 if sub <= 0 or sub >= self.program.num_blocks:
                     lines.append(f"{indent}// {op.type} #{i}: sub-block {sub} does not exist")
                     continue
