@@ -3,7 +3,7 @@
 ``import pdjit as fluid`` gives Fluid's user API: build a program with ``fluid.layers``, run it
 with ``fluid.Executor(fluid.CPUPlace())``.
 """
-from pdjit import backward, clip, initializer, io, layers, ops, optimizer, regularizer  # noqa: F401 (ops registers ops)
+from pdjit import backward, clip, initializer, io, layers, nets, ops, optimizer, regularizer  # noqa: F401 (ops registers ops)
 from pdjit.codegen.compiler import clear_cache
 from pdjit.framework import (
                    Block,

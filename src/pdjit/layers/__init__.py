@@ -12,6 +12,7 @@ from pdjit.layers import (
     math_ops,
     nn,
     norm,
+    rnn,
     sequence,
     shape_ops,
     tensor,
@@ -25,10 +26,11 @@ from pdjit.layers.learning_rate_scheduler import *  # noqa: F401,F403
 from pdjit.layers.math_ops import *  # noqa: F401,F403
 from pdjit.layers.nn import *  # noqa: F401,F403
 from pdjit.layers.norm import *  # noqa: F401,F403
+from pdjit.layers.rnn import *  # noqa: F401,F403
 from pdjit.layers.sequence import *  # noqa: F401,F403
 from pdjit.layers.shape_ops import *  # noqa: F401,F403
 from pdjit.layers.tensor import *  # noqa: F401,F403
 
 __all__ = (["LayerHelper"] + control_flow.__all__ + conv.__all__ + image.__all__ + io.__all__
            + learning_rate_scheduler.__all__ + math_ops.__all__ + nn.__all__ + norm.__all__
-           + sequence.__all__ + shape_ops.__all__ + tensor.__all__)
+           + rnn.__all__ + sequence.__all__ + shape_ops.__all__ + tensor.__all__)

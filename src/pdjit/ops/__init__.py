@@ -17,6 +17,7 @@ from pdjit.ops import (  # noqa: F401
     optimizer,
     pool,
     reduce,
+    rnn,
     sequence,
     shape,
     trig,

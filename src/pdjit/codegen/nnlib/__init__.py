@@ -12,7 +12,8 @@ arguments (the driver allocates them), and keep them target-neutral in meaning: 
 per operation and data layout, documented with what it computes. Every file of this package
 is part of the hash that invalidates generated modules (``compiler.deps_hash``).
 
-Submodules, one per op family, each re-exported here: ``conv``, ``pool``, ``norm``, ``image``.
+Submodules, one per op family, each re-exported here: ``conv``, ``gemm``, ``image``,
+``indexing``, ``norm``, ``pool``, ``rnn``.
 """
 import re
 
@@ -20,9 +21,12 @@ import numpy as np
 
 from pdjit.codegen.nnlib._jit import JOBS, jit, pjit  # noqa: F401
 from pdjit.codegen.nnlib.conv import *  # noqa: F401,F403
+from pdjit.codegen.nnlib.gemm import *  # noqa: F401,F403
 from pdjit.codegen.nnlib.image import *  # noqa: F401,F403
+from pdjit.codegen.nnlib.indexing import *  # noqa: F401,F403
 from pdjit.codegen.nnlib.norm import *  # noqa: F401,F403
 from pdjit.codegen.nnlib.pool import *  # noqa: F401,F403
+from pdjit.codegen.nnlib.rnn import *  # noqa: F401,F403
 
 
 def library_jobs(lines, dtype) -> list:

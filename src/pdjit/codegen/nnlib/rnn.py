@@ -1,0 +1,3 @@
+"""Recurrent kernels: the time loops of the ``rnn``, ``lstm`` and ``gru`` ops and their
+gradients."""
+__all__: list = []

@@ -1,0 +1,2 @@
+"""``fluid.nets``: Fluid 1.x's composite networks built from layers."""
+__all__: list = []
