@@ -13,7 +13,7 @@ per operation and data layout, documented with what it computes. Every file of t
 is part of the hash that invalidates generated modules (``compiler.deps_hash``).
 
 Submodules, one per op family, each re-exported here: ``conv``, ``gemm``, ``image``,
-``indexing``, ``norm``, ``pool``, ``rnn``.
+``indexing``, ``lod_rnn``, ``norm``, ``pool``, ``rnn``.
 """
 import re
 
@@ -24,6 +24,7 @@ from pdjit.codegen.nnlib.conv import *  # noqa: F401,F403
 from pdjit.codegen.nnlib.gemm import *  # noqa: F401,F403
 from pdjit.codegen.nnlib.image import *  # noqa: F401,F403
 from pdjit.codegen.nnlib.indexing import *  # noqa: F401,F403
+from pdjit.codegen.nnlib.lod_rnn import *  # noqa: F401,F403
 from pdjit.codegen.nnlib.norm import *  # noqa: F401,F403
 from pdjit.codegen.nnlib.pool import *  # noqa: F401,F403
 from pdjit.codegen.nnlib.rnn import *  # noqa: F401,F403
