@@ -11,11 +11,18 @@ Semantics follow PaddlePaddle 3.3.1's legacy ops (measured, see /tmp/paddle_note
   does, that the batch sizes (products of the batch dims) be equal unless one operand has no
   batch dims: ``[1, 3, 4] x [2, 4, 5]`` is refused there, accepted by ``matmul_v2``.
 
-All three are OPAQUE library calls. Their gradients (``mul_grad``, ``matmul_grad``,
+- ``bmm`` multiplies 3-D operands batch by batch: ``X [B, M, K] x Y [B, K, N] -> [B, M, N]``
+  (equal batch sizes, no broadcasting, no attributes), as Paddle's ``bmm``.
+
+All four are OPAQUE library calls. Their gradients (``mul_grad``, ``matmul_grad``,
 ``matmul_v2_grad``: ``X, Y, Out@GRAD -> X@GRAD?, Y@GRAD?``, Paddle's slots) are products too:
 for ``Out = op(X) @ op(Y)``, ``d op(X) = dOut @ op(Y)^T`` and ``d op(Y) = op(X)^T @ dOut``,
 transposed back where the forward transposed, and summed over the batch dims the forward
-broadcast. Rank-2 float operands lower to one ``np.dot`` per gradient.
+broadcast. Rank-2 float operands lower to one ``np.dot`` per product; every other rank (and
+``bmm``) to one ``_nn.batched_gemm`` call per product: a compiled loop over the batch of BLAS
+calls on 2-D slices, one compilation per dtype for every rank, broadcast and transpose
+(measured on the attention shapes against a host loop of ``np.dot`` and ``np.matmul``: see
+``pdjit.codegen.nnlib.gemm``). A vector times a vector (a 0-d result) runs the reference.
 """
 from __future__ import annotations
 
@@ -126,11 +133,17 @@ def _as_matrix(ctx, local: str, rank: int, split: int):
             f"{ctx.prod(local, split, rank)}))"], m
 
 
+def _alpha(ctx, alpha_attr) -> float:
+    return float(ctx.attrs[alpha_attr]) if alpha_attr else 1.0
+
+
 def _matmul_2d_lower(tx_attr, ty_attr, alpha_attr=None):
-    """Rank-2 matmul as one BLAS call (other ranks run the reference)."""
+    """Rank-2 matmul as one BLAS call; every other rank (vectors, batches) as a batched GEMM."""
     def lower(ctx):
-        if not _blas_ok(ctx) or ctx.rank("X") != 2 or ctx.rank("Y") != 2:
+        if not _blas_ok(ctx):
             return None
+        if ctx.rank("X") != 2 or ctx.rank("Y") != 2:
+            return _batched_lines(ctx, tx_attr, ty_attr, alpha_attr)
         X, Y = ctx.inp("X"), ctx.inp("Y")
         a = f"{X}.T" if ctx.attrs[tx_attr] else X
         b = f"{Y}.T" if ctx.attrs[ty_attr] else Y
@@ -139,6 +152,61 @@ def _matmul_2d_lower(tx_attr, ty_attr, alpha_attr=None):
             scale = f" * {ctx.T('X')}({float(ctx.attrs[alpha_attr])!r})"
         return [f"{ctx.out('Out')} = _rt.gemm({a}, {b}){scale}"]
     return lower
+
+
+class _Batched:
+    """Host lines viewing both operands of a (batched) matmul as 3-D ``(batch, rows, cols)``
+    arrays (a vector X as ``(1, 1, K)``, a vector Y as ``(1, K, 1)``), with their batch dims
+    aligned (padded with 1s to at least one dim) as ``int64`` vectors and the broadcast batch
+    dims of the product: what ``_nn.batched_gemm`` takes."""
+
+    def __init__(self, ctx, tx_attr, ty_attr):
+        X, Y = ctx.inp("X"), ctx.inp("Y")
+        rx, ry = ctx.rank("X"), ctx.rank("Y")
+        self.vx, self.vy = rx == 1, ry == 1
+        # a vector ignores its transpose flag
+        self.tx = bool(ctx.attrs[tx_attr]) and not self.vx
+        self.ty = bool(ctx.attrs[ty_attr]) and not self.vy
+        xb = [f"{X}.shape[{i}]" for i in range(rx - 2)]
+        yb = [f"{Y}.shape[{i}]" for i in range(ry - 2)]
+        self.nb = max(len(xb), len(yb))
+        n = max(self.nb, 1)
+        xd = ["1"] * (n - len(xb)) + xb
+        yd = ["1"] * (n - len(yb)) + yb
+        self.x3, self.y3 = ctx.tmp("x"), ctx.tmp("y")
+        self.xd, self.yd, self.od = ctx.tmp("xd"), ctx.tmp("yd"), ctx.tmp("od")
+        # the product's batch dims as expressions over the inputs (the driver allocates the
+        # output before these lines run)
+        ob = [f"_rt.bdim({a}, {c})" if a != "1" else c for a, c in zip(xd, yd)]
+        x_rows = f"(1, 1, {X}.shape[0])" if self.vx else \
+            f"({' * '.join(xb) or '1'}, {X}.shape[{rx - 2}], {X}.shape[{rx - 1}])"
+        y_rows = f"(1, {Y}.shape[0], 1)" if self.vy else \
+            f"({' * '.join(yb) or '1'}, {Y}.shape[{ry - 2}], {Y}.shape[{ry - 1}])"
+        self.lines = [f"{self.x3} = {X}.reshape({x_rows})",
+                      f"{self.y3} = {Y}.reshape({y_rows})",
+                      f"{self.xd} = np.array({ctx.tuple_src(xd)}, np.int64)",
+                      f"{self.yd} = np.array({ctx.tuple_src(yd)}, np.int64)",
+                      f"{self.od} = np.array({ctx.tuple_src(ob)}, np.int64)"]
+        self.m = "1" if self.vx else f"{X}.shape[{rx - 1 if self.tx else rx - 2}]"
+        self.n = "1" if self.vy else f"{Y}.shape[{ry - 2 if self.ty else ry - 1}]"
+        self.count = f"{self.od}.prod()"
+        # the product's shape: batch dims (none padded), then M unless X is a vector, N unless
+        # Y is one
+        self.out_shape = ctx.tuple_src(ob[n - self.nb:] + ([] if self.vx else [self.m])
+                                       + ([] if self.vy else [self.n]))
+
+
+def _batched_lines(ctx, tx_attr, ty_attr, alpha_attr):
+    """``Out = alpha * op(X) @ op(Y)`` for any ranks but vector x vector (a 0-d result)."""
+    if ctx.rank("X") == 1 and ctx.rank("Y") == 1:
+        return None
+    b = _Batched(ctx, tx_attr, ty_attr)
+    out = ctx.out("Out", shape=b.out_shape)
+    o3 = ctx.tmp("o")
+    return b.lines + [
+        f"{o3} = {out}.reshape(({b.count}, {b.m}, {b.n}))",
+        f"_nn.batched_gemm({b.x3}, {b.y3}, {b.tx}, {b.ty}, {_alpha(ctx, alpha_attr)!r}, "
+        f"{b.od}, {b.xd}, {b.yd}, {b.od}, {o3})"]
 
 
 register_op(
@@ -251,6 +319,50 @@ register_op(
     doc="Out = op(X) @ op(Y) with NumPy batch broadcasting; 1-D X is a row, 1-D Y a column.")
 
 
+# ---- bmm ------------------------------------------------------------------------------------
+def _bmm_check(xs: tuple, ys: tuple) -> None:
+    if len(xs) != 3 or len(ys) != 3:
+        raise ShapeMismatch(f"bmm: X and Y must be 3-D [batch, rows, cols]: got X {list(xs)} "
+                            f"and Y {list(ys)}")
+    if not _dims_agree(xs[0], ys[0]):
+        raise ShapeMismatch(f"bmm: the batch sizes of X {list(xs)} and Y {list(ys)} differ: "
+                            f"expected equal, got {xs[0]} and {ys[0]}")
+    if not _dims_agree(xs[2], ys[1]):
+        raise ShapeMismatch(f"bmm: X's columns must equal Y's rows: expected {xs[2]}, got "
+                            f"{ys[1]} (X {list(xs)}, Y {list(ys)})")
+
+
+def _bmm_infer(X, Y):
+    check_dtype(X, FLOATS, "input X")
+    _same_dtype(X, Y, "bmm")
+    _bmm_check(X.shape, Y.shape)
+    b = X.shape[0] if X.shape[0] >= 0 else Y.shape[0]
+    return {"Out": X.with_(shape=(b, X.shape[1], Y.shape[2]))}
+
+
+def _bmm_ref(X, Y):
+    _bmm_check(X.shape, Y.shape)
+    return {"Out": np.matmul(X, Y).astype(X.dtype, copy=False)}
+
+
+def _bmm_lower(ctx):
+    if not _blas_ok(ctx):
+        return None
+    X, Y = ctx.inp("X"), ctx.inp("Y")
+    out = ctx.out("Out", shape=f"({X}.shape[0], {X}.shape[1], {Y}.shape[2])")
+    d = ctx.tmp("bd")
+    return [f"_rt.check({X}.shape[0] == {Y}.shape[0])",
+            f"{d} = np.array(({X}.shape[0], ), np.int64)",
+            f"_nn.batched_gemm({X}, {Y}, False, False, 1.0, {d}, {d}, {d}, {d}, {out})"]
+
+
+register_op(
+    "bmm", inputs=["X", "Y"], outputs=["Out"], traits=[OPAQUE], infer_shape=_bmm_infer,
+    reference=_bmm_ref, emit=Opaque(_bmm_lower, host=True),
+    grad=default_grad("bmm_grad", fwd_inputs=("X", "Y"), wrt=("X", "Y")),
+    doc="Out[b] = X[b] @ Y[b] for 3-D X [B, M, K] and Y [B, K, N].")
+
+
 # ---- gradients ---------------------------------------------------------------------------------
 def _grad_infer(X, Y, **_):
     """Each gradient has its forward operand's shape and dtype."""
@@ -337,16 +449,18 @@ def _mul_grad_lower(ctx):
 
 
 def _matmul_grad_2d_lower(tx_attr, ty_attr, alpha_attr=None):
-    """Rank-2 gradients as BLAS calls on (possibly transposed) views; other ranks decline.
+    """Rank-2 gradients as BLAS calls on (possibly transposed) views; other ranks as
+    batched GEMMs (``_batched_grad_lines``).
 
     With ``Out = op(X) @ op(Y)``: ``dX = dOut @ op(Y)^T`` (transposed back if X was), and
     ``dY = op(X)^T @ dOut`` (likewise); each case below is that product with the transposes
     folded into the operands so the result comes out of np.dot C-contiguous.
     """
     def lower(ctx):
-        if not _grad_blas_ok(ctx) or ctx.rank("X") != 2 or ctx.rank("Y") != 2 or \
-                ctx.rank("Out@GRAD") != 2:
+        if not _grad_blas_ok(ctx):
             return None
+        if ctx.rank("X") != 2 or ctx.rank("Y") != 2 or ctx.rank("Out@GRAD") != 2:
+            return _batched_grad_lines(ctx, tx_attr, ty_attr, alpha_attr)
         X, Y, G = ctx.inp("X"), ctx.inp("Y"), ctx.inp("Out@GRAD")
         tx, ty = bool(ctx.attrs[tx_attr]), bool(ctx.attrs[ty_attr])
         scale = ""
@@ -363,6 +477,38 @@ def _matmul_grad_2d_lower(tx_attr, ty_attr, alpha_attr=None):
             lines.append(f"{ctx.out('Y@GRAD')} = _rt.gemm({dy[0]}, {dy[1]}){scale}")
         return lines
     return lower
+
+
+def _batched_grad_lines(ctx, tx_attr, ty_attr, alpha_attr):
+    """The batched gradients: each one batched GEMM over the product's batch dims, summed into
+    the operand's own batches where the forward broadcast them (``Out@GRAD`` viewed as
+    ``(batch, M, N)``); the same operand pairs as the rank-2 case."""
+    if ctx.rank("X") == 1 and ctx.rank("Y") == 1:
+        return None
+    b = _Batched(ctx, tx_attr, ty_attr)
+    X, Y, G = ctx.inp("X"), ctx.inp("Y"), ctx.inp("Out@GRAD")
+    g3 = ctx.tmp("g")
+    lines = b.lines + [f"{g3} = {G}.reshape(({b.count}, {b.m}, {b.n}))"]
+    alpha = repr(_alpha(ctx, alpha_attr))
+    tx, ty = b.tx, b.ty
+    gx = (g3, b.od)
+    xx, yy = (b.x3, b.xd), (b.y3, b.yd)
+    # (a, op(a) transposed, b, op(b) transposed) per case, as in the rank-2 table
+    dx = {(False, False): (gx, False, yy, True), (False, True): (gx, False, yy, False),
+          (True, False): (yy, False, gx, True), (True, True): (yy, True, gx, True)}[tx, ty]
+    dy = {(False, False): (xx, True, gx, False), (False, True): (gx, True, xx, False),
+          (True, False): (xx, False, gx, False), (True, True): (gx, True, xx, True)}[tx, ty]
+    for slot, src, own, case in (("X@GRAD", X, b.xd, dx), ("Y@GRAD", Y, b.yd, dy)):
+        if not ctx.has_output(slot):
+            continue
+        d = ctx.out(slot, shape=f"{src}.shape")
+        (a, da), ta, (c, dc), tc = case
+        view = b.x3 if slot == "X@GRAD" else b.y3
+        d3 = ctx.tmp("d")
+        lines += [f"{d3} = {d}.reshape({view}.shape)",
+                  f"_nn.batched_gemm({a}, {c}, {ta}, {tc}, {alpha}, {b.od}, {da}, {dc}, {own}, "
+                  f"{d3})"]
+    return lines
 
 
 register_op(
@@ -400,3 +546,34 @@ register_op(
     emit=Opaque(_matmul_grad_2d_lower("trans_x", "trans_y"), host=True), grad=None,
     doc="Gradients of matmul_v2: dOut @ op(Y)^T and op(X)^T @ dOut, transposed back where the "
         "forward transposed, summed over broadcast batch dims.")
+
+
+def _bmm_grad_ref(X, Y, **kw):
+    _bmm_check(X.shape, Y.shape)
+    dx, dy = _matmul_grads(X, Y, kw["Out@GRAD"], False, False, 1.0, "bmm_grad")
+    return {"X@GRAD": dx, "Y@GRAD": dy}
+
+
+def _bmm_grad_lower(ctx):
+    """dX[b] = dOut[b] @ Y[b]^T, dY[b] = X[b]^T @ dOut[b]: one batched GEMM each."""
+    if not _grad_blas_ok(ctx):
+        return None
+    X, Y, G = ctx.inp("X"), ctx.inp("Y"), ctx.inp("Out@GRAD")
+    d, g3 = ctx.tmp("bd"), ctx.tmp("g")
+    lines = [f"_rt.check({X}.shape[0] == {Y}.shape[0])",
+             f"{d} = np.array(({X}.shape[0], ), np.int64)",
+             f"{g3} = {G}.reshape(({X}.shape[0], {X}.shape[1], {Y}.shape[2]))"]
+    if ctx.has_output("X@GRAD"):
+        dx = ctx.out("X@GRAD", shape=f"{X}.shape")
+        lines.append(f"_nn.batched_gemm({g3}, {Y}, False, True, 1.0, {d}, {d}, {d}, {d}, {dx})")
+    if ctx.has_output("Y@GRAD"):
+        dy = ctx.out("Y@GRAD", shape=f"{Y}.shape")
+        lines.append(f"_nn.batched_gemm({X}, {g3}, True, False, 1.0, {d}, {d}, {d}, {d}, {dy})")
+    return lines
+
+
+register_op(
+    "bmm_grad", inputs=["X", "Y", "Out@GRAD"], outputs=["X@GRAD?", "Y@GRAD?"],
+    traits=[OPAQUE], infer_shape=_grad_infer, reference=_bmm_grad_ref,
+    emit=Opaque(_bmm_grad_lower, host=True), grad=None,
+    doc="Gradients of bmm: dX[b] = dOut[b] @ Y[b]^T and dY[b] = X[b]^T @ dOut[b].")
