@@ -1,3 +1,338 @@
-"""Recurrent kernels: the time loops of the ``rnn``, ``lstm`` and ``gru`` ops and their
-gradients."""
-__all__: list = []
+"""Recurrent kernels: the time loops of the ``rnn`` op (LSTM, GRU, simple RNN; stacked layers,
+both directions, sequence lengths) and its gradient.
+
+Every size is a run-time argument: one compilation per dtype serves every mode, shape and
+stack. Data is time-major: ``x`` ``(T, B, I)``, states ``(L * D, B, H)``; ``w`` holds every
+weight and bias flattened in Paddle's order (all ``w_ih, w_hh`` per layer and direction, then
+all ``b_ih, b_hh``), a weight ``w_ih`` being ``(G * H, I_l)`` with ``G`` gates per cell.
+``mode``: 0 LSTM (gates i, f, c~, o), 1 GRU (r, z, c~), 2 RNN_TANH, 3 RNN_RELU. ``lens``
+(int64, ``(B,)``, or empty: every sequence has ``T`` steps): steps at or past a sequence's
+length leave its state unchanged and write zeros to the output.
+
+Per layer and direction the forward kernel projects the input of *all* steps with one GEMM
+(``np.dot``: BLAS), then runs the time loop with one ``(B, H) x (H, G*H)`` GEMM per step and the
+gate arithmetic fused in a loop over the batch. The backward kernel runs the steps in reverse,
+keeping the gradients of the gate pre-activations, and ends with GEMMs over all steps for the
+weight and input gradients.
+
+``reserve`` (the op's ``Reserve`` viewed as the data's dtype) keeps what the gradient needs;
+per layer ``l`` and direction ``d`` (``k = l * D + d``, blocks in that order) a block of
+``T * B * (G + 2) * H`` values: the activated gates ``(T, B, G*H)`` (LSTM i, f, c~, o; GRU r, z,
+c~; simple RNN the new state), the state before each step ``(T, B, H)`` and an auxiliary
+``(T, B, H)`` (LSTM: the cell before the step; GRU: ``W_hc h + b_hc``); then, for the layers
+but the last, their outputs ``(T, B, D*H)`` as the next layer read them (after dropout).
+"""
+import numpy as np
+
+from pdjit.codegen.nnlib._jit import jit, jobs
+
+__all__ = ["rnn_forward", "rnn_backward", "rnn_gates", "rnn_reserve_size"]
+
+LSTM, GRU, RNN_TANH, RNN_RELU = 0, 1, 2, 3
+
+
+@jit
+def rnn_gates(mode):
+    """The number of gates of a cell of ``mode``."""
+    if mode == LSTM:
+        return 4
+    if mode == GRU:
+        return 3
+    return 1
+
+
+@jit
+def rnn_reserve_size(mode, seq, batch, hidden, num_layers, ndir):
+    """Values ``reserve`` holds for these sizes (see the module's docstring)."""
+    g = rnn_gates(mode)
+    return (num_layers * ndir * seq * batch * (g + 2) * hidden
+            + (num_layers - 1) * seq * batch * ndir * hidden)
+
+
+@jit
+def _sig(v):
+    return 1.0 / (1.0 + np.exp(-v))
+
+
+@jit
+def _offsets(mode, in_size, hidden, num_layers, ndir):
+    """Start of ``w_ih``, ``w_hh``, ``b_ih``, ``b_hh`` of each ``(layer, direction)`` in ``w``,
+    and the input size of each layer."""
+    gh = rnn_gates(mode) * hidden
+    k_all = num_layers * ndir
+    offs = np.empty((k_all, 4), np.int64)
+    sizes = np.empty(num_layers, np.int64)
+    pos = 0
+    for layer in range(num_layers):
+        il = in_size if layer == 0 else ndir * hidden
+        sizes[layer] = il
+        for d in range(ndir):
+            k = layer * ndir + d
+            offs[k, 0] = pos
+            pos += gh * il
+            offs[k, 1] = pos
+            pos += gh * hidden
+    for k in range(k_all):
+        offs[k, 2] = pos
+        pos += gh
+        offs[k, 3] = pos
+        pos += gh
+    return offs, sizes, pos
+
+
+@jit
+def rnn_forward(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask, drop_scale,
+                out, hn, cn, reserve):
+    """``out`` ``(T, B, D*H)``, last states ``hn`` (and ``cn`` for LSTM; ``c0``/``cn`` are not
+    read or written otherwise), and, with ``save``, ``reserve``. ``drop_mask`` (uint8,
+    ``(L-1) * T * B * D*H`` or empty: no dropout) scales the outputs of the layers but the
+    last by ``mask * drop_scale``."""
+    T, B, I = x.shape
+    H = h0.shape[2]
+    L, D = num_layers, ndir
+    G = rnn_gates(mode)
+    GH = G * H
+    DH = D * H
+    offs, sizes, total = _offsets(mode, I, H, L, D)
+    if (w.size != total or h0.shape[0] != L * D or h0.shape[1] != B or hn.shape != h0.shape
+            or out.shape != (T, B, DH) or (lens.size != 0 and lens.size != B)):
+        raise ValueError("pdjit: rnn_forward: the arrays do not fit the sizes")
+    if mode == LSTM and (c0.shape != h0.shape or cn.shape != h0.shape):
+        raise ValueError("pdjit: rnn_forward: the cell states do not fit the sizes")
+    block = T * B * (GH + 2 * H)
+    lay0 = L * D * block
+    if save and reserve.size < rnn_reserve_size(mode, T, B, H, L, D):
+        raise ValueError("pdjit: rnn_forward: Reserve is too small")
+    dropping = drop_mask.size != 0
+    inp = x.reshape((T * B, I))
+    for layer in range(L):
+        il = sizes[layer]
+        last = layer == L - 1
+        if last:
+            y = out
+        elif save:
+            y = reserve[lay0 + layer * T * B * DH:lay0 + (layer + 1) * T * B * DH].reshape(
+                (T, B, DH))
+        else:
+            y = np.empty((T, B, DH), x.dtype)
+        for d in range(D):
+            k = layer * D + d
+            wih = w[offs[k, 0]:offs[k, 0] + GH * il].reshape((GH, il))
+            whh = w[offs[k, 1]:offs[k, 1] + GH * H].reshape((GH, H))
+            bih = w[offs[k, 2]:offs[k, 2] + GH]
+            bhh = w[offs[k, 3]:offs[k, 3] + GH]
+            if save:
+                blk = reserve[k * block:(k + 1) * block]
+                gates = blk[:T * B * GH].reshape((T, B, GH))
+                hprev = blk[T * B * GH:T * B * (GH + H)].reshape((T, B, H))
+                aux = blk[T * B * (GH + H):].reshape((T, B, H))
+            else:
+                gates = np.empty((1, B, GH), x.dtype)
+                hprev = np.empty((1, B, H), x.dtype)
+                aux = np.empty((1, B, H), x.dtype)
+            xp = np.dot(inp, wih.T)  # every step's input projection: one GEMM
+            h = h0[k].copy()
+            c = c0[k].copy() if mode == LSTM else h0[k].copy()
+            for s in range(T):
+                t = s if d == 0 else T - 1 - s
+                ts = t if save else 0
+                hh = np.dot(h, whh.T)
+                for b in range(B):
+                    row = t * B + b
+                    if lens.size != 0 and t >= lens[b]:
+                        y[t, b, d * H:(d + 1) * H] = 0.0
+                        if save:
+                            gates[ts, b, :] = 0.0
+                            hprev[ts, b, :] = h[b]
+                            aux[ts, b, :] = 0.0
+                        continue
+                    for j in range(H):
+                        hp = h[b, j]
+                        if save:
+                            hprev[ts, b, j] = hp
+                        if mode == LSTM:
+                            gi = _sig(xp[row, j] + bih[j] + hh[b, j] + bhh[j])
+                            gf = _sig(xp[row, H + j] + bih[H + j] + hh[b, H + j] + bhh[H + j])
+                            gg = np.tanh(xp[row, 2 * H + j] + bih[2 * H + j] + hh[b, 2 * H + j]
+                                         + bhh[2 * H + j])
+                            go = _sig(xp[row, 3 * H + j] + bih[3 * H + j] + hh[b, 3 * H + j]
+                                      + bhh[3 * H + j])
+                            cp = c[b, j]
+                            cnew = gf * cp + gi * gg
+                            hnew = go * np.tanh(cnew)
+                            c[b, j] = cnew
+                            if save:
+                                gates[ts, b, j] = gi
+                                gates[ts, b, H + j] = gf
+                                gates[ts, b, 2 * H + j] = gg
+                                gates[ts, b, 3 * H + j] = go
+                                aux[ts, b, j] = cp
+                        elif mode == GRU:
+                            r = _sig(xp[row, j] + bih[j] + hh[b, j] + bhh[j])
+                            z = _sig(xp[row, H + j] + bih[H + j] + hh[b, H + j] + bhh[H + j])
+                            hc = hh[b, 2 * H + j] + bhh[2 * H + j]
+                            cand = np.tanh(xp[row, 2 * H + j] + bih[2 * H + j] + r * hc)
+                            hnew = z * hp + (1.0 - z) * cand
+                            if save:
+                                gates[ts, b, j] = r
+                                gates[ts, b, H + j] = z
+                                gates[ts, b, 2 * H + j] = cand
+                                aux[ts, b, j] = hc
+                        else:
+                            a = xp[row, j] + bih[j] + hh[b, j] + bhh[j]
+                            if mode == RNN_TANH:
+                                hnew = np.tanh(a)
+                            else:
+                                hnew = a if a > 0.0 else 0.0 * a
+                            if save:
+                                gates[ts, b, j] = hnew
+                                aux[ts, b, j] = 0.0
+                        h[b, j] = hnew
+                        y[t, b, d * H + j] = hnew
+            hn[k] = h
+            if mode == LSTM:
+                cn[k] = c
+        if not last:
+            if dropping:
+                m = drop_mask[layer * T * B * DH:(layer + 1) * T * B * DH]
+                y1 = y.reshape(T * B * DH)
+                for i in range(T * B * DH):
+                    y1[i] = y1[i] * drop_scale if m[i] else 0.0 * y1[i]
+            inp = y.reshape((T * B, DH))
+
+
+@jit
+def rnn_backward(x, w, lens, mode, num_layers, ndir, hidden, reserve, drop_mask, drop_scale,
+                 dout, dhn, dcn, dx, dh0, dc0, dw):
+    """Gradients of :func:`rnn_forward` (run with ``save``) from ``reserve``: ``dx``, ``dh0``,
+    ``dc0`` (LSTM; not written otherwise) and ``dw`` (flat, in ``w``'s order) from the
+    gradients of ``out``, ``hn`` and ``cn``."""
+    T, B, I = x.shape
+    H = hidden
+    L, D = num_layers, ndir
+    G = rnn_gates(mode)
+    GH = G * H
+    DH = D * H
+    offs, sizes, total = _offsets(mode, I, H, L, D)
+    if (w.size != total or dw.size != total or dout.shape != (T, B, DH)
+            or dhn.shape != (L * D, B, H) or dh0.shape != dhn.shape or dx.shape != x.shape
+            or (lens.size != 0 and lens.size != B)
+            or reserve.size < rnn_reserve_size(mode, T, B, H, L, D)):
+        raise ValueError("pdjit: rnn_backward: the arrays do not fit the sizes")
+    if mode == LSTM and (dcn.shape != dhn.shape or dc0.shape != dhn.shape):
+        raise ValueError("pdjit: rnn_backward: the cell gradients do not fit the sizes")
+    block = T * B * (GH + 2 * H)
+    lay0 = L * D * block
+    dw[:] = 0.0
+    dy = dout.copy()
+    dxp = np.empty((T, B, GH), x.dtype)
+    dhp = np.empty((T, B, GH), x.dtype) if mode == GRU else dxp
+    for layer in range(L - 1, -1, -1):
+        il = sizes[layer]
+        if layer == 0:
+            inp = x.reshape((T * B, I))
+        else:
+            inp = reserve[lay0 + (layer - 1) * T * B * DH:lay0 + layer * T * B * DH].reshape(
+                (T * B, DH))
+        dinp = np.zeros((T * B, il), x.dtype)
+        for d in range(D):
+            k = layer * D + d
+            wih = w[offs[k, 0]:offs[k, 0] + GH * il].reshape((GH, il))
+            whh = w[offs[k, 1]:offs[k, 1] + GH * H].reshape((GH, H))
+            blk = reserve[k * block:(k + 1) * block]
+            gates = blk[:T * B * GH].reshape((T, B, GH))
+            hprev = blk[T * B * GH:T * B * (GH + H)].reshape((T, B, H))
+            aux = blk[T * B * (GH + H):].reshape((T, B, H))
+            dxp[:, :, :] = 0.0
+            if mode == GRU:
+                dhp[:, :, :] = 0.0
+            dh = dhn[k].copy()
+            dc = dcn[k].copy() if mode == LSTM else dhn[k].copy()
+            for s in range(T):
+                t = T - 1 - s if d == 0 else s
+                for b in range(B):
+                    if lens.size != 0 and t >= lens[b]:
+                        continue  # the state passed through: so does its gradient
+                    for j in range(H):
+                        g = dh[b, j] + dy[t, b, d * H + j]
+                        if mode == LSTM:
+                            gi, gf = gates[t, b, j], gates[t, b, H + j]
+                            gg, go = gates[t, b, 2 * H + j], gates[t, b, 3 * H + j]
+                            cp = aux[t, b, j]
+                            tc = np.tanh(gf * cp + gi * gg)
+                            dcn_ = dc[b, j] + g * go * (1.0 - tc * tc)
+                            dxp[t, b, j] = dcn_ * gg * gi * (1.0 - gi)
+                            dxp[t, b, H + j] = dcn_ * cp * gf * (1.0 - gf)
+                            dxp[t, b, 2 * H + j] = dcn_ * gi * (1.0 - gg * gg)
+                            dxp[t, b, 3 * H + j] = g * tc * go * (1.0 - go)
+                            dc[b, j] = dcn_ * gf
+                            dh[b, j] = 0.0
+                        elif mode == GRU:
+                            r, z = gates[t, b, j], gates[t, b, H + j]
+                            cand = gates[t, b, 2 * H + j]
+                            dac = g * (1.0 - z) * (1.0 - cand * cand)
+                            dar = dac * aux[t, b, j] * r * (1.0 - r)
+                            daz = g * (hprev[t, b, j] - cand) * z * (1.0 - z)
+                            dxp[t, b, j] = dar
+                            dxp[t, b, H + j] = daz
+                            dxp[t, b, 2 * H + j] = dac
+                            dhp[t, b, j] = dar
+                            dhp[t, b, H + j] = daz
+                            dhp[t, b, 2 * H + j] = dac * r
+                            dh[b, j] = g * z
+                        else:
+                            hv = gates[t, b, j]
+                            if mode == RNN_TANH:
+                                dxp[t, b, j] = g * (1.0 - hv * hv)
+                            else:
+                                dxp[t, b, j] = g if hv > 0.0 else 0.0 * g
+                            dh[b, j] = 0.0
+                dh += np.dot(dhp[t], whh)  # rows past a length are zero there
+            dh0[k] = dh
+            if mode == LSTM:
+                dc0[k] = dc
+            # the weight and input gradients of every step at once
+            dxp2 = dxp.reshape((T * B, GH))
+            dhp2 = dhp.reshape((T * B, GH))
+            dwih = dw[offs[k, 0]:offs[k, 0] + GH * il].reshape((GH, il))
+            dwhh = dw[offs[k, 1]:offs[k, 1] + GH * H].reshape((GH, H))
+            dwih += np.dot(dxp2.T, inp)
+            dwhh += np.dot(dhp2.T, hprev.reshape((T * B, H)))
+            dbih = dw[offs[k, 2]:offs[k, 2] + GH]
+            dbhh = dw[offs[k, 3]:offs[k, 3] + GH]
+            for r_ in range(T * B):
+                for q in range(GH):
+                    dbih[q] += dxp2[r_, q]
+                    dbhh[q] += dhp2[r_, q]
+            dinp += np.dot(dxp2, wih)
+        if layer == 0:
+            dx[:, :, :] = dinp.reshape((T, B, I))
+        else:
+            dy = dinp.reshape((T, B, DH))
+            if drop_mask.size != 0:
+                m = drop_mask[(layer - 1) * T * B * DH:layer * T * B * DH]
+                d1 = dy.reshape(T * B * DH)
+                for i in range(T * B * DH):
+                    d1[i] = d1[i] * drop_scale if m[i] else 0.0 * d1[i]
+
+
+def _arr(T, nd):
+    return (T, nd)
+
+
+@jobs("rnn_forward")
+def _fwd_jobs(T):
+    a = np.dtype(T)
+    return [(rnn_forward, (_arr(a, 3), _arr(a, 3), _arr(a, 3), _arr(a, 1),
+                           _arr(np.dtype(np.int64), 1), int, int, int, bool,
+                           _arr(np.dtype(np.uint8), 1), float, _arr(a, 3), _arr(a, 3),
+                           _arr(a, 3), _arr(a, 1)))]
+
+
+@jobs("rnn_backward")
+def _bwd_jobs(T):
+    a = np.dtype(T)
+    return [(rnn_backward, (_arr(a, 3), _arr(a, 1), _arr(np.dtype(np.int64), 1), int, int,
+                            int, int, _arr(a, 1), _arr(np.dtype(np.uint8), 1), float,
+                            _arr(a, 3), _arr(a, 3), _arr(a, 3), _arr(a, 3), _arr(a, 3),
+                            _arr(a, 3), _arr(a, 1)))]
