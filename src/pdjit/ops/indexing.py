@@ -12,17 +12,33 @@ import numpy as np
 from pdjit.framework import dtypes
 from pdjit.framework.errors import ShapeMismatch
 from pdjit.framework.registry import (
+    ELEMENTWISE,
     OPAQUE,
     REQUIRED,
     Bool,
     GradOpSpec,
     Int,
     Ints,
+    Long,
+    Longs,
+    Opaque,
+    Str,
+    Strs,
     default_grad,
     grad_var_name,
     register_op,
 )
-from pdjit.ops._common import INDEX, check_dtype, int_values, norm_axis
+from pdjit.ops._common import (
+    FLOATS,
+    INDEX,
+    NUMERIC,
+    check_dtype,
+    int_values,
+    norm_axis,
+    prod_known,
+)
+
+_NATIVE = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def _merge_dims(shapes, what, skip_axis=None) -> list:
@@ -317,7 +333,7 @@ register_op(
     doc="Out = X's values one-hot encoded in a new last dim of size depth.")
 
 
-# ---- gradients ---------------------------------------------------------------------------------
+# ---- gradients -------------------------------------------------------------------------------
 # Paddle's grad ops and slots: concat_grad (X, AxisTensor?, Out@GRAD -> X@GRAD list), split's
 # gradient is a plain ``concat`` of the Out@GRADs, stack_grad (X, Y@GRAD -> X@GRAD list),
 # slice_grad (the forward inputs and attrs + Out@GRAD -> Input@GRAD), gather_grad (X, Index,
@@ -421,3 +437,690 @@ register_op(
     reference=_gather_grad_ref, emit=None, grad=None,
     doc="X@GRAD = zeros with Out@GRAD's slices added at Index along axis (repeated indices "
         "add up); gather's gradient.")
+
+
+# ==== issue 16: the indexing ops NLP programs use, natively ======================================
+# Each lowers to host lines calling the kernels of ``pdjit.codegen.nnlib.indexing`` on a
+# ``(A, N, B)`` view of its data (the indexed axis in the middle) or on flat arrays with their
+# dims as values, so one compilation per dtype serves every shape, rank and axis. Every index is
+# checked by the kernels; one out of range makes the plan re-run the reference, which raises
+# the IndexError naming the op.
+_NO_PAD = -(2 ** 63)
+
+
+def _rows_src(ctx, local: str, rank: int, axis: int) -> str:
+    """Source viewing ``local`` (of ``rank``) as ``(A, N, B)`` around ``axis``."""
+    return (f"{local}.reshape(({ctx.prod(local, 0, axis)}, {local}.shape[{axis}], "
+            f"{ctx.prod(local, axis + 1, rank)}))")
+
+
+def _flat_ids(local: str) -> str:
+    return f"{local}.reshape({local}.size).astype(np.int64)"
+
+
+def _shape_src(dims) -> str:
+    return "(" + "".join(f"{d}, " for d in dims) + ")"
+
+
+def _dims_array(local: str, lo: int, hi: int) -> str:
+    """Source of an int64 array of ``local.shape[lo:hi]`` (``hi > lo``)."""
+    return f"np.array({_shape_src(f'{local}.shape[{i}]' for i in range(lo, hi))}, np.int64)"
+
+
+def _check_index(idx: np.ndarray, n: int, what: str, wrap: bool) -> np.ndarray:
+    """``idx`` as int64 in ``0..n-1`` (``-n..-1`` counted from the end with ``wrap``)."""
+    idx = np.asarray(idx).astype(np.int64)
+    low = -n if wrap else 0
+    bad = (idx < low) | (idx >= n)
+    if np.any(bad):
+        raise IndexError(f"{what}: index {int(idx[bad].reshape(-1)[0])} is out of range: "
+                         f"expected {low} <= index < {n}")
+    return np.where(idx < 0, idx + n, idx)
+
+
+# ---- lookup_table (v1) -----------------------------------------------------------------------
+_LOOKUP_ATTRS = {
+    "padding_idx": Long(-1, low=-1, high=3), "is_sparse": Bool(False),
+    "is_distributed": Bool(False), "remote_prefetch": Bool(False), "is_test": Bool(False),
+    "entry_config": Str(""), "entry": Str("none"), "table_class": Str("none"),
+    "table_names": Strs([]), "trainer_id": Int(0), "slot": Int(0), "grad_inplace": Bool(False),
+    "epmap": Strs([]), "height_sections": Longs([])}
+
+
+def _lookup_check(W, Ids, op):
+    check_dtype(Ids, INDEX, f"{op}: Ids")
+    check_dtype(W, FLOATS, f"{op}: W")
+    if W.ndim != 2:
+        raise ShapeMismatch(f"{op}: expected W a 2-D table [rows, width], got shape "
+                            f"{list(W.shape)}")
+    if Ids.ndim < 1 or Ids.shape[-1] not in (1, -1):
+        raise ShapeMismatch(f"{op}: expected Ids with a last dim of 1 ([N, 1]), got shape "
+                            f"{list(Ids.shape)}")
+
+
+def _lookup_v1_infer(W, Ids, **_):
+    _lookup_check(W, Ids, "lookup_table")
+    return {"Out": W.with_(shape=Ids.shape[:-1] + (W.shape[1],), lod_level=Ids.lod_level)}
+
+
+def _lookup_ids(W, Ids, padding_idx, op):
+    """(flat ids, padding mask), every id not padding checked against W's rows."""
+    if Ids.ndim < 1 or Ids.shape[-1] != 1:
+        raise ShapeMismatch(f"{op}: expected Ids with a last dim of 1 ([N, 1]), got shape "
+                            f"{list(Ids.shape)}")
+    ids = Ids.astype(np.int64).reshape(-1)
+    pad = ids == padding_idx if padding_idx != -1 else np.zeros(ids.shape, bool)
+    _check_index(ids[~pad], W.shape[0], f"{op}: Ids", False)
+    return ids, pad
+
+
+def _lookup_v1_ref(W, Ids, *, padding_idx, **_):
+    ids, pad = _lookup_ids(W, Ids, padding_idx, "lookup_table")
+    out = W[np.where(pad, 0, ids)]
+    out[pad] = 0
+    return {"Out": out.reshape(Ids.shape[:-1] + (W.shape[1],))}
+
+
+def _pad_literal(padding_idx) -> str:
+    return repr(int(padding_idx)) if int(padding_idx) != -1 else repr(_NO_PAD)
+
+
+def _lookup_v1_lower(ctx):
+    if ctx.dtype("W") not in _NATIVE:
+        return None
+    W, ids = ctx.inp("W"), ctx.inp("Ids")
+    r = ctx.rank("Ids")
+    out = ctx.out("Out", shape=_shape_src([f"{ids}.shape[{i}]" for i in range(r - 1)]
+                                          + [f"{W}.shape[1]"]))
+    return [f"_nn.take_rows({W}.reshape((1, {W}.shape[0], {W}.shape[1])), {_flat_ids(ids)}, "
+            f"{_pad_literal(ctx.attrs['padding_idx'])}, False, "
+            f"{out}.reshape((1, {ids}.size, {W}.shape[1])))"]
+
+
+register_op(
+    "lookup_table", inputs=["W", "Ids"], outputs=["Out"], attrs=dict(_LOOKUP_ATTRS),
+    traits=[OPAQUE], infer_shape=_lookup_v1_infer, reference=_lookup_v1_ref,
+    emit=Opaque(_lookup_v1_lower, host=True),
+    grad=default_grad("lookup_table_grad", fwd_inputs=("W", "Ids"), wrt=("W",)),
+    doc="Out[n, :] = W[Ids[n, 0], :] (Ids of shape [..., 1]); rows for padding_idx (unless -1) "
+        "are zeros. is_sparse is ignored: the gradient is dense.")
+
+
+def _lookup_v1_grad_ref(W, Ids, *, padding_idx, **kw):
+    g = kw["Out@GRAD"]
+    ids, pad = _lookup_ids(W, Ids, padding_idx, "lookup_table_grad")
+    if g.size != ids.size * W.shape[1]:
+        raise ShapeMismatch(f"lookup_table_grad: expected Out@GRAD of shape "
+                            f"{list(Ids.shape[:-1]) + [W.shape[1]]}, got {list(g.shape)}")
+    dw = np.zeros(W.shape, W.dtype)
+    np.add.at(dw, ids[~pad], g.reshape(ids.size, W.shape[1])[~pad])
+    return {"W@GRAD": dw}
+
+
+def _lookup_v1_grad_lower(ctx):
+    if ctx.dtype("W") not in _NATIVE or ctx.dtype("Out@GRAD") != ctx.dtype("W"):
+        return None
+    W, ids, g = ctx.inp("W"), ctx.inp("Ids"), ctx.inp("Out@GRAD")
+    dw = ctx.out("W@GRAD", shape=f"{W}.shape", zero=True)
+    return [f"_nn.scatter_rows({dw}.reshape((1, {W}.shape[0], {W}.shape[1])), "
+            f"{_flat_ids(ids)}, {g}.reshape((1, {ids}.size, {W}.shape[1])), 2, "
+            f"{_pad_literal(ctx.attrs['padding_idx'])}, False)"]
+
+
+register_op(
+    "lookup_table_grad", inputs=["W", "Ids", "Out@GRAD"], outputs=["W@GRAD?"],
+    attrs=dict(_LOOKUP_ATTRS), traits=[OPAQUE], infer_shape=_same_metas("W"),
+    reference=_lookup_v1_grad_ref, emit=Opaque(_lookup_v1_grad_lower, host=True), grad=None,
+    doc="W@GRAD (dense) = the sum of the Out@GRAD rows of each row's lookups; padding_idx's "
+        "row stays zero.")
+
+
+# ---- index_select ----------------------------------------------------------------------------
+def _index_vector(Index, op):
+    check_dtype(Index, INDEX, f"{op}: Index")
+    if Index.ndim not in (1, 2) or (Index.ndim == 2 and Index.shape[1] not in (1, -1)):
+        raise ShapeMismatch(f"{op}: expected Index of rank 1 (or [N, 1]), got shape "
+                            f"{list(Index.shape)}")
+
+
+def _index_select_infer(X, Index, *, dim):
+    _index_vector(Index, "index_select")
+    d = norm_axis(dim, X.ndim, "index_select: dim")
+    return {"Out": X.with_(shape=X.shape[:d] + (Index.shape[0],) + X.shape[d + 1:])}
+
+
+def _index_select_ref(X, Index, *, dim):
+    d = norm_axis(dim, X.ndim, "index_select: dim")
+    idx = _check_index(Index.reshape(-1), X.shape[d], "index_select: Index", True)
+    return {"Out": np.take(X, idx, axis=d)}
+
+
+def _index_select_lower(ctx):
+    r = ctx.rank("X")
+    d = norm_axis(ctx.attrs["dim"], r)
+    X, idx = ctx.inp("X"), ctx.inp("Index")
+    dims = [f"{X}.shape[{i}]" if i != d else f"{idx}.size" for i in range(r)]
+    out = ctx.out("Out", shape=_shape_src(dims))
+    return [f"_nn.take_rows({_rows_src(ctx, X, r, d)}, {_flat_ids(idx)}, {_NO_PAD}, True, "
+            f"{_rows_src(ctx, out, r, d)})"]
+
+
+register_op(
+    "index_select", inputs=["X", "Index"], outputs=["Out"], attrs={"dim": Int(0, low=-2, high=1)},
+    traits=[OPAQUE], infer_shape=_index_select_infer, reference=_index_select_ref,
+    emit=Opaque(_index_select_lower, host=True),
+    grad=default_grad("index_select_grad", fwd_inputs=("X", "Index")),
+    doc="Out = X's slices at Index along dim (negative indices count from the end).")
+
+
+def _index_select_grad_ref(X, Index, *, dim, **kw):
+    g = kw["Out@GRAD"]
+    d = norm_axis(dim, X.ndim, "index_select_grad: dim")
+    idx = _check_index(Index.reshape(-1), X.shape[d], "index_select_grad: Index", True)
+    want = X.shape[:d] + (idx.size,) + X.shape[d + 1:]
+    if g.shape != want:
+        raise ShapeMismatch(f"index_select_grad: expected Out@GRAD of shape {list(want)}, got "
+                            f"{list(g.shape)}")
+    dx = np.zeros(X.shape, X.dtype)
+    np.add.at(np.moveaxis(dx, d, 0), idx, np.moveaxis(g, d, 0))
+    return {"X@GRAD": dx}
+
+
+def _index_select_grad_lower(ctx):
+    if ctx.dtype("Out@GRAD") != ctx.dtype("X"):
+        return None
+    r = ctx.rank("X")
+    d = norm_axis(ctx.attrs["dim"], r)
+    X, idx, g = ctx.inp("X"), ctx.inp("Index"), ctx.inp("Out@GRAD")
+    dx = ctx.out("X@GRAD", shape=f"{X}.shape", zero=True)
+    return [f"_nn.scatter_rows({_rows_src(ctx, dx, r, d)}, {_flat_ids(idx)}, "
+            f"{_rows_src(ctx, g, r, d)}, 2, {_NO_PAD}, True)"]
+
+
+register_op(
+    "index_select_grad", inputs=["X", "Index", "Out@GRAD"], outputs=["X@GRAD?"],
+    attrs={"dim": Int(0)}, traits=[OPAQUE], infer_shape=_same_metas("X"),
+    reference=_index_select_grad_ref, emit=Opaque(_index_select_grad_lower, host=True),
+    grad=None, doc="X@GRAD = zeros with Out@GRAD's slices added at Index along dim.")
+
+
+# ---- gather_nd -------------------------------------------------------------------------------
+def _gather_nd_infer(X, Index):
+    check_dtype(Index, INDEX, "gather_nd: Index")
+    if Index.ndim < 1:
+        raise ShapeMismatch("gather_nd: expected Index of rank >= 1, got a 0-d tensor")
+    k = Index.shape[-1]
+    if k < 0:
+        raise ShapeMismatch(f"gather_nd: Index's last dim (the depth of each index) must be "
+                            f"known when the program is built, got shape {list(Index.shape)}")
+    if k > X.ndim:
+        raise ShapeMismatch(f"gather_nd: expected Index's last dim <= X's rank {X.ndim}, got "
+                            f"{k} (Index {list(Index.shape)}, X {list(X.shape)})")
+    return {"Out": X.with_(shape=Index.shape[:-1] + X.shape[k:])}
+
+
+def _gather_nd_rows(X, Index, op):
+    """(X as rows [prod(X.shape[:k]), rest], the row of each index, Out's shape)."""
+    k = Index.shape[-1]
+    if k > X.ndim:
+        raise ShapeMismatch(f"{op}: expected Index's last dim <= X's rank {X.ndim}, got {k}")
+    lead = X.shape[:k]
+    idx = Index.reshape(-1, k).astype(np.int64)
+    rows = np.zeros(idx.shape[0], np.int64)
+    for j in range(k):
+        col = _check_index(idx[:, j], lead[j], f"{op}: Index[..., {j}]", True)
+        rows = rows * lead[j] + col
+    return X.reshape((int(np.prod(lead, dtype=np.int64)), -1) if X.size else
+                     (int(np.prod(lead, dtype=np.int64)), int(np.prod(X.shape[k:])))), rows, \
+        Index.shape[:-1] + X.shape[k:]
+
+
+def _gather_nd_ref(X, Index):
+    x2, rows, shape = _gather_nd_rows(X, Index, "gather_nd")
+    return {"Out": x2[rows].reshape(shape)}
+
+
+def _gather_nd_lines(ctx, X, idx):
+    """(lines binding the rows, the rows' local, the row count source, k)."""
+    k = ctx.shape("Index")[-1]
+    ri = ctx.rank("Index")
+    m = ctx.prod(idx, 0, ri - 1)
+    rows = ctx.tmp("rows")
+    if k == 0:
+        return [f"{rows} = np.zeros(({m},), np.int64)"], rows, m, k
+    return [f"{rows} = np.empty(({m},), np.int64)",
+            f"_nn.nd_rows({idx}.reshape(({m}, {k})).astype(np.int64), {_dims_array(X, 0, k)}, "
+            f"{rows})"], rows, m, k
+
+
+def _gather_nd_lower(ctx):
+    X, idx = ctx.inp("X"), ctx.inp("Index")
+    r, ri = ctx.rank("X"), ctx.rank("Index")
+    lines, rows, m, k = _gather_nd_lines(ctx, X, idx)
+    dims = [f"{idx}.shape[{i}]" for i in range(ri - 1)] + [f"{X}.shape[{i}]"
+                                                           for i in range(k, r)]
+    out = ctx.out("Out", shape=_shape_src(dims))
+    lead, rest = ctx.prod(X, 0, k), ctx.prod(X, k, r)
+    return lines + [f"_nn.take_rows({X}.reshape((1, {lead}, {rest})), {rows}, {_NO_PAD}, False, "
+                    f"{out}.reshape((1, {m}, {rest})))"]
+
+
+register_op(
+    "gather_nd", inputs=["X", "Index"], outputs=["Out"], traits=[OPAQUE],
+    infer_shape=_gather_nd_infer, reference=_gather_nd_ref,
+    emit=Opaque(_gather_nd_lower, host=True),
+    grad=default_grad("gather_nd_grad", fwd_inputs=("X", "Index")),
+    doc="Out[i...] = X[Index[i..., :]] (an index of depth k picks a slice X[j0, ..., jk-1]; "
+        "negative entries count from the end).")
+
+
+def _gather_nd_grad_ref(X, Index, **kw):
+    g = kw["Out@GRAD"]
+    x2, rows, shape = _gather_nd_rows(X, Index, "gather_nd_grad")
+    if g.shape != tuple(shape):
+        raise ShapeMismatch(f"gather_nd_grad: expected Out@GRAD of shape {list(shape)}, got "
+                            f"{list(g.shape)}")
+    dx = np.zeros(x2.shape, X.dtype)
+    np.add.at(dx, rows, g.reshape(rows.size, x2.shape[1]))
+    return {"X@GRAD": dx.reshape(X.shape)}
+
+
+def _gather_nd_grad_lower(ctx):
+    if ctx.dtype("Out@GRAD") != ctx.dtype("X"):
+        return None
+    X, idx, g = ctx.inp("X"), ctx.inp("Index"), ctx.inp("Out@GRAD")
+    r = ctx.rank("X")
+    lines, rows, m, k = _gather_nd_lines(ctx, X, idx)
+    dx = ctx.out("X@GRAD", shape=f"{X}.shape", zero=True)
+    lead, rest = ctx.prod(X, 0, k), ctx.prod(X, k, r)
+    return lines + [f"_nn.scatter_rows({dx}.reshape((1, {lead}, {rest})), {rows}, "
+                    f"{g}.reshape((1, {m}, {rest})), 2, {_NO_PAD}, False)"]
+
+
+register_op(
+    "gather_nd_grad", inputs=["X", "Index", "Out@GRAD"], outputs=["X@GRAD?"], traits=[OPAQUE],
+    infer_shape=_same_metas("X"), reference=_gather_nd_grad_ref,
+    emit=Opaque(_gather_nd_grad_lower, host=True), grad=None,
+    doc="X@GRAD = zeros with Out@GRAD's slices added where Index picked them.")
+
+
+# ---- scatter ---------------------------------------------------------------------------------
+def _scatter_infer(X, Ids, Updates, **_):
+    _index_vector(Ids, "scatter")
+    if X.ndim < 1 or Updates.ndim != X.ndim:
+        raise ShapeMismatch(f"scatter: expected Updates of X's rank {X.ndim}, got shape "
+                            f"{list(Updates.shape)} (X {list(X.shape)})")
+    _merge_dims([(-1,) + tuple(X.shape[1:]), (-1,) + tuple(Updates.shape[1:])],
+                "scatter: Updates' dims after the first vs X's")
+    if Updates.dtype != X.dtype:
+        raise ShapeMismatch(f"scatter: expected Updates of X's dtype {X.dtype}, got "
+                            f"{Updates.dtype}")
+    return {"Out": X}
+
+
+def _scatter_plan(X, Ids, Updates, op):
+    ids = _check_index(Ids.reshape(-1), X.shape[0], f"{op}: Ids", True)
+    if Updates is not None and (Updates.shape[0] != ids.size or Updates.shape[1:] != X.shape[1:]):
+        raise ShapeMismatch(f"{op}: expected Updates of shape {[ids.size] + list(X.shape[1:])} "
+                            f"(one row per id), got {list(Updates.shape)}")
+    return ids
+
+
+def _scatter_ref(X, Ids, Updates, *, overwrite):
+    ids = _scatter_plan(X, Ids, Updates, "scatter")
+    out = X.copy()
+    if overwrite:
+        for m, i in enumerate(ids):  # the last of repeated ids wins
+            out[i] = Updates[m]
+    else:
+        out[ids] = 0
+        np.add.at(out, ids, Updates)
+    return {"Out": out}
+
+
+def _scatter_lower(ctx):
+    X, ids, u = ctx.inp("X"), ctx.inp("Ids"), ctx.inp("Updates")
+    r = ctx.rank("X")
+    out = ctx.out("Out", shape=f"{X}.shape")
+    rest = ctx.prod(X, 1, r)
+    return [f"{out}.reshape({out}.size)[:] = {X}.reshape({X}.size)",
+            f"_nn.scatter_rows({out}.reshape((1, {X}.shape[0], {rest})), {_flat_ids(ids)}, "
+            f"{u}.reshape((1, {u}.shape[0], {ctx.prod(u, 1, r)})), "
+            f"{0 if ctx.attrs['overwrite'] else 1}, {_NO_PAD}, True)"]
+
+
+register_op(
+    "scatter", inputs=["X", "Ids", "Updates"], outputs=["Out"],
+    attrs={"overwrite": Bool(True)}, traits=[OPAQUE], infer_shape=_scatter_infer,
+    reference=_scatter_ref, emit=Opaque(_scatter_lower, host=True),
+    grad=default_grad("scatter_grad", fwd_inputs=("Ids", "Updates"), wrt=("X", "Updates")),
+    doc="Out = X with row Ids[m] replaced by Updates[m] (overwrite: the last repeat wins; "
+        "otherwise the rows at Ids are zeroed, then every update added).")
+
+
+def _scatter_grad_infer(Ids, Updates, **kw):
+    return {"X@GRAD": kw["Out@GRAD"], "Updates@GRAD": Updates}
+
+
+def _scatter_grad_ref(Ids, Updates, *, overwrite, **kw):
+    g = kw["Out@GRAD"]
+    ids = _scatter_plan(g, Ids, Updates, "scatter_grad")
+    dx = g.copy()
+    dx[ids] = 0
+    return {"X@GRAD": dx, "Updates@GRAD": g[ids].astype(Updates.dtype)}
+
+
+def _scatter_grad_lower(ctx):
+    if ctx.dtype("Out@GRAD") != ctx.dtype("Updates"):
+        return None
+    ids, u, g = ctx.inp("Ids"), ctx.inp("Updates"), ctx.inp("Out@GRAD")
+    r = ctx.rank("Out@GRAD")
+    g3 = f"{g}.reshape((1, {g}.shape[0], {ctx.prod(g, 1, r)}))"
+    flat = ctx.tmp("ids")
+    lines = [f"{flat} = {_flat_ids(ids)}"]
+    if ctx.has_output("X@GRAD"):
+        dx = ctx.out("X@GRAD", shape=f"{g}.shape")
+        lines += [f"{dx}.reshape({dx}.size)[:] = {g}.reshape({g}.size)",
+                  f"_nn.scatter_rows({dx}.reshape((1, {g}.shape[0], {ctx.prod(g, 1, r)})), "
+                  f"{flat}, {g3}, 3, {_NO_PAD}, True)"]
+    if ctx.has_output("Updates@GRAD"):
+        du = ctx.out("Updates@GRAD", shape=f"{u}.shape")
+        lines.append(f"_nn.take_rows({g3}, {flat}, {_NO_PAD}, True, "
+                     f"{du}.reshape((1, {u}.shape[0], {ctx.prod(u, 1, r)})))")
+    return lines
+
+
+register_op(
+    "scatter_grad", inputs=["Ids", "Updates", "Out@GRAD"], outputs=["X@GRAD?", "Updates@GRAD?"],
+    attrs={"overwrite": Bool(True)}, traits=[OPAQUE], infer_shape=_scatter_grad_infer,
+    reference=_scatter_grad_ref, emit=Opaque(_scatter_grad_lower, host=True), grad=None,
+    doc="X@GRAD = Out@GRAD with the rows at Ids zeroed; Updates@GRAD = Out@GRAD's rows at Ids.")
+
+
+# ---- where / where_index / masked_select -----------------------------------------------------
+def _where_infer(Condition, X, Y):
+    if Condition.dtype != np.dtype(bool):
+        raise ShapeMismatch(f"where: expected Condition of dtype bool, got {Condition.dtype}")
+    if X.dtype != Y.dtype:
+        raise ShapeMismatch(f"where: expected X and Y of one dtype, got {X.dtype} and {Y.dtype}")
+    shape = _merge_dims([Condition.shape, X.shape, Y.shape], "where: Condition, X and Y")
+    return {"Out": X.with_(shape=tuple(shape))}
+
+
+def _where_ref(Condition, X, Y):
+    _merge_dims([Condition.shape, X.shape, Y.shape], "where: Condition, X and Y")
+    return {"Out": np.where(Condition, X, Y)}
+
+
+register_op(
+    "where", inputs=["Condition", "X", "Y"], outputs=["Out"], traits=[ELEMENTWISE],
+    infer_shape=_where_infer, reference=_where_ref, emit="({X} if {Condition} else {Y})",
+    grad=default_grad("where_grad", fwd_inputs=("Condition", "X", "Y"), wrt=("X", "Y")),
+    doc="Out = X where Condition else Y (Condition, X, Y of one shape).")
+
+
+def _where_grad_infer(Condition, X, Y, **_):
+    return {"X@GRAD": X, "Y@GRAD": Y}
+
+
+def _where_grad_ref(Condition, X, Y, **kw):
+    g = kw["Out@GRAD"]
+    zero = np.zeros((), g.dtype)
+    return {"X@GRAD": np.where(Condition, g, zero).astype(X.dtype),
+            "Y@GRAD": np.where(Condition, zero, g).astype(Y.dtype)}
+
+
+def _where_grad_lower(ctx):
+    c, g, X, Y = (ctx.inp(s) for s in ("Condition", "Out@GRAD", "X", "Y"))
+    i = ctx.tmp("i")
+    body = []
+    for slot, src, when in (("X@GRAD", X, True), ("Y@GRAD", Y, False)):
+        if ctx.has_output(slot):
+            d, T = ctx.out(slot, shape=f"{src}.shape"), ctx.T(slot)
+            body.append(f"    {d}[{i}] = {g}[{i}] if {'' if when else 'not '}{c}[{i}] else "
+                        f"{T}(0)")
+    return [f"for {i} in range({g}.shape[0]):"] + body
+
+
+register_op(
+    "where_grad", inputs=["Condition", "X", "Y", "Out@GRAD"], outputs=["X@GRAD?", "Y@GRAD?"],
+    traits=[OPAQUE], infer_shape=_where_grad_infer, reference=_where_grad_ref,
+    emit=Opaque(_where_grad_lower, flat=True), grad=None,
+    doc="X@GRAD = Out@GRAD where Condition else 0; Y@GRAD the other way round.")
+
+
+def _where_index_infer(Condition):
+    return {"Out": Condition.with_(shape=(-1, Condition.ndim), dtype=np.dtype(np.int64),
+                                   lod_level=0)}
+
+
+def _where_index_ref(Condition):
+    return {"Out": np.argwhere(Condition).astype(np.int64).reshape(-1, Condition.ndim)}
+
+
+def _where_index_lower(ctx):
+    r = ctx.rank("Condition")
+    if r == 0:
+        return None
+    c, out = ctx.inp("Condition"), ctx.out("Out")
+    return [f"{out} = np.empty((np.count_nonzero({c}), {r}), np.int64)",
+            f"_nn.nonzero_index({c}.reshape({c}.size), {_dims_array(c, 0, r)}, {out})"]
+
+
+register_op(
+    "where_index", inputs=["Condition"], outputs=["Out"], traits=[OPAQUE],
+    infer_shape=_where_index_infer, reference=_where_index_ref,
+    emit=Opaque(_where_index_lower, host=True), grad=None,
+    doc="Out = the coordinates [n, rank] (int64, C order) of Condition's true elements.")
+
+
+def _masked_select_infer(X, Mask):
+    if Mask.dtype != np.dtype(bool):
+        raise ShapeMismatch(f"masked_select: expected Mask of dtype bool, got {Mask.dtype}")
+    _merge_dims([X.shape, Mask.shape], "masked_select: X and Mask")
+    return {"Y": X.with_(shape=(-1,), lod_level=0)}
+
+
+def _masked_select_ref(X, Mask):
+    _merge_dims([X.shape, Mask.shape], "masked_select: X and Mask")
+    return {"Y": X[Mask]}
+
+
+def _masked_select_lower(ctx):
+    X, m, y = ctx.inp("X"), ctx.inp("Mask"), ctx.out("Y")
+    return [f"if {X}.shape != {m}.shape: raise ValueError('pdjit: masked_select shapes differ')",
+            f"{y} = np.empty((np.count_nonzero({m}),), {ctx.T('X')})",
+            f"_nn.mask_take({X}.reshape({X}.size), {m}.reshape({m}.size), {y})"]
+
+
+register_op(
+    "masked_select", inputs=["X", "Mask"], outputs=["Y"], traits=[OPAQUE],
+    infer_shape=_masked_select_infer, reference=_masked_select_ref,
+    emit=Opaque(_masked_select_lower, host=True),
+    grad=default_grad("masked_select_grad", fwd_inputs=("X", "Mask"), grad_outputs=("Y",)),
+    doc="Y = X's elements where Mask (of X's shape) is true, in C order, as a 1-D tensor.")
+
+
+def _masked_select_grad_ref(X, Mask, **kw):
+    g = kw["Y@GRAD"]
+    if g.size != int(Mask.sum()):
+        raise ShapeMismatch(f"masked_select_grad: expected Y@GRAD of {int(Mask.sum())} "
+                            f"elements (Mask's true count), got {g.size}")
+    dx = np.zeros(X.shape, X.dtype)
+    dx[Mask] = g.reshape(-1)
+    return {"X@GRAD": dx}
+
+
+def _masked_select_grad_lower(ctx):
+    X, m, g = ctx.inp("X"), ctx.inp("Mask"), ctx.inp("Y@GRAD")
+    dx = ctx.out("X@GRAD", shape=f"{X}.shape")
+    return [f"_nn.mask_put({g}, {m}.reshape({m}.size), {dx}.reshape({dx}.size))"]
+
+
+register_op(
+    "masked_select_grad", inputs=["X", "Mask", "Y@GRAD"], outputs=["X@GRAD?"], traits=[OPAQUE],
+    infer_shape=_same_metas("X"), reference=_masked_select_grad_ref,
+    emit=Opaque(_masked_select_grad_lower, host=True), grad=None,
+    doc="X@GRAD = Y@GRAD's elements back where Mask is true, zeros elsewhere.")
+
+
+# ---- cumsum ----------------------------------------------------------------------------------
+_CUMSUM_ATTRS = {"axis": Int(-1, low=-2, high=1), "flatten": Bool(False),
+                 "exclusive": Bool(False), "reverse": Bool(False)}
+
+
+def _cumsum_infer(X, *, axis, flatten, **_):
+    check_dtype(X, NUMERIC, "cumsum: X")
+    if flatten:
+        return {"Out": X.with_(shape=(prod_known(X.shape),))}
+    norm_axis(axis, X.ndim, "cumsum: axis")
+    return {"Out": X}
+
+
+def _np_cumsum(x, axis, exclusive, reverse):
+    """Running sums in NumPy (the reference): flips around ``np.cumsum``."""
+    if reverse:
+        x = np.flip(x, axis)
+    out = np.cumsum(x, axis=axis, dtype=x.dtype)
+    if exclusive:
+        out = np.concatenate([np.zeros_like(np.take(out, [0], axis=axis)),
+                              np.take(out, range(x.shape[axis] - 1), axis=axis)], axis=axis) \
+            if x.shape[axis] else out
+    return np.ascontiguousarray(np.flip(out, axis) if reverse else out)
+
+
+def _cumsum_ref(X, *, axis, flatten, exclusive, reverse):
+    x = X.reshape(-1) if flatten else X
+    a = 0 if flatten else norm_axis(axis, X.ndim, "cumsum: axis")
+    if x.ndim == 0:
+        return {"Out": x.copy()}
+    return {"Out": _np_cumsum(x, a, exclusive, reverse)}
+
+
+def _cumsum_lower_for(src_slot, dst_slot, flip):
+    def lower(ctx):
+        a = ctx.attrs
+        r = ctx.rank("X")
+        if r == 0 or ctx.dtype(src_slot) != ctx.dtype(dst_slot if dst_slot != "Out" else "X"):
+            return None
+        x = ctx.inp(src_slot)
+        X = ctx.inp("X")
+        if a["flatten"]:
+            shape = f"({X}.size,)" if dst_slot == "Out" else f"{X}.shape"
+            view = lambda local: f"{local}.reshape((1, {local}.size, 1))"  # noqa: E731
+        else:
+            ax = norm_axis(a["axis"], r)
+            shape = f"{X}.shape"
+            view = lambda local: _rows_src(ctx, local, r, ax)  # noqa: E731
+        out = ctx.out(dst_slot, shape=shape)
+        reverse = bool(a["reverse"]) != flip
+        return [f"_nn.cumsum_rows({view(x)}, {bool(a['exclusive'])}, {reverse}, {view(out)})"]
+    return lower
+
+
+register_op(
+    "cumsum", inputs=["X"], outputs=["Out"], attrs=dict(_CUMSUM_ATTRS), traits=[OPAQUE],
+    infer_shape=_cumsum_infer, reference=_cumsum_ref,
+    emit=Opaque(_cumsum_lower_for("X", "Out", False), host=True),
+    grad=default_grad("cumsum_grad", fwd_inputs=("X",)),
+    doc="Out = the running sums of X along axis (of X flattened with flatten); from the end "
+        "with reverse; each leaving out its own element with exclusive.")
+
+
+def _cumsum_grad_ref(X, *, axis, flatten, exclusive, reverse, **kw):
+    g = kw["Out@GRAD"]
+    if g.size != X.size:
+        raise ShapeMismatch(f"cumsum_grad: expected Out@GRAD of {X.size} elements (X's), got "
+                            f"shape {list(g.shape)}")
+    g = g.reshape(-1) if flatten else g.reshape(X.shape)
+    a = 0 if flatten else norm_axis(axis, X.ndim, "cumsum_grad: axis")
+    if g.ndim == 0:
+        return {"X@GRAD": g.copy()}
+    # each X element reaches the sums after it (before it, reversed): the opposite running sum
+    return {"X@GRAD": _np_cumsum(g, a, exclusive, not reverse).reshape(X.shape)}
+
+
+register_op(
+    "cumsum_grad", inputs=["X", "Out@GRAD"], outputs=["X@GRAD?"], attrs=dict(_CUMSUM_ATTRS),
+    traits=[OPAQUE], infer_shape=_same_metas("X"), reference=_cumsum_grad_ref,
+    emit=Opaque(_cumsum_lower_for("Out@GRAD", "X@GRAD", True), host=True), grad=None,
+    doc="X@GRAD = the running sums of Out@GRAD in the opposite direction.")
+
+
+# ---- argsort ---------------------------------------------------------------------------------
+_ARGSORT_ATTRS = {"axis": Int(-1, low=-2, high=1), "descending": Bool(False),
+                  "stable": Bool(False)}
+
+
+def _argsort_infer(X, *, axis, **_):
+    check_dtype(X, NUMERIC, "argsort: X")
+    if X.ndim:
+        norm_axis(axis, X.ndim, "argsort: axis")
+    return {"Out": X, "Indices": X.with_(dtype=np.dtype(np.int64))}
+
+
+def _argsort_ref(X, *, axis, descending, stable):
+    if X.ndim == 0:
+        return {"Out": X.copy(), "Indices": np.zeros((), np.int64)}
+    a = norm_axis(axis, X.ndim, "argsort: axis")
+    if descending:  # stable: equal values keep their order of appearance
+        n = X.shape[a]
+        rev = np.flip(np.argsort(np.flip(X, a), axis=a, kind="stable"), a)
+        idx = n - 1 - rev
+    else:
+        idx = np.argsort(X, axis=a, kind="stable")
+    idx = np.ascontiguousarray(idx, dtype=np.int64)
+    return {"Out": np.take_along_axis(X, idx, axis=a), "Indices": idx}
+
+
+def _argsort_lower(ctx):
+    r = ctx.rank("X")
+    if r == 0:
+        return None
+    ax = norm_axis(ctx.attrs["axis"], r)
+    X = ctx.inp("X")
+    out = ctx.out("Out", shape=f"{X}.shape")
+    idx = ctx.out("Indices", shape=f"{X}.shape")
+    return [f"_nn.argsort_rows({_rows_src(ctx, X, r, ax)}, {bool(ctx.attrs['descending'])}, "
+            f"{_rows_src(ctx, out, r, ax)}, {_rows_src(ctx, idx, r, ax)})"]
+
+
+register_op(
+    "argsort", inputs=["X"], outputs=["Out", "Indices"], attrs=dict(_ARGSORT_ATTRS),
+    traits=[OPAQUE], infer_shape=_argsort_infer, reference=_argsort_ref,
+    emit=Opaque(_argsort_lower, host=True),
+    grad=default_grad("argsort_grad", fwd_inputs=("X",), fwd_outputs=("Indices",)),
+    doc="Out = X sorted along axis (descending with descending), Indices = where each came "
+        "from; the sort is stable (equal values keep their order) whatever stable says.")
+
+
+def _argsort_grad_ref(X, Indices, *, axis, **kw):
+    g = kw["Out@GRAD"]
+    if g.shape != X.shape or Indices.shape != X.shape:
+        raise ShapeMismatch(f"argsort_grad: expected Indices and Out@GRAD of X's shape "
+                            f"{list(X.shape)}, got {list(Indices.shape)} and {list(g.shape)}")
+    if X.ndim == 0:
+        return {"X@GRAD": g.copy()}
+    a = norm_axis(axis, X.ndim, "argsort_grad: axis")
+    _check_index(Indices, X.shape[a], "argsort_grad: Indices", False)
+    dx = np.zeros(X.shape, X.dtype)
+    np.put_along_axis(dx, Indices, g, axis=a)
+    return {"X@GRAD": dx}
+
+
+def _argsort_grad_lower(ctx):
+    r = ctx.rank("X")
+    if r == 0 or ctx.dtype("Out@GRAD") != ctx.dtype("X"):
+        return None
+    ax = norm_axis(ctx.attrs["axis"], r)
+    X, idx, g = ctx.inp("X"), ctx.inp("Indices"), ctx.inp("Out@GRAD")
+    dx = ctx.out("X@GRAD", shape=f"{X}.shape")
+    return [f"_nn.put_along_rows({_rows_src(ctx, g, r, ax)}, {_rows_src(ctx, idx, r, ax)}, "
+            f"{_rows_src(ctx, dx, r, ax)})"]
+
+
+register_op(
+    "argsort_grad", inputs=["X", "Indices", "Out@GRAD"], outputs=["X@GRAD?"],
+    attrs=dict(_ARGSORT_ATTRS), traits=[OPAQUE], infer_shape=_same_metas("X"),
+    reference=_argsort_grad_ref, emit=Opaque(_argsort_grad_lower, host=True), grad=None,
+    doc="X@GRAD[Indices] = Out@GRAD along axis: the sort's permutation undone.")

@@ -1,2 +1,384 @@
-"""Indexing kernels: gathers, scatters, scans and sorts that op lowerings call."""
-__all__: list = []
+"""Indexing kernels: gathers, scatters, tiling, scans and sorts that op lowerings call.
+
+Every kernel sees its data through a few canonical views, so one compilation per dtype serves
+every rank, axis and op:
+
+- *rows* ``(A, N, B)``: the axis that is indexed (``N``) with everything before it folded into
+  ``A`` and everything after it into ``B`` (``take_rows``, ``scatter_rows``, ``cumsum_rows``,
+  ``argsort_rows``, ``put_along_rows``). ``lookup_table`` is ``A = 1``; ``index_select`` along
+  ``dim`` and ``gather_nd`` (after ``nd_rows`` made linear row numbers) are the same call.
+- *flat arrays with their dims as ``int64`` arrays* (``tile_nd``, ``untile_nd``,
+  ``nonzero_index``): the rank is a value, not a type.
+
+Indices arrive as ``int64``. ``wrap`` lets ``-N <= i < 0`` count from the end (Paddle 3.x's
+``index_select``, ``gather_nd``, ``scatter``); any other index out of range raises
+``IndexError``: the plan then re-runs the op's NumPy reference, which raises the error that
+names the op and the index. Outputs are arguments (the driver allocates them).
+"""
+import numpy as np
+
+from pdjit.codegen.nnlib._jit import jit, jobs
+
+__all__ = ["take_rows", "scatter_rows", "nd_rows", "tile_nd", "untile_nd", "cumsum_rows",
+           "nonzero_index", "argsort_rows", "put_along_rows", "range_size", "range_fill",
+           "mask_take", "mask_put"]
+
+#: ``pad`` value meaning "no padding row"
+NO_PAD = -(2 ** 63)
+
+
+@jit
+def _row(i, n, wrap):
+    """Index ``i`` into ``0..n-1`` (negative ones from the end with ``wrap``), else -1."""
+    if i < 0 and wrap:
+        i += n
+    if i < 0 or i >= n:
+        return -1
+    return i
+
+
+@jit
+def take_rows(x, idx, pad, wrap, out):
+    """``out[a, m, :] = x[a, idx[m], :]``; rows whose index equals ``pad`` are zeros."""
+    A, N, B = x.shape
+    M = idx.shape[0]
+    if out.shape[0] != A or out.shape[1] != M or out.shape[2] != B:
+        raise ValueError("pdjit: take_rows: the output does not fit")
+    for m in range(M):
+        if idx[m] == pad:
+            for a in range(A):
+                for b in range(B):
+                    out[a, m, b] = 0
+            continue
+        i = _row(idx[m], N, wrap)
+        if i < 0:
+            raise IndexError("pdjit: take_rows: an index is out of range")
+        for a in range(A):
+            for b in range(B):
+                out[a, m, b] = x[a, i, b]
+
+
+@jit
+def scatter_rows(out, idx, upd, mode, pad, wrap):
+    """Rows of ``upd`` (``(A, M, B)``) into ``out`` (``(A, N, B)``) at ``idx``: ``mode`` 0
+    assigns (the last of repeated indices wins), 1 zeroes the indexed rows then adds (Paddle's
+    ``scatter`` with ``overwrite=False``), 2 adds, 3 only zeroes the indexed rows (``upd``
+    unread). Indices equal to ``pad`` are skipped."""
+    A, N, B = out.shape
+    M = idx.shape[0]
+    if mode != 3 and (upd.shape[0] != A or upd.shape[1] != M or upd.shape[2] != B):
+        raise ValueError("pdjit: scatter_rows: the updates do not fit")
+    for m in range(M):
+        if idx[m] != pad and _row(idx[m], N, wrap) < 0:
+            raise IndexError("pdjit: scatter_rows: an index is out of range")
+    if mode == 1 or mode == 3:
+        for m in range(M):
+            if idx[m] == pad:
+                continue
+            i = _row(idx[m], N, wrap)
+            for a in range(A):
+                for b in range(B):
+                    out[a, i, b] = 0
+        if mode == 3:
+            return
+    for m in range(M):
+        if idx[m] == pad:
+            continue
+        i = _row(idx[m], N, wrap)
+        if mode == 0:
+            for a in range(A):
+                for b in range(B):
+                    out[a, i, b] = upd[a, m, b]
+        else:
+            for a in range(A):
+                for b in range(B):
+                    out[a, i, b] += upd[a, m, b]
+
+
+@jit
+def nd_rows(index, dims, rows):
+    """``rows[m]`` = the linear row number of ``index[m, :]`` into leading ``dims`` (C order,
+    negative entries from the end): ``gather_nd``'s rows of ``X`` viewed as
+    ``(prod(dims), rest)``."""
+    M, K = index.shape
+    if dims.shape[0] != K or rows.shape[0] != M:
+        raise ValueError("pdjit: nd_rows: the shapes do not fit")
+    for m in range(M):
+        r = 0
+        for k in range(K):
+            i = _row(index[m, k], dims[k], True)
+            if i < 0:
+                raise IndexError("pdjit: nd_rows: an index is out of range")
+            r = r * dims[k] + i
+        rows[m] = r
+
+
+@jit
+def _source_row(c, xdims, xstrides):
+    s = 0
+    for k in range(c.shape[0]):
+        s += (c[k] % xdims[k]) * xstrides[k]
+    return s
+
+
+@jit
+def _strides(dims):
+    R = dims.shape[0]
+    st = np.ones(R, np.int64)
+    for k in range(R - 2, -1, -1):
+        st[k] = st[k + 1] * dims[k + 1]
+    return st
+
+
+@jit
+def _check_tiling(x, xdims, out, odims):
+    R = xdims.shape[0]
+    if odims.shape[0] != R or R == 0:
+        raise ValueError("pdjit: tile: the ranks do not fit")
+    p, q = 1, 1
+    for k in range(R):
+        if xdims[k] < 1 or odims[k] % xdims[k] != 0:
+            raise ValueError("pdjit: tile: the dims do not fit")
+        p *= xdims[k]
+        q *= odims[k]
+    if x.shape[0] != p or out.shape[0] != q:
+        raise ValueError("pdjit: tile: the sizes do not fit")
+
+
+@jit
+def tile_nd(x, xdims, out, odims):
+    """``out[c] = x[c % xdims]`` over flat C-order arrays of dims ``xdims`` and ``odims``
+    (each ``odims[k]`` a multiple of ``xdims[k]``): ``tile``, and broadcasting (``expand_v2``,
+    ``expand_as_v2``) where ``xdims[k]`` is 1. Row by row along the last dim."""
+    _check_tiling(x, xdims, out, odims)
+    if out.shape[0] == 0:
+        return
+    R = xdims.shape[0]
+    xlast, olast = xdims[R - 1], odims[R - 1]
+    xs = _strides(xdims)
+    c = np.zeros(R, np.int64)
+    rows = out.shape[0] // olast
+    o = 0
+    for _ in range(rows):
+        s = _source_row(c, xdims, xs)
+        if xlast == olast:
+            for j in range(olast):
+                out[o + j] = x[s + j]
+        elif xlast == 1:
+            v = x[s]
+            for j in range(olast):
+                out[o + j] = v
+        else:
+            for j in range(olast):
+                out[o + j] = x[s + j % xlast]
+        o += olast
+        k = R - 2  # the odometer over the leading dims
+        while k >= 0:
+            c[k] += 1
+            if c[k] < odims[k]:
+                break
+            c[k] = 0
+            k -= 1
+
+
+@jit
+def untile_nd(g, xdims, dx, odims):
+    """The gradient of :func:`tile_nd`: ``dx[c % xdims] += g[c]`` (``dx`` is zeroed first)."""
+    _check_tiling(dx, xdims, g, odims)
+    dx[:] = 0
+    if g.shape[0] == 0:
+        return
+    R = xdims.shape[0]
+    xlast, olast = xdims[R - 1], odims[R - 1]
+    xs = _strides(xdims)
+    c = np.zeros(R, np.int64)
+    rows = g.shape[0] // olast
+    o = 0
+    for _ in range(rows):
+        s = _source_row(c, xdims, xs)
+        if xlast == olast:
+            for j in range(olast):
+                dx[s + j] += g[o + j]
+        elif xlast == 1:
+            t = dx[s]
+            for j in range(olast):
+                t += g[o + j]
+            dx[s] = t
+        else:
+            for j in range(olast):
+                dx[s + j % xlast] += g[o + j]
+        o += olast
+        k = R - 2
+        while k >= 0:
+            c[k] += 1
+            if c[k] < odims[k]:
+                break
+            c[k] = 0
+            k -= 1
+
+
+@jit
+def cumsum_rows(x, exclusive, reverse, out):
+    """Running sums along ``N`` of ``(A, N, B)``: from the end with ``reverse``; each sum leaves
+    out its own element with ``exclusive`` (the first is 0). Sums in the data's type."""
+    A, N, B = x.shape
+    if out.shape != x.shape:
+        raise ValueError("pdjit: cumsum_rows: the output does not fit")
+    for a in range(A):
+        for k in range(N):
+            n = N - 1 - k if reverse else k
+            p = n + 1 if reverse else n - 1
+            if k == 0:
+                for b in range(B):
+                    out[a, n, b] = 0 if exclusive else x[a, n, b]
+            elif exclusive:
+                for b in range(B):
+                    out[a, n, b] = out[a, p, b] + x[a, p, b]
+            else:
+                for b in range(B):
+                    out[a, n, b] = out[a, p, b] + x[a, n, b]
+
+
+@jit
+def nonzero_index(c, dims, out):
+    """The coordinates (rows of ``out``, ``(count, R)`` int64) of the nonzero elements of the
+    flat C-order array ``c`` of dims ``dims``, in order."""
+    R = dims.shape[0]
+    if out.shape[1] != R:
+        raise ValueError("pdjit: nonzero_index: the output does not fit")
+    st = _strides(dims)
+    m = 0
+    for i in range(c.shape[0]):
+        if c[i] != 0:
+            if m >= out.shape[0]:
+                raise ValueError("pdjit: nonzero_index: more nonzeros than rows")
+            r = i
+            for k in range(R):
+                out[m, k] = r // st[k]
+                r -= out[m, k] * st[k]
+            m += 1
+    if m != out.shape[0]:
+        raise ValueError("pdjit: nonzero_index: fewer nonzeros than rows")
+
+
+@jit
+def argsort_rows(x, descending, out, idx):
+    """Stable sort of each ``x[a, :, b]``: ``out`` the sorted values, ``idx`` their positions
+    (ascending, or descending with equal values kept in their order of appearance)."""
+    A, N, B = x.shape
+    if out.shape != x.shape or idx.shape != x.shape:
+        raise ValueError("pdjit: argsort_rows: the outputs do not fit")
+    col = np.empty(N, x.dtype)
+    for a in range(A):
+        for b in range(B):
+            if descending:  # a stable ascending sort of the reversed column, read backwards
+                for n in range(N):
+                    col[n] = x[a, N - 1 - n, b]
+            else:
+                for n in range(N):
+                    col[n] = x[a, n, b]
+            order = np.argsort(col, kind="mergesort")
+            for n in range(N):
+                if descending:
+                    i = N - 1 - order[N - 1 - n]
+                else:
+                    i = order[n]
+                idx[a, n, b] = i
+                out[a, n, b] = x[a, i, b]
+
+
+@jit
+def put_along_rows(g, idx, dx):
+    """``dx[a, idx[a, n, b], b] = g[a, n, b]`` (``dx`` zeroed first): the gradient of a
+    permutation along ``N`` (argsort's)."""
+    A, N, B = dx.shape
+    if g.shape != idx.shape or g.shape[0] != A or g.shape[2] != B:
+        raise ValueError("pdjit: put_along_rows: the shapes do not fit")
+    dx[:, :, :] = 0
+    for a in range(A):
+        for n in range(g.shape[1]):
+            for b in range(B):
+                i = idx[a, n, b]
+                if i < 0 or i >= N:
+                    raise IndexError("pdjit: put_along_rows: an index is out of range")
+                dx[a, i, b] += g[a, n, b]
+
+
+@jit
+def range_size(start, end, step, integral):
+    """The length of ``start, start + step, ...`` up to ``end`` (excluded), Paddle's rule:
+    ``(|end - start| + |step| - 1) // |step|`` for integers, ``ceil(|(end - start) / step|)``
+    in the data's type otherwise; a zero step raises."""
+    if step == 0:
+        raise ValueError("pdjit: range: the step is 0")
+    if integral:
+        return np.int64((abs(end - start) + abs(step) - 1) // abs(step))
+    return np.int64(np.ceil(abs((end - start) / step)))
+
+
+@jit
+def range_fill(out, start, step):
+    """``out[i] = start + step + ... + step`` (``i`` steps added one by one, as Paddle)."""
+    v = start
+    for i in range(out.shape[0]):
+        out[i] = v
+        v += step
+
+
+@jit
+def mask_take(x, mask, out):
+    """``out`` = the elements of flat ``x`` where flat ``mask`` is nonzero, in order."""
+    m = 0
+    for i in range(x.shape[0]):
+        if mask[i] != 0:
+            if m >= out.shape[0]:
+                raise ValueError("pdjit: mask_take: more selected elements than outputs")
+            out[m] = x[i]
+            m += 1
+    if m != out.shape[0]:
+        raise ValueError("pdjit: mask_take: fewer selected elements than outputs")
+
+
+@jit
+def mask_put(g, mask, dx):
+    """The gradient of :func:`mask_take`: ``g``'s elements back where ``mask`` is nonzero,
+    zeros elsewhere."""
+    m = 0
+    for i in range(dx.shape[0]):
+        if mask[i] != 0:
+            if m >= g.shape[0]:
+                raise ValueError("pdjit: mask_put: fewer gradients than selected elements")
+            dx[i] = g[m]
+            m += 1
+        else:
+            dx[i] = 0
+    if m != g.shape[0]:
+        raise ValueError("pdjit: mask_put: more gradients than selected elements")
+
+
+_I64 = np.dtype(np.int64)
+
+
+@jobs("take_rows")
+def _take_jobs(T):
+    return [(take_rows, [(T, 3), (_I64, 1), "int", "bool", (T, 3)])]
+
+
+@jobs("scatter_rows")
+def _scatter_jobs(T):
+    return [(scatter_rows, [(T, 3), (_I64, 1), (T, 3), "int", "int", "bool"])]
+
+
+@jobs("tile_nd")
+def _tile_jobs(T):
+    return [(tile_nd, [(T, 1), (_I64, 1), (T, 1), (_I64, 1)])]
+
+
+@jobs("untile_nd")
+def _untile_jobs(T):
+    return [(untile_nd, [(T, 1), (_I64, 1), (T, 1), (_I64, 1)])]
+
+
+@jobs("cumsum_rows")
+def _cumsum_jobs(T):
+    return [(cumsum_rows, [(T, 3), "bool", "bool", (T, 3)])]
