@@ -399,3 +399,240 @@ register_op(
     reference=lambda X, *, axis, **kw: _transpose_grad_ref(X.shape, axis, kw["Out@GRAD"]),
     emit=Opaque(_transpose_grad_lower, host=True), grad=None,
     doc="X@GRAD = Out@GRAD permuted back (the inverse of axis); the gradient of transpose.")
+
+
+# ---- tiling and broadcasting: expand (v1), tile, expand_v2, expand_as_v2 -----------------------
+# Out repeats X: ``tile``/``expand`` (Fluid 1.x's tiling) repeat whole copies of X along each
+# dim; ``expand_v2``/``expand_as_v2`` broadcast dims of size 1. Both are ``Out[c] =
+# X[c % X.dims]`` with X padded with leading 1s to Out's rank, so all four lower to one kernel
+# (``_nn.tile_nd``) and their gradients to its adjoint (``_nn.untile_nd``: the sum over the
+# copies). Repeat counts and shapes given as tensors are read at run time, natively too.
+_TILE_MAX_RANK = 6
+
+
+def _tensor_count(meta, what: str) -> int:
+    """How many values a 1-D shape tensor holds (must be known at build time: it is a rank)."""
+    n = meta.shape[0] if meta.shape else 1
+    if n < 0:
+        raise ShapeMismatch(f"{what}: its length decides Out's rank, so it must be known when "
+                            f"the program is built: expected shape [k], got {list(meta.shape)}")
+    return n
+
+
+def _given_values(tensor, tensor_list, attr):
+    """The repeat counts or target dims: from the tensor input, the list of 1-element tensors,
+    or the attribute (run time)."""
+    if tensor is not None:
+        return int_values(tensor)
+    if tensor_list:
+        return int_values(tensor_list)
+    return [int(v) for v in attr]
+
+
+def _tiled_dims(x_shape, reps, op: str) -> tuple:
+    """(X's dims padded to Out's rank, Out's dims) of tiling X ``reps`` times."""
+    r = max(len(x_shape), len(reps))
+    if r > _TILE_MAX_RANK:
+        raise ShapeMismatch(f"{op}: expected a rank <= {_TILE_MAX_RANK}, got X "
+                            f"{list(x_shape)} repeated {list(reps)}")
+    xd = (1,) * (r - len(x_shape)) + tuple(x_shape)
+    rp = (1,) * (r - len(reps)) + tuple(int(t) for t in reps)
+    for t in rp:
+        if t < 1 and t != -1:
+            raise ShapeMismatch(f"{op}: expected repeat counts >= 1, got {list(reps)}")
+    return xd, tuple(-1 if d < 0 or t < 0 else d * t for d, t in zip(xd, rp))
+
+
+def _broadcast_dims(x_shape, shape, op: str, keep=True) -> tuple:
+    """(X's dims padded to Out's rank, Out's dims) of broadcasting X to ``shape`` (-1 keeps X's
+    dim with ``keep``)."""
+    r = len(shape)
+    if r < len(x_shape) or r > _TILE_MAX_RANK:
+        raise ShapeMismatch(f"{op}: expected a target shape of rank {len(x_shape)}.."
+                            f"{_TILE_MAX_RANK} (X is {list(x_shape)}), got {list(shape)}")
+    xd = (1,) * (r - len(x_shape)) + tuple(x_shape)
+    out = []
+    for i, (d, s) in enumerate(zip(xd, shape)):
+        s = int(s)
+        if s == -1 and keep:
+            if i < r - len(x_shape):
+                raise ShapeMismatch(f"{op}: a new leading dim cannot be -1: expected a size "
+                                    f"at index {i} of shape {list(shape)}")
+            out.append(d)
+        elif s < 1 and s != -1:
+            raise ShapeMismatch(f"{op}: expected target dims >= 1, got {list(shape)}")
+        elif d in (1, -1) or s == -1 or d == s:
+            out.append(s)
+        else:
+            raise ShapeMismatch(f"{op}: X's dim {i - (r - len(x_shape))} of size {d} can only "
+                                f"be broadcast from 1: expected {d} or a dim of size 1, got "
+                                f"target {s} (X {list(x_shape)}, shape {list(shape)})")
+    return xd, tuple(out)
+
+
+def _tile_array(x, xd, od) -> np.ndarray:
+    reps = tuple(o // d if d else 0 for d, o in zip(xd, od))
+    return np.tile(x.reshape(xd), reps) if x.size else np.zeros(od, x.dtype)
+
+
+def _untile_array(g, xd, od, x_shape, op: str) -> np.ndarray:
+    if tuple(g.shape) != tuple(od):
+        raise ShapeMismatch(f"{op}: expected Out@GRAD of shape {list(od)} (Out's), got "
+                            f"{list(g.shape)}")
+    inter = []
+    for d, o in zip(xd, od):
+        inter += [o // d if d else 0, d]
+    axes = tuple(range(0, 2 * len(xd), 2))
+    return g.reshape(inter).sum(axis=axes).reshape(x_shape).astype(g.dtype)
+
+
+# the four ops: (tensor slot, list slot, attribute, broadcast?)
+_TILING = {
+    "expand": ("ExpandTimes", "expand_times_tensor", "expand_times", False),
+    "tile": ("RepeatTimes", "repeat_times_tensor", "repeat_times", False),
+    "expand_v2": ("Shape", "expand_shapes_tensor", "shape", True),
+    "expand_as_v2": (None, None, "target_shape", True),
+}
+
+
+def _tiling_dims(op, x_shape, values, Y=None):
+    """(padded X dims, Out dims) of op ``op`` given the run-time or build-time ``values``."""
+    if op == "expand":
+        if len(values) != len(x_shape):
+            raise ShapeMismatch(f"expand: expected expand_times with one count per dim of X "
+                                f"{list(x_shape)}, got {list(values)}")
+        return _tiled_dims(x_shape, values, op)
+    if op == "tile":
+        return _tiled_dims(x_shape, values, op)
+    if op == "expand_as_v2" and not values:
+        if Y is None:
+            raise ShapeMismatch("expand_as_v2: expected target_shape or an input Y, got "
+                                "neither")
+        values = list(Y)
+    return _broadcast_dims(x_shape, values, op, keep=op == "expand_v2")
+
+
+def _make_tiling(op):
+    t_slot, l_slot, attr, _ = _TILING[op]
+
+    def infer(X, Y=None, **kw):
+        tensor, tlist = kw.get(t_slot) if t_slot else None, kw.get(l_slot) if l_slot else None
+        if X.ndim == 0 and op == "expand":
+            raise ShapeMismatch("expand: expected X of rank >= 1, got a 0-d tensor")
+        if tensor is not None or tlist:
+            n = _tensor_count(tensor, t_slot) if tensor is not None else len(tlist)
+            r = max(n, X.ndim) if op == "tile" else n
+            return {"Out": X.with_(shape=(-1,) * r)}
+        _, od = _tiling_dims(op, X.shape, [int(v) for v in kw[attr]],
+                             Y.shape if Y is not None else None)
+        return {"Out": X.with_(shape=od)}
+
+    def ref(X, Y=None, **kw):
+        tensor, tlist = kw.get(t_slot) if t_slot else None, kw.get(l_slot) if l_slot else None
+        values = _given_values(tensor, tlist, kw[attr])
+        xd, od = _tiling_dims(op, X.shape, values, Y.shape if Y is not None else None)
+        return {"Out": _tile_array(X, xd, od)}
+
+    def lower(ctx):
+        X = ctx.inp("X")
+        r = ctx.rank("Out")
+        rx = ctx.rank("X")
+        if r == 0 or r < rx:
+            return None
+        lines = []
+        if t_slot and ctx.has_input(t_slot):
+            t = ctx.tmp("v")
+            lines.append(f"{t} = {ctx.inp(t_slot)}.astype(np.int64)")
+            vals = [f"{t}[{i}]" for i in range(_tensor_count_src(ctx, t_slot))]
+        elif l_slot and ctx.has_input(l_slot):
+            vals = [f"np.int64({ctx.inp(l_slot, i)}.reshape({ctx.inp(l_slot, i)}.size)[0])"
+                    for i in range(len(ctx.op.input(l_slot)))]
+        elif op == "expand_as_v2" and not ctx.attrs[attr]:
+            if not ctx.has_input("Y"):
+                return None
+            Yl = ctx.inp("Y")
+            vals = [f"{Yl}.shape[{i}]" for i in range(ctx.rank("Y"))]
+        else:
+            vals = [repr(int(v)) for v in ctx.attrs[attr]]
+        if len(vals) > r:
+            return None
+        xd = ["1"] * (r - rx) + [f"{X}.shape[{i}]" for i in range(rx)]
+        vals = ["1"] * (r - len(vals)) + vals
+        if _TILING[op][3]:  # broadcast: -1 keeps X's dim; X's dim must be 1 or the target
+            od = [f"({d} if {v} == -1 else {v})" if op == "expand_v2" else v
+                  for d, v in zip(xd, vals)]
+            lines += [f"_rt.check({d} == 1 or {d} == {o})" for d, o in zip(xd, od)
+                      if d != "1"]
+        else:
+            lines += [f"_rt.check({v} >= 1)" for v in vals if not v.isdigit()]
+            od = [f"{d} * {v}" if v != "1" else d for d, v in zip(xd, vals)]
+        dims = [ctx.tmp("d") for _ in od]
+        lines += [f"{d} = {o}" for d, o in zip(dims, od)]
+        out = ctx.out("Out")
+        lines.append(f"{out} = np.empty({ctx.tuple_src(dims)}, {ctx.T('X')})")
+        lines.append(f"_nn.tile_nd({X}.reshape({X}.size), np.array({ctx.tuple_src(xd)}, "
+                     f"np.int64), {out}.reshape({out}.size), np.array({ctx.tuple_src(dims)}, "
+                     f"np.int64))")
+        return lines
+
+    return infer, ref, lower
+
+
+def _tensor_count_src(ctx, slot) -> int:
+    shape = ctx.shape(slot)
+    return shape[0] if shape else 1
+
+
+def _untile_lower(ctx):
+    """The gradient of any of the four: the sum of Out@GRAD over the copies of X."""
+    if ctx.dtype("Out@GRAD") != ctx.dtype("X"):
+        return None
+    X, g = ctx.inp("X"), ctx.inp("Out@GRAD")
+    r, rx = ctx.rank("Out@GRAD"), ctx.rank("X")
+    if r == 0 or r < rx:
+        return None
+    xd = ["1"] * (r - rx) + [f"{X}.shape[{i}]" for i in range(rx)]
+    dx = ctx.out("X@GRAD", shape=f"{X}.shape")
+    od = ctx.tuple_src(f"{g}.shape[{i}]" for i in range(r))
+    return [f"_nn.untile_nd({g}.reshape({g}.size), np.array({ctx.tuple_src(xd)}, np.int64), "
+            f"{dx}.reshape({dx}.size), np.array({od}, np.int64))"]
+
+
+def _make_untile_ref(op):
+    t_slot, l_slot, attr, _ = _TILING[op]
+
+    def ref(X, **kw):
+        g = kw["Out@GRAD"]
+        tensor, tlist = kw.get(t_slot) if t_slot else None, kw.get(l_slot) if l_slot else None
+        values = _given_values(tensor, tlist, kw[attr])
+        if op == "expand_as_v2" and not values:
+            values = list(g.shape)  # Y is not an input of the grad op: Out@GRAD has Out's shape
+        xd, od = _tiling_dims(op, X.shape, values)
+        return {"X@GRAD": _untile_array(g, xd, od, X.shape, f"{op}_grad")}
+    return ref
+
+
+_TILING_DOCS = {
+    "expand": "Out = X tiled expand_times[i] times along each dim i (Fluid 1.x's expand; "
+              "ExpandTimes or expand_times_tensor override the attribute).",
+    "tile": "Out = X tiled repeat_times[i] times along each dim i (X or repeat_times padded "
+            "with leading 1s to one rank; RepeatTimes or repeat_times_tensor override).",
+    "expand_v2": "Out = X broadcast to shape (X padded with leading 1s; -1 keeps X's dim; "
+                 "Shape or expand_shapes_tensor override).",
+    "expand_as_v2": "Out = X broadcast to target_shape (or Y's shape when target_shape is "
+                    "empty).",
+}
+
+for _op, (_t, _l, _attr, _bcast) in _TILING.items():
+    _ins = ["X"] + ([f"{_t}?", f"{_l}*?"] if _t else ["Y?"])
+    _infer, _ref, _lower = _make_tiling(_op)
+    _fwd = ("X", _t, _l) if _t else ("X",)
+    register_op(
+        _op, inputs=_ins, outputs=["Out"], attrs={_attr: Ints([])}, traits=[OPAQUE],
+        infer_shape=_infer, reference=_ref, emit=Opaque(_lower, host=True),
+        grad=default_grad(f"{_op}_grad", fwd_inputs=_fwd), doc=_TILING_DOCS[_op])
+    register_op(
+        f"{_op}_grad", inputs=[i for i in _ins if i != "Y?"] + ["Out@GRAD"], outputs=["X@GRAD?"],
+        attrs={_attr: Ints([])}, traits=[OPAQUE], infer_shape=_grad_meta_from_x,
+        reference=_make_untile_ref(_op), emit=Opaque(_untile_lower, host=True), grad=None,
+        doc=f"X@GRAD = the sum of Out@GRAD over the copies of X; the gradient of {_op}.")
