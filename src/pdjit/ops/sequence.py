@@ -789,3 +789,564 @@ register_op(
     "lod_reset_grad", inputs=["X", "Out@GRAD"], outputs=["X@GRAD"], attrs={},
     traits=TRAITS, infer_shape=lambda X, **_: {"X@GRAD": X}, reference=_lod_reset_grad_ref,
     emit=Opaque(_lower.lod_reset_grad), grad=None, out_lod=lambda lods, **_: {"X@GRAD": lods["X"]})
+
+
+# ---- lstm / gru / sequence_conv: Fluid 1.x's LoD recurrent ops -------------------------------
+RNN_ACTIVATIONS = ("sigmoid", "tanh", "relu", "identity")
+_F32_64 = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _sigmoid(v):
+    # PaddlePaddle's recurrent kernels clamp sigmoid's input to [-40, 13]
+    return 1.0 / (1.0 + np.exp(-np.clip(v, -40.0, 13.0)))
+
+
+_ACT = {"sigmoid": _sigmoid, "tanh": np.tanh, "relu": lambda v: np.maximum(v, 0.0),
+        "identity": lambda v: v, "": lambda v: v}
+_DACT = {"sigmoid": lambda y: y * (1.0 - y), "tanh": lambda y: 1.0 - y * y,
+         "relu": lambda y: (y > 0).astype(y.dtype), "identity": np.ones_like,
+         "": np.ones_like}
+
+
+def _check_acts(**acts) -> None:
+    for name, value in acts.items():
+        if value not in _ACT:
+            raise ShapeMismatch(f"attribute {name}={value!r}: expected one of "
+                                f"{', '.join(RNN_ACTIVATIONS)}")
+
+
+def _batch_order(offs: np.ndarray, reverse: bool):
+    """PaddlePaddle's batch order of a LoD batch: ``(order, starts, rows)``. The sequences
+    sorted by length, longest first (ties in order); time step ``t`` is the block
+    ``starts[t]:starts[t + 1]`` of batch rows, one per sequence alive at ``t``; ``rows[i]`` is
+    the row of the input batch row ``i`` holds (reversed sequences run from their end)."""
+    lens = np.diff(offs)
+    order = np.argsort(-lens, kind="stable")
+    longest = int(lens.max()) if lens.size else 0
+    alive = [order[lens[order] > t] for t in range(longest)]
+    starts = np.cumsum([0] + [len(a) for a in alive]).astype(np.int64)
+    pieces = [offs[a] + (lens[a] - 1 - t if reverse else t) for t, a in enumerate(alive)]
+    rows = np.concatenate(pieces).astype(np.int64) if pieces else np.zeros(0, np.int64)
+    return order, starts, rows
+
+
+def _dim_is(have, want) -> bool:
+    return have == -1 or want == -1 or have == want
+
+
+def _check_2d(meta: VarMeta, slot: str, shape, op: str) -> None:
+    if meta.ndim != 2 or not all(_dim_is(h, w) for h, w in zip(meta.shape, shape)):
+        raise ShapeMismatch(f"{op}: input {slot} of shape {list(meta.shape)}: expected "
+                            f"{list(shape)}")
+
+
+def _rnn_metas(Input: VarMeta, Weight: VarMeta, gates: int, op: str):
+    check_dtype(Input, FLOATS, f"{op}: input Input")
+    if Weight.dtype != Input.dtype:
+        raise ShapeMismatch(f"{op}: Weight is {Weight.dtype}: expected Input's dtype "
+                            f"{Input.dtype}")
+    if Weight.ndim != 2:
+        raise ShapeMismatch(f"{op}: input Weight of shape {list(Weight.shape)}: expected "
+                            f"[H, {gates}H]")
+    h = Weight.shape[0]
+    _check_2d(Weight, "Weight", (h, gates * h if h != -1 else -1), op)
+    _check_2d(Input, "Input", (-1, gates * h if h != -1 else -1), op)
+    rows = Input.with_(shape=(Input.shape[0], h))
+    return h, rows
+
+
+def _rnn_arrays(op, Input, Weight, gates, offs_lod, **optional):
+    """Checks the run-time shapes: H, and the offsets of Input's last LoD level."""
+    h = Weight.shape[0] if Weight.ndim == 2 else -1
+    if Weight.ndim != 2 or Weight.shape[1] != gates * h:
+        raise ShapeMismatch(f"{op}: input Weight of shape {list(Weight.shape)}: expected "
+                            f"[H, {gates}H]")
+    if Input.ndim != 2 or Input.shape[1] != gates * h:
+        raise ShapeMismatch(f"{op}: input Input of shape {list(Input.shape)}: expected "
+                            f"[rows, {gates * h}] ({gates}H with H={h} from Weight)")
+    offs = _offsets(offs_lod, "Input", Input.shape[0])
+    for slot, (value, shape) in optional.items():
+        if value is not None and value.shape != shape:
+            raise ShapeMismatch(f"{op}: input {slot} of shape {list(value.shape)}: expected "
+                                f"{list(shape)}")
+    return h, offs
+
+
+# ---- lstm --------------------------------------------------------------------------------------
+def _lstm_infer(Input, Weight, Bias, H0=None, C0=None, *, use_peepholes, gate_activation,
+                cell_activation, candidate_activation, **_):
+    _check_acts(gate_activation=gate_activation, cell_activation=cell_activation,
+                candidate_activation=candidate_activation)
+    h, rows = _rnn_metas(Input, Weight, 4, "lstm")
+    width = (7 if use_peepholes else 4) * h if h != -1 else -1
+    _check_2d(Bias, "Bias", (1, width), "lstm")
+    for slot, v in (("H0", H0), ("C0", C0)):
+        if v is not None:
+            _check_2d(v, slot, (-1, h), "lstm")
+    lod = rows.with_(lod_level=Input.lod_level)
+    batch = rows.with_(lod_level=0)
+    return {"Hidden": lod, "Cell": lod,
+            "BatchGate": batch.with_(shape=(Input.shape[0], Input.shape[1])),
+            "BatchCellPreAct": batch}
+
+
+def _lstm_arrays(Input, Weight, Bias, H0, C0, use_peepholes, ctx, op="lstm"):
+    lod = _in_lod(ctx, "Input")
+    n = len(lod[-1]) - 1 if lod else 0
+    h = Weight.shape[0] if Weight.ndim == 2 else -1
+    return _rnn_arrays(op, Input, Weight, 4, lod,
+                       Bias=(Bias, (1, (7 if use_peepholes else 4) * h)),
+                       H0=(H0, (n, h)), C0=(C0, (n, h)))
+
+
+def _lstm_ref(Input, Weight, Bias, H0=None, C0=None, *, use_peepholes, is_reverse,
+              gate_activation, cell_activation, candidate_activation, ctx, **_):
+    h, offs = _lstm_arrays(Input, Weight, Bias, H0, C0, use_peepholes, ctx)
+    act_g, act_c, act_a = _ACT[gate_activation], _ACT[cell_activation], _ACT[candidate_activation]
+    order, starts, rows = _batch_order(offs, is_reverse)
+    b = Bias.reshape(-1)
+    gate = Input[rows] + b[:4 * h]
+    cb = np.zeros((len(rows), h), Input.dtype)
+    hb = np.zeros_like(cb)
+    cact = np.zeros_like(cb)
+    for t in range(len(starts) - 1):
+        p, q = starts[t], starts[t + 1]
+        m = q - p
+        hp = hb[starts[t - 1]:starts[t - 1] + m] if t else (
+            H0[order[:m]] if H0 is not None else None)
+        cp = cb[starts[t - 1]:starts[t - 1] + m] if t else (
+            C0[order[:m]] if C0 is not None else None)
+        g = gate[p:q]
+        if hp is not None:
+            g += hp @ Weight
+        gi, gf, go = g[:, h:2 * h], g[:, 2 * h:3 * h], g[:, 3 * h:]
+        if use_peepholes and cp is not None:
+            gi = gi + cp * b[4 * h:5 * h]
+            gf = gf + cp * b[5 * h:6 * h]
+        a, i, f = act_a(g[:, :h]), act_g(gi), act_g(gf)
+        c = a * i + (cp * f if cp is not None else 0.0)
+        o = act_g(go + c * b[6 * h:] if use_peepholes else go)
+        gate[p:q] = np.concatenate([a, i, f, o], axis=1)
+        cb[p:q], cact[p:q] = c, act_c(c)
+        hb[p:q] = o * cact[p:q]
+    hidden, cell = np.empty_like(hb), np.empty_like(cb)
+    hidden[rows], cell[rows] = hb, cb
+    return {"Hidden": hidden, "Cell": cell, "BatchGate": gate.astype(Input.dtype),
+            "BatchCellPreAct": cact}
+
+
+def _lstm_grad_ref(Input, Weight, Bias, Hidden, Cell, BatchGate, BatchCellPreAct, H0=None,
+                   C0=None, *, use_peepholes, is_reverse, gate_activation, cell_activation,
+                   candidate_activation, ctx, **kw):
+    h, offs = _lstm_arrays(Input, Weight, Bias, H0, C0, use_peepholes, ctx, "lstm_grad")
+    rows_n = Input.shape[0]
+    dh_in, dc_in = kw["Hidden@GRAD"], kw.get("Cell@GRAD")
+    for slot, v, shape in (("Hidden", Hidden, (rows_n, h)), ("Cell", Cell, (rows_n, h)),
+                           ("BatchGate", BatchGate, (rows_n, 4 * h)),
+                           ("BatchCellPreAct", BatchCellPreAct, (rows_n, h)),
+                           ("Hidden@GRAD", dh_in, (rows_n, h)), ("Cell@GRAD", dc_in, (rows_n, h))):
+        if v is not None and v.shape != shape:
+            raise ShapeMismatch(f"lstm_grad: input {slot} of shape {list(v.shape)}: expected "
+                                f"{list(shape)}")
+    dg_act, dc_act, da_act = (_DACT[gate_activation], _DACT[cell_activation],
+                              _DACT[candidate_activation])
+    order, starts, rows = _batch_order(offs, is_reverse)
+    b = Bias.reshape(-1)
+    dhb = dh_in[rows].astype(np.float64)
+    dcb = dc_in[rows].astype(np.float64) if dc_in is not None else np.zeros_like(dhb)
+    cb = Cell[rows]
+    hb = Hidden[rows]
+    dg = np.zeros((len(rows), 4 * h))
+    hprev = np.zeros((len(rows), h))
+    dpeep = np.zeros(3 * h)
+    dh0 = np.zeros(H0.shape) if H0 is not None else None
+    dc0 = np.zeros(C0.shape) if C0 is not None else None
+    for t in range(len(starts) - 2, -1, -1):
+        p, q = starts[t], starts[t + 1]
+        m = q - p
+        pp = starts[t - 1] if t else 0
+        cp = cb[pp:pp + m] if t else (C0[order[:m]] if C0 is not None else None)
+        g = BatchGate[p:q]
+        a, i, f, o = g[:, :h], g[:, h:2 * h], g[:, 2 * h:3 * h], g[:, 3 * h:]
+        ac = BatchCellPreAct[p:q]
+        dh = dhb[p:q]
+        dgo = dh * ac * dg_act(o)
+        dc = dcb[p:q] + dh * o * dc_act(ac)
+        if use_peepholes:
+            dc = dc + dgo * b[6 * h:]
+            dpeep[2 * h:] += (dgo * cb[p:q]).sum(0)
+        dgi = dc * a * dg_act(i)
+        dg[p:q, :h] = dc * i * da_act(a)
+        dg[p:q, h:2 * h] = dgi
+        dg[p:q, 3 * h:] = dgo
+        if cp is not None:
+            dgf = dc * cp * dg_act(f)
+            dg[p:q, 2 * h:3 * h] = dgf
+            dcp = dc * f
+            if use_peepholes:
+                dcp = dcp + dgi * b[4 * h:5 * h] + dgf * b[5 * h:6 * h]
+                dpeep[:h] += (dgi * cp).sum(0)
+                dpeep[h:2 * h] += (dgf * cp).sum(0)
+            if t:
+                dcb[pp:pp + m] += dcp
+            else:
+                dc0[order[:m]] = dcp
+        if t:
+            dhb[pp:pp + m] += dg[p:q] @ Weight.T
+            hprev[p:q] = hb[pp:pp + m]
+        elif H0 is not None:
+            dh0[order[:m]] = dg[p:q] @ Weight.T
+            hprev[p:q] = H0[order[:m]]
+    dx = np.empty((len(rows), 4 * h))
+    dx[rows] = dg
+    db = np.concatenate([dg.sum(0)] + ([dpeep] if use_peepholes else [])).reshape(Bias.shape)
+    T = Input.dtype
+    out = {"Input@GRAD": dx.astype(T), "Weight@GRAD": (hprev.T @ dg).astype(T),
+           "Bias@GRAD": db.astype(T)}
+    if H0 is not None:
+        out["H0@GRAD"] = dh0.astype(T)
+    if C0 is not None:
+        out["C0@GRAD"] = dc0.astype(T)
+    return out
+
+
+def _lstm_grad_maker(op):
+    ins = {s: op.input(s) for s in ("Input", "H0", "C0", "Weight", "Bias") if op.input(s)}
+    ins.update({s: op.output(s) for s in ("Hidden", "Cell", "BatchGate", "BatchCellPreAct")})
+    ins["Hidden@GRAD"] = _g(op.output("Hidden"))
+    ins["Cell@GRAD"] = _g(op.output("Cell"))
+    outs = {f"{s}@GRAD": _g(op.input(s)) for s in ("Input", "H0", "C0", "Weight", "Bias")
+            if op.input(s)}
+    return [GradOpSpec("lstm_grad", ins, outs, _copy_attrs(op, _LSTM_ATTRS))]
+
+
+def _lstm_grad_infer(Input, Weight, Bias, H0=None, C0=None, **_):
+    out = {"Input@GRAD": Input, "Weight@GRAD": Weight, "Bias@GRAD": Bias}
+    if H0 is not None:
+        out["H0@GRAD"] = H0
+    if C0 is not None:
+        out["C0@GRAD"] = C0
+    return out
+
+
+def _rnn_lod(lods, *, slots, grad=False, **_):
+    lod = _need_lod(lods["Input"], "Input")
+    if grad:
+        return {"Input@GRAD": lod, "Weight@GRAD": [], "Bias@GRAD": [], "H0@GRAD": [],
+                "C0@GRAD": []}
+    return {s: (lod if s in ("Hidden", "Cell") else []) for s in slots}
+
+
+_LSTM_ATTRS = {"use_peepholes": Bool(True), "is_reverse": Bool(False), "is_test": Bool(False),
+               "gate_activation": Str("sigmoid", choices=RNN_ACTIVATIONS),
+               "cell_activation": Str("tanh", choices=RNN_ACTIVATIONS),
+               "candidate_activation": Str("tanh", choices=RNN_ACTIVATIONS)}
+_LSTM_OUTS = ("Hidden", "Cell", "BatchGate", "BatchCellPreAct")
+register_op(
+    "lstm", inputs=["Input", "H0?", "C0?", "Weight", "Bias"],
+    outputs=["Hidden", "Cell", "BatchGate~", "BatchCellPreAct~"], attrs=dict(_LSTM_ATTRS),
+    traits=TRAITS, infer_shape=_lstm_infer, reference=_lstm_ref,
+    emit=Opaque(_lower.lstm, host=True), grad=_lstm_grad_maker,
+    out_lod=lambda lods, **_: _rnn_lod(lods, slots=_LSTM_OUTS),
+    doc="Fluid's dynamic LSTM over each sequence of Input ([rows, 4H], gates {c~, i, f, o} "
+        "already projected): Hidden and Cell [rows, H], with peepholes (Bias [1, 7H]) or not "
+        "([1, 4H]), optionally reversed and started from H0/C0 [sequences, H].")
+register_op(
+    "lstm_grad",
+    inputs=["Input", "H0?", "C0?", "Weight", "Bias", "Hidden", "Cell", "BatchGate",
+            "BatchCellPreAct", "Hidden@GRAD", "Cell@GRAD?"],
+    outputs=["Input@GRAD?", "H0@GRAD?", "C0@GRAD?", "Weight@GRAD?", "Bias@GRAD?"],
+    attrs=dict(_LSTM_ATTRS), traits=TRAITS, infer_shape=_lstm_grad_infer,
+    reference=_lstm_grad_ref, emit=Opaque(_lower.lstm_grad, host=True), grad=None,
+    out_lod=lambda lods, **_: _rnn_lod(lods, slots=(), grad=True))
+
+
+# ---- gru ---------------------------------------------------------------------------------------
+def _gru_infer(Input, Weight, H0=None, Bias=None, *, activation, gate_activation, **_):
+    _check_acts(activation=activation, gate_activation=gate_activation)
+    h, rows = _rnn_metas(Input, Weight, 3, "gru")
+    if Bias is not None:
+        _check_2d(Bias, "Bias", (1, 3 * h if h != -1 else -1), "gru")
+    if H0 is not None:
+        _check_2d(H0, "H0", (-1, h), "gru")
+    batch = rows.with_(lod_level=0)
+    return {"Hidden": rows.with_(lod_level=Input.lod_level),
+            "BatchGate": batch.with_(shape=(Input.shape[0], Input.shape[1])),
+            "BatchResetHiddenPrev": batch, "BatchHidden": batch}
+
+
+def _gru_arrays(Input, Weight, H0, Bias, ctx, op="gru"):
+    lod = _in_lod(ctx, "Input")
+    n = len(lod[-1]) - 1 if lod else 0
+    h = Weight.shape[0] if Weight.ndim == 2 else -1
+    return _rnn_arrays(op, Input, Weight, 3, lod, Bias=(Bias, (1, 3 * h)), H0=(H0, (n, h)))
+
+
+def _gru_split(Weight):
+    h = Weight.shape[0]
+    flat = Weight.reshape(-1)
+    return flat[:2 * h * h].reshape(h, 2 * h), flat[2 * h * h:].reshape(h, h)
+
+
+def _gru_ref(Input, Weight, H0=None, Bias=None, *, activation, gate_activation, is_reverse,
+             origin_mode, ctx, **_):
+    h, offs = _gru_arrays(Input, Weight, H0, Bias, ctx)
+    act, act_g = _ACT[activation], _ACT[gate_activation]
+    order, starts, rows = _batch_order(offs, is_reverse)
+    wg, ws = _gru_split(Weight)
+    gate = Input[rows] + (Bias.reshape(-1) if Bias is not None else 0)
+    hb = np.zeros((len(rows), h), Input.dtype)
+    rhp = np.zeros_like(hb)
+    for t in range(len(starts) - 1):
+        p, q = starts[t], starts[t + 1]
+        m = q - p
+        hp = hb[starts[t - 1]:starts[t - 1] + m] if t else (
+            H0[order[:m]] if H0 is not None else np.zeros((m, h), Input.dtype))
+        g = gate[p:q]
+        g[:, :2 * h] = act_g(g[:, :2 * h] + hp @ wg)
+        rhp[p:q] = g[:, h:2 * h] * hp
+        g[:, 2 * h:] = act(g[:, 2 * h:] + rhp[p:q] @ ws)
+        u, c = g[:, :h], g[:, 2 * h:]
+        hb[p:q] = u * hp + (1 - u) * c if origin_mode else (1 - u) * hp + u * c
+    hidden = np.empty_like(hb)
+    hidden[rows] = hb
+    return {"Hidden": hidden, "BatchGate": gate.astype(Input.dtype),
+            "BatchResetHiddenPrev": rhp, "BatchHidden": hb}
+
+
+def _gru_grad_ref(Input, Weight, BatchGate, BatchResetHiddenPrev, BatchHidden, H0=None,
+                  Bias=None, *, activation, gate_activation, is_reverse, origin_mode, ctx, **kw):
+    h, offs = _gru_arrays(Input, Weight, H0, Bias, ctx, "gru_grad")
+    rows_n = Input.shape[0]
+    dh_in = kw["Hidden@GRAD"]
+    for slot, v, shape in (("BatchGate", BatchGate, (rows_n, 3 * h)),
+                           ("BatchResetHiddenPrev", BatchResetHiddenPrev, (rows_n, h)),
+                           ("BatchHidden", BatchHidden, (rows_n, h)),
+                           ("Hidden@GRAD", dh_in, (rows_n, h))):
+        if v.shape != shape:
+            raise ShapeMismatch(f"gru_grad: input {slot} of shape {list(v.shape)}: expected "
+                                f"{list(shape)}")
+    dact, dact_g = _DACT[activation], _DACT[gate_activation]
+    order, starts, rows = _batch_order(offs, is_reverse)
+    wg, ws = _gru_split(Weight)
+    dhb = dh_in[rows].astype(np.float64)
+    dg = np.zeros((len(rows), 3 * h))
+    hprev = np.zeros((len(rows), h))
+    dh0 = np.zeros(H0.shape) if H0 is not None else None
+    for t in range(len(starts) - 2, -1, -1):
+        p, q = starts[t], starts[t + 1]
+        m = q - p
+        pp = starts[t - 1] if t else 0
+        has_prev = t > 0 or H0 is not None
+        hp = BatchHidden[pp:pp + m] if t else (
+            H0[order[:m]] if H0 is not None else np.zeros((m, h)))
+        g = BatchGate[p:q]
+        u, r, c = g[:, :h], g[:, h:2 * h], g[:, 2 * h:]
+        dh = dhb[p:q]
+        if origin_mode:
+            du, dc, dhp = dh * (hp - c), dh * (1 - u), dh * u
+        else:
+            du, dc, dhp = dh * (c - hp), dh * u, dh * (1 - u)
+        dg[p:q, :h] = du * dact_g(u)
+        dg[p:q, 2 * h:] = dc * dact(c)
+        if not has_prev:
+            continue
+        drhp = dg[p:q, 2 * h:] @ ws.T
+        dg[p:q, h:2 * h] = drhp * hp * dact_g(r)
+        dhp = dhp + drhp * r + dg[p:q, :2 * h] @ wg.T
+        hprev[p:q] = hp
+        if t:
+            dhb[pp:pp + m] += dhp
+        else:
+            dh0[order[:m]] = dhp
+    dx = np.empty_like(dg)
+    dx[rows] = dg
+    dw = np.concatenate([(hprev.T @ dg[:, :2 * h]).reshape(-1),
+                         (BatchResetHiddenPrev.T @ dg[:, 2 * h:]).reshape(-1)])
+    T = Input.dtype
+    out = {"Input@GRAD": dx.astype(T), "Weight@GRAD": dw.reshape(Weight.shape).astype(T)}
+    if Bias is not None:
+        out["Bias@GRAD"] = dg.sum(0).reshape(Bias.shape).astype(T)
+    if H0 is not None:
+        out["H0@GRAD"] = dh0.astype(T)
+    return out
+
+
+def _gru_grad_maker(op):
+    ins = {s: op.input(s) for s in ("Input", "H0", "Weight", "Bias") if op.input(s)}
+    ins.update({s: op.output(s) for s in _GRU_OUTS})
+    ins["Hidden@GRAD"] = _g(op.output("Hidden"))
+    outs = {f"{s}@GRAD": _g(op.input(s)) for s in ("Input", "H0", "Weight", "Bias")
+            if op.input(s)}
+    return [GradOpSpec("gru_grad", ins, outs, _copy_attrs(op, _GRU_ATTRS))]
+
+
+def _gru_grad_infer(Input, Weight, H0=None, Bias=None, **_):
+    out = {"Input@GRAD": Input, "Weight@GRAD": Weight}
+    if Bias is not None:
+        out["Bias@GRAD"] = Bias
+    if H0 is not None:
+        out["H0@GRAD"] = H0
+    return out
+
+
+_GRU_ATTRS = {"activation": Str("tanh", choices=RNN_ACTIVATIONS),
+              "gate_activation": Str("sigmoid", choices=RNN_ACTIVATIONS),
+              "is_reverse": Bool(False), "origin_mode": Bool(False), "is_test": Bool(False)}
+_GRU_OUTS = ("Hidden", "BatchGate", "BatchResetHiddenPrev", "BatchHidden")
+register_op(
+    "gru", inputs=["Input", "H0?", "Weight", "Bias?"],
+    outputs=["BatchGate~", "BatchResetHiddenPrev~", "BatchHidden~", "Hidden"],
+    attrs=dict(_GRU_ATTRS), traits=TRAITS, infer_shape=_gru_infer, reference=_gru_ref,
+    emit=Opaque(_lower.gru, host=True), grad=_gru_grad_maker,
+    out_lod=lambda lods, **_: _rnn_lod(lods, slots=_GRU_OUTS),
+    doc="Fluid's dynamic GRU over each sequence of Input ([rows, 3H], gates {u, r, c} already "
+        "projected): Hidden [rows, H]; h = (1 - u) * h_prev + u * c, or u * h_prev + "
+        "(1 - u) * c with origin_mode; Weight [H, 3H] holds the [H, 2H] update/reset weight "
+        "then the [H, H] candidate weight.")
+register_op(
+    "gru_grad",
+    inputs=["Input", "H0?", "Weight", "Bias?", "Hidden", "BatchGate", "BatchResetHiddenPrev",
+            "BatchHidden", "Hidden@GRAD"],
+    outputs=["Input@GRAD?", "H0@GRAD?", "Weight@GRAD?", "Bias@GRAD?"],
+    attrs=dict(_GRU_ATTRS), traits=TRAITS, infer_shape=_gru_grad_infer,
+    reference=_gru_grad_ref, emit=Opaque(_lower.gru_grad, host=True), grad=None,
+    out_lod=lambda lods, **_: _rnn_lod(lods, slots=(), grad=True))
+
+
+# ---- sequence_conv -------------------------------------------------------------------------------
+def _pads(context_start: int, context_length: int) -> tuple:
+    """(rows of padding above, below) a sequence that the context windows reach."""
+    return max(0, -context_start), max(0, context_start + context_length - 1)
+
+
+def _conv_check(X, Filter, PaddingData, *, contextLength, contextStart, contextStride,
+                paddingTrainable, op="sequence_conv", **_):
+    if contextStride != 1:
+        raise ShapeMismatch(f"{op}: contextStride={contextStride}: expected 1 (the only stride "
+                            f"sequence_conv supports)")
+    if contextLength < 1:
+        raise ShapeMismatch(f"{op}: contextLength={contextLength}: expected >= 1")
+    if X.ndim != 2:
+        raise ShapeMismatch(f"{op}: input X of shape {list(X.shape)}: expected [rows, D]")
+    d = X.shape[1]
+    want = contextLength * d if d != -1 else -1
+    if Filter.ndim != 2 or not _dim_is(Filter.shape[0], want):
+        raise ShapeMismatch(f"{op}: input Filter of shape {list(Filter.shape)}: expected "
+                            f"[contextLength * D, O] = [{want}, O]")
+    if paddingTrainable:
+        if PaddingData is None:
+            raise ShapeMismatch(f"{op}: paddingTrainable=True needs input PaddingData: got "
+                                f"none")
+        up, down = _pads(contextStart, contextLength)
+        if PaddingData.ndim != 2 or not (_dim_is(PaddingData.shape[0], up + down)
+                                         and _dim_is(PaddingData.shape[1], d)):
+            raise ShapeMismatch(f"{op}: input PaddingData of shape {list(PaddingData.shape)}: "
+                                f"expected [{up + down}, {d}] (rows above and below the "
+                                f"windows reach, D)")
+
+
+def _conv_infer(X, Filter, PaddingData=None, **attrs):
+    check_dtype(X, FLOATS, "sequence_conv: input X")
+    if Filter.dtype != X.dtype:
+        raise ShapeMismatch(f"sequence_conv: Filter is {Filter.dtype}: expected X's dtype "
+                            f"{X.dtype}")
+    _conv_check(X, Filter, PaddingData, **attrs)
+    return {"Out": X.with_(shape=(X.shape[0], Filter.shape[1]))}
+
+
+def _conv_cols(X, offs, pad, length, start):
+    """The context window of every row, side by side: [rows, length * D]."""
+    rows, d = X.shape
+    up, _ = _pads(start, length)
+    cols = np.zeros((rows, length, d), X.dtype)
+    seg = _seg_ids(offs)
+    b, e = offs[seg], offs[seg + 1]
+    t = np.arange(rows)
+    for j in range(length):
+        r = t + start + j
+        inside = (r >= b) & (r < e)
+        cols[inside, j] = X[r[inside]]
+        if pad is not None:
+            above, below = r < b, r >= e
+            cols[above, j] = pad[(r - b + up)[above]]
+            cols[below, j] = pad[(up + r - e)[below]]
+    return cols
+
+
+def _conv_ref(X, Filter, PaddingData=None, *, ctx, **attrs):
+    _conv_check(X, Filter, PaddingData, **attrs)
+    offs = _offsets(_in_lod(ctx, "X"), "X", X.shape[0])
+    pad = PaddingData if attrs["paddingTrainable"] else None
+    cols = _conv_cols(X, offs, pad, attrs["contextLength"], attrs["contextStart"])
+    return {"Out": (cols.reshape(X.shape[0], -1) @ Filter).astype(X.dtype)}
+
+
+def _conv_grad_ref(X, Filter, PaddingData=None, *, ctx, **kw):
+    attrs = {k: kw[k] for k in _CONV_ATTRS}
+    _conv_check(X, Filter, PaddingData, op="sequence_conv_grad", **attrs)
+    g = kw["Out@GRAD"]
+    if g.shape != (X.shape[0], Filter.shape[1]):
+        raise ShapeMismatch(f"sequence_conv_grad: Out@GRAD of shape {list(g.shape)}: expected "
+                            f"{[X.shape[0], Filter.shape[1]]}")
+    offs = _offsets(_in_lod(ctx, "X"), "X", X.shape[0])
+    length, start = attrs["contextLength"], attrs["contextStart"]
+    trained = attrs["paddingTrainable"]
+    cols = _conv_cols(X, offs, PaddingData if trained else None, length, start)
+    dcols = (g @ Filter.T).reshape(X.shape[0], length, X.shape[1])
+    dx = np.zeros(X.shape)
+    dpad = np.zeros(PaddingData.shape) if PaddingData is not None else None
+    up, _ = _pads(start, length)
+    seg = _seg_ids(offs)
+    b, e = offs[seg], offs[seg + 1]
+    t = np.arange(X.shape[0])
+    for j in range(length):
+        r = t + start + j
+        inside = (r >= b) & (r < e)
+        np.add.at(dx, r[inside], dcols[inside, j])
+        if trained:
+            above, below = r < b, r >= e
+            np.add.at(dpad, (r - b + up)[above], dcols[above, j])
+            np.add.at(dpad, (up + r - e)[below], dcols[below, j])
+    out = {"X@GRAD": dx.astype(X.dtype),
+           "Filter@GRAD": (cols.reshape(X.shape[0], -1).T @ g).astype(Filter.dtype)}
+    if PaddingData is not None:
+        out["PaddingData@GRAD"] = dpad.astype(PaddingData.dtype)
+    return out
+
+
+def _conv_grad_maker(op):
+    ins = {s: op.input(s) for s in ("X", "Filter", "PaddingData") if op.input(s)}
+    ins["Out@GRAD"] = _g(op.output("Out"))
+    outs = {"X@GRAD": _g(op.input("X")), "Filter@GRAD": _g(op.input("Filter"))}
+    if op.input("PaddingData") and op.attr("paddingTrainable"):
+        outs["PaddingData@GRAD"] = _g(op.input("PaddingData"))
+    return [GradOpSpec("sequence_conv_grad", ins, outs, _copy_attrs(op, _CONV_ATTRS))]
+
+
+def _conv_grad_infer(X, Filter, PaddingData=None, **_):
+    out = {"X@GRAD": X, "Filter@GRAD": Filter}
+    if PaddingData is not None:
+        out["PaddingData@GRAD"] = PaddingData
+    return out
+
+
+_CONV_ATTRS = {"contextLength": Int(REQUIRED, choices=(1, 2, 3)),
+               "contextStart": Int(0, choices=(-2, -1, 0, 1)),
+               "contextStride": Int(1, choices=(1,)),
+               "paddingTrainable": Bool(False)}
+register_op(
+    "sequence_conv", inputs=["X", "PaddingData?", "Filter"], outputs=["Out"],
+    attrs=dict(_CONV_ATTRS), traits=TRAITS, infer_shape=_conv_infer, reference=_conv_ref,
+    emit=Opaque(_lower.seq_conv, host=True), grad=_conv_grad_maker,
+    out_lod=lambda lods, **_: {"Out": _need_lod(lods["X"], "X")},
+    doc="Out[t] = the contextLength rows t + contextStart... of t's sequence, side by side, "
+        "times Filter [contextLength * D, O]; rows outside the sequence are zeros, or rows of "
+        "PaddingData (those above first) with paddingTrainable.")
+register_op(
+    "sequence_conv_grad", inputs=["X", "PaddingData?", "Filter", "Out@GRAD"],
+    outputs=["X@GRAD?", "PaddingData@GRAD?", "Filter@GRAD?"], attrs=dict(_CONV_ATTRS),
+    traits=TRAITS, infer_shape=_conv_grad_infer, reference=_conv_grad_ref,
+    emit=Opaque(_lower.seq_conv_grad, host=True), grad=None,
+    out_lod=lambda lods, **_: {"X@GRAD": lods["X"], "Filter@GRAD": [],
+                               "PaddingData@GRAD": []})

@@ -548,3 +548,196 @@ def lod_reset_grad(ctx):
     G = ctx.inp("Out@GRAD")
     return [f"if {G}.shape != {ctx.inp('X')}.shape:", f"    {_BAD}",
             f"{ctx.out('X@GRAD')} = {G}.astype({ctx.T('X')})"]
+
+
+# ---- lstm / gru / sequence_conv: host lines calling the kernels of nnlib.lod_rnn -------------
+_ACT_CODES = {"identity": 0, "": 0, "sigmoid": 1, "tanh": 2, "relu": 3}  # nnlib.lod_rnn's codes
+
+
+def _floats(ctx, slots) -> bool:
+    """Float32 or float64, one dtype, rank 2, for every bound slot of ``slots``."""
+    bound = [s for s in slots if ctx.has_input(s) or ctx.has_output(s)]
+    dts = {ctx.dtype(s) for s in bound}
+    return len(dts) == 1 and dts.pop().name in ("float32", "float64") and \
+        all(ctx.rank(s) == 2 for s in bound)
+
+
+def _codes(ctx, *names):
+    codes = [_ACT_CODES.get(ctx.attrs[n]) for n in names]
+    return None if None in codes else [str(c) for c in codes]
+
+
+class _Host:
+    """Host lines for a recurrent op: inputs or arrays without rows when absent, outputs
+    allocated by the driver or scratch arrays when not bound."""
+
+    def __init__(self, ctx, like: str, T: str):
+        self.ctx, self.like, self.T, self.lines = ctx, like, T, []
+
+    def inp(self, slot: str, cols: str) -> str:
+        return self.ctx.inp(slot) if self.ctx.has_input(slot) else self.empty(cols)
+
+    def empty(self, cols: str) -> str:
+        """An array without rows (an absent optional input)."""
+        t = self.ctx.tmp("z")
+        self.lines.append(f"{t} = np.zeros((0, {cols}), {self.T})")
+        return t
+
+    def out(self, slot: str, shape: str) -> str:
+        if self.ctx.has_output(slot):
+            return self.ctx.out(slot, shape=shape)
+        t = self.ctx.tmp("u")
+        self.lines.append(f"{t} = np.empty({shape}, {self.T})")
+        return t
+
+    def grad_of(self, slot: str, like: str) -> str:
+        """``slot@GRAD`` shaped like input ``slot`` (bound as ``like``); an array without
+        rows when the input is absent."""
+        if not self.ctx.has_input(slot):
+            return like
+        return self.out(f"{slot}@GRAD", f"{self.ctx.inp(slot)}.shape")
+
+
+def lstm(ctx):
+    """Hidden, Cell and the batch-ordered gates through ``_nn.lod_lstm``."""
+    if not _floats(ctx, ("Input", "H0", "C0", "Weight", "Bias", "Hidden", "Cell")):
+        return None
+    codes = _codes(ctx, "gate_activation", "cell_activation", "candidate_activation")
+    if codes is None:
+        return None
+    X, W, B, T = ctx.inp("Input"), ctx.inp("Weight"), ctx.inp("Bias"), ctx.T("Input")
+    offs = ctx.lod("Input")
+    h = _Host(ctx, X, T)
+    H = f"{W}.shape[0]"
+    h0, c0 = h.inp("H0", H), h.inp("C0", H)
+    rows = f"({X}.shape[0], {H})"
+    hid, cell = h.out("Hidden", rows), h.out("Cell", rows)
+    gate, cact = h.out("BatchGate", f"{X}.shape"), h.out("BatchCellPreAct", rows)
+    a = ctx.attrs
+    h.lines.append(f"_nn.lod_lstm({X}, {offs}, {W}, {B}, {h0}, {c0}, "
+                   f"{bool(a['use_peepholes'])}, {bool(a['is_reverse'])}, {', '.join(codes)}, "
+                   f"{hid}, {cell}, {gate}, {cact})")
+    return h.lines
+
+
+def lstm_grad(ctx):
+    """The gradients of ``lstm`` through ``_nn.lod_lstm_grad``."""
+    slots = ("Input", "H0", "C0", "Weight", "Bias", "Hidden", "Cell", "BatchGate",
+             "BatchCellPreAct", "Hidden@GRAD", "Cell@GRAD", "Input@GRAD", "Weight@GRAD",
+             "Bias@GRAD", "H0@GRAD", "C0@GRAD")
+    if not _floats(ctx, slots):
+        return None
+    codes = _codes(ctx, "gate_activation", "cell_activation", "candidate_activation")
+    if codes is None:
+        return None
+    X, W, B, T = ctx.inp("Input"), ctx.inp("Weight"), ctx.inp("Bias"), ctx.T("Input")
+    offs = ctx.lod("Input")
+    h = _Host(ctx, X, T)
+    H = f"{W}.shape[0]"
+    h0, c0 = h.inp("H0", H), h.inp("C0", H)
+    hid, cell, gate, cact = (ctx.inp(s) for s in ("Hidden", "Cell", "BatchGate",
+                                                   "BatchCellPreAct"))
+    dh, dc = ctx.inp("Hidden@GRAD"), h.inp("Cell@GRAD", H)
+    dx = h.out("Input@GRAD", f"{X}.shape")
+    dw, db = h.out("Weight@GRAD", f"{W}.shape"), h.out("Bias@GRAD", f"{B}.shape")
+    dh0, dc0 = h.grad_of("H0", h0), h.grad_of("C0", c0)
+    a = ctx.attrs
+    h.lines.append(f"_nn.lod_lstm_grad({offs}, {W}, {B}, {h0}, {c0}, {hid}, {cell}, {gate}, "
+                   f"{cact}, {dh}, {dc}, {bool(a['use_peepholes'])}, {bool(a['is_reverse'])}, "
+                   f"{', '.join(codes)}, {dx}, {dw}, {db}, {dh0}, {dc0})")
+    return h.lines
+
+
+def gru(ctx):
+    """Hidden and the batch-ordered intermediates through ``_nn.lod_gru``."""
+    if not _floats(ctx, ("Input", "H0", "Weight", "Bias", "Hidden")):
+        return None
+    codes = _codes(ctx, "gate_activation", "activation")
+    if codes is None:
+        return None
+    X, W, T = ctx.inp("Input"), ctx.inp("Weight"), ctx.T("Input")
+    offs = ctx.lod("Input")
+    h = _Host(ctx, X, T)
+    H = f"{W}.shape[0]"
+    h0, b = h.inp("H0", H), h.inp("Bias", f"3 * {H}")
+    rows = f"({X}.shape[0], {H})"
+    hid, gate = h.out("Hidden", rows), h.out("BatchGate", f"{X}.shape")
+    rhp, hb = h.out("BatchResetHiddenPrev", rows), h.out("BatchHidden", rows)
+    a = ctx.attrs
+    h.lines.append(f"_nn.lod_gru({X}, {offs}, {W}, {b}, {h0}, {bool(a['is_reverse'])}, "
+                   f"{codes[0]}, {codes[1]}, {bool(a['origin_mode'])}, {hid}, {gate}, {rhp}, "
+                   f"{hb})")
+    return h.lines
+
+
+def gru_grad(ctx):
+    """The gradients of ``gru`` through ``_nn.lod_gru_grad``."""
+    slots = ("Input", "H0", "Weight", "Bias", "BatchGate", "BatchResetHiddenPrev",
+             "BatchHidden", "Hidden@GRAD", "Input@GRAD", "H0@GRAD", "Weight@GRAD",
+             "Bias@GRAD")
+    if not _floats(ctx, slots):
+        return None
+    codes = _codes(ctx, "gate_activation", "activation")
+    if codes is None:
+        return None
+    X, W, T = ctx.inp("Input"), ctx.inp("Weight"), ctx.T("Input")
+    offs = ctx.lod("Input")
+    h = _Host(ctx, X, T)
+    H = f"{W}.shape[0]"
+    h0, b = h.inp("H0", H), h.inp("Bias", f"3 * {H}")
+    gate, rhp, hb = (ctx.inp(s) for s in ("BatchGate", "BatchResetHiddenPrev", "BatchHidden"))
+    dx, dw = h.out("Input@GRAD", f"{X}.shape"), h.out("Weight@GRAD", f"{W}.shape")
+    db, dh0 = h.grad_of("Bias", b), h.grad_of("H0", h0)
+    a = ctx.attrs
+    h.lines.append(f"_nn.lod_gru_grad({offs}, {W}, {b}, {h0}, {gate}, {rhp}, {hb}, "
+                   f"{ctx.inp('Hidden@GRAD')}, {bool(a['is_reverse'])}, {codes[0]}, "
+                   f"{codes[1]}, {bool(a['origin_mode'])}, {dx}, {dw}, {db}, {dh0})")
+    return h.lines
+
+
+def _conv_attrs(ctx):
+    a = ctx.attrs
+    if int(a["contextStride"]) != 1 or int(a["contextLength"]) < 1:
+        return None
+    return str(int(a["contextLength"])), str(int(a["contextStart"])), bool(a["paddingTrainable"])
+
+
+def seq_conv(ctx):
+    """Out = the context windows of X times Filter, through ``_nn.seq_conv``."""
+    attrs = _conv_attrs(ctx)
+    if attrs is None or not _floats(ctx, ("X", "Filter", "PaddingData", "Out")):
+        return None
+    length, start, trained = attrs
+    if trained and not ctx.has_input("PaddingData"):
+        return None
+    X, F, T = ctx.inp("X"), ctx.inp("Filter"), ctx.T("X")
+    h = _Host(ctx, X, T)
+    pad = ctx.inp("PaddingData") if trained else h.empty(f"{X}.shape[1]")
+    out = ctx.out("Out", shape=f"({X}.shape[0], {F}.shape[1])")
+    h.lines.append(f"_nn.seq_conv({X}, {ctx.lod('X')}, {F}, {pad}, {length}, {start}, {out})")
+    return h.lines
+
+
+def seq_conv_grad(ctx):
+    """The gradients of ``sequence_conv`` through ``_nn.seq_conv_grad``."""
+    attrs = _conv_attrs(ctx)
+    slots = ("X", "Filter", "PaddingData", "Out@GRAD", "X@GRAD", "Filter@GRAD",
+             "PaddingData@GRAD")
+    if attrs is None or not _floats(ctx, slots):
+        return None
+    length, start, trained = attrs
+    if trained and not ctx.has_input("PaddingData"):
+        return None
+    X, F, T = ctx.inp("X"), ctx.inp("Filter"), ctx.T("X")
+    h = _Host(ctx, X, T)
+    pad = ctx.inp("PaddingData") if trained else h.empty(f"{X}.shape[1]")
+    dx, df = h.out("X@GRAD", f"{X}.shape"), h.out("Filter@GRAD", f"{F}.shape")
+    if trained:
+        dpad = h.out("PaddingData@GRAD", f"{pad}.shape")
+    else:  # untrained padding: zeros, and no gradient for it
+        dpad = h.empty(f"{X}.shape[1]")
+        if ctx.has_output("PaddingData@GRAD"):
+            ctx.out("PaddingData@GRAD", shape=f"{ctx.inp('PaddingData')}.shape", zero=True)
+    h.lines.append(f"_nn.seq_conv_grad({X}, {ctx.lod('X')}, {F}, {pad}, {ctx.inp('Out@GRAD')}, "
+                   f"{length}, {start}, {dx}, {df}, {dpad})")
+    return h.lines

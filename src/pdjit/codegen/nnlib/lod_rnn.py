@@ -1,3 +1,527 @@
 """LoD recurrent kernels: the time loops of Fluid 1.x's ``lstm`` and ``gru`` over the sequences of a
-LoD batch, and ``sequence_conv``, with their gradients."""
-__all__: list = []
+LoD batch, and ``sequence_conv``, with their gradients (semantics: ``pdjit.ops.sequence``).
+
+The recurrent kernels work in *batch order*, as PaddlePaddle's kernels do: the sequences are
+sorted by length, longest first (ties keep their order), and time step ``t`` is the rows
+``starts[t]:starts[t + 1]`` of a ``[rows, width]`` buffer, one row per sequence still alive at
+``t`` in that order (``rows[i]``: the row of the input that batch row ``i`` holds; reversed
+sequences walk their rows from the end). So the sequences alive at a step are a contiguous block
+and the block of the step before begins with the same sequences: each step is one GEMM with the
+recurrent weight over the whole block (BLAS through ``np.dot``), followed by an elementwise pass.
+The gradients walk the steps backwards the same way; the weight gradients are one GEMM over all
+rows at the end.
+
+Activations are codes: 0 identity, 1 sigmoid, 2 tanh, 3 relu; sigmoid clamps its input to
+``[-40, 13]`` as PaddlePaddle's recurrent kernels do, and every derivative is taken from the
+activation's output.
+Absent optional inputs (``H0``, ``C0``, a GRU's ``Bias``, ``PaddingData``) arrive as arrays with
+no rows. A shape or LoD that does not fit raises ``ValueError`` (the step then runs the op's
+reference, which names the problem).
+"""
+import numpy as np
+
+from pdjit.codegen.nnlib._jit import jit, jobs
+
+__all__ = ["lod_batch_order", "lod_lstm", "lod_lstm_grad", "lod_gru",
+           "lod_gru_grad", "seq_conv", "seq_conv_grad"]
+
+@jit
+def _act(v, code):
+    if code == 1:
+        if v < -40.0:
+            v = -40.0
+        elif v > 13.0:
+            v = 13.0
+        return 1.0 / (1.0 + np.exp(-v))
+    if code == 2:
+        return np.tanh(v)
+    if code == 3:
+        return v if v > 0.0 else 0.0 * v
+    return v
+
+
+@jit
+def _dact(y, code):
+    """The derivative of activation ``code`` where its output is ``y``."""
+    if code == 1:
+        return y * (1.0 - y)
+    if code == 2:
+        return 1.0 - y * y
+    if code == 3:
+        return 1.0 if y > 0.0 else 0.0
+    return 1.0
+
+
+@jit
+def lod_batch_order(offs, rows_total, reverse):
+    """``(order, starts, rows)`` of the batch order of the sequences ``offs`` (see above)."""
+    n = offs.shape[0] - 1
+    if n < 0 or offs[0] != 0 or offs[n] != rows_total:
+        raise ValueError("pdjit: the LoD does not fit the data")
+    lens = np.empty(max(n, 0), np.int64)
+    longest = 0
+    for s in range(n):
+        lens[s] = offs[s + 1] - offs[s]
+        if lens[s] < 0:
+            raise ValueError("pdjit: the LoD does not fit the data")
+        longest = max(longest, lens[s])
+    order = np.argsort(-lens, kind="mergesort")
+    starts = np.zeros(longest + 1, np.int64)
+    rows = np.empty(rows_total, np.int64)
+    p = 0
+    for t in range(longest):
+        starts[t] = p
+        for k in range(n):
+            s = order[k]
+            if lens[s] <= t:
+                break
+            rows[p] = offs[s] + (lens[s] - 1 - t if reverse else t)
+            p += 1
+    starts[longest] = p
+    return order, starts, rows
+
+
+@jit
+def _gather_rows(src, order, m, dst):
+    for k in range(m):
+        dst[k, :] = src[order[k]]
+
+
+# ---- lstm ------------------------------------------------------------------------------------
+@jit
+def _lstm_check(x, w, b, h0, c0, n, peep):
+    H = w.shape[0]
+    if w.shape[1] != 4 * H or x.shape[1] != 4 * H or b.size != (7 * H if peep else 4 * H):
+        raise ValueError("pdjit: lstm: the weights do not fit the input")
+    if (h0.shape[0] > 0 and h0.shape != (n, H)) or (c0.shape[0] > 0 and c0.shape != (n, H)):
+        raise ValueError("pdjit: lstm: H0/C0 do not fit the sequences")
+
+
+@jit
+def lod_lstm(x, offs, w, b, h0, c0, peep, reverse, ga, ca, cda, hidden, cell, gate, cact):
+    """Fluid's ``lstm`` over the sequences ``offs`` of ``x`` ([rows, 4H], gates {c~, i, f, o}
+    already projected): writes ``hidden``, ``cell`` ([rows, H], the input's row order),
+    ``gate`` (the activated gates) and ``cact`` (``act_cell(c)``), both in batch order."""
+    T = x.shape[0]
+    H = w.shape[0]
+    n = offs.shape[0] - 1
+    _lstm_check(x, w, b, h0, c0, n, peep)
+    if hidden.shape != (T, H) or cell.shape != (T, H) or gate.shape != (T, 4 * H) or \
+            cact.shape != (T, H):
+        raise ValueError("pdjit: lstm: the outputs do not fit the input")
+    order, starts, rows = lod_batch_order(offs, T, reverse)
+    bf = b.reshape(b.size)
+    has_h0, has_c0 = h0.shape[0] > 0, c0.shape[0] > 0
+    cb = np.empty((T, H), x.dtype)
+    hb = np.empty((T, H), x.dtype)
+    for i in range(T):
+        src = x[rows[i]]
+        dst = gate[i]
+        for q in range(4 * H):
+            dst[q] = src[q] + bf[q]
+    cp = np.zeros(H, x.dtype)
+    hs = np.empty((max(n, 1), H), x.dtype)
+    for t in range(starts.shape[0] - 1):
+        p = starts[t]
+        m = starts[t + 1] - p
+        pp = starts[t - 1] if t > 0 else 0
+        if t > 0:
+            gate[p:p + m] += np.dot(hb[pp:pp + m], w)
+        elif has_h0:
+            _gather_rows(h0, order, m, hs)
+            gate[p:p + m] += np.dot(hs[:m], w)
+        has_prev = t > 0 or has_c0
+        for k in range(m):
+            j = p + k
+            g = gate[j]
+            if t > 0:
+                cp[:] = cb[pp + k]
+            elif has_c0:
+                cp[:] = c0[order[k]]
+            for q in range(H):
+                gi = g[H + q]
+                gf = g[2 * H + q]
+                if peep and has_prev:
+                    gi += cp[q] * bf[4 * H + q]
+                    gf += cp[q] * bf[5 * H + q]
+                a = _act(g[q], cda)
+                ig = _act(gi, ga)
+                fg = _act(gf, ga)
+                c = a * ig + (cp[q] * fg if has_prev else 0.0)
+                go = g[3 * H + q]
+                if peep:
+                    go += c * bf[6 * H + q]
+                og = _act(go, ga)
+                ac = _act(c, ca)
+                g[q] = a
+                g[H + q] = ig
+                g[2 * H + q] = fg
+                g[3 * H + q] = og
+                cb[j, q] = c
+                cact[j, q] = ac
+                hb[j, q] = og * ac
+    for i in range(T):
+        hidden[rows[i]] = hb[i]
+        cell[rows[i]] = cb[i]
+
+
+@jit
+def lod_lstm_grad(offs, w, b, h0, c0, hidden, cell, gate, cact, dh_in, dc_in, peep, reverse,
+                  ga, ca, cda, dx, dw, db, dh0, dc0):
+    """The gradients of :func:`lod_lstm` given those of ``hidden`` (``dh_in``) and ``cell``
+    (``dc_in``, no rows: zeros): ``dx`` [rows, 4H], ``dw``, ``db`` (the bias's shape), ``dh0``,
+    ``dc0`` (no rows when H0/C0 are absent)."""
+    T = hidden.shape[0]
+    H = w.shape[0]
+    n = offs.shape[0] - 1
+    _lstm_check(dx, w, b, h0, c0, n, peep)
+    if cell.shape != (T, H) or gate.shape != (T, 4 * H) or cact.shape != (T, H) or \
+            dh_in.shape != (T, H) or (dc_in.shape[0] > 0 and dc_in.shape != (T, H)) or \
+            dx.shape != (T, 4 * H) or dw.shape != w.shape or db.size != b.size or \
+            dh0.shape != h0.shape or dc0.shape != c0.shape:
+        raise ValueError("pdjit: lstm_grad: the gradients do not fit the op")
+    order, starts, rows = lod_batch_order(offs, T, reverse)
+    bf = b.reshape(b.size)
+    has_h0, has_c0 = h0.shape[0] > 0, c0.shape[0] > 0
+    dhb = np.empty((T, H), dx.dtype)
+    dcb = np.zeros((T, H), dx.dtype)
+    for i in range(T):
+        dhb[i] = dh_in[rows[i]]
+        if dc_in.shape[0] > 0:
+            dcb[i] = dc_in[rows[i]]
+    dg = np.empty((T, 4 * H), dx.dtype)
+    hprev = np.zeros((T, H), dx.dtype)
+    wt = np.ascontiguousarray(w.T)
+    dpeep = np.zeros(3 * H)
+    dh0s = np.zeros((max(n, 1), H), dx.dtype)
+    dc0s = np.zeros((max(n, 1), H), dx.dtype)
+    cp = np.zeros(H, dx.dtype)
+    for t in range(starts.shape[0] - 2, -1, -1):
+        p = starts[t]
+        m = starts[t + 1] - p
+        pp = starts[t - 1] if t > 0 else 0
+        has_prev = t > 0 or has_c0
+        for k in range(m):
+            j = p + k
+            g = gate[j]
+            d = dg[j]
+            c = cell[rows[j]]
+            if t > 0:
+                cp[:] = cell[rows[pp + k]]
+            elif has_c0:
+                cp[:] = c0[order[k]]
+            for q in range(H):
+                a, ig, fg, og = g[q], g[H + q], g[2 * H + q], g[3 * H + q]
+                ac = cact[j, q]
+                dh = dhb[j, q]
+                dgo = dh * ac * _dact(og, ga)
+                dc = dcb[j, q] + dh * og * _dact(ac, ca)
+                if peep:
+                    dc += dgo * bf[6 * H + q]
+                    dpeep[2 * H + q] += dgo * c[q]
+                d[q] = dc * ig * _dact(a, cda)
+                dgi = dc * a * _dact(ig, ga)
+                d[H + q] = dgi
+                d[3 * H + q] = dgo
+                if has_prev:
+                    dgf = dc * cp[q] * _dact(fg, ga)
+                    d[2 * H + q] = dgf
+                    dcp = dc * fg
+                    if peep:
+                        dcp += dgi * bf[4 * H + q] + dgf * bf[5 * H + q]
+                        dpeep[q] += dgi * cp[q]
+                        dpeep[H + q] += dgf * cp[q]
+                    if t > 0:
+                        dcb[pp + k, q] += dcp
+                    else:
+                        dc0s[k, q] = dcp
+                else:
+                    d[2 * H + q] = 0.0
+        if t > 0:
+            dhb[pp:pp + m] += np.dot(dg[p:p + m], wt)
+            for k in range(m):
+                hprev[p + k] = hidden[rows[pp + k]]
+        elif has_h0:
+            dh0s[:m] = np.dot(dg[p:p + m], wt)
+            for k in range(m):
+                hprev[p + k] = h0[order[k]]
+    dw[:, :] = np.dot(np.ascontiguousarray(hprev.T), dg)
+    dbf = db.reshape(db.size)
+    for q in range(4 * H):
+        acc = 0.0
+        for i in range(T):
+            acc += dg[i, q]
+        dbf[q] = acc
+    if peep:
+        for q in range(3 * H):
+            dbf[4 * H + q] = dpeep[q]
+    for i in range(T):
+        dx[rows[i]] = dg[i]
+    for k in range(n):
+        if has_h0:
+            dh0[order[k]] = dh0s[k]
+        if has_c0:
+            dc0[order[k]] = dc0s[k]
+
+
+# ---- gru -------------------------------------------------------------------------------------
+@jit
+def _gru_check(x, w, b, h0, n):
+    H = w.shape[0]
+    if w.shape[1] != 3 * H or x.shape[1] != 3 * H or (b.size != 0 and b.size != 3 * H):
+        raise ValueError("pdjit: gru: the weights do not fit the input")
+    if h0.shape[0] > 0 and h0.shape != (n, H):
+        raise ValueError("pdjit: gru: H0 does not fit the sequences")
+
+
+@jit
+def _gru_weights(w):
+    """The update/reset weight ``[H, 2H]`` and the candidate weight ``[H, H]``: the first
+    ``2H * H`` values of ``w`` and the rest, as PaddlePaddle lays them out."""
+    H = w.shape[0]
+    wf = w.reshape(w.size)
+    return wf[:2 * H * H].reshape((H, 2 * H)), wf[2 * H * H:].reshape((H, H))
+
+
+@jit
+def lod_gru(x, offs, w, b, h0, reverse, ga, act, origin, hidden, gate, rhp, hb):
+    """Fluid's ``gru`` over the sequences ``offs`` of ``x`` ([rows, 3H], gates {u, r, c}
+    already projected): ``hidden`` in the input's row order; ``gate`` (activated gates),
+    ``rhp`` (``r * h_prev``) and ``hb`` (the hidden state) in batch order."""
+    T = x.shape[0]
+    H = w.shape[0]
+    n = offs.shape[0] - 1
+    _gru_check(x, w, b, h0, n)
+    if hidden.shape != (T, H) or gate.shape != (T, 3 * H) or rhp.shape != (T, H) or \
+            hb.shape != (T, H):
+        raise ValueError("pdjit: gru: the outputs do not fit the input")
+    order, starts, rows = lod_batch_order(offs, T, reverse)
+    wg, ws = _gru_weights(w)
+    bf = b.reshape(b.size)
+    has_b, has_h0 = b.size > 0, h0.shape[0] > 0
+    for i in range(T):
+        src = x[rows[i]]
+        dst = gate[i]
+        for q in range(3 * H):
+            dst[q] = src[q] + bf[q] if has_b else src[q]
+    hp = np.zeros((max(n, 1), H), x.dtype)
+    for t in range(starts.shape[0] - 1):
+        p = starts[t]
+        m = starts[t + 1] - p
+        has_prev = t > 0 or has_h0
+        if t > 0:
+            hp[:m] = hb[starts[t - 1]:starts[t - 1] + m]
+        elif has_h0:
+            _gather_rows(h0, order, m, hp)
+        if has_prev:
+            ur = np.dot(hp[:m], wg)
+            for k in range(m):
+                g = gate[p + k]
+                for q in range(2 * H):
+                    g[q] += ur[k, q]
+        for k in range(m):
+            j = p + k
+            g = gate[j]
+            for q in range(H):
+                g[q] = _act(g[q], ga)
+                r = _act(g[H + q], ga)
+                g[H + q] = r
+                rhp[j, q] = r * hp[k, q] if has_prev else 0.0
+        if has_prev:
+            cc = np.dot(rhp[p:p + m], ws)
+            for k in range(m):
+                g = gate[p + k]
+                for q in range(H):
+                    g[2 * H + q] += cc[k, q]
+        for k in range(m):
+            j = p + k
+            g = gate[j]
+            for q in range(H):
+                c = _act(g[2 * H + q], act)
+                g[2 * H + q] = c
+                u = g[q]
+                h = hp[k, q] if has_prev else 0.0
+                hb[j, q] = u * h + (1.0 - u) * c if origin else (1.0 - u) * h + u * c
+    for i in range(T):
+        hidden[rows[i]] = hb[i]
+
+
+@jit
+def lod_gru_grad(offs, w, b, h0, gate, rhp, hb, dh_in, reverse, ga, act, origin, dx, dw, db,
+                 dh0):
+    """The gradients of :func:`lod_gru` given that of ``hidden`` (``dh_in``): ``dx``
+    [rows, 3H], ``dw``, ``db`` (no values when the bias is absent), ``dh0`` (no rows when H0
+    is absent)."""
+    T = hb.shape[0]
+    H = w.shape[0]
+    n = offs.shape[0] - 1
+    _gru_check(dx, w, b, h0, n)
+    if gate.shape != (T, 3 * H) or rhp.shape != (T, H) or dh_in.shape != (T, H) or \
+            dx.shape != (T, 3 * H) or dw.shape != w.shape or db.size != b.size or \
+            dh0.shape != h0.shape:
+        raise ValueError("pdjit: gru_grad: the gradients do not fit the op")
+    order, starts, rows = lod_batch_order(offs, T, reverse)
+    wg, ws = _gru_weights(w)
+    wgt = np.ascontiguousarray(wg.T)
+    wst = np.ascontiguousarray(ws.T)
+    has_h0 = h0.shape[0] > 0
+    dhb = np.empty((T, H), dx.dtype)
+    for i in range(T):
+        dhb[i] = dh_in[rows[i]]
+    dur = np.zeros((T, 2 * H), dx.dtype)  # the update and reset gates' pre-activation grads
+    dgc = np.empty((T, H), dx.dtype)      # the candidate's
+    hprev = np.zeros((T, H), dx.dtype)
+    hp = np.zeros((max(n, 1), H), dx.dtype)
+    dhp = np.zeros((max(n, 1), H), dx.dtype)
+    dh0s = np.zeros((max(n, 1), H), dx.dtype)
+    for t in range(starts.shape[0] - 2, -1, -1):
+        p = starts[t]
+        m = starts[t + 1] - p
+        pp = starts[t - 1] if t > 0 else 0
+        has_prev = t > 0 or has_h0
+        if t > 0:
+            hp[:m] = hb[pp:pp + m]
+        elif has_h0:
+            _gather_rows(h0, order, m, hp)
+        else:
+            hp[:m] = 0.0
+        for k in range(m):
+            j = p + k
+            g = gate[j]
+            for q in range(H):
+                u, c = g[q], g[2 * H + q]
+                dh = dhb[j, q]
+                h = hp[k, q]
+                if origin:
+                    du, dc, dhp[k, q] = dh * (h - c), dh * (1.0 - u), dh * u
+                else:
+                    du, dc, dhp[k, q] = dh * (c - h), dh * u, dh * (1.0 - u)
+                dur[j, q] = du * _dact(u, ga)
+                dgc[j, q] = dc * _dact(c, act)
+        if not has_prev:
+            continue
+        drhp = np.dot(dgc[p:p + m], wst)
+        for k in range(m):
+            j = p + k
+            for q in range(H):
+                r = gate[j, H + q]
+                dur[j, H + q] = drhp[k, q] * hp[k, q] * _dact(r, ga)
+                dhp[k, q] += drhp[k, q] * r
+                hprev[j, q] = hp[k, q]
+        dhp[:m] += np.dot(dur[p:p + m], wgt)
+        if t > 0:
+            dhb[pp:pp + m] += dhp[:m]
+        else:
+            dh0s[:m] = dhp[:m]
+    dwf = dw.reshape(dw.size)
+    hpt = np.ascontiguousarray(hprev.T)
+    dwf[:2 * H * H] = np.dot(hpt, dur).reshape(2 * H * H)
+    dwf[2 * H * H:] = np.dot(np.ascontiguousarray(rhp.T), dgc).reshape(H * H)
+    dbf = db.reshape(db.size)
+    if db.size > 0:
+        for q in range(3 * H):
+            acc = 0.0
+            for i in range(T):
+                acc += dur[i, q] if q < 2 * H else dgc[i, q - 2 * H]
+            dbf[q] = acc
+    for i in range(T):
+        dst = dx[rows[i]]
+        for q in range(2 * H):
+            dst[q] = dur[i, q]
+        for q in range(H):
+            dst[2 * H + q] = dgc[i, q]
+    if has_h0:
+        for k in range(n):
+            dh0[order[k]] = dh0s[k]
+
+
+# ---- sequence_conv ---------------------------------------------------------------------------
+@jit
+def _context_cols(x, offs, pad, length, start, cols):
+    """``cols[t]``: the ``length`` rows of ``t``'s context window, side by side; rows outside
+    the sequence are zeros, or ``pad`` rows (the ``up`` rows above first, then those below)."""
+    T, D = x.shape
+    n = offs.shape[0] - 1
+    if n < 0 or offs[0] != 0 or offs[n] != T:
+        raise ValueError("pdjit: the LoD does not fit the data")
+    up = max(0, -start)
+    down = max(0, start + length - 1)
+    has_pad = pad.shape[0] > 0
+    if has_pad and pad.shape != (up + down, D):
+        raise ValueError("pdjit: sequence_conv: PaddingData does not fit")
+    for s in range(n):
+        b, e = offs[s], offs[s + 1]
+        if e < b:
+            raise ValueError("pdjit: the LoD does not fit the data")
+        for t in range(b, e):
+            row = cols[t]
+            for j in range(length):
+                r = t + start + j
+                if b <= r < e:
+                    for q in range(D):
+                        row[j * D + q] = x[r, q]
+                elif has_pad:
+                    src = pad[r - b + up] if r < b else pad[up + r - e]
+                    for q in range(D):
+                        row[j * D + q] = src[q]
+                else:
+                    for q in range(D):
+                        row[j * D + q] = 0.0
+
+
+@jit
+def seq_conv(x, offs, filt, pad, length, start, out):
+    """``out = cols @ filt``: the context window of each row (see :func:`_context_cols`) times
+    the filter ``[length * D, O]``."""
+    T, D = x.shape
+    if filt.shape[0] != length * D or out.shape != (T, filt.shape[1]):
+        raise ValueError("pdjit: sequence_conv: the filter does not fit the input")
+    cols = np.empty((T, length * D), x.dtype)
+    _context_cols(x, offs, pad, length, start, cols)
+    out[:, :] = np.dot(cols, filt)
+
+
+@jit
+def seq_conv_grad(x, offs, filt, pad, dout, length, start, dx, dfilt, dpad):
+    """The gradients of :func:`seq_conv`: ``dx``, ``dfilt`` and ``dpad`` (no rows when the
+    padding is not trained)."""
+    T, D = x.shape
+    if filt.shape[0] != length * D or dout.shape != (T, filt.shape[1]) or dx.shape != x.shape \
+            or dfilt.shape != filt.shape or (dpad.shape[0] > 0 and dpad.shape != pad.shape):
+        raise ValueError("pdjit: sequence_conv_grad: the gradients do not fit the op")
+    cols = np.empty((T, length * D), x.dtype)
+    _context_cols(x, offs, pad, length, start, cols)
+    dfilt[:, :] = np.dot(np.ascontiguousarray(cols.T), dout)
+    dcols = np.dot(dout, np.ascontiguousarray(filt.T))
+    up = max(0, -start)
+    dx[:, :] = 0.0
+    if dpad.shape[0] > 0:
+        dpad[:, :] = 0.0
+    for s in range(offs.shape[0] - 1):
+        b, e = offs[s], offs[s + 1]
+        for t in range(b, e):
+            row = dcols[t]
+            for j in range(length):
+                r = t + start + j
+                if b <= r < e:
+                    for q in range(D):
+                        dx[r, q] += row[j * D + q]
+                elif dpad.shape[0] > 0:
+                    k = r - b + up if r < b else up + r - e
+                    for q in range(D):
+                        dpad[k, q] += row[j * D + q]
+
+
+# the argument types the lowerings pass: 2-D C-contiguous data of the op's dtype, int64 offsets
+_I64 = np.dtype(np.int64)
+jobs("lod_lstm")(lambda T: [(lod_lstm, ((T, 2), (_I64, 1), (T, 2), (T, 2), (T, 2), (T, 2), bool,
+                                        bool, int, int, int, (T, 2), (T, 2), (T, 2), (T, 2)))])
+jobs("lod_lstm_grad")(lambda T: [(lod_lstm_grad, ((_I64, 1),) + ((T, 2),) * 10 +
+                                  (bool, bool, int, int, int) + ((T, 2),) * 5)])
+jobs("lod_gru")(lambda T: [(lod_gru, ((T, 2), (_I64, 1), (T, 2), (T, 2), (T, 2), bool, int, int,
+                                      bool, (T, 2), (T, 2), (T, 2), (T, 2)))])
+jobs("lod_gru_grad")(lambda T: [(lod_gru_grad, ((_I64, 1),) + ((T, 2),) * 7 +
+                                 (bool, int, int, bool) + ((T, 2),) * 4)])
+jobs("seq_conv")(lambda T: [(seq_conv, ((T, 2), (_I64, 1), (T, 2), (T, 2), int, int, (T, 2)))])
+jobs("seq_conv_grad")(lambda T: [(seq_conv_grad, ((T, 2), (_I64, 1)) + ((T, 2),) * 3 +
+                                  (int, int) + ((T, 2),) * 3)])
