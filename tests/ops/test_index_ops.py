@@ -224,6 +224,9 @@ GRAD_CASES = [
     ("argsort", {"X": _n(2, 3)}, {"descending": True}, ["X"], "Out"),
     ("tile", {"X": _n(2, 3)}, {"repeat_times": [2, 1, 2]}, ["X"], "Out"),
     ("expand_v2", {"X": _n(2, 1)}, {"shape": [2, -1, 3]}, ["X"], "Out"),
+    ("slice", {"Input": _n(3, 4)}, {"axes": [1], "starts": [1], "ends": [2],
+                                    "decrease_axis": [1]}, ["Input"], "Out"),
+    ("concat", {"X": [_n(2, 2), _n(2, 3)]}, {"axis": 1}, ["X"], "Out"),
 ]
 
 
@@ -290,4 +293,82 @@ def test_expand_bad_shapes():
     prog, feed, outs = build_op_program("expand_v2", {"X": _n(2, 3),
                                                       "Shape": np.array([4, 3], np.int64)})
     with pytest.raises(OpRunError, match="expand_v2.*broadcast from 1"):
+        Executor().run(prog, feed=feed, fetch_list=[outs["Out"][0]], scope=Scope())
+
+
+# ---- slice / concat natively -----------------------------------------------------------------
+def test_slice_native():
+    x = _n(4, 5, 3)
+    check("slice", {"Input": x}, {"axes": [0, 2], "starts": [1, -2], "ends": [100, -1]},
+          {"Out": x[1:, :, -2:-1]})
+    check("slice", {"Input": x}, {"axes": [1], "starts": [2], "ends": [3], "decrease_axis": [1]},
+          {"Out": x[:, 2]})
+    check("slice", {"Input": x}, {"axes": [0], "starts": [3], "ends": [1]}, {"Out": x[3:3]})
+    check_grad("slice", {"Input": x}, {"axes": [1, 2], "starts": [1, 0], "ends": [-1, 2],
+                                       "decrease_axis": []}, ["Input"])
+
+
+def test_concat_native():
+    xs = [_n(2, 3), _n(2, 1), _n(2, 2)]
+    check("concat", {"X": xs}, {"axis": -1}, {"Out": np.concatenate(xs, axis=1)})
+    ys = [_n(1, 3), _n(2, 3)]
+    check("concat", {"X": ys}, {"axis": 0}, {"Out": np.vstack(ys)})
+    check_grad("concat", {"X": xs}, {"axis": 1}, ["X"])
+
+
+# ---- fill_constant with shapes from tensors, fill_any_like, range -------------------------------
+def test_fill_constant_shape_tensors():
+    want = np.full((2, 3), 1.5, np.float32)
+    check("fill_constant", {"ShapeTensorList": [np.array([2], np.int64),
+                                                np.array([3], np.int32)]},
+          {"dtype": 5, "value": 1.5}, {"Out": want})
+    check("fill_constant", {"ShapeTensor": np.array([2, 3], np.int32),
+                            "ValueTensor": np.array([7.0], np.float32)}, {"dtype": 3},
+          {"Out": np.full((2, 3), 7, np.int64)})
+
+
+def test_lstm_initial_state_program_is_native():
+    """shape -> slice -> fill_constant(ShapeTensorList), as the corpus LSTM builds its state."""
+    import pdjit as fluid
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup):
+        x = fluid.layers.data("x", shape=[7, 4], dtype="float32")
+        batch = fluid.layers.slice(fluid.layers.shape(x), axes=[0], starts=[0], ends=[1])
+        h0 = fluid.layers.fill_constant([1], "int64", 3)
+        block = main.global_block()
+        out = block.create_var(name="h_init", dtype="float32")
+        block.append_op("fill_constant", inputs={"ShapeTensorList": [h0, batch]},
+                        outputs={"Out": [out]}, attrs={"dtype": 5, "value": 0.5, "shape": []})
+    exe = Executor(strict=True)
+    got, = exe.run(main, feed={"x": np.zeros((5, 7, 4), np.float32)}, fetch_list=[out],
+                   scope=Scope())
+    np.testing.assert_array_equal(got, np.full((3, 5), 0.5, np.float32))
+    kinds = [s.kind for _, plan in exe._plans.values() for s in plan.walk()]
+    assert "reference" not in kinds
+    assert_native(exe, "initial state")
+
+
+def test_fill_any_like():
+    x = _n(2, 3)
+    check("fill_any_like", {"X": x}, {"value": 2.5}, {"Out": np.full((2, 3), 2.5)})
+    check("fill_any_like", {"X": x}, {"value": 1.0, "dtype": 3},
+          {"Out": np.ones((2, 3), np.int64)})
+
+
+@pytest.mark.parametrize("start,end,step,dtype", [(0, 10, 3, np.int64), (10, 0, -3, np.int32),
+                                                  (1.0, 2.0, 0.3, np.float32),
+                                                  (0, 10, -1, np.int64)])
+def test_range(start, end, step, dtype):
+    n = max(0, int(np.ceil((end - start) / step)))
+    want = np.array([dtype(start)] * n, dtype)
+    for i in range(1, n):  # Paddle adds the step one by one in the data's type
+        want[i] = dtype(want[i - 1] + dtype(step))
+    check("range", {"Start": np.array([start], dtype), "End": np.array([end], dtype),
+                    "Step": np.array([step], dtype)}, {}, {"Out": want})
+
+
+def test_range_zero_step():
+    prog, feed, outs = build_op_program("range", {"Start": np.array([0]), "End": np.array([3]),
+                                                  "Step": np.array([0])})
+    with pytest.raises(OpRunError, match="range.*nonzero Step"):
         Executor().run(prog, feed=feed, fetch_list=[outs["Out"][0]], scope=Scope())

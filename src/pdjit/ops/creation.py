@@ -11,6 +11,7 @@ from pdjit.framework import dtypes
 from pdjit.framework import random as prandom
 from pdjit.framework.errors import ShapeMismatch
 from pdjit.framework.registry import (
+    ELEMENTWISE,
     OPAQUE,
     RANDOM,
     Bool,
@@ -94,17 +95,42 @@ def _fill_ref(ValueTensor=None, ShapeTensor=None, ShapeTensorList=None, *, shape
 
 
 def _fill_lower(ctx):
-    """A constant of a shape known at build time: an allocation and a fill."""
-    if any(ctx.has_input(s) for s in ("ValueTensor", "ShapeTensor", "ShapeTensorList")):
-        return None
-    shape = [int(d) for d in ctx.attrs["shape"]]
-    if any(d < 0 for d in shape):
-        return None
+    """An allocation and a fill. Dims from ``ShapeTensor`` / ``ShapeTensorList`` and the value
+    from ``ValueTensor`` are read at run time (the LSTM's initial state: shape -> slice ->
+    fill_constant(ShapeTensorList)); a negative dim there fails the allocation and the
+    reference names the op."""
     dt = _np_dtype(ctx.attrs["dtype"])
-    value = _fill_value(ctx.attrs["value"], ctx.attrs["str_value"], dt)
+    lines = []
+    if ctx.has_input("ShapeTensor"):
+        st = ctx.shape("ShapeTensor")
+        n = st[0] if st else 1
+        if n < 0:
+            return None
+        t = ctx.tmp("dims")
+        lines.append(f"{t} = {ctx.inp('ShapeTensor')}.reshape({ctx.inp('ShapeTensor')}.size)")
+        dims = [f"{t}[{i}]" for i in range(n)]
+    elif ctx.has_input("ShapeTensorList"):
+        dims = []
+        for i in range(len(ctx.op.input("ShapeTensorList"))):
+            v = ctx.inp("ShapeTensorList", i)
+            dims.append(f"{v}.reshape({v}.size)[0]")
+    else:
+        shape = [int(d) for d in ctx.attrs["shape"]]
+        if any(d < 0 for d in shape):
+            return None
+        dims = [str(d) for d in shape]
     out, T = ctx.out("Out"), ctx.T("Out")
-    return [f"{out} = np.empty({ctx.tuple_src(shape)}, {T})",
-            f"{out}.reshape({out}.size)[:] = {T}({src_literal(value)})"]
+    if ctx.has_input("ValueTensor"):
+        vt = ctx.inp("ValueTensor")
+        value = f"{T}({vt}.reshape({vt}.size)[0])"
+    else:
+        value = f"{T}({src_literal(_fill_value(ctx.attrs['value'], ctx.attrs['str_value'], dt))})"
+    names = []
+    for d in dims:  # each dim an int of its own (a tuple of them sizes the array)
+        names.append(ctx.tmp("d"))
+        lines.append(f"{names[-1]} = int({d})")
+    return lines + [f"{out} = np.empty({ctx.tuple_src(names)}, {T})",
+                    f"{out}.reshape({out}.size)[:] = {value}"]
 
 
 register_op(
@@ -257,3 +283,87 @@ register_op(
     traits=[OPAQUE], infer_shape=_assign_value_infer, reference=_assign_value_ref, emit=None,
     grad=None, doc="Out = the constant stored in the attributes (Paddle 3: `values`; older "
                    "programs: fp32_values/int32_values/int64_values/bool_values).")
+
+
+# ---- fill_any_like -----------------------------------------------------------------------------
+def _fill_like_dtype(X, dtype) -> np.dtype:
+    return X.dtype if int(dtype) == -1 else _np_dtype(dtype)
+
+
+def _fill_like_literal(value, dt: np.dtype) -> str:
+    if dt.kind == "b":
+        return repr(bool(value))
+    if dt.kind in "iu":
+        return repr(int(value))
+    return src_literal(float(value))
+
+
+def _fill_like_emit(dtypes, value=0.0, dtype=-1, **_):
+    dt = dtypes.get("Out")
+    if dt is None:
+        return None
+    return "{T}(" + _fill_like_literal(value, np.dtype(dt)) + ")"
+
+
+register_op(
+    "fill_any_like", inputs=["X"], outputs=["Out"],
+    attrs={"value": Float(0.0, low=-4.0, high=4.0), "dtype": Int(-1)},
+    traits=[ELEMENTWISE],
+    infer_shape=lambda X, *, dtype, **_: {"Out": X.with_(dtype=_fill_like_dtype(X, dtype))},
+    reference=lambda X, *, value, dtype: {
+        "Out": np.full(X.shape, value, _fill_like_dtype(X, dtype))},
+    emit=_fill_like_emit, grad=None,
+    doc="Out = a tensor of X's shape filled with value, of dtype (-1: X's dtype).")
+
+
+# ---- range -------------------------------------------------------------------------------------
+def _range_infer(Start, End, Step):
+    for name, m in (("Start", Start), ("End", End), ("Step", Step)):
+        if m.shape not in ((), (1,), (-1,)):
+            raise ShapeMismatch(f"range: expected {name} holding one value (shape [1]), got "
+                                f"shape {list(m.shape)}")
+        if m.dtype != Start.dtype:
+            raise ShapeMismatch(f"range: expected {name} of Start's dtype {Start.dtype}, got "
+                                f"{m.dtype}")
+    if Start.dtype not in (np.dtype(np.int32), np.dtype(np.int64), np.dtype(np.float32),
+                           np.dtype(np.float64)):
+        raise ShapeMismatch(f"range: expected Start of dtype int32, int64, float32 or float64, "
+                            f"got {Start.dtype}")
+    return {"Out": VarMeta((-1,), Start.dtype)}
+
+
+def _range_ref(Start, End, Step):
+    t = Start.dtype.type
+    s, e, st = (t(np.asarray(v).reshape(-1)[0]) for v in (Start, End, Step))
+    if st == 0:
+        raise ShapeMismatch("range: expected a nonzero Step, got 0")
+    if (s < e and st < 0) or (s > e and st > 0):
+        n = 0  # the step leads away from End: nothing (as Paddle)
+    elif Start.dtype.kind in "iu":
+        n = (abs(int(e) - int(s)) + abs(int(st)) - 1) // abs(int(st))
+    else:
+        n = int(np.ceil(np.abs((e - s) / st)))
+    out = np.empty(n, Start.dtype)
+    v = s
+    for i in range(n):  # step added one by one in the data's type, as Paddle
+        out[i] = v
+        v = t(v + st)
+    return {"Out": out}
+
+
+def _range_lower(ctx):
+    S, E, St = (ctx.inp(s) for s in ("Start", "End", "Step"))
+    out, T = ctx.out("Out"), ctx.T("Start")
+    s, e, st = ctx.tmp("s"), ctx.tmp("e"), ctx.tmp("st")
+    integral = ctx.dtype("Start").kind in "iu"
+    return [f"{s} = {S}.reshape({S}.size)[0]", f"{e} = {E}.reshape({E}.size)[0]",
+            f"{st} = {St}.reshape({St}.size)[0]",
+            f"{out} = np.empty((_nn.range_size({s}, {e}, {st}, {integral}),), {T})",
+            f"_nn.range_fill({out}, {s}, {st})"]
+
+
+register_op(
+    "range", inputs=["Start", "End", "Step"], outputs=["Out"], traits=[OPAQUE],
+    infer_shape=_range_infer, reference=_range_ref, emit=Opaque(_range_lower, host=True),
+    grad=None,
+    doc="Out = Start, Start + Step, ... up to End (excluded); empty when Step leads away.")

@@ -13,6 +13,7 @@ from pdjit.framework import dtypes
 from pdjit.framework.errors import ShapeMismatch
 from pdjit.framework.registry import (
     ELEMENTWISE,
+    EMPTY_VAR_NAME,
     OPAQUE,
     REQUIRED,
     Bool,
@@ -94,10 +95,25 @@ def _concat_ref(X, AxisTensor=None, *, axis):
     return {"Out": np.concatenate(X, axis=a)}
 
 
+def _concat_lower(ctx):
+    """``np.concatenate`` of the inputs along a build-time axis (AxisTensor: the reference)."""
+    if ctx.has_input("AxisTensor"):
+        return None
+    n = len(ctx.op.input("X"))
+    r = ctx.rank("X")
+    if r == 0 or any(ctx.dtype("X", i) != ctx.dtype("X") or ctx.rank("X", i) != r
+                     for i in range(n)):
+        return None
+    a = norm_axis(ctx.attrs["axis"], r)
+    xs = ctx.tuple_src(ctx.inp("X", i) for i in range(n))
+    return [f"{ctx.out('Out')} = np.concatenate({xs}, axis={a})"]
+
+
 register_op(
     "concat", inputs=["X*", "AxisTensor?"], outputs=["Out"], attrs={"axis": Int(0, low=-2,
                                                                               high=2)},
-    traits=[OPAQUE], infer_shape=_concat_infer, reference=_concat_ref, emit=None,
+    traits=[OPAQUE], infer_shape=_concat_infer, reference=_concat_ref,
+    emit=Opaque(_concat_lower, host=True),
     grad=default_grad("concat_grad", fwd_inputs=("X", "AxisTensor")),
     doc="Out = the inputs joined along axis (AxisTensor overrides axis).")
 
@@ -245,13 +261,58 @@ def _slice_ref(Input, StartsTensor=None, EndsTensor=None, StartsTensorList=None,
     return {"Out": np.ascontiguousarray(Input[index]).reshape(out)}
 
 
+def _bound_src(v, dim: str) -> str:
+    """Source of a Python-style slice bound ``v`` clamped into ``[0, dim]``."""
+    v = int(v)
+    return f"min(max({v} + {dim}, 0), {dim})" if v < 0 else f"min({v}, {dim})"
+
+
+def _slice_lower_parts(ctx):
+    """(lines binding the clamped bounds, the index source, dims before and after
+    decrease_axis) of a slice with attribute bounds; None for tensor-valued bounds."""
+    if any(ctx.has_input(s) for s in ("StartsTensor", "EndsTensor", "StartsTensorList",
+                                      "EndsTensorList")):
+        return None
+    a = ctx.attrs
+    r = ctx.rank("Input")
+    if r == 0 or len(a["starts"]) != len(a["axes"]) or len(a["ends"]) != len(a["axes"]):
+        return None
+    X = ctx.inp("Input")
+    axes = [norm_axis(int(x), r) for x in a["axes"]]
+    if len(set(axes)) != len(axes):
+        return None
+    dec = {norm_axis(int(x), r) for x in a["decrease_axis"]}
+    if not dec <= set(axes):
+        return None
+    lines, index, full = [], [":"] * r, [f"{X}.shape[{i}]" for i in range(r)]
+    for ax, st, en in zip(axes, a["starts"], a["ends"]):
+        d, s, e = f"{X}.shape[{ax}]", ctx.tmp("s"), ctx.tmp("e")
+        lines += [f"{s} = {_bound_src(st, d)}", f"{e} = max({_bound_src(en, d)}, {s})"]
+        index[ax] = f"{s}:{e}"
+        full[ax] = f"{e} - {s}"
+    kept = [full[i] for i in range(r) if i not in dec]
+    for ax in sorted(dec):
+        lines.append(f"_rt.check({full[ax]} == 1)")
+    return lines, ", ".join(index), full, kept
+
+
+def _slice_lower(ctx):
+    parts = _slice_lower_parts(ctx)
+    if parts is None or not parts[3]:
+        return None  # tensor bounds, or a 0-d result: the reference
+    lines, index, _, kept = parts
+    X = ctx.inp("Input")
+    return lines + [f"{ctx.out('Out')} = {X}[{index}].copy().reshape({ctx.tuple_src(kept)})"]
+
+
 register_op(
     "slice", inputs=["Input", "StartsTensor?", "EndsTensor?", "StartsTensorList*?",
                      "EndsTensorList*?"], outputs=["Out"],
     attrs={"axes": Ints(REQUIRED, choices=([0], [1], [0, 1])), "starts": Ints([]), "ends": Ints([]),
            "infer_flags": Ints([]),
            "decrease_axis": Ints([])},
-    traits=[OPAQUE], infer_shape=_slice_infer, reference=_slice_ref, emit=None,
+    traits=[OPAQUE], infer_shape=_slice_infer, reference=_slice_ref,
+    emit=Opaque(_slice_lower, host=True),
     grad=default_grad("slice_grad", fwd_inputs=("Input", "StartsTensor", "EndsTensor",
                                                 "StartsTensorList", "EndsTensorList"),
                       wrt=("Input",)),
@@ -356,10 +417,33 @@ def _concat_grad_ref(X, AxisTensor=None, *, axis, **kw):
     return {"X@GRAD": [np.ascontiguousarray(p, dtype=x.dtype) for p, x in zip(pieces, X)]}
 
 
+def _concat_grad_lower(ctx):
+    """Each X@GRAD a copy of its piece of Out@GRAD along the axis."""
+    if ctx.has_input("AxisTensor"):
+        return None
+    xs, gs = ctx.op.input("X"), ctx.op.output("X@GRAD")
+    r = ctx.rank("X")
+    if len(gs) != len(xs) or r == 0 or ctx.rank("Out@GRAD") != r:
+        return None
+    a = norm_axis(ctx.attrs["axis"], r)
+    g, at = ctx.inp("Out@GRAD"), ctx.tmp("at")
+    lines = [f"{at} = 0"]
+    for i, name in enumerate(gs):
+        x = ctx.inp("X", i)
+        if name != EMPTY_VAR_NAME:
+            if ctx.dtype("X@GRAD", i) != ctx.dtype("Out@GRAD"):
+                return None
+            index = ", ".join([":"] * a + [f"{at}:{at} + {x}.shape[{a}]"])
+            lines.append(f"{ctx.out('X@GRAD', i)} = {g}[{index}].copy()")
+        lines.append(f"{at} += {x}.shape[{a}]")
+    lines.append(f"_rt.check({at} == {g}.shape[{a}])")
+    return lines
+
+
 register_op(
     "concat_grad", inputs=["X*", "AxisTensor?", "Out@GRAD"], outputs=["X@GRAD*?"],
     attrs={"axis": Int(0)}, traits=[OPAQUE], infer_shape=_same_metas("X"),
-    reference=_concat_grad_ref, emit=None, grad=None,
+    reference=_concat_grad_ref, emit=Opaque(_concat_grad_lower, host=True), grad=None,
     doc="X@GRAD[i] = the piece of Out@GRAD that X[i] filled along axis; concat's gradient.")
 
 
@@ -411,8 +495,20 @@ register_op(
     attrs={"axes": Ints(REQUIRED, choices=([0], [1], [0, 1])), "starts": Ints([]), "ends": Ints([]),
            "infer_flags": Ints([]),
            "decrease_axis": Ints([])},
-    traits=[OPAQUE], infer_shape=_same_metas("Input"), reference=_slice_grad_ref, emit=None,
+    traits=[OPAQUE], infer_shape=_same_metas("Input"), reference=_slice_grad_ref,
+    emit=Opaque(lambda ctx: _slice_grad_lower(ctx), host=True),
     grad=None, doc="Input@GRAD = zeros with Out@GRAD written at the slice; slice's gradient.")
+
+
+def _slice_grad_lower(ctx):
+    parts = _slice_lower_parts(ctx)
+    if parts is None or not ctx.has_output("Input@GRAD") \
+            or ctx.dtype("Out@GRAD") != ctx.dtype("Input"):
+        return None
+    lines, index, full, _ = parts
+    X, g = ctx.inp("Input"), ctx.inp("Out@GRAD")
+    dx = ctx.out("Input@GRAD", shape=f"{X}.shape", zero=True)
+    return lines + [f"{dx}[{index}] = {g}.reshape({ctx.tuple_src(full)})"]
 
 
 def _gather_grad_ref(X, Index, Axis=None, *, axis, **kw):

@@ -308,9 +308,12 @@ def put_along_rows(g, idx, dx):
 def range_size(start, end, step, integral):
     """The length of ``start, start + step, ...`` up to ``end`` (excluded), Paddle's rule:
     ``(|end - start| + |step| - 1) // |step|`` for integers, ``ceil(|(end - start) / step|)``
-    in the data's type otherwise; a zero step raises."""
+    in the data's type otherwise; 0 for a step pointing away from ``end``; a zero step
+    raises."""
     if step == 0:
         raise ValueError("pdjit: range: the step is 0")
+    if (start < end and step < 0) or (start > end and step > 0):
+        return np.int64(0)
     if integral:
         return np.int64((abs(end - start) + abs(step) - 1) // abs(step))
     return np.int64(np.ceil(abs((end - start) / step)))
