@@ -1,0 +1,204 @@
+"""The ``rnn`` op (Paddle 2.x/3.x's LSTM / GRU / simple RNN) and ``rnn_grad``.
+
+The oracle is a NumPy recurrent network written here from Paddle's documented cells (LSTM gates
+i, f, c~, o; GRU gates r, z, c~ with ``c~ = tanh(W_ic x + b_ic + r * (W_hc h + b_hc))`` and
+``h = z * h' + (1 - z) * c~``; the reverse direction from the last step; steps past a
+sequence's length keep the state and write zeros). It was checked against PaddlePaddle 3.3.1
+(``nn.LSTM``/``nn.GRU``/``nn.SimpleRNN`` in legacy static mode, every mode, stacked,
+bidirectional, with lengths including 0) while writing it. Gradients: finite differences
+(``check_grad``), with the compiled plans asserted native (no reference step for ``rnn`` or
+``rnn_grad``, no fallback). Everything is float64 so one compilation of each kernel serves the
+whole file.
+"""
+import numpy as np
+import pytest
+
+import pdjit.testing.grad_check as grad_check
+from pdjit.framework.errors import OpShapeError
+from pdjit.runtime.executor import Executor
+from pdjit.runtime.scope import Scope
+from pdjit.testing import build_op_program
+from pdjit.testing.grad_check import check_grad
+from pdjit.testing.op_test import assert_native
+
+RNG = np.random.default_rng(11)
+GATES = {"LSTM": 4, "GRU": 3, "RNN_TANH": 1, "RNN_RELU": 1}
+
+
+# ---- the NumPy oracle ------------------------------------------------------------------------
+def sigmoid(v):
+    return 1.0 / (1.0 + np.exp(-v))
+
+
+def np_rnn(mode, x, h0, c0, weights, num_layers, bidirec, seq_len=None):
+    """x [T, B, I] time-major, weights in Paddle's order: (out, last h, last c)."""
+    T, B, _ = x.shape
+    D = 2 if bidirec else 1
+    nw = num_layers * D * 2
+    ws, bs = weights[:nw], weights[nw:]
+    lens = np.full(B, T) if seq_len is None else np.asarray(seq_len)
+    inp = np.asarray(x, np.float64)
+    hs, cs = [], []
+    for layer in range(num_layers):
+        outs = []
+        for d in range(D):
+            k = layer * D + d
+            wih, whh, bih, bhh = ws[2 * k], ws[2 * k + 1], bs[2 * k], bs[2 * k + 1]
+            h = np.array(h0[k], np.float64)
+            c = np.array(c0[k], np.float64) if c0 is not None else None
+            out = np.zeros((T, B, h.shape[1]))
+            for t in (range(T) if d == 0 else range(T - 1, -1, -1)):
+                gx = inp[t] @ wih.T + bih
+                gh = h @ whh.T + bhh
+                if mode == "LSTM":
+                    i, f, g, o = np.split(gx + gh, 4, axis=1)
+                    cn = sigmoid(f) * c + sigmoid(i) * np.tanh(g)
+                    hn = sigmoid(o) * np.tanh(cn)
+                elif mode == "GRU":
+                    xr, xz, xc = np.split(gx, 3, axis=1)
+                    hr, hz, hc = np.split(gh, 3, axis=1)
+                    r, z = sigmoid(xr + hr), sigmoid(xz + hz)
+                    hn = z * h + (1 - z) * np.tanh(xc + r * hc)
+                elif mode == "RNN_TANH":
+                    hn = np.tanh(gx + gh)
+                else:
+                    hn = np.maximum(gx + gh, 0)
+                alive = (t < lens)[:, None]
+                h = np.where(alive, hn, h)
+                if mode == "LSTM":
+                    c = np.where(alive, cn, c)
+                out[t] = np.where(alive, hn, 0.0)
+            outs.append(out)
+            hs.append(h)
+            cs.append(c)
+        inp = np.concatenate(outs, axis=2)
+    return inp, np.stack(hs), (np.stack(cs) if c0 is not None else None)
+
+
+def make_case(mode, T=4, B=3, I=3, H=2, L=1, bidirec=False, lens=None, scale=0.6):
+    G, D = GATES[mode], 2 if bidirec else 1
+    ws = []
+    for layer in range(L):
+        for _ in range(D):
+            il = I if layer == 0 else D * H
+            ws += [RNG.normal(size=(G * H, il)) * scale, RNG.normal(size=(G * H, H)) * scale]
+    ws += [RNG.normal(size=(G * H,)) * scale for _ in range(2 * L * D)]
+    pre = [RNG.normal(size=(L * D, B, H)) for _ in range(2 if mode == "LSTM" else 1)]
+    ins = {"Input": RNG.normal(size=(T, B, I)), "PreState": pre, "WeightList": ws}
+    if lens is not None:
+        ins["SequenceLength"] = np.array(lens, np.int32)
+    attrs = {"mode": mode, "num_layers": L, "is_bidirec": bidirec, "hidden_size": H,
+             "input_size": I, "is_test": False}
+    return ins, attrs
+
+
+def reference_steps(exe):
+    return [s.describe() for _, plan in exe._plans.values() for s in plan.walk()
+            if s.kind == "reference" and s.op.type in ("rnn", "rnn_grad")]
+
+
+def run_native(ins, attrs, n_states):
+    prog, feed, outs = build_op_program("rnn", ins, attrs, outputs={"State": n_states})
+    exe = Executor(mode="compiled", strict=True)
+    fetch = [outs["Out"][0]] + outs["State"]
+    got = exe.run(prog, feed=feed, fetch_list=fetch, scope=Scope())
+    assert not reference_steps(exe)
+    assert_native(exe)
+    return got
+
+
+# ---- forward ---------------------------------------------------------------------------------
+CASES = [("LSTM", 1, False, None), ("LSTM", 2, True, [4, 1, 0]), ("GRU", 1, False, [2, 4, 3]),
+         ("GRU", 2, True, None), ("RNN_TANH", 2, False, [4, 0, 2]), ("RNN_RELU", 1, True, None)]
+
+
+@pytest.mark.parametrize("mode,L,bidirec,lens", CASES)
+def test_rnn_forward_matches_numpy(mode, L, bidirec, lens):
+    ins, attrs = make_case(mode, L=L, bidirec=bidirec, lens=lens)
+    pre = ins["PreState"]
+    out, h, c = np_rnn(mode, ins["Input"], pre[0], pre[1] if mode == "LSTM" else None,
+                       ins["WeightList"], L, bidirec, lens)
+    got = run_native(ins, attrs, len(pre))
+    np.testing.assert_allclose(got[0], out, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(got[1], h, rtol=1e-10, atol=1e-12)
+    if mode == "LSTM":
+        np.testing.assert_allclose(got[2], c, rtol=1e-10, atol=1e-12)
+    if lens is not None:  # past a length: zeros out, the state of the last step kept
+        assert not got[0][:, 2][np.arange(4) >= lens[2]].any()
+
+
+# ---- gradients (finite differences), native ------------------------------------------------
+class _StrictExecutor(Executor):
+    """check_grad's executors, strict; a compiled one asserts after each run that its plans
+    ran rnn and rnn_grad natively."""
+    runs = 0
+
+    def __init__(self, *a, **kw):
+        kw["strict"] = True
+        super().__init__(*a, **kw)
+
+    def run(self, *a, **kw):
+        out = super().run(*a, **kw)
+        if self.mode == "compiled":
+            assert not reference_steps(self)
+            assert_native(self)
+            _StrictExecutor.runs += 1
+        return out
+
+
+@pytest.fixture
+def strict_grads(monkeypatch):
+    _StrictExecutor.runs = 0
+    monkeypatch.setattr(grad_check, "Executor", _StrictExecutor)
+    yield
+    assert _StrictExecutor.runs
+
+
+GRAD_CASES = [("LSTM", 1, False, None), ("LSTM", 2, True, [3, 1]), ("GRU", 1, True, [1, 3]),
+              ("GRU", 2, False, None), ("RNN_TANH", 2, True, [2, 3]), ("RNN_RELU", 1, False, None)]
+
+
+@pytest.mark.parametrize("mode,L,bidirec,lens", GRAD_CASES)
+def test_rnn_grad_finite_differences(mode, L, bidirec, lens, strict_grads):
+    ins, attrs = make_case(mode, T=3, B=2, I=2, H=2, L=L, bidirec=bidirec, lens=lens)
+    n = len(ins["PreState"])
+    if L == 1:  # every output, in both executors
+        outs, modes = [("Out", 0)] + [("State", i) for i in range(n)], None
+    else:  # stacked: Out depends on every input; the compiled executor only (time)
+        outs, modes = [("Out", 0)], ["compiled"]
+    for name, index in outs:
+        check_grad("rnn", ins, attrs, ["Input", "PreState", "WeightList"], name,
+                   out_index=index, outputs={"State": n}, max_relative_error=1e-5, atol=1e-7,
+                   modes=modes)
+
+
+# ---- bad input ---------------------------------------------------------------------------------
+def _build(ins, attrs):
+    return build_op_program("rnn", ins, attrs, outputs={"State": len(ins["PreState"])})
+
+
+def test_rnn_refuses_a_weight_list_of_the_wrong_length():
+    ins, attrs = make_case("GRU", L=2, bidirec=True)
+    ins["WeightList"] = ins["WeightList"][:-1]
+    with pytest.raises(OpShapeError, match=r"rnn.*WeightList must hold 16 tensors.*got 15"):
+        _build(ins, attrs)
+
+
+def test_rnn_refuses_a_weight_of_the_wrong_shape():
+    ins, attrs = make_case("LSTM", L=2)
+    ins["WeightList"][2] = np.zeros((8, 3))  # layer 1 reads the 2 hidden values, not 3
+    with pytest.raises(OpShapeError, match=r"WeightList\[2\] \(w_ih of layer 1, direction 0\) "
+                                           r"must have shape \[8, 2\].*got \[8, 3\]"):
+        _build(ins, attrs)
+
+
+def test_rnn_refuses_wrong_states_and_lengths():
+    ins, attrs = make_case("LSTM")
+    bad = dict(ins, PreState=ins["PreState"][:1])
+    with pytest.raises(OpShapeError, match=r"PreState must hold 2 tensor\(s\).*\[h0, c0\]"):
+        _build(bad, attrs)
+    bad = dict(ins, SequenceLength=np.array([1, 2], np.int32))
+    with pytest.raises(OpShapeError, match=r"SequenceLength must have shape \[batch\] = \[3\]"):
+        _build(bad, attrs)
+    with pytest.raises(OpShapeError, match="mode must be one of"):
+        _build(ins, dict(attrs, mode="LSTMP"))
