@@ -41,7 +41,14 @@ from pdjit.codegen.kernel import (
 )
 from pdjit.codegen.targets import get_target
 from pdjit.framework import registry
-from pdjit.passes.fusion import OPAQUE, REDUCTION, Group, Segment, numpy_type_name
+from pdjit.passes.fusion import (
+    OPAQUE,
+    REDUCTION,
+    ROW_PROLOGUE,
+    Group,
+    Segment,
+    numpy_type_name,
+)
 from pdjit.proto import framework_pb2 as pb
 
 # attribute types passed to kernels as run-time arguments rather than written into their text
@@ -75,14 +82,17 @@ class Declined(Exception):
 class LowerContext:
     """What an ``Opaque.lower`` sees: value names, ranks, dtypes, attributes, fresh names."""
 
-    def __init__(self, gen: "SegmentGen", node):
+    def __init__(self, gen: "SegmentGen", node, prologue: "Prologue | None" = None):
         self.gen, self.node, self.op = gen, node, node.op
         opdef = registry.get(self.op.type)
         self.attrs = opdef.attr_values(self.op.all_attrs())
+        self.prologue = prologue
         # inputs mean the values before the op: bind them now, before any output is defined
-        # (an in-place op such as an optimizer update writes ParamOut into Param's name)
+        # (an in-place op such as an optimizer update writes ParamOut into Param's name); a
+        # value a prologue computes row by row is never an array
+        fed = prologue.name if prologue is not None else None
         self._inputs = {n: gen.read(n) for n in self.op.input_arg_names
-                        if n != registry.EMPTY_VAR_NAME}
+                        if n != registry.EMPTY_VAR_NAME and n != fed}
 
     def has_input(self, slot: str) -> bool:
         return bool([n for n in self.op.input(slot) if n != registry.EMPTY_VAR_NAME])
@@ -161,6 +171,29 @@ class LowerContext:
                 + ["else:", f"    for {var} in range({count}):"]
                 + ["    " + line for line in indented])
 
+    def rng_key(self) -> str:
+        """The local name of this op's random stream key for the current run (a ``np.uint64``
+        bound at run time: the key the op's reference would draw with, see
+        ``RunContext.rng_key``), for a ``RANDOM`` op generating its numbers in its lines
+        (``pdjit.framework.random``: element ``i`` from ``mix64(key + (i + 1) * GOLDEN)``)."""
+        return self.gen.rng_arg(self.op)
+
+    def row_input(self, slot: str) -> "RowInput":
+        """How a row-wise lowering (one that declares ``row_prologue``, see
+        :data:`ROW_PROLOGUE`) reads input ``slot``: as rows of its last axis, each row's
+        elements read once, in order, in a first loop over the row. Either the array's rows,
+        or, when the fusion partition gave the op a prologue, the elementwise chain that
+        computes the value, evaluated element by element inside that loop (the value never
+        exists as an array)."""
+        if self.prologue is not None and self.op.input(slot)[0] == self.prologue.name:
+            return self.prologue.row_input(self)
+        X = self.inp(slot)
+        r = self.rank(slot)
+        x2 = self.tmp("x")
+        return RowInput([f"{x2} = {self.as_rows(X, r)}"], f"{X}.shape", f"{x2}.shape[0]",
+                        f"{x2}.shape[1]", lambda i: [],
+                        lambda i, j, var: [f"{var} = {x2}[{i}, {j}]"])
+
     def lod(self, slot: str, level: int = -1, i: int = 0, optional: bool = False) -> str:
         """The local name of an ``int64`` array of the offsets of input ``slot``'s LoD at
         ``level`` (``-1``: the last level), bound at run time from the LoD the value has when
@@ -168,6 +201,119 @@ class LowerContext:
         error), unless ``optional``: then the array is empty."""
         return self.gen.lod_arg(self.op, self.op.input(slot)[i], level, optional)
 
+
+
+class RowInput:
+    """What ``LowerContext.row_input`` gives: ``setup`` lines (before any loop), ``shape`` (a
+    source tuple of the value's full shape, over the op's inputs: for ``ctx.out(shape=...)``),
+    ``rows`` and ``cols`` (source of the row count and length), ``begin(i)`` (lines to put at
+    the start of row ``i``'s body) and ``load(i, j, var)`` (lines binding scalar ``var`` to
+    element ``j`` of row ``i``)."""
+
+    def __init__(self, setup, shape, rows, cols, begin, load):
+        self.setup, self.shape, self.rows, self.cols = setup, shape, rows, cols
+        self.begin, self.load = begin, load
+
+
+class Prologue:
+    """An elementwise chain (fusion nodes) computing value ``name`` of ``rank`` dims, which a
+    row-wise opaque op reads row by row: its leaves are read straight from their arrays
+    (broadcast by strides of 0), its statements run per element in the op's row loop."""
+
+    def __init__(self, gen: "SegmentGen", nodes: list, name: str, rank: int):
+        self.gen, self.nodes, self.name, self.rank = gen, nodes, name, rank
+
+    def row_input(self, ctx) -> RowInput:
+        gen, r = self.gen, self.rank
+        scope = ctx.gen
+        leaves: list = []      # (kernel local of the leaf array, its rank, its offset)
+        leaf_of: dict = {}
+        exprs: dict = {}
+        body: list = []
+        for node in self.nodes:
+            op = node.op
+            opdef = registry.get(op.type)
+            subst = {}
+            for slot in opdef.inputs:
+                names = [n for n in op.input(slot.name) if n != registry.EMPTY_VAR_NAME]
+                if not names:
+                    continue
+                name = names[0]
+                if name in exprs:
+                    subst[slot.name] = exprs[name]
+                    continue
+                off = gen._offset(op, opdef, slot.name, r)
+                key = (name, off)
+                if key not in leaf_of:
+                    rl = len(gen.block._find_var_recursive(name).shape)
+                    leaf_of[key] = len(leaves)
+                    leaves.append((scope.read(name), rl, off))
+                subst[slot.name] = f"pv{leaf_of[key]}"
+            fields = {f for _, f, _, _ in string.Formatter().parse(node.lowering) if f}
+            attrs = {}
+            for k, v in opdef.attr_values(op.all_attrs()).items():
+                if k not in fields:
+                    continue
+                if opdef.attrs[k].type in _NUMERIC_ATTRS and isinstance(v, float):
+                    attrs[k] = scope._param(literal(v))  # a run-time argument
+                else:
+                    attrs[k] = literal(v)
+            out = op.output_arg_names[0]
+            t = numpy_type_name(gen.block._find_var_recursive(out).dtype)
+            local = ctx.tmp("pe")
+            body.append(f"{local} = {node.lowering.format(T=t, **attrs, **subst)}")
+            exprs[out] = local
+        if self.name not in exprs:
+            return None
+        covering = [[(loc, d - off) for loc, rl, off in leaves if off <= d < off + rl]
+                    for d in range(r)]
+        if any(not c for c in covering):
+            return None
+        dims = []
+        for cov in covering:
+            acc = f"{cov[0][0]}.shape[{cov[0][1]}]"
+            for loc, k in cov[1:]:
+                acc = f"_rt.bdim({acc}, {loc}.shape[{k}])"
+            dims.append(acc)
+        pd = [ctx.tmp("pd") for _ in range(r)]
+        setup = [f"{n} = {e}" for n, e in zip(pd, dims)]
+        strides = []           # per leaf: {dim: stride local}
+        flats = []
+        for loc, rl, off in leaves:
+            f = ctx.tmp("pf")
+            setup.append(f"{f} = {loc}.reshape({loc}.size)")
+            flats.append(f)
+            st = {}
+            for k in range(rl):
+                name = ctx.tmp("ps")
+                inner = " * ".join(f"{loc}.shape[{q}]" for q in range(k + 1, rl)) or "1"
+                setup.append(f"{name} = {inner} if {loc}.shape[{k}] != 1 else 0")
+                st[off + k] = name
+            strides.append(st)
+        rows = " * ".join(pd[:-1]) or "1"
+        idx = [ctx.tmp("pi") for _ in range(r - 1)]
+        offs = [ctx.tmp("po") for _ in leaves]
+
+        def begin(i):
+            lines, rem = [], ctx.tmp("pr")
+            lines.append(f"{rem} = {i}")
+            for d in range(r - 2, -1, -1):
+                lines.append(f"{idx[d]} = {rem} % {pd[d]}")
+                lines.append(f"{rem} = {rem} // {pd[d]}")
+            for li, o in enumerate(offs):
+                terms = [f"{idx[d]} * {strides[li][d]}" for d in range(r - 1) if d in strides[li]]
+                lines.append(f"{o} = {' + '.join(terms) or '0'}")
+            return lines
+
+        def load(i, j, var):
+            lines = []
+            for li, (f, o) in enumerate(zip(flats, offs)):
+                last = strides[li].get(r - 1)
+                at = f"{o} + {j} * {last}" if last is not None else o
+                lines.append(f"pv{li} = {f}[{at}]")
+            return lines + body + [f"{var} = {exprs[self.name]}"]
+
+        return RowInput(setup, ctx.tuple_src(dims), rows, pd[-1], begin, load)
 
 
 class _KernelScope:
@@ -214,6 +360,9 @@ class _KernelScope:
     def lod_arg(self, op, name: str, level: int, optional: bool) -> str:
         return self._param(self.gen.lod_arg(op, name, level, optional))
 
+    def rng_arg(self, op) -> str:
+        return self._param(self.gen.rng_arg(op))
+
     def define_out(self, name: str, shape: str, dtype: str, zero: bool) -> str:
         """An output the driver allocates: a parameter after the inputs."""
         local = self.current[name] = self.fresh("d")
@@ -230,7 +379,8 @@ class SegmentGen:
     parameter order ``a0, a1...``), ``expected`` ((dtype, ndim) per argument), ``outputs``
     (env names returned), ``calls`` ((global name, Compiled) of the kernels it calls),
     ``lazy`` ((global name, source) of parallel variants compiled at their first call),
-    ``lod_requests`` (offsets arguments ``lod0...``, bound at run time).
+    ``lod_requests`` (offsets arguments ``lod0...``, bound at run time), ``rng_requests`` (the
+    op of each random key argument ``rng0...``, after the offsets, bound at run time).
 
     ``parallel``: opaque lowerings may loop on threads (``ctx.loop``), and in a native driver
     the flat and row loop kernels do too; ``parallel_loops`` (default: ``parallel``): a host
@@ -255,6 +405,7 @@ class SegmentGen:
         self.expected: list = []      # (dtype, ndim) per argument
         self.defined: set = set()     # env names this segment writes (in place ones included)
         self.lod_requests: list = []  # (op, env name, level, optional) per offsets argument
+        self.rng_requests: list = []  # the op per random key argument (rng0...)
         self.calls: list = []         # (global name, Compiled)
         self.lazy: list = []          # (global name, kernel source): parallel variants
         self.jobs: list = []          # (Compiled, predicted argument types): see precompile
@@ -293,6 +444,14 @@ class SegmentGen:
                 return f"lod{k}"
         self.lod_requests.append(key)
         return f"lod{len(self.lod_requests) - 1}"
+
+    def rng_arg(self, op) -> str:
+        """The argument holding ``op``'s random key for the current run."""
+        for k, o in enumerate(self.rng_requests):
+            if o is op:
+                return f"rng{k}"
+        self.rng_requests.append(op)
+        return f"rng{len(self.rng_requests) - 1}"
 
     def define(self, name: str) -> str:
         local = self.fresh("s")
@@ -357,7 +516,8 @@ class SegmentGen:
             head, rest = self._planned.split("\n", 1)
             return f"def {fn_name}({head.split('(', 1)[1]}\n{rest}"
         params = [f"a{i}" for i in range(len(self.args))] + \
-            [f"lod{k}" for k in range(len(self.lod_requests))]
+            [f"lod{k}" for k in range(len(self.lod_requests))] + \
+            [f"rng{k}" for k in range(len(self.rng_requests))]
         head = f"def {fn_name}({', '.join(params)}):"
         ret = "    return (" + "".join(f"{self.current[n]}, " for n in self.outputs) + ")"
         return "\n".join([head] + self.lines + [ret])
@@ -370,7 +530,8 @@ class SegmentGen:
         None, nothing emitted)."""
         node = group.nodes[0]
         low = node.lowering
-        if nxt is None or nxt.kind == REDUCTION or low.blocked is None or \
+        if len(group.nodes) > 1 or nxt is None or nxt.kind == REDUCTION or \
+                low.blocked is None or \
                 not low.host or self.target.NAME != "cpu":
             return None
         outs = [n for n in node.op.output_arg_names if n != registry.EMPTY_VAR_NAME]
@@ -390,7 +551,9 @@ class SegmentGen:
 
     # -- opaque ops ----------------------------------------------------------------------------
     def _opaque(self, group: Group) -> None:
-        node = group.nodes[0]
+        node = group.nodes[-1]
+        if len(group.nodes) > 1:  # an elementwise chain feeding a row-wise op, in its loop
+            return self._opaque_prologue(group)
         if node.lowering.host:  # library calls and views: lines of the driver itself
             lines = node.lowering.lower(LowerContext(self, node))
             if lines is None:
@@ -404,6 +567,25 @@ class SegmentGen:
         lines = node.lowering.lower(LowerContext(scope, node))
         if lines is None:
             raise Declined(node.op)
+        self._kernel_call(node, scope, lines)
+
+    def _opaque_prologue(self, group: Group) -> None:
+        """A row-wise opaque op whose input the elementwise chain before it computes: one
+        kernel, the chain evaluated per element inside the op's first pass over each row."""
+        node = group.nodes[-1]
+        chain = group.nodes[:-1]
+        slot = getattr(node.lowering.lower, ROW_PROLOGUE)(
+            registry.get(node.op.type).attr_values(node.op.all_attrs()), len(group.shape))
+        name = node.op.input(slot)[0]
+        scope = _KernelScope(self)
+        pro = Prologue(self, chain, name, len(group.shape))
+        lines = node.lowering.lower(LowerContext(scope, node, pro))
+        if lines is None or any(x is None for x in lines):
+            raise Declined(node.op)
+        self._kernel_call(node, scope, lines)
+
+    def _kernel_call(self, node, scope, lines) -> None:
+        """The driver's lines calling the kernel made of an opaque lowering's ``lines``."""
         outs = [n for n in scope.defined if n not in {d[0] for d in scope.dests}]
         params = [f"a{i}" for i in range(len(scope.params))] + [d[1] for d in scope.dests]
         src = "\n".join([f"def kernel({', '.join(params)}):"]
@@ -424,6 +606,10 @@ class SegmentGen:
         for a in scope.params + dests:
             if a.startswith("lod"):
                 argtypes.append("lod")
+            elif a.startswith("rng"):
+                argtypes.append(None)  # a uint64 scalar: compiled at the first call
+            elif re.fullmatch(r"-?[\d.e+-]+|-?math\.inf|math\.nan", a):  # a numeric attribute
+                argtypes.append(float)
             else:
                 dt, nd = self.meta.get(a, (None, None))
                 argtypes.append((dt, 1 if flat else nd) if dt is not None else None)
@@ -432,7 +618,7 @@ class SegmentGen:
         self.uses_prange |= scope.uses_prange
         args = scope.params + dests
         if flat:  # every array 1-D: one kernel for every rank
-            args = [a if a.startswith("lod") else self.flat(a) for a in args]
+            args = [a if a.startswith(("lod", "rng")) else self.flat(a) for a in args]
         targets = [self.define(n) for n in outs]
         call = f"{g}({', '.join(args)})"
         self.emit(f"({''.join(t + ', ' for t in targets)}) = {call}" if targets else call)

@@ -17,7 +17,8 @@ Numerics follow PaddlePaddle 3.3.1's CPU kernels (measured; see /tmp/paddle_note
   ``downgrade_in_infer`` training leaves kept values as they are and test mode multiplies by
   ``1 - p``; with ``upscale_in_train`` training divides kept values by ``1 - p`` (zeros when
   ``p == 1``) and test mode is the identity. In test mode Mask is all ones (Paddle leaves it
-  unset).
+  unset). In compiled plans dropout is a library kernel drawing the same stream as the
+  reference (``_nn.dropout_fwd``), its key passed in per run.
 """
 from __future__ import annotations
 
@@ -102,27 +103,77 @@ def _softmax_rows(x2, o2, i, j, m, s, T) -> list:
         f"    {m} = {T}(-math.inf)",
         f"    for {j} in range({x2}.shape[1]):",
         f"        {m} = max({m}, {x2}[{i}, {j}])",
-        f"    {s} = {T}(0)",
-        f"    for {j} in range({x2}.shape[1]):",
-        f"        {o2}[{i}, {j}] = _m.exp(max({x2}[{i}, {j}] - {m}, {T}({_CLIP})))",
-        f"        {s} += {o2}[{i}, {j}]",
-        f"    for {j} in range({x2}.shape[1]):",
-        f"        {o2}[{i}, {j}] = {o2}[{i}, {j}] / {s}",
-    ]
+    ] + _softmax_finish(o2, i, j, m, s, T, f"{x2}[{i}, {{j}}]", f"{x2}.shape[1]", "    ")
+
+
+def _softmax_finish(o2, i, j, m, s, T, x_at, cols, ind) -> list:
+    """The second and third passes over row ``i`` (max ``m`` known): ``o2[i, j] = exp(max(x -
+    m, -64))`` with ``x`` read as ``x_at`` (formatted with ``j``), the sum ``s``, the scaling."""
+    return [ind + line for line in [
+        f"{s} = {T}(0)",
+        f"for {j} in range({cols}):",
+        f"    {o2}[{i}, {j}] = _m.exp(max({x_at.format(j=j)} - {m}, {T}({_CLIP})))",
+        f"    {s} += {o2}[{i}, {j}]",
+        f"for {j} in range({cols}):",
+        f"    {o2}[{i}, {j}] = {o2}[{i}, {j}] / {s}",
+    ]]
+
+
+def _pre_axis_post(ctx, local: str, rank: int, axis: int) -> str:
+    """Source of the 3-D view ``(prod(dims before axis), dim axis, prod(dims after))``."""
+    return f"{local}.reshape(({ctx.prod(local, 0, axis)}, {local}.shape[{axis}], " \
+           f"{ctx.prod(local, axis + 1, rank)}))"
 
 
 def _softmax_lower(ctx):
-    """Softmax over the last axis, row by row."""
+    """Softmax over the last axis row by row: the first pass over a row reads X (or computes
+    it: a prologue, see ``ctx.row_input``) into Out and takes the max, then exp and sum, then
+    the scaling, all while the row is in cache; rows on threads when large. Another axis
+    ``a``: the data as ``(pre, n, post)``, each ``pre`` slice reduced over ``n`` with the
+    ``post`` values side by side (contiguous inner loops)."""
     r = ctx.rank("X")
-    if r == 0 or ctx.dtype("X").kind != "f" or ctx.attrs["axis"] not in (-1, r - 1):
+    if r == 0 or ctx.dtype("X").kind != "f":
         return None
-    X, T = ctx.inp("X"), ctx.T("X")
+    T = ctx.T("X")
+    axis = ctx.attrs["axis"] % r
+    if axis == r - 1:
+        rows = ctx.row_input("X")
+        if rows is None:
+            return None
+        out = ctx.out("Out", shape=rows.shape)
+        o2, i, j, m, s, v = (ctx.tmp(h) for h in ("o", "i", "j", "m", "s", "v"))
+        body = rows.begin(i) + [f"{m} = {T}(-math.inf)", f"for {j} in range({rows.cols}):"]
+        body += ["    " + line for line in rows.load(i, j, v)]
+        body += [f"    {o2}[{i}, {j}] = {v}", f"    {m} = max({m}, {v})"]
+        body += _softmax_finish(o2, i, j, m, s, T, f"{o2}[{i}, {{j}}]", rows.cols, "")
+        return rows.setup + [f"{o2} = {out}.reshape(({rows.rows}, {rows.cols}))"] + \
+            ctx.loop(i, rows.rows, body, size=f"{out}.size")
+    X = ctx.inp("X")
     out = ctx.out("Out", shape=f"{X}.shape")
-    x2, o2, i, j, m, s = (ctx.tmp(h) for h in ("x", "o", "i", "j", "m", "s"))
-    return [
-        f"{x2} = {ctx.as_rows(X, r)}",
-        f"{o2} = {out}.reshape({x2}.shape)",
-    ] + _softmax_rows(x2, o2, i, j, m, s, T)
+    x3, o3, p, k, q, m, s, e = (ctx.tmp(h) for h in ("x", "o", "p", "k", "q", "m", "s", "e"))
+    body = [
+        f"{m} = np.full({x3}.shape[2], -math.inf, {x3}.dtype)",
+        f"{s} = np.zeros({x3}.shape[2], {x3}.dtype)",
+        f"for {k} in range({x3}.shape[1]):",
+        f"    for {q} in range({x3}.shape[2]):",
+        f"        {m}[{q}] = max({m}[{q}], {x3}[{p}, {k}, {q}])",
+        f"for {k} in range({x3}.shape[1]):",
+        f"    for {q} in range({x3}.shape[2]):",
+        f"        {e} = _m.exp(max({x3}[{p}, {k}, {q}] - {m}[{q}], {T}({_CLIP})))",
+        f"        {o3}[{p}, {k}, {q}] = {e}",
+        f"        {s}[{q}] += {e}",
+        f"for {k} in range({x3}.shape[1]):",
+        f"    for {q} in range({x3}.shape[2]):",
+        f"        {o3}[{p}, {k}, {q}] = {o3}[{p}, {k}, {q}] / {s}[{q}]",
+    ]
+    return [f"{x3} = {_pre_axis_post(ctx, X, r, axis)}", f"{o3} = {out}.reshape({x3}.shape)"] \
+        + ctx.loop(p, f"{x3}.shape[0]", body, size=f"{out}.size")
+
+
+# softmax over the last axis reads X row by row: an elementwise chain computing X (a scale and
+# an attention mask's add) may run inside its first pass (a prologue; pdjit.passes.fusion)
+_softmax_lower.row_prologue = lambda attrs, rank: "X" if rank and \
+    attrs["axis"] % rank == rank - 1 else None
 
 
 register_op(
@@ -487,6 +538,30 @@ def _dropout_ref(X, Seed=None, *, dropout_prob, is_test, dropout_implementation,
     return {"Out": out.astype(X.dtype, copy=False), "Mask": keep.astype(np.uint8)}
 
 
+def _flat(local: str) -> str:
+    return f"{local}.reshape({local}.size)"
+
+
+def _dropout_lower(ctx):
+    """One library call: the random stream generated in the kernel from the run's key (the
+    key the reference draws with: bit-identical Out and Mask). A ``Seed`` input (its value
+    picks the key) runs the reference."""
+    if ctx.dtype("X").kind != "f" or ctx.has_input("Seed"):
+        return None
+    X = ctx.inp("X")
+    a = ctx.attrs
+    out = ctx.out("Out", shape=f"{X}.shape")
+    if ctx.has_output("Mask"):
+        mask, lines = ctx.out("Mask", shape=f"{X}.shape"), []
+    else:
+        mask = ctx.tmp("mask")
+        lines = [f"{mask} = np.empty({X}.shape, np.uint8)"]
+    key = "np.uint64(0)" if a["is_test"] else ctx.rng_key()
+    upscale = a["dropout_implementation"] == "upscale_in_train"
+    return lines + [f"_nn.dropout_fwd({_flat(X)}, {key}, {float(a['dropout_prob'])!r}, "
+                    f"{upscale}, {bool(a['is_test'])}, {_flat(out)}, {_flat(mask)})"]
+
+
 def _dropout_inference(op):
     """In test mode: X itself (upscale_in_train) or X scaled by 1 - dropout_prob."""
     a = op.all_attrs()
@@ -505,7 +580,8 @@ register_op(
            "dropout_implementation": Str("downgrade_in_infer", choices=_DROPOUT_IMPLS),
            # runtime extra attrs in Paddle; declared so a fixed seed can be recorded
            "seed": Int(0, low=0, high=1000), "fix_seed": Bool(False)},
-    traits=[OPAQUE, RANDOM], infer_shape=_dropout_infer, reference=_dropout_ref, emit=None,
+    traits=[OPAQUE, RANDOM], infer_shape=_dropout_infer, reference=_dropout_ref,
+    emit=Opaque(_dropout_lower, host=True),
     grad=default_grad("dropout_grad", fwd_inputs=(), fwd_outputs=("Mask",)),
     inference=_dropout_inference,
     doc="Out = X where a uniform draw >= dropout_prob else 0, scaled per "
@@ -568,26 +644,42 @@ def _softmax_grad_ref(Out, *, axis, **kw):
 
 
 def _softmax_grad_lower(ctx):
-    """The last-axis case, row by row: one dot product, then one scaled difference."""
+    """Row by row over the softmax axis: one dot product, then one scaled difference (the
+    data as ``(pre, n, post)``: the last axis is ``post == 1``)."""
     r = ctx.rank("Out")
-    if r == 0 or ctx.dtype("Out").kind != "f" or ctx.dtype("Out@GRAD") != ctx.dtype("Out") \
-            or ctx.attrs["axis"] not in (-1, r - 1):
+    if r == 0 or ctx.dtype("Out").kind != "f" or ctx.dtype("Out@GRAD") != ctx.dtype("Out"):
         return None
+    axis = ctx.attrs["axis"] % r
     O, G, T = ctx.inp("Out"), ctx.inp("Out@GRAD"), ctx.T("Out")
     dx = ctx.out("X@GRAD", shape=f"{O}.shape")
     o2, g2, d2, i, j, s = (ctx.tmp(h) for h in ("o", "g", "d", "i", "j", "s"))
-    return [
-        f"if {G}.size != {O}.size: raise ValueError('pdjit: softmax_grad shapes differ')",
-        f"{o2} = {O}.reshape(({ctx.prod(O, 0, r - 1)}, {O}.shape[{r - 1}]))",
+    head = [f"if {G}.size != {O}.size: raise ValueError('pdjit: softmax_grad shapes differ')"]
+    if axis == r - 1:
+        return head + [
+            f"{o2} = {O}.reshape(({ctx.prod(O, 0, r - 1)}, {O}.shape[{r - 1}]))",
+            f"{g2} = {G}.reshape({o2}.shape)",
+            f"{d2} = {dx}.reshape({o2}.shape)",
+        ] + ctx.loop(i, f"{o2}.shape[0]", [
+            f"{s} = {T}(0)",
+            f"for {j} in range({o2}.shape[1]):",
+            f"    {s} += {o2}[{i}, {j}] * {g2}[{i}, {j}]",
+            f"for {j} in range({o2}.shape[1]):",
+            f"    {d2}[{i}, {j}] = {o2}[{i}, {j}] * ({g2}[{i}, {j}] - {s})",
+        ], size=f"{O}.size")
+    k, q = ctx.tmp("k"), ctx.tmp("q")
+    return head + [
+        f"{o2} = {_pre_axis_post(ctx, O, r, axis)}",
         f"{g2} = {G}.reshape({o2}.shape)",
         f"{d2} = {dx}.reshape({o2}.shape)",
-        f"for {i} in range({o2}.shape[0]):",
-        f"    {s} = {T}(0)",
-        f"    for {j} in range({o2}.shape[1]):",
-        f"        {s} += {o2}[{i}, {j}] * {g2}[{i}, {j}]",
-        f"    for {j} in range({o2}.shape[1]):",
-        f"        {d2}[{i}, {j}] = {o2}[{i}, {j}] * ({g2}[{i}, {j}] - {s})",
-    ]
+    ] + ctx.loop(i, f"{o2}.shape[0]", [
+        f"{s} = np.zeros({o2}.shape[2], {o2}.dtype)",
+        f"for {k} in range({o2}.shape[1]):",
+        f"    for {q} in range({o2}.shape[2]):",
+        f"        {s}[{q}] += {o2}[{i}, {k}, {q}] * {g2}[{i}, {k}, {q}]",
+        f"for {k} in range({o2}.shape[1]):",
+        f"    for {q} in range({o2}.shape[2]):",
+        f"        {d2}[{i}, {k}, {q}] = {o2}[{i}, {k}, {q}] * ({g2}[{i}, {k}, {q}] - {s}[{q}])",
+    ], size=f"{O}.size")
 
 
 register_op(
@@ -721,12 +813,25 @@ def _dropout_grad_ref(Mask, *, dropout_prob, is_test, dropout_implementation, **
     return {"X@GRAD": dx.astype(g.dtype, copy=False)}
 
 
+def _dropout_grad_lower(ctx):
+    """dX = dOut * Mask (/ (1 - p)): one elementwise library call."""
+    G = ctx.inp("Out@GRAD")
+    if ctx.dtype("Out@GRAD").kind != "f" or not ctx.has_output("X@GRAD"):
+        return None
+    a = ctx.attrs
+    dx = ctx.out("X@GRAD", shape=f"{G}.shape")
+    upscale = a["dropout_implementation"] == "upscale_in_train"
+    return [f"_nn.dropout_bwd({_flat(G)}, {_flat(ctx.inp('Mask'))}, "
+            f"{float(a['dropout_prob'])!r}, {upscale}, {bool(a['is_test'])}, {_flat(dx)})"]
+
+
 register_op(
     "dropout_grad", inputs=["Mask", "Out@GRAD"], outputs=["X@GRAD?"],
     attrs={"dropout_prob": Float(0.5, low=0.0, high=1.0), "is_test": Bool(False),
            "dropout_implementation": Str("downgrade_in_infer", choices=_DROPOUT_IMPLS),
            "seed": Int(0, low=0, high=1000), "fix_seed": Bool(False)},
-    traits=[OPAQUE], infer_shape=_dropout_grad_infer, reference=_dropout_grad_ref, emit=None,
+    traits=[OPAQUE], infer_shape=_dropout_grad_infer, reference=_dropout_grad_ref,
+    emit=Opaque(_dropout_grad_lower, host=True),
     grad=None,
     doc="dX = dOut * Mask (scaled by 1 / (1 - p) with upscale_in_train); in test mode the "
         "forward's fixed scale.")

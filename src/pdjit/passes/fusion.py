@@ -10,6 +10,10 @@ dtypes were inferred (``-1`` = known at run time). Guarantees:
   a ``reference`` group is one op that runs its NumPy reference;
 - ``Group.stored`` lists the values a group must write to memory: those read by another group,
   fetched, persistable, or read from another block. Everything else stays in registers;
+- an ``opaque`` group may also be a *prologue*: an elementwise chain whose values nothing but
+  the opaque op after it reads, that op being row-wise (its ``Opaque.lower`` function carries
+  :data:`ROW_PROLOGUE`); the chain is then evaluated element by element inside the op's own
+  pass over each row (``nodes``: the chain, then the op), so its result never reaches memory;
 - a :class:`Segment` is a maximal run of lowerable groups: one native function;
 - every time an op does not join the group before it, ``Partition.log`` says why.
 """
@@ -24,6 +28,14 @@ from pdjit.framework.program import Block, Operator
 from pdjit.proto import framework_pb2 as pb
 
 ELEMENTWISE, REDUCTION, OPAQUE, REFERENCE = "elementwise", "reduction", "opaque", "reference"
+
+#: the attribute of an ``Opaque.lower`` function declaring a row-wise lowering:
+#: ``lower.row_prologue(attrs, rank) -> slot or None``: the input slot that the lowering reads
+#: only through ``ctx.row_input(slot)`` (rows of its last axis, each element read once, in a
+#: first loop over the row) for these attributes and an input of ``rank`` dims; ``None``: not
+#: row-wise for them. The partition may then fuse the elementwise chain computing that input
+#: into the op as a prologue.
+ROW_PROLOGUE = "row_prologue"
 
 
 @dataclass
@@ -146,6 +158,10 @@ def partition(block: Block, ops: list, live_out: set, declined=frozenset(),
     log: list = []
     groups: list = []
     open_group: Group | None = None
+    readers: dict = {}   # name -> ids of the ops reading it
+    for op in ops:
+        for n in op.input_arg_names:
+            readers.setdefault(n, set()).add(id(op))
 
     def close():
         nonlocal open_group
@@ -192,7 +208,15 @@ def partition(block: Block, ops: list, live_out: set, declined=frozenset(),
                 open_group = Group(REDUCTION, [node], tuple(_var(block, x[0]).shape))
             close()
             continue
-        if open_group is not None:
+        if open_group is not None and open_group.kind == ELEMENTWISE:
+            why = _prologue_refusal(block, open_group, node, readers, live_out)
+            if why is None:  # the chain runs inside the op's row loop
+                open_group.nodes.append(node)
+                open_group.kind = OPAQUE
+                close()
+                continue
+            log.append(f"{node.label}: {why}")
+        elif open_group is not None:
             log.append(f"{node.label}: opaque ops are calls of their own")
         close()
         groups.append(Group(OPAQUE, [node]))
@@ -205,6 +229,37 @@ def partition(block: Block, ops: list, live_out: set, declined=frozenset(),
         else:
             segments[-1].groups.append(g)
     return Partition(segments, log)
+
+
+def _prologue_refusal(block: Block, group: Group, node: Node, readers: dict,
+                      live_out: set) -> str | None:
+    """Why the elementwise ``group`` cannot run inside opaque ``node``'s row loop (None: it
+    can): the op must be row-wise for its attributes (:data:`ROW_PROLOGUE`), read the
+    group's result of the group's shape through that slot, and be the only reader of every
+    value the group computes."""
+    rows = getattr(node.lowering.lower, ROW_PROLOGUE, None)
+    if rows is None:
+        return "opaque ops are calls of their own"
+    opdef = registry.get(node.op.type)
+    slot = rows(opdef.attr_values(node.op.all_attrs()), len(group.shape))
+    if slot is None or not group.shape:
+        return "no prologue: the op is not row-wise for these attributes and rank"
+    names = node.op.input(slot)
+    defined = _defined(group)
+    if len(names) != 1 or names[0] not in defined:
+        return f"no prologue: its {slot} is not computed by the open group"
+    if tuple(_var(block, names[0]).shape) != group.shape:
+        return f"no prologue: its {slot} does not have the open group's shape"
+    ids = {id(n.op) for n in group.nodes}
+    for n in defined:
+        if n in live_out:
+            return f"no prologue: {n} is needed after the block (fetched, persistable...)"
+        others = readers.get(n, set()) - ids - {id(node.op)}
+        if others:
+            return f"no prologue: {n} is also read by another op"
+        if n != names[0] and n in node.op.input_arg_names:
+            return f"no prologue: the op reads {n} besides its {slot}"
+    return None
 
 
 def _connected(group: Group, op: Operator) -> bool:

@@ -45,7 +45,7 @@ from pdjit.passes.fusion import live_names, partition
 from pdjit.passes.prune import prune
 from pdjit.proto import framework_pb2 as pb
 from pdjit.runtime import memory, threads
-from pdjit.runtime.context import StepScopes
+from pdjit.runtime.context import RunContext, StepScopes
 from pdjit.runtime.lod_flow import LoDFlow, LoDUnavailable
 from pdjit.runtime.tensor import LoDTensor
 
@@ -68,8 +68,12 @@ class NativeStep:
     kind = "native"
 
     def __init__(self, compiled, args, expected, outputs, ops, description, lod_requests=(),
-                 groups=None, native=None, batch_arg: int = 0, params=()):
+                 groups=None, native=None, batch_arg: int = 0, params=(), rng_ops=()):
         self.compiled, self.args, self.expected, self.outputs = compiled, args, expected, outputs
+        # [(op, op_idx)] of the random ops whose key for the run is an argument after the
+        # offsets: the key their references would draw with (RunContext.rng_key), so native
+        # code and the references give the same numbers
+        self.rng_ops = list(rng_ops)
         # the driver compiled as one native function, when the plan was built with it: the
         # first runs of each batch size time both drivers, then the faster one serves that size
         self.native, self.batch_arg = native, batch_arg
@@ -128,6 +132,9 @@ class NativeStep:
                 return self._fallback(executor, env, run_index, self.ops[0],
                                       f"a LoD it needs is unknown: {e}")
             values += extra
+        if self.rng_ops:
+            values += [np.uint64(RunContext(executor, env, op, i, run_index).rng_key())
+                       for op, i in self.rng_ops]
         try:
             results = self.compiled.fn(*values) if self.native is None else self._call(values)
         except NumbaError as e:  # the code does not compile: never try again (it is slow)
@@ -407,7 +414,8 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None,
         steps.append(NativeStep(compiled, gen.args, gen.expected, gen.outputs,
                                 [o for g in groups for o in g], desc, gen.lod_requests, groups,
                                 native=native, batch_arg=_batch_arg(block, gen.args),
-                                params=_param_args(block, gen)))
+                                params=_param_args(block, gen),
+                                rng_ops=[(op, index[id(op)]) for op in gen.rng_requests]))
         sources.append((compiled.name, compiled.text))
         if native is not None:
             sources.append((native.name, native.text))
@@ -508,7 +516,7 @@ def _native_driver(gen, target: str):
     except Declined:
         return None
     if list(ngen.args) != list(gen.args) or list(ngen.outputs) != list(gen.outputs) or \
-            ngen.lod_requests:
+            ngen.lod_requests or len(ngen.rng_requests) != len(gen.rng_requests):
         return None
     return gen.target.NativeDriver(ngen)
 

@@ -1,0 +1,163 @@
+"""softmax on any axis, the attention prologue fusion and native dropout.
+
+Oracles are NumPy written here; every compiled program runs with ``Executor(strict=True)`` and
+each step of its plan must be native. Dropout's oracle is the reference executor on the same
+program and run (the compiled kernel draws the same counter-based stream: Out and Mask must be
+bit-identical), plus the kept fraction.
+"""
+import numpy as np
+import pytest
+
+import pdjit as fluid
+from pdjit import layers
+from pdjit.passes.backward import gradients
+from pdjit.runtime.executor import Executor
+from pdjit.runtime.scope import Scope
+from pdjit.testing.grad_check import check_grad
+
+RNG = np.random.default_rng(160)
+
+
+def np_softmax(x, axis):
+    x = x.astype(np.float64)
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def _native(prog, feed, fetch, exe=None):
+    exe = exe or Executor(strict=True)
+    got = exe.run(prog, feed=feed, fetch_list=fetch, scope=Scope())
+    plans = [plan for _, plan in exe._plans.values()]
+    steps = [s for plan in plans for s in plan.walk()]
+    assert steps and all(s.kind.startswith("native") for s in steps), \
+        [s.describe() for s in steps]
+    return got, plans
+
+
+# ---- softmax on any axis ------------------------------------------------------------------------
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_softmax_any_axis_native_with_grad(axis):
+    x = RNG.normal(size=(3, 4, 5)).astype("float32")
+    w = RNG.uniform(0.5, 1.5, size=x.shape).astype("float32")
+    prog, start = fluid.Program(), fluid.Program()
+    with fluid.program_guard(prog, start):
+        xv = layers.data("x", list(x.shape), append_batch_size=False)
+        xv.stop_gradient = False
+        wv = layers.data("w", list(x.shape), append_batch_size=False)
+        out = layers.softmax(xv, axis=axis)
+        dx, = gradients([out], [xv], target_gradients=[wv])
+    (o, d), _ = _native(prog, {"x": x, "w": w}, [out, dx])
+    want = np_softmax(x, axis)
+    np.testing.assert_allclose(o, want, rtol=1e-5, atol=1e-6)
+    want_dx = want * (w - (w * want).sum(axis=axis, keepdims=True))
+    np.testing.assert_allclose(d, want_dx, rtol=1e-5, atol=1e-6)
+
+
+def test_softmax_grad_middle_axis_finite_differences():
+    check_grad("softmax", {"X": RNG.normal(size=(2, 3, 4))}, {"axis": 1}, ["X"])
+
+
+# ---- attention: scale, mask add and softmax in one pass over the scores -----------------------
+B, H, S, D = 2, 3, 5, 4
+
+
+def _attention(use_scale: bool, fetch_scores: bool = False):
+    prog, start = fluid.Program(), fluid.Program()
+    with fluid.program_guard(prog, start):
+        q = layers.data("q", [B, H, S, D], append_batch_size=False)
+        k = layers.data("k", [B, H, S, D], append_batch_size=False)
+        mask = layers.data("mask", [B, 1, 1, S], append_batch_size=False)
+        if use_scale:
+            s = layers.scale(layers.matmul(q, k, transpose_y=True), scale=D ** -0.5)
+        else:
+            s = layers.matmul(q, k, transpose_y=True, alpha=D ** -0.5)
+        s = layers.elementwise_add(s, mask)
+        p = layers.softmax(s)
+    return prog, [p, s] if fetch_scores else [p]
+
+
+def _attention_feed():
+    return {"q": RNG.normal(size=(B, H, S, D)).astype("float32"),
+            "k": RNG.normal(size=(B, H, S, D)).astype("float32"),
+            "mask": np.where(RNG.random((B, 1, 1, S)) < 0.3, -1e4, 0.0).astype("float32")}
+
+
+def _want(feed):
+    scores = np.einsum("bhid,bhjd->bhij", feed["q"].astype(np.float64), feed["k"]) * D ** -0.5
+    return np_softmax(scores + feed["mask"], -1)
+
+
+@pytest.mark.parametrize("use_scale", [False, True])
+def test_attention_scale_mask_softmax_fuse_into_one_pass(use_scale):
+    prog, fetch = _attention(use_scale)
+    feed = _attention_feed()
+    (p,), plans = _native(prog, feed, fetch)
+    np.testing.assert_allclose(p, _want(feed), rtol=1e-5, atol=1e-6)
+    text = plans[0].partition_text
+    chain = "scale#1, elementwise_add#2, softmax#3" if use_scale else \
+        "elementwise_add#1, softmax#2"
+    # one group: the chain runs inside softmax's pass over each row of scores; no loop group
+    # over the scores is left, and the chain's result is never stored
+    assert f"opaque [{chain}] stores ['{fetch[0].name}']" in text, text
+    assert "group elementwise" not in text and "group reduction" not in text, text
+    source = "\n".join(src for _, src in plans[0].sources)
+    assert source.count("_m.exp(") == 1, source  # one softmax kernel
+
+
+def test_attention_prologue_refused_when_the_scores_are_needed():
+    prog, fetch = _attention(True, fetch_scores=True)
+    feed = _attention_feed()
+    (p, s), plans = _native(prog, feed, fetch)
+    np.testing.assert_allclose(p, _want(feed), rtol=1e-5, atol=1e-6)
+    text = plans[0].partition_text
+    assert f"softmax#3: no prologue: {fetch[1].name} is needed after the block" in text, text
+    assert "opaque [softmax#3]" in text, text
+
+
+# ---- dropout ------------------------------------------------------------------------------------
+def _dropout_program(p, impl, is_test=False, shape=(40, 50)):
+    prog, start = fluid.Program(), fluid.Program()
+    with fluid.program_guard(prog, start):
+        x = layers.data("x", list(shape), append_batch_size=False)
+        x.stop_gradient = False
+        w = layers.data("w", list(shape), append_batch_size=False)
+        y = layers.dropout(x, p, is_test=is_test, dropout_implementation=impl)
+        mask = prog.global_block().ops[-1].output("Mask")[0]
+        dx, = gradients([y], [x], target_gradients=[w])
+    return prog, [y, mask, dx]
+
+
+@pytest.mark.parametrize("impl", ["downgrade_in_infer", "upscale_in_train"])
+@pytest.mark.parametrize("p", [0.3, 1.0])
+def test_dropout_native_draws_the_reference_stream(impl, p):
+    prog, fetch = _dropout_program(p, impl)
+    x = RNG.normal(size=(40, 50)).astype("float32")
+    w = RNG.uniform(0.5, 1.5, size=x.shape).astype("float32")
+    feed = {"x": x, "w": w}
+    exe, ref = Executor(strict=True), Executor(mode="reference")
+    masks = []
+    for _ in range(2):  # a new key each run, the same in both executors
+        (y, mask, dx), _ = _native(prog, feed, fetch, exe)
+        want = ref.run(prog, feed=feed, fetch_list=fetch, scope=Scope())
+        for got, w_, what in zip((y, mask, dx), want, ("Out", "Mask", "X@GRAD")):
+            assert got.dtype == w_.dtype and np.array_equal(got, w_), what
+        keep = mask.astype(bool)
+        scale = (1.0 / np.float32(1 - p) if p < 1 else 0.0) if impl == "upscale_in_train" \
+            else 1.0
+        np.testing.assert_allclose(y, np.where(keep, x * scale, 0), rtol=1e-6)
+        np.testing.assert_allclose(dx, np.where(keep, w * scale, 0), rtol=1e-6)
+        n = keep.size
+        assert abs(keep.mean() - (1 - p)) <= 4 * np.sqrt(p * (1 - p) / n) + 1e-12, keep.mean()
+        masks.append(mask)
+    assert p == 1.0 or not np.array_equal(*masks)
+
+
+@pytest.mark.parametrize("impl,factor", [("downgrade_in_infer", 0.75), ("upscale_in_train", 1.0)])
+def test_dropout_test_mode_native(impl, factor):
+    prog, fetch = _dropout_program(0.25, impl, is_test=True, shape=(6, 7))
+    x = RNG.normal(size=(6, 7)).astype("float32")
+    w = RNG.uniform(0.5, 1.5, size=x.shape).astype("float32")
+    (y, mask, dx), _ = _native(prog, {"x": x, "w": w}, fetch)
+    np.testing.assert_allclose(y, x * np.float32(factor), rtol=1e-7)
+    np.testing.assert_allclose(dx, w * np.float32(factor), rtol=1e-7)
+    assert mask.dtype == np.uint8 and mask.all()
