@@ -23,7 +23,7 @@ _LOGICAL = ["logical_and", "logical_or", "logical_xor"]
 __all__ = (_ELEMENTWISE + _ACTIVATIONS + _COMPARE + _LOGICAL
            + ["logical_not", "leaky_relu", "scale", "clip", "elementwise_floor_div", "relu6",
               "hard_swish", "hard_sigmoid", "swish", "silu", "elu", "selu", "softplus", "mish",
-              "prelu"])
+              "prelu", "gelu"])
 
 
 def _binary(op_type: str, x, y, axis: int = -1, act=None, name=None) -> Variable:
@@ -189,6 +189,12 @@ def softplus(x, beta: float = 1.0, threshold: float = 20.0, name=None) -> Variab
 def mish(x, threshold: float = 20.0, name=None) -> Variable:
     """``x * tanh(softplus(x))``, softplus taken as ``x`` above ``threshold``."""
     return _unary("mish", x, name, threshold=float(threshold))
+
+
+def gelu(x, approximate: bool = False) -> Variable:
+    """``gelu`` of x: ``0.5 x (1 + erf(x / sqrt 2))``, or its tanh approximation with
+    ``approximate``."""
+    return _unary("gelu", x, approximate=bool(approximate))
 
 
 _PRELU_FORMATS = {"NC": "NCHW", "NCL": "NCHW", "NCHW": "NCHW", "NCDHW": "NCHW",

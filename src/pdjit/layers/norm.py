@@ -1,4 +1,5 @@
-"""Normalisation layers in the Fluid 1.x style: ``batch_norm``, ``instance_norm``, ``group_norm``.
+"""Normalisation layers in the Fluid 1.x style: ``batch_norm``, ``instance_norm``, ``group_norm``,
+``layer_norm``.
 
 Each appends the op of the same name (``pdjit.ops.norm``) with Fluid's parameters:
 
@@ -13,6 +14,9 @@ Each appends the op of the same name (``pdjit.ops.norm``) with Fluid's parameter
   channels (dim 1).
 - ``group_norm``: as Fluid's code does (not as its docstring says), a scale only when
   ``param_attr`` is given and a bias only when ``bias_attr`` is given; by default neither.
+- ``layer_norm``: with ``scale`` a scale ``layer_norm_N.w_0`` (ones) and with ``shift`` a bias
+  ``layer_norm_N.b_0`` (zeros), both of ``prod(input.shape[begin_norm_axis:])`` values (those
+  dims must be known); Mean and Variance are ``stop_gradient`` temporaries; then ``act``.
 """
 from __future__ import annotations
 
@@ -21,7 +25,7 @@ from pdjit.initializer import Constant
 from pdjit.layers.layer_helper import LayerHelper, check_dtype, check_variable
 from pdjit.param_attr import ParamAttr
 
-__all__ = ["batch_norm", "instance_norm", "group_norm"]
+__all__ = ["batch_norm", "instance_norm", "group_norm", "layer_norm"]
 
 _FLOATS = ("float32", "float64")
 
@@ -142,4 +146,41 @@ def group_norm(input, groups, epsilon=1e-05, param_attr=None, bias_attr=None, ac
                      outputs={"Y": [y], "Mean": [mean], "Variance": [variance]},
                      attrs={"epsilon": float(epsilon), "groups": groups,
                             "data_layout": data_layout})
+    return helper.append_activation(y)
+
+
+def layer_norm(input, scale=True, shift=True, begin_norm_axis=1, epsilon=1e-05, param_attr=None,
+               bias_attr=None, act=None, name=None):
+    """Layer normalisation of ``input`` over its dims from ``begin_norm_axis`` on, for each index
+    of the leading dims; a learnt scale (``scale``) and bias (``shift``); then ``act``."""
+    check_variable(input, "input", "layer_norm")
+    check_dtype(input, "input", _FLOATS, "layer_norm")
+    shape = list(input.shape)
+    if not isinstance(begin_norm_axis, int) or not 0 < begin_norm_axis < len(shape):
+        raise ValueError(f"layer_norm: begin_norm_axis must be an int in 1..{len(shape) - 1} for "
+                         f"input {input.name!r} of shape {shape}, got {begin_norm_axis!r}")
+    normalised = shape[begin_norm_axis:]
+    if any(d < 0 for d in normalised):
+        raise ValueError(f"layer_norm: the dims {begin_norm_axis}.. of input {input.name!r} "
+                         f"(shape {shape}) must be known to size the scale and bias")
+    n = 1
+    for d in normalised:
+        n *= int(d)
+    if scale and param_attr is False:
+        raise ValueError("layer_norm: param_attr must not be False when scale is True")
+    if shift and bias_attr is False:
+        raise ValueError("layer_norm: bias_attr must not be False when shift is True")
+    helper = LayerHelper("layer_norm", input=input, act=act, name=name)
+    dtype = input.dtype
+    inputs = {"X": [input]}
+    if scale:
+        inputs["Scale"] = [_param(helper, param_attr, n, dtype, 1.0, False)]
+    if shift:
+        inputs["Bias"] = [_param(helper, bias_attr, n, dtype, 0.0, True)]
+    mean = helper.create_variable_for_type_inference(dtype, stop_gradient=True)
+    variance = helper.create_variable_for_type_inference(dtype, stop_gradient=True)
+    y = helper.create_variable_for_type_inference(dtype)
+    helper.append_op("layer_norm", inputs=inputs,
+                     outputs={"Y": [y], "Mean": [mean], "Variance": [variance]},
+                     attrs={"epsilon": float(epsilon), "begin_norm_axis": begin_norm_axis})
     return helper.append_activation(y)

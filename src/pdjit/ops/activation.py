@@ -10,7 +10,8 @@ Gradients follow PaddlePaddle 3.3.1's legacy grad makers (checked with
 
 - ``<act>_grad`` reads ``Out`` and ``Out@GRAD`` when the derivative is cheapest from the output
   (relu, sigmoid, tanh, exp, sqrt, rsqrt, reciprocal, relu6, hard_sigmoid, selu), ``X`` and
-  ``Out@GRAD`` otherwise (leaky_relu, log, abs, square, hard_swish, swish, softplus, mish),
+  ``Out@GRAD`` otherwise (leaky_relu, log, abs, square, hard_swish, swish, softplus, mish,
+  gelu),
   ``X``, ``Out`` and ``Out@GRAD`` for silu and elu; it writes ``X@GRAD``. The grad ops are
   ``ELEMENTWISE`` with a template, so the backward pass fuses like the forward one.
 - At the kinks Paddle's choices are copied: relu'(0) = 0 (it tests ``Out > 0``),
@@ -30,6 +31,8 @@ Gradients follow PaddlePaddle 3.3.1's legacy grad makers (checked with
   ``creation.py``) an ``assign``.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -696,3 +699,87 @@ register_op(
     traits=[ELEMENTWISE], infer_shape=_increment_infer,
     reference=lambda X, *, step: {"Out": (X + np.asarray(step).astype(X.dtype)).astype(X.dtype)},
     emit="{X} + {T}({step})", grad=None, doc="Out = X + step (a loop counter).")
+
+
+# ---- gelu: Out = X * Phi(X), exact (erf) or with Paddle's tanh approximation -------------------
+# Paddle 3.3.1's kernels: approximate=False: 0.5 X (1 + erf(X / sqrt 2)); approximate=True:
+# 0.5 X (1 + tanh(sqrt(2 / pi) (X + 0.044715 X^3))). gelu_grad reads X and Out@GRAD and gives
+# the derivative of the same form. The references work in float64 (math.erf per element).
+_SQRT1_2 = 0.7071067811865476      # 1 / sqrt(2)
+_SQRT_2_PI = 0.7978845608028654    # sqrt(2 / pi)
+_INV_SQRT_2PI = 0.3989422804014327  # 1 / sqrt(2 pi)
+_GELU_C = 0.044715
+
+
+def _gelu_np(x, approximate):
+    v = np.asarray(x, np.float64)
+    if approximate:
+        return 0.5 * v * (1.0 + np.tanh(_SQRT_2_PI * (v + _GELU_C * v ** 3)))
+    return 0.5 * v * (1.0 + np.vectorize(math.erf, otypes=[np.float64])(v * _SQRT1_2))
+
+
+def _gelu_dx_np(x, g, approximate):
+    v = np.asarray(x, np.float64)
+    if approximate:
+        t = np.tanh(_SQRT_2_PI * (v + _GELU_C * v ** 3))
+        d = 0.5 * (1.0 + t) + 0.5 * v * (1.0 - t * t) * _SQRT_2_PI * (1.0 + 3 * _GELU_C * v * v)
+    else:
+        cdf = 0.5 * (1.0 + np.vectorize(math.erf, otypes=[np.float64])(v * _SQRT1_2))
+        d = cdf + v * _INV_SQRT_2PI * np.exp(-0.5 * v * v)
+    return d * g
+
+
+_GELU_TANH = "_m.tanh({T}(%r) * ({X} + {T}(%r) * {X} * {X} * {X}))" % (_SQRT_2_PI, _GELU_C)
+_GELU_CDF = "{T}(0.5) * ({T}(1) + _m.erf({X} * {T}(%r)))" % _SQRT1_2
+
+
+def _gelu_emit(dtypes_, approximate=False):
+    if approximate:
+        return "{T}(0.5) * {X} * ({T}(1) + " + _GELU_TANH + ")"
+    return "{X} * " + _GELU_CDF
+
+
+def _gelu_grad_emit(dtypes_, approximate=False):
+    if approximate:
+        return ("{Out@GRAD} * ({T}(0.5) * ({T}(1) + " + _GELU_TANH + ") + {T}(0.5) * {X} * "
+                "({T}(1) - " + _GELU_TANH + " * " + _GELU_TANH + ") * {T}(%r) * ({T}(1) + "
+                "{T}(%r) * {X} * {X}))" % (_SQRT_2_PI, 3 * _GELU_C))
+    return ("{Out@GRAD} * (" + _GELU_CDF + " + {X} * {T}(%r) * _m.exp({T}(-0.5) * {X} * {X}))"
+            % _INV_SQRT_2PI)
+
+
+def _gelu_infer(X, **_):
+    check_dtype(X, FLOATS, "gelu: X")
+    return {"Out": X}
+
+
+def _gelu_grad_infer(X, **_):
+    check_dtype(X, FLOATS, "gelu_grad: X")
+    return {"X@GRAD": X}
+
+
+def _gelu_ref(X, *, approximate=False):
+    return {"Out": _gelu_np(X, approximate).astype(X.dtype)}
+
+
+def _gelu_grad_ref(X, *, approximate=False, **kw):
+    g = kw["Out@GRAD"]
+    if g.shape != X.shape:
+        raise ShapeMismatch(f"gelu_grad: expected Out@GRAD of X's shape {list(X.shape)}, got "
+                            f"{list(g.shape)}")
+    return {"X@GRAD": _gelu_dx_np(X, g, approximate).astype(X.dtype)}
+
+
+_GELU_ATTRS = {"approximate": Bool(False)}
+
+register_op(
+    "gelu", inputs=["X"], outputs=["Out"], attrs=dict(_GELU_ATTRS), traits=[ELEMENTWISE],
+    infer_shape=_gelu_infer, reference=_gelu_ref, emit=_gelu_emit,
+    grad=default_grad("gelu_grad", fwd_inputs=("X",)),
+    doc="Out = 0.5 X (1 + erf(X / sqrt 2)), or with approximate 0.5 X (1 + tanh(sqrt(2 / pi) "
+        "(X + 0.044715 X^3))).")
+
+register_op(
+    "gelu_grad", inputs=["X", "Out@GRAD"], outputs=["X@GRAD?"], attrs=dict(_GELU_ATTRS),
+    traits=[ELEMENTWISE], infer_shape=_gelu_grad_infer, reference=_gelu_grad_ref,
+    emit=_gelu_grad_emit, grad=None, doc="X@GRAD = Out@GRAD * gelu'(X) (gradient of gelu).")

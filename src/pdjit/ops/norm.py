@@ -1,4 +1,5 @@
-"""Normalisation ops: ``batch_norm``, ``instance_norm``, ``group_norm`` and their gradients.
+"""Normalisation ops: ``batch_norm``, ``instance_norm``, ``group_norm``, ``layer_norm`` and
+their gradients.
 
 Types, slots, attributes and grad makers are PaddlePaddle 3.3.1's legacy ops; the numerics are
 those of its CPU kernels, compared with Paddle on both layouts, float32 and float64:
@@ -33,11 +34,23 @@ those of its CPU kernels, compared with Paddle on both layouts, float32 and floa
   consecutive channels); Mean and Variance are ``[N, groups]`` and Variance holds the variance
   itself. ``groups`` (default -1, as Paddle) must be >= 1, at most C, and divide C. Its grad
   reads Y as Paddle's grad maker passes it, but computes from X and the statistics.
+- ``layer_norm`` normalises X seen as rows: ``left = prod(X.shape[:begin_norm_axis])`` rows of
+  ``right = prod(X.shape[begin_norm_axis:])`` values (``begin_norm_axis`` in ``1..rank-1``,
+  default 1; ``epsilon`` in ``[0, 0.001]``, default 1e-5), ``Y = (X - mean) / sqrt(var +
+  epsilon) * Scale + Bias`` with Scale and Bias (optional: ones and zeros) of ``[right]``.
+  Mean and Variance (the *biased* variance, not its inverse root) have X's leading dims
+  ``X.shape[:begin_norm_axis]``, as Paddle 3.3.1 writes them (Fluid 1.x declared ``[left]``;
+  the grad op takes either), float32 for float16 X, else X's type. ``layer_norm_grad`` reads
+  X, Scale, Bias, Mean, Variance and Y@GRAD (Paddle's grad maker) and writes X@GRAD,
+  Scale@GRAD, Bias@GRAD through the row statistics.
 
 Natively (float32 and float64; float16 runs the references) every op calls the three library
 kernels of ``pdjit.codegen.nnlib.norm`` (statistics, normalisation, gradients) on a 4-D view
 of its data, one compilation per dtype for all of them; the host lines do the bookkeeping on
-the few values per channel (running averages, saved statistics) with NumPy.
+the few values per channel (running averages, saved statistics) with NumPy. ``layer_norm`` and
+its gradient call ``nnlib.norm.layer_norm_fwd`` / ``layer_norm_bwd`` on the ``(left, right)``
+rows (one compilation per dtype for every shape and axis; float32 and float64 with Scale and
+Bias of X's type, else the references).
 """
 from __future__ import annotations
 
@@ -677,3 +690,195 @@ register_op(
     outputs=["X@GRAD?", "Scale@GRAD?", "Bias@GRAD?"], attrs=dict(_GN_ATTRS), traits=[OPAQUE],
     infer_shape=_gn_grad_infer, reference=_gn_grad_ref, emit=Opaque(_gn_grad_lower, host=True),
     grad=None, doc="Gradients of group_norm through its statistics.")
+
+
+# ---- layer_norm --------------------------------------------------------------------------------
+# X is seen as rows: left = prod(X.shape[:begin_norm_axis]) rows of right =
+# prod(X.shape[begin_norm_axis:]) values; Scale and Bias hold `right` values.
+_LN_ATTRS = {"epsilon": Float(1e-5, low=0.0, high=1e-3), "begin_norm_axis": Int(1, low=1, high=2)}
+
+
+def _ln_split(shape, begin_norm_axis: int, op: str) -> tuple:
+    """(left, right) of X's ``shape`` (-1 when unknown); ShapeMismatch for an axis Paddle
+    refuses (it must lie in 1..rank-1)."""
+    rank = len(shape)
+    if not 0 < begin_norm_axis < rank:
+        raise ShapeMismatch(f"{op}: begin_norm_axis must lie in 1..{rank - 1} for X of rank "
+                            f"{rank} (shape {list(shape)}), got {begin_norm_axis}")
+    return _known_prod(shape[:begin_norm_axis]), _known_prod(shape[begin_norm_axis:])
+
+
+def _known_prod(dims) -> int:
+    """The product of ``dims``, or -1 when one is unknown."""
+    return int(np.prod(dims, dtype=np.int64)) if all(d >= 0 for d in dims) else -1
+
+
+def _ln_stat_dtype(x_dtype) -> np.dtype:
+    """Mean and Variance are float32 for float16 X (Paddle's kernels), else X's type."""
+    return np.dtype(np.float32) if np.dtype(x_dtype) == np.float16 else np.dtype(x_dtype)
+
+
+def _ln_check(X, Scale, Bias, epsilon, begin_norm_axis, op) -> tuple:
+    check_dtype(X, FLOATS, f"{op}: X")
+    left, right = _ln_split(X.shape, begin_norm_axis, op)
+    if not 0.0 <= np.float32(epsilon) <= np.float32(1e-3):  # compared as float32, as Paddle
+        raise ShapeMismatch(f"{op}: epsilon must lie in [0, 0.001], got {float(epsilon):.6g}")
+    for what, meta in (("Scale", Scale), ("Bias", Bias)):
+        if meta is None:
+            continue
+        check_dtype(meta, FLOATS, f"{op}: {what}")
+        if meta.ndim != 1 or (right >= 0 and meta.shape[0] >= 0 and meta.shape[0] != right):
+            raise ShapeMismatch(
+                f"{op}: {what} must have shape [{right}] (one value per element of X's dims "
+                f"{begin_norm_axis}.. of shape {list(X.shape)}), got {list(meta.shape)}")
+    return left, right
+
+
+def _ln_infer(X, Scale=None, Bias=None, *, epsilon, begin_norm_axis):
+    _ln_check(X, Scale, Bias, epsilon, begin_norm_axis, "layer_norm")
+    # Paddle 3.3.1 gives Mean and Variance X's leading dims (Fluid 1.x gave [left])
+    stat = VarMeta(X.shape[:begin_norm_axis], _ln_stat_dtype(X.dtype))
+    return {"Y": X, "Mean": stat, "Variance": stat}
+
+
+def _ln_values(v, right: int, what: str, op: str, default: float) -> np.ndarray:
+    if v is None:
+        return np.full(right, default)
+    if v.size != right:
+        raise ShapeMismatch(f"{op}: {what} must hold {right} values (one per element of X's "
+                            f"normalised dims), got shape {list(v.shape)}")
+    return v.astype(np.float64).reshape(right)
+
+
+def _ln_rows(X, begin_norm_axis, op) -> np.ndarray:
+    left, right = _ln_split(X.shape, begin_norm_axis, op)
+    return X.astype(np.float64).reshape(left, right)
+
+
+def _ln_ref(X, Scale=None, Bias=None, *, epsilon, begin_norm_axis):
+    x = _ln_rows(X, begin_norm_axis, "layer_norm")
+    right = x.shape[1]
+    scale = _ln_values(Scale, right, "Scale", "layer_norm", 1.0)
+    bias = _ln_values(Bias, right, "Bias", "layer_norm", 0.0)
+    mean = x.mean(axis=1)
+    var = np.square(x - mean[:, None]).mean(axis=1)
+    eps = float(np.float32(epsilon))
+    y = (x - mean[:, None]) / np.sqrt(var + eps)[:, None] * scale + bias
+    t, lead = _ln_stat_dtype(X.dtype), X.shape[:begin_norm_axis]
+    return {"Y": y.astype(X.dtype).reshape(X.shape), "Mean": mean.astype(t).reshape(lead),
+            "Variance": var.astype(t).reshape(lead)}
+
+
+def _ln_native(ctx, slots) -> bool:
+    """float32/float64 data, every bound slot of ``slots`` of X's type, a valid axis."""
+    t = ctx.dtype("X")
+    if t not in _NATIVE or not 0 < int(ctx.attrs["begin_norm_axis"]) < ctx.rank("X"):
+        return False
+    return all(ctx.dtype(s) == t for s in slots if ctx.has_input(s) or ctx.has_output(s))
+
+
+class _LNHost:
+    """Host lines of a layer-norm op: X as ``(left, right)`` rows, parameters (ones/zeros when
+    absent), outputs (scratch arrays when not bound)."""
+
+    def __init__(self, ctx):
+        self.ctx, self.lines = ctx, []
+        self.X, self.T = ctx.inp("X"), ctx.T("X")
+        self.axis, rank = int(ctx.attrs["begin_norm_axis"]), ctx.rank("X")
+        # a source expression over X alone: output shapes are evaluated before the lines run
+        self.right = f"({ctx.prod(self.X, self.axis, rank)})"
+        self.x2 = ctx.tmp("x")
+        self.lines.append(f"{self.x2} = {self.X}.reshape(({ctx.prod(self.X, 0, self.axis)}, "
+                          f"{self.right}))")
+        self.eps = _f32(ctx.attrs["epsilon"])
+
+    def param(self, slot: str, fill: str) -> str:
+        if self.ctx.has_input(slot):
+            return self.ctx.inp(slot)
+        t = self.ctx.tmp("k")
+        self.lines.append(f"{t} = np.{fill}(({self.right},), {self.T})")
+        return t
+
+    def out(self, slot: str, shape: str) -> str:
+        if self.ctx.has_output(slot):
+            return self.ctx.out(slot, shape=shape)
+        t = self.ctx.tmp("u")
+        self.lines.append(f"{t} = np.empty({shape}, {self.T})")
+        return t
+
+    def lead_shape(self) -> str:
+        dims = "".join(f"{self.X}.shape[{i}], " for i in range(self.axis))
+        return f"({dims})"
+
+
+def _ln_lower(ctx):
+    if not _ln_native(ctx, ("Scale", "Bias", "Y", "Mean", "Variance")):
+        return None
+    h = _LNHost(ctx)
+    scale, bias = h.param("Scale", "ones"), h.param("Bias", "zeros")
+    y = ctx.out("Y", shape=f"{h.X}.shape")
+    mean, var = h.out("Mean", h.lead_shape()), h.out("Variance", h.lead_shape())
+    rows = f"{h.x2}.shape[0]"
+    h.lines.append(f"_nn.layer_norm_fwd({h.x2}, {scale}, {bias}, {h.eps}, "
+                   f"{y}.reshape({h.x2}.shape), {mean}.reshape(({rows},)), "
+                   f"{var}.reshape(({rows},)))")
+    return h.lines
+
+
+register_op(
+    "layer_norm", inputs=["X", "Scale?", "Bias?"], outputs=["Y", "Mean~", "Variance~"],
+    attrs=dict(_LN_ATTRS), traits=[OPAQUE], infer_shape=_ln_infer, reference=_ln_ref,
+    emit=Opaque(_ln_lower, host=True),
+    grad=default_grad("layer_norm_grad", fwd_inputs=("X", "Scale", "Bias"),
+                      fwd_outputs=("Mean", "Variance"), grad_outputs=("Y",),
+                      wrt=("X", "Scale", "Bias")),
+    doc="Y = (X - mean) / sqrt(var + epsilon) * Scale + Bias, statistics over the dims from "
+        "begin_norm_axis on, per leading index.")
+
+
+def _ln_grad_infer(X, Mean, Variance, Scale=None, Bias=None, *, epsilon, begin_norm_axis, **_):
+    _ln_check(X, Scale, Bias, epsilon, begin_norm_axis, "layer_norm_grad")
+    return _grad_outs_infer(X, Scale, Bias)
+
+
+def _ln_grad_ref(X, Mean, Variance, Scale=None, Bias=None, *, epsilon, begin_norm_axis, **kw):
+    op = "layer_norm_grad"
+    x = _ln_rows(X, begin_norm_axis, op)
+    left, right = x.shape
+    dy = _same_shape(kw["Y@GRAD"], X, op).astype(np.float64).reshape(left, right)
+    if Mean.size != left or Variance.size != left:
+        raise ShapeMismatch(f"{op}: Mean and Variance must hold {left} values (one per row of "
+                            f"X's leading dims), got shapes {list(Mean.shape)} and "
+                            f"{list(Variance.shape)}")
+    scale = _ln_values(Scale, right, "Scale", op, 1.0)
+    mean = Mean.astype(np.float64).reshape(left, 1)
+    inv = 1.0 / np.sqrt(Variance.astype(np.float64).reshape(left, 1) + float(np.float32(epsilon)))
+    xhat = (x - mean) * inv
+    g = dy * scale
+    dx = inv * (g - g.mean(axis=1, keepdims=True) - xhat * (g * xhat).mean(axis=1, keepdims=True))
+    return _grad_result(X, Scale, Bias, dx, (dy * xhat).sum(axis=0), dy.sum(axis=0))
+
+
+def _ln_grad_lower(ctx):
+    if not _ln_native(ctx, ("Scale", "Mean", "Variance", "Y@GRAD", "X@GRAD", "Scale@GRAD",
+                            "Bias@GRAD")):
+        return None
+    h = _LNHost(ctx)
+    scale = h.param("Scale", "ones")
+    if ctx.has_output("X@GRAD"):
+        dx, want = f"{ctx.out('X@GRAD', shape=f'{h.X}.shape')}.reshape({h.x2}.shape)", True
+    else:
+        dx, want = f"np.empty((0, 0), {h.T})", False
+    ds, db = h.out("Scale@GRAD", f"({h.right},)"), h.out("Bias@GRAD", f"({h.right},)")
+    mean, var, dy = ctx.inp("Mean"), ctx.inp("Variance"), ctx.inp("Y@GRAD")
+    h.lines.append(f"_nn.layer_norm_bwd({h.x2}, {dy}.reshape({h.x2}.shape), "
+                   f"{mean}.reshape(({mean}.size,)), {var}.reshape(({var}.size,)), {scale}, "
+                   f"{h.eps}, {want}, {dx}, {ds}, {db})")
+    return h.lines
+
+
+register_op(
+    "layer_norm_grad", inputs=["X", "Scale?", "Bias?", "Mean", "Variance", "Y@GRAD"],
+    outputs=["X@GRAD?", "Scale@GRAD?", "Bias@GRAD?"], attrs=dict(_LN_ATTRS), traits=[OPAQUE],
+    infer_shape=_ln_grad_infer, reference=_ln_grad_ref, emit=Opaque(_ln_grad_lower, host=True),
+    grad=None, doc="Gradients of layer_norm through the row statistics Mean and Variance.")

@@ -13,12 +13,24 @@ when over the whole batch (batch norm, ``K = 1``); ``g = c // cpg`` with ``cpg``
 group (1 for batch and instance norm, ``G = C / cpg``). Sums accumulate in float64 per
 ``(k, c)``, then per group; variances are biased (divided by the count) and taken in two
 passes. ``inv`` is ``1 / sqrt(var + eps)``. Outputs are arguments (the driver allocates them).
+
+Layer norm (:func:`layer_norm_fwd`, :func:`layer_norm_bwd`) sees its data as rows: ``x`` of
+``(M, N)``, each row normalised over its ``N`` values with ``scale[j]``/``bias[j]`` per column
+(ones and zeros when the op has none). Per row, two passes take the mean and the biased
+variance (sums in float64; the kernels are compiled with reassociation allowed, so LLVM
+vectorises the sums over the row), and a third writes ``y``; the backward pass reads each row
+twice. Rows are split over threads when the data is large (as the convolution kernels do); in a
+native loop's compiled driver they run on its own thread.
 """
+import numba
 import numpy as np
+from numba.extending import overload
 
 from pdjit.codegen.nnlib._jit import jit, jobs
+from pdjit.codegen.nnlib.conv import split_work
+from pdjit.runtime.threads import loop_threads
 
-__all__ = ["norm_stats", "norm_apply", "norm_grad"]
+__all__ = ["norm_stats", "norm_apply", "norm_grad", "layer_norm_fwd", "layer_norm_bwd"]
 
 
 @jit
@@ -235,3 +247,166 @@ jobs("norm_apply")(lambda T: [(norm_apply, ((T, 4), (_F64, 2), (_F64, 2), (T, 1)
                                             int, bool, (T, 4)))])
 jobs("norm_grad")(lambda T: [(norm_grad, ((T, 4), (T, 4), (_F64, 2), (_F64, 2), (T, 1), bool,
                                           int, bool, (T, 4), (T, 1), (T, 1)))])
+
+
+# ---- layer norm: rows of (M, N) ----------------------------------------------------------------
+#: sums over a row may be reassociated (vectorised): the row kernels of layer norm
+_rjit = numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"})
+
+# below this many elements the rows run on one thread (a thread's wake-up costs more)
+_LN_PARALLEL_MIN = 1 << 19
+
+
+@_rjit
+def _ln_fwd_rows(x, scale, bias, eps, y, mean, var, r0, r1):
+    """Rows ``r0..r1``: ``mean[i]``, biased ``var[i]`` and ``y[i] = (x[i] - mean[i]) /
+    sqrt(var[i] + eps) * scale + bias``: statistics in float64, ``y`` in ``x``'s type."""
+    n = x.shape[1]
+    t = np.empty(2, x.dtype)  # mean and 1 / std rounded to x's type
+    for i in range(r0, r1):
+        xr = x[i]
+        s = 0.0
+        for j in range(n):
+            s += xr[j]
+        m = s / n
+        q = 0.0
+        for j in range(n):
+            d = xr[j] - m
+            q += d * d
+        v = q / n
+        mean[i] = m
+        var[i] = v
+        t[0] = m
+        t[1] = 1.0 / np.sqrt(v + eps)
+        mt = t[0]
+        it = t[1]
+        yr = y[i]
+        for j in range(n):  # in the data's type: twice the lanes of float64 for float32
+            yr[j] = (xr[j] - mt) * it * scale[j] + bias[j]
+
+
+@_rjit
+def _ln_bwd_rows(x, dy, mean, var, scale, eps, want_dx, dx, acc, r0, r1):
+    """Rows ``r0..r1`` of the gradients: ``acc[0, j] += sum(dy * xhat)`` and ``acc[1, j] +=
+    sum(dy)`` over the rows (float64), and with ``want_dx`` ``dx = inv * (g - mean(g) - xhat *
+    mean(g * xhat))`` per row, ``g = dy * scale``, ``xhat = (x - mean) * inv`` (products in
+    ``x``'s type, sums in float64)."""
+    n = x.shape[1]
+    ds = acc[0]
+    db = acc[1]
+    t = np.empty(4, x.dtype)  # per-row coefficients rounded to x's type
+    for i in range(r0, r1):
+        xr = x[i]
+        gr = dy[i]
+        t[0] = mean[i]
+        t[1] = 1.0 / np.sqrt(np.float64(var[i]) + eps)
+        m = t[0]
+        inv = t[1]
+        sg = 0.0
+        sgx = 0.0
+        for j in range(n):
+            d = gr[j]
+            xh = (xr[j] - m) * inv
+            g = d * scale[j]
+            sg += g
+            sgx += g * xh
+            ds[j] += d * xh
+            db[j] += d
+        if want_dx:
+            t[2] = sg / n
+            t[3] = sgx / n
+            a = t[2]
+            b = t[3]
+            dr = dx[i]
+            for j in range(n):
+                xh = (xr[j] - m) * inv
+                dr[j] = inv * (gr[j] * scale[j] - a - xh * b)
+
+
+_LN_MISFIT = "pdjit: layer_norm: Scale, Bias, Y or the statistics do not fit X's rows"
+
+
+@jit
+def _ln_fwd_fits(x, scale, bias, y, mean, var) -> bool:
+    m, n = x.shape
+    return scale.shape[0] == n and bias.shape[0] == n and y.shape == x.shape and \
+        mean.shape[0] == m and var.shape[0] == m
+
+
+@jit
+def _ln_bwd_fits(x, dy, mean, var, scale, want_dx, dx, dscale, dbias) -> bool:
+    m, n = x.shape
+    return dy.shape == x.shape and mean.shape[0] == m and var.shape[0] == m and \
+        scale.shape[0] == n and dscale.shape[0] == n and dbias.shape[0] == n and \
+        (not want_dx or dx.shape == x.shape)
+
+
+def _ln_parts(rows: int, size: int) -> int:
+    if rows < 2 or size < _LN_PARALLEL_MIN:
+        return 1
+    return max(1, min(rows, loop_threads()))
+
+
+def layer_norm_fwd(x, scale, bias, eps, y, mean, var):
+    """Layer norm of the rows of ``x`` ``(M, N)``: writes ``y`` ``(M, N)`` and the row
+    statistics ``mean``, ``var`` ``(M,)`` (biased variance); ``eps`` is added to the variance."""
+    if not _ln_fwd_fits(x, scale, bias, y, mean, var):
+        raise ValueError(_LN_MISFIT)
+    m = x.shape[0]
+    if _ln_parts(m, x.size) == 1:
+        _ln_fwd_rows(x, scale, bias, eps, y, mean, var, 0, m)
+    else:
+        split_work(_ln_fwd_rows, m, 1 << 30, x, scale, bias, eps, y, mean, var, head=7)
+
+
+def layer_norm_bwd(x, dy, mean, var, scale, eps, want_dx, dx, dscale, dbias):
+    """Gradients of :func:`layer_norm_fwd` through the row statistics ``mean``, ``var`` (those
+    the forward pass wrote): ``dx`` (written only with ``want_dx``), ``dscale[j] = sum_i dy *
+    xhat`` and ``dbias[j] = sum_i dy`` (overwritten)."""
+    if not _ln_bwd_fits(x, dy, mean, var, scale, want_dx, dx, dscale, dbias):
+        raise ValueError(_LN_MISFIT)
+    m, n = x.shape
+    parts = _ln_parts(m, x.size)
+    acc = np.zeros((parts, 2, n))
+    if parts == 1:
+        _ln_bwd_rows(x, dy, mean, var, scale, eps, want_dx, dx, acc[0], 0, m)
+    else:
+        from pdjit.codegen.nnlib.conv import _threads
+
+        futures = [_threads().submit(_ln_bwd_rows, x, dy, mean, var, scale, eps, want_dx, dx,
+                                     acc[p], p * m // parts, (p + 1) * m // parts)
+                   for p in range(parts)]
+        for f in futures:
+            f.result()
+    total = acc.sum(axis=0)
+    dscale[:] = total[0]
+    dbias[:] = total[1]
+
+
+# inside compiled code (a native loop's driver): every row on this thread
+@overload(layer_norm_fwd)
+def _layer_norm_fwd_native(x, scale, bias, eps, y, mean, var):
+    def impl(x, scale, bias, eps, y, mean, var):
+        if not _ln_fwd_fits(x, scale, bias, y, mean, var):
+            raise ValueError(_LN_MISFIT)
+        _ln_fwd_rows(x, scale, bias, eps, y, mean, var, 0, x.shape[0])
+    return impl
+
+
+@overload(layer_norm_bwd)
+def _layer_norm_bwd_native(x, dy, mean, var, scale, eps, want_dx, dx, dscale, dbias):
+    def impl(x, dy, mean, var, scale, eps, want_dx, dx, dscale, dbias):
+        if not _ln_bwd_fits(x, dy, mean, var, scale, want_dx, dx, dscale, dbias):
+            raise ValueError(_LN_MISFIT)
+        acc = np.zeros((2, x.shape[1]))
+        _ln_bwd_rows(x, dy, mean, var, scale, eps, want_dx, dx, acc, 0, x.shape[0])
+        for j in range(x.shape[1]):
+            dscale[j] = acc[0, j]
+            dbias[j] = acc[1, j]
+    return impl
+
+
+jobs("layer_norm_fwd")(lambda T: [(_ln_fwd_rows, ((T, 2), (T, 1), (T, 1), float, (T, 2),
+                                                  (T, 1), (T, 1), int, int))])
+jobs("layer_norm_bwd")(lambda T: [(_ln_bwd_rows, ((T, 2), (T, 2), (T, 1), (T, 1), (T, 1), float,
+                                                  bool, (T, 2), (_F64, 2), int, int))])
