@@ -19,7 +19,8 @@ from pdjit.layers.layer_helper import LayerHelper, check_variable
 
 __all__ = ["reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod", "mean",
            "sums", "reshape", "transpose", "concat", "split", "slice", "squeeze", "unsqueeze",
-           "stack", "gather", "one_hot", "argmax", "argmin", "topk"]
+           "stack", "gather", "one_hot", "argmax", "argmin", "topk", "expand", "where",
+           "cumsum", "gather_nd", "scatter", "argsort"]
 
 
 def _int_tensor(value, layer) -> Variable:
@@ -305,3 +306,100 @@ def topk(input, k, name=None):
     helper.append_op("top_k_v2", inputs=inputs, outputs={"Out": [values], "Indices": [indices]},
                      attrs=attrs)
     return values, indices
+
+
+# ---- issue 16: expand, where, cumsum, gather_nd, scatter, argsort (Fluid 1.8 signatures) -------
+def expand(x, expand_times, name=None):
+    """``x`` tiled ``expand_times[i]`` times along each dim ``i`` (Fluid 1.x's ``expand``: one
+    count per dim of ``x``). ``expand_times`` may be a list of ints and Variables, or a 1-D int
+    Variable."""
+    check_variable(x, "x", "expand")
+    helper = LayerHelper("expand", name=name)
+    inputs, attrs = {"X": [x]}, {}
+    if isinstance(expand_times, Variable):
+        inputs["ExpandTimes"] = [expand_times]
+    else:
+        times = list(expand_times) if isinstance(expand_times, (list, tuple)) else None
+        if times is None:
+            raise TypeError(f"expand: expand_times must be a list, tuple or Variable, got "
+                            f"{type(expand_times).__name__}")
+        if any(isinstance(t, Variable) for t in times):
+            inputs["expand_times_tensor"] = [_int_tensor(t, "expand") for t in times]
+            attrs["expand_times"] = [-1 if isinstance(t, Variable) else int(t) for t in times]
+        else:
+            attrs["expand_times"] = _ints(times, "expand_times", "expand")
+    out = helper.create_variable_for_type_inference(x.dtype)
+    helper.append_op("expand", inputs=inputs, outputs={"Out": [out]}, attrs=attrs)
+    return out
+
+
+def where(condition, x=None, y=None, name=None):
+    """Fluid 1.8's ``where(condition)``: the int64 coordinates ``[n, rank]`` of the true
+    elements of ``condition`` (``where_index``). With ``x`` and ``y`` (Paddle 2.x's form):
+    ``x`` where ``condition`` else ``y`` (``where``), all three of one shape."""
+    check_variable(condition, "condition", "where")
+    if (x is None) != (y is None):
+        raise TypeError("where: expected both x and y, or neither (then the indices of "
+                        "condition's true elements)")
+    if x is None:
+        helper = LayerHelper("where_index", name=name)
+        out = helper.create_variable_for_type_inference("int64", stop_gradient=True)
+        helper.append_op("where_index", inputs={"Condition": [condition]},
+                         outputs={"Out": [out]})
+        return out
+    check_variable(x, "x", "where")
+    check_variable(y, "y", "where")
+    helper = LayerHelper("where", name=name)
+    out = helper.create_variable_for_type_inference(x.dtype)
+    helper.append_op("where", inputs={"Condition": [condition], "X": [x], "Y": [y]},
+                     outputs={"Out": [out]})
+    return out
+
+
+def cumsum(x, axis=None, exclusive=None, reverse=None):
+    """The running sums of ``x`` along ``axis`` (Fluid 1.8: None is the op's default, -1);
+    ``exclusive`` leaves each element out of its own sum; ``reverse`` sums from the end."""
+    check_variable(x, "x", "cumsum")
+    helper = LayerHelper("cumsum")
+    attrs = {}
+    for key, value in (("axis", axis), ("exclusive", exclusive), ("reverse", reverse)):
+        if value is not None:  # as Fluid 1.8: only the arguments given become attributes
+            attrs[key] = _ints(value, key, "cumsum")[0] if key == "axis" else bool(value)
+    out = helper.create_variable_for_type_inference(x.dtype)
+    helper.append_op("cumsum", inputs={"X": [x]}, outputs={"Out": [out]}, attrs=attrs)
+    return out
+
+
+def gather_nd(input, index, name=None):
+    """``input``'s slices at the coordinates in ``index``'s last dim (``[..., k]``, int)."""
+    check_variable(input, "input", "gather_nd")
+    check_variable(index, "index", "gather_nd")
+    helper = LayerHelper("gather_nd", name=name)
+    out = helper.create_variable_for_type_inference(input.dtype)
+    helper.append_op("gather_nd", inputs={"X": [input], "Index": [index]},
+                     outputs={"Out": [out]})
+    return out
+
+
+def scatter(input, index, updates, name=None, overwrite=True):
+    """``input`` with row ``index[m]`` replaced by ``updates[m]`` (``overwrite``), or with the
+    indexed rows zeroed and every update added (``overwrite=False``)."""
+    for arg, v in (("input", input), ("index", index), ("updates", updates)):
+        check_variable(v, arg, "scatter")
+    helper = LayerHelper("scatter", name=name)
+    out = helper.create_variable_for_type_inference(input.dtype)
+    helper.append_op("scatter", inputs={"X": [input], "Ids": [index], "Updates": [updates]},
+                     outputs={"Out": [out]}, attrs={"overwrite": bool(overwrite)})
+    return out
+
+
+def argsort(input, axis=-1, descending=False, name=None):
+    """(sorted ``input`` along ``axis``, the int64 indices they came from); a stable sort."""
+    check_variable(input, "input", "argsort")
+    helper = LayerHelper("argsort", name=name)
+    out = helper.create_variable_for_type_inference(input.dtype, stop_gradient=True)
+    ids = helper.create_variable_for_type_inference("int64", stop_gradient=True)
+    helper.append_op("argsort", inputs={"X": [input]}, outputs={"Out": [out], "Indices": [ids]},
+                     attrs={"axis": _ints(axis, "axis", "argsort")[0],
+                            "descending": bool(descending)})
+    return out, ids

@@ -10,7 +10,8 @@ from pdjit.layers.layer_helper import LayerHelper, check_variable
 from pdjit.param_attr import ParamAttr
 
 __all__ = ["create_tensor", "create_parameter", "create_global_var", "fill_constant",
-           "fill_constant_batch_size_like", "assign", "cast", "zeros", "ones"]
+           "fill_constant_batch_size_like", "assign", "cast", "zeros", "ones", "zeros_like",
+           "ones_like", "range"]
 
 
 def create_tensor(dtype, name=None, persistable: bool = False) -> Variable:
@@ -105,3 +106,48 @@ def zeros(shape, dtype, force_cpu: bool = False) -> Variable:
 
 def ones(shape, dtype, force_cpu: bool = False) -> Variable:
     return fill_constant(shape, dtype, 1.0, force_cpu)
+
+
+def zeros_like(x, out=None) -> Variable:
+    """Zeros of ``x``'s shape and dtype (``fill_zeros_like``, as Fluid 1.8)."""
+    check_variable(x, "x", "zeros_like")
+    helper = LayerHelper("zeros_like")
+    if out is None:
+        out = helper.create_variable_for_type_inference(x.dtype, stop_gradient=True)
+    helper.append_op("fill_zeros_like", inputs={"X": [x]}, outputs={"Out": [out]})
+    out.stop_gradient = True
+    return out
+
+
+def ones_like(x, out=None) -> Variable:
+    """Ones of ``x``'s shape and dtype (``fill_any_like`` with value 1, as Fluid 1.8)."""
+    check_variable(x, "x", "ones_like")
+    helper = LayerHelper("ones_like")
+    if out is None:
+        out = helper.create_variable_for_type_inference(x.dtype, stop_gradient=True)
+    helper.append_op("fill_any_like", inputs={"X": [x]}, outputs={"Out": [out]},
+                     attrs={"value": 1.0})
+    out.stop_gradient = True
+    return out
+
+
+def range(start, end, step, dtype) -> Variable:  # noqa: A001 - Fluid's name
+    """``start, start + step, ...`` up to ``end`` (excluded), a 1-D tensor of ``dtype``. Each
+    bound may be a number or a 1-element Variable (cast to ``dtype`` when it differs)."""
+    helper = LayerHelper("range")
+    bounds = []
+    for arg, v in (("start", start), ("end", end), ("step", step)):
+        if isinstance(v, Variable):
+            if v.dtype != dtypes.to_numpy(dtype):
+                v = cast(v, dtype)
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            v = fill_constant([1], dtype, v)
+        else:
+            raise TypeError(f"range: {arg} must be a number or a Variable, got "
+                            f"{type(v).__name__}")
+        bounds.append(v)
+    out = helper.create_variable_for_type_inference(dtype, stop_gradient=True)
+    helper.append_op("range", inputs={"Start": [bounds[0]], "End": [bounds[1]],
+                                      "Step": [bounds[2]]}, outputs={"Out": [out]})
+    out.stop_gradient = True
+    return out
