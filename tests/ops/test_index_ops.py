@@ -36,7 +36,8 @@ def run_native(op_type, inputs, attrs=None, outputs=None):
     assert "reference" not in kinds, f"{op_type}: a reference step in the plan: {steps}"
     assert_native(exe, op_type)
     it = iter(got)
-    return {slot: next(it) for slot, vs in outs.items() for _ in vs}
+    return {slot: [next(it) for _ in vs] if len(vs) > 1 else next(it)
+            for slot, vs in outs.items()}
 
 
 def check(op_type, inputs, attrs, expected, outputs=None):
@@ -44,8 +45,10 @@ def check(op_type, inputs, attrs, expected, outputs=None):
     check_output(op_type, inputs, attrs, expected, outputs=outputs)
     got = run_native(op_type, inputs, attrs, outputs)
     for slot, want in expected.items():
-        np.testing.assert_allclose(got[slot], want, rtol=1e-6, atol=1e-6, err_msg=slot)
-        assert got[slot].dtype == np.asarray(want).dtype, slot
+        pairs = zip(got[slot], want) if isinstance(want, list) else [(got[slot], want)]
+        for g, w in pairs:
+            np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6, err_msg=slot)
+            assert g.dtype == np.asarray(w).dtype, slot
 
 
 # ---- lookup_table (v1) -------------------------------------------------------------------------
@@ -227,6 +230,7 @@ GRAD_CASES = [
     ("slice", {"Input": _n(3, 4)}, {"axes": [1], "starts": [1], "ends": [2],
                                     "decrease_axis": [1]}, ["Input"], "Out"),
     ("concat", {"X": [_n(2, 2), _n(2, 3)]}, {"axis": 1}, ["X"], "Out"),
+    ("gather", {"X": _n(3, 2), "Index": np.array([2, 0, 2], np.int64)}, {}, ["X"], "Out"),
 ]
 
 
@@ -372,3 +376,21 @@ def test_range_zero_step():
                                                   "Step": np.array([0])})
     with pytest.raises(OpRunError, match="range.*nonzero Step"):
         Executor().run(prog, feed=feed, fetch_list=[outs["Out"][0]], scope=Scope())
+
+
+# ---- gather, split, fill_constant_batch_size_like natively ------------------------------------
+def test_gather_split_fcbsl_native():
+    x = _n(3, 4, 2)
+    check("gather", {"X": x, "Index": np.array([3, -1, 0], np.int64)}, {"axis": 1},
+          {"Out": x[:, [3, 3, 0]]})
+    check("gather", {"X": x, "Index": np.array(2, np.int64)}, {"axis": 0}, {"Out": x[2]})
+    check("split", {"X": x}, {"num": 2, "axis": 1}, {"Out": [x[:, :2], x[:, 2:]]},
+          outputs={"Out": 2})
+    check("split", {"X": x}, {"sections": [1, -1, 1], "axis": 1},
+          {"Out": [x[:, :1], x[:, 1:3], x[:, 3:]]}, outputs={"Out": 3})
+    check("fill_constant_batch_size_like", {"Input": x},
+          {"shape": [-1, 5], "dtype": 5, "value": 0.25, "input_dim_idx": 1},
+          {"Out": np.full((4, 5), 0.25, np.float32)})
+    check_grad("gather", {"X": x, "Index": np.array([1, 1, 3], np.int64)}, {"axis": 1}, ["X"])
+    with pytest.raises(OpRunError, match="gather.*index 4 is out of range"):
+        run_native("gather", {"X": x, "Index": np.array([4], np.int64)}, {"axis": 1})

@@ -160,13 +160,33 @@ def _fcbsl_ref(Input, *, shape, input_dim_idx, output_dim_idx, dtype, value, str
     return {"Out": np.full(_check_run_shape(tuple(out)), _fill_value(value, str_value, dt), dt)}
 
 
+def _fcbsl_lower(ctx):
+    """An allocation of ``shape`` with Input's dim at output_dim_idx, and a fill."""
+    a = ctx.attrs
+    shape = [str(int(d)) for d in a["shape"]]
+    r = ctx.rank("Input")
+    if not shape or r == 0 or not -len(shape) <= a["output_dim_idx"] < len(shape) \
+            or not -r <= a["input_dim_idx"] < r:
+        return None
+    shape[a["output_dim_idx"] % len(shape)] = \
+        f"{ctx.inp('Input')}.shape[{a['input_dim_idx'] % r}]"
+    if any(d.startswith("-") for d in shape):
+        return None
+    dt = _np_dtype(a["dtype"])
+    out, T = ctx.out("Out"), ctx.T("Out")
+    value = src_literal(_fill_value(a["value"], a["str_value"], dt))
+    return [f"{out} = np.empty({ctx.tuple_src(shape)}, {T})",
+            f"{out}.reshape({out}.size)[:] = {T}({value})"]
+
+
 register_op(
     "fill_constant_batch_size_like", inputs=["Input"], outputs=["Out"],
     attrs={"shape": Ints(choices=([-1, 3], [-1], [2, -1, 4])), "input_dim_idx": Int(0),
            "output_dim_idx": Int(0),
            "dtype": Int(5, choices=_DTYPE_CODES), "value": Float(0.0), "str_value": Str(""),
            "force_cpu": Bool(False)},
-    traits=[OPAQUE], infer_shape=_fcbsl_infer, reference=_fcbsl_ref, emit=None, grad=None,
+    traits=[OPAQUE], infer_shape=_fcbsl_infer, reference=_fcbsl_ref,
+    emit=Opaque(lambda ctx: _fcbsl_lower(ctx), host=True), grad=None,
     doc="Out = constant of `shape` whose dim output_dim_idx is Input's dim input_dim_idx.")
 
 

@@ -188,7 +188,8 @@ def _split_ref(X, AxisTensor=None, SectionsTensorList=None, *, num, sections, ax
 register_op(
     "split", inputs=["X", "AxisTensor?", "SectionsTensorList*?"], outputs=["Out*"],
     attrs={"sections": Ints([]), "num": Int(0, low=0, high=3), "axis": Int(0, low=-2, high=2)},
-    traits=[OPAQUE], infer_shape=_split_infer, reference=_split_ref, emit=None,
+    traits=[OPAQUE], infer_shape=_split_infer, reference=_split_ref,
+    emit=Opaque(lambda ctx: _split_lower(ctx), host=True),
     grad=lambda op: _split_grad(op),
     doc="Out = X cut along axis into num equal pieces, or pieces of the sizes in sections "
         "(one -1 takes the rest).")
@@ -358,7 +359,7 @@ def _gather_ref(X, Index, Axis=None, *, axis):
 register_op(
     "gather", inputs=["X", "Index", "Axis?"], outputs=["Out"],
     attrs={"axis": Int(0, low=-2, high=2)}, traits=[OPAQUE], infer_shape=_gather_infer,
-    reference=_gather_ref, emit=None,
+    reference=_gather_ref, emit=Opaque(lambda ctx: _gather_lower(ctx), host=True),
     grad=default_grad("gather_grad", fwd_inputs=("X", "Index", "Axis")),
     doc="Out = X's slices at Index along axis (Axis, a 1-element tensor, overrides axis).")
 
@@ -530,7 +531,8 @@ def _gather_grad_ref(X, Index, Axis=None, *, axis, **kw):
 register_op(
     "gather_grad", inputs=["X", "Index", "Axis?", "Out@GRAD"], outputs=["X@GRAD?"],
     attrs={"axis": Int(0)}, traits=[OPAQUE], infer_shape=_same_metas("X"),
-    reference=_gather_grad_ref, emit=None, grad=None,
+    reference=_gather_grad_ref, emit=Opaque(lambda ctx: _gather_grad_lower(ctx), host=True),
+    grad=None,
     doc="X@GRAD = zeros with Out@GRAD's slices added at Index along axis (repeated indices "
         "add up); gather's gradient.")
 
@@ -1220,3 +1222,75 @@ register_op(
     attrs=dict(_ARGSORT_ATTRS), traits=[OPAQUE], infer_shape=_same_metas("X"),
     reference=_argsort_grad_ref, emit=Opaque(_argsort_grad_lower, host=True), grad=None,
     doc="X@GRAD[Indices] = Out@GRAD along axis: the sort's permutation undone.")
+
+
+
+# ---- split and gather natively ---------------------------------------------------------------
+def _split_lower(ctx):
+    """Each piece a copy of its slice of X (attribute axis and sections; tensor-valued ones run
+    the reference)."""
+    if ctx.has_input("AxisTensor") or ctx.has_input("SectionsTensorList"):
+        return None
+    a = ctx.attrs
+    r = ctx.rank("X")
+    if r == 0:
+        return None
+    ax = norm_axis(a["axis"], r)
+    X, outs = ctx.inp("X"), ctx.op.output("Out")
+    dim = f"{X}.shape[{ax}]"
+    if a["num"] > 0:
+        num = int(a["num"])
+        if len(outs) != num:
+            return None
+        lines = [f"_rt.check({dim} % {num} == 0)"]
+        sizes = [f"({dim} // {num})"] * num
+    else:
+        sec = [int(v) for v in a["sections"]]
+        if not sec or len(outs) != len(sec) or sec.count(-1) > 1 or min(sec) < -1:
+            return None
+        known = sum(v for v in sec if v >= 0)
+        lines = [f"_rt.check({dim} {'>=' if -1 in sec else '=='} {known})"]
+        sizes = [str(v) if v >= 0 else f"({dim} - {known})" for v in sec]
+    at = ctx.tmp("at")
+    lines.append(f"{at} = 0")
+    for i, (name, size) in enumerate(zip(outs, sizes)):
+        if name != EMPTY_VAR_NAME:
+            index = ", ".join([":"] * ax + [f"{at}:{at} + {size}"])
+            lines.append(f"{ctx.out('Out', i)} = {X}[{index}].copy()")
+        lines.append(f"{at} += {size}")
+    return lines
+
+
+def _gather_lower(ctx):
+    """Rows of X along the axis, as index_select (negative indices from the end); a 0-d Index
+    takes one slice and drops the axis."""
+    if ctx.has_input("Axis"):
+        return None
+    r = ctx.rank("X")
+    if r == 0:
+        return None
+    ax = norm_axis(ctx.attrs["axis"], r)
+    X, idx = ctx.inp("X"), ctx.inp("Index")
+    dims = [f"{X}.shape[{i}]" if i != ax else f"{idx}.size" for i in range(r)]
+    if ctx.rank("Index") == 0:
+        del dims[ax]
+    out = ctx.out("Out", shape=_shape_src(dims))
+    rows = (f"{out}.reshape(({ctx.prod(X, 0, ax)}, {idx}.size, {ctx.prod(X, ax + 1, r)}))")
+    return [f"_nn.take_rows({_rows_src(ctx, X, r, ax)}, {_flat_ids(idx)}, {_NO_PAD}, True, "
+            f"{rows})"]
+
+
+def _gather_grad_lower(ctx):
+    if ctx.has_input("Axis") or ctx.dtype("Out@GRAD") != ctx.dtype("X"):
+        return None
+    r = ctx.rank("X")
+    if r == 0:
+        return None
+    ax = norm_axis(ctx.attrs["axis"], r)
+    X, idx, g = ctx.inp("X"), ctx.inp("Index"), ctx.inp("Out@GRAD")
+    dx = ctx.out("X@GRAD", shape=f"{X}.shape", zero=True)
+    rows = f"{g}.reshape(({ctx.prod(X, 0, ax)}, {idx}.size, {ctx.prod(X, ax + 1, r)}))"
+    return [f"_rt.check({g}.size == {idx}.size * {ctx.prod(X, 0, ax)} * "
+            f"{ctx.prod(X, ax + 1, r)})",
+            f"_nn.scatter_rows({_rows_src(ctx, dx, r, ax)}, {_flat_ids(idx)}, {rows}, 2, "
+            f"{_NO_PAD}, True)"]
