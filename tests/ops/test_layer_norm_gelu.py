@@ -176,6 +176,19 @@ def test_gelu(approximate, dtype):
                  outputs={"X@GRAD": 1}, atol=1e-5 if dtype == "float32" else 1e-12)
 
 
+def test_gelu_float32_exact_form_keeps_its_tails():
+    """The float32 kernel's own erfc (vectorised) against float64 erfc, tails included: relative
+    error, not only absolute (1 + erf would cancel below -3)."""
+    x = np.linspace(-10, 10, 4001).astype("float32").reshape(1, -1)
+    prog, feed, outs = build_op_program("gelu", {"X": x})
+    exe = Executor(strict=True)
+    (got,) = exe.run(prog, feed=feed, fetch_list=[outs["Out"][0]], scope=Scope())
+    assert_native(exe)
+    v = x.astype(np.float64)
+    want = v * 0.5 * np.vectorize(math.erfc)(-v / math.sqrt(2))
+    np.testing.assert_allclose(got, want, rtol=2e-5, atol=1e-37)
+
+
 @pytest.mark.parametrize("approximate", [False, True])
 def test_gelu_grad_finite_differences(approximate):
     check_grad("gelu", {"X": RNG.normal(0, 2, (3, 5))}, {"approximate": approximate}, ("X",),
