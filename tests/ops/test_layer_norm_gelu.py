@@ -12,6 +12,7 @@ import pytest
 
 import pdjit as fluid
 from pdjit import layers
+from pdjit.codegen.nnlib import norm as nnlib_norm
 from pdjit.framework.errors import OpShapeError
 from pdjit.runtime.executor import Executor
 from pdjit.runtime.scope import Scope
@@ -128,6 +129,33 @@ def test_layer_norm_grad_op(shape, axis, dtype, affine):
     check_output("layer_norm_grad", inputs, {"begin_norm_axis": axis}, expected, outputs=outputs,
                  rtol=1e-4 if dtype == "float32" else None,
                  atol=1e-5 if dtype == "float32" else None)
+
+
+def test_layer_norm_rows_split_over_threads(monkeypatch):
+    """Large data runs its rows on several threads (the threshold lowered here): same values."""
+    monkeypatch.setattr(nnlib_norm, "_LN_PARALLEL_MIN", 64)
+    monkeypatch.setattr(nnlib_norm, "loop_threads", lambda: 3)
+    splits = []
+    split_work = nnlib_norm.split_work
+    monkeypatch.setattr(nnlib_norm, "split_work",
+                        lambda *a, **k: splits.append(a[1]) or split_work(*a, **k))
+    shape = (7, 4, 16)
+    x = RNG.normal(0.5, 2.0, shape).astype("float32")
+    dy = RNG.normal(size=shape).astype("float32")
+    scale, bias = RNG.uniform(0.5, 1.5, 16).astype("float32"), np.zeros(16, "float32")
+    y, mean, var = np_layer_norm(x, 2, 1e-5, scale, bias)
+    check_output("layer_norm", {"X": x, "Scale": scale, "Bias": bias}, {"begin_norm_axis": 2},
+                 {"Y": y.astype("float32"), "Mean": mean.astype("float32"),
+                  "Variance": var.astype("float32")}, atol=2e-6, modes=["compiled"])
+    dx, ds, db = np_layer_norm_grad(x, dy, 2, scale)
+    check_output("layer_norm_grad", {"X": x, "Scale": scale, "Bias": bias,
+                                     "Mean": mean.astype("float32"),
+                                     "Variance": var.astype("float32"), "Y@GRAD": dy},
+                 {"begin_norm_axis": 2}, {"X@GRAD": dx.astype("float32"),
+                                          "Scale@GRAD": ds.astype("float32"),
+                                          "Bias@GRAD": db.astype("float32")},
+                 outputs=GRADS, rtol=1e-4, atol=1e-5, modes=["compiled"])
+    assert splits == [28], splits  # the forward pass split its 28 rows
 
 
 @pytest.mark.parametrize("shape,axis,slots", [((3, 4), 1, ("X", "Scale", "Bias")),
