@@ -739,7 +739,9 @@ register_op(
     "index_select_grad", inputs=["X", "Index", "Out@GRAD"], outputs=["X@GRAD?"],
     attrs={"dim": Int(0)}, traits=[OPAQUE], infer_shape=_same_metas("X"),
     reference=_index_select_grad_ref, emit=Opaque(_index_select_grad_lower, host=True),
-    grad=None, doc="X@GRAD = zeros with Out@GRAD's slices added at Index along dim.")
+    grad=None, doc="X@GRAD = zeros with Out@GRAD's slices added at Index along dim (a negative "
+                   "index's slice too: Paddle 3.3.1's CPU grad kernel drops those, which "
+                   "finite differences contradict).")
 
 
 # ---- gather_nd -------------------------------------------------------------------------------

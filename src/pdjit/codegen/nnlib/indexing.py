@@ -38,24 +38,40 @@ def _row(i, n, wrap):
 
 
 @jit
+def _checked_rows(idx, n, pad, wrap):
+    """``idx`` as rows ``0..n-1`` (``-1`` where the index equals ``pad``); raises for one out
+    of range."""
+    rows = np.empty(idx.shape[0], np.int64)
+    for m in range(idx.shape[0]):
+        if idx[m] == pad:
+            rows[m] = -1
+            continue
+        i = _row(idx[m], n, wrap)
+        if i < 0:
+            raise IndexError("pdjit: an index is out of range")
+        rows[m] = i
+    return rows
+
+
+@jit
 def take_rows(x, idx, pad, wrap, out):
     """``out[a, m, :] = x[a, idx[m], :]``; rows whose index equals ``pad`` are zeros."""
     A, N, B = x.shape
     M = idx.shape[0]
     if out.shape[0] != A or out.shape[1] != M or out.shape[2] != B:
         raise ValueError("pdjit: take_rows: the output does not fit")
-    for m in range(M):
-        if idx[m] == pad:
-            for a in range(A):
+    rows = _checked_rows(idx, N, pad, wrap)
+    for a in range(A):
+        xa, oa = x[a], out[a]
+        for m in range(M):
+            dst = oa[m]  # rows through views: indices from range() vectorise
+            if rows[m] < 0:
                 for b in range(B):
-                    out[a, m, b] = 0
-            continue
-        i = _row(idx[m], N, wrap)
-        if i < 0:
-            raise IndexError("pdjit: take_rows: an index is out of range")
-        for a in range(A):
-            for b in range(B):
-                out[a, m, b] = x[a, i, b]
+                    dst[b] = 0
+            else:
+                src = xa[rows[m]]
+                for b in range(B):
+                    dst[b] = src[b]
 
 
 @jit
@@ -68,31 +84,28 @@ def scatter_rows(out, idx, upd, mode, pad, wrap):
     M = idx.shape[0]
     if mode != 3 and (upd.shape[0] != A or upd.shape[1] != M or upd.shape[2] != B):
         raise ValueError("pdjit: scatter_rows: the updates do not fit")
-    for m in range(M):
-        if idx[m] != pad and _row(idx[m], N, wrap) < 0:
-            raise IndexError("pdjit: scatter_rows: an index is out of range")
-    if mode == 1 or mode == 3:
-        for m in range(M):
-            if idx[m] == pad:
-                continue
-            i = _row(idx[m], N, wrap)
-            for a in range(A):
-                for b in range(B):
-                    out[a, i, b] = 0
+    rows = _checked_rows(idx, N, pad, wrap)
+    for a in range(A):
+        oa = out[a]
+        if mode == 1 or mode == 3:
+            for m in range(M):
+                if rows[m] >= 0:
+                    dst = oa[rows[m]]
+                    for b in range(B):
+                        dst[b] = 0
         if mode == 3:
-            return
-    for m in range(M):
-        if idx[m] == pad:
             continue
-        i = _row(idx[m], N, wrap)
-        if mode == 0:
-            for a in range(A):
+        ua = upd[a]
+        for m in range(M):
+            if rows[m] < 0:
+                continue
+            dst, src = oa[rows[m]], ua[m]
+            if mode == 0:
                 for b in range(B):
-                    out[a, i, b] = upd[a, m, b]
-        else:
-            for a in range(A):
+                    dst[b] = src[b]
+            else:
                 for b in range(B):
-                    out[a, i, b] += upd[a, m, b]
+                    dst[b] += src[b]
 
 
 @jit
@@ -111,14 +124,6 @@ def nd_rows(index, dims, rows):
                 raise IndexError("pdjit: nd_rows: an index is out of range")
             r = r * dims[k] + i
         rows[m] = r
-
-
-@jit
-def _source_row(c, xdims, xstrides):
-    s = 0
-    for k in range(c.shape[0]):
-        s += (c[k] % xdims[k]) * xstrides[k]
-    return s
 
 
 @jit
@@ -146,39 +151,61 @@ def _check_tiling(x, xdims, out, odims):
 
 
 @jit
+def _tiling_plan(xdims, odims):
+    """(k, block): dims ``k..`` agree (a contiguous block of ``block`` elements in both), dim
+    ``k - 1`` is the innermost one tiled."""
+    R = xdims.shape[0]
+    k = R
+    block = 1
+    while k > 0 and xdims[k - 1] == odims[k - 1]:
+        k -= 1
+        block *= odims[k]
+    return k, block
+
+
+@jit
 def tile_nd(x, xdims, out, odims):
     """``out[c] = x[c % xdims]`` over flat C-order arrays of dims ``xdims`` and ``odims``
     (each ``odims[k]`` a multiple of ``xdims[k]``): ``tile``, and broadcasting (``expand_v2``,
-    ``expand_as_v2``) where ``xdims[k]`` is 1. Row by row along the last dim."""
+    ``expand_as_v2``) where ``xdims[k]`` is 1. Copies whole blocks of the trailing dims that
+    are not tiled."""
     _check_tiling(x, xdims, out, odims)
     if out.shape[0] == 0:
         return
-    R = xdims.shape[0]
-    xlast, olast = xdims[R - 1], odims[R - 1]
+    k, block = _tiling_plan(xdims, odims)
+    if k == 0:
+        for t in range(block):
+            out[t] = x[t]
+        return
     xs = _strides(xdims)
-    c = np.zeros(R, np.int64)
-    rows = out.shape[0] // olast
+    inner_o, inner_x = odims[k - 1], xdims[k - 1]
+    span = inner_x * block  # a whole copy of dims k-1.. of X: contiguous in X and in Out
+    c = np.zeros(k, np.int64)  # the odometer over dims 0..k-2 (c[k-1] unused)
     o = 0
-    for _ in range(rows):
-        s = _source_row(c, xdims, xs)
-        if xlast == olast:
-            for j in range(olast):
-                out[o + j] = x[s + j]
-        elif xlast == 1:
-            v = x[s]
-            for j in range(olast):
-                out[o + j] = v
-        else:
-            for j in range(olast):
-                out[o + j] = x[s + j % xlast]
-        o += olast
-        k = R - 2  # the odometer over the leading dims
-        while k >= 0:
-            c[k] += 1
-            if c[k] < odims[k]:
+    for _ in range(out.shape[0] // (block * inner_o)):
+        base = 0
+        for i in range(k - 1):
+            base += (c[i] % xdims[i]) * xs[i]
+        if span == 1:  # one value broadcast along the last dim
+            v = x[base]
+            dst = out[o:o + inner_o]
+            for t in range(inner_o):
+                dst[t] = v
+            o += inner_o
+        else:  # through slices: indices from range() are known >= 0, so the copy vectorises
+            src = x[base:base + span]
+            for _ in range(inner_o // inner_x):
+                dst = out[o:o + span]
+                for t in range(span):
+                    dst[t] = src[t]
+                o += span
+        i = k - 2
+        while i >= 0:
+            c[i] += 1
+            if c[i] < odims[i]:
                 break
-            c[k] = 0
-            k -= 1
+            c[i] = 0
+            i -= 1
 
 
 @jit
@@ -188,33 +215,41 @@ def untile_nd(g, xdims, dx, odims):
     dx[:] = 0
     if g.shape[0] == 0:
         return
-    R = xdims.shape[0]
-    xlast, olast = xdims[R - 1], odims[R - 1]
+    k, block = _tiling_plan(xdims, odims)
+    if k == 0:
+        for t in range(block):
+            dx[t] = g[t]
+        return
     xs = _strides(xdims)
-    c = np.zeros(R, np.int64)
-    rows = g.shape[0] // olast
+    inner_o, inner_x = odims[k - 1], xdims[k - 1]
+    span = inner_x * block
+    c = np.zeros(k, np.int64)
     o = 0
-    for _ in range(rows):
-        s = _source_row(c, xdims, xs)
-        if xlast == olast:
-            for j in range(olast):
-                dx[s + j] += g[o + j]
-        elif xlast == 1:
-            t = dx[s]
-            for j in range(olast):
-                t += g[o + j]
-            dx[s] = t
+    for _ in range(g.shape[0] // (block * inner_o)):
+        base = 0
+        for i in range(k - 1):
+            base += (c[i] % xdims[i]) * xs[i]
+        if span == 1:
+            src = g[o:o + inner_o]
+            acc = dx[base]
+            for t in range(inner_o):
+                acc += src[t]
+            dx[base] = acc
+            o += inner_o
         else:
-            for j in range(olast):
-                dx[s + j % xlast] += g[o + j]
-        o += olast
-        k = R - 2
-        while k >= 0:
-            c[k] += 1
-            if c[k] < odims[k]:
+            dst = dx[base:base + span]
+            for _ in range(inner_o // inner_x):
+                src = g[o:o + span]
+                for t in range(span):
+                    dst[t] += src[t]
+                o += span
+        i = k - 2
+        while i >= 0:
+            c[i] += 1
+            if c[i] < odims[i]:
                 break
-            c[k] = 0
-            k -= 1
+            c[i] = 0
+            i -= 1
 
 
 @jit
