@@ -65,7 +65,16 @@ def lod_batch_order(offs, rows_total, reverse):
         if lens[s] < 0:
             raise ValueError("pdjit: the LoD does not fit the data")
         longest = max(longest, lens[s])
-    order = np.argsort(-lens, kind="mergesort")
+    # a stable counting sort, longest first (np.argsort costs seconds of compilation)
+    first = np.zeros(longest + 2, np.int64)  # first[l]: where the sequences of length l go
+    for s in range(n):
+        first[longest - lens[s] + 1] += 1
+    for i in range(1, longest + 2):
+        first[i] += first[i - 1]
+    order = np.empty(max(n, 0), np.int64)
+    for s in range(n):
+        order[first[longest - lens[s]]] = s
+        first[longest - lens[s]] += 1
     starts = np.zeros(longest + 1, np.int64)
     rows = np.empty(rows_total, np.int64)
     p = 0
@@ -81,10 +90,46 @@ def lod_batch_order(offs, rows_total, reverse):
     return order, starts, rows
 
 
+# explicit loops rather than NumPy's slice assignments: they compile several times faster
 @jit
 def _gather_rows(src, order, m, dst):
+    """``dst[k] = src[order[k]]`` for ``k < m``."""
     for k in range(m):
-        dst[k, :] = src[order[k]]
+        for q in range(src.shape[1]):
+            dst[k, q] = src[order[k], q]
+
+
+@jit
+def _scatter_rows(src, order, m, dst):
+    """``dst[order[k]] = src[k]`` for ``k < m``."""
+    for k in range(m):
+        for q in range(src.shape[1]):
+            dst[order[k], q] = src[k, q]
+
+
+@jit
+def _copy_rows(src, s0, m, dst, d0):
+    """``dst[d0:d0 + m] = src[s0:s0 + m]``."""
+    for k in range(m):
+        for q in range(src.shape[1]):
+            dst[d0 + k, q] = src[s0 + k, q]
+
+
+@jit
+def _add_rows(src, m, dst, d0):
+    """``dst[d0:d0 + m] += src[:m]``."""
+    for k in range(m):
+        for q in range(src.shape[1]):
+            dst[d0 + k, q] += src[k, q]
+
+
+@jit
+def _transpose(a):
+    t = np.empty((a.shape[1], a.shape[0]), a.dtype)
+    for i in range(a.shape[0]):
+        for j in range(a.shape[1]):
+            t[j, i] = a[i, j]
+    return t
 
 
 # ---- lstm ------------------------------------------------------------------------------------
@@ -126,18 +171,16 @@ def lod_lstm(x, offs, w, b, h0, c0, peep, reverse, ga, ca, cda, hidden, cell, ga
         m = starts[t + 1] - p
         pp = starts[t - 1] if t > 0 else 0
         if t > 0:
-            gate[p:p + m] += np.dot(hb[pp:pp + m], w)
+            _add_rows(np.dot(hb[pp:pp + m], w), m, gate, p)
         elif has_h0:
             _gather_rows(h0, order, m, hs)
-            gate[p:p + m] += np.dot(hs[:m], w)
+            _add_rows(np.dot(hs[:m], w), m, gate, p)
         has_prev = t > 0 or has_c0
         for k in range(m):
             j = p + k
             g = gate[j]
-            if t > 0:
-                cp[:] = cb[pp + k]
-            elif has_c0:
-                cp[:] = c0[order[k]]
+            for q in range(H):
+                cp[q] = cb[pp + k, q] if t > 0 else (c0[order[k], q] if has_c0 else 0.0)
             for q in range(H):
                 gi = g[H + q]
                 gf = g[2 * H + q]
@@ -160,9 +203,8 @@ def lod_lstm(x, offs, w, b, h0, c0, peep, reverse, ga, ca, cda, hidden, cell, ga
                 cb[j, q] = c
                 cact[j, q] = ac
                 hb[j, q] = og * ac
-    for i in range(T):
-        hidden[rows[i]] = hb[i]
-        cell[rows[i]] = cb[i]
+    _scatter_rows(hb, rows, T, hidden)
+    _scatter_rows(cb, rows, T, cell)
 
 
 @jit
@@ -185,13 +227,12 @@ def lod_lstm_grad(offs, w, b, h0, c0, hidden, cell, gate, cact, dh_in, dc_in, pe
     has_h0, has_c0 = h0.shape[0] > 0, c0.shape[0] > 0
     dhb = np.empty((T, H), dx.dtype)
     dcb = np.zeros((T, H), dx.dtype)
-    for i in range(T):
-        dhb[i] = dh_in[rows[i]]
-        if dc_in.shape[0] > 0:
-            dcb[i] = dc_in[rows[i]]
+    _gather_rows(dh_in, rows, T, dhb)
+    if dc_in.shape[0] > 0:
+        _gather_rows(dc_in, rows, T, dcb)
     dg = np.empty((T, 4 * H), dx.dtype)
     hprev = np.zeros((T, H), dx.dtype)
-    wt = np.ascontiguousarray(w.T)
+    wt = _transpose(w)
     dpeep = np.zeros(3 * H)
     dh0s = np.zeros((max(n, 1), H), dx.dtype)
     dc0s = np.zeros((max(n, 1), H), dx.dtype)
@@ -206,10 +247,8 @@ def lod_lstm_grad(offs, w, b, h0, c0, hidden, cell, gate, cact, dh_in, dc_in, pe
             g = gate[j]
             d = dg[j]
             c = cell[rows[j]]
-            if t > 0:
-                cp[:] = cell[rows[pp + k]]
-            elif has_c0:
-                cp[:] = c0[order[k]]
+            for q in range(H):
+                cp[q] = cell[rows[pp + k], q] if t > 0 else (c0[order[k], q] if has_c0 else 0.0)
             for q in range(H):
                 a, ig, fg, og = g[q], g[H + q], g[2 * H + q], g[3 * H + q]
                 ac = cact[j, q]
@@ -238,14 +277,12 @@ def lod_lstm_grad(offs, w, b, h0, c0, hidden, cell, gate, cact, dh_in, dc_in, pe
                 else:
                     d[2 * H + q] = 0.0
         if t > 0:
-            dhb[pp:pp + m] += np.dot(dg[p:p + m], wt)
-            for k in range(m):
-                hprev[p + k] = hidden[rows[pp + k]]
+            _add_rows(np.dot(dg[p:p + m], wt), m, dhb, pp)
+            _gather_rows(hidden, rows[pp:pp + m], m, hprev[p:p + m])
         elif has_h0:
-            dh0s[:m] = np.dot(dg[p:p + m], wt)
-            for k in range(m):
-                hprev[p + k] = h0[order[k]]
-    dw[:, :] = np.dot(np.ascontiguousarray(hprev.T), dg)
+            _copy_rows(np.dot(dg[p:p + m], wt), 0, m, dh0s, 0)
+            _gather_rows(h0, order, m, hprev[p:p + m])
+    _copy_rows(np.dot(_transpose(hprev), dg), 0, H, dw, 0)
     dbf = db.reshape(db.size)
     for q in range(4 * H):
         acc = 0.0
@@ -255,13 +292,11 @@ def lod_lstm_grad(offs, w, b, h0, c0, hidden, cell, gate, cact, dh_in, dc_in, pe
     if peep:
         for q in range(3 * H):
             dbf[4 * H + q] = dpeep[q]
-    for i in range(T):
-        dx[rows[i]] = dg[i]
-    for k in range(n):
-        if has_h0:
-            dh0[order[k]] = dh0s[k]
-        if has_c0:
-            dc0[order[k]] = dc0s[k]
+    _scatter_rows(dg, rows, T, dx)
+    if has_h0:
+        _scatter_rows(dh0s, order, n, dh0)
+    if has_c0:
+        _scatter_rows(dc0s, order, n, dc0)
 
 
 # ---- gru -------------------------------------------------------------------------------------
@@ -310,15 +345,14 @@ def lod_gru(x, offs, w, b, h0, reverse, ga, act, origin, hidden, gate, rhp, hb):
         m = starts[t + 1] - p
         has_prev = t > 0 or has_h0
         if t > 0:
-            hp[:m] = hb[starts[t - 1]:starts[t - 1] + m]
+            _copy_rows(hb, starts[t - 1], m, hp, 0)
         elif has_h0:
             _gather_rows(h0, order, m, hp)
         if has_prev:
             ur = np.dot(hp[:m], wg)
             for k in range(m):
-                g = gate[p + k]
                 for q in range(2 * H):
-                    g[q] += ur[k, q]
+                    gate[p + k, q] += ur[k, q]
         for k in range(m):
             j = p + k
             g = gate[j]
@@ -330,9 +364,8 @@ def lod_gru(x, offs, w, b, h0, reverse, ga, act, origin, hidden, gate, rhp, hb):
         if has_prev:
             cc = np.dot(rhp[p:p + m], ws)
             for k in range(m):
-                g = gate[p + k]
                 for q in range(H):
-                    g[2 * H + q] += cc[k, q]
+                    gate[p + k, 2 * H + q] += cc[k, q]
         for k in range(m):
             j = p + k
             g = gate[j]
@@ -342,8 +375,7 @@ def lod_gru(x, offs, w, b, h0, reverse, ga, act, origin, hidden, gate, rhp, hb):
                 u = g[q]
                 h = hp[k, q] if has_prev else 0.0
                 hb[j, q] = u * h + (1.0 - u) * c if origin else (1.0 - u) * h + u * c
-    for i in range(T):
-        hidden[rows[i]] = hb[i]
+    _scatter_rows(hb, rows, T, hidden)
 
 
 @jit
@@ -362,12 +394,11 @@ def lod_gru_grad(offs, w, b, h0, gate, rhp, hb, dh_in, reverse, ga, act, origin,
         raise ValueError("pdjit: gru_grad: the gradients do not fit the op")
     order, starts, rows = lod_batch_order(offs, T, reverse)
     wg, ws = _gru_weights(w)
-    wgt = np.ascontiguousarray(wg.T)
-    wst = np.ascontiguousarray(ws.T)
+    wgt = _transpose(wg)
+    wst = _transpose(ws)
     has_h0 = h0.shape[0] > 0
     dhb = np.empty((T, H), dx.dtype)
-    for i in range(T):
-        dhb[i] = dh_in[rows[i]]
+    _gather_rows(dh_in, rows, T, dhb)
     dur = np.zeros((T, 2 * H), dx.dtype)  # the update and reset gates' pre-activation grads
     dgc = np.empty((T, H), dx.dtype)      # the candidate's
     hprev = np.zeros((T, H), dx.dtype)
@@ -380,11 +411,13 @@ def lod_gru_grad(offs, w, b, h0, gate, rhp, hb, dh_in, reverse, ga, act, origin,
         pp = starts[t - 1] if t > 0 else 0
         has_prev = t > 0 or has_h0
         if t > 0:
-            hp[:m] = hb[pp:pp + m]
+            _copy_rows(hb, pp, m, hp, 0)
         elif has_h0:
             _gather_rows(h0, order, m, hp)
         else:
-            hp[:m] = 0.0
+            for k in range(m):
+                for q in range(H):
+                    hp[k, q] = 0.0
         for k in range(m):
             j = p + k
             g = gate[j]
@@ -408,15 +441,14 @@ def lod_gru_grad(offs, w, b, h0, gate, rhp, hb, dh_in, reverse, ga, act, origin,
                 dur[j, H + q] = drhp[k, q] * hp[k, q] * _dact(r, ga)
                 dhp[k, q] += drhp[k, q] * r
                 hprev[j, q] = hp[k, q]
-        dhp[:m] += np.dot(dur[p:p + m], wgt)
+        _add_rows(np.dot(dur[p:p + m], wgt), m, dhp, 0)
         if t > 0:
-            dhb[pp:pp + m] += dhp[:m]
+            _add_rows(dhp, m, dhb, pp)
         else:
-            dh0s[:m] = dhp[:m]
-    dwf = dw.reshape(dw.size)
-    hpt = np.ascontiguousarray(hprev.T)
-    dwf[:2 * H * H] = np.dot(hpt, dur).reshape(2 * H * H)
-    dwf[2 * H * H:] = np.dot(np.ascontiguousarray(rhp.T), dgc).reshape(H * H)
+            _copy_rows(dhp, 0, m, dh0s, 0)
+    dwg, dws = _gru_weights(dw)
+    _copy_rows(np.dot(_transpose(hprev), dur), 0, H, dwg, 0)
+    _copy_rows(np.dot(_transpose(rhp), dgc), 0, H, dws, 0)
     dbf = db.reshape(db.size)
     if db.size > 0:
         for q in range(3 * H):
@@ -431,8 +463,7 @@ def lod_gru_grad(offs, w, b, h0, gate, rhp, hb, dh_in, reverse, ga, act, origin,
         for q in range(H):
             dst[2 * H + q] = dgc[i, q]
     if has_h0:
-        for k in range(n):
-            dh0[order[k]] = dh0s[k]
+        _scatter_rows(dh0s, order, n, dh0)
 
 
 # ---- sequence_conv ---------------------------------------------------------------------------
@@ -478,7 +509,7 @@ def seq_conv(x, offs, filt, pad, length, start, out):
         raise ValueError("pdjit: sequence_conv: the filter does not fit the input")
     cols = np.empty((T, length * D), x.dtype)
     _context_cols(x, offs, pad, length, start, cols)
-    out[:, :] = np.dot(cols, filt)
+    _copy_rows(np.dot(cols, filt), 0, T, out, 0)
 
 
 @jit
@@ -491,12 +522,15 @@ def seq_conv_grad(x, offs, filt, pad, dout, length, start, dx, dfilt, dpad):
         raise ValueError("pdjit: sequence_conv_grad: the gradients do not fit the op")
     cols = np.empty((T, length * D), x.dtype)
     _context_cols(x, offs, pad, length, start, cols)
-    dfilt[:, :] = np.dot(np.ascontiguousarray(cols.T), dout)
-    dcols = np.dot(dout, np.ascontiguousarray(filt.T))
+    _copy_rows(np.dot(_transpose(cols), dout), 0, filt.shape[0], dfilt, 0)
+    dcols = np.dot(dout, _transpose(filt))
     up = max(0, -start)
-    dx[:, :] = 0.0
-    if dpad.shape[0] > 0:
-        dpad[:, :] = 0.0
+    for i in range(T):
+        for q in range(D):
+            dx[i, q] = 0.0
+    for i in range(dpad.shape[0]):
+        for q in range(D):
+            dpad[i, q] = 0.0
     for s in range(offs.shape[0] - 1):
         b, e = offs[s], offs[s + 1]
         for t in range(b, e):
