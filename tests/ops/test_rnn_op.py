@@ -34,8 +34,9 @@ def sigmoid(v):
     return 1.0 / (1.0 + np.exp(-v))
 
 
-def np_rnn(mode, x, h0, c0, weights, num_layers, bidirec, seq_len=None):
-    """x [T, B, I] time-major, weights in Paddle's order: (out, last h, last c)."""
+def np_rnn(mode, x, h0, c0, weights, num_layers, bidirec, seq_len=None, drop=None):
+    """x [T, B, I] time-major, weights in Paddle's order: (out, last h, last c). ``drop``:
+    (masks [L-1, T, B, D*H], p): dropout on the outputs of the layers but the last."""
     T, B, _ = x.shape
     D = 2 if bidirec else 1
     nw = num_layers * D * 2
@@ -76,6 +77,8 @@ def np_rnn(mode, x, h0, c0, weights, num_layers, bidirec, seq_len=None):
             hs.append(h)
             cs.append(c)
         inp = np.concatenate(outs, axis=2)
+        if drop is not None and layer < num_layers - 1:
+            inp = np.where(drop[0][layer], inp / (1 - drop[1]), 0.0)
     return inp, np.stack(hs), (np.stack(cs) if c0 is not None else None)
 
 
@@ -174,6 +177,35 @@ def test_rnn_grad_finite_differences(mode, L, bidirec, lens, strict_grads):
         check_grad("rnn", ins, attrs, ["Input", "PreState", "WeightList"], name,
                    out_index=index, outputs={"State": n}, max_relative_error=1e-5, atol=1e-7,
                    modes=modes)
+
+
+# ---- dropout between layers ------------------------------------------------------------------
+def test_rnn_dropout_between_layers(strict_grads):
+    """Training with dropout_prob: the masks (DropoutState) are drawn natively, the same as the
+    reference executor's; the outputs follow them; gradients through them (a fixed seed)."""
+    ins, attrs = make_case("GRU", T=3, B=2, I=2, H=2, L=2, bidirec=True, lens=[3, 2])
+    attrs = dict(attrs, dropout_prob=0.4, seed=7)
+    prog, feed, outs = build_op_program("rnn", ins, attrs, outputs={"State": 1})
+    fetch = [outs["Out"][0], outs["State"][0], outs["DropoutState"][0]]
+    exe = Executor(mode="compiled", strict=True)
+    out, h, mask = exe.run(prog, feed=feed, fetch_list=fetch, scope=Scope())
+    assert not reference_steps(exe)
+    assert_native(exe)
+    assert mask.dtype == np.uint8 and mask.shape == (1 * 3 * 2 * 4,)
+    assert 0 < mask.sum() < mask.size
+    ref = Executor(mode="reference").run(prog, feed=feed, fetch_list=fetch, scope=Scope())
+    np.testing.assert_array_equal(ref[2], mask)
+    want = np_rnn("GRU", ins["Input"], ins["PreState"][0], None, ins["WeightList"], 2, True,
+                  [3, 2], drop=(mask.reshape(1, 3, 2, 4) != 0, float(np.float32(0.4))))
+    np.testing.assert_allclose(out, want[0], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(h, want[1], rtol=1e-10, atol=1e-12)
+    check_grad("rnn", ins, attrs, ["Input", "WeightList"], "Out", outputs={"State": 1},
+               max_relative_error=1e-5, atol=1e-7, modes=["compiled"])
+    is_test = dict(attrs, is_test=True)  # no dropout at inference
+    got = run_native(ins, is_test, 1)
+    want = np_rnn("GRU", ins["Input"], ins["PreState"][0], None, ins["WeightList"], 2, True,
+                  [3, 2])
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-10, atol=1e-12)
 
 
 # ---- bad input ---------------------------------------------------------------------------------

@@ -28,8 +28,8 @@ bidirectional, with and without sequence lengths:
 
 Natively (float32 / float64, weights and states of the input's dtype) both ops are host lines
 calling ``_nn.rnn_forward`` / ``_nn.rnn_backward``: one compiled time loop per dtype for every
-mode and size. A training-mode forward with dropout runs the reference (its masks come from
-the run's random stream); its gradient is native.
+mode and size. With dropout the masks are drawn natively from the run's key (the numbers the
+reference draws).
 """
 from __future__ import annotations
 
@@ -313,8 +313,6 @@ def _rnn_lower(ctx):
     if len(ctx.op.input("PreState")) != ns or len(ctx.op.input("WeightList")) != nw \
             or not _native_ok(ctx, ns, nw):
         return None  # the reference names what does not fit
-    if _dropping(a["dropout_prob"], a["is_test"], L):
-        return None  # the masks come from the run's random stream: the reference draws them
     lines = []
     x, T = ctx.inp("Input"), ctx.T("Input")
     h0 = ctx.inp("PreState", 0)
@@ -328,12 +326,24 @@ def _rnn_lower(ctx):
     per = (L * D * (G + 2) * H + (L - 1) * D * H) * ctx.dtype("Input").itemsize
     res = ctx.out("Reserve", shape=f"({x}.shape[0] * {x}.shape[1] * {per},)" if save
                   else "(0,)") if ctx.has_output("Reserve") else None
-    if ctx.has_output("DropoutState"):
-        ctx.out("DropoutState", shape="(0,)")
+    p = float(a["dropout_prob"])
+    if _dropping(p, a["is_test"], L):
+        # the masks: the draws of the run's stream (``_nn.dropout_fwd`` on zeros draws what
+        # the reference draws), kept in DropoutState for the gradient
+        shape = f"({(L - 1) * D * H} * {x}.shape[0] * {x}.shape[1],)"
+        dm = _out_or_scratch(ctx, lines, "DropoutState", 0, shape, "np.uint8")
+        z, zo = ctx.tmp("z"), ctx.tmp("zo")
+        lines += [f"{z} = np.zeros({dm}.size, {T})", f"{zo} = np.empty({dm}.size, {T})",
+                  f"_nn.dropout_fwd({z}, {ctx.rng_key()}, {p!r}, True, False, {zo}, {dm})"]
+        scale = repr(1.0 / (1.0 - p))
+    else:
+        if ctx.has_output("DropoutState"):
+            ctx.out("DropoutState", shape="(0,)")
+        dm, scale = "np.empty(0, np.uint8)", "1.0"
     rf = ctx.tmp("rf")
     lines.append(f"{rf} = {res}.view({T})" if save else f"{rf} = np.empty(0, {T})")
     lines.append(f"_nn.rnn_forward({x}, {h0}, {c0}, {wf}, {ln}, {code}, {L}, {D}, {save}, "
-                 f"np.empty(0, np.uint8), 1.0, {out}, {hn}, {cn}, {rf})")
+                 f"{dm}, {scale}, {out}, {hn}, {cn}, {rf})")
     return lines
 
 
