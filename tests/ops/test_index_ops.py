@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 from pdjit.framework.errors import OpRunError
+from pdjit.passes.backward import gradients
 from pdjit.runtime.executor import Executor
 from pdjit.runtime.scope import Scope
+from pdjit.runtime.tensor import LoDTensor
 from pdjit.testing import build_op_program, check_output
 from pdjit.testing.grad_check import check_grad
 from pdjit.testing.op_test import assert_native
@@ -237,7 +239,6 @@ GRAD_CASES = [
 @pytest.mark.parametrize("op_type,inputs,attrs,wrt,out", GRAD_CASES,
                          ids=[c[0] for c in GRAD_CASES])
 def test_grad_ops_native(op_type, inputs, attrs, wrt, out):
-    from pdjit.passes.backward import gradients
     prog, feed, outs = build_op_program(op_type, inputs, attrs)
     block = prog.global_block()
     y = outs[out][0]
@@ -394,3 +395,11 @@ def test_gather_split_fcbsl_native():
     check_grad("gather", {"X": x, "Index": np.array([1, 1, 3], np.int64)}, {"axis": 1}, ["X"])
     with pytest.raises(OpRunError, match="gather.*index 4 is out of range"):
         run_native("gather", {"X": x, "Index": np.array([4], np.int64)}, {"axis": 1})
+
+
+def test_lookup_table_keeps_the_ids_lod():
+    w = _n(5, 2)
+    ids = LoDTensor(np.array([[1], [0], [4]], np.int64), [[0, 1, 3]])
+    got = check_output("lookup_table", {"W": w, "Ids": ids}, {},
+                       {"Out": LoDTensor(w[[1, 0, 4]], [[0, 1, 3]])})
+    assert got["Out"].shape == (3, 2)
