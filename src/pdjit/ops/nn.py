@@ -129,8 +129,8 @@ def _softmax_lower(ctx):
     """Softmax over the last axis row by row: the first pass over a row reads X (or computes
     it: a prologue, see ``ctx.row_input``) into Out and takes the max, then exp and sum, then
     the scaling, all while the row is in cache; rows on threads when large. Another axis
-    ``a``: the data as ``(pre, n, post)``, each ``pre`` slice reduced over ``n`` with the
-    ``post`` values side by side (contiguous inner loops)."""
+    ``a``: the data as ``(pre, n, post)`` through ``_nn.softmax_axis`` (one compilation per
+    dtype for every rank and axis)."""
     r = ctx.rank("X")
     if r == 0 or ctx.dtype("X").kind != "f":
         return None
@@ -150,24 +150,9 @@ def _softmax_lower(ctx):
             ctx.loop(i, rows.rows, body, size=f"{out}.size")
     X = ctx.inp("X")
     out = ctx.out("Out", shape=f"{X}.shape")
-    x3, o3, p, k, q, m, s, e = (ctx.tmp(h) for h in ("x", "o", "p", "k", "q", "m", "s", "e"))
-    body = [
-        f"{m} = np.full({x3}.shape[2], -math.inf, {x3}.dtype)",
-        f"{s} = np.zeros({x3}.shape[2], {x3}.dtype)",
-        f"for {k} in range({x3}.shape[1]):",
-        f"    for {q} in range({x3}.shape[2]):",
-        f"        {m}[{q}] = max({m}[{q}], {x3}[{p}, {k}, {q}])",
-        f"for {k} in range({x3}.shape[1]):",
-        f"    for {q} in range({x3}.shape[2]):",
-        f"        {e} = _m.exp(max({x3}[{p}, {k}, {q}] - {m}[{q}], {T}({_CLIP})))",
-        f"        {o3}[{p}, {k}, {q}] = {e}",
-        f"        {s}[{q}] += {e}",
-        f"for {k} in range({x3}.shape[1]):",
-        f"    for {q} in range({x3}.shape[2]):",
-        f"        {o3}[{p}, {k}, {q}] = {o3}[{p}, {k}, {q}] / {s}[{q}]",
-    ]
-    return [f"{x3} = {_pre_axis_post(ctx, X, r, axis)}", f"{o3} = {out}.reshape({x3}.shape)"] \
-        + ctx.loop(p, f"{x3}.shape[0]", body, size=f"{out}.size")
+    x3, o3 = ctx.tmp("x"), ctx.tmp("o")
+    return [f"{x3} = {_pre_axis_post(ctx, X, r, axis)}", f"{o3} = {out}.reshape({x3}.shape)",
+            f"_nn.softmax_axis({x3}, {o3}, {T}({_CLIP}))"]
 
 
 # softmax over the last axis reads X row by row: an elementwise chain computing X (a scale and
@@ -644,8 +629,8 @@ def _softmax_grad_ref(Out, *, axis, **kw):
 
 
 def _softmax_grad_lower(ctx):
-    """Row by row over the softmax axis: one dot product, then one scaled difference (the
-    data as ``(pre, n, post)``: the last axis is ``post == 1``)."""
+    """Row by row over the softmax axis: one dot product, then one scaled difference (another
+    axis than the last: ``_nn.softmax_axis_grad`` on the data as ``(pre, n, post)``)."""
     r = ctx.rank("Out")
     if r == 0 or ctx.dtype("Out").kind != "f" or ctx.dtype("Out@GRAD") != ctx.dtype("Out"):
         return None
@@ -666,20 +651,12 @@ def _softmax_grad_lower(ctx):
             f"for {j} in range({o2}.shape[1]):",
             f"    {d2}[{i}, {j}] = {o2}[{i}, {j}] * ({g2}[{i}, {j}] - {s})",
         ], size=f"{O}.size")
-    k, q = ctx.tmp("k"), ctx.tmp("q")
     return head + [
         f"{o2} = {_pre_axis_post(ctx, O, r, axis)}",
         f"{g2} = {G}.reshape({o2}.shape)",
         f"{d2} = {dx}.reshape({o2}.shape)",
-    ] + ctx.loop(i, f"{o2}.shape[0]", [
-        f"{s} = np.zeros({o2}.shape[2], {o2}.dtype)",
-        f"for {k} in range({o2}.shape[1]):",
-        f"    for {q} in range({o2}.shape[2]):",
-        f"        {s}[{q}] += {o2}[{i}, {k}, {q}] * {g2}[{i}, {k}, {q}]",
-        f"for {k} in range({o2}.shape[1]):",
-        f"    for {q} in range({o2}.shape[2]):",
-        f"        {d2}[{i}, {k}, {q}] = {o2}[{i}, {k}, {q}] * ({g2}[{i}, {k}, {q}] - {s}[{q}])",
-    ], size=f"{O}.size")
+        f"_nn.softmax_axis_grad({o2}, {g2}, {d2})",
+    ]
 
 
 register_op(

@@ -1,17 +1,24 @@
 """Batched matrix products (``matmul``/``matmul_v2``/``bmm`` of any rank, their gradients) and
-the element kernels of attention (dropout with its counter-based random stream).
+the other kernels of attention: softmax over an inner axis and its gradient, dropout with its
+counter-based random stream.
 
 ``batched_gemm`` sees every operand as a 3-D C-contiguous array ``(batch, rows, cols)``: the
 lowerings flatten the batch dims in their host lines and pass the batch dims themselves as
-``int64`` vectors, so one compilation per dtype serves every rank, size, broadcast and
-transpose. Each product of 2-D slices is one BLAS call (``np.dot``; the transposes are views,
-which BLAS reads as they are).
+``int64`` vectors, so one function serves every rank, size, broadcast and transpose. Called
+from a host driver (plain Python) it is ``np.matmul`` on the operands viewed with their batch
+dims (NumPy's loop of BLAS calls, transposes as strided views: nothing to compile); inside
+compiled code (a native driver, a kernel) it is ``_batched_gemm_native``, a compiled loop of
+one ``np.dot`` per 2-D slice, compiled once per dtype. Measured on the attention products
+``[8, 4, 128, 64] x [8, 4, 64, 128]`` and ``[8, 4, 128, 128] x [8, 4, 128, 64]`` float32, one
+BLAS thread: the compiled loop takes 0.95-1.11x ``np.matmul``'s time and 0.93-1.01x a Python
+loop of ``np.dot`` per slice (2-core machine under load, medians of 40 runs).
 """
 import numpy as np
+from numba.extending import overload
 
-from pdjit.codegen.nnlib._jit import jit, jobs
+from pdjit.codegen.nnlib._jit import jit
 
-__all__ = ["batched_gemm", "dropout_fwd", "dropout_bwd"]
+__all__ = ["batched_gemm", "dropout_fwd", "dropout_bwd", "softmax_axis", "softmax_axis_grad"]
 
 
 @jit
@@ -43,13 +50,42 @@ def _at(n, it, dims):
     return k
 
 
-@jit
 def batched_gemm(a, b, ta, tb, alpha, it, da, db, dc, c):
     """``c[kc] (+)= alpha * op(a[ka]) @ op(b[kb])`` for every index of the batch dims ``it``,
     where ``ka``, ``kb``, ``kc`` are that index in ``a``'s, ``b``'s and ``c``'s batch dims
     ``da``, ``db``, ``dc`` (aligned with ``it``, 1 where broadcast). When ``c`` has fewer
     batches than ``it`` (a gradient of a broadcast operand) the products are summed into it.
-    """
+    (The host's version: ``np.matmul``; compiled code calls ``_batched_gemm_native``.)"""
+    shape = tuple(int(d) for d in it)
+    for d, x in ((da, a), (db, b), (dc, c)):
+        if int(np.prod(d)) != x.shape[0] or any(k != 1 and k != n for k, n in zip(d, shape)):
+            raise ValueError("pdjit: batched_gemm: batch dims do not broadcast")
+    x = a.reshape(tuple(int(k) for k in da) + a.shape[1:])
+    y = b.reshape(tuple(int(k) for k in db) + b.shape[1:])
+    x = np.swapaxes(x, -1, -2) if ta else x
+    y = np.swapaxes(y, -1, -2) if tb else y
+    if x.shape[-1] != y.shape[-2] or c.shape[1:] != (x.shape[-2], y.shape[-1]):
+        raise ValueError("pdjit: batched_gemm: the matrices do not fit")
+    if c.shape[0] == int(np.prod(shape)):
+        np.matmul(x, y, out=c.reshape(shape + c.shape[1:]))
+    else:  # summed over the batch dims c does not have
+        r = np.matmul(x, y)
+        axes = tuple(k for k, (d, n) in enumerate(zip(dc, shape)) if d == 1 and n != 1)
+        c[...] = r.sum(axis=axes).reshape(c.shape)
+    if alpha != 1.0:
+        c *= c.dtype.type(alpha)
+
+
+@overload(batched_gemm)
+def _batched_gemm_compiled(a, b, ta, tb, alpha, it, da, db, dc, c):
+    def impl(a, b, ta, tb, alpha, it, da, db, dc, c):
+        _batched_gemm_native(a, b, ta, tb, alpha, it, da, db, dc, c)
+    return impl
+
+
+@jit
+def _batched_gemm_native(a, b, ta, tb, alpha, it, da, db, dc, c):
+    """``batched_gemm`` in compiled code: one ``np.dot`` per product of 2-D slices."""
     nb = 1
     for d in range(it.shape[0]):
         nb *= it[d]
@@ -62,27 +98,69 @@ def batched_gemm(a, b, ta, tb, alpha, it, da, db, dc, c):
     n = b.shape[1] if tb else b.shape[2]
     if k != kb or c.shape[1] != m or c.shape[2] != n:
         raise ValueError("pdjit: batched_gemm: the matrices do not fit")
-    if c.shape[0] == nb:  # one product per output matrix, written in place
-        for i in range(nb):
-            ci = c[_at(i, it, dc)]
-            _dot(a[_at(i, it, da)], b[_at(i, it, db)], ta, tb, ci)
+    # one product per output matrix, written in place; or (fewer output matrices than
+    # products: a gradient of a broadcast operand) each product into a buffer, then summed
+    direct = c.shape[0] == nb
+    if not direct:
+        c[:] = 0
+    tmp = np.empty((1, 1) if direct else (m, n), c.dtype)
+    for i in range(nb):
+        ci = c[_at(i, it, dc)]
+        dst = ci if direct else tmp
+        _dot(a[_at(i, it, da)], b[_at(i, it, db)], ta, tb, dst)
+        if direct:
             if alpha != 1.0:
                 ci *= alpha
-        return
-    c[:] = 0
-    tmp = np.empty((m, n), c.dtype)
-    for i in range(nb):
-        _dot(a[_at(i, it, da)], b[_at(i, it, db)], ta, tb, tmp)
-        ci = c[_at(i, it, dc)]
-        if alpha != 1.0:
+        elif alpha != 1.0:
             ci += tmp * alpha
         else:
             ci += tmp
 
 
-_I64 = np.dtype(np.int64)
-jobs("batched_gemm")(lambda T: [(batched_gemm, ((T, 3), (T, 3), bool, bool, float, (_I64, 1),
-                                                (_I64, 1), (_I64, 1), (_I64, 1), (T, 3)))])
+
+# ---- softmax over an inner axis ----------------------------------------------------------------
+# The data as (pre, n, post): softmax over n, the post values side by side so the inner loops
+# are contiguous; one compilation per dtype serves every rank and axis. (The last axis, post
+# 1, is a generated row loop instead: it may carry a prologue, see pdjit.passes.fusion.)
+@jit
+def softmax_axis(x, out, clip):
+    """``out = exp(max(x - max_n x, clip)) / sum_n(...)`` over axis 1 of 3-D ``x``."""
+    P, N, Q = x.shape
+    if out.shape != x.shape:
+        raise ValueError("pdjit: softmax: Out does not fit X")
+    m = np.empty(Q, x.dtype)
+    s = np.empty(Q, x.dtype)
+    for p in range(P):
+        m[:] = -np.inf
+        for k in range(N):
+            for q in range(Q):
+                m[q] = max(m[q], x[p, k, q])
+        s[:] = 0
+        for k in range(N):
+            for q in range(Q):
+                e = np.exp(max(x[p, k, q] - m[q], clip))
+                out[p, k, q] = e
+                s[q] += e
+        for k in range(N):
+            for q in range(Q):
+                out[p, k, q] = out[p, k, q] / s[q]
+
+
+@jit
+def softmax_axis_grad(o, g, dx):
+    """``dx = o * (g - sum_n(g * o))`` over axis 1 of 3-D ``o`` (the softmax) and ``g``."""
+    P, N, Q = o.shape
+    if g.shape != o.shape or dx.shape != o.shape:
+        raise ValueError("pdjit: softmax_grad: Out@GRAD or X@GRAD do not fit Out")
+    s = np.empty(Q, o.dtype)
+    for p in range(P):
+        s[:] = 0
+        for k in range(N):
+            for q in range(Q):
+                s[q] += o[p, k, q] * g[p, k, q]
+        for k in range(N):
+            for q in range(Q):
+                dx[p, k, q] = o[p, k, q] * (g[p, k, q] - s[q])
 
 
 # ---- dropout -----------------------------------------------------------------------------------
