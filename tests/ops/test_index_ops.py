@@ -233,6 +233,7 @@ GRAD_CASES = [
                                     "decrease_axis": [1]}, ["Input"], "Out"),
     ("concat", {"X": [_n(2, 2), _n(2, 3)]}, {"axis": 1}, ["X"], "Out"),
     ("gather", {"X": _n(3, 2), "Index": np.array([2, 0, 2], np.int64)}, {}, ["X"], "Out"),
+    ("stack", {"X": [_n(2, 3), _n(2, 3)]}, {"axis": 1}, ["X"], "Y"),
 ]
 
 
@@ -403,3 +404,19 @@ def test_lookup_table_keeps_the_ids_lod():
     got = check_output("lookup_table", {"W": w, "Ids": ids}, {},
                        {"Out": LoDTensor(w[[1, 0, 4]], [[0, 1, 3]])})
     assert got["Out"].shape == (3, 2)
+
+
+def test_stack_and_one_hot_native():
+    xs = [_n(2, 3), _n(2, 3), _n(2, 3)]
+    check("stack", {"X": xs}, {"axis": 1}, {"Y": np.stack(xs, axis=1)})
+    check_grad("stack", {"X": xs}, {"axis": -1}, ["X"], output_name="Y")
+    ids = np.array([[0, 3], [2, 2]], np.int64)
+    want = np.zeros((2, 2, 4), np.float32)
+    for (i, j), v in np.ndenumerate(ids):
+        want[i, j, v] = 1
+    check("one_hot_v2", {"X": ids}, {"depth": 4}, {"Out": want})
+    with pytest.raises(OpRunError, match="one_hot_v2.*IndexError.*out of range"):
+        run_native("one_hot_v2", {"X": np.array([1, 4], np.int64)}, {"depth": 4})
+    got = run_native("one_hot_v2", {"X": np.array([1, 4], np.int64)},
+                     {"depth": 4, "allow_out_of_range": True})["Out"]
+    np.testing.assert_array_equal(got, [[0, 1, 0, 0], [0, 0, 0, 0]])

@@ -133,7 +133,8 @@ def _stack_ref(X, *, axis):
 
 
 register_op("stack", inputs=["X*"], outputs=["Y"], attrs={"axis": Int(0, low=-2, high=2)},
-            traits=[OPAQUE], infer_shape=_stack_infer, reference=_stack_ref, emit=None,
+            traits=[OPAQUE], infer_shape=_stack_infer, reference=_stack_ref,
+            emit=Opaque(lambda ctx: _stack_lower(ctx), host=True),
             grad=default_grad("stack_grad", grad_outputs=("Y",)),
             doc="Y = the inputs (of one shape) stacked along a new axis.")
 
@@ -391,7 +392,8 @@ register_op(
     "one_hot_v2", inputs=["X", "depth_tensor?"], outputs=["Out"],
     attrs={"depth": Int(-1, low=1, high=8), "dtype": Int(5, choices=(5, 6, 3)),
            "allow_out_of_range": Bool(False)},
-    traits=[OPAQUE], infer_shape=_one_hot_infer, reference=_one_hot_ref, emit=None, grad=None,
+    traits=[OPAQUE], infer_shape=_one_hot_infer, reference=_one_hot_ref,
+    emit=Opaque(lambda ctx: _one_hot_lower(ctx), flat=True), grad=None,
     doc="Out = X's values one-hot encoded in a new last dim of size depth.")
 
 
@@ -471,7 +473,8 @@ def _stack_grad_ref(X, *, axis, **kw):
 
 register_op(
     "stack_grad", inputs=["X*", "Y@GRAD"], outputs=["X@GRAD*?"], attrs={"axis": Int(0)},
-    traits=[OPAQUE], infer_shape=_same_metas("X"), reference=_stack_grad_ref, emit=None,
+    traits=[OPAQUE], infer_shape=_same_metas("X"), reference=_stack_grad_ref,
+    emit=Opaque(lambda ctx: _stack_grad_lower(ctx), host=True),
     grad=None, doc="X@GRAD[i] = Y@GRAD's entry i along axis; stack's gradient.")
 
 
@@ -1296,3 +1299,51 @@ def _gather_grad_lower(ctx):
             f"{ctx.prod(X, ax + 1, r)})",
             f"_nn.scatter_rows({_rows_src(ctx, dx, r, ax)}, {_flat_ids(idx)}, {rows}, 2, "
             f"{_NO_PAD}, True)"]
+
+
+
+# ---- stack and one_hot_v2 natively -------------------------------------------------------------
+def _stack_lower(ctx):
+    n = len(ctx.op.input("X"))
+    r = ctx.rank("X")
+    if any(ctx.dtype("X", i) != ctx.dtype("X") or ctx.rank("X", i) != r for i in range(n)):
+        return None
+    a = norm_axis(ctx.attrs["axis"], r + 1)
+    xs = ctx.tuple_src(ctx.inp("X", i) for i in range(n))
+    return [f"{ctx.out('Y')} = np.stack({xs}, axis={a})"]
+
+
+def _stack_grad_lower(ctx):
+    xs, gs = ctx.op.input("X"), ctx.op.output("X@GRAD")
+    r = ctx.rank("X")
+    if len(gs) != len(xs) or ctx.rank("Y@GRAD") != r + 1:
+        return None
+    a = norm_axis(ctx.attrs["axis"], r + 1)
+    g = ctx.inp("Y@GRAD")
+    lines = [f"_rt.check({g}.shape[{a}] == {len(xs)})"]
+    for i, name in enumerate(gs):
+        if name != EMPTY_VAR_NAME:
+            if ctx.dtype("X@GRAD", i) != ctx.dtype("Y@GRAD"):
+                return None
+            index = ", ".join([":"] * a + [str(i)] + [":"] * (r - a))
+            lines.append(f"{ctx.out('X@GRAD', i)} = {g}[{index}].copy()")
+    return lines
+
+
+def _one_hot_lower(ctx):
+    """Zeros, then a 1 at each id (flat arrays); an id out of range raises unless allowed
+    (then its row stays zero), and the reference names the op."""
+    if ctx.has_input("depth_tensor"):
+        return None
+    depth = int(ctx.attrs["depth"])
+    if depth < 1:
+        return None
+    X, i, v = ctx.inp("X"), ctx.tmp("i"), ctx.tmp("v")
+    out = ctx.out("Out", shape=f"{X}.shape + ({depth},)", zero=True)
+    bad = "continue" if ctx.attrs["allow_out_of_range"] else \
+        "raise IndexError('pdjit: one_hot_v2: an id is out of range')"
+    return [f"for {i} in range({X}.shape[0]):",
+            f"    {v} = {X}[{i}]",
+            f"    if {v} < 0 or {v} >= {depth}:",
+            f"        {bad}",
+            f"    {out}[{i} * {depth} + {v}] = 1"]
