@@ -1,4 +1,5 @@
-"""Ops that create values: constants, copies, and the random initialisers.
+"""Ops that create values: constants (fill_constant, fill_constant_batch_size_like,
+fill_any_like, assign_value), ranges (range), copies, and the random initialisers.
 
 Random ops draw from pdjit's one stream (``pdjit.framework.random``): element ``i`` of the
 output is a pure function of the op's key and ``i``, so every executor draws the same numbers.

@@ -1,9 +1,17 @@
-"""Select and join ops: concat, stack, split, slice, gather, one_hot_v2.
+"""Select and join ops: concat, stack, split, slice, gather, one_hot_v2; and the indexing ops
+NLP programs use: lookup_table (v1), index_select, gather_nd, scatter, where, where_index,
+masked_select, cumsum, argsort; all with their gradients where one flows.
 
-Semantics follow PaddlePaddle 3.3.1's legacy ops. Index-taking ops check every index and raise
-a clear error for one out of range; they never read outside an array. Ops reading
-tensor-valued attributes (``AxisTensor``, ``StartsTensor``...) give ``-1`` for the dims those
-values decide; the reference reads the values at run time.
+Semantics follow PaddlePaddle 3.3.1's legacy ops (slots, attributes, defaults and grad ops
+checked against it). Index-taking ops check every index and raise a clear error for one out of
+range; they never read outside an array. Ops reading tensor-valued attributes (``AxisTensor``,
+``StartsTensor``...) give ``-1`` for the dims those values decide; the reference reads the values
+at run time.
+
+Natively: concat, stack, split, slice (with attribute axes and bounds; tensor-valued ones run the
+references) as views and copies in host lines; the index-taking ops through the kernels of
+``pdjit.codegen.nnlib.indexing`` (one compilation per dtype for every shape, axis and op);
+where as an elementwise template, so it fuses.
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Layout ops: reshape(2), transpose(2), squeeze2, unsqueeze2 — same data, new shape or order.
+"""Layout ops: reshape(2), transpose(2), squeeze2, unsqueeze2 — same data, new shape or order;
+and the tiling ops expand (v1), tile, expand_v2, expand_as_v2 — X repeated or broadcast.
 
 Semantics follow PaddlePaddle 3.3.1's legacy ops (checked against it while writing). Build-time
 shapes keep ``-1`` for dims unknown until run time; where an unknown dim only passes through
