@@ -227,6 +227,7 @@ class Prologue:
         gen, r = self.gen, self.rank
         scope = ctx.gen
         leaves: list = []      # (kernel local of the leaf array, its rank, its offset)
+        leaf_shapes: list = []  # their build-time shapes
         leaf_of: dict = {}
         exprs: dict = {}
         body: list = []
@@ -245,9 +246,10 @@ class Prologue:
                 off = gen._offset(op, opdef, slot.name, r)
                 key = (name, off)
                 if key not in leaf_of:
-                    rl = len(gen.block._find_var_recursive(name).shape)
+                    shape = tuple(gen.block._find_var_recursive(name).shape)
                     leaf_of[key] = len(leaves)
-                    leaves.append((scope.read(name), rl, off))
+                    leaves.append((scope.read(name), len(shape), off))
+                    leaf_shapes.append(shape)
                 subst[slot.name] = f"pv{leaf_of[key]}"
             fields = {f for _, f, _, _ in string.Formatter().parse(node.lowering) if f}
             attrs = {}
@@ -294,22 +296,34 @@ class Prologue:
         idx = [ctx.tmp("pi") for _ in range(r - 1)]
         offs = [ctx.tmp("po") for _ in leaves]
 
+        # row i's index in each leading dim: (i // (product of the dims after it)) % dim
+        # (no variable reassigned: the row loop may be a parallel one)
+        div = [ctx.tmp("pq") for _ in range(r - 1)]
+        for d in range(r - 2, -1, -1):
+            setup.append(f"{div[d]} = " + (f"{div[d + 1]} * {pd[d + 1]}" if d < r - 2 else "1"))
+
         def begin(i):
-            lines, rem = [], ctx.tmp("pr")
-            lines.append(f"{rem} = {i}")
-            for d in range(r - 2, -1, -1):
-                lines.append(f"{idx[d]} = {rem} % {pd[d]}")
-                lines.append(f"{rem} = {rem} // {pd[d]}")
+            lines = [f"{idx[d]} = ({i} // {div[d]}) % {pd[d]}" for d in range(r - 1)]
             for li, o in enumerate(offs):
                 terms = [f"{idx[d]} * {strides[li][d]}" for d in range(r - 1) if d in strides[li]]
                 lines.append(f"{o} = {' + '.join(terms) or '0'}")
             return lines
 
+        # along a row, a leaf is contiguous (its last dim is the row's) or one value (it has
+        # no such dim, or it is 1): known from its build-time shape where that is static, so
+        # the loop over the row reads it without a stride (and vectorises)
+        steps = []
+        for li, (_, rl, _off) in enumerate(leaves):
+            last = strides[li].get(r - 1)
+            d = leaf_shapes[li][rl - 1] if last is not None else 1
+            steps.append(None if d == 1 else "1" if d > 1 else last)
+
         def load(i, j, var):
             lines = []
             for li, (f, o) in enumerate(zip(flats, offs)):
-                last = strides[li].get(r - 1)
-                at = f"{o} + {j} * {last}" if last is not None else o
+                step = steps[li]
+                at = o if step is None else f"{o} + {j}" if step == "1" else \
+                    f"{o} + {j} * {step}"
                 lines.append(f"pv{li} = {f}[{at}]")
             return lines + body + [f"{var} = {exprs[self.name]}"]
 

@@ -119,6 +119,23 @@ def _softmax_finish(o2, i, j, m, s, T, x_at, cols, ind) -> list:
     ]]
 
 
+def _partial4(ctx, acc: str, init: str, combine: str, at, n: str, j: str) -> list:
+    """Source of ``acc = combine(...combine(init, at(0))..., at(n - 1))`` with four partial
+    results (independent chains run faster than one); ``combine`` formats ``{a}``, ``{b}``,
+    ``at(k)`` gives the element at index source ``k``."""
+    p = [ctx.tmp(acc + "p") for _ in range(4)]
+    c = lambda a, b: combine.format(a=a, b=b)  # noqa: E731
+    return [f"{p[0]} = {p[1]} = {p[2]} = {p[3]} = {init}",
+            f"{j} = 0",
+            f"while {j} + 4 <= {n}:"] + \
+        [f"    {p[k]} = {c(p[k], at(f'{j} + {k}' if k else j))}" for k in range(4)] + \
+        [f"    {j} += 4",
+         f"while {j} < {n}:",
+         f"    {p[0]} = {c(p[0], at(j))}",
+         f"    {j} += 1",
+         f"{acc} = {c(c(p[0], p[1]), c(p[2], p[3]))}"]
+
+
 def _pre_axis_post(ctx, local: str, rank: int, axis: int) -> str:
     """Source of the 3-D view ``(prod(dims before axis), dim axis, prod(dims after))``."""
     return f"{local}.reshape(({ctx.prod(local, 0, axis)}, {local}.shape[{axis}], " \
@@ -142,11 +159,19 @@ def _softmax_lower(ctx):
             return None
         out = ctx.out("Out", shape=rows.shape)
         o2, i, j, m, s, v = (ctx.tmp(h) for h in ("o", "i", "j", "m", "s", "v"))
-        body = rows.begin(i) + [f"{m} = {T}(-math.inf)", f"for {j} in range({rows.cols}):"]
-        body += ["    " + line for line in rows.load(i, j, v)]
-        body += [f"    {o2}[{i}, {j}] = {v}", f"    {m} = max({m}, {v})"]
-        body += _softmax_finish(o2, i, j, m, s, T, f"{o2}[{i}, {{j}}]", rows.cols, "")
-        return rows.setup + [f"{o2} = {out}.reshape(({rows.rows}, {rows.cols}))"] + \
+        n = rows.cols
+        at = lambda k: f"{o2}[{i}, {k}]"  # noqa: E731
+        # separate passes over the row (in cache): the loads (and prologue), the max, exp in
+        # place, the sum, the scaling; the element-wise ones vectorise, the reductions keep
+        # four partial results
+        body = rows.begin(i) + [f"for {j} in range({n}):"]
+        body += ["    " + line for line in rows.load(i, j, v)] + [f"    {at(j)} = {v}"]
+        body += _partial4(ctx, m, f"{T}(-math.inf)", "max({a}, {b})", at, n, ctx.tmp("k"))
+        body += [f"for {j} in range({n}):",
+                 f"    {at(j)} = _m.exp(max({at(j)} - {m}, {T}({_CLIP})))"]
+        body += _partial4(ctx, s, f"{T}(0)", "{a} + {b}", at, n, ctx.tmp("k"))
+        body += [f"for {j} in range({n}):", f"    {at(j)} = {at(j)} / {s}"]
+        return rows.setup + [f"{o2} = {out}.reshape(({rows.rows}, {n}))"] + \
             ctx.loop(i, rows.rows, body, size=f"{out}.size")
     X = ctx.inp("X")
     out = ctx.out("Out", shape=f"{X}.shape")
@@ -640,14 +665,13 @@ def _softmax_grad_lower(ctx):
     o2, g2, d2, i, j, s = (ctx.tmp(h) for h in ("o", "g", "d", "i", "j", "s"))
     head = [f"if {G}.size != {O}.size: raise ValueError('pdjit: softmax_grad shapes differ')"]
     if axis == r - 1:
+        prod = lambda k: f"{o2}[{i}, {k}] * {g2}[{i}, {k}]"  # noqa: E731
         return head + [
             f"{o2} = {O}.reshape(({ctx.prod(O, 0, r - 1)}, {O}.shape[{r - 1}]))",
             f"{g2} = {G}.reshape({o2}.shape)",
             f"{d2} = {dx}.reshape({o2}.shape)",
-        ] + ctx.loop(i, f"{o2}.shape[0]", [
-            f"{s} = {T}(0)",
-            f"for {j} in range({o2}.shape[1]):",
-            f"    {s} += {o2}[{i}, {j}] * {g2}[{i}, {j}]",
+        ] + ctx.loop(i, f"{o2}.shape[0]", _partial4(ctx, s, f"{T}(0)", "{a} + {b}", prod,
+                                                     f"{o2}.shape[1]", ctx.tmp("k")) + [
             f"for {j} in range({o2}.shape[1]):",
             f"    {d2}[{i}, {j}] = {o2}[{i}, {j}] * ({g2}[{i}, {j}] - {s})",
         ], size=f"{O}.size")
