@@ -185,7 +185,8 @@ def test_rnn_dropout_between_layers(strict_grads):
     reference executor's; the outputs follow them; gradients through them (a fixed seed)."""
     ins, attrs = make_case("GRU", T=3, B=2, I=2, H=2, L=2, bidirec=True, lens=[3, 2])
     attrs = dict(attrs, dropout_prob=0.4, seed=7)
-    prog, feed, outs = build_op_program("rnn", ins, attrs, outputs={"State": 1})
+    prog, feed, outs = build_op_program("rnn", ins, attrs,
+                                        outputs={"State": 1, "DropoutState": 1})
     fetch = [outs["Out"][0], outs["State"][0], outs["DropoutState"][0]]
     exe = Executor(mode="compiled", strict=True)
     out, h, mask = exe.run(prog, feed=feed, fetch_list=fetch, scope=Scope())
@@ -199,7 +200,8 @@ def test_rnn_dropout_between_layers(strict_grads):
                   [3, 2], drop=(mask.reshape(1, 3, 2, 4) != 0, float(np.float32(0.4))))
     np.testing.assert_allclose(out, want[0], rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(h, want[1], rtol=1e-10, atol=1e-12)
-    check_grad("rnn", ins, attrs, ["Input", "WeightList"], "Out", outputs={"State": 1},
+    check_grad("rnn", ins, attrs, ["Input", "WeightList"], "Out",
+               outputs={"State": 1, "DropoutState": 1},
                max_relative_error=1e-5, atol=1e-7, modes=["compiled"])
     is_test = dict(attrs, is_test=True)  # no dropout at inference
     got = run_native(ins, is_test, 1)

@@ -11,9 +11,10 @@ bidirectional, with and without sequence lengths:
   ``b_hh`` ``[G*H]``; ``I_l`` is I for the first layer, ``D * H`` after), optional
   ``SequenceLength`` (int ``[B]``, each in ``0..T``). Outputs: ``Out`` ``[T, B, D * H]`` (the
   directions side by side), ``State`` (last states, as PreState), ``Reserve`` (uint8: what the
-  gradient reads, the layout of ``pdjit.codegen.nnlib.rnn``) and ``DropoutState`` (uint8, the
-  dropout masks of the layers but the last, ``[(L-1) * T * B * D*H]`` when dropping, else
-  empty).
+  gradient reads, the layout of ``pdjit.codegen.nnlib.rnn``) and ``DropoutState`` (optional,
+  uint8: the dropout masks of the layers but the last, ``[(L-1) * T * B * D*H]`` when
+  dropping, else empty; the gradient of a dropping op needs it). Paddle's slot flags and
+  attribute defaults (``mode`` defaults to ``RNN_TANH``).
 - Cells (``mode``): LSTM gates i, f, c~, o: ``c = f * c' + i * c~``, ``h = o * tanh(c)``;
   GRU gates r, z, c~: ``c~ = tanh(W_ic x + b_ic + r * (W_hc h' + b_hc))``,
   ``h = z * h' + (1 - z) * c~``; RNN_TANH / RNN_RELU ``h = act(W_ih x + b_ih + W_hh h' + b_hh)``.
@@ -63,7 +64,7 @@ _RNN_ATTRS = {
     "input_size": Int(10, low=1, high=8),
     "hidden_size": Int(100, low=1, high=8),
     "num_layers": Int(1, low=1, high=3),
-    "mode": Str("LSTM", choices=tuple(_MODES)),
+    "mode": Str("RNN_TANH", choices=tuple(_MODES)),  # Paddle's default
     "seed": Int(0, low=0, high=1000),
     "is_test": Bool(False),
 }
@@ -361,7 +362,7 @@ def _rnn_grad_maker(op):
 
 register_op(
     "rnn", inputs=["Input", "PreState*", "WeightList*", "SequenceLength?"],
-    outputs=["Out", "State*", "Reserve~", "DropoutState~"], attrs=dict(_RNN_ATTRS),
+    outputs=["Out", "DropoutState?", "State*", "Reserve~"], attrs=dict(_RNN_ATTRS),
     traits=[OPAQUE, RANDOM], infer_shape=_rnn_infer, reference=_rnn_ref,
     emit=Opaque(_rnn_lower, host=True), grad=_rnn_grad_maker,
     doc="Stacked (bidirectional) LSTM / GRU / simple RNN over time-major Input; Paddle's "
@@ -446,7 +447,8 @@ def _rnn_grad_ref(Input, PreState, WeightList, SequenceLength=None, DropoutState
         if DropoutState is None or DropoutState.size != n:
             got = "none" if DropoutState is None else f"{DropoutState.size} values"
             raise ShapeMismatch(f"rnn_grad: DropoutState must hold the forward's {n} dropout "
-                                f"mask values, got {got}")
+                                f"mask values (dropout_prob={dropout_prob:g}: the rnn op must "
+                                f"write its DropoutState output), got {got}")
         masks = DropoutState.reshape(L - 1, T, B, D * H) != 0
         scale = 1.0 / (1.0 - dropout_prob)
     weights = _split_weights(WeightList, L, D)
