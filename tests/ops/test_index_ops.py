@@ -420,3 +420,12 @@ def test_stack_and_one_hot_native():
     got = run_native("one_hot_v2", {"X": np.array([1, 4], np.int64)},
                      {"depth": 4, "allow_out_of_range": True})["Out"]
     np.testing.assert_array_equal(got, [[0, 1, 0, 0], [0, 0, 0, 0]])
+
+
+def test_masked_select_broadcasts():
+    x = _n(1, 3)
+    m = np.array([[True, False, True], [False, True, True]])
+    want = np.array([x[0, 0], x[0, 2], x[0, 1], x[0, 2]])
+    check_output("masked_select", {"X": x, "Mask": m}, {}, {"Y": want})
+    g = check_grad("masked_select", {"X": x, "Mask": m}, {}, ["X"], output_name="Y")
+    assert g["X"].shape == (1, 3)

@@ -41,10 +41,12 @@ from pdjit.ops._common import (
     FLOATS,
     INDEX,
     NUMERIC,
+    broadcast_shapes,
     check_dtype,
     int_values,
     norm_axis,
     prod_known,
+    reduce_to_shape,
 )
 
 _NATIVE = (np.dtype(np.float32), np.dtype(np.float64))
@@ -1028,19 +1030,22 @@ register_op(
 def _masked_select_infer(X, Mask):
     if Mask.dtype != np.dtype(bool):
         raise ShapeMismatch(f"masked_select: expected Mask of dtype bool, got {Mask.dtype}")
-    _merge_dims([X.shape, Mask.shape], "masked_select: X and Mask")
+    broadcast_shapes(X.shape, Mask.shape)  # X and Mask broadcast together (NumPy's rule)
     return {"Y": X.with_(shape=(-1,), lod_level=0)}
 
 
 def _masked_select_ref(X, Mask):
-    _merge_dims([X.shape, Mask.shape], "masked_select: X and Mask")
-    return {"Y": X[Mask]}
+    broadcast_shapes(X.shape, Mask.shape)
+    xb, mb = np.broadcast_arrays(X, Mask)
+    return {"Y": xb[mb]}
 
 
 def _masked_select_lower(ctx):
+    """Native when X and Mask have one shape (known when the program is built)."""
+    if ctx.shape("X") != ctx.shape("Mask") or -1 in ctx.shape("X"):
+        return None
     X, m, y = ctx.inp("X"), ctx.inp("Mask"), ctx.out("Y")
-    return [f"if {X}.shape != {m}.shape: raise ValueError('pdjit: masked_select shapes differ')",
-            f"{y} = np.empty((np.count_nonzero({m}),), {ctx.T('X')})",
+    return [f"{y} = np.empty((np.count_nonzero({m}),), {ctx.T('X')})",
             f"_nn.mask_take({X}.reshape({X}.size), {m}.reshape({m}.size), {y})"]
 
 
@@ -1049,20 +1054,25 @@ register_op(
     infer_shape=_masked_select_infer, reference=_masked_select_ref,
     emit=Opaque(_masked_select_lower, host=True),
     grad=default_grad("masked_select_grad", fwd_inputs=("X", "Mask"), grad_outputs=("Y",)),
-    doc="Y = X's elements where Mask (of X's shape) is true, in C order, as a 1-D tensor.")
+    doc="Y = X's elements where Mask is true (X and Mask broadcast together), in C order, as "
+        "a 1-D tensor.")
 
 
 def _masked_select_grad_ref(X, Mask, **kw):
     g = kw["Y@GRAD"]
-    if g.size != int(Mask.sum()):
-        raise ShapeMismatch(f"masked_select_grad: expected Y@GRAD of {int(Mask.sum())} "
+    full = broadcast_shapes(X.shape, Mask.shape)
+    mb = np.broadcast_to(Mask, full)
+    if g.size != int(mb.sum()):
+        raise ShapeMismatch(f"masked_select_grad: expected Y@GRAD of {int(mb.sum())} "
                             f"elements (Mask's true count), got {g.size}")
-    dx = np.zeros(X.shape, X.dtype)
-    dx[Mask] = g.reshape(-1)
-    return {"X@GRAD": dx}
+    dx = np.zeros(full, X.dtype)
+    dx[mb] = g.reshape(-1)
+    return {"X@GRAD": reduce_to_shape(dx, X.shape, -1, full).astype(X.dtype)}
 
 
 def _masked_select_grad_lower(ctx):
+    if ctx.shape("X") != ctx.shape("Mask") or -1 in ctx.shape("X"):
+        return None
     X, m, g = ctx.inp("X"), ctx.inp("Mask"), ctx.inp("Y@GRAD")
     dx = ctx.out("X@GRAD", shape=f"{X}.shape")
     return [f"_nn.mask_put({g}, {m}.reshape({m}.size), {dx}.reshape({dx}.size))"]
@@ -1072,7 +1082,8 @@ register_op(
     "masked_select_grad", inputs=["X", "Mask", "Y@GRAD"], outputs=["X@GRAD?"], traits=[OPAQUE],
     infer_shape=_same_metas("X"), reference=_masked_select_grad_ref,
     emit=Opaque(_masked_select_grad_lower, host=True), grad=None,
-    doc="X@GRAD = Y@GRAD's elements back where Mask is true, zeros elsewhere.")
+    doc="X@GRAD = Y@GRAD's elements back where Mask is true, zeros elsewhere, summed over the "
+        "dims X was broadcast along.")
 
 
 # ---- cumsum ----------------------------------------------------------------------------------
