@@ -84,6 +84,8 @@ CASES = [  # op, X shape, Y shape, transposes, alpha
     ("matmul_v2", (2, 3, 4), (4,), (False, False), 1.0),
     ("matmul", (3, 4), (4,), (False, True), 2.0),
     ("matmul", (4,), (4, 5), (True, False), 1.0),
+    ("matmul_v2", (4,), (4,), (False, False), 1.0),                 # a 0-d result
+    ("matmul", (4,), (4,), (True, True), 3.0),
 ]
 
 

@@ -19,10 +19,10 @@ All four are OPAQUE library calls. Their gradients (``mul_grad``, ``matmul_grad`
 for ``Out = op(X) @ op(Y)``, ``d op(X) = dOut @ op(Y)^T`` and ``d op(Y) = op(X)^T @ dOut``,
 transposed back where the forward transposed, and summed over the batch dims the forward
 broadcast. Rank-2 float operands lower to one ``np.dot`` per product; every other rank (and
-``bmm``) to one ``_nn.batched_gemm`` call per product: a compiled loop over the batch of BLAS
-calls on 2-D slices, one compilation per dtype for every rank, broadcast and transpose
-(measured on the attention shapes against a host loop of ``np.dot`` and ``np.matmul``: see
-``pdjit.codegen.nnlib.gemm``). A vector times a vector (a 0-d result) runs the reference.
+``bmm``; vectors, a vector times a vector giving a 0-d result) to one ``_nn.batched_gemm``
+call per product: ``np.matmul`` from a host driver, a compiled loop of BLAS calls on 2-D
+slices in compiled code, one function for every rank, broadcast and transpose (measured on
+the attention shapes: see ``pdjit.codegen.nnlib.gemm``). Integer operands run the reference.
 """
 from __future__ import annotations
 
@@ -197,9 +197,7 @@ class _Batched:
 
 
 def _batched_lines(ctx, tx_attr, ty_attr, alpha_attr):
-    """``Out = alpha * op(X) @ op(Y)`` for any ranks but vector x vector (a 0-d result)."""
-    if ctx.rank("X") == 1 and ctx.rank("Y") == 1:
-        return None
+    """``Out = alpha * op(X) @ op(Y)`` for any ranks (vector x vector: a 0-d result)."""
     b = _Batched(ctx, tx_attr, ty_attr)
     out = ctx.out("Out", shape=b.out_shape)
     o3 = ctx.tmp("o")
@@ -483,8 +481,6 @@ def _batched_grad_lines(ctx, tx_attr, ty_attr, alpha_attr):
     """The batched gradients: each one batched GEMM over the product's batch dims, summed into
     the operand's own batches where the forward broadcast them (``Out@GRAD`` viewed as
     ``(batch, M, N)``); the same operand pairs as the rank-2 case."""
-    if ctx.rank("X") == 1 and ctx.rank("Y") == 1:
-        return None
     b = _Batched(ctx, tx_attr, ty_attr)
     X, Y, G = ctx.inp("X"), ctx.inp("Y"), ctx.inp("Out@GRAD")
     g3 = ctx.tmp("g")
