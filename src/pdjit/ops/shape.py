@@ -564,6 +564,9 @@ def _make_tiling(op):
                   for d, v in zip(xd, vals)]
             lines += [f"_rt.check({d} == 1 or {d} == {o})" for d, o in zip(xd, od)
                       if d != "1"]
+            # a new leading dim needs a size (-1 keeps only an existing dim)
+            lines += [f"_rt.check({v} >= 1)" for v in vals[:r - rx]
+                      if not v.lstrip("-").isdigit()]
         else:
             lines += [f"_rt.check({v} >= 1)" for v in vals if not v.isdigit()]
             od = [f"{d} * {v}" if v != "1" else d for d, v in zip(xd, vals)]
