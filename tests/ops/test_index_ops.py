@@ -234,6 +234,8 @@ GRAD_CASES = [
     ("concat", {"X": [_n(2, 2), _n(2, 3)]}, {"axis": 1}, ["X"], "Out"),
     ("gather", {"X": _n(3, 2), "Index": np.array([2, 0, 2], np.int64)}, {}, ["X"], "Out"),
     ("stack", {"X": [_n(2, 3), _n(2, 3)]}, {"axis": 1}, ["X"], "Y"),
+    ("masked_select", {"X": _n(1, 3), "Mask": np.array([[True, False, True]] * 2)}, {}, ["X"],
+     "Y"),
 ]
 
 
@@ -426,6 +428,8 @@ def test_masked_select_broadcasts():
     x = _n(1, 3)
     m = np.array([[True, False, True], [False, True, True]])
     want = np.array([x[0, 0], x[0, 2], x[0, 1], x[0, 2]])
-    check_output("masked_select", {"X": x, "Mask": m}, {}, {"Y": want})
+    check("masked_select", {"X": x, "Mask": m}, {}, {"Y": want})
+    check("masked_select", {"X": m.astype(np.float64), "Mask": np.array([False, True, True])}, {},
+          {"Y": np.array([0.0, 1.0, 1.0, 1.0])})
     g = check_grad("masked_select", {"X": x, "Mask": m}, {}, ["X"], output_name="Y")
     assert g["X"].shape == (1, 3)

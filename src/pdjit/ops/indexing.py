@@ -1040,13 +1040,53 @@ def _masked_select_ref(X, Mask):
     return {"Y": xb[mb]}
 
 
+def _broadcast_lines(ctx):
+    """(lines, X's dims, Mask's dims, the broadcast dims): sources, each padded to one rank,
+    with the checks that X and Mask broadcast."""
+    X, m = ctx.inp("X"), ctx.inp("Mask")
+    rx, rm = ctx.rank("X"), ctx.rank("Mask")
+    r = max(rx, rm)
+    xd = ["1"] * (r - rx) + [f"{X}.shape[{i}]" for i in range(rx)]
+    md = ["1"] * (r - rm) + [f"{m}.shape[{i}]" for i in range(rm)]
+    fd = [ctx.tmp("d") for _ in range(r)]
+    lines = [f"{f} = max({a}, {b})" for f, a, b in zip(fd, xd, md)]
+    lines += [f"_rt.check({a} == 1 or {a} == {f})" for f, a in zip(fd, xd + md)
+              if a != "1"] + [f"_rt.check({b} == 1 or {b} == {f})" for f, b in zip(fd, md)
+                              if b != "1"]
+    return lines, xd, md, fd
+
+
+def _dims_src(dims) -> str:
+    return f"np.array({_shape_src(dims)}, np.int64)"
+
+
+def _broadcast_mask(ctx, lines, md, fd) -> str:
+    """The local of Mask broadcast to ``fd`` (Mask itself when it has that shape)."""
+    m = ctx.inp("Mask")
+    if ctx.shape("Mask") == ctx.shape("X") and -1 not in ctx.shape("X"):
+        return m
+    mb = ctx.tmp("mb")
+    lines += [f"{mb} = np.empty({_shape_src(fd)}, np.bool_)",
+              f"_nn.tile_nd({m}.reshape({m}.size), {_dims_src(md)}, {mb}.reshape({mb}.size), "
+              f"{_dims_src(fd)})"]
+    return mb
+
+
 def _masked_select_lower(ctx):
-    """Native when X and Mask have one shape (known when the program is built)."""
-    if ctx.shape("X") != ctx.shape("Mask") or -1 in ctx.shape("X"):
+    """X and Mask broadcast (``tile_nd``) where their shapes differ, then the selection."""
+    if ctx.rank("X") == 0 and ctx.rank("Mask") == 0:
         return None
-    X, m, y = ctx.inp("X"), ctx.inp("Mask"), ctx.out("Y")
-    return [f"{y} = np.empty((np.count_nonzero({m}),), {ctx.T('X')})",
-            f"_nn.mask_take({X}.reshape({X}.size), {m}.reshape({m}.size), {y})"]
+    X, y, T = ctx.inp("X"), ctx.out("Y"), ctx.T("X")
+    lines, xd, md, fd = _broadcast_lines(ctx)
+    mb = _broadcast_mask(ctx, lines, md, fd)
+    xb = X
+    if mb != ctx.inp("Mask"):
+        xb = ctx.tmp("xb")
+        lines += [f"{xb} = np.empty({_shape_src(fd)}, {T})",
+                  f"_nn.tile_nd({X}.reshape({X}.size), {_dims_src(xd)}, "
+                  f"{xb}.reshape({xb}.size), {_dims_src(fd)})"]
+    return lines + [f"{y} = np.empty((np.count_nonzero({mb}),), {T})",
+                    f"_nn.mask_take({xb}.reshape({xb}.size), {mb}.reshape({mb}.size), {y})"]
 
 
 register_op(
@@ -1054,8 +1094,8 @@ register_op(
     infer_shape=_masked_select_infer, reference=_masked_select_ref,
     emit=Opaque(_masked_select_lower, host=True),
     grad=default_grad("masked_select_grad", fwd_inputs=("X", "Mask"), grad_outputs=("Y",)),
-    doc="Y = X's elements where Mask is true (X and Mask broadcast together), in C order, as "
-        "a 1-D tensor.")
+    doc="Y = X's elements where Mask is true (X and Mask broadcast together, NumPy's rule), in "
+        "C order, as a 1-D tensor.")
 
 
 def _masked_select_grad_ref(X, Mask, **kw):
@@ -1071,11 +1111,19 @@ def _masked_select_grad_ref(X, Mask, **kw):
 
 
 def _masked_select_grad_lower(ctx):
-    if ctx.shape("X") != ctx.shape("Mask") or -1 in ctx.shape("X"):
+    if ctx.rank("X") == 0 and ctx.rank("Mask") == 0:
         return None
-    X, m, g = ctx.inp("X"), ctx.inp("Mask"), ctx.inp("Y@GRAD")
+    X, g, T = ctx.inp("X"), ctx.inp("Y@GRAD"), ctx.T("X")
+    lines, xd, md, fd = _broadcast_lines(ctx)
+    mb = _broadcast_mask(ctx, lines, md, fd)
     dx = ctx.out("X@GRAD", shape=f"{X}.shape")
-    return [f"_nn.mask_put({g}, {m}.reshape({m}.size), {dx}.reshape({dx}.size))"]
+    if mb == ctx.inp("Mask"):
+        return lines + [f"_nn.mask_put({g}, {mb}.reshape({mb}.size), {dx}.reshape({dx}.size))"]
+    full = ctx.tmp("full")
+    return lines + [f"{full} = np.empty({_shape_src(fd)}, {T})",
+                    f"_nn.mask_put({g}, {mb}.reshape({mb}.size), {full}.reshape({full}.size))",
+                    f"_nn.untile_nd({full}.reshape({full}.size), {_dims_src(xd)}, "
+                    f"{dx}.reshape({dx}.size), {_dims_src(fd)})"]
 
 
 register_op(
