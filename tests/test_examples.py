@@ -82,3 +82,13 @@ def test_transformer_digits_learns_in_a_few_epochs_natively():
     _no_reference_steps(err[0], ops + tuple(f"{op}_grad" for op in ops))
     acc = float(out.split("test accuracy:")[1].split()[0])
     assert acc > 0.85  # 3 of the default 12 epochs; the full run reaches ~0.97
+
+
+def test_lstm_digits_learns_with_the_rnn_op_and_dynamic_lstm_natively():
+    err = []
+    out = _run("lstm_digits.py", "--epochs", "3", env=_ONE_THREAD, stderr=err)
+    ops = ("rnn", "lstm", "mul", "elementwise_add", "sequence_pool", "reshape2", "transpose2")
+    _no_reference_steps(err[0], ops + tuple(f"{op}_grad" for op in ops))
+    for name in ("rnn", "dynamic_lstm"):
+        acc = float(out.split(f"{name} test accuracy:")[1].split()[0])
+        assert acc > 0.85, (name, acc)  # 3 of the default 10 epochs; the full run: ~0.98 each
