@@ -123,6 +123,27 @@ def test_prologue_refused_when_the_chain_result_is_needed():
     assert "opaque [softmax#2]" in text, text
 
 
+def test_an_op_computed_by_blocks_before_a_prologue_is_computed_whole():
+    """conv2d (which can take an elementwise epilogue by blocks of samples) followed by a bias
+    add fused into softmax as a prologue: the prologue group is no epilogue, so the driver
+    computes the convolution itself first (generated source only: nothing compiles)."""
+    from pdjit.codegen.lowering import SegmentGen
+    from pdjit.passes.fusion import live_names, partition
+
+    prog, start = fluid.Program(), fluid.Program()
+    with fluid.program_guard(prog, start):
+        x = layers.data("x", [3, 6, 6])
+        p = layers.softmax(layers.conv2d(x, 4, 3, padding=1))
+    block = prog.global_block()
+    live = live_names(prog, block, [p.name])
+    part = partition(block, list(block.ops), live)
+    assert "opaque [elementwise_add#1, softmax#2]" in part.describe()
+    gen = SegmentGen(part.segments[0], block, live)
+    gen.generate()
+    source = gen.source("segment")
+    assert "_nn.conv2d_fwd(" in source, source
+
+
 # ---- dropout ------------------------------------------------------------------------------------
 def _dropout_program(p, impl, is_test=False, shape=(40, 50)):
     prog, start = fluid.Program(), fluid.Program()

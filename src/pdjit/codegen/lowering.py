@@ -544,7 +544,9 @@ class SegmentGen:
         None, nothing emitted)."""
         node = group.nodes[0]
         low = node.lowering
-        if len(group.nodes) > 1 or nxt is None or nxt.kind == REDUCTION or \
+        # (only a loop group takes an epilogue: not a reduction, nor an opaque group, which
+        # may be a prologue with a shape of its own)
+        if len(group.nodes) > 1 or nxt is None or nxt.kind in (REDUCTION, OPAQUE) or \
                 low.blocked is None or \
                 not low.host or self.target.NAME != "cpu":
             return None
