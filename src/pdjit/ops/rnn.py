@@ -21,8 +21,13 @@ bidirectional, with and without sequence lengths:
   The reverse direction runs from the last step (of each sequence) to the first.
 - ``SequenceLength``: steps at or past a sequence's length keep its state and write zeros.
 - Dropout (``dropout_prob`` when not ``is_test``): on the outputs of every layer but the last,
-  upscaled (kept values divided by ``1 - dropout_prob``), drawn from pdjit's random stream
-  (``seed`` fixes it); the masks go to ``DropoutState`` for the gradient.
+  upscaled (kept values divided by ``1 - dropout_prob``; compared with Paddle through the mask
+  it writes), drawn from pdjit's random stream (``seed`` fixes it); every layer's mask goes to
+  ``DropoutState`` for the gradient (Paddle keeps one ``[T, B, D*H]`` mask, the last drawn;
+  for two layers the layouts agree).
+- Paddle 3.3.1's own ``rnn_grad`` disagrees with finite differences of its forward for the
+  reverse direction with ``SequenceLength`` (``tests/fixtures/make_rnn_fixtures.py`` records
+  where); pdjit's gradient is that of the forward.
 - ``rnn_grad`` reads the forward inputs, ``Out``, ``DropoutState``, ``Reserve``, ``Out@GRAD``
   and ``State@GRAD`` and writes ``Input@GRAD``, ``PreState@GRAD`` and ``WeightList@GRAD``
   (Paddle's slots; no gradient to SequenceLength).
