@@ -25,11 +25,13 @@
    ``value_and_grad`` of the LSTM written with ``lax.scan`` (the input projection of every
    step hoisted out of the scan as one GEMM) at 1 and 2 threads.
 
-The same weights and inputs everywhere (drawn here in NumPy and written into every contender);
-every peer's outputs are checked against pdjit's. Timing: every contender runs in its own
-process (``--child``), one after another, ``--rounds`` times (the order reversed every other
-round); each process warms up, then times ``--repeat`` calls; the tables show the median of all
-timed calls. pdjit's processes report every op its plans ran as a NumPy reference step. Peers
+The row "pdjit 1 thread" (``PDJIT_NUM_THREADS=1``) is for information: the ratios are of
+pdjit at its default threads. The same weights and inputs everywhere (drawn here in NumPy and
+written into every contender); every peer's outputs (and pdjit's at one thread) are checked
+against pdjit's. Timing: every contender runs in its own process (``--child``), one after
+another, ``--rounds`` times (the order reversed every other round); each process warms up,
+then times ``--repeat`` calls; the tables show the median of all timed calls. pdjit's processes
+list the plan steps that run an op's NumPy reference and any native step that fell back. Peers
 are optional (``onnx`` + ``onnxruntime``, ``paddlepaddle``, ``jax``): a peer that is not
 installed is skipped with a note. ``--quick`` is a smoke run: 3 calls, one round.
 """
@@ -104,10 +106,12 @@ def max_rel_diff(name: str, got, want, tol: float) -> float:
     return diff
 
 
-def pin_threads(threads: int) -> None:
-    """Before jax is imported: XLA's CPU pool of ``threads`` threads (one: pinned to one core,
-    Eigen's pool off)."""
-    if threads == 1:
+def pin_threads(name: str, threads: int) -> None:
+    """Before pdjit or jax is imported: one thread for a contender that asks for it (pdjit:
+    ``PDJIT_NUM_THREADS=1``; jax: XLA's Eigen pool off and the process pinned to one core)."""
+    if threads == 1 and name.startswith("pdjit"):
+        os.environ["PDJIT_NUM_THREADS"] = "1"
+    elif threads == 1:
         os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") +
                                    " --xla_cpu_multi_thread_eigen=false"
                                    " intra_op_parallelism_threads=1").strip()
@@ -293,7 +297,8 @@ def transformer_jax(params: dict):
 
 def transformer_contenders() -> tuple[dict, list]:
     """name -> (builder ``params -> runner``, threads for jax's process); notes on peers."""
-    found, notes = {"pdjit": (transformer_pdjit, 0)}, []
+    found = {"pdjit": (transformer_pdjit, 0), "pdjit 1 thread": (transformer_pdjit, 1)}
+    notes = []
     if have("onnx", "onnxruntime"):
         found["ORT 1 thread"] = (lambda p: transformer_ort(p, 1), 0)
         found["ORT 2 threads"] = (lambda p: transformer_ort(p, 2), 0)
@@ -309,7 +314,7 @@ def transformer_contenders() -> tuple[dict, list]:
 
 def child_transformer(name: str, repeat: int, out_dir: str) -> dict:
     builder, threads = transformer_contenders()[0][name]
-    pin_threads(threads)
+    pin_threads(name, threads)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         fn = builder(transformer_params())
@@ -322,7 +327,7 @@ def child_transformer(name: str, repeat: int, out_dir: str) -> dict:
         times = time_calls(lambda: fn(arg), repeat)
     np.save(os.path.join(out_dir, f"transformer-{name}.npy"), out)
     result = {"s": times}
-    if name == "pdjit":
+    if name.startswith("pdjit"):
         result["reference_steps"] = fn.reference_steps(arg)
         result["fallbacks"] = fallbacks(record)
     return result
@@ -479,7 +484,7 @@ def lstm_jax(params: dict):
 
 
 def lstm_contenders() -> tuple[dict, list]:
-    found, notes = {"pdjit": (lstm_pdjit, 0)}, []
+    found, notes = {"pdjit": (lstm_pdjit, 0), "pdjit 1 thread": (lstm_pdjit, 1)}, []
     if have("paddle"):
         found["Paddle legacy"] = (lstm_paddle, 0)
     else:
@@ -494,7 +499,7 @@ def lstm_contenders() -> tuple[dict, list]:
 
 def child_lstm(name: str, repeat: int, out_dir: str) -> dict:
     builder, threads = lstm_contenders()[0][name]
-    pin_threads(threads)
+    pin_threads(name, threads)
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         fn = builder(lstm_params())
@@ -507,7 +512,7 @@ def child_lstm(name: str, repeat: int, out_dir: str) -> dict:
         times = time_calls(lambda: fn(arg), repeat)
     np.savez(os.path.join(out_dir, f"lstm-{name}.npz"), *outs)
     result = {"s": times}
-    if name == "pdjit":
+    if name.startswith("pdjit"):
         result["reference_steps"] = fn.reference_steps(arg)
         result["fallbacks"] = fallbacks(record)
     return result
@@ -534,7 +539,7 @@ def bench_lstm(args) -> None:
     table(f"LSTM forward + backward, batch {LSTM_BATCH}, {LSTM_STEPS} steps, {LSTM_IN} inputs, "
           f"{LSTM_HIDDEN} hidden, float32, median ms per step (loss and 4 weight gradients "
           "fetched and checked)", ["contender", "ms / step", "vs pdjit"], rows)
-    peers = [v for k, v in res.items() if k != "pdjit"]
+    peers = [v for k, v in res.items() if not k.startswith("pdjit")]
     if peers:
         print(f"pdjit / the fastest peer: {res['pdjit'] / min(peers):.2f}x")
     print(f"loss: {float(want[0]):.6f}; max relative diff of loss and gradients vs pdjit: "
