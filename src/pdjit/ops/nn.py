@@ -548,6 +548,9 @@ def _dropout_ref(X, Seed=None, *, dropout_prob, is_test, dropout_implementation,
     return {"Out": out.astype(X.dtype, copy=False), "Mask": keep.astype(np.uint8)}
 
 
+_F32_F64 = (np.dtype(np.float32), np.dtype(np.float64))
+
+
 def _flat(local: str) -> str:
     return f"{local}.reshape({local}.size)"
 
@@ -556,7 +559,7 @@ def _dropout_lower(ctx):
     """One library call: the random stream generated in the kernel from the run's key (the
     key the reference draws with: bit-identical Out and Mask). A ``Seed`` input (its value
     picks the key) runs the reference."""
-    if ctx.dtype("X").kind != "f" or ctx.has_input("Seed"):
+    if ctx.dtype("X") not in _F32_F64 or ctx.has_input("Seed"):
         return None
     X = ctx.inp("X")
     a = ctx.attrs
@@ -817,7 +820,7 @@ def _dropout_grad_ref(Mask, *, dropout_prob, is_test, dropout_implementation, **
 def _dropout_grad_lower(ctx):
     """dX = dOut * Mask (/ (1 - p)): one elementwise library call."""
     G = ctx.inp("Out@GRAD")
-    if ctx.dtype("Out@GRAD").kind != "f" or not ctx.has_output("X@GRAD"):
+    if ctx.dtype("Out@GRAD") not in _F32_F64 or not ctx.has_output("X@GRAD"):
         return None
     a = ctx.attrs
     dx = ctx.out("X@GRAD", shape=f"{G}.shape")
