@@ -191,3 +191,28 @@ def test_dropout_test_mode_native(impl, factor):
     np.testing.assert_allclose(y, x * np.float32(factor), rtol=1e-7)
     np.testing.assert_allclose(dx, w * np.float32(factor), rtol=1e-7)
     assert mask.dtype == np.uint8 and mask.all()
+
+
+@pytest.mark.parametrize("seed", [0, 7, -3])
+def test_dropout_seed_input_native(seed):
+    """A Seed input: a non-zero value fixes the stream (every run draws the same), zero means
+    the run's key; bit-identical to the reference either way."""
+    prog, start = fluid.Program(), fluid.Program()
+    with fluid.program_guard(prog, start):
+        x = layers.data("x", [30, 20], append_batch_size=False)
+        s = layers.data("seed", [1], dtype="int32", append_batch_size=False)
+        block = prog.global_block()
+        out = block.create_var(name="out", dtype=x.dtype, shape=list(x.shape))
+        mask = block.create_var(name="mask", dtype=np.uint8, shape=list(x.shape))
+        block.append_op("dropout", inputs={"X": [x], "Seed": [s]},
+                        outputs={"Out": [out], "Mask": [mask]}, attrs={"dropout_prob": 0.4})
+    feed = {"x": RNG.normal(size=(30, 20)).astype("float32"),
+            "seed": np.array([seed], np.int32)}
+    exe, ref = Executor(strict=True), Executor(mode="reference")
+    masks = []
+    for _ in range(2):
+        got, _ = _native(prog, feed, [out, mask], exe)
+        want = ref.run(prog, feed=feed, fetch_list=[out, mask], scope=Scope())
+        assert all(np.array_equal(g, w) for g, w in zip(got, want))
+        masks.append(got[1])
+    assert np.array_equal(*masks) == (seed != 0)

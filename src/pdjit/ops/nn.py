@@ -557,9 +557,10 @@ def _flat(local: str) -> str:
 
 def _dropout_lower(ctx):
     """One library call: the random stream generated in the kernel from the run's key (the
-    key the reference draws with: bit-identical Out and Mask). A ``Seed`` input (its value
-    picks the key) runs the reference."""
-    if ctx.dtype("X") not in _F32_F64 or ctx.has_input("Seed"):
+    key the reference draws with: bit-identical Out and Mask); a non-zero ``Seed`` input
+    value picks the key instead (``_nn.dropout_key``)."""
+    if ctx.dtype("X") not in _F32_F64 or \
+            (ctx.has_input("Seed") and ctx.dtype("Seed").kind not in "iu"):
         return None
     X = ctx.inp("X")
     a = ctx.attrs
@@ -570,6 +571,9 @@ def _dropout_lower(ctx):
         mask = ctx.tmp("mask")
         lines = [f"{mask} = np.empty({X}.shape, np.uint8)"]
     key = "np.uint64(0)" if a["is_test"] else ctx.rng_key()
+    if ctx.has_input("Seed") and not a["is_test"]:
+        seed = ctx.inp("Seed")
+        key = f"np.uint64(_nn.dropout_key({_flat(seed)}, {key}))"
     upscale = a["dropout_implementation"] == "upscale_in_train"
     return lines + [f"_nn.dropout_fwd({_flat(X)}, {key}, {float(a['dropout_prob'])!r}, "
                     f"{upscale}, {bool(a['is_test'])}, {_flat(out)}, {_flat(mask)})"]

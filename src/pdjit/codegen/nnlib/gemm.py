@@ -18,7 +18,8 @@ from numba.extending import overload
 
 from pdjit.codegen.nnlib._jit import jit
 
-__all__ = ["batched_gemm", "dropout_fwd", "dropout_bwd", "softmax_axis", "softmax_axis_grad"]
+__all__ = ["batched_gemm", "dropout_fwd", "dropout_bwd", "dropout_key", "softmax_axis",
+           "softmax_axis_grad"]
 
 
 @jit
@@ -173,13 +174,29 @@ _S30, _S27, _S31, _S11 = np.uint64(30), np.uint64(27), np.uint64(31), np.uint64(
 
 
 @jit
-def _uniform01(key, i):
-    """Element ``i`` of the stream of ``key`` (a uint64) as a float64 in [0, 1)."""
-    x = key + np.uint64(i + 1) * _GOLDEN
+def _mix64(x):
     x = (x ^ (x >> _S30)) * _M1
     x = (x ^ (x >> _S27)) * _M2
-    x = x ^ (x >> _S31)
+    return x ^ (x >> _S31)
+
+
+@jit
+def _uniform01(key, i):
+    """Element ``i`` of the stream of ``key`` (a uint64) as a float64 in [0, 1)."""
+    x = _mix64(key + np.uint64(i + 1) * _GOLDEN)
     return np.float64(x >> _S11) * (1.0 / 9007199254740992.0)
+
+
+@jit
+def dropout_key(seed, run_key):
+    """The key of a dropout with a ``Seed`` input (a 1-element integer array): a non-zero
+    seed gives ``mix64(mix64(seed) ^ 0x5EED)`` (``random.op_key`` of a fixed seed), zero the
+    run's key ``run_key``."""
+    if seed.shape[0] < 1:
+        raise ValueError("pdjit: dropout: Seed holds no value")
+    if seed[0] == 0:
+        return run_key
+    return _mix64(_mix64(np.uint64(seed[0])) ^ np.uint64(0x5EED))
 
 
 @jit
