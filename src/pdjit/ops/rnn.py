@@ -82,7 +82,8 @@ def _mode(mode: str, op: str) -> tuple:
     return _MODES[mode]
 
 
-def _dims(a, k):
+def _dims(a) -> str:
+    """A build-time dim for a message: ``?`` when unknown."""
     return "?" if a < 0 else str(a)
 
 
@@ -114,7 +115,7 @@ def _check(op, Input, PreState, WeightList, SequenceLength, mode, num_layers, is
               and (B < 0 or shape[1] in (B, -1)))
         if not ok:
             raise ShapeMismatch(f"{op}: PreState[{i}] must have shape [num_layers * "
-                                f"directions, batch, hidden_size] = [{L * D}, {_dims(B, 1)}, "
+                                f"directions, batch, hidden_size] = [{L * D}, {_dims(B)}, "
                                 f"{H}], got {list(shape)}")
     n = 4 * L * D
     if len(WeightList) != n:
@@ -134,8 +135,8 @@ def _check(op, Input, PreState, WeightList, SequenceLength, mode, num_layers, is
                 what = ("w_ih", "w_hh", "b_ih", "b_hh")[(j % 2) + (2 if j >= 2 * L * D else 0)]
                 raise ShapeMismatch(
                     f"{op}: WeightList[{j}] ({what} of layer {k // D}, direction {k % D}) "
-                    f"must have shape {[_dims(d, 0) for d in want_shape]} for mode {mode!r}, "
-                    f"got {list(shape)}".replace("'", ""))
+                    f"must have shape [{', '.join(_dims(d) for d in want_shape)}] for mode "
+                    f"{mode!r}, got {list(shape)}")
             if w.dtype != Input.dtype:
                 raise ShapeMismatch(f"{op}: WeightList[{j}] must have Input's dtype "
                                     f"{Input.dtype}, got {w.dtype}")
@@ -144,7 +145,7 @@ def _check(op, Input, PreState, WeightList, SequenceLength, mode, num_layers, is
         shape = tuple(int(d) for d in SequenceLength.shape)
         if len(shape) != 1 or (B >= 0 and shape[0] not in (B, -1)):
             raise ShapeMismatch(f"{op}: SequenceLength must have shape [batch] = "
-                                f"[{_dims(B, 1)}], got {list(shape)}")
+                                f"[{_dims(B)}], got {list(shape)}")
     return code, g, L, D, H
 
 
