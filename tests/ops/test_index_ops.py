@@ -363,7 +363,7 @@ def test_fill_any_like():
           {"Out": np.ones((2, 3), np.int64)})
 
 
-@pytest.mark.parametrize("start,end,step,dtype", [(0, 10, 3, np.int64), (10, 0, -3, np.int32),
+@pytest.mark.parametrize("start,end,step,dtype", [(0, 10, 3, np.int64), (10, 0, -3, np.int64),
                                                   (1.0, 2.0, 0.3, np.float32),
                                                   (0, 10, -1, np.int64)])
 def test_range(start, end, step, dtype):
