@@ -112,6 +112,19 @@ def test_batched_matmul_native_forward_and_grads(op, xs, ys, t, alpha, dtype):
         np.testing.assert_allclose(g, want, rtol=tol, atol=tol, err_msg=f"{op} {xs}x{ys} {what}")
 
 
+def test_projection_is_one_gemm_over_all_rows():
+    """X [B, S, H] x Y [H, F]: X's batch dims fold into its rows, one BLAS call per product
+    (forward and both gradients), no batched call."""
+    x = RNG.uniform(-1, 1, (2, 3, 4)).astype("float32")
+    y = RNG.uniform(-1, 1, (5, 4)).astype("float32")
+    prog, fetch = _program("matmul_v2", x, y, {"trans_y": True}, (2, 3, 5))
+    exe = Executor(strict=True)
+    exe.run(prog, feed={"x": x, "y": y, "w": np.ones((2, 3, 5), "float32")}, fetch_list=fetch,
+            scope=Scope())
+    source = "\n".join(src for _, plan in exe._plans.values() for _, src in plan.sources)
+    assert source.count("_rt.gemm(") == 3 and "batched_gemm" not in source, source
+
+
 def test_bmm_native_forward_and_grads():
     x = RNG.uniform(-1, 1, (3, 4, 5)).astype("float32")
     y = RNG.uniform(-1, 1, (3, 5, 2)).astype("float32")

@@ -137,20 +137,36 @@ def _alpha(ctx, alpha_attr) -> float:
     return float(ctx.attrs[alpha_attr]) if alpha_attr else 1.0
 
 
+def _rows_of_x(ctx, tx_attr) -> bool:
+    """Whether X's batch dims can fold into its rows: X of rank > 2, not transposed, times a
+    matrix Y (a projection ``[B, S, H] x [H, F]``): one GEMM over all rows, not one per batch,
+    and Y's gradient needs no sum over batches."""
+    return ctx.rank("X") > 2 and ctx.rank("Y") == 2 and not ctx.attrs[tx_attr]
+
+
 def _matmul_2d_lower(tx_attr, ty_attr, alpha_attr=None):
-    """Rank-2 matmul as one BLAS call; every other rank (vectors, batches) as a batched GEMM."""
+    """Rank-2 matmul (or X's batch dims folded into its rows, see ``_rows_of_x``) as one BLAS
+    call; every other rank (vectors, batches) as a batched GEMM."""
     def lower(ctx):
         if not _blas_ok(ctx):
             return None
-        if ctx.rank("X") != 2 or ctx.rank("Y") != 2:
+        rows = _rows_of_x(ctx, tx_attr)
+        if not rows and (ctx.rank("X") != 2 or ctx.rank("Y") != 2):
             return _batched_lines(ctx, tx_attr, ty_attr, alpha_attr)
         X, Y = ctx.inp("X"), ctx.inp("Y")
-        a = f"{X}.T" if ctx.attrs[tx_attr] else X
+        rx = ctx.rank("X")
+        lines, x2 = _as_matrix(ctx, X, rx, rx - 1)
+        a = f"{x2}.T" if ctx.attrs[tx_attr] else x2
         b = f"{Y}.T" if ctx.attrs[ty_attr] else Y
         scale = ""
         if alpha_attr and ctx.attrs[alpha_attr] != 1.0:
             scale = f" * {ctx.T('X')}({float(ctx.attrs[alpha_attr])!r})"
-        return [f"{ctx.out('Out')} = _rt.gemm({a}, {b}){scale}"]
+        prod = f"_rt.gemm({a}, {b}){scale}"
+        if rows:  # back to X's batch dims and rows, Y's columns
+            n = f"{Y}.shape[{0 if ctx.attrs[ty_attr] else 1}]"
+            dims = [f"{X}.shape[{i}]" for i in range(rx - 1)] + [n]
+            prod = f"({prod}).reshape({ctx.tuple_src(dims)})"
+        return lines + [f"{ctx.out('Out')} = {prod}"]
     return lower
 
 
@@ -457,10 +473,19 @@ def _matmul_grad_2d_lower(tx_attr, ty_attr, alpha_attr=None):
     def lower(ctx):
         if not _grad_blas_ok(ctx):
             return None
-        if ctx.rank("X") != 2 or ctx.rank("Y") != 2 or ctx.rank("Out@GRAD") != 2:
+        rows = _rows_of_x(ctx, tx_attr)
+        if not rows and (ctx.rank("X") != 2 or ctx.rank("Y") != 2 or
+                         ctx.rank("Out@GRAD") != 2):
             return _batched_grad_lines(ctx, tx_attr, ty_attr, alpha_attr)
-        X, Y, G = ctx.inp("X"), ctx.inp("Y"), ctx.inp("Out@GRAD")
+        X0, Y, G0 = ctx.inp("X"), ctx.inp("Y"), ctx.inp("Out@GRAD")
+        rx = ctx.rank("X")
         tx, ty = bool(ctx.attrs[tx_attr]), bool(ctx.attrs[ty_attr])
+        lines, X = _as_matrix(ctx, X0, rx, rx - 1)
+        G = G0
+        if rows or ctx.rank("Out@GRAD") != 2:  # dOut as X's rows by Y's columns
+            G = ctx.tmp("g")
+            n = f"{Y}.shape[{0 if ty else 1}]"
+            lines.append(f"{G} = {G0}.reshape(({X}.shape[0], {n}))")
         scale = ""
         if alpha_attr and ctx.attrs[alpha_attr] != 1.0:
             scale = f" * {ctx.T('X')}({float(ctx.attrs[alpha_attr])!r})"
@@ -468,9 +493,9 @@ def _matmul_grad_2d_lower(tx_attr, ty_attr, alpha_attr=None):
               (True, False): (Y, f"{G}.T"), (True, True): (f"{Y}.T", f"{G}.T")}[tx, ty]
         dy = {(False, False): (f"{X}.T", G), (False, True): (f"{G}.T", X),
               (True, False): (X, G), (True, True): (f"{G}.T", f"{X}.T")}[tx, ty]
-        lines = []
         if ctx.has_output("X@GRAD"):
-            lines.append(f"{ctx.out('X@GRAD')} = _rt.gemm({dx[0]}, {dx[1]}){scale}")
+            d = f"_rt.gemm({dx[0]}, {dx[1]}){scale}"
+            lines.append(f"{ctx.out('X@GRAD')} = " + (f"({d}).reshape({X0}.shape)" if rows else d))
         if ctx.has_output("Y@GRAD"):
             lines.append(f"{ctx.out('Y@GRAD')} = _rt.gemm({dy[0]}, {dy[1]}){scale}")
         return lines
