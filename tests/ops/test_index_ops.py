@@ -211,9 +211,33 @@ def test_argsort(axis, descending):
     check_grad("argsort", {"X": _n(3, 4, 2)}, {"axis": axis, "descending": descending}, ["X"])
 
 
+# ---- lookup_table_v2 (embedding's op) ------------------------------------------------------------
+def test_lookup_table_v2_native_padding_and_grad():
+    w = _n(6, 3)
+    ids = np.array([[1, 5], [1, 2]], np.int64)  # Out [2, 2, width]
+    want = w[ids].copy()
+    want[0, 1] = 0  # padding_idx 5
+    check("lookup_table_v2", {"Ids": ids, "W": w}, {"padding_idx": 5}, {"Out": want})
+    ids32 = np.array([0, 3, 3], np.int32)  # int32 ids, no padding (-1)
+    check("lookup_table_v2", {"Ids": ids32, "W": w}, {}, {"Out": w[ids32]})
+    # the gradient: rows looked up twice collect both, the padding row and unseen rows none
+    g = _n(2, 2, 3)
+    want_dw = np.zeros_like(w)
+    for (i, j), v in np.ndenumerate(ids):
+        if v != 5:
+            want_dw[v] += g[i, j]
+    got = run_native("lookup_table_v2_grad", {"W": w, "Ids": ids, "Out@GRAD": g},
+                     {"padding_idx": 5}, outputs={"W@GRAD": 1})
+    np.testing.assert_allclose(got["W@GRAD"], want_dw, rtol=1e-12, atol=1e-12)
+    with pytest.raises(OpRunError, match=r"lookup_table_v2.*Ids holds 6.*\[0, 6\)"):
+        run_native("lookup_table_v2", {"Ids": np.array([1, 6], np.int64), "W": w})
+
+
 # ---- the gradient ops run natively too ----------------------------------------------------------
 GRAD_CASES = [
     ("lookup_table", {"W": _n(5, 3), "Ids": np.array([[1], [4], [1]], np.int64)},
+     {"padding_idx": 4}, ["W"], "Out"),
+    ("lookup_table_v2", {"Ids": np.array([[1, 4], [1, 0]], np.int64), "W": _n(5, 3)},
      {"padding_idx": 4}, ["W"], "Out"),
     ("index_select", {"X": _n(3, 4), "Index": np.array([1, -1, 1], np.int64)}, {"dim": 1},
      ["X"], "Out"),

@@ -623,13 +623,33 @@ def _lookup_ref(Ids, W, *, padding_idx, **_):
     return {"Out": out.astype(W.dtype, copy=False)}
 
 
+def _lookup_pad(padding_idx) -> str:
+    """The ``pad`` argument of ``_nn.take_rows``/``_nn.scatter_rows``: ``padding_idx``, or the
+    kernels' "no padding row" value for ``-1``."""
+    from pdjit.codegen.nnlib.indexing import NO_PAD
+    return repr(int(padding_idx) if int(padding_idx) != -1 else NO_PAD)
+
+
+def _lookup_lower(ctx):
+    """One ``_nn.take_rows`` over W viewed as ``(1, rows, width)`` (float32/float64 tables)."""
+    if ctx.dtype("W") not in (np.dtype(np.float32), np.dtype(np.float64)):
+        return None
+    W, ids = ctx.inp("W"), ctx.inp("Ids")
+    dims = "".join(f"{ids}.shape[{i}], " for i in range(ctx.rank("Ids")))
+    out = ctx.out("Out", shape=f"({dims}{W}.shape[1])")
+    return [f"_nn.take_rows({W}.reshape((1, {W}.shape[0], {W}.shape[1])), "
+            f"{ids}.reshape({ids}.size).astype(np.int64), {_lookup_pad(ctx.attrs['padding_idx'])}, "
+            f"False, {out}.reshape((1, {ids}.size, {W}.shape[1])))"]
+
+
 register_op(
     "lookup_table_v2", inputs=["Ids", "W"], outputs=["Out"],
     attrs={"padding_idx": Long(-1, low=-1, high=3),
            # runtime extra attrs in Paddle, written by Fluid's embedding layer
            "is_sparse": Bool(False), "is_distributed": Bool(False),
            "remote_prefetch": Bool(False)},
-    traits=[OPAQUE], infer_shape=_lookup_infer, reference=_lookup_ref, emit=None,
+    traits=[OPAQUE], infer_shape=_lookup_infer, reference=_lookup_ref,
+    emit=Opaque(_lookup_lower, host=True),
     grad=default_grad("lookup_table_v2_grad", fwd_inputs=("W", "Ids"), wrt=("W",)),
     doc="Out[..., :] = W[Ids[...], :]; rows for padding_idx (unless -1) are zeros.")
 
@@ -862,11 +882,26 @@ def _lookup_grad_ref(W, Ids, *, padding_idx, **kw):
     return {"W@GRAD": dw}
 
 
+def _lookup_grad_lower(ctx):
+    """``_nn.scatter_rows`` adding Out@GRAD's rows into a zeroed W@GRAD (mode 2), padding rows
+    skipped; the size check is the kernel's (a mismatch re-runs the reference, which names it)."""
+    f = (np.dtype(np.float32), np.dtype(np.float64))
+    if ctx.dtype("W") not in f or ctx.dtype("Out@GRAD") != ctx.dtype("W"):
+        return None
+    W, ids, g = ctx.inp("W"), ctx.inp("Ids"), ctx.inp("Out@GRAD")
+    dw = ctx.out("W@GRAD", shape=f"{W}.shape", zero=True)
+    return [f"_nn.scatter_rows({dw}.reshape((1, {W}.shape[0], {W}.shape[1])), "
+            f"{ids}.reshape({ids}.size).astype(np.int64), "
+            f"{g}.reshape((1, {ids}.size, {W}.shape[1])), 2, "
+            f"{_lookup_pad(ctx.attrs['padding_idx'])}, False)"]
+
+
 register_op(
     "lookup_table_v2_grad", inputs=["W", "Ids", "Out@GRAD"], outputs=["W@GRAD?"],
     attrs={"padding_idx": Long(-1, low=-1, high=3), "is_sparse": Bool(False),
            "is_distributed": Bool(False), "remote_prefetch": Bool(False)},
-    traits=[OPAQUE], infer_shape=_lookup_grad_infer, reference=_lookup_grad_ref, emit=None,
+    traits=[OPAQUE], infer_shape=_lookup_grad_infer, reference=_lookup_grad_ref,
+    emit=Opaque(_lookup_grad_lower, host=True),
     grad=None,
     doc="W@GRAD (dense) = sum of Out@GRAD rows over the lookups of each row; padding_idx's "
         "row stays zero.")
