@@ -558,3 +558,130 @@ add("instance_norm",
 add("group_norm",
     S(lambda r: {"X": u(r, (2, 4, 3)), "Scale": pos(r, (4,)), "Bias": u(r, (4,))},
       {"groups": 2}, grad=["X", "Scale", "Bias"], out="Y"))
+
+# ---- transformer ops (norm.py, activation.py, matmul.py) ----------------------------------------
+add("layer_norm",
+    S(lambda r: {"X": u(r, (2, 2, 3)), "Scale": pos(r, (6,)), "Bias": u(r, (6,))},
+      grad=["X", "Scale", "Bias"], out="Y"),
+    # normalised over the last axis only, no affine parameters
+    S(lambda r: {"X": u(r, (2, 3, 2))}, {"begin_norm_axis": 2, "epsilon": 1e-4}, grad=["X"],
+      out="Y"))
+add("gelu",
+    S(lambda r: {"X": u(r, (2, 3), -3, 3)}, grad=["X"]),
+    S(lambda r: {"X": u(r, (2, 3), -3, 3)}, {"approximate": True}, grad=["X"]))
+add("bmm", S(lambda r: {"X": u(r, (2, 2, 3)), "Y": u(r, (2, 3, 2))}, grad=["X", "Y"]))
+
+# ---- indexing, tiling and scans (indexing.py, shape.py, creation.py) -----------------------------
+add("argsort",
+    S(lambda r: {"X": distinct(r, (2, 4))}, grad=["X"]),
+    S(lambda r: {"X": distinct(r, (3, 2))}, {"axis": 0, "descending": True}, grad=["X"]))
+add("cumsum",
+    S(lambda r: {"X": u(r, (2, 3))}, grad=["X"]),
+    S(lambda r: {"X": u(r, (2, 3))}, {"axis": 0, "exclusive": True, "reverse": True},
+      grad=["X"]),
+    S(lambda r: {"X": u(r, (2, 3))}, {"flatten": True}, grad=["X"]))
+add("expand",
+    S(lambda r: {"X": u(r, (2, 1))}, {"expand_times": [2, 3]}, grad=["X"]),
+    S(lambda r: {"X": u(r, (1, 3)), "ExpandTimes": np.array([2, 1], np.int32)}, grad=["X"]))
+add("expand_v2",
+    S(lambda r: {"X": u(r, (3, 1))}, {"shape": [2, -1, 2]}, grad=["X"]),
+    S(lambda r: {"X": u(r, (1, 3)), "Shape": np.array([2, 3], np.int32)}, grad=["X"]))
+add("expand_as_v2",
+    S(lambda r: {"X": u(r, (1, 3)), "Y": u(r, (2, 3))}, grad=["X"]),
+    S(lambda r: {"X": u(r, (2, 1))}, {"target_shape": [2, 2, 3]}, grad=["X"]))
+add("tile",
+    S(lambda r: {"X": u(r, (2, 3))}, {"repeat_times": [2, 1, 2]}, grad=["X"]),
+    S(lambda r: {"X": u(r, (2, 1)), "RepeatTimes": np.array([1, 3], np.int32)}, grad=["X"]))
+add("fill_any_like",
+    S(lambda r: {"X": u(r, (2, 3))}, {"value": 1.5}),
+    S(lambda r: {"X": u(r, (2, 3))}, {"value": 3.0, "dtype": INT64}))
+add("range",
+    S({"Start": np.array([1.0]), "End": np.array([3.0]), "Step": np.array([0.5])}),
+    S({"Start": np.array([5], I64), "End": np.array([-1], I64), "Step": np.array([-2], I64)}))
+add("gather_nd",
+    S(lambda r: {"X": u(r, (3, 2, 2)), "Index": np.array([[2, 1], [0, 0], [2, 1]], I64)},
+      grad=["X"]),
+    S(lambda r: {"X": u(r, (3, 2)), "Index": np.array([[[1]], [[2]]], I64)}, grad=["X"]))
+add("index_select",
+    S(lambda r: {"X": u(r, (3, 2)), "Index": np.array([2, 0, 2], I64)}, grad=["X"]),
+    S(lambda r: {"X": u(r, (2, 4)), "Index": np.array([3, 1], np.int32)}, {"dim": 1},
+      grad=["X"]))
+add("scatter",
+    S(lambda r: {"X": u(r, (4, 2)), "Ids": np.array([2, 0], I64), "Updates": u(r, (2, 2))},
+      grad=["X", "Updates"]),
+    # accumulate: repeated ids add up
+    S(lambda r: {"X": u(r, (3, 2)), "Ids": np.array([1, 1, 0], I64), "Updates": u(r, (3, 2))},
+      {"overwrite": False}, grad=["X", "Updates"]))
+add("where",
+    S(lambda r: {"Condition": _bools(r, (2, 3)), "X": u(r, (2, 3)), "Y": u(r, (2, 3))},
+      grad=["X", "Y"]))
+add("where_index",
+    S(lambda r: {"Condition": _bools(r, (2, 3))}),
+    S({"Condition": np.zeros((3,), bool)}))
+add("masked_select",
+    S(lambda r: {"X": u(r, (2, 3)), "Mask": np.array([[True, False, True],
+                                                      [False, False, True]])},
+      grad=["X"], out="Y"))
+add("lookup_table",
+    S(lambda r: {"W": u(r, (5, 3)), "Ids": labels(r, (4, 1), 5)}, grad=["W"]),
+    S(lambda r: {"W": u(r, (5, 3)), "Ids": (np.array([[1], [3], [1]], I64), [[0, 2, 3]])},
+      {"padding_idx": 1}, grad=["W"]))
+
+
+# ---- recurrent ops (rnn.py): LoD inputs with an empty sequence, one and two layers --------------
+H = 2
+RNN_LOD = [[0, 2, 2, 3]]
+
+
+def _lstm_inputs(r, peepholes=True, state=True):
+    ins = {"Input": (u(r, (3, 4 * H)), RNN_LOD), "Weight": u(r, (H, 4 * H)),
+           "Bias": u(r, (1, (7 if peepholes else 4) * H))}
+    if state:
+        ins.update(H0=u(r, (3, H)), C0=u(r, (3, H)))
+    return ins
+
+
+add("lstm",
+    S(_lstm_inputs, grad=["Input", "Weight", "Bias", "H0", "C0"], out="Hidden"),
+    S(lambda r: _lstm_inputs(r, peepholes=False, state=False),
+      {"use_peepholes": False, "is_reverse": True, "candidate_activation": "relu"},
+      grad=["Input", "Weight", "Bias"], out="Cell"))
+add("gru",
+    S(lambda r: {"Input": (u(r, (3, 3 * H)), RNN_LOD), "Weight": u(r, (H, 3 * H)),
+                 "Bias": u(r, (1, 3 * H)), "H0": u(r, (3, H))},
+      grad=["Input", "Weight", "Bias", "H0"], out="Hidden"),
+    S(lambda r: {"Input": (u(r, (3, 3 * H)), RNN_LOD), "Weight": u(r, (H, 3 * H))},
+      {"is_reverse": True, "origin_mode": True}, grad=["Input", "Weight"], out="Hidden"))
+add("sequence_conv",
+    S(lambda r: {"X": (u(r, (3, 2)), RNN_LOD), "Filter": u(r, (6, 3))},
+      {"contextLength": 3, "contextStart": -1}, grad=["X", "Filter"]),
+    S(lambda r: {"X": (u(r, (3, 2)), RNN_LOD), "Filter": u(r, (4, 3)),
+                 "PaddingData": u(r, (1, 2))},
+      {"contextLength": 2, "contextStart": -1, "paddingTrainable": True},
+      grad=["X", "Filter", "PaddingData"]))
+
+
+def _rnn_inputs(r, mode, layers=1, bidirec=False, lens=None, T=3, B=2, n_in=2):
+    gates = {"LSTM": 4, "GRU": 3}.get(mode, 1)
+    d = 2 if bidirec else 1
+    ws = []
+    for layer in range(layers):
+        for _ in range(d):
+            ws += [u(r, (gates * H, n_in if layer == 0 else d * H)), u(r, (gates * H, H))]
+    ws += [u(r, (gates * H,)) for _ in range(2 * layers * d)]
+    pre = [u(r, (layers * d, B, H)) for _ in range(2 if mode == "LSTM" else 1)]
+    ins = {"Input": u(r, (T, B, n_in)), "PreState": pre, "WeightList": ws}
+    if lens is not None:
+        ins["SequenceLength"] = np.array(lens, np.int32)
+    return ins
+
+
+def _rnn(mode, layers=1, bidirec=False, lens=None):
+    return S(lambda r: _rnn_inputs(r, mode, layers, bidirec, lens),
+             {"mode": mode, "num_layers": layers, "is_bidirec": bidirec, "hidden_size": H,
+              "input_size": 2}, grad=["Input", "PreState", "WeightList"],
+             outputs={"State": 2 if mode == "LSTM" else 1})
+
+
+add("rnn", _rnn("LSTM"), _rnn("GRU", bidirec=True, lens=[3, 1]),
+    _rnn("RNN_TANH", layers=2, lens=[2, 3]))
