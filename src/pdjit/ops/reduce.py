@@ -14,7 +14,9 @@ Semantics follow PaddlePaddle 3.3.1's legacy ops (checked against it while writi
   index (lowest first). Paddle's tie order is its partial sort's and is not specified, so equal
   values may come back in another order there.
 
-Gradients (Paddle's grad ops and slots; all ``OPAQUE``, run by their references for now):
+Gradients (Paddle's grad ops and slots; all ``OPAQUE``): ``reduce_sum/mean/max/min_grad``
+and ``mean_grad`` natively (float32/float64, through the tiling kernels of
+``pdjit.codegen.nnlib.indexing``); ``reduce_prod_grad``, ``top_k*_grad`` run their references.
 
 - ``reduce_<op>_grad`` reads ``X`` (for its shape), ``Out`` (max/min/prod) and ``Out@GRAD``,
   with the forward attributes, and writes ``X@GRAD``; ``mean_grad`` reads ``X`` and ``Out@GRAD``.
@@ -223,6 +225,63 @@ def _make_reduce_grad(op_type):
     return infer, ref
 
 
+def _dims_src(dims) -> str:
+    return "np.array((" + "".join(f"{d}, " for d in dims) + "), np.int64)"
+
+
+def _make_reduce_grad_lower(op_type):
+    """Host lines through the tiling kernels of ``pdjit.codegen.nnlib.indexing`` (float32 and
+    float64; ``reduce_prod_grad`` has none). Out@GRAD is read as X with its reduced dims 1
+    (the kept shape) and broadcast back with ``_nn.tile_nd``; a size mismatch makes the kernel
+    raise, and the reference then names it.
+
+    - sum: ``X@GRAD = tile(Out@GRAD)``; mean: ``tile(Out@GRAD / n)`` (n the reduced count, at
+      least 1), the reference's order of operations.
+    - max/min: ``hit = X == tile(Out)``; ``count = untile(hit)`` (``_nn.untile_nd`` sums over
+      the reduced dims); ``X@GRAD = tile(Out@GRAD) * hit / tile(count)``.
+    """
+    def lower(ctx):
+        ft = (np.dtype(np.float32), np.dtype(np.float64))
+        if (ctx.dtype("X") not in ft or ctx.dtype("Out@GRAD") != ctx.dtype("X")
+                or not ctx.has_output("X@GRAD")):
+            return None
+        a = ctx.attrs
+        r = ctx.rank("X")
+        if r == 0:
+            return None
+        axes = _reduce_axes((0,) * r, a["dim"], a["reduce_all"])
+        X, g, T = ctx.inp("X"), ctx.inp("Out@GRAD"), ctx.T("X")
+        xd = [f"{X}.shape[{i}]" for i in range(r)]
+        kd = ["1" if i in axes else f"{X}.shape[{i}]" for i in range(r)]
+        lines = []
+        if op_type == "reduce_mean":
+            n = " * ".join(f"{X}.shape[{i}]" for i in axes) or "1"
+            gs = ctx.tmp("gs")
+            lines.append(f"{gs} = {g} / {T}(max({n}, 1))")
+            g = gs
+        dx = ctx.out("X@GRAD", shape=f"{X}.shape")
+        if op_type in ("reduce_sum", "reduce_mean"):
+            return lines + [f"_nn.tile_nd({g}.reshape({g}.size), {_dims_src(kd)}, "
+                            f"{dx}.reshape({dx}.size), {_dims_src(xd)})"]
+        if not ctx.has_input("Out") or ctx.dtype("Out") != ctx.dtype("X"):
+            return None
+        o = ctx.inp("Out")
+        ob, hit, cnt = ctx.tmp("ob"), ctx.tmp("hit"), ctx.tmp("cnt")
+        tile = "_nn.tile_nd({}.reshape({}.size), {}, {}.reshape({}.size), {})"
+        return lines + [
+            f"{ob} = np.empty({X}.shape, {T})",
+            tile.format(o, o, _dims_src(kd), ob, ob, _dims_src(xd)),
+            f"{hit} = ({X}.reshape({X}.size) == {ob}.reshape({ob}.size)).astype({T})",
+            f"{cnt} = np.empty({o}.size, {T})",
+            f"_nn.untile_nd({hit}, {_dims_src(kd)}, {cnt}, "
+            f"{_dims_src(xd)})",
+            tile.format(cnt, cnt, _dims_src(kd), ob, ob, _dims_src(xd)),
+            tile.format(g, g, _dims_src(kd), dx, dx, _dims_src(xd)),
+            f"{dx}.reshape({dx}.size)[:] = {dx}.reshape({dx}.size) * {hit} / "
+            f"{ob}.reshape({ob}.size)"]
+    return lower
+
+
 for _t in ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod"):
     _infer, _ref = _make_reduce(_t)
     _reads_out = ("Out",) if _t in ("reduce_max", "reduce_min", "reduce_prod") else ()
@@ -234,7 +293,9 @@ for _t in ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod
     _infer, _ref = _make_reduce_grad(_t)
     register_op(f"{_t}_grad", inputs=["X", "Out?", "Out@GRAD"], outputs=["X@GRAD?"],
                 attrs=dict(_REDUCE_ATTRS), traits=[OPAQUE], infer_shape=_infer, reference=_ref,
-                emit=None, grad=None,
+                emit=None if _t == "reduce_prod" else Opaque(_make_reduce_grad_lower(_t),
+                                                             host=True),
+                grad=None,
                 doc=f"X@GRAD = the gradient of {_t}: Out@GRAD spread back over the reduced "
                     f"axes of X.")
 
