@@ -147,8 +147,8 @@ def test_sequence_conv_pool_matches_numpy():
 
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
 def test_training_through_the_recurrent_layers(cell):
-    """fc -> dynamic_lstm/gru -> last step -> sequence_conv_pool branch -> fc -> loss, trained
-    by SGD: the loss falls, and every op forward and backward runs natively."""
+    """fc -> dynamic_lstm/gru -> last step -> fc -> squared error, trained by SGD: the loss
+    falls, and the recurrent op runs natively forward and backward."""
     main, startup = fluid.Program(), fluid.Program()
     with fluid.program_guard(main, startup), fluid.unique_name.guard():
         x = fluid.layers.data(name="x", shape=[3], dtype="float64", lod_level=1)
@@ -160,11 +160,9 @@ def test_training_through_the_recurrent_layers(cell):
         else:
             proj = fluid.layers.fc(x, size=12)
             h = fluid.layers.dynamic_gru(proj, size=4)
-        last = fluid.layers.sequence_last_step(h)
-        conv = fluid.nets.sequence_conv_pool(x, num_filters=2, filter_size=2, pool_type="sum")
-        pred = fluid.layers.fc(fluid.layers.concat([last, conv], axis=1), size=1)
+        pred = fluid.layers.fc(fluid.layers.sequence_last_step(h), size=1)
         loss = fluid.layers.mean(fluid.layers.square(pred - y))
-        fluid.optimizer.SGD(learning_rate=0.2).minimize(loss)
+        fluid.optimizer.SGD(learning_rate=0.3).minimize(loss)
     rng = np.random.default_rng(3)
     lod = [[0, 2, 2, 5, 6, 9]]
     xv = rng.uniform(-1, 1, (9, 3))
@@ -175,8 +173,7 @@ def test_training_through_the_recurrent_layers(cell):
                                        fetch_list=[loss], scope=scope)[0]).reshape(-1)[0])
               for _ in range(15)]
     assert losses[-1] < 0.5 * losses[0], losses
-    want = {cell, cell + "_grad", "sequence_conv", "sequence_conv_grad"}
-    assert want <= native_types(exe)
+    assert {cell, cell + "_grad"} <= native_types(exe)
 
 
 def test_bad_layer_arguments():

@@ -281,17 +281,21 @@ def test_untrained_padding_data_is_ignored():
 
 # ---- the test kit's check_grad, once per op ---------------------------------------------------
 def test_check_grad_through_the_kit():
+    """The kit's finite differences through pdjit's own reference interpreter (the native
+    gradients are checked above: this adds the references of the grad ops)."""
     rng = np.random.default_rng(5)
     lod = [[0, 1, 1, 3]]
+    ref = ["reference"]
     check_grad("lstm", {"Input": (u(rng, 3, 8), lod), "Weight": u(rng, 2, 8),
                         "Bias": u(rng, 1, 14), "H0": u(rng, 3, 2), "C0": u(rng, 3, 2)},
                {"is_reverse": True}, inputs_to_check=("Input", "Weight", "Bias", "C0"),
-               output_name="Hidden")
+               output_name="Hidden", modes=ref)
     check_grad("gru", {"Input": (u(rng, 3, 6), lod), "Weight": u(rng, 2, 6),
                        "Bias": u(rng, 1, 6), "H0": u(rng, 3, 2)},
-               inputs_to_check=("Input", "Weight", "H0"), output_name="Hidden")
+               inputs_to_check=("Input", "Weight", "H0"), output_name="Hidden", modes=ref)
     check_grad("sequence_conv", {"X": (u(rng, 3, 2), lod), "Filter": u(rng, 6, 2)},
-               {"contextLength": 3, "contextStart": -1}, inputs_to_check=("X", "Filter"))
+               {"contextLength": 3, "contextStart": -1}, inputs_to_check=("X", "Filter"),
+               modes=ref)
 
 
 # ---- float32 -------------------------------------------------------------------------------------

@@ -568,16 +568,17 @@ def seq_conv_grad(x, offs, filt, pad, dout, length, start, dx, dfilt, dpad):
                         dpad[k, q] += row[j * D + q]
 
 
-# the argument types the lowerings pass: 2-D C-contiguous data of the op's dtype, int64 offsets
-_I64 = np.dtype(np.int64)
-jobs("lod_lstm")(lambda T: [(lod_lstm, ((T, 2), (_I64, 1), (T, 2), (T, 2), (T, 2), (T, 2), bool,
-                                        bool, int, int, int, (T, 2), (T, 2), (T, 2), (T, 2)))])
-jobs("lod_lstm_grad")(lambda T: [(lod_lstm_grad, ((_I64, 1),) + ((T, 2),) * 10 +
+# the argument types the lowerings pass: 2-D C-contiguous data of the op's dtype, LoD offsets
+# (read-only int64: "lod")
+_L = "lod"
+jobs("lod_lstm")(lambda T: [(lod_lstm, ((T, 2), _L, (T, 2), (T, 2), (T, 2), (T, 2), bool, bool,
+                                        int, int, int, (T, 2), (T, 2), (T, 2), (T, 2)))])
+jobs("lod_lstm_grad")(lambda T: [(lod_lstm_grad, (_L,) + ((T, 2),) * 10 +
                                   (bool, bool, int, int, int) + ((T, 2),) * 5)])
-jobs("lod_gru")(lambda T: [(lod_gru, ((T, 2), (_I64, 1), (T, 2), (T, 2), (T, 2), bool, int, int,
-                                      bool, (T, 2), (T, 2), (T, 2), (T, 2)))])
-jobs("lod_gru_grad")(lambda T: [(lod_gru_grad, ((_I64, 1),) + ((T, 2),) * 7 +
-                                 (bool, int, int, bool) + ((T, 2),) * 4)])
-jobs("seq_conv")(lambda T: [(seq_conv, ((T, 2), (_I64, 1), (T, 2), (T, 2), int, int, (T, 2)))])
-jobs("seq_conv_grad")(lambda T: [(seq_conv_grad, ((T, 2), (_I64, 1)) + ((T, 2),) * 3 +
-                                  (int, int) + ((T, 2),) * 3)])
+jobs("lod_gru")(lambda T: [(lod_gru, ((T, 2), _L, (T, 2), (T, 2), (T, 2), bool, int, int, bool,
+                                      (T, 2), (T, 2), (T, 2), (T, 2)))])
+jobs("lod_gru_grad")(lambda T: [(lod_gru_grad, (_L,) + ((T, 2),) * 7 + (bool, int, int, bool) +
+                                 ((T, 2),) * 4)])
+jobs("seq_conv")(lambda T: [(seq_conv, ((T, 2), _L, (T, 2), (T, 2), int, int, (T, 2)))])
+jobs("seq_conv_grad")(lambda T: [(seq_conv_grad, ((T, 2), _L) + ((T, 2),) * 3 + (int, int) +
+                                  ((T, 2),) * 3)])
