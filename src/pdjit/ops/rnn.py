@@ -513,8 +513,17 @@ def _rnn_grad_lower(ctx):
         dm, scale = ctx.inp("DropoutState"), repr(1.0 / (1.0 - float(a["dropout_prob"])))
     else:
         dm, scale = "np.empty(0, np.uint8)", "1.0"
-    dout, dhn = ctx.inp("Out@GRAD"), ctx.inp("State@GRAD", 0)
-    dcn = ctx.inp("State@GRAD", 1) if code == 0 else dhn
+    dout = ctx.inp("Out@GRAD")
+    states = []
+    for i in range(ns):  # a gradient written @EMPTY@ (no consumer): zeros
+        if ctx.op.input("State@GRAD")[i] == EMPTY_VAR_NAME:
+            z = ctx.tmp("z")
+            lines.append(f"{z} = np.zeros({h0}.shape, {T})")
+            states.append(z)
+        else:
+            states.append(ctx.inp("State@GRAD", i))
+    dhn = states[0]
+    dcn = states[1] if code == 0 else dhn
     dx = _out_or_scratch(ctx, lines, "Input@GRAD", 0, f"{x}.shape", T)
     dh0 = _out_or_scratch(ctx, lines, "PreState@GRAD", 0, f"{h0}.shape", T)
     dc0 = _out_or_scratch(ctx, lines, "PreState@GRAD", 1, f"{h0}.shape", T) if code == 0 \
