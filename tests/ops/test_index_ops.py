@@ -457,3 +457,21 @@ def test_masked_select_broadcasts():
           {"Y": np.array([0.0, 1.0, 1.0, 1.0])})
     g = check_grad("masked_select", {"X": x, "Mask": m}, {}, ["X"], output_name="Y")
     assert g["X"].shape == (1, 3)
+
+
+@pytest.mark.filterwarnings("ignore:op 'assign_value' runs its NumPy reference")  # the bad count
+def test_assign_value_native():
+    f = np.array([[1.5, -np.inf, np.nan], [0.1, 3e38, -0.0]], np.float32)
+    check("assign_value", {}, {"shape": [2, 3], "dtype": 5, "values": f.reshape(-1).tolist()},
+          {"Out": f})
+    check("assign_value", {}, {"shape": [2], "dtype": 5, "fp32_values": [0.1, 2.0]},
+          {"Out": np.array([0.1, 2.0], np.float32)})
+    big = np.array([2 ** 40 + 1, -7, 0], np.int64)
+    check("assign_value", {}, {"shape": [3], "dtype": 3, "int64_values": big.tolist()},
+          {"Out": big})
+    check("assign_value", {}, {"shape": [1, 2], "dtype": 0, "bool_values": [1, 0]},
+          {"Out": np.array([[True, False]])})
+    check("assign_value", {}, {"shape": [], "dtype": 6, "values": [0.1]},
+          {"Out": np.array(0.1)})
+    with pytest.raises(OpRunError, match=r"assign_value.*expected 4 values for shape \[2, 2\]"):
+        run_native("assign_value", {}, {"shape": [2, 2], "dtype": 5, "values": [1.0]})

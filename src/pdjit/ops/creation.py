@@ -295,15 +295,40 @@ def _assign_value_ref(ValuesTensor=None, *, shape, dtype, **values):
     return {"Out": np.asarray(given).astype(dt).reshape(tuple(shape))}
 
 
+#: assign_value natively up to this many values (a literal tuple in the driver; larger constants
+#: would only slow its compilation) and for these dtypes
+_ASSIGN_MAX = 1024
+_ASSIGN_NATIVE = tuple(np.dtype(d) for d in ("bool", "int32", "int64", "float32", "float64"))
+
+
+def _assign_value_lower(ctx):
+    """The values as a literal tuple, converted to the dtype here, copied into Out."""
+    a = ctx.attrs
+    dt = _np_dtype(a["dtype"])
+    given = next((a[k] for k in _VALUE_ATTRS if a.get(k)), [])
+    n = int(np.prod(a["shape"], dtype=np.int64))
+    if (ctx.has_input("ValuesTensor") or dt not in _ASSIGN_NATIVE or len(given) != n
+            or not 0 < n <= _ASSIGN_MAX or any(int(d) < 0 for d in a["shape"])):
+        return None  # the reference: other dtypes, a count mismatch (its error), big constants
+    vals = np.asarray(given).astype(dt)
+    lit = (repr(bool(v)) if dt.kind == "b" else repr(int(v)) if dt.kind in "iu"
+           else src_literal(float(v)) for v in vals)
+    out = ctx.out("Out", shape=ctx.tuple_src(int(d) for d in a["shape"]))
+    return [f"{out}.reshape({out}.size)[:] = np.array(({''.join(f'{v}, ' for v in lit)}), "
+            f"{ctx.T('Out')})"]
+
+
 register_op(
     "assign_value", inputs=["ValuesTensor?"], outputs=["Out"],
     attrs={"shape": Ints(choices=([2], [1, 3])), "dtype": Int(choices=_DTYPE_CODES),
            "values": Scalars([]),
            "fp32_values": Floats([]), "int32_values": Ints([]), "int64_values": Longs([]),
            "bool_values": Ints([]), "fp64_values": Float64s([])},
-    traits=[OPAQUE], infer_shape=_assign_value_infer, reference=_assign_value_ref, emit=None,
+    traits=[OPAQUE], infer_shape=_assign_value_infer, reference=_assign_value_ref,
+    emit=Opaque(_assign_value_lower, host=True),
     grad=None, doc="Out = the constant stored in the attributes (Paddle 3: `values`; older "
-                   "programs: fp32_values/int32_values/int64_values/bool_values).")
+                   "programs: fp32_values/int32_values/int64_values/bool_values); natively "
+                   "up to 1024 values of bool/int32/int64/float32/float64.")
 
 
 # ---- fill_any_like -----------------------------------------------------------------------------
