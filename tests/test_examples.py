@@ -78,7 +78,7 @@ def test_transformer_digits_learns_in_a_few_epochs_natively():
     err = []
     out = _run("transformer_digits.py", "--epochs", "3", env=_ONE_THREAD, stderr=err)
     ops = ("mul", "matmul", "softmax", "layer_norm", "gelu", "dropout", "reshape2",
-           "transpose2", "elementwise_add")  # (reduce_mean_grad has no native form yet)
+           "transpose2", "elementwise_add", "reduce_mean")
     _no_reference_steps(err[0], ops + tuple(f"{op}_grad" for op in ops))
     acc = float(out.split("test accuracy:")[1].split()[0])
     assert acc > 0.85  # 3 of the default 12 epochs; the full run reaches ~0.97
