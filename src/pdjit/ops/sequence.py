@@ -21,6 +21,34 @@ has them (``sequence_pool``, ``sequence_softmax``, ``sequence_expand``, ``sequen
 Every op declares ``out_lod`` (registry.py), so the output LoD is known from input LoDs alone,
 except ``sequence_unpad``'s and ``lod_reset``'s from Y's data (``ValueDependentLoD``).
 
+Fluid 1.x's LoD recurrent ops and ``sequence_conv`` (Paddle 3.3.1's legacy slots, attributes
+and defaults; numbers compared with Paddle in ``tests/ops/test_lod_rnn.py``):
+
+- ``lstm``: Input ``[rows, 4H]`` holds each row's projected gates in the order {c~, i, f, o};
+  ``Weight [H, 4H]``, ``Bias [1, 4H]`` (+ the peepholes ``W_ic, W_fc, W_oc`` as ``[1, 7H]``
+  with ``use_peepholes``). Per sequence (from its end with ``is_reverse``), from ``H0``/``C0``
+  (one row per sequence; zeros when absent; H0 needs C0): ``g = x + b + h_prev W``,
+  ``i = act_g(g_i + c_prev W_ic)``, ``f = act_g(g_f + c_prev W_fc)``, ``c = act_cand(g_c) * i +
+  c_prev * f``, ``o = act_g(g_o + c W_oc)``, ``h = o * act_cell(c)``; the first step of a
+  sequence without C0 has no peephole terms for i and f. Hidden and Cell ``[rows, H]`` keep
+  Input's LoD; ``BatchGate`` (the activated gates) and ``BatchCellPreAct`` (``act_cell(c)``)
+  are in Paddle's batch order (sequences by length, longest first; see ``_batch_order``).
+  ``lstm_grad`` reads ``Cell@GRAD`` when it is given, which Paddle's does not (there a loss of
+  Cell has no gradient); a program from Paddle, without it, gets Paddle's numbers.
+- ``gru``: Input ``[rows, 3H]`` holds the gates {u, r, c}; ``Weight [H, 3H]`` is, in memory,
+  the ``[H, 2H]`` weight of u and r, then the ``[H, H]`` weight of the candidate;
+  ``u, r = act_g(g_ur + h_prev W_ur)``, ``c = act(g_c + (r * h_prev) W_c)``, ``h = (1 - u) *
+  h_prev + u * c`` (``origin_mode``: ``u * h_prev + (1 - u) * c``). BatchGate,
+  BatchResetHiddenPrev (``r * h_prev``) and BatchHidden are in batch order.
+- Activations: sigmoid (its input clamped to [-40, 13], as Paddle's kernels do), tanh, relu,
+  identity. Empty sequences produce no rows.
+- ``sequence_conv``: ``Out[t] = [X[t + contextStart], ..., X[t + contextStart +
+  contextLength - 1]] @ Filter``, rows outside t's sequence zero, or with
+  ``paddingTrainable`` rows of PaddingData ``[up + down, D]`` (``up = max(0, -contextStart)``
+  rows used above the sequence, then ``down`` below); ``contextStride`` must be 1.
+Natively (float32/float64) they call the kernels of ``pdjit.codegen.nnlib.lod_rnn``: one
+compiled loop over the time steps with one GEMM per step over the sequences alive at it.
+
 Malformed input (no LoD where one is needed, a ``ref_level`` out of range, sequence counts or
 lengths that do not match rows) raises ``ShapeMismatch`` saying what was expected and got; the
 executor adds the op's name and where it was created.
@@ -880,6 +908,9 @@ def _lstm_infer(Input, Weight, Bias, H0=None, C0=None, *, use_peepholes, gate_ac
     h, rows = _rnn_metas(Input, Weight, 4, "lstm")
     width = (7 if use_peepholes else 4) * h if h != -1 else -1
     _check_2d(Bias, "Bias", (1, width), "lstm")
+    if H0 is not None and C0 is None:
+        raise ShapeMismatch("lstm: input H0 is given without C0: expected both or neither (as "
+                            "Paddle's lstm)")
     for slot, v in (("H0", H0), ("C0", C0)):
         if v is not None:
             _check_2d(v, slot, (-1, h), "lstm")
