@@ -279,6 +279,26 @@ def test_untrained_padding_data_is_ignored():
     np.testing.assert_allclose(np.asarray(got[0]), want, rtol=1e-10)
 
 
+@pytest.mark.parametrize("op_type,inputs,attrs,out,width", [
+    ("lstm", {"Input": np.zeros((0, 12)), "Weight": np.ones((3, 12)), "Bias": np.ones((1, 21)),
+              "H0": np.ones((2, 3)), "C0": np.ones((2, 3))}, {}, "Hidden", 3),
+    ("gru", {"Input": np.zeros((0, 9)), "Weight": np.ones((3, 9)), "H0": np.ones((2, 3))}, {},
+     "Hidden", 3),
+    ("sequence_conv", {"X": np.zeros((0, 2)), "Filter": np.ones((6, 4))},
+     {"contextLength": 3, "contextStart": -1}, "Out", 4),
+])
+def test_a_batch_of_empty_sequences(op_type, inputs, attrs, out, width):
+    """Only empty sequences: no rows out, and zero gradients for every input."""
+    lod = [[0, 0, 0]]
+    slot = "X" if op_type == "sequence_conv" else "Input"
+    feed = dict(inputs, **{slot: (inputs[slot], lod)})
+    for mode in ("reference", "compiled"):
+        got = run(op_type, feed, attrs, [out], tuple(inputs), {out: np.ones((0, width))}, mode)
+        assert np.asarray(got[0]).shape == (0, width)
+        for name, g in zip(inputs, got[1:]):
+            assert np.asarray(g).shape == inputs[name].shape and not np.asarray(g).any()
+
+
 # ---- the test kit's check_grad, once per op ---------------------------------------------------
 def test_check_grad_through_the_kit():
     """The kit's finite differences through pdjit's own reference interpreter (the native

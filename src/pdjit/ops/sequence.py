@@ -1310,7 +1310,8 @@ def _conv_ref(X, Filter, PaddingData=None, *, ctx, **attrs):
     offs = _offsets(_in_lod(ctx, "X"), "X", X.shape[0])
     pad = PaddingData if attrs["paddingTrainable"] else None
     cols = _conv_cols(X, offs, pad, attrs["contextLength"], attrs["contextStart"])
-    return {"Out": (cols.reshape(X.shape[0], -1) @ Filter).astype(X.dtype)}
+    return {"Out": (cols.reshape(X.shape[0], cols.shape[1] * cols.shape[2]) @ Filter)
+            .astype(X.dtype)}
 
 
 def _conv_grad_ref(X, Filter, PaddingData=None, *, ctx, **kw):
@@ -1340,7 +1341,8 @@ def _conv_grad_ref(X, Filter, PaddingData=None, *, ctx, **kw):
             np.add.at(dpad, (r - b + up)[above], dcols[above, j])
             np.add.at(dpad, (up + r - e)[below], dcols[below, j])
     out = {"X@GRAD": dx.astype(X.dtype),
-           "Filter@GRAD": (cols.reshape(X.shape[0], -1).T @ g).astype(Filter.dtype)}
+           "Filter@GRAD": (cols.reshape(X.shape[0], length * X.shape[1]).T @ g)
+           .astype(Filter.dtype)}
     if PaddingData is not None:
         out["PaddingData@GRAD"] = dpad.astype(PaddingData.dtype)
     return out
