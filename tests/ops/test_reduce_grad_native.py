@@ -104,3 +104,57 @@ def test_bad_out_grad_is_named():
     with pytest.raises(OpRunError, match=r"reduce_sum_grad.*expected Out@GRAD of shape \[3\]"):
         run_native("reduce_sum_grad", {"X": np.ones((3, 4)), "Out@GRAD": np.ones((4,))},
                    {"dim": [1]})
+
+
+def test_host_lines_compile_in_a_native_loop(fresh_programs):
+    """reduce_mean/max_grad (a 0-d Out@GRAD too), lookup_table_v2 (+grad) and assign_value
+    inside a While body: their host lines compile into the native loop's driver."""
+    from pdjit import layers
+
+    main, _ = fresh_programs
+    x = layers.data("x", [2, 3], dtype="float64", append_batch_size=False)
+    ids = layers.data("ids", [3], dtype="int64", append_batch_size=False)
+    i, n = layers.fill_constant([1], "int64", 0), layers.fill_constant([1], "int64", 2)
+    h = layers.scale(x, scale=1.0)
+    cond = layers.less_than(i, n)
+    loop = layers.While(cond, is_test=True)
+    consts = [0.5, -1.0, 2.0, 0.25, 0.0, 1.5]
+    with loop.block():
+        blk = main.current_block()
+        layers.increment(i, value=1.0, in_place=True)
+
+        def op(type_, ins, vshape, **attrs):
+            v = blk.create_var(name=f"{type_}_{len(blk.ops)}", shape=vshape, dtype="float64")
+            slot = ("W@GRAD" if type_.startswith("lookup") else "X@GRAD") \
+                if type_.endswith("_grad") else "Out"
+            blk.append_op(type=type_, inputs=ins, outputs={slot: [v]}, attrs=attrs)
+            return v
+
+        m = op("reduce_max", {"X": [h]}, [2], dim=[1])
+        dmax = op("reduce_max_grad", {"X": [h], "Out": [m], "Out@GRAD": [m]}, [2, 3], dim=[1])
+        s = op("reduce_sum", {"X": [h]}, [], reduce_all=True, dim=[])
+        dmean = op("reduce_mean_grad", {"X": [h], "Out@GRAD": [s]}, [2, 3], reduce_all=True,
+                   dim=[])
+        c = op("assign_value", {}, [2, 3], shape=[2, 3], dtype=6, values=consts)
+        e = op("lookup_table_v2", {"Ids": [ids], "W": [h]}, [3, 3], padding_idx=1)
+        dw = op("lookup_table_v2_grad", {"W": [h], "Ids": [ids], "Out@GRAD": [e]}, [2, 3],
+                padding_idx=1)
+        layers.assign(dmax + dmean + c + dw, h)
+        layers.less_than(i, n, cond=cond)
+    xv = RNG.normal(size=(2, 3))  # float64: the kernels compiled by the tests above serve
+    idv = np.array([0, 1, 0], np.int64)
+    exe = Executor(strict=True)
+    (got,) = exe.run(main, feed={"x": xv, "ids": idv}, fetch_list=[h], scope=Scope())
+    assert "native_loop" in [s.kind for _, plan in exe._plans.values() for s in plan.steps]
+    assert not [s.describe() for _, p in exe._plans.values() for s in p.walk()
+                if s.kind == "reference"]
+    assert_native(exe)
+    want = xv.copy()
+    for _ in range(2):
+        mx = want.max(axis=1, keepdims=True)
+        hit = want == mx
+        dmax = np.where(hit, mx / hit.sum(axis=1, keepdims=True), 0)
+        dw = np.zeros_like(want)
+        dw[0] = 2 * want[0]  # row 0 looked up twice, row 1 is padding
+        want = dmax + want.sum() / 6 + np.reshape(consts, (2, 3)) + dw
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)

@@ -257,7 +257,8 @@ def _make_reduce_grad_lower(op_type):
         if op_type == "reduce_mean":
             n = " * ".join(f"{X}.shape[{i}]" for i in axes) or "1"
             gs = ctx.tmp("gs")
-            lines.append(f"{gs} = {g} / {T}(max({n}, 1))")
+            # 1-D first: a 0-d array divided under Numba is a scalar
+            lines.append(f"{gs} = {g}.reshape({g}.size) / {T}(max({n}, 1))")
             g = gs
         dx = ctx.out("X@GRAD", shape=f"{X}.shape")
         if op_type in ("reduce_sum", "reduce_mean"):
