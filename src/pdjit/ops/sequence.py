@@ -862,7 +862,10 @@ def _dim_is(have, want) -> bool:
     return have == -1 or want == -1 or have == want
 
 
-def _check_2d(meta: VarMeta, slot: str, shape, op: str) -> None:
+def _check_2d(meta: VarMeta, slot: str, shape, op: str, dtype=None) -> None:
+    if dtype is not None and meta.dtype != dtype:
+        raise ShapeMismatch(f"{op}: input {slot} is {meta.dtype}: expected {dtype} (the "
+                            f"dtype of the data)")
     if meta.ndim != 2 or not all(_dim_is(h, w) for h, w in zip(meta.shape, shape)):
         raise ShapeMismatch(f"{op}: input {slot} of shape {list(meta.shape)}: expected "
                             f"{list(shape)}")
@@ -907,13 +910,13 @@ def _lstm_infer(Input, Weight, Bias, H0=None, C0=None, *, use_peepholes, gate_ac
                 candidate_activation=candidate_activation)
     h, rows = _rnn_metas(Input, Weight, 4, "lstm")
     width = (7 if use_peepholes else 4) * h if h != -1 else -1
-    _check_2d(Bias, "Bias", (1, width), "lstm")
+    _check_2d(Bias, "Bias", (1, width), "lstm", Input.dtype)
     if H0 is not None and C0 is None:
         raise ShapeMismatch("lstm: input H0 is given without C0: expected both or neither (as "
                             "Paddle's lstm)")
     for slot, v in (("H0", H0), ("C0", C0)):
         if v is not None:
-            _check_2d(v, slot, (-1, h), "lstm")
+            _check_2d(v, slot, (-1, h), "lstm", Input.dtype)
     lod = rows.with_(lod_level=Input.lod_level)
     batch = rows.with_(lod_level=0)
     return {"Hidden": lod, "Cell": lod,
@@ -1097,9 +1100,9 @@ def _gru_infer(Input, Weight, H0=None, Bias=None, *, activation, gate_activation
     _check_acts(activation=activation, gate_activation=gate_activation)
     h, rows = _rnn_metas(Input, Weight, 3, "gru")
     if Bias is not None:
-        _check_2d(Bias, "Bias", (1, 3 * h if h != -1 else -1), "gru")
+        _check_2d(Bias, "Bias", (1, 3 * h if h != -1 else -1), "gru", Input.dtype)
     if H0 is not None:
-        _check_2d(H0, "H0", (-1, h), "gru")
+        _check_2d(H0, "H0", (-1, h), "gru", Input.dtype)
     batch = rows.with_(lod_level=0)
     return {"Hidden": rows.with_(lod_level=Input.lod_level),
             "BatchGate": batch.with_(shape=(Input.shape[0], Input.shape[1])),
@@ -1282,6 +1285,9 @@ def _conv_infer(X, Filter, PaddingData=None, **attrs):
     if Filter.dtype != X.dtype:
         raise ShapeMismatch(f"sequence_conv: Filter is {Filter.dtype}: expected X's dtype "
                             f"{X.dtype}")
+    if PaddingData is not None and PaddingData.dtype != X.dtype:
+        raise ShapeMismatch(f"sequence_conv: PaddingData is {PaddingData.dtype}: expected X's "
+                            f"dtype {X.dtype}")
     _conv_check(X, Filter, PaddingData, **attrs)
     return {"Out": X.with_(shape=(X.shape[0], Filter.shape[1]))}
 

@@ -571,8 +571,8 @@ class _Host:
     """Host lines for a recurrent op: inputs or arrays without rows when absent, outputs
     allocated by the driver or scratch arrays when not bound."""
 
-    def __init__(self, ctx, like: str, T: str):
-        self.ctx, self.like, self.T, self.lines = ctx, like, T, []
+    def __init__(self, ctx, T: str):
+        self.ctx, self.T, self.lines = ctx, T, []
 
     def inp(self, slot: str, cols: str) -> str:
         return self.ctx.inp(slot) if self.ctx.has_input(slot) else self.empty(cols)
@@ -607,7 +607,7 @@ def lstm(ctx):
         return None
     X, W, B, T = ctx.inp("Input"), ctx.inp("Weight"), ctx.inp("Bias"), ctx.T("Input")
     offs = ctx.lod("Input")
-    h = _Host(ctx, X, T)
+    h = _Host(ctx, T)
     H = f"{W}.shape[0]"
     h0, c0 = h.inp("H0", H), h.inp("C0", H)
     rows = f"({X}.shape[0], {H})"
@@ -632,7 +632,7 @@ def lstm_grad(ctx):
         return None
     X, W, B, T = ctx.inp("Input"), ctx.inp("Weight"), ctx.inp("Bias"), ctx.T("Input")
     offs = ctx.lod("Input")
-    h = _Host(ctx, X, T)
+    h = _Host(ctx, T)
     H = f"{W}.shape[0]"
     h0, c0 = h.inp("H0", H), h.inp("C0", H)
     hid, cell, gate, cact = (ctx.inp(s) for s in ("Hidden", "Cell", "BatchGate",
@@ -657,7 +657,7 @@ def gru(ctx):
         return None
     X, W, T = ctx.inp("Input"), ctx.inp("Weight"), ctx.T("Input")
     offs = ctx.lod("Input")
-    h = _Host(ctx, X, T)
+    h = _Host(ctx, T)
     H = f"{W}.shape[0]"
     h0, b = h.inp("H0", H), h.inp("Bias", f"3 * {H}")
     rows = f"({X}.shape[0], {H})"
@@ -682,7 +682,7 @@ def gru_grad(ctx):
         return None
     X, W, T = ctx.inp("Input"), ctx.inp("Weight"), ctx.T("Input")
     offs = ctx.lod("Input")
-    h = _Host(ctx, X, T)
+    h = _Host(ctx, T)
     H = f"{W}.shape[0]"
     h0, b = h.inp("H0", H), h.inp("Bias", f"3 * {H}")
     gate, rhp, hb = (ctx.inp(s) for s in ("BatchGate", "BatchResetHiddenPrev", "BatchHidden"))
@@ -711,7 +711,7 @@ def seq_conv(ctx):
     if trained and not ctx.has_input("PaddingData"):
         return None
     X, F, T = ctx.inp("X"), ctx.inp("Filter"), ctx.T("X")
-    h = _Host(ctx, X, T)
+    h = _Host(ctx, T)
     pad = ctx.inp("PaddingData") if trained else h.empty(f"{X}.shape[1]")
     out = ctx.out("Out", shape=f"({X}.shape[0], {F}.shape[1])")
     h.lines.append(f"_nn.seq_conv({X}, {ctx.lod('X')}, {F}, {pad}, {length}, {start}, {out})")
@@ -729,7 +729,7 @@ def seq_conv_grad(ctx):
     if trained and not ctx.has_input("PaddingData"):
         return None
     X, F, T = ctx.inp("X"), ctx.inp("Filter"), ctx.T("X")
-    h = _Host(ctx, X, T)
+    h = _Host(ctx, T)
     pad = ctx.inp("PaddingData") if trained else h.empty(f"{X}.shape[1]")
     dx, df = h.out("X@GRAD", f"{X}.shape"), h.out("Filter@GRAD", f"{F}.shape")
     if trained:
