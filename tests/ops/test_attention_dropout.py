@@ -101,6 +101,73 @@ def test_attention_scale_mask_softmax_fuse_into_one_pass(use_scale):
     assert len(re.findall(r"^# K\d+ = ", source, re.M)) == 1, source  # one generated kernel
 
 
+@pytest.mark.parametrize("mask_shape,axis,trainable", [
+    ((B, 1, 1, S), -1, False),  # a padding mask over the keys, fed
+    ((B, 1, 1, S), -1, True),   # the same mask learnt
+    ((H, S), 1, True),          # a learnt bias per head and query row, Fluid's axis rule
+])
+def test_attention_training_step_sums_the_mask_gradient_back_natively(mask_shape, axis,
+                                                                      trainable):
+    """d(sum(w * softmax(q k^T * D^-1/2 + mask)))/d(q, k, mask) under a strict plan: the mask's
+    gradient is the scores' gradient summed over the dims the mask was broadcast along."""
+    feed = _attention_feed()
+    feed["mask"] = RNG.normal(size=mask_shape).astype("float32")
+    feed["w"] = RNG.normal(size=(B, H, S, S)).astype("float32")
+    prog, start = fluid.Program(), fluid.Program()
+    with fluid.program_guard(prog, start):
+        q = layers.data("q", [B, H, S, D], append_batch_size=False)
+        k = layers.data("k", [B, H, S, D], append_batch_size=False)
+        mask = layers.data("mask", list(mask_shape), append_batch_size=False)
+        w = layers.data("w", [B, H, S, S], append_batch_size=False)
+        q.stop_gradient = k.stop_gradient = False
+        mask.stop_gradient = not trainable
+        s = layers.elementwise_add(layers.matmul(q, k, transpose_y=True, alpha=D ** -0.5), mask,
+                                   axis=axis)
+        loss = layers.reduce_sum(layers.elementwise_mul(layers.softmax(s), w))
+        wrt = [q, k] + ([mask] if trainable else [])
+        grads = gradients([loss], wrt)
+    got, plans = _native(prog, feed, grads)
+    types = [op.type for op in prog.global_block().ops]
+    assert "elementwise_add_grad" in types and "elementwise_mul_grad" in types
+    q64, k64, w64 = (feed[n].astype(np.float64) for n in "qkw")
+    m = feed["mask"].reshape((1,) + mask_shape + (1,)) if axis == 1 else feed["mask"]
+    p = np_softmax(np.einsum("bhid,bhjd->bhij", q64, k64) * D ** -0.5 + m, -1)
+    ds = p * (w64 - (w64 * p).sum(-1, keepdims=True))
+    want = [np.einsum("bhij,bhjd->bhid", ds, k64) * D ** -0.5,
+            np.einsum("bhij,bhid->bhjd", ds, q64) * D ** -0.5]
+    if trainable:
+        keep = (1, 2) if axis == 1 else (0, 3)
+        want.append(ds.sum(axis=tuple(i for i in range(4) if i not in keep)).reshape(mask_shape))
+    for g, wv in zip(got, want):
+        assert g.shape == wv.shape
+        np.testing.assert_allclose(g, wv, rtol=2e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("op", ["elementwise_mul", "elementwise_div"])
+def test_mul_div_gradients_sum_back_over_broadcast_dims_natively(op):
+    """X [2, 1, 4] against Y [3, 1] with axis=1 (aligned as [1, 3, 1]): both operands are
+    broadcast, each gradient is summed back to its own shape."""
+    x = RNG.normal(size=(2, 1, 4))
+    y = RNG.uniform(0.5, 1.5, size=(3, 1)) * RNG.choice([-1, 1], size=(3, 1))
+    w = RNG.normal(size=(2, 3, 4))
+    prog, start = fluid.Program(), fluid.Program()
+    with fluid.program_guard(prog, start):
+        xv = layers.data("x", [2, 1, 4], dtype="float64", append_batch_size=False)
+        yv = layers.data("y", [3, 1], dtype="float64", append_batch_size=False)
+        wv = layers.data("w", [2, 3, 4], dtype="float64", append_batch_size=False)
+        xv.stop_gradient = yv.stop_gradient = False
+        out = getattr(layers, op)(xv, yv, axis=1)
+        dx, dy = gradients([out], [xv, yv], target_gradients=[wv])
+    (gx, gy), _ = _native(prog, {"x": x, "y": y, "w": w}, [dx, dy])
+    yb = y.reshape(1, 3, 1)
+    if op == "elementwise_mul":
+        fx, fy = w * yb, w * x
+    else:
+        fx, fy = w / yb, -w * x / yb ** 2
+    np.testing.assert_allclose(gx, fx.sum(axis=1, keepdims=True), rtol=1e-12)
+    np.testing.assert_allclose(gy, fy.sum(axis=(0, 2)).reshape(3, 1), rtol=1e-12)
+
+
 def test_prologue_refused_when_the_chain_result_is_needed():
     """The scaled, masked scores are fetched too: they must be stored, so the chain stays a
     loop group of its own and the partition log says why (rank 3: the softmax kernel of the
