@@ -1,8 +1,8 @@
-"""reduce_sum/mean/max/min gradient ops natively (issue 16), against NumPy oracles written
+"""reduce_sum/mean/max/min/prod gradient ops natively (issue 16), against NumPy oracles written
 here; each run is compiled strictly (``Executor(strict=True)``) with no reference step in its
 plan. Paddle 3.3.1's rules: Out@GRAD has the forward's output shape (keep_dim or not); the
 mean's gradient is Out@GRAD / n; max/min share it equally among the positions equal to the
-extreme. reduce_prod_grad still runs its reference.
+extreme; prod's is the product of the other elements (exact where X holds zeros).
 """
 import numpy as np
 import pytest
@@ -40,6 +40,15 @@ def oracle(op, x, g, axes):
     if op == "reduce_mean":
         n = int(np.prod([x.shape[a] for a in axes]))
         return np.broadcast_to(g / n, x.shape).copy()
+    if op == "reduce_prod":  # each element's group product with that element set to 1
+        dx = np.empty_like(x)
+        for i in np.ndindex(x.shape):
+            y = x.copy()
+            y[i] = 1
+            dx[i] = np.prod(y, axis=axes, keepdims=True)[tuple(
+                0 if a in axes else i[a] for a in range(x.ndim))] * \
+                g[tuple(0 if a in axes else i[a] for a in range(x.ndim))]
+        return dx
     ext = x.max(axis=axes, keepdims=True) if op == "reduce_max" else \
         x.min(axis=axes, keepdims=True)
     hit = (x == ext)
@@ -51,11 +60,15 @@ CASES = [  # (dim, keep_dim, reduce_all)
 ]
 
 
-@pytest.mark.parametrize("op", ["reduce_sum", "reduce_mean", "reduce_max", "reduce_min"])
+@pytest.mark.parametrize("op", ["reduce_sum", "reduce_mean", "reduce_max", "reduce_min",
+                                "reduce_prod"])
 @pytest.mark.parametrize("dim,keep_dim,reduce_all", CASES)
 def test_reduce_grad_native(op, dim, keep_dim, reduce_all):
-    # few distinct values: ties in the max/min groups share the gradient
+    # few distinct values: ties in the max/min groups share the gradient, prod meets zeros
+    # (groups with none, one and several)
     x = RNG.integers(0, 3, size=(3, 4, 5)).astype(np.float64)
+    if op == "reduce_prod":
+        x = np.where(RNG.random(x.shape) < 0.9, RNG.uniform(0.5, 1.5, x.shape), 0.0)
     axes = np_axes(x.shape, dim, reduce_all)
     kept = tuple(1 if i in axes else d for i, d in enumerate(x.shape))
     g = RNG.normal(size=kept)

@@ -14,9 +14,9 @@ Semantics follow PaddlePaddle 3.3.1's legacy ops (checked against it while writi
   index (lowest first). Paddle's tie order is its partial sort's and is not specified, so equal
   values may come back in another order there.
 
-Gradients (Paddle's grad ops and slots; all ``OPAQUE``): ``reduce_sum/mean/max/min_grad``
-and ``mean_grad`` natively (float32/float64, through the tiling kernels of
-``pdjit.codegen.nnlib.indexing``); ``reduce_prod_grad``, ``top_k*_grad`` run their references.
+Gradients (Paddle's grad ops and slots; all ``OPAQUE``): ``reduce_<op>_grad`` and
+``mean_grad`` natively (float32/float64, through kernels of ``pdjit.codegen.nnlib.indexing``);
+``top_k*_grad`` run their references.
 
 - ``reduce_<op>_grad`` reads ``X`` (for its shape), ``Out`` (max/min/prod) and ``Out@GRAD``,
   with the forward attributes, and writes ``X@GRAD``; ``mean_grad`` reads ``X`` and ``Out@GRAD``.
@@ -231,7 +231,7 @@ def _dims_src(dims) -> str:
 
 def _make_reduce_grad_lower(op_type):
     """Host lines through the tiling kernels of ``pdjit.codegen.nnlib.indexing`` (float32 and
-    float64; ``reduce_prod_grad`` has none). Out@GRAD is read as X with its reduced dims 1
+    float64). Out@GRAD is read as X with its reduced dims 1
     (the kept shape) and broadcast back with ``_nn.tile_nd``; a size mismatch makes the kernel
     raise, and the reference then names it.
 
@@ -239,6 +239,8 @@ def _make_reduce_grad_lower(op_type):
       least 1), the reference's order of operations.
     - max/min: ``hit = X == tile(Out)``; ``count = untile(hit)`` (``_nn.untile_nd`` sums over
       the reduced dims); ``X@GRAD = tile(Out@GRAD) * hit / tile(count)``.
+    - prod: ``_nn.others_product``: Out@GRAD times the product of the other elements of each
+      group, as exclusive running products in C order (the reference's).
     """
     def lower(ctx):
         ft = (np.dtype(np.float32), np.dtype(np.float64))
@@ -261,6 +263,10 @@ def _make_reduce_grad_lower(op_type):
             lines.append(f"{gs} = {g}.reshape({g}.size) / {T}(max({n}, 1))")
             g = gs
         dx = ctx.out("X@GRAD", shape=f"{X}.shape")
+        if op_type == "reduce_prod":
+            red = _dims_src(["1" if i in axes else "0" for i in range(r)])
+            return [f"_nn.others_product({X}.reshape({X}.size), {_dims_src(xd)}, {red}, "
+                    f"{g}.reshape({g}.size), {dx}.reshape({dx}.size))"]
         if op_type in ("reduce_sum", "reduce_mean"):
             return lines + [f"_nn.tile_nd({g}.reshape({g}.size), {_dims_src(kd)}, "
                             f"{dx}.reshape({dx}.size), {_dims_src(xd)})"]
@@ -294,8 +300,7 @@ for _t in ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod
     _infer, _ref = _make_reduce_grad(_t)
     register_op(f"{_t}_grad", inputs=["X", "Out?", "Out@GRAD"], outputs=["X@GRAD?"],
                 attrs=dict(_REDUCE_ATTRS), traits=[OPAQUE], infer_shape=_infer, reference=_ref,
-                emit=None if _t == "reduce_prod" else Opaque(_make_reduce_grad_lower(_t),
-                                                             host=True),
+                emit=Opaque(_make_reduce_grad_lower(_t), host=True),
                 grad=None,
                 doc=f"X@GRAD = the gradient of {_t}: Out@GRAD spread back over the reduced "
                     f"axes of X.")

@@ -21,7 +21,7 @@ from pdjit.codegen.nnlib._jit import jit, jobs
 
 __all__ = ["take_rows", "scatter_rows", "nd_rows", "tile_nd", "untile_nd", "cumsum_rows",
            "nonzero_index", "argsort_rows", "put_along_rows", "range_size", "range_fill",
-           "mask_take", "mask_put"]
+           "mask_take", "mask_put", "others_product"]
 
 #: ``pad`` value meaning "no padding row"
 NO_PAD = -(2 ** 63)
@@ -394,6 +394,54 @@ def mask_put(g, mask, dx):
         raise ValueError("pdjit: mask_put: more gradients than selected elements")
 
 
+@jit
+def others_product(x, dims, reduced, g, dx):
+    """``reduce_prod``'s gradient over flat C-order ``x`` of ``dims``: ``dx[i] = g[grp(i)] *
+    (before[i] * after[i])``, ``grp(i)`` the element's group (its position in the kept dims,
+    ``reduced[k]`` nonzero for a reduced dim), ``before``/``after`` the products of the group's
+    elements before/after it in C order (exclusive running products: exact where ``x`` holds
+    zeros, no division)."""
+    r = dims.shape[0]
+    n = 1
+    ng = 1
+    for k in range(r):
+        n *= dims[k]
+        if reduced[k] == 0:
+            ng *= dims[k]
+    if x.shape[0] != n or dx.shape[0] != n or g.shape[0] != ng:
+        raise ValueError("pdjit: others_product: the shapes do not fit")
+    if n == 0:
+        return
+    gs = np.zeros(r, np.int64)  # each dim's stride in the group index (0 for reduced dims)
+    st = 1
+    for k in range(r - 1, -1, -1):
+        if reduced[k] == 0:
+            gs[k] = st
+            st *= dims[k]
+    run = np.ones(ng, x.dtype)
+    grp = np.empty(n, np.int64)
+    c = np.zeros(r, np.int64)
+    gi = 0
+    for i in range(n):  # forward: the group of each element, dx = before
+        grp[i] = gi
+        dx[i] = run[gi]
+        run[gi] *= x[i]
+        k = r - 1
+        while k >= 0:
+            c[k] += 1
+            gi += gs[k]
+            if c[k] < dims[k]:
+                break
+            gi -= gs[k] * dims[k]
+            c[k] = 0
+            k -= 1
+    run[:] = 1
+    for i in range(n - 1, -1, -1):  # backward: times after, then the group's gradient
+        gi = grp[i]
+        dx[i] = g[gi] * (dx[i] * run[gi])
+        run[gi] *= x[i]
+
+
 _I64 = np.dtype(np.int64)
 
 
@@ -420,3 +468,8 @@ def _untile_jobs(T):
 @jobs("cumsum_rows")
 def _cumsum_jobs(T):
     return [(cumsum_rows, [(T, 3), "bool", "bool", (T, 3)])]
+
+
+@jobs("others_product")
+def _others_product_jobs(T):
+    return [(others_product, [(T, 1), (_I64, 1), (_I64, 1), (T, 1), (T, 1)])]
