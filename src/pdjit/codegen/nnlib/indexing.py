@@ -8,7 +8,7 @@ every rank, axis and op:
   ``argsort_rows``, ``put_along_rows``). ``lookup_table`` is ``A = 1``; ``index_select`` along
   ``dim`` and ``gather_nd`` (after ``nd_rows`` made linear row numbers) are the same call.
 - *flat arrays with their dims as ``int64`` arrays* (``tile_nd``, ``untile_nd``,
-  ``nonzero_index``): the rank is a value, not a type.
+  ``nonzero_index``, ``others_product``): the rank is a value, not a type.
 
 Indices arrive as ``int64``. ``wrap`` lets ``-N <= i < 0`` count from the end (Paddle 3.x's
 ``index_select``, ``gather_nd``, ``scatter``); any other index out of range raises
