@@ -173,13 +173,18 @@ def _append(prog, op, inputs, out, attrs):
 
 
 def _into_domain(op_type, slot, var):
+    """``var`` mapped into the domain of ``op_type``'s input ``slot``; the example is rejected
+    when the mapping refuses ``var`` (an earlier op's attributes made it bool or integer)."""
     from pdjit import layers
 
     domain = registry.get(op_type).domain.get(slot)
-    if domain in ("positive", "nonzero"):
-        return layers.scale(layers.abs(var), scale=1.0, bias=0.5)
-    if domain == "unit":
-        return layers.scale(layers.tanh(var), scale=0.9)
+    try:
+        if domain in ("positive", "nonzero"):
+            return layers.scale(layers.abs(var), scale=1.0, bias=0.5)
+        if domain == "unit":
+            return layers.scale(layers.tanh(var), scale=0.9)
+    except OpShapeError:
+        reject()
     return var
 
 
