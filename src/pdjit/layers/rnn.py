@@ -75,7 +75,7 @@ def lstm(input, init_h, init_c, max_len, hidden_size, num_layers, dropout_prob=0
     out = helper.create_variable_for_type_inference(dtype)
     last_h = helper.create_variable_for_type_inference(dtype)
     last_c = helper.create_variable_for_type_inference(dtype)
-    reserve = helper.create_variable_for_type_inference("uint8", stop_gradient=True)
+    reserve = helper.create_variable_for_type_inference(dtype, stop_gradient=True)
     dropout_state = helper.create_variable_for_type_inference("uint8", stop_gradient=True)
     helper.append_op(
         "rnn", inputs={"Input": [x], "PreState": [init_h, init_c],

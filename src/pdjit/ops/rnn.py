@@ -10,8 +10,9 @@ bidirectional, with and without sequence lengths:
   (every ``w_ih [G*H, I_l]``, ``w_hh [G*H, H]`` per layer and direction, then every ``b_ih``,
   ``b_hh`` ``[G*H]``; ``I_l`` is I for the first layer, ``D * H`` after), optional
   ``SequenceLength`` (int ``[B]``, each in ``0..T``). Outputs: ``Out`` ``[T, B, D * H]`` (the
-  directions side by side), ``State`` (last states, as PreState), ``Reserve`` (uint8: what the
-  gradient reads, the layout of ``pdjit.codegen.nnlib.rnn``) and ``DropoutState`` (optional,
+  directions side by side), ``State`` (last states, as PreState), ``Reserve`` (what the
+  gradient reads, the layout of ``pdjit.codegen.nnlib.rnn``, in Input's dtype; Paddle declares
+  it uint8, and a variable declared so holds the same bytes) and ``DropoutState`` (optional,
   uint8: the dropout masks of the layers but the last, ``[(L-1) * T * B * D*H]`` when
   dropping, else empty; the gradient of a dropping op needs it). Paddle's slot flags and
   attribute defaults (``mode`` defaults to ``RNN_TANH``).
@@ -164,13 +165,13 @@ def _rnn_infer(Input, PreState, WeightList, SequenceLength=None, *, mode, num_la
                               num_layers, is_bidirec, hidden_size, dropout_prob)
     T, B, _ = Input.shape
     known = T >= 0 and B >= 0
-    res = _reserve_values(g, T, B, H, L, D) * Input.dtype.itemsize if known else -1
+    res = _reserve_values(g, T, B, H, L, D) if known else -1
     drop = ((L - 1) * T * B * D * H if known else -1) if _dropping(dropout_prob, is_test, L) \
         else 0
     u8 = np.dtype(np.uint8)
     return {"Out": VarMeta((T, B, D * H), Input.dtype),
             "State": [s.with_(shape=(L * D, B, H)) for s in PreState],
-            "Reserve": VarMeta((res,), u8), "DropoutState": VarMeta((drop,), u8)}
+            "Reserve": VarMeta((res,), Input.dtype), "DropoutState": VarMeta((drop,), u8)}
 
 
 # ---- the reference, in float64 -----------------------------------------------------------------
@@ -278,7 +279,7 @@ def _rnn_ref(Input, PreState, WeightList, SequenceLength=None, *, mode, num_laye
     parts = [a.reshape(-1) for blk in blocks for a in blk] + [y.reshape(-1) for y in layer_outs]
     reserve = np.concatenate(parts).astype(dt) if parts else np.empty(0, dt)
     states = [hn.astype(dt)] + ([cn.astype(dt)] if code == 0 else [])
-    return {"Out": out.astype(dt), "State": states, "Reserve": reserve.view(np.uint8),
+    return {"Out": out.astype(dt), "State": states, "Reserve": reserve,
             "DropoutState": (masks.astype(np.uint8).reshape(-1) if masks is not None
                              else np.empty(0, np.uint8))}
 
@@ -330,9 +331,12 @@ def _rnn_lower(ctx):
     hn = ctx.out("State", 0, shape=f"{h0}.shape")
     cn = ctx.out("State", 1, shape=f"{h0}.shape") if code == 0 else hn
     save = ctx.has_output("Reserve") and ctx.used("Reserve")
+    # bytes per (step, sequence), in elements of the variable's dtype (Paddle declares uint8)
     per = (L * D * (G + 2) * H + (L - 1) * D * H) * ctx.dtype("Input").itemsize
-    res = ctx.out("Reserve", shape=f"({x}.shape[0] * {x}.shape[1] * {per},)" if save
-                  else "(0,)") if ctx.has_output("Reserve") else None
+    item = ctx.dtype("Reserve").itemsize if ctx.has_output("Reserve") else 1
+    res = ctx.out("Reserve", shape=f"(({x}.shape[0] * {x}.shape[1] * {per} + {item - 1}) // "
+                                   f"{item},)" if save else "(0,)") \
+        if ctx.has_output("Reserve") else None
     p = float(a["dropout_prob"])
     if _dropping(p, a["is_test"], L):
         # the masks: the draws of the run's stream (``_nn.dropout_fwd`` on zeros draws what
