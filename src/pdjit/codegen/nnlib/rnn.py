@@ -10,10 +10,13 @@ all ``b_ih, b_hh``), a weight ``w_ih`` being ``(G * H, I_l)`` with ``G`` gates p
 length leave its state unchanged and write zeros to the output.
 
 Per layer and direction the forward kernel projects the input of *all* steps with one GEMM
-(``np.dot``: BLAS), then runs the time loop with one ``(B, H) x (H, G*H)`` GEMM per step and the
-gate arithmetic fused in a loop over the batch. The backward kernel runs the steps in reverse,
-keeping the gradients of the gate pre-activations, and ends with GEMMs over all steps for the
-weight and input gradients.
+(``np.dot``: BLAS; the biases folded in), then runs the time loop with one ``(B, H) x (H,
+G*H)`` GEMM per step and the gate arithmetic per sequence in loops over a row that vectorise
+(``pdjit.codegen.mathfuncs``; float32 data is computed in float32). The backward kernel runs
+the steps in reverse, keeping the gradients of the gate pre-activations, and ends with GEMMs
+over all steps for the weight and input gradients. Measured (one core, float32, LSTM, batch 32,
+50 steps, 128 inputs, 128 hidden): forward 8.8 ms, backward 14.0 ms of CPU time, the backward
+mostly its GEMMs.
 
 ``reserve`` (the op's ``Reserve`` viewed as the data's dtype) keeps what the gradient needs;
 per layer ``l`` and direction ``d`` (``k = l * D + d``, blocks in that order) a block of
