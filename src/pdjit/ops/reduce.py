@@ -230,15 +230,14 @@ def _dims_src(dims) -> str:
 
 
 def _make_reduce_grad_lower(op_type):
-    """Host lines through the tiling kernels of ``pdjit.codegen.nnlib.indexing`` (float32 and
-    float64). Out@GRAD is read as X with its reduced dims 1
-    (the kept shape) and broadcast back with ``_nn.tile_nd``; a size mismatch makes the kernel
-    raise, and the reference then names it.
+    """Host lines through kernels of ``pdjit.codegen.nnlib.indexing`` (float32 and float64);
+    a size mismatch makes a kernel raise, and the reference then names it.
 
-    - sum: ``X@GRAD = tile(Out@GRAD)``; mean: ``tile(Out@GRAD / n)`` (n the reduced count, at
-      least 1), the reference's order of operations.
-    - max/min: ``hit = X == tile(Out)``; ``count = untile(hit)`` (``_nn.untile_nd`` sums over
-      the reduced dims); ``X@GRAD = tile(Out@GRAD) * hit / tile(count)``.
+    - sum: ``X@GRAD = tile(Out@GRAD)``: Out@GRAD read as X with its reduced dims 1 (the kept
+      shape) and broadcast back by ``_nn.tile_nd``; mean: ``tile(Out@GRAD / n)`` (n the
+      reduced count, at least 1), the reference's order of operations.
+    - max/min: ``_nn.extreme_share``: ``Out@GRAD * hit / count``, ``hit`` where X equals its
+      group's Out, ``count`` the group's hits (the reference's rule and operations).
     - prod: ``_nn.others_product``: Out@GRAD times the product of the other elements of each
       group, as exclusive running products in C order (the reference's).
     """
@@ -263,8 +262,8 @@ def _make_reduce_grad_lower(op_type):
             lines.append(f"{gs} = {g}.reshape({g}.size) / {T}(max({n}, 1))")
             g = gs
         dx = ctx.out("X@GRAD", shape=f"{X}.shape")
+        red = _dims_src(["1" if i in axes else "0" for i in range(r)])
         if op_type == "reduce_prod":
-            red = _dims_src(["1" if i in axes else "0" for i in range(r)])
             return [f"_nn.others_product({X}.reshape({X}.size), {_dims_src(xd)}, {red}, "
                     f"{g}.reshape({g}.size), {dx}.reshape({dx}.size))"]
         if op_type in ("reduce_sum", "reduce_mean"):
@@ -273,19 +272,8 @@ def _make_reduce_grad_lower(op_type):
         if not ctx.has_input("Out") or ctx.dtype("Out") != ctx.dtype("X"):
             return None
         o = ctx.inp("Out")
-        ob, hit, cnt = ctx.tmp("ob"), ctx.tmp("hit"), ctx.tmp("cnt")
-        tile = "_nn.tile_nd({}.reshape({}.size), {}, {}.reshape({}.size), {})"
-        return lines + [
-            f"{ob} = np.empty({X}.shape, {T})",
-            tile.format(o, o, _dims_src(kd), ob, ob, _dims_src(xd)),
-            f"{hit} = ({X}.reshape({X}.size) == {ob}.reshape({ob}.size)).astype({T})",
-            f"{cnt} = np.empty({o}.size, {T})",
-            f"_nn.untile_nd({hit}, {_dims_src(kd)}, {cnt}, "
-            f"{_dims_src(xd)})",
-            tile.format(cnt, cnt, _dims_src(kd), ob, ob, _dims_src(xd)),
-            tile.format(g, g, _dims_src(kd), dx, dx, _dims_src(xd)),
-            f"{dx}.reshape({dx}.size)[:] = {dx}.reshape({dx}.size) * {hit} / "
-            f"{ob}.reshape({ob}.size)"]
+        return [f"_nn.extreme_share({X}.reshape({X}.size), {o}.reshape({o}.size), "
+                f"{g}.reshape({g}.size), {_dims_src(xd)}, {red}, {dx}.reshape({dx}.size))"]
     return lower
 
 

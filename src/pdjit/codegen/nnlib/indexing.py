@@ -8,7 +8,8 @@ every rank, axis and op:
   ``argsort_rows``, ``put_along_rows``). ``lookup_table`` is ``A = 1``; ``index_select`` along
   ``dim`` and ``gather_nd`` (after ``nd_rows`` made linear row numbers) are the same call.
 - *flat arrays with their dims as ``int64`` arrays* (``tile_nd``, ``untile_nd``,
-  ``nonzero_index``, ``others_product``): the rank is a value, not a type.
+  ``nonzero_index``, ``others_product``, ``extreme_share``): the rank is a value, not a
+  type.
 
 Indices arrive as ``int64``. ``wrap`` lets ``-N <= i < 0`` count from the end (Paddle 3.x's
 ``index_select``, ``gather_nd``, ``scatter``); any other index out of range raises
@@ -21,7 +22,8 @@ from pdjit.codegen.nnlib._jit import jit, jobs
 
 __all__ = ["take_rows", "scatter_rows", "nd_rows", "tile_nd", "untile_nd", "cumsum_rows",
            "nonzero_index", "argsort_rows", "put_along_rows", "range_size", "range_fill",
-           "mask_take", "mask_put", "others_product"]
+           "mask_take", "mask_put", "others_product",
+           "extreme_share"]
 
 #: ``pad`` value meaning "no padding row"
 NO_PAD = -(2 ** 63)
@@ -395,38 +397,27 @@ def mask_put(g, mask, dx):
 
 
 @jit
-def others_product(x, dims, reduced, g, dx):
-    """``reduce_prod``'s gradient over flat C-order ``x`` of ``dims``: ``dx[i] = g[grp(i)] *
-    (before[i] * after[i])``, ``grp(i)`` the element's group (its position in the kept dims,
-    ``reduced[k]`` nonzero for a reduced dim), ``before``/``after`` the products of the group's
-    elements before/after it in C order (exclusive running products: exact where ``x`` holds
-    zeros, no division)."""
+def _row_groups(dims, reduced):
+    """Groups of flat C-order data of ``dims`` (rank >= 1) reduced over the dims where
+    ``reduced`` is nonzero, by rows of the last dim: ``(base, step, ng)``, element ``j`` of row
+    ``q`` in group ``base[q] + j * step`` (``step`` 0 when the last dim is reduced, else 1), and
+    the number of groups."""
     r = dims.shape[0]
-    n = 1
-    ng = 1
-    for k in range(r):
-        n *= dims[k]
-        if reduced[k] == 0:
-            ng *= dims[k]
-    if x.shape[0] != n or dx.shape[0] != n or g.shape[0] != ng:
-        raise ValueError("pdjit: others_product: the shapes do not fit")
-    if n == 0:
-        return
     gs = np.zeros(r, np.int64)  # each dim's stride in the group index (0 for reduced dims)
-    st = 1
+    ng = 1
     for k in range(r - 1, -1, -1):
         if reduced[k] == 0:
-            gs[k] = st
-            st *= dims[k]
-    run = np.ones(ng, x.dtype)
-    grp = np.empty(n, np.int64)
+            gs[k] = ng
+            ng *= dims[k]
+    rows = 1
+    for k in range(r - 1):
+        rows *= dims[k]
+    base = np.zeros(rows, np.int64)
     c = np.zeros(r, np.int64)
     gi = 0
-    for i in range(n):  # forward: the group of each element, dx = before
-        grp[i] = gi
-        dx[i] = run[gi]
-        run[gi] *= x[i]
-        k = r - 1
+    for q in range(rows):  # an odometer over the dims before the last
+        base[q] = gi
+        k = r - 2
         while k >= 0:
             c[k] += 1
             gi += gs[k]
@@ -435,11 +426,77 @@ def others_product(x, dims, reduced, g, dx):
             gi -= gs[k] * dims[k]
             c[k] = 0
             k -= 1
+    return base, gs[r - 1], ng
+
+
+@jit
+def _check_groups(x, dims, reduced, g, dx):
+    n = 1
+    ng = 1
+    for k in range(dims.shape[0]):
+        n *= dims[k]
+        if reduced[k] == 0:
+            ng *= dims[k]
+    if (x.shape[0] != n or dx.shape[0] != n or g.shape[0] != ng or dims.shape[0] == 0
+            or reduced.shape[0] != dims.shape[0]):
+        raise ValueError("pdjit: a reduction's gradient: the shapes do not fit")
+    return n
+
+
+@jit
+def others_product(x, dims, reduced, g, dx):
+    """``reduce_prod``'s gradient over flat C-order ``x`` of ``dims``: ``dx[i] = g[grp(i)] *
+    (before[i] * after[i])``, ``grp(i)`` the element's group (see :func:`_row_groups`),
+    ``before``/``after`` the products of the group's elements before/after it in C order
+    (exclusive running products: exact where ``x`` holds zeros, no division)."""
+    n = _check_groups(x, dims, reduced, g, dx)
+    if n == 0:
+        return
+    base, step, ng = _row_groups(dims, reduced)
+    m = dims[dims.shape[0] - 1]
+    run = np.ones(ng, x.dtype)
+    for q in range(base.shape[0]):  # forward: dx = before
+        b, o = base[q], q * m
+        for j in range(m):
+            dx[o + j] = run[b + j * step]
+            run[b + j * step] *= x[o + j]
     run[:] = 1
-    for i in range(n - 1, -1, -1):  # backward: times after, then the group's gradient
-        gi = grp[i]
-        dx[i] = g[gi] * (dx[i] * run[gi])
-        run[gi] *= x[i]
+    for q in range(base.shape[0] - 1, -1, -1):  # backward: times after, then the gradient
+        b, o = base[q], q * m
+        for j in range(m - 1, -1, -1):
+            gi = b + j * step
+            dx[o + j] = g[gi] * (dx[o + j] * run[gi])
+            run[gi] *= x[o + j]
+
+
+@jit
+def extreme_share(x, out, g, dims, reduced, dx):
+    """``reduce_max``/``reduce_min``'s gradient: ``dx[i] = g[grp(i)] * hit / count[grp(i)]``,
+    ``hit`` 1 where ``x[i]`` equals its group's ``out`` (else 0), ``count`` the group's hits
+    (``g / count`` where hit, ``g * 0 / count`` elsewhere: the same numbers)."""
+    n = _check_groups(x, dims, reduced, g, dx)
+    if n == 0:
+        return
+    base, step, ng = _row_groups(dims, reduced)
+    if out.shape[0] != ng:
+        raise ValueError("pdjit: extreme_share: Out does not fit")
+    m = dims[dims.shape[0] - 1]
+    count = np.zeros(ng, x.dtype)
+    for q in range(base.shape[0]):
+        b, o = base[q], q * m
+        for j in range(m):
+            if x[o + j] == out[b + j * step]:
+                count[b + j * step] += 1
+    share = np.empty(ng, x.dtype)
+    zero = np.empty(ng, x.dtype)
+    for gi in range(ng):
+        share[gi] = g[gi] / count[gi]
+        zero[gi] = g[gi] * 0 / count[gi]  # a signed zero, NaN for a group without hits
+    for q in range(base.shape[0]):
+        b, o = base[q], q * m
+        for j in range(m):
+            gi = b + j * step
+            dx[o + j] = share[gi] if x[o + j] == out[gi] else zero[gi]
 
 
 _I64 = np.dtype(np.int64)
@@ -473,3 +530,8 @@ def _cumsum_jobs(T):
 @jobs("others_product")
 def _others_product_jobs(T):
     return [(others_product, [(T, 1), (_I64, 1), (_I64, 1), (T, 1), (T, 1)])]
+
+
+@jobs("extreme_share")
+def _extreme_share_jobs(T):
+    return [(extreme_share, [(T, 1), (T, 1), (T, 1), (_I64, 1), (_I64, 1), (T, 1)])]
