@@ -211,6 +211,38 @@ def test_an_op_computed_by_blocks_before_a_prologue_is_computed_whole():
     assert "_nn.conv2d_fwd(" in source, source
 
 
+# ---- softmax_with_cross_entropy: the same split passes over each row ---------------------------
+def test_softmax_with_cross_entropy_rows_in_split_passes_native():
+    """Rows of 37 logits (the four-partial reductions' remainder loop runs), a label equal to
+    ignore_index (loss 0, no gradient), large logits (the shift by the max): Softmax, Loss and
+    the Logits gradient against NumPy under a strict plan."""
+    n, c = 6, 37
+    x = (RNG.normal(size=(n, c)) * 4).astype("float32")
+    x[1] += 300.0
+    lab = RNG.integers(0, c, (n, 1))
+    lab[2] = -100
+    w = RNG.uniform(0.5, 1.5, size=(n, 1)).astype("float32")
+    prog, start = fluid.Program(), fluid.Program()
+    with fluid.program_guard(prog, start):
+        xv = layers.data("x", [n, c], append_batch_size=False)
+        lv = layers.data("l", [n, 1], dtype="int64", append_batch_size=False)
+        wv = layers.data("w", [n, 1], append_batch_size=False)
+        xv.stop_gradient = False
+        loss, sm = layers.softmax_with_cross_entropy(xv, lv, return_softmax=True)
+        dx, = gradients([loss], [xv], target_gradients=[wv])
+    (got_sm, got_loss, got_dx), plans = _native(prog, {"x": x, "l": lab, "w": w}, [sm, loss, dx])
+    assert "opaque [softmax_with_cross_entropy#0]" in plans[0].partition_text
+    p = np_softmax(x, -1)
+    rows, keep = np.arange(n), lab[:, 0] != -100
+    want_loss = np.where(keep, -np.log(p[rows, np.where(keep, lab[:, 0], 0)]), 0.0)[:, None]
+    onehot = np.zeros((n, c))
+    onehot[rows[keep], lab[keep, 0]] = 1.0
+    want_dx = (p - onehot) * w * keep[:, None]
+    np.testing.assert_allclose(got_sm, p, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(got_loss, want_loss, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got_dx, want_dx, rtol=1e-5, atol=1e-6)
+
+
 # ---- dropout ------------------------------------------------------------------------------------
 def _dropout_program(p, impl, is_test=False, shape=(40, 50)):
     prog, start = fluid.Program(), fluid.Program()

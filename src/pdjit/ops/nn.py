@@ -94,31 +94,6 @@ def _softmax_ref(X, *, axis):
     return {"Out": _log_softmax(X, norm_axis(axis, X.ndim))[0]}
 
 
-def _softmax_rows(x2, o2, i, j, m, s, T) -> list:
-    """Source of a loop over the rows ``i`` of ``x2`` writing their softmax into ``o2``: max,
-    exp of the shifted values clipped at -64 (Paddle's CPU kernel), sum, scale. The row's max
-    and sum stay in ``m`` and ``s``; lines appended with 4 more spaces run in the same row."""
-    return [
-        f"for {i} in range({x2}.shape[0]):",
-        f"    {m} = {T}(-math.inf)",
-        f"    for {j} in range({x2}.shape[1]):",
-        f"        {m} = max({m}, {x2}[{i}, {j}])",
-    ] + _softmax_finish(o2, i, j, m, s, T, f"{x2}[{i}, {{j}}]", f"{x2}.shape[1]", "    ")
-
-
-def _softmax_finish(o2, i, j, m, s, T, x_at, cols, ind) -> list:
-    """The second and third passes over row ``i`` (max ``m`` known): ``o2[i, j] = exp(max(x -
-    m, -64))`` with ``x`` read as ``x_at`` (formatted with ``j``), the sum ``s``, the scaling."""
-    return [ind + line for line in [
-        f"{s} = {T}(0)",
-        f"for {j} in range({cols}):",
-        f"    {o2}[{i}, {j}] = _m.exp(max({x_at.format(j=j)} - {m}, {T}({_CLIP})))",
-        f"    {s} += {o2}[{i}, {j}]",
-        f"for {j} in range({cols}):",
-        f"    {o2}[{i}, {j}] = {o2}[{i}, {j}] / {s}",
-    ]]
-
-
 def _partial4(ctx, acc: str, init: str, combine: str, at, n: str, j: str) -> list:
     """Source of ``acc = combine(...combine(init, at(0))..., at(n - 1))`` with four partial
     results (independent chains run faster than one); ``combine`` formats ``{a}``, ``{b}``,
@@ -134,6 +109,18 @@ def _partial4(ctx, acc: str, init: str, combine: str, at, n: str, j: str) -> lis
          f"    {p[0]} = {c(p[0], at(j))}",
          f"    {j} += 1",
          f"{acc} = {c(c(p[0], p[1]), c(p[2], p[3]))}"]
+
+
+def _softmax_passes(ctx, src, dst, n: str, j: str, m: str, s: str, T: str) -> list:
+    """Source of softmax over one row in separate passes: the max of the row read through
+    ``src`` (index source -> element source), ``dst = exp(max(src - max, -64))`` (Paddle's CPU
+    clip), the sum of ``dst``, ``dst / sum``; the element-wise passes vectorise, the reductions
+    keep four partial results. The row's max and sum are left in ``m`` and ``s``."""
+    return (_partial4(ctx, m, f"{T}(-math.inf)", "max({a}, {b})", src, n, ctx.tmp("k"))
+            + [f"for {j} in range({n}):",
+               f"    {dst(j)} = _m.exp(max({src(j)} - {m}, {T}({_CLIP})))"]
+            + _partial4(ctx, s, f"{T}(0)", "{a} + {b}", dst, n, ctx.tmp("k"))
+            + [f"for {j} in range({n}):", f"    {dst(j)} = {dst(j)} / {s}"])
 
 
 def _pre_axis_post(ctx, local: str, rank: int, axis: int) -> str:
@@ -166,11 +153,7 @@ def _softmax_lower(ctx):
         # four partial results
         body = rows.begin(i) + [f"for {j} in range({n}):"]
         body += ["    " + line for line in rows.load(i, j, v)] + [f"    {at(j)} = {v}"]
-        body += _partial4(ctx, m, f"{T}(-math.inf)", "max({a}, {b})", at, n, ctx.tmp("k"))
-        body += [f"for {j} in range({n}):",
-                 f"    {at(j)} = _m.exp(max({at(j)} - {m}, {T}({_CLIP})))"]
-        body += _partial4(ctx, s, f"{T}(0)", "{a} + {b}", at, n, ctx.tmp("k"))
-        body += [f"for {j} in range({n}):", f"    {at(j)} = {at(j)} / {s}"]
+        body += _softmax_passes(ctx, at, at, n, j, m, s, T)
         return rows.setup + [f"{o2} = {out}.reshape(({rows.rows}, {n}))"] + \
             ctx.loop(i, rows.rows, body, size=f"{out}.size")
     X = ctx.inp("X")
@@ -385,30 +368,35 @@ def _swce_lowerable(ctx, x_slot) -> bool:
 
 
 def _swce_lower(ctx):
-    """Row by row: max, clipped exp, sum; Softmax = e / sum; Loss = log(sum) - shifted[label].
-    A label out of range raises: the references then report it."""
+    """The labels checked first (a label out of range raises: the references then report
+    it); then row by row, on threads when large, softmax in separate passes (the max over the
+    Logits row, the clipped exp into Softmax, the sum, the scaling: see ``_softmax_passes``)
+    and Loss = log(sum) - shifted[label] (0 on ignored rows)."""
     if not _swce_lowerable(ctx, "Logits"):
         return None
     X, L, T, r = ctx.inp("Logits"), ctx.inp("Label"), ctx.T("Logits"), ctx.rank("Logits")
     lead = [f"{X}.shape[{d}]" for d in range(r - 1)]
     sm = ctx.out("Softmax", shape=f"{X}.shape")
     loss = ctx.out("Loss", shape=ctx.tuple_src(lead + ["1"]))
-    x2, s2, lab, lf, i, j, m, s, k = (ctx.tmp(h) for h in "xsblfijmk")
+    x2, s2, lab, lf, i, j, m, s, k, n, c = (ctx.tmp(h) for h in "xsblfijmknc")
     ign = int(ctx.attrs["ignore_index"])
+    body = _softmax_passes(ctx, lambda c: f"{x2}[{i}, {c}]", lambda c: f"{s2}[{i}, {c}]",
+                           n, j, m, s, T)
+    body += [f"{k} = {lab}[{i}]",
+             f"if {k} == {ign}:",
+             f"    {lf}[{i}] = {T}(0)",
+             "else:",
+             f"    {lf}[{i}] = {T}(math.log({s})) - max({x2}[{i}, {k}] - {m}, {T}({_CLIP}))"]
     return [
         f"{x2} = {ctx.as_rows(X, r)}",
+        f"{n} = {x2}.shape[1]",
         f"{lab} = {L}.reshape({L}.size)",
         f"_rt.check({lab}.size == {x2}.shape[0])",
+        f"for {c} in range({lab}.size):",  # not the row loop's index: that one may be prange
+        f"    _rt.check({lab}[{c}] == {ign} or 0 <= {lab}[{c}] < {n})",
         f"{s2} = {sm}.reshape({x2}.shape)",
         f"{lf} = {loss}.reshape({loss}.size)",
-    ] + _softmax_rows(x2, s2, i, j, m, s, T) + [
-        f"    {k} = {lab}[{i}]",
-        f"    if {k} == {ign}:",
-        f"        {lf}[{i}] = {T}(0)",
-        "    else:",
-        f"        _rt.check(0 <= {k} < {x2}.shape[1])",
-        f"        {lf}[{i}] = {T}(math.log({s})) - max({x2}[{i}, {k}] - {m}, {T}({_CLIP}))",
-    ]
+    ] + ctx.loop(i, f"{x2}.shape[0]", body, size=f"{x2}.size")
 
 
 def _swce_grad_lower(ctx):
