@@ -32,12 +32,7 @@ pytestmark = pytest.mark.filterwarnings("error::pdjit.framework.errors.Reference
 RTOL = ATOL = 1e-5
 
 #: models whose ops pdjit does not have yet (strict: the mark must go when they pass)
-PENDING = {
-    "transformer": "layer_norm and gelu (and a native batched matmul_v2) land with issue 16 "
-                   "(sequence models)",
-    "lstm": "rnn lands with issue 16 (sequence models)",
-    "gru": "rnn lands with issue 16 (sequence models)",
-}
+PENDING: dict = {}
 
 
 def _models(names):

@@ -336,6 +336,9 @@ def test_slice_native():
     check("slice", {"Input": x}, {"axes": [1], "starts": [2], "ends": [3], "decrease_axis": [1]},
           {"Out": x[:, 2]})
     check("slice", {"Input": x}, {"axes": [0], "starts": [3], "ends": [1]}, {"Out": x[3:3]})
+    dims = np.array([7, 5], np.int32)  # a shape's first entry as a 0-d value (LSTM state sizes)
+    check("slice", {"Input": dims}, {"axes": [0], "starts": [0], "ends": [1],
+                                     "decrease_axis": [0]}, {"Out": np.array(7, np.int32)})
     check_grad("slice", {"Input": x}, {"axes": [1, 2], "starts": [1, 0], "ends": [-1, 2],
                                        "decrease_axis": []}, ["Input"])
 

@@ -310,8 +310,8 @@ def _slice_lower_parts(ctx):
 
 def _slice_lower(ctx):
     parts = _slice_lower_parts(ctx)
-    if parts is None or not parts[3]:
-        return None  # tensor bounds, or a 0-d result: the reference
+    if parts is None:
+        return None  # tensor bounds: the reference
     lines, index, _, kept = parts
     X = ctx.inp("Input")
     return lines + [f"{ctx.out('Out')} = {X}[{index}].copy().reshape({ctx.tuple_src(kept)})"]
