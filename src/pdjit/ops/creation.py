@@ -127,7 +127,10 @@ def _fill_lower(ctx):
     else:
         value = f"{T}({src_literal(_fill_value(ctx.attrs['value'], ctx.attrs['str_value'], dt))})"
     names = []
-    for d in dims:  # each dim an int of its own (a tuple of them sizes the array)
+    for d in dims:  # each run-time dim an int of its own (a tuple of them sizes the array)
+        if d.isdigit():
+            names.append(d)
+            continue
         names.append(ctx.tmp("d"))
         lines.append(f"{names[-1]} = int({d})")
     return lines + [f"{out} = np.empty({ctx.tuple_src(names)}, {T})",
