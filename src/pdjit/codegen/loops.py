@@ -17,19 +17,27 @@ Guarantees of the generated function:
 - a carried value whose shape changes from one iteration to the next, or a condition that does
   not hold exactly one element, raises ``ValueError`` (the caller then runs the loop with the
   reference semantics on the untouched inputs);
-- the source names no variable and no size, so equal loops share one cache entry.
+- the source names no variable and no size, so equal loops share one cache entry;
+- a random op of the body (its lowering draws through ``ctx.rng_key``) gets, after the carried
+  values' arguments, one argument per op (``LoopGen.rng_ops``): its key with the enclosing loops'
+  iterations but not this one's (``RunContext.rng_key`` in the env the loop op runs in); the
+  loop derives iteration ``i``'s key from it as ``random.iteration_key`` does (splitmix64's
+  finaliser of ``key ^ i``), so the draws are those of the reference, iteration by iteration. An
+  op with a fixed seed draws with its argument in every iteration, as the reference does.
 """
 from __future__ import annotations
 
 from pdjit.codegen.lowering import Declined, SegmentGen
 from pdjit.framework import registry
+from pdjit.framework.random import fixed_seed
 from pdjit.passes.fusion import REFERENCE, partition
 from pdjit.passes.prune import prune
 
-# ops whose traits keep a body out of native code: nested blocks, random draws, feeds and
-# fetches, LoD offsets
-_NOT_IN_NATIVE_LOOPS = (registry.CONTROL_FLOW, registry.RANDOM, registry.FEED_FETCH,
-                        registry.SEQUENCE)
+_M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # splitmix64's multipliers (framework.random)
+
+# ops whose traits keep a body out of native code: nested blocks, feeds and fetches, LoD
+# offsets (random ops are in when their lowering draws through the key argument)
+_NOT_IN_NATIVE_LOOPS = (registry.CONTROL_FLOW, registry.FEED_FETCH, registry.SEQUENCE)
 
 
 def native_loop(program, op, target: str = "cpu", parallel: bool = False, fetched=()):
@@ -75,6 +83,10 @@ def native_loop(program, op, target: str = "cpu", parallel: bool = False, fetche
         gen.generate()
     except Declined as d:
         return None, f"body op {d.op.type} declines its lowering"
+    for bop in (o for g in part.segments[0].groups for o in g.ops):
+        if registry.get(bop.type).has(registry.RANDOM) and \
+                not any(r is bop for r in gen.rng_requests):
+            return None, f"body op {bop.type} is random and its lowering draws no run key"
     try:
         return LoopGen(gen, conds[0]), ""
     except ValueError as e:
@@ -95,6 +107,8 @@ class LoopGen:
         if getattr(body, "lod_requests", None):
             raise ValueError("the loop body reads LoD offsets")
         self.body, self.cond = body, cond
+        # the random ops whose base key is an argument after the carried values (r0...)
+        self.rng_ops: list = list(getattr(body, "rng_requests", ()))
         self.args: list = list(body.args)
         self.expected: list = list(body.expected)
         self.outputs: list = list(body.outputs)
@@ -111,9 +125,17 @@ class LoopGen:
 
     def source(self, fn_name: str) -> str:
         body = self.body
-        lines = [f"def {fn_name}({', '.join(f'a{i}' for i in range(len(self.args)))}):"]
+        params = [f"a{i}" for i in range(len(self.args))] + \
+            [f"r{k}" for k in range(len(self.rng_ops))]
+        lines = [f"def {fn_name}({', '.join(params)}):"]
         cond_var = self.loop_var[self.cond]
+        if self.rng_ops:
+            lines.append("    it = np.uint64(0)")
         lines.append(f"    while {cond_var}.reshape(1)[0]:")
+        for k, op in enumerate(self.rng_ops):
+            lines += _iteration_key_lines(f"rng{k}", f"r{k}", "it", fixed_seed(op) != 0)
+        if self.rng_ops:
+            lines.append("        it += np.uint64(1)")
         lines += ["    " + line for line in body.lines]
         changed = [n for n in self.outputs if body.current[n] != self.loop_var[n]]
         for n in changed:
@@ -127,3 +149,14 @@ class LoopGen:
             lines.append(f"        ({lhs}) = ({rhs})")
         lines.append("    return (" + "".join(f"{self.loop_var[n]}, " for n in self.outputs) + ")")
         return "\n".join(lines)
+
+
+def _iteration_key_lines(key: str, base: str, it: str, fixed: bool) -> list:
+    """Lines (in the loop) setting ``key`` to ``random.iteration_key(base, it)`` in uint64
+    arithmetic (wrapping as the finaliser's), or to ``base`` for an op with a fixed seed."""
+    if fixed:
+        return [f"        {key} = {base}"]
+    return [f"        {key} = {base} ^ {it}",
+            f"        {key} = ({key} ^ ({key} >> np.uint64(30))) * np.uint64({_M1:#x})",
+            f"        {key} = ({key} ^ ({key} >> np.uint64(27))) * np.uint64({_M2:#x})",
+            f"        {key} = {key} ^ ({key} >> np.uint64(31))"]

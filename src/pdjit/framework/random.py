@@ -6,7 +6,13 @@ A random op draws element ``i`` of its output from ``mix64(key + (i + 1) * GOLDE
 - the op's ``seed`` attribute when it is non-zero (then every run draws the same numbers, as in
   Fluid), else
 - the program's ``random_seed`` (or a per-process entropy seed when that is 0), the op's block
-  and index, and how many times this executor ran the program before.
+  and index, how many times this executor ran the program before, and, for an op inside loops,
+  the iteration number of every enclosing loop (outermost first): a draw inside a ``while``
+  differs from one iteration to the next, as in Fluid; outside loops no iteration is mixed in.
+
+An iteration ``i`` is mixed in as ``key = mix64(key ^ i)`` (:func:`iteration_key`), after the
+run: the key of an op in a loop is a function of the key without that loop's iteration, so a
+generated loop derives each iteration's key from one argument.
 
 Being a pure function of (key, index), the stream can be generated in any order, by any target:
 the reference interpreter here, and the generated code of the compiled targets.
@@ -32,15 +38,34 @@ def mix64_int(x: int) -> int:
     return x ^ (x >> 31)
 
 
-def op_key(op_seed: int, program_seed: int, block_idx: int, op_idx: int, run: int) -> int:
-    """The stream key of one run of one random op."""
+def op_key(op_seed: int, program_seed: int, block_idx: int, op_idx: int, run: int,
+           iterations=()) -> int:
+    """The stream key of one run of one random op; ``iterations``: the iteration number of
+    each loop the op runs in, outermost first (ignored with a fixed ``op_seed``, which draws
+    the same numbers every time)."""
     if op_seed:
         return mix64_int(mix64_int(int(op_seed) & _MASK) ^ 0x5EED)
     base = int(program_seed) if program_seed else _PROCESS_SEED
     k = mix64_int(base & _MASK)
     for part in (block_idx, op_idx, run):
         k = mix64_int(k ^ (int(part) & _MASK))
+    for i in iterations:
+        k = iteration_key(k, i)
     return k
+
+
+def iteration_key(key: int, iteration: int) -> int:
+    """The key of iteration ``iteration`` of a loop, from the key without it."""
+    return mix64_int(key ^ (int(iteration) & _MASK))
+
+
+def fixed_seed(op) -> int:
+    """The seed attribute a random op draws with every time (non-zero: the same numbers in
+    every run and every iteration), or 0: ``seed``, unless a ``fix_seed`` attribute is false."""
+    seed = op.attr("seed") if op.has_attr("seed") else 0
+    if op.has_attr("fix_seed") and not op.attr("fix_seed"):
+        seed = 0
+    return int(seed or 0)
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:

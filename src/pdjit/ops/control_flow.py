@@ -18,7 +18,9 @@ back to the enclosing envs, writes go to the env of the block that declares the 
 sub-block's own variables are dropped afterwards unless a step scope keeps them (see
 ``pdjit.runtime.context.StepScopes``, the contract the gradient ops rely on). The references
 of ``CONTROL_FLOW`` ops receive raw values (LoD tensors as they are, ``None`` for an input that
-holds no value yet) and return ``None`` for an output they leave untouched.
+holds no value yet) and return ``None`` for an output they leave untouched. A loop passes
+each iteration's number to ``ctx.run_block``: random ops in its body draw other numbers in every
+iteration (``pdjit.framework.random.op_key``), as Fluid's do.
 """
 from __future__ import annotations
 
@@ -121,10 +123,12 @@ def _while_ref(X, Condition, *, sub_block, is_test, ctx):
     x_names = op.input("X")
     block = ctx.program.block(sub_block)
     scopes = ctx.new_step_scopes()
+    iteration = 0
     while _scalar_condition(env.get(cond_name), f"Condition {cond_name!r}"):
         step = env.child(block)
         step.saved = {n: env.get(n) for n in x_names}
-        ctx.run_block(sub_block, step)
+        ctx.run_block(sub_block, step, iteration)  # random ops draw anew in each iteration
+        iteration += 1
         if not is_test:
             scopes.append(step)
     return {"Out": [env.get(n) for n in op.output("Out")], "StepScopes": scopes}

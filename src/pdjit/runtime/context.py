@@ -27,6 +27,9 @@ class Env:
         self.scope, self.block, self.parent = scope, block, parent
         self.values: dict = {}
         self.saved: dict = {}
+        # the iteration number of each loop this env runs in, outermost first (random keys
+        # mix them in: pdjit.framework.random.op_key); a sub-block run inherits its parent's
+        self.iterations: tuple = parent.iterations if parent is not None else ()
         # the step scopes the run fetches (the plans of their blocks keep every value of
         # every iteration)
         self.fetched_scopes = parent.fetched_scopes if parent is not None else fetched_scopes
@@ -94,12 +97,17 @@ class RunContext:
     def program(self):
         return self.op.block.program
 
+    @property
+    def iterations(self) -> tuple:
+        """The iteration number of every loop the op runs in, outermost first."""
+        return self.env.iterations
+
     def rng_key(self) -> int:
-        seed = self.op.attr("seed") if self.op.has_attr("seed") else 0
-        if self.op.has_attr("fix_seed") and not self.op.attr("fix_seed"):
-            seed = 0
-        return prandom.op_key(seed, self.program.random_seed, self.op.block.idx, self.op_idx,
-                              self.run_index)
+        """The op's random key: its fixed seed, else one of this run, this op and every
+        enclosing loop's iteration (``pdjit.framework.random.op_key``)."""
+        return prandom.op_key(prandom.fixed_seed(self.op), self.program.random_seed,
+                              self.op.block.idx, self.op_idx, self.run_index,
+                              self.env.iterations)
 
     def input_lod(self, slot: str, i: int = 0) -> list:
         lods = self.in_lods.get(slot) or []
@@ -116,7 +124,11 @@ class RunContext:
         """``array`` with LoD offsets ``lod`` (a runtime LoD tensor value)."""
         return LoDTensor(array, lod)
 
-    def run_block(self, block_idx: int, env: Env) -> None:
+    def run_block(self, block_idx: int, env: Env, iteration: int | None = None) -> None:
         """Run a sub-block in ``env`` (made with ``self.env.child(block)``): the one entry point
-        control-flow references use to run a sub-block."""
+        control-flow references use to run a sub-block. A loop passes ``iteration`` (0 for its
+        first run of the body, then 1, ...): random ops in the block, and in blocks it runs,
+        then draw other numbers in every iteration."""
+        if iteration is not None:
+            env.iterations = self.env.iterations + (int(iteration),)
         self.executor._run_block(self.program.block(block_idx), env, self.run_index)

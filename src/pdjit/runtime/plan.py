@@ -12,7 +12,10 @@ block) and shown indented under the op by :meth:`Plan.report`. A loop op whose b
 lowerable, whose step scopes nobody reads, becomes a :class:`LoopStep`; otherwise the op runs
 its reference, which runs the body's plan once per iteration (``PDJIT_NATIVE_LOOPS=0`` forces
 that, for debugging and comparison). The reason a loop is not native is in its step's
-description.
+description. Random ops draw with keys bound at run time (``RunContext.rng_key``): a native
+step passes each one's key; a native loop passes the key without its own iteration and derives
+each iteration's in the generated code (``pdjit.codegen.loops``), so either way the numbers are
+the reference's.
 
 A native step that fails (a shape that does not fit, a damaged cache) re-runs its ops with their
 references on the same, untouched values: that gives the precise error naming the op, or the
@@ -252,9 +255,13 @@ class LoopStep(NativeStep):
     kind = "native_loop"
 
     def __init__(self, compiled, loop: LoopGen, op, op_idx: int, description):
-        super().__init__(compiled, loop.args, loop.expected, loop.outputs, [(op, op_idx)],
-                         description)
         control = registry.get(op.type).control
+        body = op.block.program.block(op.attr(control.body))
+        index = {id(o): i for i, o in enumerate(body.ops)}
+        # a body's random op: its key in the env the loop runs in is an argument; the loop
+        # mixes in each iteration's number (loops.LoopGen)
+        super().__init__(compiled, loop.args, loop.expected, loop.outputs, [(op, op_idx)],
+                         description, rng_ops=[(o, index[id(o)]) for o in loop.rng_ops])
         self.op, self.op_idx, self.body_idx = op, op_idx, op.attr(control.body)
         self.step_scopes = [n for n in op.output(control.step_scopes)
                             if n != registry.EMPTY_VAR_NAME] if control.step_scopes else []
