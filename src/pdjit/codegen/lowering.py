@@ -114,6 +114,16 @@ class LowerContext:
             return self.gen.define(name)
         return self.gen.define_out(name, shape, numpy_type_name(self._var(name).dtype), zero)
 
+    def out_or_scratch(self, slot: str, shape: str, T: str, lines: list) -> str:
+        """Output ``slot`` allocated by the driver (``out(slot, shape=shape)``) when the op
+        binds it, else a scratch array of that shape and NumPy type ``T`` made by a line
+        appended to ``lines``: for library kernels that write every output they compute."""
+        if self.has_output(slot):
+            return self.out(slot, shape=shape)
+        t = self.tmp("u")
+        lines.append(f"{t} = np.empty({shape}, {T})")
+        return t
+
     def _var(self, name):
         return self.op.block._find_var_recursive(name)
 

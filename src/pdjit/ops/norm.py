@@ -228,11 +228,7 @@ class _Host:
 
     def out(self, slot: str, shape: str, T: str) -> str:
         """Output ``slot`` allocated by the driver, or a scratch array when it is not bound."""
-        if self.ctx.has_output(slot):
-            return self.ctx.out(slot, shape=shape)
-        t = self.tmp("u")
-        self.emit(f"{t} = np.empty({shape}, {T})")
-        return t
+        return self.ctx.out_or_scratch(slot, shape, T, self.lines)
 
     def grads(self, x4: str, dy: str) -> tuple:
         """(dy4, dx4, dscale, dbias): the out-grad viewed like ``x4`` and the gradients."""
@@ -800,11 +796,7 @@ class _LNHost:
         return t
 
     def out(self, slot: str, shape: str) -> str:
-        if self.ctx.has_output(slot):
-            return self.ctx.out(slot, shape=shape)
-        t = self.ctx.tmp("u")
-        self.lines.append(f"{t} = np.empty({shape}, {self.T})")
-        return t
+        return self.ctx.out_or_scratch(slot, shape, self.T, self.lines)
 
     def lead_shape(self) -> str:
         dims = "".join(f"{self.X}.shape[{i}], " for i in range(self.axis))

@@ -584,11 +584,7 @@ class _Host:
         return t
 
     def out(self, slot: str, shape: str) -> str:
-        if self.ctx.has_output(slot):
-            return self.ctx.out(slot, shape=shape)
-        t = self.ctx.tmp("u")
-        self.lines.append(f"{t} = np.empty({shape}, {self.T})")
-        return t
+        return self.ctx.out_or_scratch(slot, shape, self.T, self.lines)
 
     def grad_of(self, slot: str, like: str) -> str:
         """``slot@GRAD`` shaped like input ``slot`` (bound as ``like``); an array without
