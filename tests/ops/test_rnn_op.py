@@ -296,3 +296,42 @@ def test_rnn_and_rnn_grad_match_paddle(case, paddle_arrays):
             np.testing.assert_allclose(g, w, rtol=1e-9, atol=1e-11, err_msg=f"{case}: {n}")
             compared += 1
     assert compared >= len(names) - len(quirks) and compared > 2 * ns + 1
+
+
+# ---- the kernels' batch slices on threads ----------------------------------------------------
+@pytest.mark.parametrize("mode,code", [("LSTM", 0), ("GRU", 1)])
+def test_rnn_kernels_split_the_batch_over_threads(mode, code):
+    """A large batch runs as slices on threads: the forward matches the NumPy oracle (two
+    bidirectional layers, lengths, dropout between the layers), the backward matches the
+    unsplit kernel, and an empty ``dx`` skips the input gradient without changing the rest."""
+    from pdjit.codegen.nnlib import rnn as K
+
+    T, B, H, L, D, p = 4, 5, 2, 2, 2, 0.3
+    ins, _ = make_case(mode, T=T, B=B, H=H, L=L, bidirec=True, lens=[4, 1, 0, 3, 2])
+    x, pre, ws = ins["Input"], ins["PreState"], ins["WeightList"]
+    h0, c0 = pre[0], pre[1] if mode == "LSTM" else pre[0]
+    w = np.concatenate([a.ravel() for a in ws])
+    lens = ins["SequenceLength"].astype(np.int64)
+    masks = RNG.random((L - 1, T, B, D * H)) >= p
+    dm = masks.astype(np.uint8).ravel()
+    reserve = np.empty(K.rnn_reserve_size(code, T, B, H, L, D))
+    dout = RNG.normal(size=(T, B, D * H))
+    dhn, dcn = RNG.normal(size=h0.shape), RNG.normal(size=h0.shape)
+    outs = {}
+    for parts in (1, 3):
+        out, hn, cn = np.empty((T, B, D * H)), np.empty_like(h0), np.empty_like(h0)
+        K.rnn_forward(x, h0, c0, w, lens, code, L, D, True, dm, 1 / (1 - p), out, hn, cn,
+                      reserve, parts=parts)
+        want = np_rnn(mode, x, h0, c0 if mode == "LSTM" else None, ws, L, True, lens,
+                      drop=(masks, p))
+        np.testing.assert_allclose(out, want[0], rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(hn, want[1], rtol=1e-10, atol=1e-12)
+        for dx in (np.empty_like(x), np.empty((0, 0, 0))):
+            dh0, dc0, dw = np.empty_like(h0), np.empty_like(h0), np.empty_like(w)
+            K.rnn_backward(x, w, lens, code, L, D, H, reserve, dm, 1 / (1 - p), dout, dhn,
+                           dcn, dx, dh0, dc0, dw, parts=parts)
+            outs[parts, dx.size == 0] = (dx, dh0, dw)
+    for key in ((3, False), (1, True), (3, True)):
+        for got, want in zip(outs[key], outs[1, False]):
+            if got.size:
+                np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)

@@ -528,7 +528,12 @@ def _rnn_grad_lower(ctx):
             states.append(ctx.inp("State@GRAD", i))
     dhn = states[0]
     dcn = states[1] if code == 0 else dhn
-    dx = _out_or_scratch(ctx, lines, "Input@GRAD", 0, f"{x}.shape", T)
+    names = ctx.op.output("Input@GRAD")
+    if names and names[0] != EMPTY_VAR_NAME and ctx.used("Input@GRAD"):
+        dx = ctx.out("Input@GRAD", shape=f"{x}.shape")
+    else:  # nothing reads it: the kernel skips the GEMM
+        dx = ctx.tmp("dx")
+        lines.append(f"{dx} = np.empty((0, 0, 0), {T})")
     dh0 = _out_or_scratch(ctx, lines, "PreState@GRAD", 0, f"{h0}.shape", T)
     dc0 = _out_or_scratch(ctx, lines, "PreState@GRAD", 1, f"{h0}.shape", T) if code == 0 \
         else dh0

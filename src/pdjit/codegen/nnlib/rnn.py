@@ -29,6 +29,7 @@ import numpy as np
 
 from pdjit.codegen import mathfuncs as _m
 from pdjit.codegen.nnlib._jit import jit, jobs
+from pdjit.codegen.nnlib.conv import _parts, _threads
 
 __all__ = ["rnn_forward", "rnn_backward", "rnn_gates", "rnn_reserve_size"]
 
@@ -198,21 +199,22 @@ def _offsets(mode, in_size, hidden, num_layers, ndir):
 
 
 @jit
-def rnn_forward(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask, drop_scale,
-                out, hn, cn, reserve):
-    """``out`` ``(T, B, D*H)``, last states ``hn`` (and ``cn`` for LSTM; ``c0``/``cn`` are not
-    read or written otherwise), and, with ``save``, ``reserve``. ``drop_mask`` (uint8,
-    ``(L-1) * T * B * D*H`` or empty: no dropout) scales the outputs of the layers but the
-    last by ``mask * drop_scale``."""
+def _fwd_part(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask, drop_scale,
+              out, hn, cn, reserve, b0, b1):
+    """:func:`rnn_forward` for the sequences ``b0 .. b1`` (independent of the others: each slice
+    can run on a thread of its own; it writes only its rows of ``out``, ``hn``, ``cn`` and
+    ``reserve``)."""
     T, B, I = x.shape
     H = h0.shape[2]
     L, D = num_layers, ndir
     G = rnn_gates(mode)
     GH = G * H
     DH = D * H
+    Bs = b1 - b0
     offs, sizes, total = _offsets(mode, I, H, L, D)
     if (w.size != total or h0.shape[0] != L * D or h0.shape[1] != B or hn.shape != h0.shape
-            or out.shape != (T, B, DH) or (lens.size != 0 and lens.size != B)):
+            or out.shape != (T, B, DH) or (lens.size != 0 and lens.size != B)
+            or b0 < 0 or b1 > B or b0 > b1):
         raise ValueError("pdjit: rnn_forward: the arrays do not fit the sizes")
     if mode == LSTM and (c0.shape != h0.shape or cn.shape != h0.shape):
         raise ValueError("pdjit: rnn_forward: the cell states do not fit the sizes")
@@ -223,7 +225,8 @@ def rnn_forward(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask, dro
     dropping = drop_mask.size != 0
     one = np.ones(1, x.dtype)[0]  # typed constants: float32 data stays float32
     zero = one - one
-    inp = x.reshape((T * B, I))
+    # the slice's inputs as contiguous rows (a copy unless the slice is the whole batch)
+    inp = np.ascontiguousarray(x[:, b0:b1, :]).reshape((T * Bs, I))
     for layer in range(L):
         il = sizes[layer]
         last = layer == L - 1
@@ -251,51 +254,59 @@ def rnn_forward(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask, dro
                 aux = np.empty((1, B, H), x.dtype)
             xp = np.dot(inp, wih.T)  # every step's input projection: one GEMM
             _fold_bias(xp, bih, bhh, mode, H)
-            xp3 = xp.reshape((T, B, GH))
-            h = h0[k].copy()
-            c = c0[k].copy() if mode == LSTM else h0[k].copy()
+            xp3 = xp.reshape((T, Bs, GH))
+            h = h0[k, b0:b1].copy()
+            c = c0[k, b0:b1].copy() if mode == LSTM else h0[k, b0:b1].copy()
+            hh = np.empty((Bs, GH), x.dtype)
             for s in range(T):
                 t = s if d == 0 else T - 1 - s
                 ts = t if save else 0
-                hh = np.dot(h, whh.T)
-                for b in range(B):
+                np.dot(h, whh.T, hh)
+                for bl in range(Bs):
+                    b = b0 + bl
                     if lens.size != 0 and t >= lens[b]:
                         y[t, b, d * H:(d + 1) * H] = zero
                         gates[ts, b, :] = zero
-                        hprev[ts, b, :] = h[b]
+                        hprev[ts, b, :] = h[bl]
                         aux[ts, b, :] = zero
                         continue
-                    _fwd_row(mode, xp3[t, b], hh[b], bhh, h[b], c[b], gates[ts, b],
+                    _fwd_row(mode, xp3[t, bl], hh[bl], bhh, h[bl], c[bl], gates[ts, b],
                              hprev[ts, b], aux[ts, b], y[t, b], d * H, one)
-            hn[k] = h
+            hn[k, b0:b1] = h
             if mode == LSTM:
-                cn[k] = c
+                cn[k, b0:b1] = c
         if not last:
             if dropping:
-                m = drop_mask[layer * T * B * DH:(layer + 1) * T * B * DH]
-                y1 = y.reshape(T * B * DH)
-                for i in range(T * B * DH):
-                    y1[i] = y1[i] * drop_scale if m[i] else zero
-            inp = y.reshape((T * B, DH))
+                m = drop_mask[layer * T * B * DH:(layer + 1) * T * B * DH].reshape((T, B, DH))
+                for t in range(T):
+                    for b in range(b0, b1):
+                        yr = y[t, b]
+                        mr = m[t, b]
+                        for i in range(DH):
+                            yr[i] = yr[i] * drop_scale if mr[i] else zero
+            inp = np.ascontiguousarray(y[:, b0:b1, :]).reshape((T * Bs, DH))
 
 
 @jit
-def rnn_backward(x, w, lens, mode, num_layers, ndir, hidden, reserve, drop_mask, drop_scale,
-                 dout, dhn, dcn, dx, dh0, dc0, dw):
-    """Gradients of :func:`rnn_forward` (run with ``save``) from ``reserve``: ``dx``, ``dh0``,
-    ``dc0`` (LSTM; not written otherwise) and ``dw`` (flat, in ``w``'s order) from the
-    gradients of ``out``, ``hn`` and ``cn``."""
+def _bwd_part(x, w, lens, mode, num_layers, ndir, hidden, reserve, drop_mask, drop_scale,
+              dout, dhn, dcn, dx, dh0, dc0, dw, b0, b1):
+    """:func:`rnn_backward` for the sequences ``b0 .. b1``: writes their rows of ``dx``
+    (skipped when ``dx`` is empty), ``dh0`` and ``dc0``, and *sets* ``dw`` to their part of
+    the weight gradients."""
     T, B, I = x.shape
     H = hidden
     L, D = num_layers, ndir
     G = rnn_gates(mode)
     GH = G * H
     DH = D * H
+    Bs = b1 - b0
     offs, sizes, total = _offsets(mode, I, H, L, D)
     if (w.size != total or dw.size != total or dout.shape != (T, B, DH)
-            or dhn.shape != (L * D, B, H) or dh0.shape != dhn.shape or dx.shape != x.shape
+            or dhn.shape != (L * D, B, H) or dh0.shape != dhn.shape
+            or (dx.size != 0 and dx.shape != x.shape)
             or (lens.size != 0 and lens.size != B)
-            or reserve.size < rnn_reserve_size(mode, T, B, H, L, D)):
+            or reserve.size < rnn_reserve_size(mode, T, B, H, L, D)
+            or b0 < 0 or b1 > B or b0 > b1):
         raise ValueError("pdjit: rnn_backward: the arrays do not fit the sizes")
     if mode == LSTM and (dcn.shape != dhn.shape or dc0.shape != dhn.shape):
         raise ValueError("pdjit: rnn_backward: the cell gradients do not fit the sizes")
@@ -304,17 +315,19 @@ def rnn_backward(x, w, lens, mode, num_layers, ndir, hidden, reserve, drop_mask,
     dw[:] = 0.0
     one = np.ones(1, x.dtype)[0]
     zero = one - one
-    dy = dout.copy()
-    dxp = np.empty((T, B, GH), x.dtype)
-    dhp = np.empty((T, B, GH), x.dtype) if mode == GRU else dxp
+    dy = np.ascontiguousarray(dout[:, b0:b1, :])  # (T, Bs, DH): the slice's rows
+    dxp = np.empty((T, Bs, GH), x.dtype)
+    dhp = np.empty((T, Bs, GH), x.dtype) if mode == GRU else dxp
     for layer in range(L - 1, -1, -1):
         il = sizes[layer]
         if layer == 0:
-            inp = x.reshape((T * B, I))
+            inp = np.ascontiguousarray(x[:, b0:b1, :]).reshape((T * Bs, I))
         else:
-            inp = reserve[lay0 + (layer - 1) * T * B * DH:lay0 + layer * T * B * DH].reshape(
-                (T * B, DH))
-        dinp = np.zeros((T * B, il), x.dtype)
+            lo = reserve[lay0 + (layer - 1) * T * B * DH:lay0 + layer * T * B * DH].reshape(
+                (T, B, DH))
+            inp = np.ascontiguousarray(lo[:, b0:b1, :]).reshape((T * Bs, DH))
+        need_dinp = layer > 0 or dx.size != 0
+        dinp = np.zeros((T * Bs if need_dinp else 0, il), x.dtype)
         for d in range(D):
             k = layer * D + d
             wih = w[offs[k, 0]:offs[k, 0] + GH * il].reshape((GH, il))
@@ -326,42 +339,107 @@ def rnn_backward(x, w, lens, mode, num_layers, ndir, hidden, reserve, drop_mask,
             dxp[:, :, :] = 0.0
             if mode == GRU:
                 dhp[:, :, :] = 0.0
-            dh = dhn[k].copy()
-            dc = dcn[k].copy() if mode == LSTM else dhn[k].copy()
+            dh = dhn[k, b0:b1].copy()
+            dc = dcn[k, b0:b1].copy() if mode == LSTM else dhn[k, b0:b1].copy()
+            dhs = np.empty((Bs, H), x.dtype)
             for s in range(T):
                 t = T - 1 - s if d == 0 else s
-                for b in range(B):
+                for bl in range(Bs):
+                    b = b0 + bl
                     if lens.size != 0 and t >= lens[b]:
                         continue  # the state passed through: so does its gradient
-                    _bwd_row(mode, gates[t, b], hprev[t, b], aux[t, b], dy[t, b], d * H, dh[b],
-                             dc[b], dxp[t, b], dhp[t, b], one)
-                dh += np.dot(dhp[t], whh)  # rows past a length are zero there
-            dh0[k] = dh
+                    _bwd_row(mode, gates[t, b], hprev[t, b], aux[t, b], dy[t, bl], d * H,
+                             dh[bl], dc[bl], dxp[t, bl], dhp[t, bl], one)
+                np.dot(dhp[t], whh, dhs)  # rows past a length are zero there
+                dh += dhs
+            dh0[k, b0:b1] = dh
             if mode == LSTM:
-                dc0[k] = dc
+                dc0[k, b0:b1] = dc
             # the weight and input gradients of every step at once
-            dxp2 = dxp.reshape((T * B, GH))
-            dhp2 = dhp.reshape((T * B, GH))
+            dxp2 = dxp.reshape((T * Bs, GH))
+            dhp2 = dhp.reshape((T * Bs, GH))
+            hp2 = np.ascontiguousarray(hprev[:, b0:b1, :]).reshape((T * Bs, H))
             dwih = dw[offs[k, 0]:offs[k, 0] + GH * il].reshape((GH, il))
             dwhh = dw[offs[k, 1]:offs[k, 1] + GH * H].reshape((GH, H))
             dwih += np.dot(dxp2.T, inp)
-            dwhh += np.dot(dhp2.T, hprev.reshape((T * B, H)))
+            dwhh += np.dot(dhp2.T, hp2)
             dbih = dw[offs[k, 2]:offs[k, 2] + GH]
             dbhh = dw[offs[k, 3]:offs[k, 3] + GH]
-            for r_ in range(T * B):
+            for r_ in range(T * Bs):
                 for q in range(GH):
                     dbih[q] += dxp2[r_, q]
                     dbhh[q] += dhp2[r_, q]
-            dinp += np.dot(dxp2, wih)
+            if need_dinp:
+                dinp += np.dot(dxp2, wih)
         if layer == 0:
-            dx[:, :, :] = dinp.reshape((T, B, I))
+            if dx.size != 0:
+                dx[:, b0:b1, :] = dinp.reshape((T, Bs, I))
         else:
-            dy = dinp.reshape((T, B, DH))
+            dy = dinp.reshape((T, Bs, DH))
             if drop_mask.size != 0:
-                m = drop_mask[(layer - 1) * T * B * DH:layer * T * B * DH]
-                d1 = dy.reshape(T * B * DH)
-                for i in range(T * B * DH):
-                    d1[i] = d1[i] * drop_scale if m[i] else zero
+                m = drop_mask[(layer - 1) * T * B * DH:layer * T * B * DH].reshape((T, B, DH))
+                for t in range(T):
+                    for bl in range(Bs):
+                        dr = dy[t, bl]
+                        mr = m[t, b0 + bl]
+                        for i in range(DH):
+                            dr[i] = dr[i] * drop_scale if mr[i] else zero
+
+
+def _slices(B, work, parts):
+    """How many slices of the batch to run on threads (``parts``: as asked; ``None``: by the
+    work, as the other library kernels split)."""
+    if parts is None:
+        parts = _parts(B, work)
+    return max(1, min(int(parts), B))
+
+
+def rnn_forward(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask, drop_scale,
+                out, hn, cn, reserve, parts=None):
+    """``out`` ``(T, B, D*H)``, last states ``hn`` (and ``cn`` for LSTM; ``c0``/``cn`` are not
+    read or written otherwise), and, with ``save``, ``reserve``. ``drop_mask`` (uint8,
+    ``(L-1) * T * B * D*H`` or empty: no dropout) scales the outputs of the layers but the
+    last by ``mask * drop_scale``. A large batch is split into slices run on threads (the
+    sequences are independent); ``parts`` overrides how many."""
+    T, B = x.shape[0], x.shape[1]
+    H = h0.shape[2]
+    G = 4 if mode == LSTM else 3 if mode == GRU else 1
+    n = _slices(B, T * B * G * H * (x.shape[2] + H) * num_layers * ndir, parts)
+    args = (x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask, drop_scale, out, hn,
+            cn, reserve)
+    if n == 1:
+        _fwd_part(*args, 0, B)
+        return
+    futures = [_threads().submit(_fwd_part, *args, p * B // n, (p + 1) * B // n)
+               for p in range(1, n)]
+    _fwd_part(*args, 0, B // n)
+    for f in futures:
+        f.result()
+
+
+def rnn_backward(x, w, lens, mode, num_layers, ndir, hidden, reserve, drop_mask, drop_scale,
+                 dout, dhn, dcn, dx, dh0, dc0, dw, parts=None):
+    """Gradients of :func:`rnn_forward` (run with ``save``) from ``reserve``: ``dx`` (not
+    computed when empty: nothing reads it), ``dh0``, ``dc0`` (LSTM; not written otherwise) and
+    ``dw`` (flat, in ``w``'s order) from the gradients of ``out``, ``hn`` and ``cn``. A large
+    batch is split into slices run on threads, each with weight gradients of its own, summed
+    at the end."""
+    T, B = x.shape[0], x.shape[1]
+    G = 4 if mode == LSTM else 3 if mode == GRU else 1
+    n = _slices(B, T * B * G * hidden * (x.shape[2] + hidden) * num_layers * ndir * 2, parts)
+    head = (x, w, lens, mode, num_layers, ndir, hidden, reserve, drop_mask, drop_scale, dout,
+            dhn, dcn, dx, dh0, dc0)
+    if n == 1:
+        _bwd_part(*head, dw, 0, B)
+        return
+    dws = [np.empty_like(dw) for _ in range(1, n)]
+    futures = [_threads().submit(_bwd_part, *head, dws[p - 1], p * B // n, (p + 1) * B // n)
+               for p in range(1, n)]
+    _bwd_part(*head, dw, 0, B // n)
+    for f in futures:
+        f.result()
+    for part in dws:
+        dw += part
 
 
 def _arr(T, nd):
@@ -371,16 +449,16 @@ def _arr(T, nd):
 @jobs("rnn_forward")
 def _fwd_jobs(T):
     a = np.dtype(T)
-    return [(rnn_forward, (_arr(a, 3), _arr(a, 3), _arr(a, 3), _arr(a, 1),
-                           _arr(np.dtype(np.int64), 1), int, int, int, bool,
-                           _arr(np.dtype(np.uint8), 1), float, _arr(a, 3), _arr(a, 3),
-                           _arr(a, 3), _arr(a, 1)))]
+    return [(_fwd_part, (_arr(a, 3), _arr(a, 3), _arr(a, 3), _arr(a, 1),
+                         _arr(np.dtype(np.int64), 1), int, int, int, bool,
+                         _arr(np.dtype(np.uint8), 1), float, _arr(a, 3), _arr(a, 3),
+                         _arr(a, 3), _arr(a, 1), int, int))]
 
 
 @jobs("rnn_backward")
 def _bwd_jobs(T):
     a = np.dtype(T)
-    return [(rnn_backward, (_arr(a, 3), _arr(a, 1), _arr(np.dtype(np.int64), 1), int, int,
-                            int, int, _arr(a, 1), _arr(np.dtype(np.uint8), 1), float,
-                            _arr(a, 3), _arr(a, 3), _arr(a, 3), _arr(a, 3), _arr(a, 3),
-                            _arr(a, 3), _arr(a, 1)))]
+    return [(_bwd_part, (_arr(a, 3), _arr(a, 1), _arr(np.dtype(np.int64), 1), int, int,
+                         int, int, _arr(a, 1), _arr(np.dtype(np.uint8), 1), float,
+                         _arr(a, 3), _arr(a, 3), _arr(a, 3), _arr(a, 3), _arr(a, 3),
+                         _arr(a, 3), _arr(a, 1), int, int))]
