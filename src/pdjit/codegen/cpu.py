@@ -405,8 +405,9 @@ class _LazyKernel:
 
 
 class _HostRT:
-    """``_rt`` as the host driver sees it: the same helpers, the GEMM without a wrapper."""
-    bdim, check, gemm = staticmethod(rt.bdim), staticmethod(rt.check), staticmethod(np.dot)
+    """``_rt`` as the host driver sees it: the same helpers (the GEMM with its thread policy,
+    ``threads.gemm_threads``)."""
+    bdim, check, gemm = staticmethod(rt.bdim), staticmethod(rt.check), staticmethod(rt.gemm)
 
 
 _HOST_RT = _HostRT()

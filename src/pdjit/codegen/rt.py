@@ -10,6 +10,8 @@ invalidates Numba's on-disk cache of every generated module that uses it.
 import numpy as np
 from numba.extending import overload
 
+from pdjit.runtime import threads
+
 
 def bdim(acc, d):
     """Broadcast one more size into a dim: 1 gives way to anything; else sizes must agree."""
@@ -28,8 +30,14 @@ def check(cond):
 
 
 def gemm(a, b):
-    """The matrix product of two 2-D arrays (BLAS): every lowering multiplies through here."""
-    return np.dot(a, b)
+    """The matrix product of two 2-D arrays (BLAS): every lowering multiplies through here. In
+    a host driver a large product runs on every core unless a thread count was asked for
+    (``threads.gemm_threads``); compiled code calls ``np.dot`` at the plan's BLAS count."""
+    work = a.size * b.shape[-1]
+    if work < threads.GEMM_PARALLEL_MIN_WORK and threads.gemm_trace is None:
+        return np.dot(a, b)  # small: NumPy's BLAS at the plan's count (one thread by default)
+    n = threads.gemm_threads(work)
+    return np.dot(a, b) if n == 1 else threads.numpy_gemm(a, b, n)
 
 
 @overload(bdim, inline="always")

@@ -280,6 +280,12 @@ class LoopStep(NativeStep):
         return f"{head} {self.compiled.name}: {self.description}"
 
 
+def _calls_host_blas(source: str) -> bool:
+    """Whether a driver's source calls NumPy's BLAS: ``_rt.gemm`` (``np.dot``) or
+    ``_nn.batched_gemm`` (``np.matmul``)."""
+    return "_rt.gemm" in source or "_nn.batched_gemm" in source
+
+
 def _is_cache_damage(e: Exception) -> bool:
     import pickle
 
@@ -294,9 +300,11 @@ class Plan:
     def __init__(self, steps, partition_text, sources, compile_seconds, fresh=frozenset(),
                  block_idx: int = 0):
         self.steps = steps
-        # whether a step may call the host's BLAS (a GEMM in a driver, or a sub-block's plan)
-        self.blas = any("_rt.gemm" in getattr(s.compiled, "source", "") if s.kind == "native"
-                        else bool(getattr(s, "sub_plans", ())) for s in steps)
+        # whether a step may call the host's BLAS (a GEMM or batched GEMM in a driver, or a
+        # sub-block's plan)
+        self.blas = any(_calls_host_blas(getattr(s.compiled, "source", ""))
+                        if s.kind == "native" else bool(getattr(s, "sub_plans", ()))
+                        for s in steps)
         self.fresh = fresh
         self.partition_text = partition_text
         self.sources = sources

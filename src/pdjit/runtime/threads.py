@@ -13,12 +13,26 @@ Two kinds of threads, set apart because they were measured apart on a 2-vCPU mac
   only while a plan runs: the user's own NumPy keeps its threads) and the loops of opaque
   lowerings stay on one thread by default: an MLP forward at batch 128 took
   0.37 ms with one BLAS thread and 4.0 ms with two (threads fight over too few cores).
+- Except a large GEMM from a host driver (``_rt.gemm``, ``_nn.batched_gemm``): from
+  ``GEMM_PARALLEL_MIN_WORK`` multiply-adds (M*N*K, 2**25) it runs on every core
+  (``gemm_threads``). Measured on the 2-vCPU machine, float32, NumPy's OpenBLAS, medians of 7
+  (1 vs 2 threads, ms): 128x64x256 0.045/0.032, 128x256x256 0.17/0.10, 512x256x256
+  0.66/0.35, 1024x256x256 1.30/0.68, 1024x256x1024 5.4/2.8; with a busy process on the
+  other core the small products lose with two (128x64x256 0.045/0.060, 256x128x256
+  0.17/0.20) and the large still mostly win (512x512x512 4.7/3.0, 1024x1024x256 9.2/5.8).
+  The MLP's products (at most 128x256x256, 8.4M) stay on one thread; the transformer
+  encoder layer's projections (1024x256x256) and feed-forward products (1024x256x1024) go
+  on every core. A batched product (attention's 32 products of 128x64x128) of that much
+  work in all is split over the loop threads, each part a compiled loop of one-thread
+  ``np.dot`` (NumPy's ``matmul`` holds the GIL, and BLAS threads per 1M-multiply-add slice
+  gain little): 0.74 -> 0.45 ms for [32,128,64] x [32,64,128].
 - The library kernels of the vision ops (``pdjit.codegen.nnlib``) split a large batch into
   slices, one per loop thread, each slice on one BLAS thread (the kernels release the GIL):
   a 3x3 convolution of [32, 32, 16, 16] took 3.9 ms on one thread and 2.05 ms on two. (With
   OpenBLAS's own threads on instead, concurrent calls serialise: no gain.)
 
-``set_num_threads(n)`` or ``PDJIT_NUM_THREADS=n`` sets both to ``n``. Set it before building
+``set_num_threads(n)`` or ``PDJIT_NUM_THREADS=n`` sets both to ``n`` (every GEMM too, whatever
+its size). Set it before building
 programs: plans already compiled keep their loops.
 """
 from __future__ import annotations
@@ -122,10 +136,64 @@ def get_num_threads() -> int:
     return _applied if _applied is not None else default_num_threads()
 
 
+#: multiply-adds (M*N*K) from which one host-driver GEMM uses every core when no thread count
+#: was asked for (see the module docstring for the measurements)
+GEMM_PARALLEL_MIN_WORK = 1 << 25
+
+#: a list to record ``(work, threads)`` of every ``gemm_threads`` decision in (tests), or None
+gemm_trace = None
+
+
+def asked_threads() -> bool:
+    """Whether a thread count was asked for (``set_num_threads`` or ``PDJIT_NUM_THREADS``)."""
+    return _applied is not None or bool(os.environ.get("PDJIT_NUM_THREADS"))
+
+
+def gemm_threads(work: int) -> int:
+    """BLAS threads for one GEMM of ``work`` multiply-adds: the count asked for when there is
+    one, else every core from ``GEMM_PARALLEL_MIN_WORK`` and one thread below it."""
+    if asked_threads():
+        n = get_num_threads()
+    elif work >= GEMM_PARALLEL_MIN_WORK:
+        import numba
+
+        n = numba.config.NUMBA_NUM_THREADS
+    else:
+        n = 1
+    if gemm_trace is not None:
+        gemm_trace.append((int(work), n))
+    return n
+
+
+def numpy_gemm(a, b, n: int):
+    """``np.dot(a, b)`` with NumPy's OpenBLAS on ``n`` threads for this call (its count
+    before afterwards)."""
+    return with_numpy_blas(n, np.dot, a, b)
+
+
+def with_numpy_blas(n: int, fn, *args, **kwargs):
+    """``fn(*args, **kwargs)`` with NumPy's OpenBLAS on ``n`` threads (its count before
+    afterwards)."""
+    global _numpy_blas
+    if _numpy_blas is None:
+        _numpy_blas = _openblas(os.path.join(_site(np), "numpy.libs"))
+    set_, get = _numpy_blas
+    if set_ is None or get is None:
+        return fn(*args, **kwargs)
+    have = get()
+    if have == n:
+        return fn(*args, **kwargs)
+    set_(n)
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        set_(have)
+
+
 def loop_threads() -> int:
     """Threads for large elementwise loops: the number asked for, else every core Numba
     may use."""
-    if _applied is not None or os.environ.get("PDJIT_NUM_THREADS"):
+    if asked_threads():
         return get_num_threads()
     import numba
 

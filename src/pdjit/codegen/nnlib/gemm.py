@@ -8,15 +8,21 @@ lowerings flatten the batch dims in their host lines and pass the batch dims the
 from a host driver (plain Python) it is ``np.matmul`` on the operands viewed with their batch
 dims (NumPy's loop of BLAS calls, transposes as strided views: nothing to compile); inside
 compiled code (a native driver, a kernel) it is ``_batched_gemm_native``, a compiled loop of
-one ``np.dot`` per 2-D slice, compiled once per dtype. Measured on the attention products
-``[8, 4, 128, 64] x [8, 4, 64, 128]`` and ``[8, 4, 128, 128] x [8, 4, 128, 64]`` float32, one
-BLAS thread: the compiled loop takes 0.95-1.11x ``np.matmul``'s time and 0.93-1.01x a Python
-loop of ``np.dot`` per slice (2-core machine under load, medians of 40 runs).
+one ``np.dot`` per 2-D slice, compiled once per dtype. From the host, a batch without
+broadcasting of ``threads.GEMM_PARALLEL_MIN_WORK`` multiply-adds in all is split over the
+loop threads, each part that compiled loop on one BLAS thread, when no thread count was asked
+for; otherwise ``np.matmul`` runs with NumPy's BLAS at ``threads.gemm_threads``.
+Measured on the attention products ``[8, 4, 128, 64] x [8, 4, 64, 128]`` and
+``[8, 4, 128, 128] x [8, 4, 128, 64]`` float32, one BLAS thread: the compiled loop takes
+0.95-1.11x ``np.matmul``'s time and 0.93-1.01x a Python loop of ``np.dot`` per slice (2-core
+machine under load, medians of 40 runs).
 """
 import numpy as np
 from numba.extending import overload
 
 from pdjit.codegen.nnlib._jit import jit
+from pdjit.codegen.nnlib.conv import _threads as _pool
+from pdjit.runtime import threads
 
 __all__ = ["batched_gemm", "dropout_fwd", "dropout_bwd", "dropout_key", "softmax_axis",
            "softmax_axis_grad"]
@@ -67,6 +73,20 @@ def batched_gemm(a, b, ta, tb, alpha, it, da, db, dc, c):
     y = np.swapaxes(y, -1, -2) if tb else y
     if x.shape[-1] != y.shape[-2] or c.shape[1:] != (x.shape[-2], y.shape[-1]):
         raise ValueError("pdjit: batched_gemm: the matrices do not fit")
+    nb = int(np.prod(shape))
+    nt = threads.gemm_threads(nb * x.shape[-2] * x.shape[-1] * y.shape[-1])
+    if nt > 1 and nb > 1 and not threads.asked_threads() and c.shape[0] == nb and \
+            all(int(p) == q == int(r) for p, q, r in zip(da, shape, db)):
+        _split_batches(a, b, ta, tb, alpha, c, min(nt, nb))
+        return
+    if nt > 1:
+        threads.with_numpy_blas(nt, _host_matmul, x, y, alpha, shape, dc, c)
+    else:
+        _host_matmul(x, y, alpha, shape, dc, c)
+
+
+def _host_matmul(x, y, alpha, shape, dc, c):
+    """``np.matmul`` of the operands viewed with their batch dims into ``c``."""
     if c.shape[0] == int(np.prod(shape)):
         np.matmul(x, y, out=c.reshape(shape + c.shape[1:]))
     else:  # summed over the batch dims c does not have
@@ -75,6 +95,24 @@ def batched_gemm(a, b, ta, tb, alpha, it, da, db, dc, c):
         c[...] = r.sum(axis=axes).reshape(c.shape)
     if alpha != 1.0:
         c *= c.dtype.type(alpha)
+
+
+def _range_gemm(a, b, ta, tb, alpha, c, n0, n1):
+    """Products ``n0 .. n1`` of a batch without broadcasting (the compiled loop, no GIL)."""
+    d = np.array([n1 - n0], np.int64)
+    _batched_gemm_native(a[n0:n1], b[n0:n1], ta, tb, alpha, d, d, d, d, c[n0:n1])
+
+
+def _split_batches(a, b, ta, tb, alpha, c, parts):
+    """A large batch of products split over ``parts`` threads, each a compiled loop of
+    one-thread ``np.dot`` (``np.matmul`` holds the GIL; see ``pdjit.runtime.threads``)."""
+    n = c.shape[0]
+    pool = _pool()
+    futures = [pool.submit(_range_gemm, a, b, ta, tb, alpha, c, p * n // parts,
+                           (p + 1) * n // parts) for p in range(1, parts)]
+    _range_gemm(a, b, ta, tb, alpha, c, 0, n // parts)
+    for f in futures:
+        f.result()
 
 
 @overload(batched_gemm)
