@@ -1,7 +1,8 @@
 """The size-aware BLAS thread policy of host-driver GEMMs (``threads.gemm_threads``): a product
 of ``GEMM_PARALLEL_MIN_WORK`` multiply-adds or more runs on every core, a smaller one on one
 thread, and an asked-for count (``set_num_threads`` / ``PDJIT_NUM_THREADS``) serves every
-product. Checked through ``threads.gemm_trace`` and spies, never by timing."""
+product; other processes' busy cores are left out (``threads.free_cores``). Checked through
+``threads.gemm_trace`` and spies, never by timing."""
 import os
 
 import numba
@@ -21,6 +22,7 @@ def default_threads(monkeypatch):
     """pdjit's default: no thread count asked for; every decision recorded."""
     monkeypatch.delenv("PDJIT_NUM_THREADS", raising=False)
     monkeypatch.setattr(threads, "_applied", None)
+    monkeypatch.setattr(threads, "free_cores", lambda: CORES)   # an idle machine
     trace = []
     monkeypatch.setattr(threads, "gemm_trace", trace)
     return trace
@@ -31,6 +33,9 @@ def test_the_decision_by_size_and_an_asked_count(default_threads, monkeypatch):
     assert threads.gemm_threads(big) == CORES
     assert threads.gemm_threads(big - 1) == 1
     assert threads.gemm_threads(8 * 256 * 10) == 1
+    monkeypatch.setattr(threads, "free_cores", lambda: 1)      # other processes keep the rest
+    assert threads.gemm_threads(big * 4) == 1
+    monkeypatch.setattr(threads, "free_cores", lambda: CORES)
     monkeypatch.setattr(threads, "_applied", 1)            # set_num_threads(1)
     assert threads.gemm_threads(big * 4) == 1
     monkeypatch.setattr(threads, "_applied", None)
@@ -123,3 +128,7 @@ def test_a_large_batch_of_products_is_split_over_threads(default_threads, monkey
     want = np.einsum("bik,jk->bij", x.astype(np.float64), y[0].astype(np.float64))
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
     assert parts == []
+
+
+def test_free_cores_reads_a_count():
+    assert 1 <= threads.free_cores() <= (os.cpu_count() or 1)

@@ -31,8 +31,9 @@ def check(cond):
 
 def gemm(a, b):
     """The matrix product of two 2-D arrays (BLAS): every lowering multiplies through here. In
-    a host driver a large product runs on every core unless a thread count was asked for
-    (``threads.gemm_threads``); compiled code calls ``np.dot`` at the plan's BLAS count."""
+    a host driver a large product runs on every free core unless a thread count was asked for
+    (``threads.gemm_threads``, ``threads.numpy_gemm``); compiled code calls ``np.dot`` at the
+    plan's BLAS count."""
     work = a.size * b.shape[-1]
     if work < threads.GEMM_PARALLEL_MIN_WORK and threads.gemm_trace is None:
         return np.dot(a, b)  # small: NumPy's BLAS at the plan's count (one thread by default)

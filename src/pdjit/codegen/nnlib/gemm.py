@@ -80,7 +80,7 @@ def batched_gemm(a, b, ta, tb, alpha, it, da, db, dc, c):
         _split_batches(a, b, ta, tb, alpha, c, min(nt, nb))
         return
     if nt > 1:
-        threads.with_numpy_blas(nt, _host_matmul, x, y, alpha, shape, dc, c)
+        threads.with_numpy_blas(nt, _host_matmul, x, y, alpha, shape, dc, c, stop_workers=True)
     else:
         _host_matmul(x, y, alpha, shape, dc, c)
 
@@ -104,13 +104,26 @@ def _range_gemm(a, b, ta, tb, alpha, c, n0, n1):
 
 
 def _split_batches(a, b, ta, tb, alpha, c, parts):
-    """A large batch of products split over ``parts`` threads, each a compiled loop of
-    one-thread ``np.dot`` (``np.matmul`` holds the GIL; see ``pdjit.runtime.threads``)."""
+    """A large batch of products over ``parts`` threads, each running the compiled loop of
+    one-thread ``np.dot`` on the chunks of the batch it takes (``np.matmul`` holds the GIL;
+    see ``pdjit.runtime.threads``)."""
     n = c.shape[0]
+    run_chunks(_range_gemm, n, parts, min(n, 4 * parts), a, b, ta, tb, alpha, c)
+
+
+def run_chunks(fn, n, parts, chunks, *args):
+    """``fn(*args, n0, n1)`` over ``chunks`` ranges of ``0..n``, taken in turn by ``parts``
+    threads (this one among them) as each finishes its last: a thread the OS leaves waiting
+    (another process on its core) takes fewer, where a fixed split would wait for its share."""
+    ranges = iter([(k * n // chunks, (k + 1) * n // chunks) for k in range(chunks)])
+
+    def work():
+        for n0, n1 in ranges:  # the iterator is shared: each range goes to one thread
+            fn(*args, n0, n1)
+
     pool = _pool()
-    futures = [pool.submit(_range_gemm, a, b, ta, tb, alpha, c, p * n // parts,
-                           (p + 1) * n // parts) for p in range(1, parts)]
-    _range_gemm(a, b, ta, tb, alpha, c, 0, n // parts)
+    futures = [pool.submit(work) for _ in range(parts - 1)]
+    work()
     for f in futures:
         f.result()
 
