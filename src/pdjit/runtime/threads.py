@@ -25,7 +25,12 @@ Two kinds of threads, set apart because they were measured apart on a 2-vCPU mac
   on every core. A batched product (attention's 32 products of 128x64x128) of that much
   work in all is split over the loop threads, each part a compiled loop of one-thread
   ``np.dot`` (NumPy's ``matmul`` holds the GIL, and BLAS threads per 1M-multiply-add slice
-  gain little): 0.74 -> 0.45 ms for [32,128,64] x [32,64,128].
+  gain little): 0.74 -> 0.45 ms for [32,128,64] x [32,64,128]. Only free cores count
+  (``free_cores``: other processes' CPU time over the last ~0.1 s): while another process
+  kept a core busy, two OpenBLAS threads took 4-8 ms for a 1.3 ms product, and the whole
+  encoder layer 60 ms against 24 ms on one thread. After a multi-threaded call NumPy's
+  OpenBLAS workers are stopped (they spin for 50 ms and more otherwise, taking the core
+  from the next parallel loop); starting them again costs ~50 us.
 - The library kernels of the vision ops (``pdjit.codegen.nnlib``) split a large batch into
   slices, one per loop thread, each slice on one BLAS thread (the kernels release the GIL):
   a 3x3 convolution of [32, 32, 16, 16] took 3.9 ms on one thread and 2.05 ms on two. (With
