@@ -268,10 +268,15 @@ def _fwd_part(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask, drop_
             h = h0[k, b0:b1].copy()
             c = c0[k, b0:b1].copy() if mode == LSTM else h0[k, b0:b1].copy()
             hh = np.empty((Bs, GH), x.dtype)
+            hht = np.empty((GH, Bs), x.dtype)
             for s in range(T):
                 t = s if d == 0 else T - 1 - s
                 ts = t if save else 0
-                np.dot(h, whh.T, hh)
+                if mode == LSTM:
+                    # (G*H, H) x (H, B): faster than (B, H) x (H, G*H) for a small batch
+                    np.dot(whh, h.T, hht)
+                else:
+                    np.dot(h, whh.T, hh)
                 for bl in range(Bs):
                     b = b0 + bl
                     if lens.size != 0 and t >= lens[b]:
@@ -283,9 +288,9 @@ def _fwd_part(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask, drop_
                     if mode == LSTM:
                         # written out here with unsigned indices (no negative-index
                         # wraparound): the loops vectorise (~3x faster than through _fwd_row)
-                        gb, ab, hb = gates[ts, b], xp3[t, bl], hh[bl]
+                        gb, ab = gates[ts, b], xp3[t, bl]
                         for q in range(U(4) * Hu):
-                            gb[q] = ab[q] + hb[q]
+                            gb[q] = ab[q] + hht[q, bl]
                         for q in range(U(2) * Hu):
                             gb[q] = _m.sigmoid(gb[q])
                         for q in range(U(2) * Hu, U(3) * Hu):
