@@ -21,9 +21,10 @@ weight and input gradients (the input's skipped when nothing reads it).
 Sequences are independent: :func:`rnn_forward` / :func:`rnn_backward` split a large batch into
 slices, one per loop thread (each slice runs every layer and direction, its BLAS calls on one
 thread; the backward's slices keep weight gradients of their own, summed at the end).
-Measured (float32, LSTM, batch 32, 50 steps, 128 inputs, 128 hidden, 2 cores): one slice
-forward 6.1 ms, backward 8.6 ms (no input gradient), mostly GEMMs; two slices on two threads
-3.6 + 4.9 ms.
+Measured (float32, LSTM, batch 32, 50 steps, 128 inputs, 128 hidden, 2 cores, quiet): one
+slice forward 5.8 ms, backward 8.5 ms (no input gradient), mostly GEMMs; two slices on two
+threads 3.2 + 4.9 ms. (With another process busy on the second core, two slices are slower
+than one: each waits for the slower.)
 
 ``reserve`` (the op's ``Reserve`` viewed as the data's dtype) keeps what the gradient needs;
 per layer ``l`` and direction ``d`` (``k = l * D + d``, blocks in that order) a block of
