@@ -35,8 +35,9 @@ bidirectional, with and without sequence lengths:
 
 Natively (float32 / float64, weights and states of the input's dtype) both ops are host lines
 calling ``_nn.rnn_forward`` / ``_nn.rnn_backward``: one compiled time loop per dtype for every
-mode and size. With dropout the masks are drawn natively from the run's key (the numbers the
-reference draws).
+mode and size (a large batch split into slices on the loop threads). With dropout the masks
+are drawn natively from the run's key (the numbers the reference draws). ``rnn_grad`` skips the
+input gradient (a GEMM over every step) when nothing reads ``Input@GRAD`` (a data input).
 """
 from __future__ import annotations
 
