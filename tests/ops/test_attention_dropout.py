@@ -315,3 +315,24 @@ def test_dropout_seed_input_native(seed):
         assert all(np.array_equal(g, w) for g, w in zip(got, want))
         masks.append(got[1])
     assert np.array_equal(*masks) == (seed != 0)
+
+
+def test_dropout_test_mode_out_is_x_without_a_copy():
+    """upscale_in_train in test mode, Out read only by a later op: Out is X itself (no kernel
+    call, no copy); the fed array stays untouched, and a fetched Out is still a copy."""
+    prog, start = fluid.Program(), fluid.Program()
+    with fluid.program_guard(prog, start):
+        x = layers.data("x", [6, 7], append_batch_size=False)
+        y = layers.dropout(x, 0.25, is_test=True, dropout_implementation="upscale_in_train")
+        z = layers.scale(y, scale=2.0, bias=1.0)
+    x0 = RNG.normal(size=(6, 7)).astype("float32")
+    keep = x0.copy()
+    (got,), plans = _native(prog, {"x": x0}, [z])
+    np.testing.assert_allclose(got, keep * 2 + 1, rtol=1e-7)
+    assert np.array_equal(x0, keep)
+    text = "\n".join(t for plan in plans for _, t in plan.sources)
+    assert "dropout_fwd" not in text, text
+    (got_y, got_z), _ = _native(prog, {"x": x0}, [y, z])  # Out fetched: computed, not X
+    np.testing.assert_array_equal(got_y, keep)
+    assert not np.shares_memory(got_y, x0)
+    np.testing.assert_allclose(got_z, keep * 2 + 1, rtol=1e-7)
