@@ -123,6 +123,65 @@ def _mul_lower(ctx):
     return lines + [f"{ctx.out('Out')} = {out}"]
 
 
+#: a product of at least this many multiply-adds (``threads.GEMM_PARALLEL_MIN_WORK``: those a
+#: host driver may put on several threads) is computed by blocks of samples when an elementwise
+#: chain (bias, activation) follows it; smaller ones stay one GEMM (see ``_gemm_blocked``)
+BLOCKED_MIN_WORK = 1 << 25
+
+
+def _gemm_blocked(ctx, xn: int, ta: bool = False, tb: bool = False, scaled: bool = False):
+    """``Opaque.blocked`` of a product ``flatten(X, xn) @ Y`` (Y a matrix, float operands of
+    one dtype, no transpose, no scale): the output allocated whole, ``_nn.gemm_rows`` computing
+    the rows of samples ``n0 .. n1`` (a sample: the ``X.shape[1:xn]`` rows under one index of
+    the output's first dim), so the bias and activation after it run on each block while it is
+    in cache, blocks split over the loop threads (one BLAS thread each) when
+    ``threads.gemm_threads`` gives the product more than one. Declined (None) below
+    ``BLOCKED_MIN_WORK`` multiply-adds, for unknown sizes, transposes or a scale.
+
+    Measured on the 2-vCPU machine (busy: load 2-4 from other processes; float32, medians of
+    40 executor runs, ms, today's GEMM-then-chain vs by blocks): with the product on one
+    thread (``free_cores`` 1) blocks lose by the smaller GEMMs (a block is ~64K output
+    elements: 64 to 256 rows), [8,128,256] x [256,1024] + bias + gelu 12.1 -> 13.0,
+    [8,128,256] x [256,256] + bias 1.54 -> 1.53, [1024,256] x [256,1024] + bias + relu
+    10.0 -> 11.5 (np.dot of 64-row blocks alone: 5.4 -> 6.7); with two free cores (forced)
+    the split over two loop threads, one BLAS thread each, wins over NumPy's two BLAS threads
+    and a parallel chain: 16.0 -> 8.2, 8.0 -> 1.46, 12.0 -> 7.8. The MLP's products (at most
+    128x256x256, 8.4M, equal either way: 0.19 / 0.20) stay below the threshold."""
+    if not _blas_ok(ctx) or ta or tb or scaled or ctx.rank("Y") != 2:
+        return None
+    rx = ctx.rank("X")
+    xs, ys = ctx.shape("X"), ctx.shape("Y")
+    if xn < 1 or xn >= rx or any(d is None or d < 0 for d in tuple(xs) + tuple(ys)):
+        return None
+    if _prod(xs) * ys[1] < BLOCKED_MIN_WORK:
+        return None
+    X, Y = ctx.inp("X"), ctx.inp("Y")
+    dims = [f"{X}.shape[{i}]" for i in range(xn)] + [f"{Y}.shape[1]"]
+    out = ctx.out("Out", shape=ctx.tuple_src(dims))
+    lx, x2 = _as_matrix(ctx, X, rx, xn)
+    o2 = ctx.tmp("o")
+    lines = lx + [f"{o2} = {out}.reshape(({x2}.shape[0], {Y}.shape[1]))"]
+    return (lines, "_nn.gemm_rows", [x2, Y], [o2, ctx.prod(X, 1, xn)],
+            f"_nn.gemm_split_work({x2}, {Y})")
+
+
+def _mul_blocked(ctx):
+    if ctx.attrs["y_num_col_dims"] != 1:
+        return None
+    return _gemm_blocked(ctx, ctx.attrs["x_num_col_dims"])
+
+
+def _matmul_blocked(tx_attr, ty_attr, alpha_attr=None):
+    """Rank-2 (or rows-folded, see ``_rows_of_x``) matmul by blocks (``_gemm_blocked``)."""
+    def blocked(ctx):
+        if ctx.rank("Y") != 2 or ctx.rank("X") < 2:
+            return None
+        return _gemm_blocked(ctx, ctx.rank("X") - 1, bool(ctx.attrs[tx_attr]),
+                             bool(ctx.attrs[ty_attr]),
+                             bool(alpha_attr) and ctx.attrs[alpha_attr] != 1.0)
+    return blocked
+
+
 def _as_matrix(ctx, local: str, rank: int, split: int):
     """(lines, name) of ``local`` viewed as a matrix of its dims before and after ``split``
     (no line when it is one already)."""
@@ -226,7 +285,8 @@ def _batched_lines(ctx, tx_attr, ty_attr, alpha_attr):
 register_op(
     "mul", inputs=["X", "Y"], outputs=["Out"],
     attrs={"x_num_col_dims": Int(1, low=1, high=3), "y_num_col_dims": Int(1, low=1, high=3)},
-    traits=[OPAQUE], infer_shape=_mul_infer, reference=_mul_ref, emit=Opaque(_mul_lower, host=True),
+    traits=[OPAQUE], infer_shape=_mul_infer, reference=_mul_ref,
+    emit=Opaque(_mul_lower, host=True, blocked=_mul_blocked),
     inference=_channel_linear(None),
     grad=default_grad("mul_grad", fwd_inputs=("X", "Y"), wrt=("X", "Y")),
     doc="Out = flatten(X, x_num_col_dims) @ flatten(Y, y_num_col_dims), reshaped to "
@@ -304,7 +364,8 @@ register_op(
     attrs={"transpose_X": Bool(False), "transpose_Y": Bool(False),
            "alpha": Float(1.0, low=-2.0, high=2.0), "head_number": Int(1, choices=(1,))},
     traits=[OPAQUE], infer_shape=_matmul_infer, reference=_matmul_ref,
-    emit=Opaque(_matmul_2d_lower("transpose_X", "transpose_Y", "alpha"), host=True),
+    emit=Opaque(_matmul_2d_lower("transpose_X", "transpose_Y", "alpha"), host=True,
+                blocked=_matmul_blocked("transpose_X", "transpose_Y", "alpha")),
     inference=_channel_linear("transpose_Y"),
     grad=default_grad("matmul_grad", fwd_inputs=("X", "Y"), wrt=("X", "Y")),
     doc="Out = alpha * op(X) @ op(Y) over the last two dims (op transposes when asked), batch "
@@ -327,7 +388,8 @@ register_op(
     "matmul_v2", inputs=["X", "Y"], outputs=["Out"],
     attrs={"trans_x": Bool(False), "trans_y": Bool(False)},
     traits=[OPAQUE], infer_shape=_matmul_v2_infer, reference=_matmul_v2_ref,
-    emit=Opaque(_matmul_2d_lower("trans_x", "trans_y"), host=True),
+    emit=Opaque(_matmul_2d_lower("trans_x", "trans_y"), host=True,
+                blocked=_matmul_blocked("trans_x", "trans_y")),
     inference=_channel_linear("trans_y"),
     grad=default_grad("matmul_v2_grad", fwd_inputs=("X", "Y"), wrt=("X", "Y")),
     doc="Out = op(X) @ op(Y) with NumPy batch broadcasting; 1-D X is a row, 1-D Y a column.")

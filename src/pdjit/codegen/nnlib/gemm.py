@@ -24,8 +24,8 @@ from pdjit.codegen.nnlib._jit import jit
 from pdjit.codegen.nnlib.conv import _threads as _pool
 from pdjit.runtime import threads
 
-__all__ = ["batched_gemm", "dropout_fwd", "dropout_bwd", "dropout_key", "softmax_axis",
-           "softmax_axis_grad"]
+__all__ = ["batched_gemm", "gemm_rows", "gemm_split_work", "dropout_fwd", "dropout_bwd",
+           "dropout_key", "softmax_axis", "softmax_axis_grad"]
 
 
 @jit
@@ -126,6 +126,26 @@ def run_chunks(fn, n, parts, chunks, *args):
     work()
     for f in futures:
         f.result()
+
+
+@jit
+def gemm_rows(x, y, n0, n1, out, r):
+    """Rows ``n0 * r .. n1 * r`` of ``out = x @ y`` (2-D C-contiguous operands): samples
+    ``n0 .. n1`` of a product whose samples are ``r`` rows each, one BLAS call on one thread.
+    What a ``mul``/``matmul`` by blocks computes before its epilogue (``Opaque.blocked``)."""
+    if x.shape[1] != y.shape[0] or out.shape[0] != x.shape[0] or out.shape[1] != y.shape[1]:
+        raise ValueError("pdjit: matrix product operands do not fit each other")
+    lo, hi = n0 * r, n1 * r
+    if hi > lo:
+        np.dot(x[lo:hi], y, out[lo:hi])
+
+
+def gemm_split_work(x, y) -> int:
+    """The work (multiply-adds) by which a host driver splits a blocked GEMM over the loop
+    threads (``split_work``): the product's own when ``threads.gemm_threads`` gives it more than
+    one thread (large, free cores, or a count asked for), else 0 (one thread)."""
+    work = x.shape[0] * x.shape[1] * y.shape[1]
+    return work if threads.gemm_threads(work) > 1 else 0
 
 
 @overload(batched_gemm)
