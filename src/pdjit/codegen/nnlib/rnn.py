@@ -39,7 +39,7 @@ import numpy as np
 from pdjit.codegen import mathfuncs as _m
 from pdjit.codegen.nnlib._jit import jit, jobs
 from pdjit.codegen.nnlib.conv import _threads
-from pdjit.runtime.threads import loop_threads
+from pdjit.runtime.threads import asked_threads, free_cores, loop_threads
 
 __all__ = ["rnn_forward", "rnn_backward", "rnn_gates", "rnn_reserve_size"]
 
@@ -475,10 +475,13 @@ SPLIT_MIN_WORK = 1 << 22
 
 
 def _slices(B, work, parts):
-    """How many slices of the batch to run on threads (``parts``: as asked; ``None``: every
-    loop thread when the work is large enough)."""
+    """How many slices of the batch to run on threads (``parts``: as asked; ``None``: when the
+    work is large enough, every loop thread, or, unless a thread count was asked for, the
+    cores other processes leave free: a slice waiting for a busy core holds up the others)."""
     if parts is None:
-        parts = loop_threads() if work >= SPLIT_MIN_WORK else 1
+        parts = 1
+        if work >= SPLIT_MIN_WORK:
+            parts = loop_threads() if asked_threads() else min(loop_threads(), free_cores())
     return max(1, min(int(parts), B))
 
 
