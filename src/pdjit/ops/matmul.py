@@ -136,7 +136,10 @@ def _gemm_blocked(ctx, xn: int, ta: bool = False, tb: bool = False, scaled: bool
     the output's first dim), so the bias and activation after it run on each block while it is
     in cache, blocks split over the loop threads (one BLAS thread each) when
     ``threads.gemm_threads`` gives the product more than one. Declined (None) below
-    ``BLOCKED_MIN_WORK`` multiply-adds, for unknown sizes, transposes or a scale.
+    ``BLOCKED_MIN_WORK`` multiply-adds, for unknown sizes, transposes or a scale, and when a
+    thread count above one was asked for (``PDJIT_NUM_THREADS=2``, forced by blocks on the
+    busy machine: 8.0 -> 56-64 ms for [8,128,256] x [256,256] + bias, the blocks' BLAS calls on
+    two threads each).
 
     Measured on the 2-vCPU machine (busy: load 2-4 from other processes; float32, medians of
     40 executor runs, ms, today's GEMM-then-chain vs by blocks): with the product on one
@@ -149,6 +152,8 @@ def _gemm_blocked(ctx, xn: int, ta: bool = False, tb: bool = False, scaled: bool
     128x256x256, 8.4M, equal either way: 0.19 / 0.20) stay below the threshold."""
     if not _blas_ok(ctx) or ta or tb or scaled or ctx.rank("Y") != 2:
         return None
+    if getattr(ctx.gen, "parallel", False):  # a thread count > 1 asked for: BLAS's too, and
+        return None                          # concurrent threaded BLAS calls fight
     rx = ctx.rank("X")
     xs, ys = ctx.shape("X"), ctx.shape("Y")
     if xn < 1 or xn >= rx or any(d is None or d < 0 for d in tuple(xs) + tuple(ys)):
