@@ -127,6 +127,8 @@ def _mul_lower(ctx):
 #: host driver may put on several threads) is computed by blocks of samples when an elementwise
 #: chain (bias, activation) follows it; smaller ones stay one GEMM (see ``_gemm_blocked``)
 BLOCKED_MIN_WORK = 1 << 25
+#: the batch (X's first dim) the size rule assumes where it is known only at run time
+UNKNOWN_BATCH = 8
 
 
 def _gemm_blocked(ctx, xn: int, ta: bool = False, tb: bool = False, scaled: bool = False):
@@ -136,7 +138,8 @@ def _gemm_blocked(ctx, xn: int, ta: bool = False, tb: bool = False, scaled: bool
     the output's first dim), so the bias and activation after it run on each block while it is
     in cache, blocks split over the loop threads (one BLAS thread each) when
     ``threads.gemm_threads`` gives the product more than one. Declined (None) below
-    ``BLOCKED_MIN_WORK`` multiply-adds, for unknown sizes, transposes or a scale, and when a
+    ``BLOCKED_MIN_WORK`` multiply-adds (an unknown batch counted as ``UNKNOWN_BATCH``), for
+    other unknown sizes, transposes or a scale, and when a
     thread count above one was asked for (``PDJIT_NUM_THREADS=2``, forced by blocks on the
     busy machine: 8.0 -> 56-64 ms for [8,128,256] x [256,256] + bias, the blocks' BLAS calls on
     two threads each).
@@ -149,16 +152,21 @@ def _gemm_blocked(ctx, xn: int, ta: bool = False, tb: bool = False, scaled: bool
     10.0 -> 11.5 (np.dot of 64-row blocks alone: 5.4 -> 6.7); with two free cores (forced)
     the split over two loop threads, one BLAS thread each, wins over NumPy's two BLAS threads
     and a parallel chain: 16.0 -> 8.2, 8.0 -> 1.46, 12.0 -> 7.8. The MLP's products (at most
-    128x256x256, 8.4M, equal either way: 0.19 / 0.20) stay below the threshold."""
+    128x256x256, 8.4M, equal either way: 0.19 / 0.20) stay below the threshold. The whole
+    encoder layer of ``benchmarks/bench_sequence_models.py`` (batch unknown at build time, its
+    six fc products by blocks), load 4-5: 35.4-38.9 ms by blocks vs 35.6-36.9 today with
+    ``free_cores`` 1; with two free cores (forced) 38.7-39.6 vs 82-84 (NumPy's two BLAS
+    threads on the busy cores)."""
     if not _blas_ok(ctx) or ta or tb or scaled or ctx.rank("Y") != 2:
         return None
     if getattr(ctx.gen, "parallel", False):  # a thread count > 1 asked for: BLAS's too, and
         return None                          # concurrent threaded BLAS calls fight
     rx = ctx.rank("X")
     xs, ys = ctx.shape("X"), ctx.shape("Y")
-    if xn < 1 or xn >= rx or any(d is None or d < 0 for d in tuple(xs) + tuple(ys)):
+    if xn < 1 or xn >= rx or any(d is None or d < 0 for d in tuple(xs[1:]) + tuple(ys)):
         return None
-    if _prod(xs) * ys[1] < BLOCKED_MIN_WORK:
+    if _prod((xs[0] if xs[0] >= 0 else UNKNOWN_BATCH,) + tuple(xs[1:])) * ys[1] < \
+            BLOCKED_MIN_WORK:
         return None
     X, Y = ctx.inp("X"), ctx.inp("Y")
     dims = [f"{X}.shape[{i}]" for i in range(xn)] + [f"{Y}.shape[1]"]
