@@ -96,3 +96,21 @@ def test_small_products_stay_one_gemm(fresh_programs):
     feed = {"x": np.ones((4, 8), np.float32)}
     report = exe.explain(main, feed=feed, fetch_list=[y])
     assert "_nn.gemm_rows(" not in report and "_rt.gemm(" in report
+
+
+def test_unknown_batch_counts_as_eight(fresh_programs):
+    """The size rule at its default: [-1, 64, 256] x [256, 256] is 8 * 4.2M multiply-adds with
+    the unknown batch counted as ``UNKNOWN_BATCH``: by blocks; run at batch 2."""
+    assert mm.UNKNOWN_BATCH * 64 * 256 * 256 >= mm.BLOCKED_MIN_WORK > 64 * 256 * 256
+    main, startup = fresh_programs
+    x = fluid.layers.data("x", [64, 256])
+    y = fluid.layers.fc(x, 256, num_flatten_dims=2, act="relu", name="big")
+    exe = fluid.Executor(fluid.CPUPlace(), strict=True)
+    exe.run(startup)
+    feed = {"x": RNG.normal(size=(2, 64, 256)).astype(np.float32)}
+    got, = exe.run(main, feed=feed, fetch_list=[y])
+    assert_native(exe)
+    assert "_nn.gemm_rows(" in exe.explain(main, feed=feed, fetch_list=[y])
+    w, b = _params(["big.w_0", "big.b_0"])
+    want = np.maximum(feed["x"].astype(np.float64) @ w + b, 0)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
