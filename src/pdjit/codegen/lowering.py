@@ -220,6 +220,22 @@ class LowerContext:
 
 
 
+def template_attrs(node, opdef, param) -> dict:
+    """The attribute values an elementwise node's template names, as source: a float of a
+    numeric attribute becomes a run-time argument (``param(literal) -> local``: kernels that
+    differ only in it share), anything else a literal."""
+    fields = {f for _, f, _, _ in string.Formatter().parse(node.lowering) if f}
+    attrs = {}
+    for k, v in opdef.attr_values(node.op.all_attrs()).items():
+        if k not in fields:
+            continue
+        if opdef.attrs[k].type in _NUMERIC_ATTRS and isinstance(v, float):
+            attrs[k] = param(literal(v))
+        else:
+            attrs[k] = literal(v)
+    return attrs
+
+
 class RowInput:
     """What ``LowerContext.row_input`` gives: ``setup`` lines (before any loop), ``shape`` (a
     source tuple of the value's full shape, over the op's inputs: for ``ctx.out(shape=...)``),
@@ -268,15 +284,7 @@ class Prologue:
                     leaves.append((scope.read(name), len(shape), off))
                     leaf_shapes.append(shape)
                 subst[slot.name] = f"pv{leaf_of[key]}"
-            fields = {f for _, f, _, _ in string.Formatter().parse(node.lowering) if f}
-            attrs = {}
-            for k, v in opdef.attr_values(op.all_attrs()).items():
-                if k not in fields:
-                    continue
-                if opdef.attrs[k].type in _NUMERIC_ATTRS and isinstance(v, float):
-                    attrs[k] = scope._param(literal(v))  # a run-time argument
-                else:
-                    attrs[k] = literal(v)
+            attrs = template_attrs(node, opdef, scope._param)
             out = op.output_arg_names[0]
             t = numpy_type_name(gen.block._find_var_recursive(out).dtype)
             local = ctx.tmp("pe")
@@ -699,6 +707,10 @@ class SegmentGen:
             lid = leaf_index[key]
             return f"x{lid}", frozenset({lid})
 
+        def param(src):  # a run-time argument: kernels that differ only in it share
+            params.append(src)
+            return f"p{len(params) - 1}"
+
         counter = 0
         for node in chain:
             op = node.op
@@ -712,16 +724,7 @@ class SegmentGen:
                 expr, c = value_of(names[0], self._offset(op, opdef, slot.name, rank))
                 subst[slot.name] = expr
                 cone |= c
-            fields = {f for _, f, _, _ in string.Formatter().parse(node.lowering) if f}
-            attrs = {}
-            for k, v in opdef.attr_values(op.all_attrs()).items():
-                if k not in fields:
-                    continue
-                if opdef.attrs[k].type in _NUMERIC_ATTRS and isinstance(v, float):
-                    attrs[k] = f"p{len(params)}"   # a run-time argument: kernels share
-                    params.append(literal(v))
-                else:
-                    attrs[k] = literal(v)
+            attrs = template_attrs(node, opdef, param)
             t = numpy_type_name(self.block._find_var_recursive(out_name).dtype)
             counter += 1
             local = f"e{counter}"
