@@ -98,6 +98,18 @@ def test_small_products_stay_one_gemm(fresh_programs):
     assert "_nn.gemm_rows(" not in report and "_rt.gemm(" in report
 
 
+def test_blocks_of_few_rows_stay_one_gemm(fresh_programs, blocked):
+    """A matrix X times a wide Y (blocks of 64 rows of 1024 columns) stays one GEMM: each
+    block's BLAS call would pack all of Y again."""
+    main, startup = fresh_programs
+    x = fluid.layers.data("x", [2, 8], append_batch_size=False)
+    y = fluid.layers.fc(x, 1024, act="relu")
+    exe = fluid.Executor(fluid.CPUPlace(), strict=True)
+    exe.run(startup)
+    report = exe.explain(main, feed={"x": np.ones((2, 8), np.float32)}, fetch_list=[y])
+    assert "_nn.gemm_rows(" not in report and "_rt.gemm(" in report
+
+
 def test_unknown_batch_counts_as_eight(fresh_programs):
     """The size rule at its default: [-1, 64, 256] x [256, 256] is 8 * 4.2M multiply-adds with
     the unknown batch counted as ``UNKNOWN_BATCH``: by blocks; run at batch 2."""

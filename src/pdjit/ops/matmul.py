@@ -129,6 +129,11 @@ def _mul_lower(ctx):
 BLOCKED_MIN_WORK = 1 << 25
 #: the batch (X's first dim) the size rule assumes where it is known only at run time
 UNKNOWN_BATCH = 8
+#: the output elements of one block (the cpu target's ``BLOCK_ELEMS``: whole samples of about
+#: that many) and the fewest rows a block may have: each block's BLAS call packs all of Y
+#: again, and 64-row blocks of [1024,256] x [256,1024] lost (7.1-7.4 vs 3.2-6.2 ms)
+BLOCK_OUTPUT_ELEMS = 1 << 16
+BLOCKED_MIN_ROWS = 128
 
 
 def _gemm_blocked(ctx, xn: int, ta: bool = False, tb: bool = False, scaled: bool = False):
@@ -139,7 +144,8 @@ def _gemm_blocked(ctx, xn: int, ta: bool = False, tb: bool = False, scaled: bool
     in cache, blocks split over the loop threads (one BLAS thread each) when
     ``threads.gemm_threads`` gives the product more than one. Declined (None) below
     ``BLOCKED_MIN_WORK`` multiply-adds (an unknown batch counted as ``UNKNOWN_BATCH``), for
-    other unknown sizes, transposes or a scale, and when a
+    other unknown sizes, transposes or a scale, for blocks of fewer than ``BLOCKED_MIN_ROWS``
+    rows (a matrix X times a wide Y), and when a
     thread count above one was asked for (``PDJIT_NUM_THREADS=2``, forced by blocks on the
     busy machine: 8.0 -> 56-64 ms for [8,128,256] x [256,256] + bias, the blocks' BLAS calls on
     two threads each).
@@ -167,6 +173,9 @@ def _gemm_blocked(ctx, xn: int, ta: bool = False, tb: bool = False, scaled: bool
         return None
     if _prod((xs[0] if xs[0] >= 0 else UNKNOWN_BATCH,) + tuple(xs[1:])) * ys[1] < \
             BLOCKED_MIN_WORK:
+        return None
+    r = _prod(xs[1:xn])
+    if r * max(1, BLOCK_OUTPUT_ELEMS // max(1, r * ys[1])) < BLOCKED_MIN_ROWS:
         return None
     X, Y = ctx.inp("X"), ctx.inp("Y")
     dims = [f"{X}.shape[{i}]" for i in range(xn)] + [f"{Y}.shape[1]"]
