@@ -162,7 +162,10 @@ def _gemm_blocked(ctx, xn: int, ta: bool = False, tb: bool = False, scaled: bool
     encoder layer of ``benchmarks/bench_sequence_models.py`` (batch unknown at build time, its
     six fc products by blocks), load 4-5: 35.4-38.9 ms by blocks vs 35.6-36.9 today with
     ``free_cores`` 1; with two free cores (forced) 38.7-39.6 vs 82-84 (NumPy's two BLAS
-    threads on the busy cores)."""
+    threads on the busy cores). At a quieter moment (load ~2, both modes on two threads) the
+    chains were even: 4.09-4.12 vs 4.11-4.15 ms (gelu), 0.785-0.789 vs 0.794-0.826 (bias),
+    and the layer 14.3-15.8 ms by blocks vs 15.0-23.5 today: the chain's separate pass is
+    cheap next to the GEMM; blocks mostly spare the threaded-BLAS stalls."""
     if not _blas_ok(ctx) or ta or tb or scaled or ctx.rank("Y") != 2:
         return None
     if getattr(ctx.gen, "parallel", False):  # a thread count > 1 asked for: BLAS's too, and
