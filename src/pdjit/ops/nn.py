@@ -18,7 +18,8 @@ Numerics follow PaddlePaddle 3.3.1's CPU kernels (measured; see /tmp/paddle_note
   ``1 - p``; with ``upscale_in_train`` training divides kept values by ``1 - p`` (zeros when
   ``p == 1``) and test mode is the identity. In test mode Mask is all ones (Paddle leaves it
   unset). In compiled plans dropout is a library kernel drawing the same stream as the
-  reference (``_nn.dropout_fwd``), its key passed in per run.
+  reference (``_nn.dropout_fwd``), its key passed in per run; in test mode where Out = X and
+  only later ops of the segment read Out (Mask unread), Out is X itself, no copy.
 """
 from __future__ import annotations
 
