@@ -336,22 +336,3 @@ def test_dropout_test_mode_out_is_x_without_a_copy():
     np.testing.assert_array_equal(got_y, keep)
     assert not np.shares_memory(got_y, x0)
     np.testing.assert_allclose(got_z, keep * 2 + 1, rtol=1e-7)
-
-
-def test_softmax_rows_on_threads_above_the_threshold():
-    """From SOFTMAX_PARALLEL_MIN_SIZE elements the row loop (with its scale prologue) may run
-    on the loop threads: the same values as NumPy's softmax, every row."""
-    from pdjit.ops.nn import SOFTMAX_PARALLEL_MIN_SIZE
-
-    shape = (SOFTMAX_PARALLEL_MIN_SIZE // (128 * 64), 128, 64)
-    x = RNG.normal(size=shape).astype("float32")
-    prog, start = fluid.Program(), fluid.Program()
-    with fluid.program_guard(prog, start):
-        xv = layers.data("x", list(shape), append_batch_size=False)
-        out = layers.softmax(layers.scale(xv, scale=0.5))
-    (o,), plans = _native(prog, {"x": x}, [out])
-    np.testing.assert_allclose(o, np_softmax(x * np.float32(0.5), -1), rtol=1e-5, atol=1e-7)
-    from pdjit.runtime import threads
-
-    if threads.loop_threads() > 1:
-        assert "numba.prange" in "\n".join(t for plan in plans for _, t in plan.sources)

@@ -169,21 +169,16 @@ class LowerContext:
         at = next(k for k, op in enumerate(ops) if op is self.op)
         return any(name in op.input_arg_names for op in ops[at + 1:])
 
-    def loop(self, var: str, count: str, body: list, size: str | None = None,
-             min_size: int | None = None) -> list:
+    def loop(self, var: str, count: str, body: list, size: str | None = None) -> list:
         """Source of ``for var in range(count): body``, run on threads (``numba.prange``) when
-        ``size`` (an element count) is large; iterations must write disjoint memory. With
-        ``min_size`` the loop is an elementwise-like one (a row loop doing arithmetic per
-        element): threads as for the flat and row loop kernels (``parallel_loops``, every core
-        by default) from ``size >= min_size``; else as other opaque loops (``parallel``)."""
+        ``size`` (an element count) is large and a thread count above one was asked for;
+        iterations must write disjoint memory. (Not by default: the kernel is then compiled
+        with ``parallel=True``, which cost 1.7 s more for a softmax's first run, measured.)"""
         indented = ["    " + line for line in body]
-        threads = self.gen.parallel if min_size is None else \
-            getattr(self.gen, "parallel_loops", self.gen.parallel)
-        if not (threads and size):
+        if not (self.gen.parallel and size):
             return [f"for {var} in range({count}):"] + indented
         self.gen.uses_prange = True
-        at_least = PARALLEL_MIN_SIZE if min_size is None else min_size
-        return ([f"if {size} >= {at_least}:", f"    for {var} in numba.prange({count}):"]
+        return ([f"if {size} >= {PARALLEL_MIN_SIZE}:", f"    for {var} in numba.prange({count}):"]
                 + ["    " + line for line in indented]
                 + ["else:", f"    for {var} in range({count}):"]
                 + ["    " + line for line in indented])
@@ -363,7 +358,6 @@ class _KernelScope:
         self.gen = gen
         self.block, self.segment, self.needed_after = gen.block, gen.segment, gen.needed_after
         self.parallel = gen.parallel
-        self.parallel_loops = getattr(gen, "parallel_loops", gen.parallel)
         self.uses_prange = False
         self.params: list = []        # kernel parameter -> the driver's local
         self.param_of: dict = {}

@@ -83,12 +83,6 @@ def _log_softmax(x: np.ndarray, axis: int):
 
 
 # ---- softmax ----------------------------------------------------------------------------------
-# the last-axis row loop runs on the loop threads (every core by default) from this many
-# elements (exp and three passes per element cost more than an elementwise add's). Measured on
-# the 2-core machine, both cores free, scale + softmax over rows of 128, 1 vs 2 threads, ms:
-# 65536 elements 0.156/0.169, 131072 0.303/0.270, 524288 (the transformer benchmark's scores,
-# with a sum after it) 1.20/0.88
-SOFTMAX_PARALLEL_MIN_SIZE = 1 << 17
 def _softmax_infer(X, *, axis):
     check_dtype(X, FLOATS, "input X")
     norm_axis(axis, X.ndim)
@@ -162,7 +156,7 @@ def _softmax_lower(ctx):
         body += ["    " + line for line in rows.load(i, j, v)] + [f"    {at(j)} = {v}"]
         body += _softmax_passes(ctx, at, at, n, j, m, s, T)
         return rows.setup + [f"{o2} = {out}.reshape(({rows.rows}, {n}))"] + \
-            ctx.loop(i, rows.rows, body, size=f"{out}.size", min_size=SOFTMAX_PARALLEL_MIN_SIZE)
+            ctx.loop(i, rows.rows, body, size=f"{out}.size")
     X = ctx.inp("X")
     out = ctx.out("Out", shape=f"{X}.shape")
     x3, o3 = ctx.tmp("x"), ctx.tmp("o")
