@@ -192,8 +192,7 @@ def test_loop_is_vectorised(name, dtype):
     sig = [s for s in loop.signatures if str(s[0].dtype) == np.dtype(dtype).name][0]
     asm = loop.inspect_asm(sig)
     kinds = set(_PACKED.findall(asm))
-    # float32 erfc computes in float64 (x^2 exact) and rounds once: packed doubles
-    packed = "s" if dtype == np.float32 and name != "erfc" else "d"
+    packed = "s" if dtype == np.float32 else "d"
     assert packed in kinds, f"{name}: no packed ymm/zmm arithmetic"
     assert not _LIBM.search(asm), f"{name}: calls a libm function"
 
@@ -257,8 +256,13 @@ def test_erfc_float32_sweep():
     x = np.concatenate([x, np.linspace(-11, 11, 200001, dtype=np.float32),
                         _float32_specials(), -_float32_specials()])
     got, want = _apply("erfc", x), _erfc_ref(x)
-    worst, i = _max_ulp(got, want)
-    assert worst <= 1, f"erfc(float32): {worst} ulp at x={x[i]!r}: got {got[i]!r}, want {want[i]!r}"
+    # all-float32 evaluation: <= 4 ulp where erfc is a normal number (measured 4 over every
+    # 97th bit pattern), <= 2 subnormal steps in the underflow tail (x > 9.19)
+    normal = np.abs(want) >= np.finfo(np.float32).tiny
+    for sel, limit in ((normal, 4), (~normal, 2)):
+        worst, i = _max_ulp(got[sel], want[sel])
+        xs, gs, ws = x[sel][i], got[sel][i], want[sel][i]
+        assert worst <= limit, f"erfc(float32): {worst} ulp at x={xs!r}: got {gs!r}, want {ws!r}"
 
 
 def test_erfc_float64_dense_sample():
