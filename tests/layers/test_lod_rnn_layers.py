@@ -145,11 +145,15 @@ def test_sequence_conv_pool_matches_numpy():
     assert "sequence_conv" in native_types(exe)
 
 
+SEED = 1
+
+
 @pytest.mark.parametrize("cell", ["lstm", "gru"])
 def test_training_through_the_recurrent_layers(cell):
     """fc -> dynamic_lstm/gru -> last step -> fc -> squared error, trained by SGD: the loss
     falls, and the recurrent op runs natively forward and backward."""
     main, startup = fluid.Program(), fluid.Program()
+    startup.random_seed = SEED  # the initial weights: not this process's entropy seed
     with fluid.program_guard(main, startup), fluid.unique_name.guard():
         x = fluid.layers.data(name="x", shape=[3], dtype="float64", lod_level=1)
         y = fluid.layers.data(name="y", shape=[1], dtype="float64")
@@ -171,7 +175,7 @@ def test_training_through_the_recurrent_layers(cell):
     exe.run(startup, scope=scope)
     losses = [float(np.asarray(exe.run(main, feed={"x": LoDTensor(xv, lod), "y": yv},
                                        fetch_list=[loss], scope=scope)[0]).reshape(-1)[0])
-              for _ in range(15)]
+              for _ in range(30)]
     assert losses[-1] < 0.5 * losses[0], losses
     assert {cell, cell + "_grad"} <= native_types(exe)
 
