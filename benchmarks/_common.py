@@ -27,3 +27,16 @@ def report(title: str, results: dict, base: str, digits: int = 4) -> None:
     print("|---|---|---|")
     for k, v in results.items():
         print(f"| {k} | {v:.{digits}f} | {v / results[base]:.2f}x |")
+
+
+def ort_session(model: bytes, threads: int):
+    """An ONNX Runtime CPU session of ``model`` (serialized ONNX) on ``threads`` intra-op
+    threads, sequential, every graph optimisation on: how the benchmarks run the ORT peer."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])

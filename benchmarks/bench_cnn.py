@@ -210,14 +210,9 @@ def lenet_onnx(params: dict) -> bytes:
 
 
 def lenet_ort(model: bytes, threads: int):
-    import onnxruntime as ort
+    from _common import ort_session
 
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    sess = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+    sess = ort_session(model, threads)
     return lambda xv: sess.run(["logits"], {"x": xv})[0]
 
 

@@ -254,15 +254,9 @@ def transformer_onnx(params: dict) -> bytes:
 
 
 def transformer_ort(params: dict, threads: int):
-    import onnxruntime as ort
+    from _common import ort_session
 
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = threads
-    so.inter_op_num_threads = 1
-    so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    sess = ort.InferenceSession(transformer_onnx(params), so,
-                               providers=["CPUExecutionProvider"])
+    sess = ort_session(transformer_onnx(params), threads)
     return lambda xv: sess.run(["out"], {"x": xv})[0]
 
 
