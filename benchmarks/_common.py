@@ -40,3 +40,38 @@ def ort_session(model: bytes, threads: int):
     so.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+
+
+def time_calls(fn, repeat: int, warmup: int = 3) -> list:
+    """Seconds of ``repeat`` calls of ``fn`` after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return times
+
+
+def have(*mods) -> bool:
+    """Whether every module named is installed (peers are optional)."""
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in mods)
+
+
+def table(title: str, header: list, rows: list) -> None:
+    """A markdown table of string cells under a ``##`` title."""
+    print(f"\n## {title}")
+    print("| " + " | ".join(header) + " |")
+    print("|" + "---|" * len(header))
+    for row in rows:
+        print("| " + " | ".join(row) + " |")
+
+
+def ms(v) -> str:
+    """Milliseconds for a table cell (``-`` for none)."""
+    if v is None:
+        return "-"
+    return f"{v:.3f}" if v < 10 else f"{v:.1f}"

@@ -63,6 +63,7 @@ import time
 import warnings
 
 import numpy as np
+from _common import have, ms, ort_session, table, time_calls  # noqa: E402
 
 logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)  # "no TPU" notices
 
@@ -73,18 +74,6 @@ BN_MOMENTUM, BN_EPS, LR, MOMENTUM = 0.9, 1e-5, 0.01, 0.9
 
 
 # ---------------------------------------------------------------- timing and reporting
-def time_calls(fn, repeat: int, warmup: int = 5) -> list:
-    """Seconds of ``repeat`` calls of ``fn`` after ``warmup`` untimed ones."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return times
-
-
 def interleaved_children(bench: str, names: list, args) -> dict:
     """name -> the results of ``--rounds`` child processes, one per contender and round (the
     order reversed every other round), each running ``child_<bench>(name, repeat)``."""
@@ -96,24 +85,6 @@ def interleaved_children(bench: str, names: list, args) -> dict:
                 raise SystemExit(out["error"])
             runs[name].append(out)
     return runs
-
-
-def table(title: str, header: list, rows: list) -> None:
-    print(f"\n## {title}")
-    print("| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header))
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
-
-
-def ms(v) -> str:
-    if v is None:
-        return "-"
-    return f"{v:.3f}" if v < 10 else f"{v:.1f}"
-
-
-def have(*mods) -> bool:
-    return all(importlib.util.find_spec(m) is not None for m in mods)
 
 
 def agree(name: str, got, want, tol: float) -> float:
@@ -210,8 +181,6 @@ def lenet_onnx(params: dict) -> bytes:
 
 
 def lenet_ort(model: bytes, threads: int):
-    from _common import ort_session
-
     sess = ort_session(model, threads)
     return lambda xv: sess.run(["logits"], {"x": xv})[0]
 
@@ -310,7 +279,7 @@ def child_lenet(name: str, repeat: int) -> dict:
         out = np.asarray(fn(arg))
         calls = repeat * (10 if batch == 1 else 2)
         result[str(batch)] = {"out": out.tolist(),
-                              "s": time_calls(lambda a=arg: fn(a), calls)}
+                              "s": time_calls(lambda a=arg: fn(a), calls, warmup=5)}
     return result
 
 

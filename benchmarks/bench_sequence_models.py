@@ -54,10 +54,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import warnings
 
 import numpy as np
+from _common import have, ms, ort_session, table, time_calls  # noqa: E402
 
 logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)  # "no TPU" notices
 
@@ -66,36 +66,6 @@ LSTM_BATCH, LSTM_STEPS, LSTM_IN, LSTM_HIDDEN = 32, 50, 128, 128
 
 
 # ---------------------------------------------------------------- shared helpers
-def time_calls(fn, repeat: int, warmup: int = 3) -> list:
-    """Seconds of ``repeat`` calls of ``fn`` after ``warmup`` untimed ones."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return times
-
-
-def have(*mods) -> bool:
-    return all(importlib.util.find_spec(m) is not None for m in mods)
-
-
-def table(title: str, header: list, rows: list) -> None:
-    print(f"\n## {title}")
-    print("| " + " | ".join(header) + " |")
-    print("|" + "---|" * len(header))
-    for row in rows:
-        print("| " + " | ".join(row) + " |")
-
-
-def ms(v) -> str:
-    if v is None:
-        return "-"
-    return f"{v:.3f}" if v < 10 else f"{v:.1f}"
-
-
 def max_rel_diff(name: str, got, want, tol: float) -> float:
     """Max abs difference of ``got`` from ``want`` relative to ``want``'s largest magnitude;
     fails the benchmark above ``tol``."""
@@ -254,8 +224,6 @@ def transformer_onnx(params: dict) -> bytes:
 
 
 def transformer_ort(params: dict, threads: int):
-    from _common import ort_session
-
     sess = ort_session(transformer_onnx(params), threads)
     return lambda xv: sess.run(["out"], {"x": xv})[0]
 
