@@ -574,6 +574,20 @@ class _Host:
     def __init__(self, ctx, T: str):
         self.ctx, self.T, self.lines = ctx, T, []
 
+    @classmethod
+    def recurrent(cls, ctx, slots: tuple, *activations: str):
+        """The host of an ``lstm``/``gru`` (or grad) lowering, with ``X`` (Input), ``W``
+        (Weight), ``H`` (the hidden size, as source), ``offs`` (Input's LoD offsets) and
+        ``codes`` (of the ``activations`` attributes); ``None`` when the op's values are not
+        float matrices of one dtype or an activation has no code."""
+        codes = _codes(ctx, *activations) if _floats(ctx, slots) else None
+        if codes is None:
+            return None
+        h = cls(ctx, ctx.T("Input"))
+        h.X, h.W, h.codes, h.offs = ctx.inp("Input"), ctx.inp("Weight"), codes, ctx.lod("Input")
+        h.H = f"{h.W}.shape[0]"
+        return h
+
     def inp(self, slot: str, cols: str) -> str:
         return self.ctx.inp(slot) if self.ctx.has_input(slot) else self.empty(cols)
 
@@ -596,15 +610,11 @@ class _Host:
 
 def lstm(ctx):
     """Hidden, Cell and the batch-ordered gates through ``_nn.lod_lstm``."""
-    if not _floats(ctx, ("Input", "H0", "C0", "Weight", "Bias", "Hidden", "Cell")):
+    h = _Host.recurrent(ctx, ("Input", "H0", "C0", "Weight", "Bias", "Hidden", "Cell"),
+                        "gate_activation", "cell_activation", "candidate_activation")
+    if h is None:
         return None
-    codes = _codes(ctx, "gate_activation", "cell_activation", "candidate_activation")
-    if codes is None:
-        return None
-    X, W, B, T = ctx.inp("Input"), ctx.inp("Weight"), ctx.inp("Bias"), ctx.T("Input")
-    offs = ctx.lod("Input")
-    h = _Host(ctx, T)
-    H = f"{W}.shape[0]"
+    X, W, B, H, offs, codes = h.X, h.W, ctx.inp("Bias"), h.H, h.offs, h.codes
     h0, c0 = h.inp("H0", H), h.inp("C0", H)
     rows = f"({X}.shape[0], {H})"
     hid, cell = h.out("Hidden", rows), h.out("Cell", rows)
@@ -621,15 +631,11 @@ def lstm_grad(ctx):
     slots = ("Input", "H0", "C0", "Weight", "Bias", "Hidden", "Cell", "BatchGate",
              "BatchCellPreAct", "Hidden@GRAD", "Cell@GRAD", "Input@GRAD", "Weight@GRAD",
              "Bias@GRAD", "H0@GRAD", "C0@GRAD")
-    if not _floats(ctx, slots):
+    h = _Host.recurrent(ctx, slots, "gate_activation", "cell_activation",
+                        "candidate_activation")
+    if h is None:
         return None
-    codes = _codes(ctx, "gate_activation", "cell_activation", "candidate_activation")
-    if codes is None:
-        return None
-    X, W, B, T = ctx.inp("Input"), ctx.inp("Weight"), ctx.inp("Bias"), ctx.T("Input")
-    offs = ctx.lod("Input")
-    h = _Host(ctx, T)
-    H = f"{W}.shape[0]"
+    X, W, B, H, offs, codes = h.X, h.W, ctx.inp("Bias"), h.H, h.offs, h.codes
     h0, c0 = h.inp("H0", H), h.inp("C0", H)
     hid, cell, gate, cact = (ctx.inp(s) for s in ("Hidden", "Cell", "BatchGate",
                                                    "BatchCellPreAct"))
@@ -646,15 +652,11 @@ def lstm_grad(ctx):
 
 def gru(ctx):
     """Hidden and the batch-ordered intermediates through ``_nn.lod_gru``."""
-    if not _floats(ctx, ("Input", "H0", "Weight", "Bias", "Hidden")):
+    h = _Host.recurrent(ctx, ("Input", "H0", "Weight", "Bias", "Hidden"), "gate_activation",
+                        "activation")
+    if h is None:
         return None
-    codes = _codes(ctx, "gate_activation", "activation")
-    if codes is None:
-        return None
-    X, W, T = ctx.inp("Input"), ctx.inp("Weight"), ctx.T("Input")
-    offs = ctx.lod("Input")
-    h = _Host(ctx, T)
-    H = f"{W}.shape[0]"
+    X, W, H, offs, codes = h.X, h.W, h.H, h.offs, h.codes
     h0, b = h.inp("H0", H), h.inp("Bias", f"3 * {H}")
     rows = f"({X}.shape[0], {H})"
     hid, gate = h.out("Hidden", rows), h.out("BatchGate", f"{X}.shape")
@@ -671,15 +673,10 @@ def gru_grad(ctx):
     slots = ("Input", "H0", "Weight", "Bias", "BatchGate", "BatchResetHiddenPrev",
              "BatchHidden", "Hidden@GRAD", "Input@GRAD", "H0@GRAD", "Weight@GRAD",
              "Bias@GRAD")
-    if not _floats(ctx, slots):
+    h = _Host.recurrent(ctx, slots, "gate_activation", "activation")
+    if h is None:
         return None
-    codes = _codes(ctx, "gate_activation", "activation")
-    if codes is None:
-        return None
-    X, W, T = ctx.inp("Input"), ctx.inp("Weight"), ctx.T("Input")
-    offs = ctx.lod("Input")
-    h = _Host(ctx, T)
-    H = f"{W}.shape[0]"
+    X, W, H, offs, codes = h.X, h.W, h.H, h.offs, h.codes
     h0, b = h.inp("H0", H), h.inp("Bias", f"3 * {H}")
     gate, rhp, hb = (ctx.inp(s) for s in ("BatchGate", "BatchResetHiddenPrev", "BatchHidden"))
     dx, dw = h.out("Input@GRAD", f"{X}.shape"), h.out("Weight@GRAD", f"{W}.shape")
