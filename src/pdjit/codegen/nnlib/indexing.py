@@ -138,6 +138,18 @@ def _strides(dims):
 
 
 @jit
+def _next_index(c, dims, n):
+    """Advance the index ``c[:n]`` over ``dims[:n]`` by one, the last place fastest."""
+    i = n - 1
+    while i >= 0:
+        c[i] += 1
+        if c[i] < dims[i]:
+            break
+        c[i] = 0
+        i -= 1
+
+
+@jit
 def _check_tiling(x, xdims, out, odims):
     R = xdims.shape[0]
     if odims.shape[0] != R or R == 0:
@@ -201,13 +213,7 @@ def tile_nd(x, xdims, out, odims):
                 for t in range(span):
                     dst[t] = src[t]
                 o += span
-        i = k - 2
-        while i >= 0:
-            c[i] += 1
-            if c[i] < odims[i]:
-                break
-            c[i] = 0
-            i -= 1
+        _next_index(c, odims, k - 1)
 
 
 @jit
@@ -245,13 +251,7 @@ def untile_nd(g, xdims, dx, odims):
                 for t in range(span):
                     dst[t] += src[t]
                 o += span
-        i = k - 2
-        while i >= 0:
-            c[i] += 1
-            if c[i] < odims[i]:
-                break
-            c[i] = 0
-            i -= 1
+        _next_index(c, odims, k - 1)
 
 
 @jit
