@@ -636,16 +636,34 @@ def _pad_literal(padding_idx) -> str:
     return repr(int(padding_idx)) if int(padding_idx) != -1 else repr(_NO_PAD)
 
 
-def _lookup_v1_lower(ctx):
-    if ctx.dtype("W") not in _NATIVE:
-        return None
-    W, ids = ctx.inp("W"), ctx.inp("Ids")
-    r = ctx.rank("Ids")
-    out = ctx.out("Out", shape=_shape_src([f"{ids}.shape[{i}]" for i in range(r - 1)]
-                                          + [f"{W}.shape[1]"]))
-    return [f"_nn.take_rows({W}.reshape((1, {W}.shape[0], {W}.shape[1])), {_flat_ids(ids)}, "
-            f"{_pad_literal(ctx.attrs['padding_idx'])}, False, "
-            f"{out}.reshape((1, {ids}.size, {W}.shape[1])))"]
+def lookup_lowerings(ids_end: int):
+    """``(lower, grad_lower)`` of a table lookup (``lookup_table``, ``lookup_table_v2``) whose
+    Out has the dims of Ids up to ``ids_end`` (``-1``: v1's trailing 1 dropped; ``None``: all)
+    and then W's width: ``_nn.take_rows`` over W viewed as ``(1, rows, width)``, and
+    ``_nn.scatter_rows`` adding Out@GRAD's rows into a zeroed W@GRAD (mode 2), padding rows
+    skipped (float32/float64 tables; a bad id makes the reference run and name it)."""
+    def lower(ctx):
+        if ctx.dtype("W") not in _NATIVE:
+            return None
+        W, ids = ctx.inp("W"), ctx.inp("Ids")
+        dims = [f"{ids}.shape[{i}]" for i in range(ctx.rank("Ids"))][:ids_end]
+        out = ctx.out("Out", shape=_shape_src(dims + [f"{W}.shape[1]"]))
+        return [f"_nn.take_rows({W}.reshape((1, {W}.shape[0], {W}.shape[1])), "
+                f"{_flat_ids(ids)}, {_pad_literal(ctx.attrs['padding_idx'])}, False, "
+                f"{out}.reshape((1, {ids}.size, {W}.shape[1])))"]
+
+    def grad_lower(ctx):
+        if ctx.dtype("W") not in _NATIVE or ctx.dtype("Out@GRAD") != ctx.dtype("W"):
+            return None
+        W, ids, g = ctx.inp("W"), ctx.inp("Ids"), ctx.inp("Out@GRAD")
+        dw = ctx.out("W@GRAD", shape=f"{W}.shape", zero=True)
+        return [f"_nn.scatter_rows({dw}.reshape((1, {W}.shape[0], {W}.shape[1])), "
+                f"{_flat_ids(ids)}, {g}.reshape((1, {ids}.size, {W}.shape[1])), 2, "
+                f"{_pad_literal(ctx.attrs['padding_idx'])}, False)"]
+    return lower, grad_lower
+
+
+_lookup_v1_lower, _lookup_v1_grad_lower = lookup_lowerings(-1)
 
 
 register_op(
@@ -666,16 +684,6 @@ def _lookup_v1_grad_ref(W, Ids, *, padding_idx, **kw):
     dw = np.zeros(W.shape, W.dtype)
     np.add.at(dw, ids[~pad], g.reshape(ids.size, W.shape[1])[~pad])
     return {"W@GRAD": dw}
-
-
-def _lookup_v1_grad_lower(ctx):
-    if ctx.dtype("W") not in _NATIVE or ctx.dtype("Out@GRAD") != ctx.dtype("W"):
-        return None
-    W, ids, g = ctx.inp("W"), ctx.inp("Ids"), ctx.inp("Out@GRAD")
-    dw = ctx.out("W@GRAD", shape=f"{W}.shape", zero=True)
-    return [f"_nn.scatter_rows({dw}.reshape((1, {W}.shape[0], {W}.shape[1])), "
-            f"{_flat_ids(ids)}, {g}.reshape((1, {ids}.size, {W}.shape[1])), 2, "
-            f"{_pad_literal(ctx.attrs['padding_idx'])}, False)"]
 
 
 register_op(

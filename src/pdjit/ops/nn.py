@@ -42,6 +42,7 @@ from pdjit.framework.registry import (
     register_op,
 )
 from pdjit.ops._common import FLOATS, INDEX, check_dtype, norm_axis
+from pdjit.ops.indexing import lookup_lowerings
 
 _TOLERABLE = 1e20  # Paddle's kApproInf: what log(0) = -inf becomes in the cross entropies
 _CLIP = -64.0  # Paddle's CPU softmax clips (x - max) at this value before exp
@@ -622,23 +623,7 @@ def _lookup_ref(Ids, W, *, padding_idx, **_):
     return {"Out": out.astype(W.dtype, copy=False)}
 
 
-def _lookup_pad(padding_idx) -> str:
-    """The ``pad`` argument of ``_nn.take_rows``/``_nn.scatter_rows``: ``padding_idx``, or the
-    kernels' "no padding row" value for ``-1``."""
-    from pdjit.codegen.nnlib.indexing import NO_PAD
-    return repr(int(padding_idx) if int(padding_idx) != -1 else NO_PAD)
-
-
-def _lookup_lower(ctx):
-    """One ``_nn.take_rows`` over W viewed as ``(1, rows, width)`` (float32/float64 tables)."""
-    if ctx.dtype("W") not in (np.dtype(np.float32), np.dtype(np.float64)):
-        return None
-    W, ids = ctx.inp("W"), ctx.inp("Ids")
-    dims = "".join(f"{ids}.shape[{i}], " for i in range(ctx.rank("Ids")))
-    out = ctx.out("Out", shape=f"({dims}{W}.shape[1])")
-    return [f"_nn.take_rows({W}.reshape((1, {W}.shape[0], {W}.shape[1])), "
-            f"{ids}.reshape({ids}.size).astype(np.int64), {_lookup_pad(ctx.attrs['padding_idx'])}, "
-            f"False, {out}.reshape((1, {ids}.size, {W}.shape[1])))"]
+_lookup_lower, _lookup_grad_lower = lookup_lowerings(None)
 
 
 register_op(
@@ -879,20 +864,6 @@ def _lookup_grad_ref(W, Ids, *, padding_idx, **kw):
     # a row looked up several times collects every lookup's gradient; padding rows get none
     np.add.at(dw, ids[~pad], g.reshape(ids.size, width)[~pad])
     return {"W@GRAD": dw}
-
-
-def _lookup_grad_lower(ctx):
-    """``_nn.scatter_rows`` adding Out@GRAD's rows into a zeroed W@GRAD (mode 2), padding rows
-    skipped; the size check is the kernel's (a mismatch re-runs the reference, which names it)."""
-    f = (np.dtype(np.float32), np.dtype(np.float64))
-    if ctx.dtype("W") not in f or ctx.dtype("Out@GRAD") != ctx.dtype("W"):
-        return None
-    W, ids, g = ctx.inp("W"), ctx.inp("Ids"), ctx.inp("Out@GRAD")
-    dw = ctx.out("W@GRAD", shape=f"{W}.shape", zero=True)
-    return [f"_nn.scatter_rows({dw}.reshape((1, {W}.shape[0], {W}.shape[1])), "
-            f"{ids}.reshape({ids}.size).astype(np.int64), "
-            f"{g}.reshape((1, {ids}.size, {W}.shape[1])), 2, "
-            f"{_lookup_pad(ctx.attrs['padding_idx'])}, False)"]
 
 
 register_op(
