@@ -33,18 +33,11 @@ import textwrap
 import time
 
 import numpy as np
-from _common import interleaved, report
+from _common import interleaved, report, time_calls
 
 
 def median_ms(fn, repeat: int, warmup: int = 2) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times) * 1e3
+    return statistics.median(time_calls(fn, repeat, warmup)) * 1e3
 
 
 # ---- 1. elementwise chain ----
