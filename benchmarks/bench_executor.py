@@ -33,11 +33,7 @@ import textwrap
 import time
 
 import numpy as np
-from _common import interleaved, report, time_calls
-
-
-def median_ms(fn, repeat: int, warmup: int = 2) -> float:
-    return statistics.median(time_calls(fn, repeat, warmup)) * 1e3
+from _common import interleaved, report
 
 
 # ---- 1. elementwise chain ----
