@@ -3,8 +3,25 @@
 ``import pdjit as fluid`` gives Fluid's user API: build a program with ``fluid.layers``, run it
 with ``fluid.Executor(fluid.CPUPlace())``.
 """
-from pdjit import backward, clip, initializer, io, layers, nets, ops, optimizer, regularizer  # noqa: F401 (ops registers ops)
+from pdjit import (  # noqa: F401 (ops registers ops)
+                   backward,
+                   clip,
+                   compiler,
+                   core,
+                   data_feeder,
+                   initializer,
+                   install_check,
+                   io,
+                   layers,
+                   metrics,
+                   nets,
+                   ops,
+                   optimizer,
+                   regularizer,
+)
 from pdjit.codegen.compiler import clear_cache
+from pdjit.compiler import *  # noqa: F401,F403
+from pdjit.data_feeder import *  # noqa: F401,F403
 from pdjit.framework import (
                    Block,
                    Operator,
@@ -25,11 +42,13 @@ from pdjit.framework.errors import (
                    ProgramError,
                    UnregisteredOpError,
 )
+from pdjit.framework.name_scope import *  # noqa: F401,F403
+from pdjit.io.checkpoint import *  # noqa: F401,F403
 from pdjit.layers.io import data_v2 as data
 from pdjit.param_attr import ParamAttr
 from pdjit.passes.backward import append_backward, gradients
 from pdjit.runtime.executor import Executor
-from pdjit.runtime.place import CPUPlace, CUDAPinnedPlace, CUDAPlace
+from pdjit.runtime.place import CPUPlace, CUDAPinnedPlace, CUDAPlace, is_compiled_with_cuda
 from pdjit.runtime.scope import Scope, global_scope, scope_guard
 from pdjit.runtime.tensor import LoDTensor, create_lod_tensor, create_random_int_lodtensor
 from pdjit.runtime.threads import get_num_threads, set_num_threads
@@ -44,4 +63,9 @@ __all__ = [
     "data", "FeedError", "OpError", "OpRunError", "OpShapeError",
     "PdjitError", "ProgramError", "UnregisteredOpError", "set_num_threads", "get_num_threads",
     "clear_cache", "append_backward", "gradients", "optimizer", "regularizer", "clip", "backward",
+    "compiler", "core", "metrics", "install_check", "is_compiled_with_cuda",
 ]
+from pdjit.framework import name_scope as _name_scope  # noqa: E402
+
+__all__ += (compiler.__all__ + data_feeder.__all__ + io.checkpoint.__all__
+            + _name_scope.__all__)

@@ -82,3 +82,8 @@ def describe_op(op_type: str, block_idx, op_idx, location) -> str:
     if location:
         text += f", created at {location}"
     return text
+
+
+class EOFException(PdjitError):
+    """A started reader (``py_reader``, a non-iterable ``DataLoader``) has no more batches:
+    ``reset()`` it and ``start()`` again for the next pass (``fluid.core.EOFException``)."""

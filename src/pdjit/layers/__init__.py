@@ -9,7 +9,10 @@ from pdjit.layers import (
     image,
     io,
     learning_rate_scheduler,
+    loss,
     math_ops,
+    metric_op,
+    misc,
     nn,
     norm,
     rnn,
@@ -23,7 +26,10 @@ from pdjit.layers.image import *  # noqa: F401,F403
 from pdjit.layers.io import *  # noqa: F401,F403
 from pdjit.layers.layer_helper import LayerHelper
 from pdjit.layers.learning_rate_scheduler import *  # noqa: F401,F403
+from pdjit.layers.loss import *  # noqa: F401,F403
 from pdjit.layers.math_ops import *  # noqa: F401,F403
+from pdjit.layers.metric_op import *  # noqa: F401,F403
+from pdjit.layers.misc import *  # noqa: F401,F403
 from pdjit.layers.nn import *  # noqa: F401,F403
 from pdjit.layers.norm import *  # noqa: F401,F403
 from pdjit.layers.rnn import *  # noqa: F401,F403
@@ -32,5 +38,6 @@ from pdjit.layers.shape_ops import *  # noqa: F401,F403
 from pdjit.layers.tensor import *  # noqa: F401,F403
 
 __all__ = (["LayerHelper"] + control_flow.__all__ + conv.__all__ + image.__all__ + io.__all__
-           + learning_rate_scheduler.__all__ + math_ops.__all__ + nn.__all__ + norm.__all__
+           + learning_rate_scheduler.__all__ + loss.__all__ + math_ops.__all__
+           + metric_op.__all__ + misc.__all__ + nn.__all__ + norm.__all__
            + rnn.__all__ + sequence.__all__ + shape_ops.__all__ + tensor.__all__)

@@ -22,8 +22,9 @@ import numpy as np
 from pdjit.framework import registry
 from pdjit.framework.errors import PdjitError
 from pdjit.framework.program import Block, Program, default_main_program
+from pdjit.passes import verify
 from pdjit.proto import framework_pb2 as pb
-from pdjit.runtime import feed_fetch, interpreter, threads
+from pdjit.runtime import feed_fetch, interpreter, reader, threads
 from pdjit.runtime.context import Env
 from pdjit.runtime.place import CPUPlace, Place
 from pdjit.runtime.plan import build_plan
@@ -121,8 +122,11 @@ class Executor:
             return_numpy: bool = True, use_program_cache: bool = True):
         program = program if program is not None else default_main_program()
         if not isinstance(program, Program):
-            raise TypeError(f"Executor.run: program must be a Program, got "
-                            f"{type(program).__name__}")
+            as_program = getattr(program, "_as_program", None)  # a CompiledProgram
+            if as_program is None:
+                raise TypeError(f"Executor.run: program must be a Program, got "
+                                f"{type(program).__name__}")
+            program = as_program()
         if feed is not None and not isinstance(feed, dict):
             raise TypeError(f"Executor.run: feed must be a dict of name -> value, got "
                             f"{type(feed).__name__}")
@@ -130,7 +134,7 @@ class Executor:
                                               and not isinstance(fetch_list, (list, tuple))):
             fetch_list = [fetch_list]
         scope = scope if scope is not None else global_scope()
-        feed = feed or {}
+        feed = reader.pending_feed(program, feed or {})  # a started py_reader/DataLoader's batch
         try:
             feed_names = tuple([k if type(k) is str else k.name for k in feed])
             fetch_names = tuple([f if type(f) is str else f.name for f in fetch_list or ()])
@@ -237,6 +241,7 @@ class Executor:
         key = (self._kind, ("run", feed_names, fetch_names, feed_var, fetch_var))
         hit = cache.get(key)
         if hit is None:
+            verify.verify_for_run(program)
             run = feed_fetch.prepare(program, feed_names, fetch_names, feed_var, fetch_var)
             hit = cache[key] = (run, self._plan(run) if self.mode == "compiled" else None)
         return hit

@@ -1,0 +1,7 @@
+"""``CompiledProgram`` and its strategies, as Fluid spells them.
+
+(Being written: see issue 22.)
+"""
+from __future__ import annotations
+
+__all__: list = []

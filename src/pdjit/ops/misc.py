@@ -1,0 +1,2 @@
+"""(Being written: see issue 22.)"""
+from __future__ import annotations

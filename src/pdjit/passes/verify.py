@@ -1,0 +1,10 @@
+"""The program verifier: a program is checked before it is planned or after it is parsed.
+
+(Being written: see issue 20.)
+"""
+from __future__ import annotations
+
+
+def verify_for_run(program) -> None:
+    """Check ``program`` before the executor builds a run of it (once per program content)."""
+    return None
