@@ -47,6 +47,7 @@ from pdjit.io.checkpoint import *  # noqa: F401,F403
 from pdjit.layers.io import data_v2 as data
 from pdjit.param_attr import ParamAttr
 from pdjit.passes.backward import append_backward, gradients
+from pdjit.passes.verify import verify
 from pdjit.runtime.executor import Executor
 from pdjit.runtime.place import CPUPlace, CUDAPinnedPlace, CUDAPlace, is_compiled_with_cuda
 from pdjit.runtime.scope import Scope, global_scope, scope_guard
@@ -63,7 +64,7 @@ __all__ = [
     "data", "FeedError", "OpError", "OpRunError", "OpShapeError",
     "PdjitError", "ProgramError", "UnregisteredOpError", "set_num_threads", "get_num_threads",
     "clear_cache", "append_backward", "gradients", "optimizer", "regularizer", "clip", "backward",
-    "compiler", "core", "metrics", "install_check", "is_compiled_with_cuda",
+    "compiler", "core", "metrics", "install_check", "is_compiled_with_cuda", "verify",
 ]
 from pdjit.framework import name_scope as _name_scope  # noqa: E402
 
