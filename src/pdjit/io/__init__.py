@@ -11,14 +11,18 @@ from pdjit.io.tensor_stream import (
                                     write_tensor,
 )
 from pdjit.io.variables import (
+                                    is_parameter,
                                     is_persistable,
+                                    load_params,
                                     load_persistables,
                                     load_vars,
+                                    save_params,
                                     save_persistables,
                                     save_vars,
 )
 
 __all__ = ["load_combined_params", "persistable_names", "read_tensor", "save_combined_params",
-           "write_tensor", "is_persistable", "load_persistables", "load_vars",
-           "save_persistables", "save_vars", "save_inference_model", "load_inference_model"]
+           "write_tensor", "is_persistable", "is_parameter", "load_persistables", "load_vars",
+           "save_persistables", "save_vars", "save_params", "load_params", "save_inference_model",
+           "load_inference_model"]
 __all__ += checkpoint.__all__ + reader.__all__

@@ -1,4 +1,5 @@
-"""Fluid's ``save_vars`` / ``load_vars`` / ``save_persistables`` / ``load_persistables``.
+"""Fluid's ``save_vars`` / ``load_vars`` / ``save_params`` / ``load_params`` /
+``save_persistables`` / ``load_persistables``.
 
 Values are written in PaddlePaddle's tensor stream format (``tensor_stream``), LoD included:
 with ``filename`` one combined file holding the variables in the order of their sorted names
@@ -14,7 +15,7 @@ import numpy as np
 
 from pdjit.framework import dtypes
 from pdjit.framework.errors import ModelFileError
-from pdjit.framework.program import Program, Variable, default_main_program
+from pdjit.framework.program import Parameter, Program, Variable, default_main_program
 from pdjit.io.tensor_stream import _Reader, read_tensor, write_tensor
 from pdjit.proto import framework_pb2 as pb
 from pdjit.runtime.scope import global_scope
@@ -22,12 +23,17 @@ from pdjit.runtime.tensor import LoDTensor
 
 _SKIP = {pb.VarType.FEED_MINIBATCH, pb.VarType.FETCH_LIST, pb.VarType.READER, pb.VarType.RAW}
 
-__all__ = ["save_vars", "load_vars", "save_persistables", "load_persistables",
-           "is_persistable"]
+__all__ = ["save_vars", "load_vars", "save_params", "load_params", "save_persistables",
+           "load_persistables", "is_persistable", "is_parameter"]
 
 
 def is_persistable(var: Variable) -> bool:
     return bool(var.persistable) and var.type not in _SKIP
+
+
+def is_parameter(var: Variable) -> bool:
+    """A parameter of the program (a ``Parameter``: weights, biases), not optimizer state."""
+    return isinstance(var, Parameter)
 
 
 def _select(program, vars, predicate) -> list:
@@ -136,8 +142,9 @@ def read_values(chosen, dirname, filename=None) -> dict:
 def commit_values(values: dict, scope) -> None:
     """Write values read by :func:`read_values` into ``scope``."""
     for n, value in values.items():
+        # np.asarray keeps a 0-d value 0-d (np.ascontiguousarray would make it 1-d)
         scope.var(n).value = value if isinstance(value, LoDTensor) else \
-            np.ascontiguousarray(value)
+            np.asarray(value, order="C")
 
 
 def load_vars(executor, dirname, main_program=None, vars=None, predicate=None, filename=None,
@@ -158,4 +165,16 @@ def save_persistables(executor, dirname, main_program=None, filename=None, scope
 def load_persistables(executor, dirname, main_program=None, filename=None, scope=None) -> None:
     """``load_vars`` of every persistable variable (feed/fetch holders excluded)."""
     load_vars(executor, dirname, main_program, predicate=is_persistable, filename=filename,
+              scope=scope)
+
+
+def save_params(executor, dirname, main_program=None, filename=None, scope=None) -> None:
+    """``save_vars`` of every parameter (not the optimizer state: see ``save_persistables``)."""
+    save_vars(executor, dirname, main_program, predicate=is_parameter, filename=filename,
+              scope=scope)
+
+
+def load_params(executor, dirname, main_program=None, filename=None, scope=None) -> None:
+    """``load_vars`` of every parameter, as ``save_params`` wrote them."""
+    load_vars(executor, dirname, main_program, predicate=is_parameter, filename=filename,
               scope=scope)
