@@ -1,4 +1,62 @@
-"""(Being written: see issue 22.)"""
+"""Metric layers: ``auc`` (streaming area under the ROC curve). ``accuracy`` lives in
+``layers.nn``."""
 from __future__ import annotations
 
-__all__: list = []
+from pdjit.initializer import Constant
+from pdjit.layers.layer_helper import LayerHelper, check_dtype, check_variable
+
+__all__ = ["auc"]
+
+
+def auc(input, label, curve="ROC", num_thresholds=2 ** 12 - 1, topk=1, slide_steps=1,
+        ins_tag_weight=None):
+    """The area under the ROC curve of ``input``'s positive-class probabilities (its last
+    column: ``[N, 2]`` softmax outputs or ``[N, 1]`` probabilities) against ``label``
+    (``[N, 1]`` ints; ``> 0`` positive, ``0`` negative), as Fluid's ``layers.auc``.
+
+    Two ``auc`` ops share the inputs: one accumulates over every batch run (the global AUC),
+    one over the last ``slide_steps`` batches (the batch AUC; ``slide_steps=0``: every batch
+    too). Their statistics are persistable int64 variables initialised to zeros by the startup
+    program. Returns ``(auc_out, batch_auc_out, [batch_stat_pos, batch_stat_neg, stat_pos,
+    stat_neg])``; the AUCs are 0-d float64. ``topk`` is accepted and unused, as in Fluid;
+    ``ins_tag_weight`` (Paddle 2.x's extra argument): a first value of 0 marks the batch as
+    padding, counted in neither.
+    """
+    check_variable(input, "input", "auc")
+    check_variable(label, "label", "auc")
+    check_dtype(input, "input", ("float32", "float64"), "auc")
+    check_dtype(label, "label", ("int32", "int64"), "auc")
+    if curve not in ("ROC", "PR"):
+        raise ValueError(f"auc: curve must be 'ROC' or 'PR', got {curve!r}")
+    num_thresholds, slide_steps = int(num_thresholds), int(slide_steps)
+    if num_thresholds < 1:
+        raise ValueError(f"auc: num_thresholds must be >= 1, got {num_thresholds}")
+    if slide_steps < 0:
+        raise ValueError(f"auc: slide_steps must be >= 0, got {slide_steps}")
+    extra = {}
+    if ins_tag_weight is not None:
+        check_variable(ins_tag_weight, "ins_tag_weight", "auc")
+        check_dtype(ins_tag_weight, "ins_tag_weight", ("float32", "float64"), "auc")
+        extra["InsTagWeight"] = [ins_tag_weight]
+    helper = LayerHelper("auc")
+    auc_out = helper.create_variable_for_type_inference("float64", stop_gradient=True)
+    batch_auc_out = helper.create_variable_for_type_inference("float64", stop_gradient=True)
+    buckets = num_thresholds + 1
+    # the batch AUC's statistics: slide_steps per-batch histograms, their sum, the batch count
+    # (with slide_steps=0 the first histogram accumulates every batch; the rest goes unused)
+    batch_shape = [(1 + slide_steps) * buckets + 1]
+    batch_stat_pos, batch_stat_neg, stat_pos, stat_neg = (
+        helper.create_global_variable(persistable=True, dtype="int64", shape=shape,
+                                      stop_gradient=True)
+        for shape in (batch_shape, batch_shape, [1, buckets], [1, buckets]))
+    for var in (batch_stat_pos, batch_stat_neg, stat_pos, stat_neg):
+        helper.set_variable_initializer(var, Constant(0.0))
+    for out, pos, neg, steps in ((batch_auc_out, batch_stat_pos, batch_stat_neg, slide_steps),
+                                 (auc_out, stat_pos, stat_neg, 0)):
+        helper.append_op(
+            "auc",
+            inputs={"Predict": [input], "Label": [label], "StatPos": [pos], "StatNeg": [neg],
+                    **extra},
+            outputs={"AUC": [out], "StatPosOut": [pos], "StatNegOut": [neg]},
+            attrs={"curve": curve, "num_thresholds": num_thresholds, "slide_steps": steps})
+    return auc_out, batch_auc_out, [batch_stat_pos, batch_stat_neg, stat_pos, stat_neg]

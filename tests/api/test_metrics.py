@@ -1,0 +1,255 @@
+"""fluid.metrics (host side) against scikit-learn and hand counts, and the ``auc`` layer
+against scikit-learn and against PaddlePaddle 3.3.1's legacy ``auc`` op."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pdjit as fluid
+from pdjit import metrics
+
+sk = pytest.importorskip("sklearn.metrics")
+
+RNG = np.random.default_rng(7)
+
+
+def _batches(n_batches=4, n=50):
+    """(probability of class 1 [n, 1], 0/1 labels [n, 1]) batches, labels correlated with the
+    probabilities so every metric is away from its trivial value."""
+    out = []
+    for _ in range(n_batches):
+        lab = RNG.integers(0, 2, (n, 1))
+        p = np.clip(0.35 * lab + 0.65 * RNG.random((n, 1)), 0, 1)
+        out.append((p.astype(np.float32), lab.astype(np.int64)))
+    return out
+
+
+def test_precision_recall_match_sklearn():
+    batches = _batches()
+    prec, rec = metrics.Precision(), metrics.Recall("rec")
+    for p, lab in batches:
+        prec.update(p, lab)
+        rec.update(p.reshape(-1), lab.reshape(-1))  # [N] works too
+    p = np.concatenate([b[0] for b in batches]).ravel()
+    lab = np.concatenate([b[1] for b in batches]).ravel()
+    hard = (p >= 0.5).astype(int)  # np.rint: 0.5 rounds to 0, and no p is exactly 0.5 here
+    assert not np.any(p == 0.5)
+    assert prec.eval() == pytest.approx(sk.precision_score(lab, hard))
+    assert rec.eval() == pytest.approx(sk.recall_score(lab, hard))
+    assert str(prec) == "Precision" and str(rec) == "rec"
+    prec.reset()
+    assert prec.eval() == 0.0 and prec.tp == 0 and prec.fp == 0
+
+
+def test_accuracy_is_the_weighted_mean_of_batch_accuracies():
+    acc = metrics.Accuracy()
+    total_right = total = 0
+    for p, lab in _batches(3, 40):
+        hard = (p >= 0.5).astype(int)
+        batch_acc = np.asarray(sk.accuracy_score(lab, hard), np.float32)  # as the layer fetches
+        acc.update(batch_acc, len(lab))
+        total_right += int(np.sum(hard == lab))
+        total += len(lab)
+    assert float(acc.eval()) == pytest.approx(total_right / total, rel=1e-6)
+    acc.reset()
+    with pytest.raises(ValueError, match="no data"):
+        acc.eval()
+    with pytest.raises(ValueError, match="'weight' can not be negative"):
+        acc.update(0.5, -1)
+    with pytest.raises(ValueError, match="'value' must be a number"):
+        acc.update("0.5", 3)
+
+
+def test_auc_metric_matches_sklearn_with_many_thresholds():
+    batches = _batches()
+    auc = metrics.Auc("auc", num_thresholds=2 ** 16)
+    for p, lab in batches:
+        auc.update(np.concatenate([1 - p, p], axis=1), lab)
+    p = np.concatenate([b[0] for b in batches]).ravel()
+    lab = np.concatenate([b[1] for b in batches]).ravel()
+    assert auc.eval() == pytest.approx(sk.roc_auc_score(lab, p), abs=1e-3)
+    auc.reset()
+    assert auc.eval() == 0.0
+    with pytest.raises(ValueError, match=r"probabilities in \[0, 1\]: row 1"):
+        auc.update(np.array([[0.5, 0.5], [0.0, 1.5]]), np.array([[0], [1]]))
+    with pytest.raises(ValueError, match="one row per sample"):
+        auc.update(np.array([[0.5, 0.5]]), np.array([[0], [1]]))
+
+
+def _edit_distance(a, b) -> int:
+    """Levenshtein distance by the textbook dynamic programme."""
+    d = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        prev, d[0] = d[0], i
+        for j, y in enumerate(b, 1):
+            prev, d[j] = d[j], min(d[j] + 1, d[j - 1] + 1, prev + (x != y))
+    return d[-1]
+
+
+def test_edit_distance_metric_against_a_dynamic_programme():
+    pairs = [([1, 2, 3], [1, 2, 3]), ([1, 2, 3, 4], [2, 3, 5]), ([7], [1, 2]),
+             ([], [4, 4]), ([5, 6], [5, 6]), ([1, 2, 1], [2, 1, 2])]
+    dists = [_edit_distance(a, b) for a, b in pairs]
+    m = metrics.EditDistance("ed")
+    m.update(np.array(dists[:4], np.float32).reshape(-1, 1), 4)
+    m.update(np.array(dists[4:], np.float32).reshape(-1, 1), 2)
+    avg, err = m.eval()
+    assert dists == [0, 2, 2, 2, 0, 2]
+    assert avg == pytest.approx(8 / 6)
+    assert err == pytest.approx(4 / 6)
+    with pytest.raises(ValueError, match="seq_num=3, got 2 distances"):
+        m.update(np.zeros(2), 3)
+    m.reset()
+    with pytest.raises(ValueError, match="no data"):
+        m.eval()
+
+
+def _chunks(tags, num_types=2):
+    """IOB chunks (begin, end, type) of a tag sequence: tag 2t = B-t, 2t+1 = I-t for t <
+    num_types; any other tag is O."""
+    chunks, start, typ = set(), None, None
+    for i, t in enumerate(list(tags) + [-1]):
+        t = t if 0 <= t < 2 * num_types else -1
+        inside = t >= 0 and t % 2 == 1 and typ == t // 2 and start is not None
+        if not inside and start is not None:
+            chunks.add((start, i, typ))
+            start = None
+        if t >= 0 and t % 2 == 0:
+            start, typ = i, t // 2
+    return chunks
+
+
+def test_chunk_evaluator_against_hand_counts():
+    # O is 4; types 0 and 1
+    label = [0, 1, 4, 2, 3, 3, 4, 0]
+    infer = [0, 1, 4, 2, 3, 4, 4, 2]
+    lc, ic = _chunks(label), _chunks(infer)
+    assert lc == {(0, 2, 0), (3, 6, 1), (7, 8, 0)}
+    assert ic == {(0, 2, 0), (3, 5, 1), (7, 8, 1)}
+    ev = metrics.ChunkEvaluator()
+    ev.update(np.array([len(ic)]), np.array([len(lc)]), np.array([len(ic & lc)]))
+    ev.update(2, 1, 1)  # plain ints too
+    p, r, f1 = ev.eval()
+    assert (p, r) == (pytest.approx(2 / 5), pytest.approx(2 / 4))
+    assert f1 == pytest.approx(2 * 0.4 * 0.5 / 0.9)
+    ev.reset()
+    assert ev.eval() == (0.0, 0.0, 0.0)
+    with pytest.raises(ValueError, match="'num_label_chunks' can not be negative"):
+        ev.update(1, -1, 0)
+
+
+def test_composite_metric_updates_every_metric():
+    comp = metrics.CompositeMetric()
+    comp.add_metric(metrics.Precision())
+    comp.add_metric(metrics.Recall())
+    p, lab = _batches(1, 60)[0]
+    comp.update(p, lab)
+    hard = (p >= 0.5).astype(int).ravel()
+    assert comp.eval() == [pytest.approx(sk.precision_score(lab.ravel(), hard)),
+                           pytest.approx(sk.recall_score(lab.ravel(), hard))]
+    with pytest.raises(ValueError, match="expected a MetricBase"):
+        comp.add_metric(object())
+    with pytest.raises(ValueError, match="'preds' must be a numpy ndarray"):
+        comp.update([0.1], lab)
+
+
+# ---- the auc layer ------------------------------------------------------------------------------
+def _auc_program(num_thresholds, slide_steps, width=2):
+    main, start = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, start), fluid.unique_name.guard():
+        x = fluid.data("x", [-1, width], "float32")
+        y = fluid.data("y", [-1, 1], "int64")
+        res = fluid.layers.auc(x, y, num_thresholds=num_thresholds, slide_steps=slide_steps)
+    return main, start, res
+
+
+def _run_auc(main, start, res, batches):
+    scope, exe = fluid.Scope(), fluid.Executor(fluid.CPUPlace(), strict=True)
+    exe.run(start, scope=scope)
+    out = []
+    for p, lab in batches:
+        feed = {"x": np.concatenate([1 - p, p], axis=1), "y": lab}
+        out.append(exe.run(main, feed=feed, fetch_list=[res[0], res[1]] + res[2], scope=scope))
+    return out
+
+
+def test_auc_layer_matches_sklearn_globally_and_over_the_window():
+    batches = _batches(3, 40)
+    main, start, res = _auc_program(2 ** 14, 2)
+    outs = _run_auc(main, start, res, batches)
+    for k, (g, b, bpos, bneg, pos, neg) in enumerate(outs):
+        assert int(bneg[-1]) == k + 1
+        assert g.shape == () and g.dtype == np.float64
+        seen = batches[:k + 1]
+        p = np.concatenate([s[0] for s in seen]).ravel()
+        lab = np.concatenate([s[1] for s in seen]).ravel()
+        assert float(g) == pytest.approx(sk.roc_auc_score(lab, p), abs=1e-3)
+        win = batches[max(0, k - 1):k + 1]  # slide_steps=2: this batch and the one before
+        wp = np.concatenate([s[0] for s in win]).ravel()
+        wl = np.concatenate([s[1] for s in win]).ravel()
+        assert float(b) == pytest.approx(sk.roc_auc_score(wl, wp), abs=1e-3)
+        assert pos.shape == (1, 2 ** 14 + 1) and int(pos.sum()) == int(lab.sum())
+        assert int(neg.sum()) == lab.size - int(lab.sum())
+        assert bpos.shape == (3 * (2 ** 14 + 1) + 1,) and bpos[-1] == k + 1
+    ops = [op.type for op in main.global_block().ops]
+    assert ops.count("auc") == 2
+
+
+def test_auc_layer_bad_input_names_the_op():
+    main, start, res = _auc_program(15, 1)
+    p = np.array([[0.2], [1.2]], np.float32)
+    exe = fluid.Executor(fluid.CPUPlace())
+    scope = fluid.Scope()
+    exe.run(start, scope=scope)
+    with pytest.raises(fluid.OpRunError, match=r"auc.*\[0, 1\]"):
+        exe.run(main, feed={"x": np.concatenate([1 - p, p], 1), "y": np.zeros((2, 1), "int64")},
+                fetch_list=[res[0]], scope=scope)
+    with fluid.program_guard(main, start):
+        x3 = fluid.data("x3", [-1, 3], "float32")
+        with pytest.raises(fluid.OpShapeError, match=r"Predict must be \[N, 2\]"):
+            fluid.layers.auc(x3, main.global_block().var("y"))
+        with pytest.raises(ValueError, match="curve must be 'ROC' or 'PR'"):
+            fluid.layers.auc(main.global_block().var("x"), main.global_block().var("y"),
+                             curve="XY")
+
+
+# Paddle 3.3.1's legacy ``auc`` ops (``paddle.static.auc(x, y, num_thresholds=200,
+# slide_steps=2)``, legacy static mode, CPU) on the three batches of ``_paddle_batches``: per
+# batch, the global AUC, the batch AUC and the batch counter (recorded with
+# tests/api/make_auc_fixture.py, which runs paddle; test_auc_layer_against_paddle_live reruns it).
+PADDLE_AUC = [(0.16666666666666666, 0.16666666666666666, 1),
+              (0.3174603174603175, 0.3174603174603175, 2),
+              (0.45357142857142857, 0.6015625, 3)]
+
+
+def _paddle_batches():
+    rng = np.random.default_rng(0)
+    out = []
+    for _ in range(3):
+        p = rng.random((8, 1)).astype("float32")
+        out.append((p, rng.integers(0, 2, (8, 1)).astype("int64")))
+    return out
+
+
+def test_auc_layer_matches_paddles_recorded_outputs():
+    main, start, res = _auc_program(200, 2)
+    outs = _run_auc(main, start, res, _paddle_batches())
+    for (g, b, bpos, *_), (want_g, want_b, count) in zip(outs, PADDLE_AUC):
+        assert float(g) == want_g and float(b) == want_b and bpos[-1] == count
+
+
+@pytest.mark.paddle
+def test_auc_layer_against_paddle_live():
+    import importlib.util
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if importlib.util.find_spec("paddle") is None:
+        pytest.skip("paddlepaddle is not installed")
+    script = Path(__file__).with_name("make_auc_fixture.py")
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = eval(proc.stdout.strip().splitlines()[-1])  # a list of tuples of floats and ints
+    assert got == PADDLE_AUC
