@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from pdjit.framework.errors import ShapeMismatch
-from pdjit.framework.registry import OPAQUE, Bool, Float, Long, Opaque, Str, register_op
+from pdjit.framework.registry import OPAQUE, Bool, Float, Floats, Long, Opaque, Str, register_op
 from pdjit.ops._common import FLOATS, check_dtype
 
 _F32 = np.float32
@@ -106,15 +106,14 @@ _MULTI = {"multi_precision": Bool(False)}
 
 
 # ---- lowering --------------------------------------------------------------------------------
-def _elementwise_lower(slots_in, slots_out, prologue, body, check_scalars=("LearningRate",)):
-    """A flat loop over the parameter's elements.
+def _flat_lower(slots_in, slots_out, code, check_scalars=("LearningRate",)):
+    """Lines over the parameter's elements, flat (every array 1-D).
 
-    ``prologue(ctx, T, v)`` gives lines computing scalars once (``v`` maps slot -> flat local,
-    scalar slots -> their 1-element flat view); ``body(ctx, T, v, i)`` the lines of one element.
-    Declines for master params and dtypes other than float32/float64. The kernel is ``flat``
-    (every array 1-D); outputs are new arrays the driver allocates, even when they name an
-    input variable (``ParamOut`` = ``Param``), so the inputs stay untouched should the segment
-    fall back to the references.
+    ``code(ctx, T, v)`` gives the lines after the set-up (``v`` maps slot -> flat local, scalar
+    slots -> their 1-element flat view, output slots -> the driver-allocated output). Declines
+    for master params and dtypes other than float32/float64. The kernel is ``flat``; outputs are
+    new arrays the driver allocates, even when they name an input variable (``ParamOut`` =
+    ``Param``), so the inputs stay untouched should the segment fall back to the references.
     """
     def lower(ctx):
         if ctx.has_input("MasterParam"):
@@ -144,12 +143,18 @@ def _elementwise_lower(slots_in, slots_out, prologue, body, check_scalars=("Lear
         for s in slots_out:
             if ctx.has_output(s):
                 v[s] = ctx.out(s, shape=f"{P}.shape")
-        lines += prologue(ctx, T, v)
-        i = ctx.tmp("i")
-        lines.append(f"for {i} in range({v['Param']}.size):")
-        lines += ["    " + line for line in body(ctx, T, v, i)]
-        return lines
+        return lines + code(ctx, T, v)
     return lower
+
+
+def _elementwise_lower(slots_in, slots_out, prologue, body, check_scalars=("LearningRate",)):
+    """A flat loop over the parameter's elements (see ``_flat_lower``): ``prologue(ctx, T, v)``
+    gives lines computing scalars once, ``body(ctx, T, v, i)`` the lines of one element."""
+    def code(ctx, T, v):
+        i = ctx.tmp("i")
+        return prologue(ctx, T, v) + [f"for {i} in range({v['Param']}.size):"] + \
+            ["    " + line for line in body(ctx, T, v, i)]
+    return _flat_lower(slots_in, slots_out, code, check_scalars)
 
 
 def _lit(ctx, name: str, T: str) -> str:
@@ -477,3 +482,538 @@ register_op(
     traits=[OPAQUE], infer_shape=_rmsprop_infer, reference=_rmsprop_ref, emit=None, grad=None,
     doc="MeanSquareOut = rho * ms + (1 - rho) * g^2; MomentOut = momentum * mom + lr * g / "
         "sqrt(ms (- mg^2 when centered) + eps); ParamOut = Param - MomentOut.")
+
+
+# ---- helpers of the norm-based updates ----------------------------------------------------------
+def _norm(a: np.ndarray, T):
+    """The L2 norm of ``a`` (summed in float64, as the native code does) as the type ``T``."""
+    a = np.asarray(a, np.float64).reshape(-1)
+    return T(np.sqrt(np.dot(a, a)))
+
+
+def _with_scalar_outputs(lines, ctx, pairs):
+    """Lines writing 1-element outputs: ``pairs`` of (output slot, input slot, expression)."""
+    for out_slot, in_slot, expr in pairs:
+        if ctx.has_output(out_slot):
+            out = ctx.out(out_slot, shape=f"{ctx.inp(in_slot)}.shape")
+            lines.append(f"{out}[0] = {expr}")
+    return lines
+
+
+# ---- adamax --------------------------------------------------------------------------------------
+def _adamax_infer(Param, Grad, LearningRate, Moment, InfNorm, Beta1Pow, MasterParam=None, **_):
+    for what, meta in (("Grad", Grad), ("Moment", Moment), ("InfNorm", InfNorm)):
+        _check_like(meta, Param, what, "adamax")
+    _check_scalar(LearningRate, "LearningRate", "adamax")
+    _check_scalar(Beta1Pow, "Beta1Pow", "adamax")
+    return {**_param_infer(Param, MasterParam), "MomentOut": Moment, "InfNormOut": InfNorm}
+
+
+def _adamax_ref(Param, Grad, LearningRate, Moment, InfNorm, Beta1Pow, MasterParam=None, *,
+                beta1, beta2, epsilon, multi_precision):
+    _check_run({"Grad": Grad, "Moment": Moment, "InfNorm": InfNorm}, Param, "adamax")
+    p, T = _master(Param, MasterParam, multi_precision)
+    lr = T(_scalar(LearningRate, "LearningRate", "adamax"))
+    b1p = T(_scalar(Beta1Pow, "Beta1Pow", "adamax"))
+    b1, b2, eps, one = _f(beta1, T), _f(beta2, T), _f(epsilon, T), T(1)
+    g = Grad.astype(T, copy=False)
+    m = b1 * Moment.astype(T, copy=False) + (one - b1) * g
+    inf = np.maximum(b2 * InfNorm.astype(T, copy=False) + eps, np.abs(g))
+    new_p = p - (lr / (one - b1p)) * (m / inf)
+    return {**_param_outs(new_p, Param, MasterParam, multi_precision),
+            "MomentOut": m.astype(Moment.dtype, copy=False),
+            "InfNormOut": inf.astype(InfNorm.dtype, copy=False)}
+
+
+def _adamax_lower(ctx):
+    if ctx.dtype("Beta1Pow") != ctx.dtype("Param"):
+        return None
+    return _adamax_loop(ctx)
+
+
+_adamax_loop = _elementwise_lower(
+    ("Param", "Grad", "Moment", "InfNorm"), ("ParamOut", "MomentOut", "InfNormOut"),
+    lambda ctx, T, v: [f"lr_ = {T}({v['LearningRate']}[0])", f"b1_ = {_lit(ctx, 'beta1', T)}",
+                       f"b2_ = {_lit(ctx, 'beta2', T)}", f"eps_ = {_lit(ctx, 'epsilon', T)}",
+                       f"one_ = {T}(1)", f"lrt_ = lr_ / (one_ - {T}({v['Beta1Pow']}[0]))"],
+    lambda ctx, T, v, i: [
+        f"g_ = {v['Grad']}[{i}]",
+        f"m_ = b1_ * {v['Moment']}[{i}] + (one_ - b1_) * g_",
+        f"n_ = max(b2_ * {v['InfNorm']}[{i}] + eps_, abs(g_))",
+        f"{v['MomentOut']}[{i}] = m_",
+        f"{v['InfNormOut']}[{i}] = n_",
+        f"{v['ParamOut']}[{i}] = {v['Param']}[{i}] - lrt_ * (m_ / n_)"],
+    check_scalars=("LearningRate", "Beta1Pow"))
+
+register_op(
+    "adamax", inputs=["Param", "Grad", "LearningRate", "Moment", "InfNorm", "Beta1Pow",
+                      "MasterParam?"],
+    outputs=["ParamOut", "MomentOut", "InfNormOut", "MasterParamOut?"],
+    attrs={"beta1": Float(0.9, low=0.0, high=0.99), "beta2": Float(0.999, low=0.0, high=0.9999),
+           "epsilon": Float(1e-8, low=1e-10, high=1e-3), **_MULTI},
+    traits=[OPAQUE], infer_shape=_adamax_infer, reference=_adamax_ref,
+    emit=Opaque(_adamax_lower, flat=True), grad=None,
+    doc="MomentOut = b1 * m + (1 - b1) * g; InfNormOut = max(b2 * inf + eps, |g|); ParamOut = "
+        "Param - lr / (1 - Beta1Pow) * MomentOut / InfNormOut (the optimizer scales Beta1Pow).")
+
+
+# ---- adadelta ------------------------------------------------------------------------------------
+def _adadelta_infer(Param, Grad, AvgSquaredGrad, AvgSquaredUpdate, LearningRate,
+                    MasterParam=None, **_):
+    for what, meta in (("Grad", Grad), ("AvgSquaredGrad", AvgSquaredGrad),
+                       ("AvgSquaredUpdate", AvgSquaredUpdate)):
+        _check_like(meta, Param, what, "adadelta")
+    _check_scalar(LearningRate, "LearningRate", "adadelta")
+    return {**_param_infer(Param, MasterParam), "AvgSquaredGradOut": AvgSquaredGrad,
+            "AvgSquaredUpdateOut": AvgSquaredUpdate}
+
+
+def _adadelta_ref(Param, Grad, AvgSquaredGrad, AvgSquaredUpdate, LearningRate,
+                  MasterParam=None, *, rho, epsilon, multi_precision):
+    _check_run({"Grad": Grad, "AvgSquaredGrad": AvgSquaredGrad,
+                "AvgSquaredUpdate": AvgSquaredUpdate}, Param, "adadelta")
+    p, T = _master(Param, MasterParam, multi_precision)
+    lr = T(_scalar(LearningRate, "LearningRate", "adadelta"))
+    r, eps, one = _f(rho, T), _f(epsilon, T), T(1)
+    g = Grad.astype(T, copy=False)
+    asg = r * AvgSquaredGrad.astype(T, copy=False) + (one - r) * g * g
+    asu_in = AvgSquaredUpdate.astype(T, copy=False)
+    upd = -np.sqrt((asu_in + eps) / (asg + eps)) * g
+    asu = r * asu_in + (one - r) * upd * upd
+    return {**_param_outs(p + lr * upd, Param, MasterParam, multi_precision),
+            "AvgSquaredGradOut": asg.astype(AvgSquaredGrad.dtype, copy=False),
+            "AvgSquaredUpdateOut": asu.astype(AvgSquaredUpdate.dtype, copy=False)}
+
+
+register_op(
+    "adadelta", inputs=["Param", "Grad", "AvgSquaredGrad", "AvgSquaredUpdate", "LearningRate",
+                        "MasterParam?"],
+    outputs=["ParamOut", "AvgSquaredGradOut", "AvgSquaredUpdateOut", "MasterParamOut?"],
+    attrs={"rho": Float(0.95, low=0.0, high=0.99), "epsilon": Float(1e-6, low=1e-10, high=1e-3),
+           **_MULTI},
+    traits=[OPAQUE], infer_shape=_adadelta_infer, reference=_adadelta_ref,
+    emit=Opaque(_elementwise_lower(
+        ("Param", "Grad", "AvgSquaredGrad", "AvgSquaredUpdate"),
+        ("ParamOut", "AvgSquaredGradOut", "AvgSquaredUpdateOut"),
+        lambda ctx, T, v: [f"lr_ = {T}({v['LearningRate']}[0])", f"rho_ = {_lit(ctx, 'rho', T)}",
+                           f"eps_ = {_lit(ctx, 'epsilon', T)}", f"one_ = {T}(1)"],
+        lambda ctx, T, v, i: [
+            f"g_ = {v['Grad']}[{i}]",
+            f"a_ = rho_ * {v['AvgSquaredGrad']}[{i}] + (one_ - rho_) * g_ * g_",
+            f"w_ = {v['AvgSquaredUpdate']}[{i}]",
+            "u_ = -np.sqrt((w_ + eps_) / (a_ + eps_)) * g_",
+            f"{v['AvgSquaredGradOut']}[{i}] = a_",
+            f"{v['AvgSquaredUpdateOut']}[{i}] = rho_ * w_ + (one_ - rho_) * u_ * u_",
+            f"{v['ParamOut']}[{i}] = {v['Param']}[{i}] + lr_ * u_"]), flat=True),
+    grad=None,
+    doc="AvgSquaredGradOut = rho * asg + (1 - rho) * g^2; update = -sqrt((asu + eps) / "
+        "(AvgSquaredGradOut + eps)) * g; AvgSquaredUpdateOut = rho * asu + (1 - rho) * update^2; "
+        "ParamOut = Param + lr * update.")
+
+
+# ---- decayed_adagrad -----------------------------------------------------------------------------
+def _decayed_adagrad_infer(Param, Grad, Moment, LearningRate, **_):
+    _check_like(Grad, Param, "Grad", "decayed_adagrad")
+    _check_like(Moment, Param, "Moment", "decayed_adagrad")
+    _check_scalar(LearningRate, "LearningRate", "decayed_adagrad")
+    return {**_param_infer(Param), "MomentOut": Moment}
+
+
+def _decayed_adagrad_ref(Param, Grad, Moment, LearningRate, *, decay, epsilon):
+    _check_run({"Grad": Grad, "Moment": Moment}, Param, "decayed_adagrad")
+    T = Param.dtype.type
+    lr = T(_scalar(LearningRate, "LearningRate", "decayed_adagrad"))
+    d, one = _f(decay, T), T(1)
+    g = Grad.astype(T, copy=False)
+    m = d * Moment.astype(T, copy=False) + (one - d) * g * g
+    return {"ParamOut": Param - lr * g / (np.sqrt(m) + _f(epsilon, T)),
+            "MomentOut": m.astype(Moment.dtype, copy=False)}
+
+
+register_op(
+    "decayed_adagrad", inputs=["Param", "Grad", "Moment", "LearningRate"],
+    outputs=["ParamOut", "MomentOut"],
+    attrs={"decay": Float(0.95, low=0.0, high=0.99), "epsilon": Float(1e-6, low=1e-10, high=1e-3)},
+    traits=[OPAQUE], infer_shape=_decayed_adagrad_infer, reference=_decayed_adagrad_ref,
+    emit=Opaque(_elementwise_lower(
+        ("Param", "Grad", "Moment"), ("ParamOut", "MomentOut"),
+        lambda ctx, T, v: [f"lr_ = {T}({v['LearningRate']}[0])", f"d_ = {_lit(ctx, 'decay', T)}",
+                           f"eps_ = {_lit(ctx, 'epsilon', T)}", f"one_ = {T}(1)"],
+        lambda ctx, T, v, i: [
+            f"g_ = {v['Grad']}[{i}]",
+            f"m_ = d_ * {v['Moment']}[{i}] + (one_ - d_) * g_ * g_",
+            f"{v['MomentOut']}[{i}] = m_",
+            f"{v['ParamOut']}[{i}] = {v['Param']}[{i}] - lr_ * g_ / (np.sqrt(m_) + eps_)"]),
+        flat=True),
+    grad=None,
+    doc="MomentOut = decay * m + (1 - decay) * g^2; ParamOut = Param - lr * g / "
+        "(sqrt(MomentOut) + epsilon).")
+
+
+# ---- ftrl ----------------------------------------------------------------------------------------
+_FTRL_TINY = 1e-10  # added to l1 and l2, as Paddle's kernel does
+
+
+def _ftrl_infer(Param, SquaredAccumulator, LinearAccumulator, Grad, LearningRate, **_):
+    for what, meta in (("Grad", Grad), ("SquaredAccumulator", SquaredAccumulator),
+                       ("LinearAccumulator", LinearAccumulator)):
+        _check_like(meta, Param, what, "ftrl")
+    _check_scalar(LearningRate, "LearningRate", "ftrl")
+    return {**_param_infer(Param), "SquaredAccumOut": SquaredAccumulator,
+            "LinearAccumOut": LinearAccumulator}
+
+
+def _ftrl_ref(Param, SquaredAccumulator, LinearAccumulator, Grad, LearningRate, *, l1, l2,
+              lr_power):
+    _check_run({"Grad": Grad, "SquaredAccumulator": SquaredAccumulator,
+                "LinearAccumulator": LinearAccumulator}, Param, "ftrl")
+    T = Param.dtype.type
+    lr = T(_scalar(LearningRate, "LearningRate", "ftrl"))
+    l1_, l2_ = _f(l1, T) + T(_FTRL_TINY), _f(l2, T) + T(_FTRL_TINY)
+    p, g = Param, Grad.astype(T, copy=False)
+    sq = SquaredAccumulator.astype(T, copy=False)
+    new_sq = sq + g * g
+    if _f(lr_power, T) == T(-0.5):
+        def scaled(a):
+            return np.sqrt(a)
+    else:
+        e = -_f(lr_power, T)
+
+        def scaled(a):
+            return np.power(a, e)
+    lin = LinearAccumulator.astype(T, copy=False) + g - ((scaled(new_sq) - scaled(sq)) / lr) * p
+    x = l1_ * np.sign(lin) - lin
+    y = scaled(new_sq) / lr + T(2) * l2_
+    new_p = np.where(np.abs(lin) > l1_, x / y, T(0)).astype(Param.dtype, copy=False)
+    return {"ParamOut": new_p,
+            "SquaredAccumOut": new_sq.astype(SquaredAccumulator.dtype, copy=False),
+            "LinearAccumOut": lin.astype(LinearAccumulator.dtype, copy=False)}
+
+
+def _ftrl_prologue(ctx, T, v):
+    return [f"lr_ = {T}({v['LearningRate']}[0])",
+            f"l1_ = {_lit(ctx, 'l1', T)} + {T}({_FTRL_TINY!r})",
+            f"l2_ = {_lit(ctx, 'l2', T)} + {T}({_FTRL_TINY!r})",
+            f"e_ = -{_lit(ctx, 'lr_power', T)}", f"zero_ = {T}(0)", f"two_ = {T}(2)"]
+
+
+def _ftrl_body(ctx, T, v, i):
+    if float(_F32(ctx.attrs["lr_power"])) == -0.5:
+        def scaled(a):
+            return f"np.sqrt({a})"
+    else:
+        def scaled(a):
+            return f"{a} ** e_"
+    return [
+        f"g_ = {v['Grad']}[{i}]",
+        f"p_ = {v['Param']}[{i}]",
+        f"s_ = {v['SquaredAccumulator']}[{i}]",
+        "n_ = s_ + g_ * g_",
+        f"l_ = {v['LinearAccumulator']}[{i}] + g_ - (({scaled('n_')} - {scaled('s_')}) / lr_) * p_",
+        f"{v['LinearAccumOut']}[{i}] = l_",
+        f"{v['SquaredAccumOut']}[{i}] = n_",
+        "sg_ = zero_ if l_ == zero_ else (l1_ if l_ > zero_ else -l1_)",
+        f"y_ = {scaled('n_')} / lr_ + two_ * l2_",
+        f"{v['ParamOut']}[{i}] = (sg_ - l_) / y_ if abs(l_) > l1_ else zero_"]
+
+
+register_op(
+    "ftrl", inputs=["Param", "SquaredAccumulator", "LinearAccumulator", "Grad", "LearningRate"],
+    outputs=["ParamOut", "SquaredAccumOut", "LinearAccumOut"],
+    attrs={"l1": Float(0.0, low=0.0, high=0.5), "l2": Float(0.0, low=0.0, high=0.5),
+           "lr_power": Float(-0.5, choices=(-0.5, -0.25))},
+    traits=[OPAQUE], infer_shape=_ftrl_infer, reference=_ftrl_ref,
+    emit=Opaque(_elementwise_lower(
+        ("Param", "SquaredAccumulator", "LinearAccumulator", "Grad"),
+        ("ParamOut", "SquaredAccumOut", "LinearAccumOut"), _ftrl_prologue, _ftrl_body),
+        flat=True),
+    grad=None,
+    doc="FTRL-proximal: n = sq + g^2; lin += g - (n^-lr_power - sq^-lr_power) / lr * p; "
+        "ParamOut = (l1 * sign(lin) - lin) / (n^-lr_power / lr + 2 * l2) where |lin| > l1, else "
+        "0 (sqrt for lr_power = -0.5; l1 and l2 get 1e-10 added, as in Paddle).")
+
+
+# ---- lamb ----------------------------------------------------------------------------------------
+def _lamb_infer(Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow,
+                MasterParam=None, SkipUpdate=None, **_):
+    for what, meta in (("Grad", Grad), ("Moment1", Moment1), ("Moment2", Moment2)):
+        _check_like(meta, Param, what, "lamb")
+    for what, meta in (("LearningRate", LearningRate), ("Beta1Pow", Beta1Pow),
+                       ("Beta2Pow", Beta2Pow)):
+        _check_scalar(meta, what, "lamb")
+    return {**_param_infer(Param, MasterParam), "Moment1Out": Moment1, "Moment2Out": Moment2,
+            "Beta1PowOut": Beta1Pow, "Beta2PowOut": Beta2Pow}
+
+
+def _lamb_ref(Param, Grad, LearningRate, Moment1, Moment2, Beta1Pow, Beta2Pow,
+              MasterParam=None, SkipUpdate=None, *, weight_decay, beta1, beta2, epsilon,
+              always_adapt, multi_precision):
+    _check_run({"Grad": Grad, "Moment1": Moment1, "Moment2": Moment2}, Param, "lamb")
+    p, T = _master(Param, MasterParam, multi_precision)
+    if SkipUpdate is not None and bool(_scalar(SkipUpdate, "SkipUpdate", "lamb")):
+        return {**_param_outs(p.copy(), Param, MasterParam, multi_precision),
+                "Moment1Out": Moment1.copy(), "Moment2Out": Moment2.copy(),
+                "Beta1PowOut": Beta1Pow.copy(), "Beta2PowOut": Beta2Pow.copy()}
+    lr = T(_scalar(LearningRate, "LearningRate", "lamb"))
+    b1p = T(_scalar(Beta1Pow, "Beta1Pow", "lamb"))
+    b2p = T(_scalar(Beta2Pow, "Beta2Pow", "lamb"))
+    b1, b2, eps, wd, one = (_f(beta1, T), _f(beta2, T), _f(epsilon, T), _f(weight_decay, T),
+                            T(1))
+    g = Grad.astype(T, copy=False)
+    m1 = b1 * Moment1.astype(T, copy=False) + (one - b1) * g
+    m2 = b2 * Moment2.astype(T, copy=False) + (one - b2) * g * g
+    r = (m1 / (one - b1p)) / (np.sqrt(m2 / (one - b2p)) + eps) + wd * p
+    trust = one
+    if wd > 0 or always_adapt:
+        pn, rn = _norm(p, T), _norm(r, T)
+        if pn > 0 and rn > 0:
+            trust = T(pn / rn)
+    new_p = p - lr * trust * r
+    return {**_param_outs(new_p, Param, MasterParam, multi_precision),
+            "Moment1Out": m1.astype(Moment1.dtype, copy=False),
+            "Moment2Out": m2.astype(Moment2.dtype, copy=False),
+            "Beta1PowOut": (Beta1Pow * Beta1Pow.dtype.type(b1)).astype(Beta1Pow.dtype),
+            "Beta2PowOut": (Beta2Pow * Beta2Pow.dtype.type(b2)).astype(Beta2Pow.dtype)}
+
+
+def _lamb_code(ctx, T, v):
+    a = ctx.attrs
+    adapt = float(_F32(a["weight_decay"])) > 0 or bool(a["always_adapt"])
+    lines = [f"lr_ = {T}({v['LearningRate']}[0])", f"b1_ = {_lit(ctx, 'beta1', T)}",
+             f"b2_ = {_lit(ctx, 'beta2', T)}", f"eps_ = {_lit(ctx, 'epsilon', T)}",
+             f"wd_ = {_lit(ctx, 'weight_decay', T)}", f"one_ = {T}(1)",
+             f"c1_ = one_ - {T}({v['Beta1Pow']}[0])", f"c2_ = one_ - {T}({v['Beta2Pow']}[0])"]
+    _with_scalar_outputs(lines, ctx, [("Beta1PowOut", "Beta1Pow", f"{v['Beta1Pow']}[0] * b1_"),
+                                      ("Beta2PowOut", "Beta2Pow", f"{v['Beta2Pow']}[0] * b2_")])
+    P, out = v["Param"], v["ParamOut"]
+    i = ctx.tmp("i")
+    lines += ["pn_ = 0.0", "rn_ = 0.0",
+              f"for {i} in range({P}.size):",
+              f"    g_ = {v['Grad']}[{i}]",
+              f"    p_ = {P}[{i}]",
+              f"    m1_ = b1_ * {v['Moment1']}[{i}] + (one_ - b1_) * g_",
+              f"    m2_ = b2_ * {v['Moment2']}[{i}] + (one_ - b2_) * g_ * g_",
+              f"    {v['Moment1Out']}[{i}] = m1_",
+              f"    {v['Moment2Out']}[{i}] = m2_",
+              "    r_ = (m1_ / c1_) / (np.sqrt(m2_ / c2_) + eps_) + wd_ * p_",
+              f"    {out}[{i}] = r_",
+              "    pn_ += float(p_) * float(p_)",
+              "    rn_ += float(r_) * float(r_)",
+              "tr_ = one_"]
+    if adapt:
+        lines += ["pn_ = np.sqrt(pn_)", "rn_ = np.sqrt(rn_)",
+                  f"if {T}(pn_) > 0 and {T}(rn_) > 0:",
+                  f"    tr_ = {T}({T}(pn_) / {T}(rn_))"]
+    lines += ["st_ = lr_ * tr_",
+              f"for {i} in range({P}.size):",
+              f"    {out}[{i}] = {P}[{i}] - st_ * {out}[{i}]"]
+    return lines
+
+
+_lamb_flat = _flat_lower(("Param", "Grad", "Moment1", "Moment2"),
+                         ("ParamOut", "Moment1Out", "Moment2Out"), _lamb_code,
+                         check_scalars=("LearningRate", "Beta1Pow", "Beta2Pow"))
+
+
+def _lamb_lower(ctx):
+    t = ctx.dtype("Param")
+    if ctx.has_input("SkipUpdate") or ctx.dtype("Beta1Pow") != t or ctx.dtype("Beta2Pow") != t:
+        return None
+    return _lamb_flat(ctx)
+
+
+register_op(
+    "lamb", inputs=["Param", "Grad", "LearningRate", "Moment1", "Moment2", "Beta1Pow", "Beta2Pow",
+                    "MasterParam?", "SkipUpdate?"],
+    outputs=["ParamOut", "Moment1Out", "Moment2Out", "Beta1PowOut?", "Beta2PowOut?",
+             "MasterParamOut?"],
+    attrs={"weight_decay": Float(low=0.0, high=0.1), "beta1": Float(0.9, low=0.0, high=0.99),
+           "beta2": Float(0.999, low=0.0, high=0.9999),
+           "epsilon": Float(1e-6, low=1e-10, high=1e-3), "always_adapt": Bool(False), **_MULTI},
+    traits=[OPAQUE], infer_shape=_lamb_infer, reference=_lamb_ref,
+    emit=Opaque(_lamb_lower, flat=True), grad=None,
+    doc="LAMB: adam moments; r = m1 / (1 - b1p) / (sqrt(m2 / (1 - b2p)) + eps) + weight_decay * "
+        "Param; ParamOut = Param - lr * trust * r with trust = ||Param|| / ||r|| (1 when either "
+        "norm is 0, or when weight_decay <= 0 and not always_adapt); beta pows times beta1/2.")
+
+
+# ---- lars_momentum -------------------------------------------------------------------------------
+_LARS_SLOTS = ("Param", "Grad", "Velocity", "LearningRate")
+
+
+def _lars_infer(Param, Grad, Velocity, LearningRate, MasterParam=None, *, lars_weight_decay,
+                **_):
+    n = len(Param)
+    for what, metas in (("Grad", Grad), ("Velocity", Velocity), ("LearningRate", LearningRate)):
+        if len(metas) != n:
+            raise ShapeMismatch(f"lars_momentum: {what} must hold one variable per Param: "
+                                f"expected {n}, got {len(metas)}")
+    if len(lars_weight_decay) not in (1, n):
+        raise ShapeMismatch(f"lars_momentum: lars_weight_decay must hold one value per Param "
+                            f"(or one for all): expected {n}, got {len(lars_weight_decay)}")
+    for k in range(n):
+        check_dtype(Param[k], FLOATS, "lars_momentum: Param")
+        _check_like(Grad[k], Param[k], "Grad", "lars_momentum")
+        _check_like(Velocity[k], Param[k], "Velocity", "lars_momentum")
+        _check_scalar(LearningRate[k], "LearningRate", "lars_momentum")
+    out = {"ParamOut": list(Param), "VelocityOut": list(Velocity)}
+    if MasterParam:
+        out["MasterParamOut"] = list(MasterParam)
+    return out
+
+
+def _lars_ref(Param, Grad, Velocity, LearningRate, MasterParam=None, *, mu, lars_coeff,
+              lars_weight_decay, epsilon, multi_precision, rescale_grad):
+    n = len(Param)
+    if len(lars_weight_decay) not in (1, n):
+        raise ShapeMismatch(f"lars_momentum: lars_weight_decay must hold one value per Param "
+                            f"(or one for all): expected {n}, got {len(lars_weight_decay)}")
+    masters = list(MasterParam or [])
+    outs = {"ParamOut": [], "VelocityOut": [], "MasterParamOut": []}
+    for k in range(n):
+        master = masters[k] if k < len(masters) else None
+        _check_run({"Grad": Grad[k], "Velocity": Velocity[k]}, Param[k], "lars_momentum")
+        p, T = _master(Param[k], master, multi_precision)
+        lr = T(_scalar(LearningRate[k], "LearningRate", "lars_momentum"))
+        wd = _f(lars_weight_decay[k if len(lars_weight_decay) == n else 0], T)
+        g = Grad[k].astype(T, copy=False) * _f(rescale_grad, T)
+        pn, gn = _norm(p, T), _norm(g, T)
+        local_lr = lr
+        if pn > 0 and gn > 0:
+            local_lr = lr * _f(lars_coeff, T) * pn / (gn + wd * pn + _f(epsilon, T))
+        v = _f(mu, T) * Velocity[k].astype(T, copy=False) + local_lr * (g + wd * p)
+        po = _param_outs(p - v, Param[k], master, multi_precision)
+        outs["ParamOut"].append(po["ParamOut"])
+        if "MasterParamOut" in po:
+            outs["MasterParamOut"].append(po["MasterParamOut"])
+        outs["VelocityOut"].append(v.astype(Velocity[k].dtype, copy=False))
+    if not outs["MasterParamOut"]:
+        del outs["MasterParamOut"]
+    return outs
+
+
+def _lars_lower(ctx):
+    """One loop pair per parameter: the two norms, then the update."""
+    if ctx.has_input("MasterParam"):
+        return None
+    op = ctx.op
+    n = len(op.input("Param"))
+    wds = list(ctx.attrs["lars_weight_decay"])
+    if len(wds) not in (1, n) or any(len(op.input(s)) != n for s in _LARS_SLOTS):
+        return None
+    lines = []
+    for k in range(n):
+        t = ctx.dtype("Param", k)
+        if t not in (np.dtype(np.float32), np.dtype(np.float64)) or \
+                any(ctx.dtype(s, k) != t for s in _LARS_SLOTS):
+            return None
+        T = ctx.T("Param", k)
+        P, G, V, L = (ctx.inp(s, k) for s in _LARS_SLOTS)
+        po = ctx.out("ParamOut", k, shape=f"{P}.shape")
+        vo = ctx.out("VelocityOut", k, shape=f"{P}.shape")
+        wd = f"{T}({float(_F32(wds[k if len(wds) == n else 0]))!r})"
+        i = ctx.tmp("i")
+        lines += [
+            f"if {G}.size != {P}.size or {V}.size != {P}.size: "
+            "raise ValueError('pdjit: lars_momentum Grad/Velocity size')",
+            f"if {L}.size != 1: raise ValueError('pdjit: LearningRate must hold one value')",
+            f"lr_ = {T}({L}.reshape(1)[0])", f"mu_ = {_lit(ctx, 'mu', T)}",
+            f"rs_ = {_lit(ctx, 'rescale_grad', T)}", f"wd_ = {wd}",
+            "pn_ = 0.0", "gn_ = 0.0",
+            f"for {i} in range({P}.size):",
+            f"    p_ = float({P}[{i}])",
+            f"    g_ = float({G}[{i}] * rs_)",
+            "    pn_ += p_ * p_",
+            "    gn_ += g_ * g_",
+            f"pn_ = {T}(np.sqrt(pn_))", f"gn_ = {T}(np.sqrt(gn_))",
+            "llr_ = lr_",
+            "if pn_ > 0 and gn_ > 0:",
+            f"    llr_ = lr_ * {_lit(ctx, 'lars_coeff', T)} * pn_ / (gn_ + wd_ * pn_ + "
+            f"{_lit(ctx, 'epsilon', T)})",
+            f"for {i} in range({P}.size):",
+            f"    p_ = {P}[{i}]",
+            f"    v_ = mu_ * {V}[{i}] + llr_ * ({G}[{i}] * rs_ + wd_ * p_)",
+            f"    {vo}[{i}] = v_",
+            f"    {po}[{i}] = p_ - v_"]
+    return lines
+
+
+register_op(
+    "lars_momentum", inputs=["Param*", "Grad*", "Velocity*", "LearningRate*", "MasterParam*?"],
+    outputs=["ParamOut*", "VelocityOut*", "MasterParamOut*?"],
+    attrs={"mu": Float(low=0.0, high=0.99), "lars_coeff": Float(0.001, low=0.0, high=0.01),
+           "lars_weight_decay": Floats([0.0005]), "epsilon": Float(0.0, low=0.0, high=1e-3),
+           **_MULTI, "rescale_grad": Float(1.0, low=0.5, high=2.0)},
+    traits=[OPAQUE], infer_shape=_lars_infer, reference=_lars_ref,
+    emit=Opaque(_lars_lower, flat=True), grad=None,
+    doc="LARS, per parameter: g = rescale_grad * Grad; local_lr = lr * lars_coeff * ||p|| / "
+        "(||g|| + wd * ||p|| + epsilon) (lr when either norm is 0); VelocityOut = mu * v + "
+        "local_lr * (g + wd * p); ParamOut = p - VelocityOut.")
+
+
+# ---- average_accumulates (ModelAverage) ----------------------------------------------------------
+_MAX_NUM_ACCUMULATES = 16384  # sum_1 moves into sum_2 this often, to keep its precision
+_AVG_SUMS = ("in_sum_1", "in_sum_2", "in_sum_3")
+_AVG_COUNTS = ("in_num_accumulates", "in_old_num_accumulates", "in_num_updates")
+
+
+def _avg_infer(param, in_sum_1, in_sum_2, in_sum_3, in_num_accumulates, in_old_num_accumulates,
+               in_num_updates, **_):
+    check_dtype(param, FLOATS, "average_accumulates: param")
+    for what, meta in zip(_AVG_SUMS, (in_sum_1, in_sum_2, in_sum_3)):
+        _check_like(meta, param, what, "average_accumulates")
+    for what, meta in zip(_AVG_COUNTS, (in_num_accumulates, in_old_num_accumulates,
+                                        in_num_updates)):
+        check_dtype(meta, (np.dtype(np.int64),), f"average_accumulates: {what}")
+        if meta.shape not in ((), (1,), (-1,)):
+            raise ShapeMismatch(f"average_accumulates: {what} must hold one value: expected "
+                                f"shape [1], got {list(meta.shape)}")
+    return {"out_sum_1": in_sum_1, "out_sum_2": in_sum_2, "out_sum_3": in_sum_3,
+            "out_num_accumulates": in_num_accumulates,
+            "out_old_num_accumulates": in_old_num_accumulates, "out_num_updates": in_num_updates}
+
+
+def _avg_ref(param, in_sum_1, in_sum_2, in_sum_3, in_num_accumulates, in_old_num_accumulates,
+             in_num_updates, *, average_window, max_average_window, min_average_window):
+    op = "average_accumulates"
+    if min_average_window > max_average_window:
+        raise ValueError(f"{op}: min_average_window must be <= max_average_window, got "
+                         f"{min_average_window} > {max_average_window}")
+    _check_run(dict(zip(_AVG_SUMS, (in_sum_1, in_sum_2, in_sum_3))), param, op)
+    num_acc = int(_scalar(in_num_accumulates, "in_num_accumulates", op)) + 1
+    old_acc = int(_scalar(in_old_num_accumulates, "in_old_num_accumulates", op))
+    num_upd = int(_scalar(in_num_updates, "in_num_updates", op)) + 1
+    T = in_sum_1.dtype.type
+    s1 = in_sum_1 + param.astype(T, copy=False)
+    s2, s3 = in_sum_2.copy(), in_sum_3.copy()
+    if num_upd % _MAX_NUM_ACCUMULATES == 0:
+        s2 = s2 + s1
+        s1 = np.zeros_like(s1)
+    window = min(int(max_average_window), int(num_upd * float(_F32(average_window))))
+    if num_acc >= min_average_window and num_acc >= window:
+        s3 = s1 + s2
+        s1, s2 = np.zeros_like(s1), np.zeros_like(s2)
+        old_acc, num_acc = num_acc, 0
+
+    def count(v, like):
+        return np.full(like.shape, v, np.int64)
+    return {"out_sum_1": s1, "out_sum_2": s2, "out_sum_3": s3,
+            "out_num_accumulates": count(num_acc, in_num_accumulates),
+            "out_old_num_accumulates": count(old_acc, in_old_num_accumulates),
+            "out_num_updates": count(num_upd, in_num_updates)}
+
+
+register_op(
+    "average_accumulates",
+    inputs=["param", *_AVG_SUMS, *_AVG_COUNTS],
+    outputs=["out_sum_1", "out_sum_2", "out_sum_3", "out_num_accumulates",
+             "out_old_num_accumulates", "out_num_updates"],
+    attrs={"average_window": Float(0.0, low=0.0, high=1.0),
+           "max_average_window": Long(2 ** 63 - 1, choices=(2 ** 63 - 1, 20)),
+           "min_average_window": Long(10000, choices=(10000, 2))},
+    traits=[OPAQUE], infer_shape=_avg_infer, reference=_avg_ref, emit=None, grad=None,
+    doc="ModelAverage's sliding window of parameter sums: num_updates += 1; num_accumulates += 1;"
+        " sum_1 += param; every 16384 updates sum_2 += sum_1, sum_1 = 0; once num_accumulates >= "
+        "min_average_window and >= min(max_average_window, int(num_updates * average_window)): "
+        "sum_3 = sum_1 + sum_2, sum_1 = sum_2 = 0, old_num_accumulates = num_accumulates, "
+        "num_accumulates = 0.")

@@ -1,0 +1,211 @@
+"""Adamax, Adadelta, DecayedAdagrad, Ftrl, Lamb, LarsMomentum, ExponentialMovingAverage,
+ModelAverage and set_gradient_clip, against NumPy formulas written here.
+
+Each update op runs once on fixed values in a strict compiled executor (and the plan must hold
+a native step, so the native lowering ran), then by reference; the expectation is the update
+rule in float64 NumPy. Shapes are shared so each kernel compiles once. The Paddle parity test
+(``@pytest.mark.paddle``) runs Paddle's legacy ops on the same values in a subprocess.
+"""
+
+import numpy as np
+import pytest
+
+from pdjit.runtime.executor import Executor
+from pdjit.runtime.scope import Scope
+from pdjit.testing import build_op_program
+from pdjit.testing.op_test import assert_native
+
+RNG = np.random.default_rng(11)
+P = RNG.normal(size=(3, 4)).astype(np.float32)
+G = RNG.normal(size=(3, 4)).astype(np.float32)
+A = np.abs(RNG.normal(size=(3, 4))).astype(np.float32) + 0.1   # a non-negative state
+B = RNG.normal(size=(3, 4)).astype(np.float32)                  # a signed state
+P2 = RNG.normal(size=(5,)).astype(np.float32)
+G2 = RNG.normal(size=(5,)).astype(np.float32)
+V2 = RNG.normal(size=(5,)).astype(np.float32)
+LR = np.array([0.1], np.float32)
+
+
+def f64(*a):
+    return [np.asarray(x, np.float64) for x in a]
+
+
+def run_update(op_type, inputs, attrs, outputs=None):
+    """Run one op compiled (strict; a native step must have run) and by reference; return the
+    compiled outputs after checking the two agree."""
+    results = []
+    for mode in ("compiled", "reference"):
+        prog, feed, out_vars = build_op_program(op_type, inputs, attrs, outputs=outputs)
+        fetch = [v for vs in out_vars.values() for v in vs]
+        exe = Executor(mode=mode, strict=True)
+        got = exe.run(prog, feed=feed, fetch_list=fetch, scope=Scope())
+        if mode == "compiled":
+            assert_native(exe, op_type)
+            kinds = [s.kind for _, plan in exe._plans.values() for s in plan.walk()]
+            assert "reference" not in kinds, f"{op_type}: a step ran by reference: {kinds}"
+        it = iter(got)
+        results.append({k: [next(it) for _ in vs] if len(vs) > 1 else next(it)
+                        for k, vs in out_vars.items()})
+    for k in results[0]:
+        pairs = zip(results[0][k], results[1][k]) if isinstance(results[0][k], list) else \
+            [(results[0][k], results[1][k])]
+        for a, b in pairs:
+            np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64),
+                                       rtol=2e-6, atol=1e-7,
+                                       err_msg=f"{op_type} {k}: compiled vs reference")
+    return results[0]
+
+
+def close(got, want, what=""):
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2e-5, atol=1e-6,
+                               err_msg=what)
+
+
+# ---- the update rules, one op at a time --------------------------------------------------------
+def test_adamax_rule():
+    b1, b2, eps, b1p = 0.9, 0.999, 1e-8, 0.81
+    got = run_update("adamax", dict(Param=P, Grad=G, LearningRate=LR, Moment=B, InfNorm=A,
+                                    Beta1Pow=np.array([b1p], np.float32)), {})
+    p, g, m, u = f64(P, G, B, A)
+    m = b1 * m + (1 - b1) * g
+    u = np.maximum(b2 * u + eps, np.abs(g))
+    close(got["MomentOut"], m)
+    close(got["InfNormOut"], u)
+    close(got["ParamOut"], p - 0.1 / (1 - b1p) * m / u)
+
+
+def test_adadelta_rule():
+    rho, eps = 0.95, 1e-6
+    got = run_update("adadelta", dict(Param=P, Grad=G, AvgSquaredGrad=A, AvgSquaredUpdate=A * 2,
+                                      LearningRate=LR), {})
+    p, g, sg, su = f64(P, G, A, A * 2)
+    sg = rho * sg + (1 - rho) * g * g
+    upd = -np.sqrt((su + eps) / (sg + eps)) * g
+    close(got["AvgSquaredGradOut"], sg)
+    close(got["AvgSquaredUpdateOut"], rho * su + (1 - rho) * upd * upd)
+    close(got["ParamOut"], p + 0.1 * upd)
+
+
+def test_decayed_adagrad_rule():
+    got = run_update("decayed_adagrad", dict(Param=P, Grad=G, Moment=A, LearningRate=LR),
+                     {"decay": 0.9, "epsilon": 1e-6})
+    p, g, m = f64(P, G, A)
+    m = 0.9 * m + 0.1 * g * g
+    close(got["MomentOut"], m)
+    close(got["ParamOut"], p - 0.1 * g / (np.sqrt(m) + 1e-6))
+
+
+def np_ftrl(p, sq, lin, g, lr, l1, l2, lr_power):
+    new_sq = sq + g * g
+    e = -lr_power
+    lin = lin + g - (new_sq ** e - sq ** e) / lr * p
+    y = new_sq ** e / lr + 2 * l2
+    new_p = np.where(np.abs(lin) > l1, (l1 * np.sign(lin) - lin) / y, 0.0)
+    return new_p, new_sq, lin
+
+
+@pytest.mark.parametrize("lr_power", [-0.5, -0.25])
+def test_ftrl_rule(lr_power):
+    l1, l2 = 0.5, 0.25
+    got = run_update("ftrl", dict(Param=P, SquaredAccumulator=A, LinearAccumulator=B, Grad=G,
+                                  LearningRate=LR), {"l1": l1, "l2": l2, "lr_power": lr_power})
+    p, sq, lin = np_ftrl(*f64(P, A, B, G), 0.1, l1, l2, lr_power)
+    assert (p == 0).any() and (p != 0).any()   # both sides of the l1 shrinkage are exercised
+    close(got["ParamOut"], p)
+    close(got["SquaredAccumOut"], sq)
+    close(got["LinearAccumOut"], lin)
+
+
+def np_lamb(p, g, m1, m2, b1p, b2p, lr, wd, b1=0.9, b2=0.999, eps=1e-6, adapt=None):
+    m1 = b1 * m1 + (1 - b1) * g
+    m2 = b2 * m2 + (1 - b2) * g * g
+    r = (m1 / (1 - b1p)) / (np.sqrt(m2 / (1 - b2p)) + eps) + wd * p
+    pn, rn = np.linalg.norm(p), np.linalg.norm(r)
+    adapt = wd > 0 if adapt is None else adapt
+    trust = pn / rn if adapt and pn > 0 and rn > 0 else 1.0
+    return p - lr * trust * r, m1, m2
+
+
+@pytest.mark.parametrize("wd,always_adapt", [(0.01, False), (0.0, False), (0.0, True)])
+def test_lamb_rule(wd, always_adapt):
+    got = run_update("lamb", dict(Param=P, Grad=G, LearningRate=LR, Moment1=B, Moment2=A,
+                                  Beta1Pow=np.array([0.81], np.float32),
+                                  Beta2Pow=np.array([0.998], np.float32)),
+                     {"weight_decay": wd, "always_adapt": always_adapt},
+                     outputs={"Beta1PowOut": 1, "Beta2PowOut": 1})
+    p, m1, m2 = np_lamb(*f64(P, G, B, A), 0.81, 0.998, 0.1, wd, adapt=wd > 0 or always_adapt)
+    close(got["ParamOut"], p)
+    close(got["Moment1Out"], m1)
+    close(got["Moment2Out"], m2)
+    close(got["Beta1PowOut"], [0.81 * 0.9])
+    close(got["Beta2PowOut"], [0.998 * 0.999])
+
+
+def np_lars(p, g, v, lr, mu, coeff, wd, eps, rescale=1.0):
+    g = g * rescale
+    pn, gn = np.linalg.norm(p), np.linalg.norm(g)
+    local = lr * coeff * pn / (gn + wd * pn + eps) if pn > 0 and gn > 0 else lr
+    v = mu * v + local * (g + wd * p)
+    return p - v, v
+
+
+def test_lars_momentum_rule_two_params():
+    attrs = {"mu": 0.9, "lars_coeff": 0.001, "lars_weight_decay": [0.0005, 0.001],
+             "epsilon": 1e-3, "rescale_grad": 0.5}
+    got = run_update("lars_momentum",
+                     dict(Param=[P, P2], Grad=[G, G2], Velocity=[B, V2], LearningRate=[LR, LR]),
+                     attrs, outputs={"ParamOut": 2, "VelocityOut": 2})
+    for k, (p, g, v, wd) in enumerate(((P, G, B, 0.0005), (P2, G2, V2, 0.001))):
+        want_p, want_v = np_lars(*f64(p, g, v), 0.1, 0.9, 0.001, wd, 1e-3, rescale=0.5)
+        close(got["ParamOut"][k], want_p, f"ParamOut[{k}]")
+        close(got["VelocityOut"][k], want_v, f"VelocityOut[{k}]")
+
+
+def test_lars_momentum_zero_param_uses_the_plain_rate():
+    got = run_update("lars_momentum", dict(Param=[np.zeros_like(P)], Grad=[G], Velocity=[B],
+                                           LearningRate=[LR]), {"mu": 0.9})
+    close(got["VelocityOut"], 0.9 * B.astype(np.float64) + 0.1 * G)
+
+
+def np_average_accumulates(state, param, rate, min_w, max_w):
+    s1, s2, s3, acc, old, upd = state
+    upd, acc, s1 = upd + 1, acc + 1, s1 + param
+    if upd % 16384 == 0:
+        s2, s1 = s2 + s1, np.zeros_like(s1)
+    if acc >= min_w and acc >= min(max_w, int(upd * rate)):
+        s3, s1, s2 = s1 + s2, np.zeros_like(s1), np.zeros_like(s2)
+        old, acc = acc, 0
+    return [s1, s2, s3, acc, old, upd]
+
+
+def test_average_accumulates_rule_and_its_errors():
+    state = [P * 10, P * 100, P * 1000, 5, 3, 16383]   # the 16384th update moves sum_1
+    ins = {"param": P, "in_sum_1": state[0], "in_sum_2": state[1], "in_sum_3": state[2],
+           "in_num_accumulates": np.array([5], np.int64),
+           "in_old_num_accumulates": np.array([3], np.int64),
+           "in_num_updates": np.array([16383], np.int64)}
+    attrs = {"average_window": 0.5, "min_average_window": 100, "max_average_window": 200}
+    prog, feed, outs = build_op_program("average_accumulates", ins, attrs)
+    exe = Executor(mode="compiled", strict=True)
+    got = exe.run(prog, feed=feed, fetch_list=[v for vs in outs.values() for v in vs],
+                  scope=Scope())
+    want = np_average_accumulates([np.asarray(x, np.float64) for x in state[:3]] + state[3:],
+                                  P.astype(np.float64), 0.5, 100, 200)
+    for g, w in zip(got, want):
+        close(g, np.reshape(w, np.shape(g)))
+    assert got[3].dtype == np.int64 and list(got[5]) == [16384]
+    bad = dict(attrs, min_average_window=300)
+    prog, feed, outs = build_op_program("average_accumulates", ins, bad)
+    with pytest.raises(Exception, match="min_average_window must be <= max_average_window"):
+        Executor(mode="reference").run(prog, feed=feed, scope=Scope(),
+                                       fetch_list=[v for vs in outs.values() for v in vs])
+
+
+def test_update_ops_refuse_mismatched_state():
+    with pytest.raises(Exception, match=r"adamax: InfNorm must match Param"):
+        build_op_program("adamax", dict(Param=P, Grad=G, LearningRate=LR, Moment=B,
+                                        InfNorm=P2, Beta1Pow=np.array([0.9], np.float32)), {})
+    with pytest.raises(Exception, match=r"lars_momentum: lars_weight_decay must hold one value"):
+        build_op_program("lars_momentum", dict(Param=[P], Grad=[G], Velocity=[B],
+                                               LearningRate=[LR]),
+                         {"mu": 0.9, "lars_weight_decay": [0.1, 0.2, 0.3]})
