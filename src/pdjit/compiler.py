@@ -1,7 +1,215 @@
 """``CompiledProgram`` and its strategies, as Fluid spells them.
 
-(Being written: see issue 22.)
+Every program pdjit runs is compiled already (the executor plans and compiles it on its first
+run), so a ``CompiledProgram`` is a wrapper the executor unwraps: ``exe.run(compiled, ...)``
+runs the wrapped ``Program`` exactly as ``exe.run(program, ...)`` would, with the same results.
+
+``with_data_parallel(...)`` is accepted and runs the program as **one replica** using this
+machine's cores (the compiled code's threads, see ``pdjit.set_num_threads``). Fluid would run
+``CPU_NUM`` replicas, each on a slice of the batch, and return fetched values concatenated
+per replica (a loss of shape ``[CPU_NUM]``); here a fetched loss is the one value of the whole
+batch. The first run of a data-parallel ``CompiledProgram`` says so in a warning (once per
+``CompiledProgram``).
+
+``BuildStrategy`` and ``ExecutionStrategy`` accept Fluid 1.8's fields. Fields whose intent pdjit
+fulfils anyway are silent: the fusion switches (pdjit fuses elementwise chains, epilogues and
+optimizer updates itself), memory reuse and in-place, sequential execution (ops always run in
+program order), the reduce and gradient-scale strategies other than ``Customized`` and
+``sync_batch_norm`` (with one replica there is nothing to reduce, scale or synchronise),
+``num_iteration_per_drop_scope``. Setting any other field to a value other than its default
+warns once per process and field, saying why it has no effect. Unknown field names raise
+``AttributeError``.
 """
 from __future__ import annotations
 
-__all__: list = []
+import copy
+import os
+import sys
+import warnings
+
+from pdjit.framework.program import Program
+
+__all__ = ["CompiledProgram", "BuildStrategy", "ExecutionStrategy"]
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__))
+_warned_fields: set = set()
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` of the first frame outside pdjit, as seen from our caller."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+class _Strategy:
+    """Fluid-style strategy object: a fixed set of fields with defaults. ``_FIELDS`` maps
+    each field to ``(default, why)``: ``why`` is ``None`` for a field pdjit fulfils anyway,
+    else the reason a non-default value has no effect (warned once per process and field)."""
+
+    _FIELDS: dict = {}
+    _SILENT_VALUES: dict = {}  # field -> values that are fulfilled although not the default
+
+    def __init__(self):
+        for name, (default, _) in self._FIELDS.items():
+            object.__setattr__(self, name, copy.copy(default))  # no list shared by instances
+
+    def __setattr__(self, name, value):
+        if name not in self._FIELDS:
+            known = ", ".join(sorted(self._FIELDS))
+            raise AttributeError(f"{type(self).__name__} has no field {name!r} (its fields: "
+                                 f"{known})")
+        default, why = self._FIELDS[name]
+        key = (type(self).__name__, name)
+        if why is not None and value != default and value not in \
+                self._SILENT_VALUES.get(name, ()) and key not in _warned_fields:
+            _warned_fields.add(key)
+            warnings.warn(f"{type(self).__name__}.{name} = {value!r} has no effect in pdjit: "
+                          f"{why}", UserWarning, stacklevel=2)
+        object.__setattr__(self, name, value)
+
+    def __repr__(self):
+        changed = {k: getattr(self, k) for k, (d, _) in self._FIELDS.items()
+                   if getattr(self, k) != d}
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in changed.items())})"
+
+
+_ONE_REPLICA = "pdjit runs one replica on this machine (no distributed training)"
+
+
+class BuildStrategy(_Strategy):
+    """How Fluid would build the data-parallel graph; see the module docstring for which
+    fields matter here (none change results)."""
+
+    class ReduceStrategy:
+        AllReduce = 0
+        Reduce = 1
+
+    class GradientScaleStrategy:
+        CoeffNumDevice = 0
+        One = 1
+        Customized = 2
+
+    _FIELDS = {
+        "reduce_strategy": (0, None),
+        "gradient_scale_strategy": (
+            0, "one replica: the loss gradient is 1 as the backward pass makes it, never fed"),
+        "debug_graphviz_path": ("", "pdjit builds no graph to draw (PDJIT_DUMP=1 prints the "
+                                    "fusion report and plans)"),
+        "enable_sequential_execution": (False, None),
+        "fuse_broadcast_ops": (False, None),
+        "fuse_elewise_add_act_ops": (False, None),
+        "fuse_relu_depthwise_conv": (False, None),
+        "fuse_bn_act_ops": (False, None),
+        "fuse_bn_add_act_ops": (True, None),
+        "fuse_all_optimizer_ops": (False, None),
+        "fuse_all_reduce_ops": (False, None),
+        "fuse_gemm_epilogue": (False, None),
+        "enable_auto_fusion": (False, None),
+        "enable_inplace": (None, None),
+        "memory_optimize": (None, None),
+        "sync_batch_norm": (False, None),
+        "enable_backward_optimizer_op_deps": (True, None),
+        "remove_unnecessary_lock": (True, None),
+        "cache_runtime_context": (False, None),
+        "num_trainers": (1, _ONE_REPLICA),
+        "trainer_id": (0, _ONE_REPLICA),
+        "trainers_endpoints": ([], _ONE_REPLICA),
+        "nccl_comm_num": (1, _ONE_REPLICA),
+        "use_hierarchical_allreduce": (False, _ONE_REPLICA),
+        "hierarchical_allreduce_inter_nranks": (0, _ONE_REPLICA),
+        "mkldnn_enabled_op_types": ([], "pdjit compiles its own kernels (no oneDNN)"),
+        "is_distribution": (False, _ONE_REPLICA),
+    }
+    _SILENT_VALUES = {"gradient_scale_strategy": (0, 1)}
+
+
+class ExecutionStrategy(_Strategy):
+    """How Fluid would execute the data-parallel graph; see the module docstring."""
+
+    _FIELDS = {
+        "num_threads": (0, "the compiled code's threads are set process-wide with "
+                           "pdjit.set_num_threads(n) or PDJIT_NUM_THREADS=n, before building "
+                           "programs"),
+        "num_iteration_per_drop_scope": (100, None),
+        "num_iteration_per_run": (1, "each Executor.run runs the program once"),
+        "use_thread_barrier": (False, "ops run in program order on one replica"),
+        "allow_op_delay": (False, "ops run in program order on one replica"),
+        "dry_run": (False, "the program runs (pdjit has no dry run)"),
+    }
+
+
+class CompiledProgram:
+    """A ``Program`` marked for compilation, as Fluid's ``fluid.CompiledProgram``: give it to
+    ``Executor.run`` in place of the program. See the module docstring."""
+
+    def __init__(self, program_or_graph, build_strategy=None):
+        if not isinstance(program_or_graph, Program):
+            raise TypeError(f"CompiledProgram: expected a Program, got "
+                            f"{type(program_or_graph).__name__} (pdjit has no IrGraph: pass "
+                            f"the Program itself)")
+        if build_strategy is not None and not isinstance(build_strategy, BuildStrategy):
+            raise TypeError(f"CompiledProgram: build_strategy must be a BuildStrategy, got "
+                            f"{type(build_strategy).__name__}")
+        self._program = program_or_graph
+        self._build_strategy = build_strategy or BuildStrategy()
+        self._exec_strategy = None
+        self._loss_name = None
+        self._places = None
+        self._share_vars_from = None
+        self._is_data_parallel = False
+        self._warned = False
+
+    def with_data_parallel(self, loss_name=None, build_strategy=None, exec_strategy=None,
+                           share_vars_from=None, places=None) -> "CompiledProgram":
+        """Accept Fluid's data-parallel settings and return ``self``; the program runs as one
+        replica (see the module docstring)."""
+        if self._is_data_parallel:
+            raise RuntimeError("CompiledProgram.with_data_parallel: already called on this "
+                               "CompiledProgram")
+        if loss_name is not None:
+            name = getattr(loss_name, "name", loss_name)
+            if not isinstance(name, str) or self._program.global_block()._find_var_recursive(
+                    name) is None:
+                raise ValueError(f"CompiledProgram.with_data_parallel: loss_name {name!r} is "
+                                 f"not a variable of the program's global block")
+            loss_name = name
+        if build_strategy is not None:
+            if not isinstance(build_strategy, BuildStrategy):
+                raise TypeError(f"with_data_parallel: build_strategy must be a BuildStrategy, "
+                                f"got {type(build_strategy).__name__}")
+            self._build_strategy = build_strategy
+        if exec_strategy is not None and not isinstance(exec_strategy, ExecutionStrategy):
+            raise TypeError(f"with_data_parallel: exec_strategy must be an ExecutionStrategy, "
+                            f"got {type(exec_strategy).__name__}")
+        if share_vars_from is not None and not isinstance(share_vars_from, CompiledProgram):
+            raise TypeError(f"with_data_parallel: share_vars_from must be a CompiledProgram, "
+                            f"got {type(share_vars_from).__name__}")
+        self._exec_strategy = exec_strategy or ExecutionStrategy()
+        self._loss_name, self._places, self._share_vars_from = loss_name, places, share_vars_from
+        self._is_data_parallel = True
+        return self
+
+    def _as_program(self) -> Program:
+        """The wrapped Program (what ``Executor.run`` runs)."""
+        if self._is_data_parallel and not self._warned:
+            self._warned = True
+            n = len(self._places) if isinstance(self._places, (list, tuple)) else None
+            asked = f"{n} places" if n else \
+                f"CPU_NUM={os.environ['CPU_NUM']}" if os.environ.get("CPU_NUM") else \
+                "one replica per core"
+            warnings.warn(
+                f"CompiledProgram.with_data_parallel runs the program as one replica on this "
+                f"machine's cores (Fluid would run {asked}): fetched values are those of the "
+                f"whole batch, not split or concatenated per device", UserWarning,
+                stacklevel=_user_stacklevel())
+        return self._program
+
+    @property
+    def program(self) -> Program:
+        return self._program
+
+    def __repr__(self):
+        return f"CompiledProgram({'data parallel, ' if self._is_data_parallel else ''}" \
+               f"{self._program.num_blocks} block(s))"
