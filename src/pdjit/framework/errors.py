@@ -87,3 +87,24 @@ def describe_op(op_type: str, block_idx, op_idx, location) -> str:
 class EOFException(PdjitError):
     """A started reader (``py_reader``, a non-iterable ``DataLoader``) has no more batches:
     ``reset()`` it and ``start()`` again for the next pass (``fluid.core.EOFException``)."""
+
+
+class NanInfError(OpRunError):
+    """NaN/Inf checking (``PDJIT_CHECK_NAN_INF=1``, ``FLAGS_check_nan_inf=1``): an op's output
+    holds NaN or Inf. ``var_name``, ``nan_count`` and ``inf_count`` say which and how many."""
+
+    def __init__(self, reason: str, op_type: str, block_idx, op_idx, location, *,
+                 var_name: str = "", nan_count: int = 0, inf_count: int = 0):
+        self.var_name, self.nan_count, self.inf_count = var_name, nan_count, inf_count
+        super().__init__(reason, op_type, block_idx, op_idx, location)
+
+
+class AllocationLimitError(OpRunError, MemoryError):
+    """An op's output would take more bytes than the limit (``PDJIT_MAX_ALLOC_BYTES``, by
+    default the machine's available memory): refused before allocating. ``var_name``,
+    ``shape``, ``nbytes`` and ``limit`` say which output, how big, and the limit."""
+
+    def __init__(self, reason: str, op_type: str, block_idx, op_idx, location, *,
+                 var_name: str = "", shape: tuple = (), nbytes: int = 0, limit: int = 0):
+        self.var_name, self.shape, self.nbytes, self.limit = var_name, shape, nbytes, limit
+        super().__init__(reason, op_type, block_idx, op_idx, location)

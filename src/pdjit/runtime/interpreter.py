@@ -5,6 +5,11 @@ tested against), the step of a compiled plan for an op without a lowering, and w
 step falls back to. Inputs are read from the run's ``Env`` (a missing value is an error naming
 the op and the variable), LoD tensors arrive as arrays with their LoDs in the ``RunContext``,
 outputs get their LoD from the op's ``out_lod`` rule or the first input carrying one.
+
+The executor's run-time checks (``pdjit.runtime.checks``) apply here: before the reference runs,
+an output whose size (from ``infer_shape`` and the input shapes) exceeds the allocation limit is
+refused; with NaN/Inf checking on, each floating-point output is checked before it reaches the
+env.
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ import numpy as np
 from pdjit.framework import registry
 from pdjit.framework.errors import OpRunError, PdjitError, UnregisteredOpError
 from pdjit.proto import framework_pb2 as pb
+from pdjit.runtime import checks
 from pdjit.runtime.context import Env, RunContext
 from pdjit.runtime.lod_flow import first_lod, output_lod, rule_lods
 from pdjit.runtime.tensor import LoDTensor, check_offsets
@@ -54,6 +60,9 @@ def run_op(executor, op, op_idx: int, env: Env, run_index: int) -> None:
             values.append(value)
         inputs[slot.name] = values if slot.duplicable else (values[0] if values else None)
     attrs = {k: v for k, v in op.all_attrs().items() if k in opdef.attrs}
+    settings = getattr(executor, "checks", checks.OFF)
+    if settings.limit and not raw:
+        checks.check_op(op, op_idx, inputs, settings.limit)
     try:
         with np.errstate(all="ignore"):
             result = opdef.call_reference(inputs, attrs, ctx)
@@ -63,9 +72,10 @@ def run_op(executor, op, op_idx: int, env: Env, run_index: int) -> None:
         raise _op_error(op, op_idx, str(e)) from e
     except (ValueError, IndexError, KeyError, TypeError, ArithmeticError, MemoryError) as e:
         raise _op_error(op, op_idx, f"{type(e).__name__}: {e}") from e
-    _store_outputs(op, op_idx, opdef, result, ctx, env, raw)
+    _store_outputs(op, op_idx, opdef, result, ctx, env, raw, settings.nan_inf and not raw)
 
-def _store_outputs(op, op_idx, opdef, result, ctx, env, raw) -> None:
+
+def _store_outputs(op, op_idx, opdef, result, ctx, env, raw, nan_inf=False) -> None:
     block = op.block
     first, rule = None, {}
     if not raw:
@@ -95,6 +105,8 @@ def _store_outputs(op, op_idx, opdef, result, ctx, env, raw) -> None:
         for i, (n, value) in enumerate(zip(names, values)):
             if n == registry.EMPTY_VAR_NAME or (raw and value is None):
                 continue  # (a control-flow op's None: that output is left untouched)
+            if nan_inf:
+                checks.check_output(op, op_idx, slot.name, n, value)
             if not raw and isinstance(value, np.ndarray):
                 var = block._find_var_recursive(n)
                 lod = ctx.out_lods.get(slot.name, {}).get(i)
@@ -114,6 +126,3 @@ def _store_outputs(op, op_idx, opdef, result, ctx, env, raw) -> None:
 def _op_error(op, op_idx, reason) -> OpRunError:
     return OpRunError(reason, op.type, op.block.idx, op_idx, op.location())
 
-
-def _op_error(op, op_idx, reason) -> OpRunError:
-    return OpRunError(reason, op.type, op.block.idx, op_idx, op.location())

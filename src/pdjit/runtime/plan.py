@@ -20,6 +20,12 @@ the reference's.
 A native step that fails (a shape that does not fit, a damaged cache) re-runs its ops with their
 references on the same, untouched values: that gives the precise error naming the op, or the
 right answer. Nothing a native step computes reaches the env before it returned.
+
+Run-time checks (``pdjit.runtime.checks``, settings from the executor): a native step whose
+outputs' sizes depend on its inputs' shapes checks them against the allocation limit before its
+native code runs (once per new tuple of input shapes); with NaN/Inf checking on, its outputs are
+checked after it returned, and on NaN/Inf its ops re-run with their references to name the
+first op that produced it.
 """
 from __future__ import annotations
 
@@ -47,6 +53,7 @@ from pdjit.passes import dump_after
 from pdjit.passes.fusion import live_names, partition
 from pdjit.passes.prune import prune
 from pdjit.proto import framework_pb2 as pb
+from pdjit.runtime import checks as run_checks
 from pdjit.runtime import memory, threads
 from pdjit.runtime.context import RunContext, StepScopes
 from pdjit.runtime.lod_flow import LoDFlow, LoDUnavailable
@@ -71,7 +78,11 @@ class NativeStep:
     kind = "native"
 
     def __init__(self, compiled, args, expected, outputs, ops, description, lod_requests=(),
-                 groups=None, native=None, batch_arg: int = 0, params=(), rng_ops=()):
+                 groups=None, native=None, batch_arg: int = 0, params=(), rng_ops=(),
+                 guard=None, nan_inf: bool = False):
+        # run-time checks: the allocation guard (None: every output size was checked when
+        # the plan was built) and whether outputs are checked for NaN/Inf
+        self.guard, self.nan_inf = guard, nan_inf
         self.compiled, self.args, self.expected, self.outputs = compiled, args, expected, outputs
         # [(op, op_idx)] of the random ops whose key for the run is an argument after the
         # offsets: the key their references would draw with (RunContext.rng_key), so native
@@ -124,6 +135,8 @@ class NativeStep:
             elif i in self._params:
                 checked[i] = a
             values.append(a)
+        if self.guard is not None:  # an output too large for the limit: refused before the call
+            self.guard.check(values)
         if self.retired is not None:
             return self._fallback(executor, env, run_index, self.ops[0],
                                   f"its native code was given up: {self.retired}")
@@ -153,6 +166,8 @@ class NativeStep:
         except Exception as e:  # noqa: BLE001 - any failure: the references say what it was
             return self._fallback(executor, env, run_index, self._failing(e),
                                   f"{type(e).__name__}: {e}")
+        if self.nan_inf:  # NaN/Inf: the references name the first op that produced it
+            run_checks.pinpoint(executor, env, run_index, self.ops, self.outputs, results)
         if lods is not None:
             try:
                 results = [LoDFlow.attach(n, v, lods) for n, v in zip(self.outputs, results)]
@@ -254,14 +269,16 @@ class LoopStep(NativeStep):
     op's reference on the untouched values (the generated loop never writes its inputs)."""
     kind = "native_loop"
 
-    def __init__(self, compiled, loop: LoopGen, op, op_idx: int, description):
+    def __init__(self, compiled, loop: LoopGen, op, op_idx: int, description,
+                 nan_inf: bool = False):
         control = registry.get(op.type).control
         body = op.block.program.block(op.attr(control.body))
         index = {id(o): i for i, o in enumerate(body.ops)}
         # a body's random op: its key in the env the loop runs in is an argument; the loop
         # mixes in each iteration's number (loops.LoopGen)
         super().__init__(compiled, loop.args, loop.expected, loop.outputs, [(op, op_idx)],
-                         description, rng_ops=[(o, index[id(o)]) for o in loop.rng_ops])
+                         description, rng_ops=[(o, index[id(o)]) for o in loop.rng_ops],
+                         nan_inf=nan_inf)
         self.op, self.op_idx, self.body_idx = op, op_idx, op.attr(control.body)
         self.step_scopes = [n for n in op.output(control.step_scopes)
                             if n != registry.EMPTY_VAR_NAME] if control.step_scopes else []
@@ -363,7 +380,8 @@ class Plan:
 
 
 def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None,
-               memory_optim: bool = False, native_drivers: bool = False) -> Plan:
+               memory_optim: bool = False, native_drivers: bool = False,
+               checks=None) -> Plan:
     """Lower one block of ``program`` into a plan: the global block (feed/fetch ops excluded)
     unless ``block`` is given. ``sub_plan(block) -> Plan`` gives the plans of control-flow ops'
     sub-blocks (None: not shown). Live after the block: ``fetch_names``, persistables, names any
@@ -372,8 +390,11 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None,
     native step's driver reuses and releases its intermediates' buffers by liveness
     (``pdjit.codegen.memplan``; native loops are left as they are). ``native_drivers``: each
     native step also gets its driver as one compiled function, and runs whichever of the two
-    measures faster on its first runs of each batch size (``NativeStep``)."""
+    measures faster on its first runs of each batch size (``NativeStep``). ``checks``: the
+    executor's ``pdjit.runtime.checks.Settings`` (NaN/Inf checking, the allocation limit; an
+    output whose size is known now and exceeds the limit is an error now)."""
     t0 = time.perf_counter()
+    checks = checks if checks is not None else run_checks.OFF
     target = target_name(place)
     threads.ensure_applied()
     memory.tune_malloc()
@@ -412,7 +433,8 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None,
                                             parallel=loop.body.uses_prange,
                                             target=target, calls=loop.body.calls)
                 desc = "; ".join(g.describe() for g in loop.body.segment.groups)
-                steps.append(LoopStep(compiled, loop, op, op_idx, desc))
+                steps.append(LoopStep(compiled, loop, op, op_idx, desc,
+                                      nan_inf=checks.nan_inf))
                 sources.append((compiled.name, compiled.text))
                 continue
             why = node.why_not + (f"; not a native loop: {why_not}" if why_not else "")
@@ -426,11 +448,15 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None,
             if native_drivers and hasattr(gen.target, "NativeDriver") else None
         groups = [[(op, index[id(op)]) for op in g.ops] for g in seg.groups]
         desc = "; ".join(g.describe() for g in seg.groups)
+        step_ops = [o for g in groups for o in g]
         steps.append(NativeStep(compiled, gen.args, gen.expected, gen.outputs,
-                                [o for g in groups for o in g], desc, gen.lod_requests, groups,
+                                step_ops, desc, gen.lod_requests, groups,
                                 native=native, batch_arg=_batch_arg(block, gen.args),
                                 params=_param_args(block, gen),
-                                rng_ops=[(op, index[id(op)]) for op in gen.rng_requests]))
+                                rng_ops=[(op, index[id(op)]) for op in gen.rng_requests],
+                                guard=run_checks.step_guard(step_ops, gen.args, checks.limit,
+                                                            block),
+                                nan_inf=checks.nan_inf))
         sources.append((compiled.name, compiled.text))
         if native is not None:
             sources.append((native.name, native.text))
