@@ -4,13 +4,15 @@
     pdjit bench MODEL --batch 1,64 [--compare onnxruntime,paddle]  latency and throughput
     pdjit inspect MODEL [--text] [--optimized]   the program, an op histogram, the parameters
     pdjit graph MODEL -o model.dot [--svg]       the program as a Graphviz graph
+    pdjit check MODEL                            verify a model: OK + a summary, or the error
     pdjit ops [TYPE]                             list the registered ops, or describe one
     pdjit version                                print pdjit's version
 
 MODEL is a path prefix (``p`` for ``p.pdmodel`` + ``p.pdiparams``), a ``.pdmodel`` file, or a
 directory holding ``__model__`` (Fluid 1.x) or one ``*.pdmodel``; ``inspect`` and ``graph`` also
 take any serialized program (a training ``.pb``). Bad input is one line on stderr naming the
-file or variable, and exit status 2.
+file or variable, and exit status 2; ``check`` exits with status 1 when the model is malformed
+(the error names the file and the block, op or variable).
 """
 from __future__ import annotations
 
@@ -42,6 +44,11 @@ def _bench(args) -> int:
                  warmup=args.warmup, compare=compare, shapes=args.shape or [],
                  json_path=args.json, ir_optim=not args.no_ir_optim,
                  progress=not args.no_progress, startup=args.startup)
+
+
+def _check(args) -> int:
+    from pdjit.tools.model import check
+    return check(args.model)
 
 
 def _graph(args) -> int:
@@ -138,6 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--svg", action="store_true", help="also render FILE.svg with Graphviz's dot")
     p.add_argument("--optimized", action="store_true", help="after the inference passes")
     p.set_defaults(fn=_graph)
+
+    p = sub.add_parser("check", help="verify a saved model or program: OK + a summary, or the "
+                                     "error (exit status 1)")
+    p.add_argument("model", metavar="MODEL", help=model_help + ", or any serialized program")
+    p.set_defaults(fn=_check)
 
     p = sub.add_parser("ops", help="list registered ops or describe one")
     p.add_argument("type", nargs="?")

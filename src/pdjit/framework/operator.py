@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from pdjit.framework.block import Block
 
 VarType = pb.VarType
+_BLOCK, _BLOCKS = int(pb.AttrType.BLOCK), int(pb.AttrType.BLOCKS)
 _PDJIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _FRAME_RE = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>[^\n]+)')
 
@@ -132,9 +133,10 @@ class Operator:
         """The indices of the blocks this op owns (its BLOCK and BLOCKS attributes)."""
         out = []
         for a in self.desc.attrs:
-            if a.type == pb.AttrType.BLOCK:
+            t = a.type
+            if t == _BLOCK:
                 out.append(int(a.block_idx))
-            elif a.type == pb.AttrType.BLOCKS:
+            elif t == _BLOCKS:
                 out.extend(int(i) for i in a.blocks_idx)
         return out
 
@@ -218,6 +220,8 @@ def _declared_attr_type(opdef, name):
 
 def location_from_callstack(stack: list) -> str | None:
     for entry in reversed(stack):
+        if type(entry) is not str:
+            continue  # (bytes: a program file whose text is not UTF-8)
         m = _FRAME_RE.search(entry)
         if m and not os.path.abspath(m.group("file")).startswith(_PDJIT_DIR):
             return f"{m.group('file')}:{m.group('line')}"

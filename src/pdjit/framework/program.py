@@ -159,6 +159,11 @@ class Program:
         except Exception as e:  # protobuf's DecodeError and friends
             raise ProgramError(f"cannot parse a ProgramDesc from {len(binary)} bytes: {e}") \
                 from None
+        if not desc.IsInitialized():
+            missing = desc.FindInitializationErrors()
+            raise ProgramError(f"cannot parse a ProgramDesc from {len(binary)} bytes: required "
+                               f"field(s) missing: {', '.join(missing[:5])}"
+                               f"{' ...' if len(missing) > 5 else ''}")
         return Program._from_desc(desc)
 
     @staticmethod

@@ -192,13 +192,20 @@ class Slot:
 
 @dataclass(frozen=True)
 class AttrSpec:
-    """A declared attribute: proto type, default, and the values strategies may draw."""
+    """A declared attribute: proto type, default, and the values strategies may draw.
+
+    ``at_least`` / ``at_most`` / ``one_of`` (optional) are the values the op accepts at all
+    (``choices`` and ``low``/``high`` are only what strategies draw): the program verifier
+    (``pdjit.verify``) refuses others, element by element for a list attribute."""
     type: int
     default: Any = REQUIRED
     choices: tuple | None = None
     low: float | None = None
     high: float | None = None
     doc: str = ""
+    at_least: float | None = None
+    at_most: float | None = None
+    one_of: tuple | None = None
 
     @property
     def required(self) -> bool:
@@ -206,8 +213,10 @@ class AttrSpec:
 
 
 def _spec(t):
-    def make(default=REQUIRED, *, choices=None, low=None, high=None, doc=""):
-        return AttrSpec(t, default, tuple(choices) if choices is not None else None, low, high, doc)
+    def make(default=REQUIRED, *, choices=None, low=None, high=None, doc="", at_least=None,
+             at_most=None, one_of=None):
+        return AttrSpec(t, default, tuple(choices) if choices is not None else None, low, high, doc,
+                        at_least, at_most, tuple(one_of) if one_of is not None else None)
     make.__name__ = pb.AttrType.Name(t)
     return make
 

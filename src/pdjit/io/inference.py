@@ -34,6 +34,7 @@ from pdjit.framework.errors import ModelFileError, ProgramError
 from pdjit.framework.program import Program, Variable, default_main_program
 from pdjit.io.tensor_stream import _Reader, persistable_names, write_tensor
 from pdjit.io.variables import _read_file, commit_values, read_checked, read_values
+from pdjit.passes.verify import verify
 from pdjit.proto import framework_pb2 as pb
 from pdjit.runtime.feed_fetch import names_of
 from pdjit.runtime.scope import global_scope
@@ -221,16 +222,28 @@ def _write_file(path: str, data: bytes) -> None:
 
 
 def parse_model(data: bytes, path: str) -> Program:
+    """The program of a model file's bytes, verified (``pdjit.verify``): a
+    :class:`ModelFileError` when they do not parse, a :class:`ProgramError` naming the file and
+    the block, op or variable when the program is malformed."""
     try:
         program = Program.parse_from_string(data)
     except ProgramError as e:
         raise ModelFileError(f"{path}: not a valid model program: {e}") from None
+    verify_parsed(program, path)
     try:
         feed_target_names(program)
         fetch_target_names(program)
     except ProgramError as e:
         raise ModelFileError(f"{path}: {e}") from None
     return program
+
+
+def verify_parsed(program: Program, path: str, registered: bool = True) -> Program:
+    """``pdjit.verify`` of a program read from ``path``; its errors name the file."""
+    try:
+        return verify(program, registered=registered)
+    except ProgramError as e:
+        raise type(e)(f"{path}: {e}") from None
 
 
 def param_vars(program: Program) -> list:

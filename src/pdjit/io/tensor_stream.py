@@ -7,7 +7,9 @@ order of their sorted names, with no header. One tensor is (little-endian):
     uint32 tensor version (0) | int32 desc length | VarType.TensorDesc bytes | raw C-order data
 
 See ``shared/facts/paddle_formats.md``. Every read is bounds-checked: a truncated or corrupt
-file is a clear ``ValueError``, never a crash or a silent short read.
+file is a clear :class:`ModelFileError` (a ``ValueError``), never a crash or a silent short read,
+and a size the file claims (dims, LoD lengths) is checked against the bytes it has left before
+anything is allocated for it.
 """
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import struct
 import numpy as np
 
 from pdjit.framework import dtypes
+from pdjit.framework.errors import ModelFileError
 from pdjit.proto import framework_pb2 as pb
 from pdjit.runtime.tensor import LoDTensor, check_lod
 
@@ -29,8 +32,8 @@ class _Reader:
 
     def take(self, n: int, field: str) -> memoryview:
         if n < 0 or self.pos + n > len(self.data):
-            raise ValueError(f"{self.what}: truncated at byte {self.pos} while reading {field} "
-                             f"({n} bytes wanted, {len(self.data) - self.pos} left)")
+            raise ModelFileError(f"{self.what}: truncated at byte {self.pos} while reading "
+                                 f"{field} ({n} bytes wanted, {len(self.data) - self.pos} left)")
         out = self.data[self.pos:self.pos + n]
         self.pos += n
         return out
@@ -43,38 +46,43 @@ def read_tensor(reader: _Reader, name: str = "tensor"):
     """One tensor from ``reader``: an ndarray, or a LoDTensor when it carries LoD."""
     version = reader.unpack("<I", f"{name}: version")
     if version != 0:
-        raise ValueError(f"{reader.what}: {name}: unsupported tensor version {version}")
+        raise ModelFileError(f"{reader.what}: {name}: unsupported tensor version {version}")
     levels = reader.unpack("<Q", f"{name}: lod_level")
     if levels > 16:
-        raise ValueError(f"{reader.what}: {name}: implausible lod_level {levels}")
+        raise ModelFileError(f"{reader.what}: {name}: implausible lod_level {levels}")
     lod = []
     for lvl in range(levels):
         nbytes = reader.unpack("<Q", f"{name}: LoD level {lvl} size")
         if nbytes % 8:
-            raise ValueError(f"{reader.what}: {name}: LoD level {lvl} has {nbytes} bytes, not a "
-                             f"multiple of 8")
+            raise ModelFileError(f"{reader.what}: {name}: LoD level {lvl} has {nbytes} bytes, "
+                                 f"not a multiple of 8")
         lod.append(np.frombuffer(reader.take(nbytes, f"{name}: LoD"), "<u8").tolist())
     tversion = reader.unpack("<I", f"{name}: tensor version")
     if tversion != 0:
-        raise ValueError(f"{reader.what}: {name}: unsupported tensor version {tversion}")
+        raise ModelFileError(f"{reader.what}: {name}: unsupported tensor version {tversion}")
     desc_len = reader.unpack("<i", f"{name}: desc length")
     desc = pb.VarType.TensorDesc()
     try:
         desc.ParseFromString(bytes(reader.take(desc_len, f"{name}: TensorDesc")))
+        if not desc.IsInitialized():
+            raise ValueError(f"missing {desc.FindInitializationErrors()}")
         dt = dtypes.to_numpy(desc.data_type)
     except Exception as e:
-        raise ValueError(f"{reader.what}: {name}: bad TensorDesc: {e}") from None
+        raise ModelFileError(f"{reader.what}: {name}: bad TensorDesc: {e}") from None
     shape = tuple(desc.dims)
     if any(d < 0 for d in shape):
-        raise ValueError(f"{reader.what}: {name}: negative dim in {list(shape)}")
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        raise ModelFileError(f"{reader.what}: {name}: negative dim in {list(shape)}")
+    count = 1
+    for d in shape:  # Python ints: a product of huge claimed dims must not wrap around (take()
+        # compares it with the bytes left before anything is read or allocated)
+        count *= int(d)
     raw = reader.take(count * dt.itemsize, f"{name}: data of shape {list(shape)}")
     arr = np.frombuffer(raw, dtype=dt.newbyteorder("<")).astype(dt).reshape(shape)
     if lod:
         try:
             return LoDTensor(arr, check_lod(lod, shape[0] if shape else 1, f"{name} LoD"))
         except ValueError as e:
-            raise ValueError(f"{reader.what}: {e}") from None
+            raise ModelFileError(f"{reader.what}: {e}") from None
     return arr
 
 
@@ -106,8 +114,8 @@ def load_combined_params(data: bytes, names, what: str = "parameters") -> dict:
     reader = _Reader(data, what)
     out = {n: read_tensor(reader, n) for n in names}
     if reader.pos != len(reader.data):
-        raise ValueError(f"{what}: {len(reader.data) - reader.pos} bytes left after the "
-                         f"{len(out)} expected tensors: the file does not match the program")
+        raise ModelFileError(f"{what}: {len(reader.data) - reader.pos} bytes left after the "
+                             f"{len(out)} expected tensors: the file does not match the program")
     return out
 
 

@@ -1,17 +1,290 @@
-"""The program verifier: a program is checked before it is planned or after it is parsed.
+"""The program verifier: a program is checked after it is parsed and before it is planned.
 
-(Being written: see issue 20.)
+``verify(program)`` walks every block, variable and op and raises a :class:`ProgramError` (an
+:class:`UnregisteredOpError` for an unknown op type) naming the block, the op's index and type,
+what is wrong, and what was expected vs got. What it checks:
+
+- blocks: at least one; block ``i`` says ``idx == i``; block 0 has parent ``-1``, every other
+  block a parent before it; no block reachable from itself through the ``BLOCK``/``BLOCKS``
+  attributes of its ops (a ``while``/``conditional_block`` whose ``sub_block`` is its own block
+  or an ancestor of it); every such index names a block of the program;
+- variables: a name (text, not bytes that are not UTF-8), a known ``VarType``; a tensor's data
+  type one pdjit computes with, its dims ``>= -1``, its ``lod_level`` in 0..16;
+- ops: the type registered; every input and output slot the definition requires present, a
+  slot that takes one variable given at most one; every variable named exists in the op's block
+  or an ancestor, with a type the op can use (the feed/fetch holders only for feed and fetch ops,
+  step scopes only for control flow); attributes of their declared proto types (INT for LONG
+  and the like accepted: the values are the same) and within the ranges the registry declares;
+  a required attribute present; a missing attribute that has a default is given it (the
+  program's version changes only then). Attributes the definition does not declare
+  (``use_mkldnn``, ``op_device``...) are accepted as they are.
+
+``verify_for_run(program)`` is what the executor calls before it plans a run: the same checks,
+once per program content.
 """
 from __future__ import annotations
 
+from pdjit.framework import dtypes, registry
+from pdjit.framework.attrs import attr_type_name
+from pdjit.framework.errors import ProgramError, UnregisteredOpError, describe_op
+from pdjit.framework.variable import _TENSOR_HOLDERS, _tensor_desc
+from pdjit.proto import framework_pb2 as pb
+
 __all__ = ["verify", "verify_for_run"]
 
+VarType = pb.VarType
 
-def verify(program) -> None:
-    """Check ``program``; raise :class:`pdjit.ProgramError` naming what is malformed."""
-    return None
+
+class A:
+    """The attribute type codes as plain ints (the enum wrapper's lookups cost a call each)."""
+    locals().update({k: int(v) for k, v in pb.AttrType.items()})
+
+
+MAX_LOD_LEVEL = 16
+_VAR_TYPES = frozenset(VarType.Type.values())
+_HOLDER_TYPES = frozenset({VarType.FEED_MINIBATCH, VarType.FETCH_LIST, VarType.FEED_LIST})
+_STEP_SCOPES = int(VarType.STEP_SCOPES)
+_STRING, _STRINGS, _BLOCK, _BLOCKS = A.STRING, A.STRINGS, A.BLOCK, A.BLOCKS
+# proto types that hold the same values: a file may store one where pdjit declares the other
+_SAME_VALUES = {A.INT: {A.LONG}, A.LONG: {A.INT}, A.FLOAT: {A.FLOAT64}, A.FLOAT64: {A.FLOAT},
+                A.INTS: {A.LONGS}, A.LONGS: {A.INTS}, A.FLOATS: {A.FLOAT64S},
+                A.FLOAT64S: {A.FLOATS}, A.BOOLEAN: {A.INT, A.LONG}}
+_LISTS = frozenset({A.INTS, A.LONGS, A.FLOATS, A.FLOAT64S, A.BOOLEANS, A.STRINGS, A.BLOCKS,
+                    A.SCALARS, A.VARS})
+
+
+def verify(program, *, registered: bool = True, fill_defaults: bool = True):
+    """Check ``program``; raise :class:`ProgramError` naming what is malformed. Returns it.
+
+    ``registered=False`` accepts op types pdjit does not know (to inspect a program), checking
+    what it can of them; ``fill_defaults=False`` leaves missing attributes missing."""
+    blocks = program.blocks
+    if not blocks:
+        raise ProgramError("program: it has no blocks (expected at least the global block)")
+    n = len(blocks)
+    for i, b in enumerate(blocks):
+        _check_block_header(b, i, n)
+    for b in blocks:
+        _check_vars(b)
+    for b in blocks:
+        for i, op in enumerate(b.ops):
+            _check_op(program, b, i, op, registered, fill_defaults)
+    _check_no_cycles(program)
+    return program
 
 
 def verify_for_run(program) -> None:
-    """Check ``program`` before the executor builds a run of it (once per program content)."""
-    return None
+    """Check ``program`` before the executor builds a run of it: :func:`verify`, once per
+    program content (the result is kept with the program's compiled runs)."""
+    cache = program._run_cache()
+    if cache.get(_VERIFIED) is None:
+        verify(program)
+        program._run_cache()[_VERIFIED] = True  # (a new content if defaults were filled in)
+
+
+_VERIFIED = ("verify", ("verified",))  # the (kind, key) form of the executor's entries
+
+
+# -- blocks ---------------------------------------------------------------------------------------
+def _check_block_header(b, i: int, n: int) -> None:
+    if b.idx != i:
+        raise ProgramError(f"block at position {i}: its idx is {b.idx}, expected {i}")
+    parent = b.parent_idx
+    if i == 0:
+        if parent != -1:
+            raise ProgramError(f"block 0 (the global block): parent_idx is {parent}, expected -1")
+    elif not 0 <= parent < i:
+        raise ProgramError(f"block {i}: parent_idx is {parent}, expected a block before it "
+                           f"(0..{i - 1})")
+    fwd = b.forward_block_idx
+    if fwd != -1 and not 0 <= fwd < n:
+        raise ProgramError(f"block {i}: forward_block_idx is {fwd}, expected -1 or a block "
+                           f"index in 0..{n - 1}")
+
+
+def _ancestors(program, idx: int) -> list:
+    out, seen = [], set()
+    while idx >= 0 and idx not in seen:
+        seen.add(idx)
+        out.append(idx)
+        idx = program.blocks[idx].parent_idx
+    return out
+
+
+def _check_no_cycles(program) -> None:
+    """No block reaches itself through its ops' sub-block attributes."""
+    edges = {b.idx: [(i, op, s) for i, op in enumerate(b.ops) for s in op.sub_block_indices()]
+             for b in program.blocks}
+    state = {}  # 1: on the current path, 2: done
+
+    def visit(idx, path):
+        state[idx] = 1
+        for i, op, s in edges[idx]:
+            if state.get(s) == 1:
+                loop = " -> ".join(str(p) for p in path + [s])
+                raise ProgramError(f"{describe_op(op.type, idx, i, None)}: sub-block {s} "
+                                   f"leads back to itself (blocks {loop}); expected the "
+                                   f"sub-blocks to form a tree")
+            if state.get(s) is None:
+                visit(s, path + [s])
+        state[idx] = 2
+
+    for b in program.blocks:
+        if state.get(b.idx) is None:
+            visit(b.idx, [b.idx])
+
+
+# -- variables ------------------------------------------------------------------------------------
+def _check_vars(b) -> None:
+    for key, v in b.vars.items():
+        name = v.desc.name
+        if not isinstance(name, str) or not isinstance(key, str):
+            raise ProgramError(f"block {b.idx}: a variable's name {name!r} is not valid UTF-8 "
+                               f"text")
+        if not name:
+            raise ProgramError(f"block {b.idx}: a variable has an empty name")
+        where = f"block {b.idx}, variable {name!r}"
+        t = v.desc.type.type
+        if t not in _VAR_TYPES:
+            raise ProgramError(f"{where}: unknown variable type {t} (expected one of "
+                               f"VarType.Type)")
+        if t not in _TENSOR_HOLDERS:
+            continue
+        td = _tensor_desc(v.desc.type)
+        if td is None:
+            raise ProgramError(f"{where}: a {dtypes.type_name(t)} without a tensor description "
+                               f"(data type and dims)")
+        if td.data_type not in dtypes._CODE_TO_NP:
+            raise ProgramError(f"{where}: data type {dtypes.type_name(td.data_type)} is not one "
+                               f"pdjit computes with (expected one of "
+                               f"{sorted(dtypes.type_name(c) for c in dtypes._CODE_TO_NP)})")
+        bad = [d for d in td.dims if d < -1]
+        if bad:
+            raise ProgramError(f"{where}: dims {list(td.dims)}: expected every dim >= -1 (-1: "
+                               f"unknown until run time), got {bad[0]}")
+        lod = v.lod_level
+        if not 0 <= lod <= MAX_LOD_LEVEL:
+            raise ProgramError(f"{where}: lod_level {lod}, expected 0..{MAX_LOD_LEVEL}")
+
+
+# -- ops ------------------------------------------------------------------------------------------
+def _check_op(program, b, i: int, op, registered: bool, fill_defaults: bool) -> None:
+    t = op.desc.type
+
+    def fail(msg, cls=ProgramError):
+        return cls(f"{describe_op(t if isinstance(t, str) else repr(t), b.idx, i, None)}: {msg}")
+
+    if not isinstance(t, str) or not t:
+        raise fail(f"op type {t!r} is not valid text")
+    opdef = registry.lookup(t)
+    if opdef is None and registered:
+        raise fail(f"op type {t!r} is not registered in pdjit, so the program cannot run",
+                   UnregisteredOpError)
+    _check_slots(b, op, opdef, fail)
+    _check_attrs(program, b, op, opdef, fail, fill_defaults)
+
+
+def _check_slots(b, op, opdef, fail) -> None:
+    control = opdef is not None and opdef.has(registry.CONTROL_FLOW)
+    feed_fetch = opdef is not None and opdef.has(registry.FEED_FETCH)
+    for which, given, slots in (("input", op._inputs, opdef.inputs if opdef else ()),
+                                ("output", op._outputs, opdef.outputs if opdef else ())):
+        for slot_name, names in given.items():
+            if not isinstance(slot_name, str):
+                raise fail(f"an {which} slot name {slot_name!r} is not valid UTF-8 text")
+            for n in names:
+                if not isinstance(n, str):
+                    raise fail(f"{which} {slot_name!r}: variable name {n!r} is not valid UTF-8 "
+                               f"text")
+                if n == registry.EMPTY_VAR_NAME:
+                    continue
+                v = b._find_var_recursive(n)
+                if v is None:
+                    if not n:
+                        raise fail(f"{which} {slot_name!r}: an empty variable name")
+                    raise fail(f"{which} {slot_name!r}: variable {n!r} is not defined in block "
+                               f"{b.idx} or its ancestors")
+                vt = v.desc.type.type
+                if vt in _HOLDER_TYPES and not feed_fetch:
+                    raise fail(f"{which} {slot_name!r}: variable {n!r} is a "
+                               f"{dtypes.type_name(vt)} (a feed/fetch holder), which only feed "
+                               f"and fetch ops use; expected a tensor")
+                if vt == _STEP_SCOPES and not control:
+                    raise fail(f"{which} {slot_name!r}: variable {n!r} is a STEP_SCOPES, which "
+                               f"only control-flow ops use; expected a tensor")
+        for slot in slots:
+            names = given.get(slot.name)
+            if not names:
+                if not slot.dispensable and not slot.intermediate:
+                    raise fail(f"{which} slot {slot.name!r} is required but "
+                               f"{'empty' if names is not None else 'absent'}")
+                continue
+            if len(names) > 1 and not slot.duplicable:
+                raise fail(f"{which} slot {slot.name!r} takes one variable, got {len(names)}: "
+                           f"{names}")
+
+
+def _check_attrs(program, b, op, opdef, fail, fill_defaults: bool) -> None:
+    types = {}
+    for a in op.desc.attrs:
+        name, t = a.name, a.type
+        if type(name) is not str:
+            raise fail(f"an attribute name {name!r} is not valid UTF-8 text")
+        types[name] = t
+        if t == _STRING:
+            if type(a.s) is not str:
+                raise fail(f"attribute {name!r}: the string {a.s!r} is not valid UTF-8 text")
+        elif t == _STRINGS:
+            if name != "op_callstack" and not all(type(s) is str for s in a.strings):
+                raise fail(f"attribute {name!r}: a string of {list(a.strings)!r} is not valid "
+                           f"UTF-8 text")
+        elif t == _BLOCK:
+            _check_sub_block(program, b, name, a.block_idx, fail)
+        elif t == _BLOCKS:
+            for s in a.blocks_idx:
+                _check_sub_block(program, b, name, s, fail)
+    missing = []
+    for declared in (registry.COMMON_ATTRS, opdef.attrs if opdef is not None else {}):
+        for name, spec in declared.items():
+            got = types.get(name)
+            if got is None:
+                if declared is not registry.COMMON_ATTRS:
+                    if spec.default is registry.REQUIRED:
+                        raise fail(f"attribute {name!r} ({attr_type_name(spec.type)}) is "
+                                   f"required but absent")
+                    missing.append((name, spec))
+                continue
+            if got != spec.type and got not in _SAME_VALUES.get(spec.type, ()):
+                raise fail(f"attribute {name!r}: expected {attr_type_name(spec.type)}, got "
+                           f"{attr_type_name(got)} ({op._attrs.get(name)!r})")
+            if spec.at_least is not None or spec.at_most is not None or \
+                    spec.one_of is not None:
+                _check_range(name, spec, op._attrs.get(name), fail)
+    if fill_defaults:
+        for name, spec in missing:
+            op._set_attr(name, spec.default, spec.type)
+
+
+def _check_range(name, spec, value, fail) -> None:
+    low, high, one_of = spec.at_least, spec.at_most, spec.one_of
+    values = value if spec.type in _LISTS else [value]
+    for v in values:
+        if one_of is not None and v not in one_of:
+            raise fail(f"attribute {name!r}: expected one of {list(one_of)}, got {value!r}")
+        if (low is not None and v < low) or (high is not None and v > high):
+            lo = "" if low is None else f">= {low}"
+            hi = "" if high is None else f"<= {high}"
+            raise fail(f"attribute {name!r}: expected {' and '.join(x for x in (lo, hi) if x)}, "
+                       f"got {value!r}")
+
+
+def _check_sub_block(program, b, name, s, fail) -> None:
+    n = len(program.blocks)
+    if not 0 <= s < n:
+        raise fail(f"attribute {name!r}: block index {s} out of range, expected 1..{n - 1} "
+                   f"(the program has {n} blocks)")
+    ancestors = _ancestors(program, b.idx)
+    if s in ancestors:
+        what = "its own block" if s == b.idx else f"block {s}, an ancestor of block {b.idx}"
+        raise fail(f"attribute {name!r}: sub-block {s} is {what}; expected a block below it "
+                   f"(a block reachable from itself would run forever)")

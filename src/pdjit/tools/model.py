@@ -45,6 +45,7 @@ def load_program(path: str) -> Loaded:
         program = Program.parse_from_string(data)
     except ProgramError as e:
         raise ModelFileError(f"{model_file}: {e}") from None
+    inf.verify_parsed(program, model_file, registered=False)  # an unknown op type still prints
     out = Loaded(program, model_file)
     try:
         out.feed_names = inf.feed_target_names(program)
@@ -88,3 +89,42 @@ def describe_var(program: Program, name: str) -> str:
 def require(cond: bool, message: str) -> None:
     if not cond:
         raise CliError(message)
+
+
+def check(path: str, out=None, err=None) -> int:
+    """``pdjit check``: read the model at ``path``, verify its program (``pdjit.verify``) and
+    read its parameters; print ``OK`` and a summary (status 0) or the error (status 1)."""
+    import sys
+
+    from pdjit.framework.errors import PdjitError
+    from pdjit.passes.verify import verify
+
+    out, err = out or sys.stdout, err or sys.stderr
+    try:
+        loaded = load_program(path)
+        verify(loaded.program)  # (load_program accepted unregistered op types)
+        if loaded.params_note:
+            raise ModelFileError(loaded.params_note)
+    except (PdjitError, CliError) as e:
+        text = " ".join(s.strip() for s in str(e).splitlines() if s.strip())
+        print(f"pdjit check: {path}: {type(e).__name__}: {text}", file=err)
+        return 1
+    program = loaded.program
+    ops = [op.type for b in program.blocks for op in b.ops]
+    nvars = sum(len(b.vars) for b in program.blocks)
+    print(f"OK {loaded.model_file}: {len(program.blocks)} block(s), {len(ops)} ops of "
+          f"{len(set(ops))} types, {nvars} variables", file=out)
+    if loaded.feed_names or loaded.fetch_names:
+        print(f"  feeds:   {', '.join(describe_var(program, n) for n in loaded.feed_names)}",
+              file=out)
+        print(f"  fetches: {', '.join(describe_var(program, n) for n in loaded.fetch_names)}",
+              file=out)
+    if loaded.params is None:
+        print(f"  parameters: {len(inf.param_vars(program))} persistable variables declared "
+              f"(a program of its own: no parameter file read)", file=out)
+    else:
+        nbytes = int(sum(np.asarray(v).nbytes for v in loaded.params.values()))
+        where = loaded.params_file or loaded.params_dir or "-"
+        print(f"  parameters: {len(loaded.params)} read and checked ({nbytes} bytes) from "
+              f"{where}", file=out)
+    return 0
