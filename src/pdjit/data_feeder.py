@@ -14,14 +14,17 @@ sample at fault.
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from pdjit.framework import dtypes
 from pdjit.framework.errors import FeedError
 from pdjit.framework.program import Variable, default_main_program
+from pdjit.runtime.place import CPUPlace
 from pdjit.runtime.tensor import LoDTensor, check_offsets, lengths_to_offsets
 
-__all__ = ["DataFeeder"]
+__all__ = ["DataFeeder", "cpu_places"]
 
 
 class _Field:
@@ -208,3 +211,19 @@ class DataFeeder:
                                 f"over for {n} places; set drop_last=True")
 
         return multi if multi_devices else single
+
+
+def cpu_places(device_count=None) -> list:
+    """Fluid's ``fluid.cpu_places``: ``device_count`` CPUPlaces (default: the ``CPU_NUM``
+    environment variable, else 1), e.g. for ``DataLoader.set_batch_generator(places=...)``."""
+    if device_count is None:
+        text = os.environ.get("CPU_NUM", "1").strip() or "1"
+        try:
+            device_count = int(text)
+        except ValueError:
+            raise ValueError(f"cpu_places: CPU_NUM must be a positive int, got {text!r}") \
+                from None
+    if isinstance(device_count, bool) or not isinstance(device_count, int) or device_count <= 0:
+        raise ValueError(f"cpu_places: device_count must be a positive int, got "
+                         f"{device_count!r}")
+    return [CPUPlace() for _ in range(device_count)]

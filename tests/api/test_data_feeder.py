@@ -112,3 +112,13 @@ def test_decorate_reader(prog):
     groups = list(feeder.decorate_reader(batches, multi_devices=True, num_places=2)())
     assert len(groups) == 1 and len(groups[0]) == 2  # the third batch has no partner
     np.testing.assert_array_equal(groups[0][1]["img"].ravel(), [1] * 4 + [2] * 4)
+
+
+def test_cpu_places(monkeypatch):
+    monkeypatch.delenv("CPU_NUM", raising=False)
+    assert fluid.cpu_places() == [fluid.CPUPlace()]
+    monkeypatch.setenv("CPU_NUM", "3")
+    assert fluid.cpu_places() == [fluid.CPUPlace()] * 3
+    assert len(fluid.cpu_places(2)) == 2
+    with pytest.raises(ValueError, match="device_count must be a positive int"):
+        fluid.cpu_places(0)
