@@ -341,6 +341,14 @@ def test_a_pickle_asking_for_other_globals_is_refused_and_runs_nothing(trained, 
         with pytest.raises(ModelFileError, match="refused"):
             fluid.load(main, str(prefix), scope=scope)
     assert not marker.exists()
+    # admitted globals misused: numpy.ndarray called directly with a huge shape, numpy.dtype as
+    # a class (NEWOBJ), BUILD setting attributes on an admitted function
+    for raw in (b"\x80\x02}U\x01wcnumpy\nndarray\nJ@B\x0f\x00J@B\x0f\x00\x86\x85Rs.",
+                b"\x80\x02}U\x01wcnumpy\ndtype\n)\x81s.",
+                b"\x80\x02}U\x01wcnumpy._core.multiarray\n_reconstruct\nN}U\x01xK\x01s\x86bs."):
+        (tmp_path / "misuse.pdparams").write_bytes(raw)
+        with pytest.raises(ModelFileError, match=r"misuse\.pdparams: (damaged|refused)"):
+            fluid.io.load_program_state(str(tmp_path / "misuse"))
 
 
 class _HandMadeArray:
@@ -374,7 +382,7 @@ def test_damaged_files_are_named_errors(trained, tmp_path):
     raw = open(prefix + ".pdparams", "rb").read()
     cut = str(tmp_path / "cut")
     open(cut + ".pdparams", "wb").write(raw[:len(raw) // 2])
-    with pytest.raises(ModelFileError, match=r"cut\.pdparams: not a complete pickle"):
+    with pytest.raises(ModelFileError, match=r"cut\.pdparams: damaged or truncated pickle"):
         fluid.load(main, cut, scope=target)
 
     state = pickle.loads(raw)

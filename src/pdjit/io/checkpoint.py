@@ -211,12 +211,19 @@ class _Refused(Exception):
 class _NdarrayClass:
     """What a pickle gets for ``numpy.ndarray``: only ``_reconstruct`` accepts it."""
 
+    __slots__ = ()
+
+    def __call__(self, *args, **kwargs):
+        raise _Refused("a call of numpy.ndarray (arrays come only through numpy's _reconstruct)")
+
 
 _NDARRAY = _NdarrayClass()
 
 
 class _DtypeProxy:
     """``numpy.dtype(name, align, copy)`` then ``BUILD`` with its state, checked."""
+
+    __slots__ = ("dtype",)
 
     def __init__(self, name, align=False, copy=False):
         if not isinstance(name, str) or name not in _DTYPE_NAMES:
@@ -243,6 +250,8 @@ class _ArrayProxy:
     """``numpy.core.multiarray._reconstruct(ndarray, ...)`` then ``BUILD`` with the array's
     state ``(version, shape, dtype, is_fortran, raw bytes)``: the bytes must be exactly what the
     shape and dtype claim, so nothing is allocated on a file's say-so."""
+
+    __slots__ = ("array",)
 
     def __init__(self):
         self.array = None
@@ -289,15 +298,20 @@ def _codecs_encode(obj, encoding="utf-8", errors="strict"):
     return obj.encode("latin1")
 
 
-_ALLOWED = {}
+def _guarded(fn):
+    """``fn`` behind an object with no attributes: a pickle can call it but not change it
+    (``BUILD`` on it fails), nor use it as a class (``NEWOBJ``)."""
+    cls = type(f"_Guarded_{fn.__name__}", (), {"__slots__": (), "__call__": staticmethod(fn)})
+    return cls()
+
+
+_ALLOWED = {("numpy", "ndarray"): _NDARRAY,
+            ("numpy", "dtype"): _guarded(_DtypeProxy),
+            ("_codecs", "encode"): _guarded(_codecs_encode),
+            ("collections", "OrderedDict"): _guarded(dict)}
 for _mod in ("numpy.core.multiarray", "numpy._core.multiarray"):
-    _ALLOWED[(_mod, "_reconstruct")] = _reconstruct
-    _ALLOWED[(_mod, "scalar")] = _scalar
-_ALLOWED[("numpy", "ndarray")] = _NDARRAY
-_ALLOWED[("numpy", "dtype")] = _DtypeProxy
-_ALLOWED[("_codecs", "encode")] = _codecs_encode
-_ALLOWED[("collections", "OrderedDict")] = dict
-_ALLOWED[("builtins", "dict")] = dict  # protocol 2 may spell an empty dict subclass so
+    _ALLOWED[(_mod, "_reconstruct")] = _guarded(_reconstruct)
+    _ALLOWED[(_mod, "scalar")] = _guarded(_scalar)
 
 
 class _Unpickler(pickle.Unpickler):
@@ -316,7 +330,7 @@ def _resolve(obj, what: str, depth: int = 0):
     if depth > 32:
         raise _Refused("nesting deeper than 32 levels")
     if isinstance(obj, _ArrayProxy):
-        if obj.array is None:
+        if not isinstance(obj.array, np.ndarray):
             raise _Refused("an array without its data")
         return obj.array
     if isinstance(obj, dict):
@@ -367,7 +381,7 @@ def load_pickle(path: str, what: str = "checkpoint") -> dict:
     except RecursionError:
         raise ModelFileError(f"{path}: the pickle nests too deeply") from None
     except (EOFError, pickle.UnpicklingError) as e:
-        raise ModelFileError(f"{path}: not a complete pickle ({len(data)} bytes): "
+        raise ModelFileError(f"{path}: damaged or truncated pickle ({len(data)} bytes): "
                              f"{e or type(e).__name__}") from None
     except (ValueError, TypeError, AttributeError, IndexError, KeyError, MemoryError,
             OverflowError) as e:
