@@ -377,3 +377,45 @@ def test_small_decorators():
         yield from range(3)
     cached = fluid.io.cache(once)
     assert list(cached()) == list(cached()) == [0, 1, 2] and len(calls) == 1
+
+
+# -- training from a non-iterable loader ---------------------------------------------------------
+def test_training_from_a_started_loader_matches_numpy_sgd():
+    """Two passes of SGD on a linear model, fed by a non-iterable DataLoader (start, run until
+    EOFException, reset): losses and weights against the same updates written in NumPy."""
+    xs = [RNG.standard_normal((4, 2)).astype(np.float32) for _ in range(3)]
+    ys = [(x @ np.array([[1.5], [-2.0]], np.float32) + 0.25).astype(np.float32) for x in xs]
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        x = fluid.data("x", [None, 2], "float32")
+        y = fluid.data("y", [None, 1], "float32")
+        const = fluid.initializer.Constant(0.5)
+        pred = fluid.layers.fc(x, 1, param_attr=fluid.ParamAttr(name="w", initializer=const),
+                               bias_attr=fluid.ParamAttr(name="b", initializer=const))
+        loss = fluid.layers.mean(fluid.layers.square_error_cost(pred, y))
+        fluid.optimizer.SGD(learning_rate=0.1).minimize(loss)
+        loader = fluid.io.DataLoader.from_generator(feed_list=[x, y], capacity=2,
+                                                    iterable=False)
+    loader.set_batch_generator(lambda: zip(xs, ys))
+    exe = fluid.Executor(fluid.CPUPlace(), strict=True)
+    scope = fluid.Scope()
+    exe.run(startup, scope=scope)
+    losses = []
+    for _ in range(2):
+        loader.start()
+        with pytest.raises(fluid.core.EOFException):
+            while True:
+                losses.append(float(exe.run(main, fetch_list=[loss], scope=scope)[0]))
+        loader.reset()
+    assert_native(exe)
+    w, b = np.full((2, 1), 0.5), 0.5
+    want = []
+    for _ in range(2):
+        for xb, yb in zip(xs, ys):
+            xb, yb = xb.astype(np.float64), yb.astype(np.float64)
+            err = xb @ w + b - yb
+            want.append(float(np.mean(err ** 2)))
+            g = 2 * err / len(xb)
+            w, b = w - 0.1 * xb.T @ g, b - 0.1 * g.sum()
+    np.testing.assert_allclose(losses, want, rtol=1e-5)
+    np.testing.assert_allclose(np.asarray(scope.find_var("w").get_tensor()), w, rtol=1e-5)
