@@ -6,10 +6,20 @@
   of their concatenation is at most ``clip_norm``.
 
 All are ops appended to the program, so they run compiled like the rest of the step.
+
+An optimizer's ``grad_clip`` clips its gradients. Without one, ``minimize`` applies the 1.x
+global clip set by ``set_gradient_clip(clip, param_list=None, program=None)``: each parameter
+named there carries the clip (``Parameter.gradient_clip_attr``), and ``append_gradient_clip_ops``
+clips the gradients of the parameters that share one clip object together (a global norm is
+the norm over that group).
 """
 from __future__ import annotations
 
-from pdjit.framework import unique_name
+import warnings
+
+from pdjit.framework import registry, unique_name
+from pdjit.framework.program import default_main_program
+from pdjit.framework.variable import Parameter
 
 
 def _tmp(block, like, name, shape=None):
@@ -45,7 +55,14 @@ def _scaled(block, g, factor):
     return out
 
 
-class GradientClipByValue:
+class GradientClipBase:
+    """What every gradient clip is: ``clip(params_grads) -> params_grads`` appending ops."""
+
+    def __call__(self, params_grads):
+        raise NotImplementedError
+
+
+class GradientClipByValue(GradientClipBase):
     def __init__(self, max, min=None):
         min = -max if min is None else min
         if min > max:
@@ -64,7 +81,7 @@ class GradientClipByValue:
         return out
 
 
-class GradientClipByNorm:
+class GradientClipByNorm(GradientClipBase):
     def __init__(self, clip_norm):
         if clip_norm <= 0:
             raise ValueError(f"GradientClipByNorm: clip_norm must be > 0, got {clip_norm}")
@@ -81,7 +98,7 @@ class GradientClipByNorm:
         return out
 
 
-class GradientClipByGlobalNorm:
+class GradientClipByGlobalNorm(GradientClipBase):
     def __init__(self, clip_norm):
         if clip_norm <= 0:
             raise ValueError(f"GradientClipByGlobalNorm: clip_norm must be > 0, got "
@@ -104,3 +121,58 @@ class GradientClipByGlobalNorm:
 
 ClipGradByValue, ClipGradByNorm, ClipGradByGlobalNorm = (GradientClipByValue, GradientClipByNorm,
                                                           GradientClipByGlobalNorm)
+
+
+def set_gradient_clip(clip, param_list=None, program=None) -> None:
+    """Fluid 1.x's global gradient clip: ``minimize`` of an optimizer built without
+    ``grad_clip`` clips the gradients of ``param_list`` (parameters or their names; default:
+    all parameters of ``program``, default the main program) with ``clip``. Parameters given in
+    one call are clipped together (one global norm). Call it before ``minimize``."""
+    if not isinstance(clip, GradientClipBase):
+        raise TypeError(f"set_gradient_clip: clip must be a GradientClipByValue, "
+                        f"GradientClipByNorm or GradientClipByGlobalNorm, got "
+                        f"{type(clip).__name__}")
+    program = program if program is not None else default_main_program()
+    block = program.global_block()
+    if param_list is None:
+        param_list = block.all_parameters()
+    params = []
+    for p in param_list:
+        if isinstance(p, str):
+            if not block.has_var(p) or not isinstance(block.var(p), Parameter):
+                raise ValueError(f"set_gradient_clip: {p!r} is not a parameter of the program")
+            p = block.var(p)
+        if not isinstance(p, Parameter):
+            raise TypeError(f"set_gradient_clip: param_list must hold Parameters or their "
+                            f"names, got {type(p).__name__}")
+        params.append(p)
+    if any(op.has_attr("op_role") and int(op.attr("op_role")) & registry.OP_ROLE_OPTIMIZE
+           for op in block.ops):
+        warnings.warn("set_gradient_clip: minimize has already run on this program, so the clip "
+                      "set now has no effect on it; call set_gradient_clip before minimize",
+                      stacklevel=2)
+    for p in params:
+        p.gradient_clip_attr = clip
+
+
+def append_gradient_clip_ops(params_grads) -> list:
+    """Clip each gradient whose parameter carries a clip from ``set_gradient_clip``; the
+    gradients of parameters sharing one clip object are clipped as one group."""
+    groups: dict = {}
+    for i, (p, g) in enumerate(params_grads):
+        clip = getattr(p, "gradient_clip_attr", None)
+        if g is not None and clip is not None:
+            if not isinstance(clip, GradientClipBase):
+                raise TypeError(f"parameter {p.name!r}: gradient_clip_attr must be a gradient "
+                                f"clip, got {type(clip).__name__}")
+            groups.setdefault(id(clip), (clip, []))[1].append(i)
+    out = list(params_grads)
+    for clip, idx in groups.values():
+        for i, pg in zip(idx, clip([params_grads[i] for i in idx])):
+            out[i] = pg
+    return out
+
+
+__all__ = ["GradientClipBase", "GradientClipByValue", "GradientClipByNorm",
+           "GradientClipByGlobalNorm", "ClipGradByValue", "ClipGradByNorm", "ClipGradByGlobalNorm",
+           "set_gradient_clip", "append_gradient_clip_ops"]

@@ -10,6 +10,7 @@ rule in float64 NumPy. Shapes are shared so each kernel compiles once. The Paddl
 import numpy as np
 import pytest
 
+import pdjit as fluid
 from pdjit.runtime.executor import Executor
 from pdjit.runtime.scope import Scope
 from pdjit.testing import build_op_program
@@ -209,3 +210,271 @@ def test_update_ops_refuse_mismatched_state():
         build_op_program("lars_momentum", dict(Param=[P], Grad=[G], Velocity=[B],
                                                LearningRate=[LR]),
                          {"mu": 0.9, "lars_weight_decay": [0.1, 0.2, 0.3]})
+
+
+# ---- through minimize: a linear model trained a few steps ------------------------------------
+X = RNG.normal(size=(8, 3)).astype(np.float32)
+W_TRUE = np.array([[1.5], [-2.0], [0.5]], np.float32)
+Y = X @ W_TRUE + 0.3
+W0 = RNG.normal(size=(3, 1)).astype(np.float32)
+B0 = np.array([0.1], np.float32)
+
+
+def np_grads(w, b):
+    r = X @ w + b - Y
+    return (2.0 / r.size) * X.T @ r, (2.0 / r.size) * r.sum(axis=0)
+
+
+def build(make_opt, extra=None):
+    """The model and its training program; ``extra(main)`` runs in the program guard."""
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        x = fluid.layers.data(name="x", shape=[3], dtype="float32")
+        y = fluid.layers.data(name="y", shape=[1], dtype="float32")
+        pred = fluid.layers.fc(x, 1)
+        loss = fluid.layers.mean(fluid.layers.square_error_cost(pred, y))
+        opt = make_opt()
+        if opt is not None:
+            opt.minimize(loss)
+        made = extra(main) if extra else None
+    scope, exe = Scope(), fluid.Executor(fluid.CPUPlace(), strict=True)
+    exe.run(startup, scope=scope)
+    scope.var("fc_0.w_0").value = W0.copy()
+    scope.var("fc_0.b_0").value = B0.copy()
+    return main, loss, scope, exe, made
+
+
+def train(main, loss, scope, exe, steps):
+    losses, params = [], []
+    for _ in range(steps):
+        losses.append(float(exe.run(main, feed={"x": X, "y": Y}, fetch_list=[loss],
+                                    scope=scope)[0]))
+        params.append((np.array(scope.find_var("fc_0.w_0").value),
+                       np.array(scope.find_var("fc_0.b_0").value)))
+    assert_native(exe, "training step")
+    return losses, params
+
+
+def np_adamax(lr, b1=0.9, b2=0.999, eps=1e-8):
+    def step(p, g, s, t):
+        s.setdefault("m", np.zeros_like(p))
+        s.setdefault("u", np.zeros_like(p))
+        s["m"] = b1 * s["m"] + (1 - b1) * g
+        s["u"] = np.maximum(b2 * s["u"] + eps, np.abs(g))
+        return p - lr / (1 - b1 ** t) * s["m"] / s["u"]
+    return step
+
+
+def np_adadelta(lr, rho=0.95, eps=1e-6):
+    def step(p, g, s, t):
+        sg = rho * s.get("sg", 0 * p) + (1 - rho) * g * g
+        d = -np.sqrt((s.get("su", 0 * p) + eps) / (sg + eps)) * g
+        s["sg"], s["su"] = sg, rho * s.get("su", 0 * p) + (1 - rho) * d * d
+        return p + lr * d
+    return step
+
+
+def np_decayed_adagrad(lr, decay=0.95, eps=1e-6):
+    def step(p, g, s, t):
+        s["m"] = decay * s.get("m", 0 * p) + (1 - decay) * g * g
+        return p - lr * g / (np.sqrt(s["m"]) + eps)
+    return step
+
+
+def np_ftrl_opt(lr, l1, l2, lr_power):
+    def step(p, g, s, t):
+        p, s["sq"], s["lin"] = np_ftrl(p, s.get("sq", 0 * p), s.get("lin", 0 * p), g, lr, l1,
+                                       l2, lr_power)
+        return p
+    return step
+
+
+def np_lamb_opt(lr, wd):
+    def step(p, g, s, t):
+        p, s["m1"], s["m2"] = np_lamb(p, g, s.get("m1", 0 * p), s.get("m2", 0 * p), 0.9 ** t,
+                                      0.999 ** t, lr, wd)
+        return p
+    return step
+
+
+def np_lars_opt(lr, mu, coeff, wd):
+    def step(p, g, s, t):
+        p, s["v"] = np_lars(p, g, s.get("v", 0 * p), lr, mu, coeff, wd, 0.0)
+        return p
+    return step
+
+
+OPTIMIZERS = {
+    "adamax": (lambda: fluid.optimizer.Adamax(0.1), np_adamax(0.1)),
+    "adadelta": (lambda: fluid.optimizer.AdadeltaOptimizer(learning_rate=1.0, epsilon=0.1,
+                                                           rho=0.9),
+                 np_adadelta(1.0, rho=0.9, eps=0.1)),
+    "decayed_adagrad": (lambda: fluid.optimizer.DecayedAdagrad(0.1, decay=0.9),
+                        np_decayed_adagrad(0.1, decay=0.9)),
+    "ftrl": (lambda: fluid.optimizer.FtrlOptimizer(0.5, l1=0.01, l2=0.01),
+             np_ftrl_opt(0.5, 0.01, 0.01, -0.5)),
+    "lamb": (lambda: fluid.optimizer.Lamb(0.05, lamb_weight_decay=0.01),
+             np_lamb_opt(0.05, 0.01)),
+    "lars_momentum": (lambda: fluid.optimizer.LarsMomentumOptimizer(1.0, 0.9, lars_coeff=0.05,
+                                                                    lars_weight_decay=0.001),
+                      np_lars_opt(1.0, 0.9, 0.05, 0.001)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+def test_optimizer_trains_as_numpy_says(name):
+    make, np_step = OPTIMIZERS[name]
+    main, loss, scope, exe, _ = build(make)
+    types = [op.type for op in main.global_block().ops]
+    assert types.count(name) == 2, types   # one update per parameter
+    losses, params = train(main, loss, scope, exe, 25)
+    w, b = W0.astype(np.float64), B0.astype(np.float64)
+    sw, sb = {}, {}
+    for t in (1, 2, 3):
+        gw, gb = np_grads(w, b)
+        w, b = np_step(w, gw, sw, t), np_step(b, gb, sb, t)
+        close(params[t - 1][0], w, f"{name} w after step {t}")
+        close(params[t - 1][1], b, f"{name} b after step {t}")
+    assert losses[-1] < 0.5 * losses[0], f"{name}: loss {losses[0]} -> {losses[-1]}"
+
+
+def test_lamb_excludes_parameters_from_weight_decay():
+    main, *_ = build(lambda: fluid.optimizer.Lamb(
+        0.05, exclude_from_weight_decay_fn=lambda p: p.name.endswith(".b_0")))
+    wd = {op.input("Param")[0]: op.attr("weight_decay") for op in main.global_block().ops
+          if op.type == "lamb"}
+    assert wd == {"fc_0.w_0": pytest.approx(0.01), "fc_0.b_0": 0.0}
+
+
+def test_optimizer_arguments_are_checked():
+    with pytest.raises(ValueError, match=r"Adamax: beta1 must be 0 <= beta1 < 1, got 1.5"):
+        fluid.optimizer.Adamax(0.1, beta1=1.5)
+    with pytest.raises(ValueError, match=r"Ftrl: l1 must be 0 <= l1, got -1"):
+        fluid.optimizer.Ftrl(0.1, l1=-1)
+    with pytest.raises(TypeError, match=r"Lamb: exclude_from_weight_decay_fn must be callable"):
+        fluid.optimizer.Lamb(0.1, exclude_from_weight_decay_fn=3)
+    with pytest.raises(ValueError, match=r"LarsMomentum: momentum is required"):
+        fluid.optimizer.LarsMomentum(0.1, None)
+
+
+# ---- ExponentialMovingAverage -----------------------------------------------------------------
+def _sgd():
+    return fluid.optimizer.SGD(0.1)
+
+
+def _check_restored(scope, params):
+    np.testing.assert_array_equal(scope.find_var("fc_0.w_0").value, params[-1][0])
+    np.testing.assert_array_equal(scope.find_var("fc_0.b_0").value, params[-1][1])
+
+
+def test_ema_averages_and_restores():
+    def extra(main):
+        ema = fluid.optimizer.ExponentialMovingAverage(0.9)
+        ema.update()
+        return ema
+    main, loss, scope, exe, ema = build(_sgd, extra)
+    _, params = train(main, loss, scope, exe, 5)
+    want = [np.zeros((3, 1)), np.zeros(1)]
+    for w, b in params:
+        want = [0.9 * want[0] + 0.1 * w, 0.9 * want[1] + 0.1 * b]
+    with fluid.scope_guard(scope):
+        with ema.apply(exe):
+            close(scope.find_var("fc_0.w_0").value, want[0] / (1 - 0.9 ** 5), "EMA of w")
+            close(scope.find_var("fc_0.b_0").value, want[1] / (1 - 0.9 ** 5), "EMA of b")
+        _check_restored(scope, params)
+        with ema.apply(exe, need_restore=False):
+            pass
+        close(scope.find_var("fc_0.w_0").value, want[0] / (1 - 0.9 ** 5))
+        ema.restore(exe)
+        _check_restored(scope, params)
+
+
+def test_ema_decay_follows_thres_steps():
+    def extra(main):
+        step = fluid.layers.create_global_var([1], 0.0, "float32", persistable=True,
+                                              name="global_step")
+        fluid.layers.increment(step, 1.0)
+        ema = fluid.optimizer.ExponentialMovingAverage(0.999, thres_steps=step)
+        ema.update()
+        return ema
+    main, loss, scope, exe, ema = build(_sgd, extra)
+    _, params = train(main, loss, scope, exe, 4)
+    want, decay = [np.zeros((3, 1)), np.zeros(1)], None
+    for t, (w, b) in enumerate(params, start=1):
+        decay = min(0.999, (1 + t) / (10 + t))
+        want = [decay * want[0] + (1 - decay) * w, decay * want[1] + (1 - decay) * b]
+    with fluid.scope_guard(scope), ema.apply(exe):
+        close(scope.find_var("fc_0.w_0").value, want[0] / (1 - decay ** 4), "EMA of w")
+        close(scope.find_var("fc_0.b_0").value, want[1] / (1 - decay ** 4), "EMA of b")
+    with fluid.scope_guard(scope):
+        _check_restored(scope, params)
+
+
+def test_ema_refuses_bad_arguments():
+    with pytest.raises(ValueError, match=r"ExponentialMovingAverage: decay must be"):
+        fluid.optimizer.ExponentialMovingAverage(1.5)
+    with pytest.raises(TypeError, match=r"thres_steps must be a Variable"):
+        fluid.optimizer.ExponentialMovingAverage(0.9, thres_steps=3)
+
+
+# ---- ModelAverage -----------------------------------------------------------------------------
+def test_model_average_against_a_numpy_window():
+    rate, lo, hi = 0.5, 2, 3
+
+    def extra(main):
+        return fluid.optimizer.ModelAverage(rate, min_average_window=lo, max_average_window=hi)
+    main, loss, scope, exe, avg = build(_sgd, extra)
+    _, params = train(main, loss, scope, exe, 7)
+    states = [[np.zeros((3, 1)), np.zeros((3, 1)), np.zeros((3, 1)), 0, 0, 0],
+              [np.zeros(1), np.zeros(1), np.zeros(1), 0, 0, 0]]
+    for w, b in params:
+        states = [np_average_accumulates(states[0], w, rate, lo, hi),
+                  np_average_accumulates(states[1], b, rate, lo, hi)]
+    with fluid.scope_guard(scope):
+        with avg.apply(exe):
+            for name, (s1, s2, s3, acc, old, _) in zip(("fc_0.w_0", "fc_0.b_0"), states):
+                close(scope.find_var(name).value, (s1 + s2 + s3) / (acc + old),
+                      f"average of {name}")
+        _check_restored(scope, params)
+    with pytest.raises(ValueError, match=r"min_average_window must be <= max_average_window"):
+        with fluid.program_guard(main):
+            fluid.optimizer.ModelAverage(0.1, min_average_window=5, max_average_window=2)
+
+
+# ---- set_gradient_clip ------------------------------------------------------------------------
+def _one_sgd_step(clip_setup):
+    def make():
+        clip_setup()
+        return fluid.optimizer.SGD(0.1)
+    main, loss, scope, exe, _ = build(make)
+    _, params = train(main, loss, scope, exe, 1)
+    return params[0]
+
+
+def test_set_gradient_clip_by_value_on_some_parameters():
+    w, b = _one_sgd_step(lambda: fluid.clip.set_gradient_clip(
+        fluid.clip.GradientClipByValue(0.05), param_list=["fc_0.w_0"]))
+    gw, gb = np_grads(W0.astype(np.float64), B0.astype(np.float64))
+    assert np.abs(gw).max() > 0.05
+    close(w, W0 - 0.1 * np.clip(gw, -0.05, 0.05))
+    close(b, B0 - 0.1 * gb)   # not in param_list: unclipped
+
+
+def test_set_gradient_clip_by_global_norm():
+    w, b = _one_sgd_step(lambda: fluid.clip.set_gradient_clip(
+        fluid.clip.GradientClipByGlobalNorm(0.5)))
+    gw, gb = np_grads(W0.astype(np.float64), B0.astype(np.float64))
+    norm = np.sqrt((gw ** 2).sum() + (gb ** 2).sum())
+    assert norm > 0.5
+    close(w, W0 - 0.1 * gw * 0.5 / norm)
+    close(b, B0 - 0.1 * gb * 0.5 / norm)
+
+
+def test_set_gradient_clip_errors_and_late_call():
+    with pytest.raises(TypeError, match=r"set_gradient_clip: clip must be"):
+        fluid.clip.set_gradient_clip(0.5)
+    main, *_ = build(_sgd)
+    with pytest.warns(UserWarning, match=r"minimize has already run"):
+        fluid.clip.set_gradient_clip(fluid.clip.GradientClipByValue(1.0), program=main)
+    with pytest.raises(ValueError, match=r"'nope' is not a parameter"):
+        fluid.clip.set_gradient_clip(fluid.clip.GradientClipByValue(1.0), ["nope"], main)
