@@ -147,6 +147,13 @@ def test_files_split_as_paddle_splits_them(trained, tmp_path):
             assert v.dtype == scope_value(scope, n).dtype
             assert np.array_equal(v, scope_value(scope, n)), n
     assert open(prefix + ".pdmodel", "rb").read() == main.serialize_to_string()
+    # a CompiledProgram saves and loads as its program
+    compiled = fluid.CompiledProgram(main)
+    fluid.save(compiled, prefix + "_c", scope=scope)
+    assert open(prefix + "_c.pdparams", "rb").read() == open(prefix + ".pdparams", "rb").read()
+    copy = fluid.Scope()
+    fluid.load(compiled, prefix + "_c", scope=copy)
+    assert np.array_equal(scope_value(copy, "fc_0.w_0"), scope_value(scope, "fc_0.w_0"))
 
 
 def test_paddle_checkpoint_loads_and_training_continues_as_in_paddle(trained):

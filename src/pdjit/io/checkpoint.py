@@ -90,6 +90,10 @@ def get_program_persistable_vars(program: Program) -> list:
 
 
 def _check_program(program, what: str) -> Program:
+    if not isinstance(program, Program) and hasattr(program, "_as_program"):
+        # a CompiledProgram: its Program (read without _as_program, which warns about runs)
+        inner = getattr(program, "_program", None)
+        program = inner if isinstance(inner, Program) else program._as_program()
     if not isinstance(program, Program):
         raise TypeError(f"{what}: program must be a Program, got {type(program).__name__}")
     return program
@@ -170,7 +174,7 @@ def save(program: Program, model_path: str, protocol: int = 4, *, scope=None,
     """Write ``model_path + ".pdparams"`` (the parameters), ``".pdopt"`` (the other
     persistable variables: optimizer state) and ``".pdmodel"`` (the program), taking the
     values from ``scope`` (the global scope by default)."""
-    _check_program(program, "save")
+    program = _check_program(program, "save")
     if "pickle_protocol" in configs:
         protocol = configs.pop("pickle_protocol")
         warnings.warn("save: 'pickle_protocol' is deprecated, use 'protocol'", stacklevel=2)
@@ -413,7 +417,7 @@ def load(program: Program, model_path: str, executor=None, var_list=None, *,
     ``.pdopt``. Without a ``.pdparams`` file, ``model_path`` is what ``save_vars`` &co. wrote:
     a directory of variable files, or a combined file (then ``var_list`` says what it holds).
     ``executor`` is accepted for Fluid's signature; nothing needs it."""
-    _check_program(program, "load")
+    program = _check_program(program, "load")
     prefix = _prefix(model_path, "load")
     names = _names(var_list, "load")
     sc = scope if scope is not None else global_scope()
@@ -540,7 +544,7 @@ def set_program_state(program: Program, state_dict: dict, *, scope=None) -> None
     persistable variables of ``program`` it names; each must have the dtype and shape of the
     variable (its current value when it has one, else its declaration). Names the program does
     not have are warned about."""
-    _check_program(program, "set_program_state")
+    program = _check_program(program, "set_program_state")
     if not isinstance(state_dict, dict):
         raise TypeError(f"set_program_state: state_dict must be a dict, got "
                         f"{type(state_dict).__name__}")
