@@ -371,7 +371,7 @@ def check_op(op, op_idx: int, inputs: dict, limit) -> None:
             shapes.append(tuple([getattr(v, "shape", None) for v in slot_values]))
         else:
             shapes.append(getattr(slot_values, "shape", None))
-    memo = op.block.program._run_cache().setdefault((_OP_MEMO,), {})
+    memo = op.block.program._run_cache().setdefault((_OP_MEMO, "sizes"), {})
     key = (op.block.idx, op_idx, tuple(shapes))
     sizes = memo.get(key)
     if sizes is None:
