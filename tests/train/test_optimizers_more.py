@@ -186,10 +186,7 @@ def test_average_accumulates_rule_and_its_errors():
            "in_old_num_accumulates": np.array([3], np.int64),
            "in_num_updates": np.array([16383], np.int64)}
     attrs = {"average_window": 0.5, "min_average_window": 100, "max_average_window": 200}
-    prog, feed, outs = build_op_program("average_accumulates", ins, attrs)
-    exe = Executor(mode="compiled", strict=True)
-    got = exe.run(prog, feed=feed, fetch_list=[v for vs in outs.values() for v in vs],
-                  scope=Scope())
+    got = list(run_update("average_accumulates", ins, attrs).values())
     want = np_average_accumulates([np.asarray(x, np.float64) for x in state[:3]] + state[3:],
                                   P.astype(np.float64), 0.5, 100, 200)
     for g, w in zip(got, want):

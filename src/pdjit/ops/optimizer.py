@@ -989,7 +989,8 @@ def _avg_ref(param, in_sum_1, in_sum_2, in_sum_3, in_num_accumulates, in_old_num
     if num_upd % _MAX_NUM_ACCUMULATES == 0:
         s2 = s2 + s1
         s1 = np.zeros_like(s1)
-    window = min(int(max_average_window), int(num_upd * float(_F32(average_window))))
+    # num_updates * average_window in float32, truncated, as Paddle's kernel does
+    window = min(int(max_average_window), int(_F32(num_upd) * _F32(average_window)))
     if num_acc >= min_average_window and num_acc >= window:
         s3 = s1 + s2
         s1, s2 = np.zeros_like(s1), np.zeros_like(s2)
@@ -1003,6 +1004,55 @@ def _avg_ref(param, in_sum_1, in_sum_2, in_sum_3, in_num_accumulates, in_old_num
             "out_num_updates": count(num_upd, in_num_updates)}
 
 
+def _avg_lower(ctx):
+    """The sums in one pass; the counters and the window decision before it, as scalars."""
+    a = ctx.attrs
+    lo, hi = int(a["min_average_window"]), int(a["max_average_window"])
+    if lo > hi:
+        return None   # the reference says what is wrong
+    t = ctx.dtype("param")
+    if t not in (np.dtype(np.float32), np.dtype(np.float64)) or \
+            any(ctx.dtype(s) != t for s in _AVG_SUMS) or \
+            any(ctx.dtype(s) != np.dtype(np.int64) for s in _AVG_COUNTS):
+        return None
+    T = ctx.T("param")
+    P = ctx.inp("param")
+    s1, s2, s3 = (ctx.inp(s) for s in _AVG_SUMS)
+    na, oa, nu = (ctx.inp(s) for s in _AVG_COUNTS)
+    lines = [f"if {s}.size != {P}.size: raise ValueError('pdjit: average_accumulates sum size')"
+             for s in (s1, s2, s3)]
+    lines += [f"if {c}.size != 1: raise ValueError('pdjit: average_accumulates count size')"
+              for c in (na, oa, nu)]
+    o1, o2, o3 = (ctx.out(f"out_{s[3:]}", shape=f"{P}.shape") for s in _AVG_SUMS)
+    on, oo, ou = (ctx.out(f"out_{c[3:]}", shape=f"{c_in}.shape")
+                  for c, c_in in zip(_AVG_COUNTS, (na, oa, nu)))
+    i = ctx.tmp("i")
+    rate = float(_F32(a["average_window"]))
+    lines += [
+        f"na_ = {na}[0] + 1", f"oa_ = {oa}[0]", f"nu_ = {nu}[0] + 1",
+        f"move_ = nu_ % {_MAX_NUM_ACCUMULATES} == 0",
+        f"win_ = min(np.int64({hi}), np.int64(np.float32(nu_) * np.float32({rate!r})))",
+        f"reset_ = na_ >= {lo} and na_ >= win_",
+        f"zero_ = {T}(0)",
+        f"for {i} in range({P}.size):",
+        f"    a_ = {s1}[{i}] + {P}[{i}]",
+        f"    b_ = {s2}[{i}]",
+        f"    c_ = {s3}[{i}]",
+        "    if move_:",
+        "        b_ = b_ + a_",
+        "        a_ = zero_",
+        "    if reset_:",
+        "        c_ = a_ + b_",
+        "        a_ = zero_",
+        "        b_ = zero_",
+        f"    {o1}[{i}] = a_", f"    {o2}[{i}] = b_", f"    {o3}[{i}] = c_",
+        "if reset_:",
+        "    oa_ = na_",
+        "    na_ = 0",
+        f"{on}[0] = na_", f"{oo}[0] = oa_", f"{ou}[0] = nu_"]
+    return lines
+
+
 register_op(
     "average_accumulates",
     inputs=["param", *_AVG_SUMS, *_AVG_COUNTS],
@@ -1011,7 +1061,8 @@ register_op(
     attrs={"average_window": Float(0.0, low=0.0, high=1.0),
            "max_average_window": Long(2 ** 63 - 1, choices=(2 ** 63 - 1, 20)),
            "min_average_window": Long(10000, choices=(10000, 2))},
-    traits=[OPAQUE], infer_shape=_avg_infer, reference=_avg_ref, emit=None, grad=None,
+    traits=[OPAQUE], infer_shape=_avg_infer, reference=_avg_ref,
+    emit=Opaque(_avg_lower, flat=True), grad=None,
     doc="ModelAverage's sliding window of parameter sums: num_updates += 1; num_accumulates += 1;"
         " sum_1 += param; every 16384 updates sum_2 += sum_1, sum_1 = 0; once num_accumulates >= "
         "min_average_window and >= min(max_average_window, int(num_updates * average_window)): "
