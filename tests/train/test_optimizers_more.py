@@ -7,6 +7,11 @@ rule in float64 NumPy. Shapes are shared so each kernel compiles once. The Paddl
 (``@pytest.mark.paddle``) runs Paddle's legacy ops on the same values in a subprocess.
 """
 
+import importlib.util
+import pickle
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -475,3 +480,90 @@ def test_set_gradient_clip_errors_and_late_call():
         fluid.clip.set_gradient_clip(fluid.clip.GradientClipByValue(1.0), program=main)
     with pytest.raises(ValueError, match=r"'nope' is not a parameter"):
         fluid.clip.set_gradient_clip(fluid.clip.GradientClipByValue(1.0), ["nope"], main)
+
+
+# ---- parity with Paddle's legacy update ops ------------------------------------------------------
+_AVG_IN = {"param": P, "in_sum_1": P * 10, "in_sum_2": P * 100, "in_sum_3": P * 1000,
+           "in_num_accumulates": np.array([1], np.int64),
+           "in_old_num_accumulates": np.array([3], np.int64),
+           "in_num_updates": np.array([7], np.int64)}
+PARITY_CASES = [
+    ("adamax", dict(Param=P, Grad=G, LearningRate=LR, Moment=B, InfNorm=A,
+                    Beta1Pow=np.array([0.81], np.float32)), {}, None),
+    ("adadelta", dict(Param=P, Grad=G, AvgSquaredGrad=A, AvgSquaredUpdate=A * 2,
+                      LearningRate=LR), {}, None),
+    ("decayed_adagrad", dict(Param=P, Grad=G, Moment=A, LearningRate=LR),
+     {"decay": 0.9, "epsilon": 1e-6}, None),
+    ("ftrl", dict(Param=P, SquaredAccumulator=A, LinearAccumulator=B, Grad=G, LearningRate=LR),
+     {"l1": 0.5, "l2": 0.25, "lr_power": -0.5}, None),
+    ("ftrl", dict(Param=P, SquaredAccumulator=A, LinearAccumulator=B, Grad=G, LearningRate=LR),
+     {"l1": 0.5, "l2": 0.25, "lr_power": -0.25}, None),
+    ("lamb", dict(Param=P, Grad=G, LearningRate=LR, Moment1=B, Moment2=A,
+                  Beta1Pow=np.array([0.81], np.float32), Beta2Pow=np.array([0.998], np.float32)),
+     {"weight_decay": 0.01, "always_adapt": False}, {"Beta1PowOut": 1, "Beta2PowOut": 1}),
+    ("lamb", dict(Param=P, Grad=G, LearningRate=LR, Moment1=B, Moment2=A,
+                  Beta1Pow=np.array([0.81], np.float32), Beta2Pow=np.array([0.998], np.float32)),
+     {"weight_decay": 0.0, "always_adapt": True}, {"Beta1PowOut": 1, "Beta2PowOut": 1}),
+    ("lars_momentum", dict(Param=[P, P2], Grad=[G, G2], Velocity=[B, V2], LearningRate=[LR, LR]),
+     {"mu": 0.9, "lars_coeff": 0.001, "lars_weight_decay": [0.0005, 0.001], "epsilon": 1e-3,
+      "rescale_grad": 0.5}, {"ParamOut": 2, "VelocityOut": 2}),
+    ("average_accumulates", _AVG_IN,
+     {"average_window": 0.5, "min_average_window": 2, "max_average_window": 3}, None),
+]
+
+_PADDLE_RUN = r"""
+import os, pickle, sys
+os.environ["FLAGS_enable_pir_api"] = "0"
+import numpy as np, paddle
+from paddle.base.framework import OpProtoHolder
+paddle.enable_static()
+exe = paddle.static.Executor(paddle.CPUPlace())
+results = []
+for op_type, inputs, attrs, n_out in pickle.load(open(sys.argv[1], "rb")):
+    main = paddle.static.Program()
+    block = main.global_block()
+    feed, ins = {}, {}
+    for slot, v in inputs.items():
+        arrays = v if isinstance(v, list) else [v]
+        names = [f"{slot}_{i}" for i in range(len(arrays))]
+        ins[slot] = [block.create_var(name=n, shape=a.shape, dtype=str(a.dtype), persistable=True)
+                     for n, a in zip(names, arrays)]
+        feed.update(zip(names, arrays))
+    outs, fetch = {}, []
+    for o in OpProtoHolder.instance().get_op_proto(op_type).outputs:
+        if o.dispensable and o.name not in n_out:
+            continue
+        if op_type == "average_accumulates":   # in place, as ModelAverage appends it
+            outs[o.name] = ins[o.name.replace("out_", "in_")]
+        else:
+            outs[o.name] = [block.create_var(name=f"out_{o.name}_{i}", dtype="float32")
+                            for i in range(n_out.get(o.name, 1))]
+        fetch += [(o.name, v) for v in outs[o.name]]
+    block.append_op(type=op_type, inputs=ins, outputs=outs, attrs=attrs)
+    got = exe.run(main, feed=feed, fetch_list=[v for _, v in fetch])
+    results.append([(slot, np.asarray(g)) for (slot, _), g in zip(fetch, got)])
+pickle.dump(results, open(sys.argv[2], "wb"))
+"""
+
+
+@pytest.mark.paddle
+def test_update_ops_match_paddles(tmp_path):
+    if importlib.util.find_spec("paddle") is None:
+        pytest.skip("paddlepaddle is not installed")
+    cases = [(t, ins, attrs, outs or {}) for t, ins, attrs, outs in PARITY_CASES]
+    (tmp_path / "in.pkl").write_bytes(pickle.dumps(cases))
+    (tmp_path / "run.py").write_text(_PADDLE_RUN)
+    proc = subprocess.run([sys.executable, str(tmp_path / "run.py"), str(tmp_path / "in.pkl"),
+                           str(tmp_path / "out.pkl")], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    paddle_results = pickle.loads((tmp_path / "out.pkl").read_bytes())
+    for (op_type, ins, attrs, outs), want in zip(PARITY_CASES, paddle_results):
+        got = run_update(op_type, ins, attrs, outputs=outs)
+        seen: dict = {}
+        for slot, w in want:
+            k = seen[slot] = seen.get(slot, -1) + 1
+            g = got[slot][k] if isinstance(got[slot], list) else got[slot]
+            np.testing.assert_allclose(np.asarray(g, np.float64).reshape(w.shape), w,
+                                       rtol=1e-5, atol=1e-6,
+                                       err_msg=f"{op_type} {attrs} {slot}[{k}] vs Paddle")
