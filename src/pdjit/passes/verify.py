@@ -20,7 +20,8 @@ what is wrong, and what was expected vs got. What it checks:
   (``use_mkldnn``, ``op_device``...) are accepted as they are.
 
 ``verify_for_run(program)`` is what the executor calls before it plans a run: the same checks,
-once per program content.
+once per program content (nothing when the program was verified at its current version, e.g.
+when a model file was loaded).
 """
 from __future__ import annotations
 
@@ -70,12 +71,15 @@ def verify(program, *, registered: bool = True, fill_defaults: bool = True):
         for i, op in enumerate(b.ops):
             _check_op(program, b, i, op, registered, fill_defaults)
     _check_no_cycles(program)
+    program.__dict__["_verified_version"] = program.version
     return program
 
 
 def verify_for_run(program) -> None:
     """Check ``program`` before the executor builds a run of it: :func:`verify`, once per
     program content (the result is kept with the program's compiled runs)."""
+    if program.__dict__.get("_verified_version") == program.version:
+        return  # verified as it is now (when it was parsed, or by an earlier run)
     cache = program._run_cache()
     if cache.get(_VERIFIED) is None:
         verify(program)

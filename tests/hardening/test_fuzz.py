@@ -1,0 +1,292 @@
+"""Fuzzed model files: seeded mutations (bit flips, truncation, duplicated and zeroed spans, random
+bytes) of real ``ProgramDesc`` bytes (models PaddlePaddle wrote, and an MLP pdjit saved) and of
+their ``.pdiparams``, each parsed, verified, loaded and run with feeds of the declared shapes
+(reference mode; a small sample compiled as well). Only pdjit's own errors may escape, nothing
+may crash, and nothing may allocate gigabytes because a file claims a size.
+
+The CI run tries ``CI_CASES`` mutants; ``PDJIT_FUZZ_CASES=N`` (or ``HYPOTHESIS_PROFILE=dev``:
+``DEV_CASES``) tries more. ``python tests/hardening/test_fuzz.py N`` prints the outcome counts
+by class (parse error / verify error / parameter error / run error / ok).
+"""
+import collections
+import os
+import random
+import resource
+import struct
+import sys
+import traceback
+import tracemalloc
+import warnings
+
+import numpy as np
+import pytest
+
+import pdjit as fluid
+from pdjit.framework.errors import ModelFileError, PdjitError, ProgramError
+from pdjit.io import inference as inf
+from pdjit.io.tensor_stream import _Reader, load_combined_params, read_tensor, write_tensor
+from pdjit.proto import framework_pb2 as pb
+from pdjit.testing.op_test import assert_native
+
+FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "paddle")
+PADDLE_MODELS = ("models/mlp", "models/cond_while", "models/transformer", "models/lstm",
+                 "fit_a_line_infer", "mlp_infer")
+CI_CASES, DEV_CASES = 2500, 20000
+MAX_FEED_ELEMENTS = 1 << 16
+MAX_ALLOC = 1 << 28  # what one op output may take while mutants run
+OUTCOMES = ("parse error", "verify error", "params error", "feed too large", "run error", "ok")
+
+
+def _cases() -> int:
+    n = os.environ.get("PDJIT_FUZZ_CASES")
+    if n:
+        return int(n)
+    return DEV_CASES if os.environ.get("HYPOTHESIS_PROFILE") == "dev" else CI_CASES
+
+
+def _read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def pdjit_mlp() -> tuple:
+    """An MLP pdjit builds and saves itself: x[-1, 6] -> fc 8 tanh -> fc 3 softmax."""
+    import tempfile
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        x = fluid.layers.data(name="x", shape=[6], dtype="float32")
+        h = fluid.layers.fc(x, size=8, act="tanh")
+        y = fluid.layers.fc(h, size=3, act="softmax")
+    scope = fluid.Scope()
+    exe = fluid.Executor(mode="reference")
+    exe.run(startup, scope=scope)
+    with tempfile.TemporaryDirectory() as d:
+        fluid.io.save_inference_model(d, ["x"], [y], exe, main_program=main,
+                                      params_filename="params", scope=scope)
+        return "pdjit_mlp", _read(os.path.join(d, "__model__")), _read(os.path.join(d, "params"))
+
+
+def sources() -> list:
+    """``[(name, model bytes, params bytes)]``: the models the mutants come from."""
+    out = [(name, _read(os.path.join(FIXTURES, name + ".pdmodel")),
+            _read(os.path.join(FIXTURES, name + ".pdiparams"))) for name in PADDLE_MODELS]
+    return out + [pdjit_mlp()]
+
+
+# -- mutations -----------------------------------------------------------------------------------
+def mutate(data: bytes, rng: random.Random) -> tuple:
+    """``(kind, mutant)`` of ``data``."""
+    b = bytearray(data)
+    kind = rng.choice(("bit flips", "truncation", "duplicated span", "zeroed span",
+                       "random bytes"))
+    if kind == "bit flips":
+        for _ in range(rng.randint(1, 4)):
+            i = rng.randrange(len(b))
+            b[i] ^= 1 << rng.randrange(8)
+    elif kind == "truncation":
+        del b[rng.randrange(len(b)):]
+    elif kind == "duplicated span":
+        i = rng.randrange(len(b))
+        b[i:i] = b[i:i + rng.randint(1, 32)]
+    elif kind == "zeroed span":
+        i = rng.randrange(len(b))
+        n = min(rng.randint(1, 16), len(b) - i)
+        b[i:i + n] = bytes(n)
+    else:
+        i = rng.randrange(len(b))
+        n = rng.randint(1, 8)
+        b[i:i + n] = bytes(rng.randrange(256) for _ in range(n))
+    return kind, bytes(b)
+
+
+def _feeds(program, names, rng) -> dict:
+    gb = program.global_block()
+    feeds = {}
+    for n in names:
+        v = gb.var(n)
+        shape = [2 if d < 0 else int(d) for d in v.shape]
+        if int(np.prod(shape, dtype=object)) > MAX_FEED_ELEMENTS:
+            return None
+        dt = v.dtype if v.dtype is not None else np.dtype(np.float32)
+        if dt.kind in "iub":
+            feeds[n] = rng.randint(0, 2, size=shape).astype(dt)
+        else:
+            feeds[n] = rng.standard_normal(shape).astype(dt)
+    return feeds
+
+
+def attempt(model: bytes, params: bytes, executor, name: str = "m", keep=None) -> tuple:
+    """``(outcome, fetched values or None)``: the mutant parsed, verified, loaded and run
+    (the program appended to ``keep`` when given). Anything but a pdjit error propagates."""
+    try:
+        program = inf.parse_model(model, name + ".pdmodel")
+    except ModelFileError:
+        return "parse error", None
+    except ProgramError:
+        return "verify error", None
+    try:
+        values = inf.params_from_bytes(program, params, name + ".pdiparams")
+    except ModelFileError:
+        return "params error", None
+    feeds = _feeds(program, inf.feed_target_names(program), np.random.default_rng(0))
+    if feeds is None:
+        return "feed too large", None
+    scope = fluid.Scope()
+    inf.commit_values(values, scope)
+    if keep is not None:
+        keep.append(program)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = executor.run(program, feed=feeds, fetch_list=inf.fetch_target_names(program),
+                               scope=scope)
+    except PdjitError:
+        return "run error", None
+    return "ok", out
+
+
+def fuzz(srcs, cases: int, seed: int = 0, params_share: float = 0.2, executor=None) -> tuple:
+    """``(Counter of outcomes, [failures])`` of ``cases`` mutants spread over ``srcs``; a
+    failure is ``(source, case, kind, traceback)`` of an error that is not pdjit's."""
+    executor = executor or fluid.Executor(mode="reference")
+    counts, failures = collections.Counter(), []
+    for i in range(cases):
+        name, model, params = srcs[i % len(srcs)]
+        rng = random.Random(f"{seed}/{name}/{i}")
+        if rng.random() < params_share:
+            kind, params = mutate(params, rng)
+            kind = "params: " + kind
+        else:
+            kind, model = mutate(model, rng)
+        try:
+            outcome, _ = attempt(model, params, executor, name)
+        except Exception:  # noqa: BLE001 - what the test is looking for
+            failures.append((name, i, kind, traceback.format_exc()))
+            continue
+        counts[outcome] += 1
+    return counts, failures
+
+
+# -- the tests -------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def srcs():
+    return sources()
+
+
+@pytest.fixture
+def alloc_limit(monkeypatch):
+    monkeypatch.setenv("PDJIT_MAX_ALLOC_BYTES", str(MAX_ALLOC))
+
+
+def _max_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def test_the_sources_run_unmutated(srcs, alloc_limit):
+    exe = fluid.Executor(mode="reference")
+    for name, model, params in srcs:
+        outcome, out = attempt(model, params, exe, name)
+        assert outcome == "ok", name
+        assert all(np.isfinite(np.asarray(o, dtype=np.float64)).all() for o in out), name
+
+
+def test_mutants_raise_only_pdjit_errors(srcs, alloc_limit):
+    rss = _max_rss_bytes()
+    counts, failures = fuzz(srcs, _cases())
+    print(f"fuzz outcomes of {_cases()} mutants: {dict(counts)}")
+    assert not failures, "".join(f"\n--- {n} case {i} ({k})\n{tb}" for n, i, k, tb in
+                                 failures[:5]) + f"\n({len(failures)} failures)"
+    # every class is reached, so the mutants test every stage
+    for outcome in ("parse error", "verify error", "params error", "run error", "ok"):
+        assert counts[outcome] > 0, (outcome, counts)
+    assert _max_rss_bytes() - rss < 1 << 30  # no file made the process take a gigabyte
+
+
+def test_a_sample_of_mutants_compiled_matches_the_reference(srcs, alloc_limit):
+    """Mutants of the MLPs that run in reference mode, run compiled (native code asserted)."""
+    reference, compiled = fluid.Executor(mode="reference"), fluid.Executor(mode="compiled",
+                                                                           strict=True)
+    chosen = [s for s in srcs if s[0] in ("models/mlp", "pdjit_mlp")]
+    tried = agreed = 0
+    programs = []  # alive, so that the executor's plans of them can be inspected
+    for i in range(400):
+        name, model, params = chosen[i % len(chosen)]
+        _, model = mutate(model, random.Random(f"compiled/{i}"))
+        outcome, want = attempt(model, params, reference, name)
+        if outcome != "ok":
+            continue
+        tried += 1
+        outcome, got = attempt(model, params, compiled, name, programs)
+        assert outcome == "ok", (name, i)
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+        agreed += 1
+        if tried == 12:
+            break
+    assert agreed >= 10
+    assert_native(compiled)
+
+
+# -- damaged tensor files ------------------------------------------------------------------------
+def _tensor_bytes(lod=None):
+    from pdjit.runtime.tensor import LoDTensor
+    value = np.arange(12, dtype=np.float32).reshape(4, 3)
+    return write_tensor(LoDTensor(value, lod) if lod else value)
+
+
+def _with_desc(dims, dtype=pb.VarType.FP32, desc_len=None, lod=b""):
+    d = pb.VarType.TensorDesc(data_type=dtype, dims=dims).SerializeToString()
+    head = struct.pack("<IQ", 0, 1 if lod else 0) + lod + struct.pack("<I", 0)
+    return head + struct.pack("<i", len(d) if desc_len is None else desc_len) + d + bytes(48)
+
+
+DAMAGED = {
+    "empty": (b"", "truncated at byte 0 while reading t: version"),
+    "version": (struct.pack("<IQ", 7, 0), "unsupported tensor version 7"),
+    "lod_level": (struct.pack("<IQ", 0, 2 ** 40), "implausible lod_level"),
+    "lod bytes not a multiple of 8": (struct.pack("<IQQ", 0, 1, 12) + bytes(12),
+                                      "has 12 bytes, not a multiple of 8"),
+    "lod length beyond the file": (struct.pack("<IQQ", 0, 1, 2 ** 62), "truncated at byte 20"),
+    "desc length beyond the file": (_with_desc([4, 3], desc_len=10 ** 9), "truncated"),
+    "negative desc length": (_with_desc([4, 3], desc_len=-5), "truncated"),
+    "dims claim terabytes": (_with_desc([2 ** 20, 2 ** 20, 2 ** 10]), "bytes wanted, 48 left"),
+    "dims whose product wraps": (_with_desc([2 ** 32, 2 ** 32]), "bytes wanted, 48 left"),
+    "negative dim": (_with_desc([-4, 3]), "negative dim"),
+    "unknown dtype": (_with_desc([4, 3], dtype=pb.VarType.BF16), "bad TensorDesc"),
+    "lod disagrees with the rows": (_with_desc(
+        [4, 3], lod=struct.pack("<QQQ", 16, 0, 9)), "LoD"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DAMAGED))
+def test_damaged_tensor_is_a_named_error_allocating_nothing(case):
+    data, message = DAMAGED[case]
+    tracemalloc.start()
+    try:
+        with pytest.raises(ModelFileError, match=message):
+            read_tensor(_Reader(data, "f.pdiparams"), "t")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak
+
+
+def test_every_truncation_of_a_combined_file_is_a_named_error():
+    blob = _tensor_bytes([[0, 1, 4]]) + _tensor_bytes()
+    assert set(load_combined_params(blob, ["a", "b"])) == {"a", "b"}
+    for n in range(len(blob)):
+        with pytest.raises(ModelFileError, match="truncated|bytes left|LoD"):
+            load_combined_params(blob[:n], ["a", "b"], "f.pdiparams")
+    with pytest.raises(ModelFileError, match="4 bytes left after the 2 expected tensors"):
+        load_combined_params(blob + bytes(4), ["a", "b"])
+
+
+if __name__ == "__main__":
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else DEV_CASES
+    os.environ.setdefault("PDJIT_MAX_ALLOC_BYTES", str(MAX_ALLOC))
+    counts, failures = fuzz(sources(), n, seed=int(sys.argv[2]) if len(sys.argv) > 2 else 0)
+    total = sum(counts.values()) + len(failures)
+    print(f"{total} mutants: " + ", ".join(f"{k} {counts[k]}" for k in OUTCOMES)
+          + f", non-pdjit errors {len(failures)}")
+    for name, i, kind, tb in failures[:20]:
+        print(f"--- {name} case {i} ({kind})\n{tb}")
