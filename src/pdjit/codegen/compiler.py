@@ -11,8 +11,25 @@ helpers, the math functions, the library kernels of ``nnlib``, pdjit's and Numba
 because Numba's cache does not notice when a called function in another file changes.
 
 The cache directory is ``PDJIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/pdjit`` (``~/.cache/pdjit``).
-``clear_cache()`` empties it. A damaged entry (Numba raises ``UnpicklingError`` or ``EOFError``
-on a truncated ``.nbc`` file and does not catch it) is deleted and compiled again.
+``clear_cache()`` empties it.
+
+The cache survives what a shared disk does to it:
+
+- **Several processes at once.** A module file is written to a temporary file in the same
+  directory and linked into place only if no other process got there first (``os.link``: the
+  first complete file wins and is never rewritten under a reader); a damaged one is replaced
+  with ``os.replace``. Numba writes its
+  ``.nbi``/``.nbc`` files the same way; pdjit also serialises Numba's read-modify-write of an
+  index under a lock file in that directory (``fcntl.flock``), so two processes adding
+  signatures to one library kernel cannot drop each other's entries.
+- **Damaged entries.** A module file whose bytes are not its text is rewritten; the data files
+  Numba writes for pdjit's functions end with a SHA-256 of their content, checked on load; an
+  index or data file that does not load (truncated, garbage, another signature's code) is
+  dropped from its index and compiled again, with a :class:`CacheWarning` naming the file.
+- **A read-only, unwritable or full directory.** Writing a module or Numba's data failing with
+  an ``OSError`` (``EROFS``, ``EACCES``, ``ENOSPC``...) turns the disk cache off for that
+  directory for the rest of the process, with one :class:`CacheWarning` naming it: modules are
+  then built in memory and compiled without Numba's cache, every kernel still native.
 
 Each distinct text is one :class:`Compiled` per process (``compile_function`` returns the same
 object for the same text), so equal kernels of different plans and programs share one Numba
@@ -24,7 +41,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib
-import importlib.util
 import os
 import pathlib
 import pickle
@@ -35,6 +51,7 @@ import sys
 import tempfile
 import threading
 import time
+import types
 import warnings
 
 import numba
@@ -116,26 +133,142 @@ def module_text(fn_source: str, fn_name: str, parallel: bool = False, target: st
     return "\n".join(lines)
 
 
-class Compiled:
-    """A generated function: its dispatcher, module name, file, and source text."""
+class CacheWarning(UserWarning):
+    """The disk cache of compiled code could not be used as it is: a directory that cannot be
+    written (the disk cache is off for it, once per process), or a damaged entry (compiled
+    again)."""
 
-    def __init__(self, name: str, path: pathlib.Path, text: str, fn_name: str):
+
+_disk_off: dict = {}   # directory -> why this process does not write it (warned once)
+_texts: dict = {}      # module name -> (path or None, text): how to build it again
+_hardened_libraries = [False]
+
+
+def _no_disk(directory, why) -> None:
+    """Stop writing the cache in ``directory`` for the rest of this process, warning once."""
+    key = os.path.abspath(str(directory))
+    with _lock:
+        if key in _disk_off:
+            return
+        _disk_off[key] = str(why)
+    warnings.warn(f"pdjit: the compile cache directory {key!r} cannot be written ({why}); "
+                  "kernels are compiled in memory, without the disk cache, for the rest of "
+                  "this process (set PDJIT_CACHE_DIR to a writable directory to keep them)",
+                  CacheWarning, stacklevel=3)
+
+
+def disk_cache_problems() -> dict:
+    """The cache directories this process stopped writing, each with the reason."""
+    return dict(_disk_off)
+
+
+def _write_module(d: pathlib.Path, name: str, text: str):
+    """``d/<name>.py`` holding ``text``, written atomically; ``None`` when the disk cache is
+    off for ``d`` (then the module lives in memory only)."""
+    if os.path.abspath(str(d)) in _disk_off:
+        return None
+    path = d / f"{name}.py"
+    data = text.encode()
+    tmp = None
+    try:
+        try:
+            if path.read_bytes() == data:
+                return path
+            damaged = True
+        except FileNotFoundError:
+            damaged = False
+        d.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{name}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        if damaged:
+            warnings.warn(f"pdjit: the cached module {str(path)!r} does not hold its text "
+                          "(damaged): written again", CacheWarning, stacklevel=3)
+            os.replace(tmp, path)
+        else:
+            try:  # the first complete file wins: never replace what another process linked
+                os.link(tmp, path)
+            except FileExistsError:
+                pass
+            except OSError:  # a file system without hard links
+                os.replace(tmp, path)
+                tmp = None
+        return path
+    except OSError as e:
+        _no_disk(d, f"{type(e).__name__}: {e}")
+        return None
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
+def _exec(name: str, filename: str, text: str):
+    mod = types.ModuleType(name)
+    if not filename.startswith("<"):
+        mod.__file__ = filename
+    sys.modules[name] = mod  # Numba's cache re-imports the module by name
+    try:
+        exec(compile(text, filename, "exec"), mod.__dict__)  # noqa: S102
+    except BaseException:
+        sys.modules.pop(name, None)
+        raise
+    return mod
+
+
+_ON = f"@numba.njit({JIT_OPTIONS}"
+_OFF = f"@numba.njit({JIT_OPTIONS.replace('cache=True', 'cache=False')}"
+
+
+def _load(name: str, path, fn_name: str, text: str | None = None):
+    mod = _modules.get(name)
+    if mod is None:
+        if text is None:
+            path, text = _texts.get(name, (path, None))
+            if text is None:  # a module of an earlier process: read it, and check it
+                data = pathlib.Path(path).read_bytes()
+                if f"pdjit_gen_{_source_hash(data)[:32]}" != name:
+                    raise ImportError(f"pdjit: the cached module {str(path)!r} does not "
+                                      f"hold the text of {name} (damaged)")
+                text = data.decode()
+        mod = None
+        if path is not None:
+            try:
+                mod = _exec(name, str(path), text)
+            except RuntimeError as e:  # Numba found nowhere to write its cache
+                if "cannot cache" not in str(e):
+                    raise
+                _no_disk(pathlib.Path(path).parent, e)
+        if mod is None:
+            mod = _exec(name, f"<pdjit generated {name}>", text.replace(_ON, _OFF))
+        _modules[name] = mod
+        _harden(getattr(mod, fn_name, None))
+    return getattr(mod, fn_name)
+
+
+class Compiled:
+    """A generated function: its dispatcher, module name, file (``None`` when the disk cache
+    is off), and source text."""
+
+    def __init__(self, name: str, path, text: str, fn_name: str):
         self.name, self.path, self.text, self.fn_name = name, path, text, fn_name
-        self.fn = _load(name, path, fn_name)
+        _texts[name] = (path, text)
+        self.fn = _load(name, path, fn_name, text)
 
     def reload_clean(self) -> None:
         """Drop this module's Numba cache files and import it afresh (a damaged cache)."""
-        pycache = self.path.parent / "__pycache__"
-        if pycache.exists():
-            for f in pycache.glob(f"{self.name}.*"):
-                try:
-                    f.unlink()
-                except OSError:
-                    pass
+        cache = getattr(self.fn, "_cache", None)
+        cache_file = getattr(cache, "_cache_file", None)
+        if cache_file is not None:
+            _forget(cache, None, None)
         _modules.pop(self.name, None)
         _compiled.pop(self.name, None)
         sys.modules.pop(self.name, None)
-        self.fn = _load(self.name, self.path, self.fn_name)
+        self.fn = _load(self.name, self.path, self.fn_name, self.text)
+        _compiled[self.name] = self
 
 
 def compile_function(fn_source: str, fn_name: str, parallel: bool = False, target: str = "cpu",
@@ -148,15 +281,12 @@ def compile_function(fn_source: str, fn_name: str, parallel: bool = False, targe
     hit = _compiled.get(name)
     if hit is not None:
         return hit
-    d = cache_dir()
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"{name}.py"
+    _harden_libraries()
     with _lock:
-        if not path.exists() or path.read_text() != text:
-            fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-            os.replace(tmp, path)
+        hit = _compiled.get(name)
+        if hit is not None:
+            return hit
+        path = _write_module(cache_dir(), name, text)
         compiled = _compiled[name] = Compiled(name, path, text, fn_name)
         return compiled
 
@@ -182,15 +312,129 @@ def kernel_stats() -> dict:
             "loaded": max(loaded - _by_worker[0], 0)}
 
 
-def _load(name: str, path: pathlib.Path, fn_name: str):
-    mod = _modules.get(name)
-    if mod is None:
-        spec = importlib.util.spec_from_file_location(name, path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod  # Numba's cache re-imports the module by name
-        spec.loader.exec_module(mod)
-        _modules[name] = mod
-    return getattr(mod, fn_name)
+# ---- Numba's cache files, checked -------------------------------------------------------------
+_TRAILER = b"\npdjit-sha256:"   # ends every data file pdjit's dispatchers write, with the digest
+
+
+class CacheDamage(Exception):
+    """A cache file whose content is not what was written."""
+
+
+class _FileLock:
+    """An exclusive ``flock`` on ``<directory>/.pdjit-cache.lock`` (nothing where that cannot
+    be opened: a read-only directory, a system without ``fcntl``)."""
+
+    def __init__(self, directory):
+        self.path, self.fd = os.path.join(str(directory), ".pdjit-cache.lock"), None
+
+    def __enter__(self):
+        try:
+            import fcntl
+
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(self.fd, fcntl.LOCK_EX)
+        except (ImportError, OSError):
+            if self.fd is not None:
+                os.close(self.fd)
+            self.fd = None
+        return self
+
+    def __exit__(self, *exc):
+        if self.fd is not None:
+            os.close(self.fd)  # closing releases the lock
+            self.fd = None
+        return False
+
+
+def _forget(cache, sig, target_context) -> None:
+    """Drop ``sig``'s entry from ``cache``'s index (every entry when ``sig`` is ``None`` or the
+    index itself does not load)."""
+    cache_file = cache._cache_file
+    with _FileLock(cache._cache_path):
+        try:
+            try:
+                if sig is None:
+                    raise KeyError(sig)
+                overloads = cache_file._load_index()
+                overloads.pop(cache._index_key(sig, target_context.codegen()), None)
+            except Exception:  # noqa: BLE001 - an index that does not load: start it afresh
+                overloads = {}
+            cache_file._save_index(overloads)
+        except OSError:
+            pass
+
+
+def _harden(dispatcher) -> None:
+    """Make ``dispatcher``'s Numba cache survive damage, races and a disk that cannot be
+    written (see the module's docstring)."""
+    cache = getattr(dispatcher, "_cache", None)
+    cache_file = getattr(cache, "_cache_file", None)
+    if cache_file is None or getattr(cache, "_pdjit_hardened", False):
+        return
+    load, save = cache.load_overload, cache.save_overload
+
+    def save_data(name, data):
+        payload = cache_file._dump(data)
+        payload += _TRAILER + hashlib.sha256(payload).digest()
+        with cache_file._open_for_write(cache_file._data_path(name)) as f:
+            f.write(payload)
+
+    def load_data(name):
+        path = cache_file._data_path(name)
+        with open(path, "rb") as f:
+            raw = f.read()
+        n = len(_TRAILER) + 32
+        if len(raw) >= n and raw[-n:-32] == _TRAILER:
+            raw, digest = raw[:-n], raw[-32:]
+            if hashlib.sha256(raw).digest() != digest:
+                raise CacheDamage(f"{path}: its content does not match its SHA-256")
+        return pickle.loads(raw)
+
+    def load_overload(sig, target_context):
+        try:
+            cres = load(sig, target_context)
+            if cres is not None:
+                want = tuple(numba.core.sigutils.normalize_signature(sig)[0])
+                if tuple(cres.signature.args) != want:
+                    raise CacheDamage(f"the entry holds code for {cres.signature.args}, "
+                                      f"not {want}")
+            return cres
+        except Exception as e:  # noqa: BLE001 - any failure to load is damage: compile again
+            fn = getattr(cache, "_py_func", None)
+            what = f"{fn.__module__}.{fn.__qualname__}" if fn is not None else cache._name
+            warnings.warn(f"pdjit: a damaged compile cache entry of {what} in "
+                          f"{str(cache._cache_path)!r} ({type(e).__name__}: {e}) was dropped; "
+                          "compiling it again", CacheWarning, stacklevel=2)
+            _forget(cache, sig, target_context)
+            return None
+
+    def save_overload(sig, data):
+        if os.path.abspath(str(cache._cache_path)) in _disk_off:
+            return
+        try:
+            with _FileLock(cache._cache_path):
+                save(sig, data)
+        except OSError as e:
+            _no_disk(cache._cache_path, f"{type(e).__name__}: {e}")
+
+    cache_file._save_data, cache_file._load_data = save_data, load_data
+    cache.load_overload, cache.save_overload = load_overload, save_overload
+    cache._pdjit_hardened = True
+
+
+def _harden_libraries() -> None:
+    """Harden the caches of the library kernels and math functions generated code calls."""
+    if _hardened_libraries[0]:
+        return
+    _hardened_libraries[0] = True
+    from pdjit.codegen import mathfuncs, nnlib  # noqa: F401 - nnlib: its submodules loaded
+
+    mods = [mathfuncs] + [m for n, m in sorted(sys.modules.items())
+                          if n.startswith("pdjit.codegen.nnlib") and m is not None]
+    for mod in mods:
+        for value in list(vars(mod).values()):
+            if isinstance(value, numba.core.registry.CPUDispatcher):
+                _harden(value)
 
 
 # ---- compiling ahead of the first call, on two cores ---------------------------------------------
@@ -280,6 +524,7 @@ def precompile(jobs) -> int:
         seen.add((c.name, sig))
         todo.append((c, sig))
     if len(todo) < POOL_MIN_JOBS or compile_workers() == 0 or len(todo) > _MAX_JOBS or \
+            os.path.abspath(str(cache_dir())) in _disk_off or \
             not hasattr(os, "fork") or \
             threading.active_count() > 1:  # another Python thread may hold a lock forever
         return 0
