@@ -54,7 +54,8 @@ from pdjit.proto import framework_pb2 as pb
 VarType = pb.VarType
 NAN_INF_FLAGS = ("PDJIT_CHECK_NAN_INF", "FLAGS_check_nan_inf")
 LIMIT_ENV = "PDJIT_MAX_ALLOC_BYTES"
-_TENSORS = (VarType.LOD_TENSOR, VarType.SELECTED_ROWS)
+# dense tensors: a SELECTED_ROWS variable declares the full height but holds only some rows
+_TENSORS = (VarType.LOD_TENSOR,)
 _SKIP = (registry.CONTROL_FLOW, registry.FEED_FETCH)
 _MEMO_MAX = 256  # input-shape signatures remembered per step or op
 
