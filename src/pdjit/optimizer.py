@@ -14,6 +14,7 @@ Before the updates, gradients are clipped (``grad_clip``: see ``pdjit.clip``) an
 from __future__ import annotations
 
 import contextlib
+import warnings
 
 from pdjit.clip import append_gradient_clip_ops
 from pdjit.framework import registry, unique_name
@@ -117,6 +118,11 @@ class Optimizer:
         block = program.global_block()
         with program._op_role_guard(registry.OP_ROLE_OPTIMIZE):
             if self._grad_clip is not None:
+                if any(getattr(p, "gradient_clip_attr", None) is not None
+                       for p, _ in params_grads):
+                    warnings.warn(f"{type(self).__name__}: the optimizer's grad_clip is used; "
+                                  f"the clip set by set_gradient_clip is ignored (as in Fluid)",
+                                  stacklevel=3)
                 params_grads = self._grad_clip(params_grads)
             else:  # Fluid 1.x's global clip (clip.set_gradient_clip), when one was set
                 params_grads = append_gradient_clip_ops(params_grads)

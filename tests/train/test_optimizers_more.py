@@ -476,6 +476,17 @@ def test_set_gradient_clip_by_global_norm():
     close(b, B0 - 0.1 * gb * 0.5 / norm)
 
 
+def test_optimizer_grad_clip_wins_over_set_gradient_clip():
+    def make():
+        fluid.clip.set_gradient_clip(fluid.clip.GradientClipByValue(1e-6))
+        return fluid.optimizer.SGD(0.1, grad_clip=fluid.clip.GradientClipByValue(0.05))
+    with pytest.warns(UserWarning, match=r"set_gradient_clip is ignored"):
+        main, loss, scope, exe, _ = build(make)
+    (w, b), = train(main, loss, scope, exe, 1)[1]
+    gw, _ = np_grads(W0.astype(np.float64), B0.astype(np.float64))
+    close(w, W0 - 0.1 * np.clip(gw, -0.05, 0.05))
+
+
 def test_set_gradient_clip_errors_and_late_call():
     with pytest.raises(TypeError, match=r"set_gradient_clip: clip must be"):
         fluid.clip.set_gradient_clip(0.5)
