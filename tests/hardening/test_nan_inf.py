@@ -161,3 +161,36 @@ def test_nan_inside_a_while_body_names_the_sub_block_op(mode, check_on, fresh_pr
     assert "op 'sqrt' (block 1, op #" in str(e)
     if mode == "compiled":  # the loop ran as native code, then was pinpointed
         assert any(s.kind == "native_loop" for s in _native_steps(exe))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_nan_in_a_cond_branch_is_named_and_the_parameter_kept(mode, check_on, fresh_programs):
+    main, startup = fresh_programs
+    x = L.data("x", [4], dtype="float32")
+    s = L.data("s", [1], dtype="float32", append_batch_size=False)
+    w = L.create_parameter([4], "float32", name="w_nan_cond",
+                           default_initializer=fluid.initializer.Constant(1.0))
+
+    def true_fn():
+        L.assign(w + 1.0, w)  # a persistable written in the branch before the NaN
+        return L.sqrt(x - 1.0)
+
+    out = L.cond(L.less_than(s, L.fill_constant([1], "float32", 0.0)), true_fn, lambda: x)
+    scope = fluid.Scope()
+    exe = fluid.Executor(mode=mode, strict=True)
+    exe.run(startup, scope=scope)
+    xv = np.array([[0.5, 2.0, -3.0, 5.0]], np.float32)
+    (got,) = exe.run(main, feed={"x": xv, "s": np.array([1.0], np.float32)}, fetch_list=[out],
+                     scope=scope)  # the other branch: no NaN
+    np.testing.assert_array_equal(got, xv)
+    with pytest.raises(NanInfError) as info:
+        exe.run(main, feed={"x": xv, "s": np.array([-1.0], np.float32)}, fetch_list=[out],
+                scope=scope)
+    e = info.value
+    with np.errstate(invalid="ignore"):
+        assert _counts(np.sqrt(xv - np.float32(1))) == (2, 0)
+    assert (e.op_type, e.block_idx, e.nan_count, e.inf_count) == ("sqrt", 1, 2, 0)
+    assert e.op_idx == _op_index(main.block(1), "sqrt")
+    np.testing.assert_array_equal(scope.find_var("w_nan_cond").value, np.ones(4, np.float32))
+    if mode == "compiled":  # the branch's plan ran sqrt natively before it was pinpointed
+        assert any("sqrt" in s.description and s.fallbacks == 0 for s in _native_steps(exe))

@@ -38,7 +38,8 @@ the check off. Output sizes come from the ops' ``infer_shape``:
   from the input shapes the first time a plan step (or, in reference mode, an op) sees them,
   and remembered per input shapes: a later run with the same shapes costs one tuple of shapes
   and a dict lookup per native step. Shapes that depend on tensor values (a ``ShapeTensor``)
-  are not known before the op runs and are not checked; nor is scratch memory inside a kernel.
+  are not known before the op runs and are not checked; nor are the outputs of the ops inside
+  a native loop's body (the loop is one native function), nor scratch memory inside a kernel.
 """
 from __future__ import annotations
 
