@@ -55,6 +55,9 @@ def test_a_valid_program_passes_unchanged(fc_program):
     v = main.version
     assert fluid.verify(main) is main and main.version == v
     fluid.verify(startup)
+    assert fluid.verify(fluid.CompiledProgram(main)) is main
+    with pytest.raises(TypeError, match="verify: expected a Program, got str"):
+        fluid.verify("main")
 
 
 def test_unregistered_op(fc_program):

@@ -28,6 +28,7 @@ from __future__ import annotations
 from pdjit.framework import dtypes, registry
 from pdjit.framework.attrs import attr_type_name
 from pdjit.framework.errors import ProgramError, UnregisteredOpError, describe_op
+from pdjit.framework.program import Program
 from pdjit.framework.variable import _TENSOR_HOLDERS, _tensor_desc
 from pdjit.proto import framework_pb2 as pb
 
@@ -59,6 +60,11 @@ def verify(program, *, registered: bool = True, fill_defaults: bool = True):
 
     ``registered=False`` accepts op types pdjit does not know (to inspect a program), checking
     what it can of them; ``fill_defaults=False`` leaves missing attributes missing."""
+    if not isinstance(program, Program):
+        as_program = getattr(program, "_as_program", None)  # a CompiledProgram
+        if as_program is None:
+            raise TypeError(f"verify: expected a Program, got {type(program).__name__}")
+        program = as_program()
     blocks = program.blocks
     if not blocks:
         raise ProgramError("program: it has no blocks (expected at least the global block)")
