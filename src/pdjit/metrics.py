@@ -179,7 +179,8 @@ class Accuracy(MetricBase):
         weight = float(np.asarray(weight).reshape(-1)[0])
         if weight < 0:
             raise ValueError(f"Accuracy.update: 'weight' can not be negative, got {weight}")
-        self.value += value * weight
+        value = np.asarray(value, np.float64)  # a fetched float32 accuracy: sum in float64
+        self.value += (float(value) if value.ndim == 0 else value) * weight
         self.weight += weight
 
     def eval(self):
