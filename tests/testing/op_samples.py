@@ -685,3 +685,38 @@ def _rnn(mode, layers=1, bidirec=False, lens=None):
 
 add("rnn", _rnn("LSTM"), _rnn("GRU", bidirec=True, lens=[3, 1]),
     _rnn("RNN_TANH", layers=2, lens=[2, 3]))
+
+
+# ---- more optimizer update ops (optimizer.py: part D of issue 22) -----------------------------
+def _state(r, *names, signed=()):
+    """Param, Grad and a learning rate, plus state slots: positive, or signed for ``signed``."""
+    s = {"Param": u(r, (2, 3)), "Grad": u(r, (2, 3)), "LearningRate": lr()}
+    s.update({n: u(r, (2, 3)) if n in signed else pos(r, (2, 3), 0.1, 1) for n in names})
+    return s
+
+
+add("adamax", S(lambda r: {**_state(r, "Moment", "InfNorm", signed=("Moment",)),
+                           "Beta1Pow": np.array([0.9 ** 3])}))
+add("adadelta", S(lambda r: _state(r, "AvgSquaredGrad", "AvgSquaredUpdate"),
+                  {"rho": 0.9, "epsilon": 1e-3}))
+add("decayed_adagrad", S(lambda r: _state(r, "Moment"), {"decay": 0.9}))
+add("ftrl",
+    S(lambda r: _state(r, "SquaredAccumulator", "LinearAccumulator",
+                       signed=("LinearAccumulator",)), {"l1": 0.1, "l2": 0.1}),
+    S(lambda r: _state(r, "SquaredAccumulator", "LinearAccumulator",
+                       signed=("LinearAccumulator",)), {"l1": 0.1, "lr_power": -0.25}))
+add("lamb",
+    S(lambda r: {**_state(r, "Moment1", "Moment2", signed=("Moment1",)),
+                 "Beta1Pow": np.array([0.9 ** 3]), "Beta2Pow": np.array([0.999 ** 3])},
+      {"weight_decay": 0.01}, outputs={"Beta1PowOut": 1, "Beta2PowOut": 1}))
+add("lars_momentum",
+    S(lambda r: {"Param": [u(r, (2, 3)), u(r, (4,))], "Grad": [u(r, (2, 3)), u(r, (4,))],
+                 "Velocity": [u(r, (2, 3)), u(r, (4,))], "LearningRate": [lr(), lr(0.2)]},
+      {"mu": 0.9, "lars_weight_decay": [0.001, 0.002]}, outputs={"ParamOut": 2,
+                                                                "VelocityOut": 2}))
+add("average_accumulates",
+    S(lambda r: {"param": u(r, (2, 3)), "in_sum_1": u(r, (2, 3)), "in_sum_2": u(r, (2, 3)),
+                 "in_sum_3": u(r, (2, 3)), "in_num_accumulates": np.array([4], I64),
+                 "in_old_num_accumulates": np.array([2], I64),
+                 "in_num_updates": np.array([9], I64)},
+      {"average_window": 0.5, "min_average_window": 2, "max_average_window": 5}))
