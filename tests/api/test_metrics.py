@@ -241,6 +241,7 @@ def test_auc_layer_matches_paddles_recorded_outputs():
 
 @pytest.mark.paddle
 def test_auc_layer_against_paddle_live():
+    import ast
     import importlib.util
     import subprocess
     import sys
@@ -252,5 +253,5 @@ def test_auc_layer_against_paddle_live():
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    got = eval(proc.stdout.strip().splitlines()[-1])  # a list of tuples of floats and ints
+    got = ast.literal_eval(proc.stdout.strip().splitlines()[-1])  # [(float, float, int)]
     assert got == PADDLE_AUC
