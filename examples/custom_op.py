@@ -4,12 +4,18 @@ it like a built-in.
 It fuses with its neighbours (see the fusion report: squareplus sits inside the fused group),
 differentiates (a model with it trains), and is tested with pdjit.testing in a few lines.
 """
-import numpy as np
+import argparse
 
-import pdjit as fluid
-from pdjit.custom import define_op
-from pdjit.testing import check_output
-from pdjit.testing.grad_check import check_grad
+# --help answers here, before numpy and pdjit are imported
+argparse.ArgumentParser(description=__doc__,
+                        formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+
+import numpy as np  # noqa: E402
+
+import pdjit as fluid  # noqa: E402
+from pdjit.custom import define_op  # noqa: E402
+from pdjit.testing import check_output  # noqa: E402
+from pdjit.testing.grad_check import check_grad  # noqa: E402
 
 squareplus = define_op(
     "squareplus", attrs={"b": 4.0},

@@ -3,16 +3,34 @@
 Two conv-batch_norm-relu-pool stages and an fc classifier, trained with Adam on a fixed-seed
 80/20 split; the test accuracy comes from a test clone of the program
 (``clone(for_test=True)``: batch_norm then normalises with its moving statistics). Shows a
-progress bar when tqdm is installed and, with ``--plot FILE.png``, saves the loss curve when
-matplotlib is installed.
+progress bar when tqdm is installed and, with ``--plot FILE.png`` (needs matplotlib; the path
+is checked before training), saves the loss curve.
 
     python examples/digits_cnn.py [--epochs 15] [--plot loss.png]
 """
 import argparse
 
-import numpy as np
+from _plotting import check_plot_path, save_loss_curve
 
-import pdjit as fluid
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--epochs", type=int, default=15)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--plot", help="save the loss curve to this PNG (needs matplotlib)")
+    args = ap.parse_args(argv)
+    if args.plot:
+        check_plot_path(ap, args.plot)  # before any training
+    return args
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()  # --help answers here, before numpy and pdjit are imported
+
+import numpy as np  # noqa: E402
+
+import pdjit as fluid  # noqa: E402
 
 
 def load(seed=0):
@@ -51,13 +69,7 @@ def build(learning_rate=0.005):
     return main, startup, test_program, loss, accuracy
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--epochs", type=int, default=15)
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--plot", help="save the loss curve to this PNG (needs matplotlib)")
-    args = ap.parse_args()
-
+def main(args):
     (x_train, y_train), (x_test, y_test) = load()
     main_prog, startup, test_prog, loss, accuracy = build()
     exe = fluid.Executor(fluid.CPUPlace())
@@ -79,20 +91,8 @@ def main():
     print(f"final training loss: {np.mean(losses[-10:]):.4f}")
     print(f"test accuracy: {float(acc):.4f}")
     if args.plot:
-        try:
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-        except ImportError:
-            print("matplotlib is not installed: no plot")
-        else:
-            plt.plot(losses)
-            plt.xlabel("step")
-            plt.ylabel("training loss")
-            plt.savefig(args.plot)
-            print(f"loss curve saved to {args.plot}")
+        save_loss_curve(args.plot, losses)
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

@@ -4,7 +4,13 @@
 - ``program.to_string(True)``: the ProgramDesc as protobuf text, as seed 004 prints it;
 - ``serialize_to_string`` / ``parse_from_string``: the bytes PaddlePaddle reads and writes.
 """
-import pdjit as fluid
+import argparse
+
+# --help answers here, before numpy and pdjit are imported
+argparse.ArgumentParser(description=__doc__,
+                        formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
+
+import pdjit as fluid  # noqa: E402
 
 main, startup = fluid.Program(), fluid.Program()
 with fluid.program_guard(main, startup):

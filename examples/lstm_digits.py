@@ -21,9 +21,23 @@ Both train on the same fixed-seed 80/20 split and print their test accuracy.
 import argparse
 import time
 
-import numpy as np
 
-import pdjit as fluid
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--epochs", type=int, default=10)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--only", choices=["rnn", "dynamic_lstm"], help="train one of the two")
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()  # --help answers here, before numpy and pdjit are imported
+
+import numpy as np  # noqa: E402
+
+import pdjit as fluid  # noqa: E402
 
 ROWS, PIXELS, CLASSES = 8, 8, 10
 
@@ -118,14 +132,7 @@ def train(name, built, batches, test_feed, epochs, rng):
     return float(acc)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--epochs", type=int, default=10)
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--hidden", type=int, default=64)
-    ap.add_argument("--only", choices=["rnn", "dynamic_lstm"], help="train one of the two")
-    args = ap.parse_args()
-
+def main(args):
     (x_train, y_train), (x_test, y_test) = load()
     bs = args.batch_size
 
@@ -155,4 +162,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

@@ -15,9 +15,23 @@ The compiled executor runs sequence_pool as a native loop over the LoD offsets.
 import argparse
 import time
 
-import numpy as np
 
-import pdjit as fluid
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--epochs", type=int, default=4)
+    ap.add_argument("--batch-size", type=int, default=64)
+    ap.add_argument("--train-size", type=int, default=4000)
+    ap.add_argument("--pool", default="average", choices=["average", "sum", "sqrt", "max"])
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()  # --help answers here, before numpy and pdjit are imported
+
+import numpy as np  # noqa: E402
+
+import pdjit as fluid  # noqa: E402
 
 VOCAB, CLASSES, TOPIC_WORDS, EMBED = 2000, 4, 30, 32
 
@@ -57,14 +71,7 @@ def build(pool):
     return main, startup, test_program, loss, accuracy
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--epochs", type=int, default=4)
-    ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--train-size", type=int, default=4000)
-    ap.add_argument("--pool", default="average", choices=["average", "sum", "sqrt", "max"])
-    args = ap.parse_args()
-
+def main(args):
     rng = np.random.default_rng(0)
     train_docs, train_labels = make_data(args.train_size, rng, empty_fraction=0.01)
     test_docs, test_labels = make_data(1000, rng)
@@ -90,4 +97,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

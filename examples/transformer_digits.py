@@ -20,9 +20,21 @@ trained on a fixed-seed 80/20 split; the test accuracy comes from a test clone o
 import argparse
 import time
 
-import numpy as np
 
-import pdjit as fluid
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--epochs", type=int, default=12)
+    ap.add_argument("--batch-size", type=int, default=32)
+    return ap.parse_args(argv)
+
+
+if __name__ == "__main__":
+    ARGS = parse_args()  # --help answers here, before numpy and pdjit are imported
+
+import numpy as np  # noqa: E402
+
+import pdjit as fluid  # noqa: E402
 
 ROWS, PIXELS, CLASSES = 8, 8, 10
 
@@ -96,12 +108,7 @@ def build(d_model=64, heads=4, d_ffn=128, layers=2, dropout=0.1, learning_rate=0
     return main, startup, test_program, loss, accuracy
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--epochs", type=int, default=12)
-    ap.add_argument("--batch-size", type=int, default=32)
-    args = ap.parse_args()
-
+def main(args):
     (x_train, y_train), (x_test, y_test) = load()
     main_prog, startup, test_prog, loss, accuracy = build()
     exe = fluid.Executor(fluid.CPUPlace())
@@ -124,4 +131,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    main(ARGS)

@@ -5,6 +5,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -18,12 +20,102 @@ def _run(name: str, *args, env=None, stderr: list | None = None) -> str:
     return proc.stdout
 
 
-def test_fit_a_line_trains_and_prints_predictions_and_cost():
+def test_fit_a_line_trains_and_prints_predictions_and_cost_the_same_every_run():
     out = _run("fit_a_line.py")
     costs = [float(line.split()[-1]) for line in out.splitlines() if line.startswith("step")]
     assert len(costs) == 6 and costs[-1] < costs[0] / 100  # the loss decreases
     tail = out[out.index("[array([["):]
     assert "dtype=float32)" in tail and tail.count("array(") == 2
+    assert _run("fit_a_line.py") == out   # the programs' random_seed: reproducible
+
+
+EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.py") if not p.name.startswith("_"))
+HEAVY = ("numpy", "numba", "pdjit", "sklearn", "matplotlib", "scipy")
+_HELP_DRIVER = """
+import contextlib, io, json, runpy, sys, time
+examples = sys.argv[1]
+sys.path.insert(0, examples)
+report = {}
+for name in sys.argv[2:]:
+    before, out, t0 = set(sys.modules), io.StringIO(), time.perf_counter()
+    sys.argv = [examples + "/" + name, "--help"]
+    code = "no exit"
+    with contextlib.redirect_stdout(out):
+        try:
+            runpy.run_path(sys.argv[0], run_name="__main__")
+        except SystemExit as e:
+            code = e.code
+    report[name] = {"code": code, "help": out.getvalue(), "seconds": time.perf_counter() - t0,
+                    "imported": sorted({m.split(".")[0] for m in set(sys.modules) - before})}
+print(json.dumps(report))
+"""
+
+
+@pytest.fixture(scope="module")
+def help_pages():
+    """Every example's ``--help``, asked in one process (cheap: no example imports anything
+    heavy before its arguments are parsed)."""
+    import json
+
+    proc = subprocess.run([sys.executable, "-c", _HELP_DRIVER, str(ROOT / "examples"),
+                           *EXAMPLES], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_every_example_answers_help_at_once_without_training(help_pages, name):
+    page = help_pages[name]
+    assert page["code"] in (0, None) and page["code"] == 0, page
+    assert page["help"].startswith("usage:") and "--help" in page["help"], page["help"]
+    assert not set(page["imported"]) & set(HEAVY), page["imported"]  # nothing heavy imported
+    assert page["seconds"] < 2.0, page["seconds"]
+
+
+def _check_plot(path):
+    """``check_plot_path``'s verdict on ``path``: ``None`` if accepted, else its message."""
+    import argparse
+    import contextlib
+    import io
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        from _plotting import check_plot_path
+    finally:
+        sys.path.pop(0)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            check_plot_path(argparse.ArgumentParser(prog="example"), str(path))
+        except SystemExit as e:
+            assert e.code == 2
+            return err.getvalue()
+    return None
+
+
+def test_a_plot_path_that_cannot_be_written_is_refused_with_its_reason(tmp_path):
+    missing = tmp_path / "no-such-dir" / "loss.png"
+    assert "does not exist" in _check_plot(missing) and str(missing.parent) in _check_plot(missing)
+    (tmp_path / "a-file").write_text("")
+    assert "is not a directory" in _check_plot(tmp_path / "a-file" / "loss.png")
+    assert "is a directory" in _check_plot(tmp_path)
+    assert "cannot write .xyz files" in _check_plot(tmp_path / "loss.xyz")
+    if os.geteuid() != 0:                      # root writes anywhere: nothing to refuse
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        assert "cannot be written" in _check_plot(locked / "loss.png")
+    assert _check_plot(tmp_path / "loss.png") is None
+    assert not (tmp_path / "loss.png").exists()   # the check leaves nothing behind
+
+
+def test_a_bad_plot_path_fails_before_training():
+    missing = "/nonexistent-pdjit-dir/loss.png"
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "digits_mlp.py"),
+                           "--plot", missing], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout   # nothing trained
+    assert "--plot '/nonexistent-pdjit-dir/loss.png'" in proc.stderr
+    assert "does not exist" in proc.stderr
 
 
 def test_inspect_program_round_trips():
