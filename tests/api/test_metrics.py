@@ -214,6 +214,20 @@ def test_auc_layer_bad_input_names_the_op():
                              curve="XY")
 
 
+def test_the_verifier_refuses_bad_auc_attributes():
+    """A loaded program's auc op with attributes the op refuses: a ProgramError naming it."""
+    main, _, _ = _auc_program(7, 1)
+    op = main.global_block().ops[0]
+    op._set_attr("num_thresholds", 0)
+    with pytest.raises(fluid.ProgramError, match=r"op 'auc' \(block 0, op #0\): attribute "
+                                                 r"'num_thresholds': expected >= 1, got 0"):
+        fluid.verify(main)
+    op._set_attr("num_thresholds", 7)
+    op._set_attr("curve", "XY")
+    with pytest.raises(fluid.ProgramError, match="'curve': expected one of"):
+        fluid.verify(main)
+
+
 # Paddle 3.3.1's legacy ``auc`` ops (``paddle.static.auc(x, y, num_thresholds=200,
 # slide_steps=2)``, legacy static mode, CPU) on the three batches of ``_paddle_batches``: per
 # batch, the global AUC, the batch AUC and the batch counter (recorded with

@@ -152,8 +152,8 @@ def _auc_ref(Predict, Label, StatPos, StatNeg, InsTagWeight=None, *, curve, num_
 register_op(
     "auc", inputs=["Predict", "Label", "StatPos", "StatNeg", "InsTagWeight?"],
     outputs=["AUC", "StatPosOut", "StatNegOut"],
-    attrs={"curve": Str("ROC", choices=_CURVES),
-           "num_thresholds": Int((2 << 12) - 1, low=1, high=64),
-           "slide_steps": Int(1, low=0, high=3)},
+    attrs={"curve": Str("ROC", choices=_CURVES, one_of=_CURVES),
+           "num_thresholds": Int((2 << 12) - 1, low=1, high=64, at_least=1),
+           "slide_steps": Int(1, low=0, high=3, at_least=0)},
     traits=[OPAQUE], infer_shape=_auc_infer, reference=_auc_ref, emit=None, grad=None,
     doc="Streaming area under the ROC curve from bucketed positive/negative histograms.")
