@@ -70,13 +70,20 @@ def test_sigmoid_cross_entropy_pos_weight_matches_paddle():
 def test_sigmoid_cross_entropy_normalize_and_ignore_index():
     lab = LAB.copy()
     lab[1, :2] = 3  # ignore_index=3
-    check_output("sigmoid_cross_entropy_with_logits", {"X": X, "Label": lab},
-                 {"normalize": True, "ignore_index": 3},
-                 {"Out": np_sce(X, lab, ignore=3, normalize=True)})
-    everything_ignored = np.full((1, 2), -100.0)
-    got = check_output("sigmoid_cross_entropy_with_logits",
-                       {"X": X[:1, :2], "Label": everything_ignored}, {"normalize": True})
-    assert np.isnan(got["Out"]).all()  # 0 / 0, as Paddle
+    attrs = {"normalize": True, "ignore_index": 3}
+    want = np_sce(X, lab, ignore=3, normalize=True)
+    check_output("sigmoid_cross_entropy_with_logits", {"X": X, "Label": lab}, attrs,
+                 {"Out": want})
+    ins = {"X": X.astype(np.float32), "Label": lab.astype(np.float32),
+           "pos_weight": W.astype(np.float32)}
+    close(native("sigmoid_cross_entropy_with_logits", ins, attrs)["Out"],
+          np_sce(X, lab, W, ignore=3, normalize=True), np.float32)
+    everything_ignored = {"X": X[:1, :2], "Label": np.full((1, 2), -100.0)}
+    for got in (check_output("sigmoid_cross_entropy_with_logits", everything_ignored,
+                             {"normalize": True}, modes=["reference"]),
+                native("sigmoid_cross_entropy_with_logits", everything_ignored,
+                       {"normalize": True})):
+        assert np.isnan(got["Out"]).all()  # 0 / 0, as Paddle
 
 
 @pytest.mark.parametrize("attrs,pw", [({}, False), ({}, True), ({"normalize": True}, False)])

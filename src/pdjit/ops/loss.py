@@ -31,9 +31,9 @@ gone from 3.3.1, is Fluid 1.x's); the numbers were compared with Paddle while wr
   ``log_target`` ``-exp(Target) * dLoss``), divided as the reduction divides.
 
 Natively (float32 and float64): the two elementwise ones and their gradients are templates
-that fuse with their neighbours (``normalize`` needs a count over the whole tensor: such ops
-run their references); huber, smooth_l1 and kldiv and their gradients are host lines of NumPy
-array expressions (no compilation).
+that fuse with their neighbours (with ``normalize``, which needs a count over the whole tensor,
+host lines); huber, smooth_l1 and kldiv and their gradients are host lines of NumPy array
+expressions (no compilation; valid under Numba too, for native drivers).
 """
 from __future__ import annotations
 
@@ -147,9 +147,43 @@ def _ignored(label: str) -> str:
     return f"np.trunc({label}) == {{T}}({{ignore_index}})"
 
 
+def _sce_normalized_lower(grad: bool):
+    """Host lines for ``normalize``: the elementwise value over the whole tensor, then the
+    division by the count of kept labels (NaN when there is none, as Paddle's 0 / 0)."""
+    def lower(ctx):
+        X, L, T = ctx.inp("X"), ctx.inp("Label"), ctx.T("X")
+        pw = ctx.inp("pos_weight") if ctx.has_input("pos_weight") else None
+        kept, cnt, v, e, sig = (ctx.tmp(h) for h in ("kept", "cnt", "v", "e", "sig"))
+        ig = f"{T}({int(ctx.attrs['ignore_index'])})"
+        lines = [f"{kept} = np.trunc({L}) != {ig}",
+                 f"{cnt} = np.sum(np.abs({L} - {ig}) > {T}(1e-6))",
+                 f"{e} = np.exp(-np.abs({X}))"]
+        if grad:
+            lines.append(f"{sig} = np.where({X} >= {T}(0), {T}(1) / ({T}(1) + {e}), "
+                         f"{e} / ({T}(1) + {e}))")
+            g = ctx.inp("Out@GRAD")
+            value = f"(({T}(1) - {L}) - {pw} * ({T}(1) - {sig})) * {g}" if pw else \
+                f"({sig} - {L}) * {g}"
+            out = ctx.out("X@GRAD")
+        else:
+            value = f"({T}(1) - {L}) * {X} + {pw} * (np.maximum(-{X}, {T}(0)) + np.log1p({e}))" \
+                if pw else f"np.maximum({X}, {T}(0)) + np.log1p({e}) - {X} * {L}"
+            out = ctx.out("Out")
+        return lines + [f"{v} = {value}",
+                        f"{out} = np.where({kept}, {v}, {T}(0)) * ({T}(1) / {T}({cnt}) "
+                        f"if {cnt} > 0 else {T}(np.nan))"]
+    return lower
+
+
+_SCE_NORMALIZED = Opaque(_sce_normalized_lower(False), host=True)
+_SCE_GRAD_NORMALIZED = Opaque(_sce_normalized_lower(True), host=True)
+
+
 def _sce_emit(dtypes_, *, normalize=False, **_):
-    if normalize or not _native(dtypes_, "X", "Label", "pos_weight"):
-        return None  # the normaliser counts labels over the whole tensor: the reference
+    if not _native(dtypes_, "X", "Label", "pos_weight"):
+        return None
+    if normalize:  # a count over the whole tensor: host lines, not a fusable template
+        return _SCE_NORMALIZED
     if "pos_weight" in dtypes_:
         value = "({T}(1) - {Label}) * {X} + {pos_weight} * _m.softplus(-{X})"
     else:
@@ -158,8 +192,10 @@ def _sce_emit(dtypes_, *, normalize=False, **_):
 
 
 def _sce_grad_emit(dtypes_, *, normalize=False, **_):
-    if normalize or not _native(dtypes_, "X", "Label", "pos_weight", "Out@GRAD"):
+    if not _native(dtypes_, "X", "Label", "pos_weight", "Out@GRAD"):
         return None
+    if normalize:
+        return _SCE_GRAD_NORMALIZED
     if "pos_weight" in dtypes_:
         value = "(({T}(1) - {Label}) - {pos_weight} * _m.sigmoid(-{X})) * {Out@GRAD}"
     else:

@@ -172,15 +172,21 @@ def _ls_ref(X, *, axis):
 
 
 def _ls_lower(ctx):
+    """The 3-D view ``(pre, n, post)``; the max along n gathered through ``np.argmax`` (NumPy
+    and Numba both take its ``axis``, unlike ``max``'s), then the shifted log-sum-exp."""
     r = ctx.rank("X")
     if r == 0 or not _native_slots(ctx, "X"):
         return None
     X = ctx.inp("X")
     a = ctx.attrs["axis"] % r
-    x3, s3 = ctx.tmp("x"), ctx.tmp("s")
+    x3, s3, i, k, p = (ctx.tmp(h) for h in ("x", "s", "i", "k", "p"))
     keep = f"({x3}.shape[0], 1, {x3}.shape[2])"
     return [f"{x3} = {_view3(ctx, X, r, a)}",
-            f"{s3} = {x3} - {x3}.max(axis=1).reshape({keep})",
+            f"{p} = {x3}.shape[0] * {x3}.shape[2]",
+            f"{i} = np.arange({p})",
+            f"{k} = (({i} // max({x3}.shape[2], 1)) * {x3}.shape[1] + np.argmax({x3}, axis=1)"
+            f".reshape({p})) * {x3}.shape[2] + {i} % max({x3}.shape[2], 1)",
+            f"{s3} = {x3} - {x3}.reshape({x3}.size)[{k}].reshape({keep})",
             f"{ctx.out('Out')} = ({s3} - np.log(np.exp({s3}).sum(axis=1)).reshape({keep}))"
             f".reshape({X}.shape)"]
 
