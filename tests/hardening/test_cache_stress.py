@@ -243,21 +243,23 @@ def test_a_damaged_entry_of_each_kind_is_recompiled_not_a_crash(warm_cache):
     assert healed["stats"]["compiled"] == 0 and not healed["warnings"], healed
 
 
-@pytest.mark.parametrize("fault", ["readonly", "full"])
-def test_a_cache_directory_that_cannot_be_written_warns_once_and_runs_natively(tmp_path, fault):
-    root = tmp_path / fault
-    (root / "pdjit").mkdir(parents=True)
-    got = _run(root, TEST_FAULT=fault)
-    directory = os.path.abspath(root / "pdjit")
-    about_dir = [w for w in got["warnings"] if "cannot be written" in w]
-    assert len(about_dir) >= 1 and directory in about_dir[0], got["warnings"]
-    # once per directory: the compile cache's own, and Numba's where its saves failed
-    assert len(about_dir) == len(got["problems"]) == len(set(got["problems"]))
-    assert directory in got["problems"]
-    reason = "Read-only file system" if fault == "readonly" else "No space left on device"
-    assert reason in got["problems"][directory]
-    assert got["stats"]["compiled"] == got["stats"]["kernels"]     # compiled, in memory
-    assert not [p for p in _cache_files(root) if ".tmp" in p.name]  # no torn files
+def test_a_cache_directory_that_cannot_be_written_warns_once_and_runs_natively(tmp_path):
+    faults = ("readonly", "full")
+    for fault in faults:
+        (tmp_path / fault / "pdjit").mkdir(parents=True)
+    procs = [_start(tmp_path / fault, TEST_FAULT=fault) for fault in faults]   # side by side
+    for fault, proc in zip(faults, procs):
+        root, got = tmp_path / fault, _finish(proc)
+        directory = os.path.abspath(root / "pdjit")
+        about_dir = [w for w in got["warnings"] if "cannot be written" in w]
+        assert len(about_dir) >= 1 and directory in about_dir[0], got["warnings"]
+        # once per directory: the compile cache's own, and Numba's where its saves failed
+        assert len(about_dir) == len(got["problems"]) == len(set(got["problems"]))
+        assert directory in got["problems"]
+        reason = "Read-only file system" if fault == "readonly" else "No space left on device"
+        assert reason in got["problems"][directory], (fault, got["problems"])
+        assert got["stats"]["compiled"] == got["stats"]["kernels"]     # compiled, in memory
+        assert not [p for p in _cache_files(root) if ".tmp" in p.name]  # no torn files
 
 
 def test_a_read_only_cache_that_is_already_warm_still_serves(warm_cache):
