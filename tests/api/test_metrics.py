@@ -251,6 +251,40 @@ def test_auc_layer_matches_paddles_recorded_outputs():
     outs = _run_auc(main, start, res, _paddle_batches())
     for (g, b, bpos, *_), (want_g, want_b, count) in zip(outs, PADDLE_AUC):
         assert float(g) == want_g and float(b) == want_b and bpos[-1] == count
+    # Paddle's legacy layer takes ins_tag_weight and leaves it out of its ops (measured: a
+    # weight of 0 changes nothing); so does this one
+    main, start = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, start), fluid.unique_name.guard():
+        x = fluid.data("x", [-1, 2], "float32")
+        y = fluid.data("y", [-1, 1], "int64")
+        w = fluid.data("w", [1, 1], "float32")
+        res = fluid.layers.auc(x, y, num_thresholds=200, slide_steps=2, ins_tag_weight=w)
+    scope, exe = fluid.Scope(), fluid.Executor(fluid.CPUPlace(), strict=True)
+    exe.run(start, scope=scope)
+    for (p, lab), (want_g, want_b, _) in zip(_paddle_batches(), PADDLE_AUC):
+        g, b = exe.run(main, feed={"x": np.concatenate([1 - p, p], 1), "y": lab,
+                                   "w": np.zeros((1, 1), "float32")},
+                       fetch_list=[res[0], res[1]], scope=scope)
+        assert (float(g), float(b)) == (want_g, want_b)
+
+
+def test_auc_op_ins_tag_weight_zero_counts_nothing():
+    from pdjit.testing import run_op
+
+    rng = np.random.default_rng(5)
+    p = rng.random((6, 1))
+    stats = rng.integers(0, 4, (2, 3 * 9 + 1)).astype(np.int64)
+    stats[:, -1] = 4  # batches seen: the next one goes to ring slot 4 % 2 = 0
+    stats[:, 18:27] = stats[:, 0:9] + stats[:, 9:18]  # the window's sum
+    ins = {"Predict": np.concatenate([1 - p, p], 1), "Label": rng.integers(0, 2, (6, 1)),
+           "StatPos": stats[0], "StatNeg": stats[1], "InsTagWeight": np.zeros((1, 1))}
+    got = run_op("auc", ins, {"num_thresholds": 8, "slide_steps": 2}, mode="compiled")
+    for slot, s in (("StatPosOut", stats[0]), ("StatNegOut", stats[1])):
+        want = s.copy()
+        want[0:9] = 0  # slot 0's old batch leaves the window, the padding batch adds nothing
+        want[18:27] = s[9:18]
+        want[-1] = 5
+        np.testing.assert_array_equal(got[slot], want)
 
 
 @pytest.mark.paddle

@@ -18,9 +18,10 @@ def auc(input, label, curve="ROC", num_thresholds=2 ** 12 - 1, topk=1, slide_ste
     one over the last ``slide_steps`` batches (the batch AUC; ``slide_steps=0``: every batch
     too). Their statistics are persistable int64 variables initialised to zeros by the startup
     program. Returns ``(auc_out, batch_auc_out, [batch_stat_pos, batch_stat_neg, stat_pos,
-    stat_neg])``; the AUCs are 0-d float64. ``topk`` is accepted and unused, as in Fluid;
-    ``ins_tag_weight`` (Paddle 2.x's extra argument): a first value of 0 marks the batch as
-    padding, counted in neither.
+    stat_neg])``; the AUCs are 0-d float64. ``topk`` is accepted and unused, as in Fluid.
+    ``ins_tag_weight`` (Paddle 2.x's extra argument) is checked and, as Paddle's legacy-mode
+    layer does, not passed to the ops (measured with Paddle 3.3.1: a weight of 0 changes
+    nothing); the op's own ``InsTagWeight`` input is there for programs that set it.
     """
     check_variable(input, "input", "auc")
     check_variable(label, "label", "auc")
@@ -33,11 +34,9 @@ def auc(input, label, curve="ROC", num_thresholds=2 ** 12 - 1, topk=1, slide_ste
         raise ValueError(f"auc: num_thresholds must be >= 1, got {num_thresholds}")
     if slide_steps < 0:
         raise ValueError(f"auc: slide_steps must be >= 0, got {slide_steps}")
-    extra = {}
     if ins_tag_weight is not None:
         check_variable(ins_tag_weight, "ins_tag_weight", "auc")
         check_dtype(ins_tag_weight, "ins_tag_weight", ("float32", "float64"), "auc")
-        extra["InsTagWeight"] = [ins_tag_weight]
     helper = LayerHelper("auc")
     auc_out = helper.create_variable_for_type_inference("float64", stop_gradient=True)
     batch_auc_out = helper.create_variable_for_type_inference("float64", stop_gradient=True)
@@ -55,8 +54,7 @@ def auc(input, label, curve="ROC", num_thresholds=2 ** 12 - 1, topk=1, slide_ste
                                  (auc_out, stat_pos, stat_neg, 0)):
         helper.append_op(
             "auc",
-            inputs={"Predict": [input], "Label": [label], "StatPos": [pos], "StatNeg": [neg],
-                    **extra},
+            inputs={"Predict": [input], "Label": [label], "StatPos": [pos], "StatNeg": [neg]},
             outputs={"AUC": [out], "StatPosOut": [pos], "StatNegOut": [neg]},
             attrs={"curve": curve, "num_thresholds": num_thresholds, "slide_steps": steps})
     return auc_out, batch_auc_out, [batch_stat_pos, batch_stat_neg, stat_pos, stat_neg]

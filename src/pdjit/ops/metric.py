@@ -19,8 +19,11 @@ Two layouts of the statistics, chosen by ``slide_steps``:
 ``AUC`` (a 0-d float64) is the area under the ROC curve of the summed histogram, by the
 trapezoid rule from the highest bucket down, divided by ``positives * negatives`` (left as the
 raw area when either is zero). ``curve`` is recorded (``"ROC"`` or ``"PR"``) but, as in Paddle's
-CPU kernel, the ROC area is what is computed. ``InsTagWeight`` (optional): a first value of 0
-marks the batch as padding; it adds nothing to the histograms.
+CPU kernel, the ROC area is what is computed. ``InsTagWeight`` (optional; the layer never sets
+it, as Paddle's legacy layer does not): a first value of 0 marks the batch as padding, which
+adds nothing to the histograms (with ``slide_steps > 0`` the window still moves on by one
+batch). Paddle's kernel leaves the AUC output unwritten for such a batch with
+``slide_steps == 0``; here it is the AUC of the unchanged statistics.
 
 The op updates its statistics in place (``StatPosOut`` is the ``StatPos`` variable in programs
 the layer builds). It has no lowering: compiled plans run its reference as a step of its own (a
