@@ -274,3 +274,30 @@ def test_checks_reduce_to_one_bool(op, case):
         got = native(op, {"X": x.astype(dtype)})["Out"]
         assert got.dtype == np.bool_ and got.shape == (1,) and got[0] == expected, (op, case)
     check_output(op, {"X": x}, {}, {"Out": np.array([expected])}, modes=["reference"])
+
+
+# ---- a program written and run by PaddlePaddle 3.3.1 ------------------------------------------
+@pytest.mark.filterwarnings("ignore::pdjit.framework.errors.ReferenceStepWarning")
+def test_paddle_written_program_runs_the_same(capsys):
+    """``paddle_loss_ops.npz`` (``make_paddle_loss_fixture.py``): the ops appended by Paddle with
+    its slot and attribute names, serialised, parsed here and run in both modes: every fetched
+    value and the text of the print op equal Paddle's."""
+    import pathlib
+
+    import pdjit as fluid
+
+    d = np.load(pathlib.Path(__file__).with_name("paddle_loss_ops.npz"))
+    prog = fluid.Program.parse_from_string(d["desc"].tobytes())
+    feed = {k[len("feed_"):]: d[k] for k in d.files if k.startswith("feed_")}
+    fetch = [str(n) for n in d["fetch"]]
+    for mode in ("compiled", "reference"):
+        capsys.readouterr()
+        exe = Executor(mode=mode)
+        got = exe.run(prog, feed=feed, fetch_list=fetch, scope=Scope())
+        assert capsys.readouterr().out == str(d["printed"]), mode
+        if mode == "compiled":
+            assert_native(exe)
+        for i, (name, g) in enumerate(zip(fetch, got)):
+            want = d[f"out_{i}"]
+            assert g.shape == want.shape and g.dtype == want.dtype, (mode, name)
+            np.testing.assert_allclose(g, want, rtol=2e-6, atol=1e-6, err_msg=f"{mode} {name}")
