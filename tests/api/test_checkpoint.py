@@ -374,6 +374,40 @@ def _array_pickle(shape_claim, data: bytes) -> bytes:
     return pickle.dumps({"w": _HandMadeArray(shape_claim, data)}, protocol=2)
 
 
+def test_mutated_pickles_give_only_model_file_errors(tmp_path):
+    """Seeded mutations (bit flips, truncation, duplicated spans, random bytes) of a Paddle-written
+    .pdopt and of a protocol-2 pickle: each loads or is a ModelFileError; a memo index far past
+    the table (which would make the unpickler allocate gigabytes) is refused."""
+    import random
+    bases = [open(PADDLE_PREFIX + ".pdopt", "rb").read(),
+             pickle.dumps({"a": np.arange(6, dtype=">f4").reshape(2, 3), "b": np.float64(2),
+                           "c": [1, "x", (2.0, None)]}, protocol=2)]
+    rng, path, outcomes = random.Random(0), tmp_path / "f.pdparams", {}
+    for _ in range(250):
+        data = bytearray(rng.choice(bases))
+        kind = rng.randrange(4)
+        j = rng.randrange(len(data))
+        if kind == 0:
+            data[j] ^= 1 << rng.randrange(8)
+        elif kind == 1:
+            data = data[:j]
+        elif kind == 2:
+            data[j:j] = data[j:j + rng.randint(1, 16)]
+        else:
+            data[j] = rng.randrange(256)
+        path.write_bytes(bytes(data))
+        try:
+            assert isinstance(fluid.io.load_program_state(str(tmp_path / "f")), dict)
+            outcomes["loaded"] = outcomes.get("loaded", 0) + 1
+        except ModelFileError as e:
+            assert "f.pdparams" in str(e)
+            outcomes["refused"] = outcomes.get("refused", 0) + 1
+    assert outcomes["loaded"] > 10 and outcomes["refused"] > 150, outcomes
+    path.write_bytes(b"\x80\x02}r\xff\xff\xff\x7f.")  # LONG_BINPUT 2**31 - 1
+    with pytest.raises(ModelFileError, match=r"refused to load a memo index 2147483647"):
+        fluid.io.load_program_state(str(tmp_path / "f"))
+
+
 def test_damaged_files_are_named_errors(trained, tmp_path):
     main, startup, _, exe, scope = trained
     prefix = str(tmp_path / "m")

@@ -36,6 +36,7 @@ import io
 import math
 import os
 import pickle
+import pickletools
 import warnings
 
 import numpy as np
@@ -372,11 +373,43 @@ def _join_big(values: dict, path: str) -> dict:
     return values
 
 
+# opcodes a checkpoint never needs: persistent ids, the copyreg extension registry, and
+# protocol 5's out-of-band buffers and bytearrays
+_REFUSED_OPS = {"PERSID", "BINPERSID", "EXT1", "EXT2", "EXT4", "BYTEARRAY8", "NEXT_BUFFER",
+                "READONLY_BUFFER"}
+_PUT_OPS = {"PUT", "BINPUT", "LONG_BINPUT"}
+
+
+def _scan(data: bytes) -> None:
+    """Walk the opcodes without running them: refuse the ones a checkpoint never needs, and
+    memo indices beyond the next free one (the unpickler grows its memo table to any index a
+    file names: one 5-byte opcode could ask for tens of GiB)."""
+    memo = 0
+    ops = pickletools.genops(data)
+    while True:
+        try:
+            op, arg, pos = next(ops)
+        except StopIteration:
+            return
+        except ValueError as e:  # truncated, or an unknown opcode
+            raise pickle.UnpicklingError(str(e)) from None
+        if op.name in _REFUSED_OPS:
+            raise _Refused(f"the pickle opcode {op.name} at byte {pos}")
+        if op.name in _PUT_OPS:
+            if not isinstance(arg, int) or not 0 <= arg <= memo:
+                raise _Refused(f"a memo index {arg!r} at byte {pos} (the pickle has {memo} "
+                               f"memo entries so far)")
+            memo += arg == memo
+        elif op.name == "MEMOIZE":
+            memo += 1
+
+
 def load_pickle(path: str, what: str = "checkpoint") -> dict:
     """The ``{name: value}`` dict of a ``.pdparams``/``.pdopt`` file, read without running
     any code from it; a damaged or hostile file is a :class:`ModelFileError` naming it."""
     data = _read_file(path, what)
     try:
+        _scan(data)
         obj = _Unpickler(io.BytesIO(data), encoding="latin1").load()
         obj = _resolve(obj, path)
     except _Refused as e:
