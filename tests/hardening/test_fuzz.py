@@ -227,6 +227,24 @@ def test_a_sample_of_mutants_compiled_matches_the_reference(srcs, alloc_limit):
     assert_native(compiled)
 
 
+def test_check_command_on_mutants(srcs, tmp_path, capsys):
+    """``pdjit check`` says OK (status 0) or names the problem (status 1) for every mutant."""
+    from pdjit.cli import main as cli_main
+    name, model, params = next(s for s in srcs if s[0] == "models/mlp")
+    statuses = collections.Counter()
+    for i in range(60):
+        rng = random.Random(f"check/{i}")
+        m, p = (mutate(model, rng)[1], params) if i % 3 else (model, mutate(params, rng)[1])
+        (tmp_path / "m.pdmodel").write_bytes(m)
+        (tmp_path / "m.pdiparams").write_bytes(p)
+        status = cli_main(["check", str(tmp_path / "m")])
+        out, err = capsys.readouterr()
+        assert (status, bool(out), bool(err)) in ((0, True, False), (1, False, True)), (i, err)
+        assert status == 0 or err.startswith(f"pdjit check: {tmp_path / 'm'}: ")
+        statuses[status] += 1
+    assert statuses[0] and statuses[1]
+
+
 # -- damaged tensor files ------------------------------------------------------------------------
 def _tensor_bytes(lod=None):
     from pdjit.runtime.tensor import LoDTensor
