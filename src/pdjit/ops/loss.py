@@ -458,7 +458,8 @@ register_op(
 
 # ---- kldiv_loss ------------------------------------------------------------------------------
 _REDUCTIONS = ("none", "batchmean", "mean", "sum")
-_KL_ATTRS = {"reduction": Str("mean", choices=_REDUCTIONS), "log_target": Bool(False)}
+_KL_ATTRS = {"reduction": Str("mean", choices=_REDUCTIONS, one_of=_REDUCTIONS),
+             "log_target": Bool(False)}
 
 
 def _check_reduction(reduction) -> None:

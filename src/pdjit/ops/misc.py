@@ -287,7 +287,8 @@ def _linspace_lower(ctx):
 
 register_op(
     "linspace", inputs=["Start", "Stop", "Num"], outputs=["Out"],
-    attrs={"dtype": Int(dtypes.to_code("float32"), choices=_LINSPACE_CODES)},
+    attrs={"dtype": Int(dtypes.to_code("float32"), choices=_LINSPACE_CODES,
+                       one_of=_LINSPACE_CODES)},
     traits=[OPAQUE], infer_shape=_linspace_infer, reference=_linspace_ref,
     emit=Opaque(_linspace_lower, host=True), grad=None,
     doc="Out = Num evenly spaced values from Start to Stop (both included), of dtype.")
@@ -338,7 +339,7 @@ _PRINT_ATTRS = {
     "first_n": Int(-1, low=-1, high=3), "message": Str(""), "summarize": Int(20, low=-1, high=8),
     "print_tensor_name": Bool(True), "print_tensor_type": Bool(True),
     "print_tensor_shape": Bool(True), "print_tensor_layout": Bool(True),
-    "print_tensor_lod": Bool(True), "print_phase": Str("BOTH", choices=_PHASES),
+    "print_tensor_lod": Bool(True), "print_phase": Str("BOTH", choices=_PHASES, one_of=_PHASES),
     "is_forward": Bool(True),
 }
 _PRINTED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # op -> times printed
