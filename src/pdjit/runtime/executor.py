@@ -130,15 +130,19 @@ class Executor:
             feed_var_name: str = "feed", fetch_var_name: str = "fetch", scope: Scope | None = None,
             return_numpy: bool = True, use_program_cache: bool = True):
         program = program if program is not None else default_main_program()
+        replicas = False
         if not isinstance(program, Program):
             as_program = getattr(program, "_as_program", None)  # a CompiledProgram
             if as_program is None:
                 raise TypeError(f"Executor.run: program must be a Program, got "
                                 f"{type(program).__name__}")
+            replicas = getattr(program, "_is_data_parallel", False)
             program = as_program()
-        if feed is not None and not isinstance(feed, dict):
-            raise TypeError(f"Executor.run: feed must be a dict of name -> value, got "
-                            f"{type(feed).__name__}")
+        if isinstance(feed, (list, tuple)):  # one dict per place, as loaders with places yield
+            feed = feed_fetch.merge_place_feeds(feed, replicas)
+        elif feed is not None and not isinstance(feed, dict):
+            raise TypeError(f"Executor.run: feed must be a dict of name -> value (or a list "
+                            f"of one such dict per place), got {type(feed).__name__}")
         if isinstance(fetch_list, (str,)) or (fetch_list is not None
                                               and not isinstance(fetch_list, (list, tuple))):
             fetch_list = [fetch_list]

@@ -194,3 +194,32 @@ def _check_lod_level(var: Variable, lod) -> None:
     if want != len(lod):
         raise FeedError(f"feed: variable {var.name!r} expects a LoD of {want} level(s) "
                         f"(lod_level={want}), got {len(lod)}")
+
+
+def merge_place_feeds(feeds, data_parallel: bool) -> dict:
+    """The feed of a run from a list with one feed dict per place (what a loader given
+    ``places`` yields). A plain program runs on one place: it takes a list of one dict. A
+    data-parallel ``CompiledProgram`` runs one replica over all places' samples: the dense
+    arrays of the dicts are concatenated along the batch axis."""
+    if not all(isinstance(f, dict) for f in feeds):
+        got = ", ".join(sorted({type(f).__name__ for f in feeds})) or "nothing"
+        raise TypeError(f"Executor.run: a feed list must hold one dict per place, got a list "
+                        f"of {got}")
+    if len(feeds) == 1:
+        return feeds[0]
+    if not data_parallel:
+        raise FeedError(f"feed: a list of {len(feeds)} feed dicts (one per place) needs a "
+                        f"CompiledProgram(...).with_data_parallel(); a plain program runs on "
+                        f"one place and takes one dict")
+    names = list(feeds[0])
+    for i, f in enumerate(feeds[1:], 1):
+        if sorted(f) != sorted(names):
+            raise FeedError(f"feed: place {i} feeds {sorted(f)}, place 0 feeds {sorted(names)}")
+    merged = {}
+    for n in names:
+        parts = [f[n] for f in feeds]
+        if any(isinstance(p, LoDTensor) for p in parts):
+            raise FeedError(f"feed: variable {n!r} is a LoD tensor in a feed list of "
+                            f"{len(feeds)} places: feed the whole batch as one dict")
+        merged[n] = np.concatenate([np.asarray(p) for p in parts], axis=0)
+    return merged
