@@ -28,8 +28,9 @@ The cache survives what a shared disk does to it:
   dropped from its index and compiled again, with a :class:`CacheWarning` naming the file.
 - **A read-only, unwritable or full directory.** Writing a module or Numba's data failing with
   an ``OSError`` (``EROFS``, ``EACCES``, ``ENOSPC``...) turns the disk cache off for that
-  directory for the rest of the process, with one :class:`CacheWarning` naming it: modules are
-  then built in memory and compiled without Numba's cache, every kernel still native.
+  directory for the rest of the process, with one :class:`CacheWarning` naming it: new modules
+  are then built in memory and compiled without Numba's cache, every kernel still native, and
+  what a read-only directory already holds (a warm cache shipped read-only) is still loaded.
 
 Each distinct text is one :class:`Compiled` per process (``compile_function`` returns the same
 object for the same text), so equal kernels of different plans and programs share one Numba
@@ -152,8 +153,9 @@ def _no_disk(directory, why) -> None:
             return
         _disk_off[key] = str(why)
     warnings.warn(f"pdjit: the compile cache directory {key!r} cannot be written ({why}); "
-                  "kernels are compiled in memory, without the disk cache, for the rest of "
-                  "this process (set PDJIT_CACHE_DIR to a writable directory to keep them)",
+                  "new kernels are compiled in memory, not kept on disk, for the rest of this "
+                  "process; what it already holds is still read (set PDJIT_CACHE_DIR to a "
+                  "writable directory to keep them)",
                   CacheWarning, stacklevel=3)
 
 
@@ -164,9 +166,7 @@ def disk_cache_problems() -> dict:
 
 def _write_module(d: pathlib.Path, name: str, text: str):
     """``d/<name>.py`` holding ``text``, written atomically; ``None`` when the disk cache is
-    off for ``d`` (then the module lives in memory only)."""
-    if os.path.abspath(str(d)) in _disk_off:
-        return None
+    off for ``d`` and the file is not there already (then the module lives in memory only)."""
     path = d / f"{name}.py"
     data = text.encode()
     tmp = None
@@ -177,6 +177,8 @@ def _write_module(d: pathlib.Path, name: str, text: str):
             damaged = True
         except FileNotFoundError:
             damaged = False
+        if os.path.abspath(str(d)) in _disk_off:
+            return None
         d.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=d, prefix=f".{name}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
@@ -242,11 +244,40 @@ def _load(name: str, path, fn_name: str, text: str | None = None):
                 if "cannot cache" not in str(e):
                     raise
                 _no_disk(pathlib.Path(path).parent, e)
+                # the same function without Numba's own cache, then a cache that only reads
+                # what the directory already holds (a read-only copy of a warm cache)
+                mod = _exec(name, str(path), text.replace(_ON, _OFF))
+                _read_only_cache(getattr(mod, fn_name, None))
         if mod is None:
             mod = _exec(name, f"<pdjit generated {name}>", text.replace(_ON, _OFF))
         _modules[name] = mod
         _harden(getattr(mod, fn_name, None))
     return getattr(mod, fn_name)
+
+
+def _read_only_cache(dispatcher) -> None:
+    """Give ``dispatcher`` (compiled without Numba's cache) a cache that loads the entries
+    Numba's own would have found, in a directory that exists but cannot be written."""
+    from numba.core import caching
+
+    def readable(base):
+        class Locator(base):
+            def ensure_cache_path(self):
+                if not os.path.isdir(self.get_cache_path()):
+                    raise OSError(f"no directory {self.get_cache_path()}")
+        return Locator
+
+    class Impl(caching.CompileResultCacheImpl):
+        _locator_classes = [readable(caching.UserProvidedCacheLocator),
+                            readable(caching.InTreeCacheLocator)]
+
+    class ReadOnlyCache(caching.FunctionCache):
+        _impl_class = Impl
+
+    try:
+        dispatcher._cache = ReadOnlyCache(dispatcher.py_func)
+    except (RuntimeError, AttributeError):  # no cache directory at all: compile in memory
+        pass
 
 
 class Compiled:
