@@ -116,3 +116,50 @@ def test_a_compile_worker_shares_the_work_and_the_results_are_the_same(tmp_path)
     assert pooled["stats"]["compiled"] + pooled["stats"]["loaded"] >= pooled["stats"]["kernels"]
     assert pooled["stats"]["loaded"] == 0   # nothing was on disk before: all compiled fresh
     assert alone["by_worker"] == 0 and 0 < pooled["by_worker"] < pooled["stats"]["kernels"]
+
+
+TWICE = ("def twice(x, out):\n    for i in range(x.size):\n        out[i] = x[i] * 2\n"
+         "    return out\n")
+
+
+def test_an_entry_holding_another_signatures_code_is_recompiled(tmp_path, monkeypatch):
+    """Two data files of one function swapped (what a lost race between two processes updating
+    one index could leave): each loads cleanly, but holds the other signature's machine code.
+    Calling it would be undefined behaviour; the cache notices and compiles again."""
+    import threading
+
+    import pytest
+
+    from pdjit.codegen import compiler
+
+    monkeypatch.setenv("PDJIT_CACHE_DIR", str(tmp_path))
+    barrier, got = threading.Barrier(4), []
+
+    def ask():   # threads asking for one text at once share one module and dispatcher
+        barrier.wait()
+        got.append(compiler.compile_function(TWICE, "twice"))
+
+    threads = [threading.Thread(target=ask) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    c = got[0]
+    assert len(got) == 4 and all(g is c for g in got)
+    a32, a64 = np.arange(5, dtype=np.float32), np.arange(5, dtype=np.float64)
+    c.fn(a32, np.empty_like(a32))
+    c.fn(a64, np.empty_like(a64))
+    files = sorted(pathlib.Path(c.fn._cache._cache_path).glob(f"{c.name}.*.nbc"))
+    assert len(files) == 2
+    first, second = (f.read_bytes() for f in files)
+    files[0].write_bytes(second)
+    files[1].write_bytes(first)
+    for table in (compiler._compiled, compiler._modules, sys.modules):  # as a new process
+        table.pop(c.name, None)
+    fresh = compiler.compile_function(TWICE, "twice")
+    assert fresh is not c
+    with pytest.warns(compiler.CacheWarning, match="holds code for"):
+        out = fresh.fn(a32, np.empty_like(a32))
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out, a32 * 2)
+    assert sum(fresh.fn.stats.cache_misses.values()) == 1       # compiled again, not loaded
