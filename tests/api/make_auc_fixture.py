@@ -14,7 +14,7 @@ main, start = paddle.static.Program(), paddle.static.Program()
 with paddle.static.program_guard(main, start):
     x = paddle.static.data("x", [-1, 2], "float32")
     y = paddle.static.data("y", [-1, 1], "int64")
-    auc, batch_auc, stats = paddle.static.auc(x, y, num_thresholds=200, slide_steps=2)
+    auc, batch_auc, stats = paddle.static.auc(x, y, num_thresholds=4095, slide_steps=2)
 exe = paddle.static.Executor(paddle.CPUPlace())
 exe.run(start)
 rng = np.random.default_rng(0)

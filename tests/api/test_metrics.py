@@ -164,19 +164,26 @@ def _auc_program(num_thresholds, slide_steps, width=2):
     return main, start, res
 
 
+def _assert_native(exe):
+    steps = [s for _, plan in exe._plans.values() for s in plan.walk()]
+    assert steps and all(s.kind.startswith("native") for s in steps), \
+        [s.describe() for s in steps]
+
+
 def _run_auc(main, start, res, batches):
     scope, exe = fluid.Scope(), fluid.Executor(fluid.CPUPlace(), strict=True)
-    exe.run(start, scope=scope)
+    fluid.Executor(fluid.CPUPlace(), mode="reference").run(start, scope=scope)
     out = []
     for p, lab in batches:
         feed = {"x": np.concatenate([1 - p, p], axis=1), "y": lab}
         out.append(exe.run(main, feed=feed, fetch_list=[res[0], res[1]] + res[2], scope=scope))
+    _assert_native(exe)  # both auc ops ran as native code
     return out
 
 
 def test_auc_layer_matches_sklearn_globally_and_over_the_window():
     batches = _batches(3, 40)
-    main, start, res = _auc_program(2 ** 14, 2)
+    main, start, res = _auc_program(4095, 2)
     outs = _run_auc(main, start, res, batches)
     for k, (g, b, bpos, bneg, pos, neg) in enumerate(outs):
         assert int(bneg[-1]) == k + 1
@@ -189,15 +196,15 @@ def test_auc_layer_matches_sklearn_globally_and_over_the_window():
         wp = np.concatenate([s[0] for s in win]).ravel()
         wl = np.concatenate([s[1] for s in win]).ravel()
         assert float(b) == pytest.approx(sk.roc_auc_score(wl, wp), abs=1e-3)
-        assert pos.shape == (1, 2 ** 14 + 1) and int(pos.sum()) == int(lab.sum())
+        assert pos.shape == (1, 4096) and int(pos.sum()) == int(lab.sum())
         assert int(neg.sum()) == lab.size - int(lab.sum())
-        assert bpos.shape == (3 * (2 ** 14 + 1) + 1,) and bpos[-1] == k + 1
+        assert bpos.shape == (3 * 4096 + 1,) and bpos[-1] == k + 1
     ops = [op.type for op in main.global_block().ops]
     assert ops.count("auc") == 2
 
 
 def test_auc_layer_bad_input_names_the_op():
-    main, start, res = _auc_program(15, 1)
+    main, start, res = _auc_program(4095, 2)
     p = np.array([[0.2], [1.2]], np.float32)
     exe = fluid.Executor(fluid.CPUPlace())
     scope = fluid.Scope()
@@ -228,13 +235,13 @@ def test_the_verifier_refuses_bad_auc_attributes():
         fluid.verify(main)
 
 
-# Paddle 3.3.1's legacy ``auc`` ops (``paddle.static.auc(x, y, num_thresholds=200,
+# Paddle 3.3.1's legacy ``auc`` ops (``paddle.static.auc(x, y, num_thresholds=4095,
 # slide_steps=2)``, legacy static mode, CPU) on the three batches of ``_paddle_batches``: per
 # batch, the global AUC, the batch AUC and the batch counter (recorded with
 # tests/api/make_auc_fixture.py, which runs paddle; test_auc_layer_against_paddle_live reruns it).
 PADDLE_AUC = [(0.16666666666666666, 0.16666666666666666, 1),
               (0.3174603174603175, 0.3174603174603175, 2),
-              (0.45357142857142857, 0.6015625, 3)]
+              (0.45, 0.59375, 3)]
 
 
 def _paddle_batches():
@@ -247,7 +254,7 @@ def _paddle_batches():
 
 
 def test_auc_layer_matches_paddles_recorded_outputs():
-    main, start, res = _auc_program(200, 2)
+    main, start, res = _auc_program(4095, 2)
     outs = _run_auc(main, start, res, _paddle_batches())
     for (g, b, bpos, *_), (want_g, want_b, count) in zip(outs, PADDLE_AUC):
         assert float(g) == want_g and float(b) == want_b and bpos[-1] == count
@@ -258,14 +265,44 @@ def test_auc_layer_matches_paddles_recorded_outputs():
         x = fluid.data("x", [-1, 2], "float32")
         y = fluid.data("y", [-1, 1], "int64")
         w = fluid.data("w", [1, 1], "float32")
-        res = fluid.layers.auc(x, y, num_thresholds=200, slide_steps=2, ins_tag_weight=w)
+        res = fluid.layers.auc(x, y, num_thresholds=4095, slide_steps=2, ins_tag_weight=w)
     scope, exe = fluid.Scope(), fluid.Executor(fluid.CPUPlace(), strict=True)
-    exe.run(start, scope=scope)
+    fluid.Executor(fluid.CPUPlace(), mode="reference").run(start, scope=scope)
     for (p, lab), (want_g, want_b, _) in zip(_paddle_batches(), PADDLE_AUC):
         g, b = exe.run(main, feed={"x": np.concatenate([1 - p, p], 1), "y": lab,
                                    "w": np.zeros((1, 1), "float32")},
                        fetch_list=[res[0], res[1]], scope=scope)
         assert (float(g), float(b)) == (want_g, want_b)
+
+
+def test_auc_op_compiled_equals_reference_on_edge_values():
+    """float64 [N, 1] probabilities with 0 and 1 exactly, int32 labels of rank 1 with a
+    negative label (counted in neither histogram): the native kernel gives the reference's
+    bits; and the same statistics as counting by hand."""
+    from pdjit.testing import build_op_program, run_op
+
+    p = np.array([[0.0], [1.0], [0.5], [0.25], [0.999], [0.7]])
+    lab = np.array([0, 1, 1, -1, 0, 1], np.int32)
+    size = 3 * 4096 + 1
+    ins = {"Predict": p, "Label": lab, "StatPos": np.zeros(size, np.int64),
+           "StatNeg": np.zeros(size, np.int64)}
+    attrs = {"num_thresholds": 4095, "slide_steps": 2}
+    ref = run_op("auc", ins, attrs, mode="reference")
+    prog, feed, outs = build_op_program("auc", ins, attrs)
+    exe = fluid.Executor(fluid.CPUPlace(), strict=True)
+    slots = list(outs)
+    got = exe.run(prog, feed=feed, fetch_list=[outs[s_][0] for s_ in slots], scope=fluid.Scope())
+    _assert_native(exe)
+    exe_got = dict(zip(slots, got))
+    for slot in ref:
+        np.testing.assert_array_equal(exe_got[slot], ref[slot])
+    bins = (p[:, 0] * 4095).astype(int)
+    want_pos = np.bincount(bins[lab > 0], minlength=4096)
+    np.testing.assert_array_equal(exe_got["StatPosOut"][2 * 4096:3 * 4096], want_pos)
+    assert exe_got["StatNegOut"][:4096].sum() == 2 and exe_got["StatNegOut"][-1] == 1
+    # 3 positives above both negatives but one: the one at 0.999 outranks 0.5 and 0.7
+    assert float(exe_got["AUC"]) == pytest.approx(sk.roc_auc_score([0, 1, 1, 0, 1],
+                                                                   p[[0, 1, 2, 4, 5], 0]))
 
 
 def test_auc_op_ins_tag_weight_zero_counts_nothing():
