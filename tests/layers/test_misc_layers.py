@@ -58,17 +58,19 @@ def test_sigmoid_cross_entropy_trains_a_logistic_regression(fresh_programs):
     main, startup = fresh_programs
     x = fluid.layers.data(name="x", shape=[2], dtype="float32")
     label = fluid.layers.data(name="label", shape=[1], dtype="float32")
-    logit = fluid.layers.fc(x, 1)
+    zero = fluid.ParamAttr(initializer=fluid.initializer.Constant(0.0))
+    logit = fluid.layers.fc(x, 1, param_attr=zero, bias_attr=zero)
     loss = fluid.layers.mean(fluid.layers.sigmoid_cross_entropy_with_logits(logit, label))
     fluid.optimizer.SGD(learning_rate=0.5).minimize(loss)
-    xs = RNG.normal(size=(64, 2)).astype(np.float32)
+    xs = np.random.default_rng(0).normal(size=(64, 2)).astype(np.float32)
     ys = (xs @ np.array([2.0, -1.0]) > 0).astype(np.float32).reshape(-1, 1)
     scope, exe = fluid.Scope(), fluid.Executor(fluid.CPUPlace())
     exe.run(startup, scope=scope)
     losses = [float(exe.run(main, feed={"x": xs, "label": ys}, fetch_list=[loss],
                             scope=scope)[0]) for _ in range(30)]
     assert_native(exe)
-    assert losses[-1] < 0.5 * losses[0], losses
+    assert abs(losses[0] - np.log(2)) < 1e-6  # zero weights: every probability is 1/2
+    assert all(b < a for a, b in zip(losses, losses[1:])) and losses[-1] < 0.35, losses
 
 
 def _value_and_grad(layer, xv, wv):
