@@ -720,3 +720,17 @@ add("average_accumulates",
                  "in_old_num_accumulates": np.array([2], I64),
                  "in_num_updates": np.array([9], I64)},
       {"average_window": 0.5, "min_average_window": 2, "max_average_window": 5}))
+
+
+# ---- auc (ops/metric.py: part C of issue 22) ---------------------------------------------------
+def _auc_sample(slide_steps, nt=16):
+    def inputs(r):
+        p = r.random((6, 1))
+        size = nt + 1 if slide_steps == 0 else (slide_steps + 1) * (nt + 1) + 1
+        stats = [r.integers(0, 3, (size,)).astype(I64) for _ in range(2)]
+        return {"Predict": np.concatenate([1 - p, p], 1), "Label": labels(r, (6, 1), 2),
+                "StatPos": stats[0], "StatNeg": stats[1]}
+    return S(inputs, {"num_thresholds": nt, "slide_steps": slide_steps})
+
+
+add("auc", _auc_sample(0), _auc_sample(2))
