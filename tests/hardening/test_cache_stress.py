@@ -268,3 +268,64 @@ def test_a_read_only_cache_that_is_already_warm_still_serves(warm_cache):
     assert got["stats"]["compiled"] == 0, got       # loaded: reading needs no writes
     assert got["stats"]["loaded"] == got["stats"]["kernels"]
     assert [w for w in got["warnings"] if "cannot be written" in w]   # nothing new is kept
+
+
+SIGNATURES_SCRIPT = textwrap.dedent("""
+    import json, os, sys, time
+    import numpy as np
+    from pdjit.codegen import compiler
+    src = ("def twice(x, out):\\n    for i in range(x.size):\\n        out[i] = x[i] * 2\\n"
+           "    return out\\n")
+    c = compiler.compile_function(src, "twice")
+    dtypes = ["float32", "float64", "int8", "int16", "int32", "int64", "uint8", "uint16"]
+    # two processes add different signatures; the third process wants them all
+    dtypes = {"first": dtypes[:4], "second": dtypes[4:], "all": dtypes}[sys.argv[1]]
+    cache_file = c.fn._cache._cache_file
+    save_index = cache_file._save_index
+
+    def slow_save_index(overloads):   # a slow disk: the read-modify-write window widens
+        time.sleep(0.1)
+        save_index(overloads)
+
+    cache_file._save_index = slow_save_index
+    go = os.environ.get("TEST_GO")
+    if go:
+        open(go + "." + str(os.getpid()), "w").close()
+        t0 = time.time()
+        while not os.path.exists(go) and time.time() - t0 < 60:
+            time.sleep(0.002)
+    for d in dtypes:   # each a new signature of one function: one index, updated each time
+        x = np.arange(7, dtype=d)
+        assert (c.fn(x, np.empty_like(x)) == x * 2).all()
+    s = c.fn.stats
+    print(json.dumps({"compiled": sum(s.cache_misses.values()),
+                      "loaded": sum(s.cache_hits.values())}))
+""")
+
+
+def test_two_processes_adding_signatures_to_one_index_lose_none(tmp_path):
+    """Numba reads, extends and rewrites a function's index for each new signature: two
+    processes doing so at once must not drop each other's entries (pdjit serialises it)."""
+    go = tmp_path / "go"
+
+    def start(order, **extra):
+        return subprocess.Popen([sys.executable, "-c", SIGNATURES_SCRIPT, order],
+                                env=_env(tmp_path, **extra), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+
+    def finish(proc):
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+        return json.loads(out.strip().splitlines()[-1])
+
+    procs = [start(half, TEST_GO=str(go)) for half in ("first", "second")]
+    t0 = time.time()
+    while len(list(tmp_path.glob("go.*"))) < 2 and time.time() - t0 < 120:
+        if any(p.poll() is not None for p in procs):
+            break
+        time.sleep(0.01)
+    go.touch()
+    for got in map(finish, procs):
+        assert got == {"compiled": 4, "loaded": 0}, got
+    third = finish(start("all"))
+    assert third == {"compiled": 0, "loaded": 8}, third   # every signature's entry survived
