@@ -734,3 +734,44 @@ def _auc_sample(slide_steps, nt=16):
 
 
 add("auc", _auc_sample(0), _auc_sample(2))
+# ---- losses (loss.py) and utility ops (misc.py) ------------------------------------------------
+_OFFSETS = np.array([[0.3, -1.5, 0.6], [-0.4, 1.8, -0.2]])  # residuals away from the kinks at 1
+
+
+add("sigmoid_cross_entropy_with_logits",
+    S(lambda r: {"X": u(r, (2, 3), -2, 2), "Label": u(r, (2, 3), 0, 1)}, grad=["X"]),
+    S(lambda r: {"X": u(r, (2, 3), -2, 2), "Label": u(r, (2, 3), 0, 1),
+                 "pos_weight": pos(r, (2, 3))}, grad=["X"]),
+    S(lambda r: {"X": u(r, (2, 3), -2, 2),
+                 "Label": np.array([[0.2, -100.0, 1.0], [0.0, 0.5, 1.0]])},
+      {"normalize": True}, grad=["X"]))
+add("bce_loss", S(lambda r: {"X": u(r, (2, 3), 0.1, 0.9), "Label": u(r, (2, 3), 0, 1)},
+                  grad=["X"]))
+add("huber_loss", S(lambda r: (lambda x: {"X": x, "Y": x + _OFFSETS})(u(r, (2, 3))),
+                    {"delta": 1.0}, grad=["X", "Y"]))
+add("smooth_l1_loss",
+    S(lambda r: (lambda x: {"X": x, "Y": x - _OFFSETS})(u(r, (2, 3))), {"sigma": 1.0},
+      grad=["X", "Y"]),
+    S(lambda r: (lambda x: {"X": x.reshape(2, 3, 1), "Y": (x - _OFFSETS).reshape(2, 3, 1),
+                            "InsideWeight": pos(r, (2, 3, 1), 0.9, 1.1),
+                            "OutsideWeight": pos(r, (2, 3, 1))})(u(r, (2, 3))),
+      {"sigma": 1.0}, grad=["X", "Y"]))
+add("kldiv_loss", *[S(lambda r: {"X": u(r, (2, 3)), "Target": probs(r, (2, 3))},
+                      {"reduction": red}, grad=["X"], out="Loss")
+                    for red in ("none", "batchmean", "mean", "sum")],
+    S(lambda r: {"X": u(r, (2, 3)), "Target": u(r, (2, 3))},
+      {"reduction": "sum", "log_target": True}, grad=["X"], out="Loss"))
+add("norm", S(lambda r: {"X": u(r, (2, 3, 4))}, {"axis": 1}, grad=["X"]),
+    S(lambda r: {"X": u(r, (2, 3))}, {"axis": -1, "epsilon": 1e-6}, grad=["X"]))
+add("log_softmax", S(lambda r: {"X": u(r, (2, 3), -2, 2)}, {"axis": -1}, grad=["X"]),
+    S(lambda r: {"X": u(r, (2, 3, 2), -2, 2)}, {"axis": 1}, grad=["X"]))
+add("linspace",
+    S({"Start": np.array([-1.0]), "Stop": np.array([2.0]), "Num": np.array([7], np.int32)},
+      {"dtype": FP64}),
+    S({"Start": np.array([0], np.int32), "Stop": np.array([10], np.int32),
+       "Num": np.array([4], np.int32)}, {"dtype": INT32}))
+for _check in ("isfinite", "isnan", "isinf"):
+    add(_check, S(lambda r: {"X": u(r, (2, 3))}),
+        S({"X": np.array([[1.0, np.inf], [np.nan, 0.0]])}))
+add("print", S(lambda r: {"In": u(r, (2, 3))},
+               {"summarize": 2, "print_phase": "BACKWARD"}, grad=["In"]))
