@@ -53,6 +53,12 @@ from pdjit.proto import framework_pb2 as pb
 
 # attribute types passed to kernels as run-time arguments rather than written into their text
 _NUMERIC_ATTRS = (pb.AttrType.FLOAT, pb.AttrType.FLOAT64)
+_RESERVED = re.compile(r"a\d*")
+
+
+def _unreserved(hint: str) -> str:
+    """A hint for a fresh local that cannot produce a parameter's name (``a<n>``)."""
+    return hint + "_" if _RESERVED.fullmatch(hint) else hint
 
 
 def literal(value) -> str:
@@ -369,7 +375,7 @@ class _KernelScope:
 
     def fresh(self, hint: str) -> str:
         self.counter += 1
-        return f"{hint}{self.counter}"
+        return f"{_unreserved(hint)}{self.counter}"
 
     def _param(self, driver_local: str) -> str:
         p = self.param_of.get(driver_local)
@@ -456,7 +462,7 @@ class SegmentGen:
     # -- names ---------------------------------------------------------------------------------
     def fresh(self, hint: str) -> str:
         self.counter += 1
-        return f"{hint}{self.counter}"
+        return f"{_unreserved(hint)}{self.counter}"
 
     def read(self, name: str) -> str:
         """The local array holding ``name``'s current value (an argument if not yet defined)."""

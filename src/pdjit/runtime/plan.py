@@ -472,7 +472,7 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None,
 _warned: set = set()
 
 
-_BY_DESIGN = (registry.CONTROL_FLOW, registry.FEED_FETCH, registry.RANDOM)
+_BY_DESIGN = (registry.CONTROL_FLOW, registry.FEED_FETCH, registry.RANDOM, registry.SIDE_EFFECT)
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -487,8 +487,9 @@ def _user_stacklevel() -> int:
 
 def _warn_reference_step(op, why: str) -> None:
     """Say once per op type and reason that a compiled plan runs an op's reference. Control
-    flow (its sub-blocks are what compiles), feed/fetch and random ops (initializers, dropout:
-    they draw from the run's random stream) run that way by design and are not named."""
+    flow (its sub-blocks are what compiles), feed/fetch, random ops (initializers, dropout:
+    they draw from the run's random stream) and side-effect ops (``print``) run that way by
+    design and are not named."""
     opdef = registry.lookup(op.type)
     if opdef is not None and any(opdef.has(t) for t in _BY_DESIGN):
         return
