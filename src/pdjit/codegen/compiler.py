@@ -2,9 +2,11 @@
 
 Numba caches only functions that live in a real module file registered in ``sys.modules``
 (``shared/facts/numba.md``). So each generated function is written to
-``<cache dir>/pdjit_gen_<sha256>.py``, imported under that name, and decorated with
+``<cache dir>/pdjit_gen_<sha256>.py``, executed as a module of that name (compiled from the
+text this process holds, so no ``.pyc`` is written or read), and decorated with
 ``numba.njit(cache=True)``: a second process that generates the same source finds the file and
-Numba's compiled code beside it (``__pycache__``), and runs without compiling.
+Numba's compiled code beside it (``__pycache__``, or under ``NUMBA_CACHE_DIR``), and runs
+without compiling.
 
 The file's text includes a hash of everything it calls that lives elsewhere (the runtime
 helpers, the math functions, the library kernels of ``nnlib``, pdjit's and Numba's versions),
@@ -18,10 +20,10 @@ The cache survives what a shared disk does to it:
 - **Several processes at once.** A module file is written to a temporary file in the same
   directory and linked into place only if no other process got there first (``os.link``: the
   first complete file wins and is never rewritten under a reader); a damaged one is replaced
-  with ``os.replace``. Numba writes its
-  ``.nbi``/``.nbc`` files the same way; pdjit also serialises Numba's read-modify-write of an
-  index under a lock file in that directory (``fcntl.flock``), so two processes adding
-  signatures to one library kernel cannot drop each other's entries.
+  with ``os.replace``. Numba writes its ``.nbi``/``.nbc`` files the same way; pdjit also
+  serialises Numba's read-modify-write of an index under a lock file in that directory
+  (``.pdjit-cache.lock``, ``fcntl.flock``), so two processes adding signatures to one function
+  (a library kernel) cannot drop each other's entries or reuse each other's data file names.
 - **Damaged entries.** A module file whose bytes are not its text is rewritten; the data files
   Numba writes for pdjit's functions end with a SHA-256 of their content, checked on load; an
   index or data file that does not load (truncated, garbage, another signature's code) is
