@@ -35,5 +35,5 @@ def test_several_places_need_a_data_parallel_program():
     np.testing.assert_array_equal(out, 2 * np.maximum(np.concatenate([a, b]), 0))
     with pytest.raises(fluid.FeedError, match="place 1 feeds"):
         exe.run(compiled, feed=[{"x": a}, {"y": b}], fetch_list=[y])
-    with pytest.raises(TypeError, match="one dict per place"):
+    with pytest.raises(TypeError, match="one such dict per place"):
         exe.run(main, feed=[a], fetch_list=[y])

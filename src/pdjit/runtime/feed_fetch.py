@@ -203,8 +203,8 @@ def merge_place_feeds(feeds, data_parallel: bool) -> dict:
     arrays of the dicts are concatenated along the batch axis."""
     if not all(isinstance(f, dict) for f in feeds):
         got = ", ".join(sorted({type(f).__name__ for f in feeds})) or "nothing"
-        raise TypeError(f"Executor.run: a feed list must hold one dict per place, got a list "
-                        f"of {got}")
+        raise TypeError(f"Executor.run: feed must be a dict of name -> value, or a list of one "
+                        f"such dict per place; got a list of {got}")
     if len(feeds) == 1:
         return feeds[0]
     if not data_parallel:
