@@ -109,7 +109,7 @@ def _feeds(program, names, rng) -> dict:
             return None
         dt = v.dtype if v.dtype is not None else np.dtype(np.float32)
         if dt.kind in "iub":
-            feeds[n] = rng.randint(0, 2, size=shape).astype(dt)
+            feeds[n] = rng.integers(0, 2, size=shape).astype(dt)
         else:
             feeds[n] = rng.standard_normal(shape).astype(dt)
     return feeds
