@@ -16,7 +16,8 @@ fulfils anyway are silent: the fusion switches (pdjit fuses elementwise chains, 
 optimizer updates itself), memory reuse and in-place, sequential execution (ops always run in
 program order), the reduce and gradient-scale strategies other than ``Customized`` and
 ``sync_batch_norm`` (with one replica there is nothing to reduce, scale or synchronise),
-``num_iteration_per_drop_scope``. Setting any other field to a value other than its default
+``num_iteration_per_drop_scope``, ``use_experimental_executor`` (the compiled executor runs
+either way). Setting any other field to a value other than its default
 warns once per process and field, saying why it has no effect. Unknown field names raise
 ``AttributeError``.
 """
@@ -137,6 +138,8 @@ class ExecutionStrategy(_Strategy):
         "use_thread_barrier": (False, "ops run in program order on one replica"),
         "allow_op_delay": (False, "ops run in program order on one replica"),
         "dry_run": (False, "the program runs (pdjit has no dry run)"),
+        # Fluid's faster threaded executor: pdjit's compiled executor is what runs either way
+        "use_experimental_executor": (False, None),
     }
 
 

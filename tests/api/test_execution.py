@@ -107,6 +107,7 @@ def test_strategies_accept_fluids_fields_and_warn_once_for_unused_ones(monkeypat
         bs.sync_batch_norm = True
         bs.gradient_scale_strategy = fluid.BuildStrategy.GradientScaleStrategy.One
         es.num_iteration_per_drop_scope = 10
+        es.use_experimental_executor = True  # Fluid 1.x scripts' "fast executor" switch
         es.num_threads = 0  # the default
     with pytest.warns(UserWarning, match=r"ExecutionStrategy.num_threads = 4 has no effect.*"
                                          r"set_num_threads"):
