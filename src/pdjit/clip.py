@@ -11,7 +11,8 @@ An optimizer's ``grad_clip`` clips its gradients. Without one, ``minimize`` appl
 global clip set by ``set_gradient_clip(clip, param_list=None, program=None)``: each parameter
 named there carries the clip (``Parameter.gradient_clip_attr``), and ``append_gradient_clip_ops``
 clips the gradients of the parameters that share one clip object together (a global norm is
-the norm over that group).
+the norm over that group; global-norm clips of one ``group_name`` form one group). Each
+clip's ``need_clip(param)`` (Fluid 1.8) can leave some gradients out.
 """
 from __future__ import annotations
 
@@ -56,21 +57,43 @@ def _scaled(block, g, factor):
 
 
 class GradientClipBase:
-    """What every gradient clip is: ``clip(params_grads) -> params_grads`` appending ops."""
+    """What every gradient clip is: ``clip(params_grads) -> params_grads`` appending ops.
+
+    ``need_clip`` (Fluid 1.8): a function of a Parameter returning whether its gradient is
+    clipped; the others pass through untouched (and stay out of a global norm). ``None``:
+    every gradient is clipped."""
+
+    def __init__(self, need_clip=None):
+        if need_clip is not None and not callable(need_clip):
+            raise TypeError(f"{type(self).__name__}: need_clip must be a function of a "
+                            f"Parameter returning bool, or None; got "
+                            f"{type(need_clip).__name__}")
+        self._need_clip = need_clip
 
     def __call__(self, params_grads):
+        params_grads = list(params_grads)
+        picked = [i for i, (p, _) in enumerate(params_grads)
+                  if self._need_clip is None or self._need_clip(p)]
+        out = list(params_grads)
+        if picked:
+            for i, pg in zip(picked, self._clip([params_grads[i] for i in picked])):
+                out[i] = pg
+        return out
+
+    def _clip(self, params_grads):
         raise NotImplementedError
 
 
 class GradientClipByValue(GradientClipBase):
-    def __init__(self, max, min=None):
+    def __init__(self, max, min=None, need_clip=None):
+        super().__init__(need_clip)
         min = -max if min is None else min
         if min > max:
             raise ValueError(f"GradientClipByValue: expected min <= max, got min={min}, "
                              f"max={max}")
         self.max, self.min = float(max), float(min)
 
-    def __call__(self, params_grads):
+    def _clip(self, params_grads):
         out = []
         for p, g in params_grads:
             block = g.block
@@ -82,12 +105,13 @@ class GradientClipByValue(GradientClipBase):
 
 
 class GradientClipByNorm(GradientClipBase):
-    def __init__(self, clip_norm):
+    def __init__(self, clip_norm, need_clip=None):
+        super().__init__(need_clip)
         if clip_norm <= 0:
             raise ValueError(f"GradientClipByNorm: clip_norm must be > 0, got {clip_norm}")
         self.clip_norm = float(clip_norm)
 
-    def __call__(self, params_grads):
+    def _clip(self, params_grads):
         out = []
         for p, g in params_grads:
             block = g.block
@@ -99,15 +123,21 @@ class GradientClipByNorm(GradientClipBase):
 
 
 class GradientClipByGlobalNorm(GradientClipBase):
-    def __init__(self, clip_norm):
+    """``group_name``: with ``set_gradient_clip``, the parameters of every global-norm clip of
+    one group name are clipped together, by one norm (their ``clip_norm`` must agree)."""
+
+    def __init__(self, clip_norm, group_name="default_group", need_clip=None):
+        super().__init__(need_clip)
         if clip_norm <= 0:
             raise ValueError(f"GradientClipByGlobalNorm: clip_norm must be > 0, got "
                              f"{clip_norm}")
+        if not isinstance(group_name, str):
+            raise TypeError(f"GradientClipByGlobalNorm: group_name must be a str, got "
+                            f"{type(group_name).__name__}")
         self.clip_norm = float(clip_norm)
+        self.group_name = group_name
 
-    def __call__(self, params_grads):
-        if not params_grads:
-            return params_grads
+    def _clip(self, params_grads):
         block = params_grads[0][1].block
         sums = [_sum_of_squares(block, g) for _, g in params_grads]
         first = params_grads[0][1]
@@ -165,7 +195,16 @@ def append_gradient_clip_ops(params_grads) -> list:
             if not isinstance(clip, GradientClipBase):
                 raise TypeError(f"parameter {p.name!r}: gradient_clip_attr must be a gradient "
                                 f"clip, got {type(clip).__name__}")
-            groups.setdefault(id(clip), (clip, []))[1].append(i)
+            key = id(clip)
+            if isinstance(clip, GradientClipByGlobalNorm):  # grouped by name, as Fluid 1.8
+                key = ("global norm", clip.group_name)
+                first = groups.get(key, (clip,))[0]
+                if first.clip_norm != clip.clip_norm:
+                    raise ValueError(f"set_gradient_clip: the GradientClipByGlobalNorm clips "
+                                     f"of group {clip.group_name!r} must share one clip_norm, "
+                                     f"got {first.clip_norm} and {clip.clip_norm} (parameter "
+                                     f"{p.name!r})")
+            groups.setdefault(key, (clip, []))[1].append(i)
     out = list(params_grads)
     for clip, idx in groups.values():
         for i, pg in zip(idx, clip([params_grads[i] for i in idx])):

@@ -476,6 +476,36 @@ def test_set_gradient_clip_by_global_norm():
     close(b, B0 - 0.1 * gb * 0.5 / norm)
 
 
+def test_clip_need_clip_leaves_gradients_out_of_the_clip_and_the_norm():
+    # Fluid 1.8's need_clip(param): the bias is neither clipped nor part of the global norm
+    w, b = _one_sgd_step(lambda: fluid.clip.set_gradient_clip(
+        fluid.clip.GradientClipByGlobalNorm(0.5, need_clip=lambda p: p.name.endswith("w_0"))))
+    gw, gb = np_grads(W0.astype(np.float64), B0.astype(np.float64))
+    norm = np.sqrt((gw ** 2).sum())
+    assert norm > 0.5
+    close(w, W0 - 0.1 * gw * 0.5 / norm)
+    close(b, B0 - 0.1 * gb)
+    with pytest.raises(TypeError, match=r"GradientClipByValue: need_clip must be a function"):
+        fluid.clip.GradientClipByValue(1.0, need_clip=True)
+
+
+def test_set_gradient_clip_groups_global_norms_by_group_name():
+    def two_clips(norm_b):
+        def setup():
+            fluid.clip.set_gradient_clip(fluid.clip.GradientClipByGlobalNorm(0.5, "g"),
+                                         param_list=["fc_0.w_0"])
+            fluid.clip.set_gradient_clip(fluid.clip.GradientClipByGlobalNorm(norm_b, "g"),
+                                         param_list=["fc_0.b_0"])
+        return setup
+    w, b = _one_sgd_step(two_clips(0.5))   # two clip objects, one group: one norm
+    gw, gb = np_grads(W0.astype(np.float64), B0.astype(np.float64))
+    norm = np.sqrt((gw ** 2).sum() + (gb ** 2).sum())
+    close(w, W0 - 0.1 * gw * 0.5 / norm)
+    close(b, B0 - 0.1 * gb * 0.5 / norm)
+    with pytest.raises(ValueError, match=r"group 'g' must share one clip_norm, got 0.5 and 0.7"):
+        _one_sgd_step(two_clips(0.7))
+
+
 def test_optimizer_grad_clip_wins_over_set_gradient_clip():
     def make():
         fluid.clip.set_gradient_clip(fluid.clip.GradientClipByValue(1e-6))
