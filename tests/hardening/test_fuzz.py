@@ -4,9 +4,11 @@ their ``.pdiparams``, each parsed, verified, loaded and run with feeds of the de
 (reference mode; a small sample compiled as well). Only pdjit's own errors may escape, nothing
 may crash, and nothing may allocate gigabytes because a file claims a size.
 
-The CI run tries ``CI_CASES`` mutants; ``PDJIT_FUZZ_CASES=N`` (or ``HYPOTHESIS_PROFILE=dev``:
-``DEV_CASES``) tries more. ``python tests/hardening/test_fuzz.py N`` prints the outcome counts
-by class (parse error / verify error / parameter error / run error / ok).
+Structural edits of the programs (``edit``: attributes, slots, op types, variable descs) add
+what byte mutations rarely reach. The CI run tries ``CI_CASES`` byte mutants and a fifth as many
+edits; ``PDJIT_FUZZ_CASES=N`` (or ``HYPOTHESIS_PROFILE=dev``: ``DEV_CASES``) tries more.
+``python tests/hardening/test_fuzz.py N [SEED]`` prints the outcome counts by class (parse error /
+verify error / parameter error / feed too large / run error / ok).
 """
 import collections
 import os
@@ -22,6 +24,7 @@ import numpy as np
 import pytest
 
 import pdjit as fluid
+from pdjit.framework import registry
 from pdjit.framework.errors import ModelFileError, PdjitError, ProgramError
 from pdjit.io import inference as inf
 from pdjit.io.tensor_stream import _Reader, load_combined_params, read_tensor, write_tensor
@@ -99,6 +102,62 @@ def mutate(data: bytes, rng: random.Random) -> tuple:
     return kind, bytes(b)
 
 
+def edit(data: bytes, rng: random.Random) -> tuple:
+    """``(kind, mutant)``: one structural edit of a ProgramDesc's bytes (an attribute dropped,
+    retyped or given an odd value, a slot emptied or pointed at another variable, an op type
+    swapped, a variable's dims or dtype changed) that byte mutations rarely make."""
+    A, VT = pb.AttrType, pb.VarType
+    d = pb.ProgramDesc.FromString(data)
+    b = d.blocks[rng.randrange(len(d.blocks))]
+    if not b.ops:
+        return "no op", data
+    op = b.ops[rng.randrange(len(b.ops))]
+    names = [v.name for v in b.vars] + [v.name for v in d.blocks[0].vars]
+    kind = rng.choice(("drop attr", "attr value", "attr type", "rename input", "empty input",
+                       "op type", "var desc", "rename output", "extra input"))
+    attr = op.attrs[rng.randrange(len(op.attrs))] if op.attrs else None
+    slots = op.inputs if kind != "rename output" else op.outputs
+    slot = slots[rng.randrange(len(slots))] if len(slots) else None
+    if kind == "drop attr" and attr is not None:
+        kept = [a for a in op.attrs if a.name != attr.name]
+        del op.attrs[:]
+        op.attrs.extend(kept)
+    elif kind == "attr value" and attr is not None:
+        if attr.type in (A.INT, A.LONG, A.BLOCK):
+            v = rng.choice([-1, 0, 2, 7, -100, 2 ** 31 - 1, len(d.blocks)])
+            setattr(attr, {A.INT: "i", A.LONG: "l", A.BLOCK: "block_idx"}[attr.type], v)
+        elif attr.type == A.FLOAT:
+            attr.f = rng.choice([0.0, -1.0, float("nan"), 1e30])
+        elif attr.type == A.INTS:
+            del attr.ints[:]
+            attr.ints.extend(rng.choice([[], [0], [-1, 5], [3, 2, 1, 0], [2 ** 30, 2 ** 30]]))
+        elif attr.type == A.BOOLEAN:
+            attr.b = not attr.b
+        elif attr.type == A.STRING:
+            attr.s = rng.choice(["", "NHWC", "bogus", "AnyLayout"])
+    elif kind == "attr type" and attr is not None:
+        attr.type = rng.choice([A.INT, A.FLOAT, A.INTS, A.STRING, A.BOOLEAN, A.LONG, A.FLOATS])
+    elif kind in ("rename input", "rename output") and slot is not None and slot.arguments:
+        slot.arguments[rng.randrange(len(slot.arguments))] = rng.choice(names)
+    elif kind == "empty input" and slot is not None:
+        del slot.arguments[:]
+    elif kind == "op type":
+        op.type = rng.choice(_OP_TYPES)
+    elif kind == "var desc" and b.vars:
+        v = b.vars[rng.randrange(len(b.vars))]
+        if v.type.type == VT.LOD_TENSOR:
+            td = v.type.lod_tensor.tensor
+            del td.dims[:]
+            td.dims.extend(rng.choice([[], [1], [-1, 3], [2, 2, 2, 2], [0]]))
+            td.data_type = rng.choice([VT.FP32, VT.INT64, VT.FP64, VT.BOOL, VT.INT32])
+    elif kind == "extra input" and slot is not None:
+        slot.arguments.append(rng.choice(names))
+    return kind, d.SerializeToString()
+
+
+_OP_TYPES = sorted(registry.all_ops())
+
+
 def _feeds(program, names, rng) -> dict:
     gb = program.global_block()
     feeds = {}
@@ -145,7 +204,8 @@ def attempt(model: bytes, params: bytes, executor, name: str = "m", keep=None) -
     return "ok", out
 
 
-def fuzz(srcs, cases: int, seed: int = 0, params_share: float = 0.2, executor=None) -> tuple:
+def fuzz(srcs, cases: int, seed: int = 0, params_share: float = 0.2, executor=None,
+         mutator=mutate) -> tuple:
     """``(Counter of outcomes, [failures])`` of ``cases`` mutants spread over ``srcs``; a
     failure is ``(source, case, kind, traceback)`` of an error that is not pdjit's."""
     executor = executor or fluid.Executor(mode="reference")
@@ -153,7 +213,9 @@ def fuzz(srcs, cases: int, seed: int = 0, params_share: float = 0.2, executor=No
     for i in range(cases):
         name, model, params = srcs[i % len(srcs)]
         rng = random.Random(f"{seed}/{name}/{i}")
-        if rng.random() < params_share:
+        if mutator is edit:
+            kind, model = edit(model, rng)
+        elif rng.random() < params_share:
             kind, params = mutate(params, rng)
             kind = "params: " + kind
         else:
@@ -200,6 +262,18 @@ def test_mutants_raise_only_pdjit_errors(srcs, alloc_limit):
     for outcome in ("parse error", "verify error", "params error", "run error", "ok"):
         assert counts[outcome] > 0, (outcome, counts)
     assert _max_rss_bytes() - rss < 1 << 30  # no file made the process take a gigabyte
+
+
+def test_edited_programs_raise_only_pdjit_errors(srcs, alloc_limit):
+    """Structural edits (attributes, slots, op types, variable descs) of the programs without
+    a loop (an edited loop bound may legitimately run for ever)."""
+    loopless = [s for s in srcs if s[0] != "models/cond_while"]
+    counts, failures = fuzz(loopless, _cases() // 5, mutator=edit)
+    print(f"edited programs: {dict(counts)}")
+    assert not failures, "".join(f"\n--- {n} case {i} ({k})\n{tb}" for n, i, k, tb in
+                                 failures[:5]) + f"\n({len(failures)} failures)"
+    for outcome in ("verify error", "run error", "ok"):
+        assert counts[outcome] > 0, (outcome, counts)
 
 
 def test_a_sample_of_mutants_compiled_matches_the_reference(srcs, alloc_limit):
@@ -302,9 +376,14 @@ def test_every_truncation_of_a_combined_file_is_a_named_error():
 if __name__ == "__main__":
     n = int(sys.argv[1]) if len(sys.argv) > 1 else DEV_CASES
     os.environ.setdefault("PDJIT_MAX_ALLOC_BYTES", str(MAX_ALLOC))
-    counts, failures = fuzz(sources(), n, seed=int(sys.argv[2]) if len(sys.argv) > 2 else 0)
-    total = sum(counts.values()) + len(failures)
-    print(f"{total} mutants: " + ", ".join(f"{k} {counts[k]}" for k in OUTCOMES)
-          + f", non-pdjit errors {len(failures)}")
-    for name, i, kind, tb in failures[:20]:
-        print(f"--- {name} case {i} ({kind})\n{tb}")
+    seed = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+    srcs = sources()
+    for what, got in (("byte mutants", fuzz(srcs, n, seed=seed)),
+                      ("edited programs", fuzz([s for s in srcs if s[0] != "models/cond_while"],
+                                               n // 5, seed=seed, mutator=edit))):
+        counts, failures = got
+        total = sum(counts.values()) + len(failures)
+        print(f"{total} {what}: " + ", ".join(f"{k} {counts[k]}" for k in OUTCOMES)
+              + f", non-pdjit errors {len(failures)}")
+        for name, i, kind, tb in failures[:20]:
+            print(f"--- {name} case {i} ({kind})\n{tb}")
