@@ -137,6 +137,14 @@ class Optimizer:
                 ops.append(self._append_optimize_op(block, param, grad, lr))
         return ops
 
+    def apply_optimize(self, loss, startup_program, params_grads) -> list:
+        """Fluid 1.8's second half of ``minimize``: the clips, regularisation and updates of
+        ``params_grads`` (from ``backward``), appended to ``loss``'s program; the update ops."""
+        program = loss.block.program
+        with program_guard(program, startup_program or default_startup_program()):
+            self._startup = startup_program
+            return self.apply_gradients(params_grads)
+
     def minimize(self, loss, startup_program=None, parameter_list=None, no_grad_set=None):
         """Append the backward pass and the updates; return ``(optimize_ops, params_grads)``."""
         if not isinstance(loss, Variable):

@@ -476,6 +476,26 @@ def test_set_gradient_clip_by_global_norm():
     close(b, B0 - 0.1 * gb * 0.5 / norm)
 
 
+def test_backward_then_apply_optimize_is_minimize():
+    # Fluid 1.8's two halves of minimize, with the global clip applied by the second
+    grads = []
+
+    def make():
+        fluid.clip.set_gradient_clip(fluid.clip.GradientClipByValue(0.05))
+        opt = fluid.optimizer.SGD(0.1)
+        loss = fluid.default_main_program().global_block().var("mean_0.tmp_0")
+        params_grads = opt.backward(loss)
+        grads.extend(g.name for _, g in params_grads)
+        ops = opt.apply_optimize(loss, fluid.default_startup_program(), params_grads)
+        assert [op.type for op in ops] == ["sgd", "sgd"]
+    main, loss, scope, exe, _ = build(make)
+    assert grads == ["fc_0.w_0@GRAD", "fc_0.b_0@GRAD"]
+    (w, b), = train(main, loss, scope, exe, 1)[1]
+    gw, gb = np_grads(W0.astype(np.float64), B0.astype(np.float64))
+    close(w, W0 - 0.1 * np.clip(gw, -0.05, 0.05))
+    close(b, B0 - 0.1 * np.clip(gb, -0.05, 0.05))
+
+
 def test_clip_need_clip_leaves_gradients_out_of_the_clip_and_the_norm():
     # Fluid 1.8's need_clip(param): the bias is neither clipped nor part of the global norm
     w, b = _one_sgd_step(lambda: fluid.clip.set_gradient_clip(
