@@ -309,4 +309,4 @@ class Auc(MetricBase):
         tp = np.concatenate([[0.0], np.cumsum(self._stat_pos[::-1], dtype=np.float64)])
         fp = np.concatenate([[0.0], np.cumsum(self._stat_neg[::-1], dtype=np.float64)])
         area = float(np.sum(np.diff(fp) * (tp[1:] + tp[:-1]) / 2.0))
-        return area / tp[-1] / fp[-1] if tp[-1] > 0 and fp[-1] > 0 else 0.0
+        return float(area / tp[-1] / fp[-1]) if tp[-1] > 0 and fp[-1] > 0 else 0.0

@@ -69,6 +69,7 @@ def test_auc_metric_matches_sklearn_with_many_thresholds():
     p = np.concatenate([b[0] for b in batches]).ravel()
     lab = np.concatenate([b[1] for b in batches]).ravel()
     assert auc.eval() == pytest.approx(sk.roc_auc_score(lab, p), abs=1e-3)
+    assert type(auc.eval()) is float   # as Fluid's, not a NumPy scalar
     auc.reset()
     assert auc.eval() == 0.0
     with pytest.raises(ValueError, match=r"probabilities in \[0, 1\]: row 1"):
