@@ -1,0 +1,42 @@
+"""Ahead-of-time compiled inference: a saved model as a native library with a C ABI.
+
+``compile_model(model, out_dir)`` (or ``python -m pdjit.aot compile MODEL -o OUT_DIR``) writes:
+
+- ``libmodel.so`` and ``model.h``: create an instance (parameters read from ``model.params``
+  beside the library, or a given path), query input/output names, dtypes and shapes, run,
+  destroy; errors are status codes with a message (wrong count, dtype, rank or size of an input
+  never reach native code);
+- ``model.params``: the parameters, in the order the library reads them;
+- ``__init__.py``: a loader that needs only NumPy and ``ctypes``
+  (``import OUT_DIR as m; model = m.load(); outs = model.run({"x": x})``);
+- ``example.c``: a C program that runs the model on generated inputs (exit status 0);
+- the BLAS the library links (NumPy's OpenBLAS and what it needs), copied beside it.
+
+How (``pdjit.aot.build``): the model's inference program gets a plan as the JIT executor builds
+it, with every native step's driver as one Numba function (``native_drivers``). One generated
+entry function takes the inputs and parameters as raw pointers and sizes, wraps them as arrays
+(``numba.carray``), calls the steps' drivers in plan order with the values in locals, and copies
+the fetched values into the caller's buffers. That entry is compiled with Numba's ahead-of-time
+code generation into one object file (``pdjit.aot.numba_aot``), which C code generated here
+(``pdjit.aot.csource``) completes: a small runtime for the array allocations the kernels make
+(an arena per instance, sized at creation by one run at the largest batch, re-sized after a run
+that needed more), the ``numba_*`` helpers the object uses (GEMM through OpenBLAS), and the
+model API. A plan with a step that is not a native driver (an op without a native lowering, a
+control-flow op) is refused, naming the op.
+
+Relies on Numba internals (pinned by ``tests/aot/test_numba_internals.py``), tested with
+Numba 0.68.x and llvmlite 0.50.x (:data:`NUMBA_RANGE`): ``BaseContext.with_aot_codegen``,
+``numba.core.compiler.compile_extra`` with ``Flags(no_compile, no_cpython_wrapper,
+no_cfunc_wrapper, nrt)``, ``nrtdynmod.create_nrt_module``, ``AOTCodeLibrary.emit_native_object``,
+``CompileResult.fndesc.llvm_func_name`` and Numba's internal calling convention
+(``int32 status = fn(ret*, excinfo**, args...)``), the layout of NRT's ``MemInfo`` and the
+signatures of ``numba_xxgemm``/``numba_xxgemv``/``numba_xxdot``/
+``numba_attempt_nocopy_reshape``.
+
+Not imported by ``import pdjit``: import ``pdjit.aot`` explicitly.
+"""
+from pdjit.aot.build import AotError, compile_model
+
+NUMBA_RANGE = ((0, 68), (0, 68))   # (oldest, newest) minor versions the route was tested with
+
+__all__ = ["compile_model", "AotError", "NUMBA_RANGE"]

@@ -1,0 +1,719 @@
+"""The C half of an AOT artifact: the header, the runtime the Numba object needs, the model API
+and the example program, as text.
+
+The object compiled by ``pdjit.aot.numba_aot`` refers to symbols that Numba's JIT resolves from
+its own C helpers at run time. The library provides them here, hidden (only ``pdjit_*`` is
+exported, so loading the library into a Python process that has Numba changes nothing there):
+
+- NRT's allocation entry points (``NRT_MemInfo_alloc[_aligned]``, ``NRT_MemInfo_call_dtor``,
+  ``NRT_Allocate``, ``NRT_Free``): a ``MemInfo`` laid out as NRT's (refcount, destructor,
+  destructor data, data, size, and a word that says whether the block came from the heap),
+  placed in the running instance's arena (a bump allocator, reset every run) or, when the arena
+  is too small, on the heap; after such a run the arena grows to what the run needed;
+- ``numba_xxgemm``/``numba_xxgemv``/``numba_xxdot``: the Fortran BLAS of NumPy's OpenBLAS
+  (64-bit integers), the product NumPy computes;
+- ``numba_attempt_nocopy_reshape``: a reshape's strides without a copy (written here);
+- the CPython entry points of Numba's exception-unwrapping code, which runs only inside a
+  CPython wrapper and never here: stubs.
+"""
+from __future__ import annotations
+
+#: dtype codes of the C ABI, in the order of ``model.h``'s enum
+DTYPES = ["float32", "float64", "int32", "int64", "uint8", "int8", "bool", "int16", "float16"]
+
+#: status codes of the C ABI
+STATUS = {"PDJIT_OK": 0, "PDJIT_ERR_ARGS": 1, "PDJIT_ERR_COUNT": 2, "PDJIT_ERR_DTYPE": 3,
+          "PDJIT_ERR_SHAPE": 4, "PDJIT_ERR_PARAMS": 5, "PDJIT_ERR_MEMORY": 6,
+          "PDJIT_ERR_NATIVE": 7}
+
+HEADER = r"""/* model.h: the C ABI of a model compiled ahead of time by pdjit. */
+#ifndef PDJIT_MODEL_H
+#define PDJIT_MODEL_H
+#include <stddef.h>
+#include <stdint.h>
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* status codes: every call that can fail returns one; pdjit_model_error() says why */
+enum { %(status)s };
+/* element types */
+enum { %(dtypes)s };
+
+typedef struct pdjit_model pdjit_model;
+
+/* what the model takes and gives: names, element types, ranks and shapes (-1: any size,
+   the batch) */
+int pdjit_num_inputs(void);
+int pdjit_num_outputs(void);
+const char *pdjit_input_name(int i);
+int pdjit_input_dtype(int i);
+int pdjit_input_ndim(int i);
+const int64_t *pdjit_input_shape(int i);
+const char *pdjit_output_name(int i);
+int pdjit_output_dtype(int i);
+int pdjit_output_ndim(int i);
+const int64_t *pdjit_output_shape(int i);
+const char *pdjit_dtype_name(int dtype);
+
+/* Create an instance: parameters from params_path (NULL: model.params beside the library);
+   max_batch: the batch its memory is sized for at creation (a bigger one re-sizes it).
+   On failure *out is NULL and err (err_len bytes, may be NULL) holds the message. */
+int pdjit_model_create(const char *params_path, int64_t max_batch, pdjit_model **out,
+                       char *err, size_t err_len);
+/* Run on n_inputs inputs, in the order of pdjit_input_name: data[i] C-contiguous, of element
+   type dtypes[i], rank ndims[i], shape shapes[i]. An instance runs in one thread at a time;
+   instances are independent. */
+int pdjit_model_run(pdjit_model *m, int n_inputs, const void *const *data, const int *dtypes,
+                    const int *ndims, const int64_t *const *shapes);
+/* Output i of the last successful run (valid until the next run or destroy): its data and
+   shape (rank pdjit_output_ndim(i)). */
+int pdjit_model_output(const pdjit_model *m, int i, const void **data, const int64_t **shape);
+/* The message of the last failed call on m. */
+const char *pdjit_model_error(const pdjit_model *m);
+void pdjit_model_destroy(pdjit_model *m);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
+"""
+
+
+def header() -> str:
+    return HEADER % {
+        "status": ", ".join(f"{k} = {v}" for k, v in STATUS.items()),
+        "dtypes": ", ".join(f"PDJIT_{d.upper()} = {i}" for i, d in enumerate(DTYPES))}
+
+
+RUNTIME = r"""/* runtime.c: what the compiled object needs from outside, without Numba. */
+#define _GNU_SOURCE
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define HIDDEN __attribute__((visibility("hidden")))
+
+/* ---- NRT subset: MemInfo as NRT lays it out; blocks in the running instance's arena ---- */
+typedef void (*nrt_dtor)(void *data, size_t size, void *info);
+typedef struct {
+    size_t refct;
+    nrt_dtor dtor;
+    void *dtor_info;
+    void *data;
+    size_t size;
+    void *heap;   /* NRT: external allocator; here non-NULL when the block is on the heap */
+} MemInfo;
+
+typedef struct {
+    char *base;
+    size_t cap, used, need;
+} pdjit_arena;
+
+HIDDEN __thread pdjit_arena *pdjit_current_arena;
+
+static size_t align_up(size_t n, size_t a) { return (n + a - 1) & ~(a - 1); }
+
+static MemInfo *meminfo_new(size_t size, size_t align) {
+    if (align < 16) align = 16;
+    size_t head = align_up(sizeof(MemInfo), align);
+    size_t total = head + size;
+    pdjit_arena *a = pdjit_current_arena;
+    MemInfo *mi = NULL;
+    void *heap = NULL;
+    if (a != NULL) {
+        size_t at = align_up(a->used, align);
+        a->need = align_up(a->need, align) + total;
+        if (a->base != NULL && at + total <= a->cap) {
+            mi = (MemInfo *)(a->base + at);
+            a->used = at + total;
+        }
+    }
+    if (mi == NULL) {
+        if (posix_memalign((void **)&mi, align, total) != 0) return NULL;
+        heap = (void *)1;
+    }
+    mi->refct = 1;
+    mi->dtor = NULL;
+    mi->dtor_info = NULL;
+    mi->data = (char *)mi + head;
+    mi->size = size;
+    mi->heap = heap;
+    return mi;
+}
+
+HIDDEN void *NRT_MemInfo_alloc(size_t size) { return meminfo_new(size, 16); }
+HIDDEN void *NRT_MemInfo_alloc_aligned(size_t size, unsigned align) {
+    return meminfo_new(size, align);
+}
+HIDDEN void *NRT_MemInfo_alloc_safe(size_t size) { return meminfo_new(size, 16); }
+HIDDEN void *NRT_MemInfo_alloc_safe_aligned(size_t size, unsigned align) {
+    return meminfo_new(size, align);
+}
+HIDDEN void NRT_MemInfo_call_dtor(MemInfo *mi) {
+    if (mi->dtor != NULL) mi->dtor(mi->data, mi->size, mi->dtor_info);
+    if (mi->heap != NULL) free(mi);
+}
+HIDDEN void *NRT_Allocate(size_t size) { return malloc(size ? size : 1); }
+HIDDEN void NRT_Free(void *p) { free(p); }
+
+/* ---- BLAS: NumPy's OpenBLAS, Fortran interface with 64-bit integers ---- */
+typedef int64_t blasint;
+extern void scipy_sgemm_64_(const char *, const char *, const blasint *, const blasint *,
+                            const blasint *, const float *, const float *, const blasint *,
+                            const float *, const blasint *, const float *, float *,
+                            const blasint *);
+extern void scipy_dgemm_64_(const char *, const char *, const blasint *, const blasint *,
+                            const blasint *, const double *, const double *, const blasint *,
+                            const double *, const blasint *, const double *, double *,
+                            const blasint *);
+extern void scipy_sgemv_64_(const char *, const blasint *, const blasint *, const float *,
+                            const float *, const blasint *, const float *, const blasint *,
+                            const float *, float *, const blasint *);
+extern void scipy_dgemv_64_(const char *, const blasint *, const blasint *, const double *,
+                            const double *, const blasint *, const double *, const blasint *,
+                            const double *, double *, const blasint *);
+extern float scipy_sdot_64_(const blasint *, const float *, const blasint *, const float *,
+                            const blasint *);
+extern double scipy_ddot_64_(const blasint *, const double *, const blasint *, const double *,
+                             const blasint *);
+extern void scipy_openblas_set_num_threads64_(int);
+
+HIDDEN void pdjit_blas_threads(int n) { scipy_openblas_set_num_threads64_(n); }
+
+HIDDEN int numba_xxgemm(char kind, char transa, char transb, int64_t m, int64_t n, int64_t k,
+                        void *alpha, void *a, int64_t lda, void *b, int64_t ldb, void *beta,
+                        void *c, int64_t ldc) {
+    blasint M = m, N = n, K = k, LDA = lda, LDB = ldb, LDC = ldc;
+    if (kind == 's')
+        scipy_sgemm_64_(&transa, &transb, &M, &N, &K, alpha, a, &LDA, b, &LDB, beta, c, &LDC);
+    else if (kind == 'd')
+        scipy_dgemm_64_(&transa, &transb, &M, &N, &K, alpha, a, &LDA, b, &LDB, beta, c, &LDC);
+    else
+        return -1;
+    return 0;
+}
+
+HIDDEN int numba_xxgemv(char kind, char trans, int64_t m, int64_t n, void *alpha, void *a,
+                        int64_t lda, void *x, void *beta, void *y) {
+    blasint M = m, N = n, LDA = lda, one = 1;
+    if (kind == 's')
+        scipy_sgemv_64_(&trans, &M, &N, alpha, a, &LDA, x, &one, beta, y, &one);
+    else if (kind == 'd')
+        scipy_dgemv_64_(&trans, &M, &N, alpha, a, &LDA, x, &one, beta, y, &one);
+    else
+        return -1;
+    return 0;
+}
+
+HIDDEN int numba_xxdot(char kind, char conjugate, int64_t n, void *dx, void *dy, void *result) {
+    blasint N = n, one = 1;
+    (void)conjugate;
+    if (kind == 's')
+        *(float *)result = scipy_sdot_64_(&N, dx, &one, dy, &one);
+    else if (kind == 'd')
+        *(double *)result = scipy_ddot_64_(&N, dx, &one, dy, &one);
+    else
+        return -1;
+    return 0;
+}
+
+/* ---- reshape without a copy: the new strides, or 0 when the layout needs a copy ---- */
+HIDDEN int numba_attempt_nocopy_reshape(int64_t nd, const int64_t *dims, const int64_t *strides,
+                                        int64_t newnd, const int64_t *newdims,
+                                        int64_t *newstrides, int64_t itemsize, int is_f_order) {
+    int64_t od[64], os[64], n = 0, i;
+    if (nd > 64) return 0;
+    for (i = 0; i < nd; i++) {
+        if (dims[i] == 0) {  /* an empty array: any strides do */
+            for (int64_t k = 0; k < newnd; k++) newstrides[k] = itemsize;
+            return 1;
+        }
+        if (dims[i] != 1) { od[n] = dims[i]; os[n] = strides[i]; n++; }
+    }
+    int64_t oi = 0, oj = 1, ni = 0, nj = 1;
+    while (ni < newnd && oi < n) {
+        int64_t np_ = newdims[ni], op = od[oi];
+        while (np_ != op) {
+            if (np_ < op) {
+                if (nj >= newnd) return 0;
+                np_ *= newdims[nj++];
+            } else {
+                if (oj >= n) return 0;
+                op *= od[oj++];
+            }
+        }
+        for (int64_t k = oi; k < oj - 1; k++) {  /* the old axes of a group must be one run */
+            if (is_f_order ? os[k + 1] != od[k] * os[k] : os[k] != od[k + 1] * os[k + 1])
+                return 0;
+        }
+        if (is_f_order) {
+            newstrides[ni] = os[oi];
+            for (int64_t k = ni + 1; k < nj; k++)
+                newstrides[k] = newstrides[k - 1] * newdims[k - 1];
+        } else {
+            newstrides[nj - 1] = os[oj - 1];
+            for (int64_t k = nj - 1; k > ni; k--) newstrides[k - 1] = newstrides[k] * newdims[k];
+        }
+        ni = nj++;
+        oi = oj++;
+    }
+    int64_t last = itemsize;
+    if (ni >= 1) last = is_f_order ? newstrides[ni - 1] * newdims[ni - 1] : newstrides[ni - 1];
+    for (int64_t k = ni; k < newnd; k++) newstrides[k] = last;
+    return 1;
+}
+
+/* ---- CPython entry points of Numba's exception unwrapping: never called outside CPython ---- */
+HIDDEN void *PyExc_RuntimeError = NULL;
+HIDDEN void PyErr_SetString(void *type, const char *msg) { (void)type; (void)msg; }
+HIDDEN int64_t PyObject_Hash(void *o) { (void)o; return -1; }
+HIDDEN void *PyTuple_Pack(int64_t n, ...) { (void)n; return NULL; }
+HIDDEN void *PyUnicode_FromKindAndData(int kind, const void *data, int64_t size) {
+    (void)kind; (void)data; (void)size; return NULL;
+}
+HIDDEN void Py_FatalError(const char *msg) { (void)msg; abort(); }
+HIDDEN int numba_gil_ensure(void) { return 0; }
+HIDDEN void numba_gil_release(int *s) { (void)s; }
+"""
+
+
+MODEL = r"""/* model.c: the model API over the compiled entry (generated by pdjit.aot). */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+
+#define API __attribute__((visibility("default")))
+#define NUM_IN %(n_in)d
+#define NUM_OUT %(n_out)d
+#define NUM_PARAMS %(n_params)d
+#define PARAMS_BYTES %(params_bytes)dULL
+#define PARAMS_HASH %(params_hash)dULL
+#define META_LEN %(meta_len)d
+
+typedef struct { char *base; size_t cap, used, need; } pdjit_arena;
+extern __thread pdjit_arena *pdjit_current_arena;
+extern void pdjit_blas_threads(int n);
+/* the compiled entry, in Numba's internal calling convention */
+extern int32_t %(symbol)s(int32_t *ret, void **excinfo%(proto)s);
+
+static const char *in_names[NUM_IN + 1] = {%(in_names)s};
+static const int in_dtypes[NUM_IN + 1] = {%(in_dtypes)s};
+static const int in_ndims[NUM_IN + 1] = {%(in_ndims)s};
+static const int64_t in_shapes[NUM_IN + 1][8] = {%(in_shapes)s};
+static const char *out_names[NUM_OUT + 1] = {%(out_names)s};
+static const int out_dtypes[NUM_OUT + 1] = {%(out_dtypes)s};
+static const int out_ndims[NUM_OUT + 1] = {%(out_ndims)s};
+static const int64_t out_shapes[NUM_OUT + 1][8] = {%(out_shapes)s};
+static const int64_t out_itemsize[NUM_OUT + 1] = {%(out_itemsize)s};
+static const uint64_t param_offsets[NUM_PARAMS + 1] = {%(param_offsets)s};
+static const char *dtype_names[] = {%(dtype_names)s};
+static const int64_t dtype_sizes[] = {4, 8, 4, 8, 1, 1, 1, 2, 2};
+
+struct pdjit_model {
+    char *params;
+    void *out[NUM_OUT + 1];
+    int64_t out_cap[NUM_OUT + 1];   /* elements */
+    int64_t meta[META_LEN + 1];
+    int64_t out_shape[NUM_OUT + 1][8];
+    pdjit_arena arena;
+    int ran;
+    char error[512];
+};
+
+API int pdjit_num_inputs(void) { return NUM_IN; }
+API int pdjit_num_outputs(void) { return NUM_OUT; }
+API const char *pdjit_input_name(int i) { return i >= 0 && i < NUM_IN ? in_names[i] : NULL; }
+API int pdjit_input_dtype(int i) { return i >= 0 && i < NUM_IN ? in_dtypes[i] : -1; }
+API int pdjit_input_ndim(int i) { return i >= 0 && i < NUM_IN ? in_ndims[i] : -1; }
+API const int64_t *pdjit_input_shape(int i) { return i >= 0 && i < NUM_IN ? in_shapes[i] : NULL; }
+API const char *pdjit_output_name(int i) { return i >= 0 && i < NUM_OUT ? out_names[i] : NULL; }
+API int pdjit_output_dtype(int i) { return i >= 0 && i < NUM_OUT ? out_dtypes[i] : -1; }
+API int pdjit_output_ndim(int i) { return i >= 0 && i < NUM_OUT ? out_ndims[i] : -1; }
+API const int64_t *pdjit_output_shape(int i) {
+    return i >= 0 && i < NUM_OUT ? out_shapes[i] : NULL;
+}
+API const char *pdjit_dtype_name(int d) {
+    return d >= 0 && d < (int)(sizeof(dtype_names) / sizeof(*dtype_names)) ? dtype_names[d]
+                                                                          : "unknown";
+}
+
+static int fail(pdjit_model *m, int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(m->error, sizeof m->error, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+static uint64_t checksum(const char *blob, uint64_t n) {
+    uint64_t h = 0, w;
+    for (uint64_t i = 0; i < n / 8; i++) {
+        memcpy(&w, blob + 8 * i, 8);
+        h ^= w * 0x9E3779B97F4A7C15ULL + i * 0xBF58476D1CE4E5B9ULL;
+    }
+    return h;
+}
+
+static int read_params(pdjit_model *m, const char *path) {
+    char here[4096];
+    if (path == NULL) {  /* model.params beside this library */
+        Dl_info info;
+        if (!dladdr((void *)&pdjit_model_create, &info) || info.dli_fname == NULL)
+            return fail(m, PDJIT_ERR_PARAMS, "cannot find the library's own path");
+        snprintf(here, sizeof here, "%%s", info.dli_fname);
+        char *slash = strrchr(here, '/');
+        if (slash) slash[1] = 0; else here[0] = 0;
+        strncat(here, "model.params", sizeof here - strlen(here) - 1);
+        path = here;
+    }
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) return fail(m, PDJIT_ERR_PARAMS, "%%s: cannot open the parameters file", path);
+    unsigned char head[40];
+    uint64_t fields[4];
+    if (fread(head, 1, 40, f) != 40 || memcmp(head, "PDJITPRM", 8) != 0) {
+        fclose(f);
+        return fail(m, PDJIT_ERR_PARAMS, "%%s: not a pdjit parameters file (bad header)", path);
+    }
+    memcpy(fields, head + 8, 32);
+    if (fields[0] != 1 || fields[1] != NUM_PARAMS || fields[2] != PARAMS_BYTES) {
+        fclose(f);
+        return fail(m, PDJIT_ERR_PARAMS, "%%s: expected version 1, %%d parameters, %%llu bytes; "
+                    "got version %%llu, %%llu parameters, %%llu bytes", path, NUM_PARAMS,
+                    (unsigned long long)PARAMS_BYTES, (unsigned long long)fields[0],
+                    (unsigned long long)fields[1], (unsigned long long)fields[2]);
+    }
+    if (posix_memalign((void **)&m->params, 64, PARAMS_BYTES ? PARAMS_BYTES : 64) != 0) {
+        fclose(f);
+        m->params = NULL;
+        return fail(m, PDJIT_ERR_MEMORY, "out of memory for %%llu bytes of parameters",
+                    (unsigned long long)PARAMS_BYTES);
+    }
+    size_t got = fread(m->params, 1, PARAMS_BYTES, f);
+    int extra = fgetc(f) != EOF;
+    fclose(f);
+    if (got != PARAMS_BYTES || extra)
+        return fail(m, PDJIT_ERR_PARAMS, "%%s: expected %%llu bytes of parameters, got %%s", path,
+                    (unsigned long long)PARAMS_BYTES, extra ? "more" : "fewer");
+    if (checksum(m->params, PARAMS_BYTES) != PARAMS_HASH ||
+            fields[3] != PARAMS_HASH)
+        return fail(m, PDJIT_ERR_PARAMS, "%%s: the parameters are not this model's "
+                    "(checksum differs)", path);
+    return PDJIT_OK;
+}
+
+/* output i's elements for the shapes of this run's inputs (-1 dims: the largest leading dim) */
+static int64_t out_elems(int i, int64_t batch) {
+    int64_t n = 1;
+    for (int d = 0; d < out_ndims[i]; d++) n *= out_shapes[i][d] < 0 ? batch : out_shapes[i][d];
+    return n;
+}
+
+static int grow_output(pdjit_model *m, int i, int64_t elems) {
+    if (elems <= m->out_cap[i]) return PDJIT_OK;
+    void *p = NULL;
+    if (posix_memalign(&p, 64, (size_t)(elems ? elems : 1) * out_itemsize[i]) != 0)
+        return fail(m, PDJIT_ERR_MEMORY, "out of memory for output '%%s' (%%lld elements)",
+                    out_names[i], (long long)elems);
+    free(m->out[i]);
+    m->out[i] = p;
+    m->out_cap[i] = elems;
+    return PDJIT_OK;
+}
+
+static int32_t call_entry(pdjit_model *m, const void *const *data, const int64_t *const *shapes,
+                          int32_t *ret) {
+    void *excinfo = NULL;
+    char *P = m->params;
+    (void)P; (void)data; (void)shapes;
+    return %(symbol)s(ret, &excinfo%(call)s);
+}
+
+static int run_checked(pdjit_model *m, const void *const *data, const int64_t *const *shapes,
+                       int64_t batch) {
+    for (int i = 0; i < NUM_OUT; i++) {
+        int rc = grow_output(m, i, out_elems(i, batch));
+        if (rc) return rc;
+    }
+    for (int attempt = 0; attempt < 2; attempt++) {
+        int32_t ret = 0;
+        m->arena.used = 0;
+        m->arena.need = 0;
+        pdjit_current_arena = &m->arena;
+        int32_t status = call_entry(m, data, shapes, &ret);
+        pdjit_current_arena = NULL;
+        if (m->arena.need > m->arena.cap) {  /* the next run fits in one block */
+            size_t cap = m->arena.need + m->arena.need / 8;
+            void *p = NULL;
+            if (posix_memalign(&p, 64, cap) == 0) {
+                free(m->arena.base);
+                m->arena.base = p;
+                m->arena.cap = cap;
+            }
+        }
+        if (status != 0)
+            return fail(m, PDJIT_ERR_NATIVE, "the model's native code failed (status %%d): an "
+                        "input the model cannot take (run it with pdjit for the op's message)",
+                        (int)status);
+        if (ret == 0) {
+            int k = 0;
+            for (int i = 0; i < NUM_OUT; i++)
+                for (int d = 0; d < out_ndims[i]; d++) m->out_shape[i][d] = m->meta[k++];
+            m->ran = 1;
+            return PDJIT_OK;
+        }
+        /* an output larger than its buffer: the shapes are in meta; grow and run again */
+        int k = 0;
+        for (int i = 0; i < NUM_OUT; i++) {
+            int64_t n = 1;
+            for (int d = 0; d < out_ndims[i]; d++) n *= m->meta[k++];
+            int rc = grow_output(m, i, n);
+            if (rc) return rc;
+        }
+    }
+    return fail(m, PDJIT_ERR_NATIVE, "the outputs did not fit their buffers twice");
+}
+
+API int pdjit_model_run(pdjit_model *m, int n_inputs, const void *const *data,
+                        const int *dtypes, const int *ndims, const int64_t *const *shapes) {
+    if (m == NULL) return PDJIT_ERR_ARGS;
+    m->ran = 0;
+    if (n_inputs != NUM_IN)
+        return fail(m, PDJIT_ERR_COUNT, "expected %%d input(s), got %%d", NUM_IN, n_inputs);
+    if (NUM_IN > 0 && (data == NULL || dtypes == NULL || ndims == NULL || shapes == NULL))
+        return fail(m, PDJIT_ERR_ARGS, "data, dtypes, ndims and shapes must not be NULL");
+    int64_t batch = 1;
+    for (int i = 0; i < NUM_IN; i++) {
+        if (dtypes[i] != in_dtypes[i])
+            return fail(m, PDJIT_ERR_DTYPE, "input '%%s': expected dtype %%s, got %%s",
+                        in_names[i], pdjit_dtype_name(in_dtypes[i]),
+                        pdjit_dtype_name(dtypes[i]));
+        if (ndims[i] != in_ndims[i])
+            return fail(m, PDJIT_ERR_SHAPE, "input '%%s': expected rank %%d, got %%d",
+                        in_names[i], in_ndims[i], ndims[i]);
+        if (data[i] == NULL || (in_ndims[i] > 0 && shapes[i] == NULL))
+            return fail(m, PDJIT_ERR_ARGS, "input '%%s': data or shape is NULL", in_names[i]);
+        for (int d = 0; d < in_ndims[i]; d++) {
+            int64_t want = in_shapes[i][d], got = shapes[i][d];
+            if (want >= 0 && got != want)
+                return fail(m, PDJIT_ERR_SHAPE, "input '%%s': dim %%d expected %%lld, got %%lld",
+                            in_names[i], d, (long long)want, (long long)got);
+            if (want < 0 && got < 1)
+                return fail(m, PDJIT_ERR_SHAPE, "input '%%s': dim %%d expected >= 1, got %%lld",
+                            in_names[i], d, (long long)got);
+            if (want < 0 && got > batch) batch = got;
+        }
+    }
+    return run_checked(m, data, shapes, batch);
+}
+
+API int pdjit_model_output(const pdjit_model *m, int i, const void **data,
+                           const int64_t **shape) {
+    if (m == NULL || !m->ran || i < 0 || i >= NUM_OUT) return PDJIT_ERR_ARGS;
+    if (data) *data = m->out[i];
+    if (shape) *shape = m->out_shape[i];
+    return PDJIT_OK;
+}
+
+API const char *pdjit_model_error(const pdjit_model *m) {
+    return m == NULL ? "no model instance" : m->error;
+}
+
+API void pdjit_model_destroy(pdjit_model *m) {
+    if (m == NULL) return;
+    for (int i = 0; i < NUM_OUT; i++) free(m->out[i]);
+    free(m->arena.base);
+    free(m->params);
+    free(m);
+}
+
+/* one run on zeros at max_batch sizes the arena (skipped when an input has an unknown dim
+   that is not the leading one) */
+static int warm_up(pdjit_model *m, int64_t max_batch) {
+    int64_t shapes[NUM_IN + 1][8];
+    const int64_t *sp[NUM_IN + 1];
+    const void *data[NUM_IN + 1];
+    int rc = PDJIT_OK;
+    for (int i = 0; i < NUM_IN; i++) {
+        int64_t n = 1;
+        for (int d = 0; d < in_ndims[i]; d++) {
+            if (in_shapes[i][d] < 0 && d > 0) return PDJIT_OK;
+            shapes[i][d] = in_shapes[i][d] < 0 ? max_batch : in_shapes[i][d];
+            n *= shapes[i][d];
+        }
+        sp[i] = shapes[i];
+        data[i] = calloc((size_t)(n ? n : 1), dtype_sizes[in_dtypes[i]]);
+        if (data[i] == NULL) rc = PDJIT_ERR_MEMORY;
+    }
+    if (rc == PDJIT_OK) rc = run_checked(m, data, sp, max_batch);
+    for (int i = 0; i < NUM_IN; i++) free((void *)data[i]);
+    m->ran = 0;
+    return rc;
+}
+
+API int pdjit_model_create(const char *params_path, int64_t max_batch, pdjit_model **out,
+                           char *err, size_t err_len) {
+    if (out == NULL) return PDJIT_ERR_ARGS;
+    *out = NULL;
+    pdjit_model *m = calloc(1, sizeof *m);
+    if (m == NULL) {
+        if (err && err_len) snprintf(err, err_len, "out of memory");
+        return PDJIT_ERR_MEMORY;
+    }
+    pdjit_blas_threads(1);
+    int rc = max_batch < 1 ? fail(m, PDJIT_ERR_ARGS, "max_batch must be >= 1, got %%lld",
+                                  (long long)max_batch) : read_params(m, params_path);
+    if (rc == PDJIT_OK) rc = warm_up(m, max_batch);
+    if (rc != PDJIT_OK) {
+        if (err && err_len) snprintf(err, err_len, "%%s", m->error);
+        pdjit_model_destroy(m);
+        return rc;
+    }
+    *out = m;
+    return PDJIT_OK;
+}
+"""
+
+
+def model_c(spec) -> str:
+    """``model.c`` for a :class:`pdjit.aot.build.Spec`."""
+    def strs(items):
+        return ", ".join('"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+                         for s in items) or "0"
+
+    def ints(items):
+        return ", ".join(str(int(v)) for v in items) or "0"
+
+    def shapes(items):
+        return ", ".join("{" + (", ".join(str(int(d)) for d in s) or "0") + "}"
+                         for s in items) or "{0}"
+
+    proto, call = [], []
+    for i, (_, _, shape) in enumerate(spec.inputs):
+        proto.append("void *")
+        call.append(f"(void *)data[{i}]")
+        for d in range(len(shape)):
+            proto.append("int64_t")
+            call.append(f"shapes[{i}][{d}]")
+    for off in spec.param_offsets:
+        proto.append("void *")
+        call.append(f"(void *)(P + {off})")
+    for i in range(len(spec.outputs)):
+        proto += ["void *", "int64_t"]
+        call += [f"m->out[{i}]", f"m->out_cap[{i}]"]
+    proto.append("int64_t *")
+    call.append("m->meta")
+    return MODEL % {
+        "n_in": len(spec.inputs), "n_out": len(spec.outputs),
+        "n_params": len(spec.param_offsets), "params_bytes": spec.params_bytes,
+        "params_hash": spec.params_hash, "meta_len": max(1, sum(len(s) for _, _, s in
+                                                                spec.outputs)),
+        "symbol": spec.symbol, "proto": "".join(", " + p for p in proto),
+        "call": "".join(", " + c for c in call),
+        "in_names": strs(n for n, _, _ in spec.inputs),
+        "in_dtypes": ints(DTYPES.index(d) for _, d, _ in spec.inputs),
+        "in_ndims": ints(len(s) for _, _, s in spec.inputs),
+        "in_shapes": shapes(s for _, _, s in spec.inputs),
+        "out_names": strs(n for n, _, _ in spec.outputs),
+        "out_dtypes": ints(DTYPES.index(d) for _, d, _ in spec.outputs),
+        "out_ndims": ints(len(s) for _, _, s in spec.outputs),
+        "out_shapes": shapes(s for _, _, s in spec.outputs),
+        "out_itemsize": ints(_itemsize(d) for _, d, _ in spec.outputs),
+        "param_offsets": ints(spec.param_offsets),
+        "dtype_names": strs(DTYPES),
+    }
+
+
+def _itemsize(dtype: str) -> int:
+    import numpy as np
+
+    return np.dtype(dtype).itemsize
+
+
+EXAMPLE = r"""/* example.c: runs the model on generated inputs and prints its outputs'
+   shapes and first values; exit status 0 on success. Build in this directory:
+     cc -O2 -I. example.c -L. -lmodel -Wl,-rpath,'$ORIGIN' -o example */
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "model.h"
+
+static size_t dtype_size(int d) {
+    static const size_t sizes[] = {4, 8, 4, 8, 1, 1, 1, 2, 2};
+    return d >= 0 && d < 9 ? sizes[d] : 1;
+}
+
+int main(void) {
+    const int64_t batch = 2;
+    int n = pdjit_num_inputs();
+    pdjit_model *m = NULL;
+    char err[512];
+    if (pdjit_model_create(NULL, batch, &m, err, sizeof err) != PDJIT_OK) {
+        fprintf(stderr, "create: %s\n", err);
+        return 1;
+    }
+    void **data = calloc(n ? n : 1, sizeof *data);
+    int *dtypes = calloc(n ? n : 1, sizeof *dtypes), *ndims = calloc(n ? n : 1, sizeof *ndims);
+    int64_t **shapes = calloc(n ? n : 1, sizeof *shapes);
+    for (int i = 0; i < n; i++) {
+        dtypes[i] = pdjit_input_dtype(i);
+        ndims[i] = pdjit_input_ndim(i);
+        shapes[i] = calloc(ndims[i] ? ndims[i] : 1, sizeof(int64_t));
+        int64_t count = 1;
+        for (int d = 0; d < ndims[i]; d++) {
+            int64_t s = pdjit_input_shape(i)[d];
+            shapes[i][d] = s < 0 ? batch : s;
+            count *= shapes[i][d];
+        }
+        data[i] = calloc(count ? count : 1, dtype_size(dtypes[i]));
+        for (int64_t k = 0; k < count; k++) {  /* deterministic values in [-1, 1] */
+            double v = (double)((k * 7919 + i * 104729) %% 2001) / 1000.0 - 1.0;
+            switch (dtypes[i]) {
+                case PDJIT_FLOAT32: ((float *)data[i])[k] = (float)v; break;
+                case PDJIT_FLOAT64: ((double *)data[i])[k] = v; break;
+                case PDJIT_INT32: ((int32_t *)data[i])[k] = (int32_t)(k %% 2); break;
+                case PDJIT_INT64: ((int64_t *)data[i])[k] = (int64_t)(k %% 2); break;
+                default: break;
+            }
+        }
+        printf("input %s: %s [", pdjit_input_name(i), pdjit_dtype_name(dtypes[i]));
+        for (int d = 0; d < ndims[i]; d++) printf(d ? ", %lld" : "%lld", (long long)shapes[i][d]);
+        printf("]\n");
+    }
+    int rc = pdjit_model_run(m, n, (const void *const *)data, dtypes, ndims,
+                             (const int64_t *const *)shapes);
+    if (rc != PDJIT_OK) {
+        fprintf(stderr, "run: %s\n", pdjit_model_error(m));
+        return 1;
+    }
+    for (int i = 0; i < pdjit_num_outputs(); i++) {
+        const void *out;
+        const int64_t *shape;
+        pdjit_model_output(m, i, &out, &shape);
+        printf("output %s: %s [", pdjit_output_name(i), pdjit_dtype_name(pdjit_output_dtype(i)));
+        int64_t count = 1;
+        for (int d = 0; d < pdjit_output_ndim(i); d++) {
+            printf(d ? ", %lld" : "%lld", (long long)shape[d]);
+            count *= shape[d];
+        }
+        printf("]:");
+        for (int64_t k = 0; k < count && k < 5; k++) {
+            int t = pdjit_output_dtype(i);
+            if (t == PDJIT_FLOAT32) printf(" %.6g", ((const float *)out)[k]);
+            else if (t == PDJIT_FLOAT64) printf(" %.6g", ((const double *)out)[k]);
+            else if (t == PDJIT_INT64) printf(" %lld", (long long)((const int64_t *)out)[k]);
+        }
+        printf("\n");
+    }
+    for (int i = 0; i < n; i++) { free(data[i]); free(shapes[i]); }
+    free(data); free(dtypes); free(ndims); free(shapes);
+    pdjit_model_destroy(m);
+    return 0;
+}
+""".replace("%%", "%")
