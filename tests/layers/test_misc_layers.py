@@ -263,3 +263,23 @@ def test_print_phases_and_gradient_through_print(fresh_programs, capsys, phase, 
     assert any(n and n.endswith("@GRAD") for n in names) == backward
     with pytest.raises(ValueError, match="print_phase must be"):
         fluid.layers.Print(x, print_phase="sideways")
+
+
+def test_autoincreased_step_counter_counts_runs(fresh_programs):
+    main, startup = fresh_programs
+    x, _ = _xy()
+    first = fluid.layers.autoincreased_step_counter()            # begin=1, step=1
+    assert fluid.layers.autoincreased_step_counter() is first    # one counter, one increment
+    other = fluid.layers.autoincreased_step_counter("@MY_COUNTER@", begin=5, step=2)
+    total = fluid.layers.reduce_sum(x)
+    assert (first.name, first.dtype, list(first.shape)) == ("@STEP_COUNTER@", np.int64, [1])
+    assert [op.type for op in main.global_block().ops].count("increment") == 2
+    scope, exe = fluid.Scope(), fluid.Executor(fluid.CPUPlace(), strict=True)
+    exe.run(startup, scope=scope)
+    seen = [exe.run(main, feed={"x": XV}, fetch_list=[first, other, total], scope=scope)[:2]
+            for _ in range(3)]
+    assert_native(exe)
+    # Paddle starts a counter at begin - 1: the first run sees begin - 1 + step
+    assert [(int(a[0]), int(b[0])) for a, b in seen] == [(1, 6), (2, 8), (3, 10)]
+    with pytest.raises(TypeError, match=r"autoincreased_step_counter: step must be an int"):
+        fluid.layers.autoincreased_step_counter("c", step=0.5)

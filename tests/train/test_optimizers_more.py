@@ -397,9 +397,7 @@ def test_ema_averages_and_restores():
 
 def test_ema_decay_follows_thres_steps():
     def extra(main):
-        step = fluid.layers.create_global_var([1], 0.0, "float32", persistable=True,
-                                              name="global_step")
-        fluid.layers.increment(step, 1.0)
+        step = fluid.layers.autoincreased_step_counter()  # as Fluid 1.8's example: 1, 2, ...
         ema = fluid.optimizer.ExponentialMovingAverage(0.999, thres_steps=step)
         ema.update()
         return ema

@@ -1,5 +1,6 @@
 """Utility layers of Fluid 1.8: ``l2_normalize``, ``uniform_random``, ``gaussian_random``,
-``linspace``, ``isfinite``, ``has_nan``, ``has_inf``, ``Print``, and 2.x's ``log_softmax``.
+``linspace``, ``isfinite``, ``has_nan``, ``has_inf``, ``Print``, ``autoincreased_step_counter``,
+and 2.x's ``log_softmax``.
 
 Each appends the legacy op Fluid appends (``l2_normalize`` -> ``norm``, ``has_nan`` ->
 ``isnan``, ``has_inf`` -> ``isinf``, ``Print`` -> ``print``); see ``pdjit.ops.misc`` and
@@ -12,7 +13,7 @@ from pdjit.framework.program import Variable
 from pdjit.layers.layer_helper import LayerHelper, check_dtype, check_variable
 
 __all__ = ["l2_normalize", "log_softmax", "uniform_random", "gaussian_random", "linspace",
-           "isfinite", "has_nan", "has_inf", "Print"]
+           "isfinite", "has_nan", "has_inf", "Print", "autoincreased_step_counter"]
 
 _FLOATS = ("float16", "float32", "float64")
 _LINSPACE_DTYPES = ("int32", "int64", "float32", "float64")
@@ -202,3 +203,33 @@ def Print(input, first_n=-1, message=None, summarize=20,  # noqa: N802 - Fluid's
     out.lod_level = input.lod_level
     out.stop_gradient = input.stop_gradient
     return out
+
+
+def autoincreased_step_counter(counter_name=None, begin=1, step=1) -> Variable:
+    """A persistable int64 ``[1]`` counter (``counter_name``, default ``@STEP_COUNTER@``) that
+    an ``increment`` op at the start of the main program advances by ``step`` each run. It
+    starts at ``begin - 1``, so the first run sees ``begin - 1 + step`` (``begin`` for the
+    default step 1), as in Paddle. Asking again for a counter of the same name returns it (one
+    increment per run), as Fluid 1.8 does; e.g. ``ExponentialMovingAverage``'s
+    ``thres_steps``."""
+    from pdjit.framework import registry
+    from pdjit.initializer import Constant
+    name = "@STEP_COUNTER@" if counter_name is None else counter_name
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"autoincreased_step_counter: counter_name must be a non-empty str, "
+                        f"got {counter_name!r}")
+    for what, v in (("begin", begin), ("step", step)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"autoincreased_step_counter: {what} must be an int, got {v!r}")
+    helper = LayerHelper("global_step_counter")
+    block = helper.main_program.global_block()
+    if block.has_var(name):
+        return block.var(name)
+    counter = helper.create_global_variable(name=name, dtype="int64", shape=[1],
+                                            persistable=True, stop_gradient=True)
+    helper.set_variable_initializer(counter, Constant(float(begin - 1)))
+    with helper.main_program._op_role_guard(registry.OP_ROLE_LRSCHED):
+        block._prepend_op("increment", inputs={"X": [counter]}, outputs={"Out": [counter]},
+                          attrs={"step": float(step)})
+    counter.stop_gradient = True
+    return counter
