@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -140,7 +141,11 @@ def compile_model(model_path, out_dir, batch: int = 1, cpu: str = "host",
     spec = Spec(inputs, outputs, used, offsets, len(blob), checksum(bytes(blob)))
     func, argtypes = _entry(plan, spec, values, model.feed_names)
     t_src = time.perf_counter()
-    obj, _ = compile_object(func, argtypes, SYMBOL, cpu=cpu)
+    try:
+        obj, _ = compile_object(func, argtypes, SYMBOL, cpu=cpu)
+    except numba.core.errors.NumbaError as e:
+        raise AotError(f"{model_path}: cannot compile ahead of time: {_culprit(plan, e)}") \
+            from None
     t_obj = time.perf_counter()
     os.makedirs(out_dir, exist_ok=True)
     _write_params(os.path.join(out_dir, "model.params"), spec, bytes(blob))
@@ -209,13 +214,34 @@ def _entry(plan, spec, values, feed_names):
     for i, (name, _, _) in enumerate(spec.outputs):
         o = local[name]
         body.append(f"d{i} = numba.carray(q{i}, ({o}.size,))")
-        body.append(f"d{i}[:] = {o}.ravel()")
+        body.append(f"for t, x in enumerate({o}.flat):")
+        body.append(f"    d{i}[t] = x")
     body.append("return 0")
     args.append("meta")
     argtypes.append(nt.CPointer(nt.int64))
     src = f"def entry({', '.join(args)}):\n" + "".join(f"    {line}\n" for line in body)
     exec(compile(src, "<pdjit aot entry>", "exec"), ns)  # noqa: S102
     return ns["entry"], argtypes
+
+
+def _culprit(plan, exc) -> str:
+    """Which op's code Numba refused (from the generated module and line in its message)."""
+    text = str(exc)
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip() and
+                  "Failed in nopython" not in ln), type(exc).__name__)
+    first = re.sub(r"\x1b\[[0-9;]*m", "", first)
+    for m in re.finditer(r'(pdjit_gen_[0-9a-f]+)\.py", line (\d+)', text):
+        for step in plan.steps:
+            if step.native is not None and step.native.name == m.group(1):
+                lines = step.native.text.splitlines()[:int(m.group(2))]
+                group = next((ln.strip() for ln in reversed(lines)
+                              if ln.strip().startswith("# group ")), None)
+                if group is not None:
+                    ops = re.search(r"\[(.*?)\]", group)
+                    what = ops.group(1) if ops else group
+                    return f"op(s) [{what}] have no code Numba compiles without Python " \
+                           f"({first})"
+    return f"Numba could not compile the model's native code ({first})"
 
 
 def _write_params(path, spec, blob: bytes) -> None:

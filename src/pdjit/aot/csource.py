@@ -157,6 +157,46 @@ HIDDEN void NRT_MemInfo_call_dtor(MemInfo *mi) {
 HIDDEN void *NRT_Allocate(size_t size) { return malloc(size ? size : 1); }
 HIDDEN void NRT_Free(void *p) { free(p); }
 
+/* variable-size blocks (typed lists): the data lives on the heap, the element destructor is
+   kept as the MemInfo's destructor data */
+static void varsize_dtor(void *data, size_t size, void *info) {
+    (void)size;
+    if (info != NULL) ((void (*)(void *))info)(data);
+    free(data);
+}
+HIDDEN void *NRT_MemInfo_new_varsize(size_t size) {
+    MemInfo *mi = meminfo_new(0, 16);
+    if (mi == NULL) return NULL;
+    mi->data = malloc(size ? size : 1);
+    if (mi->data == NULL) return NULL;
+    mi->size = size;
+    mi->dtor = varsize_dtor;
+    return mi;
+}
+HIDDEN void *NRT_MemInfo_new_varsize_dtor(size_t size, nrt_dtor dtor) {
+    MemInfo *mi = NRT_MemInfo_new_varsize(size);
+    if (mi != NULL) mi->dtor_info = (void *)dtor;
+    return mi;
+}
+HIDDEN void *NRT_MemInfo_varsize_alloc(MemInfo *mi, size_t size) {
+    if (mi->dtor != varsize_dtor) abort();  /* never: only varsize MemInfos come here */
+    mi->data = malloc(size ? size : 1);
+    if (mi->data != NULL) mi->size = size;
+    return mi->data;
+}
+HIDDEN void *NRT_MemInfo_varsize_realloc(MemInfo *mi, size_t size) {
+    if (mi->dtor != varsize_dtor) abort();
+    void *p = realloc(mi->data, size ? size : 1);
+    if (p == NULL) return NULL;
+    mi->data = p;
+    mi->size = size;
+    return p;
+}
+HIDDEN void NRT_MemInfo_varsize_free(MemInfo *mi, void *p) {
+    free(p);
+    if (p == mi->data) mi->data = NULL;
+}
+
 /* ---- BLAS: NumPy's OpenBLAS, Fortran interface with 64-bit integers ---- */
 typedef int64_t blasint;
 extern void scipy_sgemm_64_(const char *, const char *, const blasint *, const blasint *,
