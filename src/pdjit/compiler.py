@@ -20,6 +20,9 @@ program order), the reduce and gradient-scale strategies other than ``Customized
 either way). Setting any other field to a value other than its default
 warns once per process and field, saying why it has no effect. Unknown field names raise
 ``AttributeError``.
+
+``ParallelExecutor`` (Fluid 1.x's older spelling of the same thing) is an ``Executor`` running a
+data-parallel ``CompiledProgram`` of ``main_program`` in ``scope``.
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ import warnings
 
 from pdjit.framework.program import Program
 
-__all__ = ["CompiledProgram", "BuildStrategy", "ExecutionStrategy"]
+__all__ = ["CompiledProgram", "BuildStrategy", "ExecutionStrategy", "ParallelExecutor"]
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__))
 _warned_fields: set = set()
@@ -216,3 +219,55 @@ class CompiledProgram:
     def __repr__(self):
         return f"CompiledProgram({'data parallel, ' if self._is_data_parallel else ''}" \
                f"{self._program.num_blocks} block(s))"
+
+
+class ParallelExecutor:
+    """Fluid 1.x's ``fluid.ParallelExecutor``: ``run(fetch_list, feed)`` runs ``main_program``
+    (default: the default main program) as ``Executor.run`` runs
+    ``CompiledProgram(main_program, build_strategy).with_data_parallel(loss_name, ...)``, in
+    ``scope`` (default: the global scope). ``use_cuda=True`` needs a CUDA build;
+    ``num_trainers``/``trainer_id`` other than 1/0 (distributed training) are refused."""
+
+    def __init__(self, use_cuda, loss_name=None, main_program=None, share_vars_from=None,
+                 exec_strategy=None, build_strategy=None, num_trainers=1, trainer_id=0,
+                 scope=None):
+        from pdjit.framework.program import default_main_program
+        from pdjit.runtime.executor import Executor
+        from pdjit.runtime.place import CPUPlace, CUDAPlace, is_compiled_with_cuda
+        from pdjit.runtime.scope import global_scope
+
+        if use_cuda and not is_compiled_with_cuda():
+            raise RuntimeError("ParallelExecutor: use_cuda=True, but this pdjit is not compiled "
+                               "with CUDA (fluid.is_compiled_with_cuda() is False): pass "
+                               "use_cuda=False")
+        if num_trainers != 1 or trainer_id != 0:
+            raise ValueError(f"ParallelExecutor: num_trainers={num_trainers}, "
+                             f"trainer_id={trainer_id}: distributed training is not supported "
+                             f"(expected 1 and 0)")
+        if share_vars_from is not None and not isinstance(share_vars_from, ParallelExecutor):
+            raise TypeError(f"ParallelExecutor: share_vars_from must be a ParallelExecutor, got "
+                            f"{type(share_vars_from).__name__}")
+        program = main_program if main_program is not None else default_main_program()
+        self._compiled = CompiledProgram(program, build_strategy).with_data_parallel(
+            loss_name=loss_name, exec_strategy=exec_strategy,
+            share_vars_from=None if share_vars_from is None else share_vars_from._compiled)
+        # variables are shared through the scope, as Fluid's share_vars_from shares them
+        self._scope = scope if scope is not None else (
+            share_vars_from._scope if share_vars_from is not None else global_scope())
+        self._exe = Executor(CUDAPlace(0) if use_cuda else CPUPlace())
+
+    @property
+    def device_count(self) -> int:
+        """The number of replicas run: one (see the module docstring)."""
+        return 1
+
+    def run(self, fetch_list, feed=None, feed_dict=None, return_numpy=True):
+        """Run the program once; ``feed`` (or the older ``feed_dict``) is a dict, or a list of
+        one dict per place. Returns the values of ``fetch_list``."""
+        if feed is None and feed_dict is not None:
+            feed = feed_dict
+        return self._exe.run(self._compiled, feed=feed, fetch_list=fetch_list,
+                             scope=self._scope, return_numpy=return_numpy)
+
+    def drop_local_exe_scopes(self) -> None:
+        """Nothing to drop: runs keep no local scopes between them."""

@@ -1,5 +1,6 @@
 """Execution spellings: CompiledProgram (with_data_parallel runs one replica: the plain
-program's losses), BuildStrategy/ExecutionStrategy, name_scope, install_check.run_check."""
+program's losses), ParallelExecutor, BuildStrategy/ExecutionStrategy, name_scope,
+install_check.run_check."""
 from __future__ import annotations
 
 import warnings
@@ -9,6 +10,7 @@ import pytest
 
 import pdjit as fluid
 from pdjit import compiler
+from pdjit.testing.op_test import assert_native
 
 RNG = np.random.default_rng(3)
 FEEDS = [{"x": RNG.standard_normal((6, 4)).astype("float32"),
@@ -77,6 +79,31 @@ def test_compiled_program_trains_as_the_plain_program_and_warns_once():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         _losses(fluid.CompiledProgram(main), startup, loss)
+
+
+def test_parallel_executor_trains_as_the_plain_program():
+    # Fluid 1.x's older spelling: ParallelExecutor(use_cuda, loss_name, main_program, ...).run
+    main, startup, loss = _net()
+    plain = _losses(main, startup, loss)
+    scope = fluid.Scope()
+    fluid.Executor(fluid.CPUPlace()).run(startup, scope=scope)
+    pe = fluid.ParallelExecutor(use_cuda=False, loss_name=loss.name, main_program=main,
+                                scope=scope, exec_strategy=fluid.ExecutionStrategy(),
+                                build_strategy=fluid.BuildStrategy())
+    assert pe.device_count == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the one-replica warning, tested above
+        got = [pe.run([loss.name], feed=FEEDS[0])[0], pe.run([loss], feed_dict=FEEDS[1])[0]]
+        test = fluid.ParallelExecutor(False, main_program=main, share_vars_from=pe)
+        got += [test.run(fetch_list=[loss], feed=[f])[0] for f in FEEDS[2:]]  # one per place
+    np.testing.assert_array_equal(np.array(got), np.array(plain))
+    assert_native(pe._exe, "ParallelExecutor")
+    with pytest.raises(RuntimeError, match="not compiled with CUDA"):
+        fluid.ParallelExecutor(use_cuda=True, main_program=main)
+    with pytest.raises(ValueError, match="num_trainers=2, trainer_id=0: distributed"):
+        fluid.ParallelExecutor(False, main_program=main, num_trainers=2)
+    with pytest.raises(TypeError, match="share_vars_from must be a ParallelExecutor"):
+        fluid.ParallelExecutor(False, main_program=main, share_vars_from=main)
 
 
 def test_compiled_program_bad_input():
