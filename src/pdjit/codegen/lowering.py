@@ -41,6 +41,7 @@ from pdjit.codegen.kernel import (
 )
 from pdjit.codegen.targets import get_target
 from pdjit.framework import registry
+from pdjit.framework.errors import ShapeMismatch
 from pdjit.passes.fusion import (
     OPAQUE,
     REDUCTION,
@@ -83,6 +84,16 @@ class Declined(Exception):
     def __init__(self, op):
         super().__init__(op.type)
         self.op = op
+
+
+def _lowered(node, ctx) -> "list | None":
+    """An opaque lowering's lines, or None where it declines. A lowering that finds the op's
+    declared shapes inconsistent (``ShapeMismatch``: a damaged or hand-edited program) declines
+    too: the op's reference then says what is wrong, naming the op."""
+    try:
+        return node.lowering.lower(ctx)
+    except ShapeMismatch:
+        return None
 
 
 class LowerContext:
@@ -597,7 +608,7 @@ class SegmentGen:
         if len(group.nodes) > 1:  # an elementwise chain feeding a row-wise op, in its loop
             return self._opaque_prologue(group)
         if node.lowering.host:  # library calls and views: lines of the driver itself
-            lines = node.lowering.lower(LowerContext(self, node))
+            lines = _lowered(node, LowerContext(self, node))
             if lines is None:
                 raise Declined(node.op)
             for line in lines:
@@ -606,7 +617,7 @@ class SegmentGen:
                           nnlib.library_jobs(lines, self._float_dtype(node.op))]
             return
         scope = _KernelScope(self)
-        lines = node.lowering.lower(LowerContext(scope, node))
+        lines = _lowered(node, LowerContext(scope, node))
         if lines is None:
             raise Declined(node.op)
         self._kernel_call(node, scope, lines)
@@ -621,7 +632,7 @@ class SegmentGen:
         name = node.op.input(slot)[0]
         scope = _KernelScope(self)
         pro = Prologue(self, chain, name, len(group.shape))
-        lines = node.lowering.lower(LowerContext(scope, node, pro))
+        lines = _lowered(node, LowerContext(scope, node, pro))
         if lines is None or any(x is None for x in lines):
             raise Declined(node.op)
         self._kernel_call(node, scope, lines)
@@ -692,13 +703,15 @@ class SegmentGen:
         body: list = []
         params: list = []              # the parameters' values, as literals for the driver
 
-        def value_of(name, offset):
+        def value_of(name, offset, reader):
             if name in exprs:
                 return exprs[name], cones[name]
             local = self.read(name)
             key = (local, offset)
             if key not in leaf_index:
                 shape = tuple(self.block._find_var_recursive(name).shape)
+                if offset < 0 or offset + len(shape) > rank:  # declared ranks that disagree
+                    raise Declined(reader)  # (a damaged program): the reference names it
                 place, k = place_leaf(shape, offset, group.shape)
                 leaf_index[key] = len(leaves)
                 leaves.append(Leaf(len(shape), offset, shape, place))
@@ -721,7 +734,7 @@ class SegmentGen:
                 names = [n for n in op.input(slot.name) if n != registry.EMPTY_VAR_NAME]
                 if not names:
                     continue
-                expr, c = value_of(names[0], self._offset(op, opdef, slot.name, rank))
+                expr, c = value_of(names[0], self._offset(op, opdef, slot.name, rank), op)
                 subst[slot.name] = expr
                 cone |= c
             attrs = template_attrs(node, opdef, param)
@@ -737,7 +750,7 @@ class SegmentGen:
         spec = None
         if reduce_node is not None:
             red = reduce_node.lowering
-            x_expr, x_cone = value_of(reduce_node.op.input("X")[0], 0)
+            x_expr, x_cone = value_of(reduce_node.op.input("X")[0], 0, reduce_node.op)
             out_name = reduce_node.op.output("Out")[0]
             t = numpy_type_name(self.block._find_var_recursive(out_name).dtype)
             axes = tuple(range(rank)) if red.axes is None or not rank else \

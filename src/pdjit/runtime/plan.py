@@ -74,6 +74,9 @@ class ReferenceStep:
         return f"reference {self.op.type}#{self.op_idx} ({self.why})"
 
 
+_NOTHING = object()
+
+
 class NativeStep:
     kind = "native"
 
@@ -94,7 +97,7 @@ class NativeStep:
         # the arguments that are parameters (persistables the step does not write): an array
         # seen and checked last run is passed on without its checks again
         self._params = frozenset(params)
-        self._checked = [None] * len(args)
+        self._checked = [_NOTHING] * len(args)  # (a missing input, None, never matches)
         self._trials: dict = {}            # batch size -> ([host times], [native times])
         self.picked: dict = {}             # batch size -> the driver chosen for it
         self.ops = ops                     # [(op, op_idx)] for the reference fallback
