@@ -182,6 +182,15 @@ def test_name_scope_records_op_namescope_as_fluid_does():
     assert again.global_block().ops[2].attr("op_namescope") == "/enc/inner/"
 
 
+def test_name_scope_names_ops_of_programs_guarded_inside_it():
+    other, other_startup = fluid.Program(), fluid.Program()
+    with fluid.name_scope("outer"):
+        with fluid.program_guard(other, other_startup), fluid.unique_name.guard():
+            x = fluid.data("x", [-1, 2], "float32")
+            fluid.layers.relu(x)
+    assert [op.attr("op_namescope") for op in other.global_block().ops] == ["/outer/"]
+
+
 def test_install_check_runs(capsys):
     fluid.install_check.run_check()
     out = capsys.readouterr().out

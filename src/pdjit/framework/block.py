@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Iterator
 
 from pdjit.framework import attrs as attrs_mod
-from pdjit.framework import dtypes, registry, unique_name
+from pdjit.framework import dtypes, name_scope, registry, unique_name
 from pdjit.framework.errors import (
     OpShapeError,
     ProgramError,
@@ -183,6 +183,9 @@ class Block:
         if self.program._current_role_vars and "op_role_var" not in given:
             values["op_role_var"] = list(self.program._current_role_vars)
         values.setdefault("op_callstack", stack)
+        scope = name_scope.current()
+        if scope is not None:  # inside fluid.name_scope(...): the op carries its scope's name
+            values.setdefault("op_namescope", scope)
         for name, value in values.items():
             t = _declared_attr_type(opdef, name)
             try:
