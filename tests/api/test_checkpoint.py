@@ -482,3 +482,10 @@ def test_save_arguments_and_protocol_2_slicing(trained, tmp_path, monkeypatch):
     assert "UnpackBigParamInfor@@" not in state
     for n in PARAMS:
         assert np.array_equal(state[n], scope_value(scope, n)), n
+
+
+def test_static_spells_the_checkpoint_functions_as_paddle_2():
+    import pdjit.static as static
+
+    assert (static.save, static.load, static.load_program_state, static.set_program_state) == \
+        (fluid.save, fluid.load, fluid.io.load_program_state, fluid.io.set_program_state)

@@ -4,7 +4,8 @@
 ``<path_prefix>.pdmodel`` and ``<path_prefix>.pdiparams``; ``load_inference_model(path_prefix,
 executor)`` reads them back. As in PaddlePaddle, ``load_inference_model`` with
 ``model_filename`` / ``params_filename`` keyword arguments treats ``path_prefix`` as a Fluid 1.x
-model directory.
+model directory. ``save``/``load``/``load_program_state``/``set_program_state`` are
+``fluid.save`` and its companions (``pdjit.io.checkpoint``) under their 2.x names.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pdjit.framework.program import (
     program_guard,
 )
 from pdjit.io import inference as _inf
+from pdjit.io.checkpoint import load, load_program_state, save, set_program_state
 from pdjit.io.tensor_stream import persistable_names, write_tensor
 from pdjit.layers.io import data_v2 as data
 from pdjit.runtime.executor import Executor
@@ -30,7 +32,8 @@ __all__ = ["save_inference_model", "load_inference_model", "normalize_program",
            "serialize_program", "deserialize_program", "serialize_persistables",
            "deserialize_persistables", "Program", "Variable", "default_main_program",
            "default_startup_program", "program_guard", "data", "Executor", "CPUPlace",
-           "CUDAPlace", "Scope", "global_scope", "scope_guard"]
+           "CUDAPlace", "Scope", "global_scope", "scope_guard", "save", "load",
+           "load_program_state", "set_program_state"]
 
 
 def _prefix(path_prefix) -> str:
