@@ -304,6 +304,9 @@ def test_py_reader_read_file_and_decorators(exe):
     r.decorate_batch_generator(lambda: zip(BATCHES, labels))
     r.start()
     np.testing.assert_array_equal(exe.run(main, fetch_list=[label])[0], labels[0])
+    # a clone reads from the same reader, as a Fluid clone reads the same reader variable
+    test_prog = main.clone(for_test=True)
+    np.testing.assert_array_equal(exe.run(test_prog, fetch_list=[label])[0], labels[1])
     r.reset()
     assert_native(exe)
     # create_py_reader_by_data feeds the given variables

@@ -33,6 +33,11 @@ from pdjit.proto import framework_pb2 as pb
 VarType = pb.VarType
 
 
+# what a clone shares with its original: the readers (py_reader, non-iterable DataLoader) that
+# pdjit.runtime.reader attached, as a Fluid clone reads the same reader variable
+_SHARED_WITH_CLONES = ("_py_readers",)
+
+
 class Program:
     """A program: a flat array of nested blocks; block 0 is the global block (seeds 002/004)."""
 
@@ -205,6 +210,9 @@ class Program:
         """A deep copy. ``for_test=True`` also drops backward/optimizer ops and sets ``is_test``."""
         p = Program._from_desc(pb.ProgramDesc.FromString(self.serialize_to_string()))
         p.random_seed = self.random_seed
+        for key in _SHARED_WITH_CLONES:
+            if key in self.__dict__:
+                p.__dict__[key] = self.__dict__[key]
         p._is_test = for_test or self._is_test
         for b_old, b_new in zip(self.blocks, p.blocks):
             for name, v in b_old.vars.items():

@@ -6,7 +6,8 @@ A py_reader here is no READER variable with ``create_py_reader``/``read`` ops: i
 takes) the data variables and attaches a non-iterable loader to their program
 (``pdjit.runtime.reader``); after ``reader.start()`` each run of that program that does not
 feed them takes the next batch, and ``fluid.core.EOFException`` ends a pass. ``read_file``
-returns the variables. A clone of the program (``clone(for_test=True)``) has no reader: feed it.
+returns the variables. A clone of the program (``clone(for_test=True)``) reads from the same
+readers, as a Fluid clone reads the same reader variable.
 """
 from __future__ import annotations
 
