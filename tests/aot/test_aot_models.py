@@ -1,0 +1,236 @@
+"""Ahead-of-time compiled corpus models (``pdjit.aot``) against the JIT executor and Paddle.
+
+Each model is compiled once per module (``artifacts``: seconds each). Oracles: the outputs
+PaddlePaddle computed from the saved files (``tests/fixtures/paddle/models/<name>_io.npz``) and
+the JIT executor in strict mode (every step native: a fallback fails); the artifact links the
+BLAS the JIT executor calls (NumPy's OpenBLAS), so its outputs must be bit-identical. The
+library runs without Python in its path: it has no undefined Python or Numba symbol.
+"""
+import importlib.util
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler 'cc'")
+
+MODELS = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "paddle" / "models"
+NAMES = ["mlp", "lenet"]
+
+
+def _import_artifact(path, name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(path, "__init__.py"),
+                                                  submodule_search_locations=[str(path)])
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    from pdjit.aot import compile_model
+
+    out = {}
+    for name in NAMES:
+        d = tmp_path_factory.mktemp(f"aot_{name}")
+        spec = compile_model(str(MODELS / name), str(d), batch=2)
+        out[name] = (d, spec, _import_artifact(d, f"aot_{name}_artifact"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def jit():
+    """``run(name, feed) -> outputs`` through the JIT executor, strict (native steps only)."""
+    import pdjit as fluid
+    from pdjit.static import load_inference_model
+
+    exe = fluid.Executor(fluid.CPUPlace(), strict=True)
+    loaded = {}
+
+    def run(name, feed):
+        if name not in loaded:
+            loaded[name] = load_inference_model(str(MODELS / name), exe)
+        prog, _, fetches = loaded[name]
+        return exe.run(prog, feed=feed, fetch_list=fetches)
+    return run
+
+
+def _cases(name):
+    with np.load(MODELS / f"{name}_io.npz") as z:
+        data = dict(z)
+    cases = sorted({k.split("/")[0] for k in data})
+    return [({k.split("/")[2]: v for k, v in data.items() if k.startswith(f"{c}/feed/")},
+             {k.split("/")[2]: v for k, v in data.items() if k.startswith(f"{c}/fetch/")})
+            for c in cases]
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_outputs_equal_jit_and_paddle(artifacts, jit, name):
+    _, spec, mod = artifacts[name]
+    model = mod.load()
+    assert model.input_names == [n for n, _, _ in spec.inputs]
+    for feed, want in _cases(name):
+        got = model.run(feed)
+        assert len(got) == len(model.output_names) == len(want)
+        ref = jit(name, feed)
+        for n, g, r in zip(model.output_names, got, ref):
+            assert g.dtype == want[n].dtype and g.shape == want[n].shape
+            np.testing.assert_allclose(g, want[n], rtol=1e-5, atol=1e-5)
+            assert np.array_equal(g, r), (name, n, np.abs(g - r).max())
+    # a batch larger than the one the instance was sized for: the arena grows
+    shape = [64 if d < 0 else d for d in model.input_shapes[0]]
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    got = model.run({model.input_names[0]: x})
+    ref = jit(name, {model.input_names[0]: x})
+    assert all(np.array_equal(g, r) for g, r in zip(got, ref))
+    again = model.run({model.input_names[0]: x})
+    assert all(np.array_equal(g, r) for g, r in zip(again, ref))
+
+
+def test_library_needs_no_python_or_numba(artifacts):
+    d, _, _ = artifacts["mlp"]
+    out = subprocess.run(["nm", "-D", "--undefined-only", str(d / "libmodel.so")],
+                         capture_output=True, text=True, check=True).stdout
+    names = [line.split()[-1] for line in out.splitlines() if line.strip()]
+    assert not [n for n in names if n.startswith(("Py", "_Py", "numba_", "NRT_"))], names
+    exported = subprocess.run(["nm", "-D", "--defined-only", str(d / "libmodel.so")],
+                              capture_output=True, text=True, check=True).stdout
+    assert "pdjit_model_run" in exported and "numba_xxgemm" not in exported
+
+
+def test_bad_inputs_give_errors(artifacts):
+    d, _, mod = artifacts["mlp"]
+    model = mod.load()
+    x = np.ones((3, 16), np.float32)
+    cases = [({"x": x.astype(np.float64)}, 3, "input 'x': expected dtype float32, got float64"),
+             ({"x": x[0]}, 4, "input 'x': expected rank 2, got 1"),
+             ({"x": np.ones((3, 15), np.float32)}, 4, "input 'x': dim 1 expected 16, got 15"),
+             ({"x": np.ones((0, 16), np.float32)}, 4, "dim 0 expected >= 1, got 0"),
+             ({"x": x.astype(np.complex64)}, 3, "expected dtype float32, got unknown"),
+             ({}, 2, "missing ['x']"),
+             ({"x": x, "y": x}, 2, "unknown ['y']"),
+             ([x, x], 2, "expected 1 input(s), got 2")]
+    for feed, code, message in cases:
+        with pytest.raises(mod.ModelError, match=None) as info:
+            model.run(feed)
+        assert info.value.code == code and message in str(info.value), (feed.keys()
+                                                                         if isinstance(feed, dict)
+                                                                         else len(feed), info)
+    # the instance still works, and a strided input is taken as its values
+    big = np.ones((3, 32), np.float32)
+    assert np.array_equal(model.run({"x": big[:, ::2]})[0], model.run({"x": x})[0])
+    # parameters: missing, truncated, another model's
+    with pytest.raises(mod.ModelError, match="cannot open the parameters file"):
+        mod.load(params=str(d / "nope.params"))
+    blob = (d / "model.params").read_bytes()
+    bad = d / "bad.params"
+    bad.write_bytes(blob[:-8])
+    with pytest.raises(mod.ModelError, match="expected .* bytes of parameters, got fewer"):
+        mod.load(params=str(bad))
+    bad.write_bytes(blob[:-4] + b"\x01\x02\x03\x04")
+    with pytest.raises(mod.ModelError, match="not this model's"):
+        mod.load(params=str(bad))
+    other = artifacts["lenet"][0] / "model.params"
+    with pytest.raises(mod.ModelError, match="parameters"):
+        mod.load(params=str(other))
+    with pytest.raises(mod.ModelError, match="max_batch must be >= 1"):
+        mod.load(max_batch=0)
+
+
+def test_two_instances_in_two_threads(artifacts, jit):
+    _, _, mod = artifacts["lenet"]
+    rng = np.random.default_rng(1)
+    xs = [rng.standard_normal((b, 1, 28, 28)).astype(np.float32) for b in (1, 5)]
+    want = [jit("lenet", {"x": x})[0] for x in xs]
+    errors, results = [], [[], []]
+
+    def work(k):
+        try:
+            model = mod.load(max_batch=1)
+            for _ in range(20):
+                results[k].append(model.run({"x": xs[k]})[0])
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    for k in (0, 1):
+        assert len(results[k]) == 20
+        assert all(np.array_equal(r, want[k]) for r in results[k])
+
+
+def test_example_c_builds_and_runs(artifacts):
+    d, _, mod = artifacts["lenet"]
+    subprocess.run("cc -O2 -I. example.c -L. -lmodel -Wl,-rpath,'$ORIGIN' -o example",
+                   shell=True, cwd=d, check=True, capture_output=True)
+    r = subprocess.run([str(d / "example")], cwd="/", capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "input x: float32 [2, 1, 28, 28]" in r.stdout
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("output "))
+    assert line.startswith("output softmax_0.tmp_0: float32 [2, 10]:")
+    first = np.array([float(v) for v in line.split(":")[-1].split()])
+    # the same generated inputs through the loader (example.c's formula, in NumPy)
+    k = np.arange(2 * 28 * 28, dtype=np.int64)
+    x = (((k * 7919) % 2001) / 1000.0 - 1.0).astype(np.float32).reshape(2, 1, 28, 28)
+    want = mod.load().run({"x": x})[0].ravel()[:5]
+    np.testing.assert_allclose(first, want, rtol=1e-5)
+
+
+def test_loader_needs_only_numpy(artifacts, tmp_path):
+    """The loader in an interpreter that sees NumPy and nothing else installed (``-I -S``; a
+    path holding only ``numpy`` and its libraries): no pdjit, Numba or llvmlite."""
+    d, _, _ = artifacts["mlp"]
+    site = pathlib.Path(np.__file__).parents[1]
+    only = tmp_path / "only_numpy"
+    only.mkdir()
+    for n in ("numpy", "numpy.libs"):
+        if (site / n).exists():
+            (only / n).symlink_to(site / n)
+    code = f"""
+import sys
+sys.path[:0] = [{str(only)!r}, {str(d.parent)!r}]
+import numpy as np
+art = __import__({d.name!r})
+m = art.load()
+out = m.run({{"x": np.ones((2, 16), np.float32)}})
+for banned in ("numba", "llvmlite", "pdjit"):
+    assert banned not in sys.modules, banned
+    try:
+        __import__(banned)
+    except ImportError:
+        pass
+    else:
+        raise SystemExit(banned + " is importable")
+print(m.input_names, m.output_names, out[0].shape, float(out[0].sum()))
+"""
+    r = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert "['x'] ['softmax_0.tmp_0'] (2, 10)" in r.stdout
+    assert abs(float(r.stdout.split()[-1]) - 2.0) < 1e-5   # two rows of probabilities
+
+
+def test_refuses_control_flow_naming_the_op(tmp_path):
+    from pdjit.aot import AotError, compile_model
+
+    with pytest.raises(AotError, match="op 'while'"):
+        compile_model(str(MODELS / "cond_while"), str(tmp_path / "cw"))
+    assert not (tmp_path / "cw" / "libmodel.so").exists()
+
+
+def test_cli_entry(tmp_path):
+    from pdjit.aot.__main__ import main
+
+    assert main(["compile", str(MODELS / "cond_while"), "-o", str(tmp_path / "x")]) == 1
+    with pytest.raises(SystemExit):
+        main(["compile", str(MODELS / "mlp"), "-o", str(tmp_path / "x"), "--cpu", "arm"])
