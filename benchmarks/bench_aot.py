@@ -1,0 +1,154 @@
+"""LeNet compiled ahead of time (``pdjit.aot``) against pdjit's JIT and ONNX Runtime.
+
+    python benchmarks/bench_aot.py [--repeat N] [--rounds R]
+
+The corpus LeNet (``tests/fixtures/paddle/models/lenet``, saved by PaddlePaddle) is compiled
+into an artifact directory (build time reported), and exported to ONNX
+(``pdjit.io.onnx_export.to_onnx``) for ONNX Runtime.
+
+1. Process start to first result, each in a new process (``python -c``), median of ``--rounds``:
+   the artifact through its loader (import NumPy + the loader, ``load()``, ``run``); pdjit's
+   predictor with a warm kernel cache (``make_predictor`` + ``run``, as ``pdjit bench
+   --startup``: the cache was filled by a run just before); ONNX Runtime (import, session,
+   first run), 1 intra-op thread.
+2. Latency at batch 1 and 64: each engine in its own process (libraries in one process disturb
+   each other, see bench_cnn.py), ``--repeat`` timed calls after warm-up, median ms. pdjit's
+   predictor at its defaults; the artifact through its Python loader (ctypes, an output copy);
+   ONNX Runtime with 1 intra-op thread. Outputs are checked against pdjit's predictor.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+MODEL = ROOT / "tests" / "fixtures" / "paddle" / "models" / "lenet"
+
+STARTUP = {
+    "aot loader": ("import sys, numpy as np\nsys.path.insert(0, sys.argv[1])\n"
+                   "import lenet_aot\nx = np.load(sys.argv[2])\n"
+                   "m = lenet_aot.load()\nm.run({'x': x})\n"),
+    "pdjit JIT (warm cache)": ("import sys, numpy as np\n"
+                               "from pdjit.tools.run import make_predictor\n"
+                               "x = np.load(sys.argv[2])\n"
+                               "p = make_predictor(sys.argv[3])\np.run([x])\n"),
+    "onnxruntime": ("import sys, numpy as np\nimport onnxruntime as ort\n"
+                    "x = np.load(sys.argv[2])\nso = ort.SessionOptions()\n"
+                    "so.intra_op_num_threads = 1\n"
+                    "s = ort.InferenceSession(sys.argv[4], so, "
+                    "providers=['CPUExecutionProvider'])\n"
+                    "s.run(None, {s.get_inputs()[0].name: x})\n"),
+}
+
+
+def child(engine: str, batch: int, repeat: int, tmp: str) -> None:
+    x = np.random.default_rng(batch).standard_normal((batch, 1, 28, 28)).astype(np.float32)
+    if engine == "aot loader":
+        sys.path.insert(0, tmp)
+        import lenet_aot
+
+        m = lenet_aot.load(max_batch=batch)
+
+        def fn():
+            return m.run({"x": x})[0]
+    elif engine == "pdjit JIT":
+        from pdjit.tools.run import make_predictor
+
+        p = make_predictor(str(MODEL))
+
+        def fn():
+            return p.run([x])[0]
+    else:
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = 1
+        s = ort.InferenceSession(os.path.join(tmp, "lenet.onnx"), so,
+                                 providers=["CPUExecutionProvider"])
+        name = s.get_inputs()[0].name
+
+        def fn():
+            return s.run(None, {name: x})[0]
+    for _ in range(5):
+        out = fn()
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    np.save(os.path.join(tmp, f"out_{engine.replace(' ', '_')}_{batch}.npy"), out)
+    print(json.dumps({"median_ms": statistics.median(times) * 1e3}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--repeat", type=int, default=200)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--child", nargs=4, metavar=("ENGINE", "BATCH", "REPEAT", "TMP"))
+    args = ap.parse_args()
+    if args.child:
+        engine, batch, repeat, tmp = args.child
+        child(engine, int(batch), int(repeat), tmp)
+        return
+    from pdjit.aot import compile_model
+    from pdjit.io.inference import load_model
+    from pdjit.io.onnx_export import to_onnx
+
+    with tempfile.TemporaryDirectory(prefix="pdjit-bench-aot-") as tmp:
+        t0 = time.perf_counter()
+        spec = compile_model(str(MODEL), os.path.join(tmp, "lenet_aot"), batch=1)
+        build = time.perf_counter() - t0
+        print(f"artifact build (warm Numba cache): {build:.2f} s "
+              f"({', '.join(f'{k} {v:.2f} s' for k, v in spec.timings.items())})")
+        m = load_model(str(MODEL))
+        onnx_path = os.path.join(tmp, "lenet.onnx")
+        with open(onnx_path, "wb") as f:
+            f.write(to_onnx(m.program, m.params, m.feed_names, m.fetch_names))
+        x = np.random.default_rng(0).standard_normal((1, 1, 28, 28)).astype(np.float32)
+        xp = os.path.join(tmp, "x.npy")
+        np.save(xp, x)
+        argv = [tmp, xp, str(MODEL), onnx_path]
+        subprocess.run([sys.executable, "-c", STARTUP["pdjit JIT (warm cache)"], *argv],
+                       check=True)  # fills the kernel cache
+        samples = {k: [] for k in STARTUP}
+        for r in range(args.rounds):
+            order = list(STARTUP) if r % 2 == 0 else list(reversed(STARTUP))
+            for k in order:
+                t = time.perf_counter()
+                subprocess.run([sys.executable, "-c", STARTUP[k], *argv], check=True)
+                samples[k].append(time.perf_counter() - t)
+        print("\n## process start to first result (LeNet, batch 1), median of "
+              f"{args.rounds}")
+        print("| contender | seconds | vs warm JIT |\n|---|---|---|")
+        jit = statistics.median(samples["pdjit JIT (warm cache)"])
+        for k, v in samples.items():
+            print(f"| {k} | {statistics.median(v):.3f} | {statistics.median(v) / jit:.2f}x |")
+        for batch in (1, 64):
+            res = {}
+            for engine in ("pdjit JIT", "aot loader", "onnxruntime"):
+                rep = args.repeat if batch == 1 else max(args.repeat // 4, 10)
+                out = subprocess.run([sys.executable, __file__, "--child", engine, str(batch),
+                                      str(rep), tmp], capture_output=True, text=True,
+                                     check=True).stdout
+                res[engine] = json.loads(out.strip().splitlines()[-1])["median_ms"]
+            ref = np.load(os.path.join(tmp, f"out_pdjit_JIT_{batch}.npy"))
+            for engine in ("aot_loader", "onnxruntime"):
+                got = np.load(os.path.join(tmp, f"out_{engine}_{batch}.npy"))
+                assert np.allclose(got, ref, rtol=1e-4, atol=1e-5), engine
+            print(f"\n## latency, LeNet batch {batch} (median ms, own process each)")
+            print("| contender | median ms | vs pdjit JIT |\n|---|---|---|")
+            for k, v in res.items():
+                print(f"| {k} | {v:.4f} | {v / res['pdjit JIT']:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()
