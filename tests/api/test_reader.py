@@ -363,6 +363,23 @@ def test_buffered_and_xmap_readers():
         list(fluid.io.xmap_readers(lambda v: 1 // (v - 3), numbers(10), 2, 2)())
 
 
+def test_multiprocess_reader_merges_every_reader():
+    merged = fluid.io.multiprocess_reader([numbers(30), lambda: iter(range(100, 120))],
+                                          use_pipe=False, queue_size=4)
+    for _ in range(2):  # a reader creator: each call reads everything again
+        out = list(merged())
+        assert sorted(out) == list(range(30)) + list(range(100, 120))
+        assert [v for v in out if v < 100] == list(range(30))   # each reader keeps its order
+
+    def broken():
+        yield 1
+        raise OSError("disk gone")
+    with pytest.raises(ReaderError, match="multiprocess_reader.*OSError: disk gone"):
+        list(fluid.io.multiprocess_reader([numbers(5), broken])())
+    with pytest.raises(ValueError, match="readers is empty"):
+        fluid.io.multiprocess_reader([])
+
+
 def test_small_decorators():
     assert list(fluid.io.chain(numbers(2), numbers(3))()) == [0, 1, 0, 1, 2]
     assert list(fluid.io.map_readers(lambda a, b: a + b, numbers(3), numbers(5))()) == [0, 2, 4]

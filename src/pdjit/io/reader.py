@@ -1,6 +1,6 @@
 """Data loading, the Fluid way: ``DataLoader.from_generator``, ``PyReader`` and the reader
-decorators (``batch``, ``shuffle``, ``buffered``, ``xmap_readers``, ``map_readers``, ``chain``,
-``compose``, ``firstn``, ``cache``).
+decorators (``batch``, ``shuffle``, ``buffered``, ``xmap_readers``, ``multiprocess_reader``,
+``map_readers``, ``chain``, ``compose``, ``firstn``, ``cache``).
 
 A *reader* here is what Fluid calls a reader creator: a callable that returns an iterator of
 items (samples, or lists of samples once batched). Decorators take readers and return readers.
@@ -28,7 +28,8 @@ from pdjit.runtime.reader import (
 )
 
 __all__ = ["DataLoader", "PyReader", "GeneratorLoader", "ReaderError", "batch", "shuffle",
-           "buffered", "xmap_readers", "map_readers", "chain", "compose", "firstn", "cache",
+           "buffered", "xmap_readers", "multiprocess_reader", "map_readers", "chain", "compose",
+           "firstn", "cache",
            "ComposeNotAligned"]
 
 
@@ -217,6 +218,29 @@ def xmap_readers(mapper, reader, process_num, buffer_size, order: bool = False):
                 yield pending.pop(want)
                 want += 1
     return xreader
+
+
+def multiprocess_reader(readers, use_pipe: bool = True, queue_size: int = 1000):
+    """The items of all ``readers`` read at once, by one background thread each (Fluid runs
+    processes; the readers here share the process), into one buffer of ``queue_size`` items:
+    each reader's items keep their order, the interleaving is whatever comes first.
+    ``use_pipe`` is accepted (there is no pipe between threads)."""
+    readers = list(readers) if isinstance(readers, (list, tuple)) else [readers]
+    if not readers:
+        raise ValueError("multiprocess_reader: readers is empty")
+    for r in readers:
+        check_reader(r, "multiprocess_reader")
+    if isinstance(queue_size, bool) or not isinstance(queue_size, int) or queue_size <= 0:
+        raise ValueError(f"multiprocess_reader: queue_size must be a positive int, got "
+                         f"{queue_size!r}")
+
+    def merged():
+        q, stop = queue.Queue(maxsize=queue_size), threading.Event()
+        for k, r in enumerate(readers):
+            threading.Thread(target=_pump, args=(iter(r()), q, stop), daemon=True,
+                             name=f"pdjit-multi-{k}").start()
+        yield from _drain(q, stop, "multiprocess_reader", finished=len(readers))
+    return merged
 
 
 def map_readers(func, *readers):
