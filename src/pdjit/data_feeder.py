@@ -192,14 +192,15 @@ class DataFeeder:
 
     def decorate_reader(self, reader, multi_devices=False, num_places=None, drop_last=True):
         """A reader of feed dicts from a reader of minibatches (``multi_devices=True``: lists
-        of ``num_places`` dicts, one per place; an incomplete last group is dropped unless
+        of ``num_places`` dicts, one per place, by default as many as ``cpu_places()`` gives,
+        i.e. ``CPU_NUM``, as Fluid; an incomplete last group is dropped unless
         ``drop_last=False``, which is an error then, as in Fluid)."""
         def single():
             for batch in reader():
                 yield self.feed(batch)
 
         def multi():
-            n = 1 if num_places is None else int(num_places)
+            n = len(cpu_places()) if num_places is None else int(num_places)
             group = []
             for batch in reader():
                 group.append(batch)

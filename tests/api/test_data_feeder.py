@@ -99,7 +99,7 @@ def test_errors_name_the_variable_and_sample(prog):
         fluid.DataFeeder([3], fluid.CPUPlace(), program=main)
 
 
-def test_decorate_reader(prog):
+def test_decorate_reader(prog, monkeypatch):
     main, (img, label, _, _) = prog
     feeder = fluid.DataFeeder([img, label], fluid.CPUPlace(), program=main)
 
@@ -112,6 +112,12 @@ def test_decorate_reader(prog):
     groups = list(feeder.decorate_reader(batches, multi_devices=True, num_places=2)())
     assert len(groups) == 1 and len(groups[0]) == 2  # the third batch has no partner
     np.testing.assert_array_equal(groups[0][1]["img"].ravel(), [1] * 4 + [2] * 4)
+    # without num_places, one dict per place of CPU_NUM, as Fluid
+    monkeypatch.setenv("CPU_NUM", "3")
+    groups = list(feeder.decorate_reader(batches, multi_devices=True)())
+    assert len(groups) == 1 and len(groups[0]) == 3
+    with pytest.raises(FeedError, match="1 minibatch\\(es\\) left over for 2 places"):
+        list(feeder.decorate_reader(batches, True, num_places=2, drop_last=False)())
 
 
 def test_cpu_places(monkeypatch):
