@@ -72,6 +72,10 @@ int pdjit_model_output(const pdjit_model *m, int i, const void **data, const int
 /* The message of the last failed call on m. */
 const char *pdjit_model_error(const pdjit_model *m);
 void pdjit_model_destroy(pdjit_model *m);
+/* Threads of the BLAS (NumPy's OpenBLAS) for the whole process: in a process that imported
+   NumPy it is NumPy's own BLAS, so this sets NumPy's too. Left at OpenBLAS's default
+   (OPENBLAS_NUM_THREADS) unless called. */
+int pdjit_set_blas_threads(int n);
 
 #ifdef __cplusplus
 }
@@ -565,6 +569,12 @@ API const char *pdjit_model_error(const pdjit_model *m) {
     return m == NULL ? "no model instance" : m->error;
 }
 
+API int pdjit_set_blas_threads(int n) {
+    if (n < 1) return PDJIT_ERR_ARGS;
+    pdjit_blas_threads(n);
+    return PDJIT_OK;
+}
+
 API void pdjit_model_destroy(pdjit_model *m) {
     if (m == NULL) return;
     for (int i = 0; i < NUM_OUT; i++) free(m->out[i]);
@@ -606,7 +616,6 @@ API int pdjit_model_create(const char *params_path, int64_t max_batch, pdjit_mod
         if (err && err_len) snprintf(err, err_len, "out of memory");
         return PDJIT_ERR_MEMORY;
     }
-    pdjit_blas_threads(1);
     int rc = max_batch < 1 ? fail(m, PDJIT_ERR_ARGS, "max_batch must be >= 1, got %%lld",
                                   (long long)max_batch) : read_params(m, params_path);
     if (rc == PDJIT_OK) rc = warm_up(m, max_batch);
