@@ -124,9 +124,12 @@ class GradientClipByNorm(GradientClipBase):
 
 class GradientClipByGlobalNorm(GradientClipBase):
     """``group_name``: with ``set_gradient_clip``, the parameters of every global-norm clip of
-    one group name are clipped together, by one norm (their ``clip_norm`` must agree)."""
+    one group name are clipped together, by one norm (their ``clip_norm`` must agree).
+    ``auto_skip_clip`` (3.x's ``ClipGradByGlobalNorm``) is accepted: a norm within
+    ``clip_norm`` scales by exactly 1 here, which is what skipping the clip gives."""
 
-    def __init__(self, clip_norm, group_name="default_group", need_clip=None):
+    def __init__(self, clip_norm, group_name="default_group", need_clip=None,
+                 auto_skip_clip=False):
         super().__init__(need_clip)
         if clip_norm <= 0:
             raise ValueError(f"GradientClipByGlobalNorm: clip_norm must be > 0, got "
