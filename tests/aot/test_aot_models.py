@@ -245,3 +245,38 @@ def test_cli_entry(tmp_path):
     assert main(["compile", str(MODELS / "cond_while"), "-o", str(tmp_path / "x")]) == 1
     with pytest.raises(SystemExit):
         main(["compile", str(MODELS / "mlp"), "-o", str(tmp_path / "x"), "--cpu", "arm"])
+
+
+def test_c_abi_rejects_null_and_out_of_range(artifacts):
+    """The C entry points with what a C caller can get wrong: NULL arrays, indices out of
+    range, an output asked for before a run."""
+    import ctypes
+
+    d, _, mod = artifacts["mlp"]
+    lib = ctypes.CDLL(str(d / "libmodel.so"))
+    lib.pdjit_model_create.argtypes = [ctypes.c_char_p, ctypes.c_int64,
+                                       ctypes.POINTER(ctypes.c_void_p), ctypes.c_char_p,
+                                       ctypes.c_size_t]
+    lib.pdjit_model_run.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                    ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+    lib.pdjit_model_output.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p,
+                                       ctypes.c_void_p]
+    lib.pdjit_model_error.argtypes = [ctypes.c_void_p]
+    lib.pdjit_model_error.restype = ctypes.c_char_p
+    lib.pdjit_input_name.restype = ctypes.c_char_p
+    lib.pdjit_model_destroy.argtypes = [ctypes.c_void_p]
+    assert lib.pdjit_num_inputs() == 1 and lib.pdjit_num_outputs() == 1
+    assert lib.pdjit_input_name(0) == b"x" and lib.pdjit_input_name(5) is None
+    assert lib.pdjit_input_dtype(-1) == -1
+    assert lib.pdjit_model_create(None, 1, None, None, 0) == 1
+    h = ctypes.c_void_p()
+    assert lib.pdjit_model_create(None, 1, ctypes.byref(h), None, 0) == 0 and h.value
+    assert lib.pdjit_model_output(h, 0, None, None) == 1        # no run yet
+    assert lib.pdjit_model_run(None, 1, None, None, None, None) == 1
+    assert lib.pdjit_model_run(h, 1, None, None, None, None) == 1
+    assert b"must not be NULL" in lib.pdjit_model_error(h)
+    assert lib.pdjit_model_run(h, 0, None, None, None, None) == 2
+    assert lib.pdjit_model_error(None) == b"no model instance"
+    assert lib.pdjit_set_blas_threads(0) == 1
+    lib.pdjit_model_destroy(h)
+    lib.pdjit_model_destroy(None)
