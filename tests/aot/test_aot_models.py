@@ -195,6 +195,24 @@ def test_example_c_builds_and_runs(artifacts):
     x = (((k * 7919) % 2001) / 1000.0 - 1.0).astype(np.float32).reshape(2, 1, 28, 28)
     want = mod.load().run({"x": x})[0].ravel()[:5]
     np.testing.assert_allclose(first, want, rtol=1e-5)
+    # inputs from .npy files; a wrong file is an error, not a crash
+    x3 = np.random.default_rng(3).standard_normal((3, 1, 28, 28)).astype(np.float32)
+    np.save(d / "x3.npy", x3)
+    r = subprocess.run([str(d / "example"), str(d / "x3.npy")], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    line = next(ln for ln in r.stdout.splitlines() if ln.startswith("output "))
+    assert "[3, 10]" in line
+    first = np.array([float(v) for v in line.split(":")[-1].split()])
+    np.testing.assert_allclose(first, mod.load().run({"x": x3})[0].ravel()[:5], rtol=1e-5)
+    np.save(d / "x64.npy", x3.astype(np.float64))
+    np.save(d / "bad_shape.npy", x3[:, :, :27])
+    for arg, message in (("x64.npy", "run: input 'x': expected dtype float32, got float64"),
+                         ("bad_shape.npy", "run: input 'x': dim 2 expected 28, got 27"),
+                         ("nope.npy", "nope.npy: cannot open")):
+        r = subprocess.run([str(d / "example"), str(d / arg)], capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode in (1, 2) and message in r.stderr, (arg, r.stderr)
 
 
 def test_loader_needs_only_numpy(artifacts, tmp_path):
