@@ -15,6 +15,7 @@ import numpy as np
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _DTYPES = ["float32", "float64", "int32", "int64", "uint8", "int8", "bool", "int16", "float16"]
+_CODES = {np.dtype(d): i for i, d in enumerate(_DTYPES)}
 _lib = None
 
 
@@ -80,41 +81,68 @@ class Model:
             raise ModelError(rc, err.value.decode(errors="replace"))
         self._h = h
 
+    def _buffers(self):
+        n = len(self.input_names)
+        i64p = ctypes.POINTER(ctypes.c_int64)
+        self._data = (ctypes.c_void_p * max(n, 1))()
+        self._codes = (ctypes.c_int * max(n, 1))()
+        self._ndims = (ctypes.c_int * max(n, 1))()
+        self._dims = [(ctypes.c_int64 * 32)() for _ in range(n)]
+        self._shapes = (i64p * max(n, 1))(*[ctypes.cast(d, i64p) for d in self._dims])
+        self._out_p, self._out_s = ctypes.c_void_p(), i64p()
+        self._by_name = {}
+
     def run(self, feed):
         """The outputs (new arrays, in ``output_names`` order) for ``feed``, a dict by input
-        name (or a list in ``input_names`` order)."""
+        name (or a list in ``input_names`` order). One thread at a time per instance."""
         if self._h is None:
             raise ModelError(1, "the model was closed")
         if isinstance(feed, dict):
-            unknown = sorted(set(feed) - set(self.input_names))
-            missing = [n for n in self.input_names if n not in feed]
-            if unknown or missing:
+            if len(feed) != len(self.input_names) or any(n not in feed
+                                                         for n in self.input_names):
+                unknown = sorted(set(feed) - set(self.input_names))
+                missing = [n for n in self.input_names if n not in feed]
                 raise ModelError(2, f"feed: expected inputs {self.input_names}; "
                                     f"missing {missing}, unknown {unknown}")
             arrays = [feed[n] for n in self.input_names]
         else:
             arrays = list(feed)
         n = len(arrays)
-        keep = [np.ascontiguousarray(a) for a in arrays]
-        data = (ctypes.c_void_p * max(n, 1))(*[a.ctypes.data for a in keep])
-        codes = [(_DTYPES.index(a.dtype.name) if a.dtype.name in _DTYPES else -1)
-                 for a in keep]
-        dtypes = (ctypes.c_int * max(n, 1))(*codes)
-        ndims = (ctypes.c_int * max(n, 1))(*[a.ndim for a in keep])
-        shapes_ = [(ctypes.c_int64 * max(a.ndim, 1))(*a.shape) for a in keep]
-        i64p = ctypes.POINTER(ctypes.c_int64)
-        shapes = (i64p * max(n, 1))(*[ctypes.cast(s, i64p) for s in shapes_])
-        rc = self._lib.pdjit_model_run(self._h, n, data, dtypes, ndims, shapes)
+        if not hasattr(self, "_data") or n > len(self._dims):
+            self._buffers()
+            if n > len(self._dims):
+                self._dims += [(ctypes.c_int64 * 32)() for _ in range(n - len(self._dims))]
+        keep = []
+        data, codes, ndims = self._data, self._codes, self._ndims
+        if n > len(data):
+            data = (ctypes.c_void_p * n)()
+            codes, ndims = (ctypes.c_int * n)(), (ctypes.c_int * n)()
+            i64p = ctypes.POINTER(ctypes.c_int64)
+            shapes = (i64p * n)(*[ctypes.cast(d, i64p) for d in self._dims])
+        else:
+            shapes = self._shapes
+        for i, a in enumerate(arrays):
+            a = np.ascontiguousarray(a)
+            keep.append(a)
+            if a.ndim > 32:
+                raise ModelError(4, f"input {i}: rank {a.ndim} is too large")
+            data[i] = a.ctypes.data
+            codes[i] = _CODES.get(a.dtype, -1)
+            ndims[i] = a.ndim
+            dims = self._dims[i]
+            for d, size in enumerate(a.shape):
+                dims[d] = size
+        rc = self._lib.pdjit_model_run(self._h, n, data, codes, ndims, shapes)
         if rc != 0:
             raise ModelError(rc, self._lib.pdjit_model_error(self._h).decode(errors="replace"))
         outs = []
+        p, s = self._out_p, self._out_s
         for i, dt in enumerate(self.output_dtypes):
-            p, s = ctypes.c_void_p(), i64p()
             self._lib.pdjit_model_output(self._h, i, ctypes.byref(p), ctypes.byref(s))
-            shape = tuple(s[d] for d in range(len(self.output_shapes[i])))
-            size = int(np.prod(shape, dtype=np.int64)) * dt.itemsize
-            buf = (ctypes.c_char * max(size, 1)).from_address(p.value)
-            outs.append(np.frombuffer(buf, dt, count=size // dt.itemsize).reshape(shape).copy())
+            out = np.empty(tuple(s[d] for d in range(len(self.output_shapes[i]))), dt)
+            if out.nbytes:
+                ctypes.memmove(out.ctypes.data, p.value, out.nbytes)
+            outs.append(out)
         return outs
 
     def close(self):
