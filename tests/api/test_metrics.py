@@ -1,5 +1,6 @@
-"""fluid.metrics (host side) against scikit-learn and hand counts, and the ``auc`` layer
-against scikit-learn and against PaddlePaddle 3.3.1's legacy ``auc`` op."""
+"""fluid.metrics (host side) against scikit-learn and hand counts, the ``auc`` layer against
+scikit-learn and against PaddlePaddle 3.3.1's legacy ``auc`` op, and the ``edit_distance``
+layer against a dynamic programme and Paddle's recorded values."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,6 +8,7 @@ import pytest
 
 import pdjit as fluid
 from pdjit import metrics
+from pdjit.testing.op_test import assert_native
 
 sk = pytest.importorskip("sklearn.metrics")
 
@@ -104,6 +106,78 @@ def test_edit_distance_metric_against_a_dynamic_programme():
     m.reset()
     with pytest.raises(ValueError, match="no data"):
         m.eval()
+
+
+def _lod(seqs):
+    flat = np.array([t for s in seqs for t in s], np.int64).reshape(-1, 1)
+    return fluid.create_lod_tensor(flat, [[len(s) for s in seqs]], fluid.CPUPlace())
+
+
+def test_edit_distance_layer_feeds_the_metric_natively():
+    """layers.edit_distance on LoD and padded sequences (empty ones included), normalized or
+    not, against the dynamic programme above; compiled (native) and reference runs agree."""
+    rng = np.random.default_rng(3)
+    hyps = [list(rng.integers(0, 4, n)) for n in (3, 0, 5, 2, 4)]
+    refs = [list(rng.integers(0, 4, n)) for n in (2, 3, 5, 1, 4)]
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        h = fluid.layers.data(name="h", shape=[1], dtype="int64", lod_level=1)
+        r = fluid.layers.data(name="r", shape=[1], dtype="int64", lod_level=1)
+        dist, num = fluid.layers.edit_distance(h, r, normalized=False)
+        ndist, _ = fluid.layers.edit_distance(h, r)  # normalized by default, as Fluid
+        hp, rp = fluid.data("hp", [-1, 5], "int64"), fluid.data("rp", [-1, 5], "int64")
+        hl, rl = fluid.data("hl", [-1], "int64"), fluid.data("rl", [-1], "int64")
+        pdist, pnum = fluid.layers.edit_distance(hp, rp, False, input_length=hl,
+                                                 label_length=rl)
+    assert (dist.dtype, list(dist.shape), num.dtype, list(num.shape)) == \
+        (np.float32, [-1, 1], np.int64, [1])
+    padded = np.full((5, 5), 9, np.int64)   # padding that must not count
+    feed = {"h": _lod(hyps), "r": _lod(refs), "hp": padded.copy(), "rp": padded.copy(),
+            "hl": np.array([len(s) for s in hyps]), "rl": np.array([len(s) for s in refs])}
+    for k, (a, b) in enumerate(zip(hyps, refs)):
+        feed["hp"][k, :len(a)], feed["rp"][k, :len(b)] = a, b
+    want = np.array([_edit_distance(a, b) for a, b in zip(hyps, refs)], np.float64)
+    results = []
+    for mode in ("compiled", "reference"):
+        exe = fluid.Executor(fluid.CPUPlace(), mode=mode, strict=mode == "compiled")
+        got = exe.run(main, feed=feed, fetch_list=[dist, num, ndist, pdist, pnum])
+        if mode == "compiled":
+            assert_native(exe, "edit_distance")
+        np.testing.assert_array_equal(got[0].ravel(), want)
+        np.testing.assert_array_equal(got[3].ravel(), want)
+        np.testing.assert_allclose(got[2].ravel(), want / [len(b) for b in refs], rtol=1e-7)
+        assert got[1].tolist() == got[4].tolist() == [5] and got[0].dtype == np.float32
+        results.append(got)
+    for a, b in zip(*results):
+        np.testing.assert_array_equal(a, b)
+    m = metrics.EditDistance("ed")
+    m.update(results[0][0], results[0][1])
+    assert m.eval() == pytest.approx((want.mean(), np.mean(want > 0)))
+
+
+def test_edit_distance_matches_paddles_recorded_values_and_errors():
+    # outputs of PaddlePaddle 3.3.1's legacy edit_distance op on these inputs
+    hyps, refs = [[1, 2, 3], [4, 5], [], [7, 7, 7, 7]], [[1, 2, 4], [4], [1, 2], [7]]
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        h = fluid.layers.data(name="h", shape=[1], dtype="int64", lod_level=1)
+        r = fluid.layers.data(name="r", shape=[1], dtype="int64", lod_level=1)
+        dist, _ = fluid.layers.edit_distance(h, r, normalized=False)
+        ndist, _ = fluid.layers.edit_distance(h, r)
+        with pytest.raises(ValueError, match="ignored_tokens is not supported"):
+            fluid.layers.edit_distance(h, r, ignored_tokens=[0])
+        with pytest.raises(ValueError, match="input_length and label_length together"):
+            fluid.layers.edit_distance(h, r, input_length=h)
+        with pytest.raises(TypeError, match="edit_distance"):
+            fluid.layers.edit_distance(fluid.layers.cast(h, "int32"), r)
+    exe = fluid.Executor(fluid.CPUPlace(), strict=True)
+    got = exe.run(main, feed={"h": _lod(hyps), "r": _lod(refs)}, fetch_list=[dist, ndist])
+    np.testing.assert_array_equal(got[0].ravel(), [1.0, 1.0, 2.0, 3.0])
+    np.testing.assert_array_equal(got[1].ravel(), np.float32([1 / 3, 1.0, 1.0, 3.0]))
+    # an empty reference cannot normalize: Paddle's "Reference string 2 is empty"
+    with pytest.raises(fluid.OpRunError, match=r"edit_distance.*Reference string 2 is empty"):
+        exe.run(main, feed={"h": _lod(hyps), "r": _lod([[1], [], [1], [2]])},
+                fetch_list=[ndist])
 
 
 def _chunks(tags, num_types=2):

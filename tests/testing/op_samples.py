@@ -775,3 +775,18 @@ for _check in ("isfinite", "isnan", "isinf"):
         S({"X": np.array([[1.0, np.inf], [np.nan, 0.0]])}))
 add("print", S(lambda r: {"In": u(r, (2, 3))},
                {"summarize": 2, "print_phase": "BACKWARD"}, grad=["In"]))
+
+
+# ---- edit_distance (metric.py): LoD sequences (an empty hypothesis) and padded ones ---------
+def _ids(r, shape):
+    return r.integers(0, 3, size=shape).astype(np.int64)
+
+
+add("edit_distance",
+    S(lambda r: {"Hyps": (_ids(r, (5, 1)), [[0, 2, 2, 5]]),
+                 "Refs": (_ids(r, (4, 1)), [[0, 1, 3, 4]])}),
+    S(lambda r: {"Hyps": (_ids(r, (5, 1)), [[0, 2, 2, 5]]),
+                 "Refs": (_ids(r, (4, 1)), [[0, 1, 3, 4]])}, {"normalized": True}),
+    S(lambda r: {"Hyps": _ids(r, (3, 4)), "Refs": _ids(r, (3, 5)),
+                 "HypsLength": np.array([4, 2, 0], np.int64),
+                 "RefsLength": np.array([5, 0, 1], np.int64)}))

@@ -1,11 +1,11 @@
-"""Metric layers: ``auc`` (streaming area under the ROC curve). ``accuracy`` lives in
-``layers.nn``."""
+"""Metric layers: ``auc`` (streaming area under the ROC curve) and ``edit_distance``.
+``accuracy`` lives in ``layers.nn``."""
 from __future__ import annotations
 
 from pdjit.initializer import Constant
 from pdjit.layers.layer_helper import LayerHelper, check_dtype, check_variable
 
-__all__ = ["auc"]
+__all__ = ["auc", "edit_distance"]
 
 
 def auc(input, label, curve="ROC", num_thresholds=2 ** 12 - 1, topk=1, slide_steps=1,
@@ -58,3 +58,38 @@ def auc(input, label, curve="ROC", num_thresholds=2 ** 12 - 1, topk=1, slide_ste
             outputs={"AUC": [out], "StatPosOut": [pos], "StatNegOut": [neg]},
             attrs={"curve": curve, "num_thresholds": num_thresholds, "slide_steps": steps})
     return auc_out, batch_auc_out, [batch_stat_pos, batch_stat_neg, stat_pos, stat_neg]
+
+
+def edit_distance(input, label, normalized=True, ignored_tokens=None, input_length=None,
+                  label_length=None):
+    """The edit (Levenshtein) distance of each hypothesis sequence of ``input`` to its
+    reference in ``label``, as Fluid's ``layers.edit_distance`` (the ``edit_distance`` op):
+    int64 LoD tensors ``[N, 1]``, or padded ``[batch, length]`` tensors with ``input_length``
+    and ``label_length`` (``[batch]`` int64). With ``normalized`` each distance is divided by
+    its reference's length (an empty reference is then an error). Returns ``(distances,
+    sequence_num)``: float32 ``[batch, 1]`` and int64 ``[1]``, what ``metrics.EditDistance``
+    takes. ``ignored_tokens`` is refused, as Paddle 3.3.1 refuses it: remove those tokens from
+    the sequences before feeding them."""
+    check_variable(input, "input", "edit_distance")
+    check_variable(label, "label", "edit_distance")
+    check_dtype(input, "input", ("int64",), "edit_distance")
+    check_dtype(label, "label", ("int64",), "edit_distance")
+    if ignored_tokens is not None and len(ignored_tokens) > 0:
+        raise ValueError(f"edit_distance: ignored_tokens is not supported (expected None, got "
+                         f"{ignored_tokens!r}); remove those tokens from the sequences first")
+    if (input_length is None) != (label_length is None):
+        raise ValueError("edit_distance: give input_length and label_length together (padded "
+                         "sequences) or neither (LoD sequences)")
+    inputs = {"Hyps": [input], "Refs": [label]}
+    if input_length is not None:
+        for arg, v in (("input_length", input_length), ("label_length", label_length)):
+            check_variable(v, arg, "edit_distance")
+            check_dtype(v, arg, ("int64",), "edit_distance")
+        inputs.update(HypsLength=[input_length], RefsLength=[label_length])
+    helper = LayerHelper("edit_distance")
+    out = helper.create_variable_for_type_inference("float32", stop_gradient=True)
+    seq_num = helper.create_variable_for_type_inference("int64", stop_gradient=True)
+    helper.append_op("edit_distance", inputs=inputs,
+                     outputs={"Out": [out], "SequenceNum": [seq_num]},
+                     attrs={"normalized": bool(normalized)})
+    return out, seq_num

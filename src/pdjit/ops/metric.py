@@ -1,4 +1,4 @@
-"""Metric ops: ``auc`` (Paddle's legacy streaming AUC op).
+"""Metric ops: ``auc`` (Paddle's legacy streaming AUC op) and ``edit_distance``.
 
 ``auc`` keeps histograms of the positive-class probability, one for positive labels (``label >
 0``) and one for negative labels (``label == 0``; other labels are not counted), over
@@ -35,7 +35,16 @@ from __future__ import annotations
 import numpy as np
 
 from pdjit.framework.errors import ShapeMismatch
-from pdjit.framework.registry import OPAQUE, Int, Opaque, Str, VarMeta, register_op
+from pdjit.framework.registry import (
+    OPAQUE,
+    SEQUENCE,
+    Bool,
+    Int,
+    Opaque,
+    Str,
+    VarMeta,
+    register_op,
+)
 from pdjit.ops._common import FLOATS, INDEX, check_dtype
 
 _CURVES = ("ROC", "PR")
@@ -233,3 +242,174 @@ register_op(
     traits=[OPAQUE], infer_shape=_auc_infer, reference=_auc_ref, emit=Opaque(_auc_lower),
     grad=None,
     doc="Streaming area under the ROC curve from bucketed positive/negative histograms.")
+
+
+# ---- edit_distance -----------------------------------------------------------------------------
+# The Levenshtein distance (insertions, deletions, substitutions) of each hypothesis sequence to
+# its reference, as Paddle 3.3.1's legacy op computes it. Two layouts: LoD tensors ``Hyps``/
+# ``Refs`` of shape [N, 1] int64 whose last LoD levels give the sequences, or padded [B, T]
+# tensors with ``HypsLength``/``RefsLength`` ([B] int64) giving each row's length. ``Out`` is
+# float32 [B, 1] (divided by the reference's length with ``normalized``, which refuses an empty
+# reference as Paddle does); ``SequenceNum`` is the int64 [1] count B. An empty hypothesis is
+# as far as its reference is long, and an empty reference as its hypothesis.
+_F32 = np.dtype(np.float32)
+
+
+def _ed_infer(Hyps: VarMeta, Refs: VarMeta, HypsLength=None, RefsLength=None, *, normalized):
+    check_dtype(Hyps, (_I64,), "Hyps")
+    check_dtype(Refs, (_I64,), "Refs")
+    if (HypsLength is None) != (RefsLength is None):
+        raise ShapeMismatch("HypsLength and RefsLength must be given together (padded "
+                            "sequences) or both left out (LoD sequences)")
+    if HypsLength is None:
+        for slot, m in (("Hyps", Hyps), ("Refs", Refs)):
+            if m.ndim != 2 or m.shape[1] not in (1, -1):
+                raise ShapeMismatch(f"{slot} must be a [N, 1] LoD tensor of token ids, got "
+                                    f"shape {list(m.shape)}")
+        rows = -1
+    else:
+        for slot, m in (("Hyps", Hyps), ("Refs", Refs)):
+            if m.ndim != 2:
+                raise ShapeMismatch(f"{slot} must be a padded [batch, length] tensor with "
+                                    f"{slot}Length, got shape {list(m.shape)}")
+        for slot, m in (("HypsLength", HypsLength), ("RefsLength", RefsLength)):
+            check_dtype(m, (_I64,), slot)
+            if m.ndim != 1:
+                raise ShapeMismatch(f"{slot} must be a [batch] tensor, got shape "
+                                    f"{list(m.shape)}")
+        known = {d for d in (Hyps.shape[0], Refs.shape[0], HypsLength.shape[0],
+                             RefsLength.shape[0]) if d >= 0}
+        if len(known) > 1:
+            raise ShapeMismatch(f"Hyps, Refs, HypsLength and RefsLength must agree in batch "
+                                f"size, got {Hyps.shape[0]}, {Refs.shape[0]}, "
+                                f"{HypsLength.shape[0]} and {RefsLength.shape[0]}")
+        rows = known.pop() if known else -1
+    return {"Out": VarMeta((rows, 1), _F32), "SequenceNum": VarMeta((1,), _I64)}
+
+
+def _ed_out_lod(lods, *, normalized):
+    if "HypsLength" not in lods:
+        for slot in ("Hyps", "Refs"):
+            if not lods.get(slot):
+                raise ShapeMismatch(f"{slot} must be a LoD tensor (lod_level >= 1) when "
+                                    f"HypsLength/RefsLength are not given, got one without LoD")
+        n, m = len(lods["Hyps"][-1]) - 1, len(lods["Refs"][-1]) - 1
+        if n != m:
+            raise ShapeMismatch(f"Hyps and Refs must hold as many sequences: got {n} and {m}")
+    return {"Out": [], "SequenceNum": []}
+
+
+def levenshtein(a, b) -> int:
+    """The edit distance of two sequences (one row of the dynamic programme at a time)."""
+    row = list(range(len(b) + 1))
+    for i, x in enumerate(a, 1):
+        diag, row[0] = row[0], i
+        for j, y in enumerate(b, 1):
+            diag, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diag + (x != y))
+    return row[-1]
+
+
+def _ed_ref(Hyps, Refs, HypsLength=None, RefsLength=None, *, normalized, ctx=None):
+    if HypsLength is None:
+        lods = [ctx.input_lod(slot) if ctx is not None else [] for slot in ("Hyps", "Refs")]
+        if not lods[0] or not lods[1]:
+            raise ShapeMismatch("Hyps and Refs must be LoD tensors (lod_level >= 1) when "
+                                "HypsLength/RefsLength are not given")
+        (ho, ro), h, r = (lod[-1] for lod in lods), Hyps.reshape(-1), Refs.reshape(-1)
+        if len(ho) != len(ro):
+            raise ShapeMismatch(f"Hyps and Refs must hold as many sequences: got {len(ho) - 1} "
+                                f"and {len(ro) - 1}")
+        pairs = [(h[ho[k]:ho[k + 1]], r[ro[k]:ro[k + 1]]) for k in range(len(ho) - 1)]
+    else:
+        hl, rl = HypsLength.reshape(-1), RefsLength.reshape(-1)
+        if not Hyps.shape[0] == Refs.shape[0] == hl.size == rl.size:
+            raise ShapeMismatch(f"Hyps, Refs, HypsLength and RefsLength must agree in batch "
+                                f"size, got {Hyps.shape[0]}, {Refs.shape[0]}, {hl.size} and "
+                                f"{rl.size}")
+        for slot, lens, width in (("HypsLength", hl, Hyps.shape[1]),
+                                  ("RefsLength", rl, Refs.shape[1])):
+            bad = (lens < 0) | (lens > width)
+            if bad.any():
+                k = int(np.argmax(bad))
+                raise ShapeMismatch(f"{slot}[{k}] = {int(lens[k])} is not a length within the "
+                                    f"padded width {width}")
+        pairs = [(Hyps[k, :hl[k]], Refs[k, :rl[k]]) for k in range(hl.size)]
+    out = np.empty((len(pairs), 1), np.float32)
+    for k, (a, b) in enumerate(pairs):
+        if normalized and len(b) == 0:
+            raise ValueError(f"Reference string {k + 1} is empty: a normalized edit distance "
+                             f"divides by the reference's length")
+        d = float(levenshtein(a.tolist(), b.tolist()))
+        out[k, 0] = d / len(b) if normalized else d
+    return {"Out": out, "SequenceNum": np.array([len(pairs)], np.int64)}
+
+
+def _ed_lower(ctx):
+    """One loop over the sequences, each a dynamic programme over one row of the reference's
+    length; a bad LoD, length or empty normalized reference fails a check, and the reference
+    then raises the error naming it."""
+    if ctx.dtype("Hyps") != _I64 or ctx.dtype("Refs") != _I64:
+        return None
+    padded = ctx.has_input("HypsLength")
+    H, R = ctx.inp("Hyps"), ctx.inp("Refs")
+    out, num = ctx.out("Out"), ctx.out("SequenceNum")
+    n, k, hb, he, rb, re_, m, w, row, i, j, diag, up, best = (
+        ctx.tmp(h) for h in ("n", "k", "hb", "he", "rb", "re", "m", "w", "row", "i", "j",
+                             "diag", "up", "best"))
+    h2, r2, hs, rs = (ctx.tmp(h) for h in ("h", "r", "hs", "rs"))
+    norm = bool(ctx.attrs["normalized"])
+    if padded:
+        HL, RL = ctx.inp("HypsLength"), ctx.inp("RefsLength")
+        lines = [f"{n} = {H}.shape[0]",
+                 f"_rt.check({R}.shape[0] == {n} and {HL}.size == {n} and {RL}.size == {n})",
+                 f"{h2} = {H}", f"{r2} = {R}"]
+    else:
+        ho, ro = ctx.lod("Hyps"), ctx.lod("Refs")
+        lines = [f"{n} = {ho}.shape[0] - 1",
+                 f"_rt.check({n} >= 0 and {ro}.shape[0] == {n} + 1)",
+                 f"_rt.check({ho}[{n}] == {H}.shape[0] and {ro}[{n}] == {R}.shape[0])",
+                 f"{h2} = {H}.reshape({H}.size)", f"{r2} = {R}.reshape({R}.size)"]
+    lines += [f"{out} = np.empty(({n}, 1), np.float32)",
+              f"{num} = np.empty(1, np.int64)",
+              f"{num}[0] = {n}",
+              f"for {k} in range({n}):"]
+    if padded:
+        lines += [f"    {m} = {HL}[{k}]", f"    {w} = {RL}[{k}]",
+                  f"    _rt.check({m} >= 0 and {m} <= {H}.shape[1] and {w} >= 0 and "
+                  f"{w} <= {R}.shape[1])",
+                  f"    {hs} = {h2}[{k}]", f"    {rs} = {r2}[{k}]"]
+    else:
+        lines += [f"    {hb} = {ho}[{k}]", f"    {he} = {ho}[{k} + 1]",
+                  f"    {rb} = {ro}[{k}]", f"    {re_} = {ro}[{k} + 1]",
+                  f"    _rt.check({hb} <= {he} and {rb} <= {re_})",
+                  f"    {m} = {he} - {hb}", f"    {w} = {re_} - {rb}",
+                  f"    {hs} = {h2}[{hb}:{he}]", f"    {rs} = {r2}[{rb}:{re_}]"]
+    if norm:
+        lines += [f"    _rt.check({w} > 0)"]
+    lines += [
+        f"    {row} = np.arange({w} + 1)",
+        f"    for {i} in range(1, {m} + 1):",
+        f"        {diag} = {row}[0]",
+        f"        {row}[0] = {i}",
+        f"        for {j} in range(1, {w} + 1):",
+        f"            {up} = {row}[{j}]",
+        f"            {best} = min({up} + 1, {row}[{j} - 1] + 1)",
+        f"            if {hs}[{i} - 1] == {rs}[{j} - 1]:",
+        f"                {best} = min({best}, {diag})",
+        "            else:",
+        f"                {best} = min({best}, {diag} + 1)",
+        f"            {row}[{j}] = {best}",
+        f"            {diag} = {up}",
+    ]
+    lines += [f"    {out}[{k}, 0] = np.float32({row}[{w}] / {w})" if norm else
+              f"    {out}[{k}, 0] = np.float32({row}[{w}])"]
+    return lines
+
+
+register_op(
+    "edit_distance", inputs=["Hyps", "Refs", "HypsLength?", "RefsLength?"],
+    outputs=["SequenceNum", "Out"], attrs={"normalized": Bool(False)},
+    traits=[SEQUENCE, OPAQUE], infer_shape=_ed_infer, reference=_ed_ref,
+    emit=Opaque(_ed_lower), grad=None, out_lod=_ed_out_lod,
+    doc="Levenshtein distances of hypothesis sequences to their references (LoD or padded "
+        "with lengths), optionally divided by the reference's length; and their count.")
