@@ -215,19 +215,38 @@ def test_example_c_builds_and_runs(artifacts):
         assert r.returncode in (1, 2) and message in r.stderr, (arg, r.stderr)
 
 
+def _numpy_only_venv(tmp_path):
+    """A plain virtual environment (no system site packages) holding only NumPy (this
+    process's version, installed by pip from the registry or pip's cache); None when it cannot
+    be built (no registry)."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   capture_output=True, timeout=60)
+    py = venv / "bin" / "python"
+    r = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q",
+                        "--disable-pip-version-check", f"numpy=={np.__version__}"],
+                       capture_output=True, text=True, timeout=120)
+    return py if r.returncode == 0 else None
+
+
 def test_loader_needs_only_numpy(artifacts, tmp_path):
-    """The loader in an interpreter that sees NumPy and nothing else installed (``-I -S``; a
-    path holding only ``numpy`` and its libraries): no pdjit, Numba or llvmlite."""
+    """The loader in a fresh virtual environment that has only NumPy installed; without a
+    registry to install it from, in an isolated interpreter (``-I -S``) whose path holds only
+    ``numpy`` and its libraries. Either way no pdjit, Numba or llvmlite can be imported."""
     d, _, _ = artifacts["mlp"]
-    site = pathlib.Path(np.__file__).parents[1]
-    only = tmp_path / "only_numpy"
-    only.mkdir()
-    for n in ("numpy", "numpy.libs"):
-        if (site / n).exists():
-            (only / n).symlink_to(site / n)
+    py = _numpy_only_venv(tmp_path)
+    prefix = ""
+    if py is None:
+        site = pathlib.Path(np.__file__).parents[1]
+        only = tmp_path / "only_numpy"
+        only.mkdir()
+        for n in ("numpy", "numpy.libs"):
+            if (site / n).exists():
+                (only / n).symlink_to(site / n)
+        py, prefix = sys.executable, f"sys.path[:0] = [{str(only)!r}]\n"
     code = f"""
 import sys
-sys.path[:0] = [{str(only)!r}, {str(d.parent)!r}]
+{prefix}sys.path.insert(0, {str(d.parent)!r})
 import numpy as np
 art = __import__({d.name!r})
 m = art.load()
@@ -242,8 +261,8 @@ for banned in ("numba", "llvmlite", "pdjit"):
         raise SystemExit(banned + " is importable")
 print(m.input_names, m.output_names, out[0].shape, float(out[0].sum()))
 """
-    r = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True,
-                       text=True, timeout=60)
+    args = [str(py), "-I", "-S", "-c", code] if prefix else [str(py), "-I", "-c", code]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=60, cwd=str(tmp_path))
     assert r.returncode == 0, r.stderr
     assert "['x'] ['softmax_0.tmp_0'] (2, 10)" in r.stdout
     assert abs(float(r.stdout.split()[-1]) - 2.0) < 1e-5   # two rows of probabilities
