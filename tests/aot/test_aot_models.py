@@ -98,9 +98,18 @@ def test_outputs_equal_jit_and_paddle(artifacts, jit, name):
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     got = model.run({model.input_names[0]: x})
     ref = jit(name, {model.input_names[0]: x})
+    assert model.memory()[1] > 0          # the arena was sized for batch 2: heap blocks
+    grown = model.memory()[0]
     for g, a, r in zip(got, model.run({model.input_names[0]: x}), ref):
         _same(name, g, r)
         assert np.array_equal(a, g)   # the same instance again: the same bits
+    assert model.memory() == (grown, 0)   # grown after the first run: no allocation now
+    model.run(feed)                        # a smaller batch fits too
+    assert model.memory() == (grown, 0)
+    sized = mod.load(max_batch=64)         # sized at creation for 64: never on the heap
+    assert sized.memory()[0] > 0
+    sized.run({model.input_names[0]: x})
+    assert sized.memory()[1] == 0
 
 
 def test_library_needs_no_python_or_numba(artifacts):

@@ -45,6 +45,7 @@ def _library():
                  [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
                   ctypes.POINTER(i64p)]),
                 ("pdjit_model_error", ctypes.c_char_p, [ctypes.c_void_p]),
+                ("pdjit_model_memory", ctypes.c_int, [ctypes.c_void_p, i64p, i64p]),
                 ("pdjit_model_destroy", None, [ctypes.c_void_p])):
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
@@ -144,6 +145,13 @@ class Model:
                 ctypes.memmove(out.ctypes.data, p.value, out.nbytes)
             outs.append(out)
         return outs
+
+    def memory(self):
+        """``(arena bytes, arrays the last run put on the heap)``: the heap count is 0 once
+        the arena fits the batch (it grows after a run that needed more)."""
+        a, h = ctypes.c_int64(), ctypes.c_int64()
+        self._lib.pdjit_model_memory(self._h, ctypes.byref(a), ctypes.byref(h))
+        return a.value, h.value
 
     def close(self):
         if self._h is not None:
