@@ -45,6 +45,7 @@ from pdjit.framework.errors import (
 from pdjit.framework.name_scope import *  # noqa: F401,F403
 from pdjit.io.checkpoint import *  # noqa: F401,F403
 from pdjit.layers.io import data_v2 as data
+from pdjit.layers.nn import embedding_v2 as embedding
 from pdjit.param_attr import ParamAttr
 from pdjit.passes.backward import append_backward, gradients
 from pdjit.passes.verify import verify
@@ -64,7 +65,7 @@ __all__ = [
     "data", "FeedError", "OpError", "OpRunError", "OpShapeError",
     "PdjitError", "ProgramError", "UnregisteredOpError", "set_num_threads", "get_num_threads",
     "clear_cache", "append_backward", "gradients", "optimizer", "regularizer", "clip", "backward",
-    "compiler", "core", "metrics", "install_check", "is_compiled_with_cuda", "verify",
+    "compiler", "core", "metrics", "install_check", "is_compiled_with_cuda", "embedding", "verify",
 ]
 from pdjit.framework import name_scope as _name_scope  # noqa: E402
 

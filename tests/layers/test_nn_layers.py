@@ -232,6 +232,21 @@ def test_embedding_layer(fresh_programs):
         layers.embedding(layers.data("f", [3]), size=[10, 4])
 
 
+def test_embedding_of_ids_with_a_last_dim_of_1_is_fluid_1x(fresh_programs):
+    """Fluid 1.x's layers.embedding: ids [N, 1] -> lookup_table, [N, width]; fluid.embedding
+    keeps the ids' shape (lookup_table_v2, [N, 1, width])."""
+    main, startup = fresh_programs
+    ids = layers.data("ids", [1], dtype="int64")
+    emb = layers.embedding(ids, size=[10, 4])
+    assert main.global_block().ops[-1].type == "lookup_table" and emb.shape == (-1, 4)
+    emb2 = fluid.embedding(ids, size=[10, 4])
+    assert main.global_block().ops[-1].type == "lookup_table_v2" and emb2.shape == (-1, 1, 4)
+    iv = np.array([[3], [0], [7]], "int64")
+    (got, got2), scope = run(main, startup, {"ids": iv}, [emb, emb2])
+    np.testing.assert_array_equal(got, scope.find_var("embedding_0.w_0").value[iv[:, 0]])
+    np.testing.assert_array_equal(got2, scope.find_var("embedding_1.w_0").value[iv])
+
+
 def test_all_exported():
     for name in layers.nn.__all__:
         assert getattr(fluid.layers, name) is getattr(layers.nn, name)

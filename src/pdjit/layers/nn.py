@@ -234,11 +234,27 @@ def dropout(x, dropout_prob, is_test=False, seed=None, name=None,
 
 def embedding(input, size, is_sparse=False, is_distributed=False, padding_idx=None,
               param_attr=None, dtype="float32"):
-    """Rows of a ``size = [vocab, width]`` table ``embedding_N.w_0`` picked by the ids ``input``.
-
-    Emits ``lookup_table_v2``: the result has shape ``input.shape + [width]``. A negative
-    ``padding_idx`` counts from the end of the vocabulary; that id's rows are zeros.
+    """Fluid 1.x's ``layers.embedding``: rows of a ``size = [vocab, width]`` table
+    ``embedding_N.w_0`` picked by the ids ``input``, whose last dim is 1 as Fluid 1.x asks:
+    ``lookup_table``, with shape ``input.shape[:-1] + [width]``. Ids of another last dim are
+    looked up as ``fluid.embedding`` does (``lookup_table_v2``, ``input.shape + [width]``). A
+    negative ``padding_idx`` counts from the end of the vocabulary; that id's rows are zeros.
     """
+    v1 = len(input.shape) > 0 and input.shape[-1] == 1 if hasattr(input, "shape") else False
+    return _embedding("lookup_table" if v1 else "lookup_table_v2", input, size, is_sparse,
+                      is_distributed, padding_idx, param_attr, dtype)
+
+
+def embedding_v2(input, size, is_sparse=False, is_distributed=False, padding_idx=None,
+                 param_attr=None, dtype="float32"):
+    """``fluid.embedding`` (Fluid 1.8's newer spelling): ``lookup_table_v2``, shape
+    ``input.shape + [width]`` whatever ``input``'s last dim."""
+    return _embedding("lookup_table_v2", input, size, is_sparse, is_distributed, padding_idx,
+                      param_attr, dtype)
+
+
+def _embedding(op_type, input, size, is_sparse, is_distributed, padding_idx, param_attr,
+               dtype):
     check_variable(input, "input", "embedding")
     check_dtype(input, "input", _IDS, "embedding")
     if not isinstance(size, (list, tuple)) or len(size) != 2 or \
@@ -256,7 +272,7 @@ def embedding(input, size, is_sparse=False, is_distributed=False, padding_idx=No
     helper = LayerHelper("embedding", param_attr=param_attr)
     w = helper.create_parameter(helper.param_attr, [vocab, int(size[1])], dtype, is_bias=False)
     out = helper.create_variable_for_type_inference(dtype)
-    helper.append_op("lookup_table_v2", inputs={"Ids": [input], "W": [w]},
+    helper.append_op(op_type, inputs={"Ids": [input], "W": [w]},
                      outputs={"Out": [out]},
                      attrs={"is_sparse": bool(is_sparse), "is_distributed": bool(is_distributed),
                             "remote_prefetch": bool(is_sparse) and not is_distributed,
