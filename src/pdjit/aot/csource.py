@@ -616,6 +616,7 @@ static int warm_up(pdjit_model *m, int64_t max_batch) {
     if (rc == PDJIT_OK) rc = run_checked(m, data, sp, max_batch);
     for (int i = 0; i < NUM_IN; i++) free((void *)data[i]);
     m->ran = 0;
+    m->arena.heap_blocks = 0;   /* the warm-up's blocks were what sized the arena */
     return rc;
 }
 
