@@ -10,10 +10,17 @@ schedule in ``fluid.layers``) is used as it is.
 
 Before the updates, gradients are clipped (``grad_clip``: see ``pdjit.clip``) and regularised
 (``regularization``, or a parameter's own ``ParamAttr.regularizer``: see ``pdjit.regularizer``).
+
+Every optimizer also takes the 2.x/3.x spellings of two arguments: ``parameters=`` for
+``parameter_list=`` and ``weight_decay=`` (a float is ``L2Decay(weight_decay)``, or a
+regularizer) for ``regularization=`` — except where a class has its own ``weight_decay``
+(``AdamW``).
 """
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import warnings
 
 from pdjit.clip import append_gradient_clip_ops
@@ -28,11 +35,40 @@ from pdjit.framework.program import (
 )
 from pdjit.initializer import Constant
 from pdjit.passes.backward import append_backward
+from pdjit.regularizer import L2Decay
 
 
 class Optimizer:
     #: the update op type
     op_type: str = ""
+
+    def __init_subclass__(cls, **kw):
+        """Each optimizer's ``__init__`` also takes the 2.x names ``parameters`` and
+        ``weight_decay`` where its own signature does not have them."""
+        super().__init_subclass__(**kw)
+        init = cls.__dict__.get("__init__")
+        if init is None:
+            return
+        own = inspect.signature(init).parameters
+        renames = [(new, old) for new, old in (("parameters", "parameter_list"),
+                                               ("weight_decay", "regularization"))
+                   if new not in own and old in own]
+        if not renames:
+            return
+
+        @functools.wraps(init)
+        def __init__(self, *args, **kwargs):
+            for new, old in renames:
+                if new in kwargs:
+                    if kwargs.get(old) is not None:
+                        raise TypeError(f"{cls.__name__}: give {old}= or {new}=, not both")
+                    value = kwargs.pop(new)
+                    if new == "weight_decay" and isinstance(value, (int, float)) and \
+                            not isinstance(value, bool):
+                        value = L2Decay(float(value))
+                    kwargs[old] = value
+            init(self, *args, **kwargs)
+        cls.__init__ = __init__
 
     def __init__(self, learning_rate=0.001, regularization=None, grad_clip=None, name=None,
                  parameter_list=None):

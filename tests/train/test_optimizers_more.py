@@ -630,3 +630,27 @@ def test_update_ops_match_paddles(tmp_path):
             np.testing.assert_allclose(np.asarray(g, np.float64).reshape(w.shape), w,
                                        rtol=1e-5, atol=1e-6,
                                        err_msg=f"{op_type} {attrs} {slot}[{k}] vs Paddle")
+
+
+def test_2x_spellings_parameters_and_weight_decay():
+    """``parameters=`` / ``weight_decay=`` (2.x names) do what ``parameter_list=`` /
+    ``regularization=L2Decay`` do: one SGD step on w only, against NumPy."""
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        x = fluid.layers.data("x", [2], dtype="float32")
+        w = fluid.layers.create_parameter([2, 1], "float32", name="w",
+                                          default_initializer=fluid.initializer.Constant(0.5))
+        b = fluid.layers.create_parameter([1], "float32", name="b",
+                                          default_initializer=fluid.initializer.Constant(0.25))
+        loss = fluid.layers.mean(fluid.layers.matmul(x, w) + b)
+        fluid.optimizer.SGD(0.1, parameters=[w], weight_decay=0.2).minimize(loss)
+    exe = fluid.Executor(fluid.CPUPlace(), strict=True)
+    scope = fluid.Scope()
+    exe.run(startup, scope=scope)
+    xv = np.array([[1.0, 2.0], [3.0, -1.0]], np.float32)
+    exe.run(main, feed={"x": xv}, scope=scope)
+    grad = xv.mean(0).reshape(2, 1) + 0.2 * 0.5
+    np.testing.assert_allclose(scope.find_var("w").value, 0.5 - 0.1 * grad, rtol=1e-6)
+    np.testing.assert_array_equal(scope.find_var("b").value, [0.25])   # not in parameters
+    with pytest.raises(TypeError, match="not both"):
+        fluid.optimizer.Adam(0.1, parameter_list=[w], parameters=[w])
