@@ -285,6 +285,19 @@ def test_refuses_control_flow_naming_the_op(tmp_path):
     assert not (tmp_path / "cw" / "libmodel.so").exists()
 
 
+def test_built_on_one_thread_whatever_the_process_asked(tmp_path, monkeypatch):
+    """A process that asked pdjit for two threads (parallel drivers in its JIT plans) still
+    gets one-thread code in the artifact, and keeps its setting."""
+    from pdjit.aot import compile_model
+    from pdjit.runtime import threads
+
+    monkeypatch.setattr(threads, "_applied", 2)
+    compile_model(str(MODELS / "mlp"), str(tmp_path / "mlp2"))
+    assert threads._applied == 2
+    model = _import_artifact(tmp_path / "mlp2", "aot_mlp2_artifact").load()
+    assert model.run({"x": np.ones((1, 16), np.float32)})[0].shape == (1, 10)
+
+
 def test_cli_entry(tmp_path):
     from pdjit.aot.__main__ import main
 

@@ -1,6 +1,7 @@
 """``compile_model``: a saved inference model to an AOT artifact directory (see ``pdjit.aot``)."""
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import re
@@ -20,6 +21,7 @@ from pdjit.framework.dtypes import to_numpy
 from pdjit.framework.errors import PdjitError
 from pdjit.io.inference import load_model
 from pdjit.passes.inference import optimize
+from pdjit.runtime import threads
 from pdjit.runtime.plan import build_plan
 
 SYMBOL = "pdjit_entry"
@@ -54,6 +56,19 @@ def checksum(blob: bytes) -> int:
     with np.errstate(over="ignore"):
         mixed = w * np.uint64(0x9E3779B97F4A7C15) + i * np.uint64(0xBF58476D1CE4E5B9)
     return int(np.bitwise_xor.reduce(mixed)) if w.size else 0
+
+
+@contextlib.contextmanager
+def _one_thread():
+    """Plans built inside generate one-thread code (no ``prange``: ahead-of-time code has no
+    thread pool), whatever thread count this process asked for; restored after."""
+    saved, numba_saved = threads._applied, numba.get_num_threads()
+    threads._applied = 1
+    try:
+        yield
+    finally:
+        threads._applied = saved
+        numba.set_num_threads(numba_saved)
 
 
 def _refuse_step(step) -> str | None:
@@ -91,12 +106,8 @@ def compile_model(model_path, out_dir, batch: int = 1, cpu: str = "host",
     model = load_model(model_path, params_file)
     program, params = optimize(model.program, model.params)
     gb = program.global_block()
-    numba_before = numba.get_num_threads()
-    try:
-        numba.set_num_threads(1)
+    with _one_thread():
         plan = build_plan(program, model.fetch_names, native_drivers=True)
-    finally:
-        numba.set_num_threads(numba_before)
     for step in plan.steps:
         why = _refuse_step(step)
         if why is not None:
