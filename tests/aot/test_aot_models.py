@@ -9,6 +9,7 @@ library runs without Python in its path: it has no undefined Python or Numba sym
 import importlib.util
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -339,3 +340,30 @@ def test_c_abi_rejects_null_and_out_of_range(artifacts):
     assert lib.pdjit_set_blas_threads(0) == 1
     lib.pdjit_model_destroy(h)
     lib.pdjit_model_destroy(None)
+
+
+#: every model of the corpus the route compiles today (seconds each cold: opt in with
+#: PDJIT_AOT_CORPUS=1), and those it refuses, with the op it names
+CORPUS = ["mobilenet", "resnet_block", "transformer"]
+REFUSED = {"cond_while": "op 'while'", "gru": "op(s) [rnn]", "lstm": "op(s) [rnn]"}
+
+
+@pytest.mark.skipif(not os.environ.get("PDJIT_AOT_CORPUS"),
+                    reason="the whole corpus ahead of time: set PDJIT_AOT_CORPUS=1")
+@pytest.mark.parametrize("name", CORPUS + sorted(REFUSED))
+def test_corpus(name, jit, tmp_path):
+    """Outputs within 1e-6 relative of the JIT executor (its host drivers may take other
+    kernels than the native drivers the artifact is built from) and 1e-5 of Paddle."""
+    from pdjit.aot import AotError, compile_model
+
+    if name in REFUSED:
+        with pytest.raises(AotError, match=re.escape(REFUSED[name])):
+            compile_model(str(MODELS / name), str(tmp_path / name))
+        return
+    compile_model(str(MODELS / name), str(tmp_path / name))
+    model = _import_artifact(tmp_path / name, f"aot_{name}_corpus").load()
+    for feed, want in _cases(name):
+        ref = jit(name, feed)
+        for n, g, r in zip(model.output_names, model.run(feed), ref):
+            np.testing.assert_allclose(g, want[n], rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(g, r, rtol=1e-6, atol=1e-6 * float(np.abs(r).max()))
