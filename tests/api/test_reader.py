@@ -21,8 +21,13 @@ RNG = np.random.default_rng(3)
 BATCHES = [RNG.standard_normal((n, 3)).astype(np.float32) for n in (4, 4, 2)]
 
 
+READER_THREADS = ("pdjit-reader-", "pdjit-buffered", "pdjit-xmap-", "pdjit-multi-")
+
+
 def reader_threads():
-    return [t for t in threading.enumerate() if t.name.startswith("pdjit-")]
+    """The readers' producer threads (not the library kernels' pool, ``pdjit-nn``, which
+    lives as long as the process)."""
+    return [t for t in threading.enumerate() if t.name.startswith(READER_THREADS)]
 
 
 @pytest.fixture(autouse=True)
