@@ -1,8 +1,9 @@
-"""LeNet compiled ahead of time (``pdjit.aot``) against pdjit's JIT and ONNX Runtime.
+"""A corpus model compiled ahead of time (``pdjit.aot``) against pdjit's JIT and ONNX Runtime.
 
-    python benchmarks/bench_aot.py [--repeat N] [--rounds R]
+    python benchmarks/bench_aot.py [--model lenet|mobilenet|...] [--repeat N] [--rounds R]
 
-The corpus LeNet (``tests/fixtures/paddle/models/lenet``, saved by PaddlePaddle) is compiled
+The corpus model (default LeNet: ``tests/fixtures/paddle/models/lenet``, saved by PaddlePaddle;
+``mobilenet`` is the MobileNet-like one, [B, 3, 32, 32]) is compiled
 into an artifact directory (build time reported), and exported to ONNX
 (``pdjit.io.onnx_export.to_onnx``) for ONNX Runtime.
 
@@ -32,12 +33,12 @@ import time
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-MODEL = ROOT / "tests" / "fixtures" / "paddle" / "models" / "lenet"
+MODELS = ROOT / "tests" / "fixtures" / "paddle" / "models"
 
 STARTUP = {
     "aot loader": ("import sys, numpy as np\nsys.path.insert(0, sys.argv[1])\n"
-                   "import lenet_aot\nx = np.load(sys.argv[2])\n"
-                   "m = lenet_aot.load()\nm.run({'x': x})\n"),
+                   "import model_aot\nx = np.load(sys.argv[2])\n"
+                   "m = model_aot.load()\nm.run({m.input_names[0]: x})\n"),
     "pdjit JIT (warm cache)": ("import sys, numpy as np\n"
                                "from pdjit.tools.run import make_predictor\n"
                                "x = np.load(sys.argv[2])\n"
@@ -66,12 +67,17 @@ int main(int argc, char **argv) {
     pdjit_model *m;
     char err[512];
     if (pdjit_model_create(NULL, batch, &m, err, sizeof err)) { puts(err); return 1; }
-    int64_t shape[4] = {batch, 1, 28, 28};
+    int64_t shape[8], count = 1;
+    int nd = pdjit_input_ndim(0);
+    for (int d = 0; d < nd; d++) {
+        shape[d] = pdjit_input_shape(0)[d] < 0 ? batch : pdjit_input_shape(0)[d];
+        count *= shape[d];
+    }
     const int64_t *shapes[1] = {shape};
-    float *x = malloc(sizeof(float) * batch * 784);
-    for (int64_t k = 0; k < batch * 784; k++) x[k] = (float)((k * 7919) % 2001) / 1000.f - 1.f;
+    float *x = malloc(sizeof(float) * count);
+    for (int64_t k = 0; k < count; k++) x[k] = (float)((k * 7919) % 2001) / 1000.f - 1.f;
     const void *data[1] = {x};
-    int dtypes[1] = {PDJIT_FLOAT32}, ndims[1] = {4};
+    int dtypes[1] = {PDJIT_FLOAT32}, ndims[1] = {nd};
     double *t = malloc(sizeof(double) * repeat);
     for (int i = 0; i < 5 + repeat; i++) {
         struct timespec a, b;
@@ -88,19 +94,23 @@ int main(int argc, char **argv) {
 
 
 def child(engine: str, batch: int, repeat: int, tmp: str) -> None:
-    x = np.random.default_rng(batch).standard_normal((batch, 1, 28, 28)).astype(np.float32)
+    with open(os.path.join(tmp, "model.json")) as f:
+        info = json.load(f)
+    shape = [batch if d < 0 else d for d in info["shape"]]
+    x = np.random.default_rng(batch).standard_normal(shape).astype(np.float32)
     if engine == "aot loader":
         sys.path.insert(0, tmp)
-        import lenet_aot
+        import model_aot
 
-        m = lenet_aot.load(max_batch=batch)
+        m = model_aot.load(max_batch=batch)
+        name = m.input_names[0]
 
         def fn():
-            return m.run({"x": x})[0]
+            return m.run({name: x})[0]
     elif engine == "pdjit JIT":
         from pdjit.tools.run import make_predictor
 
-        p = make_predictor(str(MODEL))
+        p = make_predictor(info["path"])
 
         def fn():
             return p.run([x])[0]
@@ -109,7 +119,7 @@ def child(engine: str, batch: int, repeat: int, tmp: str) -> None:
 
         so = ort.SessionOptions()
         so.intra_op_num_threads = 1
-        s = ort.InferenceSession(os.path.join(tmp, "lenet.onnx"), so,
+        s = ort.InferenceSession(os.path.join(tmp, "model.onnx"), so,
                                  providers=["CPUExecutionProvider"])
         name = s.get_inputs()[0].name
 
@@ -128,6 +138,7 @@ def child(engine: str, batch: int, repeat: int, tmp: str) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="lenet")
     ap.add_argument("--repeat", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--child", nargs=4, metavar=("ENGINE", "BATCH", "REPEAT", "TMP"))
@@ -140,20 +151,25 @@ def main() -> None:
     from pdjit.io.inference import load_model
     from pdjit.io.onnx_export import to_onnx
 
+    model_path = str(MODELS / args.model)
     with tempfile.TemporaryDirectory(prefix="pdjit-bench-aot-") as tmp:
         t0 = time.perf_counter()
-        spec = compile_model(str(MODEL), os.path.join(tmp, "lenet_aot"), batch=1)
+        spec = compile_model(model_path, os.path.join(tmp, "model_aot"), batch=1)
         build = time.perf_counter() - t0
         print(f"artifact build (warm Numba cache): {build:.2f} s "
               f"({', '.join(f'{k} {v:.2f} s' for k, v in spec.timings.items())})")
-        m = load_model(str(MODEL))
-        onnx_path = os.path.join(tmp, "lenet.onnx")
+        m = load_model(model_path)
+        onnx_path = os.path.join(tmp, "model.onnx")
         with open(onnx_path, "wb") as f:
             f.write(to_onnx(m.program, m.params, m.feed_names, m.fetch_names))
-        x = np.random.default_rng(0).standard_normal((1, 1, 28, 28)).astype(np.float32)
+        shape = spec.inputs[0][2]
+        with open(os.path.join(tmp, "model.json"), "w") as f:
+            json.dump({"path": model_path, "shape": shape}, f)
+        x = np.random.default_rng(0).standard_normal(
+            [1 if d < 0 else d for d in shape]).astype(np.float32)
         xp = os.path.join(tmp, "x.npy")
         np.save(xp, x)
-        argv = [tmp, xp, str(MODEL), onnx_path]
+        argv = [tmp, xp, model_path, onnx_path]
         subprocess.run([sys.executable, "-c", STARTUP["pdjit JIT (warm cache)"], *argv],
                        check=True)  # fills the kernel cache
         samples = {k: [] for k in STARTUP}
@@ -163,13 +179,13 @@ def main() -> None:
                 t = time.perf_counter()
                 subprocess.run([sys.executable, "-c", STARTUP[k], *argv], check=True)
                 samples[k].append(time.perf_counter() - t)
-        print("\n## process start to first result (LeNet, batch 1), median of "
+        print(f"\n## process start to first result ({args.model}, batch 1), median of "
               f"{args.rounds}")
         print("| contender | seconds | vs warm JIT |\n|---|---|---|")
         jit = statistics.median(samples["pdjit JIT (warm cache)"])
         for k, v in samples.items():
             print(f"| {k} | {statistics.median(v):.3f} | {statistics.median(v) / jit:.2f}x |")
-        art = os.path.join(tmp, "lenet_aot")
+        art = os.path.join(tmp, "model_aot")
         with open(os.path.join(art, "bench_c.c"), "w") as f:
             f.write(BENCH_C)
         subprocess.run("cc -O2 -I. bench_c.c -L. -lmodel -Wl,-rpath,'$ORIGIN' -o bench_c",
@@ -189,7 +205,7 @@ def main() -> None:
             for engine in ("aot_loader", "onnxruntime"):
                 got = np.load(os.path.join(tmp, f"out_{engine}_{batch}.npy"))
                 assert np.allclose(got, ref, rtol=1e-4, atol=1e-5), engine
-            print(f"\n## latency, LeNet batch {batch} (median ms, own process each)")
+            print(f"\n## latency, {args.model} batch {batch} (median ms, own process each)")
             print("| contender | median ms | vs pdjit JIT |\n|---|---|---|")
             for k, v in sorted(res.items(), key=lambda kv: kv[0] != "pdjit JIT"):
                 print(f"| {k} | {v:.4f} | {v / res['pdjit JIT']:.2f}x |")
