@@ -790,3 +790,14 @@ add("edit_distance",
     S(lambda r: {"Hyps": _ids(r, (3, 4)), "Refs": _ids(r, (3, 5)),
                  "HypsLength": np.array([4, 2, 0], np.int64),
                  "RefsLength": np.array([5, 0, 1], np.int64)}))
+
+
+# ---- chunk_eval (metric.py): IOB tags of LoD sequences (an empty one), IOBES padded ----------
+add("chunk_eval",
+    S(lambda r: {"Inference": (r.integers(0, 5, (6, 1)).astype(I64), [[0, 4, 4, 6]]),
+                 "Label": (r.integers(0, 5, (6, 1)).astype(I64), [[0, 4, 4, 6]])},
+      {"num_chunk_types": 2, "chunk_scheme": "IOB"}),
+    S(lambda r: {"Inference": r.integers(0, 9, (2, 5)).astype(I64),
+                 "Label": r.integers(0, 9, (2, 5)).astype(I64),
+                 "SeqLength": np.array([5, 3], I64)},
+      {"num_chunk_types": 2, "chunk_scheme": "IOBES", "excluded_chunk_types": [1]}))

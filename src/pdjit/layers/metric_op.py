@@ -1,11 +1,13 @@
-"""Metric layers: ``auc`` (streaming area under the ROC curve) and ``edit_distance``.
-``accuracy`` lives in ``layers.nn``."""
+"""Metric layers: ``auc`` (streaming area under the ROC curve), ``edit_distance`` and
+``chunk_eval``. ``accuracy`` lives in ``layers.nn``."""
 from __future__ import annotations
+
+import numbers
 
 from pdjit.initializer import Constant
 from pdjit.layers.layer_helper import LayerHelper, check_dtype, check_variable
 
-__all__ = ["auc", "edit_distance"]
+__all__ = ["auc", "edit_distance", "chunk_eval"]
 
 
 def auc(input, label, curve="ROC", num_thresholds=2 ** 12 - 1, topk=1, slide_steps=1,
@@ -93,3 +95,52 @@ def edit_distance(input, label, normalized=True, ignored_tokens=None, input_leng
                      outputs={"Out": [out], "SequenceNum": [seq_num]},
                      attrs={"normalized": bool(normalized)})
     return out, seq_num
+
+
+_CHUNK_SCHEMES = ("IOB", "IOE", "IOBES", "plain")
+
+
+def chunk_eval(input, label, chunk_scheme, num_chunk_types, excluded_chunk_types=None,
+               seq_length=None):
+    """Chunk detection (named entities, phrases) of tagged sequences, as Fluid 1.8's
+    ``layers.chunk_eval`` (the ``chunk_eval`` op): ``input`` (the inferred tags) and ``label``
+    are int64 LoD tensors ``[N, 1]`` with the same LoD, or padded ``[batch, length]`` (or
+    ``[batch, length, 1]``) tensors with ``seq_length`` (``[batch]`` int64).
+
+    A tag is ``chunk_type * num_tag_types + tag`` (IOB: B=0, I=1; IOE: I=0, E=1; IOBES: B=0,
+    I=1, E=2, S=3; plain: one tag), and ``num_chunk_types * num_tag_types`` is outside any
+    chunk. Chunks of ``excluded_chunk_types`` are not counted. Returns ``(precision, recall,
+    f1_score, num_infer_chunks, num_label_chunks, num_correct_chunks)`` of the batch: float32
+    ``[1]`` and int64 ``[1]``; the three counts are what ``metrics.ChunkEvaluator.update``
+    takes to accumulate over batches."""
+    check_variable(input, "input", "chunk_eval")
+    check_variable(label, "label", "chunk_eval")
+    check_dtype(input, "input", ("int64",), "chunk_eval")
+    check_dtype(label, "label", ("int64",), "chunk_eval")
+    if chunk_scheme not in _CHUNK_SCHEMES:
+        raise ValueError(f"chunk_eval: chunk_scheme must be one of {list(_CHUNK_SCHEMES)}, got "
+                         f"{chunk_scheme!r}")
+    if isinstance(num_chunk_types, bool) or not isinstance(num_chunk_types, numbers.Integral) \
+            or num_chunk_types < 0:
+        raise ValueError(f"chunk_eval: num_chunk_types must be an int >= 0, got "
+                         f"{num_chunk_types!r}")
+    excluded = [] if excluded_chunk_types is None else list(excluded_chunk_types)
+    if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in excluded):
+        raise ValueError(f"chunk_eval: excluded_chunk_types must be a list of ints, got "
+                         f"{excluded_chunk_types!r}")
+    inputs = {"Inference": [input], "Label": [label]}
+    if seq_length is not None:
+        check_variable(seq_length, "seq_length", "chunk_eval")
+        check_dtype(seq_length, "seq_length", ("int64",), "chunk_eval")
+        inputs["SeqLength"] = [seq_length]
+    helper = LayerHelper("chunk_eval")
+    outs = [helper.create_variable_for_type_inference("float32" if k < 3 else "int64",
+                                                      stop_gradient=True) for k in range(6)]
+    helper.append_op(
+        "chunk_eval", inputs=inputs,
+        outputs={slot: [v] for slot, v in zip(
+            ("Precision", "Recall", "F1-Score", "NumInferChunks", "NumLabelChunks",
+             "NumCorrectChunks"), outs)},
+        attrs={"num_chunk_types": int(num_chunk_types), "chunk_scheme": chunk_scheme,
+               "excluded_chunk_types": [int(t) for t in excluded]})
+    return tuple(outs)

@@ -40,6 +40,7 @@ from pdjit.framework.registry import (
     SEQUENCE,
     Bool,
     Int,
+    Ints,
     Opaque,
     Str,
     VarMeta,
@@ -413,3 +414,179 @@ register_op(
     emit=Opaque(_ed_lower), grad=None, out_lod=_ed_out_lod,
     doc="Levenshtein distances of hypothesis sequences to their references (LoD or padded "
         "with lengths), optionally divided by the reference's length; and their count.")
+
+
+# ---- chunk_eval --------------------------------------------------------------------------------
+# Chunk detection counts (named entities, phrases) of tagged sequences, as Paddle 3.3.1's legacy
+# op computes them. A tag is ``type * num_tag_types + tag`` with ``type < num_chunk_types``, and
+# ``num_chunk_types * num_tag_types`` is "outside" (O). The schemes' tags: IOB: B=0, I=1; IOE:
+# I=0, E=1; IOBES: B=0, I=1, E=2, S=3; plain: one tag (a chunk is a run of one type).
+#
+# Within a run of tokens of one type, a new chunk starts at a B or S token and after an E or S
+# token; a run ends at O, at another type, and at the sequence's end. A chunk is correct when
+# both the inference and the label have it (same begin, end and type). Chunks of the types in
+# ``excluded_chunk_types`` are found (they still split runs) but not counted.
+#
+# Sequences: LoD tensors ([T, 1] or [T], one LoD level, the same LoD for both; the Label's LoD
+# decides, as in Paddle's kernel), or padded [B, L] / [B, L, 1] tensors with ``SeqLength``
+# ([M] int64, M <= B: as Paddle, the first M rows are evaluated). Paddle's kernel reads past a
+# row for a length above L or for M > B, and takes negative tags apart with C++'s truncating
+# division: those are refused here with an error. Precision = correct / inferred, recall =
+# correct / labelled, F1 = 2 p r / (p + r), each 0 where its denominator (F1: the correct count)
+# is 0, in float32 arithmetic as the kernel; the counts are int64 [1].
+_CHUNK_SCHEMES = {  # num_tag_types and the tag numbers of B, I, E, S (-1: the scheme has none)
+    "IOB": (2, 0, 1, -1, -1),
+    "IOE": (2, -1, 0, 1, -1),
+    "IOBES": (4, 0, 1, 2, 3),
+    "plain": (1, -1, -1, -1, -1),
+}
+_CHUNK_OUTS = ("Precision", "Recall", "F1-Score", "NumInferChunks", "NumLabelChunks",
+               "NumCorrectChunks")
+
+
+def _chunk_attrs(num_chunk_types, chunk_scheme) -> None:
+    if chunk_scheme not in _CHUNK_SCHEMES:
+        raise ShapeMismatch(f"chunk_scheme must be one of {list(_CHUNK_SCHEMES)}, got "
+                            f"{chunk_scheme!r}")
+    if num_chunk_types < 0:
+        raise ShapeMismatch(f"num_chunk_types must be >= 0, got {num_chunk_types}")
+
+
+def _chunk_infer(Inference: VarMeta, Label: VarMeta, SeqLength=None, *, num_chunk_types,
+                 chunk_scheme, excluded_chunk_types):
+    _chunk_attrs(num_chunk_types, chunk_scheme)
+    check_dtype(Inference, (_I64,), "Inference")
+    check_dtype(Label, (_I64,), "Label")
+    a, b = Inference.shape, Label.shape
+    if len(a) != len(b) or any(x >= 0 and y >= 0 and x != y for x, y in zip(a, b)):
+        raise ShapeMismatch(f"Inference and Label must have the same shape, got {list(a)} "
+                            f"(Inference) and {list(b)} (Label)")
+    if SeqLength is not None:
+        if not (len(a) == 2 or (len(a) == 3 and a[2] in (1, -1))):
+            raise ShapeMismatch(f"with SeqLength, Inference must be [batch, length] or [batch, "
+                                f"length, 1], got {list(a)}")
+        check_dtype(SeqLength, (_I64,), "SeqLength")
+        if SeqLength.ndim != 1:
+            raise ShapeMismatch(f"SeqLength must be a [batch] tensor, got shape "
+                                f"{list(SeqLength.shape)}")
+    f32 = VarMeta((1,), _F32)
+    i64 = VarMeta((1,), _I64)
+    return {slot: f32 if k < 3 else i64 for k, slot in enumerate(_CHUNK_OUTS)}
+
+
+def _chunk_out_lod(lods, **_):
+    return {slot: [] for slot in _CHUNK_OUTS}
+
+
+def _chunk_tokens(slot, value, lod):
+    """The tokens of a LoD tensor as one flat array, checked against its offsets."""
+    if value.ndim not in (1, 2) or (value.ndim == 2 and value.shape[1] != 1):
+        raise ShapeMismatch(f"{slot} must be a [N, 1] LoD tensor of tags, got shape "
+                            f"{list(value.shape)}")
+    if lod[-1] != value.shape[0]:
+        raise ShapeMismatch(f"{slot}'s LoD {list(lod)} does not cover its {value.shape[0]} "
+                            f"rows")
+    return value.reshape(-1)
+
+
+def chunk_segments(tags, starts, num_chunk_types, chunk_scheme):
+    """The chunks of tag sequences laid end to end in ``tags`` (``starts``: a bool mask of each
+    sequence's first token), as arrays ``(begin, end, type)`` (end inclusive, indices into
+    ``tags``), ordered by begin."""
+    ntt, tb, _, te, ts = _CHUNK_SCHEMES[chunk_scheme]
+    kind, tag = tags // ntt, tags % ntt
+    chunk = kind != num_chunk_types
+    prev_kind, prev_tag = np.roll(kind, 1), np.roll(tag, 1)
+    # a token continues the chunk of the token before it: same sequence, same (non-O) type,
+    # and neither it opens a chunk (B, S) nor the one before closed one (E, S)
+    cont = chunk & ~starts & (prev_kind == kind)
+    if tb >= 0 or ts >= 0:
+        cont &= (tag != tb) & (tag != ts)
+    if te >= 0 or ts >= 0:
+        cont &= (prev_tag != te) & (prev_tag != ts)
+    begin = np.flatnonzero(chunk & ~cont)
+    breaks = np.append(np.flatnonzero(~cont), tags.size)
+    end = breaks[np.searchsorted(breaks, begin, side="right")] - 1
+    return begin, end, kind[begin]
+
+
+def _chunk_ref(Inference, Label, SeqLength=None, *, num_chunk_types, chunk_scheme,
+               excluded_chunk_types, ctx=None):
+    _chunk_attrs(num_chunk_types, chunk_scheme)
+    if Inference.shape != Label.shape:
+        raise ShapeMismatch(f"Inference and Label must have the same shape, got "
+                            f"{list(Inference.shape)} (Inference) and {list(Label.shape)} "
+                            f"(Label)")
+    lod = ctx.input_lod("Label") if ctx is not None else []
+    if lod:
+        if len(lod) != 1:
+            raise ShapeMismatch(f"Label must have one LoD level, got {len(lod)}")
+        ilod = ctx.input_lod("Inference")
+        if [list(x) for x in ilod] != [list(x) for x in lod]:
+            raise ShapeMismatch(f"Inference and Label must have the same LoD, got "
+                                f"{[list(x) for x in ilod]} (Inference) and "
+                                f"{[list(x) for x in lod]} (Label)")
+        offsets = np.asarray(lod[0], np.int64)
+        tokens = [_chunk_tokens(s, v, offsets) for s, v in (("Inference", Inference),
+                                                             ("Label", Label))]
+        firsts = offsets[:-1][np.diff(offsets) > 0]
+    else:
+        if SeqLength is None:
+            raise ShapeMismatch("Label has no LoD: give SeqLength (the length of each row of "
+                                "padded [batch, length] tensors) or feed LoD tensors")
+        if not (Inference.ndim == 2 or (Inference.ndim == 3 and Inference.shape[2] == 1)):
+            raise ShapeMismatch(f"with SeqLength, Inference must be [batch, length] or [batch, "
+                                f"length, 1], got {list(Inference.shape)}")
+        rows, width = Inference.shape[:2]
+        lens = SeqLength.reshape(-1)
+        if lens.size > rows:
+            raise ShapeMismatch(f"SeqLength holds {lens.size} lengths for {rows} rows of "
+                                f"Inference: expected at most one per row")
+        bad = (lens < 0) | (lens > width)
+        if bad.any():
+            k = int(np.argmax(bad))
+            raise ShapeMismatch(f"SeqLength[{k}] = {int(lens[k])} is not a length within the "
+                                f"padded width {width}")
+        mask = np.arange(width) < lens[:, None]
+        tokens = [v.reshape(rows, width)[:lens.size][mask] for v in (Inference, Label)]
+        offsets = np.concatenate([[0], np.cumsum(lens)])
+        firsts = offsets[:-1][lens > 0]
+    ntt = _CHUNK_SCHEMES[chunk_scheme][0]
+    top = num_chunk_types * ntt
+    for slot, t in zip(("Inference", "Label"), tokens):
+        bad = (t < 0) | (t > top)
+        if bad.any():
+            k = int(np.argmax(bad))
+            raise ValueError(f"{slot} holds tag {int(t[k])}, which is not a tag of the "
+                             f"{chunk_scheme} scheme with {num_chunk_types} chunk types: "
+                             f"expected 0..{top} ({top} is outside any chunk)")
+    starts = np.zeros(tokens[0].size, bool)
+    starts[firsts] = True
+    (ib, ie, it), (lb, le, lt) = (chunk_segments(t, starts, num_chunk_types, chunk_scheme)
+                                  for t in tokens)
+    excluded = np.asarray(list(excluded_chunk_types), np.int64)
+    _, i, j = np.intersect1d(ib, lb, assume_unique=True, return_indices=True)
+    same = (ie[i] == le[j]) & (it[i] == lt[j]) & ~np.isin(it[i], excluded)
+    n_infer = int(np.count_nonzero(~np.isin(it, excluded)))
+    n_label = int(np.count_nonzero(~np.isin(lt, excluded)))
+    n_correct = int(np.count_nonzero(same))
+    f = np.float32
+    p = f(0) if n_infer == 0 else f(n_correct) / f(n_infer)
+    r = f(0) if n_label == 0 else f(n_correct) / f(n_label)
+    f1 = f(0) if n_correct == 0 else f(2) * p * r / (p + r)
+    return {"Precision": np.array([p], _F32), "Recall": np.array([r], _F32),
+            "F1-Score": np.array([f1], _F32), "NumInferChunks": np.array([n_infer], _I64),
+            "NumLabelChunks": np.array([n_label], _I64),
+            "NumCorrectChunks": np.array([n_correct], _I64)}
+
+
+register_op(
+    "chunk_eval", inputs=["Inference", "Label", "SeqLength?"], outputs=list(_CHUNK_OUTS),
+    attrs={"num_chunk_types": Int(choices=(1, 2, 3), at_least=0),
+           "chunk_scheme": Str("IOB", choices=tuple(_CHUNK_SCHEMES),
+                               one_of=tuple(_CHUNK_SCHEMES)),
+           "excluded_chunk_types": Ints([], choices=([], [0]))},
+    traits=[OPAQUE, SEQUENCE], infer_shape=_chunk_infer, reference=_chunk_ref, emit=None,
+    grad=None, out_lod=_chunk_out_lod,
+    doc="Precision, recall, F1 and counts of the chunks (IOB, IOE, IOBES or plain tagging) a "
+        "tagged inference shares with its label, over LoD or padded sequences.")
