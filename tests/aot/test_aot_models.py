@@ -367,3 +367,41 @@ def test_corpus(name, jit, tmp_path):
         for n, g, r in zip(model.output_names, model.run(feed), ref):
             np.testing.assert_allclose(g, want[n], rtol=1e-5, atol=1e-5)
             np.testing.assert_allclose(g, r, rtol=1e-6, atol=1e-6 * float(np.abs(r).max()))
+
+
+def test_two_inputs_two_outputs_float64_no_parameters(tmp_path):
+    """Inputs bound by name in any dict order, outputs in fetch order, float64, a model with
+    no parameters at all (an empty parameters file), against NumPy."""
+    import pdjit as fluid
+    from pdjit.aot import compile_model
+    from pdjit.static import save_inference_model
+
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup):
+        x = fluid.layers.data("x", [4], dtype="float64")
+        y = fluid.layers.data("y", [4], dtype="float64")
+        r = fluid.layers.scale(fluid.layers.relu(fluid.layers.elementwise_add(x, y)),
+                               scale=2.0, bias=1.0)
+        d = fluid.layers.elementwise_sub(x, y)
+    exe = fluid.Executor(fluid.CPUPlace())
+    exe.run(startup)
+    save_inference_model(str(tmp_path / "m" / "m"), [x, y], [r, d], exe, program=main)
+    spec = compile_model(str(tmp_path / "m" / "m"), str(tmp_path / "two"))
+    assert spec.param_names == [] and spec.params_bytes == 0
+    model = _import_artifact(tmp_path / "two", "aot_two_artifact").load()
+    assert model.input_names == ["x", "y"] and model.output_names == [r.name, d.name]
+    assert model.input_dtypes == [np.dtype("float64")] * 2
+    assert model.output_shapes == [(-1, 4), (-1, 4)]
+    xv = np.arange(12.0).reshape(3, 4) - 5
+    yv = np.linspace(-1, 1, 12).reshape(3, 4)
+    got = model.run({"y": yv, "x": xv})
+    assert [g.dtype for g in got] == [np.dtype("float64")] * 2
+    assert np.array_equal(got[0], np.maximum(xv + yv, 0) * 2 + 1)
+    assert np.array_equal(got[1], xv - yv)
+    with pytest.raises(Exception, match="dim 0 expected"):
+        model.run({"x": xv, "y": yv[:0]})
+    # batches that do not broadcast: the native code's own check fails, a status, no crash
+    with pytest.raises(Exception, match="native code failed") as info:
+        model.run({"x": xv, "y": yv[:2]})
+    assert info.value.code == 7
+    assert np.array_equal(model.run({"x": xv, "y": yv})[1], xv - yv)   # still usable
