@@ -22,9 +22,20 @@ code generation into one object file (``pdjit.aot.numba_aot``), which C code gen
 (an arena per instance, sized at creation by one run at the largest batch, re-sized after a run
 that needed more), the ``numba_*`` helpers the object uses (GEMM through OpenBLAS), and the
 model API. A plan with a step that is not a native driver (an op without a native lowering, a
-control-flow op) is refused, naming the op.
+control-flow op) is refused, naming the op; so is a driver Numba cannot compile without Python
+(a library call that is a Python function), naming its op group.
 
-Relies on Numba internals (pinned by ``tests/aot/test_numba_internals.py``), tested with
+What runs today (tests/aot): the corpus's mlp, lenet (bit-identical to the JIT executor when
+built for ``host``: the same kernels and the same BLAS), mobilenet, resnet_block and
+transformer (within 1e-6 of the JIT, opt-in test); refused: cond_while (``while``,
+``conditional_block``), gru and lstm (``rnn``: ``nnlib.rnn_forward`` is a Python function).
+Built on one thread: no ``prange`` in the artifact; OpenBLAS keeps its own thread setting
+(``pdjit_set_blas_threads``; in a process that imported NumPy the library shares NumPy's
+OpenBLAS, loaded once by its soname). The arena holds every array a run makes (no reuse of
+dead intermediates yet: LeNet at batch 64 needs 4.4 MB); ``pdjit_model_memory`` reports it
+and how many arrays the last run had to put on the heap.
+
+Relies on Numba internals (pinned by ``tests/aot/test_aot_numba_internals.py``), tested with
 Numba 0.68.x and llvmlite 0.50.x (:data:`NUMBA_RANGE`): ``BaseContext.with_aot_codegen``,
 ``numba.core.compiler.compile_extra`` with ``Flags(no_compile, no_cpython_wrapper,
 no_cfunc_wrapper, nrt)``, ``nrtdynmod.create_nrt_module``, ``AOTCodeLibrary.emit_native_object``,
