@@ -22,10 +22,16 @@ OUT = os.path.join(os.path.dirname(__file__), "..", "fixtures", "paddle", "chunk
 
 
 def tags(rng, n, scheme):
-    top = TYPES * SCHEMES[scheme]   # the O tag
-    t = rng.integers(0, top + 1, n)
-    t[rng.random(n) < 0.2] = top
-    return t.astype(np.int64)
+    """Tags whose chunk type often repeats (so the scheme's letters decide where chunks
+    split), with about one O in five."""
+    ntt = SCHEMES[scheme]
+    kind = rng.integers(0, TYPES + 1, n)
+    for k in range(1, n):
+        if rng.random() < 0.6:
+            kind[k] = kind[k - 1]
+    kind[rng.random(n) < 0.2] = TYPES
+    t = kind * ntt + rng.integers(0, ntt, n)
+    return np.where(kind == TYPES, TYPES * ntt, t).astype(np.int64)
 
 
 def perturb(rng, t, scheme):
