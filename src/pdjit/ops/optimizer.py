@@ -432,7 +432,18 @@ register_op(
     "adagrad", inputs=["Param", "Grad", "Moment", "LearningRate", "MasterParam?"],
     outputs=["ParamOut", "MomentOut", "MasterParamOut?"],
     attrs={"epsilon": Float(1e-6, low=1e-10, high=1e-3), **_MULTI}, traits=[OPAQUE],
-    infer_shape=_adagrad_infer, reference=_adagrad_ref, emit=None, grad=None,
+    infer_shape=_adagrad_infer, reference=_adagrad_ref,
+    emit=Opaque(_elementwise_lower(
+        ("Param", "Grad", "Moment"), ("ParamOut", "MomentOut"),
+        lambda ctx, T, v: [f"lr_ = {T}({v['LearningRate']}[0])",
+                           f"eps_ = {_lit(ctx, 'epsilon', T)}"],
+        lambda ctx, T, v, i: [
+            f"g_ = {v['Grad']}[{i}]",
+            f"m_ = {v['Moment']}[{i}] + g_ * g_",
+            f"{v['MomentOut']}[{i}] = m_",
+            f"{v['ParamOut']}[{i}] = {v['Param']}[{i}] - lr_ * g_ / (np.sqrt(m_) + eps_)"]),
+        flat=True),
+    grad=None,
     doc="MomentOut = Moment + Grad^2; ParamOut = Param - lr * Grad / (sqrt(MomentOut) + eps).")
 
 
@@ -473,13 +484,52 @@ def _rmsprop_ref(Param, MeanSquare, Grad, Moment, LearningRate, MeanGrad=None,
                                      copy=False)}
 
 
+def _rmsprop_prologue(ctx, T, v):
+    return [f"lr_ = {T}({v['LearningRate']}[0])", f"rho_ = {_lit(ctx, 'decay', T)}",
+            f"eps_ = {_lit(ctx, 'epsilon', T)}", f"mom_ = {_lit(ctx, 'momentum', T)}",
+            f"one_ = {T}(1)"]
+
+
+def _rmsprop_body(ctx, T, v, i):
+    lines = [f"g_ = {v['Grad']}[{i}]",
+             f"ms_ = rho_ * {v['MeanSquare']}[{i}] + (one_ - rho_) * g_ * g_",
+             f"{v['MeanSquareOut']}[{i}] = ms_"]
+    if ctx.attrs["centered"]:
+        lines += [f"mg_ = rho_ * {v['MeanGrad']}[{i}] + (one_ - rho_) * g_",
+                  "den_ = np.sqrt(ms_ - mg_ * mg_ + eps_)"]
+    else:  # MeanGradOut passes MeanGrad through (Paddle leaves it as it was)
+        lines += [f"mg_ = {v['MeanGrad']}[{i}]" if "MeanGrad" in v else f"mg_ = {T}(0)",
+                  "den_ = np.sqrt(ms_ + eps_)"]
+    lines += [f"mo_ = mom_ * {v['Moment']}[{i}] + lr_ * g_ / den_",
+              f"{v['MomentOut']}[{i}] = mo_",
+              f"{v['ParamOut']}[{i}] = {v['Param']}[{i}] - mo_"]
+    if "MeanGradOut" in v:
+        lines.append(f"{v['MeanGradOut']}[{i}] = mg_")
+    return lines
+
+
+_rmsprop_loop = _elementwise_lower(
+    ("Param", "Grad", "MeanSquare", "Moment", "MeanGrad"),
+    ("ParamOut", "MomentOut", "MeanSquareOut", "MeanGradOut"), _rmsprop_prologue,
+    _rmsprop_body)
+
+
+def _rmsprop_lower(ctx):
+    """The rmsprop update as one flat loop; centered needs MeanGrad (the reference names
+    its absence)."""
+    if ctx.attrs["centered"] and not ctx.has_input("MeanGrad"):
+        return None
+    return _rmsprop_loop(ctx)
+
+
 register_op(
     "rmsprop", inputs=["Param", "MeanSquare", "Grad", "Moment", "LearningRate", "MeanGrad?",
                        "MasterParam?"],
     outputs=["ParamOut", "MomentOut", "MeanSquareOut", "MeanGradOut?", "MasterParamOut?"],
     attrs={"epsilon": Float(1e-10, low=1e-10, high=1e-3), "decay": Float(0.9, low=0.0, high=1.0),
            "momentum": Float(0.0, low=0.0, high=0.99), "centered": Bool(False), **_MULTI},
-    traits=[OPAQUE], infer_shape=_rmsprop_infer, reference=_rmsprop_ref, emit=None, grad=None,
+    traits=[OPAQUE], infer_shape=_rmsprop_infer, reference=_rmsprop_ref,
+    emit=Opaque(_rmsprop_lower, flat=True), grad=None,
     doc="MeanSquareOut = rho * ms + (1 - rho) * g^2; MomentOut = momentum * mom + lr * g / "
         "sqrt(ms (- mg^2 when centered) + eps); ParamOut = Param - MomentOut.")
 
