@@ -125,14 +125,19 @@ def compile_model(model_path, out_dir, batch: int = 1, cpu: str = "host",
         v = desc(n)
         dtype = np.dtype(to_numpy(v.dtype)).name
         if dtype not in csource.DTYPES:
-            raise AotError(f"input {n!r}: dtype {dtype} is not supported")
+            raise AotError(f"input {n!r}: dtype {dtype} is not supported (expected one of "
+                           f"{csource.DTYPES})")
+        if getattr(v, "lod_level", 0):
+            raise AotError(f"input {n!r} is a LoD tensor (lod_level {v.lod_level}): sequences "
+                           "are not compiled ahead of time yet")
         inputs.append((n, dtype, [int(d) for d in v.shape]))
     outputs = []
     for n in model.fetch_names:
         v = desc(n)
         dtype = np.dtype(to_numpy(v.dtype)).name
         if dtype not in csource.DTYPES:
-            raise AotError(f"output {n!r}: dtype {dtype} is not supported")
+            raise AotError(f"output {n!r}: dtype {dtype} is not supported (expected one of "
+                           f"{csource.DTYPES})")
         outputs.append((n, dtype, [int(d) for d in v.shape]))
     # the parameters the steps read, in first-use order
     used = []
