@@ -458,3 +458,15 @@ def test_module_entry_point_smoke():
                           env={**os.environ, "PYTHONWARNINGS": "ignore"})
     assert proc.returncode == 0 and "softmax(inputs={X=" in proc.stdout, proc.stderr
     assert "# op histogram" in proc.stdout
+
+
+def test_compile_is_the_aot_command(capsys):
+    """``pdjit compile`` takes the arguments of ``python -m pdjit.aot compile`` (tests/aot runs
+    the artifacts); a model it cannot read is one error line and status 1."""
+    from pdjit.cli import build_parser
+
+    args = build_parser().parse_args(["compile", "m", "-o", "out", "--batch", "4", "--cpu",
+                                      "generic"])
+    assert (args.model, args.output, args.batch, args.cpu) == ("m", "out", 4, "generic")
+    assert main(["compile", "/nonexistent/model", "-o", "/tmp/pdjit-never-written"]) == 1
+    assert capsys.readouterr().err.startswith("pdjit compile: ")

@@ -5,6 +5,8 @@
     pdjit inspect MODEL [--text] [--optimized]   the program, an op histogram, the parameters
     pdjit graph MODEL -o model.dot [--svg]       the program as a Graphviz graph
     pdjit check MODEL                            verify a model: OK + a summary, or the error
+    pdjit compile MODEL -o OUT [--batch N]       ahead of time: OUT/libmodel.so (C ABI), model.h,
+                                                 a NumPy-only loader OUT/__init__.py, example.c
     pdjit ops [TYPE]                             list the registered ops, or describe one
     pdjit version                                print pdjit's version
 
@@ -12,7 +14,8 @@ MODEL is a path prefix (``p`` for ``p.pdmodel`` + ``p.pdiparams``), a ``.pdmodel
 directory holding ``__model__`` (Fluid 1.x) or one ``*.pdmodel``; ``inspect`` and ``graph`` also
 take any serialized program (a training ``.pb``). Bad input is one line on stderr naming the
 file or variable, and exit status 2; ``check`` exits with status 1 when the model is malformed
-(the error names the file and the block, op or variable).
+(the error names the file and the block, op or variable), ``compile`` with status 1 when the
+model cannot be compiled ahead of time (naming the op).
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import argparse
 import sys
 
 import pdjit
+from pdjit.aot import __main__ as aot_cli
 from pdjit.framework import registry
 from pdjit.framework.attrs import attr_type_name
 from pdjit.framework.errors import PdjitError
@@ -150,6 +154,11 @@ def build_parser() -> argparse.ArgumentParser:
                                      "error (exit status 1)")
     p.add_argument("model", metavar="MODEL", help=model_help + ", or any serialized program")
     p.set_defaults(fn=_check)
+
+    p = sub.add_parser("compile", help="compile a saved model ahead of time: OUT_DIR/libmodel.so "
+                                       "with a C ABI, model.h, a NumPy-only loader, example.c")
+    aot_cli.add_arguments(p)
+    p.set_defaults(fn=aot_cli.run)
 
     p = sub.add_parser("ops", help="list registered ops or describe one")
     p.add_argument("type", nargs="?")
