@@ -448,3 +448,124 @@ def test_batch_norm_in_a_native_while_loop(fresh_programs):
     for mode, (gh, gm) in got.items():
         np.testing.assert_allclose(gh, hv, rtol=1e-4, atol=1e-4, err_msg=mode)
         np.testing.assert_allclose(gm, m, rtol=1e-5, atol=1e-6, err_msg=mode)
+
+
+# ---- the threaded path of the batch/instance/group norm kernels ---------------------------------
+@pytest.fixture
+def norm_threads(monkeypatch):
+    """Large-data mode at small sizes: the samples split over 3 slices on the library threads;
+    yields the count of threaded kernel runs."""
+    from pdjit.codegen.nnlib import norm as nk
+
+    runs = [0]
+    on_parts = nk._on_parts
+
+    def spy(*args, **kw):
+        runs[0] += 1
+        return on_parts(*args, **kw)
+    monkeypatch.setattr(nk, "_NORM_PARALLEL_MIN", 0)
+    monkeypatch.setattr(nk, "loop_threads", lambda: 3)
+    monkeypatch.setattr(nk, "free_cores", lambda: 3)
+    monkeypatch.setattr(nk, "_on_parts", spy)
+    yield runs
+
+
+@pytest.mark.parametrize("view,per_sample,cpg", [((5, 1, 6, 7), False, 1), ((4, 6, 5, 1), False, 1),
+                                                 ((4, 1, 6, 5), True, 2), ((3, 4, 6, 1), True, 3)])
+def test_norm_kernels_threaded_match_serial_and_numpy(norm_threads, view, per_sample, cpg):
+    """The kernels on (A, P, C, R) views: threaded against the one-thread kernels and NumPy."""
+    from pdjit.codegen import nnlib
+    from pdjit.codegen.nnlib import norm as nk
+
+    a, p, c, r = view
+    x = RNG.normal(1.0, 2.0, view).astype("float32")
+    dy = RNG.normal(size=view).astype("float32")
+    scale, bias, _, _ = params(c, "float32")
+    k, g = (a if per_sample else 1), c // cpg
+    # NumPy: (A, P, C, R) -> groups of (k, g)
+    v = np.moveaxis(x.astype(np.float64), 2, 1).reshape(a, g, -1)
+    axes = (2,) if per_sample else (0, 2)
+    want_m = v.mean(axes).reshape(k, g)
+    want_v = v.var(axes).reshape(k, g)
+    got = {}
+    for mode in ("threads", "serial"):
+        m, var = np.empty((k, g)), np.empty((k, g))
+        y, dx = np.empty_like(x), np.empty_like(x)
+        ds, db = np.empty(c, np.float32), np.empty(c, np.float32)
+        before = norm_threads[0]
+        if mode == "threads":
+            nnlib.norm_stats(x, per_sample, cpg, m, var)
+            inv = 1 / np.sqrt(var + 1e-5)
+            nnlib.norm_apply(x, m, inv, scale, bias, per_sample, cpg, True, y)
+            nnlib.norm_grad(x, dy, m, inv, scale, per_sample, cpg, True, dx, ds, db)
+            assert norm_threads[0] - before == 5  # two passes, one, two
+        else:
+            none = np.zeros((0, 0))
+            nk._stats_k(x, per_sample, cpg, m, var, none, none, 0, 0, a)
+            inv = 1 / np.sqrt(var + 1e-5)
+            nk._apply_k(x, m, inv, scale, bias, per_sample, cpg, True, y, 0, a)
+            nk._grad_k(x, dy, m, inv, scale, per_sample, cpg, True, dx, ds, db, none, none, 0,
+                       0, a)
+        got[mode] = (m, var, y, dx, ds, db)
+    for t, s in zip(got["threads"], got["serial"]):
+        np.testing.assert_allclose(t, s, rtol=1e-6, atol=1e-6)
+    m, var, y, dx, ds, db = got["threads"]
+    np.testing.assert_allclose(m, want_m, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(var, want_v, rtol=1e-12, atol=1e-12)
+    # y, dx and the parameter gradients against the NumPy formulas, channel by channel
+    mc = np.repeat(want_m, cpg, axis=1)[:, None, :, None]
+    ic = np.repeat(1 / np.sqrt(want_v + 1e-5), cpg, axis=1)[:, None, :, None]
+    if not per_sample:
+        mc, ic = mc[0], ic[0]
+    xhat = (x - mc) * ic
+    sc, bi = scale[None, None, :, None], bias[None, None, :, None]
+    np.testing.assert_allclose(y, np.maximum(xhat * sc + bi, 0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ds, (dy * xhat).sum((0, 1, 3)), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(db, dy.astype(np.float64).sum((0, 1, 3)), rtol=1e-5, atol=1e-5)
+    gg = np.moveaxis(dy * sc, 2, 1).reshape(a, g, -1)
+    xh = np.moveaxis(np.broadcast_to(xhat, view), 2, 1).reshape(a, g, -1)
+    ig = np.moveaxis(np.broadcast_to(ic, view), 2, 1).reshape(a, g, -1)
+    want_dx = ig * (gg - gg.mean(axes, keepdims=True) - xh * (gg * xh).mean(axes, keepdims=True))
+    want_dx = np.moveaxis(want_dx.reshape(a, c, p, r), 1, 2)
+    np.testing.assert_allclose(dx, want_dx, rtol=1e-4, atol=1e-5)
+
+
+def test_norm_kernels_threaded_refuse_misfits(norm_threads):
+    from pdjit.codegen import nnlib
+
+    x = np.zeros((4, 1, 6, 5), np.float32)
+    with pytest.raises(ValueError, match="statistics do not fit"):
+        nnlib.norm_stats(x, False, 4, np.empty((1, 1)), np.empty((1, 1)))
+    with pytest.raises(ValueError, match="norm_apply: Scale, Bias or Y do not fit X"):
+        nnlib.norm_apply(x, np.zeros((1, 6)), np.ones((1, 6)), np.ones(5, np.float32),
+                         np.zeros(6, np.float32), False, 1, False, np.empty_like(x))
+    with pytest.raises(ValueError, match="norm_grad: Scale, Y@GRAD or the gradients do not fit"):
+        nnlib.norm_grad(x, x[:3], np.zeros((1, 6)), np.ones((1, 6)), np.ones(6, np.float32),
+                        False, 1, True, np.empty_like(x), np.empty(6, np.float32),
+                        np.empty(6, np.float32))
+
+
+@pytest.mark.parametrize("shape,layout", [((4, 3, 2, 5), "NCHW"), ((5, 2, 3, 3), "NHWC")])
+def test_batch_norm_ops_on_threads(norm_threads, shape, layout):
+    """batch_norm and its grad op in compiled plans (native code asserted by check_output)
+    with the kernels' threaded path, against NumPy."""
+    x = RNG.normal(1.0, 2.0, shape).astype("float32")
+    dy = RNG.normal(size=shape).astype("float32")
+    ch = chan(x, layout)
+    c = shape[ch]
+    scale, bias, mean, var = params(c, "float32")
+    y, bm, bv = np_norm(x, ch, c, False, 1e-5, scale, bias)
+    check_output("batch_norm", {"X": x, "Scale": scale, "Bias": bias, "Mean": mean,
+                                "Variance": var}, {"data_layout": layout},
+                 {"Y": y.astype("float32"), "SavedMean": bm.reshape(c).astype("float32")},
+                 outputs={"Y": 1, "SavedMean": 1})
+    inv = 1 / np.sqrt(bv + np.float32(1e-5))
+    dx, ds, db = np_norm_grad(x, dy, ch, c, False, bm, inv, scale, True)
+    check_output("batch_norm_grad",
+                 {"X": x, "Scale": scale, "Bias": bias, "MeanOut": mean, "VarianceOut": var,
+                  "SavedMean": bm.reshape(c).astype("float32"),
+                  "SavedVariance": inv.reshape(c).astype("float32"), "Y@GRAD": dy},
+                 {"data_layout": layout},
+                 {"X@GRAD": dx.astype("float32"), "Scale@GRAD": ds.astype("float32"),
+                  "Bias@GRAD": db.astype("float32")}, outputs=GRADS, rtol=1e-4, atol=1e-5)
+    assert norm_threads[0] > 0
