@@ -569,3 +569,25 @@ def test_batch_norm_ops_on_threads(norm_threads, shape, layout):
                  {"X@GRAD": dx.astype("float32"), "Scale@GRAD": ds.astype("float32"),
                   "Bias@GRAD": db.astype("float32")}, outputs=GRADS, rtol=1e-4, atol=1e-5)
     assert norm_threads[0] > 0
+
+
+# ---- the conv-bn block's filter gradient (the ResNet benchmark's hot path) -----------------------
+@pytest.mark.parametrize("hw,stride,k", [(24, 1, 3), (8, 1, 3), (32, 2, 1)])
+def test_conv_filter_gradient_long_and_short_sums(hw, stride, k):
+    """The filter gradient kernel computes the transposed product for 512+ columns per block (a
+    24x24 plane) and the plain one below: both against NumPy."""
+    from pdjit.codegen import nnlib
+
+    pad = k // 2
+    x = RNG.normal(size=(3, 2, hw, hw)).astype("float32")
+    oh = (hw + 2 * pad - k) // stride + 1
+    dy = RNG.normal(size=(3, 4, oh, oh)).astype("float32")
+    got = np.empty((4, 2, k, k), np.float32)
+    nnlib.conv2d_bwd_filter(x, dy, got, stride, stride, pad, pad, 1, 1, 1)
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    want = np.empty((4, 2, k, k))
+    for i in range(k):
+        for j in range(k):
+            patch = xp[:, :, i:i + stride * oh:stride, j:j + stride * oh:stride]
+            want[:, :, i, j] = np.einsum("nmhw,nchw->mc", dy, patch)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -492,10 +492,15 @@ def _bwd_filter_range(x, dy, dwt, n0, n1, sh, sw, pt, pl, dh, dw, groups):
                 _im2col(x[n], g * cg, cg, kh_, kw_, sh, sw, pt, pl, dh, dw, oh_, ow_, cf, width,
                         (n - b0) * p_)
             d2 = _gather_dy(dy, b0, b1, g, mg, p_, width)
-            part = np.dot(d2, cols.T).reshape(mg * k_)
-            base = U(g * mg * k_)
-            for k in range(U(mg * k_)):
-                dwf[base + k] += part[k]
+            # long sums (many columns): the transposed product, [K, M/groups], took 0.72x the
+            # time of d2 @ cols.T for [16, 1024] x [1024, 144] (and 1.1-1.3x for 64-192
+            # columns); one call site for both (a second cost 0.2 s more compile)
+            tr = width >= 512
+            part = np.dot(cols if tr else d2, d2.T if tr else cols.T)
+            for m in range(mg):
+                base = U((g * mg + m) * k_)
+                for k in range(k_):
+                    dwf[base + U(k)] += part[k, m] if tr else part[m, k]
 
 
 # ---- the entry points: whole batches, split over threads when large ---------------------------
