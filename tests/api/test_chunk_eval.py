@@ -1,7 +1,7 @@
 """The ``chunk_eval`` op and ``layers.chunk_eval``: chunk counts against a chunk extractor
 written here (every scheme, excluded types, LoD and padded sequences), against PaddlePaddle
-3.3.1's recorded outputs (``make_chunk_eval_fixture.py``), feeding ``metrics.ChunkEvaluator``
-from a program, and the errors bad input gets.
+3.3.1's recorded outputs (``tests/fixtures/make_chunk_eval_fixture.py``), feeding
+``metrics.ChunkEvaluator`` from a program, and the errors bad input gets.
 
 The op has no lowering: compiled plans run it as a reference step (which strict mode accepts);
 the tests check that step kind and that compiled and reference executors agree."""

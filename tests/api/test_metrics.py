@@ -313,7 +313,8 @@ def test_the_verifier_refuses_bad_auc_attributes():
 # Paddle 3.3.1's legacy ``auc`` ops (``paddle.static.auc(x, y, num_thresholds=4095,
 # slide_steps=2)``, legacy static mode, CPU) on the three batches of ``_paddle_batches``: per
 # batch, the global AUC, the batch AUC and the batch counter (recorded with
-# tests/api/make_auc_fixture.py, which runs paddle; test_auc_layer_against_paddle_live reruns it).
+# tests/fixtures/make_auc_fixture.py, which runs paddle; test_auc_layer_against_paddle_live
+# reruns it).
 PADDLE_AUC = [(0.16666666666666666, 0.16666666666666666, 1),
               (0.3174603174603175, 0.3174603174603175, 2),
               (0.45, 0.59375, 3)]
@@ -409,7 +410,7 @@ def test_auc_layer_against_paddle_live():
 
     if importlib.util.find_spec("paddle") is None:
         pytest.skip("paddlepaddle is not installed")
-    script = Path(__file__).with_name("make_auc_fixture.py")
+    script = Path(__file__).parent.parent / "fixtures" / "make_auc_fixture.py"
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]

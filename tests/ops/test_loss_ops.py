@@ -279,14 +279,14 @@ def test_checks_reduce_to_one_bool(op, case):
 # ---- a program written and run by PaddlePaddle 3.3.1 ------------------------------------------
 @pytest.mark.filterwarnings("ignore::pdjit.framework.errors.ReferenceStepWarning")
 def test_paddle_written_program_runs_the_same(capsys):
-    """``paddle_loss_ops.npz`` (``make_paddle_loss_fixture.py``): the ops appended by Paddle with
-    its slot and attribute names, serialised, parsed here and run in both modes: every fetched
-    value and the text of the print op equal Paddle's."""
+    """``tests/fixtures/paddle/loss_ops.npz`` (``tests/fixtures/make_loss_fixture.py``): the
+    ops appended by Paddle with its slot and attribute names, serialised, parsed here and run in
+    both modes: every fetched value and the text of the print op equal Paddle's."""
     import pathlib
 
     import pdjit as fluid
 
-    d = np.load(pathlib.Path(__file__).with_name("paddle_loss_ops.npz"))
+    d = np.load(pathlib.Path(__file__).parent.parent / "fixtures" / "paddle" / "loss_ops.npz")
     prog = fluid.Program.parse_from_string(d["desc"].tobytes())
     feed = {k[len("feed_"):]: d[k] for k in d.files if k.startswith("feed_")}
     fetch = [str(n) for n in d["fetch"]]

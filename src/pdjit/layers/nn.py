@@ -1,7 +1,7 @@
 """Neural-network layers in the Fluid 1.x style: fc, matmul, softmax, losses, dropout, embedding.
 
 Each function appends the ops PaddlePaddle's legacy layers append (same op types, slots and
-attributes; see /tmp/paddle_notes.md) to the default main program, creating parameters and
+attributes, as checked against PaddlePaddle) to the default main program, creating parameters and
 their initialisers through :class:`LayerHelper`, and returns the result Variable(s).
 """
 from __future__ import annotations

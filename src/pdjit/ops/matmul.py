@@ -1,6 +1,6 @@
 """Matrix products: ``mul`` (Fluid's flatten-then-multiply), ``matmul`` (legacy) and ``matmul_v2``.
 
-Semantics follow PaddlePaddle 3.3.1's legacy ops (measured, see /tmp/paddle_notes.md):
+Semantics follow PaddlePaddle 3.3.1's legacy ops (measured against PaddlePaddle itself):
 
 - ``mul`` flattens X to 2-D at ``x_num_col_dims`` and Y at ``y_num_col_dims``; the result has
   shape ``X.shape[:x_num_col_dims] + Y.shape[y_num_col_dims:]``.

@@ -1,6 +1,6 @@
 """Neural-network ops: softmax, the cross entropies, accuracy, dropout, embedding lookup.
 
-Numerics follow PaddlePaddle 3.3.1's CPU kernels (measured; see /tmp/paddle_notes.md):
+Numerics follow PaddlePaddle 3.3.1's CPU kernels (measured against PaddlePaddle itself):
 
 - ``softmax`` (and the softmax inside ``softmax_with_cross_entropy``) subtracts the row max and
   then clips the shifted logits at -64 before ``exp``, as Paddle's CPU kernel does. So no
