@@ -20,7 +20,7 @@ the whole run succeeded). Off by default, and free when off: the flags are read 
 Executor is made; a plan step tests one attribute per run. The check itself is one sum per
 floating-point output (a finite sum proves every element finite: any NaN or Inf makes it NaN or
 Inf); only an output that fails it is counted element by element. Measured cost
-(``python tests/hardening/bench_checks.py``: a 784-256-256-10 MLP training step, batch 64, SGD,
+(``python benchmarks/bench_checks.py``: a 784-256-256-10 MLP training step, batch 64, SGD,
 median of 300 interleaved runs of executors with the check off and on, in one process, on a
 shared 2-core machine): compiled 1.04 vs 1.11 ms (+7 %: one native step, 35 outputs checked);
 reference 1.96 vs 2.27 ms (+16 %: every op's outputs, 4-6 us each). The allocation check

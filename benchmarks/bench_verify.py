@@ -1,7 +1,7 @@
 """What the program verifier costs (``pdjit.verify``, run once per program content before a run
 is planned, and when a model file is parsed).
 
-    python tests/hardening/bench_verify.py
+    python benchmarks/bench_verify.py
 
 Times ``verify`` on a 10-layer MLP's training program (forward, backward, SGD updates) and on
 the corpus models (``tests/fixtures/paddle/models``), median of 50 runs each, beside the time
@@ -19,7 +19,7 @@ import pdjit as fluid
 from pdjit.framework.program import Program
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-MODELS = os.path.join(os.path.dirname(HERE), "fixtures", "paddle", "models")
+MODELS = os.path.join(os.path.dirname(HERE), "tests", "fixtures", "paddle", "models")
 
 
 def median_ms(fn, repeat=50) -> float:

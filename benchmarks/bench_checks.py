@@ -1,6 +1,6 @@
 """The cost of the run-time checks (``pdjit.runtime.checks``) on an MLP training step.
 
-    python tests/hardening/bench_checks.py [repeats]
+    python benchmarks/bench_checks.py [repeats]
 
 784-256-256-10 MLP, batch 64, SGD, in both executor modes. For each mode three executors on
 their own Scopes run the same program: NaN/Inf checking off, on (``PDJIT_CHECK_NAN_INF=1``), and
