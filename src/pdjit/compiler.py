@@ -28,23 +28,14 @@ from __future__ import annotations
 
 import copy
 import os
-import sys
 import warnings
 
+from pdjit.framework.errors import user_stacklevel
 from pdjit.framework.program import Program
 
 __all__ = ["CompiledProgram", "BuildStrategy", "ExecutionStrategy", "ParallelExecutor"]
 
-_PACKAGE = os.path.dirname(os.path.abspath(__file__))
 _warned_fields: set = set()
-
-
-def _user_stacklevel() -> int:
-    """The ``stacklevel`` of the first frame outside pdjit, as seen from our caller."""
-    frame, level = sys._getframe(2), 2
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 class _Strategy:
@@ -209,7 +200,7 @@ class CompiledProgram:
                 f"CompiledProgram.with_data_parallel runs the program as one replica on this "
                 f"machine's cores (Fluid would run {asked}): fetched values are those of the "
                 f"whole batch, not split or concatenated per device", UserWarning,
-                stacklevel=_user_stacklevel())
+                stacklevel=user_stacklevel())
         return self._program
 
     @property

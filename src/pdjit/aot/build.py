@@ -120,25 +120,20 @@ def compile_model(model_path, out_dir, batch: int = 1, cpu: str = "host",
             raise AotError(f"{model_path}: variable {name!r} is not declared")
         return v
 
-    inputs = []
-    for n in model.feed_names:
+    def spec(n, what):
+        """(name, dtype name, declared dims) of an input or output the ABI can carry."""
         v = desc(n)
         dtype = np.dtype(to_numpy(v.dtype)).name
         if dtype not in csource.DTYPES:
-            raise AotError(f"input {n!r}: dtype {dtype} is not supported (expected one of "
+            raise AotError(f"{what} {n!r}: dtype {dtype} is not supported (expected one of "
                            f"{csource.DTYPES})")
-        if getattr(v, "lod_level", 0):
+        if what == "input" and getattr(v, "lod_level", 0):
             raise AotError(f"input {n!r} is a LoD tensor (lod_level {v.lod_level}): sequences "
                            "are not compiled ahead of time yet")
-        inputs.append((n, dtype, [int(d) for d in v.shape]))
-    outputs = []
-    for n in model.fetch_names:
-        v = desc(n)
-        dtype = np.dtype(to_numpy(v.dtype)).name
-        if dtype not in csource.DTYPES:
-            raise AotError(f"output {n!r}: dtype {dtype} is not supported (expected one of "
-                           f"{csource.DTYPES})")
-        outputs.append((n, dtype, [int(d) for d in v.shape]))
+        return n, dtype, [int(d) for d in v.shape]
+
+    inputs = [spec(n, "input") for n in model.feed_names]
+    outputs = [spec(n, "output") for n in model.fetch_names]
     # the parameters the steps read, in first-use order
     used = []
     for step in plan.steps:

@@ -6,6 +6,11 @@ both say what was expected and what was got.
 """
 from __future__ import annotations
 
+import os
+import sys
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
 
 class PdjitError(Exception):
     """Base class of pdjit's own errors."""
@@ -68,6 +73,15 @@ class ShapeMismatch(ValueError):
 
     The framework adds the op's description; the message says what was expected vs got.
     """
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` that makes a warning point at the user's line (the first frame
+    outside pdjit), as ``warnings.warn`` called from the caller of this function counts."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def describe_op(op_type: str, block_idx, op_idx, location) -> str:

@@ -28,7 +28,8 @@ import numpy as np
 from pdjit.framework.errors import FeedError
 from pdjit.io.inference import InferenceModel, load_model
 from pdjit.runtime import threads
-from pdjit.runtime.executor import Executor, env_flag
+from pdjit.runtime.checks import env_flag
+from pdjit.runtime.executor import Executor
 from pdjit.runtime.feed_fetch import check_feed, check_feed_spec, feed_spec
 from pdjit.runtime.place import CPUPlace, CUDAPlace
 from pdjit.runtime.scope import Scope

@@ -240,7 +240,8 @@ def embedding(input, size, is_sparse=False, is_distributed=False, padding_idx=No
     looked up as ``fluid.embedding`` does (``lookup_table_v2``, ``input.shape + [width]``). A
     negative ``padding_idx`` counts from the end of the vocabulary; that id's rows are zeros.
     """
-    v1 = len(input.shape) > 0 and input.shape[-1] == 1 if hasattr(input, "shape") else False
+    shape = getattr(input, "shape", ())
+    v1 = len(shape) > 0 and shape[-1] == 1
     return _embedding("lookup_table" if v1 else "lookup_table_v2", input, size, is_sparse,
                       is_distributed, padding_idx, param_attr, dtype)
 

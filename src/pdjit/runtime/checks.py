@@ -63,9 +63,12 @@ _SKIP = (registry.CONTROL_FLOW, registry.FEED_FETCH)
 _MEMO_MAX = 256  # input-shape signatures remembered per step or op
 
 
-def _flag(name: str) -> bool:
+def env_flag(name: str, default: bool) -> bool:
+    """A 0/1 switch from the environment variable ``name``."""
     v = os.environ.get(name, "").strip().lower()
-    if v in ("", "0", "false", "off", "no"):
+    if v == "":
+        return default
+    if v in ("0", "false", "off", "no"):
         return False
     if v in ("1", "true", "on", "yes"):
         return True
@@ -111,7 +114,7 @@ class Settings:
 
 def settings() -> Settings:
     """The settings from the environment (read once per executor)."""
-    return Settings(any(_flag(n) for n in NAN_INF_FLAGS), alloc_limit())
+    return Settings(any(env_flag(n, False) for n in NAN_INF_FLAGS), alloc_limit())
 
 
 OFF = Settings()

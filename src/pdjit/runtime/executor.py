@@ -32,6 +32,7 @@ from pdjit.framework.program import Block, Program, default_main_program
 from pdjit.passes import verify
 from pdjit.proto import framework_pb2 as pb
 from pdjit.runtime import checks, feed_fetch, interpreter, reader, threads
+from pdjit.runtime.checks import env_flag
 from pdjit.runtime.context import Env
 from pdjit.runtime.place import CPUPlace, Place
 from pdjit.runtime.plan import build_plan
@@ -57,18 +58,6 @@ def _default_mode() -> str:
     if mode not in MODES:
         raise ValueError(f"PDJIT_EXECUTOR={mode!r}: expected one of {MODES}")
     return mode
-
-
-def env_flag(name: str, default: bool) -> bool:
-    """A 0/1 switch from the environment variable ``name``."""
-    v = os.environ.get(name, "").strip().lower()
-    if v == "":
-        return default
-    if v in ("0", "false", "off", "no"):
-        return False
-    if v in ("1", "true", "on", "yes"):
-        return True
-    raise ValueError(f"{name}={v!r}: expected 0 or 1")
 
 
 def _default_memory_optim() -> bool:

@@ -48,6 +48,7 @@ from pdjit.framework.errors import (
     FallbackWarning,
     ReferenceStepWarning,
     describe_op,
+    user_stacklevel,
 )
 from pdjit.passes import dump_after
 from pdjit.passes.fusion import live_names, partition
@@ -249,7 +250,7 @@ class NativeStep:
                                 op.location())
         if self.fallbacks == 1:
             warnings.warn(describe_op(op.type, op.block.idx, op_idx, op.location()) + ": " +
-                          what, FallbackWarning, stacklevel=_user_stacklevel())
+                          what, FallbackWarning, stacklevel=user_stacklevel())
 
     def describe(self) -> str:
         tail = f" ({self.fallbacks} fallback(s), last: {self.last_fallback[2]})" \
@@ -476,16 +477,6 @@ _warned: set = set()
 
 
 _BY_DESIGN = (registry.CONTROL_FLOW, registry.FEED_FETCH, registry.RANDOM, registry.SIDE_EFFECT)
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _user_stacklevel() -> int:
-    """The ``stacklevel`` that makes a warning point at the user's line (the first frame
-    outside pdjit), as ``warnings.warn`` called from the caller of this function counts."""
-    frame, level = sys._getframe(2), 2
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 def _warn_reference_step(op, why: str) -> None:
@@ -499,7 +490,7 @@ def _warn_reference_step(op, why: str) -> None:
     if (op.type, why) not in _warned:
         _warned.add((op.type, why))
         warnings.warn(f"op {op.type!r} runs its NumPy reference in compiled plans: {why}",
-                      ReferenceStepWarning, stacklevel=_user_stacklevel())
+                      ReferenceStepWarning, stacklevel=user_stacklevel())
 
 
 def _step_scopes_read(program, block, fetched=()) -> bool:
