@@ -46,6 +46,9 @@ class Spec:
     params_hash: int
     symbol: str = SYMBOL
     timings: dict = field(default_factory=dict)
+    # the build's options (``compile_model``'s keywords): batch, dynamic_batch, threads,
+    # embed_params, cpu; the C source, the loader and the link read them from here
+    options: dict = field(default_factory=dict)
 
 
 def checksum(blob: bytes) -> int:
@@ -92,11 +95,13 @@ def _refuse_step(step) -> str | None:
 
 
 def compile_model(model_path, out_dir, batch: int = 1, cpu: str = "host",
-                  params_file: str | None = None) -> Spec:
+                  params_file: str | None = None, *, dynamic_batch: bool = False,
+                  threads: int = 1, embed_params: bool = False) -> Spec:
     """Compile the saved model at ``model_path`` (any layout ``pdjit.io.inference.load_model``
     reads) into ``out_dir`` (see ``pdjit.aot``). ``batch``: the batch the instances' memory is
     sized for at creation by default. ``cpu``: ``host`` (this machine's instruction set) or
-    ``generic``. Raises :class:`AotError` for a model it cannot compile, naming the op."""
+    ``generic``. ``dynamic_batch``, ``threads``, ``embed_params``: see ``pdjit.aot``.
+    Raises :class:`AotError` for a model it cannot compile, naming the op."""
     if not isinstance(batch, int) or batch < 1:
         raise AotError(f"batch: expected an int >= 1, got {batch!r}")
     cc = shutil.which("cc")
@@ -149,7 +154,9 @@ def compile_model(model_path, out_dir, batch: int = 1, cpu: str = "host",
         blob += a.tobytes()
         values.append((n, a))
     blob += b"\0" * ((-len(blob)) % _ALIGN)
-    spec = Spec(inputs, outputs, used, offsets, len(blob), checksum(bytes(blob)))
+    spec = Spec(inputs, outputs, used, offsets, len(blob), checksum(bytes(blob)),
+                options={"batch": batch, "dynamic_batch": bool(dynamic_batch),
+                         "threads": threads, "embed_params": bool(embed_params), "cpu": cpu})
     func, argtypes = _entry(plan, spec, values, model.feed_names)
     t_src = time.perf_counter()
     try:
@@ -160,9 +167,9 @@ def compile_model(model_path, out_dir, batch: int = 1, cpu: str = "host",
     t_obj = time.perf_counter()
     os.makedirs(out_dir, exist_ok=True)
     _write_params(os.path.join(out_dir, "model.params"), spec, bytes(blob))
-    _link(out_dir, obj, spec, cc)
+    _link(out_dir, obj, spec, cc, bytes(blob))
     with open(os.path.join(out_dir, "__init__.py"), "w") as f:
-        f.write(loader.source(batch))
+        f.write(loader.source(spec))
     with open(os.path.join(out_dir, "example.c"), "w") as f:
         f.write(csource.EXAMPLE)
     t_end = time.perf_counter()
@@ -270,7 +277,10 @@ def _openblas_files() -> list:
     return found
 
 
-def _link(out_dir, obj: bytes, spec: Spec, cc: str) -> None:
+def _link(out_dir, obj: bytes, spec: Spec, cc: str, blob: bytes) -> None:
+    """Link ``libmodel.so`` from the entry's object, the runtime and ``csource.model_c``'s C
+    (``blob``: the parameters, for a build that embeds them; ``csource.extra_sources`` may add
+    files, e.g. an assembler file that includes the blob)."""
     libs = _openblas_files()
     for f in libs:
         dst = os.path.join(out_dir, os.path.basename(f))
@@ -281,7 +291,9 @@ def _link(out_dir, obj: bytes, spec: Spec, cc: str) -> None:
         f.write(csource.header())
     with tempfile.TemporaryDirectory(prefix="pdjit-aot-") as tmp:
         paths = {}
-        for name, text in (("runtime.c", csource.RUNTIME), ("model.c", csource.model_c(spec))):
+        files = [("runtime.c", csource.RUNTIME), ("model.c", csource.model_c(spec))]
+        files += csource.extra_sources(spec, blob, tmp)
+        for name, text in files:
             paths[name] = os.path.join(tmp, name)
             with open(paths[name], "w") as f:
                 f.write(text)
@@ -290,8 +302,9 @@ def _link(out_dir, obj: bytes, spec: Spec, cc: str) -> None:
             f.write(obj)
         out = os.path.join(out_dir, "libmodel.so")
         cmd = [cc, "-O2", "-shared", "-fPIC", "-fvisibility=hidden", f"-I{out_dir}",
-               paths["runtime.c"], paths["model.c"], o, "-o", out, f"-L{out_dir}",
-               f"-l:{blas}", "-lm", "-ldl", "-Wl,-rpath,$ORIGIN", "-Wl,--no-undefined"]
+               *paths.values(), o, "-o", out, f"-L{out_dir}",
+               f"-l:{blas}", "-lm", "-ldl", "-lpthread", "-Wl,-rpath,$ORIGIN",
+               "-Wl,--no-undefined"]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             raise AotError(f"linking {out} failed ({' '.join(cmd)}):\n{r.stderr[-4000:]}")

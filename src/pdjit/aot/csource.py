@@ -740,6 +740,12 @@ def model_c(spec) -> str:
     }
 
 
+def extra_sources(spec, blob: bytes, tmp: str) -> list:
+    """More ``(file name, text)`` to compile into the library (none yet); ``tmp`` is the
+    build's scratch directory, where a file the text refers to may be written."""
+    return []
+
+
 def _itemsize(dtype: str) -> int:
     import numpy as np
 

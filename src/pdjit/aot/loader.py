@@ -172,5 +172,6 @@ def load(params=None, max_batch=%(batch)d):
 '''
 
 
-def source(batch: int) -> str:
-    return SOURCE % {"batch": int(batch)}
+def source(spec) -> str:
+    """The loader's text for the build ``spec`` (``spec.options``: see ``Spec``)."""
+    return SOURCE % {"batch": int(spec.options.get("batch", 1))}
