@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numba
 import numpy as np
 
-from pdjit.aot import csource, loader
+from pdjit.aot import batch_split, csource, loader
 from pdjit.aot.numba_aot import compile_object, pointer
 from pdjit.framework.dtypes import to_numpy
 from pdjit.framework.errors import PdjitError
@@ -154,9 +154,11 @@ def compile_model(model_path, out_dir, batch: int = 1, cpu: str = "host",
         blob += a.tobytes()
         values.append((n, a))
     blob += b"\0" * ((-len(blob)) % _ALIGN)
+    split, why_not = batch_split.analyse(program, plan, model.feed_names, model.fetch_names)
     spec = Spec(inputs, outputs, used, offsets, len(blob), checksum(bytes(blob)),
                 options={"batch": batch, "dynamic_batch": bool(dynamic_batch),
-                         "threads": threads, "embed_params": bool(embed_params), "cpu": cpu})
+                         "threads": threads, "embed_params": bool(embed_params), "cpu": cpu,
+                         "batch_split": split, "batch_split_why_not": why_not})
     func, argtypes = _entry(plan, spec, values, model.feed_names)
     t_src = time.perf_counter()
     try:
