@@ -35,6 +35,7 @@ but the last, their outputs ``(T, B, D*H)`` as the next layer read them (after d
 """
 import numba
 import numpy as np
+from numba.extending import overload
 
 from pdjit.codegen import mathfuncs as _m
 from pdjit.codegen.nnlib._jit import jit, jobs
@@ -531,6 +532,28 @@ def rnn_backward(x, w, lens, mode, num_layers, ndir, hidden, reserve, drop_mask,
         f.result()
     for part in dws:
         dw += part
+
+
+# Called from native code (a whole plan step compiled as one function, e.g. an ahead-of-time
+# artifact, which has no thread pool): the batch runs as one slice on the calling thread.
+@overload(rnn_forward, jit_options={"nogil": True})
+def _rnn_forward_native(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask,
+                        drop_scale, out, hn, cn, reserve, parts=None):
+    def serial(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask, drop_scale, out,
+               hn, cn, reserve, parts=None):
+        _fwd_part(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask, drop_scale,
+                  out, hn, cn, reserve, 0, x.shape[1])
+    return serial
+
+
+@overload(rnn_backward, jit_options={"nogil": True})
+def _rnn_backward_native(x, w, lens, mode, num_layers, ndir, hidden, reserve, drop_mask,
+                         drop_scale, dout, dhn, dcn, dx, dh0, dc0, dw, parts=None):
+    def serial(x, w, lens, mode, num_layers, ndir, hidden, reserve, drop_mask, drop_scale,
+               dout, dhn, dcn, dx, dh0, dc0, dw, parts=None):
+        _bwd_part(x, w, lens, mode, num_layers, ndir, hidden, reserve, drop_mask, drop_scale,
+                  dout, dhn, dcn, dx, dh0, dc0, dw, 0, x.shape[1])
+    return serial
 
 
 def _arr(T, nd):
