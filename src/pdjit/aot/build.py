@@ -21,6 +21,7 @@ from pdjit.framework.dtypes import to_numpy
 from pdjit.framework.errors import PdjitError
 from pdjit.io.inference import load_model
 from pdjit.passes.inference import optimize
+from pdjit.proto import framework_pb2 as pb
 from pdjit.runtime import threads
 from pdjit.runtime.plan import build_plan
 
@@ -74,24 +75,67 @@ def _one_thread():
         numba.set_num_threads(numba_saved)
 
 
+#: control-flow ops the entry drives itself (``_Entry``): a branch, a loop whose body could not
+#: become one native loop, and ``cond``'s merges
+_DRIVEN = ("conditional_block", "while", "select_input", "select_output")
+
+
 def _refuse_step(step) -> str | None:
-    """Why ``step`` cannot be compiled ahead of time, or None."""
+    """Why ``step`` cannot be compiled ahead of time, or None (for a control-flow op the entry
+    drives, the first refusal in its sub-blocks' plans)."""
     if step.kind == "reference":
-        return f"op {step.op.type!r} (#{step.op_idx}) has no native lowering ({step.why})"
-    if step.kind != "native":
+        if step.op.type not in _DRIVEN:
+            return f"op {step.op.type!r} (#{step.op_idx}) has no native lowering ({step.why})"
+        return _refuse_control(step)
+    if step.kind not in ("native", "native_loop"):
         op, i = step.ops[0]
-        return f"op {op.type!r} (#{i}) runs as a {step.kind} step (control flow is not " \
-               f"compiled ahead of time yet)"
+        return f"op {op.type!r} (#{i}) runs as a {step.kind} step (not compiled ahead of time)"
     op, i = step.ops[0]
-    if step.native is None:
+    code = step.native if step.kind == "native" else step.compiled
+    if code is None:
         return f"op {op.type!r} (#{i}): its step has no native driver"
     if step.rng_ops:
         return f"op {step.rng_ops[0][0].type!r}: random ops are not compiled ahead of time"
     if step.lod_flow.always or any(True for _ in getattr(step.lod_flow, "requests", ())):
         return f"op {op.type!r} (#{i}): LoD inputs are not compiled ahead of time"
-    if "parallel=True" in step.native.text:
+    if "parallel=True" in code.text:
         return f"op {op.type!r} (#{i}): a parallel driver (build with one thread)"
     return None
+
+
+def _refuse_control(step) -> str | None:
+    op, where = step.op, f"op {step.op.type!r} (#{step.op_idx})"
+    if op.type in ("select_input", "select_output"):
+        return None
+    want = list(op.sub_block_indices())
+    subs = dict(step.sub_plans)
+    if sorted(subs) != sorted(want):
+        return f"{where}: the plans of its sub-blocks {want} were not built"
+    if op.type == "while" and len(op.input("Condition")) != 1:
+        return f"{where}: expected one Condition, got {len(op.input('Condition'))}"
+    if op.type == "conditional_block" and op.attr("is_scalar_condition") and \
+            len(op.input("Cond")) != 1:
+        return f"{where}: a scalar condition takes one Cond, got {len(op.input('Cond'))}"
+    for b in want:
+        for sub in subs[b].steps:
+            why = _refuse_step(sub)
+            if why is not None:
+                return f"{why} (in block {b} of {where})"
+    return None
+
+
+def _build_plans(program, fetch_names):
+    """The global block's plan with every native step's driver as one function, and, under each
+    control-flow op's step, the plans of its sub-blocks built the same way (``sub_plans``)."""
+    built: dict = {}
+
+    def sub_plan(block):
+        if block.idx not in built:
+            built[block.idx] = build_plan(program, (), block=block, sub_plan=sub_plan,
+                                          native_drivers=True)
+        return built[block.idx]
+
+    return build_plan(program, fetch_names, sub_plan=sub_plan, native_drivers=True)
 
 
 def compile_model(model_path, out_dir, batch: int = 1, cpu: str = "host",
@@ -112,7 +156,7 @@ def compile_model(model_path, out_dir, batch: int = 1, cpu: str = "host",
     program, params = optimize(model.program, model.params)
     gb = program.global_block()
     with _one_thread():
-        plan = build_plan(program, model.fetch_names, native_drivers=True)
+        plan = _build_plans(program, model.fetch_names)
     for step in plan.steps:
         why = _refuse_step(step)
         if why is not None:
@@ -139,12 +183,11 @@ def compile_model(model_path, out_dir, batch: int = 1, cpu: str = "host",
 
     inputs = [spec(n, "input") for n in model.feed_names]
     outputs = [spec(n, "output") for n in model.fetch_names]
-    # the parameters the steps read, in first-use order
+    # the parameters the steps read (in sub-blocks too), in first-use order
     used = []
-    for step in plan.steps:
-        for n in step.args:
-            if n in params and n not in used and n not in model.feed_names:
-                used.append(n)
+    for n in _reads(plan):
+        if n in params and n not in used and n not in model.feed_names:
+            used.append(n)
     blob, offsets, values = bytearray(), [], []
     for n in used:
         a = np.ascontiguousarray(params[n])
@@ -159,7 +202,7 @@ def compile_model(model_path, out_dir, batch: int = 1, cpu: str = "host",
                 options={"batch": batch, "dynamic_batch": bool(dynamic_batch),
                          "threads": threads, "embed_params": bool(embed_params), "cpu": cpu,
                          "batch_split": split, "batch_split_why_not": why_not})
-    func, argtypes = _entry(plan, spec, values, model.feed_names)
+    func, argtypes = _entry(program, plan, spec, values)
     t_src = time.perf_counter()
     try:
         obj, _ = compile_object(func, argtypes, SYMBOL, cpu=cpu)
@@ -180,47 +223,246 @@ def compile_model(model_path, out_dir, batch: int = 1, cpu: str = "host",
     return spec
 
 
-def _entry(plan, spec, values, feed_names):
+def _reads(plan):
+    """The names the plan's steps read, in plan order, sub-plans at their op."""
+    for step in plan.steps:
+        if step.kind == "reference":
+            yield from step.op.input_arg_names
+            for _, sub in step.sub_plans:
+                yield from _reads(sub)
+        else:
+            yield from step.args
+
+
+def _writes(plan) -> list:
+    """The names the plan's steps write (in sub-plans too), in plan order."""
+    out = []
+    for step in plan.steps:
+        if step.kind != "reference":
+            out += step.outputs
+            continue
+        if step.op.type in ("select_input", "select_output"):
+            out += step.op.output("Out")
+        for _, sub in step.sub_plans:
+            out += _writes(sub)
+    return [n for n in out if n != "@EMPTY@"]
+
+
+class _Scope:
+    """The entry's view of one block while its code is generated: the Python variable holding
+    each name's latest value (``vars``), the flags of names that may hold no value yet
+    (``flags``: a branch that did not run, a loop that ran no iteration), and the names whose
+    variables belong to an enclosing block (``bound``: written in place, so that the value is
+    there after the branch or loop)."""
+
+    def __init__(self, vars_, flags, bound=frozenset()):
+        self.vars, self.flags, self.bound = dict(vars_), dict(flags), frozenset(bound)
+
+    def child(self, bound):
+        return _Scope(self.vars, self.flags, bound)
+
+
+class _Entry:
+    """The source of the entry function: the plan's steps in order, control flow as Python
+    control flow around them (compiled by Numba with the rest)."""
+
+    def __init__(self, program):
+        self.program, self.lines, self.ns = program, [], {"numba": numba, "np": np,
+                                                          "_truth": _truth, "_nonempty": _nonempty,
+                                                          "_index": _index}
+        self.count = 0
+
+    def fresh(self, prefix="v") -> str:
+        self.count += 1
+        return f"{prefix}{self.count}"
+
+    def emit(self, indent: int, line: str) -> None:
+        self.lines.append("    " * indent + line)
+
+    def read(self, scope, name, indent: int, what: str) -> str:
+        if name not in scope.vars:
+            raise AotError(f"{what} reads {name!r}, which is neither fed, a parameter nor "
+                           "computed before it")
+        flag = scope.flags.pop(name, None)
+        if flag is not None:   # checked once: known to hold a value from here on in this block
+            self.emit(indent, f"if not {flag}:")
+            self.emit(indent + 1, f"raise ValueError('pdjit: {_quote(name)} holds no value "
+                                  f"(read by {_quote(what)})')")
+        return scope.vars[name]
+
+    def write(self, scope, name, expr: str, indent: int) -> None:
+        if name in scope.bound:   # an enclosing block's variable: assigned in place
+            self.emit(indent, f"{scope.vars[name]} = {expr}")
+            flag = scope.flags.pop(name, None)
+            if flag is not None:
+                self.emit(indent, f"{flag} = True")
+            return
+        var = self.fresh()
+        self.emit(indent, f"{var} = {expr}")
+        scope.vars[name] = var
+        scope.flags.pop(name, None)
+
+    def prepare(self, scope, names, block, indent: int, what: str) -> None:
+        """Give every name a branch or loop may write a variable of ``scope`` before it: its
+        current one, or an empty array of its declared dtype and rank and a flag saying it
+        holds no value yet."""
+        for n in names:
+            if n in scope.vars:
+                continue
+            v = block._find_var_recursive(n)
+            if v is None or v.type not in (pb.VarType.LOD_TENSOR, pb.VarType.SELECTED_ROWS):
+                kind = "not declared" if v is None else f"a {pb.VarType.Type.Name(v.type)}"
+                raise AotError(f"{what} writes {n!r}, which is {kind} (only dense tensors are "
+                               "compiled ahead of time)")
+            dtype = np.dtype(to_numpy(v.dtype))
+            self.ns[f"D_{dtype.name}"] = dtype.type
+            var, flag = self.fresh(), self.fresh("f")
+            shape = "(" + "0, " * len(v.shape) + ")"
+            self.emit(indent, f"{var} = np.empty({shape}, D_{dtype.name})")
+            self.emit(indent, f"{flag} = False")
+            scope.vars[n], scope.flags[n] = var, flag
+
+    def plan(self, plan, scope, indent: int) -> None:
+        block = self.program.block(plan.block_idx)
+        for step in plan.steps:
+            if step.kind == "reference":
+                self.control(step, scope, block, indent)
+                continue
+            op, i = step.ops[0]
+            what = f"op {op.type} (#{i}, block {block.idx})"
+            fn = step.native.fn if step.kind == "native" else step.compiled.fn
+            name = self.fresh("S")
+            self.ns[name] = fn
+            args = [self.read(scope, n, indent, what) for n in step.args]
+            res = self.fresh("r")
+            self.emit(indent, f"{res} = {name}({', '.join(args)})")
+            for k, n in enumerate(step.outputs):
+                self.write(scope, n, f"{res}[{k}]", indent)
+
+    def control(self, step, scope, block, indent: int) -> None:
+        op = step.op
+        what = f"op {op.type} (#{step.op_idx}, block {block.idx})"
+        subs = dict(step.sub_plans)
+        if op.type == "select_input":
+            xs = [self.read_maybe(scope, n, what) for n in op.input("X")]
+            m = self.fresh("m")
+            mask = self.read(scope, op.input("Mask")[0], indent, what)
+            self.emit(indent, f"{m} = _index({mask}, {len(xs)})")
+            out = self.fresh()
+            self.emit(indent, f"{out} = {xs[0][0]}")
+            for k, (var, flag) in enumerate(xs):
+                self.emit(indent, f"{'if' if k == 0 else 'elif'} {m} == {k}:")
+                if flag is not None:
+                    self.emit(indent + 1, f"if not {flag}:")
+                    self.emit(indent + 2, f"raise ValueError('pdjit: {_quote(op.input('X')[k])} "
+                                          f"holds no value (selected by {_quote(what)})')")
+                self.emit(indent + 1, f"{out} = {var}")
+            self.write(scope, op.output("Out")[0], out, indent)
+        elif op.type == "select_output":
+            outs = [n for n in op.output("Out")]
+            x = self.read(scope, op.input("X")[0], indent, what)
+            m = self.fresh("m")
+            mask = self.read(scope, op.input("Mask")[0], indent, what)
+            self.emit(indent, f"{m} = _index({mask}, {len(outs)})")
+            self.prepare(scope, outs, block, indent, what)
+            for k, n in enumerate(outs):
+                self.emit(indent, f"if {m} == {k}:")
+                self.write(scope.child({n}), n, x, indent + 1)
+        elif op.type == "conditional_block":
+            b = op.attr("sub_block")
+            sub, sub_block = subs[b], self.program.block(b)
+            conds = [self.read(scope, n, indent, what) for n in op.input("Cond")]
+            if op.attr("is_scalar_condition"):
+                test = f"_truth({conds[0]})"
+            else:
+                test = " and ".join(f"_nonempty({c})" for c in conds) or "True"
+            outer = [n for n in dict.fromkeys(_writes(sub)) if not sub_block.has_var(n)]
+            self.prepare(scope, outer, block, indent, what)
+            self.emit(indent, f"if {test}:")
+            self.emit(indent + 1, "pass")
+            self.plan(sub, scope.child(outer), indent + 1)
+        elif op.type == "while":
+            b = op.attr("sub_block")
+            sub, sub_block = subs[b], self.program.block(b)
+            cond = op.input("Condition")[0]
+            outer = [n for n in dict.fromkeys(_writes(sub)) if not sub_block.has_var(n)]
+            var = self.read(scope, cond, indent, what)
+            self.prepare(scope, outer, block, indent, what)
+            self.emit(indent, f"while _truth({var}):")
+            self.emit(indent + 1, "pass")
+            # a value the body may not have written yet is checked where the body reads it
+            self.plan(sub, scope.child(outer), indent + 1)
+        else:  # pragma: no cover - _refuse_step lets no other op through
+            raise AotError(f"{what}: not compiled ahead of time")
+
+    def read_maybe(self, scope, name, what: str):
+        """(variable, flag or None) of a value that may hold none (a branch that did not
+        run): select_input checks the one it picks."""
+        if name not in scope.vars:
+            raise AotError(f"{what} reads {name!r}, which no step computes")
+        return scope.vars[name], scope.flags.get(name)
+
+
+def _quote(s: str) -> str:
+    return s.replace("\\", "\\\\").replace("'", "\\'")
+
+
+@numba.njit(cache=False)
+def _truth(a):
+    """The one element of a condition as a bool (Paddle's scalar condition)."""
+    if a.size != 1:
+        raise ValueError("pdjit: a condition must hold exactly one element")
+    return bool(a.flat[0])
+
+
+@numba.njit(cache=False)
+def _nonempty(a):
+    return a.size != 0
+
+
+@numba.njit(cache=False)
+def _index(a, n):
+    """The mask of select_input/select_output: one integer in [0, n)."""
+    if a.size != 1:
+        raise ValueError("pdjit: a mask must hold exactly one element")
+    i = int(a.flat[0])
+    if i < 0 or i >= n:
+        raise ValueError("pdjit: a mask is out of range")
+    return i
+
+
+def _entry(program, plan, spec, values):
     """The entry function (compiled below) and its argument types."""
     from numba.core import types as nt
 
-    local: dict = {}
-    ns = {"numba": numba, "np": np}
-    args, argtypes, body = [], [], []
-
-    def fresh(name):
-        local[name] = f"v{len(local)}"
-        return local[name]
+    gen = _Entry(program)
+    top = _Scope({}, {})
+    args, argtypes = [], []
 
     for k, (name, dtype, shape) in enumerate(spec.inputs):
         dims = [f"n{k}_{d}" for d in range(len(shape))]
         args += [f"p{k}"] + dims
         argtypes += [pointer(dtype)] + [nt.int64] * len(shape)
-        body.append(f"{fresh(name)} = numba.carray(p{k}, ({''.join(d + ', ' for d in dims)}))")
+        gen.write(top, name, f"numba.carray(p{k}, ({''.join(d + ', ' for d in dims)}))", 1)
     for k, (name, value) in enumerate(values):
         args.append(f"w{k}")
         argtypes.append(pointer(value.dtype))
         dims = "".join(f"{int(d)}, " for d in value.shape)
-        body.append(f"{fresh(name)} = numba.carray(w{k}, ({dims}))")
-    for j, step in enumerate(plan.steps):
-        ns[f"S{j}"] = step.native.fn
-        missing = [n for n in step.args if n not in local]
-        if missing:
-            raise AotError(f"step {j} ({step.ops[0][0].type}) reads {missing[0]!r}, which is "
-                           "neither fed, a parameter nor computed before it")
-        body.append(f"r{j} = S{j}({', '.join(local[n] for n in step.args)})")
-        for i, n in enumerate(step.outputs):
-            body.append(f"{fresh(n)} = r{j}[{i}]")
+        gen.write(top, name, f"numba.carray(w{k}, ({dims}))", 1)
+    gen.plan(plan, top, 1)
+    body = []
+    outs = [gen.read(top, name, 1, f"output {name!r}") if name in top.vars else None
+            for name, _, _ in spec.outputs]
     meta_len = max(1, sum(len(s) for _, _, s in spec.outputs))
     body.append(f"mt = numba.carray(meta, ({meta_len},))")
     body.append("big = False")
     k = 0
     for i, (name, dtype, shape) in enumerate(spec.outputs):
-        if name not in local:
+        if outs[i] is None:
             raise AotError(f"output {name!r}: nothing computes it")
         args += [f"q{i}", f"c{i}"]
         argtypes += [pointer(dtype), nt.int64]
-        o = local[name]
+        o = outs[i]
         if len(shape):
             body.append(f"if {o}.ndim != {len(shape)}:")
             body.append("    return 2")
@@ -231,17 +473,18 @@ def _entry(plan, spec, values, feed_names):
         body.append("    big = True")
     body.append("if big:")
     body.append("    return 3")
-    for i, (name, _, _) in enumerate(spec.outputs):
-        o = local[name]
+    for i, o in enumerate(outs):
         body.append(f"d{i} = numba.carray(q{i}, ({o}.size,))")
         body.append(f"for t, x in enumerate({o}.flat):")
         body.append(f"    d{i}[t] = x")
     body.append("return 0")
     args.append("meta")
     argtypes.append(nt.CPointer(nt.int64))
-    src = f"def entry({', '.join(args)}):\n" + "".join(f"    {line}\n" for line in body)
-    exec(compile(src, "<pdjit aot entry>", "exec"), ns)  # noqa: S102
-    return ns["entry"], argtypes
+    src = f"def entry({', '.join(args)}):\n" + "".join(f"{line}\n" for line in gen.lines) + \
+        "".join(f"    {line}\n" for line in body)
+    exec(compile(src, "<pdjit aot entry>", "exec"), gen.ns)  # noqa: S102
+    gen.ns["entry"].pdjit_source = src
+    return gen.ns["entry"], argtypes
 
 
 def _culprit(plan, exc) -> str:
@@ -251,9 +494,11 @@ def _culprit(plan, exc) -> str:
                   "Failed in nopython" not in ln), type(exc).__name__)
     first = re.sub(r"\x1b\[[0-9;]*m", "", first)
     for m in re.finditer(r'(pdjit_gen_[0-9a-f]+)\.py", line (\d+)', text):
-        for step in plan.steps:
-            if step.native is not None and step.native.name == m.group(1):
-                lines = step.native.text.splitlines()[:int(m.group(2))]
+        for step in plan.walk():   # sub-blocks' steps too
+            code = getattr(step, "native", None) if step.kind == "native" else \
+                getattr(step, "compiled", None)
+            if code is not None and code.name == m.group(1):
+                lines = code.text.splitlines()[:int(m.group(2))]
                 group = next((ln.strip() for ln in reversed(lines)
                               if ln.strip().startswith("# group ")), None)
                 if group is not None:

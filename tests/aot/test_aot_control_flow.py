@@ -1,0 +1,268 @@
+"""Control flow compiled ahead of time (``pdjit.aot``): ``while`` and ``cond`` sub-blocks run as
+native code driven from the artifact's entry.
+
+Two models, each compiled once per module: the corpus's ``cond_while`` (a ``while`` that runs as
+one native loop, then ``cond``: two ``conditional_block``s and a ``select_input``) and a model
+built here with pdjit's Fluid API whose ``while_loop`` has a ``cond`` in its body (the loop is
+driven by the entry itself: evaluate the condition, run the body's steps, repeat) and whose
+trip count depends on the input. Oracles: the JIT executor in strict mode (bit-identical: the
+artifact is built for this CPU and links the same BLAS), PaddlePaddle's stored outputs, and
+NumPy written here for the branch each input takes and the trip count.
+"""
+import subprocess
+
+import numpy as np
+import pytest
+from test_aot_models import MODELS, _cases, _import_artifact, pytestmark  # noqa: F401
+
+
+def _cond_while_numpy(x, params):
+    """cond_while's program in NumPy: three iterations of ``x = tanh(x @ w + b)``, then
+    ``2x + 0.5`` if ``mean(x) > 0`` else ``relu(x) - 1``; fc and softmax. Returns (the branch
+    taken, the probabilities)."""
+    w, b = params["create_parameter_0.w_0"], params["create_parameter_1.b_0"]
+    for _ in range(3):
+        x = np.tanh(x @ w + b)
+    taken = bool(x.mean() > 0)
+    y = 2 * x + 0.5 if taken else np.maximum(x, 0) - 1
+    z = y @ params["fc_0.w_0"] + params["fc_0.b_0"]
+    e = np.exp(z - z.max(axis=1, keepdims=True))
+    return taken, e / e.sum(axis=1, keepdims=True)
+
+
+def _build_nested(path):
+    """A ``while_loop`` whose trip count depends on the input (halve-ish ``h`` while its mean
+    absolute value exceeds 0.1, at most 12 times), with a ``cond`` in its body (the factor
+    depends on the sign of ``sum(h)``), then fc and softmax. Fetches the probabilities and the
+    trip count."""
+    import pdjit as fluid
+    from pdjit import layers as L
+
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup):
+        x = L.data("x", [4], dtype="float32")
+        i = L.fill_constant([1], "int64", 0)
+        cap = L.fill_constant([1], "int64", 12)
+        thr = L.fill_constant([1], "float32", 0.1)
+        zero = L.fill_constant([1], "float32", 0.0)
+
+        def cond(i, h):
+            return L.logical_and(L.less_than(i, cap),
+                                 L.greater_than(L.reduce_mean(L.abs(h), dim=[0, 1],
+                                                              keep_dim=False), thr))
+
+        def body(i, h):
+            s = L.reduce_sum(h, dim=[0, 1])
+            h2 = L.cond(L.greater_than(s, zero), lambda: L.scale(h, 0.5),
+                        lambda: L.scale(h, 0.75))
+            return [L.increment(i, in_place=False), h2]
+
+        n, h = L.while_loop(cond, body, [i, x])
+        out = L.softmax(L.fc(h, 3))
+    exe = fluid.Executor(fluid.CPUPlace())
+    exe.run(startup)
+    fluid.io.save_inference_model(str(path), ["x"], [out, n], exe, main_program=main)
+    return main
+
+
+def _nested_numpy(x, params):
+    """The nested model in NumPy: (trip count, the sign of each iteration's sum, output)."""
+    h, n, signs = x.astype(np.float32), 0, []
+    while n < 12 and np.abs(h).mean() > np.float32(0.1):
+        positive = bool(h.sum() > 0)
+        signs.append(positive)
+        h = h * np.float32(0.5 if positive else 0.75)
+        n += 1
+    (w,) = [v for k, v in params.items() if v.ndim == 2]
+    (b,) = [v for k, v in params.items() if v.ndim == 1]
+    z = h @ w + b
+    e = np.exp(z - z.max(axis=1, keepdims=True))
+    return n, signs, e / e.sum(axis=1, keepdims=True)
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """{name: (artifact dir, loaded model module, the model's parameters)} for both models."""
+    from pdjit.aot import compile_model
+    from pdjit.io.inference import load_model
+
+    out = {}
+    d = tmp_path_factory.mktemp("aot_cond_while")
+    compile_model(str(MODELS / "cond_while"), str(d), batch=2)
+    out["cond_while"] = (d, _import_artifact(d, "aot_cond_while_artifact"),
+                         load_model(str(MODELS / "cond_while")).params, str(MODELS / "cond_while"))
+    src = tmp_path_factory.mktemp("nested_model") / "m"
+    _build_nested(src)
+    d = tmp_path_factory.mktemp("aot_nested")
+    compile_model(str(src), str(d), batch=2)
+    out["nested"] = (d, _import_artifact(d, "aot_nested_artifact"), load_model(str(src)).params,
+                     str(src))
+    return out
+
+
+@pytest.fixture(scope="module")
+def jit(built):
+    """``run(name, feed) -> outputs`` through the JIT executor, strict (a native step that falls
+    back to the references fails)."""
+    import pdjit as fluid
+    from pdjit.io.inference import load_inference_model as load_dir
+    from pdjit.static import load_inference_model
+
+    exe = fluid.Executor(fluid.CPUPlace(), strict=True)
+    loaded = {}
+    for name, (_, _, _, where) in built.items():   # a scope each: their parameters' names clash
+        scope = fluid.Scope()
+        load = load_dir if name == "nested" else load_inference_model
+        loaded[name] = (load(where, exe, scope=scope), scope)
+
+    def run(name, feed):
+        (prog, _, fetches), scope = loaded[name]
+        return exe.run(prog, feed=feed, fetch_list=fetches, scope=scope)
+    return run
+
+
+def test_the_plans_have_control_flow_and_only_native_code():
+    """What the artifact is built from: cond_while's loop is one native function, its branches'
+    plans are native steps, and the nested model's loop is driven (a body with a ``cond``)."""
+    from pdjit.aot import build
+    from pdjit.io.inference import load_model
+    from pdjit.passes.inference import optimize
+
+    m = load_model(str(MODELS / "cond_while"))
+    program, _ = optimize(m.program, m.params)
+    with build._one_thread():
+        plan = build._build_plans(program, m.fetch_names)
+    kinds = [(s.kind, s.op.type if s.kind == "reference" else s.ops[0][0].type)
+             for s in plan.steps]
+    assert ("native_loop", "while") in kinds
+    assert kinds.count(("reference", "conditional_block")) == 2
+    assert ("reference", "select_input") in kinds
+    subs = [sub for s in plan.steps if s.kind == "reference" for _, sub in s.sub_plans]
+    assert len(subs) == 2 and all(t.kind == "native" and t.native is not None
+                                  for sub in subs for t in sub.steps)
+    assert all(build._refuse_step(s) is None for s in plan.steps)
+
+
+def test_libraries_need_no_python_or_numba(built):
+    """The control flow is in the native library: nothing in it calls back into Python or
+    Numba's runtime."""
+    for d, _, _, _ in built.values():
+        out = subprocess.run(["nm", "-D", "--undefined-only", str(d / "libmodel.so")],
+                             capture_output=True, text=True, check=True).stdout
+        names = [line.split()[-1] for line in out.splitlines() if line.strip()]
+        assert not [n for n in names if n.startswith(("Py", "_Py", "numba_", "NRT_"))], names
+
+
+def test_cond_while_equals_jit_paddle_and_numpy(built, jit):
+    _, mod, params, _ = built["cond_while"]
+    model = mod.load()
+    taken = set()
+    for feed, want in _cases("cond_while"):   # Paddle's inputs take both branches
+        (got,) = model.run(feed)
+        (ref,) = jit("cond_while", feed)
+        branch, np_out = _cond_while_numpy(feed["x"], params)
+        taken.add(branch)
+        assert np.array_equal(got, ref)
+        np.testing.assert_allclose(got, want["softmax_0.tmp_0"], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got, np_out, rtol=1e-5, atol=1e-6)
+    assert taken == {True, False}
+    rng = np.random.default_rng(0)
+    for batch in (1, 7, 64):   # 64: larger than the arena was sized for
+        taken = {}   # the first random input that takes each branch (by the NumPy oracle)
+        while len(taken) < 2:
+            x = (rng.standard_normal((batch, 4)) * 2).astype(np.float32)
+            taken.setdefault(_cond_while_numpy(x, params)[0], x)
+        for branch, x in taken.items():
+            (got,) = model.run({"x": x})
+            (ref,) = jit("cond_while", {"x": x})
+            assert got.shape == (batch, 3) and np.array_equal(got, ref), (batch, branch)
+            np.testing.assert_allclose(got, _cond_while_numpy(x, params)[1], rtol=1e-5,
+                                       atol=1e-6)
+
+
+def _nested_inputs():
+    """Inputs with different trip counts and branch sequences (checked against NumPy)."""
+    rng = np.random.default_rng(5)
+    xs = [np.full((1, 4), 0.05, np.float32),                      # no iteration at all
+          np.full((2, 4), 0.3, np.float32),                       # positive sums only
+          np.full((3, 4), -0.3, np.float32),                      # negative sums only
+          np.array([[4.0, -3.0, 0.5, -1.6]], np.float32),         # both, switching
+          rng.standard_normal((5, 4)).astype(np.float32) * 8,     # hits the cap of 12
+          rng.standard_normal((64, 4)).astype(np.float32)]
+    return xs
+
+
+def test_nested_while_cond_equals_jit_and_numpy(built, jit):
+    _, mod, params, _ = built["nested"]
+    model = mod.load()
+    assert model.output_dtypes[1] == np.dtype("int64")
+    trips, seen = set(), set()
+    for x in _nested_inputs():
+        got = model.run({"x": x})
+        ref = jit("nested", {"x": x})
+        n, signs, np_out = _nested_numpy(x, params)
+        trips.add(n)
+        seen.update(signs)
+        assert int(got[1].reshape(-1)[0]) == n
+        for g, r in zip(got, ref):
+            assert g.dtype == r.dtype and np.array_equal(g, r), (x.shape, n)
+        np.testing.assert_allclose(got[0], np_out, rtol=1e-5, atol=1e-6)
+    assert {0, 12} <= trips and len(trips) >= 4 and seen == {True, False}
+
+
+def test_example_c_takes_each_branch(built, jit):
+    """``example.c`` built with the issue's command runs both artifacts on ``.npy`` inputs that
+    take each branch; its printed values are the JIT's."""
+    for name, xs in (("cond_while", [c[0]["x"] for c in _cases("cond_while")]),
+                     ("nested", _nested_inputs()[:4])):
+        d, _, _, _ = built[name]
+        subprocess.run("cc -O2 -I. example.c -L. -lmodel -Wl,-rpath,'$ORIGIN' -o example",
+                       shell=True, cwd=d, check=True, capture_output=True)
+        r = subprocess.run([str(d / "example")], cwd="/", capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0, r.stderr
+        for k, x in enumerate(xs):
+            path = d / f"x{k}.npy"
+            np.save(path, x)
+            r = subprocess.run([str(d / "example"), str(path)], capture_output=True, text=True,
+                               timeout=60)
+            assert r.returncode == 0, (name, k, r.stderr)
+            lines = [ln for ln in r.stdout.splitlines() if ln.startswith("output ")]
+            ref = jit(name, {"x": x})
+            assert len(lines) == len(ref)
+            for line, want in zip(lines, ref):
+                assert f"[{', '.join(str(s) for s in want.shape)}]" in line, line
+                first = np.array([float(v) for v in line.split(":")[-1].split()])
+                np.testing.assert_allclose(first, want.ravel()[:first.size], rtol=1e-5)
+
+
+def test_bad_inputs_still_errors(built):
+    """A wrong input through the loader of a control-flow artifact: an error, and the instance
+    keeps working."""
+    _, mod, _, _ = built["nested"]
+    model = mod.load()
+    with pytest.raises(mod.ModelError, match="dim 1 expected 4, got 3"):
+        model.run({"x": np.ones((2, 3), np.float32)})
+    assert model.run({"x": np.full((2, 4), 0.3, np.float32)})[1].reshape(-1)[0] == 2
+
+
+def test_still_refused_op_is_named(tmp_path):
+    """An op in a branch that has no ahead-of-time code keeps the refusal naming it, and the
+    block and control-flow op it sits in."""
+    import pdjit as fluid
+    from pdjit import layers as L
+    from pdjit.aot import AotError, compile_model
+
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup):
+        x = L.data("x", [4], dtype="float32")
+        pred = L.greater_than(L.reduce_sum(x, dim=[0, 1]), L.fill_constant([1], "float32", 0))
+        out = L.cond(pred, lambda: L.elementwise_add(x, L.gaussian_random([4], seed=0)),
+                     lambda: L.scale(x, 2.0))
+    exe = fluid.Executor(fluid.CPUPlace())
+    exe.run(startup)
+    fluid.io.save_inference_model(str(tmp_path / "m"), ["x"], [out], exe, main_program=main)
+    with pytest.raises(AotError, match=r"op 'gaussian_random'.*in block \d+ of op "
+                                       r"'conditional_block'"):
+        compile_model(str(tmp_path / "m"), str(tmp_path / "out"))
+    assert not (tmp_path / "out" / "libmodel.so").exists()
