@@ -235,14 +235,16 @@ INPLACE_FORMS = ("flat", "row", "mid")
 
 # ---- call sites --------------------------------------------------------------------------------
 def call_site(k: LoopKernel, fresh, flats: dict, leaves: list, stores: list,
-              red_out: str | None, params: list, kname: str, pname: str | None = None) -> list:
+              red_out: str | None, params: list, kname: str, pname: str | None = None,
+              alloc: str = "np.empty") -> list:
     """Lines that compute the run-time iteration shape, check it, allocate the outputs (locals
     ``stores`` and ``red_out``, in the order of ``k.stores``), and call the kernel global
     ``kname`` (``pname``: its parallel variant, called above the size threshold). ``leaves``:
     the local arrays of ``k.leaves``; ``params``: the parameters' sources; ``fresh(hint)`` gives
     new local names; ``flats`` maps a local to the local of its 1-D view (read and extended:
     each view is made once per driver). With ``kname=None``: ``(lines, arguments)`` without
-    the call."""
+    the call. ``alloc``: the function that allocates the outputs (another target's device
+    allocation: the ``cuda`` target reuses these lines)."""
     sh = fresh("sh")
     lines = []
 
@@ -289,16 +291,16 @@ def call_site(k: LoopKernel, fresh, flats: dict, leaves: list, stores: list,
     if is_flat:  # outputs allocated flat, viewed with their shape
         out_args = [fresh("o") for _ in outs]
         for loc, o, (_, t, _) in zip(stores, out_args, k.stores):
-            lines += [f"{o} = np.empty({leaves[first]}.size, {t})", f"{loc} = {o}.reshape({sh})"]
+            lines += [f"{o} = {alloc}({leaves[first]}.size, {t})", f"{loc} = {o}.reshape({sh})"]
             flats[loc] = o
     else:
         out_args = outs
         for loc, (_, t, _) in zip(stores, k.stores):
-            lines.append(f"{loc} = np.empty({sh}, {t})")
+            lines.append(f"{loc} = {alloc}({sh}, {t})")
     if red is not None:
         dims = [("1" if red.keep_dim else None) if d in red.axes else f"{sh}[{d}]"
                 for d in range(k.rank)]
-        lines.append(f"{red_out} = np.empty((" + "".join(f"{d}, " for d in dims if d) +
+        lines.append(f"{red_out} = {alloc}((" + "".join(f"{d}, " for d in dims if d) +
                      f"), {red.dtype})")
         if is_flat:
             lines.append(f"{out_args[-1]} = {red_out}.reshape({red_out}.size)")
@@ -442,8 +444,12 @@ class HostDriver:
                             if line.lstrip().startswith("# group ")]
         self._build()
 
+    def _namespace(self) -> dict:
+        """The globals the driver runs with (a target's driver gives its own launchers)."""
+        return {"np": np, "math": math, "_rt": _HOST_RT, "_nn": nnlib, "_mp": memplan}
+
     def _build(self) -> None:
-        ns = {"np": np, "math": math, "_rt": _HOST_RT, "_nn": nnlib, "_mp": memplan}
+        ns = self._namespace()
         ns.update({g: c.fn for g, c in self.calls})
         ns.update({g: _LazyKernel(src) for g, src in self.lazy})
         exec(compile(self.source, self.filename, "exec"), ns)  # noqa: S102

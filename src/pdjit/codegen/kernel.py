@@ -52,6 +52,9 @@ class ReduceSpec:
     x: str                 # the scalar expression reduced
     cone: frozenset = frozenset()   # leaf ids ``x`` depends on
     identity: bool = True  # False: an empty extent into a non-empty output is an error
+    # ``combine`` over two partial results ``{acc}`` and ``{x}`` (a target that reduces in
+    # parallel merges its partials with it; the CPU's loops never do)
+    merge: str = ""
 
 
 @dataclass

@@ -43,6 +43,7 @@ from pdjit.codegen.targets import get_target
 from pdjit.framework import registry
 from pdjit.framework.errors import ShapeMismatch
 from pdjit.passes.fusion import (
+    ELEMENTWISE,
     OPAQUE,
     REDUCTION,
     ROW_PROLOGUE,
@@ -110,6 +111,12 @@ class LowerContext:
         fed = prologue.name if prologue is not None else None
         self._inputs = {n: gen.read(n) for n in self.op.input_arg_names
                         if n != registry.EMPTY_VAR_NAME and n != fed}
+
+    @property
+    def target(self) -> str:
+        """The name of the target the lines are for (``cpu``, ``cuda``): a lowering written
+        for several targets (``Opaque.targets``) gives each its own lines."""
+        return self.gen.target.NAME if hasattr(self.gen, "target") else self.gen.gen.target.NAME
 
     def has_input(self, slot: str) -> bool:
         return bool([n for n in self.op.input(slot) if n != registry.EMPTY_VAR_NAME])
@@ -222,6 +229,11 @@ class LowerContext:
         return RowInput([f"{x2} = {self.as_rows(X, r)}"], f"{X}.shape", f"{x2}.shape[0]",
                         f"{x2}.shape[1]", lambda i: [],
                         lambda i, j, var: [f"{var} = {x2}[{i}, {j}]"])
+
+    def device_kernel(self, source: str) -> str:
+        """The global name under which the driver launches ``source`` (``def kernel(...)``),
+        compiled by the plan's target (a device target's lowering: its own kernels)."""
+        return self.gen._kernel(source)
 
     def lod(self, slot: str, level: int = -1, i: int = 0, optional: bool = False) -> str:
         """The local name of an ``int64`` array of the offsets of input ``slot``'s LoD at
@@ -460,6 +472,7 @@ class SegmentGen:
         self.calls: list = []         # (global name, Compiled)
         self.lazy: list = []          # (global name, kernel source): parallel variants
         self.jobs: list = []          # (Compiled, predicted argument types): see precompile
+        self.device_jobs: list = []   # the same, of a target that compiles at first launch
         self.meta: dict = {}          # local -> (dtype, ndim) it will hold
         self.flats: dict = {}         # local -> a local holding its 1-D view
         self.labels: dict = {}        # local -> the env name whose value it holds
@@ -517,7 +530,8 @@ class SegmentGen:
     def define_out(self, name: str, shape: str, dtype: str, zero: bool) -> str:
         """An output allocated here (host lines write into it)."""
         local = self.define(name)
-        self.emit(f"{local} = np.{'zeros' if zero else 'empty'}({shape}, {dtype})")
+        mod = "np" if self.target.NAME == "cpu" else "_cu"  # a device target allocates there
+        self.emit(f"{local} = {mod}.{'zeros' if zero else 'empty'}({shape}, {dtype})")
         return local
 
     def emit(self, line: str, indent: int = 1) -> None:
@@ -538,7 +552,10 @@ class SegmentGen:
         compiled = compile_function(source, "kernel", parallel=parallel,
                                     target=self.target.NAME)
         if argtypes is not None:
-            self.jobs.append((compiled, tuple(argtypes)))
+            if getattr(self.target, "PRECOMPILE", True):
+                self.jobs.append((compiled, tuple(argtypes)))
+            else:  # compiled at the first launch; the types are kept (PTX checks)
+                self.device_jobs.append((compiled, tuple(argtypes)))
         g = self._globals.get(compiled.name)
         if g is None:
             g = self._globals[compiled.name] = f"K{len(self.calls)}"
@@ -607,7 +624,9 @@ class SegmentGen:
         node = group.nodes[-1]
         if len(group.nodes) > 1:  # an elementwise chain feeding a row-wise op, in its loop
             return self._opaque_prologue(group)
-        if node.lowering.host:  # library calls and views: lines of the driver itself
+        # library calls and views: lines of the driver itself (on a device target every
+        # opaque lowering is: its lines launch the target's library kernels)
+        if node.lowering.host or self.target.NAME != "cpu":
             lines = _lowered(node, LowerContext(self, node))
             if lines is None:
                 raise Declined(node.op)
@@ -627,6 +646,11 @@ class SegmentGen:
         kernel, the chain evaluated per element inside the op's first pass over each row."""
         node = group.nodes[-1]
         chain = group.nodes[:-1]
+        if self.target.NAME != "cpu":  # the chain as a kernel of its own, then the op
+            name = [n for n in node.op.input_arg_names if n in
+                    {o for c in chain for o in c.op.output_arg_names}]
+            self._loop_group(Group(ELEMENTWISE, chain, group.shape, stored=name))
+            return self._opaque(Group(OPAQUE, [node]))
         slot = getattr(node.lowering.lower, ROW_PROLOGUE)(
             registry.get(node.op.type).attr_values(node.op.all_attrs()), len(group.shape))
         name = node.op.input(slot)[0]
@@ -758,7 +782,8 @@ class SegmentGen:
             spec = ReduceSpec(red.init.format(T=t),
                               red.combine.format(acc="{acc}", x=x_expr, T=t),
                               red.finalize.format(acc="{acc}", n="{n}", T=t),
-                              axes, red.keep_dim, t, x_expr, x_cone, red.identity)
+                              axes, red.keep_dim, t, x_expr, x_cone, red.identity,
+                              red.combine.format(acc="{acc}", x="{x}", T=t))
         kernel = LoopKernel(rank, leaves, body, stores, len(params), reduce=spec)
         kernel.form = choose_form(kernel, row_ranks)
         self.emit(f"# form {kernel.form}")
@@ -767,7 +792,7 @@ class SegmentGen:
         argtypes = None if unknown else self.target.argtypes(kernel, leaf_dtypes)
         kname = self._kernel(self.target.render(kernel), argtypes=argtypes)
         pname = None
-        if kernel.form in FLAT_FORMS:
+        if kernel.form in FLAT_FORMS and getattr(self.target, "PARALLEL_VARIANTS", True):
             if self.native and self.parallel:
                 kname = self._kernel(self.target.render(kernel, parallel=True), parallel=True)
                 self.uses_prange = True

@@ -31,7 +31,7 @@ from pdjit.framework.errors import PdjitError
 from pdjit.framework.program import Block, Program, default_main_program
 from pdjit.passes import verify
 from pdjit.proto import framework_pb2 as pb
-from pdjit.runtime import checks, feed_fetch, interpreter, reader, threads
+from pdjit.runtime import checks, device, feed_fetch, interpreter, reader, threads
 from pdjit.runtime.checks import env_flag
 from pdjit.runtime.context import Env
 from pdjit.runtime.place import CPUPlace, Place
@@ -89,9 +89,8 @@ class Executor:
         self.place = place if place is not None else CPUPlace()
         if not isinstance(self.place, Place):
             raise TypeError(f"Executor: place must be CPUPlace() or CUDAPlace(i), got {place!r}")
-        if self.place.kind != "cpu":
-            raise NotImplementedError(f"Executor: {self.place!r} is not supported yet; use "
-                                      f"CPUPlace()")
+        if self.place.kind == "cuda":  # the cuda target (a GPU, or the CUDA simulator)
+            device.require(f"Executor({self.place!r})")
         self.mode = mode.lower() if mode else _default_mode()
         self.memory_optim = bool(memory_optim) if memory_optim is not None else \
             _default_memory_optim()
@@ -160,7 +159,10 @@ class Executor:
         counts[self._kind] = run_index + 1
         env = Env(scope, gb, fetched_scopes=run.fetched_scopes)
         values = env.values
+        on_device = self.place.kind == "cuda" and self.mode == "compiled"
         for name, value in zip(run.feed_names, feed_values):
+            if on_device and type(value) is np.ndarray:  # copied in once
+                value = device.to_device(value)
             values[name] = value
         if plan is not None:
             if plan.blas:
@@ -195,7 +197,7 @@ class Executor:
                                                sub_plan=self._block_plan, place=self.place,
                                                memory_optim=self.memory_optim,
                                                native_drivers=self.native_drivers,
-                                               checks=self.checks))
+                                               checks=self.checks, strict=self.strict))
 
     def _block_plan(self, block: Block, scopes: tuple = ()):
         """The compiled plan of a sub-block, built once per program content (and per set of
@@ -205,7 +207,7 @@ class Executor:
                                                sub_plan=self._block_plan, place=self.place,
                                                memory_optim=self.memory_optim,
                                                native_drivers=self.native_drivers,
-                                               checks=self.checks))
+                                               checks=self.checks, strict=self.strict))
 
     def _cached(self, program: Program, key, build):
         """``build()``'s result, kept on ``program`` under its content key (computed once per
@@ -254,7 +256,10 @@ class Executor:
 
     # -- interpretation -------------------------------------------------------------------------
     # the reference interpreter (pdjit.runtime.interpreter): one op with its NumPy reference
-    _run_op = interpreter.run_op
+    def _run_op(self, op, op_idx: int, env: Env, run_index: int) -> None:
+        if self.place.kind == "cuda":
+            _inputs_to_host(op, env)
+        interpreter.run_op(self, op, op_idx, env, run_index)
 
     def _run_block(self, block: Block, env: Env, run_index: int) -> None:
         if self.mode == "compiled" and block.idx != 0:  # a sub-block: its own compiled plan
@@ -265,6 +270,21 @@ class Executor:
             if opdef is not None and opdef.has(registry.FEED_FETCH):
                 continue  # the run binds feeds and reads fetches by name
             self._run_op(op, op_idx, env, run_index)
+
+def _inputs_to_host(op, env: Env) -> None:
+    """Before ``op`` runs on the host (its reference), its inputs that live on the device are
+    copied over (counted); control-flow ops see their values as they are (a ``while`` reads
+    its condition each iteration, its body's plan launches device kernels)."""
+    opdef = registry.lookup(op.type)
+    if opdef is None or opdef.has(registry.CONTROL_FLOW) or opdef.has(registry.FEED_FETCH):
+        return
+    for name in set(op.input_arg_names):
+        v = env.get(name)
+        if device.is_device_array(v):
+            env.set(name, device.to_host(v))
+        elif isinstance(v, LoDTensor) and device.is_device_array(v._array):
+            env.set(name, LoDTensor._wrap(device.to_host(v._array), v._lod))
+
 
 class _Owned:
     """A fetched array no one else holds: handed over without a copy."""
@@ -279,7 +299,13 @@ def _to_user(value, return_numpy: bool):
     (with an empty LoD for a dense value, as Fluid gives)."""
     if type(value) is _Owned:
         return value.array if return_numpy else LoDTensor._wrap(value.array, [])
+    if device.is_device_array(value):  # copied out (return_numpy=False: stays there)
+        return device.to_host(value) if return_numpy else LoDTensor._wrap(value, [])
     if isinstance(value, LoDTensor):
+        if device.is_device_array(value._array):
+            if return_numpy:
+                return device.to_host(value._array)
+            return value
         if return_numpy:
             return np.array(value, copy=True)
         return LoDTensor._wrap(np.array(value, copy=True), list(value._lod))

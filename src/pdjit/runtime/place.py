@@ -1,4 +1,5 @@
-"""Places: where a program runs. ``CPUPlace`` runs now; ``CUDAPlace`` names a GPU target."""
+"""Places: where a program runs. ``CPUPlace`` runs on the ``cpu`` target, ``CUDAPlace`` on the
+``cuda`` target (``numba.cuda``: a GPU, or the CUDA simulator)."""
 from __future__ import annotations
 
 
@@ -39,6 +40,11 @@ class CUDAPinnedPlace(Place):
 
 
 def is_compiled_with_cuda() -> bool:
-    """Whether this installation can run programs on ``CUDAPlace``: not yet (the CUDA target
-    is being built), so Fluid scripts that test it take their CPU path."""
-    return False
+    """Whether this installation runs programs on a CUDA GPU: ``numba.cuda`` imports and finds
+    a GPU with its driver. The CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``) does not count: it
+    runs ``CUDAPlace`` programs (that is how the cuda target is tested without a GPU) but
+    thousands of times slower, so a Fluid script that picks its place with this function stays
+    on the CPU there; tests ask for ``CUDAPlace(0)`` explicitly."""
+    from pdjit.runtime import device
+
+    return device.available() and not device.simulator()

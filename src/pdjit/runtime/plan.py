@@ -55,7 +55,7 @@ from pdjit.passes.fusion import live_names, partition
 from pdjit.passes.prune import prune
 from pdjit.proto import framework_pb2 as pb
 from pdjit.runtime import checks as run_checks
-from pdjit.runtime import memory, threads
+from pdjit.runtime import device, memory, threads
 from pdjit.runtime.context import RunContext, StepScopes
 from pdjit.runtime.lod_flow import LoDFlow, LoDUnavailable
 from pdjit.runtime.tensor import LoDTensor
@@ -267,6 +267,71 @@ class NativeStep:
         return f"native {self.compiled.name}: {self.description}{tail}"
 
 
+class DeviceStep(NativeStep):
+    """A native step of the ``cuda`` target: its driver launches device kernels on device
+    arrays. A host input (a feed, the output of an op that ran on the host, a parameter the
+    startup program made) is copied to the device once and the device copy replaces it in the
+    env, so later steps, and the Scope after the run, hold the device array; outputs stay on
+    the device (``pdjit.runtime.device`` counts every copy)."""
+
+    def __init__(self, compiled, args, expected, outputs, ops, description, lod_requests=(),
+                 *rest, **kw):
+        super().__init__(compiled, args, expected, outputs, ops, description, lod_requests,
+                         *rest, **kw)
+        self.lod_requests_any = bool(lod_requests)
+
+    def run(self, executor, env, run_index) -> None:
+        values = []
+        get = env.get
+        for name, (dtype, ndim) in zip(self.args, self.expected):
+            a = get(name)
+            if isinstance(a, LoDTensor):
+                if a._array is None or a._lod:
+                    return self._fallback(executor, env, run_index, self._reader(name),
+                                          f"input {name!r} is a LoDTensor: LoD offsets are "
+                                          f"not on the device yet")
+                a = a._array
+            on_device = device.is_device_array(a)
+            if not on_device and type(a) is not np.ndarray:
+                return self._fallback(executor, env, run_index, self._reader(name),
+                                      f"input {name!r} holds {type(a).__name__}, not a dense "
+                                      f"tensor")
+            if np.dtype(a.dtype) != dtype or a.ndim != ndim:
+                return self._fallback(executor, env, run_index, self._reader(name),
+                                      f"input {name!r} is {np.dtype(a.dtype)} of rank {a.ndim}; "
+                                      f"the plan was built for {np.dtype(dtype)} of rank {ndim}")
+            if not on_device:  # copied once: the device copy serves every later reader
+                a = device.to_device(a)
+                env.set(name, a)
+            values.append(a)
+        if self.guard is not None:
+            self.guard.check(values)
+        if self.retired is not None:
+            return self._fallback(executor, env, run_index, self.ops[0],
+                                  f"its native code was given up: {self.retired}")
+        if self.lod_requests_any:
+            return self._fallback(executor, env, run_index, self.ops[0],
+                                  "LoD offsets are not on the device yet")
+        if self.rng_ops:
+            values += [np.uint64(RunContext(executor, env, op, i, run_index).rng_key())
+                       for op, i in self.rng_ops]
+        try:
+            results = self.compiled.fn(*values)
+        except NumbaError as e:  # the code does not compile: never try again (it is slow)
+            self.retired = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+            return self._fallback(executor, env, run_index, self._failing(e),
+                                  f"its device code does not compile ({self.retired})")
+        except Exception as e:  # noqa: BLE001 - any failure: the references say what it was
+            return self._fallback(executor, env, run_index, self._failing(e),
+                                  f"{type(e).__name__}: {e}")
+        set_ = env.set
+        for name, value in zip(self.outputs, results):
+            set_(name, value)
+
+    def describe(self) -> str:
+        return "device " + super().describe()
+
+
 class LoopStep(NativeStep):
     """A loop op run as one native function (``pdjit.codegen.loops``): the condition and the
     body run in native code, no Python per iteration. Any mismatch or failure re-runs the loop
@@ -385,7 +450,7 @@ class Plan:
 
 def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None,
                memory_optim: bool = False, native_drivers: bool = False,
-               checks=None) -> Plan:
+               checks=None, strict: bool = False) -> Plan:
     """Lower one block of ``program`` into a plan: the global block (feed/fetch ops excluded)
     unless ``block`` is given. ``sub_plan(block) -> Plan`` gives the plans of control-flow ops'
     sub-blocks (None: not shown). Live after the block: ``fetch_names``, persistables, names any
@@ -396,10 +461,14 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None,
     native step also gets its driver as one compiled function, and runs whichever of the two
     measures faster on its first runs of each batch size (``NativeStep``). ``checks``: the
     executor's ``pdjit.runtime.checks.Settings`` (NaN/Inf checking, the allocation limit; an
-    output whose size is known now and exceeds the limit is an error now)."""
+    output whose size is known now and exceeds the limit is an error now). ``strict``: on a
+    device target, an op that would run on the host although it has a lowering for the CPU
+    (none for this target) is an error (:class:`FallbackError`) rather than a warning."""
     t0 = time.perf_counter()
     checks = checks if checks is not None else run_checks.OFF
     target = target_name(place)
+    if target != "cpu":  # a device target: no host memory plan, no native drivers
+        memory_optim = native_drivers = False
     threads.ensure_applied()
     memory.tune_malloc()
     block = program.global_block() if block is None else block
@@ -442,6 +511,8 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None,
                 sources.append((compiled.name, compiled.text))
                 continue
             why = node.why_not + (f"; not a native loop: {why_not}" if why_not else "")
+            if target != "cpu":
+                why = _host_op(op, op_idx, target, why, strict)
             subs = [(b, sub_plan(program.block(b))) for b in op.sub_block_indices()] \
                 if sub_plan is not None else []
             steps.append(ReferenceStep(op, op_idx, why, subs))
@@ -453,7 +524,8 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None,
         groups = [[(op, index[id(op)]) for op in g.ops] for g in seg.groups]
         desc = "; ".join(g.describe() for g in seg.groups)
         step_ops = [o for g in groups for o in g]
-        steps.append(NativeStep(compiled, gen.args, gen.expected, gen.outputs,
+        step_cls = NativeStep if target == "cpu" else DeviceStep
+        steps.append(step_cls(compiled, gen.args, gen.expected, gen.outputs,
                                 step_ops, desc, gen.lod_requests, groups,
                                 native=native, batch_arg=_batch_arg(block, gen.args),
                                 params=_param_args(block, gen),
@@ -510,6 +582,30 @@ def _step_scopes_read(program, block, fetched=()) -> bool:
         n in scopes for b in program.blocks for op in b.ops for n in op.input_arg_names))
 
 
+def _host_op(op, op_idx: int, target: str, why: str, strict: bool) -> str:
+    """The reason a device plan runs ``op`` on the host; an op that has a CPU lowering but
+    none for ``target`` is named in a warning (once per op type), or refused in strict mode.
+    Ops that run their reference on every target (control flow, feed/fetch, random ops,
+    ops without any lowering) are not named."""
+    from pdjit.passes.fusion import REFERENCE, classify
+
+    opdef = registry.lookup(op.type)
+    by_design = opdef is None or any(opdef.has(t) for t in _BY_DESIGN)
+    if by_design or classify(op, "cpu").kind == REFERENCE:
+        return why
+    why = f"{why}: runs on the host, its inputs copied from the device"
+    if strict:
+        raise FallbackError(f"no {target} lowering: the op would run on the host (strict "
+                            f"mode)", op.type, op.block.idx, op_idx, op.location())
+    key = (op.type, target)
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(describe_op(op.type, op.block.idx, op_idx, op.location()) +
+                      f": no {target} lowering ({why})", FallbackWarning,
+                      stacklevel=user_stacklevel())
+    return why
+
+
 def _native_loop(program, op, target: str, fetched=()):
     """(LoopGen, "") when ``op`` is a loop that runs as one native function, else (None, why
     not; "" when it is no loop at all)."""
@@ -518,6 +614,9 @@ def _native_loop(program, op, target: str, fetched=()):
         return None, ""
     if os.environ.get("PDJIT_NATIVE_LOOPS", "1") == "0":
         return None, "PDJIT_NATIVE_LOOPS=0"
+    if target != "cpu":
+        return None, (f"the {target} target runs the loop on the host, launching the body's "
+                      f"kernels, reading the condition each iteration")
     return native_loop(program, op, target, parallel=threads.get_num_threads() > 1,
                        fetched=fetched)
 

@@ -1,0 +1,213 @@
+"""What the ``cuda`` target's host drivers call (``_cu`` in a driver): device allocation, launch
+configurations, and the library kernels of the opaque ops' cuda lowerings (GEMM, softmax rows,
+softmax with cross entropy rows).
+
+Launch configurations: elementwise kernels are grid-stride loops (:func:`grid`: enough blocks
+to cover the elements, at most :data:`MAX_BLOCKS`), reductions one block per output element
+(:func:`blocks`). Under the simulator every thread is a Python thread, so blocks are small and
+few there; the kernels are written for any configuration (grid-stride loops), and the tests
+run them with several iterations per thread.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import numpy as np
+from numba import cuda
+
+from pdjit.codegen import cpu
+
+SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM", "0").strip() not in ("", "0")
+#: threads per block of elementwise and reduction kernels
+TPB = 32 if SIMULATOR else 256
+#: at most this many blocks per grid-stride launch
+MAX_BLOCKS = 2 if SIMULATOR else 65535
+#: the GEMM's tile (TILE x TILE threads per block)
+TILE = 4 if SIMULATOR else 16
+
+
+def threads_per_block() -> int:
+    return TPB
+
+
+def grid(n: int) -> tuple:
+    """(blocks, threads) of a grid-stride launch over ``n`` elements."""
+    return (max(1, min(MAX_BLOCKS, -(-int(n) // TPB))), TPB)
+
+
+def blocks(nout: int) -> tuple:
+    """(blocks, threads) of a reduction: one block per output, grid-stride over outputs."""
+    return (max(1, min(MAX_BLOCKS, int(nout))), TPB)
+
+
+def empty(shape, dtype):
+    if isinstance(shape, (int, np.integer)):
+        shape = (int(shape),)
+    return cuda.device_array(tuple(int(d) for d in shape), dtype=np.dtype(dtype))
+
+
+def zeros(shape, dtype):
+    a = empty(shape, dtype)
+    if a.size:
+        _fill[grid(a.size)](a.reshape(a.size), 0)
+    return a
+
+
+@cuda.jit
+def _fill(a, v):
+    i = cuda.grid(1)
+    gs = cuda.gridsize(1)
+    while i < a.shape[0]:
+        a[i] = v
+        i += gs
+
+
+# ---- GEMM ----------------------------------------------------------------------------------------
+_GEMM: dict = {}
+
+
+def _gemm_kernel(dtype):
+    k = _GEMM.get(np.dtype(dtype))
+    if k is not None:
+        return k
+    nbtype = {np.dtype(np.float32): np.float32, np.dtype(np.float64): np.float64}[
+        np.dtype(dtype)]
+    tile = TILE
+
+    def gemm(A, B, C):
+        # C[M, N] = A[M, K] @ B[K, N]; A and B any strides (transposed views), tiles of A and
+        # B staged in shared memory
+        sa = cuda.shared.array((tile, tile), nbtype)
+        sb = cuda.shared.array((tile, tile), nbtype)
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        row = cuda.blockIdx.y * tile + ty
+        col = cuda.blockIdx.x * tile + tx
+        m = C.shape[0]
+        n = C.shape[1]
+        kk = A.shape[1]
+        acc = nbtype(0)
+        for t0 in range(0, kk, tile):
+            k = t0 + tx
+            sa[ty, tx] = A[row, k] if row < m and k < kk else nbtype(0)
+            k = t0 + ty
+            sb[ty, tx] = B[k, col] if col < n and k < kk else nbtype(0)
+            cuda.syncthreads()
+            for q in range(tile):
+                acc += sa[ty, q] * sb[q, tx]
+            cuda.syncthreads()
+        if row < m and col < n:
+            C[row, col] = acc
+
+    k = _GEMM[np.dtype(dtype)] = cuda.jit(gemm)
+    return k
+
+
+def gemm(a, b):
+    """``a @ b`` of two 2-D device arrays of one float dtype (transposed views welcome): a new
+    C-contiguous device array. The host driver's ``_rt.gemm`` on the cuda target."""
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+        raise ValueError(f"pdjit: gemm of shapes {tuple(a.shape)} and {tuple(b.shape)}")
+    if np.dtype(a.dtype) != np.dtype(b.dtype):
+        raise ValueError("pdjit: gemm of two dtypes")
+    m, n = a.shape[0], b.shape[1]
+    c = empty((m, n), a.dtype)
+    if m and n:
+        if a.shape[1] == 0:
+            _fill[grid(c.size)](c.reshape(c.size), 0)
+            return c
+        g = (-(-n // TILE), -(-m // TILE))
+        _gemm_kernel(a.dtype)[g, (TILE, TILE)](a, b, c)
+    return c
+
+
+class _DeviceRT:
+    """``_rt`` as a cuda host driver sees it: the shape helpers, and the GEMM on the device."""
+    bdim, check = staticmethod(cpu._HOST_RT.bdim), staticmethod(cpu._HOST_RT.check)
+    gemm = staticmethod(gemm)
+
+
+RT = _DeviceRT()
+
+
+# ---- rows: softmax, softmax with cross entropy ---------------------------------------------------
+@cuda.jit
+def _softmax_rows(x, out, nr, nc):
+    """One thread per row (grid-stride over rows): max, sum of exp, scaled."""
+    r = cuda.grid(1)
+    gs = cuda.gridsize(1)
+    while r < nr:
+        b = r * nc
+        m = x[b]
+        for c in range(1, nc):
+            v = x[b + c]
+            if v > m:
+                m = v
+        s = 0.0
+        for c in range(nc):
+            e = math.exp(x[b + c] - m)
+            out[b + c] = e
+            s += e
+        for c in range(nc):
+            out[b + c] = out[b + c] / s
+        r += gs
+
+
+def softmax_rows(x, out, nr: int, nc: int) -> None:
+    """``out`` (flat) = softmax of each of ``nr`` rows of ``nc`` elements of ``x`` (flat)."""
+    if nr and nc:
+        _softmax_rows[grid(nr)](x, out, nr, nc)
+
+
+@cuda.jit
+def _softmax_xent_rows(x, label, sm, loss, nr, nc, ignore_index):
+    """Per row: softmax into ``sm`` and ``-log(softmax[label])`` into ``loss`` (0 where the
+    label is ``ignore_index``)."""
+    r = cuda.grid(1)
+    gs = cuda.gridsize(1)
+    while r < nr:
+        b = r * nc
+        m = x[b]
+        for c in range(1, nc):
+            v = x[b + c]
+            if v > m:
+                m = v
+        s = 0.0
+        for c in range(nc):
+            e = math.exp(x[b + c] - m)
+            sm[b + c] = e
+            s += e
+        for c in range(nc):
+            sm[b + c] = sm[b + c] / s
+        lab = label[r]
+        if lab == ignore_index:
+            loss[r] = 0
+        else:
+            loss[r] = -(x[b + lab] - m - math.log(s))
+        r += gs
+
+
+@cuda.jit
+def _check_labels(label, nc, ignore_index, bad):
+    i = cuda.grid(1)
+    gs = cuda.gridsize(1)
+    while i < label.shape[0]:
+        v = label[i]
+        if v != ignore_index and (v < 0 or v >= nc):
+            bad[0] = 1
+        i += gs
+
+
+def softmax_xent_rows(x, label, sm, loss, nr: int, nc: int, ignore_index: int) -> None:
+    """Softmax and cross entropy with hard labels over ``nr`` rows of ``nc`` classes (flat
+    arrays). A label outside ``[0, nc)`` (and not ``ignore_index``) raises ``ValueError`` (the
+    plan then runs the op's reference, which names the op and the label)."""
+    if not nr:
+        return
+    bad = zeros(1, np.int32)
+    _check_labels[grid(nr)](label, nc, ignore_index, bad)
+    if int(bad.copy_to_host()[0]):
+        raise ValueError("pdjit: a label is out of range")
+    if nc:
+        _softmax_xent_rows[grid(nr)](x, label, sm, loss, nr, nc, ignore_index)

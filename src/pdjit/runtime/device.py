@@ -1,0 +1,102 @@
+"""Device memory for the ``cuda`` target: copies between host and device, counted.
+
+Values of a plan run on ``CUDAPlace`` live on the device (``numba.cuda`` device arrays): the
+executor copies feeds in once, fetches out once, and an op that runs on the host (no cuda
+lowering) gets host copies of its inputs. Every copy goes through :func:`to_device` or
+:func:`to_host`, which count them (:func:`transfers`), so a test can assert that values stay
+on the device between the steps of a plan and between runs.
+
+``numba.cuda`` is imported lazily (only a CUDA plan needs it). Under the CUDA simulator
+(``NUMBA_ENABLE_CUDASIM=1``, set before numba is imported) device arrays are host arrays in
+disguise and kernels run as Python: slow, but the same code paths, which is how the target is
+tested on machines without a GPU.
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+
+_counts = {"h2d": 0, "d2h": 0, "h2d_bytes": 0, "d2h_bytes": 0}
+_lock = threading.Lock()
+
+
+def cuda():
+    """The ``numba.cuda`` module (NVIDIA's ``numba-cuda`` when installed)."""
+    from numba import cuda as _cuda
+
+    return _cuda
+
+
+def simulator() -> bool:
+    """Whether kernels run in Numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``)."""
+    return os.environ.get("NUMBA_ENABLE_CUDASIM", "0").strip() not in ("", "0")
+
+
+def available() -> bool:
+    """Whether CUDA programs can run here: a GPU with its driver, or the simulator."""
+    try:
+        return bool(cuda().is_available())
+    except Exception:  # noqa: BLE001 - no driver, no library: not available
+        return False
+
+
+def unavailable_reason() -> str:
+    try:
+        c = cuda()
+    except Exception as e:  # noqa: BLE001
+        return f"numba.cuda cannot be imported ({type(e).__name__}: {e})"
+    if c.is_available():
+        return ""
+    return ("no CUDA GPU or driver was found (set NUMBA_ENABLE_CUDASIM=1 before importing "
+            "numba to run on the CUDA simulator)")
+
+
+def require(what: str) -> None:
+    if not available():
+        raise RuntimeError(f"{what}: CUDA is not available: {unavailable_reason()}")
+
+
+def is_device_array(value) -> bool:
+    """Whether ``value`` is a ``numba.cuda`` device array (the simulator's included)."""
+    return hasattr(value, "copy_to_host") and hasattr(value, "shape")
+
+
+def to_device(array: np.ndarray):
+    """A device copy of host ``array`` (counted)."""
+    a = np.ascontiguousarray(array)
+    with _lock:
+        _counts["h2d"] += 1
+        _counts["h2d_bytes"] += a.nbytes
+    return cuda().to_device(a)
+
+
+def to_host(value) -> np.ndarray:
+    """A host copy of device array ``value`` (counted); a host value is returned as it is."""
+    if not is_device_array(value):
+        return value
+    with _lock:
+        _counts["d2h"] += 1
+        _counts["d2h_bytes"] += int(value.size) * np.dtype(value.dtype).itemsize
+    return np.asarray(value.copy_to_host())
+
+
+def empty(shape, dtype):
+    """An uninitialised device array."""
+    if isinstance(shape, (int, np.integer)):
+        shape = (int(shape),)
+    return cuda().device_array(tuple(int(d) for d in shape), dtype=np.dtype(dtype))
+
+
+def transfers() -> dict:
+    """Host<->device copies made so far in this process: counts (``h2d``, ``d2h``) and
+    bytes (``h2d_bytes``, ``d2h_bytes``)."""
+    with _lock:
+        return dict(_counts)
+
+
+def reset_transfers() -> None:
+    with _lock:
+        for k in _counts:
+            _counts[k] = 0
