@@ -1,9 +1,27 @@
-"""``python -m pdjit.aot compile MODEL -o OUT_DIR [--batch N] [--cpu host|generic]``, also
-``pdjit compile`` (the command line's ``compile`` is these arguments and :func:`run`)."""
+"""``python -m pdjit.aot compile MODEL -o OUT_DIR [--batch N | --dynamic-batch] [--threads N]
+[--embed-params] [--cpu host|generic]``, also ``pdjit compile`` (the command line's
+``compile`` is these arguments and :func:`run`)."""
 from __future__ import annotations
 
 import argparse
 import sys
+
+
+def _at_least_1(text):
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {n}")
+    return n
+
+
+def _threads(text):
+    n = _at_least_1(text)
+    if n > 64:
+        raise argparse.ArgumentTypeError(f"expected 1 to 64 threads, got {n}")
+    return n
 
 
 def add_arguments(c: argparse.ArgumentParser) -> None:
@@ -11,27 +29,57 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     c.add_argument("model", help="a .pdmodel path prefix, a .pdmodel file or a model directory")
     c.add_argument("-o", "--output", required=True, help="the artifact directory")
     c.add_argument("--params", default=None, help="the parameters file, when not beside it")
-    c.add_argument("--batch", type=int, default=1,
-                   help="the batch an instance's memory is sized for at creation (default 1)")
+    size = c.add_mutually_exclusive_group()
+    size.add_argument("--batch", type=_at_least_1, default=None, metavar="N",
+                      help="a library for batches of at most N rows: an instance's memory is "
+                           "sized for N at creation and never grows; a bigger batch is an "
+                           "error naming the input")
+    size.add_argument("--dynamic-batch", action="store_true",
+                      help="a library for any batch (the default): an instance's memory is "
+                           "sized at creation for its max_batch (1 unless the loader or C "
+                           "caller says) and re-sized after a run on a bigger batch")
+    c.add_argument("--threads", type=_threads, default=1, metavar="N",
+                   help="threads a run uses (default 1; the loader's threads= and "
+                        "pdjit_model_set_threads change it): when every output row depends "
+                        "only on the same input rows, the batch is split into N slices run "
+                        "on N threads, each with its own memory; else OpenBLAS gets N threads")
+    c.add_argument("--embed-params", action="store_true",
+                   help="put the parameters inside libmodel.so: an instance needs no "
+                        "model.params (still written beside it, for a caller that passes a "
+                        "path)")
     c.add_argument("--cpu", choices=("host", "generic"), default="host",
                    help="host: this machine's instruction set (default); generic: portable")
 
 
 def run(args) -> int:
     """Compile ``args.model``; 0, or 1 with the error on stderr."""
-    from pdjit.aot import AotError, compile_model
+    from pdjit.aot import AotError, compile_model, csource
     from pdjit.framework.errors import PdjitError
 
+    fixed = args.batch is not None
     try:
-        spec = compile_model(args.model, args.output, batch=args.batch, cpu=args.cpu,
-                             params_file=args.params)
+        with csource.overrides(fixed_batch=fixed):
+            spec = compile_model(args.model, args.output, batch=args.batch or 1, cpu=args.cpu,
+                                 params_file=args.params,
+                                 dynamic_batch=bool(args.dynamic_batch) or not fixed,
+                                 threads=args.threads, embed_params=args.embed_params)
     except (AotError, PdjitError, OSError) as e:
         print(f"pdjit compile: {e}", file=sys.stderr)
         return 1
     t = spec.timings
+    o = csource.options(spec)
     print(f"compiled {args.model} -> {args.output} in {t['total']:.2f} s "
           f"(Numba AOT {t['numba_aot']:.2f} s, link {t['link']:.2f} s): inputs "
           f"{[n for n, _, _ in spec.inputs]}, outputs {[n for n, _, _ in spec.outputs]}")
+    print("batch: " + (f"at most {o['fixed_batch']} (fixed)" if o["fixed_batch"] else
+                       "any (memory re-sized on a bigger batch)")
+          + ("; parameters embedded in libmodel.so" if o["embed_params"] else ""))
+    if o["batch_split"]:
+        print(f"threads: {o['threads']}: a run splits its batch into slices on threads of "
+              "their own (every output row depends only on the same input rows)")
+    else:
+        print(f"threads: {o['threads']}, given to OpenBLAS: the batch cannot be split "
+              f"({o['batch_split_why_not']})")
     return 0
 
 

@@ -4,9 +4,11 @@ only NumPy (no pdjit, Numba or llvmlite)."""
 SOURCE = r'''"""A model compiled ahead of time by pdjit:
 ``model = load(); outs = model.run({"x": x})``.
 
-Needs only NumPy and ctypes. ``load(params=None, max_batch=%(batch)d)``: an instance (its memory
-sized for ``max_batch`` at creation, re-sized for a bigger batch); instances are independent,
-one per thread.
+Needs only NumPy and ctypes. ``load(params=None, max_batch=%(batch)d, threads=None)``: an
+instance (its memory sized for ``max_batch`` at creation, re-sized for a bigger batch unless
+the library was built for a fixed batch); instances are independent, one per thread.
+
+Built with: %(built)s.
 """
 import ctypes
 import os
@@ -46,6 +48,12 @@ def _library():
                   ctypes.POINTER(i64p)]),
                 ("pdjit_model_error", ctypes.c_char_p, [ctypes.c_void_p]),
                 ("pdjit_model_memory", ctypes.c_int, [ctypes.c_void_p, i64p, i64p]),
+                ("pdjit_model_set_threads", ctypes.c_int, [ctypes.c_void_p, ctypes.c_int]),
+                ("pdjit_model_threads", ctypes.c_int, [ctypes.c_void_p]),
+                ("pdjit_fixed_batch", ctypes.c_int, []), ("pdjit_build_threads", ctypes.c_int, []),
+                ("pdjit_batch_split", ctypes.c_int, []),
+                ("pdjit_batch_split_why_not", ctypes.c_char_p, []),
+                ("pdjit_params_embedded", ctypes.c_int, []),
                 ("pdjit_model_destroy", None, [ctypes.c_void_p])):
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = res, args
@@ -62,7 +70,14 @@ class ModelError(RuntimeError):
 
 
 class Model:
-    def __init__(self, params=None, max_batch=%(batch)d):
+    """An instance. ``fixed_batch``: N for a library built with ``--batch N`` (runs take 1 to N
+    rows), else 0; ``batch_split``: whether a run splits its batch across threads
+    (``batch_split_why_not`` names the op that prevents it); ``threads``: the threads runs use
+    (``set_threads``); ``threads_used``: ``"batch"`` (slices of the batch on threads of their
+    own) or ``"blas"`` (OpenBLAS's threads, process-wide); ``params_embedded``: the parameters
+    are inside the library (``model.params`` is not read)."""
+
+    def __init__(self, params=None, max_batch=%(batch)d, threads=None):
         lib = _library()
         self._lib, self._h = lib, None
         ni, no = lib.pdjit_num_inputs(), lib.pdjit_num_outputs()
@@ -81,6 +96,27 @@ class Model:
         if rc != 0:
             raise ModelError(rc, err.value.decode(errors="replace"))
         self._h = h
+        self.fixed_batch = lib.pdjit_fixed_batch()
+        self.batch_split = bool(lib.pdjit_batch_split())
+        self.batch_split_why_not = lib.pdjit_batch_split_why_not().decode(errors="replace")
+        self.params_embedded = bool(lib.pdjit_params_embedded())
+        self.threads_used = "batch" if self.batch_split else "blas"
+        if threads is not None:
+            self.set_threads(threads)
+
+    @property
+    def threads(self):
+        return self._lib.pdjit_model_threads(self._h) if self._h is not None else 0
+
+    def set_threads(self, n):
+        """The threads this instance's runs use from now on (see the class)."""
+        if self._h is None:
+            raise ModelError(1, "the model was closed")
+        if not isinstance(n, int) or isinstance(n, bool):
+            raise ModelError(1, f"threads: expected an int, got {n!r}")
+        rc = self._lib.pdjit_model_set_threads(self._h, n)
+        if rc != 0:
+            raise ModelError(rc, self._lib.pdjit_model_error(self._h).decode(errors="replace"))
 
     def _buffers(self):
         n = len(self.input_names)
@@ -165,13 +201,27 @@ class Model:
             pass
 
 
-def load(params=None, max_batch=%(batch)d):
-    """A new instance of the model (``params``: the parameters file, default ``model.params``
-    beside the library)."""
-    return Model(params, max_batch)
+def load(params=None, max_batch=%(batch)d, threads=None):
+    """A new instance of the model (``params``: the parameters file, default the parameters
+    embedded in the library, else ``model.params`` beside it; ``threads``: see
+    ``Model.set_threads``, default the build's)."""
+    return Model(params, max_batch, threads)
 '''
 
 
 def source(spec) -> str:
-    """The loader's text for the build ``spec`` (``spec.options``: see ``Spec``)."""
-    return SOURCE % {"batch": int(spec.options.get("batch", 1))}
+    """The loader's text for the build ``spec`` (``spec.options``: see ``Spec`` and
+    ``csource.options``)."""
+    from pdjit.aot.csource import options
+
+    o = options(spec)
+    built = [f"--batch {o['fixed_batch']}" if o["fixed_batch"] else "--dynamic-batch",
+             f"--threads {o['threads']} ("
+             + ("batch split across threads" if o["batch_split"] else
+                "OpenBLAS threads: the batch is not split, "
+                + o["batch_split_why_not"].replace("\\", "/").replace('"', "'")) + ")",
+             f"--cpu {o.get('cpu', 'host')}"]
+    if o["embed_params"]:
+        built.append("--embed-params")
+    return SOURCE % {"batch": int(o.get("batch", 1)),
+                     "built": ", ".join(built)}
