@@ -22,7 +22,7 @@ large (the kernels release the GIL; in a native loop's compiled driver, on its o
 """
 import numba
 import numpy as np
-from numba.extending import overload
+from numba.extending import overload, register_jitable
 
 from pdjit.codegen.nnlib._jit import jit, jobs
 from pdjit.runtime.threads import loop_threads
@@ -203,6 +203,7 @@ def _direct_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
                             yf[dst + k] += acc[src + k]
 
 
+@register_jitable
 def use_direct(cg, mg) -> bool:
     """Whether the direct loops serve a filter of ``cg`` input and ``mg`` output channels per
     group (one input channel, few outputs: depthwise), rather than im2col + BLAS."""
@@ -294,7 +295,7 @@ def _aliases(stride, itemsize) -> bool:
     return False
 
 
-@jit
+@register_jitable
 def _use_taps(mg, k_, p_) -> bool:
     """Whether the taps kernel serves ``mg`` output channels per group, ``k_`` products per
     output and ``p_`` outputs per channel, rather than im2col + BLAS.
@@ -564,11 +565,57 @@ def conv2d_fwd(x, w, y, sh, sw, pt, pl, dh, dw, groups):
                head=3)
 
 
+@register_jitable
+def by_forward(w, p_, sh, sw, pt, pl, dh, dw, groups) -> bool:
+    """Whether ``conv^T(dy, w)`` onto planes of ``p_`` pixels runs as the forward convolution
+    of ``dy`` with the flipped, transposed filter (:func:`_flip_into`): for stride 1 (the
+    image gradient is then a plain correlation of ``dy``) with top/left paddings of at most
+    the filter's reach, where that forward convolution takes the taps kernel or the direct
+    loops (which skip the im2col/col2im copies that BLAS needs around them).
+
+    Measured on the ResNet's 16->16 3x3 32x32 layer at batch 32, one thread: 5.1 ms by
+    BLAS + col2im, 1.9 ms this way."""
+    m_, cg, kh_, kw_ = w.shape
+    if sh != 1 or sw != 1 or pt > (kh_ - 1) * dh or pl > (kw_ - 1) * dw or pt < 0 or pl < 0:
+        return False
+    mg = m_ // groups
+    # (the taps kernel computes 4 output channels per group at least: not for fewer)
+    return use_direct(mg, cg) or (cg >= 4 and _use_taps(cg, mg * kh_ * kw_, p_))
+
+
+@jit
+def _flip_into(w, groups, wt):
+    """``wt[g * cg + c, m, KH-1-i, KW-1-j] = w[g * mg + m, c, i, j]``: the filter ([M, C/groups,
+    KH, KW]) of the convolution whose output is ``conv``'s stride-1 transposed convolution
+    ([C, M/groups, KH, KW]; its paddings: ``(KH-1) * dh - pt`` and ``(KW-1) * dw - pl``)."""
+    m_, cg, kh_, kw_ = w.shape
+    mg = m_ // groups
+    for g in range(groups):
+        for m in range(mg):
+            for c in range(cg):
+                for i in range(kh_):
+                    for j in range(kw_):
+                        wt[g * cg + c, m, kh_ - 1 - i, kw_ - 1 - j] = w[g * mg + m, c, i, j]
+
+
+def _flipped(w, groups):
+    """:func:`_flip_into` in NumPy (the host's call: no kernel to compile)."""
+    m_, cg, kh_, kw_ = w.shape
+    mg = m_ // groups
+    v = w.reshape(groups, mg, cg, kh_, kw_)[:, :, :, ::-1, ::-1].transpose(0, 2, 1, 3, 4)
+    return np.ascontiguousarray(v).reshape(groups * cg, mg, kh_, kw_)
+
+
 def conv2d_bwd_data(dy, w, dx, sh, sw, pt, pl, dh, dw, groups):
     """``dx = conv^T(dy, w)`` (NCHW): the gradient of ``conv`` for its input; ``dx`` is
     overwritten. (It is also the transposed convolution of ``dy``.)"""
     if not _fits(dx, dy, w, groups):
         raise ValueError(_MISFIT)
+    if by_forward(w, dx.shape[2] * dx.shape[3], sh, sw, pt, pl, dh, dw, groups):
+        _, _, kh_, kw_ = w.shape
+        conv2d_fwd(dy, _flipped(w, groups), dx, 1, 1, (kh_ - 1) * dh - pt, (kw_ - 1) * dw - pl,
+                   dh, dw, groups)
+        return
     split_work(_bwd_data_range, dy.shape[0], dy.size * w[0].size, dy, w, dx, sh, sw, pt, pl,
                dh, dw, groups, head=3)
 
@@ -603,7 +650,6 @@ jobs("conv2d_bwd_filter")(lambda T: [(_bwd_filter_range, _range_types(T))])
 
 
 _fits_native = jit(_fits)
-_use_direct_native = jit(use_direct)
 
 
 # inside compiled code (a native loop's driver): the whole batch on this thread
@@ -612,7 +658,7 @@ def _conv2d_fwd_native(x, w, y, sh, sw, pt, pl, dh, dw, groups):
     def impl(x, w, y, sh, sw, pt, pl, dh, dw, groups):
         if not _fits_native(x, y, w, groups):
             raise ValueError(_MISFIT)
-        if _use_direct_native(w.shape[1], w.shape[0] // groups):
+        if use_direct(w.shape[1], w.shape[0] // groups):
             _direct_range(x, w, y, 0, x.shape[0], sh, sw, pt, pl, dh, dw, groups)
         else:
             _fwd_range(x, w, y, 0, x.shape[0], sh, sw, pt, pl, dh, dw, groups)
@@ -624,6 +670,16 @@ def _conv2d_bwd_data_native(dy, w, dx, sh, sw, pt, pl, dh, dw, groups):
     def impl(dy, w, dx, sh, sw, pt, pl, dh, dw, groups):
         if not _fits_native(dx, dy, w, groups):
             raise ValueError(_MISFIT)
+        m_, cg, kh_, kw_ = w.shape
+        if by_forward(w, dx.shape[2] * dx.shape[3], sh, sw, pt, pl, dh, dw, groups):
+            wt = np.empty((cg * groups, m_ // groups, kh_, kw_), w.dtype)
+            _flip_into(w, groups, wt)
+            pt2, pl2 = (kh_ - 1) * dh - pt, (kw_ - 1) * dw - pl
+            if use_direct(m_ // groups, cg):
+                _direct_range(dy, wt, dx, 0, dy.shape[0], 1, 1, pt2, pl2, dh, dw, groups)
+            else:
+                _fwd_range(dy, wt, dx, 0, dy.shape[0], 1, 1, pt2, pl2, dh, dw, groups)
+            return
         _bwd_data_range(dy, w, dx, 0, dy.shape[0], sh, sw, pt, pl, dh, dw, groups)
     return impl
 
