@@ -59,14 +59,40 @@ def _build_nested(path):
 
         n, h = L.while_loop(cond, body, [i, x])
         out = L.softmax(L.fc(h, 3))
+        merged = _merges(x)
     exe = fluid.Executor(fluid.CPUPlace())
     exe.run(startup)
-    fluid.io.save_inference_model(str(path), ["x"], [out, n], exe, main_program=main)
+    fluid.io.save_inference_model(str(path), ["x"], [out, n, merged], exe, main_program=main)
     return main
 
 
+def _merges(x):
+    """``select_output`` then ``select_input`` by ``sum(x) > 0`` (each output of the first is
+    written only on its side) and a ``conditional_block`` on a non-scalar condition (runs when
+    ``x`` is non-empty): ``5x + 1`` (``x`` as the loop left it). Above ``sum(x) > 1e4`` the
+    second mask picks the output that ``select_output`` did not write: an error."""
+    from pdjit import layers as L
+    from pdjit.layers.control_flow import ConditionalBlock, select_input
+    from pdjit.layers.layer_helper import LayerHelper
+
+    block = x.block
+    s = L.reduce_sum(x, dim=[0, 1])
+    mask = L.cast(L.greater_than(s, L.fill_constant([1], "float32", 0.0)), "int32")
+    huge = L.cast(L.greater_than(s, L.fill_constant([1], "float32", 1e4)), "int32")
+    outs = [block.create_var(dtype=x.dtype, shape=x.shape) for _ in range(2)]
+    LayerHelper("select_output").append_op("select_output", inputs={"X": [x], "Mask": [mask]},
+                                           outputs={"Out": outs})
+    y = select_input(outs, L.elementwise_sub(mask, huge))
+    z = block.create_var(dtype=x.dtype, shape=x.shape)
+    cb = ConditionalBlock([x], is_scalar_condition=False)
+    with cb.block():
+        L.assign(L.scale(x, 3.0, bias=1.0), z)
+    return L.elementwise_add(L.scale(y, 2.0), z)
+
+
 def _nested_numpy(x, params):
-    """The nested model in NumPy: (trip count, the sign of each iteration's sum, output)."""
+    """The nested model in NumPy: (trip count, the sign of each iteration's sum, output, the
+    loop's final ``h``: ``while_loop`` writes it into ``x``, which the merges read after)."""
     h, n, signs = x.astype(np.float32), 0, []
     while n < 12 and np.abs(h).mean() > np.float32(0.1):
         positive = bool(h.sum() > 0)
@@ -77,7 +103,7 @@ def _nested_numpy(x, params):
     (b,) = [v for k, v in params.items() if v.ndim == 1]
     z = h @ w + b
     e = np.exp(z - z.max(axis=1, keepdims=True))
-    return n, signs, e / e.sum(axis=1, keepdims=True)
+    return n, signs, e / e.sum(axis=1, keepdims=True), h
 
 
 @pytest.fixture(scope="module")
@@ -200,13 +226,14 @@ def test_nested_while_cond_equals_jit_and_numpy(built, jit):
     for x in _nested_inputs():
         got = model.run({"x": x})
         ref = jit("nested", {"x": x})
-        n, signs, np_out = _nested_numpy(x, params)
+        n, signs, np_out, h = _nested_numpy(x, params)
         trips.add(n)
         seen.update(signs)
         assert int(got[1].reshape(-1)[0]) == n
         for g, r in zip(got, ref):
             assert g.dtype == r.dtype and np.array_equal(g, r), (x.shape, n)
         np.testing.assert_allclose(got[0], np_out, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got[2], 5 * h + 1, rtol=1e-6, atol=1e-6)
     assert {0, 12} <= trips and len(trips) >= 4 and seen == {True, False}
 
 
@@ -236,14 +263,24 @@ def test_example_c_takes_each_branch(built, jit):
                 np.testing.assert_allclose(first, want.ravel()[:first.size], rtol=1e-5)
 
 
-def test_bad_inputs_still_errors(built):
-    """A wrong input through the loader of a control-flow artifact: an error, and the instance
-    keeps working."""
-    _, mod, _, _ = built["nested"]
+def test_bad_inputs_still_errors(built, jit):
+    """A wrong input through the loader of a control-flow artifact, and an input for which the
+    model selects a value no branch wrote: errors, and the instance keeps working."""
+    _, mod, params, _ = built["nested"]
     model = mod.load()
     with pytest.raises(mod.ModelError, match="dim 1 expected 4, got 3"):
         model.run({"x": np.ones((2, 3), np.float32)})
     assert model.run({"x": np.full((2, 4), 0.3, np.float32)})[1].reshape(-1)[0] == 2
+    # select_input picks a value select_output did not write: the native code's own check
+    huge = np.full((1, 4), 1e8, np.float32)   # 12 trips leave each 24414: the sum is > 1e4
+    with pytest.raises(mod.ModelError, match="native code failed") as info:
+        model.run({"x": huge})
+    assert info.value.code == 7
+    with pytest.raises(Exception, match="holds no value"):   # the JIT says which value
+        jit("nested", {"x": huge})
+    x = np.full((2, 4), -0.3, np.float32)   # still usable
+    h = _nested_numpy(x, params)[3]
+    np.testing.assert_allclose(model.run({"x": x})[2], 5 * h + 1, rtol=1e-6)
 
 
 def test_still_refused_op_is_named(tmp_path):
@@ -266,3 +303,16 @@ def test_still_refused_op_is_named(tmp_path):
                                        r"'conditional_block'"):
         compile_model(str(tmp_path / "m"), str(tmp_path / "out"))
     assert not (tmp_path / "out" / "libmodel.so").exists()
+    # a scalar condition that is not bool (the JIT's reference refuses it when it runs)
+    from pdjit.layers.control_flow import ConditionalBlock
+
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup):
+        x = L.data("x", [4], dtype="float32")
+        z = x.block.create_var(dtype=x.dtype, shape=x.shape)
+        with ConditionalBlock([L.reduce_sum(x, dim=[0, 1])], is_scalar_condition=True).block():
+            L.assign(L.scale(x, 2.0), z)
+        out = L.scale(z, 1.0)
+    fluid.io.save_inference_model(str(tmp_path / "f"), ["x"], [out], exe, main_program=main)
+    with pytest.raises(AotError, match="op 'conditional_block'.* must be bool, got float32"):
+        compile_model(str(tmp_path / "f"), str(tmp_path / "out"))

@@ -21,14 +21,28 @@ code generation into one object file (``pdjit.aot.numba_aot``), which C code gen
 (``pdjit.aot.csource``) completes: a small runtime for the array allocations the kernels make
 (an arena per instance, sized at creation by one run at the largest batch, re-sized after a run
 that needed more), the ``numba_*`` helpers the object uses (GEMM through OpenBLAS), and the
-model API. A plan with a step that is not a native driver (an op without a native lowering, a
-control-flow op) is refused, naming the op; so is a driver Numba cannot compile without Python
-(a library call that is a Python function), naming its op group.
+model API. A plan with a step that is not a native driver (an op without a native lowering) is
+refused, naming the op; so is a driver Numba cannot compile without Python (a library call that
+is a Python function), naming its op group.
 
-What runs today (tests/aot): the corpus's mlp, lenet (bit-identical to the JIT executor when
-built for ``host``: the same kernels and the same BLAS), mobilenet, resnet_block and
-transformer (within 1e-6 of the JIT, opt-in test); refused: cond_while (``while``,
-``conditional_block``), gru and lstm (``rnn``: ``nnlib.rnn_forward`` is a Python function).
+Control flow is Python control flow in the entry, compiled with it: the sub-blocks of
+``conditional_block`` and ``while`` get plans of their own (native drivers too, recursively).
+A ``while`` whose body became one native loop (``pdjit.codegen.loops``) is one call; any other
+``while`` is driven by the entry (read the condition, run the body's steps, repeat), and
+``conditional_block`` runs its block's steps when its condition holds (the one bool element, or
+every ``Cond`` non-empty). A value a branch or loop writes goes to a variable of the enclosing
+block, so it is there after it; one with no value before it is an empty array with a flag, and
+reading it while unset (``select_input`` picking a branch that did not run) fails the run with
+``PDJIT_ERR_NATIVE`` instead of reading garbage. ``select_input``/``select_output`` pick by their
+mask in the entry. A random op, a tensor array or a LoD input in a sub-block is refused as at
+the top, naming the op and the block. A native loop whose carried value changes shape fails the
+run (``PDJIT_ERR_NATIVE``; the JIT re-runs such a loop with its reference instead).
+
+What runs today (tests/aot): the corpus's mlp, lenet, cond_while (bit-identical to the JIT
+executor when built for ``host``: the same kernels and the same BLAS), mobilenet, resnet_block
+and transformer (within 1e-6 of the JIT, opt-in test), a ``while_loop`` with a
+``cond`` in its body (``tests/aot/test_aot_control_flow.py``); gru and lstm compile too since
+``rnn`` is callable from native code (the opt-in corpus test still lists them as refused).
 Built on one thread: no ``prange`` in the artifact; OpenBLAS keeps its own thread setting
 (``pdjit_set_blas_threads``; in a process that imported NumPy the library shares NumPy's
 OpenBLAS, loaded once by its soname). In the arena a dead array's block serves a later one

@@ -116,6 +116,12 @@ def _refuse_control(step) -> str | None:
     if op.type == "conditional_block" and op.attr("is_scalar_condition") and \
             len(op.input("Cond")) != 1:
         return f"{where}: a scalar condition takes one Cond, got {len(op.input('Cond'))}"
+    if op.type == "while" or op.attr("is_scalar_condition"):
+        cond = op.input("Condition" if op.type == "while" else "Cond")[0]
+        v = op.block._find_var_recursive(cond)
+        got = "undeclared" if v is None else np.dtype(to_numpy(v.dtype)).name
+        if got != "bool":
+            return f"{where}: its condition {cond!r} must be bool, got {got}"
     for b in want:
         for sub in subs[b].steps:
             why = _refuse_step(sub)
