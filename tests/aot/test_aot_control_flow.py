@@ -147,28 +147,6 @@ def jit(built):
     return run
 
 
-def test_the_plans_have_control_flow_and_only_native_code():
-    """What the artifact is built from: cond_while's loop is one native function, its branches'
-    plans are native steps, and the nested model's loop is driven (a body with a ``cond``)."""
-    from pdjit.aot import build
-    from pdjit.io.inference import load_model
-    from pdjit.passes.inference import optimize
-
-    m = load_model(str(MODELS / "cond_while"))
-    program, _ = optimize(m.program, m.params)
-    with build._one_thread():
-        plan = build._build_plans(program, m.fetch_names)
-    kinds = [(s.kind, s.op.type if s.kind == "reference" else s.ops[0][0].type)
-             for s in plan.steps]
-    assert ("native_loop", "while") in kinds
-    assert kinds.count(("reference", "conditional_block")) == 2
-    assert ("reference", "select_input") in kinds
-    subs = [sub for s in plan.steps if s.kind == "reference" for _, sub in s.sub_plans]
-    assert len(subs) == 2 and all(t.kind == "native" and t.native is not None
-                                  for sub in subs for t in sub.steps)
-    assert all(build._refuse_step(s) is None for s in plan.steps)
-
-
 def test_libraries_need_no_python_or_numba(built):
     """The control flow is in the native library: nothing in it calls back into Python or
     Numba's runtime."""
@@ -316,3 +294,37 @@ def test_still_refused_op_is_named(tmp_path):
     fluid.io.save_inference_model(str(tmp_path / "f"), ["x"], [out], exe, main_program=main)
     with pytest.raises(AotError, match="op 'conditional_block'.* must be bool, got float32"):
         compile_model(str(tmp_path / "f"), str(tmp_path / "out"))
+
+
+def test_the_plans_have_control_flow_and_only_native_code(built):
+    """What the artifact is built from: cond_while's loop is one native function, its branches'
+    plans are native steps, and the nested model's loop is driven (a body with a ``cond``)."""
+    from pdjit.aot import build
+    from pdjit.io.inference import load_model
+    from pdjit.passes.inference import optimize
+
+    def plans(where):
+        m = load_model(where)
+        program, _ = optimize(m.program, m.params)
+        with build._one_thread():
+            return build._build_plans(program, m.fetch_names)
+
+    def kinds(plan):
+        return [(s.kind, s.op.type if s.kind == "reference" else s.ops[0][0].type)
+                for s in plan.steps]
+
+    plan = plans(built["cond_while"][3])
+    kinds, of = kinds(plan), kinds
+    assert ("native_loop", "while") in kinds
+    assert kinds.count(("reference", "conditional_block")) == 2
+    assert ("reference", "select_input") in kinds
+    subs = [sub for s in plan.steps if s.kind == "reference" for _, sub in s.sub_plans]
+    assert len(subs) == 2 and all(t.kind == "native" and t.native is not None
+                                  for sub in subs for t in sub.steps)
+    assert all(build._refuse_step(s) is None for s in plan.steps)
+    nested = plans(built["nested"][3])
+    (loop,) = [s for s in nested.steps if s.kind == "reference" and s.op.type == "while"]
+    (body,) = [sub for _, sub in loop.sub_plans]
+    assert ("reference", "conditional_block") in of(body) and "native" in dict(of(body))
+    assert ("reference", "select_output") in of(nested)
+    assert all(build._refuse_step(s) is None for s in nested.steps)
