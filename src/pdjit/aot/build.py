@@ -17,6 +17,7 @@ import numpy as np
 
 from pdjit.aot import batch_split, csource, loader
 from pdjit.aot.numba_aot import compile_object, pointer
+from pdjit.framework import registry
 from pdjit.framework.dtypes import to_numpy
 from pdjit.framework.errors import PdjitError
 from pdjit.io.inference import load_model
@@ -251,7 +252,7 @@ def _writes(plan) -> list:
             out += step.op.output("Out")
         for _, sub in step.sub_plans:
             out += _writes(sub)
-    return [n for n in out if n != "@EMPTY@"]
+    return [n for n in out if n != registry.EMPTY_VAR_NAME]
 
 
 class _Scope:
