@@ -15,6 +15,15 @@ exported, so loading the library into a Python process that has Numba changes no
 - ``numba_attempt_nocopy_reshape``: a reshape's strides without a copy (written here);
 - the CPython entry points of Numba's exception-unwrapping code, which runs only inside a
   CPython wrapper and never here: stubs.
+
+The model API (``model.c``) follows the build's options (:func:`options`): a ``--batch N``
+library refuses a batch over N and never grows its arenas after creation; with
+``batch_split`` (``pdjit.aot.batch_split``) an instance on N threads runs a batch of B rows as
+``min(N, B // 2)`` slices, the first on the calling thread and the others on pthreads started
+for the run, each with an arena of its own and writing its rows of the outputs in place (a
+slice that fails, or inputs that disagree on the batch, send the run to one thread, which gives
+the outputs or the error); without it the threads go to OpenBLAS. With ``embed_params`` the
+parameters are an assembler ``.incbin`` in the library (:func:`extra_sources`), used in place.
 """
 from __future__ import annotations
 
@@ -680,6 +689,7 @@ static void *run_slice(void *arg) {
 static int run_split(pdjit_model *m, const void *const *data, const int64_t *const *shapes) {
     int64_t batch = -1;
     for (int i = 0; i < NUM_IN; i++) {
+        if (in_ndims[i] > 8) return 1;
         if (!in_split[i]) continue;
         if (batch >= 0 && shapes[i][0] != batch) return 1;
         batch = shapes[i][0];

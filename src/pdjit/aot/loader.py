@@ -183,8 +183,9 @@ class Model:
         return outs
 
     def memory(self):
-        """``(arena bytes, arrays the last run put on the heap)``: the heap count is 0 once
-        the arena fits the batch (it grows after a run that needed more)."""
+        """``(arena bytes, arrays the last run put on the heap)``, over the instance's threads:
+        the heap count is 0 once the arenas fit the batch (they grow after a run that needed
+        more, unless the library was built for a fixed batch)."""
         a, h = ctypes.c_int64(), ctypes.c_int64()
         self._lib.pdjit_model_memory(self._h, ctypes.byref(a), ctypes.byref(h))
         return a.value, h.value
