@@ -68,9 +68,10 @@ def _build_nested(path):
 
 def _merges(x):
     """``select_output`` then ``select_input`` by ``sum(x) > 0`` (each output of the first is
-    written only on its side) and a ``conditional_block`` on a non-scalar condition (runs when
-    ``x`` is non-empty): ``5x + 1`` (``x`` as the loop left it). Above ``sum(x) > 1e4`` the
-    second mask picks the output that ``select_output`` did not write: an error."""
+    written only on its side), a ``conditional_block`` on a non-scalar condition (runs when
+    ``x`` is non-empty) and one that overwrites a value only when ``sum(x) > 0``:
+    :func:`_merged_numpy` (``x`` as the loop left it). Above ``sum(x) > 1e4`` the second mask
+    picks the output that ``select_output`` did not write: an error."""
     from pdjit import layers as L
     from pdjit.layers.control_flow import ConditionalBlock, select_input
     from pdjit.layers.layer_helper import LayerHelper
@@ -87,7 +88,10 @@ def _merges(x):
     cb = ConditionalBlock([x], is_scalar_condition=False)
     with cb.block():
         L.assign(L.scale(x, 3.0, bias=1.0), z)
-    return L.elementwise_add(L.scale(y, 2.0), z)
+    w = L.scale(x, 1.0, bias=0.5)   # overwritten only when sum(x) > 0: else it keeps x + 0.5
+    with ConditionalBlock([L.cast(mask, "bool")], is_scalar_condition=True).block():
+        L.assign(L.scale(x, -1.0), w)
+    return L.elementwise_add(L.elementwise_add(L.scale(y, 2.0), z), w)
 
 
 def _nested_numpy(x, params):
@@ -104,6 +108,13 @@ def _nested_numpy(x, params):
     z = h @ w + b
     e = np.exp(z - z.max(axis=1, keepdims=True))
     return n, signs, e / e.sum(axis=1, keepdims=True), h
+
+
+def _merged_numpy(h):
+    """``2y + z + w`` of :func:`_merges`: ``y = h``, ``z = 3h + 1``, ``w = -h`` when
+    ``sum(h) > 0`` else ``h + 0.5``."""
+    w = -h if h.sum() > 0 else h + np.float32(0.5)
+    return 2 * h + (3 * h + 1) + w
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +222,7 @@ def test_nested_while_cond_equals_jit_and_numpy(built, jit):
         for g, r in zip(got, ref):
             assert g.dtype == r.dtype and np.array_equal(g, r), (x.shape, n)
         np.testing.assert_allclose(got[0], np_out, rtol=1e-5, atol=1e-6)
-        np.testing.assert_allclose(got[2], 5 * h + 1, rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(got[2], _merged_numpy(h), rtol=1e-6, atol=1e-6)
     assert {0, 12} <= trips and len(trips) >= 4 and seen == {True, False}
 
 
@@ -258,7 +269,7 @@ def test_bad_inputs_still_errors(built, jit):
         jit("nested", {"x": huge})
     x = np.full((2, 4), -0.3, np.float32)   # still usable
     h = _nested_numpy(x, params)[3]
-    np.testing.assert_allclose(model.run({"x": x})[2], 5 * h + 1, rtol=1e-6)
+    np.testing.assert_allclose(model.run({"x": x})[2], _merged_numpy(h), rtol=1e-6)
 
 
 def test_still_refused_op_is_named(tmp_path):
