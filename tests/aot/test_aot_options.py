@@ -313,3 +313,37 @@ def test_analysis_of_the_corpus():
         program, _ = optimize(model.program, model.params)
         got, why = analyse(program, None, model.feed_names, model.fetch_names)
         assert got is ok and named in why, (name, why)
+
+
+def test_split_falls_back_to_one_thread_when_the_inputs_disagree(tmp_path):
+    """Two batch inputs on 2 threads: equal batches are split (against NumPy); batches that
+    differ run on one thread, which gives the native code's error (as a one-thread instance
+    does), and the instance stays usable."""
+    import pdjit as fluid
+    from pdjit.aot import compile_model
+    from pdjit.static import save_inference_model
+
+    main_p, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main_p, startup):
+        x = fluid.layers.data("x", [4], dtype="float64")
+        y = fluid.layers.data("y", [4], dtype="float64")
+        r = fluid.layers.scale(fluid.layers.relu(fluid.layers.elementwise_add(x, y)), scale=2.0)
+    exe = fluid.Executor(fluid.CPUPlace())
+    exe.run(startup)
+    save_inference_model(str(tmp_path / "m" / "m"), [x, y], [r], exe, program=main_p)
+    spec = compile_model(str(tmp_path / "m" / "m"), str(tmp_path / "two"), threads=2)
+    assert spec.options["batch_split"] is True
+    model = _import_artifact(tmp_path / "two", "opt_two_artifact").load(max_batch=6)
+    assert model.threads == 2
+    rng = np.random.default_rng(6)
+    xv, yv = rng.standard_normal((6, 4)), rng.standard_normal((6, 4))
+    assert np.array_equal(model.run({"x": xv, "y": yv})[0], np.maximum(xv + yv, 0) * 2)
+    assert model.memory()[1] == 0
+    one = _import_artifact(tmp_path / "two", "opt_two_artifact").load(threads=1)
+    for rows in (1, 4):
+        for m in (model, one):
+            with pytest.raises(Exception, match="native code failed") as info:
+                m.run({"x": xv, "y": yv[:rows]})
+            assert info.value.code == 7
+    assert np.array_equal(model.run({"x": xv[:5], "y": yv[:5]})[0],
+                          np.maximum(xv[:5] + yv[:5], 0) * 2)
