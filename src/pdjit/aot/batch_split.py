@@ -296,6 +296,7 @@ def _view(op, ctx):
     if op.type == "squeeze2":
         axes = list(_attr(op, "axes", []))
         _require(bool(axes), "squeeze2 with no axes squeezes a batch of 1 too")
+        _require(not any(_axis0(a, len(ctx.shape(x))) for a in axes), "squeezes the batch axis")
     xs = ctx.shape(x)
     for s in op.output_names:
         if s == "XShape":
