@@ -79,6 +79,12 @@ def literal(value) -> str:
     return repr(value)
 
 
+# names a device kernel's lines use that are not the driver's arrays
+_KERNEL_NAMES = frozenset({"np", "math", "_m", "cuda", "range", "int", "float", "bool", "abs",
+                           "min", "max", "True", "False", "None", "if", "else", "elif", "and",
+                           "or", "not", "for", "in", "while", "return", "is", "pass"})
+
+
 class Declined(Exception):
     """An opaque op's lowering returned None: the op must run its reference instead."""
 
@@ -198,6 +204,8 @@ class LowerContext:
         ``size`` (an element count) is large and a thread count above one was asked for;
         iterations must write disjoint memory. (Not by default: the kernel is then compiled
         with ``parallel=True``, which cost 1.7 s more for a softmax's first run, measured.)"""
+        if self.target != "cpu":  # a device target: the iterations are a kernel's threads
+            return self.device_loop(var, count, body)
         indented = ["    " + line for line in body]
         if not (self.gen.parallel and size):
             return [f"for {var} in range({count}):"] + indented
@@ -229,6 +237,44 @@ class LowerContext:
         return RowInput([f"{x2} = {self.as_rows(X, r)}"], f"{X}.shape", f"{x2}.shape[0]",
                         f"{x2}.shape[1]", lambda i: [],
                         lambda i, j, var: [f"{var} = {x2}[{i}, {j}]"])
+
+    def device_loop(self, var: str, count: str, body: list, before=()) -> list:
+        """Driver lines running ``for var in range(count): body`` on a device target as one
+        grid-stride kernel (``before``: scalar lines each thread runs first). The lines read
+        and write the driver's arrays by name (each becomes a kernel parameter, renamed so
+        the kernel's text does not depend on the driver's local names); iterations must write
+        disjoint elements (lines of ``before`` writing an element write the same value in
+        every thread), and may call only what a kernel can (``math``, ``_m``, ``np``'s
+        scalar functions)."""
+        lines = list(before) + list(body)
+        assigned = {var} | {name for line in lines
+                            for name in re.findall(r"(?<![.\w])([A-Za-z_]\w*)\s*[+\-*/]?=(?!=)",
+                                                   line)}
+        assigned |= {m for line in lines for m in re.findall(r"\bfor\s+(\w+)\s+in\b", line)}
+        params: list = []
+        for line in lines:
+            for m in re.finditer(r"(?<![.\w])([A-Za-z_]\w*)\b", line):
+                name = m.group(1)
+                if name in assigned or name in _KERNEL_NAMES or name in params or \
+                        line[m.end():].lstrip().startswith("("):
+                    continue
+                params.append(name)
+        rename = {p: f"k{i}" for i, p in enumerate(params)}
+
+        def sub(line):
+            return re.sub(r"(?<![.\w])([A-Za-z_]\w*)\b",
+                          lambda m: rename.get(m.group(1), m.group(1)), line)
+
+        n = self.tmp("n")
+        src = "\n".join([f"def kernel({', '.join(list(rename.values()) + ['n_'])}):"]
+                        + ["    " + sub(line) for line in before]
+                        + [f"    {var} = cuda.grid(1)", "    gs_ = cuda.gridsize(1)",
+                           f"    while {var} < n_:"]
+                        + ["        " + sub(line) for line in body]
+                        + [f"        {var} += gs_"])
+        g = self.device_kernel(src)
+        return [f"{n} = {count}", f"if {n} > 0:",
+                f"    {g}[_cu.grid({n})]({', '.join(params + [n])})"]
 
     def device_kernel(self, source: str) -> str:
         """The global name under which the driver launches ``source`` (``def kernel(...)``),

@@ -102,6 +102,19 @@ def _fill_lower(ctx):
     reference names the op."""
     dt = _np_dtype(ctx.attrs["dtype"])
     lines = []
+    if ctx.target != "cpu":  # a device target: a static shape and value, one kernel
+        if any(ctx.has_input(s) for s in ("ShapeTensor", "ShapeTensorList", "ValueTensor")):
+            return None
+        shape = [int(d) for d in ctx.attrs["shape"]]
+        if any(d < 0 for d in shape) or dt.kind not in "fiub":
+            return None
+        T = ctx.T("Out")
+        value = f"{T}({src_literal(_fill_value(ctx.attrs['value'], ctx.attrs['str_value'], dt))})"
+        out = ctx.out("Out", shape=ctx.tuple_src([str(d) for d in shape]))
+        o, i, v = ctx.tmp("o"), ctx.tmp("i"), ctx.tmp("v")
+        # the value a kernel argument: every fill of a dtype shares one kernel
+        return [f"{o} = {out}.reshape({out}.size)", f"{v} = {value}"] + \
+            ctx.device_loop(i, f"{o}.size", [f"{o}[{i}] = {v}"])
     if ctx.has_input("ShapeTensor"):
         st = ctx.shape("ShapeTensor")
         n = st[0] if st else 1
@@ -144,7 +157,7 @@ register_op(
            "value": Float(0.0, low=-4.0, high=4.0), "str_value": Str(""),
            "force_cpu": Bool(False), "place_type": Int(-1)},
     traits=[OPAQUE], infer_shape=_fill_infer, reference=_fill_ref,
-    emit=Opaque(_fill_lower, host=True), grad=None,
+    emit=Opaque(_fill_lower, host=True, targets=("cpu", "cuda")), grad=None,
     doc="Out = a tensor of `shape` filled with `value` (or `str_value`, exactly).")
 
 
@@ -207,6 +220,8 @@ def _assign_lower(ctx):
     """A copy of a dense tensor (fusion keeps tensor arrays and values set elsewhere out)."""
     if not ctx.has_input("X"):
         return None
+    if ctx.target != "cpu":  # a device target: a copy on the device
+        return [f"{ctx.out('Out')} = _cu.copy({ctx.inp('X')})"]
     return [f"{ctx.out('Out')} = {ctx.inp('X')}.copy()"]
 
 
@@ -215,7 +230,8 @@ register_op(
     infer_shape=lambda X=None: {"Out": X} if X is not None else {},
     reference=lambda X=None: {} if X is None else  # a tensor array (a list) is copied as one
     {"Out": list(X) if isinstance(X, list) else np.array(X, copy=True)},
-    emit=Opaque(_assign_lower, host=True), grad=_assign_grad, doc="Out = a copy of X.",
+    emit=Opaque(_assign_lower, host=True, targets=("cpu", "cuda")), grad=_assign_grad,
+    doc="Out = a copy of X.",
     inference=lambda op: Passthrough("X", "Out") if op.input("X") else None)
 
 

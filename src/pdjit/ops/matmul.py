@@ -102,6 +102,25 @@ def _mul_ref(X, Y, *, x_num_col_dims, y_num_col_dims):
                                                                                    copy=False)}
 
 
+def _device_too(lower):
+    """``lower`` on every target whose driver provides ``_rt.gemm`` (the cuda target's runs
+    on the device): lines that call anything else (a batched GEMM, a scaling) are the CPU's
+    only, and another target runs the op's reference."""
+    def both(ctx):
+        lines = lower(ctx)
+        if lines is None or ctx.target == "cpu":
+            return lines
+        if any("_nn." in line or "np." in line for line in lines):
+            return None
+        return lines
+    both.__doc__ = lower.__doc__
+    both.__dict__.update(getattr(lower, "__dict__", {}))
+    return both
+
+
+_TARGETS = ("cpu", "cuda")
+
+
 def _blas_ok(ctx) -> bool:
     """np.dot inside generated code is BLAS: float32/float64 only."""
     return ctx.dtype("X").kind == "f" and ctx.dtype("X") == ctx.dtype("Y")
@@ -311,7 +330,7 @@ register_op(
     "mul", inputs=["X", "Y"], outputs=["Out"],
     attrs={"x_num_col_dims": Int(1, low=1, high=3), "y_num_col_dims": Int(1, low=1, high=3)},
     traits=[OPAQUE], infer_shape=_mul_infer, reference=_mul_ref,
-    emit=Opaque(_mul_lower, host=True, blocked=_mul_blocked),
+    emit=Opaque(_device_too(_mul_lower), host=True, blocked=_mul_blocked, targets=_TARGETS),
     inference=_channel_linear(None),
     grad=default_grad("mul_grad", fwd_inputs=("X", "Y"), wrt=("X", "Y")),
     doc="Out = flatten(X, x_num_col_dims) @ flatten(Y, y_num_col_dims), reshaped to "
@@ -389,8 +408,9 @@ register_op(
     attrs={"transpose_X": Bool(False), "transpose_Y": Bool(False),
            "alpha": Float(1.0, low=-2.0, high=2.0), "head_number": Int(1, choices=(1,))},
     traits=[OPAQUE], infer_shape=_matmul_infer, reference=_matmul_ref,
-    emit=Opaque(_matmul_2d_lower("transpose_X", "transpose_Y", "alpha"), host=True,
-                blocked=_matmul_blocked("transpose_X", "transpose_Y", "alpha")),
+    emit=Opaque(_device_too(_matmul_2d_lower("transpose_X", "transpose_Y", "alpha")),
+                host=True, blocked=_matmul_blocked("transpose_X", "transpose_Y", "alpha"),
+                targets=_TARGETS),
     inference=_channel_linear("transpose_Y"),
     grad=default_grad("matmul_grad", fwd_inputs=("X", "Y"), wrt=("X", "Y")),
     doc="Out = alpha * op(X) @ op(Y) over the last two dims (op transposes when asked), batch "
@@ -413,8 +433,8 @@ register_op(
     "matmul_v2", inputs=["X", "Y"], outputs=["Out"],
     attrs={"trans_x": Bool(False), "trans_y": Bool(False)},
     traits=[OPAQUE], infer_shape=_matmul_v2_infer, reference=_matmul_v2_ref,
-    emit=Opaque(_matmul_2d_lower("trans_x", "trans_y"), host=True,
-                blocked=_matmul_blocked("trans_x", "trans_y")),
+    emit=Opaque(_device_too(_matmul_2d_lower("trans_x", "trans_y")), host=True,
+                blocked=_matmul_blocked("trans_x", "trans_y"), targets=_TARGETS),
     inference=_channel_linear("trans_y"),
     grad=default_grad("matmul_v2_grad", fwd_inputs=("X", "Y"), wrt=("X", "Y")),
     doc="Out = op(X) @ op(Y) with NumPy batch broadcasting; 1-D X is a row, 1-D Y a column.")
@@ -623,7 +643,7 @@ register_op(
     "mul_grad", inputs=["X", "Y", "Out@GRAD"], outputs=["X@GRAD?", "Y@GRAD?"],
     attrs={"x_num_col_dims": Int(1, low=1, high=3), "y_num_col_dims": Int(1, low=1, high=3)},
     traits=[OPAQUE], infer_shape=_grad_infer, reference=_mul_grad_ref,
-    emit=Opaque(_mul_grad_lower, host=True), grad=None,
+    emit=Opaque(_device_too(_mul_grad_lower), host=True, targets=_TARGETS), grad=None,
     doc="dX = dOut2 @ Y2^T and dY = X2^T @ dOut2 on the flattened operands, reshaped back.")
 
 
@@ -637,7 +657,8 @@ register_op(
     attrs={"transpose_X": Bool(False), "transpose_Y": Bool(False),
            "alpha": Float(1.0, low=-2.0, high=2.0), "head_number": Int(1, choices=(1,))},
     traits=[OPAQUE], infer_shape=_grad_infer, reference=_matmul_grad_ref,
-    emit=Opaque(_matmul_grad_2d_lower("transpose_X", "transpose_Y", "alpha"), host=True), grad=None,
+    emit=Opaque(_device_too(_matmul_grad_2d_lower("transpose_X", "transpose_Y", "alpha")),
+                host=True, targets=_TARGETS), grad=None,
     doc="Gradients of matmul: alpha * dOut @ op(Y)^T and alpha * op(X)^T @ dOut, transposed "
         "back where the forward transposed, summed over broadcast batch dims.")
 
@@ -651,7 +672,8 @@ register_op(
     "matmul_v2_grad", inputs=["X", "Y", "Out@GRAD"], outputs=["X@GRAD?", "Y@GRAD?"],
     attrs={"trans_x": Bool(False), "trans_y": Bool(False)},
     traits=[OPAQUE], infer_shape=_grad_infer, reference=_matmul_v2_grad_ref,
-    emit=Opaque(_matmul_grad_2d_lower("trans_x", "trans_y"), host=True), grad=None,
+    emit=Opaque(_device_too(_matmul_grad_2d_lower("trans_x", "trans_y")), host=True,
+                targets=_TARGETS), grad=None,
     doc="Gradients of matmul_v2: dOut @ op(Y)^T and op(X)^T @ dOut, transposed back where the "
         "forward transposed, summed over broadcast batch dims.")
 

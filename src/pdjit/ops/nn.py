@@ -171,10 +171,27 @@ _softmax_lower.row_prologue = lambda attrs, rank: "X" if rank and \
     attrs["axis"] % rank == rank - 1 else None
 
 
+def _device_rows(lower):
+    """``lower`` on a device target too where its lines are a loop over rows (``ctx.loop``:
+    there a grid-stride kernel, a row per thread) and views; not where they call the CPU's
+    library kernels (``_nn``)."""
+    def both(ctx):
+        lines = lower(ctx)
+        if lines is None or ctx.target == "cpu":
+            return lines
+        return None if any("_nn." in line for line in lines) else lines
+    both.__doc__ = lower.__doc__
+    both.__dict__.update(getattr(lower, "__dict__", {}))
+    return both
+
+
+_TARGETS = ("cpu", "cuda")
+
+
 register_op(
     "softmax", inputs=["X"], outputs=["Out"], attrs={"axis": Int(-1, low=-1, high=1)},
     traits=[OPAQUE], infer_shape=_softmax_infer, reference=_softmax_ref,
-    emit=Opaque(_softmax_lower),
+    emit=Opaque(_device_rows(_softmax_lower), targets=_TARGETS),
     grad=default_grad("softmax_grad", fwd_inputs=(), fwd_outputs=("Out",)),
     doc="Out = exp(X - max) / sum(exp(X - max)) along axis.")
 
@@ -376,6 +393,8 @@ def _swce_lower(ctx):
     and Loss = log(sum) - shifted[label] (0 on ignored rows)."""
     if not _swce_lowerable(ctx, "Logits"):
         return None
+    if ctx.target != "cpu":
+        return _swce_device_lines(ctx)
     X, L, T, r = ctx.inp("Logits"), ctx.inp("Label"), ctx.T("Logits"), ctx.rank("Logits")
     lead = [f"{X}.shape[{d}]" for d in range(r - 1)]
     sm = ctx.out("Softmax", shape=f"{X}.shape")
@@ -401,10 +420,48 @@ def _swce_lower(ctx):
     ] + ctx.loop(i, f"{x2}.shape[0]", body, size=f"{x2}.size")
 
 
+def _swce_device_lines(ctx):
+    """The device target's lines: ``_cu.softmax_xent_rows`` (a label out of range raises on
+    the host after a check on the device: the references then name it)."""
+    X, L, r = ctx.inp("Logits"), ctx.inp("Label"), ctx.rank("Logits")
+    lead = [f"{X}.shape[{d}]" for d in range(r - 1)]
+    sm = ctx.out("Softmax", shape=f"{X}.shape")
+    loss = ctx.out("Loss", shape=ctx.tuple_src(lead + ["1"]))
+    n, rows, lab = ctx.tmp("n"), ctx.tmp("r"), ctx.tmp("b")
+    return [f"{n} = {X}.shape[{r - 1}]",
+            f"{rows} = {X}.size // {n} if {n} else {ctx.prod(X, 0, r - 1)}",
+            f"{lab} = {L}.reshape({L}.size)",
+            f"_rt.check({lab}.size == {rows})",
+            f"_cu.softmax_xent_rows({X}.reshape({X}.size), {lab}, {sm}.reshape({sm}.size), "
+            f"{loss}.reshape({loss}.size), {rows}, {n}, {int(ctx.attrs['ignore_index'])})"]
+
+
+def _swce_grad_device_lines(ctx):
+    """Logits@GRAD on a device target: a row per thread (a label out of range, which the
+    forward refused, leaves the row without its one-hot term)."""
+    sm, L, g, T = ctx.inp("Softmax"), ctx.inp("Label"), ctx.inp("Loss@GRAD"), ctx.T("Softmax")
+    r = ctx.rank("Softmax")
+    out = ctx.out("Logits@GRAD", shape=f"{sm}.shape")
+    s2, o2, lab, gf, i, j, k = (ctx.tmp(h) for h in "sobgijk")
+    ign = int(ctx.attrs["ignore_index"])
+    body = [f"{k} = {lab}[{i}]",
+            f"for {j} in range({s2}.shape[1]):",
+            f"    {o2}[{i}, {j}] = {T}(0) if {k} == {ign} else {s2}[{i}, {j}] * {gf}[{i}]",
+            f"if {k} != {ign} and 0 <= {k} < {s2}.shape[1]:",
+            f"    {o2}[{i}, {k}] = ({s2}[{i}, {k}] - {T}(1)) * {gf}[{i}]"]
+    return [f"{s2} = {ctx.as_rows(sm, r)}",
+            f"{lab} = {L}.reshape({L}.size)",
+            f"{gf} = {g}.reshape({g}.size)",
+            f"_rt.check({lab}.size == {s2}.shape[0] and {gf}.size == {s2}.shape[0])",
+            f"{o2} = {out}.reshape({s2}.shape)"] + ctx.device_loop(i, f"{s2}.shape[0]", body)
+
+
 def _swce_grad_lower(ctx):
     """Logits@GRAD = (Softmax - onehot(Label)) * Loss@GRAD per row; 0 on ignored rows."""
     if not _swce_lowerable(ctx, "Softmax") or not ctx.has_output("Logits@GRAD"):
         return None
+    if ctx.target != "cpu":
+        return _swce_grad_device_lines(ctx)
     sm, L, g, T = ctx.inp("Softmax"), ctx.inp("Label"), ctx.inp("Loss@GRAD"), ctx.T("Softmax")
     r = ctx.rank("Softmax")
     out = ctx.out("Logits@GRAD", shape=f"{sm}.shape")
@@ -433,7 +490,8 @@ register_op(
     "softmax_with_cross_entropy", inputs=["Logits", "Label"], outputs=["Softmax", "Loss"],
     attrs={"soft_label": Bool(False), "use_softmax": Bool(True),
            "numeric_stable_mode": Bool(True), **_IGNORE, "axis": Int(-1, low=-1, high=1)},
-    traits=[OPAQUE], infer_shape=_swce_infer, reference=_swce_ref, emit=Opaque(_swce_lower),
+    traits=[OPAQUE], infer_shape=_swce_infer, reference=_swce_ref,
+    emit=Opaque(_swce_lower, targets=_TARGETS),
     grad=default_grad("softmax_with_cross_entropy_grad", fwd_inputs=("Label",),
                       fwd_outputs=("Softmax",), grad_outputs=("Loss",), wrt=("Logits",)),
     doc="Softmax = softmax(Logits, axis); Loss = cross entropy of Softmax against Label, "
@@ -798,7 +856,7 @@ register_op(
     attrs={"soft_label": Bool(False), "use_softmax": Bool(True),
            "numeric_stable_mode": Bool(True), **_IGNORE, "axis": Int(-1, low=-1, high=1)},
     traits=[OPAQUE], infer_shape=_swce_grad_infer, reference=_swce_grad_ref,
-    emit=Opaque(_swce_grad_lower), grad=None,
+    emit=Opaque(_swce_grad_lower, targets=_TARGETS), grad=None,
     doc="dLogits = (Softmax - onehot(Label)) * dLoss (hard; 0 on ignored rows) or "
         "(Softmax - Label) * dLoss (soft); with use_softmax=False, -Label / Softmax * dLoss.")
 

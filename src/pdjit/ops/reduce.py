@@ -321,6 +321,11 @@ def _mean_grad_lower(ctx):
         return None
     X, g, T = ctx.inp("X"), ctx.inp("Out@GRAD"), ctx.T("X")
     out = ctx.out("X@GRAD", shape=f"{X}.shape")
+    if ctx.target != "cpu":  # a device target: one kernel writes every element
+        o, gf, n, i = ctx.tmp("o"), ctx.tmp("g"), ctx.tmp("n"), ctx.tmp("i")
+        return [f"_rt.check({g}.size == 1)", f"{o} = {out}.reshape({out}.size)",
+                f"{gf} = {g}.reshape(1)", f"{n} = {X}.size"] + \
+            ctx.device_loop(i, f"{o}.size", [f"{o}[{i}] = {gf}[0] / {T}({n})"])
     return [f"_rt.check({g}.size == 1)",
             f"{out}.reshape({out}.size)[:] = {g}.reshape(1)[0] / {T}({X}.size)"]
 
@@ -328,7 +333,7 @@ def _mean_grad_lower(ctx):
 register_op(
     "mean_grad", inputs=["X", "Out@GRAD"], outputs=["X@GRAD?"], traits=[OPAQUE],
     infer_shape=lambda X, **_: {"X@GRAD": X}, reference=_mean_grad_ref,
-    emit=Opaque(_mean_grad_lower, host=True), grad=None,
+    emit=Opaque(_mean_grad_lower, host=True, targets=("cpu", "cuda")), grad=None,
     doc="X@GRAD = Out@GRAD / X.size everywhere (gradient of mean).")
 
 

@@ -159,6 +159,9 @@ class LoDTensor:
     def __array__(self, dtype=None, copy=None):
         if self._array is None:
             raise ValueError("the LoDTensor holds no data yet (call set() first)")
+        if type(self._array) is not np.ndarray and hasattr(self._array, "copy_to_host"):
+            host = self._array.copy_to_host()  # a device array (CUDAPlace): a host copy
+            return host if dtype is None else host.astype(dtype)
         if copy:
             return np.array(self._array, dtype=dtype, copy=True)
         return self._array if dtype is None else self._array.astype(dtype)

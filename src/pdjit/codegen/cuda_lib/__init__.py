@@ -24,7 +24,7 @@ TPB = 32 if SIMULATOR else 256
 #: at most this many blocks per grid-stride launch
 MAX_BLOCKS = 2 if SIMULATOR else 65535
 #: the GEMM's tile (TILE x TILE threads per block)
-TILE = 4 if SIMULATOR else 16
+TILE = 8 if SIMULATOR else 16
 
 
 def threads_per_block() -> int:
@@ -52,6 +52,14 @@ def zeros(shape, dtype):
     if a.size:
         _fill[grid(a.size)](a.reshape(a.size), 0)
     return a
+
+
+def copy(a):
+    """A new device array holding a copy of device array ``a`` (on the device)."""
+    d = empty(a.shape, a.dtype)
+    if a.size:
+        d.copy_to_device(a)
+    return d
 
 
 @cuda.jit
