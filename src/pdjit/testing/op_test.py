@@ -32,6 +32,10 @@ from pdjit.runtime.tensor import LoDTensor
 
 #: Executor modes every op is checked in; compiled targets join this list as they land.
 TARGETS = ["reference", "compiled"]
+#: the ``cuda`` target (``CUDAPlace(0)``, compiled): opt in with ``modes=[..., CUDA]``, as it
+#: needs ``numba.cuda`` (a GPU or the simulator, ``pdjit.runtime.device.available()``) and
+#: not every op has a cuda lowering; there every op must run in native device code
+CUDA = "cuda"
 
 _TOL = {np.dtype(np.float16): (1e-3, 1e-3), np.dtype(np.float32): (1e-5, 1e-6),
         np.dtype(np.float64): (1e-10, 1e-12)}
@@ -115,10 +119,17 @@ def run_op(op_type: str, inputs: Mapping, attrs: Mapping | None = None, mode: st
     prog, feed, out_vars = build_op_program(op_type, inputs, attrs, batch_unknown, outputs)
     opdef = registry.get(op_type)
     fetch = [v for vs in out_vars.values() for v in vs]
-    exe = Executor(mode=mode)
+    if mode == CUDA:
+        from pdjit.runtime.place import CUDAPlace
+
+        exe = Executor(CUDAPlace(0), mode="compiled", strict=True)
+    else:
+        exe = Executor(mode=mode)
     results = exe.run(prog, feed=feed, fetch_list=fetch, scope=Scope(), return_numpy=False)
     results = [np.asarray(r) if isinstance(r, LoDTensor) and not (return_lod and r.lod())
                else r for r in results]
+    if mode == CUDA:  # the op itself ran on the device
+        assert_native(exe, _describe(op_type, inputs, attrs) + " [cuda]")
     _check_native(exe, op_type, inputs, attrs)
     got, it = {}, iter(results)
     for slot in opdef.outputs:
