@@ -1,5 +1,7 @@
-"""The convolution's input gradient (``conv2d_bwd_data``, also the transposed convolution)
-against NumPy written here: ``dy`` scattered back through every filter tap.
+"""The convolution's gradient kernels against NumPy written here.
+
+The input gradient (``conv2d_bwd_data``, also the transposed convolution): ``dy`` scattered
+back through every filter tap.
 
 Stride-1 gradients whose forward twin takes the taps kernel or the direct loops run as the
 forward convolution of ``dy`` with the flipped, transposed filter (``conv.by_forward``); the
@@ -91,21 +93,102 @@ def test_flipped_filter():
 
 
 @numba.njit(cache=False)
-def _native_bwd_data(dy, w, dx, sh, sw, pt, pl, dh, dw, groups):
+def _native_grads(dy, w, dx, x, dwt, sh, sw, pt, pl, dh, dw, groups):
     conv.conv2d_bwd_data(dy, w, dx, sh, sw, pt, pl, dh, dw, groups)
+    conv.conv2d_bwd_filter(x, dy, dwt, sh, sw, pt, pl, dh, dw, groups)
 
 
-def test_input_gradient_from_compiled_code():
-    """The overload compiled code calls (one thread, the whole batch): each path against the
-    scatter oracle."""
-    for case in (CASES[1], CASES[4], CASES[7]):
+def test_gradients_from_compiled_code():
+    """The overloads compiled code calls (one thread, the whole batch; one compiled function
+    for both gradients: each links the library kernels into itself): the input gradient on
+    each path against the scatter oracle, the filter gradient (both paths, the taps one for
+    planes of 256+ outputs) against the patches oracle below."""
+    r = np.random.default_rng(1)
+    for case in (CASES[1], CASES[4], CASES[7], CASES[0]):
         dy, w, want, geo = _case(case, np.float64)
-        dx = np.full(want.shape, np.nan)
-        _native_bwd_data(dy, w, dx, *geo)
+        x = r.normal(size=want.shape)
+        dx, dwt = np.full(want.shape, np.nan), np.full(w.shape, np.nan)
+        _native_grads(dy, w, dx, x, dwt, *geo)
         np.testing.assert_allclose(dx, want, rtol=1e-11, atol=1e-10)
+        np.testing.assert_allclose(dwt, patches_oracle(x, dy, w.shape, geo[:2], geo[2:4],
+                                                       geo[4:6], geo[6]), rtol=1e-11,
+                                   atol=1e-10)
 
 
 def test_misfit_is_an_error_not_a_crash():
     dy, w, want, geo = _case(CASES[0], np.float32)
     with pytest.raises(ValueError, match="do not fit"):
         conv.conv2d_bwd_data(dy, w[:, :8], np.empty(want.shape, np.float32), *geo)
+
+
+# ---- the filter gradient: for each filter tap, the image pixels it read (a strided slice of the
+# zero-padded image) contracted with dy. Planes of conv._TAPS_DW_MIN outputs or more, with 4+
+# output channels per group and 4+ products per output, run without im2col or BLAS (16 dot
+# products at a time of dy's rows with the taps planes, the last blocks overlapping); the
+# others through im2col + BLAS.
+def patches_oracle(x, dy, wshape, strides, pads, dils, groups):
+    n, c, h, wd = x.shape
+    m, cg, kh, kw = wshape
+    _, _, oh, ow = dy.shape
+    (sh, sw), (pt, pl), (dh, dw) = strides, pads, dils
+    xp = np.zeros((n, c, pt + h + (oh - 1) * sh + (kh - 1) * dh + 1,
+                   pl + wd + (ow - 1) * sw + (kw - 1) * dw + 1))
+    xp[:, :, pt:pt + h, pl:pl + wd] = x
+    out = np.zeros(wshape)
+    mg = m // groups
+    for g in range(groups):
+        d = dy[:, g * mg:(g + 1) * mg].astype(np.float64)
+        for a in range(kh):
+            for e in range(kw):
+                seen = xp[:, g * cg:(g + 1) * cg, a * dh:a * dh + (oh - 1) * sh + 1:sh,
+                          e * dw:e * dw + (ow - 1) * sw + 1:sw]
+                out[g * mg:(g + 1) * mg, :, a, e] = np.einsum("nmhw,nchw->mc", d, seen)
+    return out
+
+
+# (n, c, h, w, m, kh, kw, strides, paddings [t, b, l, r], dilations, groups, taps)
+DW_CASES = [
+    (2, 4, 18, 18, 8, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1, True),     # the ResNet's, smaller
+    (2, 3, 17, 16, 6, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1, True),     # 6 rows, 27 taps: overlaps
+    (1, 5, 33, 35, 7, 3, 3, (2, 2), (1, 0, 1, 1), (1, 1), 1, True),     # stride 2: row phases
+    (1, 8, 24, 30, 10, 3, 2, (1, 2), (2, 1, 0, 1), (2, 3), 2, True),    # groups, dilation, pads
+    (2, 5, 16, 17, 4, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1, True),     # 1x1: 5 taps
+    (1, 2, 19, 19, 3, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1, False),    # 3 rows: BLAS
+    (2, 8, 8, 8, 8, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1, False),      # 64 outputs: BLAS
+]
+
+
+def _dw_case(case):
+    n, c, h, wd, m, kh, kw, strides, pads, dils, groups, _ = case
+    r = np.random.default_rng(abs(hash(case[:11])) % 2**32)
+    oh = (h + pads[0] + pads[1] - dils[0] * (kh - 1) - 1) // strides[0] + 1
+    ow = (wd + pads[2] + pads[3] - dils[1] * (kw - 1) - 1) // strides[1] + 1
+    x, dy = r.normal(size=(n, c, h, wd)), r.normal(size=(n, m, oh, ow))
+    wshape = (m, c // groups, kh, kw)
+    want = patches_oracle(x, dy, wshape, strides, (pads[0], pads[2]), dils, groups)
+    return x, dy, want, (*strides, pads[0], pads[2], *dils, groups)
+
+
+@pytest.mark.parametrize("case", DW_CASES)
+def test_filter_gradient_against_patches(case):
+    """Each path of the host's entry (all of ``dw`` written: it starts as NaN), and the path
+    the case names is the one its shape selects."""
+    x, dy, want, geo = _dw_case(case)
+    m, cg, kh, kw = want.shape
+    taps = dy.shape[2] * dy.shape[3] >= conv._TAPS_DW_MIN and m // geo[-1] >= 4 and \
+        cg * kh * kw >= 4
+    assert taps == case[-1]
+    dwt = np.full(want.shape, np.nan)
+    conv.conv2d_bwd_filter(x, dy, dwt, *geo)
+    np.testing.assert_allclose(dwt, want, rtol=1e-11, atol=1e-10)
+
+
+def test_batch_split_over_threads_sums_the_parts(monkeypatch):
+    """A batch large enough to split: each thread's partial gradient summed."""
+    monkeypatch.setattr(conv, "loop_threads", lambda: 2)
+    monkeypatch.setattr(conv, "_PARALLEL_MIN_WORK", 0)
+    x, dy, want, geo = _dw_case((6, 4, 20, 20, 8, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1, True))
+    assert conv._parts(x.shape[0], dy.size * want[0].size) == 2
+    dwt = np.full(want.shape, np.nan)
+    conv.conv2d_bwd_filter(x, dy, dwt, *geo)
+    np.testing.assert_allclose(dwt, want, rtol=1e-11, atol=1e-10)

@@ -219,6 +219,8 @@ def use_direct(cg, mg) -> bool:
 # than assigning slices of 2-D arrays: the same speed, a quarter of the compile time.
 _BLOCK_COLS = 2048
 _COL_ELEMS = 1 << 16
+#: the filter gradient by taps (no im2col, no BLAS) from this many outputs per channel
+_TAPS_DW_MIN = 256
 
 
 @jit
@@ -432,6 +434,43 @@ def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
                         yf[da + q] = acc[sa + q]
 
 
+#: a reduction kernel's options: sums reassociated (vectorised: each of the 16 sums runs in
+#: vector lanes, added up at the end)
+_sum_jit = numba.njit(cache=True, nogil=True, error_model="numpy",
+                      fastmath={"contract", "reassoc"})
+
+
+@_sum_jit
+def _dots44(a, a0, a1, a2, a3, b, b0, b1, b2, b3, n):
+    """The 16 dot products of ``n`` values, ``a[ar:]`` with ``b[bt:]`` for rows ``r, t < 4``
+    (offsets ``a0..a3``, ``b0..b3``), as a tuple in row-major order: a 4x4 block of the
+    filter gradient, dy's rows against the image's taps, each pair of runs loaded once."""
+    s00 = s01 = s02 = s03 = s10 = s11 = s12 = s13 = a.dtype.type(0)
+    s20 = s21 = s22 = s23 = s30 = s31 = s32 = s33 = a.dtype.type(0)
+    p0, p1, p2, p3 = U(a0), U(a1), U(a2), U(a3)
+    q0, q1, q2, q3 = U(b0), U(b1), U(b2), U(b3)
+    for q in range(U(n)):
+        u0, u1, u2, u3 = a[p0 + q], a[p1 + q], a[p2 + q], a[p3 + q]
+        v0, v1, v2, v3 = b[q0 + q], b[q1 + q], b[q2 + q], b[q3 + q]
+        s00 += u0 * v0
+        s01 += u0 * v1
+        s02 += u0 * v2
+        s03 += u0 * v3
+        s10 += u1 * v0
+        s11 += u1 * v1
+        s12 += u1 * v2
+        s13 += u1 * v3
+        s20 += u2 * v0
+        s21 += u2 * v1
+        s22 += u2 * v2
+        s23 += u2 * v3
+        s30 += u3 * v0
+        s31 += u3 * v1
+        s32 += u3 * v2
+        s33 += u3 * v3
+    return (s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33)
+
+
 @jit
 def _gather_dy(dy, b0, b1, g, mg, p_, width):
     """``[mg, width]``: ``dy[n, g * mg + m]`` of the samples ``b0..b1`` side by side."""
@@ -474,15 +513,57 @@ def _bwd_data_range(dy, w, dx, n0, n1, sh, sw, pt, pl, dh, dw, groups):
 
 @jit
 def _bwd_filter_range(x, dy, dwt, n0, n1, sh, sw, pt, pl, dh, dw, groups):
-    """``dwt = sum over the samples n0..n1 of dy[n] @ col(x[n])^T``, per group."""
+    """``dwt = sum over the samples n0..n1 of dy[n] @ col(x[n])^T``, per group.
+
+    Planes of :data:`_TAPS_DW_MIN` outputs and more: each sample's image is copied into the
+    taps kernel's planes (``kw`` copies of each channel per row phase of the stride, see
+    :func:`_fwd_range`), and each 4x4 block of the gradient is 16 dot products of dy's rows
+    with the planes' runs (:func:`_dots44`); the last blocks overlap the ones before them
+    where 4 does not divide the rows or taps (their repeated sums dropped). Else im2col and
+    BLAS, per block of samples."""
     m_, cg, kh_, kw_ = dwt.shape
     mg = m_ // groups
     oh_, ow_ = dy.shape[2], dy.shape[3]
     p_, k_ = oh_ * ow_, cg * kh_ * kw_
-    nb = _block(n1 - n0, k_, p_)
     dwf = dwt.reshape(dwt.size)
     for k in range(dwf.size):
         dwf[k] = 0
+    if p_ >= _TAPS_DW_MIN and mg >= 4 and k_ >= 4:
+        hq = oh_ + ((kh_ - 1) * dh) // sh
+        pp = hq * ow_
+        xs = np.empty(cg * kw_ * sh * pp, x.dtype)
+        tap = np.empty(k_, np.int64)
+        c = i = j = 0
+        for tk in range(k_):
+            tap[tk] = ((c * kw_ + j) * sh + (i * dh) % sh) * pp + ((i * dh) // sh) * ow_
+            j += 1
+            if j == kw_:
+                j = 0
+                i += 1
+                if i == kh_:
+                    i = 0
+                    c += 1
+        one = min(kh_, 1)  # as in _fwd_range: the same compiled im2col
+        dyf = dy.reshape(dy.size)
+        for n in range(n0, n1):
+            for g in range(groups):
+                for r in range(sh if kh_ > 1 else 1):
+                    _im2col(x[n], g * cg, cg, one, kw_, sh, sw, pt - r, pl, dh, dw, hq, ow_, xs,
+                            sh * pp, r * pp)
+                d0 = (n * m_ + g * mg) * p_
+                for m4 in range(0, mg, 4):
+                    mr = min(m4, mg - 4)
+                    for k4 in range(0, k_, 4):
+                        kr = min(k4, k_ - 4)
+                        s = _dots44(dyf, d0 + mr * p_, d0 + (mr + 1) * p_, d0 + (mr + 2) * p_,
+                                    d0 + (mr + 3) * p_, xs, tap[kr], tap[kr + 1], tap[kr + 2],
+                                    tap[kr + 3], p_)
+                        for r in range(m4 - mr, 4):
+                            base = (g * mg + mr + r) * k_ + kr
+                            for t in range(k4 - kr, 4):
+                                dwf[base + t] += s[r * 4 + t]
+        return
+    nb = _block(n1 - n0, k_, p_)
     for b0 in range(n0, n1, nb):
         b1 = min(b0 + nb, n1)
         width = (b1 - b0) * p_
