@@ -733,16 +733,33 @@ jobs("conv2d_bwd_filter")(lambda T: [(_bwd_filter_range, _range_types(T))])
 _fits_native = jit(_fits)
 
 
+@register_jitable
+def _plain(v):
+    """``v`` as a plain value. A constant that compiled code passes (generated code writes the
+    geometry as numbers: literal types) would compile the kernel it reaches again, for that
+    constant: every ``_range`` kernel is called with plain ints and arrays only (measured:
+    a native caller's ``0`` first sample compiled ``_fwd_range`` a second time, ~3 s)."""
+    return v
+
+
+@register_jitable
+def _geometry(sh, sw, pt, pl, dh, dw, groups):
+    """The geometry arguments as plain ints (see :func:`_plain`)."""
+    return (_plain(sh), _plain(sw), _plain(pt), _plain(pl), _plain(dh), _plain(dw),
+            _plain(groups))
+
+
 # inside compiled code (a native loop's driver): the whole batch on this thread
 @overload(conv2d_fwd)
 def _conv2d_fwd_native(x, w, y, sh, sw, pt, pl, dh, dw, groups):
     def impl(x, w, y, sh, sw, pt, pl, dh, dw, groups):
         if not _fits_native(x, y, w, groups):
             raise ValueError(_MISFIT)
+        g = _geometry(sh, sw, pt, pl, dh, dw, groups)
         if use_direct(w.shape[1], w.shape[0] // groups):
-            _direct_range(x, w, y, 0, x.shape[0], sh, sw, pt, pl, dh, dw, groups)
+            _direct_range(x, w, y, _plain(0), x.shape[0], *g)
         else:
-            _fwd_range(x, w, y, 0, x.shape[0], sh, sw, pt, pl, dh, dw, groups)
+            _fwd_range(x, w, y, _plain(0), x.shape[0], *g)
     return impl
 
 
@@ -755,13 +772,14 @@ def _conv2d_bwd_data_native(dy, w, dx, sh, sw, pt, pl, dh, dw, groups):
         if by_forward(w, dx.shape[2] * dx.shape[3], sh, sw, pt, pl, dh, dw, groups):
             wt = np.empty((cg * groups, m_ // groups, kh_, kw_), w.dtype)
             _flip_into(w, groups, wt)
-            pt2, pl2 = (kh_ - 1) * dh - pt, (kw_ - 1) * dw - pl
+            g = _geometry(sh, sw, (kh_ - 1) * dh - pt, (kw_ - 1) * dw - pl, dh, dw, groups)
             if use_direct(m_ // groups, cg):
-                _direct_range(dy, wt, dx, 0, dy.shape[0], 1, 1, pt2, pl2, dh, dw, groups)
+                _direct_range(dy, wt, dx, _plain(0), dy.shape[0], *g)
             else:
-                _fwd_range(dy, wt, dx, 0, dy.shape[0], 1, 1, pt2, pl2, dh, dw, groups)
+                _fwd_range(dy, wt, dx, _plain(0), dy.shape[0], *g)
             return
-        _bwd_data_range(dy, w, dx, 0, dy.shape[0], sh, sw, pt, pl, dh, dw, groups)
+        _bwd_data_range(dy, w, dx, _plain(0), dy.shape[0],
+                        *_geometry(sh, sw, pt, pl, dh, dw, groups))
     return impl
 
 
@@ -770,7 +788,8 @@ def _conv2d_bwd_filter_native(x, dy, dwt, sh, sw, pt, pl, dh, dw, groups):
     def impl(x, dy, dwt, sh, sw, pt, pl, dh, dw, groups):
         if not _fits_native(x, dy, dwt, groups):
             raise ValueError(_MISFIT)
-        _bwd_filter_range(x, dy, dwt, 0, x.shape[0], sh, sw, pt, pl, dh, dw, groups)
+        _bwd_filter_range(x, dy, dwt, _plain(0), x.shape[0],
+                          *_geometry(sh, sw, pt, pl, dh, dw, groups))
     return impl
 
 

@@ -31,7 +31,7 @@ import numpy as np
 from numba.extending import overload
 
 from pdjit.codegen.nnlib._jit import jit, jobs
-from pdjit.codegen.nnlib.conv import _threads, split_work
+from pdjit.codegen.nnlib.conv import _plain, _threads, split_work
 from pdjit.runtime.threads import free_cores, loop_threads
 
 _F64 = np.dtype(np.float64)
@@ -313,7 +313,8 @@ def norm_apply(x, mean, inv, scale, bias, per_sample, cpg, relu, y):
     per channel (as Paddle's CPU kernel does), then ``max(y, 0)`` with ``relu``."""
     parts = _norm_parts(x)
     if parts == 1:
-        _apply_k(x, mean, inv, scale, bias, per_sample, cpg, relu, y, 0, x.shape[0])
+        _apply_k(x, mean, inv, scale, bias, _plain(per_sample), _plain(cpg), _plain(relu), y,
+                 _plain(0), x.shape[0])
     else:
         _on_parts(_apply_k, parts, x.shape[0], lambda p: (), x, mean, inv, scale, bias,
                   per_sample, cpg, relu, y)
@@ -336,19 +337,22 @@ def norm_grad(x, dy, mean, inv, scale, per_sample, cpg, batch_stats, dx, dscale,
     _on_parts(_grad_k, parts, A, lambda p: (t1, t2, 2), *args)
 
 
-# inside compiled code (a native loop's driver): everything on this thread
+# inside compiled code (a native loop's driver): everything on this thread; constants passed
+# on as plain values (see conv._plain)
 @overload(norm_stats)
 def _norm_stats_native(x, per_sample, cpg, mean, var):
     def impl(x, per_sample, cpg, mean, var):
         none = np.zeros((0, 0))
-        _stats_k(x, per_sample, cpg, mean, var, none, none, 0, 0, x.shape[0])
+        _stats_k(x, _plain(per_sample), _plain(cpg), mean, var, none, none, _plain(0),
+                 _plain(0), x.shape[0])
     return impl
 
 
 @overload(norm_apply)
 def _norm_apply_native(x, mean, inv, scale, bias, per_sample, cpg, relu, y):
     def impl(x, mean, inv, scale, bias, per_sample, cpg, relu, y):
-        _apply_k(x, mean, inv, scale, bias, per_sample, cpg, relu, y, 0, x.shape[0])
+        _apply_k(x, mean, inv, scale, bias, _plain(per_sample), _plain(cpg), _plain(relu), y,
+                 _plain(0), x.shape[0])
     return impl
 
 
@@ -356,8 +360,8 @@ def _norm_apply_native(x, mean, inv, scale, bias, per_sample, cpg, relu, y):
 def _norm_grad_native(x, dy, mean, inv, scale, per_sample, cpg, batch_stats, dx, dscale, dbias):
     def impl(x, dy, mean, inv, scale, per_sample, cpg, batch_stats, dx, dscale, dbias):
         none = np.zeros((0, 0))
-        _grad_k(x, dy, mean, inv, scale, per_sample, cpg, batch_stats, dx, dscale, dbias, none,
-                none, 0, 0, x.shape[0])
+        _grad_k(x, dy, mean, inv, scale, _plain(per_sample), _plain(cpg), _plain(batch_stats),
+                dx, dscale, dbias, none, none, _plain(0), _plain(0), x.shape[0])
     return impl
 
 
@@ -510,7 +514,7 @@ def _layer_norm_fwd_native(x, scale, bias, eps, y, mean, var):
     def impl(x, scale, bias, eps, y, mean, var):
         if not _ln_fwd_fits(x, scale, bias, y, mean, var):
             raise ValueError(_LN_MISFIT)
-        _ln_fwd_rows(x, scale, bias, eps, y, mean, var, 0, x.shape[0])
+        _ln_fwd_rows(x, scale, bias, _plain(eps), y, mean, var, _plain(0), x.shape[0])
     return impl
 
 
@@ -520,7 +524,8 @@ def _layer_norm_bwd_native(x, dy, mean, var, scale, eps, want_dx, dx, dscale, db
         if not _ln_bwd_fits(x, dy, mean, var, scale, want_dx, dx, dscale, dbias):
             raise ValueError(_LN_MISFIT)
         acc = np.zeros((2, x.shape[1]))
-        _ln_bwd_rows(x, dy, mean, var, scale, eps, want_dx, dx, acc, 0, x.shape[0])
+        _ln_bwd_rows(x, dy, mean, var, scale, _plain(eps), _plain(want_dx), dx, acc, _plain(0),
+                     x.shape[0])
         for j in range(x.shape[1]):
             dscale[j] = acc[0, j]
             dbias[j] = acc[1, j]

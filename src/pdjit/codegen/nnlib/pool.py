@@ -17,7 +17,7 @@ import numpy as np
 from numba.extending import overload
 
 from pdjit.codegen.nnlib._jit import jit, jobs
-from pdjit.codegen.nnlib.conv import _cols, split_work
+from pdjit.codegen.nnlib.conv import _cols, _plain, split_work
 
 __all__ = ["pool2d_fwd", "pool2d_bwd", "max_pool2d_index_fwd", "max_pool2d_index_bwd"]
 
@@ -118,8 +118,10 @@ def _pool2d_fwd_native(x, y, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptive
     def impl(x, y, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptive):
         if x.shape[:2] != y.shape[:2]:
             raise ValueError(_MISFIT)
-        _fwd_planes(x, y, 0, x.shape[0] * x.shape[1], kh, kw, sh, sw, pt, pl, is_max,
-                    exclusive, adaptive)
+        # plain values, not the literals compiled code passes (see conv._plain)
+        _fwd_planes(x, y, _plain(0), x.shape[0] * x.shape[1], _plain(kh), _plain(kw),
+                    _plain(sh), _plain(sw), _plain(pt), _plain(pl), _plain(is_max),
+                    _plain(exclusive), _plain(adaptive))
     return impl
 
 
