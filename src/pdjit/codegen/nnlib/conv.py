@@ -17,7 +17,10 @@ one input channel per group and few output channels (depthwise) runs as direct l
 where a product of such thin matrices would cost more than it computes. The forward pass of a
 filter with few output channels per group over a plane of many outputs skips both im2col and
 BLAS: a Numba kernel reads the image through a table of tap offsets (:func:`_rows4`, see
-:func:`_fwd_range` and :func:`_use_taps`). Batches of several samples run on threads when
+:func:`_fwd_range` and :func:`_use_taps`). The input gradient of a stride-1 convolution is
+that forward pass over ``dy`` with the flipped, transposed filter where it takes the taps or
+the direct loops (:func:`by_forward`), and the filter gradient over planes of many outputs
+reads the same taps planes (:func:`_dots44`). Batches of several samples run on threads when
 large (the kernels release the GIL; in a native loop's compiled driver, on its own thread).
 """
 import numba
