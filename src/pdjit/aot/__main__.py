@@ -58,11 +58,9 @@ def run(args) -> int:
 
     fixed = args.batch is not None
     try:
-        with csource.overrides(fixed_batch=fixed):
-            spec = compile_model(args.model, args.output, batch=args.batch or 1, cpu=args.cpu,
-                                 params_file=args.params,
-                                 dynamic_batch=bool(args.dynamic_batch) or not fixed,
-                                 threads=args.threads, embed_params=args.embed_params)
+        spec = compile_model(args.model, args.output, batch=args.batch or 1, cpu=args.cpu,
+                             params_file=args.params, fixed_batch=fixed,
+                             threads=args.threads, embed_params=args.embed_params)
     except (AotError, PdjitError, OSError) as e:
         print(f"pdjit compile: {e}", file=sys.stderr)
         return 1

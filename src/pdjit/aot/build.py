@@ -48,7 +48,7 @@ class Spec:
     params_hash: int
     symbol: str = SYMBOL
     timings: dict = field(default_factory=dict)
-    # the build's options (``compile_model``'s keywords): batch, dynamic_batch, threads,
+    # the build's options (``compile_model``'s keywords): batch, fixed_batch, threads,
     # embed_params, cpu; the C source, the loader and the link read them from here
     options: dict = field(default_factory=dict)
 
@@ -146,12 +146,14 @@ def _build_plans(program, fetch_names):
 
 
 def compile_model(model_path, out_dir, batch: int = 1, cpu: str = "host",
-                  params_file: str | None = None, *, dynamic_batch: bool = False,
+                  params_file: str | None = None, *, fixed_batch: bool = False,
                   threads: int = 1, embed_params: bool = False) -> Spec:
     """Compile the saved model at ``model_path`` (any layout ``pdjit.io.inference.load_model``
     reads) into ``out_dir`` (see ``pdjit.aot``). ``batch``: the batch the instances' memory is
     sized for at creation by default. ``cpu``: ``host`` (this machine's instruction set) or
-    ``generic``. ``dynamic_batch``, ``threads``, ``embed_params``: see ``pdjit.aot``.
+    ``generic``. ``fixed_batch``: runs take 1 to ``batch`` rows and memory never grows (else
+    any batch, memory re-sized after a bigger one). ``threads``, ``embed_params``: see
+    ``pdjit.aot``.
     Raises :class:`AotError` for a model it cannot compile, naming the op."""
     if not isinstance(batch, int) or batch < 1:
         raise AotError(f"batch: expected an int >= 1, got {batch!r}")
@@ -206,7 +208,7 @@ def compile_model(model_path, out_dir, batch: int = 1, cpu: str = "host",
     blob += b"\0" * ((-len(blob)) % _ALIGN)
     split, why_not = batch_split.analyse(program, plan, model.feed_names, model.fetch_names)
     spec = Spec(inputs, outputs, used, offsets, len(blob), checksum(bytes(blob)),
-                options={"batch": batch, "dynamic_batch": bool(dynamic_batch),
+                options={"batch": batch, "fixed_batch": bool(fixed_batch),
                          "threads": threads, "embed_params": bool(embed_params), "cpu": cpu,
                          "batch_split": split, "batch_split_why_not": why_not})
     func, argtypes = _entry(program, plan, spec, values)

@@ -27,8 +27,6 @@ parameters are an assembler ``.incbin`` in the library (:func:`extra_sources`), 
 """
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import os
 
 #: dtype codes of the C ABI, in the order of ``model.h``'s enum
@@ -1019,33 +1017,14 @@ def _row(shape) -> int:
     return n
 
 
-#: build options a caller sets around ``compile_model`` (see :func:`overrides`)
-_OVERRIDES: contextvars.ContextVar = contextvars.ContextVar("pdjit_aot_overrides",
-                                                           default=None)
-
-
-@contextlib.contextmanager
-def overrides(**opts):
-    """Build options ``compile_model`` does not take as keywords yet, for the builds started
-    inside: ``fixed_batch=True`` makes ``--batch N`` a fixed batch (the command line uses it).
-    They land in ``spec.options`` when the C source is generated."""
-    token = _OVERRIDES.set({**(_OVERRIDES.get() or {}), **opts})
-    try:
-        yield
-    finally:
-        _OVERRIDES.reset(token)
-
-
 def options(spec) -> dict:
     """The build's options as the C source and the loader read them (``spec.options`` with
-    defaults, :func:`overrides` applied; written back into ``spec.options``): ``fixed_batch``
+    defaults; written back into ``spec.options``): ``fixed_batch``
     (N, or 0 for any batch), ``threads``, ``batch_split``, ``batch_split_why_not``,
     ``embed_params``."""
     o = spec.options
-    o.update(_OVERRIDES.get() or {})
     batch = int(o.get("batch", 1) or 1)
-    fixed = bool(o.get("fixed_batch", False)) and not o.get("dynamic_batch", False)
-    o["fixed_batch"] = batch if fixed else 0
+    o["fixed_batch"] = batch if o.get("fixed_batch") else 0
     o["threads"] = max(1, int(o.get("threads", 1) or 1))
     o.setdefault("batch_split", False)
     o.setdefault("batch_split_why_not", "")
