@@ -18,7 +18,10 @@ import threading
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler 'cc'")
+# one worker runs every AOT test (xdist_group): a second build in a process reuses the library
+# kernels Numba compiled for the first (LeNet: seconds instead of tens of seconds cold)
+pytestmark = [pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler 'cc'"),
+              pytest.mark.xdist_group("aot")]
 
 MODELS = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "paddle" / "models"
 NAMES = ["mlp", "lenet"]
@@ -359,8 +362,8 @@ def test_c_abi_rejects_null_and_out_of_range(artifacts):
 
 #: every model of the corpus the route compiles today (seconds each cold: opt in with
 #: PDJIT_AOT_CORPUS=1), and those it refuses, with the op it names
-CORPUS = ["mobilenet", "resnet_block", "transformer", "cond_while"]
-REFUSED = {"gru": "op(s) [rnn]", "lstm": "op(s) [rnn]"}
+CORPUS = ["mobilenet", "resnet_block", "transformer", "cond_while", "gru", "lstm"]
+REFUSED: dict = {}
 
 
 @pytest.mark.skipif(not os.environ.get("PDJIT_AOT_CORPUS"),
@@ -382,6 +385,26 @@ def test_corpus(name, jit, tmp_path):
         for n, g, r in zip(model.output_names, model.run(feed), ref):
             np.testing.assert_allclose(g, want[n], rtol=1e-5, atol=1e-5)
             np.testing.assert_allclose(g, r, rtol=1e-6, atol=1e-6 * float(np.abs(r).max()))
+    # the C example on the same inputs (.npy files in input order) prints each output's
+    # shape and first values
+    d = tmp_path / name
+    subprocess.run("cc -O2 -I. example.c -L. -lmodel -Wl,-rpath,'$ORIGIN' -o example",
+                   shell=True, cwd=d, check=True, capture_output=True)
+    for c, (feed, _) in enumerate(_cases(name)):
+        files = []
+        for i, n in enumerate(model.input_names):
+            files.append(str(d / f"case{c}_in{i}.npy"))
+            np.save(files[-1], feed[n])
+        r = subprocess.run([str(d / "example"), *files], capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stderr
+        printed = [ln for ln in r.stdout.splitlines() if ln.startswith("output ")]
+        assert len(printed) == len(model.output_names), r.stdout
+        for line, n, want in zip(printed, model.output_names, jit(name, feed)):
+            assert line.startswith(f"output {n}: {want.dtype} {list(want.shape)}:"), line
+            first = np.array([float(v) for v in line.split(":")[-1].split()])
+            np.testing.assert_allclose(first, want.ravel()[:first.size], rtol=1e-5,
+                                       atol=1e-6)
 
 
 def test_two_inputs_two_outputs_float64_no_parameters(tmp_path):

@@ -9,7 +9,10 @@ import numba
 import numpy as np
 import pytest
 
-pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler 'cc'")
+# one worker runs every AOT test (xdist_group): a second build in a process reuses the library
+# kernels Numba compiled for the first (LeNet: seconds instead of tens of seconds cold)
+pytestmark = [pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler 'cc'"),
+              pytest.mark.xdist_group("aot")]
 
 
 def test_numba_version_in_the_tested_range():

@@ -17,7 +17,10 @@ import numpy as np
 import pytest
 from test_aot_models import MODELS, _cases, _import_artifact
 
-pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler 'cc'")
+# one worker runs every AOT test (xdist_group): a second build in a process reuses the library
+# kernels Numba compiled for the first (LeNet: seconds instead of tens of seconds cold)
+pytestmark = [pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler 'cc'"),
+              pytest.mark.xdist_group("aot")]
 
 
 @pytest.fixture(scope="module")
