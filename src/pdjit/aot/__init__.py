@@ -1,12 +1,15 @@
 """Ahead-of-time compiled inference: a saved model as a native library with a C ABI.
 
-``compile_model(model, out_dir)`` (or ``python -m pdjit.aot compile MODEL -o OUT_DIR``) writes:
+``compile_model(model, out_dir)`` (or ``pdjit compile MODEL -o OUT_DIR [--batch N |
+--dynamic-batch] [--threads N] [--embed-params] [--cpu host|generic]``) writes:
 
 - ``libmodel.so`` and ``model.h``: create an instance (parameters read from ``model.params``
   beside the library, or a given path), query input/output names, dtypes and shapes, run,
   destroy; errors are status codes with a message (wrong count, dtype, rank or size of an input
   never reach native code);
-- ``model.params``: the parameters, in the order the library reads them;
+- ``model.params``: the parameters, in the order the library reads them (with
+  ``--embed-params`` they are also inside ``libmodel.so``, ``.incbin``'d, and an instance
+  needs no file; the checksum is verified at create either way);
 - ``__init__.py``: a loader that needs only NumPy and ``ctypes``
   (``import OUT_DIR as m; model = m.load(); outs = model.run({"x": x})``);
 - ``example.c``: a C program that runs the model on generated inputs (exit status 0);
@@ -38,17 +41,28 @@ mask in the entry. A random op, a tensor array or a LoD input in a sub-block is 
 the top, naming the op and the block. A native loop whose carried value changes shape fails the
 run (``PDJIT_ERR_NATIVE``; the JIT re-runs such a loop with its reference instead).
 
-What runs today (tests/aot): the corpus's mlp, lenet, cond_while (bit-identical to the JIT
-executor when built for ``host``: the same kernels and the same BLAS), mobilenet, resnet_block
-and transformer (within 1e-6 of the JIT, opt-in test), a ``while_loop`` with a
-``cond`` in its body (``tests/aot/test_aot_control_flow.py``); gru and lstm compile too since
-``rnn`` is callable from native code (the opt-in corpus test still lists them as refused).
-Built on one thread: no ``prange`` in the artifact; OpenBLAS keeps its own thread setting
-(``pdjit_set_blas_threads``; in a process that imported NumPy the library shares NumPy's
-OpenBLAS, loaded once by its soname). In the arena a dead array's block serves a later one
-(best fit: LeNet at batch 64 needs 2.9 MB where its arrays add up to 3.9 MB; no liveness
-planning across the generated code yet); ``pdjit_model_memory`` reports its size and how many
-arrays the last run had to put on the heap.
+What runs today (tests/aot): every model of the inference corpus. mlp, lenet and cond_while
+are bit-identical to the JIT executor when built for ``host`` (the same kernels and the same
+BLAS); mobilenet, resnet_block, transformer, gru and lstm (opt-in test, ``PDJIT_AOT_CORPUS=1``)
+are within 1e-6 of it through the loader and through ``example.c``; and a ``while_loop`` with a
+``cond`` in its body (``tests/aot/test_aot_control_flow.py``).
+
+Batch and memory: ``--dynamic-batch`` (the default) takes any batch, the arenas re-sized after
+a bigger one; ``--batch N`` makes a library for 1 to N rows whose memory is sized for N at
+creation and never grows (a bigger batch is an error naming the input). In an arena a dead
+array's block serves a later one (best fit: LeNet at batch 64 needs 2.9 MB where its arrays add
+up to 3.9 MB); ``pdjit_model_memory`` reports the size and how many arrays the last run had to
+put on the heap.
+
+Threads: no ``prange`` in the artifact (plans are built on one thread). ``--threads N``
+(``load(threads=N)``, ``pdjit_model_set_threads``) splits a run's batch into ``min(N, B // 2)``
+slices on pthreads, one arena per thread per instance, when ``pdjit.aot.batch_split`` shows
+every output row depends only on the same input rows; else the build names the op that mixes
+rows and the N threads go to OpenBLAS (process-wide; ``pdjit_set_blas_threads``; in a process
+that imported NumPy the library shares NumPy's OpenBLAS, loaded once by its soname). A split
+run equals one thread on each slice bit for bit; one thread on the whole batch may differ in
+the last bit where OpenBLAS sums a row differently for another row count (LeNet at 100 rows:
+2.7e-7). Instances are independent: threads may run their own instances concurrently.
 
 Relies on Numba internals (pinned by ``tests/aot/test_aot_numba_internals.py``), tested with
 Numba 0.68.x and llvmlite 0.50.x (:data:`NUMBA_RANGE`): ``BaseContext.with_aot_codegen``,
