@@ -306,10 +306,53 @@ class HostDriver(cpu.HostDriver):
         #: the driver was built: what a PTX check compiles (``ptx``)
         self.device_jobs = list(gen.device_jobs)
 
+    def _build(self) -> None:
+        ns = self._namespace()
+        ns.update({g: _Launcher(c) for g, c in self.calls})
+        exec(compile(self.source, self.filename, "exec"), ns)  # noqa: S102
+        self.fn = ns[self.fn_name]
+
     def _namespace(self) -> dict:
         from pdjit.codegen import cuda_lib
 
         return {"np": np, "math": math, "_rt": cuda_lib.RT, "_cu": cuda_lib}
+
+
+#: when a dict: every launch of a generated kernel adds ``(module name, argument types) ->
+#: (module text, Numba types)`` (the PTX checks compile exactly what ran)
+RECORD: dict | None = None
+
+
+class _Launcher:
+    """A generated kernel as the driver launches it (``K[grid](args)``)."""
+
+    __slots__ = ("compiled",)
+
+    def __init__(self, compiled):
+        self.compiled = compiled
+
+    def __getitem__(self, config):
+        launch = self.compiled.fn[config]
+        if RECORD is None:
+            return launch
+
+        def recorded(*args):
+            sig = tuple(_numba_type(a) for a in args)
+            RECORD.setdefault((self.compiled.name, sig), (self.compiled.text, sig))
+            return launch(*args)
+        return recorded
+
+
+def _numba_type(value):
+    import numba
+
+    if hasattr(value, "copy_to_host"):  # a device array (the simulator's: its host array)
+        host = np.asarray(value) if hasattr(value, "_ary") else None
+        if host is not None:
+            return numba.typeof(host)
+        layout = "C" if value.is_c_contiguous() else "A"
+        return numba.types.Array(numba.from_dtype(value.dtype), value.ndim, layout)
+    return numba.typeof(value)
 
 
 def numba_signature(argtypes) -> tuple:
@@ -331,11 +374,15 @@ def numba_signature(argtypes) -> tuple:
 
 
 def ptx(compiled, argtypes, cc=(8, 0)) -> str:
-    """The PTX of a generated kernel for these argument types and compute capability (needs
-    NVVM, e.g. from ``numba-cuda[cu13]``; no GPU)."""
+    """The PTX of a generated kernel for these argument types (``(dtype, ndim)``/``float``/
+    ``int``, or Numba types) and compute capability (needs NVVM, e.g. from
+    ``numba-cuda[cu13]``; no GPU)."""
     from numba import cuda as _cuda
+    from numba.core import types as _types
 
     kernel = compiled.fn
     fn = getattr(kernel, "py_func", kernel)
-    text, _ = _cuda.compile_ptx(fn, numba_signature(argtypes), cc=cc)
+    sig = tuple(argtypes) if all(isinstance(t, _types.Type) for t in argtypes) else \
+        numba_signature(argtypes)
+    text, _ = _cuda.compile_ptx(fn, sig, cc=cc)
     return text

@@ -20,9 +20,9 @@ from pdjit.codegen import cpu
 
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM", "0").strip() not in ("", "0")
 #: threads per block of elementwise and reduction kernels
-TPB = 32 if SIMULATOR else 256
+TPB = 16 if SIMULATOR else 256
 #: at most this many blocks per grid-stride launch
-MAX_BLOCKS = 2 if SIMULATOR else 65535
+MAX_BLOCKS = 1 if SIMULATOR else 65535
 #: the GEMM's tile (TILE x TILE threads per block)
 TILE = 8 if SIMULATOR else 16
 

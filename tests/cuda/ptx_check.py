@@ -1,0 +1,54 @@
+"""Compile recorded cuda kernels to PTX (run as a script, without the CUDA simulator):
+``python ptx_check.py RECORDS.pkl`` prints a JSON summary. The records are ``[(module text,
+Numba argument types)]`` of the generated kernels a test session launched; the library
+kernels of ``pdjit.codegen.cuda_lib`` are compiled with their own signatures."""
+import json
+import pickle
+import sys
+import time
+
+
+def main(path: str) -> dict:
+    from numba import cuda
+    from numba.core import types as t
+
+    try:
+        from numba.cuda.cudadrv import nvvm
+        nvvm.NVVM()
+    except Exception as e:  # noqa: BLE001 - no libNVVM: nothing can be compiled here
+        return {"nvvm": False, "reason": f"{type(e).__name__}: {e}"}
+    from pdjit.codegen import cuda_lib
+
+    with open(path, "rb") as f:
+        records = pickle.load(f)
+    jobs = []
+    for text, sig in records:
+        ns: dict = {}
+        exec(compile(text, "<pdjit cuda kernel>", "exec"), ns)  # noqa: S102
+        jobs.append((ns["kernel"].py_func, sig))
+    f32, f64, i64 = t.float32, t.float64, t.int64
+    for ft in (f32, f64):
+        a2 = t.Array(ft, 2, "A")
+        jobs.append((cuda_lib._gemm_kernel(ft.name).py_func, (a2, a2, t.Array(ft, 2, "C"))))
+    v32 = t.Array(f32, 1, "C")
+    jobs.append((cuda_lib._softmax_rows.py_func, (v32, v32, i64, i64)))
+    jobs.append((cuda_lib._softmax_xent_rows.py_func,
+                 (v32, t.Array(i64, 1, "C"), v32, v32, i64, i64, i64)))
+    jobs.append((cuda_lib._check_labels.py_func,
+                 (t.Array(i64, 1, "C"), i64, i64, t.Array(t.int32, 1, "C"))))
+    jobs.append((cuda_lib._fill.py_func, (v32, i64)))
+    failures, t0 = [], time.perf_counter()
+    for fn, sig in jobs:
+        for cc in ((8, 0), (9, 0)):
+            try:
+                ptx, _ = cuda.compile_ptx(fn, sig, cc=cc)
+                assert f".target sm_{cc[0]}{cc[1]}" in ptx
+            except Exception as e:  # noqa: BLE001 - reported, with the kernel
+                failures.append(f"{fn.__name__}{sig} cc {cc}: {type(e).__name__}: "
+                                f"{str(e)[:300]}")
+    return {"nvvm": True, "kernels": len(jobs), "compiled": 2 * len(jobs) - len(failures),
+            "failures": failures, "seconds": time.perf_counter() - t0}
+
+
+if __name__ == "__main__":
+    print(json.dumps(main(sys.argv[1])))

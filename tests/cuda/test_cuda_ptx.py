@@ -1,0 +1,68 @@
+"""Every kernel the cuda tests generate (and the library kernels) compiles to PTX for compute
+capability 8.0 and 9.0 without a GPU, when NVVM is installed (``numba-cuda[cu13]``); skipped
+with the reason otherwise. The kernels run here on the simulator with their launches recorded;
+a process without the simulator compiles what was recorded."""
+import json
+import os
+import pathlib
+import pickle
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import pdjit as fluid
+from pdjit.codegen import cuda as cuda_target
+from pdjit.runtime import device
+
+HERE = pathlib.Path(__file__).parent
+
+
+def _launch_everything():
+    import test_cuda_kernels as kernels
+    import test_cuda_ops as ops
+    import test_cuda_train as train
+    import test_cuda_while as loop
+
+    train._train(fluid.CUDAPlace(0), train.OPTIMIZERS["adam"], steps=1)
+    for name, fn in sorted(vars(ops).items()):  # the first case of each op test
+        if name.startswith("test_"):
+            kwargs = {}
+            for m in getattr(fn, "pytestmark", []):
+                if m.name == "parametrize":
+                    names = [n.strip() for n in m.args[0].split(",")]
+                    first = m.args[1][0]
+                    kwargs.update(zip(names, first if len(names) > 1 else [first]))
+            fn(**kwargs)
+    main, acc, total, i = loop._program()
+    fluid.Executor(fluid.CUDAPlace(0)).run(main, feed={"x": np.ones((3, 4), "float32")},
+                                           fetch_list=[total])
+    for form in sorted(kernels.FORMS):
+        device.reset_transfers()
+        kernels.test_elementwise_forms(form, device.transfers)
+    kernels.test_strided_broadcast_and_math_helpers()
+    kernels.test_reductions([1], True)
+    kernels.test_reductions(None, False)
+
+
+def test_generated_kernels_compile_to_ptx(tmp_path):
+    cuda_target.RECORD = {}
+    try:
+        _launch_everything()
+        records = list(cuda_target.RECORD.values())
+    finally:
+        cuda_target.RECORD = None
+    assert len(records) >= 20, len(records)
+    path = tmp_path / "kernels.pkl"
+    path.write_bytes(pickle.dumps(records))
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    proc = subprocess.run([sys.executable, str(HERE / "ptx_check.py"), str(path)], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    if not summary["nvvm"]:
+        pytest.skip(f"no NVVM to compile PTX with: {summary['reason']}")
+    assert not summary["failures"], "\n".join(summary["failures"])
+    assert summary["compiled"] == 2 * summary["kernels"] >= 2 * (len(records) + 6)
+    print(f"PTX: {summary['kernels']} kernels x cc 8.0/9.0 in {summary['seconds']:.1f} s")
