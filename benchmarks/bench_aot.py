@@ -1,6 +1,7 @@
 """A corpus model compiled ahead of time (``pdjit.aot``) against pdjit's JIT and ONNX Runtime.
 
     python benchmarks/bench_aot.py [--model lenet|mobilenet|...] [--repeat N] [--rounds R]
+                                   [--threads N]
 
 The corpus model (default LeNet: ``tests/fixtures/paddle/models/lenet``, saved by PaddlePaddle;
 ``mobilenet`` is the MobileNet-like one, [B, 3, 32, 32]) is compiled
@@ -17,6 +18,10 @@ into an artifact directory (build time reported), and exported to ONNX
    predictor at its defaults; the artifact through its Python loader (ctypes, an output copy);
    ONNX Runtime with 1 intra-op thread; and the artifact through C (a small C program timing
    ``pdjit_model_run``). Outputs are checked against pdjit's predictor.
+
+``--threads N`` (default 1): every contender's thread count in the latency runs: the artifact
+built with ``--threads N``, ONNX Runtime's intra-op threads, pdjit's loop threads, and
+OpenBLAS's (``OPENBLAS_NUM_THREADS``, for the JIT and the artifact alike).
 """
 from __future__ import annotations
 
@@ -67,6 +72,7 @@ int main(int argc, char **argv) {
     pdjit_model *m;
     char err[512];
     if (pdjit_model_create(NULL, batch, &m, err, sizeof err)) { puts(err); return 1; }
+    if (pdjit_model_set_threads(m, atoi(argv[3]))) { puts("set_threads"); return 1; }
     int64_t shape[8], count = 1;
     int nd = pdjit_input_ndim(0);
     for (int d = 0; d < nd; d++) {
@@ -93,6 +99,9 @@ int main(int argc, char **argv) {
 """
 
 
+THREADS = int(os.environ.get("BENCH_THREADS", "1"))
+
+
 def child(engine: str, batch: int, repeat: int, tmp: str) -> None:
     with open(os.path.join(tmp, "model.json")) as f:
         info = json.load(f)
@@ -102,7 +111,7 @@ def child(engine: str, batch: int, repeat: int, tmp: str) -> None:
         sys.path.insert(0, tmp)
         import model_aot
 
-        m = model_aot.load(max_batch=batch)
+        m = model_aot.load(max_batch=batch, threads=THREADS)
         name = m.input_names[0]
 
         def fn():
@@ -118,7 +127,7 @@ def child(engine: str, batch: int, repeat: int, tmp: str) -> None:
         import onnxruntime as ort
 
         so = ort.SessionOptions()
-        so.intra_op_num_threads = 1
+        so.intra_op_num_threads = THREADS
         s = ort.InferenceSession(os.path.join(tmp, "model.onnx"), so,
                                  providers=["CPUExecutionProvider"])
         name = s.get_inputs()[0].name
@@ -141,6 +150,7 @@ def main() -> None:
     ap.add_argument("--model", default="lenet")
     ap.add_argument("--repeat", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--child", nargs=4, metavar=("ENGINE", "BATCH", "REPEAT", "TMP"))
     args = ap.parse_args()
     if args.child:
@@ -154,7 +164,8 @@ def main() -> None:
     model_path = str(MODELS / args.model)
     with tempfile.TemporaryDirectory(prefix="pdjit-bench-aot-") as tmp:
         t0 = time.perf_counter()
-        spec = compile_model(model_path, os.path.join(tmp, "model_aot"), batch=1)
+        spec = compile_model(model_path, os.path.join(tmp, "model_aot"), batch=1,
+                             threads=args.threads)
         build = time.perf_counter() - t0
         print(f"artifact build (warm Numba cache): {build:.2f} s "
               f"({', '.join(f'{k} {v:.2f} s' for k, v in spec.timings.items())})")
@@ -190,25 +201,30 @@ def main() -> None:
             f.write(BENCH_C)
         subprocess.run("cc -O2 -I. bench_c.c -L. -lmodel -Wl,-rpath,'$ORIGIN' -o bench_c",
                        shell=True, cwd=art, check=True)
+        env = dict(os.environ, BENCH_THREADS=str(args.threads),
+                   OPENBLAS_NUM_THREADS=str(args.threads),
+                   PDJIT_NUM_THREADS=str(args.threads))
         for batch in (1, 64):
             res = {}
             rep = args.repeat if batch == 1 else max(args.repeat // 4, 10)
             res["aot through C"] = json.loads(subprocess.run(
-                [os.path.join(art, "bench_c"), str(batch), str(rep)], capture_output=True,
-                text=True, check=True).stdout)["median_ms"]
+                [os.path.join(art, "bench_c"), str(batch), str(rep), str(args.threads)],
+                capture_output=True, text=True, check=True, env=env).stdout)["median_ms"]
             for engine in ("pdjit JIT", "aot loader", "onnxruntime"):
                 out = subprocess.run([sys.executable, __file__, "--child", engine, str(batch),
                                       str(rep), tmp], capture_output=True, text=True,
-                                     check=True).stdout
+                                     check=True, env=env).stdout
                 res[engine] = json.loads(out.strip().splitlines()[-1])["median_ms"]
             ref = np.load(os.path.join(tmp, f"out_pdjit_JIT_{batch}.npy"))
             for engine in ("aot_loader", "onnxruntime"):
                 got = np.load(os.path.join(tmp, f"out_{engine}_{batch}.npy"))
                 assert np.allclose(got, ref, rtol=1e-4, atol=1e-5), engine
-            print(f"\n## latency, {args.model} batch {batch} (median ms, own process each)")
-            print("| contender | median ms | vs pdjit JIT |\n|---|---|---|")
+            print(f"\n## latency, {args.model} batch {batch}, {args.threads} thread(s) "
+                  "(median ms, own process each)")
+            print("| contender | median ms | vs pdjit JIT | vs onnxruntime |\n|---|---|---|---|")
             for k, v in sorted(res.items(), key=lambda kv: kv[0] != "pdjit JIT"):
-                print(f"| {k} | {v:.4f} | {v / res['pdjit JIT']:.2f}x |")
+                print(f"| {k} | {v:.4f} | {v / res['pdjit JIT']:.2f}x | "
+                      f"{v / res['onnxruntime']:.2f}x |")
 
 
 if __name__ == "__main__":
