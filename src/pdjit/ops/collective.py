@@ -1,0 +1,1 @@
+"""Collective ops for data-parallel training across processes (``pdjit.distributed``)."""
