@@ -24,6 +24,13 @@ for the run, each with an arena of its own and writing its rows of the outputs i
 slice that fails, or inputs that disagree on the batch, send the run to one thread, which gives
 the outputs or the error); without it the threads go to OpenBLAS. With ``embed_params`` the
 parameters are an assembler ``.incbin`` in the library (:func:`extra_sources`), used in place.
+
+A run the native code refuses (an exception raised in compiled code: an index out of range, sizes
+that disagree) fails with ``PDJIT_ERR_NATIVE`` and the exception's type and message: model.c
+reads the strings of the pickled ``(class, args, location)`` that Numba's ``excinfo`` struct
+points to (its first two members: the bytes and their length), without unpickling; a layout it
+does not recognise gives the older message, which only has the status
+(``tests/aot/test_aot_review.py`` checks the message end to end).
 """
 from __future__ import annotations
 
@@ -97,8 +104,10 @@ int pdjit_model_run(pdjit_model *m, int n_inputs, const void *const *data, const
 /* Output i of the last successful run (valid until the next run or destroy): its data and
    shape (rank pdjit_output_ndim(i)). */
 int pdjit_model_output(const pdjit_model *m, int i, const void **data, const int64_t **shape);
-/* The message of the last failed call on m. */
+/* The message of the last failed call on m (a run the native code refused: the exception's
+   type and message, e.g. "IndexError: pdjit: an index is out of range (in _checked_rows)"). */
 const char *pdjit_model_error(const pdjit_model *m);
+/* Frees m (NULL: nothing). Like free(), m must not be used or destroyed again after. */
 void pdjit_model_destroy(pdjit_model *m);
 /* The instance's arenas (bytes, all its threads together) and how many arrays the last run
    had to put on the heap because an arena was too small (0 once the arenas fit the batch). */
@@ -604,11 +613,66 @@ static int grow_output(pdjit_model *m, int i, int64_t elems) {
 }
 
 static int32_t call_entry(pdjit_model *m, const void *const *data, const int64_t *const *shapes,
-                          void *const *outp, const int64_t *outc, int64_t *meta, int32_t *ret) {
-    void *excinfo = NULL;
+                          void *const *outp, const int64_t *outc, int64_t *meta, int32_t *ret,
+                          void **excinfo) {
     char *P = m->params;
+    *excinfo = NULL;
     (void)P; (void)data; (void)shapes; (void)outp; (void)outc;
-    return %(symbol)s(ret, &excinfo%(call)s);
+    return %(symbol)s(ret, excinfo%(call)s);
+}
+
+/* The message of the exception the native code raised: Numba's excinfo is a struct whose first
+   members are the pickled (class, args, location) and its length; the pickle's strings are
+   read without unpickling (module, class, then the arguments' strings up to the tuple holding
+   them, then the function's name). Writes "" when the layout is not the expected one. */
+static void exc_message(const void *excinfo, int32_t status, char *out, size_t n) {
+    struct { const unsigned char *data; int32_t len; } info;
+    out[0] = 0;
+    if (excinfo == NULL || status < 1) return;
+    memcpy(&info, excinfo, sizeof info);
+    if (info.data == NULL || info.len < 2 || info.len > (1 << 20) || info.data[0] != 0x80)
+        return;
+    const unsigned char *p = info.data, *end = info.data + info.len;
+    const char *strs[8];
+    int lens[8], ns = 0, args_end = -1;
+    p += 2;   /* PROTO n */
+    while (p < end && ns < 8) {
+        unsigned char op = *p++;
+        uint64_t len = 0;
+        size_t skip = 0;
+        switch (op) {
+            case 0x8c: if (p >= end) return; len = *p++; break;           /* SHORT_BINUNICODE */
+            case 0x58: if (end - p < 4) return; memcpy(&len, p, 4); p += 4; break;
+            case 0x8d: if (end - p < 8) return; memcpy(&len, p, 8); p += 8; break;
+            case 0x95: skip = 8; break;                                   /* FRAME */
+            case 0x94: case 0x93: case 0x4e: case 0x28: case 0x88: case 0x89: break;
+            case 0x85: case 0x86: case 0x87: case 0x74: case 0x29:       /* a tuple ends */
+                if (args_end < 0 && ns >= 2) args_end = ns;
+                break;
+            case 0x4b: case 0x68: skip = 1; break;                        /* BININT1, BINGET */
+            case 0x4d: skip = 2; break;
+            case 0x4a: case 0x6a: skip = 4; break;
+            case 0x47: skip = 8; break;
+            case 0x2e: p = end; break;                                    /* STOP */
+            default: p = end; break;                                      /* unknown: done */
+        }
+        if (op == 0x8c || op == 0x58 || op == 0x8d) {
+            if (len > (uint64_t)(end - p)) return;
+            strs[ns] = (const char *)p;
+            lens[ns++] = (int)len;
+            p += len;
+        } else if (skip) {
+            if ((size_t)(end - p) < skip) return;
+            p += skip;
+        }
+    }
+    if (ns < 2) return;
+    if (args_end < 0) args_end = ns;
+    size_t k = (size_t)snprintf(out, n, "%%.*s", lens[1], strs[1]);
+    for (int i = 2; i < args_end && k < n; i++)
+        k += (size_t)snprintf(out + k, n - k, "%%s%%.*s", i == 2 ? ": " : ", ", lens[i], strs[i]);
+    if (args_end < ns && k < n)
+        k += (size_t)snprintf(out + k, n - k, " (in %%.*s)", lens[args_end], strs[args_end]);
 }
 
 static void arena_reset(pdjit_arena *a) {
@@ -641,14 +705,21 @@ static int run_checked(pdjit_model *m, const void *const *data, const int64_t *c
         arena_reset(&m->arena);
         for (int k = 1; k < m->nslices; k++) m->worker_arenas[k - 1].heap_blocks = 0;
         pdjit_current_arena = &m->arena;
-        int32_t status = call_entry(m, data, shapes, m->out, m->out_cap, m->meta, &ret);
+        void *excinfo = NULL;
+        int32_t status = call_entry(m, data, shapes, m->out, m->out_cap, m->meta, &ret,
+                                    &excinfo);
         pdjit_current_arena = NULL;
         pdjit_arena_release(&m->arena);
         arena_fit(m, &m->arena);
-        if (status != 0)
+        if (status != 0) {
+            char why[384];
+            exc_message(excinfo, status, why, sizeof why);
+            if (why[0])
+                return fail(m, PDJIT_ERR_NATIVE, "the model's native code failed: %%s", why);
             return fail(m, PDJIT_ERR_NATIVE, "the model's native code failed (status %%d): an "
                         "input the model cannot take (run it with pdjit for the op's message)",
                         (int)status);
+        }
         if (ret == 0) {
             int k = 0;
             for (int i = 0; i < NUM_OUT; i++)
@@ -673,7 +744,9 @@ static void *run_slice(void *arg) {
     arena_reset(j->arena);
     pdjit_current_arena = j->arena;
     j->ret = 0;
-    j->status = call_entry(j->m, j->data, j->sp, j->outp, j->outc, j->meta, &j->ret);
+    void *excinfo = NULL;
+    j->status = call_entry(j->m, j->data, j->sp, j->outp, j->outc, j->meta, &j->ret,
+                           &excinfo);
     pdjit_current_arena = NULL;
     pdjit_arena_release(j->arena);
     return NULL;
@@ -882,16 +955,23 @@ static int size_arenas(pdjit_model *m, int64_t max_batch) {
     const int64_t *sp[NUM_IN + 1];
     const void *data[NUM_IN + 1];
     int rc = PDJIT_OK;
+    for (int i = 0; i < NUM_IN; i++)
+        for (int d = 1; d < in_ndims[i]; d++)
+            if (in_shapes[i][d] < 0) return PDJIT_OK;
     for (int i = 0; i < NUM_IN; i++) {
         int64_t n = 1;
         for (int d = 0; d < in_ndims[i]; d++) {
-            if (in_shapes[i][d] < 0 && d > 0) return PDJIT_OK;
             shapes[i][d] = in_shapes[i][d] < 0 ? max_batch : in_shapes[i][d];
-            n *= shapes[i][d];
+            if (__builtin_mul_overflow(n, shapes[i][d], &n) ||
+                    __builtin_mul_overflow(n, dtype_sizes[in_dtypes[i]], &(int64_t){0}))
+                n = -1;
+            if (n < 0) break;
         }
         sp[i] = shapes[i];
-        data[i] = calloc((size_t)(n ? n : 1), dtype_sizes[in_dtypes[i]]);
-        if (data[i] == NULL) rc = PDJIT_ERR_MEMORY;
+        data[i] = n < 0 ? NULL : calloc((size_t)(n ? n : 1), dtype_sizes[in_dtypes[i]]);
+        if (data[i] == NULL && rc == PDJIT_OK)
+            rc = fail(m, PDJIT_ERR_MEMORY, "out of memory for input '%%s' at max_batch "
+                      "%%lld", in_names[i], (long long)max_batch);
     }
     m->sizing = 1;
     if (rc == PDJIT_OK) rc = run_checked(m, data, sp, max_batch);
@@ -1223,6 +1303,11 @@ int main(int argc, char **argv) {
             if (t == PDJIT_FLOAT32) printf(" %.6g", ((const float *)out)[k]);
             else if (t == PDJIT_FLOAT64) printf(" %.6g", ((const double *)out)[k]);
             else if (t == PDJIT_INT64) printf(" %lld", (long long)((const int64_t *)out)[k]);
+            else if (t == PDJIT_INT32) printf(" %d", ((const int32_t *)out)[k]);
+            else if (t == PDJIT_INT16) printf(" %d", ((const int16_t *)out)[k]);
+            else if (t == PDJIT_INT8) printf(" %d", ((const int8_t *)out)[k]);
+            else if (t == PDJIT_UINT8 || t == PDJIT_BOOL)
+                printf(" %d", ((const unsigned char *)out)[k]);
         }
         printf("\n");
     }
