@@ -6,12 +6,14 @@ SOURCE = r'''"""A model compiled ahead of time by pdjit:
 
 Needs only NumPy and ctypes. ``load(params=None, max_batch=%(batch)d, threads=None)``: an
 instance (its memory sized for ``max_batch`` at creation, re-sized for a bigger batch unless
-the library was built for a fixed batch); instances are independent, one per thread.
+the library was built for a fixed batch); instances are independent: give each thread its own
+(calls on one instance from several threads wait for each other).
 
 Built with: %(built)s.
 """
 import ctypes
 import os
+import threading
 
 import numpy as np
 
@@ -80,6 +82,7 @@ class Model:
     def __init__(self, params=None, max_batch=%(batch)d, threads=None):
         lib = _library()
         self._lib, self._h = lib, None
+        self._lock = threading.Lock()   # the C instance runs one call at a time
         ni, no = lib.pdjit_num_inputs(), lib.pdjit_num_outputs()
         self.input_names = [lib.pdjit_input_name(i).decode() for i in range(ni)]
         self.output_names = [lib.pdjit_output_name(i).decode() for i in range(no)]
@@ -89,10 +92,13 @@ class Model:
                                    range(lib.pdjit_input_ndim(i))) for i in range(ni)]
         self.output_shapes = [tuple(lib.pdjit_output_shape(i)[d] for d in
                                     range(lib.pdjit_output_ndim(i))) for i in range(no)]
+        if isinstance(max_batch, bool) or not isinstance(max_batch, (int, np.integer)) or \
+                max_batch > 1 << 40:
+            raise ModelError(1, f"max_batch: expected an int from 1 to 2**40, got {max_batch!r}")
         err = ctypes.create_string_buffer(512)
         h = ctypes.c_void_p()
         path = None if params is None else os.fsencode(params)
-        rc = lib.pdjit_model_create(path, int(max_batch), ctypes.byref(h), err, 512)
+        rc = lib.pdjit_model_create(path, max(int(max_batch), -1), ctypes.byref(h), err, 512)
         if rc != 0:
             raise ModelError(rc, err.value.decode(errors="replace"))
         self._h = h
@@ -106,17 +112,22 @@ class Model:
 
     @property
     def threads(self):
-        return self._lib.pdjit_model_threads(self._h) if self._h is not None else 0
+        with self._lock:
+            return self._lib.pdjit_model_threads(self._h) if self._h is not None else 0
 
     def set_threads(self, n):
         """The threads this instance's runs use from now on (see the class)."""
-        if self._h is None:
-            raise ModelError(1, "the model was closed")
         if not isinstance(n, int) or isinstance(n, bool):
             raise ModelError(1, f"threads: expected an int, got {n!r}")
-        rc = self._lib.pdjit_model_set_threads(self._h, n)
-        if rc != 0:
-            raise ModelError(rc, self._lib.pdjit_model_error(self._h).decode(errors="replace"))
+        with self._lock:
+            if self._h is None:
+                raise ModelError(1, "the model was closed")
+            if not -(1 << 31) <= n < 1 << 31:
+                raise ModelError(1, f"threads: expected 1 to 64, got {n}")
+            rc = self._lib.pdjit_model_set_threads(self._h, n)
+            if rc != 0:
+                raise ModelError(rc, self._lib.pdjit_model_error(self._h).decode(
+                    errors="replace"))
 
     def _buffers(self):
         n = len(self.input_names)
@@ -131,7 +142,12 @@ class Model:
 
     def run(self, feed):
         """The outputs (new arrays, in ``output_names`` order) for ``feed``, a dict by input
-        name (or a list in ``input_names`` order). One thread at a time per instance."""
+        name (or a list in ``input_names`` order). One thread at a time per instance: a call
+        from another thread waits for the running one."""
+        with self._lock:
+            return self._run(feed)
+
+    def _run(self, feed):
         if self._h is None:
             raise ModelError(1, "the model was closed")
         if isinstance(feed, dict):
@@ -161,8 +177,13 @@ class Model:
         for i, a in enumerate(arrays):
             a = np.ascontiguousarray(a)
             keep.append(a)
+            what = repr(self.input_names[i]) if i < len(self.input_names) else str(i)
             if a.ndim > 32:
-                raise ModelError(4, f"input {i}: rank {a.ndim} is too large")
+                raise ModelError(4, f"input {what}: rank {a.ndim} is too large")
+            if a.dtype not in _CODES and i < len(self.input_dtypes):
+                raise ModelError(3, f"input {what}: expected dtype {self.input_dtypes[i]}, "
+                                    f"got unknown dtype {a.dtype.str!r} (the library takes "
+                                    f"native-byte-order {_DTYPES})")
             data[i] = a.ctypes.data
             codes[i] = _CODES.get(a.dtype, -1)
             ndims[i] = a.ndim
@@ -187,13 +208,21 @@ class Model:
         the heap count is 0 once the arenas fit the batch (they grow after a run that needed
         more, unless the library was built for a fixed batch)."""
         a, h = ctypes.c_int64(), ctypes.c_int64()
-        self._lib.pdjit_model_memory(self._h, ctypes.byref(a), ctypes.byref(h))
+        with self._lock:
+            if self._h is None:
+                raise ModelError(1, "the model was closed")
+            self._lib.pdjit_model_memory(self._h, ctypes.byref(a), ctypes.byref(h))
         return a.value, h.value
 
     def close(self):
-        if self._h is not None:
-            self._lib.pdjit_model_destroy(self._h)
-            self._h = None
+        """Frees the instance (a later call raises ModelError); closing twice is harmless."""
+        lock = getattr(self, "_lock", None)
+        if lock is None:
+            return
+        with lock:
+            if self._h is not None:
+                self._lib.pdjit_model_destroy(self._h)
+                self._h = None
 
     def __del__(self):
         try:
