@@ -10,6 +10,7 @@ import struct
 import subprocess
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 
 import numba
@@ -19,7 +20,7 @@ from pdjit.aot import batch_split, csource, loader
 from pdjit.aot.numba_aot import compile_object, pointer
 from pdjit.framework import registry
 from pdjit.framework.dtypes import to_numpy
-from pdjit.framework.errors import PdjitError
+from pdjit.framework.errors import PdjitError, ReferenceStepWarning
 from pdjit.io.inference import load_model
 from pdjit.passes.inference import optimize
 from pdjit.proto import framework_pb2 as pb
@@ -160,11 +161,21 @@ def compile_model(model_path, out_dir, batch: int = 1, cpu: str = "host",
     cc = shutil.which("cc")
     if cc is None:
         raise AotError("no C compiler: 'cc' is not on PATH")
+    if os.path.exists(out_dir) and not os.path.isdir(out_dir):   # before the long part
+        raise AotError(f"output {str(out_dir)!r}: expected a directory, got a file")
     t0 = time.perf_counter()
     model = load_model(model_path, params_file)
     program, params = optimize(model.program, model.params)
     gb = program.global_block()
-    with _one_thread():
+    for n in model.feed_names:   # before the plan, whose refusal would name an op reading it
+        v = gb._find_var_recursive(n)
+        if v is not None and getattr(v, "lod_level", 0):
+            raise AotError(f"{model_path}: cannot compile ahead of time: input {n!r} is a LoD "
+                           f"tensor (lod_level {v.lod_level}); sequences are not compiled "
+                           "ahead of time yet")
+    with _one_thread(), warnings.catch_warnings():
+        # a step that runs its reference is refused below, naming the op: no warning too
+        warnings.simplefilter("ignore", ReferenceStepWarning)
         plan = _build_plans(program, model.fetch_names)
     for step in plan.steps:
         why = _refuse_step(step)
@@ -188,6 +199,9 @@ def compile_model(model_path, out_dir, batch: int = 1, cpu: str = "host",
         if what == "input" and getattr(v, "lod_level", 0):
             raise AotError(f"input {n!r} is a LoD tensor (lod_level {v.lod_level}): sequences "
                            "are not compiled ahead of time yet")
+        if len(v.shape) > 8:   # model.c's shape tables hold 8 dims
+            raise AotError(f"{what} {n!r}: rank {len(v.shape)} is not supported (expected at "
+                           "most 8)")
         return n, dtype, [int(d) for d in v.shape]
 
     inputs = [spec(n, "input") for n in model.feed_names]
