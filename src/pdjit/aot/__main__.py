@@ -24,8 +24,19 @@ def _threads(text):
     return n
 
 
+DESCRIPTION = (
+    "Compile a saved inference model ahead of time into OUT_DIR: libmodel.so (a C ABI, "
+    "declared in model.h), model.params (the parameters), __init__.py (a loader needing only "
+    "NumPy: import OUT_DIR as m; m.load().run({'x': x})), example.c (cc -O2 -I. example.c -L. "
+    "-lmodel -Wl,-rpath,'$ORIGIN' -o example) and the OpenBLAS the library links. A model "
+    "with an op that has no native code, a random op or a LoD (sequence) input is refused, "
+    "naming it (exit status 1).")
+
+
 def add_arguments(c: argparse.ArgumentParser) -> None:
-    """The arguments of ``compile``."""
+    """The arguments of ``compile`` (and its description, when the parser has none)."""
+    if not c.description:
+        c.description = DESCRIPTION
     c.add_argument("model", help="a .pdmodel path prefix, a .pdmodel file or a model directory")
     c.add_argument("-o", "--output", required=True, help="the artifact directory")
     c.add_argument("--params", default=None, help="the parameters file, when not beside it")
@@ -72,7 +83,11 @@ def run(args) -> int:
     print("batch: " + (f"at most {o['fixed_batch']} (fixed)" if o["fixed_batch"] else
                        "any (memory re-sized on a bigger batch)")
           + ("; parameters embedded in libmodel.so" if o["embed_params"] else ""))
-    if o["batch_split"]:
+    if o["batch_split"] and o["threads"] == 1:
+        print("threads: 1; the batch can be split into slices on threads of their own (every "
+              "output row depends only on the same input rows): load(threads=N), "
+              "pdjit_model_set_threads or --threads N")
+    elif o["batch_split"]:
         print(f"threads: {o['threads']}: a run splits its batch into slices on threads of "
               "their own (every output row depends only on the same input rows)")
     else:
