@@ -511,12 +511,15 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None,
                 sources.append((compiled.name, compiled.text))
                 continue
             why = node.why_not + (f"; not a native loop: {why_not}" if why_not else "")
+            named = False
             if target != "cpu":
-                why = _host_op(op, op_idx, target, why, strict)
+                host_why = _host_op(op, op_idx, target, why, strict)
+                named, why = host_why != why, host_why
             subs = [(b, sub_plan(program.block(b))) for b in op.sub_block_indices()] \
                 if sub_plan is not None else []
             steps.append(ReferenceStep(op, op_idx, why, subs))
-            _warn_reference_step(op, node.why_not)
+            if not named:  # (a host op of a device plan was named already)
+                _warn_reference_step(op, node.why_not)
             continue
         compiled = gen.target.HostDriver(gen, memory_optim=memory_optim)
         native = _native_driver(gen, target) \
