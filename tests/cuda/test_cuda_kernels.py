@@ -137,3 +137,14 @@ def test_render_is_the_same_description():
     assert "e1 = _m.exp(x0)" in src_cpu and "e1 = _m.exp(x0)" in src_cuda
     assert "cuda.grid(1)" in src_cuda and "cuda.gridsize(1)" in src_cuda
     assert device.is_device_array(device.to_device(np.zeros(3)))
+
+
+def test_nan_inf_check_names_the_op(monkeypatch):
+    monkeypatch.setenv("PDJIT_CHECK_NAN_INF", "1")
+
+    def build():
+        X = _data("x", [2, 3])
+        return [fluid.layers.scale(fluid.layers.log(X), scale=2.0)]
+
+    with pytest.raises(Exception, match="log"):
+        _run(build, {"x": np.array([[1, 2, 3], [4, -1, 6]], "float32")})

@@ -324,6 +324,9 @@ class DeviceStep(NativeStep):
         except Exception as e:  # noqa: BLE001 - any failure: the references say what it was
             return self._fallback(executor, env, run_index, self._failing(e),
                                   f"{type(e).__name__}: {e}")
+        if self.nan_inf:  # checked on host copies (counted): a debugging mode
+            run_checks.pinpoint(executor, env, run_index, self.ops, self.outputs,
+                                [device.to_host(r) for r in results])
         set_ = env.set
         for name, value in zip(self.outputs, results):
             set_(name, value)
