@@ -28,9 +28,10 @@ DESCRIPTION = (
     "Compile a saved inference model ahead of time into OUT_DIR: libmodel.so (a C ABI, "
     "declared in model.h), model.params (the parameters), __init__.py (a loader needing only "
     "NumPy: import OUT_DIR as m; m.load().run({'x': x})), example.c (cc -O2 -I. example.c -L. "
-    "-lmodel -Wl,-rpath,'$ORIGIN' -o example) and the OpenBLAS the library links. A model "
-    "with an op that has no native code, a random op or a LoD (sequence) input is refused, "
-    "naming it (exit status 1).")
+    "-lmodel -Wl,-rpath,'$ORIGIN' -o example) and the OpenBLAS the library links. The model "
+    "runs after the inference passes (ops saved in training mode, e.g. dropout, in their "
+    "inference form, with a note). A model with an op that has no native code, a random op "
+    "or a LoD (sequence) input is refused, naming it (exit status 1).")
 
 
 def add_arguments(c: argparse.ArgumentParser) -> None:
@@ -80,6 +81,8 @@ def run(args) -> int:
     print(f"compiled {args.model} -> {args.output} in {t['total']:.2f} s "
           f"(Numba AOT {t['numba_aot']:.2f} s, link {t['link']:.2f} s): inputs "
           f"{[n for n, _, _ in spec.inputs]}, outputs {[n for n, _, _ in spec.outputs]}")
+    for note in spec.notes:
+        print(f"note: {note}")
     print("batch: " + (f"at most {o['fixed_batch']} (fixed)" if o["fixed_batch"] else
                        "any (memory re-sized on a bigger batch)")
           + ("; parameters embedded in libmodel.so" if o["embed_params"] else ""))

@@ -52,6 +52,9 @@ class Spec:
     # the build's options (``compile_model``'s keywords): batch, fixed_batch, threads,
     # embed_params, cpu; the C source, the loader and the link read them from here
     options: dict = field(default_factory=dict)
+    # what the user should know about the build (``pdjit compile`` prints them): ops saved in
+    # training mode that the inference passes switched to their inference form
+    notes: list = field(default_factory=list)
 
 
 def checksum(blob: bytes) -> int:
@@ -165,6 +168,7 @@ def compile_model(model_path, out_dir, batch: int = 1, cpu: str = "host",
         raise AotError(f"output {str(out_dir)!r}: expected a directory, got a file")
     t0 = time.perf_counter()
     model = load_model(model_path, params_file)
+    notes = _training_mode_ops(model.program)
     program, params = optimize(model.program, model.params)
     gb = program.global_block()
     for n in model.feed_names:   # before the plan, whose refusal would name an op reading it
@@ -225,6 +229,7 @@ def compile_model(model_path, out_dir, batch: int = 1, cpu: str = "host",
                 options={"batch": batch, "fixed_batch": bool(fixed_batch),
                          "threads": threads, "embed_params": bool(embed_params), "cpu": cpu,
                          "batch_split": split, "batch_split_why_not": why_not})
+    spec.notes = notes
     func, argtypes = _entry(program, plan, spec, values)
     t_src = time.perf_counter()
     try:
@@ -244,6 +249,21 @@ def compile_model(model_path, out_dir, batch: int = 1, cpu: str = "host",
     spec.timings = {"load+plan": t_plan - t0, "numba_aot": t_obj - t_src,
                     "link": t_end - t_obj, "total": t_end - t0}
     return spec
+
+
+def _training_mode_ops(program) -> list:
+    """A note for each op the saved program runs in training mode (``is_test`` False, e.g. a
+    random ``dropout``): the inference passes run it in its inference form, as
+    ``pdjit.inference``'s predictor and Paddle Inference do, where ``Executor.run`` on the saved
+    program would not."""
+    notes = []
+    for b in program.blocks:
+        for i, op in enumerate(b.ops):
+            if op.has_attr("is_test") and op.attr("is_test") is False:
+                notes.append(f"op {op.type!r} (#{i}, block {b.idx}) was saved in training mode "
+                             "(is_test=False): compiled in its inference form, as "
+                             "pdjit.inference's predictor runs it")
+    return notes
 
 
 def _reads(plan):
