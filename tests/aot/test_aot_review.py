@@ -326,17 +326,21 @@ def test_rank_above_eight_refused_by_name(tmp_path):
     assert not os.path.exists(tmp_path / "o" / "libmodel.so")
 
 
-def test_training_mode_dropout_is_compiled_in_inference_form_with_a_note(tmp_path):
+def test_training_mode_dropout_and_a_0d_input(tmp_path):
     """A model saved with a dropout in training mode (``is_test`` set back to False in the
     saved program): the inference passes make it a scale by 1 - p, as the predictor runs it;
     the command line says so (it was silent: the artifact was deterministic where
-    ``Executor.run`` on the same file draws a mask). Oracle: NumPy on the saved parameters."""
+    ``Executor.run`` on the same file draws a mask). Its second input is 0-d: the loader
+    passes a 0-d array or a NumPy scalar as rank 0 (it made them rank 1, refused). Oracle:
+    NumPy on the saved parameters."""
     import pdjit as fluid
     from pdjit.aot.__main__ import main
 
     def drop(fluid):
         x = fluid.layers.data("x", [4], dtype="float32")
-        return ["x"], [fluid.layers.dropout(fluid.layers.fc(x, 3), 0.25)]
+        t = fluid.layers.data("t", [], dtype="float32", append_batch_size=False)
+        h = fluid.layers.elementwise_mul(fluid.layers.fc(x, 3), t)
+        return ["x", "t"], [fluid.layers.dropout(h, 0.25)]
 
     model = _save(tmp_path / "drop", drop)
     path = os.path.join(model, "__model__")
@@ -349,12 +353,18 @@ def test_training_mode_dropout_is_compiled_in_inference_form_with_a_note(tmp_pat
     buf = io.StringIO()
     with contextlib.redirect_stdout(buf):
         assert main(["compile", model, "-o", str(tmp_path / "art")]) == 0
-    assert "note: op 'dropout' (#3, block 0) was saved in training mode" in buf.getvalue()
+    assert "note: op 'dropout' (#5, block 0) was saved in training mode" in buf.getvalue()
     from pdjit.io.inference import load_model
 
     params = load_model(model).params
     w = next(v for v in params.values() if np.ndim(v) == 2)
     b = next(v for v in params.values() if np.ndim(v) == 1)
     x = np.random.default_rng(4).standard_normal((3, 4)).astype(np.float32)
-    got = _import_artifact(tmp_path / "art", "review_drop").load().run({"x": x})[0]
-    np.testing.assert_allclose(got, (x @ w + b) * 0.75, rtol=1e-6, atol=1e-7)
+    mod = _import_artifact(tmp_path / "art", "review_drop")
+    m = mod.load()
+    assert m.input_shapes == [(-1, 4), ()]
+    for t in (np.array(2.0, np.float32), np.float32(-0.5)):
+        got = m.run({"x": x, "t": t})[0]
+        np.testing.assert_allclose(got, (x @ w + b) * float(t) * 0.75, rtol=1e-6, atol=1e-7)
+    with pytest.raises(mod.ModelError, match="input 't': expected rank 0, got 1"):
+        m.run({"x": x, "t": np.array([2.0], np.float32)})

@@ -175,7 +175,9 @@ class Model:
         else:
             shapes = self._shapes
         for i, a in enumerate(arrays):
-            a = np.ascontiguousarray(a)
+            a = np.asarray(a)   # (ascontiguousarray would make a 0-d input 1-d)
+            if not a.flags.c_contiguous:
+                a = np.ascontiguousarray(a)
             keep.append(a)
             what = repr(self.input_names[i]) if i < len(self.input_names) else str(i)
             if a.ndim > 32:
