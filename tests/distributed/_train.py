@@ -7,7 +7,9 @@ the parameters written to ``--out`` (an .npz, rank 0 only). In dist mode each ra
 its parameters from another seed: only the startup program's broadcast makes them equal.
 ``--fail-rank R --fail-step S``: rank R raises at step S. ``--die``: it exits without a word
 instead. ``--other-program``: the last rank builds a wider model (a program that differs).
-``--stall``: the last rank sleeps 30 s before its second step.
+``--stall``: the last rank sleeps 30 s before its second step. ``--save DIR``: after training,
+``fleet.save_persistables`` to DIR/persist and ``fleet.save_inference_model`` to DIR/infer
+(rank 0 writes; each rank prints whether it wrote).
 """
 import argparse
 import os
@@ -25,6 +27,7 @@ p.add_argument("--fail-step", type=int, default=-1)
 p.add_argument("--die", action="store_true")
 p.add_argument("--other-program", action="store_true")
 p.add_argument("--stall", action="store_true")
+p.add_argument("--save")
 a = p.parse_args()
 
 import numpy as np  # noqa: E402
@@ -80,3 +83,8 @@ if a.out and rank == 0:
     params = {p.name: np.array(scope.find_var(p.name).value)
               for p in main.global_block().all_parameters()}
     np.savez(a.out, **params)
+if a.save and a.mode == "dist":
+    wrote = fleet.save_persistables(exe, os.path.join(a.save, "persist"), main, scope=scope)
+    wrote_model = fleet.save_inference_model(exe, os.path.join(a.save, "infer"), ["x"], [out],
+                                             main_program=main, scope=scope)
+    print(f"rank {rank} saved {wrote} {wrote_model}", flush=True)

@@ -76,7 +76,8 @@ def single(tmp_path_factory):
 ], ids=["2ranks-fused", "3ranks-clip-3buckets", "2ranks-clip-unfused"])
 def test_n_ranks_reach_the_parameters_of_one_process(single, tmp_path, n, clip, extra):
     out = tmp_path / "dist.npz"
-    p, _ = _run(n, "--out", str(out), *(["--clip"] if clip else []), *extra)
+    p, _ = _run(n, "--out", str(out), "--save", str(tmp_path / "saved"),
+                *(["--clip"] if clip else []), *extra)
     assert p.returncode == 0, p.stderr[-3000:]
     steps = re.findall(r"rank (\d) step (\d)", p.stdout)  # (lines of ranks may interleave)
     assert sorted(steps) == sorted((str(r), str(s)) for r in range(n) for s in range(5))
@@ -84,6 +85,28 @@ def test_n_ranks_reach_the_parameters_of_one_process(single, tmp_path, n, clip, 
     assert set(got) == set(want)
     for k in want:
         np.testing.assert_allclose(got[k], want[k], rtol=1e-5, atol=1e-5, err_msg=k)
+    # rank 0 alone saved; what it saved is the trained parameters, and the inference model has
+    # no collective op left
+    assert "rank 0 saved True True" in p.stdout
+    assert all(f"rank {r} saved False False" in p.stdout for r in range(1, n))
+    import pdjit as fluid
+    from pdjit.io import load_inference_model
+
+    for k in want:
+        saved = np.fromfile(tmp_path / "saved" / "persist" / k, np.uint8)
+        assert saved.size > got[k].nbytes
+    exe = fluid.Executor(strict=True)
+    with fluid.scope_guard(fluid.Scope()):
+        prog, feeds, fetches = load_inference_model(str(tmp_path / "saved" / "infer"), exe)
+        assert feeds == ["x"]
+        assert not {op.type for op in prog.global_block().ops} & \
+            {"all_reduce", "broadcast", "coalesce_tensor", "c_sync_calc_stream"}
+        x = np.random.default_rng(1).normal(size=(4, 8)).astype(np.float32)
+        (pred,) = exe.run(prog, feed={"x": x}, fetch_list=fetches)
+    h = np.tanh(x @ got["fc_0.w_0"] + got["fc_0.b_0"])
+    h = np.maximum(h @ got["fc_1.w_0"] + got["fc_1.b_0"], 0)
+    np.testing.assert_allclose(pred, h @ got["fc_2.w_0"] + got["fc_2.b_0"], rtol=1e-4,
+                               atol=1e-5)
 
 
 def test_a_rank_that_raises_ends_the_job_with_its_error():
