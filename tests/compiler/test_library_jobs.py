@@ -12,7 +12,9 @@ def test_predicted_library_signatures_are_the_ones_the_calls_use(fresh_programs)
     x = fluid.layers.data("x", [3, 8, 8])
     h = fluid.layers.conv2d(x, 4, 3, padding=1, bias_attr=False)
     h = fluid.layers.batch_norm(h, act="relu")
-    h = fluid.layers.conv2d(h, 4, 3, padding=1)  # its input gradient: bwd_data
+    # its input gradient: bwd_data's im2col + BLAS + col2im (stride 2; a stride-1 one runs
+    # as the forward kernel over dy, which the first convolution compiles)
+    h = fluid.layers.conv2d(h, 4, 3, padding=1, stride=2)
     h = fluid.layers.pool2d(h, 2, "max", 2)
     loss = fluid.layers.mean(h)
     fluid.optimizer.SGD(0.1).minimize(loss)

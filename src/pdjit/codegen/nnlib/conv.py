@@ -729,7 +729,9 @@ def _range_types(T):
 
 
 jobs("conv2d_fwd")(lambda T: [(_fwd_range, _range_types(T))])
-jobs("conv2d_bwd_data")(lambda T: [(_bwd_data_range, _range_types(T))])
+# (a stride-1 input gradient runs as the forward kernel over dy: see by_forward)
+jobs("conv2d_bwd_data")(lambda T: [(_bwd_data_range, _range_types(T)),
+                                   (_fwd_range, _range_types(T))])
 jobs("conv2d_bwd_filter")(lambda T: [(_bwd_filter_range, _range_types(T))])
 
 
