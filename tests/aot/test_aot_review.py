@@ -368,3 +368,40 @@ def test_training_mode_dropout_and_a_0d_input(tmp_path):
         np.testing.assert_allclose(got, (x @ w + b) * float(t) * 0.75, rtol=1e-6, atol=1e-7)
     with pytest.raises(mod.ModelError, match="input 't': expected rank 0, got 1"):
         m.run({"x": x, "t": np.array([2.0], np.float32)})
+
+
+def test_model_with_a_loop_that_never_ends_on_zeros_loads(tmp_path):
+    """``while sum(h) < 100: h = 2 h``: on the zeros creation used to run the model on to size
+    its memory, the loop never ends, and ``load()`` hung. Such a model is not run at creation
+    now; its first runs size the memory. In a subprocess with a timeout (a hang must fail the
+    test, not the suite). Oracle: the loop in NumPy."""
+    import sys
+
+    from pdjit.aot import compile_model
+
+    def grow(fluid):
+        x = fluid.layers.data("x", [4], dtype="float32")
+        lim = fluid.layers.fill_constant([1], "float32", 100.0)
+        (h,) = fluid.layers.while_loop(
+            lambda h: fluid.layers.less_than(fluid.layers.reduce_sum(h), lim),
+            lambda h: [fluid.layers.scale(h, 2.0)], [x])
+        return ["x"], [h]
+
+    spec = compile_model(_save(tmp_path / "grow", grow), str(tmp_path / "art"), batch=8,
+                         fixed_batch=True)
+    assert spec.options["warm_up"] is False
+    code = (f"import sys, numpy as np; sys.path.insert(0, {str(tmp_path)!r}); import art\n"
+            "m = art.load()\n"
+            "x = np.array([[1, 2, 3, 4], [0.5, 0, 0, 0]], np.float32)\n"
+            "print(m.run({'x': x})[0].tolist(), m.run({'x': x[:1]})[0].tolist(), m.memory())\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    x = np.array([[1, 2, 3, 4], [0.5, 0, 0, 0]], np.float32)
+    want = []
+    for rows in (x, x[:1]):
+        h = rows.copy()
+        while h.sum() < 100:
+            h = h * np.float32(2)
+        want.append(h.tolist())
+    assert r.stdout.startswith(f"{want[0]} {want[1]} ("), (r.stdout, want)

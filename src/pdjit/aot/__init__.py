@@ -22,8 +22,9 @@ entry function takes the inputs and parameters as raw pointers and sizes, wraps 
 the fetched values into the caller's buffers. That entry is compiled with Numba's ahead-of-time
 code generation into one object file (``pdjit.aot.numba_aot``), which C code generated here
 (``pdjit.aot.csource``) completes: a small runtime for the array allocations the kernels make
-(an arena per instance, sized at creation by one run at the largest batch, re-sized after a run
-that needed more), the ``numba_*`` helpers the object uses (GEMM through OpenBLAS), and the
+(an arena per instance, sized at creation by one run on zeros at the largest batch, except for a
+model with a ``while``, whose loop need not end on zeros; re-sized after a run that needed
+more), the ``numba_*`` helpers the object uses (GEMM through OpenBLAS), and the
 model API. A plan with a step that is not a native driver (an op without a native lowering) is
 refused, naming the op; so is a driver Numba cannot compile without Python (a library call that
 is a Python function), naming its op group.

@@ -228,7 +228,8 @@ def compile_model(model_path, out_dir, batch: int = 1, cpu: str = "host",
     spec = Spec(inputs, outputs, used, offsets, len(blob), checksum(bytes(blob)),
                 options={"batch": batch, "fixed_batch": bool(fixed_batch),
                          "threads": threads, "embed_params": bool(embed_params), "cpu": cpu,
-                         "batch_split": split, "batch_split_why_not": why_not})
+                         "batch_split": split, "batch_split_why_not": why_not,
+                         "warm_up": not _has_loop(plan)})
     spec.notes = notes
     func, argtypes = _entry(program, plan, spec, values)
     t_src = time.perf_counter()
@@ -249,6 +250,14 @@ def compile_model(model_path, out_dir, batch: int = 1, cpu: str = "host",
     spec.timings = {"load+plan": t_plan - t0, "numba_aot": t_obj - t_src,
                     "link": t_end - t_obj, "total": t_end - t0}
     return spec
+
+
+def _has_loop(plan) -> bool:
+    """Whether the plan (or a sub-plan) has a ``while``: such a model is not run on zeros at
+    creation to size its memory (its loop need not end on zeros: "double until the sum
+    reaches 100" never does)."""
+    return any(step.kind == "native_loop" or
+               (step.kind == "reference" and step.op.type == "while") for step in plan.walk())
 
 
 def _training_mode_ops(program) -> list:
