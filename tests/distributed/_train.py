@@ -9,7 +9,8 @@ its parameters from another seed: only the startup program's broadcast makes the
 instead. ``--other-program``: the last rank builds a wider model (a program that differs).
 ``--stall``: the last rank sleeps 30 s before its second step. ``--save DIR``: after training,
 ``fleet.save_persistables`` to DIR/persist and ``fleet.save_inference_model`` to DIR/infer
-(rank 0 writes; each rank prints whether it wrote).
+(rank 0 writes; each rank prints whether it wrote). ``--transpile``: the plain optimizer and
+``GradAllReduce`` directly (no fleet.minimize, so no comparison of the programs there).
 """
 import argparse
 import os
@@ -28,6 +29,7 @@ p.add_argument("--die", action="store_true")
 p.add_argument("--other-program", action="store_true")
 p.add_argument("--stall", action="store_true")
 p.add_argument("--save")
+p.add_argument("--transpile", action="store_true")
 a = p.parse_args()
 
 import numpy as np  # noqa: E402
@@ -54,7 +56,11 @@ with unique_name.guard(), fluid.program_guard(main, startup):
     loss = fluid.layers.mean(fluid.layers.square_error_cost(out, y))
     clip = fluid.clip.GradientClipByGlobalNorm(0.05) if a.clip else None
     opt = fluid.optimizer.Adam(0.05, grad_clip=clip)
-    if a.mode == "dist":
+    if a.mode == "dist" and a.transpile:
+        from pdjit.distributed import GradAllReduce
+        opt.minimize(loss)
+        GradAllReduce(nrings=1).transpile(startup, main, nranks)
+    elif a.mode == "dist":
         s = fleet.DistributedStrategy()
         s.fuse_all_reduce_ops = not a.nofuse
         s.fuse_grad_size_in_num = a.fuse_num

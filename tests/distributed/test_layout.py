@@ -288,3 +288,35 @@ def test_launch_command_line(tmp_path):
         launch.command(["t.py"], 2, mpiexec=str(tmp_path / "nope"))
     with pytest.raises(SystemExit):
         launch.main(["--nproc_per_node", "0", "t.py"])
+
+
+def test_fleet_minimize_transpiles_and_compares_the_programs(monkeypatch):
+    """fleet.distributed_optimizer(...).minimize on (simulated) 2 ranks: the programs are
+    rewritten with the strategy's buckets, and both are compared across the ranks."""
+    from pdjit.distributed import fleet
+
+    seen = []
+
+    class Two:
+        rank, size = 0, 2
+
+        def check_same(self, what, digest):
+            seen.append((what, len(digest)))
+
+    monkeypatch.setattr(fleet, "_comm", Two())
+    main, startup = fluid.Program(), fluid.Program()
+    with unique_name.guard(), fluid.program_guard(main, startup):
+        x = fluid.layers.data(name="x", shape=[4], dtype="float32")
+        loss = fluid.layers.mean(fluid.layers.fc(fluid.layers.fc(x, 3), 1))
+        s = fleet.DistributedStrategy()
+        s.fuse_grad_size_in_num = 2
+        opt = fleet.distributed_optimizer(fluid.optimizer.SGD(0.1), s)
+        opt.minimize(loss)
+    assert [w for w, _ in seen] == ["startup program", "main program"]
+    types = [op.type for op in main.global_block().ops]
+    assert types.count("coalesce_tensor") == 2 and types.count("all_reduce") == 2
+    assert [op.type for op in startup.global_block().ops].count("broadcast") == 4
+    with pytest.raises(TypeError, match="expected an optimizer"):
+        fleet.distributed_optimizer(object())
+    with pytest.raises(NotImplementedError, match="parameter-server"):
+        fleet.init(is_collective=False)

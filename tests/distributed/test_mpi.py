@@ -133,11 +133,15 @@ def test_a_rank_that_dies_ends_the_job():
     assert took < 45, took
 
 
-def test_ranks_with_different_programs_stop_at_minimize():
-    p, took = _run(2, "--other-program", env=_env(PDJIT_DIST_TIMEOUT="60"))
+def test_ranks_with_different_programs_stop_at_their_first_run():
+    """The last rank builds a wider model, and the programs are transpiled directly (no
+    fleet.minimize, which compares them too): the startup program's first broadcast compares
+    the programs and both ranks stop with the error."""
+    p, took = _run(2, "--other-program", "--transpile", env=_env(PDJIT_DIST_TIMEOUT="60"))
     assert p.returncode != 0
-    assert "run different startup programs" in p.stderr, p.stderr[-2000:]
+    assert "the ranks run different programs" in p.stderr, p.stderr[-2000:]
     assert "every rank must build the same program" in p.stderr
+    assert "step 0" not in p.stdout
     assert took < 45, took
 
 

@@ -56,6 +56,7 @@ class MPICommunicator:
         self.timeout = default_timeout() if timeout is None else float(timeout)
         self._ops = {SUM: MPI.SUM, MAX: MPI.MAX, MIN: MPI.MIN, PROD: MPI.PROD, AVG: MPI.SUM}
         self.calls = 0  # collectives started (the benchmark and tests count them)
+        self._checked: set = set()
 
     def __repr__(self):
         return f"MPICommunicator(rank {self.rank} of {self.size}, timeout {self.timeout:g} s)"
@@ -143,6 +144,16 @@ class MPICommunicator:
             raise CollectiveError(f"the ranks run different {what}s ({listing}; rank "
                                   f"{self.rank} has {mine}): every rank must build the same "
                                   f"program (same layers, same order, same attributes)")
+
+    def check_program(self, program) -> None:
+        """Compare ``program`` with the other ranks' (once per program content; the collective
+        ops call it before their first collective of each program)."""
+        if self.size == 1:
+            return
+        key = program.content_key()
+        if key not in self._checked:
+            self.check_same("program", program_fingerprint(program))
+            self._checked.add(key)
 
     def abort(self, code: int = 1) -> None:
         self.comm.Abort(code)

@@ -90,8 +90,17 @@ _LOCAL = _Local()
 _DEFS: list = []  # the definitions, registered by register()
 
 
-def _comm():
-    return _current if _current is not None else _LOCAL
+def _comm(ctx=None):
+    """The current communicator; on a communicator that can compare programs
+    (``check_program(program)``), the first collective op each rank runs of each program
+    (content and version) first compares the program with the other ranks': ranks running
+    different programs stop there with a clear error instead of pairing unrelated
+    collectives."""
+    comm = _current if _current is not None else _LOCAL
+    check = getattr(comm, "check_program", None)
+    if check is not None and ctx is not None:
+        check(ctx.op.block.program)
+    return comm
 
 
 def _dense(x, what):
@@ -108,9 +117,10 @@ def _check_root(root, what):
         raise ShapeMismatch(f"{what}: root {root} is not a rank of the job (ranks 0..{size - 1})")
 
 
-def _bcast_ref(x, *, root, ring_id, what):
+def _bcast_ref(x, *, root, ring_id, what, ctx=None):
+    comm = _comm(ctx)
     _check_root(root, what)
-    return _comm().broadcast(_dense(x, what), int(root), int(ring_id))
+    return comm.broadcast(_dense(x, what), int(root), int(ring_id))
 
 
 _RING = {"ring_id": Int(0, low=0, high=0, at_least=0)}
@@ -119,8 +129,8 @@ _DEFS.append(dict(
     type="broadcast", inputs=["x"], outputs=["out"],
     attrs={**_RING, "root": Int(0, low=0, high=0, at_least=0)}, traits=[SIDE_EFFECT],
     infer_shape=lambda x, **_: {"out": x},
-    reference=lambda x, *, root, ring_id: {"out": _bcast_ref(x, root=root, ring_id=ring_id,
-                                                             what="broadcast")},
+    reference=lambda x, *, root, ring_id, ctx=None: {
+        "out": _bcast_ref(x, root=root, ring_id=ring_id, what="broadcast", ctx=ctx)},
     emit=None, grad=None,
     doc="out = x of rank root, on every rank (communicator ring ring_id)."))
 
@@ -128,8 +138,8 @@ _DEFS.append(dict(
     type="c_broadcast", inputs=["X"], outputs=["Out"],
     attrs={**_RING, "root": Int(0, low=0, high=0, at_least=0), "use_calc_stream": Bool(False)},
     traits=[SIDE_EFFECT], infer_shape=lambda X, **_: {"Out": X},
-    reference=lambda X, *, root, ring_id: {"Out": _bcast_ref(X, root=root, ring_id=ring_id,
-                                                             what="c_broadcast")},
+    reference=lambda X, *, root, ring_id, ctx=None: {
+        "Out": _bcast_ref(X, root=root, ring_id=ring_id, what="c_broadcast", ctx=ctx)},
     emit=None, grad=None, doc="Out = X of rank root, on every rank (2.x name of broadcast)."))
 
 
@@ -146,6 +156,7 @@ def _allreduce(x, op_kind, ring_id, what, ctx):
     if op_kind not in REDUCE_NAMES:
         raise ShapeMismatch(f"{what}: reduce_type must be one of {sorted(REDUCE_NAMES)} "
                             f"({', '.join(REDUCE_NAMES.values())}), got {op_kind}")
+    comm = _comm(ctx)
     a = _dense(x, what)
     coalesce = None
     if ctx is not None:
@@ -168,11 +179,11 @@ def _allreduce(x, op_kind, ring_id, what, ctx):
         buf = np.array(a, copy=True)
         for v, off in zip(values, offsets):
             buf[off:off + v.size] = v.reshape(-1)
-        out = _comm().allreduce(buf, op_kind, int(ring_id))
+        out = comm.allreduce(buf, op_kind, int(ring_id))
         for m, v, off in zip(members, values, offsets):
             ctx.env.set(m, out[off:off + v.size].reshape(v.shape))
         return out
-    return _comm().allreduce(a, op_kind, int(ring_id))
+    return comm.allreduce(a, op_kind, int(ring_id))
 
 
 _DEFS.append(dict(
