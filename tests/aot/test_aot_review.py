@@ -326,82 +326,78 @@ def test_rank_above_eight_refused_by_name(tmp_path):
     assert not os.path.exists(tmp_path / "o" / "libmodel.so")
 
 
-def test_training_mode_dropout_and_a_0d_input(tmp_path):
-    """A model saved with a dropout in training mode (``is_test`` set back to False in the
-    saved program): the inference passes make it a scale by 1 - p, as the predictor runs it;
-    the command line says so (it was silent: the artifact was deterministic where
-    ``Executor.run`` on the same file draws a mask). Its second input is 0-d: the loader
-    passes a 0-d array or a NumPy scalar as rank 0 (it made them rank 1, refused). Oracle:
-    NumPy on the saved parameters."""
-    import pdjit as fluid
-    from pdjit.aot.__main__ import main
+def test_training_mode_dropout_0d_input_and_a_loop_that_never_ends_on_zeros(tmp_path):
+    """``h = |dropout(fc(x)) * t|; while sum(h) < 100: h = 2 h`` with ``t`` a 0-d input, saved
+    with the dropout in training mode (``is_test`` set back to False in the saved program).
 
-    def drop(fluid):
-        x = fluid.layers.data("x", [4], dtype="float32")
-        t = fluid.layers.data("t", [], dtype="float32", append_batch_size=False)
-        h = fluid.layers.elementwise_mul(fluid.layers.fc(x, 3), t)
-        return ["x", "t"], [fluid.layers.dropout(h, 0.25)]
+    - the inference passes make the dropout a scale by 1 - p, as the predictor runs it; the
+      command line now says so (it was silent: the artifact was deterministic where
+      ``Executor.run`` on the same file draws a mask);
+    - on the zeros creation ran the model on to size its memory the loop never ends, and
+      ``load()`` hung: a model with a loop is not run at creation now (its first runs size the
+      memory);
+    - the loader passes a 0-d array or a NumPy scalar as rank 0 (it made them rank 1, refused).
 
-    model = _save(tmp_path / "drop", drop)
-    path = os.path.join(model, "__model__")
-    prog = fluid.Program.parse_from_string(open(path, "rb").read())
-    for op in prog.global_block().ops:
-        if op.type == "dropout":
-            op._set_attr("is_test", False)
-    with open(path, "wb") as f:
-        f.write(prog.desc.SerializeToString())
-    buf = io.StringIO()
-    with contextlib.redirect_stdout(buf):
-        assert main(["compile", model, "-o", str(tmp_path / "art")]) == 0
-    assert "note: op 'dropout' (#5, block 0) was saved in training mode" in buf.getvalue()
-    from pdjit.io.inference import load_model
-
-    params = load_model(model).params
-    w = next(v for v in params.values() if np.ndim(v) == 2)
-    b = next(v for v in params.values() if np.ndim(v) == 1)
-    x = np.random.default_rng(4).standard_normal((3, 4)).astype(np.float32)
-    mod = _import_artifact(tmp_path / "art", "review_drop")
-    m = mod.load()
-    assert m.input_shapes == [(-1, 4), ()]
-    for t in (np.array(2.0, np.float32), np.float32(-0.5)):
-        got = m.run({"x": x, "t": t})[0]
-        np.testing.assert_allclose(got, (x @ w + b) * float(t) * 0.75, rtol=1e-6, atol=1e-7)
-    with pytest.raises(mod.ModelError, match="input 't': expected rank 0, got 1"):
-        m.run({"x": x, "t": np.array([2.0], np.float32)})
-
-
-def test_model_with_a_loop_that_never_ends_on_zeros_loads(tmp_path):
-    """``while sum(h) < 100: h = 2 h``: on the zeros creation used to run the model on to size
-    its memory, the loop never ends, and ``load()`` hung. Such a model is not run at creation
-    now; its first runs size the memory. In a subprocess with a timeout (a hang must fail the
-    test, not the suite). Oracle: the loop in NumPy."""
+    The artifact runs in a subprocess with a timeout (a hang fails the test, not the suite).
+    Oracle: NumPy on the saved parameters, the loop in NumPy."""
+    import json
     import sys
 
-    from pdjit.aot import compile_model
+    import pdjit as fluid
+    from pdjit.aot.__main__ import main
+    from pdjit.io.inference import load_model
 
-    def grow(fluid):
+    def model(fluid):
         x = fluid.layers.data("x", [4], dtype="float32")
+        t = fluid.layers.data("t", [], dtype="float32", append_batch_size=False)
+        h0 = fluid.layers.abs(fluid.layers.elementwise_mul(
+            fluid.layers.dropout(fluid.layers.fc(x, 3), 0.25), t))
         lim = fluid.layers.fill_constant([1], "float32", 100.0)
         (h,) = fluid.layers.while_loop(
             lambda h: fluid.layers.less_than(fluid.layers.reduce_sum(h), lim),
-            lambda h: [fluid.layers.scale(h, 2.0)], [x])
-        return ["x"], [h]
+            lambda h: [fluid.layers.scale(h, 2.0)], [h0])
+        return ["x", "t"], [h]
 
-    spec = compile_model(_save(tmp_path / "grow", grow), str(tmp_path / "art"), batch=8,
-                         fixed_batch=True)
-    assert spec.options["warm_up"] is False
-    code = (f"import sys, numpy as np; sys.path.insert(0, {str(tmp_path)!r}); import art\n"
-            "m = art.load()\n"
-            "x = np.array([[1, 2, 3, 4], [0.5, 0, 0, 0]], np.float32)\n"
-            "print(m.run({'x': x})[0].tolist(), m.run({'x': x[:1]})[0].tolist(), m.memory())\n")
+    path = _save(tmp_path / "m", model)
+    prog = fluid.Program.parse_from_string(open(os.path.join(path, "__model__"), "rb").read())
+    drops = [i for i, op in enumerate(prog.global_block().ops) if op.type == "dropout"]
+    for i in drops:
+        prog.global_block().ops[i]._set_attr("is_test", False)
+    with open(os.path.join(path, "__model__"), "wb") as f:
+        f.write(prog.desc.SerializeToString())
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        assert main(["compile", path, "-o", str(tmp_path / "art"), "--batch", "8"]) == 0
+    assert f"note: op 'dropout' (#{drops[0]}, block 0) was saved in training mode" in \
+        buf.getvalue()
+    x = np.random.default_rng(4).standard_normal((3, 4)).astype(np.float32)
+    code = f"""
+import json, sys
+import numpy as np
+sys.path.insert(0, {str(tmp_path)!r})
+import art
+m = art.load()
+assert m.input_shapes == [(-1, 4), ()], m.input_shapes
+x = np.array({x.tolist()!r}, np.float32)
+outs = [m.run({{"x": x, "t": t}})[0].tolist() for t in (np.array(2.0, np.float32),
+                                                       np.float32(-0.5))]
+try:
+    m.run({{"x": x, "t": np.array([2.0], np.float32)}})
+    err = None
+except art.ModelError as e:
+    err = str(e)
+print(json.dumps([outs, err]))
+"""
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=60, cwd=str(tmp_path))
     assert r.returncode == 0, r.stderr
-    x = np.array([[1, 2, 3, 4], [0.5, 0, 0, 0]], np.float32)
-    want = []
-    for rows in (x, x[:1]):
-        h = rows.copy()
+    outs, err = json.loads(r.stdout)
+    assert err == "input 't': expected rank 0, got 1"
+    params = load_model(path).params
+    w = next(v for v in params.values() if np.ndim(v) == 2)
+    b = next(v for v in params.values() if np.ndim(v) == 1)
+    for t, got in zip((2.0, -0.5), outs):
+        h = np.abs((x @ w + b) * np.float32(0.75) * np.float32(t))
         while h.sum() < 100:
             h = h * np.float32(2)
-        want.append(h.tolist())
-    assert r.stdout.startswith(f"{want[0]} {want[1]} ("), (r.stdout, want)
+        np.testing.assert_allclose(np.array(got, np.float32), h, rtol=1e-6)
