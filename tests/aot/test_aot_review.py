@@ -105,6 +105,11 @@ def test_native_failure_says_what_went_wrong(built):
             m.run({"x": feed["x"], "ids": ids})
         assert info.value.code == 7 and "IndexError" in str(info.value), info.value
         assert "out of range" in str(info.value)
+    big = _feed(rng, 8)   # split across the 2 threads: a failed slice, then one thread
+    big["ids"][6, 1] = 99
+    assert m.threads_used == "batch" and m.threads == 2
+    with pytest.raises(mod.ModelError, match="IndexError: .*out of range"):
+        m.run(big)
     with pytest.raises(mod.ModelError) as info:
         m.run({"x": feed["x"], "ids": feed["ids"][:2]})
     assert info.value.code == 7 and "ValueError" in str(info.value), info.value
