@@ -22,10 +22,12 @@ HERE = pathlib.Path(__file__).parent
 def _launch_everything():
     import test_cuda_kernels as kernels
     import test_cuda_ops as ops
+    import test_cuda_random as rnd
     import test_cuda_train as train
     import test_cuda_while as loop
 
     train._train(fluid.CUDAPlace(0), train.OPTIMIZERS["adam"], steps=1)
+    rnd.test_dropout_and_grad_match_the_cpu("upscale_in_train")
     for name, fn in sorted(vars(ops).items()):  # the first case of each op test
         if name.startswith("test_"):
             kwargs = {}

@@ -13,6 +13,7 @@ compiles to PTX without a device (``cuda.compile_ptx``) and carries no call.
 from __future__ import annotations
 
 import math
+import os
 import sys
 import types
 
@@ -130,6 +131,39 @@ def isinf(x):
 @_dev
 def isfinite(x):
     return not (math.isinf(x) or x != x)
+
+
+# ---- the random stream (pdjit.framework.random): element i of key's stream, bit-identical ---
+_GOLDEN = _np.uint64(0x9E3779B97F4A7C15)
+_M1 = _np.uint64(0xBF58476D1CE4E5B9)
+_M2 = _np.uint64(0x94D049BB133111EB)
+
+
+def _uniform01(key, i):
+    """Element ``i`` of the stream of ``key`` (uint64) as a float64 in [0, 1): splitmix64's
+    finaliser of ``key + (i + 1) * GOLDEN``, its top 53 bits (as every target draws it)."""
+    x = _np.uint64(key) + _np.uint64(i + 1) * _GOLDEN
+    x = x ^ (x >> _np.uint64(30))
+    x = x * _M1
+    x = x ^ (x >> _np.uint64(27))
+    x = x * _M2
+    x = x ^ (x >> _np.uint64(31))
+    return _np.float64(x >> _np.uint64(11)) * (1.0 / 9007199254740992.0)
+
+
+def _uniform01_python(key, i):
+    """The same in Python ints (the simulator runs kernels as Python, where NumPy's uint64
+    scalars warn on the wrap-around the stream relies on)."""
+    m = (1 << 64) - 1
+    x = (int(key) + (int(i) + 1) * 0x9E3779B97F4A7C15) & m
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & m
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & m
+    x ^= x >> 31
+    return float(x >> 11) * (1.0 / 9007199254740992.0)
+
+
+uniform01 = _dev(_uniform01_python if getattr(cuda, "simulator_enabled", False) or
+                 os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0") else _uniform01)
 
 
 # ``np`` inside a CUDA kernel module

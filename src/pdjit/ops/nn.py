@@ -622,6 +622,8 @@ def _dropout_lower(ctx):
         # Out = X exactly, read only by later ops of this segment: X itself (the memory plan
         # sees the alias), never fetched or stored, so nobody can write through it
         return [f"{ctx.out('Out')} = {X}"]
+    if ctx.target != "cpu":
+        return _dropout_device_lines(ctx)
     out = ctx.out("Out", shape=f"{X}.shape")
     if ctx.has_output("Mask"):
         mask, lines = ctx.out("Mask", shape=f"{X}.shape"), []
@@ -635,6 +637,36 @@ def _dropout_lower(ctx):
     upscale = a["dropout_implementation"] == "upscale_in_train"
     return lines + [f"_nn.dropout_fwd({_flat(X)}, {key}, {float(a['dropout_prob'])!r}, "
                     f"{upscale}, {bool(a['is_test'])}, {_flat(out)}, {_flat(mask)})"]
+
+
+def _dropout_device_lines(ctx):
+    """Dropout on a device target: one thread per element draws element ``i`` of the run's
+    stream (``_m.uniform01``: the numbers the reference and the cpu target draw). Not with a
+    ``Seed`` input (its value picks the key: the host)."""
+    if ctx.has_input("Seed"):
+        return None
+    X, a, T = ctx.inp("X"), ctx.attrs, ctx.T("X")
+    p = float(a["dropout_prob"])
+    upscale = a["dropout_implementation"] == "upscale_in_train"
+    out = ctx.out("Out", shape=f"{X}.shape")
+    mask = ctx.out("Mask", shape=f"{X}.shape") if ctx.has_output("Mask") else \
+        ctx.tmp("mask")
+    lines = [] if ctx.has_output("Mask") else [f"{mask} = _cu.empty({X}.shape, np.uint8)"]
+    x, o, m, i, q, pp = (ctx.tmp(h) for h in ("x", "o", "m", "i", "q", "p"))
+    lines += [f"{x} = {_flat(X)}", f"{o} = {_flat(out)}", f"{m} = {_flat(mask)}",
+              f"{q} = {T}(1.0 - {p!r})", f"{pp} = {p!r}"]
+    if a["is_test"]:
+        body = [f"{o}[{i}] = {x}[{i}]" if upscale else f"{o}[{i}] = {x}[{i}] * {q}",
+                f"{m}[{i}] = 1"]
+    else:
+        key = ctx.rng_key()
+        body = [f"if _m.uniform01({key}, {i}) >= {pp}:",
+                f"    {m}[{i}] = 1",
+                f"    {o}[{i}] = {x}[{i}] / {q}" if upscale else f"    {o}[{i}] = {x}[{i}]",
+                "else:",
+                f"    {m}[{i}] = 0",
+                f"    {o}[{i}] = {T}(0)"]
+    return lines + ctx.device_loop(i, f"{x}.size", body)
 
 
 def _dropout_inference(op):
@@ -656,7 +688,7 @@ register_op(
            # runtime extra attrs in Paddle; declared so a fixed seed can be recorded
            "seed": Int(0, low=0, high=1000), "fix_seed": Bool(False)},
     traits=[OPAQUE, RANDOM], infer_shape=_dropout_infer, reference=_dropout_ref,
-    emit=Opaque(_dropout_lower, host=True),
+    emit=Opaque(_dropout_lower, host=True, targets=_TARGETS),
     grad=default_grad("dropout_grad", fwd_inputs=(), fwd_outputs=("Mask",)),
     inference=_dropout_inference,
     doc="Out = X where a uniform draw >= dropout_prob else 0, scaled per "
@@ -891,6 +923,18 @@ def _dropout_grad_lower(ctx):
     a = ctx.attrs
     dx = ctx.out("X@GRAD", shape=f"{G}.shape")
     upscale = a["dropout_implementation"] == "upscale_in_train"
+    if ctx.target != "cpu":  # a device target: one thread per element
+        p, T = float(a["dropout_prob"]), ctx.T("Out@GRAD")
+        g, m, d, i, q = (ctx.tmp(h) for h in ("g", "m", "d", "i", "q"))
+        lines = [f"{g} = {_flat(G)}", f"{d} = {_flat(dx)}", f"{q} = {T}(1.0 - {p!r})"]
+        if a["is_test"]:
+            body = [f"{d}[{i}] = {g}[{i}]" if upscale else f"{d}[{i}] = {g}[{i}] * {q}"]
+        else:
+            lines.append(f"{m} = {_flat(ctx.inp('Mask'))}")
+            v = f"{g}[{i}] * {T}({m}[{i}])"
+            body = [f"{d}[{i}] = ({v} / {q} if {q} > 0 else {T}(0))" if upscale and p < 1.0
+                    else f"{d}[{i}] = {T}(0)" if upscale else f"{d}[{i}] = {v}"]
+        return lines + ctx.device_loop(i, f"{g}.size", body)
     return [f"_nn.dropout_bwd({_flat(G)}, {_flat(ctx.inp('Mask'))}, "
             f"{float(a['dropout_prob'])!r}, {upscale}, {bool(a['is_test'])}, {_flat(dx)})"]
 
@@ -901,7 +945,7 @@ register_op(
            "dropout_implementation": Str("downgrade_in_infer", choices=_DROPOUT_IMPLS),
            "seed": Int(0, low=0, high=1000), "fix_seed": Bool(False)},
     traits=[OPAQUE], infer_shape=_dropout_grad_infer, reference=_dropout_grad_ref,
-    emit=Opaque(_dropout_grad_lower, host=True),
+    emit=Opaque(_dropout_grad_lower, host=True, targets=_TARGETS),
     grad=None,
     doc="dX = dOut * Mask (scaled by 1 / (1 - p) with upscale_in_train); in test mode the "
         "forward's fixed scale.")
