@@ -10,6 +10,11 @@ build) writes for a two-layer MLP trained with Adam on 2 ranks, as
   ``c_sync_comm_stream``). Paddle's CPU build cannot make a communicator, so the script
   replaces the step that writes the communicator's ops (none on a CPU) with a no-op.
 
+Also ``fixtures/paddle_collective/``: the ``grad_allreduce`` programs as Paddle serialised them
+(``startup.pb``, ``main.pb``) and ``values.npz``: the parameters after Paddle's startup, a feed,
+and the parameters after one step of the same program *before* the rewrite, run by Paddle (what
+2 ranks fed the same batch must reach).
+
 Run: ``python tests/distributed/make_paddle_layouts.py`` (needs paddlepaddle).
 """
 import json
@@ -59,10 +64,34 @@ def _one(mode):
             fleet.distributed_optimizer(paddle.optimizer.Adam(0.01), s).minimize(loss)
         else:
             paddle.optimizer.Adam(0.01).minimize(loss)
+            _one_step(paddle, main, startup, x, y, loss)
             from paddle.distributed.transpiler.collective import GradAllReduce
             GradAllReduce().transpile(startup, main, 0, "127.0.0.1:6170,127.0.0.1:6171",
                                       "127.0.0.1:6170", False)
+    if mode == "grad_allreduce":
+        d = pathlib.Path(__file__).parent / "fixtures" / "paddle_collective"
+        (d / "startup.pb").write_bytes(startup.desc.serialize_to_string())
+        (d / "main.pb").write_bytes(main.desc.serialize_to_string())
     return {"startup": _dump(startup), "main": _dump(main)}
+
+
+def _one_step(paddle, main, startup, x, y, loss):
+    import numpy as np
+
+    d = pathlib.Path(__file__).parent / "fixtures" / "paddle_collective"
+    d.mkdir(exist_ok=True)
+    scope = paddle.static.Scope()
+    exe = paddle.static.Executor(paddle.CPUPlace())
+    names = [p.name for p in main.global_block().all_parameters()]
+    with paddle.static.scope_guard(scope):
+        exe.run(startup)
+        init = {f"init/{n}": np.array(scope.find_var(n).get_tensor()) for n in names}
+        rng = np.random.default_rng(0)
+        feed = {"x": rng.normal(size=(6, 4)).astype("float32"),
+                "y": rng.normal(size=(6, 1)).astype("float32")}
+        exe.run(main, feed=feed, fetch_list=[loss])
+        after = {f"after/{n}": np.array(scope.find_var(n).get_tensor()) for n in names}
+    np.savez(d / "values.npz", **init, **after, **{f"feed/{k}": v for k, v in feed.items()})
 
 
 if __name__ == "__main__":
