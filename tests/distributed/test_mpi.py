@@ -79,8 +79,7 @@ def single(tmp_path_factory):
 @pytest.mark.parametrize("n, clip, extra", [
     (2, False, []),                          # fused buckets (fleet's default), one bucket
     (3, True, ["--fuse-num", "2"]),          # three ranks, three buckets
-    (2, True, ["--nofuse"]),                 # one all-reduce per gradient
-], ids=["2ranks-fused", "3ranks-clip-3buckets", "2ranks-clip-unfused"])
+], ids=["2ranks-fused", "3ranks-clip-3buckets"])  # (unfused, clipping: test_layout.py)
 def test_n_ranks_reach_the_parameters_of_one_process(single, tmp_path, n, clip, extra):
     out = tmp_path / "dist.npz"
     p, _ = _run(n, "--out", str(out), "--save", str(tmp_path / "saved"),
