@@ -20,7 +20,7 @@ def _mlp(optimizer):
     with fluid.program_guard(main, startup), fluid.unique_name.guard():
         x = fluid.layers.data("x", [8], dtype="float32")
         y = fluid.layers.data("y", [1], dtype="int64")
-        h = fluid.layers.fc(x, 16, act="relu")
+        h = fluid.layers.fc(x, 8, act="relu")
         logits = fluid.layers.fc(h, 4)
         prob = fluid.layers.softmax(logits)
         loss = fluid.layers.mean(fluid.layers.softmax_with_cross_entropy(logits, y))
