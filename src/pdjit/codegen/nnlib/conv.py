@@ -114,10 +114,14 @@ def _col2im(cf, rs, at, c0, cg, kh_, kw_, sh, sw, pt, pl, dh, dw, oh_, ow_, dx):
 
 
 @jit
-def _phase_planes(xf, xb, h_, w_, xs, sh, sw, hq, wq, pt, pl):
+def _phase_planes(xf, xb, h_, w_, xs, sh, sw, hq, wq, pt, pl, zero):
     """The zero-padded plane of the channel at ``xf[xb:]`` ([h_, w_]), split by stride phase:
     plane ``(pr, pc)`` of ``xs`` ([sh * sw, hq, wq]) holds the padded pixels at rows
-    ``rq * sh + pr`` and columns ``t * sw + pc``, so a strided tap reads a contiguous run."""
+    ``rq * sh + pr`` and columns ``t * sw + pc``, so a strided tap reads a contiguous run.
+
+    The padding sits at the same places for every plane of one geometry: it is written only
+    when ``zero`` (the first plane into ``xs``); later planes copy the pixels alone (2-3 short
+    loops a row were most of a small plane's time)."""
     for pr in range(sh):
         for pc in range(sw):
             # the columns t whose source column t * sw + pc - pl lies in the image
@@ -127,16 +131,22 @@ def _phase_planes(xf, xb, h_, w_, xs, sh, sw, hq, wq, pt, pl):
                 ih = rq * sh + pr - pt
                 base = U(((pr * sw + pc) * hq + rq) * wq)
                 if ih < 0 or ih >= h_:
-                    for t in range(U(wq)):
-                        xs[base + t] = 0
+                    if zero:
+                        for t in range(U(wq)):
+                            xs[base + t] = 0
                     continue
-                for t in range(U(t_lo)):
-                    xs[base + t] = 0
+                if zero:
+                    for t in range(U(t_lo)):
+                        xs[base + t] = 0
+                    for t in range(U(t_hi), U(wq)):
+                        xs[base + t] = 0
                 src = U(xb + ih * w_ + t_lo * sw + pc - pl)
-                for t in range(U(t_hi - t_lo)):
-                    xs[base + U(t_lo) + t] = xf[src + t * U(sw)]
-                for t in range(U(t_hi), U(wq)):
-                    xs[base + t] = 0
+                if sw == 1:
+                    for t in range(U(t_hi - t_lo)):
+                        xs[base + U(t_lo) + t] = xf[src + t]
+                else:
+                    for t in range(U(t_hi - t_lo)):
+                        xs[base + U(t_lo) + t] = xf[src + t * U(sw)]
 
 
 @jit
@@ -169,13 +179,15 @@ def _direct_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
     span = U((oh_ - 1) * wq + ow_) if oh_ > 0 and ow_ > 0 else U(0)
     acc = np.empty(span, x.dtype)
     nine = kh_ * kw_ == 9
+    first = True
     for n in range(n0, n1):
         for m in range(m_):
             g = m // mg
             yb = (n * m_ + m) * oh_ * ow_
             for c in range(cg):
                 _phase_planes(xf, (n * x.shape[1] + g * cg + c) * h_ * w_, h_, w_, xs, sh, sw,
-                              hq, wq, pt, pl)
+                              hq, wq, pt, pl, first)
+                first = False
                 wb = (m * cg + c) * kh_ * kw_
                 if nine:
                     a0, a1, a2 = wf[wb], wf[wb + 1], wf[wb + 2]
