@@ -801,3 +801,25 @@ add("chunk_eval",
                  "Label": r.integers(0, 9, (2, 5)).astype(I64),
                  "SeqLength": np.array([5, 3], I64)},
       {"num_chunk_types": 2, "chunk_scheme": "IOBES", "excluded_chunk_types": [1]}))
+
+
+# ---- collective ops (collective.py): one rank, no communicator (identities) -------------------
+def _x2(r):
+    return u(r, (2, 3)).astype(np.float64)
+
+
+add("broadcast", S(lambda r: {"x": _x2(r)}, {"root": 0}, out="out"))
+add("c_broadcast", S(lambda r: {"X": _x2(r)}, {"root": 0, "ring_id": 0}))
+add("all_reduce", *[S(lambda r: {"x": _x2(r)}, {"reduce_type": t}, out="out") for t in (0, 1, 4)])
+for _t in ("sum", "max", "min", "prod"):
+    add(f"c_allreduce_{_t}", S(lambda r: {"X": _x2(r)}))
+add("c_sync_calc_stream", S(lambda r: {"X": [_x2(r)]}, outputs={"Out": 1}))
+add("c_sync_comm_stream", S(lambda r: {"X": [_x2(r), _x2(r)]}, outputs={"Out": 2}))
+add("depend", S(lambda r: {"X": _x2(r), "Dep": [_x2(r)]}))
+add("coalesce_tensor",
+    S(lambda r: {"Input": [u(r, (2, 3)).astype(np.float64), u(r, (5,)).astype(np.float64)]},
+      {"copy_data": True, "dtype": 6, "use_align": True, "align_size": 64},
+      out="Output", outputs={"Output": 2}),
+    S(lambda r: {"Input": [u(r, (3,)).astype(np.float64)]},
+      {"set_constant": True, "constant": 1.5, "dtype": 6, "use_align": False},
+      out="Output", outputs={"Output": 1}))

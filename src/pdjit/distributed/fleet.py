@@ -60,7 +60,6 @@ def init(role_maker=None, is_collective: bool = True, strategy=None, timeout=Non
     if not is_collective:
         raise NotImplementedError("fleet.init: only collective training (is_collective=True) is "
                                   "supported; the parameter-server mode is not")
-    collective.register()
     try:
         comm = MPICommunicator(timeout=timeout)
     except ImportError as e:

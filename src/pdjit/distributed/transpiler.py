@@ -34,7 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 from pdjit.framework import dtypes, registry, unique_name
-from pdjit.ops.collective import SUM, register
+from pdjit.ops.collective import SUM
 
 BACKWARD, FORWARD, OPTIMIZE, LOSS = (registry.OP_ROLE_BACKWARD, registry.OP_ROLE_FORWARD,
                                      registry.OP_ROLE_OPTIMIZE, registry.OP_ROLE_LOSS)
@@ -95,7 +95,6 @@ class GradAllReduce:
 
     def transpile(self, startup_program, main_program, nranks: int) -> None:
         """Rewrite both programs in place (``nranks`` >= 2; with one rank nothing changes)."""
-        register()
         if int(nranks) < 1:
             raise ValueError(f"GradAllReduce.transpile: nranks must be >= 1, got {nranks}")
         self.nranks = int(nranks)
