@@ -129,16 +129,17 @@ class Model:
                 raise ModelError(rc, self._lib.pdjit_model_error(self._h).decode(
                     errors="replace"))
 
-    def _buffers(self):
-        n = len(self.input_names)
+    def _buffers(self, n):
+        """Argument arrays for runs of ``n`` inputs, made once (a run fills them in place)."""
         i64p = ctypes.POINTER(ctypes.c_int64)
+        self._n = n
         self._data = (ctypes.c_void_p * max(n, 1))()
         self._codes = (ctypes.c_int * max(n, 1))()
         self._ndims = (ctypes.c_int * max(n, 1))()
         self._dims = [(ctypes.c_int64 * 32)() for _ in range(n)]
         self._shapes = (i64p * max(n, 1))(*[ctypes.cast(d, i64p) for d in self._dims])
-        self._out_p, self._out_s = ctypes.c_void_p(), i64p()
-        self._by_name = {}
+        p, s = ctypes.c_void_p(), i64p()
+        self._out = (p, s, ctypes.byref(p), ctypes.byref(s))
 
     def run(self, feed):
         """The outputs (new arrays, in ``output_names`` order) for ``feed``, a dict by input
@@ -147,59 +148,59 @@ class Model:
         with self._lock:
             return self._run(feed)
 
+    def _arrays(self, feed):
+        names = self.input_names
+        if isinstance(feed, dict):
+            if len(feed) == len(names):
+                try:
+                    return [feed[n] for n in names]
+                except KeyError:
+                    pass
+            unknown = sorted(set(feed) - set(names))
+            missing = [n for n in names if n not in feed]
+            raise ModelError(2, f"feed: expected inputs {names}; missing {missing}, "
+                                f"unknown {unknown}")
+        return list(feed)
+
     def _run(self, feed):
         if self._h is None:
             raise ModelError(1, "the model was closed")
-        if isinstance(feed, dict):
-            if len(feed) != len(self.input_names) or any(n not in feed
-                                                         for n in self.input_names):
-                unknown = sorted(set(feed) - set(self.input_names))
-                missing = [n for n in self.input_names if n not in feed]
-                raise ModelError(2, f"feed: expected inputs {self.input_names}; "
-                                    f"missing {missing}, unknown {unknown}")
-            arrays = [feed[n] for n in self.input_names]
-        else:
-            arrays = list(feed)
+        arrays = self._arrays(feed)
         n = len(arrays)
-        if not hasattr(self, "_data") or n > len(self._dims):
-            self._buffers()
-            if n > len(self._dims):
-                self._dims += [(ctypes.c_int64 * 32)() for _ in range(n - len(self._dims))]
-        keep = []
-        data, codes, ndims = self._data, self._codes, self._ndims
-        if n > len(data):
-            data = (ctypes.c_void_p * n)()
-            codes, ndims = (ctypes.c_int * n)(), (ctypes.c_int * n)()
-            i64p = ctypes.POINTER(ctypes.c_int64)
-            shapes = (i64p * n)(*[ctypes.cast(d, i64p) for d in self._dims])
-        else:
-            shapes = self._shapes
+        if getattr(self, "_n", -1) != n:
+            self._buffers(n)
+        keep = []   # the arrays the pointers point into, alive until the call returns
+        data, codes, ndims, all_dims = self._data, self._codes, self._ndims, self._dims
         for i, a in enumerate(arrays):
-            a = np.asarray(a)   # (ascontiguousarray would make a 0-d input 1-d)
+            if type(a) is not np.ndarray:
+                a = np.asarray(a)   # (ascontiguousarray would make a 0-d input 1-d)
             if not a.flags.c_contiguous:
                 a = np.ascontiguousarray(a)
             keep.append(a)
-            what = repr(self.input_names[i]) if i < len(self.input_names) else str(i)
-            if a.ndim > 32:
-                raise ModelError(4, f"input {what}: rank {a.ndim} is too large")
-            if a.dtype not in _CODES and i < len(self.input_dtypes):
+            code = _CODES.get(a.dtype, -1)
+            if a.ndim > 32 or (code < 0 and i < len(self.input_dtypes)):
+                what = repr(self.input_names[i]) if i < len(self.input_names) else str(i)
+                if a.ndim > 32:
+                    raise ModelError(4, f"input {what}: rank {a.ndim} is too large")
                 raise ModelError(3, f"input {what}: expected dtype {self.input_dtypes[i]}, "
                                     f"got unknown dtype {a.dtype.str!r} (the library takes "
                                     f"native-byte-order {_DTYPES})")
             data[i] = a.ctypes.data
-            codes[i] = _CODES.get(a.dtype, -1)
+            codes[i] = code
             ndims[i] = a.ndim
-            dims = self._dims[i]
+            dims = all_dims[i]
             for d, size in enumerate(a.shape):
                 dims[d] = size
-        rc = self._lib.pdjit_model_run(self._h, n, data, codes, ndims, shapes)
+        lib, h = self._lib, self._h
+        rc = lib.pdjit_model_run(h, n, data, codes, ndims, self._shapes)
         if rc != 0:
-            raise ModelError(rc, self._lib.pdjit_model_error(self._h).decode(errors="replace"))
+            raise ModelError(rc, lib.pdjit_model_error(h).decode(errors="replace"))
         outs = []
-        p, s = self._out_p, self._out_s
+        p, s, pref, sref = self._out
+        output = lib.pdjit_model_output
         for i, dt in enumerate(self.output_dtypes):
-            self._lib.pdjit_model_output(self._h, i, ctypes.byref(p), ctypes.byref(s))
-            out = np.empty(tuple(s[d] for d in range(len(self.output_shapes[i]))), dt)
+            output(h, i, pref, sref)
+            out = np.empty(s[:len(self.output_shapes[i])], dt)
             if out.nbytes:
                 ctypes.memmove(out.ctypes.data, p.value, out.nbytes)
             outs.append(out)
