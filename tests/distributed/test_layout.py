@@ -1,5 +1,6 @@
 """The collective rewrite, in one process: the programs follow what PaddlePaddle 3.3.1 writes
-(``fixtures/paddle_layouts.json``, written by Paddle itself: ``make_paddle_layouts.py``), the
+(``tests/fixtures/paddle/distributed/paddle_layouts.json``, written by Paddle itself:
+``tests/fixtures/make_paddle_layouts.py``), the
 collective ops mean what Paddle's do (checked with a communicator written here that holds the
 values of every simulated rank), the data sharding and the launcher's command line."""
 from __future__ import annotations
@@ -14,7 +15,8 @@ import pdjit as fluid
 from pdjit.framework import unique_name
 
 HERE = pathlib.Path(__file__).parent
-LAYOUTS = json.loads((HERE / "fixtures" / "paddle_layouts.json").read_text())
+FIXTURES = HERE.parent / "fixtures" / "paddle" / "distributed"
+LAYOUTS = json.loads((FIXTURES / "paddle_layouts.json").read_text())
 COLLECTIVE = {"broadcast", "all_reduce", "c_sync_calc_stream", "c_sync_comm_stream",
               "coalesce_tensor"}
 
@@ -327,7 +329,7 @@ def test_a_program_paddle_transpiled_runs_and_matches_paddle(ranks):
     broadcast, c_sync_*, all_reduce on 2 rings) run here on 2 simulated ranks fed the same
     batch; one step reaches the parameters Paddle itself reached running the program before
     the rewrite from the same initial values."""
-    d = HERE / "fixtures" / "paddle_collective"
+    d = FIXTURES / "paddle_collective"
     import pdjit.distributed  # noqa: F401
 
     startup = fluid.Program.parse_from_string((d / "startup.pb").read_bytes())
