@@ -143,3 +143,107 @@ def test_adam():
                                                        "epsilon": 1e-8},
           {"ParamOut": p2, "Moment1Out": n1, "Moment2Out": n2, "Beta1PowOut": b1p * b1,
            "Beta2PowOut": b2p * b2}, rtol=1e-5, atol=1e-6)
+
+
+# ---- convolution and pooling (NCHW; NumPy loops written here) ---------------------------------
+def _np_conv(x, w, stride, pad, groups):
+    n, c, h, wd = x.shape
+    m, cg, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad))).astype(np.float64)
+    oh, ow = (h + 2 * pad - kh) // stride + 1, (wd + 2 * pad - kw) // stride + 1
+    y = np.zeros((n, m, oh, ow))
+    mg = m // groups
+    for b in range(n):
+        for o in range(m):
+            cs = slice((o // mg) * cg, (o // mg + 1) * cg)
+            for i in range(oh):
+                for j in range(ow):
+                    win = xp[b, cs, i * stride:i * stride + kh, j * stride:j * stride + kw]
+                    y[b, o, i, j] = (win * w[o]).sum()
+    return y
+
+
+def _np_conv_grads(x, w, dy, stride, pad, groups):
+    """Both gradients by the chain rule of the loops above, element by element."""
+    m, cg, kh, kw = w.shape
+    mg = m // groups
+    dxp = np.zeros((x.shape[0], x.shape[1], x.shape[2] + 2 * pad, x.shape[3] + 2 * pad))
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad))).astype(np.float64)
+    dw = np.zeros(w.shape)
+    for b in range(x.shape[0]):
+        for o in range(m):
+            cs = slice((o // mg) * cg, (o // mg + 1) * cg)
+            for i in range(dy.shape[2]):
+                for j in range(dy.shape[3]):
+                    hs, ws = slice(i * stride, i * stride + kh), slice(j * stride, j * stride + kw)
+                    dxp[b, cs, hs, ws] += dy[b, o, i, j] * w[o]
+                    dw[o] += dy[b, o, i, j] * xp[b, cs, hs, ws]
+    dx = dxp[:, :, pad:pad + x.shape[2], pad:pad + x.shape[3]]
+    return dx.astype(F), dw.astype(F)
+
+
+@pytest.mark.parametrize("op,groups,stride,pad", [("conv2d", 1, 1, 1),
+                                                  ("depthwise_conv2d", 2, 2, 1)])
+def test_conv2d_and_grads(op, groups, stride, pad):
+    x, w = r(1, 2, 5, 5), r(2, 2 // groups, 3, 3)
+    attrs = {"strides": [stride, stride], "paddings": [pad, pad], "groups": groups}
+    y = _np_conv(x, w, stride, pad, groups).astype(F)
+    _cuda(op, {"Input": x, "Filter": w}, attrs, {"Output": y}, rtol=1e-5, atol=1e-5)
+    dy = r(*y.shape)
+    dx, dw = _np_conv_grads(x, w, dy, stride, pad, groups)
+    _cuda(f"{op}_grad", {"Input": x, "Filter": w, "Output@GRAD": dy}, attrs,
+          {"Input@GRAD": dx, "Filter@GRAD": dw}, rtol=1e-5, atol=1e-5)
+
+
+def _np_pool(x, k, s, p, is_max, exclusive=True):
+    """Windows clipped to the image; an average divides by what it read (exclusive) or by
+    the window's length (``k * k``, no window here runs past the padding)."""
+    n, c, h, w = x.shape
+    oh, ow = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
+    y = np.zeros((n, c, oh, ow), F)
+    dx_of = {}
+    for i in range(oh):
+        for j in range(ow):
+            h0, w0 = i * s - p, j * s - p
+            hs = slice(max(h0, 0), min(h0 + k, h))
+            ws = slice(max(w0, 0), min(w0 + k, w))
+            win = x[:, :, hs, ws]
+            if is_max:
+                y[:, :, i, j] = win.max(axis=(2, 3))
+            else:
+                cnt = win.shape[2] * win.shape[3] if exclusive else k * k
+                y[:, :, i, j] = win.sum(axis=(2, 3)) / cnt
+            dx_of[i, j] = (hs, ws, win)
+    return y, dx_of
+
+
+@pytest.mark.parametrize("ptype,k,s,p,exclusive", [("max", 2, 2, 0, True),
+                                                   ("avg", 3, 2, 1, False),
+                                                   ("avg", 3, 2, 1, True)])
+def test_pool2d_and_grad(ptype, k, s, p, exclusive):
+    x = r(1, 2, 5, 5)
+    attrs = {"pooling_type": ptype, "ksize": [k, k], "strides": [s, s], "paddings": [p, p],
+             "exclusive": exclusive}
+    y, windows = _np_pool(x, k, s, p, ptype == "max", exclusive)
+    _cuda("pool2d", {"X": x}, attrs, {"Out": y}, rtol=1e-6, atol=1e-6)
+    dy = r(*y.shape)
+    dx = np.zeros_like(x)
+    for (i, j), (hs, ws, win) in windows.items():
+        for b in range(x.shape[0]):
+            for c in range(x.shape[1]):
+                if ptype == "max":  # the first maximum, row-major
+                    a, e = np.unravel_index(np.argmax(win[b, c]), win[b, c].shape)
+                    dx[b, c, hs.start + a, ws.start + e] += dy[b, c, i, j]
+                else:
+                    cnt = win.shape[2] * win.shape[3] if exclusive else k * k
+                    dx[b, c, hs, ws] += dy[b, c, i, j] / cnt
+    _cuda("pool2d_grad", {"X": x, "Out": y, "Out@GRAD": dy}, attrs, {"X@GRAD": dx},
+          rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("ptype", ["max", "avg"])
+def test_global_pool2d(ptype):
+    x = r(2, 3, 2, 3)
+    red = x.max(axis=(2, 3)) if ptype == "max" else x.mean(axis=(2, 3))
+    _cuda("pool2d", {"X": x}, {"pooling_type": ptype, "ksize": [1, 1], "global_pooling": True},
+          {"Out": red[:, :, None, None]}, rtol=1e-6, atol=1e-6)

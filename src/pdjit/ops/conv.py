@@ -308,6 +308,8 @@ def _float_ok(ctx, *slots) -> bool:
 def _conv_lower(ctx):
     if not _float_ok(ctx, "Input", "Filter"):
         return None
+    if ctx.target != "cpu":
+        return _conv_device_lines(ctx, "conv2d", grad=False)
     g = _geometry(ctx.attrs, "conv2d")
     X, W = ctx.inp("Input"), ctx.inp("Filter")
     _, _, kh, kw = ctx.shape("Filter")
@@ -392,7 +394,106 @@ def _grad_lines(ctx, what: str, transposed: bool) -> list | None:
 
 
 def _conv_grad_lower(ctx):
+    if ctx.target != "cpu":
+        if not _float_ok(ctx, "Input", "Filter", "Output@GRAD"):
+            return None
+        return _conv_device_lines(ctx, "conv2d_grad", grad=True)
     return _grad_lines(ctx, "conv2d_grad", transposed=False)
+
+
+# ---- a device target: one thread per element computed (NCHW) ----------------------------------
+def _device_geometry(ctx, g: Geometry, X: str, kh: int, kw: int) -> tuple:
+    """(driver lines binding the geometry as locals, their names ``sh, sw, pt, pl, dh, dw,
+    groups``): run-time arguments of the device kernels, so layers share them."""
+    names = [ctx.tmp(h) for h in ("sh", "sw", "pt", "pl", "dh", "dw", "gr")]
+    vals = _arg_list(g, X, kh, kw, ctx.attrs["groups"])
+    return [f"{n} = int({v})" for n, v in zip(names, vals)], names
+
+
+def _conv_sizes(x: str, w: str, y: str, gr: str) -> list:
+    """Kernel lines every thread runs first: the sizes of image ``x`` [N, C, H, W], filter
+    ``w`` [M, C/g, KH, KW] and output (gradient) ``y`` [N, M, OH, OW]."""
+    return [f"N_ = {x}.shape[0]", f"C_ = {x}.shape[1]", f"H_ = {x}.shape[2]",
+            f"W_ = {x}.shape[3]", f"M_ = {w}.shape[0]", f"CG_ = {w}.shape[1]",
+            f"KH_ = {w}.shape[2]", f"KW_ = {w}.shape[3]", f"OH_ = {y}.shape[2]",
+            f"OW_ = {y}.shape[3]", f"MG_ = M_ // {gr}"]
+
+
+def _unravel(i: str, names: list, dims: list) -> list:
+    """Lines unravelling flat index ``i`` into ``names`` over ``dims`` (row-major)."""
+    lines = [f"t_ = {i}"]
+    for n, d in zip(reversed(names[1:]), reversed(dims[1:])):
+        lines += [f"{n} = t_ % {d}", f"t_ = t_ // {d}"]
+    return lines + [f"{names[0]} = t_"]
+
+
+def _conv_device_lines(ctx, what: str, grad: bool) -> list | None:
+    """A convolution (``grad``: its gradients) on a device target, NCHW: one thread per
+    element of the output (image gradient, filter gradient), summing what meets it directly
+    (no workspace). NHWC runs the reference."""
+    g = _geometry(ctx.attrs, what)
+    if g.nhwc:
+        return None
+    X, W = ctx.inp("Input"), ctx.inp("Filter")
+    _, _, kh, kw = ctx.shape("Filter")
+    if min(kh, kw) < 1:
+        return None
+    T = ctx.T("Input")
+    lines, (sh, sw, pt, pl, dh, dw, gr) = _device_geometry(ctx, g, X, kh, kw)
+    i = ctx.tmp("i")
+    if not grad:
+        n, _, h, w = image_dims(g, X)
+        y = ctx.out("Output", shape=f"({n}, {W}.shape[0], {g.src_conv_out(0, h, kh)}, "
+                                    f"{g.src_conv_out(1, w, kw)})")
+        body = _unravel(i, ["nb", "m_", "oh_", "ow_"], ["N_", "M_", "OH_", "OW_"]) + [
+            f"acc = {T}(0)",
+            "c0 = (m_ // MG_) * CG_",
+            "for c_ in range(CG_):",
+            "    for a_ in range(KH_):",
+            f"        ih = oh_ * {sh} - {pt} + a_ * {dh}",
+            "        if ih >= 0 and ih < H_:",
+            "            for b_ in range(KW_):",
+            f"                iw = ow_ * {sw} - {pl} + b_ * {dw}",
+            "                if iw >= 0 and iw < W_:",
+            f"                    acc += {X}[nb, c0 + c_, ih, iw] * {W}[m_, c_, a_, b_]",
+            f"{y}[nb, m_, oh_, ow_] = acc"]
+        return lines + ctx.device_loop(i, f"{y}.size", body, before=_conv_sizes(X, W, y, gr))
+    DY = ctx.inp("Output@GRAD")
+    if ctx.has_output("Input@GRAD"):
+        dx = ctx.out("Input@GRAD", shape=f"{X}.shape")
+        body = _unravel(i, ["nb", "c_", "ih", "iw"], ["N_", "C_", "H_", "W_"]) + [
+            f"acc = {T}(0)",
+            "cg = c_ % CG_",
+            "m0 = (c_ // CG_) * MG_",
+            "for q_ in range(MG_):",
+            "    m_ = m0 + q_",
+            "    for a_ in range(KH_):",
+            f"        th = ih + {pt} - a_ * {dh}",
+            f"        if th >= 0 and th % {sh} == 0 and th // {sh} < OH_:",
+            f"            oh_ = th // {sh}",
+            "            for b_ in range(KW_):",
+            f"                tw = iw + {pl} - b_ * {dw}",
+            f"                if tw >= 0 and tw % {sw} == 0 and tw // {sw} < OW_:",
+            f"                    acc += {DY}[nb, m_, oh_, tw // {sw}] * {W}[m_, cg, a_, b_]",
+            f"{dx}[nb, c_, ih, iw] = acc"]
+        lines += ctx.device_loop(i, f"{dx}.size", body, before=_conv_sizes(X, W, DY, gr))
+    if ctx.has_output("Filter@GRAD"):
+        dwt = ctx.out("Filter@GRAD", shape=f"{W}.shape")
+        j = ctx.tmp("i")
+        body = _unravel(j, ["m_", "c_", "a_", "b_"], ["M_", "CG_", "KH_", "KW_"]) + [
+            f"acc = {T}(0)",
+            "ci = (m_ // MG_) * CG_ + c_",
+            "for nb in range(N_):",
+            "    for oh_ in range(OH_):",
+            f"        ih = oh_ * {sh} - {pt} + a_ * {dh}",
+            "        if ih >= 0 and ih < H_:",
+            "            for ow_ in range(OW_):",
+            f"                iw = ow_ * {sw} - {pl} + b_ * {dw}",
+            "                if iw >= 0 and iw < W_:",
+            f"                    acc += {DY}[nb, m_, oh_, ow_] * {X}[nb, ci, ih, iw]",
+            f"{dwt}[m_, c_, a_, b_] = acc"]
+        lines += ctx.device_loop(j, f"{dwt}.size", body, before=_conv_sizes(X, W, DY, gr))
+    return lines
 
 
 def _channel_linear(transposed: bool):
@@ -418,7 +519,7 @@ for _t in ("conv2d", "depthwise_conv2d"):
     register_op(
         _t, inputs=["Input", "Filter"], outputs=["Output"], attrs=_CONV_ATTRS, traits=[OPAQUE],
         infer_shape=_conv_infer, reference=_conv_ref, inference=_channel_linear(False),
-        emit=Opaque(_conv_lower, host=True, blocked=_conv_blocked),
+        emit=Opaque(_conv_lower, host=True, blocked=_conv_blocked, targets=("cpu", "cuda")),
         grad=default_grad(f"{_t}_grad", fwd_inputs=("Input", "Filter"),
                           grad_outputs=("Output",), wrt=("Input", "Filter")),
         doc="Output = the 2-D convolution of Input with Filter [M, C/groups, KH, KW].")
@@ -426,7 +527,7 @@ for _t in ("conv2d", "depthwise_conv2d"):
         f"{_t}_grad", inputs=["Input", "Filter", "Output@GRAD"],
         outputs=["Input@GRAD?", "Filter@GRAD?"], attrs=_CONV_ATTRS, traits=[OPAQUE],
         infer_shape=_conv_grad_infer, reference=_conv_grad_ref,
-        emit=Opaque(_conv_grad_lower, host=True), grad=None,
+        emit=Opaque(_conv_grad_lower, host=True, targets=("cpu", "cuda")), grad=None,
         doc=f"Gradients of {_t} for Input and Filter.")
 
 
