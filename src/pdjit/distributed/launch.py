@@ -79,14 +79,19 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m pdjit.distributed.launch",
                                 description="Run a pdjit training script on several processes "
                                             "through mpiexec (MPICH).")
-    p.add_argument("--nproc_per_node", type=int, default=1)
-    p.add_argument("--hostfile")
-    p.add_argument("--ips")
-    p.add_argument("--timeout", type=float)
-    p.add_argument("--threads", type=int)
-    p.add_argument("--mpiexec")
-    p.add_argument("script")
-    p.add_argument("args", nargs=argparse.REMAINDER)
+    p.add_argument("--nproc_per_node", type=int, default=1,
+                   help="processes per machine (default 1)")
+    p.add_argument("--hostfile", help="the machines, one per line (MPICH's host file)")
+    p.add_argument("--ips", help="the machines as a comma-separated list (instead of "
+                                  "--hostfile)")
+    p.add_argument("--timeout", type=float,
+                   help="seconds a collective waits for its peers before the job stops "
+                        "(PDJIT_DIST_TIMEOUT, default 300)")
+    p.add_argument("--threads", type=int, help="compute threads per process")
+    p.add_argument("--mpiexec", help="the mpiexec to run (default: MPICH's beside this "
+                                      "Python, else on PATH)")
+    p.add_argument("script", help="the training script")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the script's arguments")
     a = p.parse_args(argv)
     if a.nproc_per_node < 1:
         p.error(f"--nproc_per_node must be >= 1, got {a.nproc_per_node}")
