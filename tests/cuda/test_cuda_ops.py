@@ -247,3 +247,68 @@ def test_global_pool2d(ptype):
     red = x.max(axis=(2, 3)) if ptype == "max" else x.mean(axis=(2, 3))
     _cuda("pool2d", {"X": x}, {"pooling_type": ptype, "ksize": [1, 1], "global_pooling": True},
           {"Out": red[:, :, None, None]}, rtol=1e-6, atol=1e-6)
+
+
+# ---- batch_norm and layer_norm (float64 NumPy statistics written here) -------------------------
+def _bn_np(x, scale, bias, mean, var, eps, mom):
+    mu = x.astype(np.float64).mean(axis=(0, 2, 3))
+    v = x.astype(np.float64).var(axis=(0, 2, 3))
+    inv = 1.0 / np.sqrt(v + eps)
+    xh = (x - mu[None, :, None, None]) * inv[None, :, None, None]
+    y = xh * scale[None, :, None, None] + bias[None, :, None, None]
+    return {"Y": y.astype(F), "MeanOut": (mean * mom + mu * (1 - mom)).astype(F),
+            "VarianceOut": (var * mom + v * (1 - mom)).astype(F), "SavedMean": mu.astype(F),
+            "SavedVariance": inv.astype(F)}, xh, inv
+
+
+@pytest.mark.parametrize("is_test", [False, True])
+def test_batch_norm_and_grad(is_test):
+    x, scale, bias, mean = r(2, 3, 2, 2), r(3), r(3), r(3)
+    var = (np.abs(r(3)) + F(0.5)).astype(F)
+    ins = {"X": x, "Scale": scale, "Bias": bias, "Mean": mean, "Variance": var}
+    dy = r(*x.shape)
+    if is_test:  # the running statistics normalise; the gradient goes straight through them
+        inv = 1.0 / np.sqrt(var.astype(np.float64) + 1e-5)
+        xh = (x - mean[None, :, None, None]) * inv[None, :, None, None]
+        y = (xh * scale[None, :, None, None] + bias[None, :, None, None]).astype(F)
+        _cuda("batch_norm", ins, {"is_test": True}, {"Y": y, "MeanOut": mean,
+                                                      "VarianceOut": var}, rtol=1e-5, atol=1e-5)
+        dx = dy * (scale * inv)[None, :, None, None]
+        _cuda("batch_norm_grad", {"X": x, "Scale": scale, "Bias": bias, "MeanOut": mean,
+                                  "VarianceOut": var, "SavedMean": mean,
+                                  "SavedVariance": inv.astype(F), "Y@GRAD": dy},
+              {"is_test": True}, {"X@GRAD": dx.astype(F),
+                                  "Scale@GRAD": (dy * xh).sum(axis=(0, 2, 3)).astype(F),
+                                  "Bias@GRAD": dy.sum(axis=(0, 2, 3))}, rtol=1e-4, atol=1e-5)
+        return
+    want, xh, inv = _bn_np(x, scale, bias, mean, var, 1e-5, 0.9)
+    _cuda("batch_norm", ins, {"momentum": 0.9}, want, rtol=1e-5, atol=1e-5)
+    n = x.size // 3
+    db, ds = dy.sum(axis=(0, 2, 3)), (dy * xh).sum(axis=(0, 2, 3))
+    dx = (scale * inv)[None, :, None, None] * (dy - db[None, :, None, None] / n
+                                               - xh * ds[None, :, None, None] / n)
+    _cuda("batch_norm_grad", {"X": x, "Scale": scale, "Bias": bias,
+                              "SavedMean": want["SavedMean"],
+                              "SavedVariance": want["SavedVariance"], "Y@GRAD": dy}, {},
+          {"X@GRAD": dx.astype(F), "Scale@GRAD": ds.astype(F), "Bias@GRAD": db},
+          rtol=1e-4, atol=1e-5)
+
+
+def test_layer_norm_and_grad():
+    x, scale, bias = r(2, 3, 4), r(12), r(12)
+    x2 = x.reshape(2, 12).astype(np.float64)
+    m, v = x2.mean(1), x2.var(1)
+    inv = 1.0 / np.sqrt(v + 1e-5)
+    xh = (x2 - m[:, None]) * inv[:, None]
+    ins = {"X": x, "Scale": scale, "Bias": bias}
+    _cuda("layer_norm", ins, {"begin_norm_axis": 1},
+          {"Y": (xh * scale + bias).reshape(x.shape).astype(F), "Mean": m.astype(F),
+           "Variance": v.astype(F)}, rtol=1e-5, atol=1e-5)
+    dy = r(2, 12).astype(np.float64)
+    g = dy * scale
+    dx = inv[:, None] * (g - g.mean(1, keepdims=True) - xh * (g * xh).mean(1, keepdims=True))
+    _cuda("layer_norm_grad", dict(ins, Mean=m.astype(F), Variance=v.astype(F),
+                                  **{"Y@GRAD": dy.reshape(x.shape).astype(F)}),
+          {"begin_norm_axis": 1},
+          {"X@GRAD": dx.reshape(x.shape).astype(F), "Scale@GRAD": (dy * xh).sum(0).astype(F),
+           "Bias@GRAD": dy.sum(0).astype(F)}, rtol=1e-4, atol=1e-5)
