@@ -28,6 +28,7 @@ def _launch_everything():
 
     train._train(fluid.CUDAPlace(0), train.OPTIMIZERS["adam"], steps=1)
     rnd.test_dropout_and_grad_match_the_cpu("upscale_in_train")
+    rnd.test_uniform_and_gaussian_random_draw_the_cpu_numbers()
     for name, fn in sorted(vars(ops).items()):  # the first case of each op test
         if name.startswith("test_"):
             kwargs = {}

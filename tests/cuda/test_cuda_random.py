@@ -44,3 +44,41 @@ def test_dropout_and_grad_match_the_cpu(impl):
     assert 0.4 < kept.mean() < 0.9
     scale = 1 / np.float32(0.65) if impl == "upscale_in_train" else 1
     np.testing.assert_allclose(gy[kept], x[kept] * scale, rtol=1e-6)
+
+
+def _random_program():
+    main = fluid.Program()
+    main.random_seed = 23
+    b = main.global_block()
+    outs = [b.create_var(name="u", shape=[4, 8], dtype="float32"),
+            b.create_var(name="g", shape=[5, 7], dtype="float32"),
+            b.create_var(name="g64", shape=[3, 4], dtype="float64")]
+    b.append_op(type="uniform_random", outputs={"Out": [outs[0]]},
+                attrs={"shape": [4, 8], "min": -2.0, "max": 3.0, "dtype": 5})
+    b.append_op(type="gaussian_random", outputs={"Out": [outs[1]]},
+                attrs={"shape": [5, 7], "mean": 1.0, "std": 2.0, "dtype": 5})
+    b.append_op(type="gaussian_random", outputs={"Out": [outs[2]]},
+                attrs={"shape": [3, 4], "mean": 0.0, "std": 1.0, "dtype": 6})
+    return main, outs
+
+
+def test_uniform_and_gaussian_random_draw_the_cpu_numbers():
+    """Two runs on each place: the device draws the cpu target's numbers, a new run new ones
+    (the stream of the stream tests above, mapped as pdjit.framework.random documents)."""
+    main, outs = _random_program()
+    cpu = fluid.Executor(fluid.CPUPlace())
+    dev = fluid.Executor(fluid.CUDAPlace(0), strict=True)
+    want = [cpu.run(main, fetch_list=outs) for _ in range(2)]
+    got = [dev.run(main, fetch_list=outs) for _ in range(2)]
+    kinds = {type(s).__name__ for _, plan in dev._plans.values() for s in plan.walk()}
+    assert kinds == {"DeviceStep"}, kinds
+    for g_run, w_run in zip(got, want):
+        for g, w in zip(g_run, w_run):
+            assert g.dtype == w.dtype and g.shape == w.shape
+            np.testing.assert_array_equal(g, w)
+    u = got[0][0]
+    assert (u >= -2.0).all() and (u < 3.0).all() and len(np.unique(u)) == u.size
+    assert (got[0][0] != got[1][0]).all()
+    # the uniform numbers are the stream's: u = -2 + 5 * uniform01(key, i) for one key, so
+    # (u + 2) / 5 lies within float32 rounding of numbers in [0, 1)
+    assert 0.0 <= ((u + 2.0) / 5.0).min() and ((u + 2.0) / 5.0).max() < 1.0
