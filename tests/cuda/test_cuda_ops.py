@@ -312,3 +312,33 @@ def test_layer_norm_and_grad():
           {"begin_norm_axis": 1},
           {"X@GRAD": dx.reshape(x.shape).astype(F), "Scale@GRAD": (dy * xh).sum(0).astype(F),
            "Bias@GRAD": dy.sum(0).astype(F)}, rtol=1e-4, atol=1e-5)
+
+
+# ---- reduction gradients and sum ----------------------------------------------------------------
+@pytest.mark.parametrize("op", ["reduce_sum", "reduce_mean", "reduce_max", "reduce_min"])
+def test_reduce_grads(op):
+    x = r(2, 3, 4)
+    x[1, 0, 2] = x[1, 0, :].max() if op == "reduce_max" else x[1, 0, 2]  # a tie: shared
+    x[0, 2, 0] = x[0, 2, :].min() if op == "reduce_min" else x[0, 2, 0]
+    attrs = {"dim": [2], "keep_dim": False}
+    g = r(2, 3)
+    if op in ("reduce_sum", "reduce_mean"):
+        dx = np.repeat(g[:, :, None], 4, axis=2) / (4 if op == "reduce_mean" else 1)
+        ins = {"X": x, "Out@GRAD": g}
+    else:
+        out = x.max(axis=2) if op == "reduce_max" else x.min(axis=2)
+        hit = x == out[:, :, None]
+        dx = g[:, :, None] * hit / hit.sum(axis=2, keepdims=True)
+        ins = {"X": x, "Out": out, "Out@GRAD": g}
+    _cuda(f"{op}_grad", ins, attrs, {"X@GRAD": dx.astype(F)}, rtol=1e-6, atol=1e-7)
+
+
+def test_reduce_grad_over_leading_axes():
+    x, g = r(3, 2, 2), r(2)
+    _cuda("reduce_mean_grad", {"X": x, "Out@GRAD": g}, {"dim": [0, 2], "keep_dim": False},
+          {"X@GRAD": np.broadcast_to((g / 6)[None, :, None], x.shape).astype(F)})
+
+
+def test_sum():
+    a, b, c = r(3, 5), r(3, 5), r(3, 5)
+    _cuda("sum", {"X": [a, b, c]}, {}, {"Out": (a + b) + c})

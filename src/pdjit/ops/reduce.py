@@ -251,6 +251,8 @@ def _make_reduce_grad_lower(op_type):
         if r == 0:
             return None
         axes = _reduce_axes((0,) * r, a["dim"], a["reduce_all"])
+        if ctx.target != "cpu":
+            return _reduce_grad_device_lines(ctx, op_type, axes)
         X, g, T = ctx.inp("X"), ctx.inp("Out@GRAD"), ctx.T("X")
         xd = [f"{X}.shape[{i}]" for i in range(r)]
         kd = ["1" if i in axes else f"{X}.shape[{i}]" for i in range(r)]
@@ -277,6 +279,59 @@ def _make_reduce_grad_lower(op_type):
     return lower
 
 
+def _reduce_grad_device_lines(ctx, op_type: str, axes) -> list | None:
+    """A reduction's gradient on a device target: one thread per element of X, unravelling
+    its index into the kept coordinates (its group's element of Out@GRAD) and, for max/min,
+    visiting its group to count the hits of the extreme (the reference's rule and
+    operations: ``g / n``, ``g * hit / count``). reduce_prod runs the reference."""
+    if op_type == "reduce_prod":
+        return None
+    if op_type in ("reduce_max", "reduce_min") and \
+            (not ctx.has_input("Out") or ctx.dtype("Out") != ctx.dtype("X")):
+        return None
+    X, g, T = ctx.inp("X"), ctx.inp("Out@GRAD"), ctx.T("X")
+    r = ctx.rank("X")
+    lines: list = []
+
+    def flat(local):
+        t = ctx.tmp("f")
+        lines.append(f"{t} = {local}.reshape({local}.size)")
+        return t
+    dx = ctx.out("X@GRAD", shape=f"{X}.shape")
+    x1, g1, dx1 = flat(X), flat(g), flat(dx)
+    dims = [ctx.tmp("d") for _ in range(r)]
+    lines += [f"{d} = {X}.shape[{i}]" for i, d in enumerate(dims)]
+    kept = " * ".join("1" if d in axes else dims[d] for d in range(r))
+    lines.append(f"_rt.check({g}.size == {kept})")
+    i = ctx.tmp("i")
+    body = [f"t_ = {i}", "k_ = 0", "w_ = 1"]
+    for d in range(r - 1, -1, -1):  # the coordinates of element i, the kept ones' flat index
+        body += [f"q{d} = t_ % {dims[d]}", f"t_ = t_ // {dims[d]}"]
+        if d not in axes:
+            body += [f"k_ += q{d} * w_", f"w_ *= {dims[d]}"]
+    if op_type == "reduce_sum":
+        body.append(f"{dx1}[{i}] = {g1}[k_]")
+    elif op_type == "reduce_mean":
+        n = " * ".join(dims[d] for d in axes) or "1"
+        body.append(f"{dx1}[{i}] = {T}({g1}[k_] / max({n}, 1))")
+    else:
+        o1 = flat(ctx.inp("Out"))
+        m = " * ".join(dims[d] for d in axes) or "1"
+        body += [f"o_ = {o1}[k_]", "cnt = 0", f"for e_ in range({m}):", "    t_ = e_"]
+        for d in reversed(axes):  # the group's element e_: the reduced coordinates from e_
+            body += [f"    p{d} = t_ % {dims[d]}", f"    t_ = t_ // {dims[d]}"]
+        idx, stride = [], []
+        for d in range(r - 1, -1, -1):
+            coord = f"p{d}" if d in axes else f"q{d}"
+            idx.append(coord + "".join(f" * {s}" for s in stride))
+            stride.append(dims[d])
+        body += [f"    if {x1}[{' + '.join(idx)}] == o_:", "        cnt += 1",
+                 f"if {x1}[{i}] == o_:",
+                 f"    {dx1}[{i}] = {T}({g1}[k_] / cnt)",
+                 "else:", f"    {dx1}[{i}] = {T}(0)"]
+    return lines + ctx.device_loop(i, f"{dx1}.size", body)
+
+
 for _t in ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod"):
     _infer, _ref = _make_reduce(_t)
     _reads_out = ("Out",) if _t in ("reduce_max", "reduce_min", "reduce_prod") else ()
@@ -288,7 +343,7 @@ for _t in ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod
     _infer, _ref = _make_reduce_grad(_t)
     register_op(f"{_t}_grad", inputs=["X", "Out?", "Out@GRAD"], outputs=["X@GRAD?"],
                 attrs=dict(_REDUCE_ATTRS), traits=[OPAQUE], infer_shape=_infer, reference=_ref,
-                emit=Opaque(_make_reduce_grad_lower(_t), host=True),
+                emit=Opaque(_make_reduce_grad_lower(_t), host=True, targets=("cpu", "cuda")),
                 grad=None,
                 doc=f"X@GRAD = the gradient of {_t}: Out@GRAD spread back over the reduced "
                     f"axes of X.")
@@ -379,6 +434,15 @@ def _sum_lower(ctx):
     xs = [ctx.inp("X", i) for i in range(n)]
     out = ctx.out("Out", shape=f"{xs[0]}.shape")
     lines = [f"_rt.check({x}.shape == {xs[0]}.shape)" for x in xs[1:]]
+    if ctx.target != "cpu":  # a device target: one kernel adding left to right, as the reference
+        if ctx.dtype("X") not in (np.dtype(t) for t in ("float32", "float64", "int32", "int64")):
+            return None
+        flats = [ctx.tmp("f") for _ in range(n + 1)]
+        lines += [f"{f} = {a}.reshape({a}.size)" for f, a in zip(flats, [out] + xs)]
+        i = ctx.tmp("i")
+        total = " + ".join(f"{f}[{i}]" for f in flats[1:])
+        return lines + ctx.device_loop(i, f"{flats[0]}.size",
+                                       [f"{flats[0]}[{i}] = {total}"])
     if n == 1:
         return lines + [f"{out}.reshape({out}.size)[:] = {xs[0]}.reshape({xs[0]}.size)"]
     return lines + [f"np.add({xs[0]}, {xs[1]}, {out})"] + \
@@ -400,7 +464,8 @@ def _sum_grad(op):
 
 register_op(
     "sum", inputs=["X*"], outputs=["Out"], traits=[OPAQUE], infer_shape=_sum_infer,
-    reference=_sum_ref, emit=Opaque(_sum_lower, host=True), grad=_sum_grad,
+    reference=_sum_ref, emit=Opaque(_sum_lower, host=True, targets=("cpu", "cuda")),
+    grad=_sum_grad,
     doc="Out = X[0] + X[1] + ..., inputs of one shape and dtype.")
 
 
