@@ -182,17 +182,24 @@ def _np_conv_grads(x, w, dy, stride, pad, groups):
     return dx.astype(F), dw.astype(F)
 
 
-@pytest.mark.parametrize("op,groups,stride,pad", [("conv2d", 1, 1, 1),
-                                                  ("depthwise_conv2d", 2, 2, 1)])
-def test_conv2d_and_grads(op, groups, stride, pad):
+def _nhwc(a):
+    return np.ascontiguousarray(a.transpose(0, 2, 3, 1))
+
+
+@pytest.mark.parametrize("op,groups,stride,pad,fmt", [("conv2d", 1, 1, 1, "NCHW"),
+                                                      ("depthwise_conv2d", 2, 2, 1, "NCHW"),
+                                                      ("conv2d", 1, 2, 1, "NHWC")])
+def test_conv2d_and_grads(op, groups, stride, pad, fmt):
     x, w = r(1, 2, 5, 5), r(2, 2 // groups, 3, 3)
-    attrs = {"strides": [stride, stride], "paddings": [pad, pad], "groups": groups}
+    attrs = {"strides": [stride, stride], "paddings": [pad, pad], "groups": groups,
+             "data_format": fmt}
+    lay = _nhwc if fmt == "NHWC" else (lambda a: a)
     y = _np_conv(x, w, stride, pad, groups).astype(F)
-    _cuda(op, {"Input": x, "Filter": w}, attrs, {"Output": y}, rtol=1e-5, atol=1e-5)
+    _cuda(op, {"Input": lay(x), "Filter": w}, attrs, {"Output": lay(y)}, rtol=1e-5, atol=1e-5)
     dy = r(*y.shape)
     dx, dw = _np_conv_grads(x, w, dy, stride, pad, groups)
-    _cuda(f"{op}_grad", {"Input": x, "Filter": w, "Output@GRAD": dy}, attrs,
-          {"Input@GRAD": dx, "Filter@GRAD": dw}, rtol=1e-5, atol=1e-5)
+    _cuda(f"{op}_grad", {"Input": lay(x), "Filter": w, "Output@GRAD": lay(dy)}, attrs,
+          {"Input@GRAD": lay(dx), "Filter@GRAD": dw}, rtol=1e-5, atol=1e-5)
 
 
 def _np_pool(x, k, s, p, is_max, exclusive=True):
@@ -217,15 +224,17 @@ def _np_pool(x, k, s, p, is_max, exclusive=True):
     return y, dx_of
 
 
-@pytest.mark.parametrize("ptype,k,s,p,exclusive", [("max", 2, 2, 0, True),
-                                                   ("avg", 3, 2, 1, False),
-                                                   ("avg", 3, 2, 1, True)])
-def test_pool2d_and_grad(ptype, k, s, p, exclusive):
+@pytest.mark.parametrize("ptype,k,s,p,exclusive,fmt", [("max", 2, 2, 0, True, "NCHW"),
+                                                       ("avg", 3, 2, 1, False, "NCHW"),
+                                                       ("avg", 3, 2, 1, True, "NCHW"),
+                                                       ("max", 3, 2, 1, True, "NHWC")])
+def test_pool2d_and_grad(ptype, k, s, p, exclusive, fmt):
     x = r(1, 2, 5, 5)
     attrs = {"pooling_type": ptype, "ksize": [k, k], "strides": [s, s], "paddings": [p, p],
-             "exclusive": exclusive}
+             "exclusive": exclusive, "data_format": fmt}
+    lay = _nhwc if fmt == "NHWC" else (lambda a: a)
     y, windows = _np_pool(x, k, s, p, ptype == "max", exclusive)
-    _cuda("pool2d", {"X": x}, attrs, {"Out": y}, rtol=1e-6, atol=1e-6)
+    _cuda("pool2d", {"X": lay(x)}, attrs, {"Out": lay(y)}, rtol=1e-6, atol=1e-6)
     dy = r(*y.shape)
     dx = np.zeros_like(x)
     for (i, j), (hs, ws, win) in windows.items():
@@ -237,8 +246,8 @@ def test_pool2d_and_grad(ptype, k, s, p, exclusive):
                 else:
                     cnt = win.shape[2] * win.shape[3] if exclusive else k * k
                     dx[b, c, hs, ws] += dy[b, c, i, j] / cnt
-    _cuda("pool2d_grad", {"X": x, "Out": y, "Out@GRAD": dy}, attrs, {"X@GRAD": dx},
-          rtol=1e-5, atol=1e-6)
+    _cuda("pool2d_grad", {"X": lay(x), "Out": lay(y), "Out@GRAD": lay(dy)}, attrs,
+          {"X@GRAD": lay(dx)}, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("ptype", ["max", "avg"])

@@ -404,19 +404,34 @@ def _conv_grad_lower(ctx):
 # ---- a device target: one thread per element computed (NCHW) ----------------------------------
 def _device_geometry(ctx, g: Geometry, X: str, kh: int, kw: int) -> tuple:
     """(driver lines binding the geometry as locals, their names ``sh, sw, pt, pl, dh, dw,
-    groups``): run-time arguments of the device kernels, so layers share them."""
+    groups``): run-time arguments of the device kernels, so layers share them. SAME pads come
+    from the image's run-time size in its own layout."""
     names = [ctx.tmp(h) for h in ("sh", "sw", "pt", "pl", "dh", "dw", "gr")]
-    vals = _arg_list(g, X, kh, kw, ctx.attrs["groups"])
+    _, _, h, w = image_dims(g, X)
+    pt, _, dh = g.src_window(0, h, kh)
+    pl, _, dw = g.src_window(1, w, kw)
+    vals = [str(g.strides[0]), str(g.strides[1]), pt, pl, dh, dw, str(ctx.attrs["groups"])]
     return [f"{n} = int({v})" for n, v in zip(names, vals)], names
 
 
-def _conv_sizes(x: str, w: str, y: str, gr: str) -> list:
+def image_index(g: Geometry):
+    """(index source of element (n, c, h, w) of an image, source of its N, C, H, W sizes)."""
+    if g.nhwc:
+        return (lambda a, n, c, h, w: f"{a}[{n}, {h}, {w}, {c}]",
+                lambda a: (f"{a}.shape[0]", f"{a}.shape[3]", f"{a}.shape[1]", f"{a}.shape[2]"))
+    return (lambda a, n, c, h, w: f"{a}[{n}, {c}, {h}, {w}]",
+            lambda a: tuple(f"{a}.shape[{i}]" for i in range(4)))
+
+
+def _conv_sizes(g: Geometry, x: str, w: str, y: str, gr: str) -> list:
     """Kernel lines every thread runs first: the sizes of image ``x`` [N, C, H, W], filter
-    ``w`` [M, C/g, KH, KW] and output (gradient) ``y`` [N, M, OH, OW]."""
-    return [f"N_ = {x}.shape[0]", f"C_ = {x}.shape[1]", f"H_ = {x}.shape[2]",
-            f"W_ = {x}.shape[3]", f"M_ = {w}.shape[0]", f"CG_ = {w}.shape[1]",
-            f"KH_ = {w}.shape[2]", f"KW_ = {w}.shape[3]", f"OH_ = {y}.shape[2]",
-            f"OW_ = {y}.shape[3]", f"MG_ = M_ // {gr}"]
+    ``w`` [M, C/g, KH, KW] and output (gradient) ``y`` [N, M, OH, OW] (NCHW, or NHWC)."""
+    _, dims = image_index(g)
+    n, c, h, wd = dims(x)
+    _, _, oh, ow = dims(y)
+    return [f"N_ = {n}", f"C_ = {c}", f"H_ = {h}", f"W_ = {wd}", f"M_ = {w}.shape[0]",
+            f"CG_ = {w}.shape[1]", f"KH_ = {w}.shape[2]", f"KW_ = {w}.shape[3]",
+            f"OH_ = {oh}", f"OW_ = {ow}", f"MG_ = M_ // {gr}"]
 
 
 def _unravel(i: str, names: list, dims: list) -> list:
@@ -428,23 +443,22 @@ def _unravel(i: str, names: list, dims: list) -> list:
 
 
 def _conv_device_lines(ctx, what: str, grad: bool) -> list | None:
-    """A convolution (``grad``: its gradients) on a device target, NCHW: one thread per
-    element of the output (image gradient, filter gradient), summing what meets it directly
-    (no workspace). NHWC runs the reference."""
+    """A convolution (``grad``: its gradients) on a device target, NCHW or NHWC: one thread
+    per element of the output (image gradient, filter gradient), summing what meets it
+    directly (no workspace)."""
     g = _geometry(ctx.attrs, what)
-    if g.nhwc:
-        return None
     X, W = ctx.inp("Input"), ctx.inp("Filter")
     _, _, kh, kw = ctx.shape("Filter")
     if min(kh, kw) < 1:
         return None
     T = ctx.T("Input")
+    at, _ = image_index(g)
     lines, (sh, sw, pt, pl, dh, dw, gr) = _device_geometry(ctx, g, X, kh, kw)
     i = ctx.tmp("i")
     if not grad:
         n, _, h, w = image_dims(g, X)
-        y = ctx.out("Output", shape=f"({n}, {W}.shape[0], {g.src_conv_out(0, h, kh)}, "
-                                    f"{g.src_conv_out(1, w, kw)})")
+        y = ctx.out("Output", shape="(" + ", ".join(g.image(
+            n, f"{W}.shape[0]", g.src_conv_out(0, h, kh), g.src_conv_out(1, w, kw))) + ")")
         body = _unravel(i, ["nb", "m_", "oh_", "ow_"], ["N_", "M_", "OH_", "OW_"]) + [
             f"acc = {T}(0)",
             "c0 = (m_ // MG_) * CG_",
@@ -455,9 +469,11 @@ def _conv_device_lines(ctx, what: str, grad: bool) -> list | None:
             "            for b_ in range(KW_):",
             f"                iw = ow_ * {sw} - {pl} + b_ * {dw}",
             "                if iw >= 0 and iw < W_:",
-            f"                    acc += {X}[nb, c0 + c_, ih, iw] * {W}[m_, c_, a_, b_]",
-            f"{y}[nb, m_, oh_, ow_] = acc"]
-        return lines + ctx.device_loop(i, f"{y}.size", body, before=_conv_sizes(X, W, y, gr))
+            f"                    acc += {at(X, 'nb', 'c0 + c_', 'ih', 'iw')} * "
+            f"{W}[m_, c_, a_, b_]",
+            f"{at(y, 'nb', 'm_', 'oh_', 'ow_')} = acc"]
+        return lines + ctx.device_loop(i, f"{y}.size", body,
+                                       before=_conv_sizes(g, X, W, y, gr))
     DY = ctx.inp("Output@GRAD")
     if ctx.has_output("Input@GRAD"):
         dx = ctx.out("Input@GRAD", shape=f"{X}.shape")
@@ -474,9 +490,10 @@ def _conv_device_lines(ctx, what: str, grad: bool) -> list | None:
             "            for b_ in range(KW_):",
             f"                tw = iw + {pl} - b_ * {dw}",
             f"                if tw >= 0 and tw % {sw} == 0 and tw // {sw} < OW_:",
-            f"                    acc += {DY}[nb, m_, oh_, tw // {sw}] * {W}[m_, cg, a_, b_]",
-            f"{dx}[nb, c_, ih, iw] = acc"]
-        lines += ctx.device_loop(i, f"{dx}.size", body, before=_conv_sizes(X, W, DY, gr))
+            f"                    acc += {at(DY, 'nb', 'm_', 'oh_', f'tw // {sw}')} * "
+            f"{W}[m_, cg, a_, b_]",
+            f"{at(dx, 'nb', 'c_', 'ih', 'iw')} = acc"]
+        lines += ctx.device_loop(i, f"{dx}.size", body, before=_conv_sizes(g, X, W, DY, gr))
     if ctx.has_output("Filter@GRAD"):
         dwt = ctx.out("Filter@GRAD", shape=f"{W}.shape")
         j = ctx.tmp("i")
@@ -490,9 +507,10 @@ def _conv_device_lines(ctx, what: str, grad: bool) -> list | None:
             "            for ow_ in range(OW_):",
             f"                iw = ow_ * {sw} - {pl} + b_ * {dw}",
             "                if iw >= 0 and iw < W_:",
-            f"                    acc += {DY}[nb, m_, oh_, ow_] * {X}[nb, ci, ih, iw]",
+            f"                    acc += {at(DY, 'nb', 'm_', 'oh_', 'ow_')} * "
+            f"{at(X, 'nb', 'ci', 'ih', 'iw')}",
             f"{dwt}[m_, c_, a_, b_] = acc"]
-        lines += ctx.device_loop(j, f"{dwt}.size", body, before=_conv_sizes(X, W, DY, gr))
+        lines += ctx.device_loop(j, f"{dwt}.size", body, before=_conv_sizes(g, X, W, DY, gr))
     return lines
 
 

@@ -38,6 +38,7 @@ from pdjit.ops.conv import (
     as_nchw,
     from_nchw,
     image_dims,
+    image_index,
     native_float,
     nchw_dest,
     to_nchw,
@@ -246,11 +247,10 @@ def _pool_device_lines(ctx, grad: bool) -> list | None:
     """Pooling (``grad``: its gradient) on a device target, NCHW: one thread per output
     element (per input element for the gradient, visiting the output windows; a max window's
     gradient goes to its first element equal to Out, as the reference's). The geometry and
-    the flags are run-time arguments (one kernel for max and avg). NHWC runs the reference."""
+    the flags are run-time arguments (one kernel for max and avg). NCHW or NHWC."""
     p = _Pool(ctx.attrs, "pool2d_grad" if grad else "pool2d")
-    if p.g.nhwc:
-        return None
     X = ctx.inp("X")
+    at, dims = image_index(p.g)
     n, c, h, w = image_dims(p.g, X)
     names = [ctx.tmp(v) for v in ("kh", "kw", "sh", "sw", "pt", "pl", "mx", "ex", "ad")]
     vals = p.args(h, w).split(", ") + [str(int(p.is_max)), str(int(p.exclusive)),
@@ -259,20 +259,22 @@ def _pool_device_lines(ctx, grad: bool) -> list | None:
     kh, kw, sh, sw, pt, pl, mx, ex, ad = names
     spans = (_span_lines("oh_", "H_", "OH_", kh, sh, pt, "h")
              + _span_lines("ow_", "W_", "OW_", kw, sw, pl, "w"))
-    before = [f"H_ = {X}.shape[2]", f"W_ = {X}.shape[3]", f"C_ = {X}.shape[1]",
+    _, xc, xh, xw = dims(X)
+    before = [f"H_ = {xh}", f"W_ = {xw}", f"C_ = {xc}",
               f"ismax = {mx} != 0", f"excl = {ex} != 0", f"adp = {ad} != 0"]
     i = ctx.tmp("i")
     T = ctx.T("X")
     if not grad:
-        y = ctx.out("Out", shape=f"({n}, {c}, {p.src_out(0, h)}, {p.src_out(1, w)})")
+        y = ctx.out("Out", shape="(" + ", ".join(p.g.image(n, c, p.src_out(0, h),
+                                                             p.src_out(1, w))) + ")")
         body = [f"t_ = {i}", "ow_ = t_ % OW_", "t_ = t_ // OW_", "oh_ = t_ % OH_",
                 "t_ = t_ // OH_", "c_ = t_ % C_", "nb = t_ // C_"] + spans + [
-            f"r_ = {X}[nb, c_, h0, w0]",
+            f"r_ = {at(X, 'nb', 'c_', 'h0', 'w0')}",
             "if not ismax:",
             f"    r_ = {T}(0)",
             "for a_ in range(h0, h1):",
             "    for b_ in range(w0, w1):",
-            f"        v_ = {X}[nb, c_, a_, b_]",
+            f"        v_ = {at(X, 'nb', 'c_', 'a_', 'b_')}",
             "        if ismax:",
             "            if v_ > r_:",
             "                r_ = v_",
@@ -280,8 +282,9 @@ def _pool_device_lines(ctx, grad: bool) -> list | None:
             "            r_ += v_",
             "if not ismax:",
             f"    r_ = {T}(r_ / cnt)",
-            f"{y}[nb, c_, oh_, ow_] = r_"]
-        before += [f"OH_ = {y}.shape[2]", f"OW_ = {y}.shape[3]"]
+            f"{at(y, 'nb', 'c_', 'oh_', 'ow_')} = r_"]
+        _, _, yh, yw = dims(y)
+        before += [f"OH_ = {yh}", f"OW_ = {yw}"]
         return lines + ctx.device_loop(i, f"{y}.size", body, before)
     Y, DY = ctx.inp("Out"), ctx.inp("Out@GRAD")
     dx = ctx.out("X@GRAD", shape=f"{X}.shape")
@@ -291,20 +294,21 @@ def _pool_device_lines(ctx, grad: bool) -> list | None:
             "    for ow_ in range(OW_):"] + ["        " + ln for ln in spans] + [
             "        if ih >= h0 and ih < h1 and iw >= w0 and iw < w1:",
             "            if not ismax:",
-            f"                g_ += {T}({DY}[nb, c_, oh_, ow_] / cnt)",
+            f"                g_ += {T}({at(DY, 'nb', 'c_', 'oh_', 'ow_')} / cnt)",
             "            else:",
-            f"                y_ = {Y}[nb, c_, oh_, ow_]",
+            f"                y_ = {at(Y, 'nb', 'c_', 'oh_', 'ow_')}",
             "                fh = -1",
             "                fw = -1",
             "                for a_ in range(h0, h1):",
             "                    for b_ in range(w0, w1):",
-            f"                        if fh < 0 and {X}[nb, c_, a_, b_] == y_:",
+            f"                        if fh < 0 and {at(X, 'nb', 'c_', 'a_', 'b_')} == y_:",
             "                            fh = a_",
             "                            fw = b_",
             "                if fh == ih and fw == iw:",
-            f"                    g_ += {DY}[nb, c_, oh_, ow_]",
-            f"{dx}[nb, c_, ih, iw] = g_"]
-    before += [f"OH_ = {Y}.shape[2]", f"OW_ = {Y}.shape[3]"]
+            f"                    g_ += {at(DY, 'nb', 'c_', 'oh_', 'ow_')}",
+            f"{at(dx, 'nb', 'c_', 'ih', 'iw')} = g_"]
+    _, _, yh, yw = dims(Y)
+    before += [f"OH_ = {yh}", f"OW_ = {yw}"]
     return lines + ctx.device_loop(i, f"{dx}.size", body, before)
 
 
