@@ -351,3 +351,35 @@ def test_reduce_grad_over_leading_axes():
 def test_sum():
     a, b, c = r(3, 5), r(3, 5), r(3, 5)
     _cuda("sum", {"X": [a, b, c]}, {}, {"Out": (a + b) + c})
+
+
+# ---- operands that do not fit: the kernels cannot raise, the driver checks first ---------------
+@pytest.mark.parametrize("op,inputs,bad", [
+    ("conv2d_grad", {"Input": (1, 2, 5, 5), "Filter": (2, 2, 3, 3), "Output@GRAD": (1, 2, 5, 5)},
+     "Output@GRAD"),
+    ("batch_norm_grad", {"X": (2, 3, 2, 2), "Scale": (3,), "SavedMean": (3,),
+                         "SavedVariance": (3,), "Y@GRAD": (2, 3, 2, 2)}, "Y@GRAD"),
+    ("pool2d_grad", {"X": (1, 2, 4, 4), "Out": (1, 2, 2, 2), "Out@GRAD": (1, 2, 2, 2)},
+     "Out@GRAD")])
+def test_misfit_operands_name_the_op(op, inputs, bad):
+    """A gradient of another batch size (the program declares it -1): the driver's check
+    sends the op to its reference, whose error names the op, instead of a kernel reading
+    past an array (without the check the kernels would run without an error)."""
+    from pdjit.framework.errors import FallbackError, OpRunError
+    from pdjit.runtime.executor import Executor
+    from pdjit.runtime.place import CUDAPlace
+    from pdjit.runtime.scope import Scope
+    from pdjit.testing.op_test import build_op_program
+
+    attrs = {"paddings": [1, 1]} if op == "conv2d_grad" else \
+        {"ksize": [2, 2], "strides": [2, 2]} if op == "pool2d_grad" else {}
+    values = {k: r(*s) for k, s in inputs.items()}
+    grad = {"conv2d_grad": "Input@GRAD", "batch_norm_grad": "X@GRAD"}.get(op, "X@GRAD")
+    prog, feed, outs = build_op_program(op, values, attrs, batch_unknown={bad},
+                                        outputs={grad: 1})
+    name = f"{bad.lower()}_0"
+    feed[name] = np.concatenate([feed[name]] * 2)
+    fetch = [v for vs in outs.values() for v in vs]
+    with pytest.raises((FallbackError, OpRunError), match=op):
+        Executor(CUDAPlace(0), strict=True).run(prog, feed=feed, fetch_list=fetch,
+                                                scope=Scope())

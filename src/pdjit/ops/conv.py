@@ -452,11 +452,14 @@ def _conv_device_lines(ctx, what: str, grad: bool) -> list | None:
     if min(kh, kw) < 1:
         return None
     T = ctx.T("Input")
-    at, _ = image_index(g)
+    at, dims = image_index(g)
     lines, (sh, sw, pt, pl, dh, dw, gr) = _device_geometry(ctx, g, X, kh, kw)
+    # what the kernels index by must fit (a kernel cannot raise): else the reference names it
+    n, c, h, w = image_dims(g, X)
+    lines.append(f"_rt.check({W}.ndim == 4 and {W}.shape[0] % {gr} == 0 and "
+                 f"{c} == {W}.shape[1] * {gr})")
     i = ctx.tmp("i")
     if not grad:
-        n, _, h, w = image_dims(g, X)
         y = ctx.out("Output", shape="(" + ", ".join(g.image(
             n, f"{W}.shape[0]", g.src_conv_out(0, h, kh), g.src_conv_out(1, w, kw))) + ")")
         body = _unravel(i, ["nb", "m_", "oh_", "ow_"], ["N_", "M_", "OH_", "OW_"]) + [
@@ -475,6 +478,9 @@ def _conv_device_lines(ctx, what: str, grad: bool) -> list | None:
         return lines + ctx.device_loop(i, f"{y}.size", body,
                                        before=_conv_sizes(g, X, W, y, gr))
     DY = ctx.inp("Output@GRAD")
+    want = (n, f"{W}.shape[0]", g.src_conv_out(0, h, kh), g.src_conv_out(1, w, kw))
+    lines.append("_rt.check(" + " and ".join(
+        f"{got} == {exp}" for got, exp in zip(dims(DY), want)) + f" and {DY}.ndim == 4)")
     if ctx.has_output("Input@GRAD"):
         dx = ctx.out("Input@GRAD", shape=f"{X}.shape")
         body = _unravel(i, ["nb", "c_", "ih", "iw"], ["N_", "C_", "H_", "W_"]) + [

@@ -509,6 +509,14 @@ def _device_out(ctx, slot: str, shape: str, T: str, lines: list) -> str:
     return t
 
 
+def _fits(ctx, lines: list, n: str, slots) -> None:
+    """A line checking that each bound input of ``slots`` holds ``n`` values (the kernels
+    index them by channel or row and cannot raise: else the reference names the misfit)."""
+    sizes = [f"{ctx.inp(s)}.size == {n}" for s in slots if ctx.has_input(s)]
+    if sizes:
+        lines.append(f"_rt.check({' and '.join(sizes)})")
+
+
 def _bn_device_lines(ctx):
     a = ctx.attrs
     lines: list = []
@@ -533,6 +541,7 @@ def _bn_device_lines(ctx):
         mom_line = f"mom_ = {mom}"
     scale = f"{ctx.inp('Scale')}[c_]" if ctx.has_input("Scale") else "1.0"
     bias = f"{ctx.inp('Bias')}[c_]" if ctx.has_input("Bias") else "0.0"
+    _fits(ctx, lines, C, ("Scale", "Bias", "Mean", "Variance"))
     if _batch_stats(a["is_test"], a["use_global_stats"], a["trainable_statistics"]):
         stats = [
             "acc = 0.0",
@@ -589,6 +598,9 @@ def _bn_grad_device_lines(ctx, batch: bool):
     lines += [f"{t} = _cu.empty(({C},), np.float64)" for t in cf]
     mc, cg, cx, c0 = cf
     scale = f"{ctx.inp('Scale')}[c_]" if ctx.has_input("Scale") else "1.0"
+    _fits(ctx, lines, C, ("Scale", "SavedMean", "SavedVariance") if batch else
+          ("Scale", "MeanOut", "VarianceOut"))
+    lines.append(f"_rt.check({ctx.inp('Y@GRAD')}.shape == {X}.shape)")
     if batch:
         sm, sv = flat(ctx.inp("SavedMean")), flat(ctx.inp("SavedVariance"))
         head = ["if cnt_ == 1:",
@@ -1059,6 +1071,7 @@ def _ln_device_lines(ctx, grad: bool) -> list:
               f"{eps} = {_f32(ctx.attrs['epsilon'])}"]
     scale = f"{ctx.inp('Scale')}[j_]" if ctx.has_input("Scale") else f"{T}(1)"
     bias = f"{ctx.inp('Bias')}[j_]" if ctx.has_input("Bias") else f"{T}(0)"
+    _fits(ctx, lines, nc, ("Scale", "Bias"))
     if not grad:
         y1 = flat(ctx.out("Y", shape=f"{X}.shape"))
         mean, var = flat(out("Mean", lead)), flat(out("Variance", lead))
@@ -1070,6 +1083,8 @@ def _ln_device_lines(ctx, grad: bool) -> list:
                 f"for j_ in range({nc}):",
                 f"    {y1}[b_ + j_] = ({x1}[b_ + j_] - mt) * it * {scale} + {bias}"]
         return lines + ctx.device_loop("r_", nr, body)
+    _fits(ctx, lines, nr, ("Mean", "Variance"))
+    lines.append(f"_rt.check({ctx.inp('Y@GRAD')}.shape == {X}.shape)")
     mean, var = flat(ctx.inp("Mean")), flat(ctx.inp("Variance"))
     dy = flat(ctx.inp("Y@GRAD"))
     row = [f"mt = {T}({mean}[r_])", f"it = {T}(1.0 / math.sqrt(float({var}[r_]) + {eps}))"]

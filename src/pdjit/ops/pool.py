@@ -287,6 +287,10 @@ def _pool_device_lines(ctx, grad: bool) -> list | None:
         before += [f"OH_ = {yh}", f"OW_ = {yw}"]
         return lines + ctx.device_loop(i, f"{y}.size", body, before)
     Y, DY = ctx.inp("Out"), ctx.inp("Out@GRAD")
+    want = p.g.image(n, c, p.src_out(0, h), p.src_out(1, w))
+    lines.append("_rt.check(" + " and ".join(
+        f"{a}.ndim == 4 and " + " and ".join(f"{a}.shape[{k}] == {e}" for k, e in enumerate(want))
+        for a in (Y, DY)) + ")")
     dx = ctx.out("X@GRAD", shape=f"{X}.shape")
     body = [f"t_ = {i}", "iw = t_ % W_", "t_ = t_ // W_", "ih = t_ % H_", "t_ = t_ // H_",
             "c_ = t_ % C_", "nb = t_ // C_", f"g_ = {T}(0)",

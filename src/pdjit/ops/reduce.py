@@ -316,6 +316,7 @@ def _reduce_grad_device_lines(ctx, op_type: str, axes) -> list | None:
         body.append(f"{dx1}[{i}] = {T}({g1}[k_] / max({n}, 1))")
     else:
         o1 = flat(ctx.inp("Out"))
+        lines.append(f"_rt.check({o1}.size == {g1}.size)")
         m = " * ".join(dims[d] for d in axes) or "1"
         body += [f"o_ = {o1}[k_]", "cnt = 0", f"for e_ in range({m}):", "    t_ = e_"]
         for d in reversed(axes):  # the group's element e_: the reduced coordinates from e_
