@@ -507,10 +507,47 @@ def _make_arg(op_type, fn):
             r = fn(X, axis=a)
         return {"Out": np.asarray(r).reshape(shape).astype(_INDEX_CODES[dtype])}
 
+    def lower(ctx):
+        """X viewed as ``(pre, n, post)`` around the reduced axis (the whole of X with
+        ``flatten``); one pass over ``n`` per output element keeps the first extreme, and the
+        first NaN as NumPy does (a NaN is never replaced)."""
+        if ctx.dtype("X") == np.float16:   # no float16 arithmetic in native code
+            return None
+        rank, a = ctx.rank("X"), ctx.attrs["axis"]
+        flatten, keep = ctx.attrs["flatten"], ctx.attrs["keepdims"]
+        x = ctx.inp("X")
+        if flatten or rank == 0:
+            shape = (1,) * rank if keep else ()
+            pre, n, post = "1", f"{x}.size", "1"
+        else:
+            a = int(a) % rank
+            shape = [f"{x}.shape[{i}]" if i != a else "1" for i in range(rank)
+                     if i != a or keep]
+            pre, n, post = ctx.prod(x, 0, a), f"{x}.shape[{a}]", ctx.prod(x, a + 1, rank)
+        out = ctx.out("Out", shape=ctx.tuple_src(shape))
+        x3, o, p, q, j, best, at, v, m = (ctx.tmp(h) for h in
+                                          ("x3", "o", "p", "q", "j", "b", "at", "v", "n"))
+        beats = ">" if op_type == "arg_max" else "<"
+        return [f"{m} = {n}",
+                f"if {m} == 0: raise ValueError('pdjit: {op_type} over an empty axis')",
+                f"{x3} = {x}.reshape(({pre}, {m}, {post}))",
+                f"{o} = {out}.reshape({out}.size)",
+                f"for {p} in range({x3}.shape[0]):",
+                f"    for {q} in range({x3}.shape[2]):",
+                f"        {best} = {x3}[{p}, 0, {q}]",
+                f"        {at} = 0",
+                f"        for {j} in range(1, {m}):",
+                f"            {v} = {x3}[{p}, {j}, {q}]",
+                f"            if {v} {beats} {best} or ({v} != {v} and {best} == {best}):",
+                f"                {best} = {v}",
+                f"                {at} = {j}",
+                f"        {o}[{p} * {x3}.shape[2] + {q}] = {at}"]
+
     register_op(op_type, inputs=["X"], outputs=["Out"],
                 attrs={"axis": Long(REQUIRED, low=-3, high=3), "keepdims": Bool(False),
                        "flatten": Bool(False), "dtype": Int(3, choices=(2, 3))},
-                traits=[OPAQUE], infer_shape=infer, reference=ref, emit=None, grad=None,
+                traits=[OPAQUE], infer_shape=infer, reference=ref, emit=Opaque(lower),
+                grad=None,
                 doc=f"Out = the index of the {op_type[4:]}imum of X along axis (of the "
                     f"flattened X with flatten); the first one on ties.")
 
