@@ -116,8 +116,10 @@ int pdjit_model_memory(const pdjit_model *m, int64_t *arena_bytes, int64_t *heap
 /* The threads this instance's runs use (1 to 64; created with pdjit_build_threads()). When
    pdjit_batch_split() is 1, a run on a batch of B rows is split into min(n, B / 2) slices, each
    run on its own thread with its own arena (sized by one run at creation, or at the first run
-   after this call); the outputs equal one thread's. Otherwise n goes to OpenBLAS, for the whole
-   process (as pdjit_set_blas_threads). */
+   after this call); the outputs equal one thread's. With n > 1 OpenBLAS is then set to one
+   thread for the whole process (a slice's GEMMs run on its own thread: OpenBLAS's threads on
+   top of the slices' would oversubscribe the cores). Otherwise n goes to OpenBLAS, for the
+   whole process (as pdjit_set_blas_threads). */
 int pdjit_model_set_threads(pdjit_model *m, int n);
 int pdjit_model_threads(const pdjit_model *m);
 /* Threads of the BLAS (NumPy's OpenBLAS) for the whole process: in a process that imported
@@ -921,6 +923,7 @@ API int pdjit_model_set_threads(pdjit_model *m, int n) {
     free_slices(m);
     m->threads = n;
     if (n > 1) {
+        pdjit_blas_threads(1);   /* the slices are the threads (see model.h) */
         m->slices = calloc((size_t)n, sizeof *m->slices);
         m->worker_arenas = calloc((size_t)n - 1, sizeof *m->worker_arenas);
         if (m->slices == NULL || m->worker_arenas == NULL) {
