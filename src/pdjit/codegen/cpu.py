@@ -46,11 +46,13 @@ def _sizes(k: LoopKernel) -> list:
             "reduce_rows": ["nr", "nc"], "reduce_block": ["no", "nr", "ni"]}.get(k.form, [])
 
 
-def _params(k: LoopKernel) -> list:
+def _params(k: LoopKernel, sizes=_sizes) -> list:
+    """A kernel's parameters: leaves, stores, the reduction's output, numeric attributes, then
+    the sizes (``sizes(k)``: a target's own loop sizes)."""
     names = [f"L{i}" for i in range(len(k.leaves))] + [f"O{j}" for j in range(len(k.stores))]
     if k.reduce is not None:
         names.append("R0")
-    return names + [f"p{i}" for i in range(k.nparams)] + _sizes(k)
+    return names + [f"p{i}" for i in range(k.nparams)] + sizes(k)
 
 
 def argtypes(k: LoopKernel, leaf_dtypes: list) -> list:

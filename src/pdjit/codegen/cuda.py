@@ -59,10 +59,7 @@ def _sizes(k: LoopKernel) -> list:
 
 
 def _params(k: LoopKernel) -> list:
-    names = [f"L{i}" for i in range(len(k.leaves))] + [f"O{j}" for j in range(len(k.stores))]
-    if k.reduce is not None:
-        names.append("R0")
-    return names + [f"p{i}" for i in range(k.nparams)] + _sizes(k)
+    return cpu._params(k, _sizes)
 
 
 def argtypes(k: LoopKernel, leaf_dtypes: list) -> list:

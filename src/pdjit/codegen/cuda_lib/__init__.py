@@ -140,25 +140,31 @@ RT = _DeviceRT()
 
 
 # ---- rows: softmax, softmax with cross entropy ---------------------------------------------------
+@cuda.jit(device=True)
+def _softmax_row(x, out, b, nc):
+    """``out[b:b+nc]`` = softmax of ``x[b:b+nc]``; returns the row's max and sum of exp."""
+    m = x[b]
+    for c in range(1, nc):
+        v = x[b + c]
+        if v > m:
+            m = v
+    s = 0.0
+    for c in range(nc):
+        e = math.exp(x[b + c] - m)
+        out[b + c] = e
+        s += e
+    for c in range(nc):
+        out[b + c] = out[b + c] / s
+    return m, s
+
+
 @cuda.jit
 def _softmax_rows(x, out, nr, nc):
     """One thread per row (grid-stride over rows): max, sum of exp, scaled."""
     r = cuda.grid(1)
     gs = cuda.gridsize(1)
     while r < nr:
-        b = r * nc
-        m = x[b]
-        for c in range(1, nc):
-            v = x[b + c]
-            if v > m:
-                m = v
-        s = 0.0
-        for c in range(nc):
-            e = math.exp(x[b + c] - m)
-            out[b + c] = e
-            s += e
-        for c in range(nc):
-            out[b + c] = out[b + c] / s
+        _softmax_row(x, out, r * nc, nc)
         r += gs
 
 
@@ -176,18 +182,7 @@ def _softmax_xent_rows(x, label, sm, loss, nr, nc, ignore_index):
     gs = cuda.gridsize(1)
     while r < nr:
         b = r * nc
-        m = x[b]
-        for c in range(1, nc):
-            v = x[b + c]
-            if v > m:
-                m = v
-        s = 0.0
-        for c in range(nc):
-            e = math.exp(x[b + c] - m)
-            sm[b + c] = e
-            s += e
-        for c in range(nc):
-            sm[b + c] = sm[b + c] / s
+        m, s = _softmax_row(x, sm, b, nc)
         lab = label[r]
         if lab == ignore_index:
             loss[r] = 0
