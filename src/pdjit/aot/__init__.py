@@ -60,8 +60,9 @@ put on the heap.
 
 Threads: no ``prange`` in the artifact (plans are built on one thread). ``--threads N``
 (``load(threads=N)``, ``pdjit_model_set_threads``) splits a run's batch into ``min(N, B // 2)``
-slices on pthreads, one arena per thread per instance, when ``pdjit.aot.batch_split`` shows
-every output row depends only on the same input rows; else the build names the op that mixes
+slices on pthreads, one arena per thread per instance (OpenBLAS set to one thread: the slices
+are the threads), when ``pdjit.aot.batch_split`` shows every output row depends only on the
+same input rows; else the build names the op that mixes
 rows and the N threads go to OpenBLAS (process-wide; ``pdjit_set_blas_threads``; in a process
 that imported NumPy the library shares NumPy's OpenBLAS, loaded once by its soname). A split
 run equals one thread on each slice bit for bit; one thread on the whole batch may differ in
