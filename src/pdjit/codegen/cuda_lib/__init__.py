@@ -140,7 +140,7 @@ RT = _DeviceRT()
 
 
 # ---- rows: softmax, softmax with cross entropy ---------------------------------------------------
-@cuda.jit(device=True)
+@cuda.jit(device=True, inline="always")
 def _softmax_row(x, out, b, nc):
     """``out[b:b+nc]`` = softmax of ``x[b:b+nc]``; returns the row's max and sum of exp."""
     m = x[b]
