@@ -20,7 +20,8 @@ FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "paddle"
 
 # The cuda target's tests (tests/cuda) run on Numba's CUDA simulator where there is no GPU
 # (no /dev/nvidiactl); chosen before numba is imported; it changes nothing for the cpu target.
-os.path.exists("/dev/nvidiactl") or os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
+if not os.path.exists("/dev/nvidiactl"):
+    os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")
 
 # Compiled kernels of the test session go to one per-user directory (warm on later runs of the
 # same machine, cold on a new one), not into the user's own pdjit cache.
