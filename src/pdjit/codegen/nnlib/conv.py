@@ -326,6 +326,25 @@ def _use_taps(mg, k_, p_) -> bool:
 
 
 @jit
+def _tap_offsets(tap, k_, zero, kw_, kh_, sh, dh, pp, ow_):
+    """``tap[k]``: where tap ``k = (c, i, j)`` of a ``kh_ x kw_`` filter starts in the phase
+    planes (``sh`` phases of ``pp`` elements per kernel column and channel); taps from ``k_``
+    on (padding up to a vector's width) read the zero plane at ``zero``. By counters: a loop
+    the vectoriser leaves alone (a third of the code of a kernel otherwise)."""
+    c = i = j = 0
+    for tk in range(tap.size):
+        tap[tk] = zero if tk >= k_ else \
+            ((c * kw_ + j) * sh + (i * dh) % sh) * pp + ((i * dh) // sh) * ow_
+        j += 1
+        if j == kw_:
+            j = 0
+            i += 1
+            if i == kh_:
+                i = 0
+                c += 1
+
+
+@jit
 def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
     """``y[n] = conv(x[n], w)`` for the samples ``n0..n1``: by taps (:func:`_rows4`) where
     :func:`_use_taps` says so, else by im2col of blocks of samples and one BLAS product per
@@ -404,20 +423,8 @@ def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
         xs = np.empty(zero + span, x.dtype)
         for q in range(zero, zero + span):
             xs[q] = 0
-    # tap k = (c, i, j) by counters: a loop the vectoriser leaves alone (a third of the
-    # code of this function otherwise, all compiled again into each caller)
     tap = np.empty(k4, np.int64)
-    c = i = j = 0
-    for tk in range(k4):
-        tap[tk] = zero if tk >= k_ else \
-            ((c * kw_ + j) * sh + (i * dh) % sh) * pp + ((i * dh) // sh) * ow_
-        j += 1
-        if j == kw_:
-            j = 0
-            i += 1
-            if i == kh_:
-                i = 0
-                c += 1
+    _tap_offsets(tap, k_, zero, kw_, kh_, sh, dh, pp, ow_)
     # rows 4 KiB apart, fewer than 4 or a span past the outputs: computed aside at a padded
     # stride, then copied out
     ds = span
@@ -548,16 +555,7 @@ def _bwd_filter_range(x, dy, dwt, n0, n1, sh, sw, pt, pl, dh, dw, groups):
         pp = hq * ow_
         xs = np.empty(cg * kw_ * sh * pp, x.dtype)
         tap = np.empty(k_, np.int64)
-        c = i = j = 0
-        for tk in range(k_):
-            tap[tk] = ((c * kw_ + j) * sh + (i * dh) % sh) * pp + ((i * dh) // sh) * ow_
-            j += 1
-            if j == kw_:
-                j = 0
-                i += 1
-                if i == kh_:
-                    i = 0
-                    c += 1
+        _tap_offsets(tap, k_, 0, kw_, kh_, sh, dh, pp, ow_)
         one = min(kh_, 1)  # as in _fwd_range: the same compiled im2col
         dyf = dy.reshape(dy.size)
         for n in range(n0, n1):
