@@ -1,0 +1,66 @@
+"""The fast paths of the convolution and pooling library kernels (``pdjit.codegen.nnlib``)
+against NumPy written here: 2x2 stride-2 and whole-plane pools, on sizes that leave rows and
+columns out, through the compiled executor (strict: native code) and through the kernels'
+native entry points (the ones a native loop and the AOT artifact call)."""
+import numba
+import numpy as np
+import pytest
+
+from pdjit.codegen import nnlib
+from pdjit.testing.op_test import check_output
+
+RNG = np.random.default_rng(11)
+
+
+def np_pool22(x, is_max):
+    """2x2 windows of stride 2, floor mode: the rows and columns past the last full window
+    dropped."""
+    n, c, h, w = x.shape
+    v = x[:, :, :h // 2 * 2, :w // 2 * 2].reshape(n, c, h // 2, 2, w // 2, 2)
+    return v.max(axis=(3, 5)) if is_max else v.astype(np.float64).mean(axis=(3, 5))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("kind", ["max", "avg"])
+@pytest.mark.parametrize("shape", [(3, 2, 7, 9), (2, 3, 24, 24), (1, 1, 2, 34)])
+def test_pool_2x2_stride_2(dtype, kind, shape):
+    x = RNG.standard_normal(shape).astype(dtype)
+    want = np_pool22(x, kind == "max").astype(dtype)
+    check_output("pool2d", {"X": x}, dict(pooling_type=kind, ksize=[2, 2], strides=[2, 2],
+                                          paddings=[0, 0]), {"Out": want})
+
+
+@pytest.mark.parametrize("kind", ["max", "avg"])
+@pytest.mark.parametrize("attrs", [dict(global_pooling=True, ksize=[1, 1]),
+                                   dict(adaptive=True, ksize=[1, 1]),
+                                   dict(ksize=[5, 6])])
+def test_pool_whole_plane(kind, attrs):
+    x = RNG.standard_normal((3, 4, 5, 6)).astype(np.float32)
+    want = x.max(axis=(2, 3)) if kind == "max" else x.astype(np.float64).mean(axis=(2, 3))
+    check_output("pool2d", {"X": x}, dict(attrs, pooling_type=kind),
+                 {"Out": want.astype(np.float32)[:, :, None, None]})
+
+
+@numba.njit
+def _native_pool(x, y, k, s, is_max, adaptive):
+    nnlib.pool2d_fwd(x, y, k, k, s, s, 0, 0, is_max, True, adaptive)
+
+
+def test_native_entry_takes_the_same_paths():
+    """Called from compiled code, the pool gives what the host call gives, bit for bit."""
+    x = RNG.standard_normal((2, 3, 9, 8)).astype(np.float32)
+    for k, s, adaptive, oshape in ((2, 2, False, (4, 4)), (1, 1, True, (1, 1)),
+                                   (3, 2, False, (4, 3))):
+        for is_max in (True, False):
+            a = np.empty((2, 3) + oshape, np.float32)
+            b = np.empty_like(a)
+            if adaptive:
+                _native_pool(x, a, 1, 1, is_max, True)
+                nnlib.pool2d_fwd(x, b, 1, 1, 1, 1, 0, 0, is_max, True, True)
+            else:
+                _native_pool(x, a, k, s, is_max, False)
+                nnlib.pool2d_fwd(x, b, k, k, s, s, 0, 0, is_max, True, False)
+            np.testing.assert_array_equal(a, b)
+    want = np_pool22(x, True)
+    _native_pool(x, a := np.empty((2, 3, 4, 4), np.float32), 2, 2, True, False)
+    np.testing.assert_array_equal(a, want)
