@@ -23,6 +23,7 @@ def _launch_everything():
     import test_cuda_kernels as kernels
     import test_cuda_ops as ops
     import test_cuda_random as rnd
+    import test_cuda_sequence as seq
     import test_cuda_train as train
     import test_cuda_while as loop
 
@@ -47,6 +48,10 @@ def _launch_everything():
     kernels.test_strided_broadcast_and_math_helpers()
     kernels.test_reductions([1], True)
     kernels.test_reductions(None, False)
+    for pooltype in ("SUM", "AVERAGE", "SQRT", "MAX", "LAST", "FIRST"):
+        seq.test_sequence_pool_and_grad(pooltype)
+    seq.test_sequence_softmax_and_grad()
+    seq.test_sequence_expand_as_and_grad()
 
 
 def test_generated_kernels_compile_to_ptx(tmp_path):

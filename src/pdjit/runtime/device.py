@@ -6,6 +6,11 @@ lowering) gets host copies of its inputs. Every copy goes through :func:`to_devi
 :func:`to_host`, which count them (:func:`transfers`), so a test can assert that values stay
 on the device between the steps of a plan and between runs.
 
+LoD offsets go to the device too (:func:`offsets`): once per host offsets array (the LoD of a
+fed LoDTensor, or one a LoD rule made), whose device copy then serves every step and every
+kernel that reads it for as long as the host array lives; so a run with one LoD input copies
+its offsets in once, and a later run fed the same LoDTensor copies nothing.
+
 ``numba.cuda`` is imported lazily (only a CUDA plan needs it). Under the CUDA simulator
 (``NUMBA_ENABLE_CUDASIM=1``, set before numba is imported) device arrays are host arrays in
 disguise and kernels run as Python: slow, but the same code paths, which is how the target is
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 
 import numpy as np
 
@@ -100,3 +106,50 @@ def reset_transfers() -> None:
     with _lock:
         for k in _counts:
             _counts[k] = 0
+
+
+# ---- LoD offsets on the device ------------------------------------------------------------------
+class Offsets:
+    """One level of LoD offsets as a device plan's driver gets them: ``host`` (the ``int64``
+    array the LoD rules and the driver's size checks read), ``dev`` (its device copy, what
+    kernels read), and :meth:`derived` (device copies of arrays computed from it, made once)."""
+
+    __slots__ = ("host", "dev", "_memo", "__weakref__")
+
+    def __init__(self, host: np.ndarray, dev):
+        self.host, self.dev, self._memo = host, dev, {}
+
+    def derived(self, key, make):
+        """Device copies (counted) of the host arrays ``make()`` returns (a tuple), made once
+        per ``key`` for these offsets; ``key`` should hold what else ``make`` reads (kept
+        alive with the copies, so an ``id`` in it is not reused)."""
+        hit = self._memo.get(key)
+        if hit is None:
+            hit = self._memo[key] = tuple(to_device(a) for a in make())
+        return hit
+
+
+_offsets: dict = {}   # id(host offsets) -> (weak reference to them, Offsets)
+
+
+def offsets(host: np.ndarray) -> Offsets:
+    """The :class:`Offsets` of host offsets ``host``: copied to the device (counted) the first
+    time these offsets are asked for, the same device copy afterwards while ``host`` lives."""
+    key = id(host)
+    hit = _offsets.get(key)
+    if hit is not None and hit[0]() is host:
+        return hit[1]
+    h = np.ascontiguousarray(host, dtype=np.int64)
+    off = Offsets(h, to_device(h))
+    try:
+        ref = weakref.ref(host, lambda r, k=key, cache=_offsets: _drop(cache, k, r))
+    except TypeError:  # not weakly referenceable: not cached
+        return off
+    _offsets[key] = (ref, off)
+    return off
+
+
+def _drop(cache: dict, key, ref) -> None:
+    hit = cache.get(key)
+    if hit is not None and hit[0] is ref:
+        del cache[key]

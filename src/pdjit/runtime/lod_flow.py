@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from pdjit.framework import registry
+from pdjit.runtime import device
 from pdjit.runtime.tensor import LoDTensor, check_offsets
 
 _NO_OFFSETS = np.zeros(0, np.int64)
@@ -151,9 +152,10 @@ class LoDFlow:
 
     @staticmethod
     def attach(name: str, value, lods: dict):
-        """``value`` as the env holds it: a LoDTensor when its LoD is non-empty and fits."""
+        """``value`` as the env holds it: a LoDTensor when its LoD is non-empty and fits (a
+        device array's too: the cuda target's LoD values stay on the device)."""
         lod, ruled = lods.get(name, ((), False))
-        if not lod or type(value) is not np.ndarray:
+        if not lod or (type(value) is not np.ndarray and not device.is_device_array(value)):
             return value
         if value.ndim and value.shape[0] == lod[-1][-1]:
             return LoDTensor._wrap(value, lod)

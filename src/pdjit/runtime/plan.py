@@ -99,6 +99,7 @@ class NativeStep:
         # seen and checked last run is passed on without its checks again
         self._params = frozenset(params)
         self._checked = [_NOTHING] * len(args)  # (a missing input, None, never matches)
+        self._bind = [(n, dt, nd) for n, (dt, nd) in zip(args, expected)]
         self._trials: dict = {}            # batch size -> ([host times], [native times])
         self.picked: dict = {}             # batch size -> the driver chosen for it
         self.ops = ops                     # [(op, op_idx)] for the reference fallback
@@ -113,13 +114,25 @@ class NativeStep:
 
     def run(self, executor, env, run_index) -> None:
         values = []
-        get = env.get
+        append = values.append
+        # the args: the run's env, else the Scope (a block's top-level env has no parent: its
+        # lookups are inlined here, the same as Env.get)
+        top = env.parent is None
+        local, find, get = env.values.get, env.scope.find_var, env.get
         arg_lods = None
         checked = self._checked
-        for i, (name, (dtype, ndim)) in enumerate(zip(self.args, self.expected)):
-            a = get(name)
+        i = -1
+        for name, dtype, ndim in self._bind:
+            i += 1
+            if top:
+                a = local(name, _NOTHING)
+                if a is _NOTHING:
+                    sv = find(name)
+                    a = None if sv is None else sv.value
+            else:
+                a = get(name)
             if a is checked[i]:  # the same parameter array as last run: checked then
-                values.append(a)
+                append(a)
                 continue
             if type(a) is not np.ndarray:
                 if not isinstance(a, LoDTensor) or a._array is None:
@@ -138,7 +151,7 @@ class NativeStep:
                 a = np.array(a, order="C")
             elif i in self._params:
                 checked[i] = a
-            values.append(a)
+            append(a)
         if self.guard is not None:  # an output too large for the limit: refused before the call
             self.guard.check(values)
         if self.retired is not None:
@@ -178,9 +191,12 @@ class NativeStep:
             except LoDUnavailable as e:
                 return self._fallback(executor, env, run_index, self.ops[0],
                                       f"an output's LoD is unknown: {e}")
-        set_ = env.set
-        for name, value in zip(self.outputs, results):
-            set_(name, value)
+        if top:  # (Env.set of a top-level env: its own values)
+            env.values.update(zip(self.outputs, results))
+        else:
+            set_ = env.set
+            for name, value in zip(self.outputs, results):
+                set_(name, value)
 
     # how many runs of a batch size each driver gets before one is chosen: the first of each
     # compiles or loads, the rest are timed
@@ -274,22 +290,21 @@ class DeviceStep(NativeStep):
     env, so later steps, and the Scope after the run, hold the device array; outputs stay on
     the device (``pdjit.runtime.device`` counts every copy)."""
 
-    def __init__(self, compiled, args, expected, outputs, ops, description, lod_requests=(),
-                 *rest, **kw):
-        super().__init__(compiled, args, expected, outputs, ops, description, lod_requests,
-                         *rest, **kw)
-        self.lod_requests_any = bool(lod_requests)
-
     def run(self, executor, env, run_index) -> None:
         values = []
         get = env.get
+        arg_lods = None
         for name, (dtype, ndim) in zip(self.args, self.expected):
             a = get(name)
+            lod = None
             if isinstance(a, LoDTensor):
-                if a._array is None or a._lod:
+                if a._array is None:
                     return self._fallback(executor, env, run_index, self._reader(name),
-                                          f"input {name!r} is a LoDTensor: LoD offsets are "
-                                          f"not on the device yet")
+                                          f"input {name!r} is an empty LoDTensor")
+                lod = a._lod
+                if lod:
+                    arg_lods = arg_lods or {}
+                    arg_lods[name] = lod
                 a = a._array
             on_device = device.is_device_array(a)
             if not on_device and type(a) is not np.ndarray:
@@ -302,16 +317,23 @@ class DeviceStep(NativeStep):
                                       f"the plan was built for {np.dtype(dtype)} of rank {ndim}")
             if not on_device:  # copied once: the device copy serves every later reader
                 a = device.to_device(a)
-                env.set(name, a)
+                env.set(name, LoDTensor._wrap(a, lod) if lod else a)
             values.append(a)
         if self.guard is not None:
             self.guard.check(values)
         if self.retired is not None:
             return self._fallback(executor, env, run_index, self.ops[0],
                                   f"its native code was given up: {self.retired}")
-        if self.lod_requests_any:
-            return self._fallback(executor, env, run_index, self.ops[0],
-                                  "LoD offsets are not on the device yet")
+        lods = None
+        if arg_lods is not None or self.lod_flow.always:
+            try:
+                lods, extra = self.lod_flow.resolve(arg_lods or {})
+            except LoDUnavailable as e:
+                return self._fallback(executor, env, run_index, self.ops[0],
+                                      f"a LoD it needs is unknown: {e}")
+            # offsets as the driver reads them: host values, and their device copy (made
+            # once per offsets array, counted)
+            values += [device.offsets(h) for h in extra]
         if self.rng_ops:
             values += [np.uint64(RunContext(executor, env, op, i, run_index).rng_key())
                        for op, i in self.rng_ops]
@@ -327,6 +349,12 @@ class DeviceStep(NativeStep):
         if self.nan_inf:  # checked on host copies (counted): a debugging mode
             run_checks.pinpoint(executor, env, run_index, self.ops, self.outputs,
                                 [device.to_host(r) for r in results])
+        if lods is not None:
+            try:
+                results = [LoDFlow.attach(n, v, lods) for n, v in zip(self.outputs, results)]
+            except LoDUnavailable as e:
+                return self._fallback(executor, env, run_index, self.ops[0],
+                                      f"an output's LoD is unknown: {e}")
         set_ = env.set
         for name, value in zip(self.outputs, results):
             set_(name, value)

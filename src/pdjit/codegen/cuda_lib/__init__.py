@@ -54,6 +54,14 @@ def zeros(shape, dtype):
     return a
 
 
+def full(shape, value, dtype):
+    """A device array of ``shape`` holding ``value`` everywhere (filled on the device)."""
+    a = empty(shape, dtype)
+    if a.size:
+        _fill[grid(a.size)](a.reshape(a.size), value)
+    return a
+
+
 def copy(a):
     """A new device array holding a copy of device array ``a`` (on the device)."""
     d = empty(a.shape, a.dtype)
