@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import math
 import os
 import pathlib
 import pickle
@@ -327,6 +328,36 @@ def compile_function(fn_source: str, fn_name: str, parallel: bool = False, targe
         path = _write_module(cache_dir(), name, text)
         compiled = _compiled[name] = Compiled(name, path, text, fn_name)
         return compiled
+
+
+class HostFunction:
+    """A generated function that runs as plain Python and calls compiled kernels: a host
+    driver's loop over blocks of samples, each block one call of a library kernel and one of an
+    epilogue kernel (``calls``: ``(global name, Compiled)``). Run by Python, it compiles
+    nothing of its own: compiled, the same loop would link a private copy of the library kernel
+    (a convolution's, a GEMM's) and LLVM would optimise and emit it again for each epilogue
+    (measured: 0.8 s of the ResNet's cold step for one convolution with one epilogue), for
+    a few microseconds of dispatch per block. Same fields as :class:`Compiled` (``path`` is
+    ``None``: nothing is written)."""
+
+    def __init__(self, fn_source: str, fn_name: str, calls=()):
+        self.text, self.fn_name, self.calls, self.path = fn_source, fn_name, tuple(calls), None
+        self.name = "pdjit_host_" + _source_hash(fn_source, *(c.name for _, c in calls))[:32]
+        self._build()
+
+    def _build(self) -> None:
+        from pdjit.codegen import mathfuncs, nnlib, rt
+
+        ns = {"math": math, "np": np, "_m": mathfuncs, "_rt": rt, "_nn": nnlib}
+        ns.update({g: c.fn for g, c in self.calls})
+        exec(compile(self.text, f"<pdjit {self.name}>", "exec"), ns)  # noqa: S102
+        self.fn = ns[self.fn_name]
+
+    def reload_clean(self) -> None:
+        """Reload the kernels it calls without their cache files, then rebind."""
+        for _, c in self.calls:
+            c.reload_clean()
+        self._build()
 
 
 def load_kernel(name: str, fn_name: str):

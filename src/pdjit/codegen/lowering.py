@@ -28,7 +28,7 @@ import string
 import numpy as np
 
 from pdjit.codegen import memplan, nnlib
-from pdjit.codegen.compiler import Compiled, LibraryKernel, compile_function
+from pdjit.codegen.compiler import Compiled, HostFunction, LibraryKernel, compile_function
 from pdjit.codegen.cpu import PARALLEL_MIN_SIZE
 from pdjit.codegen.kernel import (
     FLAT_FORMS,
@@ -905,9 +905,8 @@ class SegmentGen:
         if call.get("blocked"):
             _, fn, before, after, _ = call["blocked"]
             epi = next(c for g, c in self.calls if g == variant)
-            variant = self._register(compile_function(
-                self.target.blocked_kernel(kernel, fn, len(before), len(after)), "kernel",
-                target=self.target.NAME, calls=[("E", epi)]))
+            variant = self._register(self._blocked_fn(kernel, fn, len(before), len(after),
+                                                      epi))
             self._epilogues[variant] = epi
         renames[call["call"]] = variant
         call["call"] = variant
@@ -974,9 +973,7 @@ class SegmentGen:
         for line in lines:
             self.emit(line)
         epi = next(c for g, c in self.calls if g == kname)
-        src = self.target.blocked_kernel(kernel, fn, len(before), len(after))
-        g = self._register(compile_function(src, "kernel", target=self.target.NAME,
-                                            calls=[("E", epi)]))
+        g = self._register(self._blocked_fn(kernel, fn, len(before), len(after), epi))
         self._epilogues[g] = epi
         rest = [f"{y}.shape[0]"] + before + after + args
         if self.native:
@@ -984,6 +981,16 @@ class SegmentGen:
         else:
             self.emit(f"_nn.split_work({g}, {y}.shape[0], {work}, {', '.join(rest)}, head=0)")
         return g
+
+    def _blocked_fn(self, kernel, fn: str, nbefore: int, nafter: int, epi):
+        """The loop over blocks of samples calling the opaque op's ``fn`` then the epilogue
+        kernel ``epi`` on each: compiled in a native driver (no Python between kernels there);
+        in a host driver a :class:`HostFunction` (Python calling both compiled functions), so
+        no copy of the library kernel is compiled into it."""
+        src = self.target.blocked_kernel(kernel, fn, nbefore, nafter)
+        if self.native:
+            return compile_function(src, "kernel", target=self.target.NAME, calls=[("E", epi)])
+        return HostFunction(src, "kernel", calls=[("E", epi)])
 
     def _offset(self, op, opdef, slot: str, rank: int) -> int:
         """Where ``slot``'s dims start within the op's output dims."""
