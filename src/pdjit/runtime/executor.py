@@ -104,6 +104,7 @@ class Executor:
             os.environ.get("PDJIT_STRICT", "0").strip() not in ("", "0")
         # NaN/Inf checking and the allocation limit, read once (pdjit.runtime.checks)
         self.checks = checks.settings()
+        self._on_device = self.place.kind == "cuda" and self.mode == "compiled"
         if self.mode not in MODES:
             raise ValueError(f"Executor: mode {mode!r} is not one of {MODES}")
         self._runs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -142,13 +143,18 @@ class Executor:
         except AttributeError:  # let the checking versions say what was wrong
             feed_names = feed_fetch.feed_names_of(feed)
             fetch_names = feed_fetch.fetch_names_of(fetch_list)
-        run, plan = self._prepare(program, feed_names, fetch_names, feed_var_name,
-                                  fetch_var_name)
+        run, plan, in_order = self._prepare(program, feed_names, fetch_names, feed_var_name,
+                                            fetch_var_name)
 
-        gb = run.program.global_block()
-        by_name = {(k if type(k) is str else k.name): v for k, v in feed.items()}
-        feed_values = [feed_fetch.check_feed_spec(spec, by_name[n])
-                       for n, spec in zip(run.feed_names, run.feed_specs)]
+        # feeds checked against their VarDescs (dtype, rank, known dims) before anything runs;
+        # in the run's column order (a saved model's feed ops may order them otherwise)
+        check = feed_fetch.check_feed_spec
+        if in_order:
+            feed_values = [check(spec, v) for spec, v in zip(run.feed_specs, feed.values())]
+        else:
+            by_name = {(k if type(k) is str else k.name): v for k, v in feed.items()}
+            feed_values = [check(spec, by_name[n])
+                           for n, spec in zip(run.feed_names, run.feed_specs)]
 
         counts = program.__dict__.get("_run_counts")  # runs of this program by executor
         if counts is None:
@@ -157,13 +163,15 @@ class Executor:
         if not run_index:
             self._runs[program] = True  # a program this executor ran (weakly): its plans
         counts[self._kind] = run_index + 1
-        env = Env(scope, gb, fetched_scopes=run.fetched_scopes)
+        env = Env(scope, run.block, fetched_scopes=run.fetched_scopes)
         values = env.values
-        on_device = self.place.kind == "cuda" and self.mode == "compiled"
-        for name, value in zip(run.feed_names, feed_values):
-            if on_device and type(value) is np.ndarray:  # copied in once
-                value = device.to_device(value)
-            values[name] = value
+        if self._on_device:
+            for name, value in zip(run.feed_names, feed_values):
+                if type(value) is np.ndarray:  # copied in once
+                    value = device.to_device(value)
+                values[name] = value
+        else:
+            values.update(zip(run.feed_names, feed_values))
         if plan is not None:
             if plan.blas:
                 with threads.numpy_blas():
@@ -172,23 +180,28 @@ class Executor:
                 plan.run(self, env, run_index)
             fetched = [env.get(n) for n in run.fetch_names]
             if return_numpy:  # a fresh array nothing else holds goes to the user as it is
-                given = set()
+                given = None
+                fresh = plan.fresh
                 for i, n in enumerate(run.fetch_names):
                     v = fetched[i]
-                    if n in plan.fresh and n not in given and type(v) is np.ndarray:
+                    if n in fresh and type(v) is np.ndarray and (given is None
+                                                                 or n not in given):
                         fetched[i] = _Owned(v)
+                        given = given or set()
                         given.add(n)
         else:
-            self._run_block(gb, env, run_index)
+            self._run_block(run.block, env, run_index)
             fetched = [env.get(n) for n in run.fetch_names]
         results = []
         for name, value in zip(run.fetch_names, fetched):
             if value is None:
                 raise PdjitError(f"fetch: variable {name!r} has no value after the run")
             results.append(_to_user(value, return_numpy))
-        for name, value in env.values.items():  # commit: only after the whole run succeeded
-            if name in run.persistables:
-                scope.var(name).value = value
+        persistables = run.persistables
+        if persistables:  # commit: only after the whole run succeeded
+            for name, value in values.items():
+                if name in persistables:
+                    scope.var(name).value = value
         return results
 
     def _plan(self, run):
@@ -236,13 +249,15 @@ class Executor:
         of control-flow ops' sub-blocks indented under them) and the generated source for
         running ``program`` with these feeds and fetches."""
         program = program if program is not None else default_main_program()
-        run, _ = self._prepare(program, feed_fetch.feed_names_of(feed or {}),
-                               feed_fetch.fetch_names_of(fetch_list), "feed", "fetch")
+        run = self._prepare(program, feed_fetch.feed_names_of(feed or {}),
+                               feed_fetch.fetch_names_of(fetch_list), "feed", "fetch")[0]
         self._runs[program] = True  # its plans show in _plans, as if it had run
         return self._plan(run).report()
 
     def _prepare(self, program, feed_names, fetch_names, feed_var, fetch_var):
-        """(run program, compiled plan or None), built once per program content and names."""
+        """(run program, compiled plan or None, whether the feeds come in the run's column
+        order), built once per program content and names: a repeated run finds them in O(1)
+        and re-checks only its feed values."""
         cache = program._run_cache()
         key = (self._kind, ("run", feed_names, fetch_names, feed_var, fetch_var))
         hit = cache.get(key)
@@ -251,7 +266,8 @@ class Executor:
             run = feed_fetch.prepare(program, feed_names, fetch_names, feed_var, fetch_var)
             # outputs too large to allocate, known before the run: refused before any op runs
             checks.check_static(run.program.global_block(), self.checks.limit)
-            hit = cache[key] = (run, self._plan(run) if self.mode == "compiled" else None)
+            hit = cache[key] = (run, self._plan(run) if self.mode == "compiled" else None,
+                                run.feed_names == feed_names)
         return hit
 
     # -- interpretation -------------------------------------------------------------------------

@@ -33,7 +33,7 @@ class RunProgram:
 
     def __post_init__(self):
         """What every run needs, worked out once: feed specs, persistable names."""
-        gb = self.program.global_block()
+        gb = self.block = self.program.global_block()
         self.feed_specs = tuple(feed_spec(gb.var(n)) for n in self.feed_names)
         # the step scopes the run fetches: the plans of their blocks keep every value
         self.fetched_scopes = tuple(sorted(

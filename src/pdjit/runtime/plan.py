@@ -99,6 +99,7 @@ class NativeStep:
         # seen and checked last run is passed on without its checks again
         self._params = frozenset(params)
         self._checked = [_NOTHING] * len(args)  # (a missing input, None, never matches)
+        self._bind = [(n, dt, nd) for n, (dt, nd) in zip(args, expected)]
         self._trials: dict = {}            # batch size -> ([host times], [native times])
         self.picked: dict = {}             # batch size -> the driver chosen for it
         self.ops = ops                     # [(op, op_idx)] for the reference fallback
@@ -113,13 +114,25 @@ class NativeStep:
 
     def run(self, executor, env, run_index) -> None:
         values = []
-        get = env.get
+        append = values.append
+        # the args: the run's env, else the Scope (a block's top-level env has no parent: its
+        # lookups are inlined here, the same as Env.get)
+        top = env.parent is None
+        local, find, get = env.values.get, env.scope.find_var, env.get
         arg_lods = None
         checked = self._checked
-        for i, (name, (dtype, ndim)) in enumerate(zip(self.args, self.expected)):
-            a = get(name)
+        i = -1
+        for name, dtype, ndim in self._bind:
+            i += 1
+            if top:
+                a = local(name, _NOTHING)
+                if a is _NOTHING:
+                    sv = find(name)
+                    a = None if sv is None else sv.value
+            else:
+                a = get(name)
             if a is checked[i]:  # the same parameter array as last run: checked then
-                values.append(a)
+                append(a)
                 continue
             if type(a) is not np.ndarray:
                 if not isinstance(a, LoDTensor) or a._array is None:
@@ -138,7 +151,7 @@ class NativeStep:
                 a = np.array(a, order="C")
             elif i in self._params:
                 checked[i] = a
-            values.append(a)
+            append(a)
         if self.guard is not None:  # an output too large for the limit: refused before the call
             self.guard.check(values)
         if self.retired is not None:
@@ -178,9 +191,12 @@ class NativeStep:
             except LoDUnavailable as e:
                 return self._fallback(executor, env, run_index, self.ops[0],
                                       f"an output's LoD is unknown: {e}")
-        set_ = env.set
-        for name, value in zip(self.outputs, results):
-            set_(name, value)
+        if top:  # (Env.set of a top-level env: its own values)
+            env.values.update(zip(self.outputs, results))
+        else:
+            set_ = env.set
+            for name, value in zip(self.outputs, results):
+                set_(name, value)
 
     # how many runs of a batch size each driver gets before one is chosen: the first of each
     # compiles or loads, the rest are timed
