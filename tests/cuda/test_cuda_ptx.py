@@ -52,6 +52,7 @@ def _launch_everything():
         seq.test_sequence_pool_and_grad(pooltype)
     seq.test_sequence_softmax_and_grad()
     seq.test_sequence_expand_as_and_grad()
+    seq.test_sequence_expand_and_grad([0, 1, 3, 3, 4])
 
 
 def test_generated_kernels_compile_to_ptx(tmp_path):

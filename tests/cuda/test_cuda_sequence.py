@@ -96,6 +96,32 @@ def test_sequence_expand_as_and_grad():
           {"X@GRAD": dx}, rtol=1e-5, atol=1e-6)
 
 
+def _expand_index(x_offs, ref_offs):
+    """Rows of X in the order sequence_expand copies them: each sequence of X (each row, when
+    X has no LoD) once per row of the matching sequence of Y."""
+    idx = []
+    for s in range(len(ref_offs) - 1):
+        b, e = (x_offs[s], x_offs[s + 1]) if x_offs else (s, s + 1)
+        for _ in range(ref_offs[s + 1] - ref_offs[s]):
+            idx += list(range(b, e))
+    return np.array(idx, np.int64)
+
+
+@pytest.mark.parametrize("x_lod", [None, [0, 1, 3, 3, 4]])
+def test_sequence_expand_and_grad(x_lod):
+    ref = [0, 2, 3, 3, 5]
+    x, y = r(4, 2), r(5, 1)
+    idx = _expand_index(x_lod, ref)
+    out, g = x[idx], r(len(idx), 2)
+    dx = np.zeros_like(x)
+    np.add.at(dx, idx, g)
+    xin = x if x_lod is None else (x, [x_lod])
+    want = out if x_lod is None else (out, [[0, 1, 2, 4, 5, 6]])
+    _cuda("sequence_expand", {"X": xin, "Y": (y, [ref])}, {}, {"Out": want})
+    _cuda("sequence_expand_grad", {"X": xin, "Y": (y, [ref]), "Out@GRAD": g}, {},
+          {"X@GRAD": dx}, rtol=1e-5, atol=1e-6)
+
+
 # ---- a LoD model trained on the device --------------------------------------------------------
 LENS = [[2, 0, 3, 1]]
 

@@ -384,7 +384,7 @@ register_op(
     "sequence_expand", inputs=["X", "Y"], outputs=["Out"],
     attrs={"ref_level": Int(-1, choices=(-1,))},
     traits=TRAITS, infer_shape=_expand_infer, reference=_expand_ref,
-    emit=Opaque(_lower.expand),
+    emit=Opaque(_lower.expand, targets=_DEVICE),
     grad=_xy_grad("sequence_expand_grad", ("ref_level",)), out_lod=_expand_lod,
     doc="Repeat each sequence of X (each row, when X has no LoD) as many times as the "
         "matching sequence of Y's LoD level ref_level is long.")
@@ -392,7 +392,8 @@ register_op(
     "sequence_expand_grad", inputs=["X", "Y", "Out@GRAD"], outputs=["X@GRAD"],
     attrs={"ref_level": Int(-1)},
     traits=TRAITS, infer_shape=lambda X, **_: {"X@GRAD": X}, reference=_expand_grad_ref,
-    emit=Opaque(_lower.expand_grad), grad=None, out_lod=lambda lods, **_: {"X@GRAD": lods["X"]})
+    emit=Opaque(_lower.expand_grad, targets=_DEVICE), grad=None,
+    out_lod=lambda lods, **_: {"X@GRAD": lods["X"]})
 
 
 def _expand_as_offsets(y_lod, x_rows):

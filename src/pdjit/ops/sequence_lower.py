@@ -298,6 +298,8 @@ def expand(ctx):
     r = ctx.rank("X")
     if r < 1:
         return None
+    if ctx.target != "cpu":
+        return _dev_expand(ctx)
     X, T = ctx.inp("X"), ctx.T("X")
     ref, xo = ctx.lod("Y", ctx.attrs["ref_level"]), ctx.lod("X", optional=True)
     n, xs, w, st, x2, o2, s, j, i, k, q, ln = (ctx.tmp(h) for h in
@@ -327,6 +329,8 @@ def expand_grad(ctx):
     r = ctx.rank("X")
     if r < 1 or ctx.dtype("X").kind != "f" or ctx.dtype("Out@GRAD") != ctx.dtype("X"):
         return None
+    if ctx.target != "cpu":
+        return _dev_expand_grad(ctx)
     X, G, T = ctx.inp("X"), ctx.inp("Out@GRAD"), ctx.T("X")
     ref, xo = ctx.lod("Y", ctx.attrs["ref_level"]), ctx.lod("X", optional=True)
     n, xs, w, st, g2, d2, s, j, i, k, q, ln = (ctx.tmp(h) for h in
@@ -929,3 +933,84 @@ def _dev_expand_as_grad(ctx):
             f"    acc_ += {g2}[i_, k_]",
             f"{d2}[s_, k_] = acc_"]
     return lines + ctx.device_loop("t_", f"{n} * {w}", _SK + body, before=[f"w_ = {w}"])
+
+
+def _dev_expand_setup(ctx, X, r, lines):
+    """The device expand's host lines: the checks of ``_expand_setup`` on the host offsets;
+    ``xs`` (X's offsets, or one row per sequence) and ``st`` (the first output row of each
+    sequence's copies) on the host each run, their device copies made once per offsets (and
+    row count). Returns (n, w, st host, xs device, st device, ref device)."""
+    ref = ctx.lod("Y", ctx.attrs["ref_level"])
+    xo = ctx.lod("X", optional=True)
+    n, w, rh, xh, xs, st, xsd, std, rd = (ctx.tmp(h) for h in
+                                          ("n", "w", "rh", "xh", "xs", "st", "xsd", "std", "rd"))
+    lines += [
+        f"{rh} = {ref}.host",
+        f"{xh} = {xo}.host",
+        f"{rd} = {ref}.dev",
+        f"{n} = {rh}.shape[0] - 1",
+        f"{w} = {ctx.prod(X, 1, r)}",
+        f"if {xh}.shape[0] > 0:",
+        f"    if {xh}.shape[0] != {rh}.shape[0] and {n} > 0:",
+        f"        {_BAD}",
+        f"    if {xh}[{xh}.shape[0] - 1] != {X}.shape[0]:",
+        f"        {_BAD}",
+        f"    {xs} = {xh}",
+        "else:",
+        f"    if {n} > 0 and {X}.shape[0] != {n}:",
+        f"        {_BAD}",
+        f"    {xs} = np.arange({X}.shape[0] + 1, dtype=np.int64)",
+        f"{st} = np.zeros(max({n}, 0) + 1, np.int64)",
+        f"if {n} > 0:",
+        f"    {st}[1:] = np.cumsum(np.diff({rh}) * np.diff({xs}))",
+        f"    {xsd}, {std} = {ref}.derived(('expand', {xo}, {X}.shape[0]), "
+        f"lambda: ({xs}, {st}))",
+    ]
+    return n, w, st, xsd, std, rd
+
+
+_EXPAND_LOOP = ["x0_ = xs_[s_]", "ln_ = xs_[s_ + 1] - x0_",
+                "for j_ in range(rf_[s_ + 1] - rf_[s_]):",
+                "    q_ = st_[s_] + j_ * ln_",
+                "    for i_ in range(ln_):"]
+
+
+def _dev_expand(ctx):
+    X, T, r = ctx.inp("X"), ctx.T("X"), ctx.rank("X")
+    lines: list = []
+    n, w, st, xsd, std, rd = _dev_expand_setup(ctx, X, r, lines)
+    x2, o2 = ctx.tmp("x"), ctx.tmp("o")
+    out = ctx.out("Out")
+    lines += [f"{x2} = {X}.reshape(({X}.shape[0], {w}))",
+              f"if {n} < 1:",
+              f"    {out} = _cu.copy({X})",
+              "else:",
+              f"    {out} = _cu.empty({_shape_like(ctx, f'{st}[{n}]', X, r)}, {T})",
+              f"    {o2} = {out}.reshape(({st}[{n}], {w}))"]
+    body = _SK + _EXPAND_LOOP + [f"        {o2}[q_ + i_, k_] = {x2}[x0_ + i_, k_]"]
+    before = [f"w_ = {w}", f"xs_ = {xsd}", f"st_ = {std}", f"rf_ = {rd}"]
+    lines += ["    " + line for line in ctx.device_loop("t_", f"{n} * {w}", body, before)]
+    return lines
+
+
+def _dev_expand_grad(ctx):
+    X, G, T, r = ctx.inp("X"), ctx.inp("Out@GRAD"), ctx.T("X"), ctx.rank("X")
+    lines: list = []
+    n, w, st, xsd, std, rd = _dev_expand_setup(ctx, X, r, lines)
+    g2, d2 = ctx.tmp("g"), ctx.tmp("d")
+    out = ctx.out("X@GRAD")
+    lines += [f"if {n} < 1:",
+              f"    if {G}.shape != {X}.shape:",
+              f"        {_BAD}",
+              f"    {out} = _cu.copy({G})",
+              "else:",
+              f"    if {G}.shape[0] != {st}[{n}] or {G}.size != {st}[{n}] * {w}:",
+              f"        {_BAD}",
+              f"    {g2} = {G}.reshape(({st}[{n}], {w}))",
+              f"    {out} = _cu.zeros({X}.shape, {T})",
+              f"    {d2} = {out}.reshape(({X}.shape[0], {w}))"]
+    # each (sequence of X, feature) one thread: the rows it adds to are its own
+    body = _SK + _EXPAND_LOOP + [f"        {d2}[x0_ + i_, k_] += {g2}[q_ + i_, k_]"]
+    before = [f"w_ = {w}", f"xs_ = {xsd}", f"st_ = {std}", f"rf_ = {rd}"]
+    lines += ["    " + line for line in ctx.device_loop("t_", f"{n} * {w}", body, before)]
+    return lines
