@@ -58,6 +58,15 @@ array's block serves a later one (best fit: LeNet at batch 64 needs 2.9 MB where
 up to 3.9 MB); ``pdjit_model_memory`` reports the size and how many arrays the last run had to
 put on the heap.
 
+Run path: ``pdjit_model_run_into`` takes the caller's output buffers, and the entry copies the
+fetched values straight into them (a buffer too small: the run is made again into the
+instance's own buffers, which ``pdjit_model_output`` then names). The loader uses it: a run
+fills the arguments prepared at ``load`` (ctypes arrays; dims rewritten only when an input's
+shape or dtype changes; the run function called without ctypes argument conversion), and the
+library writes the outputs into new arrays of the shapes the declared ones give for the
+batch, or into the caller's (``run(feed, out=[...])``); outputs of other shapes (a ``-1`` that
+is not the batch) come back through the library's buffers, copied.
+
 Threads: no ``prange`` in the artifact (plans are built on one thread). ``--threads N``
 (``load(threads=N)``, ``pdjit_model_set_threads``) splits a run's batch into ``min(N, B // 2)``
 slices on pthreads, one arena per thread per instance (OpenBLAS set to one thread: the slices

@@ -102,8 +102,18 @@ int pdjit_model_create(const char *params_path, int64_t max_batch, pdjit_model *
    instances are independent. */
 int pdjit_model_run(pdjit_model *m, int n_inputs, const void *const *data, const int *dtypes,
                     const int *ndims, const int64_t *const *shapes);
-/* Output i of the last successful run (valid until the next run or destroy): its data and
-   shape (rank pdjit_output_ndim(i)). */
+/* As pdjit_model_run, writing the outputs straight into the caller's buffers: out[i] (out_bytes[i]
+   bytes, aligned to the element size; out NULL: the instance's own buffers, as pdjit_model_run)
+   for output i. When an output does not fit its buffer, the run is made again into the
+   instance's buffers (all outputs). Either way pdjit_model_output gives each output's data (out[i]
+   or the instance's buffer) and shape after the run; out_dims (NULL: not written) receives
+   the outputs' dims, output after output (the sum of pdjit_output_ndim(i) values). */
+int pdjit_model_run_into(pdjit_model *m, int n_inputs, const void *const *data,
+                         const int *dtypes, const int *ndims, const int64_t *const *shapes,
+                         int n_outputs, void *const *out, const int64_t *out_bytes,
+                         int64_t *out_dims);
+/* Output i of the last successful run (valid until the next run or destroy, or while the
+   caller's buffer lives): its data and shape (rank pdjit_output_ndim(i)). */
 int pdjit_model_output(const pdjit_model *m, int i, const void **data, const int64_t **shape);
 /* The message of the last failed call on m (a run the native code refused: the exception's
    type and message, e.g. "IndexError: pdjit: an index is out of range (in _checked_rows)"). */
@@ -489,8 +499,10 @@ typedef struct {
 struct pdjit_model {
     char *params;
     int params_owned;
-    void *out[NUM_OUT + 1];
+    void *out[NUM_OUT + 1];         /* the instance's output buffers */
     int64_t out_cap[NUM_OUT + 1];   /* elements */
+    void *at[NUM_OUT + 1];          /* where the last run's outputs are (out[i] or the caller's) */
+    int64_t at_cap[NUM_OUT + 1];    /* elements there */
     int64_t meta[META_LEN + 1];
     int64_t out_shape[NUM_OUT + 1][8];
     pdjit_arena arena;              /* one-thread runs and a split run's first slice */
@@ -698,11 +710,35 @@ static void arena_fit(pdjit_model *m, pdjit_arena *a) {
     }
 }
 
-static int run_checked(pdjit_model *m, const void *const *data, const int64_t *const *shapes,
-                       int64_t batch) {
+/* the outputs go to the instance's buffers */
+static void at_own(pdjit_model *m) {
     for (int i = 0; i < NUM_OUT; i++) {
-        int rc = grow_output(m, i, out_elems(i, batch));
-        if (rc) return rc;
+        m->at[i] = m->out[i];
+        m->at_cap[i] = m->out_cap[i];
+    }
+}
+
+/* the outputs go to the caller's buffers (user: NULL when the caller gave none); 0 when one of
+   them holds fewer than need[i] elements (need NULL: any size) */
+static int at_user(pdjit_model *m, void *const *user, const int64_t *bytes, const int64_t *need) {
+    if (user == NULL) return 0;
+    for (int i = 0; i < NUM_OUT; i++) {
+        int64_t cap = bytes[i] > 0 ? bytes[i] / out_itemsize[i] : 0;
+        if (user[i] == NULL || (need != NULL && cap < need[i])) return 0;
+        m->at[i] = user[i];
+        m->at_cap[i] = cap;
+    }
+    return 1;
+}
+
+static int run_checked(pdjit_model *m, const void *const *data, const int64_t *const *shapes,
+                       int64_t batch, void *const *user, const int64_t *user_bytes) {
+    if (!at_user(m, user, user_bytes, NULL)) {
+        for (int i = 0; i < NUM_OUT; i++) {
+            int rc = grow_output(m, i, out_elems(i, batch));
+            if (rc) return rc;
+        }
+        at_own(m);
     }
     for (int attempt = 0; attempt < 2; attempt++) {
         int32_t ret = 0;
@@ -710,7 +746,7 @@ static int run_checked(pdjit_model *m, const void *const *data, const int64_t *c
         for (int k = 1; k < m->nslices; k++) m->worker_arenas[k - 1].heap_blocks = 0;
         pdjit_current_arena = &m->arena;
         void *excinfo = NULL;
-        int32_t status = call_entry(m, data, shapes, m->out, m->out_cap, m->meta, &ret,
+        int32_t status = call_entry(m, data, shapes, m->at, m->at_cap, m->meta, &ret,
                                     &excinfo);
         pdjit_current_arena = NULL;
         pdjit_arena_release(&m->arena);
@@ -739,6 +775,7 @@ static int run_checked(pdjit_model *m, const void *const *data, const int64_t *c
             int rc = grow_output(m, i, n);
             if (rc) return rc;
         }
+        at_own(m);   /* the caller's buffers too: the next attempt uses the instance's */
     }
     return fail(m, PDJIT_ERR_NATIVE, "the outputs did not fit their buffers twice");
 }
@@ -761,7 +798,8 @@ static void *run_slice(void *arg) {
    run cannot be split this time (the inputs disagree on the batch, fewer than 2 rows a thread)
    or a slice failed: then the caller runs the whole batch on one thread, which gives the same
    outputs or the error. */
-static int run_split(pdjit_model *m, const void *const *data, const int64_t *const *shapes) {
+static int run_split(pdjit_model *m, const void *const *data, const int64_t *const *shapes,
+                     void *const *user, const int64_t *user_bytes) {
     int64_t batch = -1;
     for (int i = 0; i < NUM_IN; i++) {
         if (in_ndims[i] > 8) return 1;
@@ -773,8 +811,13 @@ static int run_split(pdjit_model *m, const void *const *data, const int64_t *con
     if (batch < 0 || n < 2) return 1;
     if (n > batch / 2) n = (int)(batch / 2);
     if (n < 2) return 1;
-    for (int i = 0; i < NUM_OUT; i++)
-        if (grow_output(m, i, batch * out_row[i]) != PDJIT_OK) return 1;
+    int64_t need[NUM_OUT + 1];
+    for (int i = 0; i < NUM_OUT; i++) need[i] = batch * out_row[i];
+    if (!at_user(m, user, user_bytes, need)) {
+        for (int i = 0; i < NUM_OUT; i++)
+            if (grow_output(m, i, need[i]) != PDJIT_OK) return 1;
+        at_own(m);
+    }
     int64_t start = 0;
     for (int k = 0; k < n; k++) {
         pdjit_slice *j = &m->slices[k];
@@ -792,7 +835,7 @@ static int run_split(pdjit_model *m, const void *const *data, const int64_t *con
             j->data[i] = in_split[i] ? (const char *)data[i] + start * row : data[i];
         }
         for (int i = 0; i < NUM_OUT; i++) {
-            j->outp[i] = (char *)m->out[i] + start * out_row[i] * out_itemsize[i];
+            j->outp[i] = (char *)m->at[i] + start * out_row[i] * out_itemsize[i];
             j->outc[i] = j->rows * out_row[i];
         }
         start += j->rows;
@@ -826,10 +869,9 @@ static int run_split(pdjit_model *m, const void *const *data, const int64_t *con
     return 0;
 }
 
-API int pdjit_model_run(pdjit_model *m, int n_inputs, const void *const *data,
-                        const int *dtypes, const int *ndims, const int64_t *const *shapes) {
-    if (m == NULL) return PDJIT_ERR_ARGS;
-    m->ran = 0;
+static int run_into(pdjit_model *m, int n_inputs, const void *const *data, const int *dtypes,
+                    const int *ndims, const int64_t *const *shapes, void *const *user,
+                    const int64_t *user_bytes) {
     if (n_inputs != NUM_IN)
         return fail(m, PDJIT_ERR_COUNT, "expected %%d input(s), got %%d", NUM_IN, n_inputs);
     if (NUM_IN > 0 && (data == NULL || dtypes == NULL || ndims == NULL || shapes == NULL))
@@ -860,14 +902,42 @@ API int pdjit_model_run(pdjit_model *m, int n_inputs, const void *const *data,
                             in_names[i], FIXED_BATCH, FIXED_BATCH, (long long)got);
         }
     }
-    if (BATCH_SPLIT && m->nslices > 1 && run_split(m, data, shapes) == 0) return PDJIT_OK;
-    return run_checked(m, data, shapes, batch);
+    if (BATCH_SPLIT && m->nslices > 1 && run_split(m, data, shapes, user, user_bytes) == 0)
+        return PDJIT_OK;
+    return run_checked(m, data, shapes, batch, user, user_bytes);
+}
+
+API int pdjit_model_run(pdjit_model *m, int n_inputs, const void *const *data,
+                        const int *dtypes, const int *ndims, const int64_t *const *shapes) {
+    if (m == NULL) return PDJIT_ERR_ARGS;
+    m->ran = 0;
+    return run_into(m, n_inputs, data, dtypes, ndims, shapes, NULL, NULL);
+}
+
+API int pdjit_model_run_into(pdjit_model *m, int n_inputs, const void *const *data,
+                             const int *dtypes, const int *ndims, const int64_t *const *shapes,
+                             int n_outputs, void *const *out, const int64_t *out_bytes,
+                             int64_t *out_dims) {
+    if (m == NULL) return PDJIT_ERR_ARGS;
+    m->ran = 0;
+    if (out != NULL && n_outputs != NUM_OUT)
+        return fail(m, PDJIT_ERR_COUNT, "expected %%d output buffer(s), got %%d", NUM_OUT,
+                    n_outputs);
+    if (out != NULL && out_bytes == NULL)
+        return fail(m, PDJIT_ERR_ARGS, "out_bytes must not be NULL when out is given");
+    int rc = run_into(m, n_inputs, data, dtypes, ndims, shapes, out, out_bytes);
+    if (rc == PDJIT_OK && out_dims != NULL) {
+        int k = 0;
+        for (int i = 0; i < NUM_OUT; i++)
+            for (int d = 0; d < out_ndims[i]; d++) out_dims[k++] = m->out_shape[i][d];
+    }
+    return rc;
 }
 
 API int pdjit_model_output(const pdjit_model *m, int i, const void **data,
                            const int64_t **shape) {
     if (m == NULL || !m->ran || i < 0 || i >= NUM_OUT) return PDJIT_ERR_ARGS;
-    if (data) *data = m->out[i];
+    if (data) *data = m->at[i];
     if (shape) *shape = m->out_shape[i];
     return PDJIT_OK;
 }
@@ -979,8 +1049,8 @@ static int size_arenas(pdjit_model *m, int64_t max_batch) {
                       "%%lld", in_names[i], (long long)max_batch);
     }
     m->sizing = 1;
-    if (rc == PDJIT_OK) rc = run_checked(m, data, sp, max_batch);
-    if (rc == PDJIT_OK && m->nslices > 1) run_split(m, data, sp);
+    if (rc == PDJIT_OK) rc = run_checked(m, data, sp, max_batch, NULL, NULL);
+    if (rc == PDJIT_OK && m->nslices > 1) run_split(m, data, sp, NULL, NULL);
     m->sizing = 0;
     m->sized = 1;
     for (int i = 0; i < NUM_IN; i++) free((void *)data[i]);

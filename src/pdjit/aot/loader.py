@@ -45,6 +45,11 @@ def _library():
                  [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
                   ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int),
                   ctypes.POINTER(i64p)]),
+                ("pdjit_model_run_into", ctypes.c_int,
+                 [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
+                  ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int),
+                  ctypes.POINTER(i64p), ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
+                  i64p, i64p]),
                 ("pdjit_model_output", ctypes.c_int,
                  [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
                   ctypes.POINTER(i64p)]),
@@ -61,6 +66,18 @@ def _library():
             fn.restype, fn.argtypes = res, args
         _lib = lib
     return _lib
+
+
+_UNSET = object()
+
+
+def _address(a):
+    """The address of a C-contiguous array's data (a writeable array's through the buffer
+    protocol, several times quicker than ``a.ctypes.data``)."""
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(a))
+    except (TypeError, ValueError, BufferError):   # read-only or empty
+        return a.ctypes.data
 
 
 class ModelError(RuntimeError):
@@ -107,6 +124,15 @@ class Model:
         self.batch_split_why_not = lib.pdjit_batch_split_why_not().decode(errors="replace")
         self.params_embedded = bool(lib.pdjit_params_embedded())
         self.threads_used = "batch" if self.batch_split else "blas"
+        i64p = ctypes.POINTER(ctypes.c_int64)
+        self._n, self._nout, self._plans = -1, no, {}
+        self._run_into = ctypes.CDLL(os.path.join(_HERE, "libmodel.so")).pdjit_model_run_into
+        self._run_into.restype, self._run_into.argtypes = ctypes.c_int, None
+        self._flat = sum(len(s) for s in self.output_shapes)
+        self._optr = (ctypes.c_void_p * max(no, 1))()
+        self._odims = (ctypes.c_int64 * max(self._flat, 1))()
+        p, s = ctypes.c_void_p(), i64p()
+        self._out = (p, s, ctypes.byref(p), ctypes.byref(s))
         if threads is not None:
             self.set_threads(threads)
 
@@ -138,15 +164,37 @@ class Model:
         self._ndims = (ctypes.c_int * max(n, 1))()
         self._dims = [(ctypes.c_int64 * 32)() for _ in range(n)]
         self._shapes = (i64p * max(n, 1))(*[ctypes.cast(d, i64p) for d in self._dims])
-        p, s = ctypes.c_void_p(), i64p()
-        self._out = (p, s, ctypes.byref(p), ctypes.byref(s))
+        self._last = [None] * n     # the shape each input's dims hold now
+        self._lastdt = [None] * n   # the dtype each input's code is for
+        self._cur = _UNSET          # the outputs' plan for the shapes in _last
 
-    def run(self, feed):
-        """The outputs (new arrays, in ``output_names`` order) for ``feed``, a dict by input
-        name (or a list in ``input_names`` order). One thread at a time per instance: a call
-        from another thread waits for the running one."""
+    def _describe(self, i, a):
+        """Input ``i``'s dtype code and shape into the argument arrays (a new dtype or shape)."""
+        self._last[i] = self._lastdt[i] = None
+        code = _CODES.get(a.dtype, -1)
+        if a.ndim > 32 or (code < 0 and i < len(self.input_dtypes)):
+            what = repr(self.input_names[i]) if i < len(self.input_names) else str(i)
+            if a.ndim > 32:
+                raise ModelError(4, f"input {what}: rank {a.ndim} is too large")
+            raise ModelError(3, f"input {what}: expected dtype {self.input_dtypes[i]}, "
+                                f"got unknown dtype {a.dtype.str!r} (the library takes "
+                                f"native-byte-order {_DTYPES})")
+        self._codes[i] = code
+        shape = a.shape
+        self._ndims[i] = len(shape)
+        dims = self._dims[i]
+        for d, size in enumerate(shape):
+            dims[d] = size
+        self._last[i], self._lastdt[i] = shape, a.dtype
+
+    def run(self, feed, out=None):
+        """The outputs (in ``output_names`` order) for ``feed``, a dict by input name (or a list
+        in ``input_names`` order): new arrays the library writes into, or the arrays of ``out``
+        (one C-contiguous, writeable array per output, of its dtype and of the shape this run
+        gives it, not sharing memory with an input; returned as they are). One thread at a
+        time per instance: a call from another thread waits for the running one."""
         with self._lock:
-            return self._run(feed)
+            return self._run(feed, out)
 
     def _arrays(self, feed):
         names = self.input_names
@@ -162,48 +210,122 @@ class Model:
                                 f"unknown {unknown}")
         return list(feed)
 
-    def _run(self, feed):
+    def _plan(self, key):
+        """The outputs' expected shapes for inputs of shapes ``key`` (a dim declared -1 is the
+        largest such dim of the inputs, as the library sizes its buffers), their dims flat and
+        their bytes; None when the library's own buffers are to be used."""
+        if len(self._plans) > 64:
+            self._plans.clear()
+        batch = 1
+        for shape, decl in zip(key, self.input_shapes):
+            if len(shape) != len(decl):
+                return None   # the library names the input and the ranks
+            for d, want in zip(shape, decl):
+                if want < 0 and d > batch:
+                    batch = d
+        shapes = [tuple(batch if d < 0 else d for d in s) for s in self.output_shapes]
+        flat = [d for s in shapes for d in s]
+        nbytes = [int(np.prod(s, dtype=np.int64)) * dt.itemsize
+                  for s, dt in zip(shapes, self.output_dtypes)]
+        plan = (list(zip(shapes, self.output_dtypes)), flat, (ctypes.c_int64 * self._nout)(*nbytes))
+        self._plans[key] = plan
+        return plan
+
+    def _outputs(self, out, plan):
+        """``out`` checked against the outputs (a list of arrays; the expected shapes from
+        ``plan``); their sizes in bytes, as the library takes them."""
+        if isinstance(out, np.ndarray) or not isinstance(out, (list, tuple)) or \
+                len(out) != self._nout:
+            raise ModelError(2, f"out: expected a list of {self._nout} array(s), one per output "
+                                f"{self.output_names}, got {type(out).__name__}"
+                                + (f" of {len(out)}" if isinstance(out, (list, tuple)) else ""))
+        for i, o in enumerate(out):
+            dt = self.output_dtypes[i]
+            want = None if plan is None else plan[0][i][0]
+            if type(o) is np.ndarray and o.dtype == dt and o.flags.c_contiguous and \
+                    o.flags.writeable and (want is None or o.shape == want):
+                continue
+            got = (f"{o.dtype} {o.shape}"
+                   + ("" if o.flags.c_contiguous else ", not C-contiguous")
+                   + ("" if o.flags.writeable else ", read-only")) \
+                if isinstance(o, np.ndarray) else type(o).__name__
+            raise ModelError(4, f"out[{i}] (output {self.output_names[i]!r}): expected a "
+                                f"writeable C-contiguous {dt} array of shape "
+                                f"{want if want is not None else self.output_shapes[i]}, "
+                                f"got {got}")
+        if plan is not None:
+            return plan[2]
+        return (ctypes.c_int64 * self._nout)(*[o.nbytes for o in out])
+
+    def _run(self, feed, out):
         if self._h is None:
             raise ModelError(1, "the model was closed")
-        arrays = self._arrays(feed)
+        arrays = self._arrays(feed)   # converted inputs replace the originals: alive in here
         n = len(arrays)
-        if getattr(self, "_n", -1) != n:
+        if self._n != n:
             self._buffers(n)
-        keep = []   # the arrays the pointers point into, alive until the call returns
-        data, codes, ndims, all_dims = self._data, self._codes, self._ndims, self._dims
+        data, last, lastdt = self._data, self._last, self._lastdt
+        plan = self._cur
         for i, a in enumerate(arrays):
-            if type(a) is not np.ndarray:
+            if type(a) is not np.ndarray or not a.flags.c_contiguous:
                 a = np.asarray(a)   # (ascontiguousarray would make a 0-d input 1-d)
-            if not a.flags.c_contiguous:
-                a = np.ascontiguousarray(a)
-            keep.append(a)
-            code = _CODES.get(a.dtype, -1)
-            if a.ndim > 32 or (code < 0 and i < len(self.input_dtypes)):
-                what = repr(self.input_names[i]) if i < len(self.input_names) else str(i)
-                if a.ndim > 32:
-                    raise ModelError(4, f"input {what}: rank {a.ndim} is too large")
-                raise ModelError(3, f"input {what}: expected dtype {self.input_dtypes[i]}, "
-                                    f"got unknown dtype {a.dtype.str!r} (the library takes "
-                                    f"native-byte-order {_DTYPES})")
-            data[i] = a.ctypes.data
-            codes[i] = code
-            ndims[i] = a.ndim
-            dims = all_dims[i]
-            for d, size in enumerate(a.shape):
-                dims[d] = size
-        lib, h = self._lib, self._h
-        rc = lib.pdjit_model_run(h, n, data, codes, ndims, self._shapes)
+                if not a.flags.c_contiguous:
+                    a = np.ascontiguousarray(a)
+                arrays[i] = a
+            if a.dtype is not lastdt[i] or a.shape != last[i]:
+                self._describe(i, a)
+                plan = _UNSET
+            data[i] = _address(a)
+        if plan is _UNSET:
+            key = tuple(last)
+            plans = self._plans
+            plan = self._cur = plans[key] if key in plans else self._plan(key)
+        nbytes = None if plan is None else plan[2]
+        if out is not None:
+            nbytes = self._outputs(out, plan)
+            outs = list(out)
+            for a in arrays:
+                for o in outs:
+                    if np.may_share_memory(a, o):
+                        raise ModelError(4, "out: an output array shares memory with an input")
+        elif plan is not None:
+            outs = [np.empty(s, dt) for s, dt in plan[0]]
+        else:
+            outs = None
+        lib, h, optr, odims = self._lib, self._h, self._optr, self._odims
+        # the prepared arrays as they are: no argtypes conversion (h is a c_void_p)
+        if outs is not None:
+            for i, o in enumerate(outs):
+                optr[i] = _address(o)
+            rc = self._run_into(h, n, data, self._codes, self._ndims, self._shapes, self._nout,
+                                optr, nbytes, odims)
+        else:
+            rc = self._run_into(h, n, data, self._codes, self._ndims, self._shapes, self._nout,
+                                None, None, odims)
         if rc != 0:
             raise ModelError(rc, lib.pdjit_model_error(h).decode(errors="replace"))
+        if outs is not None and odims[:self._flat] == (plan[1] if out is None else
+                                                       [d for o in outs for d in o.shape]):
+            return outs   # the library wrote them in place
+        if out is not None:
+            got = odims[:self._flat]
+            k, shapes = 0, []
+            for s in self.output_shapes:
+                shapes.append(tuple(got[k:k + len(s)]))
+                k += len(s)
+            raise ModelError(4, f"out: this run's outputs have shapes {shapes}, the arrays "
+                                f"given {[o.shape for o in outs]}")
+        if plan is not None:   # shapes other than expected: the library's buffers from now on
+            self._plans[tuple(self._last)] = self._cur = None
         outs = []
         p, s, pref, sref = self._out
         output = lib.pdjit_model_output
         for i, dt in enumerate(self.output_dtypes):
             output(h, i, pref, sref)
-            out = np.empty(s[:len(self.output_shapes[i])], dt)
-            if out.nbytes:
-                ctypes.memmove(out.ctypes.data, p.value, out.nbytes)
-            outs.append(out)
+            o = np.empty(s[:len(self.output_shapes[i])], dt)
+            if o.nbytes:
+                ctypes.memmove(o.ctypes.data, p.value, o.nbytes)
+            outs.append(o)
         return outs
 
     def memory(self):

@@ -1,0 +1,168 @@
+"""The run path of an AOT artifact: the loader's outputs are written by the library straight into
+the arrays it returns (or into the caller's, ``run(feed, out=...)``), through
+``pdjit_model_run_into``; outputs whose shapes the loader cannot foresee still come back right.
+
+Oracles: the JIT executor in strict mode on the same saved model (every step native; the
+artifact links the same BLAS, so bit-identical), and the library's own ``pdjit_model_output``
+pointer, which says where the outputs of the last run are (the caller's arrays, not a copy).
+"""
+import ctypes
+import shutil
+
+import numpy as np
+import pytest
+from test_aot_models import _import_artifact
+from test_aot_review import _feed, _save, _two_inputs
+
+pytestmark = [pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler 'cc'"),
+              pytest.mark.xdist_group("aot")]
+
+
+def _flat(fluid):
+    """x float32 [4] -> x * 2 + 1 flattened to [-1] (batch * 4 values: a -1 that is not the
+    batch) and the row sums [-1, 1]."""
+    x = fluid.layers.data("x", [4], dtype="float32")
+    y = fluid.layers.scale(x, 2.0, bias=1.0)
+    return ["x"], [fluid.layers.reshape(y, [-1]), fluid.layers.reduce_sum(y, dim=1,
+                                                                           keep_dim=True)]
+
+
+@pytest.fixture(scope="module")
+def arts(tmp_path_factory):
+    from pdjit.aot import compile_model
+
+    d = tmp_path_factory.mktemp("run_path")
+    out = {}
+    for name, build, threads in (("two", _two_inputs, 2), ("flat", _flat, 1)):
+        model = _save(d / name, build)
+        compile_model(model, str(d / f"{name}_art"), batch=2, threads=threads)
+        out[name] = (model, _import_artifact(d / f"{name}_art", f"run_path_{name}"))
+    return out
+
+
+def _jit(model, feeds):
+    import pdjit as fluid
+
+    exe = fluid.Executor(fluid.CPUPlace(), strict=True)
+    with fluid.scope_guard(fluid.Scope()):
+        prog, _, fetches = fluid.io.load_inference_model(model, exe)
+        return [exe.run(prog, feed=f, fetch_list=fetches) for f in feeds]
+
+
+def _where(m, i):
+    """The address of output ``i`` of the instance's last run, as the library reports it."""
+    p, s = ctypes.c_void_p(), ctypes.POINTER(ctypes.c_int64)()
+    assert m._lib.pdjit_model_output(m._h, i, ctypes.byref(p), ctypes.byref(s)) == 0
+    return p.value
+
+
+def test_outputs_written_in_place_equal_jit(arts):
+    model, mod = arts["two"]
+    rng = np.random.default_rng(1)
+    feeds = [_feed(rng, b) for b in (1, 5, 2, 8, 8)]
+    refs = _jit(model, feeds)
+    for threads in (1, 2):
+        m = mod.load(threads=threads)
+        assert m.batch_split and m.threads == threads
+        prev = None
+        for feed, ref in zip(feeds, refs):
+            got = m.run(feed)
+            for i, (g, r) in enumerate(zip(got, ref)):
+                assert g.dtype == r.dtype and g.shape == r.shape
+                assert np.array_equal(g, r), (threads, i)
+                assert _where(m, i) == g.ctypes.data        # written there, not copied
+            if prev is not None:                             # each run: arrays of its own
+                assert not any(np.shares_memory(a, b) for a, b in zip(got, prev))
+            prev = got
+        # the caller's arrays: filled and returned as they are
+        bufs = [np.full(r.shape, 7, r.dtype) for r in refs[-1]]
+        got = m.run(feeds[-1], out=bufs)
+        assert all(g is b for g, b in zip(got, bufs))
+        assert all(np.array_equal(b, r) for b, r in zip(bufs, refs[-1]))
+        assert all(_where(m, i) == b.ctypes.data for i, b in enumerate(bufs))
+        m.close()
+
+
+def test_out_refused_with_the_output_named(arts):
+    _, mod = arts["two"]
+    m = mod.load()
+    feed = _feed(np.random.default_rng(2), 3)
+    good = [o.copy() for o in m.run(feed)]
+    ro = good[0].copy()
+    ro.flags.writeable = False
+    cases = [
+        ([good[0], good[1]], r"out: expected a list of 3 array\(s\).* got list of 2"),
+        (good[0], r"out: expected a list of 3 array\(s\).* got ndarray"),
+        ([good[0].astype(np.float64), good[1], good[2]],
+         r"out\[0\] \(output '.*'\): expected a writeable C-contiguous float32 array of shape "
+         r"\(3, 3\), got float64 \(3, 3\)"),
+        ([good[0], good[1], np.zeros((4, 3), np.int64)],
+         r"out\[2\] .*int64 array of shape \(3, 3\), got int64 \(4, 3\)"),
+        ([ro, good[1], good[2]], r"out\[0\] .* got float32 \(3, 3\), read-only"),
+        ([np.zeros((3, 6), np.float32)[:, ::2], good[1], good[2]],
+         r"out\[0\] .* got float32 \(3, 3\), not C-contiguous"),
+        ([[0.0] * 3] * 3, r"out\[0\] .* got list"),
+    ]
+    cases[-1] = ([cases[-1][0], good[1], good[2]], cases[-1][1])
+    for out, msg in cases:
+        with pytest.raises(mod.ModelError, match=msg):
+            m.run(feed, out=out)
+    base = np.zeros(21, np.float32)       # x and out[0] overlap in base[9:12]
+    with pytest.raises(mod.ModelError, match="shares memory with an input"):
+        m.run({"x": base[:12].reshape(3, 4), "ids": feed["ids"]},
+              out=[base[9:18].reshape(3, 3), good[1], good[2]])
+    for a, b in zip(m.run(feed), good):   # still usable, same outputs
+        assert np.array_equal(a, b)
+
+
+def test_shapes_the_loader_cannot_foresee(arts):
+    model, mod = arts["flat"]
+    rng = np.random.default_rng(3)
+    feeds = [{"x": rng.standard_normal((b, 4)).astype(np.float32)} for b in (3, 3, 1, 6)]
+    refs = _jit(model, feeds)
+    m = mod.load()
+    for feed, ref in zip(feeds, refs):
+        got = m.run(feed)          # [b * 4] where the loader expected [b]: the library's own
+        assert got[0].shape == (feed["x"].shape[0] * 4,)
+        for g, r in zip(got, ref):
+            assert np.array_equal(g, r)
+    with pytest.raises(mod.ModelError, match=r"this run's outputs have shapes \[\(24,\), "
+                                             r"\(6, 1\)\], the arrays given \[\(6,\), \(6, 1\)\]"):
+        m.run(feeds[-1], out=[np.empty(6, np.float32), np.empty((6, 1), np.float32)])
+    bufs = [np.empty(24, np.float32), np.empty((6, 1), np.float32)]
+    got = m.run(feeds[-1], out=bufs)
+    assert got[0] is bufs[0] and np.array_equal(bufs[0], refs[-1][0])
+
+
+def test_c_run_into_small_buffers_and_bad_arguments(arts):
+    _, mod = arts["two"]
+    m = mod.load()
+    lib, h = m._lib, m._h
+    feed = _feed(np.random.default_rng(4), 4)
+    want = m.run(feed)
+    xs = [feed["x"], feed["ids"]]
+    i64p = ctypes.POINTER(ctypes.c_int64)
+    data = (ctypes.c_void_p * 2)(*[a.ctypes.data for a in xs])
+    codes = (ctypes.c_int * 2)(0, 3)
+    ndims = (ctypes.c_int * 2)(2, 2)
+    dims = [(ctypes.c_int64 * 2)(*a.shape) for a in xs]
+    shapes = (i64p * 2)(*[ctypes.cast(d, i64p) for d in dims])
+    small = [np.zeros((2, 3), o.dtype) for o in want]     # half of what a batch of 4 needs
+    optr = (ctypes.c_void_p * 3)(*[o.ctypes.data for o in small])
+    nbytes = (ctypes.c_int64 * 3)(*[o.nbytes for o in small])
+    odims = (ctypes.c_int64 * 6)()
+    run = lib.pdjit_model_run_into
+    assert run(h, 2, data, codes, ndims, shapes, 3, optr, nbytes, odims) == 0
+    assert list(odims) == [4, 3] * 3
+    for i, w in enumerate(want):           # the instance's buffers, the same outputs
+        assert _where(m, i) not in (o.ctypes.data for o in small)
+        got = np.ctypeslib.as_array(ctypes.cast(_where(m, i), ctypes.POINTER(
+            np.ctypeslib.as_ctypes_type(w.dtype))), shape=w.shape)
+        assert np.array_equal(got, w)
+    assert run(h, 2, data, codes, ndims, shapes, 2, optr, nbytes, odims) == 2
+    assert b"expected 3 output buffer(s), got 2" in lib.pdjit_model_error(h)
+    assert run(h, 2, data, codes, ndims, shapes, 3, optr, None, odims) == 1
+    assert run(h, 2, data, codes, ndims, shapes, 3, None, None, None) == 0
+    codes[1] = 2
+    assert run(h, 2, data, codes, ndims, shapes, 3, optr, nbytes, odims) == 3
+    assert b"input 'ids': expected dtype int64, got int32" in lib.pdjit_model_error(h)
