@@ -64,3 +64,45 @@ def test_native_entry_takes_the_same_paths():
     want = np_pool22(x, True)
     _native_pool(x, a := np.empty((2, 3, 4, 4), np.float32), 2, 2, True, False)
     np.testing.assert_array_equal(a, want)
+
+
+def np_conv(x, w, stride, pad, groups):
+    """NCHW convolution in float64 by windows: each filter tap one product over all outputs."""
+    n, c, h, wd = x.shape
+    m, cg, kh, kw = w.shape
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    oh = (h + 2 * pad - kh) // stride + 1
+    ow = (wd + 2 * pad - kw) // stride + 1
+    mg = m // groups
+    y = np.zeros((n, m, oh, ow))
+    for g in range(groups):
+        for i in range(kh):
+            for j in range(kw):
+                win = xp[:, g * cg:(g + 1) * cg, i:i + stride * oh:stride, j:j + stride * ow:stride]
+                y[:, g * mg:(g + 1) * mg] += np.einsum("nchw,mc->nmhw", win,
+                                                       w[g * mg:(g + 1) * mg, :, i, j])
+    return y
+
+
+# the taps path's tiles: 6-row blocks (6, 18 rows), 4-row blocks overlapping (5, 7 rows),
+# fewer than 4 rows (padded), spans of whole 4-vector tiles and of 1-vector tails, 1x1 planes
+# read in place, strides and paddings, groups
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("xshape,wshape,stride,pad,groups", [
+    ((3, 1, 28, 28), (6, 1, 5, 5), 1, 0, 1),
+    ((2, 6, 14, 14), (16, 6, 5, 5), 1, 0, 1),
+    ((2, 3, 23, 21), (18, 3, 3, 3), 2, 1, 1),
+    ((2, 4, 10, 10), (5, 4, 3, 3), 1, 1, 1),
+    ((2, 4, 11, 11), (14, 2, 3, 3), 1, 0, 2),
+    ((2, 16, 16, 16), (24, 16, 1, 1), 1, 0, 1),
+    ((2, 8, 8, 8), (3, 8, 1, 1), 1, 0, 1),
+    ((1, 2, 12, 12), (2, 2, 5, 5), 1, 2, 1),
+])
+def test_conv_taps_tiles(dtype, xshape, wshape, stride, pad, groups):
+    x = RNG.standard_normal(xshape).astype(dtype)
+    w = RNG.standard_normal(wshape).astype(dtype)
+    want = np_conv(x, w, stride, pad, groups)
+    rtol, atol = (1e-4, 1e-4) if dtype == np.float32 else (1e-10, 1e-10)
+    check_output("conv2d", {"Input": x, "Filter": w},
+                 dict(strides=[stride, stride], paddings=[pad, pad], groups=groups,
+                      dilations=[1, 1]), {"Output": want.astype(dtype)}, rtol=rtol, atol=atol)

@@ -28,6 +28,7 @@ import numpy as np
 from numba.extending import overload, register_jitable
 
 from pdjit.codegen.nnlib._jit import jit, jobs
+from pdjit.codegen.nnlib.tile import TILE_BYTES, tile_kernel
 from pdjit.runtime.threads import loop_threads
 
 __all__ = ["split_work", "conv2d_fwd", "conv2d_bwd_data", "conv2d_bwd_filter", "nchw", "nhwc_into",
@@ -257,47 +258,9 @@ def _block(n, k_, p_):
 # multiply-adds per 4 inputs loaded and 4 partial sums loaded and stored). _fwd_range builds
 # the planes and the tap table and calls the kernel.
 
-#: the kernel's Numba options: a library kernel's, with fastmath "contract" so that ``a * b + c``
-#: is one fused multiply-add (as in BLAS); nothing is reassociated: every output sums its
-#: products in the filter's order
-_fma_jit = numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})
-
-
-@_fma_jit
-def _rows4(wf, w0, k4, xs, xb, tap, df, d0, ds, span):
-    """Rows ``r < 4`` of ``df`` (``span`` values at ``d0 + r * ds``) = the sum over ``k <
-    k4`` of ``wf[w0 + r * k4 + k] * xs[xb + tap[k] + q]``: a first pass over four taps that
-    stores, then passes that add.
-
-    ``k4`` and ``span`` are multiples of 4 and 16 (the callers pad them), and the loop is told
-    so (``& ~15``): a vector loop with no scalar remainder, whose copies of the 16 weights
-    pushed the broadcast ones out of the registers (spilled weights: 15-20% slower, measured),
-    and a quarter of the code of the kernel with a remainder pass (the kernel is compiled
-    again into every caller)."""
-    pn = U(span) & ~U(15)
-    y0, y1, y2, y3 = U(d0), U(d0 + ds), U(d0 + 2 * ds), U(d0 + 3 * ds)
-    w1, w2, w3 = w0 + k4, w0 + 2 * k4, w0 + 3 * k4
-    for k in range(0, k4, 4):
-        a0, a1, a2, a3 = wf[w0 + k], wf[w0 + k + 1], wf[w0 + k + 2], wf[w0 + k + 3]
-        b0, b1, b2, b3 = wf[w1 + k], wf[w1 + k + 1], wf[w1 + k + 2], wf[w1 + k + 3]
-        c0, c1, c2, c3 = wf[w2 + k], wf[w2 + k + 1], wf[w2 + k + 2], wf[w2 + k + 3]
-        e0, e1, e2, e3 = wf[w3 + k], wf[w3 + k + 1], wf[w3 + k + 2], wf[w3 + k + 3]
-        x0, x1 = U(xb + tap[k]), U(xb + tap[k + 1])
-        x2, x3 = U(xb + tap[k + 2]), U(xb + tap[k + 3])
-        if k == 0:
-            for q in range(pn):
-                v0, v1, v2, v3 = xs[x0 + q], xs[x1 + q], xs[x2 + q], xs[x3 + q]
-                df[y0 + q] = a0 * v0 + a1 * v1 + a2 * v2 + a3 * v3
-                df[y1 + q] = b0 * v0 + b1 * v1 + b2 * v2 + b3 * v3
-                df[y2 + q] = c0 * v0 + c1 * v1 + c2 * v2 + c3 * v3
-                df[y3 + q] = e0 * v0 + e1 * v1 + e2 * v2 + e3 * v3
-        else:
-            for q in range(pn):
-                v0, v1, v2, v3 = xs[x0 + q], xs[x1 + q], xs[x2 + q], xs[x3 + q]
-                df[y0 + q] = df[y0 + q] + a0 * v0 + a1 * v1 + a2 * v2 + a3 * v3
-                df[y1 + q] = df[y1 + q] + b0 * v0 + b1 * v1 + b2 * v2 + b3 * v3
-                df[y2 + q] = df[y2 + q] + c0 * v0 + c1 * v1 + c2 * v2 + c3 * v3
-                df[y3 + q] = df[y3 + q] + e0 * v0 + e1 * v1 + e2 * v2 + e3 * v3
+# the tiles of the taps path (see pdjit.codegen.nnlib.tile): rows x vectors of positions
+_tile44, _tile41 = tile_kernel(4, 4), tile_kernel(4, 1)
+_tile64, _tile61 = tile_kernel(6, 4), tile_kernel(6, 1)
 
 
 @jit
@@ -391,39 +354,37 @@ def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
                             yf[dst + k] = rf[src + k]
         return
     xf = x.reshape(x.size)
-    k4 = (k_ + 3) // 4 * 4
     mq = max(mg, 4)
-    # the filter, its rows padded to k4 taps and (per group) to mq rows with zeros, where
-    # they are not already
+    # the filter, its rows padded (per group) to mq rows with zeros where there are fewer than 4
     wf = w.reshape(w.size)
-    wp = wf if mq == mg and k4 == k_ else np.empty(groups * mq * k4, w.dtype)
-    for gm in range(groups * mq if mq != mg or k4 != k_ else 0):
-        d, m = U(gm * k4), gm % mq
+    wp = wf if mq == mg else np.empty(groups * mq * k_, w.dtype)
+    for gm in range(groups * mq if mq != mg else 0):
+        d, m = U(gm * k_), gm % mq
         if m < mg:
             ws = U((gm // mq * mg + m) * k_)
             for t in range(U(k_)):
                 wp[d + t] = wf[ws + t]
-        for t in range(U(k_ if m < mg else 0), U(k4)):
-            wp[d + t] = 0
-    # a 1x1 unpadded stride-1 convolution of whole taps and whole vectors: the image is its
-    # own plane
+        else:
+            for t in range(U(k_)):
+                wp[d + t] = 0
+    # a 1x1 unpadded stride-1 convolution of whole vectors: the image is its own plane
     plain = kh_ == 1 and kw_ == 1 and sh == 1 and sw == 1 and pt == 0 and pl == 0 and \
-        oh_ == h_ and ow_ == w_ and k_ == k4 and p_ % 16 == 0
+        oh_ == h_ and ow_ == w_ and p_ % 16 == 0
     # otherwise the outputs are computed up to a multiple of 16 (reading on into the next
-    # plane, and past the last into the zero plane): a pass over the taps for the last few
+    # plane, and past the last into a zero tail): a pass over the taps for the last few
     # outputs cost 30% of a [16, 150] x [150, 100] product
     span = p_ if plain else (p_ + 15) // 16 * 16
     hq = oh_ + ((kh_ - 1) * dh) // sh
     pp = hq * ow_
     one = min(kh_, 1)  # not the literal 1: the im2col the BLAS path compiles serves
-    zero = cg * kw_ * sh * pp  # the zero plane the padding taps read
+    zero = cg * kw_ * sh * pp  # the zero tail
     if plain:
         xs = xf
     else:
         xs = np.empty(zero + span, x.dtype)
         for q in range(zero, zero + span):
             xs[q] = 0
-    tap = np.empty(k4, np.int64)
+    tap = np.empty(k_, np.int64)
     _tap_offsets(tap, k_, zero, kw_, kh_, sh, dh, pp, ow_)
     # rows 4 KiB apart, fewer than 4 or a span past the outputs: computed aside at a padded
     # stride, then copied out
@@ -433,6 +394,11 @@ def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
     aside = ds != p_ or mg < 4
     acc = np.empty(mq * ds if aside else 0, x.dtype)
     df = acc if aside else yf
+    # tiles of 4 rows (6 where they divide the rows and 4 do not: LeNet's 6 channels) by 4
+    # vectors of positions, then by 1 vector for the rest of the span
+    vw = TILE_BYTES // x.itemsize
+    six = mg % 6 == 0 and mg % 4 != 0
+    rb = 6 if six else 4
     for n in range(n0, n1):
         for g in range(groups):
             xb = 0
@@ -444,11 +410,26 @@ def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
                             sh * pp, r * pp)
             y0 = (n * m_ + g * mg) * p_
             d0 = 0 if aside else y0
-            # by fours, the last four overlapping the ones before when mg is no multiple of 4
-            # (rows computed twice cost less than a pass of its own)
-            for m4 in range(0, mq, 4):
-                mr = min(m4, mq - 4)
-                _rows4(wp, (g * mq + mr) * k4, k4, xs, xb, tap, df, d0 + mr * ds, ds, span)
+            # by blocks of rb rows, the last overlapping the ones before when rb does not
+            # divide mg (rows computed twice cost less than a pass of their own)
+            for m4 in range(0, mq, rb):
+                mr = min(m4, mq - rb)
+                wo, do = (g * mq + mr) * k_, d0 + mr * ds
+                q0 = 0
+                if six:
+                    while q0 + 4 * vw <= span:
+                        _tile64(wp, wo, k_, k_, xs, xb, tap, df, do, ds, q0)
+                        q0 += 4 * vw
+                    while q0 < span:
+                        _tile61(wp, wo, k_, k_, xs, xb, tap, df, do, ds, q0)
+                        q0 += vw
+                else:
+                    while q0 + 4 * vw <= span:
+                        _tile44(wp, wo, k_, k_, xs, xb, tap, df, do, ds, q0)
+                        q0 += 4 * vw
+                    while q0 < span:
+                        _tile41(wp, wo, k_, k_, xs, xb, tap, df, do, ds, q0)
+                        q0 += vw
             if aside:
                 for mr in range(mg):
                     sa, da = U(mr * ds), U(y0 + mr * p_)
