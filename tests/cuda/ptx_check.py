@@ -30,6 +30,11 @@ def main(path: str) -> dict:
     for ft in (f32, f64):
         a2 = t.Array(ft, 2, "A")
         jobs.append((cuda_lib._gemm_kernel(ft.name).py_func, (a2, a2, t.Array(ft, 2, "C"))))
+    b = t.boolean
+    for ft in (f32, f64):
+        a3 = t.Array(ft, 3, "C")
+        jobs.append((cuda_lib._bgemm_kernel(ft.name).py_func,
+                     (a3, a3, a3, b, b, f64, i64, i64, i64, b, b, b) + (i64,) * 7))
     v32 = t.Array(f32, 1, "C")
     jobs.append((cuda_lib._softmax_rows.py_func, (v32, v32, i64, i64)))
     jobs.append((cuda_lib._softmax_xent_rows.py_func,
@@ -37,6 +42,7 @@ def main(path: str) -> dict:
     jobs.append((cuda_lib._check_labels.py_func,
                  (t.Array(i64, 1, "C"), i64, i64, t.Array(t.int32, 1, "C"))))
     jobs.append((cuda_lib._fill.py_func, (v32, i64)))
+    jobs.append((cuda_lib._fill.py_func, (t.Array(t.int32, 1, "C"), i64)))
     failures, t0 = [], time.perf_counter()
     for fn, sig in jobs:
         for cc in ((8, 0), (9, 0)):

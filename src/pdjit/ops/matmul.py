@@ -23,6 +23,12 @@ broadcast. Rank-2 float operands lower to one ``np.dot`` per product; every othe
 call per product: ``np.matmul`` from a host driver, a compiled loop of BLAS calls on 2-D
 slices in compiled code, one function for every rank, broadcast and transpose (measured on
 the attention shapes: see ``pdjit.codegen.nnlib.gemm``). Integer operands run the reference.
+
+On the cuda target the same lines run on the device: ``_rt.gemm`` is a tiled shared-memory
+GEMM, ``_cu.batched_gemm`` (in place of ``_nn.batched_gemm``, the same arguments) a batched
+one, the batch on the grid's third axis, broadcast batches by strides of 0, a gradient's sum
+over the batches its operand broadcast inside the kernel; a scaled product (``alpha``) takes
+the batched kernel, which scales.
 """
 from __future__ import annotations
 
@@ -103,14 +109,15 @@ def _mul_ref(X, Y, *, x_num_col_dims, y_num_col_dims):
 
 
 def _device_too(lower):
-    """``lower`` on every target whose driver provides ``_rt.gemm`` (the cuda target's runs
-    on the device): lines that call anything else (a batched GEMM, a scaling) are the CPU's
-    only, and another target runs the op's reference."""
+    """``lower`` on every target whose driver provides ``_rt.gemm`` and ``batched_gemm`` (the
+    cuda target's run on the device: ``_cu.batched_gemm``, a batched tiled GEMM); lines that
+    call the CPU's library (``_nn.``) are the CPU's only, and another target runs the op's
+    reference."""
     def both(ctx):
         lines = lower(ctx)
         if lines is None or ctx.target == "cpu":
             return lines
-        if any("_nn." in line or "np." in line for line in lines):
+        if any("_nn." in line for line in lines):
             return None
         return lines
     both.__doc__ = lower.__doc__
@@ -240,6 +247,18 @@ def _alpha(ctx, alpha_attr) -> float:
     return float(ctx.attrs[alpha_attr]) if alpha_attr else 1.0
 
 
+def _lib(ctx) -> str:
+    """Where the batched GEMM of the lines' target lives: the CPU's ``_nn``, a device's
+    ``_cu`` (the same arguments)."""
+    return "_nn" if ctx.target == "cpu" else "_cu"
+
+
+def _device_scaled(ctx, alpha_attr) -> bool:
+    """A scaled product on a device target: the batched kernel scales (a rank-2 product's
+    ``_rt.gemm(...) * alpha`` would scale on the host)."""
+    return ctx.target != "cpu" and bool(alpha_attr) and ctx.attrs[alpha_attr] != 1.0
+
+
 def _rows_of_x(ctx, tx_attr) -> bool:
     """Whether X's batch dims can fold into its rows: X of rank > 2, not transposed, times a
     matrix Y (a projection ``[B, S, H] x [H, F]``): one GEMM over all rows, not one per batch,
@@ -254,7 +273,8 @@ def _matmul_2d_lower(tx_attr, ty_attr, alpha_attr=None):
         if not _blas_ok(ctx):
             return None
         rows = _rows_of_x(ctx, tx_attr)
-        if not rows and (ctx.rank("X") != 2 or ctx.rank("Y") != 2):
+        if (not rows and (ctx.rank("X") != 2 or ctx.rank("Y") != 2)) or \
+                _device_scaled(ctx, alpha_attr):
             return _batched_lines(ctx, tx_attr, ty_attr, alpha_attr)
         X, Y = ctx.inp("X"), ctx.inp("Y")
         rx = ctx.rank("X")
@@ -322,7 +342,8 @@ def _batched_lines(ctx, tx_attr, ty_attr, alpha_attr):
     o3 = ctx.tmp("o")
     return b.lines + [
         f"{o3} = {out}.reshape(({b.count}, {b.m}, {b.n}))",
-        f"_nn.batched_gemm({b.x3}, {b.y3}, {b.tx}, {b.ty}, {_alpha(ctx, alpha_attr)!r}, "
+        f"{_lib(ctx)}.batched_gemm({b.x3}, {b.y3}, {b.tx}, {b.ty}, "
+        f"{_alpha(ctx, alpha_attr)!r}, "
         f"{b.od}, {b.xd}, {b.yd}, {b.od}, {o3})"]
 
 
@@ -474,12 +495,13 @@ def _bmm_lower(ctx):
     d = ctx.tmp("bd")
     return [f"_rt.check({X}.shape[0] == {Y}.shape[0])",
             f"{d} = np.array(({X}.shape[0], ), np.int64)",
-            f"_nn.batched_gemm({X}, {Y}, False, False, 1.0, {d}, {d}, {d}, {d}, {out})"]
+            f"{_lib(ctx)}.batched_gemm({X}, {Y}, False, False, 1.0, {d}, {d}, {d}, {d}, "
+            f"{out})"]
 
 
 register_op(
     "bmm", inputs=["X", "Y"], outputs=["Out"], traits=[OPAQUE], infer_shape=_bmm_infer,
-    reference=_bmm_ref, emit=Opaque(_bmm_lower, host=True),
+    reference=_bmm_ref, emit=Opaque(_bmm_lower, host=True, targets=_TARGETS),
     grad=default_grad("bmm_grad", fwd_inputs=("X", "Y"), wrt=("X", "Y")),
     doc="Out[b] = X[b] @ Y[b] for 3-D X [B, M, K] and Y [B, K, N].")
 
@@ -581,8 +603,8 @@ def _matmul_grad_2d_lower(tx_attr, ty_attr, alpha_attr=None):
         if not _grad_blas_ok(ctx):
             return None
         rows = _rows_of_x(ctx, tx_attr)
-        if not rows and (ctx.rank("X") != 2 or ctx.rank("Y") != 2 or
-                         ctx.rank("Out@GRAD") != 2):
+        if (not rows and (ctx.rank("X") != 2 or ctx.rank("Y") != 2 or
+                          ctx.rank("Out@GRAD") != 2)) or _device_scaled(ctx, alpha_attr):
             return _batched_grad_lines(ctx, tx_attr, ty_attr, alpha_attr)
         X0, Y, G0 = ctx.inp("X"), ctx.inp("Y"), ctx.inp("Out@GRAD")
         rx = ctx.rank("X")
@@ -634,8 +656,8 @@ def _batched_grad_lines(ctx, tx_attr, ty_attr, alpha_attr):
         view = b.x3 if slot == "X@GRAD" else b.y3
         d3 = ctx.tmp("d")
         lines += [f"{d3} = {d}.reshape({view}.shape)",
-                  f"_nn.batched_gemm({a}, {c}, {ta}, {tc}, {alpha}, {b.od}, {da}, {dc}, {own}, "
-                  f"{d3})"]
+                  f"{_lib(ctx)}.batched_gemm({a}, {c}, {ta}, {tc}, {alpha}, {b.od}, {da}, {dc}, "
+                  f"{own}, {d3})"]
     return lines
 
 
@@ -695,15 +717,17 @@ def _bmm_grad_lower(ctx):
              f"{g3} = {G}.reshape(({X}.shape[0], {X}.shape[1], {Y}.shape[2]))"]
     if ctx.has_output("X@GRAD"):
         dx = ctx.out("X@GRAD", shape=f"{X}.shape")
-        lines.append(f"_nn.batched_gemm({g3}, {Y}, False, True, 1.0, {d}, {d}, {d}, {d}, {dx})")
+        lines.append(f"{_lib(ctx)}.batched_gemm({g3}, {Y}, False, True, 1.0, {d}, {d}, {d}, "
+                     f"{d}, {dx})")
     if ctx.has_output("Y@GRAD"):
         dy = ctx.out("Y@GRAD", shape=f"{Y}.shape")
-        lines.append(f"_nn.batched_gemm({X}, {g3}, True, False, 1.0, {d}, {d}, {d}, {d}, {dy})")
+        lines.append(f"{_lib(ctx)}.batched_gemm({X}, {g3}, True, False, 1.0, {d}, {d}, {d}, "
+                     f"{d}, {dy})")
     return lines
 
 
 register_op(
     "bmm_grad", inputs=["X", "Y", "Out@GRAD"], outputs=["X@GRAD?", "Y@GRAD?"],
     traits=[OPAQUE], infer_shape=_grad_infer, reference=_bmm_grad_ref,
-    emit=Opaque(_bmm_grad_lower, host=True), grad=None,
+    emit=Opaque(_bmm_grad_lower, host=True, targets=_TARGETS), grad=None,
     doc="Gradients of bmm: dX[b] = dOut[b] @ Y[b]^T and dY[b] = X[b]^T @ dOut[b].")

@@ -138,6 +138,158 @@ def gemm(a, b):
     return c
 
 
+# ---- batched GEMM -------------------------------------------------------------------------------
+#: at most this many batch dims after merging neighbours that broadcast alike (a product with
+#: more raises ValueError: the plan then runs the op's reference)
+BATCH_DIMS = 3
+_BGEMM: dict = {}
+
+
+def _bgemm_kernel(dtype):
+    k = _BGEMM.get(np.dtype(dtype))
+    if k is not None:
+        return k
+    nbtype = {np.dtype(np.float32): np.float32, np.dtype(np.float64): np.float64}[
+        np.dtype(dtype)]
+    tile = TILE
+
+    def bgemm(A, B, C, ta, tb, alpha, n0, n1, n2, k0, k1, k2, sa0, sa1, sa2, sb0, sb1, sb2,
+              nred):
+        # C[z] = alpha * sum over the reduced batch dims of op(A[ka]) @ op(B[kb]): one block
+        # per TILE x TILE tile of C[z], z on the grid's third axis (grid-stride); the batch is
+        # up to three merged dims n0..n2, kept in C (k* = 1) or reduced (summed: the gradient
+        # of an operand the forward broadcast); sa*/sb*: A's and B's batch strides (0 where
+        # they broadcast)
+        sa = cuda.shared.array((tile, tile), nbtype)
+        sb = cuda.shared.array((tile, tile), nbtype)
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        row = cuda.blockIdx.y * tile + ty
+        col = cuda.blockIdx.x * tile + tx
+        m = C.shape[1]
+        n = C.shape[2]
+        kk = A.shape[1] if ta else A.shape[2]
+        z = cuda.blockIdx.z
+        while z < C.shape[0]:
+            t = z
+            i2 = 0
+            i1 = 0
+            i0 = 0
+            if k2:
+                i2 = t % n2
+                t //= n2
+            if k1:
+                i1 = t % n1
+                t //= n1
+            if k0:
+                i0 = t % n0
+            acc = nbtype(0)
+            for r in range(nred):
+                u = r
+                j2 = i2
+                j1 = i1
+                j0 = i0
+                if not k2:
+                    j2 = u % n2
+                    u //= n2
+                if not k1:
+                    j1 = u % n1
+                    u //= n1
+                if not k0:
+                    j0 = u % n0
+                ka = j0 * sa0 + j1 * sa1 + j2 * sa2
+                kb = j0 * sb0 + j1 * sb1 + j2 * sb2
+                for t0 in range(0, kk, tile):
+                    k = t0 + tx
+                    v = nbtype(0)
+                    if row < m and k < kk:
+                        v = A[ka, k, row] if ta else A[ka, row, k]
+                    sa[ty, tx] = v
+                    k = t0 + ty
+                    v = nbtype(0)
+                    if col < n and k < kk:
+                        v = B[kb, col, k] if tb else B[kb, k, col]
+                    sb[ty, tx] = v
+                    cuda.syncthreads()
+                    for q in range(tile):
+                        acc += sa[ty, q] * sb[q, tx]
+                    cuda.syncthreads()
+            if row < m and col < n:
+                C[z, row, col] = acc * alpha
+            z += cuda.gridDim.z
+
+    k = _BGEMM[np.dtype(dtype)] = cuda.jit(bgemm)
+    return k
+
+
+def _batch_plan(it, da, db, dc) -> list:
+    """The batch dims ``it`` of a product as at most :data:`BATCH_DIMS` merged dims ``[size,
+    kept in C, A's stride, B's stride]`` (outer first): dims of 1 dropped, neighbours merged
+    where they broadcast alike and their strides chain."""
+    shape = [int(d) for d in it]
+    dims = {k: [int(x) for x in d] for k, d in (("a", da), ("b", db), ("c", dc))}
+    for k, d in dims.items():
+        if len(d) != len(shape) or any(x != 1 and x != n for x, n in zip(d, shape)):
+            raise ValueError(f"pdjit: batched_gemm: the batch dims {d} of {k} do not "
+                             f"broadcast to {shape}")
+    stride = {}
+    for k, d in dims.items():
+        s, acc = [0] * len(d), 1
+        for i in range(len(d) - 1, -1, -1):
+            s[i] = acc if d[i] != 1 else 0
+            acc *= d[i]
+        stride[k] = s
+    plan: list = []
+    for i, n in enumerate(shape):
+        if n == 1:
+            continue
+        kept = dims["c"][i] == n
+        sa, sb = stride["a"][i], stride["b"][i]
+        if plan:
+            pn, pk, psa, psb = plan[-1]
+            if pk == kept and psa == sa * n and psb == sb * n:
+                plan[-1] = [pn * n, kept, sa, sb]
+                continue
+        plan.append([n, kept, sa, sb])
+    if len(plan) > BATCH_DIMS:
+        raise ValueError(f"pdjit: batched_gemm on the device: at most {BATCH_DIMS} batch dims "
+                         f"that broadcast differently, got {shape} (X {dims['a']}, Y "
+                         f"{dims['b']})")
+    return [[1, True, 0, 0]] * (BATCH_DIMS - len(plan)) + plan
+
+
+def batched_gemm(a, b, ta, tb, alpha, it, da, db, dc, c) -> None:
+    """``c[kc] = alpha * sum op(a[ka]) @ op(b[kb])`` on the device, the contract of the CPU's
+    ``_nn.batched_gemm``: 3-D device arrays ``(batch, rows, cols)``, batch dims ``it`` (host
+    ``int64`` vectors; ``da``, ``db``, ``dc`` aligned with it, 1 where broadcast); where ``c``
+    lacks a batch dim of ``it`` the products are summed into it. One launch: a tiled
+    shared-memory GEMM per batch, the batch on the grid's third axis."""
+    plan = _batch_plan(it, da, db, dc)
+    if np.dtype(a.dtype) != np.dtype(b.dtype) or np.dtype(a.dtype) != np.dtype(c.dtype):
+        raise ValueError("pdjit: batched_gemm of several dtypes")
+    m, n = c.shape[1], c.shape[2]
+    kx = a.shape[1] if ta else a.shape[2]
+    ky = b.shape[2] if tb else b.shape[1]
+    if kx != ky or (a.shape[2] if ta else a.shape[1]) != m or \
+            (b.shape[1] if tb else b.shape[2]) != n:
+        raise ValueError(f"pdjit: batched_gemm: the matrices do not fit: {tuple(a.shape)} "
+                         f"(transposed {bool(ta)}), {tuple(b.shape)} (transposed {bool(tb)}) "
+                         f"into {tuple(c.shape)}")
+    nc = int(c.shape[0])
+    nred = 1
+    for size, kept, _, _ in plan:
+        nred *= 1 if kept else size
+    if nc * nred != int(np.prod([int(d) for d in it])) and nc:
+        raise ValueError("pdjit: batched_gemm: the output's batches do not fit")
+    if not (m and n and nc):
+        return
+    (n0, k0, sa0, sb0), (n1, k1, sa1, sb1), (n2, k2, sa2, sb2) = plan
+    g = (-(-n // TILE), -(-m // TILE), max(1, min(nc, MAX_BLOCKS)))
+    _bgemm_kernel(c.dtype)[g, (TILE, TILE)](
+        a, b, c, bool(ta), bool(tb), float(alpha), n0, n1, n2, bool(k0), bool(k1), bool(k2),
+        sa0, sa1, sa2, sb0, sb1, sb2, nred)
+
+
 class _DeviceRT:
     """``_rt`` as a cuda host driver sees it: the shape helpers, and the GEMM on the device."""
     bdim, check = staticmethod(cpu._HOST_RT.bdim), staticmethod(cpu._HOST_RT.check)
