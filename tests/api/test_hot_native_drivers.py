@@ -1,0 +1,162 @@
+"""The Executor's per-run path: ``native_drivers="auto"`` (an inference plan run often gets its
+driver as one native function), the driver trials' fallbacks, and feeds bound in the run's
+column order. Oracles: NumPy written here."""
+import numpy as np
+import pytest
+
+import pdjit as fluid
+from pdjit.framework.errors import FeedError
+from pdjit.runtime import plan as plan_mod
+
+
+def _softmax(z):
+    e = np.exp(z - z.max(1, keepdims=True))
+    return e / e.sum(1, keepdims=True)
+
+
+def _mlp():
+    """main: softmax(2 * relu(x @ w0 + b0) + 0.5); test: its clone for inference."""
+    main, startup = fluid.Program(), fluid.Program()
+    startup.random_seed = 7
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        x = fluid.layers.data("x", [6])
+        h = fluid.layers.fc(x, 5, act="relu", param_attr=fluid.ParamAttr(name="w0"),
+                            bias_attr=fluid.ParamAttr(name="b0"))
+        y = fluid.layers.softmax(fluid.layers.scale(h, 2.0, bias=0.5))
+    return main, startup, x, y
+
+
+def _want(scope, xv):
+    w0, b0 = (np.asarray(scope.find_var(n).value) for n in ("w0", "b0"))
+    return _softmax(2.0 * np.maximum(xv @ w0 + b0, 0) + 0.5)
+
+
+def _steps(exe, program):
+    return [s for (pid, _), (_, plan) in exe._plans.items() if pid == id(program)
+            for s in plan.steps if s.kind == "native"]
+
+
+def test_the_default_is_auto_unless_the_environment_says(monkeypatch):
+    monkeypatch.delenv("PDJIT_NATIVE_DRIVERS", raising=False)
+    assert fluid.Executor().native_drivers == "auto"
+    monkeypatch.setenv("PDJIT_NATIVE_DRIVERS", "0")
+    assert fluid.Executor().native_drivers is False
+    monkeypatch.setenv("PDJIT_NATIVE_DRIVERS", "1")
+    assert fluid.Executor().native_drivers is True
+    assert fluid.Executor(native_drivers="auto").native_drivers == "auto"
+    assert fluid.Executor(native_drivers=0).native_drivers is False
+
+
+def test_an_inference_plan_gets_its_native_driver_once_hot(monkeypatch):
+    """After HOT_RUNS runs the native driver is compiled, timed against the host driver and
+    one of them picked per batch size; every run gives NumPy's answer; a bad feed is still
+    refused with its clear error and leaves the scope as it was."""
+    monkeypatch.setattr(plan_mod, "HOT_RUNS", 3)
+    main, startup, x, y = _mlp()
+    scope = fluid.Scope()
+    exe = fluid.Executor(native_drivers="auto", strict=True)
+    exe.run(startup, scope=scope)
+    assert all(s._hot is None for s in _steps(exe, startup))  # it writes persistables
+    rng = np.random.default_rng(0)
+    for k in range(12):
+        xv = rng.standard_normal((2, 6)).astype("float32")
+        (out,) = exe.run(main, feed={"x": xv}, fetch_list=[y], scope=scope)
+        np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
+        steps = _steps(exe, main)
+        assert steps
+        if k < 2:  # not hot yet: the host driver only
+            assert all(s.native is None and s._hot is not None for s in steps)
+    for s in steps:
+        assert s.native is not None and s._hot is None
+        assert s.native.fn.signatures  # compiled, and ran
+        assert list(s.picked) == [2]
+        assert "driver by batch size" in s.describe()
+    before = {n: np.array(scope.find_var(n).value) for n in ("w0", "b0")}
+    with pytest.raises(FeedError, match=r"'x' expects dtype float32, got float64"):
+        exe.run(main, feed={"x": np.ones((2, 6))}, fetch_list=[y], scope=scope)
+    with pytest.raises(FeedError, match=r"'x' expects shape \[-1, 6\].*got \[2, 5\]"):
+        exe.run(main, feed={"x": np.ones((2, 5), np.float32)}, fetch_list=[y], scope=scope)
+    for n, v in before.items():
+        np.testing.assert_array_equal(scope.find_var(n).value, v)
+    xv = rng.standard_normal((3, 6)).astype("float32")  # a new batch size: new trials
+    (out,) = exe.run(main, feed={"x": xv}, fetch_list=[y], scope=scope)
+    np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
+
+
+def test_a_training_plan_keeps_its_host_drivers(monkeypatch):
+    """A program that writes persistables (parameters, optimizer state) is no inference
+    plan: "auto" compiles nothing more for it however often it runs."""
+    monkeypatch.setattr(plan_mod, "HOT_RUNS", 2)
+    main, startup, x, y = _mlp()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        label = fluid.layers.data("label", [1], dtype="int64")
+        loss = fluid.layers.mean(fluid.layers.cross_entropy(y, label))
+        fluid.optimizer.SGD(0.1).minimize(loss)
+    scope, exe = fluid.Scope(), fluid.Executor(native_drivers="auto", strict=True)
+    exe.run(startup, scope=scope)
+    xv = np.random.default_rng(1).standard_normal((4, 6)).astype("float32")
+    lv = np.array([[0], [1], [2], [3]], np.int64)
+    losses = [exe.run(main, feed={"x": xv, "label": lv}, fetch_list=[loss], scope=scope)[0]
+              for _ in range(6)]
+    assert losses[-1] < losses[0]
+    steps = _steps(exe, main)
+    assert steps and all(s.native is None and s._hot is None for s in steps)
+
+
+class _Broken:
+    """A native driver that fails where the host driver does not."""
+    name = "broken"
+
+    def fn(self, *args):
+        raise RuntimeError("a wrong native driver")
+
+
+def test_a_native_driver_that_fails_where_the_host_one_works_is_given_up():
+    main, startup, x, y = _mlp()
+    infer = main.clone(for_test=True)
+    scope = fluid.Scope()
+    exe = fluid.Executor(native_drivers=False, strict=True)
+    exe.run(startup, scope=scope)
+    xv = np.random.default_rng(2).standard_normal((2, 6)).astype("float32")
+    exe.run(infer, feed={"x": xv}, fetch_list=[y], scope=scope)
+    (step,) = _steps(exe, infer)
+    step.native = _Broken()
+    for _ in range(3):  # host trial, then the native trial: it fails, the host one serves
+        (out,) = exe.run(infer, feed={"x": xv}, fetch_list=[y], scope=scope)
+        np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
+    assert step.native is None and step.fallbacks == 0
+    assert "RuntimeError: a wrong native driver" in step.describe()
+    # inputs that the host driver refuses too are the inputs' fault: the native driver stays
+    step.native = _Broken()
+    step._trials[2] = ([1.0], [])  # the next trial of batch size 2 is the native driver's
+    good, step.compiled = step.compiled, _Failing()
+    values = [xv if i == step.batch_arg else None for i in range(len(step.args))]
+    with pytest.raises(ValueError, match="host refuses"):
+        step._call(values)
+    assert step.native is not None
+    step.compiled = good
+
+
+class _Failing:
+    def fn(self, *args):
+        raise ValueError("host refuses")
+
+
+def test_feeds_bind_by_the_saved_models_column_order(tmp_path):
+    """A saved inference model fixes its feeds' order (its feed ops' columns): a feed dict
+    in another order binds each value to its own variable."""
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        a = fluid.layers.data("a", [3])
+        b = fluid.layers.data("b", [3])
+        out = fluid.layers.elementwise_sub(a, fluid.layers.scale(b, 3.0))
+    exe, scope = fluid.Executor(strict=True), fluid.Scope()
+    exe.run(startup, scope=scope)
+    fluid.io.save_inference_model(str(tmp_path), ["a", "b"], [out], exe, main_program=main,
+                                  scope=scope)
+    program, feeds, fetches = fluid.io.load_inference_model(str(tmp_path), exe, scope=scope)
+    assert feeds == ["a", "b"]
+    av, bv = (np.arange(6, dtype=np.float32).reshape(2, 3) + k for k in (0, 10))
+    for feed in ({"a": av, "b": bv}, {"b": bv, "a": av}):
+        (got,) = exe.run(program, feed=feed, fetch_list=fetches, scope=scope)
+        np.testing.assert_allclose(got, av - 3 * bv)
