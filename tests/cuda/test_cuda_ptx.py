@@ -20,6 +20,7 @@ HERE = pathlib.Path(__file__).parent
 
 
 def _launch_everything():
+    import test_cuda_conv_transpose_prod as convt
     import test_cuda_kernels as kernels
     import test_cuda_ops as ops
     import test_cuda_random as rnd
@@ -53,6 +54,9 @@ def _launch_everything():
     seq.test_sequence_softmax_and_grad()
     seq.test_sequence_expand_as_and_grad()
     seq.test_sequence_expand_and_grad([0, 1, 3, 3, 4])
+    convt.test_conv2d_transpose_and_grad("conv2d_transpose", 2, False)
+    convt.test_conv2d_transpose_and_grad("depthwise_conv2d_transpose", 2, True)
+    convt.test_reduce_prod_grad([0, 2], True)
 
 
 def test_generated_kernels_compile_to_ptx(tmp_path):

@@ -442,6 +442,69 @@ def _unravel(i: str, names: list, dims: list) -> list:
     return lines + [f"{names[0]} = t_"]
 
 
+def _fwd_body(g: Geometry, T: str, geo, X: str, W: str, y: str, i: str) -> list:
+    """Kernel lines of element ``i`` of convolution output ``y`` (image ``X``, filter ``W``):
+    the sum of what meets it directly. ``geo``: the geometry's local names."""
+    at, _ = image_index(g)
+    sh, sw, pt, pl, dh, dw, _ = geo
+    return _unravel(i, ["nb", "m_", "oh_", "ow_"], ["N_", "M_", "OH_", "OW_"]) + [
+        f"acc = {T}(0)",
+        "c0 = (m_ // MG_) * CG_",
+        "for c_ in range(CG_):",
+        "    for a_ in range(KH_):",
+        f"        ih = oh_ * {sh} - {pt} + a_ * {dh}",
+        "        if ih >= 0 and ih < H_:",
+        "            for b_ in range(KW_):",
+        f"                iw = ow_ * {sw} - {pl} + b_ * {dw}",
+        "                if iw >= 0 and iw < W_:",
+        f"                    acc += {at(X, 'nb', 'c0 + c_', 'ih', 'iw')} * "
+        f"{W}[m_, c_, a_, b_]",
+        f"{at(y, 'nb', 'm_', 'oh_', 'ow_')} = acc"]
+
+
+def _data_body(g: Geometry, T: str, geo, DY: str, W: str, dx: str, i: str) -> list:
+    """Kernel lines of element ``i`` of a convolution's input gradient ``dx`` (output gradient
+    ``DY``, filter ``W``): also a transposed convolution's output."""
+    at, _ = image_index(g)
+    sh, sw, pt, pl, dh, dw, _ = geo
+    return _unravel(i, ["nb", "c_", "ih", "iw"], ["N_", "C_", "H_", "W_"]) + [
+        f"acc = {T}(0)",
+        "cg = c_ % CG_",
+        "m0 = (c_ // CG_) * MG_",
+        "for q_ in range(MG_):",
+        "    m_ = m0 + q_",
+        "    for a_ in range(KH_):",
+        f"        th = ih + {pt} - a_ * {dh}",
+        f"        if th >= 0 and th % {sh} == 0 and th // {sh} < OH_:",
+        f"            oh_ = th // {sh}",
+        "            for b_ in range(KW_):",
+        f"                tw = iw + {pl} - b_ * {dw}",
+        f"                if tw >= 0 and tw % {sw} == 0 and tw // {sw} < OW_:",
+        f"                    acc += {at(DY, 'nb', 'm_', 'oh_', f'tw // {sw}')} * "
+        f"{W}[m_, cg, a_, b_]",
+        f"{at(dx, 'nb', 'c_', 'ih', 'iw')} = acc"]
+
+
+def _filter_body(g: Geometry, T: str, geo, X: str, DY: str, dwt: str, j: str) -> list:
+    """Kernel lines of element ``j`` of a convolution's filter gradient ``dwt`` (image ``X``,
+    output gradient ``DY``)."""
+    at, _ = image_index(g)
+    sh, sw, pt, pl, dh, dw, _ = geo
+    return _unravel(j, ["m_", "c_", "a_", "b_"], ["M_", "CG_", "KH_", "KW_"]) + [
+        f"acc = {T}(0)",
+        "ci = (m_ // MG_) * CG_ + c_",
+        "for nb in range(N_):",
+        "    for oh_ in range(OH_):",
+        f"        ih = oh_ * {sh} - {pt} + a_ * {dh}",
+        "        if ih >= 0 and ih < H_:",
+        "            for ow_ in range(OW_):",
+        f"                iw = ow_ * {sw} - {pl} + b_ * {dw}",
+        "                if iw >= 0 and iw < W_:",
+        f"                    acc += {at(DY, 'nb', 'm_', 'oh_', 'ow_')} * "
+        f"{at(X, 'nb', 'ci', 'ih', 'iw')}",
+        f"{dwt}[m_, c_, a_, b_] = acc"]
+
+
 def _conv_device_lines(ctx, what: str, grad: bool) -> list | None:
     """A convolution (``grad``: its gradients) on a device target, NCHW or NHWC: one thread
     per element of the output (image gradient, filter gradient), summing what meets it
@@ -452,8 +515,9 @@ def _conv_device_lines(ctx, what: str, grad: bool) -> list | None:
     if min(kh, kw) < 1:
         return None
     T = ctx.T("Input")
-    at, dims = image_index(g)
-    lines, (sh, sw, pt, pl, dh, dw, gr) = _device_geometry(ctx, g, X, kh, kw)
+    _, dims = image_index(g)
+    lines, geo = _device_geometry(ctx, g, X, kh, kw)
+    gr = geo[6]
     # what the kernels index by must fit (a kernel cannot raise): else the reference names it
     n, c, h, w = image_dims(g, X)
     lines.append(f"_rt.check({W}.ndim == 4 and {W}.shape[0] % {gr} == 0 and "
@@ -462,20 +526,7 @@ def _conv_device_lines(ctx, what: str, grad: bool) -> list | None:
     if not grad:
         y = ctx.out("Output", shape="(" + ", ".join(g.image(
             n, f"{W}.shape[0]", g.src_conv_out(0, h, kh), g.src_conv_out(1, w, kw))) + ")")
-        body = _unravel(i, ["nb", "m_", "oh_", "ow_"], ["N_", "M_", "OH_", "OW_"]) + [
-            f"acc = {T}(0)",
-            "c0 = (m_ // MG_) * CG_",
-            "for c_ in range(CG_):",
-            "    for a_ in range(KH_):",
-            f"        ih = oh_ * {sh} - {pt} + a_ * {dh}",
-            "        if ih >= 0 and ih < H_:",
-            "            for b_ in range(KW_):",
-            f"                iw = ow_ * {sw} - {pl} + b_ * {dw}",
-            "                if iw >= 0 and iw < W_:",
-            f"                    acc += {at(X, 'nb', 'c0 + c_', 'ih', 'iw')} * "
-            f"{W}[m_, c_, a_, b_]",
-            f"{at(y, 'nb', 'm_', 'oh_', 'ow_')} = acc"]
-        return lines + ctx.device_loop(i, f"{y}.size", body,
+        return lines + ctx.device_loop(i, f"{y}.size", _fwd_body(g, T, geo, X, W, y, i),
                                        before=_conv_sizes(g, X, W, y, gr))
     DY = ctx.inp("Output@GRAD")
     want = (n, f"{W}.shape[0]", g.src_conv_out(0, h, kh), g.src_conv_out(1, w, kw))
@@ -483,40 +534,13 @@ def _conv_device_lines(ctx, what: str, grad: bool) -> list | None:
         f"{got} == {exp}" for got, exp in zip(dims(DY), want)) + f" and {DY}.ndim == 4)")
     if ctx.has_output("Input@GRAD"):
         dx = ctx.out("Input@GRAD", shape=f"{X}.shape")
-        body = _unravel(i, ["nb", "c_", "ih", "iw"], ["N_", "C_", "H_", "W_"]) + [
-            f"acc = {T}(0)",
-            "cg = c_ % CG_",
-            "m0 = (c_ // CG_) * MG_",
-            "for q_ in range(MG_):",
-            "    m_ = m0 + q_",
-            "    for a_ in range(KH_):",
-            f"        th = ih + {pt} - a_ * {dh}",
-            f"        if th >= 0 and th % {sh} == 0 and th // {sh} < OH_:",
-            f"            oh_ = th // {sh}",
-            "            for b_ in range(KW_):",
-            f"                tw = iw + {pl} - b_ * {dw}",
-            f"                if tw >= 0 and tw % {sw} == 0 and tw // {sw} < OW_:",
-            f"                    acc += {at(DY, 'nb', 'm_', 'oh_', f'tw // {sw}')} * "
-            f"{W}[m_, cg, a_, b_]",
-            f"{at(dx, 'nb', 'c_', 'ih', 'iw')} = acc"]
-        lines += ctx.device_loop(i, f"{dx}.size", body, before=_conv_sizes(g, X, W, DY, gr))
+        lines += ctx.device_loop(i, f"{dx}.size", _data_body(g, T, geo, DY, W, dx, i),
+                                 before=_conv_sizes(g, X, W, DY, gr))
     if ctx.has_output("Filter@GRAD"):
         dwt = ctx.out("Filter@GRAD", shape=f"{W}.shape")
         j = ctx.tmp("i")
-        body = _unravel(j, ["m_", "c_", "a_", "b_"], ["M_", "CG_", "KH_", "KW_"]) + [
-            f"acc = {T}(0)",
-            "ci = (m_ // MG_) * CG_ + c_",
-            "for nb in range(N_):",
-            "    for oh_ in range(OH_):",
-            f"        ih = oh_ * {sh} - {pt} + a_ * {dh}",
-            "        if ih >= 0 and ih < H_:",
-            "            for ow_ in range(OW_):",
-            f"                iw = ow_ * {sw} - {pl} + b_ * {dw}",
-            "                if iw >= 0 and iw < W_:",
-            f"                    acc += {at(DY, 'nb', 'm_', 'oh_', 'ow_')} * "
-            f"{at(X, 'nb', 'ci', 'ih', 'iw')}",
-            f"{dwt}[m_, c_, a_, b_] = acc"]
-        lines += ctx.device_loop(j, f"{dwt}.size", body, before=_conv_sizes(g, X, W, DY, gr))
+        lines += ctx.device_loop(j, f"{dwt}.size", _filter_body(g, T, geo, X, DY, dwt, j),
+                                 before=_conv_sizes(g, X, W, DY, gr))
     return lines
 
 
@@ -661,9 +685,70 @@ def _t_out_src(ctx, g: Geometry, X: str, axis: int, k: int) -> str:
     return f"(({size}) - 1) * {s} - {p0} - {p1} + {d} * {k - 1} + 1{pad}"
 
 
+def _t_device_geometry(ctx, g: Geometry, X: str, kh: int, kw: int) -> tuple:
+    """(driver lines, names ``sh, sw, pt, pl, dh, dw, groups``) of the convolution a transposed
+    one transposes, on a device target: ``_t_args``'s values (SAME pads from the transposed
+    op's input ``X``) as run-time arguments."""
+    s0, s1 = g.strides
+    if g.algo == "VALID":
+        vals = [s0, s1, 0, 0, g.dilations[0], g.dilations[1]]
+    elif g.algo != "SAME":
+        vals = [s0, s1, g.pads[0], g.pads[2], g.dilations[0], g.dilations[1]]
+    else:
+        _, _, h, w = image_dims(g, X)
+        vals = [s0, s1, g.src_window(0, h, kh)[0], g.src_window(1, w, kw)[0], 1, 1]
+    names = [ctx.tmp(h) for h in ("sh", "sw", "pt", "pl", "dh", "dw", "gr")]
+    vals.append(ctx.attrs["groups"])
+    return [f"{n} = int({v})" for n, v in zip(names, vals)], names
+
+
+def _convt_device_lines(ctx, grad: bool) -> list | None:
+    """A transposed convolution (``grad``: its gradients) on a device target, from the
+    convolution's kernels: its output is the convolution's input gradient (the transposed
+    op's Input as the output gradient, Filter [C, M/groups, KH, KW] as the filter); its input
+    gradient is the convolution of Output@GRAD; its filter gradient the convolution's, with
+    Output@GRAD as the image and Input as the output gradient. One thread per element."""
+    what = "conv2d_transpose_grad" if grad else "conv2d_transpose"
+    g = _geometry(ctx.attrs, what)
+    X, W = ctx.inp("Input"), ctx.inp("Filter")
+    _, _, kh, kw = ctx.shape("Filter")
+    if min(kh, kw) < 1:
+        return None
+    T = ctx.T("Input")
+    _, dims = image_index(g)
+    lines, geo = _t_device_geometry(ctx, g, X, kh, kw)
+    gr = geo[6]
+    n, c, _, _ = image_dims(g, X)
+    lines.append(f"_rt.check({W}.ndim == 4 and {X}.ndim == 4 and {W}.shape[0] % {gr} == 0 "
+                 f"and {c} == {W}.shape[0])")
+    # (the output's shape is computed before these lines run: over the inputs and attributes)
+    out = (n, f"{W}.shape[1] * {int(ctx.attrs['groups'])}", _t_out_src(ctx, g, X, 0, kh),
+           _t_out_src(ctx, g, X, 1, kw))
+    i = ctx.tmp("i")
+    if not grad:
+        y = ctx.out("Output", shape="(" + ", ".join(g.image(*out)) + ")")
+        return lines + ctx.device_loop(i, f"{y}.size", _data_body(g, T, geo, X, W, y, i),
+                                       before=_conv_sizes(g, y, W, X, gr))
+    DY = ctx.inp("Output@GRAD")
+    lines.append("_rt.check(" + " and ".join(
+        f"{got} == {exp}" for got, exp in zip(dims(DY), out)) + f" and {DY}.ndim == 4)")
+    if ctx.has_output("Input@GRAD"):
+        dx = ctx.out("Input@GRAD", shape=f"{X}.shape")
+        lines += ctx.device_loop(i, f"{dx}.size", _fwd_body(g, T, geo, DY, W, dx, i),
+                                 before=_conv_sizes(g, DY, W, dx, gr))
+    if ctx.has_output("Filter@GRAD"):
+        dwt = ctx.out("Filter@GRAD", shape=f"{W}.shape")
+        j = ctx.tmp("i")
+        lines += ctx.device_loop(j, f"{dwt}.size", _filter_body(g, T, geo, DY, X, dwt, j),
+                                 before=_conv_sizes(g, DY, W, X, gr))
+    return lines
+
+
 def _convt_lower(ctx):
     if not _float_ok(ctx, "Input", "Filter"):
         return None
+    if ctx.target != "cpu":
+        return _convt_device_lines(ctx, grad=False)
     g = _geometry(ctx.attrs, "conv2d_transpose")
     X, W = ctx.inp("Input"), ctx.inp("Filter")
     _, mg, kh, kw = ctx.shape("Filter")
@@ -676,6 +761,10 @@ def _convt_lower(ctx):
 
 
 def _convt_grad_lower(ctx):
+    if ctx.target != "cpu":
+        if not _float_ok(ctx, "Input", "Filter", "Output@GRAD"):
+            return None
+        return _convt_device_lines(ctx, grad=True)
     return _grad_lines(ctx, "conv2d_transpose_grad", transposed=True)
 
 
@@ -684,7 +773,7 @@ for _t in ("conv2d_transpose", "depthwise_conv2d_transpose"):
         _t, inputs=["Input", "Filter"], outputs=["Output"], attrs=_TRANSPOSE_ATTRS,
         traits=[OPAQUE], infer_shape=_convt_infer, reference=_convt_ref,
         inference=_channel_linear(True),
-        emit=Opaque(_convt_lower, host=True),
+        emit=Opaque(_convt_lower, host=True, targets=("cpu", "cuda")),
         grad=default_grad(f"{_t}_grad", fwd_inputs=("Input", "Filter"),
                           grad_outputs=("Output",), wrt=("Input", "Filter")),
         doc="Output = the transposed 2-D convolution of Input with Filter "
@@ -693,5 +782,5 @@ for _t in ("conv2d_transpose", "depthwise_conv2d_transpose"):
         f"{_t}_grad", inputs=["Input", "Filter", "Output@GRAD"],
         outputs=["Input@GRAD?", "Filter@GRAD?"], attrs=_TRANSPOSE_ATTRS, traits=[OPAQUE],
         infer_shape=_conv_grad_infer, reference=_convt_grad_ref,
-        emit=Opaque(_convt_grad_lower, host=True), grad=None,
+        emit=Opaque(_convt_grad_lower, host=True, targets=("cpu", "cuda")), grad=None,
         doc=f"Gradients of {_t} for Input and Filter.")

@@ -283,9 +283,9 @@ def _reduce_grad_device_lines(ctx, op_type: str, axes) -> list | None:
     """A reduction's gradient on a device target: one thread per element of X, unravelling
     its index into the kept coordinates (its group's element of Out@GRAD) and, for max/min,
     visiting its group to count the hits of the extreme (the reference's rule and
-    operations: ``g / n``, ``g * hit / count``). reduce_prod runs the reference."""
-    if op_type == "reduce_prod":
-        return None
+    operations: ``g / n``, ``g * hit / count``); for prod, the products of its group's
+    elements before it and after it in C order, each in the order the CPU's running products
+    take (``g * (before * after)``: exact where X holds zeros, no division)."""
     if op_type in ("reduce_max", "reduce_min") and \
             (not ctx.has_input("Out") or ctx.dtype("Out") != ctx.dtype("X")):
         return None
@@ -314,6 +314,18 @@ def _reduce_grad_device_lines(ctx, op_type: str, axes) -> list | None:
     elif op_type == "reduce_mean":
         n = " * ".join(dims[d] for d in axes) or "1"
         body.append(f"{dx1}[{i}] = {T}({g1}[k_] / max({n}, 1))")
+    elif op_type == "reduce_prod":
+        m = " * ".join(dims[d] for d in axes) or "1"
+        idx = _group_index(r, axes, dims)
+        own = "0"
+        for d in axes:  # the element's place in its group (C order over the reduced dims)
+            own = f"({own}) * {dims[d]} + q{d}"
+        body += [f"s_ = {own}", f"b_ = {T}(1)", "for e_ in range(s_):", "    t_ = e_"]
+        body += _group_coords(axes, dims) + [f"    b_ *= {x1}[{idx}]",
+                                             f"a_ = {T}(1)",
+                                             f"for e_ in range({m} - 1, s_, -1):", "    t_ = e_"]
+        body += _group_coords(axes, dims) + [f"    a_ *= {x1}[{idx}]",
+                                             f"{dx1}[{i}] = {g1}[k_] * (b_ * a_)"]
     else:
         o1 = flat(ctx.inp("Out"))
         lines.append(f"_rt.check({o1}.size == {g1}.size)")
@@ -331,6 +343,26 @@ def _reduce_grad_device_lines(ctx, op_type: str, axes) -> list | None:
                  f"    {dx1}[{i}] = {T}({g1}[k_] / cnt)",
                  "else:", f"    {dx1}[{i}] = {T}(0)"]
     return lines + ctx.device_loop(i, f"{dx1}.size", body)
+
+
+def _group_coords(axes, dims) -> list:
+    """Kernel lines (in a loop body) unravelling ``t_``, an element's place in its group, into
+    the reduced coordinates ``p{d}``."""
+    lines = []
+    for d in reversed(axes):
+        lines += [f"    p{d} = t_ % {dims[d]}", f"    t_ = t_ // {dims[d]}"]
+    return lines
+
+
+def _group_index(r: int, axes, dims) -> str:
+    """Source of the flat index of the group element at reduced coordinates ``p{d}`` and the
+    thread's kept coordinates ``q{d}``."""
+    idx, stride = [], []
+    for d in range(r - 1, -1, -1):
+        coord = f"p{d}" if d in axes else f"q{d}"
+        idx.append(coord + "".join(f" * {s}" for s in stride))
+        stride.append(dims[d])
+    return " + ".join(idx)
 
 
 for _t in ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod"):
