@@ -49,7 +49,9 @@ _MISFIT_STATS = "pdjit: the norm statistics do not fit the data"
 # others run one pass over the samples ``a0..a1``, so large data is split over threads (each
 # slice sums into its own float64 partials ``(K, C)``, added up afterwards: the sums of mode 0 in
 # another order). One function each rather than a function per pass: every Numba function costs
-# its own compilation (measured: four more small ones added 1.3 s to a cold start).
+# its own compilation (measured: four more small ones added 1.3 s to a cold start). Their
+# scratch arrays are all ``np.zeros`` of a 2-tuple shape: Numba compiles an allocation for each
+# distinct argument signature it meets (np.empty((K, C)), np.zeros(C)... one each).
 @_rjit
 def _stats_k(x, per_sample, cpg, mean, var, acc, mc, mode, a0, a1):
     """Mode 0: ``mean[k, g]`` and biased ``var[k, g]`` of the groups of ``x``. Mode 1: ``acc[k,
@@ -66,7 +68,7 @@ def _stats_k(x, per_sample, cpg, mean, var, acc, mc, mode, a0, a1):
         if n == 0:
             return
         acc = np.zeros((K, C))
-        mc = np.empty((K, C))
+        mc = np.zeros((K, C))
         a0, a1 = 0, A
     elif acc.shape != (K, C) or mc.shape != (K, C):
         raise ValueError(_MISFIT_STATS)
@@ -120,8 +122,8 @@ def _apply_k(x, mean, inv, scale, bias, per_sample, cpg, relu, y, a0, a1):
         raise ValueError(_MISFIT_STATS)
     if scale.shape[0] != C or bias.shape[0] != C or y.shape != x.shape:
         raise ValueError("pdjit: norm_apply: Scale, Bias or Y do not fit X")
-    s = np.empty((K, C))
-    b = np.empty((K, C))
+    s = np.zeros((K, C))
+    b = np.zeros((K, C))
     for k in range(K):
         for c in range(C):
             g = c // cpg
@@ -174,7 +176,7 @@ def _grad_k(x, dy, mean, inv, scale, per_sample, cpg, batch_stats, dx, dscale, d
         a0, a1 = 0, A
     elif s1.shape != (K, C) or s2.shape != (K, C):
         raise ValueError("pdjit: norm_grad: the partial sums do not fit X")
-    mc = np.empty((K, C))  # each channel's group mean
+    mc = np.zeros((K, C))  # each channel's group mean
     for k in range(K):
         for c in range(C):
             mc[k, c] = mean[k, c // cpg]
@@ -206,23 +208,23 @@ def _grad_k(x, dy, mean, inv, scale, per_sample, cpg, batch_stats, dx, dscale, d
         if mode == 1:
             return
     # dx = cg * dy + cx * (x - mean) + c0, per (k, c)
-    sg = np.zeros(mean.shape)   # sum over the group of g
-    sgx = np.zeros(mean.shape)  # sum over the group of g * xhat
-    ds = np.zeros(C)
-    db = np.zeros(C)
+    sg = np.zeros((K, C // cpg))   # sum over the group of g
+    sgx = np.zeros((K, C // cpg))  # sum over the group of g * xhat
+    ds = np.zeros((1, C))
+    db = np.zeros((1, C))
     for k in range(K):
         for c in range(C):
             g = c // cpg
-            db[c] += s1[k, c]
-            ds[c] += s2[k, c] * inv[k, g]
+            db[0, c] += s1[k, c]
+            ds[0, c] += s2[k, c] * inv[k, g]
             sg[k, g] += s1[k, c] * scale[c]
             sgx[k, g] += s2[k, c] * inv[k, g] * scale[c]
     if a0 == 0:
         for c in range(C):
-            dscale[c] = ds[c]
-            dbias[c] = db[c]
+            dscale[c] = ds[0, c]
+            dbias[c] = db[0, c]
     n = P * R * cpg * (1 if per_sample else A)
-    cg = np.empty((K, C))
+    cg = np.zeros((K, C))
     cx = np.zeros((K, C))
     c0 = np.zeros((K, C))
     for k in range(K):
