@@ -595,7 +595,7 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None,
         compiled = gen.target.HostDriver(gen, memory_optim=memory_optim)
         has_native = hasattr(gen.target, "NativeDriver")
         native = _native_driver(gen, target) \
-            if native_drivers is True and has_native else None
+            if native_drivers and native_drivers != "auto" and has_native else None
         groups = [[(op, index[id(op)]) for op in g.ops] for g in seg.groups]
         desc = "; ".join(g.describe() for g in seg.groups)
         step_ops = [o for g in groups for o in g]
