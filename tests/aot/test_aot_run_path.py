@@ -7,6 +7,7 @@ artifact links the same BLAS, so bit-identical), and the library's own ``pdjit_m
 pointer, which says where the outputs of the last run are (the caller's arrays, not a copy).
 """
 import ctypes
+import os
 import shutil
 
 import numpy as np
@@ -166,3 +167,36 @@ def test_c_run_into_small_buffers_and_bad_arguments(arts):
     codes[1] = 2
     assert run(h, 2, data, codes, ndims, shapes, 3, optr, nbytes, odims) == 3
     assert b"input 'ids': expected dtype int64, got int32" in lib.pdjit_model_error(h)
+
+
+def _tasks():
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="needs /proc/self/task")
+def test_split_threads_started_once_and_parked(arts):
+    """A split run's threads are started with the instance (``set_threads``), reused by every
+    run, and ended by ``close`` / ``set_threads(1)``; runs equal the one-thread run bit for
+    bit (each slice on its own thread, the rows in place)."""
+    _, mod = arts["two"]
+    one = mod.load(threads=1)
+    feed = _feed(np.random.default_rng(5), 9)
+    want = one.run(feed)
+    base = _tasks()
+    m = mod.load(threads=3)
+    assert _tasks() == base + 2
+    for b in (9, 4, 2, 9):                 # 3, 2, 1 (no split) and 3 slices
+        rows = {k: v[:b] for k, v in feed.items()}
+        for g, w in zip(m.run(rows), one.run(rows)):
+            assert np.array_equal(g, w)
+        assert _tasks() == base + 2
+    m.set_threads(2)
+    assert _tasks() == base + 1
+    assert all(np.array_equal(g, w) for g, w in zip(m.run(feed), want))
+    m.set_threads(1)
+    assert _tasks() == base
+    m.set_threads(4)
+    assert _tasks() == base + 3
+    m.close()
+    assert _tasks() == base
+    one.close()

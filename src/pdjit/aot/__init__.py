@@ -69,7 +69,8 @@ is not the batch) come back through the library's buffers, copied.
 
 Threads: no ``prange`` in the artifact (plans are built on one thread). ``--threads N``
 (``load(threads=N)``, ``pdjit_model_set_threads``) splits a run's batch into ``min(N, B // 2)``
-slices on pthreads, one arena per thread per instance (OpenBLAS set to one thread: the slices
+slices on pthreads (started with the instance and parked between runs: a run wakes them, no
+thread start-up per run), one arena per thread per instance (OpenBLAS set to one thread: the slices
 are the threads), when ``pdjit.aot.batch_split`` shows every output row depends only on the
 same input rows; else the build names the op that mixes
 rows and the N threads go to OpenBLAS (process-wide; ``pdjit_set_blas_threads``; in a process
