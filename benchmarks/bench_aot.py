@@ -1,7 +1,7 @@
 """A corpus model compiled ahead of time (``pdjit.aot``) against pdjit's JIT and ONNX Runtime.
 
     python benchmarks/bench_aot.py [--model lenet|mobilenet|...] [--repeat N] [--rounds R]
-                                   [--threads N]
+                                   [--threads N] [--processes P]
 
 The corpus model (default LeNet: ``tests/fixtures/paddle/models/lenet``, saved by PaddlePaddle;
 ``mobilenet`` is the MobileNet-like one, [B, 3, 32, 32]) is compiled
@@ -14,10 +14,16 @@ into an artifact directory (build time reported), and exported to ONNX
    --startup``: the cache was filled by a run just before); ONNX Runtime (import, session,
    first run), 1 intra-op thread.
 2. Latency at batch 1 and 64: each engine in its own process (libraries in one process disturb
-   each other, see bench_cnn.py), ``--repeat`` timed calls after warm-up, median ms. pdjit's
-   predictor at its defaults; the artifact through its Python loader (ctypes, an output copy);
-   ONNX Runtime with 1 intra-op thread; and the artifact through C (a small C program timing
-   ``pdjit_model_run``). Outputs are checked against pdjit's predictor.
+   each other, see bench_cnn.py), ``--repeat`` timed calls after warm-up, median and min ms.
+   pdjit's predictor at its defaults; the artifact through its Python loader (``model.run``:
+   ctypes, the library writing the outputs into the arrays it returns); ONNX Runtime with 1
+   intra-op thread; and the artifact through C (a small C program timing ``pdjit_model_run``).
+   Outputs are checked against pdjit's predictor.
+3. ``--processes P`` (> 1): the C timing again in P processes at each batch, each process's min,
+   median and median thread CPU time. A process whose median is far above its min while its
+   CPU time stays near the min was preempted (another process on the core); one whose CPU time
+   rose with it ran slower on the core (caches shared with a neighbour, or the addresses its
+   arrays got): the spread says whether a slow run is the artifact's or the machine's.
 
 ``--threads N`` (default 1): every contender's thread count in the latency runs: the artifact
 built with ``--threads N``, ONNX Runtime's intra-op threads, pdjit's loop threads, and
@@ -62,6 +68,11 @@ BENCH_C = r"""
 #include <stdlib.h>
 #include <time.h>
 #include "model.h"
+static double now(clockid_t c) {
+    struct timespec t;
+    clock_gettime(c, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
+}
 static int cmp(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -84,16 +95,17 @@ int main(int argc, char **argv) {
     for (int64_t k = 0; k < count; k++) x[k] = (float)((k * 7919) % 2001) / 1000.f - 1.f;
     const void *data[1] = {x};
     int dtypes[1] = {PDJIT_FLOAT32}, ndims[1] = {nd};
-    double *t = malloc(sizeof(double) * repeat);
+    double *t = malloc(sizeof(double) * repeat), *c = malloc(sizeof(double) * repeat);
     for (int i = 0; i < 5 + repeat; i++) {
-        struct timespec a, b;
-        clock_gettime(CLOCK_MONOTONIC, &a);
+        double a = now(CLOCK_MONOTONIC), ac = now(CLOCK_THREAD_CPUTIME_ID);
         if (pdjit_model_run(m, 1, data, dtypes, ndims, shapes)) return 1;
-        clock_gettime(CLOCK_MONOTONIC, &b);
-        if (i >= 5) t[i - 5] = (b.tv_sec - a.tv_sec) * 1e3 + (b.tv_nsec - a.tv_nsec) * 1e-6;
+        double b = now(CLOCK_MONOTONIC), bc = now(CLOCK_THREAD_CPUTIME_ID);
+        if (i >= 5) { t[i - 5] = b - a; c[i - 5] = bc - ac; }
     }
     qsort(t, repeat, sizeof(double), cmp);
-    printf("{\"median_ms\": %.6f}\n", t[repeat / 2]);
+    qsort(c, repeat, sizeof(double), cmp);
+    printf("{\"median_ms\": %.6f, \"min_ms\": %.6f, \"cpu_median_ms\": %.6f}\n",
+           t[repeat / 2], t[0], c[repeat / 2]);
     return 0;
 }
 """
@@ -142,7 +154,7 @@ def child(engine: str, batch: int, repeat: int, tmp: str) -> None:
         fn()
         times.append(time.perf_counter() - t)
     np.save(os.path.join(tmp, f"out_{engine.replace(' ', '_')}_{batch}.npy"), out)
-    print(json.dumps({"median_ms": statistics.median(times) * 1e3}))
+    print(json.dumps({"median_ms": statistics.median(times) * 1e3, "min_ms": min(times) * 1e3}))
 
 
 def main() -> None:
@@ -151,6 +163,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--processes", type=int, default=1)
     ap.add_argument("--child", nargs=4, metavar=("ENGINE", "BATCH", "REPEAT", "TMP"))
     args = ap.parse_args()
     if args.child:
@@ -204,27 +217,38 @@ def main() -> None:
         env = dict(os.environ, BENCH_THREADS=str(args.threads),
                    OPENBLAS_NUM_THREADS=str(args.threads),
                    PDJIT_NUM_THREADS=str(args.threads))
+        def c_timing(batch, rep):
+            return json.loads(subprocess.run(
+                [os.path.join(art, "bench_c"), str(batch), str(rep), str(args.threads)],
+                capture_output=True, text=True, check=True, env=env).stdout)
+
         for batch in (1, 64):
             res = {}
             rep = args.repeat if batch == 1 else max(args.repeat // 4, 10)
-            res["aot through C"] = json.loads(subprocess.run(
-                [os.path.join(art, "bench_c"), str(batch), str(rep), str(args.threads)],
-                capture_output=True, text=True, check=True, env=env).stdout)["median_ms"]
+            res["aot through C"] = c_timing(batch, rep)
             for engine in ("pdjit JIT", "aot loader", "onnxruntime"):
                 out = subprocess.run([sys.executable, __file__, "--child", engine, str(batch),
                                       str(rep), tmp], capture_output=True, text=True,
                                      check=True, env=env).stdout
-                res[engine] = json.loads(out.strip().splitlines()[-1])["median_ms"]
+                res[engine] = json.loads(out.strip().splitlines()[-1])
             ref = np.load(os.path.join(tmp, f"out_pdjit_JIT_{batch}.npy"))
             for engine in ("aot_loader", "onnxruntime"):
                 got = np.load(os.path.join(tmp, f"out_{engine}_{batch}.npy"))
                 assert np.allclose(got, ref, rtol=1e-4, atol=1e-5), engine
             print(f"\n## latency, {args.model} batch {batch}, {args.threads} thread(s) "
-                  "(median ms, own process each)")
-            print("| contender | median ms | vs pdjit JIT | vs onnxruntime |\n|---|---|---|---|")
+                  f"({rep} runs, own process each)")
+            print("| contender | median ms | min ms | vs pdjit JIT | vs onnxruntime |\n"
+                  "|---|---|---|---|---|")
+            jit_ms, ort_ms = res["pdjit JIT"]["median_ms"], res["onnxruntime"]["median_ms"]
             for k, v in sorted(res.items(), key=lambda kv: kv[0] != "pdjit JIT"):
-                print(f"| {k} | {v:.4f} | {v / res['pdjit JIT']:.2f}x | "
-                      f"{v / res['onnxruntime']:.2f}x |")
+                print(f"| {k} | {v['median_ms']:.4f} | {v['min_ms']:.4f} | "
+                      f"{v['median_ms'] / jit_ms:.2f}x | {v['median_ms'] / ort_ms:.2f}x |")
+            if args.processes > 1:
+                runs = [c_timing(batch, rep) for _ in range(args.processes)]
+                print(f"\nthe artifact through C in {args.processes} processes (ms): "
+                      "min / median / median CPU time")
+                print(", ".join(f"{r['min_ms']:.4f} / {r['median_ms']:.4f} / "
+                                f"{r['cpu_median_ms']:.4f}" for r in runs))
 
 
 if __name__ == "__main__":
