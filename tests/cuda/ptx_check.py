@@ -3,9 +3,12 @@
 Numba argument types)]`` of the generated kernels a test session launched; the library
 kernels of ``pdjit.codegen.cuda_lib`` are compiled with their own signatures."""
 import json
+import os
 import pickle
 import sys
+import tempfile
 import time
+import types
 
 
 def main(path: str) -> dict:
@@ -26,6 +29,22 @@ def main(path: str) -> dict:
         ns: dict = {}
         exec(compile(text, "<pdjit cuda kernel>", "exec"), ns)  # noqa: S102
         jobs.append((ns["kernel"].py_func, sig))
+    # each module from a file (as pdjit's compile cache holds them): its kernel has numba-cuda's
+    # disk cache (what a second process on a GPU loads instead of compiling)
+    cached, tmp = 0, tempfile.mkdtemp()
+    for k, (text, _) in enumerate(records):
+        name = f"pdjit_ptx_check_{k}"
+        path = os.path.join(tmp, name + ".py")
+        with open(path, "w") as f:
+            f.write(text)
+        mod = types.ModuleType(name)
+        mod.__file__ = path
+        sys.modules[name] = mod
+        exec(compile(text, path, "exec"), mod.__dict__)  # noqa: S102
+        cached += type(getattr(mod.kernel, "_cache", None)).__name__ == "CUDACache"
+    lib_cached = all(type(getattr(k, "_cache", None)).__name__ == "CUDACache" for k in (
+        cuda_lib._fill, cuda_lib._softmax_rows, cuda_lib._softmax_xent_rows,
+        cuda_lib._check_labels))
     f32, f64, i64 = t.float32, t.float64, t.int64
     for ft in (f32, f64):
         a2 = t.Array(ft, 2, "A")
@@ -53,7 +72,8 @@ def main(path: str) -> dict:
                 failures.append(f"{fn.__name__}{sig} cc {cc}: {type(e).__name__}: "
                                 f"{str(e)[:300]}")
     return {"nvvm": True, "kernels": len(jobs), "compiled": 2 * len(jobs) - len(failures),
-            "failures": failures, "seconds": time.perf_counter() - t0}
+            "failures": failures, "seconds": time.perf_counter() - t0,
+            "cached": cached, "records": len(records), "library_cached": lib_cached}
 
 
 if __name__ == "__main__":

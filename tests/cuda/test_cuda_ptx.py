@@ -1,7 +1,9 @@
 """Every kernel the cuda tests generate (and the library kernels) compiles to PTX for compute
 capability 8.0 and 9.0 without a GPU, when NVVM is installed (``numba-cuda[cu13]``); skipped
-with the reason otherwise. The kernels run here on the simulator with their launches recorded;
-a process without the simulator compiles what was recorded."""
+with the reason otherwise. The same process checks that each generated kernel, its module
+loaded from a file, is compiled with numba-cuda's disk cache. The kernels run here on the
+simulator with their launches recorded; a process without the simulator compiles what was
+recorded."""
 import json
 import os
 import pathlib
@@ -78,4 +80,8 @@ def test_generated_kernels_compile_to_ptx(tmp_path):
         pytest.skip(f"no NVVM to compile PTX with: {summary['reason']}")
     assert not summary["failures"], "\n".join(summary["failures"])
     assert summary["compiled"] == 2 * summary["kernels"] >= 2 * (len(records) + 9)
+    # every generated kernel, loaded from its module's file, has numba-cuda's disk cache (a
+    # second process on a GPU loads it; the simulator ignores the cache: not testable here)
+    assert summary["cached"] == summary["records"] == len(records), summary
+    assert summary["library_cached"], summary
     print(f"PTX: {summary['kernels']} kernels x cc 8.0/9.0 in {summary['seconds']:.1f} s")

@@ -199,7 +199,8 @@ _MATH_HASH: list = []
 def module_text(fn_source: str, fn_name: str, header: str) -> str:
     """The generated module of a CUDA kernel: ``np`` and ``_m`` are the device functions of
     ``cuda_math`` (whose text is part of the module's: a change there is a new kernel), the
-    function is a ``cuda.jit`` kernel."""
+    function a ``cuda.jit`` kernel with numba-cuda's disk cache where the module has a file
+    (``cuda_math.kernel``): on a GPU a second process loads it compiled."""
     if not _MATH_HASH:
         import hashlib
         import pathlib
@@ -212,7 +213,7 @@ def module_text(fn_source: str, fn_name: str, header: str) -> str:
         "import math", "", "import numba", "from numba import cuda", "",
         "from pdjit.codegen import cuda_math as _m",
         "from pdjit.codegen.cuda_math import np", "", "",
-        "@cuda.jit", fn_source, ""])
+        "@_m.kernel", fn_source, ""])
 
 
 # ---- call sites --------------------------------------------------------------------------------

@@ -180,3 +180,18 @@ for _name, _fn in (("maximum", maximum), ("minimum", minimum), ("fmax", maximum)
                    ("log1p", log1p), ("tanh", tanh)):
     setattr(np, _name, _fn)
 sys.modules.setdefault(np.__name__, np)
+
+
+def kernel(fn):
+    """A generated kernel as its module compiles it (``@_m.kernel``): ``cuda.jit`` with
+    numba-cuda's disk cache (``cache=True``), so a second process that generates the same
+    module (the same file in pdjit's cache directory, see ``pdjit.codegen.compiler``) loads
+    the compiled kernel instead of compiling it again; the cache is keyed by the module's
+    file, the argument types and the device's compute capability. A module without a file
+    (the disk cache off) compiles without it. The simulator ignores ``cache``."""
+    try:
+        return cuda.jit(fn, cache=True)
+    except RuntimeError as e:  # no file to key the cache on, or nowhere to write it
+        if "cannot cache" not in str(e):
+            raise
+        return cuda.jit(fn)

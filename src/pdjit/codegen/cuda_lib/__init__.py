@@ -7,6 +7,11 @@ to cover the elements, at most :data:`MAX_BLOCKS`), reductions one block per out
 (:func:`blocks`). Under the simulator every thread is a Python thread, so blocks are small and
 few there; the kernels are written for any configuration (grid-stride loops), and the tests
 run them with several iterations per thread.
+
+The module-level kernels are compiled with numba-cuda's disk cache where this file allows it
+(``cuda_math.kernel``); the GEMM kernels are closures over their dtype and tile (one per dtype):
+compiled once per process at their first launch, uncached (a closure's cache entry is keyed by
+its name and argument types, not by the values it closes over).
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import numpy as np
 from numba import cuda
 
 from pdjit.codegen import cpu
+from pdjit.codegen.cuda_math import kernel as _cached
 
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM", "0").strip() not in ("", "0")
 #: threads per block of elementwise and reduction kernels
@@ -70,7 +76,7 @@ def copy(a):
     return d
 
 
-@cuda.jit
+@_cached
 def _fill(a, v):
     i = cuda.grid(1)
     gs = cuda.gridsize(1)
@@ -318,7 +324,7 @@ def _softmax_row(x, out, b, nc):
     return m, s
 
 
-@cuda.jit
+@_cached
 def _softmax_rows(x, out, nr, nc):
     """One thread per row (grid-stride over rows): max, sum of exp, scaled."""
     r = cuda.grid(1)
@@ -334,7 +340,7 @@ def softmax_rows(x, out, nr: int, nc: int) -> None:
         _softmax_rows[grid(nr)](x, out, nr, nc)
 
 
-@cuda.jit
+@_cached
 def _softmax_xent_rows(x, label, sm, loss, nr, nc, ignore_index):
     """Per row: softmax into ``sm`` and ``-log(softmax[label])`` into ``loss`` (0 where the
     label is ``ignore_index``)."""
@@ -351,7 +357,7 @@ def _softmax_xent_rows(x, label, sm, loss, nr, nc, ignore_index):
         r += gs
 
 
-@cuda.jit
+@_cached
 def _check_labels(label, nc, ignore_index, bad):
     i = cuda.grid(1)
     gs = cuda.gridsize(1)
