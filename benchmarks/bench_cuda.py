@@ -11,8 +11,8 @@ inference against ``jax.jit`` on the same GPU.
    at batch 256: ``Executor(CUDAPlace(0)).run`` (feeds copied in, the loss copied out) vs a
    ``jax.jit`` step with the same sizes (inputs from host arrays, ``block_until_ready``).
 3. lenet: LeNet-5 inference at batch 64 (conv 6@5x5, pool, conv 16@5x5, pool, fc 120-84-10,
-   softmax) vs ``jax.jit``; the plan's host ops (ops without a cuda lowering yet: conv, pool)
-   are counted and printed, as they decide the number.
+   softmax) vs ``jax.jit``; the plan's host ops (ops without a cuda lowering, if any: conv and
+   pool have device kernels now) are counted and printed, as they would decide the number.
 
 Times: median ms over ``--repeat`` runs after warm-up. Without a GPU (no driver, or the CUDA
 simulator) the script says so and exits with status 2: the numbers need real hardware.
