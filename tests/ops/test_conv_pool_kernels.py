@@ -97,6 +97,12 @@ def np_conv(x, w, stride, pad, groups):
     ((2, 16, 16, 16), (24, 16, 1, 1), 1, 0, 1),
     ((2, 8, 8, 8), (3, 8, 1, 1), 1, 0, 1),
     ((1, 2, 12, 12), (2, 2, 5, 5), 1, 2, 1),
+    # depthwise, stride 1 onto planes as wide as the image (flat offsets), and not
+    ((2, 6, 10, 9), (6, 1, 3, 3), 1, 1, 6),
+    ((1, 3, 7, 7), (3, 1, 5, 5), 1, 2, 3),
+    ((2, 4, 6, 5), (4, 1, 3, 3), 1, 1, 4),
+    ((2, 4, 8, 8), (4, 1, 3, 3), 1, 0, 4),
+    ((2, 4, 9, 8), (4, 1, 3, 3), 2, 1, 4),
 ])
 def test_conv_taps_tiles(dtype, xshape, wshape, stride, pad, groups):
     x = RNG.standard_normal(xshape).astype(dtype)
@@ -106,3 +112,18 @@ def test_conv_taps_tiles(dtype, xshape, wshape, stride, pad, groups):
     check_output("conv2d", {"Input": x, "Filter": w},
                  dict(strides=[stride, stride], paddings=[pad, pad], groups=groups,
                       dilations=[1, 1]), {"Output": want.astype(dtype)}, rtol=rtol, atol=atol)
+
+
+def test_depthwise_border_sees_no_other_row():
+    """The flat depthwise path reads each plane at one offset per tap: a pixel past a row's
+    end must read the zero padding, not the next row's first pixel (an inf there would make
+    the far border inf or NaN)."""
+    x = RNG.standard_normal((1, 2, 5, 6))
+    x[0, 0, 2, 0] = np.inf   # first column
+    x[0, 1, 3, 5] = -np.inf  # last column
+    w = RNG.uniform(0.5, 1.5, (2, 1, 3, 3))
+    y = np.empty((1, 2, 5, 6))
+    nnlib.conv2d_fwd(x, w, y, 1, 1, 1, 1, 1, 1, 2)
+    want = np_conv(x, w, 1, 1, 2)
+    np.testing.assert_allclose(y, want, rtol=1e-12, atol=1e-12)
+    assert np.isfinite(y[0, 0, :, 2:]).all() and np.isfinite(y[0, 1, :, :4]).all()

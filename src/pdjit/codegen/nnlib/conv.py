@@ -16,12 +16,13 @@ KH * KW, OH * OW]`` per group, "im2col") and multiplied by the filter with BLAS;
 one input channel per group and few output channels (depthwise) runs as direct loops instead,
 where a product of such thin matrices would cost more than it computes. The forward pass of a
 filter with few output channels per group over a plane of many outputs skips both im2col and
-BLAS: a Numba kernel reads the image through a table of tap offsets (:func:`_rows4`, see
-:func:`_fwd_range` and :func:`_use_taps`). The input gradient of a stride-1 convolution is
-that forward pass over ``dy`` with the flipped, transposed filter where it takes the taps or
-the direct loops (:func:`by_forward`), and the filter gradient over planes of many outputs
-reads the same taps planes (:func:`_dots44`). Batches of several samples run on threads when
-large (the kernels release the GIL; in a native loop's compiled driver, on its own thread).
+BLAS: a Numba kernel reads the image through a table of tap offsets, in register-blocked
+tiles (:mod:`pdjit.codegen.nnlib.tile`; see :func:`_fwd_range`, :func:`_use_taps`). The input
+gradient of a stride-1 convolution is that forward pass over ``dy`` with the flipped,
+transposed filter where it takes the taps or the direct loops (:func:`by_forward`), and the
+filter gradient over planes of many outputs reads the same taps planes (:func:`_dots44`).
+Batches of several samples run on threads when large (the kernels release the GIL; in a
+native loop's compiled driver, on its own thread).
 """
 import numba
 import numpy as np
@@ -150,7 +151,14 @@ def _phase_planes(xf, xb, h_, w_, xs, sh, sw, hq, wq, pt, pl, zero):
                         xs[base + U(t_lo) + t] = xf[src + t * U(sw)]
 
 
-@jit
+#: the direct and taps kernels' Numba options: a library kernel's, with fastmath "contract" so
+#: that ``a * b + c`` is one fused multiply-add (as in BLAS); nothing is reassociated: every
+#: output sums its products in the filter's order (the depthwise 3x3 pass: 2x faster, its
+#: 17 vector operations per 16 outputs become 9)
+_fma_jit = numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})
+
+
+@_fma_jit
 def _direct_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
     """``y[n] = conv(x[n], w)`` for the samples ``n0..n1`` by direct loops (one input channel
     per group: a product of such thin matrices costs more than it computes).
@@ -159,7 +167,8 @@ def _direct_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
     ``(i, j)`` of output ``(oh, k)`` reads one plane at ``oh * wq + k`` plus a fixed offset, so
     every tap is one long contiguous loop over the whole plane (rows of ``wq`` columns, the
     extra ones dropped on the way out), and a 3x3 filter's nine taps are one pass (4x the
-    per-row loops of small planes, measured)."""
+    per-row loops of small planes, measured). Stride 1 onto planes as wide as the image reads
+    copies of the plane instead, with no padded rows (see ``flat`` below)."""
     h_, w_ = x.shape[2], x.shape[3]
     m_, cg, kh_, kw_ = w.shape
     oh_, ow_ = y.shape[2], y.shape[3]
@@ -167,18 +176,52 @@ def _direct_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
     xf = x.reshape(x.size)
     yf = y.reshape(y.size)
     wf = w.reshape(w.size)
-    hq = oh_ + ((kh_ - 1) * dh) // sh
-    wq = ow_ + ((kw_ - 1) * dw) // sw
-    xs = np.empty(sh * sw * hq * wq, x.dtype)
+    # stride 1 onto planes as wide as the image ("same" width): no padded rows at all. Output
+    # p = oh * W + k reads x at p + (i*dh - pt) * W + (j*dw - pl): one flat offset per tap,
+    # into a copy of the plane per filter column, between zero margins (the rows above and
+    # below) and with the columns that tap column would reach across a row's end zeroed.
+    # (The padded planes took a short loop per row in and out: 2.3x the time on MobileNet's
+    # 16x16 depthwise layer, measured.)
+    flat = sh == 1 and sw == 1 and ow_ == w_ and pt >= 0 and pl >= 0
+    hw = h_ * w_
+    lead = pt * w_ + pl
+    reach = ((kh_ - 1) * dh - pt) * w_ + (kw_ - 1) * dw - pl
+    per = lead + max(hw, oh_ * w_ + reach)  # one column's copy with its margins
+    zero = x.dtype.type(0)
+    if flat:
+        hq, wq = oh_, w_
+        xs = np.zeros(kw_ * per, x.dtype)
+        # keep[j * hw + q]: whether filter column j's copy keeps pixel q: not in the columns
+        # that column reaches only across a row's end (one select per pixel: a loop per row
+        # zeroing them cost as much as the nine taps)
+        keep = np.empty(kw_ * hw, np.bool_)
+        for j in range(kw_):  # by a column counter: a loop the vectoriser leaves alone
+            e = j * dw - pl
+            col = 0
+            for q in range(j * hw, (j + 1) * hw):
+                keep[q] = 0 <= col - e < w_  # (col - e: the output column reading pixel q)
+                col += 1
+                if col == w_:
+                    col = 0
+    else:
+        keep = np.empty(0, np.bool_)
+        hq = oh_ + ((kh_ - 1) * dh) // sh
+        wq = ow_ + ((kw_ - 1) * dw) // sw
+        xs = np.empty(sh * sw * hq * wq, x.dtype)
     # tap (i, j) reads plane ((i*dh) % sh, (j*dw) % sw) at row oh + (i*dh) // sh and column
     # k + (j*dw) // sw: flat offset tap[i * kw + j] + oh * wq + k
     tap = np.empty(kh_ * kw_, np.uint64)
     for i in range(kh_):
         for j in range(kw_):
-            plane = ((i * dh) % sh) * sw + (j * dw) % sw
-            tap[i * kw_ + j] = U((plane * hq + (i * dh) // sh) * wq + (j * dw) // sw)
+            if flat:
+                tap[i * kw_ + j] = U(j * per + lead + (i * dh - pt) * w_ + j * dw - pl)
+            else:
+                plane = ((i * dh) % sh) * sw + (j * dw) % sw
+                tap[i * kw_ + j] = U((plane * hq + (i * dh) // sh) * wq + (j * dw) // sw)
     span = U((oh_ - 1) * wq + ow_) if oh_ > 0 and ow_ > 0 else U(0)
-    acc = np.empty(span, x.dtype)
+    into = wq == ow_ and cg == 1
+    acc = np.empty(U(0) if into else span, x.dtype)
+    buf = yf if into else acc
     nine = kh_ * kw_ == 9
     first = True
     for n in range(n0, n1):
@@ -186,10 +229,18 @@ def _direct_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
             g = m // mg
             yb = (n * m_ + m) * oh_ * ow_
             for c in range(cg):
-                _phase_planes(xf, (n * x.shape[1] + g * cg + c) * h_ * w_, h_, w_, xs, sh, sw,
-                              hq, wq, pt, pl, first)
+                xb = (n * x.shape[1] + g * cg + c) * hw
+                if flat:
+                    for j in range(kw_):
+                        d, kb = U(j * per + lead), U(j * hw)
+                        for q in range(U(hw)):
+                            xs[d + q] = xf[U(xb) + q] if keep[kb + q] else zero
+                else:
+                    _phase_planes(xf, xb, h_, w_, xs, sh, sw, hq, wq, pt, pl, first)
                 first = False
                 wb = (m * cg + c) * kh_ * kw_
+                # straight into the output where its rows are the span's
+                o = U(yb) if into else U(0)
                 if nine:
                     a0, a1, a2 = wf[wb], wf[wb + 1], wf[wb + 2]
                     b0, b1, b2 = wf[wb + 3], wf[wb + 4], wf[wb + 5]
@@ -197,25 +248,26 @@ def _direct_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
                     t0, t1, t2, t3, t4 = tap[0], tap[1], tap[2], tap[3], tap[4]
                     t5, t6, t7, t8 = tap[5], tap[6], tap[7], tap[8]
                     for q in range(span):
-                        acc[q] = (a0 * xs[t0 + q] + a1 * xs[t1 + q] + a2 * xs[t2 + q]
-                                  + b0 * xs[t3 + q] + b1 * xs[t4 + q] + b2 * xs[t5 + q]
-                                  + c0 * xs[t6 + q] + c1 * xs[t7 + q] + c2 * xs[t8 + q])
+                        buf[o + q] = (a0 * xs[t0 + q] + a1 * xs[t1 + q] + a2 * xs[t2 + q]
+                                      + b0 * xs[t3 + q] + b1 * xs[t4 + q] + b2 * xs[t5 + q]
+                                      + c0 * xs[t6 + q] + c1 * xs[t7 + q] + c2 * xs[t8 + q])
                 else:
                     for q in range(span):
-                        acc[q] = 0
+                        buf[o + q] = 0
                     for t in range(kh_ * kw_):
                         wv = wf[wb + t]
                         s = tap[t]
                         for q in range(span):
-                            acc[q] += wv * xs[s + q]
-                for oh in range(oh_):
+                            buf[o + q] += wv * xs[s + q]
+                for oh in range(0 if into else oh_ if wq != ow_ else 1):  # rows of their own
                     dst = U(yb + oh * ow_)
                     src = U(oh * wq)
+                    size = U(ow_ if wq != ow_ else span)
                     if c == 0:
-                        for k in range(U(ow_)):
+                        for k in range(size):
                             yf[dst + k] = acc[src + k]
                     else:
-                        for k in range(U(ow_)):
+                        for k in range(size):
                             yf[dst + k] += acc[src + k]
 
 
@@ -265,9 +317,9 @@ _tile64, _tile61 = tile_kernel(6, 4), tile_kernel(6, 1)
 
 @jit
 def _aliases(stride, itemsize) -> bool:
-    """Whether rows ``stride`` elements apart, written together by :func:`_rows4`, sit near a
-    multiple of 4 KiB apart (such stores and loads stall each other: a [16, 144] x [144, 1024]
-    product ran at 23 GMAC/s with rows 1024 float32 apart and at 53 with 1152)."""
+    """Whether rows ``stride`` elements apart, written together (the taps path's tiles), sit
+    near a multiple of 4 KiB apart (such stores and loads stall each other: a [16, 144] x
+    [144, 1024] product ran at 23 GMAC/s with rows 1024 float32 apart and at 53 with 1152)."""
     for j in range(1, 4):
         d = j * stride * itemsize
         if d >= 4096 and (d % 4096 < 512 or d % 4096 > 4096 - 512):
@@ -309,7 +361,7 @@ def _tap_offsets(tap, k_, zero, kw_, kh_, sh, dh, pp, ow_):
 
 @jit
 def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
-    """``y[n] = conv(x[n], w)`` for the samples ``n0..n1``: by taps (:func:`_rows4`) where
+    """``y[n] = conv(x[n], w)`` for the samples ``n0..n1``: by taps (tiles of :mod:`.tile`) where
     :func:`_use_taps` says so, else by im2col of blocks of samples and one BLAS product per
     block and group.
 

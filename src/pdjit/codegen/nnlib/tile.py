@@ -6,16 +6,16 @@
     df[d0 + r * ds + q0 + q] = sum over k < kk of wf[w0 + r * wk + k] * xs[xb + tap[k] + q0 + q]
 
 for ``r < MR`` and ``q < NV * lanes``. The ``MR * NV`` sums stay in vector registers over all
-``kk`` taps and are stored once, where :func:`conv._rows4` loads and stores its partial sums
-every four taps; each tap loads ``NV`` vectors of inputs and broadcasts ``MR`` weights. Every
-output sums its products in tap order, each a fused multiply-add (as ``_rows4`` with its
-"contract" fast-math flag does: the same values).
+``kk`` taps and are stored once, where the kernel it replaced (``_rows4``) loaded and stored
+its partial sums every four taps; each tap loads ``NV`` vectors of inputs and broadcasts
+``MR`` weights. Every output sums its products in tap order, each a fused multiply-add (as
+``_rows4`` with its "contract" fast-math flag did: the same values).
 
 Written as LLVM IR (a Numba intrinsic) with explicit vector types: Numba's loop vectoriser
 keeps no accumulator of a loop over taps in registers (the sums live in the output array,
 which might alias the inputs), and scalar accumulators for the SLP vectoriser to pack took
 seconds to compile. The IR has no loop to vectorise, so it compiles in a fraction of the time
-of ``_rows4``. The offsets are signed 64-bit element offsets that the caller keeps in bounds
+``_rows4`` took. The offsets are signed 64-bit element offsets that the caller keeps in bounds
 (no checks here: the caller sizes ``xs``, ``df`` and ``tap``).
 """
 import llvmlite.ir as ir
