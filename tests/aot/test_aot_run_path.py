@@ -200,3 +200,22 @@ def test_split_threads_started_once_and_parked(arts):
     m.close()
     assert _tasks() == base
     one.close()
+
+
+def test_outputs_of_many_runs_stay_their_own(arts):
+    """Small outputs are rows of blocks the loader allocates for 64 runs: the arrays of 70 runs
+    (two blocks) are each their own memory and keep their values; an output over 1 KiB is an
+    array of its own."""
+    model, mod = arts["two"]
+    m = mod.load(threads=1)
+    rng = np.random.default_rng(6)
+    feeds = [_feed(rng, 2) for _ in range(70)] + [_feed(rng, 200)]
+    refs = _jit(model, feeds)
+    kept = [m.run(f) for f in feeds]
+    for got, ref in zip(kept, refs):
+        for g, r in zip(got, ref):
+            assert g.shape == r.shape and np.array_equal(g, r)
+    for i in range(3):
+        outs = [k[i] for k in kept]
+        assert not any(np.shares_memory(a, b) for a, b in zip(outs, outs[1:]))
+    assert kept[-1][0].nbytes > 1024 and kept[-1][0].base is None

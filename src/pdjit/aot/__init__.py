@@ -64,8 +64,10 @@ instance's own buffers, which ``pdjit_model_output`` then names). The loader use
 fills the arguments prepared at ``load`` (ctypes arrays; dims rewritten only when an input's
 shape or dtype changes; the run function called without ctypes argument conversion), and the
 library writes the outputs into new arrays of the shapes the declared ones give for the
-batch, or into the caller's (``run(feed, out=[...])``); outputs of other shapes (a ``-1`` that
-is not the batch) come back through the library's buffers, copied.
+batch (outputs of up to 1 KiB: rows of a block allocated for 64 runs, whose addresses are known
+without a buffer export each run), or into the caller's (``run(feed, out=[...])``); outputs
+of other shapes (a ``-1`` that is not the batch) come back through the library's buffers,
+copied.
 
 Threads: no ``prange`` in the artifact (plans are built on one thread). ``--threads N``
 (``load(threads=N)``, ``pdjit_model_set_threads``) splits a run's batch into ``min(N, B // 2)``

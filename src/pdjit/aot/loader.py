@@ -80,6 +80,45 @@ def _address(a):
         return a.ctypes.data
 
 
+class _Plan:
+    """The outputs of runs on inputs of one set of shapes: their ``shapes`` and ``dtypes``,
+    dims ``flat``, sizes (``nbytes``, as the library takes them). Small outputs (1 byte to
+    1 KiB each, rank >= 1) are rows of blocks of 64 runs (``take``: one run's arrays and
+    addresses; a returned array is a view of its block, which lives while one of its rows
+    does): a row's address is arithmetic, where a new array's costs a buffer export."""
+
+    ROWS = 64
+
+    def __init__(self, shapes, dtypes):
+        self.shapes, self.dtypes = shapes, dtypes
+        self.flat = [d for s in shapes for d in s]
+        self.sizes = [int(np.prod(s, dtype=np.int64)) * dt.itemsize
+                      for s, dt in zip(shapes, dtypes)]
+        self.nbytes = (ctypes.c_int64 * max(len(shapes), 1))(*self.sizes)
+        self.rows = self.ROWS if all(0 < n <= 1024 and len(s) for n, s in
+                                     zip(self.sizes, shapes)) else 0
+        self.k = self.rows
+        self.blocks, self.bases = [], []
+
+    def take(self, optr):
+        """New output arrays, their addresses written into ``optr``."""
+        if not self.rows:
+            outs = [np.empty(s, dt) for s, dt in zip(self.shapes, self.dtypes)]
+            for i, o in enumerate(outs):
+                optr[i] = _address(o)
+            return outs
+        if self.k == self.rows:
+            self.blocks = [np.empty((self.rows,) + s, dt)
+                           for s, dt in zip(self.shapes, self.dtypes)]
+            self.bases = [_address(b) for b in self.blocks]
+            self.k = 0
+        k = self.k
+        self.k = k + 1
+        for i, b in enumerate(self.bases):
+            optr[i] = b + k * self.sizes[i]
+        return [b[k] for b in self.blocks]
+
+
 class ModelError(RuntimeError):
     """A call into the library failed: ``code`` is its status, the message says why."""
 
@@ -189,7 +228,8 @@ class Model:
 
     def run(self, feed, out=None):
         """The outputs (in ``output_names`` order) for ``feed``, a dict by input name (or a list
-        in ``input_names`` order): new arrays the library writes into, or the arrays of ``out``
+        in ``input_names`` order): new arrays the library writes into (an output of up to 1 KiB
+        is a view of a block shared by 64 runs' outputs), or the arrays of ``out``
         (one C-contiguous, writeable array per output, of its dtype and of the shape this run
         gives it, not sharing memory with an input; returned as they are). One thread at a
         time per instance: a call from another thread waits for the running one."""
@@ -198,6 +238,11 @@ class Model:
 
     def _arrays(self, feed):
         names = self.input_names
+        if type(feed) is dict and len(feed) == len(names) == 1:
+            try:
+                return [feed[names[0]]]
+            except KeyError:
+                pass
         if isinstance(feed, dict):
             if len(feed) == len(names):
                 try:
@@ -223,11 +268,8 @@ class Model:
             for d, want in zip(shape, decl):
                 if want < 0 and d > batch:
                     batch = d
-        shapes = [tuple(batch if d < 0 else d for d in s) for s in self.output_shapes]
-        flat = [d for s in shapes for d in s]
-        nbytes = [int(np.prod(s, dtype=np.int64)) * dt.itemsize
-                  for s, dt in zip(shapes, self.output_dtypes)]
-        plan = (list(zip(shapes, self.output_dtypes)), flat, (ctypes.c_int64 * self._nout)(*nbytes))
+        plan = _Plan([tuple(batch if d < 0 else d for d in s) for s in self.output_shapes],
+                     self.output_dtypes)
         self._plans[key] = plan
         return plan
 
@@ -241,7 +283,7 @@ class Model:
                                 + (f" of {len(out)}" if isinstance(out, (list, tuple)) else ""))
         for i, o in enumerate(out):
             dt = self.output_dtypes[i]
-            want = None if plan is None else plan[0][i][0]
+            want = None if plan is None else plan.shapes[i]
             if type(o) is np.ndarray and o.dtype == dt and o.flags.c_contiguous and \
                     o.flags.writeable and (want is None or o.shape == want):
                 continue
@@ -254,7 +296,7 @@ class Model:
                                 f"{want if want is not None else self.output_shapes[i]}, "
                                 f"got {got}")
         if plan is not None:
-            return plan[2]
+            return plan.nbytes
         return (ctypes.c_int64 * self._nout)(*[o.nbytes for o in out])
 
     def _run(self, feed, out):
@@ -280,7 +322,7 @@ class Model:
             key = tuple(last)
             plans = self._plans
             plan = self._cur = plans[key] if key in plans else self._plan(key)
-        nbytes = None if plan is None else plan[2]
+        lib, h, optr, odims = self._lib, self._h, self._optr, self._odims
         if out is not None:
             nbytes = self._outputs(out, plan)
             outs = list(out)
@@ -288,15 +330,14 @@ class Model:
                 for o in outs:
                     if np.may_share_memory(a, o):
                         raise ModelError(4, "out: an output array shares memory with an input")
-        elif plan is not None:
-            outs = [np.empty(s, dt) for s, dt in plan[0]]
-        else:
-            outs = None
-        lib, h, optr, odims = self._lib, self._h, self._optr, self._odims
-        # the prepared arrays as they are: no argtypes conversion (h is a c_void_p)
-        if outs is not None:
             for i, o in enumerate(outs):
                 optr[i] = _address(o)
+        elif plan is not None:
+            outs, nbytes = plan.take(optr), plan.nbytes
+        else:
+            outs = None
+        # the prepared arrays as they are: no argtypes conversion (h is a c_void_p)
+        if outs is not None:
             rc = self._run_into(h, n, data, self._codes, self._ndims, self._shapes, self._nout,
                                 optr, nbytes, odims)
         else:
@@ -304,7 +345,7 @@ class Model:
                                 None, None, odims)
         if rc != 0:
             raise ModelError(rc, lib.pdjit_model_error(h).decode(errors="replace"))
-        if outs is not None and odims[:self._flat] == (plan[1] if out is None else
+        if outs is not None and odims[:self._flat] == (plan.flat if out is None else
                                                        [d for o in outs for d in o.shape]):
             return outs   # the library wrote them in place
         if out is not None:
