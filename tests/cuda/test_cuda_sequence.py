@@ -152,6 +152,7 @@ def _train(place, pooltype):
     exe = fluid.Executor(place, strict=True)
     exe.run(startup, scope=scope)
     device.reset_transfers()
+    device.forget_offsets()
     losses = [exe.run(main, feed={"x": x, "y": y}, fetch_list=[loss], scope=scope)[0]
               for x, y in _feeds()]
     params = {n: np.asarray(scope.find_var(n).get_tensor())
@@ -172,14 +173,19 @@ def test_lod_model_trains_like_the_cpu_with_offsets_on_the_device(pooltype):
              for s in plan.walk()]
     assert [type(s).__name__ for s in steps] == ["DeviceStep"], [s.describe() for s in steps]
     assert assert_native(exe) >= 1
-    # per run: x, its offsets and y in, the loss out; the offsets once per fed LoD
-    assert (t["h2d"], t["d2h"]) == (3 * 3, 3), t
-    # the same LoDTensor fed again: its offsets' device copy serves (no copy of them)
+    # per run: x and y in, the loss out; the offsets once: each run's new LoDTensor has the
+    # same sequence lengths, whose device copy serves (never copied back)
+    assert (t["h2d"], t["d2h"]) == (3 * 2 + 1, 3), t
+    # the same LoDTensor fed again: no copy of its offsets
     x, y = _feeds()[0]
-    exe.run(main, feed={"x": x, "y": y}, fetch_list=[loss], scope=scope)
     device.reset_transfers()
     exe.run(main, feed={"x": x, "y": y}, fetch_list=[loss], scope=scope)
     assert (device.transfers()["h2d"], device.transfers()["d2h"]) == (2, 1), device.transfers()
+    # other sequence lengths: their offsets are copied in once with the feed
+    x2 = fluid.create_lod_tensor(np.asarray(x), [[1, 1, 3, 1]], fluid.CPUPlace())
+    device.reset_transfers()
+    exe.run(main, feed={"x": x2, "y": y}, fetch_list=[loss], scope=scope)
+    assert device.transfers()["h2d"] == 3, device.transfers()
 
 
 def test_a_fetched_lod_value_keeps_its_offsets_and_stays_on_the_device():

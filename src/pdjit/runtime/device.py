@@ -8,8 +8,9 @@ on the device between the steps of a plan and between runs.
 
 LoD offsets go to the device too (:func:`offsets`): once per host offsets array (the LoD of a
 fed LoDTensor, or one a LoD rule made), whose device copy then serves every step and every
-kernel that reads it for as long as the host array lives; so a run with one LoD input copies
-its offsets in once, and a later run fed the same LoDTensor copies nothing.
+kernel that reads it for as long as the host array lives, and once per distinct values among
+recent small offsets; so a run with one LoD input copies its offsets in at most once, and a
+later run fed the same LoDTensor, or one with the same sequence lengths, copies none.
 
 ``numba.cuda`` is imported lazily (only a CUDA plan needs it). Under the CUDA simulator
 (``NUMBA_ENABLE_CUDASIM=1``, set before numba is imported) device arrays are host arrays in
@@ -21,6 +22,7 @@ from __future__ import annotations
 import os
 import threading
 import weakref
+from collections import OrderedDict
 
 import numpy as np
 
@@ -130,23 +132,47 @@ class Offsets:
 
 
 _offsets: dict = {}   # id(host offsets) -> (weak reference to them, Offsets)
+#: offsets up to this many entries are also found by their values (a new LoDTensor fed each run
+#: with the same sequence lengths, a LoD a rule made again): the last CONTENT_CACHE of them
+CONTENT_MAX, CONTENT_CACHE = 4096, 64
+_by_content: OrderedDict = OrderedDict()
 
 
 def offsets(host: np.ndarray) -> Offsets:
     """The :class:`Offsets` of host offsets ``host``: copied to the device (counted) the first
-    time these offsets are asked for, the same device copy afterwards while ``host`` lives."""
+    time these offsets, or offsets of the same values (up to :data:`CONTENT_MAX` entries, among
+    the last :data:`CONTENT_CACHE`), are asked for; the same device copy afterwards (offsets
+    are never written on the device)."""
     key = id(host)
     hit = _offsets.get(key)
     if hit is not None and hit[0]() is host:
         return hit[1]
     h = np.ascontiguousarray(host, dtype=np.int64)
-    off = Offsets(h, to_device(h))
+    values = h.tobytes() if h.size <= CONTENT_MAX else None
+    with _lock:
+        off = _by_content.get(values) if values is not None else None
+        if off is not None:
+            _by_content.move_to_end(values)
+    if off is None:
+        off = Offsets(h, to_device(h))
+        if values is not None:
+            with _lock:
+                _by_content[values] = off
+                while len(_by_content) > CONTENT_CACHE:
+                    _by_content.popitem(last=False)
     try:
         ref = weakref.ref(host, lambda r, k=key, cache=_offsets: _drop(cache, k, r))
     except TypeError:  # not weakly referenceable: not cached
         return off
     _offsets[key] = (ref, off)
     return off
+
+
+def forget_offsets() -> None:
+    """Drop every cached device copy of offsets (the next use copies them again)."""
+    with _lock:
+        _by_content.clear()
+    _offsets.clear()
 
 
 def _drop(cache: dict, key, ref) -> None:
