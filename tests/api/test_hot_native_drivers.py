@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import pdjit as fluid
-from pdjit.framework.errors import FeedError
+from pdjit.framework.errors import AllocationLimitError, FeedError
 from pdjit.runtime import plan as plan_mod
 
 
@@ -160,3 +160,24 @@ def test_feeds_bind_by_the_saved_models_column_order(tmp_path):
     for feed in ({"a": av, "b": bv}, {"b": bv, "a": av}):
         (got,) = exe.run(program, feed=feed, fetch_list=fetches, scope=scope)
         np.testing.assert_allclose(got, av - 3 * bv)
+
+
+def test_a_replaced_parameter_is_checked_against_the_allocation_limit(monkeypatch):
+    """A native step checks its outputs' sizes once per new tuple of its inputs' shapes; a
+    parameter replaced by an array of another shape is checked again (not the memo of the
+    shapes it had)."""
+    monkeypatch.setenv("PDJIT_MAX_ALLOC_BYTES", str(1 << 20))
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        x = fluid.layers.data("x", [6])
+        y = fluid.layers.fc(x, 5, param_attr=fluid.ParamAttr(name="w1"), bias_attr=False)
+    scope, exe = fluid.Scope(), fluid.Executor(native_drivers=False, strict=True)
+    exe.run(startup, scope=scope)
+    xv = np.random.default_rng(4).standard_normal((100, 6)).astype("float32")
+    for _ in range(2):
+        (out,) = exe.run(main, feed={"x": xv}, fetch_list=[y], scope=scope)
+        np.testing.assert_allclose(out, xv @ scope.find_var("w1").value, rtol=1e-5)
+    scope.var("w1").value = np.ones((6, 5000), np.float32)  # the output: 100 x 5000 x 4 B
+    with pytest.raises(AllocationLimitError, match=r"\[100, 5000\].*limit of 1048576 bytes"):
+        exe.run(main, feed={"x": xv}, fetch_list=[y], scope=scope)
+    assert [s.kind for s in _steps(exe, main)] == ["native"]

@@ -113,6 +113,8 @@ class NativeStep:
         self._params = frozenset(params)
         self._checked = [_NOTHING] * len(args)  # (a missing input, None, never matches)
         self._bind = [(n, dt, nd) for n, (dt, nd) in zip(args, expected)]
+        self._varying = [i for i in range(len(args)) if i not in self._params]
+        self._guard_seen: dict = {}
         self._trials: dict = {}            # batch size -> ([host times], [native times])
         self.picked: dict = {}             # batch size -> the driver chosen for it
         self.ops = ops                     # [(op, op_idx)] for the reference fallback
@@ -134,6 +136,7 @@ class NativeStep:
         local, find, get = env.values.get, env.scope.find_var, env.get
         arg_lods = None
         checked = self._checked
+        fresh_param = False  # a parameter that is not the array checked last run
         i = -1
         for name, dtype, ndim in self._bind:
             i += 1
@@ -160,13 +163,23 @@ class NativeStep:
                 return self._fallback(executor, env, run_index, self._reader(name),
                                       f"input {name!r} is {a.dtype} of rank {a.ndim}; the "
                                       f"plan was built for {np.dtype(dtype)} of rank {ndim}")
+            if i in self._params:
+                fresh_param = True
             if not a.flags.c_contiguous or not a.flags.writeable:
                 a = np.array(a, order="C")
             elif i in self._params:
                 checked[i] = a
             append(a)
         if self.guard is not None:  # an output too large for the limit: refused before the call
-            self.guard.check(values)
+            # checked once per new tuple of the other args' shapes while the parameters
+            # stay the arrays they were
+            seen = self._guard_seen
+            if fresh_param or len(seen) > 256:
+                seen.clear()
+            key = tuple([values[j].shape for j in self._varying])
+            if key not in seen:
+                self.guard.check(values)
+                seen[key] = True
         if self.retired is not None:
             return self._fallback(executor, env, run_index, self.ops[0],
                                   f"its native code was given up: {self.retired}")
