@@ -8,6 +8,7 @@ pointer, which says where the outputs of the last run are (the caller's arrays, 
 """
 import ctypes
 import os
+import pathlib
 import shutil
 
 import numpy as np
@@ -219,3 +220,41 @@ def test_outputs_of_many_runs_stay_their_own(arts):
         outs = [k[i] for k in kept]
         assert not any(np.shares_memory(a, b) for a, b in zip(outs, outs[1:]))
     assert kept[-1][0].nbytes > 1024 and kept[-1][0].base is None
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_split_run_in_a_forked_child(arts, tmp_path):
+    """The workers of an instance do not survive fork(): the child's first split run starts its
+    own (it neither waits for the parent's forever nor runs fewer slices); the child's outputs
+    equal the parent's."""
+    import subprocess
+    import sys
+
+    art = pathlib.Path(arts["two"][1].__file__).parent
+    script = tmp_path / "fork.py"
+    script.write_text(f"""
+import os, signal, sys
+import numpy as np
+sys.path.insert(0, {str(art.parent)!r})
+import {art.name} as mod
+rng = np.random.default_rng(7)
+feed = {{"x": rng.standard_normal((8, 4)).astype(np.float32),
+         "ids": rng.integers(0, 10, (8, 3)).astype(np.int64)}}
+m = mod.load(threads=2)
+want = m.run(feed)
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    signal.alarm(20)   # a child waiting for the parent's threads would hang
+    got = m.run(feed)
+    os.write(w, b"same" if all(np.array_equal(a, b) for a, b in zip(got, want)) else b"diff")
+    os._exit(0)
+os.close(w)
+msg = os.read(r, 16).decode()
+_, status = os.waitpid(pid, 0)
+print(msg, status, all(np.array_equal(a, b) for a, b in zip(m.run(feed), want)))
+""")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split() == ["same", "0", "True"], (r.stdout, r.stderr[-2000:])

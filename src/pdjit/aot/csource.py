@@ -510,6 +510,7 @@ typedef struct {
     pthread_cond_t go, done;
     unsigned gen;
     int active, pending, stop, up;
+    unsigned forks;                 /* fork_count when started: another value, a forked child */
     pthread_t tid[MAX_THREADS];
     int started[MAX_THREADS];
 } pdjit_pool;
@@ -799,6 +800,14 @@ static int run_checked(pdjit_model *m, const void *const *data, const int64_t *c
     return fail(m, PDJIT_ERR_NATIVE, "the outputs did not fit their buffers twice");
 }
 
+/* bumped in the child of a fork(): the pool's threads did not come along, start them again */
+static unsigned fork_count;
+static void on_fork_child(void) { fork_count++; }
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+static void atfork_register(void) { pthread_atfork(NULL, NULL, on_fork_child); }
+
+static void pool_start(pdjit_model *m);
+
 static void *run_slice(void *arg) {
     pdjit_slice *j = arg;
     arena_reset(j->arena);
@@ -860,6 +869,7 @@ static int run_split(pdjit_model *m, const void *const *data, const int64_t *con
         start += j->rows;
     }
     pdjit_pool *pool = &m->pool;
+    if (pool->up && pool->forks != fork_count) pool_start(m);   /* a forked child: anew */
     int waiting = 0;
     for (int k = 1; k < n; k++) waiting += pool->started[k];
     if (waiting) {
@@ -1020,6 +1030,8 @@ static void *pool_worker(void *arg) {
 static void pool_start(pdjit_model *m) {
     pdjit_pool *pool = &m->pool;
     memset(pool, 0, sizeof *pool);
+    pthread_once(&atfork_once, atfork_register);
+    pool->forks = fork_count;
     if (pthread_mutex_init(&pool->mu, NULL) != 0) return;
     if (pthread_cond_init(&pool->go, NULL) != 0) {
         pthread_mutex_destroy(&pool->mu);
