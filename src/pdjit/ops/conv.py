@@ -505,10 +505,28 @@ def _filter_body(g: Geometry, T: str, geo, X: str, DY: str, dwt: str, j: str) ->
         f"{dwt}[m_, c_, a_, b_] = acc"]
 
 
+def _tiled(ctx) -> bool:
+    """Whether a device convolution runs as an implicit GEMM (``_cu.conv2d_*``, a tiled
+    shared-memory product with the patch matrix gathered on the fly) or keeps the direct loops
+    (one thread per element computed): the direct loops serve a filter of one channel per group
+    (``Filter.shape[1] == 1``: a depthwise convolution, or a transposed one whose groups each
+    make one output channel). There each output row of the product is a dot of only ``KH*KW``
+    terms (the input gradient has a single row per group): a GEMM tile would be mostly padding
+    and its shared-memory staging cost more than the products it feeds, while a thread per
+    element reads each operand once from the cache."""
+    return ctx.shape("Filter")[1] != 1
+
+
+def _igemm(fn: str, a: str, b: str, out: str, g: Geometry, geo) -> str:
+    """The driver's call of an implicit-GEMM convolution kernel ``_cu.<fn>`` (arguments as in
+    :mod:`pdjit.codegen.cuda_lib.conv`: images in the op's layout, geometry as locals)."""
+    return f"_cu.{fn}({a}, {b}, {out}, {g.nhwc}, {', '.join(geo)})"
+
+
 def _conv_device_lines(ctx, what: str, grad: bool) -> list | None:
-    """A convolution (``grad``: its gradients) on a device target, NCHW or NHWC: one thread
-    per element of the output (image gradient, filter gradient), summing what meets it
-    directly (no workspace)."""
+    """A convolution (``grad``: its gradients) on a device target, NCHW or NHWC: an implicit
+    GEMM (:func:`_tiled`), or one thread per element of the output (image gradient, filter
+    gradient) summing what meets it directly (no workspace)."""
     g = _geometry(ctx.attrs, what)
     X, W = ctx.inp("Input"), ctx.inp("Filter")
     _, _, kh, kw = ctx.shape("Filter")
@@ -523,9 +541,12 @@ def _conv_device_lines(ctx, what: str, grad: bool) -> list | None:
     lines.append(f"_rt.check({W}.ndim == 4 and {W}.shape[0] % {gr} == 0 and "
                  f"{c} == {W}.shape[1] * {gr})")
     i = ctx.tmp("i")
+    tiled = _tiled(ctx)
     if not grad:
         y = ctx.out("Output", shape="(" + ", ".join(g.image(
             n, f"{W}.shape[0]", g.src_conv_out(0, h, kh), g.src_conv_out(1, w, kw))) + ")")
+        if tiled:
+            return lines + [_igemm("conv2d_fwd", X, W, y, g, geo)]
         return lines + ctx.device_loop(i, f"{y}.size", _fwd_body(g, T, geo, X, W, y, i),
                                        before=_conv_sizes(g, X, W, y, gr))
     DY = ctx.inp("Output@GRAD")
@@ -534,13 +555,19 @@ def _conv_device_lines(ctx, what: str, grad: bool) -> list | None:
         f"{got} == {exp}" for got, exp in zip(dims(DY), want)) + f" and {DY}.ndim == 4)")
     if ctx.has_output("Input@GRAD"):
         dx = ctx.out("Input@GRAD", shape=f"{X}.shape")
-        lines += ctx.device_loop(i, f"{dx}.size", _data_body(g, T, geo, DY, W, dx, i),
-                                 before=_conv_sizes(g, X, W, DY, gr))
+        if tiled:
+            lines.append(_igemm("conv2d_bwd_data", DY, W, dx, g, geo))
+        else:
+            lines += ctx.device_loop(i, f"{dx}.size", _data_body(g, T, geo, DY, W, dx, i),
+                                     before=_conv_sizes(g, X, W, DY, gr))
     if ctx.has_output("Filter@GRAD"):
         dwt = ctx.out("Filter@GRAD", shape=f"{W}.shape")
-        j = ctx.tmp("i")
-        lines += ctx.device_loop(j, f"{dwt}.size", _filter_body(g, T, geo, X, DY, dwt, j),
-                                 before=_conv_sizes(g, X, W, DY, gr))
+        if tiled:
+            lines.append(_igemm("conv2d_bwd_filter", X, DY, dwt, g, geo))
+        else:
+            j = ctx.tmp("i")
+            lines += ctx.device_loop(j, f"{dwt}.size", _filter_body(g, T, geo, X, DY, dwt, j),
+                                     before=_conv_sizes(g, X, W, DY, gr))
     return lines
 
 
@@ -707,7 +734,8 @@ def _convt_device_lines(ctx, grad: bool) -> list | None:
     convolution's kernels: its output is the convolution's input gradient (the transposed
     op's Input as the output gradient, Filter [C, M/groups, KH, KW] as the filter); its input
     gradient is the convolution of Output@GRAD; its filter gradient the convolution's, with
-    Output@GRAD as the image and Input as the output gradient. One thread per element."""
+    Output@GRAD as the image and Input as the output gradient. An implicit GEMM where
+    :func:`_tiled`, else one thread per element."""
     what = "conv2d_transpose_grad" if grad else "conv2d_transpose"
     g = _geometry(ctx.attrs, what)
     X, W = ctx.inp("Input"), ctx.inp("Filter")
@@ -725,8 +753,11 @@ def _convt_device_lines(ctx, grad: bool) -> list | None:
     out = (n, f"{W}.shape[1] * {int(ctx.attrs['groups'])}", _t_out_src(ctx, g, X, 0, kh),
            _t_out_src(ctx, g, X, 1, kw))
     i = ctx.tmp("i")
+    tiled = _tiled(ctx)
     if not grad:
         y = ctx.out("Output", shape="(" + ", ".join(g.image(*out)) + ")")
+        if tiled:
+            return lines + [_igemm("conv2d_bwd_data", X, W, y, g, geo)]
         return lines + ctx.device_loop(i, f"{y}.size", _data_body(g, T, geo, X, W, y, i),
                                        before=_conv_sizes(g, y, W, X, gr))
     DY = ctx.inp("Output@GRAD")
@@ -734,13 +765,20 @@ def _convt_device_lines(ctx, grad: bool) -> list | None:
         f"{got} == {exp}" for got, exp in zip(dims(DY), out)) + f" and {DY}.ndim == 4)")
     if ctx.has_output("Input@GRAD"):
         dx = ctx.out("Input@GRAD", shape=f"{X}.shape")
-        lines += ctx.device_loop(i, f"{dx}.size", _fwd_body(g, T, geo, DY, W, dx, i),
-                                 before=_conv_sizes(g, DY, W, dx, gr))
+        if tiled:
+            lines.append(_igemm("conv2d_fwd", DY, W, dx, g, geo))
+        else:
+            lines += ctx.device_loop(i, f"{dx}.size", _fwd_body(g, T, geo, DY, W, dx, i),
+                                     before=_conv_sizes(g, DY, W, dx, gr))
     if ctx.has_output("Filter@GRAD"):
         dwt = ctx.out("Filter@GRAD", shape=f"{W}.shape")
-        j = ctx.tmp("i")
-        lines += ctx.device_loop(j, f"{dwt}.size", _filter_body(g, T, geo, DY, X, dwt, j),
-                                 before=_conv_sizes(g, DY, W, X, gr))
+        if tiled:
+            lines.append(_igemm("conv2d_bwd_filter", DY, X, dwt, g, geo))
+        else:
+            j = ctx.tmp("i")
+            lines += ctx.device_loop(j, f"{dwt}.size",
+                                     _filter_body(g, T, geo, DY, X, dwt, j),
+                                     before=_conv_sizes(g, DY, W, X, gr))
     return lines
 
 

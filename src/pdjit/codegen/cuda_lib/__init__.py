@@ -1,6 +1,7 @@
 """What the ``cuda`` target's host drivers call (``_cu`` in a driver): device allocation, launch
-configurations, and the library kernels of the opaque ops' cuda lowerings (GEMM, softmax rows,
-softmax with cross entropy rows).
+configurations, and the library kernels of the opaque ops' cuda lowerings (GEMM, batched GEMM,
+softmax rows, softmax with cross entropy rows, and convolution as an implicit GEMM in
+:mod:`pdjit.codegen.cuda_lib.conv`).
 
 Launch configurations: elementwise kernels are grid-stride loops (:func:`grid`: enough blocks
 to cover the elements, at most :data:`MAX_BLOCKS`), reductions one block per output element
@@ -380,3 +381,11 @@ def softmax_xent_rows(x, label, sm, loss, nr: int, nc: int, ignore_index: int) -
         raise ValueError("pdjit: a label is out of range")
     if nc:
         _softmax_xent_rows[grid(nr)](x, label, sm, loss, nr, nc, ignore_index)
+
+
+# ---- convolution as an implicit GEMM (its own module) ------------------------------------------
+from pdjit.codegen.cuda_lib.conv import (  # noqa: E402, F401 - the drivers' _cu.conv2d_*
+    conv2d_bwd_data,
+    conv2d_bwd_filter,
+    conv2d_fwd,
+)
