@@ -187,25 +187,25 @@ class Executor:
                     plan.run(self, env, run_index)
             else:
                 plan.run(self, env, run_index)
-            fetched = [env.get(n) for n in run.fetch_names]
-            if return_numpy:  # a fresh array nothing else holds goes to the user as it is
-                given = None
-                fresh = plan.fresh
-                for i, n in enumerate(run.fetch_names):
-                    v = fetched[i]
-                    if n in fresh and type(v) is np.ndarray and (given is None
-                                                                 or n not in given):
-                        fetched[i] = _Owned(v)
-                        given = given or set()
-                        given.add(n)
+            # a fresh array nothing else holds goes to the user as it is (once)
+            fresh = plan.fresh if return_numpy else ()
         else:
             self._run_block(run.block, env, run_index)
-            fetched = [env.get(n) for n in run.fetch_names]
+            fresh = ()
         results = []
-        for name, value in zip(run.fetch_names, fetched):
+        given = None
+        get = env.get
+        for name in run.fetch_names:
+            value = get(name)
             if value is None:
                 raise PdjitError(f"fetch: variable {name!r} has no value after the run")
-            results.append(_to_user(value, return_numpy))
+            if name in fresh and type(value) is np.ndarray and (given is None
+                                                                or name not in given):
+                given = given or set()
+                given.add(name)
+                results.append(value)
+            else:
+                results.append(_to_user(value, return_numpy))
         persistables = run.persistables
         if persistables:  # commit: only after the whole run succeeded
             for name, value in values.items():
@@ -311,19 +311,9 @@ def _inputs_to_host(op, env: Env) -> None:
             env.set(name, LoDTensor._wrap(device.to_host(v._array), v._lod))
 
 
-class _Owned:
-    """A fetched array no one else holds: handed over without a copy."""
-    __slots__ = ("array",)
-
-    def __init__(self, array):
-        self.array = array
-
-
 def _to_user(value, return_numpy: bool):
     """A fetched value as the user gets it: a copy; with ``return_numpy=False`` a LoDTensor
     (with an empty LoD for a dense value, as Fluid gives)."""
-    if type(value) is _Owned:
-        return value.array if return_numpy else LoDTensor._wrap(value.array, [])
     if device.is_device_array(value):  # copied out (return_numpy=False: stays there)
         return device.to_host(value) if return_numpy else LoDTensor._wrap(value, [])
     if isinstance(value, LoDTensor):
