@@ -45,6 +45,16 @@ def _spans(osize, size, k, s, p, adaptive):
 
 @jit
 def _fwd_planes(x, y, q0, q1, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptive):
+    """The planes ``q0..q1`` (sample, channel) of ``y`` = the pool of ``x``'s: the max pool of
+    2x2 windows of stride 2 inside the image and the average over whole planes by loops of
+    their own (see :func:`_shape_of`), any other windows by passes over output rows."""
+    kind = _shape_of(x, y, kh, kw, sh, sw, pt, pl, adaptive)
+    if kind == 1 and is_max:
+        _max22(x, y, q0, q1)
+        return
+    if kind == 2 and not is_max:
+        _mean_planes(x, y, q0, q1)
+        return
     h_, w_ = x.shape[2], x.shape[3]
     oh_, ow_ = y.shape[2], y.shape[3]
     ha, hb, hl = _spans(oh_, h_, kh, sh, pt, adaptive)
@@ -99,19 +109,20 @@ def _fwd_planes(x, y, q0, q1, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptiv
 
 
 # ---- the common windows, without the general kernel's per-row passes --------------------------
-# Measured at batch 64, one thread (float32, ms, general kernel / these): LeNet's 2x2 max pools
+# Measured at batch 64, one thread (float32, ms, general passes / these): LeNet's 2x2 max pools
 # [64, 6, 24, 24] 0.151 / 0.032, [64, 16, 8, 8] 0.082 / 0.022, [64, 6, 28, 28] 0.199 / 0.055;
-# a global average of [64, 32, 8, 8] 0.43 / 0.015. (Each output row's four-input windows read
+# a global average of [64, 32, 8, 8] 0.43 / 0.038. (Each output row's four-input windows read
 # one by one ran 0.091 for the first: rows of 12 outputs are too short for a vector loop.)
-#: a whole-plane reduction's options: sums reassociated (vector lanes, added up at the end)
-_sum_jit = numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc"})
+# Inlined into _fwd_planes (register_jitable), the one compiled entry (what a plan's compile
+# worker compiles ahead): its cold compile went from 1.6-1.7 s to 2.4-2.6 s (CPU; the 2x2 max
+# 0.6 of it); as kernels of their own dispatched from it, 3.0 s.
 
 
 @register_jitable
 def _shape_of(x, y, kh, kw, sh, sw, pt, pl, adaptive) -> int:
-    """Which kernel computes the windows: 1 for 2x2 windows of stride 2 that all lie inside
+    """Which loops compute the windows: 1 for 2x2 windows of stride 2 that all lie inside
     the image (no padding, no partial window: max pools of LeNet, VGG, ...), 2 for one window
-    over the whole plane (a global pool), 0 for the general kernel."""
+    over the whole plane (a global pool), 0 for the general passes."""
     h_, w_ = x.shape[2], x.shape[3]
     oh_, ow_ = y.shape[2], y.shape[3]
     if oh_ == 1 and ow_ == 1 and (adaptive or (kh == h_ and kw == w_ and pt == 0 and pl == 0)):
@@ -122,12 +133,11 @@ def _shape_of(x, y, kh, kw, sh, sw, pt, pl, adaptive) -> int:
     return 0
 
 
-@jit
-def _pool22_planes(x, y, q0, q1, is_max):
-    """:func:`_fwd_planes` for 2x2 windows of stride 2 inside the image: per output row, the
-    two input rows combined first (one contiguous loop), then pairs of columns. A maximum
-    skips NaN and starts from -inf as the general kernel's does; an average sums in float64
-    and divides by 4."""
+@register_jitable
+def _max22(x, y, q0, q1):
+    """The max pool of 2x2 windows of stride 2 inside the image: per output row, the two
+    input rows combined first (one contiguous loop), then pairs of columns. NaN is skipped
+    and the first maximum wins, from -inf, as in the general passes (the same values)."""
     h_, w_ = x.shape[2], x.shape[3]
     oh_, ow_ = y.shape[2], y.shape[3]
     xf = x.reshape(x.size)
@@ -135,50 +145,42 @@ def _pool22_planes(x, y, q0, q1, is_max):
     lowest = x.dtype.type(-np.inf)
     n2 = U(2 * ow_)
     rm = np.empty(2 * ow_, x.dtype)
-    rs = np.empty(2 * ow_, np.float64)
     for q in range(q0, q1):
         for oh in range(oh_):
             r0 = U((q * h_ + 2 * oh) * w_)
             r1 = r0 + U(w_)
             d = U((q * oh_ + oh) * ow_)
-            if is_max:
-                for j in range(n2):
-                    m = lowest
-                    v = xf[r0 + j]
-                    m = v if v > m else m
-                    v = xf[r1 + j]
-                    rm[j] = v if v > m else m
-                for k in range(U(ow_)):
-                    m = rm[2 * k]
-                    v = rm[2 * k + 1]
-                    yf[d + k] = v if v > m else m
-            else:
-                for j in range(n2):
-                    rs[j] = np.float64(xf[r0 + j]) + xf[r1 + j]
-                for k in range(U(ow_)):
-                    yf[d + k] = (rs[2 * k] + rs[2 * k + 1]) / 4
+            for j in range(n2):
+                m = lowest
+                v = xf[r0 + j]
+                m = v if v > m else m
+                v = xf[r1 + j]
+                rm[j] = v if v > m else m
+            for k in range(U(ow_)):
+                m = rm[2 * k]
+                v = rm[2 * k + 1]
+                yf[d + k] = v if v > m else m
 
 
-@_sum_jit
-def _global_planes(x, y, q0, q1, is_max):
-    """:func:`_fwd_planes` for one window over each whole plane: its maximum (the first) or
-    its mean (summed in float64, in vector lanes)."""
+@register_jitable
+def _mean_planes(x, y, q0, q1):
+    """The mean of each whole plane, in float64, over four running sums (four chains of
+    additions, not one: the adds' latency bounded the single sum)."""
     p_ = x.shape[2] * x.shape[3]
     xf = x.reshape(x.size)
     yf = y.reshape(y.size)
+    p4 = U(p_ // 4 * 4)
     for q in range(q0, q1):
         b = U(q * p_)
-        if is_max:
-            m = x.dtype.type(-np.inf)
-            for k in range(U(p_)):
-                v = xf[b + k]
-                m = v if v > m else m
-            yf[q] = m
-        else:
-            s = 0.0
-            for k in range(U(p_)):
-                s += xf[b + k]
-            yf[q] = s / p_
+        s0 = s1 = s2 = s3 = 0.0
+        for k in range(U(0), p4, U(4)):
+            s0 += xf[b + k]
+            s1 += xf[b + k + U(1)]
+            s2 += xf[b + k + U(2)]
+            s3 += xf[b + k + U(3)]
+        for k in range(p4, U(p_)):
+            s0 += xf[b + k]
+        yf[q] = ((s0 + s1) + (s2 + s3)) / p_
 
 
 _MISFIT = "pdjit: pooling operands do not fit each other"
@@ -189,19 +191,12 @@ def pool2d_fwd(x, y, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptive):
     if x.shape[:2] != y.shape[:2]:
         raise ValueError(_MISFIT)
     planes = x.shape[0] * x.shape[1]
-    kind = _shape_of(x, y, kh, kw, sh, sw, pt, pl, adaptive)
-    if kind == 1:
-        split_work(_pool22_planes, planes, y.size * 4, x, y, bool(is_max))
-    elif kind == 2:
-        split_work(_global_planes, planes, x.size, x, y, bool(is_max))
-    else:
-        split_work(_fwd_planes, planes, y.size * kh * kw, x, y, kh, kw, sh, sw, pt, pl, is_max,
-                   exclusive, adaptive)
+    # (about a multiply-add per window element: the threshold of split_work)
+    split_work(_fwd_planes, planes, y.size * kh * kw, x, y, kh, kw, sh, sw, pt, pl, is_max,
+               exclusive, adaptive)
 
 
-jobs("pool2d_fwd")(lambda T: [(_fwd_planes, ((T, 4), (T, 4)) + (int,) * 8 + (bool,) * 3),
-                              (_pool22_planes, ((T, 4), (T, 4), int, int, bool)),
-                              (_global_planes, ((T, 4), (T, 4), int, int, bool))])
+jobs("pool2d_fwd")(lambda T: [(_fwd_planes, ((T, 4), (T, 4)) + (int,) * 8 + (bool,) * 3)])
 
 
 @overload(pool2d_fwd)
@@ -210,16 +205,9 @@ def _pool2d_fwd_native(x, y, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptive
         if x.shape[:2] != y.shape[:2]:
             raise ValueError(_MISFIT)
         # plain values, not the literals compiled code passes (see conv._plain)
-        kind = _shape_of(x, y, kh, kw, sh, sw, pt, pl, adaptive)
-        planes = x.shape[0] * x.shape[1]
-        if kind == 1:
-            _pool22_planes(x, y, _plain(0), planes, _plain(is_max))
-        elif kind == 2:
-            _global_planes(x, y, _plain(0), planes, _plain(is_max))
-        else:
-            _fwd_planes(x, y, _plain(0), planes, _plain(kh), _plain(kw), _plain(sh), _plain(sw),
-                        _plain(pt), _plain(pl), _plain(is_max), _plain(exclusive),
-                        _plain(adaptive))
+        _fwd_planes(x, y, _plain(0), x.shape[0] * x.shape[1], _plain(kh), _plain(kw),
+                    _plain(sh), _plain(sw), _plain(pt), _plain(pl), _plain(is_max),
+                    _plain(exclusive), _plain(adaptive))
     return impl
 
 
