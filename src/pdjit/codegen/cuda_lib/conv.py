@@ -21,7 +21,8 @@ computes a TILE x TILE tile of the product, one output per thread in a register 
 the reduction in steps of TILE staged through two shared tiles; only the rules that gather an
 element of the left operand (``A``) and of the right one (``B``) and the rule that stores a
 result differ, chosen by the kernel's ``mode`` (a constant of each compiled kernel, so each
-holds only its own rules). The groups run on the grid's third axis (grid-stride). Images are
+holds only its own rules). The blocks run over the tiles of every group's product
+(grid-stride: at most ``MAX_BLOCKS`` blocks, one under the simulator). Images are
 indexed through their strides, so NCHW and NHWC share the kernels; every size, stride, pad and
 dilation is a run-time argument (one compiled kernel per dtype and mode for every layer).
 
@@ -35,6 +36,9 @@ from numba import cuda
 
 from pdjit.codegen import cuda_lib as _lib
 
+#: the tile (TILE x TILE threads per block): the GEMM's (8 under the simulator, where one block
+#: of Python threads runs over every tile, the tests several tiles per product)
+TILE = _lib.TILE
 FWD, FILTER, DATA = 0, 1, 2
 _MODES = {FWD: "conv2d_fwd", FILTER: "conv2d_bwd_filter", DATA: "conv2d_bwd_data"}
 _KERNELS: dict = {}
@@ -47,7 +51,7 @@ def _igemm_kernel(dtype, mode: int):
     if k is not None:
         return k
     nbtype = {np.dtype(np.float32): np.float32, np.dtype(np.float64): np.float64}[key[0]]
-    tile = _lib.TILE
+    tile = TILE
     fwd, filt = mode == FWD, mode == FILTER
 
     def igemm(A, B, C, N, H, W, CG, KH, KW, OH, OW, MG, groups, sh, sw, pt, pl, dh, dw,
@@ -59,8 +63,6 @@ def _igemm_kernel(dtype, mode: int):
         sb = cuda.shared.array((tile, tile), nbtype)
         tx = cuda.threadIdx.x
         ty = cuda.threadIdx.y
-        row = cuda.blockIdx.y * tile + ty
-        col = cuda.blockIdx.x * tile + tx
         khw = KH * KW
         ohw = OH * OW
         if fwd:
@@ -75,8 +77,16 @@ def _igemm_kernel(dtype, mode: int):
             nrow = CG
             ncol = N * H * W
             kk = MG * khw
-        g = cuda.blockIdx.z
-        while g < groups:
+        # the tiles of every group's product, grid-stride over the blocks: tile = (group,
+        # tile row, tile column), columns fastest
+        tcols = (ncol + tile - 1) // tile
+        per_group = (nrow + tile - 1) // tile * tcols
+        t = cuda.blockIdx.x
+        while t < groups * per_group:
+            g = t // per_group
+            u = t - g * per_group
+            row = (u // tcols) * tile + ty
+            col = (u - (u // tcols) * tcols) * tile + tx
             acc = nbtype(0)
             for t0 in range(0, kk, tile):
                 # A[row, t0 + tx] into sa[ty, tx]
@@ -154,7 +164,7 @@ def _igemm_kernel(dtype, mode: int):
                     o = col - n * hw
                     ih = o // W
                     C[n * xn + (g * CG + row) * xc + ih * xh + (o - ih * W) * xw] = acc
-            g += cuda.gridDim.z
+            t += cuda.gridDim.x
 
     k = _KERNELS[key] = cuda.jit(igemm)
     return k
@@ -210,9 +220,9 @@ def _launch(mode, x, w, y, nhwc, sh, sw, pt, pl, dh, dw, groups) -> None:
         return
     out = {FWD: fy, FILTER: fw, DATA: fx}[mode]
     A, B = {FWD: (fw, fx), FILTER: (fy, fx), DATA: (fw, fy)}[mode]
-    T = _lib.TILE
-    grid = (-(-cols // T), -(-rows // T), max(1, min(groups, _lib.MAX_BLOCKS)))
-    _igemm_kernel(w.dtype, mode)[grid, (T, T)](
+    T = TILE
+    tiles = groups * -(-rows // T) * -(-cols // T)
+    _igemm_kernel(w.dtype, mode)[max(1, min(tiles, _lib.MAX_BLOCKS)), (T, T)](
         A, B, out, n, h, wd, cg, kh, kw, oh, ow, mg, groups, int(sh), int(sw), int(pt),
         int(pl), int(dh), int(dw), *_strides(nhwc, x.shape), *_strides(nhwc, y.shape))
 
