@@ -82,9 +82,9 @@ _NOTHING = object()
 # one native function, and the faster of the two serves each batch size. The first runs of a
 # program are often its only ones (a script, a test, one evaluation pass); a plan run this
 # often is being served, and the Python between its kernels is then most of a small batch's
-# time (LeNet at batch 1: 46 us with the host driver, 30 us with the native one). The
-# price: the run that reaches this count compiles the driver (seconds, once per model and
-# machine: then it loads from the disk cache).
+# time (LeNet at batch 1: 46 us with the host driver, 29 us with the native one). The
+# price: the run after this count compiles the driver, once per model and machine (LeNet:
+# 10 s with every cache cold), else loads it from the disk cache (LeNet: 40 ms).
 HOT_RUNS = 100
 
 
