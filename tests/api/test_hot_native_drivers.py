@@ -52,6 +52,7 @@ def test_an_inference_plan_gets_its_native_driver_once_hot(monkeypatch):
     one of them picked per batch size; every run gives NumPy's answer; a bad feed is still
     refused with its clear error and leaves the scope as it was."""
     monkeypatch.setattr(plan_mod, "HOT_RUNS", 3)
+    monkeypatch.setattr(plan_mod, "TIER_UP_THREAD", False)  # hot in the run that counts
     main, startup, x, y = _mlp()
     scope = fluid.Scope()
     exe = fluid.Executor(native_drivers="auto", strict=True)
@@ -81,6 +82,30 @@ def test_an_inference_plan_gets_its_native_driver_once_hot(monkeypatch):
     xv = rng.standard_normal((3, 6)).astype("float32")  # a new batch size: new trials
     (out,) = exe.run(main, feed={"x": xv}, fetch_list=[y], scope=scope)
     np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
+
+
+def test_a_hot_step_compiles_its_native_driver_on_a_thread(monkeypatch):
+    """By default the native driver is built and compiled on a thread of its own: the run that
+    made the step hot returns on the host driver, runs meanwhile give NumPy's answer, and once
+    the thread is done the native driver is compiled for the types that run passed."""
+    monkeypatch.setattr(plan_mod, "HOT_RUNS", 2)
+    main, startup, x, y = _mlp()
+    scope = fluid.Scope()
+    exe = fluid.Executor(native_drivers="auto", strict=True)
+    exe.run(startup, scope=scope)
+    rng = np.random.default_rng(1)
+    threads_seen = []
+    for _ in range(12):
+        xv = rng.standard_normal((3, 6)).astype("float32")
+        (out,) = exe.run(main, feed={"x": xv}, fetch_list=[y], scope=scope)
+        np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
+        threads_seen += [s.tiering for s in _steps(exe, main) if s.tiering is not None]
+        if len(threads_seen) == 1:
+            threads_seen[0].join(60)  # (the runs before the join were served meanwhile)
+    assert len({id(t) for t in threads_seen}) == 1 and threads_seen[0].name == "pdjit-tier-up"
+    (step,) = _steps(exe, main)
+    assert step.native is not None and len(step.native.fn.signatures) == 1
+    assert list(step.picked) == [3]
 
 
 def test_a_training_plan_keeps_its_host_drivers(monkeypatch):

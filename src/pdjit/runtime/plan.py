@@ -32,9 +32,11 @@ from __future__ import annotations
 import os
 import statistics
 import sys
+import threading
 import time
 import warnings
 
+import numba
 import numpy as np
 from numba.core.errors import NumbaError
 
@@ -83,9 +85,14 @@ _NOTHING = object()
 # program are often its only ones (a script, a test, one evaluation pass); a plan run this
 # often is being served, and the Python between its kernels is then most of a small batch's
 # time (LeNet at batch 1: 46 us with the host driver, 29 us with the native one). The
-# price: the run after this count compiles the driver, once per model and machine (LeNet:
-# 10 s with every cache cold), else loads it from the disk cache (LeNet: 40 ms).
+# price: compiling the driver, once per model and machine (LeNet: 10 s with every cache cold),
+# else loading it from the disk cache (LeNet: 40 ms). It happens on a thread of its own
+# (TIER_UP_THREAD) while the host driver goes on serving, so no run waits for it; the runs
+# meanwhile share the interpreter with the compiler (slower, never stopped).
 HOT_RUNS = 100
+#: build and compile a hot step's native driver on a background thread (False: in the run
+#: that made it hot, as tests that count runs want)
+TIER_UP_THREAD = True
 
 
 class NativeStep:
@@ -108,6 +115,7 @@ class NativeStep:
         # a native driver built once the step is hot (``native_drivers="auto"``): ``hot``
         # builds it (None: not this step), after ``hot_runs`` more runs
         self._hot, self._hot_runs = None, 0
+        self.tiering = None  # the thread compiling it, while it does
         # the arguments that are parameters (persistables the step does not write): an array
         # seen and checked last run is passed on without its checks again
         self._params = frozenset(params)
@@ -197,7 +205,7 @@ class NativeStep:
         if self._hot is not None:
             self._hot_runs -= 1
             if self._hot_runs <= 0:
-                self._tier_up()
+                self._tier_up(values)
         try:
             results = self.compiled.fn(*values) if self.native is None else self._call(values)
         except NumbaError as e:  # the code does not compile: never try again (it is slow)
@@ -228,16 +236,35 @@ class NativeStep:
             for name, value in zip(self.outputs, results):
                 set_(name, value)
 
-    def _tier_up(self) -> None:
-        """The step is hot: build its native driver (compiled at its first call, then
-        measured against the host driver per batch size like one built with the plan)."""
+    def _tier_up(self, values) -> None:
+        """The step is hot: build its native driver and compile it for the arguments of this
+        run (on a thread of its own when :data:`TIER_UP_THREAD`); once it is ready, it is
+        measured against the host driver per batch size like one built with the plan."""
         build, self._hot = self._hot, None
         if build is None:  # (another thread got here first)
             return
-        try:
-            self.native = build()
-        except (NumbaError, Declined) as e:  # the host driver goes on serving
-            self.native_failed = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+        try:  # the types this run passes: what the driver is compiled for ahead
+            sig = tuple(numba.typeof(v) for v in values)
+        except (TypeError, ValueError):
+            sig = None
+
+        def work():
+            try:
+                nd = build()
+                if nd is not None and sig is not None:
+                    nd.fn.compile(sig)
+            except (NumbaError, Declined) as e:  # the host driver goes on serving
+                self.native_failed = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+                return
+            except Exception as e:  # noqa: BLE001 - a thread's error would be lost: keep it
+                self.native_failed = f"{type(e).__name__}: {e}"
+                return
+            self.native = nd
+
+        if not TIER_UP_THREAD:
+            return work()
+        self.tiering = threading.Thread(target=work, name="pdjit-tier-up", daemon=True)
+        self.tiering.start()
 
     # how many runs of a batch size each driver gets before one is chosen: the first of each
     # compiles or loads, the rest are timed
