@@ -17,14 +17,20 @@ matrix ``cols[(c, a, b), (n, oh, ow)] = X[n, g*CG + c, oh*sh - pt + a*dh, ow*sw 
   positions whose window meets ``(ih, iw)``; a tiled product, no col2im scatter.
 
 One kernel skeleton (:func:`_igemm_kernel`) serves the three: a block of TILE x TILE threads
-computes a TILE x TILE tile of the product, one output per thread in a register accumulator,
-the reduction in steps of TILE staged through two shared tiles; only the rules that gather an
-element of the left operand (``A``) and of the right one (``B``) and the rule that stores a
-result differ, chosen by the kernel's ``mode`` (a constant of each compiled kernel, so each
-holds only its own rules). The blocks run over the tiles of every group's product
-(grid-stride: at most ``MAX_BLOCKS`` blocks, one under the simulator). Images are
-indexed through their strides, so NCHW and NHWC share the kernels; every size, stride, pad and
+computes a (TILE*RB) x (TILE*RB) tile of the product, RB x RB outputs per thread in register
+accumulators (a thread's rows and columns TILE apart), the reduction in steps of TILE staged
+through two shared tiles (TILE*RB x TILE of the left operand, TILE x TILE*RB of the right);
+each step every thread multiplies RB values of one by RB of the other (RB*RB products for
+2*RB shared-memory reads; the compiled PTX keeps the accumulators in registers through the
+reduction, spilling them to local memory once for the final stores). Only the rules that
+gather an element of the left operand (``A``) and of the right one (``B``) and the rule that
+stores a result differ, chosen by the kernel's ``mode`` (a constant of each compiled kernel,
+so each holds only its own rules). The blocks run over the tiles of every group's product
+(grid-stride: at most ``MAX_BLOCKS`` blocks, one under the simulator). Images are indexed
+through their strides, so NCHW and NHWC share the kernels; every size, stride, pad and
 dilation is a run-time argument (one compiled kernel per dtype and mode for every layer).
+No GPU has timed these kernels: the tile sizes are the usual ones for such a product, not
+tuned.
 
 The kernels are closures over their dtype (a shared array's dtype is a compile-time constant),
 compiled once per process at their first launch, as the GEMM's are.
@@ -36,10 +42,15 @@ from numba import cuda
 
 from pdjit.codegen import cuda_lib as _lib
 
-#: the tile (TILE x TILE threads per block): the GEMM's (8 under the simulator, where one block
-#: of Python threads runs over every tile, the tests several tiles per product)
-TILE = _lib.TILE
+#: the threads per block are TILE x TILE (4 x 4 under the simulator, where one block of Python
+#: threads runs over every tile: the tests cover several tiles per product)
+TILE = 4 if _lib.SIMULATOR else _lib.TILE
+#: the outputs per thread along each side (RB x RB register accumulators): a block computes a
+#: (TILE*RB) x (TILE*RB) tile of the product
+RB = 2 if _lib.SIMULATOR else 4
 FWD, FILTER, DATA = 0, 1, 2
+#: an offset that keeps an index negative (outside the image): a column or row past the end
+_FAR = -(1 << 40)
 _MODES = {FWD: "conv2d_fwd", FILTER: "conv2d_bwd_filter", DATA: "conv2d_bwd_data"}
 _KERNELS: dict = {}
 
@@ -51,119 +62,179 @@ def _igemm_kernel(dtype, mode: int):
     if k is not None:
         return k
     nbtype = {np.dtype(np.float32): np.float32, np.dtype(np.float64): np.float64}[key[0]]
-    tile = TILE
+    tile, rb = TILE, RB
+    bt = tile * rb   # the block's tile of the product: bt x bt, the reduction in steps of tile
     fwd, filt = mode == FWD, mode == FILTER
+
+    far = _FAR
 
     def igemm(A, B, C, N, H, W, CG, KH, KW, OH, OW, MG, groups, sh, sw, pt, pl, dh, dw,
               xn, xc, xh, xw, yn, yc, yh, yw):
         # A, B, C: flat arrays (see the module's doc for which is which in each mode); the
         # image X (dX) is indexed through strides xn, xc, xh, xw, the output Y (dY) through
-        # yn, yc, yh, yw; the filter is C-contiguous [M, CG, KH, KW]
-        sa = cuda.shared.array((tile, tile), nbtype)
-        sb = cuda.shared.array((tile, tile), nbtype)
+        # yn, yc, yh, yw; the filter is C-contiguous [M, CG, KH, KW]. Thread (ty, tx) owns
+        # rows ty + i*tile and columns tx + j*tile of the block's tile (i, j < rb). An
+        # element of B is the sum of a part of its column (worked out once per tile: jb, jh,
+        # jw; js: where the column's results go) and a part of its row k (once per step)
+        sa = cuda.shared.array((bt, tile), nbtype)
+        sb = cuda.shared.array((tile, bt), nbtype)
+        acc = cuda.local.array((rb, rb), nbtype)
+        ra = cuda.local.array(rb, nbtype)
+        jb = cuda.local.array(rb, np.int64)
+        jh = cuda.local.array(rb, np.int64)
+        jw = cuda.local.array(rb, np.int64)
+        js = cuda.local.array(rb, np.int64)
         tx = cuda.threadIdx.x
         ty = cuda.threadIdx.y
         khw = KH * KW
         ohw = OH * OW
+        hw = H * W
         if fwd:
             nrow = MG
             ncol = N * ohw
             kk = CG * khw
+            rstride = kk    # A = the filter rows of the group
         elif filt:
             nrow = MG
             ncol = CG * khw
             kk = N * ohw
+            rstride = yc    # A = dY's channels of the group
         else:
             nrow = CG
-            ncol = N * H * W
+            ncol = N * hw
             kk = MG * khw
+            rstride = khw   # A = the group's filter, transposed
         # the tiles of every group's product, grid-stride over the blocks: tile = (group,
         # tile row, tile column), columns fastest
-        tcols = (ncol + tile - 1) // tile
-        per_group = (nrow + tile - 1) // tile * tcols
+        tcols = (ncol + bt - 1) // bt
+        per_group = (nrow + bt - 1) // bt * tcols
         t = cuda.blockIdx.x
         while t < groups * per_group:
             g = t // per_group
             u = t - g * per_group
-            row = (u // tcols) * tile + ty
-            col = (u - (u // tcols) * tcols) * tile + tx
-            acc = nbtype(0)
+            row0 = (u // tcols) * bt + ty
+            col0 = (u - (u // tcols) * tcols) * bt + tx
+            for j in range(rb):
+                col = col0 + j * tile
+                jb[j] = 0
+                jh[j] = far     # a column past the end reads nothing
+                jw[j] = 0
+                js[j] = 0
+                if col < ncol:
+                    if fwd:     # output position (n, oh, ow): the window's corner
+                        n = col // ohw
+                        o = col - n * ohw
+                        oh = o // OW
+                        ow = o - oh * OW
+                        jb[j] = n * xn + g * CG * xc
+                        jh[j] = oh * sh - pt
+                        jw[j] = ow * sw - pl
+                        js[j] = n * yn + oh * yh + ow * yw
+                    elif filt:  # filter tap (c, a, b): the offset in the window
+                        c = col // khw
+                        ab = col - c * khw
+                        a = ab // KW
+                        jb[j] = c * xc
+                        jh[j] = a * dh
+                        jw[j] = (ab - a * KW) * dw
+                        js[j] = col
+                    else:       # image position (n, ih, iw)
+                        n = col // hw
+                        o = col - n * hw
+                        ih = o // W
+                        iw = o - ih * W
+                        jb[j] = n * yn
+                        jh[j] = ih
+                        jw[j] = iw
+                        js[j] = n * xn + ih * xh + iw * xw
+            for i in range(rb):
+                for j in range(rb):
+                    acc[i, j] = nbtype(0)
             for t0 in range(0, kk, tile):
-                # A[row, t0 + tx] into sa[ty, tx]
+                # A[row, k = t0 + tx] into sa[row - the tile's first row, tx]
                 k = t0 + tx
-                v = nbtype(0)
-                if row < nrow and k < kk:
-                    if fwd:     # the filter row of output channel g*MG + row
-                        v = A[(g * MG + row) * kk + k]
+                kin = k < kk
+                kbase = 0
+                if kin:
+                    if fwd:     # Wt[g*MG + row, k]
+                        kbase = g * MG * kk + k
                     elif filt:  # dY[n, g*MG + row, oh, ow], k = (n, oh, ow)
                         n = k // ohw
                         o = k - n * ohw
                         oh = o // OW
-                        v = A[n * yn + (g * MG + row) * yc + oh * yh + (o - oh * OW) * yw]
-                    else:       # Wt[g*MG + m, row, a, b], k = (m, a, b): Wt_g transposed
+                        kbase = n * yn + g * MG * yc + oh * yh + (o - oh * OW) * yw
+                    else:       # Wt[g*MG + m, row, a, b], k = (m, (a, b))
                         m = k // khw
-                        ab = k - m * khw
-                        v = A[((g * MG + m) * CG + row) * khw + ab]
-                sa[ty, tx] = v
-                # B[t0 + ty, col] into sb[ty, tx]
+                        kbase = (g * MG + m) * CG * khw + (k - m * khw)
+                for i in range(rb):
+                    row = row0 + i * tile
+                    v = nbtype(0)
+                    if kin and row < nrow:
+                        v = A[kbase + row * rstride]
+                    sa[ty + i * tile, tx] = v
+                # B[k = t0 + ty, col] into sb[ty, col - the tile's first column]
                 k = t0 + ty
-                v = nbtype(0)
-                if col < ncol and k < kk:
-                    if fwd or filt:
-                        # the patch matrix: channel-and-tap (c, a, b) against position
-                        # (n, oh, ow); cols[k, col] forward, cols^T[k, col] for the filter
-                        if fwd:
-                            cab = k
-                            p = col
-                        else:
-                            cab = col
-                            p = k
-                        c = cab // khw
-                        ab = cab - c * khw
+                kb = 0
+                kh_ = far
+                kw_ = 0
+                if k < kk:
+                    if fwd:     # filter tap (c, a, b)
+                        c = k // khw
+                        ab = k - c * khw
                         a = ab // KW
-                        n = p // ohw
-                        o = p - n * ohw
+                        kb = c * xc
+                        kh_ = a * dh
+                        kw_ = (ab - a * KW) * dw
+                    elif filt:  # output position (n, oh, ow)
+                        n = k // ohw
+                        o = k - n * ohw
                         oh = o // OW
-                        ih = oh * sh - pt + a * dh
-                        iw = (o - oh * OW) * sw - pl + (ab - a * KW) * dw
-                        if ih >= 0 and ih < H and iw >= 0 and iw < W:
-                            v = B[n * xn + (g * CG + c) * xc + ih * xh + iw * xw]
-                    else:
-                        # the output gradient where the window of (m, a, b) lands exactly
-                        # on image position (n, ih, iw) = col
+                        kb = n * xn + g * CG * xc
+                        kh_ = oh * sh - pt
+                        kw_ = (o - oh * OW) * sw - pl
+                    else:       # output channel and tap (m, a, b)
                         m = k // khw
                         ab = k - m * khw
                         a = ab // KW
-                        hw = H * W
-                        n = col // hw
-                        o = col - n * hw
-                        ih = o // W
-                        th = ih + pt - a * dh
-                        tw = (o - ih * W) + pl - (ab - a * KW) * dw
-                        if th >= 0 and tw >= 0 and th % sh == 0 and tw % sw == 0:
-                            oh = th // sh
-                            ow = tw // sw
-                            if oh < OH and ow < OW:
-                                v = B[n * yn + (g * MG + m) * yc + oh * yh + ow * yw]
-                sb[ty, tx] = v
+                        kb = (g * MG + m) * yc
+                        kh_ = pt - a * dh
+                        kw_ = pl - (ab - a * KW) * dw
+                for j in range(rb):
+                    v = nbtype(0)
+                    ih = jh[j] + kh_
+                    iw = jw[j] + kw_
+                    if fwd or filt:
+                        # the patch matrix (cols forward, cols^T for the filter): the image
+                        # at the window corner plus the tap, 0 in the padding
+                        if ih >= 0 and ih < H and iw >= 0 and iw < W:
+                            v = B[jb[j] + kb + ih * xh + iw * xw]
+                    elif ih >= 0 and iw >= 0 and ih % sh == 0 and iw % sw == 0:
+                        # dY where the window of tap (a, b) at output (oh, ow) lands exactly
+                        # on image position (ih', iw'): oh*sh = ih' + pt - a*dh
+                        oh = ih // sh
+                        ow = iw // sw
+                        if oh < OH and ow < OW:
+                            v = B[jb[j] + kb + oh * yh + ow * yw]
+                    sb[ty, tx + j * tile] = v
                 cuda.syncthreads()
                 for q in range(tile):
-                    acc += sa[ty, q] * sb[q, tx]
+                    for i in range(rb):
+                        ra[i] = sa[ty + i * tile, q]
+                    for j in range(rb):
+                        bv = sb[q, tx + j * tile]
+                        for i in range(rb):
+                            acc[i, j] += ra[i] * bv
                 cuda.syncthreads()
-            if row < nrow and col < ncol:
-                if fwd:
-                    n = col // ohw
-                    o = col - n * ohw
-                    oh = o // OW
-                    C[n * yn + (g * MG + row) * yc + oh * yh + (o - oh * OW) * yw] = acc
-                elif filt:
-                    C[(g * MG + row) * ncol + col] = acc
-                else:
-                    hw = H * W
-                    n = col // hw
-                    o = col - n * hw
-                    ih = o // W
-                    C[n * xn + (g * CG + row) * xc + ih * xh + (o - ih * W) * xw] = acc
+            for i in range(rb):
+                row = row0 + i * tile
+                for j in range(rb):
+                    if row < nrow and col0 + j * tile < ncol:
+                        if fwd:
+                            C[js[j] + (g * MG + row) * yc] = acc[i, j]
+                        elif filt:
+                            C[(g * MG + row) * ncol + js[j]] = acc[i, j]
+                        else:
+                            C[js[j] + (g * CG + row) * xc] = acc[i, j]
             t += cuda.gridDim.x
 
     k = _KERNELS[key] = cuda.jit(igemm)
@@ -221,7 +292,7 @@ def _launch(mode, x, w, y, nhwc, sh, sw, pt, pl, dh, dw, groups) -> None:
     out = {FWD: fy, FILTER: fw, DATA: fx}[mode]
     A, B = {FWD: (fw, fx), FILTER: (fy, fx), DATA: (fw, fy)}[mode]
     T = TILE
-    tiles = groups * -(-rows // T) * -(-cols // T)
+    tiles = groups * -(-rows // (T * RB)) * -(-cols // (T * RB))
     _igemm_kernel(w.dtype, mode)[max(1, min(tiles, _lib.MAX_BLOCKS)), (T, T)](
         A, B, out, n, h, wd, cg, kh, kw, oh, ow, mg, groups, int(sh), int(sw), int(pt),
         int(pl), int(dh), int(dw), *_strides(nhwc, x.shape), *_strides(nhwc, y.shape))
