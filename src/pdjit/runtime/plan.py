@@ -263,7 +263,9 @@ class NativeStep:
 
         if not TIER_UP_THREAD:
             return work()
-        self.tiering = threading.Thread(target=work, name="pdjit-tier-up", daemon=True)
+        # not a daemon: the interpreter waits for it at exit rather than unloading LLVM
+        # under a compile that runs without the GIL
+        self.tiering = threading.Thread(target=work, name="pdjit-tier-up", daemon=False)
         self.tiering.start()
 
     # how many runs of a batch size each driver gets before one is chosen: the first of each
