@@ -401,7 +401,7 @@ def _conv_grad_lower(ctx):
     return _grad_lines(ctx, "conv2d_grad", transposed=False)
 
 
-# ---- a device target: one thread per element computed (NCHW) ----------------------------------
+# ---- a device target: implicit GEMM (_cu.conv2d_*), or one thread per element (depthwise) ----
 def _device_geometry(ctx, g: Geometry, X: str, kh: int, kw: int) -> tuple:
     """(driver lines binding the geometry as locals, their names ``sh, sw, pt, pl, dh, dw,
     groups``): run-time arguments of the device kernels, so layers share them. SAME pads come
