@@ -332,12 +332,17 @@ def _use_taps(mg, k_, p_) -> bool:
     """Whether the taps kernel serves ``mg`` output channels per group, ``k_`` products per
     output and ``p_`` outputs per channel, rather than im2col + BLAS.
 
-    Measured (one thread, float32 and float64, against the BLAS path): faster for every plane of
-    256+ outputs (M = 8..256, K = 16..2304: 0.4-0.99x the time; a 1x1 of 512 inputs to 64
-    outputs at 16x16 alone 1.1x), and for 64+ outputs with up to 32 output channels (0.6-0.9x);
-    slower on smaller planes (4x4 of 32 or 64 channels: 1.5-2x, its passes too short) and on
-    8x8 planes of 64+ channels (1.1-1.35x), where BLAS's blocking pays."""
-    return p_ >= 256 or (p_ >= 64 and mg <= 32)
+    Measured with the register-blocked tiles (one thread, float32, batch 32, ms, taps / BLAS):
+    faster from planes of 16 outputs on, whatever the channels: 8x8 1x1 32->64 0.076 / 0.180,
+    8x8 3x3 64->64 1.66 / 2.75, 8x8 1x1 128->128 0.58 / 0.88, 16x16 3x3 32->32 1.71 / 3.19,
+    16x16 1x1 512->64 10.5 / 12.0, 4x4 3x3 32->32 0.17 / 0.34, 4x4 3x3 128->128 2.27 / 3.49,
+    4x4 1x1 256->512 1.17 / 1.58; slower on 2x2 planes (the span is padded to 16 outputs):
+    3x3 256->256 9.8 / 3.2, stride 2 from 4x4 128->256 3.1 / 1.3. Planes of 16-63 outputs
+    that are no multiple of 16 (part of the last vector wasted) mostly won too (5x5 3x3
+    32->32 0.28 / 0.49, 7x7 3x3 64->64 1.65 / 2.30; 5x5 1x1 128->128 0.44 / 0.42) but stay
+    with BLAS, whose im2col tests cover such shapes. (With the earlier kernel, which stored
+    its sums every four taps, BLAS won on 8x8 planes of 64+ channels and on 4x4.)"""
+    return p_ >= 64 or (p_ >= 16 and p_ % 16 == 0)
 
 
 @jit
