@@ -28,7 +28,7 @@ import numba
 import numpy as np
 from numba.extending import overload, register_jitable
 
-from pdjit.codegen.nnlib._jit import jit, jobs
+from pdjit.codegen.nnlib._jit import blas_gemm, jit, jobs
 from pdjit.codegen.nnlib.tile import TILE_BYTES, tile_kernel
 from pdjit.runtime.threads import loop_threads
 
@@ -398,11 +398,13 @@ def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
             width = (b1 - b0) * p_
             cols = np.empty((k_, width), x.dtype)
             cf = cols.reshape(cols.size)
+            r2 = np.empty((mg, width), x.dtype)
             for g in range(groups):
                 for n in range(b0, b1):
                     _im2col(x[n], g * cg, cg, kh_, kw_, sh, sw, pt, pl, dh, dw, oh_, ow_, cf,
                             width, (n - b0) * p_)
-                rf = np.dot(w2[g * mg:(g + 1) * mg], cols).reshape(mg * width)
+                blas_gemm(w2[g * mg:(g + 1) * mg], cols, r2)
+                rf = r2.reshape(mg * width)
                 for n in range(b0, b1):
                     for m in range(mg):
                         src = U(m * width + (n - b0) * p_)
@@ -565,7 +567,9 @@ def _bwd_data_range(dy, w, dx, n0, n1, sh, sw, pt, pl, dh, dw, groups):
         width = (b1 - b0) * p_
         for g in range(groups):
             d2 = _gather_dy(dy, b0, b1, g, mg, p_, width)
-            cf = np.dot(w2[g * mg:(g + 1) * mg].T, d2).reshape(k_ * width)
+            c2 = np.empty((k_, width), dy.dtype)
+            blas_gemm(w2[g * mg:(g + 1) * mg].T, d2, c2)
+            cf = c2.reshape(k_ * width)
             for n in range(b0, b1):
                 _col2im(cf, width, (n - b0) * p_, g * cg, cg, kh_, kw_, sh, sw, pt, pl, dh,
                         dw, oh_, ow_, dx[n])
@@ -629,7 +633,8 @@ def _bwd_filter_range(x, dy, dwt, n0, n1, sh, sw, pt, pl, dh, dw, groups):
             # time of d2 @ cols.T for [16, 1024] x [1024, 144] (and 1.1-1.3x for 64-192
             # columns); one call site for both (a second cost 0.2 s more compile)
             tr = width >= 512
-            part = np.dot(cols if tr else d2, d2.T if tr else cols.T)
+            part = np.empty((k_, mg) if tr else (mg, k_), x.dtype)
+            blas_gemm(cols if tr else d2, d2.T if tr else cols.T, part)
             for m in range(mg):
                 base = U((g * mg + m) * k_)
                 for k in range(k_):
