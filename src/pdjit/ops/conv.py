@@ -523,6 +523,24 @@ def _igemm(fn: str, a: str, b: str, out: str, g: Geometry, geo) -> str:
     return f"_cu.{fn}({a}, {b}, {out}, {g.nhwc}, {', '.join(geo)})"
 
 
+
+#: the direct body (one thread per element) of each rule of the implicit GEMM
+_DIRECT = {"conv2d_fwd": _fwd_body, "conv2d_bwd_data": _data_body,
+           "conv2d_bwd_filter": _filter_body}
+
+
+def _device_conv(ctx, rule: str, a: str, b: str, out: str, g: Geometry, T: str, geo,
+                 tiled: bool, sizes: list) -> list:
+    """Lines computing ``out`` from ``a`` and ``b`` by one of the convolution's rules (forward,
+    input gradient, filter gradient: ``_cu.<rule>``'s operands): the implicit GEMM when
+    ``tiled``, else one thread per element of ``out`` (``sizes``: the lines binding the
+    direct body's sizes)."""
+    if tiled:
+        return [_igemm(rule, a, b, out, g, geo)]
+    i = ctx.tmp("i")
+    return ctx.device_loop(i, f"{out}.size", _DIRECT[rule](g, T, geo, a, b, out, i),
+                           before=sizes)
+
 def _conv_device_lines(ctx, what: str, grad: bool) -> list | None:
     """A convolution (``grad``: its gradients) on a device target, NCHW or NHWC: an implicit
     GEMM (:func:`_tiled`), or one thread per element of the output (image gradient, filter
@@ -540,34 +558,24 @@ def _conv_device_lines(ctx, what: str, grad: bool) -> list | None:
     n, c, h, w = image_dims(g, X)
     lines.append(f"_rt.check({W}.ndim == 4 and {W}.shape[0] % {gr} == 0 and "
                  f"{c} == {W}.shape[1] * {gr})")
-    i = ctx.tmp("i")
     tiled = _tiled(ctx)
     if not grad:
         y = ctx.out("Output", shape="(" + ", ".join(g.image(
             n, f"{W}.shape[0]", g.src_conv_out(0, h, kh), g.src_conv_out(1, w, kw))) + ")")
-        if tiled:
-            return lines + [_igemm("conv2d_fwd", X, W, y, g, geo)]
-        return lines + ctx.device_loop(i, f"{y}.size", _fwd_body(g, T, geo, X, W, y, i),
-                                       before=_conv_sizes(g, X, W, y, gr))
+        return lines + _device_conv(ctx, "conv2d_fwd", X, W, y, g, T, geo, tiled,
+                                    _conv_sizes(g, X, W, y, gr))
     DY = ctx.inp("Output@GRAD")
     want = (n, f"{W}.shape[0]", g.src_conv_out(0, h, kh), g.src_conv_out(1, w, kw))
     lines.append("_rt.check(" + " and ".join(
         f"{got} == {exp}" for got, exp in zip(dims(DY), want)) + f" and {DY}.ndim == 4)")
     if ctx.has_output("Input@GRAD"):
         dx = ctx.out("Input@GRAD", shape=f"{X}.shape")
-        if tiled:
-            lines.append(_igemm("conv2d_bwd_data", DY, W, dx, g, geo))
-        else:
-            lines += ctx.device_loop(i, f"{dx}.size", _data_body(g, T, geo, DY, W, dx, i),
-                                     before=_conv_sizes(g, X, W, DY, gr))
+        lines += _device_conv(ctx, "conv2d_bwd_data", DY, W, dx, g, T, geo, tiled,
+                              _conv_sizes(g, X, W, DY, gr))
     if ctx.has_output("Filter@GRAD"):
         dwt = ctx.out("Filter@GRAD", shape=f"{W}.shape")
-        if tiled:
-            lines.append(_igemm("conv2d_bwd_filter", X, DY, dwt, g, geo))
-        else:
-            j = ctx.tmp("i")
-            lines += ctx.device_loop(j, f"{dwt}.size", _filter_body(g, T, geo, X, DY, dwt, j),
-                                     before=_conv_sizes(g, X, W, DY, gr))
+        lines += _device_conv(ctx, "conv2d_bwd_filter", X, DY, dwt, g, T, geo, tiled,
+                              _conv_sizes(g, X, W, DY, gr))
     return lines
 
 
@@ -752,33 +760,22 @@ def _convt_device_lines(ctx, grad: bool) -> list | None:
     # (the output's shape is computed before these lines run: over the inputs and attributes)
     out = (n, f"{W}.shape[1] * {int(ctx.attrs['groups'])}", _t_out_src(ctx, g, X, 0, kh),
            _t_out_src(ctx, g, X, 1, kw))
-    i = ctx.tmp("i")
     tiled = _tiled(ctx)
     if not grad:
         y = ctx.out("Output", shape="(" + ", ".join(g.image(*out)) + ")")
-        if tiled:
-            return lines + [_igemm("conv2d_bwd_data", X, W, y, g, geo)]
-        return lines + ctx.device_loop(i, f"{y}.size", _data_body(g, T, geo, X, W, y, i),
-                                       before=_conv_sizes(g, y, W, X, gr))
+        return lines + _device_conv(ctx, "conv2d_bwd_data", X, W, y, g, T, geo, tiled,
+                                    _conv_sizes(g, y, W, X, gr))
     DY = ctx.inp("Output@GRAD")
     lines.append("_rt.check(" + " and ".join(
         f"{got} == {exp}" for got, exp in zip(dims(DY), out)) + f" and {DY}.ndim == 4)")
     if ctx.has_output("Input@GRAD"):
         dx = ctx.out("Input@GRAD", shape=f"{X}.shape")
-        if tiled:
-            lines.append(_igemm("conv2d_fwd", DY, W, dx, g, geo))
-        else:
-            lines += ctx.device_loop(i, f"{dx}.size", _fwd_body(g, T, geo, DY, W, dx, i),
-                                     before=_conv_sizes(g, DY, W, dx, gr))
+        lines += _device_conv(ctx, "conv2d_fwd", DY, W, dx, g, T, geo, tiled,
+                              _conv_sizes(g, DY, W, dx, gr))
     if ctx.has_output("Filter@GRAD"):
         dwt = ctx.out("Filter@GRAD", shape=f"{W}.shape")
-        if tiled:
-            lines.append(_igemm("conv2d_bwd_filter", DY, X, dwt, g, geo))
-        else:
-            j = ctx.tmp("i")
-            lines += ctx.device_loop(j, f"{dwt}.size",
-                                     _filter_body(g, T, geo, DY, X, dwt, j),
-                                     before=_conv_sizes(g, DY, W, X, gr))
+        lines += _device_conv(ctx, "conv2d_bwd_filter", DY, X, dwt, g, T, geo, tiled,
+                              _conv_sizes(g, DY, W, X, gr))
     return lines
 
 
