@@ -41,7 +41,7 @@ U = numba.uint64
 _PARALLEL_MIN_WORK = 1 << 21
 
 
-@jit
+@register_jitable
 def _cols(ow_, w_, sw, off):
     """``lo, hi``: the output columns ``lo..hi`` whose input column ``ow * sw + off`` lies in
     ``0..w_``."""
@@ -56,7 +56,7 @@ def _cols(ow_, w_, sw, off):
 
 # Indices are unsigned (U) in the inner loops: Numba then drops its negative-index wraparound,
 # and the loops vectorise (2-4x faster copies, measured).
-@jit
+@register_jitable
 def _im2col(x, c0, cg, kh_, kw_, sh, sw, pt, pl, dh, dw, oh_, ow_, cf, rs, at):
     """Patches of channels ``c0..c0+cg`` of one sample ``x`` ([C, H, W]) into the flat
     ``cf``: patch row ``r`` (of ``cg * kh * kw``) at ``r * rs + at``, ``oh * ow`` values."""
@@ -89,7 +89,7 @@ def _im2col(x, c0, cg, kh_, kw_, sh, sw, pt, pl, dh, dw, oh_, ow_, cf, rs, at):
                         cf[d0 + U(ow)] = 0
 
 
-@jit
+@register_jitable
 def _col2im(cf, rs, at, c0, cg, kh_, kw_, sh, sw, pt, pl, dh, dw, oh_, ow_, dx):
     """Add the patches of the flat ``cf`` (laid out as :func:`_im2col` writes them) back
     into channels ``c0..c0+cg`` of one sample ``dx``."""
@@ -115,7 +115,7 @@ def _col2im(cf, rs, at, c0, cg, kh_, kw_, sh, sw, pt, pl, dh, dw, oh_, ow_, dx):
                             df[d0 + k * U(sw)] += cf[s0 + k]
 
 
-@jit
+@register_jitable
 def _phase_planes(xf, xb, h_, w_, xs, sh, sw, hq, wq, pt, pl, zero):
     """The zero-padded plane of the channel at ``xf[xb:]`` ([h_, w_]), split by stride phase:
     plane ``(pr, pc)`` of ``xs`` ([sh * sw, hq, wq]) holds the padded pixels at rows
@@ -291,7 +291,7 @@ _COL_ELEMS = 1 << 16
 _TAPS_DW_MIN = 256
 
 
-@jit
+@register_jitable
 def _block(n, k_, p_):
     """How many samples (of ``n``) share one product."""
     return max(1, min(n, _BLOCK_COLS // max(p_, 1), _COL_ELEMS // max(k_ * p_, 1)))
@@ -315,7 +315,7 @@ _tile44, _tile41 = tile_kernel(4, 4), tile_kernel(4, 1)
 _tile64, _tile61 = tile_kernel(6, 4), tile_kernel(6, 1)
 
 
-@jit
+@register_jitable
 def _aliases(stride, itemsize) -> bool:
     """Whether rows ``stride`` elements apart, written together (the taps path's tiles), sit
     near a multiple of 4 KiB apart (such stores and loads stall each other: a [16, 144] x
@@ -345,7 +345,7 @@ def _use_taps(mg, k_, p_) -> bool:
     return p_ >= 64 or (p_ >= 16 and p_ % 16 == 0)
 
 
-@jit
+@register_jitable
 def _tap_offsets(tap, k_, zero, kw_, kh_, sh, dh, pp, ow_):
     """``tap[k]``: where tap ``k = (c, i, j)`` of a ``kh_ x kw_`` filter starts in the phase
     planes (``sh`` phases of ``pp`` elements per kernel column and channel); taps from ``k_``
@@ -533,7 +533,7 @@ def _dots44(a, a0, a1, a2, a3, b, b0, b1, b2, b3, n):
     return (s00, s01, s02, s03, s10, s11, s12, s13, s20, s21, s22, s23, s30, s31, s32, s33)
 
 
-@jit
+@register_jitable
 def _gather_dy(dy, b0, b1, g, mg, p_, width):
     """``[mg, width]``: ``dy[n, g * mg + m]`` of the samples ``b0..b1`` side by side."""
     m_ = dy.shape[1]
@@ -788,7 +788,7 @@ jobs("conv2d_bwd_data")(lambda T: [(_bwd_data_range, _range_types(T)),
 jobs("conv2d_bwd_filter")(lambda T: [(_bwd_filter_range, _range_types(T))])
 
 
-_fits_native = jit(_fits)
+_fits_native = register_jitable(_fits)
 
 
 @register_jitable

@@ -24,7 +24,7 @@ __all__ = ["pool2d_fwd", "pool2d_bwd", "max_pool2d_index_fwd", "max_pool2d_index
 U = numba.uint64
 
 
-@jit
+@register_jitable
 def _spans(osize, size, k, s, p, adaptive):
     """Per output index along one axis: (first, end) read, and the window's length for a
     non-exclusive average."""
