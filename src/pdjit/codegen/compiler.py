@@ -71,7 +71,8 @@ _by_worker = [0]       # kernels a compile worker compiled for this process
 CACHE_ERRORS = (pickle.UnpicklingError, EOFError, ImportError, AttributeError, ValueError,
                 TypeError)
 
-JIT_OPTIONS = "cache=True, error_model='numpy', nogil=True"
+# pipeline_class: LLVM at pdjit's own level (nnlib._jit.OPT_LEVEL), not the user's NUMBA_OPT
+JIT_OPTIONS = "cache=True, error_model='numpy', nogil=True, pipeline_class=_PdjitCompiler"
 PARALLEL_OPTIONS = JIT_OPTIONS + ", parallel=True"
 
 
@@ -133,7 +134,8 @@ def module_text(fn_source: str, fn_name: str, parallel: bool = False, target: st
              f"target {target}",
              "import math", "", "import numba", "import numpy as np", "",
              "from pdjit.codegen import mathfuncs as _m", "from pdjit.codegen import rt as _rt",
-             "from pdjit.codegen import nnlib as _nn", ""]
+             "from pdjit.codegen import nnlib as _nn",
+             "from pdjit.codegen.nnlib._jit import PdjitCompiler as _PdjitCompiler", ""]
     if calls:
         lines += ["from pdjit.codegen.compiler import load_kernel as _kernel", ""]
         lines += [f"{g} = _kernel({c.name!r}, {c.fn_name!r})" for g, c in calls]

@@ -1,14 +1,100 @@
 """The decorators of the library kernels (Numba's options as generated kernels use them), the
 compile jobs they declare, and the one BLAS product they call in compiled code
 (:func:`blas_gemm`: here, so that every kernel module can import it without a cycle)."""
+import os
+import threading
+
 import numba
-from numba.core import cgutils, errors, types
+from numba.core import cgutils, compiler, errors, types
 from numba.extending import intrinsic
 
-#: a library kernel: cached on disk, no GIL, NumPy's error model (division by zero gives inf)
-jit = numba.njit(cache=True, nogil=True, error_model="numpy")
+# ---- LLVM optimisation level of pdjit's compiled code -------------------------------------------
+# Numba optimises every function with LLVM at ``numba.config.OPT`` (3 unless the user set
+# NUMBA_OPT), for the whole process. pdjit's code, the generated kernels and these library
+# kernels, is compiled at a level of its own (:data:`OPT_LEVEL`) without touching the user's
+# setting: its functions compile through :class:`PdjitCompiler`, which sets the level on this
+# thread for the length of its compile, and the CPU codegen's pass builders read it there
+# (nothing set: Numba's level). What a pdjit compile compiles in (NumPy overloads such as
+# ``np.empty``, a ``prange`` loop's body, the library kernels that a generated kernel calls,
+# each compiling with its own level) is pdjit's code too; a user's function that calls a
+# library kernel keeps its level (the kernel is re-optimised inside it at the user's level).
+# The level only changes LLVM's IR passes (the per-function and module pipelines); instruction
+# selection stays at Numba's. A kernel whose speed needs O3 (a loop LLVM must vectorise
+# itself) declares it with :data:`jit_o3`. Numba's disk cache does not key its entries by the
+# level: a changed level only applies to what is compiled anew (fresh caches to measure it).
+
+
+def _env_level() -> int:
+    text = os.environ.get("PDJIT_LLVM_OPT", "").strip()
+    if not text:
+        return 1
+    if text not in ("0", "1", "2", "3"):
+        raise ValueError(f"pdjit: PDJIT_LLVM_OPT must be 0, 1, 2 or 3; got {text!r}")
+    return int(text)
+
+
+#: LLVM optimisation level of pdjit's compiled code (env ``PDJIT_LLVM_OPT``, 0-3; default 1:
+#: measured on a cold ResNet training step, O1 compiles ~25% less LLVM time than O3 with the
+#: step's time unchanged within noise, benchmarks/bench_compile.py)
+OPT_LEVEL = _env_level()
+_scope = threading.local()
+
+
+def current_opt_level():
+    """The LLVM level the pdjit compile running on this thread asked for, or ``None`` (Numba's
+    own ``config.OPT`` applies)."""
+    return getattr(_scope, "level", None)
+
+
+def _scoped_pass_builder(original):
+    def pass_builder(**kwargs):
+        level = getattr(_scope, "level", None)
+        if level is not None and "opt" not in kwargs:  # Numba's explicit levels stay
+            kwargs["opt"] = level
+        return original(**kwargs)
+
+    pass_builder.pdjit_scoped = True
+    return pass_builder
+
+
+def _scope_codegen(targetctx) -> None:
+    codegen = targetctx.codegen()
+    builder = getattr(codegen, "_pass_builder", None)
+    if builder is not None and not getattr(builder, "pdjit_scoped", False):
+        codegen._pass_builder = _scoped_pass_builder(builder)
+
+
+class PdjitCompiler(compiler.Compiler):
+    """Numba's default pipeline, its LLVM passes at :attr:`opt_level` for the length of the
+    compile (on this thread, nested compiles included unless they set their own)."""
+
+    opt_level = OPT_LEVEL
+
+    def _compile_core(self):
+        _scope_codegen(self.state.targetctx)
+        before = getattr(_scope, "level", None)
+        _scope.level = self.opt_level
+        try:
+            return super()._compile_core()
+        finally:
+            _scope.level = before
+
+
+class PdjitCompilerO3(PdjitCompiler):
+    """:class:`PdjitCompiler` at LLVM's O3, for kernels whose loops LLVM must vectorise."""
+
+    opt_level = 3
+
+
+#: a library kernel: cached on disk, no GIL, NumPy's error model (division by zero gives inf),
+#: LLVM at :data:`OPT_LEVEL`
+jit = numba.njit(cache=True, nogil=True, error_model="numpy", pipeline_class=PdjitCompiler)
 #: the same, with ``numba.prange`` loops on threads
-pjit = numba.njit(cache=True, nogil=True, error_model="numpy", parallel=True)
+pjit = numba.njit(cache=True, nogil=True, error_model="numpy", parallel=True,
+                  pipeline_class=PdjitCompiler)
+#: :data:`jit` at LLVM's O3 (a kernel that needs LLVM's loop vectoriser)
+jit_o3 = numba.njit(cache=True, nogil=True, error_model="numpy",
+                    pipeline_class=PdjitCompilerO3)
 
 
 #: entry point name -> ``jobs(T)``: the compiled functions a call of it runs for float arrays

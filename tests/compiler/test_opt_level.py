@@ -1,0 +1,97 @@
+"""pdjit's compiled code gets LLVM passes at pdjit's own level (nnlib._jit.OPT_LEVEL) while the
+user's Numba functions in the same process keep Numba's ``config.OPT``. The levels are observed
+where Numba builds its LLVM pass pipelines (``numba.core.codegen.create_pass_builder``); the
+values are checked against NumPy."""
+import uuid
+
+import numba
+import numpy as np
+import pytest
+from numba.core import codegen as numba_codegen
+from numba.core import config
+
+from pdjit.codegen import compiler
+from pdjit.codegen.nnlib import _jit
+
+
+@pytest.fixture
+def levels(monkeypatch):
+    """The LLVM levels of the pass pipelines built while the test runs (Numba's cheap
+    pre-inlining pass at level 0 left out)."""
+    numba.njit(lambda: 1)()  # Numba's one-time runtime (NRT) compiles before: at its level
+    seen = []
+    original = numba_codegen.create_pass_builder
+
+    def spy(tm, opt, **kwargs):
+        seen.append(int(opt))
+        return original(tm, opt, **kwargs)
+
+    monkeypatch.setattr(numba_codegen, "create_pass_builder", spy)
+
+    def take():
+        got = {v for v in seen if v != 0}
+        seen.clear()
+        return got
+
+    return take
+
+
+def _sum_loop(a):
+    s = 0.0
+    for i in range(a.size):
+        s += a[i] * 2.0
+    return s
+
+
+def test_pdjit_kernels_compile_at_pdjit_level_user_code_at_numba_level(levels):
+    assert _jit.OPT_LEVEL != int(config.OPT)  # default 1 against Numba's 3: else nothing shown
+    kernel = numba.njit(pipeline_class=_jit.PdjitCompiler)(_sum_loop)
+    a = np.arange(7.0)
+    assert kernel(a) == pytest.approx(2.0 * a.sum())
+    assert levels() == {_jit.OPT_LEVEL}
+    assert _jit.current_opt_level() is None  # the scope ended with the compile
+
+    user = numba.njit(lambda a: np.zeros(3) + a.sum())
+    np.testing.assert_allclose(user(a), np.full(3, a.sum()))
+    assert levels() == {int(config.OPT)}
+
+    # a user's function calling a pdjit kernel keeps its own level (the kernel, compiled
+    # nested, at pdjit's)
+    kernel2 = numba.njit(pipeline_class=_jit.PdjitCompiler)(lambda a: a.max() * 3.0)
+    caller = numba.njit(lambda a: kernel2(a) + 1.0)
+    assert caller(a) == pytest.approx(a.max() * 3.0 + 1.0)
+    assert levels() == {_jit.OPT_LEVEL, int(config.OPT)}
+
+
+def test_declared_o3_kernel(levels):
+    kernel = numba.njit(pipeline_class=_jit.PdjitCompilerO3)(_sum_loop)
+    a = np.linspace(0.0, 1.0, 9)
+    assert kernel(a) == pytest.approx(2.0 * a.sum())
+    assert levels() == {3}
+
+
+def test_generated_kernels_use_pdjit_pipeline(levels, tmp_path, monkeypatch):
+    monkeypatch.setenv("PDJIT_CACHE_DIR", str(tmp_path))
+    tag = uuid.uuid4().hex[:8]  # a text of its own: compiled here, not found in a cache
+    src = (f"def k_{tag}(x, out):\n"
+           "    for i in range(x.size):\n"
+           "        out[i] = math.exp(x[i]) + 1.0\n")
+    text = compiler.module_text(src, f"k_{tag}")
+    assert "pipeline_class=_PdjitCompiler" in text
+    fn = compiler.compile_function(src, f"k_{tag}").fn
+    x = np.linspace(-1.0, 1.0, 5).astype(np.float32)
+    out = np.empty_like(x)
+    fn(x, out)
+    np.testing.assert_allclose(out, np.exp(x) + 1.0, rtol=1e-6)
+    assert len(fn.signatures) == 1 and fn.nopython_signatures  # native code ran
+    assert levels() == {_jit.OPT_LEVEL}
+
+
+def test_bad_level_setting_names_the_variable(monkeypatch):
+    monkeypatch.setenv("PDJIT_LLVM_OPT", "fast")
+    with pytest.raises(ValueError, match="PDJIT_LLVM_OPT must be 0, 1, 2 or 3; got 'fast'"):
+        _jit._env_level()
+    monkeypatch.setenv("PDJIT_LLVM_OPT", "2")
+    assert _jit._env_level() == 2
+    monkeypatch.setenv("PDJIT_LLVM_OPT", "")
+    assert _jit._env_level() == 1
