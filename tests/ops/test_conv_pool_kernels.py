@@ -102,6 +102,13 @@ TAPS_CASES = [
     ((2, 4, 6, 5), (4, 1, 3, 3), 1, 1, 4),
     ((2, 4, 8, 8), (4, 1, 3, 3), 1, 0, 4),
     ((2, 4, 9, 8), (4, 1, 3, 3), 2, 1, 4),
+    # depthwise stride 2 over an even width (columns split by parity): MobileNet's layer,
+    # no padding (a copy shifted right), 5x5 taps, two outputs per channel, planes whose
+    # halves are no multiple of a vector
+    ((2, 24, 16, 16), (24, 1, 3, 3), 2, 1, 24),
+    ((2, 3, 7, 10), (3, 1, 3, 3), 2, 0, 3),
+    ((1, 2, 11, 6), (2, 1, 5, 5), 2, 2, 2),
+    ((2, 2, 5, 4), (4, 1, 3, 3), 2, 1, 2),
 ]
 
 
@@ -132,3 +139,32 @@ def test_depthwise_border_sees_no_other_row():
     want = np_conv(x, w, 1, 1, 2)
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
     assert np.isfinite(y[0, 0, :, 2:]).all() and np.isfinite(y[0, 1, :, :4]).all()
+
+
+@numba.njit
+def _native_conv(x, w, y, s, p, groups):
+    nnlib.conv2d_fwd(x, w, y, s, s, p, p, 1, 1, groups)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_depthwise_stride2_halves(dtype):
+    """Stride-2 depthwise over even widths (the columns split by parity, one copy per filter
+    column): host and native entries against NumPy, float32 (16 lanes) and float64 (8), with
+    infinities in the first and last columns that only the padding may meet."""
+    for xshape, k, pad in (((2, 3, 12, 14), 3, 1), ((1, 2, 9, 6), 3, 0), ((1, 2, 8, 10), 5, 2)):
+        x = RNG.standard_normal(xshape).astype(dtype)
+        c = xshape[1]
+        x[0, 0, 3, 0] = np.inf
+        x[0, 1, 4, -1] = -np.inf
+        w = RNG.uniform(0.5, 1.5, (c, 1, k, k)).astype(dtype)
+        oh, ow = (xshape[2] + 2 * pad - k) // 2 + 1, (xshape[3] + 2 * pad - k) // 2 + 1
+        want = np_conv(x, w, 2, pad, c)
+        a = np.empty((xshape[0], c, oh, ow), dtype)
+        b = np.empty_like(a)
+        nnlib.conv2d_fwd(x, w, a, 2, 2, pad, pad, 1, 1, c)
+        _native_conv(x, w, b, 2, pad, c)
+        np.testing.assert_array_equal(a, b)
+        tol = 1e-5 if dtype == np.float32 else 1e-12
+        np.testing.assert_allclose(a, want, rtol=tol, atol=tol)
+        # a border output that reads no infinity stays finite: none leaked across a row
+        assert np.isfinite(a).sum() == np.isfinite(want).sum()

@@ -1,0 +1,63 @@
+"""Splitting a run of values by the parity of their index, in vector registers.
+
+``deint(src, s0, dst, d0, d1, nv)`` writes, for ``k < nv * lanes`` (a vector: 64 bytes, 16
+float32 or 8 float64):
+
+    dst[d0 + k] = src[s0 + 2 * k]        dst[d1 + k] = src[s0 + 2 * k + 1]
+
+Each step loads two vectors of ``src`` and writes their even and their odd elements, one
+shuffle each. The convolution's stride-2 depthwise loops (:func:`conv._direct_range`) split an
+image's columns this way. (The same copy as a Numba loop ran at a quarter of the speed: its
+stride-2 loads are not turned into shuffles, measured 0.23 ms for [64, 24, 16, 16] float32
+against 0.05 ms.)
+
+Written as LLVM IR (a Numba intrinsic), as :mod:`pdjit.codegen.nnlib.tile`. The offsets are
+signed 64-bit element offsets that the caller keeps in bounds (no checks here).
+"""
+import llvmlite.ir as ir
+from numba.core import cgutils, types
+from numba.extending import intrinsic
+
+from pdjit.codegen.nnlib.tile import TILE_BYTES
+
+__all__ = ["deint"]
+
+
+@intrinsic
+def deint(typingctx, src, s0, dst, d0, d1, nv):
+    if not (isinstance(src, types.Array) and isinstance(dst, types.Array)):
+        return None
+    if src.dtype != dst.dtype or src.dtype not in (types.float32, types.float64):
+        return None
+    if not all(isinstance(t, types.Integer) for t in (s0, d0, d1, nv)):
+        return None
+    sig = types.void(src, s0, dst, d0, d1, nv)
+
+    def codegen(context, builder, signature, args):
+        at = signature.args
+        sptr = context.make_array(at[0])(context, builder, args[0]).data
+        dptr = context.make_array(at[2])(context, builder, args[2]).data
+        s0v, d0v, d1v, nvv = (context.cast(builder, args[i], at[i], types.int64)
+                              for i in (1, 3, 4, 5))
+        fty = context.get_value_type(at[0].dtype)
+        size = context.get_abi_sizeof(fty)
+        lanes = TILE_BYTES // size
+        vty = ir.VectorType(fty, lanes)
+        i64 = ir.IntType(64)
+        evens = ir.Constant(ir.VectorType(ir.IntType(32), lanes), list(range(0, 2 * lanes, 2)))
+        odds = ir.Constant(ir.VectorType(ir.IntType(32), lanes), list(range(1, 2 * lanes, 2)))
+        with cgutils.for_range(builder, nvv) as loop:
+            k = builder.mul(loop.index, ir.Constant(i64, lanes))
+            s = builder.add(s0v, builder.add(k, k))
+            a = builder.load(builder.bitcast(builder.gep(sptr, [s]), vty.as_pointer()),
+                             align=size)
+            b = builder.load(builder.bitcast(
+                builder.gep(sptr, [builder.add(s, ir.Constant(i64, lanes))]),
+                vty.as_pointer()), align=size)
+            for base, mask in ((d0v, evens), (d1v, odds)):
+                p = builder.gep(dptr, [builder.add(base, k)])
+                builder.store(builder.shuffle_vector(a, b, mask),
+                              builder.bitcast(p, vty.as_pointer()), align=size)
+        return context.get_dummy_value()
+
+    return sig, codegen
