@@ -87,15 +87,16 @@ class PdjitCompilerO3(PdjitCompiler):
     opt_level = 3
 
 
-#: a library kernel: cached on disk, no GIL, NumPy's error model (division by zero gives inf),
-#: LLVM at :data:`OPT_LEVEL`
-jit = numba.njit(cache=True, nogil=True, error_model="numpy", pipeline_class=PdjitCompiler)
+#: Numba's options of pdjit's kernels: cached on disk, no GIL, NumPy's error model (division by
+#: zero gives inf), no C-callable wrapper (Numba compiles one per function for ``cfunc``-style
+#: addresses, which pdjit never takes: measured ~0.02 s of compile per function, of ~0.08 s)
+OPTIONS = dict(cache=True, nogil=True, error_model="numpy", no_cfunc_wrapper=True)
+#: a library kernel: :data:`OPTIONS`, LLVM at :data:`OPT_LEVEL`
+jit = numba.njit(**OPTIONS, pipeline_class=PdjitCompiler)
 #: the same, with ``numba.prange`` loops on threads
-pjit = numba.njit(cache=True, nogil=True, error_model="numpy", parallel=True,
-                  pipeline_class=PdjitCompiler)
+pjit = numba.njit(**OPTIONS, parallel=True, pipeline_class=PdjitCompiler)
 #: :data:`jit` at LLVM's O3 (a kernel that needs LLVM's loop vectoriser)
-jit_o3 = numba.njit(cache=True, nogil=True, error_model="numpy",
-                    pipeline_class=PdjitCompilerO3)
+jit_o3 = numba.njit(**OPTIONS, pipeline_class=PdjitCompilerO3)
 
 
 #: entry point name -> ``jobs(T)``: the compiled functions a call of it runs for float arrays

@@ -30,14 +30,16 @@ import numba
 import numpy as np
 from numba.extending import overload
 
-from pdjit.codegen.nnlib._jit import jit, jobs
+from pdjit.codegen.nnlib._jit import OPTIONS, PdjitCompiler, jit, jobs
 from pdjit.codegen.nnlib.conv import _plain, _threads, split_work
 from pdjit.runtime.threads import free_cores, loop_threads
 
 _F64 = np.dtype(np.float64)
 
-#: sums may be reassociated (vectorised): the kernels that sum over a channel's or a row's values
-_rjit = numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc", "contract"})
+#: sums may be reassociated (vectorised): the kernels that sum over a channel's or a row's
+#: values (at pdjit's LLVM level: O1 vectorises such a sum as O3 does, measured 1M float32
+#: 0.080 vs 0.078 ms)
+_rjit = numba.njit(**OPTIONS, fastmath={"reassoc", "contract"}, pipeline_class=PdjitCompiler)
 
 __all__ = ["norm_stats", "norm_apply", "norm_grad", "layer_norm_fwd", "layer_norm_bwd"]
 
