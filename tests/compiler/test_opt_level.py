@@ -77,7 +77,7 @@ def test_generated_kernels_use_pdjit_pipeline(levels, tmp_path, monkeypatch):
            "    for i in range(x.size):\n"
            "        out[i] = math.exp(x[i]) + 1.0\n")
     text = compiler.module_text(src, f"k_{tag}")
-    assert "pipeline_class=_PdjitCompiler" in text
+    assert "pipeline_class=_PdjitCompiler" in text and "no_cfunc_wrapper=True" in text
     fn = compiler.compile_function(src, f"k_{tag}").fn
     x = np.linspace(-1.0, 1.0, 5).astype(np.float32)
     out = np.empty_like(x)
@@ -85,6 +85,11 @@ def test_generated_kernels_use_pdjit_pipeline(levels, tmp_path, monkeypatch):
     np.testing.assert_allclose(out, np.exp(x) + 1.0, rtol=1e-6)
     assert len(fn.signatures) == 1 and fn.nopython_signatures  # native code ran
     assert levels() == {_jit.OPT_LEVEL}
+    # no C-callable wrapper was built for it (pdjit never takes a kernel's address)
+    (cres,) = fn.overloads.values()
+    names = {f.name for f in cres.library._final_module.functions}
+    assert cres.fndesc.llvm_cfunc_wrapper_name not in names
+    assert cres.fndesc.llvm_cpython_wrapper_name in names  # callable from Python
 
 
 def test_bad_level_setting_names_the_variable(monkeypatch):
