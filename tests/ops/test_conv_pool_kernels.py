@@ -109,6 +109,11 @@ TAPS_CASES = [
     ((2, 3, 7, 10), (3, 1, 3, 3), 2, 0, 3),
     ((1, 2, 11, 6), (2, 1, 5, 5), 2, 2, 2),
     ((2, 2, 5, 4), (4, 1, 3, 3), 2, 1, 2),
+    # stride 2 onto half an even width of whole vectors (the taps planes' rows copied from
+    # rows split by parity): MobileNet's first layer, 4x4 taps (shifts -1..1), 2x2 unpadded
+    ((2, 3, 32, 32), (16, 3, 3, 3), 2, 1, 1),
+    ((1, 2, 32, 32), (8, 2, 4, 4), 2, 1, 1),
+    ((1, 2, 32, 32), (4, 2, 2, 2), 2, 0, 1),
 ]
 
 

@@ -20,7 +20,7 @@ from numba.extending import intrinsic
 
 from pdjit.codegen.nnlib.tile import TILE_BYTES
 
-__all__ = ["deint"]
+__all__ = ["deint", "vcopy"]
 
 
 @intrinsic
@@ -58,6 +58,38 @@ def deint(typingctx, src, s0, dst, d0, d1, nv):
                 p = builder.gep(dptr, [builder.add(base, k)])
                 builder.store(builder.shuffle_vector(a, b, mask),
                               builder.bitcast(p, vty.as_pointer()), align=size)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def vcopy(typingctx, src, s0, dst, d0, nv):
+    """``dst[d0 + k] = src[s0 + k]`` for ``k < nv * lanes``: whole vectors, no remainder loop
+    (a Numba loop over one vector's worth of values ran as scalars)."""
+    if not (isinstance(src, types.Array) and isinstance(dst, types.Array)):
+        return None
+    if src.dtype != dst.dtype or src.dtype not in (types.float32, types.float64):
+        return None
+    if not all(isinstance(t, types.Integer) for t in (s0, d0, nv)):
+        return None
+    sig = types.void(src, s0, dst, d0, nv)
+
+    def codegen(context, builder, signature, args):
+        at = signature.args
+        sptr = context.make_array(at[0])(context, builder, args[0]).data
+        dptr = context.make_array(at[2])(context, builder, args[2]).data
+        s0v, d0v, nvv = (context.cast(builder, args[i], at[i], types.int64) for i in (1, 3, 4))
+        fty = context.get_value_type(at[0].dtype)
+        size = context.get_abi_sizeof(fty)
+        lanes = TILE_BYTES // size
+        vty = ir.VectorType(fty, lanes)
+        with cgutils.for_range(builder, nvv) as loop:
+            k = builder.mul(loop.index, ir.Constant(ir.IntType(64), lanes))
+            v = builder.load(builder.bitcast(builder.gep(sptr, [builder.add(s0v, k)]),
+                                             vty.as_pointer()), align=size)
+            builder.store(v, builder.bitcast(builder.gep(dptr, [builder.add(d0v, k)]),
+                                             vty.as_pointer()), align=size)
         return context.get_dummy_value()
 
     return sig, codegen
