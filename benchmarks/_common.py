@@ -75,3 +75,19 @@ def ms(v) -> str:
     if v is None:
         return "-"
     return f"{v:.3f}" if v < 10 else f"{v:.1f}"
+
+
+def settle_pdjit(call) -> int:
+    """Run ``call`` until pdjit's Executor serves it as it would a model run often: past
+    ``plan.HOT_RUNS`` runs, the native driver compiled on its thread; returns how many warm-up
+    calls remain for the driver trials (each driver's first runs of a batch size)."""
+    import threading
+
+    from pdjit.runtime import plan
+
+    for _ in range(plan.HOT_RUNS + 1):
+        call()
+    for t in threading.enumerate():
+        if t.name == "pdjit-tier-up":
+            t.join()
+    return 2 * (plan.NativeStep._WARM + plan.NativeStep._TIMED) + 5

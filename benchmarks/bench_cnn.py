@@ -67,7 +67,7 @@ import time
 import warnings
 
 import numpy as np
-from _common import have, ms, ort_session, table, time_calls  # noqa: E402
+from _common import have, ms, ort_session, settle_pdjit, table, time_calls  # noqa: E402
 
 logging.getLogger("jax._src.xla_bridge").setLevel(logging.WARNING)  # "no TPU" notices
 
@@ -270,22 +270,6 @@ def lenet_contenders() -> tuple[dict, list]:
 
 def lenet_input(batch: int) -> np.ndarray:
     return np.random.default_rng(batch).standard_normal((batch, 1, 28, 28)).astype(np.float32)
-
-
-def settle_pdjit(call) -> int:
-    """Run ``call`` until pdjit's Executor serves it as it would a model run often: past
-    ``plan.HOT_RUNS`` runs, the native driver compiled on its thread; returns how many warm-up
-    calls remain for the driver trials (each driver's first runs of a batch size)."""
-    import threading
-
-    from pdjit.runtime import plan
-
-    for _ in range(plan.HOT_RUNS + 1):
-        call()
-    for t in threading.enumerate():
-        if t.name == "pdjit-tier-up":
-            t.join()
-    return 2 * (plan.NativeStep._WARM + plan.NativeStep._TIMED) + 5
 
 
 def child_lenet(name: str, repeat: int) -> dict:
