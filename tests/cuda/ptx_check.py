@@ -16,6 +16,9 @@ def main(path: str) -> dict:
     from numba.core import types as t
 
     try:
+        # NVIDIA's numba-cuda (the cuda extra) compiles PTX without a driver; Numba's own
+        # deprecated CUDA target, beside a system CUDA toolkit, asks the driver for the device
+        import numba_cuda  # noqa: F401
         from numba.cuda.cudadrv import nvvm
         nvvm.NVVM()
     except Exception as e:  # noqa: BLE001 - no libNVVM: nothing can be compiled here
