@@ -523,7 +523,6 @@ def _igemm(fn: str, a: str, b: str, out: str, g: Geometry, geo) -> str:
     return f"_cu.{fn}({a}, {b}, {out}, {g.nhwc}, {', '.join(geo)})"
 
 
-
 #: the direct body (one thread per element) of each rule of the implicit GEMM
 _DIRECT = {"conv2d_fwd": _fwd_body, "conv2d_bwd_data": _data_body,
            "conv2d_bwd_filter": _filter_body}
@@ -540,6 +539,7 @@ def _device_conv(ctx, rule: str, a: str, b: str, out: str, g: Geometry, T: str, 
     i = ctx.tmp("i")
     return ctx.device_loop(i, f"{out}.size", _DIRECT[rule](g, T, geo, a, b, out, i),
                            before=sizes)
+
 
 def _conv_device_lines(ctx, what: str, grad: bool) -> list | None:
     """A convolution (``grad``: its gradients) on a device target, NCHW or NHWC: an implicit
