@@ -16,6 +16,7 @@ its name and argument types, not by the values it closes over).
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 
@@ -86,16 +87,28 @@ def _fill(a, v):
         i += gs
 
 
-# ---- GEMM ----------------------------------------------------------------------------------------
-_GEMM: dict = {}
+_NB_TYPES = {np.dtype(np.float32): np.float32, np.dtype(np.float64): np.float64}
 
 
-def _gemm_kernel(dtype):
-    k = _GEMM.get(np.dtype(dtype))
-    if k is not None:
+def per_dtype(make):
+    """A kernel factory made once per float dtype (any spelling of it) and the rest of its
+    arguments: ``make(nbtype, *rest)`` returns the ``cuda.jit`` kernel (a closure over the
+    dtype's shared-memory tiles, so not disk-cached)."""
+    made: dict = {}
+
+    @functools.wraps(make)
+    def kernel(dtype, *rest):
+        key = (np.dtype(dtype), *rest)
+        k = made.get(key)
+        if k is None:
+            k = made[key] = make(_NB_TYPES[key[0]], *rest)
         return k
-    nbtype = {np.dtype(np.float32): np.float32, np.dtype(np.float64): np.float64}[
-        np.dtype(dtype)]
+    return kernel
+
+
+# ---- GEMM ----------------------------------------------------------------------------------------
+@per_dtype
+def _gemm_kernel(nbtype):
     tile = TILE
 
     def gemm(A, B, C):
@@ -123,8 +136,7 @@ def _gemm_kernel(dtype):
         if row < m and col < n:
             C[row, col] = acc
 
-    k = _GEMM[np.dtype(dtype)] = cuda.jit(gemm)
-    return k
+    return cuda.jit(gemm)
 
 
 def gemm(a, b):
@@ -149,15 +161,10 @@ def gemm(a, b):
 #: at most this many batch dims after merging neighbours that broadcast alike (a product with
 #: more raises ValueError: the plan then runs the op's reference)
 BATCH_DIMS = 3
-_BGEMM: dict = {}
 
 
-def _bgemm_kernel(dtype):
-    k = _BGEMM.get(np.dtype(dtype))
-    if k is not None:
-        return k
-    nbtype = {np.dtype(np.float32): np.float32, np.dtype(np.float64): np.float64}[
-        np.dtype(dtype)]
+@per_dtype
+def _bgemm_kernel(nbtype):
     tile = TILE
 
     def bgemm(A, B, C, ta, tb, alpha, n0, n1, n2, k0, k1, k2, sa0, sa1, sa2, sb0, sb1, sb2,
@@ -225,8 +232,7 @@ def _bgemm_kernel(dtype):
                 C[z, row, col] = acc * alpha
             z += cuda.gridDim.z
 
-    k = _BGEMM[np.dtype(dtype)] = cuda.jit(bgemm)
-    return k
+    return cuda.jit(bgemm)
 
 
 def _batch_plan(it, da, db, dc) -> list:

@@ -52,16 +52,12 @@ FWD, FILTER, DATA = 0, 1, 2
 #: an offset that keeps an index negative (outside the image): a column or row past the end
 _FAR = -(1 << 40)
 _MODES = {FWD: "conv2d_fwd", FILTER: "conv2d_bwd_filter", DATA: "conv2d_bwd_data"}
-_KERNELS: dict = {}
 
 
-def _igemm_kernel(dtype, mode: int):
-    """The implicit-GEMM kernel of one float ``dtype`` and ``mode`` (FWD, FILTER, DATA)."""
-    key = (np.dtype(dtype), int(mode))
-    k = _KERNELS.get(key)
-    if k is not None:
-        return k
-    nbtype = {np.dtype(np.float32): np.float32, np.dtype(np.float64): np.float64}[key[0]]
+@_lib.per_dtype
+def _igemm_kernel(nbtype, mode: int):
+    """The implicit-GEMM kernel of one float dtype (``_igemm_kernel(dtype, mode)``) and
+    ``mode`` (FWD, FILTER, DATA)."""
     tile, rb = TILE, RB
     bt = tile * rb   # the block's tile of the product: bt x bt, the reduction in steps of tile
     fwd, filt = mode == FWD, mode == FILTER
@@ -237,8 +233,7 @@ def _igemm_kernel(dtype, mode: int):
                             C[js[j] + (g * CG + row) * xc] = acc[i, j]
             t += cuda.gridDim.x
 
-    k = _KERNELS[key] = cuda.jit(igemm)
-    return k
+    return cuda.jit(igemm)
 
 
 def _strides(nhwc: bool, shape) -> tuple:
