@@ -13,17 +13,24 @@ into an artifact directory (build time reported), and exported to ONNX
    predictor with a warm kernel cache (``make_predictor`` + ``run``, as ``pdjit bench
    --startup``: the cache was filled by a run just before); ONNX Runtime (import, session,
    first run), 1 intra-op thread.
-2. Latency at batch 1 and 64: each engine in its own process (libraries in one process disturb
-   each other, see bench_cnn.py), ``--repeat`` timed calls after warm-up, median and min ms.
-   pdjit's predictor at its defaults; the artifact through its Python loader (``model.run``:
-   ctypes, the library writing the outputs into the arrays it returns); ONNX Runtime with 1
-   intra-op thread; and the artifact through C (a small C program timing ``pdjit_model_run``).
-   Outputs are checked against pdjit's predictor.
+2. Latency at batch 1 and 64, in ``--rounds`` rounds: each round starts each engine in a
+   process of its own (libraries in one process disturb each other, see bench_cnn.py; the
+   order alternates between rounds), ``--repeat`` timed calls after warm-up, each call's wall
+   and thread CPU time. pdjit's predictor at its defaults; the artifact through its Python
+   loader (``model.run``: ctypes, the library writing the outputs into the arrays it returns);
+   ONNX Runtime with 1 intra-op thread; and the artifact through C (a small C program timing
+   ``pdjit_model_run``). Outputs are checked against pdjit's predictor. The table gives the
+   best min over the rounds and the median of the rounds' medians; below it, every round's
+   min / median / median CPU per contender, and the loader's own cost: its process also
+   times the library's run called bare through ctypes, alternating with ``model.run``
+   (loader - bare: what the loader adds; bare vs the C program: what the Python process
+   costs). How to read a slow number: a round whose median is far above its min while its
+   CPU time stays near the min was preempted (another process on the core); one whose CPU
+   time rose with it (min too) ran slower on its core: the host was busy (other VMs, the
+   neighbour's caches) when every contender of that round is slow, the contender's own code
+   when only it is. The load average is printed before each table.
 3. ``--processes P`` (> 1): the C timing again in P processes at each batch, each process's min,
-   median and median thread CPU time. A process whose median is far above its min while its
-   CPU time stays near the min was preempted (another process on the core); one whose CPU time
-   rose with it ran slower on the core (caches shared with a neighbour, or the addresses its
-   arrays got): the spread says whether a slow run is the artifact's or the machine's.
+   median and median thread CPU time (the same reading).
 
 ``--threads N`` (default 1): every contender's thread count in the latency runs: the artifact
 built with ``--threads N``, ONNX Runtime's intra-op threads, pdjit's loop threads, and
@@ -114,11 +121,52 @@ int main(int argc, char **argv) {
 THREADS = int(os.environ.get("BENCH_THREADS", "1"))
 
 
+def _timed(fns: dict, repeat: int) -> dict:
+    """Each of ``fns`` called ``repeat`` times after 5 warm-up calls, alternating: median and
+    min wall ms and median thread CPU ms per name."""
+    for fn in fns.values():
+        for _ in range(5):
+            fn()
+    wall = {k: [] for k in fns}
+    cpu = {k: [] for k in fns}
+    for _ in range(repeat):
+        for k, fn in fns.items():
+            c, t = time.thread_time(), time.perf_counter()
+            fn()
+            t2, c2 = time.perf_counter(), time.thread_time()
+            wall[k].append((t2 - t) * 1e3)
+            cpu[k].append((c2 - c) * 1e3)
+    return {k: {"median_ms": statistics.median(wall[k]), "min_ms": min(wall[k]),
+                "cpu_median_ms": statistics.median(cpu[k])} for k in fns}
+
+
+def _bare_call(m, x):
+    """The library's run on ``x`` called through ctypes with arguments prepared once (the
+    outputs into the instance's own buffers): the loader's run less the loader."""
+    import ctypes
+
+    i64 = ctypes.c_int64
+    codes = {np.dtype(d): i for i, d in enumerate(
+        ["float32", "float64", "int32", "int64", "uint8", "int8", "bool", "int16", "float16"])}
+    data = (ctypes.c_void_p * 1)(x.ctypes.data)
+    dtypes = (ctypes.c_int * 1)(codes[x.dtype])
+    ndims = (ctypes.c_int * 1)(x.ndim)
+    dims = (i64 * max(x.ndim, 1))(*x.shape)
+    shapes = (ctypes.POINTER(i64) * 1)(ctypes.cast(dims, ctypes.POINTER(i64)))
+    run, h = m._lib.pdjit_model_run, m._h
+
+    def bare():
+        if run(h, 1, data, dtypes, ndims, shapes) != 0:
+            raise RuntimeError(m._lib.pdjit_model_error(h).decode())
+    return bare
+
+
 def child(engine: str, batch: int, repeat: int, tmp: str) -> None:
     with open(os.path.join(tmp, "model.json")) as f:
         info = json.load(f)
     shape = [batch if d < 0 else d for d in info["shape"]]
     x = np.random.default_rng(batch).standard_normal(shape).astype(np.float32)
+    extra = {}
     if engine == "aot loader":
         sys.path.insert(0, tmp)
         import model_aot
@@ -128,6 +176,7 @@ def child(engine: str, batch: int, repeat: int, tmp: str) -> None:
 
         def fn():
             return m.run({name: x})[0]
+        extra["bare"] = _bare_call(m, x)
     elif engine == "pdjit JIT":
         from pdjit.tools.run import make_predictor
 
@@ -146,15 +195,11 @@ def child(engine: str, batch: int, repeat: int, tmp: str) -> None:
 
         def fn():
             return s.run(None, {name: x})[0]
-    for _ in range(5):
-        out = fn()
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
+    out = fn()
+    res = _timed({"run": fn, **extra}, repeat)
     np.save(os.path.join(tmp, f"out_{engine.replace(' ', '_')}_{batch}.npy"), out)
-    print(json.dumps({"median_ms": statistics.median(times) * 1e3, "min_ms": min(times) * 1e3}))
+    print(json.dumps({**res.pop("run"), **{f"{k}_{q}": v for k, r in res.items()
+                                           for q, v in r.items()}}))
 
 
 def main() -> None:
@@ -222,27 +267,44 @@ def main() -> None:
                 [os.path.join(art, "bench_c"), str(batch), str(rep), str(args.threads)],
                 capture_output=True, text=True, check=True, env=env).stdout)
 
+        engines = ["aot through C", "pdjit JIT", "aot loader", "onnxruntime"]
         for batch in (1, 64):
-            res = {}
             rep = args.repeat if batch == 1 else max(args.repeat // 4, 10)
-            res["aot through C"] = c_timing(batch, rep)
-            for engine in ("pdjit JIT", "aot loader", "onnxruntime"):
-                out = subprocess.run([sys.executable, __file__, "--child", engine, str(batch),
-                                      str(rep), tmp], capture_output=True, text=True,
-                                     check=True, env=env).stdout
-                res[engine] = json.loads(out.strip().splitlines()[-1])
+            load0 = os.getloadavg()
+            rounds = {k: [] for k in engines}
+            for r in range(args.rounds):
+                for engine in (engines if r % 2 == 0 else engines[::-1]):
+                    if engine == "aot through C":
+                        rounds[engine].append(c_timing(batch, rep))
+                        continue
+                    out = subprocess.run([sys.executable, __file__, "--child", engine,
+                                          str(batch), str(rep), tmp], capture_output=True,
+                                         text=True, check=True, env=env).stdout
+                    rounds[engine].append(json.loads(out.strip().splitlines()[-1]))
             ref = np.load(os.path.join(tmp, f"out_pdjit_JIT_{batch}.npy"))
             for engine in ("aot_loader", "onnxruntime"):
                 got = np.load(os.path.join(tmp, f"out_{engine}_{batch}.npy"))
                 assert np.allclose(got, ref, rtol=1e-4, atol=1e-5), engine
             print(f"\n## latency, {args.model} batch {batch}, {args.threads} thread(s) "
-                  f"({rep} runs, own process each)")
-            print("| contender | median ms | min ms | vs pdjit JIT | vs onnxruntime |\n"
-                  "|---|---|---|---|---|")
-            jit_ms, ort_ms = res["pdjit JIT"]["median_ms"], res["onnxruntime"]["median_ms"]
-            for k, v in sorted(res.items(), key=lambda kv: kv[0] != "pdjit JIT"):
-                print(f"| {k} | {v['median_ms']:.4f} | {v['min_ms']:.4f} | "
-                      f"{v['median_ms'] / jit_ms:.2f}x | {v['median_ms'] / ort_ms:.2f}x |")
+                  f"({args.rounds} round(s) of {rep} runs, own process each; load average "
+                  f"{load0[0]:.2f} before, {os.getloadavg()[0]:.2f} after)")
+            print("| contender | median ms (median of rounds) | min ms (best round) | "
+                  "vs pdjit JIT | vs onnxruntime |\n|---|---|---|---|---|")
+            med = {k: statistics.median(r["median_ms"] for r in v) for k, v in rounds.items()}
+            for k in engines[1:2] + engines[:1] + engines[2:]:
+                best = min(r["min_ms"] for r in rounds[k])
+                print(f"| {k} | {med[k]:.4f} | {best:.4f} | {med[k] / med['pdjit JIT']:.2f}x | "
+                      f"{med[k] / med['onnxruntime']:.2f}x |")
+            print("\nper round (ms), min / median / median thread CPU:")
+            for k in engines:
+                print(f"- {k}: " + ", ".join(f"{r['min_ms']:.4f} / {r['median_ms']:.4f} / "
+                                             f"{r['cpu_median_ms']:.4f}" for r in rounds[k]))
+            print("- the loader's run called bare through ctypes, in the loader's process: "
+                  + ", ".join(f"{r['bare_min_ms']:.4f} / {r['bare_median_ms']:.4f} / "
+                              f"{r['bare_cpu_median_ms']:.4f}" for r in rounds["aot loader"]))
+            over = [r["median_ms"] - r["bare_median_ms"] for r in rounds["aot loader"]]
+            print("- the loader over its bare call (median - median): "
+                  + ", ".join(f"{o * 1e3:+.1f} us" for o in over))
             if args.processes > 1:
                 runs = [c_timing(batch, rep) for _ in range(args.processes)]
                 print(f"\nthe artifact through C in {args.processes} processes (ms): "
