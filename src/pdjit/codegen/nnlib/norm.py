@@ -28,7 +28,7 @@ native loop's compiled driver they run on its own thread.
 """
 import numba
 import numpy as np
-from numba.extending import overload
+from numba.extending import overload, register_jitable
 
 from pdjit.codegen.nnlib._jit import OPTIONS, PdjitCompiler, jit, jobs
 from pdjit.codegen.nnlib.conv import _plain, _threads, split_work
@@ -47,202 +47,117 @@ _MISFIT_STATS = "pdjit: the norm statistics do not fit the data"
 
 
 # ---- batch, instance and group norm -------------------------------------------------------------
-# One kernel per entry point, with a ``mode``: 0 runs the whole computation on this thread; the
-# others run one pass over the samples ``a0..a1``, so large data is split over threads (each
-# slice sums into its own float64 partials ``(K, C)``, added up afterwards: the sums of mode 0 in
-# another order). One function each rather than a function per pass: every Numba function costs
-# its own compilation (measured: four more small ones added 1.3 s to a cold start). Their
-# scratch arrays are all ``np.zeros`` of a 2-tuple shape: Numba compiles an allocation for each
-# distinct argument signature it meets (np.empty((K, C)), np.zeros(C)... one each).
+# Three small kernels do the passes over the data: :func:`_stats_k` sums per (k, c) (the
+# statistics' two passes and the gradient's sums), :func:`_apply_k` writes ``y = x * s + b``
+# per channel and :func:`_grad_k` writes ``dx``. The bookkeeping on a few values per channel
+# (group sums, coefficients) is NumPy in the host entry points (and loops in the native ones).
+# Each pass works on a range of samples ``a0..a1``, so large data is split over threads (each
+# slice sums into partials of its own, added up afterwards). They take no scratch arrays of
+# their own and call no NumPy function: every Numba function (and every signature of a NumPy
+# overload such as ``np.zeros``) costs a compilation of its own, measured on the cold first step
+# of bench_cnn's ResNet (fresh caches, serial): the former kernels that did it all (modes, group
+# sums, their scratch ``np.zeros``) compiled in 2.1 s; these in about a third of it.
+# ``K`` (rows of the per-channel arrays) is 1 (statistics over the batch) or ``A`` (per sample).
+
+
 @_rjit
-def _stats_k(x, per_sample, cpg, mean, var, acc, mc, mode, a0, a1):
-    """Mode 0: ``mean[k, g]`` and biased ``var[k, g]`` of the groups of ``x``. Mode 1: ``acc[k,
-    c] +=`` the sums of the values of the samples ``a0..a1``; mode 2: the sums of their squared
-    deviations from ``mc[k, c]`` (``acc`` and ``mc`` are unread in mode 0)."""
-    A, P, C, R = x.shape
-    K = A if per_sample else 1
-    if cpg < 1 or C % cpg != 0 or mean.shape != (K, C // cpg) or var.shape != mean.shape:
+def _stats_k(x, dy, mc, s1, s2, mode, a0, a1):
+    """Float64 sums over the values of channel ``c`` of the samples ``a0..a1`` (``k = a`` when
+    ``s1`` has a row per sample, else 0): mode 0 ``s1[k, c] += sum(x)``, mode 1 ``s1[k, c] +=
+    sum((x - mc[k, c])**2)``, mode 2 ``s1[k, c] += sum(dy)`` and ``s2[k, c] += sum(dy * (x -
+    mc[k, c]))`` (``dy`` and ``s2`` are read in mode 2 only, ``mc`` in modes 1 and 2)."""
+    A, P, C = x.shape[0], x.shape[1], x.shape[2]
+    K = s1.shape[0]
+    if (K != 1 and K != A) or s1.shape[1] != C or s2.shape[0] != K or s2.shape[1] != C or \
+            mc.shape[0] != K or mc.shape[1] != C or dy.shape != x.shape or \
+            a0 < 0 or a1 > A:
         raise ValueError(_MISFIT_STATS)
-    n = P * R * cpg * (1 if per_sample else A)
-    if mode == 0:
-        mean[:, :] = 0.0
-        var[:, :] = 0.0
-        if n == 0:
-            return
-        acc = np.zeros((K, C))
-        mc = np.zeros((K, C))
-        a0, a1 = 0, A
-    elif acc.shape != (K, C) or mc.shape != (K, C):
-        raise ValueError(_MISFIT_STATS)
-    x3 = x.reshape((A, P, C * R))  # indexed [a, p, c] when R == 1
-    for sq in range(1 if mode == 2 else 0, 1 if mode == 1 else 2):
-        for a in range(a0, a1):
-            k = a if per_sample else 0
-            for p in range(P):
-                if R == 1:
-                    if sq:
-                        for c in range(C):
-                            d = x3[a, p, c] - mc[k, c]
-                            acc[k, c] += d * d
-                    else:
-                        for c in range(C):
-                            acc[k, c] += x3[a, p, c]
-                else:
-                    for c in range(C):
-                        xr = x[a, p, c]
-                        t = 0.0
-                        if sq:
-                            m = mc[k, c]
-                            for r in range(R):
-                                d = xr[r] - m
-                                t += d * d
-                        else:
-                            for r in range(R):
-                                t += xr[r]
-                        acc[k, c] += t
-        if mode == 0:
-            out = var if sq else mean
-            for k in range(K):
-                for c in range(C):
-                    out[k, c // cpg] += acc[k, c]
-            out /= n
-            if not sq:
-                for k in range(K):
-                    for c in range(C):
-                        mc[k, c] = mean[k, c // cpg]
-                acc[:, :] = 0.0
-
-
-@jit
-def _apply_k(x, mean, inv, scale, bias, per_sample, cpg, relu, y, a0, a1):
-    """Samples ``a0..a1``: ``y = (x - mean[k, g]) * inv[k, g] * scale[c] + bias[c]``, computed
-    as ``x * s + b`` per channel (as Paddle's CPU kernel does), then ``max(y, 0)`` with
-    ``relu``."""
-    A, P, C, R = x.shape
-    K = A if per_sample else 1
-    if cpg < 1 or C % cpg != 0 or mean.shape != (K, C // cpg) or inv.shape != mean.shape:
-        raise ValueError(_MISFIT_STATS)
-    if scale.shape[0] != C or bias.shape[0] != C or y.shape != x.shape:
-        raise ValueError("pdjit: norm_apply: Scale, Bias or Y do not fit X")
-    s = np.zeros((K, C))
-    b = np.zeros((K, C))
-    for k in range(K):
-        for c in range(C):
-            g = c // cpg
-            s[k, c] = inv[k, g] * scale[c]
-            b[k, c] = bias[c] - mean[k, g] * s[k, c]
-    x3 = x.reshape((A, P, C * R))  # indexed [a, p, c] when R == 1
-    y3 = y.reshape((A, P, C * R))
     for a in range(a0, a1):
-        k = a if per_sample else 0
+        k = a if K > 1 else 0
         for p in range(P):
-            if R == 1:
-                for c in range(C):
-                    v = x3[a, p, c] * s[k, c] + b[k, c]
-                    if relu and v < 0.0:
-                        v = 0.0
-                    y3[a, p, c] = v
-            else:
-                for c in range(C):
-                    sc = s[k, c]
-                    bc = b[k, c]
-                    for r in range(R):
-                        v = x[a, p, c, r] * sc + bc
-                        if relu and v < 0.0:
-                            v = 0.0
-                        y[a, p, c, r] = v
-
-
-@_rjit
-def _grad_k(x, dy, mean, inv, scale, per_sample, cpg, batch_stats, dx, dscale, dbias, s1, s2,
-            mode, a0, a1):
-    """The gradients of :func:`norm_apply` (without relu): ``dscale[c] = sum(dy * xhat)``,
-    ``dbias[c] = sum(dy)`` and, with ``batch_stats`` (the statistics are those of ``x``),
-    ``dx = inv * (g - mean(g) - xhat * mean(g * xhat))`` over each group where
-    ``g = dy * scale[c]``; without (fixed statistics) ``dx = inv * g``.
-
-    Mode 0 computes it all. Mode 1 adds the sums of the samples ``a0..a1`` to ``s1[k, c]``
-    (``dy``) and ``s2[k, c]`` (``dy * (x - mean)``); mode 2 takes the sums of all samples in
-    ``s1``, ``s2`` and writes ``dx`` of the samples ``a0..a1`` (and, with ``a0 == 0``,
-    ``dscale`` and ``dbias``)."""
-    A, P, C, R = x.shape
-    K = A if per_sample else 1
-    if cpg < 1 or C % cpg != 0 or mean.shape != (K, C // cpg) or inv.shape != mean.shape:
-        raise ValueError(_MISFIT_STATS)
-    if scale.shape[0] != C or dscale.shape[0] != C or dbias.shape[0] != C or \
-            dy.shape != x.shape or dx.shape != x.shape:
-        raise ValueError("pdjit: norm_grad: Scale, Y@GRAD or the gradients do not fit X")
-    if mode == 0:
-        s1 = np.zeros((K, C))
-        s2 = np.zeros((K, C))
-        a0, a1 = 0, A
-    elif s1.shape != (K, C) or s2.shape != (K, C):
-        raise ValueError("pdjit: norm_grad: the partial sums do not fit X")
-    mc = np.zeros((K, C))  # each channel's group mean
-    for k in range(K):
-        for c in range(C):
-            mc[k, c] = mean[k, c // cpg]
-    x3 = x.reshape((A, P, C * R))  # indexed [a, p, c] when R == 1
-    g3 = dy.reshape((A, P, C * R))
-    d3 = dx.reshape((A, P, C * R))
-    if mode != 2:
-        for a in range(a0, a1):
-            k = a if per_sample else 0
-            for p in range(P):
-                if R == 1:
+            if x.ndim == 3:  # channel-last rows (compiled for 3-D views only)
+                if mode == 0:
                     for c in range(C):
-                        d = g3[a, p, c]
-                        s1[k, c] += d
-                        s2[k, c] += d * (x3[a, p, c] - mc[k, c])
+                        s1[k, c] += x[a, p, c]
+                elif mode == 1:
+                    for c in range(C):
+                        d = x[a, p, c] - mc[k, c]
+                        s1[k, c] += d * d
                 else:
                     for c in range(C):
-                        m = mc[k, c]
-                        xr = x[a, p, c]
+                        d = dy[a, p, c]
+                        s1[k, c] += d
+                        s2[k, c] += d * (x[a, p, c] - mc[k, c])
+            else:
+                R = x.shape[3]
+                for c in range(C):
+                    xr = x[a, p, c]
+                    m = mc[k, c]
+                    t = 0.0
+                    if mode == 0:
+                        for r in range(R):
+                            t += xr[r]
+                    elif mode == 1:
+                        for r in range(R):
+                            d = xr[r] - m
+                            t += d * d
+                    else:
                         gr = dy[a, p, c]
-                        t = 0.0
                         u = 0.0
                         for r in range(R):
                             d = gr[r]
                             t += d
                             u += d * (xr[r] - m)
-                        s1[k, c] += t
                         s2[k, c] += u
-        if mode == 1:
-            return
-    # dx = cg * dy + cx * (x - mean) + c0, per (k, c)
-    sg = np.zeros((K, C // cpg))   # sum over the group of g
-    sgx = np.zeros((K, C // cpg))  # sum over the group of g * xhat
-    ds = np.zeros((1, C))
-    db = np.zeros((1, C))
-    for k in range(K):
-        for c in range(C):
-            g = c // cpg
-            db[0, c] += s1[k, c]
-            ds[0, c] += s2[k, c] * inv[k, g]
-            sg[k, g] += s1[k, c] * scale[c]
-            sgx[k, g] += s2[k, c] * inv[k, g] * scale[c]
-    if a0 == 0:
-        for c in range(C):
-            dscale[c] = ds[0, c]
-            dbias[c] = db[0, c]
-    n = P * R * cpg * (1 if per_sample else A)
-    cg = np.zeros((K, C))
-    cx = np.zeros((K, C))
-    c0 = np.zeros((K, C))
-    for k in range(K):
-        for c in range(C):
-            g = c // cpg
-            iv = inv[k, g]
-            cg[k, c] = iv * scale[c]
-            if batch_stats:
-                cx[k, c] = -iv * iv * sgx[k, g] / n
-                c0[k, c] = -iv * sg[k, g] / n
+                    s1[k, c] += t
+
+
+@jit
+def _apply_k(x, s, b, relu, y, a0, a1):
+    """Samples ``a0..a1``: ``y = x * s[k, c] + b[k, c]`` (float64 coefficients), then ``max(y,
+    0)`` with ``relu``."""
+    A, P, C = x.shape[0], x.shape[1], x.shape[2]
+    K = s.shape[0]
+    if (K != 1 and K != A) or s.shape[1] != C or b.shape[0] != K or b.shape[1] != C or \
+            y.shape != x.shape or a0 < 0 or a1 > A:
+        raise ValueError("pdjit: norm_apply: Scale, Bias or Y do not fit X")
     for a in range(a0, a1):
-        k = a if per_sample else 0
+        k = a if K > 1 else 0
         for p in range(P):
-            if R == 1:
+            if x.ndim == 3:
                 for c in range(C):
-                    d3[a, p, c] = cg[k, c] * g3[a, p, c] + cx[k, c] * (x3[a, p, c] - mc[k, c]) \
+                    v = x[a, p, c] * s[k, c] + b[k, c]
+                    if relu and v < 0.0:
+                        v = 0.0
+                    y[a, p, c] = v
+            else:
+                for c in range(C):
+                    sc = s[k, c]
+                    bc = b[k, c]
+                    xr = x[a, p, c]
+                    yr = y[a, p, c]
+                    for r in range(x.shape[3]):
+                        v = xr[r] * sc + bc
+                        if relu and v < 0.0:
+                            v = 0.0
+                        yr[r] = v
+
+
+@_rjit
+def _grad_k(x, dy, mc, cg, cx, c0, dx, a0, a1):
+    """Samples ``a0..a1``: ``dx = cg[k, c] * dy + cx[k, c] * (x - mc[k, c]) + c0[k, c]``."""
+    A, P, C = x.shape[0], x.shape[1], x.shape[2]
+    K = cg.shape[0]
+    if (K != 1 and K != A) or cg.shape[1] != C or cx.shape != cg.shape or \
+            c0.shape != cg.shape or mc.shape != cg.shape or dy.shape != x.shape or \
+            dx.shape != x.shape or a0 < 0 or a1 > A:
+        raise ValueError("pdjit: norm_grad: Scale, Y@GRAD or the gradients do not fit X")
+    for a in range(a0, a1):
+        k = a if K > 1 else 0
+        for p in range(P):
+            if x.ndim == 3:
+                for c in range(C):
+                    dx[a, p, c] = cg[k, c] * dy[a, p, c] + cx[k, c] * (x[a, p, c] - mc[k, c]) \
                         + c0[k, c]
             else:
                 for c in range(C):
@@ -253,8 +168,16 @@ def _grad_k(x, dy, mean, inv, scale, per_sample, cpg, batch_stats, dx, dscale, d
                     xr = x[a, p, c]
                     gr = dy[a, p, c]
                     dr = dx[a, p, c]
-                    for r in range(R):
+                    for r in range(x.shape[3]):
                         dr[r] = gc * gr[r] + xc * (xr[r] - m) + zc
+
+
+def _view(x):
+    """The view the kernels take of ``(A, P, C, R)`` data: ``(A, P, C)`` when ``R == 1``
+    (channel-last rows: the loop over channels is the inner one), else itself. The kernels
+    branch on ``x.ndim``, which Numba knows when it compiles: each view compiles only its own
+    loops (NCHW data, a ResNet's, never compiles the channel-last ones)."""
+    return x.reshape(x.shape[:3]) if x.ndim == 4 and x.shape[3] == 1 else x
 
 
 #: from this many elements the samples are split over the free cores' threads. Measured on the
@@ -264,7 +187,6 @@ def _grad_k(x, dy, mean, inv, scale, per_sample, cpg, batch_stats, dx, dscale, d
 #: core busy two threads lost at every size ([128, 64, 32, 32] 1618/1743/4441 vs
 #: 1774/1925/4796), hence ``free_cores``
 _NORM_PARALLEL_MIN = 1 << 21
-_NONE = np.zeros((0, 0))  # the partial sums that mode 0 does not read
 
 
 def _norm_parts(x) -> int:
@@ -286,97 +208,242 @@ def _on_parts(fn, parts, n, per_part, *args):
         f.result()
 
 
+def _passes(fn, parts, n, per_part, *args):
+    """:func:`_on_parts`, or the one call on this thread."""
+    if parts == 1:
+        fn(*args, *per_part(0), 0, n)
+    else:
+        _on_parts(fn, parts, n, per_part, *args)
+
+
+def _stat_rows(x, per_sample, cpg, mean, other) -> int:
+    """``K`` of statistics ``(K, C / cpg)`` that fit ``x`` (else ``ValueError``)."""
+    A, _, C, _ = x.shape
+    K = A if per_sample else 1
+    if cpg < 1 or C % cpg != 0 or mean.shape != (K, C // cpg) or other.shape != mean.shape:
+        raise ValueError(_MISFIT_STATS)
+    return K
+
+
+def _per_channel(stat, cpg):
+    """``(K, G)`` values per group -> ``(K, C)`` float64 values per channel (C-contiguous)."""
+    stat = np.ascontiguousarray(stat, dtype=np.float64)
+    return stat if cpg == 1 else np.repeat(stat, cpg, axis=1)
+
+
 def _group_sums(acc, cpg):
-    """``(parts, K, C)`` partial sums -> ``(K, C / cpg)`` sums per group."""
-    tot = acc.sum(axis=0)
-    return tot if cpg == 1 else tot.reshape(tot.shape[0], -1, cpg).sum(axis=2)
+    """``(K, C)`` sums per channel -> ``(K, C / cpg)`` sums per group."""
+    return acc if cpg == 1 else acc.reshape(acc.shape[0], -1, cpg).sum(axis=2)
+
+
+def _count(x, per_sample, cpg) -> int:
+    """The number of values per group."""
+    A, P, _, R = x.shape
+    return P * R * cpg * (1 if per_sample else A)
 
 
 def norm_stats(x, per_sample, cpg, mean, var):
     """``mean[k, g]`` and biased ``var[k, g]`` (float64 ``(K, G)``) of the groups of ``x``
     (``(A, P, C, R)``; see the module's docstring)."""
-    A, P, C, R = x.shape
-    parts = _norm_parts(x)
-    if parts == 1:
-        _stats_k(x, per_sample, cpg, mean, var, _NONE, _NONE, 0, 0, A)
+    K = _stat_rows(x, per_sample, cpg, mean, var)
+    A, _, C, _ = x.shape
+    n = _count(x, per_sample, cpg)
+    if n == 0:
+        mean[:, :] = 0.0
+        var[:, :] = 0.0
         return
-    K = A if per_sample else 1
-    n = P * R * max(cpg, 1) * (1 if per_sample else A)
+    parts = _norm_parts(x)
     acc = np.zeros((parts, K, C))
-    mc = np.zeros((K, C))
-    _on_parts(_stats_k, parts, A, lambda p: (acc[p], mc, 1), x, per_sample, cpg, mean, var)
-    mean[:, :] = _group_sums(acc, cpg) / n
-    mc[:, :] = np.repeat(mean, cpg, axis=1)
+    x = _view(x)
+    _passes(_stats_k, parts, A, lambda p: (acc[p], acc[p], 0), x, x, acc[0])
+    mean[:, :] = _group_sums(acc.sum(axis=0) if parts > 1 else acc[0], cpg) / n
+    mc = _per_channel(mean, cpg)
     acc[:] = 0.0
-    _on_parts(_stats_k, parts, A, lambda p: (acc[p], mc, 2), x, per_sample, cpg, mean, var)
-    var[:, :] = _group_sums(acc, cpg) / n
+    _passes(_stats_k, parts, A, lambda p: (acc[p], acc[p], 1), x, x, mc)
+    var[:, :] = _group_sums(acc.sum(axis=0) if parts > 1 else acc[0], cpg) / n
 
 
 def norm_apply(x, mean, inv, scale, bias, per_sample, cpg, relu, y):
     """``y = (x - mean[k, g]) * inv[k, g] * scale[c] + bias[c]``, computed as ``x * s + b``
     per channel (as Paddle's CPU kernel does), then ``max(y, 0)`` with ``relu``."""
-    parts = _norm_parts(x)
-    if parts == 1:
-        _apply_k(x, mean, inv, scale, bias, _plain(per_sample), _plain(cpg), _plain(relu), y,
-                 _plain(0), x.shape[0])
-    else:
-        _on_parts(_apply_k, parts, x.shape[0], lambda p: (), x, mean, inv, scale, bias,
-                  per_sample, cpg, relu, y)
+    _stat_rows(x, per_sample, cpg, mean, inv)
+    C = x.shape[2]
+    if scale.shape[0] != C or bias.shape[0] != C or y.shape != x.shape:
+        raise ValueError("pdjit: norm_apply: Scale, Bias or Y do not fit X")
+    s = _per_channel(inv, cpg) * scale
+    b = bias - _per_channel(mean, cpg) * s
+    _passes(_apply_k, _norm_parts(x), x.shape[0], lambda p: (), _view(x), s, b, bool(relu),
+            _view(y))
 
 
 def norm_grad(x, dy, mean, inv, scale, per_sample, cpg, batch_stats, dx, dscale, dbias):
-    """The gradients of :func:`norm_apply` (without relu): see :func:`_grad_k`."""
+    """The gradients of :func:`norm_apply` (without relu): ``dscale[c] = sum(dy * xhat)``,
+    ``dbias[c] = sum(dy)`` and, with ``batch_stats`` (the statistics are those of ``x``),
+    ``dx = inv * (g - mean(g) - xhat * mean(g * xhat))`` over each group where
+    ``g = dy * scale[c]``; without (fixed statistics) ``dx = inv * g``. As ``dx = cg * dy + cx
+    * (x - mean) + c0`` per (k, c), from the sums ``s1 = sum(dy)``, ``s2 = sum(dy * (x -
+    mean))`` per (k, c) (float64)."""
+    K = _stat_rows(x, per_sample, cpg, mean, inv)
     A, _, C, _ = x.shape
-    parts = _norm_parts(x)
-    if parts == 1:
-        _grad_k(x, dy, mean, inv, scale, per_sample, cpg, batch_stats, dx, dscale, dbias, _NONE,
-                _NONE, 0, 0, A)
+    if scale.shape[0] != C or dscale.shape[0] != C or dbias.shape[0] != C or \
+            dy.shape != x.shape or dx.shape != x.shape:
+        raise ValueError("pdjit: norm_grad: Scale, Y@GRAD or the gradients do not fit X")
+    if x.size == 0:
+        dscale[:] = 0
+        dbias[:] = 0
         return
+    parts = _norm_parts(x)
+    n = _count(x, per_sample, cpg)
+    mc = _per_channel(mean, cpg)
+    acc = np.zeros((2, parts, K, C))
+    x, dy, dx = _view(x), _view(dy), _view(dx)
+    _passes(_stats_k, parts, A, lambda p: (acc[0, p], acc[1, p], 2), x, dy, mc)
+    s1, s2 = (acc[0, 0], acc[1, 0]) if parts == 1 else acc.sum(axis=1)
+    ic = _per_channel(inv, cpg)
+    dbias[:] = s1.sum(axis=0)
+    dscale[:] = (s2 * ic).sum(axis=0)
+    cg = ic * scale
+    if batch_stats:
+        cx = -ic * ic * _per_channel(_group_sums(s2 * ic * scale, cpg), cpg) / n
+        c0 = -ic * _per_channel(_group_sums(s1 * scale, cpg), cpg) / n
+    else:
+        cx = c0 = np.zeros((K, C))
+    _passes(_grad_k, parts, A, lambda p: (), x, dy, mc, cg, cx, c0, dx)
+
+
+# inside compiled code (a native loop's driver): everything on this thread, the bookkeeping in
+# loops; constants passed on as plain values (see conv._plain)
+@register_jitable
+def _native_rows(x, per_sample, cpg, mean, other) -> int:
+    A, P, C, R = x.shape
     K = A if per_sample else 1
-    s1 = np.zeros((parts, K, C))
-    s2 = np.zeros((parts, K, C))
-    args = (x, dy, mean, inv, scale, per_sample, cpg, batch_stats, dx, dscale, dbias)
-    _on_parts(_grad_k, parts, A, lambda p: (s1[p], s2[p], 1), *args)
-    t1, t2 = s1.sum(axis=0), s2.sum(axis=0)
-    _on_parts(_grad_k, parts, A, lambda p: (t1, t2, 2), *args)
+    if cpg < 1 or C % cpg != 0 or mean.shape[0] != K or mean.shape[1] != C // cpg or \
+            other.shape[0] != K or other.shape[1] != C // cpg:
+        raise ValueError(_MISFIT_STATS)
+    return K
 
 
-# inside compiled code (a native loop's driver): everything on this thread; constants passed
-# on as plain values (see conv._plain)
+@register_jitable
+def _native_channels(stat, cpg, out):
+    """``out[k, c] = stat[k, c // cpg]``."""
+    for k in range(out.shape[0]):
+        for c in range(out.shape[1]):
+            out[k, c] = stat[k, c // cpg]
+
+
 @overload(norm_stats)
 def _norm_stats_native(x, per_sample, cpg, mean, var):
     def impl(x, per_sample, cpg, mean, var):
-        none = np.zeros((0, 0))
-        _stats_k(x, _plain(per_sample), _plain(cpg), mean, var, none, none, _plain(0),
-                 _plain(0), x.shape[0])
+        K = _native_rows(x, per_sample, cpg, mean, var)
+        A, P, C, R = x.shape
+        n = P * R * cpg * (1 if per_sample else A)
+        acc = np.zeros((K, C))
+        mc = np.zeros((K, C))
+        for sq in range(2):
+            out = var if sq else mean
+            out[:, :] = 0.0
+            if n == 0:
+                continue
+            if R == 1:  # channel-last rows, as the host entry point views them
+                v = x.reshape((A, P, C))
+                _stats_k(v, v, mc, acc, acc, _plain(sq), _plain(0), A)
+            else:
+                _stats_k(x, x, mc, acc, acc, _plain(sq), _plain(0), A)
+            for k in range(K):
+                for c in range(C):
+                    out[k, c // cpg] += acc[k, c]
+                    acc[k, c] = 0.0
+            for k in range(K):
+                for g in range(C // cpg):
+                    out[k, g] /= n
+            _native_channels(mean, cpg, mc)
     return impl
 
 
 @overload(norm_apply)
 def _norm_apply_native(x, mean, inv, scale, bias, per_sample, cpg, relu, y):
     def impl(x, mean, inv, scale, bias, per_sample, cpg, relu, y):
-        _apply_k(x, mean, inv, scale, bias, _plain(per_sample), _plain(cpg), _plain(relu), y,
-                 _plain(0), x.shape[0])
+        K = _native_rows(x, per_sample, cpg, mean, inv)
+        C = x.shape[2]
+        if scale.shape[0] != C or bias.shape[0] != C:
+            raise ValueError("pdjit: norm_apply: Scale, Bias or Y do not fit X")
+        s = np.zeros((K, C))
+        b = np.zeros((K, C))
+        for k in range(K):
+            for c in range(C):
+                s[k, c] = inv[k, c // cpg] * scale[c]
+                b[k, c] = bias[c] - mean[k, c // cpg] * s[k, c]
+        A, P, _, R = x.shape
+        if R == 1 and y.shape == x.shape:
+            _apply_k(x.reshape((A, P, C)), s, b, _plain(relu), y.reshape((A, P, C)), _plain(0),
+                     A)
+        else:
+            _apply_k(x, s, b, _plain(relu), y, _plain(0), A)
     return impl
 
 
 @overload(norm_grad)
 def _norm_grad_native(x, dy, mean, inv, scale, per_sample, cpg, batch_stats, dx, dscale, dbias):
     def impl(x, dy, mean, inv, scale, per_sample, cpg, batch_stats, dx, dscale, dbias):
-        none = np.zeros((0, 0))
-        _grad_k(x, dy, mean, inv, scale, _plain(per_sample), _plain(cpg), _plain(batch_stats),
-                dx, dscale, dbias, none, none, _plain(0), _plain(0), x.shape[0])
+        K = _native_rows(x, per_sample, cpg, mean, inv)
+        A, P, C, R = x.shape
+        if scale.shape[0] != C or dscale.shape[0] != C or dbias.shape[0] != C:
+            raise ValueError("pdjit: norm_grad: Scale, Y@GRAD or the gradients do not fit X")
+        mc = np.zeros((K, C))
+        _native_channels(mean, cpg, mc)
+        s1 = np.zeros((K, C))
+        s2 = np.zeros((K, C))
+        cl = R == 1 and dy.shape == x.shape and dx.shape == x.shape  # channel-last rows
+        if cl:
+            _stats_k(x.reshape((A, P, C)), dy.reshape((A, P, C)), mc, s1, s2, _plain(2),
+                     _plain(0), A)
+        else:
+            _stats_k(x, dy, mc, s1, s2, _plain(2), _plain(0), A)
+        G = C // cpg
+        sg = np.zeros((K, G))   # sums over each group of g = dy * scale
+        sgx = np.zeros((K, G))  # and of g * xhat
+        for c in range(C):
+            dscale[c] = 0.0
+            dbias[c] = 0.0
+        for k in range(K):
+            for c in range(C):
+                iv = inv[k, c // cpg]
+                dbias[c] += s1[k, c]
+                dscale[c] += s2[k, c] * iv
+                sg[k, c // cpg] += s1[k, c] * scale[c]
+                sgx[k, c // cpg] += s2[k, c] * iv * scale[c]
+        n = P * R * cpg * (1 if per_sample else A)
+        cg = np.zeros((K, C))
+        cx = np.zeros((K, C))
+        c0 = np.zeros((K, C))
+        for k in range(K):
+            for c in range(C):
+                iv = inv[k, c // cpg]
+                cg[k, c] = iv * scale[c]
+                if batch_stats:
+                    cx[k, c] = -iv * iv * sgx[k, c // cpg] / n
+                    c0[k, c] = -iv * sg[k, c // cpg] / n
+        if cl:
+            _grad_k(x.reshape((A, P, C)), dy.reshape((A, P, C)), mc, cg, cx, c0,
+                    dx.reshape((A, P, C)), _plain(0), A)
+        else:
+            _grad_k(x, dy, mc, cg, cx, c0, dx, _plain(0), A)
     return impl
 
 
 # what the lowerings pass: 4-D views of the data, float64 statistics (K, G), per-channel
-# parameters of the data's type
-_S = ((_F64, 2), (_F64, 2), int, int, int)  # partial sums, mode, range
-jobs("norm_stats")(lambda T: [(_stats_k, ((T, 4), bool, int, (_F64, 2), (_F64, 2)) + _S)])
-jobs("norm_apply")(lambda T: [(_apply_k, ((T, 4), (_F64, 2), (_F64, 2), (T, 1), (T, 1), bool,
-                                          int, bool, (T, 4), int, int))])
-jobs("norm_grad")(lambda T: [(_grad_k, ((T, 4), (T, 4), (_F64, 2), (_F64, 2), (T, 1), bool, int,
-                                        bool, (T, 4), (T, 1), (T, 1)) + _S)])
+# parameters of the data's type; what the host entry points run on them
+_C2 = (_F64, 2)
+
+
+def _sums_job(T):
+    return _stats_k, ((T, 4), (T, 4), _C2, _C2, _C2, int, int, int)
+
+
+jobs("norm_stats")(lambda T: [_sums_job(T)])
+jobs("norm_apply")(lambda T: [(_apply_k, ((T, 4), _C2, _C2, bool, (T, 4), int, int))])
+jobs("norm_grad")(lambda T: [_sums_job(T),
+                             (_grad_k, ((T, 4), (T, 4)) + (_C2,) * 4 + ((T, 4), int, int))])
 
 
 # ---- layer norm: rows of (M, N) ----------------------------------------------------------------
