@@ -1,0 +1,200 @@
+"""A native driver run on slices of the batch, one per loop thread (``plan._SplitDriver``):
+tried beside the host and the native driver for a large batch when the step's ops keep batch
+rows independent, never for a step whose ops mix rows, never on one thread. Oracles: NumPy
+written here, and the unsplit native driver run on the same slices."""
+import threading
+
+import numpy as np
+import pytest
+
+import pdjit as fluid
+from pdjit.runtime import plan as plan_mod
+from pdjit.runtime import threads
+
+BATCH = 32  # >= plan.SPLIT_MIN_BATCH
+
+
+def _softmax(z):
+    e = np.exp(z - z.max(1, keepdims=True))
+    return e / e.sum(1, keepdims=True)
+
+
+def _mlp():
+    """softmax(2 * relu(x @ w0 + b0) + 0.5), for inference."""
+    main, startup = fluid.Program(), fluid.Program()
+    startup.random_seed = 7
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        x = fluid.layers.data("x", [6])
+        h = fluid.layers.fc(x, 5, act="relu", param_attr=fluid.ParamAttr(name="w0"),
+                            bias_attr=fluid.ParamAttr(name="b0"))
+        y = fluid.layers.softmax(fluid.layers.scale(h, 2.0, bias=0.5))
+    return main.clone(for_test=True), startup, y
+
+
+def _want(scope, xv):
+    w0, b0 = (np.asarray(scope.find_var(n).value) for n in ("w0", "b0"))
+    return _softmax(2.0 * np.maximum(xv @ w0 + b0, 0) + 0.5)
+
+
+def _steps(exe, program):
+    return [s for (pid, _), (_, plan) in exe._plans.items() if pid == id(program)
+            for s in plan.steps if s.kind == "native"]
+
+
+@pytest.fixture
+def two_threads(monkeypatch):
+    """Two loop threads whatever the machine has, and the split driver picked whenever it is
+    one of the candidates (the trial's timing is the machine's, not the test's)."""
+    monkeypatch.setattr(threads, "loop_threads", lambda: 2)
+    monkeypatch.setattr(plan_mod.NativeStep, "_fastest", staticmethod(lambda m: len(m) - 1))
+
+
+def _served(program, startup, fetch, batch=BATCH, runs=8, seed=0):
+    scope = fluid.Scope()
+    exe = fluid.Executor(native_drivers=True, strict=True)
+    exe.run(startup, scope=scope)
+    rng = np.random.default_rng(seed)
+    for _ in range(runs):  # the trials: host, native (and split) drivers, 4 runs each
+        xv = rng.standard_normal((batch, 6)).astype("float32")
+        (out,) = exe.run(program, feed={"x": xv}, fetch_list=[fetch], scope=scope)
+        np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
+    return exe, scope
+
+
+def test_a_row_wise_step_runs_on_slices_of_the_batch(two_threads):
+    """The split driver is tried and picked for a large batch: each of two threads runs the
+    native driver on half the rows, the result is the unsplit driver's on the same slices
+    (bit for bit) and NumPy's; a small batch is never split."""
+    program, startup, y = _mlp()
+    exe, scope = _served(program, startup, y, runs=12)
+    (step,) = _steps(exe, program)
+    assert step.split_rows == (0,) and step.split_why == ""
+    sp = step.picked[BATCH]
+    assert isinstance(sp, plan_mod._SplitDriver) and sp.parts == 2 and sp.runs > 0
+    assert "native split x2" in step.describe()
+    seen, native = [], step.native.fn
+    sp.fn = lambda *a: (seen.append((threading.current_thread().name, a[0].shape[0])),
+                        native(*a))[1]
+    xv = np.random.default_rng(5).standard_normal((BATCH, 6)).astype("float32")
+    (out,) = exe.run(program, feed={"x": xv}, fetch_list=[y], scope=scope)
+    assert sorted(seen) == [("MainThread", BATCH // 2), ("pdjit-split", BATCH // 2)]
+    args = [xv] + [np.asarray(scope.find_var(n).value) for n in step.args[1:]]
+    halves = [native(xv[lo:lo + BATCH // 2], *args[1:])[0] for lo in (0, BATCH // 2)]
+    np.testing.assert_array_equal(out, np.concatenate(halves))
+    # (this model's products take the same BLAS path at either size: the same bits unsplit)
+    np.testing.assert_array_equal(out, native(*args)[0])
+    np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
+    for _ in range(8):  # a batch below SPLIT_MIN_BATCH: host and native drivers only
+        xv = np.random.default_rng(6).standard_normal((3, 6)).astype("float32")
+        (out,) = exe.run(program, feed={"x": xv}, fetch_list=[y], scope=scope)
+        np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
+    assert step.picked[3] in (step.native.fn, step.compiled.fn)
+
+
+def test_a_split_step_serves_concurrent_runs(two_threads):
+    """Runs from several threads through one Executor on a step picked to split: each gets
+    NumPy's answer (a run finding the helper thread busy runs its slices itself)."""
+    program, startup, y = _mlp()
+    exe, scope = _served(program, startup, y, runs=12)
+    (step,) = _steps(exe, program)
+    assert isinstance(step.picked[BATCH], plan_mod._SplitDriver)
+    errors = []
+
+    def serve(k):
+        rng = np.random.default_rng(100 + k)
+        try:
+            for _ in range(15):
+                xv = rng.standard_normal((BATCH, 6)).astype("float32")
+                (out,) = exe.run(program, feed={"x": xv}, fetch_list=[y], scope=scope)
+                np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
+        except Exception as e:  # noqa: BLE001 - reported by the test's thread
+            errors.append(e)
+
+    ts = [threading.Thread(target=serve, args=(k,)) for k in range(4)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(60)
+    assert not errors, errors[0]
+    assert step.picked[BATCH].runs >= 60
+
+
+def test_a_bad_parameter_is_reported_as_without_the_split(two_threads):
+    """A parameter replaced by one of the wrong shape fails in the split driver as it does
+    without native drivers: the references name the op."""
+    program, startup, y = _mlp()
+    exe, scope = _served(program, startup, y, runs=12)
+    (step,) = _steps(exe, program)
+    assert isinstance(step.picked[BATCH], plan_mod._SplitDriver)
+    xv = np.ones((BATCH, 6), np.float32)
+    messages = []
+    for e in (exe, fluid.Executor(native_drivers=False, strict=True)):
+        s2 = fluid.Scope()
+        for n in ("w0", "b0"):
+            s2.var(n).value = np.asarray(scope.find_var(n).value)
+        s2.var("w0").value = np.ones((7, 5), np.float32)
+        with pytest.raises(Exception) as info:
+            e.run(program, feed={"x": xv}, fetch_list=[y], scope=s2)
+        messages.append((type(info.value), str(info.value)))
+    assert messages[0] == messages[1]
+    assert "mul" in messages[0][1]
+
+
+def test_a_step_that_mixes_rows_is_not_split(two_threads):
+    """x - mean(x over the batch): the step's rows depend on other rows, so only the host and
+    the native driver are tried, and the answer is NumPy's."""
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        x = fluid.layers.data("x", [6])
+        y = fluid.layers.relu(fluid.layers.elementwise_sub(
+            x, fluid.layers.reduce_mean(x, dim=[0], keep_dim=True)))
+    scope, exe = fluid.Scope(), fluid.Executor(native_drivers=True, strict=True)
+    rng = np.random.default_rng(2)
+    for _ in range(10):
+        xv = rng.standard_normal((BATCH, 6)).astype("float32")
+        (out,) = exe.run(main, feed={"x": xv}, fetch_list=[y], scope=scope)
+        np.testing.assert_allclose(out, np.maximum(xv - xv.mean(0, keepdims=True), 0),
+                                   rtol=1e-5, atol=1e-6)
+    steps = _steps(exe, main)
+    assert steps and all(s.native is not None for s in steps)
+    assert any("reduce_mean" in s.split_why for s in steps)
+    for s in steps:
+        assert s.split_rows is None and s.split_why
+        assert s.picked[BATCH] in (s.native.fn, s.compiled.fn)
+
+
+def test_one_thread_means_no_split(monkeypatch):
+    """PDJIT_NUM_THREADS=1: the rows are independent, but the batch is never split."""
+    monkeypatch.setenv("PDJIT_NUM_THREADS", "1")
+    monkeypatch.setattr(threads, "_default_threads", None)
+    monkeypatch.setattr(threads, "_applied", None)
+    monkeypatch.setattr(plan_mod.NativeStep, "_fastest", staticmethod(lambda m: len(m) - 1))
+    assert threads.loop_threads() == 1
+    program, startup, y = _mlp()
+    exe, _ = _served(program, startup, y)
+    (step,) = _steps(exe, program)
+    assert step.split_rows == (0,)
+    assert step.picked[BATCH] is step.native.fn  # (the last of two candidates)
+
+
+def test_run_parts_runs_the_parts_at_once_and_in_order():
+    """``threads.run_parts``: results in order, the first part on this thread and another on
+    a helper; an exception is the first failing part's, raised once every part ended; with
+    no helper allowed every part runs here."""
+    names = []
+
+    def part(k, fail=False):
+        names.append((k, threading.current_thread().name))
+        if fail:
+            raise ValueError(f"part {k}")
+        return k * 10
+
+    assert threads.run_parts(part, [(0,), (1,)], most=1) == [0, 10]
+    assert dict(names) == {0: "MainThread", 1: "pdjit-split"}
+    names.clear()
+    with pytest.raises(ValueError, match="part 1"):
+        threads.run_parts(part, [(0,), (1, True), (2, True)], most=1)
+    assert sorted(k for k, _ in names) == [0, 1, 2]
+    names.clear()
+    assert threads.run_parts(part, [(0,), (1,), (2,)], most=0) == [0, 10, 20]
+    assert {n for _, n in names} == {"MainThread"}
