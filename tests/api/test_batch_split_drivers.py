@@ -43,9 +43,11 @@ def _steps(exe, program):
 
 @pytest.fixture
 def two_threads(monkeypatch):
-    """Two loop threads whatever the machine has, and the split driver picked whenever it is
-    one of the candidates (the trial's timing is the machine's, not the test's)."""
+    """Two loop threads and two free cores whatever the machine has, and the split driver
+    picked whenever it is one of the candidates (the trial's timing is the machine's, not the
+    test's)."""
     monkeypatch.setattr(threads, "loop_threads", lambda: 2)
+    monkeypatch.setattr(threads, "free_cores", lambda: 2)
     monkeypatch.setattr(plan_mod.NativeStep, "_fastest", staticmethod(lambda m: len(m) - 1))
 
 
@@ -61,10 +63,11 @@ def _served(program, startup, fetch, batch=BATCH, runs=8, seed=0):
     return exe, scope
 
 
-def test_a_row_wise_step_runs_on_slices_of_the_batch(two_threads):
+def test_a_row_wise_step_runs_on_slices_of_the_batch(two_threads, monkeypatch):
     """The split driver is tried and picked for a large batch: each of two threads runs the
     native driver on half the rows, the result is the unsplit driver's on the same slices
-    (bit for bit) and NumPy's; a small batch is never split."""
+    (bit for bit) and NumPy's; with a core busy it runs unsplit; a small batch is never
+    split."""
     program, startup, y = _mlp()
     exe, scope = _served(program, startup, y, runs=12)
     (step,) = _steps(exe, program)
@@ -84,6 +87,11 @@ def test_a_row_wise_step_runs_on_slices_of_the_batch(two_threads):
     # (this model's products take the same BLAS path at either size: the same bits unsplit)
     np.testing.assert_array_equal(out, native(*args)[0])
     np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
+    seen.clear()  # another process keeps a core busy: the whole batch on this thread
+    monkeypatch.setattr(threads, "free_cores", lambda: 1)
+    (out,) = exe.run(program, feed={"x": xv}, fetch_list=[y], scope=scope)
+    assert seen == [("MainThread", BATCH)]
+    np.testing.assert_array_equal(out, native(*args)[0])
     for _ in range(8):  # a batch below SPLIT_MIN_BATCH: host and native drivers only
         xv = np.random.default_rng(6).standard_normal((3, 6)).astype("float32")
         (out,) = exe.run(program, feed={"x": xv}, fetch_list=[y], scope=scope)

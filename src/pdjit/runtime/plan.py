@@ -79,6 +79,10 @@ class ReferenceStep:
 
 _NOTHING = object()
 
+
+def _NO_SPLIT():  # noqa: N802 - a constant's role
+    return None, "the plan has no native drivers"
+
 # ``native_drivers="auto"`` (the Executor's default): after this many runs of a native step of
 # an inference plan (one that writes no persistable variable) its driver is also compiled as
 # one native function, and the faster of the two serves each batch size. The first runs of a
@@ -111,10 +115,11 @@ class NativeStep:
 
     def __init__(self, compiled, args, expected, outputs, ops, description, lod_requests=(),
                  groups=None, native=None, batch_arg: int = 0, params=(), rng_ops=(),
-                 guard=None, nan_inf: bool = False, split_rows=None, split_why: str = ""):
-        # the arguments whose rows are the batch's, sliced when the native driver runs on
-        # slices of the batch (None: it may not, ``split_why`` says why)
-        self.split_rows, self.split_why = split_rows, split_why
+                 guard=None, nan_inf: bool = False, split=None):
+        # ``split()``: (the arguments whose rows are the batch's, sliced when the native
+        # driver runs on slices of the batch, or None; why not), asked once a native driver
+        # exists (``split_rows``, ``split_why``)
+        self._split_info = split if split is not None else _NO_SPLIT
         self._split = None                 # (native driver, its _SplitDriver)
         # run-time checks: the allocation guard (None: every output size was checked when
         # the plan was built) and whether outputs are checked for NaN/Inf
@@ -287,6 +292,19 @@ class NativeStep:
     # compiles or loads, the rest are timed
     _WARM, _TIMED = 1, 3
 
+    @property
+    def split_rows(self):
+        """The indices of the arguments sliced when the native driver runs on slices of the
+        batch (None: its ops do not keep batch rows independent, ``split_why`` says why)."""
+        if callable(self._split_info):
+            self._split_info = self._split_info()
+        return self._split_info[0]
+
+    @property
+    def split_why(self) -> str:
+        self.split_rows  # noqa: B018 - resolves _split_info
+        return self._split_info[1]
+
     def _split_driver(self, nd):
         """The native driver ``nd`` run on slices of the batch (None: this step's may not be)."""
         if self.split_rows is None or getattr(nd, "parallel", False):
@@ -401,7 +419,9 @@ class _SplitDriver:
     (``threads.run_parts``): the arguments at ``rows`` sliced on dim 0, the others whole, each
     output the slices' outputs concatenated. A batch that does not split here (too small, the
     row arguments' leading dims differ, an output without the slice's rows) runs the driver
-    unsplit, which then does what it does with it. ``runs``: the runs that were split."""
+    unsplit, which then does what it does with it; so does a run while other processes keep
+    a core busy (``threads.free_cores``: a slice waiting for a busy core would hold up the
+    run). ``runs``: the runs that were split."""
 
     def __init__(self, fn, rows, parts: int):
         self.fn, self.rows, self.parts = fn, tuple(rows), parts
@@ -412,7 +432,7 @@ class _SplitDriver:
         rows = self.rows
         lead = values[rows[0]]
         b = lead.shape[0] if lead.ndim else 0
-        parts = min(self.parts, b // 2)
+        parts = min(self.parts, b // 2, threads.free_cores())
         if parts < 2 or any(values[i].ndim == 0 or values[i].shape[0] != b for i in rows):
             return self.fn(*values)
         cuts = [b * p // parts for p in range(parts + 1)]
@@ -425,6 +445,19 @@ class _SplitDriver:
                 return self.fn(*values)  # (not rows after all: the whole batch at once)
         self.runs += 1
         return tuple(np.concatenate([got[k] for got in outs]) for k in range(len(outs[0])))
+
+
+class _Memo:
+    """``fn()``, computed at the first call (in whichever thread asks first)."""
+
+    def __init__(self, fn):
+        self.fn, self.value, self.lock = fn, None, threading.Lock()
+
+    def __call__(self):
+        with self.lock:
+            if self.fn is not None:
+                self.value, self.fn = self.fn(), None
+        return self.value
 
 
 def _row_states(block, ops) -> dict:
@@ -478,8 +511,6 @@ def _row_states(block, ops) -> dict:
 def _split_rows(states, step_ops, args, outputs) -> tuple:
     """``(indices of the args sliced by rows, "")`` when the step's driver may run on slices
     of the batch, else ``(None, why not)``."""
-    if states is None:
-        return None, "the plan has no native drivers"
     first_read, last_write = {}, {}
     for op, i in step_ops:
         why, read, wrote = states[id(op)]
@@ -750,9 +781,10 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None,
     precompile([job for gen in gens if gen is not None for job in gen.jobs])
     # "auto": the native steps of an inference plan get their native drivers once hot
     hot = native_drivers == "auto" and not _writes_persistable(block, ops)
-    states = None  # which steps' native drivers may run on slices of the batch
-    if native_drivers and (native_drivers != "auto" or hot) and target == "cpu":
-        states = _row_states(block, ops)
+    # which steps' native drivers may run on slices of the batch: analysed once a step of
+    # this plan has a native driver (most plans never get one)
+    states = _Memo(lambda: _row_states(block, ops)) \
+        if native_drivers and (native_drivers != "auto" or hot) and target == "cpu" else None
     steps, sources = [], []
     for seg, gen in zip(part.segments, gens):
         if gen is None:
@@ -786,9 +818,13 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None,
         groups = [[(op, index[id(op)]) for op in g.ops] for g in seg.groups]
         desc = "; ".join(g.describe() for g in seg.groups)
         step_ops = [o for g in groups for o in g]
-        split_rows, split_why = _split_rows(states, step_ops, gen.args, gen.outputs) \
-            if not gen.rng_requests and not gen.lod_requests else \
-            (None, "its ops draw random numbers or read LoD offsets")
+        if states is None:
+            split = None
+        elif gen.rng_requests or gen.lod_requests:
+            split = lambda: (None, "its ops draw random numbers or read LoD offsets")  # noqa: E731
+        else:
+            split = lambda states=states, step_ops=step_ops, gen=gen: \
+                _split_rows(states(), step_ops, gen.args, gen.outputs)  # noqa: E731
         step_cls = NativeStep if target == "cpu" else DeviceStep
         steps.append(step_cls(compiled, gen.args, gen.expected, gen.outputs,
                                 step_ops, desc, gen.lod_requests, groups,
@@ -797,8 +833,7 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None,
                                 rng_ops=[(op, index[id(op)]) for op in gen.rng_requests],
                                 guard=run_checks.step_guard(step_ops, gen.args, checks.limit,
                                                             block),
-                                nan_inf=checks.nan_inf, split_rows=split_rows,
-                                split_why=split_why))
+                                nan_inf=checks.nan_inf, split=split))
         if hot and has_native:
             steps[-1]._hot = lambda gen=gen: _native_driver(gen, target)
             steps[-1]._hot_runs = HOT_RUNS
