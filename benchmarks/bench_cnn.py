@@ -7,8 +7,9 @@
    Contenders, all with the same weights (drawn here in NumPy and written into every one) and
    their outputs checked against pdjit's: pdjit's Executor.run of the forward program as it
    serves a model run often ("pdjit": timed after ``plan.HOT_RUNS`` runs, once the step's
-   native driver was compiled on its thread and tried against the host driver, see
-   ``settle_pdjit``) and as it runs a program's first runs ("pdjit, first runs": an Executor
+   native driver was compiled on its thread and tried against the host driver and, at B = 64,
+   against itself on two halves of the batch at once, one per core; see ``settle_pdjit``) and
+   as it runs a program's first runs ("pdjit, first runs": an Executor
    with ``native_drivers=False``, its host drivers: what the first 100 runs get); ONNX
    Runtime (the model built with ``onnx.helper``) with 1 and 2 intra-op threads, the best of
    the two reported as "ORT best"; PaddlePaddle's legacy static executor (FLAGS_enable_pir_api=0,
@@ -153,7 +154,13 @@ def lenet_pdjit(params: dict, native_drivers="auto"):
     exe.run(startup, scope=scope)
     for name, value in params.items():
         scope.var(name).get_tensor().set(value, fluid.CPUPlace())
-    return lambda xv: exe.run(infer, feed={"x": xv}, fetch_list=[out], scope=scope)[0]
+    def run(xv):
+        return exe.run(infer, feed={"x": xv}, fetch_list=[out], scope=scope)[0]
+
+    # the driver serving each batch size, per native step
+    run.drivers = lambda: [s.drivers() for _, plan in exe._plans.values() for s in plan.steps
+                           if s.kind == "native"]
+    return run
 
 
 def lenet_onnx(params: dict) -> bytes:
@@ -289,6 +296,9 @@ def child_lenet(name: str, repeat: int) -> dict:
             warmup = settle_pdjit(lambda a=arg: fn(a))
         result[str(batch)] = {"out": out.tolist(),
                               "s": time_calls(lambda a=arg: fn(a), calls, warmup=warmup)}
+        if name == "pdjit":
+            result[str(batch)]["driver"] = sorted({d[batch] for d in fn.drivers()
+                                                   if batch in d})
     return result
 
 
@@ -318,6 +328,9 @@ def bench_lenet(args) -> None:
           ["B", "pdjit", "pdjit, first runs", "ORT 1 thread", "ORT 2 threads", "ORT best",
            "Paddle legacy", "jax.jit", "pdjit / ORT best"], rows)
     print("max abs diff vs pdjit: " + ("; ".join(checks) or "-"))
+    print("pdjit's driver: " + "; ".join(
+        f"B={b}: " + ", ".join(sorted({d for part in runs["pdjit"] for d in part[b]["driver"]}))
+        for b in map(str, LENET_BATCHES)))
     for n in notes:
         print(f"note: {n}")
 

@@ -74,7 +74,7 @@ def test_a_row_wise_step_runs_on_slices_of_the_batch(two_threads, monkeypatch):
     assert step.split_rows == (0,) and step.split_why == ""
     sp = step.picked[BATCH]
     assert isinstance(sp, plan_mod._SplitDriver) and sp.parts == 2 and sp.runs > 0
-    assert "native split x2" in step.describe()
+    assert "native split x2" in step.describe() and step.drivers()[BATCH] == "native split x2"
     seen, native = [], step.native.fn
     sp.fn = lambda *a: (seen.append((threading.current_thread().name, a[0].shape[0])),
                         native(*a))[1]

@@ -398,6 +398,14 @@ class NativeStep:
             warnings.warn(describe_op(op.type, op.block.idx, op_idx, op.location()) + ": " +
                           what, FallbackWarning, stacklevel=user_stacklevel())
 
+    def drivers(self) -> dict:
+        """The driver that serves each batch size tried so far: ``"host"``, ``"native"`` or
+        ``"native split xN"`` (on N slices of the batch at once)."""
+        nd = self.native
+        return {k: "native" if nd is not None and fn is nd.fn else
+                f"native split x{fn.parts}" if isinstance(fn, _SplitDriver) else "host"
+                for k, fn in sorted(self.picked.items())}
+
     def describe(self) -> str:
         tail = f" ({self.fallbacks} fallback(s), last: {self.last_fallback[2]})" \
             if self.fallbacks else ""
@@ -405,10 +413,7 @@ class NativeStep:
             return f"native {self.compiled.name} RETIRED ({self.retired}): " \
                    f"{self.description}{tail}"
         if self.native is not None and self.picked:
-            which = {k: "native" if fn is self.native.fn else
-                     f"native split x{fn.parts}" if isinstance(fn, _SplitDriver) else "host"
-                     for k, fn in sorted(self.picked.items())}
-            tail += f" (driver by batch size: {which})"
+            tail += f" (driver by batch size: {self.drivers()})"
         elif getattr(self, "native_failed", None):
             tail += f" (native driver given up: {self.native_failed})"
         return f"native {self.compiled.name}: {self.description}{tail}"
