@@ -25,46 +25,45 @@ U = numba.uint64
 
 
 @register_jitable
-def _spans(osize, size, k, s, p, adaptive):
-    """Per output index along one axis: (first, end) read, and the window's length for a
+def _span(o, size, osize, k, s, p, adaptive):
+    """Window ``o`` along one axis: ``(first, end)`` read and the window's length for a
     non-exclusive average."""
-    a = np.empty(osize, np.int64)
-    b = np.empty(osize, np.int64)
-    length = np.empty(osize, np.int64)
-    for o in range(osize):
-        if adaptive:
-            lo = (o * size) // osize
-            hi = -((-(o + 1) * size) // osize)
-            a[o], b[o], length[o] = lo, hi, hi - lo
-        else:
-            lo = o * s - p
-            hi = min(lo + k, size + p)
-            a[o], b[o], length[o] = max(lo, 0), min(hi, size), hi - lo
-    return a, b, length
+    if adaptive:
+        lo = (o * size) // osize
+        hi = -((-(o + 1) * size) // osize)
+        return lo, hi, hi - lo
+    lo = o * s - p
+    hi = lo + k
+    if hi > size + p:
+        hi = size + p
+    return (lo if lo > 0 else 0), (hi if hi < size else size), hi - lo
 
 
 @jit
 def _fwd_planes(x, y, q0, q1, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptive):
     """The planes ``q0..q1`` (sample, channel) of ``y`` = the pool of ``x``'s: the max pool of
-    2x2 windows of stride 2 inside the image and the average over whole planes by loops of
-    their own (see :func:`_shape_of`), any other windows by passes over output rows."""
-    kind = _shape_of(x, y, kh, kw, sh, sw, pt, pl, adaptive)
-    if kind == 1 and is_max:
-        _max22(x, y, q0, q1)
-        return
-    if kind == 2 and not is_max:
-        _mean_planes(x, y, q0, q1)
-        return
+    2x2 windows of stride 2 inside the image by loops of their own (see :func:`_is_22`), any
+    other windows by passes over output rows. (The entry points send an average over whole
+    planes to :func:`_mean_planes`.)"""
     h_, w_ = x.shape[2], x.shape[3]
     oh_, ow_ = y.shape[2], y.shape[3]
-    ha, hb, hl = _spans(oh_, h_, kh, sh, pt, adaptive)
-    wa, wb, wl = _spans(ow_, w_, kw, sw, pl, adaptive)
+    if is_max and _is_22(h_, w_, oh_, ow_, kh, kw, sh, sw, pt, pl, adaptive):
+        _max22(x, y, q0, q1)
+        return
+    # per output row and column: the first and end input read, the window's length; then
+    # per window column j the output columns lo..hi whose input column lies in the image
+    sp = np.empty(3 * (oh_ + ow_) + 2 * kw, np.int64)
+    ha, hb, hl = sp[:oh_], sp[oh_:2 * oh_], sp[2 * oh_:3 * oh_]
+    wa, wb, wl = sp[3 * oh_:3 * oh_ + ow_], sp[3 * oh_ + ow_:3 * oh_ + 2 * ow_], \
+        sp[3 * oh_ + 2 * ow_:3 * (oh_ + ow_)]
+    los, his = sp[3 * (oh_ + ow_):3 * (oh_ + ow_) + kw], sp[3 * (oh_ + ow_) + kw:]
+    for o in range(oh_):
+        ha[o], hb[o], hl[o] = _span(o, h_, oh_, kh, sh, pt, adaptive)
+    for o in range(ow_):
+        wa[o], wb[o], wl[o] = _span(o, w_, ow_, kw, sw, pl, adaptive)
     xf = x.reshape(x.size)
     yf = y.reshape(y.size)
     acc = np.empty(ow_, np.float64)
-    # each window column j: the output columns lo..hi whose input column lies in the image
-    los = np.empty(max(kw, 1), np.int64)
-    his = np.empty(max(kw, 1), np.int64)
     if not adaptive:
         for j in range(kw):
             los[j], his[j] = _cols(ow_, w_, sw, j - pl)
@@ -113,24 +112,25 @@ def _fwd_planes(x, y, q0, q1, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptiv
 # [64, 6, 24, 24] 0.151 / 0.032, [64, 16, 8, 8] 0.082 / 0.022, [64, 6, 28, 28] 0.199 / 0.055;
 # a global average of [64, 32, 8, 8] 0.43 / 0.038. (Each output row's four-input windows read
 # one by one ran 0.091 for the first: rows of 12 outputs are too short for a vector loop.)
-# Inlined into _fwd_planes (register_jitable), the one compiled entry (what a plan's compile
-# worker compiles ahead): its cold compile went from 1.6-1.7 s to 2.4-2.6 s (CPU; the 2x2 max
-# 0.6 of it); as kernels of their own dispatched from it, 3.0 s.
+# The 2x2 max is inlined into _fwd_planes (register_jitable): the kernel that the compile jobs
+# name, which must serve LeNet's pools. The global average is a kernel of its own that the
+# entry points pick (_fwd_planes holding every path compiled in 1.7 s, the first cold step of
+# bench_cnn's ResNet, whose only pool is a global average, paid it all).
 
 
 @register_jitable
-def _shape_of(x, y, kh, kw, sh, sw, pt, pl, adaptive) -> int:
-    """Which loops compute the windows: 1 for 2x2 windows of stride 2 that all lie inside
-    the image (no padding, no partial window: max pools of LeNet, VGG, ...), 2 for one window
-    over the whole plane (a global pool), 0 for the general passes."""
-    h_, w_ = x.shape[2], x.shape[3]
-    oh_, ow_ = y.shape[2], y.shape[3]
-    if oh_ == 1 and ow_ == 1 and (adaptive or (kh == h_ and kw == w_ and pt == 0 and pl == 0)):
-        return 2
-    if not adaptive and kh == 2 and kw == 2 and sh == 2 and sw == 2 and pt == 0 and pl == 0 \
-            and 2 * oh_ <= h_ and 2 * ow_ <= w_:
-        return 1
-    return 0
+def _is_whole(h_, w_, oh_, ow_, kh, kw, pt, pl, adaptive) -> bool:
+    """One window over the whole plane (a global pool)."""
+    return oh_ == 1 and ow_ == 1 and (adaptive or (kh == h_ and kw == w_ and pt == 0 and
+                                                   pl == 0))
+
+
+@register_jitable
+def _is_22(h_, w_, oh_, ow_, kh, kw, sh, sw, pt, pl, adaptive) -> bool:
+    """2x2 windows of stride 2 that all lie inside the image (no padding, no partial window:
+    max pools of LeNet, VGG, ...)."""
+    return not adaptive and kh == 2 and kw == 2 and sh == 2 and sw == 2 and pt == 0 and \
+        pl == 0 and 2 * oh_ <= h_ and 2 * ow_ <= w_
 
 
 @register_jitable
@@ -162,10 +162,13 @@ def _max22(x, y, q0, q1):
                 yf[d + k] = v if v > m else m
 
 
-@register_jitable
+@jit
 def _mean_planes(x, y, q0, q1):
-    """The mean of each whole plane, in float64, over four running sums (four chains of
-    additions, not one: the adds' latency bounded the single sum)."""
+    """The mean of each whole plane ``q0..q1`` (``y`` holds one value per plane), in float64,
+    over four running sums (four chains of additions, not one: the adds' latency bounded the
+    single sum)."""
+    if y.size != x.shape[0] * x.shape[1] or q0 < 0 or q1 > y.size:
+        raise ValueError(_MISFIT)
     p_ = x.shape[2] * x.shape[3]
     xf = x.reshape(x.size)
     yf = y.reshape(y.size)
@@ -187,15 +190,23 @@ _MISFIT = "pdjit: pooling operands do not fit each other"
 
 
 def pool2d_fwd(x, y, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptive):
-    """``y`` = the max (``is_max``) or average pool of ``x``."""
+    """``y`` = the max (``is_max``) or average pool of ``x``. The path is picked here, so a
+    program compiles only the kernels its pools take: :func:`_mean_planes` for an average over
+    whole planes (a ResNet's global pool), else :func:`_fwd_planes`."""
     if x.shape[:2] != y.shape[:2]:
         raise ValueError(_MISFIT)
     planes = x.shape[0] * x.shape[1]
+    if not is_max and _is_whole(x.shape[2], x.shape[3], y.shape[2], y.shape[3], kh, kw, pt, pl,
+                                adaptive):
+        split_work(_mean_planes, planes, x.size, x, y)
+        return
     # (about a multiply-add per window element: the threshold of split_work)
     split_work(_fwd_planes, planes, y.size * kh * kw, x, y, kh, kw, sh, sw, pt, pl, is_max,
                exclusive, adaptive)
 
 
+# (what the entry point runs for most pools: max pools, windows smaller than the plane; an
+# average over whole planes runs _mean_planes instead, which the per-dtype jobs cannot foresee)
 jobs("pool2d_fwd")(lambda T: [(_fwd_planes, ((T, 4), (T, 4)) + (int,) * 8 + (bool,) * 3)])
 
 
@@ -204,46 +215,70 @@ def _pool2d_fwd_native(x, y, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptive
     def impl(x, y, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptive):
         if x.shape[:2] != y.shape[:2]:
             raise ValueError(_MISFIT)
+        planes = x.shape[0] * x.shape[1]
+        if not is_max and _is_whole(x.shape[2], x.shape[3], y.shape[2], y.shape[3], kh, kw, pt,
+                                    pl, adaptive):
+            _mean_planes(x, y, _plain(0), planes)
+            return
         # plain values, not the literals compiled code passes (see conv._plain)
-        _fwd_planes(x, y, _plain(0), x.shape[0] * x.shape[1], _plain(kh), _plain(kw),
-                    _plain(sh), _plain(sw), _plain(pt), _plain(pl), _plain(is_max),
-                    _plain(exclusive), _plain(adaptive))
+        _fwd_planes(x, y, _plain(0), planes, _plain(kh), _plain(kw), _plain(sh), _plain(sw),
+                    _plain(pt), _plain(pl), _plain(is_max), _plain(exclusive), _plain(adaptive))
     return impl
 
 
 @jit
 def pool2d_bwd(x, y, dy, dx, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptive):
-    """``dx`` (overwritten) = the gradient of :func:`pool2d_fwd` contracted with ``dy``."""
+    """``dx`` (overwritten) = the gradient of :func:`pool2d_fwd` contracted with ``dy``: each
+    ``dy`` element added to its window's first maximum, or spread over its window (an average
+    over whole planes: written at once)."""
     if dy.shape != y.shape or dx.shape != x.shape or x.shape[:2] != y.shape[:2]:
         raise ValueError(_MISFIT)
-    n_, c_, h_, w_ = x.shape
+    h_, w_ = x.shape[2], x.shape[3]
     oh_, ow_ = y.shape[2], y.shape[3]
-    ha, hb, hl = _spans(oh_, h_, kh, sh, pt, adaptive)
-    wa, wb, wl = _spans(ow_, w_, kw, sw, pl, adaptive)
-    dx[:] = 0
-    for n in range(n_):
-        for c in range(c_):
-            for oh in range(oh_):
-                h0, h1 = ha[oh], hb[oh]
-                for ow in range(ow_):
-                    w0, w1 = wa[ow], wb[ow]
-                    g = dy[n, c, oh, ow]
-                    if is_max:
-                        m = y[n, c, oh, ow]
-                        done = False
-                        for h in range(h0, h1):
-                            for w in range(w0, w1):
-                                if not done and x[n, c, h, w] == m:
-                                    dx[n, c, h, w] += g
-                                    done = True
+    p_ = U(h_ * w_)
+    xf = x.reshape(x.size)
+    yf = y.reshape(y.size)
+    gf = dy.reshape(dy.size)
+    df = dx.reshape(dx.size)
+    planes = U(x.shape[0] * x.shape[1])
+    if not is_max and _is_whole(h_, w_, oh_, ow_, kh, kw, pt, pl, adaptive):
+        for q in range(planes):
+            share = gf[q] / (h_ * w_)
+            for k in range(p_):
+                df[q * p_ + k] = share
+        return
+    for k in range(U(dx.size)):
+        df[k] = 0
+    for q in range(planes):
+        xb = q * p_
+        yb = q * U(oh_ * ow_)
+        for oh in range(oh_):
+            h0, h1, hl = _span(oh, h_, oh_, kh, sh, pt, adaptive)
+            for ow in range(ow_):
+                w0, w1, wl = _span(ow, w_, ow_, kw, sw, pl, adaptive)
+                at = yb + U(oh * ow_ + ow)
+                g = gf[at]
+                if is_max:  # the first maximum of the window gets it
+                    m = yf[at]
+                    found = False
+                    for h in range(h0, h1):
+                        row = xb + U(h * w_)
+                        for w in range(w0, w1):
+                            if xf[row + U(w)] == m:
+                                df[row + U(w)] += g
+                                found = True
+                                break
+                        if found:
+                            break
+                else:
+                    if exclusive or adaptive:
+                        share = g / ((h1 - h0) * (w1 - w0))
                     else:
-                        if exclusive or adaptive:
-                            share = g / ((h1 - h0) * (w1 - w0))
-                        else:
-                            share = g / (hl[oh] * wl[ow])
-                        for h in range(h0, h1):
-                            for w in range(w0, w1):
-                                dx[n, c, h, w] += share
+                        share = g / (hl * wl)
+                    for h in range(h0, h1):
+                        row = xb + U(h * w_)
+                        for w in range(w0, w1):
+                            df[row + U(w)] += share
 
 
 jobs("pool2d_bwd")(lambda T: [(pool2d_bwd, ((T, 4),) * 4 + (int,) * 6 + (bool,) * 3)])
@@ -257,16 +292,16 @@ def max_pool2d_index_fwd(x, y, mask, kh, kw, sh, sw, pt, pl, adaptive):
         raise ValueError(_MISFIT)
     n_, c_, h_, w_ = x.shape
     oh_, ow_ = y.shape[2], y.shape[3]
-    ha, hb, _ = _spans(oh_, h_, kh, sh, pt, adaptive)
-    wa, wb, _ = _spans(ow_, w_, kw, sw, pl, adaptive)
     for n in range(n_):
         for c in range(c_):
             for oh in range(oh_):
+                h0, h1, _ = _span(oh, h_, oh_, kh, sh, pt, adaptive)
                 for ow in range(ow_):
+                    w0, w1, _ = _span(ow, w_, ow_, kw, sw, pl, adaptive)
                     acc = -np.inf
                     at = -1
-                    for h in range(ha[oh], hb[oh]):
-                        for w in range(wa[ow], wb[ow]):
+                    for h in range(h0, h1):
+                        for w in range(w0, w1):
                             v = x[n, c, h, w]
                             if v > acc:
                                 acc = v
