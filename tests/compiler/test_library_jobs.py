@@ -26,7 +26,7 @@ def test_predicted_library_signatures_are_the_ones_the_calls_use(fresh_programs)
                        for step in plan.walk() if step.kind.startswith("native"))
     jobs = nnlib.library_jobs(source.splitlines(), np.float32)
     names = {fn.py_func.__name__ for fn, _ in jobs}
-    assert {"_fwd_range", "_bwd_data_range", "_bwd_filter_range", "_fwd_planes", "pool2d_bwd",
+    assert {"_fwd_taps", "_bwd_data_range", "_bwd_filter_range", "_fwd_planes", "pool2d_bwd",
             "_stats_k", "_apply_k", "_grad_k"} <= names  # (norm_* entry points run these)
     for fn, types in jobs:
         sig = tuple(compiler._numba_type(t) for t in types)

@@ -344,7 +344,14 @@ _TAPS_DW_MIN = 256
 @register_jitable
 def _block(n, k_, p_):
     """How many samples (of ``n``) share one product."""
-    return max(1, min(n, _BLOCK_COLS // max(p_, 1), _COL_ELEMS // max(k_ * p_, 1)))
+    # (by comparisons: the min/max builtins each compile an overload of their own)
+    nb = n
+    if p_ > 0:
+        a = _BLOCK_COLS // p_
+        b = _COL_ELEMS // (k_ * p_) if k_ > 0 else n
+        nb = a if a < nb else nb
+        nb = b if b < nb else nb
+    return nb if nb > 1 else 1
 
 
 # ---- the product without im2col, for few output channels ------------------------------------
@@ -415,22 +422,48 @@ def _tap_offsets(tap, k_, zero, kw_, kh_, sh, dh, pp, ow_):
 
 
 @jit
-def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
-    """``y[n] = conv(x[n], w)`` for the samples ``n0..n1``: by taps (tiles of :mod:`.tile`) where
-    :func:`_use_taps` says so, else by im2col of blocks of samples and one BLAS product per
-    block and group.
+def _fwd_blas(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
+    """``y[n] = conv(x[n], w)`` for the samples ``n0..n1`` by im2col of blocks of samples and
+    one BLAS product per block and group (where :func:`_use_taps` says no)."""
+    m_, cg, kh_, kw_ = w.shape
+    mg = m_ // groups
+    oh_, ow_ = y.shape[2], y.shape[3]
+    p_, k_ = oh_ * ow_, cg * kh_ * kw_
+    yf = y.reshape(y.size)
+    nb = _block(n1 - n0, k_, p_)
+    w2 = w.reshape((m_, k_))
+    for b0 in range(n0, n1, nb):
+        b1 = b0 + nb if b0 + nb < n1 else n1
+        width = (b1 - b0) * p_
+        cf = np.empty(k_ * width, x.dtype)
+        cols = cf.reshape((k_, width))
+        r2 = np.empty(mg * width, x.dtype).reshape((mg, width))
+        for g in range(groups):
+            for n in range(b0, b1):
+                _im2col(x[n], g * cg, cg, kh_, kw_, sh, sw, pt, pl, dh, dw, oh_, ow_, cf,
+                        width, (n - b0) * p_)
+            blas_gemm(w2[g * mg:(g + 1) * mg], cols, r2)
+            rf = r2.reshape(mg * width)
+            for n in range(b0, b1):
+                for m in range(mg):
+                    src = U(m * width + (n - b0) * p_)
+                    dst = U((n * m_ + g * mg + m) * p_)
+                    for k in range(U(p_)):
+                        yf[dst + k] = rf[src + k]
 
-    The taps path: ``xs`` holds one plane per input channel ``c``, filter column ``j`` and row
-    phase ``r`` of the stride: ``hq`` rows (``ho * sh + r - pt`` of the image) of ``ow``
-    values (columns ``o * sw + j * dw - pl``, zero outside the image), so tap ``(c, i, j)``
-    reads plane ``(c, j, (i * dh) % sh)`` from row ``(i * dh) // sh`` on: ``P`` contiguous
-    values in output order (``kw`` copies of the image where im2col makes ``kh * kw``). Where
-    needed the filter is copied with its rows padded to a multiple of 4 taps (zero weights on
-    a zero plane) and, below 4 output channels per group, to 4 rows (computed aside).
 
-    (One function for both paths, not two called from it: Numba compiles a callee on its own
-    and then again inside each caller it is linked into, and its inliner copies the callee's
-    IR at a cost of its own: 1 s more compile either way.)"""
+@jit
+def _fwd_taps(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
+    """``y[n] = conv(x[n], w)`` for the samples ``n0..n1`` by taps (tiles of :mod:`.tile`),
+    where :func:`_use_taps` says so.
+
+    ``xs`` holds one plane per input channel ``c``, filter column ``j`` and row phase ``r``
+    of the stride: ``hq`` rows (``ho * sh + r - pt`` of the image) of ``ow`` values (columns
+    ``o * sw + j * dw - pl``, zero outside the image), so tap ``(c, i, j)`` reads plane
+    ``(c, j, (i * dh) % sh)`` from row ``(i * dh) // sh`` on: ``P`` contiguous values in
+    output order (``kw`` copies of the image where im2col makes ``kh * kw``). Where needed
+    the filter is copied with its rows padded to a multiple of 4 taps (zero weights on a zero
+    plane) and, below 4 output channels per group, to 4 rows (computed aside)."""
     h_, w_ = x.shape[2], x.shape[3]
     m_, cg, kh_, kw_ = w.shape
     c_ = x.shape[1]
@@ -440,30 +473,8 @@ def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
     if n1 <= n0 or p_ == 0:
         return
     yf = y.reshape(y.size)
-    if not _use_taps(mg, k_, p_):
-        nb = _block(n1 - n0, k_, p_)
-        w2 = w.reshape((m_, k_))
-        for b0 in range(n0, n1, nb):
-            b1 = min(b0 + nb, n1)
-            width = (b1 - b0) * p_
-            cols = np.empty((k_, width), x.dtype)
-            cf = cols.reshape(cols.size)
-            r2 = np.empty((mg, width), x.dtype)
-            for g in range(groups):
-                for n in range(b0, b1):
-                    _im2col(x[n], g * cg, cg, kh_, kw_, sh, sw, pt, pl, dh, dw, oh_, ow_, cf,
-                            width, (n - b0) * p_)
-                blas_gemm(w2[g * mg:(g + 1) * mg], cols, r2)
-                rf = r2.reshape(mg * width)
-                for n in range(b0, b1):
-                    for m in range(mg):
-                        src = U(m * width + (n - b0) * p_)
-                        dst = U((n * m_ + g * mg + m) * p_)
-                        for k in range(U(p_)):
-                            yf[dst + k] = rf[src + k]
-        return
     xf = x.reshape(x.size)
-    mq = max(mg, 4)
+    mq = mg if mg > 4 else 4
     # the filter, its rows padded (per group) to mq rows with zeros where there are fewer than 4
     wf = w.reshape(w.size)
     wp = wf if mq == mg else np.empty(groups * mq * k_, w.dtype)
@@ -485,7 +496,7 @@ def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
     span = p_ if plain else (p_ + 15) // 16 * 16
     hq = oh_ + ((kh_ - 1) * dh) // sh
     pp = hq * ow_
-    one = min(kh_, 1)  # not the literal 1: the im2col the BLAS path compiles serves
+    one = kh_ // kh_  # not the literal 1: the im2col the BLAS path compiles serves
     zero = cg * kw_ * sh * pp  # the zero tail
     if plain:
         xs = xf
@@ -503,12 +514,20 @@ def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
     rows2 = not plain and sh == 2 and sw == 2 and dh == 1 and dw == 1 and kh_ > 1 and \
         w_ == 2 * ow_ and nrv * TILE_BYTES == ow_ * x.itemsize and 0 <= pl <= 32 and \
         kw_ <= pl + 32 and pt >= 0
-    row2 = np.zeros(2 * ow_ + 64 if rows2 else 0, x.dtype)
+    row2 = np.empty(2 * ow_ + 64 if rows2 else 0, x.dtype)
+    for q in range(row2.size):
+        row2[q] = 0
     # rows 4 KiB apart, fewer than 4 or a span past the outputs: computed aside at a padded
     # stride, then copied out
     ds = span
-    while _aliases(ds, x.itemsize):
-        ds += 16
+    near = True
+    while near:  # (see _aliases: inline, a function of its own costs a compile)
+        near = False
+        for j in range(1, 4):
+            d = j * ds * x.itemsize
+            near = near or (d >= 4096 and (d % 4096 < 512 or d % 4096 > 4096 - 512))
+        if near:
+            ds += 16
     aside = ds != p_ or mg < 4
     acc = np.empty(mq * ds if aside else 0, x.dtype)
     df = acc if aside else yf
@@ -552,7 +571,7 @@ def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
             # by blocks of rb rows, the last overlapping the ones before when rb does not
             # divide mg (rows computed twice cost less than a pass of their own)
             for m4 in range(0, mq, rb):
-                mr = min(m4, mq - rb)
+                mr = m4 if m4 < mq - rb else mq - rb
                 wo, do = (g * mq + mr) * k_, d0 + mr * ds
                 q0 = 0
                 if six:
@@ -617,7 +636,7 @@ def _dots44(a, a0, a1, a2, a3, b, b0, b1, b2, b3, n):
 def _gather_dy(dy, b0, b1, g, mg, p_, width):
     """``[mg, width]``: ``dy[n, g * mg + m]`` of the samples ``b0..b1`` side by side."""
     m_ = dy.shape[1]
-    d2 = np.empty((mg, width), dy.dtype)
+    d2 = np.empty(mg * width, dy.dtype).reshape((mg, width))
     df = dy.reshape(dy.size)
     f2 = d2.reshape(d2.size)
     for n in range(b0, b1):
@@ -639,15 +658,15 @@ def _bwd_data_range(dy, w, dx, n0, n1, sh, sw, pt, pl, dh, dw, groups):
     nb = _block(n1 - n0, k_, p_)
     w2 = w.reshape((m_, k_))
     dxf = dx.reshape(dx.size)
-    per = dx.size // max(dx.shape[0], 1)
+    per = dx.size // dx.shape[0] if dx.shape[0] > 0 else 0
     for k in range(U(n0 * per), U(n1 * per)):
         dxf[k] = 0
     for b0 in range(n0, n1, nb):
-        b1 = min(b0 + nb, n1)
+        b1 = b0 + nb if b0 + nb < n1 else n1
         width = (b1 - b0) * p_
         for g in range(groups):
             d2 = _gather_dy(dy, b0, b1, g, mg, p_, width)
-            c2 = np.empty((k_, width), dy.dtype)
+            c2 = np.empty(k_ * width, dy.dtype).reshape((k_, width))
             blas_gemm(w2[g * mg:(g + 1) * mg].T, d2, c2)
             cf = c2.reshape(k_ * width)
             for n in range(b0, b1):
@@ -659,12 +678,13 @@ def _bwd_data_range(dy, w, dx, n0, n1, sh, sw, pt, pl, dh, dw, groups):
 def _bwd_filter_range(x, dy, dwt, n0, n1, sh, sw, pt, pl, dh, dw, groups):
     """``dwt = sum over the samples n0..n1 of dy[n] @ col(x[n])^T``, per group.
 
-    Planes of :data:`_TAPS_DW_MIN` outputs and more: each sample's image is copied into the
-    taps kernel's planes (``kw`` copies of each channel per row phase of the stride, see
-    :func:`_fwd_range`), and each 4x4 block of the gradient is 16 dot products of dy's rows
-    with the planes' runs (:func:`_dots44`); the last blocks overlap the ones before them
-    where 4 does not divide the rows or taps (their repeated sums dropped). Else im2col and
-    BLAS, per block of samples."""
+    Planes of :data:`_TAPS_DW_MIN` outputs and more (4+ rows and taps): each sample's
+    image is copied into the taps kernel's planes (``kw`` copies of each channel per row phase
+    of the stride, see :func:`_fwd_taps`), and each 4x4 block of the gradient is 16 dot
+    products of dy's rows with the planes' runs (:func:`_dots44`); the last blocks overlap the
+    ones before them where 4 does not divide the rows or taps (their repeated sums dropped).
+    Else im2col and BLAS, per block of samples. (One kernel for both: a network's large and
+    small planes take both, and two kernels cost more compile than one holding both.)"""
     m_, cg, kh_, kw_ = dwt.shape
     mg = m_ // groups
     oh_, ow_ = dy.shape[2], dy.shape[3]
@@ -678,7 +698,7 @@ def _bwd_filter_range(x, dy, dwt, n0, n1, sh, sw, pt, pl, dh, dw, groups):
         xs = np.empty(cg * kw_ * sh * pp, x.dtype)
         tap = np.empty(k_, np.int64)
         _tap_offsets(tap, k_, 0, kw_, kh_, sh, dh, pp, ow_)
-        one = min(kh_, 1)  # as in _fwd_range: the same compiled im2col
+        one = kh_ // kh_  # as in _fwd_taps: the same compiled im2col
         dyf = dy.reshape(dy.size)
         for n in range(n0, n1):
             for g in range(groups):
@@ -687,9 +707,9 @@ def _bwd_filter_range(x, dy, dwt, n0, n1, sh, sw, pt, pl, dh, dw, groups):
                             sh * pp, r * pp)
                 d0 = (n * m_ + g * mg) * p_
                 for m4 in range(0, mg, 4):
-                    mr = min(m4, mg - 4)
+                    mr = m4 if m4 < mg - 4 else mg - 4
                     for k4 in range(0, k_, 4):
-                        kr = min(k4, k_ - 4)
+                        kr = k4 if k4 < k_ - 4 else k_ - 4
                         s = _dots44(dyf, d0 + mr * p_, d0 + (mr + 1) * p_, d0 + (mr + 2) * p_,
                                     d0 + (mr + 3) * p_, xs, tap[kr], tap[kr + 1], tap[kr + 2],
                                     tap[kr + 3], p_)
@@ -700,10 +720,10 @@ def _bwd_filter_range(x, dy, dwt, n0, n1, sh, sw, pt, pl, dh, dw, groups):
         return
     nb = _block(n1 - n0, k_, p_)
     for b0 in range(n0, n1, nb):
-        b1 = min(b0 + nb, n1)
+        b1 = b0 + nb if b0 + nb < n1 else n1
         width = (b1 - b0) * p_
-        cols = np.empty((k_, width), x.dtype)
-        cf = cols.reshape(cols.size)
+        cf = np.empty(k_ * width, x.dtype)
+        cols = cf.reshape((k_, width))
         for g in range(groups):
             for n in range(b0, b1):
                 _im2col(x[n], g * cg, cg, kh_, kw_, sh, sw, pt, pl, dh, dw, oh_, ow_, cf, width,
@@ -713,12 +733,21 @@ def _bwd_filter_range(x, dy, dwt, n0, n1, sh, sw, pt, pl, dh, dw, groups):
             # time of d2 @ cols.T for [16, 1024] x [1024, 144] (and 1.1-1.3x for 64-192
             # columns); one call site for both (a second cost 0.2 s more compile)
             tr = width >= 512
-            part = np.empty((k_, mg) if tr else (mg, k_), x.dtype)
+            part = np.empty(k_ * mg, x.dtype).reshape((k_, mg) if tr else (mg, k_))
             blas_gemm(cols if tr else d2, d2.T if tr else cols.T, part)
             for m in range(mg):
                 base = U((g * mg + m) * k_)
                 for k in range(k_):
                     dwf[base + U(k)] += part[k, m] if tr else part[m, k]
+
+
+def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
+    """``y[n] = conv(x[n], w)`` for the samples ``n0..n1`` (a filter that :func:`use_direct`
+    does not take): the taps kernel or im2col + BLAS, as :func:`_use_taps` picks. Each is a
+    kernel of its own, so that a program compiles only the ones its shapes take."""
+    fn = _fwd_taps if _use_taps(w.shape[0] // groups, w[0].size, y.shape[2] * y.shape[3]) \
+        else _fwd_blas
+    fn(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups)
 
 
 # ---- the entry points: whole batches, split over threads when large ---------------------------
@@ -773,13 +802,21 @@ def _fits(image, out, w, groups) -> bool:
         min(w.shape[2], w.shape[3]) >= 1
 
 
+def _fwd_kernel(x, w, y, groups):
+    """The forward kernel that serves a filter ``w`` onto outputs ``y``: the direct loops
+    (:func:`use_direct`), the taps (:func:`_use_taps`) or im2col + BLAS."""
+    mg = w.shape[0] // groups
+    if use_direct(w.shape[1], mg):
+        return _direct_range
+    return _fwd_taps if _use_taps(mg, w[0].size, y.shape[2] * y.shape[3]) else _fwd_blas
+
+
 def conv2d_fwd(x, w, y, sh, sw, pt, pl, dh, dw, groups):
     """``y = conv(x, w)`` (NCHW): ``y`` is written, not read."""
     if not _fits(x, y, w, groups):
         raise ValueError(_MISFIT)
-    fn = _direct_range if use_direct(w.shape[1], w.shape[0] // groups) else _fwd_range
-    split_work(fn, x.shape[0], y.size * w[0].size, x, w, y, sh, sw, pt, pl, dh, dw, groups,
-               head=3)
+    split_work(_fwd_kernel(x, w, y, groups), x.shape[0], y.size * w[0].size, x, w, y, sh, sw,
+               pt, pl, dh, dw, groups, head=3)
 
 
 @register_jitable
@@ -843,12 +880,13 @@ def conv2d_bwd_filter(x, dy, dwt, sh, sw, pt, pl, dh, dw, groups):
     if not _fits(x, dy, dwt, groups):
         raise ValueError(_MISFIT)
     n = x.shape[0]
+    fn = _bwd_filter_range
     parts = _parts(n, dy.size * dwt[0].size)
     if parts == 1:
-        _bwd_filter_range(x, dy, dwt, 0, n, sh, sw, pt, pl, dh, dw, groups)
+        fn(x, dy, dwt, 0, n, sh, sw, pt, pl, dh, dw, groups)
         return
     acc = np.empty((parts,) + dwt.shape, dwt.dtype)
-    futures = [_threads().submit(_bwd_filter_range, x, dy, acc[p], p * n // parts,
+    futures = [_threads().submit(fn, x, dy, acc[p], p * n // parts,
                                (p + 1) * n // parts, sh, sw, pt, pl, dh, dw, groups)
                for p in range(parts)]
     for f in futures:
@@ -861,10 +899,12 @@ def _range_types(T):
     return ((T, 4), (T, 4), (T, 4)) + (int,) * 9
 
 
-jobs("conv2d_fwd")(lambda T: [(_fwd_range, _range_types(T))])
-# (a stride-1 input gradient runs as the forward kernel over dy: see by_forward)
+# (the kernels most programs' shapes take: a stride-1 input gradient runs as the forward
+# kernel over dy, see by_forward; small forward planes (im2col + BLAS) and depthwise filters
+# (direct loops) compile on their first call)
+jobs("conv2d_fwd")(lambda T: [(_fwd_taps, _range_types(T))])
 jobs("conv2d_bwd_data")(lambda T: [(_bwd_data_range, _range_types(T)),
-                                   (_fwd_range, _range_types(T))])
+                                   (_fwd_taps, _range_types(T))])
 jobs("conv2d_bwd_filter")(lambda T: [(_bwd_filter_range, _range_types(T))])
 
 
@@ -887,17 +927,33 @@ def _geometry(sh, sw, pt, pl, dh, dw, groups):
             _plain(groups))
 
 
+@register_jitable
+def _fwd_native(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
+    """The forward kernel that :func:`_fwd_kernel` picks, called from compiled code."""
+    g = _geometry(sh, sw, pt, pl, dh, dw, groups)
+    m_, cg, kh_, kw_ = w.shape
+    if use_direct(cg, m_ // groups):
+        _direct_range(x, w, y, _plain(n0), _plain(n1), *g)
+    elif _use_taps(m_ // groups, cg * kh_ * kw_, y.shape[2] * y.shape[3]):
+        _fwd_taps(x, w, y, _plain(n0), _plain(n1), *g)
+    else:
+        _fwd_blas(x, w, y, _plain(n0), _plain(n1), *g)
+
+
 # inside compiled code (a native loop's driver): the whole batch on this thread
+@overload(_fwd_range)
+def _fwd_range_native(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
+    def impl(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
+        _fwd_native(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups)
+    return impl
+
+
 @overload(conv2d_fwd)
 def _conv2d_fwd_native(x, w, y, sh, sw, pt, pl, dh, dw, groups):
     def impl(x, w, y, sh, sw, pt, pl, dh, dw, groups):
         if not _fits_native(x, y, w, groups):
             raise ValueError(_MISFIT)
-        g = _geometry(sh, sw, pt, pl, dh, dw, groups)
-        if use_direct(w.shape[1], w.shape[0] // groups):
-            _direct_range(x, w, y, _plain(0), x.shape[0], *g)
-        else:
-            _fwd_range(x, w, y, _plain(0), x.shape[0], *g)
+        _fwd_native(x, w, y, 0, x.shape[0], sh, sw, pt, pl, dh, dw, groups)
     return impl
 
 
@@ -910,11 +966,8 @@ def _conv2d_bwd_data_native(dy, w, dx, sh, sw, pt, pl, dh, dw, groups):
         if by_forward(w, dx.shape[2] * dx.shape[3], sh, sw, pt, pl, dh, dw, groups):
             wt = np.empty((cg * groups, m_ // groups, kh_, kw_), w.dtype)
             _flip_into(w, groups, wt)
-            g = _geometry(sh, sw, (kh_ - 1) * dh - pt, (kw_ - 1) * dw - pl, dh, dw, groups)
-            if use_direct(m_ // groups, cg):
-                _direct_range(dy, wt, dx, _plain(0), dy.shape[0], *g)
-            else:
-                _fwd_range(dy, wt, dx, _plain(0), dy.shape[0], *g)
+            _fwd_native(dy, wt, dx, 0, dy.shape[0], sh, sw, (kh_ - 1) * dh - pt,
+                        (kw_ - 1) * dw - pl, dh, dw, groups)
             return
         _bwd_data_range(dy, w, dx, _plain(0), dy.shape[0],
                         *_geometry(sh, sw, pt, pl, dh, dw, groups))
