@@ -258,3 +258,59 @@ print(msg, status, all(np.array_equal(a, b) for a, b in zip(m.run(feed), want)))
                        timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.split() == ["same", "0", "True"], (r.stdout, r.stderr[-2000:])
+
+
+def test_a_batch_of_no_rows_gives_empty_outputs_as_the_jit(arts):
+    """A batch of 0 rows runs (as the JIT runs it): outputs of 0 rows, of the JIT's dtypes and
+    other dims, on one thread and split across two (no slice to run), into new arrays and into
+    the caller's; the instance runs full batches as before after it."""
+    for name in ("two", "flat"):
+        model, mod = arts[name]
+        rng = np.random.default_rng(8)
+        empty = _feed(rng, 0) if name == "two" else {"x": np.zeros((0, 4), np.float32)}
+        full = _feed(rng, 5) if name == "two" else {"x": rng.standard_normal((5, 4)).astype(
+            np.float32)}
+        ref0, ref5 = _jit(model, [empty, full])
+        assert all(r.shape[0] == 0 for r in ref0)   # the oracle: the JIT's empty outputs
+        for threads in (1, 2):
+            m = mod.load(threads=threads)
+            before = [a.copy() for a in m.run(full)]
+            for out in (None, [np.empty(r.shape, r.dtype) for r in ref0]):
+                got = m.run(empty, out=out)
+                assert [(g.shape, g.dtype) for g in got] == [(r.shape, r.dtype) for r in ref0]
+                if out is not None:
+                    assert all(g is o for g, o in zip(got, out))
+            for a, b, r in zip(m.run(full), before, ref5):
+                assert np.array_equal(a, b) and np.array_equal(a, r)
+            m.close()
+
+
+def test_c_batch_of_no_rows_null_data_and_negative_dims(arts):
+    """Through the C ABI: a 0-row input may come as NULL data (no elements) and gives 0-row
+    outputs; NULL data with elements, and a negative dim, are errors naming the input."""
+    _, mod = arts["two"]
+    m = mod.load()
+    lib, h = m._lib, m._h
+    i64p = ctypes.POINTER(ctypes.c_int64)
+    codes = (ctypes.c_int * 2)(0, 3)
+    ndims = (ctypes.c_int * 2)(2, 2)
+    dims = [(ctypes.c_int64 * 2)(0, 4), (ctypes.c_int64 * 2)(0, 3)]
+    shapes = (i64p * 2)(*[ctypes.cast(d, i64p) for d in dims])
+    data = (ctypes.c_void_p * 2)(None, None)
+    odims = (ctypes.c_int64 * 6)()
+    run = lib.pdjit_model_run_into
+    assert run(h, 2, data, codes, ndims, shapes, 3, None, None, odims) == 0
+    assert list(odims) == [0, 3] * 3
+    assert lib.pdjit_model_run(h, 2, data, codes, ndims, shapes) == 0
+    dims[0][0] = dims[1][0] = 2                    # rows, and no data
+    assert run(h, 2, data, codes, ndims, shapes, 3, None, None, odims) == 1
+    assert b"input 'x': data or shape is NULL" in lib.pdjit_model_error(h)
+    x, ids = np.zeros((2, 4), np.float32), np.zeros((2, 3), np.int64)
+    data[0], data[1] = x.ctypes.data, ids.ctypes.data
+    dims[1][0] = -2
+    assert run(h, 2, data, codes, ndims, shapes, 3, None, None, odims) == 4
+    assert b"input 'ids': dim 0 expected >= 0, got -2" in lib.pdjit_model_error(h)
+    dims[1][0] = 2
+    assert run(h, 2, data, codes, ndims, shapes, 3, None, None, odims) == 0
+    assert list(odims) == [2, 3] * 3
+

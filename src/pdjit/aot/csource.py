@@ -100,8 +100,10 @@ int pdjit_params_embedded(void);
 int pdjit_model_create(const char *params_path, int64_t max_batch, pdjit_model **out,
                        char *err, size_t err_len);
 /* Run on n_inputs inputs, in the order of pdjit_input_name: data[i] C-contiguous, of element
-   type dtypes[i], rank ndims[i], shape shapes[i]. An instance runs in one thread at a time;
-   instances are independent. */
+   type dtypes[i], rank ndims[i], shape shapes[i]. A dim declared -1 takes any size >= 0: a
+   batch of 0 rows gives outputs of 0 rows (of their dtypes and other dims, as the JIT gives
+   them), and an input of 0 elements may have data[i] NULL. An instance runs in one thread at
+   a time; instances are independent. */
 int pdjit_model_run(pdjit_model *m, int n_inputs, const void *const *data, const int *dtypes,
                     const int *ndims, const int64_t *const *shapes);
 /* As pdjit_model_run, writing the outputs straight into the caller's buffers: out[i] (out_bytes[i]
@@ -637,7 +639,7 @@ static int64_t out_elems(int i, int64_t batch) {
 }
 
 static int grow_output(pdjit_model *m, int i, int64_t elems) {
-    if (elems <= m->out_cap[i]) return PDJIT_OK;
+    if (elems <= m->out_cap[i] && m->out[i] != NULL) return PDJIT_OK;
     void *p = NULL;
     if (posix_memalign(&p, 64, (size_t)(elems ? elems : 1) * out_itemsize[i]) != 0)
         return fail(m, PDJIT_ERR_MEMORY, "out of memory for output '%%s' (%%lld elements)",
@@ -908,6 +910,8 @@ static int run_split(pdjit_model *m, const void *const *data, const int64_t *con
     return 0;
 }
 
+static const int64_t empty_input[8];   /* what a 0-element input given as NULL points to */
+
 static int run_into(pdjit_model *m, int n_inputs, const void *const *data, const int *dtypes,
                     const int *ndims, const int64_t *const *shapes, void *const *user,
                     const int64_t *user_bytes) {
@@ -915,7 +919,11 @@ static int run_into(pdjit_model *m, int n_inputs, const void *const *data, const
         return fail(m, PDJIT_ERR_COUNT, "expected %%d input(s), got %%d", NUM_IN, n_inputs);
     if (NUM_IN > 0 && (data == NULL || dtypes == NULL || ndims == NULL || shapes == NULL))
         return fail(m, PDJIT_ERR_ARGS, "data, dtypes, ndims and shapes must not be NULL");
-    int64_t batch = 1;
+    /* the batch: the largest dim declared -1 (0 is a batch of no rows: the native code runs
+       on empty inputs as the JIT does and gives empty outputs); 1 when none is declared -1 */
+    int64_t batch = -1;
+    const void *given[NUM_IN + 1];   /* data, with a 0-element input's NULL made a pointer */
+    int nulls = 0;
     for (int i = 0; i < NUM_IN; i++) {
         if (dtypes[i] != in_dtypes[i])
             return fail(m, PDJIT_ERR_DTYPE, "input '%%s': expected dtype %%s, got %%s",
@@ -924,23 +932,35 @@ static int run_into(pdjit_model *m, int n_inputs, const void *const *data, const
         if (ndims[i] != in_ndims[i])
             return fail(m, PDJIT_ERR_SHAPE, "input '%%s': expected rank %%d, got %%d",
                         in_names[i], in_ndims[i], ndims[i]);
-        if (data[i] == NULL || (in_ndims[i] > 0 && shapes[i] == NULL))
+        if (in_ndims[i] > 0 && shapes[i] == NULL)
             return fail(m, PDJIT_ERR_ARGS, "input '%%s': data or shape is NULL", in_names[i]);
+        int64_t elems = 1;
         for (int d = 0; d < in_ndims[i]; d++) {
             int64_t want = in_shapes[i][d], got = shapes[i][d];
             if (want >= 0 && got != want)
                 return fail(m, PDJIT_ERR_SHAPE, "input '%%s': dim %%d expected %%lld, got %%lld",
                             in_names[i], d, (long long)want, (long long)got);
-            if (want < 0 && got < 1)
-                return fail(m, PDJIT_ERR_SHAPE, "input '%%s': dim %%d expected >= 1, got %%lld",
+            if (want < 0 && got < 0)
+                return fail(m, PDJIT_ERR_SHAPE, "input '%%s': dim %%d expected >= 0, got %%lld",
                             in_names[i], d, (long long)got);
             if (want < 0 && got > batch) batch = got;
             if (FIXED_BATCH && d == 0 && want < 0 && got > FIXED_BATCH)
                 return fail(m, PDJIT_ERR_SHAPE, "input '%%s': dim 0 (the batch) expected at "
                             "most %%d (the library was built with --batch %%d), got %%lld",
                             in_names[i], FIXED_BATCH, FIXED_BATCH, (long long)got);
+            elems *= got;
+        }
+        given[i] = data[i];
+        if (data[i] == NULL) {
+            if (elems != 0)
+                return fail(m, PDJIT_ERR_ARGS, "input '%%s': data or shape is NULL",
+                            in_names[i]);
+            given[i] = &empty_input;   /* no elements: any valid address */
+            nulls = 1;
         }
     }
+    if (batch < 0) batch = 1;
+    if (nulls) data = given;
     if (BATCH_SPLIT && m->nslices > 1 && run_split(m, data, shapes, user, user_bytes) == 0)
         return PDJIT_OK;
     return run_checked(m, data, shapes, batch, user, user_bytes);

@@ -257,17 +257,20 @@ class Model:
 
     def _plan(self, key):
         """The outputs' expected shapes for inputs of shapes ``key`` (a dim declared -1 is the
-        largest such dim of the inputs, as the library sizes its buffers), their dims flat and
-        their bytes; None when the library's own buffers are to be used."""
+        largest such dim of the inputs, as the library sizes its buffers, 1 when no input
+        declares one; 0 for a batch of no rows), their dims flat and their bytes; None when
+        the library's own buffers are to be used."""
         if len(self._plans) > 64:
             self._plans.clear()
-        batch = 1
+        batch = -1   # (0: a batch of no rows, outputs of no rows)
         for shape, decl in zip(key, self.input_shapes):
             if len(shape) != len(decl):
                 return None   # the library names the input and the ranks
             for d, want in zip(shape, decl):
                 if want < 0 and d > batch:
                     batch = d
+        if batch < 0:
+            batch = 1
         plan = _Plan([tuple(batch if d < 0 else d for d in s) for s in self.output_shapes],
                      self.output_dtypes)
         self._plans[key] = plan
