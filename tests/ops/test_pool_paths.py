@@ -1,0 +1,140 @@
+"""The paths the pooling entry points pick (``pdjit.codegen.nnlib.pool``): an average over
+whole planes runs ``_mean_planes``, every other pool ``_fwd_planes``; ``pool2d_bwd`` writes a
+global average's gradient at once and spreads any other window's. Against NumPy written here,
+through the kernels' host and native (compiled caller) entries and the compiled executor
+(strict: native code), gradients against finite differences."""
+import numba
+import numpy as np
+import pytest
+
+from pdjit.codegen import nnlib
+from pdjit.codegen.nnlib import pool as pk
+from pdjit.testing.grad_check import check_grad
+from pdjit.testing.op_test import check_output
+
+RNG = np.random.default_rng(5)
+
+
+def np_windows(size, osize, k, s, p, adaptive):
+    """Per output index: (first, end) read and the window's length before clipping."""
+    out = []
+    for o in range(osize):
+        if adaptive:
+            lo, hi = o * size // osize, -(-(o + 1) * size // osize)
+            out.append((lo, hi, hi - lo))
+        else:
+            lo = o * s - p
+            hi = min(lo + k, size + p)
+            out.append((max(lo, 0), min(hi, size), hi - lo))
+    return out
+
+
+def np_pool(x, oshape, k, s, p, is_max, exclusive, adaptive):
+    n, c, h, w = x.shape
+    y = np.zeros((n, c) + oshape)
+    for i, (h0, h1, hl) in enumerate(np_windows(h, oshape[0], k, s, p, adaptive)):
+        for j, (w0, w1, wl) in enumerate(np_windows(w, oshape[1], k, s, p, adaptive)):
+            win = x[:, :, h0:h1, w0:w1].astype(np.float64)
+            if is_max:
+                y[:, :, i, j] = win.max(axis=(2, 3))
+            else:
+                cnt = (h1 - h0) * (w1 - w0) if exclusive or adaptive else hl * wl
+                y[:, :, i, j] = win.sum(axis=(2, 3)) / cnt
+    return y
+
+
+def np_pool_bwd(x, y, dy, k, s, p, is_max, exclusive, adaptive):
+    """Each dy element to its window's first maximum (row-major), or spread over the window."""
+    n, c, h, w = x.shape
+    dx = np.zeros(x.shape)
+    for i, (h0, h1, hl) in enumerate(np_windows(h, y.shape[2], k, s, p, adaptive)):
+        for j, (w0, w1, wl) in enumerate(np_windows(w, y.shape[3], k, s, p, adaptive)):
+            for b in range(n):
+                for ch in range(c):
+                    g = float(dy[b, ch, i, j])
+                    if is_max:
+                        win = x[b, ch, h0:h1, w0:w1]
+                        a = np.flatnonzero(win == y[b, ch, i, j])[0]
+                        dx[b, ch, h0 + a // (w1 - w0), w0 + a % (w1 - w0)] += g
+                    else:
+                        cnt = (h1 - h0) * (w1 - w0) if exclusive or adaptive else hl * wl
+                        dx[b, ch, h0:h1, w0:w1] += g / cnt
+    return dx
+
+
+@numba.njit
+def _native_fwd(x, y, k, s, p, is_max, exclusive, adaptive):
+    nnlib.pool2d_fwd(x, y, k, k, s, s, p, p, is_max, exclusive, adaptive)
+
+
+@numba.njit
+def _native_bwd(x, y, dy, dx, k, s, p, is_max, exclusive, adaptive):
+    nnlib.pool2d_bwd(x, y, dy, dx, k, k, s, s, p, p, is_max, exclusive, adaptive)
+
+
+# (x shape, out shape, k, s, p, is_max, exclusive, adaptive, the forward kernel)
+CASES = [
+    ((2, 3, 5, 6), (1, 1), 1, 1, 0, False, True, True, "_mean_planes"),     # adaptive 1x1
+    ((2, 3, 5, 5), (1, 1), 5, 1, 0, False, False, False, "_mean_planes"),   # global average
+    ((2, 3, 5, 5), (1, 1), 5, 1, 0, True, True, False, "_fwd_planes"),      # global max
+    ((2, 3, 3, 3), (1, 1), 3, 1, 1, False, False, False, "_fwd_planes"),    # padded: not whole
+    ((2, 3, 7, 9), (3, 4), 2, 2, 0, True, True, False, "_fwd_planes"),      # 2x2 max
+    ((2, 3, 7, 7), (4, 4), 3, 2, 1, False, False, False, "_fwd_planes"),    # 3x3/s2 padded avg
+    ((2, 3, 7, 7), (4, 4), 3, 2, 1, True, True, False, "_fwd_planes"),     # 3x3/s2 padded max
+    ((2, 3, 7, 5), (3, 2), 1, 1, 0, False, True, True, "_fwd_planes"),     # adaptive 3x2
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[-1]}-{i}" for i, c in enumerate(CASES)])
+def test_entries_pick_the_kernel_and_match_numpy(monkeypatch, case):
+    xshape, oshape, k, s, p, is_max, exclusive, adaptive, kernel = case
+    # distinct values: one maximum per window
+    x = (RNG.permutation(int(np.prod(xshape))).reshape(xshape) / 7.0).astype(np.float32)
+    ran = []
+    split_work = pk.split_work
+
+    def spy(fn, *args, **kw):
+        ran.append(fn.py_func.__name__)
+        return split_work(fn, *args, **kw)
+    monkeypatch.setattr(pk, "split_work", spy)
+    y = np.empty(xshape[:2] + oshape, np.float32)
+    nnlib.pool2d_fwd(x, y, k, k, s, s, p, p, is_max, exclusive, adaptive)
+    assert ran == [kernel]
+    want = np_pool(x, oshape, k, s, p, is_max, exclusive, adaptive)
+    np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-6)
+    yn = np.empty_like(y)
+    _native_fwd(x, yn, k, s, p, is_max, exclusive, adaptive)
+    np.testing.assert_array_equal(yn, y)  # the native entry: the same kernel, the same values
+    dy = RNG.standard_normal(y.shape).astype(np.float32)
+    dx = np.full(xshape, np.nan, np.float32)  # overwritten, not added to
+    nnlib.pool2d_bwd(x, y, dy, dx, k, k, s, s, p, p, is_max, exclusive, adaptive)
+    np.testing.assert_allclose(dx, np_pool_bwd(x, y, dy, k, s, p, is_max, exclusive, adaptive),
+                               rtol=1e-6, atol=1e-6)
+    dxn = np.full(xshape, np.nan, np.float32)
+    _native_bwd(x, y, dy, dxn, k, s, p, is_max, exclusive, adaptive)
+    np.testing.assert_array_equal(dxn, dx)
+
+
+def test_misfits_are_refused():
+    x = np.zeros((2, 3, 4, 4), np.float32)
+    with pytest.raises(ValueError, match="pooling operands do not fit"):
+        nnlib.pool2d_fwd(x, np.empty((2, 4, 1, 1), np.float32), 4, 4, 1, 1, 0, 0, False, True,
+                         False)
+    with pytest.raises(ValueError, match="pooling operands do not fit"):
+        nnlib.pool2d_bwd(x, np.zeros((2, 3, 1, 1), np.float32), np.zeros((2, 3, 2, 1),
+                         np.float32), np.empty_like(x), 4, 4, 1, 1, 0, 0, False, True, False)
+    with pytest.raises(ValueError, match="pooling operands do not fit"):  # the kernel itself
+        pk._mean_planes(x, np.empty((2, 2, 1, 1), np.float32), 0, 6)
+
+
+@pytest.mark.parametrize("attrs", [dict(global_pooling=True, ksize=[1, 1]),
+                                   dict(adaptive=True, ksize=[1, 1]),
+                                   dict(ksize=[4, 5], exclusive=False)])
+def test_global_average_pool_in_the_executor(attrs):
+    """The op and its gradient through the compiled executor (native code asserted) and
+    finite differences: the paths of a ResNet's last pool."""
+    x = RNG.standard_normal((2, 3, 4, 5)).astype(np.float32)
+    want = x.astype(np.float64).mean(axis=(2, 3), keepdims=True)
+    check_output("pool2d", {"X": x}, dict(attrs, pooling_type="avg"),
+                 {"Out": want.astype(np.float32)})
+    check_grad("pool2d", {"X": x}, dict(attrs, pooling_type="avg"), ["X"])
