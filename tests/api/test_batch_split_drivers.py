@@ -99,6 +99,33 @@ def test_a_row_wise_step_runs_on_slices_of_the_batch(two_threads, monkeypatch):
     assert step.picked[3] in (step.native.fn, step.compiled.fn)
 
 
+def test_a_split_untried_for_busy_cores_is_tried_again_once_they_are_free(two_threads,
+                                                                          monkeypatch):
+    """While another process keeps a core busy, the split driver's trial runs unsplit: the
+    pick (here the native driver) is kept only until the cores are free again; the next
+    trial then measures the split driver and it serves."""
+    monkeypatch.setattr(threads, "free_cores", lambda: 1)
+    monkeypatch.setattr(plan_mod.NativeStep, "_fastest", staticmethod(lambda m: 1))
+    program, startup, y = _mlp()
+    exe, scope = _served(program, startup, y, runs=12)
+    (step,) = _steps(exe, program)
+    retry = step.picked[BATCH]
+    assert isinstance(retry, plan_mod._Retry) and retry.fn is step.native.fn
+    assert step.drivers()[BATCH].startswith("native (split to be tried")
+    monkeypatch.setattr(plan_mod.NativeStep, "_fastest", staticmethod(lambda m: len(m) - 1))
+    rng = np.random.default_rng(9)
+    for k in range(14):
+        if k == 1:  # a second later, both cores free: the pick is dropped, trials again
+            retry.after = 0
+            monkeypatch.setattr(threads, "free_cores", lambda: 2)
+        xv = rng.standard_normal((BATCH, 6)).astype("float32")
+        (out,) = exe.run(program, feed={"x": xv}, fetch_list=[y], scope=scope)
+        np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
+        assert (BATCH in step.picked) == (k == 0 or k >= 13)
+    sp = step.picked[BATCH]
+    assert isinstance(sp, plan_mod._SplitDriver) and sp.runs == 4  # its trial runs
+
+
 def test_a_split_step_serves_concurrent_runs(two_threads):
     """Runs from several threads through one Executor on a step picked to split: each gets
     NumPy's answer (a run finding the helper thread busy runs its slices itself)."""

@@ -121,6 +121,7 @@ class NativeStep:
         # exists (``split_rows``, ``split_why``)
         self._split_info = split if split is not None else _NO_SPLIT
         self._split = None                 # (native driver, its _SplitDriver)
+        self._unsplit: set = set()         # batch sizes whose split trial ran unsplit
         # run-time checks: the allocation guard (None: every output size was checked when
         # the plan was built) and whether outputs are checked for NaN/Inf
         self.guard, self.nan_inf = guard, nan_inf
@@ -334,6 +335,7 @@ class NativeStep:
         if times is None or len(times) != len(drivers):
             times = self._trials[key] = tuple([] for _ in drivers)
         which = min(range(len(drivers)), key=lambda k: len(times[k]))
+        split_runs = split.runs if which == 2 else 0
         t0 = time.perf_counter()
         if which:
             try:
@@ -349,12 +351,18 @@ class NativeStep:
         else:
             results = self.compiled.fn(*values)
         times[which].append(time.perf_counter() - t0)
+        if which == 2 and split.runs == split_runs:  # it ran unsplit: a core was busy
+            self._unsplit.add(key)
         n = self._WARM + self._TIMED
         if all(len(t) >= n for t in times):
             medians = [statistics.median(t[self._WARM:]) for t in times]
             if len(self.picked) > 64:
                 self.picked.clear()
-            self.picked[key] = drivers[self._fastest(medians)]
+            best = drivers[self._fastest(medians)]
+            if split is not None and best is not split and key in self._unsplit:
+                best = _Retry(best, self, key)  # the split was not measured: again later
+            self._unsplit.discard(key)
+            self.picked[key] = best
             self._trials.pop(key, None)
         return results
 
@@ -402,9 +410,13 @@ class NativeStep:
         """The driver that serves each batch size tried so far: ``"host"``, ``"native"`` or
         ``"native split xN"`` (on N slices of the batch at once)."""
         nd = self.native
-        return {k: "native" if nd is not None and fn is nd.fn else
+
+        def name(fn):
+            if isinstance(fn, _Retry):
+                return f"{name(fn.fn)} (split to be tried when the cores are free)"
+            return "native" if nd is not None and fn is nd.fn else \
                 f"native split x{fn.parts}" if isinstance(fn, _SplitDriver) else "host"
-                for k, fn in sorted(self.picked.items())}
+        return {k: name(fn) for k, fn in sorted(self.picked.items())}
 
     def describe(self) -> str:
         tail = f" ({self.fallbacks} fallback(s), last: {self.last_fallback[2]})" \
@@ -450,6 +462,31 @@ class _SplitDriver:
                 return self.fn(*values)  # (not rows after all: the whole batch at once)
         self.runs += 1
         return tuple(np.concatenate([got[k] for got in outs]) for k in range(len(outs[0])))
+
+
+#: seconds between the checks of a driver picked while the split one ran unsplit in its
+#: trial (other processes kept a core busy) for cores free enough to try it again
+RETRY_AFTER = 1.0
+
+
+class _Retry:
+    """The driver ``fn`` picked for a batch size whose split driver could not be measured
+    (it ran unsplit: a core was busy): it serves, and the first run at least
+    :data:`RETRY_AFTER` seconds after the pick (or the last check) that finds the cores free
+    drops the pick, so that the next run of that size tries the drivers again."""
+    __slots__ = ("fn", "step", "key", "after")
+
+    def __init__(self, fn, step, key):
+        self.fn, self.step, self.key = fn, step, key
+        self.after = time.monotonic() + RETRY_AFTER
+
+    def __call__(self, *values):
+        now = time.monotonic()
+        if now >= self.after:
+            self.after = now + RETRY_AFTER
+            if threads.free_cores() >= 2 and self.step.picked.get(self.key) is self:
+                self.step.picked.pop(self.key, None)
+        return self.fn(*values)
 
 
 class _Memo:
