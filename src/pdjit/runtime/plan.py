@@ -80,8 +80,9 @@ class ReferenceStep:
 _NOTHING = object()
 
 
-def _NO_SPLIT():  # noqa: N802 - a constant's role
+def _NO_SPLIT():  # noqa: N802 - a constant's role (a step's ``split`` when not asked)
     return None, "the plan has no native drivers"
+
 
 # ``native_drivers="auto"`` (the Executor's default): after this many runs of a native step of
 # an inference plan (one that writes no persistable variable) its driver is also compiled as
@@ -553,6 +554,8 @@ def _row_states(block, ops) -> dict:
 def _split_rows(states, step_ops, args, outputs) -> tuple:
     """``(indices of the args sliced by rows, "")`` when the step's driver may run on slices
     of the batch, else ``(None, why not)``."""
+    from pdjit.aot.batch_split import BATCH, CONST, NONE
+
     first_read, last_write = {}, {}
     for op, i in step_ops:
         why, read, wrote = states[id(op)]
@@ -562,14 +565,14 @@ def _split_rows(states, step_ops, args, outputs) -> tuple:
             first_read.setdefault(n, v)
         last_write.update(wrote)
     for n in outputs:
-        if last_write.get(n) != "batch":
+        if last_write.get(n) != BATCH:
             return None, f"output {n!r} does not carry the batch rows"
     rows = []
     for k, n in enumerate(args):
-        v = first_read.get(n, "const")
-        if v == "none":
+        v = first_read.get(n, CONST)
+        if v == NONE:
             return None, f"input {n!r} is a value a split run does not keep"
-        if v == "batch":
+        if v == BATCH:
             rows.append(k)
     if not rows:
         return None, "no input carries the batch"
