@@ -6,8 +6,9 @@
     pdjit graph MODEL -o model.dot [--svg]       the program as a Graphviz graph
     pdjit check MODEL                            verify a model: OK + a summary, or the error
     pdjit compile MODEL -o OUT [--batch N | --dynamic-batch] [--threads N] [--embed-params]
-                                                 ahead of time: OUT/libmodel.so (C ABI), model.h,
+                  [--prefix NAME]                ahead of time: OUT/libmodel.so (C ABI), model.h,
                                                  a NumPy-only loader OUT/__init__.py, example.c
+                                                 (--prefix: NAME_model_create, libNAME.so, NAME.h)
     pdjit ops [TYPE]                             list the registered ops, or describe one
     pdjit version                                print pdjit's version
 

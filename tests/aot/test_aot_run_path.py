@@ -10,6 +10,7 @@ import ctypes
 import os
 import pathlib
 import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -35,9 +36,11 @@ def arts(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("run_path")
     out = {}
-    for name, build, threads in (("two", _two_inputs, 2), ("flat", _flat, 1)):
+    # "flat" with the C ABI's names prefixed (flat_model_create, libflat.so, flat.h)
+    for name, build, threads, prefix in (("two", _two_inputs, 2, "pdjit"),
+                                         ("flat", _flat, 1, "flat")):
         model = _save(d / name, build)
-        compile_model(model, str(d / f"{name}_art"), batch=2, threads=threads)
+        compile_model(model, str(d / f"{name}_art"), batch=2, threads=threads, prefix=prefix)
         out[name] = (model, _import_artifact(d / f"{name}_art", f"run_path_{name}"))
     return out
 
@@ -314,3 +317,109 @@ def test_c_batch_of_no_rows_null_data_and_negative_dims(arts):
     assert run(h, 2, data, codes, ndims, shapes, 3, None, None, odims) == 0
     assert list(odims) == [2, 3] * 3
 
+
+TWO_MODELS_C = r"""
+#include <stdio.h>
+#include "model.h"
+#include "flat.h"
+/* two artifacts in one program: "two" with the default names, "flat" built with --prefix flat;
+   each runs on its inputs and prints its first output's values */
+int main(void) {
+    pdjit_model *a;
+    flat_model *b;
+    char err[256];
+    if (pdjit_model_create(NULL, 2, &a, err, sizeof err) != PDJIT_OK) { puts(err); return 1; }
+    if (flat_model_create(NULL, 2, &b, err, sizeof err) != PDJIT_OK) { puts(err); return 1; }
+    float x[8] = {1, -2, 3, -4, 5, 6, -7, 8};
+    int64_t ids[6] = {1, 2, 3, 9, 0, 4}, xs[2] = {2, 4}, is[2] = {2, 3};
+    const void *da[2] = {x, ids};
+    const int64_t *sa[2] = {xs, is};
+    int dta[2] = {PDJIT_FLOAT32, PDJIT_INT64}, nda[2] = {2, 2};
+    if (pdjit_model_run(a, 2, da, dta, nda, sa) != PDJIT_OK) {
+        puts(pdjit_model_error(a));
+        return 1;
+    }
+    if (flat_model_run(b, 1, da, dta, nda, sa) != PDJIT_OK) {
+        puts(flat_model_error(b));
+        return 1;
+    }
+    const void *p;
+    const int64_t *shape;
+    pdjit_model_output(a, 0, &p, &shape);
+    printf("two %s %lld %lld:", pdjit_output_name(0), (long long)shape[0], (long long)shape[1]);
+    for (int k = 0; k < shape[0] * shape[1]; k++) printf(" %.9g", ((const float *)p)[k]);
+    flat_model_output(b, 0, &p, &shape);
+    printf("\nflat %s %lld:", flat_output_name(0), (long long)shape[0]);
+    for (int k = 0; k < shape[0]; k++) printf(" %.9g", ((const float *)p)[k]);
+    printf("\n");
+    flat_model_destroy(b);
+    pdjit_model_destroy(a);
+    return 0;
+}
+"""
+
+
+def _exports(lib):
+    out = subprocess.run(["nm", "-D", "--defined-only", str(lib)], capture_output=True,
+                         text=True, check=True).stdout
+    return sorted(ln.split()[-1] for ln in out.splitlines() if ln.strip())
+
+
+@pytest.mark.skipif(shutil.which("nm") is None, reason="needs nm")
+def test_two_artifacts_linked_into_one_c_program(arts, tmp_path):
+    """``--prefix flat``: the library exports only flat_* (libflat.so, flat.h), the default
+    build only pdjit_* (the entry and Numba's symbols stay local: neither library binds the
+    other's); one C program includes both headers, links both libraries and runs both models,
+    each giving the outputs its own loader gives; the prefixed loader works as the default."""
+    from pdjit.aot import csource
+
+    two = pathlib.Path(arts["two"][1].__file__).parent
+    flat = pathlib.Path(arts["flat"][1].__file__).parent
+    assert (flat / "libflat.so").exists() and (flat / "flat.h").exists()
+    assert not (flat / "libmodel.so").exists() and not (flat / "model.h").exists()
+    assert _exports(two / "libmodel.so") == sorted(csource.exported())
+    assert _exports(flat / "libflat.so") == sorted(csource.exported("flat"))
+    assert all(n.startswith("flat_") for n in _exports(flat / "libflat.so"))
+    header = (flat / "flat.h").read_text()
+    assert "flat_model_create(" in header and "pdjit_" not in header.replace("PDJIT_", "")
+    src = tmp_path / "both.c"
+    src.write_text(TWO_MODELS_C)
+    exe = tmp_path / "both"
+    cmd = ["cc", "-O2", "-Wall", "-Werror", f"-I{two}", f"-I{flat}", str(src), f"-L{two}",
+           f"-L{flat}", "-lmodel", "-lflat", f"-Wl,-rpath,{two}:{flat}", "-o", str(exe)]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    x = np.array([[1, -2, 3, -4], [5, 6, -7, 8]], np.float32)
+    ids = np.array([[1, 2, 3], [9, 0, 4]], np.int64)
+    want_two = arts["two"][1].load().run({"x": x, "ids": ids})[0]
+    want_flat = arts["flat"][1].load().run({"x": x})[0]
+    np.testing.assert_array_equal(want_flat, (x * 2 + 1).ravel())   # NumPy, the oracle
+    lines = dict(ln.split(":") for ln in r.stdout.strip().splitlines())
+    got_two = [k for k in lines if k.startswith("two ")][0]
+    got_flat = [k for k in lines if k.startswith("flat ")][0]
+    assert got_two.split()[2:] == ["2", "3"] and got_flat.split()[2:] == ["8"]
+    np.testing.assert_array_equal(np.array(lines[got_two].split(), np.float32),
+                                  want_two.ravel())
+    np.testing.assert_array_equal(np.array(lines[got_flat].split(), np.float32), want_flat)
+    # the prefixed artifact's example builds as its comment says
+    r = subprocess.run("cc -O2 -I. example.c -L. -lflat -Wl,-rpath,'$ORIGIN' -o example",
+                       shell=True, cwd=flat, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "-lflat" in (flat / "example.c").read_text()
+    r = subprocess.run([str(flat / "example")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "output " in r.stdout, r.stderr
+
+
+def test_prefix_refused_unless_a_c_identifier(tmp_path, capsys):
+    from pdjit.aot import AotError, compile_model
+    from pdjit.aot.__main__ import main
+
+    for bad in ("1abc", "a-b", "", "x" * 65):
+        with pytest.raises(AotError, match="prefix: expected a C identifier"):
+            compile_model(str(tmp_path / "nope"), str(tmp_path / "out"), prefix=bad)
+    with pytest.raises(SystemExit):
+        main(["compile", str(tmp_path / "nope"), "-o", str(tmp_path / "out"), "--prefix",
+              "a.b"])
+    assert "prefix: expected a C identifier" in capsys.readouterr().err

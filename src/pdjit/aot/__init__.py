@@ -1,12 +1,15 @@
 """Ahead-of-time compiled inference: a saved model as a native library with a C ABI.
 
 ``compile_model(model, out_dir)`` (or ``pdjit compile MODEL -o OUT_DIR [--batch N |
---dynamic-batch] [--threads N] [--embed-params] [--cpu host|generic]``) writes:
+--dynamic-batch] [--threads N] [--embed-params] [--cpu host|generic] [--prefix NAME]``) writes:
 
 - ``libmodel.so`` and ``model.h``: create an instance (parameters read from ``model.params``
-  beside the library, or a given path), query input/output names, dtypes and shapes, run,
-  destroy; errors are status codes with a message (wrong count, dtype, rank or size of an input
-  never reach native code);
+  beside the library, or a given path), query input/output names, dtypes and shapes, run (a
+  batch of 0 rows too: empty outputs), destroy; errors are status codes with a message (wrong
+  count, dtype, rank or size of an input never reach native code). Only the API is exported.
+  With ``--prefix NAME`` they are ``libNAME.so`` and ``NAME.h`` and the names
+  ``NAME_model_create``, ``NAME_model``, ... (the status and dtype codes ``PDJIT_*`` stay), so
+  that one C program can link several artifacts;
 - ``model.params``: the parameters, in the order the library reads them (with
   ``--embed-params`` they are also inside ``libmodel.so``, ``.incbin``'d, and an instance
   needs no file; the checksum is verified at create either way);

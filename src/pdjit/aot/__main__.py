@@ -1,5 +1,5 @@
 """``python -m pdjit.aot compile MODEL -o OUT_DIR [--batch N | --dynamic-batch] [--threads N]
-[--embed-params] [--cpu host|generic]``, also ``pdjit compile`` (the command line's
+[--embed-params] [--cpu host|generic] [--prefix NAME]``, also ``pdjit compile`` (the command line's
 ``compile`` is these arguments and :func:`run`)."""
 from __future__ import annotations
 
@@ -17,6 +17,15 @@ def _at_least_1(text):
     return n
 
 
+def _prefix(text):
+    from pdjit.aot.csource import check_prefix
+
+    try:
+        return check_prefix(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _threads(text):
     n = _at_least_1(text)
     if n > 64:
@@ -31,7 +40,9 @@ DESCRIPTION = (
     "-lmodel -Wl,-rpath,'$ORIGIN' -o example) and the OpenBLAS the library links. The model "
     "runs after the inference passes (ops saved in training mode, e.g. dropout, in their "
     "inference form, with a note). A model with an op that has no native code, a random op "
-    "or a LoD (sequence) input is refused, naming it (exit status 1).")
+    "or a LoD (sequence) input is refused, naming it (exit status 1). With --prefix NAME the "
+    "C ABI's names are NAME_model_create, ... in libNAME.so and NAME.h, so that one program "
+    "can link several artifacts.")
 
 
 def add_arguments(c: argparse.ArgumentParser) -> None:
@@ -61,6 +72,12 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
                         "path)")
     c.add_argument("--cpu", choices=("host", "generic"), default="host",
                    help="host: this machine's instruction set (default); generic: portable")
+    c.add_argument("--prefix", type=_prefix, default="pdjit", metavar="NAME",
+                   help="the C ABI's names start with NAME_ (NAME_model_create, NAME_model, "
+                        "...) and the library and header are libNAME.so and NAME.h, so that "
+                        "one C program can link several artifacts (-lA -lB); default pdjit "
+                        "(pdjit_model_create, libmodel.so, model.h); only these names are "
+                        "exported")
 
 
 def run(args) -> int:
@@ -72,7 +89,8 @@ def run(args) -> int:
     try:
         spec = compile_model(args.model, args.output, batch=args.batch or 1, cpu=args.cpu,
                              params_file=args.params, fixed_batch=fixed,
-                             threads=args.threads, embed_params=args.embed_params)
+                             threads=args.threads, embed_params=args.embed_params,
+                             prefix=getattr(args, "prefix", "pdjit"))
     except (AotError, PdjitError, OSError) as e:
         print(f"pdjit compile: {e}", file=sys.stderr)
         return 1
@@ -85,11 +103,16 @@ def run(args) -> int:
         print(f"note: {note}")
     print("batch: " + (f"at most {o['fixed_batch']} (fixed)" if o["fixed_batch"] else
                        "any (memory re-sized on a bigger batch)")
-          + ("; parameters embedded in libmodel.so" if o["embed_params"] else ""))
+          + (f"; parameters embedded in {csource.files(o['prefix'])[0]}" if o["embed_params"]
+             else ""))
+    if o["prefix"] != csource.DEFAULT_PREFIX:
+        lib, head = csource.files(o["prefix"])
+        print(f"C ABI: {o['prefix']}_model_create, ... in {lib}, declared in {head} "
+              f"(cc ... -L{args.output} -l{o['prefix']})")
     if o["batch_split"] and o["threads"] == 1:
         print("threads: 1; the batch can be split into slices on threads of their own (every "
               "output row depends only on the same input rows): load(threads=N), "
-              "pdjit_model_set_threads or --threads N")
+              f"{o['prefix']}_model_set_threads or --threads N")
     elif o["batch_split"]:
         print(f"threads: {o['threads']}: a run splits its batch into slices on threads of "
               "their own (every output row depends only on the same input rows)")

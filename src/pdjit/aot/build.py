@@ -151,16 +151,23 @@ def _build_plans(program, fetch_names):
 
 def compile_model(model_path, out_dir, batch: int = 1, cpu: str = "host",
                   params_file: str | None = None, *, fixed_batch: bool = False,
-                  threads: int = 1, embed_params: bool = False) -> Spec:
+                  threads: int = 1, embed_params: bool = False,
+                  prefix: str = csource.DEFAULT_PREFIX) -> Spec:
     """Compile the saved model at ``model_path`` (any layout ``pdjit.io.inference.load_model``
     reads) into ``out_dir`` (see ``pdjit.aot``). ``batch``: the batch the instances' memory is
     sized for at creation by default. ``cpu``: ``host`` (this machine's instruction set) or
     ``generic``. ``fixed_batch``: runs take 1 to ``batch`` rows and memory never grows (else
     any batch, memory re-sized after a bigger one). ``threads``, ``embed_params``: see
-    ``pdjit.aot``.
+    ``pdjit.aot``. ``prefix``: of the C ABI's names (``PREFIX_model_create``; the library
+    ``libPREFIX.so``, the header ``PREFIX.h``; default ``pdjit``: ``libmodel.so``,
+    ``model.h``), for a program that links several artifacts.
     Raises :class:`AotError` for a model it cannot compile, naming the op."""
     if not isinstance(batch, int) or batch < 1:
         raise AotError(f"batch: expected an int >= 1, got {batch!r}")
+    try:
+        csource.check_prefix(prefix)
+    except ValueError as e:
+        raise AotError(str(e)) from None
     cc = shutil.which("cc")
     if cc is None:
         raise AotError("no C compiler: 'cc' is not on PATH")
@@ -229,6 +236,7 @@ def compile_model(model_path, out_dir, batch: int = 1, cpu: str = "host",
                 options={"batch": batch, "fixed_batch": bool(fixed_batch),
                          "threads": threads, "embed_params": bool(embed_params), "cpu": cpu,
                          "batch_split": split, "batch_split_why_not": why_not,
+                         "prefix": prefix,
                          "warm_up": not _has_loop(plan)})
     spec.notes = notes
     func, argtypes = _entry(program, plan, spec, values)
@@ -245,7 +253,7 @@ def compile_model(model_path, out_dir, batch: int = 1, cpu: str = "host",
     with open(os.path.join(out_dir, "__init__.py"), "w") as f:
         f.write(loader.source(spec))
     with open(os.path.join(out_dir, "example.c"), "w") as f:
-        f.write(csource.EXAMPLE)
+        f.write(csource.example_c(prefix))
     t_end = time.perf_counter()
     spec.timings = {"load+plan": t_plan - t0, "numba_aot": t_obj - t_src,
                     "link": t_end - t_obj, "total": t_end - t0}
@@ -577,17 +585,20 @@ def _openblas_files() -> list:
 
 
 def _link(out_dir, obj: bytes, spec: Spec, cc: str, blob: bytes) -> None:
-    """Link ``libmodel.so`` from the entry's object, the runtime and ``csource.model_c``'s C
-    (``blob``: the parameters, for a build that embeds them; ``csource.extra_sources`` may add
-    files, e.g. an assembler file that includes the blob)."""
+    """Link ``libmodel.so`` (``csource.files``: ``libPREFIX.so``) from the entry's object, the
+    runtime and ``csource.model_c``'s C (``blob``: the parameters, for a build that embeds
+    them; ``csource.extra_sources`` may add files, e.g. an assembler file that includes the
+    blob). Only the API is exported (``csource.version_script``)."""
     libs = _openblas_files()
     for f in libs:
         dst = os.path.join(out_dir, os.path.basename(f))
         if not os.path.exists(dst) or os.path.getsize(dst) != os.path.getsize(f):
             shutil.copy2(f, dst)
     blas = next(os.path.basename(f) for f in libs if "openblas" in os.path.basename(f))
-    with open(os.path.join(out_dir, "model.h"), "w") as f:
-        f.write(csource.header())
+    prefix = csource.options(spec)["prefix"]
+    libname, header = csource.files(prefix)
+    with open(os.path.join(out_dir, header), "w") as f:
+        f.write(csource.header(prefix))
     with tempfile.TemporaryDirectory(prefix="pdjit-aot-") as tmp:
         paths = {}
         files = [("runtime.c", csource.RUNTIME), ("model.c", csource.model_c(spec))]
@@ -596,14 +607,18 @@ def _link(out_dir, obj: bytes, spec: Spec, cc: str, blob: bytes) -> None:
             paths[name] = os.path.join(tmp, name)
             with open(paths[name], "w") as f:
                 f.write(text)
+        script = os.path.join(tmp, "exports.map")
+        with open(script, "w") as f:
+            f.write(csource.version_script(prefix))
         o = os.path.join(tmp, "entry.o")
         with open(o, "wb") as f:
             f.write(obj)
-        out = os.path.join(out_dir, "libmodel.so")
+        out = os.path.join(out_dir, libname)
         cmd = [cc, "-O2", "-shared", "-fPIC", "-fvisibility=hidden", f"-I{out_dir}",
                *paths.values(), o, "-o", out, f"-L{out_dir}",
                f"-l:{blas}", "-lm", "-ldl", "-lpthread", "-Wl,-rpath,$ORIGIN",
-               "-Wl,--no-undefined"]
+               "-Wl,--no-undefined", f"-Wl,--version-script={script}",
+               f"-Wl,-soname,{libname}"]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             raise AotError(f"linking {out} failed ({' '.join(cmd)}):\n{r.stderr[-4000:]}")

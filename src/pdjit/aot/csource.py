@@ -37,6 +37,7 @@ does not recognise gives the older message, which only has the status
 from __future__ import annotations
 
 import os
+import re
 
 #: dtype codes of the C ABI, in the order of ``model.h``'s enum
 DTYPES = ["float32", "float64", "int32", "int64", "uint8", "int8", "bool", "int16", "float16"]
@@ -55,10 +56,14 @@ HEADER = r"""/* model.h: the C ABI of a model compiled ahead of time by pdjit. *
 extern "C" {
 #endif
 
-/* status codes: every call that can fail returns one; pdjit_model_error() says why */
+/* status codes: every call that can fail returns one; pdjit_model_error() says why; and the
+   element types. The same in every artifact's header (defined once when a program includes
+   the headers of several, built with pdjit compile --prefix) */
+#ifndef PDJIT_ABI_CODES
+#define PDJIT_ABI_CODES
 enum { %(status)s };
-/* element types */
 enum { %(dtypes)s };
+#endif
 
 typedef struct pdjit_model pdjit_model;
 
@@ -160,10 +165,65 @@ typedef struct {
 } pdjit_arena;"""
 
 
-def header() -> str:
-    return HEADER % {
+#: the prefix of the C ABI's names unless ``pdjit compile --prefix`` says otherwise
+DEFAULT_PREFIX = "pdjit"
+#: the names ``model.h`` declares (its functions and the instance type ``pdjit_model``)
+API_NAMES = sorted(set(re.findall(r"\bpdjit_\w+", HEADER)))
+_API = re.compile(r"\bpdjit_(" + "|".join(n[len("pdjit_"):] for n in API_NAMES) + r")\b")
+_PREFIX_OK = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+
+
+def check_prefix(prefix) -> str:
+    """``prefix`` if it can start the C ABI's names (a C identifier of 1 to 64 characters),
+    else ValueError naming it."""
+    if not isinstance(prefix, str) or not _PREFIX_OK.fullmatch(prefix):
+        raise ValueError(f"prefix: expected a C identifier of 1 to 64 characters (letters, "
+                         f"digits, '_'; not starting with a digit), got {prefix!r}")
+    return prefix
+
+
+def files(prefix: str = DEFAULT_PREFIX) -> tuple:
+    """The artifact's library and header file names: ``libmodel.so`` and ``model.h`` by
+    default, ``libPREFIX.so`` and ``PREFIX.h`` for another prefix (so that a program can link
+    the libraries of several artifacts: ``-lA -lB``)."""
+    if prefix == DEFAULT_PREFIX:
+        return "libmodel.so", "model.h"
+    return f"lib{prefix}.so", f"{prefix}.h"
+
+
+def exported(prefix: str = DEFAULT_PREFIX) -> list:
+    """The functions the library exports (every other symbol is local to it)."""
+    return [f"{prefix}_{n[len('pdjit_'):]}" for n in API_NAMES if n != "pdjit_model"]
+
+
+def renamed(text: str, prefix: str = DEFAULT_PREFIX) -> str:
+    """C text (the header, model.c, example.c) with the ABI's names for ``prefix``:
+    ``pdjit_model_create`` becomes ``PREFIX_model_create``, the type ``pdjit_model``
+    ``PREFIX_model``, ``#include "model.h"`` includes ``PREFIX.h`` and ``-lmodel`` is
+    ``-lPREFIX``; the status and dtype codes (``PDJIT_OK``, ``PDJIT_FLOAT32``) stay."""
+    if prefix == DEFAULT_PREFIX:
+        return text
+    lib, head = files(prefix)
+    text = _API.sub(lambda m: f"{prefix}_{m.group(1)}", text)
+    return (text.replace('#include "model.h"', f'#include "{head}"')
+            .replace("PDJIT_MODEL_H", f"{prefix.upper()}_MODEL_H")
+            .replace("/* model.h:", f"/* {head}:")
+            .replace(" -lmodel ", f" -l{prefix} "))
+
+
+def version_script(prefix: str = DEFAULT_PREFIX) -> str:
+    """The linker's version script: the API exported, everything else (the compiled entry,
+    Numba's symbols, the runtime) local, so that two artifacts in one program do not bind
+    each other's."""
+    return "{\n  global:\n" + "".join(f"    {n};\n" for n in exported(prefix)) + \
+        "  local: *;\n};\n"
+
+
+def header(prefix: str = DEFAULT_PREFIX) -> str:
+    """``model.h`` (with ``prefix``: ``PREFIX.h``, see :func:`renamed`)."""
+    return renamed(HEADER % {
         "status": ", ".join(f"{k} = {v}" for k, v in STATUS.items()),
-        "dtypes": ", ".join(f"PDJIT_{d.upper()} = {i}" for i, d in enumerate(DTYPES))}
+        "dtypes": ", ".join(f"PDJIT_{d.upper()} = {i}" for i, d in enumerate(DTYPES))}, prefix)
 
 
 RUNTIME_TEXT = r"""/* runtime.c: what the compiled object needs from outside, without Numba. */
@@ -1243,7 +1303,7 @@ def model_c(spec) -> str:
     call.append("meta")
     opts = options(spec)
     split = bool(opts["batch_split"])
-    return MODEL.replace("PDJIT_ARENA", ARENA.replace("%", "%%")) % {
+    return renamed(MODEL.replace("PDJIT_ARENA", ARENA.replace("%", "%%")) % {
         "n_in": len(spec.inputs), "n_out": len(spec.outputs),
         "n_params": len(spec.param_offsets), "params_bytes": spec.params_bytes,
         "params_hash": spec.params_hash, "meta_len": max(1, sum(len(s) for _, _, s in
@@ -1267,7 +1327,7 @@ def model_c(spec) -> str:
         "why_not": _c_string(opts["batch_split_why_not"] or ""),
         "in_split": ints(int(bool(s) and s[0] == -1) for _, _, s in spec.inputs),
         "out_row": ints(_row(s) for _, _, s in spec.outputs),
-    }
+    }, opts["prefix"])
 
 
 def _c_string(text: str) -> str:
@@ -1299,7 +1359,7 @@ def options(spec) -> dict:
     """The build's options as the C source and the loader read them (``spec.options`` with
     defaults; written back into ``spec.options``): ``fixed_batch``
     (N, or 0 for any batch), ``threads``, ``batch_split``, ``batch_split_why_not``,
-    ``embed_params``."""
+    ``embed_params``, ``prefix`` (of the C ABI's names, :func:`renamed`)."""
     o = spec.options
     batch = int(o.get("batch", 1) or 1)
     o["fixed_batch"] = batch if o.get("fixed_batch") else 0
@@ -1309,6 +1369,7 @@ def options(spec) -> dict:
     o["embed_params"] = bool(o.get("embed_params", False))
     o["warm_up"] = bool(o.get("warm_up", True))
     o["threads_used"] = "batch" if o["batch_split"] else "blas"
+    o["prefix"] = check_prefix(o.get("prefix") or DEFAULT_PREFIX)
     return o
 
 
@@ -1516,3 +1577,8 @@ int main(int argc, char **argv) {
     return 0;
 }
 """.replace("%%", "%")
+
+
+def example_c(prefix: str = DEFAULT_PREFIX) -> str:
+    """``example.c`` for the ABI's names of ``prefix``."""
+    return renamed(EXAMPLE, prefix)

@@ -1,5 +1,5 @@
-"""The ``__init__.py`` written into an AOT artifact: loads ``libmodel.so`` with ``ctypes``; needs
-only NumPy (no pdjit, Numba or llvmlite)."""
+"""The ``__init__.py`` written into an AOT artifact: loads ``libmodel.so`` (``libPREFIX.so``) with
+``ctypes``; needs only NumPy (no pdjit, Numba or llvmlite)."""
 
 SOURCE = r'''"""A model compiled ahead of time by pdjit:
 ``model = load(); outs = model.run({"x": x})``.
@@ -18,15 +18,21 @@ import threading
 import numpy as np
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+_LIBRARY, _PREFIX = %(library)r, %(prefix)r   # the C ABI's names: PREFIX_model_run, ...
 _DTYPES = ["float32", "float64", "int32", "int64", "uint8", "int8", "bool", "int16", "float16"]
 _CODES = {np.dtype(d): i for i, d in enumerate(_DTYPES)}
 _lib = None
 
 
+class _Functions:
+    """The library's functions under their default names (``pdjit_model_run``, ...), whatever
+    the prefix it was built with."""
+
+
 def _library():
     global _lib
     if _lib is None:
-        lib = ctypes.CDLL(os.path.join(_HERE, "libmodel.so"))
+        lib, funcs = ctypes.CDLL(os.path.join(_HERE, _LIBRARY)), _Functions()
         i64p = ctypes.POINTER(ctypes.c_int64)
         for name, res, args in (
                 ("pdjit_num_inputs", ctypes.c_int, []), ("pdjit_num_outputs", ctypes.c_int, []),
@@ -62,9 +68,10 @@ def _library():
                 ("pdjit_batch_split_why_not", ctypes.c_char_p, []),
                 ("pdjit_params_embedded", ctypes.c_int, []),
                 ("pdjit_model_destroy", None, [ctypes.c_void_p])):
-            fn = getattr(lib, name)
+            fn = getattr(lib, _PREFIX + name[len("pdjit"):])
             fn.restype, fn.argtypes = res, args
-        _lib = lib
+            setattr(funcs, name, fn)
+        _lib = funcs
     return _lib
 
 
@@ -165,7 +172,8 @@ class Model:
         self.threads_used = "batch" if self.batch_split else "blas"
         i64p = ctypes.POINTER(ctypes.c_int64)
         self._n, self._nout, self._plans = -1, no, {}
-        self._run_into = ctypes.CDLL(os.path.join(_HERE, "libmodel.so")).pdjit_model_run_into
+        self._run_into = getattr(ctypes.CDLL(os.path.join(_HERE, _LIBRARY)),
+                                 _PREFIX + "_model_run_into")
         self._run_into.restype, self._run_into.argtypes = ctypes.c_int, None
         self._flat = sum(len(s) for s in self.output_shapes)
         self._optr = (ctypes.c_void_p * max(no, 1))()
@@ -411,6 +419,7 @@ def load(params=None, max_batch=%(batch)d, threads=None):
 def source(spec) -> str:
     """The loader's text for the build ``spec`` (``spec.options``: see ``Spec`` and
     ``csource.options``)."""
+    from pdjit.aot import csource
     from pdjit.aot.csource import options
 
     o = options(spec)
@@ -422,5 +431,8 @@ def source(spec) -> str:
              f"--cpu {o.get('cpu', 'host')}"]
     if o["embed_params"]:
         built.append("--embed-params")
+    if o["prefix"] != csource.DEFAULT_PREFIX:
+        built.append(f"--prefix {o['prefix']}")
     return SOURCE % {"batch": int(o.get("batch", 1)),
-                     "built": ", ".join(built)}
+                     "built": ", ".join(built), "prefix": o["prefix"],
+                     "library": csource.files(o["prefix"])[0]}
