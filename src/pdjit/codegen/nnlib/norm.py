@@ -365,7 +365,7 @@ def _norm_apply_native(x, mean, inv, scale, bias, per_sample, cpg, relu, y):
     def impl(x, mean, inv, scale, bias, per_sample, cpg, relu, y):
         K = _native_rows(x, per_sample, cpg, mean, inv)
         C = x.shape[2]
-        if scale.shape[0] != C or bias.shape[0] != C:
+        if scale.shape[0] != C or bias.shape[0] != C or y.shape != x.shape:
             raise ValueError("pdjit: norm_apply: Scale, Bias or Y do not fit X")
         s = np.zeros((K, C))
         b = np.zeros((K, C))
@@ -374,7 +374,7 @@ def _norm_apply_native(x, mean, inv, scale, bias, per_sample, cpg, relu, y):
                 s[k, c] = inv[k, c // cpg] * scale[c]
                 b[k, c] = bias[c] - mean[k, c // cpg] * s[k, c]
         A, P, _, R = x.shape
-        if R == 1 and y.shape == x.shape:
+        if R == 1:
             _apply_k(x.reshape((A, P, C)), s, b, _plain(relu), y.reshape((A, P, C)), _plain(0),
                      A)
         else:
@@ -387,13 +387,14 @@ def _norm_grad_native(x, dy, mean, inv, scale, per_sample, cpg, batch_stats, dx,
     def impl(x, dy, mean, inv, scale, per_sample, cpg, batch_stats, dx, dscale, dbias):
         K = _native_rows(x, per_sample, cpg, mean, inv)
         A, P, C, R = x.shape
-        if scale.shape[0] != C or dscale.shape[0] != C or dbias.shape[0] != C:
+        if scale.shape[0] != C or dscale.shape[0] != C or dbias.shape[0] != C or \
+                dy.shape != x.shape or dx.shape != x.shape:
             raise ValueError("pdjit: norm_grad: Scale, Y@GRAD or the gradients do not fit X")
         mc = np.zeros((K, C))
         _native_channels(mean, cpg, mc)
         s1 = np.zeros((K, C))
         s2 = np.zeros((K, C))
-        cl = R == 1 and dy.shape == x.shape and dx.shape == x.shape  # channel-last rows
+        cl = R == 1  # channel-last rows
         if cl:
             _stats_k(x.reshape((A, P, C)), dy.reshape((A, P, C)), mc, s1, s2, _plain(2),
                      _plain(0), A)
