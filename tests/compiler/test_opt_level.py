@@ -1,7 +1,9 @@
-"""pdjit's compiled code gets LLVM passes at pdjit's own level (nnlib._jit.OPT_LEVEL) while the
-user's Numba functions in the same process keep Numba's ``config.OPT``. The levels are observed
-where Numba builds its LLVM pass pipelines (``numba.core.codegen.create_pass_builder``); the
-values are checked against NumPy."""
+"""pdjit's compiled code gets LLVM passes at pdjit's own level (nnlib._jit.OPT_LEVEL), without
+Numba's per-function passes below O3, while the user's Numba functions in the same process keep
+Numba's ``config.OPT`` and passes. The levels are observed where Numba builds its LLVM pass
+pipelines (``numba.core.codegen.create_pass_builder``), the per-function passes where it builds
+their pass manager (``CPUCodegen._function_pass_manager``); the values are checked against
+NumPy."""
 import uuid
 
 import numba
@@ -100,3 +102,59 @@ def test_bad_level_setting_names_the_variable(monkeypatch):
     assert _jit._env_level() == 2
     monkeypatch.setenv("PDJIT_LLVM_OPT", "")
     assert _jit._env_level() == 1
+
+
+
+@pytest.fixture
+def function_passes(monkeypatch):
+    """The pdjit levels (``None``: outside a pdjit compile) in force each time Numba built a
+    per-function pass manager while the test ran (one per function of each IR module it
+    optimised function by function, in ``CPUCodeLibrary.add_llvm_module``)."""
+    numba.njit(lambda: 1)()
+    built = []
+    original = numba_codegen.CPUCodegen._function_pass_manager
+
+    def spy(self, **kwargs):
+        built.append(_jit.current_opt_level())
+        return original(self, **kwargs)
+
+    monkeypatch.setattr(numba_codegen.CPUCodegen, "_function_pass_manager", spy)
+
+    def take():
+        got = list(built)
+        built.clear()
+        return got
+
+    return take
+
+
+def _scale_loop(a, out):
+    for i in range(a.size):
+        out[i] = a[i] * 3.0 - 1.0
+
+
+def test_function_passes_skipped_in_pdjit_compiles_below_o3(function_passes):
+    assert _jit.OPT_LEVEL < 3
+    a = np.linspace(-2.0, 2.0, 6)
+    out = np.empty_like(a)
+    numba.njit(pipeline_class=_jit.PdjitCompiler)(_scale_loop)(a, out)
+    np.testing.assert_allclose(out, a * 3.0 - 1.0)
+    assert function_passes() == []
+    assert _jit.function_passes_on()  # the scope ended with the compile
+
+    numba.njit(_scale_loop)(a, out)  # a user's function: Numba's passes
+    assert set(function_passes()) == {None}
+
+    numba.njit(pipeline_class=_jit.PdjitCompilerO3)(_scale_loop)(a[::-1].copy(), out)
+    np.testing.assert_allclose(out, a[::-1] * 3.0 - 1.0)
+    assert set(function_passes()) == {3}  # an O3 kernel keeps them
+
+
+def test_user_function_calling_pdjit_kernel_keeps_its_function_passes(function_passes):
+    kernel = numba.njit(pipeline_class=_jit.PdjitCompiler)(lambda a: a.sum() * 0.5)
+    caller = numba.njit(lambda a: kernel(a) + 2.0)
+    a = np.arange(5.0)
+    assert caller(a) == pytest.approx(a.sum() * 0.5 + 2.0)
+    # the user's function gets them; the kernel, compiled nested at pdjit's level, does not
+    assert set(function_passes()) == {None}
+    assert len(kernel.signatures) == 1

@@ -3,6 +3,7 @@ compile jobs they declare, and the one BLAS product they call in compiled code
 (:func:`blas_gemm`: here, so that every kernel module can import it without a cycle)."""
 import os
 import threading
+from types import MethodType
 
 import numba
 from numba.core import cgutils, compiler, errors, types
@@ -18,10 +19,21 @@ from numba.extending import intrinsic
 # ``np.empty``, a ``prange`` loop's body, the library kernels that a generated kernel calls,
 # each compiling with its own level) is pdjit's code too; a user's function that calls a
 # library kernel keeps its level (the kernel is re-optimised inside it at the user's level).
-# The level only changes LLVM's IR passes (the per-function and module pipelines); instruction
-# selection stays at Numba's. A kernel whose speed needs O3 (a loop LLVM must vectorise
-# itself) declares it with :data:`jit_o3`. Numba's disk cache does not key its entries by the
-# level: a changed level only applies to what is compiled anew (fresh caches to measure it).
+# The level only changes LLVM's IR passes (the module pipeline); instruction selection stays at
+# Numba's. A kernel whose speed needs O3 (a loop LLVM must vectorise itself) declares it with
+# :data:`jit_o3`. Numba's disk cache does not key its entries by the level: a changed level
+# only applies to what is compiled anew (fresh caches to measure it).
+#
+# Below O3, a pdjit compile also skips Numba's per-function LLVM passes: Numba runs LLVM's
+# function simplification pipeline on every function of every IR module it adds (the body, its
+# CPython wrapper, each helper), then the module pipeline over the linked final module, which
+# simplifies each function again (bottom-up, before inlining it). At O1 the first round is
+# mostly repeated work: measured on the serial cold first step of bench_cnn's ResNet (fresh
+# caches, 3 runs each), LLVM's CPU went 5.5 -> 4.3 s (function passes 1.0 s -> 0, module
+# passes +0.5 s, machine code -0.35 s) and with today's smaller library kernels 3.9 -> 3.4 s,
+# the step's time and LeNet's unchanged within noise. (At O3 a former measurement found the
+# module passes absorbing all of it; an O3 kernel keeps them.) Numba's internal this relies
+# on (``CPUCodeLibrary._optimize_functions``) is pinned by tests/compiler/test_opt_level.py.
 
 
 def _env_level() -> int:
@@ -58,27 +70,57 @@ def _scoped_pass_builder(original):
     return pass_builder
 
 
+def function_passes_on() -> bool:
+    """Whether an IR module added on this thread now gets Numba's per-function LLVM passes
+    (outside a pdjit compile, or in one at O3: yes)."""
+    return getattr(_scope, "function_passes", True)
+
+
+def _scoped_optimize_functions(library, ll_module):
+    if function_passes_on():
+        return type(library)._optimize_functions(library, ll_module)
+    # what Numba's pass does first, for the module passes later
+    ll_module.data_layout = library._codegen._data_layout
+    return None
+
+
+def _scoped_create_library(original):
+    def create_library(name, **kwargs):
+        library = original(name, **kwargs)
+        if hasattr(library, "_optimize_functions"):
+            library._optimize_functions = MethodType(_scoped_optimize_functions, library)
+        return library
+
+    create_library.pdjit_scoped = True
+    return create_library
+
+
 def _scope_codegen(targetctx) -> None:
     codegen = targetctx.codegen()
     builder = getattr(codegen, "_pass_builder", None)
     if builder is not None and not getattr(builder, "pdjit_scoped", False):
         codegen._pass_builder = _scoped_pass_builder(builder)
+    create = getattr(codegen, "create_library", None)
+    if create is not None and not getattr(create, "pdjit_scoped", False):
+        codegen.create_library = _scoped_create_library(create)
 
 
 class PdjitCompiler(compiler.Compiler):
-    """Numba's default pipeline, its LLVM passes at :attr:`opt_level` for the length of the
-    compile (on this thread, nested compiles included unless they set their own)."""
+    """Numba's default pipeline, its LLVM passes at :attr:`opt_level` (and Numba's per-function
+    passes skipped below O3) for the length of the compile (on this thread, nested compiles
+    included unless they set their own)."""
 
     opt_level = OPT_LEVEL
 
     def _compile_core(self):
         _scope_codegen(self.state.targetctx)
-        before = getattr(_scope, "level", None)
+        before = getattr(_scope, "level", None), function_passes_on()
         _scope.level = self.opt_level
+        _scope.function_passes = self.opt_level >= 3
         try:
             return super()._compile_core()
         finally:
-            _scope.level = before
+            _scope.level, _scope.function_passes = before
 
 
 class PdjitCompilerO3(PdjitCompiler):
