@@ -588,7 +588,9 @@ def _link(out_dir, obj: bytes, spec: Spec, cc: str, blob: bytes) -> None:
     """Link ``libmodel.so`` (``csource.files``: ``libPREFIX.so``) from the entry's object, the
     runtime and ``csource.model_c``'s C (``blob``: the parameters, for a build that embeds
     them; ``csource.extra_sources`` may add files, e.g. an assembler file that includes the
-    blob). Only the API is exported (``csource.version_script``)."""
+    blob). Only the API is exported (``csource.version_script``), and the library's own
+    references to it bind to itself (``-Bsymbolic``: another artifact loaded before it with the
+    same names, e.g. ``RTLD_GLOBAL``, does not take its calls)."""
     libs = _openblas_files()
     for f in libs:
         dst = os.path.join(out_dir, os.path.basename(f))
@@ -618,7 +620,7 @@ def _link(out_dir, obj: bytes, spec: Spec, cc: str, blob: bytes) -> None:
                *paths.values(), o, "-o", out, f"-L{out_dir}",
                f"-l:{blas}", "-lm", "-ldl", "-lpthread", "-Wl,-rpath,$ORIGIN",
                "-Wl,--no-undefined", f"-Wl,--version-script={script}",
-               f"-Wl,-soname,{libname}"]
+               f"-Wl,-soname,{libname}", "-Wl,-Bsymbolic"]
         r = subprocess.run(cmd, capture_output=True, text=True)
         if r.returncode != 0:
             raise AotError(f"linking {out} failed ({' '.join(cmd)}):\n{r.stderr[-4000:]}")
