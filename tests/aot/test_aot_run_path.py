@@ -423,3 +423,31 @@ def test_prefix_refused_unless_a_c_identifier(tmp_path, capsys):
         main(["compile", str(tmp_path / "nope"), "-o", str(tmp_path / "out"), "--prefix",
               "a.b"])
     assert "prefix: expected a C identifier" in capsys.readouterr().err
+
+
+def test_loader_bytecode_shipped_hash_checked(arts):
+    """The loader's bytecode for this Python is written beside it at build time, checked by the
+    source's hash (valid in a copy; an edited source is compiled anew): a process that writes no
+    bytecode does not compile the loader at every start."""
+    import importlib.util
+    import sys
+
+    art = pathlib.Path(arts["flat"][1].__file__).parent
+    src = art / "__init__.py"
+    pyc = pathlib.Path(importlib.util.cache_from_source(str(src)))
+    data = pyc.read_bytes()
+    assert data[:4] == importlib.util.MAGIC_NUMBER
+    assert int.from_bytes(data[4:8], "little") == 0b11          # hash-based, checked
+    assert data[8:16] == importlib.util.source_hash(src.read_bytes())
+    script = (  # what the loader imports first; then no source may be compiled
+        "import ctypes, os, sys, threading, numpy\n"
+        "import importlib._bootstrap_external as b\n"
+        "def compiled(*a, **k):\n"
+        "    raise AssertionError('the loader was compiled from source')\n"
+        "b.SourceLoader.source_to_code = compiled\n"
+        f"sys.path.insert(0, {str(art.parent)!r})\n"
+        f"import {art.name} as m\n"
+        "print(m.load().output_names)\n")
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=60, env=dict(os.environ, PYTHONDONTWRITEBYTECODE="1"))
+    assert r.returncode == 0 and "reshape" in r.stdout, r.stderr[-2000:]

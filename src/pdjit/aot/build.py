@@ -252,12 +252,29 @@ def compile_model(model_path, out_dir, batch: int = 1, cpu: str = "host",
     _link(out_dir, obj, spec, cc, bytes(blob))
     with open(os.path.join(out_dir, "__init__.py"), "w") as f:
         f.write(loader.source(spec))
+    _loader_bytecode(os.path.join(out_dir, "__init__.py"))
     with open(os.path.join(out_dir, "example.c"), "w") as f:
         f.write(csource.example_c(prefix))
     t_end = time.perf_counter()
     spec.timings = {"load+plan": t_plan - t0, "numba_aot": t_obj - t_src,
                     "link": t_end - t_obj, "total": t_end - t0}
     return spec
+
+
+def _loader_bytecode(path) -> None:
+    """The loader's bytecode for this Python, beside it in ``__pycache__``, checked against the
+    source's hash (not its mtime: still valid in a copy of the directory, and recompiled if the
+    source is edited): a process that may not write bytecode (PYTHONDONTWRITEBYTECODE, a
+    read-only directory) would otherwise compile the loader at every start (4-12 ms here).
+    Another Python version compiles it as usual."""
+    import importlib.util
+    import py_compile
+
+    try:
+        py_compile.compile(path, cfile=importlib.util.cache_from_source(path), doraise=True,
+                           invalidation_mode=py_compile.PycInvalidationMode.CHECKED_HASH)
+    except (py_compile.PyCompileError, NotImplementedError, OSError) as e:  # a speed-up only
+        warnings.warn(f"{path}: the loader's bytecode was not written ({e})", stacklevel=3)
 
 
 def _has_loop(plan) -> bool:
