@@ -298,14 +298,16 @@ def norm_grad(x, dy, mean, inv, scale, per_sample, cpg, batch_stats, dx, dscale,
     acc = np.zeros((2, parts, K, C))
     x, dy, dx = _view(x), _view(dy), _view(dx)
     _passes(_stats_k, parts, A, lambda p: (acc[0, p], acc[1, p], 2), x, dy, mc)
-    s1, s2 = (acc[0, 0], acc[1, 0]) if parts == 1 else acc.sum(axis=1)
+    s1, s2 = acc[:, 0] if parts == 1 else acc.sum(axis=1)
     ic = _per_channel(inv, cpg)
-    dbias[:] = s1.sum(axis=0)
-    dscale[:] = (s2 * ic).sum(axis=0)
-    cg = ic * scale
-    if batch_stats:
-        cx = -ic * ic * _per_channel(_group_sums(s2 * ic * scale, cpg), cpg) / n
-        c0 = -ic * _per_channel(_group_sums(s1 * scale, cpg), cpg) / n
+    t2 = s2 * ic  # sum(dy * xhat) per (k, c)
+    dbias[:] = s1[0] if K == 1 else s1.sum(axis=0)
+    dscale[:] = t2[0] if K == 1 else t2.sum(axis=0)
+    sc = scale.astype(np.float64)  # (exact; products of one dtype are the faster NumPy calls)
+    cg = ic * sc
+    if batch_stats:  # cx = -inv**2 * sum(g * xhat) / n, c0 = -inv * sum(g) / n per group
+        cx = _per_channel(_group_sums(t2 * sc, cpg), cpg) * (-ic * ic / n)
+        c0 = _per_channel(_group_sums(s1 * sc, cpg), cpg) * (-ic / n)
     else:
         cx = c0 = np.zeros((K, C))
     _passes(_grad_k, parts, A, lambda p: (), x, dy, mc, cg, cx, c0, dx)
