@@ -26,6 +26,8 @@ vectorises the sums over the row), and a third writes ``y``; the backward pass r
 twice. Rows are split over threads when the data is large (as the convolution kernels do); in a
 native loop's compiled driver they run on its own thread.
 """
+import threading
+
 import numba
 import numpy as np
 from numba.extending import overload, register_jitable
@@ -236,14 +238,29 @@ def _group_sums(acc, cpg):
     return acc if cpg == 1 else acc.reshape(acc.shape[0], -1, cpg).sum(axis=2)
 
 
-def _zeros(k, c):
-    """Float64 zeros ``(k, c)`` from a 64-byte boundary: partial sums that the kernels load and
-    store for every row of channel-last data (NumPy's small arrays start at 16 bytes; measured,
-    [64, 256, 32, 1] statistics: 180 us when the sums were aligned, 270-350 us in the
-    processes where they were not)."""
-    buf = np.zeros(k * c + 8)
-    at = (-buf.ctypes.data % 64) // 8
-    return buf[at:at + k * c].reshape(k, c)
+_scratch = threading.local()
+
+
+def _zeros(count, k, c):
+    """``count`` float64 zero arrays ``(k, c)``, each from a 64-byte boundary: partial sums that
+    the kernels load and store for every row of channel-last data (NumPy's small arrays start
+    at 16 bytes; measured, [64, 256, 32, 1] statistics: 180 us when the sums were aligned,
+    270-350 us in the processes where they were not). Kept per thread and shape and zeroed
+    for each call (finding an array's address costs ~1.5 us): what a call returns must not
+    keep them."""
+    cache = getattr(_scratch, "sums", None)
+    if cache is None:
+        cache = _scratch.sums = {}
+    key = (count, k, c)
+    hit = cache.get(key)
+    if hit is None:
+        row = -(-k * c // 8) * 8  # whole 64-byte lines
+        buf = np.empty(count * row + 8)
+        at = (-buf.ctypes.data % 64) // 8
+        hit = cache[key] = (buf, [buf[at + i * row:at + i * row + k * c].reshape(k, c)
+                                  for i in range(count)])
+    hit[0][:] = 0.0
+    return hit[1]
 
 
 def _total(parts):
@@ -268,13 +285,12 @@ def norm_stats(x, per_sample, cpg, mean, var):
         var[:, :] = 0.0
         return
     parts = _norm_parts(x)
-    acc = [_zeros(K, C) for _ in range(parts)]
+    acc = _zeros(parts, K, C)
     x = _view(x)
     _passes(_stats_k, parts, A, lambda p: (acc[p], acc[p], 0), x, x, acc[0])
     mean[:, :] = _group_sums(_total(acc), cpg) / n
     mc = _per_channel(mean, cpg)
-    for a in acc:
-        a[:] = 0.0
+    acc = _zeros(parts, K, C)
     _passes(_stats_k, parts, A, lambda p: (acc[p], acc[p], 1), x, x, mc)
     var[:, :] = _group_sums(_total(acc), cpg) / n
 
@@ -286,8 +302,8 @@ def norm_apply(x, mean, inv, scale, bias, per_sample, cpg, relu, y):
     C = x.shape[2]
     if scale.shape[0] != C or bias.shape[0] != C or y.shape != x.shape:
         raise ValueError("pdjit: norm_apply: Scale, Bias or Y do not fit X")
-    s = _per_channel(inv, cpg) * scale
-    b = bias - _per_channel(mean, cpg) * s
+    s = _per_channel(inv, cpg) * scale.astype(np.float64)  # (exact: the products as before)
+    b = bias.astype(np.float64) - _per_channel(mean, cpg) * s
     _passes(_apply_k, _norm_parts(x), x.shape[0], lambda p: (), _view(x), s, b, bool(relu),
             _view(y))
 
@@ -311,10 +327,10 @@ def norm_grad(x, dy, mean, inv, scale, per_sample, cpg, batch_stats, dx, dscale,
     parts = _norm_parts(x)
     n = _count(x, per_sample, cpg)
     mc = _per_channel(mean, cpg)
-    acc = [(_zeros(K, C), _zeros(K, C)) for _ in range(parts)]
+    acc = _zeros(2 * parts, K, C)  # s1 and s2 of each slice
     x, dy, dx = _view(x), _view(dy), _view(dx)
-    _passes(_stats_k, parts, A, lambda p: acc[p] + (2,), x, dy, mc)
-    s1, s2 = _total([a[0] for a in acc]), _total([a[1] for a in acc])
+    _passes(_stats_k, parts, A, lambda p: (acc[2 * p], acc[2 * p + 1], 2), x, dy, mc)
+    s1, s2 = _total(acc[0::2]), _total(acc[1::2])
     ic = _per_channel(inv, cpg)
     t2 = s2 * ic  # sum(dy * xhat) per (k, c)
     dbias[:] = s1[0] if K == 1 else s1.sum(axis=0)
