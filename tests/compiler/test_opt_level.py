@@ -1,9 +1,10 @@
 """pdjit's compiled code gets LLVM passes at pdjit's own level (nnlib._jit.OPT_LEVEL), without
-Numba's per-function passes below O3, while the user's Numba functions in the same process keep
-Numba's ``config.OPT`` and passes. The levels are observed where Numba builds its LLVM pass
-pipelines (``numba.core.codegen.create_pass_builder``), the per-function passes where it builds
-their pass manager (``CPUCodegen._function_pass_manager``); the values are checked against
-NumPy."""
+Numba's per-function passes on wrappers below O3, while the user's Numba functions in the same
+process keep Numba's ``config.OPT`` and passes. The levels are observed where Numba builds its
+LLVM pass pipelines (``numba.core.codegen.create_pass_builder``), the per-function passes where
+it runs them on an added module (``CPUCodeLibrary._optimize_functions``); the values are
+checked against NumPy."""
+import unittest.mock
 import uuid
 
 import numba
@@ -105,24 +106,25 @@ def test_bad_level_setting_names_the_variable(monkeypatch):
 
 
 
+
 @pytest.fixture
 def function_passes(monkeypatch):
-    """The pdjit levels (``None``: outside a pdjit compile) in force each time Numba built a
-    per-function pass manager while the test ran (one per function of each IR module it
-    optimised function by function, in ``CPUCodeLibrary.add_llvm_module``)."""
+    """The IR modules Numba ran its per-function passes on while the test ran (in
+    ``CPUCodeLibrary.add_llvm_module``): (pdjit level then in force or ``None``, whether the
+    module holds only a wrapper) each."""
     numba.njit(lambda: 1)()
-    built = []
-    original = numba_codegen.CPUCodegen._function_pass_manager
+    ran = []
+    original = numba_codegen.CPUCodeLibrary._optimize_functions
 
-    def spy(self, **kwargs):
-        built.append(_jit.current_opt_level())
-        return original(self, **kwargs)
+    def spy(self, ll_module):
+        ran.append((_jit.current_opt_level(), _jit._wrappers_only(ll_module)))
+        return original(self, ll_module)
 
-    monkeypatch.setattr(numba_codegen.CPUCodegen, "_function_pass_manager", spy)
+    monkeypatch.setattr(numba_codegen.CPUCodeLibrary, "_optimize_functions", spy)
 
     def take():
-        got = list(built)
-        built.clear()
+        got = set(ran)
+        ran.clear()
         return got
 
     return take
@@ -133,21 +135,53 @@ def _scale_loop(a, out):
         out[i] = a[i] * 3.0 - 1.0
 
 
-def test_function_passes_skipped_in_pdjit_compiles_below_o3(function_passes):
+def test_function_passes_skip_wrappers_in_pdjit_compiles_below_o3(function_passes):
     assert _jit.OPT_LEVEL < 3
     a = np.linspace(-2.0, 2.0, 6)
     out = np.empty_like(a)
-    numba.njit(pipeline_class=_jit.PdjitCompiler)(_scale_loop)(a, out)
+    kernel = numba.njit(pipeline_class=_jit.PdjitCompiler)(_scale_loop)
+    kernel(a, out)
     np.testing.assert_allclose(out, a * 3.0 - 1.0)
-    assert function_passes() == []
+    assert function_passes() == {(_jit.OPT_LEVEL, False)}  # the body's module only
     assert _jit.function_passes_on()  # the scope ended with the compile
+    # the names _wrappers_only knows a CPython wrapper by
+    (cres,) = kernel.overloads.values()
+    assert cres.fndesc.llvm_cpython_wrapper_name.startswith("_ZN7cpython")
 
-    numba.njit(_scale_loop)(a, out)  # a user's function: Numba's passes
-    assert set(function_passes()) == {None}
+    numba.njit(_scale_loop)(a, out)  # a user's function: Numba's passes on all its modules
+    assert function_passes() == {(None, False), (None, True)}
 
     numba.njit(pipeline_class=_jit.PdjitCompilerO3)(_scale_loop)(a[::-1].copy(), out)
     np.testing.assert_allclose(out, a[::-1] * 3.0 - 1.0)
-    assert set(function_passes()) == {3}  # an O3 kernel keeps them
+    assert function_passes() == {(3, False), (3, True)}  # an O3 kernel keeps them
+
+
+def test_nested_helper_c_wrapper_skipped(function_passes):
+    # a helper compiled nested (register_jitable: an overload) gets a C wrapper module of
+    # its own, named cfunc.<body>
+    seen = []
+    original = numba.core.typed_passes.NativeLowering.run_pass
+
+    def spy(self, state):
+        ok = original(self, state)
+        if state.func_id.func_name == "_helper":
+            seen.append(state.cr.fndesc.llvm_cfunc_wrapper_name)
+        return ok
+
+    with unittest.mock.patch.object(numba.core.typed_passes.NativeLowering, "run_pass", spy):
+        kernel = numba.njit(pipeline_class=_jit.PdjitCompiler)(lambda a: _helper(a) + 1.0)
+        a = np.arange(4.0)
+        assert kernel(a) == pytest.approx(a.sum() * 2.0 + 1.0)
+    assert seen and all(n.startswith("cfunc.") for n in seen)
+    assert all(not wrappers for level, wrappers in function_passes() if level is not None)
+
+
+@numba.extending.register_jitable
+def _helper(a):
+    s = 0.0
+    for i in range(a.size):
+        s += a[i] * 2.0
+    return s
 
 
 def test_user_function_calling_pdjit_kernel_keeps_its_function_passes(function_passes):
@@ -155,6 +189,8 @@ def test_user_function_calling_pdjit_kernel_keeps_its_function_passes(function_p
     caller = numba.njit(lambda a: kernel(a) + 2.0)
     a = np.arange(5.0)
     assert caller(a) == pytest.approx(a.sum() * 0.5 + 2.0)
-    # the user's function gets them; the kernel, compiled nested at pdjit's level, does not
-    assert set(function_passes()) == {None}
-    assert len(kernel.signatures) == 1
+    # the user's function gets them on all its modules; the kernel, compiled nested at
+    # pdjit's level, on its body's only
+    ran = function_passes()
+    assert (None, True) in ran and (_jit.OPT_LEVEL, True) not in ran
+    assert (_jit.OPT_LEVEL, False) in ran

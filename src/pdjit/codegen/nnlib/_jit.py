@@ -24,16 +24,18 @@ from numba.extending import intrinsic
 # :data:`jit_o3`. Numba's disk cache does not key its entries by the level: a changed level
 # only applies to what is compiled anew (fresh caches to measure it).
 #
-# Below O3, a pdjit compile also skips Numba's per-function LLVM passes: Numba runs LLVM's
-# function simplification pipeline on every function of every IR module it adds (the body, its
-# CPython wrapper, each helper), then the module pipeline over the linked final module, which
-# simplifies each function again (bottom-up, before inlining it). At O1 the first round is
-# mostly repeated work: measured on the serial cold first step of bench_cnn's ResNet (fresh
-# caches, 3 runs each), LLVM's CPU went 5.5 -> 4.3 s (function passes 1.0 s -> 0, module
-# passes +0.5 s, machine code -0.35 s) and with today's smaller library kernels 3.9 -> 3.4 s,
-# the step's time and LeNet's unchanged within noise. (At O3 a former measurement found the
-# module passes absorbing all of it; an O3 kernel keeps them.) Numba's internal this relies
-# on (``CPUCodeLibrary._optimize_functions``) is pinned by tests/compiler/test_opt_level.py.
+# Below O3, a pdjit compile also skips Numba's per-function LLVM passes on the wrappers of its
+# functions: Numba runs LLVM's function simplification pipeline on every function of every IR
+# module it adds (a function's body; its CPython wrapper and, for a nested helper, its C
+# wrapper, each a module of its own), then the module pipeline over the linked final module,
+# which simplifies each function again. For a wrapper (argument unboxing around one call) the
+# first round is repeated work: measured on the serial cold first step of bench_cnn's ResNet,
+# those passes cost 0.16 of the 0.66 s of function passes, the LLVM total went 3.43 -> 3.32 s,
+# the step's CPU time and LeNet's call time unchanged within noise (1%). Skipping the bodies'
+# round too saved ~0.5 s of LLVM but made the step's CPU time 5% longer (LLVM's O1 module
+# pipeline alone leaves code slower than two rounds of simplification): not done. An O3 kernel
+# keeps all of them. Numba's internals this relies on (``CPUCodeLibrary._optimize_functions``
+# per added module, the wrappers' symbol names) are pinned by tests/compiler/test_opt_level.py.
 
 
 def _env_level() -> int:
@@ -71,13 +73,20 @@ def _scoped_pass_builder(original):
 
 
 def function_passes_on() -> bool:
-    """Whether an IR module added on this thread now gets Numba's per-function LLVM passes
-    (outside a pdjit compile, or in one at O3: yes)."""
+    """Whether a wrapper's IR module added on this thread now gets Numba's per-function LLVM
+    passes (outside a pdjit compile, or in one at O3: yes; a body's module always does)."""
     return getattr(_scope, "function_passes", True)
 
 
+def _wrappers_only(ll_module) -> bool:
+    """Whether every function ``ll_module`` defines is a wrapper Numba made for a compiled
+    function (its CPython or C entry point: names ``_ZN7cpython...``, ``cfunc....``)."""
+    defined = [f.name for f in ll_module.functions if not f.is_declaration]
+    return bool(defined) and all(n.startswith(("_ZN7cpython", "cfunc.")) for n in defined)
+
+
 def _scoped_optimize_functions(library, ll_module):
-    if function_passes_on():
+    if function_passes_on() or not _wrappers_only(ll_module):
         return type(library)._optimize_functions(library, ll_module)
     # what Numba's pass does first, for the module passes later
     ll_module.data_layout = library._codegen._data_layout
@@ -107,8 +116,8 @@ def _scope_codegen(targetctx) -> None:
 
 class PdjitCompiler(compiler.Compiler):
     """Numba's default pipeline, its LLVM passes at :attr:`opt_level` (and Numba's per-function
-    passes skipped below O3) for the length of the compile (on this thread, nested compiles
-    included unless they set their own)."""
+    passes on wrappers skipped below O3) for the length of the compile (on this thread, nested
+    compiles included unless they set their own)."""
 
     opt_level = OPT_LEVEL
 
