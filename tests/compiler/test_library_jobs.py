@@ -34,3 +34,28 @@ def test_predicted_library_signatures_are_the_ones_the_calls_use(fresh_programs)
         # and the disk cache knows the signature, so a worker's compilation is found
         assert compiler._is_cached(compiler.LibraryKernel(fn), sig)
     assert nnlib.library_jobs(source.splitlines(), np.int64) == []
+
+
+def test_a_global_average_pool_predicts_its_own_kernels(fresh_programs):
+    """A global average pool's lowering calls the library's whole-plane average and its
+    gradient, so the compile jobs name those and not the windows kernels (which a ResNet
+    would compile for nothing); the predictions are the signatures the calls use."""
+    main, startup = fresh_programs
+    x = fluid.layers.data("x", [3, 4, 4])
+    h = fluid.layers.conv2d(x, 4, 3, padding=1, bias_attr=False)
+    h = fluid.layers.pool2d(h, pool_type="avg", global_pooling=True)
+    loss = fluid.layers.mean(h)
+    fluid.optimizer.SGD(0.1).minimize(loss)
+    exe = fluid.Executor(fluid.CPUPlace())
+    exe.run(startup)
+    exe.run(main, feed={"x": np.random.rand(2, 3, 4, 4).astype(np.float32)}, fetch_list=[loss])
+    assert_native(exe)
+    source = "\n".join(step.compiled.source for _, plan in exe._plans.values()
+                       for step in plan.walk() if step.kind.startswith("native"))
+    names = {fn.py_func.__name__ for fn, _ in nnlib.library_jobs(source.splitlines(),
+                                                                  np.float32)}
+    assert {"_mean_planes", "pool2d_mean_bwd"} <= names
+    assert not {"_fwd_planes", "pool2d_bwd"} & names
+    for fn, types in nnlib.library_jobs(source.splitlines(), np.float32):
+        sig = tuple(compiler._numba_type(t) for t in types)
+        assert sig in fn.overloads, (fn.py_func.__name__, sig, list(fn.overloads))

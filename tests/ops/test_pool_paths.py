@@ -138,3 +138,34 @@ def test_global_average_pool_in_the_executor(attrs):
     check_output("pool2d", {"X": x}, dict(attrs, pooling_type="avg"),
                  {"Out": want.astype(np.float32)})
     check_grad("pool2d", {"X": x}, dict(attrs, pooling_type="avg"), ["X"])
+
+
+@numba.njit
+def _native_mean(x, y):
+    nnlib.pool2d_mean(x, y)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_global_average_entries_match_numpy(dtype):
+    """``pool2d_mean`` / ``pool2d_mean_bwd`` (what a global average pool's lowering calls),
+    through the host entry and a compiled caller, against NumPy's means; the gradient fills
+    each plane with its dy over the plane's size, overwriting dx."""
+    x = RNG.standard_normal((3, 5, 7, 6)).astype(dtype)
+    want = x.astype(np.float64).mean(axis=(2, 3), keepdims=True)
+    y = np.full((3, 5, 1, 1), np.nan, dtype)
+    nnlib.pool2d_mean(x, y)
+    np.testing.assert_allclose(y, want, rtol=1e-6)
+    yn = np.full_like(y, np.nan)
+    _native_mean(x, yn)
+    np.testing.assert_array_equal(yn, y)
+    dy = RNG.standard_normal(y.shape).astype(dtype)
+    dx = np.full(x.shape, np.nan, dtype)
+    nnlib.pool2d_mean_bwd(dy, dx)
+    np.testing.assert_allclose(dx, np.broadcast_to(dy.astype(np.float64) / 42, x.shape),
+                               rtol=1e-6)
+    with pytest.raises(ValueError, match="pooling operands do not fit"):
+        nnlib.pool2d_mean(x, np.empty((3, 4, 1, 1), dtype))
+    with pytest.raises(ValueError, match="pooling operands do not fit"):
+        nnlib.pool2d_mean(x, np.empty((3, 5, 2, 1), dtype))
+    with pytest.raises(ValueError, match="pooling operands do not fit"):
+        nnlib.pool2d_mean_bwd(np.zeros((3, 5, 2, 1), dtype), dx)

@@ -19,7 +19,8 @@ from numba.extending import overload, register_jitable
 from pdjit.codegen.nnlib._jit import jit, jobs
 from pdjit.codegen.nnlib.conv import _cols, _plain, split_work
 
-__all__ = ["pool2d_fwd", "pool2d_bwd", "max_pool2d_index_fwd", "max_pool2d_index_bwd"]
+__all__ = ["pool2d_fwd", "pool2d_bwd", "pool2d_mean", "pool2d_mean_bwd", "max_pool2d_index_fwd",
+           "max_pool2d_index_bwd"]
 
 U = numba.uint64
 
@@ -219,6 +220,49 @@ def _pool2d_fwd_native(x, y, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptive
         _fwd_planes(x, y, _plain(0), planes, _plain(kh), _plain(kw), _plain(sh), _plain(sw),
                     _plain(pt), _plain(pl), _plain(is_max), _plain(exclusive), _plain(adaptive))
     return impl
+
+
+def pool2d_mean(x, y):
+    """``y`` [N, C, 1, 1] = the mean of each plane of ``x`` [N, C, H, W]: a global average pool,
+    what the lowering calls when the op's attributes and static shape say every window is a
+    whole plane (so a program's compile jobs name :func:`_mean_planes`, not the windows
+    kernel that :func:`pool2d_fwd` also holds)."""
+    if x.shape[:2] != y.shape[:2] or y.shape[2:] != (1, 1):
+        raise ValueError(_MISFIT)
+    split_work(_mean_planes, x.shape[0] * x.shape[1], x.size, x, y)
+
+
+jobs("pool2d_mean")(lambda T: [(_mean_planes, ((T, 4), (T, 4), int, int))])
+
+
+@overload(pool2d_mean)
+def _pool2d_mean_native(x, y):
+    def impl(x, y):
+        if x.shape[:2] != y.shape[:2] or y.shape[2] != 1 or y.shape[3] != 1:
+            raise ValueError(_MISFIT)
+        _mean_planes(x, y, _plain(0), x.shape[0] * x.shape[1])
+    return impl
+
+
+@jit
+def pool2d_mean_bwd(dy, dx):
+    """``dx`` [N, C, H, W] (overwritten) = the gradient of :func:`pool2d_mean` contracted with
+    ``dy`` [N, C, 1, 1]: each plane filled with its ``dy`` over the plane's size (the values of
+    :func:`pool2d_bwd`'s whole-plane average)."""
+    if dy.shape[0] != dx.shape[0] or dy.shape[1] != dx.shape[1] or dy.shape[2] != 1 or \
+            dy.shape[3] != 1:
+        raise ValueError(_MISFIT)
+    size = dx.shape[2] * dx.shape[3]
+    p_ = U(size)
+    gf = dy.reshape(dy.size)
+    df = dx.reshape(dx.size)
+    for q in range(U(dy.size)):
+        share = gf[q] / size
+        for k in range(p_):
+            df[q * p_ + k] = share
+
+
+jobs("pool2d_mean_bwd")(lambda T: [(pool2d_mean_bwd, ((T, 4), (T, 4)))])
 
 
 @jit
