@@ -29,7 +29,7 @@ import numpy as np
 from numba.extending import overload, register_jitable
 
 from pdjit.codegen.nnlib._jit import blas_gemm, jit, jobs
-from pdjit.codegen.nnlib.deint import deint, vcopy
+from pdjit.codegen.nnlib.deint import copy_run, deint, vcopy, zero_run
 from pdjit.codegen.nnlib.tile import TILE_BYTES, tile_kernel
 from pdjit.runtime.threads import loop_threads
 
@@ -156,7 +156,8 @@ def _phase_planes(xf, xb, h_, w_, xs, sh, sw, hq, wq, pt, pl, zero):
 #: that ``a * b + c`` is one fused multiply-add (as in BLAS); nothing is reassociated: every
 #: output sums its products in the filter's order (the depthwise 3x3 pass: 2x faster, its
 #: 17 vector operations per 16 outputs become 9)
-_fma_jit = numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})
+_fma_jit = numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"contract"},
+                      no_cfunc_wrapper=True)
 
 
 @_fma_jit
@@ -479,14 +480,11 @@ def _fwd_taps(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
     wf = w.reshape(w.size)
     wp = wf if mq == mg else np.empty(groups * mq * k_, w.dtype)
     for gm in range(groups * mq if mq != mg else 0):
-        d, m = U(gm * k_), gm % mq
+        m = gm % mq
         if m < mg:
-            ws = U((gm // mq * mg + m) * k_)
-            for t in range(U(k_)):
-                wp[d + t] = wf[ws + t]
+            copy_run(wf, (gm // mq * mg + m) * k_, wp, gm * k_, k_)
         else:
-            for t in range(U(k_)):
-                wp[d + t] = 0
+            zero_run(wp, gm * k_, k_)
     # a 1x1 unpadded stride-1 convolution of whole vectors: the image is its own plane
     plain = kh_ == 1 and kw_ == 1 and sh == 1 and sw == 1 and pt == 0 and pl == 0 and \
         oh_ == h_ and ow_ == w_ and p_ % 16 == 0
@@ -502,8 +500,7 @@ def _fwd_taps(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
         xs = xf
     else:
         xs = np.empty(zero + span, x.dtype)
-        for q in range(zero, zero + span):
-            xs[q] = 0
+        zero_run(xs, zero, span)
     tap = np.empty(k_, np.int64)
     _tap_offsets(tap, k_, zero, kw_, kh_, sh, dh, pp, ow_)
     # stride 2 (dilation 1) onto half the columns of an even width, in whole vectors (the
@@ -515,8 +512,7 @@ def _fwd_taps(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
         w_ == 2 * ow_ and nrv * TILE_BYTES == ow_ * x.itemsize and 0 <= pl <= 32 and \
         kw_ <= pl + 32 and pt >= 0
     row2 = np.empty(2 * ow_ + 64 if rows2 else 0, x.dtype)
-    for q in range(row2.size):
-        row2[q] = 0
+    zero_run(row2, 0, row2.size)
     # rows 4 KiB apart, fewer than 4 or a span past the outputs: computed aside at a padded
     # stride, then copied out
     ds = span
@@ -596,9 +592,11 @@ def _fwd_taps(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
 
 
 #: a reduction kernel's options: sums reassociated (vectorised: each of the 16 sums runs in
-#: vector lanes, added up at the end)
+#: vector lanes, added up at the end); called from compiled code only, so without the CPython
+#: and C wrappers Numba would compile for it
 _sum_jit = numba.njit(cache=True, nogil=True, error_model="numpy",
-                      fastmath={"contract", "reassoc"})
+                      fastmath={"contract", "reassoc"}, no_cpython_wrapper=True,
+                      no_cfunc_wrapper=True)
 
 
 @_sum_jit
@@ -659,8 +657,7 @@ def _bwd_data_range(dy, w, dx, n0, n1, sh, sw, pt, pl, dh, dw, groups):
     w2 = w.reshape((m_, k_))
     dxf = dx.reshape(dx.size)
     per = dx.size // dx.shape[0] if dx.shape[0] > 0 else 0
-    for k in range(U(n0 * per), U(n1 * per)):
-        dxf[k] = 0
+    zero_run(dxf, n0 * per, (n1 - n0) * per)
     for b0 in range(n0, n1, nb):
         b1 = b0 + nb if b0 + nb < n1 else n1
         width = (b1 - b0) * p_
@@ -690,8 +687,7 @@ def _bwd_filter_range(x, dy, dwt, n0, n1, sh, sw, pt, pl, dh, dw, groups):
     oh_, ow_ = dy.shape[2], dy.shape[3]
     p_, k_ = oh_ * ow_, cg * kh_ * kw_
     dwf = dwt.reshape(dwt.size)
-    for k in range(dwf.size):
-        dwf[k] = 0
+    zero_run(dwf, 0, dwf.size)
     if p_ >= _TAPS_DW_MIN and mg >= 4 and k_ >= 4:
         hq = oh_ + ((kh_ - 1) * dh) // sh
         pp = hq * ow_
@@ -805,10 +801,11 @@ def _fits(image, out, w, groups) -> bool:
 def _fwd_kernel(x, w, y, groups):
     """The forward kernel that serves a filter ``w`` onto outputs ``y``: the direct loops
     (:func:`use_direct`), the taps (:func:`_use_taps`) or im2col + BLAS."""
-    mg = w.shape[0] // groups
-    if use_direct(w.shape[1], mg):
+    m_, cg, kh_, kw_ = w.shape
+    if use_direct(cg, m_ // groups):
         return _direct_range
-    return _fwd_taps if _use_taps(mg, w[0].size, y.shape[2] * y.shape[3]) else _fwd_blas
+    return _fwd_taps if _use_taps(m_ // groups, cg * kh_ * kw_, y.shape[2] * y.shape[3]) \
+        else _fwd_blas
 
 
 def conv2d_fwd(x, w, y, sh, sw, pt, pl, dh, dw, groups):

@@ -20,7 +20,7 @@ from numba.extending import intrinsic
 
 from pdjit.codegen.nnlib.tile import TILE_BYTES
 
-__all__ = ["deint", "vcopy"]
+__all__ = ["deint", "vcopy", "copy_run", "zero_run"]
 
 
 @intrinsic
@@ -90,6 +90,66 @@ def vcopy(typingctx, src, s0, dst, d0, nv):
                                              vty.as_pointer()), align=size)
             builder.store(v, builder.bitcast(builder.gep(dptr, [builder.add(d0v, k)]),
                                              vty.as_pointer()), align=size)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+# ---- runs copied or zeroed by one libc call: no loop for Numba to lower nor LLVM to vectorise --
+# A Numba copy loop (a range iterator, an index cast, a load and a store per element, then
+# LLVM's vectoriser over it) is a good part of a kernel's compile time; the convolution kernels
+# have a dozen. ``memcpy``/``memset`` run as fast on the long runs and as fast within noise on
+# the short ones (rows of 8-32 values).
+def _run_fits(arrays, ints) -> bool:
+    return all(isinstance(a, types.Array) and a.layout == "C" for a in arrays) and \
+        all(isinstance(t, types.Integer) for t in ints)
+
+
+def _count(context, builder, ty, value, item):
+    """``value`` (of Numba type ``ty``) elements of ``item`` bytes as a byte count, 0 when it is
+    not positive."""
+    n = context.cast(builder, value, ty, types.int64)
+    zero = ir.Constant(n.type, 0)
+    n = builder.select(builder.icmp_signed(">", n, zero), n, zero)
+    return builder.mul(n, ir.Constant(n.type, item))
+
+
+@intrinsic
+def copy_run(typingctx, src, s0, dst, d0, n):
+    """``dst[d0 + k] = src[s0 + k]`` for ``k < n`` (flat C-contiguous arrays of one dtype, the
+    runs not overlapping, nothing done for ``n <= 0``)."""
+    if not _run_fits((src, dst), (s0, d0, n)) or src.dtype != dst.dtype:
+        return None
+    sig = types.void(src, s0, dst, d0, n)
+
+    def codegen(context, builder, signature, args):
+        at = signature.args
+        sp = context.make_array(at[0])(context, builder, args[0]).data
+        dp = context.make_array(at[2])(context, builder, args[2]).data
+        item = context.get_abi_sizeof(context.get_data_type(at[0].dtype))
+        s = builder.gep(sp, [context.cast(builder, args[1], at[1], types.int64)])
+        d = builder.gep(dp, [context.cast(builder, args[3], at[3], types.int64)])
+        size = _count(context, builder, at[4], args[4], item)
+        cgutils.raw_memcpy(builder, d, s, size, 1, align=item)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def zero_run(typingctx, dst, d0, n):
+    """``dst[d0 + k] = 0`` for ``k < n`` (a flat C-contiguous array; nothing for ``n <= 0``)."""
+    if not _run_fits((dst,), (d0, n)):
+        return None
+    sig = types.void(dst, d0, n)
+
+    def codegen(context, builder, signature, args):
+        at = signature.args
+        dp = context.make_array(at[0])(context, builder, args[0]).data
+        item = context.get_abi_sizeof(context.get_data_type(at[0].dtype))
+        d = builder.gep(dp, [context.cast(builder, args[1], at[1], types.int64)])
+        size = _count(context, builder, at[2], args[2], item)
+        cgutils.memset(builder, d, size, 0)
         return context.get_dummy_value()
 
     return sig, codegen
