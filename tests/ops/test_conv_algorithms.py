@@ -1,0 +1,128 @@
+"""The forward convolution's algorithms are kernels of their own, picked in Python from the
+shapes (``conv._fwd_kernel``) and in compiled code by the same rules (``conv._fwd_native``):
+each path reached, against a NumPy loop oracle written here; the kernel that ran is asserted
+compiled (native) for the call's types. Also the run intrinsics the kernels fill with."""
+import numba
+import numpy as np
+import pytest
+
+from pdjit.codegen.nnlib import conv
+from pdjit.codegen.nnlib.deint import copy_run, zero_run
+
+
+def oracle(x, w, stride, pad, dil, groups):
+    """conv(x, w) by loops over every output and tap (NCHW, zero padding)."""
+    n_, c_, h_, w_ = x.shape
+    m_, cg, kh, kw = w.shape
+    mg = m_ // groups
+    oh = (h_ + 2 * pad[0] - dil[0] * (kh - 1) - 1) // stride[0] + 1
+    ow = (w_ + 2 * pad[1] - dil[1] * (kw - 1) - 1) // stride[1] + 1
+    y = np.zeros((n_, m_, oh, ow))
+    for n in range(n_):
+        for m in range(m_):
+            g = m // mg
+            for i in range(oh):
+                for j in range(ow):
+                    s = 0.0
+                    for c in range(cg):
+                        for a in range(kh):
+                            for b in range(kw):
+                                r = i * stride[0] - pad[0] + a * dil[0]
+                                q = j * stride[1] - pad[1] + b * dil[1]
+                                if 0 <= r < h_ and 0 <= q < w_:
+                                    s += x[n, g * cg + c, r, q] * w[m, c, a, b]
+                    y[n, m, i, j] = s
+    return y
+
+
+# (image, filter, stride, pad, dilation, groups, the kernel's name)
+CASES = [
+    ((2, 3, 8, 8), (8, 3, 3, 3), 1, 1, 1, 1, "_fwd_taps"),     # 64 outputs a plane
+    ((2, 3, 8, 8), (2, 3, 3, 3), 1, 1, 1, 1, "_fwd_taps"),     # fewer than 4 rows: aside
+    ((2, 4, 8, 8), (6, 4, 1, 1), 1, 0, 1, 1, "_fwd_taps"),     # 1x1: the image its own plane
+    ((2, 2, 8, 16), (4, 2, 3, 3), 2, 1, 1, 1, "_fwd_taps"),    # stride 2 onto 4x8 planes
+    ((2, 3, 7, 6), (4, 3, 3, 3), 1, 1, 1, 1, "_fwd_blas"),     # 42 outputs: im2col + BLAS
+    ((1, 4, 5, 5), (6, 2, 3, 3), 2, 1, 2, 2, "_fwd_blas"),     # groups, dilation, stride
+    ((2, 4, 8, 8), (4, 1, 3, 3), 1, 1, 1, 4, "_direct_range"),  # depthwise
+]
+
+
+def _geometry(case):
+    xs, ws, s, p, d, groups, _ = case
+    return (s, s, p, p, d, d, groups)
+
+
+def _arrays(case, seed=0):
+    rng = np.random.default_rng(seed)
+    xs, ws, s, p, d, groups, _ = case
+    x = rng.normal(size=xs)
+    w = rng.normal(size=ws)
+    want = oracle(x, w, (s, s), (p, p), (d, d), groups)
+    return x, w, want
+
+
+def _native(fn, x, w):
+    """Whether ``fn`` holds compiled code for float64 arrays like ``x`` and ``w``."""
+    arr = numba.types.Array(numba.types.float64, 4, "C")
+    return any(sig[:3] == (arr, arr, arr) for sig in fn.signatures)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[-1] + str(i) for i, c in enumerate(CASES)])
+def test_each_forward_algorithm_is_picked_and_right(case):
+    x, w, want = _arrays(case)
+    y = np.full(want.shape, np.nan)
+    kernel = getattr(conv, case[-1])
+    assert conv._fwd_kernel(x, w, y, case[5]) is kernel
+    conv.conv2d_fwd(x, w, y, *_geometry(case))
+    np.testing.assert_allclose(y, want, rtol=1e-11, atol=1e-11)
+    assert _native(kernel, x, w)
+    if kernel is not conv._direct_range:  # the host-blocked entry: a block of samples
+        y2 = np.full(want.shape, np.nan)
+        y2[:1] = 0
+        conv._fwd_range(x, w, y2, 1, x.shape[0], *_geometry(case))
+        np.testing.assert_allclose(y2[1:], want[1:], rtol=1e-11, atol=1e-11)
+        assert np.all(y2[:1] == 0)  # samples outside the range untouched
+
+
+@numba.njit(cache=False)
+def _fwd_compiled(x, w, y, sh, sw, pt, pl, dh, dw, groups):
+    conv.conv2d_fwd(x, w, y, sh, sw, pt, pl, dh, dw, groups)
+
+
+@numba.njit(cache=False)
+def _range_compiled(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
+    conv._fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups)
+
+
+def test_compiled_callers_pick_the_same_algorithms():
+    """One compiled function serves every path (the pick happens at run time there)."""
+    for case in CASES:
+        x, w, want = _arrays(case, seed=1)
+        y = np.full(want.shape, np.nan)
+        _fwd_compiled(x, w, y, *_geometry(case))
+        np.testing.assert_allclose(y, want, rtol=1e-11, atol=1e-11)
+        assert _native(getattr(conv, case[-1]), x, w)
+    for case in (CASES[0], CASES[4]):  # the host-blocked entry's overload, taps and BLAS
+        x, w, want = _arrays(case, seed=2)
+        y = np.full(want.shape, np.nan)
+        _range_compiled(x, w, y, 0, x.shape[0], *_geometry(case))
+        np.testing.assert_allclose(y, want, rtol=1e-11, atol=1e-11)
+
+
+@numba.njit(cache=False)
+def _runs(src, dst, s0, d0, n, z0, zn):
+    copy_run(src, s0, dst, d0, n)
+    zero_run(dst, z0, zn)
+
+
+def test_copy_and_zero_runs():
+    src = np.arange(10.0, dtype=np.float32)
+    dst = np.full(12, -1.0, np.float32)
+    _runs(src, dst, 2, 3, 5, 9, 2)
+    want = np.full(12, -1.0, np.float32)
+    want[3:8] = src[2:7]
+    want[9:11] = 0
+    np.testing.assert_array_equal(dst, want)
+    for n in (0, -3):  # nothing copied nor zeroed
+        _runs(src, dst, 0, 0, n, 0, n)
+        np.testing.assert_array_equal(dst, want)
