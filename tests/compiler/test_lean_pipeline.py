@@ -36,7 +36,7 @@ def runs(monkeypatch):
     return take
 
 
-_MINE = {"_loop", "_arrayexpr", "_closure", "_const_list", "_reduce"}
+_MINE = {"_loop", "_arrayexpr", "_closure", "_const_list", "_reduce", "_ploop"}
 
 
 def _pdjit(fn):
@@ -101,3 +101,16 @@ def test_numba_rewrites_are_the_known_ones():
     assert set(rewrite_registry.rewrites["after-inference"]) <= set(_jit._known_rewrites())
     assert untyped_passes.InlineClosureLikes in _jit._LEANER
     assert typed_passes.NopythonRewrites in _jit._LEANER
+
+
+def _ploop(a, out):
+    for i in numba.prange(a.size):
+        out[i] = a[i] - 0.5
+
+
+def test_parallel_kernel_keeps_numbas_pipeline(runs):
+    a = np.linspace(0.0, 1.0, 9)
+    out = np.empty_like(a)
+    numba.njit(parallel=True, pipeline_class=_jit.PdjitCompiler)(_ploop)(a, out)
+    np.testing.assert_allclose(out, a - 0.5)
+    assert runs() == ["closures", "rewrites"]

@@ -123,10 +123,10 @@ def _scope_codegen(targetctx) -> None:
 # list built in a loop) and the typed post-inference rewrites (array expressions into one loop,
 # string-literal getitem/setitem, ``np.array`` of a constant list). Each re-runs Numba's IR
 # post-processing (variable lifetimes) first, whatever it finds. In a pdjit compile (its own
-# functions and what they compile nested, such as NumPy's implementations) each runs only
-# where a cheap look at the IR says it can apply. Measured on the serial cold first step of
-# bench_cnn's ResNet (fresh caches, 3 runs each): Numba's passes other than type inference and
-# lowering 1.60 -> 1.31 s, the step's CPU time unchanged within noise.
+# functions and what they compile nested, such as NumPy's implementations; not a parallel
+# one) each runs only where a cheap look at the IR says it can apply. Measured on the serial
+# cold first step of bench_cnn's ResNet (fresh caches, 3 runs each): Numba's passes other
+# than type inference and lowering 1.60 -> 1.31 s, the step's CPU time unchanged within noise.
 
 
 def _exprs(func_ir):
@@ -229,7 +229,9 @@ def _leaner(pm):
 def _scoped_pipeline(original):
     def define(state, name=None):
         pm = original(state) if name is None else original(state, name)
-        return _leaner(pm) if getattr(_scope, "level", None) is not None else pm
+        if getattr(_scope, "level", None) is None or state.flags.auto_parallel.enabled:
+            return pm  # not pdjit's, or a parallel one (its parfor passes as Numba has them)
+        return _leaner(pm)
 
     define.pdjit_scoped = True
     return staticmethod(define)
