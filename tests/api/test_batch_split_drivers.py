@@ -126,6 +126,25 @@ def test_a_split_untried_for_busy_cores_is_tried_again_once_they_are_free(two_th
     assert isinstance(sp, plan_mod._SplitDriver) and sp.runs == 4  # its trial runs
 
 
+def test_a_split_that_loses_its_trial_is_tried_again_a_few_times(two_threads, monkeypatch):
+    """The split driver measured slower: the pick is dropped for another trial once the
+    cores are free, SPLIT_RETRIES times, then kept."""
+    monkeypatch.setattr(plan_mod.NativeStep, "_fastest", staticmethod(lambda m: 1))
+    monkeypatch.setattr(plan_mod, "RETRY_AFTER", 0.0)
+    program, startup, y = _mlp()
+    exe, scope = _served(program, startup, y, runs=12)
+    (step,) = _steps(exe, program)
+    rng = np.random.default_rng(4)
+    for _ in range(plan_mod.SPLIT_RETRIES):
+        assert isinstance(step.picked[BATCH], plan_mod._Retry)
+        for _ in range(13):  # the run that drops the pick, then a trial
+            xv = rng.standard_normal((BATCH, 6)).astype("float32")
+            (out,) = exe.run(program, feed={"x": xv}, fetch_list=[y], scope=scope)
+            np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
+    assert step.picked[BATCH] is step.native.fn
+    assert step._split[1].runs == 4 * (1 + plan_mod.SPLIT_RETRIES)
+
+
 def test_a_split_step_serves_concurrent_runs(two_threads):
     """Runs from several threads through one Executor on a step picked to split: each gets
     NumPy's answer (a run finding the helper thread busy runs its slices itself)."""

@@ -122,6 +122,7 @@ class NativeStep:
         self._split_info = split if split is not None else _NO_SPLIT
         self._split = None                 # (native driver, its _SplitDriver)
         self._unsplit: set = set()         # batch sizes whose split trial ran unsplit
+        self._split_tries: dict = {}       # batch size -> trials the split driver lost
         # run-time checks: the allocation guard (None: every output size was checked when
         # the plan was built) and whether outputs are checked for NaN/Inf
         self.guard, self.nan_inf = guard, nan_inf
@@ -361,8 +362,15 @@ class NativeStep:
             best = drivers[self._fastest([min(t[self._WARM:]) for t in times])]
             if len(self.picked) > 64:
                 self.picked.clear()
-            if split is not None and best is not split and key in self._unsplit:
-                best = _Retry(best, self, key)  # the split was not measured: again later
+            if split is not None and best is not split:
+                # the split driver ran unsplit (cores busy) or lost: tried again once the
+                # cores are free, a few times, later each time (a trial is a few runs, and
+                # another process's burst may have cost the split its place)
+                unsplit, tries = key in self._unsplit, self._split_tries.get(key, 0)
+                if unsplit or tries < SPLIT_RETRIES:
+                    if not unsplit:
+                        self._split_tries[key] = tries + 1
+                    best = _Retry(best, self, key, RETRY_AFTER * (1 if unsplit else 4 ** tries))
             self._unsplit.discard(key)
             self.picked[key] = best
             self._trials.pop(key, None)
@@ -466,21 +474,25 @@ class _SplitDriver:
         return tuple(np.concatenate([got[k] for got in outs]) for k in range(len(outs[0])))
 
 
-#: seconds between the checks of a driver picked while the split one ran unsplit in its
-#: trial (other processes kept a core busy) for cores free enough to try it again
+#: seconds from the pick of a driver over the split one (which lost its trial, or ran
+#: unsplit in it: other processes kept a core busy) to the first check for cores free enough
+#: to try it again (4x longer at each of a batch size's next trials)
 RETRY_AFTER = 1.0
+#: trials of a batch size that the split driver may lose, measured, before the pick is kept
+#: (a trial in which it ran unsplit does not count)
+SPLIT_RETRIES = 3
 
 
 class _Retry:
-    """The driver ``fn`` picked for a batch size whose split driver could not be measured
-    (it ran unsplit: a core was busy): it serves, and the first run at least
-    :data:`RETRY_AFTER` seconds after the pick (or the last check) that finds the cores free
-    drops the pick, so that the next run of that size tries the drivers again."""
+    """The driver ``fn`` picked for a batch size over its split driver: it serves, and the
+    first run at least ``wait`` seconds after the pick (then :data:`RETRY_AFTER` after each
+    check) that finds the cores free drops the pick, so that the next run of that size tries
+    the drivers again."""
     __slots__ = ("fn", "step", "key", "after")
 
-    def __init__(self, fn, step, key):
+    def __init__(self, fn, step, key, wait: float = RETRY_AFTER):
         self.fn, self.step, self.key = fn, step, key
-        self.after = time.monotonic() + RETRY_AFTER
+        self.after = time.monotonic() + wait
 
     def __call__(self, *values):
         now = time.monotonic()
