@@ -51,7 +51,7 @@ from pdjit.framework.errors import (
     describe_op,
     user_stacklevel,
 )
-from pdjit.passes import dump_after
+from pdjit.passes import batch_rows, dump_after
 from pdjit.passes.fusion import live_names, partition
 from pdjit.passes.prune import prune
 from pdjit.proto import framework_pb2 as pb
@@ -99,8 +99,8 @@ HOT_RUNS = 100
 TIER_UP_THREAD = True
 
 # A native driver whose ops keep batch rows independent (each output row depends only on the
-# same row of its batch inputs, as ``pdjit.aot.batch_split`` proves for the AOT artifacts'
-# ``--threads``) is also tried on contiguous slices of the batch, one per loop thread
+# same row of its batch inputs: ``pdjit.passes.batch_rows``, the analysis behind the AOT
+# artifacts' ``--threads``) is also tried on contiguous slices of the batch, one per loop thread
 # (``threads.loop_threads``: one means never), from this batch size on: LeNet-5 at batch 64
 # took 0.53 ms on one thread and 0.34 ms on two slices (driver calls alone, 2-vCPU machine).
 # Each slice computes its rows as a run of that slice alone would: a library call may then
@@ -517,58 +517,22 @@ class _Memo:
 
 
 def _row_states(block, ops) -> dict:
-    """For each of ``ops`` (in order), ``id(op) -> (why, reads, writes)``: why its output rows
-    may not depend only on the same rows of its inputs ("" when they do), and the state of the
-    values it reads and writes (``pdjit.aot.batch_split``: ``batch``, ``const``, ``none``). A
-    value no op wrote carries the batch when it is not persistable and its declared dim 0 is
-    unknown (a feed); otherwise it is a constant (a parameter)."""
-    from pdjit.aot import batch_split as bs
+    """:func:`pdjit.passes.batch_rows.row_states` of ``ops``: a value no op wrote carries the
+    batch when it is not persistable and its declared dim 0 is unknown (a feed); otherwise it
+    is a constant (a parameter)."""
+    def unwritten(name):
+        v = block._find_var_recursive(name)
+        if v is not None and not v.persistable and v.shape and v.shape[0] < 0:
+            return batch_rows.BATCH
+        return batch_rows.CONST
 
-    class _State(dict):
-        def __missing__(self, name):
-            v = block._find_var_recursive(name)
-            if v is not None and not v.persistable and v.shape and v.shape[0] < 0:
-                return bs.BATCH
-            return bs.CONST
-
-    state = _State()
-    ctx = bs._Ctx(block, state)
-    out = {}
-    for op in ops:
-        d = op.opdef
-        read = {n: state[n] for s in op.input_names for n in bs._names(op, s)}
-        why, outs = "", {}
-        bad = next((n for n, v in read.items() if v == bs.NONE), None)
-        if bad is not None:
-            why = f"reads {bad!r}, a value a split run does not keep"
-        elif all(v == bs.CONST for v in read.values()) and \
-                (d is None or not d.has(registry.RANDOM)):
-            outs = {s: bs.CONST for s in op.output_names}
-        else:
-            rule = bs._rule(op)
-            if rule is None:
-                why = "is not known to keep batch rows independent"
-            else:
-                try:
-                    outs = rule(op, ctx)
-                except bs._Refuse as e:
-                    why = str(e)
-                except Exception as e:  # noqa: BLE001 - a malformed op: not separable
-                    why = f"cannot analyse ({type(e).__name__}: {e})"
-        wrote = {}
-        for s in op.output_names:
-            for n in op.output(s):
-                if n:
-                    state[n] = wrote[n] = outs.get(s, bs.NONE)
-        out[id(op)] = (why, read, wrote)
-    return out
+    return batch_rows.row_states(block, ops, unwritten)
 
 
 def _split_rows(states, step_ops, args, outputs) -> tuple:
     """``(indices of the args sliced by rows, "")`` when the step's driver may run on slices
     of the batch, else ``(None, why not)``."""
-    from pdjit.aot.batch_split import BATCH, CONST, NONE
-
+    BATCH, CONST, NONE = batch_rows.BATCH, batch_rows.CONST, batch_rows.NONE
     first_read, last_write = {}, {}
     for op, i in step_ops:
         why, read, wrote = states[id(op)]
