@@ -175,3 +175,58 @@ def test_depthwise_stride2_halves(dtype):
         np.testing.assert_allclose(a, want, rtol=tol, atol=tol)
         # a border output that reads no infinity stays finite: none leaked across a row
         assert np.isfinite(a).sum() == np.isfinite(want).sum()
+
+
+def np_conv_pads(x, w, stride, pt, pb, pl, pr, groups):
+    """As np_conv, with the four paddings apart (the bottom and right ones may differ)."""
+    xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    return np_conv(xp, w, stride, 0, groups)
+
+
+# stride-2 depthwise where half the columns make half a vector (float32 width 16, float64
+# width 8): the rows split by parity too, quarters read in place where a filter column keeps
+# every pixel (the outputs straight into y); and beside them shapes that take the columns-only
+# split (height no multiple of 4, fewer output columns than half the width). (xshape, k, pt,
+# pb, pl, multiplier)
+QUADS = [
+    ((2, 3, 16, 16), 3, 1, 1, 1, 1),   # MobileNet's layer
+    ((1, 2, 12, 16), 5, 2, 2, 2, 1),   # shifts -1..1, two columns copied
+    ((1, 2, 8, 16), 4, 1, 1, 1, 2),    # an even filter, two outputs per channel
+    ((1, 2, 8, 16), 3, 1, 3, 1, 1),    # a bottom padding of 3: an output row more
+    ((1, 2, 8, 16), 3, 0, 1, 0, 1),    # no top or left padding
+    ((1, 2, 14, 16), 3, 1, 1, 1, 1),   # height 14: columns-only split
+    ((1, 2, 8, 16), 3, 0, 0, 0, 1),    # 7 output columns: columns-only split
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_depthwise_stride2_quads(dtype):
+    """Stride-2 depthwise by quarter planes against NumPy, infinities in the first and last
+    rows and columns that only the padding may meet; float32 through the native entry too,
+    bit for bit the host's."""
+    for xshape, k, pt, pb, pl, mult in QUADS:
+        xshape = xshape[:3] + (xshape[3] * 8 // np.dtype(dtype).itemsize // 2,)
+        x = RNG.standard_normal(xshape).astype(dtype)
+        n, c, h, wd = xshape
+        x[0, 0, 3, 0] = np.inf
+        x[0, 1, 4, -1] = -np.inf
+        x[-1, -1, 0, 5] = np.inf
+        x[-1, 0, -1, 2] = -np.inf
+        w = RNG.uniform(0.5, 1.5, (c * mult, 1, k, k)).astype(dtype)
+        oh, ow = (h + pt + pb - k) // 2 + 1, (wd + 2 * pl - k) // 2 + 1
+        want = np_conv_pads(x, w, 2, pt, pb, pl, pl, c)
+        assert want.shape[2:] == (oh, ow)
+        a = np.empty((n, c * mult, oh, ow), dtype)
+        nnlib.conv2d_fwd(x, w, a, 2, 2, pt, pl, 1, 1, c)
+        if dtype == np.float32:
+            b = np.empty_like(a)
+            _native_conv_pads(x, w, b, pt, pl, c)
+            np.testing.assert_array_equal(a, b)
+        tol = 1e-5 if dtype == np.float32 else 1e-12
+        np.testing.assert_allclose(a, want, rtol=tol, atol=tol)
+        assert np.isfinite(a).sum() == np.isfinite(want).sum()
+
+
+@numba.njit
+def _native_conv_pads(x, w, y, pt, pl, groups):
+    nnlib.conv2d_fwd(x, w, y, 2, 2, pt, pl, 1, 1, groups)

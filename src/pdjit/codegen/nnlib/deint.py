@@ -20,11 +20,12 @@ from numba.extending import intrinsic
 
 from pdjit.codegen.nnlib.tile import TILE_BYTES
 
-__all__ = ["deint", "vcopy", "copy_run", "zero_run"]
+__all__ = ["deint", "deint_halves", "vcopy", "copy_run", "zero_run"]
 
 
-@intrinsic
-def deint(typingctx, src, s0, dst, d0, d1, nv):
+def _split(typingctx, src, s0, dst, d0, d1, nv, halves):
+    """The typing and code of :func:`deint` (``halves`` False: groups of one value) and of
+    :func:`deint_halves` (groups of half a vector)."""
     if not (isinstance(src, types.Array) and isinstance(dst, types.Array)):
         return None
     if src.dtype != dst.dtype or src.dtype not in (types.float32, types.float64):
@@ -42,10 +43,13 @@ def deint(typingctx, src, s0, dst, d0, d1, nv):
         fty = context.get_value_type(at[0].dtype)
         size = context.get_abi_sizeof(fty)
         lanes = TILE_BYTES // size
+        g = lanes // 2 if halves else 1  # the group: lane k of the first output reads
+        # lane (k // g) * 2g + k % g of the pair of input vectors, of the second g after it
         vty = ir.VectorType(fty, lanes)
         i64 = ir.IntType(64)
-        evens = ir.Constant(ir.VectorType(ir.IntType(32), lanes), list(range(0, 2 * lanes, 2)))
-        odds = ir.Constant(ir.VectorType(ir.IntType(32), lanes), list(range(1, 2 * lanes, 2)))
+        ity = ir.VectorType(ir.IntType(32), lanes)
+        first = ir.Constant(ity, [(k // g) * 2 * g + k % g for k in range(lanes)])
+        second = ir.Constant(ity, [(k // g) * 2 * g + k % g + g for k in range(lanes)])
         with cgutils.for_range(builder, nvv) as loop:
             k = builder.mul(loop.index, ir.Constant(i64, lanes))
             s = builder.add(s0v, builder.add(k, k))
@@ -54,13 +58,26 @@ def deint(typingctx, src, s0, dst, d0, d1, nv):
             b = builder.load(builder.bitcast(
                 builder.gep(sptr, [builder.add(s, ir.Constant(i64, lanes))]),
                 vty.as_pointer()), align=size)
-            for base, mask in ((d0v, evens), (d1v, odds)):
+            for base, mask in ((d0v, first), (d1v, second)):
                 p = builder.gep(dptr, [builder.add(base, k)])
                 builder.store(builder.shuffle_vector(a, b, mask),
                               builder.bitcast(p, vty.as_pointer()), align=size)
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+@intrinsic
+def deint(typingctx, src, s0, dst, d0, d1, nv):
+    return _split(typingctx, src, s0, dst, d0, d1, nv, False)
+
+
+@intrinsic
+def deint_halves(typingctx, src, s0, dst, d0, d1, nv):
+    """``dst[d0 + k] = src[s0 + (k // h) * 2h + k % h]`` and ``dst[d1 + k]`` the half vector
+    after it (``h`` half a vector's lanes), for ``k < nv * lanes``: a run of rows of half a
+    vector split by the parity of the row (the stride-2 depthwise loops' quarter planes)."""
+    return _split(typingctx, src, s0, dst, d0, d1, nv, True)
 
 
 @intrinsic
