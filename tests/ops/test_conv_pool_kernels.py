@@ -230,3 +230,63 @@ def test_depthwise_stride2_quads(dtype):
 @numba.njit
 def _native_conv_pads(x, w, y, pt, pl, groups):
     nnlib.conv2d_fwd(x, w, y, 2, 2, pt, pl, 1, 1, groups)
+
+
+def np_conv_dil(x, w, pt, pb, pl, pr, dh, dw, groups):
+    """Stride-1 NCHW convolution in float64 with dilations and four paddings, by taps."""
+    n, c, h, wd = x.shape
+    m, cg, kh, kw = w.shape
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pt, pb), (pl, pr)))
+    oh, ow = h + pt + pb - (kh - 1) * dh, wd + pl + pr - (kw - 1) * dw
+    mg = m // groups
+    y = np.zeros((n, m, oh, ow))
+    for g in range(groups):
+        for i in range(kh):
+            for j in range(kw):
+                win = xp[:, g * cg:(g + 1) * cg, i * dh:i * dh + oh, j * dw:j * dw + ow]
+                y[:, g * mg:(g + 1) * mg] += np.einsum("nchw,mc->nmhw", win,
+                                                       w[g * mg:(g + 1) * mg, :, i, j])
+    return y
+
+
+@numba.njit
+def _native_conv_dil(x, w, y, pt, pl, dh, dw, groups):
+    nnlib.conv2d_fwd(x, w, y, 1, 1, pt, pl, dh, dw, groups)
+
+
+# stride-1 3x3 depthwise onto planes as wide as the image, rows of whole vectors (the input
+# rows rolled down a column of vectors, each loaded once for the three output rows reading
+# it): (xshape at float32, pt, pb, pl, dh, dw, multiplier); the width halves for float64
+ROLLED = [
+    ((2, 3, 16, 16), 1, 1, 1, 1, 1, 1),   # MobileNet's layer
+    ((1, 2, 6, 32), 1, 1, 1, 1, 1, 2),    # two vectors a row, two outputs per channel
+    ((1, 2, 7, 16), 0, 2, 1, 1, 1, 1),    # all the vertical padding below
+    ((1, 2, 7, 16), 2, 0, 2, 1, 2, 1),    # ... above; column dilation 2
+    ((1, 2, 9, 16), 2, 2, 2, 2, 2, 1),    # dilation 2 both ways: the per-tap loop
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_depthwise_rolled_rows(dtype):
+    """Stride-1 3x3 depthwise over rows of whole vectors against NumPy, with infinities in the
+    first and last rows and columns that only the padding may meet; float32 through the
+    native entry too, bit for bit the host's."""
+    for xshape, pt, pb, pl, dh, dw, mult in ROLLED:
+        n, c, h, wd = xshape[:3] + (xshape[3] * 4 // np.dtype(dtype).itemsize,)
+        x = RNG.standard_normal((n, c, h, wd)).astype(dtype)
+        x[0, 0, 3, 0] = np.inf
+        x[0, 1, 4, -1] = -np.inf
+        x[-1, -1, 0, 5] = np.inf
+        x[-1, 0, -1, 2] = -np.inf
+        w = RNG.uniform(0.5, 1.5, (c * mult, 1, 3, 3)).astype(dtype)
+        want = np_conv_dil(x, w, pt, pb, pl, 2 * dw - pl, dh, dw, c)
+        assert want.shape[3] == wd
+        a = np.empty(want.shape, dtype)
+        nnlib.conv2d_fwd(x, w, a, 1, 1, pt, pl, dh, dw, c)
+        if dtype == np.float32:
+            b = np.empty_like(a)
+            _native_conv_dil(x, w, b, pt, pl, dh, dw, c)
+            np.testing.assert_array_equal(a, b)
+        tol = 1e-5 if dtype == np.float32 else 1e-12
+        np.testing.assert_allclose(a, want, rtol=tol, atol=tol)
+        assert np.isfinite(a).sum() == np.isfinite(want).sum()

@@ -22,7 +22,7 @@ import llvmlite.ir as ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-__all__ = ["tile_kernel", "TILE_BYTES"]
+__all__ = ["tile_kernel", "roll_kernel", "TILE_BYTES"]
 
 #: the width of one vector of the tile, in bytes (an AVX-512 register)
 TILE_BYTES = 64
@@ -99,3 +99,85 @@ def tile_kernel(mr: int, nv: int):
         return sig, codegen
 
     return tile
+
+
+def roll_kernel(kh: int, kw: int):
+    """A depthwise filter of ``kh x kw`` taps down a column of one vector of positions:
+
+        df[d0 + o * os + q] = sum over i < kh, j < kw of
+                              wf[w0 + i * kw + j] * xs[b0 + j * cs + (o + i) * rs + q]
+
+    for output rows ``o < no`` and ``q`` one vector's lanes. Each input row's ``kw`` vectors
+    are loaded once and serve the ``kh`` output rows that read them (the sums of those rows
+    stay in registers, rolled down a row per step), where a loop over the outputs loads every
+    input ``kh`` times. Each output sums its products in tap order (row by row), the first a
+    product, the rest fused multiply-adds. Offsets are signed 64-bit element offsets that the
+    caller keeps in bounds (``no + kh - 1`` input rows are read)."""
+
+    @intrinsic
+    def roll(typingctx, wf, w0, xs, b0, cs, rs, no, df, d0, os_):
+        if not (isinstance(wf, types.Array) and isinstance(xs, types.Array)
+                and isinstance(df, types.Array)):
+            return None
+        if wf.dtype != xs.dtype or wf.dtype != df.dtype or \
+                wf.dtype not in (types.float32, types.float64):
+            return None
+        if not all(isinstance(t, types.Integer) for t in (w0, b0, cs, rs, no, d0, os_)):
+            return None
+        sig = types.void(wf, w0, xs, b0, cs, rs, no, df, d0, os_)
+
+        def codegen(context, builder, signature, args):
+            at = signature.args
+            wptr = context.make_array(at[0])(context, builder, args[0]).data
+            xptr = context.make_array(at[2])(context, builder, args[2]).data
+            dptr = context.make_array(at[7])(context, builder, args[7]).data
+            w0v, b0v, csv, rsv, nov, d0v, osv = (_offset(context, builder, at[i], args[i])
+                                                 for i in (1, 3, 4, 5, 6, 8, 9))
+            fty = context.get_value_type(at[0].dtype)
+            size = context.get_abi_sizeof(fty)
+            lanes = TILE_BYTES // size
+            vty = ir.VectorType(fty, lanes)
+            i64 = ir.IntType(64)
+            zero = ir.Constant(vty, [ir.Constant(fty, 0.0)] * lanes)
+            fma = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(vty, [vty] * 3),
+                f"llvm.fma.v{lanes}{'f32' if size == 4 else 'f64'}")
+            mask = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes)
+            undef = ir.Constant(vty, ir.Undefined)
+            wb = []
+            for t in range(kh * kw):
+                w = builder.load(builder.gep(wptr, [builder.add(w0v, ir.Constant(i64, t))]))
+                wb.append(builder.shuffle_vector(
+                    builder.insert_element(undef, w, ir.Constant(i64, 0)), undef, mask))
+            # acc[i]: the sums of the output row that reads the current input row as its
+            # row i (rows 0..i-1 summed)
+            acc = [cgutils.alloca_once_value(builder, zero) for _ in range(kh)]
+            rows = builder.add(nov, ir.Constant(i64, kh - 1))
+            with cgutils.for_range(builder, rows) as loop:
+                r = loop.index
+                base = builder.add(b0v, builder.mul(r, rsv))
+                xv = []
+                for j in range(kw):
+                    p = builder.gep(xptr, [builder.add(base, builder.mul(csv,
+                                                                         ir.Constant(i64, j)))])
+                    xv.append(builder.load(builder.bitcast(p, vty.as_pointer()), align=size))
+                sums = []
+                for i in range(kh):
+                    s = builder.fmul(wb[i * kw], xv[0]) if i == 0 else \
+                        builder.call(fma, [wb[i * kw], xv[0], builder.load(acc[i])])
+                    for j in range(1, kw):
+                        s = builder.call(fma, [wb[i * kw + j], xv[j], s])
+                    sums.append(s)
+                # the row that took its last input row is done: output r - (kh - 1)
+                o = builder.sub(r, ir.Constant(i64, kh - 1))
+                with builder.if_then(builder.icmp_signed(">=", o, ir.Constant(i64, 0))):
+                    p = builder.gep(dptr, [builder.add(d0v, builder.mul(o, osv))])
+                    builder.store(sums[kh - 1], builder.bitcast(p, vty.as_pointer()),
+                                  align=size)
+                for i in range(1, kh):
+                    builder.store(sums[i - 1], acc[i])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return roll
