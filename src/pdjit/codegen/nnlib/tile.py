@@ -33,6 +33,20 @@ def _offset(context, builder, ty, value):
     return context.cast(builder, value, ty, types.int64)
 
 
+def _vectors(context, builder, dtype):
+    """``(element type, its bytes, lanes, vector type, i64, zero vector, llvm.fma of
+    vectors)`` for vectors of :data:`TILE_BYTES` of ``dtype``."""
+    fty = context.get_value_type(dtype)
+    size = context.get_abi_sizeof(fty)
+    lanes = TILE_BYTES // size
+    vty = ir.VectorType(fty, lanes)
+    zero = ir.Constant(vty, [ir.Constant(fty, 0.0)] * lanes)
+    fma = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(vty, [vty] * 3),
+        f"llvm.fma.v{lanes}{'f32' if size == 4 else 'f64'}")
+    return fty, size, lanes, vty, ir.IntType(64), zero, fma
+
+
 def tile_kernel(mr: int, nv: int):
     """The intrinsic for tiles of ``mr`` rows by ``nv`` vectors (see the module docstring)."""
 
@@ -56,15 +70,7 @@ def tile_kernel(mr: int, nv: int):
             dptr = context.make_array(at[7])(context, builder, df_).data
             w0v, wkv, kkv = (_offset(context, builder, at[i], args[i]) for i in (1, 2, 3))
             xbv, d0v, dsv, q0v = (_offset(context, builder, at[i], args[i]) for i in (5, 8, 9, 10))
-            fty = context.get_value_type(at[0].dtype)
-            size = context.get_abi_sizeof(fty)
-            lanes = TILE_BYTES // size
-            vty = ir.VectorType(fty, lanes)
-            i64 = ir.IntType(64)
-            zero = ir.Constant(vty, [ir.Constant(fty, 0.0)] * lanes)
-            fma = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(vty, [vty] * 3),
-                f"llvm.fma.v{lanes}{'f32' if size == 4 else 'f64'}")
+            fty, size, lanes, vty, i64, zero, fma = _vectors(context, builder, at[0].dtype)
             acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(nv)]
                    for _ in range(mr)]
             mask = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes)
@@ -133,15 +139,7 @@ def roll_kernel(kh: int, kw: int):
             dptr = context.make_array(at[7])(context, builder, args[7]).data
             w0v, b0v, csv, rsv, nov, d0v, osv = (_offset(context, builder, at[i], args[i])
                                                  for i in (1, 3, 4, 5, 6, 8, 9))
-            fty = context.get_value_type(at[0].dtype)
-            size = context.get_abi_sizeof(fty)
-            lanes = TILE_BYTES // size
-            vty = ir.VectorType(fty, lanes)
-            i64 = ir.IntType(64)
-            zero = ir.Constant(vty, [ir.Constant(fty, 0.0)] * lanes)
-            fma = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(vty, [vty] * 3),
-                f"llvm.fma.v{lanes}{'f32' if size == 4 else 'f64'}")
+            fty, size, lanes, vty, i64, zero, fma = _vectors(context, builder, at[0].dtype)
             mask = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes)
             undef = ir.Constant(vty, ir.Undefined)
             wb = []
