@@ -185,12 +185,13 @@ _load = [None, 0.0]  # [(time, busy seconds of every core, this process's cpu se
 
 def free_cores() -> int:
     """The cores that other processes leave free: the machine's cores less the cores they kept
-    busy over the last tenth of a second or so (``/proc/stat``'s busy time less this
-    process's own CPU time, sampled at most every 0.1 s: a 20 us read); every core where that
-    cannot be read. A thread that waits for a busy core holds up every thread of a split
-    product (measured: a 1024x256x256 GEMM went from 1.3 ms on one thread to 4-8 ms on two
-    while another process kept a core busy). (``/proc/loadavg``'s count of running tasks is
-    no use: on this machine it counted one more than ``ps`` showed running.)"""
+    busy over the last tenth of a second or so (``/proc/stat``'s busy time less the CPU time
+    of this process and of the children it waited for, sampled at most every 0.1 s: a 20 us
+    read); every core where that cannot be read. A thread that waits for a busy core holds
+    up every thread of a split product (measured: a 1024x256x256 GEMM went from 1.3 ms on one
+    thread to 4-8 ms on two while another process kept a core busy). (``/proc/loadavg``'s
+    count of running tasks is no use: on this machine it counted one more than ``ps`` showed
+    running.)"""
     cores = _CORES
     now = time.monotonic()
     last = _load[0]
@@ -204,7 +205,9 @@ def free_cores() -> int:
         except (OSError, ValueError, IndexError):
             return cores
         t = os.times()
-        mine = t.user + t.system
+        # (with the children this process waited for: a compile worker it forked is not
+        # another process keeping a core busy once it has ended)
+        mine = t.user + t.system + t.children_user + t.children_system
         if last is not None:
             _load[1] = max(0.0, (busy - last[1]) - (mine - last[2])) / (now - last[0])
         _load[0] = (now, busy, mine)
