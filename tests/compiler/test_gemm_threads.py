@@ -22,6 +22,8 @@ def default_threads(monkeypatch):
     """pdjit's default: no thread count asked for; every decision recorded."""
     monkeypatch.delenv("PDJIT_NUM_THREADS", raising=False)
     monkeypatch.setattr(threads, "_applied", None)
+    # the variable is read once per process: what a test sets it to must not outlive the test
+    monkeypatch.setattr(threads, "_default_threads", None)
     monkeypatch.setattr(threads, "free_cores", lambda: CORES)   # an idle machine
     trace = []
     monkeypatch.setattr(threads, "gemm_trace", trace)
