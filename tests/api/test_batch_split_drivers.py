@@ -107,7 +107,8 @@ def test_a_split_untried_for_busy_cores_is_tried_again_once_they_are_free(two_th
     monkeypatch.setattr(threads, "free_cores", lambda: 1)
     monkeypatch.setattr(plan_mod.NativeStep, "_fastest", staticmethod(lambda m: 1))
     program, startup, y = _mlp()
-    exe, scope = _served(program, startup, y, runs=12)
+    # (the trial runs the split driver again when it ran unsplit, UNSPLIT_REDOS times)
+    exe, scope = _served(program, startup, y, runs=12 + plan_mod.UNSPLIT_REDOS)
     (step,) = _steps(exe, program)
     retry = step.picked[BATCH]
     assert isinstance(retry, plan_mod._Retry) and retry.fn is step.native.fn
@@ -124,6 +125,33 @@ def test_a_split_untried_for_busy_cores_is_tried_again_once_they_are_free(two_th
         assert (BATCH in step.picked) == (k == 0 or k >= 13)
     sp = step.picked[BATCH]
     assert isinstance(sp, plan_mod._SplitDriver) and sp.runs == 4  # its trial runs
+
+
+def test_a_split_run_left_unsplit_by_a_busy_core_is_not_its_time(two_threads, monkeypatch):
+    """A split run of the trial that found a core busy (and so ran unsplit) is run again
+    rather than taken as the split driver's time: a short burst of another process's work
+    does not decide the pick."""
+    program, startup, y = _mlp()
+    exe, scope = _served(program, startup, y, runs=2)  # the native driver built, trial begun
+    (step,) = _steps(exe, program)
+    rng = np.random.default_rng(5)
+    unsplit = 0
+    for _ in range(40):
+        if BATCH in step.picked:
+            break
+        times = step._trials.get(BATCH)
+        split_turn = times is not None and len(times) == 3 and \
+            len(times[2]) < min(len(times[0]), len(times[1]))
+        busy = split_turn and unsplit < 3  # the split's turn, three times: a core busy
+        unsplit += busy
+        monkeypatch.setattr(threads, "free_cores", (lambda: 1) if busy else (lambda: 2))
+        xv = rng.standard_normal((BATCH, 6)).astype("float32")
+        (out,) = exe.run(program, feed={"x": xv}, fetch_list=[y], scope=scope)
+        np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
+    assert unsplit == 3
+    sp = step.picked[BATCH]
+    assert isinstance(sp, plan_mod._SplitDriver)  # picked (two_threads: the last candidate)
+    assert sp.runs == plan_mod.NativeStep._WARM + plan_mod.NativeStep._TIMED  # all split
 
 
 def test_a_split_that_loses_its_trial_is_tried_again_a_few_times(two_threads, monkeypatch):

@@ -123,6 +123,7 @@ class NativeStep:
         self._split_info = split if split is not None else _NO_SPLIT
         self._split = None                 # (native driver, its _SplitDriver)
         self._unsplit: set = set()         # batch sizes whose split trial ran unsplit
+        self._unsplit_runs: dict = {}      # batch size -> its trial's split runs that did not
         self._split_tries: dict = {}       # batch size -> trials the split driver lost
         # run-time checks: the allocation guard (None: every output size was checked when
         # the plan was built) and whether outputs are checked for NaN/Inf
@@ -358,9 +359,14 @@ class NativeStep:
                 return results
         else:
             results = self.compiled.fn(*values)
-        times[which].append(time.perf_counter() - t0)
+        elapsed = time.perf_counter() - t0
         if which == 2 and split.runs == split_runs:  # it ran unsplit: a core was busy
+            redo = self._unsplit_runs.get(key, 0) + 1
+            self._unsplit_runs[key] = redo
+            if redo <= UNSPLIT_REDOS:  # not a time of the split: it runs again next time
+                return results
             self._unsplit.add(key)
+        times[which].append(elapsed)
         n = self._WARM + self._TIMED
         if all(len(t) >= n for t in times):
             # each driver's best timed run: what other processes do on a shared machine only
@@ -379,6 +385,7 @@ class NativeStep:
                         self._split_tries[key] = tries + 1
                     best = _Retry(best, self, key, RETRY_AFTER * (1 if unsplit else 4 ** tries))
             self._unsplit.discard(key)
+            self._unsplit_runs.pop(key, None)
             self.picked[key] = best
             self._trials.pop(key, None)
         return results
@@ -485,6 +492,10 @@ class _SplitDriver:
 #: unsplit in it: other processes kept a core busy) to the first check for cores free enough
 #: to try it again (4x longer at each of a batch size's next trials)
 RETRY_AFTER = 1.0
+#: runs of a split driver's trial that ran unsplit (a core busy) and are run again, before
+#: the trial takes an unsplit run's time as the split's (a burst of another process's work
+#: then does not decide the pick)
+UNSPLIT_REDOS = 8
 #: trials of a batch size that the split driver may lose, measured, before the pick is kept
 #: (a trial in which it ran unsplit does not count)
 SPLIT_RETRIES = 3
