@@ -29,6 +29,7 @@ first op that produced it.
 """
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import sys
@@ -122,7 +123,6 @@ class NativeStep:
         # exists (``split_rows``, ``split_why``)
         self._split_info = split if split is not None else _NO_SPLIT
         self._split = None                 # (native driver, its _SplitDriver)
-        self._unsplit: set = set()         # batch sizes whose split trial ran unsplit
         self._unsplit_runs: dict = {}      # batch size -> its trial's split runs that did not
         self._split_tries: dict = {}       # batch size -> trials the split driver lost
         # run-time checks: the allocation guard (None: every output size was checked when
@@ -365,7 +365,6 @@ class NativeStep:
             self._unsplit_runs[key] = redo
             if redo <= UNSPLIT_REDOS:  # not a time of the split: it runs again next time
                 return results
-            self._unsplit.add(key)
         times[which].append(elapsed)
         n = self._WARM + self._TIMED
         if all(len(t) >= n for t in times):
@@ -379,12 +378,12 @@ class NativeStep:
                 # the split driver ran unsplit (cores busy) or lost: tried again once the
                 # cores are free, a few times, later each time (a trial is a few runs, and
                 # another process's burst may have cost the split its place)
-                unsplit, tries = key in self._unsplit, self._split_tries.get(key, 0)
+                unsplit = self._unsplit_runs.get(key, 0) > UNSPLIT_REDOS
+                tries = self._split_tries.get(key, 0)
                 if unsplit or tries < SPLIT_RETRIES:
                     if not unsplit:
                         self._split_tries[key] = tries + 1
                     best = _Retry(best, self, key, RETRY_AFTER * (1 if unsplit else 4 ** tries))
-            self._unsplit.discard(key)
             self._unsplit_runs.pop(key, None)
             self.picked[key] = best
             self._trials.pop(key, None)
@@ -519,19 +518,6 @@ class _Retry:
             if threads.free_cores() >= 2 and self.step.picked.get(self.key) is self:
                 self.step.picked.pop(self.key, None)
         return self.fn(*values)
-
-
-class _Memo:
-    """``fn()``, computed at the first call (in whichever thread asks first)."""
-
-    def __init__(self, fn):
-        self.fn, self.value, self.lock = fn, None, threading.Lock()
-
-    def __call__(self):
-        with self.lock:
-            if self.fn is not None:
-                self.value, self.fn = self.fn(), None
-        return self.value
 
 
 def _row_states(block, ops) -> dict:
@@ -823,7 +809,7 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None,
     hot = native_drivers == "auto" and not _writes_persistable(block, ops)
     # which steps' native drivers may run on slices of the batch: analysed once a step of
     # this plan has a native driver (most plans never get one)
-    states = _Memo(lambda: _row_states(block, ops)) \
+    states = functools.cache(lambda: _row_states(block, ops)) \
         if native_drivers and (native_drivers != "auto" or hot) and target == "cpu" else None
     steps, sources = [], []
     for seg, gen in zip(part.segments, gens):
