@@ -7,6 +7,24 @@ from pdjit.codegen import compiler, nnlib
 from pdjit.testing import assert_native
 
 
+def _trained_lines(main, startup, loss, shape):
+    """The lines of the native steps of ``main`` after one training step (native asserted)."""
+    fluid.optimizer.SGD(0.1).minimize(loss)
+    exe = fluid.Executor(fluid.CPUPlace())
+    exe.run(startup)
+    exe.run(main, feed={"x": np.random.rand(*shape).astype(np.float32)}, fetch_list=[loss])
+    assert_native(exe)
+    return "\n".join(step.compiled.source for _, plan in exe._plans.values()
+                     for step in plan.walk() if step.kind.startswith("native")).splitlines()
+
+
+def _assert_used(jobs):
+    """Each predicted signature is one its kernel was compiled for."""
+    for fn, types in jobs:
+        sig = tuple(compiler._numba_type(t) for t in types)
+        assert sig in fn.overloads, (fn.py_func.__name__, sig, list(fn.overloads))
+
+
 def test_predicted_library_signatures_are_the_ones_the_calls_use(fresh_programs):
     main, startup = fresh_programs
     x = fluid.layers.data("x", [3, 8, 8])
@@ -16,24 +34,17 @@ def test_predicted_library_signatures_are_the_ones_the_calls_use(fresh_programs)
     # as the forward kernel over dy, which the first convolution compiles)
     h = fluid.layers.conv2d(h, 4, 3, padding=1, stride=2)
     h = fluid.layers.pool2d(h, 2, "max", 2)
-    loss = fluid.layers.mean(h)
-    fluid.optimizer.SGD(0.1).minimize(loss)
-    exe = fluid.Executor(fluid.CPUPlace())
-    exe.run(startup)
-    exe.run(main, feed={"x": np.random.rand(2, 3, 8, 8).astype(np.float32)}, fetch_list=[loss])
-    assert_native(exe)
-    source = "\n".join(step.compiled.source for _, plan in exe._plans.values()
-                       for step in plan.walk() if step.kind.startswith("native"))
-    jobs = nnlib.library_jobs(source.splitlines(), np.float32)
+    lines = _trained_lines(main, startup, fluid.layers.mean(h), (2, 3, 8, 8))
+    jobs = nnlib.library_jobs(lines, np.float32)
     names = {fn.py_func.__name__ for fn, _ in jobs}
     assert {"_fwd_taps", "_bwd_data_range", "_bwd_filter_range", "_fwd_planes", "pool2d_bwd",
             "_stats_k", "_apply_k", "_grad_k"} <= names  # (norm_* entry points run these)
+    _assert_used(jobs)
     for fn, types in jobs:
-        sig = tuple(compiler._numba_type(t) for t in types)
-        assert sig in fn.overloads, (fn.py_func.__name__, sig, list(fn.overloads))
         # and the disk cache knows the signature, so a worker's compilation is found
+        sig = tuple(compiler._numba_type(t) for t in types)
         assert compiler._is_cached(compiler.LibraryKernel(fn), sig)
-    assert nnlib.library_jobs(source.splitlines(), np.int64) == []
+    assert nnlib.library_jobs(lines, np.int64) == []
 
 
 def test_a_global_average_pool_predicts_its_own_kernels(fresh_programs):
@@ -44,18 +55,9 @@ def test_a_global_average_pool_predicts_its_own_kernels(fresh_programs):
     x = fluid.layers.data("x", [3, 4, 4])
     h = fluid.layers.conv2d(x, 4, 3, padding=1, bias_attr=False)
     h = fluid.layers.pool2d(h, pool_type="avg", global_pooling=True)
-    loss = fluid.layers.mean(h)
-    fluid.optimizer.SGD(0.1).minimize(loss)
-    exe = fluid.Executor(fluid.CPUPlace())
-    exe.run(startup)
-    exe.run(main, feed={"x": np.random.rand(2, 3, 4, 4).astype(np.float32)}, fetch_list=[loss])
-    assert_native(exe)
-    source = "\n".join(step.compiled.source for _, plan in exe._plans.values()
-                       for step in plan.walk() if step.kind.startswith("native"))
-    names = {fn.py_func.__name__ for fn, _ in nnlib.library_jobs(source.splitlines(),
-                                                                  np.float32)}
+    lines = _trained_lines(main, startup, fluid.layers.mean(h), (2, 3, 4, 4))
+    jobs = nnlib.library_jobs(lines, np.float32)
+    names = {fn.py_func.__name__ for fn, _ in jobs}
     assert {"_mean_planes", "pool2d_mean_bwd"} <= names
     assert not {"_fwd_planes", "pool2d_bwd"} & names
-    for fn, types in nnlib.library_jobs(source.splitlines(), np.float32):
-        sig = tuple(compiler._numba_type(t) for t in types)
-        assert sig in fn.overloads, (fn.py_func.__name__, sig, list(fn.overloads))
+    _assert_used(jobs)
