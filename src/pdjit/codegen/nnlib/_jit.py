@@ -300,6 +300,10 @@ jit = numba.njit(**OPTIONS, pipeline_class=PdjitCompiler)
 pjit = numba.njit(**OPTIONS, parallel=True, pipeline_class=PdjitCompiler)
 #: :data:`jit` at LLVM's O3 (a kernel that needs LLVM's loop vectoriser)
 jit_o3 = numba.njit(**OPTIONS, pipeline_class=PdjitCompilerO3)
+#: :data:`jit` with sums that may be reassociated (vectorised: each of several partial sums in
+#: vector lanes, added up at the end; at pdjit's level O1 vectorises such a sum as O3 does,
+#: measured 1M float32 0.080 vs 0.078 ms): the kernels that sum over a channel, a row, a plane
+jit_sum = numba.njit(**OPTIONS, fastmath={"reassoc", "contract"}, pipeline_class=PdjitCompiler)
 
 
 #: entry point name -> ``jobs(T)``: the compiled functions a call of it runs for float arrays

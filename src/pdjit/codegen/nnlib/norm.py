@@ -28,20 +28,15 @@ native loop's compiled driver they run on its own thread.
 """
 import threading
 
-import numba
 import numpy as np
 from numba.extending import overload, register_jitable
 
-from pdjit.codegen.nnlib._jit import OPTIONS, PdjitCompiler, jit, jobs
+from pdjit.codegen.nnlib._jit import jit, jit_sum, jobs
 from pdjit.codegen.nnlib.conv import _plain, _threads, split_work
 from pdjit.runtime.threads import free_cores, loop_threads
 
 _F64 = np.dtype(np.float64)
 
-#: sums may be reassociated (vectorised): the kernels that sum over a channel's or a row's
-#: values (at pdjit's LLVM level: O1 vectorises such a sum as O3 does, measured 1M float32
-#: 0.080 vs 0.078 ms)
-_rjit = numba.njit(**OPTIONS, fastmath={"reassoc", "contract"}, pipeline_class=PdjitCompiler)
 
 __all__ = ["norm_stats", "norm_apply", "norm_grad", "layer_norm_fwd", "layer_norm_bwd"]
 
@@ -62,7 +57,7 @@ _MISFIT_STATS = "pdjit: the norm statistics do not fit the data"
 # ``K`` (rows of the per-channel arrays) is 1 (statistics over the batch) or ``A`` (per sample).
 
 
-@_rjit
+@jit_sum
 def _stats_k(x, dy, mc, s1, s2, mode, a0, a1):
     """Float64 sums over the values of channel ``c`` of the samples ``a0..a1`` (``k = a`` when
     ``s1`` has a row per sample, else 0): mode 0 ``s1[k, c] += sum(x)``, mode 1 ``s1[k, c] +=
@@ -145,7 +140,7 @@ def _apply_k(x, s, b, relu, y, a0, a1):
                         yr[r] = v
 
 
-@_rjit
+@jit_sum
 def _grad_k(x, dy, mc, cg, cx, c0, dx, a0, a1):
     """Samples ``a0..a1``: ``dx = cg[k, c] * dy + cx[k, c] * (x - mc[k, c]) + c0[k, c]``."""
     A, P, C = x.shape[0], x.shape[1], x.shape[2]
@@ -488,7 +483,7 @@ jobs("norm_grad")(lambda T: [_sums_job(T),
 _LN_PARALLEL_MIN = 1 << 21
 
 
-@_rjit
+@jit_sum
 def _ln_fwd_rows(x, scale, bias, eps, y, mean, var, r0, r1):
     """Rows ``r0..r1``: ``mean[i]``, biased ``var[i]`` and ``y[i] = (x[i] - mean[i]) /
     sqrt(var[i] + eps) * scale + bias``: statistics in float64, ``y`` in ``x``'s type."""
@@ -516,7 +511,7 @@ def _ln_fwd_rows(x, scale, bias, eps, y, mean, var, r0, r1):
             yr[j] = (xr[j] - mt) * it * scale[j] + bias[j]
 
 
-@_rjit
+@jit_sum
 def _ln_bwd_rows(x, dy, mean, var, scale, eps, want_dx, dx, acc, r0, r1):
     """Rows ``r0..r1`` of the gradients: ``acc[0, j] += sum(dy * xhat)`` and ``acc[1, j] +=
     sum(dy)`` over the rows (float64), and with ``want_dx`` ``dx = inv * (g - mean(g) - xhat *
