@@ -238,7 +238,7 @@ INPLACE_FORMS = ("flat", "row", "mid")
 # ---- call sites --------------------------------------------------------------------------------
 def call_site(k: LoopKernel, fresh, flats: dict, leaves: list, stores: list,
               red_out: str | None, params: list, kname: str, pname: str | None = None,
-              alloc: str = "np.empty") -> list:
+              alloc: str = "np.empty", inplace: dict | None = None) -> list:
     """Lines that compute the run-time iteration shape, check it, allocate the outputs (locals
     ``stores`` and ``red_out``, in the order of ``k.stores``), and call the kernel global
     ``kname`` (``pname``: its parallel variant, called above the size threshold). ``leaves``:
@@ -246,7 +246,9 @@ def call_site(k: LoopKernel, fresh, flats: dict, leaves: list, stores: list,
     new local names; ``flats`` maps a local to the local of its 1-D view (read and extended:
     each view is made once per driver). With ``kname=None``: ``(lines, arguments)`` without
     the call. ``alloc``: the function that allocates the outputs (another target's device
-    allocation: the ``cuda`` target reuses these lines)."""
+    allocation: the ``cuda`` target reuses these lines). ``inplace`` ``{store j: leaf i}`` (a
+    flat form; the kernel the variant ``render(k, inplace=...)``): stored value ``j`` is not
+    allocated: its local is leaf ``i``'s array, which the kernel overwrites."""
     sh = fresh("sh")
     lines = []
 
@@ -292,7 +294,12 @@ def call_site(k: LoopKernel, fresh, flats: dict, leaves: list, stores: list,
     outs = stores + ([red_out] if red is not None else [])
     if is_flat:  # outputs allocated flat, viewed with their shape
         out_args = [fresh("o") for _ in outs]
-        for loc, o, (_, t, _) in zip(stores, out_args, k.stores):
+        for j, (loc, o, (_, t, _)) in enumerate(zip(stores, out_args, k.stores)):
+            if inplace and j in inplace:
+                out_args[j] = flat(leaves[inplace[j]])
+                lines.append(f"{loc} = {leaves[inplace[j]]}")
+                flats[loc] = out_args[j]
+                continue
             lines += [f"{o} = {alloc}({leaves[first]}.size, {t})", f"{loc} = {o}.reshape({sh})"]
             flats[loc] = o
     else:

@@ -836,11 +836,20 @@ class SegmentGen:
         leaf_dtypes = [self.meta.get(loc, (None,))[0] for loc in locals_]
         unknown = any(d is None for d in leaf_dtypes)  # (np.dtype == None holds for float64)
         argtypes = None if unknown else self.target.argtypes(kernel, leaf_dtypes)
-        kname = self._kernel(self.target.render(kernel), argtypes=argtypes)
+        y = self.current.get(blocks[0]) if blocks is not None else None
+        ok = blocks is not None and spec is None and kernel.form in self.target.BLOCK_FORMS and \
+            y in locals_ and kernel.leaves[locals_.index(y)].place == FULL and \
+            (kernel.form != "mid" or kernel.mid[0] >= 1)
+        # a native driver's epilogue writes the op's output in place where nothing else reads
+        # it (a host driver's memory plan decides that: _note_inplace)
+        inplace = self._epilogue_inplace(kernel, locals_, stored_chain, blocks[0], group) \
+            if ok and self.native else None
+        kname = self._kernel(self.target.render(kernel, inplace=inplace), argtypes=argtypes)
         pname = None
         if kernel.form in FLAT_FORMS and getattr(self.target, "PARALLEL_VARIANTS", True):
             if self.native and self.parallel:
-                kname = self._kernel(self.target.render(kernel, parallel=True), parallel=True)
+                kname = self._kernel(self.target.render(kernel, parallel=True, inplace=inplace),
+                                     parallel=True)
                 self.uses_prange = True
             elif not self.native and self.parallel_loops:
                 pname = f"P{len(self.lazy)}"
@@ -848,12 +857,8 @@ class SegmentGen:
         store_locals = [self.define(n) for n in stored_chain]
         red_local = self.define(reduce_node.op.output("Out")[0]) if spec is not None else None
         if blocks is not None:
-            y = self.current.get(blocks[0])
-            ok = spec is None and kernel.form in self.target.BLOCK_FORMS and y in locals_ and \
-                kernel.leaves[locals_.index(y)].place == FULL and \
-                (kernel.form != "mid" or kernel.mid[0] >= 1)
             if ok:
-                g = self._epilogue(kernel, kname, locals_, store_locals, params, blocks)
+                g = self._epilogue(kernel, kname, locals_, store_locals, params, blocks, inplace)
                 # the op's operands are read block by block during the call: only its output
                 # may be overwritten in place
                 self._note_inplace(kernel, locals_, store_locals, stored_chain,
@@ -963,13 +968,44 @@ class SegmentGen:
         epis = {id(self._epilogues[g]) for g in used if g in self._epilogues}
         return [(g, c) for g, c in self.calls if g in used or id(c) in epis]
 
-    def _epilogue(self, kernel, kname, locals_, store_locals, params, blocks) -> None:
+    def _read_after(self, name: str, group: Group) -> bool:
+        """Whether value ``name`` may be read after ``group`` (by a later op of the segment,
+        after the segment: a later segment, a sub-block, a fetch) or must stay in memory (a
+        persistable variable)."""
+        v = self.block._find_var_recursive(name)
+        if name in self.needed_after or v is None or v.persistable:
+            return True
+        groups = self.segment.groups
+        at = next(k for k, g in enumerate(groups) if g is group)
+        return any(name in op.input_arg_names for g in groups[at + 1:] for op in g.ops)
+
+    def _epilogue_inplace(self, kernel, locals_, stored, name: str, group: Group):
+        """``{store j: leaf i}``: the epilogue kernel (a loop group after an opaque op computed
+        by blocks, see :meth:`_blocked`) writes its first stored value of the op's output's
+        dtype into the op's output ``name`` (leaf ``i``, read at the very element it writes:
+        ``INPLACE_FORMS``) when nothing reads that output after the group; else None."""
+        if kernel.form not in getattr(self.target, "INPLACE_FORMS", ()) or \
+                self._read_after(name, group):
+            return None
+        y = self.current[name]
+        dt = self.meta.get(y, (None,))[0]
+        if dt is None:
+            return None
+        for j, n in enumerate(stored):
+            if np.dtype(self.block._find_var_recursive(n).dtype) == np.dtype(dt):
+                return {j: locals_.index(y)}
+        return None
+
+    def _epilogue(self, kernel, kname, locals_, store_locals, params, blocks,
+                  inplace=None) -> None:
         """One compiled call: the opaque op's blocks of samples, each followed by this loop
-        kernel on it; on threads by blocks when large (a host driver)."""
+        kernel on it; on threads by blocks when large (a host driver). ``inplace``: ``{store
+        j: leaf i}``, the kernel is the variant writing stored value ``j`` into leaf ``i``
+        (whose local then holds that value too)."""
         name, fn, before, after, work = blocks
         y = self.current[name]
         lines, args = self.target.call_site(kernel, self.fresh, self.flats, locals_,
-                                            store_locals, None, params, None)
+                                            store_locals, None, params, None, inplace=inplace)
         for line in lines:
             self.emit(line)
         epi = next(c for g, c in self.calls if g == kname)
