@@ -375,15 +375,17 @@ class NativeStep:
             if len(self.picked) > 64:
                 self.picked.clear()
             if split is not None and best is not split:
-                # the split driver ran unsplit (cores busy) or lost: tried again once the
-                # cores are free, a few times, later each time (a trial is a few runs, and
-                # another process's burst may have cost the split its place)
-                unsplit = self._unsplit_runs.get(key, 0) > UNSPLIT_REDOS
+                # the split driver ran unsplit or lost while a core was busy (another
+                # process's burst: a trial is a few runs), or lost: tried again once the
+                # cores are free; after a loss on free cores a few times only, later each time
+                unfair = self._unsplit_runs.get(key, 0) > UNSPLIT_REDOS or \
+                    threads.free_cores() < 2
                 tries = self._split_tries.get(key, 0)
-                if unsplit or tries < SPLIT_RETRIES:
-                    if not unsplit:
+                if unfair or tries < SPLIT_RETRIES:
+                    if not unfair:
                         self._split_tries[key] = tries + 1
-                    best = _Retry(best, self, key, RETRY_AFTER * (1 if unsplit else 4 ** tries))
+                    later = 1 if unfair else 4 ** tries
+                    best = _Retry(best, self, key, RETRY_AFTER * later, RETRY_RUNS * later)
             self._unsplit_runs.pop(key, None)
             self.picked[key] = best
             self._trials.pop(key, None)
@@ -489,32 +491,41 @@ class _SplitDriver:
 
 #: seconds from the pick of a driver over the split one (which lost its trial, or ran
 #: unsplit in it: other processes kept a core busy) to the first check for cores free enough
-#: to try it again (4x longer at each of a batch size's next trials)
+#: to try it again (4x longer at each of a batch size's next trials after a fair loss)
 RETRY_AFTER = 1.0
 #: runs of a split driver's trial that ran unsplit (a core busy) and are run again, before
 #: the trial takes an unsplit run's time as the split's (a burst of another process's work
 #: then does not decide the pick)
 UNSPLIT_REDOS = 8
-#: trials of a batch size that the split driver may lose, measured, before the pick is kept
-#: (a trial in which it ran unsplit does not count)
+#: runs of that batch size from such a pick to the first check, when they come before
+#: :data:`RETRY_AFTER` seconds (4x more at each of its next trials after a fair loss): a model
+#: served often gets its split driver back a few tens of milliseconds after another process's
+#: burst (LeNet at batch 64: 32 runs of 0.5 ms), not a second later. The price, while the
+#: cores look free and the split keeps losing: a trial (12 runs, a few slower than the pick)
+#: every 32 runs at most
+RETRY_RUNS = 32
+#: trials of a batch size that the split driver may lose on free cores before the pick is
+#: kept (a trial in which it ran unsplit, or that ended with a core busy, does not count)
 SPLIT_RETRIES = 3
 
 
 class _Retry:
     """The driver ``fn`` picked for a batch size over its split driver: it serves, and the
-    first run at least ``wait`` seconds after the pick (then :data:`RETRY_AFTER` after each
-    check) that finds the cores free drops the pick, so that the next run of that size tries
-    the drivers again."""
-    __slots__ = ("fn", "step", "key", "after")
+    first run at least ``wait`` seconds or ``runs`` runs after the pick (then
+    :data:`RETRY_AFTER` seconds or :data:`RETRY_RUNS` runs after each check) that finds the
+    cores free drops the pick, so that the next run of that size tries the drivers again."""
+    __slots__ = ("fn", "step", "key", "after", "runs")
 
-    def __init__(self, fn, step, key, wait: float = RETRY_AFTER):
+    def __init__(self, fn, step, key, wait: float = RETRY_AFTER, runs: int = RETRY_RUNS):
         self.fn, self.step, self.key = fn, step, key
         self.after = time.monotonic() + wait
+        self.runs = runs
 
     def __call__(self, *values):
+        self.runs -= 1
         now = time.monotonic()
-        if now >= self.after:
-            self.after = now + RETRY_AFTER
+        if self.runs <= 0 or now >= self.after:
+            self.after, self.runs = now + RETRY_AFTER, RETRY_RUNS
             if threads.free_cores() >= 2 and self.step.picked.get(self.key) is self:
                 self.step.picked.pop(self.key, None)
         return self.fn(*values)

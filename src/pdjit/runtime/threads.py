@@ -40,7 +40,9 @@ Two kinds of threads, set apart because they were measured apart on a 2-vCPU mac
   batch rows independent may run on contiguous slices of its batch at once, one slice per loop
   thread (:func:`run_parts`; the driver releases the GIL): LeNet-5 at batch 64 took 0.53 ms on
   one thread and 0.34 ms on two slices of 32 (driver calls alone, 2-vCPU machine). Its library
-  kernels then run each slice on one thread, as they do in any native driver.
+  kernels then run each slice on one thread, as they do in any native driver. The helper
+  threads are kept off the core of the thread that hands them their slices (left to the
+  scheduler, both slices often ran on one core, one after the other).
 
 ``set_num_threads(n)`` or ``PDJIT_NUM_THREADS=n`` sets both to ``n`` (every GEMM too, whatever
 its size; one means no split batches either). Set it before building
@@ -179,38 +181,86 @@ def gemm_threads(work: int) -> int:
     return n
 
 
+def sched_times():
+    """``(thread id, seconds on a core, seconds runnable but waiting for one)`` of the calling
+    thread and the split helpers (``run_parts``) together, from the scheduler's own counts
+    (Linux's ``/proc/.../schedstat``: nanoseconds, not ticks; ~10 us per thread), or None
+    where that cannot be read."""
+    run = wait = 0
+    for path in ("/proc/thread-self/schedstat",
+                 *(f"/proc/self/task/{tid}/schedstat" for tid in list(_helper_tids))):
+        try:
+            with open(path, "rb") as f:
+                fields = f.read().split()
+            run += int(fields[0])
+            wait += int(fields[1])
+        except (OSError, ValueError, IndexError):
+            if path.startswith("/proc/thread-self"):
+                return None
+            # (a helper gone: its counts are no longer anyone's)
+    return threading.get_native_id(), run * 1e-9, wait * 1e-9
+
+
+#: the share of its time that this process's running threads (the caller of ``free_cores``
+#: and the split helpers) may wait for a core over ``free_cores``' last sample (at least
+#: ``WAITED_MIN`` seconds) before a core counts as busy whatever ``/proc/stat`` says. Measured
+#: on the 2-vCPU machine, LeNet at batch 64 served split: under 1% alone; during another
+#: process's burst (a test run on both cores) 10-35%, and the drivers' trial then timed every
+#: driver slow (host 0.79 ms, split 0.73, native 0.57 against 0.52 / 0.36 / 0.53), the split
+#: most: it waits for both cores.
+WAITED_SHARE, WAITED_MIN = 0.05, 0.002
+
 _CORES = os.cpu_count() or 1
-_load = [None, 0.0]  # [(time, busy seconds of every core, this process's cpu seconds), others]
+# [(time, busy seconds of every core, this process's cpu seconds, sched_times()), others]
+_load = [None, 0.0]
+
+
+def _cpu_seconds() -> tuple:
+    """(busy seconds of every core since boot, or None where unknown; CPU seconds of this
+    process and of the children it waited for)."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            fields = f.readline().split()
+        ticks = os.sysconf("SC_CLK_TCK")
+        # user nice system idle iowait irq softirq steal
+        busy = (sum(int(v) for v in fields[1:4]) + sum(int(v) for v in fields[6:9])) / ticks
+    except (OSError, ValueError, IndexError):
+        return None, 0.0
+    t = os.times()
+    # (with the children this process waited for: a compile worker it forked is not
+    # another process keeping a core busy once it has ended)
+    return busy, t.user + t.system + t.children_user + t.children_system
 
 
 def free_cores() -> int:
     """The cores that other processes leave free: the machine's cores less the cores they kept
     busy over the last tenth of a second or so (``/proc/stat``'s busy time less the CPU time
     of this process and of the children it waited for, sampled at most every 0.1 s: a 20 us
-    read); every core where that cannot be read. A thread that waits for a busy core holds
-    up every thread of a split product (measured: a 1024x256x256 GEMM went from 1.3 ms on one
-    thread to 4-8 ms on two while another process kept a core busy). (``/proc/loadavg``'s
-    count of running tasks is no use: on this machine it counted one more than ``ps`` showed
-    running.)"""
+    read), and at most all but one while this process's threads waited for a core more than
+    ``WAITED_SHARE`` of their time (``sched_times``: ``/proc/stat`` counts 10 ms ticks and
+    rounds a fraction of a core to none, while another process's burst already slows every
+    thread of ours); every core where that cannot be read. A thread that waits for a busy
+    core holds up every thread of a split product (measured: a 1024x256x256 GEMM went from
+    1.3 ms on one thread to 4-8 ms on two while another process kept a core busy).
+    (``/proc/loadavg``'s count of running tasks is no use: on this machine it counted one
+    more than ``ps`` showed running.)"""
     cores = _CORES
     now = time.monotonic()
     last = _load[0]
     if last is None or now - last[0] >= 0.1:
-        try:
-            with open("/proc/stat", "rb") as f:
-                fields = f.readline().split()
-            ticks = os.sysconf("SC_CLK_TCK")
-            # user nice system idle iowait irq softirq steal
-            busy = (sum(int(v) for v in fields[1:4]) + sum(int(v) for v in fields[6:9])) / ticks
-        except (OSError, ValueError, IndexError):
+        busy, mine = _cpu_seconds()
+        if busy is None:
             return cores
-        t = os.times()
-        # (with the children this process waited for: a compile worker it forked is not
-        # another process keeping a core busy once it has ended)
-        mine = t.user + t.system + t.children_user + t.children_system
+        sched = sched_times()
         if last is not None:
-            _load[1] = max(0.0, (busy - last[1]) - (mine - last[2])) / (now - last[0])
-        _load[0] = (now, busy, mine)
+            others = max(0.0, (busy - last[1]) - (mine - last[2])) / (now - last[0])
+            was = last[3]
+            if sched is not None and was is not None and sched[0] == was[0]:
+                ran, waited = sched[1] - was[1], sched[2] - was[2]
+                if waited >= WAITED_MIN and waited > WAITED_SHARE * (ran + waited):
+                    others = max(others, 1.0)
+            _load[1] = others
+        _load[0] = (now, busy, mine, sched)
     return max(1, cores - int(_load[1] + 0.5))
 
 
@@ -322,7 +372,10 @@ class _Helper:
         self.go.acquire()
         self.done.acquire()
         self.job = self.result = None
-        threading.Thread(target=self._loop, name="pdjit-split", daemon=True).start()
+        t = threading.Thread(target=self._loop, name="pdjit-split", daemon=True)
+        t.start()  # (returns once the thread runs: its id is known)
+        self.tid, self.off = t.native_id, None
+        _helper_tids.append(self.tid)
 
     def _loop(self) -> None:
         while True:
@@ -335,7 +388,16 @@ class _Helper:
                 self.result = (False, e)
             self.done.release()
 
-    def start(self, fn, args) -> None:
+    def start(self, fn, args, cpu=None) -> None:
+        """Run ``fn(*args)`` on this helper, off core ``cpu`` (the caller's: None, anywhere)."""
+        if cpu != self.off:
+            self.off = cpu
+            allowed = _allowed()
+            try:
+                os.sched_setaffinity(self.tid, allowed - {cpu} if len(allowed) > 1 and
+                                     cpu in allowed else allowed)
+            except (OSError, ValueError):  # (a thread gone, a mask refused: left as it was)
+                pass
         self.job = (fn, args)
         self.go.release()
 
@@ -347,12 +409,15 @@ class _Helper:
 
 _idle: list = []       # helpers waiting for a job
 _helpers = [0]         # how many exist
+_helper_tids: list = []  # their kernel thread ids (``sched_times``)
 _helpers_lock = threading.Lock()
 
 
 def _forget_helpers() -> None:  # a forked child has none of its parent's threads
     _idle.clear()
     _helpers[0] = 0
+    _helper_tids.clear()
+    _cpus[0] = None
 
 
 os.register_at_fork(after_in_child=_forget_helpers)
@@ -371,6 +436,31 @@ def _take_helper(most: int):
     return _Helper()
 
 
+_cpus = [None]  # the cores this process may run on
+
+
+def _allowed() -> set:
+    if _cpus[0] is None:
+        _cpus[0] = set(os.sched_getaffinity(0))
+    return _cpus[0]
+
+
+def _sched_getcpu():
+    """The C library's ``sched_getcpu`` (the core the calling thread runs on), or None where
+    there is none, or where helpers cannot be placed (no ``os.sched_setaffinity``)."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sched_getcpu
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes, fn.restype = [], ctypes.c_int
+    return fn
+
+
+_getcpu = _sched_getcpu()
+
+
 def run_parts(fn, parts: list, most: int | None = None) -> list:
     """``[fn(*args) for args in parts]``, ``parts[1:]`` on helper threads at once (at most
     ``most`` of them, default ``loop_threads() - 1``, which is also the most helpers made in
@@ -379,11 +469,18 @@ def run_parts(fn, parts: list, most: int | None = None) -> list:
     or raises (the exception of the first part that failed)."""
     most = loop_threads() - 1 if most is None else most
     helped = []
+    # the helpers are kept off this thread's core: on the 2-vCPU machine the scheduler woke
+    # the helper on the core of the thread that woke it, window after window, so that the two
+    # halves of LeNet's batch ran one after the other on one core (0.545 ms a run, more than
+    # the whole batch on one thread, 0.50) while the other core idled; kept apart, 0.33-0.36
+    cpu = _getcpu() if _getcpu is not None and len(parts) > 1 else None
+    if cpu is not None and cpu < 0:
+        cpu = None
     for args in parts[1:1 + max(most, 0)]:
         h = _take_helper(most)
         if h is None:
             break
-        h.start(fn, args)
+        h.start(fn, args, cpu)
         helped.append(h)
     results = [None] * len(parts)
     errors = []  # (part, exception)

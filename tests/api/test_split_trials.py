@@ -1,0 +1,265 @@
+"""How the split native driver's trial stays fair on a shared machine: the helper thread kept off
+the caller's core (``threads.run_parts``), a core counted busy while this process's threads
+wait for one (``threads.free_cores``), and a split that lost its trial tried again after a
+number of runs, with a loss on a busy core not counted (``plan._Retry``). Timings and the
+scheduler's counts are faked here: the oracles are the counts written in each test."""
+import os
+
+import numpy as np
+import pytest
+
+import pdjit as fluid
+from pdjit.runtime import plan as plan_mod
+from pdjit.runtime import threads
+
+BATCH = 32  # >= plan.SPLIT_MIN_BATCH
+
+
+# ---- the helpers' cores ----------------------------------------------------------------------
+def test_the_helper_is_kept_off_the_callers_core(monkeypatch):
+    """Each run hands the helper its part with the helper's cores set to every allowed core
+    but the caller's; the mask is set again only when the caller's core changed."""
+    calls = []
+    for h in threads._idle:
+        h.off = None
+    monkeypatch.setattr(threads, "_getcpu", lambda: cpu[0])
+    monkeypatch.setattr(threads, "_allowed", lambda: {0, 1, 2, 3})
+    monkeypatch.setattr(os, "sched_setaffinity", lambda tid, mask: calls.append((tid, mask)),
+                        raising=False)
+    cpu = [2]
+    assert threads.run_parts(lambda k: k * 10, [(0,), (1,)], most=1) == [0, 10]
+    ((tid, mask),) = calls
+    assert tid in threads._helper_tids and mask == {0, 1, 3}
+    threads.run_parts(lambda k: k, [(0,), (1,)], most=1)
+    assert len(calls) == 1  # the same core: nothing to set
+    cpu[0] = 0
+    threads.run_parts(lambda k: k, [(0,), (1,)], most=1)
+    assert calls[1] == (tid, {1, 2, 3})
+    monkeypatch.setattr(threads, "_allowed", lambda: {0})  # one core allowed: left there
+    cpu[0] = 3
+    threads.run_parts(lambda k: k, [(0,), (1,)], most=1)
+    assert calls[2] == (tid, {0})
+
+
+@pytest.mark.skipif(threads._getcpu is None or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs sched_getcpu and two cores")
+def test_the_helper_really_runs_off_the_callers_core():
+    """On this machine: the helper's cores, as the kernel reports them, exclude the core the
+    caller ran on when it handed the part over."""
+    import threading
+
+    for h in threads._idle:  # (a mask another test faked is not the kernel's)
+        h.off = None
+    seen = {}
+
+    def part(k):
+        seen[k] = threading.get_native_id()
+
+    threads.run_parts(part, [(0,), (1,)], most=1)
+    assert seen[0] == threading.get_native_id() != seen[1]
+    helper_cpus = os.sched_getaffinity(seen[1])
+    assert helper_cpus and helper_cpus < os.sched_getaffinity(0)
+
+
+# ---- free_cores: the scheduler's waits ---------------------------------------------------------
+class _Clock:
+    def __init__(self):
+        self.t = 100.0
+
+    def monotonic(self):
+        return self.t
+
+
+@pytest.fixture
+def fake_load(monkeypatch):
+    """free_cores on a fake clock, fake /proc/stat totals and fake scheduler counts: returns a
+    function ``sample(dt, others, ran, waited, tid=1)`` that advances the clock by ``dt``
+    seconds, in which other processes used ``others`` cores and this process's threads ran
+    ``ran`` and waited ``waited`` seconds, and returns free_cores()."""
+    clock, state = _Clock(), {"busy": 1000.0, "mine": 10.0, "run": 5.0, "wait": 1.0, "tid": 1}
+    monkeypatch.setattr(threads, "time", clock)
+    monkeypatch.setattr(threads, "_CORES", 2)
+    monkeypatch.setattr(threads, "_load", [None, 0.0])
+    monkeypatch.setattr(threads, "_cpu_seconds", lambda: (state["busy"], state["mine"]))
+    monkeypatch.setattr(threads, "sched_times",
+                        lambda: (state["tid"], state["run"], state["wait"]))
+
+    def sample(dt, others, ran, waited, tid=1):
+        clock.t += dt
+        state["mine"] += ran
+        state["busy"] += ran + others * dt
+        state["run"] += ran
+        state["wait"] += waited
+        state["tid"] = tid
+        return threads.free_cores()
+
+    threads.free_cores()  # the first sample: no window yet
+    return sample
+
+
+def test_free_cores_counts_a_core_busy_while_this_process_waits_for_one(fake_load):
+    assert fake_load(0.2, others=0.0, ran=0.2, waited=0.0) == 2       # quiet
+    assert fake_load(0.2, others=1.0, ran=0.2, waited=0.0) == 1       # /proc/stat sees it
+    # another process's burst below /proc/stat's rounding (0.3 of a core), while our threads
+    # waited for a core a fifth of their time: a core is busy
+    assert fake_load(0.2, others=0.3, ran=0.2, waited=0.05) == 1
+    assert fake_load(0.2, others=0.3, ran=0.2, waited=0.0) == 2
+    # waits under the share, or under the least that counts: not a busy core
+    share = threads.WAITED_SHARE
+    assert fake_load(0.2, others=0.0, ran=0.2, waited=0.2 * share * 0.9) == 2
+    assert fake_load(0.01, others=0.0, ran=0.0, waited=0.0) == 2     # (under 0.1 s: cached)
+    assert fake_load(0.2, others=0.0, ran=0.0001, waited=threads.WAITED_MIN / 2) == 2
+    # counts of another thread than the last sample's say nothing about the window
+    assert fake_load(0.2, others=0.0, ran=0.2, waited=0.1, tid=2) == 2
+    assert fake_load(0.2, others=0.0, ran=0.2, waited=0.1, tid=2) == 1
+
+
+def test_sched_times_reads_this_threads_counts():
+    got = threads.sched_times()
+    if got is None:
+        pytest.skip("no /proc/thread-self/schedstat here")
+    tid, ran, waited = got
+    assert tid == __import__("threading").get_native_id() and ran > 0 and waited >= 0
+
+
+# ---- the split driver's trials -----------------------------------------------------------------
+def _mlp():
+    """softmax(2 * relu(x @ w0 + b0) + 0.5), for inference."""
+    main, startup = fluid.Program(), fluid.Program()
+    startup.random_seed = 7
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        x = fluid.layers.data("x", [6])
+        h = fluid.layers.fc(x, 5, act="relu", param_attr=fluid.ParamAttr(name="w0"),
+                            bias_attr=fluid.ParamAttr(name="b0"))
+        y = fluid.layers.softmax(fluid.layers.scale(h, 2.0, bias=0.5))
+    return main.clone(for_test=True), startup, y
+
+
+def _want(scope, xv):
+    w0, b0 = (np.asarray(scope.find_var(n).value) for n in ("w0", "b0"))
+    z = 2.0 * np.maximum(xv @ w0 + b0, 0) + 0.5
+    e = np.exp(z - z.max(1, keepdims=True))
+    return e / e.sum(1, keepdims=True)
+
+
+class _Served:
+    """An inference MLP served with native drivers at batch BATCH; ``run(n)`` runs it n times,
+    checking every answer against NumPy."""
+
+    def __init__(self):
+        self.program, startup, self.y = _mlp()
+        self.scope = fluid.Scope()
+        self.exe = fluid.Executor(native_drivers=True, strict=True)
+        self.exe.run(startup, scope=self.scope)
+        self.rng = np.random.default_rng(0)
+
+    def run(self, n: int) -> None:
+        for _ in range(n):
+            xv = self.rng.standard_normal((BATCH, 6)).astype("float32")
+            (out,) = self.exe.run(self.program, feed={"x": xv}, fetch_list=[self.y],
+                                  scope=self.scope)
+            np.testing.assert_allclose(out, _want(self.scope, xv), rtol=1e-5, atol=1e-6)
+
+    @property
+    def step(self):
+        (s,) = [s for (pid, _), (_, plan) in self.exe._plans.items()
+                if pid == id(self.program) for s in plan.steps if s.kind == "native"]
+        return s
+
+
+TRIAL = 3 * (plan_mod.NativeStep._WARM + plan_mod.NativeStep._TIMED)  # runs of a trial
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    """Two loop threads; ``machine["free"]``: what free_cores says; ``machine["at_pick"]``:
+    what it says from the trial's pick on (None: the same); the trial picks
+    ``machine["pick"]`` (1: the native driver, 2: the split one), not the timings."""
+    m = {"free": 2, "at_pick": None, "pick": 1}
+    monkeypatch.setattr(threads, "loop_threads", lambda: 2)
+    monkeypatch.setattr(threads, "free_cores", lambda: m["free"])
+
+    def fastest(times):
+        if m["at_pick"] is not None:
+            m["free"] = m["at_pick"]
+        return m["pick"]
+
+    monkeypatch.setattr(plan_mod.NativeStep, "_fastest", staticmethod(fastest))
+    monkeypatch.setattr(plan_mod, "RETRY_AFTER", 1e6)  # only runs bring a retry here
+    return m
+
+
+def test_a_lost_split_is_tried_again_after_a_number_of_runs(machine):
+    """A fair loss (the cores free at the pick): the next trial comes RETRY_RUNS runs later,
+    then 4x as many, long before RETRY_AFTER seconds; the split wins the second one."""
+    s = _Served()
+    s.run(TRIAL)
+    step = s.step
+    retry = step.picked[BATCH]
+    assert isinstance(retry, plan_mod._Retry) and retry.fn is step.native.fn
+    assert step._split_tries[BATCH] == 1 and retry.runs == plan_mod.RETRY_RUNS
+    s.run(plan_mod.RETRY_RUNS - 1)
+    assert step.picked[BATCH] is retry  # not yet
+    s.run(1)
+    assert BATCH not in step.picked  # dropped: the next run begins a trial
+    s.run(TRIAL)  # lost again: 4x as many runs to the next
+    retry = step.picked[BATCH]
+    assert step._split_tries[BATCH] == 2 and retry.runs == 4 * plan_mod.RETRY_RUNS
+    s.run(4 * plan_mod.RETRY_RUNS)
+    machine["pick"] = 2
+    s.run(TRIAL)
+    sp = step.picked[BATCH]
+    assert isinstance(sp, plan_mod._SplitDriver) and sp.runs == 3 * 4  # its trials' runs
+
+
+def test_a_split_lost_while_a_core_is_busy_does_not_count(machine):
+    """A trial that ends with a core busy (free_cores 1 at the pick) is not a fair loss: any
+    number of them leave the tries at none and the next trial RETRY_RUNS runs away (while
+    the cores are free again); fair losses then count, SPLIT_RETRIES of them keep the pick."""
+    s = _Served()
+    machine["at_pick"] = 1
+    for _ in range(plan_mod.SPLIT_RETRIES + 2):
+        s.run(TRIAL)
+        step = s.step
+        retry = step.picked[BATCH]
+        assert isinstance(retry, plan_mod._Retry)
+        assert step._split_tries.get(BATCH, 0) == 0 and retry.runs == plan_mod.RETRY_RUNS
+        s.run(plan_mod.RETRY_RUNS)  # with a core busy: the pick stays
+        assert step.picked[BATCH] is retry and retry.runs == plan_mod.RETRY_RUNS
+        machine["free"] = 2
+        s.run(plan_mod.RETRY_RUNS)  # free again: dropped
+        assert BATCH not in step.picked
+    machine["at_pick"] = None
+    for k in range(plan_mod.SPLIT_RETRIES):  # fair losses
+        s.run(TRIAL)
+        assert step._split_tries[BATCH] == k + 1
+        s.run(4 ** k * plan_mod.RETRY_RUNS)
+    s.run(TRIAL)
+    assert step.picked[BATCH] is step.native.fn  # kept
+
+
+def test_retry_checks_after_runs_or_seconds(monkeypatch):
+    """``_Retry`` alone: it serves with its driver, and drops its pick at the check that
+    finds the cores free, ``runs`` runs or ``wait`` seconds after it was made."""
+    free = [2]
+    monkeypatch.setattr(threads, "free_cores", lambda: free[0])
+
+    class Step:
+        picked: dict = {}
+
+    step = Step()
+    r = plan_mod._Retry(lambda v: v + 1, step, 7, wait=1e6, runs=3)
+    step.picked[7] = r
+    assert [r(1), r(2)] == [2, 3] and step.picked[7] is r
+    free[0] = 1
+    assert r(3) == 4 and step.picked[7] is r  # the third run: a core busy, kept
+    assert r.runs == plan_mod.RETRY_RUNS
+    free[0] = 2
+    for _ in range(plan_mod.RETRY_RUNS - 1):
+        r(0)
+    assert step.picked[7] is r
+    r(0)
+    assert 7 not in step.picked
+    step.picked[7] = r = plan_mod._Retry(lambda v: v, step, 7, wait=0.0, runs=10 ** 6)
+    r(0)
+    assert 7 not in step.picked  # the seconds came first
