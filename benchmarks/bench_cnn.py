@@ -331,6 +331,12 @@ def bench_lenet(args) -> None:
     print("pdjit's driver: " + "; ".join(
         f"B={b}: " + ", ".join(sorted({d for part in runs["pdjit"] for d in part[b]["driver"]}))
         for b in map(str, LENET_BATCHES)))
+    # each pdjit process apart: one that kept another driver shows here, not in the median
+    print("pdjit per process (median ms, driver): " + "; ".join(
+        f"B={b}: " + ", ".join(f"{statistics.median(part[b]['s']) * 1e3:.3f} "
+                               f"({'/'.join(part[b]['driver'])})" for part in runs["pdjit"])
+        for b in map(str, LENET_BATCHES)))
+    print(f"load average at the end: {os.getloadavg()[0]:.2f}")
     for n in notes:
         print(f"note: {n}")
 
