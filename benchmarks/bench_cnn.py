@@ -160,6 +160,11 @@ def lenet_pdjit(params: dict, native_drivers="auto"):
     # the driver serving each batch size, per native step
     run.drivers = lambda: [s.drivers() for _, plan in exe._plans.values() for s in plan.steps
                            if s.kind == "native"]
+    # runs that went on slices of the batch so far (a split driver runs unsplit while
+    # another process keeps a core busy: ``threads.free_cores``)
+    run.split_runs = lambda: sum(s._split[1].runs for _, plan in exe._plans.values()
+                                 for s in plan.steps if s.kind == "native"
+                                 and getattr(s, "_split", None) and s._split[1] is not None)
     return run
 
 
@@ -294,12 +299,21 @@ def child_lenet(name: str, repeat: int) -> dict:
         warmup = 5
         if name == "pdjit":  # timed as it serves: hot, its native driver ready and tried
             warmup = settle_pdjit(lambda a=arg: fn(a))
+        time_calls(lambda a=arg: fn(a), 0, warmup=warmup)
+        split_before = fn.split_runs() if name == "pdjit" else 0
         result[str(batch)] = {"out": out.tolist(),
-                              "s": time_calls(lambda a=arg: fn(a), calls, warmup=warmup)}
+                              "s": time_calls(lambda a=arg: fn(a), calls, warmup=0)}
         if name == "pdjit":
             result[str(batch)]["driver"] = sorted({d[batch] for d in fn.drivers()
                                                    if batch in d})
+            result[str(batch)]["split"] = fn.split_runs() - split_before
     return result
+
+
+def split_share(res: dict) -> str:
+    """How many of a pdjit process's timed calls at one batch size ran split."""
+    split = "split" in res and any("split" in d for d in res.get("driver", ()))
+    return f", {res['split']} of {len(res['s'])} runs split" if split else ""
 
 
 def bench_lenet(args) -> None:
@@ -334,7 +348,8 @@ def bench_lenet(args) -> None:
     # each pdjit process apart: one that kept another driver shows here, not in the median
     print("pdjit per process (median ms, driver): " + "; ".join(
         f"B={b}: " + ", ".join(f"{statistics.median(part[b]['s']) * 1e3:.3f} "
-                               f"({'/'.join(part[b]['driver'])})" for part in runs["pdjit"])
+                               f"({'/'.join(part[b]['driver'])}"
+                               f"{split_share(part[b])})" for part in runs["pdjit"])
         for b in map(str, LENET_BATCHES)))
     print(f"load average at the end: {os.getloadavg()[0]:.2f}")
     for n in notes:

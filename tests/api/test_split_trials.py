@@ -182,7 +182,7 @@ def machine(monkeypatch):
     def fastest(times):
         if m["at_pick"] is not None:
             m["free"] = m["at_pick"]
-        return m["pick"]
+        return min(m["pick"], len(times) - 1)  # (the candidates' times)
 
     monkeypatch.setattr(plan_mod.NativeStep, "_fastest", staticmethod(fastest))
     monkeypatch.setattr(plan_mod, "RETRY_AFTER", 1e6)  # only runs bring a retry here
@@ -236,6 +236,23 @@ def test_a_split_lost_while_a_core_is_busy_does_not_count(machine):
         s.run(4 ** k * plan_mod.RETRY_RUNS)
     s.run(TRIAL)
     assert step.picked[BATCH] is step.native.fn  # kept
+
+
+def test_a_split_that_ran_unsplit_is_no_candidate(machine):
+    """A core busy all through the trial: the split driver's runs are redone UNSPLIT_REDOS
+    times, then its unsplit times are no measurement of it, and it is not picked even where
+    its time would be the least; once the cores are free it is tried and wins."""
+    s = _Served()
+    machine["free"], machine["pick"] = 1, 2
+    s.run(TRIAL + plan_mod.UNSPLIT_REDOS)
+    step = s.step
+    retry = step.picked[BATCH]
+    assert isinstance(retry, plan_mod._Retry) and retry.fn is step.native.fn
+    assert step._split[1].runs == 0 and step._split_tries.get(BATCH, 0) == 0
+    machine["free"] = 2
+    s.run(plan_mod.RETRY_RUNS + TRIAL)
+    sp = step.picked[BATCH]
+    assert isinstance(sp, plan_mod._SplitDriver) and sp.runs == 4
 
 
 def test_retry_checks_after_runs_or_seconds(monkeypatch):

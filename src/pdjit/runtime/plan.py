@@ -371,15 +371,18 @@ class NativeStep:
             # each driver's best timed run: what other processes do on a shared machine only
             # adds time (with medians of three, one LeNet benchmark process of two kept the
             # native driver at batch 64, 0.53 ms, over the split one, 0.33 ms)
-            best = drivers[self._fastest([min(t[self._WARM:]) for t in times])]
+            # (a split driver whose times include runs it made unsplit, a core busy, was not
+            # measured: not a candidate; it is tried again once the cores are free)
+            unsplit = self._unsplit_runs.get(key, 0) > UNSPLIT_REDOS
+            best = drivers[self._fastest([min(t[self._WARM:])
+                                          for t in (times[:2] if unsplit else times)])]
             if len(self.picked) > 64:
                 self.picked.clear()
             if split is not None and best is not split:
                 # the split driver ran unsplit or lost while a core was busy (another
                 # process's burst: a trial is a few runs), or lost: tried again once the
                 # cores are free; after a loss on free cores a few times only, later each time
-                unfair = self._unsplit_runs.get(key, 0) > UNSPLIT_REDOS or \
-                    threads.free_cores() < 2
+                unfair = unsplit or threads.free_cores() < 2
                 tries = self._split_tries.get(key, 0)
                 if unfair or tries < SPLIT_RETRIES:
                     if not unfair:
