@@ -204,10 +204,12 @@ def sched_times():
 #: the share of its time that this process's running threads (the caller of ``free_cores``
 #: and the split helpers) may wait for a core over ``free_cores``' last sample (at least
 #: ``WAITED_MIN`` seconds) before a core counts as busy whatever ``/proc/stat`` says. Measured
-#: on the 2-vCPU machine, LeNet at batch 64 served split: under 1% alone; during another
-#: process's burst (a test run on both cores) 10-35%, and the drivers' trial then timed every
-#: driver slow (host 0.79 ms, split 0.73, native 0.57 against 0.52 / 0.36 / 0.53), the split
-#: most: it waits for both cores.
+#: on the 2-vCPU machine, LeNet at batch 64 run split, 60 runs at a time: 0-3% with the other
+#: core idle; 27-31% while the two slices shared one core or another process ran a burst
+#: (split runs 0.54 ms then, against 0.33). In a drivers' trial under another process's
+#: tests, the main thread waited 10-20% of the trial, and every driver ran slow (host 0.79
+#: ms, split 0.73, native 0.57 against 0.52 / 0.36 / 0.53), the split most: it waits for
+#: both cores.
 WAITED_SHARE, WAITED_MIN = 0.05, 0.002
 
 _CORES = os.cpu_count() or 1
