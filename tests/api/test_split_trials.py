@@ -80,6 +80,7 @@ def fake_load(monkeypatch):
     monkeypatch.setattr(threads, "time", clock)
     monkeypatch.setattr(threads, "_CORES", 2)
     monkeypatch.setattr(threads, "_load", [None, 0.0])
+    monkeypatch.setattr(threads, "_waits", [None, False])
     monkeypatch.setattr(threads, "_cpu_seconds", lambda: (state["busy"], state["mine"]))
     monkeypatch.setattr(threads, "sched_times",
                         lambda: (state["tid"], state["run"], state["wait"]))
@@ -112,6 +113,16 @@ def test_free_cores_counts_a_core_busy_while_this_process_waits_for_one(fake_loa
     # counts of another thread than the last sample's say nothing about the window
     assert fake_load(0.2, others=0.0, ran=0.2, waited=0.1, tid=2) == 2
     assert fake_load(0.2, others=0.0, ran=0.2, waited=0.1, tid=2) == 1
+
+
+def test_free_cores_judges_waits_over_milliseconds(fake_load):
+    """The waits are judged over windows of WAITED_WINDOW (a trial of a few ms has a
+    reading of its own), /proc/stat's busy cores over a tenth of a second."""
+    w = threads.WAITED_WINDOW
+    assert fake_load(1.2 * w, others=0.0, ran=0.004, waited=0.002) == 1
+    assert fake_load(0.5 * w, others=0.0, ran=0.002, waited=0.0) == 1   # (the same window)
+    assert fake_load(1.2 * w, others=0.0, ran=0.006, waited=0.0) == 2
+    assert fake_load(1.2 * w, others=0.0, ran=0.006, waited=0.0001) == 2
 
 
 def test_sched_times_reads_this_threads_counts():
