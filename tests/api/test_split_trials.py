@@ -193,7 +193,10 @@ def machine(monkeypatch):
     def fastest(times):
         if m["at_pick"] is not None:
             m["free"] = m["at_pick"]
-        return min(m["pick"], len(times) - 1)  # (the candidates' times)
+        pick = min(m["pick"], len(times) - 1)
+        while times[pick] == float("inf"):  # (no time: never the least)
+            pick -= 1
+        return pick
 
     monkeypatch.setattr(plan_mod.NativeStep, "_fastest", staticmethod(fastest))
     monkeypatch.setattr(plan_mod, "RETRY_AFTER", 1e6)  # only runs bring a retry here
@@ -249,14 +252,20 @@ def test_a_split_lost_while_a_core_is_busy_does_not_count(machine):
     assert step.picked[BATCH] is step.native.fn  # kept
 
 
-def test_a_split_that_ran_unsplit_is_no_candidate(machine):
+def test_a_split_that_ran_unsplit_is_no_candidate(machine, monkeypatch):
     """A core busy all through the trial: the split driver's runs are redone UNSPLIT_REDOS
-    times, then its unsplit times are no measurement of it, and it is not picked even where
-    its time would be the least; once the cores are free it is tried and wins."""
+    times, then its unsplit runs count as no time at all (it is not picked); once the cores
+    are free it is tried and wins."""
     s = _Served()
     machine["free"], machine["pick"] = 1, 2
+    seen = []
+    fastest = plan_mod.NativeStep._fastest
+    monkeypatch.setattr(plan_mod.NativeStep, "_fastest",
+                        staticmethod(lambda t: (seen.append(list(t)), fastest(t))[1]))
     s.run(TRIAL + plan_mod.UNSPLIT_REDOS)
     step = s.step
+    ((host, native, split),) = seen
+    assert split == float("inf") and host < split and native < split
     retry = step.picked[BATCH]
     assert isinstance(retry, plan_mod._Retry) and retry.fn is step.native.fn
     assert step._split[1].runs == 0 and step._split_tries.get(BATCH, 0) == 0

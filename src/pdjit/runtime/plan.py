@@ -365,17 +365,18 @@ class NativeStep:
             self._unsplit_runs[key] = redo
             if redo <= UNSPLIT_REDOS:  # not a time of the split: it runs again next time
                 return results
+            # no time of the split either: a split driver that never split in its trial is
+            # no candidate (under another process's load, LeNet's child picked "native split
+            # x2" from unsplit times, native ones by another name, then ran 0 of 40 runs split)
+            elapsed = float("inf")
         times[which].append(elapsed)
         n = self._WARM + self._TIMED
         if all(len(t) >= n for t in times):
             # each driver's best timed run: what other processes do on a shared machine only
             # adds time (with medians of three, one LeNet benchmark process of two kept the
             # native driver at batch 64, 0.53 ms, over the split one, 0.33 ms)
-            # (a split driver whose times include runs it made unsplit, a core busy, was not
-            # measured: not a candidate; it is tried again once the cores are free)
+            best = drivers[self._fastest([min(t[self._WARM:]) for t in times])]
             unsplit = self._unsplit_runs.get(key, 0) > UNSPLIT_REDOS
-            best = drivers[self._fastest([min(t[self._WARM:])
-                                          for t in (times[:2] if unsplit else times)])]
             if len(self.picked) > 64:
                 self.picked.clear()
             if split is not None and best is not split:
