@@ -228,17 +228,19 @@ def test_a_lost_split_is_tried_again_after_a_number_of_runs(machine):
 
 def test_a_split_lost_while_a_core_is_busy_does_not_count(machine):
     """A trial that ends with a core busy (free_cores 1 at the pick) is not a fair loss: any
-    number of them leave the tries at none and the next trial RETRY_RUNS runs away (while
-    the cores are free again); fair losses then count, SPLIT_RETRIES of them keep the pick."""
+    number of them leave the tries at none and the next trial 2x more runs away each time
+    (up to 32x RETRY_RUNS; once the cores are free again); fair losses then count,
+    SPLIT_RETRIES of them keep the pick."""
     s = _Served()
     machine["at_pick"] = 1
-    for _ in range(plan_mod.SPLIT_RETRIES + 2):
+    for k in range(7):
         s.run(TRIAL)
         step = s.step
         retry = step.picked[BATCH]
+        wait = plan_mod.RETRY_RUNS * 2 ** min(k, 5)
         assert isinstance(retry, plan_mod._Retry)
-        assert step._split_tries.get(BATCH, 0) == 0 and retry.runs == plan_mod.RETRY_RUNS
-        s.run(plan_mod.RETRY_RUNS)  # with a core busy: the pick stays
+        assert step._split_tries.get(BATCH, 0) == 0 and retry.runs == wait
+        s.run(wait)  # with a core busy: the pick stays
         assert step.picked[BATCH] is retry and retry.runs == plan_mod.RETRY_RUNS
         machine["free"] = 2
         s.run(plan_mod.RETRY_RUNS)  # free again: dropped
@@ -250,6 +252,7 @@ def test_a_split_lost_while_a_core_is_busy_does_not_count(machine):
         s.run(4 ** k * plan_mod.RETRY_RUNS)
     s.run(TRIAL)
     assert step.picked[BATCH] is step.native.fn  # kept
+    assert step._unfair_tries[BATCH] == 7
 
 
 def test_a_split_that_ran_unsplit_is_no_candidate(machine, monkeypatch):
@@ -273,6 +276,7 @@ def test_a_split_that_ran_unsplit_is_no_candidate(machine, monkeypatch):
     s.run(plan_mod.RETRY_RUNS + TRIAL)
     sp = step.picked[BATCH]
     assert isinstance(sp, plan_mod._SplitDriver) and sp.runs == 4
+    assert BATCH not in step._unfair_tries  # (a win forgets the busy-core losses)
 
 
 def test_retry_checks_after_runs_or_seconds(monkeypatch):

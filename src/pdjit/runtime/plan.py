@@ -125,6 +125,7 @@ class NativeStep:
         self._split = None                 # (native driver, its _SplitDriver)
         self._unsplit_runs: dict = {}      # batch size -> its trial's split runs that did not
         self._split_tries: dict = {}       # batch size -> trials the split driver lost
+        self._unfair_tries: dict = {}      # batch size -> ... lost while a core was busy
         # run-time checks: the allocation guard (None: every output size was checked when
         # the plan was built) and whether outputs are checked for NaN/Inf
         self.guard, self.nan_inf = guard, nan_inf
@@ -383,13 +384,20 @@ class NativeStep:
                 # the split driver ran unsplit or lost while a core was busy (another
                 # process's burst: a trial is a few runs), or lost: tried again once the
                 # cores are free; after a loss on free cores a few times only, later each time
+                # (a loss on a busy core: the next trial after 2x more runs each time, up to
+                # 32x, so that a load the trial keeps meeting costs few trials)
                 unfair = unsplit or threads.free_cores() < 2
                 tries = self._split_tries.get(key, 0)
-                if unfair or tries < SPLIT_RETRIES:
-                    if not unfair:
-                        self._split_tries[key] = tries + 1
-                    later = 1 if unfair else 4 ** tries
-                    best = _Retry(best, self, key, RETRY_AFTER * later, RETRY_RUNS * later)
+                if unfair:
+                    k = self._unfair_tries.get(key, 0)
+                    self._unfair_tries[key] = k + 1
+                    best = _Retry(best, self, key, RETRY_AFTER, RETRY_RUNS * 2 ** min(k, 5))
+                elif tries < SPLIT_RETRIES:
+                    self._split_tries[key] = tries + 1
+                    best = _Retry(best, self, key, RETRY_AFTER * 4 ** tries,
+                                  RETRY_RUNS * 4 ** tries)
+            elif split is not None:
+                self._unfair_tries.pop(key, None)
             self._unsplit_runs.pop(key, None)
             self.picked[key] = best
             self._trials.pop(key, None)
@@ -505,8 +513,8 @@ UNSPLIT_REDOS = 8
 #: :data:`RETRY_AFTER` seconds (4x more at each of its next trials after a fair loss): a model
 #: served often gets its split driver back a few tens of milliseconds after another process's
 #: burst (LeNet at batch 64: 32 runs of 0.5 ms), not a second later. The price, while the
-#: cores look free and the split keeps losing: a trial (12 runs, a few slower than the pick)
-#: every 32 runs at most
+#: split keeps losing: a trial (12 runs, a few slower than the pick) 32, 64, ... 1024 runs
+#: apart after losses on a busy core, 32, 128, 512 runs apart after losses on free cores
 RETRY_RUNS = 32
 #: trials of a batch size that the split driver may lose on free cores before the pick is
 #: kept (a trial in which it ran unsplit, or that ended with a core busy, does not count)
