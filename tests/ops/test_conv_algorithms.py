@@ -79,7 +79,7 @@ def test_each_forward_algorithm_is_picked_and_right(case):
     if kernel is not conv._direct_range:  # the host-blocked entry: a block of samples
         y2 = np.full(want.shape, np.nan)
         y2[:1] = 0
-        conv._fwd_range(x, w, y2, 1, x.shape[0], *_geometry(case))
+        conv._fwd_range(x, w, y2, 1, x.shape[0], *_geometry(case), *_none(x))
         np.testing.assert_allclose(y2[1:], want[1:], rtol=1e-11, atol=1e-11)
         assert np.all(y2[:1] == 0)  # samples outside the range untouched
 
@@ -90,8 +90,13 @@ def _fwd_compiled(x, w, y, sh, sw, pt, pl, dh, dw, groups):
 
 
 @numba.njit(cache=False)
-def _range_compiled(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
-    conv._fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups)
+def _range_compiled(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi):
+    conv._fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi)
+
+
+def _none(x):
+    """The epilogue arguments that ask for none: an empty bias, no bounds."""
+    return np.empty(0, x.dtype), -np.inf, np.inf
 
 
 def test_compiled_callers_pick_the_same_algorithms():
@@ -105,7 +110,7 @@ def test_compiled_callers_pick_the_same_algorithms():
     for case in (CASES[0], CASES[4]):  # the host-blocked entry's overload, taps and BLAS
         x, w, want = _arrays(case, seed=2)
         y = np.full(want.shape, np.nan)
-        _range_compiled(x, w, y, 0, x.shape[0], *_geometry(case))
+        _range_compiled(x, w, y, 0, x.shape[0], *_geometry(case), *_none(x))
         np.testing.assert_allclose(y, want, rtol=1e-11, atol=1e-11)
 
 
@@ -126,3 +131,110 @@ def test_copy_and_zero_runs():
     for n in (0, -3):  # nothing copied nor zeroed
         _runs(src, dst, 0, 0, n, 0, n)
         np.testing.assert_array_equal(dst, want)
+
+
+# ---- the epilogue the forward kernels apply as they store ----------------------------------------
+# (image, filter, stride, pad, groups, the kernel's name, the path inside it)
+EPI_CASES = [
+    ((2, 16, 16, 16), (16, 1, 3, 3), 1, 1, 16, "_direct_range", "rolled"),
+    ((2, 24, 16, 16), (24, 1, 3, 3), 2, 1, 24, "_direct_range", "quads"),
+    ((1, 3, 7, 5), (3, 1, 3, 3), 1, 1, 3, "_direct_range", "odd plane"),
+    ((2, 3, 32, 32), (16, 3, 3, 3), 2, 1, 1, "_fwd_taps", "stride 2 rows"),
+    ((2, 16, 8, 8), (24, 16, 1, 1), 1, 0, 1, "_fwd_taps", "1x1 plain"),
+    ((1, 3, 9, 9), (6, 3, 3, 3), 1, 1, 1, "_fwd_taps", "six rows"),
+    ((2, 3, 8, 8), (2, 3, 3, 3), 1, 1, 1, "_fwd_taps", "aside"),
+    ((2, 4, 8, 8), (8, 2, 3, 3), 1, 1, 2, "_fwd_taps", "groups"),
+    ((2, 3, 7, 6), (5, 3, 3, 3), 1, 1, 1, "_fwd_blas", "BLAS, then a pass"),
+]
+# (bias?, lo, hi): relu6, a bias alone, relu without a bias, narrow bounds
+EPILOGUES = [(True, 0.0, 6.0), (True, -np.inf, np.inf), (False, 0.0, np.inf),
+             (True, -0.3, 0.1)]
+
+
+def _fast_oracle(x, w, s, p, groups):
+    """conv(x, w) in float64 by a product per filter tap (NCHW, zero padding)."""
+    n, c, h, wd = x.shape
+    m, cg, kh, kw = w.shape
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (p, p), (p, p)))
+    oh, ow = (h + 2 * p - kh) // s + 1, (wd + 2 * p - kw) // s + 1
+    wg = w.astype(np.float64).reshape(groups, m // groups, cg, kh, kw)
+    y = np.zeros((n, groups, m // groups, oh, ow))
+    for i in range(kh):
+        for j in range(kw):
+            win = xp[:, :, i:i + s * (oh - 1) + 1:s, j:j + s * (ow - 1) + 1:s]
+            y += np.einsum("gmc,ngchw->ngmhw", wg[:, :, :, i, j],
+                           win.reshape(n, groups, cg, oh, ow))
+    return y.reshape(n, m, oh, ow)
+
+
+def _epi_arrays(case, seed, dtype):
+    xs, ws, s, p, groups, _, _ = case
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=xs).astype(dtype)
+    x[0, 0, 2, 3] = np.nan  # a NaN output or two: NumPy's maximum/minimum keep them
+    w = rng.normal(size=ws).astype(dtype)
+    want = _fast_oracle(np.nan_to_num(x), w, s, p, groups)
+    return x, w, np.full(want.shape, np.nan, dtype), rng.normal(size=ws[0]).astype(dtype) * 2, \
+        want
+
+
+def _numpy_epilogue(y, bias, lo, hi):
+    """The elementwise ops the epilogue replaces, in y's dtype as their kernel computes."""
+    v = y + bias[None, :, None, None] if bias.size else y.copy()
+    return np.minimum(np.maximum(v, y.dtype.type(lo)), y.dtype.type(hi))
+
+
+def _bits(a):
+    return a.view(np.uint32 if a.dtype == np.float32 else np.uint64)
+
+
+def _with_epilogue_ran(fn, dtype):
+    arr = numba.types.Array(numba.from_dtype(np.dtype(dtype)), 4, "C")
+    return any(sig[:3] == (arr, arr, arr) and len(sig) == 15 for sig in fn.signatures)
+
+
+@pytest.mark.parametrize("case", EPI_CASES, ids=[c[-1] for c in EPI_CASES])
+def test_the_epilogue_is_the_elementwise_ops_bit_for_bit(case):
+    """``y = minimum(maximum(conv + bias[m], lo), hi)`` as the kernel stores (float32, on
+    samples 1.. of the batch) equals the convolution (same kernel, no epilogue) followed by
+    NumPy's float32 add and clamp, bit for bit (NaNs included); the convolution against a
+    NumPy oracle."""
+    xs, ws, s, p, groups, name, _ = case
+    x, w, y, b, want = _epi_arrays(case, 3, np.float32)
+    geo = (s, s, p, p, 1, 1, groups)
+    kernel = getattr(conv, name)
+    assert conv._fwd_kernel(x, w, y, groups) is kernel
+    plain = y.copy()
+    conv.conv2d_fwd(x, w, plain, *geo)
+    nan = np.isnan(plain)
+    assert nan.any() and not nan.all()
+    np.testing.assert_allclose(plain[~nan], want[~nan], rtol=2e-4, atol=2e-4)
+    entry = conv._direct_range if name == "_direct_range" else conv._fwd_range
+    for with_bias, lo, hi in EPILOGUES:
+        bias = b if with_bias else np.empty(0, np.float32)
+        got = y.copy()
+        got[:1] = 7.0
+        entry(x, w, got, 1, x.shape[0], *geo, bias, lo, hi)
+        expect = _numpy_epilogue(plain, bias, lo, hi)
+        assert np.array_equal(_bits(got[1:]), _bits(expect[1:])), (with_bias, lo, hi)
+        assert np.all(got[:1] == 7.0)  # samples outside the range untouched
+    if name != "_fwd_blas":  # (BLAS has no epilogue of its own: a pass after it)
+        assert _with_epilogue_ran(kernel, np.float32)
+
+
+def test_compiled_callers_apply_the_same_epilogue():
+    """The compiled entry (``_fwd_range``'s overload, as a native driver calls it) on each
+    kernel, float64: the same bits as the elementwise ops after the plain convolution."""
+    for case in (EPI_CASES[2], EPI_CASES[5], EPI_CASES[8]):
+        xs, ws, s, p, groups, name, _ = case
+        x, w, y, b, _ = _epi_arrays(case, 4, np.float64)
+        geo = (s, s, p, p, 1, 1, groups)
+        plain = y.copy()
+        conv.conv2d_fwd(x, w, plain, *geo)
+        for with_bias, lo, hi in EPILOGUES:
+            bias = b if with_bias else np.empty(0, np.float64)
+            got = y.copy()
+            _range_compiled(x, w, got, 0, x.shape[0], *geo, bias, lo, hi)
+            assert np.array_equal(_bits(got), _bits(_numpy_epilogue(plain, bias, lo, hi)))
+        if name != "_fwd_blas":
+            assert _with_epilogue_ran(getattr(conv, name), np.float64)

@@ -103,6 +103,16 @@ def _lowered(node, ctx) -> "list | None":
         return None
 
 
+class ChannelEpilogue:
+    """What an opaque op computed by blocks may apply as it stores its output (see
+    ``LowerContext.channel_epilogue``): ``minimum(maximum(out + bias[c], lo), hi)`` per channel
+    ``c``; ``bias``: the name of the bias vector (None: no add); ``names``: the values of the
+    elementwise ops it replaces, in order (the last is the result)."""
+
+    def __init__(self, names: list, bias: str | None, lo: float, hi: float):
+        self.names, self.bias, self.lo, self.hi = names, bias, lo, hi
+
+
 class LowerContext:
     """What an ``Opaque.lower`` sees: value names, ranks, dtypes, attributes, fresh names."""
 
@@ -117,6 +127,28 @@ class LowerContext:
         fed = prologue.name if prologue is not None else None
         self._inputs = {n: gen.read(n) for n in self.op.input_arg_names
                         if n != registry.EMPTY_VAR_NAME and n != fed}
+        self.offer = None      # a ChannelEpilogue the op may apply (see channel_epilogue)
+        self.taken = False
+
+    def channel_epilogue(self, T: str, lines: list) -> list:
+        """Source of ``[bias, lo, hi]`` for an ``Opaque.blocked`` lowering whose function stores
+        its output ``out`` of channels ``c`` (axis 1) as ``minimum(maximum(out + bias[c], lo),
+        hi)`` (``bias`` empty: no add; ``lo``, ``hi``: floats). Where the elementwise ops after
+        the op start with such a per-channel add and clamp (declared: ``ChannelAffine``,
+        ``Clamp``) that nothing else needs the values between, calling this takes them (no
+        kernel computes them again: the op's output holds their result); else the arguments
+        ask for nothing (an empty bias of NumPy type ``T``, infinite bounds). Lines that bind
+        them are appended to ``lines``."""
+        off = self.offer
+        if off is None or off.bias is None:
+            b = self.tmp("nb")
+            lines.append(f"{b} = np.empty(0, {T})")
+        if off is None:
+            return [b, literal(-math.inf), literal(math.inf)]
+        self.taken = True
+        if off.bias is not None:
+            b = self.gen.read(off.bias)
+        return [b, literal(off.lo), literal(off.hi)]
 
     @property
     def target(self) -> str:
@@ -525,6 +557,9 @@ class SegmentGen:
         self.inplace: dict = {}       # output local -> (leaves it may overwrite, other leaves,
         #                               leaf -> renames of the call's kernels: see _note_inplace)
         self._epilogues: dict = {}    # global of a blocked kernel -> the Compiled it calls
+        self._at = 0                  # the index of the group being generated
+        self._rest = None             # (see _blocked) the ops left of the next group
+        self._taken: list = []
         self.memory_plan = None       # after plan_memory(): what the memory plan decided
         self._planned = None          # ... and the rewritten driver
         self._globals: dict = {}      # module name -> global name
@@ -613,15 +648,25 @@ class SegmentGen:
         groups = self.segment.groups
         blocks = None  # an opaque op computed by blocks, waiting for its epilogue group
         for gi, group in enumerate(groups):
+            self._at = gi
             ops = ", ".join(node.op.type for node in group.nodes)
             self.emit(f"# group {gi}: {group.kind} [{ops}] rank {len(group.shape)}")
             if group.kind == OPAQUE:
                 nxt = groups[gi + 1] if gi + 1 < len(groups) else None
-                blocks = self._blocked(group, nxt)
+                blocks = self._blocked(group, nxt, gi)
                 if blocks is None:
                     self._opaque(group)
             else:
-                self._loop_group(group, blocks)
+                rest = self._rest if blocks is not None else None
+                if rest is not None and not rest.nodes:  # the op took the whole group
+                    self.emit(f"# (taken by the {groups[gi - 1].nodes[0].op.type}: applied as "
+                              f"it stores)")
+                    self._whole_batch(blocks)
+                else:
+                    if rest is not None:
+                        self.emit(f"# (its {', '.join(self._taken)} taken by the "
+                                  f"{groups[gi - 1].nodes[0].op.type})")
+                    self._loop_group(rest if rest is not None else group, blocks)
                 blocks = None
         self.outputs = [n for n in self.current if n in self.needed_after and n in self.defined]
 
@@ -637,11 +682,15 @@ class SegmentGen:
         return "\n".join([head] + self.lines + [ret])
 
     # -- an opaque op by blocks, its epilogue after each ----------------------------------------
-    def _blocked(self, group: Group, nxt: Group | None):
+    def _blocked(self, group: Group, nxt: Group | None, gi: int = -1):
         """When ``group``'s op can be computed by blocks of samples and the elementwise group
         ``nxt`` reads its output: emit the op's preparing lines and return ``(output name,
         fn, before, after, work)`` for ``_loop_group`` to call with its epilogue (else
-        None, nothing emitted)."""
+        None, nothing emitted). Where the op takes the per-channel add and clamp that start
+        ``nxt`` (``LowerContext.channel_epilogue``), the name is that of their result (which
+        the op's output array then holds) and ``self._rest`` the group of the ops left (else
+        None)."""
+        self._rest = None
         node = group.nodes[0]
         low = node.lowering
         # (only a loop group takes an epilogue: not a reduction, nor an opaque group, which
@@ -655,7 +704,9 @@ class SegmentGen:
                 tuple(self.block._find_var_recursive(outs[0]).shape) != tuple(nxt.shape) or \
                 not any(outs[0] in n.op.input_arg_names for n in nxt.nodes):
             return None
-        spec = low.blocked(LowerContext(self, node))
+        ctx = LowerContext(self, node)
+        ctx.offer = self._channel_epilogue(outs[0], nxt, gi + 1) if gi >= 0 else None
+        spec = low.blocked(ctx)
         if spec is None:
             return None
         lines, fn, before, after, work = spec
@@ -663,7 +714,93 @@ class SegmentGen:
             self.emit(line)
         self.jobs += [(LibraryKernel(f), types) for f, types in
                       nnlib.library_jobs(lines, self._float_dtype(node.op))]
-        return outs[0], fn, list(before), list(after), work
+        name = outs[0]
+        if ctx.taken:
+            off = ctx.offer
+            y = self.current[name]
+            for n in off.names:  # their values: the op's output array
+                self.current[n] = y
+                self.defined.add(n)
+            name = off.names[-1]
+            self._rest = Group(nxt.kind, nxt.nodes[len(off.names):], nxt.shape,
+                               stored=list(nxt.stored))
+            self._taken = [n.op.type for n in nxt.nodes[:len(off.names)]]
+        return name, fn, list(before), list(after), work
+
+    def _whole_batch(self, blocks) -> None:
+        """The op of ``blocks`` (see :meth:`_blocked`) for the whole batch, nothing after it
+        (its epilogue taken): on threads by samples when large (a host driver)."""
+        name, fn, before, after, work = blocks
+        y = self.current[name]
+        if self.native:  # (an int constant would be a literal type: a compile per value)
+            args = [f"int({a})" if re.fullmatch(r"-?\d+", a) else a
+                    for a in before + ["0", f"{y}.shape[0]"] + after]
+            self.emit(f"{fn}({', '.join(args)})")
+        else:
+            self.emit(f"_nn.split_work({fn}, {y}.shape[0], {work}, "
+                      f"{', '.join(before + after)}, head={len(before)})")
+
+    def _channel_epilogue(self, name: str, nxt: Group, at: int):
+        """The :class:`ChannelEpilogue` an op whose output ``name`` ([N, C, ...]) the group
+        ``nxt`` (the segment's group ``at``) reads may take: its first op adding a bias per
+        channel (declared ``ChannelAffine`` with the values of its one parameter slot as the
+        additive term, along axis 1), then, if it is next, an op declared ``Clamp`` of that
+        sum; or a ``Clamp`` of ``name`` alone. Each value but the last must be read by the
+        next op alone (not stored, not read after); None where nothing fits."""
+        var = self.block._find_var_recursive
+        out = var(name)
+        if out is None or len(out.shape) < 2 or out.shape[1] < 1 or not nxt.nodes:
+            return None
+        dt = np.dtype(out.dtype)
+
+        def sole_reader(value, k) -> bool:  # read by node k of nxt alone
+            return value not in nxt.stored and not self._read_after(value, at) and \
+                not any(value in nd.op.input_arg_names for i, nd in enumerate(nxt.nodes)
+                        if i != k)
+
+        def same(value) -> bool:
+            v = var(value)
+            return v is not None and np.dtype(v.dtype) == dt and \
+                tuple(v.shape) == tuple(out.shape)
+
+        def declared(k):
+            op = nxt.nodes[k].op
+            d = registry.lookup(op.type)
+            return op, (d.inference(op) if d is not None and d.inference is not None else None)
+
+        names, bias, cur, k = [], None, name, 0
+        op, spec = declared(0)
+        if isinstance(spec, registry.ChannelAffine) and len(spec.params) == 1:
+            (slot,) = spec.params
+            ys = [n for n in op.input(slot) if n != registry.EMPTY_VAR_NAME]
+            made = {o for nd in nxt.nodes for o in nd.op.output_arg_names}
+            b = var(ys[0]) if len(ys) == 1 and ys[0] not in made else None
+            outs = op.output(spec.out)
+            m = out.shape[1]
+            if b is None or op.input(spec.x) != [name] or len(outs) != 1 or \
+                    tuple(b.shape) != (m,) or np.dtype(b.dtype) != dt or \
+                    spec.axis % len(out.shape) != 1 or not same(outs[0]) or \
+                    not sole_reader(name, 0):
+                return None
+            probe = np.arange(1.0, m + 1.0)
+            try:
+                coef = spec.coefficients({slot: probe})
+            except Exception:  # noqa: BLE001 - a declaration that does not take a probe
+                return None
+            if coef is None or coef[0] is not None or coef[1] is None or \
+                    not np.array_equal(np.asarray(coef[1], np.float64), probe):
+                return None
+            names, bias, cur, k = [outs[0]], ys[0], outs[0], 1
+            if len(nxt.nodes) < 2:
+                return ChannelEpilogue(names, bias, -math.inf, math.inf)
+            op, spec = declared(1)
+        if isinstance(spec, registry.Clamp) and op.input(spec.x) == [cur] and \
+                not math.isnan(spec.lo) and not math.isnan(spec.hi) and \
+                len(op.output(spec.out)) == 1 and same(op.output(spec.out)[0]) and \
+                sole_reader(cur, k):
+            names.append(op.output(spec.out)[0])
+            return ChannelEpilogue(names, bias, float(spec.lo), float(spec.hi))
+        return ChannelEpilogue(names, bias, -math.inf, math.inf) if names else None
 
     # -- opaque ops ----------------------------------------------------------------------------
     def _opaque(self, group: Group) -> None:
@@ -842,7 +979,7 @@ class SegmentGen:
             (kernel.form != "mid" or kernel.mid[0] >= 1)
         # a native driver's epilogue writes the op's output in place where nothing else reads
         # it (a host driver's memory plan decides that: _note_inplace)
-        inplace = self._epilogue_inplace(kernel, locals_, stored_chain, blocks[0], group) \
+        inplace = self._epilogue_inplace(kernel, locals_, stored_chain, blocks[0]) \
             if ok and self.native else None
         kname = self._kernel(self.target.render(kernel, inplace=inplace), argtypes=argtypes)
         pname = None
@@ -968,24 +1105,23 @@ class SegmentGen:
         epis = {id(self._epilogues[g]) for g in used if g in self._epilogues}
         return [(g, c) for g, c in self.calls if g in used or id(c) in epis]
 
-    def _read_after(self, name: str, group: Group) -> bool:
-        """Whether value ``name`` may be read after ``group`` (by a later op of the segment,
-        after the segment: a later segment, a sub-block, a fetch) or must stay in memory (a
-        persistable variable)."""
+    def _read_after(self, name: str, at: int) -> bool:
+        """Whether value ``name`` may be read after the segment's group ``at`` (by a later op
+        of the segment, after the segment: a later segment, a sub-block, a fetch) or must stay
+        in memory (a persistable variable)."""
         v = self.block._find_var_recursive(name)
         if name in self.needed_after or v is None or v.persistable:
             return True
-        groups = self.segment.groups
-        at = next(k for k, g in enumerate(groups) if g is group)
-        return any(name in op.input_arg_names for g in groups[at + 1:] for op in g.ops)
+        return any(name in op.input_arg_names for g in self.segment.groups[at + 1:]
+                   for op in g.ops)
 
-    def _epilogue_inplace(self, kernel, locals_, stored, name: str, group: Group):
+    def _epilogue_inplace(self, kernel, locals_, stored, name: str):
         """``{store j: leaf i}``: the epilogue kernel (a loop group after an opaque op computed
         by blocks, see :meth:`_blocked`) writes its first stored value of the op's output's
         dtype into the op's output ``name`` (leaf ``i``, read at the very element it writes:
         ``INPLACE_FORMS``) when nothing reads that output after the group; else None."""
         if kernel.form not in getattr(self.target, "INPLACE_FORMS", ()) or \
-                self._read_after(name, group):
+                self._read_after(name, self._at):
             return None
         y = self.current[name]
         dt = self.meta.get(y, (None,))[0]

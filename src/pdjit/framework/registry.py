@@ -91,7 +91,9 @@ An ``OpDef`` holds:
     no-op to remove); :class:`Rewrite`: another op computes the same; :class:`ChannelAffine`:
     ``out = x * a + b`` per channel with ``a``, ``b`` from constant inputs (a batch norm with
     running statistics); :class:`ChannelLinear`: linear in a weight, output channel by channel (a
-    convolution, a product), so a following :class:`ChannelAffine` folds into the weight.
+    convolution, a product), so a following :class:`ChannelAffine` folds into the weight;
+    or :class:`Clamp`: the op clamps its input between bounds (an activation that a
+    convolution's kernel may apply as it stores its output).
 ``out_lod`` (optional)
     How the LoD of outputs follows from the LoD of inputs, without running the op:
     ``out_lod(lods, *, attrs...) -> {out_slot: lod | [lod]}``. ``lods`` maps each input slot the
@@ -394,6 +396,19 @@ class ChannelAffine:
     params: tuple
     coefficients: Callable
     passes: Mapping = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Clamp:
+    """The op is ``out = minimum(maximum(x, lo), hi)`` elementwise (NumPy's ``maximum`` and
+    ``minimum``: a NaN stays NaN), ``lo`` and ``hi`` floats from its attributes (``-inf``,
+    ``inf``: no bound). A code generator may apply it inside the kernel that computes ``x``
+    (a convolution's stores) instead of in a loop of its own. (Returned by ``inference``:
+    what the op is at inference, and at any time.)"""
+    x: str
+    out: str
+    lo: float
+    hi: float
 
 
 @dataclass(frozen=True)

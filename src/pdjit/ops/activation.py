@@ -42,6 +42,7 @@ from pdjit.framework.registry import (
     ELEMENTWISE,
     OPAQUE,
     Bool,
+    Clamp,
     Float,
     GradOpSpec,
     Int,
@@ -56,7 +57,7 @@ from pdjit.ops._common import FLOATS, NUMERIC, check_dtype
 
 
 def _unary(name, fn, emit, allowed=FLOATS, attrs=None, doc="", grad=None, domain=None,
-           may_lack_attrs=False):
+           may_lack_attrs=False, inference=None):
     """Register a unary elementwise op and, when ``grad`` is given, its ``<name>_grad`` op.
 
     ``grad`` is ``(reads, dx, template)``: ``reads`` names the forward slots the grad op reads
@@ -86,7 +87,7 @@ def _unary(name, fn, emit, allowed=FLOATS, attrs=None, doc="", grad=None, domain
     register_op(name, inputs=["X"], outputs=["Out"], attrs=attrs, traits=[ELEMENTWISE],
                 infer_shape=infer, reference=ref,
                 emit=_with_defaults(emit, attrs) if may_lack_attrs else emit, grad=maker,
-                doc=doc, domain={"X": domain} if domain else None)
+                doc=doc, domain={"X": domain} if domain else None, inference=inference)
 
 
 def _filled(attrs, given) -> dict:
@@ -142,7 +143,8 @@ def _sigmoid(x):
 _unary("relu", lambda x: np.maximum(x, 0), "np.maximum({X}, {T}(0))", NUMERIC,
        doc="Out = max(X, 0)",
        grad=("Out", lambda out, g: np.where(out > 0, g, np.zeros((), g.dtype)),
-             "{Out@GRAD} if {Out} > {T}(0) else {T}(0)"))
+             "{Out@GRAD} if {Out} > {T}(0) else {T}(0)"),
+       inference=lambda op: Clamp("X", "Out", 0.0, math.inf))
 _unary("leaky_relu", lambda x, alpha: np.where(x > 0, x, x * np.asarray(alpha, x.dtype)),
        "{X} if {X} > {T}(0) else {X} * {T}({alpha})",
        attrs={"alpha": Float(0.02, low=0.0, high=1.0)}, doc="Out = X if X > 0 else alpha * X",
@@ -207,7 +209,8 @@ _unary("relu6", lambda x, threshold: _clamp(x, _f(x, 0), _f(x, threshold)),
        # relu6_grad reads Out: 0 at both kinks (Out == 0 and Out == threshold)
        grad=("Out", lambda out, g, threshold: np.where((out > 0) & (out < threshold), g,
                                                        np.zeros((), g.dtype)),
-             "{Out@GRAD} if {Out} > {T}(0) and {Out} < {T}({threshold}) else {T}(0)"))
+             "{Out@GRAD} if {Out} > {T}(0) and {Out} < {T}({threshold}) else {T}(0)"),
+       inference=lambda op: Clamp("X", "Out", 0.0, float(op.all_attrs().get("threshold", 6.0))))
 
 
 def _hard_swish(x, threshold, scale, offset):

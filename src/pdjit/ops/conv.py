@@ -334,8 +334,12 @@ def _conv_blocked(ctx):
     y = ctx.out("Output", shape=f"({n}, {W}.shape[0], {g.src_conv_out(0, h, kh)}, "
                                 f"{g.src_conv_out(1, w, kw)})")
     fn = "_nn.conv._direct_range" if use_direct(cg, m // groups) else "_nn.conv._fwd_range"
-    check = f"_rt.check(_nn.conv._fits_native({X}, {y}, {W}, {groups}))"
-    return [check], fn, [X, W, y], _arg_list(g, X, kh, kw, groups), f"{y}.size * {W}[0].size"
+    lines = [f"_rt.check(_nn.conv._fits_native({X}, {y}, {W}, {groups}))"]
+    # the per-channel bias and clamp after it, applied as the kernels store (when they fit)
+    epi = ctx.channel_epilogue(ctx.T("Output"), lines)
+    lines.append(f"_rt.check({epi[0]}.size == 0 or {epi[0]}.size == {W}.shape[0])")
+    return lines, fn, [X, W, y], _arg_list(g, X, kh, kw, groups) + epi, \
+        f"{y}.size * {W}[0].size"
 
 
 def nchw_dest(ctx, g: Geometry, slot: str, n: str, c: str, h: str, w: str) -> tuple:

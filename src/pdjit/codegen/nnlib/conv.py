@@ -30,7 +30,7 @@ from numba.extending import overload, register_jitable
 
 from pdjit.codegen.nnlib._jit import blas_gemm, jit, jobs
 from pdjit.codegen.nnlib.deint import copy_run, deint, deint_halves, vcopy, zero_run
-from pdjit.codegen.nnlib.tile import TILE_BYTES, roll_kernel, tile_kernel
+from pdjit.codegen.nnlib.tile import TILE_BYTES, clamp_run, roll_kernel, tile_kernel
 from pdjit.runtime.threads import loop_threads
 
 __all__ = ["split_work", "conv2d_fwd", "conv2d_bwd_data", "conv2d_bwd_filter", "nchw", "nhwc_into",
@@ -152,6 +152,24 @@ def _phase_planes(xf, xb, h_, w_, xs, sh, sw, hq, wq, pt, pl, zero):
                         xs[base + U(t_lo) + t] = xf[src + t * U(sw)]
 
 
+@register_jitable
+def _bias_clamp(df, d0, ds, rows, p_, bias, c0, lo, hi):
+    """A convolution's epilogue on ``rows`` output channels just computed:
+    ``df[d0 + r * ds + q] = minimum(maximum(df[...] + bias[c0 + r], lo), hi)`` for ``q < p_``
+    (no add where ``bias`` is empty). The same float additions and NumPy ``maximum`` /
+    ``minimum`` (a NaN stays NaN) as the elementwise kernel of ``add -> relu6`` it replaces,
+    so the same values, while the rows are still in L1."""
+    nb = bias.size > 0
+    for r in range(rows):
+        clamp_run(df, d0 + r * ds, p_, bias[c0 + r] if nb else df.dtype.type(0), nb, lo, hi)
+
+
+@register_jitable
+def _has_epilogue(bias, lo, hi) -> bool:
+    """Whether a kernel's epilogue arguments ask for anything (a bias, a finite bound)."""
+    return bias.size > 0 or lo > -np.inf or hi < np.inf
+
+
 #: the direct and taps kernels' Numba options: a library kernel's, with fastmath "contract" so
 #: that ``a * b + c`` is one fused multiply-add (as in BLAS); nothing is reassociated: every
 #: output sums its products in the filter's order (the depthwise 3x3 pass: 2x faster, its
@@ -161,9 +179,11 @@ _fma_jit = numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"co
 
 
 @_fma_jit
-def _direct_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
+def _direct_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi):
     """``y[n] = conv(x[n], w)`` for the samples ``n0..n1`` by direct loops (one input channel
-    per group: a product of such thin matrices costs more than it computes).
+    per group: a product of such thin matrices costs more than it computes), each output
+    plane then through the epilogue ``minimum(maximum(y + bias[m], lo), hi)`` (see
+    :func:`_bias_clamp`; ``bias`` empty and infinite bounds: none).
 
     Each input plane is padded and split by stride phase once (``_phase_planes``); then tap
     ``(i, j)`` of output ``(oh, k)`` reads one plane at ``oh * wq + k`` plus a fixed offset, so
@@ -310,6 +330,8 @@ def _direct_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
     vw = TILE_BYTES // x.itemsize
     rolled = flat and kh_ == 3 and kw_ == 3 and dh == 1 and w_ % vw == 0 and into
     first = True
+    ep = _has_epilogue(bias, lo, hi)
+    nb = bias.size > 0
     for n in range(n0, n1):
         for m in range(m_):
             g = m // mg
@@ -354,9 +376,9 @@ def _direct_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
                 # straight into the output where its rows are the span's
                 o = U(yb) if into else U(0)
                 if rolled:
-                    for v in range(w_ // vw):
+                    for v in range(w_ // vw):  # (with the epilogue as it stores)
                         _roll33(wf, wb, xs, lead - pl - pt * w_ + v * vw, per + dw, w_, oh_,
-                                yf, yb + v * vw, w_)
+                                yf, yb + v * vw, w_, bias, m, ep, nb, lo, hi)
                 elif nine:
                     a0, a1, a2 = wf[wb], wf[wb + 1], wf[wb + 2]
                     b0, b1, b2 = wf[wb + 3], wf[wb + 4], wf[wb + 5]
@@ -385,6 +407,8 @@ def _direct_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
                     else:
                         for k in range(size):
                             yf[dst + k] += acc[src + k]
+            if ep and not rolled:  # the plane just computed, in L1
+                clamp_run(yf, yb, oh_ * ow_, bias[m] if nb else zero, nb, lo, hi)
 
 
 @register_jitable
@@ -436,6 +460,8 @@ def _block(n, k_, p_):
 # the tiles of the taps path (see pdjit.codegen.nnlib.tile): rows x vectors of positions
 _tile44, _tile41 = tile_kernel(4, 4), tile_kernel(4, 1)
 _tile64, _tile61 = tile_kernel(6, 4), tile_kernel(6, 1)
+_tile44p, _tile41p = tile_kernel(4, 4, False), tile_kernel(4, 1, False)
+_tile64p, _tile61p = tile_kernel(6, 4, False), tile_kernel(6, 1, False)
 _roll33 = roll_kernel(3, 3)
 
 
@@ -519,142 +545,180 @@ def _fwd_blas(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
                         yf[dst + k] = rf[src + k]
 
 
-@jit
-def _fwd_taps(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
-    """``y[n] = conv(x[n], w)`` for the samples ``n0..n1`` by taps (tiles of :mod:`.tile`),
-    where :func:`_use_taps` says so.
+def _taps_kernel(epilogue: bool):
+    """The taps kernel; ``epilogue``: the variant that applies the epilogue its last three
+    arguments ask for (the other, what programs without one compile, ignores them: its code
+    and compile time as without an epilogue: measured 2.15 s cold for float32, 2.47 with it)."""
 
-    ``xs`` holds one plane per input channel ``c``, filter column ``j`` and row phase ``r``
-    of the stride: ``hq`` rows (``ho * sh + r - pt`` of the image) of ``ow`` values (columns
-    ``o * sw + j * dw - pl``, zero outside the image), so tap ``(c, i, j)`` reads plane
-    ``(c, j, (i * dh) % sh)`` from row ``(i * dh) // sh`` on: ``P`` contiguous values in
-    output order (``kw`` copies of the image where im2col makes ``kh * kw``). Where needed
-    the filter is copied with its rows padded to a multiple of 4 taps (zero weights on a zero
-    plane) and, below 4 output channels per group, to 4 rows (computed aside)."""
-    h_, w_ = x.shape[2], x.shape[3]
-    m_, cg, kh_, kw_ = w.shape
-    c_ = x.shape[1]
-    mg = m_ // groups
-    oh_, ow_ = y.shape[2], y.shape[3]
-    p_, k_ = oh_ * ow_, cg * kh_ * kw_
-    if n1 <= n0 or p_ == 0:
-        return
-    yf = y.reshape(y.size)
-    xf = x.reshape(x.size)
-    mq = mg if mg > 4 else 4
-    # the filter, its rows padded (per group) to mq rows with zeros where there are fewer than 4
-    wf = w.reshape(w.size)
-    wp = wf if mq == mg else np.empty(groups * mq * k_, w.dtype)
-    for gm in range(groups * mq if mq != mg else 0):
-        m = gm % mq
-        if m < mg:
-            copy_run(wf, (gm // mq * mg + m) * k_, wp, gm * k_, k_)
-        else:
-            zero_run(wp, gm * k_, k_)
-    # a 1x1 unpadded stride-1 convolution of whole vectors: the image is its own plane
-    plain = kh_ == 1 and kw_ == 1 and sh == 1 and sw == 1 and pt == 0 and pl == 0 and \
-        oh_ == h_ and ow_ == w_ and p_ % 16 == 0
-    # otherwise the outputs are computed up to a multiple of 16 (reading on into the next
-    # plane, and past the last into a zero tail): a pass over the taps for the last few
-    # outputs cost 30% of a [16, 150] x [150, 100] product
-    span = p_ if plain else (p_ + 15) // 16 * 16
-    hq = oh_ + ((kh_ - 1) * dh) // sh
-    pp = hq * ow_
-    one = kh_ // kh_  # not the literal 1: the im2col the BLAS path compiles serves
-    zero = cg * kw_ * sh * pp  # the zero tail
-    if plain:
-        xs = xf
-    else:
-        xs = np.empty(zero + span, x.dtype)
-        zero_run(xs, zero, span)
-    tap = np.empty(k_, np.int64)
-    _tap_offsets(tap, k_, zero, kw_, kh_, sh, dh, pp, ow_)
-    # stride 2 (dilation 1) onto half the columns of an even width, in whole vectors (the
-    # first layer of a MobileNet): the planes' rows by vector copies (see below); row2 holds
-    # an image row's even columns, then its odd ones, each between margins of 16 zeros.
-    # MobileNet's 3->16 32x32 layer at batch 64, one thread: 0.253 ms by _im2col, 0.200 this way
-    nrv = ow_ * x.itemsize // TILE_BYTES
-    rows2 = not plain and sh == 2 and sw == 2 and dh == 1 and dw == 1 and kh_ > 1 and \
-        w_ == 2 * ow_ and nrv * TILE_BYTES == ow_ * x.itemsize and 0 <= pl <= 32 and \
-        kw_ <= pl + 32 and pt >= 0
-    row2 = np.empty(2 * ow_ + 64 if rows2 else 0, x.dtype)
-    zero_run(row2, 0, row2.size)
-    # rows 4 KiB apart, fewer than 4 or a span past the outputs: computed aside at a padded
-    # stride, then copied out
-    ds = span
-    near = True
-    while near:  # (see _aliases: inline, a function of its own costs a compile)
-        near = False
-        for j in range(1, 4):
-            d = j * ds * x.itemsize
-            near = near or (d >= 4096 and (d % 4096 < 512 or d % 4096 > 4096 - 512))
-        if near:
-            ds += 16
-    aside = ds != p_ or mg < 4
-    acc = np.empty(mq * ds if aside else 0, x.dtype)
-    df = acc if aside else yf
-    # tiles of 4 rows (6 where they divide the rows and 4 do not: LeNet's 6 channels) by 4
-    # vectors of positions, then by 1 vector for the rest of the span
-    vw = TILE_BYTES // x.itemsize
-    six = mg % 6 == 0 and mg % 4 != 0
-    rb = 6 if six else 4
-    for n in range(n0, n1):
-        for g in range(groups):
-            xb = 0
-            if plain:
-                xb = (n * c_ + g * cg) * p_
-            elif rows2:
-                # stride 2 onto rows of whole vectors: each image row split by column
-                # parity once (deint, into a buffer between zero margins), and each plane's
-                # row a copy of whole vectors from it (columns outside the image read the
-                # margins): no short strided loops
-                for r in range(2):
-                    for ho in range(hq):
-                        ih = 2 * ho + r - pt
-                        inside = 0 <= ih < h_
-                        for c in range(cg):
-                            if inside:
-                                deint(xf, ((n * c_ + g * cg + c) * h_ + ih) * w_, row2, 16,
-                                      ow_ + 48, nrv)
-                            for j in range(kw_):
-                                d = ((c * kw_ + j) * 2 + r) * pp + ho * ow_
-                                if inside:
-                                    e = j - pl
-                                    vcopy(row2, (e % 2) * (ow_ + 32) + 16 + e // 2, xs, d, nrv)
-                                else:
-                                    for k in range(U(ow_)):
-                                        xs[U(d) + k] = 0
+    def taps(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi):
+        """``y[n] = conv(x[n], w)`` for the samples ``n0..n1`` by taps (tiles of :mod:`.tile`),
+        where :func:`_use_taps` says so; in the ``epilogue`` variant each output then stored
+        through ``minimum(maximum(y + bias[m], lo), hi)`` (see :func:`_bias_clamp`; ``bias``
+        empty and infinite bounds: none), the other one ignores those arguments.
+
+        ``xs`` holds one plane per input channel ``c``, filter column ``j`` and row phase ``r``
+        of the stride: ``hq`` rows (``ho * sh + r - pt`` of the image) of ``ow`` values (columns
+        ``o * sw + j * dw - pl``, zero outside the image), so tap ``(c, i, j)`` reads plane
+        ``(c, j, (i * dh) % sh)`` from row ``(i * dh) // sh`` on: ``P`` contiguous values in
+        output order (``kw`` copies of the image where im2col makes ``kh * kw``). Where needed
+        the filter is copied with its rows padded to a multiple of 4 taps (zero weights on a zero
+        plane) and, below 4 output channels per group, to 4 rows (computed aside)."""
+        h_, w_ = x.shape[2], x.shape[3]
+        m_, cg, kh_, kw_ = w.shape
+        c_ = x.shape[1]
+        mg = m_ // groups
+        oh_, ow_ = y.shape[2], y.shape[3]
+        p_, k_ = oh_ * ow_, cg * kh_ * kw_
+        if n1 <= n0 or p_ == 0:
+            return
+        yf = y.reshape(y.size)
+        xf = x.reshape(x.size)
+        mq = mg if mg > 4 else 4
+        # the filter, its rows padded (per group) to mq rows with zeros where there are fewer than 4
+        wf = w.reshape(w.size)
+        wp = wf if mq == mg else np.empty(groups * mq * k_, w.dtype)
+        for gm in range(groups * mq if mq != mg else 0):
+            m = gm % mq
+            if m < mg:
+                copy_run(wf, (gm // mq * mg + m) * k_, wp, gm * k_, k_)
             else:
-                for r in range(sh if kh_ > 1 else 1):  # a 1x1 filter reads phase 0 only
-                    _im2col(x[n], g * cg, cg, one, kw_, sh, sw, pt - r, pl, dh, dw, hq, ow_, xs,
-                            sh * pp, r * pp)
-            y0 = (n * m_ + g * mg) * p_
-            d0 = 0 if aside else y0
-            # by blocks of rb rows, the last overlapping the ones before when rb does not
-            # divide mg (rows computed twice cost less than a pass of their own)
-            for m4 in range(0, mq, rb):
-                mr = m4 if m4 < mq - rb else mq - rb
-                wo, do = (g * mq + mr) * k_, d0 + mr * ds
-                q0 = 0
-                if six:
-                    while q0 + 4 * vw <= span:
-                        _tile64(wp, wo, k_, k_, xs, xb, tap, df, do, ds, q0)
-                        q0 += 4 * vw
-                    while q0 < span:
-                        _tile61(wp, wo, k_, k_, xs, xb, tap, df, do, ds, q0)
-                        q0 += vw
+                zero_run(wp, gm * k_, k_)
+        # a 1x1 unpadded stride-1 convolution of whole vectors: the image is its own plane
+        plain = kh_ == 1 and kw_ == 1 and sh == 1 and sw == 1 and pt == 0 and pl == 0 and \
+            oh_ == h_ and ow_ == w_ and p_ % 16 == 0
+        # otherwise the outputs are computed up to a multiple of 16 (reading on into the next
+        # plane, and past the last into a zero tail): a pass over the taps for the last few
+        # outputs cost 30% of a [16, 150] x [150, 100] product
+        span = p_ if plain else (p_ + 15) // 16 * 16
+        hq = oh_ + ((kh_ - 1) * dh) // sh
+        pp = hq * ow_
+        one = kh_ // kh_  # not the literal 1: the im2col the BLAS path compiles serves
+        zero = cg * kw_ * sh * pp  # the zero tail
+        if plain:
+            xs = xf
+        else:
+            xs = np.empty(zero + span, x.dtype)
+            zero_run(xs, zero, span)
+        tap = np.empty(k_, np.int64)
+        _tap_offsets(tap, k_, zero, kw_, kh_, sh, dh, pp, ow_)
+        # stride 2 (dilation 1) onto half the columns of an even width, in whole vectors (the
+        # first layer of a MobileNet): the planes' rows by vector copies (see below); row2 holds
+        # an image row's even columns, then its odd ones, each between margins of 16 zeros.
+        # MobileNet's 3->16 32x32 layer at batch 64, one thread: 0.253 ms by _im2col, 0.200 this way
+        nrv = ow_ * x.itemsize // TILE_BYTES
+        rows2 = not plain and sh == 2 and sw == 2 and dh == 1 and dw == 1 and kh_ > 1 and \
+            w_ == 2 * ow_ and nrv * TILE_BYTES == ow_ * x.itemsize and 0 <= pl <= 32 and \
+            kw_ <= pl + 32 and pt >= 0
+        row2 = np.empty(2 * ow_ + 64 if rows2 else 0, x.dtype)
+        zero_run(row2, 0, row2.size)
+        # rows 4 KiB apart, fewer than 4 or a span past the outputs: computed aside at a padded
+        # stride, then copied out
+        ds = span
+        near = True
+        while near:  # (see _aliases: inline, a function of its own costs a compile)
+            near = False
+            for j in range(1, 4):
+                d = j * ds * x.itemsize
+                near = near or (d >= 4096 and (d % 4096 < 512 or d % 4096 > 4096 - 512))
+            if near:
+                ds += 16
+        aside = ds != p_ or mg < 4
+        acc = np.empty(mq * ds if aside else 0, x.dtype)
+        df = acc if aside else yf
+        # tiles of 4 rows (6 where they divide the rows and 4 do not: LeNet's 6 channels) by 4
+        # vectors of positions, then by 1 vector for the rest of the span
+        vw = TILE_BYTES // x.itemsize
+        six = mg % 6 == 0 and mg % 4 != 0
+        rb = 6 if six else 4
+        # the epilogue: by the tiles as they store (rows of a block overlapping the one before
+        # are stored from their sums again, through it again); computed aside, as copied out
+        ep = nb = epr = False
+        if epilogue:  # (a constant: the other variant compiles none of this)
+            ep = _has_epilogue(bias, lo, hi)
+            nb = bias.size > 0
+            epr = ep and not aside
+        for n in range(n0, n1):
+            for g in range(groups):
+                xb = 0
+                if plain:
+                    xb = (n * c_ + g * cg) * p_
+                elif rows2:
+                    # stride 2 onto rows of whole vectors: each image row split by column
+                    # parity once (deint, into a buffer between zero margins), and each plane's
+                    # row a copy of whole vectors from it (columns outside the image read the
+                    # margins): no short strided loops
+                    for r in range(2):
+                        for ho in range(hq):
+                            ih = 2 * ho + r - pt
+                            inside = 0 <= ih < h_
+                            for c in range(cg):
+                                if inside:
+                                    deint(xf, ((n * c_ + g * cg + c) * h_ + ih) * w_, row2, 16,
+                                          ow_ + 48, nrv)
+                                for j in range(kw_):
+                                    d = ((c * kw_ + j) * 2 + r) * pp + ho * ow_
+                                    if inside:
+                                        e = j - pl
+                                        vcopy(row2, (e % 2) * (ow_ + 32) + 16 + e // 2, xs, d, nrv)
+                                    else:
+                                        for k in range(U(ow_)):
+                                            xs[U(d) + k] = 0
                 else:
-                    while q0 + 4 * vw <= span:
-                        _tile44(wp, wo, k_, k_, xs, xb, tap, df, do, ds, q0)
-                        q0 += 4 * vw
-                    while q0 < span:
-                        _tile41(wp, wo, k_, k_, xs, xb, tap, df, do, ds, q0)
-                        q0 += vw
-            if aside:
-                for mr in range(mg):
-                    sa, da = U(mr * ds), U(y0 + mr * p_)
-                    for q in range(U(p_)):
-                        yf[da + q] = acc[sa + q]
+                    for r in range(sh if kh_ > 1 else 1):  # a 1x1 filter reads phase 0 only
+                        _im2col(x[n], g * cg, cg, one, kw_, sh, sw, pt - r, pl, dh, dw, hq, ow_, xs,
+                                sh * pp, r * pp)
+                y0 = (n * m_ + g * mg) * p_
+                d0 = 0 if aside else y0
+                # by blocks of rb rows, the last overlapping the ones before when rb does not
+                # divide mg (rows computed twice cost less than a pass of their own)
+                for m4 in range(0, mq, rb):
+                    mr = m4 if m4 < mq - rb else mq - rb
+                    wo, do = (g * mq + mr) * k_, d0 + mr * ds
+                    q0 = 0
+                    if six:
+                        while q0 + 4 * vw <= span:
+                            if epilogue:
+                                _tile64(wp, wo, k_, k_, xs, xb, tap, df, do, ds, q0, bias,
+                                       g * mg + mr, epr, nb, lo, hi)
+                            else:
+                                _tile64p(wp, wo, k_, k_, xs, xb, tap, df, do, ds, q0)
+                            q0 += 4 * vw
+                        while q0 < span:
+                            if epilogue:
+                                _tile61(wp, wo, k_, k_, xs, xb, tap, df, do, ds, q0, bias,
+                                       g * mg + mr, epr, nb, lo, hi)
+                            else:
+                                _tile61p(wp, wo, k_, k_, xs, xb, tap, df, do, ds, q0)
+                            q0 += vw
+                    else:
+                        while q0 + 4 * vw <= span:
+                            if epilogue:
+                                _tile44(wp, wo, k_, k_, xs, xb, tap, df, do, ds, q0, bias,
+                                       g * mg + mr, epr, nb, lo, hi)
+                            else:
+                                _tile44p(wp, wo, k_, k_, xs, xb, tap, df, do, ds, q0)
+                            q0 += 4 * vw
+                        while q0 < span:
+                            if epilogue:
+                                _tile41(wp, wo, k_, k_, xs, xb, tap, df, do, ds, q0, bias,
+                                       g * mg + mr, epr, nb, lo, hi)
+                            else:
+                                _tile41p(wp, wo, k_, k_, xs, xb, tap, df, do, ds, q0)
+                            q0 += vw
+                if aside:
+                    for mr in range(mg):
+                        sa, da = U(mr * ds), U(y0 + mr * p_)
+                        for q in range(U(p_)):
+                            yf[da + q] = acc[sa + q]
+                    if epilogue and ep:
+                        _bias_clamp(yf, y0, p_, mg, p_, bias, g * mg, lo, hi)
+
+    taps.__name__ = taps.__qualname__ = "_fwd_taps_ep" if epilogue else "_fwd_taps"
+    return jit(taps)
+
+
+_fwd_taps = _taps_kernel(False)
+_fwd_taps_ep = _taps_kernel(True)
 
 
 #: a reduction kernel's options: sums reassociated (vectorised: each of the 16 sums runs in
@@ -803,13 +867,29 @@ def _bwd_filter_range(x, dy, dwt, n0, n1, sh, sw, pt, pl, dh, dw, groups):
                     dwf[base + U(k)] += part[k, m] if tr else part[m, k]
 
 
-def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
+@jit
+def _bias_clamp_range(y, n0, n1, bias, lo, hi):
+    """:func:`_bias_clamp` on the samples ``n0..n1`` of ``y`` ([N, M, OH, OW]), after the
+    BLAS path (which has no epilogue of its own)."""
+    m_, p_ = y.shape[1], y.shape[2] * y.shape[3]
+    yf = y.reshape(y.size)
+    for n in range(n0, n1):
+        _bias_clamp(yf, n * m_ * p_, p_, m_, p_, bias, 0, lo, hi)
+
+
+def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi):
     """``y[n] = conv(x[n], w)`` for the samples ``n0..n1`` (a filter that :func:`use_direct`
-    does not take): the taps kernel or im2col + BLAS, as :func:`_use_taps` picks. Each is a
-    kernel of its own, so that a program compiles only the ones its shapes take."""
-    fn = _fwd_taps if _use_taps(w.shape[0] // groups, w[0].size, y.shape[2] * y.shape[3]) \
-        else _fwd_blas
-    fn(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups)
+    does not take), then the epilogue ``minimum(maximum(y + bias[m], lo), hi)`` (``bias``
+    empty and infinite bounds: none): the taps kernel or im2col + BLAS, as :func:`_use_taps`
+    picks. Each is a kernel of its own, so that a program compiles only the ones its shapes
+    take."""
+    if _use_taps(w.shape[0] // groups, w[0].size, y.shape[2] * y.shape[3]):
+        fn = _fwd_taps_ep if _has_epilogue(bias, lo, hi) else _fwd_taps
+        fn(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi)
+        return
+    _fwd_blas(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups)
+    if _has_epilogue(bias, lo, hi):
+        _bias_clamp_range(y, n0, n1, bias, lo, hi)
 
 
 # ---- the entry points: whole batches, split over threads when large ---------------------------
@@ -878,8 +958,10 @@ def conv2d_fwd(x, w, y, sh, sw, pt, pl, dh, dw, groups):
     """``y = conv(x, w)`` (NCHW): ``y`` is written, not read."""
     if not _fits(x, y, w, groups):
         raise ValueError(_MISFIT)
-    split_work(_fwd_kernel(x, w, y, groups), x.shape[0], y.size * w[0].size, x, w, y, sh, sw,
-               pt, pl, dh, dw, groups, head=3)
+    fn = _fwd_kernel(x, w, y, groups)
+    none = () if fn is _fwd_blas else (np.empty(0, x.dtype), -np.inf, np.inf)
+    split_work(fn, x.shape[0], y.size * w[0].size, x, w, y, sh, sw, pt, pl, dh, dw, groups,
+               *none, head=3)
 
 
 @register_jitable
@@ -962,12 +1044,18 @@ def _range_types(T):
     return ((T, 4), (T, 4), (T, 4)) + (int,) * 9
 
 
+def _epilogue_types(T):
+    """Argument types of the forward kernels with an epilogue (:func:`_fwd_taps`,
+    :func:`_direct_range`): the ``*_range`` ones, then a 1-D bias and two bounds."""
+    return _range_types(T) + ((T, 1), float, float)
+
+
 # (the kernels most programs' shapes take: a stride-1 input gradient runs as the forward
 # kernel over dy, see by_forward; small forward planes (im2col + BLAS) and depthwise filters
 # (direct loops) compile on their first call)
-jobs("conv2d_fwd")(lambda T: [(_fwd_taps, _range_types(T))])
+jobs("conv2d_fwd")(lambda T: [(_fwd_taps, _epilogue_types(T))])
 jobs("conv2d_bwd_data")(lambda T: [(_bwd_data_range, _range_types(T)),
-                                   (_fwd_taps, _range_types(T))])
+                                   (_fwd_taps, _epilogue_types(T))])
 jobs("conv2d_bwd_filter")(lambda T: [(_bwd_filter_range, _range_types(T))])
 
 
@@ -995,19 +1083,31 @@ def _fwd_native(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
     """The forward kernel that :func:`_fwd_kernel` picks, called from compiled code."""
     g = _geometry(sh, sw, pt, pl, dh, dw, groups)
     m_, cg, kh_, kw_ = w.shape
+    none, lo, hi = np.empty(0, x.dtype), _plain(-np.inf), _plain(np.inf)
     if use_direct(cg, m_ // groups):
-        _direct_range(x, w, y, _plain(n0), _plain(n1), *g)
+        _direct_range(x, w, y, _plain(n0), _plain(n1), *g, none, lo, hi)
     elif _use_taps(m_ // groups, cg * kh_ * kw_, y.shape[2] * y.shape[3]):
-        _fwd_taps(x, w, y, _plain(n0), _plain(n1), *g)
+        _fwd_taps(x, w, y, _plain(n0), _plain(n1), *g, none, lo, hi)
     else:
         _fwd_blas(x, w, y, _plain(n0), _plain(n1), *g)
 
 
-# inside compiled code (a native loop's driver): the whole batch on this thread
+# inside compiled code (a native loop's driver): the whole batch on this thread, the taps
+# kernel's variant with the epilogue (which applies none where its arguments ask for none)
 @overload(_fwd_range)
-def _fwd_range_native(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
-    def impl(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
-        _fwd_native(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups)
+def _fwd_range_native(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi):
+    def impl(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi):
+        g = _geometry(sh, sw, pt, pl, dh, dw, groups)
+        m_, cg, kh_, kw_ = w.shape
+        lo_, hi_ = _plain(float(lo)), _plain(float(hi))
+        if use_direct(cg, m_ // groups):
+            _direct_range(x, w, y, _plain(n0), _plain(n1), *g, bias, lo_, hi_)
+        elif _use_taps(m_ // groups, cg * kh_ * kw_, y.shape[2] * y.shape[3]):
+            _fwd_taps_ep(x, w, y, _plain(n0), _plain(n1), *g, bias, lo_, hi_)
+        else:
+            _fwd_blas(x, w, y, _plain(n0), _plain(n1), *g)
+            if _has_epilogue(bias, lo_, hi_):
+                _bias_clamp_range(y, _plain(n0), _plain(n1), bias, lo_, hi_)
     return impl
 
 

@@ -1,11 +1,14 @@
 """A register-blocked micro-kernel for the convolution's taps path (:func:`conv._fwd_range`).
 
-``tile(wf, w0, wk, kk, xs, xb, tap, df, d0, ds, q0)`` computes a block of ``MR`` output rows by
-``NV`` vectors of positions (a vector: 64 bytes, 16 float32 or 8 float64):
+``tile(wf, w0, wk, kk, xs, xb, tap, df, d0, ds, q0, bias, c0, ep, add, lo, hi)`` computes a
+block of ``MR`` output rows by ``NV`` vectors of positions (a vector: 64 bytes, 16 float32 or 8
+float64):
 
     df[d0 + r * ds + q0 + q] = sum over k < kk of wf[w0 + r * wk + k] * xs[xb + tap[k] + q0 + q]
 
-for ``r < MR`` and ``q < NV * lanes``. The ``MR * NV`` sums stay in vector registers over all
+for ``r < MR`` and ``q < NV * lanes``; with ``ep`` true each sum is stored through the
+epilogue ``minimum(maximum(sum + bias[c0 + r], lo), hi)`` (no add where ``add`` is false; see
+:func:`clamp_run`). The ``MR * NV`` sums stay in vector registers over all
 ``kk`` taps and are stored once, where the kernel it replaced (``_rows4``) loaded and stored
 its partial sums every four taps; each tap loads ``NV`` vectors of inputs and broadcasts
 ``MR`` weights. Every output sums its products in tap order, each a fused multiply-add (as
@@ -22,7 +25,7 @@ import llvmlite.ir as ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-__all__ = ["tile_kernel", "roll_kernel", "TILE_BYTES"]
+__all__ = ["tile_kernel", "roll_kernel", "clamp_run", "TILE_BYTES"]
 
 #: the width of one vector of the tile, in bytes (an AVX-512 register)
 TILE_BYTES = 64
@@ -47,8 +50,42 @@ def _vectors(context, builder, dtype):
     return fty, size, lanes, vty, ir.IntType(64), zero, fma
 
 
-def tile_kernel(mr: int, nv: int):
-    """The intrinsic for tiles of ``mr`` rows by ``nv`` vectors (see the module docstring)."""
+def _clamper(context, builder, et, vty, add, lo, hi):
+    """``apply(x, b)``: a convolution's epilogue on vector ``x`` with the bias vector ``b``:
+    ``minimum(maximum(x + b, lo), hi)`` as NumPy computes it (no add where ``add`` is false; a
+    NaN stays NaN, ``-0.0`` kept against ``0.0``: selects of unordered-or-ordered compares,
+    see :func:`clamp_run`); ``lo``, ``hi`` (LLVM values of Numba types ``types.float64``)
+    converted to the element type ``et``, as ``T(lo)`` does."""
+    lanes = vty.count
+    mask = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes)
+    undef = ir.Constant(vty, ir.Undefined)
+
+    def splat(x):
+        return builder.shuffle_vector(
+            builder.insert_element(undef, x, ir.Constant(ir.IntType(64), 0)), undef, mask)
+
+    lov, hiv = (splat(context.cast(builder, v, types.float64, et)) for v in (lo, hi))
+
+    def apply(x, b):
+        x = builder.select(add, builder.fadd(x, b), x)
+        x = builder.select(builder.fcmp_unordered(">=", x, lov), x, lov)
+        return builder.select(builder.fcmp_unordered("<=", x, hiv), x, hiv)
+
+    return apply, splat
+
+
+def _flag(context, builder, ty, value):
+    return context.cast(builder, value, ty, types.boolean)
+
+
+def _epilogue_types(bias, c0, ep, add, lo, hi) -> bool:
+    return isinstance(bias, types.Array) and isinstance(c0, types.Integer) and \
+        all(isinstance(t, (types.Boolean, types.Integer)) for t in (ep, add)) and \
+        all(isinstance(t, types.Float) for t in (lo, hi))
+
+
+def _plain_tile(mr: int, nv: int):
+    """:func:`tile_kernel` without the epilogue."""
 
     @intrinsic
     def tile(typingctx, wf, w0, wk, kk, xs, xb, tap, df, d0, ds, q0):
@@ -107,30 +144,118 @@ def tile_kernel(mr: int, nv: int):
     return tile
 
 
+def tile_kernel(mr: int, nv: int, epilogue: bool = True):
+    """The intrinsic for tiles of ``mr`` rows by ``nv`` vectors (see the module docstring);
+    ``epilogue=False``: the one without the epilogue and its arguments (``tile(wf, ..., q0)``:
+    less code to compile where none is applied)."""
+    if not epilogue:
+        return _plain_tile(mr, nv)
+
+    @intrinsic
+    def tile(typingctx, wf, w0, wk, kk, xs, xb, tap, df, d0, ds, q0, bias, c0, ep, add, lo, hi):
+        if not (isinstance(wf, types.Array) and isinstance(xs, types.Array)
+                and isinstance(df, types.Array) and isinstance(tap, types.Array)):
+            return None
+        if wf.dtype != xs.dtype or wf.dtype != df.dtype or \
+                wf.dtype not in (types.float32, types.float64) or \
+                not isinstance(tap.dtype, types.Integer) or \
+                not _epilogue_types(bias, c0, ep, add, lo, hi) or bias.dtype != wf.dtype:
+            return None
+        sig = types.void(wf, w0, wk, kk, xs, xb, tap, df, d0, ds, q0, bias, c0, ep, add, lo, hi)
+
+        def codegen(context, builder, signature, args):
+            at = signature.args
+            wf_, w0_, wk_, kk_, xs_, xb_, tap_, df_, d0_, ds_, q0_ = args[:11]
+            wptr = context.make_array(at[0])(context, builder, wf_).data
+            xptr = context.make_array(at[4])(context, builder, xs_).data
+            tptr = context.make_array(at[6])(context, builder, tap_).data
+            dptr = context.make_array(at[7])(context, builder, df_).data
+            w0v, wkv, kkv = (_offset(context, builder, at[i], args[i]) for i in (1, 2, 3))
+            xbv, d0v, dsv, q0v = (_offset(context, builder, at[i], args[i]) for i in (5, 8, 9, 10))
+            fty, size, lanes, vty, i64, zero, fma = _vectors(context, builder, at[0].dtype)
+            acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(nv)]
+                   for _ in range(mr)]
+            mask = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes)
+            undef = ir.Constant(vty, ir.Undefined)
+            xq = builder.add(xbv, q0v)
+            with cgutils.for_range(builder, kkv) as loop:
+                k = loop.index
+                t = builder.load(builder.gep(tptr, [k]))
+                base = builder.add(xq, context.cast(builder, t, at[6].dtype, types.int64))
+                xv = []
+                for v in range(nv):
+                    p = builder.gep(xptr, [builder.add(base, ir.Constant(i64, v * lanes))])
+                    xv.append(builder.load(builder.bitcast(p, vty.as_pointer()), align=size))
+                for r in range(mr):
+                    wi = builder.add(builder.add(w0v, builder.mul(wkv, ir.Constant(i64, r))), k)
+                    w = builder.load(builder.gep(wptr, [wi]))
+                    wb = builder.shuffle_vector(builder.insert_element(undef, w,
+                                                                       ir.Constant(i64, 0)),
+                                                undef, mask)
+                    for v in range(nv):
+                        builder.store(builder.call(fma, [wb, xv[v], builder.load(acc[r][v])]),
+                                      acc[r][v])
+            dq = builder.add(d0v, q0v)
+            # the epilogue (ep): row r's sums + bias[c0 + r] (add), clamped, as they are stored
+            bptr = context.make_array(at[11])(context, builder, args[11]).data
+            c0v = _offset(context, builder, at[12], args[12])
+            add = _flag(context, builder, at[14], args[14])
+            apply, splat = _clamper(context, builder, at[0].dtype, vty, add, *(
+                context.cast(builder, args[i], at[i], types.float64) for i in (15, 16)))
+            nobias = cgutils.alloca_once_value(builder, ir.Constant(fty, 0.0))
+
+            def store(epilogue):
+                for r in range(mr):
+                    row = builder.add(dq, builder.mul(dsv, ir.Constant(i64, r)))
+                    if epilogue:  # (bias[c0 + r] read only when there is one)
+                        bp = builder.select(add, builder.gep(bptr, [builder.add(
+                            c0v, ir.Constant(i64, r))]), nobias)
+                        b = splat(builder.load(bp))
+                    for v in range(nv):
+                        p = builder.gep(dptr, [builder.add(row, ir.Constant(i64, v * lanes))])
+                        x = builder.load(acc[r][v])
+                        builder.store(apply(x, b) if epilogue else x,
+                                      builder.bitcast(p, vty.as_pointer()), align=size)
+
+            with builder.if_else(_flag(context, builder, at[13], args[13])) as (yes, no):
+                with yes:
+                    store(True)
+                with no:
+                    store(False)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return tile
+
+
 def roll_kernel(kh: int, kw: int):
     """A depthwise filter of ``kh x kw`` taps down a column of one vector of positions:
 
         df[d0 + o * os + q] = sum over i < kh, j < kw of
                               wf[w0 + i * kw + j] * xs[b0 + j * cs + (o + i) * rs + q]
 
-    for output rows ``o < no`` and ``q`` one vector's lanes. Each input row's ``kw`` vectors
-    are loaded once and serve the ``kh`` output rows that read them (the sums of those rows
-    stay in registers, rolled down a row per step), where a loop over the outputs loads every
-    input ``kh`` times. Each output sums its products in tap order (row by row), the first a
-    product, the rest fused multiply-adds. Offsets are signed 64-bit element offsets that the
-    caller keeps in bounds (``no + kh - 1`` input rows are read)."""
+    for output rows ``o < no`` and ``q`` one vector's lanes (``roll(..., bias, c0, ep, add, lo,
+    hi)``: with ``ep`` true each sum stored through the epilogue ``minimum(maximum(sum +
+    bias[c0], lo), hi)``, no add where ``add`` is false: see :func:`clamp_run`). Each input
+    row's ``kw`` vectors are loaded once and serve the ``kh`` output rows that read them (the
+    sums of those rows stay in registers, rolled down a row per step), where a loop over the
+    outputs loads every input ``kh`` times. Each output sums its products in tap order (row by
+    row), the first a product, the rest fused multiply-adds. Offsets are signed 64-bit element
+    offsets that the caller keeps in bounds (``no + kh - 1`` input rows are read)."""
 
     @intrinsic
-    def roll(typingctx, wf, w0, xs, b0, cs, rs, no, df, d0, os_):
+    def roll(typingctx, wf, w0, xs, b0, cs, rs, no, df, d0, os_, bias, c0, ep, add, lo, hi):
         if not (isinstance(wf, types.Array) and isinstance(xs, types.Array)
                 and isinstance(df, types.Array)):
             return None
         if wf.dtype != xs.dtype or wf.dtype != df.dtype or \
                 wf.dtype not in (types.float32, types.float64):
             return None
-        if not all(isinstance(t, types.Integer) for t in (w0, b0, cs, rs, no, d0, os_)):
+        if not all(isinstance(t, types.Integer) for t in (w0, b0, cs, rs, no, d0, os_)) or \
+                not _epilogue_types(bias, c0, ep, add, lo, hi) or bias.dtype != wf.dtype:
             return None
-        sig = types.void(wf, w0, xs, b0, cs, rs, no, df, d0, os_)
+        sig = types.void(wf, w0, xs, b0, cs, rs, no, df, d0, os_, bias, c0, ep, add, lo, hi)
 
         def codegen(context, builder, signature, args):
             at = signature.args
@@ -147,6 +272,15 @@ def roll_kernel(kh: int, kw: int):
                 w = builder.load(builder.gep(wptr, [builder.add(w0v, ir.Constant(i64, t))]))
                 wb.append(builder.shuffle_vector(
                     builder.insert_element(undef, w, ir.Constant(i64, 0)), undef, mask))
+            # the epilogue (ep): + bias[c0] (add), clamped, as each output row is stored
+            bptr = context.make_array(at[10])(context, builder, args[10]).data
+            c0v = _offset(context, builder, at[11], args[11])
+            ep = _flag(context, builder, at[12], args[12])
+            add = _flag(context, builder, at[13], args[13])
+            apply, splat = _clamper(context, builder, at[0].dtype, vty, add, *(
+                context.cast(builder, args[i], at[i], types.float64) for i in (14, 15)))
+            nobias = cgutils.alloca_once_value(builder, ir.Constant(fty, 0.0))
+            bvec = splat(builder.load(builder.select(add, builder.gep(bptr, [c0v]), nobias)))
             # acc[i]: the sums of the output row that reads the current input row as its
             # row i (rows 0..i-1 summed)
             acc = [cgutils.alloca_once_value(builder, zero) for _ in range(kh)]
@@ -169,9 +303,13 @@ def roll_kernel(kh: int, kw: int):
                 # the row that took its last input row is done: output r - (kh - 1)
                 o = builder.sub(r, ir.Constant(i64, kh - 1))
                 with builder.if_then(builder.icmp_signed(">=", o, ir.Constant(i64, 0))):
-                    p = builder.gep(dptr, [builder.add(d0v, builder.mul(o, osv))])
-                    builder.store(sums[kh - 1], builder.bitcast(p, vty.as_pointer()),
-                                  align=size)
+                    p = builder.bitcast(builder.gep(dptr, [builder.add(d0v, builder.mul(o, osv))]),
+                                        vty.as_pointer())
+                    with builder.if_else(ep) as (yes, no):
+                        with yes:
+                            builder.store(apply(sums[kh - 1], bvec), p, align=size)
+                        with no:
+                            builder.store(sums[kh - 1], p, align=size)
                 for i in range(1, kh):
                     builder.store(sums[i - 1], acc[i])
             return context.get_dummy_value()
@@ -179,3 +317,58 @@ def roll_kernel(kh: int, kw: int):
         return sig, codegen
 
     return roll
+
+
+@intrinsic
+def clamp_run(typingctx, df, d0, n, bv, add, lo, hi):
+    """``df[d0 + q] = minimum(maximum(df[d0 + q] + bv, lo), hi)`` for ``q < n`` (no add where
+    ``add`` is false): a convolution's epilogue over a run of outputs just stored (see
+    ``conv._bias_clamp``), in vectors of :data:`TILE_BYTES` (a loop over NumPy's scalar
+    ``maximum`` / ``minimum`` does not vectorise at pdjit's LLVM level), the last few elements
+    one by one. Each result is NumPy's: the same float addition, then ``maximum`` (a NaN
+    stays NaN, ``-0.0`` kept against ``0.0``: the select of an unordered-or-greater-or-equal
+    compare) and ``minimum`` likewise; ``lo`` and ``hi`` (floats, not NaN) are converted to the
+    element type first, as ``T(lo)`` does. The offsets are the caller's to keep in bounds."""
+    if not isinstance(df, types.Array) or df.dtype not in (types.float32, types.float64):
+        return None
+    if not all(isinstance(t, types.Integer) for t in (d0, n)) or \
+            not isinstance(bv, (types.Float, types.Integer)) or \
+            not isinstance(add, (types.Boolean, types.Integer)) or \
+            not all(isinstance(t, (types.Float, types.Integer)) for t in (lo, hi)):
+        return None
+    sig = types.void(df, d0, n, bv, add, lo, hi)
+
+    def codegen(context, builder, signature, args):
+        at = signature.args
+        et = at[0].dtype
+        dptr = context.make_array(at[0])(context, builder, args[0]).data
+        d0v, nv = (_offset(context, builder, at[i], args[i]) for i in (1, 2))
+        b, lo_, hi_ = (context.cast(builder, args[i], at[i], et) for i in (3, 5, 6))
+        flag = context.cast(builder, args[4], at[4], types.boolean)
+        fty, size, lanes, vty, i64, zero, _ = _vectors(context, builder, et)
+        mask = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes)
+        undef = ir.Constant(vty, ir.Undefined)
+
+        def splat(x):
+            return builder.shuffle_vector(builder.insert_element(undef, x, ir.Constant(i64, 0)),
+                                          undef, mask)
+
+        bvec, lovec, hivec = splat(b), splat(lo_), splat(hi_)
+
+        def apply(x, bx, lox, hix):
+            x = builder.select(flag, builder.fadd(x, bx), x)
+            x = builder.select(builder.fcmp_unordered(">=", x, lox), x, lox)
+            return builder.select(builder.fcmp_unordered("<=", x, hix), x, hix)
+
+        nvec = builder.sdiv(nv, ir.Constant(i64, lanes))
+        with cgutils.for_range(builder, nvec) as loop:
+            at_ = builder.add(d0v, builder.mul(loop.index, ir.Constant(i64, lanes)))
+            p = builder.bitcast(builder.gep(dptr, [at_]), vty.as_pointer())
+            builder.store(apply(builder.load(p, align=size), bvec, lovec, hivec), p, align=size)
+        done = builder.mul(nvec, ir.Constant(i64, lanes))
+        with cgutils.for_range(builder, builder.sub(nv, done)) as loop:
+            p = builder.gep(dptr, [builder.add(d0v, builder.add(done, loop.index))])
+            builder.store(apply(builder.load(p), b, lo_, hi_), p)
+        return context.get_dummy_value()
+
+    return sig, codegen
