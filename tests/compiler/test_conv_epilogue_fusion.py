@@ -4,7 +4,6 @@ values between: no elementwise kernel runs for them. The rest of a chain that do
 the epilogue after it. Against a NumPy convolution written here; native drivers called
 directly (the plan's ``native_drivers=True``) and the executor's host driver (strict)."""
 import numpy as np
-import pytest
 
 import pdjit as fluid
 from pdjit.runtime.plan import build_plan
@@ -48,90 +47,66 @@ def _params(scope, k=0):
     return (np.asarray(scope.find_var(f"conv2d_{k}.{s}").get_tensor()) for s in ("w_0", "b_0"))
 
 
-def _group_of(text, op):
-    """The driver's lines of its group of elementwise ops starting with ``op``."""
-    lines = text.splitlines()
-    at = next(i for i, ln in enumerate(lines) if "# group" in ln and f"[{op}" in ln)
-    end = next((i for i in range(at + 1, len(lines)) if "# group" in lines[i]), len(lines))
-    return "\n".join(lines[at:end])
-
-
 CLAMPS = {"relu6": (lambda v: np.clip(v, 0, 6), "0.0, 6.0"),
           "relu": (lambda v: np.maximum(v, 0), "0.0, math.inf")}
 
 
-@pytest.mark.parametrize("act, groups, size, batch", [
-    ("relu6", 1, (16, 16), 3),    # the taps kernel
-    ("relu", 1, (7, 5), 1),       # odd sizes, batch 1: im2col + BLAS, then the pass
-    ("relu6", 4, (8, 8), 2),      # depthwise: the direct loops
-])
-def test_bias_and_clamp_are_taken_by_the_convolution(fresh_programs, act, groups, size,
-                                                     batch):
-    main, startup = fresh_programs
-    x = fluid.layers.data("x", [4, *size])
-    y = fluid.layers.conv2d(x, 4 if groups > 1 else 8, 3, padding=1, groups=groups, act=act)
-    scope = fluid.Scope()
-    fluid.Executor().run(startup, scope=scope)
-    xv = RNG.normal(size=(batch, 4, *size)).astype(np.float32)
-    (got,), text = _run_native(main, scope, {"x": xv}, [y])
-    w, b = _params(scope)
-    clamp, bounds = CLAMPS[act]
-    want = clamp(_conv(xv, w, 1, groups=groups) + b[:, None, None])
-    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-    group = _group_of(text, "elementwise_add")
-    assert "taken by the conv2d" in group
-    fn = "_direct_range" if groups > 1 else "_fwd_range"
-    (call,) = [ln for ln in group.splitlines() if f"_nn.conv.{fn}(" in ln]
-    assert call.rstrip().endswith(f", {bounds})")   # bias, lo, hi: the kernel's arguments
-    assert not any(ln.strip().startswith("K") for ln in group.splitlines())  # no kernel of its own
+def _groups(text, op):
+    """The driver's groups whose ops start with ``op``, each as its lines, in order."""
+    lines = text.splitlines()
+    heads = [i for i, ln in enumerate(lines) if "# group" in ln] + [len(lines)]
+    return ["\n".join(lines[a:b]) for a, b in zip(heads, heads[1:]) if f"[{op}" in lines[a]]
 
 
-def test_a_chain_that_does_not_fit_keeps_its_rest_as_the_epilogue(fresh_programs):
-    """conv -> add -> hard_swish: the add taken, hard_swish the epilogue after each block."""
+def test_bias_and_clamp_are_taken_by_the_convolution(fresh_programs):
+    """Four convolutions in one program, run at batch 3 and 1: relu6 after the taps kernel,
+    relu after im2col + BLAS (odd sizes: the pass after it), relu6 after the depthwise
+    direct loops: each add and clamp taken (the kernel's arguments: bias, lo, hi; no kernel
+    of their own); hard_swish after the add: the add taken, hard_swish the epilogue after
+    each block, in place."""
     main, startup = fresh_programs
-    x = fluid.layers.data("x", [3, 9, 7])
-    y = fluid.layers.conv2d(x, 5, 3, stride=2, padding=1, act="hard_swish")
+    x = fluid.layers.data("x", [4, 16, 16])
+    x2 = fluid.layers.data("x2", [4, 7, 5])
+    ys = [fluid.layers.conv2d(x, 8, 3, padding=1, act="relu6"),
+          fluid.layers.conv2d(x2, 8, 3, padding=1, act="relu"),
+          fluid.layers.conv2d(x, 4, 3, padding=1, groups=4, act="relu6"),
+          fluid.layers.conv2d(x2, 5, 3, stride=2, padding=1, act="hard_swish")]
     scope = fluid.Scope()
     fluid.Executor().run(startup, scope=scope)
-    xv = RNG.normal(size=(2, 3, 9, 7)).astype(np.float32)
-    (got,), text = _run_native(main, scope, {"x": xv}, [y])
-    w, b = _params(scope)
-    v = _conv(xv, w, 1, stride=2) + b[:, None, None]
-    np.testing.assert_allclose(got, v * np.clip(v + 3, 0, 6) / 6, rtol=1e-4, atol=1e-4)
-    group = _group_of(text, "elementwise_add")
-    assert "its elementwise_add taken by the conv2d" in group
-    (call,) = [ln for ln in group.splitlines() if ln.strip().startswith("K")]
+    plan = build_plan(main, [y.name for y in ys], native_drivers=True)
+    (step,) = plan.steps
+    assert step.kind == "native" and step.native is not None
+    params = [tuple(_params(scope, k)) for k in range(4)]
+    for batch in (3, 1):
+        feed = {"x": RNG.normal(size=(batch, 4, 16, 16)).astype(np.float32),
+                "x2": RNG.normal(size=(batch, 4, 7, 5)).astype(np.float32)}
+        args = [feed[n] if n in feed else np.asarray(scope.find_var(n).get_tensor())
+                for n in step.args]
+        got = dict(zip(step.outputs, step.native.fn(*args)))
+        for k, (src, stride, groups, act) in enumerate(
+                [("x", 1, 1, "relu6"), ("x2", 1, 1, "relu"), ("x", 1, 4, "relu6"),
+                 ("x2", 2, 1, "hard_swish")]):
+            w, b = params[k]
+            v = _conv(feed[src], w, 1, stride=stride, groups=groups) + b[:, None, None]
+            want = v * np.clip(v + 3, 0, 6) / 6 if act == "hard_swish" else CLAMPS[act][0](v)
+            np.testing.assert_allclose(got[ys[k].name], want, rtol=1e-4, atol=1e-4)
+    assert step.native.fn.signatures  # the native driver compiled and ran
+    groups = _groups(step.native.text, "elementwise_add")
+    assert len(groups) == 4
+    for group, fn, act in zip(groups[:3], ["_fwd_range", "_fwd_range", "_direct_range"],
+                              ["relu6", "relu", "relu6"]):
+        assert "taken by the conv2d" in group
+        (call,) = [ln for ln in group.splitlines() if f"_nn.conv.{fn}(" in ln]
+        assert call.rstrip().endswith(f", {CLAMPS[act][1]})")  # bias, lo, hi
+        assert not any(ln.strip().startswith("K") for ln in group.splitlines())
+    assert "its elementwise_add taken by the conv2d" in groups[3]
+    (call,) = [ln for ln in groups[3].splitlines() if ln.strip().startswith("K")]
+    args = [a.strip() for a in call[call.index("(") + 1:call.rindex(")")].split(",")]
     assert "-math.inf, math.inf" in call  # the bias alone, no bounds
-
-
-def test_values_read_elsewhere_are_not_taken(fresh_programs):
-    """The sum before the clamp is fetched: the bias is taken, the clamp is not (it stays an
-    epilogue, and the sum keeps its value). A second convolution whose output is fetched
-    takes nothing."""
-    main, startup = fresh_programs
-    x = fluid.layers.data("x", [3, 8, 8])
-    y = fluid.layers.conv2d(x, 4, 3, padding=1, act="relu6")
-    ops = main.global_block().ops
-    pre = main.global_block().var(next(op for op in ops if op.type == "elementwise_add")
-                                  .output("Out")[0])
-    y2 = fluid.layers.conv2d(y, 4, 1, act="relu")
-    c2 = main.global_block().var([op for op in main.global_block().ops
-                                  if op.type == "conv2d"][1].output("Output")[0])
-    scope = fluid.Scope()
-    fluid.Executor().run(startup, scope=scope)
-    xv = RNG.normal(size=(2, 3, 8, 8)).astype(np.float32)
-    (got_pre, got, got_c2, got2), text = _run_native(main, scope, {"x": xv}, [pre, y, c2, y2])
-    w, b = _params(scope)
-    w2, b2 = _params(scope, 1)
-    v = _conv(xv, w, 1) + b[:, None, None]
-    np.testing.assert_allclose(got_pre, v, rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(got, np.clip(v, 0, 6), rtol=1e-4, atol=1e-4)
-    c = _conv(np.clip(v, 0, 6), w2, 0)
-    np.testing.assert_allclose(got_c2, c, rtol=1e-4, atol=1e-4)
-    np.testing.assert_allclose(got2, np.maximum(c + b2[:, None, None], 0), rtol=1e-4,
-                               atol=1e-4)
-    assert text.count("its elementwise_add taken by the conv2d") == 1
-    assert "taken by the conv2d: applied" not in text
+    # hard_swish written in place: the output's flat view passed as its leaf and its output
+    flat = [ln.split("=")[0].strip() for ln in groups[3].splitlines() if ".reshape(" in ln
+            and ln.split("=")[1].strip().startswith(args[5] + ".reshape")]
+    assert flat and args.count(flat[0]) == 2
 
 
 def test_the_host_driver_takes_them_too(fresh_programs):

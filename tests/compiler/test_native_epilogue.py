@@ -1,9 +1,9 @@
 """A native driver's convolution epilogue (the elementwise chain after a convolution computed by
 blocks of samples): it writes the convolution's output in place when nothing else reads that
-output, and into an array of its own when something does (a fetch, a later op). Against a
-NumPy convolution written here; the native drivers themselves are called."""
+output, and into an array of its own when something does (a fetch, a later op); the bias and
+clamp the convolution takes only where nothing else reads the values between. Against a NumPy
+convolution written here; the native drivers themselves are called."""
 import numpy as np
-import pytest
 
 import pdjit as fluid
 from pdjit.runtime.plan import build_plan
@@ -46,76 +46,76 @@ def _run_native(main, scope, feed, fetch):
     return [env[v.name] for v in fetch], "\n".join(texts)
 
 
-def _net(act, channels=5, size=(7, 6), stride=1):
-    x = fluid.layers.data("x", [3, *size])
-    y = fluid.layers.conv2d(x, channels, 3, stride=stride, padding=1, act=act)
-    conv_out = next(op for op in fluid.default_main_program().global_block().ops
-                    if op.type == "conv2d").output("Output")[0]
-    return x, y, fluid.default_main_program().global_block().var(conv_out)
+def _conv_out(main, k):
+    """The variable of the k-th conv2d's output."""
+    op = [op for op in main.global_block().ops if op.type == "conv2d"][k]
+    return main.global_block().var(op.output("Output")[0])
 
 
-def _params(scope):
-    return (np.asarray(scope.find_var(n).get_tensor()).astype(np.float64)
-            for n in ("conv2d_0.w_0", "conv2d_0.b_0"))
+def _params(scope, k):
+    return (np.asarray(scope.find_var(f"conv2d_{k}.{s}").get_tensor()).astype(np.float64)
+            for s in ("w_0", "b_0"))
 
 
-def _epilogue_call(text):
-    """The driver's line calling the blocked kernel (the convolution, then its epilogue)."""
-    (line,) = [ln for ln in text.splitlines() if ln.strip().startswith("K") and "(0, " in ln]
-    return line
+def _epilogue_calls(text):
+    """The arguments of each driver line calling a blocked kernel (the convolution, then its
+    epilogue), in order: ``(0, N, N, image, filter, output, ...)``."""
+    return [[a.strip() for a in ln[ln.index("(") + 1:ln.rindex(")")].split(",")]
+            for ln in text.splitlines() if ln.strip().startswith("K") and "(0, " in ln]
 
 
-@pytest.mark.parametrize("act, fn", [("hard_swish", _hard_swish),
-                                     ("sigmoid", lambda v: 1 / (1 + np.exp(-v)))])
-def test_an_epilogue_writes_the_convolution_output_in_place(fresh_programs, act, fn):
+def _in_place(text, args) -> bool:
+    """Whether the call writes the convolution's output (``args[5]``) in place: the epilogue's
+    output is that array's flat view (passed as the input leaf and as the output), none of
+    its own allocated."""
+    flat = [ln.split("=")[0].strip() for ln in text.splitlines() if ".reshape(" in ln and
+            ln.split("=")[1].strip().startswith(args[5] + ".reshape")]
+    return bool(flat) and args.count(flat[0]) == 2 and \
+        "np.empty(" + args[5] + ".size" not in text
+
+
+def test_epilogues_write_in_place_only_where_nothing_else_reads(fresh_programs):
+    """Convolutions, each with an epilogue after its bias: one whose output is fetched, one
+    whose output a later group's pool reads (both keep their values: nothing taken, the
+    epilogue writes an array of its own), one read by nothing else (its bias taken, sigmoid
+    written in place); one whose sum before relu6 is fetched (the bias taken, relu6 not: an
+    epilogue into an array of its own, the sum kept); a 1x1 one after it whose output is
+    fetched (nothing taken)."""
     main, startup = fresh_programs
-    x, y, _ = _net(act)
-    scope = fluid.Scope()
-    fluid.Executor().run(startup, scope=scope)
-    xv = RNG.normal(size=(4, 3, 7, 6)).astype(np.float32)
-    (got,), text = _run_native(main, scope, {"x": xv}, [y])
-    w, b = _params(scope)
-    np.testing.assert_allclose(got, fn(_conv(xv, w, 1) + b[:, None, None]), rtol=1e-4,
-                               atol=1e-5)
-    # the epilogue's output is the convolution's: no array of its own, the same one passed
-    # as the input leaf and the (unused) output
-    call = _epilogue_call(text)
-    args = [a.strip() for a in call[call.index("(") + 1:call.rindex(")")].split(",")]
-    flat_out = [ln.split("=")[0].strip() for ln in text.splitlines() if ".reshape(" in ln
-                and ln.split("=")[1].strip().startswith(args[5] + ".reshape")]
-    assert flat_out and args.count(flat_out[0]) == 2
-    assert "np.empty(" + args[5] + ".size" not in text
-
-
-def test_a_fetched_convolution_output_keeps_its_value(fresh_programs):
-    """The convolution's output is fetched too: the epilogue must not overwrite it."""
-    main, startup = fresh_programs
-    x, y, c = _net("hard_swish")
-    scope = fluid.Scope()
-    fluid.Executor().run(startup, scope=scope)
-    xv = RNG.normal(size=(1, 3, 7, 6)).astype(np.float32)
-    (got, conv), text = _run_native(main, scope, {"x": xv}, [y, c])
-    w, b = _params(scope)
-    want = _conv(xv, w, 1)
-    np.testing.assert_allclose(conv, want, rtol=1e-4, atol=1e-5)
-    np.testing.assert_allclose(got, _hard_swish(want + b[:, None, None]), rtol=1e-4, atol=1e-5)
-    call = _epilogue_call(text)
-    args = [a.strip() for a in call[call.index("(") + 1:call.rindex(")")].split(",")]
-    assert "np.empty(" + args[5] + ".size" in text  # an output array of its own
-
-
-def test_a_convolution_output_read_by_a_later_op_keeps_its_value(fresh_programs):
-    """An op of a later group (a pool) reads the convolution's output: not overwritten."""
-    main, startup = fresh_programs
-    x, y, c = _net("hard_swish", size=(8, 8), stride=2)
-    p = fluid.layers.pool2d(c, pool_size=2, pool_type="max", pool_stride=2)
+    x = fluid.layers.data("x", [3, 8, 8])
+    y0 = fluid.layers.conv2d(x, 5, 3, padding=1, act="hard_swish")
+    y1 = fluid.layers.conv2d(x, 4, 3, stride=2, padding=1, act="hard_swish")
+    y2 = fluid.layers.conv2d(x, 6, 3, padding=1, act="sigmoid")
+    c0, c1 = _conv_out(main, 0), _conv_out(main, 1)
+    p = fluid.layers.pool2d(c1, pool_size=2, pool_type="max", pool_stride=2)
+    y3 = fluid.layers.conv2d(x, 4, 3, padding=1, act="relu6")
+    pre = main.global_block().var([op for op in main.global_block().ops
+                                   if op.type == "elementwise_add"][3].output("Out")[0])
+    y4 = fluid.layers.conv2d(y3, 4, 1, act="relu")
+    c4 = _conv_out(main, 4)
     scope = fluid.Scope()
     fluid.Executor().run(startup, scope=scope)
     xv = RNG.normal(size=(3, 3, 8, 8)).astype(np.float32)
-    (got, pooled), _ = _run_native(main, scope, {"x": xv}, [y, p])
-    w, b = _params(scope)
-    want = _conv(xv, w, 1, stride=2)
-    np.testing.assert_allclose(got, _hard_swish(want + b[:, None, None]), rtol=1e-4, atol=1e-5)
-    n, m, h, wd = want.shape
-    np.testing.assert_allclose(pooled, want.reshape(n, m, h // 2, 2, wd // 2, 2).max((3, 5)),
-                               rtol=1e-4, atol=1e-5)
+    (g0, gc0, g1, gp, g2, g3, gpre, g4, gc4), text = _run_native(
+        main, scope, {"x": xv}, [y0, c0, y1, p, y2, y3, pre, y4, c4])
+    (w0, b0), (w1, b1), (w2, b2), (w3, b3), (w4, b4) = (_params(scope, k) for k in range(5))
+    want0, want1 = _conv(xv, w0, 1), _conv(xv, w1, 1, stride=2)
+    tol = dict(rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(gc0, want0, **tol)
+    np.testing.assert_allclose(g0, _hard_swish(want0 + b0[:, None, None]), **tol)
+    np.testing.assert_allclose(g1, _hard_swish(want1 + b1[:, None, None]), **tol)
+    n, m, h, wd = want1.shape
+    np.testing.assert_allclose(gp, want1.reshape(n, m, h // 2, 2, wd // 2, 2).max((3, 5)), **tol)
+    np.testing.assert_allclose(g2, 1 / (1 + np.exp(-(_conv(xv, w2, 1) + b2[:, None, None]))),
+                               **tol)
+    v = _conv(xv, w3, 1) + b3[:, None, None]
+    np.testing.assert_allclose(gpre, v, **tol)
+    np.testing.assert_allclose(g3, np.clip(v, 0, 6), **tol)
+    c = _conv(np.clip(v, 0, 6), w4, 0)
+    np.testing.assert_allclose(gc4, c, **tol)
+    np.testing.assert_allclose(g4, np.maximum(c + b4[:, None, None], 0), **tol)
+    calls = _epilogue_calls(text)
+    assert len(calls) == 5
+    assert [_in_place(text, args) for args in calls] == [False, False, True, False, False]
+    assert text.count("its elementwise_add taken by the conv2d") == 2  # conv 2's and 3's
+    assert "taken by the conv2d: applied" not in text

@@ -220,21 +220,3 @@ def test_the_epilogue_is_the_elementwise_ops_bit_for_bit(case):
         assert np.all(got[:1] == 7.0)  # samples outside the range untouched
     if name != "_fwd_blas":  # (BLAS has no epilogue of its own: a pass after it)
         assert _with_epilogue_ran(kernel, np.float32)
-
-
-def test_compiled_callers_apply_the_same_epilogue():
-    """The compiled entry (``_fwd_range``'s overload, as a native driver calls it) on each
-    kernel, float64: the same bits as the elementwise ops after the plain convolution."""
-    for case in (EPI_CASES[2], EPI_CASES[5], EPI_CASES[8]):
-        xs, ws, s, p, groups, name, _ = case
-        x, w, y, b, _ = _epi_arrays(case, 4, np.float64)
-        geo = (s, s, p, p, 1, 1, groups)
-        plain = y.copy()
-        conv.conv2d_fwd(x, w, plain, *geo)
-        for with_bias, lo, hi in EPILOGUES:
-            bias = b if with_bias else np.empty(0, np.float64)
-            got = y.copy()
-            _range_compiled(x, w, got, 0, x.shape[0], *geo, bias, lo, hi)
-            assert np.array_equal(_bits(got), _bits(_numpy_epilogue(plain, bias, lo, hi)))
-        if name != "_fwd_blas":
-            assert _with_epilogue_ran(getattr(conv, name), np.float64)

@@ -1093,16 +1093,16 @@ def _fwd_native(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
 
 
 # inside compiled code (a native loop's driver): the whole batch on this thread, the taps
-# kernel's variant with the epilogue (which applies none where its arguments ask for none)
+# kernel's variant with the epilogue (which applies none where its arguments ask for none).
+# As in Python, the taps or BLAS (a depthwise filter's caller calls _direct_range itself: its
+# kernel is not compiled into every caller of this one, ~2.3 s cold)
 @overload(_fwd_range)
 def _fwd_range_native(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi):
     def impl(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi):
         g = _geometry(sh, sw, pt, pl, dh, dw, groups)
         m_, cg, kh_, kw_ = w.shape
         lo_, hi_ = _plain(float(lo)), _plain(float(hi))
-        if use_direct(cg, m_ // groups):
-            _direct_range(x, w, y, _plain(n0), _plain(n1), *g, bias, lo_, hi_)
-        elif _use_taps(m_ // groups, cg * kh_ * kw_, y.shape[2] * y.shape[3]):
+        if _use_taps(m_ // groups, cg * kh_ * kw_, y.shape[2] * y.shape[3]):
             _fwd_taps_ep(x, w, y, _plain(n0), _plain(n1), *g, bias, lo_, hi_)
         else:
             _fwd_blas(x, w, y, _plain(n0), _plain(n1), *g)
