@@ -50,6 +50,9 @@ def _loss_value(main, scope_values, feed, loss):
 @pytest.mark.parametrize("sign", [1.0, -1.0], ids=["cond-true", "cond-false"])
 def test_sgd_trains_through_while_and_cond(mode, sign):
     main, startup = fluid.Program(), fluid.Program()
+    # a fixed seed: with none, each process draws its own initial weights, and one draw in a
+    # CI run trained to 0.60x of the first loss in 30 steps (seeds 1-40 all reach 0.11-0.45x)
+    main.random_seed = startup.random_seed = 1
     with fluid.program_guard(main, startup), fluid.unique_name.guard():
         loss = _model()
         test_prog = main.clone(for_test=True)
