@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 import pytest
+from test_batch_split_drivers import _mlp, _want
 
 import pdjit as fluid
 from pdjit.runtime import plan as plan_mod
@@ -134,25 +135,6 @@ def test_sched_times_reads_this_threads_counts():
 
 
 # ---- the split driver's trials -----------------------------------------------------------------
-def _mlp():
-    """softmax(2 * relu(x @ w0 + b0) + 0.5), for inference."""
-    main, startup = fluid.Program(), fluid.Program()
-    startup.random_seed = 7
-    with fluid.program_guard(main, startup), fluid.unique_name.guard():
-        x = fluid.layers.data("x", [6])
-        h = fluid.layers.fc(x, 5, act="relu", param_attr=fluid.ParamAttr(name="w0"),
-                            bias_attr=fluid.ParamAttr(name="b0"))
-        y = fluid.layers.softmax(fluid.layers.scale(h, 2.0, bias=0.5))
-    return main.clone(for_test=True), startup, y
-
-
-def _want(scope, xv):
-    w0, b0 = (np.asarray(scope.find_var(n).value) for n in ("w0", "b0"))
-    z = 2.0 * np.maximum(xv @ w0 + b0, 0) + 0.5
-    e = np.exp(z - z.max(1, keepdims=True))
-    return e / e.sum(1, keepdims=True)
-
-
 class _Served:
     """An inference MLP served with native drivers at batch BATCH; ``run(n)`` runs it n times,
     checking every answer against NumPy."""

@@ -2,48 +2,17 @@
 blocks of samples): it writes the convolution's output in place when nothing else reads that
 output, and into an array of its own when something does (a fetch, a later op); the bias and
 clamp the convolution takes only where nothing else reads the values between. Against a NumPy
-convolution written here; the native drivers themselves are called."""
+convolution (test_conv_epilogue_fusion's); the native drivers themselves are called."""
 import numpy as np
+from test_conv_epilogue_fusion import _conv, _run_native
 
 import pdjit as fluid
-from pdjit.runtime.plan import build_plan
 
 RNG = np.random.default_rng(18)
 
 
-def _conv(x, w, pad, stride=1):
-    """Naive cross-correlation, NCHW, float64."""
-    n, c, h, wd = x.shape
-    m, _, kh, kw = w.shape
-    xp = np.zeros((n, c, h + 2 * pad, wd + 2 * pad))
-    xp[:, :, pad:pad + h, pad:pad + wd] = x
-    oh, ow = (h + 2 * pad - kh) // stride + 1, (wd + 2 * pad - kw) // stride + 1
-    out = np.zeros((n, m, oh, ow))
-    for i in range(kh):
-        for j in range(kw):
-            win = xp[:, :, i:i + stride * (oh - 1) + 1:stride, j:j + stride * (ow - 1) + 1:stride]
-            out += np.einsum("nchw,mc->nmhw", win, w[:, :, i, j])
-    return out
-
-
 def _hard_swish(v):
     return v * np.clip(v + 3.0, 0.0, 6.0) / 6.0
-
-
-def _run_native(main, scope, feed, fetch):
-    """The plan's native drivers (``native_drivers=True``) called in order on ``feed`` and the
-    scope's parameters: (fetched values, the drivers' sources)."""
-    plan = build_plan(main, [v.name for v in fetch], native_drivers=True)
-    env = dict(feed)
-    texts = []
-    for step in plan.steps:
-        assert step.kind == "native" and step.native is not None
-        args = [env[n] if n in env else np.asarray(scope.find_var(n).get_tensor())
-                for n in step.args]
-        env.update(zip(step.outputs, step.native.fn(*args)))
-        assert step.native.fn.signatures  # the native driver compiled and ran
-        texts.append(step.native.text)
-    return [env[v.name] for v in fetch], "\n".join(texts)
 
 
 def _conv_out(main, k):

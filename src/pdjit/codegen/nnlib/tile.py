@@ -84,64 +84,50 @@ def _epilogue_types(bias, c0, ep, add, lo, hi) -> bool:
         all(isinstance(t, types.Float) for t in (lo, hi))
 
 
-def _plain_tile(mr: int, nv: int):
-    """:func:`tile_kernel` without the epilogue."""
+def _tile_sums(context, builder, at, args, mr: int, nv: int):
+    """The tile's ``mr x nv`` sums (see the module docstring), in vector registers (allocas
+    LLVM promotes) over all ``kk`` taps: ``(acc[r][v], dptr, row(r), vty, size, lanes, i64,
+    fty)``, ``row(r)`` the offset of output row ``r``'s first stored value."""
+    wptr = context.make_array(at[0])(context, builder, args[0]).data
+    xptr = context.make_array(at[4])(context, builder, args[4]).data
+    tptr = context.make_array(at[6])(context, builder, args[6]).data
+    dptr = context.make_array(at[7])(context, builder, args[7]).data
+    w0v, wkv, kkv = (_offset(context, builder, at[i], args[i]) for i in (1, 2, 3))
+    xbv, d0v, dsv, q0v = (_offset(context, builder, at[i], args[i]) for i in (5, 8, 9, 10))
+    fty, size, lanes, vty, i64, zero, fma = _vectors(context, builder, at[0].dtype)
+    acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(nv)] for _ in range(mr)]
+    mask = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes)
+    undef = ir.Constant(vty, ir.Undefined)
+    xq = builder.add(xbv, q0v)
+    with cgutils.for_range(builder, kkv) as loop:
+        k = loop.index
+        t = builder.load(builder.gep(tptr, [k]))
+        base = builder.add(xq, context.cast(builder, t, at[6].dtype, types.int64))
+        xv = []
+        for v in range(nv):
+            p = builder.gep(xptr, [builder.add(base, ir.Constant(i64, v * lanes))])
+            xv.append(builder.load(builder.bitcast(p, vty.as_pointer()), align=size))
+        for r in range(mr):
+            wi = builder.add(builder.add(w0v, builder.mul(wkv, ir.Constant(i64, r))), k)
+            w = builder.load(builder.gep(wptr, [wi]))
+            wb = builder.shuffle_vector(builder.insert_element(undef, w, ir.Constant(i64, 0)),
+                                        undef, mask)
+            for v in range(nv):
+                builder.store(builder.call(fma, [wb, xv[v], builder.load(acc[r][v])]),
+                              acc[r][v])
+    dq = builder.add(d0v, q0v)
 
-    @intrinsic
-    def tile(typingctx, wf, w0, wk, kk, xs, xb, tap, df, d0, ds, q0):
-        if not (isinstance(wf, types.Array) and isinstance(xs, types.Array)
-                and isinstance(df, types.Array) and isinstance(tap, types.Array)):
-            return None
-        if wf.dtype != xs.dtype or wf.dtype != df.dtype or \
-                wf.dtype not in (types.float32, types.float64) or \
-                not isinstance(tap.dtype, types.Integer):
-            return None
-        sig = types.void(wf, w0, wk, kk, xs, xb, tap, df, d0, ds, q0)
+    def row(r):
+        return builder.add(dq, builder.mul(dsv, ir.Constant(i64, r)))
 
-        def codegen(context, builder, signature, args):
-            at = signature.args
-            wf_, w0_, wk_, kk_, xs_, xb_, tap_, df_, d0_, ds_, q0_ = args
-            wptr = context.make_array(at[0])(context, builder, wf_).data
-            xptr = context.make_array(at[4])(context, builder, xs_).data
-            tptr = context.make_array(at[6])(context, builder, tap_).data
-            dptr = context.make_array(at[7])(context, builder, df_).data
-            w0v, wkv, kkv = (_offset(context, builder, at[i], args[i]) for i in (1, 2, 3))
-            xbv, d0v, dsv, q0v = (_offset(context, builder, at[i], args[i]) for i in (5, 8, 9, 10))
-            fty, size, lanes, vty, i64, zero, fma = _vectors(context, builder, at[0].dtype)
-            acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(nv)]
-                   for _ in range(mr)]
-            mask = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes)
-            undef = ir.Constant(vty, ir.Undefined)
-            xq = builder.add(xbv, q0v)
-            with cgutils.for_range(builder, kkv) as loop:
-                k = loop.index
-                t = builder.load(builder.gep(tptr, [k]))
-                base = builder.add(xq, context.cast(builder, t, at[6].dtype, types.int64))
-                xv = []
-                for v in range(nv):
-                    p = builder.gep(xptr, [builder.add(base, ir.Constant(i64, v * lanes))])
-                    xv.append(builder.load(builder.bitcast(p, vty.as_pointer()), align=size))
-                for r in range(mr):
-                    wi = builder.add(builder.add(w0v, builder.mul(wkv, ir.Constant(i64, r))), k)
-                    w = builder.load(builder.gep(wptr, [wi]))
-                    wb = builder.shuffle_vector(builder.insert_element(undef, w,
-                                                                       ir.Constant(i64, 0)),
-                                                undef, mask)
-                    for v in range(nv):
-                        builder.store(builder.call(fma, [wb, xv[v], builder.load(acc[r][v])]),
-                                      acc[r][v])
-            dq = builder.add(d0v, q0v)
-            for r in range(mr):
-                row = builder.add(dq, builder.mul(dsv, ir.Constant(i64, r)))
-                for v in range(nv):
-                    p = builder.gep(dptr, [builder.add(row, ir.Constant(i64, v * lanes))])
-                    builder.store(builder.load(acc[r][v]), builder.bitcast(p, vty.as_pointer()),
-                                  align=size)
-            return context.get_dummy_value()
+    return acc, dptr, row, vty, size, lanes, i64, fty
 
-        return sig, codegen
 
-    return tile
+def _tile_types(wf, xs, df, tap) -> bool:
+    return isinstance(wf, types.Array) and isinstance(xs, types.Array) and \
+        isinstance(df, types.Array) and isinstance(tap, types.Array) and \
+        wf.dtype == xs.dtype == df.dtype and wf.dtype in (types.float32, types.float64) and \
+        isinstance(tap.dtype, types.Integer)
 
 
 def tile_kernel(mr: int, nv: int, epilogue: bool = True):
@@ -149,53 +135,37 @@ def tile_kernel(mr: int, nv: int, epilogue: bool = True):
     ``epilogue=False``: the one without the epilogue and its arguments (``tile(wf, ..., q0)``:
     less code to compile where none is applied)."""
     if not epilogue:
-        return _plain_tile(mr, nv)
+        @intrinsic
+        def plain(typingctx, wf, w0, wk, kk, xs, xb, tap, df, d0, ds, q0):
+            if not _tile_types(wf, xs, df, tap):
+                return None
+
+            def codegen(context, builder, signature, args):
+                acc, dptr, row, vty, size, lanes, i64, _ = _tile_sums(
+                    context, builder, signature.args, args, mr, nv)
+                for r in range(mr):
+                    at = row(r)
+                    for v in range(nv):
+                        p = builder.gep(dptr, [builder.add(at, ir.Constant(i64, v * lanes))])
+                        builder.store(builder.load(acc[r][v]),
+                                      builder.bitcast(p, vty.as_pointer()), align=size)
+                return context.get_dummy_value()
+
+            return types.void(wf, w0, wk, kk, xs, xb, tap, df, d0, ds, q0), codegen
+
+        return plain
 
     @intrinsic
     def tile(typingctx, wf, w0, wk, kk, xs, xb, tap, df, d0, ds, q0, bias, c0, ep, add, lo, hi):
-        if not (isinstance(wf, types.Array) and isinstance(xs, types.Array)
-                and isinstance(df, types.Array) and isinstance(tap, types.Array)):
-            return None
-        if wf.dtype != xs.dtype or wf.dtype != df.dtype or \
-                wf.dtype not in (types.float32, types.float64) or \
-                not isinstance(tap.dtype, types.Integer) or \
+        if not _tile_types(wf, xs, df, tap) or \
                 not _epilogue_types(bias, c0, ep, add, lo, hi) or bias.dtype != wf.dtype:
             return None
         sig = types.void(wf, w0, wk, kk, xs, xb, tap, df, d0, ds, q0, bias, c0, ep, add, lo, hi)
 
         def codegen(context, builder, signature, args):
             at = signature.args
-            wf_, w0_, wk_, kk_, xs_, xb_, tap_, df_, d0_, ds_, q0_ = args[:11]
-            wptr = context.make_array(at[0])(context, builder, wf_).data
-            xptr = context.make_array(at[4])(context, builder, xs_).data
-            tptr = context.make_array(at[6])(context, builder, tap_).data
-            dptr = context.make_array(at[7])(context, builder, df_).data
-            w0v, wkv, kkv = (_offset(context, builder, at[i], args[i]) for i in (1, 2, 3))
-            xbv, d0v, dsv, q0v = (_offset(context, builder, at[i], args[i]) for i in (5, 8, 9, 10))
-            fty, size, lanes, vty, i64, zero, fma = _vectors(context, builder, at[0].dtype)
-            acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(nv)]
-                   for _ in range(mr)]
-            mask = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes)
-            undef = ir.Constant(vty, ir.Undefined)
-            xq = builder.add(xbv, q0v)
-            with cgutils.for_range(builder, kkv) as loop:
-                k = loop.index
-                t = builder.load(builder.gep(tptr, [k]))
-                base = builder.add(xq, context.cast(builder, t, at[6].dtype, types.int64))
-                xv = []
-                for v in range(nv):
-                    p = builder.gep(xptr, [builder.add(base, ir.Constant(i64, v * lanes))])
-                    xv.append(builder.load(builder.bitcast(p, vty.as_pointer()), align=size))
-                for r in range(mr):
-                    wi = builder.add(builder.add(w0v, builder.mul(wkv, ir.Constant(i64, r))), k)
-                    w = builder.load(builder.gep(wptr, [wi]))
-                    wb = builder.shuffle_vector(builder.insert_element(undef, w,
-                                                                       ir.Constant(i64, 0)),
-                                                undef, mask)
-                    for v in range(nv):
-                        builder.store(builder.call(fma, [wb, xv[v], builder.load(acc[r][v])]),
-                                      acc[r][v])
-            dq = builder.add(d0v, q0v)
+            acc, dptr, row, vty, size, lanes, i64, fty = _tile_sums(
+                context, builder, at, args, mr, nv)
             # the epilogue (ep): row r's sums + bias[c0 + r] (add), clamped, as they are stored
             bptr = context.make_array(at[11])(context, builder, args[11]).data
             c0v = _offset(context, builder, at[12], args[12])
@@ -206,13 +176,13 @@ def tile_kernel(mr: int, nv: int, epilogue: bool = True):
 
             def store(epilogue):
                 for r in range(mr):
-                    row = builder.add(dq, builder.mul(dsv, ir.Constant(i64, r)))
+                    ro = row(r)
                     if epilogue:  # (bias[c0 + r] read only when there is one)
                         bp = builder.select(add, builder.gep(bptr, [builder.add(
                             c0v, ir.Constant(i64, r))]), nobias)
                         b = splat(builder.load(bp))
                     for v in range(nv):
-                        p = builder.gep(dptr, [builder.add(row, ir.Constant(i64, v * lanes))])
+                        p = builder.gep(dptr, [builder.add(ro, ir.Constant(i64, v * lanes))])
                         x = builder.load(acc[r][v])
                         builder.store(apply(x, b) if epilogue else x,
                                       builder.bitcast(p, vty.as_pointer()), align=size)
