@@ -50,26 +50,34 @@ def _vectors(context, builder, dtype):
     return fty, size, lanes, vty, ir.IntType(64), zero, fma
 
 
-def _clamper(context, builder, et, vty, add, lo, hi):
-    """``apply(x, b)``: a convolution's epilogue on vector ``x`` with the bias vector ``b``:
-    ``minimum(maximum(x + b, lo), hi)`` as NumPy computes it (no add where ``add`` is false; a
-    NaN stays NaN, ``-0.0`` kept against ``0.0``: selects of unordered-or-ordered compares,
-    see :func:`clamp_run`); ``lo``, ``hi`` (LLVM values of Numba types ``types.float64``)
-    converted to the element type ``et``, as ``T(lo)`` does."""
-    lanes = vty.count
-    mask = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes)
+def _splat(builder, vty, x):
+    """The vector of type ``vty`` with ``x`` in every lane."""
     undef = ir.Constant(vty, ir.Undefined)
+    mask = ir.Constant(ir.VectorType(ir.IntType(32), vty.count), [0] * vty.count)
+    return builder.shuffle_vector(builder.insert_element(undef, x, ir.Constant(ir.IntType(64), 0)),
+                                  undef, mask)
 
+
+def _clamp(builder, add, x, b, lo, hi):
+    """``minimum(maximum(x + b, lo), hi)`` as NumPy computes it (no add where ``add`` is false;
+    a NaN stays NaN, ``-0.0`` kept against ``0.0``: selects of unordered-or-ordered compares,
+    see :func:`clamp_run`), of scalars or of vectors alike."""
+    x = builder.select(add, builder.fadd(x, b), x)
+    x = builder.select(builder.fcmp_unordered(">=", x, lo), x, lo)
+    return builder.select(builder.fcmp_unordered("<=", x, hi), x, hi)
+
+
+def _clamper(context, builder, et, vty, add, lo, hi):
+    """``(apply(x, b), splat(v))``: :func:`_clamp` of vector ``x`` with the bias vector ``b``,
+    ``lo``, ``hi`` (LLVM values of Numba types ``types.float64``) converted to the element type
+    ``et``, as ``T(lo)`` does; and :func:`_splat` to vectors of ``vty``."""
     def splat(x):
-        return builder.shuffle_vector(
-            builder.insert_element(undef, x, ir.Constant(ir.IntType(64), 0)), undef, mask)
+        return _splat(builder, vty, x)
 
     lov, hiv = (splat(context.cast(builder, v, types.float64, et)) for v in (lo, hi))
 
     def apply(x, b):
-        x = builder.select(add, builder.fadd(x, b), x)
-        x = builder.select(builder.fcmp_unordered(">=", x, lov), x, lov)
-        return builder.select(builder.fcmp_unordered("<=", x, hiv), x, hiv)
+        return _clamp(builder, add, x, b, lov, hiv)
 
     return apply, splat
 
@@ -96,8 +104,6 @@ def _tile_sums(context, builder, at, args, mr: int, nv: int):
     xbv, d0v, dsv, q0v = (_offset(context, builder, at[i], args[i]) for i in (5, 8, 9, 10))
     fty, size, lanes, vty, i64, zero, fma = _vectors(context, builder, at[0].dtype)
     acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(nv)] for _ in range(mr)]
-    mask = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes)
-    undef = ir.Constant(vty, ir.Undefined)
     xq = builder.add(xbv, q0v)
     with cgutils.for_range(builder, kkv) as loop:
         k = loop.index
@@ -110,8 +116,7 @@ def _tile_sums(context, builder, at, args, mr: int, nv: int):
         for r in range(mr):
             wi = builder.add(builder.add(w0v, builder.mul(wkv, ir.Constant(i64, r))), k)
             w = builder.load(builder.gep(wptr, [wi]))
-            wb = builder.shuffle_vector(builder.insert_element(undef, w, ir.Constant(i64, 0)),
-                                        undef, mask)
+            wb = _splat(builder, vty, w)
             for v in range(nv):
                 builder.store(builder.call(fma, [wb, xv[v], builder.load(acc[r][v])]),
                               acc[r][v])
@@ -235,13 +240,8 @@ def roll_kernel(kh: int, kw: int):
             w0v, b0v, csv, rsv, nov, d0v, osv = (_offset(context, builder, at[i], args[i])
                                                  for i in (1, 3, 4, 5, 6, 8, 9))
             fty, size, lanes, vty, i64, zero, fma = _vectors(context, builder, at[0].dtype)
-            mask = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes)
-            undef = ir.Constant(vty, ir.Undefined)
-            wb = []
-            for t in range(kh * kw):
-                w = builder.load(builder.gep(wptr, [builder.add(w0v, ir.Constant(i64, t))]))
-                wb.append(builder.shuffle_vector(
-                    builder.insert_element(undef, w, ir.Constant(i64, 0)), undef, mask))
+            wb = [_splat(builder, vty, builder.load(builder.gep(
+                wptr, [builder.add(w0v, ir.Constant(i64, t))]))) for t in range(kh * kw)]
             # the epilogue (ep): + bias[c0] (add), clamped, as each output row is stored
             bptr = context.make_array(at[10])(context, builder, args[10]).data
             c0v = _offset(context, builder, at[11], args[11])
@@ -316,29 +316,18 @@ def clamp_run(typingctx, df, d0, n, bv, add, lo, hi):
         b, lo_, hi_ = (context.cast(builder, args[i], at[i], et) for i in (3, 5, 6))
         flag = context.cast(builder, args[4], at[4], types.boolean)
         fty, size, lanes, vty, i64, zero, _ = _vectors(context, builder, et)
-        mask = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [0] * lanes)
-        undef = ir.Constant(vty, ir.Undefined)
-
-        def splat(x):
-            return builder.shuffle_vector(builder.insert_element(undef, x, ir.Constant(i64, 0)),
-                                          undef, mask)
-
-        bvec, lovec, hivec = splat(b), splat(lo_), splat(hi_)
-
-        def apply(x, bx, lox, hix):
-            x = builder.select(flag, builder.fadd(x, bx), x)
-            x = builder.select(builder.fcmp_unordered(">=", x, lox), x, lox)
-            return builder.select(builder.fcmp_unordered("<=", x, hix), x, hix)
+        bvec, lovec, hivec = (_splat(builder, vty, v) for v in (b, lo_, hi_))
 
         nvec = builder.sdiv(nv, ir.Constant(i64, lanes))
         with cgutils.for_range(builder, nvec) as loop:
             at_ = builder.add(d0v, builder.mul(loop.index, ir.Constant(i64, lanes)))
             p = builder.bitcast(builder.gep(dptr, [at_]), vty.as_pointer())
-            builder.store(apply(builder.load(p, align=size), bvec, lovec, hivec), p, align=size)
+            builder.store(_clamp(builder, flag, builder.load(p, align=size), bvec, lovec, hivec),
+                          p, align=size)
         done = builder.mul(nvec, ir.Constant(i64, lanes))
         with cgutils.for_range(builder, builder.sub(nv, done)) as loop:
             p = builder.gep(dptr, [builder.add(d0v, builder.add(done, loop.index))])
-            builder.store(apply(builder.load(p), b, lo_, hi_), p)
+            builder.store(_clamp(builder, flag, builder.load(p), b, lo_, hi_), p)
         return context.get_dummy_value()
 
     return sig, codegen
