@@ -10,9 +10,9 @@ of :mod:`pdjit.passes.batch_rows`, and every output ``batch`` with a declared sh
 from __future__ import annotations
 
 from pdjit.framework import registry
-from pdjit.passes.batch_rows import BATCH, CONST, ROW_WISE, declared_shape, row_states
+from pdjit.passes.batch_rows import BATCH, CONST, declared_shape, row_states
 
-__all__ = ["analyse", "ROW_WISE"]
+__all__ = ["analyse"]
 
 
 def analyse(program, plan, feed_names, fetch_names) -> tuple:

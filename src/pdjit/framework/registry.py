@@ -424,6 +424,32 @@ class ChannelLinear:
     scale_weight: Callable
 
 
+@dataclass(frozen=True)
+class RowWise:
+    """Row ``i`` of every output depends only on row ``i`` (dim 0, the batch) of the inputs that
+    carry the batch, so a batch may be cut into slices run apart (the batch-split analysis,
+    :mod:`pdjit.passes.batch_rows`). Declared by ops whose traits do not already say it.
+
+    - ``batch``: the input slots that may carry the batch;
+    - ``const``: input slots that must not depend on the batch (parameters); any other input
+      slot that is bound refuses the split;
+    - ``every``: every variable of the ``batch`` slots must carry it (a concatenation);
+    - ``axes``: attributes holding an axis or a list of axes (negative: from the end) of the
+      first ``batch`` variable, none of which may be dim 0;
+    - ``drop``: output slots a split run does not keep (statistics, ``XShape``): an op reading
+      them refuses the split;
+    - ``check(view)``: what else the attributes must satisfy: the reason to refuse, or ``None``.
+      ``view.attr(name)`` (declared defaults filled in), ``view.rank(slot)`` (the rank of the
+      slot's first variable) and ``view.carries(slot)`` (whether it carries the batch).
+    """
+    batch: tuple = ("X",)
+    const: tuple = ()
+    every: bool = False
+    axes: tuple = ()
+    drop: tuple = ()
+    check: Callable | None = None
+
+
 # ---- grad makers --------------------------------------------------------------------------
 @dataclass
 class GradOpSpec:
@@ -481,6 +507,7 @@ class OpDef:
     out_lod: Callable | None = None
     control: ControlFlow | None = None
     inference: Callable | None = None
+    row_wise: RowWise | None = None
 
     def __post_init__(self):
         self.inputs = tuple(Slot.parse(s) for s in self.inputs)
@@ -504,6 +531,14 @@ class OpDef:
                 if slot is not None and slot not in {s.name for s in slots}:
                     raise ValueError(f"op {self.type!r}: ControlFlow names slot {slot!r}, which "
                                      f"the op does not have")
+        if self.row_wise is not None:
+            ins, outs = {s.name for s in self.inputs}, {s.name for s in self.outputs}
+            rw = self.row_wise
+            bad = [s for s in (*rw.batch, *rw.const) if s not in ins] + \
+                [s for s in rw.drop if s not in outs] + [a for a in rw.axes if a not in self.attrs]
+            if bad or not rw.batch:
+                raise ValueError(f"op {self.type!r}: RowWise names {bad or 'no batch slot'}, "
+                                 f"which the op does not have")
         slot_names = [s.name for s in self.inputs]
         self._infer_sig = _Signature(self.infer_shape, slot_names, list(self.attrs))
         self._ref_sig = _Signature(self.reference, slot_names, list(self.attrs))
@@ -565,7 +600,7 @@ def register_op(type: str, *, inputs: Sequence, outputs: Sequence, attrs: Mappin
                 grad: Callable | None, doc: str = "", domain: Mapping | None = None,
                 replace: bool = False, out_lod: Callable | None = None,
                 control: ControlFlow | None = None,
-                inference: Callable | None = None) -> OpDef:
+                inference: Callable | None = None, row_wise: RowWise | None = None) -> OpDef:
     """Define an op. ``emit`` and ``grad`` have no default: each op declares both decisions.
 
     ``domain`` (optional) says which values an input slot takes: ``{"X": "positive"}``
@@ -575,7 +610,7 @@ def register_op(type: str, *, inputs: Sequence, outputs: Sequence, attrs: Mappin
         raise ValueError(f"op type {type!r} is already registered")
     opdef = OpDef(type, tuple(inputs), tuple(outputs), dict(attrs or {}), frozenset(traits),
                   infer_shape, reference, emit, grad, doc, dict(domain or {}), out_lod, control,
-                  inference)
+                  inference, row_wise)
     _REGISTRY[type] = opdef
     return opdef
 

@@ -48,6 +48,7 @@ from pdjit.framework.registry import (
     Int,
     Opaque,
     Passthrough,
+    RowWise,
     Str,
     default_grad,
     grad_var_name,
@@ -519,6 +520,7 @@ _PRELU_ATTRS = {"mode": Str("all", choices=_PRELU_MODES),
 
 register_op(
     "prelu", inputs=["X", "Alpha"], outputs=["Out"], attrs=_PRELU_ATTRS, traits=[OPAQUE],
+    row_wise=RowWise(const=("Alpha",)),
     infer_shape=_prelu_infer, reference=_prelu_ref, emit=Opaque(_prelu_lower),
     grad=default_grad("prelu_grad", fwd_inputs=("X", "Alpha"), wrt=("X", "Alpha")),
     doc="Out = X if X > 0 else Alpha * X, Alpha shared by mode (all, channel, element).")

@@ -35,6 +35,7 @@ from pdjit.framework.registry import (
     Int,
     Ints,
     Opaque,
+    RowWise,
     Str,
     VarMeta,
     default_grad,
@@ -605,6 +606,7 @@ def _channel_linear(transposed: bool):
 for _t in ("conv2d", "depthwise_conv2d"):
     register_op(
         _t, inputs=["Input", "Filter"], outputs=["Output"], attrs=_CONV_ATTRS, traits=[OPAQUE],
+        row_wise=RowWise(batch=("Input",), const=("Filter",)),
         infer_shape=_conv_infer, reference=_conv_ref, inference=_channel_linear(False),
         emit=Opaque(_conv_lower, host=True, blocked=_conv_blocked, targets=("cpu", "cuda")),
         grad=default_grad(f"{_t}_grad", fwd_inputs=("Input", "Filter"),
@@ -810,6 +812,7 @@ def _convt_grad_lower(ctx):
 for _t in ("conv2d_transpose", "depthwise_conv2d_transpose"):
     register_op(
         _t, inputs=["Input", "Filter"], outputs=["Output"], attrs=_TRANSPOSE_ATTRS,
+        row_wise=RowWise(batch=("Input",), const=("Filter",)),
         traits=[OPAQUE], infer_shape=_convt_infer, reference=_convt_ref,
         inference=_channel_linear(True),
         emit=Opaque(_convt_lower, host=True, targets=("cpu", "cuda")),

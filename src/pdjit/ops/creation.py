@@ -25,6 +25,7 @@ from pdjit.framework.registry import (
     Longs,
     Opaque,
     Passthrough,
+    RowWise,
     Scalars,
     Str,
     VarMeta,
@@ -226,7 +227,7 @@ def _assign_lower(ctx):
 
 
 register_op(
-    "assign", inputs=["X?"], outputs=["Out"], traits=[OPAQUE],
+    "assign", inputs=["X?"], outputs=["Out"], traits=[OPAQUE], row_wise=RowWise(),
     infer_shape=lambda X=None: {"Out": X} if X is not None else {},
     reference=lambda X=None: {} if X is None else  # a tensor array (a list) is copied as one
     {"Out": list(X) if isinstance(X, list) else np.array(X, copy=True)},

@@ -52,6 +52,7 @@ from pdjit.framework.registry import (
     Int,
     Ints,
     Opaque,
+    RowWise,
     Str,
     VarMeta,
     default_grad,
@@ -227,6 +228,8 @@ _PAD_ATTRS = {"paddings": Ints(REQUIRED, choices=([0, 1, 2, 0], [1, 1, 0, 2])),
               "pad_value": Float(0.0)}
 register_op(
     "pad", inputs=["X"], outputs=["Out"], attrs=_PAD_ATTRS, traits=[OPAQUE],
+    row_wise=RowWise(check=lambda v: None if list(v.attr("paddings"))[:2] == [0, 0]
+                     else "pads the batch axis"),
     infer_shape=_pad_infer, reference=_pad_ref, emit=Opaque(_pad_lower, host=True),
     grad=default_grad("pad_grad", fwd_inputs=()),
     doc="Out = X with paddings[2i] values before and paddings[2i+1] after dim i, all "
@@ -865,6 +868,7 @@ def _affine_grad_lower(ctx):
 _AFFINE_ATTRS = {"data_layout": Str("AnyLayout", choices=_LAYOUTS)}
 register_op(
     "affine_channel", inputs=["X", "Scale", "Bias"], outputs=["Out"], attrs=_AFFINE_ATTRS,
+    row_wise=RowWise(const=("Scale", "Bias")),
     traits=[OPAQUE], infer_shape=_affine_infer, reference=_affine_ref,
     emit=Opaque(_affine_lower, host=True),
     grad=default_grad("affine_channel_grad", fwd_inputs=("X", "Scale", "Bias"),

@@ -31,6 +31,7 @@ from pdjit.framework.registry import (
     Long,
     Longs,
     Opaque,
+    RowWise,
     Str,
     Strs,
     default_grad,
@@ -120,7 +121,8 @@ def _concat_lower(ctx):
 
 
 register_op(
-    "concat", inputs=["X*", "AxisTensor?"], outputs=["Out"], attrs={"axis": Int(0, low=-2,
+    "concat", inputs=["X*", "AxisTensor?"], outputs=["Out"],
+    row_wise=RowWise(every=True, axes=("axis",)), attrs={"axis": Int(0, low=-2,
                                                                               high=2)},
     traits=[OPAQUE], infer_shape=_concat_infer, reference=_concat_ref,
     emit=Opaque(_concat_lower, host=True),
@@ -198,6 +200,7 @@ def _split_ref(X, AxisTensor=None, SectionsTensorList=None, *, num, sections, ax
 
 register_op(
     "split", inputs=["X", "AxisTensor?", "SectionsTensorList*?"], outputs=["Out*"],
+    row_wise=RowWise(axes=("axis",)),
     attrs={"sections": Ints([]), "num": Int(0, low=0, high=3), "axis": Int(0, low=-2, high=2)},
     traits=[OPAQUE], infer_shape=_split_infer, reference=_split_ref,
     emit=Opaque(lambda ctx: _split_lower(ctx), host=True),
@@ -320,6 +323,7 @@ def _slice_lower(ctx):
 register_op(
     "slice", inputs=["Input", "StartsTensor?", "EndsTensor?", "StartsTensorList*?",
                      "EndsTensorList*?"], outputs=["Out"],
+    row_wise=RowWise(batch=("Input",), axes=("axes", "decrease_axis")),
     attrs={"axes": Ints(REQUIRED, choices=([0], [1], [0, 1])), "starts": Ints([]), "ends": Ints([]),
            "infer_flags": Ints([]),
            "decrease_axis": Ints([])},
@@ -399,7 +403,7 @@ def _one_hot_ref(X, depth_tensor=None, *, depth, dtype, allow_out_of_range):
 
 
 register_op(
-    "one_hot_v2", inputs=["X", "depth_tensor?"], outputs=["Out"],
+    "one_hot_v2", inputs=["X", "depth_tensor?"], outputs=["Out"], row_wise=RowWise(),
     attrs={"depth": Int(-1, low=1, high=8), "dtype": Int(5, choices=(5, 6, 3)),
            "allow_out_of_range": Bool(False)},
     traits=[OPAQUE], infer_shape=_one_hot_infer, reference=_one_hot_ref,
@@ -668,6 +672,7 @@ _lookup_v1_lower, _lookup_v1_grad_lower = lookup_lowerings(-1)
 
 register_op(
     "lookup_table", inputs=["W", "Ids"], outputs=["Out"], attrs=dict(_LOOKUP_ATTRS),
+    row_wise=RowWise(batch=("Ids",), const=("W",)),
     traits=[OPAQUE], infer_shape=_lookup_v1_infer, reference=_lookup_v1_ref,
     emit=Opaque(_lookup_v1_lower, host=True),
     grad=default_grad("lookup_table_grad", fwd_inputs=("W", "Ids"), wrt=("W",)),
@@ -1198,6 +1203,7 @@ def _cumsum_lower_for(src_slot, dst_slot, flip):
 
 register_op(
     "cumsum", inputs=["X"], outputs=["Out"], attrs=dict(_CUMSUM_ATTRS), traits=[OPAQUE],
+    row_wise=RowWise(axes=("axis",), check=lambda v: "flatten" if v.attr("flatten") else None),
     infer_shape=_cumsum_infer, reference=_cumsum_ref,
     emit=Opaque(_cumsum_lower_for("X", "Out", False), host=True),
     grad=default_grad("cumsum_grad", fwd_inputs=("X",)),

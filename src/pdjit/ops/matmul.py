@@ -42,6 +42,7 @@ from pdjit.framework.registry import (
     Float,
     Int,
     Opaque,
+    RowWise,
     default_grad,
     register_op,
 )
@@ -347,8 +348,28 @@ def _batched_lines(ctx, tx_attr, ty_attr, alpha_attr):
         f"{b.od}, {b.xd}, {b.yd}, {b.od}, {o3})"]
 
 
+def _matmul_rows(v):
+    """A product keeps batch rows apart when its right operand is a constant of rank <= 2 and
+    X's rows are not transposed, or when both carry the batch of a batched product (attention:
+    the product over the last two axes)."""
+    if (v.attr("head_number") or 1) != 1:
+        return "head_number != 1"
+    rx, ry = v.rank("X"), v.rank("Y")
+    if v.carries("Y"):
+        return None if v.carries("X") and rx == ry >= 3 else (
+            f"X of rank {rx} times Y of rank {ry}, Y carrying the batch: expected both to "
+            "carry it, with equal ranks >= 3")
+    trans = bool(v.attr("trans_x") or v.attr("transpose_X"))
+    if ry <= 2 and (rx >= 3 or (rx == 2 and not trans)):
+        return None
+    return f"X of rank {rx} (transposed: {trans}) times Y of rank {ry} mixes rows"
+
+
+_MATMUL_ROWS = RowWise(batch=("X", "Y"), check=_matmul_rows)
+
+
 register_op(
-    "mul", inputs=["X", "Y"], outputs=["Out"],
+    "mul", inputs=["X", "Y"], outputs=["Out"], row_wise=RowWise(const=("Y",)),
     attrs={"x_num_col_dims": Int(1, low=1, high=3), "y_num_col_dims": Int(1, low=1, high=3)},
     traits=[OPAQUE], infer_shape=_mul_infer, reference=_mul_ref,
     emit=Opaque(_device_too(_mul_lower), host=True, blocked=_mul_blocked, targets=_TARGETS),
@@ -425,7 +446,7 @@ def _matmul_ref(X, Y, *, transpose_X, transpose_Y, alpha, **_):
 
 
 register_op(
-    "matmul", inputs=["X", "Y"], outputs=["Out"],
+    "matmul", inputs=["X", "Y"], outputs=["Out"], row_wise=_MATMUL_ROWS,
     attrs={"transpose_X": Bool(False), "transpose_Y": Bool(False),
            "alpha": Float(1.0, low=-2.0, high=2.0), "head_number": Int(1, choices=(1,))},
     traits=[OPAQUE], infer_shape=_matmul_infer, reference=_matmul_ref,
@@ -451,7 +472,7 @@ def _matmul_v2_ref(X, Y, *, trans_x, trans_y):
 
 
 register_op(
-    "matmul_v2", inputs=["X", "Y"], outputs=["Out"],
+    "matmul_v2", inputs=["X", "Y"], outputs=["Out"], row_wise=_MATMUL_ROWS,
     attrs={"trans_x": Bool(False), "trans_y": Bool(False)},
     traits=[OPAQUE], infer_shape=_matmul_v2_infer, reference=_matmul_v2_ref,
     emit=Opaque(_device_too(_matmul_2d_lower("trans_x", "trans_y")), host=True,

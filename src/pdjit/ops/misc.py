@@ -47,6 +47,7 @@ from pdjit.framework.registry import (
     GradOpSpec,
     Int,
     Opaque,
+    RowWise,
     Str,
     VarMeta,
     default_grad,
@@ -140,6 +141,7 @@ def _norm_grad_lower(ctx):
 
 register_op(
     "norm", inputs=["X"], outputs=["Out", "Norm~"], attrs=_NORM_ATTRS, traits=[OPAQUE],
+    row_wise=RowWise(axes=("axis",)),
     infer_shape=_norm_infer, reference=_norm_ref, emit=Opaque(_norm_lower, host=True),
     grad=default_grad("norm_grad", fwd_inputs=("X",), fwd_outputs=("Norm",)),
     doc="Norm = sqrt(sum(X^2, axis) + epsilon) (axis kept); Out = X / Norm.")
@@ -218,6 +220,7 @@ def _ls_grad_lower(ctx):
 
 register_op(
     "log_softmax", inputs=["X"], outputs=["Out"], attrs=_LS_ATTRS, traits=[OPAQUE],
+    row_wise=RowWise(axes=("axis",)),
     infer_shape=_ls_infer, reference=_ls_ref, emit=Opaque(_ls_lower, host=True),
     grad=default_grad("log_softmax_grad", fwd_inputs=(), fwd_outputs=("Out",)),
     doc="Out = log(softmax(X)) along axis, from the shifted logits.")

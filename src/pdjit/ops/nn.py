@@ -37,6 +37,7 @@ from pdjit.framework.registry import (
     Opaque,
     Passthrough,
     Rewrite,
+    RowWise,
     Str,
     default_grad,
     register_op,
@@ -190,6 +191,7 @@ _TARGETS = ("cpu", "cuda")
 
 register_op(
     "softmax", inputs=["X"], outputs=["Out"], attrs={"axis": Int(-1, low=-1, high=1)},
+    row_wise=RowWise(axes=("axis",)),
     traits=[OPAQUE], infer_shape=_softmax_infer, reference=_softmax_ref,
     emit=Opaque(_device_rows(_softmax_lower), targets=_TARGETS),
     grad=default_grad("softmax_grad", fwd_inputs=(), fwd_outputs=("Out",)),
@@ -718,6 +720,7 @@ _lookup_lower, _lookup_grad_lower = lookup_lowerings(None)
 
 register_op(
     "lookup_table_v2", inputs=["Ids", "W"], outputs=["Out"],
+    row_wise=RowWise(batch=("Ids",), const=("W",)),
     attrs={"padding_idx": Long(-1, low=-1, high=3),
            # runtime extra attrs in Paddle, written by Fluid's embedding layer
            "is_sparse": Bool(False), "is_distributed": Bool(False),

@@ -64,6 +64,7 @@ from pdjit.framework.registry import (
     Float,
     Int,
     Opaque,
+    RowWise,
     Str,
     VarMeta,
     default_grad,
@@ -356,6 +357,13 @@ def _bn_lower(ctx):
     return h.lines
 
 
+def _bn_rows(v):
+    """A batch norm keeps rows apart with running statistics only."""
+    if not (v.attr("is_test") or v.attr("use_global_stats")):
+        return "is_test and use_global_stats are false (batch statistics)"
+    return "trainable_statistics" if v.attr("trainable_statistics") else None
+
+
 def _bn_grad_maker(op):
     if op.attr("fuse_with_relu"):
         raise ProgramError(f"{op._describe()}: batch_norm with fuse_with_relu=True has no "
@@ -389,6 +397,9 @@ def _bn_inference(op):
 register_op(
     "batch_norm", inputs=["X", "Scale?", "Bias?", "Mean", "Variance", "MomentumTensor?"],
     outputs=["Y", "MeanOut", "VarianceOut", "SavedMean~", "SavedVariance~", "ReserveSpace?"],
+    row_wise=RowWise(const=("Scale", "Bias", "Mean", "Variance", "MomentumTensor"),
+                     drop=("MeanOut", "VarianceOut", "SavedMean", "SavedVariance",
+                           "ReserveSpace"), check=_bn_rows),
     attrs=dict(_BN_ATTRS), traits=[OPAQUE], infer_shape=_bn_infer, reference=_bn_ref,
     emit=Opaque(_bn_lower, host=True, targets=("cpu", "cuda")), grad=_bn_grad_maker,
     inference=_bn_inference,
@@ -693,8 +704,9 @@ def _in_lower(ctx):
 
 register_op(
     "instance_norm", inputs=["X", "Scale?", "Bias?"],
-    outputs=["Y", "SavedMean~", "SavedVariance~"], attrs={"epsilon": Float(1e-5, low=0.0,
-                                                                           high=1e-2)},
+    outputs=["Y", "SavedMean~", "SavedVariance~"],
+    row_wise=RowWise(const=("Scale", "Bias"), drop=("SavedMean", "SavedVariance")),
+    attrs={"epsilon": Float(1e-5, low=0.0, high=1e-2)},
     traits=[OPAQUE], infer_shape=_in_infer, reference=_in_ref, emit=Opaque(_in_lower, host=True),
     grad=default_grad("instance_norm_grad", fwd_inputs=("X", "Scale", "Bias"),
                       fwd_outputs=("SavedMean", "SavedVariance"), grad_outputs=("Y",),
@@ -803,6 +815,7 @@ def _gn_lower(ctx):
 
 register_op(
     "group_norm", inputs=["X", "Scale?", "Bias?"], outputs=["Y", "Mean~", "Variance~"],
+    row_wise=RowWise(const=("Scale", "Bias"), drop=("Mean", "Variance")),
     attrs=dict(_GN_ATTRS), traits=[OPAQUE], infer_shape=_gn_infer, reference=_gn_ref,
     emit=Opaque(_gn_lower, host=True),
     grad=default_grad("group_norm_grad", fwd_inputs=("X", "Scale", "Bias"),
@@ -990,6 +1003,9 @@ def _ln_lower(ctx):
 
 register_op(
     "layer_norm", inputs=["X", "Scale?", "Bias?"], outputs=["Y", "Mean~", "Variance~"],
+    row_wise=RowWise(const=("Scale", "Bias"), drop=("Mean", "Variance"),
+                     check=lambda v: None if int(v.attr("begin_norm_axis")) >= 1
+                     else "begin_norm_axis < 1"),
     attrs=dict(_LN_ATTRS), traits=[OPAQUE], infer_shape=_ln_infer, reference=_ln_ref,
     emit=Opaque(_ln_lower, host=True, targets=("cpu", "cuda")),
     grad=default_grad("layer_norm_grad", fwd_inputs=("X", "Scale", "Bias"),

@@ -27,6 +27,7 @@ from pdjit.framework.registry import (
     Bool,
     Ints,
     Opaque,
+    RowWise,
     Str,
     VarMeta,
     default_grad,
@@ -345,6 +346,7 @@ def _pool_device_lines(ctx, grad: bool) -> list | None:
 
 register_op(
     "pool2d", inputs=["X"], outputs=["Out"], attrs=_POOL_ATTRS, traits=[OPAQUE],
+    row_wise=RowWise(),
     infer_shape=_pool_infer, reference=_pool_ref,
     emit=Opaque(_pool_lower, host=True, targets=("cpu", "cuda")),
     grad=default_grad("pool2d_grad", fwd_inputs=("X",), fwd_outputs=("Out",)),
@@ -410,6 +412,7 @@ def _index_grad_lower(ctx):
 
 register_op(
     "max_pool2d_with_index", inputs=["X"], outputs=["Out", "Mask"], attrs=_INDEX_ATTRS,
+    row_wise=RowWise(),
     traits=[OPAQUE], infer_shape=_index_infer, reference=_index_ref,
     emit=Opaque(_index_lower, host=True),
     grad=default_grad("max_pool2d_with_index_grad", fwd_inputs=("X",), fwd_outputs=("Mask",)),

@@ -47,6 +47,7 @@ from pdjit.framework.registry import (
     Long,
     Opaque,
     Reduce,
+    RowWise,
     default_grad,
     grad_var_name,
     register_op,
@@ -516,6 +517,10 @@ def _arg_shape(shape, axis, keepdims, flatten):
     return _reduced_shape(shape, (a,), keepdims), a
 
 
+def _unflattened(v):
+    return "flatten" if v.attr("flatten") else None
+
+
 def _make_arg(op_type, fn):
     def infer(X, *, axis, keepdims, flatten, dtype):
         check_dtype(X, NUMERIC, "input X")
@@ -579,7 +584,7 @@ def _make_arg(op_type, fn):
                 attrs={"axis": Long(REQUIRED, low=-3, high=3), "keepdims": Bool(False),
                        "flatten": Bool(False), "dtype": Int(3, choices=(2, 3))},
                 traits=[OPAQUE], infer_shape=infer, reference=ref, emit=Opaque(lower),
-                grad=None,
+                grad=None, row_wise=RowWise(axes=("axis",), check=_unflattened),
                 doc=f"Out = the index of the {op_type[4:]}imum of X along axis (of the "
                     f"flattened X with flatten); the first one on ties.")
 
@@ -714,6 +719,8 @@ _TOPK_GRAD = dict(fwd_inputs=("X", "K"), fwd_outputs=("Indices",), grad_outputs=
 
 register_op(
     "top_k", inputs=["X", "K?"], outputs=["Out", "Indices"],
+    row_wise=RowWise(check=lambda v: "a rank-1 input: top k over the batch"
+                     if v.rank("X") < 2 else None),
     attrs={"k": Int(1, low=1, high=3)}, traits=[OPAQUE],
     infer_shape=lambda X, K=None, *, k: _topk_infer(X, K, k, -1, "top_k"),
     reference=lambda X, K=None, *, k: _topk_ref(X, K, k, -1, True, "top_k"),
@@ -722,7 +729,7 @@ register_op(
         "int64 indices; K (a 1-element tensor) overrides k.")
 
 register_op(
-    "top_k_v2", inputs=["X", "K?"], outputs=["Out", "Indices"],
+    "top_k_v2", inputs=["X", "K?"], outputs=["Out", "Indices"], row_wise=RowWise(axes=("axis",)),
     attrs={"k": Int(1, low=1, high=3), "axis": Int(-1, low=-1, high=3),
            "largest": Bool(True), "sorted": Bool(True)},
     traits=[OPAQUE],

@@ -23,6 +23,7 @@ from pdjit.framework.registry import (
     Bool,
     Ints,
     Opaque,
+    RowWise,
     default_grad,
     register_op,
 )
@@ -166,6 +167,11 @@ def _transpose_ref(X, *, axis):
 
 
 _AXIS_PERM = {"axis": Ints(REQUIRED, choices=([1, 0], [0, 2, 1], [2, 0, 1]))}
+
+
+def _keeps_batch_axis(v):
+    perm = list(v.attr("axis") or [])
+    return None if perm and int(perm[0]) == 0 else f"axis={perm} moves the batch axis"
 def _transpose_lower(ctx):
     X, r = ctx.inp("X"), ctx.rank("X")
     perm = [int(a) % max(r, 1) for a in ctx.attrs["axis"]]
@@ -176,11 +182,13 @@ def _transpose_lower(ctx):
 
 
 register_op("transpose2", inputs=["X"], outputs=["Out", "XShape~"], attrs=dict(_AXIS_PERM),
+            row_wise=RowWise(drop=("XShape",), check=_keeps_batch_axis),
             traits=[OPAQUE], infer_shape=_transpose_infer, reference=_transpose_ref,
             emit=Opaque(_transpose_lower, host=True),
             grad=default_grad("transpose2_grad", fwd_inputs=(), fwd_outputs=("XShape",)),
             doc="Out = X with its dims permuted: Out.dim[i] = X.dim[axis[i]].")
 register_op("transpose", inputs=["X"], outputs=["Out"], attrs=dict(_AXIS_PERM), traits=[OPAQUE],
+            row_wise=RowWise(check=_keeps_batch_axis),
             infer_shape=_transpose_infer, reference=_transpose_ref,
             emit=Opaque(_transpose_lower, host=True), grad=default_grad("transpose_grad"),
             doc="transpose2 without XShape (the old op).")
@@ -230,7 +238,8 @@ def _squeeze_lower(ctx):
 
 register_op(
     "squeeze2", inputs=["X"], outputs=["Out", "XShape~"], attrs={"axes": Ints([])},
-    traits=[VIEW],
+    traits=[VIEW], row_wise=RowWise(axes=("axes",), drop=("XShape",), check=lambda v: None
+                                    if v.attr("axes") else "no axes: squeezes a batch of 1 too"),
     infer_shape=lambda X, *, axes: {"Out": X.with_(shape=squeeze_shape(X.shape, axes, False)),
                                     "XShape": X.with_(shape=(0,) + X.shape)},
     reference=lambda X, *, axes: {"Out": X.reshape(squeeze_shape(X.shape, axes, True)),

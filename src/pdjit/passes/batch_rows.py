@@ -14,16 +14,18 @@ An op whose inputs are all ``const`` gives ``const`` outputs (unless it is rando
 reads a ``batch`` value must be known row-wise, from what the op registry declares: an
 ``ELEMENTWISE`` op (broadcast placement checked: a batch input must line up with the output's
 dim 0, a constant that lines up with it must have size 1 there), a ``REDUCTION`` that keeps dim
-0, a ``VIEW`` whose declared output keeps dim 0 unknown and the row's size, or one of the opaque
-ops of :data:`ROW_WISE` with its attributes checked (``mul``, ``matmul`` with a constant right
-operand, convolutions and pools, ``batch_norm`` in test mode, ``softmax`` on another axis...).
+0, a ``VIEW`` whose declared output keeps dim 0 unknown and the row's size, or an op that
+declares itself row-wise (:class:`~pdjit.framework.registry.RowWise`: its batch and constant
+slots, the axes that must not be the batch's, and what else its attributes must satisfy;
+``mul``, ``matmul`` with a constant right operand, convolutions and pools, ``batch_norm`` in
+test mode, ``softmax`` on another axis...). The op's declaration comes before its traits.
 Anything else is refused, with the reason: unknown means not separable.
 """
 from __future__ import annotations
 
 from pdjit.framework import registry
 
-__all__ = ["row_states", "ROW_WISE", "BATCH", "CONST", "NONE"]
+__all__ = ["row_states", "BATCH", "CONST", "NONE"]
 
 BATCH, CONST, NONE = "batch", "const", "none"
 
@@ -91,163 +93,41 @@ def _only(op, ctx, batch_slots, const_slots=()):
                 raise _Refuse(f"input slot {slot} ({n!r}) is bound")
 
 
-def _tensor_args_absent(op, *slots):
-    for s in slots:
-        _require(not _names(op, s), f"{s} is given as a tensor")
+# ---- the ops that declare themselves row-wise (registry.RowWise) ------------------------------
+class _View:
+    """What a :class:`~pdjit.framework.registry.RowWise` check may ask of the op."""
+
+    def __init__(self, op, ctx):
+        self._op, self._ctx = op, ctx
+
+    def attr(self, name):
+        return _attr(self._op, name)
+
+    def rank(self, slot):
+        return self._ctx.rank(_names(self._op, slot)[0])
+
+    def carries(self, slot):
+        return any(self._ctx.state[n] == BATCH for n in _names(self._op, slot))
 
 
-# ---- the opaque ops known to be row-wise, with their attributes checked --------------------
-def _mul(op, ctx):
-    _only(op, ctx, ("X",), ("Y",))
-    _require(ctx.state[_one(op, "X")] == BATCH, "its X does not carry the batch")
-    _require(int(_attr(op, "x_num_col_dims", 1)) >= 1, "x_num_col_dims < 1")
-    return {"Out": BATCH}
-
-
-def _matmul(op, ctx):
-    x, y = _one(op, "X"), _one(op, "Y")
-    rx, ry = ctx.rank(x), ctx.rank(y)
-    _require(int(_attr(op, "head_number", 1)) == 1, "head_number != 1")
-    if ctx.state[x] == BATCH and ctx.state[y] == BATCH:
-        # a batched product (attention): both carry the batch on dim 0, the product is over
-        # the last two axes
-        _require(rx == ry >= 3, f"X of rank {rx} times Y of rank {ry}, both carrying the "
-                                "batch: expected equal ranks >= 3")
-        return {"Out": BATCH}
-    _only(op, ctx, ("X",), ("Y",))
-    _require(ctx.state[x] == BATCH, "its X does not carry the batch")
-    trans = bool(_attr(op, "trans_x", False) or _attr(op, "transpose_X", False))
-    _require(ry <= 2 and (rx >= 3 or (rx == 2 and not trans)),
-             f"X of rank {rx} (transposed: {trans}) times Y of rank {ry} mixes rows")
-    return {"Out": BATCH}
-
-
-def _conv(op, ctx):
-    _only(op, ctx, ("Input",), ("Filter", "Bias"))
-    return {"Output": BATCH}
-
-
-def _pool(op, ctx):
-    _only(op, ctx, ("X",))
-    return {s: BATCH for s in op.output_names}
-
-
-def _batch_norm(op, ctx):
-    _require(bool(_attr(op, "is_test", False)) or bool(_attr(op, "use_global_stats", False)),
-             "is_test and use_global_stats are false (batch statistics)")
-    _require(not bool(_attr(op, "trainable_statistics", False)), "trainable_statistics")
-    _only(op, ctx, ("X",), ("Scale", "Bias", "Mean", "Variance", "MomentumTensor"))
-    return {s: (BATCH if s == "Y" else NONE) for s in op.output_names}
-
-
-def _layer_norm(op, ctx):
-    _require(int(_attr(op, "begin_norm_axis", 1)) >= 1, "begin_norm_axis < 1")
-    _only(op, ctx, ("X",), ("Scale", "Bias"))
-    return {s: (BATCH if s == "Y" else NONE) for s in op.output_names}
-
-
-def _per_sample_norm(op, ctx):
-    _only(op, ctx, ("X",), ("Scale", "Bias"))
-    return {s: (BATCH if s == "Y" else NONE) for s in op.output_names}
-
-
-def _axis_not_0(slot="X", attr="axis", default=-1):
+def _declared(decl):
     def rule(op, ctx):
-        _only(op, ctx, (slot,))
-        x = _one(op, slot)
-        if attr is not None:
-            _require(not _axis0(_attr(op, attr, default), ctx.rank(x)),
-                     f"{attr}={_attr(op, attr, default)} is the batch axis")
-        _tensor_args_absent(op, "AxisTensor", "K")
-        return {s: (NONE if s == "XShape" else BATCH) for s in op.output_names}
+        _only(op, ctx, decl.batch, decl.const)
+        parts = [n for s in decl.batch for n in _names(op, s)]
+        _require(bool(parts), f"none of its slots {list(decl.batch)} is bound")
+        if decl.every:
+            _require(all(ctx.state[n] == BATCH for n in parts),
+                     "a part that does not carry the batch")
+        rank = ctx.rank(parts[0])
+        for a in decl.axes:
+            value = _attr(op, a)
+            axes = value if isinstance(value, (list, tuple)) else [] if value is None else [value]
+            _require(not any(_axis0(v, rank) for v in axes), f"{a}={value} is the batch axis")
+        if decl.check is not None:
+            why = decl.check(_View(op, ctx))
+            _require(not why, why)
+        return {s: (NONE if s in decl.drop else BATCH) for s in op.output_names}
     return rule
-
-
-def _top_k(op, ctx):
-    _only(op, ctx, ("X",))
-    _tensor_args_absent(op, "K")
-    _require(ctx.rank(_one(op, "X")) >= 2, "a rank-1 input: top k over the batch")
-    return {s: BATCH for s in op.output_names}
-
-
-def _arg(op, ctx):
-    _require(not bool(_attr(op, "flatten", False)), "flatten")
-    return _axis_not_0()(op, ctx)
-
-
-def _cumsum(op, ctx):
-    _require(not bool(_attr(op, "flatten", False)), "flatten")
-    return _axis_not_0()(op, ctx)
-
-
-def _concat(op, ctx):
-    _tensor_args_absent(op, "AxisTensor")
-    xs = _names(op, "X")
-    _require(all(ctx.state[n] == BATCH for n in xs), "a part that does not carry the batch")
-    _require(not _axis0(_attr(op, "axis", 0), ctx.rank(xs[0])), "concatenates on the batch axis")
-    return {"Out": BATCH}
-
-
-def _split(op, ctx):
-    _tensor_args_absent(op, "AxisTensor", "SectionsTensorList")
-    return _axis_not_0()(op, ctx)
-
-
-def _transpose(op, ctx):
-    _only(op, ctx, ("X",))
-    perm = list(_attr(op, "axis", []))
-    _require(bool(perm) and int(perm[0]) == 0, f"axis={perm} moves the batch axis")
-    return {s: (NONE if s == "XShape" else BATCH) for s in op.output_names}
-
-
-def _slice(op, ctx):
-    _tensor_args_absent(op, "StartsTensor", "EndsTensor", "StartsTensorList",
-                        "EndsTensorList")
-    _only(op, ctx, ("Input",))
-    r = ctx.rank(_one(op, "Input"))
-    for a in list(_attr(op, "axes", [])) + list(_attr(op, "decrease_axis", [])):
-        _require(not _axis0(a, r), "slices the batch axis")
-    return {"Out": BATCH}
-
-
-def _pad(op, ctx):
-    _only(op, ctx, ("X",))
-    p = list(_attr(op, "paddings", []))
-    _require(len(p) >= 2 and int(p[0]) == 0 and int(p[1]) == 0, "pads the batch axis")
-    return {"Out": BATCH}
-
-
-def _lookup(op, ctx):
-    _only(op, ctx, ("Ids",), ("W",))
-    return {"Out": BATCH}
-
-
-def _slot_x(op, ctx, const=()):
-    _only(op, ctx, ("X",), const)
-    return {s: BATCH for s in op.output_names}
-
-
-def _one_hot(op, ctx):
-    _tensor_args_absent(op, "depth_tensor")
-    return _slot_x(op, ctx)
-
-
-#: the opaque ops known to be row-wise (each rule checks the op's attributes and slots)
-ROW_WISE = {
-    "mul": _mul, "matmul": _matmul, "matmul_v2": _matmul,
-    "conv2d": _conv, "depthwise_conv2d": _conv, "conv2d_transpose": _conv,
-    "depthwise_conv2d_transpose": _conv, "pool2d": _pool, "max_pool2d_with_index": _pool,
-    "batch_norm": _batch_norm, "layer_norm": _layer_norm, "group_norm": _per_sample_norm,
-    "instance_norm": _per_sample_norm,
-    "softmax": _axis_not_0(), "log_softmax": _axis_not_0(), "norm": _axis_not_0(),
-    "arg_max": _arg, "arg_min": _arg, "cumsum": _cumsum, "top_k": _top_k,
-    "top_k_v2": _axis_not_0(), "concat": _concat, "split": _split,
-    "transpose": _transpose, "transpose2": _transpose, "slice": _slice, "pad": _pad,
-    "lookup_table": _lookup, "lookup_table_v2": _lookup, "one_hot_v2": _one_hot,
-    "assign": lambda op, ctx: _slot_x(op, ctx),
-    "affine_channel": lambda op, ctx: _slot_x(op, ctx, ("Scale", "Bias")),
-    "prelu": lambda op, ctx: _slot_x(op, ctx, ("Alpha",)),
-}
 
 
 # ---- the trait rules -------------------------------------------------------------------------
@@ -289,10 +169,6 @@ def _view(op, ctx):
     x = _one(op, "X")
     for slot in op.input_names:
         _require(slot == "X" or not _names(op, slot), f"its shape comes from {slot}")
-    if op.type == "squeeze2":
-        axes = list(_attr(op, "axes", []))
-        _require(bool(axes), "squeeze2 with no axes squeezes a batch of 1 too")
-        _require(not any(_axis0(a, len(ctx.shape(x))) for a in axes), "squeezes the batch axis")
     xs = ctx.shape(x)
     for s in op.output_names:
         if s == "XShape":
@@ -317,11 +193,11 @@ def _prod(dims):
 
 
 def _rule(op):
-    if op.type in ROW_WISE:
-        return ROW_WISE[op.type]
     d = op.opdef
     if d is None:
         return None
+    if d.row_wise is not None:
+        return _declared(d.row_wise)
     if d.has(registry.RANDOM) or d.has(registry.SIDE_EFFECT) or d.has(registry.CONTROL_FLOW) \
             or d.has(registry.SEQUENCE):
         return None
