@@ -94,7 +94,8 @@ def runtime(tmp_path_factory):
     libs = build._openblas_files()
     blas = next(f for f in libs if "openblas" in f)
     so = d / "librt.so"
-    subprocess.run(["cc", "-O2", "-shared", "-fPIC", str(d / "runtime.c"), "-o", str(so), blas,
+    subprocess.run(["cc", "-O2", "-shared", "-fPIC", f"-I{csource.C_DIR}", str(d / "runtime.c"),
+                    "-o", str(so), blas,
                     f"-Wl,-rpath,{'/'.join(blas.split('/')[:-1])}"], check=True,
                    capture_output=True)
     return ctypes.CDLL(str(so))

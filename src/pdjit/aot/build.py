@@ -602,10 +602,10 @@ def _openblas_files() -> list:
 
 
 def _link(out_dir, obj: bytes, spec: Spec, cc: str, blob: bytes) -> None:
-    """Link ``libmodel.so`` (``csource.files``: ``libPREFIX.so``) from the entry's object, the
-    runtime and ``csource.model_c``'s C (``blob``: the parameters, for a build that embeds
-    them; ``csource.extra_sources`` may add files, e.g. an assembler file that includes the
-    blob). Only the API is exported (``csource.version_script``), and the library's own
+    """Link ``libmodel.so`` (``csource.files``: ``libPREFIX.so``) from the entry's object and
+    the C of ``csource.build_files`` (``blob``: the parameters, for a build that embeds them;
+    ``csource.extra_sources`` may add files, e.g. an assembler file that includes the blob).
+    Only the API is exported (``csource.version_script``), and the library's own
     references to it bind to itself (``-Bsymbolic``: another artifact loaded before it with the
     same names, e.g. ``RTLD_GLOBAL``, does not take its calls)."""
     libs = _openblas_files()
@@ -620,8 +620,7 @@ def _link(out_dir, obj: bytes, spec: Spec, cc: str, blob: bytes) -> None:
         f.write(csource.header(prefix))
     with tempfile.TemporaryDirectory(prefix="pdjit-aot-") as tmp:
         paths = {}
-        files = [("runtime.c", csource.RUNTIME), ("model.c", csource.model_c(spec))]
-        files += csource.extra_sources(spec, blob, tmp)
+        files = csource.build_files(spec) + csource.extra_sources(spec, blob, tmp)
         for name, text in files:
             paths[name] = os.path.join(tmp, name)
             with open(paths[name], "w") as f:
@@ -633,8 +632,9 @@ def _link(out_dir, obj: bytes, spec: Spec, cc: str, blob: bytes) -> None:
         with open(o, "wb") as f:
             f.write(obj)
         out = os.path.join(out_dir, libname)
-        cmd = [cc, "-O2", "-shared", "-fPIC", "-fvisibility=hidden", f"-I{out_dir}",
-               *paths.values(), o, "-o", out, f"-L{out_dir}",
+        units = [p for name, p in paths.items() if not name.endswith(".h")]
+        cmd = [cc, "-O2", "-shared", "-fPIC", "-fvisibility=hidden", f"-I{out_dir}", f"-I{tmp}",
+               *units, o, "-o", out, f"-L{out_dir}",
                f"-l:{blas}", "-lm", "-ldl", "-lpthread", "-Wl,-rpath,$ORIGIN",
                "-Wl,--no-undefined", f"-Wl,--version-script={script}",
                f"-Wl,-soname,{libname}", "-Wl,-Bsymbolic"]
