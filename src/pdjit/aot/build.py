@@ -80,16 +80,31 @@ def _one_thread():
         numba.set_num_threads(numba_saved)
 
 
-#: control-flow ops the entry drives itself (``_Entry``): a branch, a loop whose body could not
-#: become one native loop, and ``cond``'s merges
-_DRIVEN = ("conditional_block", "while", "select_input", "select_output")
+def _driven(op) -> bool:
+    """Whether the entry drives ``op`` itself (``_Entry``): a branch or a loop (whose body
+    could not become one native loop), declared by ``registry.ControlFlow``, and ``cond``'s
+    merges, declared by ``registry.Select``."""
+    d = op.opdef
+    return d is not None and (d.control is not None or d.select is not None)
+
+
+def _is_loop(op) -> bool:
+    d = op.opdef
+    return d is not None and d.control is not None and d.control.kind == registry.LOOP
+
+
+def _scalar_condition(op) -> bool:
+    """Whether a control op's condition is one bool element (a loop's always is)."""
+    c = op.opdef.control
+    return c.kind == registry.LOOP or bool(c.scalar_condition and op.has_attr(
+        c.scalar_condition) and op.attr(c.scalar_condition))
 
 
 def _refuse_step(step) -> str | None:
     """Why ``step`` cannot be compiled ahead of time, or None (for a control-flow op the entry
     drives, the first refusal in its sub-blocks' plans)."""
     if step.kind == "reference":
-        if step.op.type not in _DRIVEN:
+        if not _driven(step.op):
             return f"op {step.op.type!r} (#{step.op_idx}) has no native lowering ({step.why})"
         return _refuse_control(step)
     if step.kind not in ("native", "native_loop"):
@@ -103,26 +118,25 @@ def _refuse_step(step) -> str | None:
         return f"op {step.rng_ops[0][0].type!r}: random ops are not compiled ahead of time"
     if step.lod_flow.always or any(True for _ in getattr(step.lod_flow, "requests", ())):
         return f"op {op.type!r} (#{i}): LoD inputs are not compiled ahead of time"
-    if "parallel=True" in code.text:
+    if code.parallel:
         return f"op {op.type!r} (#{i}): a parallel driver (build with one thread)"
     return None
 
 
 def _refuse_control(step) -> str | None:
     op, where = step.op, f"op {step.op.type!r} (#{step.op_idx})"
-    if op.type in ("select_input", "select_output"):
+    if op.opdef.select is not None:
         return None
     want = list(op.sub_block_indices())
     subs = dict(step.sub_plans)
     if sorted(subs) != sorted(want):
         return f"{where}: the plans of its sub-blocks {want} were not built"
-    if op.type == "while" and len(op.input("Condition")) != 1:
-        return f"{where}: expected one Condition, got {len(op.input('Condition'))}"
-    if op.type == "conditional_block" and op.attr("is_scalar_condition") and \
-            len(op.input("Cond")) != 1:
-        return f"{where}: a scalar condition takes one Cond, got {len(op.input('Cond'))}"
-    if op.type == "while" or op.attr("is_scalar_condition"):
-        cond = op.input("Condition" if op.type == "while" else "Cond")[0]
+    slot = op.opdef.control.condition
+    if _scalar_condition(op):
+        conds = op.input(slot)
+        if len(conds) != 1:
+            return f"{where}: a scalar condition takes one {slot}, got {len(conds)}"
+        cond = conds[0]
         v = op.block._find_var_recursive(cond)
         got = "undeclared" if v is None else np.dtype(to_numpy(v.dtype)).name
         if got != "bool":
@@ -282,7 +296,7 @@ def _has_loop(plan) -> bool:
     creation to size its memory (its loop need not end on zeros: "double until the sum
     reaches 100" never does)."""
     return any(step.kind == "native_loop" or
-               (step.kind == "reference" and step.op.type == "while") for step in plan.walk())
+               (step.kind == "reference" and _is_loop(step.op)) for step in plan.walk())
 
 
 def _training_mode_ops(program) -> list:
@@ -318,8 +332,9 @@ def _writes(plan) -> list:
         if step.kind != "reference":
             out += step.outputs
             continue
-        if step.op.type in ("select_input", "select_output"):
-            out += step.op.output("Out")
+        sel = step.op.opdef.select if step.op.opdef is not None else None
+        if sel is not None:
+            out += step.op.output(sel.out if sel.gather else sel.choices)
         for _, sub in step.sub_plans:
             out += _writes(sub)
     return [n for n in out if n != registry.EMPTY_VAR_NAME]
@@ -420,10 +435,12 @@ class _Entry:
         op = step.op
         what = f"op {op.type} (#{step.op_idx}, block {block.idx})"
         subs = dict(step.sub_plans)
-        if op.type == "select_input":
-            xs = [self.read_maybe(scope, n, what) for n in op.input("X")]
+        sel, control = op.opdef.select, op.opdef.control
+        if sel is not None and sel.gather:
+            choices = op.input(sel.choices)
+            xs = [self.read_maybe(scope, n, what) for n in choices]
             m = self.fresh("m")
-            mask = self.read(scope, op.input("Mask")[0], indent, what)
+            mask = self.read(scope, op.input(sel.index)[0], indent, what)
             self.emit(indent, f"{m} = _index({mask}, {len(xs)})")
             out = self.fresh()
             self.emit(indent, f"{out} = {xs[0][0]}")
@@ -431,41 +448,32 @@ class _Entry:
                 self.emit(indent, f"{'if' if k == 0 else 'elif'} {m} == {k}:")
                 if flag is not None:
                     self.emit(indent + 1, f"if not {flag}:")
-                    self.emit(indent + 2, f"raise ValueError('pdjit: {_quote(op.input('X')[k])} "
+                    self.emit(indent + 2, f"raise ValueError('pdjit: {_quote(choices[k])} "
                                           f"holds no value (selected by {_quote(what)})')")
                 self.emit(indent + 1, f"{out} = {var}")
-            self.write(scope, op.output("Out")[0], out, indent)
-        elif op.type == "select_output":
-            outs = [n for n in op.output("Out")]
-            x = self.read(scope, op.input("X")[0], indent, what)
+            self.write(scope, op.output(sel.out)[0], out, indent)
+        elif sel is not None:
+            outs = list(op.output(sel.choices))
+            x = self.read(scope, op.input(sel.value)[0], indent, what)
             m = self.fresh("m")
-            mask = self.read(scope, op.input("Mask")[0], indent, what)
+            mask = self.read(scope, op.input(sel.index)[0], indent, what)
             self.emit(indent, f"{m} = _index({mask}, {len(outs)})")
             self.prepare(scope, outs, block, indent, what)
             for k, n in enumerate(outs):
                 self.emit(indent, f"if {m} == {k}:")
                 self.write(scope.child({n}), n, x, indent + 1)
-        elif op.type == "conditional_block":
-            b = op.attr("sub_block")
+        elif control is not None:
+            b = op.attr(control.body)
             sub, sub_block = subs[b], self.program.block(b)
-            conds = [self.read(scope, n, indent, what) for n in op.input("Cond")]
-            if op.attr("is_scalar_condition"):
+            conds = [self.read(scope, n, indent, what) for n in op.input(control.condition)]
+            outer = [n for n in dict.fromkeys(_writes(sub)) if not sub_block.has_var(n)]
+            self.prepare(scope, outer, block, indent, what)
+            if _scalar_condition(op):
                 test = f"_truth({conds[0]})"
             else:
                 test = " and ".join(f"_nonempty({c})" for c in conds) or "True"
-            outer = [n for n in dict.fromkeys(_writes(sub)) if not sub_block.has_var(n)]
-            self.prepare(scope, outer, block, indent, what)
-            self.emit(indent, f"if {test}:")
-            self.emit(indent + 1, "pass")
-            self.plan(sub, scope.child(outer), indent + 1)
-        elif op.type == "while":
-            b = op.attr("sub_block")
-            sub, sub_block = subs[b], self.program.block(b)
-            cond = op.input("Condition")[0]
-            outer = [n for n in dict.fromkeys(_writes(sub)) if not sub_block.has_var(n)]
-            var = self.read(scope, cond, indent, what)
-            self.prepare(scope, outer, block, indent, what)
-            self.emit(indent, f"while _truth({var}):")
+            # a loop re-reads its condition's variable (the body writes it) before each run
+            self.emit(indent, f"{'while' if control.kind == registry.LOOP else 'if'} {test}:")
             self.emit(indent + 1, "pass")
             # a value the body may not have written yet is checked where the body reads it
             self.plan(sub, scope.child(outer), indent + 1)

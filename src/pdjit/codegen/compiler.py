@@ -294,10 +294,11 @@ def _read_only_cache(dispatcher) -> None:
 
 class Compiled:
     """A generated function: its dispatcher, module name, file (``None`` when the disk cache
-    is off), and source text."""
+    is off), source text, and whether it (or a kernel it calls) has parallel loops."""
 
-    def __init__(self, name: str, path, text: str, fn_name: str):
+    def __init__(self, name: str, path, text: str, fn_name: str, parallel: bool = False):
         self.name, self.path, self.text, self.fn_name = name, path, text, fn_name
+        self.parallel = parallel
         _texts[name] = (path, text)
         self.fn = _load(name, path, fn_name, text)
 
@@ -330,7 +331,9 @@ def compile_function(fn_source: str, fn_name: str, parallel: bool = False, targe
         if hit is not None:
             return hit
         path = _write_module(cache_dir(), name, text)
-        compiled = _compiled[name] = Compiled(name, path, text, fn_name)
+        compiled = _compiled[name] = Compiled(
+            name, path, text, fn_name,
+            parallel or any(c.parallel for _, c in calls))
         return compiled
 
 
@@ -343,6 +346,8 @@ class HostFunction:
     (measured: 0.8 s of the ResNet's cold step for one convolution with one epilogue), for
     a few microseconds of dispatch per block. Same fields as :class:`Compiled` (``path`` is
     ``None``: nothing is written)."""
+
+    parallel = False
 
     def __init__(self, fn_source: str, fn_name: str, calls=()):
         self.text, self.fn_name, self.calls, self.path = fn_source, fn_name, tuple(calls), None
@@ -540,6 +545,7 @@ class LibraryKernel:
         self.fn, self.cost = fn, cost
         self.name = f"{fn.py_func.__module__}.{fn.py_func.__qualname__}"
         self.text = ""
+        self.parallel = bool(fn.targetoptions.get("parallel"))
 
 
 def _numba_type(t):

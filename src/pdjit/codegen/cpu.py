@@ -482,9 +482,9 @@ class NativeDriver:
         self.compiled = compile_function(gen.source(fn_name), fn_name, parallel=gen.uses_prange,
                                          target=NAME, calls=gen.calls)
         self.name, self.text, self.fn = self.compiled.name, self.compiled.text, self.compiled.fn
-        # prange loops inside (their threads are the cores: the plan runs it on the whole
-        # batch, never on slices from threads of its own)
-        self.parallel = gen.uses_prange
+        # prange loops inside, its own or a kernel's (their threads are the cores: the plan
+        # runs it on the whole batch, never on slices from threads of its own)
+        self.parallel = self.compiled.parallel
 
     def reload_clean(self) -> None:
         self.compiled.reload_clean()

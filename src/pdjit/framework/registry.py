@@ -345,12 +345,17 @@ class ControlFlow:
         which the backward pass reads.
     ``keeps_no_scopes``
         A ``BOOLEAN`` attribute that, when true, means the step scopes stay empty (inference).
+    ``scalar_condition``
+        For a ``BRANCH``: a ``BOOLEAN`` attribute that, when true, means the condition is the
+        one bool element of one tensor; when false, the branch runs when every condition
+        tensor is non-empty. (A ``LOOP``'s condition is always one bool element.)
     """
     kind: str
     body: str = "sub_block"
     condition: str | None = None
     step_scopes: str | None = None
     keeps_no_scopes: str | None = None
+    scalar_condition: str | None = None
 
     def keeps_scopes(self, op) -> bool:
         """Whether ``op`` (of this definition) records the scope of each run of its body."""
@@ -362,6 +367,21 @@ class ControlFlow:
         if self.kind not in (LOOP, BRANCH):
             raise ValueError(f"ControlFlow.kind must be {LOOP!r} or {BRANCH!r}, got "
                              f"{self.kind!r}")
+
+
+@dataclass(frozen=True)
+class Select:
+    """The op picks by an index: the one-element integer input slot ``index`` (in ``[0, n)``)
+    chooses among the ``n`` variables of ``choices``. With ``gather``, output slot ``out`` gets
+    input ``choices[index]`` (the others may hold no value); otherwise input slot ``value`` is
+    written to output ``choices[index]`` (the others keep theirs). What a ``cond`` merges its
+    branches' values with, declared so that a runtime or a code generator can drive it without
+    naming the op."""
+    index: str
+    choices: str
+    gather: bool
+    value: str = ""
+    out: str = ""
 
 
 # ---- what an op is at inference (``OpDef.inference``) ------------------------------------
@@ -508,6 +528,7 @@ class OpDef:
     control: ControlFlow | None = None
     inference: Callable | None = None
     row_wise: RowWise | None = None
+    select: Select | None = None
 
     def __post_init__(self):
         self.inputs = tuple(Slot.parse(s) for s in self.inputs)
@@ -531,6 +552,14 @@ class OpDef:
                 if slot is not None and slot not in {s.name for s in slots}:
                     raise ValueError(f"op {self.type!r}: ControlFlow names slot {slot!r}, which "
                                      f"the op does not have")
+        if self.select is not None:
+            sel, ins, outs = self.select, {s.name for s in self.inputs}, \
+                {s.name for s in self.outputs}
+            have = (sel.choices in (ins if sel.gather else outs), sel.index in ins,
+                    (sel.out in outs) if sel.gather else (sel.value in ins))
+            if CONTROL_FLOW not in self.traits or not all(have):
+                raise ValueError(f"op {self.type!r}: a Select declaration needs the "
+                                 f"CONTROL_FLOW trait and the slots it names")
         if self.row_wise is not None:
             ins, outs = {s.name for s in self.inputs}, {s.name for s in self.outputs}
             rw = self.row_wise
@@ -600,7 +629,8 @@ def register_op(type: str, *, inputs: Sequence, outputs: Sequence, attrs: Mappin
                 grad: Callable | None, doc: str = "", domain: Mapping | None = None,
                 replace: bool = False, out_lod: Callable | None = None,
                 control: ControlFlow | None = None,
-                inference: Callable | None = None, row_wise: RowWise | None = None) -> OpDef:
+                inference: Callable | None = None, row_wise: RowWise | None = None,
+                select: Select | None = None) -> OpDef:
     """Define an op. ``emit`` and ``grad`` have no default: each op declares both decisions.
 
     ``domain`` (optional) says which values an input slot takes: ``{"X": "positive"}``
@@ -610,7 +640,7 @@ def register_op(type: str, *, inputs: Sequence, outputs: Sequence, attrs: Mappin
         raise ValueError(f"op type {type!r} is already registered")
     opdef = OpDef(type, tuple(inputs), tuple(outputs), dict(attrs or {}), frozenset(traits),
                   infer_shape, reference, emit, grad, doc, dict(domain or {}), out_lod, control,
-                  inference, row_wise)
+                  inference, row_wise, select)
     _REGISTRY[type] = opdef
     return opdef
 

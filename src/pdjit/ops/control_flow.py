@@ -37,6 +37,7 @@ from pdjit.framework.registry import (
     Bool,
     ControlFlow,
     Int,
+    Select,
     Strs,
     VarMeta,
     register_op,
@@ -107,7 +108,8 @@ register_op(
            "skip_eager_deletion_vars": Strs([], doc=_SKIP_DOC)},
     traits=[CONTROL_FLOW], infer_shape=lambda **_: {}, reference=_cond_block_ref, emit=None,
     grad=_GRADS["conditional_block"],
-    control=ControlFlow(BRANCH, body="sub_block", condition="Cond", step_scopes="Scope"),
+    control=ControlFlow(BRANCH, body="sub_block", condition="Cond", step_scopes="Scope",
+                        scalar_condition="is_scalar_condition"),
     doc="Runs sub_block once if the condition holds: the one bool element of Cond when "
         "is_scalar_condition, else when every Cond tensor is non-empty. Scope gets a "
         "StepScopes holding the run's env (empty if the block did not run).")
@@ -186,7 +188,8 @@ def _select_input_ref(X, Mask, ctx):
 
 register_op(
     "select_input", inputs=["X*", "Mask"], outputs=["Out"],
-    traits=[CONTROL_FLOW], infer_shape=_select_input_infer, reference=_select_input_ref,
+    traits=[CONTROL_FLOW], select=Select(index="Mask", choices="X", gather=True, out="Out"),
+    infer_shape=_select_input_infer, reference=_select_input_ref,
     emit=None, grad=_GRADS["select_input"],
     doc="Out = X[Mask] (Mask an int32 of one element); the other inputs may hold no value.")
 
@@ -201,7 +204,8 @@ def _select_output_ref(X, Mask, ctx):
 
 register_op(
     "select_output", inputs=["X", "Mask"], outputs=["Out*"],
-    traits=[CONTROL_FLOW], infer_shape=lambda X, Mask: {},  # outputs keep their declared metas
+    traits=[CONTROL_FLOW], select=Select(index="Mask", choices="Out", gather=False, value="X"),
+    infer_shape=lambda X, Mask: {},  # outputs keep their declared metas
     reference=_select_output_ref, emit=None, grad=_GRADS["select_output"],
     doc="Out[Mask] = X (Mask an int32 of one element); the other outputs are left untouched.")
 
