@@ -54,8 +54,7 @@ from pdjit.runtime.place import CPUPlace, CUDAPinnedPlace, CUDAPlace, is_compile
 from pdjit.runtime.scope import Scope, global_scope, scope_guard
 from pdjit.runtime.tensor import LoDTensor, create_lod_tensor, create_random_int_lodtensor
 from pdjit.runtime.threads import get_num_threads, set_num_threads
-
-__version__ = "0.1.0"
+from pdjit.version import __version__  # noqa: F401
 
 __all__ = [
     "Block", "Operator", "Parameter", "Program", "Variable", "default_main_program",

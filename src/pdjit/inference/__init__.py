@@ -64,7 +64,7 @@ class PrecisionType(enum.IntEnum):
 
 
 def get_version() -> str:
-    from pdjit import __version__
+    from pdjit.version import __version__
     return f"pdjit {__version__}"
 
 
