@@ -103,7 +103,7 @@ def bench_chain(cuda, n_log2: int, repeat: int) -> None:
     globals()["cuda"] = cuda  # the kernel below reads it as a global
     copy = cuda.jit(_copy)
     dst = cuda.device_array_like(dx)
-    from pdjit.codegen import cuda_lib
+    from pdjit.codegen.cuda import lib as cuda_lib
 
     copy_ms = _event_ms(cuda, lambda: copy[cuda_lib.grid(n)](dx, dst), repeat)
     copy_gbs = 2 * n * 4 / copy_ms / 1e6

@@ -20,6 +20,7 @@ from pdjit import (  # noqa: F401 (ops registers ops)
                    regularizer,
 )
 from pdjit.codegen.compiler import clear_cache
+from pdjit.codegen.cpu.threads import get_num_threads, set_num_threads
 from pdjit.compiler import *  # noqa: F401,F403
 from pdjit.data_feeder import *  # noqa: F401,F403
 from pdjit.framework import (
@@ -53,7 +54,6 @@ from pdjit.runtime.executor import Executor
 from pdjit.runtime.place import CPUPlace, CUDAPinnedPlace, CUDAPlace, is_compiled_with_cuda
 from pdjit.runtime.scope import Scope, global_scope, scope_guard
 from pdjit.runtime.tensor import LoDTensor, create_lod_tensor, create_random_int_lodtensor
-from pdjit.runtime.threads import get_num_threads, set_num_threads
 from pdjit.version import __version__  # noqa: F401
 
 __all__ = [

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import pdjit as fluid
-from pdjit.codegen import cuda as cuda_target
+from pdjit.codegen.cuda import target as cuda_target
 from pdjit.runtime import device
 
 HERE = pathlib.Path(__file__).parent

@@ -18,13 +18,13 @@ import numpy as np
 
 from pdjit.aot import batch_split, csource, loader
 from pdjit.aot.numba_aot import compile_object, pointer
+from pdjit.codegen.cpu import threads
 from pdjit.framework import registry
 from pdjit.framework.dtypes import to_numpy
 from pdjit.framework.errors import PdjitError, ReferenceStepWarning
 from pdjit.io.inference import load_model
 from pdjit.passes.inference import optimize
 from pdjit.proto import framework_pb2 as pb
-from pdjit.runtime import threads
 from pdjit.runtime.plan import build_plan
 
 SYMBOL = "pdjit_entry"

@@ -6,7 +6,7 @@ values, which are run-time arguments), so identical layers, programs and process
 compiled kernel (``pdjit.codegen.compiler``):
 
 - elementwise / reduction groups: a :class:`~pdjit.codegen.kernel.LoopKernel` description,
-  rendered by the target (``pdjit.codegen.cpu``) with one loop form chosen from the static
+  rendered by the target (``pdjit.codegen.cpu.target``) with one loop form chosen from the static
   shapes. The kernel takes its outputs as arguments; the driver computes the run-time shape,
   checks it, allocates, and calls;
 - opaque groups: the lines the op's ``Opaque.lower`` gives, as a kernel of their own (inputs as
@@ -27,9 +27,10 @@ import string
 
 import numpy as np
 
-from pdjit.codegen import memplan, nnlib
+from pdjit.codegen import memplan
 from pdjit.codegen.compiler import Compiled, HostFunction, LibraryKernel, compile_function
-from pdjit.codegen.cpu import PARALLEL_MIN_SIZE
+from pdjit.codegen.cpu import lib as nnlib
+from pdjit.codegen.cpu.target import PARALLEL_MIN_SIZE
 from pdjit.codegen.kernel import (
     FLAT_FORMS,
     FULL,
@@ -39,7 +40,7 @@ from pdjit.codegen.kernel import (
     choose_form,
     place_leaf,
 )
-from pdjit.codegen.targets import get_target
+from pdjit.codegen.target import get_target
 from pdjit.framework import registry
 from pdjit.framework.errors import ShapeMismatch
 from pdjit.passes.fusion import (

@@ -1,6 +1,6 @@
 """The memory plan of a host driver: intermediate buffers reused and released by liveness.
 
-A host driver (``pdjit.codegen.cpu.HostDriver``) is straight-line Python: one block of
+A host driver (``pdjit.codegen.cpu.target.HostDriver``) is straight-line Python: one block of
 statements per fusion group, each group's outputs allocated with ``np.empty`` / ``np.zeros``
 (the kernels take their outputs as arguments) or made by a library call or a view. Left alone,
 every local lives until the driver returns, so a segment's peak memory is the sum of all its

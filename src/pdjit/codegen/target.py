@@ -8,8 +8,9 @@ kernels are compiled in; the CPU's is ``compiler.module_text``), ``PARALLEL_VARI
 ``PRECOMPILE`` (False: no ``prange`` variants, no compiling ahead of the first call),
 ``INPLACE_FORMS``, ``BLOCK_FORMS`` and ``NativeDriver`` (what the target supports of the
 CPU's memory plan, blocked epilogues and native drivers). Targets: ``cpu``
-(``pdjit.codegen.cpu``) and ``cuda`` (``pdjit.codegen.cuda``, registered when first asked
-for: it imports ``numba.cuda``). Opaque lowerings name the targets their lines are written for
+(``pdjit.codegen.cpu.target``) and ``cuda`` (``pdjit.codegen.cuda.target``, registered when
+first asked for: it imports ``numba.cuda``). Opaque lowerings name the targets their lines are
+written for
 (``Opaque.targets``); an op with no lowering for the plan's target runs its reference, and the
 plan report says so. The target's name is part of every kernel's text, hence of its cache key.
 """
@@ -26,10 +27,10 @@ def register_target(module: ModuleType) -> None:
 
 def get_target(name: str) -> ModuleType:
     if not _TARGETS:
-        from pdjit.codegen import cpu
+        from pdjit.codegen.cpu import target as cpu
         register_target(cpu)
     if name == "cuda" and name not in _TARGETS:  # imports numba.cuda: only when asked for
-        from pdjit.codegen import cuda
+        from pdjit.codegen.cuda import target as cuda
         register_target(cuda)
     target = _TARGETS.get(name)
     if target is None:

@@ -34,7 +34,7 @@ to the bit). What is worth knowing:
   ``NCHW``; the last dim otherwise, ``AnyLayout`` being the op's default).
 
 Every op runs natively: views and slicing in the driver (flatten, shape, pad) or the library
-kernels of ``pdjit.codegen.nnlib.image`` (pad3d, resize, affine_channel), whose sizes, pads,
+kernels of ``pdjit.codegen.cpu.lib.image`` (pad3d, resize, affine_channel), whose sizes, pads,
 ratios and modes are run-time arguments.
 """
 from __future__ import annotations

@@ -45,7 +45,7 @@ those of its CPU kernels, compared with Paddle on both layouts, float32 and floa
   Scale@GRAD, Bias@GRAD through the row statistics.
 
 Natively (float32 and float64; float16 runs the references) every op calls the three library
-kernels of ``pdjit.codegen.nnlib.norm`` (statistics, normalisation, gradients) on a 4-D view
+kernels of ``pdjit.codegen.cpu.lib.norm`` (statistics, normalisation, gradients) on a 4-D view
 of its data, one compilation per dtype for all of them; the host lines do the bookkeeping on
 the few values per channel (running averages, saved statistics) with NumPy. ``layer_norm`` and
 its gradient call ``nnlib.norm.layer_norm_fwd`` / ``layer_norm_bwd`` on the ``(left, right)``
@@ -187,7 +187,7 @@ def _batch_stats(is_test: bool, use_global_stats: bool, trainable_statistics: bo
 class _Host:
     """Host lines under construction for a norm op on X: the ``(A, P, C, R)`` views of arrays
     (see :func:`_view`), per-channel inputs (constants when absent), outputs (scratch arrays
-    when not bound). The lines call the kernels of ``pdjit.codegen.nnlib.norm`` and do the
+    when not bound). The lines call the kernels of ``pdjit.codegen.cpu.lib.norm`` and do the
     per-channel bookkeeping on a few values with NumPy (valid Python and Numba)."""
 
     def __init__(self, ctx, data_layout: str):

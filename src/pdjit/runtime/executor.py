@@ -26,12 +26,13 @@ import weakref
 
 import numpy as np
 
+from pdjit.codegen.cpu import threads
 from pdjit.framework import registry
 from pdjit.framework.errors import PdjitError
 from pdjit.framework.program import Block, Program, default_main_program
 from pdjit.passes import verify
 from pdjit.proto import framework_pb2 as pb
-from pdjit.runtime import checks, device, feed_fetch, interpreter, reader, threads
+from pdjit.runtime import checks, device, feed_fetch, interpreter, reader
 from pdjit.runtime.checks import env_flag
 from pdjit.runtime.context import Env
 from pdjit.runtime.place import CPUPlace, Place

@@ -42,9 +42,10 @@ import numpy as np
 from numba.core.errors import NumbaError
 
 from pdjit.codegen.compiler import CACHE_ERRORS, compile_function, precompile
+from pdjit.codegen.cpu import threads
 from pdjit.codegen.loops import LoopGen, native_loop
 from pdjit.codegen.lowering import Declined, SegmentGen
-from pdjit.codegen.targets import target_name
+from pdjit.codegen.target import target_name
 from pdjit.framework import registry
 from pdjit.framework.errors import (
     FallbackError,
@@ -58,7 +59,7 @@ from pdjit.passes.fusion import live_names, partition
 from pdjit.passes.prune import prune
 from pdjit.proto import framework_pb2 as pb
 from pdjit.runtime import checks as run_checks
-from pdjit.runtime import device, memory, threads
+from pdjit.runtime import device, memory
 from pdjit.runtime.context import RunContext, StepScopes
 from pdjit.runtime.lod_flow import LoDFlow, LoDUnavailable
 from pdjit.runtime.tensor import LoDTensor

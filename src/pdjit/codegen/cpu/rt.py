@@ -10,7 +10,7 @@ invalidates Numba's on-disk cache of every generated module that uses it.
 import numpy as np
 from numba.extending import overload
 
-from pdjit.runtime import threads
+from pdjit.codegen.cpu import threads
 
 
 def bdim(acc, d):

@@ -20,8 +20,10 @@ import math
 
 import numpy as np
 
-from pdjit.codegen import memplan, nnlib, rt
+from pdjit.codegen import memplan
 from pdjit.codegen.compiler import compile_function, module_text
+from pdjit.codegen.cpu import lib as nnlib
+from pdjit.codegen.cpu import rt
 from pdjit.codegen.kernel import FULL, MID, ROW, SCALAR, LoopKernel
 
 NAME = "cpu"

@@ -31,7 +31,7 @@ Two kinds of threads, set apart because they were measured apart on a 2-vCPU mac
   encoder layer 60 ms against 24 ms on one thread. After a multi-threaded call NumPy's
   OpenBLAS workers are stopped (they spin for 50 ms and more otherwise, taking the core
   from the next parallel loop); starting them again costs ~50 us.
-- The library kernels of the vision ops (``pdjit.codegen.nnlib``) split a large batch into
+- The library kernels of the vision ops (``pdjit.codegen.cpu.lib``) split a large batch into
   slices, one per loop thread, each slice on one BLAS thread (the kernels release the GIL):
   a 3x3 convolution of [32, 32, 16, 16] took 3.9 ms on one thread and 2.05 ms on two. (With
   OpenBLAS's own threads on instead, concurrent calls serialise: no gain.)

@@ -1,7 +1,7 @@
 """What the ``cuda`` target's host drivers call (``_cu`` in a driver): device allocation, launch
 configurations, and the library kernels of the opaque ops' cuda lowerings (GEMM, batched GEMM,
 softmax rows, softmax with cross entropy rows, and convolution as an implicit GEMM in
-:mod:`pdjit.codegen.cuda_lib.conv`).
+:mod:`pdjit.codegen.cuda.lib.conv`).
 
 Launch configurations: elementwise kernels are grid-stride loops (:func:`grid`: enough blocks
 to cover the elements, at most :data:`MAX_BLOCKS`), reductions one block per output element
@@ -23,8 +23,8 @@ import os
 import numpy as np
 from numba import cuda
 
-from pdjit.codegen import cpu
-from pdjit.codegen.cuda_math import kernel as _cached
+from pdjit.codegen.cpu import target as cpu
+from pdjit.codegen.cuda.mathfuncs import kernel as _cached
 
 SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM", "0").strip() not in ("", "0")
 #: threads per block of elementwise and reduction kernels
@@ -390,7 +390,7 @@ def softmax_xent_rows(x, label, sm, loss, nr: int, nc: int, ignore_index: int) -
 
 
 # ---- convolution as an implicit GEMM (its own module) ------------------------------------------
-from pdjit.codegen.cuda_lib.conv import (  # noqa: E402, F401 - the drivers' _cu.conv2d_*
+from pdjit.codegen.cuda.lib.conv import (  # noqa: E402, F401 - the drivers' _cu.conv2d_*
     conv2d_bwd_data,
     conv2d_bwd_filter,
     conv2d_fwd,
