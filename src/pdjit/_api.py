@@ -1,8 +1,5 @@
-"""pdjit: PaddlePaddle-Fluid-style programs, executed by a compiler.
-
-``import pdjit as fluid`` gives Fluid's user API: build a program with ``fluid.layers``, run it
-with ``fluid.Executor(fluid.CPUPlace())``.
-"""
+"""The public names of ``import pdjit as fluid`` (the package loads this module at the first
+use of one of them)."""
 from pdjit import (  # noqa: F401 (ops registers ops)
                    backward,
                    clip,
