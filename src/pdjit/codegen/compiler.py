@@ -118,6 +118,7 @@ def deps_hash() -> str:
         nnlib = pathlib.Path(importlib.import_module("pdjit.codegen.cpu.lib").__file__).parent
         _DEPS = _source_hash(__version__, numba.__version__,
                              _file_text("pdjit.codegen.cpu.rt"),
+                             _file_text("pdjit.codegen.driver"),
                              _file_text("pdjit.codegen.cpu.mathfuncs"),
                              *(f.read_text() for f in sorted(nnlib.glob("*.py"))))
     return _DEPS

@@ -861,8 +861,8 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None,
             if not named:  # (a host op of a device plan was named already)
                 _warn_reference_step(op, node.why_not)
             continue
-        compiled = gen.target.HostDriver(gen, memory_optim=memory_optim)
-        has_native = hasattr(gen.target, "NativeDriver")
+        compiled = gen.target.host_driver(gen, memory_optim=memory_optim)
+        has_native = gen.target.native_drivers
         native = _native_driver(gen, target) \
             if native_drivers and native_drivers != "auto" and has_native else None
         groups = [[(op, index[id(op)]) for op in g.ops] for g in seg.groups]
@@ -1018,7 +1018,7 @@ def _native_driver(gen, target: str):
     if list(ngen.args) != list(gen.args) or list(ngen.outputs) != list(gen.outputs) or \
             ngen.lod_requests or len(ngen.rng_requests) != len(gen.rng_requests):
         return None
-    return gen.target.NativeDriver(ngen)
+    return gen.target.native_driver(ngen)
 
 
 def _generate(part, block, live, target: str) -> list:

@@ -19,9 +19,10 @@ helpers' names). Opaque ops lower to calls of the launchers in
 :mod:`pdjit.codegen.cuda.lib` (GEMM, softmax rows, optimizer updates...), lines of the host
 driver, as the CPU's library calls are.
 
-The call site (:func:`call_site`) is the CPU's, allocating on the device (``_cu.empty``) and
-launching (``K[_cu.grid(n)](...)``); the host driver (:class:`HostDriver`) is the CPU's,
-executed with the CUDA launchers in its namespace. No parallel or in-place variants, no native
+The call site (:func:`call_site`) is the shared one of :mod:`pdjit.codegen.driver`,
+allocating on the device (``_cu.empty``) and launching (``K[_cu.grid(n)](...)``); the host
+driver (:class:`HostDriver`) is the shared one, executed with the CUDA launchers in its
+namespace. No parallel or in-place variants, no native
 drivers and no blocked epilogues: a CUDA kernel is already parallel, and the host driver only
 launches.
 """
@@ -31,15 +32,12 @@ import math
 
 import numpy as np
 
+from pdjit.codegen import driver
 from pdjit.codegen.compiler import deps_hash
-from pdjit.codegen.cpu import target as cpu
 from pdjit.codegen.kernel import FULL, MID, ROW, SCALAR, LoopKernel
+from pdjit.codegen.target import Target, register_target
 
 NAME = "cuda"
-PARALLEL_MIN_SIZE = cpu.PARALLEL_MIN_SIZE
-PARALLEL_VARIANTS = False   # no prange variants: every kernel is a grid
-PRECOMPILE = False          # kernels compile at their first launch (per device)
-BLOCK_FORMS = ()            # no blocked epilogues
 
 
 def _tpb() -> int:
@@ -55,11 +53,11 @@ def _sizes(k: LoopKernel) -> list:
         dims = [f"d{d}" for d in range(k.rank)]
         strides = [f"s{i}_{d}" for i in range(len(k.leaves)) for d in range(k.rank)]
         return dims + strides
-    return cpu._sizes(k)
+    return driver.loop_sizes(k)
 
 
 def _params(k: LoopKernel) -> list:
-    return cpu._params(k, _sizes)
+    return driver.kernel_params(k, _sizes)
 
 
 def argtypes(k: LoopKernel, leaf_dtypes: list) -> list:
@@ -219,10 +217,10 @@ def module_text(fn_source: str, fn_name: str, header: str) -> str:
 # ---- call sites --------------------------------------------------------------------------------
 def call_site(k: LoopKernel, fresh, flats: dict, leaves: list, stores: list,
               red_out: str | None, params: list, kname: str, pname: str | None = None) -> list:
-    """The CPU's call site (shapes computed and checked on the host, outputs allocated on the
+    """The shared call site (shapes computed and checked on the host, outputs allocated on the
     device), then the launch: a grid over the elements, or one block per reduction output."""
-    lines, args = cpu.call_site(k, fresh, flats, leaves, stores, red_out, params, None,
-                                alloc="_cu.empty")
+    lines, args = driver.call_site(k, fresh, flats, leaves, stores, red_out, params, None,
+                                   alloc="_cu.empty")
     red = k.reduce
     dims = None
     if k.form in ("strided", "reduce_strided"):
@@ -294,7 +292,7 @@ def _strided_args(k: LoopKernel, fresh, leaves, stores, red_out, args) -> tuple:
 
 
 # ---- the host driver ---------------------------------------------------------------------------
-class HostDriver(cpu.HostDriver):
+class HostDriver(driver.HostDriver):
     """A segment's driver: plain Python launching the segment's CUDA kernels and the
     launchers of ``cuda_lib`` on device arrays."""
 
@@ -304,11 +302,8 @@ class HostDriver(cpu.HostDriver):
         #: the driver was built: what a PTX check compiles (``ptx``)
         self.device_jobs = list(gen.device_jobs)
 
-    def _build(self) -> None:
-        ns = self._namespace()
+    def _bind(self, ns: dict) -> None:
         ns.update({g: _Launcher(c) for g, c in self.calls})
-        exec(compile(self.source, self.filename, "exec"), ns)  # noqa: S102
-        self.fn = ns[self.fn_name]
 
     def _namespace(self) -> dict:
         from pdjit.codegen.cuda import lib as cuda_lib
@@ -384,3 +379,26 @@ def ptx(compiled, argtypes, cc=(8, 0)) -> str:
         numba_signature(argtypes)
     text, _ = _cuda.compile_ptx(fn, sig, cc=cc)
     return text
+
+
+class CudaTarget(Target):
+    """NVIDIA GPUs through ``numba.cuda``: every kernel a grid (no ``prange`` or in-place
+    variants, no blocked epilogues, no native drivers), compiled at its first launch."""
+    name = NAME
+    device = True
+    alloc_module = "_cu"
+    render = staticmethod(render)
+    argtypes = staticmethod(argtypes)
+    host_driver = HostDriver
+
+    def call_site(self, k, fresh, flats, leaves, stores, red_out, params, kname, pname=None,
+                  inplace=None):
+        if inplace:
+            raise ValueError("the cuda target has no in-place variants")
+        return call_site(k, fresh, flats, leaves, stores, red_out, params, kname, pname)
+
+    def module_text(self, fn_source: str, fn_name: str, header: str) -> str:
+        return module_text(fn_source, fn_name, header)
+
+
+TARGET = register_target(CudaTarget())

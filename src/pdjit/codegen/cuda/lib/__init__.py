@@ -16,37 +16,23 @@ its name and argument types, not by the values it closes over).
 """
 from __future__ import annotations
 
-import functools
 import math
-import os
 
 import numpy as np
 from numba import cuda
 
-from pdjit.codegen.cpu import target as cpu
+from pdjit.codegen import driver
+from pdjit.codegen.cuda.lib.launch import (  # noqa: F401 - the drivers' _cu.grid, ...
+    MAX_BLOCKS,
+    SIMULATOR,
+    TILE,
+    TPB,
+    blocks,
+    grid,
+    per_dtype,
+    threads_per_block,
+)
 from pdjit.codegen.cuda.mathfuncs import kernel as _cached
-
-SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM", "0").strip() not in ("", "0")
-#: threads per block of elementwise and reduction kernels
-TPB = 16 if SIMULATOR else 256
-#: at most this many blocks per grid-stride launch
-MAX_BLOCKS = 1 if SIMULATOR else 65535
-#: the GEMM's tile (TILE x TILE threads per block)
-TILE = 8 if SIMULATOR else 16
-
-
-def threads_per_block() -> int:
-    return TPB
-
-
-def grid(n: int) -> tuple:
-    """(blocks, threads) of a grid-stride launch over ``n`` elements."""
-    return (max(1, min(MAX_BLOCKS, -(-int(n) // TPB))), TPB)
-
-
-def blocks(nout: int) -> tuple:
-    """(blocks, threads) of a reduction: one block per output, grid-stride over outputs."""
-    return (max(1, min(MAX_BLOCKS, int(nout))), TPB)
 
 
 def empty(shape, dtype):
@@ -87,23 +73,8 @@ def _fill(a, v):
         i += gs
 
 
-_NB_TYPES = {np.dtype(np.float32): np.float32, np.dtype(np.float64): np.float64}
 
 
-def per_dtype(make):
-    """A kernel factory made once per float dtype (any spelling of it) and the rest of its
-    arguments: ``make(nbtype, *rest)`` returns the ``cuda.jit`` kernel (a closure over the
-    dtype's shared-memory tiles, so not disk-cached)."""
-    made: dict = {}
-
-    @functools.wraps(make)
-    def kernel(dtype, *rest):
-        key = (np.dtype(dtype), *rest)
-        k = made.get(key)
-        if k is None:
-            k = made[key] = make(_NB_TYPES[key[0]], *rest)
-        return k
-    return kernel
 
 
 # ---- GEMM ----------------------------------------------------------------------------------------
@@ -305,7 +276,7 @@ def batched_gemm(a, b, ta, tb, alpha, it, da, db, dc, c) -> None:
 
 class _DeviceRT:
     """``_rt`` as a cuda host driver sees it: the shape helpers, and the GEMM on the device."""
-    bdim, check = staticmethod(cpu._HOST_RT.bdim), staticmethod(cpu._HOST_RT.check)
+    bdim, check = staticmethod(driver.bdim), staticmethod(driver.check)
     gemm = staticmethod(gemm)
 
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from pdjit.codegen.cuda import lib as _lib
+from pdjit.codegen.cuda.lib import launch as _lib
 
 #: the threads per block are TILE x TILE (4 x 4 under the simulator, where one block of Python
 #: threads runs over every tile: the tests cover several tiles per product)
