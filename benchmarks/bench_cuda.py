@@ -33,7 +33,7 @@ def _gpu_or_exit():
         print("bench_cuda: NUMBA_ENABLE_CUDASIM is set: the simulator is no GPU; unset it and "
               "run on a machine with an NVIDIA GPU", file=sys.stderr)
         sys.exit(2)
-    from pdjit.runtime import device
+    from pdjit.codegen.cuda import device
 
     if not device.available():
         print(f"bench_cuda: no CUDA GPU here ({device.unavailable_reason()}); the numbers of "

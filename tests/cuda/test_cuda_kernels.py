@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 import pdjit as fluid
+from pdjit.codegen.cuda import device
 from pdjit.codegen.cuda import target as cuda_target
 from pdjit.codegen.kernel import LoopKernel
-from pdjit.runtime import device
 from pdjit.testing.op_test import assert_native
 
 R = np.random.RandomState(7)

@@ -6,7 +6,8 @@ probed; what it does is its methods: rendering a :class:`~pdjit.codegen.kernel.L
 (``render``), the driver lines that allocate and call it (``call_site``, built on the shared
 skeleton of :mod:`pdjit.codegen.driver`), a segment's driver (``host_driver``, and
 ``native_driver`` where ``native_drivers``), the module its kernels are compiled in
-(``module_text``) and the library kernels its lowerings' lines call (``library_jobs``).
+(``module_text``), the library kernels its lowerings' lines call (``library_jobs``) and
+whether it can run here (``require``).
 
 Built-in targets: ``cpu`` (:mod:`pdjit.codegen.cpu.target`) and ``cuda``
 (:mod:`pdjit.codegen.cuda.target`, imported when first asked for: it imports ``numba.cuda``).
@@ -49,6 +50,10 @@ class Target:
     device: bool = False
     #: the module (a global of the driver) whose ``empty``/``zeros`` allocate an output
     alloc_module: str = "np"
+
+    def require(self, what: str) -> None:
+        """Raise a clear error (naming ``what`` needs it) when the target cannot run in this
+        process (a device target without its device)."""
 
     def render(self, k, parallel: bool = False, inplace: dict | None = None) -> str:
         """The source of ``def kernel(...)`` for the loop kernel ``k``."""

@@ -756,7 +756,7 @@ def seq_conv_grad(ctx):
 # On a device target (``ctx.target != "cpu"``) a lowering's lines are the host driver's: they
 # check sizes against the host offsets and launch grid-stride kernels (``ctx.device_loop``) that
 # read the offsets' device copy. ``ctx.lod`` names an ``Offsets`` there (``.host``, ``.dev``:
-# ``pdjit.runtime.device.offsets``), copied to the device once per offsets array. One thread per
+# ``codegen.cuda.device.offsets``), copied to the device once per offsets array. One thread per
 # (sequence, feature) where the features are independent, one per sequence otherwise; the
 # kernels' own locals have fixed names (their text never depends on the driver's names).
 def _dev_offsets(ctx, slot: str, lines: list, level: int = -1, optional: bool = False):

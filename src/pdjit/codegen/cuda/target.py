@@ -391,6 +391,11 @@ class CudaTarget(Target):
     argtypes = staticmethod(argtypes)
     host_driver = HostDriver
 
+    def require(self, what: str) -> None:
+        from pdjit.codegen.cuda import device
+
+        device.require(what)
+
     def call_site(self, k, fresh, flats, leaves, stores, red_out, params, kname, pname=None,
                   inplace=None):
         if inplace:
