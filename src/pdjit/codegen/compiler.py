@@ -9,7 +9,7 @@ Numba's compiled code beside it (``__pycache__``, or under ``NUMBA_CACHE_DIR``),
 without compiling.
 
 The file's text includes a hash of everything it calls that lives elsewhere (the runtime
-helpers, the math functions, the library kernels of ``nnlib``, pdjit's and Numba's versions),
+helpers, the math functions, the library kernels of ``cpu.lib``, pdjit's and Numba's versions),
 because Numba's cache does not notice when a called function in another file changes.
 
 The cache directory is ``PDJIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/pdjit`` (``~/.cache/pdjit``).
@@ -71,7 +71,7 @@ _by_worker = [0]       # kernels a compile worker compiled for this process
 CACHE_ERRORS = (pickle.UnpicklingError, EOFError, ImportError, AttributeError, ValueError,
                 TypeError)
 
-# pipeline_class: LLVM at pdjit's own level (nnlib._jit.OPT_LEVEL), not the user's NUMBA_OPT;
+# pipeline_class: LLVM at pdjit's own level (cpu.lib._jit.OPT_LEVEL), not the user's NUMBA_OPT;
 # no C-callable wrapper (nothing takes a kernel's address: ~0.02 s less compile per function)
 JIT_OPTIONS = ("cache=True, error_model='numpy', nogil=True, no_cfunc_wrapper=True, "
                "pipeline_class=_PdjitCompiler")

@@ -566,8 +566,8 @@ def lod_reset_grad(ctx):
             f"{ctx.out('X@GRAD')} = {G}.astype({ctx.T('X')})"]
 
 
-# ---- lstm / gru / sequence_conv: host lines calling the kernels of nnlib.lod_rnn -------------
-_ACT_CODES = {"identity": 0, "": 0, "sigmoid": 1, "tanh": 2, "relu": 3}  # nnlib.lod_rnn's codes
+# ---- lstm / gru / sequence_conv: host lines calling the kernels of cpu.lib.lod_rnn -----------
+_ACT_CODES = {"identity": 0, "": 0, "sigmoid": 1, "tanh": 2, "relu": 3}  # cpu.lib.lod_rnn's codes
 
 
 def _floats(ctx, slots) -> bool:

@@ -196,9 +196,9 @@ _MATH_HASH: list = []
 
 def module_text(fn_source: str, fn_name: str, header: str) -> str:
     """The generated module of a CUDA kernel: ``np`` and ``_m`` are the device functions of
-    ``cuda_math`` (whose text is part of the module's: a change there is a new kernel), the
+    ``cuda.mathfuncs`` (whose text is part of the module's: a change there is a new kernel), the
     function a ``cuda.jit`` kernel with numba-cuda's disk cache where the module has a file
-    (``cuda_math.kernel``): on a GPU a second process loads it compiled."""
+    (``cuda.mathfuncs.kernel``): on a GPU a second process loads it compiled."""
     if not _MATH_HASH:
         import hashlib
         import pathlib
@@ -294,7 +294,7 @@ def _strided_args(k: LoopKernel, fresh, leaves, stores, red_out, args) -> tuple:
 # ---- the host driver ---------------------------------------------------------------------------
 class HostDriver(driver.HostDriver):
     """A segment's driver: plain Python launching the segment's CUDA kernels and the
-    launchers of ``cuda_lib`` on device arrays."""
+    launchers of ``cuda.lib`` on device arrays."""
 
     def __init__(self, gen, fn_name: str = "segment", memory_optim: bool = False):
         super().__init__(gen, fn_name, memory_optim=False)

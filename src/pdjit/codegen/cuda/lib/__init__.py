@@ -10,7 +10,7 @@ few there; the kernels are written for any configuration (grid-stride loops), an
 run them with several iterations per thread.
 
 The module-level kernels are compiled with numba-cuda's disk cache where this file allows it
-(``cuda_math.kernel``); the GEMM kernels are closures over their dtype and tile (one per dtype):
+(``mathfuncs.kernel``); the GEMM kernels are closures over their dtype and tile (one per dtype):
 compiled once per process at their first launch, uncached (a closure's cache entry is keyed by
 its name and argument types, not by the values it closes over).
 """
