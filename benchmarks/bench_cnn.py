@@ -30,7 +30,7 @@
    update agree too). Reported: ms per step (feed, step, fetch of the loss).
 3. cold: the first training step of that ResNet in a fresh process with empty caches (new
    temporary PDJIT_CACHE_DIR and NUMBA_CACHE_DIR, so pdjit's generated kernels and its numba
-   ``cache=True`` library kernels in ``pdjit.codegen.nnlib`` all compile), against jax's first
+   ``cache=True`` library kernels in ``pdjit.codegen.cpu.lib`` all compile), against jax's first
    call of the jitted step (trace + XLA compile) in a fresh process (JAX_PLATFORMS=cpu, no
    persistent compilation cache). Also the same pdjit process run again on the now-warm caches.
 
@@ -609,7 +609,7 @@ def compile_counts() -> str:
     made = loaded = 0
     seen = set()
     for name, mod in list(sys.modules.items()):
-        if not name.startswith("pdjit.codegen.nnlib"):
+        if not name.startswith("pdjit.codegen.cpu.lib"):
             continue
         for fn in vars(mod).values():
             if isinstance(fn, Dispatcher) and id(fn) not in seen:

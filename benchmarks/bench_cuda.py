@@ -33,7 +33,7 @@ def _gpu_or_exit():
         print("bench_cuda: NUMBA_ENABLE_CUDASIM is set: the simulator is no GPU; unset it and "
               "run on a machine with an NVIDIA GPU", file=sys.stderr)
         sys.exit(2)
-    from pdjit.runtime import device
+    from pdjit.codegen.cuda import device
 
     if not device.available():
         print(f"bench_cuda: no CUDA GPU here ({device.unavailable_reason()}); the numbers of "
@@ -103,7 +103,7 @@ def bench_chain(cuda, n_log2: int, repeat: int) -> None:
     globals()["cuda"] = cuda  # the kernel below reads it as a global
     copy = cuda.jit(_copy)
     dst = cuda.device_array_like(dx)
-    from pdjit.codegen import cuda_lib
+    from pdjit.codegen.cuda import lib as cuda_lib
 
     copy_ms = _event_ms(cuda, lambda: copy[cuda_lib.grid(n)](dx, dst), repeat)
     copy_gbs = 2 * n * 4 / copy_ms / 1e6

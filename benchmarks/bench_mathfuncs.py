@@ -1,4 +1,4 @@
-"""Benchmark pdjit.codegen.mathfuncs against NumPy ufuncs and Numba loops calling math.*.
+"""Benchmark pdjit.codegen.cpu.mathfuncs against NumPy ufuncs and Numba loops calling math.*.
 
 Standalone script: ``python benchmarks/bench_mathfuncs.py [--n N] [--repeat R] [--dtype f4|f8]``.
 For each function it times, on N contiguous elements (single thread, preallocated output):
@@ -19,7 +19,7 @@ import numpy as np
 from numba import njit
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
-from pdjit.codegen import mathfuncs as _m  # noqa: E402
+from pdjit.codegen.cpu import mathfuncs as _m  # noqa: E402
 
 
 def _loop(fn):

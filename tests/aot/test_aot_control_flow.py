@@ -311,13 +311,14 @@ def test_the_plans_have_control_flow_and_only_native_code(built):
     """What the artifact is built from: cond_while's loop is one native function, its branches'
     plans are native steps, and the nested model's loop is driven (a body with a ``cond``)."""
     from pdjit.aot import build
+    from pdjit.codegen.cpu import threads
     from pdjit.io.inference import load_model
     from pdjit.passes.inference import optimize
 
     def plans(where):
         m = load_model(where)
         program, _ = optimize(m.program, m.params)
-        with build._one_thread():
+        with threads.one_thread():
             return build._build_plans(program, m.fetch_names)
 
     def kinds(plan):

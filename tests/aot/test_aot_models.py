@@ -339,7 +339,7 @@ def test_built_on_one_thread_whatever_the_process_asked(tmp_path, monkeypatch):
     """A process that asked pdjit for two threads (parallel drivers in its JIT plans) still
     gets one-thread code in the artifact, and keeps its setting."""
     from pdjit.aot import compile_model
-    from pdjit.runtime import threads
+    from pdjit.codegen.cpu import threads
 
     monkeypatch.setattr(threads, "_applied", 2)
     compile_model(str(MODELS / "mlp"), str(tmp_path / "mlp2"))

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import pdjit as fluid
+from pdjit.codegen.cpu import threads
 from pdjit.runtime import plan as plan_mod
-from pdjit.runtime import threads
 
 BATCH = 32  # >= plan.SPLIT_MIN_BATCH
 

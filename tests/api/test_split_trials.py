@@ -10,8 +10,8 @@ import pytest
 from test_batch_split_drivers import _mlp, _want
 
 import pdjit as fluid
+from pdjit.codegen.cpu import threads
 from pdjit.runtime import plan as plan_mod
-from pdjit.runtime import threads
 
 BATCH = 32  # >= plan.SPLIT_MIN_BATCH
 

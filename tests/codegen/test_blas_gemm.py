@@ -5,7 +5,7 @@ import numba
 import numpy as np
 import pytest
 
-from pdjit.codegen.nnlib import blas_gemm
+from pdjit.codegen.cpu.lib import blas_gemm
 
 RNG = np.random.default_rng(7)
 

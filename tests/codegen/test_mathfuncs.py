@@ -1,4 +1,4 @@
-"""Accuracy, special values, typing and vectorisation of pdjit.codegen.mathfuncs.
+"""Accuracy, special values, typing and vectorisation of pdjit.codegen.cpu.mathfuncs.
 
 Accuracy is measured in ulps against NumPy's result for the same dtype (sigmoid / softplus:
 the NumPy float64 formula, rounded for float32). float32 is swept over every 97th bit pattern
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from numba import njit
 
-from pdjit.codegen import mathfuncs as _m
+from pdjit.codegen.cpu import mathfuncs as _m
 
 MAX_ULP = 4
 VECTORISED = ["tanh", "exp", "expm1", "log", "log1p", "sigmoid", "softplus"]

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from numba.core import compiler, errors
 
-from pdjit.codegen.nnlib import _jit
+from pdjit.codegen.cpu.lib import _jit
 
 
 @pytest.fixture

@@ -192,7 +192,7 @@ def test_reference_mode_is_selectable_by_environment(monkeypatch):
 
 
 def test_parallel_loops_when_threads_are_asked_for(fresh_programs):
-    from pdjit.codegen.lowering import PARALLEL_MIN_SIZE
+    from pdjit.codegen.cpu.target import PARALLEL_MIN_SIZE
 
     main, _ = fresh_programs
     x = fluid.layers.data(name="x", shape=[-1], dtype="float32", append_batch_size=False)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import pdjit as fluid
-from pdjit.codegen.nnlib import gemm as nngemm
-from pdjit.runtime import threads
+from pdjit.codegen.cpu import threads
+from pdjit.codegen.cpu.lib import gemm as nngemm
 from pdjit.testing import assert_native
 
 CORES = numba.config.NUMBA_NUM_THREADS

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import pdjit as fluid
-from pdjit.runtime import threads
+from pdjit.codegen.cpu import threads
 from pdjit.testing import assert_native
 
 GOLDEN = pathlib.Path(__file__).parent / "golden"

@@ -5,7 +5,7 @@ import pytest
 
 import pdjit as fluid
 from pdjit.codegen import compiler
-from pdjit.codegen.targets import get_target
+from pdjit.codegen.target import get_target
 from pdjit.passes.fusion import OPAQUE, REFERENCE, partition
 from pdjit.runtime.plan import NativeStep
 

@@ -9,7 +9,7 @@ import pytest
 from numba.core import typed_passes, untyped_passes
 from numba.core.rewrites import rewrite_registry
 
-from pdjit.codegen.nnlib import _jit
+from pdjit.codegen.cpu.lib import _jit
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ from numba.core import codegen as numba_codegen
 from numba.core import config
 
 from pdjit.codegen import compiler
-from pdjit.codegen.nnlib import _jit
+from pdjit.codegen.cpu.lib import _jit
 
 
 @pytest.fixture

@@ -3,8 +3,8 @@ variant compiled only when a run first reaches the size; BLAS stays on one threa
 import numpy as np
 
 import pdjit as fluid
-from pdjit.codegen.cpu import PARALLEL_MIN_SIZE
-from pdjit.runtime import threads
+from pdjit.codegen.cpu import threads
+from pdjit.codegen.cpu.target import PARALLEL_MIN_SIZE
 from pdjit.testing import assert_native
 
 
@@ -45,7 +45,7 @@ def test_the_parallel_variant_compiles_only_when_a_run_reaches_its_size(monkeypa
 
 
 def test_the_users_numpy_blas_keeps_its_threads(monkeypatch):
-    from pdjit.runtime.threads import _openblas, _site
+    from pdjit.codegen.cpu.threads import _openblas, _site
 
     seen = []
 

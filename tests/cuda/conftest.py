@@ -2,7 +2,7 @@
 turns it on before numba is imported), on the GPU where there is one."""
 import pytest
 
-from pdjit.runtime import device
+from pdjit.codegen.cuda import device
 
 if not device.available():  # pragma: no cover - numba.cuda missing or no simulator/GPU
     pytest.skip(f"CUDA unavailable: {device.unavailable_reason()}", allow_module_level=True)

@@ -1,7 +1,7 @@
 """Compile recorded cuda kernels to PTX (run as a script, without the CUDA simulator):
 ``python ptx_check.py RECORDS.pkl`` prints a JSON summary. The records are ``[(module text,
 Numba argument types)]`` of the generated kernels a test session launched; the library
-kernels of ``pdjit.codegen.cuda_lib`` are compiled with their own signatures."""
+kernels of ``pdjit.codegen.cuda.lib`` are compiled with their own signatures."""
 import json
 import os
 import pickle
@@ -23,7 +23,7 @@ def main(path: str) -> dict:
         nvvm.NVVM()
     except Exception as e:  # noqa: BLE001 - no libNVVM: nothing can be compiled here
         return {"nvvm": False, "reason": f"{type(e).__name__}: {e}"}
-    from pdjit.codegen import cuda_lib
+    from pdjit.codegen.cuda import lib as cuda_lib
 
     with open(path, "rb") as f:
         records = pickle.load(f)
@@ -57,7 +57,7 @@ def main(path: str) -> dict:
         a3 = t.Array(ft, 3, "C")
         jobs.append((cuda_lib._bgemm_kernel(ft.name).py_func,
                      (a3, a3, a3, b, b, f64, i64, i64, i64, b, b, b) + (i64,) * 7))
-    from pdjit.codegen.cuda_lib import conv as cconv
+    from pdjit.codegen.cuda.lib import conv as cconv
 
     # convolution as an implicit GEMM: the 3 gather rules in float32, the input-gradient one
     # (the most branches) in float64 too (the dtype changes only the shared tiles and the

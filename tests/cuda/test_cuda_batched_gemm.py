@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import pdjit as fluid
-from pdjit.codegen import cuda_lib
+from pdjit.codegen.cuda import lib as cuda_lib
 from pdjit.framework.errors import FallbackError
 from pdjit.testing.op_test import CUDA, check_output
 

@@ -1,4 +1,4 @@
-"""Convolution on the device as an implicit GEMM (``pdjit.codegen.cuda_lib.conv``): conv2d and
+"""Convolution on the device as an implicit GEMM (``pdjit.codegen.cuda.lib.conv``): conv2d and
 conv2d_transpose with both gradients over strides, explicit 2- and 4-value / SAME / VALID
 paddings, dilations, groups, NCHW and NHWC, on CUDAPlace(0) strict (native device code only),
 against NumPy loops written here; each case also asserts that the tiled kernels ran (their
@@ -7,7 +7,7 @@ Python."""
 import numpy as np
 import pytest
 
-from pdjit.codegen.cuda_lib import conv as cconv
+from pdjit.codegen.cuda.lib import conv as cconv
 from pdjit.testing.op_test import CUDA, check_output
 
 R = np.random.RandomState(19)

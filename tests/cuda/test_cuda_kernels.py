@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 import pdjit as fluid
-from pdjit.codegen import cuda as cuda_target
+from pdjit.codegen.cuda import device
+from pdjit.codegen.cuda import target as cuda_target
 from pdjit.codegen.kernel import LoopKernel
-from pdjit.runtime import device
 from pdjit.testing.op_test import assert_native
 
 R = np.random.RandomState(7)
@@ -128,7 +128,7 @@ def test_bad_feed_shape_is_a_clear_error():
 def test_render_is_the_same_description():
     """The cuda target renders the description the cpu target renders: the same statements,
     a grid-stride loop instead of a range."""
-    from pdjit.codegen import cpu
+    from pdjit.codegen.cpu import target as cpu
     from pdjit.codegen.kernel import FULL, Leaf
 
     k = LoopKernel(1, [Leaf(1, 0, (-1,), FULL)], ["e1 = _m.exp(x0)"], [("e1", "np.float32",

@@ -4,7 +4,7 @@ the device), every step of the plan on the device, the values there between runs
 import numpy as np
 
 import pdjit as fluid
-from pdjit.runtime import device
+from pdjit.codegen.cuda import device
 from pdjit.testing.op_test import assert_native
 
 R = np.random.RandomState(7)

@@ -4,7 +4,7 @@ import numpy as np
 
 import pdjit as fluid
 from pdjit import inference
-from pdjit.runtime import device
+from pdjit.codegen.cuda import device
 
 
 def test_predictor_on_the_gpu_matches_the_cpu(tmp_path):

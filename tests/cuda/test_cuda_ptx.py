@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 import pdjit as fluid
-from pdjit.codegen import cuda as cuda_target
-from pdjit.runtime import device
+from pdjit.codegen.cuda import device
+from pdjit.codegen.cuda import target as cuda_target
 
 HERE = pathlib.Path(__file__).parent
 

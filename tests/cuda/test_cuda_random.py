@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import pdjit as fluid
-from pdjit.codegen import cuda_math
+from pdjit.codegen.cuda import mathfuncs as cuda_math
 from pdjit.framework import random as prandom
 
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import pdjit as fluid
-from pdjit.runtime import device
+from pdjit.codegen.cuda import device
 from pdjit.runtime.tensor import LoDTensor
 from pdjit.testing.op_test import CUDA, assert_native, check_output
 

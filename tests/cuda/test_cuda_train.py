@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import pdjit as fluid
+from pdjit.codegen.cuda import device
 from pdjit.framework.errors import FallbackError
-from pdjit.runtime import device
 from pdjit.runtime.tensor import LoDTensor
 from pdjit.testing.op_test import assert_native
 

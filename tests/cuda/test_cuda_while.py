@@ -3,7 +3,7 @@ iteration, and launches the body's device kernels; it matches the CPU."""
 import numpy as np
 
 import pdjit as fluid
-from pdjit.runtime import device
+from pdjit.codegen.cuda import device
 
 
 def _program():

@@ -167,7 +167,7 @@ def test_compiled_batched_gemm_matches_numpy():
     """Compiled code (a native driver, a native loop) calls ``_batched_gemm_native``, a loop of
     one BLAS call per 2-D slice compiled once per dtype: against NumPy on broadcast batch dims,
     both transposes, alpha, and a product summed into fewer output batches (a gradient)."""
-    from pdjit.codegen.nnlib import gemm
+    from pdjit.codegen.cpu.lib import gemm
 
     a = RNG.uniform(-1, 1, (2 * 1, 4, 3)).astype("float32")  # batch dims [2, 1], transposed
     b = RNG.uniform(-1, 1, (1 * 3, 5, 4)).astype("float32")  # batch dims [1, 3], transposed

@@ -6,8 +6,8 @@ import numba
 import numpy as np
 import pytest
 
-from pdjit.codegen.nnlib import conv
-from pdjit.codegen.nnlib.deint import copy_run, zero_run
+from pdjit.codegen.cpu.lib import conv
+from pdjit.codegen.cpu.lib.deint import copy_run, zero_run
 
 
 def oracle(x, w, stride, pad, dil, groups):

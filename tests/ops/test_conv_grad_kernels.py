@@ -11,7 +11,7 @@ import numba
 import numpy as np
 import pytest
 
-from pdjit.codegen.nnlib import conv
+from pdjit.codegen.cpu.lib import conv
 
 
 def scatter_oracle(dy, w, hw, strides, pads, dils, groups):

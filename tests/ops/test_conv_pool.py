@@ -434,7 +434,7 @@ def test_direct_depthwise_kernel_against_naive(seed):
     """The direct (depthwise) library kernel on random geometry: strides 1-3 per axis,
     dilations, asymmetric paddings wider than the filter, 1..5-tap filters, channel
     multipliers 1-4, rectangular planes (it splits each padded plane by stride phase)."""
-    from pdjit.codegen.nnlib import conv
+    from pdjit.codegen.cpu.lib import conv
 
     r = np.random.default_rng(seed)
     groups, mult = int(r.integers(1, 5)), int(r.integers(1, 5))
@@ -491,7 +491,7 @@ def test_taps_kernel_against_naive(case):
     """The convolution that reads the image through a table of tap offsets (few output
     channels per group, 64+ outputs each): float32 and float64 against the naive loops, the
     library entry as the compiled plans call it (all of y written: it starts as NaN)."""
-    from pdjit.codegen.nnlib import conv
+    from pdjit.codegen.cpu.lib import conv
 
     n, c, h, w, m, kh, kw, strides, pads, dils, groups = case
     r = np.random.default_rng(abs(hash(case)) % 2**32)
@@ -515,7 +515,7 @@ def test_im2col_of_same_convolutions_through_blas(xshape, wshape, pads, dils):
     """Stride-1 convolutions with as many output columns as image columns copy each patch
     row's rows inside the image in one piece (then zero the columns outside): the BLAS path
     (small planes, many channels) against the naive loops."""
-    from pdjit.codegen.nnlib import conv
+    from pdjit.codegen.cpu.lib import conv
 
     x, w = RNG.normal(size=xshape), RNG.normal(size=wshape)
     want = naive_conv(x, w, (1, 1), pads, dils)

@@ -1,4 +1,4 @@
-"""The fast paths of the convolution and pooling library kernels (``pdjit.codegen.nnlib``)
+"""The fast paths of the convolution and pooling library kernels (``pdjit.codegen.cpu.lib``)
 against NumPy written here: 2x2 stride-2 and whole-plane pools, on sizes that leave rows and
 columns out, through the compiled executor (strict: native code) and through the kernels'
 native entry points (the ones a native loop and the AOT artifact call)."""
@@ -6,7 +6,7 @@ import numba
 import numpy as np
 import pytest
 
-from pdjit.codegen import nnlib
+from pdjit.codegen.cpu import lib as nnlib
 from pdjit.testing.op_test import check_output
 
 RNG = np.random.default_rng(11)

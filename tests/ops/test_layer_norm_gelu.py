@@ -12,7 +12,7 @@ import pytest
 
 import pdjit as fluid
 from pdjit import layers
-from pdjit.codegen.nnlib import norm as nnlib_norm
+from pdjit.codegen.cpu.lib import norm as nnlib_norm
 from pdjit.framework.errors import OpShapeError
 from pdjit.runtime.executor import Executor
 from pdjit.runtime.scope import Scope

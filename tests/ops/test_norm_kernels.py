@@ -1,12 +1,12 @@
-"""The batch/instance/group norm entry points of ``pdjit.codegen.nnlib.norm`` on (A, P, C, R)
+"""The batch/instance/group norm entry points of ``pdjit.codegen.cpu.lib.norm`` on (A, P, C, R)
 views: host (NumPy bookkeeping around the kernels) and native (compiled callers: the entries'
 overloads) against NumPy written here, channel-last data on the kernels' 3-D path."""
 import numba
 import numpy as np
 import pytest
 
-from pdjit.codegen import nnlib
-from pdjit.codegen.nnlib import norm as nk
+from pdjit.codegen.cpu import lib as nnlib
+from pdjit.codegen.cpu.lib import norm as nk
 
 RNG = np.random.default_rng(17)
 EPS = 1e-5

@@ -455,7 +455,7 @@ def test_batch_norm_in_a_native_while_loop(fresh_programs):
 def norm_threads(monkeypatch):
     """Large-data mode at small sizes: the samples split over 3 slices on the library threads;
     yields the count of threaded kernel runs."""
-    from pdjit.codegen.nnlib import norm as nk
+    from pdjit.codegen.cpu.lib import norm as nk
 
     runs = [0]
     on_parts = nk._on_parts
@@ -475,8 +475,8 @@ def norm_threads(monkeypatch):
 def test_norm_kernels_threaded_match_serial_and_numpy(norm_threads, monkeypatch, view, per_sample,
                                                       cpg):
     """The kernels on (A, P, C, R) views: threaded against the one-thread kernels and NumPy."""
-    from pdjit.codegen import nnlib
-    from pdjit.codegen.nnlib import norm as nk
+    from pdjit.codegen.cpu import lib as nnlib
+    from pdjit.codegen.cpu.lib import norm as nk
 
     a, p, c, r = view
     x = RNG.normal(1.0, 2.0, view).astype("float32")
@@ -526,7 +526,7 @@ def test_norm_kernels_threaded_match_serial_and_numpy(norm_threads, monkeypatch,
 
 
 def test_norm_kernels_threaded_refuse_misfits(norm_threads):
-    from pdjit.codegen import nnlib
+    from pdjit.codegen.cpu import lib as nnlib
 
     x = np.zeros((4, 1, 6, 5), np.float32)
     with pytest.raises(ValueError, match="statistics do not fit"):
@@ -571,7 +571,7 @@ def test_batch_norm_ops_on_threads(norm_threads, shape, layout):
 def test_conv_filter_gradient_long_and_short_sums(hw, stride, k):
     """The filter gradient kernel computes the transposed product for 512+ columns per block (a
     24x24 plane) and the plain one below: both against NumPy."""
-    from pdjit.codegen import nnlib
+    from pdjit.codegen.cpu import lib as nnlib
 
     pad = k // 2
     x = RNG.normal(size=(3, 2, hw, hw)).astype("float32")

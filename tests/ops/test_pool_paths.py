@@ -1,4 +1,4 @@
-"""The paths the pooling entry points pick (``pdjit.codegen.nnlib.pool``): an average over
+"""The paths the pooling entry points pick (``pdjit.codegen.cpu.lib.pool``): an average over
 whole planes runs ``_mean_planes``, every other pool ``_fwd_planes``; ``pool2d_bwd`` writes a
 global average's gradient at once and spreads any other window's. Against NumPy written here,
 through the kernels' host and native (compiled caller) entries and the compiled executor
@@ -7,8 +7,8 @@ import numba
 import numpy as np
 import pytest
 
-from pdjit.codegen import nnlib
-from pdjit.codegen.nnlib import pool as pk
+from pdjit.codegen.cpu import lib as nnlib
+from pdjit.codegen.cpu.lib import pool as pk
 from pdjit.testing.grad_check import check_grad
 from pdjit.testing.op_test import check_output
 

@@ -304,7 +304,7 @@ def test_rnn_kernels_split_the_batch_over_threads(mode, code):
     """A large batch runs as slices on threads: the forward matches the NumPy oracle (two
     bidirectional layers, lengths, dropout between the layers), the backward matches the
     unsplit kernel, and an empty ``dx`` skips the input gradient without changing the rest."""
-    from pdjit.codegen.nnlib import rnn as K
+    from pdjit.codegen.cpu.lib import rnn as K
 
     T, B, H, L, D, p = 4, 5, 2, 2, 2, 0.3
     ins, _ = make_case(mode, T=T, B=B, H=H, L=L, bidirec=True, lens=[4, 1, 0, 3, 2])

@@ -1,7 +1,6 @@
 """``compile_model``: a saved inference model to an AOT artifact directory (see ``pdjit.aot``)."""
 from __future__ import annotations
 
-import contextlib
 import glob
 import os
 import re
@@ -18,13 +17,13 @@ import numpy as np
 
 from pdjit.aot import batch_split, csource, loader
 from pdjit.aot.numba_aot import compile_object, pointer
+from pdjit.codegen.cpu import threads as cpu_threads
 from pdjit.framework import registry
 from pdjit.framework.dtypes import to_numpy
 from pdjit.framework.errors import PdjitError, ReferenceStepWarning
 from pdjit.io.inference import load_model
 from pdjit.passes.inference import optimize
 from pdjit.proto import framework_pb2 as pb
-from pdjit.runtime import threads
 from pdjit.runtime.plan import build_plan
 
 SYMBOL = "pdjit_entry"
@@ -65,19 +64,6 @@ def checksum(blob: bytes) -> int:
     with np.errstate(over="ignore"):
         mixed = w * np.uint64(0x9E3779B97F4A7C15) + i * np.uint64(0xBF58476D1CE4E5B9)
     return int(np.bitwise_xor.reduce(mixed)) if w.size else 0
-
-
-@contextlib.contextmanager
-def _one_thread():
-    """Plans built inside generate one-thread code (no ``prange``: ahead-of-time code has no
-    thread pool), whatever thread count this process asked for; restored after."""
-    saved, numba_saved = threads._applied, numba.get_num_threads()
-    threads._applied = 1
-    try:
-        yield
-    finally:
-        threads._applied = saved
-        numba.set_num_threads(numba_saved)
 
 
 def _driven(op) -> bool:
@@ -198,7 +184,7 @@ def compile_model(model_path, out_dir, batch: int = 1, cpu: str = "host",
             raise AotError(f"{model_path}: cannot compile ahead of time: input {n!r} is a LoD "
                            f"tensor (lod_level {v.lod_level}); sequences are not compiled "
                            "ahead of time yet")
-    with _one_thread(), warnings.catch_warnings():
+    with cpu_threads.one_thread(), warnings.catch_warnings():
         # a step that runs its reference is refused below, naming the op: no warning too
         warnings.simplefilter("ignore", ReferenceStepWarning)
         plan = _build_plans(program, model.fetch_names)

@@ -6,7 +6,7 @@ values, which are run-time arguments), so identical layers, programs and process
 compiled kernel (``pdjit.codegen.compiler``):
 
 - elementwise / reduction groups: a :class:`~pdjit.codegen.kernel.LoopKernel` description,
-  rendered by the target (``pdjit.codegen.cpu``) with one loop form chosen from the static
+  rendered by the target (``pdjit.codegen.cpu.target``) with one loop form chosen from the static
   shapes. The kernel takes its outputs as arguments; the driver computes the run-time shape,
   checks it, allocates, and calls;
 - opaque groups: the lines the op's ``Opaque.lower`` gives, as a kernel of their own (inputs as
@@ -27,9 +27,8 @@ import string
 
 import numpy as np
 
-from pdjit.codegen import memplan, nnlib
+from pdjit.codegen import memplan
 from pdjit.codegen.compiler import Compiled, HostFunction, LibraryKernel, compile_function
-from pdjit.codegen.cpu import PARALLEL_MIN_SIZE
 from pdjit.codegen.kernel import (
     FLAT_FORMS,
     FULL,
@@ -39,7 +38,7 @@ from pdjit.codegen.kernel import (
     choose_form,
     place_leaf,
 )
-from pdjit.codegen.targets import get_target
+from pdjit.codegen.target import get_target
 from pdjit.framework import registry
 from pdjit.framework.errors import ShapeMismatch
 from pdjit.passes.fusion import (
@@ -154,7 +153,12 @@ class LowerContext:
     def target(self) -> str:
         """The name of the target the lines are for (``cpu``, ``cuda``): a lowering written
         for several targets (``Opaque.targets``) gives each its own lines."""
-        return self.gen.target.NAME if hasattr(self.gen, "target") else self.gen.gen.target.NAME
+        return self._target.name
+
+    @property
+    def _target(self):
+        """The :class:`~pdjit.codegen.target.Target` object of the driver being generated."""
+        return self.gen.target if hasattr(self.gen, "target") else self.gen.gen.target
 
     def has_input(self, slot: str) -> bool:
         return bool([n for n in self.op.input(slot) if n != registry.EMPTY_VAR_NAME])
@@ -236,13 +240,14 @@ class LowerContext:
         ``size`` (an element count) is large and a thread count above one was asked for;
         iterations must write disjoint memory. (Not by default: the kernel is then compiled
         with ``parallel=True``, which cost 1.7 s more for a softmax's first run, measured.)"""
-        if self.target != "cpu":  # a device target: the iterations are a kernel's threads
+        if self._target.device:  # the iterations are a kernel's threads
             return self.device_loop(var, count, body)
         indented = ["    " + line for line in body]
         if not (self.gen.parallel and size):
             return [f"for {var} in range({count}):"] + indented
         self.gen.uses_prange = True
-        return ([f"if {size} >= {PARALLEL_MIN_SIZE}:", f"    for {var} in numba.prange({count}):"]
+        return ([f"if {size} >= {self._target.parallel_min_size}:",
+                 f"    for {var} in numba.prange({count}):"]
                 + ["    " + line for line in indented]
                 + ["else:", f"    for {var} in range({count}):"]
                 + ["    " + line for line in indented])
@@ -525,8 +530,8 @@ class SegmentGen:
 
     ``parallel``: opaque lowerings may loop on threads (``ctx.loop``), and in a native driver
     the flat and row loop kernels do too; ``parallel_loops`` (default: ``parallel``): a host
-    driver calls a parallel variant of its flat and row loop kernels above
-    ``PARALLEL_MIN_SIZE`` elements, compiled when first called. ``native``: the driver will be
+    driver calls a parallel variant of its flat and row loop kernels above the target's
+    ``parallel_min_size`` elements, compiled when first called. ``native``: the driver will be
     compiled by Numba (a loop body): no lazily compiled variants. ``target``: the name of the
     target that renders the kernels.
     """
@@ -611,7 +616,7 @@ class SegmentGen:
     def define_out(self, name: str, shape: str, dtype: str, zero: bool) -> str:
         """An output allocated here (host lines write into it)."""
         local = self.define(name)
-        mod = "np" if self.target.NAME == "cpu" else "_cu"  # a device target allocates there
+        mod = self.target.alloc_module  # a device target allocates there
         self.emit(f"{local} = {mod}.{'zeros' if zero else 'empty'}({shape}, {dtype})")
         return local
 
@@ -631,9 +636,9 @@ class SegmentGen:
         ``argtypes``: the argument types its call will most likely have ((dtype, ndim) per
         array, ``float``/``int`` per scalar, ``"lod"`` per offsets array)."""
         compiled = compile_function(source, "kernel", parallel=parallel,
-                                    target=self.target.NAME)
+                                    target=self.target.name)
         if argtypes is not None:
-            if getattr(self.target, "PRECOMPILE", True):
+            if self.target.precompile:
                 self.jobs.append((compiled, tuple(argtypes)))
             else:  # compiled at the first launch; the types are kept (PTX checks)
                 self.device_jobs.append((compiled, tuple(argtypes)))
@@ -697,7 +702,7 @@ class SegmentGen:
         # may be a prologue with a shape of its own)
         if len(group.nodes) > 1 or nxt is None or nxt.kind in (REDUCTION, OPAQUE) or \
                 low.blocked is None or \
-                not low.host or self.target.NAME != "cpu":
+                not low.host or not self.target.block_forms:
             return None
         outs = [n for n in node.op.output_arg_names if n != registry.EMPTY_VAR_NAME]
         if len(outs) != 1 or len(nxt.shape) < 2 or \
@@ -713,7 +718,7 @@ class SegmentGen:
         for line in lines:
             self.emit(line)
         self.jobs += [(LibraryKernel(f), types) for f, types in
-                      nnlib.library_jobs(lines, self._float_dtype(node.op))]
+                      self.target.library_jobs(lines, self._float_dtype(node.op))]
         name = outs[0]
         if ctx.taken:
             off = ctx.offer
@@ -809,14 +814,14 @@ class SegmentGen:
             return self._opaque_prologue(group)
         # library calls and views: lines of the driver itself (on a device target every
         # opaque lowering is: its lines launch the target's library kernels)
-        if node.lowering.host or self.target.NAME != "cpu":
+        if node.lowering.host or self.target.device:
             lines = _lowered(node, LowerContext(self, node))
             if lines is None:
                 raise Declined(node.op)
             for line in lines:
                 self.emit(line)
             self.jobs += [(LibraryKernel(fn), types) for fn, types in
-                          nnlib.library_jobs(lines, self._float_dtype(node.op))]
+                          self.target.library_jobs(lines, self._float_dtype(node.op))]
             return
         scope = _KernelScope(self)
         lines = _lowered(node, LowerContext(scope, node))
@@ -829,7 +834,7 @@ class SegmentGen:
         kernel, the chain evaluated per element inside the op's first pass over each row."""
         node = group.nodes[-1]
         chain = group.nodes[:-1]
-        if self.target.NAME != "cpu":  # the chain as a kernel of its own, then the op
+        if self.target.device:  # the chain as a kernel of its own, then the op
             name = [n for n in node.op.input_arg_names if n in
                     {o for c in chain for o in c.op.output_arg_names}]
             self._loop_group(Group(ELEMENTWISE, chain, group.shape, stored=name))
@@ -974,7 +979,7 @@ class SegmentGen:
         unknown = any(d is None for d in leaf_dtypes)  # (np.dtype == None holds for float64)
         argtypes = None if unknown else self.target.argtypes(kernel, leaf_dtypes)
         y = self.current.get(blocks[0]) if blocks is not None else None
-        ok = blocks is not None and spec is None and kernel.form in self.target.BLOCK_FORMS and \
+        ok = blocks is not None and spec is None and kernel.form in self.target.block_forms and \
             y in locals_ and kernel.leaves[locals_.index(y)].place == FULL and \
             (kernel.form != "mid" or kernel.mid[0] >= 1)
         # a native driver's epilogue writes the op's output in place where nothing else reads
@@ -983,7 +988,7 @@ class SegmentGen:
             if ok and self.native else None
         kname = self._kernel(self.target.render(kernel, inplace=inplace), argtypes=argtypes)
         pname = None
-        if kernel.form in FLAT_FORMS and getattr(self.target, "PARALLEL_VARIANTS", True):
+        if kernel.form in FLAT_FORMS and self.target.parallel_variants:
             if self.native and self.parallel:
                 kname = self._kernel(self.target.render(kernel, parallel=True, inplace=inplace),
                                      parallel=True)
@@ -1016,10 +1021,10 @@ class SegmentGen:
                       only=None) -> None:
         """For the memory plan (``memplan.plan_driver``'s ``inplace``): which leaves each
         stored output of this loop kernel could overwrite (a full-shape leaf of the output's
-        dtype: the target's ``INPLACE_FORMS`` read it at the very element they then write), the
+        dtype: the target's ``inplace_forms`` read it at the very element they then write), the
         kernel's other leaves, and how to switch the call to the kernel's variant that writes
         that leaf (``call``: the globals the driver calls, the argument types)."""
-        if self.native or kernel.form not in getattr(self.target, "INPLACE_FORMS", ()):
+        if self.native or kernel.form not in self.target.inplace_forms:
             return
         full = [(i, loc) for i, (loc, leaf) in enumerate(zip(locals_, kernel.leaves))
                 if leaf.place == FULL]
@@ -1119,8 +1124,8 @@ class SegmentGen:
         """``{store j: leaf i}``: the epilogue kernel (a loop group after an opaque op computed
         by blocks, see :meth:`_blocked`) writes its first stored value of the op's output's
         dtype into the op's output ``name`` (leaf ``i``, read at the very element it writes:
-        ``INPLACE_FORMS``) when nothing reads that output after the group; else None."""
-        if kernel.form not in getattr(self.target, "INPLACE_FORMS", ()) or \
+        ``inplace_forms``) when nothing reads that output after the group; else None."""
+        if kernel.form not in self.target.inplace_forms or \
                 self._read_after(name, self._at):
             return None
         y = self.current[name]
@@ -1161,7 +1166,7 @@ class SegmentGen:
         no copy of the library kernel is compiled into it."""
         src = self.target.blocked_kernel(kernel, fn, nbefore, nafter)
         if self.native:
-            return compile_function(src, "kernel", target=self.target.NAME, calls=[("E", epi)])
+            return compile_function(src, "kernel", target=self.target.name, calls=[("E", epi)])
         return HostFunction(src, "kernel", calls=[("E", epi)])
 
     def _offset(self, op, opdef, slot: str, rank: int) -> int:

@@ -1,6 +1,6 @@
 """The memory plan of a host driver: intermediate buffers reused and released by liveness.
 
-A host driver (``pdjit.codegen.cpu.HostDriver``) is straight-line Python: one block of
+A host driver (``pdjit.codegen.cpu.target.HostDriver``) is straight-line Python: one block of
 statements per fusion group, each group's outputs allocated with ``np.empty`` / ``np.zeros``
 (the kernels take their outputs as arguments) or made by a library call or a view. Left alone,
 every local lives until the driver returns, so a segment's peak memory is the sum of all its
@@ -16,7 +16,7 @@ True)``; the plan's ``report()`` shows what it decided):
    a reduction, arithmetic) aliases nothing; ``.shape`` / ``.size`` / ``.dtype`` never alias.
 2. **In place.** An elementwise kernel's output takes the buffer of one of its full-shape
    leaves (same dtype) when nothing reads that buffer after the kernel: the target's loop
-   forms that read each such leaf at the very element they then write (``INPLACE_FORMS`` of
+   forms that read each such leaf at the very element they then write (``inplace_forms`` of
    the target; the lowering lists the candidates) make that exact. A convolution's output and
    the bias + activation after it then share one buffer.
 3. **Slots.** Every other top-level ``X = np.empty(shape, dtype)`` / ``np.zeros`` (a

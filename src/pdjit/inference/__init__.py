@@ -25,9 +25,9 @@ import os
 
 import numpy as np
 
+from pdjit.codegen.cpu import threads
 from pdjit.framework.errors import FeedError
 from pdjit.io.inference import InferenceModel, load_model
-from pdjit.runtime import threads
 from pdjit.runtime.checks import env_flag
 from pdjit.runtime.executor import Executor
 from pdjit.runtime.feed_fetch import check_feed, check_feed_spec, feed_spec
@@ -64,7 +64,7 @@ class PrecisionType(enum.IntEnum):
 
 
 def get_version() -> str:
-    from pdjit import __version__
+    from pdjit.version import __version__
     return f"pdjit {__version__}"
 
 

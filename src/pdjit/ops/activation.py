@@ -713,7 +713,7 @@ register_op(
 #
 # Natively the tanh form vectorises through ``_m.tanh``; the exact form takes
 # Phi(X) = erfc(-X / sqrt 2) / 2 from the code generator's vectorised ``_m.erfc`` (float32 and
-# float64; see pdjit.codegen.mathfuncs): accurate in both tails (Paddle's float32 ``1 + erf``
+# float64; see pdjit.codegen.cpu.mathfuncs): accurate in both tails (Paddle's float32 ``1 + erf``
 # loses most digits below X = -3), and several times faster than libm's scalar erf.
 _SQRT1_2 = 0.7071067811865476      # 1 / sqrt(2)
 _SQRT_2_PI = 0.7978845608028654    # sqrt(2 / pi)

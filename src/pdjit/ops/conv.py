@@ -17,7 +17,7 @@ Semantics are PaddlePaddle 3.3.1's legacy ops:
 - ``depthwise_conv2d`` is ``conv2d`` with ``groups`` (= C) given; the ``depthwise_*`` op types
   exist because Paddle writes them, and compute the same.
 
-Native code: three library kernels (``pdjit.codegen.nnlib.conv``) compute the forward pass and
+Native code: three library kernels (``pdjit.codegen.cpu.lib.conv``) compute the forward pass and
 both gradients of a convolution; a transposed convolution's forward pass is the input gradient
 of the convolution it transposes, its input gradient is a convolution, and its filter gradient
 the filter gradient with the roles of image and output exchanged. Sizes and attributes are
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pdjit.codegen.nnlib.conv import use_direct
+from pdjit.codegen.cpu.lib.conv import use_direct
 from pdjit.framework.errors import ShapeMismatch
 from pdjit.framework.registry import (
     OPAQUE,
@@ -524,7 +524,7 @@ def _tiled(ctx) -> bool:
 
 def _igemm(fn: str, a: str, b: str, out: str, g: Geometry, geo) -> str:
     """The driver's call of an implicit-GEMM convolution kernel ``_cu.<fn>`` (arguments as in
-    :mod:`pdjit.codegen.cuda_lib.conv`: images in the op's layout, geometry as locals)."""
+    :mod:`pdjit.codegen.cuda.lib.conv`: images in the op's layout, geometry as locals)."""
     return f"_cu.{fn}({a}, {b}, {out}, {g.nhwc}, {', '.join(geo)})"
 
 

@@ -34,7 +34,7 @@ to the bit). What is worth knowing:
   ``NCHW``; the last dim otherwise, ``AnyLayout`` being the op's default).
 
 Every op runs natively: views and slicing in the driver (flatten, shape, pad) or the library
-kernels of ``pdjit.codegen.nnlib.image`` (pad3d, resize, affine_channel), whose sizes, pads,
+kernels of ``pdjit.codegen.cpu.lib.image`` (pad3d, resize, affine_channel), whose sizes, pads,
 ratios and modes are run-time arguments.
 """
 from __future__ import annotations
@@ -548,7 +548,7 @@ def _ratio(n_in, n_out, align_corners, s) -> np.float32:
 
 
 def _nearest_src(ratio, n_out, n_in, align_corners, grad=False) -> np.ndarray:
-    """Source index per output index (see ``nnlib.image._nearest_index``: the same steps)."""
+    """Source index per output index (see ``cpu.lib.image._nearest_index``: the same steps)."""
     v = np.float32(ratio) * np.arange(n_out, dtype=np.float32)
     if not align_corners:
         i = np.trunc(v)
@@ -561,7 +561,7 @@ def _nearest_src(ratio, n_out, n_in, align_corners, grad=False) -> np.ndarray:
 
 def _linear_src(ratio, n_out, n_in, half_pixel, index32, weight32) -> tuple:
     """(lower index, upper index, float32 weight of the upper) per output index (see
-    ``nnlib.image._linear_index``: the same float32/float64 steps)."""
+    ``cpu.lib.image._linear_index``: the same float32/float64 steps)."""
     r, k = np.float32(ratio), np.arange(n_out)
     k32 = k.astype(np.float32)
     src32 = r * (k32 + np.float32(0.5)) - np.float32(0.5)

@@ -10,7 +10,7 @@ at run time.
 
 Natively: concat, stack, split, slice (with attribute axes and bounds; tensor-valued ones run the
 references) as views and copies in host lines; the index-taking ops through the kernels of
-``pdjit.codegen.nnlib.indexing`` (one compilation per dtype for every shape, axis and op);
+``pdjit.codegen.cpu.lib.indexing`` (one compilation per dtype for every shape, axis and op);
 where as an elementwise template, so it fuses.
 """
 from __future__ import annotations
@@ -555,7 +555,7 @@ register_op(
 
 
 # ==== issue 16: the indexing ops NLP programs use, natively ======================================
-# Each lowers to host lines calling the kernels of ``pdjit.codegen.nnlib.indexing`` on a
+# Each lowers to host lines calling the kernels of ``pdjit.codegen.cpu.lib.indexing`` on a
 # ``(A, N, B)`` view of its data (the indexed axis in the middle) or on flat arrays with their
 # dims as values, so one compilation per dtype serves every shape, rank and axis. Every index is
 # checked by the kernels; one out of range makes the plan re-run the reference, which raises

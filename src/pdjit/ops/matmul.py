@@ -22,7 +22,7 @@ broadcast. Rank-2 float operands lower to one ``np.dot`` per product; every othe
 ``bmm``; vectors, a vector times a vector giving a 0-d result) to one ``_nn.batched_gemm``
 call per product: ``np.matmul`` from a host driver, a compiled loop of BLAS calls on 2-D
 slices in compiled code, one function for every rank, broadcast and transpose (measured on
-the attention shapes: see ``pdjit.codegen.nnlib.gemm``). Integer operands run the reference.
+the attention shapes: see ``pdjit.codegen.cpu.lib.gemm``). Integer operands run the reference.
 
 On the cuda target the same lines run on the device: ``_rt.gemm`` is a tiled shared-memory
 GEMM, ``_cu.batched_gemm`` (in place of ``_nn.batched_gemm``, the same arguments) a batched

@@ -45,10 +45,10 @@ those of its CPU kernels, compared with Paddle on both layouts, float32 and floa
   Scale@GRAD, Bias@GRAD through the row statistics.
 
 Natively (float32 and float64; float16 runs the references) every op calls the three library
-kernels of ``pdjit.codegen.nnlib.norm`` (statistics, normalisation, gradients) on a 4-D view
+kernels of ``pdjit.codegen.cpu.lib.norm`` (statistics, normalisation, gradients) on a 4-D view
 of its data, one compilation per dtype for all of them; the host lines do the bookkeeping on
 the few values per channel (running averages, saved statistics) with NumPy. ``layer_norm`` and
-its gradient call ``nnlib.norm.layer_norm_fwd`` / ``layer_norm_bwd`` on the ``(left, right)``
+its gradient call ``cpu.lib.norm.layer_norm_fwd`` / ``layer_norm_bwd`` on the ``(left, right)``
 rows (one compilation per dtype for every shape and axis; float32 and float64 with Scale and
 Bias of X's type, else the references).
 """
@@ -144,7 +144,7 @@ def _per_channel(v, c: int, default: float) -> np.ndarray:
 
 
 def _grads(x4, dy4, mean, inv, scale, per_sample: bool, batch_stats: bool):
-    """(dX, dScale, dBias) in float64 (see ``nnlib.norm._grad``)."""
+    """(dX, dScale, dBias) in float64 (see ``cpu.lib.norm._grad``)."""
     a, p, c, r = x4.shape
     g = mean.shape[-1]
     shape5 = (a, p, g, c // g, r)
@@ -188,7 +188,7 @@ def _batch_stats(is_test: bool, use_global_stats: bool, trainable_statistics: bo
 class _Host:
     """Host lines under construction for a norm op on X: the ``(A, P, C, R)`` views of arrays
     (see :func:`_view`), per-channel inputs (constants when absent), outputs (scratch arrays
-    when not bound). The lines call the kernels of ``pdjit.codegen.nnlib.norm`` and do the
+    when not bound). The lines call the kernels of ``pdjit.codegen.cpu.lib.norm`` and do the
     per-channel bookkeeping on a few values with NumPy (valid Python and Numba)."""
 
     def __init__(self, ctx, data_layout: str):
@@ -489,7 +489,7 @@ def _bn_grad_lower(ctx):
 
 # ---- batch_norm on a device target ---------------------------------------------------------------
 # X seen flat as (A, P, C, R) (see _view): element ((a * P + p) * C + c) * R + r. One thread per
-# channel computes the channel's statistics (float64, two passes, as nnlib.norm) and its
+# channel computes the channel's statistics (float64, two passes, as cpu.lib.norm) and its
 # coefficients; one thread per element applies them. Every size and attribute is a run-time
 # argument.
 def _bn_device_common(ctx, lines: list) -> tuple:
@@ -1059,7 +1059,7 @@ def _ln_grad_lower(ctx):
 
 
 def _ln_device_lines(ctx, grad: bool) -> list:
-    """layer_norm (``grad``: its gradients) on a device target, with nnlib.norm's numerics
+    """layer_norm (``grad``: its gradients) on a device target, with cpu.lib.norm's numerics
     (statistics and sums in float64, the per-row mean and 1/std rounded to X's type, products
     in X's type): the forward pass one thread per row; the gradients one thread per column
     (Scale@GRAD, Bias@GRAD: sums over the rows) and one per row (X@GRAD)."""

@@ -15,7 +15,7 @@ Semantics follow PaddlePaddle 3.3.1's legacy ops (checked against it while writi
   values may come back in another order there.
 
 Gradients (Paddle's grad ops and slots; all ``OPAQUE``): ``reduce_<op>_grad`` and
-``mean_grad`` natively (float32/float64, through kernels of ``pdjit.codegen.nnlib.indexing``);
+``mean_grad`` natively (float32/float64, through kernels of ``pdjit.codegen.cpu.lib.indexing``);
 ``top_k*_grad`` run their references.
 
 - ``reduce_<op>_grad`` reads ``X`` (for its shape), ``Out`` (max/min/prod) and ``Out@GRAD``,
@@ -231,7 +231,7 @@ def _dims_src(dims) -> str:
 
 
 def _make_reduce_grad_lower(op_type):
-    """Host lines through kernels of ``pdjit.codegen.nnlib.indexing`` (float32 and float64);
+    """Host lines through kernels of ``pdjit.codegen.cpu.lib.indexing`` (float32 and float64);
     a size mismatch makes a kernel raise, and the reference then names it.
 
     - sum: ``X@GRAD = tile(Out@GRAD)``: Out@GRAD read as X with its reduced dims 1 (the kept

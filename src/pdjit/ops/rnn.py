@@ -11,7 +11,7 @@ bidirectional, with and without sequence lengths:
   ``b_hh`` ``[G*H]``; ``I_l`` is I for the first layer, ``D * H`` after), optional
   ``SequenceLength`` (int ``[B]``, each in ``0..T``). Outputs: ``Out`` ``[T, B, D * H]`` (the
   directions side by side), ``State`` (last states, as PreState), ``Reserve`` (what the
-  gradient reads, the layout of ``pdjit.codegen.nnlib.rnn``, in Input's dtype; Paddle declares
+  gradient reads, the layout of ``pdjit.codegen.cpu.lib.rnn``, in Input's dtype; Paddle declares
   it uint8, and a variable declared so holds the same bytes) and ``DropoutState`` (optional,
   uint8: the dropout masks of the layers but the last, ``[(L-1) * T * B * D*H]`` when
   dropping, else empty; the gradient of a dropping op needs it). Paddle's slot flags and
@@ -152,7 +152,7 @@ def _check(op, Input, PreState, WeightList, SequenceLength, mode, num_layers, is
 
 
 def _reserve_values(g, T, B, H, L, D) -> int:
-    """Values of the dtype in Reserve (``pdjit.codegen.nnlib.rnn``'s layout)."""
+    """Values of the dtype in Reserve (``pdjit.codegen.cpu.lib.rnn``'s layout)."""
     return L * D * T * B * (g + 2) * H + (L - 1) * T * B * D * H
 
 

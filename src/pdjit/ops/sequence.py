@@ -46,7 +46,7 @@ and defaults; numbers compared with Paddle in ``tests/ops/test_lod_rnn.py``):
   contextLength - 1]] @ Filter``, rows outside t's sequence zero, or with
   ``paddingTrainable`` rows of PaddingData ``[up + down, D]`` (``up = max(0, -contextStart)``
   rows used above the sequence, then ``down`` below); ``contextStride`` must be 1.
-Natively (float32/float64) they call the kernels of ``pdjit.codegen.nnlib.lod_rnn``: one
+Natively (float32/float64) they call the kernels of ``pdjit.codegen.cpu.lib.lod_rnn``: one
 compiled loop over the time steps with one GEMM per step over the sequences alive at it.
 
 Malformed input (no LoD where one is needed, a ``ref_level`` out of range, sequence counts or

@@ -566,8 +566,8 @@ def lod_reset_grad(ctx):
             f"{ctx.out('X@GRAD')} = {G}.astype({ctx.T('X')})"]
 
 
-# ---- lstm / gru / sequence_conv: host lines calling the kernels of nnlib.lod_rnn -------------
-_ACT_CODES = {"identity": 0, "": 0, "sigmoid": 1, "tanh": 2, "relu": 3}  # nnlib.lod_rnn's codes
+# ---- lstm / gru / sequence_conv: host lines calling the kernels of cpu.lib.lod_rnn -----------
+_ACT_CODES = {"identity": 0, "": 0, "sigmoid": 1, "tanh": 2, "relu": 3}  # cpu.lib.lod_rnn's codes
 
 
 def _floats(ctx, slots) -> bool:
@@ -756,7 +756,7 @@ def seq_conv_grad(ctx):
 # On a device target (``ctx.target != "cpu"``) a lowering's lines are the host driver's: they
 # check sizes against the host offsets and launch grid-stride kernels (``ctx.device_loop``) that
 # read the offsets' device copy. ``ctx.lod`` names an ``Offsets`` there (``.host``, ``.dev``:
-# ``pdjit.runtime.device.offsets``), copied to the device once per offsets array. One thread per
+# ``codegen.cuda.device.offsets``), copied to the device once per offsets array. One thread per
 # (sequence, feature) where the features are independent, one per sequence otherwise; the
 # kernels' own locals have fixed names (their text never depends on the driver's names).
 def _dev_offsets(ctx, slot: str, lines: list, level: int = -1, optional: bool = False):

@@ -26,12 +26,15 @@ import weakref
 
 import numpy as np
 
+from pdjit.codegen.cpu import threads
+from pdjit.codegen.cuda import device
+from pdjit.codegen.target import get_target, target_name
 from pdjit.framework import registry
 from pdjit.framework.errors import PdjitError
 from pdjit.framework.program import Block, Program, default_main_program
 from pdjit.passes import verify
 from pdjit.proto import framework_pb2 as pb
-from pdjit.runtime import checks, device, feed_fetch, interpreter, reader, threads
+from pdjit.runtime import checks, feed_fetch, interpreter, reader
 from pdjit.runtime.checks import env_flag
 from pdjit.runtime.context import Env
 from pdjit.runtime.place import CPUPlace, Place
@@ -94,8 +97,9 @@ class Executor:
         self.place = place if place is not None else CPUPlace()
         if not isinstance(self.place, Place):
             raise TypeError(f"Executor: place must be CPUPlace() or CUDAPlace(i), got {place!r}")
-        if self.place.kind == "cuda":  # the cuda target (a GPU, or the CUDA simulator)
-            device.require(f"Executor({self.place!r})")
+        # the target that runs this place's plans (cuda: a GPU, or the CUDA simulator)
+        self._target = get_target(target_name(self.place))
+        self._target.require(f"Executor({self.place!r})")
         self.mode = mode.lower() if mode else _default_mode()
         self.memory_optim = bool(memory_optim) if memory_optim is not None else \
             _default_memory_optim()
@@ -113,7 +117,7 @@ class Executor:
             os.environ.get("PDJIT_STRICT", "0").strip() not in ("", "0")
         # NaN/Inf checking and the allocation limit, read once (pdjit.runtime.checks)
         self.checks = checks.settings()
-        self._on_device = self.place.kind == "cuda" and self.mode == "compiled"
+        self._on_device = self._target.device and self.mode == "compiled"
         if self.mode not in MODES:
             raise ValueError(f"Executor: mode {mode!r} is not one of {MODES}")
         self._runs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -282,7 +286,7 @@ class Executor:
     # -- interpretation -------------------------------------------------------------------------
     # the reference interpreter (pdjit.runtime.interpreter): one op with its NumPy reference
     def _run_op(self, op, op_idx: int, env: Env, run_index: int) -> None:
-        if self.place.kind == "cuda":
+        if self._target.device:
             _inputs_to_host(op, env)
         interpreter.run_op(self, op, op_idx, env, run_index)
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from pdjit.codegen.cuda import device
 from pdjit.framework import registry
-from pdjit.runtime import device
 from pdjit.runtime.tensor import LoDTensor, check_offsets
 
 _NO_OFFSETS = np.zeros(0, np.int64)

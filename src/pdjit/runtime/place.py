@@ -45,6 +45,6 @@ def is_compiled_with_cuda() -> bool:
     runs ``CUDAPlace`` programs (that is how the cuda target is tested without a GPU) but
     thousands of times slower, so a Fluid script that picks its place with this function stays
     on the CPU there; tests ask for ``CUDAPlace(0)`` explicitly."""
-    from pdjit.runtime import device
+    from pdjit.codegen.cuda import device
 
     return device.available() and not device.simulator()

@@ -42,9 +42,11 @@ import numpy as np
 from numba.core.errors import NumbaError
 
 from pdjit.codegen.compiler import CACHE_ERRORS, compile_function, precompile
+from pdjit.codegen.cpu import threads
+from pdjit.codegen.cuda import device
 from pdjit.codegen.loops import LoopGen, native_loop
 from pdjit.codegen.lowering import Declined, SegmentGen
-from pdjit.codegen.targets import target_name
+from pdjit.codegen.target import get_target, target_name
 from pdjit.framework import registry
 from pdjit.framework.errors import (
     FallbackError,
@@ -58,7 +60,7 @@ from pdjit.passes.fusion import live_names, partition
 from pdjit.passes.prune import prune
 from pdjit.proto import framework_pb2 as pb
 from pdjit.runtime import checks as run_checks
-from pdjit.runtime import device, memory, threads
+from pdjit.runtime import memory
 from pdjit.runtime.context import RunContext, StepScopes
 from pdjit.runtime.lod_flow import LoDFlow, LoDUnavailable
 from pdjit.runtime.tensor import LoDTensor
@@ -588,7 +590,7 @@ class DeviceStep(NativeStep):
     arrays. A host input (a feed, the output of an op that ran on the host, a parameter the
     startup program made) is copied to the device once and the device copy replaces it in the
     env, so later steps, and the Scope after the run, hold the device array; outputs stay on
-    the device (``pdjit.runtime.device`` counts every copy)."""
+    the device (``pdjit.codegen.cuda.device`` counts every copy)."""
 
     def run(self, executor, env, run_index) -> None:
         values = []
@@ -800,7 +802,8 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None,
     t0 = time.perf_counter()
     checks = checks if checks is not None else run_checks.OFF
     target = target_name(place)
-    if target != "cpu":  # a device target: no host memory plan, no native drivers
+    tgt = get_target(target)
+    if tgt.device:  # a device target: no host memory plan, no native drivers
         memory_optim = native_drivers = False
     threads.ensure_applied()
     memory.tune_malloc()
@@ -833,7 +836,7 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None,
     # which steps' native drivers may run on slices of the batch: analysed once a step of
     # this plan has a native driver (most plans never get one)
     states = functools.cache(lambda: _row_states(block, ops)) \
-        if native_drivers and (native_drivers != "auto" or hot) and target == "cpu" else None
+        if native_drivers and (native_drivers != "auto" or hot) and tgt.native_drivers else None
     steps, sources = [], []
     for seg, gen in zip(part.segments, gens):
         if gen is None:
@@ -851,7 +854,7 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None,
                 continue
             why = node.why_not + (f"; not a native loop: {why_not}" if why_not else "")
             named = False
-            if target != "cpu":
+            if tgt.device:
                 host_why = _host_op(op, op_idx, target, why, strict)
                 named, why = host_why != why, host_why
             subs = [(b, sub_plan(program.block(b))) for b in op.sub_block_indices()] \
@@ -860,8 +863,8 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None,
             if not named:  # (a host op of a device plan was named already)
                 _warn_reference_step(op, node.why_not)
             continue
-        compiled = gen.target.HostDriver(gen, memory_optim=memory_optim)
-        has_native = hasattr(gen.target, "NativeDriver")
+        compiled = gen.target.host_driver(gen, memory_optim=memory_optim)
+        has_native = gen.target.native_drivers
         native = _native_driver(gen, target) \
             if native_drivers and native_drivers != "auto" and has_native else None
         groups = [[(op, index[id(op)]) for op in g.ops] for g in seg.groups]
@@ -874,7 +877,7 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None,
         else:
             split = lambda states=states, step_ops=step_ops, gen=gen: \
                 _split_rows(states(), step_ops, gen.args, gen.outputs)  # noqa: E731
-        step_cls = NativeStep if target == "cpu" else DeviceStep
+        step_cls = DeviceStep if tgt.device else NativeStep
         steps.append(step_cls(compiled, gen.args, gen.expected, gen.outputs,
                                 step_ops, desc, gen.lod_requests, groups,
                                 native=native, batch_arg=_batch_arg(block, gen.args),
@@ -967,7 +970,7 @@ def _native_loop(program, op, target: str, fetched=()):
         return None, ""
     if os.environ.get("PDJIT_NATIVE_LOOPS", "1") == "0":
         return None, "PDJIT_NATIVE_LOOPS=0"
-    if target != "cpu":
+    if not get_target(target).native_drivers:
         return None, (f"the {target} target runs the loop on the host, launching the body's "
                       f"kernels, reading the condition each iteration")
     return native_loop(program, op, target, parallel=threads.get_num_threads() > 1,
@@ -1017,7 +1020,7 @@ def _native_driver(gen, target: str):
     if list(ngen.args) != list(gen.args) or list(ngen.outputs) != list(gen.outputs) or \
             ngen.lod_requests or len(ngen.rng_requests) != len(gen.rng_requests):
         return None
-    return gen.target.NativeDriver(ngen)
+    return gen.target.native_driver(ngen)
 
 
 def _generate(part, block, live, target: str) -> list:

@@ -33,7 +33,7 @@ from pdjit.runtime.tensor import LoDTensor
 #: Executor modes every op is checked in; compiled targets join this list as they land.
 TARGETS = ["reference", "compiled"]
 #: the ``cuda`` target (``CUDAPlace(0)``, compiled): opt in with ``modes=[..., CUDA]``, as it
-#: needs ``numba.cuda`` (a GPU or the simulator, ``pdjit.runtime.device.available()``) and
+#: needs ``numba.cuda`` (a GPU or the simulator, ``pdjit.codegen.cuda.device.available()``) and
 #: not every op has a cuda lowering; there every op must run in native device code
 CUDA = "cuda"
 

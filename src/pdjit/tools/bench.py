@@ -327,8 +327,8 @@ def bench(path: str, batches: list, threads: int | None = None, repeat: int = 30
           ir_optim: bool = True, progress: bool = True, startup: bool = False,
           out=None) -> int:
     out = out or sys.stdout
+    from pdjit.codegen.cpu import threads as pd_threads
     from pdjit.io.inference import load_model
-    from pdjit.runtime import threads as pd_threads
     if repeat < 1 or warmup < 0:
         raise CliError(f"--repeat must be >= 1 and --warmup >= 0, got {repeat} and {warmup}")
     if threads is not None and threads < 1:

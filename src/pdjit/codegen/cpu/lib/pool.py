@@ -16,8 +16,8 @@ import numba
 import numpy as np
 from numba.extending import overload, register_jitable
 
-from pdjit.codegen.nnlib._jit import jit, jit_sum, jobs
-from pdjit.codegen.nnlib.conv import _cols, _plain, split_work
+from pdjit.codegen.cpu.lib._jit import jit, jit_sum, jobs
+from pdjit.codegen.cpu.lib.conv import _cols, _plain, split_work
 
 __all__ = ["pool2d_fwd", "pool2d_bwd", "pool2d_mean", "pool2d_mean_bwd", "max_pool2d_index_fwd",
            "max_pool2d_index_bwd"]

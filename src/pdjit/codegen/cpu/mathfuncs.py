@@ -8,7 +8,7 @@ LLVM's loop vectoriser turns a loop calling them into packed AVX2/AVX-512 code.
 
 Use from generated code::
 
-    from pdjit.codegen import mathfuncs as _m
+    from pdjit.codegen.cpu import mathfuncs as _m
 
     @numba.njit(error_model='numpy')
     def kernel(x, out):

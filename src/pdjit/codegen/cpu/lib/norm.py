@@ -31,9 +31,9 @@ import threading
 import numpy as np
 from numba.extending import overload, register_jitable
 
-from pdjit.codegen.nnlib._jit import jit, jit_sum, jobs
-from pdjit.codegen.nnlib.conv import _plain, _threads, split_work
-from pdjit.runtime.threads import free_cores, loop_threads
+from pdjit.codegen.cpu.lib._jit import jit, jit_sum, jobs
+from pdjit.codegen.cpu.lib.conv import _plain, _threads, split_work
+from pdjit.codegen.cpu.threads import free_cores, loop_threads
 
 _F64 = np.dtype(np.float64)
 
@@ -597,7 +597,7 @@ def layer_norm_bwd(x, dy, mean, var, scale, eps, want_dx, dx, dscale, dbias):
     if parts == 1:
         _ln_bwd_rows(x, dy, mean, var, scale, eps, want_dx, dx, acc[0], 0, m)
     else:
-        from pdjit.codegen.nnlib.conv import _threads
+        from pdjit.codegen.cpu.lib.conv import _threads
 
         futures = [_threads().submit(_ln_bwd_rows, x, dy, mean, var, scale, eps, want_dx, dx,
                                      acc[p], p * m // parts, (p + 1) * m // parts)

@@ -11,14 +11,14 @@ image's columns this way. (The same copy as a Numba loop ran at a quarter of the
 stride-2 loads are not turned into shuffles, measured 0.23 ms for [64, 24, 16, 16] float32
 against 0.05 ms.)
 
-Written as LLVM IR (a Numba intrinsic), as :mod:`pdjit.codegen.nnlib.tile`. The offsets are
+Written as LLVM IR (a Numba intrinsic), as :mod:`pdjit.codegen.cpu.lib.tile`. The offsets are
 signed 64-bit element offsets that the caller keeps in bounds (no checks here).
 """
 import llvmlite.ir as ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-from pdjit.codegen.nnlib.tile import TILE_BYTES
+from pdjit.codegen.cpu.lib.tile import TILE_BYTES
 
 __all__ = ["deint", "deint_halves", "vcopy", "copy_run", "zero_run"]
 

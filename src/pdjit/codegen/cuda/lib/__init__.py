@@ -1,7 +1,7 @@
 """What the ``cuda`` target's host drivers call (``_cu`` in a driver): device allocation, launch
 configurations, and the library kernels of the opaque ops' cuda lowerings (GEMM, batched GEMM,
 softmax rows, softmax with cross entropy rows, and convolution as an implicit GEMM in
-:mod:`pdjit.codegen.cuda_lib.conv`).
+:mod:`pdjit.codegen.cuda.lib.conv`).
 
 Launch configurations: elementwise kernels are grid-stride loops (:func:`grid`: enough blocks
 to cover the elements, at most :data:`MAX_BLOCKS`), reductions one block per output element
@@ -10,43 +10,29 @@ few there; the kernels are written for any configuration (grid-stride loops), an
 run them with several iterations per thread.
 
 The module-level kernels are compiled with numba-cuda's disk cache where this file allows it
-(``cuda_math.kernel``); the GEMM kernels are closures over their dtype and tile (one per dtype):
+(``mathfuncs.kernel``); the GEMM kernels are closures over their dtype and tile (one per dtype):
 compiled once per process at their first launch, uncached (a closure's cache entry is keyed by
 its name and argument types, not by the values it closes over).
 """
 from __future__ import annotations
 
-import functools
 import math
-import os
 
 import numpy as np
 from numba import cuda
 
-from pdjit.codegen import cpu
-from pdjit.codegen.cuda_math import kernel as _cached
-
-SIMULATOR = os.environ.get("NUMBA_ENABLE_CUDASIM", "0").strip() not in ("", "0")
-#: threads per block of elementwise and reduction kernels
-TPB = 16 if SIMULATOR else 256
-#: at most this many blocks per grid-stride launch
-MAX_BLOCKS = 1 if SIMULATOR else 65535
-#: the GEMM's tile (TILE x TILE threads per block)
-TILE = 8 if SIMULATOR else 16
-
-
-def threads_per_block() -> int:
-    return TPB
-
-
-def grid(n: int) -> tuple:
-    """(blocks, threads) of a grid-stride launch over ``n`` elements."""
-    return (max(1, min(MAX_BLOCKS, -(-int(n) // TPB))), TPB)
-
-
-def blocks(nout: int) -> tuple:
-    """(blocks, threads) of a reduction: one block per output, grid-stride over outputs."""
-    return (max(1, min(MAX_BLOCKS, int(nout))), TPB)
+from pdjit.codegen import driver
+from pdjit.codegen.cuda.lib.launch import (  # noqa: F401 - the drivers' _cu.grid, ...
+    MAX_BLOCKS,
+    SIMULATOR,
+    TILE,
+    TPB,
+    blocks,
+    grid,
+    per_dtype,
+    threads_per_block,
+)
+from pdjit.codegen.cuda.mathfuncs import kernel as _cached
 
 
 def empty(shape, dtype):
@@ -87,23 +73,8 @@ def _fill(a, v):
         i += gs
 
 
-_NB_TYPES = {np.dtype(np.float32): np.float32, np.dtype(np.float64): np.float64}
 
 
-def per_dtype(make):
-    """A kernel factory made once per float dtype (any spelling of it) and the rest of its
-    arguments: ``make(nbtype, *rest)`` returns the ``cuda.jit`` kernel (a closure over the
-    dtype's shared-memory tiles, so not disk-cached)."""
-    made: dict = {}
-
-    @functools.wraps(make)
-    def kernel(dtype, *rest):
-        key = (np.dtype(dtype), *rest)
-        k = made.get(key)
-        if k is None:
-            k = made[key] = make(_NB_TYPES[key[0]], *rest)
-        return k
-    return kernel
 
 
 # ---- GEMM ----------------------------------------------------------------------------------------
@@ -305,7 +276,7 @@ def batched_gemm(a, b, ta, tb, alpha, it, da, db, dc, c) -> None:
 
 class _DeviceRT:
     """``_rt`` as a cuda host driver sees it: the shape helpers, and the GEMM on the device."""
-    bdim, check = staticmethod(cpu._HOST_RT.bdim), staticmethod(cpu._HOST_RT.check)
+    bdim, check = staticmethod(driver.bdim), staticmethod(driver.check)
     gemm = staticmethod(gemm)
 
 
@@ -390,7 +361,7 @@ def softmax_xent_rows(x, label, sm, loss, nr: int, nc: int, ignore_index: int) -
 
 
 # ---- convolution as an implicit GEMM (its own module) ------------------------------------------
-from pdjit.codegen.cuda_lib.conv import (  # noqa: E402, F401 - the drivers' _cu.conv2d_*
+from pdjit.codegen.cuda.lib.conv import (  # noqa: E402, F401 - the drivers' _cu.conv2d_*
     conv2d_bwd_data,
     conv2d_bwd_filter,
     conv2d_fwd,

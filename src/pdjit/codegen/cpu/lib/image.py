@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from pdjit.codegen.nnlib._jit import jit
+from pdjit.codegen.cpu.lib._jit import jit
 
 __all__ = ["interp_ratio", "interp_out_size", "interp_nearest", "interp_nearest_grad",
            "interp_bilinear", "interp_bilinear_grad", "pad3d", "pad3d_grad",

@@ -20,9 +20,9 @@ machine under load, medians of 40 runs).
 import numpy as np
 from numba.extending import overload
 
-from pdjit.codegen.nnlib._jit import blas_gemm, jit
-from pdjit.codegen.nnlib.conv import _threads as _pool
-from pdjit.runtime import threads
+from pdjit.codegen.cpu import threads
+from pdjit.codegen.cpu.lib._jit import blas_gemm, jit
+from pdjit.codegen.cpu.lib.conv import _threads as _pool
 
 __all__ = ["blas_gemm", "batched_gemm", "gemm_rows", "gemm_split_work", "dropout_fwd",
            "dropout_bwd", "dropout_key", "softmax_axis", "softmax_axis_grad"]
@@ -106,7 +106,7 @@ def _range_gemm(a, b, ta, tb, alpha, c, n0, n1):
 def _split_batches(a, b, ta, tb, alpha, c, parts):
     """A large batch of products over ``parts`` threads, each running the compiled loop of
     one-thread ``np.dot`` on the chunks of the batch it takes (``np.matmul`` holds the GIL;
-    see ``pdjit.runtime.threads``)."""
+    see ``pdjit.codegen.cpu.threads``)."""
     n = c.shape[0]
     run_chunks(_range_gemm, n, parts, min(n, 4 * parts), a, b, ta, tb, alpha, c)
 

@@ -1,7 +1,8 @@
 """Helpers the generated code calls: from kernels (compiled with them by Numba) and from the
 host driver (plain Python), with one meaning in both.
 
-``bdim``, ``check`` and ``gemm`` are plain Python functions that Numba also compiles
+``bdim``, ``check`` (the shape helpers of every target's call sites, defined in
+:mod:`pdjit.codegen.driver`) and ``gemm`` are plain Python functions that Numba also compiles
 (``overload``), so the same line runs in a Python driver, in a kernel and inside a native loop.
 
 Keep this file small and stable: generated modules embed a hash of it, so that a change here
@@ -10,23 +11,8 @@ invalidates Numba's on-disk cache of every generated module that uses it.
 import numpy as np
 from numba.extending import overload
 
-from pdjit.runtime import threads
-
-
-def bdim(acc, d):
-    """Broadcast one more size into a dim: 1 gives way to anything; else sizes must agree."""
-    if acc == 1:
-        return d
-    if d == 1 or d == acc:
-        return acc
-    raise ValueError("pdjit: operand shapes do not broadcast")
-
-
-def check(cond):
-    """Raise ``ValueError`` unless ``cond``: a shape that does not fit (the executor then
-    re-runs the ops with their references, which say precisely what was wrong)."""
-    if not cond:
-        raise ValueError("pdjit: operand shapes do not fit")
+from pdjit.codegen.cpu import threads
+from pdjit.codegen.driver import bdim, check
 
 
 def gemm(a, b):

@@ -18,7 +18,7 @@ names the op and the index. Outputs are arguments (the driver allocates them).
 """
 import numpy as np
 
-from pdjit.codegen.nnlib._jit import jit, jobs
+from pdjit.codegen.cpu.lib._jit import jit, jobs
 
 __all__ = ["take_rows", "scatter_rows", "nd_rows", "tile_nd", "untile_nd", "cumsum_rows",
            "nonzero_index", "argsort_rows", "put_along_rows", "range_size", "range_fill",

@@ -20,8 +20,8 @@ reference, which names the problem).
 """
 import numpy as np
 
-from pdjit.codegen import mathfuncs as _m
-from pdjit.codegen.nnlib._jit import jit, jobs
+from pdjit.codegen.cpu import mathfuncs as _m
+from pdjit.codegen.cpu.lib._jit import jit, jobs
 
 __all__ = ["lod_batch_order", "lod_lstm", "lod_lstm_grad", "lod_gru",
            "lod_gru_grad", "seq_conv", "seq_conv_grad"]

@@ -1,7 +1,7 @@
 """What the ops' scalar templates call, as CUDA device functions.
 
 The emit templates are written once, for every target: they call ``math.*``, the helpers
-``_m.exp/log/tanh/sigmoid/...`` (``pdjit.codegen.mathfuncs`` on the CPU) and a few NumPy
+``_m.exp/log/tanh/sigmoid/...`` (``pdjit.codegen.cpu.mathfuncs`` on the CPU) and a few NumPy
 scalar functions and types (``np.maximum``, ``np.sqrt``, ``np.float32(...)``). In a CUDA
 kernel module ``_m`` is this module and ``np`` is :data:`np`, a module holding device
 functions under NumPy's names and NumPy's scalar types (casts), so the same text compiles
@@ -168,7 +168,8 @@ uniform01 = _dev(_uniform01_python if getattr(cuda, "simulator_enabled", False) 
 
 # ``np`` inside a CUDA kernel module
 np = types.ModuleType("pdjit_cuda_np")
-np.__doc__ = "NumPy's scalar names as CUDA device functions and casts (pdjit.codegen.cuda_math)"
+np.__doc__ = ("NumPy's scalar names as CUDA device functions and casts "
+              "(pdjit.codegen.cuda.mathfuncs)")
 for _name in ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
               "uint16", "uint32", "uint64", "bool_", "inf", "nan", "pi", "e"):
     setattr(np, _name, getattr(_np, _name))

@@ -12,7 +12,7 @@ length leave its state unchanged and write zeros to the output.
 Per layer and direction the forward kernel projects the input of *all* steps with one GEMM
 (``np.dot``: BLAS; the biases folded in), then runs the time loop with one ``(B, H) x (H,
 G*H)`` GEMM per step and the gate arithmetic per sequence in loops over a row that vectorise
-(``pdjit.codegen.mathfuncs``; float32 data is computed in float32; LSTM's loops are written
+(``pdjit.codegen.cpu.mathfuncs``; float32 data is computed in float32; LSTM's loops are written
 out in the time loop with unsigned indices: Numba's negative-index wraparound and the call of
 a row function kept them scalar, ~3x slower). The backward kernel runs the steps in reverse,
 keeping the gradients of the gate pre-activations, and ends with GEMMs over all steps for the
@@ -37,10 +37,10 @@ import numba
 import numpy as np
 from numba.extending import overload
 
-from pdjit.codegen import mathfuncs as _m
-from pdjit.codegen.nnlib._jit import jit, jobs
-from pdjit.codegen.nnlib.conv import _threads
-from pdjit.runtime.threads import asked_threads, free_cores, loop_threads
+from pdjit.codegen.cpu import mathfuncs as _m
+from pdjit.codegen.cpu.lib._jit import jit, jobs
+from pdjit.codegen.cpu.lib.conv import _threads
+from pdjit.codegen.cpu.threads import asked_threads, free_cores, loop_threads
 
 __all__ = ["rnn_forward", "rnn_backward", "rnn_gates", "rnn_reserve_size"]
 

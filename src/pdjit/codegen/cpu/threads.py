@@ -31,7 +31,7 @@ Two kinds of threads, set apart because they were measured apart on a 2-vCPU mac
   encoder layer 60 ms against 24 ms on one thread. After a multi-threaded call NumPy's
   OpenBLAS workers are stopped (they spin for 50 ms and more otherwise, taking the core
   from the next parallel loop); starting them again costs ~50 us.
-- The library kernels of the vision ops (``pdjit.codegen.nnlib``) split a large batch into
+- The library kernels of the vision ops (``pdjit.codegen.cpu.lib``) split a large batch into
   slices, one per loop thread, each slice on one BLAS thread (the kernels release the GIL):
   a 3x3 convolution of [32, 32, 16, 16] took 3.9 ms on one thread and 2.05 ms on two. (With
   OpenBLAS's own threads on instead, concurrent calls serialise: no gain.)
@@ -50,6 +50,7 @@ programs: plans already compiled keep their loops.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import glob
 import os
@@ -149,6 +150,23 @@ def set_num_threads(n: int) -> bool:
 def get_num_threads() -> int:
     """Threads for BLAS calls and opaque lowerings' loops (default 1)."""
     return _applied if _applied is not None else default_num_threads()
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Inside, plans are generated for one thread (``get_num_threads() == 1``: no ``prange``,
+    e.g. for ahead-of-time code, which has no thread pool), whatever count this process asked
+    for; the count asked for and Numba's are restored after."""
+    global _applied
+    import numba
+
+    saved, numba_saved = _applied, numba.get_num_threads()
+    _applied = 1
+    try:
+        yield
+    finally:
+        _applied = saved
+        numba.set_num_threads(numba_saved)
 
 
 #: multiply-adds (M*N*K) from which one host-driver GEMM uses every core when no thread count

@@ -1,5 +1,5 @@
 """Convolution on the device as an implicit GEMM (``_cu.conv2d_fwd``, ``_cu.conv2d_bwd_data``,
-``_cu.conv2d_bwd_filter``): the tiled shared-memory GEMM of :mod:`pdjit.codegen.cuda_lib` whose
+``_cu.conv2d_bwd_filter``): the tiled shared-memory GEMM of :mod:`pdjit.codegen.cuda.lib` whose
 operand tiles are gathered from the image, the filter and the output gradient as they are
 loaded into shared memory (no im2col buffer in device memory).
 
@@ -40,7 +40,7 @@ from __future__ import annotations
 import numpy as np
 from numba import cuda
 
-from pdjit.codegen import cuda_lib as _lib
+from pdjit.codegen.cuda.lib import launch as _lib
 
 #: the threads per block are TILE x TILE (4 x 4 under the simulator, where one block of Python
 #: threads runs over every tile: the tests cover several tiles per product)

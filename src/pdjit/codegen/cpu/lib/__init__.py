@@ -19,15 +19,15 @@ import re
 
 import numpy as np
 
-from pdjit.codegen.nnlib._jit import JOBS, jit, pjit  # noqa: F401
-from pdjit.codegen.nnlib.conv import *  # noqa: F401,F403
-from pdjit.codegen.nnlib.gemm import *  # noqa: F401,F403
-from pdjit.codegen.nnlib.image import *  # noqa: F401,F403
-from pdjit.codegen.nnlib.indexing import *  # noqa: F401,F403
-from pdjit.codegen.nnlib.lod_rnn import *  # noqa: F401,F403
-from pdjit.codegen.nnlib.norm import *  # noqa: F401,F403
-from pdjit.codegen.nnlib.pool import *  # noqa: F401,F403
-from pdjit.codegen.nnlib.rnn import *  # noqa: F401,F403
+from pdjit.codegen.cpu.lib._jit import JOBS, jit, pjit  # noqa: F401
+from pdjit.codegen.cpu.lib.conv import *  # noqa: F401,F403
+from pdjit.codegen.cpu.lib.gemm import *  # noqa: F401,F403
+from pdjit.codegen.cpu.lib.image import *  # noqa: F401,F403
+from pdjit.codegen.cpu.lib.indexing import *  # noqa: F401,F403
+from pdjit.codegen.cpu.lib.lod_rnn import *  # noqa: F401,F403
+from pdjit.codegen.cpu.lib.norm import *  # noqa: F401,F403
+from pdjit.codegen.cpu.lib.pool import *  # noqa: F401,F403
+from pdjit.codegen.cpu.lib.rnn import *  # noqa: F401,F403
 
 
 def library_jobs(lines, dtype) -> list:

@@ -17,7 +17,7 @@ one input channel per group and few output channels (depthwise) runs as direct l
 where a product of such thin matrices would cost more than it computes. The forward pass of a
 filter with few output channels per group over a plane of many outputs skips both im2col and
 BLAS: a Numba kernel reads the image through a table of tap offsets, in register-blocked
-tiles (:mod:`pdjit.codegen.nnlib.tile`; see :func:`_fwd_range`, :func:`_use_taps`). The input
+tiles (:mod:`pdjit.codegen.cpu.lib.tile`; see :func:`_fwd_range`, :func:`_use_taps`). The input
 gradient of a stride-1 convolution is that forward pass over ``dy`` with the flipped,
 transposed filter where it takes the taps or the direct loops (:func:`by_forward`), and the
 filter gradient over planes of many outputs reads the same taps planes (:func:`_dots44`).
@@ -28,10 +28,10 @@ import numba
 import numpy as np
 from numba.extending import overload, register_jitable
 
-from pdjit.codegen.nnlib._jit import blas_gemm, jit, jobs
-from pdjit.codegen.nnlib.deint import copy_run, deint, deint_halves, vcopy, zero_run
-from pdjit.codegen.nnlib.tile import TILE_BYTES, clamp_run, roll_kernel, tile_kernel
-from pdjit.runtime.threads import loop_threads
+from pdjit.codegen.cpu.lib._jit import blas_gemm, jit, jobs
+from pdjit.codegen.cpu.lib.deint import copy_run, deint, deint_halves, vcopy, zero_run
+from pdjit.codegen.cpu.lib.tile import TILE_BYTES, clamp_run, roll_kernel, tile_kernel
+from pdjit.codegen.cpu.threads import loop_threads
 
 __all__ = ["split_work", "conv2d_fwd", "conv2d_bwd_data", "conv2d_bwd_filter", "nchw", "nhwc_into",
            "nchw_empty"]
@@ -457,7 +457,7 @@ def _block(n, k_, p_):
 # multiply-adds per 4 inputs loaded and 4 partial sums loaded and stored). _fwd_range builds
 # the planes and the tap table and calls the kernel.
 
-# the tiles of the taps path (see pdjit.codegen.nnlib.tile): rows x vectors of positions
+# the tiles of the taps path (see pdjit.codegen.cpu.lib.tile): rows x vectors of positions
 _tile44, _tile41 = tile_kernel(4, 4), tile_kernel(4, 1)
 _tile64, _tile61 = tile_kernel(6, 4), tile_kernel(6, 1)
 _tile44p, _tile41p = tile_kernel(4, 4, False), tile_kernel(4, 1, False)

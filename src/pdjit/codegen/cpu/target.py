@@ -15,19 +15,19 @@ separately and compiled only when a run first reaches :data:`PARALLEL_MIN_SIZE` 
 """
 from __future__ import annotations
 
-import hashlib
 import math
 
 import numpy as np
 
-from pdjit.codegen import memplan, nnlib, rt
+from pdjit.codegen import driver, memplan
 from pdjit.codegen.compiler import compile_function, module_text
+from pdjit.codegen.cpu import lib as nnlib
+from pdjit.codegen.cpu import rt
+from pdjit.codegen.driver import kernel_params, loop_sizes
 from pdjit.codegen.kernel import FULL, MID, ROW, SCALAR, LoopKernel
+from pdjit.codegen.target import Target, register_target
 
 NAME = "cpu"
-
-_MISFIT = "pdjit: operand shapes do not fit the kernel's loop form"
-_EMPTY = "pdjit: a reduction without identity over an empty extent"
 
 # Below this many elements a parallel loop loses to its thread start-up. Alone, the break-even
 # of numba's prange on 2 cores is ~1e3-1e4 elements (at 6.5e4 two threads win); between other
@@ -35,24 +35,6 @@ _EMPTY = "pdjit: a reduction without identity over an empty extent"
 # higher (measured: LeNet's bias + relu over 221,184 elements took 337 us on 2 threads and
 # 56 us on one).
 PARALLEL_MIN_SIZE = 1 << 20
-
-
-def _prod(sh: str, lo: int, hi: int) -> str:
-    return " * ".join(f"{sh}[{d}]" for d in range(lo, hi)) or "1"
-
-
-def _sizes(k: LoopKernel) -> list:
-    return {"flat": ["n"], "row": ["nr", "nc"], "mid": ["no", "nm", "ni"], "reduce_all": ["n"],
-            "reduce_rows": ["nr", "nc"], "reduce_block": ["no", "nr", "ni"]}.get(k.form, [])
-
-
-def _params(k: LoopKernel, sizes=_sizes) -> list:
-    """A kernel's parameters: leaves, stores, the reduction's output, numeric attributes, then
-    the sizes (``sizes(k)``: a target's own loop sizes)."""
-    names = [f"L{i}" for i in range(len(k.leaves))] + [f"O{j}" for j in range(len(k.stores))]
-    if k.reduce is not None:
-        names.append("R0")
-    return names + [f"p{i}" for i in range(k.nparams)] + sizes(k)
 
 
 def argtypes(k: LoopKernel, leaf_dtypes: list) -> list:
@@ -67,7 +49,7 @@ def argtypes(k: LoopKernel, leaf_dtypes: list) -> list:
         t = red.dtype
         types.append((np.dtype(t[3:]) if t != "np.bool_" else np.dtype(bool),
                       out_rank if strided else 1))
-    return types + [float] * k.nparams + [int] * len(_sizes(k))
+    return types + [float] * k.nparams + [int] * len(loop_sizes(k))
 
 
 def render(k: LoopKernel, parallel: bool = False, inplace: dict | None = None) -> str:
@@ -80,7 +62,7 @@ def render(k: LoopKernel, parallel: bool = False, inplace: dict | None = None) -
     variant)."""
     if inplace and k.form not in INPLACE_FORMS:
         raise ValueError(f"no in-place variant of the {k.form} form")
-    lines = [f"def kernel({', '.join(_params(k))}):"]
+    lines = [f"def kernel({', '.join(kernel_params(k))}):"]
     body = _FORMS[k.form](k, parallel, inplace) if inplace else _FORMS[k.form](k, parallel)
     return "\n".join(lines + ["    " + line for line in body])
 
@@ -235,133 +217,13 @@ _FORMS = {"flat": _flat, "row": _row, "mid": _mid, "strided": _strided, "reduce_
 INPLACE_FORMS = ("flat", "row", "mid")
 
 
-# ---- call sites --------------------------------------------------------------------------------
 def call_site(k: LoopKernel, fresh, flats: dict, leaves: list, stores: list,
               red_out: str | None, params: list, kname: str, pname: str | None = None,
-              alloc: str = "np.empty", inplace: dict | None = None) -> list:
-    """Lines that compute the run-time iteration shape, check it, allocate the outputs (locals
-    ``stores`` and ``red_out``, in the order of ``k.stores``), and call the kernel global
-    ``kname`` (``pname``: its parallel variant, called above the size threshold). ``leaves``:
-    the local arrays of ``k.leaves``; ``params``: the parameters' sources; ``fresh(hint)`` gives
-    new local names; ``flats`` maps a local to the local of its 1-D view (read and extended:
-    each view is made once per driver). With ``kname=None``: ``(lines, arguments)`` without
-    the call. ``alloc``: the function that allocates the outputs (another target's device
-    allocation: the ``cuda`` target reuses these lines). ``inplace`` ``{store j: leaf i}`` (a
-    flat form; the kernel the variant ``render(k, inplace=...)``): stored value ``j`` is not
-    allocated: its local is leaf ``i``'s array, which the kernel overwrites."""
-    sh = fresh("sh")
-    lines = []
-
-    def flat(local):
-        if local not in flats:
-            flats[local] = fresh("f")
-            lines.append(f"{flats[local]} = {local}.reshape({local}.size)")
-        return flats[local]
-
-    if k.form in ("strided", "reduce_strided"):
-        dims = []
-        for d in range(k.rank):
-            acc = "1"
-            for loc, leaf in zip(leaves, k.leaves):
-                if leaf.offset <= d < leaf.offset + leaf.rank:
-                    acc = f"_rt.bdim({acc}, {loc}.shape[{d - leaf.offset}])"
-            dims.append(acc)
-        lines.append(f"{sh} = (" + "".join(f"{d}, " for d in dims) + ")")
-        is_flat = False
-    else:
-        first = next(i for i, leaf in enumerate(k.leaves) if leaf.place == FULL)
-        lines.append(f"{sh} = {leaves[first]}.shape")
-        conds = []
-        for loc, leaf in zip(leaves, k.leaves):
-            if leaf.place == FULL and loc != leaves[first]:
-                conds.append(f"{loc}.shape == {sh}")
-            elif leaf.place == SCALAR:
-                conds.append(f"{loc}.size == 1")
-            elif leaf.place == ROW:
-                lead = leaf.rank - k.row_rank
-                conds += [f"{loc}.shape[{j}] == 1" for j in range(lead)]
-                conds += [f"{loc}.shape[{j}] == {sh}[{leaf.offset + j}]"
-                          for j in range(lead, leaf.rank)]
-            elif leaf.place == MID:
-                a, b = k.mid
-                conds += [f"{loc}.shape[{j}] == {sh}[{leaf.offset + j}]"
-                          if a <= leaf.offset + j < b else f"{loc}.shape[{j}] == 1"
-                          for j in range(leaf.rank)]
-        if conds:
-            lines += [f"if not ({' and '.join(conds)}):", f"    raise ValueError({_MISFIT!r})"]
-        is_flat = True
-    red = k.reduce
-    outs = stores + ([red_out] if red is not None else [])
-    if is_flat:  # outputs allocated flat, viewed with their shape
-        out_args = [fresh("o") for _ in outs]
-        for j, (loc, o, (_, t, _)) in enumerate(zip(stores, out_args, k.stores)):
-            if inplace and j in inplace:
-                out_args[j] = flat(leaves[inplace[j]])
-                lines.append(f"{loc} = {leaves[inplace[j]]}")
-                flats[loc] = out_args[j]
-                continue
-            lines += [f"{o} = {alloc}({leaves[first]}.size, {t})", f"{loc} = {o}.reshape({sh})"]
-            flats[loc] = o
-    else:
-        out_args = outs
-        for loc, (_, t, _) in zip(stores, k.stores):
-            lines.append(f"{loc} = {alloc}({sh}, {t})")
-    if red is not None:
-        dims = [("1" if red.keep_dim else None) if d in red.axes else f"{sh}[{d}]"
-                for d in range(k.rank)]
-        lines.append(f"{red_out} = {alloc}((" + "".join(f"{d}, " for d in dims if d) +
-                     f"), {red.dtype})")
-        if is_flat:
-            lines.append(f"{out_args[-1]} = {red_out}.reshape({red_out}.size)")
-            flats[red_out] = out_args[-1]
-    leaf_args = [flat(loc) for loc in leaves] if is_flat else list(leaves)
-    args = leaf_args + out_args + list(params)
-    r0 = k.rank
-    if k.form in ("flat", "reduce_all"):
-        n = fresh("n")
-        lines.append(f"{n} = {leaves[first]}.size")
-        args.append(n)
-    elif k.form == "row":
-        n, nc, nr = fresh("n"), fresh("nc"), fresh("nr")
-        lines += [f"{nr} = {_prod(sh, 0, r0 - k.row_rank)}",
-                  f"{nc} = {_prod(sh, r0 - k.row_rank, r0)}"]
-        if pname is not None:
-            lines.append(f"{n} = {leaves[first]}.size")
-        args += [nr, nc]
-    elif k.form == "mid":
-        a, b = k.mid
-        n, no, nm, ni = fresh("n"), fresh("no"), fresh("nm"), fresh("ni")
-        lines += [f"{no} = {_prod(sh, 0, a)}", f"{nm} = {_prod(sh, a, b)}",
-                  f"{ni} = {_prod(sh, b, r0)}"]
-        if pname is not None:
-            lines.append(f"{n} = {leaves[first]}.size")
-        args += [no, nm, ni]
-    elif k.form == "reduce_rows":
-        a = red.axes[0]
-        nr, nc = fresh("nr"), fresh("nc")
-        lines += [f"{nr} = {_prod(sh, 0, a)}", f"{nc} = {_prod(sh, a, r0)}"]
-        args += [nr, nc]
-    elif k.form == "reduce_block":
-        a, b = red.axes[0], red.axes[-1] + 1
-        no, nr, ni = fresh("no"), fresh("nr"), fresh("ni")
-        lines += [f"{no} = {_prod(sh, 0, a)}", f"{nr} = {_prod(sh, a, b)}",
-                  f"{ni} = {_prod(sh, b, r0)}"]
-        args += [no, nr, ni]
-    if red is not None and not red.identity and k.form != "reduce_strided":
-        # nothing to reduce into a non-empty output: the reference says what is wrong
-        empty = {"reduce_all": f"{args[-1]} == 0",
-                 "reduce_rows": f"{args[-1]} == 0 and {args[-2]} > 0",
-                 "reduce_block": f"{args[-2]} == 0 and {args[-3]} * {args[-1]} > 0"}[k.form]
-        lines += [f"if {empty}:", f"    raise ValueError({_EMPTY!r})"]
-    if kname is None:  # the caller calls: the lines that prepare, and the arguments
-        return lines, args
-    call = f"({', '.join(args)})"
-    if pname is not None and k.form in ("flat", "row", "mid"):
-        lines += [f"if {n} >= {PARALLEL_MIN_SIZE}:", f"    {pname}{call}", "else:",
-                  f"    {kname}{call}"]
-    else:
-        lines.append(f"{kname}{call}")
-    return lines
+              inplace: dict | None = None) -> list:
+    """The shared call site (:func:`pdjit.codegen.driver.call_site`): outputs allocated with
+    NumPy, the parallel variant ``pname`` called from :data:`PARALLEL_MIN_SIZE` elements."""
+    return driver.call_site(k, fresh, flats, leaves, stores, red_out, params, kname, pname,
+                            inplace=inplace, parallel_min_size=PARALLEL_MIN_SIZE)
 
 
 # ---- an opaque op computed by blocks of samples, its epilogue after each block ---------------
@@ -424,51 +286,20 @@ class _HostRT:
 _HOST_RT = _HostRT()
 
 
-class HostDriver:
-    """A segment's driver as a plain Python function that calls its compiled kernels: building
-    it compiles nothing but the kernels Numba has not seen (at their first call).
-
-    ``memory_optim``: the driver reuses the buffers of dead intermediates and releases each
-    intermediate after its last use (``pdjit.codegen.memplan``; ``memory_plan`` says how)."""
-
-    def __init__(self, gen, fn_name: str = "segment", memory_optim: bool = False):
-        self.fn_name = fn_name
-        self.source = gen.source(fn_name)
-        self.memory_plan = None
-        if memory_optim:
-            gen.plan_memory()
-            self.source, self.memory_plan = gen.source(fn_name), gen.memory_plan
-        self.calls, self.lazy = list(gen.calls), list(gen.lazy)
-        self.kernels = [c for _, c in self.calls]
-        self.name = f"{fn_name}_" + hashlib.sha256(self.source.encode()).hexdigest()[:12]
-        parts = [f"# host driver {self.name}", self.source]
-        parts += [f"# {g} = {c.name}\n{c.text}" for g, c in self.calls]
-        parts += [f"# {g}: parallel variant, compiled at its first call\n"
-                  f"{module_text(src, 'kernel', parallel=True, target=NAME)}"
-                  for g, src in self.lazy]
-        self.text = "\n".join(parts)
-        self.filename = f"<pdjit {self.name}>"
-        # the 1-based source line of each group's comment: a traceback's line names the group
-        self.group_lines = [k + 1 for k, line in enumerate(self.source.splitlines())
-                            if line.lstrip().startswith("# group ")]
-        self._build()
+class HostDriver(driver.HostDriver):
+    """A segment's driver: plain Python calling its compiled kernels, the library kernels of
+    :mod:`pdjit.codegen.cpu.lib` (``_nn``) and the helpers of :mod:`pdjit.codegen.cpu.rt`
+    (``_rt``); a parallel variant is compiled at its first call."""
 
     def _namespace(self) -> dict:
-        """The globals the driver runs with (a target's driver gives its own launchers)."""
         return {"np": np, "math": math, "_rt": _HOST_RT, "_nn": nnlib, "_mp": memplan}
 
-    def _build(self) -> None:
-        ns = self._namespace()
-        ns.update({g: c.fn for g, c in self.calls})
+    def _bind(self, ns: dict) -> None:
+        super()._bind(ns)
         ns.update({g: _LazyKernel(src) for g, src in self.lazy})
-        exec(compile(self.source, self.filename, "exec"), ns)  # noqa: S102
-        self.fn = ns[self.fn_name]
 
-    def reload_clean(self) -> None:
-        """Reload every kernel without its cache files (a damaged cache), then rebind."""
-        for c in self.kernels:
-            c.reload_clean()
-        self._build()
+    def _lazy_text(self, source: str) -> str:
+        return module_text(source, "kernel", parallel=True, target=NAME)
 
 
 class NativeDriver:
@@ -489,3 +320,30 @@ class NativeDriver:
     def reload_clean(self) -> None:
         self.compiled.reload_clean()
         self.fn = self.compiled.fn
+
+
+class CpuTarget(Target):
+    """The CPU: Numba functions, ``prange`` variants, in-place variants, blocked epilogues,
+    native drivers, library kernels compiled ahead of their first call."""
+    name = NAME
+    parallel_min_size = PARALLEL_MIN_SIZE
+    parallel_variants = True
+    precompile = True
+    inplace_forms = INPLACE_FORMS
+    block_forms = BLOCK_FORMS
+    native_drivers = True
+    render = staticmethod(render)
+    argtypes = staticmethod(argtypes)
+    call_site = staticmethod(call_site)
+    blocked_kernel = staticmethod(blocked_kernel)
+    host_driver = HostDriver
+    native_driver = NativeDriver
+
+    def module_text(self, fn_source: str, fn_name: str, header: str) -> str:
+        return module_text(fn_source, fn_name, target=NAME)
+
+    def library_jobs(self, lines: list, dtype) -> list:
+        return nnlib.library_jobs(lines, dtype)
+
+
+TARGET = register_target(CpuTarget())

@@ -1,0 +1,120 @@
+"""Targets: who renders kernel descriptions and compiles them, chosen by the plan's Place.
+
+A target is one :class:`Target` object, registered under its name by the module that defines
+it (``register_target``). What it can do is declared as fields with the defaults below, never
+probed; what it does is its methods: rendering a :class:`~pdjit.codegen.kernel.LoopKernel`
+(``render``), the driver lines that allocate and call it (``call_site``, built on the shared
+skeleton of :mod:`pdjit.codegen.driver`), a segment's driver (``host_driver``, and
+``native_driver`` where ``native_drivers``), the module its kernels are compiled in
+(``module_text``), the library kernels its lowerings' lines call (``library_jobs``) and
+whether it can run here (``require``).
+
+Built-in targets: ``cpu`` (:mod:`pdjit.codegen.cpu.target`) and ``cuda``
+(:mod:`pdjit.codegen.cuda.target`, imported when first asked for: it imports ``numba.cuda``).
+A new target is a folder ``codegen/<name>/`` whose ``target`` module registers its object, plus
+its line in ``BUILTIN``. Opaque lowerings name the targets their lines are written for
+(``Opaque.targets``); an op with no lowering for the plan's target runs its reference, and the
+plan report says so. The target's name is part of every kernel's text, hence of its cache key.
+"""
+from __future__ import annotations
+
+import importlib
+
+#: target name -> the module that defines and registers it (imported at the first ask)
+BUILTIN = {"cpu": "pdjit.codegen.cpu.target", "cuda": "pdjit.codegen.cuda.target"}
+
+
+class Target:
+    """A code generation target. Subclasses set ``name`` and override the methods; the fields
+    declare the capabilities (the defaults are a target that has none of the optional ones)."""
+
+    #: the target's name (``Place.kind``): in every kernel's text, hence its cache key
+    name: str = ""
+    #: elements from which a loop runs on threads (its parallel variant, ``ctx.loop``)
+    parallel_min_size: int = 1 << 20
+    #: loop kernels get ``numba.prange`` variants, used from ``parallel_min_size`` on
+    parallel_variants: bool = False
+    #: kernels are compiled ahead of their first call, with the types the plan predicts
+    #: (else at their first launch; the types are kept for checks: ``SegmentGen.device_jobs``)
+    precompile: bool = False
+    #: loop forms with an in-place variant (the memory plan may give an output a dead leaf's
+    #: buffer; ``render(k, inplace=...)``)
+    inplace_forms: tuple = ()
+    #: loop forms that run as an opaque op's epilogue, block by block (``blocked_kernel``)
+    block_forms: tuple = ()
+    #: a segment's driver may be compiled as one native function (``native_driver``)
+    native_drivers: bool = False
+    #: the data lives in device memory and the host driver only launches: every opaque
+    #: lowering is lines of the driver (calling the target's library), ``ctx.loop`` is a
+    #: device loop, and no elementwise chain is fused into a row-wise op's first pass
+    device: bool = False
+    #: the module (a global of the driver) whose ``empty``/``zeros`` allocate an output
+    alloc_module: str = "np"
+
+    def require(self, what: str) -> None:
+        """Raise a clear error (naming ``what`` needs it) when the target cannot run in this
+        process (a device target without its device)."""
+
+    def render(self, k, parallel: bool = False, inplace: dict | None = None) -> str:
+        """The source of ``def kernel(...)`` for the loop kernel ``k``."""
+        raise NotImplementedError
+
+    def argtypes(self, k, leaf_dtypes: list) -> list:
+        """The kernel's argument types as its call site passes them."""
+        raise NotImplementedError
+
+    def call_site(self, k, fresh, flats: dict, leaves: list, stores: list, red_out,
+                  params: list, kname, pname=None, inplace: dict | None = None):
+        """The driver lines that check shapes, allocate the outputs and call the kernel
+        (``kname=None``: ``(lines, arguments)`` without the call)."""
+        raise NotImplementedError
+
+    def module_text(self, fn_source: str, fn_name: str, header: str) -> str:
+        """The generated module a kernel of this target is compiled in."""
+        raise NotImplementedError
+
+    def host_driver(self, gen, fn_name: str = "segment", memory_optim: bool = False):
+        """A segment's driver (a :class:`pdjit.codegen.driver.HostDriver`)."""
+        raise NotImplementedError
+
+    def native_driver(self, gen, fn_name: str = "segment"):
+        """A segment's driver compiled as one native function (``native_drivers`` only)."""
+        raise NotImplementedError(f"the {self.name} target has no native drivers")
+
+    def blocked_kernel(self, k, fn: str, nbefore: int, nafter: int) -> str:
+        """An opaque op computed by blocks, ``k`` its epilogue (``block_forms`` only)."""
+        raise NotImplementedError(f"the {self.name} target has no blocked epilogues")
+
+    def library_jobs(self, lines: list, dtype) -> list:
+        """Compile jobs ``(dispatcher, argument types)`` of the library kernels ``lines``
+        call, for float data of ``dtype`` (none: the target compiles them at first use)."""
+        return []
+
+    def __repr__(self) -> str:
+        return f"<pdjit target {self.name}>"
+
+
+_TARGETS: dict = {}
+
+
+def register_target(target: Target) -> Target:
+    if not isinstance(target, Target):
+        raise TypeError(f"register_target: expected a Target, got {type(target).__name__}")
+    _TARGETS[target.name] = target
+    return target
+
+
+def get_target(name: str) -> Target:
+    target = _TARGETS.get(name)
+    if target is None and name in BUILTIN:  # a built-in target registers itself
+        importlib.import_module(BUILTIN[name])
+        target = _TARGETS.get(name)
+    if target is None:
+        raise NotImplementedError(f"no code generation target {name!r} (targets: "
+                                  f"{sorted(set(_TARGETS) | set(BUILTIN))})")
+    return target
+
+
+def target_name(place) -> str:
+    """The target that runs plans for ``place`` (``None``: the CPU)."""
+    return "cpu" if place is None else place.kind
