@@ -186,7 +186,7 @@ class _NumbaTimes:
 
     def summary(self) -> dict:
         out: dict = {}
-        for (how, kind, name), (sec, n) in self.rows.items():
+        for (how, kind, _name), (sec, n) in self.rows.items():
             agg = out.setdefault(f"{how}_{kind}_s", 0.0)
             out[f"{how}_{kind}_s"] = agg + sec
             out[f"{how}_{kind}_n"] = out.get(f"{how}_{kind}_n", 0) + n

@@ -28,6 +28,7 @@ import numba
 import numpy as np
 from numba.extending import overload, register_jitable
 
+from pdjit.codegen.diskcache import cached
 from pdjit.codegen.nnlib._jit import blas_gemm, jit, jobs
 from pdjit.codegen.nnlib.deint import copy_run, deint, deint_halves, vcopy, zero_run
 from pdjit.codegen.nnlib.tile import TILE_BYTES, clamp_run, roll_kernel, tile_kernel
@@ -174,8 +175,8 @@ def _has_epilogue(bias, lo, hi) -> bool:
 #: that ``a * b + c`` is one fused multiply-add (as in BLAS); nothing is reassociated: every
 #: output sums its products in the filter's order (the depthwise 3x3 pass: 2x faster, its
 #: 17 vector operations per 16 outputs become 9)
-_fma_jit = numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"contract"},
-                      no_cfunc_wrapper=True)
+_fma_jit = cached(numba.njit(nogil=True, error_model="numpy", fastmath={"contract"},
+                             no_cfunc_wrapper=True))
 
 
 @_fma_jit
@@ -724,9 +725,9 @@ _fwd_taps_ep = _taps_kernel(True)
 #: a reduction kernel's options: sums reassociated (vectorised: each of the 16 sums runs in
 #: vector lanes, added up at the end); called from compiled code only, so without the CPython
 #: and C wrappers Numba would compile for it
-_sum_jit = numba.njit(cache=True, nogil=True, error_model="numpy",
-                      fastmath={"contract", "reassoc"}, no_cpython_wrapper=True,
-                      no_cfunc_wrapper=True)
+_sum_jit = cached(numba.njit(nogil=True, error_model="numpy",
+                             fastmath={"contract", "reassoc"}, no_cpython_wrapper=True,
+                             no_cfunc_wrapper=True))
 
 
 @_sum_jit
