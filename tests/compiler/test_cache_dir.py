@@ -84,3 +84,30 @@ def test_a_copied_cache_is_reused_and_clear_cache_empties_all_of_it(tmp_path):
     assert again["files"] == first["files"]
     assert again["left"] == [], again["left"]      # clear_cache(): nothing left, library too
     assert not (tmp_path / "b").exists()
+
+
+WARMUP = textwrap.dedent("""
+    from pdjit import cli
+    from pdjit.codegen import nnlib
+    keep = {"untile_nd": nnlib.JOBS["untile_nd"]}   # one cheap entry point of the library
+    nnlib.JOBS.clear()
+    nnlib.JOBS.update(keep)
+    raise SystemExit(cli.main(["warmup", "--dtype", "float32"]))
+""")
+
+
+def test_warmup_compiles_the_library_into_the_cache_once(tmp_path):
+    env = dict(os.environ, PDJIT_CACHE_DIR=str(tmp_path), PDJIT_COMPILE_WORKERS="0")
+    outs = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", WARMUP], capture_output=True, text=True,
+                              env=env, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        outs.append(proc.stdout)
+    assert "1 compiled, 0 already cached" in outs[0], outs[0]
+    assert "0 compiled, 1 already cached" in outs[1], outs[1]   # a new process: from disk
+    assert str(tmp_path / "lib") in outs[0]
+    assert list((tmp_path / "lib").glob("indexing.*.nbi"))
+    proc = subprocess.run([sys.executable, "-m", "pdjit.cli", "warmup", "--dtype", "int8"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 2 and "--dtype 'int8'" in proc.stderr, proc.stderr

@@ -608,3 +608,34 @@ def _wait(pid: int, deadline: float) -> None:
         if not done:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
+
+
+def warmup(dtypes=("float32",)) -> dict:
+    """Compile the library kernels (every entry point ``nnlib`` declares jobs for, for float
+    data of each of ``dtypes``) into the disk cache, on two cores as :func:`precompile` does:
+    what ``pdjit warmup`` runs once per installation (a container image, a read-only install
+    with a writable ``PDJIT_CACHE_DIR``), so that no process compiles them at a first run.
+    Returns how many compile jobs there were, how many were on disk already, how many were
+    compiled, and the seconds it took."""
+    from pdjit.codegen import nnlib
+
+    _harden_libraries()
+    t0 = time.perf_counter()
+    jobs = [(LibraryKernel(fn), types) for dt in dtypes
+            for _, maker in sorted(nnlib.JOBS.items()) for fn, types in maker(np.dtype(dt))]
+    todo, typed = [], []
+    for c, argtypes in jobs:
+        try:
+            sig = tuple(_numba_type(t) for t in argtypes)
+        except (TypeError, ValueError, NotImplementedError):  # not a type precompile knows
+            continue
+        typed.append((c, argtypes))
+        if sig not in c.fn.overloads and not _is_cached(c, sig):
+            todo.append((c, sig))
+    jobs = typed
+    precompile(jobs)
+    for c, sig in todo:  # what no worker took (none, or a single core): compiled here
+        if sig not in c.fn.overloads and not _is_cached(c, sig):
+            c.fn.compile(sig)
+    return {"jobs": len(jobs), "cached": len(jobs) - len(todo), "compiled": len(todo),
+            "seconds": time.perf_counter() - t0, "directory": str(diskcache.library_dir())}
