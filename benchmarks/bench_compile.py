@@ -1,6 +1,19 @@
 """Cold compile time: the first training step of a deep MLP, pdjit against jax.jit.
 
     python benchmarks/bench_compile.py [--n 10,30,100] [--no-jax] [--no-pdjit] [--timeout 900]
+    python benchmarks/bench_compile.py --breakdown [--models cnn,resnet50,mlp10]
+
+``--breakdown``: where a cold first result's time goes, for the small CNN (conv-bn-relu-pool
+x2, fc; Adam; first training step, batch 32 of 1x28x28), ResNet-50 inference (Fluid layers at
+its real size, batch 1 of 3x224x224) and the 10-layer MLP below (first training step). Each
+model runs in a fresh process twice: with empty caches (a new PDJIT_CACHE_DIR and
+NUMBA_CACHE_DIR, Numba cache files under the installed package deleted) and again with the
+caches that run left. The compile worker is off (PDJIT_COMPILE_WORKERS=0) so that every
+compile happens in the measured process: the parts are `import pdjit`, building the program
+(layers, startup run), plan building (``Plan.compile_seconds``: lowering, no Numba), Numba's
+time per dispatcher (its own time, nested compiles counted where they happen) split into
+library kernels (``pdjit.codegen.nnlib``, ``mathfuncs``), generated kernels (one row each) and
+loads from the disk cache, and the rest of the first run (Python, the kernels themselves).
 
 The model: N fc layers of width 64 (input width 64; activations relu, tanh, sigmoid, none in
 turn; after every third layer h = h + scale(h, 0.5)), an fc to 10 classes, softmax cross
@@ -133,7 +146,226 @@ def child_jax(n: int) -> dict:
             "warm_ms": statistics.median(times[1:]) * 1e3}
 
 
-def spawn(kind: str, n: int, env: dict, timeout: float) -> dict:
+# ---- --breakdown -------------------------------------------------------------------------------
+class _NumbaTimes:
+    """Numba's time per dispatcher in this process: each ``Dispatcher.compile`` call's own
+    time (its nested compiles subtracted), as a compile (a cache miss) or a disk-cache load."""
+
+    def __init__(self):
+        from numba.core import dispatcher
+
+        self.rows: dict = {}   # (kind, name) -> [seconds, count]
+        self._stack: list = []
+        original = dispatcher.Dispatcher.compile
+        times = self
+
+        def compile(disp, sig):  # noqa: A001 - Numba's name
+            misses = sum(disp._cache_misses.values())
+            hits = sum(disp._cache_hits.values())
+            times._stack.append(0.0)
+            t = time.perf_counter()
+            try:
+                return original(disp, sig)
+            finally:
+                total = time.perf_counter() - t
+                nested = times._stack.pop()
+                if times._stack:
+                    times._stack[-1] += total
+                how = "compile" if sum(disp._cache_misses.values()) > misses else \
+                    "load" if sum(disp._cache_hits.values()) > hits else None
+                if how is not None:
+                    mod = disp.py_func.__module__
+                    kind = "generated" if mod.startswith("pdjit_gen_") else \
+                        "library" if mod.startswith("pdjit.") else "other"
+                    key = (how, kind, f"{mod}.{disp.py_func.__qualname__}")
+                    row = times.rows.setdefault(key, [0.0, 0])
+                    row[0] += total - nested
+                    row[1] += 1
+
+        dispatcher.Dispatcher.compile = compile
+
+    def summary(self) -> dict:
+        out: dict = {}
+        for (how, kind, _name), (sec, n) in self.rows.items():
+            agg = out.setdefault(f"{how}_{kind}_s", 0.0)
+            out[f"{how}_{kind}_s"] = agg + sec
+            out[f"{how}_{kind}_n"] = out.get(f"{how}_{kind}_n", 0) + n
+        out["generated"] = sorted(((name.split(".", 1)[0][10:22] + "." + name.split(".")[-1],
+                                    round(sec, 3)) for (how, kind, name), (sec, _) in
+                                   self.rows.items() if how == "compile" and kind == "generated"),
+                                  key=lambda r: -r[1])
+        out["library"] = sorted(((name.replace("pdjit.codegen.", ""), round(sec, 3))
+                                 for (how, kind, name), (sec, _) in self.rows.items()
+                                 if how == "compile" and kind == "library"), key=lambda r: -r[1])
+        return out
+
+
+def _small_cnn(fluid):
+    main, startup = fluid.Program(), fluid.Program()
+    startup.random_seed = 1
+    with fluid.program_guard(main, startup):
+        x = fluid.layers.data(name="x", shape=[1, 28, 28], dtype="float32")
+        label = fluid.layers.data(name="label", shape=[1], dtype="int64")
+        h = x
+        for c in (8, 16):
+            h = fluid.layers.conv2d(h, num_filters=c, filter_size=3, padding=1, bias_attr=False)
+            h = fluid.layers.batch_norm(h, act="relu")
+            h = fluid.layers.pool2d(h, pool_size=2, pool_type="max", pool_stride=2)
+        logits = fluid.layers.fc(h, CLASSES)
+        loss = fluid.layers.mean(fluid.layers.softmax_with_cross_entropy(logits, label))
+        fluid.optimizer.Adam(learning_rate=1e-3).minimize(loss)
+    return main, startup, loss
+
+
+def _resnet50(fluid):
+    """ResNet-50 (bottleneck blocks 3, 4, 6, 3), inference: batch_norm with is_test."""
+    main, startup = fluid.Program(), fluid.Program()
+    startup.random_seed = 1
+
+    def conv_bn(x, c, k, stride=1, act=None):
+        x = fluid.layers.conv2d(x, num_filters=c, filter_size=k, stride=stride,
+                                padding=(k - 1) // 2, bias_attr=False)
+        return fluid.layers.batch_norm(x, act=act, is_test=True)
+
+    def bottleneck(x, c, stride, project):
+        h = conv_bn(x, c, 1, act="relu")
+        h = conv_bn(h, c, 3, stride, act="relu")
+        h = conv_bn(h, c * 4, 1)
+        short = conv_bn(x, c * 4, 1, stride) if project else x
+        return fluid.layers.relu(fluid.layers.elementwise_add(h, short))
+
+    with fluid.program_guard(main, startup):
+        x = fluid.layers.data(name="x", shape=[3, 224, 224], dtype="float32")
+        h = conv_bn(x, 64, 7, 2, act="relu")
+        h = fluid.layers.pool2d(h, pool_size=3, pool_type="max", pool_stride=2, pool_padding=1)
+        for stage, (c, n) in enumerate(zip((64, 128, 256, 512), (3, 4, 6, 3))):
+            for i in range(n):
+                h = bottleneck(h, c, 2 if stage and i == 0 else 1, i == 0)
+        h = fluid.layers.pool2d(h, pool_type="avg", global_pooling=True)
+        out = fluid.layers.fc(h, 1000, act="softmax")
+    return main, startup, out
+
+
+def _mlp(fluid, n):
+    main, startup = fluid.Program(), fluid.Program()
+    startup.random_seed = 1
+    with fluid.program_guard(main, startup):
+        h = fluid.layers.data(name="x", shape=[WIDTH], dtype="float32")
+        label = fluid.layers.data(name="label", shape=[1], dtype="int64")
+        for i in range(n):
+            h = fluid.layers.fc(h, WIDTH, act=ACTS[i % 4])
+            if i % 3 == 2:
+                h = h + fluid.layers.scale(h, scale=0.5)
+        logits = fluid.layers.fc(h, CLASSES)
+        loss = fluid.layers.mean(fluid.layers.softmax_with_cross_entropy(logits, label))
+        fluid.optimizer.Adam(learning_rate=1e-3).minimize(loss)
+    return main, startup, loss
+
+
+BREAKDOWN_MODELS = ("cnn", "resnet50", "mlp10")
+
+
+def child_breakdown(model: str) -> dict:
+    t0 = time.perf_counter()
+    cpu0 = time.process_time()
+    import pdjit as fluid
+    t_import = time.perf_counter() - t0
+    import numpy as np
+
+    from pdjit.runtime import plan as plan_mod
+
+    numba_times = _NumbaTimes()
+    plan_seconds = []
+    plan_init = plan_mod.Plan.__init__
+
+    def record(self, steps, partition_text, sources, compile_seconds, *a, **k):
+        plan_seconds.append(compile_seconds)
+        plan_init(self, steps, partition_text, sources, compile_seconds, *a, **k)
+
+    plan_mod.Plan.__init__ = record
+    rng = np.random.default_rng(0)
+    t = time.perf_counter()
+    if model == "cnn":
+        main, startup, out = _small_cnn(fluid)
+        feed = {"x": rng.standard_normal((BATCH, 1, 28, 28)).astype(np.float32),
+                "label": rng.integers(0, CLASSES, (BATCH, 1)).astype(np.int64)}
+    elif model == "resnet50":
+        main, startup, out = _resnet50(fluid)
+        feed = {"x": rng.standard_normal((1, 3, 224, 224)).astype(np.float32)}
+    else:
+        main, startup, out = _mlp(fluid, 10)
+        feed = {"x": rng.standard_normal((BATCH, WIDTH)).astype(np.float32),
+                "label": rng.integers(0, CLASSES, (BATCH, 1)).astype(np.int64)}
+    exe = fluid.Executor(fluid.CPUPlace())
+    exe.run(startup)
+    t_program = time.perf_counter() - t
+    startup_plans = sum(plan_seconds)
+    numba_startup = sum(s for s, _ in numba_times.rows.values())
+    t = time.perf_counter()
+    exe.run(main, feed=feed, fetch_list=[out])
+    t_first = time.perf_counter() - t
+    total = time.perf_counter() - t0
+    times = []
+    for _ in range(5):
+        t = time.perf_counter()
+        exe.run(main, feed=feed, fetch_list=[out])
+        times.append(time.perf_counter() - t)
+    s = numba_times.summary()
+    numba_first = sum(sec for sec, _ in numba_times.rows.values()) - numba_startup
+    plans = sum(plan_seconds) - startup_plans
+    return {"model": model, "ops": len(main.global_block().ops), "import_s": t_import,
+            "program_startup_s": t_program, "first_run_s": t_first,
+            "plan_build_s": plans, "numba_in_first_run_s": numba_first,
+            "first_run_rest_s": t_first - plans - numba_first,
+            "to_first_result_s": total, "cpu_s": time.process_time() - cpu0,
+            "steady_ms": min(times) * 1e3, **s}
+
+
+def breakdown(args) -> None:
+    models = args.models.split(",")
+    base = {k: v for k, v in os.environ.items()
+            if not k.startswith(("JAX_COMPILATION", "PDJIT_CACHE", "NUMBA_CACHE"))}
+    base["PDJIT_COMPILE_WORKERS"] = "0"
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="pdjit-bench-breakdown-"))
+    print(f"numba {importlib.metadata.version('numba')}, {os.cpu_count()} CPUs; "
+          f"load average before: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}")
+    results = {}
+    try:
+        for m in models:
+            env = {**base, "PDJIT_CACHE_DIR": str(tmp / f"pdjit-{m}"),
+                   "NUMBA_CACHE_DIR": str(tmp / f"numba-{m}")}
+            purge_package_cache()
+            for run in ("cold", "warm"):
+                results[(m, run)] = spawn("breakdown", m, env, args.timeout)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"load average after: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}")
+    cols = [("import_s", "import"), ("program_startup_s", "program + startup"),
+            ("plan_build_s", "plan build"), ("compile_library_s", "library compile"),
+            ("compile_generated_s", "generated compile"), ("compile_other_s", "other compile"),
+            ("load_library_s", "library load"), ("load_generated_s", "generated load"),
+            ("first_run_rest_s", "first run rest"), ("to_first_result_s", "to first result"),
+            ("cpu_s", "CPU"), ("steady_ms", "steady ms")]
+    print("\n## cold start breakdown, seconds (fresh process; compile worker off)")
+    print("| model | caches | " + " | ".join(c for _, c in cols) + " | compiles (lib/gen) |")
+    print("|---|---|" + "---|" * len(cols) + "---|")
+    for (m, run), r in results.items():
+        if "error" in r:
+            print(f"| {m} | {run} | error: {r['error'][:200]} |")
+            continue
+        cells = [f"{r.get(k, 0.0):.2f}" for k, _ in cols]
+        print(f"| {m} ({r['ops']} ops) | {run} | " + " | ".join(cells) +
+              f" | {r.get('compile_library_n', 0)}/{r.get('compile_generated_n', 0)} |")
+    for (m, run), r in results.items():
+        if run != "cold" or "error" in r:
+            continue
+        print(f"\n{m}, cold: library kernels compiled (own seconds): "
+              + ", ".join(f"{n} {s:.2f}" for n, s in r["library"]))
+        print(f"{m}, cold: generated kernels compiled (own seconds): "
+              + ", ".join(f"{n} {s:.2f}" for n, s in r["generated"]))
+
+
+def spawn(kind: str, n, env: dict, timeout: float) -> dict:
     cmd = [sys.executable, __file__, "--child", kind, "--n", str(n)]
     try:
         p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -172,11 +404,21 @@ def main() -> None:
     ap.add_argument("--no-jax", action="store_true")
     ap.add_argument("--no-pdjit", action="store_true")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per child process")
-    ap.add_argument("--child", choices=["pdjit", "jax"], help=argparse.SUPPRESS)
+    ap.add_argument("--breakdown", action="store_true",
+                    help="where a cold first result's time goes (see the module's docstring)")
+    ap.add_argument("--models", default=",".join(BREAKDOWN_MODELS),
+                    help="--breakdown's models: " + ",".join(BREAKDOWN_MODELS))
+    ap.add_argument("--child", choices=["pdjit", "jax", "breakdown"], help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.child == "breakdown":
+        print(json.dumps(child_breakdown(args.n)), flush=True)
+        return
     if args.child:
         fn = child_pdjit if args.child == "pdjit" else child_jax
         print(json.dumps(fn(int(args.n))), flush=True)
+        return
+    if args.breakdown:
+        breakdown(args)
         return
     ns = [int(s) for s in args.n.split(",")]
     base = 10 if 10 in ns else ns[0]  # the row the others are compared with; reuse's source

@@ -10,6 +10,8 @@
                                                  a NumPy-only loader OUT/__init__.py, example.c
                                                  (--prefix: NAME_model_create, libNAME.so, NAME.h)
     pdjit ops [TYPE]                             list the registered ops, or describe one
+    pdjit warmup [--dtype float32,float64]       compile the library kernels into the cache
+                                                 (PDJIT_CACHE_DIR) once, e.g. in a container
     pdjit version                                print pdjit's version
 
 MODEL is a path prefix (``p`` for ``p.pdmodel`` + ``p.pdiparams``), a ``.pdmodel`` file, or a
@@ -90,6 +92,26 @@ def _ops(args) -> int:
     return 0
 
 
+def _warmup(args) -> int:
+    import numpy as np
+
+    dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()]
+    for d in dtypes:
+        try:
+            ok = np.dtype(d).kind == "f"
+        except TypeError:
+            ok = False
+        if not ok:
+            raise CliError(f"--dtype {d!r}: expected float32 or float64")
+    from pdjit.codegen.compiler import warmup
+
+    got = warmup(dtypes)
+    print(f"library kernels: {got['jobs']} compile jobs for {', '.join(dtypes)}: "
+          f"{got['compiled']} compiled, {got['cached']} already cached, in "
+          f"{got['seconds']:.1f} s; cache: {got['directory']}")
+    return 0
+
+
 def _int_at_least(low: int):
     """An argparse type: an integer >= ``low``."""
     def parse(text: str) -> int:
@@ -165,6 +187,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("ops", help="list registered ops or describe one")
     p.add_argument("type", nargs="?")
     p.set_defaults(fn=_ops)
+    p = sub.add_parser("warmup", help="compile the library kernels into the cache "
+                                      "(PDJIT_CACHE_DIR) once, e.g. when building a container")
+    p.add_argument("--dtype", default="float32",
+                   help="float types to compile for, comma-separated (float32)")
+    p.set_defaults(fn=_warmup)
     p = sub.add_parser("version", help="print the version")
     p.set_defaults(fn=lambda a: print(pdjit.__version__) or 0)
     return parser

@@ -230,8 +230,7 @@ def _damage(path: pathlib.Path, how: str) -> None:
 
 
 def test_a_damaged_entry_of_each_kind_is_recompiled_not_a_crash(warm_cache):
-    # in place: Numba names its directories under NUMBA_CACHE_DIR after the source's path,
-    # so a copy of the cache elsewhere would not be read (the test ends with the cache healed)
+    # in place (the test ends with the cache healed)
     root = warm_cache[0]
     files = _cache_files(root / "pdjit") + _cache_files(root / "numba")
     modules = [p for p in files if p.name.startswith("pdjit_gen_") and p.suffix == ".py"
@@ -259,7 +258,7 @@ def test_a_damaged_entry_of_each_kind_is_recompiled_not_a_crash(warm_cache):
     _damage(pick(kinds[".nbc"], 2), "flip")
     for p in kinds["library .nbc"]:
         _damage(p, "garbage")
-    locks = list((root / "numba").rglob(".pdjit-cache.lock"))     # any other file: the locks
+    locks = list((root / "pdjit").rglob(".pdjit-cache.lock"))     # any other file: the locks
     assert locks
     for lock in locks:
         lock.write_bytes(os.urandom(64))
@@ -303,5 +302,5 @@ def test_a_read_only_cache_that_is_already_warm_still_serves(warm_cache):
     assert got["out"] == warm_cache[1]["out"]
     assert got["stats"]["compiled"] == 0, got       # loaded: reading needs no writes
     assert got["stats"]["loaded"] == got["stats"]["kernels"]
-    assert [w for w in got["warnings"] if "cannot be written" in w]   # nothing new is kept
+    assert not got["warnings"], got["warnings"]   # nothing had to be written: nothing to say
 

@@ -383,14 +383,25 @@ def test_a_loop_updating_the_fed_value_is_kept(fresh_programs, tmp_path):
 
 def test_predictor_native_drivers(trained, tmp_path):
     """With native drivers (the Predictor's default; the suite turns the default off), every
-    step has its driver compiled as one function and keeps the faster driver per batch size;
+    step has its driver compiled as one function on a thread of its own, started after the
+    step's second run (no run compiles it), and then keeps the faster driver per batch size;
     the answers stay the NumPy forward pass."""
     pred, scope = _predictor(trained, tmp_path, switch_native_drivers=True)
-    assert pred._exe.native_drivers
-    for _ in range(10):
-        xv, ev = _inputs(2)
-        (out,) = pred.run([xv, ev])
-        np.testing.assert_allclose(out, _forward(scope, xv, ev)[0], rtol=1e-5, atol=1e-6)
+    assert pred._exe.native_drivers == "background"
+
+    def runs(n):
+        for _ in range(n):
+            xv, ev = _inputs(2)
+            (out,) = pred.run([xv, ev])
+            np.testing.assert_allclose(out, _forward(scope, xv, ev)[0], rtol=1e-5, atol=1e-6)
+
+    runs(1)
     steps = [s for _, plan in pred._exe._plans.values() for s in plan.steps]
-    assert steps and all(s.kind == "native" and s.native is not None for s in steps)
+    assert steps and all(s.kind == "native" and s.tiering is None for s in steps)
+    runs(1)
+    assert all(s.tiering is not None for s in steps)
+    for s in steps:
+        s.tiering.join(300)
+    runs(8)   # 4 trial runs of each driver
+    assert all(s.native is not None for s in steps), [s.describe() for s in steps]
     assert all(list(s.picked) == [2] and s.native.fn.signatures for s in steps)

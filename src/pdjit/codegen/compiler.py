@@ -4,16 +4,17 @@ Numba caches only functions that live in a real module file registered in ``sys.
 (``shared/facts/numba.md``). So each generated function is written to
 ``<cache dir>/pdjit_gen_<sha256>.py``, executed as a module of that name (compiled from the
 text this process holds, so no ``.pyc`` is written or read), and decorated with
-``numba.njit(cache=True)``: a second process that generates the same source finds the file and
-Numba's compiled code beside it (``__pycache__``, or under ``NUMBA_CACHE_DIR``), and runs
-without compiling.
+``numba.njit`` with pdjit's disk cache (``pdjit.codegen.diskcache``, keyed by content): a second
+process that generates the same source finds the file and Numba's compiled code beside it
+(``__pycache__``), and runs without compiling, also when the directory was copied or mounted
+elsewhere.
 
 The file's text includes a hash of everything it calls that lives elsewhere (the runtime
 helpers, the math functions, the library kernels of ``cpu.lib``, pdjit's and Numba's versions),
 because Numba's cache does not notice when a called function in another file changes.
 
-The cache directory is ``PDJIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/pdjit`` (``~/.cache/pdjit``).
-``clear_cache()`` empties it.
+The cache directory is ``PDJIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/pdjit`` (``~/.cache/pdjit``);
+the library kernels' compiled code is kept there too (``lib/``). ``clear_cache()`` empties it.
 
 The cache survives what a shared disk does to it:
 
@@ -25,7 +26,7 @@ The cache survives what a shared disk does to it:
   (``.pdjit-cache.lock``, ``fcntl.flock``), so two processes adding signatures to one function
   (a library kernel) cannot drop each other's entries or reuse each other's data file names.
 - **Damaged entries.** A module file whose bytes are not its text is rewritten; the data files
-  Numba writes for pdjit's functions end with a SHA-256 of their content, checked on load; an
+  of pdjit's functions end with a SHA-256 of their content, checked on load; an
   index or data file that does not load (truncated, garbage, another signature's code) is
   dropped from its index and compiled again, with a :class:`CacheWarning` naming the file.
 - **A read-only, unwritable or full directory.** Writing a module or Numba's data failing with
@@ -61,6 +62,8 @@ import warnings
 import numba
 import numpy as np
 
+from pdjit.codegen import diskcache
+from pdjit.codegen.diskcache import CacheDamage, cache_dir  # noqa: F401 - pdjit's names
 from pdjit.version import __version__
 
 _lock = threading.RLock()
@@ -71,23 +74,17 @@ _by_worker = [0]       # kernels a compile worker compiled for this process
 CACHE_ERRORS = (pickle.UnpicklingError, EOFError, ImportError, AttributeError, ValueError,
                 TypeError)
 
+# no cache=True: pdjit's own disk cache is attached once the module is loaded (_load);
 # pipeline_class: LLVM at pdjit's own level (cpu.lib._jit.OPT_LEVEL), not the user's NUMBA_OPT;
 # no C-callable wrapper (nothing takes a kernel's address: ~0.02 s less compile per function)
-JIT_OPTIONS = ("cache=True, error_model='numpy', nogil=True, no_cfunc_wrapper=True, "
+JIT_OPTIONS = ("error_model='numpy', nogil=True, no_cfunc_wrapper=True, "
                "pipeline_class=_PdjitCompiler")
 PARALLEL_OPTIONS = JIT_OPTIONS + ", parallel=True"
 
 
-def cache_dir() -> pathlib.Path:
-    env = os.environ.get("PDJIT_CACHE_DIR")
-    if env:
-        return pathlib.Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return pathlib.Path(base) / "pdjit"
-
-
 def clear_cache() -> None:
-    """Delete every generated module and Numba cache file pdjit wrote."""
+    """Delete everything pdjit compiled to disk: the generated modules and the compiled code
+    of them and of the library kernels (the whole cache directory)."""
     d = cache_dir()
     if d.exists():
         shutil.rmtree(d, ignore_errors=True)
@@ -236,10 +233,6 @@ def _exec(name: str, filename: str, text: str):
     return mod
 
 
-_ON = f"@numba.njit({JIT_OPTIONS}"
-_OFF = f"@numba.njit({JIT_OPTIONS.replace('cache=True', 'cache=False')}"
-
-
 def _load(name: str, path, fn_name: str, text: str | None = None):
     mod = _modules.get(name)
     if mod is None:
@@ -251,48 +244,18 @@ def _load(name: str, path, fn_name: str, text: str | None = None):
                     raise ImportError(f"pdjit: the cached module {str(path)!r} does not "
                                       f"hold the text of {name} (damaged)")
                 text = data.decode()
-        mod = None
         if path is not None:
-            try:
-                mod = _exec(name, str(path), text)
-            except RuntimeError as e:  # Numba found nowhere to write its cache
-                if "cannot cache" not in str(e):
-                    raise
-                _no_disk(pathlib.Path(path).parent, e)
-                # the same function without Numba's own cache, then a cache that only reads
-                # what the directory already holds (a read-only copy of a warm cache)
-                mod = _exec(name, str(path), text.replace(_ON, _OFF))
-                _read_only_cache(getattr(mod, fn_name, None))
-        if mod is None:
-            mod = _exec(name, f"<pdjit generated {name}>", text.replace(_ON, _OFF))
+            mod = _exec(name, str(path), text)
+            fn = getattr(mod, fn_name, None)
+            if isinstance(fn, numba.core.registry.CPUDispatcher):
+                # beside the file; a directory that cannot be written is still read (a
+                # read-only copy of a warm cache): its first failed save turns the disk off
+                diskcache.attach(fn)
+        else:
+            mod = _exec(name, f"<pdjit generated {name}>", text)
         _modules[name] = mod
         _harden(getattr(mod, fn_name, None))
     return getattr(mod, fn_name)
-
-
-def _read_only_cache(dispatcher) -> None:
-    """Give ``dispatcher`` (compiled without Numba's cache) a cache that loads the entries
-    Numba's own would have found, in a directory that exists but cannot be written."""
-    from numba.core import caching
-
-    def readable(base):
-        class Locator(base):
-            def ensure_cache_path(self):
-                if not os.path.isdir(self.get_cache_path()):
-                    raise OSError(f"no directory {self.get_cache_path()}")
-        return Locator
-
-    class Impl(caching.CompileResultCacheImpl):
-        _locator_classes = [readable(caching.UserProvidedCacheLocator),
-                            readable(caching.InTreeCacheLocator)]
-
-    class ReadOnlyCache(caching.FunctionCache):
-        _impl_class = Impl
-
-    try:
-        dispatcher._cache = ReadOnlyCache(dispatcher.py_func)
-    except (RuntimeError, AttributeError):  # no cache directory at all: compile in memory
-        pass
 
 
 class Compiled:
@@ -395,13 +358,6 @@ def kernel_stats() -> dict:
 
 
 # ---- Numba's cache files, checked -------------------------------------------------------------
-_TRAILER = b"\npdjit-sha256:"   # ends every data file pdjit's dispatchers write, with the digest
-
-
-class CacheDamage(Exception):
-    """A cache file whose content is not what was written."""
-
-
 class _FileLock:
     """An exclusive ``flock`` on ``<directory>/.pdjit-cache.lock`` (nothing where that cannot
     be opened: a read-only directory, a system without ``fcntl``)."""
@@ -457,23 +413,6 @@ def _harden(dispatcher) -> None:
         return
     load, save = cache.load_overload, cache.save_overload
 
-    def save_data(name, data):
-        payload = cache_file._dump(data)
-        payload += _TRAILER + hashlib.sha256(payload).digest()
-        with cache_file._open_for_write(cache_file._data_path(name)) as f:
-            f.write(payload)
-
-    def load_data(name):
-        path = cache_file._data_path(name)
-        with open(path, "rb") as f:
-            raw = f.read()
-        n = len(_TRAILER) + 32
-        if len(raw) >= n and raw[-n:-32] == _TRAILER:
-            raw, digest = raw[:-n], raw[-32:]
-            if hashlib.sha256(raw).digest() != digest:
-                raise CacheDamage(f"{path}: its content does not match its SHA-256")
-        return pickle.loads(raw)
-
     def load_overload(sig, target_context):
         try:
             cres = load(sig, target_context)
@@ -501,7 +440,6 @@ def _harden(dispatcher) -> None:
         except OSError as e:
             _no_disk(cache._cache_path, f"{type(e).__name__}: {e}")
 
-    cache_file._save_data, cache_file._load_data = save_data, load_data
     cache.load_overload, cache.save_overload = load_overload, save_overload
     cache._pdjit_hardened = True
 
@@ -681,3 +619,34 @@ def _wait(pid: int, deadline: float) -> None:
         if not done:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
+
+
+def warmup(dtypes=("float32",)) -> dict:
+    """Compile the library kernels (every entry point ``nnlib`` declares jobs for, for float
+    data of each of ``dtypes``) into the disk cache, on two cores as :func:`precompile` does:
+    what ``pdjit warmup`` runs once per installation (a container image, a read-only install
+    with a writable ``PDJIT_CACHE_DIR``), so that no process compiles them at a first run.
+    Returns how many compile jobs there were, how many were on disk already, how many were
+    compiled, and the seconds it took."""
+    from pdjit.codegen.cpu import lib as nnlib
+
+    _harden_libraries()
+    t0 = time.perf_counter()
+    jobs = [(LibraryKernel(fn), types) for dt in dtypes
+            for _, maker in sorted(nnlib.JOBS.items()) for fn, types in maker(np.dtype(dt))]
+    todo, typed = [], []
+    for c, argtypes in jobs:
+        try:
+            sig = tuple(_numba_type(t) for t in argtypes)
+        except (TypeError, ValueError, NotImplementedError):  # not a type precompile knows
+            continue
+        typed.append((c, argtypes))
+        if sig not in c.fn.overloads and not _is_cached(c, sig):
+            todo.append((c, sig))
+    jobs = typed
+    precompile(jobs)
+    for c, sig in todo:  # what no worker took (none, or a single core): compiled here
+        if sig not in c.fn.overloads and not _is_cached(c, sig):
+            c.fn.compile(sig)
+    return {"jobs": len(jobs), "cached": len(jobs) - len(todo), "compiled": len(todo),
+            "seconds": time.perf_counter() - t0, "directory": str(diskcache.library_dir())}

@@ -12,8 +12,10 @@ Creating a predictor reads and checks the whole model (``pdjit.io.inference.load
 applies the inference passes (``pdjit.passes.inference``; ``switch_ir_optim(False)`` turns them
 off, ``delete_pass(name)`` drops one) and keeps the parameters in a Scope of its own. The first
 run of each input signature compiles (kernels come from the disk cache when they were compiled
-before). Each compiled step also gets its driver as one native function, and the first runs of
-each batch size keep the faster of the two (``switch_native_drivers``). Inputs are checked
+before). Each compiled step of a few short kernel calls also gets its driver as one native
+function, compiled on a thread of its own while the runs go on (none waits for it), and once
+it is ready the next runs of each batch size keep the faster of the two
+(``switch_native_drivers``). Inputs are checked
 against the model's variables when they are given (name, dtype, rank and the known dims), so a
 wrong input is an error naming the variable before anything runs. ``clone()`` gives a
 predictor sharing the model and parameters, for another thread.
@@ -273,8 +275,9 @@ class Predictor:
         if config._threads is not None:
             threads.set_num_threads(config._threads)
         place = CUDAPlace(config.gpu_device_id()) if config.use_gpu() else CPUPlace()
+        # native drivers compiled on a thread of their own, never in a run (plan.py)
         self._exe = Executor(place, memory_optim=config._memory_optim,
-                             native_drivers=config._native_drivers)
+                             native_drivers="background" if config._native_drivers else False)
         self._feeds: dict = {}
         self._shapes: dict = {}
         self._outputs: dict = {}

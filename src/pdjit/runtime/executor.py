@@ -89,7 +89,11 @@ class Executor:
     ``pdjit.runtime.plan.HOT_RUNS`` (100) times: a program run a few times, and a training
     program, keep the host drivers and compile nothing more; one being served gets the
     native drivers (measured on LeNet-5 at batch 1: 46 us per run with the host driver, 30 us
-    with the native one). ``False`` (``PDJIT_NATIVE_DRIVERS=0``): never."""
+    with the native one). ``"background"`` (the Predictor's): every native step's driver is
+    built on a thread of its own after the step's second run, never in a run, the host driver
+    serving until it is ready. Both build one only for a step it can speed up (a few short
+    kernel calls: ``pdjit.runtime.plan.DRIVER_MAX_CALLS``). ``False``
+    (``PDJIT_NATIVE_DRIVERS=0``): never."""
 
     def __init__(self, place: Place | None = None, mode: str | None = None,
                  strict: bool | None = None, memory_optim: bool | None = None,
@@ -108,7 +112,7 @@ class Executor:
         if native_drivers is None:
             native_drivers = "auto" if not os.environ.get("PDJIT_NATIVE_DRIVERS", "").strip() \
                 else env_flag("PDJIT_NATIVE_DRIVERS", False)
-        elif native_drivers != "auto":
+        elif native_drivers not in ("auto", "background"):
             native_drivers = bool(native_drivers)
         self.native_drivers = native_drivers
         self._kind = (next(_EXECUTORS), self.mode, repr(self.place), self.memory_optim,

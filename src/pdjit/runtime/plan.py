@@ -101,6 +101,21 @@ HOT_RUNS = 100
 #: build and compile a hot step's native driver on a background thread (False: in the run
 #: that made it hot, as tests that count runs want)
 TIER_UP_THREAD = True
+# ``native_drivers="background"`` (the Predictor's default): every native step's driver is
+# built and compiled on that thread once the step ran BACKGROUND_RUNS times (the first compiles
+# or loads the kernels, the others time the host driver), never in a run: a served model's
+# first runs are not held up by it (a whole model's driver compiled in its second run took
+# 12-115 s of CPU for public models).
+BACKGROUND_RUNS = 2
+# A native driver saves the Python between kernel calls, a few microseconds a call (LeNet at
+# batch 1, 8 calls: 46 -> 29 us), and may run a batch on slices (LeNet at batch 64, 67 us a
+# call: 0.54 -> 0.34 ms); its compile grows faster than the step (one function of all its
+# kernels: 12-115 s of CPU for public models' whole-model steps). It is built only for a step
+# of at most DRIVER_MAX_CALLS kernel calls whose host driver's best run took at most
+# DRIVER_CALL_MAX_S a call (kernels that long dwarf the Python around them, and thread
+# themselves: ResNet-50 at batch 1 is ~70 calls of ~1.7 ms).
+DRIVER_MAX_CALLS = 24
+DRIVER_CALL_MAX_S = 1e-3
 
 # A native driver whose ops keep batch rows independent (each output row depends only on the
 # same row of its batch inputs: ``pdjit.passes.batch_rows``, the analysis behind the AOT
@@ -142,6 +157,7 @@ class NativeStep:
         # a native driver built once the step is hot (``native_drivers="auto"``): ``hot``
         # builds it (None: not this step), after ``hot_runs`` more runs
         self._hot, self._hot_runs = None, 0
+        self._host_best = float("inf")  # the host driver's best run while the step warms up
         self.tiering = None  # the thread compiling it, while it does
         # the arguments that are parameters (persistables the step does not write): an array
         # seen and checked last run is passed on without its checks again
@@ -229,10 +245,10 @@ class NativeStep:
         if self.rng_ops:
             values += [np.uint64(RunContext(executor, env, op, i, run_index).rng_key())
                        for op, i in self.rng_ops]
-        if self._hot is not None:
+        hot = self._hot is not None
+        if hot:
             self._hot_runs -= 1
-            if self._hot_runs <= 0:
-                self._tier_up(values)
+            t0 = time.perf_counter()
         try:
             results = self.compiled.fn(*values) if self.native is None else self._call(values)
         except NumbaError as e:  # the code does not compile: never try again (it is slow)
@@ -248,6 +264,10 @@ class NativeStep:
         except Exception as e:  # noqa: BLE001 - any failure: the references say what it was
             return self._fallback(executor, env, run_index, self._failing(e),
                                   f"{type(e).__name__}: {e}")
+        if hot:
+            self._host_best = min(self._host_best, time.perf_counter() - t0)
+            if self._hot_runs <= 0:
+                self._tier_up(values)
         if self.nan_inf:  # NaN/Inf: the references name the first op that produced it
             run_checks.pinpoint(executor, env, run_index, self.ops, self.outputs, results)
         if lods is not None:
@@ -269,6 +289,11 @@ class NativeStep:
         measured against the host driver per batch size like one built with the plan."""
         build, self._hot = self._hot, None
         if build is None:  # (another thread got here first)
+            return
+        calls = len(self.groups)
+        if calls > DRIVER_MAX_CALLS or self._host_best > DRIVER_CALL_MAX_S * calls:
+            self.native_failed = (f"it would not pay: {calls} kernel calls, the host driver's "
+                                  f"best run {self._host_best * 1e3:.3f} ms")
             return
         try:  # the types this run passes: what the driver is compiled for ahead
             sig = tuple(numba.typeof(v) for v in values)
@@ -794,7 +819,9 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None,
     each native step also gets its driver as one compiled function, and runs whichever of the
     two measures faster on its first runs of each batch size (``NativeStep``); ``"auto"``: the
     same for the steps of a plan that writes no persistable variable, once a step ran
-    :data:`HOT_RUNS` times. ``checks``: the
+    :data:`HOT_RUNS` times, built on a thread of its own; ``"background"``: the same for every
+    native step once it ran :data:`BACKGROUND_RUNS` times (both only where a native driver can
+    pay: :data:`DRIVER_MAX_CALLS`). ``checks``: the
     executor's ``pdjit.runtime.checks.Settings`` (NaN/Inf checking, the allocation limit; an
     output whose size is known now and exceeds the limit is an error now). ``strict``: on a
     device target, an op that would run on the host although it has a lowering for the CPU
@@ -832,11 +859,12 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None,
                 gen.plan_memory()
     precompile([job for gen in gens if gen is not None for job in gen.jobs])
     # "auto": the native steps of an inference plan get their native drivers once hot
-    hot = native_drivers == "auto" and not _writes_persistable(block, ops)
+    hot = native_drivers == "background" or \
+        (native_drivers == "auto" and not _writes_persistable(block, ops))
     # which steps' native drivers may run on slices of the batch: analysed once a step of
     # this plan has a native driver (most plans never get one)
     states = functools.cache(lambda: _row_states(block, ops)) \
-        if native_drivers and (native_drivers != "auto" or hot) and tgt.native_drivers else None
+        if native_drivers and (native_drivers is True or hot) and tgt.native_drivers else None
     steps, sources = [], []
     for seg, gen in zip(part.segments, gens):
         if gen is None:
@@ -866,7 +894,7 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None,
         compiled = gen.target.host_driver(gen, memory_optim=memory_optim)
         has_native = gen.target.native_drivers
         native = _native_driver(gen, target) \
-            if native_drivers and native_drivers != "auto" and has_native else None
+            if native_drivers is True and has_native else None
         groups = [[(op, index[id(op)]) for op in g.ops] for g in seg.groups]
         desc = "; ".join(g.describe() for g in seg.groups)
         step_ops = [o for g in groups for o in g]
@@ -888,7 +916,8 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None,
                                 nan_inf=checks.nan_inf, split=split))
         if hot and has_native:
             steps[-1]._hot = lambda gen=gen: _native_driver(gen, target)
-            steps[-1]._hot_runs = HOT_RUNS
+            steps[-1]._hot_runs = BACKGROUND_RUNS if native_drivers == "background" \
+                else HOT_RUNS
         sources.append((compiled.name, compiled.text))
         if native is not None:
             sources.append((native.name, native.text))

@@ -122,12 +122,14 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic, overload
 
+from pdjit.codegen.diskcache import cached
+
 __all__ = ["tanh", "exp", "expm1", "log", "log1p", "sigmoid", "softplus", "erfc", "erf"]
 
 # Strict IEEE semantics are required (no reassociation, no nnan/ninf): the shifter rounding
 # trick, the Cody-Waite / log1p compensations and the nan/inf selects rely on every operation
 # being rounded as written. FMA contraction only removes roundings (measured 20-40 % faster).
-_jit = njit(error_model="numpy", nogil=True, fastmath={"contract"}, cache=True)
+_jit = cached(njit(error_model="numpy", nogil=True, fastmath={"contract"}))
 
 
 # --------------------------------------------------------------------------- bit casts

@@ -12,6 +12,8 @@ from numba.core import cgutils, compiler, errors, ir, typed_passes, types, untyp
 from numba.core.compiler_machinery import FunctionPass, register_pass
 from numba.extending import intrinsic
 
+from pdjit.codegen.diskcache import cached
+
 # ---- LLVM optimisation level of pdjit's compiled code -------------------------------------------
 # Numba optimises every function with LLVM at ``numba.config.OPT`` (3 unless the user set
 # NUMBA_OPT), for the whole process. pdjit's code, the generated kernels and these library
@@ -290,20 +292,22 @@ class PdjitCompilerO3(PdjitCompiler):
     opt_level = 3
 
 
-#: Numba's options of pdjit's kernels: cached on disk, no GIL, NumPy's error model (division by
-#: zero gives inf), no C-callable wrapper (Numba compiles one per function for ``cfunc``-style
-#: addresses, which pdjit never takes: measured ~0.02 s of compile per function, of ~0.08 s)
-OPTIONS = dict(cache=True, nogil=True, error_model="numpy", no_cfunc_wrapper=True)
+#: Numba's options of pdjit's kernels: no GIL, NumPy's error model (division by zero gives inf),
+#: no C-callable wrapper (Numba compiles one per function for ``cfunc``-style addresses, which
+#: pdjit never takes: measured ~0.02 s of compile per function, of ~0.08 s); cached on disk by
+#: :func:`cached` (pdjit's own cache, under ``PDJIT_CACHE_DIR``: ``pdjit.codegen.diskcache``)
+OPTIONS = dict(nogil=True, error_model="numpy", no_cfunc_wrapper=True)
 #: a library kernel: :data:`OPTIONS`, LLVM at :data:`OPT_LEVEL`
-jit = numba.njit(**OPTIONS, pipeline_class=PdjitCompiler)
+jit = cached(numba.njit(**OPTIONS, pipeline_class=PdjitCompiler))
 #: the same, with ``numba.prange`` loops on threads
-pjit = numba.njit(**OPTIONS, parallel=True, pipeline_class=PdjitCompiler)
+pjit = cached(numba.njit(**OPTIONS, parallel=True, pipeline_class=PdjitCompiler))
 #: :data:`jit` at LLVM's O3 (a kernel that needs LLVM's loop vectoriser)
-jit_o3 = numba.njit(**OPTIONS, pipeline_class=PdjitCompilerO3)
+jit_o3 = cached(numba.njit(**OPTIONS, pipeline_class=PdjitCompilerO3))
 #: :data:`jit` with sums that may be reassociated (vectorised: each of several partial sums in
 #: vector lanes, added up at the end; at pdjit's level O1 vectorises such a sum as O3 does,
 #: measured 1M float32 0.080 vs 0.078 ms): the kernels that sum over a channel, a row, a plane
-jit_sum = numba.njit(**OPTIONS, fastmath={"reassoc", "contract"}, pipeline_class=PdjitCompiler)
+jit_sum = cached(numba.njit(**OPTIONS, fastmath={"reassoc", "contract"},
+                            pipeline_class=PdjitCompiler))
 
 
 #: entry point name -> ``jobs(T)``: the compiled functions a call of it runs for float arrays

@@ -32,6 +32,7 @@ from pdjit.codegen.cpu.lib._jit import blas_gemm, jit, jobs
 from pdjit.codegen.cpu.lib.deint import copy_run, deint, deint_halves, vcopy, zero_run
 from pdjit.codegen.cpu.lib.tile import TILE_BYTES, clamp_run, roll_kernel, tile_kernel
 from pdjit.codegen.cpu.threads import loop_threads
+from pdjit.codegen.diskcache import cached
 
 __all__ = ["split_work", "conv2d_fwd", "conv2d_bwd_data", "conv2d_bwd_filter", "nchw", "nhwc_into",
            "nchw_empty"]
@@ -174,8 +175,8 @@ def _has_epilogue(bias, lo, hi) -> bool:
 #: that ``a * b + c`` is one fused multiply-add (as in BLAS); nothing is reassociated: every
 #: output sums its products in the filter's order (the depthwise 3x3 pass: 2x faster, its
 #: 17 vector operations per 16 outputs become 9)
-_fma_jit = numba.njit(cache=True, nogil=True, error_model="numpy", fastmath={"contract"},
-                      no_cfunc_wrapper=True)
+_fma_jit = cached(numba.njit(nogil=True, error_model="numpy", fastmath={"contract"},
+                             no_cfunc_wrapper=True))
 
 
 @_fma_jit
@@ -724,9 +725,9 @@ _fwd_taps_ep = _taps_kernel(True)
 #: a reduction kernel's options: sums reassociated (vectorised: each of the 16 sums runs in
 #: vector lanes, added up at the end); called from compiled code only, so without the CPython
 #: and C wrappers Numba would compile for it
-_sum_jit = numba.njit(cache=True, nogil=True, error_model="numpy",
-                      fastmath={"contract", "reassoc"}, no_cpython_wrapper=True,
-                      no_cfunc_wrapper=True)
+_sum_jit = cached(numba.njit(nogil=True, error_model="numpy",
+                             fastmath={"contract", "reassoc"}, no_cpython_wrapper=True,
+                             no_cfunc_wrapper=True))
 
 
 @_sum_jit
@@ -1057,6 +1058,10 @@ jobs("conv2d_fwd")(lambda T: [(_fwd_taps, _epilogue_types(T))])
 jobs("conv2d_bwd_data")(lambda T: [(_bwd_data_range, _range_types(T)),
                                    (_fwd_taps, _epilogue_types(T))])
 jobs("conv2d_bwd_filter")(lambda T: [(_bwd_filter_range, _range_types(T))])
+# the forward kernels of the other shapes: compiled ahead by ``pdjit warmup`` only (a name no
+# lowering calls, so no plan's compile worker spends time on them)
+jobs("conv2d_fwd (warmup)")(lambda T: [(_fwd_blas, _range_types(T)),
+                                       (_direct_range, _epilogue_types(T))])
 
 
 _fits_native = register_jitable(_fits)

@@ -524,7 +524,7 @@ def _untile_jobs(T):
 
 @jobs("cumsum_rows")
 def _cumsum_jobs(T):
-    return [(cumsum_rows, [(T, 3), "bool", "bool", (T, 3)])]
+    return [(cumsum_rows, [(T, 3), bool, bool, (T, 3)])]
 
 
 @jobs("others_product")

@@ -1,0 +1,192 @@
+"""Where pdjit's compiled code is kept on disk: one directory, ``PDJIT_CACHE_DIR``.
+
+Numba's own cache puts a function's compiled code beside its source file (the package's
+``__pycache__``: a read-only install recompiles in every process) or under
+``NUMBA_CACHE_DIR`` in a folder named after the source's absolute path, and stamps each index
+with the source file's modification time. A cache directory copied or mounted elsewhere then
+matches nothing. pdjit gives every function it compiles a cache of its own
+(:func:`attach`), keyed by content instead:
+
+- **Generated kernels** (``<cache dir>/pdjit_gen_<sha256>.py``): their Numba files in
+  ``__pycache__`` beside the module file, wherever that directory now is; the stamp is the
+  module's text (its name is its hash already).
+- **Library kernels** (``pdjit.codegen.cpu.lib``, ``mathfuncs``, ``rt``): under
+  ``<cache dir>/lib``, whichever directory ``PDJIT_CACHE_DIR`` names at the time of the load or
+  save; the stamp is a hash of every library source file and Numba's version (Numba's cache
+  does not notice when a called function in another file changes).
+
+Numba's index key (the signature, the CPU's name and features, the function's bytecode) is
+kept, so a cache copied to another kind of machine is not misused. ``NUMBA_CACHE_DIR`` does not
+apply to pdjit's code. Data files end with a SHA-256 of their content, checked on load (a
+damaged file is dropped: ``compiler._harden``).
+"""
+from __future__ import annotations
+
+import hashlib
+import inspect
+import os
+import pathlib
+import pickle
+import sys
+
+from numba.core import caching
+
+#: the library's subdirectory of the cache directory
+LIBRARY_DIR = "lib"
+
+
+def cache_dir() -> pathlib.Path:
+    """``PDJIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/pdjit`` (``~/.cache/pdjit``)."""
+    env = os.environ.get("PDJIT_CACHE_DIR")
+    if env:
+        return pathlib.Path(env).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return pathlib.Path(base) / "pdjit"
+
+
+def library_dir() -> pathlib.Path:
+    return cache_dir() / LIBRARY_DIR
+
+
+_LIBRARY_STAMP: list = []
+
+
+def library_stamp() -> str:
+    """A hash of the library's sources (each target's ``lib``, ``mathfuncs``, ``rt``) and
+    Numba's version: a change in any of them invalidates every library kernel's cache."""
+    if not _LIBRARY_STAMP:
+        import numba
+
+        here = pathlib.Path(__file__).parent
+        h = hashlib.sha256(numba.__version__.encode())
+        # every target's library (lib/), math functions and run-time helpers
+        for f in sorted([*here.glob("*/lib/*.py"), *here.glob("*/mathfuncs.py"),
+                         *here.glob("*/rt.py")]):
+            h.update(f.name.encode() + b"\0" + f.read_bytes() + b"\0")
+        _LIBRARY_STAMP.append(h.hexdigest())
+    return _LIBRARY_STAMP[0]
+
+
+TRAILER = b"\npdjit-sha256:"   # ends every data file, followed by the digest of what precedes
+
+
+class CacheDamage(Exception):
+    """A cache file whose content is not what was written."""
+
+
+class _IndexFile(caching.IndexDataCacheFile):
+    """Numba's index and data files, each data file checksummed."""
+
+    def _save_data(self, name, data):
+        payload = self._dump(data)
+        payload += TRAILER + hashlib.sha256(payload).digest()
+        with self._open_for_write(self._data_path(name)) as f:
+            f.write(payload)
+
+    def _load_data(self, name):
+        path = self._data_path(name)
+        with open(path, "rb") as f:
+            raw = f.read()
+        n = len(TRAILER) + 32
+        if len(raw) >= n and raw[-n:-32] == TRAILER:
+            raw, digest = raw[:-n], raw[-32:]
+            if hashlib.sha256(raw).digest() != digest:
+                raise CacheDamage(f"{path}: its content does not match its SHA-256")
+        return pickle.loads(raw)
+
+
+class _Locator(caching._CacheLocator):
+    """pdjit's cache location of one function: ``directory()`` when asked, ``stamp()``."""
+
+    def __init__(self, directory, stamp, lineno: int):
+        self._directory, self._stamp, self._lineno = directory, stamp, lineno
+
+    def ensure_cache_path(self):
+        os.makedirs(self.get_cache_path(), exist_ok=True)  # an OSError: nothing is saved
+
+    def get_cache_path(self):
+        return str(self._directory())
+
+    def get_source_stamp(self):
+        return self._stamp()
+
+    def get_disambiguator(self):
+        return str(self._lineno)
+
+    @classmethod
+    def from_function(cls, py_func, py_file):  # pdjit's locators are made by attach()
+        return None
+
+
+class _Impl(caching.CompileResultCacheImpl):
+    _locator_classes = [_Locator]
+
+    def __init__(self, py_func, locator):  # given its locator (Numba's searches for one)
+        self._lineno = py_func.__code__.co_firstlineno
+        self._locator = locator
+        modname = os.path.splitext(os.path.basename(inspect.getfile(py_func)))[0]
+        fullname = f"{modname}.{getattr(py_func, '__qualname__', py_func.__name__)}"
+        self._filename_base = self.get_filename_base(fullname, getattr(sys, "abiflags", ""))
+
+
+class PdjitCache(caching.FunctionCache):
+    """A dispatcher's disk cache in pdjit's directory (see the module's docstring): the
+    directory is looked up again at each use (``PDJIT_CACHE_DIR`` may change in a process)."""
+
+    _impl_class = _Impl
+
+    def __init__(self, py_func, directory, stamp):  # (Numba's Cache.__init__, located here)
+        self._name = repr(py_func)
+        self._py_func = py_func
+        self._impl = _Impl(py_func, _Locator(directory, stamp,
+                                             py_func.__code__.co_firstlineno))
+        self.enable()
+
+    # Numba's Cache reads ``_cache_path`` / ``_cache_file`` (set once in its __init__): here
+    # both follow the directory the locator names now
+    @property
+    def _cache_path(self):
+        return self._impl.locator.get_cache_path()
+
+    @property
+    def _cache_file(self):
+        path = self._impl.locator.get_cache_path()
+        held = self.__dict__.get("_pdjit_file")
+        if held is None or held._cache_path != path:
+            held = self.__dict__["_pdjit_file"] = _IndexFile(
+                cache_path=path, filename_base=self._impl.filename_base,
+                source_stamp=self._impl.locator.get_source_stamp())
+        return held
+
+
+def _file_stamp(path: str):
+    digest = []
+
+    def stamp():
+        if not digest:
+            with open(path, "rb") as f:
+                digest.append(hashlib.sha256(f.read()).hexdigest())
+        return ("pdjit", digest[0])
+    return stamp
+
+
+def attach(dispatcher) -> None:
+    """Give ``dispatcher`` (a CPU dispatcher pdjit compiles) pdjit's disk cache: a library
+    kernel's under ``<cache dir>/lib``, a generated module's beside its file."""
+    fn = dispatcher.py_func
+    if fn.__module__.startswith("pdjit."):
+        dispatcher._cache = PdjitCache(fn, library_dir, lambda: ("pdjit-lib", library_stamp()))
+        return
+    path = inspect.getfile(fn)
+    here = os.path.join(os.path.dirname(path), "__pycache__")
+    dispatcher._cache = PdjitCache(fn, lambda: here, _file_stamp(path))
+
+
+def cached(decorator):
+    """``decorator`` (a ``numba.njit(...)`` without ``cache``), its functions given pdjit's
+    disk cache (:func:`attach`)."""
+    def apply(fn):
+        dispatcher = decorator(fn)
+        attach(dispatcher)
+        return dispatcher
+    return apply

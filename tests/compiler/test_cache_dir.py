@@ -1,0 +1,113 @@
+"""One cache directory holds everything pdjit compiles: generated and library kernels.
+
+A directory copied elsewhere (new paths, new file times) is reused without compiling;
+``NUMBA_CACHE_DIR`` and the package's own directory receive nothing; ``clear_cache()`` empties
+all of it, the library kernels' code included.
+"""
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+
+import pdjit
+
+SCRIPT = textwrap.dedent("""
+    import json, os, pathlib, sys
+    import numpy as np
+    import pdjit as fluid
+    from numba.core.dispatcher import Dispatcher
+    from pdjit.codegen import compiler
+    main = fluid.Program()
+    with fluid.program_guard(main, fluid.Program()):
+        x = fluid.layers.data(name="x", shape=[2, 4, 4], dtype="float32")
+        y = fluid.layers.pool2d(fluid.layers.sigmoid(x), pool_size=2, pool_type="max",
+                                pool_stride=2)
+    xv = np.linspace(-2, 2, 64, dtype=np.float32).reshape(2, 2, 4, 4)
+    (out,) = fluid.Executor().run(main, feed={"x": xv}, fetch_list=[y], scope=fluid.Scope())
+    lib = {"compiled": 0, "loaded": 0}
+    for name, mod in list(sys.modules.items()):
+        if name.startswith(("pdjit.codegen.nnlib", "pdjit.codegen.mathfuncs")):
+            for fn in vars(mod).values():
+                if isinstance(fn, Dispatcher):
+                    lib["compiled"] += sum(fn.stats.cache_misses.values())
+                    lib["loaded"] += sum(fn.stats.cache_hits.values())
+    d = compiler.cache_dir()
+    files = sorted(str(p.relative_to(d)) for p in d.rglob("*") if p.is_file())
+    gen = compiler.kernel_stats()
+    if sys.argv[1] == "clear":
+        fluid.clear_cache()
+    left = sorted(str(p) for p in d.rglob("*")) if d.exists() else []
+    print(json.dumps({"out": out.tolist(), "gen": gen, "lib": lib,
+                      "files": files, "left": left}))
+""")
+
+
+def _run(cache: pathlib.Path, numba_dir: pathlib.Path, what: str = "keep") -> dict:
+    env = dict(os.environ, PDJIT_CACHE_DIR=str(cache), NUMBA_CACHE_DIR=str(numba_dir),
+               PDJIT_COMPILE_WORKERS="0", PDJIT_STRICT="1")
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, what], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _package_cache_files() -> set:
+    pkg = pathlib.Path(pdjit.__file__).parent
+    return {p for pat in ("*.nbi", "*.nbc") for p in pkg.rglob(pat)}
+
+
+def test_a_copied_cache_is_reused_and_clear_cache_empties_all_of_it(tmp_path):
+    before, t0 = _package_cache_files(), time.time()
+    xv = np.linspace(-2, 2, 64, dtype=np.float32).reshape(2, 2, 4, 4)
+    s = 1 / (1 + np.exp(-xv))
+    want = s.reshape(2, 2, 2, 2, 2, 2).max(axis=(3, 5))
+    first = _run(tmp_path / "a", tmp_path / "numba")
+    np.testing.assert_allclose(first["out"], want, rtol=1e-6)
+    assert first["gen"]["compiled"] >= 1 and first["lib"]["compiled"] >= 1, first
+    assert any(f.startswith("lib/") and f.endswith(".nbi") for f in first["files"]), first
+    # nothing of pdjit's went where Numba would have put it
+    assert not (tmp_path / "numba").exists() or not list((tmp_path / "numba").rglob("*.nb*"))
+    assert not {p for p in _package_cache_files() - before if p.stat().st_mtime >= t0}
+    # copied elsewhere (every path and every file time new), and the original removed
+    shutil.copytree(tmp_path / "a", tmp_path / "b", copy_function=shutil.copyfile)
+    shutil.rmtree(tmp_path / "a")
+    again = _run(tmp_path / "b", tmp_path / "numba", "clear")
+    assert again["out"] == first["out"]
+    assert again["gen"]["compiled"] == 0 and again["gen"]["loaded"] >= 1, again
+    assert again["lib"]["compiled"] == 0 and again["lib"]["loaded"] >= 1, again
+    assert again["files"] == first["files"]
+    assert again["left"] == [], again["left"]      # clear_cache(): nothing left, library too
+    assert not (tmp_path / "b").exists()
+
+
+WARMUP = textwrap.dedent("""
+    from pdjit import cli
+    from pdjit.codegen import nnlib
+    keep = {"untile_nd": nnlib.JOBS["untile_nd"]}   # one cheap entry point of the library
+    nnlib.JOBS.clear()
+    nnlib.JOBS.update(keep)
+    raise SystemExit(cli.main(["warmup", "--dtype", "float32"]))
+""")
+
+
+def test_warmup_compiles_the_library_into_the_cache_once(tmp_path):
+    env = dict(os.environ, PDJIT_CACHE_DIR=str(tmp_path), PDJIT_COMPILE_WORKERS="0")
+    outs = []
+    for _ in range(2):
+        proc = subprocess.run([sys.executable, "-c", WARMUP], capture_output=True, text=True,
+                              env=env, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        outs.append(proc.stdout)
+    assert "1 compiled, 0 already cached" in outs[0], outs[0]
+    assert "0 compiled, 1 already cached" in outs[1], outs[1]   # a new process: from disk
+    assert str(tmp_path / "lib") in outs[0]
+    assert list((tmp_path / "lib").glob("indexing.*.nbi"))
+    proc = subprocess.run([sys.executable, "-m", "pdjit.cli", "warmup", "--dtype", "int8"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 2 and "--dtype 'int8'" in proc.stderr, proc.stderr
