@@ -14,7 +14,9 @@ what is wrong, and what was expected vs got. What it checks:
   slot that takes one variable given at most one; every variable named exists in the op's block
   or an ancestor, with a type the op can use (the feed/fetch holders only for feed and fetch ops,
   step scopes only for control flow); attributes of their declared proto types (INT for LONG
-  and the like accepted: the values are the same) and within the ranges the registry declares;
+  and the like accepted: the values are the same) and within the ranges the registry declares
+  (``at_least``/``at_most``/``less_than`` bounds, a NaN outside every bound; ``one_of``
+  enumerations; ``axis_of``: an axis of the named inputs' declared rank; ``valid``);
   a required attribute present; a missing attribute that has a default is given it (the
   program's version changes only then). Attributes the definition does not declare
   (``use_mkldnn``, ``op_device``...) are accepted as they are.
@@ -267,25 +269,56 @@ def _check_attrs(program, b, op, opdef, fail, fill_defaults: bool) -> None:
             if got != spec.type and got not in _SAME_VALUES.get(spec.type, ()):
                 raise fail(f"attribute {name!r}: expected {attr_type_name(spec.type)}, got "
                            f"{attr_type_name(got)} ({op._attrs.get(name)!r})")
-            if spec.at_least is not None or spec.at_most is not None or \
-                    spec.one_of is not None:
-                _check_range(name, spec, op._attrs.get(name), fail)
+            if spec.checked:
+                _check_range(name, spec, op._attrs.get(name), fail, b, op)
     if fill_defaults:
         for name, spec in missing:
             op._set_attr(name, spec.default, spec.type)
 
 
-def _check_range(name, spec, value, fail) -> None:
-    low, high, one_of = spec.at_least, spec.at_most, spec.one_of
+def _declared_rank(b, op, slots):
+    """The largest declared rank of the variables in input ``slots`` of ``op`` (None: none)."""
+    ranks = []
+    for slot in slots:
+        for n in op.input(slot):
+            v = b._find_var_recursive(n) if n != registry.EMPTY_VAR_NAME else None
+            if v is not None and v.desc.type.type in _TENSOR_HOLDERS:
+                td = _tensor_desc(v.desc.type)
+                if td is not None:
+                    ranks.append(len(td.dims))
+    return max(ranks) if ranks else None
+
+
+def _check_range(name, spec, value, fail, b=None, op=None) -> None:
+    low, high, below, one_of = spec.at_least, spec.at_most, spec.less_than, spec.one_of
     values = value if spec.type in _LISTS else [value]
     for v in values:
         if one_of is not None and v not in one_of:
             raise fail(f"attribute {name!r}: expected one of {list(one_of)}, got {value!r}")
-        if (low is not None and v < low) or (high is not None and v > high):
-            lo = "" if low is None else f">= {low}"
-            hi = "" if high is None else f"<= {high}"
-            raise fail(f"attribute {name!r}: expected {' and '.join(x for x in (lo, hi) if x)}, "
+        if type(v) in (str, bytes, bool) or not isinstance(v, (int, float)):
+            continue
+        # written so that a NaN is outside every bound
+        if (low is not None and not v >= low) or (high is not None and not v <= high) or \
+                (below is not None and not v < below):
+            bounds = [f">= {low}" if low is not None else "",
+                      f"<= {high}" if high is not None else "",
+                      f"< {below}" if below is not None else ""]
+            raise fail(f"attribute {name!r}: expected {' and '.join(x for x in bounds if x)}, "
                        f"got {value!r}")
+    if spec.valid is not None:
+        problem = spec.valid(value)
+        if problem:
+            raise fail(f"attribute {name!r}: {problem}")
+    if spec.axis_of is not None and op is not None:
+        r = _declared_rank(b, op, spec.axis_of)
+        if r is None:
+            return
+        r = max(r + spec.axis_extra, 1)
+        for v in values:
+            if isinstance(v, (int, float)) and not -r <= v < r:
+                inputs = " and ".join(repr(s) for s in spec.axis_of)
+                raise fail(f"attribute {name!r}: {value!r} is not an axis of input {inputs} "
+                           f"(rank {r - spec.axis_extra}): expected {-r}..{r - 1}")
 
 
 def _check_sub_block(program, b, name, s, fail) -> None:

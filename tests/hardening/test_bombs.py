@@ -1,0 +1,142 @@
+"""Small programs and files with a huge or invalid effect: each ends in a named pdjit error,
+quickly and without allocating much (issue: every valid program runs the same compiled and
+interpreted; every invalid one is named before it runs)."""
+import contextlib
+import math
+import re
+import time
+import tracemalloc
+
+import numpy as np
+import pytest
+
+import pdjit as fluid
+from pdjit.cli import main as cli_main
+from pdjit.framework.errors import PdjitError, ProgramError
+from pdjit.proto import framework_pb2 as pb
+
+A = pb.AttrType
+VarType = pb.VarType
+
+
+@pytest.fixture(scope="module")
+def net():
+    """img[-1, 1, 6, 6] -> conv2d -> pool2d max -> fc 3 -> dropout -> softmax, + fill_constant."""
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        img = fluid.layers.data(name="img", shape=[1, 6, 6], dtype="float32")
+        c = fluid.layers.conv2d(img, num_filters=2, filter_size=3)
+        p = fluid.layers.pool2d(c, pool_size=2, pool_type="max")
+        f = fluid.layers.fc(p, size=3)
+        d = fluid.layers.dropout(f, dropout_prob=0.5)
+        s = fluid.layers.softmax(d)
+        k = fluid.layers.fill_constant(shape=[1], dtype="float32", value=1.0)
+        out = fluid.layers.elementwise_add(s, k)
+    return main, startup, out.name
+
+
+def edited(program, change):
+    desc = pb.ProgramDesc.FromString(program.serialize_to_string())
+    change(desc)
+    return desc.SerializeToString()
+
+
+def set_attr(op_type, name, value, nth=0):
+    def change(desc):
+        ops = [op for op in desc.blocks[0].ops if op.type == op_type]
+        a = next(a for a in ops[nth].attrs if a.name == name)
+        if a.type in (A.INT, A.LONG):
+            setattr(a, "i" if a.type == A.INT else "l", value)
+        elif a.type == A.FLOAT:
+            a.f = value
+        elif a.type == A.STRING:
+            a.s = value
+        elif a.type in (A.INTS, A.LONGS):
+            field = a.ints if a.type == A.INTS else a.longs
+            del field[:]
+            field.extend(value)
+    return change
+
+
+def refused(data: bytes) -> str:
+    """The message of the ProgramError that verifying ``data`` (ProgramDesc bytes) raises."""
+    with pytest.raises(ProgramError) as e:
+        fluid.verify(fluid.Program.parse_from_string(data))
+    return str(e.value)
+
+
+@contextlib.contextmanager
+def bounded(seconds=1.0, megabytes=200):
+    """The block ends within ``seconds`` and its Python allocations peak under ``megabytes``."""
+    tracemalloc.start()
+    t0 = time.perf_counter()
+    try:
+        yield
+        took = time.perf_counter() - t0
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert took < seconds, took
+    assert peak < megabytes << 20, peak
+
+
+DECLARED_RANGES = [
+    (("softmax", "axis", 3), r"op 'softmax' \(block 0, op #6\): attribute 'axis': 3 is not an "
+                             r"axis of input 'X' \(rank 2\): expected -2..1"),
+    (("elementwise_add", "axis", 1000000, 2), r"attribute 'axis': 1000000 is not an axis"),
+    (("elementwise_add", "axis", -2147483648, 2), r"attribute 'axis': expected >= -1, got "
+                                                  r"-2147483648"),
+    (("mul", "x_num_col_dims", 2 ** 30), r"op 'mul' .*'x_num_col_dims': 1073741824 is not an "
+                                         r"axis of input 'X' \(rank 4\)"),
+    (("mul", "x_num_col_dims", -2 ** 31), r"'x_num_col_dims': expected >= 1, got -2147483648"),
+    (("mul", "y_num_col_dims", 0), r"'y_num_col_dims': expected >= 1, got 0"),
+    (("conv2d", "strides", [0, 1]), r"op 'conv2d' .*'strides': expected >= 1, got \[0, 1\]"),
+    (("conv2d", "dilations", [1, -1]), r"'dilations': expected >= 1, got \[1, -1\]"),
+    (("conv2d", "paddings", [-1, 0]), r"'paddings': expected >= 0, got \[-1, 0\]"),
+    (("conv2d", "groups", 0), r"'groups': expected >= 1, got 0"),
+    (("conv2d", "padding_algorithm", "FULL"), r"'padding_algorithm': expected one of"),
+    (("pool2d", "ksize", [0, 2]), r"op 'pool2d' .*'ksize': expected >= 1, got \[0, 2\]"),
+    (("pool2d", "strides", [2, 0]), r"'strides': expected >= 1"),
+    (("pool2d", "pooling_type", "median"), r"'pooling_type': expected one of \['max', 'avg'\]"),
+    (("dropout", "dropout_prob", math.nan), r"op 'dropout' .*'dropout_prob': expected >= 0.0 and "
+                                            r"<= 1.0, got nan"),
+    (("dropout", "dropout_prob", 1.5), r"'dropout_prob': expected >= 0.0 and <= 1.0, got 1.5"),
+    (("dropout", "dropout_implementation", "x"), r"'dropout_implementation': expected one of"),
+    (("fill_constant", "str_value", "max"), r"op 'fill_constant' .*'str_value': expected a "
+                                            r"number as text .*got 'max'"),
+]
+
+
+def test_declared_attribute_ranges_are_enforced(net):
+    main = net[0]
+    fluid.verify(fluid.Program.parse_from_string(main.serialize_to_string()))
+    for (op_type, name, value, *nth), message in DECLARED_RANGES:
+        msg = refused(edited(main, set_attr(op_type, name, value, *nth)))
+        assert re.search(message, msg), (op_type, name, value, msg)
+
+
+@pytest.fixture
+def paddle_mlp(fixtures_dir, tmp_path):
+    """A copy of the PaddlePaddle-written MLP as ``tmp_path/m.pdmodel`` + ``m.pdiparams``."""
+    for ext in (".pdmodel", ".pdiparams"):
+        (tmp_path / ("m" + ext)).write_bytes((fixtures_dir / ("models/mlp" + ext)).read_bytes())
+    return tmp_path / "m"
+
+
+@pytest.mark.parametrize("value", [2 ** 30, 2 ** 31 - 1, -2 ** 31])
+def test_mul_num_col_dims_bomb_is_refused_by_check_and_load(paddle_mlp, capsys, value):
+    """A 4 KB model whose mul x_num_col_dims would make the code generator build 2^30 terms."""
+    path = paddle_mlp.with_suffix(".pdmodel")
+    desc = pb.ProgramDesc.FromString(path.read_bytes())
+    op = next(op for op in desc.blocks[0].ops if op.type == "mul")
+    next(a for a in op.attrs if a.name == "x_num_col_dims").i = value
+    path.write_bytes(desc.SerializeToString())
+    assert len(path.read_bytes()) < 8192
+    with bounded():
+        assert cli_main(["check", str(paddle_mlp)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("pdjit check: ") and "'x_num_col_dims'" in err
+    assert err.count("\n") == 1
+    with bounded(), pytest.raises(ProgramError, match=r"op 'mul' .*'x_num_col_dims'"):
+        fluid.io.load_inference_model(str(paddle_mlp.parent), fluid.Executor(),
+                                      model_filename="m.pdmodel", params_filename="m.pdiparams")
