@@ -12,7 +12,7 @@ import pytest
 
 import pdjit as fluid
 from pdjit.cli import main as cli_main
-from pdjit.framework.errors import PdjitError, ProgramError
+from pdjit.framework.errors import ProgramError
 from pdjit.proto import framework_pb2 as pb
 
 A = pb.AttrType
@@ -140,3 +140,59 @@ def test_mul_num_col_dims_bomb_is_refused_by_check_and_load(paddle_mlp, capsys, 
     with bounded(), pytest.raises(ProgramError, match=r"op 'mul' .*'x_num_col_dims'"):
         fluid.io.load_inference_model(str(paddle_mlp.parent), fluid.Executor(),
                                       model_filename="m.pdmodel", params_filename="m.pdiparams")
+
+
+def set_var(name, dims=None, dtype=None):
+    def change(desc):
+        v = next(v for b in desc.blocks for v in b.vars if v.name == name)
+        td = v.type.lod_tensor.tensor
+        if dims is not None:
+            del td.dims[:]
+            td.dims.extend(dims)
+        if dtype is not None:
+            td.data_type = dtype
+    return change
+
+
+def _out(main, op_type, slot="Out"):
+    return next(op for op in main.global_block().ops if op.type == op_type).output(slot)[0]
+
+
+def test_declarations_that_contradict_the_ops_are_refused(net):
+    """A VarDesc that says what its op does not compute (dtype, rank, a known dim) is a
+    ProgramError naming op, block, index, variable, declared vs inferred; both executors refuse
+    it the same way before anything runs."""
+    main = net[0]
+    sm, mul = _out(main, "softmax"), _out(main, "mul")
+    cases = [
+        (set_var(sm, dtype=VarType.BOOL),
+         rf"op 'softmax' \(block 0, op #6\): output 'Out': variable '{sm}' is declared bool, "
+         rf"but the op computes float32 .*declared bool vs inferred float32"),
+        (set_var(mul, dims=[-1, 3, 1, 1, 1]),
+         rf"op 'mul' \(block 0, op #3\): output 'Out': variable '{mul}' is declared of shape "
+         rf"\[-1, 3, 1, 1, 1\], .*inferred \[-1, 3\]"),
+        (set_var(mul, dims=[-1, 4]), r"declared \[-1, 4\] vs inferred \[-1, 3\]"),
+        (set_var("img", dtype=VarType.BOOL),
+         r"op 'conv2d' \(block 0, op #0\): its inputs as declared do not fit it: .*bool"),
+    ]
+    x = np.zeros((2, 1, 6, 6), np.float32)
+    for change, message in cases:
+        data = edited(main, change)
+        assert re.search(message, refused(data)), (message, refused(data))
+        for mode in ("reference", "compiled"):
+            with pytest.raises(ProgramError, match=message):
+                fluid.Executor(mode=mode).run(fluid.Program.parse_from_string(data),
+                                              feed={"img": x}, fetch_list=[net[2]],
+                                              scope=fluid.Scope())
+
+
+def test_scalar_declared_as_1_or_0d_is_accepted():
+    """Fluid 1.x layers declare a mean or a full reduction [1], newer ones []: both verify."""
+    main = fluid.Program()
+    with fluid.program_guard(main, fluid.Program()), fluid.unique_name.guard():
+        x = fluid.layers.data(name="x", shape=[3], dtype="float32")
+        m = fluid.layers.mean(x)
+        s = fluid.layers.reduce_sum(x)
+    for name in (m.name, s.name):
+        for dims in ([], [1]):
+            fluid.verify(fluid.Program.parse_from_string(edited(main, set_var(name, dims))))

@@ -29,7 +29,12 @@ from __future__ import annotations
 
 from pdjit.framework import dtypes, registry
 from pdjit.framework.attrs import attr_type_name
-from pdjit.framework.errors import ProgramError, UnregisteredOpError, describe_op
+from pdjit.framework.errors import (
+    ProgramError,
+    ShapeMismatch,
+    UnregisteredOpError,
+    describe_op,
+)
 from pdjit.framework.program import Program
 from pdjit.framework.variable import _TENSOR_HOLDERS, _tensor_desc
 from pdjit.proto import framework_pb2 as pb
@@ -57,11 +62,13 @@ _LISTS = frozenset({A.INTS, A.LONGS, A.FLOATS, A.FLOAT64S, A.BOOLEANS, A.STRINGS
                     A.SCALARS, A.VARS})
 
 
-def verify(program, *, registered: bool = True, fill_defaults: bool = True):
+def verify(program, *, registered: bool = True, fill_defaults: bool = True,
+           shapes: bool = True):
     """Check ``program``; raise :class:`ProgramError` naming what is malformed. Returns it.
 
     ``registered=False`` accepts op types pdjit does not know (to inspect a program), checking
-    what it can of them; ``fill_defaults=False`` leaves missing attributes missing."""
+    what it can of them; ``fill_defaults=False`` leaves missing attributes missing;
+    ``shapes=False`` trusts the declared output ``VarDesc``s instead of inferring them again."""
     if not isinstance(program, Program):
         as_program = getattr(program, "_as_program", None)  # a CompiledProgram
         if as_program is None:
@@ -79,6 +86,10 @@ def verify(program, *, registered: bool = True, fill_defaults: bool = True):
         for i, op in enumerate(b.ops):
             _check_op(program, b, i, op, registered, fill_defaults)
     _check_no_cycles(program)
+    if shapes:
+        for b in blocks:
+            for i, op in enumerate(b.ops):
+                _check_inferred(b, i, op)
     program.__dict__["_verified_version"] = program.version
     return program
 
@@ -331,3 +342,82 @@ def _check_sub_block(program, b, name, s, fail) -> None:
         what = "its own block" if s == b.idx else f"block {s}, an ancestor of block {b.idx}"
         raise fail(f"attribute {name!r}: sub-block {s} is {what}; expected a block below it "
                    f"(a block reachable from itself would run forever)")
+
+
+# -- declared vs inferred ----------------------------------------------------------------------
+_CHECKED_OUTPUT = int(VarType.LOD_TENSOR)
+
+
+def _compatible(declared, inferred) -> bool:
+    """Whether declared dims may describe a value of the inferred dims: one rank (``[]`` and
+    ``[1]`` are one thing: a scalar, and PaddlePaddle declares an empty state ``[]`` where it
+    is ``[0]``), and every dim known in both equal (``-1``: anything)."""
+    declared, inferred = tuple(declared), tuple(inferred)
+    if len(declared) != len(inferred):
+        return {declared, inferred} <= {(), (1,), (-1,), (0,)}
+    return all(d == g or d < 0 or g < 0 for d, g in zip(declared, inferred))
+
+
+def _check_inferred(b, i: int, op) -> None:
+    """Infer ``op``'s outputs again from its inputs' declarations (its ``infer_shape``) and
+    compare them with the declared output variables: a file may declare what the op does not
+    compute, and the compiled plan trusts declarations."""
+    opdef = registry.lookup(op.desc.type)
+    if opdef is None or opdef.has(registry.CONTROL_FLOW) or opdef.has(registry.FEED_FETCH):
+        return
+    t = op.desc.type
+
+    def fail(msg):
+        return ProgramError(f"{describe_op(t, b.idx, i, None)}: {msg}")
+
+    metas = {}
+    for slot in opdef.inputs:
+        ms = []
+        for n in op.input(slot.name):
+            if n == registry.EMPTY_VAR_NAME:
+                continue
+            v = b._find_var_recursive(n)
+            if v is None:
+                continue
+            if v.desc.type.type not in _TENSOR_HOLDERS:
+                return  # an op over readers, scopes or raw holders: nothing to compare
+            ms.append(v.meta())
+        metas[slot.name] = ms if slot.duplicable else (ms[0] if ms else None)
+    attrs = {k: v for k, v in op.all_attrs().items() if k in opdef.attrs}
+    try:
+        result = opdef.call_infer_shape(metas, attrs)
+    except ShapeMismatch as e:
+        raise fail(f"its inputs as declared do not fit it: {e}") from None
+    except (ValueError, TypeError, IndexError, KeyError, AttributeError, OverflowError,
+            ZeroDivisionError) as e:
+        raise fail(f"its inputs and attributes as declared do not fit it: "
+                   f"{type(e).__name__}: {e}") from e
+    if not isinstance(result, dict):
+        return
+    for slot in opdef.outputs:
+        res = result.get(slot.name)
+        if res is None or slot.intermediate:  # intermediates: the op's own scratch for its grad
+            continue
+        res = res if isinstance(res, (list, tuple)) else [res]
+        for n, meta in zip(op.output(slot.name), res):
+            if n == registry.EMPTY_VAR_NAME or not isinstance(meta, registry.VarMeta):
+                continue
+            v = b._find_var_recursive(n)
+            if v is None or v.desc.type.type != _CHECKED_OUTPUT or \
+                    int(meta.type) != _CHECKED_OUTPUT:
+                continue
+            td = _tensor_desc(v.desc.type)
+            if td is None:
+                continue
+            declared = dtypes._CODE_TO_NP.get(td.data_type)
+            if declared is not None and declared != meta.dtype:
+                raise fail(f"output {slot.name!r}: variable {n!r} is declared "
+                           f"{dtypes.dtype_str(declared)}, but the op computes "
+                           f"{dtypes.dtype_str(meta.dtype)} from its inputs (declared "
+                           f"{dtypes.dtype_str(declared)} vs inferred "
+                           f"{dtypes.dtype_str(meta.dtype)})")
+            if not _compatible(td.dims, meta.shape):
+                raise fail(f"output {slot.name!r}: variable {n!r} is declared of shape "
+                           f"{list(td.dims)}, but the op computes shape {list(meta.shape)} from "
+                           f"its inputs (declared {list(td.dims)} vs inferred "
+                           f"{list(meta.shape)}; -1 matches any size)")
