@@ -196,3 +196,127 @@ def test_scalar_declared_as_1_or_0d_is_accepted():
     for name in (m.name, s.name):
         for dims in ([], [1]):
             fluid.verify(fluid.Program.parse_from_string(edited(main, set_var(name, dims))))
+
+
+def nested_conds(depth: int, *, with_body: bool = True) -> bytes:
+    """ProgramDesc bytes: ``depth`` conditional_blocks each inside the one before; the
+    innermost adds 1 to ``x`` (a global var) into ``y``; fetch y."""
+    d = pb.ProgramDesc()
+    d.version.version = 0
+    for i in range(depth + 1):
+        b = d.blocks.add()
+        b.idx, b.parent_idx = i, i - 1
+    g = d.blocks[0]
+
+    def var(block, name, dims, dtype=VarType.FP32, kind=VarType.LOD_TENSOR):
+        v = block.vars.add()
+        v.name, v.type.type = name, kind
+        if kind == VarType.LOD_TENSOR:
+            v.type.lod_tensor.tensor.data_type = dtype
+            v.type.lod_tensor.tensor.dims.extend(dims)
+    var(g, "x", [2])
+    var(g, "y", [2])
+    var(g, "c", [1], VarType.BOOL)
+    for i in range(depth):
+        b = d.blocks[i]
+        var(b, f"scope{i}", [], kind=VarType.STEP_SCOPES)
+        op = b.ops.add()
+        op.type = "conditional_block"
+        for slot, args in (("Cond", ["c"]), ("Input", ["x"])):
+            s = op.inputs.add()
+            s.parameter = slot
+            s.arguments.extend(args)
+        for slot, args in (("Out", ["y"]), ("Scope", [f"scope{i}"])):
+            s = op.outputs.add()
+            s.parameter = slot
+            s.arguments.extend(args)
+        a = op.attrs.add()
+        a.name, a.type, a.block_idx = "sub_block", A.BLOCK, i + 1
+        a = op.attrs.add()
+        a.name, a.type, a.b = "is_scalar_condition", A.BOOLEAN, True
+    if with_body:
+        op = d.blocks[depth].ops.add()
+        op.type = "scale"
+        for which, slot, arg in ((op.inputs, "X", "x"), (op.outputs, "Out", "y")):
+            s = which.add()
+            s.parameter = slot
+            s.arguments.append(arg)
+        a = op.attrs.add()
+        a.name, a.type, a.f = "bias", A.FLOAT, 1.0
+    return d.SerializeToString()
+
+
+def test_deep_nesting_is_a_named_bound(monkeypatch):
+    """300 nested conds (a 20 KB file) end in a ProgramLimitError naming the bound; the
+    nesting allowed runs in both executors."""
+    from pdjit.framework.errors import ProgramLimitError
+    data = nested_conds(300)
+    with bounded():
+        with pytest.raises(ProgramLimitError, match=r"nesting depth .*: 65, more than the bound "
+                                                    r"64 \(PDJIT_MAX_BLOCK_DEPTH; set it"):
+            fluid.verify(fluid.Program.parse_from_string(data))
+    x = np.array([1.0, 2.0], np.float32)
+    feed = {"x": x, "c": np.array([True])}
+    for mode in ("reference", "compiled"):
+        p = fluid.Program.parse_from_string(nested_conds(40))
+        y, = fluid.Executor(mode=mode).run(p, feed=feed, fetch_list=["y"], scope=fluid.Scope())
+        np.testing.assert_array_equal(y, x + 1)
+    monkeypatch.setenv("PDJIT_MAX_BLOCK_DEPTH", "3")
+    with pytest.raises(ProgramLimitError, match="PDJIT_MAX_BLOCK_DEPTH"):
+        fluid.verify(fluid.Program.parse_from_string(nested_conds(4)))
+    monkeypatch.setenv("PDJIT_MAX_OPS_PER_BLOCK", "2")
+    with pytest.raises(ProgramLimitError, match=r"block 0: ops: 3, more than the bound 2 "
+                                                r"\(PDJIT_MAX_OPS_PER_BLOCK"):
+        fluid.verify(fluid.Program.parse_from_string(edited(
+            fluid.Program.parse_from_string(nested_conds(1)),
+            lambda d: d.blocks[0].ops.extend([d.blocks[0].ops[0]] * 2))))
+
+
+def test_feed_or_fetch_inside_a_sub_block_is_refused():
+    def feed_in_body(d):
+        op = d.blocks[1].ops.add()
+        op.type = "feed"
+        for which, slot, arg in ((op.inputs, "X", "feed"), (op.outputs, "Out", "x")):
+            s = which.add()
+            s.parameter = slot
+            s.arguments.append(arg)
+        a = op.attrs.add()
+        a.name, a.type, a.i = "col", A.INT, 0
+        v = d.blocks[0].vars.add()
+        v.name, v.type.type = "feed", VarType.FEED_MINIBATCH
+    data = edited(fluid.Program.parse_from_string(nested_conds(1)), feed_in_body)
+    assert re.search(r"op 'feed' \(block 1, op #1\): a feed/fetch op inside sub-block 1",
+                     refused(data))
+
+
+def test_long_elementwise_chain_is_fused_in_bounded_groups(monkeypatch):
+    """A chain of 300 elementwise ops becomes kernels of at most PDJIT_MAX_FUSED_OPS ops (so
+    compile time stays linear in the op count), and runs to NumPy's result."""
+    from pdjit.passes.fusion import partition
+    main = fluid.Program()
+    with fluid.program_guard(main, fluid.Program()):
+        x = fluid.layers.data(name="x", shape=[3], dtype="float32")
+        y = x
+        for _ in range(300):
+            y = fluid.layers.scale(y, scale=1.0, bias=1.0)
+    block = main.global_block()
+    sizes = [len(g.nodes) for s in partition(block, list(block.ops), {y.name}).segments
+             for g in s.groups]
+    assert sizes == [128, 128, 44], sizes
+    monkeypatch.setenv("PDJIT_MAX_FUSED_OPS", "100")
+    sizes = [len(g.nodes) for s in partition(block, list(block.ops), {y.name}).segments
+             for g in s.groups]
+    assert sizes == [100, 100, 100], sizes
+
+
+def test_generated_code_python_cannot_compile_is_a_named_error():
+    from pdjit.codegen.compiler import compile_source
+    from pdjit.framework.errors import ProgramLimitError
+    deep = "def f(x):\n" + "".join("    " * (i + 1) + f"for i{i} in x:\n" for i in range(25)) \
+        + "    " * 26 + "pass\n"
+    with pytest.raises(ProgramLimitError, match="too many statically nested blocks.*"
+                                                "PDJIT_MAX_FUSED_OPS"):
+        compile_source(deep, "<deep>")
+    long_expr = "y = " + "(" * 5000 + "1" + ")" * 5000 + "\n"
+    with pytest.raises(ProgramLimitError, match="<long>"):
+        compile_source(long_expr, "<long>")

@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from pdjit.codegen import memplan, nnlib, rt
-from pdjit.codegen.compiler import compile_function, module_text
+from pdjit.codegen.compiler import compile_function, compile_source, module_text
 from pdjit.codegen.kernel import FULL, MID, ROW, SCALAR, LoopKernel
 
 NAME = "cpu"
@@ -461,7 +461,7 @@ class HostDriver:
         ns = self._namespace()
         ns.update({g: c.fn for g, c in self.calls})
         ns.update({g: _LazyKernel(src) for g, src in self.lazy})
-        exec(compile(self.source, self.filename, "exec"), ns)  # noqa: S102
+        exec(compile_source(self.source, self.filename), ns)  # noqa: S102
         self.fn = ns[self.fn_name]
 
     def reload_clean(self) -> None:

@@ -32,7 +32,7 @@ import math
 import numpy as np
 
 from pdjit.codegen import cpu
-from pdjit.codegen.compiler import deps_hash
+from pdjit.codegen.compiler import compile_source, deps_hash
 from pdjit.codegen.kernel import FULL, MID, ROW, SCALAR, LoopKernel
 
 NAME = "cuda"
@@ -307,7 +307,7 @@ class HostDriver(cpu.HostDriver):
     def _build(self) -> None:
         ns = self._namespace()
         ns.update({g: _Launcher(c) for g, c in self.calls})
-        exec(compile(self.source, self.filename, "exec"), ns)  # noqa: S102
+        exec(compile_source(self.source, self.filename), ns)  # noqa: S102
         self.fn = ns[self.fn_name]
 
     def _namespace(self) -> dict:

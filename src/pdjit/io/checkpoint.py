@@ -42,7 +42,7 @@ import warnings
 import numpy as np
 
 from pdjit.framework import dtypes
-from pdjit.framework.errors import ModelFileError
+from pdjit.framework.errors import ModelFileError, named_errors
 from pdjit.framework.program import Parameter, Program, Variable
 from pdjit.io.tensor_stream import _Reader, read_tensor
 from pdjit.io.variables import _read_file, check_against, commit_values, is_persistable, read_values
@@ -404,6 +404,7 @@ def _scan(data: bytes) -> None:
             memo += 1
 
 
+@named_errors("pdjit.io.load_pickle")
 def load_pickle(path: str, what: str = "checkpoint") -> dict:
     """The ``{name: value}`` dict of a ``.pdparams``/``.pdopt`` file, read without running
     any code from it; a damaged or hostile file is a :class:`ModelFileError` naming it."""
@@ -443,6 +444,7 @@ def _checked(var, values: dict, path: str):
     return value
 
 
+@named_errors("pdjit.io.load")
 def load(program: Program, model_path: str, executor=None, var_list=None, *,
          scope=None) -> None:
     """Load the values ``save`` wrote for ``program`` into ``scope`` (the global scope by
@@ -516,6 +518,7 @@ def _load_saved_vars(program: Program, path: str, names, scope) -> None:
                          f"exists")
 
 
+@named_errors("pdjit.io.load_program_state")
 def load_program_state(model_path: str, var_list=None) -> dict:
     """``{name: ndarray}`` read from a checkpoint: ``.pdparams`` and ``.pdopt`` (if present),
     or what ``save_vars`` &co. wrote (a directory, or a combined file with ``var_list``)."""

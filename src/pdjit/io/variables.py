@@ -14,7 +14,7 @@ import os
 import numpy as np
 
 from pdjit.framework import dtypes
-from pdjit.framework.errors import ModelFileError
+from pdjit.framework.errors import ModelFileError, named_errors
 from pdjit.framework.program import Parameter, Program, Variable, default_main_program
 from pdjit.io.tensor_stream import _Reader, read_tensor, write_tensor
 from pdjit.proto import framework_pb2 as pb
@@ -147,6 +147,7 @@ def commit_values(values: dict, scope) -> None:
             np.asarray(value, order="C")
 
 
+@named_errors("pdjit.io.load_vars")
 def load_vars(executor, dirname, main_program=None, vars=None, predicate=None, filename=None,
               scope=None) -> None:
     """Read the values of ``vars`` (or of the program's variables ``predicate`` accepts) into
@@ -162,6 +163,7 @@ def save_persistables(executor, dirname, main_program=None, filename=None, scope
               scope=scope)
 
 
+@named_errors("pdjit.io.load_persistables")
 def load_persistables(executor, dirname, main_program=None, filename=None, scope=None) -> None:
     """``load_vars`` of every persistable variable (feed/fetch holders excluded)."""
     load_vars(executor, dirname, main_program, predicate=is_persistable, filename=filename,
@@ -174,6 +176,7 @@ def save_params(executor, dirname, main_program=None, filename=None, scope=None)
               scope=scope)
 
 
+@named_errors("pdjit.io.load_params")
 def load_params(executor, dirname, main_program=None, filename=None, scope=None) -> None:
     """``load_vars`` of every parameter, as ``save_params`` wrote them."""
     load_vars(executor, dirname, main_program, predicate=is_parameter, filename=filename,

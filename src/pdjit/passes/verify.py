@@ -27,13 +27,14 @@ when a model file was loaded).
 """
 from __future__ import annotations
 
-from pdjit.framework import dtypes, registry
+from pdjit.framework import dtypes, limits, registry
 from pdjit.framework.attrs import attr_type_name
 from pdjit.framework.errors import (
     ProgramError,
     ShapeMismatch,
     UnregisteredOpError,
     describe_op,
+    named_errors,
 )
 from pdjit.framework.program import Program
 from pdjit.framework.variable import _TENSOR_HOLDERS, _tensor_desc
@@ -62,6 +63,7 @@ _LISTS = frozenset({A.INTS, A.LONGS, A.FLOATS, A.FLOAT64S, A.BOOLEANS, A.STRINGS
                     A.SCALARS, A.VARS})
 
 
+@named_errors("pdjit.verify")
 def verify(program, *, registered: bool = True, fill_defaults: bool = True,
            shapes: bool = True):
     """Check ``program``; raise :class:`ProgramError` naming what is malformed. Returns it.
@@ -80,6 +82,7 @@ def verify(program, *, registered: bool = True, fill_defaults: bool = True,
     n = len(blocks)
     for i, b in enumerate(blocks):
         _check_block_header(b, i, n)
+    _check_size(blocks)
     for b in blocks:
         _check_vars(b)
     for b in blocks:
@@ -125,6 +128,25 @@ def _check_block_header(b, i: int, n: int) -> None:
                            f"index in 0..{n - 1}")
 
 
+def _check_size(blocks) -> None:
+    """The program's size within the bounds (blocks, ops per block, nesting depth through
+    ``parent_idx``), before anything walks it."""
+    max_blocks = limits.bound(limits.MAX_BLOCKS)
+    if len(blocks) > max_blocks:
+        raise limits.exceeded("program: blocks", len(blocks), limits.MAX_BLOCKS, max_blocks)
+    max_ops = limits.bound(limits.MAX_OPS_PER_BLOCK)
+    max_depth = limits.bound(limits.MAX_BLOCK_DEPTH)
+    depth = []
+    for i, b in enumerate(blocks):
+        if len(b.ops) > max_ops:
+            raise limits.exceeded(f"block {i}: ops", len(b.ops), limits.MAX_OPS_PER_BLOCK,
+                                  max_ops)
+        depth.append(0 if i == 0 else depth[b.parent_idx] + 1)
+        if depth[-1] > max_depth:
+            raise limits.exceeded(f"block {i}: nesting depth (blocks between it and the global "
+                                  f"block)", depth[-1], limits.MAX_BLOCK_DEPTH, max_depth)
+
+
 def _ancestors(program, idx: int) -> list:
     out, seen = [], set()
     while idx >= 0 and idx not in seen:
@@ -135,26 +157,38 @@ def _ancestors(program, idx: int) -> list:
 
 
 def _check_no_cycles(program) -> None:
-    """No block reaches itself through its ops' sub-block attributes."""
+    """No block reaches itself through its ops' sub-block attributes, and no chain of them is
+    deeper than the nesting bound (walked without recursion: depth is what it checks)."""
     edges = {b.idx: [(i, op, s) for i, op in enumerate(b.ops) for s in op.sub_block_indices()]
              for b in program.blocks}
+    max_depth = limits.bound(limits.MAX_BLOCK_DEPTH)
     state = {}  # 1: on the current path, 2: done
-
-    def visit(idx, path):
-        state[idx] = 1
-        for i, op, s in edges[idx]:
+    for b in program.blocks:
+        if state.get(b.idx) is not None:
+            continue
+        state[b.idx] = 1
+        path, stack = [b.idx], [iter(edges[b.idx])]
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                state[path.pop()] = 2
+                stack.pop()
+                continue
+            i, op, s = nxt
+            idx = path[-1]
             if state.get(s) == 1:
                 loop = " -> ".join(str(p) for p in path + [s])
                 raise ProgramError(f"{describe_op(op.type, idx, i, None)}: sub-block {s} "
                                    f"leads back to itself (blocks {loop}); expected the "
                                    f"sub-blocks to form a tree")
             if state.get(s) is None:
-                visit(s, path + [s])
-        state[idx] = 2
-
-    for b in program.blocks:
-        if state.get(b.idx) is None:
-            visit(b.idx, [b.idx])
+                if len(path) > max_depth:
+                    raise limits.exceeded(f"{describe_op(op.type, idx, i, None)}: sub-block "
+                                          f"{s} nests blocks", len(path),
+                                          limits.MAX_BLOCK_DEPTH, max_depth)
+                state[s] = 1
+                path.append(s)
+                stack.append(iter(edges[s]))
 
 
 # -- variables ------------------------------------------------------------------------------------
@@ -203,6 +237,9 @@ def _check_op(program, b, i: int, op, registered: bool, fill_defaults: bool) -> 
     if opdef is None and registered:
         raise fail(f"op type {t!r} is not registered in pdjit, so the program cannot run",
                    UnregisteredOpError)
+    if opdef is not None and opdef.has(registry.FEED_FETCH) and b.idx != 0:
+        raise fail(f"a feed/fetch op inside sub-block {b.idx}: feeds and fetches move values "
+                   f"between a run and the global block (block 0) only")
     _check_slots(b, op, opdef, fail)
     _check_attrs(program, b, op, opdef, fail, fill_defaults)
 

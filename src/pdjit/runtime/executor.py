@@ -27,7 +27,7 @@ import weakref
 import numpy as np
 
 from pdjit.framework import registry
-from pdjit.framework.errors import PdjitError
+from pdjit.framework.errors import PdjitError, named_errors
 from pdjit.framework.program import Block, Program, default_main_program
 from pdjit.passes import verify
 from pdjit.proto import framework_pb2 as pb
@@ -124,6 +124,7 @@ class Executor:
         _forget(self._runs, self._kind)
 
     # -- the public entry point -----------------------------------------------------------------
+    @named_errors("Executor.run")
     def run(self, program: Program | None = None, feed=None, fetch_list=None,
             feed_var_name: str = "feed", fetch_var_name: str = "fetch", scope: Scope | None = None,
             return_numpy: bool = True, use_program_cache: bool = True):

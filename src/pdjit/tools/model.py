@@ -96,7 +96,7 @@ def check(path: str, out=None, err=None) -> int:
     read its parameters; print ``OK`` and a summary (status 0) or the error (status 1)."""
     import sys
 
-    from pdjit.framework.errors import PdjitError
+    from pdjit.framework.errors import as_pdjit_error
     from pdjit.passes.verify import verify
 
     out, err = out or sys.stdout, err or sys.stderr
@@ -105,7 +105,9 @@ def check(path: str, out=None, err=None) -> int:
         verify(loaded.program)  # (load_program accepted unregistered op types)
         if loaded.params_note:
             raise ModelFileError(loaded.params_note)
-    except (PdjitError, CliError) as e:
+    except Exception as e:  # noqa: BLE001 - every failure named on one line, status 1
+        if not isinstance(e, CliError):
+            e = as_pdjit_error(e, "check")
         text = " ".join(s.strip() for s in str(e).splitlines() if s.strip())
         print(f"pdjit check: {path}: {type(e).__name__}: {text}", file=err)
         return 1
