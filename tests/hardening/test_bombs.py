@@ -320,3 +320,36 @@ def test_generated_code_python_cannot_compile_is_a_named_error():
     long_expr = "y = " + "(" * 5000 + "1" + ")" * 5000 + "\n"
     with pytest.raises(ProgramLimitError, match="<long>"):
         compile_source(long_expr, "<long>")
+
+
+@pytest.mark.parametrize("mode", ["reference", "compiled"])
+def test_endless_while_stops_at_the_iteration_bound(mode, monkeypatch):
+    """A while whose counter update was deleted never ends; with PDJIT_MAX_LOOP_ITERATIONS it
+    ends in a LoopLimitError naming the loop (op, block, index)."""
+    from pdjit.framework.errors import LoopLimitError
+    L = fluid.layers
+    main = fluid.Program()
+    with fluid.program_guard(main, fluid.Program()), fluid.unique_name.guard():
+        x = L.data(name="x", shape=[2], dtype="float32", append_batch_size=False)
+        i = L.fill_constant([1], "int64", 0)
+        n = L.fill_constant([1], "int64", 3)
+        _, out = L.while_loop(lambda i, x: L.less_than(i, n), lambda i, x: [i + 1, x + 1.0],
+                              [i, x])
+
+    def drop_increment(desc):  # the body's assign that carries i + 1 back into i
+        body = desc.blocks[1]
+        kept = [op for op in body.ops if not (op.type == "assign" and i.name in
+                                              [a for s in op.outputs for a in s.arguments])]
+        del body.ops[:]
+        body.ops.extend(kept)
+    x0 = np.zeros(2, np.float32)
+    exe = fluid.Executor(mode=mode)
+    got, = exe.run(main, feed={"x": x0}, fetch_list=[out], scope=fluid.Scope())
+    np.testing.assert_array_equal(got, x0 + 3)
+    endless = fluid.Program.parse_from_string(edited(main, drop_increment))
+    assert len(endless.block(1).ops) < len(main.block(1).ops)
+    monkeypatch.setenv("PDJIT_MAX_LOOP_ITERATIONS", "50")
+    with bounded(seconds=5), pytest.raises(LoopLimitError, match=r"op 'while' \(block 0, op "
+                                                                 r"#\d+\).* after 50 iterations"):
+        fluid.Executor(mode=mode).run(endless, feed={"x": x0}, fetch_list=[out],
+                                      scope=fluid.Scope())

@@ -42,6 +42,11 @@ class OpRunError(OpError, RuntimeError):
     """An op failed while it ran."""
 
 
+class LoopLimitError(OpRunError):
+    """A ``while`` op ran more iterations than ``PDJIT_MAX_LOOP_ITERATIONS`` allows (the
+    message names the loop: op, block, index)."""
+
+
 class FallbackError(OpRunError):
     """Strict mode (``Executor(strict=True)``, ``PDJIT_STRICT=1``): native code gave up on
     valid input and the op's NumPy reference computed the result instead."""
