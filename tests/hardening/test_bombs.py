@@ -353,3 +353,33 @@ def test_endless_while_stops_at_the_iteration_bound(mode, monkeypatch):
                                                                  r"#\d+\).* after 50 iterations"):
         fluid.Executor(mode=mode).run(endless, feed={"x": x0}, fetch_list=[out],
                                       scope=fluid.Scope())
+
+
+def test_special_and_huge_files_are_refused(paddle_mlp, tmp_path, capsys, monkeypatch):
+    """/dev/zero or a FIFO given as a model or parameter file would be read for ever; a sparse
+    file claiming gigabytes is refused by the allocation limit before it is read."""
+    import os
+    from pdjit.framework.errors import ModelFileError
+    from pdjit.io import inference as inf
+    fifo = tmp_path / "fifo.pdiparams"
+    os.mkfifo(fifo)
+    model = paddle_mlp.with_suffix(".pdmodel")
+    zero = tmp_path / "zero.pdmodel"
+    zero.symlink_to("/dev/zero")
+    with bounded():
+        for args, message in (((str(zero),), r"zero.pdmodel is a device, not a regular file"),
+                              ((str(model), str(fifo)), r"fifo.pdiparams is a FIFO, not a "
+                                                        r"regular file"),
+                              ((str(model), str(tmp_path)), r"is a directory")):
+            with pytest.raises(ModelFileError, match=message):
+                inf.load_model(*args)
+    big = tmp_path / "big.pdiparams"
+    with open(big, "wb") as f:
+        f.truncate(1 << 30)  # sparse: no disk used
+    monkeypatch.setenv("PDJIT_MAX_ALLOC_BYTES", str(1 << 28))
+    with bounded(), pytest.raises(ModelFileError, match=r"big.pdiparams holds 1073741824 bytes, "
+                                                        r"more than the allocation limit"):
+        inf.load_model(str(model), str(big))
+    assert cli_main(["check", str(zero)]) == 1
+    err = capsys.readouterr().err
+    assert "not a regular file" in err and err.count("\n") == 1

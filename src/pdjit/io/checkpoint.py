@@ -558,8 +558,8 @@ def load_program_state(model_path: str, var_list=None) -> dict:
                 try:
                     reader = _Reader(_read_file(full, f"variable {name!r}"), full)
                     value = read_tensor(reader, name)
-                    if reader.pos != len(reader.data):
-                        raise ValueError(f"{full}: {len(reader.data) - reader.pos} bytes left "
+                    if reader.left:
+                        raise ValueError(f"{full}: {reader.left} bytes left "
                                          f"after the tensor")
                 except (ValueError, ModelFileError) as e:
                     warnings.warn(f"load_program_state: skipped {full}: {e}", stacklevel=2)

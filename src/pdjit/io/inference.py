@@ -268,8 +268,8 @@ def params_from_bytes(program: Program, data: bytes, what: str) -> dict:
     chosen = param_vars(program)
     reader = _Reader(data, what)
     values = {v.name: read_checked(reader, v, what) for v in chosen}
-    if reader.pos != len(reader.data):
-        raise ModelFileError(f"{what}: {len(reader.data) - reader.pos} bytes left after the "
+    if reader.left:
+        raise ModelFileError(f"{what}: {reader.left} bytes left after the "
                              f"{len(chosen)} tensors the program declares")
     return values
 

@@ -10,6 +10,7 @@ from pdjit.framework import dtypes
 from pdjit.framework.errors import ModelFileError, ProgramError
 from pdjit.framework.program import Program
 from pdjit.io import inference as inf
+from pdjit.io.variables import _read_file
 from pdjit.proto import framework_pb2 as pb
 from pdjit.tools import CliError
 
@@ -34,13 +35,7 @@ def load_program(path: str) -> Loaded:
     A program that cannot be found or parsed is a :class:`ModelFileError`; parameters that cannot
     be read leave ``params`` at None with the reason in ``params_note``."""
     model_file, pdir, pname = inf.resolve(path)
-    try:
-        with open(model_file, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise ModelFileError(f"no such file: {model_file}") from None
-    except OSError as e:
-        raise ModelFileError(f"cannot read {model_file}: {e.strerror}") from None
+    data = _read_file(model_file, "model")
     try:
         program = Program.parse_from_string(data)
     except ProgramError as e:
