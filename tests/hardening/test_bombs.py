@@ -359,6 +359,7 @@ def test_special_and_huge_files_are_refused(paddle_mlp, tmp_path, capsys, monkey
     """/dev/zero or a FIFO given as a model or parameter file would be read for ever; a sparse
     file claiming gigabytes is refused by the allocation limit before it is read."""
     import os
+
     from pdjit.framework.errors import ModelFileError
     from pdjit.io import inference as inf
     fifo = tmp_path / "fifo.pdiparams"
