@@ -384,3 +384,54 @@ def test_special_and_huge_files_are_refused(paddle_mlp, tmp_path, capsys, monkey
     assert cli_main(["check", str(zero)]) == 1
     err = capsys.readouterr().err
     assert "not a regular file" in err and err.count("\n") == 1
+
+
+class _SharedArray:
+    """Pickles as an ndarray whose data is ``raw`` (the same bytes object each time: the
+    pickle memoizes it once and refers to it again)."""
+
+    def __init__(self, raw, n):
+        self.raw, self.n = raw, n
+
+    def __reduce__(self):
+        reconstruct = np.zeros(1).__reduce__()[0]
+        return (reconstruct, (np.ndarray, (0,), b"b"),
+                (1, (self.n,), np.dtype("float32"), False, self.raw))
+
+
+def test_pickle_amplification_is_refused(tmp_path):
+    """The restricted unpickler counts what it builds: shared references cost nothing twice,
+    and array data beyond what the file can hold is refused."""
+    import pickle
+
+    from pdjit.framework.errors import ModelFileError
+    from pdjit.io.checkpoint import load_pickle
+    nested = []
+    for _ in range(31):  # 2^31 leaves if walked as a tree
+        nested = [nested, nested]
+    path = tmp_path / "shared.pdparams"
+    path.write_bytes(pickle.dumps({"x": nested}, protocol=2))
+    assert path.stat().st_size < 400
+    with bounded():
+        got = load_pickle(str(path))
+    assert got["x"][0] is got["x"][1]  # still shared: nothing was multiplied
+
+    raw = bytes(1 << 20)
+    path.write_bytes(pickle.dumps({f"v{i}": _SharedArray(raw, 1 << 18) for i in range(80)},
+                                  protocol=4))
+    assert path.stat().st_size < (1 << 20) + 4096
+    with bounded(), pytest.raises(ModelFileError, match="array data beyond what the file's "
+                                                        "size can hold"):
+        load_pickle(str(path))
+    # one honest array reads
+    path.write_bytes(pickle.dumps({"v": _SharedArray(raw, 1 << 18)}, protocol=4))
+    assert load_pickle(str(path))["v"].shape == (1 << 18,)
+
+    big = {"w@@.0": np.zeros(4, np.float32),
+           "UnpackBigParamInfor@@": {"w": {"OriginShape": [1 << 20, 1 << 20],
+                                           "slices": ["w@@.0"]}}}
+    path.write_bytes(pickle.dumps(big, protocol=2))
+    with bounded(), pytest.raises(ModelFileError, match=r"OriginShape \[1048576, 1048576\] "
+                                                        r"holds 1099511627776 elements, the "
+                                                        r"slices 4"):
+        load_pickle(str(path))
