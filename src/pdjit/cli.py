@@ -30,7 +30,7 @@ import pdjit
 from pdjit.aot import __main__ as aot_cli
 from pdjit.framework import registry
 from pdjit.framework.attrs import attr_type_name
-from pdjit.framework.errors import PdjitError
+from pdjit.framework.errors import PdjitError, as_pdjit_error
 from pdjit.tools import CliError
 
 
@@ -203,6 +203,10 @@ def main(argv=None) -> int:
         return args.fn(args)
     except (CliError, PdjitError) as e:
         print(f"pdjit {args.command}: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except Exception as e:  # noqa: BLE001 - every failure is one line and status 2
+        print(f"pdjit {args.command}: {_one_line(as_pdjit_error(e, 'internal error'))}",
+              file=sys.stderr)
         return 2
 
 

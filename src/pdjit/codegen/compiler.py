@@ -64,6 +64,7 @@ import numpy as np
 
 from pdjit.codegen import diskcache
 from pdjit.codegen.diskcache import CacheDamage, cache_dir  # noqa: F401 - pdjit's names
+from pdjit.framework.errors import ProgramLimitError
 from pdjit.version import __version__
 
 _lock = threading.RLock()
@@ -220,13 +221,33 @@ def _write_module(d: pathlib.Path, name: str, text: str):
                 pass
 
 
+def compile_source(text: str, filename: str):
+    """``compile(text, filename, "exec")``, refusing generated code that Python's compiler
+    cannot take (nested too deeply for its recursion limit or its 20 static blocks) with a
+    :class:`ProgramLimitError` instead of a bare ``RecursionError`` / ``SyntaxError``."""
+    try:
+        return compile(text, filename, "exec")
+    except RecursionError as e:
+        problem = f"nested too deeply for Python's compiler ({e})"
+    except SyntaxError as e:
+        if "nested" not in str(e) and "too many" not in str(e):
+            raise
+        problem = f"{e.msg}"
+    except MemoryError:
+        problem = f"too large for Python's compiler ({len(text)} characters)"
+    raise ProgramLimitError(
+        f"the generated code {filename} is {problem}: the program's ops or ranks exceed what "
+        f"one generated function can hold; lower PDJIT_MAX_FUSED_OPS (ops fused into one "
+        f"kernel) or split the program") from None
+
+
 def _exec(name: str, filename: str, text: str):
     mod = types.ModuleType(name)
     if not filename.startswith("<"):
         mod.__file__ = filename
     sys.modules[name] = mod  # Numba's cache re-imports the module by name
     try:
-        exec(compile(text, filename, "exec"), mod.__dict__)  # noqa: S102
+        exec(compile_source(text, filename), mod.__dict__)  # noqa: S102
     except BaseException:
         sys.modules.pop(name, None)
         raise
@@ -326,7 +347,7 @@ class HostFunction:
 
         ns = {"math": math, "np": np, "_m": mathfuncs, "_rt": rt, "_nn": nnlib}
         ns.update({g: c.fn for g, c in self.calls})
-        exec(compile(self.text, f"<pdjit {self.name}>", "exec"), ns)  # noqa: S102
+        exec(compile_source(self.text, f"<pdjit {self.name}>"), ns)  # noqa: S102
         self.fn = ns[self.fn_name]
 
     def reload_clean(self) -> None:

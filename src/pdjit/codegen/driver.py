@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 
+from pdjit.codegen.compiler import compile_source
 from pdjit.codegen.kernel import FULL, MID, ROW, SCALAR, LoopKernel
 
 MISFIT = "pdjit: operand shapes do not fit the kernel's loop form"
@@ -231,7 +232,7 @@ class HostDriver:
     def _build(self) -> None:
         ns = self._namespace()
         self._bind(ns)
-        exec(compile(self.source, self.filename, "exec"), ns)  # noqa: S102
+        exec(compile_source(self.source, self.filename), ns)  # noqa: S102
         self.fn = ns[self.fn_name]
 
     def reload_clean(self) -> None:

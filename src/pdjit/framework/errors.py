@@ -42,6 +42,11 @@ class OpRunError(OpError, RuntimeError):
     """An op failed while it ran."""
 
 
+class LoopLimitError(OpRunError):
+    """A ``while`` op ran more iterations than ``PDJIT_MAX_LOOP_ITERATIONS`` allows (the
+    message names the loop: op, block, index)."""
+
+
 class FallbackError(OpRunError):
     """Strict mode (``Executor(strict=True)``, ``PDJIT_STRICT=1``): native code gave up on
     valid input and the op's NumPy reference computed the result instead."""
@@ -62,6 +67,12 @@ class FeedError(PdjitError, ValueError):
 
 class ModelFileError(PdjitError, ValueError):
     """A model or parameter file is missing, damaged, or does not belong to its program."""
+
+
+class ProgramLimitError(ProgramError):
+    """A program exceeds one of pdjit's size bounds (ops in a block, nesting depth, blocks,
+    generated code): refused before it allocates or compiles. The message says which bound and
+    the environment variable that raises it."""
 
 
 class UnregisteredOpError(ProgramError, NotImplementedError):
@@ -122,3 +133,64 @@ class AllocationLimitError(OpRunError, MemoryError):
                  var_name: str = "", shape: tuple = (), nbytes: int = 0, limit: int = 0):
         self.var_name, self.shape, self.nbytes, self.limit = var_name, shape, nbytes, limit
         super().__init__(reason, op_type, block_idx, op_idx, location)
+
+
+class InternalError(PdjitError, RuntimeError):
+    """An error that escaped pdjit without a name of its own (a bug, or input no check
+    caught): raised by the public entry points (``load_*``, ``verify``, ``Executor.run``, the
+    Predictor, the CLI) with the original exception as ``__cause__``. Each is also an instance
+    of the original exception's class (see :func:`as_pdjit_error`)."""
+
+
+_WRAPPED: dict = {}
+
+
+def _wrapped_class(cls):
+    """``InternalError`` that is also a ``cls`` (so ``except ValueError`` still sees a wrapped
+    ValueError), or ``InternalError`` itself when the two cannot be combined."""
+    got = _WRAPPED.get(cls)
+    if got is None:
+        try:
+            got = type(cls.__name__, (InternalError, cls), {
+                "__module__": __name__, "__doc__": InternalError.__doc__,
+                "__str__": lambda self: str(self.args[0]) if self.args else ""})
+        except TypeError:  # a layout that does not combine
+            got = InternalError
+        _WRAPPED[cls] = got
+    return got
+
+
+def as_pdjit_error(e: BaseException, where: str) -> PdjitError:
+    """``e`` itself when it is a :class:`PdjitError`, else an :class:`InternalError` (also of
+    ``e``'s class) saying where it escaped, what it was, with ``e`` to chain as its cause."""
+    if isinstance(e, PdjitError):
+        return e
+    if isinstance(e, RecursionError):
+        text = (f"{where}: the program is nested too deeply for Python's recursion limit "
+                f"({sys.getrecursionlimit()}): {e}")
+    else:
+        text = f"{where}: {type(e).__name__}: {e}"
+    cls = _wrapped_class(type(e))
+    try:
+        new = cls(text)
+    except Exception:  # noqa: BLE001 - a class whose constructor wants other arguments
+        new = InternalError(text)
+    return new
+
+
+def named_errors(where: str):
+    """Decorator of a public entry point: every exception (not ``BaseException``s such as
+    ``KeyboardInterrupt``) leaves it as a :class:`PdjitError`, the original chained."""
+    import functools
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def entry(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except PdjitError:
+                raise
+            except Exception as e:
+                raise as_pdjit_error(e, where) from e
+        return entry
+    return wrap

@@ -23,9 +23,9 @@ from typing import Iterable, Iterator
 
 from google.protobuf import text_format
 
-from pdjit.framework import registry
+from pdjit.framework import limits, registry
 from pdjit.framework.block import Block, infer_op_shape  # noqa: F401 (re-exported)
-from pdjit.framework.errors import ProgramError
+from pdjit.framework.errors import ProgramError, named_errors
 from pdjit.framework.operator import Operator, location_from_callstack  # noqa: F401
 from pdjit.framework.variable import Parameter, Variable  # noqa: F401
 from pdjit.proto import framework_pb2 as pb
@@ -157,6 +157,7 @@ class Program:
         return self.desc.SerializeToString()
 
     @staticmethod
+    @named_errors("Program.parse_from_string")
     def parse_from_string(binary: bytes) -> "Program":
         desc = pb.ProgramDesc()
         try:
@@ -180,12 +181,23 @@ class Program:
         p._current_role, p._current_role_vars, p._is_test = registry.OP_ROLE_FORWARD, (), False
         if not desc.blocks:
             raise ProgramError("a ProgramDesc needs at least one block (the global block)")
+        max_blocks, max_depth = limits.bound(limits.MAX_BLOCKS), \
+            limits.bound(limits.MAX_BLOCK_DEPTH)
+        if len(desc.blocks) > max_blocks:
+            raise limits.exceeded("program: blocks", len(desc.blocks), limits.MAX_BLOCKS,
+                                  max_blocks)
+        depth = []
         for i, bd in enumerate(desc.blocks):
             if bd.idx != i:
                 raise ProgramError(f"block at position {i} says idx={bd.idx}")
             if bd.parent_idx >= i or (i > 0 and bd.parent_idx < 0):
                 raise ProgramError(f"block {i} has parent_idx {bd.parent_idx}: a parent must "
                                    f"come before its child")
+            depth.append(0 if i == 0 else depth[bd.parent_idx] + 1)
+            if depth[-1] > max_depth:  # (before the walks below, which follow the nesting)
+                raise limits.exceeded(f"block {i}: nesting depth (blocks between it and the "
+                                      f"global block)", depth[-1], limits.MAX_BLOCK_DEPTH,
+                                      max_depth)
             b = Block(p, bd)
             for vd in bd.vars:
                 own = pb.VarDesc()

@@ -196,9 +196,14 @@ class Slot:
 class AttrSpec:
     """A declared attribute: proto type, default, and the values strategies may draw.
 
-    ``at_least`` / ``at_most`` / ``one_of`` (optional) are the values the op accepts at all
-    (``choices`` and ``low``/``high`` are only what strategies draw): the program verifier
-    (``pdjit.verify``) refuses others, element by element for a list attribute."""
+    ``at_least`` / ``at_most`` / ``less_than`` / ``one_of`` (optional) are the values the op
+    accepts at all (``choices`` and ``low``/``high`` are only what strategies draw): the program
+    verifier (``pdjit.verify``) refuses others, element by element for a list attribute (a NaN
+    is outside every declared bound). ``axis_of`` (input slot names) declares the value an axis
+    of those inputs: each element must lie in ``-r .. r - 1`` where ``r`` is the largest
+    declared rank among them plus ``axis_extra`` (an op that adds an axis: ``stack``), at least
+    1. ``valid(value) -> problem text | None`` checks what a range cannot say (a string that
+    must parse as a number)."""
     type: int
     default: Any = REQUIRED
     choices: tuple | None = None
@@ -208,6 +213,17 @@ class AttrSpec:
     at_least: float | None = None
     at_most: float | None = None
     one_of: tuple | None = None
+    less_than: float | None = None
+    axis_of: tuple | None = None
+    axis_extra: int = 0
+    valid: Callable | None = None
+
+    @property
+    def checked(self) -> bool:
+        """Whether the verifier has anything to check of this attribute's value."""
+        return (self.at_least is not None or self.at_most is not None
+                or self.one_of is not None or self.less_than is not None
+                or self.axis_of is not None or self.valid is not None)
 
     @property
     def required(self) -> bool:
@@ -216,9 +232,13 @@ class AttrSpec:
 
 def _spec(t):
     def make(default=REQUIRED, *, choices=None, low=None, high=None, doc="", at_least=None,
-             at_most=None, one_of=None):
+             at_most=None, one_of=None, less_than=None, axis_of=None, axis_extra=0, valid=None):
+        if isinstance(axis_of, str):
+            axis_of = (axis_of,)
         return AttrSpec(t, default, tuple(choices) if choices is not None else None, low, high, doc,
-                        at_least, at_most, tuple(one_of) if one_of is not None else None)
+                        at_least, at_most, tuple(one_of) if one_of is not None else None,
+                        less_than, tuple(axis_of) if axis_of is not None else None, axis_extra,
+                        valid)
     make.__name__ = pb.AttrType.Name(t)
     return make
 

@@ -28,7 +28,7 @@ import os
 import numpy as np
 
 from pdjit.codegen.cpu import threads
-from pdjit.framework.errors import FeedError
+from pdjit.framework.errors import FeedError, named_errors
 from pdjit.io.inference import InferenceModel, load_model
 from pdjit.runtime.checks import env_flag
 from pdjit.runtime.executor import Executor
@@ -257,6 +257,7 @@ class Tensor:
 class Predictor:
     """Runs one loaded, optimized model; create it with :func:`create_predictor`."""
 
+    @named_errors("Predictor")
     def __init__(self, config: Config, _shared=None):
         self._config = config
         if _shared is None:
@@ -305,6 +306,7 @@ class Predictor:
             raise KeyError(f"the model has no {what} {name!r} (its {what}s: {list(table)})")
         return h
 
+    @named_errors("Predictor.run")
     def run(self, inputs=None):
         """Run on the inputs given to the handles; or, given a list of arrays (in
         ``get_input_names()`` order), run on them and return the outputs as arrays."""
@@ -341,6 +343,7 @@ class Predictor:
         return 0
 
 
+@named_errors("pdjit.inference.create_predictor")
 def create_predictor(config: Config) -> Predictor:
     if not isinstance(config, Config):
         raise TypeError(f"create_predictor: expected a pdjit.inference.Config, got "

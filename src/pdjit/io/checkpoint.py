@@ -37,12 +37,13 @@ import math
 import os
 import pickle
 import pickletools
+import threading
 import warnings
 
 import numpy as np
 
 from pdjit.framework import dtypes
-from pdjit.framework.errors import ModelFileError
+from pdjit.framework.errors import ModelFileError, named_errors
 from pdjit.framework.program import Parameter, Program, Variable
 from pdjit.io.tensor_stream import _Reader, read_tensor
 from pdjit.io.variables import _read_file, check_against, commit_values, is_persistable, read_values
@@ -277,6 +278,7 @@ class _ArrayProxy:
         if count * dt.itemsize != len(raw):
             raise _Refused(f"an array of shape {list(shape)} and dtype {dt} with "
                            f"{len(raw)} bytes of data ({count * dt.itemsize} expected)")
+        _spend("bytes", len(raw), "array data")
         arr = np.frombuffer(bytes(raw), dtype=dt).reshape(shape, order="F" if fortran else "C")
         self.array = np.array(arr, dtype=dt.newbyteorder("="), order="C")
 
@@ -330,24 +332,53 @@ class _Unpickler(pickle.Unpickler):
         raise _Refused("a persistent id")
 
 
-def _resolve(obj, what: str, depth: int = 0):
-    """Replace array proxies by their arrays; refuse anything not admitted."""
+# What unpickling one file may build: the bytes of array data a file of n bytes can hold (each
+# array's data is in the file once; shared references to one bytes object would multiply it),
+# and the objects its opcodes can make. Set per load by ``load_pickle``; None: unbounded.
+_budget = threading.local()
+
+
+def _spend(kind: str, n: int, what: str) -> None:
+    left = getattr(_budget, kind, None)
+    if left is None:
+        return
+    left -= n
+    setattr(_budget, kind, left)
+    if left < 0:
+        raise _Refused(f"{what} beyond what the file's size can hold (shared references that "
+                       f"multiply one value: {kind} over the bound)")
+
+
+def _resolve(obj, what: str, depth: int = 0, done: dict | None = None):
+    """Replace array proxies by their arrays; refuse anything not admitted. A container the
+    pickle shares is resolved once (``done``: id -> result), so shared references cost nothing
+    twice; every object resolved counts against the load's budget."""
     if depth > 32:
         raise _Refused("nesting deeper than 32 levels")
+    if done is None:
+        done = {}
+    if isinstance(obj, (dict, list, tuple, _ArrayProxy)):
+        got = done.get(id(obj))
+        if got is not None:
+            return got[1]
+    _spend("objects", 1, "objects")
     if isinstance(obj, _ArrayProxy):
         if not isinstance(obj.array, np.ndarray):
             raise _Refused("an array without its data")
-        return obj.array
-    if isinstance(obj, dict):
-        return {k if isinstance(k, (str, int)) else _bad_key(k):
-                _resolve(v, what, depth + 1) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_resolve(v, what, depth + 1) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(_resolve(v, what, depth + 1) for v in obj)
-    if obj is None or isinstance(obj, (str, bytes, bool, int, float, complex, np.generic)):
+        out = obj.array
+    elif isinstance(obj, dict):
+        out = {k if isinstance(k, (str, int)) else _bad_key(k):
+               _resolve(v, what, depth + 1, done) for k, v in obj.items()}
+    elif isinstance(obj, list):
+        out = [_resolve(v, what, depth + 1, done) for v in obj]
+    elif isinstance(obj, tuple):
+        out = tuple(_resolve(v, what, depth + 1, done) for v in obj)
+    elif obj is None or isinstance(obj, (str, bytes, bool, int, float, complex, np.generic)):
         return obj
-    raise _Refused(f"an object of type {type(obj).__name__}")
+    else:
+        raise _Refused(f"an object of type {type(obj).__name__}")
+    done[id(obj)] = (obj, out)  # (obj kept alive: its id stays its own)
+    return out
 
 
 def _bad_key(k):
@@ -363,10 +394,16 @@ def _join_big(values: dict, path: str) -> dict:
         raise ModelFileError(f"{path}: {_BIG_INFO} is a {type(info).__name__}, not a dict")
     for name, entry in info.items():
         try:
-            parts = [values.pop(p) for p in entry["slices"]]
+            parts = [np.asarray(values.pop(p)) for p in entry["slices"]]
             shape = tuple(int(d) for d in entry["OriginShape"])
-            values[name] = np.concatenate([np.asarray(p).reshape(-1) for p in parts]) \
-                .reshape(shape)
+            total = sum(p.size for p in parts)
+            if any(d < 0 for d in shape) or math.prod(shape) != total:
+                raise ValueError(f"OriginShape {list(shape)} holds {math.prod(shape)} "
+                                 f"elements, the slices {total}")
+            if len({id(p) for p in parts}) != len(parts):
+                raise ValueError("one slice is used twice")
+            _spend("bytes", sum(p.nbytes for p in parts), f"joining {name!r}")
+            values[name] = np.concatenate([p.reshape(-1) for p in parts]).reshape(shape)
         except (KeyError, TypeError, ValueError) as e:
             raise ModelFileError(f"{path}: variable {name!r} is split into slices that do not "
                                  f"join: {type(e).__name__}: {e}") from None
@@ -404,14 +441,23 @@ def _scan(data: bytes) -> None:
             memo += 1
 
 
+@named_errors("pdjit.io.load_pickle")
 def load_pickle(path: str, what: str = "checkpoint") -> dict:
     """The ``{name: value}`` dict of a ``.pdparams``/``.pdopt`` file, read without running
     any code from it; a damaged or hostile file is a :class:`ModelFileError` naming it."""
     data = _read_file(path, what)
     try:
         _scan(data)
-        obj = _Unpickler(io.BytesIO(data), encoding="latin1").load()
-        obj = _resolve(obj, path)
+        # array data: once from the file, once more joining split arrays
+        _budget.bytes, _budget.objects = 2 * len(data) + 4096, len(data) + 4096
+        try:
+            obj = _Unpickler(io.BytesIO(data), encoding="latin1").load()
+            obj = _resolve(obj, path)
+            obj = _join_big(obj, path) if isinstance(obj, dict) else obj
+        finally:
+            _budget.bytes = _budget.objects = None
+    except ModelFileError:
+        raise
     except _Refused as e:
         raise ModelFileError(f"{path}: refused to load {e}: a checkpoint holds only dicts, "
                              f"lists, strings, numbers and NumPy arrays") from None
@@ -426,7 +472,7 @@ def load_pickle(path: str, what: str = "checkpoint") -> dict:
     if not isinstance(obj, dict):
         raise ModelFileError(f"{path}: holds a {type(obj).__name__}, expected a dict of "
                              f"variable name -> array")
-    return _join_big(obj, path)
+    return obj
 
 
 # -- loading ---------------------------------------------------------------------------------------
@@ -443,6 +489,7 @@ def _checked(var, values: dict, path: str):
     return value
 
 
+@named_errors("pdjit.io.load")
 def load(program: Program, model_path: str, executor=None, var_list=None, *,
          scope=None) -> None:
     """Load the values ``save`` wrote for ``program`` into ``scope`` (the global scope by
@@ -516,6 +563,7 @@ def _load_saved_vars(program: Program, path: str, names, scope) -> None:
                          f"exists")
 
 
+@named_errors("pdjit.io.load_program_state")
 def load_program_state(model_path: str, var_list=None) -> dict:
     """``{name: ndarray}`` read from a checkpoint: ``.pdparams`` and ``.pdopt`` (if present),
     or what ``save_vars`` &co. wrote (a directory, or a combined file with ``var_list``)."""
@@ -555,8 +603,8 @@ def load_program_state(model_path: str, var_list=None) -> dict:
                 try:
                     reader = _Reader(_read_file(full, f"variable {name!r}"), full)
                     value = read_tensor(reader, name)
-                    if reader.pos != len(reader.data):
-                        raise ValueError(f"{full}: {len(reader.data) - reader.pos} bytes left "
+                    if reader.left:
+                        raise ValueError(f"{full}: {reader.left} bytes left "
                                          f"after the tensor")
                 except (ValueError, ModelFileError) as e:
                     warnings.warn(f"load_program_state: skipped {full}: {e}", stacklevel=2)

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pdjit.framework import registry
-from pdjit.framework.errors import ModelFileError, ProgramError
+from pdjit.framework.errors import ModelFileError, ProgramError, named_errors
 from pdjit.framework.program import Program, Variable, default_main_program
 from pdjit.io.tensor_stream import _Reader, persistable_names, write_tensor
 from pdjit.io.variables import _read_file, commit_values, read_checked, read_values
@@ -221,6 +221,7 @@ def _write_file(path: str, data: bytes) -> None:
     os.replace(tmp, path)
 
 
+@named_errors("pdjit.io.parse_model")
 def parse_model(data: bytes, path: str) -> Program:
     """The program of a model file's bytes, verified (``pdjit.verify``): a
     :class:`ModelFileError` when they do not parse, a :class:`ProgramError` naming the file and
@@ -267,8 +268,8 @@ def params_from_bytes(program: Program, data: bytes, what: str) -> dict:
     chosen = param_vars(program)
     reader = _Reader(data, what)
     values = {v.name: read_checked(reader, v, what) for v in chosen}
-    if reader.pos != len(reader.data):
-        raise ModelFileError(f"{what}: {len(reader.data) - reader.pos} bytes left after the "
+    if reader.left:
+        raise ModelFileError(f"{what}: {reader.left} bytes left after the "
                              f"{len(chosen)} tensors the program declares")
     return values
 
@@ -316,6 +317,7 @@ def save_inference_model(dirname, feeded_var_names, target_vars, executor, main_
     return fetch_target_names(inference)
 
 
+@named_errors("pdjit.io.load_inference_model")
 def load_inference_model(dirname, executor, model_filename=None, params_filename=None,
                          pserver_endpoints=None, scope=None) -> list:
     """Fluid's ``load_inference_model``: ``[program, feed_target_names, fetch_targets]``, the
@@ -381,6 +383,7 @@ def resolve(path: str, params_file: str | None = None) -> tuple:
     return model, os.path.dirname(params) or ".", os.path.basename(params)
 
 
+@named_errors("pdjit.io.load_model")
 def load_model(path, params_file: str | None = None) -> InferenceModel:
     """Read a saved model (any layout, see :func:`resolve`) without touching any Scope."""
     model, pdir, pname = resolve(path, params_file)

@@ -30,6 +30,11 @@ class _Reader:
     def __init__(self, data: bytes, what: str):
         self.data, self.pos, self.what = memoryview(data), 0, what
 
+    @property
+    def left(self) -> int:
+        """Bytes not read yet."""
+        return len(self.data) - self.pos
+
     def take(self, n: int, field: str) -> memoryview:
         if n < 0 or self.pos + n > len(self.data):
             raise ModelFileError(f"{self.what}: truncated at byte {self.pos} while reading "
@@ -37,6 +42,33 @@ class _Reader:
         out = self.data[self.pos:self.pos + n]
         self.pos += n
         return out
+
+    def unpack(self, fmt: str, field: str):
+        return struct.unpack(fmt, self.take(struct.calcsize(fmt), field))[0]
+
+
+class _FileReader:
+    """:class:`_Reader`'s interface over an open regular file of ``size`` bytes: each ``take``
+    reads what it returns, so a file of many tensors is never held whole (the largest tensor
+    bounds what reading keeps besides the values)."""
+
+    def __init__(self, f, size: int, what: str):
+        self.f, self.size, self.pos, self.what = f, size, 0, what
+
+    @property
+    def left(self) -> int:
+        return self.size - self.pos
+
+    def take(self, n: int, field: str) -> memoryview:
+        if n < 0 or self.pos + n > self.size:
+            raise ModelFileError(f"{self.what}: truncated at byte {self.pos} while reading "
+                                 f"{field} ({n} bytes wanted, {self.size - self.pos} left)")
+        out = self.f.read(n)
+        if len(out) != n:
+            raise ModelFileError(f"{self.what}: the file changed while it was read (at byte "
+                                 f"{self.pos}: {n} bytes wanted, {len(out)} read)")
+        self.pos += n
+        return memoryview(out)
 
     def unpack(self, fmt: str, field: str):
         return struct.unpack(fmt, self.take(struct.calcsize(fmt), field))[0]
@@ -113,8 +145,8 @@ def load_combined_params(data: bytes, names, what: str = "parameters") -> dict:
     """``{name: value}`` from a combined file holding ``names`` in that order."""
     reader = _Reader(data, what)
     out = {n: read_tensor(reader, n) for n in names}
-    if reader.pos != len(reader.data):
-        raise ModelFileError(f"{what}: {len(reader.data) - reader.pos} bytes left after the "
+    if reader.left:
+        raise ModelFileError(f"{what}: {reader.left} bytes left after the "
                              f"{len(out)} expected tensors: the file does not match the program")
     return out
 

@@ -10,14 +10,16 @@ dims) and writes the Scope only after every value was read, so a failed load cha
 from __future__ import annotations
 
 import os
+import stat
 
 import numpy as np
 
 from pdjit.framework import dtypes
-from pdjit.framework.errors import ModelFileError
+from pdjit.framework.errors import ModelFileError, named_errors
 from pdjit.framework.program import Parameter, Program, Variable, default_main_program
-from pdjit.io.tensor_stream import _Reader, read_tensor, write_tensor
+from pdjit.io.tensor_stream import _FileReader, read_tensor, write_tensor
 from pdjit.proto import framework_pb2 as pb
+from pdjit.runtime.checks import alloc_limit
 from pdjit.runtime.scope import global_scope
 from pdjit.runtime.tensor import LoDTensor
 
@@ -91,14 +93,67 @@ def check_against(var, value, where: str) -> None:
                              f"program, the file holds {list(arr.shape)}")
 
 
-def _read_file(path: str, what: str) -> bytes:
+_CHUNK = 1 << 24  # bytes read at a time
+
+
+def open_regular(path: str, what: str):
+    """``(file, size)``: ``path`` opened for reading, refused with a :class:`ModelFileError`
+    unless it is a regular file (a device such as ``/dev/zero``, a FIFO or a directory never
+    ends or is no file) no larger than the allocation limit. Opening never blocks (a FIFO
+    without a writer)."""
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         raise ModelFileError(f"{what}: no such file: {path}") from None
     except OSError as e:
         raise ModelFileError(f"{what}: cannot read {path}: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a directory" if stat.S_ISDIR(st.st_mode) else \
+                "a FIFO" if stat.S_ISFIFO(st.st_mode) else \
+                "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else \
+                "a socket or other special file"
+            raise ModelFileError(f"{what}: {path} is {kind}, not a regular file")
+        limit = alloc_limit()
+        if limit is not None and st.st_size > limit:
+            raise ModelFileError(f"{what}: {path} holds {st.st_size} bytes, more than the "
+                                 f"allocation limit {limit} (PDJIT_MAX_ALLOC_BYTES)")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        f = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    return f, st.st_size
+
+
+def _read_file(path: str, what: str) -> bytes:
+    """The bytes of the regular file ``path`` (see :func:`open_regular`), read in chunks into
+    one buffer of the size the file has."""
+    f, size = open_regular(path, what)
+    with f:
+        buf = bytearray(size)
+        view, pos = memoryview(buf), 0
+        try:
+            while pos < size:
+                n = f.readinto(view[pos:pos + _CHUNK])
+                if not n:
+                    break
+                pos += n
+            extra = f.read(1)
+        except OSError as e:
+            raise ModelFileError(f"{what}: cannot read {path}: {e.strerror}") from None
+        if pos != size or extra:
+            raise ModelFileError(f"{what}: {path} changed while it was read")
+        view.release()
+    return bytes(buf) if size < _CHUNK else buf
+
+
+def _reader(path: str, what: str):
+    """A tensor reader over the regular file ``path``, reading as it goes."""
+    f, size = open_regular(path, what)
+    return f, _FileReader(f, size, path)
 
 
 def read_checked(reader, var, path: str):
@@ -118,10 +173,11 @@ def read_values(chosen, dirname, filename=None) -> dict:
     values = {}
     if filename is not None:
         path = os.path.join(dirname, filename)
-        reader = _Reader(_read_file(path, "parameters"), path)
-        for v in chosen:
-            values[v if isinstance(v, str) else v.name] = read_checked(reader, v, path)
-        left = len(reader.data) - reader.pos
+        f, reader = _reader(path, "parameters")
+        with f:
+            for v in chosen:
+                values[v if isinstance(v, str) else v.name] = read_checked(reader, v, path)
+        left = reader.left
         if left:
             names = list(values)
             raise ModelFileError(f"{path}: {left} bytes left after the {len(names)} expected "
@@ -131,10 +187,11 @@ def read_values(chosen, dirname, filename=None) -> dict:
     for v in chosen:
         name = v if isinstance(v, str) else v.name
         path = os.path.join(dirname, name)
-        reader = _Reader(_read_file(path, f"variable {name!r}"), path)
-        values[name] = read_checked(reader, v, path)
-        if reader.pos != len(reader.data):
-            raise ModelFileError(f"{path}: {len(reader.data) - reader.pos} bytes left after the "
+        f, reader = _reader(path, f"variable {name!r}")
+        with f:
+            values[name] = read_checked(reader, v, path)
+        if reader.left:
+            raise ModelFileError(f"{path}: {reader.left} bytes left after the "
                                  f"tensor of {name!r}")
     return values
 
@@ -147,6 +204,7 @@ def commit_values(values: dict, scope) -> None:
             np.asarray(value, order="C")
 
 
+@named_errors("pdjit.io.load_vars")
 def load_vars(executor, dirname, main_program=None, vars=None, predicate=None, filename=None,
               scope=None) -> None:
     """Read the values of ``vars`` (or of the program's variables ``predicate`` accepts) into
@@ -162,6 +220,7 @@ def save_persistables(executor, dirname, main_program=None, filename=None, scope
               scope=scope)
 
 
+@named_errors("pdjit.io.load_persistables")
 def load_persistables(executor, dirname, main_program=None, filename=None, scope=None) -> None:
     """``load_vars`` of every persistable variable (feed/fetch holders excluded)."""
     load_vars(executor, dirname, main_program, predicate=is_persistable, filename=filename,
@@ -174,6 +233,7 @@ def save_params(executor, dirname, main_program=None, filename=None, scope=None)
               scope=scope)
 
 
+@named_errors("pdjit.io.load_params")
 def load_params(executor, dirname, main_program=None, filename=None, scope=None) -> None:
     """``load_vars`` of every parameter, as ``save_params`` wrote them."""
     load_vars(executor, dirname, main_program, predicate=is_parameter, filename=filename,

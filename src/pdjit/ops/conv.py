@@ -136,9 +136,10 @@ def _geometry(attrs: dict, what: str) -> Geometry:
 
 
 _CONV_ATTRS = {
-    "strides": Ints([1, 1]), "paddings": Ints([0, 0]),
-    "padding_algorithm": Str("EXPLICIT", choices=_ALGOS), "groups": Int(1, low=1, high=2),
-    "dilations": Ints([1, 1]), "data_format": Str("NCHW", choices=("NCHW", "NHWC")),
+    "strides": Ints([1, 1], at_least=1), "paddings": Ints([0, 0], at_least=0),
+    "padding_algorithm": Str("EXPLICIT", choices=_ALGOS, one_of=_ALGOS),
+    "groups": Int(1, low=1, high=2, at_least=1), "dilations": Ints([1, 1], at_least=1),
+    "data_format": Str("NCHW", choices=("NCHW", "NHWC")),
 }
 _TRANSPOSE_ATTRS = dict(_CONV_ATTRS, output_padding=Ints([]), output_size=Ints([]))
 

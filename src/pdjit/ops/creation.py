@@ -81,9 +81,26 @@ def _fill_infer(ValueTensor=None, ShapeTensor=None, ShapeTensorList=None, *, sha
     return {"Out": _created_infer(shape, dtype, ShapeTensor, ShapeTensorList)}
 
 
+def _str_value_problem(text) -> str | None:
+    """Why ``str_value`` (a number as text, "" for none) is not a fill value, or None."""
+    if not text:
+        return None
+    try:
+        float(text)
+    except (TypeError, ValueError):
+        return f"expected a number as text (or \"\" to use 'value'), got {text!r}"
+    return None
+
+
 def _fill_value(value, str_value, dtype: np.dtype):
     if str_value:
+        problem = _str_value_problem(str_value)
+        if problem:
+            raise ShapeMismatch(f"attribute 'str_value': {problem}")
         v = float(str_value)
+        if dtype.kind in "iu" and not np.isfinite(v):
+            raise ShapeMismatch(f"attribute 'str_value': {str_value!r} is not an integer of "
+                                f"dtype {dtype}")
         return v if dtype.kind == "f" else int(v) if dtype.kind in "iu" else bool(v)
     return value
 
@@ -155,8 +172,9 @@ register_op(
     "fill_constant", inputs=["ValueTensor?", "ShapeTensor?", "ShapeTensorList*?"],
     outputs=["Out"],
     attrs={"dtype": Int(5, choices=_DTYPE_CODES), "shape": Longs([]),
-           "value": Float(0.0, low=-4.0, high=4.0), "str_value": Str(""),
-           "force_cpu": Bool(False), "place_type": Int(-1)},
+           "value": Float(0.0, low=-4.0, high=4.0),
+           "str_value": Str("", valid=_str_value_problem), "force_cpu": Bool(False),
+           "place_type": Int(-1)},
     traits=[OPAQUE], infer_shape=_fill_infer, reference=_fill_ref,
     emit=Opaque(_fill_lower, host=True, targets=("cpu", "cuda")), grad=None,
     doc="Out = a tensor of `shape` filled with `value` (or `str_value`, exactly).")
@@ -201,7 +219,8 @@ register_op(
     "fill_constant_batch_size_like", inputs=["Input"], outputs=["Out"],
     attrs={"shape": Ints(choices=([-1, 3], [-1], [2, -1, 4])), "input_dim_idx": Int(0),
            "output_dim_idx": Int(0),
-           "dtype": Int(5, choices=_DTYPE_CODES), "value": Float(0.0), "str_value": Str(""),
+           "dtype": Int(5, choices=_DTYPE_CODES), "value": Float(0.0),
+           "str_value": Str("", valid=_str_value_problem),
            "force_cpu": Bool(False)},
     traits=[OPAQUE], infer_shape=_fcbsl_infer, reference=_fcbsl_ref,
     emit=Opaque(lambda ctx: _fcbsl_lower(ctx), host=True), grad=None,

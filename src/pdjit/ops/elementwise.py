@@ -23,7 +23,7 @@ from pdjit.ops._common import (
     reduce_to_shape,
 )
 
-_AXIS = {"axis": Int(-1, low=-1, high=4)}
+_AXIS = {"axis": Int(-1, low=-1, high=4, at_least=-1, axis_of=("X", "Y"))}
 BOOL = np.dtype(np.bool_)
 
 

@@ -122,8 +122,8 @@ def _concat_lower(ctx):
 
 register_op(
     "concat", inputs=["X*", "AxisTensor?"], outputs=["Out"],
-    row_wise=RowWise(every=True, axes=("axis",)), attrs={"axis": Int(0, low=-2,
-                                                                              high=2)},
+    row_wise=RowWise(every=True, axes=("axis",)),
+    attrs={"axis": Int(0, low=-2, high=2, axis_of="X")},
     traits=[OPAQUE], infer_shape=_concat_infer, reference=_concat_ref,
     emit=Opaque(_concat_lower, host=True),
     grad=default_grad("concat_grad", fwd_inputs=("X", "AxisTensor")),
@@ -144,7 +144,8 @@ def _stack_ref(X, *, axis):
     return {"Y": np.stack(X, axis=norm_axis(axis, X[0].ndim + 1, "axis"))}
 
 
-register_op("stack", inputs=["X*"], outputs=["Y"], attrs={"axis": Int(0, low=-2, high=2)},
+register_op("stack", inputs=["X*"], outputs=["Y"],
+            attrs={"axis": Int(0, low=-2, high=2, axis_of="X", axis_extra=1)},
             traits=[OPAQUE], infer_shape=_stack_infer, reference=_stack_ref,
             emit=Opaque(lambda ctx: _stack_lower(ctx), host=True),
             grad=default_grad("stack_grad", grad_outputs=("Y",)),
@@ -201,7 +202,8 @@ def _split_ref(X, AxisTensor=None, SectionsTensorList=None, *, num, sections, ax
 register_op(
     "split", inputs=["X", "AxisTensor?", "SectionsTensorList*?"], outputs=["Out*"],
     row_wise=RowWise(axes=("axis",)),
-    attrs={"sections": Ints([]), "num": Int(0, low=0, high=3), "axis": Int(0, low=-2, high=2)},
+    attrs={"sections": Ints([]), "num": Int(0, low=0, high=3, at_least=0),
+           "axis": Int(0, low=-2, high=2, axis_of="X")},
     traits=[OPAQUE], infer_shape=_split_infer, reference=_split_ref,
     emit=Opaque(lambda ctx: _split_lower(ctx), host=True),
     grad=lambda op: _split_grad(op),
@@ -373,7 +375,8 @@ def _gather_ref(X, Index, Axis=None, *, axis):
 
 register_op(
     "gather", inputs=["X", "Index", "Axis?"], outputs=["Out"],
-    attrs={"axis": Int(0, low=-2, high=2)}, traits=[OPAQUE], infer_shape=_gather_infer,
+    attrs={"axis": Int(0, low=-2, high=2, axis_of="X")}, traits=[OPAQUE],
+    infer_shape=_gather_infer,
     reference=_gather_ref, emit=Opaque(lambda ctx: _gather_lower(ctx), host=True),
     grad=default_grad("gather_grad", fwd_inputs=("X", "Index", "Axis")),
     doc="Out = X's slices at Index along axis (Axis, a 1-element tensor, overrides axis).")
@@ -730,7 +733,8 @@ def _index_select_lower(ctx):
 
 
 register_op(
-    "index_select", inputs=["X", "Index"], outputs=["Out"], attrs={"dim": Int(0, low=-2, high=1)},
+    "index_select", inputs=["X", "Index"], outputs=["Out"], attrs={"dim": Int(0, low=-2, high=1,
+                                                                               axis_of="X")},
     traits=[OPAQUE], infer_shape=_index_select_infer, reference=_index_select_ref,
     emit=Opaque(_index_select_lower, host=True),
     grad=default_grad("index_select_grad", fwd_inputs=("X", "Index")),
@@ -1148,7 +1152,7 @@ register_op(
 
 
 # ---- cumsum ----------------------------------------------------------------------------------
-_CUMSUM_ATTRS = {"axis": Int(-1, low=-2, high=1), "flatten": Bool(False),
+_CUMSUM_ATTRS = {"axis": Int(-1, low=-2, high=1, axis_of="X"), "flatten": Bool(False),
                  "exclusive": Bool(False), "reverse": Bool(False)}
 
 
@@ -1232,7 +1236,7 @@ register_op(
 
 
 # ---- argsort ---------------------------------------------------------------------------------
-_ARGSORT_ATTRS = {"axis": Int(-1, low=-2, high=1), "descending": Bool(False),
+_ARGSORT_ATTRS = {"axis": Int(-1, low=-2, high=1, axis_of="X"), "descending": Bool(False),
                   "stable": Bool(False)}
 
 

@@ -368,9 +368,14 @@ def _matmul_rows(v):
 _MATMUL_ROWS = RowWise(batch=("X", "Y"), check=_matmul_rows)
 
 
+# num_col_dims: how many leading dims form the rows, so 1 .. rank - 1 of its input
+_MUL_ATTRS = {"x_num_col_dims": Int(1, low=1, high=3, at_least=1, axis_of="X"),
+              "y_num_col_dims": Int(1, low=1, high=3, at_least=1, axis_of="Y")}
+
+
 register_op(
     "mul", inputs=["X", "Y"], outputs=["Out"], row_wise=RowWise(const=("Y",)),
-    attrs={"x_num_col_dims": Int(1, low=1, high=3), "y_num_col_dims": Int(1, low=1, high=3)},
+    attrs=_MUL_ATTRS,
     traits=[OPAQUE], infer_shape=_mul_infer, reference=_mul_ref,
     emit=Opaque(_device_too(_mul_lower), host=True, blocked=_mul_blocked, targets=_TARGETS),
     inference=_channel_linear(None),
@@ -684,7 +689,7 @@ def _batched_grad_lines(ctx, tx_attr, ty_attr, alpha_attr):
 
 register_op(
     "mul_grad", inputs=["X", "Y", "Out@GRAD"], outputs=["X@GRAD?", "Y@GRAD?"],
-    attrs={"x_num_col_dims": Int(1, low=1, high=3), "y_num_col_dims": Int(1, low=1, high=3)},
+    attrs=_MUL_ATTRS,
     traits=[OPAQUE], infer_shape=_grad_infer, reference=_mul_grad_ref,
     emit=Opaque(_device_too(_mul_grad_lower), host=True, targets=_TARGETS), grad=None,
     doc="dX = dOut2 @ Y2^T and dY = X2^T @ dOut2 on the flattened operands, reshaped back.")

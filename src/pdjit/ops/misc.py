@@ -154,7 +154,7 @@ register_op(
 
 
 # ---- log_softmax -------------------------------------------------------------------------------
-_LS_ATTRS = {"axis": Int(-1, low=-1, high=1)}
+_LS_ATTRS = {"axis": Int(-1, low=-1, high=1, axis_of=("X", "Out"))}
 
 
 def _ls_infer(X, *, axis):

@@ -190,7 +190,8 @@ _TARGETS = ("cpu", "cuda")
 
 
 register_op(
-    "softmax", inputs=["X"], outputs=["Out"], attrs={"axis": Int(-1, low=-1, high=1)},
+    "softmax", inputs=["X"], outputs=["Out"],
+    attrs={"axis": Int(-1, low=-1, high=1, axis_of="X")},
     row_wise=RowWise(axes=("axis",)),
     traits=[OPAQUE], infer_shape=_softmax_infer, reference=_softmax_ref,
     emit=Opaque(_device_rows(_softmax_lower), targets=_TARGETS),
@@ -491,7 +492,8 @@ def _swce_grad_lower(ctx):
 register_op(
     "softmax_with_cross_entropy", inputs=["Logits", "Label"], outputs=["Softmax", "Loss"],
     attrs={"soft_label": Bool(False), "use_softmax": Bool(True),
-           "numeric_stable_mode": Bool(True), **_IGNORE, "axis": Int(-1, low=-1, high=1)},
+           "numeric_stable_mode": Bool(True), **_IGNORE,
+           "axis": Int(-1, low=-1, high=1, axis_of=("Logits", "Softmax"))},
     traits=[OPAQUE], infer_shape=_swce_infer, reference=_swce_ref,
     emit=Opaque(_swce_lower, targets=_TARGETS),
     grad=default_grad("softmax_with_cross_entropy_grad", fwd_inputs=("Label",),
@@ -685,8 +687,10 @@ def _dropout_inference(op):
 
 register_op(
     "dropout", inputs=["X", "Seed?"], outputs=["Out", "Mask~"],
-    attrs={"dropout_prob": Float(0.5, low=0.0, high=1.0), "is_test": Bool(False),
-           "dropout_implementation": Str("downgrade_in_infer", choices=_DROPOUT_IMPLS),
+    attrs={"dropout_prob": Float(0.5, low=0.0, high=1.0, at_least=0.0, at_most=1.0),
+           "is_test": Bool(False),
+           "dropout_implementation": Str("downgrade_in_infer", choices=_DROPOUT_IMPLS,
+                                         one_of=_DROPOUT_IMPLS),
            # runtime extra attrs in Paddle; declared so a fixed seed can be recorded
            "seed": Int(0, low=0, high=1000), "fix_seed": Bool(False)},
     traits=[OPAQUE, RANDOM], infer_shape=_dropout_infer, reference=_dropout_ref,
@@ -789,7 +793,8 @@ def _softmax_grad_lower(ctx):
 
 register_op(
     "softmax_grad", inputs=["Out", "Out@GRAD"], outputs=["X@GRAD?"],
-    attrs={"axis": Int(-1, low=-1, high=1)}, traits=[OPAQUE], infer_shape=_softmax_grad_infer,
+    attrs={"axis": Int(-1, low=-1, high=1, axis_of="Out")}, traits=[OPAQUE],
+    infer_shape=_softmax_grad_infer,
     reference=_softmax_grad_ref, emit=Opaque(_softmax_grad_lower), grad=None,
     doc="dX = Out * (dOut - sum(dOut * Out, axis)).")
 
@@ -889,7 +894,8 @@ register_op(
     "softmax_with_cross_entropy_grad", inputs=["Label", "Softmax", "Loss@GRAD"],
     outputs=["Logits@GRAD?"],
     attrs={"soft_label": Bool(False), "use_softmax": Bool(True),
-           "numeric_stable_mode": Bool(True), **_IGNORE, "axis": Int(-1, low=-1, high=1)},
+           "numeric_stable_mode": Bool(True), **_IGNORE,
+           "axis": Int(-1, low=-1, high=1, axis_of=("Logits", "Softmax"))},
     traits=[OPAQUE], infer_shape=_swce_grad_infer, reference=_swce_grad_ref,
     emit=Opaque(_swce_grad_lower, targets=_TARGETS), grad=None,
     doc="dLogits = (Softmax - onehot(Label)) * dLoss (hard; 0 on ignored rows) or "
@@ -944,8 +950,10 @@ def _dropout_grad_lower(ctx):
 
 register_op(
     "dropout_grad", inputs=["Mask", "Out@GRAD"], outputs=["X@GRAD?"],
-    attrs={"dropout_prob": Float(0.5, low=0.0, high=1.0), "is_test": Bool(False),
-           "dropout_implementation": Str("downgrade_in_infer", choices=_DROPOUT_IMPLS),
+    attrs={"dropout_prob": Float(0.5, low=0.0, high=1.0, at_least=0.0, at_most=1.0),
+           "is_test": Bool(False),
+           "dropout_implementation": Str("downgrade_in_infer", choices=_DROPOUT_IMPLS,
+                                         one_of=_DROPOUT_IMPLS),
            "seed": Int(0, low=0, high=1000), "fix_seed": Bool(False)},
     traits=[OPAQUE], infer_shape=_dropout_grad_infer, reference=_dropout_grad_ref,
     emit=Opaque(_dropout_grad_lower, host=True, targets=_TARGETS),

@@ -45,17 +45,18 @@ from pdjit.ops.conv import (
     to_nchw,
 )
 
-_KSIZE = Ints(REQUIRED, choices=([2, 2], [3, 3], [1, 2]))
+_KSIZE = Ints(REQUIRED, choices=([2, 2], [3, 3], [1, 2]), at_least=1)
 _POOL_ATTRS = {
-    "pooling_type": Str("max", choices=("max", "avg")), "ksize": _KSIZE,
-    "global_pooling": Bool(False), "strides": Ints([1, 1]), "paddings": Ints([0, 0]),
-    "exclusive": Bool(True), "adaptive": Bool(False), "ceil_mode": Bool(False),
+    "pooling_type": Str("max", choices=("max", "avg"), one_of=("max", "avg")), "ksize": _KSIZE,
+    "global_pooling": Bool(False), "strides": Ints([1, 1], at_least=1),
+    "paddings": Ints([0, 0], at_least=0), "exclusive": Bool(True), "adaptive": Bool(False),
+    "ceil_mode": Bool(False),
     "data_format": Str("NCHW", choices=("NCHW", "NHWC")),
     "padding_algorithm": Str("EXPLICIT", choices=("EXPLICIT", "SAME", "VALID")),
 }
 _INDEX_ATTRS = {
-    "ksize": _KSIZE, "global_pooling": Bool(False), "strides": Ints([1, 1]),
-    "paddings": Ints([0, 0]), "adaptive": Bool(False), "ceil_mode": Bool(False),
+    "ksize": _KSIZE, "global_pooling": Bool(False), "strides": Ints([1, 1], at_least=1),
+    "paddings": Ints([0, 0], at_least=0), "adaptive": Bool(False), "ceil_mode": Bool(False),
 }
 
 

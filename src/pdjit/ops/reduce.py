@@ -58,7 +58,7 @@ from pdjit.proto import framework_pb2 as pb
 BOOL = np.dtype(np.bool_)
 INT64 = np.dtype(np.int64)
 _REDUCE_ATTRS = {
-    "dim": Ints([0], doc="axes to reduce; empty means all"),
+    "dim": Ints([0], doc="axes to reduce; empty means all", axis_of="X"),
     "keep_dim": Bool(False),
     "reduce_all": Bool(False),
     "in_dtype": Int(-1, choices=(-1,)),
@@ -581,7 +581,7 @@ def _make_arg(op_type, fn):
                 f"        {o}[{p} * {x3}.shape[2] + {q}] = {at}"]
 
     register_op(op_type, inputs=["X"], outputs=["Out"],
-                attrs={"axis": Long(REQUIRED, low=-3, high=3), "keepdims": Bool(False),
+                attrs={"axis": Long(REQUIRED, low=-3, high=3, axis_of="X"), "keepdims": Bool(False),
                        "flatten": Bool(False), "dtype": Int(3, choices=(2, 3))},
                 traits=[OPAQUE], infer_shape=infer, reference=ref, emit=Opaque(lower),
                 grad=None, row_wise=RowWise(axes=("axis",), check=_unflattened),
@@ -668,8 +668,8 @@ def _make_topk_grad(op_type, axis_of):
 for _t, _axis_of, _attrs in (
         ("top_k", lambda kw: -1, {"k": Int(1, low=1, high=3)}),
         ("top_k_v2", lambda kw: kw["axis"],
-         {"k": Int(1, low=1, high=3), "axis": Int(-1, low=-1, high=3), "largest": Bool(True),
-          "sorted": Bool(True)})):
+         {"k": Int(1, low=1, high=3), "axis": Int(-1, low=-1, high=3, axis_of="X"),
+          "largest": Bool(True), "sorted": Bool(True)})):
     _infer, _ref = _make_topk_grad(_t, _axis_of)
     register_op(f"{_t}_grad", inputs=["X", "K?", "Indices", "Out@GRAD"], outputs=["X@GRAD?"],
                 attrs=_attrs, traits=[OPAQUE], infer_shape=_infer, reference=_ref, emit=None,
@@ -730,7 +730,7 @@ register_op(
 
 register_op(
     "top_k_v2", inputs=["X", "K?"], outputs=["Out", "Indices"], row_wise=RowWise(axes=("axis",)),
-    attrs={"k": Int(1, low=1, high=3), "axis": Int(-1, low=-1, high=3),
+    attrs={"k": Int(1, low=1, high=3), "axis": Int(-1, low=-1, high=3, axis_of="X"),
            "largest": Bool(True), "sorted": Bool(True)},
     traits=[OPAQUE],
     infer_shape=lambda X, K=None, *, k, axis, largest, sorted: _topk_infer(X, K, k, axis,

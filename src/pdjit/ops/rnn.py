@@ -66,7 +66,7 @@ _NATIVE = (np.dtype(np.float32), np.dtype(np.float64))
 _INT = (np.dtype(np.int32), np.dtype(np.int64))
 
 _RNN_ATTRS = {
-    "dropout_prob": Float(0.0, low=0.0, high=0.0),
+    "dropout_prob": Float(0.0, low=0.0, high=0.0, at_least=0.0, less_than=1.0),
     "is_bidirec": Bool(False),
     "input_size": Int(10, low=1, high=8),
     "hidden_size": Int(100, low=1, high=8),

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pdjit.framework import registry
+from pdjit.framework import limits, registry
 from pdjit.framework.program import Block, Operator
 from pdjit.proto import framework_pb2 as pb
 
@@ -149,6 +149,11 @@ def out_shape(op: Operator) -> tuple:
     return tuple(v.shape)
 
 
+#: kernel calls in one driver (a segment): its generated function stays a size Python's and
+#: Numba's compilers take in time linear in the program
+MAX_SEGMENT_GROUPS = 256
+
+
 def partition(block: Block, ops: list, live_out: set, declined=frozenset(),
               target: str = "cpu") -> Partition:
     """Group ``ops`` (pruned, in order) for ``target``. ``live_out``: names needed after the
@@ -158,6 +163,7 @@ def partition(block: Block, ops: list, live_out: set, declined=frozenset(),
     log: list = []
     groups: list = []
     open_group: Group | None = None
+    max_fused, max_groups = limits.bound(limits.MAX_FUSED_OPS), MAX_SEGMENT_GROUPS
     readers: dict = {}   # name -> ids of the ops reading it
     for op in ops:
         for n in op.input_arg_names:
@@ -183,7 +189,14 @@ def partition(block: Block, ops: list, live_out: set, declined=frozenset(),
             shape = out_shape(node.op)
             if open_group is not None and open_group.kind == ELEMENTWISE:
                 if open_group.shape == shape and _connected(open_group, node.op):
-                    open_group.nodes.append(node)
+                    if len(open_group.nodes) < max_fused:
+                        open_group.nodes.append(node)
+                        continue
+                    log.append(f"{node.label}: the open group holds {max_fused} ops, the most "
+                               f"one kernel fuses (PDJIT_MAX_FUSED_OPS; compile cost grows "
+                               f"faster than the group)")
+                    close()
+                    open_group = Group(ELEMENTWISE, [node], shape)
                     continue
                 log.append(f"{node.label}: output shape {list(shape)} differs from the open "
                            f"group's {list(open_group.shape)}" if open_group.shape != shape
@@ -224,7 +237,8 @@ def partition(block: Block, ops: list, live_out: set, declined=frozenset(),
     _mark_stored(groups, live_out)
     segments: list = []
     for g in groups:
-        if g.kind == REFERENCE or not segments or not segments[-1].native:
+        if g.kind == REFERENCE or not segments or not segments[-1].native or \
+                len(segments[-1].groups) >= max_groups:
             segments.append(Segment([g]))
         else:
             segments[-1].groups.append(g)

@@ -14,7 +14,9 @@ what is wrong, and what was expected vs got. What it checks:
   slot that takes one variable given at most one; every variable named exists in the op's block
   or an ancestor, with a type the op can use (the feed/fetch holders only for feed and fetch ops,
   step scopes only for control flow); attributes of their declared proto types (INT for LONG
-  and the like accepted: the values are the same) and within the ranges the registry declares;
+  and the like accepted: the values are the same) and within the ranges the registry declares
+  (``at_least``/``at_most``/``less_than`` bounds, a NaN outside every bound; ``one_of``
+  enumerations; ``axis_of``: an axis of the named inputs' declared rank; ``valid``);
   a required attribute present; a missing attribute that has a default is given it (the
   program's version changes only then). Attributes the definition does not declare
   (``use_mkldnn``, ``op_device``...) are accepted as they are.
@@ -25,9 +27,15 @@ when a model file was loaded).
 """
 from __future__ import annotations
 
-from pdjit.framework import dtypes, registry
+from pdjit.framework import dtypes, limits, registry
 from pdjit.framework.attrs import attr_type_name
-from pdjit.framework.errors import ProgramError, UnregisteredOpError, describe_op
+from pdjit.framework.errors import (
+    ProgramError,
+    ShapeMismatch,
+    UnregisteredOpError,
+    describe_op,
+    named_errors,
+)
 from pdjit.framework.program import Program
 from pdjit.framework.variable import _TENSOR_HOLDERS, _tensor_desc
 from pdjit.proto import framework_pb2 as pb
@@ -55,11 +63,14 @@ _LISTS = frozenset({A.INTS, A.LONGS, A.FLOATS, A.FLOAT64S, A.BOOLEANS, A.STRINGS
                     A.SCALARS, A.VARS})
 
 
-def verify(program, *, registered: bool = True, fill_defaults: bool = True):
+@named_errors("pdjit.verify")
+def verify(program, *, registered: bool = True, fill_defaults: bool = True,
+           shapes: bool = True):
     """Check ``program``; raise :class:`ProgramError` naming what is malformed. Returns it.
 
     ``registered=False`` accepts op types pdjit does not know (to inspect a program), checking
-    what it can of them; ``fill_defaults=False`` leaves missing attributes missing."""
+    what it can of them; ``fill_defaults=False`` leaves missing attributes missing;
+    ``shapes=False`` trusts the declared output ``VarDesc``s instead of inferring them again."""
     if not isinstance(program, Program):
         as_program = getattr(program, "_as_program", None)  # a CompiledProgram
         if as_program is None:
@@ -71,12 +82,17 @@ def verify(program, *, registered: bool = True, fill_defaults: bool = True):
     n = len(blocks)
     for i, b in enumerate(blocks):
         _check_block_header(b, i, n)
+    _check_size(blocks)
     for b in blocks:
         _check_vars(b)
     for b in blocks:
         for i, op in enumerate(b.ops):
             _check_op(program, b, i, op, registered, fill_defaults)
     _check_no_cycles(program)
+    if shapes:
+        for b in blocks:
+            for i, op in enumerate(b.ops):
+                _check_inferred(b, i, op)
     program.__dict__["_verified_version"] = program.version
     return program
 
@@ -112,6 +128,25 @@ def _check_block_header(b, i: int, n: int) -> None:
                            f"index in 0..{n - 1}")
 
 
+def _check_size(blocks) -> None:
+    """The program's size within the bounds (blocks, ops per block, nesting depth through
+    ``parent_idx``), before anything walks it."""
+    max_blocks = limits.bound(limits.MAX_BLOCKS)
+    if len(blocks) > max_blocks:
+        raise limits.exceeded("program: blocks", len(blocks), limits.MAX_BLOCKS, max_blocks)
+    max_ops = limits.bound(limits.MAX_OPS_PER_BLOCK)
+    max_depth = limits.bound(limits.MAX_BLOCK_DEPTH)
+    depth = []
+    for i, b in enumerate(blocks):
+        if len(b.ops) > max_ops:
+            raise limits.exceeded(f"block {i}: ops", len(b.ops), limits.MAX_OPS_PER_BLOCK,
+                                  max_ops)
+        depth.append(0 if i == 0 else depth[b.parent_idx] + 1)
+        if depth[-1] > max_depth:
+            raise limits.exceeded(f"block {i}: nesting depth (blocks between it and the global "
+                                  f"block)", depth[-1], limits.MAX_BLOCK_DEPTH, max_depth)
+
+
 def _ancestors(program, idx: int) -> list:
     out, seen = [], set()
     while idx >= 0 and idx not in seen:
@@ -122,26 +157,38 @@ def _ancestors(program, idx: int) -> list:
 
 
 def _check_no_cycles(program) -> None:
-    """No block reaches itself through its ops' sub-block attributes."""
+    """No block reaches itself through its ops' sub-block attributes, and no chain of them is
+    deeper than the nesting bound (walked without recursion: depth is what it checks)."""
     edges = {b.idx: [(i, op, s) for i, op in enumerate(b.ops) for s in op.sub_block_indices()]
              for b in program.blocks}
+    max_depth = limits.bound(limits.MAX_BLOCK_DEPTH)
     state = {}  # 1: on the current path, 2: done
-
-    def visit(idx, path):
-        state[idx] = 1
-        for i, op, s in edges[idx]:
+    for b in program.blocks:
+        if state.get(b.idx) is not None:
+            continue
+        state[b.idx] = 1
+        path, stack = [b.idx], [iter(edges[b.idx])]
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                state[path.pop()] = 2
+                stack.pop()
+                continue
+            i, op, s = nxt
+            idx = path[-1]
             if state.get(s) == 1:
                 loop = " -> ".join(str(p) for p in path + [s])
                 raise ProgramError(f"{describe_op(op.type, idx, i, None)}: sub-block {s} "
                                    f"leads back to itself (blocks {loop}); expected the "
                                    f"sub-blocks to form a tree")
             if state.get(s) is None:
-                visit(s, path + [s])
-        state[idx] = 2
-
-    for b in program.blocks:
-        if state.get(b.idx) is None:
-            visit(b.idx, [b.idx])
+                if len(path) > max_depth:
+                    raise limits.exceeded(f"{describe_op(op.type, idx, i, None)}: sub-block "
+                                          f"{s} nests blocks", len(path),
+                                          limits.MAX_BLOCK_DEPTH, max_depth)
+                state[s] = 1
+                path.append(s)
+                stack.append(iter(edges[s]))
 
 
 # -- variables ------------------------------------------------------------------------------------
@@ -190,6 +237,9 @@ def _check_op(program, b, i: int, op, registered: bool, fill_defaults: bool) -> 
     if opdef is None and registered:
         raise fail(f"op type {t!r} is not registered in pdjit, so the program cannot run",
                    UnregisteredOpError)
+    if opdef is not None and opdef.has(registry.FEED_FETCH) and b.idx != 0:
+        raise fail(f"a feed/fetch op inside sub-block {b.idx}: feeds and fetches move values "
+                   f"between a run and the global block (block 0) only")
     _check_slots(b, op, opdef, fail)
     _check_attrs(program, b, op, opdef, fail, fill_defaults)
 
@@ -267,25 +317,56 @@ def _check_attrs(program, b, op, opdef, fail, fill_defaults: bool) -> None:
             if got != spec.type and got not in _SAME_VALUES.get(spec.type, ()):
                 raise fail(f"attribute {name!r}: expected {attr_type_name(spec.type)}, got "
                            f"{attr_type_name(got)} ({op._attrs.get(name)!r})")
-            if spec.at_least is not None or spec.at_most is not None or \
-                    spec.one_of is not None:
-                _check_range(name, spec, op._attrs.get(name), fail)
+            if spec.checked:
+                _check_range(name, spec, op._attrs.get(name), fail, b, op)
     if fill_defaults:
         for name, spec in missing:
             op._set_attr(name, spec.default, spec.type)
 
 
-def _check_range(name, spec, value, fail) -> None:
-    low, high, one_of = spec.at_least, spec.at_most, spec.one_of
+def _declared_rank(b, op, slots):
+    """The largest declared rank of the variables in input ``slots`` of ``op`` (None: none)."""
+    ranks = []
+    for slot in slots:
+        for n in op.input(slot):
+            v = b._find_var_recursive(n) if n != registry.EMPTY_VAR_NAME else None
+            if v is not None and v.desc.type.type in _TENSOR_HOLDERS:
+                td = _tensor_desc(v.desc.type)
+                if td is not None:
+                    ranks.append(len(td.dims))
+    return max(ranks) if ranks else None
+
+
+def _check_range(name, spec, value, fail, b=None, op=None) -> None:
+    low, high, below, one_of = spec.at_least, spec.at_most, spec.less_than, spec.one_of
     values = value if spec.type in _LISTS else [value]
     for v in values:
         if one_of is not None and v not in one_of:
             raise fail(f"attribute {name!r}: expected one of {list(one_of)}, got {value!r}")
-        if (low is not None and v < low) or (high is not None and v > high):
-            lo = "" if low is None else f">= {low}"
-            hi = "" if high is None else f"<= {high}"
-            raise fail(f"attribute {name!r}: expected {' and '.join(x for x in (lo, hi) if x)}, "
+        if type(v) in (str, bytes, bool) or not isinstance(v, (int, float)):
+            continue
+        # written so that a NaN is outside every bound
+        if (low is not None and not v >= low) or (high is not None and not v <= high) or \
+                (below is not None and not v < below):
+            bounds = [f">= {low}" if low is not None else "",
+                      f"<= {high}" if high is not None else "",
+                      f"< {below}" if below is not None else ""]
+            raise fail(f"attribute {name!r}: expected {' and '.join(x for x in bounds if x)}, "
                        f"got {value!r}")
+    if spec.valid is not None:
+        problem = spec.valid(value)
+        if problem:
+            raise fail(f"attribute {name!r}: {problem}")
+    if spec.axis_of is not None and op is not None:
+        r = _declared_rank(b, op, spec.axis_of)
+        if r is None:
+            return
+        r = max(r + spec.axis_extra, 1)
+        for v in values:
+            if isinstance(v, (int, float)) and not -r <= v < r:
+                inputs = " and ".join(repr(s) for s in spec.axis_of)
+                raise fail(f"attribute {name!r}: {value!r} is not an axis of input {inputs} "
+                           f"(rank {r - spec.axis_extra}): expected {-r}..{r - 1}")
 
 
 def _check_sub_block(program, b, name, s, fail) -> None:
@@ -298,3 +379,82 @@ def _check_sub_block(program, b, name, s, fail) -> None:
         what = "its own block" if s == b.idx else f"block {s}, an ancestor of block {b.idx}"
         raise fail(f"attribute {name!r}: sub-block {s} is {what}; expected a block below it "
                    f"(a block reachable from itself would run forever)")
+
+
+# -- declared vs inferred ----------------------------------------------------------------------
+_CHECKED_OUTPUT = int(VarType.LOD_TENSOR)
+
+
+def _compatible(declared, inferred) -> bool:
+    """Whether declared dims may describe a value of the inferred dims: one rank (``[]`` and
+    ``[1]`` are one thing: a scalar, and PaddlePaddle declares an empty state ``[]`` where it
+    is ``[0]``), and every dim known in both equal (``-1``: anything)."""
+    declared, inferred = tuple(declared), tuple(inferred)
+    if len(declared) != len(inferred):
+        return {declared, inferred} <= {(), (1,), (-1,), (0,)}
+    return all(d == g or d < 0 or g < 0 for d, g in zip(declared, inferred))
+
+
+def _check_inferred(b, i: int, op) -> None:
+    """Infer ``op``'s outputs again from its inputs' declarations (its ``infer_shape``) and
+    compare them with the declared output variables: a file may declare what the op does not
+    compute, and the compiled plan trusts declarations."""
+    opdef = registry.lookup(op.desc.type)
+    if opdef is None or opdef.has(registry.CONTROL_FLOW) or opdef.has(registry.FEED_FETCH):
+        return
+    t = op.desc.type
+
+    def fail(msg):
+        return ProgramError(f"{describe_op(t, b.idx, i, None)}: {msg}")
+
+    metas = {}
+    for slot in opdef.inputs:
+        ms = []
+        for n in op.input(slot.name):
+            if n == registry.EMPTY_VAR_NAME:
+                continue
+            v = b._find_var_recursive(n)
+            if v is None:
+                continue
+            if v.desc.type.type not in _TENSOR_HOLDERS:
+                return  # an op over readers, scopes or raw holders: nothing to compare
+            ms.append(v.meta())
+        metas[slot.name] = ms if slot.duplicable else (ms[0] if ms else None)
+    attrs = {k: v for k, v in op.all_attrs().items() if k in opdef.attrs}
+    try:
+        result = opdef.call_infer_shape(metas, attrs)
+    except ShapeMismatch as e:
+        raise fail(f"its inputs as declared do not fit it: {e}") from None
+    except (ValueError, TypeError, IndexError, KeyError, AttributeError, OverflowError,
+            ZeroDivisionError) as e:
+        raise fail(f"its inputs and attributes as declared do not fit it: "
+                   f"{type(e).__name__}: {e}") from e
+    if not isinstance(result, dict):
+        return
+    for slot in opdef.outputs:
+        res = result.get(slot.name)
+        if res is None or slot.intermediate:  # intermediates: the op's own scratch for its grad
+            continue
+        res = res if isinstance(res, (list, tuple)) else [res]
+        for n, meta in zip(op.output(slot.name), res):
+            if n == registry.EMPTY_VAR_NAME or not isinstance(meta, registry.VarMeta):
+                continue
+            v = b._find_var_recursive(n)
+            if v is None or v.desc.type.type != _CHECKED_OUTPUT or \
+                    int(meta.type) != _CHECKED_OUTPUT:
+                continue
+            td = _tensor_desc(v.desc.type)
+            if td is None:
+                continue
+            declared = dtypes._CODE_TO_NP.get(td.data_type)
+            if declared is not None and declared != meta.dtype:
+                raise fail(f"output {slot.name!r}: variable {n!r} is declared "
+                           f"{dtypes.dtype_str(declared)}, but the op computes "
+                           f"{dtypes.dtype_str(meta.dtype)} from its inputs (declared "
+                           f"{dtypes.dtype_str(declared)} vs inferred "
+                           f"{dtypes.dtype_str(meta.dtype)})")
+            if not _compatible(td.dims, meta.shape):
+                raise fail(f"output {slot.name!r}: variable {n!r} is declared of shape "
+                           f"{list(td.dims)}, but the op computes shape {list(meta.shape)} from "
+                           f"its inputs (declared {list(td.dims)} vs inferred "
+                           f"{list(meta.shape)}; -1 matches any size)")

@@ -31,8 +31,9 @@ reference (a memo lookup per op) against executors without a limit.
 :class:`AllocationLimitError` (an ``OpRunError`` and a ``MemoryError``) naming the op, the
 output variable, its shape, the bytes and the limit, before anything is allocated. The limit is
 ``PDJIT_MAX_ALLOC_BYTES`` when set, else the memory the machine has available when the Executor
-is made (``MemAvailable`` of ``/proc/meminfo``, else ``os.sysconf`` free pages); ``0`` turns
-the check off. Output sizes come from the ops' ``infer_shape``:
+is made (``MemAvailable`` of ``/proc/meminfo``, else ``os.sysconf`` free pages); either is
+lowered to what the process's ``RLIMIT_AS`` and its cgroup's memory limit (``memory.max``)
+leave it; ``0`` turns the check off. Output sizes come from the ops' ``infer_shape``:
 
 - shapes known before the run (``fill_constant([1e9, 1e9])``, a random op's ``shape``) are
   checked when the run is prepared, before any op runs;
@@ -75,24 +76,79 @@ def env_flag(name: str, default: bool) -> bool:
     raise ValueError(f"{name}={v!r}: expected 0 or 1")
 
 
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path, "rb") as f:
+            text = f.read(64).strip()
+    except OSError:
+        return None
+    try:
+        return int(text)
+    except ValueError:  # "max": no limit
+        return None
+
+
+def _status_bytes(key: bytes) -> int | None:
+    """A ``kB`` field of ``/proc/self/status`` (``VmSize``) in bytes."""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(key):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def process_memory_room() -> int | None:
+    """Bytes this process may still allocate under its own limits, or None when none is set:
+    ``RLIMIT_AS`` (less the address space in use) and the cgroup's memory limit (v2
+    ``memory.max`` less ``memory.current``; v1 ``memory.limit_in_bytes`` less usage)."""
+    rooms = []
+    try:
+        import resource
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft not in (resource.RLIM_INFINITY, -1) and soft > 0:
+            used = _status_bytes(b"VmSize:") or 0
+            rooms.append(max(soft - used, 0))
+    except (ImportError, OSError, ValueError):
+        pass
+    for limit_file, usage_file in (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                                   ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                                    "/sys/fs/cgroup/memory/memory.usage_in_bytes")):
+        limit = _read_int(limit_file)
+        if limit is not None and 0 < limit < 1 << 60:  # (v1 says "no limit" with a huge one)
+            rooms.append(max(limit - (_read_int(usage_file) or 0), 0))
+            break
+    return min(rooms) if rooms else None
+
+
 def available_memory() -> int | None:
-    """Bytes of memory available to new allocations (``MemAvailable``), or None if unknown."""
+    """Bytes of memory available to new allocations (``MemAvailable``, within the process's
+    ``RLIMIT_AS`` and cgroup limit), or None if unknown."""
+    room = process_memory_room()
+    free = None
     try:
         with open("/proc/meminfo", "rb") as f:
             for line in f:
                 if line.startswith(b"MemAvailable:"):
-                    return int(line.split()[1]) * 1024
+                    free = int(line.split()[1]) * 1024
+                    break
     except (OSError, ValueError, IndexError):
         pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
+    if free is None:
+        try:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            free = None
+    known = [v for v in (free, room) if v is not None]
+    return min(known) if known else None
 
 
 def alloc_limit() -> int | None:
-    """The byte limit of one op output: ``PDJIT_MAX_ALLOC_BYTES``, else the available memory;
-    None: no limit."""
+    """The byte limit of one op output: ``PDJIT_MAX_ALLOC_BYTES`` (``0``: no limit), else the
+    available memory; either way no more than ``RLIMIT_AS`` and the cgroup's memory limit
+    leave this process. None: no limit."""
     v = os.environ.get(LIMIT_ENV, "").strip()
     if v:
         try:
@@ -101,7 +157,10 @@ def alloc_limit() -> int | None:
             raise ValueError(f"{LIMIT_ENV}={v!r}: expected a number of bytes") from None
         if n < 0:
             raise ValueError(f"{LIMIT_ENV}={v!r}: expected a number of bytes >= 0")
-        return n or None
+        if not n:
+            return None
+        room = process_memory_room()
+        return n if room is None else min(n, room)
     return available_memory()
 
 

@@ -30,7 +30,7 @@ from pdjit.codegen.cpu import threads
 from pdjit.codegen.cuda import device
 from pdjit.codegen.target import get_target, target_name
 from pdjit.framework import registry
-from pdjit.framework.errors import PdjitError
+from pdjit.framework.errors import PdjitError, named_errors
 from pdjit.framework.program import Block, Program, default_main_program
 from pdjit.passes import verify
 from pdjit.proto import framework_pb2 as pb
@@ -132,6 +132,7 @@ class Executor:
         _forget(self._runs, self._kind)
 
     # -- the public entry point -----------------------------------------------------------------
+    @named_errors("Executor.run")
     def run(self, program: Program | None = None, feed=None, fetch_list=None,
             feed_var_name: str = "feed", fetch_var_name: str = "fetch", scope: Scope | None = None,
             return_numpy: bool = True, use_program_cache: bool = True):

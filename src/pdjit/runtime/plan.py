@@ -47,7 +47,7 @@ from pdjit.codegen.cuda import device
 from pdjit.codegen.loops import LoopGen, native_loop
 from pdjit.codegen.lowering import Declined, SegmentGen
 from pdjit.codegen.target import get_target, target_name
-from pdjit.framework import registry
+from pdjit.framework import limits, registry
 from pdjit.framework.errors import (
     FallbackError,
     FallbackWarning,
@@ -999,6 +999,9 @@ def _native_loop(program, op, target: str, fetched=()):
         return None, ""
     if os.environ.get("PDJIT_NATIVE_LOOPS", "1") == "0":
         return None, "PDJIT_NATIVE_LOOPS=0"
+    if os.environ.get(limits.MAX_LOOP_ITERATIONS[0]):
+        return None, (f"{limits.MAX_LOOP_ITERATIONS[0]} is set: the loop op counts its "
+                      f"iterations, running the body's plan once per iteration")
     if not get_target(target).native_drivers:
         return None, (f"the {target} target runs the loop on the host, launching the body's "
                       f"kernels, reading the condition each iteration")

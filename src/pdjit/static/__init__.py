@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 
+from pdjit.framework.errors import named_errors
 from pdjit.framework.program import (
     Program,
     Variable,
@@ -61,11 +62,13 @@ def serialize_persistables(feed_vars, fetch_vars, executor, program=None, scope=
     return b"".join(write_tensor(values[n]) for n in persistable_names(inference))
 
 
+@named_errors("pdjit.static.deserialize_program")
 def deserialize_program(data: bytes) -> Program:
     """A program from ``.pdmodel`` bytes (ModelFileError if they are not one)."""
     return _inf.parse_model(bytes(data), "<bytes>")
 
 
+@named_errors("pdjit.static.deserialize_persistables")
 def deserialize_persistables(program: Program, data: bytes, executor=None, scope=None) -> None:
     """Load ``.pdiparams`` bytes into the scope (all or nothing)."""
     values = _inf.params_from_bytes(program, bytes(data), "<bytes>")
@@ -87,6 +90,7 @@ def save_inference_model(path_prefix, feed_vars, fetch_vars, executor, program=N
                               params_filename=base + ".pdiparams", scope=scope)
 
 
+@named_errors("pdjit.static.load_inference_model")
 def load_inference_model(path_prefix, executor, scope=None, **kwargs) -> list:
     """``[program, feed_target_names, fetch_targets]`` from ``<path_prefix>.pdmodel`` and
     ``.pdiparams`` (or, given ``model_filename``/``params_filename``, from the Fluid 1.x model

@@ -10,6 +10,7 @@ from pdjit.framework import dtypes
 from pdjit.framework.errors import ModelFileError, ProgramError
 from pdjit.framework.program import Program
 from pdjit.io import inference as inf
+from pdjit.io.variables import _read_file
 from pdjit.proto import framework_pb2 as pb
 from pdjit.tools import CliError
 
@@ -34,13 +35,7 @@ def load_program(path: str) -> Loaded:
     A program that cannot be found or parsed is a :class:`ModelFileError`; parameters that cannot
     be read leave ``params`` at None with the reason in ``params_note``."""
     model_file, pdir, pname = inf.resolve(path)
-    try:
-        with open(model_file, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise ModelFileError(f"no such file: {model_file}") from None
-    except OSError as e:
-        raise ModelFileError(f"cannot read {model_file}: {e.strerror}") from None
+    data = _read_file(model_file, "model")
     try:
         program = Program.parse_from_string(data)
     except ProgramError as e:
@@ -96,7 +91,7 @@ def check(path: str, out=None, err=None) -> int:
     read its parameters; print ``OK`` and a summary (status 0) or the error (status 1)."""
     import sys
 
-    from pdjit.framework.errors import PdjitError
+    from pdjit.framework.errors import as_pdjit_error
     from pdjit.passes.verify import verify
 
     out, err = out or sys.stdout, err or sys.stderr
@@ -105,7 +100,9 @@ def check(path: str, out=None, err=None) -> int:
         verify(loaded.program)  # (load_program accepted unregistered op types)
         if loaded.params_note:
             raise ModelFileError(loaded.params_note)
-    except (PdjitError, CliError) as e:
+    except Exception as e:  # noqa: BLE001 - every failure named on one line, status 1
+        if not isinstance(e, CliError):
+            e = as_pdjit_error(e, "check")
         text = " ".join(s.strip() for s in str(e).splitlines() if s.strip())
         print(f"pdjit check: {path}: {type(e).__name__}: {text}", file=err)
         return 1
