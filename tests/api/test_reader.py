@@ -430,7 +430,7 @@ def test_training_from_a_started_loader_matches_numpy_sgd():
         loader.start()
         with pytest.raises(fluid.core.EOFException):
             while True:
-                losses.append(float(exe.run(main, fetch_list=[loss], scope=scope)[0]))
+                losses.append(float(exe.run(main, fetch_list=[loss], scope=scope)[0][0]))
         loader.reset()
     assert_native(exe)
     w, b = np.full((2, 1), 0.5), 0.5

@@ -13,6 +13,7 @@ from pdjit.framework.program import (
     default_main_program,
     default_startup_program,
 )
+from pdjit.framework.scalars import declare_fluid1_scalars
 from pdjit.initializer import Constant, Xavier
 from pdjit.param_attr import ParamAttr
 
@@ -139,7 +140,11 @@ class LayerHelper:
 
     # -- ops ---------------------------------------------------------------------------------------
     def append_op(self, *args, **kwargs):
-        return self.block.append_op(*args, **kwargs)
+        """Append an op; a scalar result gets Fluid 1.x's declared shape ``[1]``
+        (``pdjit.framework.scalars``)."""
+        op = self.block.append_op(*args, **kwargs)
+        declare_fluid1_scalars(op)
+        return op
 
     def append_bias_op(self, input_var: Variable, dim_start: int = 1, dim_end=None) -> Variable:
         bias_attr = self.bias_attr
