@@ -7,8 +7,10 @@ from pdjit import (  # noqa: F401 (ops registers ops)
                    backward,
                    clip,
                    compiler,
+                   contrib,
                    core,
                    data_feeder,
+                   executor,
                    initializer,
                    install_check,
                    io,
@@ -17,7 +19,9 @@ from pdjit import (  # noqa: F401 (ops registers ops)
                    nets,
                    ops,
                    optimizer,
+                   profiler,
                    regularizer,
+                   version,
 )
 from pdjit.codegen.compiler import clear_cache
 from pdjit.compiler import *  # noqa: F401,F403
@@ -30,6 +34,7 @@ from pdjit.framework import (
                    Variable,
                    default_main_program,
                    default_startup_program,
+                   in_dygraph_mode,
                    program_guard,
                    unique_name,
 )
@@ -50,10 +55,18 @@ from pdjit.param_attr import ParamAttr
 from pdjit.passes.backward import append_backward, gradients
 from pdjit.passes.verify import verify
 from pdjit.runtime.executor import Executor
-from pdjit.runtime.place import CPUPlace, CUDAPinnedPlace, CUDAPlace, is_compiled_with_cuda
+from pdjit.runtime.place import (
+                   CPUPlace,
+                   CUDAPinnedPlace,
+                   CUDAPlace,
+                   cuda_pinned_places,
+                   cuda_places,
+                   is_compiled_with_cuda,
+)
 from pdjit.runtime.scope import Scope, global_scope, scope_guard
 from pdjit.runtime.tensor import LoDTensor, create_lod_tensor, create_random_int_lodtensor
 from pdjit.runtime.threads import get_num_threads, set_num_threads
+from pdjit.version import require_version
 
 __version__ = "0.1.0"
 
@@ -66,6 +79,8 @@ __all__ = [
     "PdjitError", "ProgramError", "UnregisteredOpError", "set_num_threads", "get_num_threads",
     "clear_cache", "append_backward", "gradients", "optimizer", "regularizer", "clip", "backward",
     "compiler", "core", "metrics", "install_check", "is_compiled_with_cuda", "embedding", "verify",
+    "contrib", "executor", "profiler", "require_version", "cuda_places", "cuda_pinned_places",
+    "in_dygraph_mode",
 ]
 from pdjit.framework import name_scope as _name_scope  # noqa: E402
 
