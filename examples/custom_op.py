@@ -55,4 +55,4 @@ exe.run(startup)
 for step in range(60):
     (value,) = exe.run(main, feed={"x": xs, "y": ys}, fetch_list=[loss])
     if step in (0, 59):
-        print(f"step {step}: loss {float(value):.4f}")
+        print(f"step {step}: loss {float(value[0]):.4f}")

@@ -86,10 +86,10 @@ def main(args):
             idx = order[i:i + args.batch_size]
             (value,) = exe.run(main_prog, feed={"image": x_train[idx], "label": y_train[idx]},
                                fetch_list=[loss])
-            losses.append(float(value))
+            losses.append(float(value[0]))
     (acc,) = exe.run(test_prog, feed={"image": x_test, "label": y_test}, fetch_list=[accuracy])
     print(f"final training loss: {np.mean(losses[-10:]):.4f}")
-    print(f"test accuracy: {float(acc):.4f}")
+    print(f"test accuracy: {float(acc[0]):.4f}")
     if args.plot:
         save_loss_curve(args.plot, losses)
 

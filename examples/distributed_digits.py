@@ -89,13 +89,13 @@ def main(args):
         for idx in shard_batches(len(x_train), args.batch_size, epoch=epoch, seed=0):
             (value,) = exe.run(main_prog, feed={"image": x_train[idx], "label": y_train[idx]},
                                fetch_list=[loss])
-            losses.append(float(value))
+            losses.append(float(value[0]))
     (acc,) = exe.run(test_prog, feed={"image": x_test, "label": y_test}, fetch_list=[accuracy])
     fleet.barrier_worker()
     if rank == 0:
         print(f"{nranks} processes, {args.epochs} epochs, global batch {args.batch_size}")
         print(f"final training loss (rank 0's part): {np.mean(losses[-10:]):.4f}")
-        print(f"test accuracy: {float(acc):.4f}")
+        print(f"test accuracy: {float(acc[0]):.4f}")
     if args.save:
         fleet.save_inference_model(exe, args.save, ["image"], [prediction],
                                    main_program=test_prog)

@@ -44,5 +44,5 @@ for step in range(100):
         feed={'x': train_data, 'y': y_true},
         fetch_list=[y_predict.name, avg_cost.name])
     if step % 20 == 0 or step == 99:
-        print(f"step {step:3d}  mean cost {float(outs[1]):.6f}")
+        print(f"step {step:3d}  mean cost {float(outs[1][0]):.6f}")
 print(outs)

@@ -122,14 +122,14 @@ def train(name, built, batches, test_feed, epochs, rng):
     exe.run(startup, scope=scope)
     t0 = time.perf_counter()
     for epoch in range(epochs):
-        losses = [float(exe.run(main_prog, feed=feed, fetch_list=[loss], scope=scope)[0])
+        losses = [float(exe.run(main_prog, feed=feed, fetch_list=[loss], scope=scope)[0][0])
                   for feed in batches(rng)]
         print(f"{name} epoch {epoch} train loss {np.mean(losses):.4f}")
     seconds = time.perf_counter() - t0
     (acc,) = exe.run(test_prog, feed=test_feed, fetch_list=[accuracy], scope=scope)
     print(f"{name} trained {epochs} epochs in {seconds:.1f} s")
-    print(f"{name} test accuracy: {float(acc):.4f}")
-    return float(acc)
+    print(f"{name} test accuracy: {float(acc[0]):.4f}")
+    return float(acc[0])
 
 
 def main(args):

@@ -87,13 +87,13 @@ def main(args):
             feed = {"words": to_lod_tensor([train_docs[j] for j in idx]),
                     "label": train_labels[idx]}
             (value,) = exe.run(main_prog, feed=feed, fetch_list=[loss])
-            losses.append(float(value))
+            losses.append(float(value[0]))
         print(f"epoch {epoch} train loss {np.mean(losses):.4f}")
     seconds = time.perf_counter() - t0
     (acc,) = exe.run(test_prog, feed={"words": to_lod_tensor(test_docs), "label": test_labels},
                      fetch_list=[accuracy])
     print(f"trained {args.epochs} epochs in {seconds:.1f} s")
-    print(f"test accuracy: {float(acc):.4f}")
+    print(f"test accuracy: {float(acc[0]):.4f}")
 
 
 if __name__ == "__main__":

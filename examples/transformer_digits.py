@@ -122,12 +122,12 @@ def main(args):
             idx = order[i:i + args.batch_size]
             (value,) = exe.run(main_prog, feed={"rows": x_train[idx], "label": y_train[idx]},
                                fetch_list=[loss])
-            losses.append(float(value))
+            losses.append(float(value[0]))
         print(f"epoch {epoch} train loss {np.mean(losses):.4f}")
     seconds = time.perf_counter() - t0
     (acc,) = exe.run(test_prog, feed={"rows": x_test, "label": y_test}, fetch_list=[accuracy])
     print(f"trained {args.epochs} epochs in {seconds:.1f} s")
-    print(f"test accuracy: {float(acc):.4f}")
+    print(f"test accuracy: {float(acc[0]):.4f}")
 
 
 if __name__ == "__main__":

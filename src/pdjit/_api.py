@@ -4,8 +4,10 @@ from pdjit import (  # noqa: F401 (ops registers ops)
                    backward,
                    clip,
                    compiler,
+                   contrib,
                    core,
                    data_feeder,
+                   executor,
                    initializer,
                    install_check,
                    io,
@@ -14,7 +16,9 @@ from pdjit import (  # noqa: F401 (ops registers ops)
                    nets,
                    ops,
                    optimizer,
+                   profiler,
                    regularizer,
+                   version,
 )
 from pdjit.codegen.compiler import clear_cache
 from pdjit.codegen.cpu.threads import get_num_threads, set_num_threads
@@ -28,6 +32,7 @@ from pdjit.framework import (
                    Variable,
                    default_main_program,
                    default_startup_program,
+                   in_dygraph_mode,
                    program_guard,
                    unique_name,
 )
@@ -48,10 +53,17 @@ from pdjit.param_attr import ParamAttr
 from pdjit.passes.backward import append_backward, gradients
 from pdjit.passes.verify import verify
 from pdjit.runtime.executor import Executor
-from pdjit.runtime.place import CPUPlace, CUDAPinnedPlace, CUDAPlace, is_compiled_with_cuda
+from pdjit.runtime.place import (
+                   CPUPlace,
+                   CUDAPinnedPlace,
+                   CUDAPlace,
+                   cuda_pinned_places,
+                   cuda_places,
+                   is_compiled_with_cuda,
+)
 from pdjit.runtime.scope import Scope, global_scope, scope_guard
 from pdjit.runtime.tensor import LoDTensor, create_lod_tensor, create_random_int_lodtensor
-from pdjit.version import __version__  # noqa: F401
+from pdjit.version import __version__, require_version  # noqa: F401
 
 __all__ = [
     "Block", "Operator", "Parameter", "Program", "Variable", "default_main_program",
@@ -62,6 +74,8 @@ __all__ = [
     "PdjitError", "ProgramError", "UnregisteredOpError", "set_num_threads", "get_num_threads",
     "clear_cache", "append_backward", "gradients", "optimizer", "regularizer", "clip", "backward",
     "compiler", "core", "metrics", "install_check", "is_compiled_with_cuda", "embedding", "verify",
+    "contrib", "executor", "profiler", "require_version", "cuda_places", "cuda_pinned_places",
+    "in_dygraph_mode",
 ]
 from pdjit.framework import name_scope as _name_scope  # noqa: E402
 

@@ -17,10 +17,12 @@ class ParamAttr:
         self.do_model_average, self.need_clip = do_model_average, need_clip
 
     @staticmethod
-    def _to_attr(arg):
-        """None -> ParamAttr(); a name -> ParamAttr(name); an Initializer -> ParamAttr(init=..);
-        False -> False (no parameter); a ParamAttr as it is."""
-        if arg is None:
+    def _to_attr(arg, layer: str = "", argument: str = "param_attr"):
+        """None or True -> ParamAttr() (the default, as Fluid 1.x takes ``bias_attr=True``);
+        a name -> ParamAttr(name); an Initializer -> ParamAttr(init=..); False -> False (no
+        parameter); a ParamAttr as it is. ``layer`` and ``argument`` name the caller in the
+        TypeError for anything else."""
+        if arg is None or arg is True:
             return ParamAttr()
         if arg is False:
             return False
@@ -31,9 +33,10 @@ class ParamAttr:
         if isinstance(arg, Initializer):
             return ParamAttr(initializer=arg)
         if isinstance(arg, (list, tuple)):
-            return [ParamAttr._to_attr(a) for a in arg]
-        raise TypeError(f"expected a ParamAttr, a name, an Initializer, None or False, got "
-                        f"{type(arg).__name__}")
+            return [ParamAttr._to_attr(a, layer, argument) for a in arg]
+        who = f"{layer}: argument {argument!r}" if layer else f"argument {argument!r}"
+        raise TypeError(f"{who} must be a ParamAttr, a name, an Initializer, True or None (the "
+                        f"default) or False (no parameter), got {type(arg).__name__} {arg!r}")
 
     def _param_kwargs(self) -> dict:
         return {"trainable": self.trainable,

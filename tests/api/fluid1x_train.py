@@ -62,7 +62,7 @@ def main():
     for _ in range(args.epochs):
         for data in loader():
             (lv,) = exe.run(main_prog, feed=data, fetch_list=[loss])
-            losses.append(float(lv))
+            losses.append(float(lv[0]))
     fluid.save(main_prog, ckpt)
 
     metric = fluid.metrics.Accuracy()

@@ -120,7 +120,7 @@ def test_resume_in_a_new_process_continues_the_loss_curve_exactly(tmp_path):
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     tail = np.load(tmp_path / "tail.npy")
-    assert tail.shape == (5,) and tail.dtype == np.float32
+    assert tail.shape == (5, 1) and tail.dtype == np.float32  # five [1]-shaped losses
     # bit for bit: moments, beta powers and the learning rate all came back
     assert np.array_equal(tail, np.stack(straight[5:])), (tail, straight[5:])
 

@@ -262,15 +262,15 @@ def test_auc_layer_matches_sklearn_globally_and_over_the_window():
     outs = _run_auc(main, start, res, batches)
     for k, (g, b, bpos, bneg, pos, neg) in enumerate(outs):
         assert int(bneg[-1]) == k + 1
-        assert g.shape == () and g.dtype == np.float64
+        assert g.shape == (1,) and g.dtype == np.float64  # Fluid 1.x's [1]
         seen = batches[:k + 1]
         p = np.concatenate([s[0] for s in seen]).ravel()
         lab = np.concatenate([s[1] for s in seen]).ravel()
-        assert float(g) == pytest.approx(sk.roc_auc_score(lab, p), abs=1e-3)
+        assert float(g[0]) == pytest.approx(sk.roc_auc_score(lab, p), abs=1e-3)
         win = batches[max(0, k - 1):k + 1]  # slide_steps=2: this batch and the one before
         wp = np.concatenate([s[0] for s in win]).ravel()
         wl = np.concatenate([s[1] for s in win]).ravel()
-        assert float(b) == pytest.approx(sk.roc_auc_score(wl, wp), abs=1e-3)
+        assert float(b[0]) == pytest.approx(sk.roc_auc_score(wl, wp), abs=1e-3)
         assert pos.shape == (1, 4096) and int(pos.sum()) == int(lab.sum())
         assert int(neg.sum()) == lab.size - int(lab.sum())
         assert bpos.shape == (3 * 4096 + 1,) and bpos[-1] == k + 1
@@ -333,7 +333,7 @@ def test_auc_layer_matches_paddles_recorded_outputs():
     main, start, res = _auc_program(4095, 2)
     outs = _run_auc(main, start, res, _paddle_batches())
     for (g, b, bpos, *_), (want_g, want_b, count) in zip(outs, PADDLE_AUC):
-        assert float(g) == want_g and float(b) == want_b and bpos[-1] == count
+        assert float(g[0]) == want_g and float(b[0]) == want_b and bpos[-1] == count
     # Paddle's legacy layer takes ins_tag_weight and leaves it out of its ops (measured: a
     # weight of 0 changes nothing); so does this one
     main, start = fluid.Program(), fluid.Program()
@@ -348,7 +348,7 @@ def test_auc_layer_matches_paddles_recorded_outputs():
         g, b = exe.run(main, feed={"x": np.concatenate([1 - p, p], 1), "y": lab,
                                    "w": np.zeros((1, 1), "float32")},
                        fetch_list=[res[0], res[1]], scope=scope)
-        assert (float(g), float(b)) == (want_g, want_b)
+        assert (float(g[0]), float(b[0])) == (want_g, want_b)
 
 
 def test_auc_op_compiled_equals_reference_on_edge_values():

@@ -87,7 +87,7 @@ POOL_SCRIPT = textwrap.dedent("""
     for mode in ("compiled", "reference"):
         exe, scope = fluid.Executor(mode=mode), fluid.Scope()
         exe.run(startup, scope=scope)
-        losses[mode] = [float(exe.run(main, feed=feed, fetch_list=[loss], scope=scope)[0])
+        losses[mode] = [float(exe.run(main, feed=feed, fetch_list=[loss], scope=scope)[0][0])
                         for _ in range(3)]
     print(json.dumps({"losses": losses, "stats": compiler.kernel_stats(),
                       "by_worker": compiler._by_worker[0]}))

@@ -43,7 +43,7 @@ def _loss_value(main, scope_values, feed, loss):
     for k, v in scope_values.items():
         scope.var(k).value = np.array(v, copy=True)
     (v,) = fluid.Executor(mode="reference").run(main, feed=feed, fetch_list=[loss], scope=scope)
-    return float(v)
+    return float(v[0])
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -84,10 +84,10 @@ def test_sgd_trains_through_while_and_cond(mode, sign):
         np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-8, err_msg=f"{name} [{mode}]")
     unused = "head_neg" if sign > 0 else "head_pos"
     assert all(not np.any(g) for n, g in zip(names, fetched[1:]) if n.startswith(unused))
-    losses = [float(fetched[0])]
+    losses = [float(fetched[0][0])]
     for _ in range(30):
         (v,) = exe.run(main, feed=feed, fetch_list=[loss], scope=scope)
-        losses.append(float(v))
+        losses.append(float(v[0]))
     assert losses[-1] < 0.5 * losses[0], losses
 
 
@@ -123,7 +123,7 @@ def test_ifelse_classifier_trains_on_digits_the_same_in_both_modes():
         exe, scope = fluid.Executor(mode=mode), fluid.Scope()
         exe.run(startup, scope=scope)
         curves[mode] = [float(exe.run(main, feed={"image": x[b:b + 50], "label": y[b:b + 50]},
-                                      fetch_list=[loss], scope=scope)[0])
+                                      fetch_list=[loss], scope=scope)[0][0])
                         for _ in range(2) for b in range(0, 600, 50)]
     start, end = curves["reference"][0], np.mean(curves["reference"][-6:])
     assert end < 0.3 * start, curves["reference"]

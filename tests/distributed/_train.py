@@ -84,7 +84,7 @@ for step in range(a.steps):
     feed = {"x": gx, "y": gy} if a.mode == "single" else \
         dict(zip(("x", "y"), split_batch((gx, gy))))
     (lv,) = exe.run(main, feed=feed, fetch_list=[loss], scope=scope)
-    print(f"rank {rank} step {step} loss {float(lv):.6f}", flush=True)
+    print(f"rank {rank} step {step} loss {float(lv[0]):.6f}", flush=True)
 if a.out and rank == 0:
     params = {p.name: np.array(scope.find_var(p.name).value)
               for p in main.global_block().all_parameters()}

@@ -108,7 +108,7 @@ def test_training_in_threads_on_separate_scopes_matches_each_serial_run():
         # of its program by an executor, so each scope's startup runs as a first run
         fluid.Executor().run(startup, scope=scope)
         feed = _batch(1000 * i, 4 + i % 3)      # each thread its own data and batch size
-        return [float(exe.run(main, feed=feed, fetch_list=[loss], scope=scope)[0])
+        return [float(exe.run(main, feed=feed, fetch_list=[loss], scope=scope)[0][0])
                 for _ in range(steps)]
 
     got = _in_threads(train, n=4)

@@ -118,7 +118,7 @@ def test_training_through_the_index_layers(fresh_programs):
     exe.run(startup)
     iv = np.array([[2], [0]], np.int64)
     cv = RNG.random((2, 6)) > 0.3
-    losses = [float(exe.run(main, feed={"ids": iv, "c": cv}, fetch_list=[loss])[0])
+    losses = [float(exe.run(main, feed={"ids": iv, "c": cv}, fetch_list=[loss])[0][0])
               for _ in range(3)]
     assert losses[2] < losses[1] < losses[0]
     # the first step's loss, from NumPy

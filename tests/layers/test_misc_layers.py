@@ -50,7 +50,7 @@ def test_loss_layers(fresh_programs):
             (q * (np.log(q) - logp)).sum() / 4]
     for g, w, name in zip(got, want, ["sce", "bce", "huber", "smooth_l1", "kldiv"]):
         np.testing.assert_allclose(g, w, rtol=2e-5, atol=1e-6, err_msg=name)
-    assert sl1.shape == (-1, 1) and kl.shape == ()
+    assert sl1.shape == (-1, 1) and kl.shape == (1,)
 
 
 def test_sigmoid_cross_entropy_trains_a_logistic_regression(fresh_programs):
@@ -67,7 +67,7 @@ def test_sigmoid_cross_entropy_trains_a_logistic_regression(fresh_programs):
     scope, exe = fluid.Scope(), fluid.Executor(fluid.CPUPlace())
     exe.run(startup, scope=scope)
     losses = [float(exe.run(main, feed={"x": xs, "label": ys}, fetch_list=[loss],
-                            scope=scope)[0]) for _ in range(30)]
+                            scope=scope)[0][0]) for _ in range(30)]
     assert_native(exe)
     assert abs(losses[0] - np.log(2)) < 1e-6  # zero weights: every probability is 1/2
     assert all(b < a for a, b in zip(losses, losses[1:])) and losses[-1] < 0.35, losses

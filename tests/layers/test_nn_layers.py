@@ -175,13 +175,13 @@ def test_accuracy_layer(fresh_programs):
     acc = layers.accuracy(x, lab, k=2)
     topk, accop = main.global_block().ops
     assert (topk.type, topk.attr("k"), topk.attr("sorted")) == ("top_k_v2", 2, False)
-    assert accop.type == "accuracy" and acc.shape == () and acc.dtype == np.float32
+    assert accop.type == "accuracy" and acc.shape == (1,) and acc.dtype == np.float32
     xv = RNG.normal(size=(20, 5)).astype("float32")
     lv = RNG.integers(0, 5, size=(20, 1)).astype("int64")
     (got,), _ = run(main, startup, {"x": xv, "lab": lv}, [acc])
     top2 = np.argsort(-xv, axis=1)[:, :2]
     want = np.mean([lv[i, 0] in top2[i] for i in range(20)])
-    assert got.shape == () and got == pytest.approx(want)
+    assert got.shape == (1,) and got[0] == pytest.approx(want)
 
 
 # ---- dropout and embedding ---------------------------------------------------------------------

@@ -109,7 +109,7 @@ def test_lstm_layer_trains_natively():
         o, h, _ = np_lstm(feed["x"], feed["h0"], feed["c0"], ws, 1, True)
         return np.sum(o ** 2) + np.sum(h)
 
-    losses = [float(exe.run(main, feed=feed, fetch_list=[loss], scope=scope)[0])
+    losses = [float(exe.run(main, feed=feed, fetch_list=[loss], scope=scope)[0][0])
               for _ in range(5)]
     assert losses[0] == pytest.approx(np_loss(w0), rel=1e-10)
     assert losses[-1] < losses[0]

@@ -49,7 +49,7 @@ def test_custom_op_fuses_serialises_and_trains(softsign):
     rng = np.random.default_rng(0)
     xs = rng.normal(size=(32, 3)).astype(np.float32)
     ys = xs.sum(1, keepdims=True).astype(np.float32)
-    losses = [float(exe.run(main, feed={"x": xs, "y": ys}, fetch_list=[loss], scope=scope)[0])
+    losses = [float(exe.run(main, feed={"x": xs, "y": ys}, fetch_list=[loss], scope=scope)[0][0])
               for _ in range(30)]
     assert losses[-1] < 0.5 * losses[0]
 

@@ -254,7 +254,7 @@ def train(main, loss, scope, exe, steps):
     losses, params = [], []
     for _ in range(steps):
         losses.append(float(exe.run(main, feed={"x": X, "y": Y}, fetch_list=[loss],
-                                    scope=scope)[0]))
+                                    scope=scope)[0][0]))
         params.append((np.array(scope.find_var("fc_0.w_0").value),
                        np.array(scope.find_var("fc_0.b_0").value)))
     assert_native(exe, "training step")

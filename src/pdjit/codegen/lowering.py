@@ -39,7 +39,7 @@ from pdjit.codegen.kernel import (
     place_leaf,
 )
 from pdjit.codegen.target import get_target
-from pdjit.framework import registry
+from pdjit.framework import registry, scalars
 from pdjit.framework.errors import ShapeMismatch
 from pdjit.passes.fusion import (
     ELEMENTWISE,
@@ -673,7 +673,19 @@ class SegmentGen:
                                   f"{groups[gi - 1].nodes[0].op.type})")
                     self._loop_group(rest if rest is not None else group, blocks)
                 blocks = None
+            self._as_declared(group)
         self.outputs = [n for n in self.current if n in self.needed_after and n in self.defined]
+
+    def _as_declared(self, group: Group) -> None:
+        """View each output that ``group``'s ops compute 0-d and the program declares ``[1]``
+        (``pdjit.framework.scalars``) as ``(1,)``, as soon as it is computed."""
+        for node in group.nodes:
+            for name in scalars.promoted(node.op):
+                local = self.current.get(name)
+                if local is None or name not in self.defined:
+                    continue
+                view = self.define(name)
+                self.emit(f"{view} = {local}.reshape((1,))")
 
     def source(self, fn_name: str) -> str:
         if self._planned is not None:

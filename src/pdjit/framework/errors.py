@@ -61,6 +61,11 @@ class ReferenceStepWarning(UserWarning):
     dtypes, ranks or attributes (once per op type and reason)."""
 
 
+class LayerArgumentError(PdjitError, TypeError, ValueError):
+    """A layer function (``fluid.layers.*``) refused its arguments; the message names the
+    layer, the argument and the user's line that called it."""
+
+
 class FeedError(PdjitError, ValueError):
     """A feed does not match the variable it feeds (name, dtype or shape)."""
 

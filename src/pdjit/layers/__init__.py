@@ -24,7 +24,7 @@ from pdjit.layers.control_flow import *  # noqa: F401,F403
 from pdjit.layers.conv import *  # noqa: F401,F403
 from pdjit.layers.image import *  # noqa: F401,F403
 from pdjit.layers.io import *  # noqa: F401,F403
-from pdjit.layers.layer_helper import LayerHelper
+from pdjit.layers.layer_helper import LayerHelper, with_user_line
 from pdjit.layers.learning_rate_scheduler import *  # noqa: F401,F403
 from pdjit.layers.loss import *  # noqa: F401,F403
 from pdjit.layers.math_ops import *  # noqa: F401,F403
@@ -41,3 +41,11 @@ __all__ = (["LayerHelper"] + control_flow.__all__ + conv.__all__ + image.__all__
            + learning_rate_scheduler.__all__ + loss.__all__ + math_ops.__all__
            + metric_op.__all__ + misc.__all__ + nn.__all__ + norm.__all__
            + rnn.__all__ + sequence.__all__ + shape_ops.__all__ + tensor.__all__)
+
+# every public layer function: its argument errors name the user's line (LayerArgumentError)
+for _name in __all__:
+    _fn = globals().get(_name)
+    if callable(_fn) and not isinstance(_fn, type) and getattr(_fn, "__module__", "").startswith(
+            "pdjit.layers"):
+        globals()[_name] = with_user_line(_fn)
+del _name, _fn

@@ -11,7 +11,9 @@ readers, as a Fluid clone reads the same reader variable.
 """
 from __future__ import annotations
 
-from pdjit.framework import unique_name
+from pdjit.framework import dtypes, unique_name
+from pdjit.framework.errors import LayerArgumentError
+from pdjit.framework.operator import _user_callstack, location_from_callstack
 from pdjit.framework.program import default_main_program
 from pdjit.proto import framework_pb2 as pb
 from pdjit.runtime.reader import PyReaderLoader
@@ -39,10 +41,25 @@ def data(name: str, shape, append_batch_size: bool = True, dtype="float32", lod_
     if append_batch_size:
         shape = [-1] + shape
     block = default_main_program().global_block()
-    if block.has_var(name):
-        raise ValueError(f"data: a variable named {name!r} already exists in the program")
-    return block.create_var(name=name, shape=shape, dtype=dtype, type=type, lod_level=lod_level,
-                            stop_gradient=stop_gradient, need_check_feed=True)
+    where = location_from_callstack(_user_callstack()) or "an unknown line"
+    if block.has_var(name):  # Fluid returns the variable when the declarations agree
+        old = block.var(name)
+        want = (list(shape), dtypes.dtype_str(dtype), int(lod_level), type)
+        have = (list(old.shape), dtypes.dtype_str(old.dtype) if old.dtype is not None else None,
+                old.lod_level, old.type)
+        if want == have:
+            return old
+        first = getattr(old, "_declared_at", None) or "an earlier declaration (or op output)"
+
+        def show(t):
+            return f"{t[1]}{t[0]} lod_level {t[2]}"
+        raise LayerArgumentError(f"data {name!r}: declared at {where} as {show(want)}, but the "
+                         f"program already declares it at {first} as {show(have)}: expected "
+                         f"the same shape, dtype and lod_level (or another name)")
+    var = block.create_var(name=name, shape=shape, dtype=dtype, type=type, lod_level=lod_level,
+                           stop_gradient=stop_gradient, need_check_feed=True)
+    var._declared_at = where
+    return var
 
 
 def data_v2(name: str, shape, dtype="float32", lod_level: int = 0):

@@ -6,15 +6,40 @@ initialising ops in the default startup program, and appends its ops (shapes inf
 """
 from __future__ import annotations
 
+import functools
+
 from pdjit.framework import dtypes, registry, unique_name
+from pdjit.framework.errors import LayerArgumentError, PdjitError
+from pdjit.framework.operator import _user_callstack, location_from_callstack
 from pdjit.framework.program import (
     Parameter,
     Variable,
     default_main_program,
     default_startup_program,
 )
+from pdjit.framework.scalars import declare_fluid1_scalars
 from pdjit.initializer import Constant, Xavier
 from pdjit.param_attr import ParamAttr
+
+
+def with_user_line(fn):
+    """``fn`` (a public layer function) whose argument errors, a plain ``TypeError`` or
+    ``ValueError`` (naming the layer and the argument), become a :class:`LayerArgumentError`
+    that also names the user's line that called the layer."""
+    @functools.wraps(fn)
+    def layer(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (TypeError, ValueError) as e:
+            if isinstance(e, PdjitError) or type(e) not in (TypeError, ValueError):
+                raise
+            where = location_from_callstack(_user_callstack()) or "an unknown line"
+            text = str(e)
+            if not text.startswith(fn.__name__):
+                text = f"{fn.__name__}: {text}"
+            raise LayerArgumentError(f"layers.{text} (called at {where})") from e
+    layer.__wrapped_layer__ = fn
+    return layer
 
 
 def check_variable(value, arg: str, layer: str) -> Variable:
@@ -78,11 +103,11 @@ class LayerHelper:
 
     @property
     def param_attr(self):
-        return ParamAttr._to_attr(self.kwargs.get("param_attr"))
+        return ParamAttr._to_attr(self.kwargs.get("param_attr"), self.layer_type, "param_attr")
 
     @property
     def bias_attr(self):
-        attr = ParamAttr._to_attr(self.kwargs.get("bias_attr"))
+        attr = ParamAttr._to_attr(self.kwargs.get("bias_attr"), self.layer_type, "bias_attr")
         return None if attr is False else attr
 
     # -- variables -------------------------------------------------------------------------------
@@ -139,7 +164,11 @@ class LayerHelper:
 
     # -- ops ---------------------------------------------------------------------------------------
     def append_op(self, *args, **kwargs):
-        return self.block.append_op(*args, **kwargs)
+        """Append an op; a scalar result gets Fluid 1.x's declared shape ``[1]``
+        (``pdjit.framework.scalars``)."""
+        op = self.block.append_op(*args, **kwargs)
+        declare_fluid1_scalars(op)
+        return op
 
     def append_bias_op(self, input_var: Variable, dim_start: int = 1, dim_end=None) -> Variable:
         bias_attr = self.bias_attr

@@ -30,7 +30,7 @@ def _inputs(input, layer: str) -> list:
 
 def _param_attrs(param_attr, n: int, layer: str) -> list:
     """One ParamAttr per input: a list is taken as it is, a single attr is used for all."""
-    attrs = ParamAttr._to_attr(param_attr)
+    attrs = ParamAttr._to_attr(param_attr, layer, "param_attr")
     if isinstance(attrs, list):
         if len(attrs) != n:
             raise ValueError(f"{layer}: expected {n} param_attr (one per input), got "

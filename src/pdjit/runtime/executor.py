@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import time
 import weakref
 
 import numpy as np
@@ -34,7 +35,7 @@ from pdjit.framework.errors import PdjitError, named_errors
 from pdjit.framework.program import Block, Program, default_main_program
 from pdjit.passes import verify
 from pdjit.proto import framework_pb2 as pb
-from pdjit.runtime import checks, feed_fetch, interpreter, reader
+from pdjit.runtime import checks, feed_fetch, interpreter, profile, reader
 from pdjit.runtime.checks import env_flag
 from pdjit.runtime.context import Env
 from pdjit.runtime.place import CPUPlace, Place
@@ -299,11 +300,19 @@ class Executor:
         if self.mode == "compiled" and block.idx != 0:  # a sub-block: its own compiled plan
             self._block_plan(block, env.fetched_scopes).run(self, env, run_index)
             return
+        recorder = profile.active  # fluid.profiler: each op timed
         for op_idx, op in enumerate(block.ops):
             opdef = registry.lookup(op.type)
             if opdef is not None and opdef.has(registry.FEED_FETCH):
                 continue  # the run binds feeds and reads fetches by name
-            self._run_op(op, op_idx, env, run_index)
+            if recorder is None:
+                self._run_op(op, op_idx, env, run_index)
+                continue
+            t0 = time.perf_counter()
+            try:
+                self._run_op(op, op_idx, env, run_index)
+            finally:
+                recorder.add(op.type, time.perf_counter() - t0)
 
 def _inputs_to_host(op, env: Env) -> None:
     """Before ``op`` runs on the host (its reference), its inputs that live on the device are

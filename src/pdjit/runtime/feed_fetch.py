@@ -139,13 +139,18 @@ def check_feed(var: Variable, value):
     """A user's feed value -> the runtime value for ``var`` (array or LoDTensor), or FeedError.
 
     NumPy arrays must have the variable's dtype exactly; Python numbers and lists are converted
-    to it. The rank must match and every known dim (not ``-1``) must be equal.
+    to it. The rank must match and every known dim (not ``-1``) must be equal. Fluid's
+    leniencies: a LoDTensor fed to a variable declared with ``lod_level=0`` gives its data (its
+    LoD is dropped); a LoDTensor of shape ``[N, 1]`` fed to a LoD variable declared ``[-1]``
+    is its ``N`` values.
     """
     lod = None
     if isinstance(value, LoDTensor):
         if value._array is None:
             raise FeedError(f"feed: variable {var.name!r}: the LoDTensor holds no data")
         lod, value = value._lod, value._array
+        if lod and var.type == VarType.LOD_TENSOR and var.lod_level == 0:
+            lod = None  # its data, as Fluid feeds it
         if lod:
             _check_lod_level(var, lod)
     want = var.dtype
@@ -166,6 +171,8 @@ def check_feed(var: Variable, value):
         raise FeedError(f"feed: variable {var.name!r}: expected a numpy array, a list or a "
                         f"LoDTensor, got {type(value).__name__}")
     shape = var.shape
+    if lod and len(shape) == 1 and arr.ndim == 2 and arr.shape[1] == 1:
+        arr = arr.reshape(arr.shape[0])  # [N, 1] for a declared [-1]: the trailing 1 matches
     if var.type == VarType.LOD_TENSOR and shape:
         if arr.ndim != len(shape) or any(d >= 0 and d != a for d, a in zip(shape, arr.shape)):
             raise FeedError(f"feed: variable {var.name!r} expects shape {list(shape)} (-1 = any "

@@ -17,6 +17,7 @@ import numpy as np
 
 from pdjit.framework import registry
 from pdjit.framework.errors import OpRunError, PdjitError, UnregisteredOpError
+from pdjit.framework.scalars import as_declared
 from pdjit.proto import framework_pb2 as pb
 from pdjit.runtime import checks
 from pdjit.runtime.context import Env, RunContext
@@ -109,6 +110,7 @@ def _store_outputs(op, op_idx, opdef, result, ctx, env, raw, nan_inf=False) -> N
                 checks.check_output(op, op_idx, slot.name, n, value)
             if not raw and isinstance(value, np.ndarray):
                 var = block._find_var_recursive(n)
+                value = as_declared(value, var)  # a 0-d result declared [1] (Fluid 1.x)
                 lod = ctx.out_lods.get(slot.name, {}).get(i)
                 if lod is None:
                     lod, _ = output_lod(slot.name, slot.duplicable, i, rule, first,

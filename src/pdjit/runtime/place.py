@@ -48,3 +48,63 @@ def is_compiled_with_cuda() -> bool:
     from pdjit.codegen.cuda import device
 
     return device.available() and not device.simulator()
+
+
+class NoDeviceError(RuntimeError):
+    """A CUDA place was asked for where there is no such GPU."""
+
+
+def _gpu_count() -> int:
+    from pdjit.codegen.cuda import device
+
+    if not device.available():
+        return 0
+    try:
+        return len(device.cuda().gpus)
+    except Exception:  # noqa: BLE001 - a driver that lists nothing
+        return 0
+
+
+def cuda_places(device_ids=None) -> list:
+    """Fluid's ``fluid.cuda_places``: a ``CUDAPlace`` per GPU id in ``device_ids`` (an int or a
+    list; default: the ids in ``FLAGS_selected_gpus``, else every GPU here). A GPU that is not
+    here (none at all, or an id past the last) is a :class:`NoDeviceError` naming it."""
+    import os
+
+    from pdjit.codegen.cuda import device
+
+    count = _gpu_count()
+    if device_ids is None:
+        text = os.environ.get("FLAGS_selected_gpus", "").strip()
+        if text:
+            try:
+                device_ids = [int(t) for t in text.split(",") if t.strip()]
+            except ValueError:
+                raise ValueError(f"cuda_places: FLAGS_selected_gpus must be GPU ids separated "
+                                 f"by commas, got {text!r}") from None
+        else:
+            device_ids = list(range(count)) if count else [0]
+    elif not isinstance(device_ids, (list, tuple)):
+        device_ids = [device_ids]
+    for i in device_ids:
+        if isinstance(i, bool) or not isinstance(i, int) or i < 0:
+            raise ValueError(f"cuda_places: GPU ids must be non-negative ints, got {i!r}")
+        if i >= count:
+            why = device.unavailable_reason() if not count else \
+                f"this machine has {count} GPU(s), ids 0..{count - 1}"
+            raise NoDeviceError(f"cuda_places: CUDAPlace({i}) needs GPU {i}, which is not "
+                                f"here: {why}. Use fluid.cpu_places() (or CPUPlace()) instead")
+    return [CUDAPlace(i) for i in device_ids]
+
+
+def cuda_pinned_places(device_count=None) -> list:
+    """Fluid's ``fluid.cuda_pinned_places``: ``device_count`` ``CUDAPinnedPlace``s (default:
+    ``CPU_NUM``, else 1); pinned host memory is host memory here."""
+    import os
+
+    if device_count is None:
+        device_count = int(os.environ.get("CPU_NUM", "1").strip() or "1")
+    if isinstance(device_count, bool) or not isinstance(device_count, int) or device_count <= 0:
+        raise ValueError(f"cuda_pinned_places: device_count must be a positive int, got "
+                         f"{device_count!r}")
+    return [CUDAPinnedPlace() for _ in range(device_count)]

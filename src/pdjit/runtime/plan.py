@@ -60,7 +60,7 @@ from pdjit.passes.fusion import live_names, partition
 from pdjit.passes.prune import prune
 from pdjit.proto import framework_pb2 as pb
 from pdjit.runtime import checks as run_checks
-from pdjit.runtime import memory
+from pdjit.runtime import memory, profile
 from pdjit.runtime.context import RunContext, StepScopes
 from pdjit.runtime.lod_flow import LoDFlow, LoDUnavailable
 from pdjit.runtime.tensor import LoDTensor
@@ -756,6 +756,9 @@ class Plan:
         self.block_idx = block_idx
 
     def run(self, executor, env, run_index) -> None:
+        recorder = profile.active
+        if recorder is not None:  # fluid.profiler: each step timed
+            return profile.run_timed(recorder, self.steps, executor, env, run_index)
         for step in self.steps:
             step.run(executor, env, run_index)
 

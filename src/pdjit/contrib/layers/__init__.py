@@ -1,0 +1,7 @@
+"""``fluid.contrib.layers``: Fluid 1.x's contributed layers that pdjit has.
+
+Each is also where Fluid 1.x scripts reach it through ``fluid.contrib.layers``; layers Fluid
+1.8 lists here that are not in this module do not exist in pdjit yet.
+"""
+
+__all__: list = []

@@ -1,0 +1,100 @@
+"""Scalar results as their program declares them: shape ``[1]`` (Fluid 1.x) or ``[]`` (0-d).
+
+Fluid 1.x has no 0-d tensors: ``mean``, a reduction over every dim, ``accuracy``, ``auc`` and
+every other scalar result is declared with shape ``[1]``, and its scripts index it
+(``loss[0]``, ``exe.run(...)[0][0]``). PaddlePaddle 2.x/3.x declares the same results 0-d. The
+ops here compute such results 0-d; what a run gives is what the program declares:
+
+- **Build time** (:func:`declare_fluid1_scalars`): the Fluid 1.x builders (``pdjit.layers``,
+  through ``LayerHelper.append_op``) declare a result ``[1]`` where the op makes it 0-d from
+  inputs of rank 1 or more. Ops without inputs (``fill_constant(shape=[])``) and ops on 0-d
+  inputs keep the shape they infer. A program read from a file keeps its ``VarDesc``s as they
+  are, so a Fluid 1.x file says ``[1]`` and a PaddlePaddle 3.x file says ``[]``.
+- **Run time** (one rule, every executor path): an output the op computes 0-d whose variable is
+  declared ``[1]`` is that one element with shape ``(1,)`` (a view). The reference interpreter
+  applies it to each value it stores (:func:`as_declared`); compiled code views the outputs
+  :func:`promoted` names right after the op computed them. Nothing else changes shape: a
+  value declared 0-d stays 0-d.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from pdjit.framework import registry
+from pdjit.framework.errors import PdjitError
+from pdjit.framework.variable import _TENSOR_HOLDERS
+from pdjit.proto import framework_pb2 as pb
+
+#: the shape Fluid 1.x declares for a scalar result
+FLUID1_SCALAR = (1,)
+_DENSE = (pb.VarType.LOD_TENSOR,)
+
+
+def _tensor_outputs(op):
+    block = op.block
+    for name in op.output_arg_names:
+        if name == registry.EMPTY_VAR_NAME:
+            continue
+        v = block._find_var_recursive(name)
+        if v is not None and v.type in _DENSE:
+            yield v
+
+
+def declare_fluid1_scalars(op) -> None:
+    """Declare ``[1]`` for each 0-d tensor output of ``op`` (just appended by a Fluid 1.x
+    builder) when one of its inputs has rank 1 or more: the shape Fluid 1.x gives."""
+    block = op.block
+    ranked = False
+    for name in op.input_arg_names:
+        v = block._find_var_recursive(name) if name != registry.EMPTY_VAR_NAME else None
+        if v is not None and v.type in _TENSOR_HOLDERS and len(v.shape) >= 1:
+            ranked = True
+            break
+    if not ranked:
+        return
+    for v in _tensor_outputs(op):
+        if v.shape == () and v.dtype is not None:
+            v.shape = FLUID1_SCALAR
+
+
+def promoted(op) -> frozenset:
+    """The outputs of ``op`` declared ``[1]`` that the op computes 0-d (its ``infer_shape`` on
+    the declared inputs), which run time views as ``(1,)``; empty for an op that is not
+    registered or whose inputs do not fit (running it then says why)."""
+    candidates = [v.name for v in _tensor_outputs(op) if v.shape == FLUID1_SCALAR]
+    if not candidates:
+        return frozenset()
+    opdef = registry.lookup(op.type)
+    if opdef is None:
+        return frozenset()
+    block = op.block
+    metas = {}
+    for slot in opdef.inputs:
+        vs = [block._find_var_recursive(n) for n in op.input(slot.name)
+              if n != registry.EMPTY_VAR_NAME]
+        ms = [v.meta() for v in vs if v is not None]
+        metas[slot.name] = ms if slot.duplicable else (ms[0] if ms else None)
+    attrs = {k: v for k, v in op.all_attrs().items() if k in opdef.attrs}
+    try:
+        result = opdef.call_infer_shape(metas, attrs)
+    except (PdjitError, ValueError, TypeError, IndexError, KeyError):
+        return frozenset()
+    zero_d = set()
+    for slot in opdef.outputs:
+        res = result.get(slot.name)
+        if res is None:
+            continue
+        res = res if isinstance(res, (list, tuple)) else [res]
+        for n, meta in zip(op.output(slot.name), res):
+            if meta is not None and meta.shape == ():
+                zero_d.add(n)
+    return frozenset(n for n in candidates if n in zero_d)
+
+
+def as_declared(value, var):
+    """``value`` (an output just computed) as ``var`` declares it: a 0-d array declared
+    ``[1]`` viewed as ``(1,)``; anything else as it is."""
+    if type(value) is np.ndarray and value.ndim == 0 and var is not None and \
+            var.type in _DENSE and var.shape == FLUID1_SCALAR:
+        return value.reshape(FLUID1_SCALAR)
+    return value
