@@ -9,6 +9,7 @@ from pdjit import (  # noqa: F401 (ops registers ops)
                    compiler,
                    core,
                    data_feeder,
+                   dataset,
                    initializer,
                    install_check,
                    io,
@@ -44,6 +45,7 @@ from pdjit.framework.errors import (
 )
 from pdjit.framework.name_scope import *  # noqa: F401,F403
 from pdjit.io.checkpoint import *  # noqa: F401,F403
+from pdjit.io.dataset import DatasetFactory, InMemoryDataset, QueueDataset
 from pdjit.layers.io import data_v2 as data
 from pdjit.layers.nn import embedding_v2 as embedding
 from pdjit.param_attr import ParamAttr
@@ -66,6 +68,7 @@ __all__ = [
     "PdjitError", "ProgramError", "UnregisteredOpError", "set_num_threads", "get_num_threads",
     "clear_cache", "append_backward", "gradients", "optimizer", "regularizer", "clip", "backward",
     "compiler", "core", "metrics", "install_check", "is_compiled_with_cuda", "embedding", "verify",
+    "DatasetFactory", "InMemoryDataset", "QueueDataset",
 ]
 from pdjit.framework import name_scope as _name_scope  # noqa: E402
 
