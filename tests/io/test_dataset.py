@@ -18,6 +18,7 @@ import pytest
 
 import pdjit as fluid
 from pdjit.dataset import DatasetError
+from pdjit.runtime.executor import FetchHandler
 from pdjit.testing.op_test import assert_native
 
 SPARSE = ["C1", "C2", "C3"]
@@ -167,6 +168,21 @@ def test_queue_dataset_trains(tmp_path, model, capsys):
     assert len(lines) == 15 and all(f"{loss.name}[1]:[" in ln for ln in lines)  # 12 batches
     values = [float(ln.rsplit(":[", 1)[1][:-1]) for ln in lines]
     assert np.mean(values[-3:]) < 0.7 * np.mean(values[:3]), values
+
+    # a FetchHandler sees its variables' values as the runs go; debug reports the pass
+    seen = []
+
+    class Handler(FetchHandler):
+        def handler(self, res_dict):
+            seen.append({k: np.array(v) for k, v in res_dict.items()})
+
+    exe.train_from_dataset(main, dataset, scope, fetch_list=[loss], print_period=100,
+                           debug=True, fetch_handler=Handler({"loss": loss, "w": "w1"},
+                                                             period_secs=0))
+    assert len(seen) == 13  # after each of the 12 batches, and after the last one
+    assert seen[-1]["w"].shape == (DICT, 1) and seen[-1]["loss"].size == 1
+    assert re.search(r"^train_from_dataset: 12 batches in [\d.]+ s", capsys.readouterr().out,
+                     re.M)
 
 
 def test_batches_hold_the_lines(tmp_path, model):

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import pdjit as fluid
+from pdjit.codegen import compiler, nnlib
 from pdjit.framework.errors import PdjitError
 from pdjit.passes.backward import gradients
 from pdjit.runtime.executor import Executor
@@ -219,6 +220,10 @@ def test_float32_native():
                                                                                np.float32))
     assert np.asarray(got[0]).dtype == np.float32
     np.testing.assert_allclose(np.asarray(got[0]), want, rtol=1e-5, atol=1e-5)
+    # the compile jobs a new plan predicts for the kernels are the signatures the calls used
+    for name in ("crf_nll", "crf_nll_grad"):
+        for fn, types in nnlib.JOBS[name](np.dtype(np.float32)):
+            assert tuple(compiler._numba_type(t) for t in types) in fn.overloads, name
 
 
 def test_check_grad_through_the_kit():

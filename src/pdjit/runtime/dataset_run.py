@@ -25,6 +25,24 @@ from pdjit.framework.errors import PdjitError
 from pdjit.framework.program import Program, default_main_program
 
 
+class FetchHandler:
+    """Fluid's ``fluid.executor.FetchHandler``: ``var_dict`` maps keys to variables (or
+    names) whose values ``handler`` gets, as ``{key: ndarray}``, every ``period_secs`` seconds
+    of a ``train_from_dataset`` / ``infer_from_dataset`` run (and after its last batch).
+    Subclass it and override :meth:`handler`; this one prints each key and its value."""
+
+    def __init__(self, var_dict=None, period_secs=60):
+        if not isinstance(var_dict, dict) or not var_dict:
+            raise PdjitError(f"FetchHandler: var_dict must be a dict of key -> Variable, got "
+                             f"{var_dict!r}")
+        self.var_dict = var_dict
+        self.period_secs = period_secs
+
+    def handler(self, res_dict):
+        print(" ".join(f"{k}: {np.asarray(v).reshape(-1)[:1]}" for k, v in res_dict.items()),
+              flush=True)
+
+
 def _for_inference(program: Program) -> Program:
     cached = program.__dict__.get("_infer_clone")
     if cached is None or cached[0] != program.version:

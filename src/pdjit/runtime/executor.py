@@ -34,6 +34,7 @@ from pdjit.proto import framework_pb2 as pb
 from pdjit.runtime import checks, dataset_run, device, feed_fetch, interpreter, reader, threads
 from pdjit.runtime.checks import env_flag
 from pdjit.runtime.context import Env
+from pdjit.runtime.dataset_run import FetchHandler  # noqa: F401 (fluid.executor's name)
 from pdjit.runtime.place import CPUPlace, Place
 from pdjit.runtime.plan import build_plan
 from pdjit.runtime.scope import Scope, global_scope
