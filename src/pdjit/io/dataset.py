@@ -151,6 +151,11 @@ def make_batch(instances: list, slots: list) -> dict:
         parts = [inst[i] for inst in instances]
         data = np.concatenate(parts) if parts else np.zeros(0, slot.dtype)
         if slot.dense:
+            if slot.width is None and len({len(p) for p in parts}) > 1:
+                raise DatasetError(f"dataset: dense slot {slot.name!r} of shape "
+                                   f"{[-1] + slot.dims}: its instances in one batch hold "
+                                   f"{sorted({len(p) for p in parts})} values: expected one "
+                                   f"count for all (or declare lod_level=1)")
             feed[slot.name] = data.reshape([b] + (slot.dims if slot.width is not None
                                                   else [-1]))
         else:
