@@ -8,6 +8,8 @@ run the ops natively (strict mode, no reference step). LoD tensors (with an empt
 and the padded ``Length`` form, float64 and float32.
 """
 import itertools
+import json
+import pathlib
 
 import numpy as np
 import pytest
@@ -305,3 +307,24 @@ def test_srl_style_program_trains_and_decodes():
     np.testing.assert_array_equal(np.asarray(path).reshape(-1), words % label_dict_len)
     assert float(np.asarray(f1).reshape(-1)[0]) == 1.0
     assert {"linear_chain_crf", "linear_chain_crf_grad", "crf_decoding"} <= native_ops(exe)
+
+
+# ---- PaddlePaddle 3.3.1's crf_decoding --------------------------------------------------------
+FIXTURES = pathlib.Path(__file__).parents[1] / "fixtures" / "paddle" / "crf"
+PADDLE_CASES = json.loads((FIXTURES / "cases.json").read_text())["cases"]
+
+
+@pytest.mark.parametrize("case", PADDLE_CASES, ids=[c["name"] for c in PADDLE_CASES])
+def test_paddle_parity(case):
+    """The paths Paddle 3.3.1's crf_decoding decoded (``make_crf_fixtures.py``; Paddle no
+    longer registers linear_chain_crf), LoD and padded, with and without labels."""
+    data = np.load(FIXTURES / f"{case['name']}.npz")
+    inputs = {s: data[f"in_{s}"] for s in case["inputs"]}
+    if case["lod"]:
+        for s in ("Emission", "Label"):
+            if s in inputs:
+                inputs[s] = (inputs[s], case["lod"])
+    for mode in ("reference", "compiled"):
+        got = run(case["op"], inputs, ["ViterbiPath"], mode)
+        np.testing.assert_array_equal(np.asarray(got[0]), data["out_ViterbiPath"],
+                                      err_msg=f"{case['name']} [{mode}]")
