@@ -12,8 +12,11 @@ batch. ``debug=True`` prints the number of batches and the time taken at the end
 
 Inference (``infer_from_dataset``) runs the program without its backward, optimizer and
 learning-rate ops (``Program.clone(for_test=True)``): it reads the parameters and updates none.
-(Fluid 1.8 on one machine runs every op of the program given; only the push of gradients to
-parameter servers is disabled. Giving it a test program computes the same either way.)
+This departs from Fluid on purpose: Fluid 1.8 documents only that the push of gradients to
+parameter servers is disabled, and on one machine it runs every op of the program given
+(PaddlePaddle 3.3.1's legacy executor, tried: a program with an SGD step changes its weights
+under ``infer_from_dataset``). A test program (what evaluation scripts pass) computes the same
+either way.
 """
 from __future__ import annotations
 
