@@ -226,6 +226,11 @@ def test_float32_native():
                                                                                np.float32))
     assert np.asarray(got[0]).dtype == np.float32
     np.testing.assert_allclose(np.asarray(got[0]), want, rtol=1e-5, atol=1e-5)
+    # int32 labels are taken too
+    got32 = run("linear_chain_crf", {"Emission": (x, LOD), "Transition": w,
+                                     "Label": (lab.astype(np.int32), LOD)}, ["LogLikelihood"],
+                "compiled")
+    np.testing.assert_array_equal(np.asarray(got32[0]), np.asarray(got[0]))
     # the compile jobs a new plan predicts for the kernels are the signatures the calls used
     for name in ("crf_nll", "crf_nll_grad"):
         for fn, types in nnlib.JOBS[name](np.dtype(np.float32)):

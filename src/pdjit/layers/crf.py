@@ -15,10 +15,10 @@ def _checked(layer, input, label, length):
     check_dtype(input, "input", ("float32", "float64"), layer)
     if label is not None:
         check_variable(label, "label", layer)
-        check_dtype(label, "label", ("int64",), layer)
+        check_dtype(label, "label", ("int64", "int32"), layer)
     if length is not None:
         check_variable(length, "length", layer)
-        check_dtype(length, "length", ("int64",), layer)
+        check_dtype(length, "length", ("int64", "int32"), layer)
     rank = 3 if length is not None else 2
     if len(input.shape) != rank or input.shape[-1] < 1:
         form = "[batch, max_len, num_tags] (with length)" if length is not None else \

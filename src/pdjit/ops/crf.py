@@ -44,6 +44,7 @@ from pdjit.framework.registry import (
 from pdjit.ops._common import check_dtype
 
 INT64 = np.dtype(np.int64)
+INDEX = (np.dtype(np.int32), INT64)
 FLOAT = (np.dtype(np.float32), np.dtype(np.float64))
 TRAITS = (SEQUENCE, OPAQUE)
 
@@ -55,7 +56,7 @@ def _check_metas(op, Emission, Transition, Label, Length):
     check_dtype(Transition, (Emission.dtype,), f"{op}: input Transition")
     padded = Length is not None
     if padded:
-        check_dtype(Length, (INT64,), f"{op}: input Length")
+        check_dtype(Length, INDEX, f"{op}: input Length")
     if Emission.ndim != (3 if padded else 2):
         form = "[B, S, D] (with Length)" if padded else "[N, D] (a LoD tensor, no Length)"
         raise ShapeMismatch(f"{op}: input Emission of shape {list(Emission.shape)}: expected "
@@ -67,7 +68,7 @@ def _check_metas(op, Emission, Transition, Label, Length):
         raise ShapeMismatch(f"{op}: input Transition of shape {list(t)}: expected [D + 2, D] "
                             f"with D = {d}, the tag count (Emission's last dim)")
     if Label is not None:
-        check_dtype(Label, (INT64,), f"{op}: input Label")
+        check_dtype(Label, INDEX, f"{op}: input Label")
         lab = Label.shape
         if padded:
             ok = len(lab) == 2 or (len(lab) == 3 and lab[2] in (1, -1))
@@ -315,7 +316,7 @@ def _crf_lower(ctx):
     wexp = ctx.out_or_scratch("TransitionExps", f"{W}.shape", T, lines)
     (x2, offs, lens, padded, stride), _ = _form(ctx, lines, "Label")
     lab = ctx.tmp("lab")
-    lines.append(f"{lab} = {ctx.inp('Label')}.reshape(-1)")
+    lines.append(f"{lab} = {ctx.inp('Label')}.reshape(-1).astype(np.int64)")
     a2, e2 = _rows(ctx, alpha, lines), _rows(ctx, eexp, lines)
     lines.append(f"_nn.crf_nll({x2}, {W}, {lab}, {offs}, {lens}, {padded}, {stride}, {a2}, "
                  f"{e2}, {wexp}, {nll})")
@@ -341,7 +342,7 @@ def _crf_grad_lower(ctx):
     lines.append(f"{none} = np.zeros((0, 0), {T})")
     dx2 = _rows(ctx, dx, lines) if dx is not None else none
     lab, g = ctx.tmp("lab"), ctx.tmp("g")
-    lines += [f"{lab} = {ctx.inp('Label')}.reshape(-1)",
+    lines += [f"{lab} = {ctx.inp('Label')}.reshape(-1).astype(np.int64)",
               f"{g} = {ctx.inp('LogLikelihood@GRAD')}.reshape(({ctx.inp('LogLikelihood@GRAD')}"
               f".size, 1))"]
     lines.append(f"_nn.crf_nll_grad({eexp}, {ctx.inp('TransitionExps')}, {lab}, {alpha}, {g}, "
@@ -360,7 +361,8 @@ def _decode_lower(ctx):
     path = ctx.out("ViterbiPath", shape=shape)
     (x2, offs, lens, padded, stride), _ = _form(ctx, lines, "Emission")
     lab, p = ctx.tmp("lab"), ctx.tmp("p")
-    lines.append(f"{lab} = {ctx.inp('Label')}.reshape(-1)" if ctx.has_input("Label")
+    lines.append(f"{lab} = {ctx.inp('Label')}.reshape(-1).astype(np.int64)"
+                 if ctx.has_input("Label")
                  else f"{lab} = np.zeros(0, np.int64)")
     lines.append(f"{p} = {path}.reshape(-1)")
     lines.append(f"_nn.crf_viterbi({x2}, {W}, {lab}, {offs}, {lens}, {padded}, {stride}, {p})")
