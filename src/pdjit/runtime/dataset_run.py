@@ -67,12 +67,13 @@ def run_from_dataset(exe, program, dataset, scope, thread, is_infer, debug, fetc
                          f"fluid.DatasetFactory().create_dataset(...), got "
                          f"{type(dataset).__name__}")
     program = program if program is not None else default_main_program()
+    plain = program
     if not isinstance(program, Program):
         as_program = getattr(program, "_as_program", None)  # a CompiledProgram
         if as_program is None:
             raise TypeError(f"Executor.{what}: program must be a Program, got "
                             f"{type(program).__name__}")
-        program = as_program()
+        plain = as_program()
     threads = thread if thread and thread > 0 else getattr(dataset, "thread_num", 0)
     if not threads or threads <= 0:
         raise PdjitError(f"Executor.{what}: set a thread count, in the dataset (set_thread) "
@@ -94,7 +95,7 @@ def run_from_dataset(exe, program, dataset, scope, thread, is_infer, debug, fetc
         for key, var in dict(fetch_handler.var_dict).items():
             handler_keys.append(key)
             handler_names.append(var if isinstance(var, str) else var.name)
-    run_program = _for_inference(program) if is_infer else program
+    run_program = _for_inference(plain) if is_infer else program  # (a CompiledProgram as is)
     fetch = names + handler_names
     start = last_handled = time.time()
     batches = 0
