@@ -277,8 +277,8 @@ def _floats(ctx, slots) -> bool:
 
 
 def _form(ctx, lines, lod_slot):
-    """Source of ``(rows, offs, lens, padded, stride)`` for the kernels and the count of
-    sequences (source over the inputs and offsets)."""
+    """Source of the kernels' ``(rows, offs, lens, padded, stride)``: Emission as rows and its
+    sequences, from ``lod_slot``'s LoD (level 0) or from Length."""
     E = ctx.inp("Emission")
     x2, lens, offs = ctx.tmp("x"), ctx.tmp("lens"), ctx.tmp("offs")
     if ctx.has_input("Length"):
@@ -286,10 +286,10 @@ def _form(ctx, lines, lod_slot):
         lines += [f"{x2} = {E}.reshape(({E}.shape[0] * {E}.shape[1], {E}.shape[2]))",
                   f"{lens} = {L}.reshape(-1).astype(np.int64)",
                   f"{offs} = np.zeros(0, np.int64)"]
-        return (x2, offs, lens, "True", f"{E}.shape[1]"), f"{L}.shape[0]"
+        return x2, offs, lens, "True", f"{E}.shape[1]"
     o = ctx.lod(lod_slot, level=0)
     lines += [f"{x2} = {E}", f"{lens} = np.zeros(0, np.int64)"]
-    return (x2, o, lens, "False", "0"), f"{o}.shape[0] - 1"
+    return x2, o, lens, "False", "0"
 
 
 def _rows(ctx, local: str, lines) -> str:
@@ -314,7 +314,7 @@ def _crf_lower(ctx):
     alpha = ctx.out_or_scratch("Alpha", f"{E}.shape", T, lines)
     eexp = ctx.out_or_scratch("EmissionExps", f"{E}.shape", T, lines)
     wexp = ctx.out_or_scratch("TransitionExps", f"{W}.shape", T, lines)
-    (x2, offs, lens, padded, stride), _ = _form(ctx, lines, "Label")
+    x2, offs, lens, padded, stride = _form(ctx, lines, "Label")
     lab = ctx.tmp("lab")
     lines.append(f"{lab} = {ctx.inp('Label')}.reshape(-1).astype(np.int64)")
     a2, e2 = _rows(ctx, alpha, lines), _rows(ctx, eexp, lines)
@@ -334,8 +334,7 @@ def _crf_grad_lower(ctx):
         else None
     dw = ctx.out("Transition@GRAD", shape=f"{W}.shape") \
         if ctx.has_output("Transition@GRAD") else None
-    form, _ = _form(ctx, lines, "Label")
-    x2, offs, lens, padded, stride = form
+    _, offs, lens, padded, stride = _form(ctx, lines, "Label")
     eexp = _rows(ctx, ctx.inp("EmissionExps"), lines)
     alpha = _rows(ctx, ctx.inp("Alpha"), lines)
     none = ctx.tmp("none")
@@ -359,7 +358,7 @@ def _decode_lower(ctx):
     shape = f"({E}.shape[0], {E}.shape[1])" if ctx.has_input("Length") else \
         f"({E}.shape[0], 1)"
     path = ctx.out("ViterbiPath", shape=shape)
-    (x2, offs, lens, padded, stride), _ = _form(ctx, lines, "Emission")
+    x2, offs, lens, padded, stride = _form(ctx, lines, "Emission")
     lab, p = ctx.tmp("lab"), ctx.tmp("p")
     lines.append(f"{lab} = {ctx.inp('Label')}.reshape(-1).astype(np.int64)"
                  if ctx.has_input("Label")
