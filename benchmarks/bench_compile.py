@@ -12,7 +12,7 @@ caches that run left. The compile worker is off (PDJIT_COMPILE_WORKERS=0) so tha
 compile happens in the measured process: the parts are `import pdjit`, building the program
 (layers, startup run), plan building (``Plan.compile_seconds``: lowering, no Numba), Numba's
 time per dispatcher (its own time, nested compiles counted where they happen) split into
-library kernels (``pdjit.codegen.nnlib``, ``mathfuncs``), generated kernels (one row each) and
+library kernels (``pdjit.codegen.cpu.lib``, ``mathfuncs``), generated kernels (one row each) and
 loads from the disk cache, and the rest of the first run (Python, the kernels themselves).
 
 The model: N fc layers of width 64 (input width 64; activations relu, tanh, sigmoid, none in

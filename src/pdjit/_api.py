@@ -7,6 +7,7 @@ from pdjit import (  # noqa: F401 (ops registers ops)
                    contrib,
                    core,
                    data_feeder,
+                   dataset,
                    executor,
                    initializer,
                    install_check,
@@ -47,6 +48,7 @@ from pdjit.framework.errors import (
 )
 from pdjit.framework.name_scope import *  # noqa: F401,F403
 from pdjit.io.checkpoint import *  # noqa: F401,F403
+from pdjit.io.dataset import DatasetFactory, InMemoryDataset, QueueDataset
 from pdjit.layers.io import data_v2 as data
 from pdjit.layers.nn import embedding_v2 as embedding
 from pdjit.param_attr import ParamAttr
@@ -75,7 +77,7 @@ __all__ = [
     "clear_cache", "append_backward", "gradients", "optimizer", "regularizer", "clip", "backward",
     "compiler", "core", "metrics", "install_check", "is_compiled_with_cuda", "embedding", "verify",
     "contrib", "executor", "profiler", "require_version", "cuda_places", "cuda_pinned_places",
-    "in_dygraph_mode",
+    "in_dygraph_mode", "DatasetFactory", "InMemoryDataset", "QueueDataset",
 ]
 from pdjit.framework import name_scope as _name_scope  # noqa: E402
 

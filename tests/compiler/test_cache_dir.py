@@ -32,7 +32,7 @@ SCRIPT = textwrap.dedent("""
     (out,) = fluid.Executor().run(main, feed={"x": xv}, fetch_list=[y], scope=fluid.Scope())
     lib = {"compiled": 0, "loaded": 0}
     for name, mod in list(sys.modules.items()):
-        if name.startswith(("pdjit.codegen.nnlib", "pdjit.codegen.mathfuncs")):
+        if name.startswith(("pdjit.codegen.cpu.lib", "pdjit.codegen.cpu.mathfuncs")):
             for fn in vars(mod).values():
                 if isinstance(fn, Dispatcher):
                     lib["compiled"] += sum(fn.stats.cache_misses.values())
@@ -88,7 +88,7 @@ def test_a_copied_cache_is_reused_and_clear_cache_empties_all_of_it(tmp_path):
 
 WARMUP = textwrap.dedent("""
     from pdjit import cli
-    from pdjit.codegen import nnlib
+    from pdjit.codegen.cpu import lib as nnlib
     keep = {"untile_nd": nnlib.JOBS["untile_nd"]}   # one cheap entry point of the library
     nnlib.JOBS.clear()
     nnlib.JOBS.update(keep)

@@ -661,6 +661,25 @@ add("sequence_conv",
       grad=["X", "Filter", "PaddingData"]))
 
 
+# ---- linear-chain CRF (crf.py) -------------------------------------------------------------------
+def _crf_inputs(r, padded=False):
+    if padded:
+        return {"Emission": u(r, (2, 2, 3)), "Transition": u(r, (5, 3)),
+                "Label": r.integers(0, 3, (2, 2)).astype(np.int64),
+                "Length": np.array([2, 1], np.int64)}
+    return {"Emission": (u(r, (3, 3)), RNN_LOD), "Transition": u(r, (5, 3)),
+            "Label": (r.integers(0, 3, (3, 1)).astype(np.int64), RNN_LOD)}
+
+
+add("linear_chain_crf",
+    S(_crf_inputs, grad=["Emission", "Transition"], out="LogLikelihood"),
+    S(lambda r: _crf_inputs(r, padded=True), grad=["Emission", "Transition"],
+      out="LogLikelihood"))
+add("crf_decoding",
+    S(lambda r: {k: v for k, v in _crf_inputs(r).items() if k != "Label"}, out="ViterbiPath"),
+    S(lambda r: _crf_inputs(r, padded=True), out="ViterbiPath"))
+
+
 def _rnn_inputs(r, mode, layers=1, bidirec=False, lens=None, T=3, B=2, n_in=2):
     gates = {"LSTM": 4, "GRU": 3}.get(mode, 1)
     d = 2 if bidirec else 1

@@ -8,6 +8,7 @@ from pdjit.ops import (  # noqa: F401
     control_flow,
     conv,
     creation,
+    crf,
     elementwise,
     image,
     indexing,

@@ -35,9 +35,10 @@ from pdjit.framework.errors import PdjitError, named_errors
 from pdjit.framework.program import Block, Program, default_main_program
 from pdjit.passes import verify
 from pdjit.proto import framework_pb2 as pb
-from pdjit.runtime import checks, feed_fetch, interpreter, profile, reader
+from pdjit.runtime import checks, dataset_run, feed_fetch, interpreter, profile, reader
 from pdjit.runtime.checks import env_flag
 from pdjit.runtime.context import Env
+from pdjit.runtime.dataset_run import FetchHandler  # noqa: F401 (fluid.executor's name)
 from pdjit.runtime.place import CPUPlace, Place
 from pdjit.runtime.plan import build_plan
 from pdjit.runtime.scope import Scope, global_scope
@@ -222,6 +223,25 @@ class Executor:
                 if name in persistables:
                     scope.var(name).value = value
         return results
+
+    def train_from_dataset(self, program: Program | None = None, dataset=None,
+                           scope: Scope | None = None, thread: int = 0, debug: bool = False,
+                           fetch_list=None, fetch_info=None, print_period: int = 100,
+                           fetch_handler=None):
+        """Fluid 1.x's trainer loop: run ``program`` once per batch of ``dataset`` (made by
+        ``fluid.DatasetFactory``), printing ``fetch_list`` (labelled by ``fetch_info``) every
+        ``print_period`` batches (``pdjit.runtime.dataset_run``). Returns None."""
+        dataset_run.run_from_dataset(self, program, dataset, scope, thread, False, debug,
+                                     fetch_list, fetch_info, print_period, fetch_handler)
+
+    def infer_from_dataset(self, program: Program | None = None, dataset=None,
+                           scope: Scope | None = None, thread: int = 0, debug: bool = False,
+                           fetch_list=None, fetch_info=None, print_period: int = 100,
+                           fetch_handler=None):
+        """:meth:`train_from_dataset` without updates: ``program`` runs without its backward
+        and optimizer ops."""
+        dataset_run.run_from_dataset(self, program, dataset, scope, thread, True, debug,
+                                     fetch_list, fetch_info, print_period, fetch_handler)
 
     def _plan(self, run):
         return self._cached(run.program, ("plan", run.fetch_names),
