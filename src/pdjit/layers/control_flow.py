@@ -627,3 +627,9 @@ def increment(x, value: float = 1.0, in_place: bool = True) -> Variable:
     helper.append_op("increment", inputs={"X": [x]}, outputs={"Out": [out]},
                      attrs={"step": float(value)})
     return out
+
+
+# Fluid 1.x's recurrent blocks live in their own module (they build on the layers above)
+from pdjit.layers.recurrent import StaticRNN  # noqa: E402
+
+__all__ += ["StaticRNN"]
