@@ -15,6 +15,7 @@ from pdjit.layers import (
     misc,
     nn,
     norm,
+    recurrent,
     rnn,
     sequence,
     shape_ops,
@@ -32,6 +33,7 @@ from pdjit.layers.metric_op import *  # noqa: F401,F403
 from pdjit.layers.misc import *  # noqa: F401,F403
 from pdjit.layers.nn import *  # noqa: F401,F403
 from pdjit.layers.norm import *  # noqa: F401,F403
+from pdjit.layers.recurrent import *  # noqa: F401,F403
 from pdjit.layers.rnn import *  # noqa: F401,F403
 from pdjit.layers.sequence import *  # noqa: F401,F403
 from pdjit.layers.shape_ops import *  # noqa: F401,F403
@@ -39,5 +41,5 @@ from pdjit.layers.tensor import *  # noqa: F401,F403
 
 __all__ = (["LayerHelper"] + control_flow.__all__ + conv.__all__ + image.__all__ + io.__all__
            + learning_rate_scheduler.__all__ + loss.__all__ + math_ops.__all__
-           + metric_op.__all__ + misc.__all__ + nn.__all__ + norm.__all__
+           + metric_op.__all__ + misc.__all__ + nn.__all__ + norm.__all__ + recurrent.__all__
            + rnn.__all__ + sequence.__all__ + shape_ops.__all__ + tensor.__all__)

@@ -629,7 +629,7 @@ def increment(x, value: float = 1.0, in_place: bool = True) -> Variable:
     return out
 
 
-# Fluid 1.x's recurrent blocks live in their own module (they build on the layers above)
-from pdjit.layers.recurrent import StaticRNN  # noqa: E402
 
-__all__ += ["StaticRNN"]
+# Fluid 1.x's recurrent blocks live in their own module (they build on the layers above);
+# Fluid scripts also reach them as fluid.layers.control_flow.StaticRNN / DynamicRNN
+from pdjit.layers.recurrent import DynamicRNN, StaticRNN  # noqa: E402,F401

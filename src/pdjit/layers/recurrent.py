@@ -32,7 +32,8 @@ from pdjit.proto import framework_pb2 as pb
 
 VarType = pb.VarType
 
-__all__ = ["StaticRNN"]
+__all__ = ["StaticRNN", "DynamicRNN", "lod_rank_table", "max_sequence_len", "lod_tensor_to_array",
+           "array_to_lod_tensor", "shrink_memory", "reorder_lod_tensor_by_rank"]
 
 
 @contextlib.contextmanager
@@ -226,3 +227,270 @@ class _StaticRNNGuard:
 
     def __exit__(self, exc_type, exc_val, exc_tb):
         return self.rnn._exit(exc_type, exc_val, exc_tb)
+
+
+# ---- DynamicRNN ---------------------------------------------------------------------------------
+class DynamicRNN:
+    """Fluid 1.x's ``DynamicRNN``: a step block run over the sequences of a LoD tensor::
+
+        drnn = fluid.layers.DynamicRNN()
+        with drnn.block():
+            word = drnn.step_input(sentence)          # one row per sequence still running
+            enc = drnn.static_input(encoder_out)      # the same rows of a per-sequence input
+            prev = drnn.memory(shape=[H], value=0.0)  # or memory(init=h0, need_reorder=True)
+            h = fluid.layers.fc([word, prev], H, act="tanh")
+            drnn.update_memory(prev, h)
+            drnn.output(h)
+        out = drnn()                                  # a LoD tensor with sentence's LoD
+
+    At step ``t`` the block sees the ``t``-th row of every sequence longer than ``t``, the
+    sequences ranked longest first (``lod_rank_table``); memories shrink as sequences end.
+    The ops are Fluid 1.8's (see ``pdjit.ops.lod_array``) in a ``while``.
+    """
+
+    BEFORE_RNN, IN_RNN, AFTER_RNN = 0, 1, 2
+
+    def __init__(self, name=None):
+        self.helper = LayerHelper("dynamic_rnn", name=name)
+        self.status = DynamicRNN.BEFORE_RNN
+        self.lod_rank_table = None
+        self.max_seq_len = None
+        self.step_idx = None
+        self.zero_idx = None
+        self.mem_dict: dict = {}
+        self.output_array: list = []
+        self.outputs: list = []
+        self.cond = self.helper.main_program.current_block().create_var(
+            name=unique_name.generate(f"{self.helper.name}.cond"), dtype="bool", shape=[1],
+            stop_gradient=True)
+        self.while_op = cf.While(self.cond)
+        self.input_array: list = []
+        self.mem_link: list = []
+
+    def _parent(self):
+        program = self.helper.main_program
+        return program.block(program.current_block().parent_idx)
+
+    def _assert_in_rnn_block(self, method: str) -> None:
+        if self.status != DynamicRNN.IN_RNN:
+            raise ValueError(f"DynamicRNN.{method}: call it inside 'with drnn.block():'")
+
+    @contextlib.contextmanager
+    def block(self):
+        """The step block: ``with drnn.block(): ...`` (once per DynamicRNN)."""
+        if self.status != DynamicRNN.BEFORE_RNN:
+            raise ValueError("DynamicRNN.block(): a DynamicRNN has one step block")
+        self.step_idx = fill_constant([1], "int64", 0, force_cpu=True)
+        self.status = DynamicRNN.IN_RNN
+        with self.while_op.block():
+            yield
+            if self.lod_rank_table is None:
+                raise ValueError("DynamicRNN: the step block called no step_input(); the steps "
+                                 "come from the sequences of the step inputs")
+            # the memories' next values go to step t + 1 of their arrays (an index of its own:
+            # the step counter is overwritten only after every op that reads it)
+            nxt = cf.increment(self.step_idx, 1.0, in_place=False)
+            for new_mem, mem_array in self.mem_link:
+                cf.array_write(new_mem, nxt, array=mem_array)
+            assign(nxt, self.step_idx)
+            less_than(self.step_idx, self.max_seq_len, force_cpu=True, cond=self.cond)
+        self.status = DynamicRNN.AFTER_RNN
+        for arr in self.output_array:
+            self.outputs.append(_array_to_lod_tensor(arr, self.lod_rank_table))
+
+    def step_input(self, x, level: int = 0):
+        """The rows of ``x``'s sequences (LoD level ``level``) at the current step."""
+        self._assert_in_rnn_block("step_input")
+        check_variable(x, "x", "DynamicRNN.step_input")
+        if x.lod_level < 1:
+            raise ValueError(f"DynamicRNN.step_input: x must be a LoD tensor (lod_level >= 1), "
+                             f"got {x.name!r} with lod_level {x.lod_level}")
+        parent = self._parent()
+        if self.lod_rank_table is None:
+            self.lod_rank_table = parent.create_var(
+                name=unique_name.generate("lod_rank_table"), type=VarType.LOD_RANK_TABLE,
+                stop_gradient=True)
+            parent.append_op("lod_rank_table", inputs={"X": [x]},
+                             outputs={"Out": [self.lod_rank_table]}, attrs={"level": level})
+            self.max_seq_len = parent.create_var(
+                name=unique_name.generate("dynamic_rnn_max_seq_len"), dtype="int64",
+                shape=[1], stop_gradient=True)
+            parent.append_op("max_sequence_len", inputs={"RankTable": [self.lod_rank_table]},
+                             outputs={"Out": [self.max_seq_len]})
+            with _building_in(parent):
+                less_than(self.step_idx, self.max_seq_len, force_cpu=True, cond=self.cond)
+        input_array = parent.create_var(
+            name=unique_name.generate("dynamic_rnn_input_array"),
+            type=VarType.LOD_TENSOR_ARRAY, dtype=x.dtype)
+        self.input_array.append((input_array, x.dtype))
+        parent.append_op("lod_tensor_to_array",
+                         inputs={"X": [x], "RankTable": [self.lod_rank_table]},
+                         outputs={"Out": [input_array]})
+        return cf.array_read(input_array, self.step_idx)
+
+    def static_input(self, x):
+        """``x`` (one row, or one sequence, per sequence of the step input) cut to the
+        sequences still running at the current step."""
+        self._assert_in_rnn_block("static_input")
+        check_variable(x, "x", "DynamicRNN.static_input")
+        if self.lod_rank_table is None:
+            raise RuntimeError("DynamicRNN.static_input: call step_input() before it")
+        parent = self._parent()
+        reordered = parent.create_var(
+            name=unique_name.generate("dynamic_rnn_static_input_reordered"),
+            type=VarType.LOD_TENSOR, dtype=x.dtype, shape=list(x.shape),
+            lod_level=x.lod_level)
+        parent.append_op("reorder_lod_tensor_by_rank",
+                         inputs={"X": [x], "RankTable": [self.lod_rank_table]},
+                         outputs={"Out": [reordered]})
+        return shrink_memory(reordered, self.step_idx, self.lod_rank_table)
+
+    def memory(self, init=None, shape=None, value=0.0, need_reorder=False, dtype="float32"):
+        """A state carried from step to step, cut to the running sequences at each step:
+        ``init`` (one row per sequence; in rank order unless ``need_reorder``) or, without it,
+        ``shape`` (without the batch dim) full of ``value``."""
+        self._assert_in_rnn_block("memory")
+        parent = self._parent()
+        if self.zero_idx is None:
+            with _building_in(parent):
+                self.zero_idx = fill_constant([1], "int64", 0, force_cpu=True)
+        if init is not None:
+            check_variable(init, "init", "DynamicRNN.memory")
+            init_tensor = init
+            if need_reorder:
+                if self.lod_rank_table is None:
+                    raise ValueError("DynamicRNN.memory: need_reorder=True needs step_input() "
+                                     "called before memory()")
+                init_tensor = parent.create_var(
+                    name=unique_name.generate("dynamic_rnn_mem_init_reordered"),
+                    type=VarType.LOD_TENSOR, dtype=init.dtype, shape=list(init.shape))
+                parent.append_op("reorder_lod_tensor_by_rank",
+                                 inputs={"X": [init], "RankTable": [self.lod_rank_table]},
+                                 outputs={"Out": [init_tensor]})
+            mem_array = parent.create_var(name=unique_name.generate("dynamic_rnn_mem_array"),
+                                          type=VarType.LOD_TENSOR_ARRAY, dtype=init.dtype)
+            parent.append_op("write_to_array", inputs={"X": [init_tensor], "I": [self.zero_idx]},
+                             outputs={"Out": [mem_array]})
+            retv = cf.array_read(mem_array, self.step_idx)
+            retv = shrink_memory(retv, self.step_idx, self.lod_rank_table)
+            self.mem_dict[retv.name] = mem_array
+            return retv
+        if not self.input_array:
+            raise ValueError("DynamicRNN.memory: call step_input() before memory(shape=..., "
+                             "value=...)")
+        if shape is None:
+            raise ValueError("DynamicRNN.memory: give init, or shape (and value)")
+        arr, in_dtype = self.input_array[0]
+        with _building_in(parent):
+            in0 = cf.array_read(arr, self.zero_idx)
+            init = fill_constant_batch_size_like(in0, shape=[-1] + list(shape), dtype=dtype,
+                                                 value=float(value))
+        return self.memory(init=init)
+
+    def update_memory(self, ex_mem, new_mem):
+        """``ex_mem`` (a memory) takes the value ``new_mem`` at the next step."""
+        self._assert_in_rnn_block("update_memory")
+        check_variable(ex_mem, "ex_mem", "DynamicRNN.update_memory")
+        check_variable(new_mem, "new_mem", "DynamicRNN.update_memory")
+        mem_array = self.mem_dict.get(ex_mem.name)
+        if mem_array is None:
+            raise ValueError(f"DynamicRNN.update_memory: {ex_mem.name!r} is not a memory of "
+                             f"this DynamicRNN (make it with drnn.memory())")
+        self.mem_link.append((new_mem, mem_array))
+
+    def output(self, *outputs):
+        """Collect each of ``outputs`` at every step: ``drnn()`` returns them as LoD tensors
+        with the step input's LoD."""
+        self._assert_in_rnn_block("output")
+        parent = self._parent()
+        for each in outputs:
+            check_variable(each, "outputs", "DynamicRNN.output")
+            arr = parent.create_var(
+                name=unique_name.generate(f"{self.helper.name}_output_array_{each.name}"),
+                type=VarType.LOD_TENSOR_ARRAY, dtype=each.dtype)
+            cf.array_write(each, self.step_idx, array=arr)
+            self.output_array.append(arr)
+
+    def __call__(self, *args, **kwargs):
+        if self.status != DynamicRNN.AFTER_RNN:
+            raise ValueError("DynamicRNN(): the outputs exist after the 'with drnn.block():' "
+                             "block")
+        if not self.outputs:
+            raise ValueError("DynamicRNN(): the step block called no output()")
+        return self.outputs[0] if len(self.outputs) == 1 else self.outputs
+
+
+def shrink_memory(x, i, table):
+    """``x`` cut to its first rows, one per sequence of ``table`` longer than step ``i``."""
+    helper = LayerHelper("shrink_memory")
+    out = helper.create_variable_for_type_inference(x.dtype)
+    helper.append_op("shrink_rnn_memory", inputs={"X": [x], "I": [i], "RankTable": [table]},
+                     outputs={"Out": [out]})
+    return out
+
+
+def _array_to_lod_tensor(x, table):
+    helper = LayerHelper("array_to_lod_tensor")
+    out = helper.create_variable_for_type_inference(x.dtype)
+    helper.append_op("array_to_lod_tensor", inputs={"X": [x], "RankTable": [table]},
+                     outputs={"Out": [out]})
+    return out
+
+
+# ---- the ops as layers (Fluid 1.x exports them) --------------------------------------------------
+def lod_rank_table(x, level: int = 0):
+    """The sequences of ``x``'s LoD level ``level`` ranked by length, longest first."""
+    check_variable(x, "x", "lod_rank_table")
+    helper = LayerHelper("lod_rank_table")
+    table = helper.create_variable(name=unique_name.generate("lod_rank_table"),
+                                   type=VarType.LOD_RANK_TABLE, stop_gradient=True)
+    helper.append_op("lod_rank_table", inputs={"X": [x]}, outputs={"Out": [table]},
+                     attrs={"level": int(level)})
+    return table
+
+
+def _check_table(table, layer: str):
+    if not hasattr(table, "type") or table.type != VarType.LOD_RANK_TABLE:
+        raise TypeError(f"{layer}: argument 'table' must be a rank table (lod_rank_table), got "
+                        f"{getattr(table, 'name', type(table).__name__)!r}")
+
+
+def max_sequence_len(rank_table):
+    """The longest sequence's length in ``rank_table`` (int64 ``[1]``)."""
+    _check_table(rank_table, "max_sequence_len")
+    helper = LayerHelper("max_seqence_len")
+    out = helper.create_variable_for_type_inference("int64", stop_gradient=True)
+    helper.append_op("max_sequence_len", inputs={"RankTable": [rank_table]},
+                     outputs={"Out": [out]})
+    return out
+
+
+def lod_tensor_to_array(x, table):
+    """A tensor array of ``x``'s time steps (element ``t``: step ``t`` of every sequence longer
+    than ``t``, in ``table``'s order)."""
+    check_variable(x, "x", "lod_tensor_to_array")
+    _check_table(table, "lod_tensor_to_array")
+    helper = LayerHelper("lod_tensor_to_array")
+    array = helper.create_variable(name=unique_name.generate("lod_tensor_to_array"),
+                                   type=VarType.LOD_TENSOR_ARRAY, dtype=x.dtype)
+    helper.append_op("lod_tensor_to_array", inputs={"X": [x], "RankTable": [table]},
+                     outputs={"Out": [array]})
+    return array
+
+
+def array_to_lod_tensor(x, table):
+    """The inverse of ``lod_tensor_to_array``: a LoD tensor of the sequences."""
+    cf._check_array(x, "array_to_lod_tensor")
+    _check_table(table, "array_to_lod_tensor")
+    return _array_to_lod_tensor(x, table)
+
+
+def reorder_lod_tensor_by_rank(x, rank_table):
+    """``x``'s sequences (rows without LoD) in ``rank_table``'s order."""
+    check_variable(x, "x", "reorder_lod_tensor_by_rank")
+    _check_table(rank_table, "reorder_lod_tensor_by_rank")
+    helper = LayerHelper("reorder_lod_tensor_by_rank")
+    out = helper.create_variable_for_type_inference(x.dtype)
+    helper.append_op("reorder_lod_tensor_by_rank",
+                     inputs={"X": [x], "RankTable": [rank_table]}, outputs={"Out": [out]})
+    return out

@@ -12,6 +12,7 @@ from pdjit.ops import (  # noqa: F401
     image,
     indexing,
     io,
+    lod_array,
     loss,
     matmul,
     metric,
