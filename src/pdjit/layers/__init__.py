@@ -43,3 +43,10 @@ __all__ = (["LayerHelper"] + control_flow.__all__ + conv.__all__ + image.__all__
            + learning_rate_scheduler.__all__ + loss.__all__ + math_ops.__all__
            + metric_op.__all__ + misc.__all__ + nn.__all__ + norm.__all__ + recurrent.__all__
            + rnn.__all__ + sequence.__all__ + shape_ops.__all__ + tensor.__all__)
+
+# ``rnn`` (the cell API's function) is also the name of a module of this package: exported
+# after the lists above are made, so ``fluid.layers.rnn(cell, inputs)`` is the function
+from pdjit.layers import rnn_cells  # noqa: E402
+from pdjit.layers.rnn_cells import *  # noqa: E402,F401,F403
+
+__all__ = __all__ + rnn_cells.__all__

@@ -80,6 +80,10 @@ class StaticRNN:
         self._memories: dict = {}    # pre-memory name -> _Memory
         self._arrays: list = []      # the step outputs' tensor arrays
         self.outputs: list = []
+        # run the steps last to first (layers.rnn's is_reverse): step input t and step output t
+        # are then row T - 1 - t, so the outputs stay in the input's order
+        self._reverse = False
+        self._row = None
 
     # -- the block ----
     def step(self):
@@ -153,9 +157,18 @@ class StaticRNN:
             raise ValueError(f"StaticRNN.step_input: every step input must have the same "
                              f"seq_len (dim 0): {x.name!r} has {t}, an earlier one "
                              f"{self.seq_len}")
-        row = squeeze(gather(x, self._i), axes=[0])
+        row = squeeze(gather(x, self._row_index()), axes=[0])
         self._inputs[row.name] = x
         return row
+
+    def _row_index(self):
+        """The row of the step inputs and outputs at this step: ``i``, or ``T - 1 - i``."""
+        if not self._reverse:
+            return self._i
+        if self._row is None:
+            last = self._limit - 1
+            self._row = last - self._i
+        return self._row
 
     def memory(self, init=None, shape=None, batch_ref=None, init_value=0.0,
                init_batch_dim_idx=0, ref_batch_dim_idx=1):
@@ -202,7 +215,7 @@ class StaticRNN:
         check_variable(o, "o", "StaticRNN.step_output")
         with _building_in(self._parent()):
             arr = cf.create_array(o.dtype)
-        cf.array_write(o, self._i, array=arr)
+        cf.array_write(o, self._row_index(), array=arr)
         self._arrays.append((arr, o))
 
     def output(self, *outputs):
