@@ -149,3 +149,59 @@ def test_rnn_refuses_what_is_not_a_cell(fresh_programs):
         L.rnn(lambda i, s: (i, s), x)
     with pytest.raises(TypeError, match="LSTMCell: states must be"):
         L.rnn(L.LSTMCell(H), x, initial_states=L.fill_constant([B, H], "float32", 0.0))
+
+
+# ---- fluid.contrib.layers.basic_lstm / basic_gru ------------------------------------------------
+def _np_stack(step, x, lengths, inits, num_layers, bidirectional, params):
+    """Fluid's basic_lstm/gru: per layer and direction a masked recurrence whose outputs past
+    a sequence's end repeat the last state; outputs of both directions concatenated."""
+    finals = []
+    it = iter(params)
+    for k in range(num_layers):
+        outs = []
+        for d in range(2 if bidirectional else 1):
+            w = next(it)
+            states = [s[k * (2 if bidirectional else 1) + d] for s in inits]
+            seq = [None] * x.shape[1]
+            order = range(x.shape[1] - 1, -1, -1) if d else range(x.shape[1])
+            for t in order:
+                new = step(x[:, t], states, w)
+                m = (t < lengths).astype(x.dtype)[:, None]
+                states = [m * n + (1 - m) * s for n, s in zip(new, states)]
+                seq[t] = states[0]
+            outs.append(np.stack(seq, 1))
+            finals.append(states)
+        x = np.concatenate(outs, 2)
+    return x, [np.stack([f[i] for f in finals]) for i in range(len(inits))]
+
+
+def test_basic_lstm_and_basic_gru_match_numpy(fresh_programs):
+    from pdjit.layers.rnn_cells import basic_gru, basic_lstm
+
+    main, startup = fresh_programs
+    x = L.data(name="x", shape=[B, T, D], dtype="float64", append_batch_size=False)
+    lengths = L.data(name="len", shape=[B], dtype="int64", append_batch_size=False)
+    h0 = L.data(name="h0", shape=[2, B, H], dtype="float64", append_batch_size=False)
+    out, last_h, last_c = basic_lstm(x, None, None, H, num_layers=2, sequence_length=lengths,
+                                     bidirectional=True, dtype="float64")
+    n_lstm = len(main.global_block().all_parameters())
+    xt = L.transpose(x, perm=[1, 0, 2])
+    gout, g_h = basic_gru(xt, h0, H, num_layers=2, batch_first=False, dtype="float64")
+    assert list(out.shape) == [B, T, 2 * H] and list(last_h.shape)[0] == 4
+    exe, scope = fluid.Executor(), fluid.Scope()
+    exe.run(startup, scope=scope)
+    params = [np.asarray(scope.find_var(p.name).value)
+              for p in main.global_block().all_parameters()]
+    rng = np.random.default_rng(9)
+    xv, h0v = rng.normal(size=(B, T, D)), rng.normal(size=(2, B, H))
+    got = exe.run(main, feed={"x": xv, "len": LENGTHS, "h0": h0v},
+                  fetch_list=[out, last_h, last_c, gout, g_h], scope=scope)
+    lstm_w = [(params[i], params[i + 1]) for i in range(0, n_lstm, 2)]
+    want_out, (want_h, want_c) = _np_stack(
+        lambda xt_, s, w: list(np_lstm(xt_, s[0], s[1], *w)), xv, LENGTHS,
+        [np.zeros((4, B, H))] * 2, 2, True, lstm_w)
+    gru_w = [tuple(params[i:i + 4]) for i in range(n_lstm, len(params), 4)]
+    want_g, (want_gh,) = _np_stack(lambda xt_, s, w: [np_gru(xt_, s[0], *w)], xv,
+                                   np.full(B, T), [h0v], 2, False, gru_w)
+    for g, w in zip(got, (want_out, want_h, want_c, want_g.transpose(1, 0, 2), want_gh)):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-9)

@@ -24,7 +24,7 @@ from pdjit.layers.layer_helper import LayerHelper, check_variable
 from pdjit.layers.math_ops import elementwise_add, elementwise_mul, elementwise_sub, sigmoid, tanh
 from pdjit.layers.recurrent import StaticRNN
 from pdjit.layers.sequence import sequence_mask
-from pdjit.layers.shape_ops import concat, split, transpose
+from pdjit.layers.shape_ops import concat, reshape, split, transpose, unsqueeze
 from pdjit.layers.tensor import fill_constant_batch_size_like
 
 __all__ = ["RNNCell", "GRUCell", "LSTMCell", "rnn"]
@@ -258,3 +258,110 @@ def rnn(cell, inputs, initial_states=None, sequence_length=None, time_major=Fals
         stacked = [_batch_time(o) for o in stacked]
     # the memories hold, after the loop, the states of the last step
     return _pack(outputs, stacked), _pack(new_states, memories)
+
+
+# ---- fluid.contrib.layers.basic_lstm / basic_gru ------------------------------------------------
+class _MaskedCell(RNNCell):
+    """``cell`` on inputs ``[x, mask]``: where the mask is 0 (past a sequence's end) the states
+    keep their values, and the output is the (kept) first state, as Fluid's basic_lstm/gru."""
+
+    def __init__(self, cell):
+        self.cell = cell
+
+    def call(self, inputs, states):
+        x, m = inputs
+        _, new = self.cell(x, states)
+        flat_old, flat_new = _flatten(states), _flatten(new)
+        kept = [elementwise_sub(elementwise_mul(n, m, axis=0), elementwise_mul(o, m - 1.0, axis=0))
+                for o, n in zip(flat_old, flat_new)]
+        return kept[0], _pack(new, kept)
+
+
+def _layer_states(init, num_layers, directions, batch_ref, hidden_size, dtype, layer):
+    """[layer][direction] initial states from ``init`` ``[num_layers * directions, B, H]``
+    (zeros when None)."""
+    if init is None:
+        zeros = fill_constant_batch_size_like(batch_ref, shape=[-1, hidden_size], dtype=dtype,
+                                              value=0.0, input_dim_idx=0)
+        return [[zeros] * directions for _ in range(num_layers)]
+    check_variable(init, "init", layer)
+    parts = split(init, num_or_sections=num_layers * directions, dim=0)
+    parts = [reshape(p, [-1, hidden_size]) for p in parts]
+    return [[parts[k * directions + d] for d in range(directions)] for k in range(num_layers)]
+
+
+def _basic_rnn(kind, input, inits, hidden_size, num_layers, sequence_length, dropout_prob,
+               bidirectional, batch_first, make_cell, dtype, name):
+    layer = f"basic_{kind}"
+    check_variable(input, "input", layer)
+    if len(input.shape) != 3:
+        raise ValueError(f"{layer}: input must be 3-D ([batch, time, size] when batch_first), "
+                         f"got shape {list(input.shape)} ({input.name!r})")
+    directions = 2 if bidirectional else 1
+    x = input if batch_first else transpose(input, perm=[1, 0, 2])   # batch-major from here
+    batch_ref = x
+    steps = int(x.shape[1])
+    if sequence_length is not None:
+        check_variable(sequence_length, "sequence_length", layer)
+        mask = sequence_mask(sequence_length, maxlen=steps if steps > 0 else None, dtype=dtype)
+    else:
+        mask = fill_constant_batch_size_like(x, shape=[-1, steps], dtype=dtype, value=1.0) \
+            if steps > 0 else None
+        if mask is None:
+            raise ValueError(f"{layer}: the number of steps (dim 1 of the batch-major input) "
+                             f"must be known without sequence_length")
+    mask = unsqueeze(mask, axes=[2])   # [B, T, 1]: a step input beside x
+    states = [_layer_states(init, num_layers, directions, batch_ref, hidden_size, dtype, layer)
+              for init in inits]
+    last = [[] for _ in inits]
+    for k in range(num_layers):
+        outs = []
+        for d in range(directions):
+            cell = _MaskedCell(make_cell(f"{name}_{'reverse_' if d else ''}layers_{k}"))
+            init = [s[k][d] for s in states]
+            out, final = rnn(cell, [x, mask], initial_states=init if len(init) > 1 else init[0],
+                             is_reverse=bool(d))
+            outs.append(out)
+            for i, f in enumerate(_flatten(final)):
+                last[i].append(f)
+        x = concat(outs, axis=2) if directions == 2 else outs[0]
+        if dropout_prob and k < num_layers - 1:
+            x = nn.dropout(x, dropout_prob=dropout_prob,
+                           dropout_implementation="upscale_in_train")
+    out = x if batch_first else transpose(x, perm=[1, 0, 2])
+    finals = [reshape(concat(f, axis=0), [num_layers * directions, -1, hidden_size])
+              for f in last]
+    return out, finals
+
+
+def basic_lstm(input, init_hidden, init_cell, hidden_size, num_layers=1, sequence_length=None,
+               dropout_prob=0.0, bidirectional=False, batch_first=True, param_attr=None,
+               bias_attr=None, gate_activation=None, activation=None, forget_bias=1.0,
+               dtype="float32", name="basic_lstm"):
+    """Fluid 1.8's ``fluid.contrib.layers.basic_lstm``: a stacked (optionally bidirectional)
+    LSTM of :class:`LSTMCell` units. ``init_hidden``/``init_cell`` ``[num_layers * D, B, H]``
+    (None: zeros). Returns ``(rnn_out [B, T, D * H] (time-major when not batch_first),
+    last_hidden, last_cell [num_layers * D, B, H])``; past a sequence's end the states and
+    the outputs keep their last values."""
+    def make(cell_name):
+        return LSTMCell(hidden_size, param_attr, bias_attr, gate_activation, activation,
+                        forget_bias, dtype, cell_name)
+    out, (h, c) = _basic_rnn("lstm", input, [init_hidden, init_cell], hidden_size, num_layers,
+                             sequence_length, dropout_prob, bidirectional, batch_first, make,
+                             dtype, name)
+    return out, h, c
+
+
+def basic_gru(input, init_hidden, hidden_size, num_layers=1, sequence_length=None,
+              dropout_prob=0.0, bidirectional=False, batch_first=True, param_attr=None,
+              bias_attr=None, gate_activation=None, activation=None, dtype="float32",
+              name="basic_gru"):
+    """Fluid 1.8's ``fluid.contrib.layers.basic_gru``: as :func:`basic_lstm` with
+    :class:`GRUCell` units; returns ``(rnn_out, last_hidden)``."""
+    def make(cell_name):
+        return GRUCell(hidden_size, param_attr, bias_attr, gate_activation, activation, dtype,
+                       cell_name)
+    out, (h,) = _basic_rnn("gru", input, [init_hidden], hidden_size, num_layers,
+                           sequence_length, dropout_prob, bidirectional, batch_first, make,
+                           dtype, name)
+    return out, h
