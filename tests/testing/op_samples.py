@@ -166,6 +166,7 @@ add("cast",
 add("increment", S(lambda r: {"X": np.array([2.0])}, {"step": 1.5}))
 add("fill_zeros_like", S(lambda r: {"X": u(r, (2, 3))}))
 add("assign", S(lambda r: {"X": u(r, (2, 3))}, grad=["X"]))
+add("rnn_memory_helper", S(lambda r: {"X": u(r, (2, 3))}, {"dtype": FP64}, grad=["X"]))
 
 
 # ---- binary elementwise, comparisons, logical ops (elementwise.py) -----------------------------

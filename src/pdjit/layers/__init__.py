@@ -16,6 +16,7 @@ from pdjit.layers import (
     misc,
     nn,
     norm,
+    recurrent,
     rnn,
     sequence,
     shape_ops,
@@ -34,6 +35,7 @@ from pdjit.layers.metric_op import *  # noqa: F401,F403
 from pdjit.layers.misc import *  # noqa: F401,F403
 from pdjit.layers.nn import *  # noqa: F401,F403
 from pdjit.layers.norm import *  # noqa: F401,F403
+from pdjit.layers.recurrent import *  # noqa: F401,F403
 from pdjit.layers.rnn import *  # noqa: F401,F403
 from pdjit.layers.sequence import *  # noqa: F401,F403
 from pdjit.layers.shape_ops import *  # noqa: F401,F403
@@ -42,8 +44,15 @@ from pdjit.layers.tensor import *  # noqa: F401,F403
 __all__ = (["LayerHelper"] + control_flow.__all__ + conv.__all__ + crf.__all__ + image.__all__
            + io.__all__
            + learning_rate_scheduler.__all__ + loss.__all__ + math_ops.__all__
-           + metric_op.__all__ + misc.__all__ + nn.__all__ + norm.__all__
+           + metric_op.__all__ + misc.__all__ + nn.__all__ + norm.__all__ + recurrent.__all__
            + rnn.__all__ + sequence.__all__ + shape_ops.__all__ + tensor.__all__)
+
+# ``rnn`` (the cell API's function) is also the name of a module of this package: exported
+# after the lists above are made, so ``fluid.layers.rnn(cell, inputs)`` is the function
+from pdjit.layers import rnn_cells  # noqa: E402
+from pdjit.layers.rnn_cells import *  # noqa: E402,F401,F403
+
+__all__ = __all__ + rnn_cells.__all__
 
 # every public layer function: its argument errors name the user's line (LayerArgumentError)
 for _name in __all__:

@@ -627,3 +627,9 @@ def increment(x, value: float = 1.0, in_place: bool = True) -> Variable:
     helper.append_op("increment", inputs={"X": [x]}, outputs={"Out": [out]},
                      attrs={"step": float(value)})
     return out
+
+
+
+# Fluid 1.x's recurrent blocks live in their own module (they build on the layers above);
+# Fluid scripts also reach them as fluid.layers.control_flow.StaticRNN / DynamicRNN
+from pdjit.layers.recurrent import DynamicRNN, StaticRNN  # noqa: E402,F401

@@ -13,6 +13,7 @@ from pdjit.ops import (  # noqa: F401
     image,
     indexing,
     io,
+    lod_array,
     loss,
     matmul,
     metric,

@@ -73,6 +73,10 @@ def _add(a, b):
     if x.shape != y.shape:
         raise ShapeMismatch(f"gradients to add have different shapes: {list(x.shape)} and "
                             f"{list(y.shape)}")
+    for v in (a, b):  # a LoD tensor's gradient keeps its LoD
+        lod = getattr(v, "lod", None)
+        if callable(lod) and lod():
+            return type(v)(x + y, lod())
     return x + y
 
 

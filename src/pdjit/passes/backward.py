@@ -252,6 +252,8 @@ class _Backward:
         specs = opdef.grad(op)
         out_grads = {grad_var_name(n): n for n in op.output_arg_names}
         in_grads = {grad_var_name(n): n for n in op.input_arg_names}
+        carried = set(op.input_arg_names) & set(op.output_arg_names) \
+            if _control_kind(op, opdef) == registry.LOOP else set()
         bound_inputs = []
         for spec in specs:   # first every out-grad is read: the op's outputs' gradients
             grad_def = registry.get(spec.type)
@@ -266,6 +268,12 @@ class _Backward:
                         continue
                     fwd = out_grads[n]
                     have = self.finish(fwd) if self.needs_grad(fwd) else None
+                    if have is None and optional and self.is_array(fwd) and \
+                            fwd in carried and self.needs_grad(fwd):
+                        # a tensor array a loop reads and writes, unused after it: no
+                        # gradient flows in, but one flows between its steps; bound to a
+                        # variable that holds none, which the loop's grad op reads as zeros
+                        have = self.grad_var(fwd, f"{self.plain(fwd)}@NONE")
                     if have is None and optional and (self.is_array(fwd) or
                                                       not self._is_float(fwd)):
                         bound.append(EMPTY_VAR_NAME)  # no gradient: the grad op knows zeros

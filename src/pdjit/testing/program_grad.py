@@ -16,16 +16,18 @@ from pdjit.framework.program import Parameter, Program, program_guard
 from pdjit.passes.backward import append_backward, gradients
 from pdjit.runtime.executor import Executor
 from pdjit.runtime.scope import Scope
+from pdjit.runtime.tensor import LoDTensor
 
 MODES = ("reference", "compiled")
 WEIGHTS = "program_grad_w"
 
 
-def _run(program, feed, fetch, scope_values: Mapping, mode="reference"):
+def _run(program, feed, fetch, scope_values: Mapping, mode="reference", lods=None):
     scope = Scope()
     for name, value in scope_values.items():
         scope.var(name).value = np.array(value, copy=True)
-    return Executor(mode=mode).run(program, feed=dict(feed), fetch_list=list(fetch), scope=scope)
+    feed = {k: LoDTensor(v, lods[k]) if lods and k in lods else v for k, v in feed.items()}
+    return Executor(mode=mode).run(program, feed=feed, fetch_list=list(fetch), scope=scope)
 
 
 def check_program_grad(build: Callable, feed: Mapping | None = None, *,
@@ -34,7 +36,8 @@ def check_program_grad(build: Callable, feed: Mapping | None = None, *,
     """Compare the backward pass's gradients of ``build``'s program with finite differences.
 
     ``build()`` runs under a fresh main and startup program and returns ``(out, inputs)``;
-    ``feed`` gives the fed values (floats are used as float64: build the program in float64).
+    ``feed`` gives the fed values (floats are used as float64: build the program in float64;
+    a LoD tensor keeps its LoD).
     Parameters start from the startup program's values. ``method``: ``"gradients"``
     (``fluid.gradients`` seeded with ``W``) or ``"append_backward"`` (of the loss
     ``reduce_sum(out * W)``; the inputs must then be parameters). Returns ``{input name:
@@ -43,6 +46,7 @@ def check_program_grad(build: Callable, feed: Mapping | None = None, *,
     if method not in ("gradients", "append_backward"):
         raise ValueError(f"check_program_grad: method must be 'gradients' or "
                          f"'append_backward', got {method!r}")
+    lods = {k: v.lod() for k, v in (feed or {}).items() if isinstance(v, LoDTensor) and v.lod()}
     feed = {k: (np.asarray(v, np.float64) if np.asarray(v).dtype.kind == "f" else np.asarray(v))
             for k, v in (feed or {}).items()}
     main, startup = Program(), Program()
@@ -55,7 +59,7 @@ def check_program_grad(build: Callable, feed: Mapping | None = None, *,
         Executor(mode="reference").run(startup, scope=scope)
         params = {n: np.asarray(scope.find_var(n).value) for n in scope.local_var_names()
                   if scope.find_var(n).value is not None}
-    (value,) = _run(main, feed, [out], params)
+    (value,) = _run(main, feed, [out], params, lods=lods)
     weights = np.random.default_rng(seed).uniform(0.5, 1.5, size=np.shape(value))
     forward = main.clone()  # what the differences run: the program before its backward pass
     with program_guard(main, startup):
@@ -76,7 +80,7 @@ def check_program_grad(build: Callable, feed: Mapping | None = None, *,
     feed_w = dict(feed, **{WEIGHTS: weights.astype(out.dtype)})
 
     def objective(values: dict, feeds: dict) -> float:
-        (o,) = _run(forward, feeds, [out.name], values)
+        (o,) = _run(forward, feeds, [out.name], values, lods=lods)
         return float(np.sum(weights * np.asarray(o, np.float64)))
 
     want = {}
@@ -100,7 +104,7 @@ def check_program_grad(build: Callable, feed: Mapping | None = None, *,
     got = {}
     for mode in modes:
         fetch = [g for g in grads if g is not None]
-        results = iter(_run(main, feed_w, fetch, params, mode))
+        results = iter(_run(main, feed_w, fetch, params, mode, lods))
         for v, g in zip(inputs, grads):
             where = f"d(sum(W * {out.name}))/d{v.name} [{mode}]"
             assert g is not None, f"{where}: the backward pass gave no gradient"
