@@ -71,3 +71,19 @@ from pdjit.framework import name_scope as _name_scope  # noqa: E402
 
 __all__ += (compiler.__all__ + data_feeder.__all__ + io.checkpoint.__all__
             + _name_scope.__all__)
+
+# Sub-packages reached as attributes (``pdjit.static.save_inference_model(...)`` right after
+# ``import pdjit``), imported on first use so that ``import pdjit`` does not pay for them.
+_LAZY_SUBMODULES = ("static", "inference", "io", "distributed")
+
+
+def __getattr__(name):
+    if name in _LAZY_SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"pdjit.{name}")  # also sets the attribute
+    raise AttributeError(f"module 'pdjit' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY_SUBMODULES))

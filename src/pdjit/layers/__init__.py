@@ -41,3 +41,9 @@ __all__ = (["LayerHelper"] + control_flow.__all__ + conv.__all__ + image.__all__
            + learning_rate_scheduler.__all__ + loss.__all__ + math_ops.__all__
            + metric_op.__all__ + misc.__all__ + nn.__all__ + norm.__all__
            + rnn.__all__ + sequence.__all__ + shape_ops.__all__ + tensor.__all__)
+
+# argument checks that name the user's line (pdjit.framework.errors.LayerInputError)
+from pdjit.layers._user_line import wrap_all  # noqa: E402
+
+wrap_all(globals(), __all__)
+del wrap_all
