@@ -1,15 +1,15 @@
 """An MLP on scikit-learn's bundled handwritten digits (real data, offline).
 
 A fixed-seed 80/20 split, mini-batches, Adam, and the test accuracy of the trained model
-evaluated with a test clone of the program. Shows a progress bar when tqdm is installed and,
-with ``--plot FILE.png`` (needs matplotlib; the path is checked before training), saves the
-loss curve.
+evaluated with a test clone of the program. Shows a progress bar with the running loss and
+accuracy and, with ``--plot FILE.png`` (needs matplotlib; the path is checked before training),
+saves a figure of the loss and accuracy curves.
 
-    python examples/digits_mlp.py [--epochs 25] [--plot loss.png]
+    python examples/digits_mlp.py [--epochs 25] [--plot curves.png]
 """
 import argparse
 
-from _plotting import check_plot_path, save_loss_curve
+from _training import Progress, add_plot_argument, check_plot_path, save_plot
 
 
 def parse_args(argv=None):
@@ -17,7 +17,7 @@ def parse_args(argv=None):
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--epochs", type=int, default=25)
     ap.add_argument("--batch-size", type=int, default=64)
-    ap.add_argument("--plot", help="save the loss curve to this PNG (needs matplotlib)")
+    add_plot_argument(ap)
     args = ap.parse_args(argv)
     if args.plot:
         check_plot_path(ap, args.plot)  # before any training
@@ -64,24 +64,24 @@ def main(args):
     main_prog, startup, test_prog, loss, accuracy = build()
     exe = fluid.Executor(fluid.CPUPlace())
     exe.run(startup)
-    try:
-        from tqdm import trange
-    except ImportError:
-        trange = range
     rng = np.random.default_rng(0)
-    losses = []
-    for _ in trange(args.epochs):
+    steps_per_epoch = -(-len(x_train) // args.batch_size)
+    progress = Progress(args.epochs * steps_per_epoch, "digits MLP")
+    for _ in range(args.epochs):
         order = rng.permutation(len(x_train))
         for i in range(0, len(order), args.batch_size):
             idx = order[i:i + args.batch_size]
-            (value,) = exe.run(main_prog, feed={"image": x_train[idx], "label": y_train[idx]},
-                               fetch_list=[loss])
-            losses.append(float(value[0]))
+            value, acc = exe.run(main_prog, feed={"image": x_train[idx], "label": y_train[idx]},
+                                 fetch_list=[loss, accuracy])
+            progress.step(value[0], acc[0])
+        progress.end_epoch()
+    progress.close()
     (acc,) = exe.run(test_prog, feed={"image": x_test, "label": y_test}, fetch_list=[accuracy])
-    print(f"final training loss: {np.mean(losses[-10:]):.4f}")
+    progress.test_accuracy = float(acc[0])
+    print(f"final training loss: {np.mean(progress.losses[-10:]):.4f}")
     print(f"test accuracy: {float(acc[0]):.4f}")
     if args.plot:
-        save_loss_curve(args.plot, losses)
+        save_plot(args.plot, [progress], "An MLP on the 8x8 digits")
 
 
 if __name__ == "__main__":

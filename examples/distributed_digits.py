@@ -3,17 +3,22 @@
 Each epoch's global batches are split between the processes (``pdjit.distributed.shard_batches``:
 a seeded order the ranks agree on); ``fleet.distributed_optimizer`` makes the program average
 the gradients over the processes (fused all-reduce buckets) and start every process from rank
-0's parameters. Rank 0 prints the test accuracy and saves the inference model (``--save DIR``).
+0's parameters. Rank 0 shows a progress bar with the running loss and accuracy (of its part
+of each batch), prints the test accuracy, saves the inference model (``--save DIR``) and, with
+``--plot FILE.png``, a figure of the curves.
 
-    python examples/distributed_digits.py [--nproc 2] [--epochs 15]
+    python examples/distributed_digits.py [--nproc 2] [--epochs 15] [--plot curves.png]
 
 run as it is, it starts itself on ``--nproc`` processes through
-``python -m pdjit.distributed.launch`` (needs ``pip install mpi4py mpich``); under ``mpiexec``
+``python -m pdjit.distributed.launch`` (needs MPI: the distributed extra,
+``pip install -e '.[distributed]'``); under ``mpiexec``
 (``mpiexec -n 2 python examples/distributed_digits.py``) it trains directly.
 """
 import argparse
 import os
 import sys
+
+from _training import Progress, add_plot_argument, check_plot_path, save_plot
 
 
 def parse_args(argv=None):
@@ -23,7 +28,10 @@ def parse_args(argv=None):
     ap.add_argument("--epochs", type=int, default=15)
     ap.add_argument("--batch-size", type=int, default=64, help="the global batch size")
     ap.add_argument("--save", help="directory for rank 0's inference model")
+    add_plot_argument(ap)
     args = ap.parse_args(argv)
+    if args.plot:
+        check_plot_path(ap, args.plot)  # before any training
     if args.nproc < 1:
         ap.error(f"--nproc must be >= 1, got {args.nproc}")
     if args.batch_size < args.nproc or args.batch_size % args.nproc:
@@ -37,6 +45,11 @@ def _under_mpi() -> bool:
 
 if __name__ == "__main__":
     ARGS = parse_args()  # --help answers here, before numpy and pdjit are imported
+    try:
+        import mpi4py  # noqa: F401 (MPI itself starts in each rank, not here)
+    except ImportError:
+        sys.exit("distributed_digits.py needs MPI (mpi4py and an MPI runtime): install the "
+                 "distributed extra, pip install -e '.[distributed]'")
     if not _under_mpi():  # start this script on --nproc processes, one compute thread each
         import subprocess
         sys.exit(subprocess.call([sys.executable, "-m", "pdjit.distributed.launch",
@@ -84,18 +97,25 @@ def main(args):
     main_prog, startup, test_prog, image, prediction, loss, accuracy = build()
     exe = fluid.Executor(fluid.CPUPlace())
     exe.run(startup)  # rank 0's initial parameters on every rank
-    losses = []
+    steps = -(-len(x_train) // args.batch_size)
+    progress = Progress(args.epochs * steps, f"rank 0 of {nranks}", enabled=rank == 0)
     for epoch in range(args.epochs):
         for idx in shard_batches(len(x_train), args.batch_size, epoch=epoch, seed=0):
-            (value,) = exe.run(main_prog, feed={"image": x_train[idx], "label": y_train[idx]},
-                               fetch_list=[loss])
-            losses.append(float(value[0]))
+            value, acc = exe.run(main_prog, feed={"image": x_train[idx], "label": y_train[idx]},
+                                 fetch_list=[loss, accuracy])
+            progress.step(value[0], acc[0])
+        progress.end_epoch()
+    progress.close()
     (acc,) = exe.run(test_prog, feed={"image": x_test, "label": y_test}, fetch_list=[accuracy])
+    progress.test_accuracy = float(acc[0])
     fleet.barrier_worker()
     if rank == 0:
         print(f"{nranks} processes, {args.epochs} epochs, global batch {args.batch_size}")
-        print(f"final training loss (rank 0's part): {np.mean(losses[-10:]):.4f}")
+        print(f"final training loss (rank 0's part): {np.mean(progress.losses[-10:]):.4f}")
         print(f"test accuracy: {float(acc[0]):.4f}")
+        if args.plot:
+            save_plot(args.plot, [progress], f"Data-parallel MLP on the 8x8 digits, {nranks} "
+                                             f"processes (rank 0's part of each batch)")
     if args.save:
         fleet.save_inference_model(exe, args.save, ["image"], [prediction],
                                    main_program=test_prog)

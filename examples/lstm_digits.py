@@ -14,12 +14,16 @@
        columns (lod_level=1) -> fc(4 * hidden) -> dynamic_lstm -> sequence_last_step
          -> fc(softmax) -> cross_entropy; Adam
 
-Both train on the same fixed-seed 80/20 split and print their test accuracy.
+Both train on the same fixed-seed 80/20 split, each with a progress bar of the running loss
+and accuracy, and print their test accuracy; ``--plot FILE.png`` saves both models' curves.
 
     python examples/lstm_digits.py [--epochs 10] [--hidden 64] [--only rnn|dynamic_lstm]
+                                   [--plot curves.png]
 """
 import argparse
 import time
+
+from _training import Progress, add_plot_argument, check_plot_path, save_plot
 
 
 def parse_args(argv=None):
@@ -29,7 +33,11 @@ def parse_args(argv=None):
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--only", choices=["rnn", "dynamic_lstm"], help="train one of the two")
-    return ap.parse_args(argv)
+    add_plot_argument(ap)
+    args = ap.parse_args(argv)
+    if args.plot:
+        check_plot_path(ap, args.plot)  # before any training
+    return args
 
 
 if __name__ == "__main__":
@@ -113,28 +121,36 @@ def build_dynamic_lstm(hidden, learning_rate=0.01):
     return main, startup, test_program, loss, accuracy
 
 
-def train(name, built, batches, test_feed, epochs, rng):
+def train(name, built, batches, steps_per_epoch, test_feed, epochs, rng):
     """Adam over ``batches(order)`` for ``epochs``; prints the loss per epoch and the test
-    accuracy; returns the accuracy."""
+    accuracy; returns the :class:`Progress` that recorded it."""
     main_prog, startup, test_prog, loss, accuracy = built
     exe = fluid.Executor(fluid.CPUPlace())
     scope = fluid.Scope()
     exe.run(startup, scope=scope)
     t0 = time.perf_counter()
+    progress = Progress(epochs * steps_per_epoch, name)
     for epoch in range(epochs):
-        losses = [float(exe.run(main_prog, feed=feed, fetch_list=[loss], scope=scope)[0][0])
-                  for feed in batches(rng)]
-        print(f"{name} epoch {epoch} train loss {np.mean(losses):.4f}")
+        first = len(progress.losses)
+        for feed in batches(rng):
+            value, acc = exe.run(main_prog, feed=feed, fetch_list=[loss, accuracy], scope=scope)
+            progress.step(value[0], acc[0])
+        progress.end_epoch()
+        print(f"{name} epoch {epoch} train loss {np.mean(progress.losses[first:]):.4f}")
+    progress.close()
     seconds = time.perf_counter() - t0
     (acc,) = exe.run(test_prog, feed=test_feed, fetch_list=[accuracy], scope=scope)
+    progress.test_accuracy = float(acc[0])
     print(f"{name} trained {epochs} epochs in {seconds:.1f} s")
     print(f"{name} test accuracy: {float(acc[0]):.4f}")
-    return float(acc[0])
+    return progress
 
 
 def main(args):
     (x_train, y_train), (x_test, y_test) = load()
     bs = args.batch_size
+    steps = -(-len(x_train) // bs)
+    runs = []
 
     if args.only in (None, "rnn"):
         def rnn_batches(rng):
@@ -143,8 +159,9 @@ def main(args):
                 idx = order[i:i + bs]
                 yield {"rows": x_train[idx], "label": y_train[idx]}
 
-        train("rnn", build_rnn(args.hidden), rnn_batches, {"rows": x_test, "label": y_test},
-              args.epochs, np.random.default_rng(0))
+        runs.append(train("rnn", build_rnn(args.hidden), rnn_batches, steps,
+                          {"rows": x_test, "label": y_test}, args.epochs,
+                          np.random.default_rng(0)))
 
     if args.only in (None, "dynamic_lstm"):
         train_seqs, test_seqs = column_sequences(x_train), column_sequences(x_test)
@@ -156,9 +173,12 @@ def main(args):
                 yield {"columns": to_lod_tensor([train_seqs[j] for j in idx]),
                        "label": y_train[idx]}
 
-        train("dynamic_lstm", build_dynamic_lstm(args.hidden), lod_batches,
-              {"columns": to_lod_tensor(test_seqs), "label": y_test}, args.epochs,
-              np.random.default_rng(0))
+        runs.append(train("dynamic_lstm", build_dynamic_lstm(args.hidden), lod_batches, steps,
+                          {"columns": to_lod_tensor(test_seqs), "label": y_test}, args.epochs,
+                          np.random.default_rng(0)))
+    if args.plot:
+        save_plot(args.plot, runs, "LSTMs on the 8x8 digits: the rnn op (rows) and "
+                                   "dynamic_lstm (LoD columns)")
 
 
 if __name__ == "__main__":

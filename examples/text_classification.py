@@ -8,12 +8,16 @@ lengths as its LoD:
     words (int64 [tokens, 1], lod_level=1) -> embedding -> sequence_pool(average)
       -> fc(softmax) -> cross_entropy -> Adam
 
-The compiled executor runs sequence_pool as a native loop over the LoD offsets.
+The compiled executor runs sequence_pool as a native loop over the LoD offsets. Shows a
+progress bar with the running loss and accuracy; ``--plot FILE.png`` saves the curves.
 
     python examples/text_classification.py [--epochs 4] [--pool average|sum|sqrt|max]
+                                           [--plot curves.png]
 """
 import argparse
 import time
+
+from _training import Progress, add_plot_argument, check_plot_path, save_plot
 
 
 def parse_args(argv=None):
@@ -23,7 +27,11 @@ def parse_args(argv=None):
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--train-size", type=int, default=4000)
     ap.add_argument("--pool", default="average", choices=["average", "sum", "sqrt", "max"])
-    return ap.parse_args(argv)
+    add_plot_argument(ap)
+    args = ap.parse_args(argv)
+    if args.plot:
+        check_plot_path(ap, args.plot)  # before any training
+    return args
 
 
 if __name__ == "__main__":
@@ -79,21 +87,29 @@ def main(args):
     exe = fluid.Executor(fluid.CPUPlace())
     exe.run(startup)
     t0 = time.perf_counter()
+    steps_per_epoch = -(-len(train_docs) // args.batch_size)
+    progress = Progress(args.epochs * steps_per_epoch, "text classification")
     for epoch in range(args.epochs):
         order = rng.permutation(len(train_docs))
-        losses = []
         for i in range(0, len(order), args.batch_size):
             idx = order[i:i + args.batch_size]
             feed = {"words": to_lod_tensor([train_docs[j] for j in idx]),
                     "label": train_labels[idx]}
-            (value,) = exe.run(main_prog, feed=feed, fetch_list=[loss])
-            losses.append(float(value[0]))
-        print(f"epoch {epoch} train loss {np.mean(losses):.4f}")
+            value, acc = exe.run(main_prog, feed=feed, fetch_list=[loss, accuracy])
+            progress.step(value[0], acc[0])
+        epoch_losses = progress.losses[progress.epoch_ends[-1] if progress.epoch_ends else 0:]
+        progress.end_epoch()
+        print(f"epoch {epoch} train loss {np.mean(epoch_losses):.4f}")
+    progress.close()
     seconds = time.perf_counter() - t0
     (acc,) = exe.run(test_prog, feed={"words": to_lod_tensor(test_docs), "label": test_labels},
                      fetch_list=[accuracy])
+    progress.test_accuracy = float(acc[0])
     print(f"trained {args.epochs} epochs in {seconds:.1f} s")
     print(f"test accuracy: {float(acc[0]):.4f}")
+    if args.plot:
+        save_plot(args.plot, [progress], f"Bag-of-embeddings text classification "
+                                         f"({args.pool} pooling)")
 
 
 if __name__ == "__main__":

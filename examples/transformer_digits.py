@@ -13,12 +13,15 @@ Fluid 1.x API as a Fluid user writes a transformer:
     reduce_mean over the rows -> fc(softmax) -> cross_entropy; Adam
 
 trained on a fixed-seed 80/20 split; the test accuracy comes from a test clone of the program
-(``clone(for_test=True)``: dropout off).
+(``clone(for_test=True)``: dropout off). Shows a progress bar with the running loss and
+accuracy; ``--plot FILE.png`` saves the curves.
 
-    python examples/transformer_digits.py [--epochs 12] [--batch-size 32]
+    python examples/transformer_digits.py [--epochs 12] [--batch-size 32] [--plot curves.png]
 """
 import argparse
 import time
+
+from _training import Progress, add_plot_argument, check_plot_path, save_plot
 
 
 def parse_args(argv=None):
@@ -26,7 +29,11 @@ def parse_args(argv=None):
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--epochs", type=int, default=12)
     ap.add_argument("--batch-size", type=int, default=32)
-    return ap.parse_args(argv)
+    add_plot_argument(ap)
+    args = ap.parse_args(argv)
+    if args.plot:
+        check_plot_path(ap, args.plot)  # before any training
+    return args
 
 
 if __name__ == "__main__":
@@ -115,19 +122,26 @@ def main(args):
     exe.run(startup)
     rng = np.random.default_rng(0)
     t0 = time.perf_counter()
+    steps_per_epoch = -(-len(x_train) // args.batch_size)
+    progress = Progress(args.epochs * steps_per_epoch, "transformer")
     for epoch in range(args.epochs):
         order = rng.permutation(len(x_train))
-        losses = []
         for i in range(0, len(order), args.batch_size):
             idx = order[i:i + args.batch_size]
-            (value,) = exe.run(main_prog, feed={"rows": x_train[idx], "label": y_train[idx]},
-                               fetch_list=[loss])
-            losses.append(float(value[0]))
-        print(f"epoch {epoch} train loss {np.mean(losses):.4f}")
+            value, acc = exe.run(main_prog, feed={"rows": x_train[idx], "label": y_train[idx]},
+                                 fetch_list=[loss, accuracy])
+            progress.step(value[0], acc[0])
+        epoch_losses = progress.losses[progress.epoch_ends[-1] if progress.epoch_ends else 0:]
+        progress.end_epoch()
+        print(f"epoch {epoch} train loss {np.mean(epoch_losses):.4f}")
+    progress.close()
     seconds = time.perf_counter() - t0
     (acc,) = exe.run(test_prog, feed={"rows": x_test, "label": y_test}, fetch_list=[accuracy])
+    progress.test_accuracy = float(acc[0])
     print(f"trained {args.epochs} epochs in {seconds:.1f} s")
     print(f"test accuracy: {float(acc[0]):.4f}")
+    if args.plot:
+        save_plot(args.plot, [progress], "A 2-layer transformer encoder on the 8x8 digits")
 
 
 if __name__ == "__main__":

@@ -5,11 +5,13 @@ the forward pass in NumPy from the parameters the test trained, PaddlePaddle's o
 with the fixtures, and counts computed here from the arrays. Native code must run: the test
 session is strict (``PDJIT_STRICT=1``, conftest) and a reference step is an error here.
 """
+import argparse
 import importlib.util
 import json
 import os
 import pathlib
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -207,7 +209,7 @@ def test_inspect_saved_model_histogram_and_parameters(saved, capsys):
     params = saved["params"]
     n_elems = sum(v.size for v in params.values())
     n_bytes = sum(v.nbytes for v in params.values())
-    assert f"#   count 4, elements {n_elems:,}, bytes {n_bytes:,}" in out
+    assert f"#   4 variables, {n_elems:,} elements, {n_bytes:,} bytes" in out
     largest = max(params, key=lambda n: params[n].nbytes)
     assert out.index(f"#     {largest} ") < out.index("#     fc_1.b_0 ")
 
@@ -216,12 +218,13 @@ def test_inspect_training_program_and_text(capsys):
     code, out, err = _cli(capsys, "inspect", PADDLE / "fit_a_line_main.pb")
     assert code == 0 and err == "", err
     assert "sgd(inputs=" in out and "# persistable variables (declared sizes" in out
-    assert "#   count 3, elements 3, bytes 12" in out  # w [1, 1], b [1], learning rate [1]
+    assert "#   3 variables, 3 elements, 12 bytes" in out  # w [1, 1], b [1], learning rate [1]
+    assert " 1 element " in out and "1 elements" not in out
     code, out, err = _cli(capsys, "inspect", PADDLE / "mlp_infer.pdmodel", "--text")
     assert code == 0, err
     desc = text_format.Parse(out, pb.ProgramDesc())  # the summary lines are text comments
     assert [op.type for op in desc.blocks[0].ops].count("mul") == 2
-    assert "#   count 4, elements 212, bytes 848" in out
+    assert "#   4 variables, 212 elements, 848 bytes" in out
 
 
 def test_inspect_optimized_folds_batch_norm(capsys):
@@ -337,9 +340,14 @@ def test_graph_file_svg_and_bad_input(saved, tmp_path, capsys, monkeypatch):
         code, _, err = _cli(capsys, "graph", saved["prefix"], "-o", out, "--svg")
         assert code == 0, err
         assert "<svg" in (tmp_path / "m.svg").read_text()
-    monkeypatch.setenv("PATH", str(tmp_path))  # no Graphviz here
-    for argv, names in ((["graph", saved["prefix"], "-o", out, "--svg"], ["dot", "PATH"]),
-                        (["graph", saved["prefix"], "--svg"], ["-o"]),
+    monkeypatch.setenv("PATH", str(tmp_path))  # no Graphviz here: the .dot, and how to install
+    out.unlink()
+    (tmp_path / "m.svg").unlink(missing_ok=True)
+    code, _, err = _cli(capsys, "graph", saved["prefix"], "-o", out, "--svg")
+    assert code == 1 and out.read_text() == text and not (tmp_path / "m.svg").exists()
+    (line,) = [s for s in err.splitlines() if not s.startswith("# wrote")]
+    assert line.startswith("pdjit graph: ") and "apt-get install graphviz" in line, err
+    for argv, names in ((["graph", saved["prefix"], "--svg"], ["-o"]),
                         (["graph", tmp_path / "none"], ["none"]),
                         (["graph", saved["prefix"], "-o", tmp_path / "x" / "y.dot"], ["y.dot"])):
         code, _, err = _cli(capsys, *argv)
@@ -348,20 +356,25 @@ def test_graph_file_svg_and_bad_input(saved, tmp_path, capsys, monkeypatch):
 
 
 # -- bench ----------------------------------------------------------------------------------------
-def test_bench_table_json_and_a_skipped_peer(saved, tmp_path, capsys):
+def test_bench_table_json_and_a_missing_peer(saved, tmp_path, capsys, monkeypatch):
+    """A peer that is not installed is one line on stderr and appears nowhere else."""
+    import pdjit.tools.bench as bench_mod
+
+    monkeypatch.setitem(bench_mod._MODULES, "paddle", "pdjit_test_no_such_module")
     out = tmp_path / "b.json"
     code, stdout, err = _cli(capsys, "bench", saved["prefix"], "--batch", "1,2", "--repeat", 3,
-                             "--warmup", 1, "--threads", 1, "--compare", "nosuchpeer",
+                             "--warmup", 1, "--threads", 1, "--compare", "paddle",
                              "--json", out)
     assert code == 0, err
-    assert "nosuchpeer   skipped: unknown peer 'nosuchpeer'" in stdout
+    assert "paddle" not in stdout
+    (line,) = [s for s in err.splitlines() if "paddle" in s]
+    assert line.startswith("pdjit bench: paddle is not installed") and "pip install" in line
     rows = [line.split() for line in stdout.splitlines() if line[:5].strip().isdigit()]
     assert [(r[0], r[1]) for r in rows] == [("1", "pdjit"), ("2", "pdjit")]
-    assert "batch 2" in err  # the progress on stderr
+    assert "batch 2" in err and "/10]" in err  # the progress on stderr: 2 x (1 + 1 + 3) runs
     report = json.loads(out.read_text())
     assert report["threads"] == 1 and report["batches"] == [1, 2]
-    assert report["engines"]["nosuchpeer"]["status"] == "skipped"
-    assert report["engines"]["pdjit"]["status"] == "ok"
+    assert list(report["engines"]) == ["pdjit"] and report["engines"]["pdjit"]["status"] == "ok"
     assert report["inputs"]["x"] == {"shape": [-1, 8], "dtype": "float32"}
     for r, batch in zip(report["results"], [1, 2]):
         assert r["engine"] == "pdjit" and r["batch"] == batch and r["runs"] == 3
@@ -380,9 +393,12 @@ def test_bench_compares_installed_peers(tmp_path, capsys):
         importlib.util.find_spec("pdjit.io.onnx_export") is not None
     for peer, ready in (("onnxruntime", onnx_ready),
                         ("paddle", importlib.util.find_spec("paddle") is not None)):
+        if importlib.util.find_spec(peer) is None:
+            assert peer not in report["engines"] and f"{peer} is not installed" in err
+            continue
         st = report["engines"][peer]
         if not ready:
-            assert st["status"] == "skipped" and st["reason"], st
+            assert st["status"] == "failed" and st["reason"], st
             continue
         assert st["status"] == "ok", st
         (row,) = [r for r in report["results"] if r["engine"] == peer]
@@ -405,7 +421,8 @@ def test_bench_bad_input(saved, tmp_path, capsys):
                         (["bench", p, "--shape", "nope=1,2"], ["'nope'", "'x'"]),
                         (["bench", p, "--shape", "x=-1,9"], ["x=-1,9", "[-1, 8]"]),
                         (["bench", tmp_path / "dyn"], ["'s'", "--shape s="]),
-                        (["bench", tmp_path / "none"], ["none"])):
+                        (["bench", tmp_path / "none"], ["none"]),
+                        (["bench", p, "--compare", "nope"], ["'nope'", "onnxruntime"])):
         code, _, err = _cli(capsys, *argv)
         assert code == 2 and err.startswith("pdjit bench: ") and err.count("\n") == 1, err
         assert all(n in err for n in names), (argv, err)
@@ -462,11 +479,80 @@ def test_module_entry_point_smoke():
 
 def test_compile_is_the_aot_command(capsys):
     """``pdjit compile`` takes the arguments of ``python -m pdjit.aot compile`` (tests/aot runs
-    the artifacts); a model it cannot read is one error line and status 1."""
+    the artifacts); a model it cannot read, or an output name that ``import`` cannot take, is one
+    error line and status 2."""
     from pdjit.cli import build_parser
 
     args = build_parser().parse_args(["compile", "m", "-o", "out", "--batch", "4", "--cpu",
                                       "generic"])
     assert (args.model, args.output, args.batch, args.cpu) == ("m", "out", 4, "generic")
-    assert main(["compile", "/nonexistent/model", "-o", "/tmp/pdjit-never-written"]) == 1
-    assert capsys.readouterr().err.startswith("pdjit compile: ")
+    assert main(["compile", "/nonexistent/model", "-o", "/tmp/pdjit_never_written"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pdjit compile: ") and "/nonexistent/model" in err, err
+    for bad, fix in (("my-model.out", "my_model_out"), ("class", "m_class"), ("1st", "m_1st")):
+        assert main(["compile", str(PADDLE / "mlp_infer"), "-o", f"/tmp/x/{bad}"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"import {bad})" in err and f"-o /tmp/x/{fix}" in err
+    assert not os.path.exists("/tmp/x/my-model.out")
+
+
+# -- behaving like a Unix tool: help, exit statuses, closed pipes ---------------------------------
+def test_every_command_and_argument_has_help(capsys):
+    from pdjit.cli import build_parser
+
+    parser = build_parser()
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    top = capsys.readouterr().out
+    assert e.value.code == 0 and "``" not in top and ":class:" not in top
+    assert "exit status:" in top and "  2  bad input" in top
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    helps = {c.dest: c.help for c in commands._choices_actions}
+    for name, sub in commands.choices.items():
+        assert helps[name] and name in top, name
+        assert sub.description and "``" not in sub.description, name
+        for action in sub._actions:
+            assert action.help, (name, action.dest)
+        with pytest.raises(SystemExit) as e:
+            main([name, "--help"])
+        assert e.value.code == 0 and capsys.readouterr().out.startswith(f"usage: pdjit {name}")
+
+
+def test_exit_statuses(tmp_path, capsys):
+    """0 success; 1 a model that fails ``check``; 2 bad input (argparse's own errors too)."""
+    (tmp_path / "bad.pdmodel").write_bytes(b"not a program")
+    for argv, status in ((["check", PADDLE / "fit_a_line_infer"], 0),
+                         (["check", tmp_path / "bad.pdmodel"], 1),
+                         (["check", tmp_path / "none"], 2),
+                         (["inspect", tmp_path / "none"], 2),
+                         (["run", tmp_path / "none"], 2),
+                         (["ops", "nope"], 2)):
+        code, out, err = _cli(capsys, *argv)
+        assert code == status, (argv, out, err)
+        assert (err == "") == (status == 0) and (status == 0 or err.count("\n") == 1), err
+    assert "1 block, 4 ops of 4 types" in _cli(capsys, "check", PADDLE / "fit_a_line_infer")[1]
+    for argv in (["nope"], ["run"], ["bench", "m", "--threads", "0"], []):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2, argv
+        capsys.readouterr()
+
+
+@pytest.mark.skipif(shutil.which("bash") is None or shutil.which("head") is None,
+                    reason="needs bash and head")
+def test_a_closed_pipe_ends_the_command_silently():
+    """``pdjit ops | head -1``: the first line and nothing on stderr; a reader that reads
+    nothing (``| true``) ends the command with 141 (128 + SIGPIPE), silently."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT / "src")] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                               if p])}
+    cli = f"{shlex.quote(sys.executable)} -m pdjit.cli"
+    model = shlex.quote(str(PADDLE / "mlp_infer"))
+    script = (f"{cli} ops | head -1; {cli} ops | true; echo status ${{PIPESTATUS:-x}}; "
+              f"{cli} inspect {model} | true; {cli} inspect {model} | head -1")
+    proc = subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.stderr == "", proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 3 and lines[0].startswith("abs ") and lines[2].startswith("{ // block 0")
+    assert lines[1] in ("status 141", "status x"), lines

@@ -81,7 +81,7 @@ def _check_plot(path):
 
     sys.path.insert(0, str(ROOT / "examples"))
     try:
-        from _plotting import check_plot_path
+        from _training import check_plot_path
     finally:
         sys.path.pop(0)
     err = io.StringIO()
@@ -129,10 +129,81 @@ def test_inspect_program_round_trips():
     assert 'type: LOD_TENSOR' in out
 
 
-def test_digits_mlp_learns_on_a_few_epochs():
-    out = _run("digits_mlp.py", "--epochs", "3")
+def _check_figure(path, title_words) -> None:
+    """``path`` is a PNG (its signature, decoded by matplotlib) of two panels side by side,
+    a loss and an accuracy panel (the panel titles the figure's PNG metadata records; ink in
+    each half of the image)."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", data[:8]
+    text = {}
+    pos = 8
+    while pos < len(data):  # the PNG's chunks: length, type, data, crc
+        n = int.from_bytes(data[pos:pos + 4], "big")
+        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + n]
+        if kind == b"tEXt":
+            key, _, value = body.partition(b"\0")
+            text[key.decode("latin-1")] = value.decode("latin-1")
+        pos += 12 + n
+    assert text.get("Description") == "panels: Training loss; Accuracy", text
+    assert all(w in text.get("Title", "") for w in title_words), text
+    import matplotlib.image
+
+    img = matplotlib.image.imread(str(path))
+    assert img.ndim == 3 and img.shape[1] > img.shape[0] > 200, img.shape
+    dark = img[..., :3].mean(axis=2) < 0.5
+    half = img.shape[1] // 2
+    assert dark[:, :half].sum() > 500 and dark[:, half:].sum() > 500  # both panels drawn
+
+
+def test_digits_mlp_learns_on_a_few_epochs_and_plots(tmp_path):
+    err = []
+    out = _run("digits_mlp.py", "--epochs", "3", "--plot", str(tmp_path / "c.png"), stderr=err)
     acc = float(out.split("test accuracy:")[1].split()[0])
     assert acc > 0.85  # 3 of the default 25 epochs; the full run reaches ~0.99
+    # the progress: tqdm's bar, or a line per epoch, with the running loss and accuracy
+    assert re.search(r"69/69.*loss \d\.\d{4}  acc \d+\.\d%", err[0]), err[0]
+    if importlib.util.find_spec("matplotlib") is not None:
+        _check_figure(tmp_path / "c.png", ["MLP"])
+        assert f"figure saved to {tmp_path / 'c.png'}" in out
+
+
+def test_the_plain_progress_line_without_tqdm():
+    """Without tqdm: one line per epoch on a stream that is not a terminal."""
+    import io
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        import _training
+    finally:
+        sys.path.pop(0)
+    stream = io.StringIO()
+    p = _training.Progress(4, "demo", stream=stream)
+    p._bar = None  # as without tqdm
+    for loss, acc in ((2.0, 0.25), (1.0, 0.75)):
+        p.step(loss, acc)
+    p.end_epoch()
+    p.step(0.5, 1.0)
+    p.end_epoch()
+    p.close()
+    assert stream.getvalue() == ("demo: epoch 1  step 2/4  loss 1.5000  acc 50.0%\n"
+                                 "demo: epoch 2  step 3/4  loss 0.5000  acc 100.0%\n")
+    assert p.losses == [2.0, 1.0, 0.5] and p.epoch_ends == [2, 3]
+    # span 3: weight 0.5; the last mean 0.5 * 0.875 + 0.5 * 4, over 1 - 0.5 ** 4 (bias)
+    sm = _training.smooth([1.0, 1.0, 1.0, 4.0], span=3)
+    assert sm[:3] == [1.0, 1.0, 1.0] and abs(sm[3] - 2.4375 / 0.9375) < 1e-12
+
+
+def test_the_distributed_example_names_its_extra_when_mpi_is_missing():
+    driver = ("import runpy, sys\n"
+              "sys.modules['mpi4py'] = None  # import mpi4py fails, as when not installed\n"
+              "sys.path.insert(0, sys.argv[1])\n"
+              "sys.argv = [sys.argv[1] + '/distributed_digits.py', '--epochs', '1']\n"
+              "runpy.run_path(sys.argv[0], run_name='__main__')\n")
+    proc = subprocess.run([sys.executable, "-c", driver, str(ROOT / "examples")],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 1 and proc.stdout == "", proc
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr
+    assert "pip install -e '.[distributed]'" in proc.stderr
 
 
 def test_custom_op_example_fuses_and_trains():
@@ -180,11 +251,14 @@ def test_transformer_digits_learns_in_a_few_epochs_natively():
     assert acc > 0.85  # 3 of the default 12 epochs; the full run reaches ~0.97
 
 
-def test_lstm_digits_learns_with_the_rnn_op_and_dynamic_lstm_natively():
+def test_lstm_digits_learns_with_the_rnn_op_and_dynamic_lstm_natively(tmp_path):
     err = []
-    out = _run("lstm_digits.py", "--epochs", "3", env=_ONE_THREAD, stderr=err)
+    out = _run("lstm_digits.py", "--epochs", "3", "--plot", str(tmp_path / "lstm.png"),
+               env=_ONE_THREAD, stderr=err)
     ops = ("rnn", "lstm", "mul", "elementwise_add", "sequence_pool", "reshape2", "transpose2")
     _no_reference_steps(err[0], ops + tuple(f"{op}_grad" for op in ops))
     for name in ("rnn", "dynamic_lstm"):
         acc = float(out.split(f"{name} test accuracy:")[1].split()[0])
         assert acc > 0.85, (name, acc)  # 3 of the default 10 epochs; the full run: ~0.98 each
+    if importlib.util.find_spec("matplotlib") is not None:  # both models' curves, one figure
+        _check_figure(tmp_path / "lstm.png", ["LSTM", "dynamic_lstm"])

@@ -15,6 +15,11 @@ _lock = _threading.RLock()
 _loading = []
 
 
+# Sub-packages reached as attributes (``pdjit.static.save_inference_model(...)`` right after
+# ``import pdjit``), imported on first use.
+_LAZY_SUBMODULES = ("static", "inference", "io", "distributed")
+
+
 def _load():
     with _lock:
         if _loading:  # a name asked for while pdjit._api itself imports: not there yet
@@ -30,6 +35,8 @@ def _load():
 
 
 def __getattr__(name: str):
+    if name in _LAZY_SUBMODULES:
+        return _importlib.import_module(f"pdjit.{name}")  # also sets the attribute
     api = None if name.startswith("__") and name != "__all__" else _load()
     if api is None or not hasattr(api, name):
         raise AttributeError(f"module 'pdjit' has no attribute {name!r}")
@@ -38,4 +45,4 @@ def __getattr__(name: str):
 
 def __dir__():
     _load()
-    return sorted(globals())
+    return sorted(set(globals()) | set(_LAZY_SUBMODULES))

@@ -1,29 +1,15 @@
-"""The ``pdjit`` command line.
+"""The ``pdjit`` command line: run, benchmark, inspect, draw, check and compile a saved model.
 
-    pdjit run MODEL --input NAME=FILE.npy ... [--output OUT.npz]   run a saved model
-    pdjit bench MODEL --batch 1,64 [--compare onnxruntime,paddle]  latency and throughput
-    pdjit inspect MODEL [--text] [--optimized]   the program, an op histogram, the parameters
-    pdjit graph MODEL -o model.dot [--svg]       the program as a Graphviz graph
-    pdjit check MODEL                            verify a model: OK + a summary, or the error
-    pdjit compile MODEL -o OUT [--batch N | --dynamic-batch] [--threads N] [--embed-params]
-                  [--prefix NAME]                ahead of time: OUT/libmodel.so (C ABI), model.h,
-                                                 a NumPy-only loader OUT/__init__.py, example.c
-                                                 (--prefix: NAME_model_create, libNAME.so, NAME.h)
-    pdjit ops [TYPE]                             list the registered ops, or describe one
-    pdjit warmup [--dtype float32,float64]       compile the library kernels into the cache
-                                                 (PDJIT_CACHE_DIR) once, e.g. in a container
-    pdjit version                                print pdjit's version
-
-MODEL is a path prefix (``p`` for ``p.pdmodel`` + ``p.pdiparams``), a ``.pdmodel`` file, or a
-directory holding ``__model__`` (Fluid 1.x) or one ``*.pdmodel``; ``inspect`` and ``graph`` also
-take any serialized program (a training ``.pb``). Bad input is one line on stderr naming the
-file or variable, and exit status 2; ``check`` exits with status 1 when the model is malformed
-(the error names the file and the block, op or variable), ``compile`` with status 1 when the
-model cannot be compiled ahead of time (naming the op).
+``main(argv)`` parses the arguments (``build_parser``) and runs one command; the commands'
+work is in ``pdjit.tools`` (and ``pdjit.aot`` for ``compile``). Exit statuses are those of
+``EPILOG``. Output written to a closed pipe (``pdjit ops | head -1``) ends the command
+silently.
 """
 from __future__ import annotations
 
 import argparse
+import keyword
+import os
 import sys
 
 import pdjit
@@ -57,6 +43,17 @@ def _bench(args) -> int:
 def _check(args) -> int:
     from pdjit.tools.model import check
     return check(args.model)
+
+
+def _compile(args) -> int:
+    name = os.path.basename(os.path.normpath(args.output))
+    if not name.isidentifier() or keyword.iskeyword(name):
+        fix = "".join(c if c.isalnum() or c == "_" else "_" for c in name) or "model"
+        fix = "m_" + fix if fix[0].isdigit() or keyword.iskeyword(fix) else fix
+        raise CliError(f"-o {args.output}: the artifact is imported as a Python package "
+                       f"(import {name}), so its directory name must be a Python identifier; "
+                       f"try -o {os.path.join(os.path.dirname(args.output), fix)}")
+    return aot_cli.run(args)
 
 
 def _graph(args) -> int:
@@ -128,12 +125,37 @@ def _int_at_least(low: int):
 _positive, _count = _int_at_least(1), _int_at_least(0)
 
 
+DESCRIPTION = "Run, benchmark, inspect, draw, check and compile saved pdjit/Fluid models."
+
+EPILOG = """\
+MODEL is a path prefix (p for p.pdmodel + p.pdiparams), a .pdmodel file, or a directory
+holding __model__ (Fluid 1.x) or one *.pdmodel; inspect, graph and check also take any
+serialized program (e.g. a training program's .pb).
+
+exit status:
+  0  success
+  1  check: the model is malformed; graph --svg: Graphviz is missing (the .dot is written);
+     compile: the artifact could not be written
+  2  bad input: a missing or unreadable file, a wrong argument, input name, dtype or shape,
+     a model compile refuses (naming the op); the error is one line on stderr
+
+'pdjit COMMAND --help' describes a command."""
+
+
+def _sub(sub, name: str, help: str, description: str | None = None):
+    return sub.add_parser(name, help=help, description=description or help[0].upper() + help[1:]
+                          + ".", formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pdjit", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="pdjit", description=DESCRIPTION, epilog=EPILOG,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     model_help = "a path prefix, a .pdmodel, or a model directory"
 
-    p = sub.add_parser("run", help="run a saved inference model on .npy inputs")
+    p = _sub(sub, "run", "run a saved inference model on .npy inputs",
+             "Run a saved inference model on inputs from .npy/.npz files; print each output's "
+             "shape, dtype and\nsummary, and save them with -o.")
     p.add_argument("model", help=model_help)
     p.add_argument("--input", "-i", action="append", metavar="NAME=FILE.npy",
                    help="an input (repeat per input; FILE.npy alone for a model with one input, "
@@ -143,7 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=_positive, help="threads of compiled loops and BLAS")
     p.set_defaults(fn=_run)
 
-    p = sub.add_parser("bench", help="latency and throughput, beside onnxruntime and Paddle")
+    p = _sub(sub, "bench", "latency and throughput, beside onnxruntime and Paddle",
+             "Latency and throughput of a saved model on random inputs, per batch size, beside\n"
+             "the peers named by --compare that are installed (a missing one is one line on "
+             "stderr).")
     p.add_argument("model", help=model_help)
     p.add_argument("--batch", default="1,64", help="batch sizes, comma-separated (1,64)")
     p.add_argument("--threads", type=_positive,
@@ -161,38 +186,51 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also time a new process from its start to the first result")
     p.set_defaults(fn=_bench)
 
-    p = sub.add_parser("inspect", help="print a program, its op histogram and parameters")
+    p = _sub(sub, "inspect", "print a program, its op histogram and parameters")
     p.add_argument("model", metavar="MODEL", help=model_help + ", or any serialized program")
     p.add_argument("--text", action="store_true", help="protobuf text instead of the listing")
     p.add_argument("--optimized", action="store_true", help="after the inference passes")
     p.set_defaults(fn=_inspect)
 
-    p = sub.add_parser("graph", help="the program as a Graphviz digraph")
+    p = _sub(sub, "graph", "write the program as a Graphviz graph (.dot, and .svg with --svg)",
+             "Write the program as a Graphviz digraph: ops as boxes, variables as ellipses,\n"
+             "sub-blocks as clusters. --svg renders FILE.svg with Graphviz's dot; without dot\n"
+             "on PATH the .dot is still written and one line says how to install Graphviz\n"
+             "(exit status 1).")
     p.add_argument("model", metavar="MODEL", help=model_help + ", or any serialized program")
     p.add_argument("-o", "--output", metavar="FILE.dot", help="where to write (default: stdout)")
-    p.add_argument("--svg", action="store_true", help="also render FILE.svg with Graphviz's dot")
+    p.add_argument("--svg", action="store_true",
+                   help="also render FILE.svg with Graphviz's dot (apt-get install graphviz)")
     p.add_argument("--optimized", action="store_true", help="after the inference passes")
     p.set_defaults(fn=_graph)
 
-    p = sub.add_parser("check", help="verify a saved model or program: OK + a summary, or the "
-                                     "error (exit status 1)")
+    p = _sub(sub, "check", "verify a saved model or program: OK and a summary, or the error",
+             "Verify a saved model or program: read it, check every op against its registered\n"
+             "definition and read the parameters. Prints OK and a summary (exit status 0), or\n"
+             "the error naming the file and the block, op or variable (exit status 1; a path\n"
+             "where no model is found: 2).")
     p.add_argument("model", metavar="MODEL", help=model_help + ", or any serialized program")
     p.set_defaults(fn=_check)
 
-    p = sub.add_parser("compile", help="compile a saved model ahead of time: OUT_DIR/libmodel.so "
-                                       "with a C ABI, model.h, a NumPy-only loader, example.c")
+    p = _sub(sub, "compile", "compile a saved model ahead of time into a C library and a "
+             "Python package", aot_cli.DESCRIPTION)
+    p.formatter_class = argparse.HelpFormatter
     aot_cli.add_arguments(p)
-    p.set_defaults(fn=aot_cli.run)
+    p.set_defaults(fn=_compile)
 
-    p = sub.add_parser("ops", help="list registered ops or describe one")
-    p.add_argument("type", nargs="?")
+    p = _sub(sub, "ops", "list the registered ops, or describe one",
+             "List the registered op types (name, traits, summary), or describe one: its\n"
+             "inputs, outputs, attributes with defaults, traits, and whether it has native code\n"
+             "and a gradient.")
+    p.add_argument("type", nargs="?", metavar="TYPE",
+                   help="an op type to describe (e.g. conv2d); all ops when left out")
     p.set_defaults(fn=_ops)
-    p = sub.add_parser("warmup", help="compile the library kernels into the cache "
-                                      "(PDJIT_CACHE_DIR) once, e.g. when building a container")
+    p = _sub(sub, "warmup", "compile the library kernels into the cache (PDJIT_CACHE_DIR) "
+             "once, e.g. when building a container")
     p.add_argument("--dtype", default="float32",
-                   help="float types to compile for, comma-separated (float32)")
+                   help="float types to compile for, comma-separated (default: float32)")
     p.set_defaults(fn=_warmup)
-    p = sub.add_parser("version", help="print the version")
+    p = _sub(sub, "version", "print pdjit's version")
     p.set_defaults(fn=lambda a: print(pdjit.__version__) or 0)
     return parser
 
@@ -200,14 +238,35 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        return args.fn(args)
+        code = args.fn(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at the interpreter's exit
+        return code
     except (CliError, PdjitError) as e:
         print(f"pdjit {args.command}: {_one_line(e)}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader went away (``pdjit ops | head``): end quietly, as Unix tools do
+        _discard_stdout()
+        return 141  # 128 + SIGPIPE, the status of a tool that SIGPIPE ended
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
     except Exception as e:  # noqa: BLE001 - every failure is one line and status 2
         print(f"pdjit {args.command}: {_one_line(as_pdjit_error(e, 'internal error'))}",
               file=sys.stderr)
         return 2
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's final flush of what is still
+    buffered does not fail on the closed pipe again."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return  # not a file (a test's capture): nothing is flushed at exit
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 def _one_line(msg) -> str:

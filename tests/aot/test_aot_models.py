@@ -351,7 +351,7 @@ def test_built_on_one_thread_whatever_the_process_asked(tmp_path, monkeypatch):
 def test_cli_entry(tmp_path):
     from pdjit.aot.__main__ import main
 
-    assert main(["compile", _refused_model(tmp_path / "m"), "-o", str(tmp_path / "x")]) == 1
+    assert main(["compile", _refused_model(tmp_path / "m"), "-o", str(tmp_path / "x")]) == 2
     with pytest.raises(SystemExit):
         main(["compile", str(MODELS / "mlp"), "-o", str(tmp_path / "x"), "--cpu", "arm"])
 

@@ -307,7 +307,7 @@ def test_cli_refusals_name_the_input_and_the_path(tmp_path, capsys):
     model = _save(tmp_path / "lod", lod)
     with warnings.catch_warnings():
         warnings.simplefilter("error")   # nothing but the refusal
-        assert main(["compile", model, "-o", str(tmp_path / "o")]) == 1
+        assert main(["compile", model, "-o", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "input 'x' is a LoD tensor (lod_level 1)" in err, err
     (tmp_path / "afile").write_text("")

@@ -339,7 +339,7 @@ def test_check_command(fixtures_dir, tmp_path, capsys):
     prefix = _copy_model(fixtures_dir, tmp_path)
     assert cli_main(["check", str(prefix)]) == 0
     out = capsys.readouterr().out
-    assert out.startswith(f"OK {prefix}.pdmodel: 1 block(s), 9 ops of 7 types")
+    assert out.startswith(f"OK {prefix}.pdmodel: 1 block, 9 ops of 7 types")
     assert "feeds:   x [-1, 16] float32" in out and "parameters: 4 read and checked" in out
 
     i = _retype_mul_attr(tmp_path / "m.pdmodel")
@@ -359,7 +359,7 @@ def test_check_command(fixtures_dir, tmp_path, capsys):
     assert cli_main(["check", str(tmp_path / "p")]) == 1
     assert "truncated at byte" in capsys.readouterr().err
 
-    assert cli_main(["check", str(tmp_path / "missing")]) == 1
+    assert cli_main(["check", str(tmp_path / "missing")]) == 2  # bad input, not a bad model
     assert "no model at" in capsys.readouterr().err
 
 

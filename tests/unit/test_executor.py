@@ -81,8 +81,8 @@ def test_feed_errors_name_the_variable_and_what_was_expected():
         exe.run(main, feed={"x": np.ones(2, np.float32), "nope": np.ones(1)}, scope=scope)
     with pytest.raises(FeedError, match=r"fetch: variable 'ghost' is not in the program"):
         exe.run(main, feed={"x": np.ones(2, np.float32)}, fetch_list=["ghost"], scope=scope)
-    with pytest.raises(OpRunError, match=r"reads variable 'x', which holds no value"):
-        exe.run(main, feed={}, fetch_list=[y], scope=scope)
+    with pytest.raises(FeedError, match=r"reads 'x', which is not fed .*can be fed: 'x'"):
+        exe.run(main, feed={}, fetch_list=[y], scope=scope)  # before any op runs
     with pytest.raises(FeedError, match="expected a numpy array"):
         exe.run(main, feed={"x": object()}, fetch_list=[y], scope=scope)
     with pytest.raises(TypeError, match="feed must be a dict"):

@@ -40,7 +40,8 @@ DESCRIPTION = (
     "-lmodel -Wl,-rpath,'$ORIGIN' -o example) and the OpenBLAS the library links. The model "
     "runs after the inference passes (ops saved in training mode, e.g. dropout, in their "
     "inference form, with a note). A model with an op that has no native code, a random op "
-    "or a LoD (sequence) input is refused, naming it (exit status 1). With --prefix NAME the "
+    "or a LoD (sequence) input is refused, naming it (exit status 2, as for any bad input; "
+    "1: the artifact could not be written). With --prefix NAME the "
     "C ABI's names are NAME_model_create, ... in libNAME.so and NAME.h, so that one program "
     "can link several artifacts.")
 
@@ -50,7 +51,9 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
     if not c.description:
         c.description = DESCRIPTION
     c.add_argument("model", help="a .pdmodel path prefix, a .pdmodel file or a model directory")
-    c.add_argument("-o", "--output", required=True, help="the artifact directory")
+    c.add_argument("-o", "--output", required=True, metavar="OUT_DIR",
+                   help="the artifact directory; a Python package imported by its name "
+                        "(import OUT_DIR), so the name must be a Python identifier")
     c.add_argument("--params", default=None, help="the parameters file, when not beside it")
     size = c.add_mutually_exclusive_group()
     size.add_argument("--batch", type=_at_least_1, default=None, metavar="N",
@@ -81,7 +84,9 @@ def add_arguments(c: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    """Compile ``args.model``; 0, or 1 with the error on stderr."""
+    """Compile ``args.model``: 0; or the error on stderr and 2 for bad input (a model that
+    cannot be read or is refused, naming the op; a missing C compiler), 1 when a file could not
+    be written."""
     from pdjit.aot import AotError, compile_model, csource
     from pdjit.framework.errors import PdjitError
 
@@ -91,7 +96,10 @@ def run(args) -> int:
                              params_file=args.params, fixed_batch=fixed,
                              threads=args.threads, embed_params=args.embed_params,
                              prefix=getattr(args, "prefix", "pdjit"))
-    except (AotError, PdjitError, OSError) as e:
+    except (AotError, PdjitError) as e:
+        print(f"pdjit compile: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
         print(f"pdjit compile: {e}", file=sys.stderr)
         return 1
     t = spec.timings

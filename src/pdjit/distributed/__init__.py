@@ -1,6 +1,6 @@
 """Data-parallel training across processes on MPI (``pdjit.distributed.fleet``).
 
-Not imported by ``import pdjit``: import ``pdjit.distributed`` explicitly (the collective ops
+Imported on first use of ``pdjit.distributed`` (not by ``import pdjit`` itself; the collective ops
 themselves are built-in: programs written by PaddlePaddle's collective transpiler run without
 it, on one rank).
 

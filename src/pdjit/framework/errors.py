@@ -61,13 +61,27 @@ class ReferenceStepWarning(UserWarning):
     dtypes, ranks or attributes (once per op type and reason)."""
 
 
-class LayerArgumentError(PdjitError, TypeError, ValueError):
-    """A layer function (``fluid.layers.*``) refused its arguments; the message names the
-    layer, the argument and the user's line that called it."""
-
-
 class FeedError(PdjitError, ValueError):
     """A feed does not match the variable it feeds (name, dtype or shape)."""
+
+
+class LayerInputError(ProgramError):
+    """A layer function (``fluid.layers.conv2d(...)``) refused its arguments before appending
+    any op: the message names the layer and the argument, what was expected and what was got,
+    and ``location``, the user's line that called the layer."""
+
+    def __init__(self, message: str, location: str | None = None):
+        self.location = location
+        super().__init__(f"{message} (layer called at {location})" if location else message)
+
+
+class LayerTypeError(LayerInputError, TypeError):
+    """A :class:`LayerInputError` about an argument's type (a ``TypeError`` too)."""
+
+
+class FetchError(FeedError):
+    """A fetch names a variable the program does not have (a :class:`FeedError` too, so that
+    code catching feed and fetch mistakes together keeps working)."""
 
 
 class ModelFileError(PdjitError, ValueError):

@@ -27,7 +27,7 @@ from pdjit.layers.conv import *  # noqa: F401,F403
 from pdjit.layers.crf import *  # noqa: F401,F403
 from pdjit.layers.image import *  # noqa: F401,F403
 from pdjit.layers.io import *  # noqa: F401,F403
-from pdjit.layers.layer_helper import LayerHelper, with_user_line
+from pdjit.layers.layer_helper import LayerHelper
 from pdjit.layers.learning_rate_scheduler import *  # noqa: F401,F403
 from pdjit.layers.loss import *  # noqa: F401,F403
 from pdjit.layers.math_ops import *  # noqa: F401,F403
@@ -54,10 +54,8 @@ from pdjit.layers.rnn_cells import *  # noqa: E402,F401,F403
 
 __all__ = __all__ + rnn_cells.__all__
 
-# every public layer function: its argument errors name the user's line (LayerArgumentError)
-for _name in __all__:
-    _fn = globals().get(_name)
-    if callable(_fn) and not isinstance(_fn, type) and getattr(_fn, "__module__", "").startswith(
-            "pdjit.layers"):
-        globals()[_name] = with_user_line(_fn)
-del _name, _fn
+# argument checks that name the user's line (pdjit.framework.errors.LayerInputError)
+from pdjit.layers._user_line import wrap_all  # noqa: E402
+
+wrap_all(globals(), __all__)
+del wrap_all

@@ -12,7 +12,7 @@ readers, as a Fluid clone reads the same reader variable.
 from __future__ import annotations
 
 from pdjit.framework import dtypes, unique_name
-from pdjit.framework.errors import LayerArgumentError
+from pdjit.framework.errors import LayerInputError
 from pdjit.framework.operator import _user_callstack, location_from_callstack
 from pdjit.framework.program import default_main_program
 from pdjit.proto import framework_pb2 as pb
@@ -53,9 +53,9 @@ def data(name: str, shape, append_batch_size: bool = True, dtype="float32", lod_
 
         def show(t):
             return f"{t[1]}{t[0]} lod_level {t[2]}"
-        raise LayerArgumentError(f"data {name!r}: declared at {where} as {show(want)}, but the "
-                         f"program already declares it at {first} as {show(have)}: expected "
-                         f"the same shape, dtype and lod_level (or another name)")
+        raise LayerInputError(f"data {name!r}: declared at {where} as {show(want)}, but the "
+                              f"program already declares it at {first} as {show(have)}: "
+                              f"expected the same shape, dtype and lod_level (or another name)")
     var = block.create_var(name=name, shape=shape, dtype=dtype, type=type, lod_level=lod_level,
                            stop_gradient=stop_gradient, need_check_feed=True)
     var._declared_at = where

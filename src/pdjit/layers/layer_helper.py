@@ -6,11 +6,7 @@ initialising ops in the default startup program, and appends its ops (shapes inf
 """
 from __future__ import annotations
 
-import functools
-
 from pdjit.framework import dtypes, registry, unique_name
-from pdjit.framework.errors import LayerArgumentError, PdjitError
-from pdjit.framework.operator import _user_callstack, location_from_callstack
 from pdjit.framework.program import (
     Parameter,
     Variable,
@@ -20,26 +16,6 @@ from pdjit.framework.program import (
 from pdjit.framework.scalars import declare_fluid1_scalars
 from pdjit.initializer import Constant, Xavier
 from pdjit.param_attr import ParamAttr
-
-
-def with_user_line(fn):
-    """``fn`` (a public layer function) whose argument errors, a plain ``TypeError`` or
-    ``ValueError`` (naming the layer and the argument), become a :class:`LayerArgumentError`
-    that also names the user's line that called the layer."""
-    @functools.wraps(fn)
-    def layer(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except (TypeError, ValueError) as e:
-            if isinstance(e, PdjitError) or type(e) not in (TypeError, ValueError):
-                raise
-            where = location_from_callstack(_user_callstack()) or "an unknown line"
-            text = str(e)
-            if not text.startswith(fn.__name__):
-                text = f"{fn.__name__}: {text}"
-            raise LayerArgumentError(f"layers.{text} (called at {where})") from e
-    layer.__wrapped_layer__ = fn
-    return layer
 
 
 def check_variable(value, arg: str, layer: str) -> Variable:

@@ -165,6 +165,8 @@ class Executor:
             fetch_names = feed_fetch.fetch_names_of(fetch_list)
         run, plan, in_order = self._prepare(program, feed_names, fetch_names, feed_var_name,
                                             fetch_var_name)
+        if run.unfed:  # a data variable read but not fed: named here, before any op runs
+            run.check_unfed(scope)
 
         # feeds checked against their VarDescs (dtype, rank, known dims) before anything runs;
         # in the run's column order (a saved model's feed ops may order them otherwise)

@@ -9,12 +9,13 @@ against its ``VarDesc`` before anything runs.
 """
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 
 import numpy as np
 
-from pdjit.framework import dtypes
-from pdjit.framework.errors import FeedError
+from pdjit.framework import dtypes, registry
+from pdjit.framework.errors import FeedError, FetchError
 from pdjit.framework.program import Program, Variable
 from pdjit.proto import framework_pb2 as pb
 from pdjit.runtime.tensor import LoDTensor, check_offsets
@@ -42,6 +43,57 @@ class RunProgram:
         self.persistables = frozenset(
             v.name for v in gb.vars.values()
             if v.persistable and v.type not in (VarType.FEED_MINIBATCH, VarType.FETCH_LIST))
+        self.unfed = unfed_data(self.program, self.feed_names)
+
+    def check_unfed(self, scope) -> None:
+        """Before any op runs: every data variable the program reads is fed, or holds a value
+        in ``scope`` (from an earlier run); else a :class:`FeedError` naming it."""
+        missing = [n for n in self.unfed
+                   if (sv := scope.find_var(n)) is None or sv.value is None]
+        if missing:
+            can = feedable(self.program)
+            raise FeedError(f"feed: the program reads {_quoted(missing)}, which "
+                            f"{'is' if len(missing) == 1 else 'are'} not fed (fed: "
+                            f"{_quoted(self.feed_names) or 'nothing'}; variables that can be fed: "
+                            f"{_quoted(can[:20]) or 'none'})")
+
+
+def _quoted(names) -> str:
+    return ", ".join(repr(n) for n in names)
+
+
+def feedable(program: Program) -> list:
+    """The names a user feeds: the data variables (``layers.data``) of the global block, or,
+    in a program without them, the variables no op writes that are not persistable."""
+    gb = program.global_block()
+    return [v.name for v in gb.vars.values() if v.need_check_feed] or \
+        [v.name for v in gb.vars.values() if v.op is None and not v.persistable
+         and v.type not in (VarType.FEED_MINIBATCH, VarType.FETCH_LIST)]
+
+
+def unfed_data(program: Program, feed_names) -> tuple:
+    """The data variables (``layers.data``) of ``program`` that an op of the global block reads
+    (control flow aside), no op writes and the run does not feed: they must hold a value from
+    an earlier run."""
+    gb = program.global_block()
+    data = {v.name for v in gb.vars.values() if v.need_check_feed and not v.persistable}
+    data.difference_update(feed_names)
+    if not data:
+        return ()
+    read, written = set(), set()
+    for b in program.blocks:
+        for op in b.ops:
+            written.update(op.output_arg_names)
+            opdef = registry.lookup(op.type)
+            if b.idx == 0 and opdef is not None and not opdef.has(registry.CONTROL_FLOW):
+                read.update(op.input_arg_names)  # (a branch not taken need not be fed)
+    return tuple(sorted((data & read) - written))
+
+
+def close_names(name: str, program: Program, limit: int = 5) -> list:
+    """Up to ``limit`` variable names of ``program`` that look like ``name`` (difflib)."""
+    names = {n for b in program.blocks for n in b.vars}
+    return difflib.get_close_matches(name, sorted(names), n=limit, cutoff=0.6)
 
 
 def names_of(items, what: str) -> tuple:
@@ -80,13 +132,15 @@ def prepare(program: Program, feed_names: tuple, fetch_names: tuple, feed_var: s
     gb = program.global_block()
     for n in feed_names:
         if not gb.has_var(n):
-            data = [v.name for v in gb.vars.values() if v.need_check_feed] or \
-                   [v.name for v in gb.vars.values() if v.op is None and not v.persistable]
+            data = feedable(program)
             raise FeedError(f"feed: variable {n!r} is not in the program's global block "
                             f"(variables that can be fed: {', '.join(data[:20]) or 'none'})")
     for n in fetch_names:
         if not any(b.has_var(n) for b in program.blocks):
-            raise FeedError(f"fetch: variable {n!r} is not in the program")
+            near = close_names(n, program)
+            raise FetchError(f"fetch: variable {n!r} is not in the program"
+                             + (f"; did you mean {_quoted(near)}?" if near else
+                                " (no variable has a similar name)"))
 
     feeds, fetches = _existing_feed_fetch(program, feed_var, fetch_var)
     if feeds or fetches:

@@ -11,3 +11,9 @@ from __future__ import annotations
 
 class CliError(Exception):
     """Bad input to a command: printed as ``pdjit <command>: <message>``, exit status 2."""
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """``"1 op"``, ``"3 ops"``, ``"1,024 elements"``: ``n`` and ``word`` in agreement
+    (``many``: the plural when it is not ``word + "s"``)."""
+    return f"{n:,} {word if n == 1 else (many or word + 's')}"

@@ -288,6 +288,27 @@ def _peer_request(name: str, model, tmpdir: str) -> dict:
     return req
 
 
+_PIP = {"onnxruntime": "onnxruntime onnx", "paddle": "paddlepaddle"}
+
+
+def installed_peers(compare) -> list:
+    """The peers named in ``compare`` that are installed, in order, each once; an unknown name
+    is a :class:`CliError`; a missing one is a line on stderr (it is not in the report)."""
+    peers = list(dict.fromkeys(c.strip() for c in compare if c.strip()))
+    unknown = [p for p in peers if p not in PEERS]
+    if unknown:
+        raise CliError(f"--compare: unknown peer {unknown[0]!r} (known: {', '.join(PEERS)})")
+    found = []
+    for name in peers:
+        if importlib.util.find_spec(_MODULES[name]) is None:
+            print(f"pdjit bench: {name} is not installed, not compared (pip install "
+                  f"{_PIP[name]}, or the compare extra: pip install -e '.[compare]')",
+                  file=sys.stderr)
+        else:
+            found.append(name)
+    return found
+
+
 def start_peer(name: str, model, threads: int, tmpdir: str):
     """A started peer engine, or the reason it is skipped (a str)."""
     if name not in PEERS:
@@ -344,10 +365,9 @@ def bench(path: str, batches: list, threads: int | None = None, repeat: int = 30
     rounds = min(repeat, 5)
     chunks = [repeat // rounds + (1 if r < repeat % rounds else 0) for r in range(rounds)]
     results, first_outputs = [], {}
-    peers = [p for p in dict.fromkeys(c.strip() for c in compare if c.strip())]
+    peers = installed_peers(compare)
     with tempfile.TemporaryDirectory(prefix="pdjit-bench-") as tmpdir:
-        known = [p for p in peers if p in PEERS]
-        bar = Progress(len(batches) * (1 + len(known)) * (1 + warmup + repeat),
+        bar = Progress(len(batches) * (1 + len(peers)) * (1 + warmup + repeat),
                        enabled=progress)
         try:
             for name in peers:
@@ -355,7 +375,7 @@ def bench(path: str, batches: list, threads: int | None = None, repeat: int = 30
                 got = start_peer(name, model, nthreads, tmpdir)
                 if isinstance(got, str):
                     skipped[name] = got
-                    status[name] = {"status": "skipped", "reason": got}
+                    status[name] = {"status": "failed", "reason": got}
                 else:
                     engines.append(got)
                     status[name] = {"status": "ok", "load_s": got.load_s, "info": got.info}

@@ -141,11 +141,14 @@ def to_dot(program: Program, title: str | None = None) -> str:
     return "\n".join(head + nodes + body + ["    " + e for e in d.edges] + ["}"]) + "\n"
 
 
+INSTALL_GRAPHVIZ = ("install Graphviz (apt-get install graphviz, dnf install graphviz, "
+                    "brew install graphviz or conda install graphviz)")
+
+
 def _dot_exe() -> str:
     exe = shutil.which("dot")
     if exe is None:
-        raise CliError("--svg: Graphviz's 'dot' is not on PATH (install graphviz, or leave out "
-                       "--svg)")
+        raise CliError(f"--svg: Graphviz's 'dot' is not on PATH; {INSTALL_GRAPHVIZ}")
     return exe
 
 
@@ -161,13 +164,14 @@ def write_svg(dot_path: str, svg_path: str) -> None:
 
 def graph(path: str, output: str | None, svg: bool = False, optimize: bool = False,
           out=None) -> int:
+    """``pdjit graph``: write the dot text to ``output`` (stdout when None) and, with ``svg``,
+    render ``FILE.svg`` beside it with Graphviz's ``dot``. Without ``dot`` on PATH the ``.dot``
+    is still written and one line says how to install Graphviz (status 1)."""
     import sys
 
     from pdjit.tools.model import load_program
-    if svg:
-        if not output:
-            raise CliError("--svg needs -o FILE.dot (the svg is written beside it)")
-        _dot_exe()
+    if svg and not output:
+        raise CliError("--svg needs -o FILE.dot (the svg is written beside it)")
     loaded = load_program(path)
     program = loaded.program
     if optimize:
@@ -186,6 +190,11 @@ def graph(path: str, output: str | None, svg: bool = False, optimize: bool = Fal
     print(f"# wrote {output}", file=sys.stderr)
     if svg:
         svg_path = (output[:-4] if output.endswith(".dot") else output) + ".svg"
+        if shutil.which("dot") is None:
+            print(f"pdjit graph: no {svg_path}: Graphviz's 'dot' is not on PATH; "
+                  f"{INSTALL_GRAPHVIZ}, then run: dot -Tsvg {output} -o {svg_path}",
+                  file=sys.stderr)
+            return 1
         write_svg(output, svg_path)
         print(f"# wrote {svg_path}", file=sys.stderr)
     return 0

@@ -11,6 +11,7 @@ import numpy as np
 
 from pdjit.framework import registry
 from pdjit.io.inference import param_vars
+from pdjit.tools import plural
 from pdjit.tools.model import (
     Loaded,
     describe_var,
@@ -34,11 +35,12 @@ def op_histogram(program) -> list:
         counts = Counter(op.type for op in b.ops)
         total.update(counts)
         parent = "" if b.idx == 0 else f", parent {b.parent_idx}"
-        lines.append(f"#   block {b.idx}{parent}: {len(b.ops)} ops")
+        lines.append(f"#   block {b.idx}{parent}: {plural(len(b.ops), 'op')}")
         for t, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])):
             lines.append(f"#     {t:32s} {n:6d}")
     if len(program.blocks) > 1:
-        lines.append(f"#   all blocks: {sum(total.values())} ops of {len(total)} types")
+        lines.append(f"#   all blocks: {plural(sum(total.values()), 'op')} of "
+                     f"{plural(len(total), 'type')}")
     return lines
 
 
@@ -75,15 +77,15 @@ def param_summary(loaded: Loaded, params: dict | None, largest: int = 5) -> list
     nbytes = sum(r[4] for r in rows if r[4] is not None)
     unknown = sum(1 for r in rows if r[3] is None)
     more = f" ({unknown} of unknown size)" if unknown else ""
-    lines.append(f"#   count {len(rows)}, elements {elems:,}, bytes {nbytes:,} "
-                 f"({_human(nbytes)}){more}")
+    lines.append(f"#   {plural(len(rows), 'variable')}, {plural(elems, 'element')}, "
+                 f"{plural(nbytes, 'byte')} ({_human(nbytes)}){more}")
     top = sorted(rows, key=lambda r: (-(r[4] or 0), r[0]))[:largest]
     lines.append(f"#   largest {len(top)}:")
     for name, shape, dtype, size, b in top:
-        size_s = f"{size:,}" if size is not None else "?"
+        size_s = plural(size, "element") if size is not None else "? elements"
         b_s = _human(b) if b is not None else "?"
         lines.append(f"#     {name:32s} {shape_str(shape):16s} {dtype_name(dtype):8s} "
-                     f"{size_s:>12s} elements {b_s:>10s}")
+                     f"{size_s:>21s} {b_s:>10s}")
     return lines
 
 
@@ -106,8 +108,8 @@ def inspect(path: str, text: bool = False, optimize: bool = False, out=None) -> 
         after = Counter(op.type for b in program.blocks for op in b.ops)
         changed = ", ".join(f"{t} {before[t]} -> {after[t]}" for t in sorted(before | after)
                             if before[t] != after[t])
-        print(f"# after the inference passes: {sum(before.values())} ops -> "
-              f"{sum(after.values())} ops ({changed or 'no op changed'})", file=out)
+        print(f"# after the inference passes: {plural(sum(before.values()), 'op')} -> "
+              f"{plural(sum(after.values()), 'op')} ({changed or 'no op changed'})", file=out)
     for line in op_histogram(program) + param_summary(loaded, params):
         print(line, file=out)
     if loaded.params_note:

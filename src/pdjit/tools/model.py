@@ -12,7 +12,7 @@ from pdjit.framework.program import Program
 from pdjit.io import inference as inf
 from pdjit.io.variables import _read_file
 from pdjit.proto import framework_pb2 as pb
-from pdjit.tools import CliError
+from pdjit.tools import CliError, plural
 
 
 @dataclass
@@ -88,13 +88,19 @@ def require(cond: bool, message: str) -> None:
 
 def check(path: str, out=None, err=None) -> int:
     """``pdjit check``: read the model at ``path``, verify its program (``pdjit.verify``) and
-    read its parameters; print ``OK`` and a summary (status 0) or the error (status 1)."""
+    read its parameters; print ``OK`` and a summary (status 0) or the error (status 1). A path
+    where no model is found is bad input: the error and status 2."""
     import sys
 
     from pdjit.framework.errors import as_pdjit_error
     from pdjit.passes.verify import verify
 
     out, err = out or sys.stdout, err or sys.stderr
+    try:
+        inf.resolve(path)
+    except ModelFileError as e:
+        print(f"pdjit check: {e}", file=err)
+        return 2
     try:
         loaded = load_program(path)
         verify(loaded.program)  # (load_program accepted unregistered op types)
@@ -109,19 +115,20 @@ def check(path: str, out=None, err=None) -> int:
     program = loaded.program
     ops = [op.type for b in program.blocks for op in b.ops]
     nvars = sum(len(b.vars) for b in program.blocks)
-    print(f"OK {loaded.model_file}: {len(program.blocks)} block(s), {len(ops)} ops of "
-          f"{len(set(ops))} types, {nvars} variables", file=out)
+    print(f"OK {loaded.model_file}: {plural(len(program.blocks), 'block')}, "
+          f"{plural(len(ops), 'op')} of {plural(len(set(ops)), 'type')}, "
+          f"{plural(nvars, 'variable')}", file=out)
     if loaded.feed_names or loaded.fetch_names:
         print(f"  feeds:   {', '.join(describe_var(program, n) for n in loaded.feed_names)}",
               file=out)
         print(f"  fetches: {', '.join(describe_var(program, n) for n in loaded.fetch_names)}",
               file=out)
     if loaded.params is None:
-        print(f"  parameters: {len(inf.param_vars(program))} persistable variables declared "
-              f"(a program of its own: no parameter file read)", file=out)
+        print(f"  parameters: {plural(len(inf.param_vars(program)), 'persistable variable')} "
+              f"declared (a program of its own: no parameter file read)", file=out)
     else:
         nbytes = int(sum(np.asarray(v).nbytes for v in loaded.params.values()))
         where = loaded.params_file or loaded.params_dir or "-"
-        print(f"  parameters: {len(loaded.params)} read and checked ({nbytes} bytes) from "
-              f"{where}", file=out)
+        print(f"  parameters: {len(loaded.params)} read and checked "
+              f"({plural(nbytes, 'byte')}) from {where}", file=out)
     return 0

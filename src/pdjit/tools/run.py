@@ -8,7 +8,7 @@ import zipfile
 
 import numpy as np
 
-from pdjit.tools import CliError
+from pdjit.tools import CliError, plural
 
 
 def make_predictor(path: str, ir_optim: bool = True, threads: int | None = None):
@@ -120,6 +120,6 @@ def run(path: str, inputs: list, output: str | None = None, ir_optim: bool = Tru
         except OSError as e:
             raise CliError(f"--output: cannot write {output}: {e.strerror}") from None
         saved = output if output.endswith(".npz") else output + ".npz"
-        print(f"# saved {len(results)} output(s) to {saved}", file=sys.stderr)
+        print(f"# saved {plural(len(results), 'output')} to {saved}", file=sys.stderr)
     return 0
 
