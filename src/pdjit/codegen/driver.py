@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import hashlib
 
-from pdjit.codegen.compiler import compile_source
 from pdjit.codegen.kernel import FULL, MID, ROW, SCALAR, LoopKernel
+from pdjit.codegen.pysource import compile_source
 
 MISFIT = "pdjit: operand shapes do not fit the kernel's loop form"
 EMPTY = "pdjit: a reduction without identity over an empty extent"
