@@ -160,7 +160,7 @@ def test_body_with_a_reduction(fresh_programs):
     x = fluid.layers.data(name="x", shape=[3, 5], dtype="float64", append_batch_size=False)
     xv_ = fluid.layers.scale(x, scale=1.0)
     acc = _const(0.0, "float64")
-    tot = _const(0.0, "float64", ())   # a 0-d loop variable
+    tot = _const(0.0, "float64")   # a full reduction's loop variable: [1], as in Fluid 1.x
     i, n = _const(0, "int32"), _const(6, "int32")
     cond = fluid.layers.less_than(i, n)
 
@@ -182,7 +182,7 @@ def test_body_with_a_reduction(fresh_programs):
         y = y * s + b
     np.testing.assert_allclose(ga, [a], rtol=1e-12)
     np.testing.assert_allclose(gx, y, rtol=1e-12, atol=1e-15)
-    assert gt.shape == () and np.isclose(gt, t, rtol=1e-12)
+    assert gt.shape == (1,) and np.isclose(gt[0], t, rtol=1e-12)
     assert _loop_step(exe).fallbacks == 0
 
 
