@@ -24,5 +24,6 @@ from pdjit.ops import (  # noqa: F401
     rnn,
     sequence,
     shape,
+    similarity,
     trig,
 )
