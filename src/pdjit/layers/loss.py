@@ -96,7 +96,7 @@ def smooth_l1(x, y, inside_weight=None, outside_weight=None, sigma=None) -> Vari
 def kldiv_loss(x, target, reduction="mean", name=None) -> Variable:
     """Kullback-Leibler divergence of log-probabilities ``x`` from probabilities ``target``:
     ``target * (log target - x)`` reduced by ``reduction`` ('none', 'batchmean', 'mean',
-    'sum'; the last three give a 0-d Variable)."""
+    'sum'; the last three give shape [1], Fluid 1.x's scalar)."""
     _check_pair(x, target, "x", "target", "kldiv_loss")
     if reduction not in _REDUCTIONS:
         raise ValueError(f"kldiv_loss: reduction must be 'none', 'batchmean', 'mean' or 'sum', "
