@@ -49,8 +49,9 @@ from pdjit.framework.errors import (
 )
 from pdjit.framework.name_scope import *  # noqa: F401,F403
 from pdjit.io.checkpoint import *  # noqa: F401,F403
-from pdjit.layers.io import data_v2 as data
-from pdjit.layers.nn import embedding_v2 as embedding
+from pdjit.layers.io import data_v2 as _data
+from pdjit.layers.layer_helper import with_user_line as _with_user_line
+from pdjit.layers.nn import embedding_v2 as _embedding
 from pdjit.param_attr import ParamAttr
 from pdjit.passes.backward import append_backward, gradients
 from pdjit.passes.verify import verify
@@ -68,6 +69,8 @@ from pdjit.runtime.tensor import LoDTensor, create_lod_tensor, create_random_int
 from pdjit.runtime.threads import get_num_threads, set_num_threads
 from pdjit.version import require_version
 
+data = _with_user_line(_data, "data")
+embedding = _with_user_line(_embedding, "embedding")
 __version__ = "0.1.0"
 
 __all__ = [

@@ -22,10 +22,12 @@ from pdjit.initializer import Constant, Xavier
 from pdjit.param_attr import ParamAttr
 
 
-def with_user_line(fn):
-    """``fn`` (a public layer function) whose argument errors, a plain ``TypeError`` or
-    ``ValueError`` (naming the layer and the argument), become a :class:`LayerArgumentError`
-    that also names the user's line that called the layer."""
+def with_user_line(fn, name: str | None = None):
+    """``fn`` (a public layer function, called ``name`` by users) whose argument errors, a
+    plain ``TypeError`` or ``ValueError`` (naming the layer and the argument), become a
+    :class:`LayerArgumentError` that also names the user's line that called the layer."""
+    name = name or fn.__name__
+
     @functools.wraps(fn)
     def layer(*args, **kwargs):
         try:
@@ -35,9 +37,9 @@ def with_user_line(fn):
                 raise
             where = location_from_callstack(_user_callstack()) or "an unknown line"
             text = str(e)
-            if not text.startswith(fn.__name__):
-                text = f"{fn.__name__}: {text}"
-            raise LayerArgumentError(f"layers.{text} (called at {where})") from e
+            if not text.startswith(name):
+                text = f"{name}: {text}"
+            raise LayerArgumentError(f"{text} (called at {where})") from e
     layer.__wrapped_layer__ = fn
     return layer
 
