@@ -457,12 +457,32 @@ class HostDriver:
         """The globals the driver runs with (a target's driver gives its own launchers)."""
         return {"np": np, "math": math, "_rt": _HOST_RT, "_nn": nnlib, "_mp": memplan}
 
-    def _build(self) -> None:
-        ns = self._namespace()
-        ns.update({g: c.fn for g, c in self.calls})
+    def _kernel_globals(self) -> dict:
+        """The driver's globals that name its kernels (a target's driver gives launchers)."""
+        ns = {g: c.fn for g, c in self.calls}
         ns.update({g: _LazyKernel(src) for g, src in self.lazy})
-        exec(compile(self.source, self.filename, "exec"), ns)  # noqa: S102
-        self.fn = ns[self.fn_name]
+        return ns
+
+    def _exec(self, source: str, filename: str, extra: dict | None = None):
+        ns = self._namespace()
+        ns.update(self._kernel_globals())
+        ns.update(extra or {})
+        exec(compile(source, filename, "exec"), ns)  # noqa: S102
+        return ns[self.fn_name]
+
+    def _build(self) -> None:
+        self.fn = self._exec(self.source, self.filename)
+
+    def timed(self, tick):
+        """This driver with ``tick(k)`` called as each group ``k >= 1`` starts (a profiler's
+        hook, ``pdjit.runtime.profile``): the same source and kernels otherwise."""
+        starts = {at: k for k, at in enumerate(self.group_lines) if k}
+        lines = []
+        for n, line in enumerate(self.source.splitlines(), 1):
+            if n in starts:
+                lines.append(f"{line[:len(line) - len(line.lstrip())]}_tick({starts[n]})")
+            lines.append(line)
+        return self._exec("\n".join(lines), f"<pdjit {self.name} timed>", {"_tick": tick})
 
     def reload_clean(self) -> None:
         """Reload every kernel without its cache files (a damaged cache), then rebind."""

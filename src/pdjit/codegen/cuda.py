@@ -304,11 +304,8 @@ class HostDriver(cpu.HostDriver):
         #: the driver was built: what a PTX check compiles (``ptx``)
         self.device_jobs = list(gen.device_jobs)
 
-    def _build(self) -> None:
-        ns = self._namespace()
-        ns.update({g: _Launcher(c) for g, c in self.calls})
-        exec(compile(self.source, self.filename, "exec"), ns)  # noqa: S102
-        self.fn = ns[self.fn_name]
+    def _kernel_globals(self) -> dict:
+        return {g: _Launcher(c) for g, c in self.calls}
 
     def _namespace(self) -> dict:
         from pdjit.codegen import cuda_lib
