@@ -96,3 +96,27 @@ def test_is_empty_and_the_layers_train():
                               "rating": np.zeros((0, 1), np.float32)},
                   fetch_list=[empty.name], scope=scope)
     assert ev.shape == (1,) and ev[0]
+
+
+@pytest.mark.parametrize("y_rows", [4, 1])
+def test_cos_sim_and_its_gradient_run_natively(y_rows):
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup):
+        x = fluid.data("x", [4, 3], "float64")
+        y = fluid.data("y", [y_rows, 3], "float64")
+        x.stop_gradient = y.stop_gradient = False
+        sim = fluid.layers.cos_sim(x, y)
+        loss = fluid.layers.reduce_sum(sim * sim)
+        gx, gy = fluid.gradients([loss], [x, y])
+    feed = {"x": RNG.normal(size=(4, 3)), "y": RNG.normal(size=(y_rows, 3))}
+    exe = Executor(strict=True)
+    got = exe.run(main, feed=feed, fetch_list=[sim, gx, gy], scope=Scope())
+    assert_native(exe)
+    steps = [s for _, plan in exe._plans.values() for s in plan.walk()]
+    assert not [s for s in steps if s.kind == "reference"], [s.describe() for s in steps]
+    want = Executor(mode="reference").run(main, feed=feed, fetch_list=[sim, gx, gy],
+                                          scope=Scope())
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-14)
+    c, _, _ = _cos(feed["x"], np.broadcast_to(feed["y"], (4, 3)))
+    np.testing.assert_allclose(got[0], c, rtol=1e-12)

@@ -8,15 +8,20 @@ trailing dims. Y has X's number of rows or one row, which every row of X is comp
 
 ``cos_sim_grad`` reads X, Y, Out, XNorm, YNorm and Out@GRAD:
 ``X@GRAD = dOut * (y / (|x||y|) - Out * x / |x|^2)``, ``Y@GRAD = dOut * (x / (|x||y|) - Out *
-y / |y|^2)``, summed over the rows of X when Y has one row. Both run their NumPy references.
+y / |y|^2)``, summed over the rows of X when Y has one row.
+
+Natively (float32/float64): host lines of NumPy array expressions (no compilation), the
+references' operations in their order.
 """
 from __future__ import annotations
 
 import numpy as np
 
 from pdjit.framework.errors import ShapeMismatch
-from pdjit.framework.registry import OPAQUE, default_grad, register_op
+from pdjit.framework.registry import OPAQUE, Opaque, default_grad, register_op
 from pdjit.ops._common import FLOATS, check_dtype
+
+_NATIVE = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 def _rows(a: np.ndarray) -> np.ndarray:
@@ -79,9 +84,65 @@ def _cos_grad_ref(X, Y, Out, XNorm, YNorm, **kw):
             "Y@GRAD": dy.reshape(Y.shape).astype(Y.dtype)}
 
 
+def _rows_lines(ctx, slot: str, local: str) -> str:
+    """Source binding ``local`` to ``slot``'s value as rows of its flattened trailing dims."""
+    v = ctx.inp(slot)
+    return f"{local} = {v}.reshape(({v}.shape[0], {ctx.prod(v, 1, ctx.rank(slot))}))"
+
+
+def _native_pair(ctx) -> bool:
+    return ctx.dtype("X") in _NATIVE and ctx.dtype("Y") == ctx.dtype("X") and \
+        ctx.rank("X") >= 2 and ctx.rank("Y") == ctx.rank("X")
+
+
+def _cos_lower(ctx):
+    if not _native_pair(ctx):
+        return None
+    x2, y2, xn, yn = (ctx.tmp(h) for h in ("x", "y", "xn", "yn"))
+    lines = [_rows_lines(ctx, "X", x2), _rows_lines(ctx, "Y", y2),
+             f"_rt.check({x2}.shape[1] == {y2}.shape[1] and ({y2}.shape[0] == 1 or "
+             f"{y2}.shape[0] == {x2}.shape[0]))",
+             f"{xn} = np.sqrt(np.sum({x2} * {x2}, axis=1)).reshape(({x2}.shape[0], 1))",
+             f"{yn} = np.sqrt(np.sum({y2} * {y2}, axis=1)).reshape(({y2}.shape[0], 1))",
+             f"{ctx.out('Out')} = np.sum({x2} * {y2}, axis=1).reshape(({x2}.shape[0], 1)) / "
+             f"({xn} * {yn})"]
+    if ctx.has_output("XNorm"):
+        lines.append(f"{ctx.out('XNorm')} = {xn}")
+    if ctx.has_output("YNorm"):
+        lines.append(f"{ctx.out('YNorm')} = {yn}")
+    return lines
+
+
+def _cos_grad_lower(ctx):
+    if not _native_pair(ctx) or any(ctx.dtype(s) != ctx.dtype("X")
+                                    for s in ("Out", "XNorm", "YNorm", "Out@GRAD")):
+        return None
+    x2, y2, xn, yn, o, g, w = (ctx.tmp(h) for h in ("x", "y", "xn", "yn", "o", "g", "w"))
+    X, Y = ctx.inp("X"), ctx.inp("Y")
+
+    def col(slot, local):
+        v = ctx.inp(slot)
+        return f"{local} = {v}.reshape(({v}.size, 1))"
+    lines = [_rows_lines(ctx, "X", x2), _rows_lines(ctx, "Y", y2), col("XNorm", xn),
+             col("YNorm", yn), col("Out", o), col("Out@GRAD", g),
+             f"_rt.check({x2}.shape[1] == {y2}.shape[1] and ({y2}.shape[0] == 1 or "
+             f"{y2}.shape[0] == {x2}.shape[0]) and {g}.shape[0] == {x2}.shape[0] and "
+             f"{o}.shape[0] == {x2}.shape[0] and {xn}.shape[0] == {x2}.shape[0] and "
+             f"{yn}.shape[0] == {y2}.shape[0])"]
+    if ctx.has_output("X@GRAD"):
+        lines.append(f"{ctx.out('X@GRAD')} = ({g} * ({y2} / ({xn} * {yn}) - {o} * {x2} / "
+                     f"({xn} * {xn}))).reshape({X}.shape)")
+    if ctx.has_output("Y@GRAD"):
+        # each row of Y takes the sum over the rows of X compared with it (all, for one row)
+        lines += [f"{w} = {g} * ({x2} / ({xn} * {yn}) - {o} * {y2} / ({yn} * {yn}))",
+                  f"{ctx.out('Y@GRAD')} = np.sum({w}.reshape(({y2}.shape[0], {x2}.shape[0] // "
+                  f"{y2}.shape[0], {x2}.shape[1])), axis=1).reshape({Y}.shape)"]
+    return lines
+
+
 register_op(
     "cos_sim", inputs=["X", "Y"], outputs=["Out", "XNorm~", "YNorm~"], traits=[OPAQUE],
-    infer_shape=_cos_infer, reference=_cos_ref, emit=None,
+    infer_shape=_cos_infer, reference=_cos_ref, emit=Opaque(_cos_lower, host=True),
     grad=default_grad("cos_sim_grad", fwd_inputs=("X", "Y"),
                       fwd_outputs=("Out", "XNorm", "YNorm"), wrt=("X", "Y")),
     doc="Out = the cosine similarity of each row of X with the same row of Y (or Y's one "
@@ -91,4 +152,5 @@ register_op(
     "cos_sim_grad", inputs=["X", "Y", "Out", "XNorm", "YNorm", "Out@GRAD"],
     outputs=["X@GRAD?", "Y@GRAD?"], traits=[OPAQUE],
     infer_shape=lambda X, Y, **_: {"X@GRAD": X, "Y@GRAD": Y}, reference=_cos_grad_ref,
-    emit=None, grad=None, doc="The gradients of cos_sim with respect to X and Y.")
+    emit=Opaque(_cos_grad_lower, host=True), grad=None,
+    doc="The gradients of cos_sim with respect to X and Y.")
