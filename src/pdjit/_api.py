@@ -49,8 +49,9 @@ from pdjit.framework.errors import (
 from pdjit.framework.name_scope import *  # noqa: F401,F403
 from pdjit.io.checkpoint import *  # noqa: F401,F403
 from pdjit.io.dataset import DatasetFactory, InMemoryDataset, QueueDataset
-from pdjit.layers.io import data_v2 as data
-from pdjit.layers.nn import embedding_v2 as embedding
+from pdjit.layers._user_line import with_user_line as _with_user_line
+from pdjit.layers.io import data_v2 as _data
+from pdjit.layers.nn import embedding_v2 as _embedding
 from pdjit.param_attr import ParamAttr
 from pdjit.passes.backward import append_backward, gradients
 from pdjit.passes.verify import verify
@@ -66,6 +67,10 @@ from pdjit.runtime.place import (
 from pdjit.runtime.scope import Scope, global_scope, scope_guard
 from pdjit.runtime.tensor import LoDTensor, create_lod_tensor, create_random_int_lodtensor
 from pdjit.version import __version__, require_version  # noqa: F401
+
+# fluid.data / fluid.embedding: argument errors name the user's line, as fluid.layers' do
+data = _with_user_line(_data)
+embedding = _with_user_line(_embedding)
 
 __all__ = [
     "Block", "Operator", "Parameter", "Program", "Variable", "default_main_program",

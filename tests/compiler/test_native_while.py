@@ -167,7 +167,12 @@ def test_body_with_a_reduction(fresh_programs):
     def body():
         s = fluid.layers.reduce_sum(xv_ * xv_, dim=[0, 1], keep_dim=True)  # [1, 1]
         _set(acc, acc + fluid.layers.reshape(s, [1]))
-        _set(tot, tot + fluid.layers.reduce_sum(xv_))
+        # a 0-d sum, declared 0-d as PaddlePaddle 3.x writes it (fluid.layers declares [1])
+        blk = fluid.default_main_program().current_block()
+        s0 = blk.create_var(name=fluid.unique_name.generate("s0"), dtype="float64")
+        blk.append_op("reduce_sum", inputs={"X": [xv_]}, outputs={"Out": [s0]},
+                      attrs={"dim": [0], "reduce_all": True})
+        _set(tot, tot + s0)
         _set(xv_, xv_ * 0.9 - 0.1)
         _set(i, fluid.layers.scale(i, bias=1.0))
         _set(cond, fluid.layers.less_than(i, n))

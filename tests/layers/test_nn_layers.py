@@ -248,5 +248,6 @@ def test_embedding_of_ids_with_a_last_dim_of_1_is_fluid_1x(fresh_programs):
 
 
 def test_all_exported():
-    for name in layers.nn.__all__:
-        assert getattr(fluid.layers, name) is getattr(layers.nn, name)
+    for name in layers.nn.__all__:  # (functions wrapped to name the user's line on errors)
+        exported = getattr(fluid.layers, name)
+        assert getattr(exported, "__wrapped_layer__", exported) is getattr(layers.nn, name)

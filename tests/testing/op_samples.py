@@ -781,6 +781,11 @@ add("kldiv_loss", *[S(lambda r: {"X": u(r, (2, 3)), "Target": probs(r, (2, 3))},
                     for red in ("none", "batchmean", "mean", "sum")],
     S(lambda r: {"X": u(r, (2, 3)), "Target": u(r, (2, 3))},
       {"reduction": "sum", "log_target": True}, grad=["X"], out="Loss"))
+add("log_loss", S(lambda r: {"Predicted": u(r, (3, 1), 0.1, 0.9), "Labels": u(r, (3, 1), 0, 1)},
+                  {"epsilon": 1e-4}, grad=["Predicted"], out="Loss"))
+add("cos_sim", S(lambda r: {"X": u(r, (3, 4)), "Y": u(r, (3, 4))}, grad=["X", "Y"]),
+    S(lambda r: {"X": u(r, (3, 2, 2)), "Y": u(r, (1, 2, 2))}, grad=["X", "Y"]))
+add("is_empty", S(lambda r: {"X": u(r, (2, 3))}), S({"X": np.zeros((0, 3))}))
 add("norm", S(lambda r: {"X": u(r, (2, 3, 4))}, {"axis": 1}, grad=["X"]),
     S(lambda r: {"X": u(r, (2, 3))}, {"axis": -1, "epsilon": 1e-6}, grad=["X"]))
 add("log_softmax", S(lambda r: {"X": u(r, (2, 3), -2, 2)}, {"axis": -1}, grad=["X"]),

@@ -229,11 +229,26 @@ class HostDriver:
         """The module text of a variant compiled at its first call (for ``text``)."""
         return source
 
-    def _build(self) -> None:
+    def _exec(self, source: str, filename: str, extra: dict | None = None):
         ns = self._namespace()
         self._bind(ns)
-        exec(compile_source(self.source, self.filename), ns)  # noqa: S102
-        self.fn = ns[self.fn_name]
+        ns.update(extra or {})
+        exec(compile_source(source, filename), ns)  # noqa: S102
+        return ns[self.fn_name]
+
+    def _build(self) -> None:
+        self.fn = self._exec(self.source, self.filename)
+
+    def timed(self, tick):
+        """This driver with ``tick(k)`` called as each group ``k >= 1`` starts (a profiler's
+        hook, ``pdjit.runtime.profile``): the same source and kernels otherwise."""
+        starts = {at: k for k, at in enumerate(self.group_lines) if k}
+        lines = []
+        for n, line in enumerate(self.source.splitlines(), 1):
+            if n in starts:
+                lines.append(f"{line[:len(line) - len(line.lstrip())]}_tick({starts[n]})")
+            lines.append(line)
+        return self._exec("\n".join(lines), f"<pdjit {self.name} timed>", {"_tick": tick})
 
     def reload_clean(self) -> None:
         """Reload every kernel without its cache files (a damaged cache), then rebind."""

@@ -5,10 +5,13 @@ A random op draws element ``i`` of its output from ``mix64(key + (i + 1) * GOLDE
 
 - the op's ``seed`` attribute when it is non-zero (then every run draws the same numbers, as in
   Fluid), else
-- the program's ``random_seed`` (or a per-process entropy seed when that is 0), the op's block
-  and index, how many times this executor ran the program before, and, for an op inside loops,
-  the iteration number of every enclosing loop (outermost first): a draw inside a ``while``
+- the program's ``random_seed``, the op's block and index and, for an op inside loops, the
+  iteration number of every enclosing loop (outermost first): a draw inside a ``while``
   differs from one iteration to the next, as in Fluid; outside loops no iteration is mixed in.
+  A seeded program draws the same numbers on every run (a startup program run again gives the
+  same parameters, as Fluid's seeded random ops do); distinct ops draw distinct streams.
+- with ``random_seed`` 0: a per-process entropy seed, the op's block and index, how many times
+  this executor ran the program before (each run draws new numbers), and the iterations.
 
 An iteration ``i`` is mixed in as ``key = mix64(key ^ i)`` (:func:`iteration_key`), after the
 run: the key of an op in a loop is a function of the key without that loop's iteration, so a
@@ -42,12 +45,14 @@ def op_key(op_seed: int, program_seed: int, block_idx: int, op_idx: int, run: in
            iterations=()) -> int:
     """The stream key of one run of one random op; ``iterations``: the iteration number of
     each loop the op runs in, outermost first (ignored with a fixed ``op_seed``, which draws
-    the same numbers every time)."""
+    the same numbers every time); ``run`` (the executor's runs of the program before) only
+    counts when ``program_seed`` is 0."""
     if op_seed:
         return mix64_int(mix64_int(int(op_seed) & _MASK) ^ 0x5EED)
     base = int(program_seed) if program_seed else _PROCESS_SEED
     k = mix64_int(base & _MASK)
-    for part in (block_idx, op_idx, run):
+    # a seeded program's draws do not follow the run count: the same numbers every run
+    for part in (block_idx, op_idx, 0 if program_seed else run):
         k = mix64_int(k ^ (int(part) & _MASK))
     for i in iterations:
         k = iteration_key(k, i)

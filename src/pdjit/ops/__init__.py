@@ -26,5 +26,6 @@ from pdjit.ops import (  # noqa: F401
     rnn,
     sequence,
     shape,
+    similarity,
     trig,
 )

@@ -250,7 +250,12 @@ class NativeStep:
             self._hot_runs -= 1
             t0 = time.perf_counter()
         try:
-            results = self.compiled.fn(*values) if self.native is None else self._call(values)
+            if self.native is not None:
+                results = self._call(values)
+            elif profile.active is not None:  # fluid.profiler: each group of the driver timed
+                results = profile.timed_groups(self, values)
+            else:
+                results = self.compiled.fn(*values)
         except NumbaError as e:  # the code does not compile: never try again (it is slow)
             self.retired = f"{type(e).__name__}: {str(e).splitlines()[0]}"
             return self._fallback(executor, env, run_index, self._failing(e),
