@@ -6,8 +6,9 @@ probed; what it does is its methods: rendering a :class:`~pdjit.codegen.kernel.L
 (``render``), the driver lines that allocate and call it (``call_site``, built on the shared
 skeleton of :mod:`pdjit.codegen.driver`), a segment's driver (``host_driver``, and
 ``native_driver`` where ``native_drivers``), the module its kernels are compiled in
-(``module_text``), the library kernels its lowerings' lines call (``library_jobs``) and
-whether it can run here (``require``).
+(``module_text``), the library kernels its lowerings' lines call (``library_jobs``), its
+device memory (``to_device``, ``to_host``, ``is_device_array``) and whether it can run here
+(``require``).
 
 Built-in targets: ``cpu`` (:mod:`pdjit.codegen.cpu.target`) and ``cuda``
 (:mod:`pdjit.codegen.cuda.target`, imported when first asked for: it imports ``numba.cuda``).
@@ -54,6 +55,19 @@ class Target:
     def require(self, what: str) -> None:
         """Raise a clear error (naming ``what`` needs it) when the target cannot run in this
         process (a device target without its device)."""
+
+    # ---- device memory (a host target's values are NumPy arrays: nothing to copy) ----
+    def to_device(self, array):
+        """``array`` (host) where the target's kernels read it (counted by a device target)."""
+        return array
+
+    def to_host(self, value):
+        """A value of the target's memory as a host array."""
+        return value
+
+    def is_device_array(self, value) -> bool:
+        """Whether ``value`` lives in the target's device memory."""
+        return False
 
     def render(self, k, parallel: bool = False, inplace: dict | None = None) -> str:
         """The source of ``def kernel(...)`` for the loop kernel ``k``."""
@@ -113,6 +127,14 @@ def get_target(name: str) -> Target:
         raise NotImplementedError(f"no code generation target {name!r} (targets: "
                                   f"{sorted(set(_TARGETS) | set(BUILTIN))})")
     return target
+
+
+def holder(value) -> Target | None:
+    """The loaded device target whose memory holds ``value``; None: a host value."""
+    for target in list(_TARGETS.values()):
+        if target.device and target.is_device_array(value):
+            return target
+    return None
 
 
 def target_name(place) -> str:

@@ -396,6 +396,21 @@ class CudaTarget(Target):
 
         device.require(what)
 
+    def to_device(self, array):
+        from pdjit.codegen.cuda import device
+
+        return device.to_device(array)
+
+    def to_host(self, value):
+        from pdjit.codegen.cuda import device
+
+        return device.to_host(value)
+
+    def is_device_array(self, value) -> bool:
+        from pdjit.codegen.cuda import device
+
+        return device.is_device_array(value)
+
     def call_site(self, k, fresh, flats, leaves, stores, red_out, params, kname, pname=None,
                   inplace=None):
         if inplace:
