@@ -22,7 +22,8 @@ from __future__ import annotations
 import importlib
 
 #: target name -> the module that defines and registers it (imported at the first ask)
-BUILTIN = {"cpu": "pdjit.codegen.cpu.target", "cuda": "pdjit.codegen.cuda.target"}
+BUILTIN = {"cpu": "pdjit.codegen.cpu.target", "cuda": "pdjit.codegen.cuda.target",
+           "python": "pdjit.codegen.python.target"}
 
 
 class Target:
