@@ -110,12 +110,14 @@ class Target:
 
 
 _TARGETS: dict = {}
+_DEVICE_TARGETS: list = []   # the registered targets with device memory (``holder``)
 
 
 def register_target(target: Target) -> Target:
     if not isinstance(target, Target):
         raise TypeError(f"register_target: expected a Target, got {type(target).__name__}")
     _TARGETS[target.name] = target
+    _DEVICE_TARGETS[:] = [t for t in _TARGETS.values() if t.device]
     return target
 
 
@@ -132,8 +134,8 @@ def get_target(name: str) -> Target:
 
 def holder(value) -> Target | None:
     """The loaded device target whose memory holds ``value``; None: a host value."""
-    for target in list(_TARGETS.values()):
-        if target.device and target.is_device_array(value):
+    for target in _DEVICE_TARGETS:
+        if target.is_device_array(value):
             return target
     return None
 
