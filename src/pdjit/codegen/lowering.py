@@ -160,6 +160,17 @@ class LowerContext:
         """The :class:`~pdjit.codegen.target.Target` object of the driver being generated."""
         return self.gen.target if hasattr(self.gen, "target") else self.gen.gen.target
 
+    @property
+    def lib(self) -> str:
+        """The name the target's library of kernels has in the lines (``_nn``, ``_cu``)."""
+        return self._target.library
+
+    @property
+    def device(self) -> bool:
+        """Whether the lines are for a device target (values in device memory; the host
+        driver only launches)."""
+        return self._target.device
+
     def has_input(self, slot: str) -> bool:
         return bool([n for n in self.op.input(slot) if n != registry.EMPTY_VAR_NAME])
 

@@ -52,6 +52,9 @@ class Target:
     device: bool = False
     #: the module (a global of the driver) whose ``empty``/``zeros`` allocate an output
     alloc_module: str = "np"
+    #: the global under which the driver (and a lowering's lines: ``ctx.lib``) reaches the
+    #: target's library of kernels
+    library: str = ""
 
     def require(self, what: str) -> None:
         """Raise a clear error (naming ``what`` needs it) when the target cannot run in this

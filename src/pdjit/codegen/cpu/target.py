@@ -153,6 +153,7 @@ class CpuTarget(Target):
     inplace_forms = INPLACE_FORMS
     block_forms = BLOCK_FORMS
     native_drivers = True
+    library = "_nn"
     render = staticmethod(render)
     argtypes = staticmethod(argtypes)
     call_site = staticmethod(call_site)

@@ -387,6 +387,7 @@ class CudaTarget(Target):
     name = NAME
     device = True
     alloc_module = "_cu"
+    library = "_cu"
     render = staticmethod(render)
     argtypes = staticmethod(argtypes)
     host_driver = HostDriver
