@@ -103,6 +103,17 @@ class Target:
         """An opaque op computed by blocks, ``k`` its epilogue (``block_forms`` only)."""
         raise NotImplementedError(f"the {self.name} target has no blocked epilogues")
 
+    def loop_kernel(self, var: str, params: list, before: list, body: list) -> str:
+        """The source of ``def kernel(*params, n_)`` running ``body`` for each ``var`` in
+        ``0..n_`` (each iteration a thread of its own), every thread running ``before`` first:
+        an opaque lowering's loop on a ``device`` target (``ctx.device_loop``)."""
+        raise NotImplementedError(f"the {self.name} target has no device loops")
+
+    def launch(self, kernel: str, n: str, args: list) -> str:
+        """The driver line that runs the loop kernel bound to ``kernel`` over ``n``
+        iterations (``args``: its arguments, ``n`` last)."""
+        raise NotImplementedError(f"the {self.name} target has no device loops")
+
     def library_jobs(self, lines: list, dtype) -> list:
         """Compile jobs ``(dispatcher, argument types)`` of the library kernels ``lines``
         call, for float data of ``dtype`` (none: the target compiles them at first use)."""

@@ -421,5 +421,18 @@ class CudaTarget(Target):
     def module_text(self, fn_source: str, fn_name: str, header: str) -> str:
         return module_text(fn_source, fn_name, header)
 
+    def loop_kernel(self, var: str, params: list, before: list, body: list) -> str:
+        """A grid-stride loop: thread ``cuda.grid(1)`` runs ``var`` = its index, then every
+        grid size further."""
+        return "\n".join([f"def kernel({', '.join(list(params) + ['n_'])}):"]
+                         + ["    " + line for line in before]
+                         + [f"    {var} = cuda.grid(1)", "    gs_ = cuda.gridsize(1)",
+                            f"    while {var} < n_:"]
+                         + ["        " + line for line in body]
+                         + [f"        {var} += gs_"])
+
+    def launch(self, kernel: str, n: str, args: list) -> str:
+        return f"{kernel}[_cu.grid({n})]({', '.join(args)})"
+
 
 TARGET = register_target(CudaTarget())
