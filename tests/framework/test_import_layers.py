@@ -196,6 +196,39 @@ SHARED_TO_TARGET = {
 }
 
 
+# (runtime module, target module): the runtime names a target's module; only shrinks (the
+# runtime reaches targets through codegen.target's Target objects)
+RUNTIME_TO_TARGET = {
+    ("pdjit.runtime.executor", "pdjit.codegen.cpu.threads"):
+        "references run NumPy's BLAS at the plan's thread count (threads.numpy_blas)",
+    ("pdjit.runtime.plan", "pdjit.codegen.cpu.threads"):
+        "driver tiering and batch splitting live in plan.py, not yet behind the CPU's step",
+    ("pdjit.runtime.plan", "pdjit.codegen.cpu.malloc"):
+        "the plan builder tunes malloc, not yet behind the CPU's step",
+    ("pdjit.runtime.plan", "pdjit.codegen.cuda.device"):
+        "DeviceStep copies and caches LoD offsets through the cuda device module",
+    ("pdjit.runtime.place", "pdjit.codegen.cuda.device"):
+        "is_compiled_with_cuda asks the cuda target whether a GPU is there",
+}
+
+
+def test_the_runtime_reaches_targets_through_the_target_interface():
+    targets = {p.parent.name for p in (PKG / "codegen").glob("*/target.py")}
+    bad, seen = [], set()
+    for m, edges in EDGES.items():
+        if not m.startswith("pdjit.runtime"):
+            continue
+        for t, _, line in edges:
+            tp = t.split(".")
+            if len(tp) > 2 and tp[:2] == ["pdjit", "codegen"] and tp[2] in targets:
+                seen.add((m, t))
+                if (m, t) not in RUNTIME_TO_TARGET:
+                    bad.append(f"{m}:{line} imports {t}")
+    assert not bad, f"the runtime imports a target's module: {bad}"
+    stale = sorted(set(RUNTIME_TO_TARGET) - seen)
+    assert not stale, f"listed imports that no longer occur (take them off the list): {stale}"
+
+
 def _cycles(nodes: set, edges: dict) -> list:
     """Strongly connected components of more than one module (Tarjan)."""
     index, low, stack, on, out = {}, {}, [], set(), []
