@@ -28,8 +28,7 @@ import weakref
 import numpy as np
 
 from pdjit.codegen.cpu import threads
-from pdjit.codegen.cuda import device
-from pdjit.codegen.target import get_target, target_name
+from pdjit.codegen.target import get_target, holder, target_name
 from pdjit.framework import registry
 from pdjit.framework.errors import PdjitError, named_errors
 from pdjit.framework.program import Block, Program, default_main_program
@@ -190,7 +189,7 @@ class Executor:
         if self._on_device:
             for name, value in zip(run.feed_names, feed_values):
                 if type(value) is np.ndarray:  # copied in once
-                    value = device.to_device(value)
+                    value = self._target.to_device(value)
                 values[name] = value
         else:
             values.update(zip(run.feed_names, feed_values))
@@ -315,7 +314,7 @@ class Executor:
     # the reference interpreter (pdjit.runtime.interpreter): one op with its NumPy reference
     def _run_op(self, op, op_idx: int, env: Env, run_index: int) -> None:
         if self._target.device:
-            _inputs_to_host(op, env)
+            _inputs_to_host(op, env, self._target)
         interpreter.run_op(self, op, op_idx, env, run_index)
 
     def _run_block(self, block: Block, env: Env, run_index: int) -> None:
@@ -336,7 +335,7 @@ class Executor:
             finally:
                 recorder.add(op.type, time.perf_counter() - t0)
 
-def _inputs_to_host(op, env: Env) -> None:
+def _inputs_to_host(op, env: Env, target) -> None:
     """Before ``op`` runs on the host (its reference), its inputs that live on the device are
     copied over (counted); control-flow ops see their values as they are (a ``while`` reads
     its condition each iteration, its body's plan launches device kernels)."""
@@ -345,21 +344,24 @@ def _inputs_to_host(op, env: Env) -> None:
         return
     for name in set(op.input_arg_names):
         v = env.get(name)
-        if device.is_device_array(v):
-            env.set(name, device.to_host(v))
-        elif isinstance(v, LoDTensor) and device.is_device_array(v._array):
-            env.set(name, LoDTensor._wrap(device.to_host(v._array), v._lod))
+        if target.is_device_array(v):
+            env.set(name, target.to_host(v))
+        elif isinstance(v, LoDTensor) and target.is_device_array(v._array):
+            env.set(name, LoDTensor._wrap(target.to_host(v._array), v._lod))
 
 
 def _to_user(value, return_numpy: bool):
     """A fetched value as the user gets it: a copy; with ``return_numpy=False`` a LoDTensor
-    (with an empty LoD for a dense value, as Fluid gives)."""
-    if device.is_device_array(value):  # copied out (return_numpy=False: stays there)
-        return device.to_host(value) if return_numpy else LoDTensor._wrap(value, [])
+    (with an empty LoD for a dense value, as Fluid gives). A value in a device's memory (any
+    device target's: a scope may hold another executor's) is copied out."""
+    target = holder(value)
+    if target is not None:  # copied out (return_numpy=False: stays there)
+        return target.to_host(value) if return_numpy else LoDTensor._wrap(value, [])
     if isinstance(value, LoDTensor):
-        if device.is_device_array(value._array):
+        target = holder(value._array)
+        if target is not None:
             if return_numpy:
-                return device.to_host(value._array)
+                return target.to_host(value._array)
             return value
         if return_numpy:
             return np.array(value, copy=True)

@@ -42,7 +42,7 @@ import numpy as np
 from numba.core.errors import NumbaError
 
 from pdjit.codegen.compiler import CACHE_ERRORS, compile_function, precompile
-from pdjit.codegen.cpu import threads
+from pdjit.codegen.cpu import malloc, threads
 from pdjit.codegen.cuda import device
 from pdjit.codegen.loops import LoopGen, native_loop
 from pdjit.codegen.lowering import Declined, SegmentGen
@@ -60,7 +60,7 @@ from pdjit.passes.fusion import live_names, partition
 from pdjit.passes.prune import prune
 from pdjit.proto import framework_pb2 as pb
 from pdjit.runtime import checks as run_checks
-from pdjit.runtime import memory, profile
+from pdjit.runtime import profile
 from pdjit.runtime.context import RunContext, StepScopes
 from pdjit.runtime.lod_flow import LoDFlow, LoDUnavailable
 from pdjit.runtime.tensor import LoDTensor
@@ -841,7 +841,7 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None,
     if tgt.device:  # a device target: no host memory plan, no native drivers
         memory_optim = native_drivers = False
     threads.ensure_applied()
-    memory.tune_malloc()
+    malloc.tune_malloc()
     block = program.global_block() if block is None else block
     live = live_names(program, block, fetch_names)
     if block.idx != 0 and _step_scopes_read(program, block, fetch_names):
