@@ -19,7 +19,6 @@ from pdjit import (  # noqa: F401 (ops registers ops)
                    optimizer,
                    regularizer,
 )
-from pdjit.codegen.compiler import clear_cache
 from pdjit.compiler import *  # noqa: F401,F403
 from pdjit.data_feeder import *  # noqa: F401,F403
 from pdjit.framework import (
@@ -56,6 +55,15 @@ from pdjit.runtime.tensor import LoDTensor, create_lod_tensor, create_random_int
 from pdjit.runtime.threads import get_num_threads, set_num_threads
 
 __version__ = "0.1.0"
+
+
+def clear_cache() -> None:
+    """Delete everything pdjit compiled to disk (``PDJIT_CACHE_DIR``): generated kernels and
+    the library kernels' compiled code."""
+    from pdjit.codegen.compiler import clear_cache as clear  # (the code generator: when used)
+
+    clear()
+
 
 __all__ = [
     "Block", "Operator", "Parameter", "Program", "Variable", "default_main_program",

@@ -35,7 +35,6 @@ from pdjit.runtime import checks, device, feed_fetch, interpreter, reader, threa
 from pdjit.runtime.checks import env_flag
 from pdjit.runtime.context import Env
 from pdjit.runtime.place import CPUPlace, Place
-from pdjit.runtime.plan import build_plan
 from pdjit.runtime.scope import Scope, global_scope
 from pdjit.runtime.tensor import LoDTensor
 
@@ -63,6 +62,14 @@ def _default_mode() -> str:
 def _default_memory_optim() -> bool:
     return env_flag("PDJIT_MEMORY_OPTIM", False)
 
+
+
+def build_plan(*args, **kwargs):
+    """:func:`pdjit.runtime.plan.build_plan`, imported with the first plan: the code generator
+    and Numba are loaded then, not by ``import pdjit``."""
+    from pdjit.runtime.plan import build_plan as build
+
+    return build(*args, **kwargs)
 
 class Executor:
     """Runs programs in a Scope. ``strict=True`` (or ``PDJIT_STRICT=1``) makes native code that
