@@ -472,7 +472,8 @@ def compile_workers() -> int:
 
 class LibraryKernel:
     """A library kernel (``pdjit.codegen.nnlib``) as a compile job: its dispatcher caches
-    itself on disk (``cache=True``), so a worker's compilation serves this process too."""
+    itself on disk (``diskcache``, under ``PDJIT_CACHE_DIR``), so a worker's compilation serves
+    this process too."""
 
     def __init__(self, fn, cost: float = 8.0):
         self.fn, self.cost = fn, cost
