@@ -178,8 +178,10 @@ def call_site(k: LoopKernel, fresh, flats: dict, leaves: list, stores: list,
         return lines, args
     call = f"({', '.join(args)})"
     if pname is not None and k.form in ("flat", "row", "mid"):
-        lines += [f"if {n} >= {parallel_min_size}:", f"    {pname}{call}", "else:",
-                  f"    {kname}{call}"]
+        # (the parallel variant is given the serial kernel: it serves until the variant is
+        # compiled, see the CPU target's _LazyKernel)
+        lines += [f"if {n} >= {parallel_min_size}:", f"    {pname}({', '.join([kname] + args)})",
+                  "else:", f"    {kname}{call}"]
     else:
         lines.append(f"{kname}{call}")
     return lines

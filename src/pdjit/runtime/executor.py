@@ -27,8 +27,6 @@ import weakref
 
 import numpy as np
 
-from pdjit.codegen.cpu import threads
-from pdjit.codegen.target import get_target, holder, target_name
 from pdjit.framework import registry
 from pdjit.framework.errors import PdjitError, named_errors
 from pdjit.framework.program import Block, Program, default_main_program
@@ -39,7 +37,6 @@ from pdjit.runtime.checks import env_flag
 from pdjit.runtime.context import Env
 from pdjit.runtime.dataset_run import FetchHandler  # noqa: F401 (fluid.executor's name)
 from pdjit.runtime.place import CPUPlace, Place
-from pdjit.runtime.plan import build_plan
 from pdjit.runtime.scope import Scope, global_scope
 from pdjit.runtime.tensor import LoDTensor
 
@@ -67,6 +64,14 @@ def _default_mode() -> str:
 def _default_memory_optim() -> bool:
     return env_flag("PDJIT_MEMORY_OPTIM", False)
 
+
+
+def build_plan(*args, **kwargs):
+    """:func:`pdjit.runtime.plan.build_plan`, imported with the first plan: the code generator
+    and Numba are loaded then, not by ``import pdjit``."""
+    from pdjit.runtime.plan import build_plan as build
+
+    return build(*args, **kwargs)
 
 class Executor:
     """Runs programs in a Scope. ``strict=True`` (or ``PDJIT_STRICT=1``) makes native code that
@@ -102,7 +107,10 @@ class Executor:
         self.place = place if place is not None else CPUPlace()
         if not isinstance(self.place, Place):
             raise TypeError(f"Executor: place must be CPUPlace() or CUDAPlace(i), got {place!r}")
-        # the target that runs this place's plans (cuda: a GPU, or the CUDA simulator)
+        # the target that runs this place's plans (cuda: a GPU, or the CUDA simulator); the
+        # code generator loads with the first executor, not with ``import pdjit``
+        from pdjit.codegen.target import get_target, target_name
+
         self._target = get_target(target_name(self.place))
         self._target.require(f"Executor({self.place!r})")
         self.mode = mode.lower() if mode else _default_mode()
@@ -195,6 +203,8 @@ class Executor:
             values.update(zip(run.feed_names, feed_values))
         if plan is not None:
             if plan.blas:
+                from pdjit.codegen.cpu import threads
+
                 with threads.numpy_blas():
                     plan.run(self, env, run_index)
             else:
@@ -354,6 +364,8 @@ def _to_user(value, return_numpy: bool):
     """A fetched value as the user gets it: a copy; with ``return_numpy=False`` a LoDTensor
     (with an empty LoD for a dense value, as Fluid gives). A value in a device's memory (any
     device target's: a scope may hold another executor's) is copied out."""
+    from pdjit.codegen.target import holder
+
     target = holder(value)
     if target is not None:  # copied out (return_numpy=False: stays there)
         return target.to_host(value) if return_numpy else LoDTensor._wrap(value, [])

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from pdjit.codegen.target import holder
 from pdjit.framework import registry
 from pdjit.runtime.tensor import LoDTensor, check_offsets
 
@@ -155,6 +154,8 @@ class LoDFlow:
         """``value`` as the env holds it: a LoDTensor when its LoD is non-empty and fits (a
         device array's too: the cuda target's LoD values stay on the device)."""
         lod, ruled = lods.get(name, ((), False))
+        from pdjit.codegen.target import holder  # (loaded with the first plan)
+
         if not lod or (type(value) is not np.ndarray and holder(value) is None):
             return value
         if value.ndim and value.shape[0] == lod[-1][-1]:

@@ -17,6 +17,7 @@ separately and compiled only when a run first reaches :data:`PARALLEL_MIN_SIZE` 
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 
@@ -86,16 +87,59 @@ def blocked_kernel(k: LoopKernel, fn: str, nbefore: int, nafter: int) -> str:
 
 
 # ---- the host driver ---------------------------------------------------------------------------
+#: compile a parallel variant on a thread of its own (False: in the run that first reaches its
+#: size, as tests that count compilations want)
+LAZY_THREAD = True
+
+
 class _LazyKernel:
-    """A parallel variant, compiled when a run first calls it (few runs reach the size)."""
+    """A parallel variant, compiled once a run first reaches its size (few do), on a thread of
+    its own for that run's argument types: until it is ready, the serial kernel (``serial``)
+    serves, so no run waits for it (a softmax's took 1.7 s). ``compiling``: that thread."""
 
     def __init__(self, source: str):
-        self.source, self.fn = source, None
+        self.source, self.fn, self.compiling, self.failed = source, None, None, None
+        self._lock = threading.Lock()
 
-    def __call__(self, *args):
-        if self.fn is None:
-            self.fn = compile_function(self.source, "kernel", parallel=True, target=NAME).fn
-        return self.fn(*args)
+    def __call__(self, serial, *args):
+        fn = self.fn
+        if fn is not None:
+            return fn(*args)
+        with self._lock:
+            start = self.compiling is None and self.failed is None
+            if start:
+                self.compiling = True
+        if start:
+            self._start(args)
+            if self.fn is not None:  # (compiled in this run: LAZY_THREAD off)
+                return self.fn(*args)
+        return serial(*args)
+
+    def _start(self, args) -> None:
+        import numba
+
+        try:
+            sig = tuple(numba.typeof(a) for a in args)
+        except (TypeError, ValueError):
+            sig = None
+
+        def work():
+            try:
+                fn = compile_function(self.source, "kernel", parallel=True, target=NAME).fn
+                if sig is not None:
+                    fn.compile(sig)
+                self.fn = fn
+            except Exception as e:  # noqa: BLE001 - the serial kernel goes on serving
+                self.failed = f"{type(e).__name__}: {e}"
+
+        if not LAZY_THREAD:
+            work()
+            return
+        # not a daemon: the interpreter waits for it at exit rather than unloading LLVM under
+        # a compile that runs without the GIL
+        self.compiling = threading.Thread(target=work, name="pdjit-parallel-variant",
+                                          daemon=False)
+        self.compiling.start()
 
 
 class _HostRT:
