@@ -477,3 +477,28 @@ def test_random_initializer_scratch_is_bounded():
     # the pieces join into the stream element i = f(key, i): a draw's head is a shorter draw
     np.testing.assert_array_equal(prandom.uniform(3, (1000,), -1.0, 1.0, np.float32),
                                   prandom.uniform(3, (n,), -1.0, 1.0, np.float32)[:1000])
+
+
+def test_parameter_declared_without_dims_takes_the_files(paddle_mlp):
+    """A persistable declared ``[]`` (dims not recorded) takes the dims of the value its file
+    holds, so the compiled plan is built for the rank it gets: both executors agree."""
+    from pdjit.io import inference as inf
+    from pdjit.testing.op_test import assert_native
+    path = paddle_mlp.with_suffix(".pdmodel")
+    desc = pb.ProgramDesc.FromString(path.read_bytes())
+    bias = next(v for v in desc.blocks[0].vars if v.name == "fc_1.b_0")
+    want_dims = list(bias.type.lod_tensor.tensor.dims)
+    del bias.type.lod_tensor.tensor.dims[:]
+    path.write_bytes(desc.SerializeToString())
+    x = np.random.default_rng(0).standard_normal((2, 16)).astype(np.float32)
+    results = []
+    for mode in ("reference", "compiled"):
+        exe = fluid.Executor(mode=mode, strict=True)
+        scope = fluid.Scope()
+        model = inf.load_model(str(paddle_mlp))
+        inf.commit_values(model.params, scope)
+        assert list(model.program.global_block().var("fc_1.b_0").shape) == want_dims
+        results.append(exe.run(model.program, feed={"x": x}, scope=scope,
+                               fetch_list=inf.fetch_target_names(model.program))[0])
+    np.testing.assert_allclose(results[1], results[0], rtol=1e-5, atol=1e-6)
+    assert_native(exe)
