@@ -403,6 +403,51 @@ def test_verified_mutants_agree_between_executors(srcs, alloc_limit):
     assert counts["native steps"] > 0, counts
 
 
+def test_entry_points_raise_only_pdjit_errors(srcs, tmp_path, alloc_limit):
+    """Mutant files through each public entry point (load_inference_model, the Predictor,
+    pdjit.static.load_inference_model, Program.parse_from_string + verify): every exception
+    that escapes is a PdjitError."""
+    import pdjit.inference as pinf
+    import pdjit.static as static
+    chosen = [s for s in srcs if s[0] in ("models/mlp", "pdjit_mlp")]
+    classes = collections.Counter()
+    for i in range(24):
+        name, model, params = chosen[i % len(chosen)]
+        rng = random.Random(f"entry/{i}")
+        if i % 3 == 2:
+            kind, params = mutate(params, rng)
+        else:
+            kind, model = (edit if i % 2 else mutate)(model, rng)
+        (tmp_path / "m.pdmodel").write_bytes(model)
+        (tmp_path / "m.pdiparams").write_bytes(params)
+        prefix = str(tmp_path / "m")
+        calls = [
+            lambda: fluid.io.load_inference_model(str(tmp_path), fluid.Executor(),
+                                                  model_filename="m.pdmodel",
+                                                  params_filename="m.pdiparams"),
+            lambda: static.load_inference_model(prefix, fluid.Executor()),
+            lambda: fluid.verify(fluid.Program.parse_from_string(model)),
+        ]
+
+        def predictor():
+            p = pinf.create_predictor(pinf.Config(prefix + ".pdmodel", prefix + ".pdiparams"))
+            feeds = _feeds(p.program(), p.get_input_names(), np.random.default_rng(0))
+            if feeds is not None:
+                p.run([feeds[n] for n in p.get_input_names()])
+        calls.append(predictor)
+        for call in calls:
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    call()
+                classes["ok"] += 1
+            except PdjitError as e:
+                classes[type(e).__name__] += 1
+            except Exception as e:  # noqa: BLE001 - what the test is looking for
+                raise AssertionError(f"case {i} ({kind}): {type(e).__name__}: {e}") from e
+    assert classes["ok"] and len(classes) > 2, classes
+
+
 def test_check_command_on_mutants(srcs, tmp_path, capsys):
     """``pdjit check`` says OK (status 0) or names the problem (status 1) for every mutant."""
     from pdjit.cli import main as cli_main
