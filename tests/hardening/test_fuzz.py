@@ -425,11 +425,11 @@ def test_entry_points_raise_only_pdjit_errors(srcs, tmp_path, alloc_limit):
             lambda: fluid.io.load_inference_model(str(tmp_path), fluid.Executor(),
                                                   model_filename="m.pdmodel",
                                                   params_filename="m.pdiparams"),
-            lambda: static.load_inference_model(prefix, fluid.Executor()),
-            lambda: fluid.verify(fluid.Program.parse_from_string(model)),
+            lambda prefix=prefix: static.load_inference_model(prefix, fluid.Executor()),
+            lambda model=model: fluid.verify(fluid.Program.parse_from_string(model)),
         ]
 
-        def predictor():
+        def predictor(prefix=prefix):
             p = pinf.create_predictor(pinf.Config(prefix + ".pdmodel", prefix + ".pdiparams"))
             feeds = _feeds(p.program(), p.get_input_names(), np.random.default_rng(0))
             if feeds is not None:
