@@ -12,7 +12,7 @@ import pytest
 
 import pdjit as fluid
 from pdjit.cli import main as cli_main
-from pdjit.framework.errors import ProgramError
+from pdjit.framework.errors import PdjitError, ProgramError
 from pdjit.proto import framework_pb2 as pb
 
 A = pb.AttrType
@@ -502,3 +502,16 @@ def test_parameter_declared_without_dims_takes_the_files(paddle_mlp):
                                fetch_list=inf.fetch_target_names(model.program))[0])
     np.testing.assert_allclose(results[1], results[0], rtol=1e-5, atol=1e-6)
     assert_native(exe)
+
+
+def test_bare_exceptions_leave_entry_points_as_pdjit_errors(net):
+    """An exception pdjit did not name leaves a public entry point as an InternalError that is
+    also of the original class, with the original as its cause."""
+    from pdjit.framework.errors import InternalError
+    with pytest.raises(InternalError) as e:
+        fluid.Executor(mode="reference").run(net[0], feed=5, fetch_list=[net[2]])
+    assert isinstance(e.value, TypeError) and isinstance(e.value, PdjitError)
+    assert isinstance(e.value.__cause__, TypeError)
+    assert str(e.value).startswith("Executor.run: TypeError: ")
+    with pytest.raises(InternalError, match="pdjit.verify: TypeError"):
+        fluid.verify("main")
