@@ -515,3 +515,22 @@ def test_bare_exceptions_leave_entry_points_as_pdjit_errors(net):
     assert str(e.value).startswith("Executor.run: TypeError: ")
     with pytest.raises(InternalError, match="pdjit.verify: TypeError"):
         fluid.verify("main")
+
+
+def test_parameter_files_are_read_tensor_by_tensor(tmp_path):
+    """A parameter file is read straight into its arrays: the peak is the values, not the
+    file twice over."""
+    from pdjit.io.tensor_stream import write_tensor
+    from pdjit.io.variables import read_values
+    a = np.arange(1 << 22, dtype=np.float32)  # 16 MB each
+    b = -a
+    (tmp_path / "params").write_bytes(write_tensor(a) + write_tensor(b))
+    tracemalloc.start()
+    try:
+        got = read_values(["a", "b"], str(tmp_path), "params")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    np.testing.assert_array_equal(got["a"], a)
+    np.testing.assert_array_equal(got["b"], b)
+    assert peak < a.nbytes + b.nbytes + (4 << 20), peak
