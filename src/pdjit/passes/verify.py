@@ -455,7 +455,7 @@ def _check_inferred(b, i: int, op) -> None:
             if td is None:
                 continue
             declared = dtypes._CODE_TO_NP.get(td.data_type)
-            if declared is not None and declared != meta.dtype:
+            if declared is not None and declared != meta.dtype and not slot.loose_dtype:
                 raise fail(f"output {slot.name!r}: variable {n!r} is declared "
                            f"{dtypes.dtype_str(declared)}, but the op computes "
                            f"{dtypes.dtype_str(meta.dtype)} from its inputs (declared "
