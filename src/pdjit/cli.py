@@ -76,7 +76,7 @@ def _ops(args) -> int:
 
     def slot(s):
         flags = "".join(f for f, on in (("*", s.duplicable), ("?", s.dispensable),
-                                        ("~", s.intermediate)) if on)
+                                        ("~", s.intermediate), ("^", s.loose_dtype)) if on)
         return s.name + flags
     print(f"{d.type}: {d.doc}")
     print(f"  inputs:  {', '.join(slot(s) for s in d.inputs) or '-'}")

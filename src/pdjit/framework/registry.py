@@ -12,7 +12,9 @@ An ``OpDef`` holds:
 ``inputs`` / ``outputs``
     Slots (:class:`Slot`), in order. Written compactly as strings: ``"X"``; a trailing ``*``
     marks a duplicable slot (a list of variables), ``?`` a dispensable one (may be absent or
-    empty), ``~`` an intermediate output (computed for the backward pass, not a user result).
+    empty), ``~`` an intermediate output (computed for the backward pass, not a user result),
+    ``^`` an output whose declared dtype in a file is not binding (PaddlePaddle declares it
+    otherwise than its kernel computes it: the verifier does not compare it).
     ``"XShape?~"`` is dispensable and intermediate.
 ``attrs``
     ``{name: AttrSpec}`` with the proto attribute type, the default (``REQUIRED`` if the user
@@ -182,14 +184,15 @@ class Slot:
     duplicable: bool = False
     dispensable: bool = False
     intermediate: bool = False
+    loose_dtype: bool = False
 
     @staticmethod
     def parse(spec: "str | Slot") -> "Slot":
         if isinstance(spec, Slot):
             return spec
-        name = spec.rstrip("*?~")
+        name = spec.rstrip("*?~^")
         flags = spec[len(name):]
-        return Slot(name, "*" in flags, "?" in flags, "~" in flags)
+        return Slot(name, "*" in flags, "?" in flags, "~" in flags, "^" in flags)
 
 
 @dataclass(frozen=True)

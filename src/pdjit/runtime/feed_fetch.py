@@ -193,6 +193,18 @@ def check_feed_spec(spec, value):
     return check_feed(var, value)
 
 
+def _check_copy(var, arr) -> None:
+    """The contiguous copy of a fed view (a broadcast one may claim far more elements than it
+    holds) within the allocation limit, refused before it is made."""
+    from pdjit.runtime.checks import LIMIT_ENV, alloc_limit
+
+    limit = alloc_limit()
+    if limit is not None and arr.nbytes > limit:
+        raise FeedError(f"feed: variable {var.name!r}: the value of shape {list(arr.shape)} is "
+                        f"a view that must be copied to {arr.nbytes} contiguous bytes, more "
+                        f"than the allocation limit {limit} ({LIMIT_ENV})")
+
+
 def check_feed(var: Variable, value):
     """A user's feed value -> the runtime value for ``var`` (array or LoDTensor), or FeedError.
 
@@ -235,6 +247,8 @@ def check_feed(var: Variable, value):
         if arr.ndim != len(shape) or any(d >= 0 and d != a for d, a in zip(shape, arr.shape)):
             raise FeedError(f"feed: variable {var.name!r} expects shape {list(shape)} (-1 = any "
                             f"size), got {list(arr.shape)}")
+    if not arr.dtype.isnative or not arr.flags.c_contiguous:
+        _check_copy(var, arr)
     if not arr.dtype.isnative:
         arr = arr.astype(arr.dtype.newbyteorder("="))
     if not arr.flags.c_contiguous:

@@ -25,7 +25,8 @@ Run-time checks (``pdjit.runtime.checks``, settings from the executor): a native
 outputs' sizes depend on its inputs' shapes checks them against the allocation limit before its
 native code runs (once per new tuple of input shapes); with NaN/Inf checking on, its outputs are
 checked after it returned, and on NaN/Inf its ops re-run with their references to name the
-first op that produced it.
+first op that produced it; in that mode every op's output is stored (a value made and consumed
+inside one fused loop is checked as the reference checks it).
 """
 from __future__ import annotations
 
@@ -850,6 +851,9 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None,
                     if n != registry.EMPTY_VAR_NAME)
     kept = prune(block, live)
     ops = [op for op in kept if not _is_feed_fetch(op)]
+    if checks.nan_inf:  # every op's output stored and checked, as the reference checks them
+        live = live | {n for op in ops for n in op.output_arg_names
+                       if n != registry.EMPTY_VAR_NAME}
     dump_after("prune", lambda: "\n".join(repr(op) for op in ops))
     index = {id(op): i for i, op in enumerate(block.ops)}
     declined: set = set()
