@@ -21,6 +21,7 @@ from pdjit.ops import (  # noqa: F401
     norm,
     optimizer,
     pool,
+    recurrent,
     reduce,
     rnn,
     sequence,

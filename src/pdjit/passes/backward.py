@@ -386,11 +386,14 @@ class _Backward:
             return
         for names in inputs.values():
             for n in names:
-                if n == EMPTY_VAR_NAME or self.block._find_var_recursive(n) is not None:
+                if n == EMPTY_VAR_NAME or self.block.has_var(n):
                     continue
                 v = self.fwd._find_var_recursive(n)
                 if v is None:
                     continue
+                if self.block._find_var_recursive(n) is not None and \
+                        not self._declared_inside(v.block):
+                    continue  # (a sub-block's own variable may shadow an outer one: declared)
                 holder = v.type in (VarType.LOD_TENSOR, VarType.LOD_TENSOR_ARRAY)
                 self.block.create_var(name=n, shape=v.shape if holder else None,
                                       dtype=v.dtype if holder else None, type=v.type,
@@ -416,10 +419,34 @@ class _Backward:
         for fwd, name in seeds.items():
             if sub.needs_grad(fwd):
                 sub.seed(fwd, name)
+        links = opdef.control.state_links if opdef.control is not None else None
+        pairs = list(zip(op.attr(links[0]), op.attr(links[1]))) if links else []
+        for _, state in pairs:   # each state's gradient comes from the next run
+            if sub.needs_grad(state):
+                name = grad_var_name(state)
+                sub.declare_grad_holder(state, name)
+                if sub.contribs.get(state):
+                    sub.contribs[state].append(name)
+                    sub.summed.discard(state)
+                else:
+                    sub.seed(state, name)
         sub.walk(set(sub.contribs))
         for fwd, target in sinks.items():
             sub.sink(fwd, target)
+        for ex, _ in pairs:      # ... and each ex-state's goes to the run before
+            if sub.needs_grad(ex):
+                name = grad_var_name(ex)
+                sub.declare_grad_holder(ex, name)
+                sub.sink(ex, name)
         return g
+
+    def declare_grad_holder(self, fwd: str, name: str) -> None:
+        """Declare ``name`` in this walk's block, a gradient shaped like ``fwd``."""
+        if not self.block.has_var(name):
+            v = self.fwd._var_recursive(fwd)
+            self.block.create_var(name=name, shape=v.shape, dtype=v.dtype,
+                                  lod_level=v.lod_level, stop_gradient=True)
+        self.grad_of[name] = fwd
 
     def zeros_like(self, fwd: str) -> str:
         name = self.grad_var(fwd, f"{self.plain(fwd)}@ZERO")
