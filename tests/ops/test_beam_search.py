@@ -1,5 +1,5 @@
-"""Fluid 1.x's ``beam_search``, ``beam_search_decode`` and ``is_empty``: steps and
-back-traces computed by hand on small vocabularies, and a brute-force ranking written here."""
+"""Fluid 1.x's ``beam_search`` and ``beam_search_decode``: steps and back-traces computed by
+hand on small vocabularies, and a brute-force ranking written here."""
 import math
 
 import numpy as np
@@ -112,17 +112,6 @@ def test_beam_search_decode_traces_back_by_hand(fresh_programs):
     assert np.asarray(got_ids).tolist() == [5, END, 3, 7, 9]
     np.testing.assert_allclose(np.asarray(got_scores), [-0.2, -0.25, -0.1, -0.3, -0.5])
     assert got_ids.lod() == [[0, 2], [0, 2, 5]] and got_scores.lod() == got_ids.lod()
-
-
-def test_is_empty(fresh_programs):
-    main, _ = fresh_programs
-    x = L.data(name="x", shape=[-1, 2], dtype="float32", append_batch_size=False)
-    out = L.is_empty(x)
-    assert list(out.shape) == [1]
-    exe = fluid.Executor()
-    for rows, want in ((0, True), (3, False)):
-        (got,) = exe.run(main, feed={"x": np.zeros((rows, 2), np.float32)}, fetch_list=[out])
-        assert got.tolist() == [want]
 
 
 def test_beam_search_refuses_bad_arguments(fresh_programs):

@@ -483,7 +483,6 @@ add("beam_search",
                  "pre_scores": (u(r, (3, 1), -2.0, -0.1), _BEAM_LOD),
                  "scores": (u(r, (3, 4), 0.05, 1.0), _BEAM_LOD)},
       {"beam_size": 3, "end_id": 0, "is_accumulated": False}))
-add("is_empty", S(lambda r: {"X": u(r, (2, 3))}), S(lambda r: {"X": u(r, (0, 3))}))
 add("sequence_expand",
     S(lambda r: {"X": u(r, (3, 2)), "Y": _lod_x(r, (5, 1))}, grad=["X"]),
     S(lambda r: {"X": _lod_x(r, (3, 2), lod=[[0, 1, 1, 3]]), "Y": _lod_x(r, (5, 1))},

@@ -1,11 +1,11 @@
-"""Fluid 1.x's beam search layers: ``beam_search``, ``beam_search_decode``, ``is_empty``
-(the ops are in ``pdjit.ops.beam_search``)."""
+"""Fluid 1.x's beam search layers: ``beam_search`` and ``beam_search_decode`` (the ops are in
+``pdjit.ops.beam_search``)."""
 from __future__ import annotations
 
 from pdjit.layers.control_flow import _check_array
 from pdjit.layers.layer_helper import LayerHelper, check_variable
 
-__all__ = ["beam_search", "beam_search_decode", "is_empty"]
+__all__ = ["beam_search", "beam_search_decode"]
 
 
 def beam_search(pre_ids, pre_scores, ids, scores, beam_size, end_id, level=0,
@@ -56,15 +56,3 @@ def beam_search_decode(ids, scores, beam_size, end_id, name=None):
                      attrs={"beam_size": int(beam_size), "end_id": int(end_id)})
     return sentence_ids, sentence_scores
 
-
-def is_empty(x, cond=None):
-    """Whether ``x`` has no elements (bool ``[1]``), written into ``cond`` when given."""
-    check_variable(x, "x", "is_empty")
-    helper = LayerHelper("is_empty")
-    if cond is None:
-        cond = helper.create_variable_for_type_inference("bool", stop_gradient=True)
-    else:
-        check_variable(cond, "cond", "is_empty")
-    helper.append_op("is_empty", inputs={"X": [x]}, outputs={"Out": [cond]})
-    cond.stop_gradient = True
-    return cond

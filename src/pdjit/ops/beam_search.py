@@ -1,5 +1,5 @@
-"""Fluid 1.x's beam search over LoD tensors: ``beam_search``, ``beam_search_decode``, and
-``is_empty`` (the decode loop's stop test). Slots and attributes are Fluid 1.8's.
+"""Fluid 1.x's beam search over LoD tensors: ``beam_search`` and ``beam_search_decode``. Slots
+and attributes are Fluid 1.8's.
 
 - ``beam_search`` (pre_ids, pre_scores, ids?, scores -> selected_ids, selected_scores,
   parent_idx; ``level``, ``beam_size``, ``end_id``, ``is_accumulated``): the rows of ``scores``
@@ -18,7 +18,6 @@
   back from the last step through the steps' LoDs (an ``end_id`` repeated after a hypothesis
   ended is kept once), ordered best first by their final score; the result has two LoD levels
   (sources -> hypotheses -> ids), ids and scores 1-D.
-- ``is_empty`` (X -> Out): bool ``[1]``, whether X has no elements.
 """
 from __future__ import annotations
 
@@ -216,9 +215,3 @@ register_op(
     doc="The hypotheses of each source traced back through the beam_search steps' LoDs, best "
         "first; LoD [sources -> hypotheses, hypotheses -> ids].")
 
-
-register_op(
-    "is_empty", inputs=["X"], outputs=["Out"],
-    traits=[OPAQUE], infer_shape=lambda X: {"Out": VarMeta((1,), np.bool_)},
-    reference=lambda X: {"Out": np.array([np.asarray(X).size == 0])}, emit=None, grad=None,
-    doc="Out = [X has no elements] (bool[1]).")
