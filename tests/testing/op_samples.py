@@ -472,6 +472,8 @@ add("sequence_pool",
     S(lambda r: {"X": _lod_x(r, (5, 2), lod=[[0, 1, 3], [0, 2, 2, 5]])}, {"pooltype": "SUM"},
       grad=["X"]))
 add("sequence_softmax", S(lambda r: {"X": _lod_x(r, (5, 1))}, grad=["X"]))
+add("gather_tree", S(lambda r: {"Ids": r.integers(0, 9, size=(3, 2, 2)).astype(I64),
+                                "Parents": r.integers(0, 2, size=(3, 2, 2)).astype(I64)}))
 _BEAM_LOD = [[0, 2, 3], [0, 1, 2, 3]]
 add("beam_search",
     S(lambda r: {"pre_ids": (np.array([[1], [2], [0]], I64), _BEAM_LOD),

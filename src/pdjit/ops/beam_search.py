@@ -1,5 +1,5 @@
-"""Fluid 1.x's beam search over LoD tensors: ``beam_search`` and ``beam_search_decode``. Slots
-and attributes are Fluid 1.8's.
+"""Fluid 1.x's beam search: ``beam_search`` and ``beam_search_decode`` over LoD tensors, and
+``gather_tree`` for the dense ``BeamSearchDecoder``. Slots and attributes are Fluid 1.8's.
 
 - ``beam_search`` (pre_ids, pre_scores, ids?, scores -> selected_ids, selected_scores,
   parent_idx; ``level``, ``beam_size``, ``end_id``, ``is_accumulated``): the rows of ``scores``
@@ -18,6 +18,8 @@ and attributes are Fluid 1.8's.
   back from the last step through the steps' LoDs (an ``end_id`` repeated after a hypothesis
   ended is kept once), ordered best first by their final score; the result has two LoD levels
   (sources -> hypotheses -> ids), ids and scores 1-D.
+- ``gather_tree`` (Ids, Parents -> Out; all ``[time, batch, beam]``): each final beam's ids
+  traced back through the parent beams of every step.
 """
 from __future__ import annotations
 
@@ -215,3 +217,32 @@ register_op(
     doc="The hypotheses of each source traced back through the beam_search steps' LoDs, best "
         "first; LoD [sources -> hypotheses, hypotheses -> ids].")
 
+
+
+def _gather_tree_ref(Ids, Parents):
+    ids, parents = np.asarray(Ids), np.asarray(Parents)
+    if ids.shape != parents.shape or ids.ndim != 3:
+        raise ShapeMismatch(f"gather_tree: Ids and Parents must both be [max_time, batch, "
+                            f"beam], got {list(ids.shape)} and {list(parents.shape)}")
+    steps, batch, beam = ids.shape
+    out = np.empty_like(ids)
+    if steps == 0:
+        return {"Out": out}
+    out[-1] = ids[-1]
+    at = parents[-1].astype(np.int64)
+    rows = np.arange(batch)[:, None]
+    for t in range(steps - 2, -1, -1):
+        if at.size and (at.min() < 0 or at.max() >= beam):
+            raise IndexError(f"gather_tree: a parent index at step {t + 1} is outside "
+                             f"[0, {beam})")
+        out[t] = ids[t][rows, at]
+        at = parents[t][rows, at].astype(np.int64)
+    return {"Out": out}
+
+
+register_op(
+    "gather_tree", inputs=["Ids", "Parents"], outputs=["Out"],
+    traits=[OPAQUE], infer_shape=lambda Ids, Parents: {"Out": Ids},
+    reference=_gather_tree_ref, emit=None, grad=None,
+    doc="Out[t, b, k] = the id at step t of the beam that beam k at the last step descends "
+        "from, following Parents back from the last step (Ids, Parents: [time, batch, beam]).")
