@@ -151,8 +151,8 @@ def test_ptb_style_static_rnn_language_model_trains():
             "init_c": np.zeros((BATCH, HID), np.float32)}
     exe, scope = fluid.Executor(), fluid.Scope()
     exe.run(startup, scope=scope)
-    losses = [float(exe.run(main, feed=feed, fetch_list=[loss], scope=scope)[0])
-              for _ in range(12)]
+    losses = [float(np.asarray(exe.run(main, feed=feed, fetch_list=[loss],
+                                       scope=scope)[0]).reshape(-1)[0]) for _ in range(12)]
     assert np.all(np.isfinite(losses))
     assert losses[-1] < 0.5 * losses[0], losses
     assert_native(exe)
