@@ -21,13 +21,14 @@ from pdjit.framework import unique_name
 from pdjit.framework.program import Variable
 from pdjit.layers import nn
 from pdjit.layers.control_flow import _flatten, _pack, _same_structure
+from pdjit.layers.image import shape
 from pdjit.layers.layer_helper import LayerHelper, check_variable
 from pdjit.layers.math_ops import elementwise_add, elementwise_mul, elementwise_sub, sigmoid, tanh
 from pdjit.layers.recurrent import StaticRNN
 from pdjit.layers.sequence import sequence_mask
 from pdjit.layers.shape_ops import concat, reshape, split, squeeze, transpose, unsqueeze
 from pdjit.layers.shape_ops import slice as _slice
-from pdjit.layers.tensor import fill_constant_batch_size_like
+from pdjit.layers.tensor import cast, fill_constant_batch_size_like
 
 __all__ = ["RNNCell", "GRUCell", "LSTMCell", "rnn"]
 
@@ -197,6 +198,14 @@ class LSTMCell(RNNCell):
         return [self._dtype, self._dtype]
 
 
+def _steps_of(x, axis: int):
+    """Dim ``axis`` of ``x`` (the time steps): an int when known, else an int64 Variable."""
+    steps = int(x.shape[axis])
+    if steps >= 0:
+        return steps
+    return cast(_slice(shape(x), axes=[0], starts=[axis], ends=[axis + 1]), "int64")
+
+
 def _batch_time(x):
     return transpose(x, perm=[1, 0] + list(range(2, len(x.shape))))
 
@@ -227,8 +236,7 @@ def rnn(cell, inputs, initial_states=None, sequence_length=None, time_major=Fals
     mask = None
     if sequence_length is not None:
         check_variable(sequence_length, "sequence_length", "rnn")
-        steps = int(flat_inputs[0].shape[0])
-        mask = sequence_mask(sequence_length, maxlen=steps if steps > 0 else None,
+        mask = sequence_mask(sequence_length, maxlen=_steps_of(flat_inputs[0], 0),
                              dtype=flat_states[0].dtype)
         mask = transpose(mask, perm=[1, 0])
     srnn = StaticRNN()
@@ -312,7 +320,7 @@ def _basic_rnn(kind, input, inits, hidden_size, num_layers, sequence_length, dro
     steps = int(x.shape[1])
     if sequence_length is not None:
         check_variable(sequence_length, "sequence_length", layer)
-        mask = sequence_mask(sequence_length, maxlen=steps if steps > 0 else None, dtype=dtype)
+        mask = sequence_mask(sequence_length, maxlen=_steps_of(x, 1), dtype=dtype)
     else:
         mask = fill_constant_batch_size_like(x, shape=[-1, steps], dtype=dtype, value=1.0) \
             if steps > 0 else None
