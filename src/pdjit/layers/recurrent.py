@@ -23,7 +23,7 @@ from pdjit.framework import dtypes, unique_name
 from pdjit.layers import control_flow as cf
 from pdjit.layers.layer_helper import LayerHelper, check_variable
 from pdjit.layers.math_ops import less_than
-from pdjit.layers.tensor import assign, fill_constant, fill_constant_batch_size_like
+from pdjit.layers.tensor import fill_constant, fill_constant_batch_size_like
 from pdjit.proto import framework_pb2 as pb
 
 VarType = pb.VarType
@@ -310,12 +310,10 @@ class DynamicRNN:
             if self.lod_rank_table is None:
                 raise ValueError("DynamicRNN: the step block called no step_input(); the steps "
                                  "come from the sequences of the step inputs")
-            # the memories' next values go to step t + 1 of their arrays (an index of its own:
-            # the step counter is overwritten only after every op that reads it)
-            nxt = cf.increment(self.step_idx, 1.0, in_place=False)
+            # as Fluid 1.8: the counter moves on, the memories' next values go to that step
+            cf.increment(self.step_idx, 1.0, in_place=True)
             for new_mem, mem_array in self.mem_link:
-                cf.array_write(new_mem, nxt, array=mem_array)
-            assign(nxt, self.step_idx)
+                cf.array_write(new_mem, self.step_idx, array=mem_array)
             less_than(self.step_idx, self.max_seq_len, force_cpu=True, cond=self.cond)
         self.status = DynamicRNN.AFTER_RNN
         for arr in self.output_array:
