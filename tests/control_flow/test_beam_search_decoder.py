@@ -95,3 +95,69 @@ def test_beam_search_decoder_with_dynamic_decode_matches_numpy():
     assert got_ids.shape == want_ids.shape, (got_ids.shape, want_ids.shape)
     np.testing.assert_array_equal(got_ids, want_ids)
     np.testing.assert_allclose(got_lp, want_lp, rtol=1e-4, atol=1e-4)
+
+
+# ---- BasicDecoder with GreedyEmbeddingHelper and TrainingHelper ----------------------------------
+def _np_gru(p, x, h):
+    r, u = np.split(sigmoid(np.concatenate([x, h], 1) @ p["w_g"] + p["b_g"]), 2, axis=1)
+    c = np.tanh(np.concatenate([x, r * h], 1) @ p["w_c"] + p["b_c"])
+    return u * h + (1 - u) * c
+
+
+def _basic_decoder_program():
+    h0 = L.data(name="h0", shape=[B, H], dtype="float32", append_batch_size=False)
+    trg = L.data(name="trg", shape=[B, MAX_STEP, 1], dtype="int64", append_batch_size=False)
+    trg_len = L.data(name="trg_len", shape=[B], dtype="int64", append_batch_size=False)
+    start = L.data(name="start", shape=[B], dtype="int64", append_batch_size=False)
+
+    def embed(ids):
+        return L.embedding(ids, size=[VOCAB, E], param_attr=fluid.ParamAttr(
+            name="emb", initializer=fluid.initializer.Uniform(-1.0, 1.0)))
+
+    def out_fn(x):
+        return L.fc(x, VOCAB, num_flatten_dims=len(x.shape) - 1, param_attr=fluid.ParamAttr(
+            name="w_out", initializer=fluid.initializer.Uniform(-1.5, 1.5)),
+            bias_attr=fluid.ParamAttr(name="b_out"))
+    cell = L.GRUCell(H, name="dec")
+    greedy = L.BasicDecoder(cell, L.GreedyEmbeddingHelper(embed, start, END), out_fn)
+    (g_logits, g_ids), _ = L.dynamic_decode(greedy, inits=h0, max_step_num=MAX_STEP,
+                                            is_test=True)
+    trg_emb = L.reshape(embed(trg), [B, MAX_STEP, E])
+    forced = L.BasicDecoder(cell, L.TrainingHelper(trg_emb, trg_len), out_fn)
+    (t_logits, t_ids), _, t_len = L.dynamic_decode(forced, inits=h0, return_length=True)
+    return g_ids, t_logits, t_len
+
+
+def test_basic_decoder_greedy_and_teacher_forced_match_numpy():
+    main, startup = fluid.Program(), fluid.Program()
+    main.random_seed = startup.random_seed = 6
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        fetch = _basic_decoder_program()
+    exe, scope = fluid.Executor(), fluid.Scope()
+    exe.run(startup, scope=scope)
+    names = {"emb": "emb", "w_out": "w_out", "b_out": "b_out", "w_g": "dec_0.w_0",
+             "b_g": "dec_0.b_0", "w_c": "dec_0.w_1", "b_c": "dec_0.b_1"}
+    p = {k: np.asarray(scope.find_var(v).value, np.float64) for k, v in names.items()}
+    rng = np.random.default_rng(1)
+    h0 = rng.normal(size=(B, H)).astype(np.float32)
+    trg = rng.integers(2, VOCAB, size=(B, MAX_STEP, 1)).astype(np.int64)
+    trg_len = np.array([MAX_STEP, 2], np.int64)
+    feed = {"h0": h0, "trg": trg, "trg_len": trg_len, "start": np.full(B, START, np.int64)}
+    g_ids, t_logits, t_len = exe.run(main, feed=feed, fetch_list=list(fetch), scope=scope)
+    # greedy: the arg-max word fed back until every entry produced END or MAX_STEP + 1 steps
+    h, word, done, want = h0.astype(np.float64), np.full(B, START), np.zeros(B, bool), []
+    for _ in range(MAX_STEP + 1):
+        h = _np_gru(p, p["emb"][word], h)
+        word = np.argmax(h @ p["w_out"] + p["b_out"], axis=1)
+        want.append(word)
+        done |= word == END
+        if done.all():
+            break
+    np.testing.assert_array_equal(g_ids, np.stack(want, 1))
+    # teacher forcing: step t reads target word t, until the longest target ends
+    h, want = h0.astype(np.float64), []
+    for t in range(trg_len.max()):
+        h = _np_gru(p, p["emb"][trg[:, t, 0]], h)
+        want.append(h @ p["w_out"] + p["b_out"])
+    np.testing.assert_allclose(t_logits, np.stack(want, 1), rtol=1e-4, atol=1e-5)
+    assert t_len.tolist() == trg_len.tolist()

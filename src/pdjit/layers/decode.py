@@ -18,7 +18,7 @@ from pdjit.layers.control_flow import (
     increment,
     tensor_array_to_tensor,
 )
-from pdjit.layers.image import shape
+from pdjit.layers.image import pad, shape
 from pdjit.layers.layer_helper import LayerHelper, check_variable
 from pdjit.layers.math_ops import (
     elementwise_add,
@@ -37,11 +37,13 @@ from pdjit.layers.math_ops import (
 from pdjit.layers.nn import softmax
 from pdjit.layers.recurrent import _building_in as _in_block
 from pdjit.layers.shape_ops import (
+    argmax,
     expand,
     gather,
     reduce_sum,
     reshape,
     slice,
+    squeeze,
     topk,
     transpose,
     unsqueeze,
@@ -56,7 +58,8 @@ from pdjit.layers.tensor import (
 )
 
 __all__ = ["beam_search", "beam_search_decode", "gather_tree", "Decoder", "BeamSearchDecoder",
-           "dynamic_decode"]
+           "dynamic_decode", "DecodeHelper", "TrainingHelper", "GreedyEmbeddingHelper",
+           "BasicDecoder"]
 
 
 def beam_search(pre_ids, pre_scores, ids, scores, beam_size, end_id, level=0,
@@ -352,3 +355,123 @@ def dynamic_decode(decoder, inits=None, max_step_num=None, output_time_major=Fal
             x.shape)))), final_outputs)
     return (final_outputs, final_states, lengths) if return_length else \
         (final_outputs, final_states)
+
+
+# ---- DecodeHelper, TrainingHelper, GreedyEmbeddingHelper, BasicDecoder ---------------------------
+def _time_slice(x, t, axis: int):
+    """``x`` at time ``t`` (an int64 ``[1]`` Variable) along ``axis``, that axis dropped."""
+    end = elementwise_add(t, fill_constant([1], t.dtype, 1))
+    return squeeze(slice(x, axes=[axis], starts=[t], ends=[end]), axes=[axis])
+
+
+class DecodeHelper:
+    """How a :class:`BasicDecoder` gets its inputs: ``initialize() -> (inputs, finished)``,
+    ``sample(time, outputs, states) -> ids``, ``next_inputs(time, outputs, states, ids) ->
+    (finished, next_inputs, next_states)``."""
+
+    def initialize(self):
+        raise NotImplementedError
+
+    def sample(self, time, outputs, states):
+        raise NotImplementedError
+
+    def next_inputs(self, time, outputs, states, sample_ids):
+        raise NotImplementedError
+
+
+class TrainingHelper(DecodeHelper):
+    """Teacher forcing (Fluid 1.8's ``TrainingHelper(inputs, sequence_length, time_major)``):
+    step ``t`` reads ``inputs[:, t]``; an entry is finished once ``t + 1`` reaches its
+    ``sequence_length``; ``sample`` is the arg-max of the outputs."""
+
+    def __init__(self, inputs, sequence_length, time_major=False):
+        for x in _leaves(inputs):
+            check_variable(x, "inputs", "TrainingHelper")
+        check_variable(sequence_length, "sequence_length", "TrainingHelper")
+        self.inputs, self.time_major = inputs, bool(time_major)
+        self.sequence_length = sequence_length
+        axis = 0 if self.time_major else 1
+        # one padding step at the end, so the step after the last still has an input to read
+        self._padded = _map(lambda x: pad(x, paddings=[p for d in builtins.range(len(x.shape))
+                                                       for p in ((0, 1) if d == axis
+                                                                 else (0, 0))]), inputs)
+
+    def initialize(self):
+        zero = fill_constant([1], self.sequence_length.dtype, 0)
+        finished = equal(self.sequence_length, zero)
+        t0 = fill_constant([1], "int64", 0)
+        return _map(lambda x: _time_slice(x, t0, 0 if self.time_major else 1),
+                    self.inputs), finished
+
+    def sample(self, time, outputs, states):
+        return argmax(outputs, axis=-1)
+
+    def next_inputs(self, time, outputs, states, sample_ids):
+        nxt = elementwise_add(cast(time, "int64"), fill_constant([1], "int64", 1))
+        finished = less_equal(cast(self.sequence_length, "int64"), nxt)
+        axis = 0 if self.time_major else 1
+        return finished, _map(lambda x: _time_slice(x, nxt, axis), self._padded), states
+
+
+class GreedyEmbeddingHelper(DecodeHelper):
+    """Greedy decoding (Fluid 1.8's ``GreedyEmbeddingHelper(embedding_fn, start_tokens,
+    end_token)``): the arg-max id of each step is embedded as the next input; an entry is
+    finished once it produced ``end_token``."""
+
+    def __init__(self, embedding_fn, start_tokens, end_token):
+        if not callable(embedding_fn):
+            raise TypeError(f"GreedyEmbeddingHelper: embedding_fn must be callable, got "
+                            f"{type(embedding_fn).__name__}")
+        check_variable(start_tokens, "start_tokens", "GreedyEmbeddingHelper")
+        if isinstance(end_token, bool) or not isinstance(end_token, int):
+            raise TypeError(f"GreedyEmbeddingHelper: end_token must be an int, got "
+                            f"{end_token!r}")
+        self.embedding_fn, self.start_tokens = embedding_fn, start_tokens
+        self.end_token = end_token
+
+    def initialize(self):
+        finished = fill_constant_batch_size_like(self.start_tokens, [-1], "bool", False)
+        return self.embedding_fn(self.start_tokens), finished
+
+    def sample(self, time, outputs, states):
+        return argmax(outputs, axis=-1)
+
+    def next_inputs(self, time, outputs, states, sample_ids):
+        end = fill_constant([1], sample_ids.dtype, self.end_token)
+        return equal(sample_ids, end), self.embedding_fn(sample_ids), states
+
+
+class BasicDecoder(Decoder):
+    """Fluid 1.8's ``BasicDecoder(cell, helper, output_fn)``: each step runs ``cell`` and
+    ``output_fn``, and the helper picks the ids and the next inputs. Outputs per step:
+    ``cell_outputs`` and ``sample_ids``."""
+
+    OutputWrapper = collections.namedtuple("OutputWrapper", ("cell_outputs", "sample_ids"))
+
+    def __init__(self, cell, helper, output_fn=None):
+        from pdjit.layers.rnn_cells import RNNCell
+
+        if not isinstance(cell, RNNCell):
+            raise TypeError(f"BasicDecoder: cell must be an RNNCell, got {type(cell).__name__}")
+        if not isinstance(helper, DecodeHelper):
+            raise TypeError(f"BasicDecoder: helper must be a DecodeHelper, got "
+                            f"{type(helper).__name__}")
+        self.cell, self.helper, self.output_fn = cell, helper, output_fn
+
+    def initialize(self, initial_cell_states):
+        inputs, finished = self.helper.initialize()
+        return inputs, initial_cell_states, finished
+
+    def step(self, time, inputs, states, **kwargs):
+        cell_outputs, cell_states = self.cell(inputs, states, **kwargs)
+        if self.output_fn is not None:
+            cell_outputs = self.output_fn(cell_outputs)
+        sample_ids = self.helper.sample(time, cell_outputs, cell_states)
+        sample_ids.stop_gradient = True
+        finished, next_inputs, next_states = self.helper.next_inputs(time, cell_outputs,
+                                                                     cell_states, sample_ids)
+        return (self.OutputWrapper(cell_outputs, sample_ids), next_states, next_inputs,
+                finished)
+
+    def finalize(self, outputs, final_states, sequence_lengths):
+        raise NotImplementedError   # (dynamic_decode keeps the stacked outputs as they are)
