@@ -161,3 +161,32 @@ def test_basic_decoder_greedy_and_teacher_forced_match_numpy():
         want.append(h @ p["w_out"] + p["b_out"])
     np.testing.assert_allclose(t_logits, np.stack(want, 1), rtol=1e-4, atol=1e-5)
     assert t_len.tolist() == trg_len.tolist()
+
+
+def test_a_seq2seq_decoder_trains_through_dynamic_decode():
+    """Teacher forcing through dynamic_decode (a While built for training): the loss of
+    predicting each next target word falls."""
+    main, startup = fluid.Program(), fluid.Program()
+    main.random_seed = startup.random_seed = 3
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        h0 = L.data(name="h0", shape=[B, H], dtype="float32", append_batch_size=False)
+        trg = L.data(name="trg", shape=[B, MAX_STEP, 1], dtype="int64",
+                     append_batch_size=False)
+        label = L.data(name="label", shape=[B, MAX_STEP, 1], dtype="int64",
+                       append_batch_size=False)
+        trg_len = L.data(name="trg_len", shape=[B], dtype="int64", append_batch_size=False)
+        emb = L.reshape(L.embedding(trg, size=[VOCAB, E]), [B, MAX_STEP, E])
+        decoder = L.BasicDecoder(L.GRUCell(H), L.TrainingHelper(emb, trg_len),
+                                 lambda x: L.fc(x, VOCAB))
+        (logits, _), _ = L.dynamic_decode(decoder, inits=h0)
+        loss = L.reduce_mean(L.softmax_with_cross_entropy(logits, label))
+        fluid.optimizer.Adam(0.05).minimize(loss)
+    rng = np.random.default_rng(0)
+    trg_v = rng.integers(2, VOCAB, size=(B, MAX_STEP, 1)).astype(np.int64)
+    feed = {"h0": rng.normal(size=(B, H)).astype(np.float32), "trg": trg_v,
+            "label": (trg_v + 1) % VOCAB, "trg_len": np.full(B, MAX_STEP, np.int64)}
+    exe, scope = fluid.Executor(), fluid.Scope()
+    exe.run(startup, scope=scope)
+    losses = [float(np.asarray(exe.run(main, feed=feed, fetch_list=[loss],
+                                       scope=scope)[0]).reshape(-1)[0]) for _ in range(12)]
+    assert np.all(np.isfinite(losses)) and losses[-1] < 0.5 * losses[0], losses
