@@ -63,9 +63,11 @@ class Progress:
     """Training progress over ``total`` steps, named ``name``: call :meth:`step` after each
     step with its loss (and accuracy), :meth:`end_epoch` after each epoch, :meth:`close` at the
     end. ``losses``, ``accuracies`` and ``epoch_ends`` (the step count at each epoch's end)
-    keep the history for :func:`save_plot`."""
+    keep the history for :func:`save_plot`. ``use_tqdm=False``: the plain line even where tqdm
+    is installed."""
 
-    def __init__(self, total: int, name: str = "train", stream=None, enabled: bool = True):
+    def __init__(self, total: int, name: str = "train", stream=None, enabled: bool = True,
+                 use_tqdm: bool = True):
         self.name, self.total = name, int(total)
         self.losses, self.accuracies, self.epoch_ends = [], [], []
         self.test_accuracy = None
@@ -74,7 +76,7 @@ class Progress:
         self._epoch_from, self._last_draw = 0, 0.0
         self._tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         self._bar = None
-        if enabled:
+        if enabled and use_tqdm:
             try:
                 from tqdm import tqdm
             except ImportError:
