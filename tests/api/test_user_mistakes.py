@@ -111,4 +111,8 @@ def test_layer_input_checks_name_the_users_line():
         with pytest.raises(LayerInputError) as e:  # through a composite network (fluid.nets)
             fluid.nets.simple_img_conv_pool(flat, 4, 3, 2, 2)
         assert e.value.location.endswith(f"{HERE}:{line}")
+        line = sys._getframe().f_lineno + 2
+        with pytest.raises(LayerTypeError) as e:  # fluid.data, beside fluid.layers
+            fluid.data("bad", shape=[None, "8"])
+        assert "dims must be ints" in str(e.value) and e.value.location.endswith(f"{HERE}:{line}")
     assert not main.global_block().ops  # refused before any op was appended

@@ -46,4 +46,6 @@ __all__ = (["LayerHelper"] + control_flow.__all__ + conv.__all__ + image.__all__
 from pdjit.layers._user_line import wrap_all  # noqa: E402
 
 wrap_all(globals(), __all__)
+wrap_all(vars(io), ["data_v2"])          # pdjit.data
+wrap_all(vars(nn), ["embedding_v2"])     # pdjit.embedding
 del wrap_all
