@@ -60,4 +60,6 @@ __all__ = __all__ + rnn_cells.__all__
 from pdjit.layers._user_line import wrap_all  # noqa: E402
 
 wrap_all(globals(), __all__)
+wrap_all(vars(io), ["data_v2"])          # pdjit.data
+wrap_all(vars(nn), ["embedding_v2"])     # pdjit.embedding
 del wrap_all

@@ -17,7 +17,6 @@ import numpy as np
 from pdjit.framework import dtypes, registry
 from pdjit.framework.errors import FeedError, FetchError
 from pdjit.framework.program import Program, Variable
-from pdjit.passes.prune import prune
 from pdjit.proto import framework_pb2 as pb
 from pdjit.runtime.tensor import LoDTensor, check_offsets
 
@@ -74,23 +73,22 @@ def feedable(program: Program) -> list:
 
 def unfed_data(program: Program, feed_names, fetch_names=()) -> tuple:
     """The data variables (``layers.data``) of ``program`` that an op of the global block the
-    run keeps (``passes.prune``: what the fetches and persistable values need) reads (control
-    flow aside), no op writes and the run does not feed: they must hold a value from an earlier
-    run."""
+    run keeps (``passes.prune`` for ``fetch_names``; control flow aside: a branch not taken
+    need not be fed) reads, that no op writes and that the run does not feed: they must hold a
+    value from an earlier run."""
+    from pdjit.passes.prune import prune
+
     gb = program.global_block()
     data = {v.name for v in gb.vars.values() if v.need_check_feed and not v.persistable}
     data.difference_update(feed_names)
     if not data:
         return ()
-    kept = {id(op) for op in prune(gb, fetch_names)}
-    read, written = set(), set()
-    for b in program.blocks:
-        for op in b.ops:
-            written.update(op.output_arg_names)
-            opdef = registry.lookup(op.type)
-            if b.idx == 0 and id(op) in kept and opdef is not None \
-                    and not opdef.has(registry.CONTROL_FLOW):
-                read.update(op.input_arg_names)  # (a branch not taken need not be fed)
+    written = {n for b in program.blocks for op in b.ops for n in op.output_arg_names}
+    read = set()
+    for op in prune(gb, fetch_names):
+        opdef = registry.lookup(op.type)
+        if opdef is not None and not opdef.has(registry.CONTROL_FLOW):
+            read.update(op.input_arg_names)
     return tuple(sorted((data & read) - written))
 
 
