@@ -4,6 +4,7 @@
 own module; this package re-exports them all.
 """
 from pdjit.layers import (
+    activation,
     control_flow,
     conv,
     crf,
@@ -22,6 +23,7 @@ from pdjit.layers import (
     shape_ops,
     tensor,
 )
+from pdjit.layers.activation import *  # noqa: F401,F403
 from pdjit.layers.control_flow import *  # noqa: F401,F403
 from pdjit.layers.conv import *  # noqa: F401,F403
 from pdjit.layers.crf import *  # noqa: F401,F403
@@ -41,7 +43,8 @@ from pdjit.layers.sequence import *  # noqa: F401,F403
 from pdjit.layers.shape_ops import *  # noqa: F401,F403
 from pdjit.layers.tensor import *  # noqa: F401,F403
 
-__all__ = (["LayerHelper"] + control_flow.__all__ + conv.__all__ + crf.__all__ + image.__all__
+__all__ = (["LayerHelper"] + activation.__all__ + control_flow.__all__ + conv.__all__
+           + crf.__all__ + image.__all__
            + io.__all__
            + learning_rate_scheduler.__all__ + loss.__all__ + math_ops.__all__
            + metric_op.__all__ + misc.__all__ + nn.__all__ + norm.__all__ + recurrent.__all__
