@@ -12,6 +12,7 @@ from pdjit.layers import (
     io,
     learning_rate_scheduler,
     loss,
+    losses,
     math_ops,
     metric_op,
     misc,
@@ -32,6 +33,7 @@ from pdjit.layers.io import *  # noqa: F401,F403
 from pdjit.layers.layer_helper import LayerHelper
 from pdjit.layers.learning_rate_scheduler import *  # noqa: F401,F403
 from pdjit.layers.loss import *  # noqa: F401,F403
+from pdjit.layers.losses import *  # noqa: F401,F403
 from pdjit.layers.math_ops import *  # noqa: F401,F403
 from pdjit.layers.metric_op import *  # noqa: F401,F403
 from pdjit.layers.misc import *  # noqa: F401,F403
@@ -46,7 +48,8 @@ from pdjit.layers.tensor import *  # noqa: F401,F403
 __all__ = (["LayerHelper"] + activation.__all__ + control_flow.__all__ + conv.__all__
            + crf.__all__ + image.__all__
            + io.__all__
-           + learning_rate_scheduler.__all__ + loss.__all__ + math_ops.__all__
+           + learning_rate_scheduler.__all__ + loss.__all__ + losses.__all__
+           + math_ops.__all__
            + metric_op.__all__ + misc.__all__ + nn.__all__ + norm.__all__ + recurrent.__all__
            + rnn.__all__ + sequence.__all__ + shape_ops.__all__ + tensor.__all__)
 

@@ -16,6 +16,7 @@ from pdjit.ops import (  # noqa: F401
     io,
     lod_array,
     loss,
+    loss_rank,
     matmul,
     metric,
     misc,
