@@ -21,6 +21,7 @@ from pdjit.layers import (
     recurrent,
     rnn,
     sequence,
+    sequence_lod,
     shape_ops,
     tensor,
 )
@@ -42,6 +43,7 @@ from pdjit.layers.norm import *  # noqa: F401,F403
 from pdjit.layers.recurrent import *  # noqa: F401,F403
 from pdjit.layers.rnn import *  # noqa: F401,F403
 from pdjit.layers.sequence import *  # noqa: F401,F403
+from pdjit.layers.sequence_lod import *  # noqa: F401,F403
 from pdjit.layers.shape_ops import *  # noqa: F401,F403
 from pdjit.layers.tensor import *  # noqa: F401,F403
 
@@ -51,7 +53,8 @@ __all__ = (["LayerHelper"] + activation.__all__ + control_flow.__all__ + conv.__
            + learning_rate_scheduler.__all__ + loss.__all__ + losses.__all__
            + math_ops.__all__
            + metric_op.__all__ + misc.__all__ + nn.__all__ + norm.__all__ + recurrent.__all__
-           + rnn.__all__ + sequence.__all__ + shape_ops.__all__ + tensor.__all__)
+           + rnn.__all__ + sequence.__all__ + sequence_lod.__all__
+           + shape_ops.__all__ + tensor.__all__)
 
 # ``rnn`` (the cell API's function) is also the name of a module of this package: exported
 # after the lists above are made, so ``fluid.layers.rnn(cell, inputs)`` is the function

@@ -27,6 +27,7 @@ from pdjit.ops import (  # noqa: F401
     reduce,
     rnn,
     sequence,
+    sequence_fluid,
     shape,
     trig,
 )
