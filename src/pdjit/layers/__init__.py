@@ -4,7 +4,6 @@
 own module; this package re-exports them all.
 """
 from pdjit.layers import (
-    activation,
     control_flow,
     conv,
     crf,
@@ -12,7 +11,6 @@ from pdjit.layers import (
     io,
     learning_rate_scheduler,
     loss,
-    losses,
     math_ops,
     metric_op,
     misc,
@@ -21,11 +19,9 @@ from pdjit.layers import (
     recurrent,
     rnn,
     sequence,
-    sequence_lod,
     shape_ops,
     tensor,
 )
-from pdjit.layers.activation import *  # noqa: F401,F403
 from pdjit.layers.control_flow import *  # noqa: F401,F403
 from pdjit.layers.conv import *  # noqa: F401,F403
 from pdjit.layers.crf import *  # noqa: F401,F403
@@ -34,7 +30,6 @@ from pdjit.layers.io import *  # noqa: F401,F403
 from pdjit.layers.layer_helper import LayerHelper
 from pdjit.layers.learning_rate_scheduler import *  # noqa: F401,F403
 from pdjit.layers.loss import *  # noqa: F401,F403
-from pdjit.layers.losses import *  # noqa: F401,F403
 from pdjit.layers.math_ops import *  # noqa: F401,F403
 from pdjit.layers.metric_op import *  # noqa: F401,F403
 from pdjit.layers.misc import *  # noqa: F401,F403
@@ -43,18 +38,14 @@ from pdjit.layers.norm import *  # noqa: F401,F403
 from pdjit.layers.recurrent import *  # noqa: F401,F403
 from pdjit.layers.rnn import *  # noqa: F401,F403
 from pdjit.layers.sequence import *  # noqa: F401,F403
-from pdjit.layers.sequence_lod import *  # noqa: F401,F403
 from pdjit.layers.shape_ops import *  # noqa: F401,F403
 from pdjit.layers.tensor import *  # noqa: F401,F403
 
-__all__ = (["LayerHelper"] + activation.__all__ + control_flow.__all__ + conv.__all__
-           + crf.__all__ + image.__all__
+__all__ = (["LayerHelper"] + control_flow.__all__ + conv.__all__ + crf.__all__ + image.__all__
            + io.__all__
-           + learning_rate_scheduler.__all__ + loss.__all__ + losses.__all__
-           + math_ops.__all__
+           + learning_rate_scheduler.__all__ + loss.__all__ + math_ops.__all__
            + metric_op.__all__ + misc.__all__ + nn.__all__ + norm.__all__ + recurrent.__all__
-           + rnn.__all__ + sequence.__all__ + sequence_lod.__all__
-           + shape_ops.__all__ + tensor.__all__)
+           + rnn.__all__ + sequence.__all__ + shape_ops.__all__ + tensor.__all__)
 
 # ``rnn`` (the cell API's function) is also the name of a module of this package: exported
 # after the lists above are made, so ``fluid.layers.rnn(cell, inputs)`` is the function
@@ -62,6 +53,14 @@ from pdjit.layers import rnn_cells  # noqa: E402
 from pdjit.layers.rnn_cells import *  # noqa: E402,F401,F403
 
 __all__ = __all__ + rnn_cells.__all__
+
+# Fluid 1.8's remaining activations, losses and one-level sequence layers
+from pdjit.layers import activation, losses, sequence_lod  # noqa: E402
+from pdjit.layers.activation import *  # noqa: E402,F401,F403
+from pdjit.layers.losses import *  # noqa: E402,F401,F403
+from pdjit.layers.sequence_lod import *  # noqa: E402,F401,F403
+
+__all__ = __all__ + activation.__all__ + losses.__all__ + sequence_lod.__all__
 
 # argument checks that name the user's line (pdjit.framework.errors.LayerInputError)
 from pdjit.layers._user_line import wrap_all  # noqa: E402

@@ -4,7 +4,6 @@ One module per family; each op is defined once, with ``pdjit.framework.registry.
 """
 from pdjit.ops import (  # noqa: F401
     activation,
-    activation_fluid,
     collective,
     control_flow,
     conv,
@@ -16,7 +15,6 @@ from pdjit.ops import (  # noqa: F401
     io,
     lod_array,
     loss,
-    loss_rank,
     matmul,
     metric,
     misc,
@@ -27,7 +25,10 @@ from pdjit.ops import (  # noqa: F401
     reduce,
     rnn,
     sequence,
-    sequence_fluid,
     shape,
     trig,
 )
+
+# Fluid 1.8's remaining activations, ranking losses and one-level sequence ops
+# isort: split
+from pdjit.ops import activation_fluid, loss_rank, sequence_fluid  # noqa: E402,F401
