@@ -1,0 +1,343 @@
+"""Fluid 1.8's remaining tensor-manipulation and channel-rearranging layers.
+
+``reverse`` appends Fluid's ``reverse`` op and ``sum`` its ``sum`` op. The others are composed
+of existing layers (so they run natively and have gradients), computing what Fluid 1.8's op of
+the same name computes: ``unstack`` (split + squeeze), ``expand_as`` (tiling by the static
+ratio of the shapes), ``rank``, ``size``, ``crop`` / ``crop_tensor`` (a slice),
+``pad_constant_like`` (a pad), ``eye``, ``diag``, ``reduce_all`` / ``reduce_any`` (min / max of
+the ints), ``multiplex`` (one-hot weighted sum), ``maxout``, ``pixel_shuffle``,
+``shuffle_channel`` (reshape + transpose), ``lrn`` (a sum of shifted squares) and
+``temporal_shift`` (pads and slices over the time axis). Composed layers need the sizes they
+rearrange to be known when the program is built, and say so otherwise.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from pdjit.framework.program import Variable
+from pdjit.layers import activation, image, math_ops, shape_ops, tensor
+from pdjit.layers.layer_helper import LayerHelper, check_dtype, check_variable
+
+__all__ = ["reverse", "sum", "unstack", "expand_as", "rank", "size", "crop", "crop_tensor",
+           "pad_constant_like", "eye", "diag", "reduce_all", "reduce_any", "multiplex",
+           "maxout", "pixel_shuffle", "shuffle_channel", "lrn", "temporal_shift"]
+
+
+def _axes_list(axis, layer: str) -> list:
+    axes = [axis] if isinstance(axis, int) and not isinstance(axis, bool) else axis
+    if not isinstance(axes, (list, tuple)) or not axes or not all(
+            isinstance(a, int) and not isinstance(a, bool) for a in axes):
+        raise TypeError(f"{layer}: argument 'axis' must be an int or a non-empty list of ints, "
+                        f"got {axis!r}")
+    return [int(a) for a in axes]
+
+
+def _known(x, dims, layer: str, what: str) -> None:
+    if any(x.shape[d] < 0 for d in dims):
+        raise ValueError(f"{layer}: {what} of x must be known when the program is built, got "
+                         f"shape {list(x.shape)}")
+
+
+def reverse(x, axis) -> Variable:
+    """``x`` with its elements in reverse order along ``axis`` (an int or a list)."""
+    check_variable(x, "x", "reverse")
+    axes = _axes_list(axis, "reverse")
+    helper = LayerHelper("reverse")
+    out = helper.create_variable_for_type_inference(x.dtype)
+    helper.append_op("reverse", inputs={"X": [x]}, outputs={"Out": [out]}, attrs={"axis": axes})
+    return out
+
+
+def sum(x) -> Variable:  # noqa: A001 - Fluid's name
+    """The elementwise sum of a Variable or a list of Variables (Fluid's ``sum`` op)."""
+    xs = [x] if isinstance(x, Variable) else list(x)
+    if not xs:
+        raise ValueError("sum: argument 'x' must be a Variable or a non-empty list of them")
+    for i, v in enumerate(xs):
+        check_variable(v, f"x[{i}]", "sum")
+    helper = LayerHelper("sum")
+    out = helper.create_variable_for_type_inference(xs[0].dtype)
+    helper.append_op("sum", inputs={"X": xs}, outputs={"Out": [out]})
+    return out
+
+
+def unstack(x, axis: int = 0, num=None) -> list:
+    """``x`` cut along ``axis`` into its ``num`` slices, that axis removed from each."""
+    check_variable(x, "x", "unstack")
+    a = axis % len(x.shape) if x.shape else 0
+    n = x.shape[a] if num is None else int(num)
+    if n < 0:
+        raise ValueError(f"unstack: the size of axis {axis} must be known (or num given), got "
+                         f"shape {list(x.shape)}")
+    if n == 1:
+        return [shape_ops.squeeze(x, [a])]
+    return [shape_ops.squeeze(p, [a]) for p in shape_ops.split(x, n, dim=a)]
+
+
+def expand_as(x, target_tensor, name=None) -> Variable:
+    """``x`` tiled along each axis so that its shape becomes ``target_tensor``'s (each of
+    target's sizes a multiple of x's)."""
+    check_variable(x, "x", "expand_as")
+    check_variable(target_tensor, "target_tensor", "expand_as")
+    if len(x.shape) != len(target_tensor.shape):
+        raise ValueError(f"expand_as: x and target_tensor must have one rank, got "
+                         f"{list(x.shape)} and {list(target_tensor.shape)}")
+    times = []
+    for a, b in zip(x.shape, target_tensor.shape):
+        if a == b:
+            times.append(1)
+        elif a > 0 and b > 0 and b % a == 0:
+            times.append(b // a)
+        else:
+            raise ValueError(f"expand_as: each size of target_tensor {list(target_tensor.shape)} "
+                             f"must be a known multiple of x's {list(x.shape)}")
+    return shape_ops.expand(x, times, name=name)
+
+
+def rank(input) -> Variable:
+    """The number of dimensions of ``input``, as an int32 Variable of shape ``[1]``."""
+    check_variable(input, "input", "rank")
+    return tensor.fill_constant([1], "int32", len(input.shape))
+
+
+def size(input) -> Variable:
+    """The number of elements of ``input``, as an int64 Variable of shape ``[1]``."""
+    check_variable(input, "input", "size")
+    n = shape_ops.reduce_prod(tensor.cast(image.shape(input), "int64"))
+    return shape_ops.reshape(n, [1])
+
+
+def _crop(x, shape, offsets, layer: str) -> Variable:
+    check_variable(x, "x", layer)
+    r = len(x.shape)
+    if isinstance(shape, Variable) or isinstance(offsets, Variable) or (
+            offsets is not None and any(isinstance(o, Variable) for o in offsets)) or (
+            shape is not None and any(isinstance(s, Variable) for s in shape)):
+        raise TypeError(f"{layer}: 'shape' and 'offsets' as Variables are not supported; give "
+                        f"lists of ints")
+    shape = list(x.shape) if shape is None else [int(s) for s in shape]
+    offsets = [0] * r if offsets is None else [int(o) for o in offsets]
+    if len(shape) != r or len(offsets) != r:
+        raise ValueError(f"{layer}: 'shape' and 'offsets' need one value per dimension of x "
+                         f"({r}), got {shape} and {offsets}")
+    axes, starts, ends = [], [], []
+    for d, (s, o) in enumerate(zip(shape, offsets)):
+        if s == -1 or (s == x.shape[d] and o == 0):
+            if o != 0:
+                starts.append(o)
+                ends.append(2 ** 31 - 1)
+                axes.append(d)
+            continue
+        if s < 0 or o < 0 or (x.shape[d] >= 0 and o + s > x.shape[d]):
+            raise ValueError(f"{layer}: dimension {d}: expected 0 <= offset and offset + size "
+                             f"<= {x.shape[d]}, got offset {o}, size {s}")
+        axes.append(d)
+        starts.append(o)
+        ends.append(o + s)
+    if not axes:
+        return tensor.assign(x)
+    return shape_ops.slice(x, axes, starts, ends)
+
+
+def crop(x, shape=None, offsets=None, name=None) -> Variable:
+    """The block of ``x`` of size ``shape`` starting at ``offsets`` (lists of ints)."""
+    if isinstance(shape, Variable):
+        check_variable(shape, "shape", "crop")
+        shape = list(shape.shape)
+    return _crop(x, shape, offsets, "crop")
+
+
+def crop_tensor(x, shape=None, offsets=None, name=None) -> Variable:
+    """The block of ``x`` of size ``shape`` (``-1``: to the end) starting at ``offsets``."""
+    return _crop(x, shape, offsets, "crop_tensor")
+
+
+def pad_constant_like(x, y, pad_value: float = 0.0, name=None) -> Variable:
+    """``y`` padded with ``pad_value`` at the end of each axis to ``x``'s shape."""
+    check_variable(x, "x", "pad_constant_like")
+    check_variable(y, "y", "pad_constant_like")
+    if len(x.shape) != len(y.shape):
+        raise ValueError(f"pad_constant_like: x and y must have one rank, got {list(x.shape)} "
+                         f"and {list(y.shape)}")
+    paddings = []
+    for d, (a, b) in enumerate(zip(x.shape, y.shape)):
+        if a == b:
+            paddings += [0, 0]
+        elif a >= 0 and b >= 0 and a >= b:
+            paddings += [0, a - b]
+        else:
+            raise ValueError(f"pad_constant_like: dimension {d}: expected x's size ({a}) known "
+                             f"and >= y's ({b})")
+    return image.pad(y, paddings, pad_value=float(pad_value), name=name)
+
+
+def eye(num_rows, num_columns=None, batch_shape=None, dtype="float32") -> Variable:
+    """An identity matrix ``[num_rows, num_columns]``, repeated over ``batch_shape``."""
+    cols = num_rows if num_columns is None else num_columns
+    for arg, v in (("num_rows", num_rows), ("num_columns", cols)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise TypeError(f"eye: argument {arg!r} must be an int >= 0, got {v!r}")
+    value = np.eye(num_rows, cols)
+    if batch_shape:
+        value = np.broadcast_to(value, tuple(batch_shape) + value.shape).copy()
+    out = _constant(value, dtype)
+    out.stop_gradient = True
+    return out
+
+
+def _constant(value: np.ndarray, dtype) -> Variable:
+    """A constant of ``dtype`` holding ``value`` (exact in float32: 0s and 1s here); ``assign``
+    writes float64 arrays as float32, so wider dtypes get a ``cast``."""
+    out = tensor.assign(value.astype(np.float32))
+    return out if np.dtype(dtype) == np.float32 else tensor.cast(out, dtype)
+
+
+def diag(diagonal) -> Variable:
+    """The square matrix with ``diagonal`` (a 1-D Variable of known size, or an array) on its
+    diagonal and zeros elsewhere."""
+    if not isinstance(diagonal, Variable):
+        return tensor.assign(np.diag(np.asarray(diagonal)))
+    check_variable(diagonal, "diagonal", "diag")
+    if len(diagonal.shape) != 1 or diagonal.shape[0] < 0:
+        raise ValueError(f"diag: argument 'diagonal' must be 1-D of known size, got "
+                         f"{list(diagonal.shape)}")
+    n = diagonal.shape[0]
+    ident = _constant(np.eye(n), diagonal.dtype)
+    return math_ops.elementwise_mul(ident, shape_ops.reshape(diagonal, [1, n]))
+
+
+def _reduce_bool(x, dim, keep_dim, name, layer, reduce):
+    check_variable(x, "input", layer)
+    check_dtype(x, "input", ("bool",), layer)
+    r = reduce(tensor.cast(x, "int32"), dim=dim, keep_dim=keep_dim)
+    return tensor.cast(r, "bool")
+
+
+def reduce_all(input, dim=None, keep_dim=False, name=None) -> Variable:
+    """Logical AND of a bool tensor over ``dim`` (all dims when ``None``)."""
+    return _reduce_bool(input, dim, keep_dim, name, "reduce_all", shape_ops.reduce_min)
+
+
+def reduce_any(input, dim=None, keep_dim=False, name=None) -> Variable:
+    """Logical OR of a bool tensor over ``dim`` (all dims when ``None``)."""
+    return _reduce_bool(input, dim, keep_dim, name, "reduce_any", shape_ops.reduce_max)
+
+
+def multiplex(inputs, index) -> Variable:
+    """Row ``i`` of ``inputs[index[i]]`` for each row ``i`` (``index``: ``[N, 1]`` int32/64;
+    the inputs of one shape ``[N, ...]``)."""
+    if not isinstance(inputs, (list, tuple)) or len(inputs) < 2:
+        raise ValueError("multiplex: argument 'inputs' must be a list of at least 2 Variables")
+    for i, v in enumerate(inputs):
+        check_variable(v, f"inputs[{i}]", "multiplex")
+    check_variable(index, "index", "multiplex")
+    check_dtype(index, "index", ("int32", "int64"), "multiplex")
+    k = len(inputs)
+    stacked = shape_ops.stack(list(inputs), axis=1)                      # [N, K, ...]
+    pick = tensor.cast(shape_ops.one_hot(shape_ops.reshape(index, [-1]), k),
+                       inputs[0].dtype)                                  # [N, K]
+    rank_ = len(inputs[0].shape)
+    pick = shape_ops.reshape(pick, [-1, k] + [1] * (rank_ - 1)) if rank_ > 1 else pick
+    return shape_ops.reduce_sum(math_ops.elementwise_mul(stacked, pick), dim=1)
+
+
+def maxout(x, groups: int, name=None, axis: int = 1) -> Variable:
+    """The maximum over each run of ``groups`` consecutive channels (``axis`` 1 or -1 of a 4-D
+    ``x``): ``C / groups`` channels."""
+    check_variable(x, "x", "maxout")
+    if len(x.shape) != 4 or axis not in (1, -1, 3):
+        raise ValueError(f"maxout: expected a 4-D x and axis 1 or -1, got {list(x.shape)} and "
+                         f"axis {axis}")
+    a = axis % 4
+    c = x.shape[a]
+    if c < 0 or groups < 1 or c % groups:
+        raise ValueError(f"maxout: the channel count ({c}) must be known and divide by groups "
+                         f"({groups})")
+    _known(x, [1, 2, 3], "maxout", "the channels, height and width")
+    if a == 1:
+        dims = [-1, c // groups, groups, x.shape[2], x.shape[3]]
+    else:
+        dims = [-1, x.shape[1], x.shape[2], c // groups, groups]
+    return shape_ops.reduce_max(shape_ops.reshape(x, dims), dim=a + 1)
+
+
+def pixel_shuffle(x, upscale_factor: int) -> Variable:
+    """``[N, C r^2, H, W]`` rearranged to ``[N, C, H r, W r]`` (``r = upscale_factor``)."""
+    check_variable(x, "x", "pixel_shuffle")
+    r = int(upscale_factor)
+    if len(x.shape) != 4 or r < 1:
+        raise ValueError(f"pixel_shuffle: expected a 4-D x and upscale_factor >= 1, got "
+                         f"{list(x.shape)} and {upscale_factor}")
+    _known(x, [1, 2, 3], "pixel_shuffle", "the channels, height and width")
+    n, c, h, w = x.shape
+    if c % (r * r):
+        raise ValueError(f"pixel_shuffle: the channel count {c} must divide by "
+                         f"upscale_factor^2 = {r * r}")
+    y = shape_ops.reshape(x, [-1, c // (r * r), r, r, h, w])
+    y = shape_ops.transpose(y, [0, 1, 4, 2, 5, 3])
+    return shape_ops.reshape(y, [-1, c // (r * r), h * r, w * r])
+
+
+def shuffle_channel(x, group: int, name=None) -> Variable:
+    """The channels of ``[N, C, H, W]`` regrouped: ``group`` groups of ``C / group`` channels
+    read column by column (ShuffleNet)."""
+    check_variable(x, "x", "shuffle_channel")
+    if len(x.shape) != 4:
+        raise ValueError(f"shuffle_channel: expected a 4-D x, got {list(x.shape)}")
+    _known(x, [1, 2, 3], "shuffle_channel", "the channels, height and width")
+    n, c, h, w = x.shape
+    if group < 1 or c % group:
+        raise ValueError(f"shuffle_channel: the channel count {c} must divide by group "
+                         f"({group})")
+    y = shape_ops.reshape(x, [-1, group, c // group, h, w])
+    y = shape_ops.transpose(y, [0, 2, 1, 3, 4])
+    return shape_ops.reshape(y, [-1, c, h, w])
+
+
+def lrn(input, n: int = 5, k: float = 1.0, alpha: float = 1e-4, beta: float = 0.75,
+        name=None, data_format: str = "NCHW") -> Variable:
+    """Local response normalisation across channels:
+    ``input / (k + alpha * sum of input^2 over the n channels centred on each) ** beta``."""
+    check_variable(input, "input", "lrn")
+    check_dtype(input, "input", ("float32", "float64"), "lrn")
+    if len(input.shape) != 4 or data_format not in ("NCHW", "NHWC"):
+        raise ValueError(f"lrn: expected a 4-D input and data_format 'NCHW' or 'NHWC', got "
+                         f"{list(input.shape)} and {data_format!r}")
+    if n < 1:
+        raise ValueError(f"lrn: argument 'n' must be >= 1, got {n}")
+    a = 1 if data_format == "NCHW" else 3
+    _known(input, [a], "lrn", "the channel count")
+    c = input.shape[a]
+    sq = math_ops.square(input)
+    pad = [0] * 8
+    pad[2 * a], pad[2 * a + 1] = (n - 1) // 2, n - 1 - (n - 1) // 2
+    padded = image.pad(sq, pad)
+    window = shape_ops.sums([shape_ops.slice(padded, [a], [i], [i + c]) for i in range(n)]) \
+        if n > 1 else sq
+    scale = math_ops.scale(window, scale=float(alpha), bias=float(k))
+    return math_ops.elementwise_mul(input, activation.pow(scale, factor=-float(beta)))
+
+
+def temporal_shift(x, seg_num: int, shift_ratio: float = 0.25, name=None) -> Variable:
+    """TSM's temporal shift of ``[N * seg_num, C, H, W]``: the first ``C * shift_ratio``
+    channels take the previous segment's values, the next as many the following segment's
+    (zeros past either end), the rest stay."""
+    check_variable(x, "x", "temporal_shift")
+    if len(x.shape) != 4 or seg_num < 1 or not 0 < shift_ratio < 0.5:
+        raise ValueError(f"temporal_shift: expected a 4-D x, seg_num >= 1 and 0 < shift_ratio "
+                         f"< 0.5, got {list(x.shape)}, {seg_num}, {shift_ratio}")
+    _known(x, [1, 2, 3], "temporal_shift", "the channels, height and width")
+    _, c, h, w = x.shape
+    t = int(seg_num)
+    c1, c2 = int(c * shift_ratio), int(c * 2 * shift_ratio)
+    x5 = shape_ops.reshape(x, [-1, t, c, h, w])
+    padded = image.pad(x5, [0, 0, 1, 1, 0, 0, 0, 0, 0, 0])
+    parts = []
+    if c1 > 0:
+        parts.append(shape_ops.slice(padded, [1, 2], [0, 0], [t, c1]))
+    if c2 > c1:
+        parts.append(shape_ops.slice(padded, [1, 2], [2, c1], [t + 2, c2]))
+    if c > c2:
+        parts.append(shape_ops.slice(x5, [2], [c2], [c]))
+    out = shape_ops.concat(parts, axis=2) if len(parts) > 1 else parts[0]
+    return shape_ops.reshape(out, [-1, c, h, w])
