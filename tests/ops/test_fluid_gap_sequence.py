@@ -87,3 +87,78 @@ def test_sequence_lod_layers_in_a_program():
                           scope=Scope())
     np.testing.assert_array_equal(g, [[1, 0], [2, 3], [3, 4], [4, 0]])
     np.testing.assert_allclose(p, [[0 + 1], [sum(range(2, 8))]])
+
+
+def np_im2sequence(x, k, s, p):
+    n, c, h, w = x.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (p[0], p[2]), (p[1], p[3])))
+    oh = (h + p[0] + p[2] - k[0]) // s[0] + 1
+    ow = (w + p[1] + p[3] - k[1]) // s[1] + 1
+    rows = []
+    for img in range(n):
+        for i in range(oh):
+            for j in range(ow):
+                rows.append(xp[img, :, i * s[0]:i * s[0] + k[0], j * s[1]:j * s[1] + k[1]]
+                            .reshape(-1))
+    return np.array(rows), oh * ow
+
+
+def test_im2sequence_and_grad():
+    x = RNG.normal(size=(2, 2, 3, 4))
+    attrs = {"kernels": [2, 2], "strides": [1, 2], "paddings": [1, 0, 0, 1]}
+    want, per = np_im2sequence(x, [2, 2], [1, 2], [1, 0, 0, 1])
+    check_output("im2sequence", {"X": x}, attrs, {"Out": (want, [[0, per, 2 * per]])})
+    check_grad("im2sequence", {"X": x}, attrs)
+
+
+def test_row_conv_and_grad():
+    x = RNG.normal(size=(7, 3))
+    w = RNG.normal(size=(3, 3))          # future context 2
+    want = np.zeros_like(x)
+    for s, e in zip(LOD[0], LOD[0][1:]):
+        for t in range(s, e):
+            for k in range(3):
+                if t + k < e:
+                    want[t] += x[t + k] * w[k]
+    check_output("row_conv", {"X": (x, LOD), "Filter": w}, expected={"Out": (want, LOD)})
+    check_grad("row_conv", {"X": (x, LOD), "Filter": w}, inputs_to_check=("X", "Filter"))
+
+
+def np_position_encoding(length, d):
+    half = d // 2
+    pe = np.zeros((length, d))
+    for pos in range(length):
+        for k in range(half):
+            v = pos / 10000 ** (k / (half - 1))
+            pe[pos, k], pe[pos, half + k] = np.sin(v), np.cos(v)
+    return pe
+
+
+def test_add_position_encoding_dense_lod_and_grad():
+    x = RNG.normal(size=(2, 3, 4))
+    want = 0.5 * x + 2.0 * np_position_encoding(3, 4)[None]
+    attrs = {"alpha": 0.5, "beta": 2.0}
+    check_output("add_position_encoding", {"X": x}, attrs, {"Out": want})
+    xl = RNG.normal(size=(7, 4))
+    pe = np_position_encoding(4, 4)
+    want_l = 0.5 * xl + 2.0 * np.concatenate([pe[:3], pe[:4]])
+    check_output("add_position_encoding", {"X": (xl, LOD)}, attrs, {"Out": (want_l, LOD)})
+    check_grad("add_position_encoding", {"X": (xl, LOD)}, attrs)
+
+
+def test_row_conv_im2sequence_layers_train():
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        img = fluid.data("img", [-1, 1, 4, 4], "float32")
+        seq = fluid.layers.im2sequence(img, filter_size=2, stride=2)       # 4 rows of 4 each
+        seq = fluid.layers.row_conv(seq, future_context_size=1)
+        seq = fluid.layers.add_position_encoding(seq, alpha=1.0, beta=0.1)
+        loss = fluid.layers.mean(fluid.layers.square(fluid.layers.sequence_pool(seq, "sum")))
+        fluid.optimizer.SGD(0.05).minimize(loss)
+    exe = Executor()
+    scope = Scope()
+    exe.run(startup, scope=scope)
+    feed = {"img": RNG.normal(size=(3, 1, 4, 4)).astype(np.float32)}
+    losses = [float(np.asarray(exe.run(main, feed=feed, fetch_list=[loss], scope=scope)[0])
+                    .reshape(-1)[0]) for _ in range(4)]
+    assert losses[-1] < losses[0]

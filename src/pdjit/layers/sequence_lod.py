@@ -1,14 +1,15 @@
-"""Fluid 1.8's ``sequence_enumerate``, ``sequence_reshape``, ``sequence_slice`` and
-``sequence_scatter`` layers (ops in ``pdjit.ops.sequence_fluid``), and the CTC layers ``warpctc``
-and ``ctc_greedy_decoder`` (``pdjit.ops.ctc``); each appends the op Fluid 1.8 appends
-with Fluid 1.8's arguments. Their sequence inputs carry a one-level LoD."""
+"""Fluid 1.8's ``sequence_enumerate``, ``sequence_reshape``, ``sequence_slice``,
+``sequence_scatter``, ``im2sequence``, ``row_conv`` and ``add_position_encoding`` layers (ops in
+``pdjit.ops.sequence_fluid``), and the CTC layers ``warpctc`` and ``ctc_greedy_decoder``
+(``pdjit.ops.ctc``): each appends the op Fluid 1.8 appends, with Fluid 1.8's arguments. Their
+sequence inputs carry a one-level LoD."""
 from __future__ import annotations
 
 from pdjit.framework.program import Variable
 from pdjit.layers.layer_helper import LayerHelper, check_dtype, check_variable
 
 __all__ = ["sequence_enumerate", "sequence_reshape", "sequence_slice", "sequence_scatter",
-           "warpctc", "ctc_greedy_decoder"]
+           "warpctc", "ctc_greedy_decoder", "im2sequence", "row_conv", "add_position_encoding"]
 
 
 def _positive_int(value, arg: str, layer: str) -> int:
@@ -114,4 +115,74 @@ def ctc_greedy_decoder(input, blank: int, input_length=None, padding_value: int 
     helper.append_op("ctc_align", inputs={"Input": [ids]}, outputs={"Output": [out]},
                      attrs={"blank": int(blank), "merge_repeated": True,
                             "padding_value": int(padding_value)})
+    return out
+
+
+def _pair(value, arg: str, layer: str) -> list:
+    v = [value, value] if isinstance(value, int) and not isinstance(value, bool) else list(value)
+    if len(v) != 2 or not all(isinstance(i, int) and i >= 0 for i in v):
+        raise ValueError(f"{layer}: argument {arg!r} must be an int or a pair of ints >= 0, got "
+                         f"{value!r}")
+    return v
+
+
+def im2sequence(input, filter_size=1, stride=1, padding=0, input_image_size=None,
+                out_stride=1, name=None) -> Variable:
+    """Each image of ``input`` (``[N, C, H, W]``) as one sequence of its ``filter_size``
+    patches (moved by ``stride`` over the image padded by ``padding``: an int, a pair (height,
+    width) or four values (up, left, down, right)): ``[N * oh * ow, C * fh * fw]``."""
+    layer = "im2sequence"
+    check_variable(input, "input", layer)
+    if input_image_size is not None:
+        raise ValueError(f"{layer}: argument 'input_image_size' (per-image real sizes) is not "
+                         f"supported")
+    kernels, strides = _pair(filter_size, "filter_size", layer), _pair(stride, "stride", layer)
+    if isinstance(padding, int) and not isinstance(padding, bool):
+        paddings = [padding] * 4
+    elif len(padding) == 2:
+        paddings = [padding[0], padding[1], padding[0], padding[1]]
+    elif len(padding) == 4:
+        paddings = list(padding)
+    else:
+        raise ValueError(f"{layer}: argument 'padding' must be an int, 2 or 4 ints, got "
+                         f"{padding!r}")
+    helper = LayerHelper(layer, name=name)
+    out = helper.create_variable_for_type_inference(input.dtype)
+    helper.append_op(layer, inputs={"X": [input]}, outputs={"Out": [out]},
+                     attrs={"kernels": kernels, "strides": strides, "paddings": paddings,
+                            "out_stride": _pair(out_stride, "out_stride", layer)})
+    return out
+
+
+def row_conv(input, future_context_size: int, param_attr=None, act=None) -> Variable:
+    """Lookahead convolution over each sequence of ``input`` (``[T, D]``): row ``t`` becomes
+    ``sum_k input[t + k] * w[k]`` for ``k <= future_context_size`` (rows past the sequence's end
+    count 0), with a learnt ``w`` of shape ``[future_context_size + 1, D]``."""
+    check_variable(input, "input", "row_conv")
+    check_dtype(input, "input", ("float32", "float64"), "row_conv")
+    if isinstance(future_context_size, bool) or not isinstance(future_context_size, int) \
+            or future_context_size < 0:
+        raise ValueError(f"row_conv: argument 'future_context_size' must be an int >= 0, got "
+                         f"{future_context_size!r}")
+    if len(input.shape) != 2 or input.shape[1] < 0:
+        raise ValueError(f"row_conv: expected input [T, D] with D known, got "
+                         f"{list(input.shape)}")
+    helper = LayerHelper("row_conv", param_attr=param_attr, act=act)
+    filt = helper.create_parameter(helper.param_attr, [future_context_size + 1, input.shape[1]],
+                                   input.dtype)
+    out = helper.create_variable_for_type_inference(input.dtype)
+    helper.append_op("row_conv", inputs={"X": [input], "Filter": [filt]},
+                     outputs={"Out": [out]})
+    return helper.append_activation(out)
+
+
+def add_position_encoding(input, alpha, beta, name=None) -> Variable:
+    """``alpha * input + beta * PE`` with the sinusoidal position encoding ``PE`` of each
+    position (axis 1 of ``[N, T, D]``, or the rows of each sequence of a LoD ``[T, D]``)."""
+    check_variable(input, "input", "add_position_encoding")
+    check_dtype(input, "input", ("float32", "float64"), "add_position_encoding")
+    helper = LayerHelper("add_position_encoding", name=name)
+    out = helper.create_variable_for_type_inference(input.dtype)
+    helper.append_op("add_position_encoding", inputs={"X": [input]}, outputs={"Out": [out]},
+                     attrs={"alpha": float(alpha), "beta": float(beta)})
     return out

@@ -1,5 +1,7 @@
 """Fluid 1.8's remaining one-level sequence ops: ``sequence_enumerate``, ``sequence_reshape``,
-``sequence_slice`` and ``sequence_scatter``, with the gradients of the last three.
+``sequence_slice``, ``sequence_scatter``, ``im2sequence``, ``row_conv`` and
+``add_position_encoding``, with the gradients of all but the first (see the comments above each
+op for the last three).
 
 Slots and attributes are Fluid 1.8's; as in Fluid, each needs a one-level LoD on its sequence
 input (``X``; ``Ids`` for ``sequence_scatter``):
@@ -28,8 +30,10 @@ from pdjit.framework.registry import (
     OPAQUE,
     REQUIRED,
     SEQUENCE,
+    Float,
     GradOpSpec,
     Int,
+    Ints,
     ValueDependentLoD,
     VarMeta,
     grad_var_name,
@@ -280,3 +284,209 @@ register_op(
     reference=_scatter_grad_ref, emit=None, grad=None,
     out_lod=lambda lods, **_: {"X@GRAD": [], "Updates@GRAD": lods["Ids"]},
     doc="X@GRAD = Out@GRAD; Updates@GRAD[j] = Out@GRAD[i, Ids[j]].")
+
+
+# ---- im2sequence -----------------------------------------------------------------------------
+# X [N, C, H, W] -> Out [N * oh * ow, C * kh * kw]: each image's patches (row by row of the
+# output grid), a patch's values in (channel, kernel row, kernel column) order; Out's LoD has
+# one sequence of oh * ow rows per image. paddings: [up, left, down, right].
+_IM2SEQ_ATTRS = {"kernels": Ints(REQUIRED, choices=([2, 2], [1, 2])),
+                 "strides": Ints([1, 1], choices=([1, 1], [2, 1])),
+                 "paddings": Ints([0, 0, 0, 0], choices=([0, 0, 0, 0], [1, 0, 0, 1])),
+                 "out_stride": Ints([1, 1], choices=([1, 1],))}
+
+
+def _im2seq_grid(h, w, kernels, strides, paddings):
+    oh = (h + paddings[0] + paddings[2] - kernels[0]) // strides[0] + 1
+    ow = (w + paddings[1] + paddings[3] - kernels[1]) // strides[1] + 1
+    return oh, ow
+
+
+def _im2seq_infer(X, *, kernels, strides, paddings, out_stride):
+    check_dtype(X, FLOATS, "im2sequence: input X")
+    if X.ndim != 4 or len(kernels) != 2 or len(strides) != 2 or len(paddings) != 4:
+        raise ShapeMismatch(f"im2sequence: expected X [N, C, H, W], 2 kernels, 2 strides and 4 "
+                            f"paddings, got {list(X.shape)}, {kernels}, {strides}, {paddings}")
+    c = X.shape[1]
+    return {"Out": VarMeta((-1, c * kernels[0] * kernels[1] if c >= 0 else -1), X.dtype, 1)}
+
+
+def _im2seq_index(shape, kernels, strides, paddings):
+    """For each (output row, column) of Out, the flat index into the zero-padded X."""
+    n, c, h, w = shape
+    oh, ow = _im2seq_grid(h, w, kernels, strides, paddings)
+    if oh < 1 or ow < 1:
+        raise ShapeMismatch(f"im2sequence: image {h}x{w} with paddings {paddings} is smaller "
+                            f"than the kernel {kernels}")
+    hp, wp = h + paddings[0] + paddings[2], w + paddings[1] + paddings[3]
+    i, j = np.meshgrid(np.arange(oh) * strides[0], np.arange(ow) * strides[1], indexing="ij")
+    ch, ki, kj = np.meshgrid(np.arange(c), np.arange(kernels[0]), np.arange(kernels[1]),
+                             indexing="ij")
+    rows = i.reshape(-1, 1) + ki.reshape(1, -1)
+    cols = j.reshape(-1, 1) + kj.reshape(1, -1)
+    per_image = (ch.reshape(1, -1) * hp + rows) * wp + cols          # [oh * ow, c * kh * kw]
+    base = np.arange(n).reshape(n, 1, 1) * (c * hp * wp)
+    return (base + per_image[None]).reshape(n * oh * ow, -1), oh * ow, (hp, wp)
+
+
+def _pad_image(X, paddings):
+    return np.pad(X, ((0, 0), (0, 0), (paddings[0], paddings[2]), (paddings[1], paddings[3])))
+
+
+def _im2seq_ref(X, *, kernels, strides, paddings, out_stride, ctx):
+    index, per, _ = _im2seq_index(X.shape, kernels, strides, paddings)
+    ctx.set_output_lod("Out", [list(range(0, X.shape[0] * per + 1, per))])
+    return {"Out": _pad_image(X, paddings).reshape(-1)[index]}
+
+
+def _im2seq_grad_ref(X, *, kernels, strides, paddings, out_stride, **kw):
+    g = kw["Out@GRAD"]
+    index, _, (hp, wp) = _im2seq_index(X.shape, kernels, strides, paddings)
+    if g.shape != index.shape:
+        raise ShapeMismatch(f"im2sequence_grad: expected Out@GRAD of shape "
+                            f"{list(index.shape)}, got {list(g.shape)}")
+    padded = np.zeros(X.shape[0] * X.shape[1] * hp * wp)
+    np.add.at(padded, index.reshape(-1), g.reshape(-1))
+    padded = padded.reshape(X.shape[0], X.shape[1], hp, wp)
+    dx = padded[:, :, paddings[0]:paddings[0] + X.shape[2], paddings[1]:paddings[1] + X.shape[3]]
+    return {"X@GRAD": dx.astype(X.dtype)}
+
+
+def _im2seq_lod(lods, **_):
+    raise ValueDependentLoD("im2sequence's LoD follows X's image size")
+
+
+register_op(
+    "im2sequence", inputs=["X"], outputs=["Out"], attrs=_IM2SEQ_ATTRS, traits=TRAITS,
+    infer_shape=_im2seq_infer, reference=_im2seq_ref, emit=None,
+    grad=lambda op: [GradOpSpec("im2sequence_grad",
+                                {"X": op.input("X"), "Out@GRAD": _g(op.output("Out"))},
+                                {"X@GRAD": _g(op.input("X"))},
+                                {k: v for k, v in op.all_attrs().items() if k in _IM2SEQ_ATTRS})],
+    out_lod=_im2seq_lod,
+    doc="Each image's kernel-sized patches as the rows of one sequence.")
+register_op(
+    "im2sequence_grad", inputs=["X", "Out@GRAD"], outputs=["X@GRAD?"],
+    attrs=dict(_IM2SEQ_ATTRS), traits=TRAITS, infer_shape=lambda X, **_: {"X@GRAD": X},
+    reference=_im2seq_grad_ref, emit=None, grad=None,
+    out_lod=lambda lods, **_: {"X@GRAD": []},
+    doc="X@GRAD: each patch's gradient added back where the patch was read.")
+
+
+# ---- row_conv --------------------------------------------------------------------------------
+# Out[t] = sum over k < K of X[t + k] * Filter[k] (elementwise over the D columns), the rows
+# t + k within t's sequence (lookahead convolution, DeepSpeech 2).
+def _row_conv_infer(X, Filter):
+    check_dtype(X, FLOATS, "row_conv: input X")
+    if X.ndim != 2 or Filter.ndim != 2 or (X.shape[1] >= 0 and Filter.shape[1] >= 0
+                                           and X.shape[1] != Filter.shape[1]):
+        raise ShapeMismatch(f"row_conv: expected X [T, D] and Filter [K, D], got "
+                            f"{list(X.shape)} and {list(Filter.shape)}")
+    return {"Out": X}
+
+
+def _row_conv_ref(X, Filter, ctx):
+    offs = _one_level(ctx, "X", X.shape[0], "row_conv")
+    out = np.zeros(X.shape, np.result_type(X, Filter))
+    for s, e in zip(offs[:-1], offs[1:]):
+        for k in range(Filter.shape[0]):
+            if e - s - k > 0:
+                out[s:e - k] += X[s + k:e] * Filter[k]
+    return {"Out": out.astype(X.dtype)}
+
+
+def _row_conv_grad_ref(X, Filter, ctx, **kw):
+    g = kw["Out@GRAD"]
+    offs = _one_level(ctx, "X", X.shape[0], "row_conv_grad")
+    dx, dw = np.zeros(X.shape), np.zeros(Filter.shape)
+    for s, e in zip(offs[:-1], offs[1:]):
+        for k in range(Filter.shape[0]):
+            if e - s - k > 0:
+                dx[s + k:e] += g[s:e - k] * Filter[k]
+                dw[k] += (g[s:e - k] * X[s + k:e]).sum(axis=0)
+    return {"X@GRAD": dx.astype(X.dtype), "Filter@GRAD": dw.astype(Filter.dtype)}
+
+
+register_op(
+    "row_conv", inputs=["X", "Filter"], outputs=["Out"], traits=TRAITS,
+    infer_shape=_row_conv_infer, reference=_row_conv_ref, emit=None,
+    grad=lambda op: [GradOpSpec("row_conv_grad",
+                                {"X": op.input("X"), "Filter": op.input("Filter"),
+                                 "Out@GRAD": _g(op.output("Out"))},
+                                {"X@GRAD": _g(op.input("X")),
+                                 "Filter@GRAD": _g(op.input("Filter"))})],
+    out_lod=lambda lods, **_: {"Out": lods["X"]},
+    doc="Out[t] = sum_k X[t + k] * Filter[k] within t's sequence (lookahead convolution).")
+register_op(
+    "row_conv_grad", inputs=["X", "Filter", "Out@GRAD"], outputs=["X@GRAD?", "Filter@GRAD?"],
+    traits=TRAITS, infer_shape=lambda X, Filter, **_: {"X@GRAD": X, "Filter@GRAD": Filter},
+    reference=_row_conv_grad_ref, emit=None, grad=None,
+    out_lod=lambda lods, **_: {"X@GRAD": lods["X"], "Filter@GRAD": []},
+    doc="Gradients of row_conv.")
+
+
+# ---- add_position_encoding -------------------------------------------------------------------
+# Out = alpha * X + beta * PE, PE[pos, k] = sin(pos / 10000^(k / (half - 1))) for k < half and
+# cos(...) for the second half (half = D / 2; pos / 10000 when half is 1); pos counts from 0 in
+# each sequence: the rows of a LoD X [T, D], or axis 1 of a dense X [N, T, D].
+_PE_ATTRS = {"alpha": Float(1.0, low=0.5, high=2.0), "beta": Float(1.0, low=0.5, high=2.0)}
+
+
+def _pe_infer(X, **_):
+    check_dtype(X, FLOATS, "add_position_encoding: input X")
+    if X.ndim not in (2, 3) or (X.shape[-1] >= 0 and X.shape[-1] % 2):
+        raise ShapeMismatch(f"add_position_encoding: expected X [N, T, D] or a LoD X [T, D] "
+                            f"with D even, got {list(X.shape)}")
+    return {"Out": X}
+
+
+def _pe_table(length: int, d: int) -> np.ndarray:
+    half = d // 2
+    pos = np.arange(length, dtype=np.float64).reshape(-1, 1)
+    k = np.arange(half, dtype=np.float64).reshape(1, -1)
+    val = pos / np.power(10000.0, k / (half - 1)) if half > 1 else pos / 10000.0
+    return np.concatenate([np.sin(val), np.cos(val)], axis=1)
+
+
+def _pe_positions(X, ctx):
+    if X.ndim == 3:
+        return None
+    offs = _one_level(ctx, "X", X.shape[0], "add_position_encoding")
+    return np.arange(X.shape[0]) - np.repeat(offs[:-1], np.diff(offs))
+
+
+def _pe_ref(X, *, alpha, beta, ctx):
+    if X.shape[-1] % 2:
+        raise ShapeMismatch(f"add_position_encoding: expected an even size D, got "
+                            f"{X.shape[-1]}")
+    a, b = float(np.float32(alpha)), float(np.float32(beta))
+    pos = _pe_positions(X, ctx)
+    if pos is None:
+        pe = _pe_table(X.shape[1], X.shape[2])[None]
+    else:
+        pe = _pe_table(int(pos.max()) + 1 if pos.size else 0, X.shape[1])[pos]
+    return {"Out": (a * X.astype(np.float64) + b * pe).astype(X.dtype)}
+
+
+def _pe_grad_ref(X, *, alpha, beta, **kw):
+    g = kw["Out@GRAD"]
+    if g.shape != X.shape:
+        raise ShapeMismatch(f"add_position_encoding_grad: expected Out@GRAD of X's shape "
+                            f"{list(X.shape)}, got {list(g.shape)}")
+    return {"X@GRAD": (g * np.asarray(np.float32(alpha), g.dtype)).astype(X.dtype)}
+
+
+register_op(
+    "add_position_encoding", inputs=["X"], outputs=["Out"], attrs=_PE_ATTRS, traits=TRAITS,
+    infer_shape=_pe_infer, reference=_pe_ref, emit=None,
+    grad=lambda op: [GradOpSpec("add_position_encoding_grad",
+                                {"X": op.input("X"), "Out@GRAD": _g(op.output("Out"))},
+                                {"X@GRAD": _g(op.input("X"))},
+                                {k: op.attr(k) for k in _PE_ATTRS})],
+    out_lod=lambda lods, **_: {"Out": lods["X"]},
+    doc="Out = alpha * X + beta * the sinusoidal position encoding.")
+register_op(
+    "add_position_encoding_grad", inputs=["X", "Out@GRAD"], outputs=["X@GRAD?"],
+    attrs=dict(_PE_ATTRS), traits=TRAITS, infer_shape=lambda X, **_: {"X@GRAD": X},
+    reference=_pe_grad_ref, emit=None, grad=None,
+    out_lod=lambda lods, **_: {"X@GRAD": lods["X"]}, doc="X@GRAD = alpha * Out@GRAD.")
