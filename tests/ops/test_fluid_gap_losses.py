@@ -164,3 +164,60 @@ def test_npair_loss_gradient_and_errors():
             fluid.layers.bpr_loss(a, fluid.data("l", [-1, 1], "float32"))
         with pytest.raises(LayerInputError, match=r"rank_loss: argument 'right' must have"):
             fluid.layers.rank_loss(a, a, fluid.data("r", [-1, 3], "float32"))
+
+
+def np_hsigmoid(x, w, b, label, num_classes, table=None, code=None):
+    """Fluid's loss: softplus(z) - bit * z over the path, log 2 per unused PreOut position."""
+    width = table.shape[1] if table is not None else (num_classes - 1).bit_length()
+    out = np.zeros((x.shape[0], 1))
+    for i in range(x.shape[0]):
+        if table is None:
+            c = int(label[i, 0]) + num_classes
+            path = [((c >> (j + 1)) - 1, (c >> j) & 1) for j in range(c.bit_length() - 1)]
+        else:
+            path = []
+            for node, bit in zip(table[i], code[i]):
+                if node < 0:
+                    break
+                path.append((node, bit))
+        for node, bit in path:
+            z = float(np.clip(x[i] @ w[node] + (b[node, 0] if b is not None else 0), -40, 40))
+            out[i, 0] += np.log1p(np.exp(z)) - bit * z
+        out[i, 0] += (width - len(path)) * np.log(2)
+    return out
+
+
+def test_hsigmoid_default_and_custom_tree():
+    x = RNG.normal(size=(4, 3))
+    w = RNG.normal(size=(5, 3))
+    b = RNG.normal(size=(5, 1))
+    lab = np.array([[0], [5], [2], [3]], np.int64)
+    ins = {"X": x, "W": w, "Label": lab, "Bias": b}
+    check_output("hierarchical_sigmoid", ins, {"num_classes": 6},
+                 {"Out": np_hsigmoid(x, w, b, lab, 6)})
+    check_grad("hierarchical_sigmoid", ins, {"num_classes": 6},
+               inputs_to_check=("X", "W", "Bias"))
+    table = np.array([[0, 2, -1], [1, -1, -1], [0, 3, 4], [2, 1, -1]], np.int64)
+    code = np.array([[1, 0, 0], [1, 0, 0], [0, 1, 1], [1, 1, 0]], np.int64)
+    ins_c = {"X": x, "W": w, "Label": lab, "PathTable": table, "PathCode": code}
+    check_output("hierarchical_sigmoid", ins_c, {"num_classes": 5},
+                 {"Out": np_hsigmoid(x, w, None, lab, 5, table, code)})
+    check_grad("hierarchical_sigmoid", ins_c, {"num_classes": 5}, inputs_to_check=("X", "W"))
+
+
+def test_hsigmoid_layer_trains():
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        x = fluid.data("x", [-1, 4], "float32")
+        y = fluid.data("y", [-1, 1], "int64")
+        loss = fluid.layers.mean(fluid.layers.hsigmoid(fluid.layers.fc(x, 8), y, 10))
+        fluid.optimizer.SGD(0.5).minimize(loss)
+        with pytest.raises(LayerInputError, match=r"hsigmoid: a custom tree needs"):
+            fluid.layers.hsigmoid(x, y, 10, is_custom=True)
+    exe, scope = Executor(), Scope()
+    exe.run(startup, scope=scope)
+    feed = {"x": RNG.normal(size=(6, 4)).astype(np.float32),
+            "y": RNG.integers(0, 10, size=(6, 1)).astype(np.int64)}
+    ls = [float(np.asarray(exe.run(main, feed=feed, fetch_list=[loss], scope=scope)[0])
+                .reshape(-1)[0]) for _ in range(5)]
+    assert ls[-1] < ls[0]

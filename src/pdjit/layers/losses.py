@@ -2,7 +2,8 @@
 ``margin_rank_loss``, ``bpr_loss``, ``teacher_student_sigmoid_loss`` (each appends the op of its
 name, see ``pdjit.ops.loss_rank``), and the losses Fluid 1.8 composes from other layers:
 ``npair_loss``, ``mse_loss``, ``dice_loss`` and ``label_smooth`` (the last as ``scale`` /
-``elementwise_add`` where Fluid appends a ``label_smooth`` op computing the same values).
+``elementwise_add`` where Fluid appends a ``label_smooth`` op computing the same values); and
+``hsigmoid`` (``pdjit.ops.hsigmoid``).
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pdjit.layers import math_ops, nn, shape_ops, tensor
 from pdjit.layers.layer_helper import LayerHelper, check_dtype, check_variable
 
 __all__ = ["rank_loss", "margin_rank_loss", "bpr_loss", "teacher_student_sigmoid_loss",
-           "npair_loss", "mse_loss", "dice_loss", "label_smooth"]
+           "npair_loss", "mse_loss", "dice_loss", "label_smooth", "hsigmoid"]
 
 _FLOATS = ("float32", "float64")
 
@@ -164,3 +165,40 @@ def label_smooth(label, prior_dist=None, epsilon: float = 0.1, dtype="float32",
     check_variable(prior_dist, "prior_dist", "label_smooth")
     return math_ops.elementwise_add(math_ops.scale(label, scale=1.0 - eps),
                                     math_ops.scale(prior_dist, scale=eps), name=name)
+
+
+def hsigmoid(input, label, num_classes, param_attr=None, bias_attr=None, name=None,
+             path_table=None, path_code=None, is_custom=False, is_sparse=False) -> Variable:
+    """Hierarchical sigmoid loss (``[N, 1]``) of ``input [N, D]`` for classes ``label [N, 1]``
+    (int64) over the default binary tree of ``num_classes`` leaves (``num_classes - 1`` learnt
+    nodes), or over a custom tree (``is_custom``: ``path_table`` / ``path_code`` ``[N, L]``
+    int64 give each sample's node rows, ended by -1, and bits; ``num_classes`` nodes).
+    Parameters: ``W [nodes, D]`` and, unless ``bias_attr`` is False, ``Bias [nodes, 1]``."""
+    layer = "hsigmoid"
+    check_variable(input, "input", layer)
+    check_dtype(input, "input", _FLOATS, layer)
+    check_variable(label, "label", layer)
+    check_dtype(label, "label", ("int64",), layer)
+    if is_custom != (path_table is not None) or (path_table is None) != (path_code is None):
+        raise ValueError(f"{layer}: a custom tree needs is_custom=True with both path_table and "
+                         f"path_code; the default tree none of them")
+    if not isinstance(num_classes, int) or num_classes < 2:
+        raise ValueError(f"{layer}: argument 'num_classes' must be an int >= 2, got "
+                         f"{num_classes!r}")
+    if len(input.shape) != 2 or input.shape[1] < 0:
+        raise ValueError(f"{layer}: expected input [N, D] with D known, got {list(input.shape)}")
+    nodes = num_classes if is_custom else num_classes - 1
+    helper = LayerHelper(layer, name=name, param_attr=param_attr, bias_attr=bias_attr)
+    w = helper.create_parameter(helper.param_attr, [nodes, input.shape[1]], input.dtype)
+    inputs = {"X": [input], "W": [w], "Label": [label]}
+    if is_custom:
+        inputs.update(PathTable=[path_table], PathCode=[path_code])
+    if bias_attr is not False:
+        inputs["Bias"] = [helper.create_parameter(helper.bias_attr, [nodes, 1], input.dtype,
+                                                  is_bias=True)]
+    out = helper.create_variable_for_type_inference(input.dtype)
+    pre = helper.create_variable_for_type_inference(input.dtype, stop_gradient=True)
+    helper.append_op("hierarchical_sigmoid", inputs=inputs,
+                     outputs={"Out": [out], "PreOut": [pre]},
+                     attrs={"num_classes": int(num_classes), "is_sparse": bool(is_sparse)})
+    return out

@@ -29,6 +29,13 @@ from pdjit.ops import (  # noqa: F401
     trig,
 )
 
-# Fluid 1.8's remaining activations, ranking losses, CTC, reverse and one-level sequence ops
+# Fluid 1.8's remaining activations, ranking losses, CTC, hsigmoid, reverse and sequence ops
 # isort: split
-from pdjit.ops import activation_fluid, ctc, loss_rank, manip, sequence_fluid  # noqa: E402,F401
+from pdjit.ops import (  # noqa: E402,F401
+    activation_fluid,
+    ctc,
+    hsigmoid,
+    loss_rank,
+    manip,
+    sequence_fluid,
+)
