@@ -221,3 +221,44 @@ def test_hsigmoid_layer_trains():
     ls = [float(np.asarray(exe.run(main, feed=feed, fetch_list=[loss], scope=scope)[0])
                 .reshape(-1)[0]) for _ in range(5)]
     assert ls[-1] < ls[0]
+
+
+def test_nce_with_fixed_negatives_and_grad():
+    x = RNG.normal(size=(3, 4))
+    w = RNG.normal(size=(6, 4))
+    b = RNG.normal(size=(6, 1))
+    lab = np.array([[1], [4], [0]], np.int64)
+    sw = np.array([[1.0], [0.5], [2.0]])
+    attrs = {"num_total_classes": 6, "num_neg_samples": 2, "custom_neg_classes": [3, 5]}
+    want = np.zeros((3, 1))
+    for i in range(3):
+        for j, c in enumerate([lab[i, 0], 3, 5]):
+            o = 1 / (1 + np.exp(-(x[i] @ w[c] + b[c, 0])))
+            q = 2 * (1 / 6)
+            want[i, 0] += -np.log(o / (o + q)) if j == 0 else -np.log(q / (o + q))
+        want[i, 0] *= sw[i, 0]
+    ins = {"Input": x, "Label": lab, "Weight": w, "Bias": b, "SampleWeight": sw}
+    got = check_output("nce", ins, attrs, {"Cost": want})
+    np.testing.assert_array_equal(got["SampleLabels"], [[1, 3, 5], [4, 3, 5], [0, 3, 5]])
+    check_grad("nce", ins, attrs, inputs_to_check=("Input", "Weight", "Bias"),
+               output_name="Cost")
+
+
+def test_nce_layer_samples_and_trains():
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        x = fluid.data("x", [-1, 4], "float32")
+        y = fluid.data("y", [-1, 1], "int64")
+        cost = fluid.layers.nce(fluid.layers.fc(x, 8), y, num_total_classes=20,
+                                num_neg_samples=4, sampler="log_uniform", seed=7)
+        loss = fluid.layers.mean(cost)
+        fluid.optimizer.SGD(0.5).minimize(loss)
+        with pytest.raises(LayerInputError, match=r"nce: argument 'sampler'"):
+            fluid.layers.nce(x, y, 20, sampler="custom_dist")
+    exe, scope = Executor(), Scope()
+    exe.run(startup, scope=scope)
+    feed = {"x": RNG.normal(size=(6, 4)).astype(np.float32),
+            "y": RNG.integers(0, 20, size=(6, 1)).astype(np.int64)}
+    ls = [float(np.asarray(exe.run(main, feed=feed, fetch_list=[loss], scope=scope)[0])
+                .reshape(-1)[0]) for _ in range(5)]
+    assert ls[-1] < ls[0] and all(np.isfinite(ls))

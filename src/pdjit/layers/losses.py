@@ -3,7 +3,7 @@
 name, see ``pdjit.ops.loss_rank``), and the losses Fluid 1.8 composes from other layers:
 ``npair_loss``, ``mse_loss``, ``dice_loss`` and ``label_smooth`` (the last as ``scale`` /
 ``elementwise_add`` where Fluid appends a ``label_smooth`` op computing the same values); and
-``hsigmoid`` (``pdjit.ops.hsigmoid``).
+``hsigmoid`` (``pdjit.ops.hsigmoid``) and ``nce`` (``pdjit.ops.nce``).
 """
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pdjit.layers import math_ops, nn, shape_ops, tensor
 from pdjit.layers.layer_helper import LayerHelper, check_dtype, check_variable
 
 __all__ = ["rank_loss", "margin_rank_loss", "bpr_loss", "teacher_student_sigmoid_loss",
-           "npair_loss", "mse_loss", "dice_loss", "label_smooth", "hsigmoid"]
+           "npair_loss", "mse_loss", "dice_loss", "label_smooth", "hsigmoid",
+           "nce"]
 
 _FLOATS = ("float32", "float64")
 
@@ -202,3 +203,48 @@ def hsigmoid(input, label, num_classes, param_attr=None, bias_attr=None, name=No
                      outputs={"Out": [out], "PreOut": [pre]},
                      attrs={"num_classes": int(num_classes), "is_sparse": bool(is_sparse)})
     return out
+
+
+_SAMPLERS = {"uniform": 0, "log_uniform": 1}
+
+
+def nce(input, label, num_total_classes, sample_weight=None, param_attr=None, bias_attr=None,
+        num_neg_samples=None, name=None, sampler="uniform", custom_dist=None, seed=0,
+        is_sparse=False) -> Variable:
+    """Noise-contrastive estimation loss of ``input [N, D]`` for the true classes ``label
+    [N, num_true]`` (int64) against ``num_neg_samples`` (default 10) classes drawn by
+    ``sampler`` ('uniform' or 'log_uniform'), divided by ``num_neg_samples + 1`` as Fluid 1.8
+    returns it: ``[N, 1]``. Parameters ``W [num_total_classes, D]`` and (unless ``bias_attr``
+    is False) ``b [num_total_classes, 1]``; ``seed`` fixes the draws."""
+    layer = "nce"
+    check_variable(input, "input", layer)
+    check_dtype(input, "input", _FLOATS, layer)
+    check_variable(label, "label", layer)
+    check_dtype(label, "label", ("int64",), layer)
+    if sampler not in _SAMPLERS or custom_dist is not None:
+        raise ValueError(f"{layer}: argument 'sampler' must be 'uniform' or 'log_uniform' "
+                         f"(custom_dist is not supported), got {sampler!r}")
+    if len(input.shape) != 2 or input.shape[1] < 0 or len(label.shape) != 2:
+        raise ValueError(f"{layer}: expected input [N, D] with D known and label [N, num_true], "
+                         f"got {list(input.shape)} and {list(label.shape)}")
+    neg = 10 if num_neg_samples is None else int(num_neg_samples)
+    helper = LayerHelper(layer, name=name, param_attr=param_attr, bias_attr=bias_attr)
+    w = helper.create_parameter(helper.param_attr, [num_total_classes, input.shape[1]],
+                                input.dtype)
+    inputs = {"Input": [input], "Label": [label], "Weight": [w]}
+    if bias_attr is not False:
+        inputs["Bias"] = [helper.create_parameter(helper.bias_attr, [num_total_classes, 1],
+                                                  input.dtype, is_bias=True)]
+    if sample_weight is not None:
+        check_variable(sample_weight, "sample_weight", layer)
+        inputs["SampleWeight"] = [sample_weight]
+    cost = helper.create_variable_for_type_inference(input.dtype)
+    logits = helper.create_variable_for_type_inference(input.dtype, stop_gradient=True)
+    labels = helper.create_variable_for_type_inference("int64", stop_gradient=True)
+    helper.append_op("nce", inputs=inputs,
+                     outputs={"Cost": [cost], "SampleLogits": [logits],
+                              "SampleLabels": [labels]},
+                     attrs={"num_total_classes": int(num_total_classes), "num_neg_samples": neg,
+                            "sampler": _SAMPLERS[sampler], "seed": int(seed),
+                            "is_sparse": bool(is_sparse)})
+    return math_ops.scale(cost, scale=1.0 / (neg + 1))

@@ -29,7 +29,7 @@ from pdjit.ops import (  # noqa: F401
     trig,
 )
 
-# Fluid 1.8's remaining activations, ranking losses, CTC, hsigmoid, reverse and sequence ops
+# Fluid 1.8's remaining activations, ranking losses, CTC, hsigmoid, nce, reverse, sequence ops
 # isort: split
 from pdjit.ops import (  # noqa: E402,F401
     activation_fluid,
@@ -37,5 +37,6 @@ from pdjit.ops import (  # noqa: E402,F401
     hsigmoid,
     loss_rank,
     manip,
+    nce,
     sequence_fluid,
 )
