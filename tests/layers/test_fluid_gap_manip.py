@@ -157,3 +157,46 @@ def test_manip_layer_errors():
             fluid.layers.reverse(x, "0")
         with pytest.raises(LayerInputError, match=r"crop: dimension 1: expected 0 <= offset"):
             fluid.layers.crop(x, shape=[-1, 4, 2, 2], offsets=[0, 3, 0, 0])
+
+
+def test_more_layers_against_numpy():
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        ids = fluid.data("ids", [6], "int64")
+        img = fluid.data("img", [1, 2, 4, 6], "float64")
+        fx = fluid.data("fx", [2, 3, 2, 2], "float64")
+        fy = fluid.data("fy", [2, 2, 2, 2], "float64")
+        bx = fluid.data("bx", [2, 3], "float64")
+        by = fluid.data("by", [2, 2], "float64")
+        sid = fluid.data("sid", [5, 1], "int64")
+        u, ui = fluid.layers.unique(ids)
+        uc = fluid.layers.unique_with_counts(ids, dtype="int64")
+        outs = [u, ui, *uc, fluid.layers.image_resize_short(img, 2),
+                fluid.layers.fsp_matrix(fx, fy),
+                fluid.layers.bilinear_tensor_product(bx, by, size=2, bias_attr=False),
+                fluid.layers.get_tensor_from_selected_rows(bx),
+                fluid.layers.merge_selected_rows(bx),
+                fluid.layers.shard_index(sid, index_num=20, nshards=2, shard_id=1)]
+    exe, scope = Executor(), Scope()
+    exe.run(startup, scope=scope)
+    ids_v = np.array([2, 3, 3, 1, 5, 3], np.int64)
+    fxv, fyv = RNG.normal(size=(2, 3, 2, 2)), RNG.normal(size=(2, 2, 2, 2))
+    bxv, byv = RNG.normal(size=(2, 3)), RNG.normal(size=(2, 2))
+    sidv = np.array([[16], [1], [10], [19], [9]], np.int64)
+    feed = {"ids": ids_v, "img": RNG.normal(size=(1, 2, 4, 6)), "fx": fxv, "fy": fyv,
+            "bx": bxv, "by": byv, "sid": sidv}
+    got = exe.run(main, feed=feed, fetch_list=outs, scope=scope)
+    w = np.asarray(scope.find_var("bilinear_tensor_product_0.w_0").value)
+    want = [np.array([2, 3, 1, 5]), np.array([0, 1, 1, 2, 3, 1], np.int32),
+            np.array([2, 3, 1, 5]), np.array([0, 1, 1, 2, 3, 1]), np.array([1, 3, 1, 1]),
+            None,
+            np.einsum("nchw,ndhw->ncd", fxv, fyv) / 4,
+            np.stack([np.einsum("ni,ij,nj->n", bxv, w[k], byv) for k in range(2)], axis=1),
+            bxv, bxv, np.array([[6], [-1], [0], [9], [-1]])]
+    for k, (g, wv) in enumerate(zip(got, want)):
+        if wv is None:
+            assert g.shape == (1, 2, 2, 3)        # 4x6 -> shorter side 2, longer 3
+            continue
+        np.testing.assert_allclose(g, wv, rtol=1e-10, err_msg=f"output {k}")
+        if wv.dtype.kind == "i":
+            assert g.dtype == wv.dtype or k == 0 or k == 2, f"output {k}: {g.dtype}"

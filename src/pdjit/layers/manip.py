@@ -7,8 +7,11 @@ ratio of the shapes), ``rank``, ``size``, ``crop`` / ``crop_tensor`` (a slice),
 ``pad_constant_like`` (a pad), ``eye``, ``diag``, ``reduce_all`` / ``reduce_any`` (min / max of
 the ints), ``multiplex`` (one-hot weighted sum), ``maxout``, ``pixel_shuffle``,
 ``shuffle_channel`` (reshape + transpose), ``lrn`` (a sum of shifted squares) and
-``temporal_shift`` (pads and slices over the time axis). Composed layers need the sizes they
-rearrange to be known when the program is built, and say so otherwise.
+``temporal_shift`` (pads and slices over the time axis), ``image_resize_short``, ``fsp_matrix``,
+``bilinear_tensor_product`` (matmuls), ``shard_index`` (integer arithmetic and ``where``), and
+``get_tensor_from_selected_rows`` / ``merge_selected_rows`` (copies: pdjit keeps sparse values
+dense). ``unique`` / ``unique_with_counts`` append Fluid's ops of those names. Composed layers
+need the sizes they rearrange to be known when the program is built, and say so otherwise.
 """
 from __future__ import annotations
 
@@ -20,7 +23,9 @@ from pdjit.layers.layer_helper import LayerHelper, check_dtype, check_variable
 
 __all__ = ["reverse", "sum", "unstack", "expand_as", "rank", "size", "crop", "crop_tensor",
            "pad_constant_like", "eye", "diag", "reduce_all", "reduce_any", "multiplex",
-           "maxout", "pixel_shuffle", "shuffle_channel", "lrn", "temporal_shift"]
+           "maxout", "pixel_shuffle", "shuffle_channel", "lrn", "temporal_shift", "unique",
+           "unique_with_counts", "image_resize_short", "fsp_matrix", "bilinear_tensor_product",
+           "get_tensor_from_selected_rows", "merge_selected_rows", "shard_index"]
 
 
 def _axes_list(axis, layer: str) -> list:
@@ -341,3 +346,127 @@ def temporal_shift(x, seg_num: int, shift_ratio: float = 0.25, name=None) -> Var
         parts.append(shape_ops.slice(x5, [2], [c2], [c]))
     out = shape_ops.concat(parts, axis=2) if len(parts) > 1 else parts[0]
     return shape_ops.reshape(out, [-1, c, h, w])
+
+
+def unique(x, dtype="int32"):
+    """The distinct values of the 1-D ``x`` in order of first appearance, and for each element
+    of ``x`` the position of its value among them (``dtype`` int32 or int64)."""
+    return _unique("unique", x, dtype)
+
+
+def unique_with_counts(x, dtype="int32"):
+    """``unique``, with how often each distinct value occurs."""
+    return _unique("unique_with_counts", x, dtype)
+
+
+def _unique(op_type, x, dtype):
+    check_variable(x, "x", op_type)
+    codes = {"int32": 2, "int64": 3}
+    if str(np.dtype(dtype)) not in codes:
+        raise TypeError(f"{op_type}: argument 'dtype' must be 'int32' or 'int64', got "
+                        f"{dtype!r}")
+    helper = LayerHelper(op_type)
+    out = helper.create_variable_for_type_inference(x.dtype, stop_gradient=True)
+    index = helper.create_variable_for_type_inference(dtype, stop_gradient=True)
+    outputs = {"Out": [out], "Index": [index]}
+    if op_type == "unique_with_counts":
+        outputs["Count"] = [helper.create_variable_for_type_inference(dtype, stop_gradient=True)]
+    helper.append_op(op_type, inputs={"X": [x]}, outputs=outputs,
+                     attrs={"dtype": codes[str(np.dtype(dtype))]})
+    return tuple(v[0] for v in outputs.values())
+
+
+def image_resize_short(input, out_short_len: int, resample="BILINEAR") -> Variable:
+    """``input`` (``[N, C, H, W]``) resized so that its shorter side is ``out_short_len``,
+    keeping the aspect ratio (the longer side rounded to the nearest pixel)."""
+    check_variable(input, "input", "image_resize_short")
+    if len(input.shape) != 4:
+        raise ValueError(f"image_resize_short: expected a 4-D input, got {list(input.shape)}")
+    _known(input, [2, 3], "image_resize_short", "the height and width")
+    hw = list(input.shape[2:])
+    short = 0 if hw[0] <= hw[1] else 1
+    out = [0, 0]
+    out[short] = int(out_short_len)
+    out[1 - short] = int(float(hw[1 - short]) * (out_short_len / float(hw[short])) + 0.5)
+    return image.image_resize(input, out_shape=out, resample=resample)
+
+
+def fsp_matrix(x, y) -> Variable:
+    """The flow-of-solution-procedure matrix of feature maps ``x [N, C1, H, W]`` and ``y [N,
+    C2, H, W]``: ``[N, C1, C2]``, the channel-by-channel inner products over the H * W
+    positions divided by H * W."""
+    check_variable(x, "x", "fsp_matrix")
+    check_variable(y, "y", "fsp_matrix")
+    if len(x.shape) != 4 or len(y.shape) != 4:
+        raise ValueError(f"fsp_matrix: expected 4-D x and y, got {list(x.shape)} and "
+                         f"{list(y.shape)}")
+    _known(x, [1, 2, 3], "fsp_matrix", "the channels, height and width")
+    _known(y, [1], "fsp_matrix", "the channels")
+    hw = x.shape[2] * x.shape[3]
+    a = shape_ops.reshape(x, [-1, x.shape[1], hw])
+    b = shape_ops.reshape(y, [-1, y.shape[1], hw])
+    from pdjit.layers.nn import matmul
+
+    return matmul(a, b, transpose_y=True, alpha=1.0 / hw)
+
+
+def bilinear_tensor_product(x, y, size: int, act=None, name=None, param_attr=None,
+                            bias_attr=None) -> Variable:
+    """``out[:, i] = x W_i y^T + b_i`` for ``i < size`` with a learnt ``W [size, Dx, Dy]`` and
+    ``b [1, size]``; ``act`` applied last."""
+    layer = "bilinear_tensor_product"
+    check_variable(x, "x", layer)
+    check_variable(y, "y", layer)
+    if len(x.shape) != 2 or len(y.shape) != 2 or x.shape[1] < 0 or y.shape[1] < 0:
+        raise ValueError(f"{layer}: expected x [N, Dx] and y [N, Dy] with known widths, got "
+                         f"{list(x.shape)} and {list(y.shape)}")
+    dx, dy = x.shape[1], y.shape[1]
+    helper = LayerHelper(layer, name=name, param_attr=param_attr, bias_attr=bias_attr, act=act)
+    w = helper.create_parameter(helper.param_attr, [size, dx, dy], x.dtype)
+    from pdjit.layers.nn import matmul
+
+    wt = shape_ops.reshape(shape_ops.transpose(w, [1, 0, 2]), [dx, size * dy])
+    xw = shape_ops.reshape(matmul(x, wt), [-1, size, dy])                # [N, size, Dy]
+    out = shape_ops.reduce_sum(math_ops.elementwise_mul(xw, shape_ops.unsqueeze(y, [1])),
+                               dim=2)
+    if bias_attr is not False:
+        b = helper.create_parameter(helper.bias_attr, [1, size], x.dtype, is_bias=True)
+        out = math_ops.elementwise_add(out, b)
+    return helper.append_activation(out)
+
+
+def get_tensor_from_selected_rows(x, name=None) -> Variable:
+    """The dense tensor of a sparse (SelectedRows) value. pdjit keeps every value dense (a
+    sparse gradient is a dense tensor), so this is a copy of ``x``."""
+    check_variable(x, "x", "get_tensor_from_selected_rows")
+    return tensor.assign(x)
+
+
+def merge_selected_rows(x, name=None) -> Variable:
+    """A SelectedRows value with its duplicate rows summed. pdjit keeps every value dense (rows
+    already summed), so this is a copy of ``x``."""
+    check_variable(x, "x", "merge_selected_rows")
+    return tensor.assign(x)
+
+
+def shard_index(input, index_num: int, nshards: int, shard_id: int, ignore_value: int = -1):
+    """For ids ``input`` (int) of a table of ``index_num`` rows cut into ``nshards`` shards of
+    ``ceil(index_num / nshards)`` rows: the id within shard ``shard_id``, or ``ignore_value``
+    for ids of other shards."""
+    layer = "shard_index"
+    check_variable(input, "input", layer)
+    check_dtype(input, "input", ("int32", "int64"), layer)
+    if nshards < 1 or not 0 <= shard_id < nshards or index_num < 1:
+        raise ValueError(f"{layer}: expected index_num >= 1, nshards >= 1 and 0 <= shard_id < "
+                         f"nshards, got {index_num}, {nshards}, {shard_id}")
+    size = (index_num + nshards - 1) // nshards
+    dt = input.dtype
+
+    def const(v):
+        return tensor.fill_constant([1], dt, int(v))
+
+    mine = math_ops.equal(math_ops.elementwise_floordiv(input, const(size)), const(shard_id))
+    zeros = tensor.zeros_like(input)
+    local = math_ops.elementwise_sub(input, const(shard_id * size))
+    other = math_ops.elementwise_add(zeros, const(ignore_value))
+    return shape_ops.where(mine, local, other)
