@@ -1,7 +1,7 @@
 """The rest of Fluid 1.8's unary activations and math functions, with their gradients:
 ``brelu``, ``soft_relu``, ``stanh``, ``hard_shrink``, ``softshrink``, ``thresholded_relu``,
-``logsigmoid``, ``softsign``, ``tanh_shrink``, ``acos``, ``asin``, ``atan``, ``round``, ``erf``
-and ``pow``.
+``logsigmoid``, ``softsign``, ``tanh_shrink``, ``acos``, ``asin``, ``atan``, ``round``, ``erf``,
+``pow`` and ``log1p``.
 
 Op types, attribute names and defaults are Fluid 1.8's (``softshrink``'s threshold is the
 attribute ``lambda``). Each is an elementwise op with a scalar template (see
@@ -122,3 +122,5 @@ _unary("pow", lambda x, factor: np.power(x, _f(x, factor)), "{X} ** {T}({factor}
        domain="positive",
        grad=("X", lambda x, g, factor: g * _f(x, factor) * np.power(x, _f(x, factor - 1)),
              "{Out@GRAD} * {T}({factor}) * {X} ** ({T}({factor}) - {T}(1))"))
+_unary("log1p", np.log1p, "_m.log1p({X})", doc="Out = ln(1 + X)", domain="positive",
+       grad=("X", lambda x, g: g / (1 + x), "{Out@GRAD} / ({T}(1) + {X})"))
