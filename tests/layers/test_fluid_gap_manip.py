@@ -200,3 +200,57 @@ def test_more_layers_against_numpy():
         np.testing.assert_allclose(g, wv, rtol=1e-10, err_msg=f"output {k}")
         if wv.dtype.kind == "i":
             assert g.dtype == wv.dtype or k == 0 or k == 2, f"output {k}: {g.dtype}"
+
+
+def test_last_batch_against_numpy():
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        x = fluid.data("x", [3, 4], "float64")
+        idx = fluid.data("idx", [3, 1], "int64")
+        upd = fluid.data("upd", [3, 4], "float64")
+        pred = fluid.data("pred", [6], "int64")
+        lab = fluid.data("lab", [6], "int64")
+        theta = fluid.data("theta", [2, 2, 3], "float64")
+        probs = fluid.data("probs", [4, 3], "float64")
+        seq = fluid.data("seq", [-1, 2], "float64", lod_level=1)
+        miou = fluid.layers.mean_iou(pred, lab, 3)
+        outs = [fluid.layers.clip_by_norm(x, 1.0),
+                fluid.layers.scatter_nd_add(x, idx, upd),
+                fluid.layers.scatter_nd(idx, upd, [3, 4]),
+                fluid.layers.strided_slice(x, [0, 1], [2, -1], [-4, 0], [-1, -2]),
+                *miou,
+                fluid.layers.affine_grid(theta, [2, 1, 2, 3]),
+                fluid.layers.sampling_id(probs, seed=3),
+                fluid.layers.randint(2, 5, shape=[50], seed=1),
+                fluid.layers.interpolate(fluid.layers.reshape(x, [1, 1, 3, 4]), out_shape=[6, 8]),
+                fluid.layers.lod_append(seq, [0, 1, 2, 3, 4, 5])]
+    xv = RNG.normal(size=(3, 4))
+    idxv = np.array([[2], [0], [2]], np.int64)
+    updv = RNG.normal(size=(3, 4))
+    th = RNG.normal(size=(2, 2, 3))
+    pv, lv = np.array([0, 1, 1, 2, 0, 2]), np.array([0, 1, 2, 2, 1, 2])
+    pr = np.array([[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0], [0, 1.0, 0]])
+    from pdjit.runtime.tensor import LoDTensor
+    feed = {"x": xv, "idx": idxv, "upd": updv, "pred": pv, "lab": lv, "theta": th,
+            "probs": pr, "seq": LoDTensor(RNG.normal(size=(5, 2)), [[0, 2, 4, 5]])}
+    got = Executor().run(main, feed=feed, fetch_list=outs, scope=Scope(), return_numpy=False)
+    got = [np.asarray(g) for g in got[:-1]] + [got[-1]]
+    snd = xv.copy()
+    np.add.at(snd, idxv[:, 0], updv)
+    zeros = np.zeros((3, 4))
+    np.add.at(zeros, idxv[:, 0], updv)
+    norm = np.sqrt((xv ** 2).sum())
+    gx, gy = np.meshgrid(np.linspace(-1, 1, 3), np.linspace(-1, 1, 2))
+    grid = np.stack([np.stack([t[0, 0] * gx + t[0, 1] * gy + t[0, 2],
+                               t[1, 0] * gx + t[1, 1] * gy + t[1, 2]], -1) for t in th])
+    # classes 0: 1 correct, 1 wrong (pred 0 / label 1 at 4); 1: 1 correct, 2 wrong; 2: 2, 1
+    correct, wrong = np.array([1, 1, 2]), np.array([1, 2, 1])
+    want = [xv * min(1.0, 1.0 / norm), snd, zeros, xv[2:-4:-1, -1:0:-2],
+            [np.mean(correct / (correct + wrong))], wrong, correct, grid,
+            np.array([0, 1, 2, 1])]
+    for k, w in enumerate(want):
+        np.testing.assert_allclose(got[k], w, rtol=1e-6, err_msg=f"output {k}")
+    r = got[9]
+    assert r.dtype == np.int64 and r.min() >= 2 and r.max() <= 4 and len(set(r.tolist())) == 3
+    assert got[10].shape == (1, 1, 6, 8)
+    assert got[11].lod() == [[0, 2, 4, 5], [0, 1, 2, 3, 4, 5]]

@@ -10,8 +10,12 @@ the ints), ``multiplex`` (one-hot weighted sum), ``maxout``, ``pixel_shuffle``,
 ``temporal_shift`` (pads and slices over the time axis), ``image_resize_short``, ``fsp_matrix``,
 ``bilinear_tensor_product`` (matmuls), ``shard_index`` (integer arithmetic and ``where``), and
 ``get_tensor_from_selected_rows`` / ``merge_selected_rows`` (copies: pdjit keeps sparse values
-dense). ``unique`` / ``unique_with_counts`` append Fluid's ops of those names. Composed layers
-need the sizes they rearrange to be known when the program is built, and say so otherwise.
+dense), ``clip_by_norm``, ``randint``, ``scatter_nd`` (into zeros) and ``affine_grid`` (a matmul
+with the constant base grid); ``interpolate`` is ``image_resize``, ``lod_append`` a
+``lod_reset`` with ``append``. ``unique`` / ``unique_with_counts``, ``scatter_nd_add``,
+``strided_slice``, ``mean_iou`` and ``sampling_id`` append Fluid's ops of those names.
+Composed layers need the sizes they rearrange to be known when the program is built, and say
+so otherwise.
 """
 from __future__ import annotations
 
@@ -25,7 +29,9 @@ __all__ = ["reverse", "sum", "unstack", "expand_as", "rank", "size", "crop", "cr
            "pad_constant_like", "eye", "diag", "reduce_all", "reduce_any", "multiplex",
            "maxout", "pixel_shuffle", "shuffle_channel", "lrn", "temporal_shift", "unique",
            "unique_with_counts", "image_resize_short", "fsp_matrix", "bilinear_tensor_product",
-           "get_tensor_from_selected_rows", "merge_selected_rows", "shard_index"]
+           "get_tensor_from_selected_rows", "merge_selected_rows", "shard_index", "interpolate",
+           "clip_by_norm", "lod_append", "randint", "scatter_nd_add", "scatter_nd",
+           "strided_slice", "mean_iou", "sampling_id", "affine_grid"]
 
 
 def _axes_list(axis, layer: str) -> list:
@@ -470,3 +476,142 @@ def shard_index(input, index_num: int, nshards: int, shard_id: int, ignore_value
     local = math_ops.elementwise_sub(input, const(shard_id * size))
     other = math_ops.elementwise_add(zeros, const(ignore_value))
     return shape_ops.where(mine, local, other)
+
+
+def interpolate(input, out_shape=None, scale=None, name=None, resample="BILINEAR",
+                actual_shape=None, align_corners=True, align_mode=1, data_format="NCHW"):
+    """Fluid 1.8's other name of ``image_resize`` (same arguments)."""
+    return image.image_resize(input, out_shape=out_shape, scale=scale, name=name,
+                              resample=resample, actual_shape=actual_shape,
+                              align_corners=align_corners, align_mode=align_mode,
+                              data_format=data_format)
+
+
+def clip_by_norm(x, max_norm, name=None) -> Variable:
+    """``x`` scaled down to L2 norm ``max_norm`` when its norm is larger, else ``x``."""
+    check_variable(x, "x", "clip_by_norm")
+    check_dtype(x, "x", ("float32", "float64"), "clip_by_norm")
+    norm = math_ops.sqrt(shape_ops.reduce_sum(math_ops.square(x)))
+    limit = tensor.fill_constant([1], x.dtype, float(max_norm))
+    factor = math_ops.elementwise_div(limit, math_ops.elementwise_max(
+        shape_ops.reshape(norm, [1]), limit))
+    return math_ops.elementwise_mul(x, factor)
+
+
+def lod_append(x, level) -> Variable:
+    """``x`` with a LoD level added below its own: ``level`` as offsets (a list), or a
+    Variable's LoD (or values as offsets)."""
+    from pdjit.layers.sequence import _one
+
+    check_variable(x, "x", "lod_append")
+    if isinstance(level, Variable):
+        return _one("lod_reset", x, "lod_append", attrs={"append": True},
+                    extra_inputs={"Y": [level]})
+    if not isinstance(level, (list, tuple)) or not level:
+        raise ValueError(f"lod_append: argument 'level' must be a non-empty list of offsets or "
+                         f"a Variable, got {level!r}")
+    return _one("lod_reset", x, "lod_append",
+                attrs={"target_lod": [int(v) for v in level], "append": True})
+
+
+def randint(low=0, high=None, shape=None, out=None, dtype=None, device=None,
+            stop_gradient=False, seed=0, name=None) -> Variable:
+    """Integers drawn uniformly from ``[low, high)`` (``[0, low)`` when ``high`` is None)."""
+    from pdjit.layers import misc
+
+    lo, hi = (0, low) if high is None else (low, high)
+    if not hi > lo:
+        raise ValueError(f"randint: expected low < high, got [{lo}, {hi})")
+    shape = [1] if shape is None else list(shape)
+    u = misc.uniform_random(shape, "float64", float(lo), float(hi), seed=int(seed))
+    v = tensor.cast(math_ops.floor(u), dtype or "int64")
+    v.stop_gradient = True
+    return v
+
+
+def scatter_nd_add(ref, index, updates, name=None) -> Variable:
+    """``ref`` with ``updates[i]`` added at each index tuple ``index[i]`` (``index [..., k]``
+    addressing ``ref``'s first ``k`` axes)."""
+    for arg, v in (("ref", ref), ("index", index), ("updates", updates)):
+        check_variable(v, arg, "scatter_nd_add")
+    helper = LayerHelper("scatter_nd_add", name=name)
+    out = helper.create_variable_for_type_inference(ref.dtype)
+    helper.append_op("scatter_nd_add", inputs={"X": [ref], "Index": [index],
+                                               "Updates": [updates]}, outputs={"Out": [out]})
+    return out
+
+
+def scatter_nd(index, updates, shape, name=None) -> Variable:
+    """A zero tensor of ``shape`` with ``updates`` added at ``index`` (``scatter_nd_add`` into
+    zeros)."""
+    check_variable(updates, "updates", "scatter_nd")
+    zeros = tensor.fill_constant(list(shape), updates.dtype, 0.0)
+    return scatter_nd_add(zeros, index, updates, name=name)
+
+
+def strided_slice(input, axes, starts, ends, strides) -> Variable:
+    """``input[start:end:stride]`` along each of ``axes`` (lists of ints)."""
+    check_variable(input, "input", "strided_slice")
+    vals = [axes, starts, ends, strides]
+    if any(isinstance(v, Variable) or not isinstance(v, (list, tuple)) for v in vals) or any(
+            isinstance(i, Variable) for v in vals for i in v):
+        raise TypeError("strided_slice: axes, starts, ends and strides must be lists of ints "
+                        "(Variables are not supported)")
+    helper = LayerHelper("strided_slice")
+    out = helper.create_variable_for_type_inference(input.dtype)
+    helper.append_op("strided_slice", inputs={"Input": [input]}, outputs={"Out": [out]},
+                     attrs={"axes": [int(a) for a in axes], "starts": [int(a) for a in starts],
+                            "ends": [int(a) for a in ends],
+                            "strides": [int(a) for a in strides],
+                            "infer_flags": [1] * len(axes), "decrease_axis": []})
+    return out
+
+
+def mean_iou(input, label, num_classes):
+    """Mean intersection-over-union of predicted classes ``input`` against ``label``:
+    ``(mean_iou [1] float32, out_wrong [num_classes] int32, out_correct [num_classes]
+    int32)``."""
+    check_variable(input, "input", "mean_iou")
+    check_variable(label, "label", "mean_iou")
+    helper = LayerHelper("mean_iou")
+    miou = helper.create_variable_for_type_inference("float32", stop_gradient=True)
+    wrong = helper.create_variable_for_type_inference("int32", stop_gradient=True)
+    correct = helper.create_variable_for_type_inference("int32", stop_gradient=True)
+    helper.append_op("mean_iou", inputs={"Predictions": [input], "Labels": [label]},
+                     outputs={"OutMeanIou": [miou], "OutWrong": [wrong],
+                              "OutCorrect": [correct]},
+                     attrs={"num_classes": int(num_classes)})
+    return miou, wrong, correct
+
+
+def sampling_id(x, min=0.0, max=1.0, seed=0, dtype="float32") -> Variable:  # noqa: A002
+    """For each row of probabilities ``x [N, C]``, a column drawn with those probabilities:
+    int64 ``[N]``."""
+    check_variable(x, "x", "sampling_id")
+    helper = LayerHelper("sampling_id")
+    out = helper.create_variable_for_type_inference("int64", stop_gradient=True)
+    helper.append_op("sampling_id", inputs={"X": [x]}, outputs={"Out": [out]},
+                     attrs={"min": float(min), "max": float(max), "seed": int(seed)})
+    return out
+
+
+def affine_grid(theta, out_shape, name=None) -> Variable:
+    """The sampling grid ``[N, H, W, 2]`` of the affine maps ``theta [N, 2, 3]`` over an
+    ``out_shape`` (``[N, C, H, W]``, a list) image: the (x, y) each output pixel reads, in
+    [-1, 1] coordinates with the corners at -1 and 1."""
+    check_variable(theta, "theta", "affine_grid")
+    if isinstance(out_shape, Variable) or len(out_shape) != 4:
+        raise TypeError(f"affine_grid: argument 'out_shape' must be a list [N, C, H, W], got "
+                        f"{out_shape!r}")
+    h, w = int(out_shape[2]), int(out_shape[3])
+    xs = np.linspace(-1.0, 1.0, w) if w > 1 else np.array([-1.0])
+    ys = np.linspace(-1.0, 1.0, h) if h > 1 else np.array([-1.0])
+    gx, gy = np.meshgrid(xs, ys)                                  # [H, W]
+    base = np.stack([gx.reshape(-1), gy.reshape(-1), np.ones(h * w)])   # [3, H * W]
+    from pdjit.layers.nn import matmul
+
+    b = tensor.assign(base.astype(np.float32))
+    if str(np.dtype(theta.dtype)) != "float32":
+        b = tensor.cast(b, theta.dtype)
+    grid = matmul(shape_ops.reshape(theta, [-1, 2, 3]), b)         # [N, 2, H * W]
+    return shape_ops.reshape(shape_ops.transpose(grid, [0, 2, 1]), [-1, h, w, 2])
