@@ -13,7 +13,7 @@ the ints), ``multiplex`` (one-hot weighted sum), ``maxout``, ``pixel_shuffle``,
 dense), ``clip_by_norm``, ``randint``, ``scatter_nd`` (into zeros) and ``affine_grid`` (a matmul
 with the constant base grid); ``interpolate`` is ``image_resize``, ``lod_append`` a
 ``lod_reset`` with ``append``. ``unique`` / ``unique_with_counts``, ``scatter_nd_add``,
-``strided_slice``, ``mean_iou`` and ``sampling_id`` append Fluid's ops of those names.
+``strided_slice``, ``mean_iou``, ``sampling_id`` and ``grid_sampler`` append Fluid's ops.
 Composed layers need the sizes they rearrange to be known when the program is built, and say
 so otherwise.
 """
@@ -31,7 +31,7 @@ __all__ = ["reverse", "sum", "unstack", "expand_as", "rank", "size", "crop", "cr
            "unique_with_counts", "image_resize_short", "fsp_matrix", "bilinear_tensor_product",
            "get_tensor_from_selected_rows", "merge_selected_rows", "shard_index", "interpolate",
            "clip_by_norm", "lod_append", "randint", "scatter_nd_add", "scatter_nd",
-           "strided_slice", "mean_iou", "sampling_id", "affine_grid"]
+           "strided_slice", "mean_iou", "sampling_id", "affine_grid", "grid_sampler"]
 
 
 def _axes_list(axis, layer: str) -> list:
@@ -615,3 +615,16 @@ def affine_grid(theta, out_shape, name=None) -> Variable:
         b = tensor.cast(b, theta.dtype)
     grid = matmul(shape_ops.reshape(theta, [-1, 2, 3]), b)         # [N, 2, H * W]
     return shape_ops.reshape(shape_ops.transpose(grid, [0, 2, 1]), [-1, h, w, 2])
+
+
+def grid_sampler(x, grid, name=None) -> Variable:
+    """``x`` (``[N, C, H, W]``) sampled bilinearly at the points of ``grid`` (``[N, H', W',
+    2]``, (x, y) in [-1, 1] with the image's corners at -1 and 1; zeros outside the image):
+    ``[N, C, H', W']``. Differentiable in both."""
+    check_variable(x, "x", "grid_sampler")
+    check_variable(grid, "grid", "grid_sampler")
+    helper = LayerHelper("grid_sampler", name=name)
+    out = helper.create_variable_for_type_inference(x.dtype)
+    helper.append_op("grid_sampler", inputs={"X": [x], "Grid": [grid]},
+                     outputs={"Output": [out]})
+    return out
