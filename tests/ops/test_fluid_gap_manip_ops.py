@@ -69,3 +69,19 @@ def test_identity_spatial_transformer_layers():
     eye = np.tile(np.array([[1, 0, 0], [0, 1, 0]], np.float32), (2, 1, 1))
     got, = Executor().run(main, feed={"img": x, "theta": eye}, fetch_list=[out], scope=Scope())
     np.testing.assert_allclose(got, x, rtol=1e-5, atol=1e-6)
+
+
+def test_unfold_output_and_grad():
+    x = RNG.normal(size=(2, 2, 4, 5))
+    attrs = {"kernel_sizes": [2, 2], "strides": [1, 2], "paddings": [1, 0, 0, 1],
+             "dilations": [2, 1]}
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 0), (0, 1)))
+    oh = (5 - (2 * 1 + 1)) // 1 + 1
+    ow = (6 - 2) // 2 + 1
+    cols = []
+    for i in range(oh):
+        for j in range(ow):
+            cols.append(xp[:, :, i:i + 3:2, 2 * j:2 * j + 2].reshape(2, -1))
+    want = np.stack(cols, axis=2)
+    check_output("unfold", {"X": x}, attrs, {"Y": want})
+    check_grad("unfold", {"X": x}, attrs, output_name="Y")

@@ -31,7 +31,8 @@ __all__ = ["reverse", "sum", "unstack", "expand_as", "rank", "size", "crop", "cr
            "unique_with_counts", "image_resize_short", "fsp_matrix", "bilinear_tensor_product",
            "get_tensor_from_selected_rows", "merge_selected_rows", "shard_index", "interpolate",
            "clip_by_norm", "lod_append", "randint", "scatter_nd_add", "scatter_nd",
-           "strided_slice", "mean_iou", "sampling_id", "affine_grid", "grid_sampler"]
+           "strided_slice", "mean_iou", "sampling_id", "affine_grid", "grid_sampler",
+           "unfold"]
 
 
 def _axes_list(axis, layer: str) -> list:
@@ -627,4 +628,34 @@ def grid_sampler(x, grid, name=None) -> Variable:
     out = helper.create_variable_for_type_inference(x.dtype)
     helper.append_op("grid_sampler", inputs={"X": [x], "Grid": [grid]},
                      outputs={"Output": [out]})
+    return out
+
+
+def unfold(x, kernel_sizes, strides=1, paddings=0, dilations=1, name=None) -> Variable:
+    """im2col: the ``kernel_sizes`` patches of ``x`` (``[N, C, H, W]``) as the columns of
+    ``[N, C * kh * kw, L]``. ``paddings``: an int, [h, w] or [top, left, bottom, right]."""
+    layer = "unfold"
+    check_variable(x, "x", layer)
+
+    def pair(v, arg):
+        v = [v, v] if isinstance(v, int) and not isinstance(v, bool) else list(v)
+        if len(v) != 2:
+            raise ValueError(f"{layer}: argument {arg!r} must be an int or 2 ints, got {v!r}")
+        return [int(i) for i in v]
+
+    if isinstance(paddings, int) and not isinstance(paddings, bool):
+        pads = [paddings] * 4
+    elif len(paddings) == 2:
+        pads = [paddings[0], paddings[1], paddings[0], paddings[1]]
+    elif len(paddings) == 4:
+        pads = [int(p) for p in paddings]
+    else:
+        raise ValueError(f"{layer}: argument 'paddings' must be an int, 2 or 4 ints, got "
+                         f"{paddings!r}")
+    helper = LayerHelper(layer, name=name)
+    out = helper.create_variable_for_type_inference(x.dtype)
+    helper.append_op(layer, inputs={"X": [x]}, outputs={"Y": [out]},
+                     attrs={"kernel_sizes": pair(kernel_sizes, "kernel_sizes"),
+                            "strides": pair(strides, "strides"), "paddings": pads,
+                            "dilations": pair(dilations, "dilations")})
     return out

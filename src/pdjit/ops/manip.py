@@ -1,5 +1,5 @@
 """Fluid 1.8's ``reverse``, ``unique``, ``unique_with_counts``, ``scatter_nd_add``,
-``strided_slice``, ``mean_iou`` and ``sampling_id`` ops (each described above its
+``strided_slice``, ``mean_iou``, ``sampling_id`` and ``unfold`` ops (each described above its
 definition; all but ``reverse`` run their NumPy references).
 
 ``reverse``: ``X`` with the order of its elements reversed along each axis in ``axis``; its
@@ -23,7 +23,7 @@ from pdjit.framework.registry import (
     grad_var_name,
     register_op,
 )
-from pdjit.ops._common import NUMERIC, check_dtype
+from pdjit.ops._common import FLOATS, NUMERIC, check_dtype
 
 
 def _axes(axis, rank: int) -> list:
@@ -300,3 +300,69 @@ register_op(
     infer_shape=lambda X, **_: {"Out": VarMeta((X.shape[0],), np.int64)},
     reference=_sid_ref, emit=None, grad=None,
     doc="A column of each row drawn with the row's probabilities.")
+
+
+# ---- unfold (im2col) ---------------------------------------------------------------------------
+# X [N, C, H, W] -> Y [N, C * kh * kw, L]: column l (output positions row by row) holds the
+# patch at that position, its values in (channel, kernel row, kernel column) order; paddings
+# [top, left, bottom, right], dilations spread the kernel taps.
+_UNFOLD_ATTRS = {"kernel_sizes": Ints(REQUIRED, choices=([2, 2], [1, 2])),
+                 "strides": Ints([1, 1], choices=([1, 1], [2, 1])),
+                 "paddings": Ints([0, 0, 0, 0], choices=([0, 0, 0, 0], [1, 0, 1, 0])),
+                 "dilations": Ints([1, 1], choices=([1, 1],))}
+
+
+def _unfold_index(X_shape, kernel_sizes, strides, paddings, dilations):
+    from pdjit.ops.sequence_fluid import _im2seq_index
+
+    index, per, padded = _im2seq_index(X_shape, kernel_sizes, strides, paddings, dilations)
+    n = X_shape[0]
+    return index.reshape(n, per, -1).transpose(0, 2, 1), padded      # [N, C*kh*kw, L]
+
+
+def _unfold_infer(X, *, kernel_sizes, strides, paddings, dilations):
+    check_dtype(X, FLOATS, "unfold: input X")
+    if X.ndim != 4 or len(kernel_sizes) != 2 or len(paddings) != 4:
+        raise ShapeMismatch(f"unfold: expected X [N, C, H, W], 2 kernel sizes and 4 paddings, "
+                            f"got {list(X.shape)}, {kernel_sizes}, {paddings}")
+    c = X.shape[1] * kernel_sizes[0] * kernel_sizes[1] if X.shape[1] >= 0 else -1
+    return {"Y": VarMeta((X.shape[0], c, -1), X.dtype)}
+
+
+def _pad4(X, p):
+    return np.pad(X, ((0, 0), (0, 0), (p[0], p[2]), (p[1], p[3])))
+
+
+def _unfold_ref(X, **a):
+    index, _ = _unfold_index(X.shape, a["kernel_sizes"], a["strides"], a["paddings"],
+                             a["dilations"])
+    return {"Y": _pad4(X, a["paddings"]).reshape(-1)[index]}
+
+
+def _unfold_grad_ref(X, **kw):
+    g = kw["Y@GRAD"]
+    p = kw["paddings"]
+    index, (hp, wp) = _unfold_index(X.shape, kw["kernel_sizes"], kw["strides"], p,
+                                    kw["dilations"])
+    if g.shape != index.shape:
+        raise ShapeMismatch(f"unfold_grad: expected Y@GRAD of shape {list(index.shape)}, got "
+                            f"{list(g.shape)}")
+    padded = np.zeros(X.shape[0] * X.shape[1] * hp * wp)
+    np.add.at(padded, index.reshape(-1), g.reshape(-1))
+    padded = padded.reshape(X.shape[0], X.shape[1], hp, wp)
+    return {"X@GRAD": padded[:, :, p[0]:p[0] + X.shape[2], p[1]:p[1] + X.shape[3]]
+            .astype(X.dtype)}
+
+
+register_op(
+    "unfold", inputs=["X"], outputs=["Y"], attrs=_UNFOLD_ATTRS, traits=[OPAQUE],
+    infer_shape=_unfold_infer, reference=_unfold_ref, emit=None,
+    grad=lambda op: [GradOpSpec(
+        "unfold_grad", {"X": op.input("X"), "Y@GRAD": [grad_var_name(n) for n in op.output("Y")]},
+        {"X@GRAD": [grad_var_name(n) for n in op.input("X")]},
+        {k: v for k, v in op.all_attrs().items() if k in _UNFOLD_ATTRS})],
+    doc="The kernel-sized patches of X as columns (im2col).")
+register_op(
+    "unfold_grad", inputs=["X", "Y@GRAD"], outputs=["X@GRAD?"], attrs=dict(_UNFOLD_ATTRS),
+    traits=[OPAQUE], infer_shape=lambda X, **_: {"X@GRAD": X}, reference=_unfold_grad_ref,
+    emit=None, grad=None, doc="X@GRAD: each column's gradient added back where it was read.")

@@ -296,9 +296,9 @@ _IM2SEQ_ATTRS = {"kernels": Ints(REQUIRED, choices=([2, 2], [1, 2])),
                  "out_stride": Ints([1, 1], choices=([1, 1],))}
 
 
-def _im2seq_grid(h, w, kernels, strides, paddings):
-    oh = (h + paddings[0] + paddings[2] - kernels[0]) // strides[0] + 1
-    ow = (w + paddings[1] + paddings[3] - kernels[1]) // strides[1] + 1
+def _im2seq_grid(h, w, kernels, strides, paddings, dilations=(1, 1)):
+    oh = (h + paddings[0] + paddings[2] - (dilations[0] * (kernels[0] - 1) + 1)) // strides[0] + 1
+    ow = (w + paddings[1] + paddings[3] - (dilations[1] * (kernels[1] - 1) + 1)) // strides[1] + 1
     return oh, ow
 
 
@@ -311,19 +311,19 @@ def _im2seq_infer(X, *, kernels, strides, paddings, out_stride):
     return {"Out": VarMeta((-1, c * kernels[0] * kernels[1] if c >= 0 else -1), X.dtype, 1)}
 
 
-def _im2seq_index(shape, kernels, strides, paddings):
+def _im2seq_index(shape, kernels, strides, paddings, dilations=(1, 1)):
     """For each (output row, column) of Out, the flat index into the zero-padded X."""
     n, c, h, w = shape
-    oh, ow = _im2seq_grid(h, w, kernels, strides, paddings)
+    oh, ow = _im2seq_grid(h, w, kernels, strides, paddings, dilations)
     if oh < 1 or ow < 1:
-        raise ShapeMismatch(f"im2sequence: image {h}x{w} with paddings {paddings} is smaller "
-                            f"than the kernel {kernels}")
+        raise ShapeMismatch(f"image {h}x{w} with paddings {paddings} is smaller than the "
+                            f"kernel {kernels} (dilations {list(dilations)})")
     hp, wp = h + paddings[0] + paddings[2], w + paddings[1] + paddings[3]
     i, j = np.meshgrid(np.arange(oh) * strides[0], np.arange(ow) * strides[1], indexing="ij")
     ch, ki, kj = np.meshgrid(np.arange(c), np.arange(kernels[0]), np.arange(kernels[1]),
                              indexing="ij")
-    rows = i.reshape(-1, 1) + ki.reshape(1, -1)
-    cols = j.reshape(-1, 1) + kj.reshape(1, -1)
+    rows = i.reshape(-1, 1) + ki.reshape(1, -1) * dilations[0]
+    cols = j.reshape(-1, 1) + kj.reshape(1, -1) * dilations[1]
     per_image = (ch.reshape(1, -1) * hp + rows) * wp + cols          # [oh * ow, c * kh * kw]
     base = np.arange(n).reshape(n, 1, 1) * (c * hp * wp)
     return (base + per_image[None]).reshape(n * oh * ow, -1), oh * ow, (hp, wp)
