@@ -31,3 +31,17 @@ from pdjit.ops import (  # noqa: F401
     similarity,
     trig,
 )
+
+# Fluid 1.8's remaining activations, ranking losses, CTC, grid sampling, hsigmoid,
+# nce, reverse, sequence ops
+# isort: split
+from pdjit.ops import (  # noqa: E402,F401
+    activation_fluid,
+    ctc,
+    grid_sample,
+    hsigmoid,
+    loss_rank,
+    manip,
+    nce,
+    sequence_fluid,
+)

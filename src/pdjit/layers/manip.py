@@ -1,0 +1,661 @@
+"""Fluid 1.8's remaining tensor-manipulation and channel-rearranging layers.
+
+``reverse`` appends Fluid's ``reverse`` op and ``sum`` its ``sum`` op. The others are composed
+of existing layers (so they run natively and have gradients), computing what Fluid 1.8's op of
+the same name computes: ``unstack`` (split + squeeze), ``expand_as`` (tiling by the static
+ratio of the shapes), ``rank``, ``size``, ``crop`` / ``crop_tensor`` (a slice),
+``pad_constant_like`` (a pad), ``eye``, ``diag``, ``reduce_all`` / ``reduce_any`` (min / max of
+the ints), ``multiplex`` (one-hot weighted sum), ``maxout``, ``pixel_shuffle``,
+``shuffle_channel`` (reshape + transpose), ``lrn`` (a sum of shifted squares) and
+``temporal_shift`` (pads and slices over the time axis), ``image_resize_short``, ``fsp_matrix``,
+``bilinear_tensor_product`` (matmuls), ``shard_index`` (integer arithmetic and ``where``), and
+``get_tensor_from_selected_rows`` / ``merge_selected_rows`` (copies: pdjit keeps sparse values
+dense), ``clip_by_norm``, ``randint``, ``scatter_nd`` (into zeros) and ``affine_grid`` (a matmul
+with the constant base grid); ``interpolate`` is ``image_resize``, ``lod_append`` a
+``lod_reset`` with ``append``. ``unique`` / ``unique_with_counts``, ``scatter_nd_add``,
+``strided_slice``, ``mean_iou``, ``sampling_id`` and ``grid_sampler`` append Fluid's ops.
+Composed layers need the sizes they rearrange to be known when the program is built, and say
+so otherwise.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from pdjit.framework.program import Variable
+from pdjit.layers import activation, image, math_ops, shape_ops, tensor
+from pdjit.layers.layer_helper import LayerHelper, check_dtype, check_variable
+
+__all__ = ["reverse", "sum", "unstack", "expand_as", "rank", "size", "crop", "crop_tensor",
+           "pad_constant_like", "eye", "diag", "reduce_all", "reduce_any", "multiplex",
+           "maxout", "pixel_shuffle", "shuffle_channel", "lrn", "temporal_shift", "unique",
+           "unique_with_counts", "image_resize_short", "fsp_matrix", "bilinear_tensor_product",
+           "get_tensor_from_selected_rows", "merge_selected_rows", "shard_index", "interpolate",
+           "clip_by_norm", "lod_append", "randint", "scatter_nd_add", "scatter_nd",
+           "strided_slice", "mean_iou", "sampling_id", "affine_grid", "grid_sampler",
+           "unfold"]
+
+
+def _axes_list(axis, layer: str) -> list:
+    axes = [axis] if isinstance(axis, int) and not isinstance(axis, bool) else axis
+    if not isinstance(axes, (list, tuple)) or not axes or not all(
+            isinstance(a, int) and not isinstance(a, bool) for a in axes):
+        raise TypeError(f"{layer}: argument 'axis' must be an int or a non-empty list of ints, "
+                        f"got {axis!r}")
+    return [int(a) for a in axes]
+
+
+def _known(x, dims, layer: str, what: str) -> None:
+    if any(x.shape[d] < 0 for d in dims):
+        raise ValueError(f"{layer}: {what} of x must be known when the program is built, got "
+                         f"shape {list(x.shape)}")
+
+
+def reverse(x, axis) -> Variable:
+    """``x`` with its elements in reverse order along ``axis`` (an int or a list)."""
+    check_variable(x, "x", "reverse")
+    axes = _axes_list(axis, "reverse")
+    helper = LayerHelper("reverse")
+    out = helper.create_variable_for_type_inference(x.dtype)
+    helper.append_op("reverse", inputs={"X": [x]}, outputs={"Out": [out]}, attrs={"axis": axes})
+    return out
+
+
+def sum(x) -> Variable:  # noqa: A001 - Fluid's name
+    """The elementwise sum of a Variable or a list of Variables (Fluid's ``sum`` op)."""
+    xs = [x] if isinstance(x, Variable) else list(x)
+    if not xs:
+        raise ValueError("sum: argument 'x' must be a Variable or a non-empty list of them")
+    for i, v in enumerate(xs):
+        check_variable(v, f"x[{i}]", "sum")
+    helper = LayerHelper("sum")
+    out = helper.create_variable_for_type_inference(xs[0].dtype)
+    helper.append_op("sum", inputs={"X": xs}, outputs={"Out": [out]})
+    return out
+
+
+def unstack(x, axis: int = 0, num=None) -> list:
+    """``x`` cut along ``axis`` into its ``num`` slices, that axis removed from each."""
+    check_variable(x, "x", "unstack")
+    a = axis % len(x.shape) if x.shape else 0
+    n = x.shape[a] if num is None else int(num)
+    if n < 0:
+        raise ValueError(f"unstack: the size of axis {axis} must be known (or num given), got "
+                         f"shape {list(x.shape)}")
+    if n == 1:
+        return [shape_ops.squeeze(x, [a])]
+    return [shape_ops.squeeze(p, [a]) for p in shape_ops.split(x, n, dim=a)]
+
+
+def expand_as(x, target_tensor, name=None) -> Variable:
+    """``x`` tiled along each axis so that its shape becomes ``target_tensor``'s (each of
+    target's sizes a multiple of x's)."""
+    check_variable(x, "x", "expand_as")
+    check_variable(target_tensor, "target_tensor", "expand_as")
+    if len(x.shape) != len(target_tensor.shape):
+        raise ValueError(f"expand_as: x and target_tensor must have one rank, got "
+                         f"{list(x.shape)} and {list(target_tensor.shape)}")
+    times = []
+    for a, b in zip(x.shape, target_tensor.shape):
+        if a == b:
+            times.append(1)
+        elif a > 0 and b > 0 and b % a == 0:
+            times.append(b // a)
+        else:
+            raise ValueError(f"expand_as: each size of target_tensor {list(target_tensor.shape)} "
+                             f"must be a known multiple of x's {list(x.shape)}")
+    return shape_ops.expand(x, times, name=name)
+
+
+def rank(input) -> Variable:
+    """The number of dimensions of ``input``, as an int32 Variable of shape ``[1]``."""
+    check_variable(input, "input", "rank")
+    return tensor.fill_constant([1], "int32", len(input.shape))
+
+
+def size(input) -> Variable:
+    """The number of elements of ``input``, as an int64 Variable of shape ``[1]``."""
+    check_variable(input, "input", "size")
+    n = shape_ops.reduce_prod(tensor.cast(image.shape(input), "int64"))
+    return shape_ops.reshape(n, [1])
+
+
+def _crop(x, shape, offsets, layer: str) -> Variable:
+    check_variable(x, "x", layer)
+    r = len(x.shape)
+    if isinstance(shape, Variable) or isinstance(offsets, Variable) or (
+            offsets is not None and any(isinstance(o, Variable) for o in offsets)) or (
+            shape is not None and any(isinstance(s, Variable) for s in shape)):
+        raise TypeError(f"{layer}: 'shape' and 'offsets' as Variables are not supported; give "
+                        f"lists of ints")
+    shape = list(x.shape) if shape is None else [int(s) for s in shape]
+    offsets = [0] * r if offsets is None else [int(o) for o in offsets]
+    if len(shape) != r or len(offsets) != r:
+        raise ValueError(f"{layer}: 'shape' and 'offsets' need one value per dimension of x "
+                         f"({r}), got {shape} and {offsets}")
+    axes, starts, ends = [], [], []
+    for d, (s, o) in enumerate(zip(shape, offsets)):
+        if s == -1 or (s == x.shape[d] and o == 0):
+            if o != 0:
+                starts.append(o)
+                ends.append(2 ** 31 - 1)
+                axes.append(d)
+            continue
+        if s < 0 or o < 0 or (x.shape[d] >= 0 and o + s > x.shape[d]):
+            raise ValueError(f"{layer}: dimension {d}: expected 0 <= offset and offset + size "
+                             f"<= {x.shape[d]}, got offset {o}, size {s}")
+        axes.append(d)
+        starts.append(o)
+        ends.append(o + s)
+    if not axes:
+        return tensor.assign(x)
+    return shape_ops.slice(x, axes, starts, ends)
+
+
+def crop(x, shape=None, offsets=None, name=None) -> Variable:
+    """The block of ``x`` of size ``shape`` starting at ``offsets`` (lists of ints)."""
+    if isinstance(shape, Variable):
+        check_variable(shape, "shape", "crop")
+        shape = list(shape.shape)
+    return _crop(x, shape, offsets, "crop")
+
+
+def crop_tensor(x, shape=None, offsets=None, name=None) -> Variable:
+    """The block of ``x`` of size ``shape`` (``-1``: to the end) starting at ``offsets``."""
+    return _crop(x, shape, offsets, "crop_tensor")
+
+
+def pad_constant_like(x, y, pad_value: float = 0.0, name=None) -> Variable:
+    """``y`` padded with ``pad_value`` at the end of each axis to ``x``'s shape."""
+    check_variable(x, "x", "pad_constant_like")
+    check_variable(y, "y", "pad_constant_like")
+    if len(x.shape) != len(y.shape):
+        raise ValueError(f"pad_constant_like: x and y must have one rank, got {list(x.shape)} "
+                         f"and {list(y.shape)}")
+    paddings = []
+    for d, (a, b) in enumerate(zip(x.shape, y.shape)):
+        if a == b:
+            paddings += [0, 0]
+        elif a >= 0 and b >= 0 and a >= b:
+            paddings += [0, a - b]
+        else:
+            raise ValueError(f"pad_constant_like: dimension {d}: expected x's size ({a}) known "
+                             f"and >= y's ({b})")
+    return image.pad(y, paddings, pad_value=float(pad_value), name=name)
+
+
+def eye(num_rows, num_columns=None, batch_shape=None, dtype="float32") -> Variable:
+    """An identity matrix ``[num_rows, num_columns]``, repeated over ``batch_shape``."""
+    cols = num_rows if num_columns is None else num_columns
+    for arg, v in (("num_rows", num_rows), ("num_columns", cols)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise TypeError(f"eye: argument {arg!r} must be an int >= 0, got {v!r}")
+    value = np.eye(num_rows, cols)
+    if batch_shape:
+        value = np.broadcast_to(value, tuple(batch_shape) + value.shape).copy()
+    out = _constant(value, dtype)
+    out.stop_gradient = True
+    return out
+
+
+def _constant(value: np.ndarray, dtype) -> Variable:
+    """A constant of ``dtype`` holding ``value`` (exact in float32: 0s and 1s here); ``assign``
+    writes float64 arrays as float32, so wider dtypes get a ``cast``."""
+    out = tensor.assign(value.astype(np.float32))
+    return out if np.dtype(dtype) == np.float32 else tensor.cast(out, dtype)
+
+
+def diag(diagonal) -> Variable:
+    """The square matrix with ``diagonal`` (a 1-D Variable of known size, or an array) on its
+    diagonal and zeros elsewhere."""
+    if not isinstance(diagonal, Variable):
+        return tensor.assign(np.diag(np.asarray(diagonal)))
+    check_variable(diagonal, "diagonal", "diag")
+    if len(diagonal.shape) != 1 or diagonal.shape[0] < 0:
+        raise ValueError(f"diag: argument 'diagonal' must be 1-D of known size, got "
+                         f"{list(diagonal.shape)}")
+    n = diagonal.shape[0]
+    ident = _constant(np.eye(n), diagonal.dtype)
+    return math_ops.elementwise_mul(ident, shape_ops.reshape(diagonal, [1, n]))
+
+
+def _reduce_bool(x, dim, keep_dim, name, layer, reduce):
+    check_variable(x, "input", layer)
+    check_dtype(x, "input", ("bool",), layer)
+    r = reduce(tensor.cast(x, "int32"), dim=dim, keep_dim=keep_dim)
+    return tensor.cast(r, "bool")
+
+
+def reduce_all(input, dim=None, keep_dim=False, name=None) -> Variable:
+    """Logical AND of a bool tensor over ``dim`` (all dims when ``None``)."""
+    return _reduce_bool(input, dim, keep_dim, name, "reduce_all", shape_ops.reduce_min)
+
+
+def reduce_any(input, dim=None, keep_dim=False, name=None) -> Variable:
+    """Logical OR of a bool tensor over ``dim`` (all dims when ``None``)."""
+    return _reduce_bool(input, dim, keep_dim, name, "reduce_any", shape_ops.reduce_max)
+
+
+def multiplex(inputs, index) -> Variable:
+    """Row ``i`` of ``inputs[index[i]]`` for each row ``i`` (``index``: ``[N, 1]`` int32/64;
+    the inputs of one shape ``[N, ...]``)."""
+    if not isinstance(inputs, (list, tuple)) or len(inputs) < 2:
+        raise ValueError("multiplex: argument 'inputs' must be a list of at least 2 Variables")
+    for i, v in enumerate(inputs):
+        check_variable(v, f"inputs[{i}]", "multiplex")
+    check_variable(index, "index", "multiplex")
+    check_dtype(index, "index", ("int32", "int64"), "multiplex")
+    k = len(inputs)
+    stacked = shape_ops.stack(list(inputs), axis=1)                      # [N, K, ...]
+    pick = tensor.cast(shape_ops.one_hot(shape_ops.reshape(index, [-1]), k),
+                       inputs[0].dtype)                                  # [N, K]
+    rank_ = len(inputs[0].shape)
+    pick = shape_ops.reshape(pick, [-1, k] + [1] * (rank_ - 1)) if rank_ > 1 else pick
+    return shape_ops.reduce_sum(math_ops.elementwise_mul(stacked, pick), dim=1)
+
+
+def maxout(x, groups: int, name=None, axis: int = 1) -> Variable:
+    """The maximum over each run of ``groups`` consecutive channels (``axis`` 1 or -1 of a 4-D
+    ``x``): ``C / groups`` channels."""
+    check_variable(x, "x", "maxout")
+    if len(x.shape) != 4 or axis not in (1, -1, 3):
+        raise ValueError(f"maxout: expected a 4-D x and axis 1 or -1, got {list(x.shape)} and "
+                         f"axis {axis}")
+    a = axis % 4
+    c = x.shape[a]
+    if c < 0 or groups < 1 or c % groups:
+        raise ValueError(f"maxout: the channel count ({c}) must be known and divide by groups "
+                         f"({groups})")
+    _known(x, [1, 2, 3], "maxout", "the channels, height and width")
+    if a == 1:
+        dims = [-1, c // groups, groups, x.shape[2], x.shape[3]]
+    else:
+        dims = [-1, x.shape[1], x.shape[2], c // groups, groups]
+    return shape_ops.reduce_max(shape_ops.reshape(x, dims), dim=a + 1)
+
+
+def pixel_shuffle(x, upscale_factor: int) -> Variable:
+    """``[N, C r^2, H, W]`` rearranged to ``[N, C, H r, W r]`` (``r = upscale_factor``)."""
+    check_variable(x, "x", "pixel_shuffle")
+    r = int(upscale_factor)
+    if len(x.shape) != 4 or r < 1:
+        raise ValueError(f"pixel_shuffle: expected a 4-D x and upscale_factor >= 1, got "
+                         f"{list(x.shape)} and {upscale_factor}")
+    _known(x, [1, 2, 3], "pixel_shuffle", "the channels, height and width")
+    n, c, h, w = x.shape
+    if c % (r * r):
+        raise ValueError(f"pixel_shuffle: the channel count {c} must divide by "
+                         f"upscale_factor^2 = {r * r}")
+    y = shape_ops.reshape(x, [-1, c // (r * r), r, r, h, w])
+    y = shape_ops.transpose(y, [0, 1, 4, 2, 5, 3])
+    return shape_ops.reshape(y, [-1, c // (r * r), h * r, w * r])
+
+
+def shuffle_channel(x, group: int, name=None) -> Variable:
+    """The channels of ``[N, C, H, W]`` regrouped: ``group`` groups of ``C / group`` channels
+    read column by column (ShuffleNet)."""
+    check_variable(x, "x", "shuffle_channel")
+    if len(x.shape) != 4:
+        raise ValueError(f"shuffle_channel: expected a 4-D x, got {list(x.shape)}")
+    _known(x, [1, 2, 3], "shuffle_channel", "the channels, height and width")
+    n, c, h, w = x.shape
+    if group < 1 or c % group:
+        raise ValueError(f"shuffle_channel: the channel count {c} must divide by group "
+                         f"({group})")
+    y = shape_ops.reshape(x, [-1, group, c // group, h, w])
+    y = shape_ops.transpose(y, [0, 2, 1, 3, 4])
+    return shape_ops.reshape(y, [-1, c, h, w])
+
+
+def lrn(input, n: int = 5, k: float = 1.0, alpha: float = 1e-4, beta: float = 0.75,
+        name=None, data_format: str = "NCHW") -> Variable:
+    """Local response normalisation across channels:
+    ``input / (k + alpha * sum of input^2 over the n channels centred on each) ** beta``."""
+    check_variable(input, "input", "lrn")
+    check_dtype(input, "input", ("float32", "float64"), "lrn")
+    if len(input.shape) != 4 or data_format not in ("NCHW", "NHWC"):
+        raise ValueError(f"lrn: expected a 4-D input and data_format 'NCHW' or 'NHWC', got "
+                         f"{list(input.shape)} and {data_format!r}")
+    if n < 1:
+        raise ValueError(f"lrn: argument 'n' must be >= 1, got {n}")
+    a = 1 if data_format == "NCHW" else 3
+    _known(input, [a], "lrn", "the channel count")
+    c = input.shape[a]
+    sq = math_ops.square(input)
+    pad = [0] * 8
+    pad[2 * a], pad[2 * a + 1] = (n - 1) // 2, n - 1 - (n - 1) // 2
+    padded = image.pad(sq, pad)
+    window = shape_ops.sums([shape_ops.slice(padded, [a], [i], [i + c]) for i in range(n)]) \
+        if n > 1 else sq
+    scale = math_ops.scale(window, scale=float(alpha), bias=float(k))
+    return math_ops.elementwise_mul(input, activation.pow(scale, factor=-float(beta)))
+
+
+def temporal_shift(x, seg_num: int, shift_ratio: float = 0.25, name=None) -> Variable:
+    """TSM's temporal shift of ``[N * seg_num, C, H, W]``: the first ``C * shift_ratio``
+    channels take the previous segment's values, the next as many the following segment's
+    (zeros past either end), the rest stay."""
+    check_variable(x, "x", "temporal_shift")
+    if len(x.shape) != 4 or seg_num < 1 or not 0 < shift_ratio < 0.5:
+        raise ValueError(f"temporal_shift: expected a 4-D x, seg_num >= 1 and 0 < shift_ratio "
+                         f"< 0.5, got {list(x.shape)}, {seg_num}, {shift_ratio}")
+    _known(x, [1, 2, 3], "temporal_shift", "the channels, height and width")
+    _, c, h, w = x.shape
+    t = int(seg_num)
+    c1, c2 = int(c * shift_ratio), int(c * 2 * shift_ratio)
+    x5 = shape_ops.reshape(x, [-1, t, c, h, w])
+    padded = image.pad(x5, [0, 0, 1, 1, 0, 0, 0, 0, 0, 0])
+    parts = []
+    if c1 > 0:
+        parts.append(shape_ops.slice(padded, [1, 2], [0, 0], [t, c1]))
+    if c2 > c1:
+        parts.append(shape_ops.slice(padded, [1, 2], [2, c1], [t + 2, c2]))
+    if c > c2:
+        parts.append(shape_ops.slice(x5, [2], [c2], [c]))
+    out = shape_ops.concat(parts, axis=2) if len(parts) > 1 else parts[0]
+    return shape_ops.reshape(out, [-1, c, h, w])
+
+
+def unique(x, dtype="int32"):
+    """The distinct values of the 1-D ``x`` in order of first appearance, and for each element
+    of ``x`` the position of its value among them (``dtype`` int32 or int64)."""
+    return _unique("unique", x, dtype)
+
+
+def unique_with_counts(x, dtype="int32"):
+    """``unique``, with how often each distinct value occurs."""
+    return _unique("unique_with_counts", x, dtype)
+
+
+def _unique(op_type, x, dtype):
+    check_variable(x, "x", op_type)
+    codes = {"int32": 2, "int64": 3}
+    if str(np.dtype(dtype)) not in codes:
+        raise TypeError(f"{op_type}: argument 'dtype' must be 'int32' or 'int64', got "
+                        f"{dtype!r}")
+    helper = LayerHelper(op_type)
+    out = helper.create_variable_for_type_inference(x.dtype, stop_gradient=True)
+    index = helper.create_variable_for_type_inference(dtype, stop_gradient=True)
+    outputs = {"Out": [out], "Index": [index]}
+    if op_type == "unique_with_counts":
+        outputs["Count"] = [helper.create_variable_for_type_inference(dtype, stop_gradient=True)]
+    helper.append_op(op_type, inputs={"X": [x]}, outputs=outputs,
+                     attrs={"dtype": codes[str(np.dtype(dtype))]})
+    return tuple(v[0] for v in outputs.values())
+
+
+def image_resize_short(input, out_short_len: int, resample="BILINEAR") -> Variable:
+    """``input`` (``[N, C, H, W]``) resized so that its shorter side is ``out_short_len``,
+    keeping the aspect ratio (the longer side rounded to the nearest pixel)."""
+    check_variable(input, "input", "image_resize_short")
+    if len(input.shape) != 4:
+        raise ValueError(f"image_resize_short: expected a 4-D input, got {list(input.shape)}")
+    _known(input, [2, 3], "image_resize_short", "the height and width")
+    hw = list(input.shape[2:])
+    short = 0 if hw[0] <= hw[1] else 1
+    out = [0, 0]
+    out[short] = int(out_short_len)
+    out[1 - short] = int(float(hw[1 - short]) * (out_short_len / float(hw[short])) + 0.5)
+    return image.image_resize(input, out_shape=out, resample=resample)
+
+
+def fsp_matrix(x, y) -> Variable:
+    """The flow-of-solution-procedure matrix of feature maps ``x [N, C1, H, W]`` and ``y [N,
+    C2, H, W]``: ``[N, C1, C2]``, the channel-by-channel inner products over the H * W
+    positions divided by H * W."""
+    check_variable(x, "x", "fsp_matrix")
+    check_variable(y, "y", "fsp_matrix")
+    if len(x.shape) != 4 or len(y.shape) != 4:
+        raise ValueError(f"fsp_matrix: expected 4-D x and y, got {list(x.shape)} and "
+                         f"{list(y.shape)}")
+    _known(x, [1, 2, 3], "fsp_matrix", "the channels, height and width")
+    _known(y, [1], "fsp_matrix", "the channels")
+    hw = x.shape[2] * x.shape[3]
+    a = shape_ops.reshape(x, [-1, x.shape[1], hw])
+    b = shape_ops.reshape(y, [-1, y.shape[1], hw])
+    from pdjit.layers.nn import matmul
+
+    return matmul(a, b, transpose_y=True, alpha=1.0 / hw)
+
+
+def bilinear_tensor_product(x, y, size: int, act=None, name=None, param_attr=None,
+                            bias_attr=None) -> Variable:
+    """``out[:, i] = x W_i y^T + b_i`` for ``i < size`` with a learnt ``W [size, Dx, Dy]`` and
+    ``b [1, size]``; ``act`` applied last."""
+    layer = "bilinear_tensor_product"
+    check_variable(x, "x", layer)
+    check_variable(y, "y", layer)
+    if len(x.shape) != 2 or len(y.shape) != 2 or x.shape[1] < 0 or y.shape[1] < 0:
+        raise ValueError(f"{layer}: expected x [N, Dx] and y [N, Dy] with known widths, got "
+                         f"{list(x.shape)} and {list(y.shape)}")
+    dx, dy = x.shape[1], y.shape[1]
+    helper = LayerHelper(layer, name=name, param_attr=param_attr, bias_attr=bias_attr, act=act)
+    w = helper.create_parameter(helper.param_attr, [size, dx, dy], x.dtype)
+    from pdjit.layers.nn import matmul
+
+    wt = shape_ops.reshape(shape_ops.transpose(w, [1, 0, 2]), [dx, size * dy])
+    xw = shape_ops.reshape(matmul(x, wt), [-1, size, dy])                # [N, size, Dy]
+    out = shape_ops.reduce_sum(math_ops.elementwise_mul(xw, shape_ops.unsqueeze(y, [1])),
+                               dim=2)
+    if bias_attr is not False:
+        b = helper.create_parameter(helper.bias_attr, [1, size], x.dtype, is_bias=True)
+        out = math_ops.elementwise_add(out, b)
+    return helper.append_activation(out)
+
+
+def get_tensor_from_selected_rows(x, name=None) -> Variable:
+    """The dense tensor of a sparse (SelectedRows) value. pdjit keeps every value dense (a
+    sparse gradient is a dense tensor), so this is a copy of ``x``."""
+    check_variable(x, "x", "get_tensor_from_selected_rows")
+    return tensor.assign(x)
+
+
+def merge_selected_rows(x, name=None) -> Variable:
+    """A SelectedRows value with its duplicate rows summed. pdjit keeps every value dense (rows
+    already summed), so this is a copy of ``x``."""
+    check_variable(x, "x", "merge_selected_rows")
+    return tensor.assign(x)
+
+
+def shard_index(input, index_num: int, nshards: int, shard_id: int, ignore_value: int = -1):
+    """For ids ``input`` (int) of a table of ``index_num`` rows cut into ``nshards`` shards of
+    ``ceil(index_num / nshards)`` rows: the id within shard ``shard_id``, or ``ignore_value``
+    for ids of other shards."""
+    layer = "shard_index"
+    check_variable(input, "input", layer)
+    check_dtype(input, "input", ("int32", "int64"), layer)
+    if nshards < 1 or not 0 <= shard_id < nshards or index_num < 1:
+        raise ValueError(f"{layer}: expected index_num >= 1, nshards >= 1 and 0 <= shard_id < "
+                         f"nshards, got {index_num}, {nshards}, {shard_id}")
+    size = (index_num + nshards - 1) // nshards
+    dt = input.dtype
+
+    def const(v):
+        return tensor.fill_constant([1], dt, int(v))
+
+    mine = math_ops.equal(math_ops.elementwise_floordiv(input, const(size)), const(shard_id))
+    zeros = tensor.zeros_like(input)
+    local = math_ops.elementwise_sub(input, const(shard_id * size))
+    other = math_ops.elementwise_add(zeros, const(ignore_value))
+    return shape_ops.where(mine, local, other)
+
+
+def interpolate(input, out_shape=None, scale=None, name=None, resample="BILINEAR",
+                actual_shape=None, align_corners=True, align_mode=1, data_format="NCHW"):
+    """Fluid 1.8's other name of ``image_resize`` (same arguments)."""
+    return image.image_resize(input, out_shape=out_shape, scale=scale, name=name,
+                              resample=resample, actual_shape=actual_shape,
+                              align_corners=align_corners, align_mode=align_mode,
+                              data_format=data_format)
+
+
+def clip_by_norm(x, max_norm, name=None) -> Variable:
+    """``x`` scaled down to L2 norm ``max_norm`` when its norm is larger, else ``x``."""
+    check_variable(x, "x", "clip_by_norm")
+    check_dtype(x, "x", ("float32", "float64"), "clip_by_norm")
+    norm = math_ops.sqrt(shape_ops.reduce_sum(math_ops.square(x)))
+    limit = tensor.fill_constant([1], x.dtype, float(max_norm))
+    factor = math_ops.elementwise_div(limit, math_ops.elementwise_max(
+        shape_ops.reshape(norm, [1]), limit))
+    return math_ops.elementwise_mul(x, factor)
+
+
+def lod_append(x, level) -> Variable:
+    """``x`` with a LoD level added below its own: ``level`` as offsets (a list), or a
+    Variable's LoD (or values as offsets)."""
+    from pdjit.layers.sequence import _one
+
+    check_variable(x, "x", "lod_append")
+    if isinstance(level, Variable):
+        return _one("lod_reset", x, "lod_append", attrs={"append": True},
+                    extra_inputs={"Y": [level]})
+    if not isinstance(level, (list, tuple)) or not level:
+        raise ValueError(f"lod_append: argument 'level' must be a non-empty list of offsets or "
+                         f"a Variable, got {level!r}")
+    return _one("lod_reset", x, "lod_append",
+                attrs={"target_lod": [int(v) for v in level], "append": True})
+
+
+def randint(low=0, high=None, shape=None, out=None, dtype=None, device=None,
+            stop_gradient=False, seed=0, name=None) -> Variable:
+    """Integers drawn uniformly from ``[low, high)`` (``[0, low)`` when ``high`` is None)."""
+    from pdjit.layers import misc
+
+    lo, hi = (0, low) if high is None else (low, high)
+    if not hi > lo:
+        raise ValueError(f"randint: expected low < high, got [{lo}, {hi})")
+    shape = [1] if shape is None else list(shape)
+    u = misc.uniform_random(shape, "float64", float(lo), float(hi), seed=int(seed))
+    v = tensor.cast(math_ops.floor(u), dtype or "int64")
+    v.stop_gradient = True
+    return v
+
+
+def scatter_nd_add(ref, index, updates, name=None) -> Variable:
+    """``ref`` with ``updates[i]`` added at each index tuple ``index[i]`` (``index [..., k]``
+    addressing ``ref``'s first ``k`` axes)."""
+    for arg, v in (("ref", ref), ("index", index), ("updates", updates)):
+        check_variable(v, arg, "scatter_nd_add")
+    helper = LayerHelper("scatter_nd_add", name=name)
+    out = helper.create_variable_for_type_inference(ref.dtype)
+    helper.append_op("scatter_nd_add", inputs={"X": [ref], "Index": [index],
+                                               "Updates": [updates]}, outputs={"Out": [out]})
+    return out
+
+
+def scatter_nd(index, updates, shape, name=None) -> Variable:
+    """A zero tensor of ``shape`` with ``updates`` added at ``index`` (``scatter_nd_add`` into
+    zeros)."""
+    check_variable(updates, "updates", "scatter_nd")
+    zeros = tensor.fill_constant(list(shape), updates.dtype, 0.0)
+    return scatter_nd_add(zeros, index, updates, name=name)
+
+
+def strided_slice(input, axes, starts, ends, strides) -> Variable:
+    """``input[start:end:stride]`` along each of ``axes`` (lists of ints)."""
+    check_variable(input, "input", "strided_slice")
+    vals = [axes, starts, ends, strides]
+    if any(isinstance(v, Variable) or not isinstance(v, (list, tuple)) for v in vals) or any(
+            isinstance(i, Variable) for v in vals for i in v):
+        raise TypeError("strided_slice: axes, starts, ends and strides must be lists of ints "
+                        "(Variables are not supported)")
+    helper = LayerHelper("strided_slice")
+    out = helper.create_variable_for_type_inference(input.dtype)
+    helper.append_op("strided_slice", inputs={"Input": [input]}, outputs={"Out": [out]},
+                     attrs={"axes": [int(a) for a in axes], "starts": [int(a) for a in starts],
+                            "ends": [int(a) for a in ends],
+                            "strides": [int(a) for a in strides],
+                            "infer_flags": [1] * len(axes), "decrease_axis": []})
+    return out
+
+
+def mean_iou(input, label, num_classes):
+    """Mean intersection-over-union of predicted classes ``input`` against ``label``:
+    ``(mean_iou [1] float32, out_wrong [num_classes] int32, out_correct [num_classes]
+    int32)``."""
+    check_variable(input, "input", "mean_iou")
+    check_variable(label, "label", "mean_iou")
+    helper = LayerHelper("mean_iou")
+    miou = helper.create_variable_for_type_inference("float32", stop_gradient=True)
+    wrong = helper.create_variable_for_type_inference("int32", stop_gradient=True)
+    correct = helper.create_variable_for_type_inference("int32", stop_gradient=True)
+    helper.append_op("mean_iou", inputs={"Predictions": [input], "Labels": [label]},
+                     outputs={"OutMeanIou": [miou], "OutWrong": [wrong],
+                              "OutCorrect": [correct]},
+                     attrs={"num_classes": int(num_classes)})
+    return miou, wrong, correct
+
+
+def sampling_id(x, min=0.0, max=1.0, seed=0, dtype="float32") -> Variable:  # noqa: A002
+    """For each row of probabilities ``x [N, C]``, a column drawn with those probabilities:
+    int64 ``[N]``."""
+    check_variable(x, "x", "sampling_id")
+    helper = LayerHelper("sampling_id")
+    out = helper.create_variable_for_type_inference("int64", stop_gradient=True)
+    helper.append_op("sampling_id", inputs={"X": [x]}, outputs={"Out": [out]},
+                     attrs={"min": float(min), "max": float(max), "seed": int(seed)})
+    return out
+
+
+def affine_grid(theta, out_shape, name=None) -> Variable:
+    """The sampling grid ``[N, H, W, 2]`` of the affine maps ``theta [N, 2, 3]`` over an
+    ``out_shape`` (``[N, C, H, W]``, a list) image: the (x, y) each output pixel reads, in
+    [-1, 1] coordinates with the corners at -1 and 1."""
+    check_variable(theta, "theta", "affine_grid")
+    if isinstance(out_shape, Variable) or len(out_shape) != 4:
+        raise TypeError(f"affine_grid: argument 'out_shape' must be a list [N, C, H, W], got "
+                        f"{out_shape!r}")
+    h, w = int(out_shape[2]), int(out_shape[3])
+    xs = np.linspace(-1.0, 1.0, w) if w > 1 else np.array([-1.0])
+    ys = np.linspace(-1.0, 1.0, h) if h > 1 else np.array([-1.0])
+    gx, gy = np.meshgrid(xs, ys)                                  # [H, W]
+    base = np.stack([gx.reshape(-1), gy.reshape(-1), np.ones(h * w)])   # [3, H * W]
+    from pdjit.layers.nn import matmul
+
+    b = tensor.assign(base.astype(np.float32))
+    if str(np.dtype(theta.dtype)) != "float32":
+        b = tensor.cast(b, theta.dtype)
+    grid = matmul(shape_ops.reshape(theta, [-1, 2, 3]), b)         # [N, 2, H * W]
+    return shape_ops.reshape(shape_ops.transpose(grid, [0, 2, 1]), [-1, h, w, 2])
+
+
+def grid_sampler(x, grid, name=None) -> Variable:
+    """``x`` (``[N, C, H, W]``) sampled bilinearly at the points of ``grid`` (``[N, H', W',
+    2]``, (x, y) in [-1, 1] with the image's corners at -1 and 1; zeros outside the image):
+    ``[N, C, H', W']``. Differentiable in both."""
+    check_variable(x, "x", "grid_sampler")
+    check_variable(grid, "grid", "grid_sampler")
+    helper = LayerHelper("grid_sampler", name=name)
+    out = helper.create_variable_for_type_inference(x.dtype)
+    helper.append_op("grid_sampler", inputs={"X": [x], "Grid": [grid]},
+                     outputs={"Output": [out]})
+    return out
+
+
+def unfold(x, kernel_sizes, strides=1, paddings=0, dilations=1, name=None) -> Variable:
+    """im2col: the ``kernel_sizes`` patches of ``x`` (``[N, C, H, W]``) as the columns of
+    ``[N, C * kh * kw, L]``. ``paddings``: an int, [h, w] or [top, left, bottom, right]."""
+    layer = "unfold"
+    check_variable(x, "x", layer)
+
+    def pair(v, arg):
+        v = [v, v] if isinstance(v, int) and not isinstance(v, bool) else list(v)
+        if len(v) != 2:
+            raise ValueError(f"{layer}: argument {arg!r} must be an int or 2 ints, got {v!r}")
+        return [int(i) for i in v]
+
+    if isinstance(paddings, int) and not isinstance(paddings, bool):
+        pads = [paddings] * 4
+    elif len(paddings) == 2:
+        pads = [paddings[0], paddings[1], paddings[0], paddings[1]]
+    elif len(paddings) == 4:
+        pads = [int(p) for p in paddings]
+    else:
+        raise ValueError(f"{layer}: argument 'paddings' must be an int, 2 or 4 ints, got "
+                         f"{paddings!r}")
+    helper = LayerHelper(layer, name=name)
+    out = helper.create_variable_for_type_inference(x.dtype)
+    helper.append_op(layer, inputs={"X": [x]}, outputs={"Y": [out]},
+                     attrs={"kernel_sizes": pair(kernel_sizes, "kernel_sizes"),
+                            "strides": pair(strides, "strides"), "paddings": pads,
+                            "dilations": pair(dilations, "dilations")})
+    return out

@@ -1,0 +1,264 @@
+"""Fluid 1.8's ranking/recommendation losses (``pdjit.ops.loss_rank``) and the losses Fluid
+composes from layers (``pdjit.layers.losses``): outputs against NumPy written here, gradients
+against finite differences, native code asserted in compiled mode."""
+import numpy as np
+import pytest
+
+import pdjit as fluid
+from pdjit.framework.errors import LayerInputError, LayerTypeError, PdjitError
+from pdjit.runtime.executor import Executor
+from pdjit.runtime.scope import Scope
+from pdjit.testing import build_op_program, check_output
+from pdjit.testing.grad_check import check_grad
+from pdjit.testing.op_test import assert_native
+from pdjit.testing.program_grad import check_program_grad
+
+RNG = np.random.default_rng(5)
+LEFT = RNG.normal(size=(5, 1))
+RIGHT = RNG.normal(size=(5, 1))
+
+
+def softplus(z):
+    return np.log1p(np.exp(z))
+
+
+def sigmoid(z):
+    return 1 / (1 + np.exp(-z))
+
+
+def native(op_type, inputs, attrs=None):
+    prog, feed, outs = build_op_program(op_type, inputs, attrs or {})
+    exe = Executor(mode="compiled", strict=True)
+    got = exe.run(prog, feed=feed, fetch_list=[v for vs in outs.values() for v in vs],
+                  scope=Scope())
+    assert_native(exe, op_type)
+    return dict(zip(outs, got))
+
+
+def test_rank_loss():
+    lab = np.array([[1.0], [0.0], [0.5], [1.0], [0.0]])
+    o = LEFT - RIGHT
+    want = softplus(o) - lab * o
+    ins = {"Label": lab, "Left": LEFT, "Right": RIGHT}
+    check_output("rank_loss", ins, expected={"Out": want})
+    got = native("rank_loss", {k: v.astype(np.float32) for k, v in ins.items()})["Out"]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    check_grad("rank_loss", ins, inputs_to_check=("Left", "Right"))
+
+
+def test_margin_rank_loss():
+    lab = np.array([[1.0], [-1.0], [1.0], [-1.0], [1.0]])
+    ins = {"X1": LEFT, "X2": RIGHT, "Label": lab}
+    want = np.maximum(0.0, 0.25 - lab * (LEFT - RIGHT))
+    assert (want > 0).any() and (want == 0).any()
+    check_output("margin_rank_loss", ins, {"margin": 0.25},
+                 {"Out": want, "Activated": (want > 0).astype(np.float64)})
+    assert native("margin_rank_loss", ins, {"margin": 0.25})["Out"].shape == (5, 1)
+    check_grad("margin_rank_loss", ins, {"margin": 0.25}, inputs_to_check=("X1", "X2"))
+
+
+def test_teacher_student_sigmoid_loss():
+    x = np.array([[-3.0], [-0.5], [0.2], [1.4], [2.5], [20.0]])
+    lab = np.array([[-2.0], [-1.0], [0.3], [1.6], [0.0], [1.0]])
+    sp = softplus(x)
+    want = np.where(lab < -1, sp, np.where(lab < 0, sp - x, 2 * sp - x * lab))
+    # a teacher value z' with click z: the sum of the two sigmoid cross entropies
+    z, zt = 1.0, 0.6
+    assert np.isclose(want[3, 0], (sp[3, 0] - x[3, 0] * z) + (sp[3, 0] - x[3, 0] * zt))
+    check_output("teacher_student_sigmoid_loss", {"X": x, "Label": lab}, expected={"Y": want})
+    native("teacher_student_sigmoid_loss", {"X": x, "Label": lab})
+    # inside the soft-max bounds the gradient is the derivative
+    check_grad("teacher_student_sigmoid_loss", {"X": x[:5], "Label": lab[:5]},
+               output_name="Y")
+    # beyond them, 0 (Fluid's choice)
+    grads = check_grad("teacher_student_sigmoid_loss",
+                       {"X": np.array([[0.5], [3.0]]), "Label": np.array([[-1.0], [0.5]])},
+                       {"soft_max_up_bound": 2.0}, output_name="Y", modes=["compiled"],
+                       max_relative_error=1e9, atol=1e9)
+    assert grads["X"][1, 0] == 0.0 and grads["X"][0, 0] != 0.0
+
+
+def test_bpr_loss():
+    x = RNG.normal(size=(4, 5))
+    lab = np.array([[0], [4], [2], [2]], np.int64)
+    want = np.array([[np.mean([softplus(x[i, j] - x[i, lab[i, 0]]) for j in range(5)
+                               if j != lab[i, 0]])] for i in range(4)])
+    check_output("bpr_loss", {"X": x, "Label": lab}, expected={"Y": want})
+    got = native("bpr_loss", {"X": x.astype(np.float32), "Label": lab})["Y"]
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+    check_grad("bpr_loss", {"X": x, "Label": lab}, output_name="Y")
+    with pytest.raises(PdjitError, match=r"label 7 out of range \[0, 5\)"):
+        check_output("bpr_loss", {"X": x, "Label": lab + 7 - lab.max()}, modes=["reference"])
+
+
+def _layers_program():
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        a = fluid.data("a", [4, 3], "float64")
+        p = fluid.data("p", [4, 3], "float64")
+        cls = fluid.data("cls", [4], "int64")
+        prob = fluid.data("prob", [4, 2, 3], "float64")
+        seg = fluid.data("seg", [4, 2, 1], "int64")
+        onehot = fluid.data("onehot", [4, 3], "float64")
+        prior = fluid.data("prior", [1, 3], "float64")
+        outs = [fluid.layers.npair_loss(a, p, cls, l2_reg=0.01),
+                fluid.layers.mse_loss(a, p),
+                fluid.layers.dice_loss(prob, seg, epsilon=1e-3),
+                fluid.layers.label_smooth(onehot, epsilon=0.2, dtype="float64"),
+                fluid.layers.label_smooth(onehot, prior_dist=prior, epsilon=0.2)]
+    return main, outs
+
+
+def _np_npair(a, p, cls, l2_reg):
+    same = (cls[:, None] == cls[None, :]).astype(np.float64)
+    t = same / same.sum(1, keepdims=True)
+    l2 = 0.25 * l2_reg * ((a ** 2).sum(1).mean() + (p ** 2).sum(1).mean())
+    s = a @ p.T
+    logp = s - np.log(np.exp(s).sum(1, keepdims=True))
+    ce_rows = -(t * logp).sum(1, keepdims=True)      # soft-label cross entropy of each row
+    return l2 + (t * ce_rows).sum(0).mean()
+
+
+def test_composed_losses_against_numpy():
+    main, outs = _layers_program()
+    a, p = RNG.normal(size=(4, 3)), RNG.normal(size=(4, 3))
+    cls = np.array([0, 1, 0, 2], np.int64)
+    prob = RNG.uniform(0.1, 0.9, size=(4, 2, 3))
+    seg = RNG.integers(0, 3, size=(4, 2, 1)).astype(np.int64)
+    onehot = np.eye(3)[[0, 2, 1, 1]]
+    prior = np.array([[0.5, 0.3, 0.2]])
+    feed = dict(a=a, p=p, cls=cls, prob=prob, seg=seg, onehot=onehot, prior=prior)
+    oh = np.eye(3)[seg[..., 0]]
+    inter = (prob * oh).sum((1, 2))
+    dice = (1 - 2 * inter / (prob.sum((1, 2)) + oh.sum((1, 2)) + 1e-3)).mean()
+    want = [_np_npair(a, p, cls, 0.01), ((a - p) ** 2).mean(), dice,
+            0.8 * onehot + 0.2 / 3, 0.8 * onehot + 0.2 * prior]
+    for mode in ("compiled", "reference"):
+        exe = Executor(mode=mode)
+        got = exe.run(main, feed=feed, fetch_list=outs, scope=Scope())
+        if mode == "compiled":
+            assert_native(exe, "composed losses")
+        for g, w, name in zip(got, want, ["npair", "mse", "dice", "smooth", "smooth prior"]):
+            # rtol: l2_reg, epsilon and the smoothing weights are float32 attributes (as in Fluid)
+            np.testing.assert_allclose(np.asarray(g).reshape(np.shape(w)), w, rtol=1e-6,
+                                       err_msg=f"{name} [{mode}]")
+
+
+def test_npair_loss_gradient_and_errors():
+    cls = np.array([0, 1, 0], np.int64)
+
+    def build():
+        a = fluid.data("a", [3, 2], "float64")
+        p = fluid.data("p", [3, 2], "float64")
+        a.stop_gradient = p.stop_gradient = False
+        return fluid.layers.npair_loss(a, p, fluid.data("cls", [3], "int64")), [a, p]
+
+    check_program_grad(build, {"a": RNG.normal(size=(3, 2)), "p": RNG.normal(size=(3, 2)),
+                               "cls": cls})
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        a = fluid.data("a", [-1, 2], "float32")
+        with pytest.raises(LayerInputError, match=r"npair_loss: the batch size"):
+            fluid.layers.npair_loss(a, a, fluid.data("c", [-1], "int64"))
+        with pytest.raises(LayerTypeError, match=r"bpr_loss: .*label"):
+            fluid.layers.bpr_loss(a, fluid.data("l", [-1, 1], "float32"))
+        with pytest.raises(LayerInputError, match=r"rank_loss: argument 'right' must have"):
+            fluid.layers.rank_loss(a, a, fluid.data("r", [-1, 3], "float32"))
+
+
+def np_hsigmoid(x, w, b, label, num_classes, table=None, code=None):
+    """Fluid's loss: softplus(z) - bit * z over the path, log 2 per unused PreOut position."""
+    width = table.shape[1] if table is not None else (num_classes - 1).bit_length()
+    out = np.zeros((x.shape[0], 1))
+    for i in range(x.shape[0]):
+        if table is None:
+            c = int(label[i, 0]) + num_classes
+            path = [((c >> (j + 1)) - 1, (c >> j) & 1) for j in range(c.bit_length() - 1)]
+        else:
+            path = []
+            for node, bit in zip(table[i], code[i]):
+                if node < 0:
+                    break
+                path.append((node, bit))
+        for node, bit in path:
+            z = float(np.clip(x[i] @ w[node] + (b[node, 0] if b is not None else 0), -40, 40))
+            out[i, 0] += np.log1p(np.exp(z)) - bit * z
+        out[i, 0] += (width - len(path)) * np.log(2)
+    return out
+
+
+def test_hsigmoid_default_and_custom_tree():
+    x = RNG.normal(size=(4, 3))
+    w = RNG.normal(size=(5, 3))
+    b = RNG.normal(size=(5, 1))
+    lab = np.array([[0], [5], [2], [3]], np.int64)
+    ins = {"X": x, "W": w, "Label": lab, "Bias": b}
+    check_output("hierarchical_sigmoid", ins, {"num_classes": 6},
+                 {"Out": np_hsigmoid(x, w, b, lab, 6)})
+    check_grad("hierarchical_sigmoid", ins, {"num_classes": 6},
+               inputs_to_check=("X", "W", "Bias"))
+    table = np.array([[0, 2, -1], [1, -1, -1], [0, 3, 4], [2, 1, -1]], np.int64)
+    code = np.array([[1, 0, 0], [1, 0, 0], [0, 1, 1], [1, 1, 0]], np.int64)
+    ins_c = {"X": x, "W": w, "Label": lab, "PathTable": table, "PathCode": code}
+    check_output("hierarchical_sigmoid", ins_c, {"num_classes": 5},
+                 {"Out": np_hsigmoid(x, w, None, lab, 5, table, code)})
+    check_grad("hierarchical_sigmoid", ins_c, {"num_classes": 5}, inputs_to_check=("X", "W"))
+
+
+def test_hsigmoid_layer_trains():
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        x = fluid.data("x", [-1, 4], "float32")
+        y = fluid.data("y", [-1, 1], "int64")
+        loss = fluid.layers.mean(fluid.layers.hsigmoid(fluid.layers.fc(x, 8), y, 10))
+        fluid.optimizer.SGD(0.5).minimize(loss)
+        with pytest.raises(LayerInputError, match=r"hsigmoid: a custom tree needs"):
+            fluid.layers.hsigmoid(x, y, 10, is_custom=True)
+    exe, scope = Executor(), Scope()
+    exe.run(startup, scope=scope)
+    feed = {"x": RNG.normal(size=(6, 4)).astype(np.float32),
+            "y": RNG.integers(0, 10, size=(6, 1)).astype(np.int64)}
+    ls = [float(np.asarray(exe.run(main, feed=feed, fetch_list=[loss], scope=scope)[0])
+                .reshape(-1)[0]) for _ in range(5)]
+    assert ls[-1] < ls[0]
+
+
+def test_nce_with_fixed_negatives_and_grad():
+    x = RNG.normal(size=(3, 4))
+    w = RNG.normal(size=(6, 4))
+    b = RNG.normal(size=(6, 1))
+    lab = np.array([[1], [4], [0]], np.int64)
+    sw = np.array([[1.0], [0.5], [2.0]])
+    attrs = {"num_total_classes": 6, "num_neg_samples": 2, "custom_neg_classes": [3, 5]}
+    want = np.zeros((3, 1))
+    for i in range(3):
+        for j, c in enumerate([lab[i, 0], 3, 5]):
+            o = 1 / (1 + np.exp(-(x[i] @ w[c] + b[c, 0])))
+            q = 2 * (1 / 6)
+            want[i, 0] += -np.log(o / (o + q)) if j == 0 else -np.log(q / (o + q))
+        want[i, 0] *= sw[i, 0]
+    ins = {"Input": x, "Label": lab, "Weight": w, "Bias": b, "SampleWeight": sw}
+    got = check_output("nce", ins, attrs, {"Cost": want})
+    np.testing.assert_array_equal(got["SampleLabels"], [[1, 3, 5], [4, 3, 5], [0, 3, 5]])
+    check_grad("nce", ins, attrs, inputs_to_check=("Input", "Weight", "Bias"),
+               output_name="Cost")
+
+
+def test_nce_layer_samples_and_trains():
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        x = fluid.data("x", [-1, 4], "float32")
+        y = fluid.data("y", [-1, 1], "int64")
+        cost = fluid.layers.nce(fluid.layers.fc(x, 8), y, num_total_classes=20,
+                                num_neg_samples=4, sampler="log_uniform", seed=7)
+        loss = fluid.layers.mean(cost)
+        fluid.optimizer.SGD(0.5).minimize(loss)
+        with pytest.raises(LayerInputError, match=r"nce: argument 'sampler'"):
+            fluid.layers.nce(x, y, 20, sampler="custom_dist")
+    exe, scope = Executor(), Scope()
+    exe.run(startup, scope=scope)
+    feed = {"x": RNG.normal(size=(6, 4)).astype(np.float32),
+            "y": RNG.integers(0, 20, size=(6, 1)).astype(np.int64)}
+    ls = [float(np.asarray(exe.run(main, feed=feed, fetch_list=[loss], scope=scope)[0])
+                .reshape(-1)[0]) for _ in range(5)]
+    assert ls[-1] < ls[0] and all(np.isfinite(ls))

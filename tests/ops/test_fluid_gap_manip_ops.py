@@ -1,0 +1,87 @@
+"""Gradients of ``scatter_nd_add`` and ``strided_slice`` (``pdjit.ops.manip``) by finite
+differences, and their outputs against NumPy indexing written here."""
+import numpy as np
+
+from pdjit.testing import check_output
+from pdjit.testing.grad_check import check_grad
+
+RNG = np.random.default_rng(17)
+
+
+def test_scatter_nd_add_output_and_grad():
+    x = RNG.normal(size=(3, 2, 2))
+    idx = np.array([[[0, 1], [2, 0]], [[0, 1], [1, 1]]], np.int64)      # [2, 2, k=2]
+    upd = RNG.normal(size=(2, 2, 2))
+    want = x.copy()
+    for i in range(2):
+        for j in range(2):
+            want[idx[i, j, 0], idx[i, j, 1]] += upd[i, j]
+    ins = {"X": x, "Index": idx, "Updates": upd}
+    check_output("scatter_nd_add", ins, expected={"Out": want})
+    check_grad("scatter_nd_add", ins, inputs_to_check=("X", "Updates"))
+
+
+def test_strided_slice_output_and_grad():
+    x = RNG.normal(size=(4, 5))
+    attrs = {"axes": [0, 1], "starts": [3, 0], "ends": [-5, 5], "strides": [-2, 2]}
+    check_output("strided_slice", {"Input": x}, attrs, {"Out": x[3:-5:-2, 0:5:2]})
+    check_grad("strided_slice", {"Input": x}, attrs, inputs_to_check=("Input",))
+    dec = dict(attrs, decrease_axis=[0], starts=[1, 0], ends=[2, 5], strides=[1, 2])
+    check_output("strided_slice", {"Input": x}, dec, {"Out": x[1, 0:5:2]})
+
+
+def np_grid_sample(x, grid):
+    n, c, h, w = x.shape
+    out = np.zeros((n, c) + grid.shape[1:3])
+    for b in range(n):
+        for i in range(grid.shape[1]):
+            for j in range(grid.shape[2]):
+                px = (grid[b, i, j, 0] + 1) * (w - 1) / 2
+                py = (grid[b, i, j, 1] + 1) * (h - 1) / 2
+                for yy in (int(np.floor(py)), int(np.floor(py)) + 1):
+                    for xx in (int(np.floor(px)), int(np.floor(px)) + 1):
+                        if 0 <= yy < h and 0 <= xx < w:
+                            wgt = (1 - abs(px - xx)) * (1 - abs(py - yy))
+                            out[b, :, i, j] += wgt * x[b, :, yy, xx]
+    return out
+
+
+def test_grid_sampler_output_and_grad():
+    x = RNG.normal(size=(2, 2, 3, 4))
+    grid = RNG.uniform(-1.2, 1.2, size=(2, 2, 3, 2))     # some points outside the image
+    check_output("grid_sampler", {"X": x, "Grid": grid},
+                 expected={"Output": np_grid_sample(x, grid)})
+    check_grad("grid_sampler", {"X": x, "Grid": grid}, inputs_to_check=("X", "Grid"),
+               output_name="Output", max_relative_error=1e-4, atol=1e-6)
+
+
+def test_identity_spatial_transformer_layers():
+    import pdjit as fluid
+    from pdjit.runtime.executor import Executor
+    from pdjit.runtime.scope import Scope
+
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        img = fluid.data("img", [2, 1, 3, 4], "float32")
+        theta = fluid.data("theta", [2, 2, 3], "float32")
+        out = fluid.layers.grid_sampler(img, fluid.layers.affine_grid(theta, [2, 1, 3, 4]))
+    x = RNG.normal(size=(2, 1, 3, 4)).astype(np.float32)
+    eye = np.tile(np.array([[1, 0, 0], [0, 1, 0]], np.float32), (2, 1, 1))
+    got, = Executor().run(main, feed={"img": x, "theta": eye}, fetch_list=[out], scope=Scope())
+    np.testing.assert_allclose(got, x, rtol=1e-5, atol=1e-6)
+
+
+def test_unfold_output_and_grad():
+    x = RNG.normal(size=(2, 2, 4, 5))
+    attrs = {"kernel_sizes": [2, 2], "strides": [1, 2], "paddings": [1, 0, 0, 1],
+             "dilations": [2, 1]}
+    xp = np.pad(x, ((0, 0), (0, 0), (1, 0), (0, 1)))
+    oh = (5 - (2 * 1 + 1)) // 1 + 1
+    ow = (6 - 2) // 2 + 1
+    cols = []
+    for i in range(oh):
+        for j in range(ow):
+            cols.append(xp[:, :, i:i + 3:2, 2 * j:2 * j + 2].reshape(2, -1))
+    want = np.stack(cols, axis=2)
+    check_output("unfold", {"X": x}, attrs, {"Y": want})
+    check_grad("unfold", {"X": x}, attrs, output_name="Y")
