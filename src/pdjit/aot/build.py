@@ -118,6 +118,8 @@ def _refuse_control(step) -> str | None:
     if sorted(subs) != sorted(want):
         return f"{where}: the plans of its sub-blocks {want} were not built"
     slot = op.opdef.control.condition
+    if slot is None:  # a loop that counts its own runs (a recurrent op): the entry cannot drive it
+        return f"{where}: a loop without a condition input is not compiled ahead of time"
     if _scalar_condition(op):
         conds = op.input(slot)
         if len(conds) != 1:
