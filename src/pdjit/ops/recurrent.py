@@ -14,8 +14,9 @@ Slots and attributes are Fluid 1.8's, so its programs load and run:
   initial_states@GRAD, parameters@GRAD): the grad block runs once per forward run, last run
   first; in it ``outputs@GRAD`` names hold step ``t`` of each output's gradient and
   ``states[i]@GRAD`` the gradient ``ex_states[i]@GRAD`` had in the run after (zeros at the
-  last run); the gradients it leaves are gathered into step ``t`` of the inputs', summed for
-  the parameters', and the first run's ex-state gradients are the initial states'.
+  last run); the gradients it leaves (``input@GRAD`` of each step input, the parameters'
+  under the op's output names) are gathered into step ``t`` of the inputs', summed for the
+  parameters', and the first run's ex-state gradients are the initial states'.
 """
 from __future__ import annotations
 
@@ -181,7 +182,7 @@ def _recurrent_grad_ref(ctx, **kw):
         for x, sink in x_sinks.items():
             if sink == EMPTY_VAR_NAME:
                 continue
-            g = genv.get(sink)
+            g = genv.get(grad_var_name(x))   # the step's gradient, under the inner x@GRAD
             if g is not None:
                 x_grads[x][t] = _data(g)
         for p, sink in p_sinks.items():

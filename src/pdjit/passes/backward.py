@@ -450,6 +450,12 @@ class _Backward:
                     sub.seed(state, name)
         sub.walk(set(sub.contribs))
         for fwd, target in sinks.items():
+            if fwd_block.has_var(fwd) and list(fwd_block.var(fwd).shape) != \
+                    list(self.fwd_var(fwd).shape):
+                # the body's own variable of that name (a recurrent op's step input): its
+                # gradient stays in the grad block, under fwd@GRAD; the grad op gathers it
+                target = grad_var_name(fwd)
+                sub.declare_grad_holder(fwd, target)
             sub.sink(fwd, target)
         for ex, _ in pairs:      # ... and each ex-state's goes to the run before
             if sub.needs_grad(ex):
