@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import pdjit as fluid
-from pdjit.codegen import compiler, nnlib
+from pdjit.codegen import compiler
+from pdjit.codegen.cpu import lib as nnlib
 from pdjit.framework.errors import PdjitError
 from pdjit.passes.backward import gradients
 from pdjit.runtime.executor import Executor
