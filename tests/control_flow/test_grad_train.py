@@ -6,6 +6,11 @@ import pytest
 
 import pdjit as fluid
 
+# ops of these programs that run on the host (their NumPy references) by design, as a compiled
+# plan says once per process: merge_lod_tensor, split_lod_tensor (and their gradients)
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::pdjit.framework.errors.ReferenceStepWarning")
+
 L = fluid.layers
 MODES = ["reference", "compiled"]
 
