@@ -534,3 +534,17 @@ def test_parameter_files_are_read_tensor_by_tensor(tmp_path):
     np.testing.assert_array_equal(got["a"], a)
     np.testing.assert_array_equal(got["b"], b)
     assert peak < a.nbytes + b.nbytes + (4 << 20), peak
+
+
+def test_reduce_in_dtype_is_checked_and_inferred():
+    """A reduction's in_dtype must be -1 or a data type code; X is cast to it before the
+    reduction in the reference, so inference does the same and a declaration that disagrees
+    is refused before either executor runs."""
+    main = fluid.Program()
+    with fluid.program_guard(main, fluid.Program()), fluid.unique_name.guard():
+        x = fluid.layers.data(name="x", shape=[3], dtype="float32")
+        fluid.layers.reduce_sum(x)
+    assert re.search(r"op 'reduce_sum' .*'in_dtype': expected -1 or a data type code, got -5",
+                     refused(edited(main, set_attr("reduce_sum", "in_dtype", -5))))
+    assert re.search(r"declared float32 vs inferred float64",
+                     refused(edited(main, set_attr("reduce_sum", "in_dtype", 6))))
