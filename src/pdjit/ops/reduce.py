@@ -57,12 +57,23 @@ from pdjit.proto import framework_pb2 as pb
 
 BOOL = np.dtype(np.bool_)
 INT64 = np.dtype(np.int64)
+def _dtype_code_problem(code) -> str | None:
+    """Why ``code`` is neither -1 (none) nor a data type pdjit computes with, or None."""
+    if code == -1:
+        return None
+    try:
+        dtypes.to_numpy(code)
+    except (TypeError, ValueError, KeyError):
+        return f"expected -1 or a data type code, got {code!r}"
+    return None
+
+
 _REDUCE_ATTRS = {
     "dim": Ints([0], doc="axes to reduce; empty means all", axis_of="X"),
     "keep_dim": Bool(False),
     "reduce_all": Bool(False),
-    "in_dtype": Int(-1, choices=(-1,)),
-    "out_dtype": Int(-1, choices=(-1,)),
+    "in_dtype": Int(-1, choices=(-1,), valid=_dtype_code_problem),
+    "out_dtype": Int(-1, choices=(-1,), valid=_dtype_code_problem),
 }
 
 
@@ -116,6 +127,11 @@ def _make_reduce(op_type):
 
     def infer(X, *, dim, keep_dim, reduce_all, in_dtype, out_dtype):
         check_dtype(X, allowed, "input X")
+        if in_dtype not in (-1, None):  # X is cast to it first, as the reference does
+            try:
+                X = X.with_(dtype=dtypes.to_numpy(in_dtype))
+            except (TypeError, ValueError, KeyError) as e:
+                raise ShapeMismatch(f"in_dtype: {e}") from None
         axes = _reduce_axes(X.shape, dim, reduce_all)
         if op_type in _NO_IDENTITY and any(X.shape[a] == 0 for a in axes):
             raise ShapeMismatch(f"{op_type} of X of shape {list(X.shape)} over axes {list(axes)}: "

@@ -211,6 +211,8 @@ class NativeStep:
                     arg_lods = arg_lods or {}
                     arg_lods[name] = a._lod
                 a = a._array
+            if a.ndim != ndim and a.size == 1 and a.ndim + ndim == 1 and a.dtype == dtype:
+                a = a.reshape((1,) if ndim else ())  # one value, declared [] or [1] (a view)
             if a.dtype != dtype or a.ndim != ndim:
                 return self._fallback(executor, env, run_index, self._reader(name),
                                       f"input {name!r} is {a.dtype} of rank {a.ndim}; the "
