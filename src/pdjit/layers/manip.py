@@ -13,7 +13,8 @@ the ints), ``multiplex`` (one-hot weighted sum), ``maxout``, ``pixel_shuffle``,
 dense), ``clip_by_norm``, ``randint``, ``scatter_nd`` (into zeros) and ``affine_grid`` (a matmul
 with the constant base grid); ``interpolate`` is ``image_resize``, ``lod_append`` a
 ``lod_reset`` with ``append``. ``unique`` / ``unique_with_counts``, ``scatter_nd_add``,
-``strided_slice``, ``mean_iou``, ``sampling_id`` and ``grid_sampler`` append Fluid's ops.
+``strided_slice``, ``mean_iou``, ``sampling_id``, ``grid_sampler``, ``unfold``, ``roi_pool`` and
+``roi_align`` append Fluid's ops.
 Composed layers need the sizes they rearrange to be known when the program is built, and say
 so otherwise.
 """
@@ -32,7 +33,7 @@ __all__ = ["reverse", "sum", "unstack", "expand_as", "rank", "size", "crop", "cr
            "get_tensor_from_selected_rows", "merge_selected_rows", "shard_index", "interpolate",
            "clip_by_norm", "lod_append", "randint", "scatter_nd_add", "scatter_nd",
            "strided_slice", "mean_iou", "sampling_id", "affine_grid", "grid_sampler",
-           "unfold"]
+           "unfold", "roi_pool", "roi_align"]
 
 
 def _axes_list(axis, layer: str) -> list:
@@ -659,3 +660,34 @@ def unfold(x, kernel_sizes, strides=1, paddings=0, dilations=1, name=None) -> Va
                             "strides": pair(strides, "strides"), "paddings": pads,
                             "dilations": pair(dilations, "dilations")})
     return out
+
+
+def _roi(op_type, input, rois, attrs):
+    check_variable(input, "input", op_type)
+    check_variable(rois, "rois", op_type)
+    helper = LayerHelper(op_type)
+    out = helper.create_variable_for_type_inference(input.dtype)
+    outputs = {"Out": [out]}
+    if op_type == "roi_pool":
+        outputs["Argmax"] = [helper.create_variable_for_type_inference("int64",
+                                                                       stop_gradient=True)]
+    helper.append_op(op_type, inputs={"X": [input], "ROIs": [rois]}, outputs=outputs,
+                     attrs=attrs)
+    return out
+
+
+def roi_pool(input, rois, pooled_height=1, pooled_width=1, spatial_scale=1.0) -> Variable:
+    """Max pooling of each region ``rois [R, 4]`` (x1, y1, x2, y2; a one-level LoD naming each
+    one's image) of ``input [N, C, H, W]`` into ``pooled_height x pooled_width`` bins."""
+    return _roi("roi_pool", input, rois,
+                {"pooled_height": int(pooled_height), "pooled_width": int(pooled_width),
+                 "spatial_scale": float(spatial_scale)})
+
+
+def roi_align(input, rois, pooled_height=1, pooled_width=1, spatial_scale=1.0,
+              sampling_ratio=-1, name=None) -> Variable:
+    """RoIAlign: each region of ``rois`` averaged bilinearly into ``pooled_height x
+    pooled_width`` bins (``sampling_ratio`` samples per bin side; adaptive when <= 0)."""
+    return _roi("roi_align", input, rois,
+                {"pooled_height": int(pooled_height), "pooled_width": int(pooled_width),
+                 "spatial_scale": float(spatial_scale), "sampling_ratio": int(sampling_ratio)})

@@ -30,7 +30,7 @@ from pdjit.ops import (  # noqa: F401
 )
 
 # Fluid 1.8's remaining activations, ranking losses, CTC, grid sampling, hsigmoid,
-# nce, reverse, sequence ops
+# nce, ROI pooling, reverse, sequence ops
 # isort: split
 from pdjit.ops import (  # noqa: E402,F401
     activation_fluid,
@@ -40,5 +40,6 @@ from pdjit.ops import (  # noqa: E402,F401
     loss_rank,
     manip,
     nce,
+    roi,
     sequence_fluid,
 )
