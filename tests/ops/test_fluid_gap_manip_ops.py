@@ -133,3 +133,20 @@ def test_roi_align_output_and_grad():
     attrs = {"pooled_height": 2, "pooled_width": 2, "sampling_ratio": 2}
     check_output("roi_align", ins, attrs, {"Out": want})
     check_grad("roi_align", ins, attrs, inputs_to_check=("X",))
+
+
+def test_cvm_and_random_crop():
+    x = RNG.uniform(0, 5, size=(3, 4))
+    cvm = RNG.uniform(0, 1, size=(3, 2))
+    want = x.copy()
+    want[:, 0] = np.log(x[:, 0] + 1)
+    want[:, 1] = np.log(x[:, 1] + 1) - np.log(x[:, 0] + 1)
+    check_output("cvm", {"X": x, "CVM": cvm}, {"use_cvm": True}, {"Y": want})
+    check_output("cvm", {"X": x, "CVM": cvm}, {"use_cvm": False}, {"Y": x[:, 2:]})
+    img = np.arange(2 * 4 * 5, dtype=np.float32).reshape(2, 4, 5)
+    got = check_output("random_crop", {"X": img}, {"shape": [2, 3], "startup_seed": 5},
+                       modes=["reference"])["Out"]
+    assert got.shape == (2, 2, 3)
+    for b in range(2):     # each crop is a contiguous window of its own image
+        r0, c0 = divmod(int(got[b, 0, 0] - img[b, 0, 0]), 5)
+        np.testing.assert_array_equal(got[b], img[b, r0:r0 + 2, c0:c0 + 3])

@@ -13,8 +13,8 @@ the ints), ``multiplex`` (one-hot weighted sum), ``maxout``, ``pixel_shuffle``,
 dense), ``clip_by_norm``, ``randint``, ``scatter_nd`` (into zeros) and ``affine_grid`` (a matmul
 with the constant base grid); ``interpolate`` is ``image_resize``, ``lod_append`` a
 ``lod_reset`` with ``append``. ``unique`` / ``unique_with_counts``, ``scatter_nd_add``,
-``strided_slice``, ``mean_iou``, ``sampling_id``, ``grid_sampler``, ``unfold``, ``roi_pool`` and
-``roi_align`` append Fluid's ops.
+``strided_slice``, ``mean_iou``, ``sampling_id``, ``grid_sampler``, ``unfold``, ``roi_pool``,
+``roi_align``, ``continuous_value_model`` (``cvm``) and ``random_crop`` append Fluid's ops.
 Composed layers need the sizes they rearrange to be known when the program is built, and say
 so otherwise.
 """
@@ -33,7 +33,7 @@ __all__ = ["reverse", "sum", "unstack", "expand_as", "rank", "size", "crop", "cr
            "get_tensor_from_selected_rows", "merge_selected_rows", "shard_index", "interpolate",
            "clip_by_norm", "lod_append", "randint", "scatter_nd_add", "scatter_nd",
            "strided_slice", "mean_iou", "sampling_id", "affine_grid", "grid_sampler",
-           "unfold", "roi_pool", "roi_align"]
+           "unfold", "roi_pool", "roi_align", "continuous_value_model", "random_crop"]
 
 
 def _axes_list(axis, layer: str) -> list:
@@ -691,3 +691,32 @@ def roi_align(input, rois, pooled_height=1, pooled_width=1, spatial_scale=1.0,
     return _roi("roi_align", input, rois,
                 {"pooled_height": int(pooled_height), "pooled_width": int(pooled_width),
                  "spatial_scale": float(spatial_scale), "sampling_ratio": int(sampling_ratio)})
+
+
+def continuous_value_model(input, cvm, use_cvm=True) -> Variable:
+    """CTR features whose first two columns are show and click counts: those as
+    ``log(show + 1)`` and ``log(click + 1) - log(show + 1)`` (``use_cvm``), or dropped."""
+    check_variable(input, "input", "continuous_value_model")
+    check_variable(cvm, "cvm", "continuous_value_model")
+    helper = LayerHelper("cvm")
+    out = helper.create_variable_for_type_inference(input.dtype)
+    helper.append_op("cvm", inputs={"X": [input], "CVM": [cvm]}, outputs={"Y": [out]},
+                     attrs={"use_cvm": bool(use_cvm)})
+    return out
+
+
+def random_crop(x, shape, seed=None) -> Variable:
+    """The last ``len(shape)`` axes of ``x`` cropped to ``shape`` at random offsets, drawn
+    per instance (``seed``: an int fixing them, or an int64 Variable)."""
+    check_variable(x, "x", "random_crop")
+    helper = LayerHelper("random_crop")
+    out = helper.create_variable_for_type_inference(x.dtype, stop_gradient=True)
+    seed_out = helper.create_variable_for_type_inference("int64", stop_gradient=True)
+    inputs, attrs = {"X": [x]}, {"shape": [int(s) for s in shape], "startup_seed": 0}
+    if isinstance(seed, Variable):
+        inputs["Seed"] = [seed]
+    elif seed is not None:
+        attrs["startup_seed"] = int(seed)
+    helper.append_op("random_crop", inputs=inputs, outputs={"Out": [out], "SeedOut": [seed_out]},
+                     attrs=attrs)
+    return out
