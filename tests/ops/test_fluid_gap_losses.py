@@ -262,3 +262,32 @@ def test_nce_layer_samples_and_trains():
     ls = [float(np.asarray(exe.run(main, feed=feed, fetch_list=[loss], scope=scope)[0])
                 .reshape(-1)[0]) for _ in range(5)]
     assert ls[-1] < ls[0] and all(np.isfinite(ls))
+
+
+def test_sigmoid_focal_loss_and_grad():
+    x = RNG.normal(size=(4, 3)) * 2
+    lab = np.array([[0], [2], [-1], [3]], np.int32)
+    fg = np.array([2], np.int32)
+    p = 1 / (1 + np.exp(-x))
+    want = np.zeros((4, 3))
+    for i in range(4):
+        for j in range(3):
+            if lab[i, 0] == -1:
+                continue
+            if lab[i, 0] == j + 1:
+                want[i, j] = -0.25 / 2 * (1 - p[i, j]) ** 2 * np.log(p[i, j])
+            else:
+                want[i, j] = -0.75 / 2 * p[i, j] ** 2 * np.log(1 - p[i, j])
+    ins = {"X": x, "Label": lab, "FgNum": fg}
+    check_output("sigmoid_focal_loss", ins, expected={"Out": want})
+    check_grad("sigmoid_focal_loss", ins)
+
+
+def test_iou_similarity():
+    a = np.array([[0, 0, 2, 2], [1, 1, 3, 4]], np.float64)
+    b = np.array([[1, 1, 2, 2], [0, 0, 2, 2], [5, 5, 6, 6]], np.float64)
+    want = np.array([[1 / 4, 1.0, 0.0], [1 / 6, 1 / (4 + 6 - 1), 0.0]])
+    check_output("iou_similarity", {"X": a, "Y": b}, expected={"Out": want})
+    # pixel boxes: widths count both ends
+    want_px = np.array([[4 / 9, 1.0, 0.0], [4 / 12, 4 / (9 + 12 - 4), 0.0]])
+    check_output("iou_similarity", {"X": a, "Y": b}, {"box_normalized": False}, {"Out": want_px})

@@ -3,7 +3,8 @@
 name, see ``pdjit.ops.loss_rank``), and the losses Fluid 1.8 composes from other layers:
 ``npair_loss``, ``mse_loss``, ``dice_loss`` and ``label_smooth`` (the last as ``scale`` /
 ``elementwise_add`` where Fluid appends a ``label_smooth`` op computing the same values); and
-``hsigmoid`` (``pdjit.ops.hsigmoid``) and ``nce`` (``pdjit.ops.nce``).
+``hsigmoid`` (``pdjit.ops.hsigmoid``), ``nce`` (``pdjit.ops.nce``) and ``sigmoid_focal_loss``
+(``pdjit.ops.detection_basic``).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pdjit.layers.layer_helper import LayerHelper, check_dtype, check_variable
 
 __all__ = ["rank_loss", "margin_rank_loss", "bpr_loss", "teacher_student_sigmoid_loss",
            "npair_loss", "mse_loss", "dice_loss", "label_smooth", "hsigmoid",
-           "nce"]
+           "nce", "sigmoid_focal_loss"]
 
 _FLOATS = ("float32", "float64")
 
@@ -248,3 +249,20 @@ def nce(input, label, num_total_classes, sample_weight=None, param_attr=None, bi
                             "sampler": _SAMPLERS[sampler], "seed": int(seed),
                             "is_sparse": bool(is_sparse)})
     return math_ops.scale(cost, scale=1.0 / (neg + 1))
+
+
+def sigmoid_focal_loss(x, label, fg_num, gamma=2.0, alpha=0.25) -> Variable:
+    """RetinaNet's focal loss of per-class logits ``x [N, C]`` for labels ``label [N, 1]``
+    (int32; 0 background, ``c`` class ``c - 1``, -1 ignored), normalised by ``fg_num`` (int32
+    ``[1]``): ``[N, C]``."""
+    layer = "sigmoid_focal_loss"
+    check_variable(x, "x", layer)
+    check_dtype(x, "x", _FLOATS, layer)
+    for arg, v in (("label", label), ("fg_num", fg_num)):
+        check_variable(v, arg, layer)
+        check_dtype(v, arg, ("int32",), layer)
+    helper = LayerHelper(layer)
+    out = helper.create_variable_for_type_inference(x.dtype)
+    helper.append_op(layer, inputs={"X": [x], "Label": [label], "FgNum": [fg_num]},
+                     outputs={"Out": [out]}, attrs={"gamma": float(gamma), "alpha": float(alpha)})
+    return out

@@ -14,7 +14,8 @@ dense), ``clip_by_norm``, ``randint``, ``scatter_nd`` (into zeros) and ``affine_
 with the constant base grid); ``interpolate`` is ``image_resize``, ``lod_append`` a
 ``lod_reset`` with ``append``. ``unique`` / ``unique_with_counts``, ``scatter_nd_add``,
 ``strided_slice``, ``mean_iou``, ``sampling_id``, ``grid_sampler``, ``unfold``, ``roi_pool``,
-``roi_align``, ``continuous_value_model`` (``cvm``) and ``random_crop`` append Fluid's ops.
+``roi_align``, ``continuous_value_model`` (``cvm``), ``random_crop`` and ``iou_similarity``
+append Fluid's ops.
 Composed layers need the sizes they rearrange to be known when the program is built, and say
 so otherwise.
 """
@@ -33,7 +34,8 @@ __all__ = ["reverse", "sum", "unstack", "expand_as", "rank", "size", "crop", "cr
            "get_tensor_from_selected_rows", "merge_selected_rows", "shard_index", "interpolate",
            "clip_by_norm", "lod_append", "randint", "scatter_nd_add", "scatter_nd",
            "strided_slice", "mean_iou", "sampling_id", "affine_grid", "grid_sampler",
-           "unfold", "roi_pool", "roi_align", "continuous_value_model", "random_crop"]
+           "unfold", "roi_pool", "roi_align", "continuous_value_model", "random_crop",
+           "iou_similarity"]
 
 
 def _axes_list(axis, layer: str) -> list:
@@ -719,4 +721,16 @@ def random_crop(x, shape, seed=None) -> Variable:
         attrs["startup_seed"] = int(seed)
     helper.append_op("random_crop", inputs=inputs, outputs={"Out": [out], "SeedOut": [seed_out]},
                      attrs=attrs)
+    return out
+
+
+def iou_similarity(x, y, box_normalized=True, name=None) -> Variable:
+    """The intersection over union of every box of ``x [N, 4]`` with every box of ``y [M, 4]``
+    (xmin, ymin, xmax, ymax): ``[N, M]``, keeping ``x``'s LoD."""
+    check_variable(x, "x", "iou_similarity")
+    check_variable(y, "y", "iou_similarity")
+    helper = LayerHelper("iou_similarity", name=name)
+    out = helper.create_variable_for_type_inference(x.dtype, stop_gradient=True)
+    helper.append_op("iou_similarity", inputs={"X": [x], "Y": [y]}, outputs={"Out": [out]},
+                     attrs={"box_normalized": bool(box_normalized)})
     return out

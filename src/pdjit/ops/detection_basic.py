@@ -1,0 +1,119 @@
+"""Two of Fluid 1.8's detection ops that stand alone: ``sigmoid_focal_loss`` (with its
+gradient) and ``iou_similarity``.
+
+- ``sigmoid_focal_loss(X [N, C] logits, Label [N, 1] int32 (0: background, c: class c - 1),
+  FgNum [1] int32; gamma, alpha) -> Out [N, C]``: with ``p = sigmoid(x)``, ``f = max(FgNum,
+  1)``: ``-alpha / f (1 - p)^gamma log p`` for the sample's class, ``-(1 - alpha) / f p^gamma
+  log(1 - p)`` for the other classes, 0 for every class of a sample labelled -1 (ignored).
+- ``iou_similarity(X [N, 4], Y [M, 4]; box_normalized) -> Out [N, M]``: the intersection over
+  union of each pair of (xmin, ymin, xmax, ymax) boxes; unnormalised boxes count their end
+  pixels (+1 to widths and heights). Out keeps X's LoD.
+
+Both run their NumPy references (``emit`` is ``None``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from pdjit.framework.errors import ShapeMismatch
+from pdjit.framework.registry import (
+    OPAQUE,
+    Bool,
+    Float,
+    GradOpSpec,
+    VarMeta,
+    grad_var_name,
+    register_op,
+)
+from pdjit.ops._common import FLOATS, check_dtype
+
+_FOCAL = {"gamma": Float(2.0, low=0.5, high=3.0), "alpha": Float(0.25, low=0.1, high=0.9)}
+
+
+def _focal_parts(X, Label, FgNum, gamma, alpha):
+    x = X.astype(np.float64)
+    n, c = x.shape
+    lab = Label.reshape(-1).astype(np.int64)
+    if lab.size != n:
+        raise ShapeMismatch(f"sigmoid_focal_loss: expected one label per row ({n}), got "
+                            f"{lab.size}")
+    f = max(int(FgNum.reshape(-1)[0]), 1)
+    cls = np.arange(1, c + 1).reshape(1, -1)
+    pos_b = lab.reshape(-1, 1) == cls
+    pos = pos_b.astype(np.float64)
+    neg = ((lab.reshape(-1, 1) != -1) & ~pos_b).astype(np.float64)
+    e = np.exp(-np.abs(x))
+    p = np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+    log_p = np.minimum(x, 0) - np.log1p(e)            # log sigmoid(x)
+    log_q = -np.maximum(x, 0) - np.log1p(e)           # log (1 - sigmoid(x))
+    a, b = float(np.float32(alpha)) / f, (1 - float(np.float32(alpha))) / f
+    return x, p, log_p, log_q, pos, neg, a, b, float(np.float32(gamma))
+
+
+def _focal_infer(X, Label, FgNum, **_):
+    check_dtype(X, FLOATS, "sigmoid_focal_loss: input X")
+    if X.ndim != 2:
+        raise ShapeMismatch(f"sigmoid_focal_loss: expected X [N, C], got {list(X.shape)}")
+    return {"Out": X}
+
+
+def _focal_ref(X, Label, FgNum, *, gamma, alpha):
+    _, p, log_p, log_q, pos, neg, a, b, g = _focal_parts(X, Label, FgNum, gamma, alpha)
+    out = -pos * a * (1 - p) ** g * log_p - neg * b * p ** g * log_q
+    return {"Out": out.astype(X.dtype)}
+
+
+def _focal_grad_ref(X, Label, FgNum, *, gamma, alpha, **kw):
+    d = kw["Out@GRAD"].astype(np.float64)
+    _, p, log_p, log_q, pos, neg, a, b, g = _focal_parts(X, Label, FgNum, gamma, alpha)
+    dpos = (1 - p) ** g * ((1 - p) - g * p * log_p)
+    dneg = p ** g * (g * (1 - p) * log_q - p)
+    return {"X@GRAD": ((-pos * a * dpos - neg * b * dneg) * d).astype(X.dtype)}
+
+
+register_op(
+    "sigmoid_focal_loss", inputs=["X", "Label", "FgNum"], outputs=["Out"], attrs=_FOCAL,
+    traits=[OPAQUE], infer_shape=_focal_infer, reference=_focal_ref, emit=None,
+    grad=lambda op: [GradOpSpec(
+        "sigmoid_focal_loss_grad",
+        {"X": op.input("X"), "Label": op.input("Label"), "FgNum": op.input("FgNum"),
+         "Out@GRAD": [grad_var_name(v) for v in op.output("Out")]},
+        {"X@GRAD": [grad_var_name(v) for v in op.input("X")]},
+        {k: v for k, v in op.all_attrs().items() if k in _FOCAL})],
+    domain={"FgNum": "positive"},
+    doc="Focal loss of per-class sigmoids (RetinaNet), normalised by the foreground count.")
+register_op(
+    "sigmoid_focal_loss_grad", inputs=["X", "Label", "FgNum", "Out@GRAD"], outputs=["X@GRAD?"],
+    attrs=dict(_FOCAL), traits=[OPAQUE], infer_shape=lambda X, **_: {"X@GRAD": X},
+    reference=_focal_grad_ref, emit=None, grad=None, doc="Gradient of sigmoid_focal_loss.")
+
+
+def _iou_infer(X, Y, **_):
+    check_dtype(X, FLOATS, "iou_similarity: input X")
+    if X.ndim != 2 or Y.ndim != 2:
+        raise ShapeMismatch(f"iou_similarity: expected X [N, 4] and Y [M, 4], got "
+                            f"{list(X.shape)} and {list(Y.shape)}")
+    return {"Out": VarMeta((X.shape[0], Y.shape[0]), X.dtype, X.lod_level)}
+
+
+def _iou_ref(X, Y, *, box_normalized):
+    if X.shape[-1] != 4 or Y.shape[-1] != 4:
+        raise ShapeMismatch(f"iou_similarity: expected boxes of 4 values, got {list(X.shape)} "
+                            f"and {list(Y.shape)}")
+    one = 0.0 if box_normalized else 1.0
+    x, y = X.astype(np.float64)[:, None, :], Y.astype(np.float64)[None, :, :]
+    area_x = (x[..., 2] - x[..., 0] + one) * (x[..., 3] - x[..., 1] + one)
+    area_y = (y[..., 2] - y[..., 0] + one) * (y[..., 3] - y[..., 1] + one)
+    iw = np.maximum(np.minimum(x[..., 2], y[..., 2]) - np.maximum(x[..., 0], y[..., 0]) + one, 0)
+    ih = np.maximum(np.minimum(x[..., 3], y[..., 3]) - np.maximum(x[..., 1], y[..., 1]) + one, 0)
+    inter = iw * ih
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = inter / (area_x + area_y - inter)
+    return {"Out": np.nan_to_num(out).astype(X.dtype)}
+
+
+register_op(
+    "iou_similarity", inputs=["X", "Y"], outputs=["Out"],
+    attrs={"box_normalized": Bool(True)}, traits=[OPAQUE], infer_shape=_iou_infer,
+    reference=_iou_ref, emit=None, grad=None,
+    doc="Intersection over union of every pair of boxes of X and Y.")
