@@ -5,7 +5,7 @@ of existing layers (so they run natively and have gradients), computing what Flu
 the same name computes: ``unstack`` (split + squeeze), ``expand_as`` (tiling by the static
 ratio of the shapes), ``rank``, ``size``, ``crop`` / ``crop_tensor`` (a slice),
 ``pad_constant_like`` (a pad), ``eye``, ``diag``, ``reduce_all`` / ``reduce_any`` (min / max of
-the ints), ``multiplex`` (one-hot weighted sum), ``maxout``, ``pixel_shuffle``,
+the ints), ``multiplex`` (one-hot weighted sum), ``maxout``, ``pixel_shuffle``, ``space_to_depth``,
 ``shuffle_channel`` (reshape + transpose), ``lrn`` (a sum of shifted squares) and
 ``temporal_shift`` (pads and slices over the time axis), ``image_resize_short``, ``fsp_matrix``,
 ``bilinear_tensor_product`` (matmuls), ``shard_index`` (integer arithmetic and ``where``), and
@@ -35,7 +35,7 @@ __all__ = ["reverse", "sum", "unstack", "expand_as", "rank", "size", "crop", "cr
            "clip_by_norm", "lod_append", "randint", "scatter_nd_add", "scatter_nd",
            "strided_slice", "mean_iou", "sampling_id", "affine_grid", "grid_sampler",
            "unfold", "roi_pool", "roi_align", "continuous_value_model", "random_crop",
-           "iou_similarity"]
+           "iou_similarity", "space_to_depth"]
 
 
 def _axes_list(axis, layer: str) -> list:
@@ -734,3 +734,24 @@ def iou_similarity(x, y, box_normalized=True, name=None) -> Variable:
     helper.append_op("iou_similarity", inputs={"X": [x], "Y": [y]}, outputs={"Out": [out]},
                      attrs={"box_normalized": bool(box_normalized)})
     return out
+
+
+def space_to_depth(x, blocksize, name=None) -> Variable:
+    """Fluid 1.8's space_to_depth of ``x [N, C, H, W]`` (C divisible by ``blocksize^2``, H and
+    W by ``blocksize``): ``[N, C * b^2, H / b, W / b]``. As Fluid's kernel (darknet's reorg)
+    computes it: channel ``k = (oy * b + ox) * C / b^2 + c`` at ``(j, i)`` goes to row ``j * b +
+    oy``, column ``i * b + ox`` of channel ``c`` of a ``[N, C / b^2, H b, W b]`` tensor, whose
+    memory is then read as the output shape."""
+    check_variable(x, "x", "space_to_depth")
+    b = int(blocksize)
+    if len(x.shape) != 4 or b < 1:
+        raise ValueError(f"space_to_depth: expected a 4-D x and blocksize >= 1, got "
+                         f"{list(x.shape)} and {blocksize}")
+    _known(x, [1, 2, 3], "space_to_depth", "the channels, height and width")
+    _, c, h, w = x.shape
+    if c % (b * b) or h % b or w % b:
+        raise ValueError(f"space_to_depth: the channels ({c}) must divide by blocksize^2 and the "
+                         f"height ({h}) and width ({w}) by blocksize ({b})")
+    y = shape_ops.reshape(x, [-1, b, b, c // (b * b), h, w])
+    y = shape_ops.transpose(y, [0, 3, 4, 1, 5, 2])               # [N, c', H, oy, W, ox]
+    return shape_ops.reshape(y, [-1, c * b * b, h // b, w // b])
