@@ -150,3 +150,42 @@ def test_cvm_and_random_crop():
     for b in range(2):     # each crop is a contiguous window of its own image
         r0, c0 = divmod(int(got[b, 0, 0] - img[b, 0, 0]), 5)
         np.testing.assert_array_equal(got[b], img[b, r0:r0 + 2, c0:c0 + 3])
+
+
+def test_psroi_pool_output_and_grad():
+    x = RNG.normal(size=(2, 2 * 2 * 2, 5, 6))          # output_channels 2, bins 2x2
+    rois = np.array([[0.0, 0.0, 3.0, 2.0], [1.0, 1.0, 5.0, 4.0]])
+    lod = [[0, 1, 2]]
+    want = np.zeros((2, 2, 2, 2))
+    for k, roi in enumerate(rois):
+        x1, y1, x2, y2 = roi[0], roi[1], roi[2] + 1, roi[3] + 1
+        bh, bw = (y2 - y1) / 2, (x2 - x1) / 2
+        for c in range(2):
+            for i in range(2):
+                for j in range(2):
+                    hs, he = int(np.floor(y1 + i * bh)), int(np.ceil(y1 + (i + 1) * bh))
+                    ws, we = int(np.floor(x1 + j * bw)), int(np.ceil(x1 + (j + 1) * bw))
+                    want[k, c, i, j] = x[k, (c * 2 + i) * 2 + j, hs:min(he, 5),
+                                         ws:min(we, 6)].mean()
+    ins = {"X": x, "ROIs": (rois, lod)}
+    attrs = {"output_channels": 2, "pooled_height": 2, "pooled_width": 2}
+    check_output("psroi_pool", ins, attrs, {"Out": want})
+    check_grad("psroi_pool", ins, attrs, inputs_to_check=("X",))
+
+
+def test_inplace_abn_is_batch_norm_then_activation():
+    import pdjit as fluid
+    from pdjit.runtime.executor import Executor
+    from pdjit.runtime.scope import Scope
+
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        v = fluid.data("v", [4, 3, 2, 2], "float32")
+        out = fluid.layers.inplace_abn(v, act="leaky_relu", act_alpha=0.1)
+    scope, exe = Scope(), Executor()
+    exe.run(startup, scope=scope)
+    x = RNG.normal(size=(4, 3, 2, 2)).astype(np.float32)
+    got, = exe.run(main, feed={"v": x}, fetch_list=[out], scope=scope)
+    mean, var = x.mean(axis=(0, 2, 3), keepdims=True), x.var(axis=(0, 2, 3), keepdims=True)
+    z = (x - mean) / np.sqrt(var + 1e-5)
+    np.testing.assert_allclose(got, np.where(z > 0, z, 0.1 * z), rtol=1e-4, atol=1e-5)

@@ -14,8 +14,8 @@ dense), ``clip_by_norm``, ``randint``, ``scatter_nd`` (into zeros) and ``affine_
 with the constant base grid); ``interpolate`` is ``image_resize``, ``lod_append`` a
 ``lod_reset`` with ``append``. ``unique`` / ``unique_with_counts``, ``scatter_nd_add``,
 ``strided_slice``, ``mean_iou``, ``sampling_id``, ``grid_sampler``, ``unfold``, ``roi_pool``,
-``roi_align``, ``continuous_value_model`` (``cvm``), ``random_crop`` and ``iou_similarity``
-append Fluid's ops.
+``roi_align``, ``psroi_pool``, ``continuous_value_model`` (``cvm``), ``random_crop`` and
+``iou_similarity`` append Fluid's ops; ``inplace_abn`` is ``batch_norm`` and its activation.
 Composed layers need the sizes they rearrange to be known when the program is built, and say
 so otherwise.
 """
@@ -35,7 +35,7 @@ __all__ = ["reverse", "sum", "unstack", "expand_as", "rank", "size", "crop", "cr
            "clip_by_norm", "lod_append", "randint", "scatter_nd_add", "scatter_nd",
            "strided_slice", "mean_iou", "sampling_id", "affine_grid", "grid_sampler",
            "unfold", "roi_pool", "roi_align", "continuous_value_model", "random_crop",
-           "iou_similarity", "space_to_depth"]
+           "iou_similarity", "space_to_depth", "psroi_pool", "inplace_abn"]
 
 
 def _axes_list(axis, layer: str) -> list:
@@ -755,3 +755,44 @@ def space_to_depth(x, blocksize, name=None) -> Variable:
     y = shape_ops.reshape(x, [-1, b, b, c // (b * b), h, w])
     y = shape_ops.transpose(y, [0, 3, 4, 1, 5, 2])               # [N, c', H, oy, W, ox]
     return shape_ops.reshape(y, [-1, c * b * b, h // b, w // b])
+
+
+def psroi_pool(input, rois, output_channels, spatial_scale, pooled_height, pooled_width,
+               name=None) -> Variable:
+    """Position-sensitive RoI pooling (R-FCN): bin ``(i, j)`` of output channel ``k`` of each
+    region averages input channel ``(k * pooled_height + i) * pooled_width + j``."""
+    check_variable(input, "input", "psroi_pool")
+    check_variable(rois, "rois", "psroi_pool")
+    helper = LayerHelper("psroi_pool", name=name)
+    out = helper.create_variable_for_type_inference(input.dtype)
+    helper.append_op("psroi_pool", inputs={"X": [input], "ROIs": [rois]},
+                     outputs={"Out": [out]},
+                     attrs={"output_channels": int(output_channels),
+                            "spatial_scale": float(spatial_scale),
+                            "pooled_height": int(pooled_height),
+                            "pooled_width": int(pooled_width)})
+    return out
+
+
+def inplace_abn(input, act=None, is_test=False, momentum=0.9, epsilon=1e-05, param_attr=None,
+                bias_attr=None, data_layout="NCHW", name=None, moving_mean_name=None,
+                moving_variance_name=None, do_model_average_for_mean_and_var=True,
+                use_global_stats=False, act_alpha=1.0) -> Variable:
+    """Batch normalisation followed by ``act`` (None, 'identity', 'leaky_relu' or 'elu', with
+    ``act_alpha``): what Fluid's in-place activated batch norm computes (pdjit plans memory
+    itself, so the in-place part is not needed)."""
+    from pdjit.layers.norm import batch_norm
+
+    if act not in (None, "identity", "leaky_relu", "elu"):
+        raise ValueError(f"inplace_abn: argument 'act' must be None, 'identity', 'leaky_relu' or "
+                         f"'elu', got {act!r}")
+    out = batch_norm(input, is_test=is_test, momentum=momentum, epsilon=epsilon,
+                     param_attr=param_attr, bias_attr=bias_attr, data_layout=data_layout,
+                     name=name, moving_mean_name=moving_mean_name,
+                     moving_variance_name=moving_variance_name,
+                     use_global_stats=use_global_stats)
+    if act == "leaky_relu":
+        return math_ops.leaky_relu(out, alpha=float(act_alpha))
+    if act == "elu":
+        return math_ops.elu(out, alpha=float(act_alpha))
+    return out

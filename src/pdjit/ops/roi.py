@@ -1,5 +1,6 @@
 """Fluid 1.8's region-of-interest pooling: ``roi_pool`` (max over quantised bins, with
-``Argmax``) and ``roi_align`` (the mean of bilinear samples per bin), with their gradients.
+``Argmax``), ``roi_align`` (the mean of bilinear samples per bin) and ``psroi_pool``
+(position-sensitive means, described above its definition), with their gradients.
 
 ``ROIs [R, 4]`` hold ``(x1, y1, x2, y2)`` in input-image coordinates; its one-level LoD says
 which image of ``X [N, C, H, W]`` each belongs to (without a LoD, with ``N = 1``, all belong to
@@ -211,3 +212,81 @@ register_op(
     attrs=dict(_ALIGN), traits=[OPAQUE, SEQUENCE], infer_shape=lambda X, **_: {"X@GRAD": X},
     reference=_align_grad_ref, emit=None, grad=None, out_lod=lambda lods, **_: {"X@GRAD": []},
     doc="Each bin's gradient spread over its samples' pixels.")
+
+
+# ---- psroi_pool (position-sensitive) -----------------------------------------------------------
+# X [N, K * ph * pw, H, W] -> Out [R, K, ph, pw]: bin (i, j) of output channel k averages input
+# channel (k * ph + i) * pw + j over the bin; the box's corners rounded, its end pixel included,
+# then scaled (at least 0.1 wide); bins floor/ceil'd and clipped; an empty bin gives 0.
+_PS = {"output_channels": Int(1, low=1, high=2), "pooled_height": Int(1, low=1, high=2),
+       "pooled_width": Int(1, low=1, high=2), "spatial_scale": Float(1.0, low=0.5, high=1.0)}
+
+
+def _ps_bins(roi, scale, ph, pw, h, w):
+    x1, y1 = _round(float(roi[0])) * scale, _round(float(roi[1])) * scale
+    x2, y2 = (_round(float(roi[2])) + 1.0) * scale, (_round(float(roi[3])) + 1.0) * scale
+    rh, rw = max(y2 - y1, 0.1), max(x2 - x1, 0.1)
+    bh, bw = rh / ph, rw / pw
+    for i in range(ph):
+        hs = min(max(math.floor(bh * i + y1), 0), h)
+        he = min(max(math.ceil(bh * (i + 1) + y1), 0), h)
+        for j in range(pw):
+            ws = min(max(math.floor(bw * j + x1), 0), w)
+            we = min(max(math.ceil(bw * (j + 1) + x1), 0), w)
+            yield i, j, hs, he, ws, we
+
+
+def _ps_infer(X, ROIs, *, output_channels, pooled_height, pooled_width, **_):
+    check_dtype(X, FLOATS, "psroi_pool: input X")
+    if X.ndim != 4 or (X.shape[1] >= 0 and
+                       X.shape[1] != output_channels * pooled_height * pooled_width):
+        raise ShapeMismatch(f"psroi_pool: expected X [N, output_channels * ph * pw = "
+                            f"{output_channels * pooled_height * pooled_width}, H, W], got "
+                            f"{list(X.shape)}")
+    return {"Out": VarMeta((ROIs.shape[0], output_channels, pooled_height, pooled_width),
+                           X.dtype)}
+
+
+def _ps_walk(X, ROIs, a, ctx, op):
+    ids = _batch_ids(ctx, ROIs, X.shape[0], op)
+    ph, pw = a["pooled_height"], a["pooled_width"]
+    for k in range(ROIs.shape[0]):
+        for i, j, hs, he, ws, we in _ps_bins(ROIs[k], float(np.float32(a["spatial_scale"])),
+                                             ph, pw, X.shape[2], X.shape[3]):
+            chans = (np.arange(a["output_channels"]) * ph + i) * pw + j
+            yield k, ids[k], i, j, chans, hs, he, ws, we
+
+
+def _ps_ref(X, ROIs, *, ctx, **a):
+    out = np.zeros((ROIs.shape[0], a["output_channels"], a["pooled_height"],
+                    a["pooled_width"]))
+    for k, b, i, j, chans, hs, he, ws, we in _ps_walk(X, ROIs, a, ctx, "psroi_pool"):
+        if he > hs and we > ws:
+            out[k, :, i, j] = X[b, chans, hs:he, ws:we].astype(np.float64).mean(axis=(1, 2))
+    return {"Out": out.astype(X.dtype)}
+
+
+def _ps_grad_ref(X, ROIs, *, ctx, **a):
+    g = a.pop("Out@GRAD").astype(np.float64)
+    dx = np.zeros(X.shape)
+    for k, b, i, j, chans, hs, he, ws, we in _ps_walk(X, ROIs, a, ctx, "psroi_pool_grad"):
+        if he > hs and we > ws:
+            dx[b, chans, hs:he, ws:we] += (g[k, :, i, j] / ((he - hs) * (we - ws)))[:, None, None]
+    return {"X@GRAD": dx.astype(X.dtype)}
+
+
+register_op(
+    "psroi_pool", inputs=["X", "ROIs"], outputs=["Out"], attrs=_PS, traits=[OPAQUE, SEQUENCE],
+    infer_shape=_ps_infer, reference=_ps_ref, emit=None,
+    grad=lambda op: [GradOpSpec(
+        "psroi_pool_grad", {"X": op.input("X"), "ROIs": op.input("ROIs"),
+                            "Out@GRAD": [grad_var_name(v) for v in op.output("Out")]},
+        {"X@GRAD": [grad_var_name(v) for v in op.input("X")]},
+        {k: v for k, v in op.all_attrs().items() if k in _PS})],
+    out_lod=lambda lods, **_: {"Out": []},
+    doc="Position-sensitive average pooling of each region of interest.")
+register_op(
+    "psroi_pool_grad", inputs=["X", "ROIs", "Out@GRAD"], outputs=["X@GRAD?"], attrs=dict(_PS),
+    traits=[OPAQUE, SEQUENCE], infer_shape=lambda X, **_: {"X@GRAD": X},
+    reference=_ps_grad_ref, emit=None, grad=None, out_lod=lambda lods, **_: {"X@GRAD": []},
+    doc="Each bin's gradient spread evenly over its pixels.")
