@@ -29,11 +29,12 @@ from pdjit.ops import (  # noqa: F401
     trig,
 )
 
-# Fluid 1.8's remaining activations, ranking losses, CTC, focal loss and IoU, grid sampling,
-# hsigmoid, nce, ROI pooling, reverse, sequence ops
+# Fluid 1.8's remaining activations, 3-D conv/pool, ranking losses, CTC, focal loss and IoU, grid
+# sampling, hsigmoid, nce, ROI pooling, reverse, sequence ops
 # isort: split
 from pdjit.ops import (  # noqa: E402,F401
     activation_fluid,
+    conv3d,
     ctc,
     detection_basic,
     grid_sample,

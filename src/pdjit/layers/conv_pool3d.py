@@ -1,0 +1,113 @@
+"""Fluid 1.8's ``conv3d``, ``pool3d`` and ``adaptive_pool3d`` layers (NCDHW), appending the
+``conv3d`` / ``pool3d`` ops (``pdjit.ops.conv3d``); ``conv3d`` creates ``conv3d_N.w_0``
+``[num_filters, C / groups, kd, kh, kw]`` (Normal(0, sqrt(2 / (kd kh kw C))) as in Fluid) and
+its bias over the channel axis."""
+from __future__ import annotations
+
+import math
+import numbers
+
+from pdjit.framework.program import Variable
+from pdjit.initializer import Normal
+from pdjit.layers.layer_helper import LayerHelper, check_dtype, check_variable
+
+__all__ = ["conv3d", "pool3d", "adaptive_pool3d"]
+
+
+def _triple(value, name: str, layer: str) -> list:
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return [int(value)] * 3
+    if isinstance(value, (list, tuple)) and len(value) == 3 and \
+            all(isinstance(v, numbers.Integral) for v in value):
+        return [int(v) for v in value]
+    raise ValueError(f"{layer}: {name} must be an int or 3 ints, got {value!r}")
+
+
+def _paddings(padding, layer: str) -> list:
+    if isinstance(padding, numbers.Integral):
+        return [int(padding)] * 3
+    p = list(padding)
+    if len(p) in (3, 6) and all(isinstance(v, numbers.Integral) for v in p):
+        return [int(v) for v in p]
+    raise ValueError(f"{layer}: padding must be an int, 3 or 6 ints, got {padding!r}")
+
+
+def _check_input(input, layer: str, data_format: str) -> int:
+    check_variable(input, "input", layer)
+    check_dtype(input, "input", ("float32", "float64"), layer)
+    if data_format != "NCDHW":
+        raise ValueError(f"{layer}: only data_format 'NCDHW' is supported, got {data_format!r}")
+    if len(input.shape) != 5:
+        raise ValueError(f"{layer}: expected a 5-D input [N, C, D, H, W], got "
+                         f"{list(input.shape)}")
+    return input.shape[1]
+
+
+def conv3d(input, num_filters, filter_size, stride=1, padding=0, dilation=1, groups=None,
+           param_attr=None, bias_attr=None, use_cudnn=True, act=None, name=None,
+           data_format="NCDHW") -> Variable:
+    """3-D convolution of ``input [N, C, D, H, W]`` with ``num_filters`` learnt
+    ``filter_size`` kernels, then the bias and ``act``."""
+    layer = "conv3d"
+    c = _check_input(input, layer, data_format)
+    if c < 0:
+        raise ValueError(f"{layer}: the channel dim of the input must be known, got "
+                         f"{list(input.shape)}")
+    groups = 1 if groups is None else int(groups)
+    if groups < 1 or c % groups or num_filters % groups:
+        raise ValueError(f"{layer}: groups={groups} must divide the {c} channels and the "
+                         f"{num_filters} filters")
+    k = _triple(filter_size, "filter_size", layer)
+    helper = LayerHelper(layer, param_attr=param_attr, bias_attr=bias_attr, act=act, name=name)
+    std = math.sqrt(2.0 / (k[0] * k[1] * k[2] * c))
+    w = helper.create_parameter(helper.param_attr, [int(num_filters), c // groups] + k,
+                                input.dtype, default_initializer=Normal(0.0, std))
+    pre = helper.create_variable_for_type_inference(input.dtype)
+    helper.append_op("conv3d", inputs={"Input": [input], "Filter": [w]},
+                     outputs={"Output": [pre]},
+                     attrs={"strides": _triple(stride, "stride", layer),
+                            "paddings": _paddings(padding, layer),
+                            "dilations": _triple(dilation, "dilation", layer),
+                            "groups": groups, "use_cudnn": bool(use_cudnn)})
+    return helper.append_activation(helper.append_bias_op(pre, dim_start=1, dim_end=2))
+
+
+def _pool(input, attrs, layer, name=None) -> Variable:
+    helper = LayerHelper(layer, name=name)
+    out = helper.create_variable_for_type_inference(input.dtype)
+    helper.append_op("pool3d", inputs={"X": [input]}, outputs={"Out": [out]}, attrs=attrs)
+    return out
+
+
+def pool3d(input, pool_size=-1, pool_type="max", pool_stride=1, pool_padding=0,
+           global_pooling=False, use_cudnn=True, ceil_mode=False, name=None, exclusive=True,
+           data_format="NCDHW") -> Variable:
+    """3-D max or average pooling of ``input [N, C, D, H, W]``."""
+    layer = "pool3d"
+    _check_input(input, layer, data_format)
+    if pool_type not in ("max", "avg"):
+        raise ValueError(f"{layer}: pool_type must be 'max' or 'avg', got {pool_type!r}")
+    if pool_size == -1 and not global_pooling:
+        raise ValueError(f"{layer}: give pool_size, or global_pooling=True")
+    ksize = [1, 1, 1] if pool_size == -1 else _triple(pool_size, "pool_size", layer)
+    return _pool(input, {"pooling_type": pool_type, "ksize": ksize,
+                         "strides": _triple(pool_stride, "pool_stride", layer),
+                         "paddings": _paddings(pool_padding, layer),
+                         "global_pooling": bool(global_pooling), "ceil_mode": bool(ceil_mode),
+                         "exclusive": bool(exclusive), "use_cudnn": bool(use_cudnn)},
+                 layer, name)
+
+
+def adaptive_pool3d(input, pool_size, pool_type="max", require_index=False,
+                    name=None) -> Variable:
+    """Max or average pooling of ``input [N, C, D, H, W]`` into ``pool_size`` bins per axis
+    (bin ``i`` of an axis of size ``n`` into ``o``: ``floor(i n / o) .. ceil((i + 1) n / o)``)."""
+    layer = "adaptive_pool3d"
+    _check_input(input, layer, "NCDHW")
+    if pool_type not in ("max", "avg"):
+        raise ValueError(f"{layer}: pool_type must be 'max' or 'avg', got {pool_type!r}")
+    if require_index:
+        raise ValueError(f"{layer}: require_index=True is not supported")
+    return _pool(input, {"pooling_type": pool_type,
+                         "ksize": _triple(pool_size, "pool_size", layer),
+                         "adaptive": True}, layer, name)

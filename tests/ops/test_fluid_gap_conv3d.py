@@ -1,0 +1,90 @@
+"""``conv3d`` and ``pool3d`` (``pdjit.ops.conv3d``) against NumPy loops written here, their
+gradients by finite differences, and the layers."""
+import numpy as np
+
+import pdjit as fluid
+from pdjit.runtime.executor import Executor
+from pdjit.runtime.scope import Scope
+from pdjit.testing import check_output
+from pdjit.testing.grad_check import check_grad
+
+RNG = np.random.default_rng(23)
+
+
+def np_conv3d(x, w, s, p, d, groups):
+    n, c, dd, hh, ww = x.shape
+    m, cg, kd, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (p[0], p[0]), (p[1], p[1]), (p[2], p[2])))
+    od = (dd + 2 * p[0] - d[0] * (kd - 1) - 1) // s[0] + 1
+    oh = (hh + 2 * p[1] - d[1] * (kh - 1) - 1) // s[1] + 1
+    ow = (ww + 2 * p[2] - d[2] * (kw - 1) - 1) // s[2] + 1
+    out = np.zeros((n, m, od, oh, ow))
+    mg = m // groups
+    for o in range(m):
+        g = o // mg
+        for i in range(od):
+            for j in range(oh):
+                for k in range(ow):
+                    patch = xp[:, g * cg:(g + 1) * cg,
+                               i * s[0]:i * s[0] + d[0] * (kd - 1) + 1:d[0],
+                               j * s[1]:j * s[1] + d[1] * (kh - 1) + 1:d[1],
+                               k * s[2]:k * s[2] + d[2] * (kw - 1) + 1:d[2]]
+                    out[:, o, i, j, k] = (patch * w[o]).sum(axis=(1, 2, 3, 4))
+    return out
+
+
+def test_conv3d_output_and_grad():
+    x = RNG.normal(size=(2, 4, 3, 4, 3))
+    w = RNG.normal(size=(4, 2, 2, 2, 1))
+    attrs = {"strides": [1, 2, 1], "paddings": [1, 0, 1], "dilations": [1, 1, 2], "groups": 2}
+    check_output("conv3d", {"Input": x, "Filter": w}, attrs,
+                 {"Output": np_conv3d(x, w, [1, 2, 1], [1, 0, 1], [1, 1, 2], 2)})
+    check_grad("conv3d", {"Input": x, "Filter": w}, attrs, inputs_to_check=("Input", "Filter"),
+               output_name="Output")
+
+
+def np_pool3d(x, k, s, kind):
+    n, c, d, h, w = x.shape
+    od, oh, ow = [(a - b) // st + 1 for a, b, st in zip((d, h, w), k, s)]
+    out = np.zeros((n, c, od, oh, ow))
+    for i in range(od):
+        for j in range(oh):
+            for m in range(ow):
+                blk = x[:, :, i * s[0]:i * s[0] + k[0], j * s[1]:j * s[1] + k[1],
+                        m * s[2]:m * s[2] + k[2]]
+                out[:, :, i, j, m] = blk.max(axis=(2, 3, 4)) if kind == "max" else \
+                    blk.mean(axis=(2, 3, 4))
+    return out
+
+
+def test_pool3d_output_and_grad():
+    x = RNG.normal(size=(2, 2, 3, 4, 4))
+    for kind in ("max", "avg"):
+        attrs = {"pooling_type": kind, "ksize": [2, 2, 3], "strides": [1, 2, 1]}
+        check_output("pool3d", {"X": x}, attrs,
+                     {"Out": np_pool3d(x, [2, 2, 3], [1, 2, 1], kind)})
+        check_grad("pool3d", {"X": x}, attrs)
+    adaptive = {"pooling_type": "avg", "ksize": [2, 3, 1], "adaptive": True}
+    want = np.stack([np.stack([np.stack([
+        x[:, :, i * 3 // 2:-(-(i + 1) * 3 // 2), j * 4 // 3:-(-(j + 1) * 4 // 3), :]
+        .mean(axis=(2, 3, 4)) for k in range(1)], -1) for j in range(3)], -2) for i in range(2)],
+        -3)
+    check_output("pool3d", {"X": x}, adaptive, {"Out": want})
+
+
+def test_conv3d_pool3d_layers_train():
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        v = fluid.data("v", [-1, 1, 3, 4, 4], "float32")
+        y = fluid.layers.conv3d(v, num_filters=2, filter_size=2, act="relu")
+        y = fluid.layers.pool3d(y, pool_size=2, pool_type="avg")
+        y = fluid.layers.adaptive_pool3d(y, 1, pool_type="max")
+        loss = fluid.layers.mean(fluid.layers.square(y))
+        fluid.optimizer.SGD(0.1).minimize(loss)
+    exe, scope = Executor(), Scope()
+    exe.run(startup, scope=scope)
+    assert tuple(scope.find_var("conv3d_0.w_0").value.shape) == (2, 1, 2, 2, 2)
+    feed = {"v": RNG.normal(size=(3, 1, 3, 4, 4)).astype(np.float32)}
+    ls = [float(np.asarray(exe.run(main, feed=feed, fetch_list=[loss], scope=scope)[0])
+                .reshape(-1)[0]) for _ in range(4)]
+    assert ls[-1] < ls[0]
