@@ -15,7 +15,8 @@ with the constant base grid); ``interpolate`` is ``image_resize``, ``lod_append`
 ``lod_reset`` with ``append``. ``unique`` / ``unique_with_counts``, ``scatter_nd_add``,
 ``strided_slice``, ``mean_iou``, ``sampling_id``, ``grid_sampler``, ``unfold``, ``roi_pool``,
 ``roi_align``, ``psroi_pool``, ``continuous_value_model`` (``cvm``), ``random_crop`` and
-``iou_similarity`` append Fluid's ops; ``inplace_abn`` is ``batch_norm`` and its activation.
+``iou_similarity`` append Fluid's ops; ``inplace_abn`` is ``batch_norm`` and its activation;
+``py_func`` calls the user's Python function (``pdjit.ops.py_func``).
 Composed layers need the sizes they rearrange to be known when the program is built, and say
 so otherwise.
 """
@@ -35,7 +36,8 @@ __all__ = ["reverse", "sum", "unstack", "expand_as", "rank", "size", "crop", "cr
            "clip_by_norm", "lod_append", "randint", "scatter_nd_add", "scatter_nd",
            "strided_slice", "mean_iou", "sampling_id", "affine_grid", "grid_sampler",
            "unfold", "roi_pool", "roi_align", "continuous_value_model", "random_crop",
-           "iou_similarity", "space_to_depth", "psroi_pool", "inplace_abn"]
+           "iou_similarity", "space_to_depth", "psroi_pool", "inplace_abn",
+           "py_func"]
 
 
 def _axes_list(axis, layer: str) -> list:
@@ -795,4 +797,36 @@ def inplace_abn(input, act=None, is_test=False, momentum=0.9, epsilon=1e-05, par
         return math_ops.leaky_relu(out, alpha=float(act_alpha))
     if act == "elu":
         return math_ops.elu(out, alpha=float(act_alpha))
+    return out
+
+
+def py_func(func, x, out, backward_func=None, skip_vars_in_backward_input=None):
+    """Run ``func`` (Python) on the values of ``x`` (a Variable or list; each passed as a LoD
+    tensor) to fill ``out`` (Variables the caller created with their shapes and dtypes). With
+    ``backward_func``, gradients flow: it gets ``x``, ``out`` (less
+    ``skip_vars_in_backward_input``) and the gradients of ``out``, and returns those of
+    ``x``. Returns ``out``."""
+    from pdjit.ops.py_func import register_callable
+
+    if not callable(func) or (backward_func is not None and not callable(backward_func)):
+        raise TypeError("py_func: arguments 'func' and 'backward_func' must be callable")
+    xs = [] if x is None else ([x] if isinstance(x, Variable) else list(x))
+    outs = [] if out is None else ([out] if isinstance(out, Variable) else list(out))
+    for i, v in enumerate(xs):
+        check_variable(v, f"x[{i}]", "py_func")
+    for i, v in enumerate(outs):
+        check_variable(v, f"out[{i}]", "py_func")
+    skip = skip_vars_in_backward_input
+    skip = [] if skip is None else ([skip] if isinstance(skip, Variable) else list(skip))
+    known = {v.name for v in xs + outs}
+    names = [v.name if isinstance(v, Variable) else str(v) for v in skip]
+    if any(n not in known for n in names):
+        raise ValueError(f"py_func: skip_vars_in_backward_input must be among x and out, got "
+                         f"{names}")
+    helper = LayerHelper("py_func")
+    helper.append_op("py_func", inputs={"X": xs}, outputs={"Out": outs},
+                     attrs={"forward_callable_id": register_callable(func),
+                            "backward_callable_id": register_callable(backward_func)
+                            if backward_func is not None else -1,
+                            "backward_skip_vars": names})
     return out
