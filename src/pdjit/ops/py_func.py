@@ -42,13 +42,10 @@ _ATTRS = {"forward_callable_id": Int(-1, low=-1, high=-1),
 
 
 def _ref(X=None, *, forward_callable_id, ctx, **_):
-    from pdjit.runtime.tensor import LoDTensor
-
     if not 0 <= forward_callable_id < len(CALLABLES):
         raise ShapeMismatch(f"py_func: no function {forward_callable_id} is registered in this "
                             f"process (a py_func program runs where it was built)")
-    args = [LoDTensor(np.asarray(x), ctx.input_lod("X", i)) if ctx.input_lod("X", i)
-            else LoDTensor(np.asarray(x), []) for i, x in enumerate(X or [])]
+    args = [ctx.with_lod(np.asarray(x), ctx.input_lod("X", i)) for i, x in enumerate(X or [])]
     res = CALLABLES[forward_callable_id](*args)
     names = ctx.op.output("Out")
     res = [] if res is None else (list(res) if isinstance(res, (list, tuple)) else [res])
