@@ -88,3 +88,21 @@ def test_conv3d_pool3d_layers_train():
     ls = [float(np.asarray(exe.run(main, feed=feed, fetch_list=[loss], scope=scope)[0])
                 .reshape(-1)[0]) for _ in range(4)]
     assert ls[-1] < ls[0]
+
+
+def test_conv3d_transpose_is_conv3ds_adjoint_and_grad():
+    x = RNG.normal(size=(2, 2, 2, 3, 2))
+    w = RNG.normal(size=(2, 3, 2, 1, 2))
+    attrs = {"strides": [2, 1, 1], "paddings": [0, 0, 1], "dilations": [1, 1, 1], "groups": 1}
+    # out[n, m, i*s + a, j + b, k + c] += x[n, c_, i, j, k] w[c_, m, a, b, c], then cropped
+    full = np.zeros((2, 3, (2 - 1) * 2 + 2, 3, (2 - 1) + 2))
+    for a in range(2):
+        for c in range(2):
+            for i in range(2):
+                for k in range(2):
+                    full[:, :, i * 2 + a, :, k + c] += np.einsum(
+                        "nch,cm->nmh", x[:, :, i, :, k], w[:, :, a, 0, c])
+    check_output("conv3d_transpose", {"Input": x, "Filter": w}, attrs,
+                 {"Output": full[:, :, :, :, 1:-1]})
+    check_grad("conv3d_transpose", {"Input": x, "Filter": w}, attrs,
+               inputs_to_check=("Input", "Filter"), output_name="Output")

@@ -1,7 +1,8 @@
-"""Fluid 1.8's ``conv3d``, ``pool3d`` and ``adaptive_pool3d`` layers (NCDHW), appending the
-``conv3d`` / ``pool3d`` ops (``pdjit.ops.conv3d``); ``conv3d`` creates ``conv3d_N.w_0``
-``[num_filters, C / groups, kd, kh, kw]`` (Normal(0, sqrt(2 / (kd kh kw C))) as in Fluid) and
-its bias over the channel axis."""
+"""Fluid 1.8's ``conv3d``, ``conv3d_transpose``, ``pool3d`` and ``adaptive_pool3d`` layers
+(NCDHW), appending the ops of those names (``pdjit.ops.conv3d``; the pools append ``pool3d``);
+``conv3d`` creates ``conv3d_N.w_0`` ``[num_filters, C / groups, kd, kh, kw]`` (Normal(0,
+sqrt(2 / (kd kh kw C))) as in Fluid), ``conv3d_transpose`` ``[C, num_filters / groups, kd, kh,
+kw]`` (Xavier), each with a bias over the channel axis."""
 from __future__ import annotations
 
 import math
@@ -11,7 +12,7 @@ from pdjit.framework.program import Variable
 from pdjit.initializer import Normal
 from pdjit.layers.layer_helper import LayerHelper, check_dtype, check_variable
 
-__all__ = ["conv3d", "pool3d", "adaptive_pool3d"]
+__all__ = ["conv3d", "conv3d_transpose", "pool3d", "adaptive_pool3d"]
 
 
 def _triple(value, name: str, layer: str) -> list:
@@ -64,6 +65,37 @@ def conv3d(input, num_filters, filter_size, stride=1, padding=0, dilation=1, gro
                                 input.dtype, default_initializer=Normal(0.0, std))
     pre = helper.create_variable_for_type_inference(input.dtype)
     helper.append_op("conv3d", inputs={"Input": [input], "Filter": [w]},
+                     outputs={"Output": [pre]},
+                     attrs={"strides": _triple(stride, "stride", layer),
+                            "paddings": _paddings(padding, layer),
+                            "dilations": _triple(dilation, "dilation", layer),
+                            "groups": groups, "use_cudnn": bool(use_cudnn)})
+    return helper.append_activation(helper.append_bias_op(pre, dim_start=1, dim_end=2))
+
+
+def conv3d_transpose(input, num_filters, output_size=None, filter_size=None, padding=0,
+                     stride=1, dilation=1, groups=None, param_attr=None, bias_attr=None,
+                     use_cudnn=True, act=None, name=None, data_format="NCDHW") -> Variable:
+    """3-D transposed convolution of ``input [N, C, D, H, W]`` with ``num_filters`` learnt
+    ``filter_size`` kernels (``output_size`` is not supported: give ``filter_size``), then the
+    bias and ``act``."""
+    layer = "conv3d_transpose"
+    c = _check_input(input, layer, data_format)
+    if filter_size is None or output_size is not None:
+        raise ValueError(f"{layer}: give filter_size (output_size is not supported)")
+    if c < 0:
+        raise ValueError(f"{layer}: the channel dim of the input must be known, got "
+                         f"{list(input.shape)}")
+    groups = 1 if groups is None else int(groups)
+    if groups < 1 or c % groups or num_filters % groups:
+        raise ValueError(f"{layer}: groups={groups} must divide the {c} channels and the "
+                         f"{num_filters} filters")
+    k = _triple(filter_size, "filter_size", layer)
+    helper = LayerHelper(layer, param_attr=param_attr, bias_attr=bias_attr, act=act, name=name)
+    w = helper.create_parameter(helper.param_attr, [c, int(num_filters) // groups] + k,
+                                input.dtype)
+    pre = helper.create_variable_for_type_inference(input.dtype)
+    helper.append_op(layer, inputs={"Input": [input], "Filter": [w]},
                      outputs={"Output": [pre]},
                      attrs={"strides": _triple(stride, "stride", layer),
                             "paddings": _paddings(padding, layer),

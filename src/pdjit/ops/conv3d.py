@@ -1,5 +1,5 @@
-"""Fluid 1.8's 3-D convolution and pooling: ``conv3d`` and ``pool3d`` (with ``adaptive``), with
-their gradients, over NCDHW tensors.
+"""Fluid 1.8's 3-D convolution and pooling: ``conv3d``, ``conv3d_transpose`` (described above its
+definition) and ``pool3d`` (with ``adaptive``), with their gradients, over NCDHW tensors.
 
 - ``conv3d(Input [N, C, D, H, W], Filter [M, C / groups, kd, kh, kw]) -> Output``: the
   cross-correlation with ``strides``, zero ``paddings`` (3 values, or 6: front/back, top/bottom,
@@ -252,3 +252,81 @@ register_op(
     "pool3d_grad", inputs=["X", "Out", "Out@GRAD"], outputs=["X@GRAD?"], attrs=dict(_POOL),
     traits=[OPAQUE], infer_shape=lambda X, **_: {"X@GRAD": X}, reference=_pool_grad_ref,
     emit=None, grad=None, doc="Gradient of pool3d.")
+
+
+# ---- conv3d_transpose --------------------------------------------------------------------------
+# Input [N, C, D, H, W], Filter [C, M / groups, kd, kh, kw] -> Output [N, M, (D - 1) s - p0 - p1
+# + dil (k - 1) + 1, ...]: each input element spreads Filter's kernel (times itself) over the
+# output at stride s, then the paddings are cut from the borders (the adjoint of conv3d).
+_CONVT = dict(_CONV, output_size=Ints([], choices=([],)))
+
+
+def _convt_full(shape, fshape, strides, dilations):
+    return [(shape[2 + i] - 1) * strides[i] + dilations[i] * (fshape[2 + i] - 1) + 1
+            for i in range(3)]
+
+
+def _convt_infer(Input, Filter, *, strides, paddings, dilations, groups, **_):
+    check_dtype(Input, FLOATS, "conv3d_transpose: Input")
+    if Input.ndim != 5 or Filter.ndim != 5:
+        raise ShapeMismatch(f"conv3d_transpose: expected Input [N, C, D, H, W] and Filter "
+                            f"[C, M / groups, kd, kh, kw], got {list(Input.shape)} and "
+                            f"{list(Filter.shape)}")
+    p = _pads(paddings)
+    full = _convt_full(Input.shape, Filter.shape, strides, dilations)
+    out = [f - p[2 * i] - p[2 * i + 1] if Input.shape[2 + i] >= 0 else -1
+           for i, f in enumerate(full)]
+    return {"Output": VarMeta((Input.shape[0], Filter.shape[1] * groups, *out), Input.dtype)}
+
+
+def _convt_taps(shape, fshape, strides, dilations):
+    for a in range(fshape[2]):
+        for b in range(fshape[3]):
+            for c in range(fshape[4]):
+                yield (a, b, c), tuple(
+                    slice(k * dilations[i], k * dilations[i] + (shape[2 + i] - 1) * strides[i]
+                          + 1, strides[i]) for i, k in enumerate((a, b, c)))
+
+
+def _convt_ref(Input, Filter, *, strides, paddings, dilations, groups, **_):
+    x, w = Input.astype(np.float64), Filter.astype(np.float64)
+    cg, mg = x.shape[1] // groups, w.shape[1]
+    full = _convt_full(x.shape, w.shape, strides, dilations)
+    out = np.zeros((x.shape[0], mg * groups, *full))
+    for (a, b, c), sl in _convt_taps(x.shape, w.shape, strides, dilations):
+        for g in range(groups):
+            out[(slice(None), slice(g * mg, (g + 1) * mg)) + sl] += np.einsum(
+                "ncdhw,cm->nmdhw", x[:, g * cg:(g + 1) * cg], w[g * cg:(g + 1) * cg, :, a, b, c])
+    p = _pads(paddings)
+    out = out[:, :, p[0]:full[0] - p[1], p[2]:full[1] - p[3], p[4]:full[2] - p[5]]
+    return {"Output": out.astype(Input.dtype)}
+
+
+def _convt_grad_ref(Input, Filter, *, strides, paddings, dilations, groups, **kw):
+    x, w = Input.astype(np.float64), Filter.astype(np.float64)
+    cg, mg = x.shape[1] // groups, w.shape[1]
+    p = _pads(paddings)
+    g = np.pad(kw["Output@GRAD"].astype(np.float64),
+               ((0, 0), (0, 0), (p[0], p[1]), (p[2], p[3]), (p[4], p[5])))
+    dx, dw = np.zeros(x.shape), np.zeros(w.shape)
+    for (a, b, c), sl in _convt_taps(x.shape, w.shape, strides, dilations):
+        for gi in range(groups):
+            go = g[(slice(None), slice(gi * mg, (gi + 1) * mg)) + sl]
+            xs = x[:, gi * cg:(gi + 1) * cg]
+            dx[:, gi * cg:(gi + 1) * cg] += np.einsum("nmdhw,cm->ncdhw", go,
+                                                      w[gi * cg:(gi + 1) * cg, :, a, b, c])
+            dw[gi * cg:(gi + 1) * cg, :, a, b, c] += np.einsum("ncdhw,nmdhw->cm", xs, go)
+    return {"Input@GRAD": dx.astype(Input.dtype), "Filter@GRAD": dw.astype(Filter.dtype)}
+
+
+register_op(
+    "conv3d_transpose", inputs=["Input", "Filter"], outputs=["Output"], attrs=_CONVT,
+    traits=[OPAQUE], infer_shape=_convt_infer, reference=_convt_ref, emit=None,
+    grad=default_grad("conv3d_transpose_grad", fwd_inputs=("Input", "Filter"),
+                      grad_outputs=("Output",), wrt=("Input", "Filter")),
+    doc="3-D transposed convolution (the adjoint of conv3d).")
+register_op(
+    "conv3d_transpose_grad", inputs=["Input", "Filter", "Output@GRAD"],
+    outputs=["Input@GRAD?", "Filter@GRAD?"], attrs=dict(_CONVT), traits=[OPAQUE],
+    infer_shape=lambda Input, Filter, **_: {"Input@GRAD": Input, "Filter@GRAD": Filter},
+    reference=_convt_grad_ref, emit=None, grad=None, doc="Gradients of conv3d_transpose.")
