@@ -41,7 +41,6 @@ REASONS = {
                               "yet",
     "prroi_pool": "needs precise RoI pooling (integrals of the bilinear surface): not "
                   "implemented yet",
-    "resize_trilinear": "3-D (trilinear) interpolation: not implemented yet",
     "dynamic_lstmp": "needs an LSTM-with-projection recurrent op (lstmp): not implemented yet",
     "sampled_softmax_with_cross_entropy": "needs the sample_logits op (sampled classes, "
                                           "accidental-hit removal): not implemented yet",

@@ -106,3 +106,31 @@ def test_conv3d_transpose_is_conv3ds_adjoint_and_grad():
                  {"Output": full[:, :, :, :, 1:-1]})
     check_grad("conv3d_transpose", {"Input": x, "Filter": w}, attrs,
                inputs_to_check=("Input", "Filter"), output_name="Output")
+
+
+def np_lerp_axis(v, axis, n_out, align_corners, align_mode):
+    n_in = v.shape[axis]
+    out = []
+    for o in range(n_out):
+        if align_corners:
+            src = o * (n_in - 1) / (n_out - 1)
+        elif align_mode == 0:
+            src = max((o + 0.5) * n_in / n_out - 0.5, 0.0)
+        else:
+            src = o * n_in / n_out
+        i0 = min(int(np.floor(src)), n_in - 1)
+        i1 = min(i0 + 1, n_in - 1)
+        t = src - i0
+        out.append((1 - t) * np.take(v, i0, axis) + t * np.take(v, i1, axis))
+    return np.stack(out, axis=axis)
+
+
+def test_trilinear_interp_and_grad():
+    x = RNG.normal(size=(1, 2, 2, 3, 4))
+    for ac, mode in ((True, 1), (False, 0), (False, 1)):
+        want = x
+        for axis, n in zip((2, 3, 4), (3, 5, 2)):
+            want = np_lerp_axis(want, axis, n, ac, mode)
+        attrs = {"out_d": 3, "out_h": 5, "out_w": 2, "align_corners": ac, "align_mode": mode}
+        check_output("trilinear_interp", {"X": x}, attrs, {"Out": want})
+    check_grad("trilinear_interp", {"X": x}, attrs)

@@ -2,7 +2,8 @@
 (NCDHW), appending the ops of those names (``pdjit.ops.conv3d``; the pools append ``pool3d``);
 ``conv3d`` creates ``conv3d_N.w_0`` ``[num_filters, C / groups, kd, kh, kw]`` (Normal(0,
 sqrt(2 / (kd kh kw C))) as in Fluid), ``conv3d_transpose`` ``[C, num_filters / groups, kd, kh,
-kw]`` (Xavier), each with a bias over the channel axis."""
+kw]`` (Xavier), each with a bias over the channel axis. ``resize_trilinear`` appends
+``trilinear_interp``."""
 from __future__ import annotations
 
 import math
@@ -12,7 +13,7 @@ from pdjit.framework.program import Variable
 from pdjit.initializer import Normal
 from pdjit.layers.layer_helper import LayerHelper, check_dtype, check_variable
 
-__all__ = ["conv3d", "conv3d_transpose", "pool3d", "adaptive_pool3d"]
+__all__ = ["conv3d", "conv3d_transpose", "pool3d", "adaptive_pool3d", "resize_trilinear"]
 
 
 def _triple(value, name: str, layer: str) -> list:
@@ -143,3 +144,28 @@ def adaptive_pool3d(input, pool_size, pool_type="max", require_index=False,
     return _pool(input, {"pooling_type": pool_type,
                          "ksize": _triple(pool_size, "pool_size", layer),
                          "adaptive": True}, layer, name)
+
+
+def resize_trilinear(input, out_shape=None, scale=None, name=None, actual_shape=None,
+                     align_corners=True, align_mode=1, data_format="NCDHW") -> Variable:
+    """``input [N, C, D, H, W]`` resized to ``out_shape`` ([D', H', W'] ints) or by ``scale``
+    with trilinear interpolation (corners aligned by default, as in Fluid)."""
+    layer = "resize_trilinear"
+    _check_input(input, layer, data_format)
+    if actual_shape is not None or isinstance(out_shape, Variable):
+        raise ValueError(f"{layer}: out_shape must be a list of 3 ints (Variables and "
+                         f"actual_shape are not supported)")
+    attrs = {"align_corners": bool(align_corners), "align_mode": int(align_mode),
+             "data_layout": "NCDHW"}
+    if out_shape is not None:
+        d, h, w = _triple(list(out_shape), "out_shape", layer)
+        attrs.update(out_d=d, out_h=h, out_w=w)
+    elif scale is not None and float(scale) > 0:
+        attrs["scale"] = float(scale)
+    else:
+        raise ValueError(f"{layer}: give out_shape or a scale > 0")
+    helper = LayerHelper(layer, name=name)
+    out = helper.create_variable_for_type_inference(input.dtype)
+    helper.append_op("trilinear_interp", inputs={"X": [input]}, outputs={"Out": [out]},
+                     attrs=attrs)
+    return out

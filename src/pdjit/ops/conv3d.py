@@ -1,5 +1,6 @@
 """Fluid 1.8's 3-D convolution and pooling: ``conv3d``, ``conv3d_transpose`` (described above its
-definition) and ``pool3d`` (with ``adaptive``), with their gradients, over NCDHW tensors.
+definition), ``pool3d`` (with ``adaptive``) and ``trilinear_interp`` (likewise), with their
+gradients, over NCDHW tensors.
 
 - ``conv3d(Input [N, C, D, H, W], Filter [M, C / groups, kd, kh, kw]) -> Output``: the
   cross-correlation with ``strides``, zero ``paddings`` (3 values, or 6: front/back, top/bottom,
@@ -23,6 +24,7 @@ from pdjit.framework.registry import (
     OPAQUE,
     REQUIRED,
     Bool,
+    Float,
     GradOpSpec,
     Int,
     Ints,
@@ -330,3 +332,80 @@ register_op(
     outputs=["Input@GRAD?", "Filter@GRAD?"], attrs=dict(_CONVT), traits=[OPAQUE],
     infer_shape=lambda Input, Filter, **_: {"Input@GRAD": Input, "Filter@GRAD": Filter},
     reference=_convt_grad_ref, emit=None, grad=None, doc="Gradients of conv3d_transpose.")
+
+
+# ---- trilinear_interp --------------------------------------------------------------------------
+# X [N, C, D, H, W] resized to out_d x out_h x out_w by linear interpolation along each axis:
+# with align_corners the corners match (source = dst (in - 1) / (out - 1)); else ratio =
+# in / out and source = dst ratio (align_mode 1) or (dst + 0.5) ratio - 0.5, at least 0
+# (align_mode 0). The resize is a product of one [out, in] matrix per axis; the gradient applies
+# their transposes.
+_TRI = {"out_d": Int(-1, low=2, high=3), "out_h": Int(-1, low=2, high=3),
+        "out_w": Int(-1, low=2, high=3), "scale": Float(0.0, low=0.0, high=0.0),
+        "interp_method": Str("trilinear", one_of=("trilinear",)),
+        "align_corners": Bool(True), "align_mode": Int(1, one_of=(0, 1), choices=(0, 1)),
+        "data_layout": Str("NCHW", one_of=("NCHW", "NCDHW", "AnyLayout"))}
+
+
+def _tri_sizes(shape, out_d, out_h, out_w, scale):
+    if out_d > 0 and out_h > 0 and out_w > 0:
+        return [out_d, out_h, out_w]
+    if scale and scale > 0:
+        return [int(n * scale) if n >= 0 else -1 for n in shape[2:]]
+    raise ShapeMismatch(f"trilinear_interp: expected out_d, out_h, out_w or a scale > 0, got "
+                        f"{[out_d, out_h, out_w]} and scale {scale}")
+
+
+def _tri_matrix(n_in, n_out, align_corners, align_mode):
+    m = np.zeros((n_out, n_in))
+    for o in range(n_out):
+        if align_corners:
+            src = o * (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
+        elif align_mode == 0:
+            src = max((o + 0.5) * n_in / n_out - 0.5, 0.0)
+        else:
+            src = o * n_in / n_out
+        i0 = min(int(src), n_in - 1)
+        i1 = min(i0 + 1, n_in - 1)
+        lam = src - i0
+        m[o, i0] += 1 - lam
+        m[o, i1] += lam
+    return m
+
+
+def _tri_infer(X, *, out_d, out_h, out_w, scale, **_):
+    check_dtype(X, FLOATS, "trilinear_interp: X")
+    if X.ndim != 5:
+        raise ShapeMismatch(f"trilinear_interp: expected X [N, C, D, H, W], got "
+                            f"{list(X.shape)}")
+    return {"Out": VarMeta((X.shape[0], X.shape[1],
+                            *_tri_sizes(X.shape, out_d, out_h, out_w, scale)), X.dtype)}
+
+
+def _tri_mats(shape, a):
+    sizes = _tri_sizes(shape, a["out_d"], a["out_h"], a["out_w"], a["scale"])
+    return [_tri_matrix(n, o, a["align_corners"], a["align_mode"])
+            for n, o in zip(shape[2:], sizes)]
+
+
+def _tri_ref(X, **a):
+    md, mh, mw = _tri_mats(X.shape, a)
+    out = np.einsum("ncdhw,Dd,Hh,Ww->ncDHW", X.astype(np.float64), md, mh, mw)
+    return {"Out": out.astype(X.dtype)}
+
+
+def _tri_grad_ref(X, **kw):
+    g = kw.pop("Out@GRAD").astype(np.float64)
+    md, mh, mw = _tri_mats(X.shape, kw)
+    return {"X@GRAD": np.einsum("ncDHW,Dd,Hh,Ww->ncdhw", g, md, mh, mw).astype(X.dtype)}
+
+
+register_op(
+    "trilinear_interp", inputs=["X"], outputs=["Out"], attrs=_TRI, traits=[OPAQUE],
+    infer_shape=_tri_infer, reference=_tri_ref, emit=None,
+    grad=default_grad("trilinear_interp_grad", fwd_inputs=("X",)),
+    doc="X resized by trilinear interpolation (NCDHW).")
+register_op(
+    "trilinear_interp_grad", inputs=["X", "Out@GRAD"], outputs=["X@GRAD?"], attrs=dict(_TRI),
+    traits=[OPAQUE], infer_shape=lambda X, **_: {"X@GRAD": X}, reference=_tri_grad_ref,
+    emit=None, grad=None, doc="Gradient of trilinear_interp.")
