@@ -47,8 +47,6 @@ REASONS = {
     "center_loss": "updates its class centres inside the forward op: not implemented yet",
     "data_norm": "CTR normalisation whose backward writes batch statistics, not gradients: "
                  "not implemented yet",
-    "spectral_norm": "needs in-place power-iteration vectors (U, V) updated by the forward op: "
-                     "not implemented yet",
     "similarity_focus": "not implemented yet",
     "filter_by_instag": "CTR instance filtering by tags (LoD in, LoD out, loss weights): not "
                         "implemented yet",

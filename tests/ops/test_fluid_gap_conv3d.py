@@ -134,3 +134,53 @@ def test_trilinear_interp_and_grad():
         attrs = {"out_d": 3, "out_h": 5, "out_w": 2, "align_corners": ac, "align_mode": mode}
         check_output("trilinear_interp", {"X": x}, attrs, {"Out": want})
     check_grad("trilinear_interp", {"X": x}, attrs)
+
+
+def test_spectral_norm_against_svd_and_grad():
+    w = RNG.normal(size=(3, 2, 2))
+    u0, v0 = RNG.normal(size=3), RNG.normal(size=4)
+    # many power iterations converge to the largest singular value
+    attrs = {"dim": 0, "power_iters": 50}
+    sigma = np.linalg.svd(w.reshape(3, 4), compute_uv=False)[0]
+    check_output("spectral_norm", {"Weight": w, "U": u0, "V": v0}, attrs, {"Out": w / sigma},
+                 rtol=1e-6, atol=1e-8)
+    # dim 1: the matrix is axis 1 against the rest
+    w1 = np.transpose(w, (1, 0, 2)).reshape(2, 6)
+    s1 = np.linalg.svd(w1, compute_uv=False)[0]
+    check_output("spectral_norm", {"Weight": w, "U": RNG.normal(size=2), "V": RNG.normal(size=6)},
+                 {"dim": 1, "power_iters": 60}, {"Out": w / s1}, rtol=1e-6, atol=1e-8)
+    # the gradient holds u and v fixed (Fluid's): with one iteration it is not the derivative
+    # of the whole map, so compare with the formula written here
+    attrs1 = {"dim": 0, "power_iters": 1}
+    m = w.reshape(3, 4)
+    v = m.T @ u0
+    v /= np.linalg.norm(v) + 1e-12
+    u = m @ v
+    u /= np.linalg.norm(u) + 1e-12
+    s = u @ m @ v
+    g = RNG.normal(size=(3, 2, 2))
+    want = (g.reshape(3, 4) - (g.reshape(3, 4) * m).sum() * np.outer(u, v) / s) / s
+    from pdjit.testing.op_test import run_op
+
+    got = run_op("spectral_norm_grad", {"Weight": w, "U": u0, "V": v0, "Out@GRAD": g}, attrs1,
+                 outputs={"Weight@GRAD": 1})
+    np.testing.assert_allclose(got["Weight@GRAD"], want.reshape(3, 2, 2), rtol=1e-6)
+    # converged, u and v are the singular vectors: then it is the true derivative
+    check_grad("spectral_norm", {"Weight": w, "U": u0, "V": v0}, attrs,
+               inputs_to_check=("Weight",), max_relative_error=1e-4, atol=1e-6)
+
+
+def test_spectral_norm_layer_in_training():
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        x = fluid.data("x", [-1, 3], "float32")
+        w = fluid.layers.create_parameter([3, 2], "float32", name="w")
+        y = fluid.layers.matmul(x, fluid.layers.spectral_norm(w, dim=0, power_iters=20))
+        loss = fluid.layers.mean(fluid.layers.square(y))
+        params = [p.name for p, _ in fluid.optimizer.SGD(0.1).minimize(loss)[1]]
+    assert params == ["w"]                      # U and V are not trained
+    exe, scope = Executor(), Scope()
+    exe.run(startup, scope=scope)
+    got, = exe.run(main, feed={"x": np.eye(3, dtype=np.float32)},
+                   fetch_list=[y], scope=scope)
+    assert abs(np.linalg.svd(got, compute_uv=False)[0] - 1.0) < 1e-3   # W / sigma(W)

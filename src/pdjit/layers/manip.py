@@ -16,7 +16,8 @@ with the constant base grid); ``interpolate`` is ``image_resize``, ``lod_append`
 ``strided_slice``, ``mean_iou``, ``sampling_id``, ``grid_sampler``, ``unfold``, ``roi_pool``,
 ``roi_align``, ``psroi_pool``, ``continuous_value_model`` (``cvm``), ``random_crop`` and
 ``iou_similarity`` append Fluid's ops; ``inplace_abn`` is ``batch_norm`` and its activation;
-``py_func`` calls the user's Python function (``pdjit.ops.py_func``).
+``py_func`` calls the user's Python function (``pdjit.ops.py_func``); ``spectral_norm``
+appends Fluid's op (``pdjit.ops.spectral_norm``).
 Composed layers need the sizes they rearrange to be known when the program is built, and say
 so otherwise.
 """
@@ -37,7 +38,7 @@ __all__ = ["reverse", "sum", "unstack", "expand_as", "rank", "size", "crop", "cr
            "strided_slice", "mean_iou", "sampling_id", "affine_grid", "grid_sampler",
            "unfold", "roi_pool", "roi_align", "continuous_value_model", "random_crop",
            "iou_similarity", "space_to_depth", "psroi_pool", "inplace_abn",
-           "py_func"]
+           "py_func", "spectral_norm"]
 
 
 def _axes_list(axis, layer: str) -> list:
@@ -829,4 +830,32 @@ def py_func(func, x, out, backward_func=None, skip_vars_in_backward_input=None):
                             "backward_callable_id": register_callable(backward_func)
                             if backward_func is not None else -1,
                             "backward_skip_vars": names})
+    return out
+
+
+def spectral_norm(weight, dim=0, power_iters=1, eps=1e-12, name=None) -> Variable:
+    """``weight`` divided by its largest singular value (``dim`` as the matrix's rows), estimated
+    by ``power_iters`` power iterations from two non-trainable vectors ``U`` and ``V`` drawn
+    from Normal(0, 1)."""
+    from pdjit.initializer import Normal
+    from pdjit.param_attr import ParamAttr
+
+    layer = "spectral_norm"
+    check_variable(weight, "weight", layer)
+    check_dtype(weight, "weight", ("float32", "float64"), layer)
+    shape = list(weight.shape)
+    if len(shape) < 2 or not 0 <= dim < len(shape) or any(d < 0 for d in shape):
+        raise ValueError(f"{layer}: expected a weight of rank >= 2 with known sizes and dim in "
+                         f"range, got {shape} and dim {dim}")
+    h = shape[dim]
+    w = int(np.prod(shape)) // h
+    helper = LayerHelper(layer, name=name)
+    u = helper.create_parameter(ParamAttr(trainable=False), [h], weight.dtype,
+                                default_initializer=Normal(0.0, 1.0))
+    v = helper.create_parameter(ParamAttr(trainable=False), [w], weight.dtype,
+                                default_initializer=Normal(0.0, 1.0))
+    out = helper.create_variable_for_type_inference(weight.dtype)
+    helper.append_op(layer, inputs={"Weight": [weight], "U": [u], "V": [v]},
+                     outputs={"Out": [out]},
+                     attrs={"dim": int(dim), "power_iters": int(power_iters), "eps": float(eps)})
     return out

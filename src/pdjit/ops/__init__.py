@@ -30,7 +30,7 @@ from pdjit.ops import (  # noqa: F401
 )
 
 # Fluid 1.8's remaining activations, 3-D conv/pool, ranking losses, CTC, focal loss and IoU, grid
-# sampling, hsigmoid, nce, py_func, ROI pooling, reverse, sequence ops
+# sampling, hsigmoid, nce, py_func, ROI pooling, reverse, sequence ops, spectral norm
 # isort: split
 from pdjit.ops import (  # noqa: E402,F401
     activation_fluid,
@@ -45,4 +45,5 @@ from pdjit.ops import (  # noqa: E402,F401
     py_func,
     roi,
     sequence_fluid,
+    spectral_norm,
 )
