@@ -44,7 +44,6 @@ REASONS = {
     "dynamic_lstmp": "needs an LSTM-with-projection recurrent op (lstmp): not implemented yet",
     "sampled_softmax_with_cross_entropy": "needs the sample_logits op (sampled classes, "
                                           "accidental-hit removal): not implemented yet",
-    "center_loss": "updates its class centres inside the forward op: not implemented yet",
     "data_norm": "CTR normalisation whose backward writes batch statistics, not gradients: "
                  "not implemented yet",
     "similarity_focus": "not implemented yet",

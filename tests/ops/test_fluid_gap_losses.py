@@ -291,3 +291,37 @@ def test_iou_similarity():
     # pixel boxes: widths count both ends
     want_px = np.array([[4 / 9, 1.0, 0.0], [4 / 12, 4 / (9 + 12 - 4), 0.0]])
     check_output("iou_similarity", {"X": a, "Y": b}, {"box_normalized": False}, {"Out": want_px})
+
+
+def test_center_loss_updates_centres_and_trains():
+    x = RNG.normal(size=(4, 3))
+    lab = np.array([[0], [2], [0], [1]], np.int64)
+    c = RNG.normal(size=(3, 3))
+    rate = np.array([0.5])
+    got = check_output("center_loss", {"X": x, "Label": lab, "Centers": c,
+                                       "CenterUpdateRate": rate},
+                       {"cluster_num": 3, "need_update": True},
+                       {"Loss": 0.5 * ((x - c[lab[:, 0]]) ** 2).sum(1, keepdims=True)})
+    want_c = c.copy()
+    for k in range(3):
+        rows = lab[:, 0] == k
+        want_c[k] += 0.5 * (x[rows] - c[k]).sum(0) / (1 + rows.sum())
+    np.testing.assert_allclose(got["CentersOut"], want_c, rtol=1e-12)
+    check_grad("center_loss", {"X": x, "Label": lab, "Centers": c, "CenterUpdateRate": rate},
+               {"cluster_num": 3}, output_name="Loss")
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        xv = fluid.data("x", [-1, 3], "float32")
+        yv = fluid.data("y", [-1, 1], "int64")
+        loss = fluid.layers.mean(fluid.layers.center_loss(fluid.layers.fc(xv, 3), yv, 3, 0.1,
+                                                          fluid.ParamAttr(name="centers")))
+        trained = [p.name for p, _ in fluid.optimizer.SGD(0.1).minimize(loss)[1]]
+    assert "centers" not in trained
+    exe, scope = Executor(), Scope()
+    exe.run(startup, scope=scope)
+    before = np.array(scope.find_var("centers").value)
+    feed = {"x": x.astype(np.float32), "y": lab}
+    ls = [float(np.asarray(exe.run(main, feed=feed, fetch_list=[loss], scope=scope)[0])
+                .reshape(-1)[0]) for _ in range(4)]
+    assert ls[-1] < ls[0]
+    assert not np.allclose(np.asarray(scope.find_var("centers").value), before)

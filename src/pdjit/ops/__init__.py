@@ -29,11 +29,12 @@ from pdjit.ops import (  # noqa: F401
     trig,
 )
 
-# Fluid 1.8's remaining activations, 3-D conv/pool, ranking losses, CTC, focal loss and IoU, grid
-# sampling, hsigmoid, nce, py_func, ROI pooling, reverse, sequence ops, spectral norm
+# Fluid 1.8's remaining activations, 3-D conv/pool, ranking and center losses, CTC, focal loss, IoU,
+# grid sampling, hsigmoid, nce, py_func, ROI pooling, reverse, sequence ops, spectral norm
 # isort: split
 from pdjit.ops import (  # noqa: E402,F401
     activation_fluid,
+    center_loss,
     conv3d,
     ctc,
     detection_basic,
