@@ -63,9 +63,11 @@ class Progress:
     """Training progress over ``total`` steps, named ``name``: call :meth:`step` after each
     step with its loss (and accuracy), :meth:`end_epoch` after each epoch, :meth:`close` at the
     end. ``losses``, ``accuracies`` and ``epoch_ends`` (the step count at each epoch's end)
-    keep the history for :func:`save_plot`."""
+    keep the history for :func:`save_plot`. ``use_tqdm=False``: the plain line even where tqdm
+    is installed."""
 
-    def __init__(self, total: int, name: str = "train", stream=None, enabled: bool = True):
+    def __init__(self, total: int, name: str = "train", stream=None, enabled: bool = True,
+                 use_tqdm: bool = True):
         self.name, self.total = name, int(total)
         self.losses, self.accuracies, self.epoch_ends = [], [], []
         self.test_accuracy = None
@@ -74,7 +76,7 @@ class Progress:
         self._epoch_from, self._last_draw = 0, 0.0
         self._tty = hasattr(self.stream, "isatty") and self.stream.isatty()
         self._bar = None
-        if enabled:
+        if enabled and use_tqdm:
             try:
                 from tqdm import tqdm
             except ImportError:
@@ -175,15 +177,17 @@ def save_plot(path: str, runs, title: str) -> None:
     ax_acc.set_xlabel("training step (mini-batch)")
     ax_acc.set_ylabel("accuracy (%)")
     ax_acc.set_ylim(0, 100)
+    ends = runs[0].epoch_ends[:-1]   # epoch boundaries, when the runs share them
+    if any(r.epoch_ends[:-1] != ends for r in runs) or len(ends) > 30:
+        ends = []
     for ax in (ax_loss, ax_acc):
         ax.grid(True, which="major", alpha=0.3)
-        ends = runs[0].epoch_ends if len(runs) == 1 else []
-        for e in ends[:-1] if len(ends) <= 30 else ():
+        for e in ends:
             ax.axvline(e + 0.5, color="0.85", linewidth=0.8, zorder=0)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(loc="best", fontsize=8)
-    fig.suptitle(title + "  (faint dots: each step; lines: smoothed; grey: epochs)",
-                 fontsize=11)
+    fig.suptitle(f"{title}\n(dots: each step; lines: smoothed"
+                 f"{'; grey lines: epochs' if ends else ''})", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110, metadata={
         "Title": title, "Description": "panels: " + "; ".join(

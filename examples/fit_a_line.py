@@ -1,9 +1,9 @@
-"""The seed's fit-a-line program (design principles of Fluid, section "Code Instance").
+"""Fluid's fit-a-line program: a linear regression, as Fluid 1.x's documentation writes it.
 
 Besides the import, only ``--help`` and the programs' fixed ``random_seed`` (every run starts
-from the same parameters and prints the same numbers) differ from the seed: define the network,
+from the same parameters and prints the same numbers) differ from Fluid's: define the network,
 minimise the mean squared error with SGD, initialise the parameters with the startup program,
-then train and print the predictions and the mean cost (0-d, as in current PaddlePaddle). The
+then train and print the predictions and the mean cost (shape [1], as in Fluid 1.x). The
 loss decreases over the steps.
 """
 import argparse

@@ -168,8 +168,11 @@ def test_run_bad_input_is_one_line_naming_it(saved, tmp_path, capsys):
     not_npy = tmp_path / "text.npy"
     not_npy.write_text("hello")
     ok = ["--input", f"x={xf}", "--input", f"extra={ef}"]
+    objects = tmp_path / "objects.npz"
+    np.savez(objects, x=np.array([x, None], dtype=object), extra=e)
     p = saved["prefix"]
     cases = [
+        (["run", p, "--input", objects], ["objects.npz", "'x'", "not a plain NumPy array"]),
         (["run", tmp_path / "nowhere"], ["nowhere"]),
         (["run", garbage, "--input", xf], ["garbage.pdmodel", "ProgramDesc"]),
         (["run", _damaged_copy(saved, tmp_path, 100)] + ok, ["bad.pdiparams", "fc_"]),

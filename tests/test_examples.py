@@ -177,8 +177,7 @@ def test_the_plain_progress_line_without_tqdm():
     finally:
         sys.path.pop(0)
     stream = io.StringIO()
-    p = _training.Progress(4, "demo", stream=stream)
-    p._bar = None  # as without tqdm
+    p = _training.Progress(4, "demo", stream=stream, use_tqdm=False)
     for loss, acc in ((2.0, 0.25), (1.0, 0.75)):
         p.step(loss, acc)
     p.end_epoch()

@@ -1,71 +1,96 @@
 """The public names of ``import pdjit as fluid`` (the package loads this module at the first
 use of one of them)."""
 from pdjit import (  # noqa: F401 (ops registers ops)
-                   backward,
-                   clip,
-                   compiler,
-                   contrib,
-                   core,
-                   data_feeder,
-                   dataset,
-                   executor,
-                   initializer,
-                   install_check,
-                   io,
-                   layers,
-                   metrics,
-                   nets,
-                   ops,
-                   optimizer,
-                   profiler,
-                   regularizer,
-                   version,
+    backward,
+    clip,
+    compiler,
+    contrib,
+    core,
+    data_feeder,
+    dataset,
+    executor,
+    initializer,
+    install_check,
+    io,
+    layers,
+    metrics,
+    nets,
+    ops,
+    optimizer,
+    profiler,
+    regularizer,
+    version,
 )
-from pdjit.codegen.compiler import clear_cache
-from pdjit.codegen.cpu.threads import get_num_threads, set_num_threads
 from pdjit.compiler import *  # noqa: F401,F403
 from pdjit.data_feeder import *  # noqa: F401,F403
 from pdjit.framework import (
-                   Block,
-                   Operator,
-                   Parameter,
-                   Program,
-                   Variable,
-                   default_main_program,
-                   default_startup_program,
-                   in_dygraph_mode,
-                   program_guard,
-                   unique_name,
+    Block,
+    Operator,
+    Parameter,
+    Program,
+    Variable,
+    default_main_program,
+    default_startup_program,
+    in_dygraph_mode,
+    program_guard,
+    unique_name,
 )
 from pdjit.framework.errors import (
-                   FeedError,
-                   OpError,
-                   OpRunError,
-                   OpShapeError,
-                   PdjitError,
-                   ProgramError,
-                   UnregisteredOpError,
+    FeedError,
+    OpError,
+    OpRunError,
+    OpShapeError,
+    PdjitError,
+    ProgramError,
+    UnregisteredOpError,
 )
 from pdjit.framework.name_scope import *  # noqa: F401,F403
 from pdjit.io.checkpoint import *  # noqa: F401,F403
 from pdjit.io.dataset import DatasetFactory, InMemoryDataset, QueueDataset
-from pdjit.layers.io import data_v2 as data
-from pdjit.layers.nn import embedding_v2 as embedding
+from pdjit.layers._user_line import with_user_line as _with_user_line
+from pdjit.layers.io import data_v2 as _data
+from pdjit.layers.nn import embedding_v2 as _embedding
 from pdjit.param_attr import ParamAttr
 from pdjit.passes.backward import append_backward, gradients
 from pdjit.passes.verify import verify
 from pdjit.runtime.executor import Executor
 from pdjit.runtime.place import (
-                   CPUPlace,
-                   CUDAPinnedPlace,
-                   CUDAPlace,
-                   cuda_pinned_places,
-                   cuda_places,
-                   is_compiled_with_cuda,
+    CPUPlace,
+    CUDAPinnedPlace,
+    CUDAPlace,
+    cuda_pinned_places,
+    cuda_places,
+    is_compiled_with_cuda,
 )
 from pdjit.runtime.scope import Scope, global_scope, scope_guard
 from pdjit.runtime.tensor import LoDTensor, create_lod_tensor, create_random_int_lodtensor
 from pdjit.version import __version__, require_version  # noqa: F401
+
+
+def set_num_threads(n: int) -> None:
+    """The threads compiled loops and BLAS use (process-wide; ``PDJIT_NUM_THREADS``)."""
+    from pdjit.codegen.cpu import threads  # (the code generator: when used)
+
+    threads.set_num_threads(n)
+
+
+def get_num_threads() -> int:
+    from pdjit.codegen.cpu import threads
+
+    return threads.get_num_threads()
+
+
+def clear_cache() -> None:
+    """Delete everything pdjit compiled to disk (``PDJIT_CACHE_DIR``): generated kernels and
+    the library kernels' compiled code."""
+    from pdjit.codegen.compiler import clear_cache as clear  # (the code generator: when used)
+
+    clear()
+
+
+# fluid.data / fluid.embedding: argument errors name the user's line, as fluid.layers' do
+data = _with_user_line(_data)
+embedding = _with_user_line(_embedding)
 
 __all__ = [
     "Block", "Operator", "Parameter", "Program", "Variable", "default_main_program",

@@ -76,7 +76,7 @@ def _ops(args) -> int:
 
     def slot(s):
         flags = "".join(f for f, on in (("*", s.duplicable), ("?", s.dispensable),
-                                        ("~", s.intermediate)) if on)
+                                        ("~", s.intermediate), ("^", s.loose_dtype)) if on)
         return s.name + flags
     print(f"{d.type}: {d.doc}")
     print(f"  inputs:  {', '.join(slot(s) for s in d.inputs) or '-'}")
@@ -154,8 +154,8 @@ def build_parser() -> argparse.ArgumentParser:
     model_help = "a path prefix, a .pdmodel, or a model directory"
 
     p = _sub(sub, "run", "run a saved inference model on .npy inputs",
-             "Run a saved inference model on inputs from .npy/.npz files; print each output's "
-             "shape, dtype and\nsummary, and save them with -o.")
+             "Run a saved inference model on inputs from .npy/.npz files: print each output's\n"
+             "shape, dtype and summary, and save them with -o.")
     p.add_argument("model", help=model_help)
     p.add_argument("--input", "-i", action="append", metavar="NAME=FILE.npy",
                    help="an input (repeat per input; FILE.npy alone for a model with one input, "

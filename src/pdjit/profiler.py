@@ -8,10 +8,12 @@ As in Fluid 1.x::
 
 or ``start_profiler("CPU")`` ... ``stop_profiler("total", "/tmp/profile")``, and
 ``reset_profiler()`` to forget what was recorded so far (the first steps, say, which compile).
-While profiling, every step of every compiled plan is timed (``pdjit.runtime.profile``): a
-native kernel driver is named after its op (``fused(mul+elementwise_add+relu)`` when it runs
-several), an op run by its reference after its type, a native loop ``while/loop``; a sub-block's
-steps are listed too, so a control-flow op's time includes its body's. The reference executor
+While profiling, every step of every compiled plan is timed (``pdjit.runtime.profile``), a
+native step's host driver fusion group by fusion group: each event is named after its op
+(``fused(elementwise_add+relu)`` for a group of several), an op run by its reference after
+its type, a native loop ``while/loop``; a sub-block's steps are listed too, so a control-flow
+op's time includes its body's. A group's first call includes the compilation of its kernel:
+``reset_profiler()`` after a first batch leaves it out. The reference executor
 (``mode="reference"``) times each op. ``stop_profiler`` prints the table (calls, total, min,
 max, average in milliseconds, and each event's share of the events' total time), writes the
 same text to ``profile_path`` and returns it. (Fluid writes a binary profile for its timeline

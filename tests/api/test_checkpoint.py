@@ -105,7 +105,7 @@ def test_resume_in_a_new_process_continues_the_loss_curve_exactly(tmp_path):
             for v in fluid.io.get_program_persistable_vars(main)}
     straight = train(exe, main, loss, whole, data)
 
-    first = fluid.Scope()  # the same start (a second startup run draws new random numbers)
+    first = fluid.Scope()  # the same start, as saved state
     fluid.set_program_state(main, init, scope=first)
     head = train(exe, main, loss, first, data[:5])
     assert np.array_equal(np.stack(head), np.stack(straight[:5]))

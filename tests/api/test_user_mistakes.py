@@ -30,11 +30,11 @@ def test_subpackages_are_attributes_imported_on_first_use():
             "names = ('static', 'inference', 'io', 'distributed')\n"
             "lazy = [n for n in names if 'pdjit.' + n not in sys.modules]\n"
             "assert {'static', 'inference', 'distributed'} <= set(lazy), lazy\n"
+            "assert 'mpi4py' not in sys.modules\n"
             "assert callable(paddle.static.save_inference_model)\n"
             "assert callable(paddle.inference.create_predictor)\n"
             "assert callable(paddle.io.save_inference_model)\n"
             "assert paddle.distributed.fleet is sys.modules['pdjit.distributed.fleet']\n"
-            "assert 'mpi4py' not in sys.modules or 'mpi4py' in lazy\n"
             "assert set(names) <= set(dir(paddle))\n"
             "try:\n"
             "    paddle.no_such_thing\n"
@@ -111,4 +111,8 @@ def test_layer_input_checks_name_the_users_line():
         with pytest.raises(LayerInputError) as e:  # through a composite network (fluid.nets)
             fluid.nets.simple_img_conv_pool(flat, 4, 3, 2, 2)
         assert e.value.location.endswith(f"{HERE}:{line}")
+        line = sys._getframe().f_lineno + 2
+        with pytest.raises(LayerTypeError) as e:  # fluid.data, beside fluid.layers
+            fluid.data("bad", shape=[None, "8"])
+        assert "dims must be ints" in str(e.value) and e.value.location.endswith(f"{HERE}:{line}")
     assert not main.global_block().ops  # refused before any op was appended

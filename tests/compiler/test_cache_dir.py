@@ -89,9 +89,11 @@ def test_a_copied_cache_is_reused_and_clear_cache_empties_all_of_it(tmp_path):
 WARMUP = textwrap.dedent("""
     from pdjit import cli
     from pdjit.codegen.cpu import lib as nnlib
+    from pdjit.codegen.cpu import mathfuncs
     keep = {"untile_nd": nnlib.JOBS["untile_nd"]}   # one cheap entry point of the library
     nnlib.JOBS.clear()
     nnlib.JOBS.update(keep)
+    mathfuncs.__all__ = ["exp"]                     # and one math function
     raise SystemExit(cli.main(["warmup", "--dtype", "float32"]))
 """)
 
@@ -104,10 +106,16 @@ def test_warmup_compiles_the_library_into_the_cache_once(tmp_path):
                               env=env, timeout=300)
         assert proc.returncode == 0, proc.stderr
         outs.append(proc.stdout)
-    assert "1 compiled, 0 already cached" in outs[0], outs[0]
-    assert "0 compiled, 1 already cached" in outs[1], outs[1]   # a new process: from disk
-    assert str(tmp_path / "lib") in outs[0]
-    assert list((tmp_path / "lib").glob("indexing.*.nbi"))
-    proc = subprocess.run([sys.executable, "-m", "pdjit.cli", "warmup", "--dtype", "int8"],
-                          capture_output=True, text=True, env=env, timeout=300)
-    assert proc.returncode == 2 and "--dtype 'int8'" in proc.stderr, proc.stderr
+    assert "2 compiled, 0 already cached" in outs[0], outs[0]
+    assert "0 compiled, 2 already cached" in outs[1], outs[1]   # a new process: from disk
+    assert str(tmp_path / "lib") + os.sep in outs[0]
+    assert list((tmp_path / "lib").glob("*/indexing.*.nbi"))
+    assert list((tmp_path / "lib").glob("*/mathfuncs._exp_f32*.nbi"))
+
+
+
+def test_warmup_refuses_a_dtype_it_cannot_compile_for(capsys):
+    from pdjit import cli
+
+    assert cli.main(["warmup", "--dtype", "int8"]) == 2
+    assert "--dtype 'int8': expected float32 or float64" in capsys.readouterr().err

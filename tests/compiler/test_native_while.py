@@ -10,9 +10,15 @@ import pytest
 
 import pdjit as fluid
 from pdjit.framework import dtypes, registry, unique_name
-from pdjit.framework.errors import OpRunError
+from pdjit.framework.errors import FallbackWarning, OpRunError
 from pdjit.framework.registry import CONTROL_FLOW, OPAQUE, VarMeta
 from pdjit.proto import framework_pb2 as pb
+
+# op 'test_native_while_plain_copy' has no native code for some inputs tested here: a compiled
+# plan runs its NumPy reference by design and says so once per process
+pytestmark = pytest.mark.filterwarnings(
+    r"ignore:op '(test_native_while_plain_copy)' runs its NumPy reference"
+    ":pdjit.framework.errors.ReferenceStepWarning")
 
 STEP_SCOPES = pb.VarType.STEP_SCOPES
 
@@ -160,14 +166,19 @@ def test_body_with_a_reduction(fresh_programs):
     x = fluid.layers.data(name="x", shape=[3, 5], dtype="float64", append_batch_size=False)
     xv_ = fluid.layers.scale(x, scale=1.0)
     acc = _const(0.0, "float64")
-    tot = _const(0.0, "float64", ())   # a 0-d loop variable
+    tot = _const(0.0, "float64")   # a full reduction's loop variable: [1], as in Fluid 1.x
     i, n = _const(0, "int32"), _const(6, "int32")
     cond = fluid.layers.less_than(i, n)
 
     def body():
         s = fluid.layers.reduce_sum(xv_ * xv_, dim=[0, 1], keep_dim=True)  # [1, 1]
         _set(acc, acc + fluid.layers.reshape(s, [1]))
-        _set(tot, tot + fluid.layers.reduce_sum(xv_))
+        # a 0-d sum, declared 0-d as PaddlePaddle 3.x writes it (fluid.layers declares [1])
+        blk = fluid.default_main_program().current_block()
+        s0 = blk.create_var(name=fluid.unique_name.generate("s0"), dtype="float64")
+        blk.append_op("reduce_sum", inputs={"X": [xv_]}, outputs={"Out": [s0]},
+                      attrs={"dim": [0], "reduce_all": True})
+        _set(tot, tot + s0)
         _set(xv_, xv_ * 0.9 - 0.1)
         _set(i, fluid.layers.scale(i, bias=1.0))
         _set(cond, fluid.layers.less_than(i, n))
@@ -182,7 +193,7 @@ def test_body_with_a_reduction(fresh_programs):
         y = y * s + b
     np.testing.assert_allclose(ga, [a], rtol=1e-12)
     np.testing.assert_allclose(gx, y, rtol=1e-12, atol=1e-15)
-    assert gt.shape == () and np.isclose(gt, t, rtol=1e-12)
+    assert gt.shape == (1,) and np.isclose(gt[0], t, rtol=1e-12)
     assert _loop_step(exe).fallbacks == 0
 
 
@@ -334,8 +345,10 @@ def test_loop_carried_shape_change_falls_back_to_the_reference(fresh_programs):
     _while(cond, body)
     xv = np.full((1, 1), 2.0, np.float32)
     yv = np.arange(4, dtype=np.float32).reshape(1, 4)
-    exe = fluid.Executor(strict=False)   # the fallback is the point
-    (gv,) = exe.run(main, feed={"x": xv, "y": yv}, fetch_list=[v], scope=fluid.Scope())
+    exe = fluid.Executor(strict=False)   # the fallback is the point, and it says so
+    with pytest.warns(FallbackWarning, match="operand shapes do not fit") as said:
+        (gv,) = exe.run(main, feed={"x": xv, "y": yv}, fetch_list=[v], scope=fluid.Scope())
+    assert {str(w.message).split(" (")[0] for w in said} == {"op 'elementwise_add'", "op 'while'"}
     _, (want,) = _run(main, {"x": xv, "y": yv}, [v], "reference")
     np.testing.assert_array_equal(gv, xv + 3 * yv)
     np.testing.assert_array_equal(gv, want)

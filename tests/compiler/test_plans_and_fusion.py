@@ -1,13 +1,14 @@
 """Plans and fusion at the edges: unrelated [-1, D] values, LoD through reductions, empty
 max reductions, pickled programs, executors' own plans, fetches from sub-blocks, float64
 kernels compiled ahead."""
+import contextlib
 import pickle
 
 import numpy as np
 import pytest
 
 import pdjit as fluid
-from pdjit.framework.errors import OpRunError
+from pdjit.framework.errors import FallbackWarning, OpRunError
 from pdjit.runtime import plan as plan_mod
 from pdjit.testing import assert_native
 
@@ -120,7 +121,10 @@ def test_a_variable_of_a_loop_body_can_be_fetched():
         _, out = L.while_loop(lambda i, x: L.less_than(i, n), body, [i, x])
     feed = {"x": np.ones(4, np.float32)}
     for exe in (fluid.Executor(strict=False), fluid.Executor(mode="reference")):
-        got = exe.run(main, feed=feed, fetch_list=[out, inner["y"]], scope=fluid.Scope())
+        # the compiled loop falls back to the references, and says so
+        with pytest.warns(FallbackWarning, match="not a dense tensor") \
+                if exe.mode == "compiled" else contextlib.nullcontext():
+            got = exe.run(main, feed=feed, fetch_list=[out, inner["y"]], scope=fluid.Scope())
         np.testing.assert_array_equal(got[0], np.full(4, 8.0))
         np.testing.assert_array_equal(got[1], np.full(4, 8.0))   # the last iteration's
 

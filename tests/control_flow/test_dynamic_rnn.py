@@ -83,6 +83,27 @@ def test_dynamic_rnn_matches_numpy_natively():
     assert_native(exe)
 
 
+def test_a_dynamic_rnn_program_is_fluid18s_and_round_trips():
+    """The step block closes as Fluid 1.8's does (the counter incremented in place, then the
+    memories written at it, then the condition); serialised and parsed back, it runs as
+    NumPy does."""
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        out, _, _ = _rnn_program()
+    tail = [op.type for op in main.block(1).ops][-4:]
+    assert tail == ["increment", "write_to_array", "write_to_array", "less_than"], tail
+    assert main.block(1).ops[-4].input("X") == main.block(1).ops[-3].input("I")
+    loaded = fluid.Program.parse_from_string(main.desc.SerializeToString())
+    exe, scope = fluid.Executor(), fluid.Scope()
+    exe.run(startup, scope=scope)
+    wx, wh = (np.asarray(scope.find_var(n).value) for n in ("wx", "wh"))
+    feed = _feed(3)
+    (got,) = exe.run(loaded, feed=feed, fetch_list=[out.name], scope=scope, return_numpy=False)
+    want = _numpy_rnn(np.asarray(feed["x"]), LENS, feed["h0"], feed["enc"], wx, wh)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, atol=1e-9)
+    assert got.lod() == [[0, 2, 5, 6, 9]]
+
+
 def test_dynamic_rnn_gradients_match_finite_differences():
     def build():
         out, last, inputs = _rnn_program()

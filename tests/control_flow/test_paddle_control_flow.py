@@ -8,6 +8,13 @@ import pytest
 
 import pdjit as fluid
 
+# these ops have no native code for some inputs tested here: a compiled plan
+# runs their NumPy reference by design and says so once per process
+pytestmark = pytest.mark.filterwarnings(
+    r"ignore:op '(lod_array_length|read_from_array|tensor_array_to_tensor|write_to_array"
+    r")' runs its NumPy reference"
+    ":pdjit.framework.errors.ReferenceStepWarning")
+
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "paddle"
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
 MODES = ["reference", "compiled"]

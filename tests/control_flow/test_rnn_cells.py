@@ -205,3 +205,20 @@ def test_basic_lstm_and_basic_gru_match_numpy(fresh_programs):
                                    np.full(B, T), [h0v], 2, False, gru_w)
     for g, w in zip(got, (want_out, want_h, want_c, want_g.transpose(1, 0, 2), want_gh)):
         np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-9)
+
+
+def test_rnn_with_steps_known_at_run_time(fresh_programs):
+    """T unknown when built: the mask takes its length from the input at run time; the final
+    state of each sequence is its output at its last step."""
+    main, startup = fresh_programs
+    x = L.data(name="x", shape=[-1, -1, D], dtype="float64", append_batch_size=False)
+    lengths = L.data(name="len", shape=[-1], dtype="int64", append_batch_size=False)
+    out, h = L.rnn(L.GRUCell(H, dtype="float64"), x, sequence_length=lengths)
+    assert list(out.shape) == [-1, -1, H]
+    exe, scope = fluid.Executor(), fluid.Scope()
+    exe.run(startup, scope=scope)
+    xv = np.random.default_rng(3).normal(size=(B, 5, D))
+    got_out, got_h = exe.run(main, feed={"x": xv, "len": LENGTHS}, fetch_list=[out, h],
+                             scope=scope)
+    assert got_out.shape == (B, 5, H)
+    np.testing.assert_allclose(got_h, got_out[np.arange(B), LENGTHS - 1], rtol=1e-12)

@@ -1,5 +1,6 @@
-"""``fluid.layers.StaticRNN``: forward against a NumPy recurrence, gradients against finite
-differences, and a PTB-style LSTM language model that trains."""
+"""``fluid.layers.StaticRNN`` (a ``recurrent`` op, as Fluid 1.8 builds it): forward against a
+NumPy recurrence, gradients against finite differences, and a PTB-style LSTM language model
+that trains."""
 import numpy as np
 import pytest
 
@@ -57,6 +58,10 @@ def test_static_rnn_matches_numpy_natively(static_t):
     with fluid.program_guard(main, startup), fluid.unique_name.guard():
         hs, cs, _ = _rnn_program(static_t)
     assert list(hs.shape) == [T if static_t else -1, B, H]
+    # Fluid 1.8's layout: a recurrent op, memories handed on through rnn_memory_helper
+    (rec,) = [op for op in main.global_block().ops if op.type == "recurrent"]
+    assert rec.input("inputs") == ["x"] and len(rec.attr("ex_states")) == 2
+    assert [op.type for op in main.block(1).ops].count("rnn_memory_helper") == 4
     exe, scope = fluid.Executor(), fluid.Scope()
     exe.run(startup, scope=scope)
     params = [np.asarray(scope.find_var(n).value) for n in ("wx", "wh", "b")]
@@ -146,8 +151,8 @@ def test_ptb_style_static_rnn_language_model_trains():
             "init_c": np.zeros((BATCH, HID), np.float32)}
     exe, scope = fluid.Executor(), fluid.Scope()
     exe.run(startup, scope=scope)
-    losses = [float(exe.run(main, feed=feed, fetch_list=[loss], scope=scope)[0])
-              for _ in range(12)]
+    losses = [float(np.asarray(exe.run(main, feed=feed, fetch_list=[loss],
+                                       scope=scope)[0]).reshape(-1)[0]) for _ in range(12)]
     assert np.all(np.isfinite(losses))
     assert losses[-1] < 0.5 * losses[0], losses
     assert_native(exe)

@@ -63,22 +63,26 @@ def _random_program():
 
 
 def test_uniform_and_gaussian_random_draw_the_cpu_numbers():
-    """Two runs on each place: the device draws the cpu target's numbers, a new run new ones
-    (the stream of the stream tests above, mapped as pdjit.framework.random documents)."""
+    """Two runs on each place: the device draws the cpu target's numbers; an unseeded program
+    new ones in each run, a seeded one the same (the stream of the stream tests above, mapped
+    as pdjit.framework.random documents)."""
     main, outs = _random_program()
-    cpu = fluid.Executor(fluid.CPUPlace())
-    dev = fluid.Executor(fluid.CUDAPlace(0), strict=True)
-    want = [cpu.run(main, fetch_list=outs) for _ in range(2)]
-    got = [dev.run(main, fetch_list=outs) for _ in range(2)]
-    kinds = {type(s).__name__ for _, plan in dev._plans.values() for s in plan.walk()}
-    assert kinds == {"DeviceStep"}, kinds
-    for g_run, w_run in zip(got, want):
-        for g, w in zip(g_run, w_run):
-            assert g.dtype == w.dtype and g.shape == w.shape
-            np.testing.assert_array_equal(g, w)
-    u = got[0][0]
-    assert (u >= -2.0).all() and (u < 3.0).all() and len(np.unique(u)) == u.size
-    assert (got[0][0] != got[1][0]).all()
+    for seed in (0, 23):
+        main.random_seed = seed
+        cpu = fluid.Executor(fluid.CPUPlace())
+        dev = fluid.Executor(fluid.CUDAPlace(0), strict=True)
+        want = [cpu.run(main, fetch_list=outs) for _ in range(2)]
+        got = [dev.run(main, fetch_list=outs) for _ in range(2)]
+        kinds = {type(s).__name__ for _, plan in dev._plans.values() for s in plan.walk()}
+        assert kinds == {"DeviceStep"}, kinds
+        for g_run, w_run in zip(got, want):
+            for g, w in zip(g_run, w_run):
+                assert g.dtype == w.dtype and g.shape == w.shape
+                np.testing.assert_array_equal(g, w)
+        u = got[0][0]
+        assert (u >= -2.0).all() and (u < 3.0).all() and len(np.unique(u)) == u.size
+        assert (got[0][0] != got[1][0]).all() if not seed else \
+            np.array_equal(got[0][0], got[1][0])
     # the uniform numbers are the stream's: u = -2 + 5 * uniform01(key, i) for one key, so
     # (u + 2) / 5 lies within float32 rounding of numbers in [0, 1)
     assert 0.0 <= ((u + 2.0) / 5.0).min() and ((u + 2.0) / 5.0).max() < 1.0

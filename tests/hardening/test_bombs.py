@@ -12,7 +12,7 @@ import pytest
 
 import pdjit as fluid
 from pdjit.cli import main as cli_main
-from pdjit.framework.errors import ProgramError
+from pdjit.framework.errors import PdjitError, ProgramError
 from pdjit.proto import framework_pb2 as pb
 
 A = pb.AttrType
@@ -435,3 +435,102 @@ def test_pickle_amplification_is_refused(tmp_path):
                                                         r"holds 1099511627776 elements, the "
                                                         r"slices 4"):
         load_pickle(str(path))
+
+
+@pytest.mark.parametrize("mode", ["reference", "compiled"])
+def test_fed_broadcast_view_is_not_copied_beyond_the_limit(mode, monkeypatch):
+    """A 2^31-element broadcast view (a few bytes of data) fed to exe.run would be copied to
+    8 GiB by the feed check; the copy counts against the allocation limit."""
+    from pdjit.framework.errors import FeedError
+    monkeypatch.setenv("PDJIT_MAX_ALLOC_BYTES", str(1 << 28))
+    main = fluid.Program()
+    with fluid.program_guard(main, fluid.Program()), fluid.unique_name.guard():
+        x = fluid.layers.data(name="x", shape=[-1, -1], dtype="float32",
+                              append_batch_size=False)
+        y = fluid.layers.scale(x, scale=2.0)
+    view = np.broadcast_to(np.float32(1), (1 << 16, 1 << 15))
+    with bounded(), pytest.raises(FeedError, match=r"feed: variable 'x': .* must be copied to "
+                                                   r"8589934592 contiguous bytes, more than the "
+                                                   r"allocation limit 268435456"):
+        fluid.Executor(mode=mode).run(main, feed={"x": view}, fetch_list=[y],
+                                      scope=fluid.Scope())
+    small = np.broadcast_to(np.float32(1), (3, 2))  # a view within the limit is copied
+    got, = fluid.Executor(mode=mode).run(main, feed={"x": small}, fetch_list=[y],
+                                         scope=fluid.Scope())
+    np.testing.assert_array_equal(got, np.full((3, 2), 2, np.float32))
+
+
+def test_random_initializer_scratch_is_bounded():
+    """uniform_random / gaussian_random draw piece by piece: the peak is the output and a few
+    MB, not 6-8 times the output."""
+    from pdjit.framework import random as prandom
+    n = 1 << 23  # 32 MB of float32
+    for draw in (lambda: prandom.uniform(3, (n,), -1.0, 1.0, np.float32),
+                 lambda: prandom.normal(3, (n,), 0.0, 1.0, np.float32)):
+        tracemalloc.start()
+        try:
+            out = draw()
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert peak < out.nbytes + (8 << 20), peak
+    # the pieces join into the stream element i = f(key, i): a draw's head is a shorter draw
+    np.testing.assert_array_equal(prandom.uniform(3, (1000,), -1.0, 1.0, np.float32),
+                                  prandom.uniform(3, (n,), -1.0, 1.0, np.float32)[:1000])
+
+
+def test_parameter_declared_without_dims_takes_the_files(paddle_mlp):
+    """A persistable declared ``[]`` (dims not recorded) takes the dims of the value its file
+    holds, so the compiled plan is built for the rank it gets: both executors agree."""
+    from pdjit.io import inference as inf
+    from pdjit.testing.op_test import assert_native
+    path = paddle_mlp.with_suffix(".pdmodel")
+    desc = pb.ProgramDesc.FromString(path.read_bytes())
+    bias = next(v for v in desc.blocks[0].vars if v.name == "fc_1.b_0")
+    want_dims = list(bias.type.lod_tensor.tensor.dims)
+    del bias.type.lod_tensor.tensor.dims[:]
+    path.write_bytes(desc.SerializeToString())
+    x = np.random.default_rng(0).standard_normal((2, 16)).astype(np.float32)
+    results = []
+    for mode in ("reference", "compiled"):
+        exe = fluid.Executor(mode=mode, strict=True)
+        scope = fluid.Scope()
+        model = inf.load_model(str(paddle_mlp))
+        inf.commit_values(model.params, scope)
+        assert list(model.program.global_block().var("fc_1.b_0").shape) == want_dims
+        results.append(exe.run(model.program, feed={"x": x}, scope=scope,
+                               fetch_list=inf.fetch_target_names(model.program))[0])
+    np.testing.assert_allclose(results[1], results[0], rtol=1e-5, atol=1e-6)
+    assert_native(exe)
+
+
+def test_bare_exceptions_leave_entry_points_as_pdjit_errors(net):
+    """An exception pdjit did not name leaves a public entry point as an InternalError that is
+    also of the original class, with the original as its cause."""
+    from pdjit.framework.errors import InternalError
+    with pytest.raises(InternalError) as e:
+        fluid.Executor(mode="reference").run(net[0], feed=5, fetch_list=[net[2]])
+    assert isinstance(e.value, TypeError) and isinstance(e.value, PdjitError)
+    assert isinstance(e.value.__cause__, TypeError)
+    assert str(e.value).startswith("Executor.run: TypeError: ")
+    with pytest.raises(InternalError, match="pdjit.verify: TypeError"):
+        fluid.verify("main")
+
+
+def test_parameter_files_are_read_tensor_by_tensor(tmp_path):
+    """A parameter file is read straight into its arrays: the peak is the values, not the
+    file twice over."""
+    from pdjit.io.tensor_stream import write_tensor
+    from pdjit.io.variables import read_values
+    a = np.arange(1 << 22, dtype=np.float32)  # 16 MB each
+    b = -a
+    (tmp_path / "params").write_bytes(write_tensor(a) + write_tensor(b))
+    tracemalloc.start()
+    try:
+        got = read_values(["a", "b"], str(tmp_path), "params")
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    np.testing.assert_array_equal(got["a"], a)
+    np.testing.assert_array_equal(got["b"], b)
+    assert peak < a.nbytes + b.nbytes + (4 << 20), peak

@@ -15,8 +15,9 @@ What pdjit guarantees, and what these tests hold it to:
 - Kernels release the GIL (``nogil``), so threads running native code overlap on several cores.
 - **Not guaranteed:** two threads updating the same Scope's parameters at once (two trainers,
   or a trainer and a reader of its parameters), which race as they do in Fluid; random ops
-  (``dropout``, ``uniform_random``...) in runs made concurrently, whose seeds follow the
-  executor's run count of the program and so depend on the order the runs start in.
+  (``dropout``, ``uniform_random``...) of an unseeded program in runs made concurrently,
+  whose streams follow the executor's run count of the program and so depend on the order
+  the runs start in (a seeded program draws the same numbers in every run).
 
 A memory check too long for CI (30,000 runs with varying batch sizes keep the process's RSS
 flat) runs with ``PDJIT_STRESS=1``.
@@ -104,9 +105,9 @@ def test_training_in_threads_on_separate_scopes_matches_each_serial_run():
 
     def train(i):
         scope = fluid.Scope()
-        # the same initial parameters in every scope: a random op's seed follows the run count
-        # of its program by an executor, so each scope's startup runs as a first run
-        fluid.Executor().run(startup, scope=scope)
+        # the same initial parameters in every scope: the program is seeded, so every run of
+        # its startup draws the same numbers, on this executor as on any other
+        exe.run(startup, scope=scope)
         feed = _batch(1000 * i, 4 + i % 3)      # each thread its own data and batch size
         return [float(exe.run(main, feed=feed, fetch_list=[loss], scope=scope)[0][0])
                 for _ in range(steps)]

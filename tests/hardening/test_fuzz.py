@@ -9,6 +9,12 @@ what byte mutations rarely reach. The CI run tries ``CI_CASES`` byte mutants and
 edits; ``PDJIT_FUZZ_CASES=N`` (or ``HYPOTHESIS_PROFILE=dev``: ``DEV_CASES``) tries more.
 ``python tests/hardening/test_fuzz.py N [SEED]`` prints the outcome counts by class (parse error /
 verify error / parameter error / feed too large / run error / ok).
+
+Both executors (``compare``): every mutant of the small models that verifies runs in the
+reference and the compiled executor (strict), which must agree: equal values, or the same pdjit
+error class. CI runs ``CI_BOTH`` of them; ``PDJIT_FUZZ_CASES=N`` runs ``N // 10``;
+``python tests/hardening/test_fuzz.py both N [SEED] [all]`` runs N over the small models (or
+every model without a loop) and prints the disagreements.
 """
 import collections
 import os
@@ -36,6 +42,7 @@ FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", 
 PADDLE_MODELS = ("models/mlp", "models/cond_while", "models/transformer", "models/lstm",
                  "fit_a_line_infer", "mlp_infer")
 CI_CASES, DEV_CASES = 2500, 20000
+CI_BOTH = 40  # mutants run in both executors in CI (each distinct one may compile kernels)
 MAX_FEED_ELEMENTS = 1 << 16
 MAX_ALLOC = 1 << 28  # what one op output may take while mutants run
 OUTCOMES = ("parse error", "verify error", "params error", "feed too large", "run error", "ok")
@@ -230,6 +237,83 @@ def fuzz(srcs, cases: int, seed: int = 0, params_share: float = 0.2, executor=No
     return counts, failures
 
 
+# -- both executors on every mutant that verifies -----------------------------------------------
+def _outcome(executor, program, feeds, values):
+    """``("ok", [arrays])`` or ``("error", class name)`` of one run; a non-pdjit error
+    propagates."""
+    scope = fluid.Scope()
+    inf.commit_values(values, scope)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = executor.run(program, feed=feeds,
+                               fetch_list=inf.fetch_target_names(program), scope=scope)
+    except PdjitError as e:
+        return "error", type(e).__name__
+    return "ok", [np.asarray(o) for o in out]
+
+
+def _same(a, b) -> str | None:
+    """Why two outcomes differ, or None."""
+    if a[0] != b[0] or a[0] == "error":
+        return None if a == b else f"reference {a[0]} {a[1] if a[0] == 'error' else ''} vs " \
+                                   f"compiled {b[0]} {b[1] if b[0] == 'error' else ''}"
+    for i, (x, y) in enumerate(zip(a[1], b[1])):
+        if x.dtype != y.dtype or x.shape != y.shape:
+            return f"fetch {i}: {x.dtype}{list(x.shape)} vs {y.dtype}{list(y.shape)}"
+        if x.dtype.kind in "fc":
+            ok = np.allclose(x, y, rtol=1e-4, atol=1e-5, equal_nan=True)
+        else:
+            ok = np.array_equal(x, y)
+        if not ok:
+            return f"fetch {i}: values differ"
+    return None
+
+
+def compare(srcs, cases: int, seed: int = 0) -> tuple:
+    """``(Counter, [disagreements], [failures])``: ``cases`` mutants (byte mutants and
+    structural edits alternating) spread over ``srcs``; each that parses, verifies and loads
+    runs in the reference and the compiled executor (strict: a native step that gives up on
+    input the reference takes is a disagreement), which must return equal values or raise
+    the same pdjit error class; where both return values, every native step must have run
+    natively. A disagreement / failure is ``(source, case, kind, detail)``; the Counter also
+    counts the native steps that ran (``"native steps"``)."""
+    reference = fluid.Executor(mode="reference")
+    counts, disagreements, failures = collections.Counter(), [], []
+    for i in range(cases):
+        name, model, params = srcs[i % len(srcs)]
+        rng = random.Random(f"both/{seed}/{name}/{i}")
+        kind, model = (edit if i % 2 else mutate)(model, rng)
+        try:
+            try:
+                program = inf.parse_model(model, name + ".pdmodel")
+                values = inf.params_from_bytes(program, params, name + ".pdiparams")
+            except PdjitError:
+                counts["refused before running"] += 1
+                continue
+            feeds = _feeds(program, inf.feed_target_names(program), np.random.default_rng(0))
+            if feeds is None:
+                counts["feed too large"] += 1
+                continue
+            want = _outcome(reference, program, feeds, values)
+            compiled = fluid.Executor(mode="compiled", strict=True)
+            got = _outcome(compiled, program, feeds, values)
+        except Exception:  # noqa: BLE001 - what the test is looking for
+            failures.append((name, i, kind, traceback.format_exc()))
+            continue
+        why = _same(want, got)
+        if why is None and want[0] == "ok":
+            try:
+                counts["native steps"] += assert_native(compiled, require=False)
+            except AssertionError as e:
+                why = f"the compiled run fell back to the references: {e}"
+        if why is not None:
+            disagreements.append((name, i, kind, why))
+            continue
+        counts[f"agree ({want[0]})"] += 1
+    return counts, disagreements, failures
+
+
 # -- the tests -------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def srcs():
@@ -300,6 +384,68 @@ def test_a_sample_of_mutants_compiled_matches_the_reference(srcs, alloc_limit):
             break
     assert agreed >= 10
     assert_native(compiled)
+
+
+def test_verified_mutants_agree_between_executors(srcs, alloc_limit):
+    """Every mutant (byte mutant or structural edit) of the small models that verifies runs
+    in both executors: equal results or the same named error class. ``PDJIT_FUZZ_CASES=N``
+    runs N/10 of them."""
+    small = [s for s in srcs if s[0] in ("models/mlp", "pdjit_mlp", "fit_a_line_infer",
+                                         "mlp_infer")]
+    n = int(os.environ["PDJIT_FUZZ_CASES"]) // 10 if os.environ.get("PDJIT_FUZZ_CASES") \
+        else CI_BOTH
+    counts, disagreements, failures = compare(small, n)
+    print(f"both executors: {dict(counts)}")
+    assert not failures, "".join(f"\n--- {s} case {i} ({k})\n{tb}" for s, i, k, tb in
+                                 failures[:5])
+    assert not disagreements, disagreements[:10]
+    assert counts["agree (ok)"] >= n // 8 and counts["agree (error)"], counts
+    assert counts["native steps"] > 0, counts
+
+
+def test_entry_points_raise_only_pdjit_errors(srcs, tmp_path, alloc_limit):
+    """Mutant files through each public entry point (load_inference_model, the Predictor,
+    pdjit.static.load_inference_model, Program.parse_from_string + verify): every exception
+    that escapes is a PdjitError."""
+    import pdjit.inference as pinf
+    import pdjit.static as static
+    chosen = [s for s in srcs if s[0] in ("models/mlp", "pdjit_mlp")]
+    classes = collections.Counter()
+    for i in range(24):
+        name, model, params = chosen[i % len(chosen)]
+        rng = random.Random(f"entry/{i}")
+        if i % 3 == 2:
+            kind, params = mutate(params, rng)
+        else:
+            kind, model = (edit if i % 2 else mutate)(model, rng)
+        (tmp_path / "m.pdmodel").write_bytes(model)
+        (tmp_path / "m.pdiparams").write_bytes(params)
+        prefix = str(tmp_path / "m")
+        calls = [
+            lambda: fluid.io.load_inference_model(str(tmp_path), fluid.Executor(),
+                                                  model_filename="m.pdmodel",
+                                                  params_filename="m.pdiparams"),
+            lambda prefix=prefix: static.load_inference_model(prefix, fluid.Executor()),
+            lambda model=model: fluid.verify(fluid.Program.parse_from_string(model)),
+        ]
+
+        def predictor(prefix=prefix):
+            p = pinf.create_predictor(pinf.Config(prefix + ".pdmodel", prefix + ".pdiparams"))
+            feeds = _feeds(p.program(), p.get_input_names(), np.random.default_rng(0))
+            if feeds is not None:
+                p.run([feeds[n] for n in p.get_input_names()])
+        calls.append(predictor)
+        for call in calls:
+            try:
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    call()
+                classes["ok"] += 1
+            except PdjitError as e:
+                classes[type(e).__name__] += 1
+            except Exception as e:  # noqa: BLE001 - what the test is looking for
+                raise AssertionError(f"case {i} ({kind}): {type(e).__name__}: {e}") from e
+    assert classes["ok"] and len(classes) > 2, classes
 
 
 def test_check_command_on_mutants(srcs, tmp_path, capsys):
@@ -374,7 +520,26 @@ def test_every_truncation_of_a_combined_file_is_a_named_error():
         load_combined_params(blob + bytes(4), ["a", "b"])
 
 
-if __name__ == "__main__":
+def _main_both(argv) -> None:
+    n = int(argv[0]) if argv else 1000
+    seed = int(argv[1]) if len(argv) > 1 else 1
+    srcs = [s for s in sources() if s[0] != "models/cond_while"]
+    if len(argv) < 3 or argv[2] != "all":
+        srcs = [s for s in srcs if s[0] in ("models/mlp", "pdjit_mlp", "fit_a_line_infer",
+                                            "mlp_infer")]
+    counts, disagreements, failures = compare(srcs, n, seed=seed)
+    print(f"{n} mutants in both executors: {dict(counts)}, disagreements "
+          f"{len(disagreements)}, non-pdjit errors {len(failures)}")
+    for d in disagreements[:20]:
+        print("disagreement:", *d)
+    for name, i, kind, tb in failures[:20]:
+        print(f"--- {name} case {i} ({kind})\n{tb}")
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["both"]:
+    os.environ.setdefault("PDJIT_MAX_ALLOC_BYTES", str(MAX_ALLOC))
+    _main_both(sys.argv[2:])
+elif __name__ == "__main__":
     n = int(sys.argv[1]) if len(sys.argv) > 1 else DEV_CASES
     os.environ.setdefault("PDJIT_MAX_ALLOC_BYTES", str(MAX_ALLOC))
     seed = int(sys.argv[2]) if len(sys.argv) > 2 else 0

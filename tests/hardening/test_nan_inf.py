@@ -194,3 +194,23 @@ def test_nan_in_a_cond_branch_is_named_and_the_parameter_kept(mode, check_on, fr
     np.testing.assert_array_equal(scope.find_var("w_nan_cond").value, np.ones(4, np.float32))
     if mode == "compiled":  # the branch's plan ran sqrt natively before it was pinpointed
         assert any("sqrt" in s.description and s.fallbacks == 0 for s in _native_steps(exe))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_inf_made_and_consumed_inside_one_fused_kernel_is_caught(mode, check_on,
+                                                                 fresh_programs):
+    """``tanh(exp(x))``: exp makes Inf, tanh makes it 1 again inside one fused loop; both
+    executors stop at exp, as the reference checks every op's output."""
+    main, _ = fresh_programs
+    x = L.data("x", [2], dtype="float32")
+    out = L.tanh(L.exp(x))
+    exe = fluid.Executor(mode=mode, strict=True)
+    xv = np.array([[0.5, 100.0]], np.float32)  # exp(100) is Inf in float32
+    with pytest.raises(NanInfError, match="op 'exp'") as e:
+        exe.run(main, feed={"x": xv}, fetch_list=[out], scope=fluid.Scope())
+    assert (e.value.nan_count, e.value.inf_count) == (0, 1)
+    fine = np.array([[0.5, 1.0]], np.float32)
+    got, = exe.run(main, feed={"x": fine}, fetch_list=[out], scope=fluid.Scope())
+    np.testing.assert_allclose(got, np.tanh(np.exp(fine)), rtol=1e-6)
+    if mode == "compiled":
+        assert _native_steps(exe)

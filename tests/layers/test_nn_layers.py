@@ -12,6 +12,12 @@ from pdjit.initializer import Constant
 from pdjit.runtime.executor import Executor
 from pdjit.runtime.scope import Scope
 
+# op 'cross_entropy' has no native code for some inputs tested here: a compiled
+# plan runs its NumPy reference by design and says so once per process
+pytestmark = pytest.mark.filterwarnings(
+    r"ignore:op '(cross_entropy)' runs its NumPy reference"
+    ":pdjit.framework.errors.ReferenceStepWarning")
+
 RNG = np.random.default_rng(3)
 
 
@@ -248,5 +254,6 @@ def test_embedding_of_ids_with_a_last_dim_of_1_is_fluid_1x(fresh_programs):
 
 
 def test_all_exported():
-    for name in layers.nn.__all__:
-        assert getattr(fluid.layers, name) is getattr(layers.nn, name)
+    for name in layers.nn.__all__:  # (functions wrapped to name the user's line on errors)
+        exported = getattr(fluid.layers, name)
+        assert getattr(exported, "__wrapped_layer__", exported) is getattr(layers.nn, name)

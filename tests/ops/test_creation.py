@@ -100,7 +100,10 @@ def test_random_stream_is_counter_based():
     np.testing.assert_array_equal(prandom.bits(key, 300, offset=700), whole[700:])
     u = prandom.uniform01(key, 100000)
     assert 0.0 <= u.min() and u.max() < 1.0 and abs(u.mean() - 0.5) < 0.01
-    assert prandom.op_key(0, 1234, 0, 2, 5) != prandom.op_key(0, 1234, 0, 2, 6)
+    # unseeded: each run its own key; a seeded program: the same key in every run, one per op
+    assert prandom.op_key(0, 0, 0, 2, 5) != prandom.op_key(0, 0, 0, 2, 6)
+    assert prandom.op_key(0, 1234, 0, 2, 5) == prandom.op_key(0, 1234, 0, 2, 6)
+    assert prandom.op_key(0, 1234, 0, 2, 5) != prandom.op_key(0, 1234, 0, 3, 5)
     assert prandom.op_key(9, 1, 0, 0, 0) == prandom.op_key(9, 2, 3, 4, 5)  # op seed wins
     # mix64 against its defining arithmetic, written independently here
     x = 12345

@@ -333,3 +333,40 @@ def test_paddle_parity(case):
         got = run(case["op"], inputs, ["ViterbiPath"], mode)
         np.testing.assert_array_equal(np.asarray(got[0]), data["out_ViterbiPath"],
                                       err_msg=f"{case['name']} [{mode}]")
+
+
+def test_padded_program_with_length_trains():
+    """Fluid 1.8's padded form as its documentation writes it: fc with num_flatten_dims=2,
+    linear_chain_crf and crf_decoding with ``length``; the cost falls and the decoded tags
+    (zeros past each length) learn the labels."""
+    main, startup = fluid.Program(), fluid.Program()
+    main.random_seed = startup.random_seed = 3
+    B, S, F, tags = 4, 5, 6, 3
+    with fluid.program_guard(main, startup):
+        input_data2 = fluid.data(name="input_data2", shape=[-1, S, F], dtype="float32")
+        label2 = fluid.data(name="label2", shape=[-1, S, 1], dtype="int64")
+        label_length = fluid.data(name="length", shape=[-1, 1], dtype="int64")
+        emission2 = fluid.layers.fc(input=input_data2, size=tags, num_flatten_dims=2)
+        crf_cost2 = fluid.layers.linear_chain_crf(
+            input=emission2, label=label2, length=label_length,
+            param_attr=fluid.ParamAttr(name="crfw_pad", learning_rate=1.0))
+        avg_cost = fluid.layers.mean(crf_cost2)
+        fluid.optimizer.SGD(learning_rate=0.1).minimize(avg_cost)
+        crf_decode2 = fluid.layers.crf_decoding(input=emission2, length=label_length,
+                                                param_attr=fluid.ParamAttr(name="crfw_pad"))
+    exe = fluid.Executor(fluid.CPUPlace())
+    exe.run(startup)
+    rng = np.random.default_rng(1)
+    lens = np.array([[5], [3], [1], [4]], np.int64)
+    mask = np.arange(S)[None, :] < lens
+    feats = rng.normal(size=(B, S, F)).astype(np.float32)
+    labels = np.argmax(feats[:, :, :tags], axis=2) * mask  # the largest of the first 3
+    feed = {"input_data2": feats, "label2": labels[:, :, None], "length": lens}
+    costs = []
+    for _ in range(60):
+        cost, path = exe.run(main, feed=feed, fetch_list=[avg_cost, crf_decode2])
+        costs.append(float(np.asarray(cost).reshape(-1)[0]))
+    assert costs[-1] < 0.3 * costs[0], costs
+    assert np.asarray(path).shape == (B, S)
+    np.testing.assert_array_equal(np.asarray(path), labels)
+    assert {"linear_chain_crf", "linear_chain_crf_grad", "crf_decoding"} <= native_ops(exe)

@@ -16,6 +16,12 @@ from pdjit.runtime.scope import Scope
 from pdjit.testing import check_output
 from pdjit.testing.grad_check import check_grad
 
+# these ops have no native code for some inputs tested here: a compiled plan
+# runs their NumPy reference by design and says so once per process
+pytestmark = pytest.mark.filterwarnings(
+    r"ignore:op '(top_k_grad|top_k_v2|top_k_v2_grad)' runs its NumPy reference"
+    ":pdjit.framework.errors.ReferenceStepWarning")
+
 RNG = np.random.default_rng(11)
 SHAPE = (3, 4)
 SHAPE3 = (2, 3, 4)

@@ -14,6 +14,12 @@ from pdjit.runtime.tensor import LoDTensor
 from pdjit.testing import TARGETS, check_grad
 from pdjit.testing import strategies as S
 
+# op 'sequence_unpad_grad' has no native code for some inputs tested here: a compiled
+# plan runs its NumPy reference by design and says so once per process
+pytestmark = pytest.mark.filterwarnings(
+    r"ignore:op '(sequence_unpad_grad)' runs its NumPy reference"
+    ":pdjit.framework.errors.ReferenceStepWarning")
+
 LODS = [[[0, 2, 2, 5]], [[0, 0, 3]], [[0, 1, 4, 4]], [[0, 1, 3], [0, 2, 2, 5]]]
 POOLTYPES = ["AVERAGE", "SUM", "SQRT", "MAX", "LAST", "FIRST"]
 

@@ -472,6 +472,19 @@ add("sequence_pool",
     S(lambda r: {"X": _lod_x(r, (5, 2), lod=[[0, 1, 3], [0, 2, 2, 5]])}, {"pooltype": "SUM"},
       grad=["X"]))
 add("sequence_softmax", S(lambda r: {"X": _lod_x(r, (5, 1))}, grad=["X"]))
+add("gather_tree", S(lambda r: {"Ids": r.integers(0, 9, size=(3, 2, 2)).astype(I64),
+                                "Parents": r.integers(0, 2, size=(3, 2, 2)).astype(I64)}))
+_BEAM_LOD = [[0, 2, 3], [0, 1, 2, 3]]
+add("beam_search",
+    S(lambda r: {"pre_ids": (np.array([[1], [2], [0]], I64), _BEAM_LOD),
+                 "pre_scores": (np.array([[-0.5], [-0.9], [-0.3]]), _BEAM_LOD),
+                 "ids": (np.array([[4, 5], [6, 4], [7, 8]], I64), _BEAM_LOD),
+                 "scores": (u(r, (3, 2), -2.0, -0.1), _BEAM_LOD)},
+      {"beam_size": 2, "end_id": 0}),
+    S(lambda r: {"pre_ids": (np.array([[1], [2], [3]], I64), _BEAM_LOD),
+                 "pre_scores": (u(r, (3, 1), -2.0, -0.1), _BEAM_LOD),
+                 "scores": (u(r, (3, 4), 0.05, 1.0), _BEAM_LOD)},
+      {"beam_size": 3, "end_id": 0, "is_accumulated": False}))
 add("sequence_expand",
     S(lambda r: {"X": u(r, (3, 2)), "Y": _lod_x(r, (5, 1))}, grad=["X"]),
     S(lambda r: {"X": _lod_x(r, (3, 2), lod=[[0, 1, 1, 3]]), "Y": _lod_x(r, (5, 1))},
@@ -781,6 +794,11 @@ add("kldiv_loss", *[S(lambda r: {"X": u(r, (2, 3)), "Target": probs(r, (2, 3))},
                     for red in ("none", "batchmean", "mean", "sum")],
     S(lambda r: {"X": u(r, (2, 3)), "Target": u(r, (2, 3))},
       {"reduction": "sum", "log_target": True}, grad=["X"], out="Loss"))
+add("log_loss", S(lambda r: {"Predicted": u(r, (3, 1), 0.1, 0.9), "Labels": u(r, (3, 1), 0, 1)},
+                  {"epsilon": 1e-4}, grad=["Predicted"], out="Loss"))
+add("cos_sim", S(lambda r: {"X": u(r, (3, 4)), "Y": u(r, (3, 4))}, grad=["X", "Y"]),
+    S(lambda r: {"X": u(r, (3, 2, 2)), "Y": u(r, (1, 2, 2))}, grad=["X", "Y"]))
+add("is_empty", S(lambda r: {"X": u(r, (2, 3))}), S({"X": np.zeros((0, 3))}))
 add("norm", S(lambda r: {"X": u(r, (2, 3, 4))}, {"axis": 1}, grad=["X"]),
     S(lambda r: {"X": u(r, (2, 3))}, {"axis": -1, "epsilon": 1e-6}, grad=["X"]))
 add("log_softmax", S(lambda r: {"X": u(r, (2, 3), -2, 2)}, {"axis": -1}, grad=["X"]),

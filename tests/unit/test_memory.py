@@ -9,12 +9,12 @@ CHILD = """
 import ctypes, os
 import numpy as np
 import pdjit as fluid
-from pdjit.runtime import memory
+from pdjit.codegen.cpu import malloc
 x = fluid.layers.data("x", [4])
 y = fluid.layers.relu(x)
 exe = fluid.Executor()
 exe.run(fluid.default_main_program(), feed={"x": np.ones((2, 4), np.float32)}, fetch_list=[y])
-print("tuned" if memory.applied[0] else "untouched")
+print("tuned" if malloc.applied[0] else "untouched")
 # with the threshold raised, a freed 8 MiB block is reused from the heap, not unmapped
 a = np.empty(8 << 18, np.float32); addr = a.ctypes.data; del a
 b = np.empty(8 << 18, np.float32)

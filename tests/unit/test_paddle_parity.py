@@ -14,6 +14,13 @@ import pdjit as fluid
 from pdjit.framework import registry
 from pdjit.io import load_combined_params, persistable_names, save_combined_params
 
+# these ops have no native code for some inputs tested here: a compiled plan
+# runs their NumPy reference by design and says so once per process
+pytestmark = pytest.mark.filterwarnings(
+    r"ignore:op '(cross_entropy|elementwise_floordiv|elementwise_mod"
+    r"|softmax_with_cross_entropy)' runs its NumPy reference"
+    ":pdjit.framework.errors.ReferenceStepWarning")
+
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "paddle"
 ZOO = json.loads((FIXTURES / "ops_zoo.json").read_text())
 

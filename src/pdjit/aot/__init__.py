@@ -95,8 +95,16 @@ signatures of ``numba_xxgemm``/``numba_xxgemv``/``numba_xxdot``/
 
 Not imported by ``import pdjit``: import ``pdjit.aot`` explicitly.
 """
-from pdjit.aot.build import AotError, compile_model
-
 NUMBA_RANGE = ((0, 68), (0, 68))   # (oldest, newest) minor versions the route was tested with
 
 __all__ = ["compile_model", "AotError", "NUMBA_RANGE"]
+
+
+def __getattr__(name):
+    # the compiler (Numba) loads with the first use, not with ``pdjit.aot.__main__`` (the
+    # command line's parser)
+    if name in ("compile_model", "AotError"):
+        from pdjit.aot import build
+
+        return getattr(build, name)
+    raise AttributeError(f"module 'pdjit.aot' has no attribute {name!r}")

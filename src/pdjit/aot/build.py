@@ -118,6 +118,8 @@ def _refuse_control(step) -> str | None:
     if sorted(subs) != sorted(want):
         return f"{where}: the plans of its sub-blocks {want} were not built"
     slot = op.opdef.control.condition
+    if slot is None:  # a loop that counts its own runs (a recurrent op): the entry cannot drive it
+        return f"{where}: a loop without a condition input is not compiled ahead of time"
     if _scalar_condition(op):
         conds = op.input(slot)
         if len(conds) != 1:
@@ -595,6 +597,18 @@ def _openblas_files() -> list:
     return found
 
 
+def _place(src: str, dst: str) -> None:
+    """``dst``: the file ``src`` (NumPy's BLAS, 28 MB with what it needs), a hard link where
+    the file system allows one (no space taken; the artifact's directory still holds a file
+    of its own, moved or deleted with it), else a copy."""
+    try:
+        if os.path.lexists(dst):
+            os.unlink(dst)
+        os.link(src, dst)
+    except OSError:  # another device, a file system without links, a protected file
+        shutil.copy2(src, dst)
+
+
 def _link(out_dir, obj: bytes, spec: Spec, cc: str, blob: bytes) -> None:
     """Link ``libmodel.so`` (``csource.files``: ``libPREFIX.so``) from the entry's object and
     the C of ``csource.build_files`` (``blob``: the parameters, for a build that embeds them;
@@ -606,7 +620,7 @@ def _link(out_dir, obj: bytes, spec: Spec, cc: str, blob: bytes) -> None:
     for f in libs:
         dst = os.path.join(out_dir, os.path.basename(f))
         if not os.path.exists(dst) or os.path.getsize(dst) != os.path.getsize(f):
-            shutil.copy2(f, dst)
+            _place(f, dst)
     blas = next(os.path.basename(f) for f in libs if "openblas" in os.path.basename(f))
     prefix = csource.options(spec)["prefix"]
     libname, header = csource.files(prefix)

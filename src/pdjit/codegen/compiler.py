@@ -64,7 +64,7 @@ import numpy as np
 
 from pdjit.codegen import diskcache
 from pdjit.codegen.diskcache import CacheDamage, cache_dir  # noqa: F401 - pdjit's names
-from pdjit.framework.errors import ProgramLimitError
+from pdjit.codegen.pysource import compile_source
 from pdjit.version import __version__
 
 _lock = threading.RLock()
@@ -219,26 +219,6 @@ def _write_module(d: pathlib.Path, name: str, text: str):
                 os.unlink(tmp)
             except OSError:
                 pass
-
-
-def compile_source(text: str, filename: str):
-    """``compile(text, filename, "exec")``, refusing generated code that Python's compiler
-    cannot take (nested too deeply for its recursion limit or its 20 static blocks) with a
-    :class:`ProgramLimitError` instead of a bare ``RecursionError`` / ``SyntaxError``."""
-    try:
-        return compile(text, filename, "exec")
-    except RecursionError as e:
-        problem = f"nested too deeply for Python's compiler ({e})"
-    except SyntaxError as e:
-        if "nested" not in str(e) and "too many" not in str(e):
-            raise
-        problem = f"{e.msg}"
-    except MemoryError:
-        problem = f"too large for Python's compiler ({len(text)} characters)"
-    raise ProgramLimitError(
-        f"the generated code {filename} is {problem}: the program's ops or ranks exceed what "
-        f"one generated function can hold; lower PDJIT_MAX_FUSED_OPS (ops fused into one "
-        f"kernel) or split the program") from None
 
 
 def _exec(name: str, filename: str, text: str):
@@ -503,7 +483,8 @@ def compile_workers() -> int:
 
 class LibraryKernel:
     """A library kernel (``pdjit.codegen.cpu.lib``) as a compile job: its dispatcher caches
-    itself on disk (``cache=True``), so a worker's compilation serves this process too."""
+    itself on disk (``diskcache``, under ``PDJIT_CACHE_DIR``), so a worker's compilation serves
+    this process too."""
 
     def __init__(self, fn, cost: float = 8.0):
         self.fn, self.cost = fn, cost
@@ -644,9 +625,10 @@ def _wait(pid: int, deadline: float) -> None:
 
 def warmup(dtypes=("float32",)) -> dict:
     """Compile the library kernels (every entry point ``nnlib`` declares jobs for, for float
-    data of each of ``dtypes``) into the disk cache, on two cores as :func:`precompile` does:
-    what ``pdjit warmup`` runs once per installation (a container image, a read-only install
-    with a writable ``PDJIT_CACHE_DIR``), so that no process compiles them at a first run.
+    data of each of ``dtypes``, and the math functions of ``mathfuncs``) into the disk cache,
+    on two cores as :func:`precompile` does: what ``pdjit warmup`` runs once per installation
+    (a container image, a read-only install with a writable ``PDJIT_CACHE_DIR``), so that no
+    process compiles them at a first run.
     Returns how many compile jobs there were, how many were on disk already, how many were
     compiled, and the seconds it took."""
     from pdjit.codegen.cpu import lib as nnlib
@@ -665,6 +647,18 @@ def warmup(dtypes=("float32",)) -> dict:
         if sig not in c.fn.overloads and not _is_cached(c, sig):
             todo.append((c, sig))
     jobs = typed
+    # the math functions generated kernels call (their dispatchers cache in the library's
+    # folder): compiled through a small kernel per function and dtype
+    from pdjit.codegen.cpu import mathfuncs
+
+    for dt in dtypes:
+        for fn in mathfuncs.__all__:
+            c = compile_function(f"def kernel(x, y):\n    for i in range(x.size):\n"
+                                 f"        y[i] = _m.{fn}(x[i])\n", "kernel")
+            sig = tuple(_numba_type((dt, 1)) for _ in range(2))
+            jobs.append((c, [(dt, 1), (dt, 1)]))
+            if sig not in c.fn.overloads and not _is_cached(c, sig):
+                todo.append((c, sig))
     precompile(jobs)
     for c, sig in todo:  # what no worker took (none, or a single core): compiled here
         if sig not in c.fn.overloads and not _is_cached(c, sig):

@@ -11,9 +11,9 @@ matches nothing. pdjit gives every function it compiles a cache of its own
   ``__pycache__`` beside the module file, wherever that directory now is; the stamp is the
   module's text (its name is its hash already).
 - **Library kernels** (``pdjit.codegen.cpu.lib``, ``mathfuncs``, ``rt``): under
-  ``<cache dir>/lib``, whichever directory ``PDJIT_CACHE_DIR`` names at the time of the load or
-  save; the stamp is a hash of every library source file and Numba's version (Numba's cache
-  does not notice when a called function in another file changes).
+  ``<cache dir>/lib/<hash>``, whichever directory ``PDJIT_CACHE_DIR`` names at the time of the
+  load or save; the hash (and the stamp) is one of every library source file and Numba's
+  version (Numba's cache does not notice when a called function in another file changes).
 
 Numba's index key (the signature, the CPU's name and features, the function's bytecode) is
 kept, so a cache copied to another kind of machine is not misused. ``NUMBA_CACHE_DIR`` does not
@@ -45,7 +45,10 @@ def cache_dir() -> pathlib.Path:
 
 
 def library_dir() -> pathlib.Path:
-    return cache_dir() / LIBRARY_DIR
+    """Where the library kernels' compiled code is: a folder per version of the library's
+    sources (:func:`library_stamp`), so that two installations sharing one cache directory
+    do not overwrite each other's entries."""
+    return cache_dir() / LIBRARY_DIR / library_stamp()[:16]
 
 
 _LIBRARY_STAMP: list = []

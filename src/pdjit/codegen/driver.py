@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import hashlib
 
-from pdjit.codegen.compiler import compile_source
 from pdjit.codegen.kernel import FULL, MID, ROW, SCALAR, LoopKernel
+from pdjit.codegen.pysource import compile_source
 
 MISFIT = "pdjit: operand shapes do not fit the kernel's loop form"
 EMPTY = "pdjit: a reduction without identity over an empty extent"
@@ -178,8 +178,10 @@ def call_site(k: LoopKernel, fresh, flats: dict, leaves: list, stores: list,
         return lines, args
     call = f"({', '.join(args)})"
     if pname is not None and k.form in ("flat", "row", "mid"):
-        lines += [f"if {n} >= {parallel_min_size}:", f"    {pname}{call}", "else:",
-                  f"    {kname}{call}"]
+        # (the parallel variant is given the serial kernel: it serves until the variant is
+        # compiled, see the CPU target's _LazyKernel)
+        lines += [f"if {n} >= {parallel_min_size}:", f"    {pname}({', '.join([kname] + args)})",
+                  "else:", f"    {kname}{call}"]
     else:
         lines.append(f"{kname}{call}")
     return lines
@@ -229,11 +231,26 @@ class HostDriver:
         """The module text of a variant compiled at its first call (for ``text``)."""
         return source
 
-    def _build(self) -> None:
+    def _exec(self, source: str, filename: str, extra: dict | None = None):
         ns = self._namespace()
         self._bind(ns)
-        exec(compile_source(self.source, self.filename), ns)  # noqa: S102
-        self.fn = ns[self.fn_name]
+        ns.update(extra or {})
+        exec(compile_source(source, filename), ns)  # noqa: S102
+        return ns[self.fn_name]
+
+    def _build(self) -> None:
+        self.fn = self._exec(self.source, self.filename)
+
+    def timed(self, tick):
+        """This driver with ``tick(k)`` called as each group ``k >= 1`` starts (a profiler's
+        hook, ``pdjit.runtime.profile``): the same source and kernels otherwise."""
+        starts = {at: k for k, at in enumerate(self.group_lines) if k}
+        lines = []
+        for n, line in enumerate(self.source.splitlines(), 1):
+            if n in starts:
+                lines.append(f"{line[:len(line) - len(line.lstrip())]}_tick({starts[n]})")
+            lines.append(line)
+        return self._exec("\n".join(lines), f"<pdjit {self.name} timed>", {"_tick": tick})
 
     def reload_clean(self) -> None:
         """Reload every kernel without its cache files (a damaged cache), then rebind."""

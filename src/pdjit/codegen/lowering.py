@@ -160,6 +160,17 @@ class LowerContext:
         """The :class:`~pdjit.codegen.target.Target` object of the driver being generated."""
         return self.gen.target if hasattr(self.gen, "target") else self.gen.gen.target
 
+    @property
+    def lib(self) -> str:
+        """The name the target's library of kernels has in the lines (``_nn``, ``_cu``)."""
+        return self._target.library
+
+    @property
+    def device(self) -> bool:
+        """Whether the lines are for a device target (values in device memory; the host
+        driver only launches)."""
+        return self._target.device
+
     def has_input(self, slot: str) -> bool:
         return bool([n for n in self.op.input(slot) if n != registry.EMPTY_VAR_NAME])
 
@@ -303,15 +314,11 @@ class LowerContext:
                           lambda m: rename.get(m.group(1), m.group(1)), line)
 
         n = self.tmp("n")
-        src = "\n".join([f"def kernel({', '.join(list(rename.values()) + ['n_'])}):"]
-                        + ["    " + sub(line) for line in before]
-                        + [f"    {var} = cuda.grid(1)", "    gs_ = cuda.gridsize(1)",
-                           f"    while {var} < n_:"]
-                        + ["        " + sub(line) for line in body]
-                        + [f"        {var} += gs_"])
+        target = self._target
+        src = target.loop_kernel(var, list(rename.values()), [sub(line) for line in before],
+                                 [sub(line) for line in body])
         g = self.device_kernel(src)
-        return [f"{n} = {count}", f"if {n} > 0:",
-                f"    {g}[_cu.grid({n})]({', '.join(params + [n])})"]
+        return [f"{n} = {count}", f"if {n} > 0:", "    " + target.launch(g, n, params + [n])]
 
     def device_kernel(self, source: str) -> str:
         """The global name under which the driver launches ``source`` (``def kernel(...)``),
@@ -754,7 +761,7 @@ class SegmentGen:
                     for a in before + ["0", f"{y}.shape[0]"] + after]
             self.emit(f"{fn}({', '.join(args)})")
         else:
-            self.emit(f"_nn.split_work({fn}, {y}.shape[0], {work}, "
+            self.emit(f"{self.target.library}.split_work({fn}, {y}.shape[0], {work}, "
                       f"{', '.join(before + after)}, head={len(before)})")
 
     def _channel_epilogue(self, name: str, nxt: Group, at: int):
@@ -1168,7 +1175,8 @@ class SegmentGen:
         if self.native:
             self.emit(f"{g}(0, {y}.shape[0], {', '.join(rest)})")
         else:
-            self.emit(f"_nn.split_work({g}, {y}.shape[0], {work}, {', '.join(rest)}, head=0)")
+            self.emit(f"{self.target.library}.split_work({g}, {y}.shape[0], {work}, "
+                      f"{', '.join(rest)}, head=0)")
         return g
 
     def _blocked_fn(self, kernel, fn: str, nbefore: int, nafter: int, epi):

@@ -42,7 +42,7 @@ later steps, fallbacks and the user read); a tenant whose buffer may escape keep
 Slot buffers live for one call of the driver, never across calls: executors may be shared by
 threads, and buffers kept between runs would raise the memory held between runs, the thing
 this plan lowers (measured, ``benchmarks/bench_memory.py``: with glibc's heap kept by
-``pdjit.runtime.memory`` a fresh ``np.empty`` costs ~0.2 us, so keeping buffers has little
+``pdjit.codegen.cpu.malloc`` a fresh ``np.empty`` costs ~0.2 us, so keeping buffers has little
 time to win). Native loop bodies (``pdjit.codegen.loops``) are not rewritten: Numba already
 releases every array at the end of its liveness in compiled code, and a loop's carried
 values are rebound every iteration.

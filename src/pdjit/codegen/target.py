@@ -6,8 +6,9 @@ probed; what it does is its methods: rendering a :class:`~pdjit.codegen.kernel.L
 (``render``), the driver lines that allocate and call it (``call_site``, built on the shared
 skeleton of :mod:`pdjit.codegen.driver`), a segment's driver (``host_driver``, and
 ``native_driver`` where ``native_drivers``), the module its kernels are compiled in
-(``module_text``), the library kernels its lowerings' lines call (``library_jobs``) and
-whether it can run here (``require``).
+(``module_text``), the library kernels its lowerings' lines call (``library_jobs``), its
+device memory (``to_device``, ``to_host``, ``is_device_array``) and whether it can run here
+(``require``).
 
 Built-in targets: ``cpu`` (:mod:`pdjit.codegen.cpu.target`) and ``cuda``
 (:mod:`pdjit.codegen.cuda.target`, imported when first asked for: it imports ``numba.cuda``).
@@ -21,7 +22,8 @@ from __future__ import annotations
 import importlib
 
 #: target name -> the module that defines and registers it (imported at the first ask)
-BUILTIN = {"cpu": "pdjit.codegen.cpu.target", "cuda": "pdjit.codegen.cuda.target"}
+BUILTIN = {"cpu": "pdjit.codegen.cpu.target", "cuda": "pdjit.codegen.cuda.target",
+           "python": "pdjit.codegen.python.target"}
 
 
 class Target:
@@ -50,10 +52,26 @@ class Target:
     device: bool = False
     #: the module (a global of the driver) whose ``empty``/``zeros`` allocate an output
     alloc_module: str = "np"
+    #: the global under which the driver (and a lowering's lines: ``ctx.lib``) reaches the
+    #: target's library of kernels
+    library: str = ""
 
     def require(self, what: str) -> None:
         """Raise a clear error (naming ``what`` needs it) when the target cannot run in this
         process (a device target without its device)."""
+
+    # ---- device memory (a host target's values are NumPy arrays: nothing to copy) ----
+    def to_device(self, array):
+        """``array`` (host) where the target's kernels read it (counted by a device target)."""
+        return array
+
+    def to_host(self, value):
+        """A value of the target's memory as a host array."""
+        return value
+
+    def is_device_array(self, value) -> bool:
+        """Whether ``value`` lives in the target's device memory."""
+        return False
 
     def render(self, k, parallel: bool = False, inplace: dict | None = None) -> str:
         """The source of ``def kernel(...)`` for the loop kernel ``k``."""
@@ -85,6 +103,17 @@ class Target:
         """An opaque op computed by blocks, ``k`` its epilogue (``block_forms`` only)."""
         raise NotImplementedError(f"the {self.name} target has no blocked epilogues")
 
+    def loop_kernel(self, var: str, params: list, before: list, body: list) -> str:
+        """The source of ``def kernel(*params, n_)`` running ``body`` for each ``var`` in
+        ``0..n_`` (each iteration a thread of its own), every thread running ``before`` first:
+        an opaque lowering's loop on a ``device`` target (``ctx.device_loop``)."""
+        raise NotImplementedError(f"the {self.name} target has no device loops")
+
+    def launch(self, kernel: str, n: str, args: list) -> str:
+        """The driver line that runs the loop kernel bound to ``kernel`` over ``n``
+        iterations (``args``: its arguments, ``n`` last)."""
+        raise NotImplementedError(f"the {self.name} target has no device loops")
+
     def library_jobs(self, lines: list, dtype) -> list:
         """Compile jobs ``(dispatcher, argument types)`` of the library kernels ``lines``
         call, for float data of ``dtype`` (none: the target compiles them at first use)."""
@@ -95,12 +124,14 @@ class Target:
 
 
 _TARGETS: dict = {}
+_DEVICE_TARGETS: list = []   # the registered targets with device memory (``holder``)
 
 
 def register_target(target: Target) -> Target:
     if not isinstance(target, Target):
         raise TypeError(f"register_target: expected a Target, got {type(target).__name__}")
     _TARGETS[target.name] = target
+    _DEVICE_TARGETS[:] = [t for t in _TARGETS.values() if t.device]
     return target
 
 
@@ -113,6 +144,14 @@ def get_target(name: str) -> Target:
         raise NotImplementedError(f"no code generation target {name!r} (targets: "
                                   f"{sorted(set(_TARGETS) | set(BUILTIN))})")
     return target
+
+
+def holder(value) -> Target | None:
+    """The loaded device target whose memory holds ``value``; None: a host value."""
+    for target in _DEVICE_TARGETS:
+        if target.is_device_array(value):
+            return target
+    return None
 
 
 def target_name(place) -> str:

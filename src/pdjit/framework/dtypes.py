@@ -31,10 +31,11 @@ _CODE_TO_NP = {
 }
 _NP_TO_CODE = {v: k for k, v in _CODE_TO_NP.items() if k != VarType.SIZE_T}
 
-# The names Fluid users write.
+# The names Fluid users write. Fluid reads a dtype name through NumPy (``np.dtype(name)``), so
+# ``"int"`` and ``"long"`` are int64 and ``"float"`` float64, as NumPy has them on Linux.
 _ALIASES = {
-    "float": "float32", "double": "float64", "half": "float16", "fp16": "float16",
-    "fp32": "float32", "fp64": "float64", "int": "int32", "long": "int64", "bool": "bool",
+    "float": "float64", "double": "float64", "half": "float16", "fp16": "float16",
+    "fp32": "float32", "fp64": "float64", "int": "int64", "long": "int64", "bool": "bool",
 }
 
 FLOAT_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))

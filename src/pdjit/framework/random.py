@@ -5,10 +5,13 @@ A random op draws element ``i`` of its output from ``mix64(key + (i + 1) * GOLDE
 
 - the op's ``seed`` attribute when it is non-zero (then every run draws the same numbers, as in
   Fluid), else
-- the program's ``random_seed`` (or a per-process entropy seed when that is 0), the op's block
-  and index, how many times this executor ran the program before, and, for an op inside loops,
-  the iteration number of every enclosing loop (outermost first): a draw inside a ``while``
+- the program's ``random_seed``, the op's block and index and, for an op inside loops, the
+  iteration number of every enclosing loop (outermost first): a draw inside a ``while``
   differs from one iteration to the next, as in Fluid; outside loops no iteration is mixed in.
+  A seeded program draws the same numbers on every run (a startup program run again gives the
+  same parameters, as Fluid's seeded random ops do); distinct ops draw distinct streams.
+- with ``random_seed`` 0: a per-process entropy seed, the op's block and index, how many times
+  this executor ran the program before (each run draws new numbers), and the iterations.
 
 An iteration ``i`` is mixed in as ``key = mix64(key ^ i)`` (:func:`iteration_key`), after the
 run: the key of an op in a loop is a function of the key without that loop's iteration, so a
@@ -42,12 +45,14 @@ def op_key(op_seed: int, program_seed: int, block_idx: int, op_idx: int, run: in
            iterations=()) -> int:
     """The stream key of one run of one random op; ``iterations``: the iteration number of
     each loop the op runs in, outermost first (ignored with a fixed ``op_seed``, which draws
-    the same numbers every time)."""
+    the same numbers every time); ``run`` (the executor's runs of the program before) only
+    counts when ``program_seed`` is 0."""
     if op_seed:
         return mix64_int(mix64_int(int(op_seed) & _MASK) ^ 0x5EED)
     base = int(program_seed) if program_seed else _PROCESS_SEED
     k = mix64_int(base & _MASK)
-    for part in (block_idx, op_idx, run):
+    # a seeded program's draws do not follow the run count: the same numbers every run
+    for part in (block_idx, op_idx, 0 if program_seed else run):
         k = mix64_int(k ^ (int(part) & _MASK))
     for i in iterations:
         k = iteration_key(k, i)
@@ -83,24 +88,46 @@ def bits(key: int, n: int, offset: int = 0) -> np.ndarray:
         return _mix64(np.uint64(key) + i * GOLDEN)
 
 
-def uniform01(key: int, n: int, offset: int = 0) -> np.ndarray:
-    """``n`` float64 in [0, 1): the top 53 bits of each word."""
+# Elements drawn at a time: the scratch of a draw (words, indices, float64 temporaries) stays a
+# few MB whatever the output's size, which is all the allocation limit counts.
+_CHUNK = 1 << 17
+
+
+def _filled(shape, dtype, draw) -> np.ndarray:
+    """An array of ``shape`` and ``dtype`` whose elements ``start .. start + n`` are
+    ``draw(start, n)`` (float64, cast as ``astype`` casts), drawn piece by piece."""
+    n = int(np.prod(shape, dtype=np.int64))
+    out = np.empty(n, dtype)
+    for start in range(0, n, _CHUNK):
+        m = min(_CHUNK, n - start)
+        out[start:start + m] = draw(start, m)
+    return out.reshape(shape)
+
+
+def _uniform01(key: int, n: int, offset: int = 0) -> np.ndarray:
     return (bits(key, n, offset) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
+def uniform01(key: int, n: int, offset: int = 0) -> np.ndarray:
+    """``n`` float64 in [0, 1): the top 53 bits of each word."""
+    if n <= _CHUNK:
+        return _uniform01(key, n, offset)
+    return _filled((n,), np.float64, lambda s, m: _uniform01(key, m, offset + s))
+
+
 def uniform(key: int, shape, low: float, high: float, dtype) -> np.ndarray:
-    n = int(np.prod(shape, dtype=np.int64))
-    u = uniform01(key, n)
-    return (low + (high - low) * u).astype(dtype).reshape(shape)
+    return _filled(shape, dtype, lambda s, m: low + (high - low) * _uniform01(key, m, s))
+
+
+def _normal_piece(key: int, start: int, m: int, mean: float, std: float) -> np.ndarray:
+    u = _uniform01(key, 2 * m, 2 * start)
+    u1, u2 = 1.0 - u[0::2], u[1::2]  # u1 in (0, 1]: log is finite
+    return mean + std * (np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2))
 
 
 def normal(key: int, shape, mean: float, std: float, dtype) -> np.ndarray:
     """Box-Muller on the pair of words (2i, 2i+1) for element i."""
-    n = int(np.prod(shape, dtype=np.int64))
-    u = uniform01(key, 2 * n)
-    u1, u2 = 1.0 - u[0::2], u[1::2]  # u1 in (0, 1]: log is finite
-    z = np.sqrt(-2.0 * np.log(u1)) * np.cos(2.0 * np.pi * u2)
-    return (mean + std * z).astype(dtype).reshape(shape)
+    return _filled(shape, dtype, lambda s, m: _normal_piece(key, s, m, mean, std))
 
 
 def truncated_normal(key: int, shape, mean: float, std: float, dtype, a: float = -2.0,
@@ -108,8 +135,9 @@ def truncated_normal(key: int, shape, mean: float, std: float, dtype, a: float =
     """Normal truncated to [mean + a*std, mean + b*std] by inverting the CDF (no rejection)."""
     from scipy.special import ndtr, ndtri
 
-    n = int(np.prod(shape, dtype=np.int64))
-    u = uniform01(key, n)
     lo, hi = ndtr(a), ndtr(b)
-    z = ndtri(lo + u * (hi - lo))
-    return (mean + std * np.clip(z, a, b)).astype(dtype).reshape(shape)
+
+    def piece(start, m):
+        z = ndtri(lo + _uniform01(key, m, start) * (hi - lo))
+        return mean + std * np.clip(z, a, b)
+    return _filled(shape, dtype, piece)

@@ -12,7 +12,9 @@ An ``OpDef`` holds:
 ``inputs`` / ``outputs``
     Slots (:class:`Slot`), in order. Written compactly as strings: ``"X"``; a trailing ``*``
     marks a duplicable slot (a list of variables), ``?`` a dispensable one (may be absent or
-    empty), ``~`` an intermediate output (computed for the backward pass, not a user result).
+    empty), ``~`` an intermediate output (computed for the backward pass, not a user result),
+    ``^`` an output whose declared dtype in a file is not binding (PaddlePaddle declares it
+    otherwise than its kernel computes it: the verifier does not compare it).
     ``"XShape?~"`` is dispensable and intermediate.
 ``attrs``
     ``{name: AttrSpec}`` with the proto attribute type, the default (``REQUIRED`` if the user
@@ -182,14 +184,15 @@ class Slot:
     duplicable: bool = False
     dispensable: bool = False
     intermediate: bool = False
+    loose_dtype: bool = False
 
     @staticmethod
     def parse(spec: "str | Slot") -> "Slot":
         if isinstance(spec, Slot):
             return spec
-        name = spec.rstrip("*?~")
+        name = spec.rstrip("*?~^")
         flags = spec[len(name):]
-        return Slot(name, "*" in flags, "?" in flags, "~" in flags)
+        return Slot(name, "*" in flags, "?" in flags, "~" in flags, "^" in flags)
 
 
 @dataclass(frozen=True)
@@ -369,6 +372,12 @@ class ControlFlow:
         For a ``BRANCH``: a ``BOOLEAN`` attribute that, when true, means the condition is the
         one bool element of one tensor; when false, the branch runs when every condition
         tensor is non-empty. (A ``LOOP``'s condition is always one bool element.)
+    ``state_links``
+        A pair of ``STRINGS`` attributes ``(ex_states, states)``: variables of the body each run
+        reads as the previous run's state, and those it leaves as the next run's (a recurrent
+        op's memories). The backward pass seeds the gradient of each state in the grad block
+        under ``state@GRAD`` and leaves each ex-state's in ``ex_state@GRAD`` (variables of the
+        grad block); the grad op passes them from run to run.
     """
     kind: str
     body: str = "sub_block"
@@ -376,6 +385,7 @@ class ControlFlow:
     step_scopes: str | None = None
     keeps_no_scopes: str | None = None
     scalar_condition: str | None = None
+    state_links: tuple | None = None
 
     def keeps_scopes(self, op) -> bool:
         """Whether ``op`` (of this definition) records the scope of each run of its body."""

@@ -27,7 +27,6 @@ import os
 
 import numpy as np
 
-from pdjit.codegen.cpu import threads
 from pdjit.framework.errors import FeedError, named_errors
 from pdjit.io.inference import InferenceModel, load_model
 from pdjit.runtime.checks import env_flag
@@ -152,6 +151,8 @@ class Config:
         self._threads = int(n)
 
     def cpu_math_library_num_threads(self) -> int:
+        from pdjit.codegen.cpu import threads
+
         return self._threads if self._threads is not None else threads.get_num_threads()
 
     def disable_gpu(self) -> None:
@@ -274,6 +275,8 @@ class Predictor:
         for name, value in params.items():
             self._scope.var(name).value = value
         if config._threads is not None:
+            from pdjit.codegen.cpu import threads
+
             threads.set_num_threads(config._threads)
         place = CUDAPlace(config.gpu_device_id()) if config.use_gpu() else CPUPlace()
         # native drivers compiled on a thread of their own, never in a run (plan.py)

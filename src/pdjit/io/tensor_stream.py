@@ -46,6 +46,11 @@ class _Reader:
     def unpack(self, fmt: str, field: str):
         return struct.unpack(fmt, self.take(struct.calcsize(fmt), field))[0]
 
+    def array(self, count: int, dt: np.dtype, field: str) -> np.ndarray:
+        """The next ``count`` little-endian elements of ``dt``, as a new native array."""
+        raw = self.take(count * dt.itemsize, field)
+        return np.frombuffer(raw, dtype=dt.newbyteorder("<")).astype(dt)
+
 
 class _FileReader:
     """:class:`_Reader`'s interface over an open regular file of ``size`` bytes: each ``take``
@@ -72,6 +77,24 @@ class _FileReader:
 
     def unpack(self, fmt: str, field: str):
         return struct.unpack(fmt, self.take(struct.calcsize(fmt), field))[0]
+
+    def array(self, count: int, dt: np.dtype, field: str) -> np.ndarray:
+        """The next ``count`` little-endian elements of ``dt``, read straight into the array
+        they become (no second copy of a large parameter)."""
+        n = count * dt.itemsize
+        if n > self.size - self.pos:
+            self.take(n, field)  # (raises: truncated)
+        arr = np.empty(count, dt.newbyteorder("<"))
+        view, got = memoryview(arr).cast("B"), 0
+        while got < n:
+            k = self.f.readinto(view[got:got + (1 << 24)])
+            if not k:
+                raise ModelFileError(f"{self.what}: the file changed while it was read (at "
+                                     f"byte {self.pos + got}: {n - got} bytes missing)")
+            got += k
+        view.release()
+        self.pos += n
+        return arr if dt.isnative == arr.dtype.isnative else arr.astype(dt)
 
 
 def read_tensor(reader: _Reader, name: str = "tensor"):
@@ -108,8 +131,7 @@ def read_tensor(reader: _Reader, name: str = "tensor"):
     for d in shape:  # Python ints: a product of huge claimed dims must not wrap around (take()
         # compares it with the bytes left before anything is read or allocated)
         count *= int(d)
-    raw = reader.take(count * dt.itemsize, f"{name}: data of shape {list(shape)}")
-    arr = np.frombuffer(raw, dtype=dt.newbyteorder("<")).astype(dt).reshape(shape)
+    arr = reader.array(count, dt, f"{name}: data of shape {list(shape)}").reshape(shape)
     if lod:
         try:
             return LoDTensor(arr, check_lod(lod, shape[0] if shape else 1, f"{name} LoD"))

@@ -79,7 +79,9 @@ def save_vars(executor, dirname, main_program=None, vars=None, predicate=None, f
 
 
 def check_against(var, value, where: str) -> None:
-    """``value`` (read from ``where``) has ``var``'s dtype and known dims, or ModelFileError."""
+    """``value`` (read from ``where``) has ``var``'s dtype and known dims, or ModelFileError. A
+    variable declared without dims (``[]``: PaddlePaddle's "not recorded") takes the dims of
+    the value the file holds, so that a compiled plan is built for the rank it will get."""
     if isinstance(var, str):
         return
     arr = np.asarray(value)
@@ -91,6 +93,8 @@ def check_against(var, value, where: str) -> None:
                                                 for d, a in zip(shape, arr.shape))):
         raise ModelFileError(f"{where}: variable {var.name!r} has shape {list(shape)} in the "
                              f"program, the file holds {list(arr.shape)}")
+    if not shape and arr.ndim and getattr(var, "type", None) == pb.VarType.LOD_TENSOR:
+        var.shape = arr.shape
 
 
 _CHUNK = 1 << 24  # bytes read at a time

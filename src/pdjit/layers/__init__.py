@@ -7,6 +7,7 @@ from pdjit.layers import (
     control_flow,
     conv,
     crf,
+    decode,
     image,
     io,
     learning_rate_scheduler,
@@ -25,6 +26,7 @@ from pdjit.layers import (
 from pdjit.layers.control_flow import *  # noqa: F401,F403
 from pdjit.layers.conv import *  # noqa: F401,F403
 from pdjit.layers.crf import *  # noqa: F401,F403
+from pdjit.layers.decode import *  # noqa: F401,F403
 from pdjit.layers.image import *  # noqa: F401,F403
 from pdjit.layers.io import *  # noqa: F401,F403
 from pdjit.layers.layer_helper import LayerHelper
@@ -41,9 +43,9 @@ from pdjit.layers.sequence import *  # noqa: F401,F403
 from pdjit.layers.shape_ops import *  # noqa: F401,F403
 from pdjit.layers.tensor import *  # noqa: F401,F403
 
-__all__ = (["LayerHelper"] + control_flow.__all__ + conv.__all__ + crf.__all__ + image.__all__
-           + io.__all__
-           + learning_rate_scheduler.__all__ + loss.__all__ + math_ops.__all__
+__all__ = (["LayerHelper"] + control_flow.__all__ + conv.__all__ + crf.__all__ + decode.__all__
+           + image.__all__ + io.__all__ + learning_rate_scheduler.__all__ + loss.__all__
+           + math_ops.__all__
            + metric_op.__all__ + misc.__all__ + nn.__all__ + norm.__all__ + recurrent.__all__
            + rnn.__all__ + sequence.__all__ + shape_ops.__all__ + tensor.__all__)
 
@@ -83,4 +85,6 @@ __all__ = (__all__ + activation.__all__ + conv_pool3d.__all__ + distributions.__
 from pdjit.layers._user_line import wrap_all  # noqa: E402
 
 wrap_all(globals(), __all__)
+wrap_all(vars(io), ["data_v2"])          # pdjit.data
+wrap_all(vars(nn), ["embedding_v2"])     # pdjit.embedding
 del wrap_all

@@ -1,11 +1,12 @@
 """The layer functions' argument checks as pdjit errors that name the user's line.
 
-A layer checks its arguments with plain ``ValueError``/``TypeError`` raises in its own module;
+A layer checks its arguments with plain ``ValueError``/``TypeError`` raises (in its module or
+in what it builds with, e.g. ``ParamAttr``);
 :func:`with_user_line` wraps each public layer function so that such an error, raised by the
 code of this package, reaches the user as a :class:`~pdjit.framework.errors.LayerInputError`
 (or :class:`~pdjit.framework.errors.LayerTypeError`) carrying the same message and the file and
-line of the user's call. Errors raised elsewhere (NumPy, the user's own callbacks) and pdjit's
-own errors pass through unchanged.
+line of the user's call. Errors raised outside pdjit (NumPy, the user's own callbacks) and
+pdjit's own errors pass through unchanged.
 """
 from __future__ import annotations
 
@@ -15,15 +16,15 @@ import sys
 
 from pdjit.framework.errors import LayerInputError, LayerTypeError, PdjitError
 
-_LAYERS = os.path.dirname(os.path.abspath(__file__))
-_PACKAGE = os.path.dirname(_LAYERS)
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _raised_here(tb) -> bool:
-    """Whether the innermost frame of ``tb`` (where the error was raised) is in this package."""
+    """Whether the innermost frame of ``tb`` (where the error was raised) is pdjit's (a layer,
+    or what it builds with: ``ParamAttr``, initializers)."""
     while tb.tb_next is not None:
         tb = tb.tb_next
-    return os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_LAYERS + os.sep)
+    return os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_PACKAGE + os.sep)
 
 
 def _user_location() -> str | None:

@@ -1,5 +1,6 @@
 """Loss layers of Fluid 1.8: ``sigmoid_cross_entropy_with_logits``, ``huber_loss``,
-``smooth_l1``, ``kldiv_loss``, and 2.x's ``bce_loss`` (accepted as Fluid users meet it).
+``smooth_l1``, ``kldiv_loss``, ``log_loss``, ``cos_sim``, and 2.x's ``bce_loss`` (accepted as
+Fluid users meet it).
 
 Each appends the legacy op of the same name (``smooth_l1`` appends ``smooth_l1_loss``) with
 Fluid 1.8's arguments and defaults; see ``pdjit.ops.loss`` for the semantics.
@@ -10,7 +11,7 @@ from pdjit.framework.program import Variable
 from pdjit.layers.layer_helper import LayerHelper, check_dtype, check_variable
 
 __all__ = ["sigmoid_cross_entropy_with_logits", "bce_loss", "huber_loss", "smooth_l1",
-           "kldiv_loss"]
+           "kldiv_loss", "log_loss", "cos_sim"]
 
 _FLOATS = ("float16", "float32", "float64")
 _REDUCTIONS = ("none", "batchmean", "mean", "sum")
@@ -95,7 +96,7 @@ def smooth_l1(x, y, inside_weight=None, outside_weight=None, sigma=None) -> Vari
 def kldiv_loss(x, target, reduction="mean", name=None) -> Variable:
     """Kullback-Leibler divergence of log-probabilities ``x`` from probabilities ``target``:
     ``target * (log target - x)`` reduced by ``reduction`` ('none', 'batchmean', 'mean',
-    'sum'; the last three give a 0-d Variable)."""
+    'sum'; the last three give shape [1], Fluid 1.x's scalar)."""
     _check_pair(x, target, "x", "target", "kldiv_loss")
     if reduction not in _REDUCTIONS:
         raise ValueError(f"kldiv_loss: reduction must be 'none', 'batchmean', 'mean' or 'sum', "
@@ -105,3 +106,30 @@ def kldiv_loss(x, target, reduction="mean", name=None) -> Variable:
     helper.append_op("kldiv_loss", inputs={"X": [x], "Target": [target]},
                      outputs={"Loss": [loss]}, attrs={"reduction": reduction})
     return loss
+
+
+def log_loss(input, label, epsilon=1e-4, name=None):
+    """Fluid's ``log_loss``: ``-label * log(input + epsilon) - (1 - label) * log(1 - input +
+    epsilon)`` for ``[N, 1]`` probabilities ``input`` and labels ``label`` (an ``[N, 1]``
+    result)."""
+    _check_pair(input, label, "input", "label", "log_loss")
+    helper = LayerHelper("log_loss", name=name)
+    loss = helper.create_variable_for_type_inference(input.dtype)
+    helper.append_op("log_loss", inputs={"Predicted": [input], "Labels": [label]},
+                     outputs={"Loss": [loss]}, attrs={"epsilon": float(epsilon)})
+    return loss
+
+
+def cos_sim(X, Y):
+    """Fluid's ``cos_sim``: the cosine similarity of each row of ``X`` with the same row of
+    ``Y`` (or with ``Y``'s one row): an ``[N, 1]`` result."""
+    check_variable(X, "X", "cos_sim")
+    check_variable(Y, "Y", "cos_sim")
+    check_dtype(X, "X", _FLOATS, "cos_sim")
+    helper = LayerHelper("cos_sim")
+    out = helper.create_variable_for_type_inference(X.dtype)
+    xnorm = helper.create_variable_for_type_inference(X.dtype)
+    ynorm = helper.create_variable_for_type_inference(X.dtype)
+    helper.append_op("cos_sim", inputs={"X": [X], "Y": [Y]},
+                     outputs={"Out": [out], "XNorm": [xnorm], "YNorm": [ynorm]})
+    return out

@@ -20,7 +20,7 @@ def auc(input, label, curve="ROC", num_thresholds=2 ** 12 - 1, topk=1, slide_ste
     one over the last ``slide_steps`` batches (the batch AUC; ``slide_steps=0``: every batch
     too). Their statistics are persistable int64 variables initialised to zeros by the startup
     program. Returns ``(auc_out, batch_auc_out, [batch_stat_pos, batch_stat_neg, stat_pos,
-    stat_neg])``; the AUCs are 0-d float64. ``topk`` is accepted and unused, as in Fluid.
+    stat_neg])``; the AUCs are float64 of shape [1]. ``topk`` is accepted and unused, as in Fluid.
     ``ins_tag_weight`` (Paddle 2.x's extra argument) is checked and, as Paddle's legacy-mode
     layer does, not passed to the ops (measured with Paddle 3.3.1: a weight of 0 changes
     nothing); the op's own ``InsTagWeight`` input is there for programs that set it.

@@ -13,7 +13,7 @@ from pdjit.framework.program import Variable
 from pdjit.layers.layer_helper import LayerHelper, check_dtype, check_variable
 
 __all__ = ["l2_normalize", "log_softmax", "uniform_random", "gaussian_random", "linspace",
-           "isfinite", "has_nan", "has_inf", "Print", "autoincreased_step_counter"]
+           "isfinite", "has_nan", "has_inf", "Print", "autoincreased_step_counter", "is_empty"]
 
 _FLOATS = ("float16", "float32", "float64")
 _LINSPACE_DTYPES = ("int32", "int64", "float32", "float64")
@@ -233,3 +233,16 @@ def autoincreased_step_counter(counter_name=None, begin=1, step=1) -> Variable:
                           attrs={"step": float(step)})
     counter.stop_gradient = True
     return counter
+
+
+def is_empty(x, cond=None):
+    """Whether ``x`` holds no element: a bool Variable (``[1]``, as Fluid 1.x declares it),
+    into ``cond`` when given."""
+    check_variable(x, "x", "is_empty")
+    helper = LayerHelper("is_empty")
+    if cond is None:
+        cond = helper.create_variable_for_type_inference("bool", stop_gradient=True)
+    else:
+        check_variable(cond, "cond", "is_empty")
+    helper.append_op("is_empty", inputs={"X": [x]}, outputs={"Out": [cond]})
+    return cond

@@ -180,7 +180,7 @@ def square_error_cost(input, label):
 
 
 def accuracy(input, label, k=1, correct=None, total=None):
-    """Top-k accuracy: ``top_k_v2(k, sorted=False)`` then ``accuracy`` (0-d float32 result)."""
+    """Top-k accuracy: ``top_k_v2(k, sorted=False)`` then ``accuracy`` (a float32 of shape [1])."""
     check_variable(input, "input", "accuracy")
     check_variable(label, "label", "accuracy")
     check_dtype(input, "input", _FLOATS, "accuracy")

@@ -1,33 +1,29 @@
 """Fluid 1.x's recurrent blocks: ``StaticRNN`` (time-major dense input) and ``DynamicRNN`` (over
-the sequences of a LoD tensor).
+the sequences of a LoD tensor), built as Fluid 1.8 builds them so their programs are Fluid's:
 
-Both build a ``while`` op whose body is the step block the user writes, so they are
-differentiable through the while's step scopes (``while_grad``) and their step blocks compile
-like any sub-block:
-
-- ``StaticRNN`` keeps a step counter ``i``; ``step_input(x)`` reads row ``i`` of ``x``
-  (``gather`` + ``squeeze2``), a memory is a variable of the enclosing block carried through the
-  loop (its update is an ``assign`` at the end of the step), ``step_output(o)`` writes ``o``
-  into a tensor array that is stacked into ``[T, ...]`` after the loop.
-- ``DynamicRNN`` is built as Fluid 1.8 builds it, with its ops and slots: ``lod_rank_table``
-  (the sequences sorted by length, longest first), ``max_sequence_len``,
+- ``StaticRNN`` appends a ``recurrent`` op (``pdjit.ops.recurrent``): its step block reads each
+  step input under the outer variable's name, each memory's previous value from its
+  ex-state, and hands each new value on through ``rnn_memory_helper``; the step outputs are
+  stacked into ``[T, ...]``. Differentiable through ``recurrent_grad``.
+- ``DynamicRNN`` builds a ``while`` over the steps of the longest sequence with Fluid 1.8's ops:
+  ``lod_rank_table`` (the sequences sorted by length, longest first), ``max_sequence_len``,
   ``lod_tensor_to_array`` (step ``t`` holds the ``t``-th row of every sequence longer than
   ``t``), ``shrink_rnn_memory`` (a memory cut to the sequences still running),
   ``reorder_lod_tensor_by_rank`` (static inputs and initial memories in rank order) and
   ``array_to_lod_tensor`` (the step outputs back into the input's sequences and order).
+  Differentiable through ``while_grad``.
+
+The step blocks compile like any sub-block; the ops moving rows between them run on the host.
 """
 from __future__ import annotations
 
 import contextlib
 
-from pdjit.framework import unique_name
+from pdjit.framework import dtypes, unique_name
 from pdjit.layers import control_flow as cf
-from pdjit.layers.image import shape as _shape
 from pdjit.layers.layer_helper import LayerHelper, check_variable
 from pdjit.layers.math_ops import less_than
-from pdjit.layers.shape_ops import gather, squeeze
-from pdjit.layers.shape_ops import slice as _slice
-from pdjit.layers.tensor import assign, cast, fill_constant, fill_constant_batch_size_like
+from pdjit.layers.tensor import fill_constant, fill_constant_batch_size_like
 from pdjit.proto import framework_pb2 as pb
 
 VarType = pb.VarType
@@ -60,13 +56,17 @@ class StaticRNN:
         rnn = fluid.layers.StaticRNN()
         with rnn.step():
             x_t = rnn.step_input(x)                       # [batch, ...], step t of x
-            h_pre = rnn.memory(init=h0)                   # or memory(shape=[-1, H], batch_ref=x)
+            h_pre = rnn.memory(init=h0)                   # or memory(shape=[-1, H], batch_ref=x_t)
             h = fluid.layers.fc([x_t, h_pre], H, act="tanh")
             rnn.update_memory(h_pre, h)
             rnn.step_output(h)
         out = rnn()                                       # [T, batch, H]
 
-    Every ``step_input`` must have the same ``T`` (dim 0); each memory must be updated once.
+    Built as Fluid 1.8 builds it, a ``recurrent`` op (``pdjit.ops.recurrent``) whose step
+    block sees each step input under the outer variable's name, reads each memory's previous
+    value from its ``ex_state`` and hands the new one on through ``rnn_memory_helper``; the
+    step outputs are stacked into ``[T, ...]``. Every ``step_input`` must have the same ``T``
+    (dim 0); each memory must be updated once.
     """
 
     BEFORE_RNN_BLOCK, IN_RNN_BLOCK, AFTER_RNN_BLOCK = 0, 1, 2
@@ -74,16 +74,12 @@ class StaticRNN:
     def __init__(self, name=None):
         self.helper = LayerHelper("static_rnn", name=name)
         self.status = StaticRNN.BEFORE_RNN_BLOCK
-        self.seq_len = None          # the static T, when known
-        self._limit = None           # int64[1] T, a variable of the enclosing block
-        self._inputs: dict = {}      # step variable name -> outer variable
-        self._memories: dict = {}    # pre-memory name -> _Memory
-        self._arrays: list = []      # the step outputs' tensor arrays
-        self.outputs: list = []
-        # run the steps last to first (layers.rnn's is_reverse): step input t and step output t
-        # are then row T - 1 - t, so the outputs stay in the input's order
+        self.seq_len = None          # T (dim 0 of the step inputs), -1 when known at run time
+        self.inputs: list = []       # the step block's input variables (outer names)
+        self.memories: dict = {}     # pre-memory name -> _Memory
+        self.outputs: list = []      # the stacked outputs (variables of the enclosing block)
+        # run the steps last to first (layers.rnn's is_reverse); outputs stay in time order
         self._reverse = False
-        self._row = None
 
     # -- the block ----
     def step(self):
@@ -94,106 +90,112 @@ class StaticRNN:
             raise ValueError(f"StaticRNN.{method}: call it inside 'with rnn.step():'")
 
     def _parent(self):
-        return self.helper.main_program.block(self._loop_block.parent_idx)
+        program = self.helper.main_program
+        return program.block(self._block.parent_idx)
 
     def _enter(self):
         if self.status != StaticRNN.BEFORE_RNN_BLOCK:
             raise ValueError("StaticRNN.step(): a StaticRNN has one step block")
-        self._i = fill_constant([1], "int64", 0)
-        self._cond = self.helper.main_program.current_block().create_var(
-            name=unique_name.generate(f"{self.helper.name}.cond"), dtype="bool", shape=[1])
-        self._while = cf.While(self._cond)
-        self._guard = self._while.block()
-        self._loop_block = self._guard.__enter__()
+        self._block = self.helper.main_program._create_block()
         self.status = StaticRNN.IN_RNN_BLOCK
 
     def _exit(self, exc_type, exc_val, exc_tb):
-        if exc_type is not None:
+        program = self.helper.main_program
+        try:
+            if exc_type is None:
+                self._complete_op()
+        finally:
             self.status = StaticRNN.AFTER_RNN_BLOCK
-            return self._guard.__exit__(exc_type, exc_val, exc_tb)
-        if self._limit is None:
+            program._rollback()
+        return False
+
+    def _complete_op(self):
+        block, parent = self._block, self._parent()
+        if not self.inputs:
             raise ValueError("StaticRNN: the step block called no step_input(); the number of "
                              "steps comes from the step inputs")
-        news = []
-        pres = set(self._memories)
-        for m in self._memories.values():
+        local = {n for op in block.ops for n in op.output_arg_names}
+        local.update(v.name for v in self.inputs)
+        local.update(self.memories)
+        params: dict = {}
+        for op in block.ops:
+            for n in op.input_arg_names:
+                if n not in local and parent._find_var_recursive(n) is not None:
+                    params[n] = None
+        boot, pre, states = [], [], []
+        for m in self.memories.values():
             if m.new is None:
                 raise ValueError(f"StaticRNN: memory {m.pre.name!r} (initialised from "
                                  f"{m.init.name!r}) is never updated: call "
                                  f"update_memory(mem, new_value) in the step block")
-            # a new value that is itself a memory is copied first (swaps stay correct)
-            news.append(assign(m.new) if m.new.name in pres else m.new)
-        for m, new in zip(self._memories.values(), news):
-            assign(new, m.pre)
-        cf.increment(self._i, in_place=True)
-        less_than(self._i, self._limit, cond=self._cond)
-        self.status = StaticRNN.AFTER_RNN_BLOCK
-        self._guard.__exit__(None, None, None)
-        for arr, o in self._arrays:
-            out, _ = cf.tensor_array_to_tensor(arr, axis=0, use_stack=True)
-            out.shape = [self.seq_len or -1] + list(o.shape)
-            self.outputs.append(out)
-        return False
+            new = block.create_var(name=unique_name.generate(f"{self.helper.name}.state"),
+                                   dtype=m.new.dtype, shape=list(m.new.shape))
+            block.append_op("rnn_memory_helper", inputs={"X": [m.new]}, outputs={"Out": [new]},
+                            attrs={"dtype": _dtype_code(m.new)})
+            boot.append(m.init)
+            pre.append(m.pre.name)
+            states.append(new.name)
+        scopes = parent.create_var(name=unique_name.generate(f"{self.helper.name}.step_scopes"),
+                                   type=VarType.STEP_SCOPES)
+        parent.append_op(
+            "recurrent",
+            inputs={"inputs": [parent._var_recursive(v.name) for v in self.inputs],
+                    "initial_states": boot, "parameters": list(params)},
+            outputs={"outputs": self.outputs, "step_scopes": [scopes]},
+            attrs={"has_states": bool(pre), "ex_states": pre, "states": states,
+                   "sub_block": block.idx, "reverse": self._reverse, "is_train": True})
 
     # -- the step ----
     def step_input(self, x):
-        """Step ``t`` of ``x`` (``x[t]``: ``x`` is ``[T, batch, ...]``)."""
+        """Step ``t`` of ``x`` (``x[t]``: ``x`` is ``[T, batch, ...]``), a variable of the step
+        block named as ``x``."""
         self._assert_in_block("step_input")
         check_variable(x, "x", "StaticRNN.step_input")
         if len(x.shape) < 1:
             raise ValueError(f"StaticRNN.step_input: x must be [seq_len, ...], got shape "
                              f"{list(x.shape)} ({x.name!r})")
+        if x.block.idx != self._block.parent_idx and \
+                self._parent()._find_var_recursive(x.name) is None:
+            raise ValueError(f"StaticRNN.step_input: x ({x.name!r}) must be a variable of the "
+                             f"block around the step block")
         t = int(x.shape[0])
-        if self._limit is None:
-            self.seq_len = t if t > 0 else None
-            with _building_in(self._parent()):
-                if t > 0:
-                    self._limit = fill_constant([1], "int64", t)
-                else:
-                    dims = _shape(x)
-                    self._limit = cast(_slice(dims, axes=[0], starts=[0], ends=[1]), "int64")
-                less_than(self._i, self._limit, cond=self._cond)
-        elif t > 0 and self.seq_len is not None and t != self.seq_len:
+        if self.seq_len is None:
+            self.seq_len = t
+        elif t != self.seq_len and t >= 0 and self.seq_len >= 0:
             raise ValueError(f"StaticRNN.step_input: every step input must have the same "
                              f"seq_len (dim 0): {x.name!r} has {t}, an earlier one "
                              f"{self.seq_len}")
-        row = squeeze(gather(x, self._row_index()), axes=[0])
-        self._inputs[row.name] = x
-        return row
-
-    def _row_index(self):
-        """The row of the step inputs and outputs at this step: ``i``, or ``T - 1 - i``."""
-        if not self._reverse:
-            return self._i
-        if self._row is None:
-            last = self._limit - 1
-            self._row = last - self._i
-        return self._row
+        ipt = self._block.create_var(name=x.name, dtype=x.dtype, shape=list(x.shape[1:]),
+                                     type=x.type)
+        self.inputs.append(ipt)
+        return ipt
 
     def memory(self, init=None, shape=None, batch_ref=None, init_value=0.0,
                init_batch_dim_idx=0, ref_batch_dim_idx=1):
         """A state carried from step to step: ``init`` at the first step, else the value given
         to ``update_memory`` at the step before. Without ``init``, a ``shape`` tensor (its
         ``init_batch_dim_idx`` dim taken from ``batch_ref``'s ``ref_batch_dim_idx`` dim) full of
-        ``init_value``."""
+        ``init_value``; a step input as ``batch_ref`` stands for its whole sequence, as in
+        Fluid."""
         self._assert_in_block("memory")
         parent = self._parent()
         if init is None:
             if shape is None or batch_ref is None:
                 raise ValueError("StaticRNN.memory: without init, give shape and batch_ref")
             check_variable(batch_ref, "batch_ref", "StaticRNN.memory")
-            ref = self._inputs.get(batch_ref.name, batch_ref)  # a step input: its sequence
+            ref = parent._find_var_recursive(batch_ref.name)
+            if ref is None:
+                raise ValueError(f"StaticRNN.memory: batch_ref ({batch_ref.name!r}) must be a "
+                                 f"step input or a variable of the block around the step block")
             with _building_in(parent):
                 init = fill_constant_batch_size_like(
                     ref, shape=list(shape), dtype=ref.dtype, value=init_value,
                     input_dim_idx=ref_batch_dim_idx, output_dim_idx=init_batch_dim_idx)
         else:
             check_variable(init, "init", "StaticRNN.memory")
-        pre = parent.create_var(name=unique_name.generate(f"{self.helper.name}.mem"),
-                                dtype=init.dtype, shape=list(init.shape), stop_gradient=False)
-        with _building_in(parent):
-            assign(init, pre)
-        self._memories[pre.name] = _Memory(pre, init)
+        pre = self._block.create_var(name=unique_name.generate(f"{self.helper.name}@mem"),
+                                     dtype=init.dtype, shape=list(init.shape))
+        self.memories[pre.name] = _Memory(pre, init)
         return pre
 
     def update_memory(self, mem, var):
@@ -201,7 +203,7 @@ class StaticRNN:
         self._assert_in_block("update_memory")
         check_variable(mem, "mem", "StaticRNN.update_memory")
         check_variable(var, "var", "StaticRNN.update_memory")
-        m = self._memories.get(mem.name)
+        m = self.memories.get(mem.name)
         if m is None:
             raise ValueError(f"StaticRNN.update_memory: {mem.name!r} is not a memory of this "
                              f"StaticRNN (make it with rnn.memory())")
@@ -213,10 +215,14 @@ class StaticRNN:
         """Collect ``o`` of every step: ``rnn()`` returns them stacked, ``[T, ...]``."""
         self._assert_in_block("step_output")
         check_variable(o, "o", "StaticRNN.step_output")
-        with _building_in(self._parent()):
-            arr = cf.create_array(o.dtype)
-        cf.array_write(o, self._row_index(), array=arr)
-        self._arrays.append((arr, o))
+        tmp = self._block.create_var(name=unique_name.generate(f"{self.helper.name}.out"),
+                                     dtype=o.dtype, shape=list(o.shape))
+        self._block.append_op("rnn_memory_helper", inputs={"X": [o]}, outputs={"Out": [tmp]},
+                              attrs={"dtype": _dtype_code(o)})
+        out = self._parent().create_var(name=tmp.name, dtype=o.dtype,
+                                        shape=[self.seq_len if self.seq_len is not None
+                                               else -1] + list(o.shape))
+        self.outputs.append(out)
 
     def output(self, *outputs):
         for o in outputs:
@@ -228,6 +234,10 @@ class StaticRNN:
         if not self.outputs:
             raise ValueError("StaticRNN(): the step block called no step_output()")
         return self.outputs[0] if len(self.outputs) == 1 else self.outputs
+
+
+def _dtype_code(var) -> int:
+    return dtypes.to_code(var.dtype)
 
 
 class _StaticRNNGuard:
@@ -300,12 +310,10 @@ class DynamicRNN:
             if self.lod_rank_table is None:
                 raise ValueError("DynamicRNN: the step block called no step_input(); the steps "
                                  "come from the sequences of the step inputs")
-            # the memories' next values go to step t + 1 of their arrays (an index of its own:
-            # the step counter is overwritten only after every op that reads it)
-            nxt = cf.increment(self.step_idx, 1.0, in_place=False)
+            # as Fluid 1.8: the counter moves on, the memories' next values go to that step
+            cf.increment(self.step_idx, 1.0, in_place=True)
             for new_mem, mem_array in self.mem_link:
-                cf.array_write(new_mem, nxt, array=mem_array)
-            assign(nxt, self.step_idx)
+                cf.array_write(new_mem, self.step_idx, array=mem_array)
             less_than(self.step_idx, self.max_seq_len, force_cpu=True, cond=self.cond)
         self.status = DynamicRNN.AFTER_RNN
         for arr in self.output_array:

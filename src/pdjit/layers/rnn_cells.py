@@ -1,10 +1,11 @@
 """Fluid 1.8's cell API: ``RNNCell``, ``GRUCell``, ``LSTMCell`` and ``rnn(cell, inputs, ...)``.
 
-``rnn`` runs a cell over the time steps of ``inputs`` with a :class:`StaticRNN` (a ``while``
-loop, differentiable), as Fluid 1.8 builds it in static mode: states carried as memories,
-outputs stacked; with ``sequence_length``, a state stops changing once its sequence ended
-(``new = mask * new + (1 - mask) * old``), so the final states are those at each sequence's
-end; ``is_reverse`` runs the steps last to first.
+``rnn`` runs a cell over the time steps of ``inputs`` with a :class:`StaticRNN` (a
+``recurrent`` op, differentiable), as Fluid 1.8 builds it in static mode: states carried as
+memories, outputs and states stacked, the final states the last step's. With
+``sequence_length``, a state stops changing once its sequence ended (``new = mask * new +
+(1 - mask) * old``), so the final states are those at each sequence's end; ``is_reverse``
+runs the steps last to first.
 
 The cells compute as Fluid 1.8's ``BasicGRUUnit`` / ``BasicLSTMUnit`` (weights over
 ``[input, hidden]``):
@@ -20,12 +21,14 @@ from pdjit.framework import unique_name
 from pdjit.framework.program import Variable
 from pdjit.layers import nn
 from pdjit.layers.control_flow import _flatten, _pack, _same_structure
+from pdjit.layers.image import shape
 from pdjit.layers.layer_helper import LayerHelper, check_variable
 from pdjit.layers.math_ops import elementwise_add, elementwise_mul, elementwise_sub, sigmoid, tanh
 from pdjit.layers.recurrent import StaticRNN
 from pdjit.layers.sequence import sequence_mask
-from pdjit.layers.shape_ops import concat, reshape, split, transpose, unsqueeze
-from pdjit.layers.tensor import fill_constant_batch_size_like
+from pdjit.layers.shape_ops import concat, reshape, split, squeeze, transpose, unsqueeze
+from pdjit.layers.shape_ops import slice as _slice
+from pdjit.layers.tensor import cast, fill_constant_batch_size_like
 
 __all__ = ["RNNCell", "GRUCell", "LSTMCell", "rnn"]
 
@@ -195,6 +198,14 @@ class LSTMCell(RNNCell):
         return [self._dtype, self._dtype]
 
 
+def _steps_of(x, axis: int):
+    """Dim ``axis`` of ``x`` (the time steps): an int when known, else an int64 Variable."""
+    steps = int(x.shape[axis])
+    if steps >= 0:
+        return steps
+    return cast(_slice(shape(x), axes=[0], starts=[axis], ends=[axis + 1]), "int64")
+
+
 def _batch_time(x):
     return transpose(x, perm=[1, 0] + list(range(2, len(x.shape))))
 
@@ -225,8 +236,7 @@ def rnn(cell, inputs, initial_states=None, sequence_length=None, time_major=Fals
     mask = None
     if sequence_length is not None:
         check_variable(sequence_length, "sequence_length", "rnn")
-        steps = int(flat_inputs[0].shape[0])
-        mask = sequence_mask(sequence_length, maxlen=steps if steps > 0 else None,
+        mask = sequence_mask(sequence_length, maxlen=_steps_of(flat_inputs[0], 0),
                              dtype=flat_states[0].dtype)
         mask = transpose(mask, perm=[1, 0])
     srnn = StaticRNN()
@@ -249,15 +259,22 @@ def rnn(cell, inputs, initial_states=None, sequence_length=None, time_major=Fals
             check_variable(new, "the cell's new states", "rnn")
             srnn.update_memory(old, new)
         flat_outputs = _flatten(outputs)
-        for o in flat_outputs:
+        for o in flat_outputs + flat_new:
             check_variable(o, "the cell's outputs", "rnn")
             srnn.step_output(o)
     stacked = srnn()
     stacked = [stacked] if isinstance(stacked, Variable) else list(stacked)
+    outs, finals = stacked[:len(flat_outputs)], stacked[len(flat_outputs):]
+    # the states after the last step run: time step T - 1, or 0 when the steps ran backwards
+    last = [0, 1] if is_reverse else [-1, _BIG]
+    finals = [squeeze(_slice(s, axes=[0], starts=[last[0]], ends=[last[1]]), axes=[0])
+              for s in finals]
     if not time_major:
-        stacked = [_batch_time(o) for o in stacked]
-    # the memories hold, after the loop, the states of the last step
-    return _pack(outputs, stacked), _pack(new_states, memories)
+        outs = [_batch_time(o) for o in outs]
+    return _pack(outputs, outs), _pack(new_states, finals)
+
+
+_BIG = 2 ** 31 - 1
 
 
 # ---- fluid.contrib.layers.basic_lstm / basic_gru ------------------------------------------------
@@ -303,7 +320,7 @@ def _basic_rnn(kind, input, inits, hidden_size, num_layers, sequence_length, dro
     steps = int(x.shape[1])
     if sequence_length is not None:
         check_variable(sequence_length, "sequence_length", layer)
-        mask = sequence_mask(sequence_length, maxlen=steps if steps > 0 else None, dtype=dtype)
+        mask = sequence_mask(sequence_length, maxlen=_steps_of(x, 1), dtype=dtype)
     else:
         mask = fill_constant_batch_size_like(x, shape=[-1, steps], dtype=dtype, value=1.0) \
             if steps > 0 else None

@@ -55,7 +55,8 @@ def _reduce(op_type, input, dim, keep_dim, name):
 
 
 def reduce_sum(input, dim=None, keep_dim=False, name=None):
-    """The sum of ``input`` over ``dim`` (an int or list; None: every dim -> a 0-d result)."""
+    """The sum of ``input`` over ``dim`` (an int or list; None: every dim, giving shape [1] as
+    Fluid 1.x declares a scalar)."""
     return _reduce("reduce_sum", input, dim, keep_dim, name)
 
 
@@ -80,7 +81,7 @@ def reduce_prod(input, dim=None, keep_dim=False, name=None):
 
 
 def mean(x, name=None):
-    """The mean of every element of ``x``: a 0-d Variable."""
+    """The mean of every element of ``x``: a Variable of shape [1] (Fluid 1.x's scalar)."""
     check_variable(x, "x", "mean")
     helper = LayerHelper("mean", name=name)
     out = helper.create_variable_for_type_inference(x.dtype)

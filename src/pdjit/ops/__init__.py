@@ -4,6 +4,7 @@ One module per family; each op is defined once, with ``pdjit.framework.registry.
 """
 from pdjit.ops import (  # noqa: F401
     activation,
+    beam_search,
     collective,
     control_flow,
     conv,
@@ -22,10 +23,12 @@ from pdjit.ops import (  # noqa: F401
     norm,
     optimizer,
     pool,
+    recurrent,
     reduce,
     rnn,
     sequence,
     shape,
+    similarity,
     trig,
 )
 

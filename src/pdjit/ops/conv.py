@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from pdjit.codegen.cpu.lib.conv import use_direct
 from pdjit.framework.errors import ShapeMismatch
 from pdjit.framework.registry import (
     OPAQUE,
@@ -335,6 +334,8 @@ def _conv_blocked(ctx):
     n, _, h, w = image_dims(g, X)
     y = ctx.out("Output", shape=f"({n}, {W}.shape[0], {g.src_conv_out(0, h, kh)}, "
                                 f"{g.src_conv_out(1, w, kw)})")
+    from pdjit.codegen.cpu.lib.conv import use_direct  # (at lowering: import pdjit stays light)
+
     fn = "_nn.conv._direct_range" if use_direct(cg, m // groups) else "_nn.conv._fwd_range"
     lines = [f"_rt.check(_nn.conv._fits_native({X}, {y}, {W}, {groups}))"]
     # the per-channel bias and clamp after it, applied as the kernels store (when they fit)

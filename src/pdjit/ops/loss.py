@@ -566,3 +566,62 @@ register_op(
     reference=_kl_grad_ref, emit=Opaque(_kl_grad_lower, host=True), grad=None,
     doc="X@GRAD = -Target * Loss@GRAD (0 where Target <= 0), divided as the reduction divides.")
 
+
+
+# ---- log_loss (Fluid 1.x) ----------------------------------------------------------------------
+def _log_loss_infer(Predicted, Labels, *, epsilon):
+    check_dtype(Predicted, FLOATS, "log_loss: input Predicted")
+    _same_meta("log_loss", "Predicted", Predicted, "Labels", Labels)
+    if Predicted.ndim != 2 or Predicted.shape[1] not in (1, -1):
+        raise ShapeMismatch(f"log_loss: expected Predicted of shape [N, 1], got "
+                            f"{list(Predicted.shape)}")
+    return {"Loss": Predicted.with_(lod_level=0)}
+
+
+def _log_loss_ref(Predicted, Labels, *, epsilon):
+    _same_values("log_loss", Predicted, "Labels", Labels)
+    p, lab = Predicted, Labels.astype(Predicted.dtype)
+    e, one = Predicted.dtype.type(epsilon), Predicted.dtype.type(1)
+    with np.errstate(all="ignore"):
+        loss = -lab * np.log(p + e) - (one - lab) * np.log(one - p + e)
+    return {"Loss": loss.astype(Predicted.dtype)}
+
+
+def _log_loss_grad_ref(Predicted, Labels, *, epsilon, **kw):
+    g = kw["Loss@GRAD"]
+    _same_values("log_loss_grad", Predicted, "Labels", Labels)
+    _same_values("log_loss_grad", Predicted, "Loss@GRAD", g)
+    p, lab = Predicted, Labels.astype(Predicted.dtype)
+    e, one = Predicted.dtype.type(epsilon), Predicted.dtype.type(1)
+    with np.errstate(all="ignore"):
+        d = g * (-lab / (p + e) + (one - lab) / (one - p + e))
+    return {"Predicted@GRAD": d.astype(Predicted.dtype)}
+
+
+_LOG_LOSS_ATTRS = {"epsilon": Float(1e-4, low=1e-6, high=1e-2)}
+
+register_op(
+    "log_loss", inputs=["Predicted", "Labels"], outputs=["Loss"], attrs=_LOG_LOSS_ATTRS,
+    traits=[ELEMENTWISE], infer_shape=_log_loss_infer, reference=_log_loss_ref,
+    emit=lambda dtypes_, **_: (
+        "-{Labels} * _m.log({Predicted} + {T}({epsilon})) - ({T}(1) - {Labels}) * "
+        "_m.log({T}(1) - {Predicted} + {T}({epsilon}))")
+    if _native(dtypes_, "Predicted", "Labels") else None,
+    grad=default_grad("log_loss_grad", fwd_inputs=("Predicted", "Labels"),
+                      grad_outputs=("Loss",), wrt=("Predicted",)),
+    domain={"Predicted": "unit"},
+    doc="Loss = -Labels * log(Predicted + epsilon) - (1 - Labels) * log(1 - Predicted + "
+        "epsilon), elementwise over [N, 1] (Fluid 1.x's log_loss).")
+
+register_op(
+    "log_loss_grad", inputs=["Predicted", "Labels", "Loss@GRAD"], outputs=["Predicted@GRAD?"],
+    attrs=_LOG_LOSS_ATTRS, traits=[ELEMENTWISE],
+    infer_shape=lambda Predicted, **_: {"Predicted@GRAD": Predicted},
+    reference=_log_loss_grad_ref,
+    emit=lambda dtypes_, **_: (
+        "{Loss@GRAD} * (-{Labels} / ({Predicted} + {T}({epsilon})) + ({T}(1) - {Labels}) / "
+        "({T}(1) - {Predicted} + {T}({epsilon})))")
+    if _native(dtypes_, "Predicted", "Labels", "Loss@GRAD") else None,
+    grad=None,
+    doc="Predicted@GRAD = Loss@GRAD * (-Labels / (Predicted + epsilon) + (1 - Labels) / "
+        "(1 - Predicted + epsilon)).")

@@ -249,15 +249,15 @@ def _alpha(ctx, alpha_attr) -> float:
 
 
 def _lib(ctx) -> str:
-    """Where the batched GEMM of the lines' target lives: the CPU's ``_nn``, a device's
-    ``_cu`` (the same arguments)."""
-    return "_nn" if ctx.target == "cpu" else "_cu"
+    """Where the batched GEMM of the lines' target lives: its library (the CPU's ``_nn``, a
+    device's ``_cu``: the same arguments)."""
+    return ctx.lib
 
 
 def _device_scaled(ctx, alpha_attr) -> bool:
     """A scaled product on a device target: the batched kernel scales (a rank-2 product's
     ``_rt.gemm(...) * alpha`` would scale on the host)."""
-    return ctx.target != "cpu" and bool(alpha_attr) and ctx.attrs[alpha_attr] != 1.0
+    return ctx.device and bool(alpha_attr) and ctx.attrs[alpha_attr] != 1.0
 
 
 def _rows_of_x(ctx, tx_attr) -> bool:

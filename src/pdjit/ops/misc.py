@@ -414,3 +414,18 @@ register_op(
     out_lod=lambda lods, **_: {"Out": lods.get("In", [])},
     doc="Out = In; prints In (name, LoD, shape, dtype, the first `summarize` values) the first "
         "`first_n` times it runs, in the phases print_phase names.")
+
+
+# ---- is_empty ------------------------------------------------------------------------------------
+def _is_empty_lower(ctx):
+    """Host lines: a 0-d bool holding whether X has no element."""
+    X, out = ctx.inp("X"), ctx.out("Out")
+    return [f"{out} = np.empty((), np.bool_)", f"{out}[()] = {X}.size == 0"]
+
+
+register_op(
+    "is_empty", inputs=["X"], outputs=["Out"], traits=[OPAQUE],
+    infer_shape=lambda X: {"Out": VarMeta((), BOOL)},
+    reference=lambda X: {"Out": np.asarray(X.size == 0)},
+    emit=Opaque(_is_empty_lower, host=True), grad=None,
+    doc="Out = whether X holds no element (a 0-d bool; [1] as Fluid 1.x declares it).")

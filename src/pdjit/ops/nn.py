@@ -552,7 +552,9 @@ def _acc_lower(ctx):
 
 
 register_op(
-    "accuracy", inputs=["Out", "Indices", "Label"], outputs=["Accuracy", "Correct", "Total"],
+    "accuracy", inputs=["Out", "Indices", "Label"],
+    # (PaddlePaddle's layer declares Correct float32; its kernel, as this op, writes int32)
+    outputs=["Accuracy", "Correct^", "Total^"],
     traits=[OPAQUE], infer_shape=_acc_infer, reference=_acc_ref, emit=Opaque(_acc_lower),
     grad=None,
     doc="Correct = rows whose Label is among the top-k Indices; Accuracy = Correct / Total.")

@@ -29,15 +29,16 @@ Guarantees:
   the grad block (same name and meta) so its ops resolve them; at run time their values come
   from the forward step scope. A variable an op both reads and writes (loop-carried) gets a
   gradient even when marked ``stop_gradient``;
-- a program whose grad block would need a forward value the step scope does not keep (a
-  variable of an enclosing block read after the loop body, or the branch, overwrote it) is
-  refused with a ``ProgramError`` naming the op and the variable.
+- where a grad op in a grad block needs a forward value the step scope does not keep (a
+  variable of an enclosing block read after the loop body, or the branch, overwrote it), the
+  forward block gets an ``assign`` copying it right after that write into a variable of its
+  own (which each run's step scope keeps), and the grad op reads the copy.
 
 Which gradient belongs to which variable is kept in an explicit map, never parsed from names.
 """
 from __future__ import annotations
 
-from pdjit.framework import registry
+from pdjit.framework import registry, unique_name
 from pdjit.framework.errors import ProgramError
 from pdjit.framework.program import Parameter, Program, Variable
 from pdjit.framework.registry import EMPTY_VAR_NAME, OP_ROLE_BACKWARD, OP_ROLE_LOSS, grad_var_name
@@ -79,6 +80,7 @@ class _Backward:
         self.repeats = False
         self.written_before: dict = {}  # id(forward op) -> names earlier ops of fwd wrote
         self.maybe_kept: dict = {}      # name -> a branch op that may leave it unwritten
+        self.kept: dict = {}            # (id(writer op), name) -> its copy (_kept_copy)
 
     def fwd_var(self, name: str):
         return self.fwd._find_var_recursive(name)
@@ -129,7 +131,7 @@ class _Backward:
         for op in self.fwd.ops:
             self.written_before[id(op)] = set(written)
             written.update(op.output_arg_names)
-        for op in reversed(self.fwd.ops):
+        for op in reversed(list(self.fwd.ops)):  # (copies may be inserted meanwhile)
             if id(op) in relevant:
                 self.grad_ops_for(op)
             else:
@@ -219,6 +221,7 @@ class _Backward:
     def write_target(self, fwd: str) -> str:
         """The name a new contribution to ``fwd``'s gradient is written to."""
         contribs = self.contribs.setdefault(fwd, [])
+        self.summed.discard(fwd)   # (a seeded gradient read after an overwrite gets more)
         plain = self.plain(fwd)
         name = plain if not contribs else f"{plain}@RENAME@{len(contribs)}"
         if len(contribs) == 1 and contribs[0] == plain:
@@ -350,26 +353,41 @@ class _Backward:
     def check_forward_reads(self, op, inputs: dict) -> None:
         """In a grad block, a forward value of an enclosing block's variable is read from the
         step scope's ``saved`` inputs (or, for a variable the op does not read, the enclosing
-        env): refuse a program where the value the grad op needs is another one (the variable
-        was overwritten earlier in the sub-block's run, or by this op, of a loop's body)."""
+        env): the value each run started with. Where the grad op needs another one (the
+        variable was overwritten earlier in the sub-block's run, or by this op), it reads a
+        copy made in the forward block right after that write instead (a variable of the
+        sub-block, which each run's step scope keeps)."""
         if self.owner is None:
             return
         before = self.written_before.get(id(op), set())
         own = set(op.output_arg_names) - set(op.input_arg_names)
         for names in inputs.values():
-            for n in names:
+            for k, n in enumerate(names):
                 if n == EMPTY_VAR_NAME or n in self.grad_of or not (n in before or n in own):
                     continue
                 v = self.fwd._find_var_recursive(n)
                 if v is None or self._declared_inside(v.block):
                     continue
                 if self.repeats or n in self.saved_names:
-                    raise ProgramError(
-                        f"{op._describe()}: its gradient needs the value of {n!r} (a variable "
-                        f"of block {v.block.idx}) as it was after block {self.fwd.idx} "
-                        f"overwrote it, but the backward pass of {self.owner._describe()} "
-                        f"keeps only the value each run started with; read a copy made "
-                        f"inside the block instead (e.g. assign to a new variable)")
+                    names[k] = self._kept_copy(op, v, n in own)
+
+    def _kept_copy(self, op, var, own: bool) -> str:
+        """The name of a copy of ``var`` taken in the forward block right after the write that
+        ``op`` reads (``op``'s own when ``own``, else the last one before ``op``)."""
+        ops = self.fwd.ops
+        at = next(i for i, o in enumerate(ops) if o is op)
+        writer = at if own else max(i for i in range(at) if var.name in ops[i].output_arg_names)
+        key = (id(ops[writer]), var.name)
+        if key not in self.kept:
+            holder = var.type in (VarType.LOD_TENSOR, VarType.LOD_TENSOR_ARRAY)
+            copy = self.fwd.create_var(
+                name=unique_name.generate(f"{var.name}@KEPT"), type=var.type,
+                shape=var.shape if holder else None, dtype=var.dtype if holder else None,
+                lod_level=var.lod_level if holder else 0, stop_gradient=True)
+            self.fwd._insert_op(writer + 1, "assign", inputs={"X": [var.name]},
+                                outputs={"Out": [copy.name]})
+            self.kept[key] = copy.name
+        return self.kept[key]
 
     def _declared_inside(self, block) -> bool:
         b = block
@@ -386,11 +404,14 @@ class _Backward:
             return
         for names in inputs.values():
             for n in names:
-                if n == EMPTY_VAR_NAME or self.block._find_var_recursive(n) is not None:
+                if n == EMPTY_VAR_NAME or self.block.has_var(n):
                     continue
                 v = self.fwd._find_var_recursive(n)
                 if v is None:
                     continue
+                if self.block._find_var_recursive(n) is not None and \
+                        not self._declared_inside(v.block):
+                    continue  # (a sub-block's own variable may shadow an outer one: declared)
                 holder = v.type in (VarType.LOD_TENSOR, VarType.LOD_TENSOR_ARRAY)
                 self.block.create_var(name=n, shape=v.shape if holder else None,
                                       dtype=v.dtype if holder else None, type=v.type,
@@ -416,10 +437,40 @@ class _Backward:
         for fwd, name in seeds.items():
             if sub.needs_grad(fwd):
                 sub.seed(fwd, name)
+        links = opdef.control.state_links if opdef.control is not None else None
+        pairs = list(zip(op.attr(links[0]), op.attr(links[1]))) if links else []
+        for _, state in pairs:   # each state's gradient comes from the next run
+            if sub.needs_grad(state):
+                name = grad_var_name(state)
+                sub.declare_grad_holder(state, name)
+                if sub.contribs.get(state):
+                    sub.contribs[state].append(name)
+                    sub.summed.discard(state)
+                else:
+                    sub.seed(state, name)
         sub.walk(set(sub.contribs))
         for fwd, target in sinks.items():
+            if fwd_block.has_var(fwd) and list(fwd_block.var(fwd).shape) != \
+                    list(self.fwd_var(fwd).shape):
+                # the body's own variable of that name (a recurrent op's step input): its
+                # gradient stays in the grad block, under fwd@GRAD; the grad op gathers it
+                target = grad_var_name(fwd)
+                sub.declare_grad_holder(fwd, target)
             sub.sink(fwd, target)
+        for ex, _ in pairs:      # ... and each ex-state's goes to the run before
+            if sub.needs_grad(ex):
+                name = grad_var_name(ex)
+                sub.declare_grad_holder(ex, name)
+                sub.sink(ex, name)
         return g
+
+    def declare_grad_holder(self, fwd: str, name: str) -> None:
+        """Declare ``name`` in this walk's block, a gradient shaped like ``fwd``."""
+        if not self.block.has_var(name):
+            v = self.fwd._var_recursive(fwd)
+            self.block.create_var(name=name, shape=v.shape, dtype=v.dtype,
+                                  lod_level=v.lod_level, stop_gradient=True)
+        self.grad_of[name] = fwd
 
     def zeros_like(self, fwd: str) -> str:
         name = self.grad_var(fwd, f"{self.plain(fwd)}@ZERO")

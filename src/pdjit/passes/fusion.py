@@ -326,6 +326,18 @@ def live_names(program, block: Block, targets) -> set:
         if b is not block:
             for op in b.ops:
                 live.update(op.input_arg_names)
+                if block.idx in op.sub_block_indices():
+                    # the op running this block reads what it outputs, the gradients of its
+                    # inputs a grad block leaves (and, for an op with state links, each run's
+                    # states, or the gradients of the ex-states) from the block's env
+                    live.update(op.output_arg_names)
+                    live.update(registry.grad_var_name(n) for n in op.input_arg_names)
+                    opdef = registry.lookup(op.type)
+                    links = opdef.control.state_links \
+                        if opdef is not None and opdef.control is not None else None
+                    if links and op.has_attr(links[0]) and op.has_attr(links[1]):
+                        live.update(op.attr(links[1]))
+                        live.update(registry.grad_var_name(n) for n in op.attr(links[0]))
     return live
 
 

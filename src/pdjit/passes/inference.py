@@ -316,20 +316,28 @@ def fold_batch_norm(program: Program, params: dict):
     the weight of the convolution or product before them (see the module's documentation)."""
     _check_args("fold_batch_norm", program, params)
     prog, params = program.clone(), dict(params)
-    while _fold_one_chain(prog, params):
-        pass
+    at = (0, 0)
+    while at is not None:
+        at = _fold_one_chain(prog, params, at)
     _prune_params(prog, params)
     return _finish("fold_batch_norm", prog, params)
 
 
-def _fold_one_chain(prog: Program, params: dict) -> bool:
+def _fold_one_chain(prog: Program, params: dict, start=(0, 0)):
+    """Fold the first chain from op ``start`` (block index, op index) on; where it was (the
+    next search starts there: a fold rewrites its op and the chain after it, never an op
+    before it, whose chains end before the product it folded into), or None."""
     uses = _Uses(prog)
     for b in prog.blocks:
+        if b.idx < start[0]:
+            continue
         for i, op in enumerate(b.ops):
+            if b.idx == start[0] and i < start[1]:
+                continue
             spec = _inference(op)
             if isinstance(spec, ChannelLinear) and _fold_chain(prog, b, i, op, spec, uses, params):
-                return True
-    return False
+                return (b.idx, i)
+    return None
 
 
 def _rank(block: Block, name: str) -> int | None:
@@ -419,7 +427,9 @@ def _fold_chain(prog, b: Block, i: int, op, spec: ChannelLinear, uses: _Uses,
             scale, bias = scale * a_k, bias * a_k
         if b_k is not None:
             bias = bias + np.broadcast_to(np.asarray(b_k, np.float64).reshape(-1), (c,))
-    new_w = spec.scale_weight(np.asarray(wv, np.float64), scale)
+    # (float64 products: ``scale`` is float64, so NumPy widens the weight as it multiplies,
+    # without a float64 copy of it first)
+    new_w = spec.scale_weight(np.asarray(wv), scale)
     if new_w is None or new_w.shape != wv.shape:
         return False
     # the rewrite: the op reads a new weight; one bias add writes the chain's result

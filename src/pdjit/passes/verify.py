@@ -19,7 +19,15 @@ what is wrong, and what was expected vs got. What it checks:
   enumerations; ``axis_of``: an axis of the named inputs' declared rank; ``valid``);
   a required attribute present; a missing attribute that has a default is given it (the
   program's version changes only then). Attributes the definition does not declare
-  (``use_mkldnn``, ``op_device``...) are accepted as they are.
+  (``use_mkldnn``, ``op_device``...) are accepted as they are. Feed and fetch ops only in the
+  global block;
+- size: blocks, ops per block and nesting depth within ``pdjit.framework.limits`` (a
+  :class:`ProgramLimitError` naming the bound and its environment variable);
+- declared vs inferred (check, don't trust): each op's ``infer_shape`` runs again on its
+  inputs' declarations, and its (non-intermediate) tensor outputs must be declared with the
+  dtype it computes, its rank (``[]``, ``[1]`` and ``[0]`` are one for this: PaddlePaddle
+  declares a scalar or an empty state either way) and every dim known in both equal; inputs
+  that do not fit the op are refused here, before either executor runs anything.
 
 ``verify_for_run(program)`` is what the executor calls before it plans a run: the same checks,
 once per program content (nothing when the program was verified at its current version, e.g.
@@ -447,7 +455,7 @@ def _check_inferred(b, i: int, op) -> None:
             if td is None:
                 continue
             declared = dtypes._CODE_TO_NP.get(td.data_type)
-            if declared is not None and declared != meta.dtype:
+            if declared is not None and declared != meta.dtype and not slot.loose_dtype:
                 raise fail(f"output {slot.name!r}: variable {n!r} is declared "
                            f"{dtypes.dtype_str(declared)}, but the op computes "
                            f"{dtypes.dtype_str(meta.dtype)} from its inputs (declared "

@@ -27,9 +27,6 @@ import weakref
 
 import numpy as np
 
-from pdjit.codegen.cpu import threads
-from pdjit.codegen.cuda import device
-from pdjit.codegen.target import get_target, target_name
 from pdjit.framework import registry
 from pdjit.framework.errors import PdjitError, named_errors
 from pdjit.framework.program import Block, Program, default_main_program
@@ -40,7 +37,6 @@ from pdjit.runtime.checks import env_flag
 from pdjit.runtime.context import Env
 from pdjit.runtime.dataset_run import FetchHandler  # noqa: F401 (fluid.executor's name)
 from pdjit.runtime.place import CPUPlace, Place
-from pdjit.runtime.plan import build_plan
 from pdjit.runtime.scope import Scope, global_scope
 from pdjit.runtime.tensor import LoDTensor
 
@@ -68,6 +64,14 @@ def _default_mode() -> str:
 def _default_memory_optim() -> bool:
     return env_flag("PDJIT_MEMORY_OPTIM", False)
 
+
+
+def build_plan(*args, **kwargs):
+    """:func:`pdjit.runtime.plan.build_plan`, imported with the first plan: the code generator
+    and Numba are loaded then, not by ``import pdjit``."""
+    from pdjit.runtime.plan import build_plan as build
+
+    return build(*args, **kwargs)
 
 class Executor:
     """Runs programs in a Scope. ``strict=True`` (or ``PDJIT_STRICT=1``) makes native code that
@@ -103,7 +107,10 @@ class Executor:
         self.place = place if place is not None else CPUPlace()
         if not isinstance(self.place, Place):
             raise TypeError(f"Executor: place must be CPUPlace() or CUDAPlace(i), got {place!r}")
-        # the target that runs this place's plans (cuda: a GPU, or the CUDA simulator)
+        # the target that runs this place's plans (cuda: a GPU, or the CUDA simulator); the
+        # code generator loads with the first executor, not with ``import pdjit``
+        from pdjit.codegen.target import get_target, target_name
+
         self._target = get_target(target_name(self.place))
         self._target.require(f"Executor({self.place!r})")
         self.mode = mode.lower() if mode else _default_mode()
@@ -190,12 +197,14 @@ class Executor:
         if self._on_device:
             for name, value in zip(run.feed_names, feed_values):
                 if type(value) is np.ndarray:  # copied in once
-                    value = device.to_device(value)
+                    value = self._target.to_device(value)
                 values[name] = value
         else:
             values.update(zip(run.feed_names, feed_values))
         if plan is not None:
             if plan.blas:
+                from pdjit.codegen.cpu import threads
+
                 with threads.numpy_blas():
                     plan.run(self, env, run_index)
             else:
@@ -315,7 +324,7 @@ class Executor:
     # the reference interpreter (pdjit.runtime.interpreter): one op with its NumPy reference
     def _run_op(self, op, op_idx: int, env: Env, run_index: int) -> None:
         if self._target.device:
-            _inputs_to_host(op, env)
+            _inputs_to_host(op, env, self._target)
         interpreter.run_op(self, op, op_idx, env, run_index)
 
     def _run_block(self, block: Block, env: Env, run_index: int) -> None:
@@ -336,7 +345,7 @@ class Executor:
             finally:
                 recorder.add(op.type, time.perf_counter() - t0)
 
-def _inputs_to_host(op, env: Env) -> None:
+def _inputs_to_host(op, env: Env, target) -> None:
     """Before ``op`` runs on the host (its reference), its inputs that live on the device are
     copied over (counted); control-flow ops see their values as they are (a ``while`` reads
     its condition each iteration, its body's plan launches device kernels)."""
@@ -345,21 +354,26 @@ def _inputs_to_host(op, env: Env) -> None:
         return
     for name in set(op.input_arg_names):
         v = env.get(name)
-        if device.is_device_array(v):
-            env.set(name, device.to_host(v))
-        elif isinstance(v, LoDTensor) and device.is_device_array(v._array):
-            env.set(name, LoDTensor._wrap(device.to_host(v._array), v._lod))
+        if target.is_device_array(v):
+            env.set(name, target.to_host(v))
+        elif isinstance(v, LoDTensor) and target.is_device_array(v._array):
+            env.set(name, LoDTensor._wrap(target.to_host(v._array), v._lod))
 
 
 def _to_user(value, return_numpy: bool):
     """A fetched value as the user gets it: a copy; with ``return_numpy=False`` a LoDTensor
-    (with an empty LoD for a dense value, as Fluid gives)."""
-    if device.is_device_array(value):  # copied out (return_numpy=False: stays there)
-        return device.to_host(value) if return_numpy else LoDTensor._wrap(value, [])
+    (with an empty LoD for a dense value, as Fluid gives). A value in a device's memory (any
+    device target's: a scope may hold another executor's) is copied out."""
+    from pdjit.codegen.target import holder
+
+    target = holder(value)
+    if target is not None:  # copied out (return_numpy=False: stays there)
+        return target.to_host(value) if return_numpy else LoDTensor._wrap(value, [])
     if isinstance(value, LoDTensor):
-        if device.is_device_array(value._array):
+        target = holder(value._array)
+        if target is not None:
             if return_numpy:
-                return device.to_host(value._array)
+                return target.to_host(value._array)
             return value
         if return_numpy:
             return np.array(value, copy=True)

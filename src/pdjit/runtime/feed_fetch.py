@@ -43,7 +43,7 @@ class RunProgram:
         self.persistables = frozenset(
             v.name for v in gb.vars.values()
             if v.persistable and v.type not in (VarType.FEED_MINIBATCH, VarType.FETCH_LIST))
-        self.unfed = unfed_data(self.program, self.feed_names)
+        self.unfed = unfed_data(self.program, self.feed_names, self.fetch_names)
 
     def check_unfed(self, scope) -> None:
         """Before any op runs: every data variable the program reads is fed, or holds a value
@@ -71,22 +71,24 @@ def feedable(program: Program) -> list:
          and v.type not in (VarType.FEED_MINIBATCH, VarType.FETCH_LIST)]
 
 
-def unfed_data(program: Program, feed_names) -> tuple:
-    """The data variables (``layers.data``) of ``program`` that an op of the global block reads
-    (control flow aside), no op writes and the run does not feed: they must hold a value from
-    an earlier run."""
+def unfed_data(program: Program, feed_names, fetch_names=()) -> tuple:
+    """The data variables (``layers.data``) of ``program`` that an op of the global block the
+    run keeps (``passes.prune`` for ``fetch_names``; control flow aside: a branch not taken
+    need not be fed) reads, that no op writes and that the run does not feed: they must hold a
+    value from an earlier run."""
+    from pdjit.passes.prune import prune
+
     gb = program.global_block()
     data = {v.name for v in gb.vars.values() if v.need_check_feed and not v.persistable}
     data.difference_update(feed_names)
     if not data:
         return ()
-    read, written = set(), set()
-    for b in program.blocks:
-        for op in b.ops:
-            written.update(op.output_arg_names)
-            opdef = registry.lookup(op.type)
-            if b.idx == 0 and opdef is not None and not opdef.has(registry.CONTROL_FLOW):
-                read.update(op.input_arg_names)  # (a branch not taken need not be fed)
+    written = {n for b in program.blocks for op in b.ops for n in op.output_arg_names}
+    read = set()
+    for op in prune(gb, fetch_names):
+        opdef = registry.lookup(op.type)
+        if opdef is not None and not opdef.has(registry.CONTROL_FLOW):
+            read.update(op.input_arg_names)
     return tuple(sorted((data & read) - written))
 
 
@@ -189,6 +191,18 @@ def check_feed_spec(spec, value):
     return check_feed(var, value)
 
 
+def _check_copy(var, arr) -> None:
+    """The contiguous copy of a fed view (a broadcast one may claim far more elements than it
+    holds) within the allocation limit, refused before it is made."""
+    from pdjit.runtime.checks import LIMIT_ENV, alloc_limit
+
+    limit = alloc_limit()
+    if limit is not None and arr.nbytes > limit:
+        raise FeedError(f"feed: variable {var.name!r}: the value of shape {list(arr.shape)} is "
+                        f"a view that must be copied to {arr.nbytes} contiguous bytes, more "
+                        f"than the allocation limit {limit} ({LIMIT_ENV})")
+
+
 def check_feed(var: Variable, value):
     """A user's feed value -> the runtime value for ``var`` (array or LoDTensor), or FeedError.
 
@@ -231,6 +245,8 @@ def check_feed(var: Variable, value):
         if arr.ndim != len(shape) or any(d >= 0 and d != a for d, a in zip(shape, arr.shape)):
             raise FeedError(f"feed: variable {var.name!r} expects shape {list(shape)} (-1 = any "
                             f"size), got {list(arr.shape)}")
+    if not arr.dtype.isnative or not arr.flags.c_contiguous:
+        _check_copy(var, arr)
     if not arr.dtype.isnative:
         arr = arr.astype(arr.dtype.newbyteorder("="))
     if not arr.flags.c_contiguous:

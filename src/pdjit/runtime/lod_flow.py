@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from pdjit.codegen.cuda import device
 from pdjit.framework import registry
 from pdjit.runtime.tensor import LoDTensor, check_offsets
 
@@ -155,7 +154,9 @@ class LoDFlow:
         """``value`` as the env holds it: a LoDTensor when its LoD is non-empty and fits (a
         device array's too: the cuda target's LoD values stay on the device)."""
         lod, ruled = lods.get(name, ((), False))
-        if not lod or (type(value) is not np.ndarray and not device.is_device_array(value)):
+        from pdjit.codegen.target import holder  # (loaded with the first plan)
+
+        if not lod or (type(value) is not np.ndarray and holder(value) is None):
             return value
         if value.ndim and value.shape[0] == lod[-1][-1]:
             return LoDTensor._wrap(value, lod)

@@ -25,7 +25,8 @@ Run-time checks (``pdjit.runtime.checks``, settings from the executor): a native
 outputs' sizes depend on its inputs' shapes checks them against the allocation limit before its
 native code runs (once per new tuple of input shapes); with NaN/Inf checking on, its outputs are
 checked after it returned, and on NaN/Inf its ops re-run with their references to name the
-first op that produced it.
+first op that produced it; in that mode every op's output is stored (a value made and consumed
+inside one fused loop is checked as the reference checks it).
 """
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ import numpy as np
 from numba.core.errors import NumbaError
 
 from pdjit.codegen.compiler import CACHE_ERRORS, compile_function, precompile
-from pdjit.codegen.cpu import threads
+from pdjit.codegen.cpu import malloc, threads
 from pdjit.codegen.cuda import device
 from pdjit.codegen.loops import LoopGen, native_loop
 from pdjit.codegen.lowering import Declined, SegmentGen
@@ -60,7 +61,7 @@ from pdjit.passes.fusion import live_names, partition
 from pdjit.passes.prune import prune
 from pdjit.proto import framework_pb2 as pb
 from pdjit.runtime import checks as run_checks
-from pdjit.runtime import memory, profile
+from pdjit.runtime import profile
 from pdjit.runtime.context import RunContext, StepScopes
 from pdjit.runtime.lod_flow import LoDFlow, LoDUnavailable
 from pdjit.runtime.tensor import LoDTensor
@@ -250,7 +251,12 @@ class NativeStep:
             self._hot_runs -= 1
             t0 = time.perf_counter()
         try:
-            results = self.compiled.fn(*values) if self.native is None else self._call(values)
+            if self.native is not None:
+                results = self._call(values)
+            elif profile.active is not None:  # fluid.profiler: each group of the driver timed
+                results = profile.timed_groups(self, values)
+            else:
+                results = self.compiled.fn(*values)
         except NumbaError as e:  # the code does not compile: never try again (it is slow)
             self.retired = f"{type(e).__name__}: {str(e).splitlines()[0]}"
             return self._fallback(executor, env, run_index, self._failing(e),
@@ -836,7 +842,7 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None,
     if tgt.device:  # a device target: no host memory plan, no native drivers
         memory_optim = native_drivers = False
     threads.ensure_applied()
-    memory.tune_malloc()
+    malloc.tune_malloc()
     block = program.global_block() if block is None else block
     live = live_names(program, block, fetch_names)
     if block.idx != 0 and _step_scopes_read(program, block, fetch_names):
@@ -845,6 +851,9 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None,
                     if n != registry.EMPTY_VAR_NAME)
     kept = prune(block, live)
     ops = [op for op in kept if not _is_feed_fetch(op)]
+    if checks.nan_inf:  # every op's output stored and checked, as the reference checks them
+        live = live | {n for op in ops for n in op.output_arg_names
+                       if n != registry.EMPTY_VAR_NAME}
     dump_after("prune", lambda: "\n".join(repr(op) for op in ops))
     index = {id(op): i for i, op in enumerate(block.ops)}
     declined: set = set()

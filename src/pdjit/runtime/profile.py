@@ -4,11 +4,13 @@ While a :class:`Recorder` is :data:`active` (``pdjit.profiler.start_profiler``),
 plan runs (``pdjit.runtime.plan.Plan.run``: a native kernel driver, a native loop, an op run
 with its reference, a control-flow op with its sub-block's plan) and every op the reference
 executor interprets is timed with ``time.perf_counter`` and counted under an event name:
-the op type for a step of one op, ``fused(<op types>)`` for a native step of several ops
-(``fused(a+b+...+z: N ops)`` for more than four),
-``while/loop(...)`` for a native loop. Steps of a sub-block are recorded too, so a
-control-flow op's time also holds its body's. When no recorder is active a plan pays one
-global read per run.
+the op type for one op, ``fused(<op types>)`` for a fusion group of several ops
+(``fused(a+b+...+z: N ops)`` for more than four), ``while/loop`` for a native loop. A native
+step with a host driver is timed group by group: while profiling it runs a copy of its driver
+that reports as each fusion group (a kernel call, a library call) starts
+(``HostDriver.timed``), so each group is an event of its own. Steps of a sub-block are
+recorded too, so a control-flow op's time also holds its body's. When no recorder is active
+a plan pays one global read per run and a native step one more.
 """
 from __future__ import annotations
 
@@ -41,6 +43,7 @@ class Recorder:
         self.events: dict = {}
         self._lock = threading.Lock()
         self.started = time.perf_counter()
+        self.groups_recorded = 0   # events recorded by timed drivers (their steps are not)
 
     def add(self, name: str, seconds: float) -> None:
         with self._lock:
@@ -60,6 +63,15 @@ class Recorder:
             self.started = time.perf_counter()
 
 
+def ops_name(types) -> str:
+    """The event name of ops of these types run together."""
+    if len(types) == 1:
+        return types[0]
+    if len(types) <= 4:
+        return f"fused({'+'.join(types)})"
+    return f"fused({'+'.join(types[:2])}+...+{types[-1]}: {len(types)} ops)"
+
+
 def step_name(step) -> str:
     """The event name of a plan step (cached on it)."""
     name = getattr(step, "_profile_name", None)
@@ -67,16 +79,10 @@ def step_name(step) -> str:
         ops = getattr(step, "ops", None)
         if ops is None:  # a reference step: one op
             name = step.op.type
+        elif step.kind == "native_loop":
+            name = f"{ops[0][0].type}/loop"
         else:
-            types = [op.type for op, _ in ops]
-            if step.kind == "native_loop":
-                name = f"{types[0]}/loop"
-            elif len(types) == 1:
-                name = types[0]
-            elif len(types) <= 4:
-                name = f"fused({'+'.join(types)})"
-            else:  # a long chain: its ends and its size
-                name = f"fused({'+'.join(types[:2])}+...+{types[-1]}: {len(types)} ops)"
+            name = ops_name([op.type for op, _ in ops])
         try:
             step._profile_name = name
         except AttributeError:
@@ -85,11 +91,46 @@ def step_name(step) -> str:
 
 
 def run_timed(recorder: Recorder, steps, executor, env, run_index) -> None:
-    """Run ``steps`` as ``Plan.run`` does, each timed into ``recorder``."""
+    """Run ``steps`` as ``Plan.run`` does, each timed into ``recorder`` (a step whose driver
+    timed its groups is not recorded again as a whole)."""
     clock = time.perf_counter
     for step in steps:
+        seen = recorder.groups_recorded
         t0 = clock()
         try:
             step.run(executor, env, run_index)
         finally:
-            recorder.add(step_name(step), clock() - t0)
+            if recorder.groups_recorded == seen:
+                recorder.add(step_name(step), clock() - t0)
+
+
+def timed_groups(step, values):
+    """Call ``step``'s host driver on ``values`` with each fusion group timed into the active
+    recorder (the timed copy of the driver is built once per step); a driver that cannot be
+    timed is called as it is."""
+    timed = getattr(step, "_profile_timed", None)
+    if timed is None:
+        compiled = step.compiled
+        lines = getattr(compiled, "group_lines", None)
+        if not lines or len(lines) != len(step.groups) or not hasattr(compiled, "timed"):
+            timed = step._profile_timed = (compiled.fn, None, None)
+        else:
+            names = [ops_name([op.type for op, _ in g]) for g in step.groups]
+            state = [0.0]
+            clock = time.perf_counter
+
+            def tick(k, names=names, state=state):
+                now = clock()
+                recorder = active
+                if recorder is not None:
+                    recorder.add(names[k - 1], now - state[0])
+                    recorder.groups_recorded += 1
+                state[0] = now
+            timed = step._profile_timed = (compiled.timed(tick), tick, state)
+    fn, tick, state = timed
+    if tick is None:
+        return fn(*values)
+    state[0] = time.perf_counter()
+    results = fn(*values)
+    tick(len(step.groups))
+    return results

@@ -30,6 +30,16 @@ def _load_array(path: str, what: str):
         raise CliError(f"{what}: {path} is not a NumPy .npy/.npz file: {e}") from None
 
 
+def _member(arrays, name: str, path: str):
+    """Array ``name`` of an open .npz archive (read when asked: an object array, which would
+    need pickle, or a damaged member fails here)."""
+    try:
+        return arrays[name]
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
+        raise CliError(f"--input {path}: member {name!r} is not a plain NumPy array: "
+                       f"{e}") from None
+
+
 def read_inputs(specs: list, input_names: list) -> dict:
     """``{input name: array}`` from ``NAME=FILE.npy`` items (``FILE.npy`` alone for a model with
     one input; ``FILE.npz`` alone supplies every input named by one of its keys)."""
@@ -42,7 +52,7 @@ def read_inputs(specs: list, input_names: list) -> dict:
                 arrays = _load_array(path, "--input")
                 for n in input_names:
                     if n in arrays.files:
-                        feeds[n] = arrays[n]
+                        feeds[n] = _member(arrays, n, path)
                 if not any(n in arrays.files for n in input_names):
                     raise CliError(f"--input {path}: holds none of the model's inputs "
                                    f"{input_names} (its keys: {arrays.files})")

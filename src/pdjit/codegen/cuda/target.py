@@ -387,6 +387,7 @@ class CudaTarget(Target):
     name = NAME
     device = True
     alloc_module = "_cu"
+    library = "_cu"
     render = staticmethod(render)
     argtypes = staticmethod(argtypes)
     host_driver = HostDriver
@@ -396,6 +397,21 @@ class CudaTarget(Target):
 
         device.require(what)
 
+    def to_device(self, array):
+        from pdjit.codegen.cuda import device
+
+        return device.to_device(array)
+
+    def to_host(self, value):
+        from pdjit.codegen.cuda import device
+
+        return device.to_host(value)
+
+    def is_device_array(self, value) -> bool:
+        from pdjit.codegen.cuda import device
+
+        return device.is_device_array(value)
+
     def call_site(self, k, fresh, flats, leaves, stores, red_out, params, kname, pname=None,
                   inplace=None):
         if inplace:
@@ -404,6 +420,19 @@ class CudaTarget(Target):
 
     def module_text(self, fn_source: str, fn_name: str, header: str) -> str:
         return module_text(fn_source, fn_name, header)
+
+    def loop_kernel(self, var: str, params: list, before: list, body: list) -> str:
+        """A grid-stride loop: thread ``cuda.grid(1)`` runs ``var`` = its index, then every
+        grid size further."""
+        return "\n".join([f"def kernel({', '.join(list(params) + ['n_'])}):"]
+                         + ["    " + line for line in before]
+                         + [f"    {var} = cuda.grid(1)", "    gs_ = cuda.gridsize(1)",
+                            f"    while {var} < n_:"]
+                         + ["        " + line for line in body]
+                         + [f"        {var} += gs_"])
+
+    def launch(self, kernel: str, n: str, args: list) -> str:
+        return f"{kernel}[_cu.grid({n})]({', '.join(args)})"
 
 
 TARGET = register_target(CudaTarget())

@@ -1058,9 +1058,11 @@ jobs("conv2d_fwd")(lambda T: [(_fwd_taps, _epilogue_types(T))])
 jobs("conv2d_bwd_data")(lambda T: [(_bwd_data_range, _range_types(T)),
                                    (_fwd_taps, _epilogue_types(T))])
 jobs("conv2d_bwd_filter")(lambda T: [(_bwd_filter_range, _range_types(T))])
-# the forward kernels of the other shapes: compiled ahead by ``pdjit warmup`` only (a name no
-# lowering calls, so no plan's compile worker spends time on them)
-jobs("conv2d_fwd (warmup)")(lambda T: [(_fwd_blas, _range_types(T)),
+# the forward kernels of the other shapes and of a fused bias / activation (the epilogue):
+# compiled ahead by ``pdjit warmup`` only (a name no lowering calls, so no plan's compile
+# worker spends time on them)
+jobs("conv2d_fwd (warmup)")(lambda T: [(_fwd_taps_ep, _epilogue_types(T)),
+                                       (_fwd_blas, _range_types(T)),
                                        (_direct_range, _epilogue_types(T))])
 
 

@@ -8,7 +8,8 @@ The window of output ``(oh, ow)`` along one axis (PaddlePaddle's rule, see ``pdj
   ``H + pad_before``; the part inside the image is read. An average divides by the number of
   elements read (``exclusive`` or adaptive) or by the window's length before that clipping.
 
-The first maximum of a window wins (its position is the ``mask``; its input gets the gradient).
+The first maximum of a window wins (its position is the ``mask``; its input gets the gradient);
+a NaN in a window makes its max NaN, as NumPy's ``max`` does.
 The windows of each axis are worked out once per call; the planes (sample, channel) of a large
 input are split over threads.
 """
@@ -84,7 +85,7 @@ def _fwd_planes(x, y, q0, q1, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptiv
                         for w in range(U(wa[ow]), U(wb[ow])):
                             v = xf[row + w]
                             if is_max:
-                                acc[ow] = v if v > acc[ow] else acc[ow]
+                                acc[ow] = v if v > acc[ow] or v != v else acc[ow]
                             else:
                                 acc[ow] += v
                     continue
@@ -97,7 +98,7 @@ def _fwd_planes(x, y, q0, q1, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptiv
                         for k in range(U(hi - lo)):
                             v = xf[start + k * U(sw)]
                             a = acc[U(lo) + k]
-                            acc[U(lo) + k] = v if v > a else a
+                            acc[U(lo) + k] = v if v > a or v != v else a
                     else:
                         for k in range(U(hi - lo)):
                             acc[U(lo) + k] += xf[start + k * U(sw)]
@@ -132,8 +133,8 @@ def _is_whole(h_, w_, oh_, ow_, kh, kw, pt, pl, adaptive) -> bool:
 @register_jitable
 def _max22(x, y, q0, q1):
     """The max pool of 2x2 windows of stride 2 inside the image: per output row, the two
-    input rows combined first (one contiguous loop), then pairs of columns. NaN is skipped
-    and the first maximum wins, from -inf, as in the general passes (the same values)."""
+    input rows combined first (one contiguous loop), then pairs of columns. A NaN propagates
+    (NumPy's ``max``), from -inf, as in the general passes (the same values)."""
     h_, w_ = x.shape[2], x.shape[3]
     oh_, ow_ = y.shape[2], y.shape[3]
     xf = x.reshape(x.size)
@@ -149,13 +150,13 @@ def _max22(x, y, q0, q1):
             for j in range(n2):
                 m = lowest
                 v = xf[r0 + j]
-                m = v if v > m else m
+                m = v if v > m or v != v else m
                 v = xf[r1 + j]
-                rm[j] = v if v > m else m
+                rm[j] = v if v > m or v != v else m
             for k in range(U(ow_)):
                 m = rm[2 * k]
                 v = rm[2 * k + 1]
-                yf[d + k] = v if v > m else m
+                yf[d + k] = v if v > m or v != v else m
 
 
 @jit_sum
@@ -338,7 +339,7 @@ def max_pool2d_index_fwd(x, y, mask, kh, kw, sh, sw, pt, pl, adaptive):
                     for h in range(h0, h1):
                         for w in range(w0, w1):
                             v = x[n, c, h, w]
-                            if v > acc:
+                            if v > acc or (v != v and acc == acc):  # the first NaN wins
                                 acc = v
                                 at = h * w_ + w
                     y[n, c, oh, ow] = acc
