@@ -16,17 +16,11 @@ DATA = pathlib.Path(__file__).parent / "data" / "fluid_1_8_layers.txt"
 
 _DETECTION = ("object-detection op family (anchors, box coding, NMS, proposals, target "
               "assignment, detection losses): not implemented yet")
-_DECODING = ("layers.rnn decoding helper (Decoder family beyond BeamSearchDecoder): not "
-             "implemented yet")
-_ELSEWHERE = ("part of issue 34's beam-search decoding / Fluid 1.x loss work: not implemented "
-              "yet in this tree")
 
 #: why a Fluid 1.8 name is not in pdjit.layers (names not listed: "not implemented yet")
 REASONS = {
-    **dict.fromkeys(["BasicDecoder", "DecodeHelper", "Decoder", "GreedyEmbeddingHelper",
-                     "SampleEmbeddingHelper", "TrainingHelper"], _DECODING),
-    **dict.fromkeys(["BeamSearchDecoder", "dynamic_decode", "beam_search", "beam_search_decode",
-                     "gather_tree", "is_empty", "cos_sim", "log_loss"], _ELSEWHERE),
+    "SampleEmbeddingHelper": "the sampling decode helper of layers.rnn (draws the next token "
+                             "from the softmax): not implemented yet",
     **dict.fromkeys(["anchor_generator", "bipartite_match", "box_clip", "box_coder",
                      "box_decoder_and_assign", "collect_fpn_proposals", "density_prior_box",
                      "detection_map", "detection_output", "distribute_fpn_proposals",
