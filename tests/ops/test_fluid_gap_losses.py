@@ -325,3 +325,34 @@ def test_center_loss_updates_centres_and_trains():
                 .reshape(-1)[0]) for _ in range(4)]
     assert ls[-1] < ls[0]
     assert not np.allclose(np.asarray(scope.find_var("centers").value), before)
+
+
+def test_box_coder_encode_decode_round_trip():
+    prior = np.array([[0.1, 0.1, 0.5, 0.6], [0.3, 0.2, 0.9, 0.7]])
+    var = np.array([[0.1, 0.1, 0.2, 0.2], [0.1, 0.2, 0.2, 0.1]])
+    target = np.array([[0.2, 0.2, 0.4, 0.5], [0.0, 0.3, 0.8, 0.9], [0.5, 0.5, 0.6, 0.9]])
+    want = np.zeros((3, 2, 4))
+    for i, (x0, y0, x1, y1) in enumerate(target):
+        for j, (a0, b0, a1, b1) in enumerate(prior):
+            pw, ph = a1 - a0, b1 - b0
+            want[i, j] = [((x0 + x1) / 2 - (a0 + a1) / 2) / pw / var[j, 0],
+                          ((y0 + y1) / 2 - (b0 + b1) / 2) / ph / var[j, 1],
+                          np.log((x1 - x0) / pw) / var[j, 2], np.log((y1 - y0) / ph) / var[j, 3]]
+    enc = check_output("box_coder", {"PriorBox": prior, "PriorBoxVar": var, "TargetBox": target},
+                       expected={"OutputBox": want})["OutputBox"]
+    # decoding the encoding gives each target back against every prior
+    check_output("box_coder", {"PriorBox": prior, "PriorBoxVar": var, "TargetBox": enc},
+                 {"code_type": "decode_center_size"},
+                 {"OutputBox": np.repeat(target[:, None, :], 2, axis=1)})
+    # pixel boxes (+1 sizes) with the variance attribute, decoded along axis 1
+    px = prior * 10
+    enc_px = check_output("box_coder", {"PriorBox": px, "TargetBox": target * 10},
+                          {"box_normalized": False, "variance": [0.1, 0.1, 0.2, 0.2]},
+                          modes=["reference"])["OutputBox"]
+    back = check_output("box_coder", {"PriorBox": px[:1].repeat(3, 0), "TargetBox": enc_px[:, :1]
+                                      .repeat(2, 1)},
+                        {"box_normalized": False, "variance": [0.1, 0.1, 0.2, 0.2],
+                         "code_type": "decode_center_size", "axis": 1}, modes=["reference"])
+    # Fluid's kernel takes the centre as (x0 + x1) / 2 but the size as x1 - x0 + 1, so the
+    # round trip of pixel boxes comes back half a pixel up and left
+    np.testing.assert_allclose(back["OutputBox"][:, 0], target * 10 - 0.5, rtol=1e-10)

@@ -140,3 +140,12 @@ add("trilinear_interp",
 add("spectral_norm",
     S(lambda r: {"Weight": u(r, (3, 4)), "U": u(r, (3,)), "V": u(r, (4,))},
       {"power_iters": 60}, grad=["Weight"]))
+add("box_coder",
+    S(lambda r: {"PriorBox": np.array([[0.1, 0.1, 0.5, 0.6], [0.3, 0.2, 0.9, 0.7]]),
+                 "PriorBoxVar": np.full((2, 4), 0.2),
+                 "TargetBox": np.array([[0.2, 0.2, 0.4, 0.5], [0.0, 0.3, 0.8, 0.9]])},
+      out="OutputBox"),
+    S(lambda r: {"PriorBox": np.array([[1.0, 1.0, 5.0, 6.0], [3.0, 2.0, 9.0, 7.0]]),
+                 "TargetBox": u(r, (3, 2, 4))},
+      {"code_type": "decode_center_size", "box_normalized": False,
+       "variance": [0.1, 0.1, 0.2, 0.2]}, out="OutputBox"))

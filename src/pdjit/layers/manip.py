@@ -16,8 +16,8 @@ with the constant base grid); ``interpolate`` is ``image_resize``, ``lod_append`
 ``strided_slice``, ``mean_iou``, ``sampling_id``, ``grid_sampler``, ``unfold``, ``roi_pool``,
 ``roi_align``, ``psroi_pool``, ``continuous_value_model`` (``cvm``), ``random_crop`` and
 ``iou_similarity`` append Fluid's ops; ``inplace_abn`` is ``batch_norm`` and its activation;
-``py_func`` calls the user's Python function (``pdjit.ops.py_func``); ``spectral_norm``
-appends Fluid's op (``pdjit.ops.spectral_norm``).
+``py_func`` calls the user's Python function (``pdjit.ops.py_func``); ``spectral_norm`` and
+``box_coder`` append Fluid's ops.
 Composed layers need the sizes they rearrange to be known when the program is built, and say
 so otherwise.
 """
@@ -38,7 +38,7 @@ __all__ = ["reverse", "sum", "unstack", "expand_as", "rank", "size", "crop", "cr
            "strided_slice", "mean_iou", "sampling_id", "affine_grid", "grid_sampler",
            "unfold", "roi_pool", "roi_align", "continuous_value_model", "random_crop",
            "iou_similarity", "space_to_depth", "psroi_pool", "inplace_abn",
-           "py_func", "spectral_norm"]
+           "py_func", "spectral_norm", "box_coder"]
 
 
 def _axes_list(axis, layer: str) -> list:
@@ -858,4 +858,27 @@ def spectral_norm(weight, dim=0, power_iters=1, eps=1e-12, name=None) -> Variabl
     helper.append_op(layer, inputs={"Weight": [weight], "U": [u], "V": [v]},
                      outputs={"Out": [out]},
                      attrs={"dim": int(dim), "power_iters": int(power_iters), "eps": float(eps)})
+    return out
+
+
+def box_coder(prior_box, prior_box_var, target_box, code_type="encode_center_size",
+              box_normalized=True, name=None, axis=0) -> Variable:
+    """Encode boxes ``target_box [N, 4]`` as offsets from ``prior_box [M, 4]`` (``[N, M, 4]``),
+    or decode offsets ``[N, M, 4]`` into boxes; ``prior_box_var``: a ``[M, 4]`` Variable, 4
+    numbers, or None (1)."""
+    layer = "box_coder"
+    check_variable(prior_box, "prior_box", layer)
+    check_variable(target_box, "target_box", layer)
+    if code_type not in ("encode_center_size", "decode_center_size"):
+        raise ValueError(f"{layer}: code_type must be 'encode_center_size' or "
+                         f"'decode_center_size', got {code_type!r}")
+    inputs = {"PriorBox": [prior_box], "TargetBox": [target_box]}
+    attrs = {"code_type": code_type, "box_normalized": bool(box_normalized), "axis": int(axis)}
+    if isinstance(prior_box_var, Variable):
+        inputs["PriorBoxVar"] = [prior_box_var]
+    elif prior_box_var is not None:
+        attrs["variance"] = [float(v) for v in prior_box_var]
+    helper = LayerHelper(layer, name=name)
+    out = helper.create_variable_for_type_inference(prior_box.dtype, stop_gradient=True)
+    helper.append_op(layer, inputs=inputs, outputs={"OutputBox": [out]}, attrs=attrs)
     return out

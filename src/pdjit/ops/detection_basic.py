@@ -1,5 +1,5 @@
-"""Two of Fluid 1.8's detection ops that stand alone: ``sigmoid_focal_loss`` (with its
-gradient) and ``iou_similarity``.
+"""Three of Fluid 1.8's detection ops that stand alone: ``sigmoid_focal_loss`` (with its
+gradient), ``iou_similarity`` and ``box_coder`` (described above its definition).
 
 - ``sigmoid_focal_loss(X [N, C] logits, Label [N, 1] int32 (0: background, c: class c - 1),
   FgNum [1] int32; gamma, alpha) -> Out [N, C]``: with ``p = sigmoid(x)``, ``f = max(FgNum,
@@ -9,7 +9,7 @@ gradient) and ``iou_similarity``.
   union of each pair of (xmin, ymin, xmax, ymax) boxes; unnormalised boxes count their end
   pixels (+1 to widths and heights). Out keeps X's LoD.
 
-Both run their NumPy references (``emit`` is ``None``).
+All run their NumPy references (``emit`` is ``None``).
 """
 from __future__ import annotations
 
@@ -20,7 +20,10 @@ from pdjit.framework.registry import (
     OPAQUE,
     Bool,
     Float,
+    Floats,
     GradOpSpec,
+    Int,
+    Str,
     VarMeta,
     grad_var_name,
     register_op,
@@ -117,3 +120,72 @@ register_op(
     attrs={"box_normalized": Bool(True)}, traits=[OPAQUE], infer_shape=_iou_infer,
     reference=_iou_ref, emit=None, grad=None,
     doc="Intersection over union of every pair of boxes of X and Y.")
+
+
+# ---- box_coder -------------------------------------------------------------------------------
+# PriorBox [M, 4] boxes (xmin, ymin, xmax, ymax), their variances (PriorBoxVar [M, 4], else the
+# 4 values of the variance attribute, else 1). encode_center_size: TargetBox [N, 4] -> [N, M, 4]
+# of ((tx - px) / pw / vx, (ty - py) / ph / vy, log|tw / pw| / vw, log|th / ph| / vh) with
+# centres and sizes (unnormalised boxes count their end pixels: + 1 to sizes).
+# decode_center_size: TargetBox [N, M, 4] of such offsets -> the boxes they encode, the priors
+# broadcast along axis (0: prior j for column j; 1: prior i for row i).
+_CODER = {"code_type": Str("encode_center_size",
+                           one_of=("encode_center_size", "decode_center_size"),
+                           choices=("encode_center_size",)),
+          "box_normalized": Bool(True), "axis": Int(0, one_of=(0, 1), choices=(0,)),
+          "variance": Floats([], choices=([],))}
+
+
+def _coder_infer(PriorBox, TargetBox, PriorBoxVar=None, *, code_type, **_):
+    check_dtype(PriorBox, FLOATS, "box_coder: PriorBox")
+    if code_type == "encode_center_size":
+        return {"OutputBox": VarMeta((TargetBox.shape[0], PriorBox.shape[0], 4), PriorBox.dtype,
+                                     TargetBox.lod_level)}
+    return {"OutputBox": TargetBox.with_(lod_level=0)}
+
+
+def _centre_size(b, one):
+    w, h = b[..., 2] - b[..., 0] + one, b[..., 3] - b[..., 1] + one
+    return (b[..., 2] + b[..., 0]) / 2, (b[..., 3] + b[..., 1]) / 2, w, h
+
+
+def _coder_ref(PriorBox, TargetBox, PriorBoxVar=None, *, code_type, box_normalized, axis,
+               variance):
+    p = PriorBox.astype(np.float64)
+    m = p.shape[0]
+    if PriorBoxVar is not None:
+        var = PriorBoxVar.astype(np.float64).reshape(m, 4)
+    elif variance:
+        if len(variance) != 4:
+            raise ShapeMismatch(f"box_coder: expected 4 variance values, got {list(variance)}")
+        var = np.tile(np.asarray(variance, np.float64), (m, 1))
+    else:
+        var = np.ones((m, 4))
+    one = 0.0 if box_normalized else 1.0
+    px, py, pw, ph = _centre_size(p, one)
+    t = TargetBox.astype(np.float64)
+    if code_type == "encode_center_size":
+        tx, ty, tw, th = (v[:, None] for v in _centre_size(t.reshape(-1, 4), one))
+        out = np.stack([(tx - px) / pw / var[:, 0], (ty - py) / ph / var[:, 1],
+                        np.log(np.abs(tw / pw)) / var[:, 2], np.log(np.abs(th / ph)) / var[:, 3]],
+                       axis=-1)
+        return {"OutputBox": out.astype(PriorBox.dtype)}
+    if t.ndim != 3 or t.shape[2] != 4 or t.shape[1 - axis] != m:
+        raise ShapeMismatch(f"box_coder: decoding expected TargetBox [N, M, 4] with {m} priors "
+                            f"along axis {1 - axis}, got {list(t.shape)}")
+
+    def along(v):
+        return v[None, :] if axis == 0 else v[:, None]
+
+    cx = along(var[:, 0]) * t[..., 0] * along(pw) + along(px)
+    cy = along(var[:, 1]) * t[..., 1] * along(ph) + along(py)
+    w = np.exp(along(var[:, 2]) * t[..., 2]) * along(pw)
+    h = np.exp(along(var[:, 3]) * t[..., 3]) * along(ph)
+    out = np.stack([cx - w / 2, cy - h / 2, cx + w / 2 - one, cy + h / 2 - one], axis=-1)
+    return {"OutputBox": out.astype(PriorBox.dtype)}
+
+
+register_op(
+    "box_coder", inputs=["PriorBox", "PriorBoxVar?", "TargetBox"], outputs=["OutputBox"],
+    attrs=_CODER, traits=[OPAQUE], infer_shape=_coder_infer, reference=_coder_ref, emit=None,
+    grad=None, doc="Boxes encoded as offsets from prior boxes, or offsets decoded into boxes.")
