@@ -356,3 +356,26 @@ def test_box_coder_encode_decode_round_trip():
     # Fluid's kernel takes the centre as (x0 + x1) / 2 but the size as x1 - x0 + 1, so the
     # round trip of pixel boxes comes back half a pixel up and left
     np.testing.assert_allclose(back["OutputBox"][:, 0], target * 10 - 0.5, rtol=1e-10)
+
+
+def test_prior_box_by_hand():
+    feat, img = np.zeros((1, 2, 2, 3)), np.zeros((1, 3, 8, 12))
+    attrs = {"min_sizes": [2.0], "max_sizes": [4.0], "aspect_ratios": [2.0], "flip": True,
+             "clip": True}
+    # cells 4 px apart (12 / 3, 8 / 2), centres at (w + .5) * 4, (h + .5) * 4; per cell the boxes
+    # of ratio 1, 2, 1/2 (min size 2), then the square of side sqrt(2 * 4)
+    sizes = [(2.0, 2.0), (2 * np.sqrt(2), 2 / np.sqrt(2)), (2 / np.sqrt(2), 2 * np.sqrt(2)),
+             (np.sqrt(8), np.sqrt(8))]
+    want = np.zeros((2, 3, 4, 4))
+    for h in range(2):
+        for w in range(3):
+            cx, cy = (w + 0.5) * 4, (h + 0.5) * 4
+            for k, (bw, bh) in enumerate(sizes):
+                want[h, w, k] = np.clip([(cx - bw / 2) / 12, (cy - bh / 2) / 8,
+                                         (cx + bw / 2) / 12, (cy + bh / 2) / 8], 0, 1)
+    got = check_output("prior_box", {"Input": feat, "Image": img}, attrs,
+                       {"Boxes": want, "Variances": np.broadcast_to([.1, .1, .2, .2], want.shape)
+                        .copy()}, rtol=1e-6)
+    ordered = check_output("prior_box", {"Input": feat, "Image": img},
+                           dict(attrs, min_max_aspect_ratios_order=True), modes=["reference"])
+    np.testing.assert_allclose(ordered["Boxes"][:, :, [0, 2, 3, 1]], got["Boxes"], rtol=1e-6)

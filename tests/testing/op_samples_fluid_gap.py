@@ -149,3 +149,7 @@ add("box_coder",
                  "TargetBox": u(r, (3, 2, 4))},
       {"code_type": "decode_center_size", "box_normalized": False,
        "variance": [0.1, 0.1, 0.2, 0.2]}, out="OutputBox"))
+add("prior_box",
+    S(lambda r: {"Input": np.zeros((1, 2, 2, 3)), "Image": np.zeros((1, 3, 8, 12))},
+      {"min_sizes": [2.0], "max_sizes": [4.0], "aspect_ratios": [2.0], "flip": True},
+      out="Boxes"))

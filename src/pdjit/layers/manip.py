@@ -16,8 +16,8 @@ with the constant base grid); ``interpolate`` is ``image_resize``, ``lod_append`
 ``strided_slice``, ``mean_iou``, ``sampling_id``, ``grid_sampler``, ``unfold``, ``roi_pool``,
 ``roi_align``, ``psroi_pool``, ``continuous_value_model`` (``cvm``), ``random_crop`` and
 ``iou_similarity`` append Fluid's ops; ``inplace_abn`` is ``batch_norm`` and its activation;
-``py_func`` calls the user's Python function (``pdjit.ops.py_func``); ``spectral_norm`` and
-``box_coder`` append Fluid's ops.
+``py_func`` calls the user's Python function (``pdjit.ops.py_func``); ``spectral_norm``,
+``box_coder`` and ``prior_box`` append Fluid's ops.
 Composed layers need the sizes they rearrange to be known when the program is built, and say
 so otherwise.
 """
@@ -38,7 +38,7 @@ __all__ = ["reverse", "sum", "unstack", "expand_as", "rank", "size", "crop", "cr
            "strided_slice", "mean_iou", "sampling_id", "affine_grid", "grid_sampler",
            "unfold", "roi_pool", "roi_align", "continuous_value_model", "random_crop",
            "iou_similarity", "space_to_depth", "psroi_pool", "inplace_abn",
-           "py_func", "spectral_norm", "box_coder"]
+           "py_func", "spectral_norm", "box_coder", "prior_box"]
 
 
 def _axes_list(axis, layer: str) -> list:
@@ -882,3 +882,39 @@ def box_coder(prior_box, prior_box_var, target_box, code_type="encode_center_siz
     out = helper.create_variable_for_type_inference(prior_box.dtype, stop_gradient=True)
     helper.append_op(layer, inputs=inputs, outputs={"OutputBox": [out]}, attrs=attrs)
     return out
+
+
+def prior_box(input, image, min_sizes, max_sizes=None, aspect_ratios=(1.0,),
+              variance=(0.1, 0.1, 0.2, 0.2), flip=False, clip=False, steps=(0.0, 0.0),
+              offset=0.5, name=None, min_max_aspect_ratios_order=False):
+    """SSD's prior boxes for each cell of the feature map ``input`` over ``image``:
+    ``(boxes, variances)``, each ``[H, W, num_priors, 4]``."""
+    layer = "prior_box"
+    check_variable(input, "input", layer)
+    check_variable(image, "image", layer)
+
+    def floats(v, arg):
+        if v is None:
+            return []
+        vs = [v] if isinstance(v, (int, float)) else list(v)
+        if not all(isinstance(x, (int, float)) for x in vs):
+            raise TypeError(f"{layer}: argument {arg!r} must be a number or a list of numbers, "
+                            f"got {v!r}")
+        return [float(x) for x in vs]
+
+    steps = floats(steps, "steps")
+    if len(steps) != 2:
+        raise ValueError(f"{layer}: argument 'steps' must hold 2 values, got {steps}")
+    helper = LayerHelper(layer, name=name)
+    boxes = helper.create_variable_for_type_inference(input.dtype, stop_gradient=True)
+    var = helper.create_variable_for_type_inference(input.dtype, stop_gradient=True)
+    helper.append_op(layer, inputs={"Input": [input], "Image": [image]},
+                     outputs={"Boxes": [boxes], "Variances": [var]},
+                     attrs={"min_sizes": floats(min_sizes, "min_sizes"),
+                            "max_sizes": floats(max_sizes, "max_sizes"),
+                            "aspect_ratios": floats(aspect_ratios, "aspect_ratios"),
+                            "variances": floats(variance, "variance"), "flip": bool(flip),
+                            "clip": bool(clip), "step_w": steps[0], "step_h": steps[1],
+                            "offset": float(offset),
+                            "min_max_aspect_ratios_order": bool(min_max_aspect_ratios_order)})
+    return boxes, var

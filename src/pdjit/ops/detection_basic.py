@@ -1,5 +1,6 @@
-"""Three of Fluid 1.8's detection ops that stand alone: ``sigmoid_focal_loss`` (with its
-gradient), ``iou_similarity`` and ``box_coder`` (described above its definition).
+"""Fluid 1.8's detection ops that stand alone: ``sigmoid_focal_loss`` (with its gradient),
+``iou_similarity``, ``box_coder`` and ``prior_box`` (the last two described above their
+definitions).
 
 - ``sigmoid_focal_loss(X [N, C] logits, Label [N, 1] int32 (0: background, c: class c - 1),
   FgNum [1] int32; gamma, alpha) -> Out [N, C]``: with ``p = sigmoid(x)``, ``f = max(FgNum,
@@ -18,6 +19,7 @@ import numpy as np
 from pdjit.framework.errors import ShapeMismatch
 from pdjit.framework.registry import (
     OPAQUE,
+    REQUIRED,
     Bool,
     Float,
     Floats,
@@ -189,3 +191,82 @@ register_op(
     "box_coder", inputs=["PriorBox", "PriorBoxVar?", "TargetBox"], outputs=["OutputBox"],
     attrs=_CODER, traits=[OPAQUE], infer_shape=_coder_infer, reference=_coder_ref, emit=None,
     grad=None, doc="Boxes encoded as offsets from prior boxes, or offsets decoded into boxes.")
+
+
+# ---- prior_box -------------------------------------------------------------------------------
+# SSD's prior boxes of a feature map Input [N, C, H, W] over an Image [N, C', IH, IW]: at each
+# cell centre ((w + offset) step_w, (h + offset) step_h) (steps IW / W, IH / H unless given),
+# for each min size: one box per aspect ratio (1 first, then each ratio not yet listed and, with
+# flip, its inverse; size min_size sqrt(ar) x min_size / sqrt(ar)), and with max sizes a square
+# of side sqrt(min_size max_size) after them (min_max_aspect_ratios_order: the min square, the
+# max square, then the other ratios). Corners divided by the image size, clipped to [0, 1] with
+# clip. Boxes and Variances (the variances repeated) are [H, W, priors, 4].
+_PRIOR = {"min_sizes": Floats(REQUIRED, choices=([2.0],)), "max_sizes": Floats([], choices=([],)),
+          "aspect_ratios": Floats([1.0], choices=([1.0], [2.0])),
+          "variances": Floats([0.1, 0.1, 0.2, 0.2], choices=([0.1, 0.1, 0.2, 0.2],)),
+          "flip": Bool(False), "clip": Bool(False), "step_w": Float(0.0, low=0.0, high=0.0),
+          "step_h": Float(0.0, low=0.0, high=0.0), "offset": Float(0.5, low=0.5, high=0.5),
+          "min_max_aspect_ratios_order": Bool(False)}
+
+
+def _ratios(aspect_ratios, flip):
+    out = [1.0]
+    for ar in aspect_ratios:
+        if all(abs(ar - a) >= 1e-6 for a in out):
+            out.append(ar)
+            if flip:
+                out.append(1.0 / ar)
+    return out
+
+
+def _num_priors(min_sizes, max_sizes, aspect_ratios, flip):
+    return len(_ratios(aspect_ratios, flip)) * len(min_sizes) + len(max_sizes)
+
+
+def _prior_infer(Input, Image, *, min_sizes, max_sizes, aspect_ratios, variances, flip, **_):
+    check_dtype(Input, FLOATS, "prior_box: Input")
+    if Input.ndim != 4 or Image.ndim != 4:
+        raise ShapeMismatch(f"prior_box: expected 4-D Input and Image, got {list(Input.shape)} "
+                            f"and {list(Image.shape)}")
+    if max_sizes and len(max_sizes) != len(min_sizes):
+        raise ShapeMismatch(f"prior_box: expected one max size per min size, got {max_sizes} for "
+                            f"{min_sizes}")
+    shape = (Input.shape[2], Input.shape[3],
+             _num_priors(min_sizes, max_sizes, aspect_ratios, flip), 4)
+    return {"Boxes": VarMeta(shape, Input.dtype), "Variances": VarMeta(shape, Input.dtype)}
+
+
+def _prior_ref(Input, Image, *, min_sizes, max_sizes, aspect_ratios, variances, flip, clip,
+               step_w, step_h, offset, min_max_aspect_ratios_order):
+    f32 = [float(np.float32(v)) for v in min_sizes], [float(np.float32(v)) for v in max_sizes]
+    mins, maxs = f32
+    ih, iw = Image.shape[2], Image.shape[3]
+    fh, fw = Input.shape[2], Input.shape[3]
+    sw, sh = (iw / fw, ih / fh) if step_w == 0 or step_h == 0 else (step_w, step_h)
+    ratios = _ratios([float(np.float32(a)) for a in aspect_ratios], flip)
+    boxes = []
+    for h in range(fh):
+        for w in range(fw):
+            cx, cy = (w + offset) * sw, (h + offset) * sh
+            cell = []
+            for s, mn in enumerate(mins):
+                sizes = [(mn * np.sqrt(ar), mn / np.sqrt(ar)) for ar in ratios]
+                big = [(np.sqrt(mn * maxs[s]),) * 2] if maxs else []
+                if min_max_aspect_ratios_order:
+                    cell += [sizes[0]] + big + [sz for ar, sz in zip(ratios, sizes)
+                                                if abs(ar - 1.0) >= 1e-6]
+                else:
+                    cell += sizes + big
+            boxes.append([[(cx - bw / 2) / iw, (cy - bh / 2) / ih, (cx + bw / 2) / iw,
+                           (cy + bh / 2) / ih] for bw, bh in cell])
+    out = np.asarray(boxes, np.float64).reshape(fh, fw, -1, 4)
+    if clip:
+        out = np.clip(out, 0.0, 1.0)
+    var = np.broadcast_to(np.asarray(variances, np.float64), out.shape)
+    return {"Boxes": out.astype(Input.dtype), "Variances": np.array(var, dtype=Input.dtype)}
+
+
+register_op(
+    "prior_box", inputs=["Input", "Image"], outputs=["Boxes", "Variances"], attrs=_PRIOR,
+    traits=[OPAQUE], infer_shape=_prior_infer, reference=_prior_ref, emit=None, grad=None,
+    doc="SSD prior boxes of each cell of a feature map, and their variances.")
