@@ -25,7 +25,7 @@ REASONS = {
                      "box_decoder_and_assign", "collect_fpn_proposals", "density_prior_box",
                      "detection_map", "detection_output", "distribute_fpn_proposals",
                      "generate_mask_labels", "generate_proposal_labels", "generate_proposals",
-                     "locality_aware_nms", "multi_box_head", "multiclass_nms",
+                     "locality_aware_nms", "multi_box_head",
                      "polygon_box_transform", "retinanet_detection_output",
                      "retinanet_target_assign", "roi_perspective_transform",
                      "rpn_target_assign", "ssd_loss", "target_assign", "yolo_box",

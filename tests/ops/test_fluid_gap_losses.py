@@ -379,3 +379,22 @@ def test_prior_box_by_hand():
     ordered = check_output("prior_box", {"Input": feat, "Image": img},
                            dict(attrs, min_max_aspect_ratios_order=True), modes=["reference"])
     np.testing.assert_allclose(ordered["Boxes"][:, :, [0, 2, 3, 1]], got["Boxes"], rtol=1e-6)
+
+
+def test_multiclass_nms_by_hand():
+    boxes = np.array([[[0.0, 0.0, 1.0, 1.0], [0.05, 0.0, 1.0, 1.0], [2.0, 2.0, 3.0, 3.0],
+                       [0.0, 0.0, 0.5, 0.5]]])
+    # class 0 is background; class 1 scores box 1 > 0 (they overlap: IoU 0.95) > 3; class 2: 2
+    scores = np.array([[[0.9, 0.9, 0.9, 0.9], [0.7, 0.8, 0.05, 0.6], [0.1, 0.2, 0.95, 0.01]]])
+    attrs = {"score_threshold": 0.1, "nms_top_k": -1, "keep_top_k": -1, "nms_threshold": 0.5}
+    want = np.array([[1, 0.8, *boxes[0, 1]], [1, 0.6, *boxes[0, 3]], [2, 0.95, *boxes[0, 2]],
+                     [2, 0.2, *boxes[0, 1]]])
+    check_output("multiclass_nms", {"BBoxes": boxes, "Scores": scores}, attrs,
+                 {"Out": (want, [[0, 4]])})
+    # keep_top_k keeps the best 2 over all classes; an image with nothing kept gives [-1]
+    top = check_output("multiclass_nms", {"BBoxes": boxes, "Scores": scores},
+                       dict(attrs, keep_top_k=2), modes=["reference"])
+    np.testing.assert_allclose(top["Out"], want[[0, 2]])
+    empty = check_output("multiclass_nms", {"BBoxes": boxes, "Scores": scores * 0.01}, attrs,
+                         modes=["reference"])
+    np.testing.assert_array_equal(empty["Out"], [[-1]])

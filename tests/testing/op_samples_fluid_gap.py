@@ -153,3 +153,8 @@ add("prior_box",
     S(lambda r: {"Input": np.zeros((1, 2, 2, 3)), "Image": np.zeros((1, 3, 8, 12))},
       {"min_sizes": [2.0], "max_sizes": [4.0], "aspect_ratios": [2.0], "flip": True},
       out="Boxes"))
+add("multiclass_nms",
+    S(lambda r: {"BBoxes": np.array([[[0.0, 0.0, 1.0, 1.0], [0.05, 0.0, 1.0, 1.0],
+                                      [2.0, 2.0, 3.0, 3.0]]]),
+                 "Scores": np.array([[[0.9, 0.9, 0.9], [0.7, 0.8, 0.05], [0.1, 0.2, 0.95]]])},
+      {"score_threshold": 0.1, "nms_top_k": -1, "keep_top_k": -1}))

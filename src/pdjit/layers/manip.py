@@ -17,7 +17,7 @@ with the constant base grid); ``interpolate`` is ``image_resize``, ``lod_append`
 ``roi_align``, ``psroi_pool``, ``continuous_value_model`` (``cvm``), ``random_crop`` and
 ``iou_similarity`` append Fluid's ops; ``inplace_abn`` is ``batch_norm`` and its activation;
 ``py_func`` calls the user's Python function (``pdjit.ops.py_func``); ``spectral_norm``,
-``box_coder`` and ``prior_box`` append Fluid's ops.
+``box_coder``, ``prior_box`` and ``multiclass_nms`` append Fluid's ops.
 Composed layers need the sizes they rearrange to be known when the program is built, and say
 so otherwise.
 """
@@ -38,7 +38,8 @@ __all__ = ["reverse", "sum", "unstack", "expand_as", "rank", "size", "crop", "cr
            "strided_slice", "mean_iou", "sampling_id", "affine_grid", "grid_sampler",
            "unfold", "roi_pool", "roi_align", "continuous_value_model", "random_crop",
            "iou_similarity", "space_to_depth", "psroi_pool", "inplace_abn",
-           "py_func", "spectral_norm", "box_coder", "prior_box"]
+           "py_func", "spectral_norm", "box_coder", "prior_box",
+           "multiclass_nms"]
 
 
 def _axes_list(axis, layer: str) -> list:
@@ -918,3 +919,23 @@ def prior_box(input, image, min_sizes, max_sizes=None, aspect_ratios=(1.0,),
                             "offset": float(offset),
                             "min_max_aspect_ratios_order": bool(min_max_aspect_ratios_order)})
     return boxes, var
+
+
+def multiclass_nms(bboxes, scores, score_threshold, nms_top_k, keep_top_k, nms_threshold=0.3,
+                   normalized=True, nms_eta=1.0, background_label=0, name=None) -> Variable:
+    """Per-class non-maximum suppression of ``bboxes [N, M, 4]`` scored by ``scores [N, C,
+    M]``: rows ``(label, score, xmin, ymin, xmax, ymax)``, one LoD sequence per image (a single
+    ``-1`` row when nothing is kept)."""
+    layer = "multiclass_nms"
+    check_variable(bboxes, "bboxes", layer)
+    check_variable(scores, "scores", layer)
+    helper = LayerHelper(layer, name=name)
+    out = helper.create_variable_for_type_inference(bboxes.dtype, stop_gradient=True)
+    helper.append_op(layer, inputs={"BBoxes": [bboxes], "Scores": [scores]},
+                     outputs={"Out": [out]},
+                     attrs={"background_label": int(background_label),
+                            "score_threshold": float(score_threshold),
+                            "nms_top_k": int(nms_top_k), "nms_threshold": float(nms_threshold),
+                            "nms_eta": float(nms_eta), "keep_top_k": int(keep_top_k),
+                            "normalized": bool(normalized)})
+    return out

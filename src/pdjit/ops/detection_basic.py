@@ -1,6 +1,6 @@
 """Fluid 1.8's detection ops that stand alone: ``sigmoid_focal_loss`` (with its gradient),
-``iou_similarity``, ``box_coder`` and ``prior_box`` (the last two described above their
-definitions).
+``iou_similarity``, ``box_coder``, ``prior_box`` and ``multiclass_nms`` (the last three
+described above their definitions).
 
 - ``sigmoid_focal_loss(X [N, C] logits, Label [N, 1] int32 (0: background, c: class c - 1),
   FgNum [1] int32; gamma, alpha) -> Out [N, C]``: with ``p = sigmoid(x)``, ``f = max(FgNum,
@@ -20,12 +20,14 @@ from pdjit.framework.errors import ShapeMismatch
 from pdjit.framework.registry import (
     OPAQUE,
     REQUIRED,
+    SEQUENCE,
     Bool,
     Float,
     Floats,
     GradOpSpec,
     Int,
     Str,
+    ValueDependentLoD,
     VarMeta,
     grad_var_name,
     register_op,
@@ -270,3 +272,84 @@ register_op(
     "prior_box", inputs=["Input", "Image"], outputs=["Boxes", "Variances"], attrs=_PRIOR,
     traits=[OPAQUE], infer_shape=_prior_infer, reference=_prior_ref, emit=None, grad=None,
     doc="SSD prior boxes of each cell of a feature map, and their variances.")
+
+
+# ---- multiclass_nms --------------------------------------------------------------------------
+# BBoxes [N, M, 4], Scores [N, C, M]: per image and class (but background_label), the boxes
+# scoring above score_threshold, best first (ties by index), at most nms_top_k, then greedy NMS:
+# a box is kept unless its IoU with a kept one exceeds the threshold (times nms_eta after each
+# kept box while the threshold is above 0.5). Over all classes at most keep_top_k, the best.
+# Out: rows (label, score, xmin, ymin, xmax, ymax), by label then score, one LoD sequence per
+# image; with nothing kept anywhere, Fluid's single row [-1] (LoD [0, 1]).
+_NMS = {"background_label": Int(0, low=0, high=0),
+        "score_threshold": Float(REQUIRED, low=0.1, high=0.1),
+        "nms_top_k": Int(REQUIRED, low=-1, high=3), "nms_threshold": Float(0.3, low=0.3, high=0.5),
+        "nms_eta": Float(1.0, low=1.0, high=1.0), "keep_top_k": Int(REQUIRED, low=-1, high=4),
+        "normalized": Bool(True)}
+
+
+def _iou_one(a, b, normalized):
+    one = 0.0 if normalized else 1.0
+    if b[0] > a[2] or b[2] < a[0] or b[1] > a[3] or b[3] < a[1]:
+        return 0.0
+    iw = min(a[2], b[2]) - max(a[0], b[0]) + one
+    ih = min(a[3], b[3]) - max(a[1], b[1]) + one
+    inter = iw * ih
+    area_a = (a[2] - a[0] + one) * (a[3] - a[1] + one)
+    area_b = (b[2] - b[0] + one) * (b[3] - b[1] + one)
+    return inter / (area_a + area_b - inter)
+
+
+def _nms_class(boxes, scores, a):
+    cand = [i for i in np.argsort(-scores, kind="stable") if scores[i] > a["score_threshold"]]
+    if a["nms_top_k"] > -1:
+        cand = cand[:a["nms_top_k"]]
+    kept, thr = [], float(np.float32(a["nms_threshold"]))
+    eta = float(np.float32(a["nms_eta"]))
+    for i in cand:
+        if all(_iou_one(boxes[i], boxes[k], a["normalized"]) <= thr for k in kept):
+            kept.append(i)
+            if eta < 1 and thr > 0.5:
+                thr *= eta
+    return kept
+
+
+def _nms_infer(BBoxes, Scores, **_):
+    check_dtype(BBoxes, FLOATS, "multiclass_nms: BBoxes")
+    if BBoxes.ndim != 3 or Scores.ndim != 3:
+        raise ShapeMismatch(f"multiclass_nms: expected BBoxes [N, M, 4] and Scores [N, C, M], got "
+                            f"{list(BBoxes.shape)} and {list(Scores.shape)}")
+    # 6 columns, or Fluid's single [-1] when nothing is kept: the width is left unknown
+    return {"Out": VarMeta((-1, -1), BBoxes.dtype, 1)}
+
+
+def _nms_ref(BBoxes, Scores, *, ctx, **a):
+    a["score_threshold"] = float(np.float32(a["score_threshold"]))
+    rows, offs = [], [0]
+    for n in range(BBoxes.shape[0]):
+        picked = []
+        for c in range(Scores.shape[1]):
+            if c == a["background_label"]:
+                continue
+            picked += [(float(Scores[n, c, i]), c, i)
+                       for i in _nms_class(BBoxes[n], Scores[n, c], a)]
+        if a["keep_top_k"] > -1 and len(picked) > a["keep_top_k"]:
+            picked = sorted(picked, key=lambda t: -t[0])[:a["keep_top_k"]]
+        picked.sort(key=lambda t: (t[1], -t[0]))
+        rows += [[c, s, *BBoxes[n, i]] for s, c, i in picked]
+        offs.append(len(rows))
+    if not rows:
+        ctx.set_output_lod("Out", [[0, 1]])
+        return {"Out": np.full((1, 1), -1, BBoxes.dtype)}
+    ctx.set_output_lod("Out", [offs])
+    return {"Out": np.asarray(rows, np.float64).astype(BBoxes.dtype)}
+
+
+def _nms_lod(lods, **_):
+    raise ValueDependentLoD("multiclass_nms's LoD counts the boxes kept")
+
+
+register_op(
+    "multiclass_nms", inputs=["BBoxes", "Scores"], outputs=["Out"], attrs=_NMS,
+    traits=[OPAQUE, SEQUENCE], infer_shape=_nms_infer, reference=_nms_ref, emit=None, grad=None,
+    out_lod=_nms_lod, doc="Per-class non-maximum suppression of scored boxes.")
