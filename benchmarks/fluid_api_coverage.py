@@ -23,7 +23,7 @@ REASONS = {
                              "from the softmax): not implemented yet",
     **dict.fromkeys(["anchor_generator", "bipartite_match", "box_clip",
                      "box_decoder_and_assign", "collect_fpn_proposals", "density_prior_box",
-                     "detection_map", "detection_output", "distribute_fpn_proposals",
+                     "detection_map", "distribute_fpn_proposals",
                      "generate_mask_labels", "generate_proposal_labels", "generate_proposals",
                      "locality_aware_nms", "multi_box_head",
                      "polygon_box_transform", "retinanet_detection_output",

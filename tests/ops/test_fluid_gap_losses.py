@@ -398,3 +398,22 @@ def test_multiclass_nms_by_hand():
     empty = check_output("multiclass_nms", {"BBoxes": boxes, "Scores": scores * 0.01}, attrs,
                          modes=["reference"])
     np.testing.assert_array_equal(empty["Out"], [[-1]])
+
+
+def test_detection_output_composes_decode_softmax_nms():
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        loc = fluid.data("loc", [1, 2, 4], "float32")
+        sc = fluid.data("sc", [1, 2, 3], "float32")
+        pb = fluid.data("pb", [2, 4], "float32")
+        pbv = fluid.data("pbv", [2, 4], "float32")
+        out = fluid.layers.detection_output(loc, sc, pb, pbv, score_threshold=0.3)
+    prior = np.array([[0.0, 0.0, 0.4, 0.4], [0.5, 0.5, 1.0, 1.0]], np.float32)
+    logits = np.array([[[0.0, 3.0, 0.0], [0.0, 0.0, 3.0]]], np.float32)
+    got, = Executor().run(main, feed={"loc": np.zeros((1, 2, 4), np.float32), "sc": logits,
+                                      "pb": prior, "pbv": np.ones((2, 4), np.float32)},
+                          fetch_list=[out], scope=Scope(), return_numpy=False)
+    p = np.exp(3) / (np.exp(3) + 2)          # zero offsets decode to the priors themselves
+    np.testing.assert_allclose(np.asarray(got), [[1, p, *prior[0]], [2, p, *prior[1]]],
+                               rtol=1e-5, atol=1e-6)
+    assert got.lod() == [[0, 2]]

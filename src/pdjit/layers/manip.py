@@ -39,7 +39,7 @@ __all__ = ["reverse", "sum", "unstack", "expand_as", "rank", "size", "crop", "cr
            "unfold", "roi_pool", "roi_align", "continuous_value_model", "random_crop",
            "iou_similarity", "space_to_depth", "psroi_pool", "inplace_abn",
            "py_func", "spectral_norm", "box_coder", "prior_box",
-           "multiclass_nms"]
+           "multiclass_nms", "detection_output"]
 
 
 def _axes_list(axis, layer: str) -> list:
@@ -939,3 +939,21 @@ def multiclass_nms(bboxes, scores, score_threshold, nms_top_k, keep_top_k, nms_t
                             "nms_eta": float(nms_eta), "keep_top_k": int(keep_top_k),
                             "normalized": bool(normalized)})
     return out
+
+
+def detection_output(loc, scores, prior_box, prior_box_var, background_label=0,
+                     nms_threshold=0.3, nms_top_k=400, keep_top_k=200, score_threshold=0.01,
+                     nms_eta=1.0, return_index=False) -> Variable:
+    """SSD's detections: the offsets ``loc [N, M, 4]`` decoded against ``prior_box [M, 4]``
+    (``box_coder``), ``scores [N, M, C]`` softmaxed over the classes, then ``multiclass_nms``
+    (Fluid 1.8 composes the same layers)."""
+    from pdjit.layers.nn import softmax
+
+    if return_index:
+        raise ValueError("detection_output: return_index=True is not supported")
+    boxes = box_coder(prior_box, prior_box_var, loc, code_type="decode_center_size")
+    probs = shape_ops.transpose(softmax(scores), [0, 2, 1])
+    probs.stop_gradient = True
+    return multiclass_nms(boxes, probs, score_threshold, nms_top_k, keep_top_k,
+                          nms_threshold=nms_threshold, nms_eta=nms_eta,
+                          background_label=background_label)
