@@ -14,62 +14,38 @@ import sys
 
 DATA = pathlib.Path(__file__).parent / "data" / "fluid_1_8_layers.txt"
 
-_DETECTION = "object-detection op family (boxes, anchors, NMS, proposals): not implemented yet"
-_PREVIEW = ("Paddle 2.0-preview tensor API that Fluid 1.8 also documents under fluid.layers: "
-            "not implemented yet")
-_DECODING = ("layers.rnn decoding helper (Decoder family): not implemented yet; "
-             "BeamSearchDecoder/dynamic_decode are being built elsewhere")
-_DISTRIBUTION = "fluid.layers.distributions class: not implemented yet"
-_SELECTED_ROWS = "needs the SelectedRows value type (pdjit keeps sparse gradients dense)"
-_THREE_D = "needs 3-D convolution/pooling kernels (only 2-D exist)"
-_SEARCH_CHAIN = "part of the beam-search decoding chain being built elsewhere"
+_DETECTION = ("object-detection op family (anchors, box coding, NMS, proposals, target "
+              "assignment, detection losses): not implemented yet")
 
 #: why a Fluid 1.8 name is not in pdjit.layers (names not listed: "not implemented yet")
 REASONS = {
-    **dict.fromkeys(["BasicDecoder", "DecodeHelper", "Decoder", "GreedyEmbeddingHelper",
-                     "SampleEmbeddingHelper", "TrainingHelper"], _DECODING),
-    **dict.fromkeys(["BeamSearchDecoder", "dynamic_decode", "beam_search", "beam_search_decode",
-                     "gather_tree", "is_empty"], _SEARCH_CHAIN),
-    **dict.fromkeys(["Categorical", "MultivariateNormalDiag", "Normal", "Uniform"],
-                    _DISTRIBUTION),
-    **dict.fromkeys(["anchor_generator", "bipartite_match", "box_clip", "box_coder",
+    "SampleEmbeddingHelper": "the sampling decode helper of layers.rnn (draws the next token "
+                             "from the softmax): not implemented yet",
+    **dict.fromkeys(["anchor_generator", "bipartite_match", "box_clip",
                      "box_decoder_and_assign", "collect_fpn_proposals", "density_prior_box",
-                     "detection_map", "detection_output", "distribute_fpn_proposals",
+                     "detection_map", "distribute_fpn_proposals",
                      "generate_mask_labels", "generate_proposal_labels", "generate_proposals",
-                     "iou_similarity", "locality_aware_nms", "multi_box_head", "multiclass_nms",
-                     "polygon_box_transform", "prior_box", "retinanet_detection_output",
+                     "locality_aware_nms", "multi_box_head",
+                     "polygon_box_transform", "retinanet_detection_output",
                      "retinanet_target_assign", "roi_perspective_transform",
-                     "rpn_target_assign", "sigmoid_focal_loss", "ssd_loss", "target_assign",
-                     "yolo_box", "yolov3_loss", "deformable_roi_pooling"], _DETECTION),
-    **dict.fromkeys(["addcmul", "addmm", "allclose", "arange", "bmm", "clamp", "cross", "dist",
-                     "dot", "elementwise_equal", "flip", "full", "full_like", "index_select",
-                     "kron", "log1p", "logsumexp", "meshgrid", "nonzero", "randn", "randperm",
-                     "roll", "t", "trace", "tril", "triu", "masked_select", "diag_embed",
-                     "index_sample"], _PREVIEW),
-    **dict.fromkeys(["get_tensor_from_selected_rows", "merge_selected_rows"], _SELECTED_ROWS),
-    **dict.fromkeys(["conv3d", "conv3d_transpose", "pool3d", "adaptive_pool3d",
-                     "resize_trilinear"], _THREE_D),
-    "cos_sim": "being built elsewhere (with its gradient)",
-    "log_loss": "being built elsewhere",
-    "load": "needs a load op reading one variable's file at run time: not implemented yet",
-    "py_func": "needs run-time calls into user Python from compiled plans: not implemented yet",
+                     "rpn_target_assign", "ssd_loss", "target_assign", "yolo_box",
+                     "yolov3_loss"], _DETECTION),
+    "deformable_conv": "needs a deformable-convolution op (offsets, masks): not implemented yet",
+    "deformable_roi_pooling": "needs deformable position-sensitive RoI pooling: not implemented "
+                              "yet",
+    "prroi_pool": "needs precise RoI pooling (integrals of the bilinear surface): not "
+                  "implemented yet",
+    "dynamic_lstmp": "needs an LSTM-with-projection recurrent op (lstmp): not implemented yet",
+    "sampled_softmax_with_cross_entropy": "needs the sample_logits op (sampled classes, "
+                                          "accidental-hit removal): not implemented yet",
+    "data_norm": "CTR normalisation whose backward writes batch statistics, not gradients: "
+                 "not implemented yet",
+    "similarity_focus": "rarely used attention mask op: not implemented yet",
+    "filter_by_instag": "CTR instance filtering by tags (LoD in, LoD out, loss weights): not "
+                        "implemented yet",
     "hash": "needs Fluid's xxHash-based hash op (values must match Fluid's): not implemented yet",
-    "deformable_conv": "needs a deformable-convolution kernel: not implemented yet",
-    "inplace_abn": "in-place activated batch norm: not implemented yet",
-    "continuous_value_model": "CTR-specific op (cvm): not implemented yet",
-    "filter_by_instag": "CTR-specific op: not implemented yet",
-    "shard_index": "distributed-embedding helper op: not implemented yet",
-    "sampled_softmax_with_cross_entropy": "needs a sampler op (sample_logits): not implemented "
-                                          "yet",
-    "nce": "needs a sampler of negative classes: not implemented yet",
-    "hsigmoid": "hierarchical sigmoid with its tree paths: not implemented yet",
-    "warpctc": "CTC loss (forward-backward over label lattices): not implemented yet",
-    "dynamic_lstmp": "LSTM with projection kernel: not implemented yet",
-    "random_crop": "random op with per-sample offsets: not implemented yet",
-    "sampling_id": "random sampling op: not implemented yet",
-    "similarity_focus": "not implemented yet",
-    "fsp_matrix": "not implemented yet (distillation op)",
-    "lod_append": "not implemented yet",
+    "load": "needs a load op reading a saved tensor file at run time (the file reader lives in "
+            "pdjit.io, above the ops): not implemented yet",
 }
 
 

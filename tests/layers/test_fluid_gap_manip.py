@@ -254,3 +254,30 @@ def test_last_batch_against_numpy():
     assert r.dtype == np.int64 and r.min() >= 2 and r.max() <= 4 and len(set(r.tolist())) == 3
     assert got[10].shape == (1, 1, 6, 8)
     assert got[11].lod() == [[0, 2, 4, 5], [0, 1, 2, 3, 4, 5]]
+
+
+def test_space_to_depth_as_fluids_kernel():
+    x = RNG.normal(size=(2, 8, 4, 6))
+    b, (n, c, h, w) = 2, x.shape
+    out_c = c // (b * b)
+    flat = np.zeros(x.size)
+    for bi in range(n):                      # the kernel's index map, written out
+        for k in range(c):
+            for j in range(h):
+                for i in range(w):
+                    c2, off = k % out_c, k // out_c
+                    w2, h2 = i * b + off % b, j * b + off // b
+                    flat[w2 + w * b * (h2 + h * b * (c2 + out_c * bi))] = x[bi, k, j, i]
+    want = flat.reshape(n, c * b * b, h // b, w // b)
+
+    def build_one():
+        v = fluid.data("x", list(x.shape), "float64")
+        v.stop_gradient = False
+        return fluid.layers.space_to_depth(v, 2), [v]
+
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        out, _ = build_one()
+    got, = Executor().run(main, feed={"x": x}, fetch_list=[out], scope=Scope())
+    np.testing.assert_array_equal(got, want)
+    check_program_grad(build_one, {"x": x})

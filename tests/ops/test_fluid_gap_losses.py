@@ -262,3 +262,158 @@ def test_nce_layer_samples_and_trains():
     ls = [float(np.asarray(exe.run(main, feed=feed, fetch_list=[loss], scope=scope)[0])
                 .reshape(-1)[0]) for _ in range(5)]
     assert ls[-1] < ls[0] and all(np.isfinite(ls))
+
+
+def test_sigmoid_focal_loss_and_grad():
+    x = RNG.normal(size=(4, 3)) * 2
+    lab = np.array([[0], [2], [-1], [3]], np.int32)
+    fg = np.array([2], np.int32)
+    p = 1 / (1 + np.exp(-x))
+    want = np.zeros((4, 3))
+    for i in range(4):
+        for j in range(3):
+            if lab[i, 0] == -1:
+                continue
+            if lab[i, 0] == j + 1:
+                want[i, j] = -0.25 / 2 * (1 - p[i, j]) ** 2 * np.log(p[i, j])
+            else:
+                want[i, j] = -0.75 / 2 * p[i, j] ** 2 * np.log(1 - p[i, j])
+    ins = {"X": x, "Label": lab, "FgNum": fg}
+    check_output("sigmoid_focal_loss", ins, expected={"Out": want})
+    check_grad("sigmoid_focal_loss", ins)
+
+
+def test_iou_similarity():
+    a = np.array([[0, 0, 2, 2], [1, 1, 3, 4]], np.float64)
+    b = np.array([[1, 1, 2, 2], [0, 0, 2, 2], [5, 5, 6, 6]], np.float64)
+    want = np.array([[1 / 4, 1.0, 0.0], [1 / 6, 1 / (4 + 6 - 1), 0.0]])
+    check_output("iou_similarity", {"X": a, "Y": b}, expected={"Out": want})
+    # pixel boxes: widths count both ends
+    want_px = np.array([[4 / 9, 1.0, 0.0], [4 / 12, 4 / (9 + 12 - 4), 0.0]])
+    check_output("iou_similarity", {"X": a, "Y": b}, {"box_normalized": False}, {"Out": want_px})
+
+
+def test_center_loss_updates_centres_and_trains():
+    x = RNG.normal(size=(4, 3))
+    lab = np.array([[0], [2], [0], [1]], np.int64)
+    c = RNG.normal(size=(3, 3))
+    rate = np.array([0.5])
+    got = check_output("center_loss", {"X": x, "Label": lab, "Centers": c,
+                                       "CenterUpdateRate": rate},
+                       {"cluster_num": 3, "need_update": True},
+                       {"Loss": 0.5 * ((x - c[lab[:, 0]]) ** 2).sum(1, keepdims=True)})
+    want_c = c.copy()
+    for k in range(3):
+        rows = lab[:, 0] == k
+        want_c[k] += 0.5 * (x[rows] - c[k]).sum(0) / (1 + rows.sum())
+    np.testing.assert_allclose(got["CentersOut"], want_c, rtol=1e-12)
+    check_grad("center_loss", {"X": x, "Label": lab, "Centers": c, "CenterUpdateRate": rate},
+               {"cluster_num": 3}, output_name="Loss")
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        xv = fluid.data("x", [-1, 3], "float32")
+        yv = fluid.data("y", [-1, 1], "int64")
+        loss = fluid.layers.mean(fluid.layers.center_loss(fluid.layers.fc(xv, 3), yv, 3, 0.1,
+                                                          fluid.ParamAttr(name="centers")))
+        trained = [p.name for p, _ in fluid.optimizer.SGD(0.1).minimize(loss)[1]]
+    assert "centers" not in trained
+    exe, scope = Executor(), Scope()
+    exe.run(startup, scope=scope)
+    before = np.array(scope.find_var("centers").value)
+    feed = {"x": x.astype(np.float32), "y": lab}
+    ls = [float(np.asarray(exe.run(main, feed=feed, fetch_list=[loss], scope=scope)[0])
+                .reshape(-1)[0]) for _ in range(4)]
+    assert ls[-1] < ls[0]
+    assert not np.allclose(np.asarray(scope.find_var("centers").value), before)
+
+
+def test_box_coder_encode_decode_round_trip():
+    prior = np.array([[0.1, 0.1, 0.5, 0.6], [0.3, 0.2, 0.9, 0.7]])
+    var = np.array([[0.1, 0.1, 0.2, 0.2], [0.1, 0.2, 0.2, 0.1]])
+    target = np.array([[0.2, 0.2, 0.4, 0.5], [0.0, 0.3, 0.8, 0.9], [0.5, 0.5, 0.6, 0.9]])
+    want = np.zeros((3, 2, 4))
+    for i, (x0, y0, x1, y1) in enumerate(target):
+        for j, (a0, b0, a1, b1) in enumerate(prior):
+            pw, ph = a1 - a0, b1 - b0
+            want[i, j] = [((x0 + x1) / 2 - (a0 + a1) / 2) / pw / var[j, 0],
+                          ((y0 + y1) / 2 - (b0 + b1) / 2) / ph / var[j, 1],
+                          np.log((x1 - x0) / pw) / var[j, 2], np.log((y1 - y0) / ph) / var[j, 3]]
+    enc = check_output("box_coder", {"PriorBox": prior, "PriorBoxVar": var, "TargetBox": target},
+                       expected={"OutputBox": want})["OutputBox"]
+    # decoding the encoding gives each target back against every prior
+    check_output("box_coder", {"PriorBox": prior, "PriorBoxVar": var, "TargetBox": enc},
+                 {"code_type": "decode_center_size"},
+                 {"OutputBox": np.repeat(target[:, None, :], 2, axis=1)})
+    # pixel boxes (+1 sizes) with the variance attribute, decoded along axis 1
+    px = prior * 10
+    enc_px = check_output("box_coder", {"PriorBox": px, "TargetBox": target * 10},
+                          {"box_normalized": False, "variance": [0.1, 0.1, 0.2, 0.2]},
+                          modes=["reference"])["OutputBox"]
+    back = check_output("box_coder", {"PriorBox": px[:1].repeat(3, 0), "TargetBox": enc_px[:, :1]
+                                      .repeat(2, 1)},
+                        {"box_normalized": False, "variance": [0.1, 0.1, 0.2, 0.2],
+                         "code_type": "decode_center_size", "axis": 1}, modes=["reference"])
+    # Fluid's kernel takes the centre as (x0 + x1) / 2 but the size as x1 - x0 + 1, so the
+    # round trip of pixel boxes comes back half a pixel up and left
+    np.testing.assert_allclose(back["OutputBox"][:, 0], target * 10 - 0.5, rtol=1e-10)
+
+
+def test_prior_box_by_hand():
+    feat, img = np.zeros((1, 2, 2, 3)), np.zeros((1, 3, 8, 12))
+    attrs = {"min_sizes": [2.0], "max_sizes": [4.0], "aspect_ratios": [2.0], "flip": True,
+             "clip": True}
+    # cells 4 px apart (12 / 3, 8 / 2), centres at (w + .5) * 4, (h + .5) * 4; per cell the boxes
+    # of ratio 1, 2, 1/2 (min size 2), then the square of side sqrt(2 * 4)
+    sizes = [(2.0, 2.0), (2 * np.sqrt(2), 2 / np.sqrt(2)), (2 / np.sqrt(2), 2 * np.sqrt(2)),
+             (np.sqrt(8), np.sqrt(8))]
+    want = np.zeros((2, 3, 4, 4))
+    for h in range(2):
+        for w in range(3):
+            cx, cy = (w + 0.5) * 4, (h + 0.5) * 4
+            for k, (bw, bh) in enumerate(sizes):
+                want[h, w, k] = np.clip([(cx - bw / 2) / 12, (cy - bh / 2) / 8,
+                                         (cx + bw / 2) / 12, (cy + bh / 2) / 8], 0, 1)
+    got = check_output("prior_box", {"Input": feat, "Image": img}, attrs,
+                       {"Boxes": want, "Variances": np.broadcast_to([.1, .1, .2, .2], want.shape)
+                        .copy()}, rtol=1e-6)
+    ordered = check_output("prior_box", {"Input": feat, "Image": img},
+                           dict(attrs, min_max_aspect_ratios_order=True), modes=["reference"])
+    np.testing.assert_allclose(ordered["Boxes"][:, :, [0, 2, 3, 1]], got["Boxes"], rtol=1e-6)
+
+
+def test_multiclass_nms_by_hand():
+    boxes = np.array([[[0.0, 0.0, 1.0, 1.0], [0.05, 0.0, 1.0, 1.0], [2.0, 2.0, 3.0, 3.0],
+                       [0.0, 0.0, 0.5, 0.5]]])
+    # class 0 is background; class 1 scores box 1 > 0 (they overlap: IoU 0.95) > 3; class 2: 2
+    scores = np.array([[[0.9, 0.9, 0.9, 0.9], [0.7, 0.8, 0.05, 0.6], [0.1, 0.2, 0.95, 0.01]]])
+    attrs = {"score_threshold": 0.1, "nms_top_k": -1, "keep_top_k": -1, "nms_threshold": 0.5}
+    want = np.array([[1, 0.8, *boxes[0, 1]], [1, 0.6, *boxes[0, 3]], [2, 0.95, *boxes[0, 2]],
+                     [2, 0.2, *boxes[0, 1]]])
+    check_output("multiclass_nms", {"BBoxes": boxes, "Scores": scores}, attrs,
+                 {"Out": (want, [[0, 4]])})
+    # keep_top_k keeps the best 2 over all classes; an image with nothing kept gives [-1]
+    top = check_output("multiclass_nms", {"BBoxes": boxes, "Scores": scores},
+                       dict(attrs, keep_top_k=2), modes=["reference"])
+    np.testing.assert_allclose(top["Out"], want[[0, 2]])
+    empty = check_output("multiclass_nms", {"BBoxes": boxes, "Scores": scores * 0.01}, attrs,
+                         modes=["reference"])
+    np.testing.assert_array_equal(empty["Out"], [[-1]])
+
+
+def test_detection_output_composes_decode_softmax_nms():
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        loc = fluid.data("loc", [1, 2, 4], "float32")
+        sc = fluid.data("sc", [1, 2, 3], "float32")
+        pb = fluid.data("pb", [2, 4], "float32")
+        pbv = fluid.data("pbv", [2, 4], "float32")
+        out = fluid.layers.detection_output(loc, sc, pb, pbv, score_threshold=0.3)
+    prior = np.array([[0.0, 0.0, 0.4, 0.4], [0.5, 0.5, 1.0, 1.0]], np.float32)
+    logits = np.array([[[0.0, 3.0, 0.0], [0.0, 0.0, 3.0]]], np.float32)
+    got, = Executor().run(main, feed={"loc": np.zeros((1, 2, 4), np.float32), "sc": logits,
+                                      "pb": prior, "pbv": np.ones((2, 4), np.float32)},
+                          fetch_list=[out], scope=Scope(), return_numpy=False)
+    p = np.exp(3) / (np.exp(3) + 2)          # zero offsets decode to the priors themselves
+    np.testing.assert_allclose(np.asarray(got), [[1, p, *prior[0]], [2, p, *prior[1]]],
+                               rtol=1e-5, atol=1e-6)
+    assert got.lod() == [[0, 2]]

@@ -861,3 +861,7 @@ add("coalesce_tensor",
     S(lambda r: {"Input": [u(r, (3,)).astype(np.float64)]},
       {"set_constant": True, "constant": 1.5, "dtype": 6, "use_align": False},
       out="Output", outputs={"Output": 1}))
+
+
+# ---- the ops completing Fluid 1.8's fluid.layers: samples in a module of their own -----------
+import op_samples_fluid_gap  # noqa: E402,F401

@@ -97,6 +97,8 @@ NO_SAMPLE.update({t: "takes or gives a rank table (lod_rank_table), which cannot
                          "lod_rank_table", "max_sequence_len", "lod_tensor_to_array",
                          "array_to_lod_tensor", "shrink_rnn_memory",
                          "reorder_lod_tensor_by_rank")})
+NO_SAMPLE["py_func"] = ("calls a Python function its layer registers, into output variables the "
+                        "user declares; tested in tests/layers/test_fluid_gap_py_func.py")
 NO_SAMPLE["beam_search_decode"] = ("takes tensor arrays of the steps; tested in "
                                   "tests/ops/test_beam_search.py")
 

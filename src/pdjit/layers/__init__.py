@@ -56,18 +56,30 @@ from pdjit.layers.rnn_cells import *  # noqa: E402,F401,F403
 
 __all__ = __all__ + rnn_cells.__all__
 
-# Fluid 1.8's remaining activations, losses, tensor manipulations, 2.0-preview functions, RNN
-# units and sequence layers
-from pdjit.layers import activation, losses, manip, preview, rnn_units, sequence_lod  # noqa: E402
+# Fluid 1.8's remaining activations, 3-D convolution and pooling, distributions, losses, tensor
+# manipulations, 2.0-preview functions, RNN units and sequence layers
+from pdjit.layers import (  # noqa: E402
+    activation,
+    conv_pool3d,
+    distributions,
+    losses,
+    manip,
+    preview,
+    rnn_units,
+    sequence_lod,
+)
 from pdjit.layers.activation import *  # noqa: E402,F401,F403
+from pdjit.layers.conv_pool3d import *  # noqa: E402,F401,F403
+from pdjit.layers.distributions import *  # noqa: E402,F401,F403
 from pdjit.layers.losses import *  # noqa: E402,F401,F403
 from pdjit.layers.manip import *  # noqa: E402,F401,F403
 from pdjit.layers.preview import *  # noqa: E402,F401,F403
 from pdjit.layers.rnn_units import *  # noqa: E402,F401,F403
 from pdjit.layers.sequence_lod import *  # noqa: E402,F401,F403
 
-__all__ = (__all__ + activation.__all__ + losses.__all__ + manip.__all__ + preview.__all__
-           + rnn_units.__all__ + sequence_lod.__all__)
+__all__ = (__all__ + activation.__all__ + conv_pool3d.__all__ + distributions.__all__
+           + losses.__all__ + manip.__all__ + preview.__all__ + rnn_units.__all__
+           + sequence_lod.__all__)
 
 # argument checks that name the user's line (pdjit.framework.errors.LayerInputError)
 from pdjit.layers._user_line import wrap_all  # noqa: E402

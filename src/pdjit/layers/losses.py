@@ -3,7 +3,8 @@
 name, see ``pdjit.ops.loss_rank``), and the losses Fluid 1.8 composes from other layers:
 ``npair_loss``, ``mse_loss``, ``dice_loss`` and ``label_smooth`` (the last as ``scale`` /
 ``elementwise_add`` where Fluid appends a ``label_smooth`` op computing the same values); and
-``hsigmoid`` (``pdjit.ops.hsigmoid``) and ``nce`` (``pdjit.ops.nce``).
+``hsigmoid`` (``pdjit.ops.hsigmoid``), ``nce`` (``pdjit.ops.nce``), ``sigmoid_focal_loss``
+(``pdjit.ops.detection_basic``) and ``center_loss`` (``pdjit.ops.center_loss``).
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pdjit.layers.layer_helper import LayerHelper, check_dtype, check_variable
 
 __all__ = ["rank_loss", "margin_rank_loss", "bpr_loss", "teacher_student_sigmoid_loss",
            "npair_loss", "mse_loss", "dice_loss", "label_smooth", "hsigmoid",
-           "nce"]
+           "nce", "sigmoid_focal_loss", "center_loss"]
 
 _FLOATS = ("float32", "float64")
 
@@ -248,3 +249,51 @@ def nce(input, label, num_total_classes, sample_weight=None, param_attr=None, bi
                             "sampler": _SAMPLERS[sampler], "seed": int(seed),
                             "is_sparse": bool(is_sparse)})
     return math_ops.scale(cost, scale=1.0 / (neg + 1))
+
+
+def sigmoid_focal_loss(x, label, fg_num, gamma=2.0, alpha=0.25) -> Variable:
+    """RetinaNet's focal loss of per-class logits ``x [N, C]`` for labels ``label [N, 1]``
+    (int32; 0 background, ``c`` class ``c - 1``, -1 ignored), normalised by ``fg_num`` (int32
+    ``[1]``): ``[N, C]``."""
+    layer = "sigmoid_focal_loss"
+    check_variable(x, "x", layer)
+    check_dtype(x, "x", _FLOATS, layer)
+    for arg, v in (("label", label), ("fg_num", fg_num)):
+        check_variable(v, arg, layer)
+        check_dtype(v, arg, ("int32",), layer)
+    helper = LayerHelper(layer)
+    out = helper.create_variable_for_type_inference(x.dtype)
+    helper.append_op(layer, inputs={"X": [x], "Label": [label], "FgNum": [fg_num]},
+                     outputs={"Out": [out]}, attrs={"gamma": float(gamma), "alpha": float(alpha)})
+    return out
+
+
+def center_loss(input, label, num_classes, alpha, param_attr, update_center=True) -> Variable:
+    """Half the squared distance of each row of ``input [N, D]`` to the centre of its class
+    (``label [N, 1]`` int): ``[N, 1]``. The centres (``[num_classes, D]``, a parameter made from
+    ``param_attr``, not trained by the optimizer) move towards their samples by ``alpha`` (a
+    number or a ``[1]`` Variable) each run when ``update_center``."""
+    layer = "center_loss"
+    check_variable(input, "input", layer)
+    check_dtype(input, "input", _FLOATS, layer)
+    check_variable(label, "label", layer)
+    check_dtype(label, "label", ("int32", "int64"), layer)
+    if len(input.shape) != 2 or input.shape[1] < 0:
+        raise ValueError(f"{layer}: expected input [N, D] with D known, got {list(input.shape)}")
+    helper = LayerHelper(layer, param_attr=param_attr)
+    centers = helper.create_parameter(helper.param_attr, [int(num_classes), input.shape[1]],
+                                      input.dtype)
+    centers.stop_gradient = True
+    if isinstance(alpha, Variable):
+        rate = alpha
+    else:
+        rate = tensor.create_global_var([1], float(alpha), input.dtype, persistable=True,
+                                        name="centerloss_alpha")
+    diff = helper.create_variable_for_type_inference(input.dtype, stop_gradient=True)
+    loss = helper.create_variable_for_type_inference(input.dtype)
+    helper.append_op(layer, inputs={"X": [input], "Label": [label], "Centers": [centers],
+                                    "CenterUpdateRate": [rate]},
+                     outputs={"SampleCenterDiff": [diff], "Loss": [loss],
+                              "CentersOut": [centers]},
+                     attrs={"cluster_num": int(num_classes), "need_update": bool(update_center)})
+    return loss

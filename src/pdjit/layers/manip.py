@@ -5,7 +5,7 @@ of existing layers (so they run natively and have gradients), computing what Flu
 the same name computes: ``unstack`` (split + squeeze), ``expand_as`` (tiling by the static
 ratio of the shapes), ``rank``, ``size``, ``crop`` / ``crop_tensor`` (a slice),
 ``pad_constant_like`` (a pad), ``eye``, ``diag``, ``reduce_all`` / ``reduce_any`` (min / max of
-the ints), ``multiplex`` (one-hot weighted sum), ``maxout``, ``pixel_shuffle``,
+the ints), ``multiplex`` (one-hot weighted sum), ``maxout``, ``pixel_shuffle``, ``space_to_depth``,
 ``shuffle_channel`` (reshape + transpose), ``lrn`` (a sum of shifted squares) and
 ``temporal_shift`` (pads and slices over the time axis), ``image_resize_short``, ``fsp_matrix``,
 ``bilinear_tensor_product`` (matmuls), ``shard_index`` (integer arithmetic and ``where``), and
@@ -13,7 +13,11 @@ the ints), ``multiplex`` (one-hot weighted sum), ``maxout``, ``pixel_shuffle``,
 dense), ``clip_by_norm``, ``randint``, ``scatter_nd`` (into zeros) and ``affine_grid`` (a matmul
 with the constant base grid); ``interpolate`` is ``image_resize``, ``lod_append`` a
 ``lod_reset`` with ``append``. ``unique`` / ``unique_with_counts``, ``scatter_nd_add``,
-``strided_slice``, ``mean_iou``, ``sampling_id`` and ``grid_sampler`` append Fluid's ops.
+``strided_slice``, ``mean_iou``, ``sampling_id``, ``grid_sampler``, ``unfold``, ``roi_pool``,
+``roi_align``, ``psroi_pool``, ``continuous_value_model`` (``cvm``), ``random_crop`` and
+``iou_similarity`` append Fluid's ops; ``inplace_abn`` is ``batch_norm`` and its activation;
+``py_func`` calls the user's Python function (``pdjit.ops.py_func``); ``spectral_norm``,
+``box_coder``, ``prior_box`` and ``multiclass_nms`` append Fluid's ops.
 Composed layers need the sizes they rearrange to be known when the program is built, and say
 so otherwise.
 """
@@ -32,7 +36,10 @@ __all__ = ["reverse", "sum", "unstack", "expand_as", "rank", "size", "crop", "cr
            "get_tensor_from_selected_rows", "merge_selected_rows", "shard_index", "interpolate",
            "clip_by_norm", "lod_append", "randint", "scatter_nd_add", "scatter_nd",
            "strided_slice", "mean_iou", "sampling_id", "affine_grid", "grid_sampler",
-           "unfold"]
+           "unfold", "roi_pool", "roi_align", "continuous_value_model", "random_crop",
+           "iou_similarity", "space_to_depth", "psroi_pool", "inplace_abn",
+           "py_func", "spectral_norm", "box_coder", "prior_box",
+           "multiclass_nms", "detection_output"]
 
 
 def _axes_list(axis, layer: str) -> list:
@@ -659,3 +666,294 @@ def unfold(x, kernel_sizes, strides=1, paddings=0, dilations=1, name=None) -> Va
                             "strides": pair(strides, "strides"), "paddings": pads,
                             "dilations": pair(dilations, "dilations")})
     return out
+
+
+def _roi(op_type, input, rois, attrs):
+    check_variable(input, "input", op_type)
+    check_variable(rois, "rois", op_type)
+    helper = LayerHelper(op_type)
+    out = helper.create_variable_for_type_inference(input.dtype)
+    outputs = {"Out": [out]}
+    if op_type == "roi_pool":
+        outputs["Argmax"] = [helper.create_variable_for_type_inference("int64",
+                                                                       stop_gradient=True)]
+    helper.append_op(op_type, inputs={"X": [input], "ROIs": [rois]}, outputs=outputs,
+                     attrs=attrs)
+    return out
+
+
+def roi_pool(input, rois, pooled_height=1, pooled_width=1, spatial_scale=1.0) -> Variable:
+    """Max pooling of each region ``rois [R, 4]`` (x1, y1, x2, y2; a one-level LoD naming each
+    one's image) of ``input [N, C, H, W]`` into ``pooled_height x pooled_width`` bins."""
+    return _roi("roi_pool", input, rois,
+                {"pooled_height": int(pooled_height), "pooled_width": int(pooled_width),
+                 "spatial_scale": float(spatial_scale)})
+
+
+def roi_align(input, rois, pooled_height=1, pooled_width=1, spatial_scale=1.0,
+              sampling_ratio=-1, name=None) -> Variable:
+    """RoIAlign: each region of ``rois`` averaged bilinearly into ``pooled_height x
+    pooled_width`` bins (``sampling_ratio`` samples per bin side; adaptive when <= 0)."""
+    return _roi("roi_align", input, rois,
+                {"pooled_height": int(pooled_height), "pooled_width": int(pooled_width),
+                 "spatial_scale": float(spatial_scale), "sampling_ratio": int(sampling_ratio)})
+
+
+def continuous_value_model(input, cvm, use_cvm=True) -> Variable:
+    """CTR features whose first two columns are show and click counts: those as
+    ``log(show + 1)`` and ``log(click + 1) - log(show + 1)`` (``use_cvm``), or dropped."""
+    check_variable(input, "input", "continuous_value_model")
+    check_variable(cvm, "cvm", "continuous_value_model")
+    helper = LayerHelper("cvm")
+    out = helper.create_variable_for_type_inference(input.dtype)
+    helper.append_op("cvm", inputs={"X": [input], "CVM": [cvm]}, outputs={"Y": [out]},
+                     attrs={"use_cvm": bool(use_cvm)})
+    return out
+
+
+def random_crop(x, shape, seed=None) -> Variable:
+    """The last ``len(shape)`` axes of ``x`` cropped to ``shape`` at random offsets, drawn
+    per instance (``seed``: an int fixing them, or an int64 Variable)."""
+    check_variable(x, "x", "random_crop")
+    helper = LayerHelper("random_crop")
+    out = helper.create_variable_for_type_inference(x.dtype, stop_gradient=True)
+    seed_out = helper.create_variable_for_type_inference("int64", stop_gradient=True)
+    inputs, attrs = {"X": [x]}, {"shape": [int(s) for s in shape], "startup_seed": 0}
+    if isinstance(seed, Variable):
+        inputs["Seed"] = [seed]
+    elif seed is not None:
+        attrs["startup_seed"] = int(seed)
+    helper.append_op("random_crop", inputs=inputs, outputs={"Out": [out], "SeedOut": [seed_out]},
+                     attrs=attrs)
+    return out
+
+
+def iou_similarity(x, y, box_normalized=True, name=None) -> Variable:
+    """The intersection over union of every box of ``x [N, 4]`` with every box of ``y [M, 4]``
+    (xmin, ymin, xmax, ymax): ``[N, M]``, keeping ``x``'s LoD."""
+    check_variable(x, "x", "iou_similarity")
+    check_variable(y, "y", "iou_similarity")
+    helper = LayerHelper("iou_similarity", name=name)
+    out = helper.create_variable_for_type_inference(x.dtype, stop_gradient=True)
+    helper.append_op("iou_similarity", inputs={"X": [x], "Y": [y]}, outputs={"Out": [out]},
+                     attrs={"box_normalized": bool(box_normalized)})
+    return out
+
+
+def space_to_depth(x, blocksize, name=None) -> Variable:
+    """Fluid 1.8's space_to_depth of ``x [N, C, H, W]`` (C divisible by ``blocksize^2``, H and
+    W by ``blocksize``): ``[N, C * b^2, H / b, W / b]``. As Fluid's kernel (darknet's reorg)
+    computes it: channel ``k = (oy * b + ox) * C / b^2 + c`` at ``(j, i)`` goes to row ``j * b +
+    oy``, column ``i * b + ox`` of channel ``c`` of a ``[N, C / b^2, H b, W b]`` tensor, whose
+    memory is then read as the output shape."""
+    check_variable(x, "x", "space_to_depth")
+    b = int(blocksize)
+    if len(x.shape) != 4 or b < 1:
+        raise ValueError(f"space_to_depth: expected a 4-D x and blocksize >= 1, got "
+                         f"{list(x.shape)} and {blocksize}")
+    _known(x, [1, 2, 3], "space_to_depth", "the channels, height and width")
+    _, c, h, w = x.shape
+    if c % (b * b) or h % b or w % b:
+        raise ValueError(f"space_to_depth: the channels ({c}) must divide by blocksize^2 and the "
+                         f"height ({h}) and width ({w}) by blocksize ({b})")
+    y = shape_ops.reshape(x, [-1, b, b, c // (b * b), h, w])
+    y = shape_ops.transpose(y, [0, 3, 4, 1, 5, 2])               # [N, c', H, oy, W, ox]
+    return shape_ops.reshape(y, [-1, c * b * b, h // b, w // b])
+
+
+def psroi_pool(input, rois, output_channels, spatial_scale, pooled_height, pooled_width,
+               name=None) -> Variable:
+    """Position-sensitive RoI pooling (R-FCN): bin ``(i, j)`` of output channel ``k`` of each
+    region averages input channel ``(k * pooled_height + i) * pooled_width + j``."""
+    check_variable(input, "input", "psroi_pool")
+    check_variable(rois, "rois", "psroi_pool")
+    helper = LayerHelper("psroi_pool", name=name)
+    out = helper.create_variable_for_type_inference(input.dtype)
+    helper.append_op("psroi_pool", inputs={"X": [input], "ROIs": [rois]},
+                     outputs={"Out": [out]},
+                     attrs={"output_channels": int(output_channels),
+                            "spatial_scale": float(spatial_scale),
+                            "pooled_height": int(pooled_height),
+                            "pooled_width": int(pooled_width)})
+    return out
+
+
+def inplace_abn(input, act=None, is_test=False, momentum=0.9, epsilon=1e-05, param_attr=None,
+                bias_attr=None, data_layout="NCHW", name=None, moving_mean_name=None,
+                moving_variance_name=None, do_model_average_for_mean_and_var=True,
+                use_global_stats=False, act_alpha=1.0) -> Variable:
+    """Batch normalisation followed by ``act`` (None, 'identity', 'leaky_relu' or 'elu', with
+    ``act_alpha``): what Fluid's in-place activated batch norm computes (pdjit plans memory
+    itself, so the in-place part is not needed)."""
+    from pdjit.layers.norm import batch_norm
+
+    if act not in (None, "identity", "leaky_relu", "elu"):
+        raise ValueError(f"inplace_abn: argument 'act' must be None, 'identity', 'leaky_relu' or "
+                         f"'elu', got {act!r}")
+    out = batch_norm(input, is_test=is_test, momentum=momentum, epsilon=epsilon,
+                     param_attr=param_attr, bias_attr=bias_attr, data_layout=data_layout,
+                     name=name, moving_mean_name=moving_mean_name,
+                     moving_variance_name=moving_variance_name,
+                     use_global_stats=use_global_stats)
+    if act == "leaky_relu":
+        return math_ops.leaky_relu(out, alpha=float(act_alpha))
+    if act == "elu":
+        return math_ops.elu(out, alpha=float(act_alpha))
+    return out
+
+
+def py_func(func, x, out, backward_func=None, skip_vars_in_backward_input=None):
+    """Run ``func`` (Python) on the values of ``x`` (a Variable or list; each passed as a LoD
+    tensor) to fill ``out`` (Variables the caller created with their shapes and dtypes). With
+    ``backward_func``, gradients flow: it gets ``x``, ``out`` (less
+    ``skip_vars_in_backward_input``) and the gradients of ``out``, and returns those of
+    ``x``. Returns ``out``."""
+    from pdjit.ops.py_func import register_callable
+
+    if not callable(func) or (backward_func is not None and not callable(backward_func)):
+        raise TypeError("py_func: arguments 'func' and 'backward_func' must be callable")
+    xs = [] if x is None else ([x] if isinstance(x, Variable) else list(x))
+    outs = [] if out is None else ([out] if isinstance(out, Variable) else list(out))
+    for i, v in enumerate(xs):
+        check_variable(v, f"x[{i}]", "py_func")
+    for i, v in enumerate(outs):
+        check_variable(v, f"out[{i}]", "py_func")
+    skip = skip_vars_in_backward_input
+    skip = [] if skip is None else ([skip] if isinstance(skip, Variable) else list(skip))
+    known = {v.name for v in xs + outs}
+    names = [v.name if isinstance(v, Variable) else str(v) for v in skip]
+    if any(n not in known for n in names):
+        raise ValueError(f"py_func: skip_vars_in_backward_input must be among x and out, got "
+                         f"{names}")
+    helper = LayerHelper("py_func")
+    helper.append_op("py_func", inputs={"X": xs}, outputs={"Out": outs},
+                     attrs={"forward_callable_id": register_callable(func),
+                            "backward_callable_id": register_callable(backward_func)
+                            if backward_func is not None else -1,
+                            "backward_skip_vars": names})
+    return out
+
+
+def spectral_norm(weight, dim=0, power_iters=1, eps=1e-12, name=None) -> Variable:
+    """``weight`` divided by its largest singular value (``dim`` as the matrix's rows), estimated
+    by ``power_iters`` power iterations from two non-trainable vectors ``U`` and ``V`` drawn
+    from Normal(0, 1)."""
+    from pdjit.initializer import Normal
+    from pdjit.param_attr import ParamAttr
+
+    layer = "spectral_norm"
+    check_variable(weight, "weight", layer)
+    check_dtype(weight, "weight", ("float32", "float64"), layer)
+    shape = list(weight.shape)
+    if len(shape) < 2 or not 0 <= dim < len(shape) or any(d < 0 for d in shape):
+        raise ValueError(f"{layer}: expected a weight of rank >= 2 with known sizes and dim in "
+                         f"range, got {shape} and dim {dim}")
+    h = shape[dim]
+    w = int(np.prod(shape)) // h
+    helper = LayerHelper(layer, name=name)
+    u = helper.create_parameter(ParamAttr(trainable=False), [h], weight.dtype,
+                                default_initializer=Normal(0.0, 1.0))
+    v = helper.create_parameter(ParamAttr(trainable=False), [w], weight.dtype,
+                                default_initializer=Normal(0.0, 1.0))
+    out = helper.create_variable_for_type_inference(weight.dtype)
+    helper.append_op(layer, inputs={"Weight": [weight], "U": [u], "V": [v]},
+                     outputs={"Out": [out]},
+                     attrs={"dim": int(dim), "power_iters": int(power_iters), "eps": float(eps)})
+    return out
+
+
+def box_coder(prior_box, prior_box_var, target_box, code_type="encode_center_size",
+              box_normalized=True, name=None, axis=0) -> Variable:
+    """Encode boxes ``target_box [N, 4]`` as offsets from ``prior_box [M, 4]`` (``[N, M, 4]``),
+    or decode offsets ``[N, M, 4]`` into boxes; ``prior_box_var``: a ``[M, 4]`` Variable, 4
+    numbers, or None (1)."""
+    layer = "box_coder"
+    check_variable(prior_box, "prior_box", layer)
+    check_variable(target_box, "target_box", layer)
+    if code_type not in ("encode_center_size", "decode_center_size"):
+        raise ValueError(f"{layer}: code_type must be 'encode_center_size' or "
+                         f"'decode_center_size', got {code_type!r}")
+    inputs = {"PriorBox": [prior_box], "TargetBox": [target_box]}
+    attrs = {"code_type": code_type, "box_normalized": bool(box_normalized), "axis": int(axis)}
+    if isinstance(prior_box_var, Variable):
+        inputs["PriorBoxVar"] = [prior_box_var]
+    elif prior_box_var is not None:
+        attrs["variance"] = [float(v) for v in prior_box_var]
+    helper = LayerHelper(layer, name=name)
+    out = helper.create_variable_for_type_inference(prior_box.dtype, stop_gradient=True)
+    helper.append_op(layer, inputs=inputs, outputs={"OutputBox": [out]}, attrs=attrs)
+    return out
+
+
+def prior_box(input, image, min_sizes, max_sizes=None, aspect_ratios=(1.0,),
+              variance=(0.1, 0.1, 0.2, 0.2), flip=False, clip=False, steps=(0.0, 0.0),
+              offset=0.5, name=None, min_max_aspect_ratios_order=False):
+    """SSD's prior boxes for each cell of the feature map ``input`` over ``image``:
+    ``(boxes, variances)``, each ``[H, W, num_priors, 4]``."""
+    layer = "prior_box"
+    check_variable(input, "input", layer)
+    check_variable(image, "image", layer)
+
+    def floats(v, arg):
+        if v is None:
+            return []
+        vs = [v] if isinstance(v, (int, float)) else list(v)
+        if not all(isinstance(x, (int, float)) for x in vs):
+            raise TypeError(f"{layer}: argument {arg!r} must be a number or a list of numbers, "
+                            f"got {v!r}")
+        return [float(x) for x in vs]
+
+    steps = floats(steps, "steps")
+    if len(steps) != 2:
+        raise ValueError(f"{layer}: argument 'steps' must hold 2 values, got {steps}")
+    helper = LayerHelper(layer, name=name)
+    boxes = helper.create_variable_for_type_inference(input.dtype, stop_gradient=True)
+    var = helper.create_variable_for_type_inference(input.dtype, stop_gradient=True)
+    helper.append_op(layer, inputs={"Input": [input], "Image": [image]},
+                     outputs={"Boxes": [boxes], "Variances": [var]},
+                     attrs={"min_sizes": floats(min_sizes, "min_sizes"),
+                            "max_sizes": floats(max_sizes, "max_sizes"),
+                            "aspect_ratios": floats(aspect_ratios, "aspect_ratios"),
+                            "variances": floats(variance, "variance"), "flip": bool(flip),
+                            "clip": bool(clip), "step_w": steps[0], "step_h": steps[1],
+                            "offset": float(offset),
+                            "min_max_aspect_ratios_order": bool(min_max_aspect_ratios_order)})
+    return boxes, var
+
+
+def multiclass_nms(bboxes, scores, score_threshold, nms_top_k, keep_top_k, nms_threshold=0.3,
+                   normalized=True, nms_eta=1.0, background_label=0, name=None) -> Variable:
+    """Per-class non-maximum suppression of ``bboxes [N, M, 4]`` scored by ``scores [N, C,
+    M]``: rows ``(label, score, xmin, ymin, xmax, ymax)``, one LoD sequence per image (a single
+    ``-1`` row when nothing is kept)."""
+    layer = "multiclass_nms"
+    check_variable(bboxes, "bboxes", layer)
+    check_variable(scores, "scores", layer)
+    helper = LayerHelper(layer, name=name)
+    out = helper.create_variable_for_type_inference(bboxes.dtype, stop_gradient=True)
+    helper.append_op(layer, inputs={"BBoxes": [bboxes], "Scores": [scores]},
+                     outputs={"Out": [out]},
+                     attrs={"background_label": int(background_label),
+                            "score_threshold": float(score_threshold),
+                            "nms_top_k": int(nms_top_k), "nms_threshold": float(nms_threshold),
+                            "nms_eta": float(nms_eta), "keep_top_k": int(keep_top_k),
+                            "normalized": bool(normalized)})
+    return out
+
+
+def detection_output(loc, scores, prior_box, prior_box_var, background_label=0,
+                     nms_threshold=0.3, nms_top_k=400, keep_top_k=200, score_threshold=0.01,
+                     nms_eta=1.0, return_index=False) -> Variable:
+    """SSD's detections: the offsets ``loc [N, M, 4]`` decoded against ``prior_box [M, 4]``
+    (``box_coder``), ``scores [N, M, C]`` softmaxed over the classes, then ``multiclass_nms``
+    (Fluid 1.8 composes the same layers)."""
+    from pdjit.layers.nn import softmax
+
+    if return_index:
+        raise ValueError("detection_output: return_index=True is not supported")
+    boxes = box_coder(prior_box, prior_box_var, loc, code_type="decode_center_size")
+    probs = shape_ops.transpose(softmax(scores), [0, 2, 1])
+    probs.stop_gradient = True
+    return multiclass_nms(boxes, probs, score_threshold, nms_top_k, keep_top_k,
+                          nms_threshold=nms_threshold, nms_eta=nms_eta,
+                          background_label=background_label)

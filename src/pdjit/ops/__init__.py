@@ -32,16 +32,22 @@ from pdjit.ops import (  # noqa: F401
     trig,
 )
 
-# Fluid 1.8's remaining activations, ranking losses, CTC, grid sampling, hsigmoid,
-# nce, reverse, sequence ops
+# Fluid 1.8's remaining activations, 3-D conv/pool, ranking and center losses, CTC, focal loss, IoU,
+# grid sampling, hsigmoid, nce, py_func, ROI pooling, reverse, sequence ops, spectral norm
 # isort: split
 from pdjit.ops import (  # noqa: E402,F401
     activation_fluid,
+    center_loss,
+    conv3d,
     ctc,
+    detection_basic,
     grid_sample,
     hsigmoid,
     loss_rank,
     manip,
     nce,
+    py_func,
+    roi,
     sequence_fluid,
+    spectral_norm,
 )

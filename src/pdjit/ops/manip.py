@@ -1,5 +1,6 @@
 """Fluid 1.8's ``reverse``, ``unique``, ``unique_with_counts``, ``scatter_nd_add``,
-``strided_slice``, ``mean_iou``, ``sampling_id`` and ``unfold`` ops (each described above its
+``strided_slice``, ``mean_iou``, ``sampling_id``, ``unfold``, ``cvm`` and ``random_crop`` ops
+(each described above its
 definition; all but ``reverse`` run their NumPy references).
 
 ``reverse``: ``X`` with the order of its elements reversed along each axis in ``axis``; its
@@ -14,6 +15,7 @@ from pdjit.framework.registry import (
     OPAQUE,
     RANDOM,
     REQUIRED,
+    Bool,
     Float,
     GradOpSpec,
     Int,
@@ -366,3 +368,86 @@ register_op(
     "unfold_grad", inputs=["X", "Y@GRAD"], outputs=["X@GRAD?"], attrs=dict(_UNFOLD_ATTRS),
     traits=[OPAQUE], infer_shape=lambda X, **_: {"X@GRAD": X}, reference=_unfold_grad_ref,
     emit=None, grad=None, doc="X@GRAD: each column's gradient added back where it was read.")
+
+
+# ---- cvm (continuous_value_model) --------------------------------------------------------------
+# X [N, D] starts with a show and a click count. use_cvm: Y = X with those replaced by
+# log(show + 1) and log(click + 1) - log(show + 1); else Y = X without them. The gradient is
+# Fluid's: Y@GRAD in the other columns, and the first two columns of X@GRAD set to CVM's values.
+def _cvm_infer(X, CVM, *, use_cvm):
+    check_dtype(X, FLOATS, "cvm: input X")
+    if X.ndim != 2 or (X.shape[1] >= 0 and X.shape[1] < 2):
+        raise ShapeMismatch(f"cvm: expected X [N, D >= 2], got {list(X.shape)}")
+    width = X.shape[1] if use_cvm or X.shape[1] < 0 else X.shape[1] - 2
+    return {"Y": X.with_(shape=(X.shape[0], width))}
+
+
+def _cvm_ref(X, CVM, *, use_cvm):
+    if not use_cvm:
+        return {"Y": X[:, 2:].copy()}
+    y = X.astype(np.float64).copy()
+    y[:, 0] = np.log(X[:, 0] + 1.0)
+    y[:, 1] = np.log(X[:, 1] + 1.0) - y[:, 0]
+    return {"Y": y.astype(X.dtype)}
+
+
+def _cvm_grad_ref(X, CVM, *, use_cvm, **kw):
+    g = kw["Y@GRAD"]
+    dx = np.zeros(X.shape, X.dtype)
+    dx[:, 2:] = g[:, 2:] if use_cvm else g
+    dx[:, :2] = CVM.reshape(X.shape[0], -1)[:, :2]
+    return {"X@GRAD": dx}
+
+
+register_op(
+    "cvm", inputs=["X", "CVM"], outputs=["Y"], attrs={"use_cvm": Bool(True)}, traits=[OPAQUE],
+    infer_shape=_cvm_infer, reference=_cvm_ref, emit=None,
+    grad=lambda op: [GradOpSpec(
+        "cvm_grad", {"X": op.input("X"), "CVM": op.input("CVM"),
+                     "Y@GRAD": [grad_var_name(n) for n in op.output("Y")]},
+        {"X@GRAD": [grad_var_name(n) for n in op.input("X")]},
+        {"use_cvm": op.attr("use_cvm")})],
+    domain={"X": "positive"},
+    doc="The show/click columns of X as logs (use_cvm) or dropped.")
+register_op(
+    "cvm_grad", inputs=["X", "CVM", "Y@GRAD"], outputs=["X@GRAD?"],
+    attrs={"use_cvm": Bool(True)}, traits=[OPAQUE], infer_shape=lambda X, **_: {"X@GRAD": X},
+    reference=_cvm_grad_ref, emit=None, grad=None, doc="Fluid's gradient of cvm.")
+
+
+# ---- random_crop -------------------------------------------------------------------------------
+# The last len(shape) axes of X cropped to shape at offsets drawn per leading-axis element from
+# the run's random stream (startup_seed fixes them); SeedOut carries a seed for a next crop.
+def _crop_infer(X, Seed=None, *, shape, startup_seed):
+    if len(shape) > X.ndim:
+        raise ShapeMismatch(f"random_crop: shape {shape} has more axes than X {list(X.shape)}")
+    lead = X.ndim - len(shape)
+    return {"Out": X.with_(shape=tuple(X.shape[:lead]) + tuple(shape)),
+            "SeedOut": VarMeta((1,), np.int64)}
+
+
+def _crop_ref(X, Seed=None, *, shape, startup_seed, ctx):
+    from pdjit.framework import random as prandom
+
+    lead = X.ndim - len(shape)
+    tail = X.shape[lead:]
+    if any(s > t for s, t in zip(shape, tail)):
+        raise ShapeMismatch(f"random_crop: shape {shape} larger than X's last axes {list(tail)}")
+    batch = int(np.prod(X.shape[:lead], dtype=np.int64))
+    key = prandom.op_key(int(Seed.reshape(-1)[0]), 0, 0, 0, 0) if Seed is not None and \
+        int(Seed.reshape(-1)[0]) else (prandom.op_key(startup_seed, 0, 0, 0, 0) if startup_seed
+                                       else ctx.rng_key())
+    u = prandom.uniform01(key, batch * len(shape)).reshape(batch, len(shape))
+    starts = np.floor(u * (np.asarray(tail) - np.asarray(shape) + 1)).astype(np.int64)
+    flat = X.reshape((batch,) + tuple(tail))
+    out = np.stack([flat[b][tuple(slice(s, s + n) for s, n in zip(starts[b], shape))]
+                    for b in range(batch)]) if batch else np.zeros((0,) + tuple(shape), X.dtype)
+    seed_out = np.array([int(prandom.bits(key, 1)[0] >> np.uint64(33)) + 1], np.int64)
+    return {"Out": out.reshape(X.shape[:lead] + tuple(shape)), "SeedOut": seed_out}
+
+
+register_op(
+    "random_crop", inputs=["X", "Seed?"], outputs=["Out", "SeedOut"],
+    attrs={"shape": Ints(REQUIRED, choices=([1], [2])), "startup_seed": Int(0, low=0, high=0)},
+    traits=[OPAQUE, RANDOM], infer_shape=_crop_infer, reference=_crop_ref, emit=None, grad=None,
+    doc="The last axes of X cropped to shape at random offsets per instance.")

@@ -1,0 +1,355 @@
+"""Fluid 1.8's detection ops that stand alone: ``sigmoid_focal_loss`` (with its gradient),
+``iou_similarity``, ``box_coder``, ``prior_box`` and ``multiclass_nms`` (the last three
+described above their definitions).
+
+- ``sigmoid_focal_loss(X [N, C] logits, Label [N, 1] int32 (0: background, c: class c - 1),
+  FgNum [1] int32; gamma, alpha) -> Out [N, C]``: with ``p = sigmoid(x)``, ``f = max(FgNum,
+  1)``: ``-alpha / f (1 - p)^gamma log p`` for the sample's class, ``-(1 - alpha) / f p^gamma
+  log(1 - p)`` for the other classes, 0 for every class of a sample labelled -1 (ignored).
+- ``iou_similarity(X [N, 4], Y [M, 4]; box_normalized) -> Out [N, M]``: the intersection over
+  union of each pair of (xmin, ymin, xmax, ymax) boxes; unnormalised boxes count their end
+  pixels (+1 to widths and heights). Out keeps X's LoD.
+
+All run their NumPy references (``emit`` is ``None``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from pdjit.framework.errors import ShapeMismatch
+from pdjit.framework.registry import (
+    OPAQUE,
+    REQUIRED,
+    SEQUENCE,
+    Bool,
+    Float,
+    Floats,
+    GradOpSpec,
+    Int,
+    Str,
+    ValueDependentLoD,
+    VarMeta,
+    grad_var_name,
+    register_op,
+)
+from pdjit.ops._common import FLOATS, check_dtype
+
+_FOCAL = {"gamma": Float(2.0, low=0.5, high=3.0), "alpha": Float(0.25, low=0.1, high=0.9)}
+
+
+def _focal_parts(X, Label, FgNum, gamma, alpha):
+    x = X.astype(np.float64)
+    n, c = x.shape
+    lab = Label.reshape(-1).astype(np.int64)
+    if lab.size != n:
+        raise ShapeMismatch(f"sigmoid_focal_loss: expected one label per row ({n}), got "
+                            f"{lab.size}")
+    f = max(int(FgNum.reshape(-1)[0]), 1)
+    cls = np.arange(1, c + 1).reshape(1, -1)
+    pos_b = lab.reshape(-1, 1) == cls
+    pos = pos_b.astype(np.float64)
+    neg = ((lab.reshape(-1, 1) != -1) & ~pos_b).astype(np.float64)
+    e = np.exp(-np.abs(x))
+    p = np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+    log_p = np.minimum(x, 0) - np.log1p(e)            # log sigmoid(x)
+    log_q = -np.maximum(x, 0) - np.log1p(e)           # log (1 - sigmoid(x))
+    a, b = float(np.float32(alpha)) / f, (1 - float(np.float32(alpha))) / f
+    return x, p, log_p, log_q, pos, neg, a, b, float(np.float32(gamma))
+
+
+def _focal_infer(X, Label, FgNum, **_):
+    check_dtype(X, FLOATS, "sigmoid_focal_loss: input X")
+    if X.ndim != 2:
+        raise ShapeMismatch(f"sigmoid_focal_loss: expected X [N, C], got {list(X.shape)}")
+    return {"Out": X}
+
+
+def _focal_ref(X, Label, FgNum, *, gamma, alpha):
+    _, p, log_p, log_q, pos, neg, a, b, g = _focal_parts(X, Label, FgNum, gamma, alpha)
+    out = -pos * a * (1 - p) ** g * log_p - neg * b * p ** g * log_q
+    return {"Out": out.astype(X.dtype)}
+
+
+def _focal_grad_ref(X, Label, FgNum, *, gamma, alpha, **kw):
+    d = kw["Out@GRAD"].astype(np.float64)
+    _, p, log_p, log_q, pos, neg, a, b, g = _focal_parts(X, Label, FgNum, gamma, alpha)
+    dpos = (1 - p) ** g * ((1 - p) - g * p * log_p)
+    dneg = p ** g * (g * (1 - p) * log_q - p)
+    return {"X@GRAD": ((-pos * a * dpos - neg * b * dneg) * d).astype(X.dtype)}
+
+
+register_op(
+    "sigmoid_focal_loss", inputs=["X", "Label", "FgNum"], outputs=["Out"], attrs=_FOCAL,
+    traits=[OPAQUE], infer_shape=_focal_infer, reference=_focal_ref, emit=None,
+    grad=lambda op: [GradOpSpec(
+        "sigmoid_focal_loss_grad",
+        {"X": op.input("X"), "Label": op.input("Label"), "FgNum": op.input("FgNum"),
+         "Out@GRAD": [grad_var_name(v) for v in op.output("Out")]},
+        {"X@GRAD": [grad_var_name(v) for v in op.input("X")]},
+        {k: v for k, v in op.all_attrs().items() if k in _FOCAL})],
+    domain={"FgNum": "positive"},
+    doc="Focal loss of per-class sigmoids (RetinaNet), normalised by the foreground count.")
+register_op(
+    "sigmoid_focal_loss_grad", inputs=["X", "Label", "FgNum", "Out@GRAD"], outputs=["X@GRAD?"],
+    attrs=dict(_FOCAL), traits=[OPAQUE], infer_shape=lambda X, **_: {"X@GRAD": X},
+    reference=_focal_grad_ref, emit=None, grad=None, doc="Gradient of sigmoid_focal_loss.")
+
+
+def _iou_infer(X, Y, **_):
+    check_dtype(X, FLOATS, "iou_similarity: input X")
+    if X.ndim != 2 or Y.ndim != 2:
+        raise ShapeMismatch(f"iou_similarity: expected X [N, 4] and Y [M, 4], got "
+                            f"{list(X.shape)} and {list(Y.shape)}")
+    return {"Out": VarMeta((X.shape[0], Y.shape[0]), X.dtype, X.lod_level)}
+
+
+def _iou_ref(X, Y, *, box_normalized):
+    if X.shape[-1] != 4 or Y.shape[-1] != 4:
+        raise ShapeMismatch(f"iou_similarity: expected boxes of 4 values, got {list(X.shape)} "
+                            f"and {list(Y.shape)}")
+    one = 0.0 if box_normalized else 1.0
+    x, y = X.astype(np.float64)[:, None, :], Y.astype(np.float64)[None, :, :]
+    area_x = (x[..., 2] - x[..., 0] + one) * (x[..., 3] - x[..., 1] + one)
+    area_y = (y[..., 2] - y[..., 0] + one) * (y[..., 3] - y[..., 1] + one)
+    iw = np.maximum(np.minimum(x[..., 2], y[..., 2]) - np.maximum(x[..., 0], y[..., 0]) + one, 0)
+    ih = np.maximum(np.minimum(x[..., 3], y[..., 3]) - np.maximum(x[..., 1], y[..., 1]) + one, 0)
+    inter = iw * ih
+    with np.errstate(invalid="ignore", divide="ignore"):
+        out = inter / (area_x + area_y - inter)
+    return {"Out": np.nan_to_num(out).astype(X.dtype)}
+
+
+register_op(
+    "iou_similarity", inputs=["X", "Y"], outputs=["Out"],
+    attrs={"box_normalized": Bool(True)}, traits=[OPAQUE], infer_shape=_iou_infer,
+    reference=_iou_ref, emit=None, grad=None,
+    doc="Intersection over union of every pair of boxes of X and Y.")
+
+
+# ---- box_coder -------------------------------------------------------------------------------
+# PriorBox [M, 4] boxes (xmin, ymin, xmax, ymax), their variances (PriorBoxVar [M, 4], else the
+# 4 values of the variance attribute, else 1). encode_center_size: TargetBox [N, 4] -> [N, M, 4]
+# of ((tx - px) / pw / vx, (ty - py) / ph / vy, log|tw / pw| / vw, log|th / ph| / vh) with
+# centres and sizes (unnormalised boxes count their end pixels: + 1 to sizes).
+# decode_center_size: TargetBox [N, M, 4] of such offsets -> the boxes they encode, the priors
+# broadcast along axis (0: prior j for column j; 1: prior i for row i).
+_CODER = {"code_type": Str("encode_center_size",
+                           one_of=("encode_center_size", "decode_center_size"),
+                           choices=("encode_center_size",)),
+          "box_normalized": Bool(True), "axis": Int(0, one_of=(0, 1), choices=(0,)),
+          "variance": Floats([], choices=([],))}
+
+
+def _coder_infer(PriorBox, TargetBox, PriorBoxVar=None, *, code_type, **_):
+    check_dtype(PriorBox, FLOATS, "box_coder: PriorBox")
+    if code_type == "encode_center_size":
+        return {"OutputBox": VarMeta((TargetBox.shape[0], PriorBox.shape[0], 4), PriorBox.dtype,
+                                     TargetBox.lod_level)}
+    return {"OutputBox": TargetBox.with_(lod_level=0)}
+
+
+def _centre_size(b, one):
+    w, h = b[..., 2] - b[..., 0] + one, b[..., 3] - b[..., 1] + one
+    return (b[..., 2] + b[..., 0]) / 2, (b[..., 3] + b[..., 1]) / 2, w, h
+
+
+def _coder_ref(PriorBox, TargetBox, PriorBoxVar=None, *, code_type, box_normalized, axis,
+               variance):
+    p = PriorBox.astype(np.float64)
+    m = p.shape[0]
+    if PriorBoxVar is not None:
+        var = PriorBoxVar.astype(np.float64).reshape(m, 4)
+    elif variance:
+        if len(variance) != 4:
+            raise ShapeMismatch(f"box_coder: expected 4 variance values, got {list(variance)}")
+        var = np.tile(np.asarray(variance, np.float64), (m, 1))
+    else:
+        var = np.ones((m, 4))
+    one = 0.0 if box_normalized else 1.0
+    px, py, pw, ph = _centre_size(p, one)
+    t = TargetBox.astype(np.float64)
+    if code_type == "encode_center_size":
+        tx, ty, tw, th = (v[:, None] for v in _centre_size(t.reshape(-1, 4), one))
+        out = np.stack([(tx - px) / pw / var[:, 0], (ty - py) / ph / var[:, 1],
+                        np.log(np.abs(tw / pw)) / var[:, 2], np.log(np.abs(th / ph)) / var[:, 3]],
+                       axis=-1)
+        return {"OutputBox": out.astype(PriorBox.dtype)}
+    if t.ndim != 3 or t.shape[2] != 4 or t.shape[1 - axis] != m:
+        raise ShapeMismatch(f"box_coder: decoding expected TargetBox [N, M, 4] with {m} priors "
+                            f"along axis {1 - axis}, got {list(t.shape)}")
+
+    def along(v):
+        return v[None, :] if axis == 0 else v[:, None]
+
+    cx = along(var[:, 0]) * t[..., 0] * along(pw) + along(px)
+    cy = along(var[:, 1]) * t[..., 1] * along(ph) + along(py)
+    w = np.exp(along(var[:, 2]) * t[..., 2]) * along(pw)
+    h = np.exp(along(var[:, 3]) * t[..., 3]) * along(ph)
+    out = np.stack([cx - w / 2, cy - h / 2, cx + w / 2 - one, cy + h / 2 - one], axis=-1)
+    return {"OutputBox": out.astype(PriorBox.dtype)}
+
+
+register_op(
+    "box_coder", inputs=["PriorBox", "PriorBoxVar?", "TargetBox"], outputs=["OutputBox"],
+    attrs=_CODER, traits=[OPAQUE], infer_shape=_coder_infer, reference=_coder_ref, emit=None,
+    grad=None, doc="Boxes encoded as offsets from prior boxes, or offsets decoded into boxes.")
+
+
+# ---- prior_box -------------------------------------------------------------------------------
+# SSD's prior boxes of a feature map Input [N, C, H, W] over an Image [N, C', IH, IW]: at each
+# cell centre ((w + offset) step_w, (h + offset) step_h) (steps IW / W, IH / H unless given),
+# for each min size: one box per aspect ratio (1 first, then each ratio not yet listed and, with
+# flip, its inverse; size min_size sqrt(ar) x min_size / sqrt(ar)), and with max sizes a square
+# of side sqrt(min_size max_size) after them (min_max_aspect_ratios_order: the min square, the
+# max square, then the other ratios). Corners divided by the image size, clipped to [0, 1] with
+# clip. Boxes and Variances (the variances repeated) are [H, W, priors, 4].
+_PRIOR = {"min_sizes": Floats(REQUIRED, choices=([2.0],)), "max_sizes": Floats([], choices=([],)),
+          "aspect_ratios": Floats([1.0], choices=([1.0], [2.0])),
+          "variances": Floats([0.1, 0.1, 0.2, 0.2], choices=([0.1, 0.1, 0.2, 0.2],)),
+          "flip": Bool(False), "clip": Bool(False), "step_w": Float(0.0, low=0.0, high=0.0),
+          "step_h": Float(0.0, low=0.0, high=0.0), "offset": Float(0.5, low=0.5, high=0.5),
+          "min_max_aspect_ratios_order": Bool(False)}
+
+
+def _ratios(aspect_ratios, flip):
+    out = [1.0]
+    for ar in aspect_ratios:
+        if all(abs(ar - a) >= 1e-6 for a in out):
+            out.append(ar)
+            if flip:
+                out.append(1.0 / ar)
+    return out
+
+
+def _num_priors(min_sizes, max_sizes, aspect_ratios, flip):
+    return len(_ratios(aspect_ratios, flip)) * len(min_sizes) + len(max_sizes)
+
+
+def _prior_infer(Input, Image, *, min_sizes, max_sizes, aspect_ratios, variances, flip, **_):
+    check_dtype(Input, FLOATS, "prior_box: Input")
+    if Input.ndim != 4 or Image.ndim != 4:
+        raise ShapeMismatch(f"prior_box: expected 4-D Input and Image, got {list(Input.shape)} "
+                            f"and {list(Image.shape)}")
+    if max_sizes and len(max_sizes) != len(min_sizes):
+        raise ShapeMismatch(f"prior_box: expected one max size per min size, got {max_sizes} for "
+                            f"{min_sizes}")
+    shape = (Input.shape[2], Input.shape[3],
+             _num_priors(min_sizes, max_sizes, aspect_ratios, flip), 4)
+    return {"Boxes": VarMeta(shape, Input.dtype), "Variances": VarMeta(shape, Input.dtype)}
+
+
+def _prior_ref(Input, Image, *, min_sizes, max_sizes, aspect_ratios, variances, flip, clip,
+               step_w, step_h, offset, min_max_aspect_ratios_order):
+    f32 = [float(np.float32(v)) for v in min_sizes], [float(np.float32(v)) for v in max_sizes]
+    mins, maxs = f32
+    ih, iw = Image.shape[2], Image.shape[3]
+    fh, fw = Input.shape[2], Input.shape[3]
+    sw, sh = (iw / fw, ih / fh) if step_w == 0 or step_h == 0 else (step_w, step_h)
+    ratios = _ratios([float(np.float32(a)) for a in aspect_ratios], flip)
+    boxes = []
+    for h in range(fh):
+        for w in range(fw):
+            cx, cy = (w + offset) * sw, (h + offset) * sh
+            cell = []
+            for s, mn in enumerate(mins):
+                sizes = [(mn * np.sqrt(ar), mn / np.sqrt(ar)) for ar in ratios]
+                big = [(np.sqrt(mn * maxs[s]),) * 2] if maxs else []
+                if min_max_aspect_ratios_order:
+                    cell += [sizes[0]] + big + [sz for ar, sz in zip(ratios, sizes)
+                                                if abs(ar - 1.0) >= 1e-6]
+                else:
+                    cell += sizes + big
+            boxes.append([[(cx - bw / 2) / iw, (cy - bh / 2) / ih, (cx + bw / 2) / iw,
+                           (cy + bh / 2) / ih] for bw, bh in cell])
+    out = np.asarray(boxes, np.float64).reshape(fh, fw, -1, 4)
+    if clip:
+        out = np.clip(out, 0.0, 1.0)
+    var = np.broadcast_to(np.asarray(variances, np.float64), out.shape)
+    return {"Boxes": out.astype(Input.dtype), "Variances": np.array(var, dtype=Input.dtype)}
+
+
+register_op(
+    "prior_box", inputs=["Input", "Image"], outputs=["Boxes", "Variances"], attrs=_PRIOR,
+    traits=[OPAQUE], infer_shape=_prior_infer, reference=_prior_ref, emit=None, grad=None,
+    doc="SSD prior boxes of each cell of a feature map, and their variances.")
+
+
+# ---- multiclass_nms --------------------------------------------------------------------------
+# BBoxes [N, M, 4], Scores [N, C, M]: per image and class (but background_label), the boxes
+# scoring above score_threshold, best first (ties by index), at most nms_top_k, then greedy NMS:
+# a box is kept unless its IoU with a kept one exceeds the threshold (times nms_eta after each
+# kept box while the threshold is above 0.5). Over all classes at most keep_top_k, the best.
+# Out: rows (label, score, xmin, ymin, xmax, ymax), by label then score, one LoD sequence per
+# image; with nothing kept anywhere, Fluid's single row [-1] (LoD [0, 1]).
+_NMS = {"background_label": Int(0, low=0, high=0),
+        "score_threshold": Float(REQUIRED, low=0.1, high=0.1),
+        "nms_top_k": Int(REQUIRED, low=-1, high=3), "nms_threshold": Float(0.3, low=0.3, high=0.5),
+        "nms_eta": Float(1.0, low=1.0, high=1.0), "keep_top_k": Int(REQUIRED, low=-1, high=4),
+        "normalized": Bool(True)}
+
+
+def _iou_one(a, b, normalized):
+    one = 0.0 if normalized else 1.0
+    if b[0] > a[2] or b[2] < a[0] or b[1] > a[3] or b[3] < a[1]:
+        return 0.0
+    iw = min(a[2], b[2]) - max(a[0], b[0]) + one
+    ih = min(a[3], b[3]) - max(a[1], b[1]) + one
+    inter = iw * ih
+    area_a = (a[2] - a[0] + one) * (a[3] - a[1] + one)
+    area_b = (b[2] - b[0] + one) * (b[3] - b[1] + one)
+    return inter / (area_a + area_b - inter)
+
+
+def _nms_class(boxes, scores, a):
+    cand = [i for i in np.argsort(-scores, kind="stable") if scores[i] > a["score_threshold"]]
+    if a["nms_top_k"] > -1:
+        cand = cand[:a["nms_top_k"]]
+    kept, thr = [], float(np.float32(a["nms_threshold"]))
+    eta = float(np.float32(a["nms_eta"]))
+    for i in cand:
+        if all(_iou_one(boxes[i], boxes[k], a["normalized"]) <= thr for k in kept):
+            kept.append(i)
+            if eta < 1 and thr > 0.5:
+                thr *= eta
+    return kept
+
+
+def _nms_infer(BBoxes, Scores, **_):
+    check_dtype(BBoxes, FLOATS, "multiclass_nms: BBoxes")
+    if BBoxes.ndim != 3 or Scores.ndim != 3:
+        raise ShapeMismatch(f"multiclass_nms: expected BBoxes [N, M, 4] and Scores [N, C, M], got "
+                            f"{list(BBoxes.shape)} and {list(Scores.shape)}")
+    # 6 columns, or Fluid's single [-1] when nothing is kept: the width is left unknown
+    return {"Out": VarMeta((-1, -1), BBoxes.dtype, 1)}
+
+
+def _nms_ref(BBoxes, Scores, *, ctx, **a):
+    a["score_threshold"] = float(np.float32(a["score_threshold"]))
+    rows, offs = [], [0]
+    for n in range(BBoxes.shape[0]):
+        picked = []
+        for c in range(Scores.shape[1]):
+            if c == a["background_label"]:
+                continue
+            picked += [(float(Scores[n, c, i]), c, i)
+                       for i in _nms_class(BBoxes[n], Scores[n, c], a)]
+        if a["keep_top_k"] > -1 and len(picked) > a["keep_top_k"]:
+            picked = sorted(picked, key=lambda t: -t[0])[:a["keep_top_k"]]
+        picked.sort(key=lambda t: (t[1], -t[0]))
+        rows += [[c, s, *BBoxes[n, i]] for s, c, i in picked]
+        offs.append(len(rows))
+    if not rows:
+        ctx.set_output_lod("Out", [[0, 1]])
+        return {"Out": np.full((1, 1), -1, BBoxes.dtype)}
+    ctx.set_output_lod("Out", [offs])
+    return {"Out": np.asarray(rows, np.float64).astype(BBoxes.dtype)}
+
+
+def _nms_lod(lods, **_):
+    raise ValueDependentLoD("multiclass_nms's LoD counts the boxes kept")
+
+
+register_op(
+    "multiclass_nms", inputs=["BBoxes", "Scores"], outputs=["Out"], attrs=_NMS,
+    traits=[OPAQUE, SEQUENCE], infer_shape=_nms_infer, reference=_nms_ref, emit=None, grad=None,
+    out_lod=_nms_lod, doc="Per-class non-maximum suppression of scored boxes.")
