@@ -417,3 +417,11 @@ def test_detection_output_composes_decode_softmax_nms():
     np.testing.assert_allclose(np.asarray(got), [[1, p, *prior[0]], [2, p, *prior[1]]],
                                rtol=1e-5, atol=1e-6)
     assert got.lod() == [[0, 2]]
+
+
+def test_box_clip():
+    boxes = np.array([[-1.0, 2.0, 30.0, 9.0], [3.0, -4.0, 5.0, 50.0], [1.0, 1.0, 19.6, 19.6]])
+    info = np.array([[10.0, 20.0, 1.0], [40.0, 40.0, 2.0]])      # images 20x10 and 20x20
+    want = np.array([[0.0, 2.0, 19.0, 9.0], [3.0, 0.0, 5.0, 19.0], [1.0, 1.0, 19.0, 19.0]])
+    check_output("box_clip", {"Input": (boxes, [[0, 1, 3]]), "ImInfo": info},
+                 expected={"Output": (want, [[0, 1, 3]])})

@@ -158,3 +158,6 @@ add("multiclass_nms",
                                       [2.0, 2.0, 3.0, 3.0]]]),
                  "Scores": np.array([[[0.9, 0.9, 0.9], [0.7, 0.8, 0.05], [0.1, 0.2, 0.95]]])},
       {"score_threshold": 0.1, "nms_top_k": -1, "keep_top_k": -1}))
+add("box_clip",
+    S(lambda r: {"Input": (u(r, (3, 4), -2, 30), [[0, 1, 3]]),
+                 "ImInfo": np.array([[10.0, 20.0, 1.0], [40.0, 40.0, 2.0]])}, out="Output"))

@@ -17,7 +17,8 @@ with the constant base grid); ``interpolate`` is ``image_resize``, ``lod_append`
 ``roi_align``, ``psroi_pool``, ``continuous_value_model`` (``cvm``), ``random_crop`` and
 ``iou_similarity`` append Fluid's ops; ``inplace_abn`` is ``batch_norm`` and its activation;
 ``py_func`` calls the user's Python function (``pdjit.ops.py_func``); ``spectral_norm``,
-``box_coder``, ``prior_box`` and ``multiclass_nms`` append Fluid's ops.
+``box_coder``, ``prior_box``, ``multiclass_nms`` and ``box_clip`` append Fluid's ops
+(``detection_output`` composes them).
 Composed layers need the sizes they rearrange to be known when the program is built, and say
 so otherwise.
 """
@@ -39,7 +40,7 @@ __all__ = ["reverse", "sum", "unstack", "expand_as", "rank", "size", "crop", "cr
            "unfold", "roi_pool", "roi_align", "continuous_value_model", "random_crop",
            "iou_similarity", "space_to_depth", "psroi_pool", "inplace_abn",
            "py_func", "spectral_norm", "box_coder", "prior_box",
-           "multiclass_nms", "detection_output"]
+           "multiclass_nms", "detection_output", "box_clip"]
 
 
 def _axes_list(axis, layer: str) -> list:
@@ -957,3 +958,15 @@ def detection_output(loc, scores, prior_box, prior_box_var, background_label=0,
     return multiclass_nms(boxes, probs, score_threshold, nms_top_k, keep_top_k,
                           nms_threshold=nms_threshold, nms_eta=nms_eta,
                           background_label=background_label)
+
+
+def box_clip(input, im_info, name=None) -> Variable:
+    """Boxes ``input [..., 4]`` clipped into their image (``im_info [N, 3]``: height, width,
+    scale; a row's image is its LoD sequence, else its index)."""
+    check_variable(input, "input", "box_clip")
+    check_variable(im_info, "im_info", "box_clip")
+    helper = LayerHelper("box_clip", name=name)
+    out = helper.create_variable_for_type_inference(input.dtype, stop_gradient=True)
+    helper.append_op("box_clip", inputs={"Input": [input], "ImInfo": [im_info]},
+                     outputs={"Output": [out]})
+    return out

@@ -1,6 +1,6 @@
 """Fluid 1.8's detection ops that stand alone: ``sigmoid_focal_loss`` (with its gradient),
-``iou_similarity``, ``box_coder``, ``prior_box`` and ``multiclass_nms`` (the last three
-described above their definitions).
+``iou_similarity``, ``box_coder``, ``prior_box``, ``multiclass_nms`` and ``box_clip`` (the
+last four described above their definitions).
 
 - ``sigmoid_focal_loss(X [N, C] logits, Label [N, 1] int32 (0: background, c: class c - 1),
   FgNum [1] int32; gamma, alpha) -> Out [N, C]``: with ``p = sigmoid(x)``, ``f = max(FgNum,
@@ -353,3 +353,48 @@ register_op(
     "multiclass_nms", inputs=["BBoxes", "Scores"], outputs=["Out"], attrs=_NMS,
     traits=[OPAQUE, SEQUENCE], infer_shape=_nms_infer, reference=_nms_ref, emit=None, grad=None,
     out_lod=_nms_lod, doc="Per-class non-maximum suppression of scored boxes.")
+
+
+# ---- box_clip --------------------------------------------------------------------------------
+# Input [..., 4] boxes clipped into their image: x to [0, round(width / scale) - 1], y to
+# [0, round(height / scale) - 1] from ImInfo [N, 3] (height, width, scale); the image of a row
+# is its LoD sequence (one-level LoD), else its index along the first axis.
+def _clip_infer(Input, ImInfo):
+    check_dtype(Input, FLOATS, "box_clip: Input")
+    if Input.shape and Input.shape[-1] not in (4, -1):
+        raise ShapeMismatch(f"box_clip: expected boxes [..., 4], got {list(Input.shape)}")
+    return {"Output": Input}
+
+
+def _round_half_away(v):
+    return np.sign(v) * np.floor(np.abs(v) + 0.5)
+
+
+def _clip_ref(Input, ImInfo, ctx):
+    lod = ctx.input_lod("Input") if ctx is not None else []
+    n = ImInfo.shape[0]
+    if lod:
+        offs = np.asarray(lod[-1], np.int64)
+        if len(offs) - 1 != n or offs[-1] != Input.shape[0]:
+            raise ShapeMismatch(f"box_clip: Input's LoD {lod[-1]}: expected {n} sequences over "
+                                f"{Input.shape[0]} rows")
+        image = np.repeat(np.arange(n), np.diff(offs))
+    elif Input.shape[0] == n:
+        image = np.arange(n)
+    else:
+        raise ShapeMismatch(f"box_clip: {Input.shape[0]} rows for {n} images: give Input a LoD "
+                            f"or one row per image")
+    info = ImInfo.astype(np.float64)
+    h = _round_half_away(info[:, 0] / info[:, 2])[image] - 1
+    w = _round_half_away(info[:, 1] / info[:, 2])[image] - 1
+    b = Input.astype(np.float64).reshape(Input.shape[0], -1, 4)
+    lim = np.stack([w, h, w, h], axis=-1)[:, None, :]
+    out = np.maximum(np.minimum(b, lim), 0.0)
+    return {"Output": out.reshape(Input.shape).astype(Input.dtype)}
+
+
+register_op(
+    "box_clip", inputs=["Input", "ImInfo"], outputs=["Output"], traits=[OPAQUE, SEQUENCE],
+    infer_shape=_clip_infer, reference=_clip_ref, emit=None, grad=None,
+    out_lod=lambda lods, **_: {"Output": lods["Input"]},
+    doc="Boxes clipped into their image's size.")
