@@ -28,7 +28,7 @@ REASONS = {
                      "locality_aware_nms", "multi_box_head",
                      "polygon_box_transform", "retinanet_detection_output",
                      "retinanet_target_assign", "roi_perspective_transform",
-                     "rpn_target_assign", "ssd_loss", "target_assign", "yolo_box",
+                     "rpn_target_assign", "ssd_loss", "target_assign",
                      "yolov3_loss"], _DETECTION),
     "deformable_conv": "needs a deformable-convolution op (offsets, masks): not implemented yet",
     "deformable_roi_pooling": "needs deformable position-sensitive RoI pooling: not implemented "

@@ -425,3 +425,32 @@ def test_box_clip():
     want = np.array([[0.0, 2.0, 19.0, 9.0], [3.0, 0.0, 5.0, 19.0], [1.0, 1.0, 19.0, 19.0]])
     check_output("box_clip", {"Input": (boxes, [[0, 1, 3]]), "ImInfo": info},
                  expected={"Output": (want, [[0, 1, 3]])})
+
+
+def test_yolo_box_by_hand():
+    x = RNG.normal(size=(1, 2 * 7, 2, 2))          # 2 anchors, 2 classes, a 2x2 grid
+    x[0, 4, 0, 0] = -9.0                           # anchor 0 at cell (0, 0): confidence ~0
+    img = np.array([[64, 96]], np.int32)           # height 64, width 96
+    anchors = [10, 14, 23, 27]
+    attrs = {"anchors": anchors, "class_num": 2, "conf_thresh": 0.01, "downsample_ratio": 16}
+
+    def sig(v):
+        return 1 / (1 + np.exp(-v))
+
+    boxes, scores = np.zeros((1, 8, 4)), np.zeros((1, 8, 2))
+    for a in range(2):
+        for k in range(2):
+            for c in range(2):
+                t = x[0, a * 7:(a + 1) * 7, k, c]
+                conf = sig(t[4])
+                if conf < 0.01:
+                    continue
+                cx, cy = (c + sig(t[0])) * 96 / 2, (k + sig(t[1])) * 64 / 2
+                bw = np.exp(t[2]) * anchors[2 * a] * 96 / 32
+                bh = np.exp(t[3]) * anchors[2 * a + 1] * 64 / 32
+                i = a * 4 + k * 2 + c
+                boxes[0, i] = [max(cx - bw / 2, 0), max(cy - bh / 2, 0), min(cx + bw / 2, 95),
+                               min(cy + bh / 2, 63)]
+                scores[0, i] = conf * sig(t[5:])
+    assert not boxes[0, 0].any()
+    check_output("yolo_box", {"X": x, "ImgSize": img}, attrs, {"Boxes": boxes, "Scores": scores})

@@ -161,3 +161,6 @@ add("multiclass_nms",
 add("box_clip",
     S(lambda r: {"Input": (u(r, (3, 4), -2, 30), [[0, 1, 3]]),
                  "ImInfo": np.array([[10.0, 20.0, 1.0], [40.0, 40.0, 2.0]])}, out="Output"))
+add("yolo_box",
+    S(lambda r: {"X": u(r, (1, 14, 2, 2)), "ImgSize": np.array([[64, 96]], I32)},
+      {"anchors": [10, 14, 23, 27], "class_num": 2, "downsample_ratio": 16}, out="Boxes"))

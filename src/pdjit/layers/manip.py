@@ -17,8 +17,8 @@ with the constant base grid); ``interpolate`` is ``image_resize``, ``lod_append`
 ``roi_align``, ``psroi_pool``, ``continuous_value_model`` (``cvm``), ``random_crop`` and
 ``iou_similarity`` append Fluid's ops; ``inplace_abn`` is ``batch_norm`` and its activation;
 ``py_func`` calls the user's Python function (``pdjit.ops.py_func``); ``spectral_norm``,
-``box_coder``, ``prior_box``, ``multiclass_nms`` and ``box_clip`` append Fluid's ops
-(``detection_output`` composes them).
+``box_coder``, ``prior_box``, ``multiclass_nms``, ``box_clip`` and ``yolo_box`` append Fluid's
+ops (``detection_output`` composes them).
 Composed layers need the sizes they rearrange to be known when the program is built, and say
 so otherwise.
 """
@@ -40,7 +40,8 @@ __all__ = ["reverse", "sum", "unstack", "expand_as", "rank", "size", "crop", "cr
            "unfold", "roi_pool", "roi_align", "continuous_value_model", "random_crop",
            "iou_similarity", "space_to_depth", "psroi_pool", "inplace_abn",
            "py_func", "spectral_norm", "box_coder", "prior_box",
-           "multiclass_nms", "detection_output", "box_clip"]
+           "multiclass_nms", "detection_output", "box_clip",
+           "yolo_box"]
 
 
 def _axes_list(axis, layer: str) -> list:
@@ -970,3 +971,28 @@ def box_clip(input, im_info, name=None) -> Variable:
     helper.append_op("box_clip", inputs={"Input": [input], "ImInfo": [im_info]},
                      outputs={"Output": [out]})
     return out
+
+
+def yolo_box(x, img_size, anchors, class_num, conf_thresh, downsample_ratio, clip_bbox=True,
+             name=None, scale_x_y=1.0):
+    """YOLOv3 head ``x [N, S (5 + class_num), H, W]`` decoded into ``(boxes [N, S H W, 4],
+    scores [N, S H W, class_num])`` for images of ``img_size [N, 2]`` (int32 height, width);
+    ``anchors`` the S (width, height) pairs, flattened."""
+    layer = "yolo_box"
+    check_variable(x, "x", layer)
+    check_variable(img_size, "img_size", layer)
+    if not isinstance(anchors, (list, tuple)) or len(anchors) % 2:
+        raise TypeError(f"{layer}: argument 'anchors' must be a list of (width, height) pairs, "
+                        f"got {anchors!r}")
+    if isinstance(class_num, bool) or not isinstance(class_num, int):
+        raise TypeError(f"{layer}: argument 'class_num' must be an int, got {class_num!r}")
+    helper = LayerHelper(layer, name=name)
+    boxes = helper.create_variable_for_type_inference(x.dtype, stop_gradient=True)
+    scores = helper.create_variable_for_type_inference(x.dtype, stop_gradient=True)
+    helper.append_op(layer, inputs={"X": [x], "ImgSize": [img_size]},
+                     outputs={"Boxes": [boxes], "Scores": [scores]},
+                     attrs={"anchors": [int(a) for a in anchors], "class_num": class_num,
+                            "conf_thresh": float(conf_thresh),
+                            "downsample_ratio": int(downsample_ratio),
+                            "clip_bbox": bool(clip_bbox), "scale_x_y": float(scale_x_y)})
+    return boxes, scores

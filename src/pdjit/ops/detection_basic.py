@@ -1,6 +1,6 @@
 """Fluid 1.8's detection ops that stand alone: ``sigmoid_focal_loss`` (with its gradient),
-``iou_similarity``, ``box_coder``, ``prior_box``, ``multiclass_nms`` and ``box_clip`` (the
-last four described above their definitions).
+``iou_similarity``, ``box_coder``, ``prior_box``, ``multiclass_nms``, ``box_clip`` and
+``yolo_box`` (the last five described above their definitions).
 
 - ``sigmoid_focal_loss(X [N, C] logits, Label [N, 1] int32 (0: background, c: class c - 1),
   FgNum [1] int32; gamma, alpha) -> Out [N, C]``: with ``p = sigmoid(x)``, ``f = max(FgNum,
@@ -26,6 +26,7 @@ from pdjit.framework.registry import (
     Floats,
     GradOpSpec,
     Int,
+    Ints,
     Str,
     ValueDependentLoD,
     VarMeta,
@@ -398,3 +399,69 @@ register_op(
     infer_shape=_clip_infer, reference=_clip_ref, emit=None, grad=None,
     out_lod=lambda lods, **_: {"Output": lods["Input"]},
     doc="Boxes clipped into their image's size.")
+
+
+# ---- yolo_box --------------------------------------------------------------------------------
+# X [N, S (5 + classes), H, W] of a YOLOv3 head, ImgSize [N, 2] int32 (height, width): for
+# anchor s at cell (k, l) (box s H W + k W + l): centre ((l + sigmoid(tx)) / W, (k +
+# sigmoid(ty)) / H) and size (exp(tw) aw, exp(th) ah) / (downsample_ratio H), all times the
+# image size; boxes as corners (with clip_bbox the low corner at least 0, the high one at most
+# the size - 1), scores sigmoid(conf) sigmoid(class); a box whose sigmoid(conf) is below
+# conf_thresh stays all zeros. scale_x_y s scales the sigmoid of the centre: s sig - (s - 1)/2.
+_YOLO = {"anchors": Ints(REQUIRED, choices=([2, 3, 4, 5],)),
+         "class_num": Int(REQUIRED, low=2, high=2),
+         "conf_thresh": Float(0.01, low=0.01, high=0.01),
+         "downsample_ratio": Int(32, low=8, high=8), "clip_bbox": Bool(True),
+         "scale_x_y": Float(1.0, low=1.0, high=1.0)}
+
+
+def _yolo_infer(X, ImgSize, *, anchors, class_num, **_):
+    check_dtype(X, FLOATS, "yolo_box: X")
+    s = len(anchors) // 2
+    if X.ndim != 4 or (X.shape[1] >= 0 and X.shape[1] != s * (5 + class_num)):
+        raise ShapeMismatch(f"yolo_box: expected X [N, {s} * (5 + {class_num}), H, W], got "
+                            f"{list(X.shape)}")
+    m = s * X.shape[2] * X.shape[3] if min(X.shape[2:]) >= 0 else -1
+    return {"Boxes": VarMeta((X.shape[0], m, 4), X.dtype),
+            "Scores": VarMeta((X.shape[0], m, class_num), X.dtype)}
+
+
+def _sig(v):
+    return 1.0 / (1.0 + np.exp(-v))
+
+
+def _yolo_ref(X, ImgSize, *, anchors, class_num, conf_thresh, downsample_ratio, clip_bbox,
+              scale_x_y):
+    n, _, h, w = X.shape
+    s = len(anchors) // 2
+    x = X.astype(np.float64).reshape(n, s, 5 + class_num, h, w)
+    an = np.asarray(anchors, np.float64).reshape(s, 2)
+    sc = float(np.float32(scale_x_y))
+    img_h = ImgSize[:, 0].astype(np.float64).reshape(n, 1, 1, 1)
+    img_w = ImgSize[:, 1].astype(np.float64).reshape(n, 1, 1, 1)
+    col = np.arange(w).reshape(1, 1, 1, w)
+    row = np.arange(h).reshape(1, 1, h, 1)
+    cx = (col + _sig(x[:, :, 0]) * sc - 0.5 * (sc - 1)) * img_w / w
+    cy = (row + _sig(x[:, :, 1]) * sc - 0.5 * (sc - 1)) * img_h / h
+    input_size = downsample_ratio * h
+    bw = np.exp(x[:, :, 2]) * an[:, 0].reshape(1, s, 1, 1) * img_w / input_size
+    bh = np.exp(x[:, :, 3]) * an[:, 1].reshape(1, s, 1, 1) * img_h / input_size
+    boxes = np.stack([cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2], axis=-1)
+    if clip_bbox:
+        boxes[..., 0] = np.maximum(boxes[..., 0], 0)
+        boxes[..., 1] = np.maximum(boxes[..., 1], 0)
+        boxes[..., 2] = np.minimum(boxes[..., 2], img_w[..., 0] - 1)
+        boxes[..., 3] = np.minimum(boxes[..., 3], img_h[..., 0] - 1)
+    conf = _sig(x[:, :, 4])
+    keep = conf >= float(np.float32(conf_thresh))
+    scores = conf[..., None] * np.moveaxis(_sig(x[:, :, 5:]), 2, -1)
+    boxes = np.where(keep[..., None], boxes, 0.0)
+    scores = np.where(keep[..., None], scores, 0.0)
+    return {"Boxes": boxes.reshape(n, -1, 4).astype(X.dtype),
+            "Scores": scores.reshape(n, -1, class_num).astype(X.dtype)}
+
+
+register_op(
+    "yolo_box", inputs=["X", "ImgSize"], outputs=["Boxes", "Scores"], attrs=_YOLO,
+    traits=[OPAQUE], infer_shape=_yolo_infer, reference=_yolo_ref, emit=None, grad=None,
+    doc="YOLOv3 head outputs decoded into boxes and class scores.")
