@@ -21,7 +21,7 @@ _DETECTION = ("object-detection op family (anchors, box coding, NMS, proposals, 
 REASONS = {
     "SampleEmbeddingHelper": "the sampling decode helper of layers.rnn (draws the next token "
                              "from the softmax): not implemented yet",
-    **dict.fromkeys(["anchor_generator", "bipartite_match",
+    **dict.fromkeys(["bipartite_match",
                      "box_decoder_and_assign", "collect_fpn_proposals", "density_prior_box",
                      "detection_map", "distribute_fpn_proposals",
                      "generate_mask_labels", "generate_proposal_labels", "generate_proposals",

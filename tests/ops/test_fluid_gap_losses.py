@@ -454,3 +454,24 @@ def test_yolo_box_by_hand():
                 scores[0, i] = conf * sig(t[5:])
     assert not boxes[0, 0].any()
     check_output("yolo_box", {"X": x, "ImgSize": img}, attrs, {"Boxes": boxes, "Scores": scores})
+
+
+def test_anchor_generator_by_hand():
+    feat = np.zeros((1, 1, 2, 3))
+    attrs = {"anchor_sizes": [32.0, 64.0], "aspect_ratios": [0.5, 2.0], "stride": [16.0, 16.0]}
+    want = np.zeros((2, 3, 4, 4))
+    for h in range(2):
+        for w in range(3):
+            xc, yc = w * 16 + 7.5, h * 16 + 7.5
+            k = 0
+            for r in (0.5, 2.0):
+                base_w = np.floor(np.sqrt(256 / r) + 0.5)        # 23 for 0.5, 11 for 2
+                base_h = np.floor(base_w * r + 0.5)              # 12, 22
+                for a in (32.0, 64.0):
+                    aw, ah = a / 16 * base_w, a / 16 * base_h
+                    want[h, w, k] = [xc - (aw - 1) / 2, yc - (ah - 1) / 2, xc + (aw - 1) / 2,
+                                     yc + (ah - 1) / 2]
+                    k += 1
+    check_output("anchor_generator", {"Input": feat}, attrs,
+                 {"Anchors": want, "Variances": np.broadcast_to([.1, .1, .2, .2], want.shape)
+                  .copy()}, rtol=1e-6)

@@ -164,3 +164,7 @@ add("box_clip",
 add("yolo_box",
     S(lambda r: {"X": u(r, (1, 14, 2, 2)), "ImgSize": np.array([[64, 96]], I32)},
       {"anchors": [10, 14, 23, 27], "class_num": 2, "downsample_ratio": 16}, out="Boxes"))
+add("anchor_generator",
+    S(lambda r: {"Input": np.zeros((1, 1, 2, 2))},
+      {"anchor_sizes": [32.0, 64.0], "aspect_ratios": [0.5, 1.0], "stride": [16.0, 16.0]},
+      out="Anchors"))

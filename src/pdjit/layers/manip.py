@@ -17,8 +17,8 @@ with the constant base grid); ``interpolate`` is ``image_resize``, ``lod_append`
 ``roi_align``, ``psroi_pool``, ``continuous_value_model`` (``cvm``), ``random_crop`` and
 ``iou_similarity`` append Fluid's ops; ``inplace_abn`` is ``batch_norm`` and its activation;
 ``py_func`` calls the user's Python function (``pdjit.ops.py_func``); ``spectral_norm``,
-``box_coder``, ``prior_box``, ``multiclass_nms``, ``box_clip`` and ``yolo_box`` append Fluid's
-ops (``detection_output`` composes them).
+``box_coder``, ``prior_box``, ``multiclass_nms``, ``box_clip``, ``yolo_box`` and
+``anchor_generator`` append Fluid's ops (``detection_output`` composes some).
 Composed layers need the sizes they rearrange to be known when the program is built, and say
 so otherwise.
 """
@@ -41,7 +41,7 @@ __all__ = ["reverse", "sum", "unstack", "expand_as", "rank", "size", "crop", "cr
            "iou_similarity", "space_to_depth", "psroi_pool", "inplace_abn",
            "py_func", "spectral_norm", "box_coder", "prior_box",
            "multiclass_nms", "detection_output", "box_clip",
-           "yolo_box"]
+           "yolo_box", "anchor_generator"]
 
 
 def _axes_list(axis, layer: str) -> list:
@@ -996,3 +996,30 @@ def yolo_box(x, img_size, anchors, class_num, conf_thresh, downsample_ratio, cli
                             "downsample_ratio": int(downsample_ratio),
                             "clip_bbox": bool(clip_bbox), "scale_x_y": float(scale_x_y)})
     return boxes, scores
+
+
+def anchor_generator(input, anchor_sizes=None, aspect_ratios=None, variance=(0.1, 0.1, 0.2, 0.2),
+                     stride=None, offset=0.5, name=None):
+    """Faster R-CNN's anchors for each cell of the feature map ``input``: ``(anchors,
+    variances)``, each ``[H, W, len(aspect_ratios) * len(anchor_sizes), 4]``."""
+    layer = "anchor_generator"
+    check_variable(input, "input", layer)
+
+    def floats(v, arg, n=None):
+        vs = [v] if isinstance(v, (int, float)) else list(v or [])
+        if not vs or (n is not None and len(vs) != n):
+            raise ValueError(f"{layer}: argument {arg!r} must be "
+                             f"{'a number or ' if n is None else ''}a list of "
+                             f"{n or 'one or more'} numbers, got {v!r}")
+        return [float(x) for x in vs]
+
+    helper = LayerHelper(layer, name=name)
+    anchors = helper.create_variable_for_type_inference(input.dtype, stop_gradient=True)
+    var = helper.create_variable_for_type_inference(input.dtype, stop_gradient=True)
+    helper.append_op(layer, inputs={"Input": [input]},
+                     outputs={"Anchors": [anchors], "Variances": [var]},
+                     attrs={"anchor_sizes": floats(anchor_sizes, "anchor_sizes"),
+                            "aspect_ratios": floats(aspect_ratios, "aspect_ratios"),
+                            "variances": floats(variance, "variance", 4),
+                            "stride": floats(stride, "stride", 2), "offset": float(offset)})
+    return anchors, var

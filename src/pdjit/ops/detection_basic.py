@@ -1,6 +1,6 @@
 """Fluid 1.8's detection ops that stand alone: ``sigmoid_focal_loss`` (with its gradient),
-``iou_similarity``, ``box_coder``, ``prior_box``, ``multiclass_nms``, ``box_clip`` and
-``yolo_box`` (the last five described above their definitions).
+``iou_similarity``, ``box_coder``, ``prior_box``, ``multiclass_nms``, ``box_clip``, ``yolo_box``
+and ``anchor_generator`` (the last six described above their definitions).
 
 - ``sigmoid_focal_loss(X [N, C] logits, Label [N, 1] int32 (0: background, c: class c - 1),
   FgNum [1] int32; gamma, alpha) -> Out [N, C]``: with ``p = sigmoid(x)``, ``f = max(FgNum,
@@ -465,3 +465,51 @@ register_op(
     "yolo_box", inputs=["X", "ImgSize"], outputs=["Boxes", "Scores"], attrs=_YOLO,
     traits=[OPAQUE], infer_shape=_yolo_infer, reference=_yolo_ref, emit=None, grad=None,
     doc="YOLOv3 head outputs decoded into boxes and class scores.")
+
+
+# ---- anchor_generator ------------------------------------------------------------------------
+# Faster R-CNN's anchors of a feature map Input [N, C, H, W]: at cell (h, w) centred at (w sw +
+# offset (sw - 1), h sh + offset (sh - 1)) (stride [sw, sh]), for each aspect ratio r then each
+# size a: base width round(sqrt(sw sh / r)), height round(width r) (halves away from 0), scaled
+# by a / sw and a / sh; corners at the centre -+ (size - 1) / 2. Anchors and Variances are
+# [H, W, ratios * sizes, 4].
+_ANCHOR = {"anchor_sizes": Floats(REQUIRED, choices=([32.0, 64.0],)),
+           "aspect_ratios": Floats(REQUIRED, choices=([0.5, 1.0],)),
+           "stride": Floats(REQUIRED, choices=([16.0, 16.0],)),
+           "variances": Floats([0.1, 0.1, 0.2, 0.2], choices=([0.1, 0.1, 0.2, 0.2],)),
+           "offset": Float(0.5, low=0.5, high=0.5)}
+
+
+def _anchor_infer(Input, *, anchor_sizes, aspect_ratios, **_):
+    check_dtype(Input, FLOATS, "anchor_generator: Input")
+    if Input.ndim != 4:
+        raise ShapeMismatch(f"anchor_generator: expected a 4-D Input, got {list(Input.shape)}")
+    shape = (Input.shape[2], Input.shape[3], len(anchor_sizes) * len(aspect_ratios), 4)
+    return {"Anchors": VarMeta(shape, Input.dtype), "Variances": VarMeta(shape, Input.dtype)}
+
+
+def _anchor_ref(Input, *, anchor_sizes, aspect_ratios, stride, variances, offset):
+    sw, sh = (float(np.float32(v)) for v in stride[:2])
+    off = float(np.float32(offset))
+    fh, fw = Input.shape[2], Input.shape[3]
+    out = np.zeros((fh, fw, len(anchor_sizes) * len(aspect_ratios), 4))
+    for h in range(fh):
+        for w in range(fw):
+            xc, yc = w * sw + off * (sw - 1), h * sh + off * (sh - 1)
+            k = 0
+            for r in (float(np.float32(v)) for v in aspect_ratios):
+                for a in (float(np.float32(v)) for v in anchor_sizes):
+                    bw = float(_round_half_away(np.sqrt(sw * sh / r)))
+                    bh = float(_round_half_away(bw * r))
+                    aw, ah = a / sw * bw, a / sh * bh
+                    out[h, w, k] = [xc - 0.5 * (aw - 1), yc - 0.5 * (ah - 1),
+                                    xc + 0.5 * (aw - 1), yc + 0.5 * (ah - 1)]
+                    k += 1
+    var = np.broadcast_to(np.asarray(variances, np.float64), out.shape)
+    return {"Anchors": out.astype(Input.dtype), "Variances": np.array(var, dtype=Input.dtype)}
+
+
+register_op(
+    "anchor_generator", inputs=["Input"], outputs=["Anchors", "Variances"], attrs=_ANCHOR,
+    traits=[OPAQUE], infer_shape=_anchor_infer, reference=_anchor_ref, emit=None, grad=None,
+    doc="Faster R-CNN anchors of each cell of a feature map, and their variances.")
