@@ -26,7 +26,7 @@ REASONS = {
                      "detection_map", "distribute_fpn_proposals",
                      "generate_mask_labels", "generate_proposal_labels", "generate_proposals",
                      "locality_aware_nms", "multi_box_head",
-                     "polygon_box_transform", "retinanet_detection_output",
+                     "retinanet_detection_output",
                      "retinanet_target_assign", "roi_perspective_transform",
                      "rpn_target_assign", "ssd_loss", "target_assign",
                      "yolov3_loss"], _DETECTION),

@@ -475,3 +475,13 @@ def test_anchor_generator_by_hand():
     check_output("anchor_generator", {"Input": feat}, attrs,
                  {"Anchors": want, "Variances": np.broadcast_to([.1, .1, .2, .2], want.shape)
                   .copy()}, rtol=1e-6)
+
+
+def test_polygon_box_transform_by_hand():
+    geo = RNG.normal(size=(1, 4, 2, 3))
+    want = geo.copy()
+    for c in range(4):
+        for h in range(2):
+            for w in range(3):
+                want[0, c, h, w] = (4 * w if c % 2 == 0 else 4 * h) - geo[0, c, h, w]
+    check_output("polygon_box_transform", {"Input": geo}, expected={"Output": want})

@@ -168,3 +168,4 @@ add("anchor_generator",
     S(lambda r: {"Input": np.zeros((1, 1, 2, 2))},
       {"anchor_sizes": [32.0, 64.0], "aspect_ratios": [0.5, 1.0], "stride": [16.0, 16.0]},
       out="Anchors"))
+add("polygon_box_transform", S(lambda r: {"Input": u(r, (1, 4, 2, 3))}, out="Output"))

@@ -17,8 +17,9 @@ with the constant base grid); ``interpolate`` is ``image_resize``, ``lod_append`
 ``roi_align``, ``psroi_pool``, ``continuous_value_model`` (``cvm``), ``random_crop`` and
 ``iou_similarity`` append Fluid's ops; ``inplace_abn`` is ``batch_norm`` and its activation;
 ``py_func`` calls the user's Python function (``pdjit.ops.py_func``); ``spectral_norm``,
-``box_coder``, ``prior_box``, ``multiclass_nms``, ``box_clip``, ``yolo_box`` and
-``anchor_generator`` append Fluid's ops (``detection_output`` composes some).
+``box_coder``, ``prior_box``, ``multiclass_nms``, ``box_clip``, ``yolo_box``,
+``anchor_generator`` and ``polygon_box_transform`` append Fluid's ops (``detection_output``
+composes some).
 Composed layers need the sizes they rearrange to be known when the program is built, and say
 so otherwise.
 """
@@ -41,7 +42,7 @@ __all__ = ["reverse", "sum", "unstack", "expand_as", "rank", "size", "crop", "cr
            "iou_similarity", "space_to_depth", "psroi_pool", "inplace_abn",
            "py_func", "spectral_norm", "box_coder", "prior_box",
            "multiclass_nms", "detection_output", "box_clip",
-           "yolo_box", "anchor_generator"]
+           "yolo_box", "anchor_generator", "polygon_box_transform"]
 
 
 def _axes_list(axis, layer: str) -> list:
@@ -1023,3 +1024,14 @@ def anchor_generator(input, anchor_sizes=None, aspect_ratios=None, variance=(0.1
                             "variances": floats(variance, "variance", 4),
                             "stride": floats(stride, "stride", 2), "offset": float(offset)})
     return anchors, var
+
+
+def polygon_box_transform(input, name=None) -> Variable:
+    """EAST's geometry offsets ``input [N, 2k, H, W]`` as corner coordinates: ``4 w - x`` in
+    the even channels, ``4 h - y`` in the odd ones."""
+    check_variable(input, "input", "polygon_box_transform")
+    helper = LayerHelper("polygon_box_transform", name=name)
+    out = helper.create_variable_for_type_inference(input.dtype, stop_gradient=True)
+    helper.append_op("polygon_box_transform", inputs={"Input": [input]},
+                     outputs={"Output": [out]})
+    return out

@@ -1,6 +1,7 @@
 """Fluid 1.8's detection ops that stand alone: ``sigmoid_focal_loss`` (with its gradient),
-``iou_similarity``, ``box_coder``, ``prior_box``, ``multiclass_nms``, ``box_clip``, ``yolo_box``
-and ``anchor_generator`` (the last six described above their definitions).
+``iou_similarity``, ``box_coder``, ``prior_box``, ``multiclass_nms``, ``box_clip``, ``yolo_box``,
+``anchor_generator`` and ``polygon_box_transform`` (the last seven described above their
+definitions).
 
 - ``sigmoid_focal_loss(X [N, C] logits, Label [N, 1] int32 (0: background, c: class c - 1),
   FgNum [1] int32; gamma, alpha) -> Out [N, C]``: with ``p = sigmoid(x)``, ``f = max(FgNum,
@@ -513,3 +514,28 @@ register_op(
     "anchor_generator", inputs=["Input"], outputs=["Anchors", "Variances"], attrs=_ANCHOR,
     traits=[OPAQUE], infer_shape=_anchor_infer, reference=_anchor_ref, emit=None, grad=None,
     doc="Faster R-CNN anchors of each cell of a feature map, and their variances.")
+
+
+# ---- polygon_box_transform -------------------------------------------------------------------
+# EAST's geometry map Input [N, 2k, H, W] of offsets to quadrangle corners: channel 2i (x)
+# becomes 4 w - Input, channel 2i + 1 (y) 4 h - Input, at column w and row h.
+def _poly_infer(Input):
+    check_dtype(Input, FLOATS, "polygon_box_transform: Input")
+    if Input.ndim != 4 or (Input.shape[1] >= 0 and Input.shape[1] % 2):
+        raise ShapeMismatch(f"polygon_box_transform: expected Input [N, 2k, H, W], got "
+                            f"{list(Input.shape)}")
+    return {"Output": Input}
+
+
+def _poly_ref(Input):
+    _, c, h, w = Input.shape
+    cols = np.broadcast_to(4.0 * np.arange(w), (h, w))
+    rows = np.broadcast_to(4.0 * np.arange(h).reshape(-1, 1), (h, w))
+    grid = np.stack([cols if k % 2 == 0 else rows for k in range(c)])
+    return {"Output": (grid[None] - Input).astype(Input.dtype)}
+
+
+register_op(
+    "polygon_box_transform", inputs=["Input"], outputs=["Output"], traits=[OPAQUE],
+    infer_shape=_poly_infer, reference=_poly_ref, emit=None, grad=None,
+    doc="EAST geometry offsets turned into corner coordinates (4 x the cell position minus them).")
