@@ -22,7 +22,7 @@ REASONS = {
     "SampleEmbeddingHelper": "the sampling decode helper of layers.rnn (draws the next token "
                              "from the softmax): not implemented yet",
     **dict.fromkeys(["bipartite_match",
-                     "box_decoder_and_assign", "collect_fpn_proposals", "density_prior_box",
+                     "box_decoder_and_assign", "collect_fpn_proposals",
                      "detection_map", "distribute_fpn_proposals",
                      "generate_mask_labels", "generate_proposal_labels", "generate_proposals",
                      "locality_aware_nms", "multi_box_head",

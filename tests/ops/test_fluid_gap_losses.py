@@ -485,3 +485,24 @@ def test_polygon_box_transform_by_hand():
             for w in range(3):
                 want[0, c, h, w] = (4 * w if c % 2 == 0 else 4 * h) - geo[0, c, h, w]
     check_output("polygon_box_transform", {"Input": geo}, expected={"Output": want})
+
+
+def test_density_prior_box_by_hand():
+    feat, img = np.zeros((1, 1, 1, 2)), np.zeros((1, 1, 8, 16))
+    attrs = {"densities": [2], "fixed_sizes": [4.0], "fixed_ratios": [1.0]}
+    # one row of 2 cells, steps 8 x 8: per cell a 2 x 2 grid of 4x4 boxes 4 px apart
+    want = np.zeros((1, 2, 4, 4))
+    for w in range(2):
+        cx, cy = (w + 0.5) * 8, 4.0
+        k = 0
+        for di in range(2):
+            for dj in range(2):
+                x, y = cx - 4 + 2 + dj * 4, cy - 4 + 2 + di * 4
+                want[0, w, k] = [max((x - 2) / 16, 0), max((y - 2) / 8, 0),
+                                 min((x + 2) / 16, 1), min((y + 2) / 8, 1)]
+                k += 1
+    check_output("density_prior_box", {"Input": feat, "Image": img}, attrs, {"Boxes": want},
+                 rtol=1e-6)
+    flat = check_output("density_prior_box", {"Input": feat, "Image": img},
+                        dict(attrs, flatten_to_2d=True), modes=["reference"])
+    np.testing.assert_allclose(flat["Boxes"], want.reshape(-1, 4), rtol=1e-6)

@@ -169,3 +169,6 @@ add("anchor_generator",
       {"anchor_sizes": [32.0, 64.0], "aspect_ratios": [0.5, 1.0], "stride": [16.0, 16.0]},
       out="Anchors"))
 add("polygon_box_transform", S(lambda r: {"Input": u(r, (1, 4, 2, 3))}, out="Output"))
+add("density_prior_box",
+    S(lambda r: {"Input": np.zeros((1, 1, 1, 2)), "Image": np.zeros((1, 1, 8, 16))},
+      {"densities": [2], "fixed_sizes": [4.0], "fixed_ratios": [1.0]}, out="Boxes"))

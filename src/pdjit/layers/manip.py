@@ -18,8 +18,8 @@ with the constant base grid); ``interpolate`` is ``image_resize``, ``lod_append`
 ``iou_similarity`` append Fluid's ops; ``inplace_abn`` is ``batch_norm`` and its activation;
 ``py_func`` calls the user's Python function (``pdjit.ops.py_func``); ``spectral_norm``,
 ``box_coder``, ``prior_box``, ``multiclass_nms``, ``box_clip``, ``yolo_box``,
-``anchor_generator`` and ``polygon_box_transform`` append Fluid's ops (``detection_output``
-composes some).
+``anchor_generator``, ``polygon_box_transform`` and ``density_prior_box`` append Fluid's ops
+(``detection_output`` composes some).
 Composed layers need the sizes they rearrange to be known when the program is built, and say
 so otherwise.
 """
@@ -42,7 +42,8 @@ __all__ = ["reverse", "sum", "unstack", "expand_as", "rank", "size", "crop", "cr
            "iou_similarity", "space_to_depth", "psroi_pool", "inplace_abn",
            "py_func", "spectral_norm", "box_coder", "prior_box",
            "multiclass_nms", "detection_output", "box_clip",
-           "yolo_box", "anchor_generator", "polygon_box_transform"]
+           "yolo_box", "anchor_generator", "polygon_box_transform",
+           "density_prior_box"]
 
 
 def _axes_list(axis, layer: str) -> list:
@@ -1035,3 +1036,30 @@ def polygon_box_transform(input, name=None) -> Variable:
     helper.append_op("polygon_box_transform", inputs={"Input": [input]},
                      outputs={"Output": [out]})
     return out
+
+
+def density_prior_box(input, image, densities=None, fixed_sizes=None, fixed_ratios=None,
+                      variance=(0.1, 0.1, 0.2, 0.2), clip=False, steps=(0.0, 0.0), offset=0.5,
+                      flatten_to_2d=False, name=None):
+    """Densely placed prior boxes for each cell of ``input`` over ``image``: ``(boxes,
+    variances)``, ``[H, W, priors, 4]`` (``[H W priors, 4]`` with ``flatten_to_2d``)."""
+    layer = "density_prior_box"
+    check_variable(input, "input", layer)
+    check_variable(image, "image", layer)
+    if not densities or not fixed_sizes or not fixed_ratios or \
+            len(densities) != len(fixed_sizes):
+        raise ValueError(f"{layer}: give densities and fixed_sizes of one length, and "
+                         f"fixed_ratios, got {densities}, {fixed_sizes}, {fixed_ratios}")
+    steps = [float(s) for s in steps]
+    helper = LayerHelper(layer, name=name)
+    boxes = helper.create_variable_for_type_inference(input.dtype, stop_gradient=True)
+    var = helper.create_variable_for_type_inference(input.dtype, stop_gradient=True)
+    helper.append_op(layer, inputs={"Input": [input], "Image": [image]},
+                     outputs={"Boxes": [boxes], "Variances": [var]},
+                     attrs={"densities": [int(d) for d in densities],
+                            "fixed_sizes": [float(v) for v in fixed_sizes],
+                            "fixed_ratios": [float(v) for v in fixed_ratios],
+                            "variances": [float(v) for v in variance], "clip": bool(clip),
+                            "step_w": steps[0], "step_h": steps[1], "offset": float(offset),
+                            "flatten_to_2d": bool(flatten_to_2d)})
+    return boxes, var

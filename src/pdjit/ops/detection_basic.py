@@ -1,7 +1,7 @@
 """Fluid 1.8's detection ops that stand alone: ``sigmoid_focal_loss`` (with its gradient),
 ``iou_similarity``, ``box_coder``, ``prior_box``, ``multiclass_nms``, ``box_clip``, ``yolo_box``,
-``anchor_generator`` and ``polygon_box_transform`` (the last seven described above their
-definitions).
+``anchor_generator``, ``polygon_box_transform`` and ``density_prior_box`` (the last eight
+described above their definitions).
 
 - ``sigmoid_focal_loss(X [N, C] logits, Label [N, 1] int32 (0: background, c: class c - 1),
   FgNum [1] int32; gamma, alpha) -> Out [N, C]``: with ``p = sigmoid(x)``, ``f = max(FgNum,
@@ -539,3 +539,66 @@ register_op(
     "polygon_box_transform", inputs=["Input"], outputs=["Output"], traits=[OPAQUE],
     infer_shape=_poly_infer, reference=_poly_ref, emit=None, grad=None,
     doc="EAST geometry offsets turned into corner coordinates (4 x the cell position minus them).")
+
+
+# ---- density_prior_box -----------------------------------------------------------------------
+# Prior boxes placed densely: per cell (centre as prior_box's), per fixed size s with density d
+# and per fixed ratio r, a d x d grid of boxes (s sqrt r wide, s / sqrt r high) whose centres
+# are shift = int(avg step) // d apart, starting at centre - avg step / 2 + shift / 2 (avg step
+# = int((step_w + step_h) / 2)); corners divided by the image size and kept in [0, 1].
+# [H, W, priors, 4], or [H W priors, 4] with flatten_to_2d.
+_DENSE = {"densities": Ints(REQUIRED, choices=([2],)),
+          "fixed_sizes": Floats(REQUIRED, choices=([4.0],)),
+          "fixed_ratios": Floats(REQUIRED, choices=([1.0],)),
+          "variances": Floats([0.1, 0.1, 0.2, 0.2], choices=([0.1, 0.1, 0.2, 0.2],)),
+          "clip": Bool(False), "step_w": Float(0.0, low=0.0, high=0.0),
+          "step_h": Float(0.0, low=0.0, high=0.0), "offset": Float(0.5, low=0.5, high=0.5),
+          "flatten_to_2d": Bool(False)}
+
+
+def _dense_infer(Input, Image, *, densities, fixed_ratios, flatten_to_2d, **_):
+    check_dtype(Input, FLOATS, "density_prior_box: Input")
+    if Input.ndim != 4 or Image.ndim != 4:
+        raise ShapeMismatch(f"density_prior_box: expected 4-D Input and Image, got "
+                            f"{list(Input.shape)} and {list(Image.shape)}")
+    p = len(fixed_ratios) * sum(d * d for d in densities)
+    h, w = Input.shape[2], Input.shape[3]
+    shape = ((h * w * p if min(h, w) >= 0 else -1, 4) if flatten_to_2d else (h, w, p, 4))
+    return {"Boxes": VarMeta(shape, Input.dtype), "Variances": VarMeta(shape, Input.dtype)}
+
+
+def _dense_ref(Input, Image, *, densities, fixed_sizes, fixed_ratios, variances, clip, step_w,
+               step_h, offset, flatten_to_2d):
+    ih, iw = Image.shape[2], Image.shape[3]
+    fh, fw = Input.shape[2], Input.shape[3]
+    sw, sh = (iw / fw, ih / fh) if step_w == 0 or step_h == 0 else (step_w, step_h)
+    avg = int((sw + sh) * 0.5)
+    out = []
+    for h in range(fh):
+        for w in range(fw):
+            cx, cy = (w + offset) * sw, (h + offset) * sh
+            cell = []
+            for size, d in zip((float(np.float32(v)) for v in fixed_sizes), densities):
+                shift = avg // d
+                for r in (float(np.float32(v)) for v in fixed_ratios):
+                    bw, bh = size * np.sqrt(r), size / np.sqrt(r)
+                    x0, y0 = cx - avg / 2 + shift / 2, cy - avg / 2 + shift / 2
+                    for di in range(d):
+                        for dj in range(d):
+                            x, y = x0 + dj * shift, y0 + di * shift
+                            cell.append([max((x - bw / 2) / iw, 0.0), max((y - bh / 2) / ih, 0.0),
+                                         min((x + bw / 2) / iw, 1.0), min((y + bh / 2) / ih, 1.0)])
+            out.append(cell)
+    boxes = np.asarray(out, np.float64).reshape(fh, fw, -1, 4)
+    if clip:
+        boxes = np.clip(boxes, 0.0, 1.0)
+    if flatten_to_2d:
+        boxes = boxes.reshape(-1, 4)
+    var = np.broadcast_to(np.asarray(variances, np.float64), boxes.shape)
+    return {"Boxes": boxes.astype(Input.dtype), "Variances": np.array(var, dtype=Input.dtype)}
+
+
+register_op(
+    "density_prior_box", inputs=["Input", "Image"], outputs=["Boxes", "Variances"],
+    attrs=_DENSE, traits=[OPAQUE], infer_shape=_dense_infer, reference=_dense_ref, emit=None,
+    grad=None, doc="Densely placed prior boxes of each cell of a feature map.")
