@@ -14,8 +14,9 @@ import sys
 
 DATA = pathlib.Path(__file__).parent / "data" / "fluid_1_8_layers.txt"
 
-_DETECTION = ("object-detection op family (anchors, box coding, NMS, proposals, target "
-              "assignment, detection losses): not implemented yet")
+_DETECTION = ("object-detection op (matching, target assignment, proposals, FPN, detection "
+              "losses and metrics; the box, prior, anchor, NMS and YOLO-box ops exist): not "
+              "implemented yet")
 
 #: why a Fluid 1.8 name is not in pdjit.layers (names not listed: "not implemented yet")
 REASONS = {
