@@ -14,21 +14,22 @@ import sys
 
 DATA = pathlib.Path(__file__).parent / "data" / "fluid_1_8_layers.txt"
 
-_DETECTION = ("object-detection op family (anchors, box coding, NMS, proposals, target "
-              "assignment, detection losses): not implemented yet")
+_DETECTION = ("object-detection op (matching, target assignment, proposals, FPN, detection "
+              "losses and metrics; the box, prior, anchor, NMS and YOLO-box ops exist): not "
+              "implemented yet")
 
 #: why a Fluid 1.8 name is not in pdjit.layers (names not listed: "not implemented yet")
 REASONS = {
     "SampleEmbeddingHelper": "the sampling decode helper of layers.rnn (draws the next token "
                              "from the softmax): not implemented yet",
-    **dict.fromkeys(["anchor_generator", "bipartite_match", "box_clip",
-                     "box_decoder_and_assign", "collect_fpn_proposals", "density_prior_box",
+    **dict.fromkeys(["bipartite_match",
+                     "box_decoder_and_assign", "collect_fpn_proposals",
                      "detection_map", "distribute_fpn_proposals",
                      "generate_mask_labels", "generate_proposal_labels", "generate_proposals",
                      "locality_aware_nms", "multi_box_head",
-                     "polygon_box_transform", "retinanet_detection_output",
+                     "retinanet_detection_output",
                      "retinanet_target_assign", "roi_perspective_transform",
-                     "rpn_target_assign", "ssd_loss", "target_assign", "yolo_box",
+                     "rpn_target_assign", "ssd_loss", "target_assign",
                      "yolov3_loss"], _DETECTION),
     "deformable_conv": "needs a deformable-convolution op (offsets, masks): not implemented yet",
     "deformable_roi_pooling": "needs deformable position-sensitive RoI pooling: not implemented "

@@ -417,3 +417,92 @@ def test_detection_output_composes_decode_softmax_nms():
     np.testing.assert_allclose(np.asarray(got), [[1, p, *prior[0]], [2, p, *prior[1]]],
                                rtol=1e-5, atol=1e-6)
     assert got.lod() == [[0, 2]]
+
+
+def test_box_clip():
+    boxes = np.array([[-1.0, 2.0, 30.0, 9.0], [3.0, -4.0, 5.0, 50.0], [1.0, 1.0, 19.6, 19.6]])
+    info = np.array([[10.0, 20.0, 1.0], [40.0, 40.0, 2.0]])      # images 20x10 and 20x20
+    want = np.array([[0.0, 2.0, 19.0, 9.0], [3.0, 0.0, 5.0, 19.0], [1.0, 1.0, 19.0, 19.0]])
+    check_output("box_clip", {"Input": (boxes, [[0, 1, 3]]), "ImInfo": info},
+                 expected={"Output": (want, [[0, 1, 3]])})
+
+
+def test_yolo_box_by_hand():
+    x = RNG.normal(size=(1, 2 * 7, 2, 2))          # 2 anchors, 2 classes, a 2x2 grid
+    x[0, 4, 0, 0] = -9.0                           # anchor 0 at cell (0, 0): confidence ~0
+    img = np.array([[64, 96]], np.int32)           # height 64, width 96
+    anchors = [10, 14, 23, 27]
+    attrs = {"anchors": anchors, "class_num": 2, "conf_thresh": 0.01, "downsample_ratio": 16}
+
+    def sig(v):
+        return 1 / (1 + np.exp(-v))
+
+    boxes, scores = np.zeros((1, 8, 4)), np.zeros((1, 8, 2))
+    for a in range(2):
+        for k in range(2):
+            for c in range(2):
+                t = x[0, a * 7:(a + 1) * 7, k, c]
+                conf = sig(t[4])
+                if conf < 0.01:
+                    continue
+                cx, cy = (c + sig(t[0])) * 96 / 2, (k + sig(t[1])) * 64 / 2
+                bw = np.exp(t[2]) * anchors[2 * a] * 96 / 32
+                bh = np.exp(t[3]) * anchors[2 * a + 1] * 64 / 32
+                i = a * 4 + k * 2 + c
+                boxes[0, i] = [max(cx - bw / 2, 0), max(cy - bh / 2, 0), min(cx + bw / 2, 95),
+                               min(cy + bh / 2, 63)]
+                scores[0, i] = conf * sig(t[5:])
+    assert not boxes[0, 0].any()
+    check_output("yolo_box", {"X": x, "ImgSize": img}, attrs, {"Boxes": boxes, "Scores": scores})
+
+
+def test_anchor_generator_by_hand():
+    feat = np.zeros((1, 1, 2, 3))
+    attrs = {"anchor_sizes": [32.0, 64.0], "aspect_ratios": [0.5, 2.0], "stride": [16.0, 16.0]}
+    want = np.zeros((2, 3, 4, 4))
+    for h in range(2):
+        for w in range(3):
+            xc, yc = w * 16 + 7.5, h * 16 + 7.5
+            k = 0
+            for r in (0.5, 2.0):
+                base_w = np.floor(np.sqrt(256 / r) + 0.5)        # 23 for 0.5, 11 for 2
+                base_h = np.floor(base_w * r + 0.5)              # 12, 22
+                for a in (32.0, 64.0):
+                    aw, ah = a / 16 * base_w, a / 16 * base_h
+                    want[h, w, k] = [xc - (aw - 1) / 2, yc - (ah - 1) / 2, xc + (aw - 1) / 2,
+                                     yc + (ah - 1) / 2]
+                    k += 1
+    check_output("anchor_generator", {"Input": feat}, attrs,
+                 {"Anchors": want, "Variances": np.broadcast_to([.1, .1, .2, .2], want.shape)
+                  .copy()}, rtol=1e-6)
+
+
+def test_polygon_box_transform_by_hand():
+    geo = RNG.normal(size=(1, 4, 2, 3))
+    want = geo.copy()
+    for c in range(4):
+        for h in range(2):
+            for w in range(3):
+                want[0, c, h, w] = (4 * w if c % 2 == 0 else 4 * h) - geo[0, c, h, w]
+    check_output("polygon_box_transform", {"Input": geo}, expected={"Output": want})
+
+
+def test_density_prior_box_by_hand():
+    feat, img = np.zeros((1, 1, 1, 2)), np.zeros((1, 1, 8, 16))
+    attrs = {"densities": [2], "fixed_sizes": [4.0], "fixed_ratios": [1.0]}
+    # one row of 2 cells, steps 8 x 8: per cell a 2 x 2 grid of 4x4 boxes 4 px apart
+    want = np.zeros((1, 2, 4, 4))
+    for w in range(2):
+        cx, cy = (w + 0.5) * 8, 4.0
+        k = 0
+        for di in range(2):
+            for dj in range(2):
+                x, y = cx - 4 + 2 + dj * 4, cy - 4 + 2 + di * 4
+                want[0, w, k] = [max((x - 2) / 16, 0), max((y - 2) / 8, 0),
+                                 min((x + 2) / 16, 1), min((y + 2) / 8, 1)]
+                k += 1
+    check_output("density_prior_box", {"Input": feat, "Image": img}, attrs, {"Boxes": want},
+                 rtol=1e-6)
+    flat = check_output("density_prior_box", {"Input": feat, "Image": img},
+                        dict(attrs, flatten_to_2d=True), modes=["reference"])
+    np.testing.assert_allclose(flat["Boxes"], want.reshape(-1, 4), rtol=1e-6)

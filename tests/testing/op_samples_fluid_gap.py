@@ -158,3 +158,17 @@ add("multiclass_nms",
                                       [2.0, 2.0, 3.0, 3.0]]]),
                  "Scores": np.array([[[0.9, 0.9, 0.9], [0.7, 0.8, 0.05], [0.1, 0.2, 0.95]]])},
       {"score_threshold": 0.1, "nms_top_k": -1, "keep_top_k": -1}))
+add("box_clip",
+    S(lambda r: {"Input": (u(r, (3, 4), -2, 30), [[0, 1, 3]]),
+                 "ImInfo": np.array([[10.0, 20.0, 1.0], [40.0, 40.0, 2.0]])}, out="Output"))
+add("yolo_box",
+    S(lambda r: {"X": u(r, (1, 14, 2, 2)), "ImgSize": np.array([[64, 96]], I32)},
+      {"anchors": [10, 14, 23, 27], "class_num": 2, "downsample_ratio": 16}, out="Boxes"))
+add("anchor_generator",
+    S(lambda r: {"Input": np.zeros((1, 1, 2, 2))},
+      {"anchor_sizes": [32.0, 64.0], "aspect_ratios": [0.5, 1.0], "stride": [16.0, 16.0]},
+      out="Anchors"))
+add("polygon_box_transform", S(lambda r: {"Input": u(r, (1, 4, 2, 3))}, out="Output"))
+add("density_prior_box",
+    S(lambda r: {"Input": np.zeros((1, 1, 1, 2)), "Image": np.zeros((1, 1, 8, 16))},
+      {"densities": [2], "fixed_sizes": [4.0], "fixed_ratios": [1.0]}, out="Boxes"))

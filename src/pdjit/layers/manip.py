@@ -17,7 +17,9 @@ with the constant base grid); ``interpolate`` is ``image_resize``, ``lod_append`
 ``roi_align``, ``psroi_pool``, ``continuous_value_model`` (``cvm``), ``random_crop`` and
 ``iou_similarity`` append Fluid's ops; ``inplace_abn`` is ``batch_norm`` and its activation;
 ``py_func`` calls the user's Python function (``pdjit.ops.py_func``); ``spectral_norm``,
-``box_coder``, ``prior_box`` and ``multiclass_nms`` append Fluid's ops.
+``box_coder``, ``prior_box``, ``multiclass_nms``, ``box_clip``, ``yolo_box``,
+``anchor_generator``, ``polygon_box_transform`` and ``density_prior_box`` append Fluid's ops
+(``detection_output`` composes some).
 Composed layers need the sizes they rearrange to be known when the program is built, and say
 so otherwise.
 """
@@ -39,7 +41,9 @@ __all__ = ["reverse", "sum", "unstack", "expand_as", "rank", "size", "crop", "cr
            "unfold", "roi_pool", "roi_align", "continuous_value_model", "random_crop",
            "iou_similarity", "space_to_depth", "psroi_pool", "inplace_abn",
            "py_func", "spectral_norm", "box_coder", "prior_box",
-           "multiclass_nms", "detection_output"]
+           "multiclass_nms", "detection_output", "box_clip",
+           "yolo_box", "anchor_generator", "polygon_box_transform",
+           "density_prior_box"]
 
 
 def _axes_list(axis, layer: str) -> list:
@@ -957,3 +961,105 @@ def detection_output(loc, scores, prior_box, prior_box_var, background_label=0,
     return multiclass_nms(boxes, probs, score_threshold, nms_top_k, keep_top_k,
                           nms_threshold=nms_threshold, nms_eta=nms_eta,
                           background_label=background_label)
+
+
+def box_clip(input, im_info, name=None) -> Variable:
+    """Boxes ``input [..., 4]`` clipped into their image (``im_info [N, 3]``: height, width,
+    scale; a row's image is its LoD sequence, else its index)."""
+    check_variable(input, "input", "box_clip")
+    check_variable(im_info, "im_info", "box_clip")
+    helper = LayerHelper("box_clip", name=name)
+    out = helper.create_variable_for_type_inference(input.dtype, stop_gradient=True)
+    helper.append_op("box_clip", inputs={"Input": [input], "ImInfo": [im_info]},
+                     outputs={"Output": [out]})
+    return out
+
+
+def yolo_box(x, img_size, anchors, class_num, conf_thresh, downsample_ratio, clip_bbox=True,
+             name=None, scale_x_y=1.0):
+    """YOLOv3 head ``x [N, S (5 + class_num), H, W]`` decoded into ``(boxes [N, S H W, 4],
+    scores [N, S H W, class_num])`` for images of ``img_size [N, 2]`` (int32 height, width);
+    ``anchors`` the S (width, height) pairs, flattened."""
+    layer = "yolo_box"
+    check_variable(x, "x", layer)
+    check_variable(img_size, "img_size", layer)
+    if not isinstance(anchors, (list, tuple)) or len(anchors) % 2:
+        raise TypeError(f"{layer}: argument 'anchors' must be a list of (width, height) pairs, "
+                        f"got {anchors!r}")
+    if isinstance(class_num, bool) or not isinstance(class_num, int):
+        raise TypeError(f"{layer}: argument 'class_num' must be an int, got {class_num!r}")
+    helper = LayerHelper(layer, name=name)
+    boxes = helper.create_variable_for_type_inference(x.dtype, stop_gradient=True)
+    scores = helper.create_variable_for_type_inference(x.dtype, stop_gradient=True)
+    helper.append_op(layer, inputs={"X": [x], "ImgSize": [img_size]},
+                     outputs={"Boxes": [boxes], "Scores": [scores]},
+                     attrs={"anchors": [int(a) for a in anchors], "class_num": class_num,
+                            "conf_thresh": float(conf_thresh),
+                            "downsample_ratio": int(downsample_ratio),
+                            "clip_bbox": bool(clip_bbox), "scale_x_y": float(scale_x_y)})
+    return boxes, scores
+
+
+def anchor_generator(input, anchor_sizes=None, aspect_ratios=None, variance=(0.1, 0.1, 0.2, 0.2),
+                     stride=None, offset=0.5, name=None):
+    """Faster R-CNN's anchors for each cell of the feature map ``input``: ``(anchors,
+    variances)``, each ``[H, W, len(aspect_ratios) * len(anchor_sizes), 4]``."""
+    layer = "anchor_generator"
+    check_variable(input, "input", layer)
+
+    def floats(v, arg, n=None):
+        vs = [v] if isinstance(v, (int, float)) else list(v or [])
+        if not vs or (n is not None and len(vs) != n):
+            raise ValueError(f"{layer}: argument {arg!r} must be "
+                             f"{'a number or ' if n is None else ''}a list of "
+                             f"{n or 'one or more'} numbers, got {v!r}")
+        return [float(x) for x in vs]
+
+    helper = LayerHelper(layer, name=name)
+    anchors = helper.create_variable_for_type_inference(input.dtype, stop_gradient=True)
+    var = helper.create_variable_for_type_inference(input.dtype, stop_gradient=True)
+    helper.append_op(layer, inputs={"Input": [input]},
+                     outputs={"Anchors": [anchors], "Variances": [var]},
+                     attrs={"anchor_sizes": floats(anchor_sizes, "anchor_sizes"),
+                            "aspect_ratios": floats(aspect_ratios, "aspect_ratios"),
+                            "variances": floats(variance, "variance", 4),
+                            "stride": floats(stride, "stride", 2), "offset": float(offset)})
+    return anchors, var
+
+
+def polygon_box_transform(input, name=None) -> Variable:
+    """EAST's geometry offsets ``input [N, 2k, H, W]`` as corner coordinates: ``4 w - x`` in
+    the even channels, ``4 h - y`` in the odd ones."""
+    check_variable(input, "input", "polygon_box_transform")
+    helper = LayerHelper("polygon_box_transform", name=name)
+    out = helper.create_variable_for_type_inference(input.dtype, stop_gradient=True)
+    helper.append_op("polygon_box_transform", inputs={"Input": [input]},
+                     outputs={"Output": [out]})
+    return out
+
+
+def density_prior_box(input, image, densities=None, fixed_sizes=None, fixed_ratios=None,
+                      variance=(0.1, 0.1, 0.2, 0.2), clip=False, steps=(0.0, 0.0), offset=0.5,
+                      flatten_to_2d=False, name=None):
+    """Densely placed prior boxes for each cell of ``input`` over ``image``: ``(boxes,
+    variances)``, ``[H, W, priors, 4]`` (``[H W priors, 4]`` with ``flatten_to_2d``)."""
+    layer = "density_prior_box"
+    check_variable(input, "input", layer)
+    check_variable(image, "image", layer)
+    if not densities or not fixed_sizes or not fixed_ratios or \
+            len(densities) != len(fixed_sizes):
+        raise ValueError(f"{layer}: give densities and fixed_sizes of one length, and "
+                         f"fixed_ratios, got {densities}, {fixed_sizes}, {fixed_ratios}")
+    steps = [float(s) for s in steps]
+    helper = LayerHelper(layer, name=name)
+    boxes = helper.create_variable_for_type_inference(input.dtype, stop_gradient=True)
+    var = helper.create_variable_for_type_inference(input.dtype, stop_gradient=True)
+    helper.append_op(layer, inputs={"Input": [input], "Image": [image]},
+                     outputs={"Boxes": [boxes], "Variances": [var]},
+                     attrs={"densities": [int(d) for d in densities],
+                            "fixed_sizes": [float(v) for v in fixed_sizes],
+                            "fixed_ratios": [float(v) for v in fixed_ratios],
+                            "variances": [float(v) for v in variance], "clip": bool(clip),
+                            "step_w": steps[0], "step_h": steps[1], "offset": float(offset),
+                            "flatten_to_2d": bool(flatten_to_2d)})
+    return boxes, var

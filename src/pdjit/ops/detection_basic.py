@@ -1,5 +1,6 @@
 """Fluid 1.8's detection ops that stand alone: ``sigmoid_focal_loss`` (with its gradient),
-``iou_similarity``, ``box_coder``, ``prior_box`` and ``multiclass_nms`` (the last three
+``iou_similarity``, ``box_coder``, ``prior_box``, ``multiclass_nms``, ``box_clip``, ``yolo_box``,
+``anchor_generator``, ``polygon_box_transform`` and ``density_prior_box`` (the last eight
 described above their definitions).
 
 - ``sigmoid_focal_loss(X [N, C] logits, Label [N, 1] int32 (0: background, c: class c - 1),
@@ -26,6 +27,7 @@ from pdjit.framework.registry import (
     Floats,
     GradOpSpec,
     Int,
+    Ints,
     Str,
     ValueDependentLoD,
     VarMeta,
@@ -353,3 +355,250 @@ register_op(
     "multiclass_nms", inputs=["BBoxes", "Scores"], outputs=["Out"], attrs=_NMS,
     traits=[OPAQUE, SEQUENCE], infer_shape=_nms_infer, reference=_nms_ref, emit=None, grad=None,
     out_lod=_nms_lod, doc="Per-class non-maximum suppression of scored boxes.")
+
+
+# ---- box_clip --------------------------------------------------------------------------------
+# Input [..., 4] boxes clipped into their image: x to [0, round(width / scale) - 1], y to
+# [0, round(height / scale) - 1] from ImInfo [N, 3] (height, width, scale); the image of a row
+# is its LoD sequence (one-level LoD), else its index along the first axis.
+def _clip_infer(Input, ImInfo):
+    check_dtype(Input, FLOATS, "box_clip: Input")
+    if Input.shape and Input.shape[-1] not in (4, -1):
+        raise ShapeMismatch(f"box_clip: expected boxes [..., 4], got {list(Input.shape)}")
+    return {"Output": Input}
+
+
+def _round_half_away(v):
+    return np.sign(v) * np.floor(np.abs(v) + 0.5)
+
+
+def _clip_ref(Input, ImInfo, ctx):
+    lod = ctx.input_lod("Input") if ctx is not None else []
+    n = ImInfo.shape[0]
+    if lod:
+        offs = np.asarray(lod[-1], np.int64)
+        if len(offs) - 1 != n or offs[-1] != Input.shape[0]:
+            raise ShapeMismatch(f"box_clip: Input's LoD {lod[-1]}: expected {n} sequences over "
+                                f"{Input.shape[0]} rows")
+        image = np.repeat(np.arange(n), np.diff(offs))
+    elif Input.shape[0] == n:
+        image = np.arange(n)
+    else:
+        raise ShapeMismatch(f"box_clip: {Input.shape[0]} rows for {n} images: give Input a LoD "
+                            f"or one row per image")
+    info = ImInfo.astype(np.float64)
+    h = _round_half_away(info[:, 0] / info[:, 2])[image] - 1
+    w = _round_half_away(info[:, 1] / info[:, 2])[image] - 1
+    b = Input.astype(np.float64).reshape(Input.shape[0], -1, 4)
+    lim = np.stack([w, h, w, h], axis=-1)[:, None, :]
+    out = np.maximum(np.minimum(b, lim), 0.0)
+    return {"Output": out.reshape(Input.shape).astype(Input.dtype)}
+
+
+register_op(
+    "box_clip", inputs=["Input", "ImInfo"], outputs=["Output"], traits=[OPAQUE, SEQUENCE],
+    infer_shape=_clip_infer, reference=_clip_ref, emit=None, grad=None,
+    out_lod=lambda lods, **_: {"Output": lods["Input"]},
+    doc="Boxes clipped into their image's size.")
+
+
+# ---- yolo_box --------------------------------------------------------------------------------
+# X [N, S (5 + classes), H, W] of a YOLOv3 head, ImgSize [N, 2] int32 (height, width): for
+# anchor s at cell (k, l) (box s H W + k W + l): centre ((l + sigmoid(tx)) / W, (k +
+# sigmoid(ty)) / H) and size (exp(tw) aw, exp(th) ah) / (downsample_ratio H), all times the
+# image size; boxes as corners (with clip_bbox the low corner at least 0, the high one at most
+# the size - 1), scores sigmoid(conf) sigmoid(class); a box whose sigmoid(conf) is below
+# conf_thresh stays all zeros. scale_x_y s scales the sigmoid of the centre: s sig - (s - 1)/2.
+_YOLO = {"anchors": Ints(REQUIRED, choices=([2, 3, 4, 5],)),
+         "class_num": Int(REQUIRED, low=2, high=2),
+         "conf_thresh": Float(0.01, low=0.01, high=0.01),
+         "downsample_ratio": Int(32, low=8, high=8), "clip_bbox": Bool(True),
+         "scale_x_y": Float(1.0, low=1.0, high=1.0)}
+
+
+def _yolo_infer(X, ImgSize, *, anchors, class_num, **_):
+    check_dtype(X, FLOATS, "yolo_box: X")
+    s = len(anchors) // 2
+    if X.ndim != 4 or (X.shape[1] >= 0 and X.shape[1] != s * (5 + class_num)):
+        raise ShapeMismatch(f"yolo_box: expected X [N, {s} * (5 + {class_num}), H, W], got "
+                            f"{list(X.shape)}")
+    m = s * X.shape[2] * X.shape[3] if min(X.shape[2:]) >= 0 else -1
+    return {"Boxes": VarMeta((X.shape[0], m, 4), X.dtype),
+            "Scores": VarMeta((X.shape[0], m, class_num), X.dtype)}
+
+
+def _sig(v):
+    return 1.0 / (1.0 + np.exp(-v))
+
+
+def _yolo_ref(X, ImgSize, *, anchors, class_num, conf_thresh, downsample_ratio, clip_bbox,
+              scale_x_y):
+    n, _, h, w = X.shape
+    s = len(anchors) // 2
+    x = X.astype(np.float64).reshape(n, s, 5 + class_num, h, w)
+    an = np.asarray(anchors, np.float64).reshape(s, 2)
+    sc = float(np.float32(scale_x_y))
+    img_h = ImgSize[:, 0].astype(np.float64).reshape(n, 1, 1, 1)
+    img_w = ImgSize[:, 1].astype(np.float64).reshape(n, 1, 1, 1)
+    col = np.arange(w).reshape(1, 1, 1, w)
+    row = np.arange(h).reshape(1, 1, h, 1)
+    cx = (col + _sig(x[:, :, 0]) * sc - 0.5 * (sc - 1)) * img_w / w
+    cy = (row + _sig(x[:, :, 1]) * sc - 0.5 * (sc - 1)) * img_h / h
+    input_size = downsample_ratio * h
+    bw = np.exp(x[:, :, 2]) * an[:, 0].reshape(1, s, 1, 1) * img_w / input_size
+    bh = np.exp(x[:, :, 3]) * an[:, 1].reshape(1, s, 1, 1) * img_h / input_size
+    boxes = np.stack([cx - bw / 2, cy - bh / 2, cx + bw / 2, cy + bh / 2], axis=-1)
+    if clip_bbox:
+        boxes[..., 0] = np.maximum(boxes[..., 0], 0)
+        boxes[..., 1] = np.maximum(boxes[..., 1], 0)
+        boxes[..., 2] = np.minimum(boxes[..., 2], img_w[..., 0] - 1)
+        boxes[..., 3] = np.minimum(boxes[..., 3], img_h[..., 0] - 1)
+    conf = _sig(x[:, :, 4])
+    keep = conf >= float(np.float32(conf_thresh))
+    scores = conf[..., None] * np.moveaxis(_sig(x[:, :, 5:]), 2, -1)
+    boxes = np.where(keep[..., None], boxes, 0.0)
+    scores = np.where(keep[..., None], scores, 0.0)
+    return {"Boxes": boxes.reshape(n, -1, 4).astype(X.dtype),
+            "Scores": scores.reshape(n, -1, class_num).astype(X.dtype)}
+
+
+register_op(
+    "yolo_box", inputs=["X", "ImgSize"], outputs=["Boxes", "Scores"], attrs=_YOLO,
+    traits=[OPAQUE], infer_shape=_yolo_infer, reference=_yolo_ref, emit=None, grad=None,
+    doc="YOLOv3 head outputs decoded into boxes and class scores.")
+
+
+# ---- anchor_generator ------------------------------------------------------------------------
+# Faster R-CNN's anchors of a feature map Input [N, C, H, W]: at cell (h, w) centred at (w sw +
+# offset (sw - 1), h sh + offset (sh - 1)) (stride [sw, sh]), for each aspect ratio r then each
+# size a: base width round(sqrt(sw sh / r)), height round(width r) (halves away from 0), scaled
+# by a / sw and a / sh; corners at the centre -+ (size - 1) / 2. Anchors and Variances are
+# [H, W, ratios * sizes, 4].
+_ANCHOR = {"anchor_sizes": Floats(REQUIRED, choices=([32.0, 64.0],)),
+           "aspect_ratios": Floats(REQUIRED, choices=([0.5, 1.0],)),
+           "stride": Floats(REQUIRED, choices=([16.0, 16.0],)),
+           "variances": Floats([0.1, 0.1, 0.2, 0.2], choices=([0.1, 0.1, 0.2, 0.2],)),
+           "offset": Float(0.5, low=0.5, high=0.5)}
+
+
+def _anchor_infer(Input, *, anchor_sizes, aspect_ratios, **_):
+    check_dtype(Input, FLOATS, "anchor_generator: Input")
+    if Input.ndim != 4:
+        raise ShapeMismatch(f"anchor_generator: expected a 4-D Input, got {list(Input.shape)}")
+    shape = (Input.shape[2], Input.shape[3], len(anchor_sizes) * len(aspect_ratios), 4)
+    return {"Anchors": VarMeta(shape, Input.dtype), "Variances": VarMeta(shape, Input.dtype)}
+
+
+def _anchor_ref(Input, *, anchor_sizes, aspect_ratios, stride, variances, offset):
+    sw, sh = (float(np.float32(v)) for v in stride[:2])
+    off = float(np.float32(offset))
+    fh, fw = Input.shape[2], Input.shape[3]
+    out = np.zeros((fh, fw, len(anchor_sizes) * len(aspect_ratios), 4))
+    for h in range(fh):
+        for w in range(fw):
+            xc, yc = w * sw + off * (sw - 1), h * sh + off * (sh - 1)
+            k = 0
+            for r in (float(np.float32(v)) for v in aspect_ratios):
+                for a in (float(np.float32(v)) for v in anchor_sizes):
+                    bw = float(_round_half_away(np.sqrt(sw * sh / r)))
+                    bh = float(_round_half_away(bw * r))
+                    aw, ah = a / sw * bw, a / sh * bh
+                    out[h, w, k] = [xc - 0.5 * (aw - 1), yc - 0.5 * (ah - 1),
+                                    xc + 0.5 * (aw - 1), yc + 0.5 * (ah - 1)]
+                    k += 1
+    var = np.broadcast_to(np.asarray(variances, np.float64), out.shape)
+    return {"Anchors": out.astype(Input.dtype), "Variances": np.array(var, dtype=Input.dtype)}
+
+
+register_op(
+    "anchor_generator", inputs=["Input"], outputs=["Anchors", "Variances"], attrs=_ANCHOR,
+    traits=[OPAQUE], infer_shape=_anchor_infer, reference=_anchor_ref, emit=None, grad=None,
+    doc="Faster R-CNN anchors of each cell of a feature map, and their variances.")
+
+
+# ---- polygon_box_transform -------------------------------------------------------------------
+# EAST's geometry map Input [N, 2k, H, W] of offsets to quadrangle corners: channel 2i (x)
+# becomes 4 w - Input, channel 2i + 1 (y) 4 h - Input, at column w and row h.
+def _poly_infer(Input):
+    check_dtype(Input, FLOATS, "polygon_box_transform: Input")
+    if Input.ndim != 4 or (Input.shape[1] >= 0 and Input.shape[1] % 2):
+        raise ShapeMismatch(f"polygon_box_transform: expected Input [N, 2k, H, W], got "
+                            f"{list(Input.shape)}")
+    return {"Output": Input}
+
+
+def _poly_ref(Input):
+    _, c, h, w = Input.shape
+    cols = np.broadcast_to(4.0 * np.arange(w), (h, w))
+    rows = np.broadcast_to(4.0 * np.arange(h).reshape(-1, 1), (h, w))
+    grid = np.stack([cols if k % 2 == 0 else rows for k in range(c)])
+    return {"Output": (grid[None] - Input).astype(Input.dtype)}
+
+
+register_op(
+    "polygon_box_transform", inputs=["Input"], outputs=["Output"], traits=[OPAQUE],
+    infer_shape=_poly_infer, reference=_poly_ref, emit=None, grad=None,
+    doc="EAST geometry offsets turned into corner coordinates (4 x the cell position minus them).")
+
+
+# ---- density_prior_box -----------------------------------------------------------------------
+# Prior boxes placed densely: per cell (centre as prior_box's), per fixed size s with density d
+# and per fixed ratio r, a d x d grid of boxes (s sqrt r wide, s / sqrt r high) whose centres
+# are shift = int(avg step) // d apart, starting at centre - avg step / 2 + shift / 2 (avg step
+# = int((step_w + step_h) / 2)); corners divided by the image size and kept in [0, 1].
+# [H, W, priors, 4], or [H W priors, 4] with flatten_to_2d.
+_DENSE = {"densities": Ints(REQUIRED, choices=([2],)),
+          "fixed_sizes": Floats(REQUIRED, choices=([4.0],)),
+          "fixed_ratios": Floats(REQUIRED, choices=([1.0],)),
+          "variances": Floats([0.1, 0.1, 0.2, 0.2], choices=([0.1, 0.1, 0.2, 0.2],)),
+          "clip": Bool(False), "step_w": Float(0.0, low=0.0, high=0.0),
+          "step_h": Float(0.0, low=0.0, high=0.0), "offset": Float(0.5, low=0.5, high=0.5),
+          "flatten_to_2d": Bool(False)}
+
+
+def _dense_infer(Input, Image, *, densities, fixed_ratios, flatten_to_2d, **_):
+    check_dtype(Input, FLOATS, "density_prior_box: Input")
+    if Input.ndim != 4 or Image.ndim != 4:
+        raise ShapeMismatch(f"density_prior_box: expected 4-D Input and Image, got "
+                            f"{list(Input.shape)} and {list(Image.shape)}")
+    p = len(fixed_ratios) * sum(d * d for d in densities)
+    h, w = Input.shape[2], Input.shape[3]
+    shape = ((h * w * p if min(h, w) >= 0 else -1, 4) if flatten_to_2d else (h, w, p, 4))
+    return {"Boxes": VarMeta(shape, Input.dtype), "Variances": VarMeta(shape, Input.dtype)}
+
+
+def _dense_ref(Input, Image, *, densities, fixed_sizes, fixed_ratios, variances, clip, step_w,
+               step_h, offset, flatten_to_2d):
+    ih, iw = Image.shape[2], Image.shape[3]
+    fh, fw = Input.shape[2], Input.shape[3]
+    sw, sh = (iw / fw, ih / fh) if step_w == 0 or step_h == 0 else (step_w, step_h)
+    avg = int((sw + sh) * 0.5)
+    out = []
+    for h in range(fh):
+        for w in range(fw):
+            cx, cy = (w + offset) * sw, (h + offset) * sh
+            cell = []
+            for size, d in zip((float(np.float32(v)) for v in fixed_sizes), densities):
+                shift = avg // d
+                for r in (float(np.float32(v)) for v in fixed_ratios):
+                    bw, bh = size * np.sqrt(r), size / np.sqrt(r)
+                    x0, y0 = cx - avg / 2 + shift / 2, cy - avg / 2 + shift / 2
+                    for di in range(d):
+                        for dj in range(d):
+                            x, y = x0 + dj * shift, y0 + di * shift
+                            cell.append([max((x - bw / 2) / iw, 0.0), max((y - bh / 2) / ih, 0.0),
+                                         min((x + bw / 2) / iw, 1.0), min((y + bh / 2) / ih, 1.0)])
+            out.append(cell)
+    boxes = np.asarray(out, np.float64).reshape(fh, fw, -1, 4)
+    if clip:
+        boxes = np.clip(boxes, 0.0, 1.0)
+    if flatten_to_2d:
+        boxes = boxes.reshape(-1, 4)
+    var = np.broadcast_to(np.asarray(variances, np.float64), boxes.shape)
+    return {"Boxes": boxes.astype(Input.dtype), "Variances": np.array(var, dtype=Input.dtype)}
+
+
+register_op(
+    "density_prior_box", inputs=["Input", "Image"], outputs=["Boxes", "Variances"],
+    attrs=_DENSE, traits=[OPAQUE], infer_shape=_dense_infer, reference=_dense_ref, emit=None,
+    grad=None, doc="Densely placed prior boxes of each cell of a feature map.")
