@@ -117,13 +117,13 @@ def test_slice_gather_one_hot(fresh_programs):
     sl = L.slice(x, axes=[1, 2], starts=[1, -3], ends=[3, 100])
     g = L.gather(x, L.reshape(ids, [-1]))
     oh = L.one_hot(ids, depth=5)
-    assert sl.shape == (-1, 2, 3) and oh.shape == (-1, 1, 5) and oh.dtype == np.float32
+    assert sl.shape == (-1, 2, 3) and oh.shape == (-1, 5) and oh.dtype == np.float32  # Fluid 1.x
     xv = RNG.normal(size=(3, 4, 5)).astype(np.float32)
     iv = np.array([[2], [0]], np.int64)
     slv, gv, ohv = _run(main, {"x": xv, "ids": iv}, [sl, g, oh])
     np.testing.assert_array_equal(slv, xv[:, 1:3, 2:])
     np.testing.assert_array_equal(gv, xv[[2, 0]])
-    np.testing.assert_array_equal(ohv, np.eye(5, dtype=np.float32)[iv])
+    np.testing.assert_array_equal(ohv, np.eye(5, dtype=np.float32)[iv[:, 0]])
 
 
 def test_gather_out_of_range_names_the_op(fresh_programs):

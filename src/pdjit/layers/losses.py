@@ -139,7 +139,7 @@ def dice_loss(input, label, epsilon: float = 0.00001, name=None) -> Variable:
         raise ValueError(f"{layer}: the class count (input.shape[-1]) must be known, got "
                          f"{list(input.shape)}")
     ids = shape_ops.squeeze(label, [len(label.shape) - 1])
-    onehot = tensor.cast(shape_ops.one_hot(ids, depth), input.dtype)
+    onehot = tensor.cast(shape_ops.one_hot_v2(ids, depth), input.dtype)
     axes = list(range(1, len(input.shape)))
     inter = shape_ops.reduce_sum(math_ops.elementwise_mul(input, onehot), dim=axes)
     total = math_ops.elementwise_add(shape_ops.reduce_sum(input, dim=axes),

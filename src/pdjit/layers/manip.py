@@ -257,7 +257,7 @@ def multiplex(inputs, index) -> Variable:
     check_dtype(index, "index", ("int32", "int64"), "multiplex")
     k = len(inputs)
     stacked = shape_ops.stack(list(inputs), axis=1)                      # [N, K, ...]
-    pick = tensor.cast(shape_ops.one_hot(shape_ops.reshape(index, [-1]), k),
+    pick = tensor.cast(shape_ops.one_hot_v2(shape_ops.reshape(index, [-1]), k),
                        inputs[0].dtype)                                  # [N, K]
     rank_ = len(inputs[0].shape)
     pick = shape_ops.reshape(pick, [-1, k] + [1] * (rank_ - 1)) if rank_ > 1 else pick

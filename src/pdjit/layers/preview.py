@@ -185,7 +185,7 @@ def index_sample(x, index) -> Variable:
     if len(x.shape) != 2 or len(index.shape) != 2 or x.shape[1] < 0:
         raise ValueError(f"index_sample: expected x [N, C] with C known and index [N, K], got "
                          f"{list(x.shape)} and {list(index.shape)}")
-    pick = tensor.cast(shape_ops.one_hot(index, x.shape[1]), x.dtype)      # [N, K, C]
+    pick = tensor.cast(shape_ops.one_hot_v2(index, x.shape[1]), x.dtype)      # [N, K, C]
     return shape_ops.reduce_sum(math_ops.elementwise_mul(pick, shape_ops.unsqueeze(x, [1])),
                                 dim=2)
 

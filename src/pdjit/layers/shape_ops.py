@@ -256,11 +256,19 @@ def gather(input, index, overwrite=True):
 
 
 def one_hot(input, depth, allow_out_of_range=False):
-    """``input``'s int ids one-hot encoded (float32) in a new last dim of size ``depth``.
+    """``input``'s int ids one-hot encoded (float32), as Fluid 1.x's ``one_hot``: the trailing
+    dim of size 1 of ``input`` ``[..., 1]`` becomes the ``depth`` classes (``[N, 1]`` ids give
+    ``[N, depth]``). An input whose last dim is not 1 gets a new last dim of size ``depth``
+    (``one_hot_v2``, as ``paddle.nn.functional.one_hot``). Ids outside ``[0, depth)`` are an
+    error at run time, or give all-zero rows with ``allow_out_of_range``."""
+    check_variable(input, "input", "one_hot")
+    if len(input.shape) >= 2 and input.shape[-1] == 1:
+        input = squeeze(input, [len(input.shape) - 1])
+    return one_hot_v2(input, depth, allow_out_of_range)
 
-    ``one_hot_v2`` semantics: the dim is appended. Ids outside ``[0, depth)`` are an error at
-    run time, or give all-zero rows with ``allow_out_of_range``.
-    """
+
+def one_hot_v2(input, depth, allow_out_of_range=False):
+    """``input``'s int ids one-hot encoded (float32) in a new last dim of size ``depth``."""
     check_variable(input, "input", "one_hot")
     helper = LayerHelper("one_hot_v2")
     inputs, attrs = {"X": [input]}, {"allow_out_of_range": bool(allow_out_of_range)}
