@@ -11,6 +11,12 @@ from pdjit.runtime.scope import Scope
 from pdjit.testing.op_test import assert_native
 from pdjit.testing.program_grad import check_program_grad
 
+# many of the ops these tests build run their NumPy reference as a plan step by design (no
+# native lowering: they are declared reference-only); a compiled plan says so once per
+# process
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::pdjit.framework.errors.ReferenceStepWarning")
+
 RNG = np.random.default_rng(21)
 X3 = RNG.normal(size=(2, 3, 4))
 A, B, C = (RNG.normal(size=(4, 2)) for _ in range(3))

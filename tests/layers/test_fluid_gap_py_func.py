@@ -8,6 +8,12 @@ from pdjit.framework.errors import LayerTypeError
 from pdjit.runtime.executor import Executor
 from pdjit.runtime.scope import Scope
 
+# many of the ops these tests build run their NumPy reference as a plan step by design (no
+# native lowering: they are declared reference-only); a compiled plan says so once per
+# process
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::pdjit.framework.errors.ReferenceStepWarning")
+
 
 def tanh(x):
     return np.tanh(np.array(x))

@@ -13,6 +13,12 @@ from pdjit.testing.grad_check import check_grad
 from pdjit.testing.op_test import assert_native
 from pdjit.testing.program_grad import check_program_grad
 
+# many of the ops these tests build run their NumPy reference as a plan step by design (no
+# native lowering: they are declared reference-only); a compiled plan says so once per
+# process
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::pdjit.framework.errors.ReferenceStepWarning")
+
 RNG = np.random.default_rng(5)
 LEFT = RNG.normal(size=(5, 1))
 RIGHT = RNG.normal(size=(5, 1))
