@@ -2,11 +2,18 @@
 ``StaticRNN._complete_op`` lays it out: it survives serialisation, runs against a NumPy
 recurrence, and ``recurrent_grad`` (from pdjit's backward pass) matches finite differences."""
 import numpy as np
+import pytest
 
 import pdjit as fluid
 from pdjit.proto import framework_pb2 as pb
 from pdjit.testing import check_program_grad
 from pdjit.testing.op_test import assert_native
+
+# rnn_memory_helper (Out = X, carrying a memory into a step) runs its NumPy reference by design;
+# a compiled plan says so once per process
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:op 'rnn_memory_helper(_grad)?' runs its NumPy reference"
+    ":pdjit.framework.errors.ReferenceStepWarning")
 
 L = fluid.layers
 T, B, D, H = 3, 2, 4, 5
