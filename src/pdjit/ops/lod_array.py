@@ -38,6 +38,7 @@ from pdjit.framework.registry import (
     SEQUENCE,
     GradOpSpec,
     Int,
+    Opaque,
     VarMeta,
     grad_var_name,
     register_op,
@@ -366,11 +367,17 @@ def _helper_grad(op):
                        {"dtype": op.attr("dtype")})]
 
 
+def _helper_lower(ctx):
+    """A copy of X (a dense memory; LoD values and arrays stay with the reference)."""
+    return [f"{ctx.out('Out')} = {ctx.inp('X')}.copy()"]
+
+
 register_op(
     "rnn_memory_helper", inputs=["X"], outputs=["Out"],
     attrs={"dtype": Int(int(VarType.FP32), doc=_DTYPE_DOC)},
     traits=[OPAQUE], infer_shape=lambda X, dtype: {"Out": X},
-    reference=lambda X: {"Out": np.array(X, copy=True)}, emit=None, grad=_helper_grad,
+    reference=lambda X: {"Out": np.array(X, copy=True)},
+    emit=Opaque(_helper_lower, host=True), grad=_helper_grad,
     doc="Out = X.")
 
 
