@@ -28,7 +28,7 @@ import weakref
 import numpy as np
 
 from pdjit.framework import registry
-from pdjit.framework.errors import PdjitError, named_errors
+from pdjit.framework.errors import PdjitError, as_pdjit_error
 from pdjit.framework.program import Block, Program, default_main_program
 from pdjit.passes import verify
 from pdjit.proto import framework_pb2 as pb
@@ -141,99 +141,107 @@ class Executor:
         _forget(self._runs, self._kind)
 
     # -- the public entry point -----------------------------------------------------------------
-    @named_errors("Executor.run")
     def run(self, program: Program | None = None, feed=None, fetch_list=None,
             feed_var_name: str = "feed", fetch_var_name: str = "fetch", scope: Scope | None = None,
             return_numpy: bool = True, use_program_cache: bool = True):
-        program = program if program is not None else default_main_program()
-        replicas = False
-        if not isinstance(program, Program):
-            as_program = getattr(program, "_as_program", None)  # a CompiledProgram
-            if as_program is None:
-                raise TypeError(f"Executor.run: program must be a Program, got "
-                                f"{type(program).__name__}")
-            replicas = getattr(program, "_is_data_parallel", False)
-            program = as_program()
-        if isinstance(feed, (list, tuple)):  # one dict per place, as loaders with places yield
-            feed = feed_fetch.merge_place_feeds(feed, replicas)
-        elif feed is not None and not isinstance(feed, dict):
-            raise TypeError(f"Executor.run: feed must be a dict of name -> value (or a list "
-                            f"of one such dict per place), got {type(feed).__name__}")
-        if isinstance(fetch_list, (str,)) or (fetch_list is not None
-                                              and not isinstance(fetch_list, (list, tuple))):
-            fetch_list = [fetch_list]
-        scope = scope if scope is not None else global_scope()
-        feed = reader.pending_feed(program, feed or {})  # a started py_reader/DataLoader's batch
+        # every exception leaves as a PdjitError (pdjit.framework.errors.named_errors), with no
+        # wrapper call on the hot path: the body runs inside the try
         try:
-            feed_names = tuple([k if type(k) is str else k.name for k in feed])
-            fetch_names = tuple([f if type(f) is str else f.name for f in fetch_list or ()])
-        except AttributeError:  # let the checking versions say what was wrong
-            feed_names = feed_fetch.feed_names_of(feed)
-            fetch_names = feed_fetch.fetch_names_of(fetch_list)
-        run, plan, in_order = self._prepare(program, feed_names, fetch_names, feed_var_name,
-                                            fetch_var_name)
-        if run.unfed:  # a data variable read but not fed: named here, before any op runs
-            run.check_unfed(scope)
+            program = program if program is not None else default_main_program()
+            replicas = False
+            if not isinstance(program, Program):
+                as_program = getattr(program, "_as_program", None)  # a CompiledProgram
+                if as_program is None:
+                    raise TypeError(f"Executor.run: program must be a Program, got "
+                                    f"{type(program).__name__}")
+                replicas = getattr(program, "_is_data_parallel", False)
+                program = as_program()
+            if isinstance(feed, (list, tuple)):  # one dict per place, as loaders with places yield
+                feed = feed_fetch.merge_place_feeds(feed, replicas)
+            elif feed is not None and not isinstance(feed, dict):
+                raise TypeError(f"Executor.run: feed must be a dict of name -> value (or a list "
+                                f"of one such dict per place), got {type(feed).__name__}")
+            if isinstance(fetch_list, (str,)) or (fetch_list is not None
+                                                  and not isinstance(fetch_list, (list, tuple))):
+                fetch_list = [fetch_list]
+            scope = scope if scope is not None else global_scope()
+            # a started py_reader/DataLoader's batch
+            feed = reader.pending_feed(program, feed or {})
+            try:
+                feed_names = tuple([k if type(k) is str else k.name for k in feed])
+                fetch_names = tuple([f if type(f) is str else f.name for f in fetch_list or ()])
+            except AttributeError:  # let the checking versions say what was wrong
+                feed_names = feed_fetch.feed_names_of(feed)
+                fetch_names = feed_fetch.fetch_names_of(fetch_list)
+            run, plan, in_order = self._prepare(program, feed_names, fetch_names, feed_var_name,
+                                                fetch_var_name)
+            if run.unfed:  # a data variable read but not fed: named here, before any op runs
+                run.check_unfed(scope)
 
-        # feeds checked against their VarDescs (dtype, rank, known dims) before anything runs;
-        # in the run's column order (a saved model's feed ops may order them otherwise)
-        check = feed_fetch.check_feed_spec
-        if in_order:
-            feed_values = [check(spec, v) for spec, v in zip(run.feed_specs, feed.values())]
-        else:
-            by_name = {(k if type(k) is str else k.name): v for k, v in feed.items()}
-            feed_values = [check(spec, by_name[n])
-                           for n, spec in zip(run.feed_names, run.feed_specs)]
+            # feeds checked against their VarDescs (dtype, rank, known dims) before anything runs;
+            # in the run's column order (a saved model's feed ops may order them otherwise)
+            check = feed_fetch.check_feed_spec
+            if in_order:
+                feed_values = [check(spec, v) for spec, v in zip(run.feed_specs, feed.values())]
+            else:
+                by_name = {(k if type(k) is str else k.name): v for k, v in feed.items()}
+                feed_values = [check(spec, by_name[n])
+                               for n, spec in zip(run.feed_names, run.feed_specs)]
 
-        counts = program.__dict__.get("_run_counts")  # runs of this program by executor
-        if counts is None:
-            counts = program._run_counts = {}
-        run_index = counts.get(self._kind, 0)
-        if not run_index:
-            self._runs[program] = True  # a program this executor ran (weakly): its plans
-        counts[self._kind] = run_index + 1
-        env = Env(scope, run.block, fetched_scopes=run.fetched_scopes)
-        values = env.values
-        if self._on_device:
-            for name, value in zip(run.feed_names, feed_values):
-                if type(value) is np.ndarray:  # copied in once
-                    value = self._target.to_device(value)
-                values[name] = value
-        else:
-            values.update(zip(run.feed_names, feed_values))
-        if plan is not None:
-            if plan.blas:
-                from pdjit.codegen.cpu import threads
+            counts = program.__dict__.get("_run_counts")  # runs of this program by executor
+            if counts is None:
+                counts = program._run_counts = {}
+            run_index = counts.get(self._kind, 0)
+            if not run_index:
+                self._runs[program] = True  # a program this executor ran (weakly): its plans
+            counts[self._kind] = run_index + 1
+            env = Env(scope, run.block, fetched_scopes=run.fetched_scopes)
+            values = env.values
+            if self._on_device:
+                for name, value in zip(run.feed_names, feed_values):
+                    if type(value) is np.ndarray:  # copied in once
+                        value = self._target.to_device(value)
+                    values[name] = value
+            else:
+                values.update(zip(run.feed_names, feed_values))
+            if plan is not None:
+                if plan.blas:
+                    from pdjit.codegen.cpu import threads
 
-                with threads.numpy_blas():
+                    with threads.numpy_blas():
+                        plan.run(self, env, run_index)
+                else:
                     plan.run(self, env, run_index)
+                # a fresh array nothing else holds goes to the user as it is (once)
+                fresh = plan.fresh if return_numpy else ()
             else:
-                plan.run(self, env, run_index)
-            # a fresh array nothing else holds goes to the user as it is (once)
-            fresh = plan.fresh if return_numpy else ()
-        else:
-            self._run_block(run.block, env, run_index)
-            fresh = ()
-        results = []
-        given = None
-        get = env.get
-        for name in run.fetch_names:
-            value = get(name)
-            if value is None:
-                raise PdjitError(f"fetch: variable {name!r} has no value after the run")
-            if name in fresh and type(value) is np.ndarray and (given is None
-                                                                or name not in given):
-                given = given or set()
-                given.add(name)
-                results.append(value)
-            else:
-                results.append(_to_user(value, return_numpy))
-        persistables = run.persistables
-        if persistables:  # commit: only after the whole run succeeded
-            for name, value in values.items():
-                if name in persistables:
-                    scope.var(name).value = value
-        return results
+                self._run_block(run.block, env, run_index)
+                fresh = ()
+            results = []
+            given = None
+            get = env.get
+            for name in run.fetch_names:
+                value = get(name)
+                if value is None:
+                    raise PdjitError(f"fetch: variable {name!r} has no value after the run")
+                if name in fresh and type(value) is np.ndarray and (given is None
+                                                                    or name not in given):
+                    given = given or set()
+                    given.add(name)
+                    results.append(value)
+                else:
+                    results.append(_to_user(value, return_numpy))
+            persistables = run.persistables
+            if persistables:  # commit: only after the whole run succeeded
+                for name, value in values.items():
+                    if name in persistables:
+                        scope.var(name).value = value
+            return results
+        except PdjitError:
+            raise
+        except Exception as e:
+            raise as_pdjit_error(e, "Executor.run") from e
+
 
     def train_from_dataset(self, program: Program | None = None, dataset=None,
                            scope: Scope | None = None, thread: int = 0, debug: bool = False,
