@@ -422,8 +422,8 @@ def resnet_pdjit(params: dict):
         scope.var(name).get_tensor().set(value, fluid.CPUPlace())
 
     def step(xv, yv):
-        return float(exe.run(main, feed={"x": xv, "label": yv}, fetch_list=[loss],
-                             scope=scope)[0])
+        return exe.run(main, feed={"x": xv, "label": yv}, fetch_list=[loss],
+                       scope=scope)[0].item()   # (the mean: [1] as Fluid 1.x declares it)
     return step
 
 
