@@ -109,9 +109,11 @@ class Executor:
             raise TypeError(f"Executor: place must be CPUPlace() or CUDAPlace(i), got {place!r}")
         # the target that runs this place's plans (cuda: a GPU, or the CUDA simulator); the
         # code generator loads with the first executor, not with ``import pdjit``
+        from pdjit.codegen.cpu import threads
         from pdjit.codegen.target import get_target, target_name
 
         self._target = get_target(target_name(self.place))
+        self._numpy_blas = threads.numpy_blas  # (a plan whose steps call NumPy's BLAS)
         self._target.require(f"Executor({self.place!r})")
         self.mode = mode.lower() if mode else _default_mode()
         self.memory_optim = bool(memory_optim) if memory_optim is not None else \
@@ -206,9 +208,7 @@ class Executor:
                 values.update(zip(run.feed_names, feed_values))
             if plan is not None:
                 if plan.blas:
-                    from pdjit.codegen.cpu import threads
-
-                    with threads.numpy_blas():
+                    with self._numpy_blas():
                         plan.run(self, env, run_index)
                 else:
                     plan.run(self, env, run_index)
