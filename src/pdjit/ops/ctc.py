@@ -36,21 +36,10 @@ from pdjit.framework.registry import (
     register_op,
 )
 from pdjit.ops._common import FLOATS, INDEX, check_dtype
+from pdjit.ops.sequence_fluid import one_level_offsets as _offsets
 
 TRAITS = (SEQUENCE, OPAQUE)
 NEG_INF = -np.inf
-
-
-def _offsets(ctx, slot: str, rows: int, op: str) -> np.ndarray:
-    lod = ctx.input_lod(slot) if ctx is not None else []
-    if len(lod) != 1:
-        raise ShapeMismatch(f"{op}: expected input {slot} with a one-level LoD, got "
-                            f"{len(lod)} levels")
-    offs = np.asarray(lod[0], dtype=np.int64)
-    if offs[-1] != rows:
-        raise ShapeMismatch(f"{op}: input {slot}'s LoD ends at {offs[-1]}: expected its number "
-                            f"of rows {rows}")
-    return offs
 
 
 def _lse(*terms):

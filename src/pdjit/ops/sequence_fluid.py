@@ -45,7 +45,8 @@ TRAITS = (SEQUENCE, OPAQUE)
 INT64 = np.dtype(np.int64)
 
 
-def _one_level(ctx, slot: str, rows: int, op: str) -> np.ndarray:
+def one_level_offsets(ctx, slot: str, rows: int, op: str) -> np.ndarray:
+    """The offsets of input ``slot``'s one-level LoD (``rows`` rows), or ``ShapeMismatch``."""
     lod = ctx.input_lod(slot) if ctx is not None else []
     if len(lod) != 1:
         raise ShapeMismatch(f"{op}: expected input {slot} with a one-level LoD, got "
@@ -83,7 +84,7 @@ def _enum_ref(X, *, win_size, pad_value, ctx):
     if X.ndim != 2 or X.shape[1] != 1:
         raise ShapeMismatch(f"sequence_enumerate: expected X of shape [N, 1], got "
                             f"{list(X.shape)}")
-    offs = _one_level(ctx, "X", X.shape[0], "sequence_enumerate")
+    offs = one_level_offsets(ctx, "X", X.shape[0], "sequence_enumerate")
     ids = X[:, 0]
     out = np.full((X.shape[0], win_size), pad_value, dtype=X.dtype)
     ends = np.repeat(offs[1:], np.diff(offs))          # each row's sequence end
@@ -114,7 +115,7 @@ def _reshape_infer(X, *, new_dim):
 
 
 def _reshape_ref(X, *, new_dim, ctx):
-    offs = _one_level(ctx, "X", X.shape[0], "sequence_reshape")
+    offs = one_level_offsets(ctx, "X", X.shape[0], "sequence_reshape")
     d = X.shape[1]
     sizes = np.diff(offs) * d
     if np.any(sizes % new_dim):
@@ -164,7 +165,7 @@ def _slice_infer(X, Offset, Length):
 
 
 def _slice_rows(X, Offset, Length, ctx, op):
-    offs = _one_level(ctx, "X", X.shape[0], op)
+    offs = one_level_offsets(ctx, "X", X.shape[0], op)
     n = len(offs) - 1
     off, length = Offset.reshape(-1), Length.reshape(-1)
     if off.size != n or length.size != n:
@@ -234,7 +235,7 @@ def _scatter_infer(X, Ids, Updates):
 
 
 def _scatter_plan(X, Ids, Updates, ctx, op):
-    offs = _one_level(ctx, "Ids", Ids.shape[0], op)
+    offs = one_level_offsets(ctx, "Ids", Ids.shape[0], op)
     n = len(offs) - 1
     if n != X.shape[0]:
         raise ShapeMismatch(f"{op}: expected one sequence of Ids per row of X ({X.shape[0]}), "
@@ -386,7 +387,7 @@ def _row_conv_infer(X, Filter):
 
 
 def _row_conv_ref(X, Filter, ctx):
-    offs = _one_level(ctx, "X", X.shape[0], "row_conv")
+    offs = one_level_offsets(ctx, "X", X.shape[0], "row_conv")
     out = np.zeros(X.shape, np.result_type(X, Filter))
     for s, e in zip(offs[:-1], offs[1:]):
         for k in range(Filter.shape[0]):
@@ -397,7 +398,7 @@ def _row_conv_ref(X, Filter, ctx):
 
 def _row_conv_grad_ref(X, Filter, ctx, **kw):
     g = kw["Out@GRAD"]
-    offs = _one_level(ctx, "X", X.shape[0], "row_conv_grad")
+    offs = one_level_offsets(ctx, "X", X.shape[0], "row_conv_grad")
     dx, dw = np.zeros(X.shape), np.zeros(Filter.shape)
     for s, e in zip(offs[:-1], offs[1:]):
         for k in range(Filter.shape[0]):
@@ -451,7 +452,7 @@ def _pe_table(length: int, d: int) -> np.ndarray:
 def _pe_positions(X, ctx):
     if X.ndim == 3:
         return None
-    offs = _one_level(ctx, "X", X.shape[0], "add_position_encoding")
+    offs = one_level_offsets(ctx, "X", X.shape[0], "add_position_encoding")
     return np.arange(X.shape[0]) - np.repeat(offs[:-1], np.diff(offs))
 
 
