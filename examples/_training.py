@@ -141,14 +141,21 @@ def smooth(values, span: int | None = None) -> list:
 
 def save_plot(path: str, runs, title: str) -> None:
     """Save a figure of ``runs`` (:class:`Progress` objects) to ``path``: the loss per step on
-    a log scale and the accuracy per step, each with the raw values faint and smoothed curves
-    over them; a run's ``test_accuracy``, when set, is a dashed line."""
+    a log scale and the accuracy per step (no accuracy panel when no run has one), each with
+    the raw values faint and smoothed curves over them; a run's ``test_accuracy``, when set, is
+    a dashed line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4.2))
+    # a run with no accuracy (a regression) gets the loss panel alone
+    with_acc = any(a is not None for run in runs for a in run.accuracies)
+    if with_acc:
+        fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4.2))
+    else:
+        fig, ax_loss = plt.subplots(1, 1, figsize=(6.5, 4.2))
+        ax_acc = None
     for i, run in enumerate(runs):
         color = f"C{i}"
         label = run.name if len(runs) > 1 else None
@@ -158,14 +165,14 @@ def save_plot(path: str, runs, title: str) -> None:
         ax_loss.plot(steps, smooth(positive), color=color, linewidth=2,
                      label=f"{label}: smoothed" if label else "smoothed")
         acc = [(s, a) for s, a in zip(steps, run.accuracies) if a is not None]
-        if acc:
+        if acc and ax_acc is not None:
             xs, ys = zip(*acc)
             ys = [100 * a for a in ys]
             ax_acc.plot(xs, ys, ".", color=color, alpha=0.18, markersize=3)
             ax_acc.plot(xs, smooth(ys), color=color, linewidth=2,
                         label=f"{label}: training (smoothed)" if label else
                         "training batches (smoothed)")
-        if run.test_accuracy is not None:
+        if run.test_accuracy is not None and ax_acc is not None:
             ax_acc.axhline(100 * run.test_accuracy, color=color, linestyle="--", linewidth=1.2,
                            label=(f"{label}: " if label else "") +
                            f"test set: {100 * run.test_accuracy:.1f}%")
@@ -173,14 +180,15 @@ def save_plot(path: str, runs, title: str) -> None:
     ax_loss.set_title("Training loss")
     ax_loss.set_xlabel("training step (mini-batch)")
     ax_loss.set_ylabel("loss (log scale)")
-    ax_acc.set_title("Accuracy")
-    ax_acc.set_xlabel("training step (mini-batch)")
-    ax_acc.set_ylabel("accuracy (%)")
-    ax_acc.set_ylim(0, 100)
+    if ax_acc is not None:
+        ax_acc.set_title("Accuracy")
+        ax_acc.set_xlabel("training step (mini-batch)")
+        ax_acc.set_ylabel("accuracy (%)")
+        ax_acc.set_ylim(0, 100)
     ends = runs[0].epoch_ends[:-1]   # epoch boundaries, when the runs share them
     if any(r.epoch_ends[:-1] != ends for r in runs) or len(ends) > 30:
         ends = []
-    for ax in (ax_loss, ax_acc):
+    for ax in fig.axes:
         ax.grid(True, which="major", alpha=0.3)
         for e in ends:
             ax.axvline(e + 0.5, color="0.85", linewidth=0.8, zorder=0)

@@ -30,6 +30,17 @@ def test_fit_a_line_trains_and_prints_predictions_and_cost_the_same_every_run():
     assert _run("fit_a_line.py") == out   # the programs' random_seed: reproducible
 
 
+def test_fit_a_line_plots_its_loss_alone(tmp_path):
+    """A regression has no accuracy: its figure is the loss panel only."""
+    if importlib.util.find_spec("matplotlib") is None:
+        return
+    out = _run("fit_a_line.py", "--plot", str(tmp_path / "loss.png"))
+    assert out.splitlines()[-1] == f"figure saved to {tmp_path / 'loss.png'}"
+    data = (tmp_path / "loss.png").read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    assert b"Description\x00panels: Training loss" in data and b"Accuracy" not in data
+
+
 EXAMPLES = sorted(p.name for p in (ROOT / "examples").glob("*.py") if not p.name.startswith("_"))
 HEAVY = ("numpy", "numba", "pdjit", "sklearn", "matplotlib", "scipy")
 _HELP_DRIVER = """
