@@ -59,18 +59,7 @@ def child_pdjit(n: int) -> dict:
     t_import = time.perf_counter() - t
     import numpy as np
 
-    main, startup = fluid.Program(), fluid.Program()
-    startup.random_seed = 1
-    with fluid.program_guard(main, startup):
-        h = fluid.layers.data(name="x", shape=[WIDTH], dtype="float32")
-        label = fluid.layers.data(name="label", shape=[1], dtype="int64")
-        for i in range(n):
-            h = fluid.layers.fc(h, WIDTH, act=ACTS[i % 4])
-            if i % 3 == 2:
-                h = h + fluid.layers.scale(h, scale=0.5)
-        logits = fluid.layers.fc(h, CLASSES)
-        loss = fluid.layers.mean(fluid.layers.softmax_with_cross_entropy(logits, label))
-        fluid.optimizer.Adam(learning_rate=1e-3).minimize(loss)
+    main, startup, loss = _mlp(fluid, n)
     xv, yv = data(np)
     exe = fluid.Executor(fluid.CPUPlace())
     exe.run(startup)

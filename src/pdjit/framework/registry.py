@@ -628,6 +628,17 @@ class OpDef:
     def call_infer_shape(self, inputs: Mapping[str, Any], attrs: Mapping[str, Any]) -> dict:
         return self._call(self.infer_shape, self._infer_sig, inputs, attrs, None)
 
+    def infer_op(self, op, meta_of) -> dict:
+        """``infer_shape`` of ``op`` (an operator of this type) with its attributes: each bound
+        input's meta is ``meta_of(name)`` (``None``: left out), a list for a duplicable slot.
+        Raises what ``infer_shape`` raises."""
+        metas = {}
+        for slot in self.inputs:
+            ms = [m for n in op.input(slot.name)
+                  if n != EMPTY_VAR_NAME and (m := meta_of(n)) is not None]
+            metas[slot.name] = ms if slot.duplicable else (ms[0] if ms else None)
+        return self.call_infer_shape(metas, op.all_attrs())
+
     def call_reference(self, inputs: Mapping[str, Any], attrs: Mapping[str, Any], ctx=None) -> dict:
         return self._call(self.reference, self._ref_sig, inputs, attrs, ctx)
 

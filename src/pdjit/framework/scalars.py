@@ -68,15 +68,13 @@ def promoted(op) -> frozenset:
     if opdef is None:
         return frozenset()
     block = op.block
-    metas = {}
-    for slot in opdef.inputs:
-        vs = [block._find_var_recursive(n) for n in op.input(slot.name)
-              if n != registry.EMPTY_VAR_NAME]
-        ms = [v.meta() for v in vs if v is not None]
-        metas[slot.name] = ms if slot.duplicable else (ms[0] if ms else None)
-    attrs = {k: v for k, v in op.all_attrs().items() if k in opdef.attrs}
+
+    def declared(n):
+        v = block._find_var_recursive(n)
+        return None if v is None else v.meta()
+
     try:
-        result = opdef.call_infer_shape(metas, attrs)
+        result = opdef.infer_op(op, declared)
     except (PdjitError, ValueError, TypeError, IndexError, KeyError):
         return frozenset()
     zero_d = set()

@@ -94,8 +94,9 @@ def _written(block) -> set:
     return {n for op in block.ops for n in op.output_arg_names}
 
 
-def _run_grad_block(ctx, grad_block, step, seeds: dict) -> None:
-    """Run ``grad_block`` once for the forward run ``step`` (an env of its StepScopes)."""
+def _run_grad_block(ctx, grad_block, step, seeds: dict):
+    """Run ``grad_block`` once for the forward run ``step`` (an env of its StepScopes); the
+    grad block's env after the run."""
     fwd_block = ctx.program.block(grad_block.forward_block_idx)
     view = ctx.env.child(fwd_block)
     view.values.update({k: v for k, v in (getattr(step, "saved", None) or {}).items()
@@ -104,6 +105,7 @@ def _run_grad_block(ctx, grad_block, step, seeds: dict) -> None:
     genv = view.child(grad_block)
     genv.values.update(seeds)
     ctx.run_block(grad_block.idx, genv)
+    return genv
 
 
 def _steps(value, what: str) -> list:

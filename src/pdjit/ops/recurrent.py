@@ -35,7 +35,7 @@ from pdjit.framework.registry import (
     grad_var_name,
     register_op,
 )
-from pdjit.ops.control_flow_grad import _add, _by_name, _steps, _zeros_like
+from pdjit.ops.control_flow_grad import _add, _by_name, _run_grad_block, _steps, _zeros_like
 
 _SKIP_DOC = "names Paddle's executor must not free early; recorded only"
 
@@ -143,18 +143,6 @@ register_op(
         "to the states of the step before (initial_states at the first), outputs stacked.")
 
 
-def _grad_env(ctx, grad_block, step, seeds: dict):
-    fwd_block = ctx.program.block(grad_block.forward_block_idx)
-    view = ctx.env.child(fwd_block)
-    view.values.update({k: v for k, v in (getattr(step, "saved", None) or {}).items()
-                        if v is not None})
-    view.values.update(step.values)
-    genv = view.child(grad_block)
-    genv.values.update(seeds)
-    ctx.run_block(grad_block.idx, genv)
-    return genv
-
-
 def _recurrent_grad_ref(ctx, **kw):
     op = ctx.op
     a = {k: op.attr(k) for k in ("ex_states", "states", "reverse", "has_states")}
@@ -178,7 +166,7 @@ def _recurrent_grad_ref(ctx, **kw):
             for i, st in enumerate(a["states"]):
                 g = ex_grads[i] if k + 1 < steps else None
                 seeds[grad_var_name(st)] = g if g is not None else _zeros_like(run.get(st))
-        genv = _grad_env(ctx, grad_block, run, seeds)
+        genv = _run_grad_block(ctx, grad_block, run, seeds)
         for x, sink in x_sinks.items():
             if sink == EMPTY_VAR_NAME:
                 continue

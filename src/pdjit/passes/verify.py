@@ -403,6 +403,10 @@ def _compatible(declared, inferred) -> bool:
     return all(d == g or d < 0 or g < 0 for d, g in zip(declared, inferred))
 
 
+class _NotTensors(Exception):
+    """An input is not a tensor (a reader, scopes, a raw holder)."""
+
+
 def _check_inferred(b, i: int, op) -> None:
     """Infer ``op``'s outputs again from its inputs' declarations (its ``infer_shape``) and
     compare them with the declared output variables: a file may declare what the op does not
@@ -415,22 +419,16 @@ def _check_inferred(b, i: int, op) -> None:
     def fail(msg):
         return ProgramError(f"{describe_op(t, b.idx, i, None)}: {msg}")
 
-    metas = {}
-    for slot in opdef.inputs:
-        ms = []
-        for n in op.input(slot.name):
-            if n == registry.EMPTY_VAR_NAME:
-                continue
-            v = b._find_var_recursive(n)
-            if v is None:
-                continue
-            if v.desc.type.type not in _TENSOR_HOLDERS:
-                return  # an op over readers, scopes or raw holders: nothing to compare
-            ms.append(v.meta())
-        metas[slot.name] = ms if slot.duplicable else (ms[0] if ms else None)
-    attrs = {k: v for k, v in op.all_attrs().items() if k in opdef.attrs}
+    def declared(n):
+        v = b._find_var_recursive(n)
+        if v is not None and v.desc.type.type not in _TENSOR_HOLDERS:
+            raise _NotTensors
+        return None if v is None else v.meta()
+
     try:
-        result = opdef.call_infer_shape(metas, attrs)
+        result = opdef.infer_op(op, declared)
+    except _NotTensors:
+        return  # an op over readers, scopes or raw holders: nothing to compare
     except ShapeMismatch as e:
         raise fail(f"its inputs as declared do not fit it: {e}") from None
     except (ValueError, TypeError, IndexError, KeyError, AttributeError, OverflowError,

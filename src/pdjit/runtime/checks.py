@@ -330,23 +330,16 @@ def _run_sizes(pairs, known: dict) -> list:
         if _skipped(opdef):
             continue
         block = op.block
-        metas = {}
-        for slot in opdef.inputs:
-            ms = []
-            for n in op.input(slot.name):
-                if n == registry.EMPTY_VAR_NAME:
-                    continue
-                m = known.get(n)
-                if m is None:
-                    v = block._find_var_recursive(n)
-                    if v is None:
-                        continue
-                    m = v.meta()
-                ms.append(m)
-            metas[slot.name] = ms if slot.duplicable else (ms[0] if ms else None)
-        attrs = {k: v for k, v in op.all_attrs().items() if k in opdef.attrs}
+
+        def meta_of(n, block=block):
+            m = known.get(n)
+            if m is None:
+                v = block._find_var_recursive(n)
+                m = None if v is None else v.meta()
+            return m
+
         try:
-            result = opdef.call_infer_shape(metas, attrs)
+            result = opdef.infer_op(op, meta_of)
         except (ShapeMismatch, ValueError, TypeError, IndexError, KeyError, AttributeError):
             return out
         for slot in opdef.outputs:

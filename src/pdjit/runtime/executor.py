@@ -38,7 +38,7 @@ from pdjit.runtime.context import Env
 from pdjit.runtime.dataset_run import FetchHandler  # noqa: F401 (fluid.executor's name)
 from pdjit.runtime.place import CPUPlace, Place
 from pdjit.runtime.scope import Scope, global_scope
-from pdjit.runtime.tensor import LoDTensor
+from pdjit.runtime.tensor import LoDTensor, device_holder
 
 VarType = pb.VarType
 _NONE = object()
@@ -372,13 +372,11 @@ def _to_user(value, return_numpy: bool):
     """A fetched value as the user gets it: a copy; with ``return_numpy=False`` a LoDTensor
     (with an empty LoD for a dense value, as Fluid gives). A value in a device's memory (any
     device target's: a scope may hold another executor's) is copied out."""
-    from pdjit.codegen.target import holder
-
-    target = holder(value)
+    target = device_holder(value)
     if target is not None:  # copied out (return_numpy=False: stays there)
         return target.to_host(value) if return_numpy else LoDTensor._wrap(value, [])
     if isinstance(value, LoDTensor):
-        target = holder(value._array)
+        target = device_holder(value._array)
         if target is not None:
             if return_numpy:
                 return target.to_host(value._array)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from pdjit.framework import registry
-from pdjit.runtime.tensor import LoDTensor, check_offsets
+from pdjit.runtime.tensor import LoDTensor, check_offsets, device_holder
 
 _NO_OFFSETS = np.zeros(0, np.int64)
 _NO_OFFSETS.flags.writeable = False
@@ -154,9 +154,7 @@ class LoDFlow:
         """``value`` as the env holds it: a LoDTensor when its LoD is non-empty and fits (a
         device array's too: the cuda target's LoD values stay on the device)."""
         lod, ruled = lods.get(name, ((), False))
-        from pdjit.codegen.target import holder  # (loaded with the first plan)
-
-        if not lod or (type(value) is not np.ndarray and holder(value) is None):
+        if not lod or (type(value) is not np.ndarray and device_holder(value) is None):
             return value
         if value.ndim and value.shape[0] == lod[-1][-1]:
             return LoDTensor._wrap(value, lod)

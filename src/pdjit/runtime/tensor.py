@@ -9,6 +9,8 @@ Internally each LoD level is a read-only ``int64`` array of offsets, validated o
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 
@@ -230,3 +232,16 @@ def as_array(value) -> np.ndarray:
 
 def lod_of(value) -> list:
     return value.lod() if isinstance(value, LoDTensor) else []
+
+
+def device_holder(value):
+    """The device target whose memory holds ``value`` (``codegen.target.holder``), or None:
+    the code generator is imported at the first call (with the first plan or fetch), once."""
+    return _holder()(value)
+
+
+@functools.cache
+def _holder():
+    from pdjit.codegen.target import holder
+
+    return holder
