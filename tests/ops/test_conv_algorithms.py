@@ -41,7 +41,10 @@ CASES = [
     ((2, 3, 8, 8), (2, 3, 3, 3), 1, 1, 1, 1, "_fwd_taps"),     # fewer than 4 rows: aside
     ((2, 4, 8, 8), (6, 4, 1, 1), 1, 0, 1, 1, "_fwd_taps"),     # 1x1: the image its own plane
     ((2, 2, 8, 16), (4, 2, 3, 3), 2, 1, 1, 1, "_fwd_taps"),    # stride 2 onto 4x8 planes
-    ((2, 3, 7, 6), (4, 3, 3, 3), 1, 1, 1, 1, "_fwd_blas"),     # 42 outputs: im2col + BLAS
+    ((2, 3, 7, 6), (4, 3, 3, 3), 1, 1, 1, 1, "_fwd_taps"),     # 42 outputs: a part vector
+    ((1, 40, 5, 5), (14, 40, 3, 3), 1, 1, 1, 1, "_fwd_taps"),  # 360 taps in blocks; 6-row tiles
+    ((1, 600, 4, 4), (50, 600, 1, 1), 1, 0, 1, 1, "_fwd_taps"),  # panels of rows
+    ((2, 3, 3, 4), (4, 3, 3, 3), 1, 1, 1, 1, "_fwd_blas"),     # 12 outputs: im2col + BLAS
     ((1, 4, 5, 5), (6, 2, 3, 3), 2, 1, 2, 2, "_fwd_blas"),     # groups, dilation, stride
     ((2, 4, 8, 8), (4, 1, 3, 3), 1, 1, 1, 4, "_direct_range"),  # depthwise
 ]
@@ -144,7 +147,8 @@ EPI_CASES = [
     ((1, 3, 9, 9), (6, 3, 3, 3), 1, 1, 1, "_fwd_taps", "six rows"),
     ((2, 3, 8, 8), (2, 3, 3, 3), 1, 1, 1, "_fwd_taps", "aside"),
     ((2, 4, 8, 8), (8, 2, 3, 3), 1, 1, 2, "_fwd_taps", "groups"),
-    ((2, 3, 7, 6), (5, 3, 3, 3), 1, 1, 1, "_fwd_blas", "BLAS, then a pass"),
+    ((2, 3, 3, 5), (5, 3, 3, 3), 1, 1, 1, "_fwd_blas", "BLAS, then a pass"),
+    ((1, 40, 5, 5), (16, 40, 3, 3), 1, 1, 1, "_fwd_taps", "8 rows, taps in blocks"),
 ]
 # (bias?, lo, hi): relu6, a bias alone, relu without a bias, narrow bounds
 EPILOGUES = [(True, 0.0, 6.0), (True, -np.inf, np.inf), (False, 0.0, np.inf),

@@ -430,6 +430,10 @@ _BLOCK_COLS = 2048
 _COL_ELEMS = 1 << 16
 #: the filter gradient by taps (no im2col, no BLAS) from this many outputs per channel
 _TAPS_DW_MIN = 256
+#: the bytes of weights the taps kernel keeps in cache while it sweeps a panel's positions
+_PANEL_BYTES = 1 << 17
+#: the bytes of inputs one strip of the taps kernel's sums reads per block of taps
+_STRIP_BYTES = 24 << 10
 
 
 @register_jitable
@@ -461,8 +465,29 @@ def _block(n, k_, p_):
 # the tiles of the taps path (see pdjit.codegen.cpu.lib.tile): rows x vectors of positions
 _tile44, _tile41 = tile_kernel(4, 4), tile_kernel(4, 1)
 _tile64, _tile61 = tile_kernel(6, 4), tile_kernel(6, 1)
-_tile44p, _tile41p = tile_kernel(4, 4, False), tile_kernel(4, 1, False)
-_tile64p, _tile61p = tile_kernel(6, 4, False), tile_kernel(6, 1, False)
+_tile83, _tile81 = tile_kernel(8, 3), tile_kernel(8, 1)
+
+
+@register_jitable
+def _tiles(rb, wide, wp, wo, wk, kk, xs, xb, tk, df, do, ds, q0, more):
+    """The tile of ``rb`` rows (8, 6 or 4) by its strip of vectors (``wide``: 3 for 8 rows,
+    else 4) or by one vector."""
+    if rb == 8:
+        if wide:
+            _tile83(wp, wo, wk, kk, xs, xb, tk, df, do, ds, q0, more)
+        else:
+            _tile81(wp, wo, wk, kk, xs, xb, tk, df, do, ds, q0, more)
+    elif rb == 6:
+        if wide:
+            _tile64(wp, wo, wk, kk, xs, xb, tk, df, do, ds, q0, more)
+        else:
+            _tile61(wp, wo, wk, kk, xs, xb, tk, df, do, ds, q0, more)
+    elif wide:
+        _tile44(wp, wo, wk, kk, xs, xb, tk, df, do, ds, q0, more)
+    else:
+        _tile41(wp, wo, wk, kk, xs, xb, tk, df, do, ds, q0, more)
+
+
 _roll33 = roll_kernel(3, 3)
 
 
@@ -493,7 +518,7 @@ def _use_taps(mg, k_, p_) -> bool:
     32->32 0.28 / 0.49, 7x7 3x3 64->64 1.65 / 2.30; 5x5 1x1 128->128 0.44 / 0.42) but stay
     with BLAS, whose im2col tests cover such shapes. (With the earlier kernel, which stored
     its sums every four taps, BLAS won on 8x8 planes of 64+ channels and on 4x4.)"""
-    return p_ >= 64 or (p_ >= 16 and p_ % 16 == 0)
+    return p_ >= 16
 
 
 @register_jitable
@@ -626,14 +651,21 @@ def _taps_kernel(epilogue: bool):
         aside = ds != p_ or mg < 4
         acc = np.empty(mq * ds if aside else 0, x.dtype)
         df = acc if aside else yf
-        # tiles of 4 rows (6 where they divide the rows and 4 do not: LeNet's 6 channels) by 4
-        # vectors of positions, then by 1 vector for the rest of the span
+        # tiles of rb rows by nv vectors of positions (24 sums in registers; 4 rows by 4
+        # below 6 rows), then by 1 vector for the rest of the span
         vw = TILE_BYTES // x.itemsize
-        six = mg % 6 == 0 and mg % 4 != 0
-        rb = 6 if six else 4
+        rb = 8 if mq % 8 == 0 else 6 if mq >= 6 else 4
+        nv = 3 if rb == 8 else 4
+        # rows per panel: their weights about _PANEL_BYTES
+        mp = (_PANEL_BYTES // (k_ * x.itemsize)) // rb * rb
+        mp = mp if mp > rb else rb
+        # taps per block: a strip's inputs about _STRIP_BYTES (all of them where the last
+        # block of rows overlaps the one before)
+        kc = _STRIP_BYTES // (nv * TILE_BYTES) if mq % rb == 0 else k_
         # the epilogue: by the tiles as they store (rows of a block overlapping the one before
         # are stored from their sums again, through it again); computed aside, as copied out
         ep = nb = epr = False
+        zero_ = x.dtype.type(0)
         if epilogue:  # (a constant: the other variant compiles none of this)
             ep = _has_epilogue(bias, lo, hi)
             nb = bias.size > 0
@@ -670,42 +702,33 @@ def _taps_kernel(epilogue: bool):
                                 sh * pp, r * pp)
                 y0 = (n * m_ + g * mg) * p_
                 d0 = 0 if aside else y0
-                # by blocks of rb rows, the last overlapping the ones before when rb does not
-                # divide mg (rows computed twice cost less than a pass of their own)
-                for m4 in range(0, mq, rb):
-                    mr = m4 if m4 < mq - rb else mq - rb
-                    wo, do = (g * mq + mr) * k_, d0 + mr * ds
+                # by panels of rows whose weights stay in the L2 cache (mp rows, a multiple of
+                # rb), each swept strip by strip of nv vectors of positions, each strip's sums
+                # by blocks of kc taps whose inputs stay in the L1 cache while every block of
+                # rb rows of the panel reads them (its sums so far reloaded from df: the same
+                # values as summed in one go), then the strip's epilogue while it is in cache.
+                # In a panel, blocks of rb rows, the last overlapping the ones before when rb
+                # does not divide mg (rows computed twice cost less than a pass of their own;
+                # then the taps are not split, which would add a block's sums twice to them).
+                for p0 in range(0, mq, mp):
+                    p1 = p0 + mp if p0 + mp < mq else mq
+                    r0 = p0 if p1 < mq or p0 < mq - rb else mq - rb  # rows the strips store
                     q0 = 0
-                    if six:
-                        while q0 + 4 * vw <= span:
-                            if epilogue:
-                                _tile64(wp, wo, k_, k_, xs, xb, tap, df, do, ds, q0, bias,
-                                       g * mg + mr, epr, nb, lo, hi)
-                            else:
-                                _tile64p(wp, wo, k_, k_, xs, xb, tap, df, do, ds, q0)
-                            q0 += 4 * vw
-                        while q0 < span:
-                            if epilogue:
-                                _tile61(wp, wo, k_, k_, xs, xb, tap, df, do, ds, q0, bias,
-                                       g * mg + mr, epr, nb, lo, hi)
-                            else:
-                                _tile61p(wp, wo, k_, k_, xs, xb, tap, df, do, ds, q0)
-                            q0 += vw
-                    else:
-                        while q0 + 4 * vw <= span:
-                            if epilogue:
-                                _tile44(wp, wo, k_, k_, xs, xb, tap, df, do, ds, q0, bias,
-                                       g * mg + mr, epr, nb, lo, hi)
-                            else:
-                                _tile44p(wp, wo, k_, k_, xs, xb, tap, df, do, ds, q0)
-                            q0 += 4 * vw
-                        while q0 < span:
-                            if epilogue:
-                                _tile41(wp, wo, k_, k_, xs, xb, tap, df, do, ds, q0, bias,
-                                       g * mg + mr, epr, nb, lo, hi)
-                            else:
-                                _tile41p(wp, wo, k_, k_, xs, xb, tap, df, do, ds, q0)
-                            q0 += vw
+                    while q0 < span:
+                        wide = q0 + nv * vw <= span
+                        width = nv * vw if wide else vw
+                        for k0 in range(0, k_, kc):
+                            k1 = k0 + kc if k0 + kc < k_ else k_
+                            tk = tap[k0:k1]
+                            for m4 in range(p0, p1, rb):
+                                mr = m4 if m4 < mq - rb else mq - rb
+                                _tiles(rb, wide, wp, (g * mq + mr) * k_ + k0, k_, k1 - k0, xs,
+                                       xb, tk, df, d0 + mr * ds, ds, q0, k0 > 0)
+                        if epr:
+                            for r in range(r0, p1):
+                                clamp_run(df, d0 + r * ds + q0, width,
+                                          bias[g * mg + r] if nb else zero_, nb, lo, hi)
+                        q0 += width
                 if aside:
                     for mr in range(mg):
                         sa, da = U(mr * ds), U(y0 + mr * p_)

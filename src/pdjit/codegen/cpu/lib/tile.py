@@ -1,18 +1,18 @@
 """A register-blocked micro-kernel for the convolution's taps path (:func:`conv._fwd_range`).
 
-``tile(wf, w0, wk, kk, xs, xb, tap, df, d0, ds, q0, bias, c0, ep, add, lo, hi)`` computes a
-block of ``MR`` output rows by ``NV`` vectors of positions (a vector: 64 bytes, 16 float32 or 8
-float64):
+``tile(wf, w0, wk, kk, xs, xb, tap, df, d0, ds, q0, more)`` computes a block of ``MR`` output
+rows by ``NV`` vectors of positions (a vector: 64 bytes, 16 float32 or 8 float64):
 
     df[d0 + r * ds + q0 + q] = sum over k < kk of wf[w0 + r * wk + k] * xs[xb + tap[k] + q0 + q]
 
-for ``r < MR`` and ``q < NV * lanes``; with ``ep`` true each sum is stored through the
-epilogue ``minimum(maximum(sum + bias[c0 + r], lo), hi)`` (no add where ``add`` is false; see
-:func:`clamp_run`). The ``MR * NV`` sums stay in vector registers over all
-``kk`` taps and are stored once, where the kernel it replaced (``_rows4``) loaded and stored
-its partial sums every four taps; each tap loads ``NV`` vectors of inputs and broadcasts
-``MR`` weights. Every output sums its products in tap order, each a fused multiply-add (as
-``_rows4`` with its "contract" fast-math flag did: the same values).
+for ``r < MR`` and ``q < NV * lanes``, added to what ``df`` holds there where ``more`` is true
+(a block of taps after the first: the caller splits long sums into blocks whose inputs stay in
+the L1 cache). The ``MR * NV`` sums stay in vector registers over all ``kk`` taps and are
+stored once; each tap loads ``NV`` vectors of inputs and broadcasts ``MR`` weights. Every
+output sums its products in tap order, each a fused multiply-add. The caller applies an
+epilogue (:func:`clamp_run`) to a strip of tiles while it is in cache: measured, a tile that
+stored through the epilogue itself made the whole kernel 15-40 % slower (a larger function,
+two store paths per tile), even where no epilogue was asked for.
 
 Written as LLVM IR (a Numba intrinsic) with explicit vector types: Numba's loop vectoriser
 keeps no accumulator of a loop over taps in registers (the sums live in the output array,
@@ -103,7 +103,20 @@ def _tile_sums(context, builder, at, args, mr: int, nv: int):
     w0v, wkv, kkv = (_offset(context, builder, at[i], args[i]) for i in (1, 2, 3))
     xbv, d0v, dsv, q0v = (_offset(context, builder, at[i], args[i]) for i in (5, 8, 9, 10))
     fty, size, lanes, vty, i64, zero, fma = _vectors(context, builder, at[0].dtype)
+    dq = builder.add(d0v, q0v)
+
+    def row(r):
+        return builder.add(dq, builder.mul(dsv, ir.Constant(i64, r)))
+
+    def cell(r, v):
+        p = builder.gep(dptr, [builder.add(row(r), ir.Constant(i64, v * lanes))])
+        return builder.bitcast(p, vty.as_pointer())
+
     acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(nv)] for _ in range(mr)]
+    with builder.if_then(_flag(context, builder, at[11], args[11])):  # more: df's sums so far
+        for r in range(mr):
+            for v in range(nv):
+                builder.store(builder.load(cell(r, v), align=size), acc[r][v])
     xq = builder.add(xbv, q0v)
     with cgutils.for_range(builder, kkv) as loop:
         k = loop.index
@@ -120,11 +133,6 @@ def _tile_sums(context, builder, at, args, mr: int, nv: int):
             for v in range(nv):
                 builder.store(builder.call(fma, [wb, xv[v], builder.load(acc[r][v])]),
                               acc[r][v])
-    dq = builder.add(d0v, q0v)
-
-    def row(r):
-        return builder.add(dq, builder.mul(dsv, ir.Constant(i64, r)))
-
     return acc, dptr, row, vty, size, lanes, i64, fty
 
 
@@ -135,71 +143,25 @@ def _tile_types(wf, xs, df, tap) -> bool:
         isinstance(tap.dtype, types.Integer)
 
 
-def tile_kernel(mr: int, nv: int, epilogue: bool = True):
-    """The intrinsic for tiles of ``mr`` rows by ``nv`` vectors (see the module docstring);
-    ``epilogue=False``: the one without the epilogue and its arguments (``tile(wf, ..., q0)``:
-    less code to compile where none is applied)."""
-    if not epilogue:
-        @intrinsic
-        def plain(typingctx, wf, w0, wk, kk, xs, xb, tap, df, d0, ds, q0):
-            if not _tile_types(wf, xs, df, tap):
-                return None
-
-            def codegen(context, builder, signature, args):
-                acc, dptr, row, vty, size, lanes, i64, _ = _tile_sums(
-                    context, builder, signature.args, args, mr, nv)
-                for r in range(mr):
-                    at = row(r)
-                    for v in range(nv):
-                        p = builder.gep(dptr, [builder.add(at, ir.Constant(i64, v * lanes))])
-                        builder.store(builder.load(acc[r][v]),
-                                      builder.bitcast(p, vty.as_pointer()), align=size)
-                return context.get_dummy_value()
-
-            return types.void(wf, w0, wk, kk, xs, xb, tap, df, d0, ds, q0), codegen
-
-        return plain
-
+def tile_kernel(mr: int, nv: int):
+    """The intrinsic for tiles of ``mr`` rows by ``nv`` vectors (see the module docstring)."""
     @intrinsic
-    def tile(typingctx, wf, w0, wk, kk, xs, xb, tap, df, d0, ds, q0, bias, c0, ep, add, lo, hi):
-        if not _tile_types(wf, xs, df, tap) or \
-                not _epilogue_types(bias, c0, ep, add, lo, hi) or bias.dtype != wf.dtype:
+    def tile(typingctx, wf, w0, wk, kk, xs, xb, tap, df, d0, ds, q0, more):
+        if not _tile_types(wf, xs, df, tap) or not isinstance(more, types.Boolean):
             return None
-        sig = types.void(wf, w0, wk, kk, xs, xb, tap, df, d0, ds, q0, bias, c0, ep, add, lo, hi)
 
         def codegen(context, builder, signature, args):
-            at = signature.args
-            acc, dptr, row, vty, size, lanes, i64, fty = _tile_sums(
-                context, builder, at, args, mr, nv)
-            # the epilogue (ep): row r's sums + bias[c0 + r] (add), clamped, as they are stored
-            bptr = context.make_array(at[11])(context, builder, args[11]).data
-            c0v = _offset(context, builder, at[12], args[12])
-            add = _flag(context, builder, at[14], args[14])
-            apply, splat = _clamper(context, builder, at[0].dtype, vty, add, *(
-                context.cast(builder, args[i], at[i], types.float64) for i in (15, 16)))
-            nobias = cgutils.alloca_once_value(builder, ir.Constant(fty, 0.0))
-
-            def store(epilogue):
-                for r in range(mr):
-                    ro = row(r)
-                    if epilogue:  # (bias[c0 + r] read only when there is one)
-                        bp = builder.select(add, builder.gep(bptr, [builder.add(
-                            c0v, ir.Constant(i64, r))]), nobias)
-                        b = splat(builder.load(bp))
-                    for v in range(nv):
-                        p = builder.gep(dptr, [builder.add(ro, ir.Constant(i64, v * lanes))])
-                        x = builder.load(acc[r][v])
-                        builder.store(apply(x, b) if epilogue else x,
-                                      builder.bitcast(p, vty.as_pointer()), align=size)
-
-            with builder.if_else(_flag(context, builder, at[13], args[13])) as (yes, no):
-                with yes:
-                    store(True)
-                with no:
-                    store(False)
+            acc, dptr, row, vty, size, lanes, i64, _ = _tile_sums(
+                context, builder, signature.args, args, mr, nv)
+            for r in range(mr):
+                at = row(r)
+                for v in range(nv):
+                    p = builder.gep(dptr, [builder.add(at, ir.Constant(i64, v * lanes))])
+                    builder.store(builder.load(acc[r][v]), builder.bitcast(p, vty.as_pointer()),
+                                  align=size)
             return context.get_dummy_value()
 
-        return sig, codegen
+        return types.void(wf, w0, wk, kk, xs, xb, tap, df, d0, ds, q0, more), codegen
 
     return tile
 
