@@ -387,7 +387,7 @@ for _name, (_dx, _dy) in _GRADS.items():
         f"{_name}_grad", inputs=["X", "Y", "Out?", "Out@GRAD"], outputs=["X@GRAD?", "Y@GRAD?"],
         attrs=dict(_AXIS), traits=[OPAQUE], infer_shape=_ew_grad_infer,
         reference=_ew_grad_ref(_dx, _dy),
-        emit=Opaque(_ew_grad_lower(_name), host=True, targets=("cpu", "cuda"))
+        emit=Opaque(_ew_grad_lower(_name), host=True)
         if _name in _GRAD_SRC else None,
         grad=None,
         doc=f"Gradients of {_name} w.r.t. X and Y (summed over broadcast dims).")

@@ -186,7 +186,6 @@ def _device_rows(lower):
     return both
 
 
-_TARGETS = ("cpu", "cuda")
 
 
 register_op(
@@ -194,7 +193,7 @@ register_op(
     attrs={"axis": Int(-1, low=-1, high=1, axis_of="X")},
     row_wise=RowWise(axes=("axis",)),
     traits=[OPAQUE], infer_shape=_softmax_infer, reference=_softmax_ref,
-    emit=Opaque(_device_rows(_softmax_lower), targets=_TARGETS),
+    emit=Opaque(_device_rows(_softmax_lower)),
     grad=default_grad("softmax_grad", fwd_inputs=(), fwd_outputs=("Out",)),
     doc="Out = exp(X - max) / sum(exp(X - max)) along axis.")
 
@@ -495,7 +494,7 @@ register_op(
            "numeric_stable_mode": Bool(True), **_IGNORE,
            "axis": Int(-1, low=-1, high=1, axis_of=("Logits", "Softmax"))},
     traits=[OPAQUE], infer_shape=_swce_infer, reference=_swce_ref,
-    emit=Opaque(_swce_lower, targets=_TARGETS),
+    emit=Opaque(_swce_lower),
     grad=default_grad("softmax_with_cross_entropy_grad", fwd_inputs=("Label",),
                       fwd_outputs=("Softmax",), grad_outputs=("Loss",), wrt=("Logits",)),
     doc="Softmax = softmax(Logits, axis); Loss = cross entropy of Softmax against Label, "
@@ -696,7 +695,7 @@ register_op(
            # runtime extra attrs in Paddle; declared so a fixed seed can be recorded
            "seed": Int(0, low=0, high=1000), "fix_seed": Bool(False)},
     traits=[OPAQUE, RANDOM], infer_shape=_dropout_infer, reference=_dropout_ref,
-    emit=Opaque(_dropout_lower, host=True, targets=_TARGETS),
+    emit=Opaque(_dropout_lower, host=True),
     grad=default_grad("dropout_grad", fwd_inputs=(), fwd_outputs=("Mask",)),
     inference=_dropout_inference,
     doc="Out = X where a uniform draw >= dropout_prob else 0, scaled per "
@@ -899,7 +898,7 @@ register_op(
            "numeric_stable_mode": Bool(True), **_IGNORE,
            "axis": Int(-1, low=-1, high=1, axis_of=("Logits", "Softmax"))},
     traits=[OPAQUE], infer_shape=_swce_grad_infer, reference=_swce_grad_ref,
-    emit=Opaque(_swce_grad_lower, targets=_TARGETS), grad=None,
+    emit=Opaque(_swce_grad_lower), grad=None,
     doc="dLogits = (Softmax - onehot(Label)) * dLoss (hard; 0 on ignored rows) or "
         "(Softmax - Label) * dLoss (soft); with use_softmax=False, -Label / Softmax * dLoss.")
 
@@ -958,7 +957,7 @@ register_op(
                                          one_of=_DROPOUT_IMPLS),
            "seed": Int(0, low=0, high=1000), "fix_seed": Bool(False)},
     traits=[OPAQUE], infer_shape=_dropout_grad_infer, reference=_dropout_grad_ref,
-    emit=Opaque(_dropout_grad_lower, host=True, targets=_TARGETS),
+    emit=Opaque(_dropout_grad_lower, host=True),
     grad=None,
     doc="dX = dOut * Mask (scaled by 1 / (1 - p) with upscale_in_train); in test mode the "
         "forward's fixed scale.")

@@ -401,7 +401,7 @@ register_op(
                      drop=("MeanOut", "VarianceOut", "SavedMean", "SavedVariance",
                            "ReserveSpace"), check=_bn_rows),
     attrs=dict(_BN_ATTRS), traits=[OPAQUE], infer_shape=_bn_infer, reference=_bn_ref,
-    emit=Opaque(_bn_lower, host=True, targets=("cpu", "cuda")), grad=_bn_grad_maker,
+    emit=Opaque(_bn_lower, host=True), grad=_bn_grad_maker,
     inference=_bn_inference,
     doc="Y = (X - mean) / sqrt(var + epsilon) * Scale + Bias per channel, with batch or running "
         "statistics; the running statistics move by momentum in training.")
@@ -656,7 +656,7 @@ register_op(
             "ReserveSpace?", "Y@GRAD"],
     outputs=["X@GRAD?", "Scale@GRAD?", "Bias@GRAD?"], attrs=dict(_BN_ATTRS), traits=[OPAQUE],
     infer_shape=_bn_grad_infer, reference=_bn_grad_ref,
-    emit=Opaque(_bn_grad_lower, host=True, targets=("cpu", "cuda")),
+    emit=Opaque(_bn_grad_lower, host=True),
     grad=None, doc="Gradients of batch_norm through the batch or the running statistics.")
 
 
@@ -1007,7 +1007,7 @@ register_op(
                      check=lambda v: None if int(v.attr("begin_norm_axis")) >= 1
                      else "begin_norm_axis < 1"),
     attrs=dict(_LN_ATTRS), traits=[OPAQUE], infer_shape=_ln_infer, reference=_ln_ref,
-    emit=Opaque(_ln_lower, host=True, targets=("cpu", "cuda")),
+    emit=Opaque(_ln_lower, host=True),
     grad=default_grad("layer_norm_grad", fwd_inputs=("X", "Scale", "Bias"),
                       fwd_outputs=("Mean", "Variance"), grad_outputs=("Y",),
                       wrt=("X", "Scale", "Bias")),
@@ -1128,5 +1128,5 @@ register_op(
     "layer_norm_grad", inputs=["X", "Scale?", "Bias?", "Mean", "Variance", "Y@GRAD"],
     outputs=["X@GRAD?", "Scale@GRAD?", "Bias@GRAD?"], attrs=dict(_LN_ATTRS), traits=[OPAQUE],
     infer_shape=_ln_grad_infer, reference=_ln_grad_ref,
-    emit=Opaque(_ln_grad_lower, host=True, targets=("cpu", "cuda")),
+    emit=Opaque(_ln_grad_lower, host=True),
     grad=None, doc="Gradients of layer_norm through the row statistics Mean and Variance.")

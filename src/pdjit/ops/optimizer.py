@@ -190,7 +190,7 @@ register_op(
         ("Param", "Grad"), ("ParamOut",),
         lambda ctx, T, v: [f"lr_ = {T}({v['LearningRate']}[0])"],
         lambda ctx, T, v, i: [f"{v['ParamOut']}[{i}] = {v['Param']}[{i}] - lr_ * "
-                              f"{v['Grad']}[{i}]"]), flat=True, targets=("cpu", "cuda")),
+                              f"{v['Grad']}[{i}]"]), flat=True),
     grad=None, doc="ParamOut = Param - LearningRate * Grad.")
 
 
@@ -251,7 +251,7 @@ register_op(
     traits=[OPAQUE], infer_shape=_momentum_infer, reference=_momentum_ref,
     emit=Opaque(_elementwise_lower(("Param", "Grad", "Velocity"), ("ParamOut", "VelocityOut"),
                                    _momentum_prologue, _momentum_body),
-                flat=True, targets=("cpu", "cuda")),
+                flat=True),
     grad=None,
     doc="VelocityOut = mu * Velocity + Grad (+ l2 coeff * Param); ParamOut = Param - lr * "
         "VelocityOut (Nesterov: Param - lr * (Grad + mu * VelocityOut)).")
@@ -387,7 +387,7 @@ _adam_loop = _elementwise_lower(("Param", "Grad", "Moment1", "Moment2"),
 register_op(
     "adam", inputs=_ADAM_INPUTS, outputs=_ADAM_OUTPUTS, attrs=dict(_ADAM_ATTRS),
     traits=[OPAQUE], infer_shape=_adam_infer, reference=_adam_ref,
-    emit=Opaque(_adam_lower, flat=True, targets=("cpu", "cuda")),
+    emit=Opaque(_adam_lower, flat=True),
     grad=None,
     doc="Adam: moments updated, ParamOut = Param - lr * sqrt(1 - b2p) / (1 - b1p) * m1 / "
         "(sqrt(m2) + epsilon * sqrt(1 - b2p)); beta pows multiplied by beta1/beta2.")

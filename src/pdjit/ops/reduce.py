@@ -393,7 +393,7 @@ for _t in ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod
     _infer, _ref = _make_reduce_grad(_t)
     register_op(f"{_t}_grad", inputs=["X", "Out?", "Out@GRAD"], outputs=["X@GRAD?"],
                 attrs=dict(_REDUCE_ATTRS), traits=[OPAQUE], infer_shape=_infer, reference=_ref,
-                emit=Opaque(_make_reduce_grad_lower(_t), host=True, targets=("cpu", "cuda")),
+                emit=Opaque(_make_reduce_grad_lower(_t), host=True),
                 grad=None,
                 doc=f"X@GRAD = the gradient of {_t}: Out@GRAD spread back over the reduced "
                     f"axes of X.")
@@ -438,7 +438,7 @@ def _mean_grad_lower(ctx):
 register_op(
     "mean_grad", inputs=["X", "Out@GRAD"], outputs=["X@GRAD?"], traits=[OPAQUE],
     infer_shape=lambda X, **_: {"X@GRAD": X}, reference=_mean_grad_ref,
-    emit=Opaque(_mean_grad_lower, host=True, targets=("cpu", "cuda")), grad=None,
+    emit=Opaque(_mean_grad_lower, host=True), grad=None,
     doc="X@GRAD = Out@GRAD / X.size everywhere (gradient of mean).")
 
 
@@ -514,7 +514,7 @@ def _sum_grad(op):
 
 register_op(
     "sum", inputs=["X*"], outputs=["Out"], traits=[OPAQUE], infer_shape=_sum_infer,
-    reference=_sum_ref, emit=Opaque(_sum_lower, host=True, targets=("cpu", "cuda")),
+    reference=_sum_ref, emit=Opaque(_sum_lower, host=True),
     grad=_sum_grad,
     doc="Out = X[0] + X[1] + ..., inputs of one shape and dtype.")
 

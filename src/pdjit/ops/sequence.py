@@ -88,7 +88,6 @@ TRAITS = (SEQUENCE, OPAQUE)
 POOLTYPES = ("AVERAGE", "SUM", "SQRT", "MAX", "LAST", "FIRST")
 #: the lowerings written for the device target too (``sequence_lower``: kernels reading the
 #: offsets' device copy)
-_DEVICE = ("cpu", "cuda")
 
 
 # ---- LoD helpers -----------------------------------------------------------------------------
@@ -234,7 +233,7 @@ register_op(
     attrs={"is_test": Bool(False), "pooltype": Str("AVERAGE", choices=POOLTYPES),
            "pad_value": Float(0.0, low=-2.0, high=2.0)},
     traits=TRAITS, infer_shape=_pool_infer, reference=_pool_ref,
-    emit=Opaque(_lower.pool, targets=_DEVICE),
+    emit=Opaque(_lower.pool),
     grad=_pool_grad_maker, out_lod=_pool_lod,
     doc="One row per sequence of X's last LoD level: AVERAGE, SUM, SQRT (sum/sqrt(len)), MAX, "
         "LAST or FIRST of its rows; pad_value for an empty sequence.")
@@ -243,7 +242,7 @@ register_op(
     attrs={"is_test": Bool(False), "pooltype": Str("AVERAGE", choices=POOLTYPES),
            "pad_value": Float(0.0)},
     traits=TRAITS, infer_shape=_pool_grad_infer, reference=_pool_grad_ref,
-    emit=Opaque(_lower.pool_grad, targets=_DEVICE), grad=None,
+    emit=Opaque(_lower.pool_grad), grad=None,
     out_lod=lambda lods, **_: {"X@GRAD": lods["X"]})
 
 
@@ -297,7 +296,7 @@ def _softmax_grad_ref(Out, X, ctx, **kw):
 register_op(
     "sequence_softmax", inputs=["X"], outputs=["Out"], attrs={},
     traits=TRAITS, infer_shape=_softmax_infer, reference=_softmax_ref,
-    emit=Opaque(_lower.softmax, targets=_DEVICE),
+    emit=Opaque(_lower.softmax),
     grad=lambda op: [GradOpSpec("sequence_softmax_grad",
                                 {"Out": op.output("Out"), "Out@GRAD": _g(op.output("Out")),
                                  "X": op.input("X")},
@@ -307,7 +306,7 @@ register_op(
 register_op(
     "sequence_softmax_grad", inputs=["Out", "Out@GRAD", "X"], outputs=["X@GRAD"], attrs={},
     traits=TRAITS, infer_shape=lambda X, **_: {"X@GRAD": X}, reference=_softmax_grad_ref,
-    emit=Opaque(_lower.softmax_grad, targets=_DEVICE), grad=None,
+    emit=Opaque(_lower.softmax_grad), grad=None,
     out_lod=lambda lods, **_: {"X@GRAD": lods["X"]})
 
 
@@ -384,7 +383,7 @@ register_op(
     "sequence_expand", inputs=["X", "Y"], outputs=["Out"],
     attrs={"ref_level": Int(-1, choices=(-1,))},
     traits=TRAITS, infer_shape=_expand_infer, reference=_expand_ref,
-    emit=Opaque(_lower.expand, targets=_DEVICE),
+    emit=Opaque(_lower.expand),
     grad=_xy_grad("sequence_expand_grad", ("ref_level",)), out_lod=_expand_lod,
     doc="Repeat each sequence of X (each row, when X has no LoD) as many times as the "
         "matching sequence of Y's LoD level ref_level is long.")
@@ -392,7 +391,7 @@ register_op(
     "sequence_expand_grad", inputs=["X", "Y", "Out@GRAD"], outputs=["X@GRAD"],
     attrs={"ref_level": Int(-1)},
     traits=TRAITS, infer_shape=lambda X, **_: {"X@GRAD": X}, reference=_expand_grad_ref,
-    emit=Opaque(_lower.expand_grad, targets=_DEVICE), grad=None,
+    emit=Opaque(_lower.expand_grad), grad=None,
     out_lod=lambda lods, **_: {"X@GRAD": lods["X"]})
 
 
@@ -425,7 +424,7 @@ def _expand_as_grad_ref(X, Y, ctx, **kw):
 register_op(
     "sequence_expand_as", inputs=["X", "Y"], outputs=["Out"], attrs={},
     traits=TRAITS, infer_shape=lambda X, Y: {"Out": _rows_meta(X, lod_level=1)},
-    reference=_expand_as_ref, emit=Opaque(_lower.expand_as, targets=_DEVICE),
+    reference=_expand_as_ref, emit=Opaque(_lower.expand_as),
     grad=_xy_grad("sequence_expand_as_grad"),
     out_lod=lambda lods, **_: {"Out": [list(_need_lod(lods["Y"], "Y")[-1])]},
     doc="Row i of X repeated as many times as sequence i of Y (last LoD level) is long; Out "
@@ -433,7 +432,7 @@ register_op(
 register_op(
     "sequence_expand_as_grad", inputs=["X", "Y", "Out@GRAD"], outputs=["X@GRAD"], attrs={},
     traits=TRAITS, infer_shape=lambda X, **_: {"X@GRAD": X}, reference=_expand_as_grad_ref,
-    emit=Opaque(_lower.expand_as_grad, targets=_DEVICE), grad=None,
+    emit=Opaque(_lower.expand_as_grad), grad=None,
     out_lod=lambda lods, **_: {"X@GRAD": lods["X"]})
 
 

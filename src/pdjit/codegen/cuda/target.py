@@ -34,6 +34,7 @@ import numpy as np
 
 from pdjit.codegen import driver
 from pdjit.codegen.compiler import deps_hash
+from pdjit.codegen.cuda.lowerings import LOWERINGS
 from pdjit.codegen.kernel import FULL, MID, ROW, SCALAR, LoopKernel
 from pdjit.codegen.target import Target, register_target
 
@@ -385,6 +386,7 @@ class CudaTarget(Target):
     """NVIDIA GPUs through ``numba.cuda``: every kernel a grid (no ``prange`` or in-place
     variants, no blocked epilogues, no native drivers), compiled at its first launch."""
     name = NAME
+    lowerings = LOWERINGS
     device = True
     alloc_module = "_cu"
     library = "_cu"

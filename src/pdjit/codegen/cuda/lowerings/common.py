@@ -1,0 +1,23 @@
+"""Ops whose definitions' own target-neutral lowerings run on this target as they are."""
+from pdjit.codegen.cuda.lowerings import generic
+
+generic("adam", "momentum", "sgd",
+        "assign", "fill_constant", "sum", "mean_grad",
+        "batch_norm", "batch_norm_grad", "layer_norm", "layer_norm_grad",
+        "dropout", "dropout_grad", "softmax", "softmax_with_cross_entropy",
+        "softmax_with_cross_entropy_grad",
+        "elementwise_add_grad", "elementwise_div_grad", "elementwise_max_grad",
+        "elementwise_min_grad", "elementwise_mul_grad", "elementwise_pow_grad",
+        "elementwise_sub_grad",
+        "reduce_max_grad", "reduce_mean_grad", "reduce_min_grad", "reduce_prod_grad",
+        "reduce_sum_grad",
+        "sequence_expand", "sequence_expand_as", "sequence_expand_as_grad",
+        "sequence_expand_grad", "sequence_pool", "sequence_pool_grad", "sequence_softmax",
+        "sequence_softmax_grad",
+        # convolutions, pooling and matrix products: their definitions hold both targets'
+        # lines (being rewritten)
+        "bmm", "bmm_grad", "conv2d", "conv2d_grad", "conv2d_transpose",
+        "conv2d_transpose_grad", "depthwise_conv2d", "depthwise_conv2d_grad",
+        "depthwise_conv2d_transpose", "depthwise_conv2d_transpose_grad", "matmul",
+        "matmul_grad", "matmul_v2", "matmul_v2_grad", "mul", "mul_grad", "pool2d",
+        "pool2d_grad")
