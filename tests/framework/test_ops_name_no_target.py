@@ -36,7 +36,6 @@ KNOWN = {
     "norm.py": "batch_norm, layer_norm, instance/group norm lowerings",
     "optimizer.py": "the flat update loops of sgd, momentum and adam",
     "reduce.py": "reduce grads, mean_grad and sum lowerings",
-    "rnn.py": "rnn lowerings",
     "sequence.py": "sequence ops' lowerings (sequence_lower.py)",
     "sequence_lower.py": "sequence ops' lowerings",
     "shape.py": "expand lowerings",
