@@ -30,7 +30,6 @@ KNOWN = {
     "creation.py": "fill_constant, assign and range lowerings",
     "crf.py": "linear_chain_crf lowerings",
     "elementwise.py": "elementwise gradients' lowerings",
-    "indexing.py": "gather/scatter/lookup/cumsum/argsort lowerings",
     "nn.py": "softmax, softmax_with_cross_entropy and dropout lowerings",
     "norm.py": "batch_norm, layer_norm, instance/group norm lowerings",
     "optimizer.py": "the flat update loops of sgd, momentum and adam",

@@ -43,7 +43,6 @@ from pdjit.framework.registry import (
     register_op,
 )
 from pdjit.ops._common import FLOATS, INDEX, check_dtype, norm_axis
-from pdjit.ops.indexing import lookup_lowerings
 
 _TOLERABLE = 1e20  # Paddle's kApproInf: what log(0) = -inf becomes in the cross entropies
 _CLIP = -64.0  # Paddle's CPU softmax clips (x - max) at this value before exp
@@ -184,8 +183,6 @@ def _device_rows(lower):
     both.__doc__ = lower.__doc__
     both.__dict__.update(getattr(lower, "__dict__", {}))
     return both
-
-
 
 
 register_op(
@@ -720,9 +717,6 @@ def _lookup_ref(Ids, W, *, padding_idx, **_):
     return {"Out": out.astype(W.dtype, copy=False)}
 
 
-_lookup_lower, _lookup_grad_lower = lookup_lowerings(None)
-
-
 register_op(
     "lookup_table_v2", inputs=["Ids", "W"], outputs=["Out"],
     row_wise=RowWise(batch=("Ids",), const=("W",)),
@@ -731,7 +725,7 @@ register_op(
            "is_sparse": Bool(False), "is_distributed": Bool(False),
            "remote_prefetch": Bool(False)},
     traits=[OPAQUE], infer_shape=_lookup_infer, reference=_lookup_ref,
-    emit=Opaque(_lookup_lower, host=True),
+    emit=Opaque(),
     grad=default_grad("lookup_table_v2_grad", fwd_inputs=("W", "Ids"), wrt=("W",)),
     doc="Out[..., :] = W[Ids[...], :]; rows for padding_idx (unless -1) are zeros.")
 
@@ -985,7 +979,7 @@ register_op(
     attrs={"padding_idx": Long(-1, low=-1, high=3), "is_sparse": Bool(False),
            "is_distributed": Bool(False), "remote_prefetch": Bool(False)},
     traits=[OPAQUE], infer_shape=_lookup_grad_infer, reference=_lookup_grad_ref,
-    emit=Opaque(_lookup_grad_lower, host=True),
+    emit=Opaque(),
     grad=None,
     doc="W@GRAD (dense) = sum of Out@GRAD rows over the lookups of each row; padding_idx's "
         "row stays zero.")
