@@ -28,7 +28,6 @@ KNOWN = {
     "matmul.py": "mul/matmul/bmm lowerings: kernels being rewritten",
     # not moved yet
     "creation.py": "fill_constant, assign and range lowerings",
-    "crf.py": "linear_chain_crf lowerings",
     "elementwise.py": "elementwise gradients' lowerings",
     "nn.py": "softmax, softmax_with_cross_entropy and dropout lowerings",
     "norm.py": "batch_norm, layer_norm, instance/group norm lowerings",
@@ -36,7 +35,6 @@ KNOWN = {
     "reduce.py": "reduce grads, mean_grad and sum lowerings",
     "sequence.py": "sequence ops' lowerings (sequence_lower.py)",
     "sequence_lower.py": "sequence ops' lowerings",
-    "shape.py": "expand lowerings",
 }
 
 
