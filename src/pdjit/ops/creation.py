@@ -120,19 +120,6 @@ def _fill_lower(ctx):
     reference names the op."""
     dt = _np_dtype(ctx.attrs["dtype"])
     lines = []
-    if ctx.target != "cpu":  # a device target: a static shape and value, one kernel
-        if any(ctx.has_input(s) for s in ("ShapeTensor", "ShapeTensorList", "ValueTensor")):
-            return None
-        shape = [int(d) for d in ctx.attrs["shape"]]
-        if any(d < 0 for d in shape) or dt.kind not in "fiub":
-            return None
-        T = ctx.T("Out")
-        value = f"{T}({src_literal(_fill_value(ctx.attrs['value'], ctx.attrs['str_value'], dt))})"
-        out = ctx.out("Out", shape=ctx.tuple_src([str(d) for d in shape]))
-        o, i, v = ctx.tmp("o"), ctx.tmp("i"), ctx.tmp("v")
-        # the value a kernel argument: every fill of a dtype shares one kernel
-        return [f"{o} = {out}.reshape({out}.size)", f"{v} = {value}"] + \
-            ctx.device_loop(i, f"{o}.size", [f"{o}[{i}] = {v}"])
     if ctx.has_input("ShapeTensor"):
         st = ctx.shape("ShapeTensor")
         n = st[0] if st else 1
@@ -240,8 +227,6 @@ def _assign_lower(ctx):
     """A copy of a dense tensor (fusion keeps tensor arrays and values set elsewhere out)."""
     if not ctx.has_input("X"):
         return None
-    if ctx.target != "cpu":  # a device target: a copy on the device
-        return [f"{ctx.out('Out')} = _cu.copy({ctx.inp('X')})"]
     return [f"{ctx.out('Out')} = {ctx.inp('X')}.copy()"]
 
 
@@ -438,19 +423,8 @@ def _range_ref(Start, End, Step):
     return {"Out": out}
 
 
-def _range_lower(ctx):
-    S, E, St = (ctx.inp(s) for s in ("Start", "End", "Step"))
-    out, T = ctx.out("Out"), ctx.T("Start")
-    s, e, st = ctx.tmp("s"), ctx.tmp("e"), ctx.tmp("st")
-    integral = ctx.dtype("Start").kind in "iu"
-    return [f"{s} = {S}.reshape({S}.size)[0]", f"{e} = {E}.reshape({E}.size)[0]",
-            f"{st} = {St}.reshape({St}.size)[0]",
-            f"{out} = np.empty((_nn.range_size({s}, {e}, {st}, {integral}),), {T})",
-            f"_nn.range_fill({out}, {s}, {st})"]
-
-
 register_op(
     "range", inputs=["Start", "End", "Step"], outputs=["Out"], traits=[OPAQUE],
-    infer_shape=_range_infer, reference=_range_ref, emit=Opaque(_range_lower, host=True),
+    infer_shape=_range_infer, reference=_range_ref, emit=Opaque(),
     grad=None,
     doc="Out = Start, Start + Step, ... up to End (excluded); empty when Step leads away.")

@@ -2,7 +2,7 @@
 from pdjit.codegen.cuda.lowerings import generic
 
 generic("adam", "momentum", "sgd",
-        "assign", "fill_constant", "sum", "mean_grad",
+        "sum", "mean_grad",
         "batch_norm", "batch_norm_grad", "layer_norm", "layer_norm_grad",
         "dropout", "dropout_grad", "softmax", "softmax_with_cross_entropy",
         "softmax_with_cross_entropy_grad",

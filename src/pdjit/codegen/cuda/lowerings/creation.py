@@ -1,6 +1,35 @@
-"""The random initialisers on the device."""
+"""The creation ops of :mod:`pdjit.ops.creation` on the device: fill_constant (a static shape
+and value: one kernel), assign (a copy on the device) and the random initialisers."""
+from __future__ import annotations
+
 from pdjit.codegen.cuda.lowerings import lowering
 from pdjit.ops._common import src_literal
+from pdjit.ops.creation import _fill_value, _np_dtype
+
+
+@lowering("fill_constant", host=True)
+def _fill(ctx):
+    dt = _np_dtype(ctx.attrs["dtype"])
+    if any(ctx.has_input(s) for s in ("ShapeTensor", "ShapeTensorList", "ValueTensor")):
+        return None
+    shape = [int(d) for d in ctx.attrs["shape"]]
+    if any(d < 0 for d in shape) or dt.kind not in "fiub":
+        return None
+    T = ctx.T("Out")
+    value = f"{T}({src_literal(_fill_value(ctx.attrs['value'], ctx.attrs['str_value'], dt))})"
+    out = ctx.out("Out", shape=ctx.tuple_src([str(d) for d in shape]))
+    o, i, v = ctx.tmp("o"), ctx.tmp("i"), ctx.tmp("v")
+    # the value a kernel argument: every fill of a dtype shares one kernel
+    return [f"{o} = {out}.reshape({out}.size)", f"{v} = {value}"] + \
+        ctx.device_loop(i, f"{o}.size", [f"{o}[{i}] = {v}"])
+
+
+@lowering("assign", host=True)
+def _assign(ctx):
+    """A copy of a dense tensor on the device."""
+    if not ctx.has_input("X"):
+        return None
+    return [f"{ctx.out('Out')} = _cu.copy({ctx.inp('X')})"]
 
 
 def _random_device_lines(ctx, normal: bool) -> list | None:
