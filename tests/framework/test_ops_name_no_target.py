@@ -30,7 +30,6 @@ KNOWN = {
     "elementwise.py": "elementwise gradients' lowerings",
     "nn.py": "softmax, softmax_with_cross_entropy and dropout lowerings",
     "norm.py": "batch_norm, layer_norm, instance/group norm lowerings",
-    "optimizer.py": "the flat update loops of sgd, momentum and adam",
     "reduce.py": "reduce grads, mean_grad and sum lowerings",
     "sequence.py": "sequence ops' lowerings (sequence_lower.py)",
     "sequence_lower.py": "sequence ops' lowerings",

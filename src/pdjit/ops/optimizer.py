@@ -143,7 +143,7 @@ def _flat_lower(slots_in, slots_out, code, check_scalars=("LearningRate",)):
         for s in slots_out:
             if ctx.has_output(s):
                 v[s] = ctx.out(s, shape=f"{P}.shape")
-                if ctx.target != "cpu":  # (the cpu's flat kernel gets every array 1-D)
+                if ctx.device:  # (a host target's flat kernel gets every array 1-D)
                     f = ctx.tmp("o")
                     lines.append(f"{f} = {v[s]}.reshape({v[s]}.size)")
                     v[s] = f
@@ -156,7 +156,7 @@ def _elementwise_lower(slots_in, slots_out, prologue, body, check_scalars=("Lear
     gives lines computing scalars once, ``body(ctx, T, v, i)`` the lines of one element."""
     def code(ctx, T, v):
         i = ctx.tmp("i")
-        if ctx.target != "cpu":  # a device target: the same lines as one grid-stride kernel
+        if ctx.device:  # a device target: the same lines as one grid-stride kernel
             return ctx.device_loop(i, f"{v['Param']}.size", body(ctx, T, v, i),
                                    before=prologue(ctx, T, v))
         return prologue(ctx, T, v) + [f"for {i} in range({v['Param']}.size):"] + \
