@@ -29,7 +29,6 @@ KNOWN = {
     # not moved yet
     "nn.py": "softmax, softmax_with_cross_entropy and dropout lowerings",
     "norm.py": "batch_norm, layer_norm, instance/group norm lowerings",
-    "reduce.py": "reduce grads, mean_grad and sum lowerings",
     "sequence.py": "sequence ops' lowerings (sequence_lower.py)",
     "sequence_lower.py": "sequence ops' lowerings",
 }

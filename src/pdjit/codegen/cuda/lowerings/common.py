@@ -2,12 +2,9 @@
 from pdjit.codegen.cuda.lowerings import generic
 
 generic("adam", "momentum", "sgd",
-        "sum", "mean_grad",
         "batch_norm", "batch_norm_grad", "layer_norm", "layer_norm_grad",
         "dropout", "dropout_grad", "softmax", "softmax_with_cross_entropy",
         "softmax_with_cross_entropy_grad",
-        "reduce_max_grad", "reduce_mean_grad", "reduce_min_grad", "reduce_prod_grad",
-        "reduce_sum_grad",
         "sequence_expand", "sequence_expand_as", "sequence_expand_as_grad",
         "sequence_expand_grad", "sequence_pool", "sequence_pool_grad", "sequence_softmax",
         "sequence_softmax_grad",
