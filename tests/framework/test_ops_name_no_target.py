@@ -27,7 +27,6 @@ KNOWN = {
     "pool.py": "pool2d lowerings: kernels being rewritten",
     "matmul.py": "mul/matmul/bmm lowerings: kernels being rewritten",
     # not moved yet
-    "norm.py": "batch_norm, layer_norm, instance/group norm lowerings",
     "sequence.py": "sequence ops' lowerings (sequence_lower.py)",
     "sequence_lower.py": "sequence ops' lowerings",
 }

@@ -2,7 +2,6 @@
 from pdjit.codegen.cuda.lowerings import generic
 
 generic("adam", "momentum", "sgd",
-        "batch_norm", "batch_norm_grad", "layer_norm", "layer_norm_grad",
         "softmax",
         "sequence_expand", "sequence_expand_as", "sequence_expand_as_grad",
         "sequence_expand_grad", "sequence_pool", "sequence_pool_grad", "sequence_softmax",
