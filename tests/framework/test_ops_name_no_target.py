@@ -26,9 +26,6 @@ KNOWN = {
     "conv.py": "conv2d, depthwise and conv2d_transpose lowerings: kernels being rewritten",
     "pool.py": "pool2d lowerings: kernels being rewritten",
     "matmul.py": "mul/matmul/bmm lowerings: kernels being rewritten",
-    # not moved yet
-    "sequence.py": "sequence ops' lowerings (sequence_lower.py)",
-    "sequence_lower.py": "sequence ops' lowerings",
 }
 
 

@@ -46,8 +46,8 @@ and defaults; numbers compared with Paddle in ``tests/ops/test_lod_rnn.py``):
   contextLength - 1]] @ Filter``, rows outside t's sequence zero, or with
   ``paddingTrainable`` rows of PaddingData ``[up + down, D]`` (``up = max(0, -contextStart)``
   rows used above the sequence, then ``down`` below); ``contextStride`` must be 1.
-Natively (float32/float64) they call the kernels of ``pdjit.codegen.cpu.lib.lod_rnn``: one
-compiled loop over the time steps with one GEMM per step over the sequences alive at it.
+Natively (float32/float64) each target lowers them its own way
+(``codegen/<target>/lowerings/sequence.py``).
 
 Malformed input (no LoD where one is needed, a ``ref_level`` out of range, sequence counts or
 lengths that do not match rows) raises ``ShapeMismatch`` saying what was expected and got; the
@@ -1086,7 +1086,7 @@ register_op(
     "lstm", inputs=["Input", "H0?", "C0?", "Weight", "Bias"],
     outputs=["Hidden", "Cell", "BatchGate~", "BatchCellPreAct~"], attrs=dict(_LSTM_ATTRS),
     traits=TRAITS, infer_shape=_lstm_infer, reference=_lstm_ref,
-    emit=Opaque(_lower.lstm, host=True), grad=_lstm_grad_maker,
+    emit=Opaque(), grad=_lstm_grad_maker,
     out_lod=lambda lods, **_: _rnn_lod(lods, slots=_LSTM_OUTS),
     doc="Fluid's dynamic LSTM over each sequence of Input ([rows, 4H], gates {c~, i, f, o} "
         "already projected): Hidden and Cell [rows, H], with peepholes (Bias [1, 7H]) or not "
@@ -1097,7 +1097,7 @@ register_op(
             "BatchCellPreAct", "Hidden@GRAD", "Cell@GRAD?"],
     outputs=["Input@GRAD?", "H0@GRAD?", "C0@GRAD?", "Weight@GRAD?", "Bias@GRAD?"],
     attrs=dict(_LSTM_ATTRS), traits=TRAITS, infer_shape=_lstm_grad_infer,
-    reference=_lstm_grad_ref, emit=Opaque(_lower.lstm_grad, host=True), grad=None,
+    reference=_lstm_grad_ref, emit=Opaque(), grad=None,
     out_lod=lambda lods, **_: _rnn_lod(lods, slots=(), grad=True))
 
 
@@ -1238,7 +1238,7 @@ register_op(
     "gru", inputs=["Input", "H0?", "Weight", "Bias?"],
     outputs=["BatchGate~", "BatchResetHiddenPrev~", "BatchHidden~", "Hidden"],
     attrs=dict(_GRU_ATTRS), traits=TRAITS, infer_shape=_gru_infer, reference=_gru_ref,
-    emit=Opaque(_lower.gru, host=True), grad=_gru_grad_maker,
+    emit=Opaque(), grad=_gru_grad_maker,
     out_lod=lambda lods, **_: _rnn_lod(lods, slots=_GRU_OUTS),
     doc="Fluid's dynamic GRU over each sequence of Input ([rows, 3H], gates {u, r, c} already "
         "projected): Hidden [rows, H]; h = (1 - u) * h_prev + u * c, or u * h_prev + "
@@ -1250,7 +1250,7 @@ register_op(
             "BatchHidden", "Hidden@GRAD"],
     outputs=["Input@GRAD?", "H0@GRAD?", "Weight@GRAD?", "Bias@GRAD?"],
     attrs=dict(_GRU_ATTRS), traits=TRAITS, infer_shape=_gru_grad_infer,
-    reference=_gru_grad_ref, emit=Opaque(_lower.gru_grad, host=True), grad=None,
+    reference=_gru_grad_ref, emit=Opaque(), grad=None,
     out_lod=lambda lods, **_: _rnn_lod(lods, slots=(), grad=True))
 
 
@@ -1383,7 +1383,7 @@ _CONV_ATTRS = {"contextLength": Int(REQUIRED, choices=(1, 2, 3)),
 register_op(
     "sequence_conv", inputs=["X", "PaddingData?", "Filter"], outputs=["Out"],
     attrs=dict(_CONV_ATTRS), traits=TRAITS, infer_shape=_conv_infer, reference=_conv_ref,
-    emit=Opaque(_lower.seq_conv, host=True), grad=_conv_grad_maker,
+    emit=Opaque(), grad=_conv_grad_maker,
     out_lod=lambda lods, **_: {"Out": _need_lod(lods["X"], "X")},
     doc="Out[t] = the contextLength rows t + contextStart... of t's sequence, side by side, "
         "times Filter [contextLength * D, O]; rows outside the sequence are zeros, or rows of "
@@ -1392,6 +1392,6 @@ register_op(
     "sequence_conv_grad", inputs=["X", "PaddingData?", "Filter", "Out@GRAD"],
     outputs=["X@GRAD?", "PaddingData@GRAD?", "Filter@GRAD?"], attrs=dict(_CONV_ATTRS),
     traits=TRAITS, infer_shape=_conv_grad_infer, reference=_conv_grad_ref,
-    emit=Opaque(_lower.seq_conv_grad, host=True), grad=None,
+    emit=Opaque(), grad=None,
     out_lod=lambda lods, **_: {"X@GRAD": lods["X"], "Filter@GRAD": [],
                                "PaddingData@GRAD": []})

@@ -3,9 +3,6 @@ from pdjit.codegen.cuda.lowerings import generic
 
 generic("adam", "momentum", "sgd",
         "softmax",
-        "sequence_expand", "sequence_expand_as", "sequence_expand_as_grad",
-        "sequence_expand_grad", "sequence_pool", "sequence_pool_grad", "sequence_softmax",
-        "sequence_softmax_grad",
         # convolutions, pooling and matrix products: their definitions hold both targets'
         # lines (being rewritten)
         "bmm", "bmm_grad", "conv2d", "conv2d_grad", "conv2d_transpose",
