@@ -553,6 +553,16 @@ def dropout_lowerable(ctx) -> bool:
         not (ctx.has_input("Seed") and ctx.dtype("Seed").kind not in "iu")
 
 
+def dropout_grad_start(ctx):
+    """``(Out@GRAD, X@GRAD, upscale)`` of a lowerable ``dropout_grad`` (float32/float64, X@GRAD
+    wanted; X@GRAD allocated by the driver), else ``None``."""
+    G = ctx.inp("Out@GRAD")
+    if ctx.dtype("Out@GRAD") not in _F32_F64 or not ctx.has_output("X@GRAD"):
+        return None
+    dx = ctx.out("X@GRAD", shape=f"{G}.shape")
+    return G, dx, ctx.attrs["dropout_implementation"] == "upscale_in_train"
+
+
 def dropout_alias(ctx) -> list | None:
     """In test mode with Out = X (upscale_in_train, or a zero probability) and Out read only
     by later ops of the segment, Mask unread: the line binding Out to X, no copy (0.32 ms for

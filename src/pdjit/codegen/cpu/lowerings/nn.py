@@ -6,12 +6,12 @@ from __future__ import annotations
 from pdjit.codegen.cpu.lowerings import lowering
 from pdjit.ops.nn import (
     _CLIP,
-    _F32_F64,
     _flat,
     _pre_axis_post,
     _softmax_grad_lower,
     _softmax_lower,
     dropout_alias,
+    dropout_grad_start,
     dropout_lowerable,
 )
 
@@ -21,12 +21,10 @@ def _softmax(ctx):
     """Another axis ``a`` than the last: the data as ``(pre, n, post)`` through
     ``_nn.softmax_axis`` (one compilation per dtype for every rank and axis)."""
     r = ctx.rank("X")
-    if r == 0 or ctx.dtype("X").kind != "f":
-        return None
+    if r == 0 or ctx.attrs["axis"] % r == r - 1 or ctx.dtype("X").kind != "f":
+        return _softmax_lower(ctx)  # (the rows; or None)
     T = ctx.T("X")
     axis = ctx.attrs["axis"] % r
-    if axis == r - 1:
-        return _softmax_lower(ctx)
     X = ctx.inp("X")
     out = ctx.out("Out", shape=f"{X}.shape")
     x3, o3 = ctx.tmp("x"), ctx.tmp("o")
@@ -90,11 +88,10 @@ def _dropout(ctx):
 @lowering("dropout_grad", host=True)
 def _dropout_grad(ctx):
     """dX = dOut * Mask (/ (1 - p)): one elementwise library call."""
-    G = ctx.inp("Out@GRAD")
-    if ctx.dtype("Out@GRAD") not in _F32_F64 or not ctx.has_output("X@GRAD"):
+    start = dropout_grad_start(ctx)
+    if start is None:
         return None
+    G, dx, upscale = start
     a = ctx.attrs
-    dx = ctx.out("X@GRAD", shape=f"{G}.shape")
-    upscale = a["dropout_implementation"] == "upscale_in_train"
     return [f"_nn.dropout_bwd({_flat(G)}, {_flat(ctx.inp('Mask'))}, "
             f"{float(a['dropout_prob'])!r}, {upscale}, {bool(a['is_test'])}, {_flat(dx)})"]

@@ -4,7 +4,13 @@ row loop."""
 from __future__ import annotations
 
 from pdjit.codegen.cuda.lowerings import lowering
-from pdjit.ops.nn import _F32_F64, _flat, _swce_lowerable, dropout_alias, dropout_lowerable
+from pdjit.ops.nn import (
+    _flat,
+    _swce_lowerable,
+    dropout_alias,
+    dropout_grad_start,
+    dropout_lowerable,
+)
 
 
 @lowering("softmax_with_cross_entropy")
@@ -98,12 +104,11 @@ def _dropout_device_lines(ctx):
 @lowering("dropout_grad", host=True)
 def _dropout_grad_lower(ctx):
     """dX = dOut * Mask (/ (1 - p)): one thread per element."""
-    G = ctx.inp("Out@GRAD")
-    if ctx.dtype("Out@GRAD") not in _F32_F64 or not ctx.has_output("X@GRAD"):
+    start = dropout_grad_start(ctx)
+    if start is None:
         return None
+    G, dx, upscale = start
     a = ctx.attrs
-    dx = ctx.out("X@GRAD", shape=f"{G}.shape")
-    upscale = a["dropout_implementation"] == "upscale_in_train"
     p, T = float(a["dropout_prob"]), ctx.T("Out@GRAD")
     g, m, d, i, q = (ctx.tmp(h) for h in ("g", "m", "d", "i", "q"))
     lines = [f"{g} = {_flat(G)}", f"{d} = {_flat(dx)}", f"{q} = {T}(1.0 - {p!r})"]
