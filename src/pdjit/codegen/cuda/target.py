@@ -15,9 +15,10 @@ rendered per loop form:
 
 The scalar statements are the ops' emit templates, unchanged: in a kernel module ``np`` and
 ``_m`` are :mod:`pdjit.codegen.cuda.mathfuncs` (device functions under NumPy's and the CPU
-helpers' names). Opaque ops lower to calls of the launchers in
-:mod:`pdjit.codegen.cuda.lib` (GEMM, softmax rows, optimizer updates...), lines of the host
-driver, as the CPU's library calls are.
+helpers' names). Opaque ops lower through this target's table
+(:mod:`pdjit.codegen.cuda.lowerings`) to calls of the launchers in :mod:`pdjit.codegen.cuda.lib`
+(GEMM, softmax rows, optimizer updates...), lines of the host driver, as the CPU's library
+calls are.
 
 The call site (:func:`call_site`) is the shared one of :mod:`pdjit.codegen.driver`,
 allocating on the device (``_cu.empty``) and launching (``K[_cu.grid(n)](...)``); the host
