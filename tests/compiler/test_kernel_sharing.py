@@ -177,8 +177,8 @@ def test_an_opaque_op_without_a_lowering_for_the_target_runs_its_reference():
         y = fluid.layers.cumsum(r, axis=1)   # lowered for the cpu target only
     block = main.global_block()
     fetched = {y.name, r.name}
-    cpu = partition(block, list(block.ops), fetched)
-    other = partition(block, list(block.ops), fetched, target="cuda")
+    cpu = partition(block, list(block.ops), fetched, target=get_target("cpu"))
+    other = partition(block, list(block.ops), fetched, target=get_target("cuda"))
     kinds = lambda part: [g.kind for s in part.segments for g in s.groups]  # noqa: E731
     assert kinds(cpu) == ["elementwise", OPAQUE]
     assert kinds(other) == ["elementwise", REFERENCE]

@@ -195,6 +195,7 @@ def test_an_op_computed_by_blocks_before_a_prologue_is_computed_whole():
     add fused into softmax as a prologue: the prologue group is no epilogue, so the driver
     computes the convolution itself first (generated source only: nothing compiles)."""
     from pdjit.codegen.lowering import SegmentGen
+    from pdjit.codegen.target import get_target
     from pdjit.passes.fusion import live_names, partition
 
     prog, start = fluid.Program(), fluid.Program()
@@ -203,7 +204,7 @@ def test_an_op_computed_by_blocks_before_a_prologue_is_computed_whole():
         p = layers.softmax(layers.conv2d(x, 4, 3, padding=1))
     block = prog.global_block()
     live = live_names(prog, block, [p.name])
-    part = partition(block, list(block.ops), live)
+    part = partition(block, list(block.ops), live, target=get_target("cpu"))
     assert "opaque [elementwise_add#1, softmax#2]" in part.describe()
     gen = SegmentGen(part.segments[0], block, live)
     gen.generate()

@@ -28,6 +28,7 @@ Guarantees of the generated function:
 from __future__ import annotations
 
 from pdjit.codegen.lowering import Declined, SegmentGen
+from pdjit.codegen.target import get_target
 from pdjit.framework import registry
 from pdjit.framework.random import fixed_seed
 from pdjit.passes.fusion import REFERENCE, partition
@@ -71,7 +72,7 @@ def native_loop(program, op, target: str = "cpu", parallel: bool = False, fetche
     # own variables live in one iteration's env only)
     carried = {n for bop in body.ops for n in bop.output_arg_names
                if n != registry.EMPTY_VAR_NAME and not body.has_var(n)}
-    part = partition(body, prune(body, carried), carried, target=target)
+    part = partition(body, prune(body, carried), carried, target=get_target(target))
     if len(part.segments) != 1 or not part.segments[0].native:
         bad = next((g.nodes[0] for s in part.segments for g in s.groups if g.kind == REFERENCE),
                    None)

@@ -151,8 +151,9 @@ class LowerContext:
 
     @property
     def target(self) -> str:
-        """The name of the target the lines are for (``cpu``, ``cuda``): a lowering written
-        for several targets (``Opaque.targets``) gives each its own lines."""
+        """The name of the target the lines are for (``cpu``, ``cuda``). A lowering asks the
+        target's capabilities (``device``, ``lib``) rather than its name; each target's own
+        lowerings live in its ``lowerings`` package."""
         return self._target.name
 
     @property

@@ -13,13 +13,67 @@ device memory (``to_device``, ``to_host``, ``is_device_array``) and whether it c
 Built-in targets: ``cpu`` (:mod:`pdjit.codegen.cpu.target`) and ``cuda``
 (:mod:`pdjit.codegen.cuda.target`, imported when first asked for: it imports ``numba.cuda``).
 A new target is a folder ``codegen/<name>/`` whose ``target`` module registers its object, plus
-its line in ``BUILTIN``. Opaque lowerings name the targets their lines are written for
-(``Opaque.targets``); an op with no lowering for the plan's target runs its reference, and the
-plan report says so. The target's name is part of every kernel's text, hence of its cache key.
+its line in ``BUILTIN``. The target's name is part of every kernel's text, hence of its cache
+key.
+
+Lowerings: an opaque op (an ``Opaque`` emit) lowers through the table of the plan's target,
+keyed by op type (:class:`Lowerings`): the modules of the target's ``lowerings`` package
+register them (``@lowering("op_type", host=True)``) and are imported at the first lookup. A
+target without an entry for an op runs the op definition's own target-neutral ``Opaque.lower``
+(its generic rule) where it declares ``generic_lowerings``, or where its table lists the op
+with ``generic``; else the op runs its reference, and the plan report says so.
 """
 from __future__ import annotations
 
 import importlib
+import pkgutil
+
+from pdjit.framework.registry import Opaque
+
+#: a table entry: the target runs the op definition's own ``Opaque.lower``
+GENERIC = "generic"
+
+
+class Lowerings:
+    """A target's lowerings by op type, registered by the modules of the package ``package``
+    (imported, each of them, at the first lookup)."""
+
+    def __init__(self, package: str):
+        self.package = package
+        self._table: dict = {}
+        self._loaded = False
+
+    def lowering(self, *op_types: str, host: bool = False, flat: bool = False,
+                 blocked=None):
+        """Decorator: ``fn(ctx) -> [source lines] | None`` lowers ``op_types`` on this target
+        (``host``, ``flat``, ``blocked``: as ``Opaque`` declares them)."""
+        def register(fn):
+            for op_type in op_types:
+                self._add(op_type, Opaque(fn, host=host, flat=flat, blocked=blocked))
+            return fn
+        return register
+
+    def generic(self, *op_types: str) -> None:
+        """The target runs these ops' own target-neutral ``Opaque.lower``."""
+        for op_type in op_types:
+            self._add(op_type, GENERIC)
+
+    def _add(self, op_type: str, entry) -> None:
+        if op_type in self._table:
+            raise ValueError(f"{self.package}: op type {op_type!r} lowered twice")
+        self._table[op_type] = entry
+
+    def get(self, op_type: str):
+        if not self._loaded:
+            self._loaded = True
+            pkg = importlib.import_module(self.package)
+            for info in pkgutil.iter_modules(pkg.__path__):
+                importlib.import_module(f"{self.package}.{info.name}")
+        return self._table.get(op_type)
+
+    def op_types(self) -> set:
+        self.get("")
+        return set(self._table)
 
 #: target name -> the module that defines and registers it (imported at the first ask)
 BUILTIN = {"cpu": "pdjit.codegen.cpu.target", "cuda": "pdjit.codegen.cuda.target",
@@ -55,6 +109,18 @@ class Target:
     #: the global under which the driver (and a lowering's lines: ``ctx.lib``) reaches the
     #: target's library of kernels
     library: str = ""
+    #: the target's lowerings by op type (:class:`Lowerings`; ``None``: none of its own)
+    lowerings: Lowerings | None = None
+    #: ops without an entry in ``lowerings`` run their definition's own ``Opaque.lower``
+    generic_lowerings: bool = False
+
+    def lowering(self, op_type: str, generic: Opaque):
+        """The ``Opaque`` lowering this target runs for an op of ``op_type`` whose definition
+        emits ``generic``; ``None``: the op runs its reference here."""
+        own = self.lowerings.get(op_type) if self.lowerings is not None else None
+        if own is None and self.generic_lowerings or own == GENERIC:
+            own = generic
+        return own if own is not None and own.lower is not None else None
 
     def require(self, what: str) -> None:
         """Raise a clear error (naming ``what`` needs it) when the target cannot run in this

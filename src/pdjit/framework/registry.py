@@ -322,8 +322,12 @@ class Opaque:
     The lines become a kernel of their own, compiled once per distinct text. ``host=True``
     declares lines that only call libraries or make views (GEMM through ``_rt.gemm``,
     ``reshape``, a copy): they run in the plan's driver as they are, valid both as Python and
-    under Numba, and compile nothing. ``targets``: the code generation targets the lines are
-    written for; a plan for another target runs the op's reference.
+    under Numba, and compile nothing.
+
+    ``lower`` is the op's generic rule, target-neutral; each code generation target may
+    register its own lowering for the op type instead (``pdjit.codegen.target.Lowerings``,
+    with these same fields). ``Opaque()`` (no ``lower``): only the targets' lowerings exist;
+    a target without one runs the op's reference.
 
     Outputs: ``ctx.out(slot, shape=...)`` lets the driver allocate the output and pass it in
     (destination passing: the lines only write it); ``ctx.out(slot)`` leaves the lines to bind
@@ -340,9 +344,8 @@ class Opaque:
     a compiled function (``_nn....``), computes the output's samples ``n0..n1``; ``before``
     and ``after`` are source expressions over the driver's locals. ``None``: not by blocks.
     """
-    lower: Callable
+    lower: Callable | None = None
     host: bool = False
-    targets: tuple = ("cpu",)
     flat: bool = False
     blocked: Callable | None = None
 

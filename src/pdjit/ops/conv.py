@@ -610,7 +610,7 @@ for _t in ("conv2d", "depthwise_conv2d"):
         _t, inputs=["Input", "Filter"], outputs=["Output"], attrs=_CONV_ATTRS, traits=[OPAQUE],
         row_wise=RowWise(batch=("Input",), const=("Filter",)),
         infer_shape=_conv_infer, reference=_conv_ref, inference=_channel_linear(False),
-        emit=Opaque(_conv_lower, host=True, blocked=_conv_blocked, targets=("cpu", "cuda")),
+        emit=Opaque(_conv_lower, host=True, blocked=_conv_blocked),
         grad=default_grad(f"{_t}_grad", fwd_inputs=("Input", "Filter"),
                           grad_outputs=("Output",), wrt=("Input", "Filter")),
         doc="Output = the 2-D convolution of Input with Filter [M, C/groups, KH, KW].")
@@ -618,7 +618,7 @@ for _t in ("conv2d", "depthwise_conv2d"):
         f"{_t}_grad", inputs=["Input", "Filter", "Output@GRAD"],
         outputs=["Input@GRAD?", "Filter@GRAD?"], attrs=_CONV_ATTRS, traits=[OPAQUE],
         infer_shape=_conv_grad_infer, reference=_conv_grad_ref,
-        emit=Opaque(_conv_grad_lower, host=True, targets=("cpu", "cuda")), grad=None,
+        emit=Opaque(_conv_grad_lower, host=True), grad=None,
         doc=f"Gradients of {_t} for Input and Filter.")
 
 
@@ -817,7 +817,7 @@ for _t in ("conv2d_transpose", "depthwise_conv2d_transpose"):
         row_wise=RowWise(batch=("Input",), const=("Filter",)),
         traits=[OPAQUE], infer_shape=_convt_infer, reference=_convt_ref,
         inference=_channel_linear(True),
-        emit=Opaque(_convt_lower, host=True, targets=("cpu", "cuda")),
+        emit=Opaque(_convt_lower, host=True),
         grad=default_grad(f"{_t}_grad", fwd_inputs=("Input", "Filter"),
                           grad_outputs=("Output",), wrt=("Input", "Filter")),
         doc="Output = the transposed 2-D convolution of Input with Filter "
@@ -826,5 +826,5 @@ for _t in ("conv2d_transpose", "depthwise_conv2d_transpose"):
         f"{_t}_grad", inputs=["Input", "Filter", "Output@GRAD"],
         outputs=["Input@GRAD?", "Filter@GRAD?"], attrs=_TRANSPOSE_ATTRS, traits=[OPAQUE],
         infer_shape=_conv_grad_infer, reference=_convt_grad_ref,
-        emit=Opaque(_convt_grad_lower, host=True, targets=("cpu", "cuda")), grad=None,
+        emit=Opaque(_convt_grad_lower, host=True), grad=None,
         doc=f"Gradients of {_t} for Input and Filter.")

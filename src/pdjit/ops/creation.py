@@ -120,19 +120,6 @@ def _fill_lower(ctx):
     reference names the op."""
     dt = _np_dtype(ctx.attrs["dtype"])
     lines = []
-    if ctx.target != "cpu":  # a device target: a static shape and value, one kernel
-        if any(ctx.has_input(s) for s in ("ShapeTensor", "ShapeTensorList", "ValueTensor")):
-            return None
-        shape = [int(d) for d in ctx.attrs["shape"]]
-        if any(d < 0 for d in shape) or dt.kind not in "fiub":
-            return None
-        T = ctx.T("Out")
-        value = f"{T}({src_literal(_fill_value(ctx.attrs['value'], ctx.attrs['str_value'], dt))})"
-        out = ctx.out("Out", shape=ctx.tuple_src([str(d) for d in shape]))
-        o, i, v = ctx.tmp("o"), ctx.tmp("i"), ctx.tmp("v")
-        # the value a kernel argument: every fill of a dtype shares one kernel
-        return [f"{o} = {out}.reshape({out}.size)", f"{v} = {value}"] + \
-            ctx.device_loop(i, f"{o}.size", [f"{o}[{i}] = {v}"])
     if ctx.has_input("ShapeTensor"):
         st = ctx.shape("ShapeTensor")
         n = st[0] if st else 1
@@ -176,7 +163,7 @@ register_op(
            "str_value": Str("", valid=_str_value_problem), "force_cpu": Bool(False),
            "place_type": Int(-1)},
     traits=[OPAQUE], infer_shape=_fill_infer, reference=_fill_ref,
-    emit=Opaque(_fill_lower, host=True, targets=("cpu", "cuda")), grad=None,
+    emit=Opaque(_fill_lower, host=True), grad=None,
     doc="Out = a tensor of `shape` filled with `value` (or `str_value`, exactly).")
 
 
@@ -240,8 +227,6 @@ def _assign_lower(ctx):
     """A copy of a dense tensor (fusion keeps tensor arrays and values set elsewhere out)."""
     if not ctx.has_input("X"):
         return None
-    if ctx.target != "cpu":  # a device target: a copy on the device
-        return [f"{ctx.out('Out')} = _cu.copy({ctx.inp('X')})"]
     return [f"{ctx.out('Out')} = {ctx.inp('X')}.copy()"]
 
 
@@ -250,7 +235,7 @@ register_op(
     infer_shape=lambda X=None: {"Out": X} if X is not None else {},
     reference=lambda X=None: {} if X is None else  # a tensor array (a list) is copied as one
     {"Out": list(X) if isinstance(X, list) else np.array(X, copy=True)},
-    emit=Opaque(_assign_lower, host=True, targets=("cpu", "cuda")), grad=_assign_grad,
+    emit=Opaque(_assign_lower, host=True), grad=_assign_grad,
     doc="Out = a copy of X.",
     inference=lambda op: Passthrough("X", "Out") if op.input("X") else None)
 
@@ -277,47 +262,13 @@ def _uniform_ref(ShapeTensor=None, ShapeTensorList=None, *, shape, dtype, min, m
     return {"Out": out}
 
 
-def _random_device_lines(ctx, normal: bool) -> list | None:
-    """``uniform_random`` / ``gaussian_random`` on a device target: one thread per element
-    draws element ``i`` (``2i, 2i+1`` for Box-Muller) of the run's stream (``_m.uniform01``)
-    and maps it with the reference's float64 arithmetic: the numbers of the cpu target,
-    bit-identical for uniform (the transcendental functions of Box-Muller may round the last
-    float64 bit differently on a GPU). A static shape only; anything else (shape tensors,
-    ``diag_num``, ``min > max``) runs the reference, which names the problem."""
-    a = ctx.attrs
-    if any(ctx.has_input(s) for s in ("ShapeTensor", "ShapeTensorList")):
-        return None
-    shape = [int(d) for d in a["shape"]]
-    if not shape or any(d < 0 for d in shape):
-        return None
-    if normal:
-        p0, p1 = float(a["mean"]), float(a["std"])
-    else:
-        if int(a["diag_num"]) > 0 or float(a["min"]) > float(a["max"]):
-            return None
-        p0, p1 = float(a["min"]), float(a["max"])
-    T = ctx.T("Out")
-    out = ctx.out("Out", shape=ctx.tuple_src([str(d) for d in shape]))
-    o, i, lo, hi = ctx.tmp("o"), ctx.tmp("i"), ctx.tmp("p"), ctx.tmp("q")
-    key = ctx.rng_key()
-    if normal:
-        body = [f"u1 = 1.0 - _m.uniform01({key}, 2 * {i})",
-                f"u2 = _m.uniform01({key}, 2 * {i} + 1)",
-                "z_ = math.sqrt(-2.0 * math.log(u1)) * math.cos(2.0 * math.pi * u2)",
-                f"{o}[{i}] = {T}({lo} + {hi} * z_)"]
-    else:
-        body = [f"{o}[{i}] = {T}({lo} + ({hi} - {lo}) * _m.uniform01({key}, {i}))"]
-    return [f"{o} = {out}.reshape({out}.size)", f"{lo} = {src_literal(p0)}",
-            f"{hi} = {src_literal(p1)}"] + ctx.device_loop(i, f"{o}.size", body)
-
-
 register_op(
     "uniform_random", inputs=["ShapeTensor?", "ShapeTensorList*?"], outputs=["Out"],
     attrs={"shape": Longs([]), "dtype": Int(5, choices=_FLOAT_CODES),
            "min": Float(-1.0, low=-4.0, high=0.0), "max": Float(1.0, low=0.0, high=4.0),
            "seed": Int(0), "diag_num": Int(0), "diag_step": Int(0), "diag_val": Float(1.0)},
     traits=[OPAQUE, RANDOM], infer_shape=_random_infer, reference=_uniform_ref,
-    emit=Opaque(lambda ctx: _random_device_lines(ctx, False), host=True, targets=("cuda",)),
+    emit=Opaque(),
     grad=None, doc="Out ~ Uniform[min, max) from the run's random stream.")
 
 
@@ -331,7 +282,7 @@ register_op(
     attrs={"shape": Longs([]), "mean": Float(0.0), "std": Float(1.0, low=0.0, high=4.0),
            "seed": Int(0), "dtype": Int(5, choices=_FLOAT_CODES)},
     traits=[OPAQUE, RANDOM], infer_shape=_random_infer, reference=_gaussian_ref,
-    emit=Opaque(lambda ctx: _random_device_lines(ctx, True), host=True, targets=("cuda",)),
+    emit=Opaque(),
     grad=None, doc="Out ~ Normal(mean, std) from the run's random stream.")
 
 
@@ -472,19 +423,8 @@ def _range_ref(Start, End, Step):
     return {"Out": out}
 
 
-def _range_lower(ctx):
-    S, E, St = (ctx.inp(s) for s in ("Start", "End", "Step"))
-    out, T = ctx.out("Out"), ctx.T("Start")
-    s, e, st = ctx.tmp("s"), ctx.tmp("e"), ctx.tmp("st")
-    integral = ctx.dtype("Start").kind in "iu"
-    return [f"{s} = {S}.reshape({S}.size)[0]", f"{e} = {E}.reshape({E}.size)[0]",
-            f"{st} = {St}.reshape({St}.size)[0]",
-            f"{out} = np.empty((_nn.range_size({s}, {e}, {st}, {integral}),), {T})",
-            f"_nn.range_fill({out}, {s}, {st})"]
-
-
 register_op(
     "range", inputs=["Start", "End", "Step"], outputs=["Out"], traits=[OPAQUE],
-    infer_shape=_range_infer, reference=_range_ref, emit=Opaque(_range_lower, host=True),
+    infer_shape=_range_infer, reference=_range_ref, emit=Opaque(),
     grad=None,
     doc="Out = Start, Start + Step, ... up to End (excluded); empty when Step leads away.")

@@ -201,29 +201,6 @@ def _fits(shape, target) -> bool:
                for a, b in zip(shape, target))
 
 
-def _add_sub_bias_lines(ctx, sign):
-    """The common bias case of add/sub: X has Out's shape, Y covers Out's trailing dims.
-    dX = dOut and dY = the rows of dOut summed (negated for sub); ``None`` otherwise."""
-    g_rank, y_rank, x_rank = ctx.rank("Out@GRAD"), ctx.rank("Y"), ctx.rank("X")
-    axis = ctx.attrs["axis"]
-    off = g_rank - y_rank if axis == -1 else axis
-    if x_rank != g_rank or off + y_rank != g_rank:
-        return None
-    g_shape = ctx.shape("Out@GRAD")
-    if not _fits(ctx.shape("X"), g_shape) or \
-            not _fits(ctx.shape("Y"), g_shape[off:off + y_rank]):
-        return None  # a broadcast inside X or Y (a size-1 dim): the general lines sum it
-    X, Y, g = ctx.inp("X"), ctx.inp("Y"), ctx.inp("Out@GRAD")
-    lines = [f"_rt.check({X}.size == {g}.size)"]
-    lines += [f"_rt.check({Y}.shape[{j}] == {g}.shape[{off + j}])" for j in range(y_rank)]
-    if ctx.has_output("X@GRAD"):
-        lines.append(f"{ctx.out('X@GRAD')} = {g}.copy()")
-    if ctx.has_output("Y@GRAD"):
-        rows = f"{g}.reshape(({g}.size // max({Y}.size, 1), {Y}.size))"
-        lines.append(f"{ctx.out('Y@GRAD')} = ({sign}{rows}.sum(axis=0)).reshape({Y}.shape)")
-    return lines
-
-
 # d(op)/dX and d(op)/dY on flat arrays of Out's size ({g}: Out@GRAD, {x}/{y}: the operands
 # broadcast to Out's shape, {T}: the dtype), in the reference's order of operations; the bool
 # after a template: negate the summed result (sum(-g) == -sum(g) exactly).
@@ -242,10 +219,6 @@ _GRAD_SRC = {
 }
 
 
-def _dims_src(dims) -> str:
-    return "np.array((" + "".join(f"{d}, " for d in dims) + "), np.int64)"
-
-
 def _aligned_dims(ctx, slot, g_rank):
     """``slot``'s dims as source, padded with ``"1"`` to Out@GRAD's rank by Fluid's axis rule
     (``align_for_axis``), and the aligned build-time shape; ``None`` for an axis out of range."""
@@ -259,136 +232,12 @@ def _aligned_dims(ctx, slot, g_rank):
     return dims, (1,) * start + tuple(shape) + (1,) * pad
 
 
-def _ew_grad_device_lines(ctx, op_type, wanted):
-    """The gradients on a device target where X has Out's shape and Y's dims are a block
-    ``[start, start + rank)`` of Out's (a bias, a per-channel scale, or Out's shape itself):
-    Out viewed as ``(pre, mid, post)``, X@GRAD one thread per element, Y@GRAD one thread per
-    element of Y summing over ``pre`` and ``post``. Other broadcasts: None (the host)."""
-    R = ctx.rank("Out@GRAD")
-    ax = _aligned_dims(ctx, "Y", R)
-    if ax is None or op_type not in ("elementwise_add", "elementwise_sub", "elementwise_mul",
-                                     "elementwise_div") or ctx.rank("X") != R:
-        return None
-    ry = ctx.rank("Y")
-    start = R - ry if ctx.attrs["axis"] == -1 or ry == R else ctx.attrs["axis"]
-    g, X, Y, T = ctx.inp("Out@GRAD"), ctx.inp("X"), ctx.inp("Y"), ctx.T("Out@GRAD")
-    pre, mid, post = (ctx.tmp(h) for h in ("pre", "mid", "post"))
-    gf, xf, yf = ctx.tmp("g"), ctx.tmp("x"), ctx.tmp("y")
-    lines = [f"_rt.check({X}.shape == {g}.shape)"]
-    lines += [f"_rt.check({Y}.shape[{j}] == {g}.shape[{start + j}])" for j in range(ry)]
-    lines += [f"{pre} = {ctx.prod(g, 0, start)}", f"{mid} = {ctx.prod(g, start, start + ry)}",
-              f"{post} = {ctx.prod(g, start + ry, R)}", f"{gf} = {g}.reshape({g}.size)",
-              f"{xf} = {X}.reshape({X}.size)", f"{yf} = {Y}.reshape({Y}.size)"]
-    for slot, src, neg in wanted:
-        d = ctx.out(f"{slot}@GRAD", shape=f"{ctx.inp(slot)}.shape")
-        df, i = ctx.tmp("d"), ctx.tmp("i")
-        lines.append(f"{df} = {d}.reshape({d}.size)")
-        if slot == "X":
-            v = src.format(g=f"{gf}[{i}]", x=f"{xf}[{i}]", y=f"{yf}[({i} // {post}) % {mid}]",
-                           T=T)
-            lines += ctx.device_loop(i, f"{df}.size",
-                                     [f"{df}[{i}] = {'-(' + v + ')' if neg else v}"])
-            continue
-        p, q, e, acc = ctx.tmp("p"), ctx.tmp("q"), ctx.tmp("e"), ctx.tmp("acc")
-        v = src.format(g=f"{gf}[{e}]", x=f"{xf}[{e}]", y=f"{yf}[{i}]", T=T)
-        body = [f"{acc} = {T}(0)",
-                f"for {p} in range({pre}):",
-                f"    for {q} in range({post}):",
-                f"        {e} = ({p} * {mid} + {i}) * {post} + {q}",
-                f"        {acc} += {v}",
-                f"{df}[{i}] = {'-' if neg else ''}{acc}"]
-        lines += ctx.device_loop(i, f"{df}.size", body)
-    return lines
-
-
-def _ew_grad_lower(op_type):
-    """Native gradients of a binary elementwise op under any Fluid ``axis`` broadcast (float32
-    and float64; other dtypes run the reference). An operand that may be smaller than Out is
-    broadcast to Out's shape with ``_nn.tile_nd`` where a template reads it; each gradient is
-    computed over Out's elements by the op's template and summed back over its operand's
-    broadcast dims with ``_nn.untile_nd`` (a plain copy where the operand is Out's shape).
-    Run-time checks refuse shapes that do not broadcast (the reference then names them).
-    add/sub keep their bias lines (row sums) where X is Out's shape and Y its trailing dims."""
-    (dx_src, dx_neg), (dy_src, dy_neg) = _GRAD_SRC[op_type]
-
-    def lower(ctx):
-        if ctx.target != "cpu":
-            ft = (np.dtype(np.float32), np.dtype(np.float64))
-            dt = ctx.dtype("Out@GRAD")
-            if dt not in ft or ctx.dtype("X") != dt or ctx.dtype("Y") != dt:
-                return None
-            wanted = [(slot, src, neg) for slot, src, neg in
-                      (("X", dx_src, dx_neg), ("Y", dy_src, dy_neg))
-                      if ctx.has_output(f"{slot}@GRAD")]
-            return _ew_grad_device_lines(ctx, op_type, wanted)
-        if op_type in ("elementwise_add", "elementwise_sub") and ctx.dtype("X").kind == "f":
-            lines = _add_sub_bias_lines(ctx, "-" if dy_neg else "")
-            if lines is not None:
-                return lines
-        ft = (np.dtype(np.float32), np.dtype(np.float64))
-        dt = ctx.dtype("Out@GRAD")
-        if dt not in ft or ctx.dtype("X") != dt or ctx.dtype("Y") != dt:
-            return None
-        R = ctx.rank("Out@GRAD")
-        if R == 0 or max(ctx.rank("X"), ctx.rank("Y")) != R:
-            return None
-        ax, ay = _aligned_dims(ctx, "X", R), _aligned_dims(ctx, "Y", R)
-        if ax is None or ay is None:
-            return None
-        (xd, xs), (yd, ys) = ax, ay
-        g, T = ctx.inp("Out@GRAD"), ctx.T("Out@GRAD")
-        gs = ctx.shape("Out@GRAD")
-        gd = [f"{g}.shape[{i}]" for i in range(R)]
-        lines = []
-        for i in range(R):  # each aligned pair equal or 1, and Out's dim their broadcast
-            a, b, o = xd[i], yd[i], gd[i]
-            lines.append(f"_rt.check(({a} == {o} or {a} == 1) and ({b} == {o} or {b} == 1) "
-                         f"and ({a} == {o} or {b} == {o}))")
-        full = {"X": _fits(xs, gs), "Y": _fits(ys, gs)}  # Out's shape: read as it is
-        lines += [f"_rt.check({ctx.inp(slot)}.size == {g}.size)" for slot in full if full[slot]]
-        dims = {"X": xd, "Y": yd}
-        flat = {"g": f"{g}.reshape({g}.size)"}
-        wanted = [(slot, src, neg) for slot, src, neg in
-                  (("X", dx_src, dx_neg), ("Y", dy_src, dy_neg))
-                  if ctx.has_output(f"{slot}@GRAD")]
-        for slot, key in (("X", "x"), ("Y", "y")):
-            if not any("{" + key + "}" in src for _, src, _ in wanted):
-                continue
-            v = ctx.inp(slot)
-            if full[slot]:
-                flat[key] = f"{v}.reshape({v}.size)"
-            else:  # broadcast to Out's shape
-                b = ctx.tmp(f"{key}b")
-                lines += [f"{b} = np.empty({g}.size, {T})",
-                          f"_nn.tile_nd({v}.reshape({v}.size), {_dims_src(dims[slot])}, {b}, "
-                          f"{_dims_src(gd)})"]
-                flat[key] = b
-        for slot, src, neg in wanted:
-            d = ctx.out(f"{slot}@GRAD", shape=f"{ctx.inp(slot)}.shape")
-            value = src.format(T=T, **flat)
-            df = f"{d}.reshape({d}.size)"
-            if full[slot]:
-                lines.append(f"{df}[:] = {'-(' + value + ')' if neg else value}")
-                continue
-            if value != flat["g"]:
-                t = ctx.tmp(f"d{slot.lower()}f")
-                lines.append(f"{t} = {value}")
-                value = t
-            lines.append(f"_nn.untile_nd({value}, {_dims_src(dims[slot])}, {df}, "
-                         f"{_dims_src(gd)})")
-            if neg:
-                lines.append(f"{df}[:] = -{df}")
-        return lines
-    return lower
-
-
 for _name, (_dx, _dy) in _GRADS.items():
     register_op(
         f"{_name}_grad", inputs=["X", "Y", "Out?", "Out@GRAD"], outputs=["X@GRAD?", "Y@GRAD?"],
         attrs=dict(_AXIS), traits=[OPAQUE], infer_shape=_ew_grad_infer,
         reference=_ew_grad_ref(_dx, _dy),
-        emit=Opaque(_ew_grad_lower(_name), host=True, targets=("cpu", "cuda"))
-        if _name in _GRAD_SRC else None,
+        emit=Opaque() if _name in _GRAD_SRC else None,
         grad=None,
         doc=f"Gradients of {_name} w.r.t. X and Y (summed over broadcast dims).")
 

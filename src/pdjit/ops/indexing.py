@@ -9,9 +9,9 @@ range; they never read outside an array. Ops reading tensor-valued attributes (`
 at run time.
 
 Natively: concat, stack, split, slice (with attribute axes and bounds; tensor-valued ones run the
-references) as views and copies in host lines; the index-taking ops through the kernels of
-``pdjit.codegen.cpu.lib.indexing`` (one compilation per dtype for every shape, axis and op);
-where as an elementwise template, so it fuses.
+references) as views and copies in host lines; the index-taking ops through each target's
+lowerings (``codegen/<target>/lowerings/indexing.py``); where as an elementwise template, so it
+fuses.
 """
 from __future__ import annotations
 
@@ -68,8 +68,6 @@ def _merge_dims(shapes, what, skip_axis=None) -> list:
                                     f"{list(shapes[0])} in dim {j}, got {list(s)}")
             out[j] = d if out[j] == -1 else out[j]
     return out
-
-
 
 
 # ---- concat / stack / split ------------------------------------------------------------------
@@ -377,7 +375,7 @@ register_op(
     "gather", inputs=["X", "Index", "Axis?"], outputs=["Out"],
     attrs={"axis": Int(0, low=-2, high=2, axis_of="X")}, traits=[OPAQUE],
     infer_shape=_gather_infer,
-    reference=_gather_ref, emit=Opaque(lambda ctx: _gather_lower(ctx), host=True),
+    reference=_gather_ref, emit=Opaque(),
     grad=default_grad("gather_grad", fwd_inputs=("X", "Index", "Axis")),
     doc="Out = X's slices at Index along axis (Axis, a 1-element tensor, overrides axis).")
 
@@ -551,7 +549,7 @@ def _gather_grad_ref(X, Index, Axis=None, *, axis, **kw):
 register_op(
     "gather_grad", inputs=["X", "Index", "Axis?", "Out@GRAD"], outputs=["X@GRAD?"],
     attrs={"axis": Int(0)}, traits=[OPAQUE], infer_shape=_same_metas("X"),
-    reference=_gather_grad_ref, emit=Opaque(lambda ctx: _gather_grad_lower(ctx), host=True),
+    reference=_gather_grad_ref, emit=Opaque(),
     grad=None,
     doc="X@GRAD = zeros with Out@GRAD's slices added at Index along axis (repeated indices "
         "add up); gather's gradient.")
@@ -564,25 +562,6 @@ register_op(
 # checked by the kernels; one out of range makes the plan re-run the reference, which raises
 # the IndexError naming the op.
 _NO_PAD = -(2 ** 63)
-
-
-def _rows_src(ctx, local: str, rank: int, axis: int) -> str:
-    """Source viewing ``local`` (of ``rank``) as ``(A, N, B)`` around ``axis``."""
-    return (f"{local}.reshape(({ctx.prod(local, 0, axis)}, {local}.shape[{axis}], "
-            f"{ctx.prod(local, axis + 1, rank)}))")
-
-
-def _flat_ids(local: str) -> str:
-    return f"{local}.reshape({local}.size).astype(np.int64)"
-
-
-def _shape_src(dims) -> str:
-    return "(" + "".join(f"{d}, " for d in dims) + ")"
-
-
-def _dims_array(local: str, lo: int, hi: int) -> str:
-    """Source of an int64 array of ``local.shape[lo:hi]`` (``hi > lo``)."""
-    return f"np.array({_shape_src(f'{local}.shape[{i}]' for i in range(lo, hi))}, np.int64)"
 
 
 def _check_index(idx: np.ndarray, n: int, what: str, wrap: bool) -> np.ndarray:
@@ -639,45 +618,11 @@ def _lookup_v1_ref(W, Ids, *, padding_idx, **_):
     return {"Out": out.reshape(Ids.shape[:-1] + (W.shape[1],))}
 
 
-def _pad_literal(padding_idx) -> str:
-    return repr(int(padding_idx)) if int(padding_idx) != -1 else repr(_NO_PAD)
-
-
-def lookup_lowerings(ids_end: int):
-    """``(lower, grad_lower)`` of a table lookup (``lookup_table``, ``lookup_table_v2``) whose
-    Out has the dims of Ids up to ``ids_end`` (``-1``: v1's trailing 1 dropped; ``None``: all)
-    and then W's width: ``_nn.take_rows`` over W viewed as ``(1, rows, width)``, and
-    ``_nn.scatter_rows`` adding Out@GRAD's rows into a zeroed W@GRAD (mode 2), padding rows
-    skipped (float32/float64 tables; a bad id makes the reference run and name it)."""
-    def lower(ctx):
-        if ctx.dtype("W") not in _NATIVE:
-            return None
-        W, ids = ctx.inp("W"), ctx.inp("Ids")
-        dims = [f"{ids}.shape[{i}]" for i in range(ctx.rank("Ids"))][:ids_end]
-        out = ctx.out("Out", shape=_shape_src(dims + [f"{W}.shape[1]"]))
-        return [f"_nn.take_rows({W}.reshape((1, {W}.shape[0], {W}.shape[1])), "
-                f"{_flat_ids(ids)}, {_pad_literal(ctx.attrs['padding_idx'])}, False, "
-                f"{out}.reshape((1, {ids}.size, {W}.shape[1])))"]
-
-    def grad_lower(ctx):
-        if ctx.dtype("W") not in _NATIVE or ctx.dtype("Out@GRAD") != ctx.dtype("W"):
-            return None
-        W, ids, g = ctx.inp("W"), ctx.inp("Ids"), ctx.inp("Out@GRAD")
-        dw = ctx.out("W@GRAD", shape=f"{W}.shape", zero=True)
-        return [f"_nn.scatter_rows({dw}.reshape((1, {W}.shape[0], {W}.shape[1])), "
-                f"{_flat_ids(ids)}, {g}.reshape((1, {ids}.size, {W}.shape[1])), 2, "
-                f"{_pad_literal(ctx.attrs['padding_idx'])}, False)"]
-    return lower, grad_lower
-
-
-_lookup_v1_lower, _lookup_v1_grad_lower = lookup_lowerings(-1)
-
-
 register_op(
     "lookup_table", inputs=["W", "Ids"], outputs=["Out"], attrs=dict(_LOOKUP_ATTRS),
     row_wise=RowWise(batch=("Ids",), const=("W",)),
     traits=[OPAQUE], infer_shape=_lookup_v1_infer, reference=_lookup_v1_ref,
-    emit=Opaque(_lookup_v1_lower, host=True),
+    emit=Opaque(),
     grad=default_grad("lookup_table_grad", fwd_inputs=("W", "Ids"), wrt=("W",)),
     doc="Out[n, :] = W[Ids[n, 0], :] (Ids of shape [..., 1]); rows for padding_idx (unless -1) "
         "are zeros. is_sparse is ignored: the gradient is dense.")
@@ -697,7 +642,7 @@ def _lookup_v1_grad_ref(W, Ids, *, padding_idx, **kw):
 register_op(
     "lookup_table_grad", inputs=["W", "Ids", "Out@GRAD"], outputs=["W@GRAD?"],
     attrs=dict(_LOOKUP_ATTRS), traits=[OPAQUE], infer_shape=_same_metas("W"),
-    reference=_lookup_v1_grad_ref, emit=Opaque(_lookup_v1_grad_lower, host=True), grad=None,
+    reference=_lookup_v1_grad_ref, emit=Opaque(), grad=None,
     doc="W@GRAD (dense) = the sum of the Out@GRAD rows of each row's lookups; padding_idx's "
         "row stays zero.")
 
@@ -722,21 +667,11 @@ def _index_select_ref(X, Index, *, dim):
     return {"Out": np.take(X, idx, axis=d)}
 
 
-def _index_select_lower(ctx):
-    r = ctx.rank("X")
-    d = norm_axis(ctx.attrs["dim"], r)
-    X, idx = ctx.inp("X"), ctx.inp("Index")
-    dims = [f"{X}.shape[{i}]" if i != d else f"{idx}.size" for i in range(r)]
-    out = ctx.out("Out", shape=_shape_src(dims))
-    return [f"_nn.take_rows({_rows_src(ctx, X, r, d)}, {_flat_ids(idx)}, {_NO_PAD}, True, "
-            f"{_rows_src(ctx, out, r, d)})"]
-
-
 register_op(
     "index_select", inputs=["X", "Index"], outputs=["Out"], attrs={"dim": Int(0, low=-2, high=1,
                                                                                axis_of="X")},
     traits=[OPAQUE], infer_shape=_index_select_infer, reference=_index_select_ref,
-    emit=Opaque(_index_select_lower, host=True),
+    emit=Opaque(),
     grad=default_grad("index_select_grad", fwd_inputs=("X", "Index")),
     doc="Out = X's slices at Index along dim (negative indices count from the end).")
 
@@ -754,21 +689,10 @@ def _index_select_grad_ref(X, Index, *, dim, **kw):
     return {"X@GRAD": dx}
 
 
-def _index_select_grad_lower(ctx):
-    if ctx.dtype("Out@GRAD") != ctx.dtype("X"):
-        return None
-    r = ctx.rank("X")
-    d = norm_axis(ctx.attrs["dim"], r)
-    X, idx, g = ctx.inp("X"), ctx.inp("Index"), ctx.inp("Out@GRAD")
-    dx = ctx.out("X@GRAD", shape=f"{X}.shape", zero=True)
-    return [f"_nn.scatter_rows({_rows_src(ctx, dx, r, d)}, {_flat_ids(idx)}, "
-            f"{_rows_src(ctx, g, r, d)}, 2, {_NO_PAD}, True)"]
-
-
 register_op(
     "index_select_grad", inputs=["X", "Index", "Out@GRAD"], outputs=["X@GRAD?"],
     attrs={"dim": Int(0)}, traits=[OPAQUE], infer_shape=_same_metas("X"),
-    reference=_index_select_grad_ref, emit=Opaque(_index_select_grad_lower, host=True),
+    reference=_index_select_grad_ref, emit=Opaque(),
     grad=None, doc="X@GRAD = zeros with Out@GRAD's slices added at Index along dim (a negative "
                    "index's slice too: Paddle 3.3.1's CPU grad kernel drops those, which "
                    "finite differences contradict).")
@@ -810,35 +734,10 @@ def _gather_nd_ref(X, Index):
     return {"Out": x2[rows].reshape(shape)}
 
 
-def _gather_nd_lines(ctx, X, idx):
-    """(lines binding the rows, the rows' local, the row count source, k)."""
-    k = ctx.shape("Index")[-1]
-    ri = ctx.rank("Index")
-    m = ctx.prod(idx, 0, ri - 1)
-    rows = ctx.tmp("rows")
-    if k == 0:
-        return [f"{rows} = np.zeros(({m},), np.int64)"], rows, m, k
-    return [f"{rows} = np.empty(({m},), np.int64)",
-            f"_nn.nd_rows({idx}.reshape(({m}, {k})).astype(np.int64), {_dims_array(X, 0, k)}, "
-            f"{rows})"], rows, m, k
-
-
-def _gather_nd_lower(ctx):
-    X, idx = ctx.inp("X"), ctx.inp("Index")
-    r, ri = ctx.rank("X"), ctx.rank("Index")
-    lines, rows, m, k = _gather_nd_lines(ctx, X, idx)
-    dims = [f"{idx}.shape[{i}]" for i in range(ri - 1)] + [f"{X}.shape[{i}]"
-                                                           for i in range(k, r)]
-    out = ctx.out("Out", shape=_shape_src(dims))
-    lead, rest = ctx.prod(X, 0, k), ctx.prod(X, k, r)
-    return lines + [f"_nn.take_rows({X}.reshape((1, {lead}, {rest})), {rows}, {_NO_PAD}, False, "
-                    f"{out}.reshape((1, {m}, {rest})))"]
-
-
 register_op(
     "gather_nd", inputs=["X", "Index"], outputs=["Out"], traits=[OPAQUE],
     infer_shape=_gather_nd_infer, reference=_gather_nd_ref,
-    emit=Opaque(_gather_nd_lower, host=True),
+    emit=Opaque(),
     grad=default_grad("gather_nd_grad", fwd_inputs=("X", "Index")),
     doc="Out[i...] = X[Index[i..., :]] (an index of depth k picks a slice X[j0, ..., jk-1]; "
         "negative entries count from the end).")
@@ -855,22 +754,10 @@ def _gather_nd_grad_ref(X, Index, **kw):
     return {"X@GRAD": dx.reshape(X.shape)}
 
 
-def _gather_nd_grad_lower(ctx):
-    if ctx.dtype("Out@GRAD") != ctx.dtype("X"):
-        return None
-    X, idx, g = ctx.inp("X"), ctx.inp("Index"), ctx.inp("Out@GRAD")
-    r = ctx.rank("X")
-    lines, rows, m, k = _gather_nd_lines(ctx, X, idx)
-    dx = ctx.out("X@GRAD", shape=f"{X}.shape", zero=True)
-    lead, rest = ctx.prod(X, 0, k), ctx.prod(X, k, r)
-    return lines + [f"_nn.scatter_rows({dx}.reshape((1, {lead}, {rest})), {rows}, "
-                    f"{g}.reshape((1, {m}, {rest})), 2, {_NO_PAD}, False)"]
-
-
 register_op(
     "gather_nd_grad", inputs=["X", "Index", "Out@GRAD"], outputs=["X@GRAD?"], traits=[OPAQUE],
     infer_shape=_same_metas("X"), reference=_gather_nd_grad_ref,
-    emit=Opaque(_gather_nd_grad_lower, host=True), grad=None,
+    emit=Opaque(), grad=None,
     doc="X@GRAD = zeros with Out@GRAD's slices added where Index picked them.")
 
 
@@ -908,21 +795,10 @@ def _scatter_ref(X, Ids, Updates, *, overwrite):
     return {"Out": out}
 
 
-def _scatter_lower(ctx):
-    X, ids, u = ctx.inp("X"), ctx.inp("Ids"), ctx.inp("Updates")
-    r = ctx.rank("X")
-    out = ctx.out("Out", shape=f"{X}.shape")
-    rest = ctx.prod(X, 1, r)
-    return [f"{out}.reshape({out}.size)[:] = {X}.reshape({X}.size)",
-            f"_nn.scatter_rows({out}.reshape((1, {X}.shape[0], {rest})), {_flat_ids(ids)}, "
-            f"{u}.reshape((1, {u}.shape[0], {ctx.prod(u, 1, r)})), "
-            f"{0 if ctx.attrs['overwrite'] else 1}, {_NO_PAD}, True)"]
-
-
 register_op(
     "scatter", inputs=["X", "Ids", "Updates"], outputs=["Out"],
     attrs={"overwrite": Bool(True)}, traits=[OPAQUE], infer_shape=_scatter_infer,
-    reference=_scatter_ref, emit=Opaque(_scatter_lower, host=True),
+    reference=_scatter_ref, emit=Opaque(),
     grad=default_grad("scatter_grad", fwd_inputs=("Ids", "Updates"), wrt=("X", "Updates")),
     doc="Out = X with row Ids[m] replaced by Updates[m] (overwrite: the last repeat wins; "
         "otherwise the rows at Ids are zeroed, then every update added).")
@@ -940,30 +816,10 @@ def _scatter_grad_ref(Ids, Updates, *, overwrite, **kw):
     return {"X@GRAD": dx, "Updates@GRAD": g[ids].astype(Updates.dtype)}
 
 
-def _scatter_grad_lower(ctx):
-    if ctx.dtype("Out@GRAD") != ctx.dtype("Updates"):
-        return None
-    ids, u, g = ctx.inp("Ids"), ctx.inp("Updates"), ctx.inp("Out@GRAD")
-    r = ctx.rank("Out@GRAD")
-    g3 = f"{g}.reshape((1, {g}.shape[0], {ctx.prod(g, 1, r)}))"
-    flat = ctx.tmp("ids")
-    lines = [f"{flat} = {_flat_ids(ids)}"]
-    if ctx.has_output("X@GRAD"):
-        dx = ctx.out("X@GRAD", shape=f"{g}.shape")
-        lines += [f"{dx}.reshape({dx}.size)[:] = {g}.reshape({g}.size)",
-                  f"_nn.scatter_rows({dx}.reshape((1, {g}.shape[0], {ctx.prod(g, 1, r)})), "
-                  f"{flat}, {g3}, 3, {_NO_PAD}, True)"]
-    if ctx.has_output("Updates@GRAD"):
-        du = ctx.out("Updates@GRAD", shape=f"{u}.shape")
-        lines.append(f"_nn.take_rows({g3}, {flat}, {_NO_PAD}, True, "
-                     f"{du}.reshape((1, {u}.shape[0], {ctx.prod(u, 1, r)})))")
-    return lines
-
-
 register_op(
     "scatter_grad", inputs=["Ids", "Updates", "Out@GRAD"], outputs=["X@GRAD?", "Updates@GRAD?"],
     attrs={"overwrite": Bool(True)}, traits=[OPAQUE], infer_shape=_scatter_grad_infer,
-    reference=_scatter_grad_ref, emit=Opaque(_scatter_grad_lower, host=True), grad=None,
+    reference=_scatter_grad_ref, emit=Opaque(), grad=None,
     doc="X@GRAD = Out@GRAD with the rows at Ids zeroed; Updates@GRAD = Out@GRAD's rows at Ids.")
 
 
@@ -1028,19 +884,10 @@ def _where_index_ref(Condition):
     return {"Out": np.argwhere(Condition).astype(np.int64).reshape(-1, Condition.ndim)}
 
 
-def _where_index_lower(ctx):
-    r = ctx.rank("Condition")
-    if r == 0:
-        return None
-    c, out = ctx.inp("Condition"), ctx.out("Out")
-    return [f"{out} = np.empty((np.count_nonzero({c}), {r}), np.int64)",
-            f"_nn.nonzero_index({c}.reshape({c}.size), {_dims_array(c, 0, r)}, {out})"]
-
-
 register_op(
     "where_index", inputs=["Condition"], outputs=["Out"], traits=[OPAQUE],
     infer_shape=_where_index_infer, reference=_where_index_ref,
-    emit=Opaque(_where_index_lower, host=True), grad=None,
+    emit=Opaque(), grad=None,
     doc="Out = the coordinates [n, rank] (int64, C order) of Condition's true elements.")
 
 
@@ -1057,59 +904,10 @@ def _masked_select_ref(X, Mask):
     return {"Y": xb[mb]}
 
 
-def _broadcast_lines(ctx):
-    """(lines, X's dims, Mask's dims, the broadcast dims): sources, each padded to one rank,
-    with the checks that X and Mask broadcast."""
-    X, m = ctx.inp("X"), ctx.inp("Mask")
-    rx, rm = ctx.rank("X"), ctx.rank("Mask")
-    r = max(rx, rm)
-    xd = ["1"] * (r - rx) + [f"{X}.shape[{i}]" for i in range(rx)]
-    md = ["1"] * (r - rm) + [f"{m}.shape[{i}]" for i in range(rm)]
-    fd = [ctx.tmp("d") for _ in range(r)]
-    lines = [f"{f} = max({a}, {b})" for f, a, b in zip(fd, xd, md)]
-    lines += [f"_rt.check({a} == 1 or {a} == {f})" for f, a in zip(fd, xd + md)
-              if a != "1"] + [f"_rt.check({b} == 1 or {b} == {f})" for f, b in zip(fd, md)
-                              if b != "1"]
-    return lines, xd, md, fd
-
-
-def _dims_src(dims) -> str:
-    return f"np.array({_shape_src(dims)}, np.int64)"
-
-
-def _broadcast_mask(ctx, lines, md, fd) -> str:
-    """The local of Mask broadcast to ``fd`` (Mask itself when it has that shape)."""
-    m = ctx.inp("Mask")
-    if ctx.shape("Mask") == ctx.shape("X") and -1 not in ctx.shape("X"):
-        return m
-    mb = ctx.tmp("mb")
-    lines += [f"{mb} = np.empty({_shape_src(fd)}, np.bool_)",
-              f"_nn.tile_nd({m}.reshape({m}.size), {_dims_src(md)}, {mb}.reshape({mb}.size), "
-              f"{_dims_src(fd)})"]
-    return mb
-
-
-def _masked_select_lower(ctx):
-    """X and Mask broadcast (``tile_nd``) where their shapes differ, then the selection."""
-    if ctx.rank("X") == 0 and ctx.rank("Mask") == 0:
-        return None
-    X, y, T = ctx.inp("X"), ctx.out("Y"), ctx.T("X")
-    lines, xd, md, fd = _broadcast_lines(ctx)
-    mb = _broadcast_mask(ctx, lines, md, fd)
-    xb = X
-    if mb != ctx.inp("Mask"):
-        xb = ctx.tmp("xb")
-        lines += [f"{xb} = np.empty({_shape_src(fd)}, {T})",
-                  f"_nn.tile_nd({X}.reshape({X}.size), {_dims_src(xd)}, "
-                  f"{xb}.reshape({xb}.size), {_dims_src(fd)})"]
-    return lines + [f"{y} = np.empty((np.count_nonzero({mb}),), {T})",
-                    f"_nn.mask_take({xb}.reshape({xb}.size), {mb}.reshape({mb}.size), {y})"]
-
-
 register_op(
     "masked_select", inputs=["X", "Mask"], outputs=["Y"], traits=[OPAQUE],
     infer_shape=_masked_select_infer, reference=_masked_select_ref,
-    emit=Opaque(_masked_select_lower, host=True),
+    emit=Opaque(),
     grad=default_grad("masked_select_grad", fwd_inputs=("X", "Mask"), grad_outputs=("Y",)),
     doc="Y = X's elements where Mask is true (X and Mask broadcast together, NumPy's rule), in "
         "C order, as a 1-D tensor.")
@@ -1127,26 +925,10 @@ def _masked_select_grad_ref(X, Mask, **kw):
     return {"X@GRAD": reduce_to_shape(dx, X.shape, -1, full).astype(X.dtype)}
 
 
-def _masked_select_grad_lower(ctx):
-    if ctx.rank("X") == 0 and ctx.rank("Mask") == 0:
-        return None
-    X, g, T = ctx.inp("X"), ctx.inp("Y@GRAD"), ctx.T("X")
-    lines, xd, md, fd = _broadcast_lines(ctx)
-    mb = _broadcast_mask(ctx, lines, md, fd)
-    dx = ctx.out("X@GRAD", shape=f"{X}.shape")
-    if mb == ctx.inp("Mask"):
-        return lines + [f"_nn.mask_put({g}, {mb}.reshape({mb}.size), {dx}.reshape({dx}.size))"]
-    full = ctx.tmp("full")
-    return lines + [f"{full} = np.empty({_shape_src(fd)}, {T})",
-                    f"_nn.mask_put({g}, {mb}.reshape({mb}.size), {full}.reshape({full}.size))",
-                    f"_nn.untile_nd({full}.reshape({full}.size), {_dims_src(xd)}, "
-                    f"{dx}.reshape({dx}.size), {_dims_src(fd)})"]
-
-
 register_op(
     "masked_select_grad", inputs=["X", "Mask", "Y@GRAD"], outputs=["X@GRAD?"], traits=[OPAQUE],
     infer_shape=_same_metas("X"), reference=_masked_select_grad_ref,
-    emit=Opaque(_masked_select_grad_lower, host=True), grad=None,
+    emit=Opaque(), grad=None,
     doc="X@GRAD = Y@GRAD's elements back where Mask is true, zeros elsewhere, summed over the "
         "dims X was broadcast along.")
 
@@ -1184,32 +966,11 @@ def _cumsum_ref(X, *, axis, flatten, exclusive, reverse):
     return {"Out": _np_cumsum(x, a, exclusive, reverse)}
 
 
-def _cumsum_lower_for(src_slot, dst_slot, flip):
-    def lower(ctx):
-        a = ctx.attrs
-        r = ctx.rank("X")
-        if r == 0 or ctx.dtype(src_slot) != ctx.dtype(dst_slot if dst_slot != "Out" else "X"):
-            return None
-        x = ctx.inp(src_slot)
-        X = ctx.inp("X")
-        if a["flatten"]:
-            shape = f"({X}.size,)" if dst_slot == "Out" else f"{X}.shape"
-            view = lambda local: f"{local}.reshape((1, {local}.size, 1))"  # noqa: E731
-        else:
-            ax = norm_axis(a["axis"], r)
-            shape = f"{X}.shape"
-            view = lambda local: _rows_src(ctx, local, r, ax)  # noqa: E731
-        out = ctx.out(dst_slot, shape=shape)
-        reverse = bool(a["reverse"]) != flip
-        return [f"_nn.cumsum_rows({view(x)}, {bool(a['exclusive'])}, {reverse}, {view(out)})"]
-    return lower
-
-
 register_op(
     "cumsum", inputs=["X"], outputs=["Out"], attrs=dict(_CUMSUM_ATTRS), traits=[OPAQUE],
     row_wise=RowWise(axes=("axis",), check=lambda v: "flatten" if v.attr("flatten") else None),
     infer_shape=_cumsum_infer, reference=_cumsum_ref,
-    emit=Opaque(_cumsum_lower_for("X", "Out", False), host=True),
+    emit=Opaque(),
     grad=default_grad("cumsum_grad", fwd_inputs=("X",)),
     doc="Out = the running sums of X along axis (of X flattened with flatten); from the end "
         "with reverse; each leaving out its own element with exclusive.")
@@ -1231,7 +992,7 @@ def _cumsum_grad_ref(X, *, axis, flatten, exclusive, reverse, **kw):
 register_op(
     "cumsum_grad", inputs=["X", "Out@GRAD"], outputs=["X@GRAD?"], attrs=dict(_CUMSUM_ATTRS),
     traits=[OPAQUE], infer_shape=_same_metas("X"), reference=_cumsum_grad_ref,
-    emit=Opaque(_cumsum_lower_for("Out@GRAD", "X@GRAD", True), host=True), grad=None,
+    emit=Opaque(), grad=None,
     doc="X@GRAD = the running sums of Out@GRAD in the opposite direction.")
 
 
@@ -1261,22 +1022,10 @@ def _argsort_ref(X, *, axis, descending, stable):
     return {"Out": np.take_along_axis(X, idx, axis=a), "Indices": idx}
 
 
-def _argsort_lower(ctx):
-    r = ctx.rank("X")
-    if r == 0:
-        return None
-    ax = norm_axis(ctx.attrs["axis"], r)
-    X = ctx.inp("X")
-    out = ctx.out("Out", shape=f"{X}.shape")
-    idx = ctx.out("Indices", shape=f"{X}.shape")
-    return [f"_nn.argsort_rows({_rows_src(ctx, X, r, ax)}, {bool(ctx.attrs['descending'])}, "
-            f"{_rows_src(ctx, out, r, ax)}, {_rows_src(ctx, idx, r, ax)})"]
-
-
 register_op(
     "argsort", inputs=["X"], outputs=["Out", "Indices"], attrs=dict(_ARGSORT_ATTRS),
     traits=[OPAQUE], infer_shape=_argsort_infer, reference=_argsort_ref,
-    emit=Opaque(_argsort_lower, host=True),
+    emit=Opaque(),
     grad=default_grad("argsort_grad", fwd_inputs=("X",), fwd_outputs=("Indices",)),
     doc="Out = X sorted along axis (descending with descending), Indices = where each came "
         "from; the sort is stable (equal values keep their order) whatever stable says.")
@@ -1296,23 +1045,11 @@ def _argsort_grad_ref(X, Indices, *, axis, **kw):
     return {"X@GRAD": dx}
 
 
-def _argsort_grad_lower(ctx):
-    r = ctx.rank("X")
-    if r == 0 or ctx.dtype("Out@GRAD") != ctx.dtype("X"):
-        return None
-    ax = norm_axis(ctx.attrs["axis"], r)
-    X, idx, g = ctx.inp("X"), ctx.inp("Indices"), ctx.inp("Out@GRAD")
-    dx = ctx.out("X@GRAD", shape=f"{X}.shape")
-    return [f"_nn.put_along_rows({_rows_src(ctx, g, r, ax)}, {_rows_src(ctx, idx, r, ax)}, "
-            f"{_rows_src(ctx, dx, r, ax)})"]
-
-
 register_op(
     "argsort_grad", inputs=["X", "Indices", "Out@GRAD"], outputs=["X@GRAD?"],
     attrs=dict(_ARGSORT_ATTRS), traits=[OPAQUE], infer_shape=_same_metas("X"),
-    reference=_argsort_grad_ref, emit=Opaque(_argsort_grad_lower, host=True), grad=None,
+    reference=_argsort_grad_ref, emit=Opaque(), grad=None,
     doc="X@GRAD[Indices] = Out@GRAD along axis: the sort's permutation undone.")
-
 
 
 # ---- split and gather natively ---------------------------------------------------------------
@@ -1349,42 +1086,6 @@ def _split_lower(ctx):
             lines.append(f"{ctx.out('Out', i)} = {X}[{index}].copy()")
         lines.append(f"{at} += {size}")
     return lines
-
-
-def _gather_lower(ctx):
-    """Rows of X along the axis, as index_select (negative indices from the end); a 0-d Index
-    takes one slice and drops the axis."""
-    if ctx.has_input("Axis"):
-        return None
-    r = ctx.rank("X")
-    if r == 0:
-        return None
-    ax = norm_axis(ctx.attrs["axis"], r)
-    X, idx = ctx.inp("X"), ctx.inp("Index")
-    dims = [f"{X}.shape[{i}]" if i != ax else f"{idx}.size" for i in range(r)]
-    if ctx.rank("Index") == 0:
-        del dims[ax]
-    out = ctx.out("Out", shape=_shape_src(dims))
-    rows = (f"{out}.reshape(({ctx.prod(X, 0, ax)}, {idx}.size, {ctx.prod(X, ax + 1, r)}))")
-    return [f"_nn.take_rows({_rows_src(ctx, X, r, ax)}, {_flat_ids(idx)}, {_NO_PAD}, True, "
-            f"{rows})"]
-
-
-def _gather_grad_lower(ctx):
-    if ctx.has_input("Axis") or ctx.dtype("Out@GRAD") != ctx.dtype("X"):
-        return None
-    r = ctx.rank("X")
-    if r == 0:
-        return None
-    ax = norm_axis(ctx.attrs["axis"], r)
-    X, idx, g = ctx.inp("X"), ctx.inp("Index"), ctx.inp("Out@GRAD")
-    dx = ctx.out("X@GRAD", shape=f"{X}.shape", zero=True)
-    rows = f"{g}.reshape(({ctx.prod(X, 0, ax)}, {idx}.size, {ctx.prod(X, ax + 1, r)}))"
-    return [f"_rt.check({g}.size == {idx}.size * {ctx.prod(X, 0, ax)} * "
-            f"{ctx.prod(X, ax + 1, r)})",
-            f"_nn.scatter_rows({_rows_src(ctx, dx, r, ax)}, {_flat_ids(idx)}, {rows}, 2, "
-            f"{_NO_PAD}, True)"]
-
 
 
 # ---- stack and one_hot_v2 natively -------------------------------------------------------------

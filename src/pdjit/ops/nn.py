@@ -17,9 +17,10 @@ Numerics follow PaddlePaddle 3.3.1's CPU kernels (measured against PaddlePaddle 
   ``downgrade_in_infer`` training leaves kept values as they are and test mode multiplies by
   ``1 - p``; with ``upscale_in_train`` training divides kept values by ``1 - p`` (zeros when
   ``p == 1``) and test mode is the identity. In test mode Mask is all ones (Paddle leaves it
-  unset). In compiled plans dropout is a library kernel drawing the same stream as the
-  reference (``_nn.dropout_fwd``), its key passed in per run; in test mode where Out = X and
-  only later ops of the segment read Out (Mask unread), Out is X itself, no copy.
+  unset). In compiled plans dropout draws the same stream as the reference (each target's
+  lowering: ``codegen/<target>/lowerings/nn.py``), its key passed in per run; in test mode
+  where Out = X and only later ops of the segment read Out (Mask unread), Out is X itself, no
+  copy.
 """
 from __future__ import annotations
 
@@ -43,7 +44,6 @@ from pdjit.framework.registry import (
     register_op,
 )
 from pdjit.ops._common import FLOATS, INDEX, check_dtype, norm_axis
-from pdjit.ops.indexing import lookup_lowerings
 
 _TOLERABLE = 1e20  # Paddle's kApproInf: what log(0) = -inf becomes in the cross entropies
 _CLIP = -64.0  # Paddle's CPU softmax clips (x - max) at this value before exp
@@ -135,9 +135,8 @@ def _pre_axis_post(ctx, local: str, rank: int, axis: int) -> str:
 def _softmax_lower(ctx):
     """Softmax over the last axis row by row: the first pass over a row reads X (or computes
     it: a prologue, see ``ctx.row_input``) into Out and takes the max, then exp and sum, then
-    the scaling, all while the row is in cache; rows on threads when large. Another axis
-    ``a``: the data as ``(pre, n, post)`` through ``_nn.softmax_axis`` (one compilation per
-    dtype for every rank and axis)."""
+    the scaling, all while the row is in cache; rows on threads when large. Another axis: a
+    target's own lowering (none: the reference)."""
     r = ctx.rank("X")
     if r == 0 or ctx.dtype("X").kind != "f":
         return None
@@ -159,11 +158,7 @@ def _softmax_lower(ctx):
         body += _softmax_passes(ctx, at, at, n, j, m, s, T)
         return rows.setup + [f"{o2} = {out}.reshape(({rows.rows}, {n}))"] + \
             ctx.loop(i, rows.rows, body, size=f"{out}.size")
-    X = ctx.inp("X")
-    out = ctx.out("Out", shape=f"{X}.shape")
-    x3, o3 = ctx.tmp("x"), ctx.tmp("o")
-    return [f"{x3} = {_pre_axis_post(ctx, X, r, axis)}", f"{o3} = {out}.reshape({x3}.shape)",
-            f"_nn.softmax_axis({x3}, {o3}, {T}({_CLIP}))"]
+    return None
 
 
 # softmax over the last axis reads X row by row: an elementwise chain computing X (a scale and
@@ -172,29 +167,12 @@ _softmax_lower.row_prologue = lambda attrs, rank: "X" if rank and \
     attrs["axis"] % rank == rank - 1 else None
 
 
-def _device_rows(lower):
-    """``lower`` on a device target too where its lines are a loop over rows (``ctx.loop``:
-    there a grid-stride kernel, a row per thread) and views; not where they call the CPU's
-    library kernels (``_nn``)."""
-    def both(ctx):
-        lines = lower(ctx)
-        if lines is None or ctx.target == "cpu":
-            return lines
-        return None if any("_nn." in line for line in lines) else lines
-    both.__doc__ = lower.__doc__
-    both.__dict__.update(getattr(lower, "__dict__", {}))
-    return both
-
-
-_TARGETS = ("cpu", "cuda")
-
-
 register_op(
     "softmax", inputs=["X"], outputs=["Out"],
     attrs={"axis": Int(-1, low=-1, high=1, axis_of="X")},
     row_wise=RowWise(axes=("axis",)),
     traits=[OPAQUE], infer_shape=_softmax_infer, reference=_softmax_ref,
-    emit=Opaque(_device_rows(_softmax_lower), targets=_TARGETS),
+    emit=Opaque(_softmax_lower),
     grad=default_grad("softmax_grad", fwd_inputs=(), fwd_outputs=("Out",)),
     doc="Out = exp(X - max) / sum(exp(X - max)) along axis.")
 
@@ -396,8 +374,6 @@ def _swce_lower(ctx):
     and Loss = log(sum) - shifted[label] (0 on ignored rows)."""
     if not _swce_lowerable(ctx, "Logits"):
         return None
-    if ctx.target != "cpu":
-        return _swce_device_lines(ctx)
     X, L, T, r = ctx.inp("Logits"), ctx.inp("Label"), ctx.T("Logits"), ctx.rank("Logits")
     lead = [f"{X}.shape[{d}]" for d in range(r - 1)]
     sm = ctx.out("Softmax", shape=f"{X}.shape")
@@ -423,48 +399,10 @@ def _swce_lower(ctx):
     ] + ctx.loop(i, f"{x2}.shape[0]", body, size=f"{x2}.size")
 
 
-def _swce_device_lines(ctx):
-    """The device target's lines: ``_cu.softmax_xent_rows`` (a label out of range raises on
-    the host after a check on the device: the references then name it)."""
-    X, L, r = ctx.inp("Logits"), ctx.inp("Label"), ctx.rank("Logits")
-    lead = [f"{X}.shape[{d}]" for d in range(r - 1)]
-    sm = ctx.out("Softmax", shape=f"{X}.shape")
-    loss = ctx.out("Loss", shape=ctx.tuple_src(lead + ["1"]))
-    n, rows, lab = ctx.tmp("n"), ctx.tmp("r"), ctx.tmp("b")
-    return [f"{n} = {X}.shape[{r - 1}]",
-            f"{rows} = {X}.size // {n} if {n} else {ctx.prod(X, 0, r - 1)}",
-            f"{lab} = {L}.reshape({L}.size)",
-            f"_rt.check({lab}.size == {rows})",
-            f"_cu.softmax_xent_rows({X}.reshape({X}.size), {lab}, {sm}.reshape({sm}.size), "
-            f"{loss}.reshape({loss}.size), {rows}, {n}, {int(ctx.attrs['ignore_index'])})"]
-
-
-def _swce_grad_device_lines(ctx):
-    """Logits@GRAD on a device target: a row per thread (a label out of range, which the
-    forward refused, leaves the row without its one-hot term)."""
-    sm, L, g, T = ctx.inp("Softmax"), ctx.inp("Label"), ctx.inp("Loss@GRAD"), ctx.T("Softmax")
-    r = ctx.rank("Softmax")
-    out = ctx.out("Logits@GRAD", shape=f"{sm}.shape")
-    s2, o2, lab, gf, i, j, k = (ctx.tmp(h) for h in "sobgijk")
-    ign = int(ctx.attrs["ignore_index"])
-    body = [f"{k} = {lab}[{i}]",
-            f"for {j} in range({s2}.shape[1]):",
-            f"    {o2}[{i}, {j}] = {T}(0) if {k} == {ign} else {s2}[{i}, {j}] * {gf}[{i}]",
-            f"if {k} != {ign} and 0 <= {k} < {s2}.shape[1]:",
-            f"    {o2}[{i}, {k}] = ({s2}[{i}, {k}] - {T}(1)) * {gf}[{i}]"]
-    return [f"{s2} = {ctx.as_rows(sm, r)}",
-            f"{lab} = {L}.reshape({L}.size)",
-            f"{gf} = {g}.reshape({g}.size)",
-            f"_rt.check({lab}.size == {s2}.shape[0] and {gf}.size == {s2}.shape[0])",
-            f"{o2} = {out}.reshape({s2}.shape)"] + ctx.device_loop(i, f"{s2}.shape[0]", body)
-
-
 def _swce_grad_lower(ctx):
     """Logits@GRAD = (Softmax - onehot(Label)) * Loss@GRAD per row; 0 on ignored rows."""
     if not _swce_lowerable(ctx, "Softmax") or not ctx.has_output("Logits@GRAD"):
         return None
-    if ctx.target != "cpu":
-        return _swce_grad_device_lines(ctx)
     sm, L, g, T = ctx.inp("Softmax"), ctx.inp("Label"), ctx.inp("Loss@GRAD"), ctx.T("Softmax")
     r = ctx.rank("Softmax")
     out = ctx.out("Logits@GRAD", shape=f"{sm}.shape")
@@ -495,7 +433,7 @@ register_op(
            "numeric_stable_mode": Bool(True), **_IGNORE,
            "axis": Int(-1, low=-1, high=1, axis_of=("Logits", "Softmax"))},
     traits=[OPAQUE], infer_shape=_swce_infer, reference=_swce_ref,
-    emit=Opaque(_swce_lower, targets=_TARGETS),
+    emit=Opaque(_swce_lower),
     grad=default_grad("softmax_with_cross_entropy_grad", fwd_inputs=("Label",),
                       fwd_outputs=("Softmax",), grad_outputs=("Loss",), wrt=("Logits",)),
     doc="Softmax = softmax(Logits, axis); Loss = cross entropy of Softmax against Label, "
@@ -609,15 +547,26 @@ def _flat(local: str) -> str:
     return f"{local}.reshape({local}.size)"
 
 
-def _dropout_lower(ctx):
-    """One library call: the random stream generated in the kernel from the run's key (the
-    key the reference draws with: bit-identical Out and Mask); a non-zero ``Seed`` input
-    value picks the key instead (``_nn.dropout_key``). In test mode with Out = X (upscale_in_train,
-    or a zero probability) and Out read only by later ops of the segment, Mask unread: Out is
-    bound to X, no copy (0.32 ms for the 1 M elements of the transformer benchmark's FFN)."""
-    if ctx.dtype("X") not in _F32_F64 or \
-            (ctx.has_input("Seed") and ctx.dtype("Seed").kind not in "iu"):
+def dropout_lowerable(ctx) -> bool:
+    """Float32/float64 data, an integer ``Seed`` if any: what the targets lower."""
+    return ctx.dtype("X") in _F32_F64 and \
+        not (ctx.has_input("Seed") and ctx.dtype("Seed").kind not in "iu")
+
+
+def dropout_grad_start(ctx):
+    """``(Out@GRAD, X@GRAD, upscale)`` of a lowerable ``dropout_grad`` (float32/float64, X@GRAD
+    wanted; X@GRAD allocated by the driver), else ``None``."""
+    G = ctx.inp("Out@GRAD")
+    if ctx.dtype("Out@GRAD") not in _F32_F64 or not ctx.has_output("X@GRAD"):
         return None
+    dx = ctx.out("X@GRAD", shape=f"{G}.shape")
+    return G, dx, ctx.attrs["dropout_implementation"] == "upscale_in_train"
+
+
+def dropout_alias(ctx) -> list | None:
+    """In test mode with Out = X (upscale_in_train, or a zero probability) and Out read only
+    by later ops of the segment, Mask unread: the line binding Out to X, no copy (0.32 ms for
+    the 1 M elements of the transformer benchmark's FFN); else None."""
     X = ctx.inp("X")
     a = ctx.attrs
     name = ctx.op.output("Out")[0]
@@ -628,51 +577,7 @@ def _dropout_lower(ctx):
         # Out = X exactly, read only by later ops of this segment: X itself (the memory plan
         # sees the alias), never fetched or stored, so nobody can write through it
         return [f"{ctx.out('Out')} = {X}"]
-    if ctx.target != "cpu":
-        return _dropout_device_lines(ctx)
-    out = ctx.out("Out", shape=f"{X}.shape")
-    if ctx.has_output("Mask"):
-        mask, lines = ctx.out("Mask", shape=f"{X}.shape"), []
-    else:
-        mask = ctx.tmp("mask")
-        lines = [f"{mask} = np.empty({X}.shape, np.uint8)"]
-    key = "np.uint64(0)" if a["is_test"] else ctx.rng_key()
-    if ctx.has_input("Seed") and not a["is_test"]:
-        seed = ctx.inp("Seed")
-        key = f"np.uint64(_nn.dropout_key({_flat(seed)}, {key}))"
-    upscale = a["dropout_implementation"] == "upscale_in_train"
-    return lines + [f"_nn.dropout_fwd({_flat(X)}, {key}, {float(a['dropout_prob'])!r}, "
-                    f"{upscale}, {bool(a['is_test'])}, {_flat(out)}, {_flat(mask)})"]
-
-
-def _dropout_device_lines(ctx):
-    """Dropout on a device target: one thread per element draws element ``i`` of the run's
-    stream (``_m.uniform01``: the numbers the reference and the cpu target draw). Not with a
-    ``Seed`` input (its value picks the key: the host)."""
-    if ctx.has_input("Seed"):
-        return None
-    X, a, T = ctx.inp("X"), ctx.attrs, ctx.T("X")
-    p = float(a["dropout_prob"])
-    upscale = a["dropout_implementation"] == "upscale_in_train"
-    out = ctx.out("Out", shape=f"{X}.shape")
-    mask = ctx.out("Mask", shape=f"{X}.shape") if ctx.has_output("Mask") else \
-        ctx.tmp("mask")
-    lines = [] if ctx.has_output("Mask") else [f"{mask} = _cu.empty({X}.shape, np.uint8)"]
-    x, o, m, i, q, pp = (ctx.tmp(h) for h in ("x", "o", "m", "i", "q", "p"))
-    lines += [f"{x} = {_flat(X)}", f"{o} = {_flat(out)}", f"{m} = {_flat(mask)}",
-              f"{q} = {T}(1.0 - {p!r})", f"{pp} = {p!r}"]
-    if a["is_test"]:
-        body = [f"{o}[{i}] = {x}[{i}]" if upscale else f"{o}[{i}] = {x}[{i}] * {q}",
-                f"{m}[{i}] = 1"]
-    else:
-        key = ctx.rng_key()
-        body = [f"if _m.uniform01({key}, {i}) >= {pp}:",
-                f"    {m}[{i}] = 1",
-                f"    {o}[{i}] = {x}[{i}] / {q}" if upscale else f"    {o}[{i}] = {x}[{i}]",
-                "else:",
-                f"    {m}[{i}] = 0",
-                f"    {o}[{i}] = {T}(0)"]
-    return lines + ctx.device_loop(i, f"{x}.size", body)
+    return None
 
 
 def _dropout_inference(op):
@@ -696,7 +601,7 @@ register_op(
            # runtime extra attrs in Paddle; declared so a fixed seed can be recorded
            "seed": Int(0, low=0, high=1000), "fix_seed": Bool(False)},
     traits=[OPAQUE, RANDOM], infer_shape=_dropout_infer, reference=_dropout_ref,
-    emit=Opaque(_dropout_lower, host=True, targets=_TARGETS),
+    emit=Opaque(),
     grad=default_grad("dropout_grad", fwd_inputs=(), fwd_outputs=("Mask",)),
     inference=_dropout_inference,
     doc="Out = X where a uniform draw >= dropout_prob else 0, scaled per "
@@ -721,9 +626,6 @@ def _lookup_ref(Ids, W, *, padding_idx, **_):
     return {"Out": out.astype(W.dtype, copy=False)}
 
 
-_lookup_lower, _lookup_grad_lower = lookup_lowerings(None)
-
-
 register_op(
     "lookup_table_v2", inputs=["Ids", "W"], outputs=["Out"],
     row_wise=RowWise(batch=("Ids",), const=("W",)),
@@ -732,7 +634,7 @@ register_op(
            "is_sparse": Bool(False), "is_distributed": Bool(False),
            "remote_prefetch": Bool(False)},
     traits=[OPAQUE], infer_shape=_lookup_infer, reference=_lookup_ref,
-    emit=Opaque(_lookup_lower, host=True),
+    emit=Opaque(),
     grad=default_grad("lookup_table_v2_grad", fwd_inputs=("W", "Ids"), wrt=("W",)),
     doc="Out[..., :] = W[Ids[...], :]; rows for padding_idx (unless -1) are zeros.")
 
@@ -765,7 +667,7 @@ def _softmax_grad_ref(Out, *, axis, **kw):
 
 def _softmax_grad_lower(ctx):
     """Row by row over the softmax axis: one dot product, then one scaled difference (another
-    axis than the last: ``_nn.softmax_axis_grad`` on the data as ``(pre, n, post)``)."""
+    axis than the last: a target's own lowering; none: the reference)."""
     r = ctx.rank("Out")
     if r == 0 or ctx.dtype("Out").kind != "f" or ctx.dtype("Out@GRAD") != ctx.dtype("Out"):
         return None
@@ -785,12 +687,7 @@ def _softmax_grad_lower(ctx):
             f"for {j} in range({o2}.shape[1]):",
             f"    {d2}[{i}, {j}] = {o2}[{i}, {j}] * ({g2}[{i}, {j}] - {s})",
         ], size=f"{O}.size")
-    return head + [
-        f"{o2} = {_pre_axis_post(ctx, O, r, axis)}",
-        f"{g2} = {G}.reshape({o2}.shape)",
-        f"{d2} = {dx}.reshape({o2}.shape)",
-        f"_nn.softmax_axis_grad({o2}, {g2}, {d2})",
-    ]
+    return None
 
 
 register_op(
@@ -899,7 +796,7 @@ register_op(
            "numeric_stable_mode": Bool(True), **_IGNORE,
            "axis": Int(-1, low=-1, high=1, axis_of=("Logits", "Softmax"))},
     traits=[OPAQUE], infer_shape=_swce_grad_infer, reference=_swce_grad_ref,
-    emit=Opaque(_swce_grad_lower, targets=_TARGETS), grad=None,
+    emit=Opaque(_swce_grad_lower), grad=None,
     doc="dLogits = (Softmax - onehot(Label)) * dLoss (hard; 0 on ignored rows) or "
         "(Softmax - Label) * dLoss (soft); with use_softmax=False, -Label / Softmax * dLoss.")
 
@@ -926,30 +823,6 @@ def _dropout_grad_ref(Mask, *, dropout_prob, is_test, dropout_implementation, **
     return {"X@GRAD": dx.astype(g.dtype, copy=False)}
 
 
-def _dropout_grad_lower(ctx):
-    """dX = dOut * Mask (/ (1 - p)): one elementwise library call."""
-    G = ctx.inp("Out@GRAD")
-    if ctx.dtype("Out@GRAD") not in _F32_F64 or not ctx.has_output("X@GRAD"):
-        return None
-    a = ctx.attrs
-    dx = ctx.out("X@GRAD", shape=f"{G}.shape")
-    upscale = a["dropout_implementation"] == "upscale_in_train"
-    if ctx.target != "cpu":  # a device target: one thread per element
-        p, T = float(a["dropout_prob"]), ctx.T("Out@GRAD")
-        g, m, d, i, q = (ctx.tmp(h) for h in ("g", "m", "d", "i", "q"))
-        lines = [f"{g} = {_flat(G)}", f"{d} = {_flat(dx)}", f"{q} = {T}(1.0 - {p!r})"]
-        if a["is_test"]:
-            body = [f"{d}[{i}] = {g}[{i}]" if upscale else f"{d}[{i}] = {g}[{i}] * {q}"]
-        else:
-            lines.append(f"{m} = {_flat(ctx.inp('Mask'))}")
-            v = f"{g}[{i}] * {T}({m}[{i}])"
-            body = [f"{d}[{i}] = ({v} / {q} if {q} > 0 else {T}(0))" if upscale and p < 1.0
-                    else f"{d}[{i}] = {T}(0)" if upscale else f"{d}[{i}] = {v}"]
-        return lines + ctx.device_loop(i, f"{g}.size", body)
-    return [f"_nn.dropout_bwd({_flat(G)}, {_flat(ctx.inp('Mask'))}, "
-            f"{float(a['dropout_prob'])!r}, {upscale}, {bool(a['is_test'])}, {_flat(dx)})"]
-
-
 register_op(
     "dropout_grad", inputs=["Mask", "Out@GRAD"], outputs=["X@GRAD?"],
     attrs={"dropout_prob": Float(0.5, low=0.0, high=1.0, at_least=0.0, at_most=1.0),
@@ -958,7 +831,7 @@ register_op(
                                          one_of=_DROPOUT_IMPLS),
            "seed": Int(0, low=0, high=1000), "fix_seed": Bool(False)},
     traits=[OPAQUE], infer_shape=_dropout_grad_infer, reference=_dropout_grad_ref,
-    emit=Opaque(_dropout_grad_lower, host=True, targets=_TARGETS),
+    emit=Opaque(),
     grad=None,
     doc="dX = dOut * Mask (scaled by 1 / (1 - p) with upscale_in_train); in test mode the "
         "forward's fixed scale.")
@@ -986,7 +859,7 @@ register_op(
     attrs={"padding_idx": Long(-1, low=-1, high=3), "is_sparse": Bool(False),
            "is_distributed": Bool(False), "remote_prefetch": Bool(False)},
     traits=[OPAQUE], infer_shape=_lookup_grad_infer, reference=_lookup_grad_ref,
-    emit=Opaque(_lookup_grad_lower, host=True),
+    emit=Opaque(),
     grad=None,
     doc="W@GRAD (dense) = sum of Out@GRAD rows over the lookups of each row; padding_idx's "
         "row stays zero.")

@@ -44,13 +44,8 @@ those of its CPU kernels, compared with Paddle on both layouts, float32 and floa
   X, Scale, Bias, Mean, Variance and Y@GRAD (Paddle's grad maker) and writes X@GRAD,
   Scale@GRAD, Bias@GRAD through the row statistics.
 
-Natively (float32 and float64; float16 runs the references) every op calls the three library
-kernels of ``pdjit.codegen.cpu.lib.norm`` (statistics, normalisation, gradients) on a 4-D view
-of its data, one compilation per dtype for all of them; the host lines do the bookkeeping on
-the few values per channel (running averages, saved statistics) with NumPy. ``layer_norm`` and
-its gradient call ``cpu.lib.norm.layer_norm_fwd`` / ``layer_norm_bwd`` on the ``(left, right)``
-rows (one compilation per dtype for every shape and axis; float32 and float64 with Scale and
-Bias of X's type, else the references).
+Natively (float32 and float64; float16 runs the references) every op runs its target's lowering
+(``codegen/<target>/lowerings/norm.py``); layer norm natively wants Scale and Bias of X's type.
 """
 from __future__ import annotations
 
@@ -170,7 +165,7 @@ def _same_shape(g: np.ndarray, x: np.ndarray, op: str) -> np.ndarray:
     return g
 
 
-# ---- lowering helpers --------------------------------------------------------------------------
+# ---- what the lowerings share (target-neutral) ----------------------------------------------
 def _native(ctx, slots) -> bool:
     """Float32/float64 for every bound slot of ``slots``."""
     return all(ctx.dtype(s) in _NATIVE for s in slots if ctx.has_input(s) or ctx.has_output(s))
@@ -181,63 +176,29 @@ def _f32(value) -> str:
     return repr(float(np.float32(value)))
 
 
+def bn_grad_batch(ctx) -> bool | None:
+    """Whether a lowerable ``batch_norm_grad`` differentiates batch statistics; ``None``: not
+    lowerable (dtypes other than float32/float64, or running statistics missing)."""
+    if not _native(ctx, ("X", "Scale", "Bias", "SavedMean", "SavedVariance", "MeanOut",
+                         "VarianceOut", "Y@GRAD")):
+        return None
+    a = ctx.attrs
+    batch = _batch_stats(a["is_test"], a["use_global_stats"], a["trainable_statistics"])
+    if not batch and not (ctx.has_input("MeanOut") and ctx.has_input("VarianceOut")):
+        return None  # the reference names what is missing
+    return batch
+
+
+def _ln_native(ctx, slots) -> bool:
+    """float32/float64 data, every bound slot of ``slots`` of X's type, a valid axis."""
+    t = ctx.dtype("X")
+    if t not in _NATIVE or not 0 < int(ctx.attrs["begin_norm_axis"]) < ctx.rank("X"):
+        return False
+    return all(ctx.dtype(s) == t for s in slots if ctx.has_input(s) or ctx.has_output(s))
+
+
 def _batch_stats(is_test: bool, use_global_stats: bool, trainable_statistics: bool) -> bool:
     return not ((is_test and not trainable_statistics) or use_global_stats)
-
-
-class _Host:
-    """Host lines under construction for a norm op on X: the ``(A, P, C, R)`` views of arrays
-    (see :func:`_view`), per-channel inputs (constants when absent), outputs (scratch arrays
-    when not bound). The lines call the kernels of ``pdjit.codegen.cpu.lib.norm`` and do the
-    per-channel bookkeeping on a few values with NumPy (valid Python and Numba)."""
-
-    def __init__(self, ctx, data_layout: str):
-        self.ctx, self.layout, self.lines = ctx, data_layout, []
-        self.rank, self.T, self.X = ctx.rank("X"), ctx.T("X"), ctx.inp("X")
-        self.c = f"{self.X}.shape[{_channel_axis(self.rank, data_layout)}]"
-
-    def emit(self, *lines: str) -> None:
-        self.lines.extend(lines)
-
-    def tmp(self, hint: str) -> str:
-        return self.ctx.tmp(hint)
-
-    def view(self, local: str) -> str:
-        r, v = self.rank, self.tmp("v")
-        if self.layout == "NHWC" and r > 2:
-            shape = (f"({local}.shape[0], {self.ctx.prod(local, 1, r - 1)}, "
-                     f"{local}.shape[{r - 1}], 1)")
-        else:
-            shape = f"({local}.shape[0], 1, {local}.shape[1], {self.ctx.prod(local, 2, r)})"
-        self.emit(f"{v} = {local}.reshape({shape})")
-        return v
-
-    def dtype_of(self, slot: str) -> str:
-        ctx = self.ctx
-        return ctx.T(slot) if ctx.has_input(slot) or ctx.has_output(slot) else self.T
-
-    def param(self, slot: str, fill: str) -> str:
-        """Input ``slot``, or ``np.ones``/``np.zeros`` (``fill``) per channel when absent."""
-        if self.ctx.has_input(slot):
-            return self.ctx.inp(slot)
-        return self.const(fill, self.dtype_of(slot))
-
-    def const(self, fill: str, T: str) -> str:
-        t = self.tmp("k")
-        self.emit(f"{t} = np.{fill}(({self.c},), {T})")
-        return t
-
-    def out(self, slot: str, shape: str, T: str) -> str:
-        """Output ``slot`` allocated by the driver, or a scratch array when it is not bound."""
-        return self.ctx.out_or_scratch(slot, shape, T, self.lines)
-
-    def grads(self, x4: str, dy: str) -> tuple:
-        """(dy4, dx4, dscale, dbias): the out-grad viewed like ``x4`` and the gradients."""
-        dy4, dx = self.tmp("g"), self.out("X@GRAD", f"{self.X}.shape", self.T)
-        self.emit(f"{dy4} = {dy}.reshape({x4}.shape)")
-        ds = self.out("Scale@GRAD", f"({self.c},)", self.dtype_of("Scale"))
-        db = self.out("Bias@GRAD", f"({self.c},)", self.dtype_of("Bias"))
-        return dy4, f"{dx}.reshape({x4}.shape)", ds, db
 
 
 # ---- batch_norm --------------------------------------------------------------------------------
@@ -313,50 +274,6 @@ def _bn_ref(X, Mean, Variance, Scale=None, Bias=None, MomentumTensor=None, *, ep
             "ReserveSpace": np.empty((0,), X.dtype)}
 
 
-def _bn_lower(ctx):
-    if not _native(ctx, ("X", "Scale", "Bias", "Mean", "Variance", "MomentumTensor")):
-        return None
-    if ctx.target != "cpu":
-        return _bn_device_lines(ctx)
-    a = ctx.attrs
-    h = _Host(ctx, a["data_layout"])
-    mean, var, TS = ctx.inp("Mean"), ctx.inp("Variance"), ctx.T("Mean")
-    scale, bias = h.param("Scale", "ones"), h.param("Bias", "zeros")
-    mom = _f32(a["momentum"])
-    if ctx.has_input("MomentumTensor"):
-        mt, mom = ctx.inp("MomentumTensor"), h.tmp("mom")
-        h.emit(f"{mom} = float({mt}.reshape({mt}.size)[0])")
-    y = ctx.out("Y", shape=f"{h.X}.shape")
-    mo, vo = h.out("MeanOut", f"{mean}.shape", TS), h.out("VarianceOut", f"{var}.shape", TS)
-    sm, sv = h.out("SavedMean", f"({h.c},)", TS), h.out("SavedVariance", f"({h.c},)", TS)
-    if ctx.has_output("ReserveSpace"):
-        ctx.out("ReserveSpace", shape="(0,)")
-    x4, y4 = h.view(h.X), h.view(y)
-    m, v, inv = h.tmp("m"), h.tmp("v"), h.tmp("inv")
-    eps, relu = _f32(a["epsilon"]), bool(a["fuse_with_relu"])
-    apply = f"_nn.norm_apply({x4}, {m}, {inv}, {{}}, {{}}, False, 1, {relu}, {y4})"
-    if not _batch_stats(a["is_test"], a["use_global_stats"], a["trainable_statistics"]):
-        h.emit(f"{m} = {mean}.astype(np.float64).reshape((1, {mean}.size))",
-               f"{inv} = 1.0 / np.sqrt({var}.astype(np.float64).reshape((1, {var}.size)) + "
-               f"{eps})",
-               f"{mo}[:] = {mean}", f"{vo}[:] = {var}", f"{sm}[:] = {mean}",
-               f"{sv}[:] = {inv}[0]", apply.format(scale, bias))
-        return h.lines
-    ones, zeros = h.const("ones", h.dtype_of("Scale")), h.const("zeros", h.dtype_of("Bias"))
-    h.emit(f"{m} = np.empty((1, {x4}.shape[2]))", f"{v} = np.empty((1, {x4}.shape[2]))",
-           f"_nn.norm_stats({x4}, False, 1, {m}, {v})",
-           f"if {x4}.size == {x4}.shape[2]:  # one value per channel: Y = X, statistics kept",
-           f"    {m}[:, :] = 0.0", f"    {inv} = np.ones((1, {x4}.shape[2]))",
-           f"    {mo}[:] = {mean}", f"    {vo}[:] = {var}", f"    {sm}[:] = 0.0",
-           f"    {sv}[:] = 0.0", "    " + apply.format(ones, zeros),
-           "else:",
-           f"    {inv} = 1.0 / np.sqrt({v} + {eps})",
-           f"    {mo}[:] = {mean}.astype(np.float64) * {mom} + {m}[0] * (1.0 - {mom})",
-           f"    {vo}[:] = {var}.astype(np.float64) * {mom} + {v}[0] * (1.0 - {mom})",
-           f"    {sm}[:] = {m}[0]", f"    {sv}[:] = {inv}[0]", "    " + apply.format(scale, bias))
-    return h.lines
-
-
 def _bn_rows(v):
     """A batch norm keeps rows apart with running statistics only."""
     if not (v.attr("is_test") or v.attr("use_global_stats")):
@@ -401,7 +318,7 @@ register_op(
                      drop=("MeanOut", "VarianceOut", "SavedMean", "SavedVariance",
                            "ReserveSpace"), check=_bn_rows),
     attrs=dict(_BN_ATTRS), traits=[OPAQUE], infer_shape=_bn_infer, reference=_bn_ref,
-    emit=Opaque(_bn_lower, host=True, targets=("cpu", "cuda")), grad=_bn_grad_maker,
+    emit=Opaque(), grad=_bn_grad_maker,
     inference=_bn_inference,
     doc="Y = (X - mean) / sqrt(var + epsilon) * Scale + Bias per channel, with batch or running "
         "statistics; the running statistics move by momentum in training.")
@@ -454,209 +371,13 @@ def _bn_grad_ref(X, SavedMean, SavedVariance, Scale=None, Bias=None, MeanOut=Non
     return _grad_result(X, Scale, Bias, dx, dscale, dbias)
 
 
-def _bn_grad_lower(ctx):
-    if not _native(ctx, ("X", "Scale", "Bias", "SavedMean", "SavedVariance", "MeanOut",
-                         "VarianceOut", "Y@GRAD")):
-        return None
-    a = ctx.attrs
-    batch = _batch_stats(a["is_test"], a["use_global_stats"], a["trainable_statistics"])
-    if not batch and not (ctx.has_input("MeanOut") and ctx.has_input("VarianceOut")):
-        return None  # the reference names what is missing
-    if ctx.target != "cpu":
-        return _bn_grad_device_lines(ctx, batch)
-    h = _Host(ctx, a["data_layout"])
-    scale = h.param("Scale", "ones")
-    x4 = h.view(h.X)
-    dy4, dx4, ds, db = h.grads(x4, ctx.inp("Y@GRAD"))
-    grad = f"_nn.norm_grad({x4}, {dy4}, {{}}, {{}}, {{}}, False, 1, {{}}, {dx4}, {ds}, {db})"
-    if not batch:
-        mean, var = ctx.inp("MeanOut"), ctx.inp("VarianceOut")
-        h.emit(grad.format(f"{mean}.astype(np.float64).reshape((1, {mean}.size))",
-                           f"1.0 / np.sqrt({var}.astype(np.float64).reshape((1, {var}.size)) + "
-                           f"{_f32(a['epsilon'])})", scale, False))
-        return h.lines
-    sm, sv = ctx.inp("SavedMean"), ctx.inp("SavedVariance")
-    ones = h.const("ones", h.dtype_of("Scale"))
-    h.emit(f"if {x4}.size == {x4}.shape[2]:  # the forward op passed X through",
-           "    " + grad.format(f"np.zeros((1, {x4}.shape[2]))", f"np.ones((1, {x4}.shape[2]))",
-                                ones, False),
-           f"    {ds}[:] = 0.0", f"    {db}[:] = 0.0",
-           "else:",
-           "    " + grad.format(f"{sm}.astype(np.float64).reshape((1, {sm}.size))",
-                                f"{sv}.astype(np.float64).reshape((1, {sv}.size))", scale, True))
-    return h.lines
-
-
-# ---- batch_norm on a device target ---------------------------------------------------------------
-# X seen flat as (A, P, C, R) (see _view): element ((a * P + p) * C + c) * R + r. One thread per
-# channel computes the channel's statistics (float64, two passes, as cpu.lib.norm) and its
-# coefficients; one thread per element applies them. Every size and attribute is a run-time
-# argument.
-def _bn_device_common(ctx, lines: list) -> tuple:
-    """(x1, C, R, cnt, flat, cx): driver locals of X flat, its channels, the run after the
-    channel, the values per channel; ``flat(local)`` appends a line viewing ``local`` 1-D;
-    ``cx`` the channels as an expression over X (for the driver's output shapes)."""
-    X, r = ctx.inp("X"), ctx.rank("X")
-    nhwc = ctx.attrs["data_layout"] == "NHWC" and r > 2
-
-    def flat(local):
-        t = ctx.tmp("f")
-        lines.append(f"{t} = {local}.reshape({local}.size)")
-        return t
-    x1 = flat(X)
-    C, R, cnt = ctx.tmp("C"), ctx.tmp("R"), ctx.tmp("cnt")
-    lines += [f"{C} = {X}.shape[{r - 1 if nhwc else 1}]",
-              f"{R} = {1 if nhwc else ctx.prod(X, 2, r)}",
-              f"{cnt} = {X}.size // max({C}, 1)"]
-    return x1, C, R, cnt, flat, f"{X}.shape[{r - 1 if nhwc else 1}]"
-
-
-def _device_out(ctx, slot: str, shape: str, T: str, lines: list) -> str:
-    """Output ``slot`` allocated by the driver, or device scratch when it is not bound."""
-    if ctx.has_output(slot):
-        return ctx.out(slot, shape=shape)
-    t = ctx.tmp("u")
-    lines.append(f"{t} = _cu.empty({shape}, {T})")
-    return t
-
-
-def _fits(ctx, lines: list, n: str, slots) -> None:
-    """A line checking that each bound input of ``slots`` holds ``n`` values (the kernels
-    index them by channel or row and cannot raise: else the reference names the misfit)."""
-    sizes = [f"{ctx.inp(s)}.size == {n}" for s in slots if ctx.has_input(s)]
-    if sizes:
-        lines.append(f"_rt.check({' and '.join(sizes)})")
-
-
-def _bn_device_lines(ctx):
-    a = ctx.attrs
-    lines: list = []
-    x1, C, R, cnt, flat, cx = _bn_device_common(ctx, lines)
-    X, TS = ctx.inp("X"), ctx.T("Mean")
-    mean, var = flat(ctx.inp("Mean")), flat(ctx.inp("Variance"))
-    y = ctx.out("Y", shape=f"{X}.shape")
-    mo = flat(_device_out(ctx, "MeanOut", f"{ctx.inp('Mean')}.shape", TS, lines))
-    vo = flat(_device_out(ctx, "VarianceOut", f"{ctx.inp('Variance')}.shape", TS, lines))
-    sm = _device_out(ctx, "SavedMean", f"({cx},)", TS, lines)
-    sv = _device_out(ctx, "SavedVariance", f"({cx},)", TS, lines)
-    if ctx.has_output("ReserveSpace"):
-        ctx.out("ReserveSpace", shape="(0,)")
-    y1 = flat(y)
-    sc, bc, eps, mom = ctx.tmp("s"), ctx.tmp("b"), ctx.tmp("eps"), ctx.tmp("mom")
-    lines += [f"{sc} = _cu.empty(({C},), np.float64)", f"{bc} = _cu.empty(({C},), np.float64)",
-              f"{eps} = {_f32(a['epsilon'])}"]
-    if ctx.has_input("MomentumTensor"):  # read on the device: no host round trip
-        mom_line = f"mom_ = float({flat(ctx.inp('MomentumTensor'))}[0])"
-    else:
-        lines.append(f"{mom} = {_f32(a['momentum'])}")
-        mom_line = f"mom_ = {mom}"
-    scale = f"{ctx.inp('Scale')}[c_]" if ctx.has_input("Scale") else "1.0"
-    bias = f"{ctx.inp('Bias')}[c_]" if ctx.has_input("Bias") else "0.0"
-    _fits(ctx, lines, C, ("Scale", "Bias", "Mean", "Variance"))
-    if _batch_stats(a["is_test"], a["use_global_stats"], a["trainable_statistics"]):
-        stats = [
-            "acc = 0.0",
-            "for e_ in range(cnt_):",
-            f"    acc += {x1}[((e_ // {R}) * {C} + c_) * {R} + e_ % {R}]",
-            "m_ = acc / cnt_",
-            "acc = 0.0",
-            "for e_ in range(cnt_):",
-            f"    d_ = {x1}[((e_ // {R}) * {C} + c_) * {R} + e_ % {R}] - m_",
-            "    acc += d_ * d_",
-            "v_ = acc / cnt_",
-            "if cnt_ == 1:",
-            f"    {mo}[c_] = {mean}[c_]",
-            f"    {vo}[c_] = {var}[c_]",
-            f"    {sm}[c_] = 0.0",
-            f"    {sv}[c_] = 0.0",
-            f"    {sc}[c_] = 1.0",
-            f"    {bc}[c_] = 0.0",
-            "else:",
-            f"    iv = 1.0 / math.sqrt(v_ + {eps})",
-            mom_line.join(["    ", ""]),
-            f"    {mo}[c_] = {mean}[c_] * mom_ + m_ * (1.0 - mom_)",
-            f"    {vo}[c_] = {var}[c_] * mom_ + v_ * (1.0 - mom_)",
-            f"    {sm}[c_] = m_",
-            f"    {sv}[c_] = iv",
-            f"    {sc}[c_] = iv * {scale}",
-            f"    {bc}[c_] = {bias} - m_ * {sc}[c_]"]
-    else:
-        stats = [
-            "m_ = float(" + f"{mean}[c_])",
-            f"iv = 1.0 / math.sqrt(float({var}[c_]) + {eps})",
-            f"{mo}[c_] = {mean}[c_]", f"{vo}[c_] = {var}[c_]",
-            f"{sm}[c_] = {mean}[c_]", f"{sv}[c_] = iv",
-            f"{sc}[c_] = iv * {scale}", f"{bc}[c_] = {bias} - m_ * {sc}[c_]"]
-    lines += ctx.device_loop("c_", C, stats, before=[f"cnt_ = {cnt}"])
-    relu = ["if v_ < 0.0:", "    v_ = 0.0"] if a["fuse_with_relu"] else []
-    lines += ctx.device_loop("i_", f"{x1}.size", [
-        f"c_ = (i_ // {R}) % {C}", f"v_ = {x1}[i_] * {sc}[c_] + {bc}[c_]"] + relu +
-        [f"{y1}[i_] = v_"])
-    return lines
-
-
-def _bn_grad_device_lines(ctx, batch: bool):
-    lines: list = []
-    x1, C, R, cnt, flat, cx = _bn_device_common(ctx, lines)
-    X, T = ctx.inp("X"), ctx.T("X")
-    dy = flat(ctx.inp("Y@GRAD"))
-    dx = flat(_device_out(ctx, "X@GRAD", f"{X}.shape", T, lines))
-    TS = ctx.T("Scale") if ctx.has_input("Scale") else T
-    ds = _device_out(ctx, "Scale@GRAD", f"({cx},)", TS, lines)
-    db = _device_out(ctx, "Bias@GRAD", f"({cx},)",
-                     ctx.T("Bias") if ctx.has_input("Bias") else T, lines)
-    cf = [ctx.tmp(h) for h in ("m", "cg", "cx", "c0")]
-    lines += [f"{t} = _cu.empty(({C},), np.float64)" for t in cf]
-    mc, cg, cx, c0 = cf
-    scale = f"{ctx.inp('Scale')}[c_]" if ctx.has_input("Scale") else "1.0"
-    _fits(ctx, lines, C, ("Scale", "SavedMean", "SavedVariance") if batch else
-          ("Scale", "MeanOut", "VarianceOut"))
-    lines.append(f"_rt.check({ctx.inp('Y@GRAD')}.shape == {X}.shape)")
-    if batch:
-        sm, sv = flat(ctx.inp("SavedMean")), flat(ctx.inp("SavedVariance"))
-        head = ["if cnt_ == 1:",
-                "    m_ = 0.0", "    iv = 1.0", "    sc_ = 1.0",
-                "else:", f"    m_ = float({sm}[c_])", f"    iv = float({sv}[c_])",
-                f"    sc_ = {scale}"]
-    else:
-        eps = ctx.tmp("eps")
-        lines.append(f"{eps} = {_f32(ctx.attrs['epsilon'])}")
-        mo, vo = flat(ctx.inp("MeanOut")), flat(ctx.inp("VarianceOut"))
-        head = [f"m_ = float({mo}[c_])", f"iv = 1.0 / math.sqrt(float({vo}[c_]) + {eps})",
-                f"sc_ = {scale}"]
-    body = head + [
-        "s1 = 0.0", "s2 = 0.0",
-        "for e_ in range(cnt_):",
-        f"    j_ = ((e_ // {R}) * {C} + c_) * {R} + e_ % {R}",
-        f"    s1 += {dy}[j_]",
-        f"    s2 += {dy}[j_] * ({x1}[j_] - m_)",
-        "if cnt_ == 1 and bstat:",
-        f"    {db}[c_] = 0.0", f"    {ds}[c_] = 0.0",
-        "else:",
-        f"    {db}[c_] = s1", f"    {ds}[c_] = s2 * iv",
-        f"{mc}[c_] = m_",
-        f"{cg}[c_] = iv * sc_",
-        "if bstat and cnt_ > 1:",
-        f"    {cx}[c_] = -iv * iv * (s2 * iv * sc_) / cnt_",
-        f"    {c0}[c_] = -iv * (s1 * sc_) / cnt_",
-        "else:",
-        f"    {cx}[c_] = 0.0", f"    {c0}[c_] = 0.0"]
-    bs = ctx.tmp("bs")
-    lines.append(f"{bs} = {int(batch)}")
-    lines += ctx.device_loop("c_", C, body, before=[f"cnt_ = {cnt}", f"bstat = {bs} != 0"])
-    lines += ctx.device_loop("i_", f"{x1}.size", [
-        f"c_ = (i_ // {R}) % {C}",
-        f"{dx}[i_] = {cg}[c_] * {dy}[i_] + {cx}[c_] * ({x1}[i_] - {mc}[c_]) + {c0}[c_]"])
-    return lines
-
-
 register_op(
     "batch_norm_grad",
     inputs=["X", "Scale?", "Bias?", "MeanOut?", "VarianceOut?", "SavedMean", "SavedVariance",
             "ReserveSpace?", "Y@GRAD"],
     outputs=["X@GRAD?", "Scale@GRAD?", "Bias@GRAD?"], attrs=dict(_BN_ATTRS), traits=[OPAQUE],
     infer_shape=_bn_grad_infer, reference=_bn_grad_ref,
-    emit=Opaque(_bn_grad_lower, host=True, targets=("cpu", "cuda")),
+    emit=Opaque(),
     grad=None, doc="Gradients of batch_norm through the batch or the running statistics.")
 
 
@@ -683,31 +404,12 @@ def _in_ref(X, Scale=None, Bias=None, *, epsilon):
             "SavedVariance": inv.astype(t).reshape(-1)}
 
 
-def _in_lower(ctx):
-    if not _native(ctx, ("X", "Scale", "Bias")):
-        return None
-    h = _Host(ctx, "NCHW")
-    scale, bias, TS = h.param("Scale", "ones"), h.param("Bias", "zeros"), h.dtype_of("Scale")
-    y = ctx.out("Y", shape=f"{h.X}.shape")
-    nc = f"({h.X}.shape[0] * {h.c},)"
-    sm, sv = h.out("SavedMean", nc, TS), h.out("SavedVariance", nc, TS)
-    x4, y4 = h.view(h.X), h.view(y)
-    m, v, inv = h.tmp("m"), h.tmp("v"), h.tmp("inv")
-    h.emit(f"{m} = np.empty(({x4}.shape[0], {x4}.shape[2]))",
-           f"{v} = np.empty(({x4}.shape[0], {x4}.shape[2]))",
-           f"_nn.norm_stats({x4}, True, 1, {m}, {v})",
-           f"{inv} = 1.0 / np.sqrt({v} + {_f32(ctx.attrs['epsilon'])})",
-           f"{sm}[:] = {m}.reshape({m}.size)", f"{sv}[:] = {inv}.reshape({inv}.size)",
-           f"_nn.norm_apply({x4}, {m}, {inv}, {scale}, {bias}, True, 1, False, {y4})")
-    return h.lines
-
-
 register_op(
     "instance_norm", inputs=["X", "Scale?", "Bias?"],
     outputs=["Y", "SavedMean~", "SavedVariance~"],
     row_wise=RowWise(const=("Scale", "Bias"), drop=("SavedMean", "SavedVariance")),
     attrs={"epsilon": Float(1e-5, low=0.0, high=1e-2)},
-    traits=[OPAQUE], infer_shape=_in_infer, reference=_in_ref, emit=Opaque(_in_lower, host=True),
+    traits=[OPAQUE], infer_shape=_in_infer, reference=_in_ref, emit=Opaque(),
     grad=default_grad("instance_norm_grad", fwd_inputs=("X", "Scale", "Bias"),
                       fwd_outputs=("SavedMean", "SavedVariance"), grad_outputs=("Y",),
                       wrt=("X", "Scale", "Bias")),
@@ -733,26 +435,11 @@ def _in_grad_ref(X, SavedMean, SavedVariance, Scale=None, Bias=None, **kw):
     return _grad_result(X, Scale, Bias, dx, dscale, dbias)
 
 
-def _in_grad_lower(ctx):
-    if not _native(ctx, ("X", "Scale", "SavedMean", "SavedVariance", "Y@GRAD")):
-        return None
-    h = _Host(ctx, "NCHW")
-    scale = h.param("Scale", "ones")
-    x4 = h.view(h.X)
-    dy4, dx4, ds, db = h.grads(x4, ctx.inp("Y@GRAD"))
-    stat = f"({x4}.shape[0], {x4}.shape[2])"
-    h.emit(f"_nn.norm_grad({x4}, {dy4}, "
-           f"{ctx.inp('SavedMean')}.astype(np.float64).reshape({stat}), "
-           f"{ctx.inp('SavedVariance')}.astype(np.float64).reshape({stat}), {scale}, True, 1, "
-           f"True, {dx4}, {ds}, {db})")
-    return h.lines
-
-
 register_op(
     "instance_norm_grad", inputs=["X", "Scale?", "Bias?", "SavedMean", "SavedVariance", "Y@GRAD"],
     outputs=["X@GRAD?", "Scale@GRAD?", "Bias@GRAD?"],
     attrs={"epsilon": Float(1e-5, low=0.0, high=1e-2)}, traits=[OPAQUE],
-    infer_shape=_in_grad_infer, reference=_in_grad_ref, emit=Opaque(_in_grad_lower, host=True),
+    infer_shape=_in_grad_infer, reference=_in_grad_ref, emit=Opaque(),
     grad=None, doc="Gradients of instance_norm through its saved statistics.")
 
 
@@ -793,31 +480,11 @@ def _gn_ref(X, Scale=None, Bias=None, *, epsilon, groups, data_layout):
             "Variance": var.astype(X.dtype)}
 
 
-def _gn_lower(ctx):
-    if not _native(ctx, ("X", "Scale", "Bias")):
-        return None
-    a = ctx.attrs
-    h, groups = _Host(ctx, a["data_layout"]), int(a["groups"])
-    scale, bias = h.param("Scale", "ones"), h.param("Bias", "zeros")
-    y = ctx.out("Y", shape=f"{h.X}.shape")
-    stat = f"({h.X}.shape[0], {groups})"
-    mo, vo = h.out("Mean", stat, h.T), h.out("Variance", stat, h.T)
-    x4, y4 = h.view(h.X), h.view(y)
-    m, v = h.tmp("m"), h.tmp("v")
-    cpg = f"{x4}.shape[2] // {groups}"
-    h.emit(f"{m} = np.empty({stat})", f"{v} = np.empty({stat})",
-           f"_nn.norm_stats({x4}, True, {cpg}, {m}, {v})",
-           f"{mo}[:, :] = {m}", f"{vo}[:, :] = {v}",
-           f"_nn.norm_apply({x4}, {m}, 1.0 / np.sqrt({v} + {_f32(a['epsilon'])}), {scale}, "
-           f"{bias}, True, {cpg}, False, {y4})")
-    return h.lines
-
-
 register_op(
     "group_norm", inputs=["X", "Scale?", "Bias?"], outputs=["Y", "Mean~", "Variance~"],
     row_wise=RowWise(const=("Scale", "Bias"), drop=("Mean", "Variance")),
     attrs=dict(_GN_ATTRS), traits=[OPAQUE], infer_shape=_gn_infer, reference=_gn_ref,
-    emit=Opaque(_gn_lower, host=True),
+    emit=Opaque(),
     grad=default_grad("group_norm_grad", fwd_inputs=("X", "Scale", "Bias"),
                       fwd_outputs=("Y", "Mean", "Variance"), grad_outputs=("Y",),
                       wrt=("X", "Scale", "Bias")),
@@ -847,26 +514,10 @@ def _gn_grad_ref(X, Mean, Variance, Scale=None, Bias=None, *, epsilon, groups, d
     return _grad_result(X, Scale, Bias, dx, dscale, dbias)
 
 
-def _gn_grad_lower(ctx):
-    if not _native(ctx, ("X", "Scale", "Mean", "Variance", "Y@GRAD")):
-        return None
-    a = ctx.attrs
-    h, groups = _Host(ctx, a["data_layout"]), int(a["groups"])
-    scale = h.param("Scale", "ones")
-    x4 = h.view(h.X)
-    dy4, dx4, ds, db = h.grads(x4, ctx.inp("Y@GRAD"))
-    stat = f"({x4}.shape[0], {groups})"
-    h.emit(f"_nn.norm_grad({x4}, {dy4}, {ctx.inp('Mean')}.astype(np.float64).reshape({stat}), "
-           f"1.0 / np.sqrt({ctx.inp('Variance')}.astype(np.float64).reshape({stat}) + "
-           f"{_f32(a['epsilon'])}), {scale}, True, {x4}.shape[2] // {groups}, True, {dx4}, "
-           f"{ds}, {db})")
-    return h.lines
-
-
 register_op(
     "group_norm_grad", inputs=["X", "Y?", "Scale?", "Bias?", "Mean", "Variance", "Y@GRAD"],
     outputs=["X@GRAD?", "Scale@GRAD?", "Bias@GRAD?"], attrs=dict(_GN_ATTRS), traits=[OPAQUE],
-    infer_shape=_gn_grad_infer, reference=_gn_grad_ref, emit=Opaque(_gn_grad_lower, host=True),
+    infer_shape=_gn_grad_infer, reference=_gn_grad_ref, emit=Opaque(),
     grad=None, doc="Gradients of group_norm through its statistics.")
 
 
@@ -947,67 +598,13 @@ def _ln_ref(X, Scale=None, Bias=None, *, epsilon, begin_norm_axis):
             "Variance": var.astype(t).reshape(lead)}
 
 
-def _ln_native(ctx, slots) -> bool:
-    """float32/float64 data, every bound slot of ``slots`` of X's type, a valid axis."""
-    t = ctx.dtype("X")
-    if t not in _NATIVE or not 0 < int(ctx.attrs["begin_norm_axis"]) < ctx.rank("X"):
-        return False
-    return all(ctx.dtype(s) == t for s in slots if ctx.has_input(s) or ctx.has_output(s))
-
-
-class _LNHost:
-    """Host lines of a layer-norm op: X as ``(left, right)`` rows, parameters (ones/zeros when
-    absent), outputs (scratch arrays when not bound)."""
-
-    def __init__(self, ctx):
-        self.ctx, self.lines = ctx, []
-        self.X, self.T = ctx.inp("X"), ctx.T("X")
-        self.axis, rank = int(ctx.attrs["begin_norm_axis"]), ctx.rank("X")
-        # a source expression over X alone: output shapes are evaluated before the lines run
-        self.right = f"({ctx.prod(self.X, self.axis, rank)})"
-        self.x2 = ctx.tmp("x")
-        self.lines.append(f"{self.x2} = {self.X}.reshape(({ctx.prod(self.X, 0, self.axis)}, "
-                          f"{self.right}))")
-        self.eps = _f32(ctx.attrs["epsilon"])
-
-    def param(self, slot: str, fill: str) -> str:
-        if self.ctx.has_input(slot):
-            return self.ctx.inp(slot)
-        t = self.ctx.tmp("k")
-        self.lines.append(f"{t} = np.{fill}(({self.right},), {self.T})")
-        return t
-
-    def out(self, slot: str, shape: str) -> str:
-        return self.ctx.out_or_scratch(slot, shape, self.T, self.lines)
-
-    def lead_shape(self) -> str:
-        dims = "".join(f"{self.X}.shape[{i}], " for i in range(self.axis))
-        return f"({dims})"
-
-
-def _ln_lower(ctx):
-    if not _ln_native(ctx, ("Scale", "Bias", "Y", "Mean", "Variance")):
-        return None
-    if ctx.target != "cpu":
-        return _ln_device_lines(ctx, grad=False)
-    h = _LNHost(ctx)
-    scale, bias = h.param("Scale", "ones"), h.param("Bias", "zeros")
-    y = ctx.out("Y", shape=f"{h.X}.shape")
-    mean, var = h.out("Mean", h.lead_shape()), h.out("Variance", h.lead_shape())
-    rows = f"{h.x2}.shape[0]"
-    h.lines.append(f"_nn.layer_norm_fwd({h.x2}, {scale}, {bias}, {h.eps}, "
-                   f"{y}.reshape({h.x2}.shape), {mean}.reshape(({rows},)), "
-                   f"{var}.reshape(({rows},)))")
-    return h.lines
-
-
 register_op(
     "layer_norm", inputs=["X", "Scale?", "Bias?"], outputs=["Y", "Mean~", "Variance~"],
     row_wise=RowWise(const=("Scale", "Bias"), drop=("Mean", "Variance"),
                      check=lambda v: None if int(v.attr("begin_norm_axis")) >= 1
                      else "begin_norm_axis < 1"),
     attrs=dict(_LN_ATTRS), traits=[OPAQUE], infer_shape=_ln_infer, reference=_ln_ref,
-    emit=Opaque(_ln_lower, host=True, targets=("cpu", "cuda")),
+    emit=Opaque(),
     grad=default_grad("layer_norm_grad", fwd_inputs=("X", "Scale", "Bias"),
                       fwd_outputs=("Mean", "Variance"), grad_outputs=("Y",),
                       wrt=("X", "Scale", "Bias")),
@@ -1038,95 +635,9 @@ def _ln_grad_ref(X, Mean, Variance, Scale=None, Bias=None, *, epsilon, begin_nor
     return _grad_result(X, Scale, Bias, dx, (dy * xhat).sum(axis=0), dy.sum(axis=0))
 
 
-def _ln_grad_lower(ctx):
-    if not _ln_native(ctx, ("Scale", "Mean", "Variance", "Y@GRAD", "X@GRAD", "Scale@GRAD",
-                            "Bias@GRAD")):
-        return None
-    if ctx.target != "cpu":
-        return _ln_device_lines(ctx, grad=True)
-    h = _LNHost(ctx)
-    scale = h.param("Scale", "ones")
-    if ctx.has_output("X@GRAD"):
-        dx, want = f"{ctx.out('X@GRAD', shape=f'{h.X}.shape')}.reshape({h.x2}.shape)", True
-    else:
-        dx, want = f"np.empty((0, 0), {h.T})", False
-    ds, db = h.out("Scale@GRAD", f"({h.right},)"), h.out("Bias@GRAD", f"({h.right},)")
-    mean, var, dy = ctx.inp("Mean"), ctx.inp("Variance"), ctx.inp("Y@GRAD")
-    h.lines.append(f"_nn.layer_norm_bwd({h.x2}, {dy}.reshape({h.x2}.shape), "
-                   f"{mean}.reshape(({mean}.size,)), {var}.reshape(({var}.size,)), {scale}, "
-                   f"{h.eps}, {want}, {dx}, {ds}, {db})")
-    return h.lines
-
-
-def _ln_device_lines(ctx, grad: bool) -> list:
-    """layer_norm (``grad``: its gradients) on a device target, with cpu.lib.norm's numerics
-    (statistics and sums in float64, the per-row mean and 1/std rounded to X's type, products
-    in X's type): the forward pass one thread per row; the gradients one thread per column
-    (Scale@GRAD, Bias@GRAD: sums over the rows) and one per row (X@GRAD)."""
-    X, T = ctx.inp("X"), ctx.T("X")
-    axis, rank = int(ctx.attrs["begin_norm_axis"]), ctx.rank("X")
-    right = f"({ctx.prod(X, axis, rank)})"
-    lead = "(" + "".join(f"{X}.shape[{i}], " for i in range(axis)) + ")"
-    lines: list = []
-
-    def flat(local):
-        t = ctx.tmp("f")
-        lines.append(f"{t} = {local}.reshape({local}.size)")
-        return t
-
-    def out(slot, shape):
-        if ctx.has_output(slot):
-            return ctx.out(slot, shape=shape)
-        t = ctx.tmp("u")
-        lines.append(f"{t} = _cu.empty({shape}, {T})")
-        return t
-
-    x1 = flat(X)
-    nc, nr, eps = ctx.tmp("nc"), ctx.tmp("nr"), ctx.tmp("eps")
-    lines += [f"{nc} = {right}", f"{nr} = {X}.size // max({nc}, 1)",
-              f"{eps} = {_f32(ctx.attrs['epsilon'])}"]
-    scale = f"{ctx.inp('Scale')}[j_]" if ctx.has_input("Scale") else f"{T}(1)"
-    bias = f"{ctx.inp('Bias')}[j_]" if ctx.has_input("Bias") else f"{T}(0)"
-    _fits(ctx, lines, nc, ("Scale", "Bias"))
-    if not grad:
-        y1 = flat(ctx.out("Y", shape=f"{X}.shape"))
-        mean, var = flat(out("Mean", lead)), flat(out("Variance", lead))
-        body = [f"b_ = r_ * {nc}", "s_ = 0.0", f"for j_ in range({nc}):",
-                f"    s_ += {x1}[b_ + j_]", f"m_ = s_ / {nc}", "q_ = 0.0",
-                f"for j_ in range({nc}):", f"    d_ = {x1}[b_ + j_] - m_", "    q_ += d_ * d_",
-                f"v_ = q_ / {nc}", f"{mean}[r_] = m_", f"{var}[r_] = v_",
-                f"mt = {T}(m_)", f"it = {T}(1.0 / math.sqrt(v_ + {eps}))",
-                f"for j_ in range({nc}):",
-                f"    {y1}[b_ + j_] = ({x1}[b_ + j_] - mt) * it * {scale} + {bias}"]
-        return lines + ctx.device_loop("r_", nr, body)
-    _fits(ctx, lines, nr, ("Mean", "Variance"))
-    lines.append(f"_rt.check({ctx.inp('Y@GRAD')}.shape == {X}.shape)")
-    mean, var = flat(ctx.inp("Mean")), flat(ctx.inp("Variance"))
-    dy = flat(ctx.inp("Y@GRAD"))
-    row = [f"mt = {T}({mean}[r_])", f"it = {T}(1.0 / math.sqrt(float({var}[r_]) + {eps}))"]
-    if ctx.has_output("Scale@GRAD") or ctx.has_output("Bias@GRAD"):
-        ds, db = out("Scale@GRAD", f"({right},)"), out("Bias@GRAD", f"({right},)")
-        lines += ctx.device_loop("j_", nc, [
-            "s1 = 0.0", "s2 = 0.0", f"for r_ in range({nr}):"] + ["    " + t for t in row] + [
-            f"    k_ = r_ * {nc} + j_", f"    d_ = {dy}[k_]",
-            f"    s1 += d_ * (({x1}[k_] - mt) * it)", "    s2 += d_",
-            f"{ds}[j_] = s1", f"{db}[j_] = s2"])
-    if ctx.has_output("X@GRAD"):
-        dx = flat(ctx.out("X@GRAD", shape=f"{X}.shape"))
-        lines += ctx.device_loop("r_", nr, row + [
-            f"b_ = r_ * {nc}", "sg = 0.0", "sgx = 0.0", f"for j_ in range({nc}):",
-            f"    g_ = {dy}[b_ + j_] * {scale}", "    sg += g_",
-            f"    sgx += g_ * (({x1}[b_ + j_] - mt) * it)",
-            f"a_ = {T}(sg / {nc})", f"c_ = {T}(sgx / {nc})",
-            f"for j_ in range({nc}):",
-            f"    {dx}[b_ + j_] = it * ({dy}[b_ + j_] * {scale} - a_ - "
-            f"(({x1}[b_ + j_] - mt) * it) * c_)"])
-    return lines
-
-
 register_op(
     "layer_norm_grad", inputs=["X", "Scale?", "Bias?", "Mean", "Variance", "Y@GRAD"],
     outputs=["X@GRAD?", "Scale@GRAD?", "Bias@GRAD?"], attrs=dict(_LN_ATTRS), traits=[OPAQUE],
     infer_shape=_ln_grad_infer, reference=_ln_grad_ref,
-    emit=Opaque(_ln_grad_lower, host=True, targets=("cpu", "cuda")),
+    emit=Opaque(),
     grad=None, doc="Gradients of layer_norm through the row statistics Mean and Variance.")

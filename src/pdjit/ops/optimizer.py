@@ -143,7 +143,7 @@ def _flat_lower(slots_in, slots_out, code, check_scalars=("LearningRate",)):
         for s in slots_out:
             if ctx.has_output(s):
                 v[s] = ctx.out(s, shape=f"{P}.shape")
-                if ctx.target != "cpu":  # (the cpu's flat kernel gets every array 1-D)
+                if ctx.device:  # (a host target's flat kernel gets every array 1-D)
                     f = ctx.tmp("o")
                     lines.append(f"{f} = {v[s]}.reshape({v[s]}.size)")
                     v[s] = f
@@ -156,7 +156,7 @@ def _elementwise_lower(slots_in, slots_out, prologue, body, check_scalars=("Lear
     gives lines computing scalars once, ``body(ctx, T, v, i)`` the lines of one element."""
     def code(ctx, T, v):
         i = ctx.tmp("i")
-        if ctx.target != "cpu":  # a device target: the same lines as one grid-stride kernel
+        if ctx.device:  # a device target: the same lines as one grid-stride kernel
             return ctx.device_loop(i, f"{v['Param']}.size", body(ctx, T, v, i),
                                    before=prologue(ctx, T, v))
         return prologue(ctx, T, v) + [f"for {i} in range({v['Param']}.size):"] + \
@@ -190,7 +190,7 @@ register_op(
         ("Param", "Grad"), ("ParamOut",),
         lambda ctx, T, v: [f"lr_ = {T}({v['LearningRate']}[0])"],
         lambda ctx, T, v, i: [f"{v['ParamOut']}[{i}] = {v['Param']}[{i}] - lr_ * "
-                              f"{v['Grad']}[{i}]"]), flat=True, targets=("cpu", "cuda")),
+                              f"{v['Grad']}[{i}]"]), flat=True),
     grad=None, doc="ParamOut = Param - LearningRate * Grad.")
 
 
@@ -251,7 +251,7 @@ register_op(
     traits=[OPAQUE], infer_shape=_momentum_infer, reference=_momentum_ref,
     emit=Opaque(_elementwise_lower(("Param", "Grad", "Velocity"), ("ParamOut", "VelocityOut"),
                                    _momentum_prologue, _momentum_body),
-                flat=True, targets=("cpu", "cuda")),
+                flat=True),
     grad=None,
     doc="VelocityOut = mu * Velocity + Grad (+ l2 coeff * Param); ParamOut = Param - lr * "
         "VelocityOut (Nesterov: Param - lr * (Grad + mu * VelocityOut)).")
@@ -387,7 +387,7 @@ _adam_loop = _elementwise_lower(("Param", "Grad", "Moment1", "Moment2"),
 register_op(
     "adam", inputs=_ADAM_INPUTS, outputs=_ADAM_OUTPUTS, attrs=dict(_ADAM_ATTRS),
     traits=[OPAQUE], infer_shape=_adam_infer, reference=_adam_ref,
-    emit=Opaque(_adam_lower, flat=True, targets=("cpu", "cuda")),
+    emit=Opaque(_adam_lower, flat=True),
     grad=None,
     doc="Adam: moments updated, ParamOut = Param - lr * sqrt(1 - b2p) / (1 - b1p) * m1 / "
         "(sqrt(m2) + epsilon * sqrt(1 - b2p)); beta pows multiplied by beta1/beta2.")

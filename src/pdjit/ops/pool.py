@@ -349,13 +349,13 @@ register_op(
     "pool2d", inputs=["X"], outputs=["Out"], attrs=_POOL_ATTRS, traits=[OPAQUE],
     row_wise=RowWise(),
     infer_shape=_pool_infer, reference=_pool_ref,
-    emit=Opaque(_pool_lower, host=True, targets=("cpu", "cuda")),
+    emit=Opaque(_pool_lower, host=True),
     grad=default_grad("pool2d_grad", fwd_inputs=("X",), fwd_outputs=("Out",)),
     doc="Out = the max or average of X over 2-D windows.")
 register_op(
     "pool2d_grad", inputs=["X", "Out", "Out@GRAD"], outputs=["X@GRAD?"], attrs=_POOL_ATTRS,
     traits=[OPAQUE], infer_shape=lambda X, **_: {"X@GRAD": X}, reference=_pool_grad_ref,
-    emit=Opaque(_pool_grad_lower, host=True, targets=("cpu", "cuda")), grad=None,
+    emit=Opaque(_pool_grad_lower, host=True), grad=None,
     doc="The gradient of pool2d.")
 
 

@@ -15,7 +15,8 @@ Semantics follow PaddlePaddle 3.3.1's legacy ops (checked against it while writi
   values may come back in another order there.
 
 Gradients (Paddle's grad ops and slots; all ``OPAQUE``): ``reduce_<op>_grad`` and
-``mean_grad`` natively (float32/float64, through kernels of ``pdjit.codegen.cpu.lib.indexing``);
+``mean_grad`` natively (float32/float64, through each target's lowerings:
+``codegen/<target>/lowerings/reduce.py``);
 ``top_k*_grad`` run their references.
 
 - ``reduce_<op>_grad`` reads ``X`` (for its shape), ``Out`` (max/min/prod) and ``Out@GRAD``,
@@ -242,144 +243,18 @@ def _make_reduce_grad(op_type):
     return infer, ref
 
 
-def _dims_src(dims) -> str:
-    return "np.array((" + "".join(f"{d}, " for d in dims) + "), np.int64)"
-
-
-def _make_reduce_grad_lower(op_type):
-    """Host lines through kernels of ``pdjit.codegen.cpu.lib.indexing`` (float32 and float64);
-    a size mismatch makes a kernel raise, and the reference then names it.
-
-    - sum: ``X@GRAD = tile(Out@GRAD)``: Out@GRAD read as X with its reduced dims 1 (the kept
-      shape) and broadcast back by ``_nn.tile_nd``; mean: ``tile(Out@GRAD / n)`` (n the
-      reduced count, at least 1), the reference's order of operations.
-    - max/min: ``_nn.extreme_share``: ``Out@GRAD * hit / count``, ``hit`` where X equals its
-      group's Out, ``count`` the group's hits (the reference's rule and operations).
-    - prod: ``_nn.others_product``: Out@GRAD times the product of the other elements of each
-      group, as exclusive running products in C order (the reference's).
-    """
-    def lower(ctx):
-        ft = (np.dtype(np.float32), np.dtype(np.float64))
-        if (ctx.dtype("X") not in ft or ctx.dtype("Out@GRAD") != ctx.dtype("X")
-                or not ctx.has_output("X@GRAD")):
-            return None
-        a = ctx.attrs
-        r = ctx.rank("X")
-        if r == 0:
-            return None
-        axes = _reduce_axes((0,) * r, a["dim"], a["reduce_all"])
-        if ctx.target != "cpu":
-            return _reduce_grad_device_lines(ctx, op_type, axes)
-        X, g, T = ctx.inp("X"), ctx.inp("Out@GRAD"), ctx.T("X")
-        xd = [f"{X}.shape[{i}]" for i in range(r)]
-        kd = ["1" if i in axes else f"{X}.shape[{i}]" for i in range(r)]
-        lines = []
-        if op_type == "reduce_mean":
-            n = " * ".join(f"{X}.shape[{i}]" for i in axes) or "1"
-            gs = ctx.tmp("gs")
-            # 1-D first: a 0-d array divided under Numba is a scalar
-            lines.append(f"{gs} = {g}.reshape({g}.size) / {T}(max({n}, 1))")
-            g = gs
-        dx = ctx.out("X@GRAD", shape=f"{X}.shape")
-        red = _dims_src(["1" if i in axes else "0" for i in range(r)])
-        if op_type == "reduce_prod":
-            return [f"_nn.others_product({X}.reshape({X}.size), {_dims_src(xd)}, {red}, "
-                    f"{g}.reshape({g}.size), {dx}.reshape({dx}.size))"]
-        if op_type in ("reduce_sum", "reduce_mean"):
-            return lines + [f"_nn.tile_nd({g}.reshape({g}.size), {_dims_src(kd)}, "
-                            f"{dx}.reshape({dx}.size), {_dims_src(xd)})"]
-        if not ctx.has_input("Out") or ctx.dtype("Out") != ctx.dtype("X"):
-            return None
-        o = ctx.inp("Out")
-        return [f"_nn.extreme_share({X}.reshape({X}.size), {o}.reshape({o}.size), "
-                f"{g}.reshape({g}.size), {_dims_src(xd)}, {red}, {dx}.reshape({dx}.size))"]
-    return lower
-
-
-def _reduce_grad_device_lines(ctx, op_type: str, axes) -> list | None:
-    """A reduction's gradient on a device target: one thread per element of X, unravelling
-    its index into the kept coordinates (its group's element of Out@GRAD) and, for max/min,
-    visiting its group to count the hits of the extreme (the reference's rule and
-    operations: ``g / n``, ``g * hit / count``); for prod, the products of its group's
-    elements before it and after it in C order, each in the order the CPU's running products
-    take (``g * (before * after)``: exact where X holds zeros, no division)."""
-    if op_type in ("reduce_max", "reduce_min") and \
-            (not ctx.has_input("Out") or ctx.dtype("Out") != ctx.dtype("X")):
+def reduce_grad_axes(ctx):
+    """The reduced axes of a ``reduce_<op>_grad`` lowerable natively (float32 or float64, X of
+    rank >= 1, X@GRAD wanted); ``None`` otherwise."""
+    ft = (np.dtype(np.float32), np.dtype(np.float64))
+    if (ctx.dtype("X") not in ft or ctx.dtype("Out@GRAD") != ctx.dtype("X")
+            or not ctx.has_output("X@GRAD")):
         return None
-    X, g, T = ctx.inp("X"), ctx.inp("Out@GRAD"), ctx.T("X")
+    a = ctx.attrs
     r = ctx.rank("X")
-    lines: list = []
-
-    def flat(local):
-        t = ctx.tmp("f")
-        lines.append(f"{t} = {local}.reshape({local}.size)")
-        return t
-    dx = ctx.out("X@GRAD", shape=f"{X}.shape")
-    x1, g1, dx1 = flat(X), flat(g), flat(dx)
-    dims = [ctx.tmp("d") for _ in range(r)]
-    lines += [f"{d} = {X}.shape[{i}]" for i, d in enumerate(dims)]
-    kept = " * ".join("1" if d in axes else dims[d] for d in range(r))
-    lines.append(f"_rt.check({g}.size == {kept})")
-    i = ctx.tmp("i")
-    body = [f"t_ = {i}", "k_ = 0", "w_ = 1"]
-    for d in range(r - 1, -1, -1):  # the coordinates of element i, the kept ones' flat index
-        body += [f"q{d} = t_ % {dims[d]}", f"t_ = t_ // {dims[d]}"]
-        if d not in axes:
-            body += [f"k_ += q{d} * w_", f"w_ *= {dims[d]}"]
-    if op_type == "reduce_sum":
-        body.append(f"{dx1}[{i}] = {g1}[k_]")
-    elif op_type == "reduce_mean":
-        n = " * ".join(dims[d] for d in axes) or "1"
-        body.append(f"{dx1}[{i}] = {T}({g1}[k_] / max({n}, 1))")
-    elif op_type == "reduce_prod":
-        m = " * ".join(dims[d] for d in axes) or "1"
-        idx = _group_index(r, axes, dims)
-        own = "0"
-        for d in axes:  # the element's place in its group (C order over the reduced dims)
-            own = f"({own}) * {dims[d]} + q{d}"
-        body += [f"s_ = {own}", f"b_ = {T}(1)", "for e_ in range(s_):", "    t_ = e_"]
-        body += _group_coords(axes, dims) + [f"    b_ *= {x1}[{idx}]",
-                                             f"a_ = {T}(1)",
-                                             f"for e_ in range({m} - 1, s_, -1):", "    t_ = e_"]
-        body += _group_coords(axes, dims) + [f"    a_ *= {x1}[{idx}]",
-                                             f"{dx1}[{i}] = {g1}[k_] * (b_ * a_)"]
-    else:
-        o1 = flat(ctx.inp("Out"))
-        lines.append(f"_rt.check({o1}.size == {g1}.size)")
-        m = " * ".join(dims[d] for d in axes) or "1"
-        body += [f"o_ = {o1}[k_]", "cnt = 0", f"for e_ in range({m}):", "    t_ = e_"]
-        for d in reversed(axes):  # the group's element e_: the reduced coordinates from e_
-            body += [f"    p{d} = t_ % {dims[d]}", f"    t_ = t_ // {dims[d]}"]
-        idx, stride = [], []
-        for d in range(r - 1, -1, -1):
-            coord = f"p{d}" if d in axes else f"q{d}"
-            idx.append(coord + "".join(f" * {s}" for s in stride))
-            stride.append(dims[d])
-        body += [f"    if {x1}[{' + '.join(idx)}] == o_:", "        cnt += 1",
-                 f"if {x1}[{i}] == o_:",
-                 f"    {dx1}[{i}] = {T}({g1}[k_] / cnt)",
-                 "else:", f"    {dx1}[{i}] = {T}(0)"]
-    return lines + ctx.device_loop(i, f"{dx1}.size", body)
-
-
-def _group_coords(axes, dims) -> list:
-    """Kernel lines (in a loop body) unravelling ``t_``, an element's place in its group, into
-    the reduced coordinates ``p{d}``."""
-    lines = []
-    for d in reversed(axes):
-        lines += [f"    p{d} = t_ % {dims[d]}", f"    t_ = t_ // {dims[d]}"]
-    return lines
-
-
-def _group_index(r: int, axes, dims) -> str:
-    """Source of the flat index of the group element at reduced coordinates ``p{d}`` and the
-    thread's kept coordinates ``q{d}``."""
-    idx, stride = [], []
-    for d in range(r - 1, -1, -1):
-        coord = f"p{d}" if d in axes else f"q{d}"
-        idx.append(coord + "".join(f" * {s}" for s in stride))
-        stride.append(dims[d])
-    return " + ".join(idx)
+    if r == 0:
+        return None
+    return _reduce_axes((0,) * r, a["dim"], a["reduce_all"])
 
 
 for _t in ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod"):
@@ -393,7 +268,7 @@ for _t in ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod
     _infer, _ref = _make_reduce_grad(_t)
     register_op(f"{_t}_grad", inputs=["X", "Out?", "Out@GRAD"], outputs=["X@GRAD?"],
                 attrs=dict(_REDUCE_ATTRS), traits=[OPAQUE], infer_shape=_infer, reference=_ref,
-                emit=Opaque(_make_reduce_grad_lower(_t), host=True, targets=("cpu", "cuda")),
+                emit=Opaque(),
                 grad=None,
                 doc=f"X@GRAD = the gradient of {_t}: Out@GRAD spread back over the reduced "
                     f"axes of X.")
@@ -426,11 +301,6 @@ def _mean_grad_lower(ctx):
         return None
     X, g, T = ctx.inp("X"), ctx.inp("Out@GRAD"), ctx.T("X")
     out = ctx.out("X@GRAD", shape=f"{X}.shape")
-    if ctx.target != "cpu":  # a device target: one kernel writes every element
-        o, gf, n, i = ctx.tmp("o"), ctx.tmp("g"), ctx.tmp("n"), ctx.tmp("i")
-        return [f"_rt.check({g}.size == 1)", f"{o} = {out}.reshape({out}.size)",
-                f"{gf} = {g}.reshape(1)", f"{n} = {X}.size"] + \
-            ctx.device_loop(i, f"{o}.size", [f"{o}[{i}] = {gf}[0] / {T}({n})"])
     return [f"_rt.check({g}.size == 1)",
             f"{out}.reshape({out}.size)[:] = {g}.reshape(1)[0] / {T}({X}.size)"]
 
@@ -438,7 +308,7 @@ def _mean_grad_lower(ctx):
 register_op(
     "mean_grad", inputs=["X", "Out@GRAD"], outputs=["X@GRAD?"], traits=[OPAQUE],
     infer_shape=lambda X, **_: {"X@GRAD": X}, reference=_mean_grad_ref,
-    emit=Opaque(_mean_grad_lower, host=True, targets=("cpu", "cuda")), grad=None,
+    emit=Opaque(_mean_grad_lower, host=True), grad=None,
     doc="X@GRAD = Out@GRAD / X.size everywhere (gradient of mean).")
 
 
@@ -472,9 +342,9 @@ def _sum_ref(X):
     return {"Out": out}
 
 
-def _sum_lower(ctx):
-    """Dense inputs of one shape: the first copied into the output, the others added in place
-    (``np.add`` with ``out``, a library loop, valid in the driver and in native loops)."""
+def sum_operands(ctx):
+    """``(inputs, output, check lines)`` of a ``sum`` of dense inputs of one shape, the output
+    allocated by the driver; ``None`` for tensor arrays or shapes that may differ."""
     names = ctx.op.input("X")
     n = len(names)
     if n < 1 or EMPTY_VAR_NAME in names or len({ctx.shape("X", i) for i in range(n)}) > 1 or \
@@ -483,16 +353,17 @@ def _sum_lower(ctx):
         return None  # tensor arrays, or shapes that may differ: the reference
     xs = [ctx.inp("X", i) for i in range(n)]
     out = ctx.out("Out", shape=f"{xs[0]}.shape")
-    lines = [f"_rt.check({x}.shape == {xs[0]}.shape)" for x in xs[1:]]
-    if ctx.target != "cpu":  # a device target: one kernel adding left to right, as the reference
-        if ctx.dtype("X") not in (np.dtype(t) for t in ("float32", "float64", "int32", "int64")):
-            return None
-        flats = [ctx.tmp("f") for _ in range(n + 1)]
-        lines += [f"{f} = {a}.reshape({a}.size)" for f, a in zip(flats, [out] + xs)]
-        i = ctx.tmp("i")
-        total = " + ".join(f"{f}[{i}]" for f in flats[1:])
-        return lines + ctx.device_loop(i, f"{flats[0]}.size",
-                                       [f"{flats[0]}[{i}] = {total}"])
+    return xs, out, [f"_rt.check({x}.shape == {xs[0]}.shape)" for x in xs[1:]]
+
+
+def _sum_lower(ctx):
+    """Dense inputs of one shape: the first copied into the output, the others added in place
+    (``np.add`` with ``out``, a library loop, valid in the driver and in native loops)."""
+    operands = sum_operands(ctx)
+    if operands is None:
+        return None
+    xs, out, lines = operands
+    n = len(xs)
     if n == 1:
         return lines + [f"{out}.reshape({out}.size)[:] = {xs[0]}.reshape({xs[0]}.size)"]
     return lines + [f"np.add({xs[0]}, {xs[1]}, {out})"] + \
@@ -514,7 +385,7 @@ def _sum_grad(op):
 
 register_op(
     "sum", inputs=["X*"], outputs=["Out"], traits=[OPAQUE], infer_shape=_sum_infer,
-    reference=_sum_ref, emit=Opaque(_sum_lower, host=True, targets=("cpu", "cuda")),
+    reference=_sum_ref, emit=Opaque(_sum_lower, host=True),
     grad=_sum_grad,
     doc="Out = X[0] + X[1] + ..., inputs of one shape and dtype.")
 

@@ -11,7 +11,7 @@ bidirectional, with and without sequence lengths:
   ``b_hh`` ``[G*H]``; ``I_l`` is I for the first layer, ``D * H`` after), optional
   ``SequenceLength`` (int ``[B]``, each in ``0..T``). Outputs: ``Out`` ``[T, B, D * H]`` (the
   directions side by side), ``State`` (last states, as PreState), ``Reserve`` (what the
-  gradient reads, the layout of ``pdjit.codegen.cpu.lib.rnn``, in Input's dtype; Paddle declares
+  gradient reads, the layout of the native rnn kernels, in Input's dtype; Paddle declares
   it uint8, and a variable declared so holds the same bytes) and ``DropoutState`` (optional,
   uint8: the dropout masks of the layers but the last, ``[(L-1) * T * B * D*H]`` when
   dropping, else empty; the gradient of a dropping op needs it). Paddle's slot flags and
@@ -33,11 +33,7 @@ bidirectional, with and without sequence lengths:
   and ``State@GRAD`` and writes ``Input@GRAD``, ``PreState@GRAD`` and ``WeightList@GRAD``
   (Paddle's slots; no gradient to SequenceLength).
 
-Natively (float32 / float64, weights and states of the input's dtype) both ops are host lines
-calling ``_nn.rnn_forward`` / ``_nn.rnn_backward``: one compiled time loop per dtype for every
-mode and size (a large batch split into slices on the loop threads). With dropout the masks
-are drawn natively from the run's key (the numbers the reference draws). ``rnn_grad`` skips the
-input gradient (a GEMM over every step) when nothing reads ``Input@GRAD`` (a data input).
+Each target lowers both ops its own way (``codegen/<target>/lowerings/rnn.py``).
 """
 from __future__ import annotations
 
@@ -46,7 +42,6 @@ import numpy as np
 from pdjit.framework import random as prandom
 from pdjit.framework.errors import ShapeMismatch
 from pdjit.framework.registry import (
-    EMPTY_VAR_NAME,
     OPAQUE,
     RANDOM,
     Bool,
@@ -152,7 +147,7 @@ def _check(op, Input, PreState, WeightList, SequenceLength, mode, num_layers, is
 
 
 def _reserve_values(g, T, B, H, L, D) -> int:
-    """Values of the dtype in Reserve (``pdjit.codegen.cpu.lib.rnn``'s layout)."""
+    """Values of the dtype in Reserve (the native rnn kernels' layout)."""
     return L * D * T * B * (g + 2) * H + (L - 1) * T * B * D * H
 
 
@@ -285,80 +280,6 @@ def _rnn_ref(Input, PreState, WeightList, SequenceLength=None, *, mode, num_laye
                              else np.empty(0, np.uint8))}
 
 
-# ---- the native forward ------------------------------------------------------------------------
-def _flat_weights(ctx, lines, n) -> str:
-    ws = [ctx.inp("WeightList", i) for i in range(n)]
-    wf = ctx.tmp("wf")
-    lines.append(f"{wf} = np.concatenate(({''.join(f'{w}.reshape({w}.size), ' for w in ws)}))")
-    return wf
-
-
-def _lens_line(ctx, lines, x) -> str:
-    ln = ctx.tmp("lens")
-    if ctx.has_input("SequenceLength"):
-        sl = ctx.inp("SequenceLength")
-        lines += [f"{ln} = {sl}.astype(np.int64).reshape({sl}.size)",
-                  f"if {ln}.size != {x}.shape[1] or ({ln}.size > 0 and ({ln}.min() < 0 or "
-                  f"{ln}.max() > {x}.shape[0])):",
-                  "    raise ValueError('rnn: SequenceLength does not fit Input')"]
-    else:
-        lines.append(f"{ln} = np.empty(0, np.int64)")
-    return ln
-
-
-def _native_ok(ctx, n_states, n_weights) -> bool:
-    t = ctx.dtype("Input")
-    if t not in _NATIVE:
-        return False
-    return (all(ctx.dtype("PreState", i) == t for i in range(n_states))
-            and all(ctx.dtype("WeightList", i) == t for i in range(n_weights)))
-
-
-def _rnn_lower(ctx):
-    a = ctx.attrs
-    code, G = _mode(a["mode"], "rnn")
-    L, D, H = int(a["num_layers"]), 2 if a["is_bidirec"] else 1, int(a["hidden_size"])
-    ns, nw = (2 if code == 0 else 1), 4 * L * D
-    if len(ctx.op.input("PreState")) != ns or len(ctx.op.input("WeightList")) != nw \
-            or not _native_ok(ctx, ns, nw):
-        return None  # the reference names what does not fit
-    lines = []
-    x, T = ctx.inp("Input"), ctx.T("Input")
-    h0 = ctx.inp("PreState", 0)
-    c0 = ctx.inp("PreState", 1) if code == 0 else h0
-    wf = _flat_weights(ctx, lines, nw)
-    ln = _lens_line(ctx, lines, x)
-    out = ctx.out("Out", shape=f"({x}.shape[0], {x}.shape[1], {D * H})")
-    hn = ctx.out("State", 0, shape=f"{h0}.shape")
-    cn = ctx.out("State", 1, shape=f"{h0}.shape") if code == 0 else hn
-    save = ctx.has_output("Reserve") and ctx.used("Reserve")
-    # bytes per (step, sequence), in elements of the variable's dtype (Paddle declares uint8)
-    per = (L * D * (G + 2) * H + (L - 1) * D * H) * ctx.dtype("Input").itemsize
-    item = ctx.dtype("Reserve").itemsize if ctx.has_output("Reserve") else 1
-    res = ctx.out("Reserve", shape=f"(({x}.shape[0] * {x}.shape[1] * {per} + {item - 1}) // "
-                                   f"{item},)" if save else "(0,)") \
-        if ctx.has_output("Reserve") else None
-    p = float(a["dropout_prob"])
-    if _dropping(p, a["is_test"], L):
-        # the masks: the draws of the run's stream (``_nn.dropout_fwd`` on zeros draws what
-        # the reference draws), kept in DropoutState for the gradient
-        shape = f"({(L - 1) * D * H} * {x}.shape[0] * {x}.shape[1],)"
-        dm = _out_or_scratch(ctx, lines, "DropoutState", 0, shape, "np.uint8")
-        z, zo = ctx.tmp("z"), ctx.tmp("zo")
-        lines += [f"{z} = np.zeros({dm}.size, {T})", f"{zo} = np.empty({dm}.size, {T})",
-                  f"_nn.dropout_fwd({z}, {ctx.rng_key()}, {p!r}, True, False, {zo}, {dm})"]
-        scale = repr(1.0 / (1.0 - p))
-    else:
-        if ctx.has_output("DropoutState"):
-            ctx.out("DropoutState", shape="(0,)")
-        dm, scale = "np.empty(0, np.uint8)", "1.0"
-    rf = ctx.tmp("rf")
-    lines.append(f"{rf} = {res}.view({T})" if save else f"{rf} = np.empty(0, {T})")
-    lines.append(f"_nn.rnn_forward({x}, {h0}, {c0}, {wf}, {ln}, {code}, {L}, {D}, {save}, "
-                 f"{dm}, {scale}, {out}, {hn}, {cn}, {rf})")
-    return lines
-
-
 def _rnn_grad_maker(op):
     ins = {s: op.input(s) for s in ("Input", "PreState", "WeightList", "SequenceLength")
            if op.input(s)}
@@ -375,7 +296,7 @@ register_op(
     "rnn", inputs=["Input", "PreState*", "WeightList*", "SequenceLength?"],
     outputs=["Out", "DropoutState?", "State*", "Reserve~"], attrs=dict(_RNN_ATTRS),
     traits=[OPAQUE, RANDOM], infer_shape=_rnn_infer, reference=_rnn_ref,
-    emit=Opaque(_rnn_lower, host=True), grad=_rnn_grad_maker,
+    emit=Opaque(), grad=_rnn_grad_maker,
     doc="Stacked (bidirectional) LSTM / GRU / simple RNN over time-major Input; Paddle's "
         "WeightList order; optional SequenceLength.")
 
@@ -486,79 +407,11 @@ def _rnn_grad_ref(Input, PreState, WeightList, SequenceLength=None, DropoutState
             "WeightList@GRAD": [g.astype(dt).reshape(w.shape) for g, w in zip(gw, WeightList)]}
 
 
-def _out_or_scratch(ctx, lines, slot, i, shape, T) -> str:
-    names = ctx.op.output(slot)
-    if i < len(names) and names[i] != EMPTY_VAR_NAME:
-        return ctx.out(slot, i, shape=shape)
-    t = ctx.tmp("s")
-    lines.append(f"{t} = np.empty({shape}, {T})")
-    return t
-
-
-def _rnn_grad_lower(ctx):
-    a = ctx.attrs
-    code, G = _mode(a["mode"], "rnn_grad")
-    L, D, H = int(a["num_layers"]), 2 if a["is_bidirec"] else 1, int(a["hidden_size"])
-    ns, nw = (2 if code == 0 else 1), 4 * L * D
-    if len(ctx.op.input("PreState")) != ns or len(ctx.op.input("WeightList")) != nw \
-            or not _native_ok(ctx, ns, nw) or not ctx.has_input("Reserve") \
-            or not ctx.has_input("Out@GRAD") or len(ctx.op.input("State@GRAD")) != ns:
-        return None
-    dropping = _dropping(a["dropout_prob"], a["is_test"], L)
-    if dropping and not ctx.has_input("DropoutState"):
-        return None
-    lines = []
-    x, T = ctx.inp("Input"), ctx.T("Input")
-    h0 = ctx.inp("PreState", 0)
-    wf = _flat_weights(ctx, lines, nw)
-    ln = _lens_line(ctx, lines, x)
-    rf = ctx.tmp("rf")
-    lines.append(f"{rf} = {ctx.inp('Reserve')}.view({T})")
-    if dropping:
-        dm, scale = ctx.inp("DropoutState"), repr(1.0 / (1.0 - float(a["dropout_prob"])))
-    else:
-        dm, scale = "np.empty(0, np.uint8)", "1.0"
-    dout = ctx.inp("Out@GRAD")
-    states = []
-    for i in range(ns):  # a gradient written @EMPTY@ (no consumer): zeros
-        if ctx.op.input("State@GRAD")[i] == EMPTY_VAR_NAME:
-            z = ctx.tmp("z")
-            lines.append(f"{z} = np.zeros({h0}.shape, {T})")
-            states.append(z)
-        else:
-            states.append(ctx.inp("State@GRAD", i))
-    dhn = states[0]
-    dcn = states[1] if code == 0 else dhn
-    names = ctx.op.output("Input@GRAD")
-    if names and names[0] != EMPTY_VAR_NAME and ctx.used("Input@GRAD"):
-        dx = ctx.out("Input@GRAD", shape=f"{x}.shape")
-    else:  # nothing reads it: the kernel skips the GEMM
-        dx = ctx.tmp("dx")
-        lines.append(f"{dx} = np.empty((0, 0, 0), {T})")
-    dh0 = _out_or_scratch(ctx, lines, "PreState@GRAD", 0, f"{h0}.shape", T)
-    dc0 = _out_or_scratch(ctx, lines, "PreState@GRAD", 1, f"{h0}.shape", T) if code == 0 \
-        else dh0
-    dw = ctx.tmp("dw")
-    lines.append(f"{dw} = np.empty({wf}.size, {T})")
-    lines.append(f"_nn.rnn_backward({x}, {wf}, {ln}, {code}, {L}, {D}, {H}, {rf}, {dm}, "
-                 f"{scale}, {dout}, {dhn}, {dcn}, {dx}, {dh0}, {dc0}, {dw})")
-    pos = ctx.tmp("p")
-    lines.append(f"{pos} = 0")
-    for i in range(nw):
-        w = ctx.inp("WeightList", i)
-        names = ctx.op.output("WeightList@GRAD")
-        if i < len(names) and names[i] != EMPTY_VAR_NAME:
-            g = ctx.out("WeightList@GRAD", i, shape=f"{w}.shape")
-            lines.append(f"{g}.reshape({g}.size)[:] = {dw}[{pos}:{pos} + {w}.size]")
-        lines.append(f"{pos} += {w}.size")
-    return lines
-
-
 register_op(
     "rnn_grad",
     inputs=["Input", "PreState*", "WeightList*", "SequenceLength?", "Out?", "DropoutState?",
             "Reserve?", "Out@GRAD?", "State@GRAD*?"],
     outputs=["Input@GRAD?", "PreState@GRAD*?", "WeightList@GRAD*?"], attrs=dict(_RNN_ATTRS),
     traits=[OPAQUE], infer_shape=_rnn_grad_infer, reference=_rnn_grad_ref,
-    emit=Opaque(_rnn_grad_lower, host=True), grad=None,
+    emit=Opaque(), grad=None,
     doc="Gradients of rnn to Input, PreState and WeightList through the time loop.")

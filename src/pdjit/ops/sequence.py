@@ -46,8 +46,8 @@ and defaults; numbers compared with Paddle in ``tests/ops/test_lod_rnn.py``):
   contextLength - 1]] @ Filter``, rows outside t's sequence zero, or with
   ``paddingTrainable`` rows of PaddingData ``[up + down, D]`` (``up = max(0, -contextStart)``
   rows used above the sequence, then ``down`` below); ``contextStride`` must be 1.
-Natively (float32/float64) they call the kernels of ``pdjit.codegen.cpu.lib.lod_rnn``: one
-compiled loop over the time steps with one GEMM per step over the sequences alive at it.
+Natively (float32/float64) each target lowers them its own way
+(``codegen/<target>/lowerings/sequence.py``).
 
 Malformed input (no LoD where one is needed, a ``ref_level`` out of range, sequence counts or
 lengths that do not match rows) raises ``ShapeMismatch`` saying what was expected and got; the
@@ -88,7 +88,6 @@ TRAITS = (SEQUENCE, OPAQUE)
 POOLTYPES = ("AVERAGE", "SUM", "SQRT", "MAX", "LAST", "FIRST")
 #: the lowerings written for the device target too (``sequence_lower``: kernels reading the
 #: offsets' device copy)
-_DEVICE = ("cpu", "cuda")
 
 
 # ---- LoD helpers -----------------------------------------------------------------------------
@@ -234,7 +233,7 @@ register_op(
     attrs={"is_test": Bool(False), "pooltype": Str("AVERAGE", choices=POOLTYPES),
            "pad_value": Float(0.0, low=-2.0, high=2.0)},
     traits=TRAITS, infer_shape=_pool_infer, reference=_pool_ref,
-    emit=Opaque(_lower.pool, targets=_DEVICE),
+    emit=Opaque(_lower.pool),
     grad=_pool_grad_maker, out_lod=_pool_lod,
     doc="One row per sequence of X's last LoD level: AVERAGE, SUM, SQRT (sum/sqrt(len)), MAX, "
         "LAST or FIRST of its rows; pad_value for an empty sequence.")
@@ -243,7 +242,7 @@ register_op(
     attrs={"is_test": Bool(False), "pooltype": Str("AVERAGE", choices=POOLTYPES),
            "pad_value": Float(0.0)},
     traits=TRAITS, infer_shape=_pool_grad_infer, reference=_pool_grad_ref,
-    emit=Opaque(_lower.pool_grad, targets=_DEVICE), grad=None,
+    emit=Opaque(_lower.pool_grad), grad=None,
     out_lod=lambda lods, **_: {"X@GRAD": lods["X"]})
 
 
@@ -297,7 +296,7 @@ def _softmax_grad_ref(Out, X, ctx, **kw):
 register_op(
     "sequence_softmax", inputs=["X"], outputs=["Out"], attrs={},
     traits=TRAITS, infer_shape=_softmax_infer, reference=_softmax_ref,
-    emit=Opaque(_lower.softmax, targets=_DEVICE),
+    emit=Opaque(_lower.softmax),
     grad=lambda op: [GradOpSpec("sequence_softmax_grad",
                                 {"Out": op.output("Out"), "Out@GRAD": _g(op.output("Out")),
                                  "X": op.input("X")},
@@ -307,7 +306,7 @@ register_op(
 register_op(
     "sequence_softmax_grad", inputs=["Out", "Out@GRAD", "X"], outputs=["X@GRAD"], attrs={},
     traits=TRAITS, infer_shape=lambda X, **_: {"X@GRAD": X}, reference=_softmax_grad_ref,
-    emit=Opaque(_lower.softmax_grad, targets=_DEVICE), grad=None,
+    emit=Opaque(_lower.softmax_grad), grad=None,
     out_lod=lambda lods, **_: {"X@GRAD": lods["X"]})
 
 
@@ -384,7 +383,7 @@ register_op(
     "sequence_expand", inputs=["X", "Y"], outputs=["Out"],
     attrs={"ref_level": Int(-1, choices=(-1,))},
     traits=TRAITS, infer_shape=_expand_infer, reference=_expand_ref,
-    emit=Opaque(_lower.expand, targets=_DEVICE),
+    emit=Opaque(_lower.expand),
     grad=_xy_grad("sequence_expand_grad", ("ref_level",)), out_lod=_expand_lod,
     doc="Repeat each sequence of X (each row, when X has no LoD) as many times as the "
         "matching sequence of Y's LoD level ref_level is long.")
@@ -392,7 +391,7 @@ register_op(
     "sequence_expand_grad", inputs=["X", "Y", "Out@GRAD"], outputs=["X@GRAD"],
     attrs={"ref_level": Int(-1)},
     traits=TRAITS, infer_shape=lambda X, **_: {"X@GRAD": X}, reference=_expand_grad_ref,
-    emit=Opaque(_lower.expand_grad, targets=_DEVICE), grad=None,
+    emit=Opaque(_lower.expand_grad), grad=None,
     out_lod=lambda lods, **_: {"X@GRAD": lods["X"]})
 
 
@@ -425,7 +424,7 @@ def _expand_as_grad_ref(X, Y, ctx, **kw):
 register_op(
     "sequence_expand_as", inputs=["X", "Y"], outputs=["Out"], attrs={},
     traits=TRAITS, infer_shape=lambda X, Y: {"Out": _rows_meta(X, lod_level=1)},
-    reference=_expand_as_ref, emit=Opaque(_lower.expand_as, targets=_DEVICE),
+    reference=_expand_as_ref, emit=Opaque(_lower.expand_as),
     grad=_xy_grad("sequence_expand_as_grad"),
     out_lod=lambda lods, **_: {"Out": [list(_need_lod(lods["Y"], "Y")[-1])]},
     doc="Row i of X repeated as many times as sequence i of Y (last LoD level) is long; Out "
@@ -433,7 +432,7 @@ register_op(
 register_op(
     "sequence_expand_as_grad", inputs=["X", "Y", "Out@GRAD"], outputs=["X@GRAD"], attrs={},
     traits=TRAITS, infer_shape=lambda X, **_: {"X@GRAD": X}, reference=_expand_as_grad_ref,
-    emit=Opaque(_lower.expand_as_grad, targets=_DEVICE), grad=None,
+    emit=Opaque(_lower.expand_as_grad), grad=None,
     out_lod=lambda lods, **_: {"X@GRAD": lods["X"]})
 
 
@@ -1087,7 +1086,7 @@ register_op(
     "lstm", inputs=["Input", "H0?", "C0?", "Weight", "Bias"],
     outputs=["Hidden", "Cell", "BatchGate~", "BatchCellPreAct~"], attrs=dict(_LSTM_ATTRS),
     traits=TRAITS, infer_shape=_lstm_infer, reference=_lstm_ref,
-    emit=Opaque(_lower.lstm, host=True), grad=_lstm_grad_maker,
+    emit=Opaque(), grad=_lstm_grad_maker,
     out_lod=lambda lods, **_: _rnn_lod(lods, slots=_LSTM_OUTS),
     doc="Fluid's dynamic LSTM over each sequence of Input ([rows, 4H], gates {c~, i, f, o} "
         "already projected): Hidden and Cell [rows, H], with peepholes (Bias [1, 7H]) or not "
@@ -1098,7 +1097,7 @@ register_op(
             "BatchCellPreAct", "Hidden@GRAD", "Cell@GRAD?"],
     outputs=["Input@GRAD?", "H0@GRAD?", "C0@GRAD?", "Weight@GRAD?", "Bias@GRAD?"],
     attrs=dict(_LSTM_ATTRS), traits=TRAITS, infer_shape=_lstm_grad_infer,
-    reference=_lstm_grad_ref, emit=Opaque(_lower.lstm_grad, host=True), grad=None,
+    reference=_lstm_grad_ref, emit=Opaque(), grad=None,
     out_lod=lambda lods, **_: _rnn_lod(lods, slots=(), grad=True))
 
 
@@ -1239,7 +1238,7 @@ register_op(
     "gru", inputs=["Input", "H0?", "Weight", "Bias?"],
     outputs=["BatchGate~", "BatchResetHiddenPrev~", "BatchHidden~", "Hidden"],
     attrs=dict(_GRU_ATTRS), traits=TRAITS, infer_shape=_gru_infer, reference=_gru_ref,
-    emit=Opaque(_lower.gru, host=True), grad=_gru_grad_maker,
+    emit=Opaque(), grad=_gru_grad_maker,
     out_lod=lambda lods, **_: _rnn_lod(lods, slots=_GRU_OUTS),
     doc="Fluid's dynamic GRU over each sequence of Input ([rows, 3H], gates {u, r, c} already "
         "projected): Hidden [rows, H]; h = (1 - u) * h_prev + u * c, or u * h_prev + "
@@ -1251,7 +1250,7 @@ register_op(
             "BatchHidden", "Hidden@GRAD"],
     outputs=["Input@GRAD?", "H0@GRAD?", "Weight@GRAD?", "Bias@GRAD?"],
     attrs=dict(_GRU_ATTRS), traits=TRAITS, infer_shape=_gru_grad_infer,
-    reference=_gru_grad_ref, emit=Opaque(_lower.gru_grad, host=True), grad=None,
+    reference=_gru_grad_ref, emit=Opaque(), grad=None,
     out_lod=lambda lods, **_: _rnn_lod(lods, slots=(), grad=True))
 
 
@@ -1384,7 +1383,7 @@ _CONV_ATTRS = {"contextLength": Int(REQUIRED, choices=(1, 2, 3)),
 register_op(
     "sequence_conv", inputs=["X", "PaddingData?", "Filter"], outputs=["Out"],
     attrs=dict(_CONV_ATTRS), traits=TRAITS, infer_shape=_conv_infer, reference=_conv_ref,
-    emit=Opaque(_lower.seq_conv, host=True), grad=_conv_grad_maker,
+    emit=Opaque(), grad=_conv_grad_maker,
     out_lod=lambda lods, **_: {"Out": _need_lod(lods["X"], "X")},
     doc="Out[t] = the contextLength rows t + contextStart... of t's sequence, side by side, "
         "times Filter [contextLength * D, O]; rows outside the sequence are zeros, or rows of "
@@ -1393,6 +1392,6 @@ register_op(
     "sequence_conv_grad", inputs=["X", "PaddingData?", "Filter", "Out@GRAD"],
     outputs=["X@GRAD?", "PaddingData@GRAD?", "Filter@GRAD?"], attrs=dict(_CONV_ATTRS),
     traits=TRAITS, infer_shape=_conv_grad_infer, reference=_conv_grad_ref,
-    emit=Opaque(_lower.seq_conv_grad, host=True), grad=None,
+    emit=Opaque(), grad=None,
     out_lod=lambda lods, **_: {"X@GRAD": lods["X"], "Filter@GRAD": [],
                                "PaddingData@GRAD": []})

@@ -1,4 +1,6 @@
-"""Native lowerings of the sequence ops: loops over LoD offsets inside the segment's function.
+"""The sequence ops' own lowerings (their generic rule; a target may register its own:
+``codegen/<target>/lowerings/sequence.py``): loops over LoD offsets inside the segment's
+function.
 
 Each lowering asks for the offsets it needs with ``ctx.lod(slot, level)`` (an ``int64`` array
 bound at run time from the input's LoD) and loops over sequences, one iteration per sequence,
@@ -34,18 +36,27 @@ def _check_offsets(offs: str, n: str, rows: str) -> list:
 
 
 # ---- sequence_pool ---------------------------------------------------------------------------
+def pool_spec(ctx):
+    """``(index, pad)`` of a lowerable ``sequence_pool`` (else ``None``): whether MaxIndex is
+    computed (-1, and for MAX the rows of the maxima: only when something reads it) and the
+    empty sequences' value as a literal."""
+    pooltype = ctx.attrs["pooltype"]
+    if pooltype not in POOLTYPES or ctx.dtype("X").kind != "f" or ctx.rank("X") < 1:
+        return None
+    pad = repr(float(ctx.attrs["pad_value"]))
+    index = ctx.has_output("MaxIndex") and (pooltype == "MAX" or ctx.used("MaxIndex"))
+    return index, pad
+
+
 def pool(ctx):
     """Out[s] = AVERAGE/SUM/SQRT/MAX/LAST/FIRST of the rows of sequence s (pad_value if empty);
     MaxIndex[s] = the first row of each maximum for MAX, -1 otherwise."""
+    spec = pool_spec(ctx)
+    if spec is None:
+        return None
+    index, pad = spec
     pooltype = ctx.attrs["pooltype"]
     r = ctx.rank("X")
-    if pooltype not in POOLTYPES or ctx.dtype("X").kind != "f" or r < 1:
-        return None
-    pad = repr(float(ctx.attrs["pad_value"]))
-    # MaxIndex (-1, and for MAX the rows of the maxima) only when something reads it
-    index = ctx.has_output("MaxIndex") and (pooltype == "MAX" or ctx.used("MaxIndex"))
-    if ctx.target != "cpu":
-        return _dev_pool(ctx, index, pad)
     X, offs, T = ctx.inp("X"), ctx.lod("X"), ctx.T("X")
     n, w, x2, o2, m2, s, b, e, k, i = (ctx.tmp(h) for h in "nwxomsbeki")
     lines = _check_offsets(offs, n, f"{X}.shape[0]") + [
@@ -99,18 +110,23 @@ def pool(ctx):
     return lines
 
 
+def pool_grad_ok(ctx) -> bool:
+    """Whether a ``sequence_pool_grad`` is lowerable (float data of one dtype, a known pool
+    type, MaxIndex given for MAX)."""
+    pooltype = ctx.attrs["pooltype"]
+    if pooltype not in POOLTYPES or ctx.dtype("X").kind != "f" or ctx.rank("X") < 1 or \
+            ctx.dtype("Out@GRAD") != ctx.dtype("X"):
+        return False
+    return not (pooltype == "MAX" and not ctx.has_input("MaxIndex"))
+
+
 def pool_grad(ctx):
     """X@GRAD: Out@GRAD spread over each sequence's rows (scaled for AVERAGE and SQRT), or put
     on the row MaxIndex / the last / the first row names; zeros elsewhere."""
+    if not pool_grad_ok(ctx):
+        return None
     pooltype = ctx.attrs["pooltype"]
     r = ctx.rank("X")
-    if pooltype not in POOLTYPES or ctx.dtype("X").kind != "f" or r < 1 or \
-            ctx.dtype("Out@GRAD") != ctx.dtype("X"):
-        return None
-    if pooltype == "MAX" and not ctx.has_input("MaxIndex"):
-        return None
-    if ctx.target != "cpu":
-        return _dev_pool_grad(ctx)
     X, G, offs, T = ctx.inp("X"), ctx.inp("Out@GRAD"), ctx.lod("X"), ctx.T("X")
     n, w, g2, d2, s, b, e, k, i, c, j = (ctx.tmp(h) for h in "nwgdsbekicj")
     out = ctx.out("X@GRAD", shape=f"{X}.shape", zero=True)
@@ -163,8 +179,6 @@ def softmax(ctx):
     """Out = softmax of X's values within each sequence (X is [N] or [N, 1])."""
     if ctx.dtype("X").kind != "f" or ctx.rank("X") not in (1, 2):
         return None
-    if ctx.target != "cpu":
-        return _dev_softmax(ctx)
     X, offs, T = ctx.inp("X"), ctx.lod("X"), ctx.T("X")
     n, x1, o1, s, b, e, i, m, t = (ctx.tmp(h) for h in "nxosbeimt")
     out = ctx.out("Out", shape=f"{X}.shape")
@@ -193,8 +207,6 @@ def softmax_grad(ctx):
     if ctx.dtype("X").kind != "f" or ctx.rank("X") not in (1, 2) or \
             ctx.dtype("Out") != ctx.dtype("X") or ctx.dtype("Out@GRAD") != ctx.dtype("X"):
         return None
-    if ctx.target != "cpu":
-        return _dev_softmax_grad(ctx)
     X, O, G = ctx.inp("X"), ctx.inp("Out"), ctx.inp("Out@GRAD")
     offs, T = ctx.lod("X"), ctx.T("X")
     n, o1, g1, d1, s, b, e, i, t = (ctx.tmp(h) for h in "nogdsbeit")
@@ -222,8 +234,6 @@ def expand_as(ctx):
     r = ctx.rank("X")
     if r < 1:
         return None
-    if ctx.target != "cpu":
-        return _dev_expand_as(ctx)
     X, offs, T = ctx.inp("X"), ctx.lod("Y"), ctx.T("X")
     n, w, x2, o2, s, b, e, i, k = (ctx.tmp(h) for h in "nwxosbeik")
     out = ctx.out("Out")
@@ -247,8 +257,6 @@ def expand_as_grad(ctx):
     r = ctx.rank("X")
     if r < 1 or ctx.dtype("X").kind != "f" or ctx.dtype("Out@GRAD") != ctx.dtype("X"):
         return None
-    if ctx.target != "cpu":
-        return _dev_expand_as_grad(ctx)
     X, G, offs = ctx.inp("X"), ctx.inp("Out@GRAD"), ctx.lod("Y")
     n, w, g2, d2, s, b, e, i, k = (ctx.tmp(h) for h in "nwgdsbeik")
     out = ctx.out("X@GRAD", shape=f"{X}.shape", zero=True)
@@ -298,8 +306,6 @@ def expand(ctx):
     r = ctx.rank("X")
     if r < 1:
         return None
-    if ctx.target != "cpu":
-        return _dev_expand(ctx)
     X, T = ctx.inp("X"), ctx.T("X")
     ref, xo = ctx.lod("Y", ctx.attrs["ref_level"]), ctx.lod("X", optional=True)
     n, xs, w, st, x2, o2, s, j, i, k, q, ln = (ctx.tmp(h) for h in
@@ -329,8 +335,6 @@ def expand_grad(ctx):
     r = ctx.rank("X")
     if r < 1 or ctx.dtype("X").kind != "f" or ctx.dtype("Out@GRAD") != ctx.dtype("X"):
         return None
-    if ctx.target != "cpu":
-        return _dev_expand_grad(ctx)
     X, G, T = ctx.inp("X"), ctx.inp("Out@GRAD"), ctx.T("X")
     ref, xo = ctx.lod("Y", ctx.attrs["ref_level"]), ctx.lod("X", optional=True)
     n, xs, w, st, g2, d2, s, j, i, k, q, ln = (ctx.tmp(h) for h in
@@ -570,447 +574,3 @@ def lod_reset_grad(ctx):
 _ACT_CODES = {"identity": 0, "": 0, "sigmoid": 1, "tanh": 2, "relu": 3}  # cpu.lib.lod_rnn's codes
 
 
-def _floats(ctx, slots) -> bool:
-    """Float32 or float64, one dtype, rank 2, for every bound slot of ``slots``."""
-    bound = [s for s in slots if ctx.has_input(s) or ctx.has_output(s)]
-    dts = {ctx.dtype(s) for s in bound}
-    return len(dts) == 1 and dts.pop().name in ("float32", "float64") and \
-        all(ctx.rank(s) == 2 for s in bound)
-
-
-def _codes(ctx, *names):
-    codes = [_ACT_CODES.get(ctx.attrs[n]) for n in names]
-    return None if None in codes else [str(c) for c in codes]
-
-
-class _Host:
-    """Host lines for a recurrent op: inputs or arrays without rows when absent, outputs
-    allocated by the driver or scratch arrays when not bound."""
-
-    def __init__(self, ctx, T: str):
-        self.ctx, self.T, self.lines = ctx, T, []
-
-    @classmethod
-    def recurrent(cls, ctx, slots: tuple, *activations: str):
-        """The host of an ``lstm``/``gru`` (or grad) lowering, with ``X`` (Input), ``W``
-        (Weight), ``H`` (the hidden size, as source), ``offs`` (Input's LoD offsets) and
-        ``codes`` (of the ``activations`` attributes); ``None`` when the op's values are not
-        float matrices of one dtype or an activation has no code."""
-        codes = _codes(ctx, *activations) if _floats(ctx, slots) else None
-        if codes is None:
-            return None
-        h = cls(ctx, ctx.T("Input"))
-        h.X, h.W, h.codes, h.offs = ctx.inp("Input"), ctx.inp("Weight"), codes, ctx.lod("Input")
-        h.H = f"{h.W}.shape[0]"
-        return h
-
-    def inp(self, slot: str, cols: str) -> str:
-        return self.ctx.inp(slot) if self.ctx.has_input(slot) else self.empty(cols)
-
-    def empty(self, cols: str) -> str:
-        """An array without rows (an absent optional input)."""
-        t = self.ctx.tmp("z")
-        self.lines.append(f"{t} = np.zeros((0, {cols}), {self.T})")
-        return t
-
-    def out(self, slot: str, shape: str) -> str:
-        return self.ctx.out_or_scratch(slot, shape, self.T, self.lines)
-
-    def grad_of(self, slot: str, like: str) -> str:
-        """``slot@GRAD`` shaped like input ``slot`` (bound as ``like``); an array without
-        rows when the input is absent."""
-        if not self.ctx.has_input(slot):
-            return like
-        return self.out(f"{slot}@GRAD", f"{self.ctx.inp(slot)}.shape")
-
-
-def lstm(ctx):
-    """Hidden, Cell and the batch-ordered gates through ``_nn.lod_lstm``."""
-    h = _Host.recurrent(ctx, ("Input", "H0", "C0", "Weight", "Bias", "Hidden", "Cell"),
-                        "gate_activation", "cell_activation", "candidate_activation")
-    if h is None:
-        return None
-    X, W, B, H, offs, codes = h.X, h.W, ctx.inp("Bias"), h.H, h.offs, h.codes
-    h0, c0 = h.inp("H0", H), h.inp("C0", H)
-    rows = f"({X}.shape[0], {H})"
-    hid, cell = h.out("Hidden", rows), h.out("Cell", rows)
-    gate, cact = h.out("BatchGate", f"{X}.shape"), h.out("BatchCellPreAct", rows)
-    a = ctx.attrs
-    h.lines.append(f"_nn.lod_lstm({X}, {offs}, {W}, {B}, {h0}, {c0}, "
-                   f"{bool(a['use_peepholes'])}, {bool(a['is_reverse'])}, {', '.join(codes)}, "
-                   f"{hid}, {cell}, {gate}, {cact})")
-    return h.lines
-
-
-def lstm_grad(ctx):
-    """The gradients of ``lstm`` through ``_nn.lod_lstm_grad``."""
-    slots = ("Input", "H0", "C0", "Weight", "Bias", "Hidden", "Cell", "BatchGate",
-             "BatchCellPreAct", "Hidden@GRAD", "Cell@GRAD", "Input@GRAD", "Weight@GRAD",
-             "Bias@GRAD", "H0@GRAD", "C0@GRAD")
-    h = _Host.recurrent(ctx, slots, "gate_activation", "cell_activation",
-                        "candidate_activation")
-    if h is None:
-        return None
-    X, W, B, H, offs, codes = h.X, h.W, ctx.inp("Bias"), h.H, h.offs, h.codes
-    h0, c0 = h.inp("H0", H), h.inp("C0", H)
-    hid, cell, gate, cact = (ctx.inp(s) for s in ("Hidden", "Cell", "BatchGate",
-                                                   "BatchCellPreAct"))
-    dh, dc = ctx.inp("Hidden@GRAD"), h.inp("Cell@GRAD", H)
-    dx = h.out("Input@GRAD", f"{X}.shape")
-    dw, db = h.out("Weight@GRAD", f"{W}.shape"), h.out("Bias@GRAD", f"{B}.shape")
-    dh0, dc0 = h.grad_of("H0", h0), h.grad_of("C0", c0)
-    a = ctx.attrs
-    h.lines.append(f"_nn.lod_lstm_grad({offs}, {W}, {B}, {h0}, {c0}, {hid}, {cell}, {gate}, "
-                   f"{cact}, {dh}, {dc}, {bool(a['use_peepholes'])}, {bool(a['is_reverse'])}, "
-                   f"{', '.join(codes)}, {dx}, {dw}, {db}, {dh0}, {dc0})")
-    return h.lines
-
-
-def gru(ctx):
-    """Hidden and the batch-ordered intermediates through ``_nn.lod_gru``."""
-    h = _Host.recurrent(ctx, ("Input", "H0", "Weight", "Bias", "Hidden"), "gate_activation",
-                        "activation")
-    if h is None:
-        return None
-    X, W, H, offs, codes = h.X, h.W, h.H, h.offs, h.codes
-    h0, b = h.inp("H0", H), h.inp("Bias", f"3 * {H}")
-    rows = f"({X}.shape[0], {H})"
-    hid, gate = h.out("Hidden", rows), h.out("BatchGate", f"{X}.shape")
-    rhp, hb = h.out("BatchResetHiddenPrev", rows), h.out("BatchHidden", rows)
-    a = ctx.attrs
-    h.lines.append(f"_nn.lod_gru({X}, {offs}, {W}, {b}, {h0}, {bool(a['is_reverse'])}, "
-                   f"{codes[0]}, {codes[1]}, {bool(a['origin_mode'])}, {hid}, {gate}, {rhp}, "
-                   f"{hb})")
-    return h.lines
-
-
-def gru_grad(ctx):
-    """The gradients of ``gru`` through ``_nn.lod_gru_grad``."""
-    slots = ("Input", "H0", "Weight", "Bias", "BatchGate", "BatchResetHiddenPrev",
-             "BatchHidden", "Hidden@GRAD", "Input@GRAD", "H0@GRAD", "Weight@GRAD",
-             "Bias@GRAD")
-    h = _Host.recurrent(ctx, slots, "gate_activation", "activation")
-    if h is None:
-        return None
-    X, W, H, offs, codes = h.X, h.W, h.H, h.offs, h.codes
-    h0, b = h.inp("H0", H), h.inp("Bias", f"3 * {H}")
-    gate, rhp, hb = (ctx.inp(s) for s in ("BatchGate", "BatchResetHiddenPrev", "BatchHidden"))
-    dx, dw = h.out("Input@GRAD", f"{X}.shape"), h.out("Weight@GRAD", f"{W}.shape")
-    db, dh0 = h.grad_of("Bias", b), h.grad_of("H0", h0)
-    a = ctx.attrs
-    h.lines.append(f"_nn.lod_gru_grad({offs}, {W}, {b}, {h0}, {gate}, {rhp}, {hb}, "
-                   f"{ctx.inp('Hidden@GRAD')}, {bool(a['is_reverse'])}, {codes[0]}, "
-                   f"{codes[1]}, {bool(a['origin_mode'])}, {dx}, {dw}, {db}, {dh0})")
-    return h.lines
-
-
-def _conv_attrs(ctx):
-    a = ctx.attrs
-    if int(a["contextStride"]) != 1 or int(a["contextLength"]) < 1:
-        return None
-    return str(int(a["contextLength"])), str(int(a["contextStart"])), bool(a["paddingTrainable"])
-
-
-def seq_conv(ctx):
-    """Out = the context windows of X times Filter, through ``_nn.seq_conv``."""
-    attrs = _conv_attrs(ctx)
-    if attrs is None or not _floats(ctx, ("X", "Filter", "PaddingData", "Out")):
-        return None
-    length, start, trained = attrs
-    if trained and not ctx.has_input("PaddingData"):
-        return None
-    X, F, T = ctx.inp("X"), ctx.inp("Filter"), ctx.T("X")
-    h = _Host(ctx, T)
-    pad = ctx.inp("PaddingData") if trained else h.empty(f"{X}.shape[1]")
-    out = ctx.out("Out", shape=f"({X}.shape[0], {F}.shape[1])")
-    h.lines.append(f"_nn.seq_conv({X}, {ctx.lod('X')}, {F}, {pad}, {length}, {start}, {out})")
-    return h.lines
-
-
-def seq_conv_grad(ctx):
-    """The gradients of ``sequence_conv`` through ``_nn.seq_conv_grad``."""
-    attrs = _conv_attrs(ctx)
-    slots = ("X", "Filter", "PaddingData", "Out@GRAD", "X@GRAD", "Filter@GRAD",
-             "PaddingData@GRAD")
-    if attrs is None or not _floats(ctx, slots):
-        return None
-    length, start, trained = attrs
-    if trained and not ctx.has_input("PaddingData"):
-        return None
-    X, F, T = ctx.inp("X"), ctx.inp("Filter"), ctx.T("X")
-    h = _Host(ctx, T)
-    pad = ctx.inp("PaddingData") if trained else h.empty(f"{X}.shape[1]")
-    dx, df = h.out("X@GRAD", f"{X}.shape"), h.out("Filter@GRAD", f"{F}.shape")
-    if trained:
-        dpad = h.out("PaddingData@GRAD", f"{pad}.shape")
-    else:  # untrained padding: zeros, and no gradient for it
-        dpad = h.empty(f"{X}.shape[1]")
-        if ctx.has_output("PaddingData@GRAD"):
-            ctx.out("PaddingData@GRAD", shape=f"{ctx.inp('PaddingData')}.shape", zero=True)
-    h.lines.append(f"_nn.seq_conv_grad({X}, {ctx.lod('X')}, {F}, {pad}, {ctx.inp('Out@GRAD')}, "
-                   f"{length}, {start}, {dx}, {df}, {dpad})")
-    return h.lines
-
-
-# ---- the device target ------------------------------------------------------------------------
-# On a device target (``ctx.target != "cpu"``) a lowering's lines are the host driver's: they
-# check sizes against the host offsets and launch grid-stride kernels (``ctx.device_loop``) that
-# read the offsets' device copy. ``ctx.lod`` names an ``Offsets`` there (``.host``, ``.dev``:
-# ``codegen.cuda.device.offsets``), copied to the device once per offsets array. One thread per
-# (sequence, feature) where the features are independent, one per sequence otherwise; the
-# kernels' own locals have fixed names (their text never depends on the driver's names).
-def _dev_offsets(ctx, slot: str, lines: list, level: int = -1, optional: bool = False):
-    """(host offsets, device offsets) of input ``slot``'s LoD level, bound by ``lines``."""
-    L = ctx.lod(slot, level, optional=optional)
-    h, d = ctx.tmp("oh"), ctx.tmp("od")
-    lines += [f"{h} = {L}.host", f"{d} = {L}.dev"]
-    return h, d
-
-
-_SK = ["s_ = t_ // w_", "k_ = t_ % w_"]  # the (sequence, feature) of thread t_
-
-
-def _dev_pool(ctx, index: bool, pad: str):
-    X, T, r = ctx.inp("X"), ctx.T("X"), ctx.rank("X")
-    pooltype = ctx.attrs["pooltype"]
-    lines: list = []
-    oh, od = _dev_offsets(ctx, "X", lines)
-    n, w, x2, o2, m2 = (ctx.tmp(h) for h in "nwxom")
-    lines += _check_offsets(oh, n, f"{X}.shape[0]") + [
-        f"{w} = {ctx.prod(X, 1, r)}",
-        f"{x2} = {X}.reshape(({X}.shape[0], {w}))",
-        f"{o2} = _cu.empty(({n}, {w}), {T})",
-    ] + ([f"{m2} = _cu.full(({n}, {w}), -1, np.int32)"] if index else [])
-    body = [f"b_ = {od}[s_]", f"e_ = {od}[s_ + 1]",
-            "if e_ == b_:", f"    {o2}[s_, k_] = {T}({pad})", "else:"]
-    if pooltype in ("AVERAGE", "SUM", "SQRT"):
-        body += ["    acc_ = " + f"{x2}[b_, k_]",
-                 "    for i_ in range(b_ + 1, e_):",
-                 f"        acc_ += {x2}[i_, k_]"]
-        if pooltype == "SUM":
-            body.append(f"    {o2}[s_, k_] = acc_")
-        else:  # divided in float64, rounded once: as the cpu and the reference do
-            div = "(e_ - b_)" if pooltype == "AVERAGE" else "math.sqrt(e_ - b_)"
-            body.append(f"    {o2}[s_, k_] = {T}(acc_ / {div})")
-    elif pooltype == "MAX":
-        body += [f"    acc_ = {x2}[b_, k_]",
-                 "    j_ = b_",
-                 "    for i_ in range(b_ + 1, e_):",
-                 f"        if {x2}[i_, k_] > acc_:",
-                 f"            acc_ = {x2}[i_, k_]",
-                 "            j_ = i_",
-                 f"    {o2}[s_, k_] = acc_"] + ([f"    {m2}[s_, k_] = j_"] if index else [])
-    else:
-        last = "e_ - 1" if pooltype == "LAST" else "b_"
-        body.append(f"    {o2}[s_, k_] = {x2}[{last}, k_]")
-    lines += ctx.device_loop("t_", f"{n} * {w}", _SK + body, before=[f"w_ = {w}"])
-    lines.append(f"{ctx.out('Out')} = {o2}.reshape({_shape_like(ctx, n, X, r)})")
-    if index:
-        lines.append(f"{ctx.out('MaxIndex')} = {m2}.reshape({_shape_like(ctx, n, X, r)})")
-    return lines
-
-
-def _dev_pool_grad(ctx):
-    X, G, T, r = ctx.inp("X"), ctx.inp("Out@GRAD"), ctx.T("X"), ctx.rank("X")
-    pooltype = ctx.attrs["pooltype"]
-    lines: list = []
-    oh, od = _dev_offsets(ctx, "X", lines)
-    n, w, g2, d2 = (ctx.tmp(h) for h in "nwgd")
-    out = ctx.out("X@GRAD", shape=f"{X}.shape", zero=True)
-    lines += _check_offsets(oh, n, f"{X}.shape[0]") + [
-        f"{w} = {ctx.prod(X, 1, r)}",
-        f"if {G}.shape[0] != {n} or {G}.size != {n} * {w}:",
-        f"    {_BAD}",
-        f"{g2} = {G}.reshape(({n}, {w}))",
-        f"{d2} = {out}.reshape(({X}.shape[0], {w}))",
-    ]
-    body = [f"b_ = {od}[s_]", f"e_ = {od}[s_ + 1]", "if e_ > b_:"]
-    if pooltype in ("AVERAGE", "SUM", "SQRT"):
-        scale = {"SUM": "1.0", "AVERAGE": "1.0 / (e_ - b_)",
-                 "SQRT": "1.0 / math.sqrt(e_ - b_)"}[pooltype]
-        body += [f"    c_ = {scale}",
-                 f"    g_ = {g2}[s_, k_]",
-                 "    for i_ in range(b_, e_):",
-                 f"        {d2}[i_, k_] = {T}(g_ * c_)"]
-    elif pooltype == "MAX":
-        # MaxIndex may name any row (the cpu's += over rows): added atomically; a row out of
-        # range is skipped (a kernel cannot raise; the forward op never writes one)
-        M = ctx.inp("MaxIndex")
-        m2 = ctx.tmp("mi")
-        lines += [f"if {M}.size != {n} * {w}:", f"    {_BAD}",
-                  f"{m2} = {M}.reshape(({n}, {w}))"]
-        body += [f"    j_ = {m2}[s_, k_]",
-                 "    if j_ >= 0 and j_ < nx_:",
-                 f"        cuda.atomic.add({d2}, (j_, k_), {g2}[s_, k_])"]
-    else:
-        row = "e_ - 1" if pooltype == "LAST" else "b_"
-        body.append(f"    {d2}[{row}, k_] = {g2}[s_, k_]")
-    return lines + ctx.device_loop("t_", f"{n} * {w}", _SK + body,
-                                   before=[f"w_ = {w}", f"nx_ = {X}.shape[0]"])
-
-
-def _dev_softmax(ctx):
-    X, T = ctx.inp("X"), ctx.T("X")
-    lines: list = []
-    oh, od = _dev_offsets(ctx, "X", lines)
-    n, x1, o1 = (ctx.tmp(h) for h in "nxo")
-    out = ctx.out("Out", shape=f"{X}.shape")
-    lines += _check_offsets(oh, n, f"{X}.shape[0]") + _column_checks(ctx, X) + [
-        f"{x1} = {X}.reshape({X}.size)",
-        f"{o1} = {out}.reshape({X}.size)",
-    ]
-    body = [f"b_ = {od}[s_]", f"e_ = {od}[s_ + 1]",
-            "if e_ > b_:",
-            f"    m_ = {x1}[b_]",
-            "    for i_ in range(b_ + 1, e_):",
-            f"        m_ = max(m_, {x1}[i_])",
-            f"    t_ = {T}(0)",
-            "    for i_ in range(b_, e_):",
-            f"        {o1}[i_] = _m.exp({x1}[i_] - m_)",
-            f"        t_ += {o1}[i_]",
-            "    for i_ in range(b_, e_):",
-            f"        {o1}[i_] = {o1}[i_] / t_"]
-    return lines + ctx.device_loop("s_", n, body)
-
-
-def _dev_softmax_grad(ctx):
-    X, O, G, T = ctx.inp("X"), ctx.inp("Out"), ctx.inp("Out@GRAD"), ctx.T("X")
-    lines: list = []
-    oh, od = _dev_offsets(ctx, "X", lines)
-    n, o1, g1, d1 = (ctx.tmp(h) for h in "nogd")
-    out = ctx.out("X@GRAD", shape=f"{X}.shape")
-    lines += _check_offsets(oh, n, f"{X}.shape[0]") + [
-        f"if {O}.shape != {X}.shape or {G}.shape != {X}.shape:",
-        f"    {_BAD}",
-        f"{o1} = {O}.reshape({O}.size)",
-        f"{g1} = {G}.reshape({G}.size)",
-        f"{d1} = {out}.reshape({X}.size)",
-    ]
-    body = [f"b_ = {od}[s_]", f"e_ = {od}[s_ + 1]",
-            f"t_ = {T}(0)",
-            "for i_ in range(b_, e_):",
-            f"    t_ += {o1}[i_] * {g1}[i_]",
-            "for i_ in range(b_, e_):",
-            f"    {d1}[i_] = {o1}[i_] * ({g1}[i_] - t_)"]
-    return lines + ctx.device_loop("s_", n, body)
-
-
-def _dev_expand_as(ctx):
-    X, T, r = ctx.inp("X"), ctx.T("X"), ctx.rank("X")
-    lines: list = []
-    oh, od = _dev_offsets(ctx, "Y", lines)
-    n, w, x2, o2 = (ctx.tmp(h) for h in "nwxo")
-    out = ctx.out("Out")
-    lines += [f"{n} = {oh}.shape[0] - 1",
-              f"if {n} != {X}.shape[0]:",
-              f"    {_BAD}",
-              f"{w} = {ctx.prod(X, 1, r)}",
-              f"{x2} = {X}.reshape(({n}, {w}))",
-              f"{out} = _cu.empty({_shape_like(ctx, f'{oh}[{n}]', X, r)}, {T})",
-              f"{o2} = {out}.reshape(({oh}[{n}], {w}))"]
-    body = [f"v_ = {x2}[s_, k_]",
-            f"for i_ in range({od}[s_], {od}[s_ + 1]):",
-            f"    {o2}[i_, k_] = v_"]
-    return lines + ctx.device_loop("t_", f"{n} * {w}", _SK + body, before=[f"w_ = {w}"])
-
-
-def _dev_expand_as_grad(ctx):
-    X, G, T, r = ctx.inp("X"), ctx.inp("Out@GRAD"), ctx.T("X"), ctx.rank("X")
-    lines: list = []
-    oh, od = _dev_offsets(ctx, "Y", lines)
-    n, w, g2, d2 = (ctx.tmp(h) for h in "nwgd")
-    out = ctx.out("X@GRAD", shape=f"{X}.shape")
-    lines += [f"{n} = {oh}.shape[0] - 1",
-              f"if {n} != {X}.shape[0]:",
-              f"    {_BAD}",
-              f"{w} = {ctx.prod(X, 1, r)}",
-              f"if {G}.shape[0] != {oh}[{n}] or {G}.size != {oh}[{n}] * {w}:",
-              f"    {_BAD}",
-              f"{g2} = {G}.reshape(({oh}[{n}], {w}))",
-              f"{d2} = {out}.reshape(({n}, {w}))"]
-    body = [f"acc_ = {T}(0)",
-            f"for i_ in range({od}[s_], {od}[s_ + 1]):",
-            f"    acc_ += {g2}[i_, k_]",
-            f"{d2}[s_, k_] = acc_"]
-    return lines + ctx.device_loop("t_", f"{n} * {w}", _SK + body, before=[f"w_ = {w}"])
-
-
-def _dev_expand_setup(ctx, X, r, lines):
-    """The device expand's host lines: the checks of ``_expand_setup`` on the host offsets;
-    ``xs`` (X's offsets, or one row per sequence) and ``st`` (the first output row of each
-    sequence's copies) on the host each run, their device copies made once per offsets (and
-    row count). Returns (n, w, st host, xs device, st device, ref device)."""
-    ref = ctx.lod("Y", ctx.attrs["ref_level"])
-    xo = ctx.lod("X", optional=True)
-    n, w, rh, xh, xs, st, xsd, std, rd = (ctx.tmp(h) for h in
-                                          ("n", "w", "rh", "xh", "xs", "st", "xsd", "std", "rd"))
-    lines += [
-        f"{rh} = {ref}.host",
-        f"{xh} = {xo}.host",
-        f"{rd} = {ref}.dev",
-        f"{n} = {rh}.shape[0] - 1",
-        f"{w} = {ctx.prod(X, 1, r)}",
-        f"if {xh}.shape[0] > 0:",
-        f"    if {xh}.shape[0] != {rh}.shape[0] and {n} > 0:",
-        f"        {_BAD}",
-        f"    if {xh}[{xh}.shape[0] - 1] != {X}.shape[0]:",
-        f"        {_BAD}",
-        f"    {xs} = {xh}",
-        "else:",
-        f"    if {n} > 0 and {X}.shape[0] != {n}:",
-        f"        {_BAD}",
-        f"    {xs} = np.arange({X}.shape[0] + 1, dtype=np.int64)",
-        f"{st} = np.zeros(max({n}, 0) + 1, np.int64)",
-        f"if {n} > 0:",
-        f"    {st}[1:] = np.cumsum(np.diff({rh}) * np.diff({xs}))",
-        f"    {xsd}, {std} = {ref}.derived(('expand', {xo}, {X}.shape[0]), "
-        f"lambda: ({xs}, {st}))",
-    ]
-    return n, w, st, xsd, std, rd
-
-
-_EXPAND_LOOP = ["x0_ = xs_[s_]", "ln_ = xs_[s_ + 1] - x0_",
-                "for j_ in range(rf_[s_ + 1] - rf_[s_]):",
-                "    q_ = st_[s_] + j_ * ln_",
-                "    for i_ in range(ln_):"]
-
-
-def _dev_expand(ctx):
-    X, T, r = ctx.inp("X"), ctx.T("X"), ctx.rank("X")
-    lines: list = []
-    n, w, st, xsd, std, rd = _dev_expand_setup(ctx, X, r, lines)
-    x2, o2 = ctx.tmp("x"), ctx.tmp("o")
-    out = ctx.out("Out")
-    lines += [f"{x2} = {X}.reshape(({X}.shape[0], {w}))",
-              f"if {n} < 1:",
-              f"    {out} = _cu.copy({X})",
-              "else:",
-              f"    {out} = _cu.empty({_shape_like(ctx, f'{st}[{n}]', X, r)}, {T})",
-              f"    {o2} = {out}.reshape(({st}[{n}], {w}))"]
-    body = _SK + _EXPAND_LOOP + [f"        {o2}[q_ + i_, k_] = {x2}[x0_ + i_, k_]"]
-    before = [f"w_ = {w}", f"xs_ = {xsd}", f"st_ = {std}", f"rf_ = {rd}"]
-    lines += ["    " + line for line in ctx.device_loop("t_", f"{n} * {w}", body, before)]
-    return lines
-
-
-def _dev_expand_grad(ctx):
-    X, G, T, r = ctx.inp("X"), ctx.inp("Out@GRAD"), ctx.T("X"), ctx.rank("X")
-    lines: list = []
-    n, w, st, xsd, std, rd = _dev_expand_setup(ctx, X, r, lines)
-    g2, d2 = ctx.tmp("g"), ctx.tmp("d")
-    out = ctx.out("X@GRAD")
-    lines += [f"if {n} < 1:",
-              f"    if {G}.shape != {X}.shape:",
-              f"        {_BAD}",
-              f"    {out} = _cu.copy({G})",
-              "else:",
-              f"    if {G}.shape[0] != {st}[{n}] or {G}.size != {st}[{n}] * {w}:",
-              f"        {_BAD}",
-              f"    {g2} = {G}.reshape(({st}[{n}], {w}))",
-              f"    {out} = _cu.zeros({X}.shape, {T})",
-              f"    {d2} = {out}.reshape(({X}.shape[0], {w}))"]
-    # each (sequence of X, feature) one thread: the rows it adds to are its own
-    body = _SK + _EXPAND_LOOP + [f"        {d2}[x0_ + i_, k_] += {g2}[q_ + i_, k_]"]
-    before = [f"w_ = {w}", f"xs_ = {xsd}", f"st_ = {std}", f"rf_ = {rd}"]
-    lines += ["    " + line for line in ctx.device_loop("t_", f"{n} * {w}", body, before)]
-    return lines

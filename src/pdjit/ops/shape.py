@@ -543,72 +543,7 @@ def _make_tiling(op):
         xd, od = _tiling_dims(op, X.shape, values, Y.shape if Y is not None else None)
         return {"Out": _tile_array(X, xd, od)}
 
-    def lower(ctx):
-        X = ctx.inp("X")
-        r = ctx.rank("Out")
-        rx = ctx.rank("X")
-        if r == 0 or r < rx:
-            return None
-        lines = []
-        if t_slot and ctx.has_input(t_slot):
-            t = ctx.tmp("v")
-            lines.append(f"{t} = {ctx.inp(t_slot)}.astype(np.int64)")
-            vals = [f"{t}[{i}]" for i in range(_tensor_count_src(ctx, t_slot))]
-        elif l_slot and ctx.has_input(l_slot):
-            vals = [f"np.int64({ctx.inp(l_slot, i)}.reshape({ctx.inp(l_slot, i)}.size)[0])"
-                    for i in range(len(ctx.op.input(l_slot)))]
-        elif op == "expand_as_v2" and not ctx.attrs[attr]:
-            if not ctx.has_input("Y"):
-                return None
-            Yl = ctx.inp("Y")
-            vals = [f"{Yl}.shape[{i}]" for i in range(ctx.rank("Y"))]
-        else:
-            vals = [repr(int(v)) for v in ctx.attrs[attr]]
-        if len(vals) > r:
-            return None
-        xd = ["1"] * (r - rx) + [f"{X}.shape[{i}]" for i in range(rx)]
-        vals = ["1"] * (r - len(vals)) + vals
-        if _TILING[op][3]:  # broadcast: -1 keeps X's dim; X's dim must be 1 or the target
-            od = [f"({d} if {v} == -1 else {v})" if op == "expand_v2" else v
-                  for d, v in zip(xd, vals)]
-            lines += [f"_rt.check({d} == 1 or {d} == {o})" for d, o in zip(xd, od)
-                      if d != "1"]
-            # a new leading dim needs a size (-1 keeps only an existing dim)
-            lines += [f"_rt.check({v} >= 1)" for v in vals[:r - rx]
-                      if not v.lstrip("-").isdigit()]
-        else:
-            lines += [f"_rt.check({v} >= 1)" for v in vals if not v.isdigit()]
-            od = [f"{d} * {v}" if v != "1" else d for d, v in zip(xd, vals)]
-        dims = [ctx.tmp("d") for _ in od]
-        lines += [f"{d} = {o}" for d, o in zip(dims, od)]
-        out = ctx.out("Out")
-        lines.append(f"{out} = np.empty({ctx.tuple_src(dims)}, {ctx.T('X')})")
-        lines.append(f"_nn.tile_nd({X}.reshape({X}.size), np.array({ctx.tuple_src(xd)}, "
-                     f"np.int64), {out}.reshape({out}.size), np.array({ctx.tuple_src(dims)}, "
-                     f"np.int64))")
-        return lines
-
-    return infer, ref, lower
-
-
-def _tensor_count_src(ctx, slot) -> int:
-    shape = ctx.shape(slot)
-    return shape[0] if shape else 1
-
-
-def _untile_lower(ctx):
-    """The gradient of any of the four: the sum of Out@GRAD over the copies of X."""
-    if ctx.dtype("Out@GRAD") != ctx.dtype("X"):
-        return None
-    X, g = ctx.inp("X"), ctx.inp("Out@GRAD")
-    r, rx = ctx.rank("Out@GRAD"), ctx.rank("X")
-    if r == 0 or r < rx:
-        return None
-    xd = ["1"] * (r - rx) + [f"{X}.shape[{i}]" for i in range(rx)]
-    dx = ctx.out("X@GRAD", shape=f"{X}.shape")
-    od = ctx.tuple_src(f"{g}.shape[{i}]" for i in range(r))
-    return [f"_nn.untile_nd({g}.reshape({g}.size), np.array({ctx.tuple_src(xd)}, np.int64), "
-            f"{dx}.reshape({dx}.size), np.array({od}, np.int64))"]
+    return infer, ref
 
 
 def _make_untile_ref(op):
@@ -638,14 +573,14 @@ _TILING_DOCS = {
 
 for _op, (_t, _l, _attr, _bcast) in _TILING.items():
     _ins = ["X"] + ([f"{_t}?", f"{_l}*?"] if _t else ["Y?"])
-    _infer, _ref, _lower = _make_tiling(_op)
+    _infer, _ref = _make_tiling(_op)
     _fwd = ("X", _t, _l) if _t else ("X",)
     register_op(
         _op, inputs=_ins, outputs=["Out"], attrs={_attr: Ints([])}, traits=[OPAQUE],
-        infer_shape=_infer, reference=_ref, emit=Opaque(_lower, host=True),
+        infer_shape=_infer, reference=_ref, emit=Opaque(),
         grad=default_grad(f"{_op}_grad", fwd_inputs=_fwd), doc=_TILING_DOCS[_op])
     register_op(
         f"{_op}_grad", inputs=[i for i in _ins if i != "Y?"] + ["Out@GRAD"], outputs=["X@GRAD?"],
         attrs={_attr: Ints([])}, traits=[OPAQUE], infer_shape=_grad_meta_from_x,
-        reference=_make_untile_ref(_op), emit=Opaque(_untile_lower, host=True), grad=None,
+        reference=_make_untile_ref(_op), emit=Opaque(), grad=None,
         doc=f"X@GRAD = the sum of Out@GRAD over the copies of X; the gradient of {_op}.")

@@ -106,8 +106,10 @@ def _dense(block: Block, name: str):
     return v
 
 
-def classify(op: Operator, target: str = "cpu") -> Node:
-    """Decide how ``op`` lowers for ``target``, from its definition's traits and ``emit``."""
+def classify(op: Operator, target=None) -> Node:
+    """Decide how ``op`` lowers for ``target``, from its definition's traits and ``emit``.
+    ``target``: the code generation target (its ``name`` and ``lowering(op_type, opaque)``,
+    the lowering it runs for an opaque op); ``None``: the op definitions' own rules alone."""
     opdef = registry.lookup(op.type)
     if opdef is None:
         return Node(op, REFERENCE, why_not="not registered")
@@ -133,9 +135,11 @@ def classify(op: Operator, target: str = "cpu") -> Node:
     if isinstance(emit, registry.Reduce):
         return Node(op, REDUCTION, emit)
     if isinstance(emit, registry.Opaque):
-        if target not in emit.targets:
-            return Node(op, REFERENCE, why_not=f"no lowering for target {target}")
-        return Node(op, OPAQUE, emit)
+        low = emit if target is None else target.lowering(op.type, emit)
+        if low is None or low.lower is None:
+            name = "" if target is None else f" {target.name}"
+            return Node(op, REFERENCE, why_not=f"no lowering for target{name}")
+        return Node(op, OPAQUE, low)
     if isinstance(emit, str) and opdef.has(registry.ELEMENTWISE):
         if any(s.duplicable for s in opdef.inputs) or len(opdef.outputs) != 1:
             return Node(op, REFERENCE, why_not="elementwise emit needs single-value slots")
@@ -155,7 +159,7 @@ MAX_SEGMENT_GROUPS = 256
 
 
 def partition(block: Block, ops: list, live_out: set, declined=frozenset(),
-              target: str = "cpu") -> Partition:
+              target=None) -> Partition:
     """Group ``ops`` (pruned, in order) for ``target``. ``live_out``: names needed after the
     block's ops run (fetched, persistable, read by other blocks). ``declined``: ids of ops whose
     lowering declined their ranks/dtypes when the code generator tried; they run their

@@ -860,7 +860,8 @@ def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None,
     index = {id(op): i for i, op in enumerate(block.ops)}
     declined: set = set()
     while True:  # generate every segment's source; an op whose lowering declines runs its
-        part = partition(block, ops, live, declined, target)  # reference: partition again
+        part = partition(block, ops, live, declined,  # reference: partition again
+                         get_target(target))
         try:
             gens = _generate(part, block, live, target)
             break
@@ -990,7 +991,7 @@ def _host_op(op, op_idx: int, target: str, why: str, strict: bool) -> str:
 
     opdef = registry.lookup(op.type)
     by_design = opdef is None or any(opdef.has(t) for t in _BY_DESIGN)
-    if by_design or classify(op, "cpu").kind == REFERENCE:
+    if by_design or classify(op, get_target("cpu")).kind == REFERENCE:
         return why
     why = f"{why}: runs on the host, its inputs copied from the device"
     if strict:

@@ -25,6 +25,7 @@ from pdjit.codegen import driver, memplan
 from pdjit.codegen.compiler import compile_function, module_text
 from pdjit.codegen.cpu import lib as nnlib
 from pdjit.codegen.cpu import rt
+from pdjit.codegen.cpu.lowerings import LOWERINGS
 from pdjit.codegen.kernel import FULL, LoopKernel
 from pdjit.codegen.sequential import INPLACE_FORMS, argtypes, render  # noqa: F401
 from pdjit.codegen.target import Target, register_target
@@ -191,6 +192,8 @@ class CpuTarget(Target):
     """The CPU: Numba functions, ``prange`` variants, in-place variants, blocked epilogues,
     native drivers, library kernels compiled ahead of their first call."""
     name = NAME
+    lowerings = LOWERINGS
+    generic_lowerings = True
     parallel_min_size = PARALLEL_MIN_SIZE
     parallel_variants = True
     precompile = True

@@ -15,9 +15,10 @@ rendered per loop form:
 
 The scalar statements are the ops' emit templates, unchanged: in a kernel module ``np`` and
 ``_m`` are :mod:`pdjit.codegen.cuda.mathfuncs` (device functions under NumPy's and the CPU
-helpers' names). Opaque ops lower to calls of the launchers in
-:mod:`pdjit.codegen.cuda.lib` (GEMM, softmax rows, optimizer updates...), lines of the host
-driver, as the CPU's library calls are.
+helpers' names). Opaque ops lower through this target's table
+(:mod:`pdjit.codegen.cuda.lowerings`) to calls of the launchers in :mod:`pdjit.codegen.cuda.lib`
+(GEMM, softmax rows, optimizer updates...), lines of the host driver, as the CPU's library
+calls are.
 
 The call site (:func:`call_site`) is the shared one of :mod:`pdjit.codegen.driver`,
 allocating on the device (``_cu.empty``) and launching (``K[_cu.grid(n)](...)``); the host
@@ -34,6 +35,7 @@ import numpy as np
 
 from pdjit.codegen import driver
 from pdjit.codegen.compiler import deps_hash
+from pdjit.codegen.cuda.lowerings import LOWERINGS
 from pdjit.codegen.kernel import FULL, MID, ROW, SCALAR, LoopKernel
 from pdjit.codegen.target import Target, register_target
 
@@ -385,6 +387,7 @@ class CudaTarget(Target):
     """NVIDIA GPUs through ``numba.cuda``: every kernel a grid (no ``prange`` or in-place
     variants, no blocked epilogues, no native drivers), compiled at its first launch."""
     name = NAME
+    lowerings = LOWERINGS
     device = True
     alloc_module = "_cu"
     library = "_cu"

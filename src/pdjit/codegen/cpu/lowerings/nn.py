@@ -1,0 +1,97 @@
+"""Softmax (another axis than the last), its gradient, and dropout (:mod:`pdjit.ops.nn`) on
+the CPU, through the kernels of :mod:`pdjit.codegen.cpu.lib`; softmax over the last axis and
+its gradient are the op definitions' own row loops."""
+from __future__ import annotations
+
+from pdjit.codegen.cpu.lowerings import lowering
+from pdjit.ops.nn import (
+    _CLIP,
+    _flat,
+    _pre_axis_post,
+    _softmax_grad_lower,
+    _softmax_lower,
+    dropout_alias,
+    dropout_grad_start,
+    dropout_lowerable,
+)
+
+
+@lowering("softmax")
+def _softmax(ctx):
+    """Another axis ``a`` than the last: the data as ``(pre, n, post)`` through
+    ``_nn.softmax_axis`` (one compilation per dtype for every rank and axis)."""
+    r = ctx.rank("X")
+    if r == 0 or ctx.attrs["axis"] % r == r - 1 or ctx.dtype("X").kind != "f":
+        return _softmax_lower(ctx)  # (the rows; or None)
+    T = ctx.T("X")
+    axis = ctx.attrs["axis"] % r
+    X = ctx.inp("X")
+    out = ctx.out("Out", shape=f"{X}.shape")
+    x3, o3 = ctx.tmp("x"), ctx.tmp("o")
+    return [f"{x3} = {_pre_axis_post(ctx, X, r, axis)}", f"{o3} = {out}.reshape({x3}.shape)",
+            f"_nn.softmax_axis({x3}, {o3}, {T}({_CLIP}))"]
+
+
+_softmax.row_prologue = _softmax_lower.row_prologue
+
+
+@lowering("softmax_grad")
+def _softmax_grad(ctx):
+    """Another axis than the last: ``_nn.softmax_axis_grad`` on the data as
+    ``(pre, n, post)``."""
+    r = ctx.rank("Out")
+    if r == 0 or ctx.dtype("Out").kind != "f" or ctx.dtype("Out@GRAD") != ctx.dtype("Out"):
+        return None
+    axis = ctx.attrs["axis"] % r
+    if axis == r - 1:
+        return _softmax_grad_lower(ctx)
+    O, G = ctx.inp("Out"), ctx.inp("Out@GRAD")
+    dx = ctx.out("X@GRAD", shape=f"{O}.shape")
+    o2, g2, d2 = (ctx.tmp(h) for h in ("o", "g", "d"))
+    for h in ("i", "j", "s"):  # the names the row loop takes: later names do not depend on the axis
+        ctx.tmp(h)
+    return [
+        f"if {G}.size != {O}.size: raise ValueError('pdjit: softmax_grad shapes differ')",
+        f"{o2} = {_pre_axis_post(ctx, O, r, axis)}",
+        f"{g2} = {G}.reshape({o2}.shape)",
+        f"{d2} = {dx}.reshape({o2}.shape)",
+        f"_nn.softmax_axis_grad({o2}, {g2}, {d2})",
+    ]
+
+
+@lowering("dropout", host=True)
+def _dropout(ctx):
+    """One library call: the random stream generated in the kernel from the run's key (the
+    key the reference draws with: bit-identical Out and Mask); a non-zero ``Seed`` input
+    value picks the key instead (``_nn.dropout_key``)."""
+    if not dropout_lowerable(ctx):
+        return None
+    alias = dropout_alias(ctx)
+    if alias is not None:
+        return alias
+    X, a = ctx.inp("X"), ctx.attrs
+    out = ctx.out("Out", shape=f"{X}.shape")
+    if ctx.has_output("Mask"):
+        mask, lines = ctx.out("Mask", shape=f"{X}.shape"), []
+    else:
+        mask = ctx.tmp("mask")
+        lines = [f"{mask} = np.empty({X}.shape, np.uint8)"]
+    key = "np.uint64(0)" if a["is_test"] else ctx.rng_key()
+    if ctx.has_input("Seed") and not a["is_test"]:
+        seed = ctx.inp("Seed")
+        key = f"np.uint64(_nn.dropout_key({_flat(seed)}, {key}))"
+    upscale = a["dropout_implementation"] == "upscale_in_train"
+    return lines + [f"_nn.dropout_fwd({_flat(X)}, {key}, {float(a['dropout_prob'])!r}, "
+                    f"{upscale}, {bool(a['is_test'])}, {_flat(out)}, {_flat(mask)})"]
+
+
+@lowering("dropout_grad", host=True)
+def _dropout_grad(ctx):
+    """dX = dOut * Mask (/ (1 - p)): one elementwise library call."""
+    start = dropout_grad_start(ctx)
+    if start is None:
+        return None
+    G, dx, upscale = start
+    a = ctx.attrs
+    return [f"_nn.dropout_bwd({_flat(G)}, {_flat(ctx.inp('Mask'))}, "
+            f"{float(a['dropout_prob'])!r}, {upscale}, {bool(a['is_test'])}, {_flat(dx)})"]
