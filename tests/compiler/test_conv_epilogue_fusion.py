@@ -97,7 +97,9 @@ def test_bias_and_clamp_are_taken_by_the_convolution(fresh_programs):
                               ["relu6", "relu", "relu6"]):
         assert "taken by the conv2d" in group
         (call,) = [ln for ln in group.splitlines() if f"_nn.conv.{fn}(" in ln]
-        assert call.rstrip().endswith(f", {CLAMPS[act][1]})")  # bias, lo, hi
+        # bias, lo, hi (and an empty residual, for the taps or BLAS)
+        tail = ")" if fn == "_direct_range" else ", nb"
+        assert f", {CLAMPS[act][1]}{tail}" in call
         assert not any(ln.strip().startswith("K") for ln in group.splitlines())
     assert "its elementwise_add taken by the conv2d" in groups[3]
     (call,) = [ln for ln in groups[3].splitlines() if ln.strip().startswith("K")]
@@ -125,5 +127,65 @@ def test_the_host_driver_takes_them_too(fresh_programs):
                                rtol=1e-4, atol=1e-4)
     texts = [s.compiled.text for _, plan in exe._plans.values() for s in plan.walk()
              if s.kind == "native"]
-    assert any("_nn.split_work(_nn.conv._fwd_range" in t and "0.0, 6.0, head=3)" in t
+    assert any("_nn.split_work(_nn.conv._fwd_range" in t and "0.0, 6.0, nb" in t
                for t in texts)
+
+
+def test_a_residual_connection_is_taken_too(fresh_programs):
+    """bias add, then the block's input added (declared ``ADDITION``: a residual
+    connection), then relu: all three taken by the convolution (its kernel's bias, lo, hi and
+    the residual flat), in the native driver and the executor's host driver, by the taps
+    kernel and by im2col + BLAS (a plane of fewer than 16 outputs), without a bias too; a
+    residual that is read again afterwards, and one made after the convolution, are not
+    taken. Against NumPy."""
+    main, startup = fresh_programs
+    x = fluid.layers.data("x", [8, 8, 8])
+    x2 = fluid.layers.data("x2", [8, 3, 3])
+    outs = [fluid.layers.relu(fluid.layers.elementwise_add(
+                fluid.layers.conv2d(x, 8, 3, padding=1), x)),
+            fluid.layers.elementwise_add(fluid.layers.conv2d(x2, 8, 3, padding=1), x2),
+            fluid.layers.relu6(fluid.layers.elementwise_add(
+                x, fluid.layers.conv2d(x, 8, 1, bias_attr=False)))]
+    scope = fluid.Scope()
+    exe = fluid.Executor(fluid.CPUPlace(), strict=True)
+    exe.run(startup, scope=scope)
+    feed = {"x": RNG.normal(size=(3, 8, 8, 8)).astype(np.float32),
+            "x2": RNG.normal(size=(2, 8, 3, 3)).astype(np.float32)}
+    w0, b0 = _params(scope, 0)
+    w1, b1 = _params(scope, 1)
+    w2 = np.asarray(scope.find_var("conv2d_2.w_0").get_tensor())
+    want = [np.maximum(_conv(feed["x"], w0, 1) + b0[:, None, None] + feed["x"], 0),
+            _conv(feed["x2"], w1, 1) + b1[:, None, None] + feed["x2"],
+            np.clip(feed["x"] + _conv(feed["x"], w2, 0), 0, 6)]
+    got, text = _run_native(main, scope, feed, outs)
+    for g, v in zip(got, want):
+        np.testing.assert_allclose(g, v, rtol=1e-4, atol=1e-4)
+    calls = [ln for ln in text.splitlines() if "_nn.conv._fwd_range(" in ln]
+    assert len(calls) == 3 and not any(ln.strip().startswith("K") for ln in text.splitlines()
+                                       if "_fwd_range" not in ln)
+    assert all(c.split(",")[-1].strip().startswith("res") for c in calls)  # the residual
+    got = exe.run(main, feed=feed, fetch_list=outs, scope=scope)
+    assert_native(exe)
+    for g, v in zip(got, want):
+        np.testing.assert_allclose(g, v, rtol=1e-4, atol=1e-4)
+
+
+def test_a_sum_read_again_ends_the_epilogue_there(fresh_programs):
+    """The sum of the bias and the residual is fetched too: the convolution takes both adds
+    (its output is that sum) and the relu after it stays the elementwise epilogue after each
+    block; the values right."""
+    main, startup = fresh_programs
+    x = fluid.layers.data("x", [8, 8, 8])
+    s = fluid.layers.elementwise_add(fluid.layers.conv2d(x, 8, 3, padding=1), x)
+    y = fluid.layers.relu(s)
+    scope = fluid.Scope()
+    fluid.Executor().run(startup, scope=scope)
+    feed = {"x": RNG.normal(size=(2, 8, 8, 8)).astype(np.float32)}
+    w, b = _params(scope)
+    (gs, gy), text = _run_native(main, scope, feed, [s, y])
+    want = _conv(feed["x"], w, 1) + b[:, None, None] + feed["x"]
+    np.testing.assert_allclose(gs, want, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(gy, np.maximum(want, 0), rtol=1e-4, atol=1e-4)
+    (group,) = _groups(text, "elementwise_add")
+    assert "its elementwise_add, elementwise_add taken by the conv2d" in group
+    assert any(ln.strip().startswith("K") for ln in group.splitlines())  # relu after it

@@ -93,13 +93,13 @@ def _fwd_compiled(x, w, y, sh, sw, pt, pl, dh, dw, groups):
 
 
 @numba.njit(cache=False)
-def _range_compiled(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi):
-    conv._fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi)
+def _range_compiled(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res):
+    conv._fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
 
 
 def _none(x):
-    """The epilogue arguments that ask for none: an empty bias, no bounds."""
-    return np.empty(0, x.dtype), -np.inf, np.inf
+    """The epilogue arguments that ask for none: an empty bias, no bounds, no residual."""
+    return np.empty(0, x.dtype), -np.inf, np.inf, np.empty(0, x.dtype)
 
 
 def test_compiled_callers_pick_the_same_algorithms():
@@ -110,7 +110,7 @@ def test_compiled_callers_pick_the_same_algorithms():
         _fwd_compiled(x, w, y, *_geometry(case))
         np.testing.assert_allclose(y, want, rtol=1e-11, atol=1e-11)
         assert _native(getattr(conv, case[-1]), x, w)
-    for case in (CASES[0], CASES[4]):  # the host-blocked entry's overload, taps and BLAS
+    for case in (CASES[0], CASES[7]):  # the host-blocked entry's overload, taps and BLAS
         x, w, want = _arrays(case, seed=2)
         y = np.full(want.shape, np.nan)
         _range_compiled(x, w, y, 0, x.shape[0], *_geometry(case), *_none(x))
@@ -182,9 +182,10 @@ def _epi_arrays(case, seed, dtype):
         want
 
 
-def _numpy_epilogue(y, bias, lo, hi):
+def _numpy_epilogue(y, bias, lo, hi, res=None):
     """The elementwise ops the epilogue replaces, in y's dtype as their kernel computes."""
     v = y + bias[None, :, None, None] if bias.size else y.copy()
+    v = v + res if res is not None else v
     return np.minimum(np.maximum(v, y.dtype.type(lo)), y.dtype.type(hi))
 
 
@@ -194,15 +195,15 @@ def _bits(a):
 
 def _with_epilogue_ran(fn, dtype):
     arr = numba.types.Array(numba.from_dtype(np.dtype(dtype)), 4, "C")
-    return any(sig[:3] == (arr, arr, arr) and len(sig) == 15 for sig in fn.signatures)
+    return any(sig[:3] == (arr, arr, arr) and len(sig) >= 15 for sig in fn.signatures)
 
 
 @pytest.mark.parametrize("case", EPI_CASES, ids=[c[-1] for c in EPI_CASES])
 def test_the_epilogue_is_the_elementwise_ops_bit_for_bit(case):
-    """``y = minimum(maximum(conv + bias[m], lo), hi)`` as the kernel stores (float32, on
-    samples 1.. of the batch) equals the convolution (same kernel, no epilogue) followed by
-    NumPy's float32 add and clamp, bit for bit (NaNs included); the convolution against a
-    NumPy oracle."""
+    """``y = minimum(maximum(conv + bias[m] (+ res), lo), hi)`` as the kernel stores (float32,
+    on samples 1.. of the batch; ``res`` a residual of y's shape, for the taps and BLAS paths)
+    equals the convolution (same kernel, no epilogue) followed by NumPy's float32 adds and
+    clamp, bit for bit (NaNs included); the convolution against a NumPy oracle."""
     xs, ws, s, p, groups, name, _ = case
     x, w, y, b, want = _epi_arrays(case, 3, np.float32)
     geo = (s, s, p, p, 1, 1, groups)
@@ -214,13 +215,17 @@ def test_the_epilogue_is_the_elementwise_ops_bit_for_bit(case):
     assert nan.any() and not nan.all()
     np.testing.assert_allclose(plain[~nan], want[~nan], rtol=2e-4, atol=2e-4)
     entry = conv._direct_range if name == "_direct_range" else conv._fwd_range
-    for with_bias, lo, hi in EPILOGUES:
-        bias = b if with_bias else np.empty(0, np.float32)
-        got = y.copy()
-        got[:1] = 7.0
-        entry(x, w, got, 1, x.shape[0], *geo, bias, lo, hi)
-        expect = _numpy_epilogue(plain, bias, lo, hi)
-        assert np.array_equal(_bits(got[1:]), _bits(expect[1:])), (with_bias, lo, hi)
-        assert np.all(got[:1] == 7.0)  # samples outside the range untouched
+    res = np.random.default_rng(4).normal(size=y.shape).astype(np.float32)
+    empty = np.empty(0, np.float32)
+    for with_res in (False, True) if name != "_direct_range" else (False,):
+        for with_bias, lo, hi in EPILOGUES:
+            bias = b if with_bias else empty
+            got = y.copy()
+            got[:1] = 7.0
+            extra = (res.reshape(-1) if with_res else empty,) if name != "_direct_range" else ()
+            entry(x, w, got, 1, x.shape[0], *geo, bias, lo, hi, *extra)
+            expect = _numpy_epilogue(plain, bias, lo, hi, res if with_res else None)
+            assert np.array_equal(_bits(got[1:]), _bits(expect[1:])), (with_bias, lo, hi)
+            assert np.all(got[:1] == 7.0)  # samples outside the range untouched
     if name != "_fwd_blas":  # (BLAS has no epilogue of its own: a pass after it)
         assert _with_epilogue_ran(kernel, np.float32)

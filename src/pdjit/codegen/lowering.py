@@ -104,12 +104,25 @@ def _lowered(node, ctx) -> "list | None":
 
 class ChannelEpilogue:
     """What an opaque op computed by blocks may apply as it stores its output (see
-    ``LowerContext.channel_epilogue``): ``minimum(maximum(out + bias[c], lo), hi)`` per channel
-    ``c``; ``bias``: the name of the bias vector (None: no add); ``names``: the values of the
-    elementwise ops it replaces, in order (the last is the result)."""
+    ``LowerContext.channel_epilogue``): ``minimum(maximum(out + bias[c] + residual, lo), hi)``
+    per channel ``c``; ``bias``: the name of the bias vector (None: no add); ``residual``: the
+    name of a value of the output's shape added after it (None: none); ``names``: the values
+    of the elementwise ops it replaces, in order (the last is the result; ``biased`` of them
+    are the bias add's, the residual's add is the next)."""
 
-    def __init__(self, names: list, bias: str | None, lo: float, hi: float):
+    def __init__(self, names: list, bias: str | None, lo: float, hi: float,
+                 residual: str | None = None):
         self.names, self.bias, self.lo, self.hi = names, bias, lo, hi
+        self.residual = residual
+        self.biased = 1 if bias is not None else 0
+
+    def without_residual(self) -> "ChannelEpilogue | None":
+        """The part before the residual's add (None: nothing)."""
+        if self.residual is None:
+            return self
+        if not self.biased:
+            return None
+        return ChannelEpilogue(self.names[:1], self.bias, -math.inf, math.inf)
 
 
 class LowerContext:
@@ -129,25 +142,34 @@ class LowerContext:
         self.offer = None      # a ChannelEpilogue the op may apply (see channel_epilogue)
         self.taken = False
 
-    def channel_epilogue(self, T: str, lines: list) -> list:
-        """Source of ``[bias, lo, hi]`` for an ``Opaque.blocked`` lowering whose function stores
-        its output ``out`` of channels ``c`` (axis 1) as ``minimum(maximum(out + bias[c], lo),
-        hi)`` (``bias`` empty: no add; ``lo``, ``hi``: floats). Where the elementwise ops after
-        the op start with such a per-channel add and clamp (declared: ``ChannelAffine``,
+    def channel_epilogue(self, T: str, lines: list, residual: bool = False) -> list:
+        """Source of ``[bias, lo, hi]`` (``residual``: ``[bias, lo, hi, res]``) for an
+        ``Opaque.blocked`` lowering whose function stores its output ``out`` of channels ``c``
+        (axis 1) as ``minimum(maximum(out + bias[c] + res, lo), hi)`` (``bias``, ``res`` empty:
+        no add; ``res`` a value of ``out``'s shape, flat; ``lo``, ``hi``: floats). Where the
+        elementwise ops after the op start with such a per-channel add, a residual add (where
+        the function takes one) and clamp (declared: ``ChannelAffine``, ``ADDITION``,
         ``Clamp``) that nothing else needs the values between, calling this takes them (no
         kernel computes them again: the op's output holds their result); else the arguments
-        ask for nothing (an empty bias of NumPy type ``T``, infinite bounds). Lines that bind
-        them are appended to ``lines``."""
+        ask for nothing (an empty bias and residual of NumPy type ``T``, infinite bounds).
+        Lines that bind them are appended to ``lines``."""
         off = self.offer
-        if off is None or off.bias is None:
-            b = self.tmp("nb")
-            lines.append(f"{b} = np.empty(0, {T})")
+        if off is not None and not residual:
+            off = self.offer = off.without_residual()
+        if off is None or off.bias is None or (residual and off.residual is None):
+            e = self.tmp("nb")
+            lines.append(f"{e} = np.empty(0, {T})")
+        tail = [e] if residual and (off is None or off.residual is None) else []
         if off is None:
-            return [b, literal(-math.inf), literal(math.inf)]
+            return [e, literal(-math.inf), literal(math.inf)] + tail
         self.taken = True
-        if off.bias is not None:
-            b = self.gen.read(off.bias)
-        return [b, literal(off.lo), literal(off.hi)]
+        b = self.gen.read(off.bias) if off.bias is not None else e
+        if residual and off.residual is not None:
+            r = self.tmp("res")
+            src = self.gen.read(off.residual)
+            lines.append(f"{r} = {src}.reshape({src}.size)")
+            tail = [r]
+        return [b, literal(off.lo), literal(off.hi)] + tail
 
     @property
     def target(self) -> str:
@@ -769,9 +791,11 @@ class SegmentGen:
         """The :class:`ChannelEpilogue` an op whose output ``name`` ([N, C, ...]) the group
         ``nxt`` (the segment's group ``at``) reads may take: its first op adding a bias per
         channel (declared ``ChannelAffine`` with the values of its one parameter slot as the
-        additive term, along axis 1), then, if it is next, an op declared ``Clamp`` of that
-        sum; or a ``Clamp`` of ``name`` alone. Each value but the last must be read by the
-        next op alone (not stored, not read after); None where nothing fits."""
+        additive term, along axis 1), then, if it is next, an op declared ``ADDITION`` of
+        that sum and a value of its shape made before ``nxt`` (a residual connection), then an
+        op declared ``Clamp`` of the sum; any of the three may be missing. Each value but the
+        last must be read by the next op alone (not stored, not read after); None where
+        nothing fits."""
         var = self.block._find_var_recursive
         out = var(name)
         if out is None or len(out.shape) < 2 or out.shape[1] < 1 or not nxt.nodes:
@@ -793,12 +817,14 @@ class SegmentGen:
             d = registry.lookup(op.type)
             return op, (d.inference(op) if d is not None and d.inference is not None else None)
 
-        names, bias, cur, k = [], None, name, 0
-        op, spec = declared(0)
-        if isinstance(spec, registry.ChannelAffine) and len(spec.params) == 1:
+        made = {o for nd in nxt.nodes for o in nd.op.output_arg_names}
+
+        def channel_bias(op, spec):
+            """The bias vector's name where ``op`` adds one per channel to ``name``."""
+            if not isinstance(spec, registry.ChannelAffine) or len(spec.params) != 1:
+                return None
             (slot,) = spec.params
             ys = [n for n in op.input(slot) if n != registry.EMPTY_VAR_NAME]
-            made = {o for nd in nxt.nodes for o in nd.op.output_arg_names}
             b = var(ys[0]) if len(ys) == 1 and ys[0] not in made else None
             outs = op.output(spec.out)
             m = out.shape[1]
@@ -815,17 +841,45 @@ class SegmentGen:
             if coef is None or coef[0] is not None or coef[1] is None or \
                     not np.array_equal(np.asarray(coef[1], np.float64), probe):
                 return None
-            names, bias, cur, k = [outs[0]], ys[0], outs[0], 1
-            if len(nxt.nodes) < 2:
+            return ys[0]
+
+        def residual_of(op, cur, k):
+            """The value ``op`` adds to ``cur`` where it is a residual connection: declared an
+            addition, of a value of ``cur``'s shape made before ``nxt``."""
+            d = registry.lookup(op.type)
+            if d is None or registry.ADDITION not in d.traits:
+                return None
+            ins = [n for n in op.input_arg_names if n != registry.EMPTY_VAR_NAME]
+            outs = op.output_arg_names
+            if len(ins) != 2 or ins.count(cur) != 1 or len(outs) != 1 or not same(outs[0]):
+                return None
+            other = ins[1 - ins.index(cur)]
+            return other if same(other) and other not in made and sole_reader(cur, k) else None
+
+        names, bias, residual, cur, k = [], None, None, name, 0
+        op, spec = declared(0)
+        bias = channel_bias(op, spec)
+        if bias is not None:
+            cur = op.output(spec.out)[0]
+            names, k = [cur], 1
+            if k == len(nxt.nodes):
                 return ChannelEpilogue(names, bias, -math.inf, math.inf)
-            op, spec = declared(1)
+            op, spec = declared(k)
+        residual = residual_of(op, cur, k)
+        if residual is not None:
+            cur = op.output_arg_names[0]
+            names.append(cur)
+            k += 1
+            if k == len(nxt.nodes):
+                return ChannelEpilogue(names, bias, -math.inf, math.inf, residual)
+            op, spec = declared(k)
         if isinstance(spec, registry.Clamp) and op.input(spec.x) == [cur] and \
                 not math.isnan(spec.lo) and not math.isnan(spec.hi) and \
                 len(op.output(spec.out)) == 1 and same(op.output(spec.out)[0]) and \
                 sole_reader(cur, k):
             names.append(op.output(spec.out)[0])
-            return ChannelEpilogue(names, bias, float(spec.lo), float(spec.hi))
-        return ChannelEpilogue(names, bias, -math.inf, math.inf) if names else None
+            return ChannelEpilogue(names, bias, float(spec.lo), float(spec.hi), residual)
+        return ChannelEpilogue(names, bias, -math.inf, math.inf, residual) if names else None
 
     # -- opaque ops ----------------------------------------------------------------------------
     def _opaque(self, group: Group) -> None:

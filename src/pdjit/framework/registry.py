@@ -136,8 +136,11 @@ CONTROL_FLOW = "control_flow"
 RANDOM = "random"
 FEED_FETCH = "feed_fetch"
 SEQUENCE = "sequence"
+#: ``Out = X + Y`` elementwise (a code generator may add a value of ``Out``'s shape while a
+#: kernel stores the other operand: a convolution's residual connection)
+ADDITION = "addition"
 ALL_TRAITS = frozenset({ELEMENTWISE, BROADCAST, REDUCTION, OPAQUE, VIEW, SIDE_EFFECT,
-                        CONTROL_FLOW, RANDOM, FEED_FETCH, SEQUENCE})
+                        CONTROL_FLOW, RANDOM, FEED_FETCH, SEQUENCE, ADDITION})
 
 GRAD_SUFFIX = "@GRAD"
 EMPTY_VAR_NAME = "@EMPTY@"

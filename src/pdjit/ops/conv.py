@@ -338,8 +338,9 @@ def _conv_blocked(ctx):
 
     fn = "_nn.conv._direct_range" if use_direct(cg, m // groups) else "_nn.conv._fwd_range"
     lines = [f"_rt.check(_nn.conv._fits_native({X}, {y}, {W}, {groups}))"]
-    # the per-channel bias and clamp after it, applied as the kernels store (when they fit)
-    epi = ctx.channel_epilogue(ctx.T("Output"), lines)
+    # the per-channel bias, residual (not for the direct loops) and clamp after it, applied as
+    # the kernels store (when they fit)
+    epi = ctx.channel_epilogue(ctx.T("Output"), lines, residual=fn == "_nn.conv._fwd_range")
     lines.append(f"_rt.check({epi[0]}.size == 0 or {epi[0]}.size == {W}.shape[0])")
     return lines, fn, [X, W, y], _arg_list(g, X, kh, kw, groups) + epi, \
         f"{y}.size * {W}[0].size"

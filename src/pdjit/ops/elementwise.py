@@ -5,6 +5,7 @@ import numpy as np
 
 from pdjit.framework.errors import ShapeMismatch
 from pdjit.framework.registry import (
+    ADDITION,
     BROADCAST,
     ELEMENTWISE,
     OPAQUE,
@@ -113,7 +114,8 @@ def _channel_affine(name):
 
 for _name, _fn, _emit in _ARITH:
     register_op(
-        _name, inputs=["X", "Y"], outputs=["Out"], attrs=dict(_AXIS), traits=[BROADCAST],
+        _name, inputs=["X", "Y"], outputs=["Out"], attrs=dict(_AXIS),
+        traits=[BROADCAST, ADDITION] if _name == "elementwise_add" else [BROADCAST],
         infer_shape=_binary_infer(), reference=_binary_ref(_fn), emit=_emit_for(_name, _emit),
         domain=_DOMAINS.get(_name), inference=_channel_affine(_name),
         grad=None if _name in _NON_DIFFERENTIABLE else default_grad(

@@ -154,15 +154,17 @@ def _phase_planes(xf, xb, h_, w_, xs, sh, sw, hq, wq, pt, pl, zero):
 
 
 @register_jitable
-def _bias_clamp(df, d0, ds, rows, p_, bias, c0, lo, hi):
+def _bias_clamp(df, d0, ds, rows, p_, bias, c0, lo, hi, res):
     """A convolution's epilogue on ``rows`` output channels just computed:
-    ``df[d0 + r * ds + q] = minimum(maximum(df[...] + bias[c0 + r], lo), hi)`` for ``q < p_``
-    (no add where ``bias`` is empty). The same float additions and NumPy ``maximum`` /
-    ``minimum`` (a NaN stays NaN) as the elementwise kernel of ``add -> relu6`` it replaces,
-    so the same values, while the rows are still in L1."""
+    ``df[d0 + r * ds + q] = minimum(maximum(df[...] + bias[c0 + r] + res[...], lo), hi)`` for
+    ``q < p_`` (no add where ``bias`` or ``res``, the residual flat as ``df``, is empty). The
+    same float additions and NumPy ``maximum`` / ``minimum`` (a NaN stays NaN) as the
+    elementwise kernel of ``add -> add -> relu6`` it replaces, so the same values, while the
+    rows are still in L1."""
     nb = bias.size > 0
     for r in range(rows):
-        clamp_run(df, d0 + r * ds, p_, bias[c0 + r] if nb else df.dtype.type(0), nb, lo, hi)
+        clamp_run(df, d0 + r * ds, p_, bias[c0 + r] if nb else df.dtype.type(0), nb, res,
+                  d0 + r * ds, lo, hi)
 
 
 @register_jitable
@@ -250,6 +252,7 @@ def _direct_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi)
     rq = hq2 + 2 * mq
     q0 = 2 * kw_ * per
     zero = x.dtype.type(0)
+    none = np.empty(0, x.dtype)  # no residual
     eo = np.empty(0, x.dtype)  # (halves) the plane's columns split by parity
     full = np.zeros(kw_, np.bool_)  # (quads) filter column j reads its quarters in place
     if quads:
@@ -409,7 +412,7 @@ def _direct_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi)
                         for k in range(size):
                             yf[dst + k] += acc[src + k]
             if ep and not rolled:  # the plane just computed, in L1
-                clamp_run(yf, yb, oh_ * ow_, bias[m] if nb else zero, nb, lo, hi)
+                clamp_run(yf, yb, oh_ * ow_, bias[m] if nb else zero, nb, none, yb, lo, hi)
 
 
 @register_jitable
@@ -576,11 +579,12 @@ def _taps_kernel(epilogue: bool):
     arguments ask for (the other, what programs without one compile, ignores them: its code
     and compile time as without an epilogue: measured 2.15 s cold for float32, 2.47 with it)."""
 
-    def taps(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi):
+    def taps(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res):
         """``y[n] = conv(x[n], w)`` for the samples ``n0..n1`` by taps (tiles of :mod:`.tile`),
         where :func:`_use_taps` says so; in the ``epilogue`` variant each output then stored
-        through ``minimum(maximum(y + bias[m], lo), hi)`` (see :func:`_bias_clamp`; ``bias``
-        empty and infinite bounds: none), the other one ignores those arguments.
+        through ``minimum(maximum(y + bias[m] + res, lo), hi)`` (see :func:`_bias_clamp`;
+        ``bias`` and ``res``, flat as ``y``, empty and infinite bounds: none), the other one
+        ignores those arguments.
 
         ``xs`` holds one plane per input channel ``c``, filter column ``j`` and row phase ``r``
         of the stride: ``hq`` rows (``ho * sh + r - pt`` of the image) of ``ow`` values (columns
@@ -667,7 +671,7 @@ def _taps_kernel(epilogue: bool):
         ep = nb = epr = False
         zero_ = x.dtype.type(0)
         if epilogue:  # (a constant: the other variant compiles none of this)
-            ep = _has_epilogue(bias, lo, hi)
+            ep = _has_epilogue(bias, lo, hi) or res.size > 0
             nb = bias.size > 0
             epr = ep and not aside
         for n in range(n0, n1):
@@ -726,8 +730,9 @@ def _taps_kernel(epilogue: bool):
                                        xb, tk, df, d0 + mr * ds, ds, q0, k0 > 0)
                         if epr:
                             for r in range(r0, p1):
-                                clamp_run(df, d0 + r * ds + q0, width,
-                                          bias[g * mg + r] if nb else zero_, nb, lo, hi)
+                                at = d0 + r * ds + q0
+                                clamp_run(df, at, width, bias[g * mg + r] if nb else zero_, nb,
+                                          res, at, lo, hi)
                         q0 += width
                 if aside:
                     for mr in range(mg):
@@ -735,7 +740,7 @@ def _taps_kernel(epilogue: bool):
                         for q in range(U(p_)):
                             yf[da + q] = acc[sa + q]
                     if epilogue and ep:
-                        _bias_clamp(yf, y0, p_, mg, p_, bias, g * mg, lo, hi)
+                        _bias_clamp(yf, y0, p_, mg, p_, bias, g * mg, lo, hi, res)
 
     taps.__name__ = taps.__qualname__ = "_fwd_taps_ep" if epilogue else "_fwd_taps"
     return jit(taps)
@@ -892,28 +897,31 @@ def _bwd_filter_range(x, dy, dwt, n0, n1, sh, sw, pt, pl, dh, dw, groups):
 
 
 @jit
-def _bias_clamp_range(y, n0, n1, bias, lo, hi):
+def _bias_clamp_range(y, n0, n1, bias, lo, hi, res):
     """:func:`_bias_clamp` on the samples ``n0..n1`` of ``y`` ([N, M, OH, OW]), after the
     BLAS path (which has no epilogue of its own)."""
     m_, p_ = y.shape[1], y.shape[2] * y.shape[3]
     yf = y.reshape(y.size)
     for n in range(n0, n1):
-        _bias_clamp(yf, n * m_ * p_, p_, m_, p_, bias, 0, lo, hi)
+        _bias_clamp(yf, n * m_ * p_, p_, m_, p_, bias, 0, lo, hi, res)
 
 
-def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi):
+def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res):
     """``y[n] = conv(x[n], w)`` for the samples ``n0..n1`` (a filter that :func:`use_direct`
-    does not take), then the epilogue ``minimum(maximum(y + bias[m], lo), hi)`` (``bias``
-    empty and infinite bounds: none): the taps kernel or im2col + BLAS, as :func:`_use_taps`
-    picks. Each is a kernel of its own, so that a program compiles only the ones its shapes
-    take."""
+    does not take), then the epilogue ``minimum(maximum(y + bias[m] + res, lo), hi)``
+    (``bias`` and ``res``, the residual connection flat as ``y``, empty and infinite bounds:
+    none): the taps kernel or im2col + BLAS, as :func:`_use_taps` picks. Each is a kernel of
+    its own, so that a program compiles only the ones its shapes take."""
+    ep = _has_epilogue(bias, lo, hi) or res.size > 0
+    if ep and res.size and res.size != y.size:
+        raise ValueError(_MISFIT)
     if _use_taps(w.shape[0] // groups, w[0].size, y.shape[2] * y.shape[3]):
-        fn = _fwd_taps_ep if _has_epilogue(bias, lo, hi) else _fwd_taps
-        fn(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi)
+        fn = _fwd_taps_ep if ep else _fwd_taps
+        fn(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
         return
     _fwd_blas(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups)
-    if _has_epilogue(bias, lo, hi):
-        _bias_clamp_range(y, n0, n1, bias, lo, hi)
+    if ep:
+        _bias_clamp_range(y, n0, n1, bias, lo, hi, res)
 
 
 # ---- the entry points: whole batches, split over threads when large ---------------------------
@@ -983,7 +991,9 @@ def conv2d_fwd(x, w, y, sh, sw, pt, pl, dh, dw, groups):
     if not _fits(x, y, w, groups):
         raise ValueError(_MISFIT)
     fn = _fwd_kernel(x, w, y, groups)
-    none = () if fn is _fwd_blas else (np.empty(0, x.dtype), -np.inf, np.inf)
+    e = np.empty(0, x.dtype)
+    none = () if fn is _fwd_blas else (e, -np.inf, np.inf) if fn is _direct_range else \
+        (e, -np.inf, np.inf, e)
     split_work(fn, x.shape[0], y.size * w[0].size, x, w, y, sh, sw, pt, pl, dh, dw, groups,
                *none, head=3)
 
@@ -1069,22 +1079,28 @@ def _range_types(T):
 
 
 def _epilogue_types(T):
-    """Argument types of the forward kernels with an epilogue (:func:`_fwd_taps`,
-    :func:`_direct_range`): the ``*_range`` ones, then a 1-D bias and two bounds."""
+    """Argument types of the forward kernels with an epilogue (:func:`_direct_range`; with
+    :func:`_residual_types`, :func:`_fwd_taps`): the ``*_range`` ones, then a 1-D bias and two
+    bounds."""
     return _range_types(T) + ((T, 1), float, float)
+
+
+def _residual_types(T):
+    """Argument types of the taps kernels: :func:`_epilogue_types`, then a flat residual."""
+    return _epilogue_types(T) + ((T, 1),)
 
 
 # (the kernels most programs' shapes take: a stride-1 input gradient runs as the forward
 # kernel over dy, see by_forward; small forward planes (im2col + BLAS) and depthwise filters
 # (direct loops) compile on their first call)
-jobs("conv2d_fwd")(lambda T: [(_fwd_taps, _epilogue_types(T))])
+jobs("conv2d_fwd")(lambda T: [(_fwd_taps, _residual_types(T))])
 jobs("conv2d_bwd_data")(lambda T: [(_bwd_data_range, _range_types(T)),
-                                   (_fwd_taps, _epilogue_types(T))])
+                                   (_fwd_taps, _residual_types(T))])
 jobs("conv2d_bwd_filter")(lambda T: [(_bwd_filter_range, _range_types(T))])
 # the forward kernels of the other shapes and of a fused bias / activation (the epilogue):
 # compiled ahead by ``pdjit warmup`` only (a name no lowering calls, so no plan's compile
 # worker spends time on them)
-jobs("conv2d_fwd (warmup)")(lambda T: [(_fwd_taps_ep, _epilogue_types(T)),
+jobs("conv2d_fwd (warmup)")(lambda T: [(_fwd_taps_ep, _residual_types(T)),
                                        (_fwd_blas, _range_types(T)),
                                        (_direct_range, _epilogue_types(T))])
 
@@ -1117,7 +1133,7 @@ def _fwd_native(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
     if use_direct(cg, m_ // groups):
         _direct_range(x, w, y, _plain(n0), _plain(n1), *g, none, lo, hi)
     elif _use_taps(m_ // groups, cg * kh_ * kw_, y.shape[2] * y.shape[3]):
-        _fwd_taps(x, w, y, _plain(n0), _plain(n1), *g, none, lo, hi)
+        _fwd_taps(x, w, y, _plain(n0), _plain(n1), *g, none, lo, hi, none)
     else:
         _fwd_blas(x, w, y, _plain(n0), _plain(n1), *g)
 
@@ -1127,17 +1143,19 @@ def _fwd_native(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
 # As in Python, the taps or BLAS (a depthwise filter's caller calls _direct_range itself: its
 # kernel is not compiled into every caller of this one, ~2.3 s cold)
 @overload(_fwd_range)
-def _fwd_range_native(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi):
-    def impl(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi):
+def _fwd_range_native(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res):
+    def impl(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res):
         g = _geometry(sh, sw, pt, pl, dh, dw, groups)
         m_, cg, kh_, kw_ = w.shape
         lo_, hi_ = _plain(float(lo)), _plain(float(hi))
+        if res.size and res.size != y.size:
+            raise ValueError(_MISFIT)
         if _use_taps(m_ // groups, cg * kh_ * kw_, y.shape[2] * y.shape[3]):
-            _fwd_taps_ep(x, w, y, _plain(n0), _plain(n1), *g, bias, lo_, hi_)
+            _fwd_taps_ep(x, w, y, _plain(n0), _plain(n1), *g, bias, lo_, hi_, res)
         else:
             _fwd_blas(x, w, y, _plain(n0), _plain(n1), *g)
-            if _has_epilogue(bias, lo_, hi_):
-                _bias_clamp_range(y, _plain(n0), _plain(n1), bias, lo_, hi_)
+            if _has_epilogue(bias, lo_, hi_) or res.size > 0:
+                _bias_clamp_range(y, _plain(n0), _plain(n1), bias, lo_, hi_, res)
     return impl
 
 

@@ -118,6 +118,10 @@ def _tile_sums(context, builder, at, args, mr: int, nv: int):
             for v in range(nv):
                 builder.store(builder.load(cell(r, v), align=size), acc[r][v])
     xq = builder.add(xbv, q0v)
+    i8p, i32 = ir.IntType(8).as_pointer(), lambda v: ir.Constant(ir.IntType(32), v)
+    prefetch = cgutils.get_or_insert_function(
+        builder.module, ir.FunctionType(ir.VoidType(), [i8p] + [ir.IntType(32)] * 3),
+        "llvm.prefetch.p0")
     with cgutils.for_range(builder, kkv) as loop:
         k = loop.index
         t = builder.load(builder.gep(tptr, [k]))
@@ -126,6 +130,9 @@ def _tile_sums(context, builder, at, args, mr: int, nv: int):
         for v in range(nv):
             p = builder.gep(xptr, [builder.add(base, ir.Constant(i64, v * lanes))])
             xv.append(builder.load(builder.bitcast(p, vty.as_pointer()), align=size))
+            if nv > 1:  # the same tap's vectors of the next strip (see the module docstring)
+                q = builder.gep(xptr, [builder.add(base, ir.Constant(i64, (v + nv) * lanes))])
+                builder.call(prefetch, [builder.bitcast(q, i8p), i32(0), i32(3), i32(1)])
         for r in range(mr):
             wi = builder.add(builder.add(w0v, builder.mul(wkv, ir.Constant(i64, r))), k)
             w = builder.load(builder.gep(wptr, [wi]))
@@ -252,44 +259,67 @@ def roll_kernel(kh: int, kw: int):
 
 
 @intrinsic
-def clamp_run(typingctx, df, d0, n, bv, add, lo, hi):
-    """``df[d0 + q] = minimum(maximum(df[d0 + q] + bv, lo), hi)`` for ``q < n`` (no add where
-    ``add`` is false): a convolution's epilogue over a run of outputs just stored (see
-    ``conv._bias_clamp``), in vectors of :data:`TILE_BYTES` (a loop over NumPy's scalar
-    ``maximum`` / ``minimum`` does not vectorise at pdjit's LLVM level), the last few elements
-    one by one. Each result is NumPy's: the same float addition, then ``maximum`` (a NaN
-    stays NaN, ``-0.0`` kept against ``0.0``: the select of an unordered-or-greater-or-equal
-    compare) and ``minimum`` likewise; ``lo`` and ``hi`` (floats, not NaN) are converted to the
-    element type first, as ``T(lo)`` does. The offsets are the caller's to keep in bounds."""
+def clamp_run(typingctx, df, d0, n, bv, add, rs, r0, lo, hi):
+    """``df[d0 + q] = minimum(maximum(df[d0 + q] + bv + rs[r0 + q], lo), hi)`` for ``q < n``
+    (no ``bv`` where ``add`` is false, no ``rs`` where it is empty): a convolution's epilogue
+    over a run of outputs just stored, ``rs`` the residual connection (a value of the outputs'
+    shape, flat) added after the bias (see ``conv._bias_clamp``), in vectors of
+    :data:`TILE_BYTES` (a loop over NumPy's scalar ``maximum`` / ``minimum`` does not
+    vectorise at pdjit's LLVM level), the last few elements one by one. Each result is
+    NumPy's: the same float additions in the same order, then ``maximum`` (a NaN stays NaN,
+    ``-0.0`` kept against ``0.0``: the select of an unordered-or-greater-or-equal compare) and
+    ``minimum`` likewise; ``lo`` and ``hi`` (floats, not NaN) are converted to the element type
+    first, as ``T(lo)`` does. The offsets are the caller's to keep in bounds."""
     if not isinstance(df, types.Array) or df.dtype not in (types.float32, types.float64):
         return None
-    if not all(isinstance(t, types.Integer) for t in (d0, n)) or \
+    if not isinstance(rs, types.Array) or rs.dtype != df.dtype or rs.ndim != 1:
+        return None
+    if not all(isinstance(t, types.Integer) for t in (d0, n, r0)) or \
             not isinstance(bv, (types.Float, types.Integer)) or \
             not isinstance(add, (types.Boolean, types.Integer)) or \
             not all(isinstance(t, (types.Float, types.Integer)) for t in (lo, hi)):
         return None
-    sig = types.void(df, d0, n, bv, add, lo, hi)
+    sig = types.void(df, d0, n, bv, add, rs, r0, lo, hi)
 
     def codegen(context, builder, signature, args):
         at = signature.args
         et = at[0].dtype
-        dptr = context.make_array(at[0])(context, builder, args[0]).data
-        d0v, nv = (_offset(context, builder, at[i], args[i]) for i in (1, 2))
-        b, lo_, hi_ = (context.cast(builder, args[i], at[i], et) for i in (3, 5, 6))
+        darr = context.make_array(at[0])(context, builder, args[0])
+        rarr = context.make_array(at[5])(context, builder, args[5])
+        dptr, rptr = darr.data, rarr.data
+        d0v, nv, r0v = (_offset(context, builder, at[i], args[i]) for i in (1, 2, 6))
+        b, lo_, hi_ = (context.cast(builder, args[i], at[i], et) for i in (3, 7, 8))
         flag = context.cast(builder, args[4], at[4], types.boolean)
         fty, size, lanes, vty, i64, zero, _ = _vectors(context, builder, et)
         bvec, lovec, hivec = (_splat(builder, vty, v) for v in (b, lo_, hi_))
-
+        res = builder.icmp_signed("!=", cgutils.unpack_tuple(builder, rarr.shape)[0],
+                                  ir.Constant(i64, 0))
         nvec = builder.sdiv(nv, ir.Constant(i64, lanes))
-        with cgutils.for_range(builder, nvec) as loop:
-            at_ = builder.add(d0v, builder.mul(loop.index, ir.Constant(i64, lanes)))
-            p = builder.bitcast(builder.gep(dptr, [at_]), vty.as_pointer())
-            builder.store(_clamp(builder, flag, builder.load(p, align=size), bvec, lovec, hivec),
-                          p, align=size)
         done = builder.mul(nvec, ir.Constant(i64, lanes))
-        with cgutils.for_range(builder, builder.sub(nv, done)) as loop:
-            p = builder.gep(dptr, [builder.add(d0v, builder.add(done, loop.index))])
-            builder.store(_clamp(builder, flag, builder.load(p), b, lo_, hi_), p)
+
+        def one(k, ptr, bias, lo, hi, residual):
+            """Element or vector ``k`` (``ptr`` its pointer type's cast)."""
+            p = ptr(builder.gep(dptr, [builder.add(d0v, k)]))
+            x = builder.load(p, align=size)
+            x = builder.select(flag, builder.fadd(x, bias), x)
+            if residual:
+                x = builder.fadd(x, builder.load(ptr(builder.gep(rptr, [builder.add(r0v, k)])),
+                                                 align=size))
+            x = builder.select(builder.fcmp_unordered(">=", x, lo), x, lo)
+            builder.store(builder.select(builder.fcmp_unordered("<=", x, hi), x, hi), p,
+                          align=size)
+
+        def vector(p):
+            return builder.bitcast(p, vty.as_pointer())
+
+        with builder.if_else(res) as (yes, no):
+            for residual, block in ((True, yes), (False, no)):
+                with block:
+                    with cgutils.for_range(builder, nvec) as loop:
+                        one(builder.mul(loop.index, ir.Constant(i64, lanes)), vector, bvec,
+                            lovec, hivec, residual)
+                    with cgutils.for_range(builder, builder.sub(nv, done)) as loop:
+                        one(builder.add(done, loop.index), lambda p: p, b, lo_, hi_, residual)
         return context.get_dummy_value()
 
     return sig, codegen
