@@ -73,9 +73,6 @@ LAZY_UP = {
 # (importer, imported): violations not yet removed (issue 33), each with its reason. Only
 # shrinks.
 KNOWN_UP = {
-    ("pdjit.ops.conv", "pdjit.codegen.cpu.lib.conv"):
-        "conv2d's lowering asks the CPU library which algorithm runs (use_direct): target "
-        "code in an op definition, to move with the lowerings into codegen/cpu/",
     ("pdjit.runtime.reader", "pdjit.data_feeder"):
         "the reader converts sample lists with DataFeeder (framework + runtime only): "
         "data_feeder belongs beside runtime.feed_fetch",
@@ -326,7 +323,7 @@ def _fresh_import(module: str) -> tuple:
 ALONE = [("pdjit.version", False), ("pdjit.framework", False), ("pdjit.passes", False),
          ("pdjit.ops", True), ("pdjit.codegen.lowering", True), ("pdjit.runtime.executor", True),
          ("pdjit.layers", False), ("pdjit.io", False)]
-KNOWN_LOADS = {"pdjit.ops": {"codegen"}}  # KNOWN_UP's ops.conv -> codegen.cpu.lib.conv
+KNOWN_LOADS: dict = {}
 
 
 @pytest.mark.parametrize("module,numba_ok", ALONE)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import pdjit as fluid
-import pdjit.ops.matmul as mm
+import pdjit.codegen.cpu.lowerings.matmul as mm
 from pdjit.testing import assert_native
 
 RNG = np.random.default_rng(16)

@@ -172,13 +172,6 @@ class LowerContext:
         return [b, literal(off.lo), literal(off.hi)] + tail
 
     @property
-    def target(self) -> str:
-        """The name of the target the lines are for (``cpu``, ``cuda``). A lowering asks the
-        target's capabilities (``device``, ``lib``) rather than its name; each target's own
-        lowerings live in its ``lowerings`` package."""
-        return self._target.name
-
-    @property
     def _target(self):
         """The :class:`~pdjit.codegen.target.Target` object of the driver being generated."""
         return self.gen.target if hasattr(self.gen, "target") else self.gen.gen.target

@@ -18,17 +18,14 @@ All four are OPAQUE library calls. Their gradients (``mul_grad``, ``matmul_grad`
 ``matmul_v2_grad``: ``X, Y, Out@GRAD -> X@GRAD?, Y@GRAD?``, Paddle's slots) are products too:
 for ``Out = op(X) @ op(Y)``, ``d op(X) = dOut @ op(Y)^T`` and ``d op(Y) = op(X)^T @ dOut``,
 transposed back where the forward transposed, and summed over the batch dims the forward
-broadcast. Rank-2 float operands lower to one ``np.dot`` per product; every other rank (and
-``bmm``; vectors, a vector times a vector giving a 0-d result) to one ``_nn.batched_gemm``
-call per product: ``np.matmul`` from a host driver, a compiled loop of BLAS calls on 2-D
-slices in compiled code, one function for every rank, broadcast and transpose (measured on
-the attention shapes: see ``pdjit.codegen.cpu.lib.gemm``). Integer operands run the reference.
-
-On the cuda target the same lines run on the device: ``_rt.gemm`` is a tiled shared-memory
-GEMM, ``_cu.batched_gemm`` (in place of ``_nn.batched_gemm``, the same arguments) a batched
-one, the batch on the grid's third axis, broadcast batches by strides of 0, a gradient's sum
-over the batches its operand broadcast inside the kernel; a scaled product (``alpha``) takes
-the batched kernel, which scales.
+broadcast. Rank-2 float operands lower to one ``_rt.gemm`` (the driver's GEMM: BLAS on the
+CPU, a tiled kernel on a device) per product; every other rank (and ``bmm``; vectors, a vector
+times a vector giving a 0-d result) to one ``batched_gemm`` call per product from the target's
+library (``ctx.lib``: the same arguments on every target), one function for every rank,
+broadcast and transpose; on a device target a scaled product (``alpha``) takes the batched
+kernel, which scales. These lines are the ops' generic rule; a target's table may add to them
+(the CPU's computes a product followed by an elementwise chain by blocks of samples:
+``codegen/cpu/lowerings/matmul.py``). Integer operands run the reference.
 """
 from __future__ import annotations
 
@@ -109,25 +106,6 @@ def _mul_ref(X, Y, *, x_num_col_dims, y_num_col_dims):
                                                                                    copy=False)}
 
 
-def _device_too(lower):
-    """``lower`` on every target whose driver provides ``_rt.gemm`` and ``batched_gemm`` (the
-    cuda target's run on the device: ``_cu.batched_gemm``, a batched tiled GEMM); lines that
-    call the CPU's library (``_nn.``) are the CPU's only, and another target runs the op's
-    reference."""
-    def both(ctx):
-        lines = lower(ctx)
-        if lines is None or ctx.target == "cpu":
-            return lines
-        if any("_nn." in line for line in lines):
-            return None
-        return lines
-    both.__doc__ = lower.__doc__
-    both.__dict__.update(getattr(lower, "__dict__", {}))
-    return both
-
-
-
-
 def _blas_ok(ctx) -> bool:
     """np.dot inside generated code is BLAS: float32/float64 only."""
     return ctx.dtype("X").kind == "f" and ctx.dtype("X") == ctx.dtype("Y")
@@ -149,90 +127,6 @@ def _mul_lower(ctx):
     return lines + [f"{ctx.out('Out')} = {out}"]
 
 
-#: a product of at least this many multiply-adds (``threads.GEMM_PARALLEL_MIN_WORK``: those a
-#: host driver may put on several threads) is computed by blocks of samples when an elementwise
-#: chain (bias, activation) follows it; smaller ones stay one GEMM (see ``_gemm_blocked``)
-BLOCKED_MIN_WORK = 1 << 25
-#: the batch (X's first dim) the size rule assumes where it is known only at run time
-UNKNOWN_BATCH = 8
-#: the output elements of one block (the cpu target's ``BLOCK_ELEMS``: whole samples of about
-#: that many) and the fewest rows a block may have: each block's BLAS call packs all of Y
-#: again, and 64-row blocks of [1024,256] x [256,1024] lost (7.1-7.4 vs 3.2-6.2 ms)
-BLOCK_OUTPUT_ELEMS = 1 << 16
-BLOCKED_MIN_ROWS = 128
-
-
-def _gemm_blocked(ctx, xn: int, ta: bool = False, tb: bool = False, scaled: bool = False):
-    """``Opaque.blocked`` of a product ``flatten(X, xn) @ Y`` (Y a matrix, float operands of
-    one dtype, no transpose, no scale): the output allocated whole, ``_nn.gemm_rows`` computing
-    the rows of samples ``n0 .. n1`` (a sample: the ``X.shape[1:xn]`` rows under one index of
-    the output's first dim), so the bias and activation after it run on each block while it is
-    in cache, blocks split over the loop threads (one BLAS thread each) when
-    ``threads.gemm_threads`` gives the product more than one. Declined (None) below
-    ``BLOCKED_MIN_WORK`` multiply-adds (an unknown batch counted as ``UNKNOWN_BATCH``), for
-    other unknown sizes, transposes or a scale, for blocks of fewer than ``BLOCKED_MIN_ROWS``
-    rows (a matrix X times a wide Y), and when a
-    thread count above one was asked for (``PDJIT_NUM_THREADS=2``, forced by blocks on the
-    busy machine: 8.0 -> 56-64 ms for [8,128,256] x [256,256] + bias, the blocks' BLAS calls on
-    two threads each).
-
-    Measured on the 2-vCPU machine (busy: load 2-4 from other processes; float32, medians of
-    40 executor runs, ms, today's GEMM-then-chain vs by blocks): with the product on one
-    thread (``free_cores`` 1) blocks lose by the smaller GEMMs (a block is ~64K output
-    elements: 64 to 256 rows), [8,128,256] x [256,1024] + bias + gelu 12.1 -> 13.0,
-    [8,128,256] x [256,256] + bias 1.54 -> 1.53, [1024,256] x [256,1024] + bias + relu
-    10.0 -> 11.5 (np.dot of 64-row blocks alone: 5.4 -> 6.7); with two free cores (forced)
-    the split over two loop threads, one BLAS thread each, wins over NumPy's two BLAS threads
-    and a parallel chain: 16.0 -> 8.2, 8.0 -> 1.46, 12.0 -> 7.8. The MLP's products (at most
-    128x256x256, 8.4M, equal either way: 0.19 / 0.20) stay below the threshold. The whole
-    encoder layer of ``benchmarks/bench_sequence_models.py`` (batch unknown at build time, its
-    six fc products by blocks), load 4-5: 35.4-38.9 ms by blocks vs 35.6-36.9 today with
-    ``free_cores`` 1; with two free cores (forced) 38.7-39.6 vs 82-84 (NumPy's two BLAS
-    threads on the busy cores). At a quieter moment (load ~2, both modes on two threads) the
-    chains were even: 4.09-4.12 vs 4.11-4.15 ms (gelu), 0.785-0.789 vs 0.794-0.826 (bias),
-    and the layer 14.3-15.8 ms by blocks vs 15.0-23.5 today: the chain's separate pass is
-    cheap next to the GEMM; blocks mostly spare the threaded-BLAS stalls."""
-    if not _blas_ok(ctx) or ta or tb or scaled or ctx.rank("Y") != 2:
-        return None
-    if getattr(ctx.gen, "parallel", False):  # a thread count > 1 asked for: BLAS's too, and
-        return None                          # concurrent threaded BLAS calls fight
-    rx = ctx.rank("X")
-    xs, ys = ctx.shape("X"), ctx.shape("Y")
-    if xn < 1 or xn >= rx or any(d is None or d < 0 for d in tuple(xs[1:]) + tuple(ys)):
-        return None
-    if _prod((xs[0] if xs[0] >= 0 else UNKNOWN_BATCH,) + tuple(xs[1:])) * ys[1] < \
-            BLOCKED_MIN_WORK:
-        return None
-    r = _prod(xs[1:xn])
-    if r * max(1, BLOCK_OUTPUT_ELEMS // max(1, r * ys[1])) < BLOCKED_MIN_ROWS:
-        return None
-    X, Y = ctx.inp("X"), ctx.inp("Y")
-    dims = [f"{X}.shape[{i}]" for i in range(xn)] + [f"{Y}.shape[1]"]
-    out = ctx.out("Out", shape=ctx.tuple_src(dims))
-    lx, x2 = _as_matrix(ctx, X, rx, xn)
-    o2 = ctx.tmp("o")
-    lines = lx + [f"{o2} = {out}.reshape(({x2}.shape[0], {Y}.shape[1]))"]
-    return (lines, "_nn.gemm_rows", [x2, Y], [o2, ctx.prod(X, 1, xn)],
-            f"_nn.gemm_split_work({x2}, {Y})")
-
-
-def _mul_blocked(ctx):
-    if ctx.attrs["y_num_col_dims"] != 1:
-        return None
-    return _gemm_blocked(ctx, ctx.attrs["x_num_col_dims"])
-
-
-def _matmul_blocked(tx_attr, ty_attr, alpha_attr=None):
-    """Rank-2 (or rows-folded, see ``_rows_of_x``) matmul by blocks (``_gemm_blocked``)."""
-    def blocked(ctx):
-        if ctx.rank("Y") != 2 or ctx.rank("X") < 2:
-            return None
-        return _gemm_blocked(ctx, ctx.rank("X") - 1, bool(ctx.attrs[tx_attr]),
-                             bool(ctx.attrs[ty_attr]),
-                             bool(alpha_attr) and ctx.attrs[alpha_attr] != 1.0)
-    return blocked
-
-
 def _as_matrix(ctx, local: str, rank: int, split: int):
     """(lines, name) of ``local`` viewed as a matrix of its dims before and after ``split``
     (no line when it is one already)."""
@@ -248,8 +142,8 @@ def _alpha(ctx, alpha_attr) -> float:
 
 
 def _lib(ctx) -> str:
-    """Where the batched GEMM of the lines' target lives: its library (the CPU's ``_nn``, a
-    device's ``_cu``: the same arguments)."""
+    """Where the batched GEMM of the lines' target lives: its library (every target's
+    ``batched_gemm`` takes the same arguments)."""
     return ctx.lib
 
 
@@ -297,7 +191,7 @@ class _Batched:
     """Host lines viewing both operands of a (batched) matmul as 3-D ``(batch, rows, cols)``
     arrays (a vector X as ``(1, 1, K)``, a vector Y as ``(1, K, 1)``), with their batch dims
     aligned (padded with 1s to at least one dim) as ``int64`` vectors and the broadcast batch
-    dims of the product: what ``_nn.batched_gemm`` takes."""
+    dims of the product: what a library's ``batched_gemm`` takes."""
 
     def __init__(self, ctx, tx_attr, ty_attr):
         X, Y = ctx.inp("X"), ctx.inp("Y")
@@ -376,7 +270,7 @@ register_op(
     "mul", inputs=["X", "Y"], outputs=["Out"], row_wise=RowWise(const=("Y",)),
     attrs=_MUL_ATTRS,
     traits=[OPAQUE], infer_shape=_mul_infer, reference=_mul_ref,
-    emit=Opaque(_device_too(_mul_lower), host=True, blocked=_mul_blocked),
+    emit=Opaque(_mul_lower, host=True),
     inference=_channel_linear(None),
     grad=default_grad("mul_grad", fwd_inputs=("X", "Y"), wrt=("X", "Y")),
     doc="Out = flatten(X, x_num_col_dims) @ flatten(Y, y_num_col_dims), reshaped to "
@@ -454,8 +348,7 @@ register_op(
     attrs={"transpose_X": Bool(False), "transpose_Y": Bool(False),
            "alpha": Float(1.0, low=-2.0, high=2.0), "head_number": Int(1, choices=(1,))},
     traits=[OPAQUE], infer_shape=_matmul_infer, reference=_matmul_ref,
-    emit=Opaque(_device_too(_matmul_2d_lower("transpose_X", "transpose_Y", "alpha")),
-                host=True, blocked=_matmul_blocked("transpose_X", "transpose_Y", "alpha")),
+    emit=Opaque(_matmul_2d_lower("transpose_X", "transpose_Y", "alpha"), host=True),
     inference=_channel_linear("transpose_Y"),
     grad=default_grad("matmul_grad", fwd_inputs=("X", "Y"), wrt=("X", "Y")),
     doc="Out = alpha * op(X) @ op(Y) over the last two dims (op transposes when asked), batch "
@@ -478,8 +371,7 @@ register_op(
     "matmul_v2", inputs=["X", "Y"], outputs=["Out"], row_wise=_MATMUL_ROWS,
     attrs={"trans_x": Bool(False), "trans_y": Bool(False)},
     traits=[OPAQUE], infer_shape=_matmul_v2_infer, reference=_matmul_v2_ref,
-    emit=Opaque(_device_too(_matmul_2d_lower("trans_x", "trans_y")), host=True,
-                blocked=_matmul_blocked("trans_x", "trans_y")),
+    emit=Opaque(_matmul_2d_lower("trans_x", "trans_y"), host=True),
     inference=_channel_linear("trans_y"),
     grad=default_grad("matmul_v2_grad", fwd_inputs=("X", "Y"), wrt=("X", "Y")),
     doc="Out = op(X) @ op(Y) with NumPy batch broadcasting; 1-D X is a row, 1-D Y a column.")
@@ -689,7 +581,7 @@ register_op(
     "mul_grad", inputs=["X", "Y", "Out@GRAD"], outputs=["X@GRAD?", "Y@GRAD?"],
     attrs=_MUL_ATTRS,
     traits=[OPAQUE], infer_shape=_grad_infer, reference=_mul_grad_ref,
-    emit=Opaque(_device_too(_mul_grad_lower), host=True), grad=None,
+    emit=Opaque(_mul_grad_lower, host=True), grad=None,
     doc="dX = dOut2 @ Y2^T and dY = X2^T @ dOut2 on the flattened operands, reshaped back.")
 
 
@@ -703,8 +595,8 @@ register_op(
     attrs={"transpose_X": Bool(False), "transpose_Y": Bool(False),
            "alpha": Float(1.0, low=-2.0, high=2.0), "head_number": Int(1, choices=(1,))},
     traits=[OPAQUE], infer_shape=_grad_infer, reference=_matmul_grad_ref,
-    emit=Opaque(_device_too(_matmul_grad_2d_lower("transpose_X", "transpose_Y", "alpha")),
-                host=True), grad=None,
+    emit=Opaque(_matmul_grad_2d_lower("transpose_X", "transpose_Y", "alpha"), host=True),
+    grad=None,
     doc="Gradients of matmul: alpha * dOut @ op(Y)^T and alpha * op(X)^T @ dOut, transposed "
         "back where the forward transposed, summed over broadcast batch dims.")
 
@@ -718,7 +610,7 @@ register_op(
     "matmul_v2_grad", inputs=["X", "Y", "Out@GRAD"], outputs=["X@GRAD?", "Y@GRAD?"],
     attrs={"trans_x": Bool(False), "trans_y": Bool(False)},
     traits=[OPAQUE], infer_shape=_grad_infer, reference=_matmul_v2_grad_ref,
-    emit=Opaque(_device_too(_matmul_grad_2d_lower("trans_x", "trans_y")), host=True), grad=None,
+    emit=Opaque(_matmul_grad_2d_lower("trans_x", "trans_y"), host=True), grad=None,
     doc="Gradients of matmul_v2: dOut @ op(Y)^T and op(X)^T @ dOut, transposed back where the "
         "forward transposed, summed over broadcast batch dims.")
 

@@ -15,6 +15,9 @@ Semantics are PaddlePaddle 3.3.1's legacy ops (measured against it):
 - ``max`` ignores padding; the gradient goes to the first maximum of each window (row-major).
   ``max_pool2d_with_index`` writes that position ``h * W + w`` as ``Mask`` (int32); it has no
   ``data_format`` or ``padding_algorithm``.
+
+Each target lowers them in its own table (``codegen/<target>/lowerings/pool.py``); ``_Pool``
+gives them the resolved attributes, with the window and output sizes as source expressions.
 """
 from __future__ import annotations
 
@@ -34,16 +37,7 @@ from pdjit.framework.registry import (
     register_op,
 )
 from pdjit.ops._common import FLOATS, check_dtype
-from pdjit.ops.conv import (
-    Geometry,
-    as_nchw,
-    from_nchw,
-    image_dims,
-    image_index,
-    native_float,
-    nchw_dest,
-    to_nchw,
-)
+from pdjit.ops.conv import Geometry, from_nchw, to_nchw
 
 _KSIZE = Ints(REQUIRED, choices=([2, 2], [3, 3], [1, 2]), at_least=1)
 _POOL_ATTRS = {
@@ -195,167 +189,17 @@ def _pool_grad_ref(X, Out, **kw):
     return {"X@GRAD": from_nchw(dx.astype(X.dtype, copy=False), p.g)}
 
 
-def _pool_lower(ctx):
-    if not native_float(ctx.dtype("X")):
-        return None
-    if ctx.target != "cpu":
-        return _pool_device_lines(ctx, grad=False)
-    p = _Pool(ctx.attrs, "pool2d")
-    X = ctx.inp("X")
-    lines, xc = as_nchw(ctx, p.g, X)
-    n, c, h, w = image_dims(p.g, X)
-    y, pre, post = nchw_dest(ctx, p.g, "Out", n, c, p.src_out(0, h), p.src_out(1, w))
-    if _whole_planes(ctx, p):
-        return lines + pre + [f"_nn.pool2d_mean({xc}, {y})"] + post
-    flags = f"{p.is_max}, {p.exclusive}, {p.adaptive}"
-    return lines + pre + [f"_nn.pool2d_fwd({xc}, {y}, {p.args(h, w)}, {flags})"] + post
-
-
-def _whole_planes(ctx, p: _Pool) -> bool:
-    """Whether this is an average whose every window is a whole plane (a global pool), as
-    the attributes and the input's build-time shape tell: it then calls the library's
-    global average, and the plan's compile jobs name that kernel alone."""
-    if p.is_max:
-        return False
-    if p.global_:
-        return True
-    if p.adaptive:
-        return p.ksize == (1, 1)
-    h, w = p.g.spatial(ctx.shape("X"))
-    if h < 1 or w < 1:
-        return False
-    try:
-        return all(p.out(axis, size) == 1 and p.window(axis, size)[0] == size and
-                   p.window(axis, size)[2] == 0 for axis, size in ((0, h), (1, w)))
-    except ShapeMismatch:
-        return False
-
-
-def _pool_grad_lower(ctx):
-    if not native_float(ctx.dtype("X")):
-        return None
-    if ctx.target != "cpu":
-        return _pool_device_lines(ctx, grad=True)
-    p = _Pool(ctx.attrs, "pool2d_grad")
-    X, Y, DY = ctx.inp("X"), ctx.inp("Out"), ctx.inp("Out@GRAD")
-    if _whole_planes(ctx, p):
-        lines, dyc = as_nchw(ctx, p.g, DY)
-        n, c, h, w = image_dims(p.g, X)
-        dx, pre, post = nchw_dest(ctx, p.g, "X@GRAD", n, c, h, w)
-        return lines + pre + [f"_nn.pool2d_mean_bwd({dyc}, {dx})"] + post
-    lines = []
-    locs = []
-    for local in (X, Y, DY):
-        more, c = as_nchw(ctx, p.g, local)
-        lines += more
-        locs.append(c)
-    n, c, h, w = image_dims(p.g, X)
-    dx, pre, post = nchw_dest(ctx, p.g, "X@GRAD", n, c, h, w)
-    flags = f"{p.is_max}, {p.exclusive}, {p.adaptive}"
-    return lines + pre + [f"_nn.pool2d_bwd({', '.join(locs)}, {dx}, {p.args(h, w)}, {flags})"] \
-        + post
-
-
-def _span_lines(o: str, size: str, osize: str, k: str, s: str, p0: str, v: str) -> list:
-    """Kernel lines binding ``{v}0, {v}1`` (the part of window ``o`` inside the image) and
-    ``{v}n`` (the window's length for a non-exclusive average), as ``_spans`` has them."""
-    return ["if adp:",
-            f"    {v}0 = ({o} * {size}) // {osize}",
-            f"    {v}1 = (({o} + 1) * {size} + {osize} - 1) // {osize}",
-            f"    {v}n = {v}1 - {v}0",
-            "else:",
-            f"    {v}0 = {o} * {s} - {p0}",
-            f"    {v}1 = min({v}0 + {k}, {size} + {p0})",
-            f"    {v}n = {v}1 - {v}0",
-            f"    {v}0 = max({v}0, 0)",
-            f"    {v}1 = min({v}1, {size})",
-            "cnt = (h1 - h0) * (w1 - w0) if excl or adp else hn * wn" if v == "w" else "pass"]
-
-
-def _pool_device_lines(ctx, grad: bool) -> list | None:
-    """Pooling (``grad``: its gradient) on a device target, NCHW: one thread per output
-    element (per input element for the gradient, visiting the output windows; a max window's
-    gradient goes to its first element equal to Out, as the reference's). The geometry and
-    the flags are run-time arguments (one kernel for max and avg). NCHW or NHWC."""
-    p = _Pool(ctx.attrs, "pool2d_grad" if grad else "pool2d")
-    X = ctx.inp("X")
-    at, dims = image_index(p.g)
-    n, c, h, w = image_dims(p.g, X)
-    names = [ctx.tmp(v) for v in ("kh", "kw", "sh", "sw", "pt", "pl", "mx", "ex", "ad")]
-    vals = p.args(h, w).split(", ") + [str(int(p.is_max)), str(int(p.exclusive)),
-                                       str(int(p.adaptive))]
-    lines = [f"{nm} = int({v})" for nm, v in zip(names, vals)]
-    kh, kw, sh, sw, pt, pl, mx, ex, ad = names
-    spans = (_span_lines("oh_", "H_", "OH_", kh, sh, pt, "h")
-             + _span_lines("ow_", "W_", "OW_", kw, sw, pl, "w"))
-    _, xc, xh, xw = dims(X)
-    before = [f"H_ = {xh}", f"W_ = {xw}", f"C_ = {xc}",
-              f"ismax = {mx} != 0", f"excl = {ex} != 0", f"adp = {ad} != 0"]
-    i = ctx.tmp("i")
-    T = ctx.T("X")
-    if not grad:
-        y = ctx.out("Out", shape="(" + ", ".join(p.g.image(n, c, p.src_out(0, h),
-                                                             p.src_out(1, w))) + ")")
-        body = [f"t_ = {i}", "ow_ = t_ % OW_", "t_ = t_ // OW_", "oh_ = t_ % OH_",
-                "t_ = t_ // OH_", "c_ = t_ % C_", "nb = t_ // C_"] + spans + [
-            f"r_ = {at(X, 'nb', 'c_', 'h0', 'w0')}",
-            "if not ismax:",
-            f"    r_ = {T}(0)",
-            "for a_ in range(h0, h1):",
-            "    for b_ in range(w0, w1):",
-            f"        v_ = {at(X, 'nb', 'c_', 'a_', 'b_')}",
-            "        if ismax:",
-            "            if v_ > r_:",
-            "                r_ = v_",
-            "        else:",
-            "            r_ += v_",
-            "if not ismax:",
-            f"    r_ = {T}(r_ / cnt)",
-            f"{at(y, 'nb', 'c_', 'oh_', 'ow_')} = r_"]
-        _, _, yh, yw = dims(y)
-        before += [f"OH_ = {yh}", f"OW_ = {yw}"]
-        return lines + ctx.device_loop(i, f"{y}.size", body, before)
-    Y, DY = ctx.inp("Out"), ctx.inp("Out@GRAD")
-    want = p.g.image(n, c, p.src_out(0, h), p.src_out(1, w))
-    lines.append("_rt.check(" + " and ".join(
-        f"{a}.ndim == 4 and " + " and ".join(f"{a}.shape[{k}] == {e}" for k, e in enumerate(want))
-        for a in (Y, DY)) + ")")
-    dx = ctx.out("X@GRAD", shape=f"{X}.shape")
-    body = [f"t_ = {i}", "iw = t_ % W_", "t_ = t_ // W_", "ih = t_ % H_", "t_ = t_ // H_",
-            "c_ = t_ % C_", "nb = t_ // C_", f"g_ = {T}(0)",
-            "for oh_ in range(OH_):",
-            "    for ow_ in range(OW_):"] + ["        " + ln for ln in spans] + [
-            "        if ih >= h0 and ih < h1 and iw >= w0 and iw < w1:",
-            "            if not ismax:",
-            f"                g_ += {T}({at(DY, 'nb', 'c_', 'oh_', 'ow_')} / cnt)",
-            "            else:",
-            f"                y_ = {at(Y, 'nb', 'c_', 'oh_', 'ow_')}",
-            "                fh = -1",
-            "                fw = -1",
-            "                for a_ in range(h0, h1):",
-            "                    for b_ in range(w0, w1):",
-            f"                        if fh < 0 and {at(X, 'nb', 'c_', 'a_', 'b_')} == y_:",
-            "                            fh = a_",
-            "                            fw = b_",
-            "                if fh == ih and fw == iw:",
-            f"                    g_ += {at(DY, 'nb', 'c_', 'oh_', 'ow_')}",
-            f"{at(dx, 'nb', 'c_', 'ih', 'iw')} = g_"]
-    _, _, yh, yw = dims(Y)
-    before += [f"OH_ = {yh}", f"OW_ = {yw}"]
-    return lines + ctx.device_loop(i, f"{dx}.size", body, before)
-
-
 register_op(
     "pool2d", inputs=["X"], outputs=["Out"], attrs=_POOL_ATTRS, traits=[OPAQUE],
     row_wise=RowWise(),
     infer_shape=_pool_infer, reference=_pool_ref,
-    emit=Opaque(_pool_lower, host=True),
+    emit=Opaque(),
     grad=default_grad("pool2d_grad", fwd_inputs=("X",), fwd_outputs=("Out",)),
     doc="Out = the max or average of X over 2-D windows.")
 register_op(
     "pool2d_grad", inputs=["X", "Out", "Out@GRAD"], outputs=["X@GRAD?"], attrs=_POOL_ATTRS,
     traits=[OPAQUE], infer_shape=lambda X, **_: {"X@GRAD": X}, reference=_pool_grad_ref,
-    emit=Opaque(_pool_grad_lower, host=True), grad=None,
+    emit=Opaque(), grad=None,
     doc="The gradient of pool2d.")
 
 
@@ -392,34 +236,15 @@ def _index_grad_ref(X, Mask, **kw):
     return {"X@GRAD": dx.reshape(X.shape)}
 
 
-def _index_lower(ctx):
-    if not native_float(ctx.dtype("X")):
-        return None
-    p = _Pool(ctx.attrs, "max_pool2d_with_index")
-    X = ctx.inp("X")
-    n, c, h, w = image_dims(p.g, X)
-    shape = f"({n}, {c}, {p.src_out(0, h)}, {p.src_out(1, w)})"
-    y, mask = ctx.out("Out", shape=shape), ctx.out("Mask", shape=shape)
-    return [f"_nn.max_pool2d_index_fwd({X}, {y}, {mask}, {p.args(h, w)}, {p.adaptive})"]
-
-
-def _index_grad_lower(ctx):
-    if not native_float(ctx.dtype("X")):
-        return None
-    X, M, DY = ctx.inp("X"), ctx.inp("Mask"), ctx.inp("Out@GRAD")
-    dx = ctx.out("X@GRAD", shape=f"{X}.shape")
-    return [f"_nn.max_pool2d_index_bwd({M}, {DY}, {dx})"]
-
-
 register_op(
     "max_pool2d_with_index", inputs=["X"], outputs=["Out", "Mask"], attrs=_INDEX_ATTRS,
     row_wise=RowWise(),
     traits=[OPAQUE], infer_shape=_index_infer, reference=_index_ref,
-    emit=Opaque(_index_lower, host=True),
+    emit=Opaque(),
     grad=default_grad("max_pool2d_with_index_grad", fwd_inputs=("X",), fwd_outputs=("Mask",)),
     doc="Out = the max of X over 2-D windows; Mask = where each max is (h * W + w).")
 register_op(
     "max_pool2d_with_index_grad", inputs=["X", "Mask", "Out@GRAD"], outputs=["X@GRAD?"],
     attrs=_INDEX_ATTRS, traits=[OPAQUE], infer_shape=lambda X, **_: {"X@GRAD": X},
-    reference=_index_grad_ref, emit=Opaque(_index_grad_lower, host=True), grad=None,
+    reference=_index_grad_ref, emit=Opaque(), grad=None,
     doc="The gradient of max_pool2d_with_index: Out@GRAD added where Mask points.")

@@ -1,0 +1,155 @@
+"""The convolutions of :mod:`pdjit.ops.conv` (``conv2d``, ``depthwise_conv2d``, the transposed
+ones, and their gradients) on the CPU.
+
+Three library kernels (``pdjit.codegen.cpu.lib.conv``) compute the forward pass and both
+gradients of a convolution on NCHW float32/float64 data (NHWC is copied to and from NCHW around
+them); a transposed convolution's forward pass is the input gradient of the convolution it
+transposes, its input gradient is a convolution, and its filter gradient the filter gradient
+with the roles of image and output exchanged. Sizes and attributes are arguments, so every
+layer shares the compiled kernels. A convolution followed by a per-channel bias and clamp runs
+by blocks of samples (``_conv_blocked``), the epilogue applied as the kernels store.
+"""
+from __future__ import annotations
+
+from pdjit.codegen.cpu.lib.conv import use_direct
+from pdjit.codegen.cpu.lowerings import lowering
+from pdjit.ops.conv import (
+    Geometry,
+    _float_ok,
+    _geometry,
+    _t_out_src,
+    image_dims,
+)
+
+
+def _arg_list(g: Geometry, X: str, kh: int, kw: int, groups: int) -> list:
+    """The geometry arguments of a library call: ``sh, sw, pt, pl, dh, dw, groups``, with the
+    pads of SAME worked out from the run-time size of the image ``X`` (NCHW local)."""
+    pt, _, dh = g.src_window(0, f"{X}.shape[2]", kh)
+    pl, _, dw = g.src_window(1, f"{X}.shape[3]", kw)
+    return [str(g.strides[0]), str(g.strides[1]), pt, pl, dh, dw, str(groups)]
+
+
+def _args(g: Geometry, X: str, kh: int, kw: int, groups: int) -> str:
+    return ", ".join(_arg_list(g, X, kh, kw, groups))
+
+
+def as_nchw(ctx, g: Geometry, local: str) -> list:
+    """(lines, local) of ``local`` as an NCHW array."""
+    if not g.nhwc:
+        return [], local
+    t = ctx.tmp("c")
+    return [f"{t} = _nn.nchw({local})"], t
+
+
+def _conv_blocked(ctx):
+    """The convolution by blocks of samples (NCHW float data and a filter of known shape), for
+    an epilogue after each block (see ``Opaque.blocked``)."""
+    g = _geometry(ctx.attrs, "conv2d")
+    m, cg, kh, kw = ctx.shape("Filter")
+    groups = ctx.attrs["groups"]
+    if g.nhwc or not _float_ok(ctx, "Input", "Filter") or min(m, cg, kh, kw) < 1:
+        return None
+    X, W = ctx.inp("Input"), ctx.inp("Filter")
+    n, _, h, w = image_dims(g, X)
+    y = ctx.out("Output", shape=f"({n}, {W}.shape[0], {g.src_conv_out(0, h, kh)}, "
+                                f"{g.src_conv_out(1, w, kw)})")
+    fn = "_nn.conv._direct_range" if use_direct(cg, m // groups) else "_nn.conv._fwd_range"
+    lines = [f"_rt.check(_nn.conv._fits_native({X}, {y}, {W}, {groups}))"]
+    # the per-channel bias, residual (not for the direct loops) and clamp after it, applied as
+    # the kernels store (when they fit)
+    epi = ctx.channel_epilogue(ctx.T("Output"), lines, residual=fn == "_nn.conv._fwd_range")
+    lines.append(f"_rt.check({epi[0]}.size == 0 or {epi[0]}.size == {W}.shape[0])")
+    return lines, fn, [X, W, y], _arg_list(g, X, kh, kw, groups) + epi, \
+        f"{y}.size * {W}[0].size"
+
+
+@lowering("conv2d", "depthwise_conv2d", host=True, blocked=_conv_blocked)
+def _conv_lower(ctx):
+    if not _float_ok(ctx, "Input", "Filter"):
+        return None
+    g = _geometry(ctx.attrs, "conv2d")
+    X, W = ctx.inp("Input"), ctx.inp("Filter")
+    _, _, kh, kw = ctx.shape("Filter")
+    lines, xc = as_nchw(ctx, g, X)
+    n, _, h, w = image_dims(g, X)
+    y, pre, post = nchw_dest(ctx, g, "Output", n, f"{W}.shape[0]", g.src_conv_out(0, h, kh),
+                         g.src_conv_out(1, w, kw))
+    call = f"_nn.conv2d_fwd({xc}, {W}, {y}, {_args(g, xc, kh, kw, ctx.attrs['groups'])})"
+    return lines + pre + [call] + post
+
+
+def nchw_dest(ctx, g: Geometry, slot: str, n: str, c: str, h: str, w: str) -> tuple:
+    """(NCHW local to compute into, lines before, lines after) for output ``slot`` of dims
+    ``n, c, h, w`` (source expressions over the op's inputs)."""
+    out = ctx.out(slot, shape=f"({', '.join(g.image(n, c, h, w))})")
+    if not g.nhwc:
+        return out, [], []
+    t = ctx.tmp("c")
+    return t, [f"{t} = _nn.nchw_empty({out})"], [f"_nn.nhwc_into({t}, {out})"]
+
+
+def _grad_lines(ctx, what: str, transposed: bool) -> list | None:
+    """Both gradients of a convolution (``transposed``: of a transposed one, whose input
+    gradient is a convolution and whose filter gradient swaps image and output gradient)."""
+    if not _float_ok(ctx, "Input", "Filter", "Output@GRAD"):
+        return None
+    g = _geometry(ctx.attrs, what)
+    X, W, DY = ctx.inp("Input"), ctx.inp("Filter"), ctx.inp("Output@GRAD")
+    _, _, kh, kw = ctx.shape("Filter")
+    lines, xc = as_nchw(ctx, g, X)
+    more, dyc = as_nchw(ctx, g, DY)
+    lines += more
+    if transposed:
+        args = _t_args(ctx, g, X, kh, kw)
+        data, image, grad = "conv2d_fwd", dyc, xc
+    else:
+        args = _args(g, xc, kh, kw, ctx.attrs["groups"])
+        data, image, grad = "conv2d_bwd_data", xc, dyc
+    if ctx.has_output("Input@GRAD"):
+        dx, pre, post = nchw_dest(ctx, g, "Input@GRAD", *image_dims(g, X))
+        lines += pre + [f"_nn.{data}({dyc}, {W}, {dx}, {args})"] + post
+    if ctx.has_output("Filter@GRAD"):
+        dw = ctx.out("Filter@GRAD", shape=f"{W}.shape")
+        lines.append(f"_nn.conv2d_bwd_filter({image}, {grad}, {dw}, {args})")
+    return lines
+
+
+@lowering("conv2d_grad", "depthwise_conv2d_grad", host=True)
+def _conv_grad_lower(ctx):
+    return _grad_lines(ctx, "conv2d_grad", transposed=False)
+
+
+def _t_args(ctx, g: Geometry, X: str, kh: int, kw: int) -> str:
+    """Library arguments of the convolution a transposed one transposes; SAME pads come from
+    the transposed op's input ``X`` (its original layout)."""
+    if g.algo == "VALID":
+        return (f"{g.strides[0]}, {g.strides[1]}, 0, 0, {g.dilations[0]}, {g.dilations[1]}, "
+                f"{ctx.attrs['groups']}")
+    if g.algo != "SAME":
+        return (f"{g.strides[0]}, {g.strides[1]}, {g.pads[0]}, {g.pads[2]}, "
+                f"{g.dilations[0]}, {g.dilations[1]}, {ctx.attrs['groups']}")
+    _, _, h, w = image_dims(g, X)
+    pt, _, _ = g.src_window(0, h, kh)
+    pl, _, _ = g.src_window(1, w, kw)
+    return f"{g.strides[0]}, {g.strides[1]}, {pt}, {pl}, 1, 1, {ctx.attrs['groups']}"
+
+
+@lowering("conv2d_transpose", "depthwise_conv2d_transpose", host=True)
+def _convt_lower(ctx):
+    if not _float_ok(ctx, "Input", "Filter"):
+        return None
+    g = _geometry(ctx.attrs, "conv2d_transpose")
+    X, W = ctx.inp("Input"), ctx.inp("Filter")
+    _, mg, kh, kw = ctx.shape("Filter")
+    lines, xc = as_nchw(ctx, g, X)
+    m = f"{W}.shape[1] * {ctx.attrs['groups']}"
+    y, pre, post = nchw_dest(ctx, g, "Output", f"{X}.shape[0]", m, _t_out_src(ctx, g, X, 0, kh),
+                             _t_out_src(ctx, g, X, 1, kw))
+    call = f"_nn.conv2d_bwd_data({xc}, {W}, {y}, {_t_args(ctx, g, X, kh, kw)})"
+    return lines + pre + [call] + post
+
+
+@lowering("conv2d_transpose_grad", "depthwise_conv2d_transpose_grad", host=True)
+def _convt_grad_lower(ctx):
+    return _grad_lines(ctx, "conv2d_transpose_grad", transposed=True)

@@ -1,0 +1,104 @@
+"""The matrix products of :mod:`pdjit.ops.matmul` on the CPU: the ops' own GEMM lines (their
+generic rule), and, for ``mul``, ``matmul`` and ``matmul_v2`` followed by an elementwise chain,
+the product by blocks of samples (``Opaque.blocked``: ``_nn.gemm_rows``, the chain run on each
+block while it is in cache; see ``_gemm_blocked`` for the size rule and its measurements)."""
+from __future__ import annotations
+
+from pdjit.codegen.cpu.lowerings import lowering
+from pdjit.ops.matmul import (
+    _as_matrix,
+    _blas_ok,
+    _matmul_2d_lower,
+    _mul_lower,
+    _prod,
+)
+
+#: a product of at least this many multiply-adds (``threads.GEMM_PARALLEL_MIN_WORK``: those a
+#: host driver may put on several threads) is computed by blocks of samples when an elementwise
+#: chain (bias, activation) follows it; smaller ones stay one GEMM (see ``_gemm_blocked``)
+BLOCKED_MIN_WORK = 1 << 25
+#: the batch (X's first dim) the size rule assumes where it is known only at run time
+UNKNOWN_BATCH = 8
+#: the output elements of one block (the cpu target's ``BLOCK_ELEMS``: whole samples of about
+#: that many) and the fewest rows a block may have: each block's BLAS call packs all of Y
+#: again, and 64-row blocks of [1024,256] x [256,1024] lost (7.1-7.4 vs 3.2-6.2 ms)
+BLOCK_OUTPUT_ELEMS = 1 << 16
+BLOCKED_MIN_ROWS = 128
+
+
+def _gemm_blocked(ctx, xn: int, ta: bool = False, tb: bool = False, scaled: bool = False):
+    """``Opaque.blocked`` of a product ``flatten(X, xn) @ Y`` (Y a matrix, float operands of
+    one dtype, no transpose, no scale): the output allocated whole, ``_nn.gemm_rows`` computing
+    the rows of samples ``n0 .. n1`` (a sample: the ``X.shape[1:xn]`` rows under one index of
+    the output's first dim), so the bias and activation after it run on each block while it is
+    in cache, blocks split over the loop threads (one BLAS thread each) when
+    ``threads.gemm_threads`` gives the product more than one. Declined (None) below
+    ``BLOCKED_MIN_WORK`` multiply-adds (an unknown batch counted as ``UNKNOWN_BATCH``), for
+    other unknown sizes, transposes or a scale, for blocks of fewer than ``BLOCKED_MIN_ROWS``
+    rows (a matrix X times a wide Y), and when a
+    thread count above one was asked for (``PDJIT_NUM_THREADS=2``, forced by blocks on the
+    busy machine: 8.0 -> 56-64 ms for [8,128,256] x [256,256] + bias, the blocks' BLAS calls on
+    two threads each).
+
+    Measured on the 2-vCPU machine (busy: load 2-4 from other processes; float32, medians of
+    40 executor runs, ms, today's GEMM-then-chain vs by blocks): with the product on one
+    thread (``free_cores`` 1) blocks lose by the smaller GEMMs (a block is ~64K output
+    elements: 64 to 256 rows), [8,128,256] x [256,1024] + bias + gelu 12.1 -> 13.0,
+    [8,128,256] x [256,256] + bias 1.54 -> 1.53, [1024,256] x [256,1024] + bias + relu
+    10.0 -> 11.5 (np.dot of 64-row blocks alone: 5.4 -> 6.7); with two free cores (forced)
+    the split over two loop threads, one BLAS thread each, wins over NumPy's two BLAS threads
+    and a parallel chain: 16.0 -> 8.2, 8.0 -> 1.46, 12.0 -> 7.8. The MLP's products (at most
+    128x256x256, 8.4M, equal either way: 0.19 / 0.20) stay below the threshold. The whole
+    encoder layer of ``benchmarks/bench_sequence_models.py`` (batch unknown at build time, its
+    six fc products by blocks), load 4-5: 35.4-38.9 ms by blocks vs 35.6-36.9 today with
+    ``free_cores`` 1; with two free cores (forced) 38.7-39.6 vs 82-84 (NumPy's two BLAS
+    threads on the busy cores). At a quieter moment (load ~2, both modes on two threads) the
+    chains were even: 4.09-4.12 vs 4.11-4.15 ms (gelu), 0.785-0.789 vs 0.794-0.826 (bias),
+    and the layer 14.3-15.8 ms by blocks vs 15.0-23.5 today: the chain's separate pass is
+    cheap next to the GEMM; blocks mostly spare the threaded-BLAS stalls."""
+    if not _blas_ok(ctx) or ta or tb or scaled or ctx.rank("Y") != 2:
+        return None
+    if getattr(ctx.gen, "parallel", False):  # a thread count > 1 asked for: BLAS's too, and
+        return None                          # concurrent threaded BLAS calls fight
+    rx = ctx.rank("X")
+    xs, ys = ctx.shape("X"), ctx.shape("Y")
+    if xn < 1 or xn >= rx or any(d is None or d < 0 for d in tuple(xs[1:]) + tuple(ys)):
+        return None
+    if _prod((xs[0] if xs[0] >= 0 else UNKNOWN_BATCH,) + tuple(xs[1:])) * ys[1] < \
+            BLOCKED_MIN_WORK:
+        return None
+    r = _prod(xs[1:xn])
+    if r * max(1, BLOCK_OUTPUT_ELEMS // max(1, r * ys[1])) < BLOCKED_MIN_ROWS:
+        return None
+    X, Y = ctx.inp("X"), ctx.inp("Y")
+    dims = [f"{X}.shape[{i}]" for i in range(xn)] + [f"{Y}.shape[1]"]
+    out = ctx.out("Out", shape=ctx.tuple_src(dims))
+    lx, x2 = _as_matrix(ctx, X, rx, xn)
+    o2 = ctx.tmp("o")
+    lines = lx + [f"{o2} = {out}.reshape(({x2}.shape[0], {Y}.shape[1]))"]
+    return (lines, "_nn.gemm_rows", [x2, Y], [o2, ctx.prod(X, 1, xn)],
+            f"_nn.gemm_split_work({x2}, {Y})")
+
+
+def _mul_blocked(ctx):
+    if ctx.attrs["y_num_col_dims"] != 1:
+        return None
+    return _gemm_blocked(ctx, ctx.attrs["x_num_col_dims"])
+
+
+def _matmul_blocked(tx_attr, ty_attr, alpha_attr=None):
+    """Rank-2 (or rows-folded, see ``_rows_of_x``) matmul by blocks (``_gemm_blocked``)."""
+    def blocked(ctx):
+        if ctx.rank("Y") != 2 or ctx.rank("X") < 2:
+            return None
+        return _gemm_blocked(ctx, ctx.rank("X") - 1, bool(ctx.attrs[tx_attr]),
+                             bool(ctx.attrs[ty_attr]),
+                             bool(alpha_attr) and ctx.attrs[alpha_attr] != 1.0)
+    return blocked
+
+
+lowering("mul", host=True, blocked=_mul_blocked)(_mul_lower)
+lowering("matmul", host=True, blocked=_matmul_blocked("transpose_X", "transpose_Y", "alpha"))(
+    _matmul_2d_lower("transpose_X", "transpose_Y", "alpha"))
+lowering("matmul_v2", host=True, blocked=_matmul_blocked("trans_x", "trans_y"))(
+    _matmul_2d_lower("trans_x", "trans_y"))

@@ -1,0 +1,92 @@
+"""The pooling ops of :mod:`pdjit.ops.pool` (``pool2d``, ``max_pool2d_with_index``, and their
+gradients) on the CPU: float32/float64 data calls the library's pooling kernels on NCHW views
+(NHWC copied to and from NCHW around them), the window geometry and flags as arguments; an
+average whose every window is a whole plane calls the global average alone.
+"""
+from __future__ import annotations
+
+from pdjit.codegen.cpu.lowerings import lowering
+from pdjit.codegen.cpu.lowerings.conv import as_nchw, nchw_dest
+from pdjit.framework.errors import ShapeMismatch
+from pdjit.ops.conv import image_dims, native_float
+from pdjit.ops.pool import _Pool
+
+
+@lowering("pool2d", host=True)
+def _pool_lower(ctx):
+    if not native_float(ctx.dtype("X")):
+        return None
+    p = _Pool(ctx.attrs, "pool2d")
+    X = ctx.inp("X")
+    lines, xc = as_nchw(ctx, p.g, X)
+    n, c, h, w = image_dims(p.g, X)
+    y, pre, post = nchw_dest(ctx, p.g, "Out", n, c, p.src_out(0, h), p.src_out(1, w))
+    if _whole_planes(ctx, p):
+        return lines + pre + [f"_nn.pool2d_mean({xc}, {y})"] + post
+    flags = f"{p.is_max}, {p.exclusive}, {p.adaptive}"
+    return lines + pre + [f"_nn.pool2d_fwd({xc}, {y}, {p.args(h, w)}, {flags})"] + post
+
+
+def _whole_planes(ctx, p: _Pool) -> bool:
+    """Whether this is an average whose every window is a whole plane (a global pool), as
+    the attributes and the input's build-time shape tell: it then calls the library's
+    global average, and the plan's compile jobs name that kernel alone."""
+    if p.is_max:
+        return False
+    if p.global_:
+        return True
+    if p.adaptive:
+        return p.ksize == (1, 1)
+    h, w = p.g.spatial(ctx.shape("X"))
+    if h < 1 or w < 1:
+        return False
+    try:
+        return all(p.out(axis, size) == 1 and p.window(axis, size)[0] == size and
+                   p.window(axis, size)[2] == 0 for axis, size in ((0, h), (1, w)))
+    except ShapeMismatch:
+        return False
+
+
+@lowering("pool2d_grad", host=True)
+def _pool_grad_lower(ctx):
+    if not native_float(ctx.dtype("X")):
+        return None
+    p = _Pool(ctx.attrs, "pool2d_grad")
+    X, Y, DY = ctx.inp("X"), ctx.inp("Out"), ctx.inp("Out@GRAD")
+    if _whole_planes(ctx, p):
+        lines, dyc = as_nchw(ctx, p.g, DY)
+        n, c, h, w = image_dims(p.g, X)
+        dx, pre, post = nchw_dest(ctx, p.g, "X@GRAD", n, c, h, w)
+        return lines + pre + [f"_nn.pool2d_mean_bwd({dyc}, {dx})"] + post
+    lines = []
+    locs = []
+    for local in (X, Y, DY):
+        more, c = as_nchw(ctx, p.g, local)
+        lines += more
+        locs.append(c)
+    n, c, h, w = image_dims(p.g, X)
+    dx, pre, post = nchw_dest(ctx, p.g, "X@GRAD", n, c, h, w)
+    flags = f"{p.is_max}, {p.exclusive}, {p.adaptive}"
+    return lines + pre + [f"_nn.pool2d_bwd({', '.join(locs)}, {dx}, {p.args(h, w)}, {flags})"] \
+        + post
+
+
+@lowering("max_pool2d_with_index", host=True)
+def _index_lower(ctx):
+    if not native_float(ctx.dtype("X")):
+        return None
+    p = _Pool(ctx.attrs, "max_pool2d_with_index")
+    X = ctx.inp("X")
+    n, c, h, w = image_dims(p.g, X)
+    shape = f"({n}, {c}, {p.src_out(0, h)}, {p.src_out(1, w)})"
+    y, mask = ctx.out("Out", shape=shape), ctx.out("Mask", shape=shape)
+    return [f"_nn.max_pool2d_index_fwd({X}, {y}, {mask}, {p.args(h, w)}, {p.adaptive})"]
+
+
+@lowering("max_pool2d_with_index_grad", host=True)
+def _index_grad_lower(ctx):
+    if not native_float(ctx.dtype("X")):
+        return None
+    X, M, DY = ctx.inp("X"), ctx.inp("Mask"), ctx.inp("Out@GRAD")
+    dx = ctx.out("X@GRAD", shape=f"{X}.shape")
+    return [f"_nn.max_pool2d_index_bwd({M}, {DY}, {dx})"]
