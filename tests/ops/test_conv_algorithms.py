@@ -43,7 +43,8 @@ CASES = [
     ((2, 2, 8, 16), (4, 2, 3, 3), 2, 1, 1, 1, "_fwd_taps"),    # stride 2 onto 4x8 planes
     ((2, 3, 7, 6), (4, 3, 3, 3), 1, 1, 1, 1, "_fwd_taps"),     # 42 outputs: a part vector
     ((1, 40, 5, 5), (14, 40, 3, 3), 1, 1, 1, 1, "_fwd_taps"),  # 360 taps in blocks; 6-row tiles
-    ((1, 600, 4, 4), (50, 600, 1, 1), 1, 0, 1, 1, "_fwd_taps"),  # panels of rows
+    ((2, 600, 4, 4), (50, 600, 1, 1), 1, 0, 1, 1, "_fwd_taps"),  # panels of rows, 2 samples
+    ((3, 8, 4, 4), (16, 4, 1, 1), 1, 0, 1, 2, "_fwd_taps"),    # 1x1 by panels over samples
     ((2, 3, 3, 4), (4, 3, 3, 3), 1, 1, 1, 1, "_fwd_blas"),     # 12 outputs: im2col + BLAS
     ((1, 4, 5, 5), (6, 2, 3, 3), 2, 1, 2, 2, "_fwd_blas"),     # groups, dilation, stride
     ((2, 4, 8, 8), (4, 1, 3, 3), 1, 1, 1, 4, "_direct_range"),  # depthwise
@@ -110,7 +111,7 @@ def test_compiled_callers_pick_the_same_algorithms():
         _fwd_compiled(x, w, y, *_geometry(case))
         np.testing.assert_allclose(y, want, rtol=1e-11, atol=1e-11)
         assert _native(getattr(conv, case[-1]), x, w)
-    for case in (CASES[0], CASES[7]):  # the host-blocked entry's overload, taps and BLAS
+    for case in (CASES[0], CASES[8]):  # the host-blocked entry's overload, taps and BLAS
         x, w, want = _arrays(case, seed=2)
         y = np.full(want.shape, np.nan)
         _range_compiled(x, w, y, 0, x.shape[0], *_geometry(case), *_none(x))

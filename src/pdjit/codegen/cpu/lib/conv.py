@@ -574,6 +574,17 @@ def _fwd_blas(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
                         yf[dst + k] = rf[src + k]
 
 
+@register_jitable
+def _panels(mq, mp, ns):
+    """``(first row, sample)`` of each panel of ``mp`` of ``mq`` rows, for each of ``ns``
+    samples under it."""
+    out = []
+    for p0 in range(0, mq, mp):
+        for s in range(ns):
+            out.append((p0, s))
+    return out
+
+
 def _taps_kernel(epilogue: bool):
     """The taps kernel; ``epilogue``: the variant that applies the epilogue its last three
     arguments ask for (the other, what programs without one compile, ignores them: its code
@@ -674,7 +685,12 @@ def _taps_kernel(epilogue: bool):
             ep = _has_epilogue(bias, lo, hi) or res.size > 0
             nb = bias.size > 0
             epr = ep and not aside
-        for n in range(n0, n1):
+        # a 1x1 convolution reading the image in place, stored in place: every sample of the
+        # range under each panel of rows in turn (the panel's weights read once from memory
+        # for the batch, not once per sample)
+        batched = plain and not aside
+        ns = n1 - n0 if batched else 1
+        for n in range(n0, n1 if not batched else n0 + 1):
             for g in range(groups):
                 xb = 0
                 if plain:
@@ -714,9 +730,10 @@ def _taps_kernel(epilogue: bool):
                 # In a panel, blocks of rb rows, the last overlapping the ones before when rb
                 # does not divide mg (rows computed twice cost less than a pass of their own;
                 # then the taps are not split, which would add a block's sums twice to them).
-                for p0 in range(0, mq, mp):
+                for p0, s in _panels(mq, mp, ns):
                     p1 = p0 + mp if p0 + mp < mq else mq
                     r0 = p0 if p1 < mq or p0 < mq - rb else mq - rb  # rows the strips store
+                    xbs, d0s = xb + s * c_ * p_, d0 + s * m_ * p_  # sample n + s (batched)
                     q0 = 0
                     while q0 < span:
                         wide = q0 + nv * vw <= span
@@ -727,10 +744,10 @@ def _taps_kernel(epilogue: bool):
                             for m4 in range(p0, p1, rb):
                                 mr = m4 if m4 < mq - rb else mq - rb
                                 _tiles(rb, wide, wp, (g * mq + mr) * k_ + k0, k_, k1 - k0, xs,
-                                       xb, tk, df, d0 + mr * ds, ds, q0, k0 > 0)
+                                       xbs, tk, df, d0s + mr * ds, ds, q0, k0 > 0)
                         if epr:
                             for r in range(r0, p1):
-                                at = d0 + r * ds + q0
+                                at = d0s + r * ds + q0
                                 clamp_run(df, at, width, bias[g * mg + r] if nb else zero_, nb,
                                           res, at, lo, hi)
                         q0 += width
