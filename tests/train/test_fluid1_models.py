@@ -132,3 +132,140 @@ def test_image_classification_resnet_and_vgg():
     assert costs[-1] < costs[0], costs
     costs = _train_image_classifier("vgg", fluid.optimizer.Adam(learning_rate=0.001), steps=6)
     assert costs[-1] < costs[0], costs
+
+
+# ---------------------------------------------------------------- recommender system
+
+USR_DICT_SIZE, MOV_DICT_SIZE, CATEGORY_DICT_SIZE, MOV_TITLE_DICT_SIZE = 12, 10, 5, 20
+IS_SPARSE = True
+
+
+def get_usr_combined_features():
+    layers = fluid.layers
+    uid = layers.data(name='user_id', shape=[1], dtype='int64')
+    usr_emb = layers.embedding(input=uid, dtype='float32', size=[USR_DICT_SIZE, 8],
+                               param_attr='user_table', is_sparse=IS_SPARSE)
+    usr_fc = layers.fc(input=usr_emb, size=8)
+    usr_gender_id = layers.data(name='gender_id', shape=[1], dtype='int64')
+    usr_gender_emb = layers.embedding(input=usr_gender_id, size=[2, 4],
+                                      param_attr='gender_table', is_sparse=IS_SPARSE)
+    usr_gender_fc = layers.fc(input=usr_gender_emb, size=4)
+    usr_age_id = layers.data(name='age_id', shape=[1], dtype="int64")
+    usr_age_emb = layers.embedding(input=usr_age_id, size=[7, 4], is_sparse=IS_SPARSE,
+                                   param_attr='age_table')
+    usr_age_fc = layers.fc(input=usr_age_emb, size=4)
+    usr_job_id = layers.data(name='job_id', shape=[1], dtype="int64")
+    usr_job_emb = layers.embedding(input=usr_job_id, size=[21, 4], param_attr='job_table',
+                                   is_sparse=IS_SPARSE)
+    usr_job_fc = layers.fc(input=usr_job_emb, size=4)
+    concat_embed = layers.concat(input=[usr_fc, usr_gender_fc, usr_age_fc, usr_job_fc],
+                                 axis=1)
+    usr_combined_features = layers.fc(input=concat_embed, size=16, act="tanh")
+    return usr_combined_features
+
+
+def get_mov_combined_features():
+    layers = fluid.layers
+    mov_id = layers.data(name='movie_id', shape=[1], dtype='int64')
+    mov_emb = layers.embedding(input=mov_id, dtype='float32', size=[MOV_DICT_SIZE, 8],
+                               param_attr='movie_table', is_sparse=IS_SPARSE)
+    mov_fc = layers.fc(input=mov_emb, size=8)
+    category_id = layers.data(name='category_id', shape=[1], dtype='int64', lod_level=1)
+    mov_categories_emb = layers.embedding(input=category_id, size=[CATEGORY_DICT_SIZE, 8],
+                                          is_sparse=IS_SPARSE)
+    mov_categories_hidden = layers.sequence_pool(input=mov_categories_emb, pool_type="sum")
+    mov_title_id = layers.data(name='movie_title', shape=[1], dtype='int64', lod_level=1)
+    mov_title_emb = layers.embedding(input=mov_title_id, size=[MOV_TITLE_DICT_SIZE, 8],
+                                     is_sparse=IS_SPARSE)
+    mov_title_conv = fluid.nets.sequence_conv_pool(input=mov_title_emb, num_filters=8,
+                                                   filter_size=3, act="tanh", pool_type="sum")
+    concat_embed = layers.concat(input=[mov_fc, mov_categories_hidden, mov_title_conv], axis=1)
+    mov_combined_features = layers.fc(input=concat_embed, size=16, act="tanh")
+    return mov_combined_features
+
+
+def recommender_inference_program():
+    usr_combined_features = get_usr_combined_features()
+    mov_combined_features = get_mov_combined_features()
+    inference = fluid.layers.cos_sim(X=usr_combined_features, Y=mov_combined_features)
+    scale_infer = fluid.layers.scale(x=inference, scale=5.0)
+    return scale_infer, usr_combined_features, mov_combined_features
+
+
+def movielens_reader(n, seed):
+    """(user, gender, age, job, movie, categories, title words, score): the score follows the
+    user's and the movie's parity."""
+    rng = np.random.RandomState(seed)
+
+    def reader():
+        for _ in range(n):
+            uid, mid = rng.randint(0, USR_DICT_SIZE), rng.randint(0, MOV_DICT_SIZE)
+            cats = list(rng.randint(0, CATEGORY_DICT_SIZE, rng.randint(1, 3)))
+            title = list(rng.randint(0, MOV_TITLE_DICT_SIZE, rng.randint(1, 5)))
+            score = 4.5 if (uid + mid) % 2 == 0 else 1.0
+            yield (uid, rng.randint(0, 2), rng.randint(0, 7), rng.randint(0, 21), mid, cats,
+                   title, [score])
+    return reader
+
+
+def test_recommender_system(tmp_path):
+    main_program, startup_program = _programs()
+    with fluid.program_guard(main_program, startup_program), fluid.unique_name.guard():
+        scale_infer, usr, mov = recommender_inference_program()
+        label = fluid.layers.data(name='score', shape=[1], dtype='float32')
+        square_cost = fluid.layers.square_error_cost(input=scale_infer, label=label)
+        avg_cost = fluid.layers.mean(square_cost)
+        test_program = main_program.clone(for_test=True)
+        sgd_optimizer = fluid.optimizer.SGD(learning_rate=0.2)
+        sgd_optimizer.minimize(avg_cost)
+
+    place = fluid.CPUPlace()
+    exe = fluid.Executor(place)
+    exe.run(startup_program)
+    feed_order = ['user_id', 'gender_id', 'age_id', 'job_id', 'movie_id', 'category_id',
+                  'movie_title', 'score']
+    feed_var_list_loop = [main_program.global_block().var(var_name) for var_name in feed_order]
+    feeder = fluid.DataFeeder(feed_list=feed_var_list_loop, place=place)
+    train_reader = fluid.io.batch(movielens_reader(64, 5), batch_size=16)
+    costs = []
+    for pass_id in range(8):
+        for batch_id, data in enumerate(train_reader()):
+            outs = exe.run(program=main_program, feed=feeder.feed(data),
+                           fetch_list=[avg_cost])
+            out = np.array(outs[0])
+            costs.append(float(out[0]))
+        if pass_id % 4 == 0:
+            print("Pass %d, Batch %d, Cost %f" % (pass_id, batch_id, out[0]))
+    assert_native(exe)
+    assert np.mean(costs[-4:]) < 0.7 * np.mean(costs[:4]), costs
+
+    # cos_sim and scale against NumPy on the fetched features
+    sample = next(iter(train_reader()))
+    pred, u, m = exe.run(test_program, feed=feeder.feed(sample),
+                         fetch_list=[scale_infer, usr, mov])
+    cos = (u * m).sum(1) / np.linalg.norm(u, axis=1) / np.linalg.norm(m, axis=1)
+    np.testing.assert_allclose(pred[:, 0], 5.0 * cos, rtol=1e-4, atol=1e-5)
+
+    save_dirname = str(tmp_path / "recommender_system.inference.model")
+    fluid.io.save_inference_model(save_dirname, feed_order[:-1], [scale_infer], exe,
+                                  main_program=main_program)
+    infer_exe = fluid.Executor(place)
+    with fluid.scope_guard(fluid.core.Scope()):
+        [inferencer, feed_target_names,
+         fetch_targets] = fluid.io.load_inference_model(save_dirname, infer_exe)
+        user_id = fluid.create_lod_tensor([[np.int64(1)]], [[1]], place)
+        gender_id = fluid.create_lod_tensor([[np.int64(1)]], [[1]], place)
+        age_id = fluid.create_lod_tensor([[np.int64(0)]], [[1]], place)
+        job_id = fluid.create_lod_tensor([[np.int64(10)]], [[1]], place)
+        movie_id = fluid.create_lod_tensor([[np.int64(7)]], [[1]], place)
+        category_id = fluid.create_lod_tensor([np.array([1, 3], dtype='int64')], [[2]], place)
+        movie_title = fluid.create_lod_tensor([np.array([5, 4, 3, 2, 1], dtype='int64')],
+                                              [[5]], place)
+        results = infer_exe.run(inferencer, feed={
+            feed_target_names[0]: user_id, feed_target_names[1]: gender_id,
+            feed_target_names[2]: age_id, feed_target_names[3]: job_id,
+            feed_target_names[4]: movie_id, feed_target_names[5]: category_id,
+            feed_target_names[6]: movie_title}, fetch_list=fetch_targets, return_numpy=False)
+        predict_rating = np.array(results[0])
+        print("Predict Rating of user id 1 on movie 7 is " + str(predict_rating[0][0]))
+        assert predict_rating.shape == (1, 1) and abs(predict_rating[0][0]) <= 5.0 + 1e-5
