@@ -269,3 +269,132 @@ def test_recommender_system(tmp_path):
         predict_rating = np.array(results[0])
         print("Predict Rating of user id 1 on movie 7 is " + str(predict_rating[0][0]))
         assert predict_rating.shape == (1, 1) and abs(predict_rating[0][0]) <= 5.0 + 1e-5
+
+
+# ---------------------------------------------------------------- DCGAN
+
+NOISE_SIZE, IMG_DIM, GF_DIM, DF_DIM, GFC_DIM, DFC_DIM = 8, 16, 4, 4, 16, 8
+
+
+def bn(x, name=None, act='relu'):
+    return fluid.layers.batch_norm(x, param_attr=name + '1', bias_attr=name + '2',
+                                   moving_mean_name=name + '3',
+                                   moving_variance_name=name + '4', name=name, act=act)
+
+
+def conv(x, num_filters, name=None, act=None):
+    return fluid.nets.simple_img_conv_pool(input=x, filter_size=5, num_filters=num_filters,
+                                           pool_size=2, pool_stride=2, param_attr=name + 'w',
+                                           bias_attr=name + 'b', act=act)
+
+
+def fc(x, num_filters, name=None, act=None):
+    return fluid.layers.fc(input=x, size=num_filters, act=act, param_attr=name + 'w',
+                           bias_attr=name + 'b')
+
+
+def deconv(x, num_filters, name=None, filter_size=5, stride=2, dilation=1, padding=2,
+           output_size=None, act=None):
+    return fluid.layers.conv2d_transpose(input=x, param_attr=name + 'w', bias_attr=name + 'b',
+                                         num_filters=num_filters, output_size=output_size,
+                                         filter_size=filter_size, stride=stride,
+                                         dilation=dilation, padding=padding, act=act)
+
+
+def D(x):
+    x = fluid.layers.reshape(x=x, shape=[-1, 1, IMG_DIM, IMG_DIM])
+    x = conv(x, DF_DIM, act='leaky_relu', name='conv1')
+    x = bn(conv(x, DF_DIM * 2, name='conv2'), act='leaky_relu', name='bn1')
+    x = bn(fc(x, DFC_DIM, name='fc1'), act='leaky_relu', name='bn2')
+    x = fc(x, 1, act=None, name='fc2')
+    return x
+
+
+def G(x):
+    x = bn(fc(x, GFC_DIM, name='fc3'), name='bn3')
+    x = bn(fc(x, GF_DIM * 2 * IMG_DIM // 4 * IMG_DIM // 4, name='fc4'), name='bn4')
+    x = fluid.layers.reshape(x, [-1, GF_DIM * 2, IMG_DIM // 4, IMG_DIM // 4])
+    x = deconv(x, GF_DIM * 2, act='relu', output_size=[IMG_DIM // 2, IMG_DIM // 2],
+               name='deconv1')
+    x = deconv(x, num_filters=1, filter_size=5, padding=2, act='tanh',
+               output_size=[IMG_DIM, IMG_DIM], name='deconv2')
+    x = fluid.layers.reshape(x, shape=[-1, IMG_DIM * IMG_DIM])
+    return x
+
+
+def gan_loss(x, label):
+    return fluid.layers.mean(fluid.layers.sigmoid_cross_entropy_with_logits(x=x, label=label))
+
+
+def test_dcgan_three_programs_sharing_parameters(fresh_programs):
+    batch_size = 8
+    d_program = fluid.Program()
+    dg_program = fluid.Program()
+    fluid.default_startup_program().random_seed = 1
+
+    with fluid.program_guard(d_program):
+        img = fluid.layers.data(name='img', shape=[IMG_DIM * IMG_DIM], dtype='float32')
+        label = fluid.layers.data(name='label', shape=[1], dtype='float32')
+        d_logit = D(img)
+        d_loss = gan_loss(d_logit, label)
+
+    with fluid.program_guard(dg_program):
+        noise = fluid.layers.data(name='noise', shape=[NOISE_SIZE], dtype='float32')
+        g_img = G(x=noise)
+        g_program = dg_program.clone()
+        g_program_test = dg_program.clone(for_test=True)
+        dg_logit = D(g_img)
+        dg_loss = gan_loss(dg_logit, fluid.layers.fill_constant_batch_size_like(
+            input=noise, dtype='float32', shape=[-1, 1], value=1.0))
+
+    opt = fluid.optimizer.Adam(learning_rate=2e-3)
+    opt.minimize(loss=d_loss)
+    parameters = [p.name for p in g_program.global_block().all_parameters()]
+    opt.minimize(loss=dg_loss, parameter_list=parameters)
+
+    d_params = {p.name for p in d_program.global_block().all_parameters()}
+    assert d_params <= {p.name for p in dg_program.global_block().all_parameters()}
+    assert not d_params & set(parameters) and "deconv2w" in parameters
+
+    exe = fluid.Executor(fluid.CPUPlace())
+    exe.run(fluid.default_startup_program())
+    scope = fluid.global_scope()
+
+    def value(name):
+        return np.array(scope.find_var(name).get_tensor()).copy()
+
+    rng = np.random.RandomState(0)
+    # "real" images: a bright square in the middle
+    real_image = -np.ones((batch_size, IMG_DIM, IMG_DIM), 'float32')
+    real_image[:, 4:12, 4:12] = 1.0
+    real_image = real_image.reshape(batch_size, -1)
+    d_losses, dg_losses = [], []
+    for batch_id in range(6):
+        noise_data = rng.uniform(-1.0, 1.0, [batch_size, NOISE_SIZE]).astype('float32')
+        generated_image = exe.run(g_program, feed={'noise': noise_data},
+                                  fetch_list=[g_img])[0]
+        total_images = np.concatenate([real_image, generated_image])
+        total_label = np.concatenate([np.ones(shape=[real_image.shape[0], 1]),
+                                      np.zeros(shape=[real_image.shape[0], 1])]
+                                     ).astype('float32')
+        d_before, g_before = value('fc2w'), value('deconv2w')
+        d_loss_np = exe.run(d_program, feed={'img': total_images, 'label': total_label},
+                            fetch_list=[d_loss])[0]
+        # the discriminator's step moves D's parameters, not G's
+        assert not np.array_equal(value('fc2w'), d_before)
+        np.testing.assert_array_equal(value('deconv2w'), g_before)
+        d_before = value('fc2w')
+        dg_loss_np = exe.run(dg_program, feed={'noise': noise_data},
+                             fetch_list=[dg_loss])[0]
+        # the generator's step moves G's parameters only, through the shared D
+        np.testing.assert_array_equal(value('fc2w'), d_before)
+        assert not np.array_equal(value('deconv2w'), g_before)
+        print("Batch ID={0}\n D-Loss={1}\n DG-Loss={2}\n".format(batch_id, d_loss_np[0],
+                                                                 dg_loss_np[0]))
+        d_losses.append(float(d_loss_np[0]))
+        dg_losses.append(float(dg_loss_np[0]))
+    assert d_losses[-1] < d_losses[0], d_losses
+    generated = exe.run(g_program_test, feed={'noise': noise_data}, fetch_list=[g_img])[0]
+    assert generated.shape == (batch_size, IMG_DIM * IMG_DIM)
+    assert np.all(np.abs(generated) <= 1.0)
+    assert_native(exe)
