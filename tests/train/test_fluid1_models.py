@@ -398,3 +398,123 @@ def test_dcgan_three_programs_sharing_parameters(fresh_programs):
     assert generated.shape == (batch_size, IMG_DIM * IMG_DIM)
     assert np.all(np.abs(generated) <= 1.0)
     assert_native(exe)
+
+
+# ---------------------------------------------------------------- GRU4Rec
+
+def gru4rec_network(vocab_size, hid_size=16, init_low_bound=-0.1, init_high_bound=0.1):
+    """All-vocabulary GRU4Rec: embedding, fc, dynamic_gru, softmax over the items."""
+    emb_lr_x = 10.0
+    gru_lr_x = 1.0
+    fc_lr_x = 1.0
+    src_wordseq = fluid.data(name="src_wordseq", shape=[None, 1], dtype="int64", lod_level=1)
+    dst_wordseq = fluid.data(name="dst_wordseq", shape=[None, 1], dtype="int64", lod_level=1)
+
+    emb = fluid.embedding(
+        input=src_wordseq, size=[vocab_size, hid_size],
+        param_attr=fluid.ParamAttr(initializer=fluid.initializer.Uniform(
+            low=init_low_bound, high=init_high_bound), learning_rate=emb_lr_x),
+        is_sparse=True)
+    fc0 = fluid.layers.fc(input=emb, size=hid_size * 3, param_attr=fluid.ParamAttr(
+        initializer=fluid.initializer.Uniform(low=init_low_bound, high=init_high_bound),
+        learning_rate=gru_lr_x))
+    gru_h0 = fluid.layers.dynamic_gru(input=fc0, size=hid_size, param_attr=fluid.ParamAttr(
+        initializer=fluid.initializer.Uniform(low=init_low_bound, high=init_high_bound),
+        learning_rate=gru_lr_x))
+    fc = fluid.layers.fc(input=gru_h0, size=vocab_size, act='softmax', param_attr=fluid.ParamAttr(
+        initializer=fluid.initializer.Uniform(low=init_low_bound, high=init_high_bound),
+        learning_rate=fc_lr_x))
+    cost = fluid.layers.cross_entropy(input=fc, label=dst_wordseq)
+    acc = fluid.layers.accuracy(input=fc, label=dst_wordseq, k=5)
+    avg_cost = fluid.layers.mean(x=cost)
+    return src_wordseq, dst_wordseq, avg_cost, acc, gru_h0, fc0
+
+
+def to_lodtensor(data, place):
+    """As the models repository's utils: a batch of sequences as one LoD tensor."""
+    seq_lens = [len(seq) for seq in data]
+    cur_len = 0
+    lod = [cur_len]
+    for l in seq_lens:
+        cur_len += l
+        lod.append(cur_len)
+    flattened_data = np.concatenate(data, axis=0).astype("int64")
+    flattened_data = flattened_data.reshape([len(flattened_data), 1])
+    res = fluid.LoDTensor()
+    res.set(flattened_data, place)
+    res.set_lod([lod])
+    return res
+
+
+def session_reader(vocab_size, n, seed):
+    """Click sessions in which the next item is the current one plus one."""
+    rng = np.random.RandomState(seed)
+
+    def reader():
+        for _ in range(n):
+            start, length = rng.randint(0, vocab_size), rng.randint(2, 6)
+            items = [(start + i) % vocab_size for i in range(length + 1)]
+            yield items[:-1], items[1:]
+    return reader
+
+
+def _np_gru(x, w, b, lod):
+    """dynamic_gru's forward (origin_mode False: h = (1-u)*h_prev + u*c) in NumPy. Fluid
+    stores the [D, 3D] weight as the [D, 2D] gate weights followed by the [D, D] candidate
+    weights in one flat buffer."""
+    d = w.shape[0]
+    w_gate, w_cand = w.reshape(-1)[:2 * d * d].reshape(d, 2 * d), w.reshape(-1)[2 * d * d:]
+    w_cand = w_cand.reshape(d, d)
+    out = np.zeros((x.shape[0], d), 'float32')
+    for s, e in zip(lod[:-1], lod[1:]):
+        h = np.zeros(d, 'float32')
+        for t in range(s, e):
+            g = x[t] + b[0]
+            ur = 1 / (1 + np.exp(-(g[:2 * d] + h @ w_gate)))
+            u, r = ur[:d], ur[d:]
+            c = np.tanh(g[2 * d:] + (r * h) @ w_cand)
+            h = (1 - u) * h + u * c
+            out[t] = h
+    return out
+
+
+def test_gru4rec(fresh_programs):
+    vocab_size = 12
+    main_program, startup_program = fresh_programs
+    main_program.random_seed = startup_program.random_seed = 7
+    src, dst, avg_cost, acc, gru_h0, fc0 = gru4rec_network(vocab_size)
+    optimizer = fluid.optimizer.Adagrad(learning_rate=0.1)
+    optimizer.minimize(avg_cost)
+
+    place = fluid.CPUPlace()
+    exe = fluid.Executor(place)
+    exe.run(fluid.default_startup_program())
+    train_reader = fluid.io.batch(session_reader(vocab_size, 64, 11), 16)
+    costs = []
+    for pass_idx in range(6):
+        for data in train_reader():
+            lod_src_wordseq = to_lodtensor([dat[0] for dat in data], place)
+            lod_dst_wordseq = to_lodtensor([dat[1] for dat in data], place)
+            ret_avg_cost, ret_acc = exe.run(fluid.default_main_program(),
+                                            feed={"src_wordseq": lod_src_wordseq,
+                                                  "dst_wordseq": lod_dst_wordseq},
+                                            fetch_list=[avg_cost.name, acc.name])
+            costs.append(float(np.array(ret_avg_cost)[0]))
+        print("epoch_%d finished, avg_cost %f, acc %f" % (pass_idx, ret_avg_cost[0],
+                                                          ret_acc[0]))
+    assert_native(exe)
+    assert np.mean(costs[-4:]) < 0.7 * np.mean(costs[:4]), costs
+
+    # dynamic_gru against NumPy on the trained weights
+    gru_params = [p for p in main_program.global_block().all_parameters()
+                  if p.shape == (16, 48) or p.shape == (1, 48)]
+    x_np, h_np = exe.run(main_program.clone(for_test=True),
+                         feed={"src_wordseq": lod_src_wordseq,
+                               "dst_wordseq": lod_dst_wordseq},
+                         fetch_list=[fc0, gru_h0], return_numpy=True)
+    scope = fluid.global_scope()
+    w = [np.array(scope.find_var(p.name).get_tensor()) for p in gru_params]
+    w = {a.shape: a for a in w}
+    lod = lod_src_wordseq.lod()[0]
+    np.testing.assert_allclose(h_np, _np_gru(x_np, w[(16, 48)], w[(1, 48)], lod),
+                               rtol=1e-4, atol=1e-5)
