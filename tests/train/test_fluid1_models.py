@@ -518,3 +518,295 @@ def test_gru4rec(fresh_programs):
     lod = lod_src_wordseq.lod()[0]
     np.testing.assert_allclose(h_np, _np_gru(x_np, w[(16, 48)], w[(1, 48)], lod),
                                rtol=1e-4, atol=1e-5)
+
+
+# ---------------------------------------------------------------- PTB language model
+
+def lm_model(hidden_size, vocab_size, batch_size, num_layers=2, num_steps=20, init_scale=0.1,
+             dropout=None):
+    """The models repository's static-graph PTB LSTM: a StaticRNN over the time-major
+    embedding, one matmul per layer for the four gates."""
+    layers = fluid.layers
+
+    def padding_rnn(input_embedding, len=3, init_hidden=None, init_cell=None):
+        weight_1_arr = []
+        bias_arr = []
+        hidden_array = []
+        cell_array = []
+        for i in range(num_layers):
+            weight_1 = layers.create_parameter(
+                [hidden_size * 2, hidden_size * 4], dtype="float32",
+                name="fc_weight1_" + str(i),
+                default_initializer=fluid.initializer.UniformInitializer(
+                    low=-init_scale, high=init_scale))
+            weight_1_arr.append(weight_1)
+            bias_1 = layers.create_parameter(
+                [hidden_size * 4], dtype="float32", name="fc_bias1_" + str(i),
+                default_initializer=fluid.initializer.Constant(0.0))
+            bias_arr.append(bias_1)
+
+            pre_hidden = layers.slice(init_hidden, axes=[0], starts=[i], ends=[i + 1])
+            pre_cell = layers.slice(init_cell, axes=[0], starts=[i], ends=[i + 1])
+            pre_hidden = layers.reshape(pre_hidden, shape=[-1, hidden_size])
+            pre_cell = layers.reshape(pre_cell, shape=[-1, hidden_size])
+            hidden_array.append(pre_hidden)
+            cell_array.append(pre_cell)
+
+        input_embedding = layers.transpose(input_embedding, perm=[1, 0, 2])
+        rnn = fluid.layers.StaticRNN()
+
+        with rnn.step():
+            input = rnn.step_input(input_embedding)
+            for k in range(num_layers):
+                pre_hidden = rnn.memory(init=hidden_array[k])
+                pre_cell = rnn.memory(init=cell_array[k])
+                weight_1 = weight_1_arr[k]
+                bias = bias_arr[k]
+
+                nn = layers.concat([input, pre_hidden], 1)
+                gate_input = layers.matmul(x=nn, y=weight_1)
+                gate_input = layers.elementwise_add(gate_input, bias)
+                i, j, f, o = layers.split(gate_input, num_or_sections=4, dim=-1)
+
+                c = pre_cell * layers.sigmoid(f) + layers.sigmoid(i) * layers.tanh(j)
+                m = layers.tanh(c) * layers.sigmoid(o)
+
+                rnn.update_memory(pre_hidden, m)
+                rnn.update_memory(pre_cell, c)
+
+                rnn.step_output(m)
+                rnn.step_output(c)
+
+                input = m
+
+                if dropout is not None and dropout > 0.0:
+                    input = layers.dropout(input, dropout_prob=dropout,
+                                           dropout_implementation='upscale_in_train')
+
+            rnn.step_output(input)
+        rnnout = rnn()
+
+        last_hidden_array = []
+        last_cell_array = []
+        real_res = rnnout[-1]
+        for i in range(num_layers):
+            m = rnnout[i * 2]
+            c = rnnout[i * 2 + 1]
+            m.stop_gradient = True
+            c.stop_gradient = True
+            last_h = layers.slice(m, axes=[0], starts=[num_steps - 1], ends=[num_steps])
+            last_hidden_array.append(last_h)
+            last_c = layers.slice(c, axes=[0], starts=[num_steps - 1], ends=[num_steps])
+            last_cell_array.append(last_c)
+        real_res = layers.transpose(x=real_res, perm=[1, 0, 2])
+        last_hidden = layers.concat(last_hidden_array, 0)
+        last_cell = layers.concat(last_cell_array, 0)
+        return real_res, last_hidden, last_cell
+
+    x = layers.data(name="x", shape=[batch_size, num_steps, 1], dtype='int64',
+                    append_batch_size=False)
+    y = layers.data(name="y", shape=[batch_size * num_steps, 1], dtype='int64',
+                    append_batch_size=False)
+    init_hidden = layers.data(name="init_hidden", shape=[num_layers, batch_size, hidden_size],
+                              dtype='float32', append_batch_size=False)
+    init_cell = layers.data(name="init_cell", shape=[num_layers, batch_size, hidden_size],
+                            dtype='float32', append_batch_size=False)
+    init_cell.persistable = True
+    init_hidden.persistable = True
+
+    init_hidden_reshape = layers.reshape(init_hidden, shape=[num_layers, -1, hidden_size])
+    init_cell_reshape = layers.reshape(init_cell, shape=[num_layers, -1, hidden_size])
+
+    x_emb = layers.embedding(
+        input=x, size=[vocab_size, hidden_size], dtype='float32', is_sparse=False,
+        param_attr=fluid.ParamAttr(name='embedding_para',
+                                   initializer=fluid.initializer.UniformInitializer(
+                                       low=-init_scale, high=init_scale)))
+    x_emb = layers.reshape(x_emb, shape=[-1, num_steps, hidden_size])
+    if dropout is not None and dropout > 0.0:
+        x_emb = layers.dropout(x_emb, dropout_prob=dropout,
+                               dropout_implementation='upscale_in_train')
+
+    rnn_out, last_hidden, last_cell = padding_rnn(x_emb, len=num_steps,
+                                                  init_hidden=init_hidden_reshape,
+                                                  init_cell=init_cell_reshape)
+    rnn_out = layers.reshape(rnn_out, shape=[-1, num_steps, hidden_size])
+
+    softmax_weight = layers.create_parameter(
+        [hidden_size, vocab_size], dtype="float32", name="softmax_weight",
+        default_initializer=fluid.initializer.UniformInitializer(low=-init_scale,
+                                                                 high=init_scale))
+    softmax_bias = layers.create_parameter(
+        [vocab_size], dtype="float32", name='softmax_bias',
+        default_initializer=fluid.initializer.UniformInitializer(low=-init_scale,
+                                                                 high=init_scale))
+
+    projection = layers.matmul(rnn_out, softmax_weight)
+    projection = layers.elementwise_add(projection, softmax_bias)
+    projection = layers.reshape(projection, shape=[-1, vocab_size])
+
+    loss = layers.softmax_with_cross_entropy(logits=projection, label=y, soft_label=False)
+    loss = layers.reshape(loss, shape=[-1, num_steps])
+    loss = layers.reduce_mean(loss, dim=[0])
+    loss = layers.reduce_sum(loss)
+
+    loss.persistable = True
+    last_cell.persistable = True
+    last_hidden.persistable = True
+
+    feeding_list = ['x', 'y', 'init_hidden', 'init_cell']
+    return loss, last_hidden, last_cell, feeding_list
+
+
+def _np_lm_loss(scope, x, y, h0, c0, num_layers):
+    """The PTB model's loss in NumPy from the parameters in ``scope``."""
+    def p(name):
+        return np.array(scope.find_var(name).get_tensor()).astype('float64')
+
+    def sig(v):
+        return 1 / (1 + np.exp(-v))
+
+    emb = p('embedding_para')[x[:, :, 0]]                      # [batch, steps, hidden]
+    h, c = h0.astype('float64').copy(), c0.astype('float64').copy()
+    outs = []
+    for t in range(x.shape[1]):
+        inp = emb[:, t]
+        for k in range(num_layers):
+            g = np.concatenate([inp, h[k]], 1) @ p('fc_weight1_%d' % k) + p('fc_bias1_%d' % k)
+            i, j, f, o = np.split(g, 4, axis=1)
+            c[k] = c[k] * sig(f) + sig(i) * np.tanh(j)
+            h[k] = np.tanh(c[k]) * sig(o)
+            inp = h[k]
+        outs.append(inp)
+    logits = np.stack(outs, 1) @ p('softmax_weight') + p('softmax_bias')
+    logits = logits.reshape(-1, logits.shape[-1])
+    logp = logits - logits.max(1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(1, keepdims=True))
+    ce = -logp[np.arange(len(y)), y[:, 0]].reshape(x.shape[0], x.shape[1])
+    return ce.mean(0).sum(), h, c
+
+
+def ptb_reader(raw_data, batch_size, num_steps):
+    """The models repository's get_data_iter: contiguous batches of num_steps words."""
+    raw_data = np.array(raw_data, dtype="int64")
+    data_len = len(raw_data)
+    batch_len = data_len // batch_size
+    data = raw_data[0:batch_size * batch_len].reshape((batch_size, batch_len))
+    epoch_size = (batch_len - 1) // num_steps
+    for i in range(epoch_size):
+        start = i * num_steps
+        x = np.copy(data[:, i * num_steps:(i + 1) * num_steps])
+        y = np.copy(data[:, i * num_steps + 1:(i + 1) * num_steps + 1])
+        del start
+        yield (x, y)
+
+
+def test_ptb_language_model_with_the_profiler(fresh_programs, tmp_path, capsys):
+    from pdjit import profiler
+    hidden_size, vocab_size, batch_size, num_layers, num_steps = 8, 16, 4, 2, 5
+    max_grad_norm = 5.0
+    main_program, startup_program = fresh_programs
+    main_program.random_seed = startup_program.random_seed = 33
+    loss, last_hidden, last_cell, feed_order = lm_model(
+        hidden_size, vocab_size, batch_size, num_layers=num_layers, num_steps=num_steps,
+        init_scale=0.1, dropout=None)
+    inference_program = main_program.clone(for_test=True)
+    clip1 = fluid.clip.GradientClipByGlobalNorm(clip_norm=max_grad_norm)
+    learning_rate = fluid.layers.create_global_var(name="learning_rate", shape=[1], value=1.0,
+                                                   dtype='float32', persistable=True)
+    optimizer = fluid.optimizer.SGD(learning_rate=learning_rate, grad_clip=clip1)
+    optimizer.minimize(loss)
+
+    place = fluid.CPUPlace()
+    exe = fluid.Executor(place)
+    exe.run(startup_program)
+    # a repetitive text: every word follows from the one before
+    train_data = [(3 * i) % vocab_size for i in range(batch_size * (6 * num_steps + 1))]
+
+    def generate_init_data():
+        init_hidden = np.zeros((num_layers, batch_size, hidden_size), dtype='float32')
+        init_cell = np.zeros((num_layers, batch_size, hidden_size), dtype='float32')
+        return init_hidden, init_cell
+
+    def prepare_input(batch, init_hidden=None, init_cell=None, epoch_id=0, with_lr=True):
+        x, y = batch
+        x = x.reshape((-1, num_steps, 1))
+        y = y.reshape((-1, 1))
+        res = {}
+        res['x'] = x
+        res['y'] = y
+        if init_hidden is not None:
+            res['init_hidden'] = init_hidden
+        if init_cell is not None:
+            res['init_cell'] = init_cell
+        if with_lr:
+            res['learning_rate'] = np.ones([1], dtype='float32') * 1.0 / (1 + epoch_id)
+        return res
+
+    # the loss of the first batch against NumPy, before any training
+    first = next(ptb_reader(train_data, batch_size, num_steps))
+    h0, c0 = generate_init_data()
+    feed = prepare_input(first, h0, c0, with_lr=False)
+    out = exe.run(inference_program, feed=feed, fetch_list=[loss.name, last_hidden.name])
+    want, want_h, _ = _np_lm_loss(fluid.global_scope(), feed['x'], feed['y'], h0, c0,
+                                  num_layers)
+    assert out[0].shape == (1,)
+    np.testing.assert_allclose(out[0][0], want, rtol=1e-5)
+    np.testing.assert_allclose(out[1], want_h, rtol=1e-4, atol=1e-6)
+
+    log_interval = 2
+
+    def train_an_epoch(epoch_id):
+        total_loss = 0
+        iters = 0
+        init_hidden, init_cell = generate_init_data()
+        for batch_id, batch in enumerate(ptb_reader(train_data, batch_size, num_steps)):
+            input_data_feed = prepare_input(batch, init_hidden=init_hidden,
+                                            init_cell=init_cell, epoch_id=epoch_id)
+            fetch_outs = exe.run(main_program, feed=input_data_feed,
+                                 fetch_list=[loss.name, "learning_rate", last_hidden.name,
+                                             last_cell.name], use_program_cache=True)
+            cost_train = np.array(fetch_outs[0])
+            lr = np.array(fetch_outs[1])
+            init_hidden = np.array(fetch_outs[2])
+            init_cell = np.array(fetch_outs[3])
+            total_loss += cost_train
+            iters += num_steps
+            if batch_id > 0 and batch_id % log_interval == 0:
+                ppl = np.exp(total_loss / iters)
+                print("-- Epoch:[%d]; Batch:[%d]; ppl: %.5f, lr: %.5f" % (
+                    epoch_id, batch_id, ppl[0], lr[0]))
+            if batch_id == log_interval:
+                profiler.reset_profiler()
+        ppl = np.exp(total_loss / iters)
+        return ppl
+
+    profile_path = str(tmp_path / "paddingrnn.profile")
+    ppls = []
+    with profiler.profiler("All", 'total', profile_path):
+        for epoch_id in range(2):
+            ppls.append(train_an_epoch(epoch_id)[0])
+    for epoch_id in range(2, 4):
+        ppls.append(train_an_epoch(epoch_id)[0])
+    assert_native(exe)
+    assert ppls[-1] < ppls[0], ppls
+
+    report = open(profile_path).read()
+    printed = capsys.readouterr().out
+    assert report in printed and "-- Epoch:[0]; Batch:[2]" in printed
+    rows = [line.split() for line in report.splitlines() if line[:1].strip()]
+    header = next(i for i, r in enumerate(rows) if r[:2] == ['Event', 'Calls'])
+    events = rows[header + 1:]
+    totals = [float(r[-5]) for r in events]
+    assert events and totals == sorted(totals, reverse=True)
+    # after reset_profiler at batch 2 of each of the two profiled epochs: batches 3..5 of
+    # the first and 0..5 of the second; the training program's step ran each time
+    calls = [int(r[-6]) for r in events]
+    assert max(calls) >= 3 + 6, report
+
+    # start_profiler / stop_profiler, timing the inference program alone
+    profiler.start_profiler("CPU")
+    for _ in range(3):
+        exe.run(inference_program, feed=feed, fetch_list=[loss.name])
+    text = profiler.stop_profiler(sorted_key="calls", profile_path=None)
+    assert "Place: CPU" in text and "Sorted by calls" in text
