@@ -20,8 +20,6 @@ _DETECTION = ("object-detection op (matching, target assignment, proposals, FPN,
 
 #: why a Fluid 1.8 name is not in pdjit.layers (names not listed: "not implemented yet")
 REASONS = {
-    "SampleEmbeddingHelper": "the sampling decode helper of layers.rnn (draws the next token "
-                             "from the softmax): not implemented yet",
     **dict.fromkeys(["bipartite_match",
                      "box_decoder_and_assign", "collect_fpn_proposals",
                      "detection_map", "distribute_fpn_proposals",
