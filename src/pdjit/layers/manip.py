@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from pdjit.framework.program import Variable
-from pdjit.layers import activation, image, math_ops, shape_ops, tensor
+from pdjit.layers import image, math_ops, shape_ops, tensor
 from pdjit.layers.layer_helper import LayerHelper, check_dtype, check_variable
 
 __all__ = ["reverse", "sum", "unstack", "expand_as", "rank", "size", "crop", "crop_tensor",
@@ -114,7 +114,7 @@ def expand_as(x, target_tensor, name=None) -> Variable:
         else:
             raise ValueError(f"expand_as: each size of target_tensor {list(target_tensor.shape)} "
                              f"must be a known multiple of x's {list(x.shape)}")
-    return shape_ops.expand(x, times, name=name)
+    return _fluid_op("expand_as", {"X": x, "target_tensor": target_tensor}, {}, x.dtype, name)
 
 
 def rank(input) -> Variable:
@@ -126,8 +126,9 @@ def rank(input) -> Variable:
 def size(input) -> Variable:
     """The number of elements of ``input``, as an int64 Variable of shape ``[1]``."""
     check_variable(input, "input", "size")
-    n = shape_ops.reduce_prod(tensor.cast(image.shape(input), "int64"))
-    return shape_ops.reshape(n, [1])
+    out = _fluid_op("size", {"Input": input}, {}, "int64")
+    out.stop_gradient = True
+    return out
 
 
 def _crop(x, shape, offsets, layer: str) -> Variable:
@@ -232,8 +233,14 @@ def diag(diagonal) -> Variable:
 def _reduce_bool(x, dim, keep_dim, name, layer, reduce):
     check_variable(x, "input", layer)
     check_dtype(x, "input", ("bool",), layer)
-    r = reduce(tensor.cast(x, "int32"), dim=dim, keep_dim=keep_dim)
-    return tensor.cast(r, "bool")
+    if dim is not None and not isinstance(dim, (list, tuple)):
+        dim = [dim]
+    dims = [int(d) for d in dim] if dim else [0]
+    every = not dim or len(dims) >= max(len(x.shape), 1)
+    out = _fluid_op(layer, {"X": x}, {"dim": dims, "keep_dim": bool(keep_dim),
+                                      "reduce_all": bool(every)}, "bool", name)
+    out.stop_gradient = True
+    return out
 
 
 def reduce_all(input, dim=None, keep_dim=False, name=None) -> Variable:
@@ -264,6 +271,19 @@ def multiplex(inputs, index) -> Variable:
     return shape_ops.reduce_sum(math_ops.elementwise_mul(stacked, pick), dim=1)
 
 
+def _fluid_op(op_type, inputs, attrs, dtype, name=None, layer=None, outputs=()) -> Variable:
+    """Append Fluid's ``op_type`` with ``inputs`` ({slot: Variable}) and ``attrs``: its
+    ``Out`` (of ``dtype``) is returned; ``outputs`` names further (intermediate) outputs."""
+    helper = LayerHelper(layer or op_type, name=name)
+    out = helper.create_variable_for_type_inference(dtype)
+    outs = {"Out": [out]}
+    for slot in outputs:
+        outs[slot] = [helper.create_variable_for_type_inference(dtype, stop_gradient=True)]
+    helper.append_op(op_type, inputs={k: [v] for k, v in inputs.items()}, outputs=outs,
+                     attrs=attrs)
+    return out
+
+
 def maxout(x, groups: int, name=None, axis: int = 1) -> Variable:
     """The maximum over each run of ``groups`` consecutive channels (``axis`` 1 or -1 of a 4-D
     ``x``): ``C / groups`` channels."""
@@ -276,12 +296,8 @@ def maxout(x, groups: int, name=None, axis: int = 1) -> Variable:
     if c < 0 or groups < 1 or c % groups:
         raise ValueError(f"maxout: the channel count ({c}) must be known and divide by groups "
                          f"({groups})")
-    _known(x, [1, 2, 3], "maxout", "the channels, height and width")
-    if a == 1:
-        dims = [-1, c // groups, groups, x.shape[2], x.shape[3]]
-    else:
-        dims = [-1, x.shape[1], x.shape[2], c // groups, groups]
-    return shape_ops.reduce_max(shape_ops.reshape(x, dims), dim=a + 1)
+    return _fluid_op("maxout", {"X": x}, {"groups": int(groups), "axis": int(axis)}, x.dtype,
+                     name)
 
 
 def pixel_shuffle(x, upscale_factor: int) -> Variable:
@@ -296,9 +312,7 @@ def pixel_shuffle(x, upscale_factor: int) -> Variable:
     if c % (r * r):
         raise ValueError(f"pixel_shuffle: the channel count {c} must divide by "
                          f"upscale_factor^2 = {r * r}")
-    y = shape_ops.reshape(x, [-1, c // (r * r), r, r, h, w])
-    y = shape_ops.transpose(y, [0, 1, 4, 2, 5, 3])
-    return shape_ops.reshape(y, [-1, c // (r * r), h * r, w * r])
+    return _fluid_op("pixel_shuffle", {"X": x}, {"upscale_factor": r}, x.dtype)
 
 
 def shuffle_channel(x, group: int, name=None) -> Variable:
@@ -312,9 +326,7 @@ def shuffle_channel(x, group: int, name=None) -> Variable:
     if group < 1 or c % group:
         raise ValueError(f"shuffle_channel: the channel count {c} must divide by group "
                          f"({group})")
-    y = shape_ops.reshape(x, [-1, group, c // group, h, w])
-    y = shape_ops.transpose(y, [0, 2, 1, 3, 4])
-    return shape_ops.reshape(y, [-1, c, h, w])
+    return _fluid_op("shuffle_channel", {"X": x}, {"group": int(group)}, x.dtype, name)
 
 
 def lrn(input, n: int = 5, k: float = 1.0, alpha: float = 1e-4, beta: float = 0.75,
@@ -328,17 +340,9 @@ def lrn(input, n: int = 5, k: float = 1.0, alpha: float = 1e-4, beta: float = 0.
                          f"{list(input.shape)} and {data_format!r}")
     if n < 1:
         raise ValueError(f"lrn: argument 'n' must be >= 1, got {n}")
-    a = 1 if data_format == "NCHW" else 3
-    _known(input, [a], "lrn", "the channel count")
-    c = input.shape[a]
-    sq = math_ops.square(input)
-    pad = [0] * 8
-    pad[2 * a], pad[2 * a + 1] = (n - 1) // 2, n - 1 - (n - 1) // 2
-    padded = image.pad(sq, pad)
-    window = shape_ops.sums([shape_ops.slice(padded, [a], [i], [i + c]) for i in range(n)]) \
-        if n > 1 else sq
-    scale = math_ops.scale(window, scale=float(alpha), bias=float(k))
-    return math_ops.elementwise_mul(input, activation.pow(scale, factor=-float(beta)))
+    return _fluid_op("lrn", {"X": input}, {"n": int(n), "k": float(k), "alpha": float(alpha),
+                                           "beta": float(beta), "data_format": data_format},
+                     input.dtype, name, outputs=("MidOut",))
 
 
 def temporal_shift(x, seg_num: int, shift_ratio: float = 0.25, name=None) -> Variable:
@@ -350,20 +354,8 @@ def temporal_shift(x, seg_num: int, shift_ratio: float = 0.25, name=None) -> Var
         raise ValueError(f"temporal_shift: expected a 4-D x, seg_num >= 1 and 0 < shift_ratio "
                          f"< 0.5, got {list(x.shape)}, {seg_num}, {shift_ratio}")
     _known(x, [1, 2, 3], "temporal_shift", "the channels, height and width")
-    _, c, h, w = x.shape
-    t = int(seg_num)
-    c1, c2 = int(c * shift_ratio), int(c * 2 * shift_ratio)
-    x5 = shape_ops.reshape(x, [-1, t, c, h, w])
-    padded = image.pad(x5, [0, 0, 1, 1, 0, 0, 0, 0, 0, 0])
-    parts = []
-    if c1 > 0:
-        parts.append(shape_ops.slice(padded, [1, 2], [0, 0], [t, c1]))
-    if c2 > c1:
-        parts.append(shape_ops.slice(padded, [1, 2], [2, c1], [t + 2, c2]))
-    if c > c2:
-        parts.append(shape_ops.slice(x5, [2], [c2], [c]))
-    out = shape_ops.concat(parts, axis=2) if len(parts) > 1 else parts[0]
-    return shape_ops.reshape(out, [-1, c, h, w])
+    return _fluid_op("temporal_shift", {"X": x},
+                     {"seg_num": int(seg_num), "shift_ratio": float(shift_ratio)}, x.dtype, name)
 
 
 def unique(x, dtype="int32"):
@@ -503,11 +495,9 @@ def clip_by_norm(x, max_norm, name=None) -> Variable:
     """``x`` scaled down to L2 norm ``max_norm`` when its norm is larger, else ``x``."""
     check_variable(x, "x", "clip_by_norm")
     check_dtype(x, "x", ("float32", "float64"), "clip_by_norm")
-    norm = math_ops.sqrt(shape_ops.reduce_sum(math_ops.square(x)))
-    limit = tensor.fill_constant([1], x.dtype, float(max_norm))
-    factor = math_ops.elementwise_div(limit, math_ops.elementwise_max(
-        shape_ops.reshape(norm, [1]), limit))
-    return math_ops.elementwise_mul(x, factor)
+    if not float(max_norm) > 0:
+        raise ValueError(f"clip_by_norm: argument 'max_norm' must be > 0, got {max_norm}")
+    return _fluid_op("clip_by_norm", {"X": x}, {"max_norm": float(max_norm)}, x.dtype, name)
 
 
 def lod_append(x, level) -> Variable:
@@ -760,9 +750,7 @@ def space_to_depth(x, blocksize, name=None) -> Variable:
     if c % (b * b) or h % b or w % b:
         raise ValueError(f"space_to_depth: the channels ({c}) must divide by blocksize^2 and the "
                          f"height ({h}) and width ({w}) by blocksize ({b})")
-    y = shape_ops.reshape(x, [-1, b, b, c // (b * b), h, w])
-    y = shape_ops.transpose(y, [0, 3, 4, 1, 5, 2])               # [N, c', H, oy, W, ox]
-    return shape_ops.reshape(y, [-1, c * b * b, h // b, w // b])
+    return _fluid_op("space_to_depth", {"X": x}, {"blocksize": b}, x.dtype, name)
 
 
 def psroi_pool(input, rois, output_channels, spatial_scale, pooled_height, pooled_width,

@@ -17,7 +17,7 @@ import numpy as np
 from pdjit.framework.program import Variable
 from pdjit.layers import math_ops, misc, shape_ops, tensor
 from pdjit.layers.layer_helper import LayerHelper, check_variable
-from pdjit.layers.manip import _known, reverse
+from pdjit.layers.manip import _fluid_op, _known
 
 __all__ = ["addcmul", "addmm", "allclose", "arange", "bmm", "clamp", "cross", "dist", "dot",
            "elementwise_equal", "flip", "full", "full_like", "index_select", "index_sample",
@@ -147,8 +147,13 @@ def elementwise_equal(x, y, name=None) -> Variable:
 
 
 def flip(input, dims, name=None) -> Variable:
-    """``input`` reversed along each axis of ``dims`` (the ``reverse`` op)."""
-    return reverse(input, dims)
+    """``input`` reversed along each axis of ``dims`` (Fluid's ``flip`` op)."""
+    check_variable(input, "input", "flip")
+    if isinstance(dims, int):
+        dims = [dims]
+    if not isinstance(dims, (list, tuple)) or not dims:
+        raise TypeError(f"flip: argument 'dims' must be a non-empty list of ints, got {dims!r}")
+    return _fluid_op("flip", {"X": input}, {"dims": [int(d) for d in dims]}, input.dtype, name)
 
 
 def full(shape, fill_value, out=None, dtype=None, device=None, stop_gradient=True,
@@ -319,25 +324,24 @@ def t(input, name=None) -> Variable:
     return shape_ops.transpose(input, [1, 0]) if len(input.shape) == 2 else input
 
 
-def _tri_mask(x, diagonal, upper):
-    _known(x, [len(x.shape) - 2, len(x.shape) - 1], "tril/triu", "the last two sizes")
-    rows, cols = x.shape[-2:]
-    mask = np.triu(np.ones((rows, cols)), diagonal) if upper else \
-        np.tril(np.ones((rows, cols)), diagonal)
-    m = tensor.assign(mask.astype(np.float32))
-    return m if str(np.dtype(x.dtype)) == "float32" else tensor.cast(m, x.dtype)
-
-
 def tril(input, diagonal=0, name=None) -> Variable:
     """``input`` with the elements above its ``diagonal``-th diagonal set to 0."""
-    check_variable(input, "input", "tril")
-    return math_ops.elementwise_mul(input, _tri_mask(input, diagonal, False))
+    return _tril_triu(input, diagonal, True, name, "tril")
 
 
 def triu(input, diagonal=0, name=None) -> Variable:
     """``input`` with the elements below its ``diagonal``-th diagonal set to 0."""
-    check_variable(input, "input", "triu")
-    return math_ops.elementwise_mul(input, _tri_mask(input, diagonal, True))
+    return _tril_triu(input, diagonal, False, name, "triu")
+
+
+def _tril_triu(x, diagonal, lower, name, layer) -> Variable:
+    check_variable(x, "input", layer)
+    if len(x.shape) < 2:
+        raise ValueError(f"{layer}: input must have rank >= 2, got shape {list(x.shape)}")
+    if isinstance(diagonal, bool) or not isinstance(diagonal, int):
+        raise TypeError(f"{layer}: argument 'diagonal' must be an int, got {diagonal!r}")
+    return _fluid_op("tril_triu", {"X": x}, {"diagonal": diagonal, "lower": lower}, x.dtype,
+                     name, layer=layer)
 
 
 def trace(input, offset=0, dim1=0, dim2=1, name=None) -> Variable:

@@ -1,0 +1,54 @@
+"""Samples (see ``op_samples.py``) of the ops Fluid 1.8's layers append under names of their
+own (``src/pdjit/ops/fluid_layer_ops.py``). Imported at the end of ``op_samples.py``."""
+from __future__ import annotations
+
+import numpy as np
+from op_samples import I64, S, add, distinct, pos, probs, u
+
+add("label_smooth",
+    S(lambda r: {"X": probs(r, (2, 3))}, {"epsilon": 0.1}, grad=["X"]),
+    S(lambda r: {"X": probs(r, (2, 3)), "PriorDist": probs(r, (1, 3))}, {"epsilon": 0.2},
+      grad=["X"]))
+add("maxout",
+    S(lambda r: {"X": distinct(r, (2, 4, 2, 2))}, {"groups": 2, "axis": 1}, grad=["X"]),
+    S(lambda r: {"X": distinct(r, (1, 2, 2, 6))}, {"groups": 3, "axis": -1}, grad=["X"]))
+add("lrn",
+    S(lambda r: {"X": u(r, (2, 5, 2, 2))},
+      {"n": 3, "k": 1.0, "alpha": 0.1, "beta": 0.75, "data_format": "NCHW"}, grad=["X"]),
+    S(lambda r: {"X": u(r, (1, 2, 2, 4))},
+      {"n": 4, "k": 2.0, "alpha": 0.2, "beta": 0.5, "data_format": "NHWC"}, grad=["X"]))
+add("pixel_shuffle", S(lambda r: {"X": u(r, (1, 8, 2, 3))}, {"upscale_factor": 2},
+                       grad=["X"]))
+add("shuffle_channel", S(lambda r: {"X": u(r, (2, 6, 2, 2))}, {"group": 3}, grad=["X"]))
+add("space_to_depth", S(lambda r: {"X": u(r, (1, 4, 4, 2))}, {"blocksize": 2}, grad=["X"]))
+add("temporal_shift", S(lambda r: {"X": u(r, (4, 4, 2, 2))},
+                        {"seg_num": 2, "shift_ratio": 0.25}, grad=["X"]))
+add("pad2d",
+    S(lambda r: {"X": u(r, (1, 2, 3, 3))},
+      {"paddings": [1, 0, 2, 1], "mode": "constant", "pad_value": 0.5}, grad=["X"]),
+    S(lambda r: {"X": u(r, (1, 2, 3, 3))}, {"paddings": [2, 1, 0, 2], "mode": "reflect"},
+      grad=["X"]),
+    S(lambda r: {"X": u(r, (1, 3, 3, 2))},
+      {"paddings": [1, 2, 1, 0], "mode": "edge", "data_format": "NHWC"}, grad=["X"]),
+    S(lambda r: {"X": u(r, (1, 1, 2, 3)), "Paddings": np.array([0, 1, 1, 0], np.int32)},
+      {"mode": "constant"}))
+add("flip", S(lambda r: {"X": u(r, (2, 3, 4))}, {"dims": [0, 2]}, grad=["X"]))
+add("tril_triu",
+    S(lambda r: {"X": u(r, (2, 3, 4))}, {"diagonal": 1, "lower": True}, grad=["X"]),
+    S(lambda r: {"X": u(r, (3, 4))}, {"diagonal": -1, "lower": False}, grad=["X"]))
+add("expand_as", S(lambda r: {"X": u(r, (2, 1, 3)), "target_tensor": u(r, (2, 4, 3))},
+                   grad=["X"]))
+add("reduce_all",
+    S(lambda r: {"X": r.uniform(size=(2, 3)) > 0.3}, {"dim": [1]}),
+    S(lambda r: {"X": np.ones((2, 3), bool)}, {"dim": [0], "reduce_all": True}))
+add("reduce_any",
+    S(lambda r: {"X": r.uniform(size=(2, 3)) > 0.7}, {"dim": [0], "keep_dim": True}),
+    S(lambda r: {"X": np.zeros((2, 3), bool)}, {"reduce_all": True}))
+add("size", S(lambda r: {"Input": u(r, (2, 3, 4))}))
+add("clip_by_norm",
+    S(lambda r: {"X": pos(r, (2, 3))}, {"max_norm": 1.0}),
+    S(lambda r: {"X": u(r, (2, 3)) * 0.1}, {"max_norm": 2.0}))
+add("one_hot",
+    S(lambda r: {"X": r.integers(0, 4, (3, 1)).astype(I64)}, {"depth": 4, "dtype": 5}),
+    S(lambda r: {"X": np.array([[1], [5]], I64)},
+      {"depth": 3, "dtype": 6, "allow_out_of_range": True}))
