@@ -52,3 +52,7 @@ add("one_hot",
     S(lambda r: {"X": r.integers(0, 4, (3, 1)).astype(I64)}, {"depth": 4, "dtype": 5}),
     S(lambda r: {"X": np.array([[1], [5]], I64)},
       {"depth": 3, "dtype": 6, "allow_out_of_range": True}))
+add("temporal_shift", S(lambda r: {"X": u(r, (4, 2, 2, 4))},
+                        {"seg_num": 2, "shift_ratio": 0.25, "data_format": "NHWC"},
+                        grad=["X"]))
+add("flip", S(lambda r: {"X": u(r, (2, 3))}, {"axis": [1]}, grad=["X"]))

@@ -11,14 +11,16 @@ with Fluid 1.8's slots and attributes, its shape rule, its NumPy semantics and i
 - Rearrangements, each one index map (the gradient adds each output's gradient into the
   input element it read): ``pixel_shuffle`` (``upscale_factor``), ``shuffle_channel``
   (``group``), ``space_to_depth`` (``blocksize``, darknet's reorg as Fluid computes it),
-  ``temporal_shift`` (``seg_num``, ``shift_ratio``), ``pad2d`` (``paddings`` ``[top, bottom,
-  left, right]`` or the ``Paddings`` input, ``mode`` constant / reflect / edge, ``pad_value``,
-  ``data_format``), ``flip`` (``dims``), ``tril_triu`` (``diagonal``, ``lower``), ``expand_as``
-  (``X`` tiled to ``target_tensor``'s shape).
+  ``temporal_shift`` (``seg_num``, ``shift_ratio``, ``data_format``), ``pad2d``
+  (``paddings`` ``[top, bottom, left, right]`` or the ``Paddings`` input, ``mode`` constant /
+  reflect / edge, ``pad_value``, ``data_format``), ``flip`` (``dims``, or 2.x's ``axis``),
+  ``tril_triu`` (``diagonal``, ``lower``), ``expand_as`` (``X`` tiled to
+  ``target_tensor``'s shape).
 - ``reduce_all`` / ``reduce_any`` (bool, Fluid's ``dim`` / ``keep_dim`` / ``reduce_all``),
-  ``size`` (int64 ``[1]``: the element count of ``Input``), ``clip_by_norm`` (``X`` scaled to
-  L2 norm ``max_norm`` when larger), ``one_hot`` (Fluid 1.x's: ids ``[..., 1]`` to ``[...,
-  depth]``, ``depth`` or the ``depth_tensor`` input, ``allow_out_of_range``): no gradient.
+  ``size`` (int64: the element count of ``Input``, ``[1]`` from a Fluid 1.x layer),
+  ``clip_by_norm`` (``X`` scaled to L2 norm ``max_norm`` when larger), ``one_hot`` (Fluid
+  1.x's: ids ``[..., 1]`` to ``[..., depth]``, ``depth`` or the ``depth_tensor`` input,
+  ``allow_out_of_range``): no gradient.
 
 None of them is lowered to native code (``emit=None``): a compiled plan runs each as a host
 step of its NumPy definition.
@@ -382,8 +384,11 @@ _register_index_op(
 
 # temporal_shift: [N T, C, H, W]; the first C * ratio channels from the previous segment, the
 # next as many from the following one (zeros past either end)
-def _ts_infer(X, *, seg_num, shift_ratio):
+def _ts_infer(X, *, seg_num, shift_ratio, data_format):
     _known4("temporal_shift", X, "X")
+    if data_format not in ("NCHW", "NHWC"):
+        raise _bad("temporal_shift", f"expected data_format 'NCHW' or 'NHWC', got "
+                                     f"{data_format!r}")
     if seg_num < 1 or not 0 < shift_ratio < 0.5:
         raise _bad("temporal_shift", f"expected seg_num >= 1 and 0 < shift_ratio < 0.5, got "
                                      f"{seg_num} and {shift_ratio}")
@@ -391,10 +396,14 @@ def _ts_infer(X, *, seg_num, shift_ratio):
     return {"Out": X}
 
 
-def _ts_arrange(X, fill, *, seg_num, shift_ratio):
+def _ts_arrange(X, fill, *, seg_num, shift_ratio, data_format):
     if X.ndim != 4 or X.shape[0] % seg_num:
         raise _bad("temporal_shift", f"expected a 4-D X whose batch divides by seg_num "
                                      f"({seg_num}), got {list(X.shape)}")
+    if data_format == "NHWC":
+        out = _ts_arrange(np.ascontiguousarray(X.transpose(0, 3, 1, 2)), fill, seg_num=seg_num,
+                          shift_ratio=shift_ratio, data_format="NCHW")
+        return np.ascontiguousarray(out.transpose(0, 2, 3, 1))
     nt, c, h, w = X.shape
     t = seg_num
     ratio = _f32(shift_ratio)
@@ -409,7 +418,8 @@ def _ts_arrange(X, fill, *, seg_num, shift_ratio):
 
 _register_index_op(
     "temporal_shift", inputs=["X"],
-    attrs={"seg_num": Int(1, choices=(1, 2)), "shift_ratio": Float(0.25, low=0.25, high=0.25)},
+    attrs={"seg_num": Int(1, choices=(1, 2)), "shift_ratio": Float(0.25, low=0.25, high=0.25),
+           "data_format": Str("NCHW", choices=("NCHW", "NHWC"))},
     infer=_ts_infer, arrange=_ts_arrange,
     doc="TSM's temporal shift of [N T, C, H, W] by one segment for two channel slices.")
 
@@ -467,8 +477,11 @@ _register_index_op(
     doc="A 4-D tensor padded along H and W (constant, reflect or edge).")
 
 
-# flip: reversed along dims
-def _flip_infer(X, *, dims):
+# flip: reversed along dims (Fluid 1.8's attribute) or axis (PaddlePaddle 2.x's)
+def _flip_infer(X, *, dims, axis):
+    dims = list(axis) or list(dims)
+    if not dims:
+        raise _bad("flip", "expected the axes to reverse in dims or axis, got neither")
     for d in dims:
         norm_axis(d, X.ndim, "flip: dims")
     if len({d % max(X.ndim, 1) for d in dims}) != len(dims):
@@ -476,13 +489,16 @@ def _flip_infer(X, *, dims):
     return {"Out": X}
 
 
-def _flip_arrange(X, fill, *, dims):
+def _flip_arrange(X, fill, *, dims, axis):
+    dims = list(axis) or list(dims)
     return np.ascontiguousarray(np.flip(X, [norm_axis(d, X.ndim, "flip: dims") for d in dims]))
 
 
 _register_index_op(
-    "flip", inputs=["X"], attrs={"dims": Ints([0], choices=([0], [0, 1]), axis_of="X")},
-    infer=_flip_infer, arrange=_flip_arrange, doc="X reversed along each of dims.")
+    "flip", inputs=["X"], attrs={"dims": Ints([0], choices=([0], [0, 1]), axis_of="X"),
+                                 "axis": Ints([], choices=([], [1]), axis_of="X")},
+    infer=_flip_infer, arrange=_flip_arrange,
+    doc="X reversed along each of axis (PaddlePaddle 2.x) or, when axis is empty, dims.")
 
 
 # tril_triu: the lower (or upper) triangle of the last two axes, from diagonal on
@@ -568,9 +584,10 @@ _make_bool_reduce("reduce_any", np.any)
 # ---- size, clip_by_norm, one_hot ---------------------------------------------------------------
 register_op(
     "size", inputs=["Input"], outputs=["Out"], traits=[OPAQUE],
-    infer_shape=lambda Input: {"Out": VarMeta((1,), INT64)},
-    reference=lambda Input: {"Out": np.array([np.asarray(Input).size], np.int64)},
-    emit=None, grad=None, doc="The element count of Input, int64 [1].")
+    infer_shape=lambda Input: {"Out": VarMeta((), INT64)},
+    reference=lambda Input: {"Out": np.array(np.asarray(Input).size, np.int64)},
+    emit=None, grad=None,
+    doc="The element count of Input, int64 (0-d; [1] where a Fluid 1.x builder declares it).")
 
 
 def _cbn_infer(X, *, max_norm):

@@ -1,0 +1,220 @@
+"""The ops Fluid 1.8's layers append under names of their own (``ops/fluid_layer_ops.py``):
+an inference model PaddlePaddle 3.3.1 saved with them (``tests/fixtures/paddle/
+fluid_layer_ops.*``, recorded by ``tests/fixtures/make_fluid_layer_ops_fixture.py``) loads and
+runs, its outputs and the gradients pdjit's backward pass computes on it equal Paddle's; the
+values equal NumPy written here; and the layers append these op types."""
+import json
+
+import numpy as np
+import pytest
+
+import pdjit as fluid
+from pdjit.testing import check_output
+
+PADDLE = __import__("pathlib").Path(__file__).parents[1] / "fixtures" / "paddle"
+
+# the ops run their NumPy definitions in compiled plans, by design
+pytestmark = pytest.mark.filterwarnings(
+    "ignore::pdjit.framework.errors.ReferenceStepWarning")
+
+
+# ---- NumPy, written here -----------------------------------------------------------------------
+def np_maxout(x, groups, axis):
+    x = np.moveaxis(x, axis, 1)
+    n, c, h, w = x.shape
+    out = np.empty((n, c // groups, h, w), x.dtype)
+    for i in range(c // groups):
+        out[:, i] = x[:, i * groups:(i + 1) * groups].max(axis=1)
+    return np.moveaxis(out, 1, axis)
+
+
+def np_lrn(x, n, k, alpha, beta):
+    c = x.shape[1]
+    mid = np.full(x.shape, k, np.float64)
+    for ch in range(c):
+        for j in range(ch - (n - 1) // 2, ch - (n - 1) // 2 + n):
+            if 0 <= j < c:
+                mid[:, ch] += alpha * x[:, j].astype(np.float64) ** 2
+    return x * mid ** -beta
+
+
+def np_pixel_shuffle(x, r):
+    n, c, h, w = x.shape
+    out = np.empty((n, c // (r * r), h * r, w * r), x.dtype)
+    for co in range(c // (r * r)):
+        for i in range(r):
+            for j in range(r):
+                out[:, co, i::r, j::r] = x[:, co * r * r + i * r + j]
+    return out
+
+
+def np_shuffle_channel(x, group):
+    c = x.shape[1]
+    m = c // group
+    out = np.empty_like(x)
+    for gi in range(group):
+        for k in range(m):
+            out[:, k * group + gi] = x[:, gi * m + k]
+    return out
+
+
+def np_temporal_shift(x, seg_num, ratio):
+    nt, c, h, w = x.shape
+    c1, c2 = int(c * ratio), int(c * 2 * ratio)
+    out = np.zeros_like(x)
+    for b in range(nt // seg_num):
+        for t in range(seg_num):
+            row = b * seg_num + t
+            if t > 0:
+                out[row, :c1] = x[row - 1, :c1]
+            if t < seg_num - 1:
+                out[row, c1:c2] = x[row + 1, c1:c2]
+            out[row, c2:] = x[row, c2:]
+    return out
+
+
+def np_space_to_depth(x, b):
+    """Fluid's (darknet's reorg): channel (oy * b + ox) * C' + c at (j, i) goes to row
+    j * b + oy, column i * b + ox of channel c of an [N, C', H b, W b] array, read as
+    [N, C b^2, H / b, W / b]."""
+    n, c, h, w = x.shape
+    cp = c // (b * b)
+    big = np.empty((n, cp, h * b, w * b), x.dtype)
+    for oy in range(b):
+        for ox in range(b):
+            for ch in range(cp):
+                big[:, ch, oy::b, ox::b] = x[:, (oy * b + ox) * cp + ch]
+    return big.reshape(n, c * b * b, h // b, w // b)
+
+
+def np_label_smooth(x, eps, prior=None):
+    return (1 - eps) * x + eps * (prior if prior is not None else 1.0 / x.shape[-1])
+
+
+# ---- PaddlePaddle's saved model ---------------------------------------------------------------
+def test_a_model_paddle_saved_with_these_ops_runs_and_differentiates_as_paddle():
+    meta = json.loads((PADDLE / "fluid_layer_ops.json").read_text())
+    io = np.load(PADDLE / "fluid_layer_ops_io.npz")
+    exe = fluid.Executor(fluid.CPUPlace())
+    scope = fluid.Scope()
+    with fluid.scope_guard(scope):
+        program, feed_names, fetch_targets = fluid.io.load_inference_model(
+            str(PADDLE / "fluid_layer_ops.pdmodel"), exe)
+    types = {op.type for op in program.global_block().ops}
+    assert {"label_smooth", "maxout", "lrn", "pixel_shuffle", "shuffle_channel",
+            "temporal_shift", "flip", "tril_triu", "clip_by_norm", "size", "reduce_all",
+            "reduce_any"} <= types
+    feed = {n: io[n] for n in feed_names}
+    got = exe.run(program, feed=feed, fetch_list=fetch_targets, scope=scope)
+    assert [t.name for t in fetch_targets] == [meta["fetch"][f"out_{i}"]
+                                               for i in range(len(fetch_targets))]
+    for i, value in enumerate(got):
+        want = io[f"out_{i}"]
+        assert value.dtype == want.dtype and value.shape == want.shape, (i, value.shape)
+        np.testing.assert_allclose(value, want, rtol=1e-5, atol=1e-6, err_msg=f"out_{i}")
+
+    # the same values from NumPy written here
+    x = {n: io[f"{n}_x"] for n in meta["cases"]}
+    np.testing.assert_array_equal(got[0], np_maxout(x["maxout"], 3, 1))
+    np.testing.assert_array_equal(got[1], np_maxout(x["maxout_last"], 2, 3))
+    np.testing.assert_allclose(got[2], np_lrn(x["lrn"], 5, 1.0, 0.05, 0.75), rtol=1e-5)
+    np.testing.assert_array_equal(got[3], np_pixel_shuffle(x["pixel_shuffle"], 2))
+    np.testing.assert_array_equal(got[4], np_shuffle_channel(x["shuffle_channel"], 3))
+    np.testing.assert_array_equal(got[5], np_temporal_shift(x["temporal_shift"], 2, 0.25))
+    np.testing.assert_array_equal(got[6], x["flip"][::-1, :, ::-1])
+    np.testing.assert_array_equal(got[7], np.tril(x["tril"], 1))
+    np.testing.assert_array_equal(got[8], np.triu(x["triu"], -1))
+    norm = np.sqrt((x["clip_by_norm"].astype(np.float64) ** 2).sum())
+    np.testing.assert_allclose(got[9], x["clip_by_norm"] / max(norm, 1.0), rtol=1e-6)
+    np.testing.assert_allclose(got[10], np_label_smooth(x["label_smooth"], 0.1), rtol=1e-6)
+    np.testing.assert_allclose(got[11], np_label_smooth(io["prior_y"], 0.2, io["prior_p"]),
+                               rtol=1e-6)
+    np.testing.assert_array_equal(got[12], io["flags"].all(axis=1))
+    np.testing.assert_array_equal(got[13], io["flags"].any(axis=0, keepdims=True))
+    assert got[14].shape == () and int(got[14]) == x["maxout"].size     # 0-d, as 3.x saved it
+
+    # pdjit's backward pass on Paddle's program: the gradients of sum(w * out) equal Paddle's
+    block = program.global_block()
+    with fluid.program_guard(program, fluid.Program()):
+        grads_of = [(n, block.var(f"{n}_x"), target) for n, target in
+                    zip(meta["cases"], fetch_targets) if f"grad_{n}" in io]
+        losses = []
+        for n, _, out in grads_of:
+            w = fluid.layers.assign(io[f"w_{n}"])
+            losses.append(fluid.layers.reduce_sum(fluid.layers.elementwise_mul(out, w)))
+        grads = fluid.gradients([fluid.layers.sums(losses)], [v for _, v, _ in grads_of])
+    got = exe.run(program, feed=feed, fetch_list=grads, scope=scope)
+    assert len(grads_of) == 10
+    for (n, _, _), g in zip(grads_of, got):
+        if n == "shuffle_channel":
+            # Paddle 3.3.1's shuffle_channel_grad applies the forward permutation to the output
+            # gradient again; the gradient is its inverse (they agree only when group equals
+            # C / group). pdjit gives the inverse, as finite differences do (op_samples).
+            w = io["w_shuffle_channel"]
+            np.testing.assert_array_equal(io["grad_shuffle_channel"], np_shuffle_channel(w, 3))
+            np.testing.assert_array_equal(g, np_shuffle_channel(w, 2))   # C/g = 2: the inverse
+            continue
+        np.testing.assert_allclose(g, io[f"grad_{n}"], rtol=1e-5, atol=1e-6, err_msg=n)
+
+
+# ---- pdjit's layers append the Fluid op types -------------------------------------------------
+def test_layers_append_fluids_op_types_and_compute_what_numpy_does(fresh_programs, tmp_path):
+    main, _ = fresh_programs
+    L = fluid.layers
+    img = L.data(name="img", shape=[8, 4, 4], dtype="float32")
+    vid = L.data(name="vid", shape=[4, 2, 2], dtype="float32")
+    prob = L.data(name="prob", shape=[5], dtype="float32")
+    ids = L.data(name="ids", shape=[1], dtype="int64")
+    outs = [L.maxout(img, groups=2), L.lrn(img, n=3, k=2.0, alpha=0.1, beta=0.5),
+            L.pixel_shuffle(img, 2), L.shuffle_channel(img, 4), L.space_to_depth(img, 2),
+            L.temporal_shift(vid, seg_num=2, shift_ratio=0.25),
+            L.label_smooth(prob, epsilon=0.1), L.one_hot(ids, depth=5),
+            L.clip_by_norm(prob, max_norm=0.5), L.size(img), L.flip(img, [1]),
+            L.triu(L.reshape(prob, [-1, 5]), 1),
+            L.expand_as(prob, L.concat([prob, prob], axis=1))]
+    types = [op.type for op in main.global_block().ops]
+    for t in ("maxout", "lrn", "pixel_shuffle", "shuffle_channel", "space_to_depth",
+              "temporal_shift", "label_smooth", "one_hot", "clip_by_norm", "size", "flip",
+              "tril_triu", "expand_as"):
+        assert t in types, (t, types)
+    rng = np.random.default_rng(5)
+    feed = {"img": rng.uniform(-1, 1, (2, 8, 4, 4)).astype("float32"),
+            "vid": rng.uniform(-1, 1, (4, 4, 2, 2)).astype("float32"),
+            "prob": rng.dirichlet(np.ones(5), 2).astype("float32"),
+            "ids": np.array([[3], [0]], np.int64)}
+    exe = fluid.Executor(fluid.CPUPlace())
+    got = exe.run(main, feed=feed, fetch_list=outs)
+    x, p = feed["img"], feed["prob"]
+    want = [np_maxout(x, 2, 1), np_lrn(x, 3, 2.0, 0.1, 0.5), np_pixel_shuffle(x, 2),
+            np_shuffle_channel(x, 4), np_space_to_depth(x, 2),
+            np_temporal_shift(feed["vid"], 2, 0.25), np_label_smooth(p, 0.1),
+            np.eye(5, dtype="float32")[[3, 0]],
+            p * min(1.0, 0.5 / np.sqrt((p.astype(np.float64) ** 2).sum())),
+            np.array([x.size]), x[:, ::-1], np.triu(p, 1), np.tile(p, (1, 2))]
+    for i, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6, err_msg=f"output {i}")
+    assert got[9].shape == (1,) and got[9].dtype == np.int64
+
+    # saved and loaded, the program keeps the op types and computes the same
+    fluid.io.save_inference_model(str(tmp_path / "m"), ["img", "vid", "prob", "ids"], outs,
+                                  exe, main_program=main)
+    with fluid.scope_guard(fluid.Scope()):
+        program, names, targets = fluid.io.load_inference_model(str(tmp_path / "m"), exe)
+        assert {"maxout", "lrn", "label_smooth", "one_hot"} <= {
+            op.type for op in program.global_block().ops}
+        again = exe.run(program, feed=feed, fetch_list=targets)
+    for g, a in zip(got, again):
+        np.testing.assert_array_equal(g, a)
+
+
+def test_maxout_gradient_goes_to_the_first_maximum_and_lrn_errors_name_the_op():
+    x = np.array([[[[1.0]], [[3.0]], [[3.0]], [[2.0]]]])          # [1, 4, 1, 1], a tie
+    check_output("maxout", {"X": x}, {"groups": 2, "axis": 1},
+                 {"Out": np.array([[[[3.0]], [[3.0]]]])})
+    from pdjit.testing import run_op
+    g = run_op("maxout_grad", {"X": x, "Out": np.array([[[[3.0]], [[3.0]]]]),
+                               "Out@GRAD": np.array([[[[1.0]], [[2.0]]]])},
+               {"groups": 2, "axis": 1})["X@GRAD"]
+    np.testing.assert_array_equal(g.reshape(-1), [0.0, 1.0, 2.0, 0.0])
+    with pytest.raises(Exception, match="lrn"):
+        fluid.layers.lrn(fluid.layers.data(name="v", shape=[3], dtype="float32"))
