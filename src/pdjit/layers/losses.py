@@ -1,8 +1,8 @@
 """Fluid 1.8's ranking, recommendation and metric-learning losses: ``rank_loss``,
 ``margin_rank_loss``, ``bpr_loss``, ``teacher_student_sigmoid_loss`` (each appends the op of its
-name, see ``pdjit.ops.loss_rank``), and the losses Fluid 1.8 composes from other layers:
-``npair_loss``, ``mse_loss``, ``dice_loss`` and ``label_smooth`` (the last as ``scale`` /
-``elementwise_add`` where Fluid appends a ``label_smooth`` op computing the same values); and
+name, see ``pdjit.ops.loss_rank``), the losses Fluid 1.8 composes from other layers:
+``npair_loss``, ``mse_loss``, ``dice_loss``; ``label_smooth`` (its own op,
+``pdjit.ops.fluid_layer_ops``); and
 ``hsigmoid`` (``pdjit.ops.hsigmoid``), ``nce`` (``pdjit.ops.nce``), ``sigmoid_focal_loss``
 (``pdjit.ops.detection_basic``) and ``center_loss`` (``pdjit.ops.center_loss``).
 """
