@@ -56,3 +56,44 @@ add("temporal_shift", S(lambda r: {"X": u(r, (4, 2, 2, 4))},
                         {"seg_num": 2, "shift_ratio": 0.25, "data_format": "NHWC"},
                         grad=["X"]))
 add("flip", S(lambda r: {"X": u(r, (2, 3))}, {"axis": [1]}, grad=["X"]))
+add("roll",
+    S(lambda r: {"X": u(r, (2, 3, 4))}, {"shifts": [1, -2], "axis": [0, 2]}, grad=["X"]),
+    S(lambda r: {"X": u(r, (2, 3))}, {"shifts": [2], "dims": [1]}, grad=["X"]),
+    S(lambda r: {"X": u(r, (2, 3))}, {"shifts": [-1]}, grad=["X"]))
+add("index_sample", S(lambda r: {"X": u(r, (3, 4)), "Index": r.integers(0, 4, (3, 2))},
+                      grad=["X"]))
+add("crop_tensor",
+    S(lambda r: {"X": u(r, (3, 4))}, {"shape": [2, -1], "offsets": [1, 1]}, grad=["X"]),
+    S(lambda r: {"X": u(r, (3, 4)), "Shape": np.array([2, 2], np.int32),
+                 "Offsets": np.array([0, 1], np.int32)}, grad=["X"]))
+add("crop",
+    S(lambda r: {"X": u(r, (3, 4)), "Y": u(r, (2, 2))}, {"offsets": [1, 2]}, grad=["X"]),
+    S(lambda r: {"X": u(r, (3, 4))}, {"shape": [1, 3], "offsets": [2, 0]}, grad=["X"]))
+add("diag", S(lambda r: {"Diagonal": u(r, (3,))}, grad=["Diagonal"]))
+add("kron",
+    S(lambda r: {"X": u(r, (2, 3)), "Y": u(r, (3, 2))}, grad=["X", "Y"]),
+    S(lambda r: {"X": u(r, (2,)), "Y": u(r, (2, 2))}, grad=["X", "Y"]))
+add("trace",
+    S(lambda r: {"Input": u(r, (3, 4))}, {"offset": 1}, grad=["Input"]),
+    S(lambda r: {"Input": u(r, (2, 3, 4))}, {"offset": -1, "axis1": 1, "axis2": 2},
+      grad=["Input"]),
+    S(lambda r: {"Input": u(r, (3, 2, 3))}, {"dim1": 0, "dim2": 2}, grad=["Input"]))
+add("cross",
+    S(lambda r: {"X": u(r, (2, 3)), "Y": u(r, (2, 3))}, grad=["X", "Y"]),
+    S(lambda r: {"X": u(r, (3, 3)), "Y": u(r, (3, 3))}, {"dim": 0}, grad=["X", "Y"]))
+add("addmm", S(lambda r: {"Input": u(r, (1, 4)), "X": u(r, (2, 3)), "Y": u(r, (3, 4))},
+               {"Alpha": 2.0, "Beta": 0.5}, grad=["Input", "X", "Y"]))
+add("bilinear_tensor_product",
+    S(lambda r: {"X": u(r, (2, 3)), "Y": u(r, (2, 4)), "Weight": u(r, (5, 3, 4)),
+                 "Bias": u(r, (1, 5))}, grad=["X", "Y", "Weight", "Bias"]),
+    S(lambda r: {"X": u(r, (2, 2)), "Y": u(r, (2, 3)), "Weight": u(r, (1, 2, 3))},
+      grad=["X", "Y", "Weight"]))
+add("affine_grid",
+    S(lambda r: {"Theta": u(r, (2, 2, 3))}, {"output_shape": [2, 1, 3, 4]}, grad=["Theta"],
+      out="Output"),
+    S(lambda r: {"Theta": u(r, (1, 2, 3)), "OutputShape": np.array([1, 1, 2, 3], np.int32)},
+      {"align_corners": False}, grad=["Theta"], out="Output"))
+add("eye", S(lambda r: {}, {"num_rows": 2, "num_columns": 3}),
+    S(lambda r: {}, {"num_rows": 3, "dtype": 6}))
+add("shard_index", S(lambda r: {"X": np.array([[0], [3], [7], [5]], I64)},
+                     {"index_num": 8, "nshards": 3, "shard_id": 1, "ignore_value": -1}))

@@ -638,3 +638,491 @@ register_op(
     traits=[OPAQUE], infer_shape=_oh_infer, reference=_oh_ref, emit=None, grad=None,
     domain={"X": "positive"},
     doc="Fluid 1.x's one_hot: ids [..., 1] to rows [..., depth] of zeros and a one.")
+
+
+# ---- roll, index_sample, crop_tensor, crop (index maps) ----------------------------------------
+def _roll_axes(op, ndim, shifts, dims, axis):
+    axes = list(axis) or list(dims)
+    if axes and len(axes) != len(shifts):
+        raise _bad(op, f"expected one shift per axis, got shifts {list(shifts)} and axes {axes}")
+    if not axes and len(shifts) != 1:
+        raise _bad(op, f"expected one shift for the flattened tensor, got {list(shifts)}")
+    return [norm_axis(a, ndim, f"{op}: axis") for a in axes]
+
+
+def _roll_infer(X, *, shifts, dims, axis):
+    _roll_axes("roll", X.ndim, shifts, dims, axis)
+    return {"Out": X}
+
+
+def _roll_arrange(X, fill, *, shifts, dims, axis):
+    axes = _roll_axes("roll", X.ndim, shifts, dims, axis)
+    if not axes:
+        return np.roll(X.reshape(-1), shifts[0]).reshape(X.shape)
+    return np.roll(X, list(shifts), axes)
+
+
+_register_index_op(
+    "roll", inputs=["X"],
+    attrs={"shifts": Ints([1], choices=([1], [-2])),
+           "dims": Ints([], choices=([], [0]), axis_of="X"),
+           "axis": Ints([], choices=([],), axis_of="X")},
+    infer=_roll_infer, arrange=_roll_arrange,
+    doc="X shifted circularly by shifts along axis (PaddlePaddle 2.x) or dims (Fluid 1.8); "
+        "the flattened X when both are empty.")
+
+
+def _is_infer(X, Index):
+    check_dtype(Index, (np.dtype(np.int32), INT64), "index_sample: input Index")
+    if X.ndim != 2 or Index.ndim != 2:
+        raise _bad("index_sample", f"expected X [N, C] and Index [N, K], got {list(X.shape)} "
+                                   f"and {list(Index.shape)}")
+    return {"Out": X.with_(shape=(X.shape[0], Index.shape[1]))}
+
+
+def _is_arrange(X, fill, *, Index):
+    if X.ndim != 2 or Index.ndim != 2 or X.shape[0] != Index.shape[0]:
+        raise _bad("index_sample", f"expected X [N, C] and Index [N, K], got {list(X.shape)} "
+                                   f"and {list(Index.shape)}")
+    if Index.size and (Index.min() < 0 or Index.max() >= X.shape[1]):
+        raise IndexError(f"index_sample: Index holds {int(Index.min())}..{int(Index.max())}, "
+                         f"expected 0..{X.shape[1] - 1}")
+    return np.take_along_axis(X, Index.astype(np.int64), axis=1)
+
+
+_register_index_op(
+    "index_sample", inputs=["X", "Index"], attrs={}, infer=_is_infer, arrange=_is_arrange,
+    extra=("Index",), doc="Out[i, j] = X[i, Index[i, j]].")
+
+
+def _crop_box(op, xshape, shape, offsets):
+    shape, offsets = [int(s) for s in shape], [int(o) for o in offsets] or [0] * len(xshape)
+    if len(shape) != len(xshape) or len(offsets) != len(xshape):
+        raise _bad(op, f"expected shape and offsets of {len(xshape)} values, got {shape} and "
+                       f"{offsets}")
+    out = []
+    for d, (n, s, o) in enumerate(zip(xshape, shape, offsets)):
+        s = n - o if s == -1 and n >= 0 else s
+        if o < 0 or (n >= 0 and s >= 0 and o + s > n) or s < -1:
+            raise _bad(op, f"dimension {d}: expected 0 <= offset and offset + size <= {n}, got "
+                           f"offset {o}, size {s}")
+        out.append(s)
+    return out, offsets
+
+
+def _values(v):
+    return [int(a) for a in np.asarray(v).reshape(-1)]
+
+
+def _ct_infer(X, Shape=None, Offsets=None, *, shape, offsets):
+    if Shape is not None:
+        return {"Out": X.with_(shape=(-1,) * X.ndim)}
+    if Offsets is not None:
+        return {"Out": X.with_(shape=tuple(s if s >= 0 else -1 for s in shape))}
+    out, _ = _crop_box("crop_tensor", X.shape, shape, offsets)
+    return {"Out": X.with_(shape=tuple(out))}
+
+
+def _crop_slices(op, X, shape, offsets):
+    out, offsets = _crop_box(op, X.shape, shape, offsets)
+    return X[tuple(slice(o, o + s) for o, s in zip(offsets, out))]
+
+
+def _ct_arrange(X, fill, *, Shape=None, Offsets=None, shape, offsets):
+    return np.ascontiguousarray(_crop_slices(
+        "crop_tensor", X, _values(Shape) if Shape is not None else shape,
+        _values(Offsets) if Offsets is not None else offsets))
+
+
+_register_index_op(
+    "crop_tensor", inputs=["X", "Shape?", "Offsets?"],
+    attrs={"shape": Ints([], choices=([],)), "offsets": Ints([], choices=([],))},
+    infer=_ct_infer, arrange=_ct_arrange, extra=("Shape", "Offsets"),
+    doc="The block of X of size shape (-1: to the end) at offsets (attributes or the Shape "
+        "and Offsets inputs).")
+
+
+def _crop_infer(X, Y=None, Offsets=None, *, shape, offsets):
+    if Y is not None:
+        if Y.ndim != X.ndim:
+            raise _bad("crop", f"expected Y of X's rank {X.ndim}, got {list(Y.shape)}")
+        return {"Out": X.with_(shape=Y.shape)}
+    if len(shape) != X.ndim:
+        raise _bad("crop", f"expected shape of {X.ndim} values, got {list(shape)}")
+    return {"Out": X.with_(shape=tuple(shape))}
+
+
+def _crop_arrange(X, fill, *, Y=None, Offsets=None, shape, offsets):
+    return np.ascontiguousarray(_crop_slices(
+        "crop", X, list(np.shape(Y)) if Y is not None else shape,
+        _values(Offsets) if Offsets is not None else offsets))
+
+
+_register_index_op(
+    "crop", inputs=["X", "Y?", "Offsets?"],
+    attrs={"shape": Ints([], choices=([],)), "offsets": Ints([], choices=([],))},
+    infer=_crop_infer, arrange=_crop_arrange, extra=("Y", "Offsets"),
+    doc="The block of X of Y's shape (or shape) at offsets (or the Offsets input).")
+
+
+# diag (Fluid 1.8's): a 1-D Diagonal on the diagonal of a square matrix
+def _diag_infer(Diagonal):
+    if Diagonal.ndim != 1:
+        raise _bad("diag", f"expected a 1-D Diagonal, got {list(Diagonal.shape)}")
+    return {"Out": Diagonal.with_(shape=(Diagonal.shape[0],) * 2)}
+
+
+def _diag_arrange(X, fill):
+    if X.ndim != 1:
+        raise _bad("diag", f"expected a 1-D Diagonal, got {list(X.shape)}")
+    out = np.full((X.size, X.size), fill, X.dtype)
+    out[np.arange(X.size), np.arange(X.size)] = X
+    return out
+
+
+register_op(
+    "diag", inputs=["Diagonal"], outputs=["Out"], traits=[OPAQUE],
+    infer_shape=_diag_infer,
+    reference=lambda Diagonal: {"Out": _diag_arrange(Diagonal, 0)}, emit=None,
+    grad=default_grad("diag_grad", fwd_inputs=("Diagonal",), wrt=("Diagonal",)),
+    doc="A square matrix with Diagonal on its diagonal, zeros elsewhere.")
+register_op(
+    "diag_grad", inputs=["Diagonal", "Out@GRAD"], outputs=["Diagonal@GRAD"], traits=[OPAQUE],
+    infer_shape=lambda Diagonal, **_: {"Diagonal@GRAD": Diagonal},
+    reference=lambda Diagonal, **kw: {"Diagonal@GRAD": np.ascontiguousarray(
+        np.diagonal(kw["Out@GRAD"])).astype(Diagonal.dtype)},
+    emit=None, grad=None, doc="The diagonal of Out@GRAD.")
+
+
+# ---- kron, trace, cross, addmm, bilinear_tensor_product, affine_grid ---------------------------
+def _kron_shapes(x, y):
+    r = max(len(x), len(y))
+    return (1,) * (r - len(x)) + tuple(x), (1,) * (r - len(y)) + tuple(y)
+
+
+def _kron_infer(X, Y):
+    if X.dtype != Y.dtype:
+        raise _bad("kron", f"expected X and Y of one dtype, got {X.dtype} and {Y.dtype}")
+    xs, ys = _kron_shapes(X.shape, Y.shape)
+    return {"Out": X.with_(shape=tuple(a * b if a >= 0 and b >= 0 else -1
+                                       for a, b in zip(xs, ys)))}
+
+
+def _kron_grad_ref(X, Y, **kw):
+    xs, ys = _kron_shapes(X.shape, Y.shape)
+    g = kw["Out@GRAD"].astype(F64).reshape([s for a, b in zip(xs, ys) for s in (a, b)])
+    x, y = X.astype(F64).reshape(xs), Y.astype(F64).reshape(ys)
+    r = len(xs)
+    xi = [2 * i for i in range(r)]
+    yi = [2 * i + 1 for i in range(r)]
+    gx = np.einsum(g, list(range(2 * r)), y, yi, xi)
+    gy = np.einsum(g, list(range(2 * r)), x, xi, yi)
+    return {"X@GRAD": gx.reshape(X.shape).astype(X.dtype),
+            "Y@GRAD": gy.reshape(Y.shape).astype(Y.dtype)}
+
+
+register_op(
+    "kron", inputs=["X", "Y"], outputs=["Out"], traits=[OPAQUE], infer_shape=_kron_infer,
+    reference=lambda X, Y: {"Out": np.kron(X, Y).astype(X.dtype)}, emit=None,
+    grad=default_grad("kron_grad", fwd_inputs=("X", "Y"), wrt=("X", "Y")),
+    doc="The Kronecker product of X and Y (the lower rank padded with leading 1s).")
+register_op(
+    "kron_grad", inputs=["X", "Y", "Out@GRAD"], outputs=["X@GRAD?", "Y@GRAD?"],
+    traits=[OPAQUE], infer_shape=lambda X, Y, **_: {"X@GRAD": X, "Y@GRAD": Y},
+    reference=_kron_grad_ref, emit=None, grad=None, doc="The gradients of kron.")
+
+
+_TRACE_ATTRS = {"offset": Int(0, low=-1, high=1), "axis1": Int(0, choices=(0,)),
+                "axis2": Int(1, choices=(1,)), "dim1": Int(0, choices=(0,)),
+                "dim2": Int(1, choices=(1,))}
+
+
+def _trace_axes(ndim, axis1, axis2, dim1, dim2):
+    a1, a2 = (axis1, axis2) if (axis1, axis2) != (0, 1) else (dim1, dim2)
+    a1, a2 = norm_axis(a1, ndim, "trace: axis1"), norm_axis(a2, ndim, "trace: axis2")
+    if a1 == a2:
+        raise _bad("trace", f"expected two different axes, got {a1} and {a2}")
+    return a1, a2
+
+
+def _trace_infer(Input, *, offset, axis1, axis2, dim1, dim2):
+    if Input.ndim < 2:
+        raise _bad("trace", f"expected Input of rank >= 2, got {list(Input.shape)}")
+    a1, a2 = _trace_axes(Input.ndim, axis1, axis2, dim1, dim2)
+    return {"Out": Input.with_(shape=tuple(d for i, d in enumerate(Input.shape)
+                                           if i not in (a1, a2)))}
+
+
+def _trace_ref(Input, *, offset, axis1, axis2, dim1, dim2):
+    a1, a2 = _trace_axes(Input.ndim, axis1, axis2, dim1, dim2)
+    return {"Out": np.asarray(np.trace(Input, offset, a1, a2)).astype(Input.dtype)}
+
+
+def _trace_grad_ref(Input, *, offset, axis1, axis2, dim1, dim2, **kw):
+    a1, a2 = _trace_axes(Input.ndim, axis1, axis2, dim1, dim2)
+    g = np.zeros(Input.shape, Input.dtype)
+    moved = np.moveaxis(g, (a1, a2), (-2, -1))          # a view: writes reach g
+    n1, n2 = moved.shape[-2:]
+    i = np.arange(max(0, -offset), min(n1, n2 - offset))
+    moved[..., i, i + offset] = np.asarray(kw["Out@GRAD"])[..., None]
+    return {"Input@GRAD": g}
+
+
+register_op(
+    "trace", inputs=["Input"], outputs=["Out"], attrs=_TRACE_ATTRS, traits=[OPAQUE],
+    infer_shape=_trace_infer, reference=_trace_ref, emit=None,
+    grad=default_grad("trace_grad", fwd_inputs=("Input",), wrt=("Input",)),
+    doc="The sums of the offset-th diagonals of the (axis1, axis2) planes (Fluid 1.8 names "
+        "the axes dim1, dim2).")
+register_op(
+    "trace_grad", inputs=["Input", "Out@GRAD"], outputs=["Input@GRAD"], attrs=_TRACE_ATTRS,
+    traits=[OPAQUE], infer_shape=lambda Input, **_: {"Input@GRAD": Input},
+    reference=_trace_grad_ref, emit=None, grad=None, doc="Out@GRAD on the traced diagonals.")
+
+
+_CROSS_DEFAULT = 9          # Fluid's "no dim given": the first axis of size 3
+
+
+def _cross_dim(op, shape, dim):
+    if dim == _CROSS_DEFAULT:
+        d = next((i for i, s in enumerate(shape) if s == 3), None)
+        if d is None:
+            raise _bad(op, f"expected an axis of size 3, got shape {list(shape)}")
+        return d
+    d = norm_axis(dim, len(shape), f"{op}: dim")
+    if shape[d] not in (3, -1):
+        raise _bad(op, f"expected axis {d} of size 3, got shape {list(shape)}")
+    return d
+
+
+def _cross_infer(X, Y, *, dim):
+    if X.shape != Y.shape or X.dtype != Y.dtype:
+        raise _bad("cross", f"expected X and Y of one shape and dtype, got {list(X.shape)} "
+                            f"{X.dtype} and {list(Y.shape)} {Y.dtype}")
+    _cross_dim("cross", X.shape, dim)
+    return {"Out": X}
+
+
+def _cross_ref(X, Y, *, dim):
+    d = _cross_dim("cross", X.shape, dim)
+    return {"Out": np.cross(X, Y, axis=d).astype(X.dtype)}
+
+
+def _cross_grad_ref(X, Y, *, dim, **kw):
+    d = _cross_dim("cross_grad", X.shape, dim)
+    g = kw["Out@GRAD"]
+    return {"X@GRAD": np.cross(Y, g, axis=d).astype(X.dtype),
+            "Y@GRAD": np.cross(g, X, axis=d).astype(Y.dtype)}
+
+
+register_op(
+    "cross", inputs=["X", "Y"], outputs=["Out"], attrs={"dim": Int(_CROSS_DEFAULT,
+                                                                 choices=(_CROSS_DEFAULT,))},
+    traits=[OPAQUE], infer_shape=_cross_infer, reference=_cross_ref, emit=None,
+    grad=default_grad("cross_grad", fwd_inputs=("X", "Y"), wrt=("X", "Y")),
+    doc="The cross product of 3-vectors along dim (9: the first axis of size 3).")
+register_op(
+    "cross_grad", inputs=["X", "Y", "Out@GRAD"], outputs=["X@GRAD?", "Y@GRAD?"],
+    attrs={"dim": Int(_CROSS_DEFAULT, choices=(_CROSS_DEFAULT,))}, traits=[OPAQUE],
+    infer_shape=lambda X, Y, **_: {"X@GRAD": X, "Y@GRAD": Y}, reference=_cross_grad_ref,
+    emit=None, grad=None, doc="X@GRAD = Y x Out@GRAD, Y@GRAD = Out@GRAD x X.")
+
+
+_ADDMM_ATTRS = {"Alpha": Float(1.0, low=0.5, high=2.0), "Beta": Float(1.0, low=0.5, high=2.0)}
+
+
+def _addmm_infer(Input, X, Y, *, Alpha, Beta):
+    if X.ndim != 2 or Y.ndim != 2 or Input.ndim not in (1, 2):
+        raise _bad("addmm", f"expected X [M, K], Y [K, N] and Input of rank 1 or 2, got "
+                            f"{list(X.shape)}, {list(Y.shape)} and {list(Input.shape)}")
+    if X.shape[1] >= 0 and Y.shape[0] >= 0 and X.shape[1] != Y.shape[0]:
+        raise _bad("addmm", f"expected X's columns ({X.shape[1]}) to equal Y's rows "
+                            f"({Y.shape[0]})")
+    return {"Out": X.with_(shape=(X.shape[0], Y.shape[1]))}
+
+
+def _addmm_ref(Input, X, Y, *, Alpha, Beta):
+    out = _f32(Beta) * Input.astype(F64) + _f32(Alpha) * (X.astype(F64) @ Y.astype(F64))
+    if out.shape != (X.shape[0], Y.shape[1]):
+        raise _bad("addmm", f"expected Input {list(Input.shape)} to broadcast to "
+                            f"{[X.shape[0], Y.shape[1]]}")
+    return {"Out": out.astype(X.dtype)}
+
+
+def _addmm_grad_ref(Input, X, Y, *, Alpha, Beta, **kw):
+    g = kw["Out@GRAD"].astype(F64)
+    gi = _f32(Beta) * g
+    gi = gi.sum(axis=tuple(range(gi.ndim - Input.ndim)))
+    gi = gi.sum(axis=tuple(i for i, n in enumerate(Input.shape) if n == 1), keepdims=True)
+    return {"Input@GRAD": gi.reshape(Input.shape).astype(Input.dtype),
+            "X@GRAD": (_f32(Alpha) * g @ Y.astype(F64).T).astype(X.dtype),
+            "Y@GRAD": (_f32(Alpha) * X.astype(F64).T @ g).astype(Y.dtype)}
+
+
+register_op(
+    "addmm", inputs=["Input", "X", "Y"], outputs=["Out"], attrs=_ADDMM_ATTRS, traits=[OPAQUE],
+    infer_shape=_addmm_infer, reference=_addmm_ref, emit=None,
+    grad=default_grad("addmm_grad", fwd_inputs=("Input", "X", "Y"), wrt=("Input", "X", "Y")),
+    doc="Out = Beta * Input + Alpha * X @ Y (Input broadcast).")
+register_op(
+    "addmm_grad", inputs=["Input", "X", "Y", "Out@GRAD"],
+    outputs=["Input@GRAD?", "X@GRAD?", "Y@GRAD?"], attrs=_ADDMM_ATTRS, traits=[OPAQUE],
+    infer_shape=lambda Input, X, Y, **_: {"Input@GRAD": Input, "X@GRAD": X, "Y@GRAD": Y},
+    reference=_addmm_grad_ref, emit=None, grad=None, doc="The gradients of addmm.")
+
+
+def _btp_infer(X, Y, Weight, Bias=None):
+    if X.ndim != 2 or Y.ndim != 2 or Weight.ndim != 3:
+        raise _bad("bilinear_tensor_product", f"expected X [N, M], Y [N, K] and Weight "
+                                              f"[S, M, K], got {list(X.shape)}, "
+                                              f"{list(Y.shape)} and {list(Weight.shape)}")
+    for a, b, what in ((X.shape[1], Weight.shape[1], "X's width and Weight's dim 1"),
+                       (Y.shape[1], Weight.shape[2], "Y's width and Weight's dim 2")):
+        if a >= 0 and b >= 0 and a != b:
+            raise _bad("bilinear_tensor_product", f"expected {what} to agree, got {a} and {b}")
+    if Bias is not None and Bias.shape not in ((1, Weight.shape[0]), (-1, Weight.shape[0])):
+        raise _bad("bilinear_tensor_product", f"expected Bias [1, {Weight.shape[0]}], got "
+                                              f"{list(Bias.shape)}")
+    return {"Out": X.with_(shape=(X.shape[0], Weight.shape[0]))}
+
+
+def _btp_ref(X, Y, Weight, Bias=None):
+    out = np.einsum("nm,smk,nk->ns", X.astype(F64), Weight.astype(F64), Y.astype(F64))
+    if Bias is not None:
+        out = out + Bias.astype(F64)
+    return {"Out": out.astype(X.dtype)}
+
+
+def _btp_grad_ref(X, Y, Weight, Bias=None, **kw):
+    g, x, y, w = (a.astype(F64) for a in (kw["Out@GRAD"], X, Y, Weight))
+    out = {"X@GRAD": np.einsum("ns,smk,nk->nm", g, w, y).astype(X.dtype),
+           "Y@GRAD": np.einsum("ns,smk,nm->nk", g, w, x).astype(Y.dtype),
+           "Weight@GRAD": np.einsum("ns,nm,nk->smk", g, x, y).astype(Weight.dtype)}
+    if Bias is not None:
+        out["Bias@GRAD"] = g.sum(axis=0, keepdims=True).astype(Bias.dtype)
+    return out
+
+
+register_op(
+    "bilinear_tensor_product", inputs=["X", "Y", "Weight", "Bias?"], outputs=["Out"],
+    traits=[OPAQUE], infer_shape=_btp_infer, reference=_btp_ref, emit=None,
+    grad=default_grad("bilinear_tensor_product_grad", fwd_inputs=("X", "Y", "Weight", "Bias"),
+                      wrt=("X", "Y", "Weight", "Bias")),
+    doc="Out[n, s] = X[n] Weight[s] Y[n]^T + Bias[s].")
+register_op(
+    "bilinear_tensor_product_grad", inputs=["X", "Y", "Weight", "Bias?", "Out@GRAD"],
+    outputs=["X@GRAD?", "Y@GRAD?", "Weight@GRAD?", "Bias@GRAD?"], traits=[OPAQUE],
+    infer_shape=lambda X, Y, Weight, Bias=None, **_: {
+        "X@GRAD": X, "Y@GRAD": Y, "Weight@GRAD": Weight, "Bias@GRAD": Bias},
+    reference=_btp_grad_ref, emit=None, grad=None,
+    doc="The gradients of bilinear_tensor_product.")
+
+
+def _ag_base(h, w, align_corners, dtype=F64):
+    def axis(n):
+        if n == 1:
+            return np.array([-1.0]) if align_corners else np.array([0.0])
+        if align_corners:
+            return np.linspace(-1.0, 1.0, n)
+        return (np.arange(n) * 2.0 + 1.0) / n - 1.0
+    gx, gy = np.meshgrid(axis(w), axis(h))
+    return np.stack([gx, gy, np.ones_like(gx)], axis=-1).astype(dtype)     # [H, W, 3]
+
+
+def _ag_infer(Theta, OutputShape=None, *, output_shape, align_corners):
+    if Theta.ndim != 3 or Theta.shape[1:] not in ((2, 3), (-1, 3), (2, -1), (-1, -1)):
+        raise _bad("affine_grid", f"expected Theta [N, 2, 3], got {list(Theta.shape)}")
+    if OutputShape is None and len(output_shape) != 4:
+        raise _bad("affine_grid", f"expected output_shape [N, C, H, W], got "
+                                  f"{list(output_shape)}")
+    h, w = (-1, -1) if OutputShape is not None else output_shape[2:]
+    return {"Output": Theta.with_(shape=(Theta.shape[0], h, w, 2))}
+
+
+def _ag_size(OutputShape, output_shape):
+    s = _values(OutputShape) if OutputShape is not None else list(output_shape)
+    if len(s) != 4:
+        raise _bad("affine_grid", f"expected an output shape [N, C, H, W], got {s}")
+    return s[2], s[3]
+
+
+def _ag_ref(Theta, OutputShape=None, *, output_shape, align_corners):
+    h, w = _ag_size(OutputShape, output_shape)
+    base = _ag_base(h, w, align_corners)
+    out = np.einsum("hwj,nij->nhwi", base, Theta.astype(F64))
+    return {"Output": out.astype(Theta.dtype)}
+
+
+def _ag_grad_ref(Theta, OutputShape=None, *, output_shape, align_corners, **kw):
+    h, w = _ag_size(OutputShape, output_shape)
+    base = _ag_base(h, w, align_corners)
+    g = np.einsum("nhwi,hwj->nij", kw["Output@GRAD"].astype(F64), base)
+    return {"Theta@GRAD": g.astype(Theta.dtype)}
+
+
+_AG_ATTRS = {"output_shape": Ints([], choices=([1, 1, 2, 3],)),
+             "align_corners": Bool(True)}
+register_op(
+    "affine_grid", inputs=["Theta", "OutputShape?"], outputs=["Output"], attrs=_AG_ATTRS,
+    traits=[OPAQUE], infer_shape=_ag_infer, reference=_ag_ref, emit=None,
+    grad=default_grad("affine_grid_grad", fwd_inputs=("Theta", "OutputShape"),
+                      grad_outputs=("Output",), wrt=("Theta",)),
+    doc="The sampling grid [N, H, W, 2] of the affine maps Theta [N, 2, 3]: (x, y, 1) of each "
+        "output pixel in [-1, 1] coordinates times Theta^T.")
+register_op(
+    "affine_grid_grad", inputs=["Theta", "OutputShape?", "Output@GRAD"],
+    outputs=["Theta@GRAD"], attrs=_AG_ATTRS, traits=[OPAQUE],
+    infer_shape=lambda Theta, **_: {"Theta@GRAD": Theta}, reference=_ag_grad_ref, emit=None,
+    grad=None, doc="The gradient of affine_grid with respect to Theta.")
+
+
+# ---- eye, shard_index: no gradient -------------------------------------------------------------
+def _eye_infer(*, num_rows, num_columns, dtype):
+    cols = num_rows if num_columns == -1 else num_columns
+    if num_rows < 0 or cols < 0:
+        raise _bad("eye", f"expected num_rows, num_columns >= 0, got {num_rows}, {num_columns}")
+    return {"Out": VarMeta((num_rows, cols), dtypes.to_numpy(dtype))}
+
+
+register_op(
+    "eye", inputs=[], outputs=["Out"],
+    attrs={"num_rows": Int(2, choices=(2, 3)), "num_columns": Int(-1, choices=(-1, 2)),
+           "dtype": Int(5, choices=(5,))},
+    traits=[OPAQUE], infer_shape=_eye_infer,
+    reference=lambda *, num_rows, num_columns, dtype: {"Out": np.eye(
+        num_rows, num_rows if num_columns == -1 else num_columns,
+        dtype=dtypes.to_numpy(dtype))},
+    emit=None, grad=None, doc="The identity matrix [num_rows, num_columns (-1: num_rows)].")
+
+
+_SHARD_ATTRS = {"index_num": Int(8, choices=(8,)), "nshards": Int(3, choices=(3,)),
+                "shard_id": Int(1, choices=(0, 1)), "ignore_value": Int(-1, choices=(-1,))}
+
+
+def _shard_check(index_num, nshards, shard_id):
+    if index_num < 1 or nshards < 1 or not 0 <= shard_id < nshards:
+        raise _bad("shard_index", f"expected index_num >= 1, nshards >= 1 and 0 <= shard_id < "
+                                  f"nshards, got {index_num}, {nshards}, {shard_id}")
+
+
+def _shard_infer(X, *, index_num, nshards, shard_id, ignore_value):
+    check_dtype(X, (np.dtype(np.int32), INT64), "shard_index: input X")
+    _shard_check(index_num, nshards, shard_id)
+    return {"Out": X}
+
+
+def _shard_ref(X, *, index_num, nshards, shard_id, ignore_value):
+    _shard_check(index_num, nshards, shard_id)
+    if X.size and (X.min() < 0 or X.max() >= index_num):
+        raise IndexError(f"shard_index: ids {int(X.min())}..{int(X.max())} outside "
+                         f"[0, {index_num})")
+    size = (index_num + nshards - 1) // nshards
+    return {"Out": np.where(X // size == shard_id, X % size, ignore_value).astype(X.dtype)}
+
+
+register_op(
+    "shard_index", inputs=["X"], outputs=["Out"], attrs=_SHARD_ATTRS, traits=[OPAQUE],
+    infer_shape=_shard_infer, reference=_shard_ref, emit=None, grad=None,
+    domain={"X": "positive"},
+    doc="Each id's row within shard shard_id of ceil(index_num / nshards) rows, else "
+        "ignore_value.")
