@@ -128,7 +128,6 @@ def test_preview_errors():
     main, startup = fluid.Program(), fluid.Program()
     with fluid.program_guard(main, startup), fluid.unique_name.guard():
         x = fluid.data("x", [-1, 3], "float32")
-        with pytest.raises(LayerInputError, match=r"kron: every size of x must be known"):
-            fluid.layers.kron(x, x)
+        assert list(fluid.layers.kron(x, x).shape) == [-1, 9]     # the kron op: sizes may be -1
         with pytest.raises(LayerInputError, match=r"diag_embed: only offset=0"):
             fluid.layers.diag_embed(x, offset=1)

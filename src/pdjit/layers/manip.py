@@ -164,16 +164,53 @@ def _crop(x, shape, offsets, layer: str) -> Variable:
 
 
 def crop(x, shape=None, offsets=None, name=None) -> Variable:
-    """The block of ``x`` of size ``shape`` starting at ``offsets`` (lists of ints)."""
+    """The block of ``x`` of size ``shape`` (a list, or a Variable whose shape it takes)
+    starting at ``offsets`` (a list or a 1-D int Variable): Fluid's ``crop`` op."""
+    check_variable(x, "x", "crop")
+    inputs, attrs = {"X": x}, {}
     if isinstance(shape, Variable):
-        check_variable(shape, "shape", "crop")
-        shape = list(shape.shape)
-    return _crop(x, shape, offsets, "crop")
+        inputs["Y"] = shape
+    else:
+        attrs["shape"] = _crop_check(x, shape, offsets, "crop")
+    if isinstance(offsets, Variable):
+        inputs["Offsets"] = offsets
+    else:
+        attrs["offsets"] = [0] * len(x.shape) if offsets is None else [int(o) for o in offsets]
+    return _fluid_op("crop", inputs, attrs, x.dtype, name)
 
 
 def crop_tensor(x, shape=None, offsets=None, name=None) -> Variable:
-    """The block of ``x`` of size ``shape`` (``-1``: to the end) starting at ``offsets``."""
-    return _crop(x, shape, offsets, "crop_tensor")
+    """The block of ``x`` of size ``shape`` (``-1``: to the end; a list or a 1-D int Variable)
+    starting at ``offsets`` (a list or a 1-D int Variable): Fluid's ``crop_tensor`` op."""
+    check_variable(x, "x", "crop_tensor")
+    inputs, attrs = {"X": x}, {}
+    if isinstance(shape, Variable):
+        inputs["Shape"] = shape
+    else:
+        attrs["shape"] = _crop_check(x, shape, offsets, "crop_tensor")
+    if isinstance(offsets, Variable):
+        inputs["Offsets"] = offsets
+    else:
+        attrs["offsets"] = [0] * len(x.shape) if offsets is None else [int(o) for o in offsets]
+    return _fluid_op("crop_tensor", inputs, attrs, x.dtype, name)
+
+
+def _crop_check(x, shape, offsets, layer) -> list:
+    """``shape`` as a list of ints, checked against ``x`` and ``offsets`` (a list or a
+    Variable) where both are known."""
+    r = len(x.shape)
+    shape = list(x.shape) if shape is None else [int(s) for s in shape]
+    offs = None if isinstance(offsets, Variable) else (
+        [0] * r if offsets is None else [int(o) for o in offsets])
+    if len(shape) != r or (offs is not None and len(offs) != r):
+        raise ValueError(f"{layer}: 'shape' and 'offsets' need one value per dimension of x "
+                         f"({r}), got {shape} and {offsets}")
+    for d, s in enumerate(shape):
+        o = offs[d] if offs is not None else 0
+        if s < -1 or o < 0 or (x.shape[d] >= 0 and s >= 0 and o + s > x.shape[d]):
+            raise ValueError(f"{layer}: dimension {d}: expected 0 <= offset and offset + size "
+                             f"<= {x.shape[d]}, got offset {o}, size {s}")
+    return shape
 
 
 def pad_constant_like(x, y, pad_value: float = 0.0, name=None) -> Variable:
@@ -201,10 +238,14 @@ def eye(num_rows, num_columns=None, batch_shape=None, dtype="float32") -> Variab
     for arg, v in (("num_rows", num_rows), ("num_columns", cols)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise TypeError(f"eye: argument {arg!r} must be an int >= 0, got {v!r}")
-    value = np.eye(num_rows, cols)
+    from pdjit.framework import dtypes
+
+    out = _fluid_op("eye", {}, {"num_rows": num_rows, "num_columns": cols,
+                                "dtype": dtypes.to_code(dtype)}, dtype)
     if batch_shape:
-        value = np.broadcast_to(value, tuple(batch_shape) + value.shape).copy()
-    out = _constant(value, dtype)
+        batch_shape = [int(b) for b in batch_shape]
+        out = shape_ops.reshape(out, [1] * len(batch_shape) + [num_rows, cols])
+        out = shape_ops.expand(out, batch_shape + [1, 1])
     out.stop_gradient = True
     return out
 
@@ -225,9 +266,10 @@ def diag(diagonal) -> Variable:
     if len(diagonal.shape) != 1 or diagonal.shape[0] < 0:
         raise ValueError(f"diag: argument 'diagonal' must be 1-D of known size, got "
                          f"{list(diagonal.shape)}")
-    n = diagonal.shape[0]
-    ident = _constant(np.eye(n), diagonal.dtype)
-    return math_ops.elementwise_mul(ident, shape_ops.reshape(diagonal, [1, n]))
+    helper = LayerHelper("diag")
+    out = helper.create_variable_for_type_inference(diagonal.dtype)
+    helper.append_op("diag", inputs={"Diagonal": [diagonal]}, outputs={"Out": [out]})
+    return out
 
 
 def _reduce_bool(x, dim, keep_dim, name, layer, reduce):
@@ -433,15 +475,12 @@ def bilinear_tensor_product(x, y, size: int, act=None, name=None, param_attr=Non
     dx, dy = x.shape[1], y.shape[1]
     helper = LayerHelper(layer, name=name, param_attr=param_attr, bias_attr=bias_attr, act=act)
     w = helper.create_parameter(helper.param_attr, [size, dx, dy], x.dtype)
-    from pdjit.layers.nn import matmul
-
-    wt = shape_ops.reshape(shape_ops.transpose(w, [1, 0, 2]), [dx, size * dy])
-    xw = shape_ops.reshape(matmul(x, wt), [-1, size, dy])                # [N, size, Dy]
-    out = shape_ops.reduce_sum(math_ops.elementwise_mul(xw, shape_ops.unsqueeze(y, [1])),
-                               dim=2)
+    inputs = {"X": [x], "Y": [y], "Weight": [w]}
     if bias_attr is not False:
-        b = helper.create_parameter(helper.bias_attr, [1, size], x.dtype, is_bias=True)
-        out = math_ops.elementwise_add(out, b)
+        inputs["Bias"] = [helper.create_parameter(helper.bias_attr, [1, size], x.dtype,
+                                                  is_bias=True)]
+    out = helper.create_variable_for_type_inference(x.dtype)
+    helper.append_op(layer, inputs=inputs, outputs={"Out": [out]})
     return helper.append_activation(out)
 
 
@@ -469,17 +508,11 @@ def shard_index(input, index_num: int, nshards: int, shard_id: int, ignore_value
     if nshards < 1 or not 0 <= shard_id < nshards or index_num < 1:
         raise ValueError(f"{layer}: expected index_num >= 1, nshards >= 1 and 0 <= shard_id < "
                          f"nshards, got {index_num}, {nshards}, {shard_id}")
-    size = (index_num + nshards - 1) // nshards
-    dt = input.dtype
-
-    def const(v):
-        return tensor.fill_constant([1], dt, int(v))
-
-    mine = math_ops.equal(math_ops.elementwise_floordiv(input, const(size)), const(shard_id))
-    zeros = tensor.zeros_like(input)
-    local = math_ops.elementwise_sub(input, const(shard_id * size))
-    other = math_ops.elementwise_add(zeros, const(ignore_value))
-    return shape_ops.where(mine, local, other)
+    out = _fluid_op("shard_index", {"X": input},
+                    {"index_num": int(index_num), "nshards": int(nshards),
+                     "shard_id": int(shard_id), "ignore_value": int(ignore_value)}, input.dtype)
+    out.stop_gradient = True
+    return out
 
 
 def interpolate(input, out_shape=None, scale=None, name=None, resample="BILINEAR",
@@ -602,21 +635,18 @@ def affine_grid(theta, out_shape, name=None) -> Variable:
     ``out_shape`` (``[N, C, H, W]``, a list) image: the (x, y) each output pixel reads, in
     [-1, 1] coordinates with the corners at -1 and 1."""
     check_variable(theta, "theta", "affine_grid")
-    if isinstance(out_shape, Variable) or len(out_shape) != 4:
-        raise TypeError(f"affine_grid: argument 'out_shape' must be a list [N, C, H, W], got "
-                        f"{out_shape!r}")
-    h, w = int(out_shape[2]), int(out_shape[3])
-    xs = np.linspace(-1.0, 1.0, w) if w > 1 else np.array([-1.0])
-    ys = np.linspace(-1.0, 1.0, h) if h > 1 else np.array([-1.0])
-    gx, gy = np.meshgrid(xs, ys)                                  # [H, W]
-    base = np.stack([gx.reshape(-1), gy.reshape(-1), np.ones(h * w)])   # [3, H * W]
-    from pdjit.layers.nn import matmul
-
-    b = tensor.assign(base.astype(np.float32))
-    if str(np.dtype(theta.dtype)) != "float32":
-        b = tensor.cast(b, theta.dtype)
-    grid = matmul(shape_ops.reshape(theta, [-1, 2, 3]), b)         # [N, 2, H * W]
-    return shape_ops.reshape(shape_ops.transpose(grid, [0, 2, 1]), [-1, h, w, 2])
+    inputs, attrs = {"Theta": [theta]}, {}
+    if isinstance(out_shape, Variable):
+        inputs["OutputShape"] = [out_shape]
+    elif isinstance(out_shape, (list, tuple)) and len(out_shape) == 4:
+        attrs["output_shape"] = [int(s) for s in out_shape]
+    else:
+        raise TypeError(f"affine_grid: argument 'out_shape' must be a list [N, C, H, W] or an "
+                        f"int Variable of 4, got {out_shape!r}")
+    helper = LayerHelper("affine_grid", name=name)
+    out = helper.create_variable_for_type_inference(theta.dtype)
+    helper.append_op("affine_grid", inputs=inputs, outputs={"Output": [out]}, attrs=attrs)
+    return out
 
 
 def grid_sampler(x, grid, name=None) -> Variable:

@@ -47,12 +47,14 @@ def addcmul(input, tensor1, tensor2, value=1.0, out=None, name=None) -> Variable
 
 def addmm(input, x, y, alpha=1.0, beta=1.0, name=None) -> Variable:
     """``beta * input + alpha * (x @ y)``."""
-    from pdjit.layers.nn import matmul
 
     for arg, v in (("input", input), ("x", x), ("y", y)):
         check_variable(v, arg, "addmm")
-    return math_ops.elementwise_add(math_ops.scale(input, scale=float(beta)),
-                                    matmul(x, y, alpha=float(alpha)))
+    if len(x.shape) != 2 or len(y.shape) != 2:
+        raise ValueError(f"addmm: expected 2-D x and y, got {list(x.shape)} and "
+                         f"{list(y.shape)}")
+    return _fluid_op("addmm", {"Input": input, "X": x, "Y": y},
+                     {"Alpha": float(alpha), "Beta": float(beta)}, x.dtype, name)
 
 
 def allclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False, name=None) -> Variable:
@@ -103,16 +105,8 @@ def cross(input, other, dim=None) -> Variable:
         raise ValueError(f"cross: expected an axis of size 3 (dim={dim}), got shape "
                          f"{list(input.shape)}")
 
-    def part(v, i):
-        return shape_ops.slice(v, [d], [i], [i + 1])
-
-    a, b = [part(input, i) for i in range(3)], [part(other, i) for i in range(3)]
-
-    def term(i, j):
-        return math_ops.elementwise_sub(math_ops.elementwise_mul(a[i], b[j]),
-                                        math_ops.elementwise_mul(a[j], b[i]))
-
-    return shape_ops.concat([term(1, 2), term(2, 0), term(0, 1)], axis=d)
+    return _fluid_op("cross", {"X": input, "Y": other}, {"dim": 9 if dim is None else d},
+                     input.dtype)
 
 
 def dist(x, y, p=2) -> Variable:
@@ -190,9 +184,7 @@ def index_sample(x, index) -> Variable:
     if len(x.shape) != 2 or len(index.shape) != 2 or x.shape[1] < 0:
         raise ValueError(f"index_sample: expected x [N, C] with C known and index [N, K], got "
                          f"{list(x.shape)} and {list(index.shape)}")
-    pick = tensor.cast(shape_ops.one_hot_v2(index, x.shape[1]), x.dtype)      # [N, K, C]
-    return shape_ops.reduce_sum(math_ops.elementwise_mul(pick, shape_ops.unsqueeze(x, [1])),
-                                dim=2)
+    return _fluid_op("index_sample", {"X": x, "Index": index}, {}, x.dtype)
 
 
 def kron(x, y, out=None, name=None) -> Variable:
@@ -203,12 +195,7 @@ def kron(x, y, out=None, name=None) -> Variable:
     if len(y.shape) != r:
         raise ValueError(f"kron: expected x and y of one rank, got {list(x.shape)} and "
                          f"{list(y.shape)}")
-    _known(x, range(r), "kron", "every size")
-    _known(y, range(r), "kron", "every size")
-    xs = shape_ops.reshape(x, [s for d in x.shape for s in (d, 1)])
-    ys = shape_ops.reshape(y, [s for d in y.shape for s in (1, d)])
-    prod = math_ops.elementwise_mul(xs, ys)
-    return shape_ops.reshape(prod, [a * b for a, b in zip(x.shape, y.shape)])
+    return _fluid_op("kron", {"X": x, "Y": y}, {}, x.dtype, name)
 
 
 def log1p(x, out=None, name=None) -> Variable:
@@ -295,25 +282,15 @@ def roll(input, shifts, dims=None) -> Variable:
     """``input`` shifted circularly by ``shifts`` along ``dims`` (the flattened tensor when
     ``dims`` is None)."""
     check_variable(input, "input", "roll")
-    shifts = [shifts] if isinstance(shifts, int) else list(shifts)
-    x = input
-    if dims is None:
-        _known(input, range(len(input.shape)), "roll", "every size")
-        x, dims = shape_ops.reshape(input, [int(np.prod(input.shape))]), [0]
-    dims = [dims] if isinstance(dims, int) else list(dims)
-    if len(dims) != len(shifts):
-        raise ValueError(f"roll: expected one shift per dim, got shifts {shifts} and dims "
-                         f"{dims}")
-    for s, d in zip(shifts, dims):
-        d = d % len(x.shape)
-        _known(x, [d], "roll", f"the size of axis {d}")
-        n = x.shape[d]
-        s %= n
-        if s:
-            x = shape_ops.concat([shape_ops.slice(x, [d], [n - s], [n]),
-                                  shape_ops.slice(x, [d], [0], [n - s])], axis=d)
-    return shape_ops.reshape(x, list(input.shape)) if x is not input and \
-        len(x.shape) != len(input.shape) else x
+    shifts = [shifts] if isinstance(shifts, int) else [int(s) for s in shifts]
+    dims = [] if dims is None else [dims] if isinstance(dims, int) else [int(d) for d in dims]
+    if (dims and len(dims) != len(shifts)) or (not dims and len(shifts) != 1):
+        raise ValueError(f"roll: expected one shift per dim (one shift without dims), got "
+                         f"shifts {shifts} and dims {dims}")
+    for d in dims:
+        if not -len(input.shape) <= d < len(input.shape):
+            raise ValueError(f"roll: dim {d} is out of range for shape {list(input.shape)}")
+    return _fluid_op("roll", {"X": input}, {"shifts": shifts, "dims": dims}, input.dtype)
 
 
 def t(input, name=None) -> Variable:
@@ -348,17 +325,13 @@ def trace(input, offset=0, dim1=0, dim2=1, name=None) -> Variable:
     """The sum of the ``offset``-th diagonal of the planes ``(dim1, dim2)`` of ``input``."""
     check_variable(input, "input", "trace")
     r = len(input.shape)
+    if r < 2:
+        raise ValueError(f"trace: input must have rank >= 2, got shape {list(input.shape)}")
     d1, d2 = dim1 % r, dim2 % r
     if d1 == d2:
         raise ValueError(f"trace: dim1 and dim2 must differ, got {dim1} and {dim2}")
-    rest = [d for d in range(r) if d not in (d1, d2)]
-    x = shape_ops.transpose(input, rest + [d1, d2]) if rest or (d1, d2) != (0, 1) else input
-    _known(x, [r - 2, r - 1], "trace", "the sizes of dim1 and dim2")
-    eye = np.eye(x.shape[-2], x.shape[-1], k=offset)
-    m = tensor.assign(eye.astype(np.float32))
-    m = m if str(np.dtype(x.dtype)) == "float32" else tensor.cast(m, x.dtype)
-    out = shape_ops.reduce_sum(math_ops.elementwise_mul(x, m), dim=[r - 2, r - 1])
-    return out if rest else shape_ops.reshape(out, [1])
+    return _fluid_op("trace", {"Input": input}, {"offset": int(offset), "dim1": int(dim1),
+                                                 "dim2": int(dim2)}, input.dtype, name)
 
 
 def diag_embed(input, offset=0, dim1=-2, dim2=-1) -> Variable:
