@@ -218,3 +218,58 @@ def test_maxout_gradient_goes_to_the_first_maximum_and_lrn_errors_name_the_op():
     np.testing.assert_array_equal(g.reshape(-1), [0.0, 1.0, 2.0, 0.0])
     with pytest.raises(Exception, match="lrn"):
         fluid.layers.lrn(fluid.layers.data(name="v", shape=[3], dtype="float32"))
+
+
+# ---- more ops, one program each, against PaddlePaddle 3.3.1 -----------------------------------
+MORE = json.loads((PADDLE / "fluid_layer_ops_more.json").read_text())["cases"]
+
+
+@pytest.mark.parametrize("name", sorted(MORE))
+def test_op_matches_paddle_forward_and_backward(name, fresh_programs):
+    case = MORE[name]
+    io = np.load(PADDLE / "fluid_layer_ops_more.npz")
+    main, _ = fresh_programs
+    helper = fluid.layers.LayerHelper(case["op"])
+    feed, inputs = {}, {}
+    for slot in case["inputs"]:
+        value = io[f"{name}/{slot}"]
+        v = fluid.data(f"{name}_{slot}", list(value.shape), str(value.dtype))
+        v.stop_gradient = slot not in case["grad"]
+        inputs[slot] = [v]
+        feed[v.name] = value
+    want = io[f"{name}/out"]
+    out = helper.create_variable_for_type_inference(str(want.dtype))
+    helper.append_op(case["op"], inputs=inputs, outputs={case["out"]: [out]},
+                     attrs=case["attrs"])
+    fetch = [out]
+    if case["grad"]:
+        w = fluid.layers.assign(io[f"{name}/w"])
+        loss = fluid.layers.reduce_sum(fluid.layers.elementwise_mul(out, w))
+        fetch += fluid.gradients([loss], [inputs[s][0] for s in case["grad"]])
+    got = fluid.Executor(fluid.CPUPlace()).run(main, feed=feed, fetch_list=fetch)
+    assert got[0].dtype == want.dtype and got[0].shape == want.shape
+    np.testing.assert_allclose(got[0], want, rtol=1e-5, atol=1e-6)
+    for slot, g in zip(case["grad"], got[1:]):
+        np.testing.assert_allclose(g, io[f"{name}/grad_{slot}"], rtol=1e-5, atol=1e-6,
+                                   err_msg=slot)
+
+
+def test_more_ops_against_numpy():
+    """The same inputs through NumPy written here."""
+    io = np.load(PADDLE / "fluid_layer_ops_more.npz")
+    x = io["kron/X"]
+    np.testing.assert_allclose(io["kron/out"], np.kron(x, io["kron/Y"]), rtol=1e-6)
+    np.testing.assert_array_equal(io["roll/out"], np.roll(io["roll/X"], (1, -2), (0, 2)))
+    np.testing.assert_array_equal(io["index_sample/out"], np.take_along_axis(
+        io["index_sample/X"], io["index_sample/Index"], 1))
+    np.testing.assert_array_equal(io["crop_tensor/out"], io["crop_tensor/X"][1:3, 2:])
+    np.testing.assert_allclose(io["trace/out"], np.trace(io["trace/Input"], 1, 1, 2),
+                               rtol=1e-6)
+    theta = io["affine_grid_half/Theta"][0]
+    xs, ys = np.array([-2 / 3, 0, 2 / 3]), np.array([-0.5, 0.5])     # pixel centres, W 3, H 2
+    for i, yv in enumerate(ys):
+        for j, xv in enumerate(xs):
+            np.testing.assert_allclose(io["affine_grid_half/out"][0, i, j],
+                                       theta @ [xv, yv, 1.0], rtol=1e-5, atol=1e-6)
+    ids = io["shard_index/X"]
+    np.testing.assert_array_equal(io["shard_index/out"], np.where(ids // 3 == 1, ids - 3, -1))
