@@ -273,3 +273,53 @@ def test_more_ops_against_numpy():
                                        theta @ [xv, yv, 1.0], rtol=1e-5, atol=1e-6)
     ids = io["shard_index/X"]
     np.testing.assert_array_equal(io["shard_index/out"], np.where(ids // 3 == 1, ids - 3, -1))
+
+
+def test_unstack_multiplex_meshgrid_pad_constant_like_fsp_layers(fresh_programs):
+    main, _ = fresh_programs
+    L = fluid.layers
+    a = fluid.data("a", [3, 2], "float64")
+    b = fluid.data("b", [3, 2], "float64")
+    ids = fluid.data("ids", [3, 1], "int32")
+    v = fluid.data("v", [2], "float64")
+    w = fluid.data("w", [3], "float64")
+    x = fluid.data("x", [2, 3, 2, 2], "float64")
+    y = fluid.data("y", [2, 2, 2, 2], "float64")
+    for t in (a, b, v, w, x, y):
+        t.stop_gradient = False
+    parts = L.unstack(a, axis=1)
+    mux = L.multiplex([a, b], ids)
+    gx, gy = L.meshgrid([v, w])
+    padded = L.pad_constant_like(L.concat([a, a], axis=1), b, pad_value=0.5)
+    fsp = L.fsp_matrix(x, y)
+    types = [op.type for op in main.global_block().ops]
+    for t in ("unstack", "multiplex", "meshgrid", "pad_constant_like", "fsp"):
+        assert t in types
+    outs = parts + [mux, gx, gy, padded, fsp]
+    loss = L.sums([L.reduce_sum(L.elementwise_mul(o, o)) for o in outs])
+    grads = fluid.gradients([loss], [a, b, v, w, x, y])
+    rng = np.random.default_rng(2)
+    feed = {"a": rng.normal(size=(3, 2)), "b": rng.normal(size=(3, 2)),
+            "ids": np.array([[1], [0], [1]], np.int32), "v": rng.normal(size=2),
+            "w": rng.normal(size=3), "x": rng.normal(size=(2, 3, 2, 2)),
+            "y": rng.normal(size=(2, 2, 2, 2))}
+    got = fluid.Executor(fluid.CPUPlace()).run(main, feed=feed, fetch_list=outs + grads)
+    A, B = feed["a"], feed["b"]
+    sel = np.array([1, 0, 1])
+    want_mux = np.where(sel[:, None] == 1, B, A)
+    X, Y = feed["x"].reshape(2, 3, 4), feed["y"].reshape(2, 2, 4)
+    want = [A[:, 0], A[:, 1], want_mux, np.repeat(feed["v"][:, None], 3, 1),
+            np.repeat(feed["w"][None], 2, 0), np.pad(B, [(0, 0), (0, 2)], constant_values=0.5),
+            X @ Y.transpose(0, 2, 1) / 4]
+    for i, (g, wv) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(g, wv, rtol=1e-12, err_msg=f"output {i}")
+    ga, gb, gv, gw, gxx, gyy = got[len(outs):]
+    # d/dA: unstack (2A), multiplex rows that chose A (2A)
+    np.testing.assert_allclose(ga, 2 * A + 2 * np.where(sel[:, None] == 0, A, 0), rtol=1e-12)
+    np.testing.assert_allclose(gb, 2 * np.where(sel[:, None] == 1, B, 0) + 2 * B, rtol=1e-12)
+    np.testing.assert_allclose(gv, 2 * 3 * feed["v"], rtol=1e-12)
+    np.testing.assert_allclose(gw, 2 * 2 * feed["w"], rtol=1e-12)
+    F = X @ Y.transpose(0, 2, 1) / 4
+    np.testing.assert_allclose(gxx, (2 * F @ Y / 4).reshape(x.shape), rtol=1e-12)
+    np.testing.assert_allclose(gyy, (2 * F.transpose(0, 2, 1) @ X / 4).reshape(y.shape),
+                               rtol=1e-12)

@@ -97,3 +97,12 @@ add("eye", S(lambda r: {}, {"num_rows": 2, "num_columns": 3}),
     S(lambda r: {}, {"num_rows": 3, "dtype": 6}))
 add("shard_index", S(lambda r: {"X": np.array([[0], [3], [7], [5]], I64)},
                      {"index_num": 8, "nshards": 3, "shard_id": 1, "ignore_value": -1}))
+add("unstack", S(lambda r: {"X": u(r, (2, 3))}, {"axis": 1, "num": 3}, grad=["X"], out="Y",
+                 outputs={"Y": 3}))
+add("multiplex", S(lambda r: {"X": [u(r, (3, 2)), u(r, (3, 2))],
+                              "Ids": np.array([[1], [0], [1]], np.int32)}, grad=["X"]))
+add("meshgrid", S(lambda r: {"X": [u(r, (2,)), u(r, (3,))]}, grad=["X"],
+                  outputs={"Out": 2}))
+add("pad_constant_like", S(lambda r: {"X": u(r, (3, 4)), "Y": u(r, (2, 3))},
+                           {"pad_value": 0.5}, grad=["Y"]))
+add("fsp", S(lambda r: {"X": u(r, (2, 3, 2, 2)), "Y": u(r, (2, 2, 2, 2))}, grad=["X", "Y"]))

@@ -92,9 +92,11 @@ def unstack(x, axis: int = 0, num=None) -> list:
     if n < 0:
         raise ValueError(f"unstack: the size of axis {axis} must be known (or num given), got "
                          f"shape {list(x.shape)}")
-    if n == 1:
-        return [shape_ops.squeeze(x, [a])]
-    return [shape_ops.squeeze(p, [a]) for p in shape_ops.split(x, n, dim=a)]
+    helper = LayerHelper("unstack")
+    outs = [helper.create_variable_for_type_inference(x.dtype) for _ in range(n)]
+    helper.append_op("unstack", inputs={"X": [x]}, outputs={"Y": outs},
+                     attrs={"axis": int(axis), "num": n})
+    return outs
 
 
 def expand_as(x, target_tensor, name=None) -> Variable:
@@ -220,16 +222,12 @@ def pad_constant_like(x, y, pad_value: float = 0.0, name=None) -> Variable:
     if len(x.shape) != len(y.shape):
         raise ValueError(f"pad_constant_like: x and y must have one rank, got {list(x.shape)} "
                          f"and {list(y.shape)}")
-    paddings = []
     for d, (a, b) in enumerate(zip(x.shape, y.shape)):
-        if a == b:
-            paddings += [0, 0]
-        elif a >= 0 and b >= 0 and a >= b:
-            paddings += [0, a - b]
-        else:
+        if a != b and not (a >= 0 and b >= 0 and a >= b):
             raise ValueError(f"pad_constant_like: dimension {d}: expected x's size ({a}) known "
                              f"and >= y's ({b})")
-    return image.pad(y, paddings, pad_value=float(pad_value), name=name)
+    return _fluid_op("pad_constant_like", {"X": x, "Y": y}, {"pad_value": float(pad_value)},
+                     y.dtype, name)
 
 
 def eye(num_rows, num_columns=None, batch_shape=None, dtype="float32") -> Variable:
@@ -304,13 +302,11 @@ def multiplex(inputs, index) -> Variable:
         check_variable(v, f"inputs[{i}]", "multiplex")
     check_variable(index, "index", "multiplex")
     check_dtype(index, "index", ("int32", "int64"), "multiplex")
-    k = len(inputs)
-    stacked = shape_ops.stack(list(inputs), axis=1)                      # [N, K, ...]
-    pick = tensor.cast(shape_ops.one_hot_v2(shape_ops.reshape(index, [-1]), k),
-                       inputs[0].dtype)                                  # [N, K]
-    rank_ = len(inputs[0].shape)
-    pick = shape_ops.reshape(pick, [-1, k] + [1] * (rank_ - 1)) if rank_ > 1 else pick
-    return shape_ops.reduce_sum(math_ops.elementwise_mul(stacked, pick), dim=1)
+    helper = LayerHelper("multiplex")
+    out = helper.create_variable_for_type_inference(inputs[0].dtype)
+    helper.append_op("multiplex", inputs={"X": list(inputs), "Ids": [index]},
+                     outputs={"Out": [out]})
+    return out
 
 
 def _fluid_op(op_type, inputs, attrs, dtype, name=None, layer=None, outputs=()) -> Variable:
@@ -452,14 +448,7 @@ def fsp_matrix(x, y) -> Variable:
     if len(x.shape) != 4 or len(y.shape) != 4:
         raise ValueError(f"fsp_matrix: expected 4-D x and y, got {list(x.shape)} and "
                          f"{list(y.shape)}")
-    _known(x, [1, 2, 3], "fsp_matrix", "the channels, height and width")
-    _known(y, [1], "fsp_matrix", "the channels")
-    hw = x.shape[2] * x.shape[3]
-    a = shape_ops.reshape(x, [-1, x.shape[1], hw])
-    b = shape_ops.reshape(y, [-1, y.shape[1], hw])
-    from pdjit.layers.nn import matmul
-
-    return matmul(a, b, transpose_y=True, alpha=1.0 / hw)
+    return _fluid_op("fsp", {"X": x, "Y": y}, {}, x.dtype, layer="fsp_matrix")
 
 
 def bilinear_tensor_product(x, y, size: int, act=None, name=None, param_attr=None,

@@ -237,13 +237,9 @@ def meshgrid(input, name=None) -> list:
         if len(v.shape) != 1 or v.shape[0] < 0:
             raise ValueError(f"meshgrid: input[{i}] must be 1-D of known size, got "
                              f"{list(v.shape)}")
-    sizes = [v.shape[0] for v in xs]
-    out = []
-    for i, v in enumerate(xs):
-        shape = [1] * len(xs)
-        shape[i] = sizes[i]
-        times = [1 if k == i else s for k, s in enumerate(sizes)]
-        out.append(shape_ops.expand(shape_ops.reshape(v, shape), times))
+    helper = LayerHelper("meshgrid", name=name)
+    out = [helper.create_variable_for_type_inference(v.dtype) for v in xs]
+    helper.append_op("meshgrid", inputs={"X": xs}, outputs={"Out": out})
     return out
 
 

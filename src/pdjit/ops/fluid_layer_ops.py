@@ -22,6 +22,12 @@ with Fluid 1.8's slots and attributes, its shape rule, its NumPy semantics and i
   1.x's: ids ``[..., 1]`` to ``[..., depth]``, ``depth`` or the ``depth_tensor`` input,
   ``allow_out_of_range``): no gradient.
 
+- ``roll`` (``shifts``; ``dims`` or 2.x's ``axis``), ``index_sample``, ``crop_tensor``,
+  ``crop``, ``diag`` (index maps too), ``kron``, ``trace`` (``dim1``/``dim2`` or 2.x's
+  ``axis1``/``axis2``), ``cross``, ``addmm``, ``bilinear_tensor_product``, ``affine_grid``,
+  ``unstack`` (its gradient a ``stack``), ``multiplex``, ``meshgrid``, ``pad_constant_like``,
+  ``fsp``, with their gradients; ``eye`` and ``shard_index`` without.
+
 None of them is lowered to native code (``emit=None``): a compiled plan runs each as a host
 step of its NumPy definition.
 """
@@ -1126,3 +1132,192 @@ register_op(
     domain={"X": "positive"},
     doc="Each id's row within shard shard_id of ceil(index_num / nshards) rows, else "
         "ignore_value.")
+
+
+# ---- unstack, multiplex, meshgrid, pad_constant_like, fsp --------------------------------------
+def _unstack_axis(op, ndim, axis):
+    return norm_axis(axis, ndim, f"{op}: axis")
+
+
+def _unstack_infer(X, *, axis, num):
+    if X.ndim < 1:
+        raise _bad("unstack", "expected X of rank >= 1, got a 0-d tensor")
+    a = _unstack_axis("unstack", X.ndim, axis)
+    if X.shape[a] >= 0 and X.shape[a] != num:
+        raise _bad("unstack", f"expected num ({num}) to equal the size of axis {a} of X "
+                              f"{list(X.shape)}")
+    part = X.with_(shape=X.shape[:a] + X.shape[a + 1:])
+    return {"Y": [part] * num}
+
+
+def _unstack_ref(X, *, axis, num):
+    a = _unstack_axis("unstack", X.ndim, axis)
+    if X.shape[a] != num:
+        raise _bad("unstack", f"expected num ({num}) to equal the size of axis {a} of X "
+                              f"{list(X.shape)}")
+    return {"Y": [np.ascontiguousarray(np.take(X, i, axis=a)) for i in range(num)]}
+
+
+def _unstack_grad(op):
+    """unstack's gradient stacks the Y@GRADs again (an output nobody used: zeros)."""
+    from pdjit.framework.registry import GradOpSpec, grad_var_name
+
+    return [GradOpSpec("stack", {"X": [grad_var_name(n) for n in op.output("Y")]},
+                       {"Y": [grad_var_name(n) for n in op.input("X")]},
+                       {"axis": op.attr("axis")})]
+
+
+register_op(
+    "unstack", inputs=["X"], outputs=["Y*"],
+    attrs={"axis": Int(0, choices=(0, -1), axis_of="X"), "num": Int(2, choices=(2,))},
+    traits=[OPAQUE], infer_shape=_unstack_infer, reference=_unstack_ref, emit=None,
+    grad=_unstack_grad, doc="The num slices of X along axis, that axis removed.")
+
+
+def _mux_infer(X, Ids):
+    check_dtype(Ids, (np.dtype(np.int32), INT64), "multiplex: input Ids")
+    first = X[0]
+    for i, m in enumerate(X):
+        if m.shape != first.shape or m.dtype != first.dtype:
+            raise _bad("multiplex", f"expected the inputs X of one shape and dtype, got X[0] "
+                                    f"{list(first.shape)} {first.dtype} and X[{i}] "
+                                    f"{list(m.shape)} {m.dtype}")
+    return {"Out": first}
+
+
+def _mux_rows(X, Ids):
+    ids = np.asarray(Ids).reshape(-1).astype(np.int64)
+    if ids.size != X[0].shape[0]:
+        raise _bad("multiplex", f"expected one id per row ({X[0].shape[0]}), got {ids.size}")
+    if ids.size and (ids.min() < 0 or ids.max() >= len(X)):
+        raise IndexError(f"multiplex: Ids hold {int(ids.min())}..{int(ids.max())}, expected "
+                         f"0..{len(X) - 1}")
+    return ids
+
+
+def _mux_ref(X, Ids):
+    ids = _mux_rows(X, Ids)
+    return {"Out": np.stack(X, axis=0)[ids, np.arange(ids.size)]}
+
+
+def _mux_grad_ref(X, Ids, **kw):
+    ids = _mux_rows(X, Ids)
+    g = kw["Out@GRAD"]
+    return {"X@GRAD": [np.where((ids == i).reshape((-1,) + (1,) * (g.ndim - 1)), g,
+                                0).astype(x.dtype) for i, x in enumerate(X)]}
+
+
+register_op(
+    "multiplex", inputs=["X*", "Ids"], outputs=["Out"], traits=[OPAQUE],
+    infer_shape=_mux_infer, reference=_mux_ref, emit=None,
+    grad=default_grad("multiplex_grad", fwd_inputs=("X", "Ids")),
+    doc="Row i of X[Ids[i]] for each row i.")
+register_op(
+    "multiplex_grad", inputs=["X*", "Ids", "Out@GRAD"], outputs=["X@GRAD*?"], traits=[OPAQUE],
+    infer_shape=lambda X, **_: {"X@GRAD": list(X)}, reference=_mux_grad_ref, emit=None,
+    grad=None, doc="Out@GRAD's row i to X[Ids[i]]@GRAD, zeros elsewhere.")
+
+
+def _mesh_infer(X):
+    for i, m in enumerate(X):
+        if m.ndim != 1:
+            raise _bad("meshgrid", f"expected 1-D inputs, got X[{i}] {list(m.shape)}")
+    shape = tuple(m.shape[0] for m in X)
+    return {"Out": [m.with_(shape=shape) for m in X]}
+
+
+def _mesh_ref(X):
+    return {"Out": [np.ascontiguousarray(a) for a in np.meshgrid(*X, indexing="ij")]}
+
+
+def _mesh_grad_ref(X, **kw):
+    gs = kw["Out@GRAD"]
+    n = len(X)
+    return {"X@GRAD": [np.asarray(g).sum(axis=tuple(k for k in range(n) if k != i)).astype(
+        x.dtype) for i, (x, g) in enumerate(zip(X, gs))]}
+
+
+register_op(
+    "meshgrid", inputs=["X*"], outputs=["Out*"], traits=[OPAQUE], infer_shape=_mesh_infer,
+    reference=_mesh_ref, emit=None,
+    grad=default_grad("meshgrid_grad", fwd_inputs=("X",)),
+    doc="The grids of the 1-D inputs: Out[i] holds X[i] along axis i (indexing 'ij').")
+register_op(
+    "meshgrid_grad", inputs=["X*", "Out@GRAD*"], outputs=["X@GRAD*?"], traits=[OPAQUE],
+    infer_shape=lambda X, **_: {"X@GRAD": list(X)}, reference=_mesh_grad_ref, emit=None,
+    grad=None, doc="X[i]@GRAD: Out[i]@GRAD summed over every axis but i.")
+
+
+def _pcl_infer(X, Y, *, pad_value):
+    if X.ndim != Y.ndim or X.dtype != Y.dtype or any(
+            a >= 0 and b >= 0 and a < b for a, b in zip(X.shape, Y.shape)):
+        raise _bad("pad_constant_like", f"expected X and Y of one rank and dtype with X's "
+                                        f"sizes >= Y's, got {list(X.shape)} {X.dtype} and "
+                                        f"{list(Y.shape)} {Y.dtype}")
+    return {"Out": X}
+
+
+def _pcl_ref(X, Y, *, pad_value):
+    if X.ndim != Y.ndim or any(a < b for a, b in zip(X.shape, Y.shape)):
+        raise _bad("pad_constant_like", f"expected X's sizes {list(X.shape)} >= Y's "
+                                        f"{list(Y.shape)}")
+    return {"Out": np.pad(Y, [(0, a - b) for a, b in zip(X.shape, Y.shape)],
+                          constant_values=np.asarray(_f32(pad_value)).astype(Y.dtype))}
+
+
+register_op(
+    "pad_constant_like", inputs=["X", "Y"], outputs=["Out"],
+    attrs={"pad_value": Float(0.0, low=0.0, high=1.0)}, traits=[OPAQUE],
+    infer_shape=_pcl_infer, reference=_pcl_ref, emit=None,
+    grad=default_grad("pad_constant_like_grad", fwd_inputs=("Y",), wrt=("Y",)),
+    doc="Y padded with pad_value at the end of each axis to X's shape.")
+register_op(
+    "pad_constant_like_grad", inputs=["Y", "Out@GRAD"], outputs=["Y@GRAD"],
+    attrs={"pad_value": Float(0.0, low=0.0, high=1.0)}, traits=[OPAQUE],
+    infer_shape=lambda Y, **_: {"Y@GRAD": Y},
+    reference=lambda Y, **kw: {"Y@GRAD": np.ascontiguousarray(
+        kw["Out@GRAD"][tuple(slice(0, n) for n in Y.shape)]).astype(Y.dtype)},
+    emit=None, grad=None, doc="The leading block of Out@GRAD of Y's shape.")
+
+
+def _fsp_infer(X, Y):
+    if X.ndim != 4 or Y.ndim != 4 or X.dtype != Y.dtype:
+        raise _bad("fsp", f"expected 4-D X and Y of one dtype, got {list(X.shape)} {X.dtype} "
+                          f"and {list(Y.shape)} {Y.dtype}")
+    for a, b in zip(X.shape[2:], Y.shape[2:]):
+        if a >= 0 and b >= 0 and a != b:
+            raise _bad("fsp", f"expected X and Y of one height and width, got "
+                              f"{list(X.shape)} and {list(Y.shape)}")
+    return {"Out": X.with_(shape=(X.shape[0], X.shape[1], Y.shape[1]))}
+
+
+def _fsp_flat(X, Y):
+    if X.shape[0] != Y.shape[0] or X.shape[2:] != Y.shape[2:]:
+        raise _bad("fsp", f"expected X and Y of one batch, height and width, got "
+                          f"{list(X.shape)} and {list(Y.shape)}")
+    n, hw = X.shape[0], X.shape[2] * X.shape[3]
+    return X.astype(F64).reshape(n, X.shape[1], hw), Y.astype(F64).reshape(n, Y.shape[1], hw), hw
+
+
+def _fsp_ref(X, Y):
+    x, y, hw = _fsp_flat(X, Y)
+    return {"Out": (x @ y.transpose(0, 2, 1) / hw).astype(X.dtype)}
+
+
+def _fsp_grad_ref(X, Y, **kw):
+    x, y, hw = _fsp_flat(X, Y)
+    g = kw["Out@GRAD"].astype(F64) / hw
+    return {"X@GRAD": (g @ y).reshape(X.shape).astype(X.dtype),
+            "Y@GRAD": (g.transpose(0, 2, 1) @ x).reshape(Y.shape).astype(Y.dtype)}
+
+
+register_op(
+    "fsp", inputs=["X", "Y"], outputs=["Out"], traits=[OPAQUE], infer_shape=_fsp_infer,
+    reference=_fsp_ref, emit=None,
+    grad=default_grad("fsp_grad", fwd_inputs=("X", "Y"), wrt=("X", "Y")),
+    doc="The flow-of-solution-procedure matrix: Out[n] = X[n] Y[n]^T / (H W) over the "
+        "flattened H W.")
+register_op(
+    "fsp_grad", inputs=["X", "Y", "Out@GRAD"], outputs=["X@GRAD?", "Y@GRAD?"],
+    traits=[OPAQUE], infer_shape=lambda X, Y, **_: {"X@GRAD": X, "Y@GRAD": Y},
+    reference=_fsp_grad_ref, emit=None, grad=None, doc="The gradients of fsp.")
