@@ -106,3 +106,13 @@ add("meshgrid", S(lambda r: {"X": [u(r, (2,)), u(r, (3,))]}, grad=["X"],
 add("pad_constant_like", S(lambda r: {"X": u(r, (3, 4)), "Y": u(r, (2, 3))},
                            {"pad_value": 0.5}, grad=["Y"]))
 add("fsp", S(lambda r: {"X": u(r, (2, 3, 2, 2)), "Y": u(r, (2, 2, 2, 2))}, grad=["X", "Y"]))
+add("diag_embed",
+    S(lambda r: {"Input": u(r, (2, 3))}, grad=["Input"]),
+    S(lambda r: {"Input": u(r, (2, 3))}, {"offset": 1, "dim1": 0, "dim2": -1}, grad=["Input"]),
+    S(lambda r: {"Input": u(r, (3,))}, {"offset": -1}, grad=["Input"]))
+add("dist",
+    S(lambda r: {"X": u(r, (2, 3)), "Y": u(r, (3,))}, {"p": 2.0}, grad=["X", "Y"]),
+    S(lambda r: {"X": distinct(r, (2, 3)), "Y": distinct(r, (1, 3)) + 3.0}, {"p": 3.0},
+      grad=["X", "Y"]),
+    S(lambda r: {"X": distinct(r, (2, 3)), "Y": np.zeros((2, 3))}, {"p": float("inf")},
+      grad=["X"]))

@@ -17,7 +17,7 @@ import numpy as np
 from pdjit.framework.program import Variable
 from pdjit.layers import math_ops, misc, shape_ops, tensor
 from pdjit.layers.layer_helper import LayerHelper, check_variable
-from pdjit.layers.manip import _fluid_op, _known
+from pdjit.layers.manip import _fluid_op
 
 __all__ = ["addcmul", "addmm", "allclose", "arange", "bmm", "clamp", "cross", "dist", "dot",
            "elementwise_equal", "flip", "full", "full_like", "index_select", "index_sample",
@@ -114,18 +114,7 @@ def dist(x, y, p=2) -> Variable:
     smallest absolute difference): ``[1]``."""
     check_variable(x, "x", "dist")
     check_variable(y, "y", "dist")
-    d = math_ops.abs(math_ops.elementwise_sub(x, y))
-    p = float(p)
-    if p == 0:
-        nz = tensor.cast(math_ops.greater_than(d, math_ops.scale(d, scale=0.0)), x.dtype)
-        out = shape_ops.reduce_sum(nz)
-    elif np.isinf(p):
-        out = (shape_ops.reduce_max if p > 0 else shape_ops.reduce_min)(d)
-    else:
-        from pdjit.layers.activation import pow as pow_
-
-        out = pow_(shape_ops.reduce_sum(pow_(d, p)), 1.0 / p)
-    return shape_ops.reshape(out, [1])
+    return _fluid_op("dist", {"X": x, "Y": y}, {"p": float(p)}, x.dtype)
 
 
 def dot(x, y, name=None) -> Variable:
@@ -331,14 +320,18 @@ def trace(input, offset=0, dim1=0, dim2=1, name=None) -> Variable:
 
 
 def diag_embed(input, offset=0, dim1=-2, dim2=-1) -> Variable:
-    """Square matrices with ``input``'s last axis on their diagonal (``offset`` 0 and the last
-    two axes only)."""
+    """Matrices with ``input``'s last axis on their ``offset``-th diagonal, in the planes
+    ``(dim1, dim2)`` of the output (Fluid's ``diag_embed`` op)."""
     check_variable(input, "input", "diag_embed")
     r = len(input.shape) + 1
-    if offset != 0 or dim1 % r != r - 2 or dim2 % r != r - 1:
-        raise ValueError("diag_embed: only offset=0 with dim1=-2, dim2=-1 is supported")
-    _known(input, [len(input.shape) - 1], "diag_embed", "the last size")
-    n = input.shape[-1]
-    m = tensor.assign(np.eye(n, dtype=np.float32))
-    m = m if str(np.dtype(input.dtype)) == "float32" else tensor.cast(m, input.dtype)
-    return math_ops.elementwise_mul(shape_ops.unsqueeze(input, [len(input.shape)]), m)
+    for arg, d in (("dim1", dim1), ("dim2", dim2)):
+        if isinstance(d, bool) or not isinstance(d, int) or not -r <= d < r:
+            raise ValueError(f"diag_embed: argument {arg!r} must be an int in [{-r}, {r}), got "
+                             f"{d!r}")
+    if dim1 % r == dim2 % r:
+        raise ValueError(f"diag_embed: dim1 and dim2 must differ, got {dim1} and {dim2}")
+    helper = LayerHelper("diag_embed")
+    out = helper.create_variable_for_type_inference(input.dtype)
+    helper.append_op("diag_embed", inputs={"Input": [input]}, outputs={"Out": [out]},
+                     attrs={"offset": int(offset), "dim1": int(dim1), "dim2": int(dim2)})
+    return out

@@ -1321,3 +1321,121 @@ register_op(
     "fsp_grad", inputs=["X", "Y", "Out@GRAD"], outputs=["X@GRAD?", "Y@GRAD?"],
     traits=[OPAQUE], infer_shape=lambda X, Y, **_: {"X@GRAD": X, "Y@GRAD": Y},
     reference=_fsp_grad_ref, emit=None, grad=None, doc="The gradients of fsp.")
+
+
+# ---- diag_embed (an index map), dist -----------------------------------------------------------
+def _de_axes(rank_out, dim1, dim2):
+    d1 = norm_axis(dim1, rank_out, "diag_embed: dim1")
+    d2 = norm_axis(dim2, rank_out, "diag_embed: dim2")
+    if d1 == d2:
+        raise _bad("diag_embed", f"expected two different dims, got {dim1} and {dim2}")
+    return d1, d2
+
+
+def _de_infer(X, *, offset, dim1, dim2):
+    if X.ndim < 1:
+        raise _bad("diag_embed", "expected Input of rank >= 1, got a 0-d tensor")
+    d1, d2 = _de_axes(X.ndim + 1, dim1, dim2)
+    n = X.shape[-1] + abs(offset) if X.shape[-1] >= 0 else -1
+    rest = list(X.shape[:-1])
+    shape = []
+    for i in range(X.ndim + 1):
+        shape.append(n if i in (d1, d2) else rest.pop(0))
+    return {"Out": X.with_(shape=tuple(shape))}
+
+
+def _de_arrange(X, fill, *, offset, dim1, dim2):
+    d1, d2 = _de_axes(X.ndim + 1, dim1, dim2)
+    k = X.shape[-1]
+    n = k + abs(offset)
+    out = np.full(X.shape[:-1] + (n, n), fill, X.dtype)
+    i = np.arange(k)
+    rows, cols = (i, i + offset) if offset >= 0 else (i - offset, i)
+    out[..., rows, cols] = X
+    # the last two axes (rows, columns) go to dim1 and dim2
+    return np.ascontiguousarray(np.moveaxis(out, (-2, -1), (d1, d2)))
+
+
+def _register_diag_embed():
+    attrs = {"offset": Int(0, low=-1, high=1), "dim1": Int(-2, choices=(-2, 0)),
+             "dim2": Int(-1, choices=(-1,))}
+
+    def infer(Input, **kw):
+        return _de_infer(Input, **kw)
+
+    def ref(Input, *, offset, dim1, dim2):
+        return {"Out": _de_arrange(Input, 0, offset=offset, dim1=dim1, dim2=dim2)}
+
+    def grad_ref(Input, *, offset, dim1, dim2, **kw):
+        idx = _de_arrange(np.arange(Input.size, dtype=np.int64).reshape(Input.shape), -1,
+                          offset=offset, dim1=dim1, dim2=dim2)
+        dx = np.zeros(Input.size, F64)
+        read = idx >= 0
+        np.add.at(dx, idx[read], kw["Out@GRAD"][read].astype(F64))
+        return {"Input@GRAD": dx.reshape(Input.shape).astype(Input.dtype)}
+
+    register_op("diag_embed", inputs=["Input"], outputs=["Out"], attrs=attrs, traits=[OPAQUE],
+                infer_shape=infer, reference=ref, emit=None,
+                grad=default_grad("diag_embed_grad", fwd_inputs=("Input",), wrt=("Input",)),
+                doc="Input's last axis on the offset-th diagonal of the planes (dim1, dim2).")
+    register_op("diag_embed_grad", inputs=["Input", "Out@GRAD"], outputs=["Input@GRAD"],
+                attrs=attrs, traits=[OPAQUE],
+                infer_shape=lambda Input, **_: {"Input@GRAD": Input}, reference=grad_ref,
+                emit=None, grad=None, doc="The diagonal of Out@GRAD.")
+
+
+_register_diag_embed()
+
+
+def _dist_infer(X, Y, *, p):
+    if X.dtype != Y.dtype:
+        raise _bad("dist", f"expected X and Y of one dtype, got {X.dtype} and {Y.dtype}")
+    return {"Out": X.with_(shape=())}
+
+
+def _dist_ref(X, Y, *, p):
+    d = np.abs(X.astype(F64) - Y.astype(F64))
+    p = _f32(p)
+    if p == 0:
+        r = np.count_nonzero(d)
+    elif np.isinf(p):
+        r = d.max() if p > 0 else d.min()
+    else:
+        r = np.sum(d ** p) ** (1.0 / p)
+    return {"Out": np.asarray(r, X.dtype)}
+
+
+def _sum_to(g, shape):
+    g = g.sum(axis=tuple(range(g.ndim - len(shape))))
+    return g.sum(axis=tuple(i for i, n in enumerate(shape) if n == 1), keepdims=True)
+
+
+def _dist_grad_ref(X, Y, Out, *, p, **kw):
+    d = X.astype(F64) - Y.astype(F64)
+    a, out = np.abs(d), float(np.asarray(Out).reshape(-1)[0])
+    g = float(np.asarray(kw["Out@GRAD"]).reshape(-1)[0])
+    p = _f32(p)
+    if p == 0 or out == 0:
+        gd = np.zeros_like(d)
+    elif np.isinf(p):        # the extreme differences, compared as the forward rounded them
+        gd = np.sign(d) * (a.astype(X.dtype) == np.asarray(Out).reshape(-1)[0])
+    else:
+        gd = np.sign(d) * a ** (p - 1) / out ** (p - 1)
+    gd = gd * g
+    return {"X@GRAD": _sum_to(gd, X.shape).reshape(X.shape).astype(X.dtype),
+            "Y@GRAD": (-_sum_to(gd, Y.shape)).reshape(Y.shape).astype(Y.dtype)}
+
+
+register_op(
+    "dist", inputs=["X", "Y"], outputs=["Out"], attrs={"p": Float(2.0, low=1.0, high=3.0)},
+    traits=[OPAQUE], infer_shape=_dist_infer, reference=_dist_ref, emit=None,
+    grad=default_grad("dist_grad", fwd_inputs=("X", "Y"), fwd_outputs=("Out",),
+                      wrt=("X", "Y")),
+    doc="The p-norm of X - Y (broadcast; p 0: the count of non-zeros, inf / -inf: the "
+        "largest / smallest absolute difference): 0-d ([1] from a Fluid 1.x layer).")
+register_op(
+    "dist_grad", inputs=["X", "Y", "Out", "Out@GRAD"], outputs=["X@GRAD?", "Y@GRAD?"],
+    attrs={"p": Float(2.0, low=1.0, high=3.0)}, traits=[OPAQUE],
+    infer_shape=lambda X, Y, **_: {"X@GRAD": X, "Y@GRAD": Y}, reference=_dist_grad_ref,
+    emit=None, grad=None,
+    doc="The gradients of dist (at p = inf every largest difference gets the gradient).")
