@@ -326,3 +326,25 @@ def test_unstack_multiplex_meshgrid_pad_constant_like_fsp_layers(fresh_programs)
     np.testing.assert_allclose(gxx, (2 * F @ Y / 4).reshape(x.shape), rtol=1e-12)
     np.testing.assert_allclose(gyy, (2 * F.transpose(0, 2, 1) @ X / 4).reshape(y.shape),
                                rtol=1e-12)
+
+
+def test_random_batch_size_like_layers(fresh_programs):
+    """The batch comes from the input at run time; the draws have the distribution's moments
+    and bounds; a fixed seed draws the same numbers every run."""
+    main, _ = fresh_programs
+    x = fluid.layers.data(name="x", shape=[3], dtype="float32")
+    u = fluid.layers.uniform_random_batch_size_like(x, [-1, 500], min=-2.0, max=1.0, seed=5)
+    g = fluid.layers.gaussian_random_batch_size_like(x, shape=[-1, 500], mean=1.0, std=0.5,
+                                                     dtype="float64")
+    assert [op.type for op in main.global_block().ops] == [
+        "uniform_random_batch_size_like", "gaussian_random_batch_size_like"]
+    exe = fluid.Executor(fluid.CPUPlace())
+    feed = {"x": np.zeros((8, 3), "float32")}
+    u1, g1 = exe.run(main, feed=feed, fetch_list=[u, g])
+    u2, g2 = exe.run(main, feed=feed, fetch_list=[u, g])
+    assert u1.shape == (8, 500) and u1.dtype == np.float32 and g1.dtype == np.float64
+    assert u1.min() >= -2.0 and u1.max() < 1.0 and abs(u1.mean() + 0.5) < 0.05
+    assert abs(u1.std() - 3 / np.sqrt(12)) < 0.03
+    assert abs(g1.mean() - 1.0) < 0.03 and abs(g1.std() - 0.5) < 0.03
+    np.testing.assert_array_equal(u1, u2)                 # seed 5: the same every run
+    assert not np.array_equal(g1, g2)                     # seed 0: the program's stream

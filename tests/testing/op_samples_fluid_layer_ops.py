@@ -116,3 +116,9 @@ add("dist",
       grad=["X", "Y"]),
     S(lambda r: {"X": distinct(r, (2, 3)), "Y": np.zeros((2, 3))}, {"p": float("inf")},
       grad=["X"]))
+add("uniform_random_batch_size_like",
+    S(lambda r: {"Input": u(r, (3, 2))}, {"shape": [-1, 4], "min": -2.0, "max": 0.5}),
+    S(lambda r: {"Input": u(r, (2, 5))}, {"shape": [3, -1], "input_dim_idx": 1,
+                                          "output_dim_idx": 1, "dtype": 6}))
+add("gaussian_random_batch_size_like",
+    S(lambda r: {"Input": u(r, (3, 2))}, {"shape": [-1, 4], "mean": 1.0, "std": 0.5}))

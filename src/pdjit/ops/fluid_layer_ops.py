@@ -1439,3 +1439,77 @@ register_op(
     infer_shape=lambda X, Y, **_: {"X@GRAD": X, "Y@GRAD": Y}, reference=_dist_grad_ref,
     emit=None, grad=None,
     doc="The gradients of dist (at p = inf every largest difference gets the gradient).")
+
+
+# ---- uniform_random_batch_size_like, gaussian_random_batch_size_like ---------------------------
+_FLOAT_CODE_CHOICES = tuple(dtypes.to_code(d) for d in ("float32", "float64"))
+
+
+def _bsl_shape(op, in_shape, shape, input_dim_idx, output_dim_idx):
+    shape = [int(d) for d in shape]
+    if not shape:
+        raise _bad(op, "expected a non-empty shape")
+    i = norm_axis(input_dim_idx, len(in_shape), f"{op}: input_dim_idx")
+    o = norm_axis(output_dim_idx, len(shape), f"{op}: output_dim_idx")
+    shape[o] = in_shape[i]
+    return tuple(shape)
+
+
+def _register_random_bsl(op, dist_attrs, draw, doc):
+    attrs = {"shape": Ints([-1, 2], choices=([-1, 2], [3, -1])),
+             "input_dim_idx": Int(0, choices=(0,)), "output_dim_idx": Int(0, choices=(0,)),
+             "seed": Int(0), "dtype": Int(5, choices=_FLOAT_CODE_CHOICES), **dist_attrs}
+
+    def infer(Input, *, shape, input_dim_idx, output_dim_idx, dtype, **_):
+        out = dtypes.to_numpy(dtype)
+        if out.kind != "f":
+            raise _bad(op, f"expected a float dtype, got {out}")
+        return {"Out": VarMeta(_bsl_shape(op, Input.shape, shape, input_dim_idx,
+                                          output_dim_idx), out)}
+
+    def ref(Input, *, shape, input_dim_idx, output_dim_idx, dtype, ctx, **kw):
+        shp = _bsl_shape(op, np.shape(Input), shape, input_dim_idx, output_dim_idx)
+        if min(shp) < 0:
+            raise _bad(op, f"expected a known output shape, got {list(shp)}")
+        return {"Out": draw(ctx.rng_key(), shp, dtypes.to_numpy(dtype), kw)}
+
+    from pdjit.framework.registry import RANDOM
+
+    register_op(op, inputs=["Input"], outputs=["Out"], attrs=attrs, traits=[OPAQUE, RANDOM],
+                infer_shape=infer, reference=ref, emit=None, grad=None, doc=doc)
+
+
+def _uniform_draw(key, shape, dtype, kw):
+    from pdjit.framework import random as prandom
+
+    if kw["min"] > kw["max"]:
+        raise _bad("uniform_random_batch_size_like", f"expected min <= max, got min="
+                                                     f"{kw['min']}, max={kw['max']}")
+    out = prandom.uniform(key, shape, kw["min"], kw["max"], dtype)
+    flat = out.reshape(-1)
+    for i in range(kw["diag_num"]):          # Paddle's option: diag_val on a strided diagonal
+        if i * kw["diag_step"] + i < flat.size:
+            flat[i * kw["diag_step"] + i] = kw["diag_val"]
+    return out
+
+
+def _gaussian_draw(key, shape, dtype, kw):
+    from pdjit.framework import random as prandom
+
+    return prandom.normal(key, shape, kw["mean"], kw["std"], dtype)
+
+
+_register_random_bsl(
+    "uniform_random_batch_size_like",
+    {"min": Float(-1.0, low=-2.0, high=0.0), "max": Float(1.0, low=0.0, high=2.0),
+     "diag_num": Int(0, choices=(0,)), "diag_step": Int(0, choices=(0,)),
+     "diag_val": Float(1.0, low=1.0, high=1.0)},
+    _uniform_draw,
+    "Out ~ Uniform[min, max) of shape with dim output_dim_idx taken from Input's "
+    "input_dim_idx (the batch).")
+_register_random_bsl(
+    "gaussian_random_batch_size_like",
+    {"mean": Float(0.0, low=-1.0, high=1.0), "std": Float(1.0, low=0.5, high=2.0)},
+    _gaussian_draw,
+    "Out ~ Normal(mean, std) of shape with dim output_dim_idx taken from Input's "
+    "input_dim_idx (the batch).")
