@@ -348,3 +348,18 @@ def test_random_batch_size_like_layers(fresh_programs):
     assert abs(g1.mean() - 1.0) < 0.03 and abs(g1.std() - 0.5) < 0.03
     np.testing.assert_array_equal(u1, u2)                 # seed 5: the same every run
     assert not np.array_equal(g1, g2)                     # seed 0: the program's stream
+
+
+def test_randint_and_randperm_layers(fresh_programs):
+    main, _ = fresh_programs
+    ints = fluid.layers.randint(-2, 3, shape=[50, 40], seed=3)
+    perm = fluid.layers.randperm(7, dtype="int32")
+    assert [op.type for op in main.global_block().ops] == ["randint", "randperm"]
+    exe = fluid.Executor(fluid.CPUPlace())
+    a, p = exe.run(main, fetch_list=[ints, perm])
+    b, _ = exe.run(main, fetch_list=[ints, perm])
+    assert a.dtype == np.int64 and a.shape == (50, 40) and p.dtype == np.int32
+    counts = np.bincount(a.reshape(-1) + 2, minlength=5)
+    assert counts.size == 5 and abs(counts / a.size - 0.2).max() < 0.03   # uniform on [-2, 3)
+    assert sorted(p.tolist()) == list(range(7))
+    np.testing.assert_array_equal(a, b)                    # seed 3: the same every run

@@ -122,3 +122,6 @@ add("uniform_random_batch_size_like",
                                           "output_dim_idx": 1, "dtype": 6}))
 add("gaussian_random_batch_size_like",
     S(lambda r: {"Input": u(r, (3, 2))}, {"shape": [-1, 4], "mean": 1.0, "std": 0.5}))
+add("randint", S(lambda r: {}, {"low": -2, "high": 5, "shape": [3, 4]}),
+    S(lambda r: {"ShapeTensor": np.array([2, 2], I64)}, {"low": 0, "high": 3, "dtype": 2}))
+add("randperm", S(lambda r: {}, {"n": 6}), S(lambda r: {}, {"n": 1, "dtype": 2}))

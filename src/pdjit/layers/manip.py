@@ -541,14 +541,19 @@ def lod_append(x, level) -> Variable:
 def randint(low=0, high=None, shape=None, out=None, dtype=None, device=None,
             stop_gradient=False, seed=0, name=None) -> Variable:
     """Integers drawn uniformly from ``[low, high)`` (``[0, low)`` when ``high`` is None)."""
-    from pdjit.layers import misc
+    from pdjit.framework import dtypes
 
     lo, hi = (0, low) if high is None else (low, high)
     if not hi > lo:
         raise ValueError(f"randint: expected low < high, got [{lo}, {hi})")
-    shape = [1] if shape is None else list(shape)
-    u = misc.uniform_random(shape, "float64", float(lo), float(hi), seed=int(seed))
-    v = tensor.cast(math_ops.floor(u), dtype or "int64")
+    inputs, attrs = {}, {"low": int(lo), "high": int(hi), "seed": int(seed),
+                         "dtype": dtypes.to_code(dtype or "int64")}
+    if isinstance(shape, Variable):
+        inputs["ShapeTensor"] = shape
+        attrs["shape"] = []
+    else:
+        attrs["shape"] = [1] if shape is None else [int(d) for d in shape]
+    v = _fluid_op("randint", inputs, attrs, dtype or "int64", name)
     v.stop_gradient = True
     return v
 

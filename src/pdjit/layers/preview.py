@@ -256,9 +256,10 @@ def randperm(n, out=None, dtype="int64", device=None, stop_gradient=True, seed=0
     """A random permutation of ``0 .. n - 1``."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"randperm: argument 'n' must be an int >= 1, got {n!r}")
-    keys = misc.uniform_random([n], "float32", 0.0, 1.0, seed=int(seed))
-    _, idx = shape_ops.argsort(keys)
-    v = idx if str(np.dtype(dtype)) == "int64" else tensor.cast(idx, dtype)
+    from pdjit.framework import dtypes
+
+    v = _fluid_op("randperm", {}, {"n": n, "dtype": dtypes.to_code(dtype), "seed": int(seed)},
+                  dtype)
     v.stop_gradient = True
     return v
 

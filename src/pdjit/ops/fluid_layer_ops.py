@@ -28,6 +28,9 @@ with Fluid 1.8's slots and attributes, its shape rule, its NumPy semantics and i
   ``unstack`` (its gradient a ``stack``), ``multiplex``, ``meshgrid``, ``pad_constant_like``,
   ``fsp``, with their gradients; ``eye`` and ``shard_index`` without.
 
+- ``uniform_random_batch_size_like``, ``gaussian_random_batch_size_like``, ``randint``,
+  ``randperm``: random, from the run's stream (a fixed ``seed`` repeats every run).
+
 None of them is lowered to native code (``emit=None``): a compiled plan runs each as a host
 step of its NumPy definition.
 """
@@ -43,6 +46,7 @@ from pdjit.framework.registry import (
     Float,
     Int,
     Ints,
+    Longs,
     Str,
     VarMeta,
     default_grad,
@@ -1513,3 +1517,61 @@ _register_random_bsl(
     _gaussian_draw,
     "Out ~ Normal(mean, std) of shape with dim output_dim_idx taken from Input's "
     "input_dim_idx (the batch).")
+
+
+# ---- randint, randperm -------------------------------------------------------------------------
+_INT_CODES = tuple(dtypes.to_code(d) for d in ("int32", "int64"))
+
+
+def _randint_infer(ShapeTensor=None, *, low, high, shape, dtype, seed):
+    out = dtypes.to_numpy(dtype)
+    if out.kind not in "iu" or not low < high:
+        raise _bad("randint", f"expected an int dtype and low < high, got {out} and "
+                              f"[{low}, {high})")
+    shp = (-1,) * int(np.prod(ShapeTensor.shape)) if ShapeTensor is not None and \
+        ShapeTensor.ndim == 1 and ShapeTensor.shape[0] >= 0 else tuple(shape)
+    return {"Out": VarMeta(shp, out)}
+
+
+def _randint_ref(ShapeTensor=None, *, low, high, shape, dtype, seed, ctx):
+    from pdjit.framework import random as prandom
+
+    shp = tuple(_values(ShapeTensor)) if ShapeTensor is not None else tuple(shape)
+    if not low < high or min(shp, default=0) < 0:
+        raise _bad("randint", f"expected low < high and a known shape, got [{low}, {high}) "
+                              f"and {list(shp)}")
+    u = prandom.uniform01(ctx.rng_key(), int(np.prod(shp, dtype=np.int64)))
+    ids = np.minimum(low + np.floor(u * (high - low)), high - 1)
+    return {"Out": ids.astype(dtypes.to_numpy(dtype)).reshape(shp)}
+
+
+def _randperm_ref(*, n, dtype, seed, ctx):
+    from pdjit.framework import random as prandom
+
+    if n < 1:
+        raise _bad("randperm", f"expected n >= 1, got {n}")
+    keys = prandom.uniform01(ctx.rng_key(), n)
+    return {"Out": np.argsort(keys, kind="stable").astype(dtypes.to_numpy(dtype))}
+
+
+def _register_random_ints():
+    from pdjit.framework.registry import RANDOM
+
+    register_op(
+        "randint", inputs=["ShapeTensor?"], outputs=["Out"],
+        attrs={"low": Int(0, choices=(0, -2)), "high": Int(5, choices=(5,)),
+               "shape": Longs([2, 3], choices=([2, 3],)), "dtype": Int(3, choices=_INT_CODES),
+               "seed": Int(0)},
+        traits=[OPAQUE, RANDOM], infer_shape=_randint_infer, reference=_randint_ref,
+        emit=None, grad=None, doc="Integers drawn uniformly from [low, high).")
+    register_op(
+        "randperm", inputs=[], outputs=["Out"],
+        attrs={"n": Int(5, choices=(1, 5)), "dtype": Int(3, choices=_INT_CODES),
+               "seed": Int(0)},
+        traits=[OPAQUE, RANDOM],
+        infer_shape=lambda *, n, dtype, seed: {"Out": VarMeta((n,), dtypes.to_numpy(dtype))},
+        reference=_randperm_ref, emit=None, grad=None,
+        doc="A random permutation of 0 .. n - 1.")
+
+
+_register_random_ints()
