@@ -27,7 +27,6 @@ with Fluid 1.8's slots and attributes, its shape rule, its NumPy semantics and i
   ``axis1``/``axis2``), ``cross``, ``addmm``, ``bilinear_tensor_product``, ``affine_grid``,
   ``unstack`` (its gradient a ``stack``), ``multiplex``, ``meshgrid``, ``pad_constant_like``,
   ``fsp``, with their gradients; ``eye`` and ``shard_index`` without.
-
 - ``uniform_random_batch_size_like``, ``gaussian_random_batch_size_like``, ``randint``,
   ``randperm``: random, from the run's stream (a fixed ``seed`` repeats every run).
 
