@@ -42,7 +42,6 @@ REASONS = {
     "similarity_focus": "rarely used attention mask op: not implemented yet",
     "filter_by_instag": "CTR instance filtering by tags (LoD in, LoD out, loss weights): not "
                         "implemented yet",
-    "hash": "needs Fluid's xxHash-based hash op (values must match Fluid's): not implemented yet",
     "load": "needs a load op reading a saved tensor file at run time (the file reader lives in "
             "pdjit.io, above the ops): not implemented yet",
 }

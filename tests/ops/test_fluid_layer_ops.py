@@ -363,3 +363,23 @@ def test_randint_and_randperm_layers(fresh_programs):
     assert counts.size == 5 and abs(counts / a.size - 0.2).max() < 0.03   # uniform on [-2, 3)
     assert sorted(p.tolist()) == list(range(7))
     np.testing.assert_array_equal(a, b)                    # seed 3: the same every run
+
+
+def test_hash_is_fluids_xxh64():
+    """The hash layer's op on int32 and int64 rows of 1 to 9 ids (4 to 72 bytes: every branch
+    of XXH64) equals what PaddlePaddle 3.3.1 computed; and XXH64 itself on the reference
+    vectors of the xxHash project (the empty input, seeds 0 and 1)."""
+    from pdjit.ops.fluid_layer_ops import xxh64
+
+    assert xxh64(b"") == 0xEF46DB3751D8E999
+    assert xxh64(b"", 1) == 0xD5AFBA1336A3BE4B
+    io = np.load(PADDLE / "fluid_layer_ops_hash.npz")
+    for case in sorted({k.split("/")[0] for k in io}):
+        x = io[f"{case}/x"]
+        main, startup = fluid.Program(), fluid.Program()
+        with fluid.program_guard(main, startup), fluid.unique_name.guard():
+            v = fluid.data("x", list(x.shape), str(x.dtype))
+            out = fluid.layers.hash(v, hash_size=100000, num_hash=3)
+        got, = fluid.Executor(fluid.CPUPlace()).run(main, feed={"x": x}, fetch_list=[out])
+        assert got.dtype == x.dtype
+        np.testing.assert_array_equal(got, io[f"{case}/out"], err_msg=case)

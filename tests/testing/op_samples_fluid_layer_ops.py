@@ -125,3 +125,6 @@ add("gaussian_random_batch_size_like",
 add("randint", S(lambda r: {}, {"low": -2, "high": 5, "shape": [3, 4]}),
     S(lambda r: {"ShapeTensor": np.array([2, 2], I64)}, {"low": 0, "high": 3, "dtype": 2}))
 add("randperm", S(lambda r: {}, {"n": 6}), S(lambda r: {}, {"n": 1, "dtype": 2}))
+add("hash", S(lambda r: {"X": r.integers(-50, 50, (3, 2)).astype(np.int32)},
+              {"num_hash": 3, "mod_by": 1000}),
+    S(lambda r: {"X": r.integers(0, 9, (2, 5)).astype(I64)}, {"num_hash": 1, "mod_by": 7}))

@@ -43,7 +43,7 @@ __all__ = ["reverse", "sum", "unstack", "expand_as", "rank", "size", "crop", "cr
            "py_func", "spectral_norm", "box_coder", "prior_box",
            "multiclass_nms", "detection_output", "box_clip",
            "yolo_box", "anchor_generator", "polygon_box_transform",
-           "density_prior_box"]
+           "density_prior_box", "hash"]
 
 
 def _axes_list(axis, layer: str) -> list:
@@ -1075,3 +1075,20 @@ def density_prior_box(input, image, densities=None, fixed_sizes=None, fixed_rati
                             "step_w": steps[0], "step_h": steps[1], "offset": float(offset),
                             "flatten_to_2d": bool(flatten_to_2d)})
     return boxes, var
+
+
+def hash(input, hash_size, num_hash=1, name=None) -> Variable:  # noqa: A001 - Fluid's name
+    """For each row of int ids ``input [N, K]``, ``num_hash`` hashes of the row (XXH64 of its
+    bytes with seeds 0 .. num_hash - 1) modulo ``hash_size``: ``[N, num_hash, 1]`` of
+    ``input``'s dtype, as Fluid's ``hash`` op."""
+    check_variable(input, "input", "hash")
+    check_dtype(input, "input", ("int32", "int64"), "hash")
+    if len(input.shape) != 2:
+        raise ValueError(f"hash: input must be 2-D [N, K], got shape {list(input.shape)}")
+    for arg, v in (("hash_size", hash_size), ("num_hash", num_hash)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"hash: argument {arg!r} must be an int >= 1, got {v!r}")
+    out = _fluid_op("hash", {"X": input}, {"num_hash": num_hash, "mod_by": hash_size},
+                    input.dtype, name)
+    out.stop_gradient = True
+    return out

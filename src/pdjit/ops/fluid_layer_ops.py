@@ -45,6 +45,7 @@ from pdjit.framework.registry import (
     Float,
     Int,
     Ints,
+    Long,
     Longs,
     Str,
     VarMeta,
@@ -1574,3 +1575,76 @@ def _register_random_ints():
 
 
 _register_random_ints()
+
+
+# ---- hash: XXH64 of each row's bytes -----------------------------------------------------------
+_M64 = (1 << 64) - 1
+_P1, _P2, _P3, _P4, _P5 = (0x9E3779B185EBCA87, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9,
+                           0x85EBCA77C2B2AE63, 0x27D4EB2F165667C5)
+
+
+def _rotl(x: int, r: int) -> int:
+    return ((x << r) | (x >> (64 - r))) & _M64
+
+
+def _xxh_round(acc: int, lane: int) -> int:
+    return (_rotl((acc + lane * _P2) & _M64, 31) * _P1) & _M64
+
+
+def xxh64(data: bytes, seed: int = 0) -> int:
+    """XXH64 of ``data`` (the xxHash algorithm's 64-bit variant, little-endian lanes)."""
+    n, p = len(data), 0
+    if n >= 32:
+        v = [(seed + _P1 + _P2) & _M64, (seed + _P2) & _M64, seed & _M64, (seed - _P1) & _M64]
+        while n - p >= 32:
+            for i in range(4):
+                v[i] = _xxh_round(v[i], int.from_bytes(data[p + 8 * i:p + 8 * i + 8], "little"))
+            p += 32
+        h = (_rotl(v[0], 1) + _rotl(v[1], 7) + _rotl(v[2], 12) + _rotl(v[3], 18)) & _M64
+        for lane in v:
+            h = ((h ^ _xxh_round(0, lane)) * _P1 + _P4) & _M64
+    else:
+        h = (seed + _P5) & _M64
+    h = (h + n) & _M64
+    while n - p >= 8:
+        h ^= _xxh_round(0, int.from_bytes(data[p:p + 8], "little"))
+        h = (_rotl(h, 27) * _P1 + _P4) & _M64
+        p += 8
+    if n - p >= 4:
+        h ^= (int.from_bytes(data[p:p + 4], "little") * _P1) & _M64
+        h = (_rotl(h, 23) * _P2 + _P3) & _M64
+        p += 4
+    while p < n:
+        h ^= (data[p] * _P5) & _M64
+        h = (_rotl(h, 11) * _P1) & _M64
+        p += 1
+    h ^= h >> 33
+    h = (h * _P2) & _M64
+    h ^= h >> 29
+    h = (h * _P3) & _M64
+    return h ^ (h >> 32)
+
+
+def _hash_infer(X, *, num_hash, mod_by):
+    check_dtype(X, (np.dtype(np.int32), INT64), "hash: input X")
+    if X.ndim != 2 or num_hash < 1 or mod_by < 1:
+        raise _bad("hash", f"expected a 2-D X, num_hash >= 1 and mod_by >= 1, got "
+                           f"{list(X.shape)}, {num_hash}, {mod_by}")
+    return {"Out": X.with_(shape=(X.shape[0], num_hash, 1))}
+
+
+def _hash_ref(X, *, num_hash, mod_by):
+    if X.ndim != 2:
+        raise _bad("hash", f"expected a 2-D X, got {list(X.shape)}")
+    rows = np.ascontiguousarray(X, X.dtype.newbyteorder("<"))
+    out = np.array([[xxh64(row.tobytes(), seed) % mod_by for seed in range(num_hash)]
+                    for row in rows], np.int64).reshape(X.shape[0], num_hash, 1)
+    return {"Out": out.astype(X.dtype)}
+
+
+register_op(
+    "hash", inputs=["X"], outputs=["Out"],
+    attrs={"num_hash": Int(1, choices=(1, 3)), "mod_by": Long(100000, choices=(7, 100000))},
+    traits=[OPAQUE], infer_shape=_hash_infer, reference=_hash_ref, emit=None, grad=None,
+    doc="For each row of ids, XXH64 of its bytes with seeds 0 .. num_hash - 1, modulo mod_by: "
+        "[N, num_hash, 1] of X's dtype.")
