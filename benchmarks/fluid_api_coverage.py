@@ -39,7 +39,6 @@ REASONS = {
                                           "accidental-hit removal): not implemented yet",
     "data_norm": "CTR normalisation whose backward writes batch statistics, not gradients: "
                  "not implemented yet",
-    "similarity_focus": "rarely used attention mask op: not implemented yet",
     "filter_by_instag": "CTR instance filtering by tags (LoD in, LoD out, loss weights): not "
                         "implemented yet",
     "load": "needs a load op reading a saved tensor file at run time (the file reader lives in "

@@ -383,3 +383,26 @@ def test_hash_is_fluids_xxh64():
         got, = fluid.Executor(fluid.CPUPlace()).run(main, feed={"x": x}, fetch_list=[out])
         assert got.dtype == x.dtype
         np.testing.assert_array_equal(got, io[f"{case}/out"], err_msg=case)
+
+
+def test_similarity_focus_as_fluids_documentation_shows(fresh_programs):
+    """The example of Fluid 1.8's documentation (axis 1, indexes [0]), and a case by hand
+    along axis 2 with two indexes OR-ed."""
+    main, _ = fresh_programs
+    x = fluid.data("x", [2, 3, 2, 2], "float32")
+    y = fluid.data("y", [1, 2, 2, 3], "float64")
+    out = fluid.layers.similarity_focus(x, axis=1, indexes=[0])
+    out2 = fluid.layers.similarity_focus(y, axis=2, indexes=[0, 1])
+    xv = np.array([[[[0.8, 0.1], [0.4, 0.5]], [[0.9, 0.7], [0.9, 0.9]],
+                    [[0.8, 0.9], [0.1, 0.2]]],
+                   [[[0.2, 0.5], [0.3, 0.4]], [[0.9, 0.7], [0.8, 0.4]],
+                    [[0.0, 0.2], [0.4, 0.7]]]], "float32")
+    # y[0, :, 0, :] = [[5, 1, 0], [2, 4, 3]] -> 5 at (0, 0), then 4 at (1, 1)
+    # y[0, :, 1, :] = [[0, 0, 9], [8, 0, 0]] -> 9 at (0, 2), then 8 at (1, 0)
+    yv = np.array([[[[5, 1, 0], [0, 0, 9]], [[2, 4, 3], [8, 0, 0]]]], "float64")
+    got, got2 = fluid.Executor(fluid.CPUPlace()).run(main, feed={"x": xv, "y": yv},
+                                                     fetch_list=[out, out2])
+    eye, anti = np.eye(2), np.eye(2)[::-1]
+    np.testing.assert_array_equal(got, np.stack([np.stack([eye] * 3), np.stack([anti] * 3)]))
+    mask = np.array([[1, 0, 1], [1, 1, 0]], "float64")
+    np.testing.assert_array_equal(got2, np.stack([mask, mask], axis=1)[None])

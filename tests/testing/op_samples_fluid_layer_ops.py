@@ -128,3 +128,6 @@ add("randperm", S(lambda r: {}, {"n": 6}), S(lambda r: {}, {"n": 1, "dtype": 2})
 add("hash", S(lambda r: {"X": r.integers(-50, 50, (3, 2)).astype(np.int32)},
               {"num_hash": 3, "mod_by": 1000}),
     S(lambda r: {"X": r.integers(0, 9, (2, 5)).astype(I64)}, {"num_hash": 1, "mod_by": 7}))
+add("similarity_focus",
+    S(lambda r: {"X": distinct(r, (2, 3, 2, 3))}, {"axis": 1, "indexes": [0, 2]}),
+    S(lambda r: {"X": distinct(r, (1, 2, 3, 2))}, {"axis": 3, "indexes": [1]}))

@@ -43,7 +43,7 @@ __all__ = ["reverse", "sum", "unstack", "expand_as", "rank", "size", "crop", "cr
            "py_func", "spectral_norm", "box_coder", "prior_box",
            "multiclass_nms", "detection_output", "box_clip",
            "yolo_box", "anchor_generator", "polygon_box_transform",
-           "density_prior_box", "hash"]
+           "density_prior_box", "hash", "similarity_focus"]
 
 
 def _axes_list(axis, layer: str) -> list:
@@ -1090,5 +1090,27 @@ def hash(input, hash_size, num_hash=1, name=None) -> Variable:  # noqa: A001 - F
             raise ValueError(f"hash: argument {arg!r} must be an int >= 1, got {v!r}")
     out = _fluid_op("hash", {"X": input}, {"num_hash": num_hash, "mod_by": hash_size},
                     input.dtype, name)
+    out.stop_gradient = True
+    return out
+
+
+def similarity_focus(input, axis, indexes, name=None) -> Variable:
+    """Fluid's similarity focus mask of ``input [N, C, A, B]`` (same shape): for each of
+    ``indexes`` along ``axis`` (1, 2 or 3), the 2-D slice's largest value, then the largest
+    among those in other rows and columns, ... marked 1; the masks OR-ed and broadcast along
+    ``axis``."""
+    check_variable(input, "input", "similarity_focus")
+    check_dtype(input, "input", ("float32", "float64"), "similarity_focus")
+    if len(input.shape) != 4 or axis not in (1, 2, 3):
+        raise ValueError(f"similarity_focus: expected a 4-D input and axis 1, 2 or 3, got "
+                         f"{list(input.shape)} and {axis!r}")
+    if isinstance(indexes, int):
+        indexes = [indexes]
+    if not isinstance(indexes, (list, tuple)) or not indexes:
+        raise ValueError(f"similarity_focus: argument 'indexes' must be a non-empty list of "
+                         f"ints, got {indexes!r}")
+    out = _fluid_op("similarity_focus", {"X": input},
+                    {"axis": int(axis), "indexes": [int(i) for i in indexes]}, input.dtype,
+                    name)
     out.stop_gradient = True
     return out

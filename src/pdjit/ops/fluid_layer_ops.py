@@ -1648,3 +1648,60 @@ register_op(
     traits=[OPAQUE], infer_shape=_hash_infer, reference=_hash_ref, emit=None, grad=None,
     doc="For each row of ids, XXH64 of its bytes with seeds 0 .. num_hash - 1, modulo mod_by: "
         "[N, num_hash, 1] of X's dtype.")
+
+
+# ---- similarity_focus ----------------------------------------------------------------------------
+def _sf_infer(X, *, axis, indexes):
+    check_dtype(X, FLOATS, "similarity_focus: input X")
+    if X.ndim != 4 or axis not in (1, 2, 3) or not indexes:
+        raise _bad("similarity_focus", f"expected a 4-D X, axis 1, 2 or 3 and indexes, got "
+                                       f"{list(X.shape)}, axis {axis}, indexes "
+                                       f"{list(indexes)}")
+    if X.shape[axis] >= 0 and not all(0 <= i < X.shape[axis] for i in indexes):
+        raise _bad("similarity_focus", f"expected indexes in [0, {X.shape[axis]}), got "
+                                       f"{list(indexes)}")
+    return {"Out": X}
+
+
+def _focus(t: np.ndarray) -> np.ndarray:
+    """1 at the largest value of ``t``, then at the largest of what is left once its row and
+    column are taken, ... (min(rows, columns) ones; of equal values the first in row-major
+    order)."""
+    rows, cols = t.shape
+    mask = np.zeros(t.shape, bool)
+    used_r, used_c = np.zeros(rows, bool), np.zeros(cols, bool)
+    left = min(rows, cols)
+    for flat in np.argsort(-t, axis=None, kind="stable"):
+        r, c = divmod(int(flat), cols)
+        if not used_r[r] and not used_c[c]:
+            mask[r, c] = used_r[r] = used_c[c] = True
+            left -= 1
+            if not left:
+                break
+    return mask
+
+
+def _sf_ref(X, *, axis, indexes):
+    if X.ndim != 4 or axis not in (1, 2, 3):
+        raise _bad("similarity_focus", f"expected a 4-D X and axis 1, 2 or 3, got "
+                                       f"{list(X.shape)} and {axis}")
+    if not all(0 <= i < X.shape[axis] for i in indexes):
+        raise _bad("similarity_focus", f"expected indexes in [0, {X.shape[axis]}), got "
+                                       f"{list(indexes)}")
+    out = np.zeros(X.shape, X.dtype)
+    for n in range(X.shape[0]):
+        x = np.moveaxis(X[n], axis - 1, 0)
+        mask = np.zeros(x.shape[1:], bool)
+        for i in indexes:
+            mask |= _focus(x[i])
+        np.moveaxis(out[n], axis - 1, 0)[:] = mask
+    return {"Out": out}
+
+
+register_op(
+    "similarity_focus", inputs=["X"], outputs=["Out"],
+    attrs={"axis": Int(1, choices=(1, 2, 3)), "indexes": Ints([0], choices=([0], [0, 1]))},
+    traits=[OPAQUE], infer_shape=_sf_infer, reference=_sf_ref, emit=None, grad=None,
+    doc="Fluid's similarity focus mask: for each index along axis, greedily the largest "
+        "values with distinct rows and columns of that 2-D slice; the masks OR-ed and "
+        "broadcast along axis.")
