@@ -20,8 +20,7 @@ _DETECTION = ("object-detection op (matching, target assignment, proposals, FPN,
 
 #: why a Fluid 1.8 name is not in pdjit.layers (names not listed: "not implemented yet")
 REASONS = {
-    **dict.fromkeys(["bipartite_match",
-                     "box_decoder_and_assign", "collect_fpn_proposals",
+    **dict.fromkeys(["box_decoder_and_assign", "collect_fpn_proposals",
                      "detection_map", "distribute_fpn_proposals",
                      "generate_mask_labels", "generate_proposal_labels", "generate_proposals",
                      "locality_aware_nms", "multi_box_head",

@@ -406,3 +406,28 @@ def test_similarity_focus_as_fluids_documentation_shows(fresh_programs):
     np.testing.assert_array_equal(got, np.stack([np.stack([eye] * 3), np.stack([anti] * 3)]))
     mask = np.array([[1, 0, 1], [1, 1, 0]], "float64")
     np.testing.assert_array_equal(got2, np.stack([mask, mask], axis=1)[None])
+
+
+def test_bipartite_match_as_paddle():
+    """LoD and plain distance matrices, both match types, against PaddlePaddle 3.3.1."""
+    io = np.load(PADDLE / "fluid_layer_ops_bipartite.npz")
+    for case in ("lod_bipartite", "lod_per_prediction", "plain_bipartite"):
+        dist, lod = io[f"{case}/dist"], io[f"{case}/lod"].tolist()
+        main, startup = fluid.Program(), fluid.Program()
+        with fluid.program_guard(main, startup), fluid.unique_name.guard():
+            d = fluid.data("d", [-1, 5], "float32", lod_level=1 if lod else 0)
+            idx, md = fluid.layers.bipartite_match(
+                d, "per_prediction" if "per_prediction" in case else None, 0.3)
+        feed = fluid.create_lod_tensor(dist, [list(np.diff(lod))], fluid.CPUPlace()) \
+            if lod else dist
+        got_idx, got_dist = fluid.Executor(fluid.CPUPlace()).run(
+            main, feed={"d": feed}, fetch_list=[idx, md])
+        np.testing.assert_array_equal(got_idx, io[f"{case}/indices"], err_msg=case)
+        np.testing.assert_allclose(got_dist, io[f"{case}/match_dist"], rtol=1e-6, err_msg=case)
+    # by hand: 0.9 pairs row 1 with column 0, then 0.7 row 0 with column 2; column 1 stays
+    # unmatched (row 0's 0.6 lost its row), unless per_prediction with threshold 0.5
+    from pdjit.ops.fluid_layer_ops import _bm_one
+    d = np.array([[0.6, 0.6, 0.7], [0.9, 0.0, 0.2]], "float32")
+    idx, dist = _bm_one(d, "bipartite", 0.5)
+    assert idx.tolist() == [1, -1, 0] and dist.tolist() == [d[1, 0], 0.0, d[0, 2]]
+    assert _bm_one(d, "per_prediction", 0.5)[0].tolist() == [1, 0, 0]

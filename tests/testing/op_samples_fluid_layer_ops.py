@@ -131,3 +131,8 @@ add("hash", S(lambda r: {"X": r.integers(-50, 50, (3, 2)).astype(np.int32)},
 add("similarity_focus",
     S(lambda r: {"X": distinct(r, (2, 3, 2, 3))}, {"axis": 1, "indexes": [0, 2]}),
     S(lambda r: {"X": distinct(r, (1, 2, 3, 2))}, {"axis": 3, "indexes": [1]}))
+add("bipartite_match",
+    S(lambda r: {"DistMat": distinct(r, (3, 4)) + 2.0}, {"match_type": "bipartite"},
+      out="ColToRowMatchIndices"),
+    S(lambda r: {"DistMat": r.uniform(0.0, 1.0, (2, 4))},
+      {"match_type": "per_prediction", "dist_threshold": 0.3}, out="ColToRowMatchIndices"))

@@ -43,7 +43,7 @@ __all__ = ["reverse", "sum", "unstack", "expand_as", "rank", "size", "crop", "cr
            "py_func", "spectral_norm", "box_coder", "prior_box",
            "multiclass_nms", "detection_output", "box_clip",
            "yolo_box", "anchor_generator", "polygon_box_transform",
-           "density_prior_box", "hash", "similarity_focus"]
+           "density_prior_box", "hash", "similarity_focus", "bipartite_match"]
 
 
 def _axes_list(axis, layer: str) -> list:
@@ -1114,3 +1114,26 @@ def similarity_focus(input, axis, indexes, name=None) -> Variable:
                     name)
     out.stop_gradient = True
     return out
+
+
+def bipartite_match(dist_matrix, match_type=None, dist_threshold=None, name=None):
+    """``(match_indices, match_distance)``, each ``[N, K]``: for each instance (LoD sequence
+    of rows) of ``dist_matrix`` ``[sum rows, K]``, the row each of the K columns is matched to
+    (int32, -1: none) and the distance, by greedy bipartite matching; with ``match_type``
+    ``'per_prediction'`` each column left unmatched takes its best row at or above
+    ``dist_threshold`` (default 0.5)."""
+    check_variable(dist_matrix, "dist_matrix", "bipartite_match")
+    check_dtype(dist_matrix, "dist_matrix", ("float32", "float64"), "bipartite_match")
+    match_type = match_type or "bipartite"
+    if match_type not in ("bipartite", "per_prediction"):
+        raise ValueError(f"bipartite_match: match_type must be 'bipartite' or "
+                         f"'per_prediction', got {match_type!r}")
+    helper = LayerHelper("bipartite_match", name=name)
+    idx = helper.create_variable_for_type_inference("int32", stop_gradient=True)
+    dist = helper.create_variable_for_type_inference(dist_matrix.dtype, stop_gradient=True)
+    helper.append_op("bipartite_match", inputs={"DistMat": [dist_matrix]},
+                     outputs={"ColToRowMatchIndices": [idx], "ColToRowMatchDist": [dist]},
+                     attrs={"match_type": match_type,
+                            "dist_threshold": 0.5 if dist_threshold is None
+                            else float(dist_threshold)})
+    return idx, dist

@@ -29,6 +29,8 @@ with Fluid 1.8's slots and attributes, its shape rule, its NumPy semantics and i
   ``fsp``, with their gradients; ``eye`` and ``shard_index`` without.
 - ``uniform_random_batch_size_like``, ``gaussian_random_batch_size_like``, ``randint``,
   ``randperm``: random, from the run's stream (a fixed ``seed`` repeats every run).
+- ``hash`` (XXH64 of each row's bytes), ``similarity_focus``, ``bipartite_match``: no
+  gradient.
 
 None of them is lowered to native code (``emit=None``): a compiled plan runs each as a host
 step of its NumPy definition.
@@ -1705,3 +1707,68 @@ register_op(
     doc="Fluid's similarity focus mask: for each index along axis, greedily the largest "
         "values with distinct rows and columns of that 2-D slice; the masks OR-ed and "
         "broadcast along axis.")
+
+
+# ---- bipartite_match ---------------------------------------------------------------------------
+_BM_EPS = 1e-6
+
+
+def _bm_infer(DistMat, *, match_type, dist_threshold):
+    check_dtype(DistMat, FLOATS, "bipartite_match: input DistMat")
+    if DistMat.ndim != 2 or match_type not in ("bipartite", "per_prediction"):
+        raise _bad("bipartite_match", f"expected a 2-D DistMat and match_type 'bipartite' or "
+                                      f"'per_prediction', got {list(DistMat.shape)} and "
+                                      f"{match_type!r}")
+    shape = (-1, DistMat.shape[1])
+    return {"ColToRowMatchIndices": VarMeta(shape, np.int32),
+            "ColToRowMatchDist": VarMeta(shape, DistMat.dtype)}
+
+
+def _bm_one(d, match_type, threshold):
+    """Column-to-row matches of one instance: greedily the largest distance among unmatched
+    rows and columns (distances below 1e-6 never match); with 'per_prediction', each column
+    left unmatched then takes its largest row at or above ``threshold``."""
+    rows, cols = d.shape
+    idx = np.full(cols, -1, np.int32)
+    dist = np.zeros(cols, d.dtype)
+    free_r, free_c = np.ones(rows, bool), np.ones(cols, bool)
+    work = np.where(d < _BM_EPS, -np.inf, d.astype(F64))
+    while free_r.any() and free_c.any():
+        masked = np.where(free_r[:, None] & free_c[None, :], work, -np.inf)
+        flat = int(np.argmax(masked))
+        r, c = divmod(flat, cols)
+        if masked[r, c] == -np.inf:
+            break
+        idx[c], dist[c] = r, d[r, c]
+        free_r[r] = free_c[c] = False
+    if match_type == "per_prediction":
+        for c in np.flatnonzero(idx == -1):
+            col = np.where(work[:, c] >= threshold, work[:, c], -np.inf)
+            r = int(np.argmax(col))
+            if col[r] > -np.inf:
+                idx[c], dist[c] = r, d[r, c]
+    return idx, dist
+
+
+def _bm_ref(DistMat, *, match_type, dist_threshold, ctx=None):
+    lod = ctx.input_lod("DistMat") if ctx is not None else []
+    offsets = list(lod[-1]) if lod else [0, DistMat.shape[0]]
+    if offsets[-1] != DistMat.shape[0]:
+        raise _bad("bipartite_match", f"expected the LoD {offsets} to end at the "
+                                      f"{DistMat.shape[0]} rows of DistMat")
+    pairs = [_bm_one(DistMat[a:b], match_type, _f32(dist_threshold))
+             for a, b in zip(offsets[:-1], offsets[1:])]
+    return {"ColToRowMatchIndices": np.stack([p[0] for p in pairs]),
+            "ColToRowMatchDist": np.stack([p[1] for p in pairs])}
+
+
+register_op(
+    "bipartite_match", inputs=["DistMat"],
+    outputs=["ColToRowMatchIndices", "ColToRowMatchDist"],
+    attrs={"match_type": Str("bipartite", choices=("bipartite", "per_prediction")),
+           "dist_threshold": Float(0.5, low=0.3, high=0.7)},
+    traits=[OPAQUE], infer_shape=_bm_infer, reference=_bm_ref, emit=None, grad=None,
+    domain={"DistMat": "positive"},
+    doc="For each instance (LoD sequence of rows) of a row-by-column distance matrix, the row "
+        "each column is matched to (-1: none) and its distance: greedy bipartite matching, "
+        "then (per_prediction) each unmatched column's best row at or above dist_threshold.")
