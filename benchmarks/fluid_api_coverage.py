@@ -26,7 +26,7 @@ REASONS = {
                      "locality_aware_nms", "multi_box_head",
                      "retinanet_detection_output",
                      "retinanet_target_assign", "roi_perspective_transform",
-                     "rpn_target_assign", "ssd_loss", "target_assign",
+                     "rpn_target_assign", "ssd_loss",
                      "yolov3_loss"], _DETECTION),
     "deformable_conv": "needs a deformable-convolution op (offsets, masks): not implemented yet",
     "deformable_roi_pooling": "needs deformable position-sensitive RoI pooling: not implemented "

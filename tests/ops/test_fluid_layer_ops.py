@@ -431,3 +431,29 @@ def test_bipartite_match_as_paddle():
     idx, dist = _bm_one(d, "bipartite", 0.5)
     assert idx.tolist() == [1, -1, 0] and dist.tolist() == [d[1, 0], 0.0, d[0, 2]]
     assert _bm_one(d, "per_prediction", 0.5)[0].tolist() == [1, 0, 0]
+
+
+def test_target_assign_by_hand(fresh_programs):
+    """Two instances (2 and 1 rows of X), matches, misses and negatives, as Fluid 1.8's
+    documentation defines the op."""
+    main, _ = fresh_programs
+    x = fluid.data("x", [-1, 2, 3], "float32", lod_level=1)
+    match = fluid.data("match", [2, 2], "int32")
+    neg = fluid.data("neg", [-1, 1], "int32", lod_level=1)
+    out, weight = fluid.layers.target_assign(x, match, negative_indices=neg, mismatch_value=7)
+    xv = np.arange(18, dtype="float32").reshape(3, 2, 3)
+    feed = {"x": fluid.create_lod_tensor(xv, [[2, 1]], fluid.CPUPlace()),
+            "match": np.array([[1, -1], [-1, 0]], np.int32),
+            "neg": fluid.create_lod_tensor(np.array([[1], [0]], np.int32), [[1, 1]],
+                                           fluid.CPUPlace())}
+    got, w = fluid.Executor(fluid.CPUPlace()).run(main, feed=feed, fetch_list=[out, weight])
+    want = np.full((2, 2, 3), 7.0, "float32")
+    want[0, 0] = xv[1, 0]                 # instance 0, column 0: its row 1, X's column 0
+    want[1, 1] = xv[2, 1]                 # instance 1, column 1: its row 0 (X's row 2)
+    np.testing.assert_array_equal(got, want)
+    # instance 0: matched column 0, negative column 1; instance 1: negative 0, matched 1
+    np.testing.assert_array_equal(w.reshape(2, 2), [[1, 1], [1, 1]])
+    feed["neg"] = fluid.create_lod_tensor(np.zeros((0, 1), np.int32), [[0, 0]],
+                                          fluid.CPUPlace())
+    _, w = fluid.Executor(fluid.CPUPlace()).run(main, feed=feed, fetch_list=[out, weight])
+    np.testing.assert_array_equal(w.reshape(2, 2), [[1, 0], [0, 1]])

@@ -136,3 +136,8 @@ add("bipartite_match",
       out="ColToRowMatchIndices"),
     S(lambda r: {"DistMat": r.uniform(0.0, 1.0, (2, 4))},
       {"match_type": "per_prediction", "dist_threshold": 0.3}, out="ColToRowMatchIndices"))
+add("target_assign",
+    S(lambda r: {"X": (u(r, (3, 2, 4)), [[0, 2, 3]]),
+                 "MatchIndices": np.array([[1, -1], [-1, 0]], np.int32),
+                 "NegIndices": (np.array([[1], [0]], np.int32), [[0, 1, 2]])},
+      {"mismatch_value": 1}))

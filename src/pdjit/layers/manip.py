@@ -43,7 +43,8 @@ __all__ = ["reverse", "sum", "unstack", "expand_as", "rank", "size", "crop", "cr
            "py_func", "spectral_norm", "box_coder", "prior_box",
            "multiclass_nms", "detection_output", "box_clip",
            "yolo_box", "anchor_generator", "polygon_box_transform",
-           "density_prior_box", "hash", "similarity_focus", "bipartite_match"]
+           "density_prior_box", "hash", "similarity_focus", "bipartite_match",
+           "target_assign"]
 
 
 def _axes_list(axis, layer: str) -> list:
@@ -1137,3 +1138,25 @@ def bipartite_match(dist_matrix, match_type=None, dist_threshold=None, name=None
                             "dist_threshold": 0.5 if dist_threshold is None
                             else float(dist_threshold)})
     return idx, dist
+
+
+def target_assign(input, matched_indices, negative_indices=None, mismatch_value=None,
+                  name=None):
+    """``(out [N, P, K], out_weight [N, P, 1])``: for each instance ``i`` (LoD sequence of
+    ``input [M, P, K]``) and column ``j``, the row ``matched_indices[i, j]`` of the instance
+    (weight 1), or ``mismatch_value`` (weight 0) where that index is -1; then
+    ``mismatch_value`` with weight 1 at the instance's ``negative_indices`` (int32 LoD)."""
+    check_variable(input, "input", "target_assign")
+    check_variable(matched_indices, "matched_indices", "target_assign")
+    check_dtype(matched_indices, "matched_indices", ("int32",), "target_assign")
+    helper = LayerHelper("target_assign", name=name)
+    out = helper.create_variable_for_type_inference(input.dtype)
+    weight = helper.create_variable_for_type_inference("float32")
+    inputs = {"X": [input], "MatchIndices": [matched_indices]}
+    if negative_indices is not None:
+        check_variable(negative_indices, "negative_indices", "target_assign")
+        inputs["NegIndices"] = [negative_indices]
+    helper.append_op("target_assign", inputs=inputs,
+                     outputs={"Out": [out], "OutWeight": [weight]},
+                     attrs={"mismatch_value": int(mismatch_value or 0)})
+    return out, weight

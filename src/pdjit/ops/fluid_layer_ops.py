@@ -29,8 +29,8 @@ with Fluid 1.8's slots and attributes, its shape rule, its NumPy semantics and i
   ``fsp``, with their gradients; ``eye`` and ``shard_index`` without.
 - ``uniform_random_batch_size_like``, ``gaussian_random_batch_size_like``, ``randint``,
   ``randperm``: random, from the run's stream (a fixed ``seed`` repeats every run).
-- ``hash`` (XXH64 of each row's bytes), ``similarity_focus``, ``bipartite_match``: no
-  gradient.
+- ``hash`` (XXH64 of each row's bytes), ``similarity_focus``, ``bipartite_match``,
+  ``target_assign``: no gradient.
 
 None of them is lowered to native code (``emit=None``): a compiled plan runs each as a host
 step of its NumPy definition.
@@ -1772,3 +1772,56 @@ register_op(
     doc="For each instance (LoD sequence of rows) of a row-by-column distance matrix, the row "
         "each column is matched to (-1: none) and its distance: greedy bipartite matching, "
         "then (per_prediction) each unmatched column's best row at or above dist_threshold.")
+
+
+# ---- target_assign -----------------------------------------------------------------------------
+def _ta_infer(X, MatchIndices, NegIndices=None, *, mismatch_value):
+    check_dtype(MatchIndices, (np.dtype(np.int32),), "target_assign: input MatchIndices")
+    if X.ndim != 3 or MatchIndices.ndim != 2:
+        raise _bad("target_assign", f"expected a 3-D X [M, P, K] and a 2-D MatchIndices "
+                                    f"[N, P], got {list(X.shape)} and "
+                                    f"{list(MatchIndices.shape)}")
+    n, p = MatchIndices.shape
+    return {"Out": X.with_(shape=(n, p, X.shape[2]), lod_level=0),
+            "OutWeight": VarMeta((n, p, 1), np.float32)}
+
+
+def _ta_ref(X, MatchIndices, NegIndices=None, *, mismatch_value, ctx=None):
+    x_lod = ctx.input_lod("X") if ctx is not None else []
+    offsets = list(x_lod[-1]) if x_lod else [0, X.shape[0]]
+    n, p = MatchIndices.shape
+    if len(offsets) - 1 != n:
+        raise _bad("target_assign", f"expected X's LoD to hold the {n} instances of "
+                                    f"MatchIndices, got offsets {offsets}")
+    out = np.full((n, p, X.shape[2]), mismatch_value, X.dtype)
+    weight = np.zeros((n, p, 1), np.float32)
+    for i in range(n):
+        for j in range(p):
+            k = int(MatchIndices[i, j])
+            if k >= 0:
+                if offsets[i] + k >= offsets[i + 1]:
+                    raise IndexError(f"target_assign: MatchIndices[{i}, {j}] = {k} is past "
+                                     f"the {offsets[i + 1] - offsets[i]} rows of instance {i}")
+                out[i, j] = X[offsets[i] + k, j % X.shape[1]]
+                weight[i, j] = 1.0
+    if NegIndices is not None:
+        neg_lod = ctx.input_lod("NegIndices") if ctx is not None else []
+        neg = np.asarray(NegIndices).reshape(-1)
+        noffs = list(neg_lod[-1]) if neg_lod else [0, neg.size]
+        if len(noffs) - 1 != n:
+            raise _bad("target_assign", f"expected NegIndices' LoD to hold {n} instances, "
+                                        f"got offsets {noffs}")
+        for i in range(n):
+            for k in neg[noffs[i]:noffs[i + 1]]:
+                out[i, int(k)] = mismatch_value
+                weight[i, int(k)] = 1.0
+    return {"Out": out, "OutWeight": weight}
+
+
+register_op(
+    "target_assign", inputs=["X", "MatchIndices", "NegIndices?"],
+    outputs=["Out", "OutWeight"], attrs={"mismatch_value": Int(0, choices=(0, 1))},
+    traits=[OPAQUE], infer_shape=_ta_infer, reference=_ta_ref, emit=None, grad=None,
+    doc="Out[i, j] = X[lod[i] + MatchIndices[i, j], j % P] (weight 1) where the index is "
+        ">= 0, else mismatch_value (weight 0); then mismatch_value with weight 1 at each "
+        "negative index of instance i.")
