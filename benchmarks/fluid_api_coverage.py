@@ -20,16 +20,13 @@ _DETECTION = ("object-detection op (matching, target assignment, proposals, FPN,
 
 #: why a Fluid 1.8 name is not in pdjit.layers (names not listed: "not implemented yet")
 REASONS = {
-    "SampleEmbeddingHelper": "the sampling decode helper of layers.rnn (draws the next token "
-                             "from the softmax): not implemented yet",
-    **dict.fromkeys(["bipartite_match",
-                     "box_decoder_and_assign", "collect_fpn_proposals",
+    **dict.fromkeys(["box_decoder_and_assign", "collect_fpn_proposals",
                      "detection_map", "distribute_fpn_proposals",
                      "generate_mask_labels", "generate_proposal_labels", "generate_proposals",
                      "locality_aware_nms", "multi_box_head",
                      "retinanet_detection_output",
                      "retinanet_target_assign", "roi_perspective_transform",
-                     "rpn_target_assign", "ssd_loss", "target_assign",
+                     "rpn_target_assign", "ssd_loss",
                      "yolov3_loss"], _DETECTION),
     "deformable_conv": "needs a deformable-convolution op (offsets, masks): not implemented yet",
     "deformable_roi_pooling": "needs deformable position-sensitive RoI pooling: not implemented "
@@ -41,10 +38,8 @@ REASONS = {
                                           "accidental-hit removal): not implemented yet",
     "data_norm": "CTR normalisation whose backward writes batch statistics, not gradients: "
                  "not implemented yet",
-    "similarity_focus": "rarely used attention mask op: not implemented yet",
     "filter_by_instag": "CTR instance filtering by tags (LoD in, LoD out, loss weights): not "
                         "implemented yet",
-    "hash": "needs Fluid's xxHash-based hash op (values must match Fluid's): not implemented yet",
     "load": "needs a load op reading a saved tensor file at run time (the file reader lives in "
             "pdjit.io, above the ops): not implemented yet",
 }

@@ -197,3 +197,62 @@ def test_a_seq2seq_decoder_trains_through_dynamic_decode():
     losses = [float(np.asarray(exe.run(main, feed=feed, fetch_list=[loss],
                                        scope=scope)[0]).reshape(-1)[0]) for _ in range(12)]
     assert np.all(np.isfinite(losses)) and losses[-1] < 0.5 * losses[0], losses
+
+
+# ---- SampleEmbeddingHelper ---------------------------------------------------------------------
+def test_sample_embedding_helper_draws_from_the_softmax(fresh_programs):
+    """Sampled decoding: with a tiny temperature the draw is the greedy arg-max (checked
+    against NumPy); with a large batch at temperature 2 the first step's ids follow
+    softmax(logits / 2) of the first step's logits (fetched, the histogram compared)."""
+    main, startup = fresh_programs
+    main.random_seed = startup.random_seed = 4
+    n = 2000
+    h0 = L.data(name="h0", shape=[-1, H], dtype="float32", append_batch_size=False)
+    start = L.data(name="start", shape=[-1], dtype="int64", append_batch_size=False)
+
+    def embed(ids):
+        return L.embedding(ids, size=[VOCAB, E], param_attr=fluid.ParamAttr(
+            name="emb", initializer=fluid.initializer.Uniform(-1.0, 1.0)))
+
+    def out_fn(x):
+        return L.fc(x, VOCAB, num_flatten_dims=len(x.shape) - 1, param_attr=fluid.ParamAttr(
+            name="w_out", initializer=fluid.initializer.Uniform(-1.5, 1.5)),
+            bias_attr=fluid.ParamAttr(name="b_out"))
+    cell = L.GRUCell(H, name="dec")
+    fetch = []
+    for temperature in (1e-4, 2.0):
+        helper = L.SampleEmbeddingHelper(embed, start, END, softmax_temperature=temperature)
+        decoder = L.BasicDecoder(cell, helper, out_fn)
+        (logits, ids), _ = L.dynamic_decode(decoder, inits=h0, max_step_num=MAX_STEP,
+                                            is_test=True)
+        fetch += [logits, ids]
+    with pytest.raises(ValueError, match="SampleEmbeddingHelper: softmax_temperature"):
+        L.SampleEmbeddingHelper(embed, start, END, softmax_temperature=0)
+    exe = fluid.Executor()
+    exe.run(startup)
+    scope = fluid.global_scope()
+    names = {"emb": "emb", "w_out": "w_out", "b_out": "b_out", "w_g": "dec_0.w_0",
+             "b_g": "dec_0.b_0", "w_c": "dec_0.w_1", "b_c": "dec_0.b_1"}
+    p = {k: np.asarray(scope.find_var(v).value, np.float64) for k, v in names.items()}
+    rng = np.random.default_rng(3)
+    h0v = rng.normal(size=(n, H)).astype(np.float32)
+    h0v[:] = h0v[:1]                              # one state: every row draws from one softmax
+    feed = {"h0": h0v, "start": np.full(n, START, np.int64)}
+    cold_logits, cold_ids, warm_logits, warm_ids = exe.run(main, feed=feed, fetch_list=fetch)
+    assert cold_ids.dtype == np.int64 and warm_ids.dtype == np.int64
+    # temperature -> 0: greedy, step by step, for the first row
+    h, word, want = h0v[:1].astype(np.float64), np.array([START]), []
+    for _ in range(cold_ids.shape[1]):
+        h = _np_gru(p, p["emb"][word], h)
+        word = np.argmax(h @ p["w_out"] + p["b_out"], axis=1)
+        want.append(word[0])
+        if word[0] == END:
+            break
+    np.testing.assert_array_equal(cold_ids[0, :len(want)], want)
+    # temperature 2: the first step's frequencies are softmax(logits / 2)
+    z = warm_logits[0, 0].astype(np.float64) / 2.0
+    prob = np.exp(z - z.max())
+    prob /= prob.sum()
+    freq = np.bincount(warm_ids[:, 0], minlength=VOCAB) / n
+    np.testing.assert_allclose(freq, prob, atol=4 * np.sqrt(0.25 / n))
+    assert len(set(warm_ids[:, 0].tolist())) > 1

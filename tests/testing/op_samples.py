@@ -865,3 +865,4 @@ add("coalesce_tensor",
 
 # ---- the ops completing Fluid 1.8's fluid.layers: samples in a module of their own -----------
 import op_samples_fluid_gap  # noqa: E402,F401
+import op_samples_fluid_layer_ops  # noqa: E402,F401

@@ -59,7 +59,7 @@ from pdjit.layers.tensor import (
 
 __all__ = ["beam_search", "beam_search_decode", "gather_tree", "Decoder", "BeamSearchDecoder",
            "dynamic_decode", "DecodeHelper", "TrainingHelper", "GreedyEmbeddingHelper",
-           "BasicDecoder"]
+           "SampleEmbeddingHelper", "BasicDecoder"]
 
 
 def beam_search(pre_ids, pre_scores, ids, scores, beam_size, end_id, level=0,
@@ -439,6 +439,39 @@ class GreedyEmbeddingHelper(DecodeHelper):
     def next_inputs(self, time, outputs, states, sample_ids):
         end = fill_constant([1], sample_ids.dtype, self.end_token)
         return equal(sample_ids, end), self.embedding_fn(sample_ids), states
+
+
+class SampleEmbeddingHelper(GreedyEmbeddingHelper):
+    """Sampled decoding (Fluid 1.8's ``SampleEmbeddingHelper(embedding_fn, start_tokens,
+    end_token, softmax_temperature=None, seed=None)``): each step draws its id from
+    ``softmax(outputs / softmax_temperature)`` (a ``sampling_id`` op; no gradient flows
+    through the draw) and embeds it as the next input; an entry is finished once it produced
+    ``end_token``. ``seed`` fixes the draws (``None``: the program's random stream)."""
+
+    def __init__(self, embedding_fn, start_tokens, end_token, softmax_temperature=None,
+                 seed=None):
+        super().__init__(embedding_fn, start_tokens, end_token)
+        if softmax_temperature is not None:
+            if isinstance(softmax_temperature, bool) or not isinstance(
+                    softmax_temperature, (int, float)) or not softmax_temperature > 0:
+                raise ValueError(f"SampleEmbeddingHelper: softmax_temperature must be a "
+                                 f"positive number or None, got {softmax_temperature!r}")
+            softmax_temperature = float(softmax_temperature)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise TypeError(f"SampleEmbeddingHelper: seed must be an int or None, got "
+                            f"{seed!r}")
+        self.softmax_temperature, self.seed = softmax_temperature, seed
+
+    def sample(self, time, outputs, states):
+        from pdjit.layers.manip import sampling_id
+
+        logits = (outputs if self.softmax_temperature is None
+                  else scale(outputs, 1.0 / self.softmax_temperature))
+        probs = softmax(logits)
+        probs.stop_gradient = True
+        ids = sampling_id(probs, seed=self.seed or 0)
+        return ids if ids.dtype == self.start_tokens.dtype else cast(ids,
+                                                                      self.start_tokens.dtype)
 
 
 class BasicDecoder(Decoder):

@@ -1,8 +1,8 @@
 """Fluid 1.8's ranking, recommendation and metric-learning losses: ``rank_loss``,
 ``margin_rank_loss``, ``bpr_loss``, ``teacher_student_sigmoid_loss`` (each appends the op of its
-name, see ``pdjit.ops.loss_rank``), and the losses Fluid 1.8 composes from other layers:
-``npair_loss``, ``mse_loss``, ``dice_loss`` and ``label_smooth`` (the last as ``scale`` /
-``elementwise_add`` where Fluid appends a ``label_smooth`` op computing the same values); and
+name, see ``pdjit.ops.loss_rank``), the losses Fluid 1.8 composes from other layers:
+``npair_loss``, ``mse_loss``, ``dice_loss``; ``label_smooth`` (its own op,
+``pdjit.ops.fluid_layer_ops``); and
 ``hsigmoid`` (``pdjit.ops.hsigmoid``), ``nce`` (``pdjit.ops.nce``), ``sigmoid_focal_loss``
 (``pdjit.ops.detection_basic``) and ``center_loss`` (``pdjit.ops.center_loss``).
 """
@@ -163,10 +163,16 @@ def label_smooth(label, prior_dist=None, epsilon: float = 0.1, dtype="float32",
         if depth < 0:
             raise ValueError(f"label_smooth: the class count (label.shape[-1]) must be known, "
                              f"got {list(label.shape)}")
-        return math_ops.scale(label, scale=1.0 - eps, bias=eps / depth, name=name)
-    check_variable(prior_dist, "prior_dist", "label_smooth")
-    return math_ops.elementwise_add(math_ops.scale(label, scale=1.0 - eps),
-                                    math_ops.scale(prior_dist, scale=eps), name=name)
+    else:
+        check_variable(prior_dist, "prior_dist", "label_smooth")
+    helper = LayerHelper("label_smooth", name=name)
+    out = helper.create_variable_for_type_inference(label.dtype)
+    inputs = {"X": [label]}
+    if prior_dist is not None:
+        inputs["PriorDist"] = [prior_dist]
+    helper.append_op("label_smooth", inputs=inputs, outputs={"Out": [out]},
+                     attrs={"epsilon": eps})
+    return out
 
 
 def hsigmoid(input, label, num_classes, param_attr=None, bias_attr=None, name=None,

@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from pdjit.framework.program import Variable
-from pdjit.layers import activation, image, math_ops, shape_ops, tensor
+from pdjit.layers import image, math_ops, shape_ops, tensor
 from pdjit.layers.layer_helper import LayerHelper, check_dtype, check_variable
 
 __all__ = ["reverse", "sum", "unstack", "expand_as", "rank", "size", "crop", "crop_tensor",
@@ -43,7 +43,8 @@ __all__ = ["reverse", "sum", "unstack", "expand_as", "rank", "size", "crop", "cr
            "py_func", "spectral_norm", "box_coder", "prior_box",
            "multiclass_nms", "detection_output", "box_clip",
            "yolo_box", "anchor_generator", "polygon_box_transform",
-           "density_prior_box"]
+           "density_prior_box", "hash", "similarity_focus", "bipartite_match",
+           "target_assign"]
 
 
 def _axes_list(axis, layer: str) -> list:
@@ -92,9 +93,11 @@ def unstack(x, axis: int = 0, num=None) -> list:
     if n < 0:
         raise ValueError(f"unstack: the size of axis {axis} must be known (or num given), got "
                          f"shape {list(x.shape)}")
-    if n == 1:
-        return [shape_ops.squeeze(x, [a])]
-    return [shape_ops.squeeze(p, [a]) for p in shape_ops.split(x, n, dim=a)]
+    helper = LayerHelper("unstack")
+    outs = [helper.create_variable_for_type_inference(x.dtype) for _ in range(n)]
+    helper.append_op("unstack", inputs={"X": [x]}, outputs={"Y": outs},
+                     attrs={"axis": int(axis), "num": n})
+    return outs
 
 
 def expand_as(x, target_tensor, name=None) -> Variable:
@@ -114,7 +117,7 @@ def expand_as(x, target_tensor, name=None) -> Variable:
         else:
             raise ValueError(f"expand_as: each size of target_tensor {list(target_tensor.shape)} "
                              f"must be a known multiple of x's {list(x.shape)}")
-    return shape_ops.expand(x, times, name=name)
+    return _fluid_op("expand_as", {"X": x, "target_tensor": target_tensor}, {}, x.dtype, name)
 
 
 def rank(input) -> Variable:
@@ -126,8 +129,9 @@ def rank(input) -> Variable:
 def size(input) -> Variable:
     """The number of elements of ``input``, as an int64 Variable of shape ``[1]``."""
     check_variable(input, "input", "size")
-    n = shape_ops.reduce_prod(tensor.cast(image.shape(input), "int64"))
-    return shape_ops.reshape(n, [1])
+    out = _fluid_op("size", {"Input": input}, {}, "int64")
+    out.stop_gradient = True
+    return out
 
 
 def _crop(x, shape, offsets, layer: str) -> Variable:
@@ -163,16 +167,53 @@ def _crop(x, shape, offsets, layer: str) -> Variable:
 
 
 def crop(x, shape=None, offsets=None, name=None) -> Variable:
-    """The block of ``x`` of size ``shape`` starting at ``offsets`` (lists of ints)."""
+    """The block of ``x`` of size ``shape`` (a list, or a Variable whose shape it takes)
+    starting at ``offsets`` (a list or a 1-D int Variable): Fluid's ``crop`` op."""
+    check_variable(x, "x", "crop")
+    inputs, attrs = {"X": x}, {}
     if isinstance(shape, Variable):
-        check_variable(shape, "shape", "crop")
-        shape = list(shape.shape)
-    return _crop(x, shape, offsets, "crop")
+        inputs["Y"] = shape
+    else:
+        attrs["shape"] = _crop_check(x, shape, offsets, "crop")
+    if isinstance(offsets, Variable):
+        inputs["Offsets"] = offsets
+    else:
+        attrs["offsets"] = [0] * len(x.shape) if offsets is None else [int(o) for o in offsets]
+    return _fluid_op("crop", inputs, attrs, x.dtype, name)
 
 
 def crop_tensor(x, shape=None, offsets=None, name=None) -> Variable:
-    """The block of ``x`` of size ``shape`` (``-1``: to the end) starting at ``offsets``."""
-    return _crop(x, shape, offsets, "crop_tensor")
+    """The block of ``x`` of size ``shape`` (``-1``: to the end; a list or a 1-D int Variable)
+    starting at ``offsets`` (a list or a 1-D int Variable): Fluid's ``crop_tensor`` op."""
+    check_variable(x, "x", "crop_tensor")
+    inputs, attrs = {"X": x}, {}
+    if isinstance(shape, Variable):
+        inputs["Shape"] = shape
+    else:
+        attrs["shape"] = _crop_check(x, shape, offsets, "crop_tensor")
+    if isinstance(offsets, Variable):
+        inputs["Offsets"] = offsets
+    else:
+        attrs["offsets"] = [0] * len(x.shape) if offsets is None else [int(o) for o in offsets]
+    return _fluid_op("crop_tensor", inputs, attrs, x.dtype, name)
+
+
+def _crop_check(x, shape, offsets, layer) -> list:
+    """``shape`` as a list of ints, checked against ``x`` and ``offsets`` (a list or a
+    Variable) where both are known."""
+    r = len(x.shape)
+    shape = list(x.shape) if shape is None else [int(s) for s in shape]
+    offs = None if isinstance(offsets, Variable) else (
+        [0] * r if offsets is None else [int(o) for o in offsets])
+    if len(shape) != r or (offs is not None and len(offs) != r):
+        raise ValueError(f"{layer}: 'shape' and 'offsets' need one value per dimension of x "
+                         f"({r}), got {shape} and {offsets}")
+    for d, s in enumerate(shape):
+        o = offs[d] if offs is not None else 0
+        if s < -1 or o < 0 or (x.shape[d] >= 0 and s >= 0 and o + s > x.shape[d]):
+            raise ValueError(f"{layer}: dimension {d}: expected 0 <= offset and offset + size "
+                             f"<= {x.shape[d]}, got offset {o}, size {s}")
+    return shape
 
 
 def pad_constant_like(x, y, pad_value: float = 0.0, name=None) -> Variable:
@@ -182,16 +223,12 @@ def pad_constant_like(x, y, pad_value: float = 0.0, name=None) -> Variable:
     if len(x.shape) != len(y.shape):
         raise ValueError(f"pad_constant_like: x and y must have one rank, got {list(x.shape)} "
                          f"and {list(y.shape)}")
-    paddings = []
     for d, (a, b) in enumerate(zip(x.shape, y.shape)):
-        if a == b:
-            paddings += [0, 0]
-        elif a >= 0 and b >= 0 and a >= b:
-            paddings += [0, a - b]
-        else:
+        if a != b and not (a >= 0 and b >= 0 and a >= b):
             raise ValueError(f"pad_constant_like: dimension {d}: expected x's size ({a}) known "
                              f"and >= y's ({b})")
-    return image.pad(y, paddings, pad_value=float(pad_value), name=name)
+    return _fluid_op("pad_constant_like", {"X": x, "Y": y}, {"pad_value": float(pad_value)},
+                     y.dtype, name)
 
 
 def eye(num_rows, num_columns=None, batch_shape=None, dtype="float32") -> Variable:
@@ -200,10 +237,14 @@ def eye(num_rows, num_columns=None, batch_shape=None, dtype="float32") -> Variab
     for arg, v in (("num_rows", num_rows), ("num_columns", cols)):
         if isinstance(v, bool) or not isinstance(v, int) or v < 0:
             raise TypeError(f"eye: argument {arg!r} must be an int >= 0, got {v!r}")
-    value = np.eye(num_rows, cols)
+    from pdjit.framework import dtypes
+
+    out = _fluid_op("eye", {}, {"num_rows": num_rows, "num_columns": cols,
+                                "dtype": dtypes.to_code(dtype)}, dtype)
     if batch_shape:
-        value = np.broadcast_to(value, tuple(batch_shape) + value.shape).copy()
-    out = _constant(value, dtype)
+        batch_shape = [int(b) for b in batch_shape]
+        out = shape_ops.reshape(out, [1] * len(batch_shape) + [num_rows, cols])
+        out = shape_ops.expand(out, batch_shape + [1, 1])
     out.stop_gradient = True
     return out
 
@@ -224,16 +265,23 @@ def diag(diagonal) -> Variable:
     if len(diagonal.shape) != 1 or diagonal.shape[0] < 0:
         raise ValueError(f"diag: argument 'diagonal' must be 1-D of known size, got "
                          f"{list(diagonal.shape)}")
-    n = diagonal.shape[0]
-    ident = _constant(np.eye(n), diagonal.dtype)
-    return math_ops.elementwise_mul(ident, shape_ops.reshape(diagonal, [1, n]))
+    helper = LayerHelper("diag")
+    out = helper.create_variable_for_type_inference(diagonal.dtype)
+    helper.append_op("diag", inputs={"Diagonal": [diagonal]}, outputs={"Out": [out]})
+    return out
 
 
 def _reduce_bool(x, dim, keep_dim, name, layer, reduce):
     check_variable(x, "input", layer)
     check_dtype(x, "input", ("bool",), layer)
-    r = reduce(tensor.cast(x, "int32"), dim=dim, keep_dim=keep_dim)
-    return tensor.cast(r, "bool")
+    if dim is not None and not isinstance(dim, (list, tuple)):
+        dim = [dim]
+    dims = [int(d) for d in dim] if dim else [0]
+    every = not dim or len(dims) >= max(len(x.shape), 1)
+    out = _fluid_op(layer, {"X": x}, {"dim": dims, "keep_dim": bool(keep_dim),
+                                      "reduce_all": bool(every)}, "bool", name)
+    out.stop_gradient = True
+    return out
 
 
 def reduce_all(input, dim=None, keep_dim=False, name=None) -> Variable:
@@ -255,13 +303,24 @@ def multiplex(inputs, index) -> Variable:
         check_variable(v, f"inputs[{i}]", "multiplex")
     check_variable(index, "index", "multiplex")
     check_dtype(index, "index", ("int32", "int64"), "multiplex")
-    k = len(inputs)
-    stacked = shape_ops.stack(list(inputs), axis=1)                      # [N, K, ...]
-    pick = tensor.cast(shape_ops.one_hot_v2(shape_ops.reshape(index, [-1]), k),
-                       inputs[0].dtype)                                  # [N, K]
-    rank_ = len(inputs[0].shape)
-    pick = shape_ops.reshape(pick, [-1, k] + [1] * (rank_ - 1)) if rank_ > 1 else pick
-    return shape_ops.reduce_sum(math_ops.elementwise_mul(stacked, pick), dim=1)
+    helper = LayerHelper("multiplex")
+    out = helper.create_variable_for_type_inference(inputs[0].dtype)
+    helper.append_op("multiplex", inputs={"X": list(inputs), "Ids": [index]},
+                     outputs={"Out": [out]})
+    return out
+
+
+def _fluid_op(op_type, inputs, attrs, dtype, name=None, layer=None, outputs=()) -> Variable:
+    """Append Fluid's ``op_type`` with ``inputs`` ({slot: Variable}) and ``attrs``: its
+    ``Out`` (of ``dtype``) is returned; ``outputs`` names further (intermediate) outputs."""
+    helper = LayerHelper(layer or op_type, name=name)
+    out = helper.create_variable_for_type_inference(dtype)
+    outs = {"Out": [out]}
+    for slot in outputs:
+        outs[slot] = [helper.create_variable_for_type_inference(dtype, stop_gradient=True)]
+    helper.append_op(op_type, inputs={k: [v] for k, v in inputs.items()}, outputs=outs,
+                     attrs=attrs)
+    return out
 
 
 def maxout(x, groups: int, name=None, axis: int = 1) -> Variable:
@@ -276,12 +335,8 @@ def maxout(x, groups: int, name=None, axis: int = 1) -> Variable:
     if c < 0 or groups < 1 or c % groups:
         raise ValueError(f"maxout: the channel count ({c}) must be known and divide by groups "
                          f"({groups})")
-    _known(x, [1, 2, 3], "maxout", "the channels, height and width")
-    if a == 1:
-        dims = [-1, c // groups, groups, x.shape[2], x.shape[3]]
-    else:
-        dims = [-1, x.shape[1], x.shape[2], c // groups, groups]
-    return shape_ops.reduce_max(shape_ops.reshape(x, dims), dim=a + 1)
+    return _fluid_op("maxout", {"X": x}, {"groups": int(groups), "axis": int(axis)}, x.dtype,
+                     name)
 
 
 def pixel_shuffle(x, upscale_factor: int) -> Variable:
@@ -296,9 +351,7 @@ def pixel_shuffle(x, upscale_factor: int) -> Variable:
     if c % (r * r):
         raise ValueError(f"pixel_shuffle: the channel count {c} must divide by "
                          f"upscale_factor^2 = {r * r}")
-    y = shape_ops.reshape(x, [-1, c // (r * r), r, r, h, w])
-    y = shape_ops.transpose(y, [0, 1, 4, 2, 5, 3])
-    return shape_ops.reshape(y, [-1, c // (r * r), h * r, w * r])
+    return _fluid_op("pixel_shuffle", {"X": x}, {"upscale_factor": r}, x.dtype)
 
 
 def shuffle_channel(x, group: int, name=None) -> Variable:
@@ -312,9 +365,7 @@ def shuffle_channel(x, group: int, name=None) -> Variable:
     if group < 1 or c % group:
         raise ValueError(f"shuffle_channel: the channel count {c} must divide by group "
                          f"({group})")
-    y = shape_ops.reshape(x, [-1, group, c // group, h, w])
-    y = shape_ops.transpose(y, [0, 2, 1, 3, 4])
-    return shape_ops.reshape(y, [-1, c, h, w])
+    return _fluid_op("shuffle_channel", {"X": x}, {"group": int(group)}, x.dtype, name)
 
 
 def lrn(input, n: int = 5, k: float = 1.0, alpha: float = 1e-4, beta: float = 0.75,
@@ -328,17 +379,9 @@ def lrn(input, n: int = 5, k: float = 1.0, alpha: float = 1e-4, beta: float = 0.
                          f"{list(input.shape)} and {data_format!r}")
     if n < 1:
         raise ValueError(f"lrn: argument 'n' must be >= 1, got {n}")
-    a = 1 if data_format == "NCHW" else 3
-    _known(input, [a], "lrn", "the channel count")
-    c = input.shape[a]
-    sq = math_ops.square(input)
-    pad = [0] * 8
-    pad[2 * a], pad[2 * a + 1] = (n - 1) // 2, n - 1 - (n - 1) // 2
-    padded = image.pad(sq, pad)
-    window = shape_ops.sums([shape_ops.slice(padded, [a], [i], [i + c]) for i in range(n)]) \
-        if n > 1 else sq
-    scale = math_ops.scale(window, scale=float(alpha), bias=float(k))
-    return math_ops.elementwise_mul(input, activation.pow(scale, factor=-float(beta)))
+    return _fluid_op("lrn", {"X": input}, {"n": int(n), "k": float(k), "alpha": float(alpha),
+                                           "beta": float(beta), "data_format": data_format},
+                     input.dtype, name, outputs=("MidOut",))
 
 
 def temporal_shift(x, seg_num: int, shift_ratio: float = 0.25, name=None) -> Variable:
@@ -350,20 +393,8 @@ def temporal_shift(x, seg_num: int, shift_ratio: float = 0.25, name=None) -> Var
         raise ValueError(f"temporal_shift: expected a 4-D x, seg_num >= 1 and 0 < shift_ratio "
                          f"< 0.5, got {list(x.shape)}, {seg_num}, {shift_ratio}")
     _known(x, [1, 2, 3], "temporal_shift", "the channels, height and width")
-    _, c, h, w = x.shape
-    t = int(seg_num)
-    c1, c2 = int(c * shift_ratio), int(c * 2 * shift_ratio)
-    x5 = shape_ops.reshape(x, [-1, t, c, h, w])
-    padded = image.pad(x5, [0, 0, 1, 1, 0, 0, 0, 0, 0, 0])
-    parts = []
-    if c1 > 0:
-        parts.append(shape_ops.slice(padded, [1, 2], [0, 0], [t, c1]))
-    if c2 > c1:
-        parts.append(shape_ops.slice(padded, [1, 2], [2, c1], [t + 2, c2]))
-    if c > c2:
-        parts.append(shape_ops.slice(x5, [2], [c2], [c]))
-    out = shape_ops.concat(parts, axis=2) if len(parts) > 1 else parts[0]
-    return shape_ops.reshape(out, [-1, c, h, w])
+    return _fluid_op("temporal_shift", {"X": x},
+                     {"seg_num": int(seg_num), "shift_ratio": float(shift_ratio)}, x.dtype, name)
 
 
 def unique(x, dtype="int32"):
@@ -418,14 +449,7 @@ def fsp_matrix(x, y) -> Variable:
     if len(x.shape) != 4 or len(y.shape) != 4:
         raise ValueError(f"fsp_matrix: expected 4-D x and y, got {list(x.shape)} and "
                          f"{list(y.shape)}")
-    _known(x, [1, 2, 3], "fsp_matrix", "the channels, height and width")
-    _known(y, [1], "fsp_matrix", "the channels")
-    hw = x.shape[2] * x.shape[3]
-    a = shape_ops.reshape(x, [-1, x.shape[1], hw])
-    b = shape_ops.reshape(y, [-1, y.shape[1], hw])
-    from pdjit.layers.nn import matmul
-
-    return matmul(a, b, transpose_y=True, alpha=1.0 / hw)
+    return _fluid_op("fsp", {"X": x, "Y": y}, {}, x.dtype, layer="fsp_matrix")
 
 
 def bilinear_tensor_product(x, y, size: int, act=None, name=None, param_attr=None,
@@ -441,15 +465,12 @@ def bilinear_tensor_product(x, y, size: int, act=None, name=None, param_attr=Non
     dx, dy = x.shape[1], y.shape[1]
     helper = LayerHelper(layer, name=name, param_attr=param_attr, bias_attr=bias_attr, act=act)
     w = helper.create_parameter(helper.param_attr, [size, dx, dy], x.dtype)
-    from pdjit.layers.nn import matmul
-
-    wt = shape_ops.reshape(shape_ops.transpose(w, [1, 0, 2]), [dx, size * dy])
-    xw = shape_ops.reshape(matmul(x, wt), [-1, size, dy])                # [N, size, Dy]
-    out = shape_ops.reduce_sum(math_ops.elementwise_mul(xw, shape_ops.unsqueeze(y, [1])),
-                               dim=2)
+    inputs = {"X": [x], "Y": [y], "Weight": [w]}
     if bias_attr is not False:
-        b = helper.create_parameter(helper.bias_attr, [1, size], x.dtype, is_bias=True)
-        out = math_ops.elementwise_add(out, b)
+        inputs["Bias"] = [helper.create_parameter(helper.bias_attr, [1, size], x.dtype,
+                                                  is_bias=True)]
+    out = helper.create_variable_for_type_inference(x.dtype)
+    helper.append_op(layer, inputs=inputs, outputs={"Out": [out]})
     return helper.append_activation(out)
 
 
@@ -477,17 +498,11 @@ def shard_index(input, index_num: int, nshards: int, shard_id: int, ignore_value
     if nshards < 1 or not 0 <= shard_id < nshards or index_num < 1:
         raise ValueError(f"{layer}: expected index_num >= 1, nshards >= 1 and 0 <= shard_id < "
                          f"nshards, got {index_num}, {nshards}, {shard_id}")
-    size = (index_num + nshards - 1) // nshards
-    dt = input.dtype
-
-    def const(v):
-        return tensor.fill_constant([1], dt, int(v))
-
-    mine = math_ops.equal(math_ops.elementwise_floordiv(input, const(size)), const(shard_id))
-    zeros = tensor.zeros_like(input)
-    local = math_ops.elementwise_sub(input, const(shard_id * size))
-    other = math_ops.elementwise_add(zeros, const(ignore_value))
-    return shape_ops.where(mine, local, other)
+    out = _fluid_op("shard_index", {"X": input},
+                    {"index_num": int(index_num), "nshards": int(nshards),
+                     "shard_id": int(shard_id), "ignore_value": int(ignore_value)}, input.dtype)
+    out.stop_gradient = True
+    return out
 
 
 def interpolate(input, out_shape=None, scale=None, name=None, resample="BILINEAR",
@@ -503,11 +518,9 @@ def clip_by_norm(x, max_norm, name=None) -> Variable:
     """``x`` scaled down to L2 norm ``max_norm`` when its norm is larger, else ``x``."""
     check_variable(x, "x", "clip_by_norm")
     check_dtype(x, "x", ("float32", "float64"), "clip_by_norm")
-    norm = math_ops.sqrt(shape_ops.reduce_sum(math_ops.square(x)))
-    limit = tensor.fill_constant([1], x.dtype, float(max_norm))
-    factor = math_ops.elementwise_div(limit, math_ops.elementwise_max(
-        shape_ops.reshape(norm, [1]), limit))
-    return math_ops.elementwise_mul(x, factor)
+    if not float(max_norm) > 0:
+        raise ValueError(f"clip_by_norm: argument 'max_norm' must be > 0, got {max_norm}")
+    return _fluid_op("clip_by_norm", {"X": x}, {"max_norm": float(max_norm)}, x.dtype, name)
 
 
 def lod_append(x, level) -> Variable:
@@ -529,14 +542,19 @@ def lod_append(x, level) -> Variable:
 def randint(low=0, high=None, shape=None, out=None, dtype=None, device=None,
             stop_gradient=False, seed=0, name=None) -> Variable:
     """Integers drawn uniformly from ``[low, high)`` (``[0, low)`` when ``high`` is None)."""
-    from pdjit.layers import misc
+    from pdjit.framework import dtypes
 
     lo, hi = (0, low) if high is None else (low, high)
     if not hi > lo:
         raise ValueError(f"randint: expected low < high, got [{lo}, {hi})")
-    shape = [1] if shape is None else list(shape)
-    u = misc.uniform_random(shape, "float64", float(lo), float(hi), seed=int(seed))
-    v = tensor.cast(math_ops.floor(u), dtype or "int64")
+    inputs, attrs = {}, {"low": int(lo), "high": int(hi), "seed": int(seed),
+                         "dtype": dtypes.to_code(dtype or "int64")}
+    if isinstance(shape, Variable):
+        inputs["ShapeTensor"] = shape
+        attrs["shape"] = []
+    else:
+        attrs["shape"] = [1] if shape is None else [int(d) for d in shape]
+    v = _fluid_op("randint", inputs, attrs, dtype or "int64", name)
     v.stop_gradient = True
     return v
 
@@ -612,21 +630,18 @@ def affine_grid(theta, out_shape, name=None) -> Variable:
     ``out_shape`` (``[N, C, H, W]``, a list) image: the (x, y) each output pixel reads, in
     [-1, 1] coordinates with the corners at -1 and 1."""
     check_variable(theta, "theta", "affine_grid")
-    if isinstance(out_shape, Variable) or len(out_shape) != 4:
-        raise TypeError(f"affine_grid: argument 'out_shape' must be a list [N, C, H, W], got "
-                        f"{out_shape!r}")
-    h, w = int(out_shape[2]), int(out_shape[3])
-    xs = np.linspace(-1.0, 1.0, w) if w > 1 else np.array([-1.0])
-    ys = np.linspace(-1.0, 1.0, h) if h > 1 else np.array([-1.0])
-    gx, gy = np.meshgrid(xs, ys)                                  # [H, W]
-    base = np.stack([gx.reshape(-1), gy.reshape(-1), np.ones(h * w)])   # [3, H * W]
-    from pdjit.layers.nn import matmul
-
-    b = tensor.assign(base.astype(np.float32))
-    if str(np.dtype(theta.dtype)) != "float32":
-        b = tensor.cast(b, theta.dtype)
-    grid = matmul(shape_ops.reshape(theta, [-1, 2, 3]), b)         # [N, 2, H * W]
-    return shape_ops.reshape(shape_ops.transpose(grid, [0, 2, 1]), [-1, h, w, 2])
+    inputs, attrs = {"Theta": [theta]}, {}
+    if isinstance(out_shape, Variable):
+        inputs["OutputShape"] = [out_shape]
+    elif isinstance(out_shape, (list, tuple)) and len(out_shape) == 4:
+        attrs["output_shape"] = [int(s) for s in out_shape]
+    else:
+        raise TypeError(f"affine_grid: argument 'out_shape' must be a list [N, C, H, W] or an "
+                        f"int Variable of 4, got {out_shape!r}")
+    helper = LayerHelper("affine_grid", name=name)
+    out = helper.create_variable_for_type_inference(theta.dtype)
+    helper.append_op("affine_grid", inputs=inputs, outputs={"Output": [out]}, attrs=attrs)
+    return out
 
 
 def grid_sampler(x, grid, name=None) -> Variable:
@@ -760,9 +775,7 @@ def space_to_depth(x, blocksize, name=None) -> Variable:
     if c % (b * b) or h % b or w % b:
         raise ValueError(f"space_to_depth: the channels ({c}) must divide by blocksize^2 and the "
                          f"height ({h}) and width ({w}) by blocksize ({b})")
-    y = shape_ops.reshape(x, [-1, b, b, c // (b * b), h, w])
-    y = shape_ops.transpose(y, [0, 3, 4, 1, 5, 2])               # [N, c', H, oy, W, ox]
-    return shape_ops.reshape(y, [-1, c * b * b, h // b, w // b])
+    return _fluid_op("space_to_depth", {"X": x}, {"blocksize": b}, x.dtype, name)
 
 
 def psroi_pool(input, rois, output_channels, spatial_scale, pooled_height, pooled_width,
@@ -1063,3 +1076,87 @@ def density_prior_box(input, image, densities=None, fixed_sizes=None, fixed_rati
                             "step_w": steps[0], "step_h": steps[1], "offset": float(offset),
                             "flatten_to_2d": bool(flatten_to_2d)})
     return boxes, var
+
+
+def hash(input, hash_size, num_hash=1, name=None) -> Variable:  # noqa: A001 - Fluid's name
+    """For each row of int ids ``input [N, K]``, ``num_hash`` hashes of the row (XXH64 of its
+    bytes with seeds 0 .. num_hash - 1) modulo ``hash_size``: ``[N, num_hash, 1]`` of
+    ``input``'s dtype, as Fluid's ``hash`` op."""
+    check_variable(input, "input", "hash")
+    check_dtype(input, "input", ("int32", "int64"), "hash")
+    if len(input.shape) != 2:
+        raise ValueError(f"hash: input must be 2-D [N, K], got shape {list(input.shape)}")
+    for arg, v in (("hash_size", hash_size), ("num_hash", num_hash)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"hash: argument {arg!r} must be an int >= 1, got {v!r}")
+    out = _fluid_op("hash", {"X": input}, {"num_hash": num_hash, "mod_by": hash_size},
+                    input.dtype, name)
+    out.stop_gradient = True
+    return out
+
+
+def similarity_focus(input, axis, indexes, name=None) -> Variable:
+    """Fluid's similarity focus mask of ``input [N, C, A, B]`` (same shape): for each of
+    ``indexes`` along ``axis`` (1, 2 or 3), the 2-D slice's largest value, then the largest
+    among those in other rows and columns, ... marked 1; the masks OR-ed and broadcast along
+    ``axis``."""
+    check_variable(input, "input", "similarity_focus")
+    check_dtype(input, "input", ("float32", "float64"), "similarity_focus")
+    if len(input.shape) != 4 or axis not in (1, 2, 3):
+        raise ValueError(f"similarity_focus: expected a 4-D input and axis 1, 2 or 3, got "
+                         f"{list(input.shape)} and {axis!r}")
+    if isinstance(indexes, int):
+        indexes = [indexes]
+    if not isinstance(indexes, (list, tuple)) or not indexes:
+        raise ValueError(f"similarity_focus: argument 'indexes' must be a non-empty list of "
+                         f"ints, got {indexes!r}")
+    out = _fluid_op("similarity_focus", {"X": input},
+                    {"axis": int(axis), "indexes": [int(i) for i in indexes]}, input.dtype,
+                    name)
+    out.stop_gradient = True
+    return out
+
+
+def bipartite_match(dist_matrix, match_type=None, dist_threshold=None, name=None):
+    """``(match_indices, match_distance)``, each ``[N, K]``: for each instance (LoD sequence
+    of rows) of ``dist_matrix`` ``[sum rows, K]``, the row each of the K columns is matched to
+    (int32, -1: none) and the distance, by greedy bipartite matching; with ``match_type``
+    ``'per_prediction'`` each column left unmatched takes its best row at or above
+    ``dist_threshold`` (default 0.5)."""
+    check_variable(dist_matrix, "dist_matrix", "bipartite_match")
+    check_dtype(dist_matrix, "dist_matrix", ("float32", "float64"), "bipartite_match")
+    match_type = match_type or "bipartite"
+    if match_type not in ("bipartite", "per_prediction"):
+        raise ValueError(f"bipartite_match: match_type must be 'bipartite' or "
+                         f"'per_prediction', got {match_type!r}")
+    helper = LayerHelper("bipartite_match", name=name)
+    idx = helper.create_variable_for_type_inference("int32", stop_gradient=True)
+    dist = helper.create_variable_for_type_inference(dist_matrix.dtype, stop_gradient=True)
+    helper.append_op("bipartite_match", inputs={"DistMat": [dist_matrix]},
+                     outputs={"ColToRowMatchIndices": [idx], "ColToRowMatchDist": [dist]},
+                     attrs={"match_type": match_type,
+                            "dist_threshold": 0.5 if dist_threshold is None
+                            else float(dist_threshold)})
+    return idx, dist
+
+
+def target_assign(input, matched_indices, negative_indices=None, mismatch_value=None,
+                  name=None):
+    """``(out [N, P, K], out_weight [N, P, 1])``: for each instance ``i`` (LoD sequence of
+    ``input [M, P, K]``) and column ``j``, the row ``matched_indices[i, j]`` of the instance
+    (weight 1), or ``mismatch_value`` (weight 0) where that index is -1; then
+    ``mismatch_value`` with weight 1 at the instance's ``negative_indices`` (int32 LoD)."""
+    check_variable(input, "input", "target_assign")
+    check_variable(matched_indices, "matched_indices", "target_assign")
+    check_dtype(matched_indices, "matched_indices", ("int32",), "target_assign")
+    helper = LayerHelper("target_assign", name=name)
+    out = helper.create_variable_for_type_inference(input.dtype)
+    weight = helper.create_variable_for_type_inference("float32")
+    inputs = {"X": [input], "MatchIndices": [matched_indices]}
+    if negative_indices is not None:
+        check_variable(negative_indices, "negative_indices", "target_assign")
+        inputs["NegIndices"] = [negative_indices]
+    helper.append_op("target_assign", inputs=inputs,
+                     outputs={"Out": [out], "OutWeight": [weight]},
+                     attrs={"mismatch_value": int(mismatch_value or 0)})
+    return out, weight

@@ -13,7 +13,8 @@ from pdjit.framework.program import Variable
 from pdjit.layers.layer_helper import LayerHelper, check_dtype, check_variable
 
 __all__ = ["l2_normalize", "log_softmax", "uniform_random", "gaussian_random", "linspace",
-           "isfinite", "has_nan", "has_inf", "Print", "autoincreased_step_counter", "is_empty"]
+           "isfinite", "has_nan", "has_inf", "Print", "autoincreased_step_counter", "is_empty",
+           "uniform_random_batch_size_like", "gaussian_random_batch_size_like"]
 
 _FLOATS = ("float16", "float32", "float64")
 _LINSPACE_DTYPES = ("int32", "int64", "float32", "float64")
@@ -246,3 +247,42 @@ def is_empty(x, cond=None):
         check_variable(cond, "cond", "is_empty")
     helper.append_op("is_empty", inputs={"X": [x]}, outputs={"Out": [cond]})
     return cond
+
+
+def _random_batch_size_like(op, input, shape, dtype, input_dim_idx, output_dim_idx, attrs):
+    check_variable(input, "input", op)
+    if not isinstance(shape, (list, tuple)) or not shape:
+        raise TypeError(f"{op}: argument 'shape' must be a non-empty list of ints, got "
+                        f"{shape!r}")
+    helper = LayerHelper(op)
+    out = helper.create_variable_for_type_inference(dtype, stop_gradient=True)
+    helper.append_op(op, inputs={"Input": [input]}, outputs={"Out": [out]},
+                     attrs={"shape": [int(d) for d in shape],
+                            "input_dim_idx": int(input_dim_idx),
+                            "output_dim_idx": int(output_dim_idx),
+                            "dtype": dtypes.to_code(dtype), **attrs})
+    return out
+
+
+def uniform_random_batch_size_like(input, shape, dtype="float32", input_dim_idx=0,
+                                   output_dim_idx=0, min=-1.0, max=1.0,  # noqa: A002
+                                   seed=0) -> Variable:
+    """A tensor of ``shape`` drawn from Uniform[min, max), its dim ``output_dim_idx`` the size
+    of ``input``'s dim ``input_dim_idx`` (the batch); ``seed`` as in uniform_random."""
+    if float(min) > float(max):
+        raise ValueError(f"uniform_random_batch_size_like: min must be <= max, got min={min}, "
+                         f"max={max}")
+    return _random_batch_size_like("uniform_random_batch_size_like", input, shape, dtype,
+                                   input_dim_idx, output_dim_idx,
+                                   {"min": float(min), "max": float(max), "seed": int(seed)})
+
+
+def gaussian_random_batch_size_like(input, shape, input_dim_idx=0, output_dim_idx=0,
+                                    mean=0.0, std=1.0, seed=0, dtype="float32") -> Variable:
+    """A tensor of ``shape`` drawn from Normal(mean, std), its dim ``output_dim_idx`` the size
+    of ``input``'s dim ``input_dim_idx`` (the batch); ``seed`` as in uniform_random."""
+    if float(std) < 0:
+        raise ValueError(f"gaussian_random_batch_size_like: std must be >= 0, got {std}")
+    return _random_batch_size_like("gaussian_random_batch_size_like", input, shape, dtype,
+                                   input_dim_idx, output_dim_idx,
+                                   {"mean": float(mean), "std": float(std), "seed": int(seed)})

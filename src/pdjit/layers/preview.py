@@ -17,7 +17,7 @@ import numpy as np
 from pdjit.framework.program import Variable
 from pdjit.layers import math_ops, misc, shape_ops, tensor
 from pdjit.layers.layer_helper import LayerHelper, check_variable
-from pdjit.layers.manip import _known, reverse
+from pdjit.layers.manip import _fluid_op
 
 __all__ = ["addcmul", "addmm", "allclose", "arange", "bmm", "clamp", "cross", "dist", "dot",
            "elementwise_equal", "flip", "full", "full_like", "index_select", "index_sample",
@@ -47,12 +47,14 @@ def addcmul(input, tensor1, tensor2, value=1.0, out=None, name=None) -> Variable
 
 def addmm(input, x, y, alpha=1.0, beta=1.0, name=None) -> Variable:
     """``beta * input + alpha * (x @ y)``."""
-    from pdjit.layers.nn import matmul
 
     for arg, v in (("input", input), ("x", x), ("y", y)):
         check_variable(v, arg, "addmm")
-    return math_ops.elementwise_add(math_ops.scale(input, scale=float(beta)),
-                                    matmul(x, y, alpha=float(alpha)))
+    if len(x.shape) != 2 or len(y.shape) != 2:
+        raise ValueError(f"addmm: expected 2-D x and y, got {list(x.shape)} and "
+                         f"{list(y.shape)}")
+    return _fluid_op("addmm", {"Input": input, "X": x, "Y": y},
+                     {"Alpha": float(alpha), "Beta": float(beta)}, x.dtype, name)
 
 
 def allclose(input, other, rtol=1e-05, atol=1e-08, equal_nan=False, name=None) -> Variable:
@@ -103,16 +105,8 @@ def cross(input, other, dim=None) -> Variable:
         raise ValueError(f"cross: expected an axis of size 3 (dim={dim}), got shape "
                          f"{list(input.shape)}")
 
-    def part(v, i):
-        return shape_ops.slice(v, [d], [i], [i + 1])
-
-    a, b = [part(input, i) for i in range(3)], [part(other, i) for i in range(3)]
-
-    def term(i, j):
-        return math_ops.elementwise_sub(math_ops.elementwise_mul(a[i], b[j]),
-                                        math_ops.elementwise_mul(a[j], b[i]))
-
-    return shape_ops.concat([term(1, 2), term(2, 0), term(0, 1)], axis=d)
+    return _fluid_op("cross", {"X": input, "Y": other}, {"dim": 9 if dim is None else d},
+                     input.dtype)
 
 
 def dist(x, y, p=2) -> Variable:
@@ -120,18 +114,7 @@ def dist(x, y, p=2) -> Variable:
     smallest absolute difference): ``[1]``."""
     check_variable(x, "x", "dist")
     check_variable(y, "y", "dist")
-    d = math_ops.abs(math_ops.elementwise_sub(x, y))
-    p = float(p)
-    if p == 0:
-        nz = tensor.cast(math_ops.greater_than(d, math_ops.scale(d, scale=0.0)), x.dtype)
-        out = shape_ops.reduce_sum(nz)
-    elif np.isinf(p):
-        out = (shape_ops.reduce_max if p > 0 else shape_ops.reduce_min)(d)
-    else:
-        from pdjit.layers.activation import pow as pow_
-
-        out = pow_(shape_ops.reduce_sum(pow_(d, p)), 1.0 / p)
-    return shape_ops.reshape(out, [1])
+    return _fluid_op("dist", {"X": x, "Y": y}, {"p": float(p)}, x.dtype)
 
 
 def dot(x, y, name=None) -> Variable:
@@ -147,8 +130,13 @@ def elementwise_equal(x, y, name=None) -> Variable:
 
 
 def flip(input, dims, name=None) -> Variable:
-    """``input`` reversed along each axis of ``dims`` (the ``reverse`` op)."""
-    return reverse(input, dims)
+    """``input`` reversed along each axis of ``dims`` (Fluid's ``flip`` op)."""
+    check_variable(input, "input", "flip")
+    if isinstance(dims, int):
+        dims = [dims]
+    if not isinstance(dims, (list, tuple)) or not dims:
+        raise TypeError(f"flip: argument 'dims' must be a non-empty list of ints, got {dims!r}")
+    return _fluid_op("flip", {"X": input}, {"dims": [int(d) for d in dims]}, input.dtype, name)
 
 
 def full(shape, fill_value, out=None, dtype=None, device=None, stop_gradient=True,
@@ -185,9 +173,7 @@ def index_sample(x, index) -> Variable:
     if len(x.shape) != 2 or len(index.shape) != 2 or x.shape[1] < 0:
         raise ValueError(f"index_sample: expected x [N, C] with C known and index [N, K], got "
                          f"{list(x.shape)} and {list(index.shape)}")
-    pick = tensor.cast(shape_ops.one_hot_v2(index, x.shape[1]), x.dtype)      # [N, K, C]
-    return shape_ops.reduce_sum(math_ops.elementwise_mul(pick, shape_ops.unsqueeze(x, [1])),
-                                dim=2)
+    return _fluid_op("index_sample", {"X": x, "Index": index}, {}, x.dtype)
 
 
 def kron(x, y, out=None, name=None) -> Variable:
@@ -198,12 +184,7 @@ def kron(x, y, out=None, name=None) -> Variable:
     if len(y.shape) != r:
         raise ValueError(f"kron: expected x and y of one rank, got {list(x.shape)} and "
                          f"{list(y.shape)}")
-    _known(x, range(r), "kron", "every size")
-    _known(y, range(r), "kron", "every size")
-    xs = shape_ops.reshape(x, [s for d in x.shape for s in (d, 1)])
-    ys = shape_ops.reshape(y, [s for d in y.shape for s in (1, d)])
-    prod = math_ops.elementwise_mul(xs, ys)
-    return shape_ops.reshape(prod, [a * b for a, b in zip(x.shape, y.shape)])
+    return _fluid_op("kron", {"X": x, "Y": y}, {}, x.dtype, name)
 
 
 def log1p(x, out=None, name=None) -> Variable:
@@ -245,13 +226,9 @@ def meshgrid(input, name=None) -> list:
         if len(v.shape) != 1 or v.shape[0] < 0:
             raise ValueError(f"meshgrid: input[{i}] must be 1-D of known size, got "
                              f"{list(v.shape)}")
-    sizes = [v.shape[0] for v in xs]
-    out = []
-    for i, v in enumerate(xs):
-        shape = [1] * len(xs)
-        shape[i] = sizes[i]
-        times = [1 if k == i else s for k, s in enumerate(sizes)]
-        out.append(shape_ops.expand(shape_ops.reshape(v, shape), times))
+    helper = LayerHelper("meshgrid", name=name)
+    out = [helper.create_variable_for_type_inference(v.dtype) for v in xs]
+    helper.append_op("meshgrid", inputs={"X": xs}, outputs={"Out": out})
     return out
 
 
@@ -279,9 +256,10 @@ def randperm(n, out=None, dtype="int64", device=None, stop_gradient=True, seed=0
     """A random permutation of ``0 .. n - 1``."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"randperm: argument 'n' must be an int >= 1, got {n!r}")
-    keys = misc.uniform_random([n], "float32", 0.0, 1.0, seed=int(seed))
-    _, idx = shape_ops.argsort(keys)
-    v = idx if str(np.dtype(dtype)) == "int64" else tensor.cast(idx, dtype)
+    from pdjit.framework import dtypes
+
+    v = _fluid_op("randperm", {}, {"n": n, "dtype": dtypes.to_code(dtype), "seed": int(seed)},
+                  dtype)
     v.stop_gradient = True
     return v
 
@@ -290,25 +268,15 @@ def roll(input, shifts, dims=None) -> Variable:
     """``input`` shifted circularly by ``shifts`` along ``dims`` (the flattened tensor when
     ``dims`` is None)."""
     check_variable(input, "input", "roll")
-    shifts = [shifts] if isinstance(shifts, int) else list(shifts)
-    x = input
-    if dims is None:
-        _known(input, range(len(input.shape)), "roll", "every size")
-        x, dims = shape_ops.reshape(input, [int(np.prod(input.shape))]), [0]
-    dims = [dims] if isinstance(dims, int) else list(dims)
-    if len(dims) != len(shifts):
-        raise ValueError(f"roll: expected one shift per dim, got shifts {shifts} and dims "
-                         f"{dims}")
-    for s, d in zip(shifts, dims):
-        d = d % len(x.shape)
-        _known(x, [d], "roll", f"the size of axis {d}")
-        n = x.shape[d]
-        s %= n
-        if s:
-            x = shape_ops.concat([shape_ops.slice(x, [d], [n - s], [n]),
-                                  shape_ops.slice(x, [d], [0], [n - s])], axis=d)
-    return shape_ops.reshape(x, list(input.shape)) if x is not input and \
-        len(x.shape) != len(input.shape) else x
+    shifts = [shifts] if isinstance(shifts, int) else [int(s) for s in shifts]
+    dims = [] if dims is None else [dims] if isinstance(dims, int) else [int(d) for d in dims]
+    if (dims and len(dims) != len(shifts)) or (not dims and len(shifts) != 1):
+        raise ValueError(f"roll: expected one shift per dim (one shift without dims), got "
+                         f"shifts {shifts} and dims {dims}")
+    for d in dims:
+        if not -len(input.shape) <= d < len(input.shape):
+            raise ValueError(f"roll: dim {d} is out of range for shape {list(input.shape)}")
+    return _fluid_op("roll", {"X": input}, {"shifts": shifts, "dims": dims}, input.dtype)
 
 
 def t(input, name=None) -> Variable:
@@ -319,53 +287,52 @@ def t(input, name=None) -> Variable:
     return shape_ops.transpose(input, [1, 0]) if len(input.shape) == 2 else input
 
 
-def _tri_mask(x, diagonal, upper):
-    _known(x, [len(x.shape) - 2, len(x.shape) - 1], "tril/triu", "the last two sizes")
-    rows, cols = x.shape[-2:]
-    mask = np.triu(np.ones((rows, cols)), diagonal) if upper else \
-        np.tril(np.ones((rows, cols)), diagonal)
-    m = tensor.assign(mask.astype(np.float32))
-    return m if str(np.dtype(x.dtype)) == "float32" else tensor.cast(m, x.dtype)
-
-
 def tril(input, diagonal=0, name=None) -> Variable:
     """``input`` with the elements above its ``diagonal``-th diagonal set to 0."""
-    check_variable(input, "input", "tril")
-    return math_ops.elementwise_mul(input, _tri_mask(input, diagonal, False))
+    return _tril_triu(input, diagonal, True, name, "tril")
 
 
 def triu(input, diagonal=0, name=None) -> Variable:
     """``input`` with the elements below its ``diagonal``-th diagonal set to 0."""
-    check_variable(input, "input", "triu")
-    return math_ops.elementwise_mul(input, _tri_mask(input, diagonal, True))
+    return _tril_triu(input, diagonal, False, name, "triu")
+
+
+def _tril_triu(x, diagonal, lower, name, layer) -> Variable:
+    check_variable(x, "input", layer)
+    if len(x.shape) < 2:
+        raise ValueError(f"{layer}: input must have rank >= 2, got shape {list(x.shape)}")
+    if isinstance(diagonal, bool) or not isinstance(diagonal, int):
+        raise TypeError(f"{layer}: argument 'diagonal' must be an int, got {diagonal!r}")
+    return _fluid_op("tril_triu", {"X": x}, {"diagonal": diagonal, "lower": lower}, x.dtype,
+                     name, layer=layer)
 
 
 def trace(input, offset=0, dim1=0, dim2=1, name=None) -> Variable:
     """The sum of the ``offset``-th diagonal of the planes ``(dim1, dim2)`` of ``input``."""
     check_variable(input, "input", "trace")
     r = len(input.shape)
+    if r < 2:
+        raise ValueError(f"trace: input must have rank >= 2, got shape {list(input.shape)}")
     d1, d2 = dim1 % r, dim2 % r
     if d1 == d2:
         raise ValueError(f"trace: dim1 and dim2 must differ, got {dim1} and {dim2}")
-    rest = [d for d in range(r) if d not in (d1, d2)]
-    x = shape_ops.transpose(input, rest + [d1, d2]) if rest or (d1, d2) != (0, 1) else input
-    _known(x, [r - 2, r - 1], "trace", "the sizes of dim1 and dim2")
-    eye = np.eye(x.shape[-2], x.shape[-1], k=offset)
-    m = tensor.assign(eye.astype(np.float32))
-    m = m if str(np.dtype(x.dtype)) == "float32" else tensor.cast(m, x.dtype)
-    out = shape_ops.reduce_sum(math_ops.elementwise_mul(x, m), dim=[r - 2, r - 1])
-    return out if rest else shape_ops.reshape(out, [1])
+    return _fluid_op("trace", {"Input": input}, {"offset": int(offset), "dim1": int(dim1),
+                                                 "dim2": int(dim2)}, input.dtype, name)
 
 
 def diag_embed(input, offset=0, dim1=-2, dim2=-1) -> Variable:
-    """Square matrices with ``input``'s last axis on their diagonal (``offset`` 0 and the last
-    two axes only)."""
+    """Matrices with ``input``'s last axis on their ``offset``-th diagonal, in the planes
+    ``(dim1, dim2)`` of the output (Fluid's ``diag_embed`` op)."""
     check_variable(input, "input", "diag_embed")
     r = len(input.shape) + 1
-    if offset != 0 or dim1 % r != r - 2 or dim2 % r != r - 1:
-        raise ValueError("diag_embed: only offset=0 with dim1=-2, dim2=-1 is supported")
-    _known(input, [len(input.shape) - 1], "diag_embed", "the last size")
-    n = input.shape[-1]
-    m = tensor.assign(np.eye(n, dtype=np.float32))
-    m = m if str(np.dtype(input.dtype)) == "float32" else tensor.cast(m, input.dtype)
-    return math_ops.elementwise_mul(shape_ops.unsqueeze(input, [len(input.shape)]), m)
+    for arg, d in (("dim1", dim1), ("dim2", dim2)):
+        if isinstance(d, bool) or not isinstance(d, int) or not -r <= d < r:
+            raise ValueError(f"diag_embed: argument {arg!r} must be an int in [{-r}, {r}), got "
+                             f"{d!r}")
+    if dim1 % r == dim2 % r:
+        raise ValueError(f"diag_embed: dim1 and dim2 must differ, got {dim1} and {dim2}")
+    helper = LayerHelper("diag_embed")
+    out = helper.create_variable_for_type_inference(input.dtype)
+    helper.append_op("diag_embed", inputs={"Input": [input]}, outputs={"Out": [out]},
+                     attrs={"offset": int(offset), "dim1": int(dim1), "dim2": int(dim2)})
+    return out

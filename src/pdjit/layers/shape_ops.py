@@ -262,9 +262,19 @@ def one_hot(input, depth, allow_out_of_range=False):
     (``one_hot_v2``, as ``paddle.nn.functional.one_hot``). Ids outside ``[0, depth)`` are an
     error at run time, or give all-zero rows with ``allow_out_of_range``."""
     check_variable(input, "input", "one_hot")
-    if len(input.shape) >= 2 and input.shape[-1] == 1:
-        input = squeeze(input, [len(input.shape) - 1])
-    return one_hot_v2(input, depth, allow_out_of_range)
+    if not (len(input.shape) >= 2 and input.shape[-1] == 1):
+        return one_hot_v2(input, depth, allow_out_of_range)
+    helper = LayerHelper("one_hot")
+    inputs, attrs = {"X": [input]}, {"allow_out_of_range": bool(allow_out_of_range),
+                                     "dtype": 5}                       # float32
+    if isinstance(depth, Variable):
+        inputs["depth_tensor"] = [depth]
+        attrs["depth"] = -1
+    else:
+        attrs["depth"] = _ints(depth, "depth", "one_hot")[0]
+    out = helper.create_variable_for_type_inference("float32", stop_gradient=True)
+    helper.append_op("one_hot", inputs=inputs, outputs={"Out": [out]}, attrs=attrs)
+    return out
 
 
 def one_hot_v2(input, depth, allow_out_of_range=False):

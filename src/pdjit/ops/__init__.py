@@ -51,3 +51,7 @@ from pdjit.ops import (  # noqa: E402,F401
     sequence_fluid,
     spectral_norm,
 )
+
+# ops Fluid 1.8's layers append under names of their own (label_smooth, maxout, lrn, ...)
+# isort: split
+from pdjit.ops import fluid_layer_ops  # noqa: E402,F401
