@@ -47,6 +47,7 @@ def two_threads(monkeypatch):
     picked whenever it is one of the candidates (the trial's timing is the machine's, not the
     test's)."""
     monkeypatch.setattr(threads, "loop_threads", lambda: 2)
+    monkeypatch.setattr(threads, "max_loop_threads", lambda: 2)
     monkeypatch.setattr(threads, "free_cores", lambda: 2)
     monkeypatch.setattr(plan_mod.NativeStep, "_fastest", staticmethod(lambda m: len(m) - 1))
 

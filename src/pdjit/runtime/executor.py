@@ -114,6 +114,8 @@ class Executor:
 
         self._target = get_target(target_name(self.place))
         self._numpy_blas = threads.numpy_blas  # (a plan whose steps call NumPy's BLAS)
+        # each run's threads capped at the cores other processes leave free (a host plan's)
+        self._begin_run = threads.begin_run
         self._target.require(f"Executor({self.place!r})")
         self.mode = mode.lower() if mode else _default_mode()
         self.memory_optim = bool(memory_optim) if memory_optim is not None else \
@@ -207,6 +209,8 @@ class Executor:
             else:
                 values.update(zip(run.feed_names, feed_values))
             if plan is not None:
+                if not self._on_device:
+                    self._begin_run()
                 if plan.blas:
                     with self._numpy_blas():
                         plan.run(self, env, run_index)

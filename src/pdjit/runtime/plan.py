@@ -121,7 +121,7 @@ DRIVER_CALL_MAX_S = 1e-3
 # A native driver whose ops keep batch rows independent (each output row depends only on the
 # same row of its batch inputs: ``pdjit.passes.batch_rows``, the analysis behind the AOT
 # artifacts' ``--threads``) is also tried on contiguous slices of the batch, one per loop thread
-# (``threads.loop_threads``: one means never), from this batch size on: LeNet-5 at batch 64
+# (``threads.max_loop_threads``: one means never), from this batch size on: LeNet-5 at batch 64
 # took 0.53 ms on one thread and 0.34 ms on two slices (driver calls alone, 2-vCPU machine).
 # Each slice computes its rows as a run of that slice alone would: a library call may then
 # take another path than for the whole batch (OpenBLAS's sgemm has a small-matrix kernel up to
@@ -356,7 +356,7 @@ class NativeStep:
         if self.split_rows is None or getattr(nd, "parallel", False):
             return None
         if self._split is None or self._split[0] is not nd:
-            parts = threads.loop_threads()
+            parts = threads.max_loop_threads()
             self._split = (nd, _SplitDriver(nd.fn, self.split_rows, parts)
                            if parts > 1 else None)
         return self._split[1]
@@ -1082,7 +1082,7 @@ def _generate(part, block, live, target: str) -> list:
                 for op in g.ops:
                     later.update(op.input_arg_names)
         gen = SegmentGen(seg, block, later, parallel=threads.get_num_threads() > 1,
-                         parallel_loops=threads.loop_threads() > 1, target=target)
+                         parallel_loops=threads.max_loop_threads() > 1, target=target)
         gen.generate()
         gens.append(gen)
     return gens
