@@ -47,6 +47,15 @@ Two kinds of threads, set apart because they were measured apart on a 2-vCPU mac
 ``set_num_threads(n)`` or ``PDJIT_NUM_THREADS=n`` sets both to ``n`` (every GEMM too, whatever
 its size; one means no split batches either). Set it before building
 programs: plans already compiled keep their loops.
+
+Every count is a most, not a promise: each run (``begin_run``, called by the Executor before a
+plan runs) and each split decision in it (``loop_threads``, ``blas_threads``,
+``gemm_threads``) uses at most the cores other processes leave free (``free_cores``), so that
+a multi-threaded setting on a machine whose cores are busy runs as one thread does: the
+caller's thread does the work rather than wait for a thread that waits for a busy core. (Waits
+are passive everywhere: OpenMP's by ``OMP_WAIT_POLICY``, the split helpers' on locks; but a
+split call still ends with its slowest part, and on a busy core that part waits for a
+scheduler slice, milliseconds, at every step of a recurrent model.)
 """
 from __future__ import annotations
 
