@@ -88,3 +88,60 @@ def test_threaded_and_serial_runs_agree(two_asked, monkeypatch):
     for a, b, r in zip(outs[2], outs[1], ref):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(a, r, rtol=1e-4, atol=1e-5)
+
+
+def test_run_choice_keeps_the_faster_setting_and_tries_again(two_asked, monkeypatch):
+    """A plan's runs on every free core against runs on one thread, on a fake clock: the
+    faster by its best timed run is kept, tried again after the runs and the seconds of its
+    interval (doubled while it keeps winning), and no trial while a core is busy or while
+    the plan's own driver trials go on."""
+    free, _ = two_asked
+    now = [0.0]
+    ready = [False]
+    choice = threads.RunChoice(ready=lambda key: ready[0], clock=lambda: now[0])
+
+    def run(cost_wide, cost_narrow):
+        cap = choice.begin(16)
+        choice.end(16, cost_narrow if cap == 1 else cost_wide)
+        return cap
+
+    caps = [run(1.0, 2.0) for _ in range(threads.CHOICE_AFTER + 1)]
+    assert caps == [None] * len(caps)                  # warming up, then not ready
+    assert choice.picks() == {16: "not chosen"}
+    ready[0] = True
+    caps = [run(1.0, 2.0) for _ in range(threads.CHOICE_AFTER)]
+    assert caps == [None] * len(caps)                  # asked again after as many runs
+    caps = [run(1.0, 0.5) for _ in range(2 * (threads.CHOICE_RUNS + 1))]
+    assert caps == [None, 1] * (threads.CHOICE_RUNS + 1)   # alternating, the first untimed
+    assert choice.picks() == {16: "one thread"}        # one thread was faster
+    caps = [run(1.0, 2.0) for _ in range(3 * threads.CHOICE_RETRY_RUNS)]
+    assert set(caps) == {1}                            # kept: the seconds have not passed
+    now[0] += threads.CHOICE_RETRY_S
+    free[0] = 1                                        # a core busy: nothing chosen
+    assert run(1.0, 2.0) is None and choice.picks() == {16: "one thread"}
+    free[0] = 2
+    caps = [run(1.0, 2.0) for _ in range(2 * (threads.CHOICE_RUNS + 1))]
+    assert caps == [None, 1] * (threads.CHOICE_RUNS + 1)   # a new trial: now wide wins
+    assert choice.picks() == {16: "every free core"}
+    assert choice.begin(1) is None                     # another batch size: its own warm-up
+    assert choice.keys[16].interval == threads.CHOICE_RETRY_RUNS   # (the pick changed)
+
+
+def test_a_served_plan_measures_its_threads(two_asked):
+    """Through the Executor: after its warm-up runs a plan's threads are on trial, then
+    picked; every run's result is the same."""
+    main, startup, fetch = _model()
+    rng = np.random.default_rng(1)
+    feed = {"x": rng.standard_normal((2, 5, 6)).astype("float32"),
+            "img": rng.standard_normal((2, 3, 7, 7)).astype("float32")}
+    scope = fluid.Scope()
+    exe = fluid.Executor(native_drivers=False, strict=True)
+    exe.run(startup, scope=scope)
+    first = exe.run(main, feed=feed, fetch_list=fetch, scope=scope)
+    for _ in range(threads.CHOICE_AFTER + 2 * (threads.CHOICE_RUNS + 1)):
+        got = exe.run(main, feed=feed, fetch_list=fetch, scope=scope)
+        for a, b in zip(got, first):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    (choice,) = [p.threads_choice for _, p in exe._plans.values()
+                 if 2 in getattr(p, "threads_choice", threads.RunChoice()).keys]
+    assert choice.picks()[2] in ("every free core", "one thread")

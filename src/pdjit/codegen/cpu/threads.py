@@ -199,11 +199,11 @@ def gemm_threads(work: int) -> int:
     one, else every core Numba may use, from ``GEMM_PARALLEL_MIN_WORK`` (one thread below it);
     either at most the cores other processes leave free (``free_cores``)."""
     if asked_threads():
-        n = min(get_num_threads(), free_cores())
+        n = min(get_num_threads(), _usable())
     elif work >= GEMM_PARALLEL_MIN_WORK:
         import numba
 
-        n = max(1, min(numba.config.NUMBA_NUM_THREADS, free_cores()))
+        n = max(1, min(numba.config.NUMBA_NUM_THREADS, _usable()))
     else:
         n = 1
     if gemm_trace is not None:
@@ -365,19 +365,29 @@ def max_loop_threads() -> int:
     return numba.config.NUMBA_NUM_THREADS
 
 
+def _usable() -> int:
+    """The cores work started now may use: the free cores, at most the cap of the run in
+    progress on this thread (``begin_run``'s ``cap``: a run that a :class:`RunChoice` keeps on
+    the caller's thread)."""
+    n = free_cores()
+    cap = getattr(_run_local, "cap", None)
+    return n if cap is None or cap >= n else max(1, cap)
+
+
 def loop_threads() -> int:
     """Threads for a parallel loop or a split batch started now: :func:`max_loop_threads`, at
-    most the cores other processes leave free (``free_cores``). A part of the work handed to
-    a thread that waits for a busy core holds up the whole call: the call then runs on the
-    caller's thread instead."""
-    return max(1, min(max_loop_threads(), free_cores()))
+    most the cores other processes leave free (``free_cores``) and the run's cap. A part of the
+    work handed to a thread that waits for a busy core holds up the whole call: the call then
+    runs on the caller's thread instead."""
+    return max(1, min(max_loop_threads(), _usable()))
 
 
 def blas_threads() -> int:
     """BLAS threads for the calls of a run started now (compiled code's ``np.dot``, the host
-    driver's NumPy BLAS): the count asked for (default one), at most the free cores."""
+    driver's NumPy BLAS): the count asked for (default one), at most the free cores and the
+    run's cap."""
     n = get_num_threads()
-    return n if n <= 1 else max(1, min(n, free_cores()))
+    return n if n <= 1 else max(1, min(n, _usable()))
 
 
 # what ``begin_run`` last applied: [compiled code's BLAS threads]; Numba's count is per thread
@@ -385,10 +395,11 @@ _run_blas = [None]
 _run_local = threading.local()
 
 
-def begin_run() -> None:
+def begin_run(cap: int | None = None) -> None:
     """Before a plan runs on the calling thread: compiled code's BLAS (SciPy's OpenBLAS: one
     process-wide count) at :func:`blas_threads` and Numba's parallel loops on this thread at
-    :func:`loop_threads`, each set only when it changed (a quarter and one microsecond).
+    :func:`loop_threads`, each set only when it changed (a quarter and one microsecond);
+    ``cap``: at most this many threads in the run (None: no cap but the free cores).
 
     Measured on the 2-vCPU machine with another process keeping one core busy, batch 1,
     ``set_num_threads(2)`` against one thread, medians: a GRU classifier (one layer, 128
@@ -398,6 +409,7 @@ def begin_run() -> None:
     core keeps waiting holds up every step; with the counts capped at the free cores each
     run, the two-thread runs are the one-thread runs."""
     ensure_applied()
+    _run_local.cap = cap
     n = blas_threads()
     if n != _run_blas[0]:
         for fn in _openblas_setters_cached():
@@ -409,6 +421,100 @@ def begin_run() -> None:
 
         numba.set_num_threads(min(loops, numba.config.NUMBA_NUM_THREADS))
         _run_local.loops = loops
+
+
+#: runs of a plan at one batch size before its threads are measured (the first runs compile,
+#: load kernels and try the plan's drivers: ``pdjit.runtime.plan.NativeStep``)
+CHOICE_AFTER = 16
+#: timed runs of each setting in a trial (after an untimed one of each)
+CHOICE_RUNS = 3
+#: runs and seconds (both) from a pick to the next trial; doubled at each trial that keeps the
+#: pick, up to 64x
+CHOICE_RETRY_RUNS, CHOICE_RETRY_S = 32, 2.0
+
+
+class _Choice:
+    __slots__ = ("warm", "pick", "trial", "times", "timing", "left", "until", "interval")
+
+    def __init__(self):
+        self.warm = CHOICE_AFTER       # runs before the first trial
+        self.pick = None               # None: none yet; 0: every free core; 1: one thread
+        self.trial = False
+        self.times = ([], [])          # a trial's run times on every free core, on one thread
+        self.timing = -1               # the setting of the run in progress when timed
+        self.left, self.until = 0, 0.0  # the pick's runs and deadline before the next trial
+        self.interval = CHOICE_RETRY_RUNS
+
+
+class RunChoice:
+    """Whether the runs of one plan go on every free core or on the caller's thread alone, by
+    measurement, per batch size. After :data:`CHOICE_AFTER` runs, a trial alternates runs of
+    each (an untimed one, then :data:`CHOICE_RUNS` timed) and keeps the faster by its best
+    time; trials repeat while the plan serves (after :data:`CHOICE_RETRY_RUNS` runs and
+    :data:`CHOICE_RETRY_S` seconds, twice as long each time the pick stays, up to 64x). It
+    decides only when more than one thread may run (threads asked for, or loops on every core,
+    and two cores free); otherwise every run goes as :func:`begin_run` sets it. Work too small
+    to pay for its threads, a core another process keeps half busy (``free_cores`` rounds that
+    to free): the one-thread runs are faster and are kept.
+
+    ``begin(key)`` returns the cap for the run (None: the free cores; 1: the caller's thread),
+    ``end(key, seconds)`` takes the run's time. ``ready(key)``: whether a trial may start (the
+    plan's own driver trials are over: a run kept on one thread would run a split driver
+    unsplit); asked only when one is due, else again :data:`CHOICE_AFTER` runs later. Safe
+    under concurrent runs (a sample lost at worst)."""
+    __slots__ = ("keys", "clock", "ready")
+
+    def __init__(self, ready=None, clock=time.monotonic):
+        self.keys: dict = {}
+        self.clock = clock
+        self.ready = ready
+
+    def begin(self, key):
+        st = self.keys.get(key)
+        if st is None:
+            if len(self.keys) > 64:
+                self.keys.clear()
+            st = self.keys[key] = _Choice()
+        if st.warm > 0:
+            st.warm -= 1
+            return 1 if st.pick == 1 else None
+        st.timing = -1
+        if max(max_loop_threads(), get_num_threads()) < 2 or free_cores() < 2:
+            return None  # (one thread whatever the pick: nothing to choose)
+        if not st.trial:
+            st.left -= 1
+            if st.pick is not None and (st.left > 0 or self.clock() < st.until):
+                return None if st.pick == 0 else 1
+            if self.ready is not None and not self.ready(key):
+                st.warm = CHOICE_AFTER  # (asked again then)
+                return 1 if st.pick == 1 else None
+            st.trial, st.times = True, ([], [])
+        which = 0 if len(st.times[0]) <= len(st.times[1]) else 1
+        st.timing = which
+        return None if which == 0 else 1
+
+    def end(self, key, seconds: float) -> None:
+        st = self.keys.get(key)
+        if st is None or not st.trial or st.timing < 0:
+            return
+        wide, narrow = st.times
+        st.times[st.timing].append(seconds)
+        st.timing = -1
+        if len(wide) > CHOICE_RUNS and len(narrow) > CHOICE_RUNS:
+            pick = 1 if min(narrow[1:]) < min(wide[1:]) else 0
+            st.interval = min(st.interval * 2, CHOICE_RETRY_RUNS * 64) if pick == st.pick \
+                else CHOICE_RETRY_RUNS
+            st.pick, st.trial = pick, False
+            st.left = st.interval
+            st.until = self.clock() + CHOICE_RETRY_S * st.interval / CHOICE_RETRY_RUNS
+
+    def picks(self) -> dict:
+        """``{key: "every free core" | "one thread" | "on trial" | ...}`` (explain, tests)."""
+        def name(st):
+            if st.trial:
+                return "on trial"
+            return {None: "not chosen", 0: "every free core", 1: "one thread"}[st.pick]
+        return {k: name(st) for k, st in self.keys.items()}
 
 
 _setters = [None]
