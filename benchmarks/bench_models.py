@@ -25,7 +25,8 @@ Contenders, each in a process of its own for each thread count: pdjit's Predicto
 model exported by ``pdjit.io.onnx_export`` (the same weights; intra-op threads, sequential,
 every graph optimisation); Paddle Inference (ir optim on) where ``paddle`` is importable
 (otherwise skipped with a note). For each model and batch every process runs once (pdjit
-compiles or loads its kernels), warms up, then the timed runs go in ``--rounds`` rounds, each
+compiles or loads its kernels), warms up (about 3 s of runs, 2 to 30), then the timed runs go
+in ``--rounds`` rounds, each
 round every process in turn (the order rotated), so that the machine's load hits them alike;
 the tables show the median of all timed runs of each. Outputs are checked against pdjit's
 1-thread run (max abs error). ``--busy``: a Python busy loop keeps one core busy while every
@@ -377,6 +378,13 @@ def timed_rounds(engines: list, rounds: int, repeat: int) -> dict:
     return {k: float(np.median(v)) for k, v in times.items() if v}
 
 
+def warm(e, seconds: float = 3.0, most: int = 30) -> None:
+    """Untimed runs, about ``seconds`` of them (2 to ``most``): pdjit's plans try their
+    drivers and measure their threads in their first runs."""
+    (t,) = e.ask({"cmd": "time", "n": 1})["times"]
+    e.ask({"cmd": "time", "n": max(2, min(most, int(seconds / max(t, 1e-6))))})
+
+
 def peers_available(notes: list) -> list:
     peers = []
     for name, mod, pip in (("onnxruntime", "onnxruntime", "onnxruntime onnx"),
@@ -408,17 +416,18 @@ def bench_model(name: str, args, tmp: str, peers: list, notes: list) -> list:
         for batch in args.batch:
             inputs = model_inputs(shapes, batch)
             live, firsts = [], {}
-            for e in engines:
-                try:
-                    e.ask({"cmd": "set", "inputs": inputs})
-                    r = e.ask({"cmd": "first"})
-                    firsts[e.label] = (r["seconds"], r["outputs"])
-                    live.append(e)
-                except RuntimeError as err:
-                    notes.append(f"{name} batch {batch}: {err}")
-            busy = start_busy() if args.busy else None
+            busy = start_busy() if args.busy else None  # (busy while served: warm-up too)
             load0 = os.getloadavg()[0]
             try:
+                for e in engines:
+                    try:
+                        e.ask({"cmd": "set", "inputs": inputs})
+                        r = e.ask({"cmd": "first"})
+                        firsts[e.label] = (r["seconds"], r["outputs"])
+                        warm(e)
+                        live.append(e)
+                    except RuntimeError as err:
+                        notes.append(f"{name} batch {batch}: {err}")
                 med = timed_rounds(live, args.rounds, args.repeat)
             finally:
                 stop(busy)

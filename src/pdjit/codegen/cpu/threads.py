@@ -423,9 +423,10 @@ def begin_run(cap: int | None = None) -> None:
         _run_local.loops = loops
 
 
-#: runs of a plan at one batch size before its threads are measured (the first runs compile,
-#: load kernels and try the plan's drivers: ``pdjit.runtime.plan.NativeStep``)
-CHOICE_AFTER = 16
+#: runs of a plan at one batch size before its threads are measured (the first compiles or
+#: loads kernels; the plan's driver trials, ``pdjit.runtime.plan.NativeStep``, are waited for
+#: through ``RunChoice.ready``)
+CHOICE_AFTER = 4
 #: timed runs of each setting in a trial (after an untimed one of each)
 CHOICE_RUNS = 3
 #: runs and seconds (both) from a pick to the next trial; doubled at each trial that keeps the
