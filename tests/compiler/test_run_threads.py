@@ -25,9 +25,9 @@ def two_asked(monkeypatch):
     monkeypatch.setattr(threads, "free_cores", lambda: free[0])
     applied = []
     monkeypatch.setattr(threads, "_setters", [[applied.append]])  # OpenBLAS's count, recorded
-    threads._run_blas[0] = threads._run_local.loops = None
+    threads._run_blas[0] = threads._run_local.loops = threads._run_local.key = None
     yield free, applied
-    threads._run_blas[0] = threads._run_local.loops = None
+    threads._run_blas[0] = threads._run_local.loops = threads._run_local.key = None
     numba.set_num_threads(saved_numba)
 
 

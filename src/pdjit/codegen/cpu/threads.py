@@ -55,7 +55,10 @@ a multi-threaded setting on a machine whose cores are busy runs as one thread do
 caller's thread does the work rather than wait for a thread that waits for a busy core. (Waits
 are passive everywhere: OpenMP's by ``OMP_WAIT_POLICY``, the split helpers' on locks; but a
 split call still ends with its slowest part, and on a busy core that part waits for a
-scheduler slice, milliseconds, at every step of a recurrent model.)
+scheduler slice, milliseconds, at every step of a recurrent model.) Where the cores are free,
+each plan measures for each batch size whether its runs are faster on them or on the caller's
+thread alone, and keeps the faster (``RunChoice``): threads that do not pay for their wake-ups
+on small work, or lose to a core another process keeps half busy, are not used.
 """
 from __future__ import annotations
 
@@ -154,7 +157,7 @@ def set_num_threads(n: int) -> bool:
     numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
     _applied = n
     _run_blas[0] = n
-    _run_local.loops = None
+    _run_local.loops = _run_local.key = None
     return bool(setters)
 
 
@@ -178,7 +181,7 @@ def one_thread():
     finally:
         _applied = saved
         numba.set_num_threads(numba_saved)
-        _run_local.loops = None
+        _run_local.loops = _run_local.key = None
 
 
 #: multiply-adds (M*N*K) from which one host-driver GEMM uses every core when no thread count
@@ -408,19 +411,28 @@ def begin_run(cap: int | None = None) -> None:
     OpenBLAS threads for each step's small product, a parallel loop's half) that the busy
     core keeps waiting holds up every step; with the counts capped at the free cores each
     run, the two-thread runs are the one-thread runs."""
-    ensure_applied()
-    _run_local.cap = cap
-    n = blas_threads()
+    if not _default_applied and _applied is None:
+        ensure_applied()
+    local = _run_local
+    local.cap = cap
+    free = free_cores()
+    key = (cap, free, _applied)
+    if getattr(local, "key", None) == key and _run_blas[0] == local.blas:
+        return  # (as the last run on this thread: ~1 us a run)
+    usable = free if cap is None or cap >= free else max(1, cap)  # (_usable)
+    n = get_num_threads()
+    n = n if n <= 1 else max(1, min(n, usable))  # (blas_threads)
     if n != _run_blas[0]:
         for fn in _openblas_setters_cached():
             fn(n)
         _run_blas[0] = n
-    loops = loop_threads()
-    if getattr(_run_local, "loops", None) != loops:
+    loops = max(1, min(max_loop_threads(), usable))  # (loop_threads)
+    if getattr(local, "loops", None) != loops:
         import numba
 
         numba.set_num_threads(min(loops, numba.config.NUMBA_NUM_THREADS))
-        _run_local.loops = loops
+        local.loops = loops
+    local.key, local.blas = key, n
 
 
 #: runs of a plan at one batch size before its threads are measured (the first compiles or
@@ -480,12 +492,13 @@ class RunChoice:
             st.warm -= 1
             return 1 if st.pick == 1 else None
         st.timing = -1
-        if max(max_loop_threads(), get_num_threads()) < 2 or free_cores() < 2:
-            return None  # (one thread whatever the pick: nothing to choose)
         if not st.trial:
             st.left -= 1
             if st.pick is not None and (st.left > 0 or self.clock() < st.until):
-                return None if st.pick == 0 else 1
+                return None if st.pick == 0 else 1  # (a busy core: begin_run caps it)
+        if max(max_loop_threads(), get_num_threads()) < 2 or free_cores() < 2:
+            return None  # (one thread whatever the pick: nothing to choose)
+        if not st.trial:
             if self.ready is not None and not self.ready(key):
                 st.warm = CHOICE_AFTER  # (asked again then)
                 return 1 if st.pick == 1 else None
