@@ -145,3 +145,32 @@ def test_a_served_plan_measures_its_threads(two_asked):
     (choice,) = [p.threads_choice for _, p in exe._plans.values()
                  if 2 in getattr(p, "threads_choice", threads.RunChoice()).keys]
     assert choice.picks()[2] in ("every free core", "one thread")
+
+
+# (a native driver built with two threads asked for is compiled parallel=True whatever it
+# holds: Numba says when it found no loop to run in parallel)
+@pytest.mark.filterwarnings("ignore::numba.core.errors.NumbaPerformanceWarning")
+def test_the_thread_trial_waits_for_the_drivers_trial(two_asked):
+    """A plan with native drivers: its threads are not measured while its steps still try
+    their drivers (``Plan.drivers_settled``), then they are."""
+    L = fluid.layers
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup):
+        x = L.data(name="x", shape=[6], dtype="float32")
+        y = L.relu(L.fc(x, 5))
+    scope = fluid.Scope()
+    exe = fluid.Executor(native_drivers=True, strict=True)
+    exe.run(startup, scope=scope)
+    xv = np.random.default_rng(2).standard_normal((4, 6)).astype("float32")
+    w, b = (np.asarray(scope.find_var(n).get_tensor()) for n in ("fc_0.w_0", "fc_0.b_0"))
+    seen = []
+    for _ in range(40):
+        (out,) = exe.run(main, feed={"x": xv}, fetch_list=[y], scope=scope)
+        np.testing.assert_allclose(out, np.maximum(xv @ w + b, 0), rtol=1e-5, atol=1e-6)
+        (plan,) = [p for _, p in exe._plans.values()
+                   if 4 in getattr(p, "threads_choice", threads.RunChoice()).keys]
+        seen.append((plan.drivers_settled(4), plan.threads_choice.picks()[4]))
+    assert seen[0] == (False, "not chosen")
+    settled = [s for s, _ in seen].index(True)
+    assert all(p == "not chosen" for _, p in seen[:settled + 1])
+    assert seen[-1][1] in ("every free core", "one thread")
