@@ -46,8 +46,9 @@ def two_threads(monkeypatch):
     """Two loop threads and two free cores whatever the machine has, and the split driver
     picked whenever it is one of the candidates (the trial's timing is the machine's, not the
     test's)."""
-    monkeypatch.setattr(threads, "loop_threads", lambda: 2)
+    monkeypatch.setattr(threads, "max_loop_threads", lambda: 2)
     monkeypatch.setattr(threads, "free_cores", lambda: 2)
+    monkeypatch.setattr(threads, "CHOICE_AFTER", 1 << 30)  # no plan-wide thread trials
     monkeypatch.setattr(plan_mod.NativeStep, "_fastest", staticmethod(lambda m: len(m) - 1))
 
 

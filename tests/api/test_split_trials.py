@@ -169,7 +169,7 @@ def machine(monkeypatch):
     what it says from the trial's pick on (None: the same); the trial picks
     ``machine["pick"]`` (1: the native driver, 2: the split one), not the timings."""
     m = {"free": 2, "at_pick": None, "pick": 1}
-    monkeypatch.setattr(threads, "loop_threads", lambda: 2)
+    monkeypatch.setattr(threads, "max_loop_threads", lambda: 2)
     monkeypatch.setattr(threads, "free_cores", lambda: m["free"])
 
     def fastest(times):

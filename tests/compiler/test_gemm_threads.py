@@ -1,8 +1,8 @@
 """The size-aware BLAS thread policy of host-driver GEMMs (``threads.gemm_threads``): a product
 of ``GEMM_PARALLEL_MIN_WORK`` multiply-adds or more runs on every core, a smaller one on one
 thread, and an asked-for count (``set_num_threads`` / ``PDJIT_NUM_THREADS``) serves every
-product; other processes' busy cores are left out (``threads.free_cores``). Checked through
-``threads.gemm_trace`` and spies, never by timing."""
+product; either way other processes' busy cores are left out (``threads.free_cores``).
+Checked through ``threads.gemm_trace`` and spies, never by timing."""
 import os
 
 import numba
@@ -42,8 +42,13 @@ def test_the_decision_by_size_and_an_asked_count(default_threads, monkeypatch):
     assert threads.gemm_threads(big * 4) == 1
     monkeypatch.setattr(threads, "_applied", None)
     monkeypatch.setenv("PDJIT_NUM_THREADS", "3")            # the variable, read per decision
-    assert threads.gemm_threads(big) == threads.get_num_threads()
-    assert threads.gemm_threads(10) == threads.get_num_threads()
+    monkeypatch.setattr(threads, "free_cores", lambda: 8)
+    assert threads.gemm_threads(big) == threads.get_num_threads() == 3
+    assert threads.gemm_threads(10) == 3
+    monkeypatch.setattr(threads, "free_cores", lambda: 1)   # asked for, but a core is busy
+    assert threads.gemm_threads(big) == 1
+    assert threads.blas_threads() == 1 and threads.loop_threads() == 1
+    assert threads.max_loop_threads() == 3                  # what plans are built for
 
 
 def _two_fcs():

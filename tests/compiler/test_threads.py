@@ -14,15 +14,19 @@ def test_default_threads_every_core_for_loops_one_for_blas(monkeypatch):
     import numba
 
     assert threads.get_num_threads() == 1
+    assert threads.max_loop_threads() == numba.config.NUMBA_NUM_THREADS
+    monkeypatch.setattr(threads, "free_cores", lambda: 1)   # another process keeps a core busy
+    assert threads.loop_threads() == 1 and threads.blas_threads() == 1
+    monkeypatch.setattr(threads, "free_cores", lambda: 64)
     assert threads.loop_threads() == numba.config.NUMBA_NUM_THREADS
     monkeypatch.setenv("PDJIT_NUM_THREADS", "1")
-    assert threads.loop_threads() == 1
+    assert threads.loop_threads() == threads.max_loop_threads() == 1
 
 
 def test_the_parallel_variant_compiles_only_when_a_run_reaches_its_size(monkeypatch):
     monkeypatch.delenv("PDJIT_NUM_THREADS", raising=False)
     monkeypatch.setattr(threads, "_applied", None)
-    if threads.loop_threads() < 2:
+    if threads.max_loop_threads() < 2:
         import pytest
         pytest.skip("one core: no parallel loops")
     main = fluid.Program()

@@ -114,6 +114,9 @@ class Executor:
 
         self._target = get_target(target_name(self.place))
         self._numpy_blas = threads.numpy_blas  # (a plan whose steps call NumPy's BLAS)
+        # each run's threads capped at the cores other processes leave free (a host plan's)
+        self._begin_run = threads.begin_run
+        self._run_choice = threads.RunChoice
         self._target.require(f"Executor({self.place!r})")
         self.mode = mode.lower() if mode else _default_mode()
         self.memory_optim = bool(memory_optim) if memory_optim is not None else \
@@ -207,11 +210,25 @@ class Executor:
             else:
                 values.update(zip(run.feed_names, feed_values))
             if plan is not None:
+                choice = None
+                if not self._on_device:
+                    # every free core or the caller's thread alone, as measured for this plan
+                    # and batch size (threads.RunChoice)
+                    choice = plan.__dict__.get("threads_choice")
+                    if choice is None:
+                        choice = plan.threads_choice = self._run_choice(
+                            plan.drivers_settled)
+                    lead = feed_values[0] if feed_values else None
+                    batch = lead.shape[0] if getattr(lead, "ndim", 0) else 0
+                    self._begin_run(choice.begin(batch))
+                    t0 = time.perf_counter()
                 if plan.blas:
                     with self._numpy_blas():
                         plan.run(self, env, run_index)
                 else:
                     plan.run(self, env, run_index)
+                if choice is not None:
+                    choice.end(batch, time.perf_counter() - t0)
                 # a fresh array nothing else holds goes to the user as it is (once)
                 fresh = plan.fresh if return_numpy else ()
             else:

@@ -121,7 +121,7 @@ DRIVER_CALL_MAX_S = 1e-3
 # A native driver whose ops keep batch rows independent (each output row depends only on the
 # same row of its batch inputs: ``pdjit.passes.batch_rows``, the analysis behind the AOT
 # artifacts' ``--threads``) is also tried on contiguous slices of the batch, one per loop thread
-# (``threads.loop_threads``: one means never), from this batch size on: LeNet-5 at batch 64
+# (``threads.max_loop_threads``: one means never), from this batch size on: LeNet-5 at batch 64
 # took 0.53 ms on one thread and 0.34 ms on two slices (driver calls alone, 2-vCPU machine).
 # Each slice computes its rows as a run of that slice alone would: a library call may then
 # take another path than for the whole batch (OpenBLAS's sgemm has a small-matrix kernel up to
@@ -356,7 +356,7 @@ class NativeStep:
         if self.split_rows is None or getattr(nd, "parallel", False):
             return None
         if self._split is None or self._split[0] is not nd:
-            parts = threads.loop_threads()
+            parts = threads.max_loop_threads()
             self._split = (nd, _SplitDriver(nd.fn, self.split_rows, parts)
                            if parts > 1 else None)
         return self._split[1]
@@ -509,8 +509,9 @@ class _SplitDriver:
     output the slices' outputs concatenated. A batch that does not split here (too small, the
     row arguments' leading dims differ, an output without the slice's rows) runs the driver
     unsplit, which then does what it does with it; so does a run while other processes keep
-    a core busy (``threads.free_cores``: a slice waiting for a busy core would hold up the
-    run). ``runs``: the runs that were split."""
+    a core busy (``threads.loop_threads``, at most the free cores: a slice waiting for a busy
+    core would hold up the run) or a run kept on one thread (``threads.RunChoice``).
+    ``runs``: the runs that were split."""
 
     def __init__(self, fn, rows, parts: int):
         self.fn, self.rows, self.parts = fn, tuple(rows), parts
@@ -521,7 +522,7 @@ class _SplitDriver:
         rows = self.rows
         lead = values[rows[0]]
         b = lead.shape[0] if lead.ndim else 0
-        parts = min(self.parts, b // 2, threads.free_cores())
+        parts = min(self.parts, b // 2, threads.loop_threads())
         if parts < 2 or any(values[i].ndim == 0 or values[i].shape[0] != b for i in rows):
             return self.fn(*values)
         cuts = [b * p // parts for p in range(parts + 1)]
@@ -776,6 +777,22 @@ class Plan:
             yield step
             for _, sub in getattr(step, "sub_plans", ()):
                 yield from sub.walk()
+
+    def drivers_settled(self, batch: int) -> bool:
+        """Whether no native step of this plan still has its drivers to try for this batch
+        size (a driver compiling or waiting to be built, a trial going on, a split driver to
+        be tried again): ``threads.RunChoice`` measures the plan's threads only then."""
+        for s in self.walk():
+            if s.kind != "native":
+                continue
+            if getattr(s, "_hot", None) is not None or getattr(s, "tiering", None) is not None \
+                    and s.tiering.is_alive():
+                return False
+            if getattr(s, "native", None) is not None:
+                fn = s.picked.get(batch)
+                if fn is None or isinstance(fn, _Retry):
+                    return False
+        return True
 
     def report(self) -> str:
         """The fusion groups and steps of this plan, its sub-plans indented under their
@@ -1083,7 +1100,7 @@ def _generate(part, block, live, target: str) -> list:
                 for op in g.ops:
                     later.update(op.input_arg_names)
         gen = SegmentGen(seg, block, later, parallel=threads.get_num_threads() > 1,
-                         parallel_loops=threads.loop_threads() > 1, target=target)
+                         parallel_loops=threads.max_loop_threads() > 1, target=target)
         gen.generate()
         gens.append(gen)
     return gens

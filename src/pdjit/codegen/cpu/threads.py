@@ -47,6 +47,18 @@ Two kinds of threads, set apart because they were measured apart on a 2-vCPU mac
 ``set_num_threads(n)`` or ``PDJIT_NUM_THREADS=n`` sets both to ``n`` (every GEMM too, whatever
 its size; one means no split batches either). Set it before building
 programs: plans already compiled keep their loops.
+
+Every count is a most, not a promise: each run (``begin_run``, called by the Executor before a
+plan runs) and each split decision in it (``loop_threads``, ``blas_threads``,
+``gemm_threads``) uses at most the cores other processes leave free (``free_cores``), so that
+a multi-threaded setting on a machine whose cores are busy runs as one thread does: the
+caller's thread does the work rather than wait for a thread that waits for a busy core. (Waits
+are passive everywhere: OpenMP's by ``OMP_WAIT_POLICY``, the split helpers' on locks; but a
+split call still ends with its slowest part, and on a busy core that part waits for a
+scheduler slice, milliseconds, at every step of a recurrent model.) Where the cores are free,
+each plan measures for each batch size whether its runs are faster on them or on the caller's
+thread alone, and keeps the faster (``RunChoice``): threads that do not pay for their wake-ups
+on small work, or lose to a core another process keeps half busy, are not used.
 """
 from __future__ import annotations
 
@@ -108,8 +120,8 @@ _numpy_blas = None
 
 
 class numpy_blas:  # noqa: N801 - used as a context manager, like a function
-    """NumPy's OpenBLAS (the host driver's GEMMs) at pdjit's BLAS thread count while a plan
-    runs, and at the user's own count again afterwards."""
+    """NumPy's OpenBLAS (the host driver's GEMMs) at pdjit's BLAS thread count for the run
+    (:func:`blas_threads`) while a plan runs, and at the user's own count again afterwards."""
     __slots__ = ("prev",)
 
     def __enter__(self):
@@ -119,7 +131,7 @@ class numpy_blas:  # noqa: N801 - used as a context manager, like a function
         set_, get = _numpy_blas
         self.prev = None
         if set_ is not None and get is not None:
-            want = get_num_threads()
+            want = blas_threads()
             have = get()
             if have != want:
                 set_(want)
@@ -137,13 +149,15 @@ def set_num_threads(n: int) -> bool:
     global _applied
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"set_num_threads: expected a positive int, got {n!r}")
-    setters = _openblas_setters()
+    setters = _openblas_setters_cached()
     for fn in setters:
         fn(n)
     import numba
 
     numba.set_num_threads(min(n, numba.config.NUMBA_NUM_THREADS))
     _applied = n
+    _run_blas[0] = n
+    _run_local.loops = _run_local.key = None
     return bool(setters)
 
 
@@ -167,6 +181,7 @@ def one_thread():
     finally:
         _applied = saved
         numba.set_num_threads(numba_saved)
+        _run_local.loops = _run_local.key = None
 
 
 #: multiply-adds (M*N*K) from which one host-driver GEMM uses every core when no thread count
@@ -184,14 +199,14 @@ def asked_threads() -> bool:
 
 def gemm_threads(work: int) -> int:
     """BLAS threads for one GEMM of ``work`` multiply-adds: the count asked for when there is
-    one, else every free core (``free_cores``) from ``GEMM_PARALLEL_MIN_WORK`` and one thread
-    below it."""
+    one, else every core Numba may use, from ``GEMM_PARALLEL_MIN_WORK`` (one thread below it);
+    either at most the cores other processes leave free (``free_cores``)."""
     if asked_threads():
-        n = get_num_threads()
+        n = min(get_num_threads(), _usable())
     elif work >= GEMM_PARALLEL_MIN_WORK:
         import numba
 
-        n = max(1, min(numba.config.NUMBA_NUM_THREADS, free_cores()))
+        n = max(1, min(numba.config.NUMBA_NUM_THREADS, _usable()))
     else:
         n = 1
     if gemm_trace is not None:
@@ -342,14 +357,187 @@ def _openblas_stop(libs_dir: str):
     return None
 
 
-def loop_threads() -> int:
-    """Threads for large elementwise loops: the number asked for, else every core Numba
-    may use."""
+def max_loop_threads() -> int:
+    """The most threads parallel loops and split batches may use: the number asked for, else
+    every core Numba may use. What plans are built for (whether a loop gets a parallel
+    variant); how many run now is :func:`loop_threads`."""
     if asked_threads():
         return get_num_threads()
     import numba
 
     return numba.config.NUMBA_NUM_THREADS
+
+
+def _usable() -> int:
+    """The cores work started now may use: the free cores, at most the cap of the run in
+    progress on this thread (``begin_run``'s ``cap``: a run that a :class:`RunChoice` keeps on
+    the caller's thread)."""
+    n = free_cores()
+    cap = getattr(_run_local, "cap", None)
+    return n if cap is None or cap >= n else max(1, cap)
+
+
+def loop_threads() -> int:
+    """Threads for a parallel loop or a split batch started now: :func:`max_loop_threads`, at
+    most the cores other processes leave free (``free_cores``) and the run's cap. A part of the
+    work handed to a thread that waits for a busy core holds up the whole call: the call then
+    runs on the caller's thread instead."""
+    return max(1, min(max_loop_threads(), _usable()))
+
+
+def blas_threads() -> int:
+    """BLAS threads for the calls of a run started now (compiled code's ``np.dot``, the host
+    driver's NumPy BLAS): the count asked for (default one), at most the free cores and the
+    run's cap."""
+    n = get_num_threads()
+    return n if n <= 1 else max(1, min(n, _usable()))
+
+
+# what ``begin_run`` last applied: [compiled code's BLAS threads]; Numba's count is per thread
+_run_blas = [None]
+_run_local = threading.local()
+
+
+def begin_run(cap: int | None = None) -> None:
+    """Before a plan runs on the calling thread: compiled code's BLAS (SciPy's OpenBLAS: one
+    process-wide count) at :func:`blas_threads` and Numba's parallel loops on this thread at
+    :func:`loop_threads`, each set only when it changed (a quarter and one microsecond);
+    ``cap``: at most this many threads in the run (None: no cap but the free cores).
+
+    Measured on the 2-vCPU machine with another process keeping one core busy, batch 1,
+    ``set_num_threads(2)`` against one thread, medians: a GRU classifier (one layer, 128
+    hidden, 32 steps) 0.21 ms on one thread and 16-54 ms on two; a 2-layer bidirectional LSTM
+    classifier (256 hidden, 64 steps) 24 ms and 173 ms. A thread of a split call (two
+    OpenBLAS threads for each step's small product, a parallel loop's half) that the busy
+    core keeps waiting holds up every step; with the counts capped at the free cores each
+    run, the two-thread runs are the one-thread runs."""
+    if not _default_applied and _applied is None:
+        ensure_applied()
+    local = _run_local
+    local.cap = cap
+    free = free_cores()
+    key = (cap, free, _applied)
+    if getattr(local, "key", None) == key and _run_blas[0] == local.blas:
+        return  # (as the last run on this thread: ~1 us a run)
+    usable = free if cap is None or cap >= free else max(1, cap)  # (_usable)
+    n = get_num_threads()
+    n = n if n <= 1 else max(1, min(n, usable))  # (blas_threads)
+    if n != _run_blas[0]:
+        for fn in _openblas_setters_cached():
+            fn(n)
+        _run_blas[0] = n
+    loops = max(1, min(max_loop_threads(), usable))  # (loop_threads)
+    if getattr(local, "loops", None) != loops:
+        import numba
+
+        numba.set_num_threads(min(loops, numba.config.NUMBA_NUM_THREADS))
+        local.loops = loops
+    local.key, local.blas = key, n
+
+
+#: runs of a plan at one batch size before its threads are measured (the first compiles or
+#: loads kernels; the plan's driver trials, ``pdjit.runtime.plan.NativeStep``, are waited for
+#: through ``RunChoice.ready``)
+CHOICE_AFTER = 4
+#: timed runs of each setting in a trial (after an untimed one of each)
+CHOICE_RUNS = 3
+#: runs and seconds (both) from a pick to the next trial; doubled at each trial that keeps the
+#: pick, up to 64x
+CHOICE_RETRY_RUNS, CHOICE_RETRY_S = 32, 2.0
+
+
+class _Choice:
+    __slots__ = ("warm", "pick", "trial", "times", "timing", "left", "until", "interval")
+
+    def __init__(self):
+        self.warm = CHOICE_AFTER       # runs before the first trial
+        self.pick = None               # None: none yet; 0: every free core; 1: one thread
+        self.trial = False
+        self.times = ([], [])          # a trial's run times on every free core, on one thread
+        self.timing = -1               # the setting of the run in progress when timed
+        self.left, self.until = 0, 0.0  # the pick's runs and deadline before the next trial
+        self.interval = CHOICE_RETRY_RUNS
+
+
+class RunChoice:
+    """Whether the runs of one plan go on every free core or on the caller's thread alone, by
+    measurement, per batch size. After :data:`CHOICE_AFTER` runs, a trial alternates runs of
+    each (an untimed one, then :data:`CHOICE_RUNS` timed) and keeps the faster by its best
+    time; trials repeat while the plan serves (after :data:`CHOICE_RETRY_RUNS` runs and
+    :data:`CHOICE_RETRY_S` seconds, twice as long each time the pick stays, up to 64x). It
+    decides only when more than one thread may run (threads asked for, or loops on every core,
+    and two cores free); otherwise every run goes as :func:`begin_run` sets it. Work too small
+    to pay for its threads, a core another process keeps half busy (``free_cores`` rounds that
+    to free): the one-thread runs are faster and are kept.
+
+    ``begin(key)`` returns the cap for the run (None: the free cores; 1: the caller's thread),
+    ``end(key, seconds)`` takes the run's time. ``ready(key)``: whether a trial may start (the
+    plan's own driver trials are over: a run kept on one thread would run a split driver
+    unsplit); asked only when one is due, else again :data:`CHOICE_AFTER` runs later. Safe
+    under concurrent runs (a sample lost at worst)."""
+    __slots__ = ("keys", "clock", "ready")
+
+    def __init__(self, ready=None, clock=time.monotonic):
+        self.keys: dict = {}
+        self.clock = clock
+        self.ready = ready
+
+    def begin(self, key):
+        st = self.keys.get(key)
+        if st is None:
+            if len(self.keys) > 64:
+                self.keys.clear()
+            st = self.keys[key] = _Choice()
+        if st.warm > 0:
+            st.warm -= 1
+            return 1 if st.pick == 1 else None
+        st.timing = -1
+        if not st.trial:
+            st.left -= 1
+            if st.pick is not None and (st.left > 0 or self.clock() < st.until):
+                return None if st.pick == 0 else 1  # (a busy core: begin_run caps it)
+        if max(max_loop_threads(), get_num_threads()) < 2 or free_cores() < 2:
+            return None  # (one thread whatever the pick: nothing to choose)
+        if not st.trial:
+            if self.ready is not None and not self.ready(key):
+                st.warm = CHOICE_AFTER  # (asked again then)
+                return 1 if st.pick == 1 else None
+            st.trial, st.times = True, ([], [])
+        which = 0 if len(st.times[0]) <= len(st.times[1]) else 1
+        st.timing = which
+        return None if which == 0 else 1
+
+    def end(self, key, seconds: float) -> None:
+        st = self.keys.get(key)
+        if st is None or not st.trial or st.timing < 0:
+            return
+        wide, narrow = st.times
+        st.times[st.timing].append(seconds)
+        st.timing = -1
+        if len(wide) > CHOICE_RUNS and len(narrow) > CHOICE_RUNS:
+            pick = 1 if min(narrow[1:]) < min(wide[1:]) else 0
+            st.interval = min(st.interval * 2, CHOICE_RETRY_RUNS * 64) if pick == st.pick \
+                else CHOICE_RETRY_RUNS
+            st.pick, st.trial = pick, False
+            st.left = st.interval
+            st.until = self.clock() + CHOICE_RETRY_S * st.interval / CHOICE_RETRY_RUNS
+
+    def picks(self) -> dict:
+        """``{key: "every free core" | "one thread" | "on trial" | ...}`` (explain, tests)."""
+        def name(st):
+            if st.trial:
+                return "on trial"
+            return {None: "not chosen", 0: "every free core", 1: "one thread"}[st.pick]
+        return {k: name(st) for k, st in self.keys.items()}
+
+
+_setters = [None]
+
+
+def _openblas_setters_cached() -> list:
+    if _setters[0] is None:
+        _setters[0] = _openblas_setters()
+    return _setters[0]
 
 
 def default_num_threads() -> int:
@@ -379,11 +567,12 @@ def ensure_applied() -> None:
     global _default_applied
     if _applied is None and not _default_applied:
         _default_applied = True
-        for fn in _openblas_setters():
+        for fn in _openblas_setters_cached():
             fn(default_num_threads())
+        _run_blas[0] = default_num_threads()
         import numba
 
-        numba.set_num_threads(min(loop_threads(), numba.config.NUMBA_NUM_THREADS))
+        numba.set_num_threads(min(max_loop_threads(), numba.config.NUMBA_NUM_THREADS))
 
 
 _default_applied = False

@@ -1,0 +1,701 @@
+"""Real models, side by side with ONNX Runtime and Paddle Inference, at 1 and 2 threads.
+
+    python benchmarks/bench_models.py [--quick] [--models resnet50,mobilenetv2,bert,gru,lstm]
+        [--batch 1,16] [--threads 1,2] [--rounds R] [--repeat N] [--busy]
+        [--no-convs | --convs-only] [--conv-batch 16] [--fma-units 2] [--ghz G] [--json FILE]
+
+Models, built with pdjit's Fluid API at their real layer sizes, weights drawn from a fixed seed
+(convolutions He-normal, fully connected layers uniform +-1/sqrt(fan in), batch norms with
+statistics near 0 / 1, layer norms near 1 / 0), saved with ``save_inference_model``:
+
+- ``resnet50``: ResNet-50 (bottlenecks 3, 4, 6, 3; batch norm; fc 1000), x [B, 3, 224, 224]
+  (``bench_compile._resnet50``, its logits fetched);
+- ``mobilenetv2``: MobileNetV2 (width 1.0: a 3x3/2 stem of 32, 17 inverted residual blocks of
+  expansion 6 with depthwise 3x3 convolutions and relu6, a 1x1 of 1280, global pooling, fc
+  1000: the logits), x [B, 3, 224, 224];
+- ``bert``: a BERT-like encoder, 6 post-norm layers of d 256, 4 heads, feed-forward 1024
+  (exact gelu), over x [B, 128, 256] (the embeddings' output; no dropout);
+- ``gru`` (not in the default set): a GRU classifier, one layer of 128 hidden over 32 steps
+  of 64 inputs (the ``rnn`` op), fc 10 on the last step;
+- ``lstm`` (not in the default set): a 2-layer bidirectional LSTM classifier, 256 hidden over
+  64 steps of 128 inputs, fc 10 on the last step.
+
+Contenders, each in a process of its own for each thread count: pdjit's Predictor
+(``pdjit.inference``, ir optim on, ``set_cpu_math_library_num_threads``); ONNX Runtime on the
+model exported by ``pdjit.io.onnx_export`` (the same weights; intra-op threads, sequential,
+every graph optimisation); Paddle Inference (ir optim on) where ``paddle`` is importable
+(otherwise skipped with a note). For each model and batch every process runs once (pdjit
+compiles or loads its kernels), warms up (about 3 s of runs, 2 to 30), then the timed runs go
+in ``--rounds`` rounds, each
+round every process in turn (the order rotated), so that the machine's load hits them alike;
+the tables show the median of all timed runs of each. Outputs are checked against pdjit's
+1-thread run (max abs error). ``--busy``: a Python busy loop keeps one core busy while every
+run is timed (the threads target: 2 threads within 1.2x of 1 thread).
+
+The convolution table times each distinct convolution of ResNet-50 (input, filters, stride;
+batch ``--conv-batch``) as a one-op program, pdjit and ONNX Runtime at one thread, and shows
+the GFLOP/s reached (2 * N * M * OH * OW * C/groups * KH * KW flops) against one core's FP32
+FMA peak: clock (``/proc/cpuinfo``'s ``cpu MHz``, or ``--ghz``) x fp32 lanes of the widest
+vector unit (16 with AVX-512, 8 with AVX2/FMA, 4 otherwise; from the CPU flags) x FMA units
+per core (``--fma-units``, default 2: two 512-bit FMA units per core on the Xeon Scalable
+processors with AVX-512 that this benchmark was written on (ports 0 and 5), which the CPU does
+not report) x 2 flops per FMA.
+
+``--quick``: batch 1, 2 rounds of 2 timed runs, the convolutions at batch 1. Print: markdown
+tables; ``--json`` writes every number.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import pathlib
+import pickle
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import numpy as np
+
+HERE = pathlib.Path(__file__).resolve().parent
+DEFAULT_MODELS = ("resnet50", "mobilenetv2", "bert")
+ALL_MODELS = DEFAULT_MODELS + ("gru", "lstm")
+SEED = 0
+_SETTLE_S = 0.2     # a pause before each process's round: the last one's idle threads stop
+_REWARM = 2         # untimed runs before each round's timed runs
+
+
+# ---- models ---------------------------------------------------------------------------------
+def _resnet50(fluid):
+    sys.path.insert(0, str(HERE))
+    import bench_compile
+
+    main, startup, out = bench_compile._resnet50(fluid)
+    # the logits are fetched (the softmax of random weights' logits is one-hot: no check)
+    (soft,) = [op for op in main.global_block().ops if op.type == "softmax"]
+    logits = main.global_block().var(soft.input("X")[0])
+    return main, startup, ["x"], [logits], {"x": (3, 224, 224)}
+
+
+def _mobilenetv2(fluid):
+    L = fluid.layers
+    main, startup = fluid.Program(), fluid.Program()
+    startup.random_seed = 1
+
+    def conv_bn(x, c, k, stride=1, groups=1, act="relu6"):
+        x = L.conv2d(x, num_filters=c, filter_size=k, stride=stride, padding=(k - 1) // 2,
+                     groups=groups, bias_attr=False)
+        return L.batch_norm(x, act=act, is_test=True)
+
+    def inverted(x, cin, cout, stride, t):
+        h = conv_bn(x, cin * t, 1) if t != 1 else x
+        h = conv_bn(h, cin * t, 3, stride, groups=cin * t)
+        h = conv_bn(h, cout, 1, act=None)
+        return L.elementwise_add(x, h) if stride == 1 and cin == cout else h
+
+    with fluid.program_guard(main, startup):
+        x = L.data(name="x", shape=[3, 224, 224], dtype="float32")
+        h = conv_bn(x, 32, 3, 2)
+        cin = 32
+        for t, c, n, s in ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2),
+                           (6, 96, 3, 1), (6, 160, 3, 2), (6, 320, 1, 1)):
+            for i in range(n):
+                h = inverted(h, cin, c, s if i == 0 else 1, t)
+                cin = c
+        h = conv_bn(h, 1280, 1)
+        h = L.pool2d(h, pool_type="avg", global_pooling=True)
+        out = L.fc(h, 1000)
+    return main, startup, ["x"], [out], {"x": (3, 224, 224)}
+
+
+SEQ, D_MODEL, HEADS, FFN, LAYERS = 128, 256, 4, 1024, 6
+
+
+def _bert(fluid):
+    L = fluid.layers
+    main, startup = fluid.Program(), fluid.Program()
+    startup.random_seed = 1
+    d_head = D_MODEL // HEADS
+
+    def fc(x, size):
+        return L.fc(x, size, num_flatten_dims=2)
+
+    def heads(t):
+        return L.transpose(L.reshape(t, [0, 0, HEADS, d_head]), [0, 2, 1, 3])
+
+    def ln(t):
+        return L.layer_norm(t, begin_norm_axis=2, epsilon=1e-5)
+
+    with fluid.program_guard(main, startup):
+        x = L.data(name="x", shape=[SEQ, D_MODEL], dtype="float32")
+        h = x
+        for _ in range(LAYERS):
+            q, k, v = heads(fc(h, D_MODEL)), heads(fc(h, D_MODEL)), heads(fc(h, D_MODEL))
+            w = L.softmax(L.matmul(q, k, transpose_y=True, alpha=d_head ** -0.5))
+            ctx = L.reshape(L.transpose(L.matmul(w, v), [0, 2, 1, 3]), [0, 0, D_MODEL])
+            h = ln(L.elementwise_add(h, fc(ctx, D_MODEL)))
+            f = fc(L.gelu(fc(h, FFN), approximate=False), D_MODEL)
+            h = ln(L.elementwise_add(h, f))
+    return main, startup, ["x"], [h], {"x": (SEQ, D_MODEL)}
+
+
+def _rnn_classifier(fluid, mode, steps, inputs, hidden, layers, bidirec, classes=10):
+    """``x [B, steps, inputs]`` -> the ``rnn`` op (Paddle's layout: weights ``w_ih``, ``w_hh``
+    per layer and direction, then the biases) -> the last step -> fc ``classes``."""
+    from pdjit.initializer import Uniform
+    from pdjit.layers.layer_helper import LayerHelper
+    from pdjit.param_attr import ParamAttr
+
+    L = fluid.layers
+    main, startup = fluid.Program(), fluid.Program()
+    startup.random_seed = 1
+    with fluid.program_guard(main, startup):
+        x = L.data(name="x", shape=[steps, inputs], dtype="float32")
+        d, g = (2 if bidirec else 1), {"LSTM": 4, "GRU": 3}[mode]
+        helper = LayerHelper(mode.lower())
+        init = Uniform(-hidden ** -0.5, hidden ** -0.5)
+        ws, bs = [], []
+        for k in range(layers * d):
+            for cols in (inputs if k < d else d * hidden, hidden):
+                ws.append(helper.create_parameter(ParamAttr(), [g * hidden, cols], "float32",
+                                                  default_initializer=init))
+        for _ in range(2 * layers * d):
+            bs.append(helper.create_parameter(ParamAttr(), [g * hidden], "float32",
+                                              is_bias=True, default_initializer=init))
+        xt = L.transpose(x, [1, 0, 2])
+        h0 = L.fill_constant_batch_size_like(x, [layers * d, -1, hidden], "float32", 0.0,
+                                             input_dim_idx=0, output_dim_idx=1)
+        pre = [h0, h0] if mode == "LSTM" else [h0]
+        out = helper.create_variable_for_type_inference("float32")
+        states = [helper.create_variable_for_type_inference("float32") for _ in pre]
+        reserve = helper.create_variable_for_type_inference("float32", stop_gradient=True)
+        drop = helper.create_variable_for_type_inference("uint8", stop_gradient=True)
+        helper.append_op(
+            "rnn", inputs={"Input": [xt], "PreState": pre, "WeightList": ws + bs},
+            outputs={"Out": [out], "State": states, "Reserve": [reserve],
+                     "DropoutState": [drop]},
+            attrs={"dropout_prob": 0.0, "is_bidirec": bidirec, "input_size": inputs,
+                   "hidden_size": hidden, "num_layers": layers, "mode": mode, "seed": 0,
+                   "is_test": True})
+        last = L.reshape(L.slice(out, axes=[0], starts=[steps - 1], ends=[steps]),
+                         [-1, d * hidden])
+        y = L.fc(last, classes)
+    return main, startup, ["x"], [y], {"x": (steps, inputs)}
+
+
+BUILDERS = {
+    "resnet50": _resnet50,
+    "mobilenetv2": _mobilenetv2,
+    "bert": _bert,
+    "gru": lambda fluid: _rnn_classifier(fluid, "GRU", 32, 64, 128, 1, False),
+    "lstm": lambda fluid: _rnn_classifier(fluid, "LSTM", 64, 128, 256, 2, True),
+}
+
+
+def _randomize(fluid, program, scope, seed: int) -> None:
+    """Every parameter drawn from ``seed``: 4-D filters He-normal, 2-D weights uniform
+    +-1/sqrt(fan in), batch norm scale ~1, bias ~0, mean ~0, variance ~1 (``w_0``, ``b_0``,
+    ``w_1``, ``w_2``: Fluid's names), other 1-D parameters (biases; layer norm scales are 1 +
+    noise) small."""
+    rng = np.random.default_rng(seed)
+    for v in sorted(program.global_block().all_parameters(), key=lambda p: p.name):
+        t = scope.find_var(v.name).get_tensor()
+        shape = tuple(np.asarray(t).shape)
+        if len(shape) == 4:
+            fan_in = int(np.prod(shape[1:]))
+            a = rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)
+        elif len(shape) == 2:
+            a = rng.uniform(-1, 1, shape) / np.sqrt(shape[0])
+        elif v.name.startswith("batch_norm") and v.name.endswith(".w_0"):
+            a = 1 + 0.1 * rng.standard_normal(shape)
+        elif v.name.startswith("batch_norm") and v.name.endswith(".w_2"):
+            a = rng.uniform(0.8, 1.2, shape)
+        elif v.name.startswith("layer_norm") and v.name.endswith(".w_0"):
+            a = 1 + 0.1 * rng.standard_normal(shape)
+        else:
+            a = 0.05 * rng.standard_normal(shape)
+        t.set(a.astype(np.float32), fluid.CPUPlace())
+    # batch norm statistics are persistables, not parameters
+    for v in program.global_block().vars.values():
+        if v.persistable and v.name.startswith("batch_norm") and v.name.endswith(".w_1"):
+            t = scope.find_var(v.name).get_tensor()
+            shape = tuple(np.asarray(t).shape)
+            t.set((0.05 * rng.standard_normal(shape)).astype(np.float32), fluid.CPUPlace())
+
+
+def save_model(name: str, path: str) -> dict:
+    """Build model ``name``, draw its weights, save it at ``path``; its input shapes."""
+    import pdjit as fluid
+
+    main, startup, feeds, fetches, shapes = BUILDERS[name](fluid)
+    scope = fluid.Scope()
+    exe = fluid.Executor(fluid.CPUPlace())
+    exe.run(startup, scope=scope)
+    _randomize(fluid, main, scope, SEED)
+    fluid.io.save_inference_model(path, feeds, fetches, exe, main_program=main, scope=scope)
+    return shapes
+
+
+def model_inputs(shapes: dict, batch: int) -> dict:
+    rng = np.random.default_rng(SEED + batch)
+    return {n: rng.standard_normal((batch, *s)).astype(np.float32) for n, s in shapes.items()}
+
+
+# ---- the pdjit worker (a process per thread count; the protocol of pdjit.tools._peer_worker)
+def worker() -> None:
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    state = {}
+    while True:
+        try:
+            req = pickle.load(sys.stdin.buffer)
+        except EOFError:
+            return
+        try:
+            reply = _handle(state, req)
+            reply["ok"] = True
+        except BaseException as e:  # noqa: BLE001 - reported to the benchmark
+            msg = str(e).strip().splitlines()
+            reply = {"ok": False, "error": f"{type(e).__name__}: {msg[-1] if msg else ''}"}
+        pickle.dump(reply, replies, protocol=pickle.HIGHEST_PROTOCOL)
+        replies.flush()
+
+
+def _handle(state, req):
+    cmd = req["cmd"]
+    if cmd == "load":
+        from pdjit.tools.run import make_predictor
+        t0 = time.perf_counter()
+        state["pred"] = make_predictor(req["model"], True, int(req["threads"]))
+        return {"seconds": time.perf_counter() - t0,
+                "info": f"pdjit.inference, ir optim on, threads {req['threads']}"}
+    pred = state["pred"]
+    if cmd == "set":
+        state["inputs"] = [req["inputs"][n] for n in pred.get_input_names()]
+        return {}
+    if cmd == "first":
+        t0 = time.perf_counter()
+        outs = pred.run(state["inputs"])
+        return {"seconds": time.perf_counter() - t0, "outputs": [np.asarray(o) for o in outs]}
+    if cmd == "time":
+        # a native driver compiling in the background (the Predictor's) is waited for: the
+        # timed runs are the served model's
+        for t in threading.enumerate():
+            if t.name == "pdjit-tier-up":
+                t.join()
+        run, inputs, clock, times = pred.run, state["inputs"], time.perf_counter, []
+        for _ in range(int(req["n"])):
+            t0 = clock()
+            run(inputs)
+            times.append(clock() - t0)
+        return {"times": times}
+    raise ValueError(f"unknown request {cmd!r}")
+
+
+class Engine:
+    """A contender in its process: pdjit (this script as a worker) or a peer
+    (``pdjit.tools._peer_worker``)."""
+
+    def __init__(self, name: str, threads: int):
+        from pdjit.tools import bench as tb
+
+        self.name, self.threads, self.label = name, threads, f"{name} {threads}t"
+        env = dict(os.environ, PDJIT_NUM_THREADS=str(threads), FLAGS_enable_pir_api="0",
+                   GLOG_minloglevel="2", OMP_NUM_THREADS=str(threads),
+                   MKL_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads))
+        if name == "pdjit":
+            cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--worker"]
+            env.pop("OMP_NUM_THREADS")  # (pdjit sets its own threads)
+        else:
+            cmd = [sys.executable, tb._WORKER]
+        self.log = tempfile.TemporaryFile()
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.log, env=env)
+        self._tb = tb
+
+    def ask(self, req: dict) -> dict:
+        try:
+            pickle.dump(req, self.proc.stdin, protocol=pickle.HIGHEST_PROTOCOL)
+            self.proc.stdin.flush()
+            reply = pickle.load(self.proc.stdout)
+        except (BrokenPipeError, EOFError, pickle.UnpicklingError, OSError):
+            self.log.seek(0)
+            tail = self.log.read().decode(errors="replace").strip().splitlines()[-1:]
+            raise RuntimeError(f"{self.label}: its process exited: {tail}") from None
+        if not reply.get("ok"):
+            raise RuntimeError(f"{self.label}: {reply.get('error')}")
+        return reply
+
+    def load(self, path: str, tmp: str) -> str:
+        if self.name == "pdjit":
+            return self.ask({"cmd": "load", "model": path, "threads": self.threads})["info"]
+        from pdjit.io.inference import load_model
+        model = load_model(path)
+        try:
+            req = self._tb._peer_request(self.name, model, tmp)
+        except self._tb.EngineFailed as e:
+            raise RuntimeError(f"{self.label}: {e}") from None
+        return self.ask(dict(req, cmd="load", peer=self.name, threads=self.threads))["info"]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=20)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_busy():
+    """A Python busy loop (one core kept busy), or None."""
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
+
+
+def stop(proc) -> None:
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def rel_err(a: list, b: list):
+    """max abs difference / max abs value of ``a``."""
+    d = max_abs(a, b)
+    top = max((float(np.max(np.abs(x))) for x in a if np.size(x)), default=0.0)
+    return None if d is None else d / top if top else d
+
+
+def max_abs(a: list, b: list):
+    if len(a) != len(b) or any(np.shape(x) != np.shape(y) for x, y in zip(a, b)):
+        return None
+    return max((float(np.max(np.abs(np.asarray(x, np.float64) - np.asarray(y, np.float64))))
+                for x, y in zip(a, b) if np.size(x)), default=0.0)
+
+
+def timed_rounds(engines: list, rounds: int, repeat: int) -> dict:
+    """Median seconds of each engine's ``rounds * repeat`` timed runs, interleaved."""
+    times = {e.label: [] for e in engines}
+    for r in range(rounds):
+        order = engines[r % len(engines):] + engines[:r % len(engines)]
+        for e in order:
+            time.sleep(_SETTLE_S)
+            e.ask({"cmd": "time", "n": _REWARM})
+            times[e.label] += e.ask({"cmd": "time", "n": repeat})["times"]
+    return {k: float(np.median(v)) for k, v in times.items() if v}
+
+
+def warm(e, seconds: float = 3.0, most: int = 30) -> None:
+    """Untimed runs, about ``seconds`` of them (2 to ``most``): pdjit's plans try their
+    drivers and measure their threads in their first runs."""
+    (t,) = e.ask({"cmd": "time", "n": 1})["times"]
+    e.ask({"cmd": "time", "n": max(2, min(most, int(seconds / max(t, 1e-6))))})
+
+
+def peers_available(notes: list) -> list:
+    peers = []
+    for name, mod, pip in (("onnxruntime", "onnxruntime", "onnxruntime onnx"),
+                           ("paddle", "paddle", "paddlepaddle")):
+        if importlib.util.find_spec(mod) is None:
+            notes.append(f"{name}: not installed (pip install {pip}), skipped")
+        else:
+            peers.append(name)
+    return peers
+
+
+def bench_model(name: str, args, tmp: str, peers: list, notes: list) -> list:
+    path = os.path.join(tmp, name)
+    shapes = save_model(name, path)
+    engines = []
+    for eng in ("pdjit", *peers):
+        for t in args.threads:
+            e = Engine(eng, t)
+            try:
+                info = e.load(path, tmp)
+                engines.append(e)
+                if t == args.threads[0]:
+                    notes.append(f"{name}: {info}")
+            except RuntimeError as err:
+                notes.append(f"{name}: {err}")
+                e.close()
+    rows = []
+    try:
+        for batch in args.batch:
+            inputs = model_inputs(shapes, batch)
+            live, firsts = [], {}
+            busy = start_busy() if args.busy else None  # (busy while served: warm-up too)
+            load0 = os.getloadavg()[0]
+            try:
+                for e in engines:
+                    try:
+                        e.ask({"cmd": "set", "inputs": inputs})
+                        r = e.ask({"cmd": "first"})
+                        firsts[e.label] = (r["seconds"], r["outputs"])
+                        warm(e)
+                        live.append(e)
+                    except RuntimeError as err:
+                        notes.append(f"{name} batch {batch}: {err}")
+                med = timed_rounds(live, args.rounds, args.repeat)
+            finally:
+                stop(busy)
+            ref = firsts.get(f"pdjit {args.threads[0]}t")
+            row = {"model": name, "batch": batch, "busy": bool(args.busy), "load1": load0,
+                   "ms": {k: v * 1e3 for k, v in med.items()},
+                   "first_s": {k: v[0] for k, v in firsts.items()},
+                   "max_abs_err": {k: (max_abs(ref[1], v[1]) if ref else None)
+                                   for k, v in firsts.items()},
+                   "rel_err": {k: (rel_err(ref[1], v[1]) if ref else None)
+                               for k, v in firsts.items()}}
+            rows.append(row)
+            print_row_progress(row)
+    finally:
+        for e in engines:
+            e.close()
+    return rows
+
+
+def print_row_progress(row) -> None:
+    parts = ", ".join(f"{k} {v:.2f} ms" for k, v in row["ms"].items())
+    print(f"# {row['model']} batch {row['batch']}: {parts}", file=sys.stderr, flush=True)
+
+
+def report(rows: list, args, peers: list) -> None:
+    th = args.threads
+    engines = ["pdjit", *peers]
+    head = ["model", "batch"]
+    for e in engines:
+        head += [f"{e} {t}t ms" for t in th]
+    if len(th) > 1:
+        head.append(f"pdjit {th[-1]}t / {th[0]}t")
+    if "onnxruntime" in peers:
+        head.append("pdjit / ORT (best threads each)")
+    if "paddle" in peers:
+        head.append("pdjit / Paddle (best)")
+    head.append(f"max abs err vs pdjit {th[0]}t (/ max abs value)")
+    print("\n## Models" + (" (a busy loop keeps one core busy)" if args.busy else ""))
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for r in rows:
+        ms = r["ms"]
+        cells = [r["model"], str(r["batch"])]
+        for e in engines:
+            cells += [_ms(ms.get(f"{e} {t}t")) for t in th]
+
+        def best(e, ms=ms):
+            v = [ms[f"{e} {t}t"] for t in th if f"{e} {t}t" in ms]
+            return min(v) if v else None
+        if len(th) > 1:
+            a, b = ms.get(f"pdjit {th[-1]}t"), ms.get(f"pdjit {th[0]}t")
+            cells.append(f"{a / b:.2f}x" if a and b else "-")
+        for p in ("onnxruntime", "paddle"):
+            if p in peers:
+                a, b = best("pdjit"), best(p)
+                cells.append(f"{a / b:.2f}x" if a and b else "-")
+        errs = [f"{k} {v:.1e} ({r['rel_err'][k]:.1e})" for k, v in r["max_abs_err"].items()
+                if v is not None and k != f"pdjit {th[0]}t"]
+        cells.append(", ".join(errs) or "-")
+        print("| " + " | ".join(cells) + " |")
+
+
+def _ms(v) -> str:
+    return "-" if v is None else (f"{v:.3f}" if v < 10 else f"{v:.1f}")
+
+
+# ---- ResNet-50's convolutions against the core's peak ---------------------------------------
+def cpu_peak(fma_units: int, ghz: float | None) -> tuple:
+    """(GFLOP/s of one core, clock GHz, fp32 lanes, how each was found)."""
+    flags, mhz = set(), None
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                k, _, v = line.partition(":")
+                k = k.strip()
+                if k == "flags" and not flags:
+                    flags = set(v.split())
+                elif k == "cpu MHz" and mhz is None:
+                    mhz = float(v)
+    except OSError:
+        pass
+    lanes = 16 if "avx512f" in flags else 8 if "avx2" in flags or "fma" in flags else 4
+    unit = "AVX-512" if lanes == 16 else "AVX2" if lanes == 8 else "SSE"
+    clock = ghz if ghz else (mhz / 1000 if mhz else None)
+    where = "--ghz" if ghz else "/proc/cpuinfo cpu MHz"
+    if clock is None:
+        return None, None, lanes, "clock unknown (give --ghz)"
+    peak = clock * lanes * fma_units * 2
+    how = (f"peak = {clock:.2f} GHz ({where}) x {lanes} fp32 lanes ({unit}, CPU flags) x "
+           f"{fma_units} FMA units (--fma-units) x 2 flops per FMA = {peak:.1f} GFLOP/s per "
+           f"core")
+    return peak, clock, lanes, how
+
+
+def resnet50_convs() -> list:
+    """Distinct convolutions of ResNet-50: ((C, H, W), M, K, stride, pad), count."""
+    import pdjit as fluid
+
+    main, _, _, _, _ = _resnet50(fluid)
+    gb, seen = main.global_block(), {}
+    for op in gb.ops:
+        if op.type != "conv2d":
+            continue
+        x = gb.var(op.input("Input")[0])
+        w = gb.var(op.input("Filter")[0])
+        key = (tuple(x.shape[1:]), w.shape[0], w.shape[2], op.attr("strides")[0],
+               op.attr("paddings")[0])
+        seen[key] = seen.get(key, 0) + 1
+    return list(seen.items())
+
+
+def save_conv(path: str, key) -> None:
+    import pdjit as fluid
+
+    (c, h, w), m, k, s, p = key
+    main, startup = fluid.Program(), fluid.Program()
+    startup.random_seed = 1
+    with fluid.program_guard(main, startup):
+        x = fluid.layers.data(name="x", shape=[c, h, w], dtype="float32")
+        y = fluid.layers.conv2d(x, num_filters=m, filter_size=k, stride=s, padding=p,
+                                bias_attr=False)
+    scope = fluid.Scope()
+    exe = fluid.Executor(fluid.CPUPlace())
+    exe.run(startup, scope=scope)
+    _randomize(fluid, main, scope, SEED)
+    fluid.io.save_inference_model(path, ["x"], [y], exe, main_program=main, scope=scope)
+
+
+def bench_convs(args, tmp: str, peers: list, notes: list) -> list:
+    peak, clock, lanes, how = cpu_peak(args.fma_units, args.ghz)
+    n = args.conv_batch
+    convs = resnet50_convs()
+    names = ["pdjit"] + [p for p in peers if p == "onnxruntime"]
+    engines = [Engine(e, 1) for e in names]
+    rows = []
+    busy = None
+    try:
+        for key, count in convs:
+            (c, h, w), m, k, s, p = key
+            path = os.path.join(tmp, f"conv_{c}_{h}_{m}_{k}_{s}")
+            save_conv(path, key)
+            oh, ow = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
+            flops = 2 * n * m * oh * ow * c * k * k
+            inputs = model_inputs({"x": (c, h, w)}, n)
+            live, firsts = [], {}
+            for e in engines:
+                try:
+                    e.load(path, tmp)
+                    e.ask({"cmd": "set", "inputs": inputs})
+                    firsts[e.name] = e.ask({"cmd": "first"})["outputs"]
+                    live.append(e)
+                except RuntimeError as err:
+                    notes.append(f"conv {key}: {err}")
+            busy = start_busy() if args.busy else None
+            try:
+                med = timed_rounds(live, args.rounds, args.repeat)
+            finally:
+                stop(busy)
+            row = {"conv": f"{c}x{h}x{w} -> {m}, {k}x{k}/{s}", "count": count,
+                   "gflop": flops / 1e9,
+                   "ms": {e.name: med[e.label] * 1e3 for e in live if e.label in med}}
+            if "pdjit" in firsts and "onnxruntime" in firsts:
+                row["max_abs_err"] = max_abs(firsts["pdjit"], firsts["onnxruntime"])
+            rows.append(row)
+            print(f"# conv {row['conv']}: " + ", ".join(f"{k} {v:.2f} ms"
+                                                        for k, v in row["ms"].items()),
+                  file=sys.stderr, flush=True)
+    finally:
+        for e in engines:
+            e.close()
+    print(f"\n## ResNet-50's convolutions, batch {n}, one thread")
+    print(how)
+    head = ["conv (C x H x W -> M, KxK/stride)", "in ResNet-50", "GFLOP"]
+    for e in names:
+        head += [f"{e} ms", f"{e} GFLOP/s", f"{e} % of peak"]
+    head.append("max abs err")
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    tot = {e: 0.0 for e in names}
+    tot_flop = 0.0
+    for r in rows:
+        cells = [r["conv"], str(r["count"]), f"{r['gflop']:.3f}"]
+        tot_flop += r["gflop"] * r["count"]
+        for e in names:
+            t = r["ms"].get(e)
+            if t is None:
+                cells += ["-", "-", "-"]
+                continue
+            tot[e] += t * r["count"]
+            g = r["gflop"] / (t / 1e3)
+            cells += [_ms(t), f"{g:.1f}", f"{100 * g / peak:.0f}%" if peak else "-"]
+        err = r.get("max_abs_err")
+        cells.append("-" if err is None else f"{err:.1e}")
+        print("| " + " | ".join(cells) + " |")
+    cells = ["all (each times its count)", str(sum(r["count"] for r in rows)), f"{tot_flop:.2f}"]
+    for e in names:
+        g = tot_flop / (tot[e] / 1e3) if tot[e] else None
+        cells += [_ms(tot[e]), f"{g:.1f}" if g else "-",
+                  f"{100 * g / peak:.0f}%" if g and peak else "-"]
+    cells.append("")
+    print("| " + " | ".join(cells) + " |")
+    if peak and any(r["gflop"] / (t / 1e3) > peak for r in rows for t in r["ms"].values()):
+        print("(above 100%: the core ran faster than the clock the peak assumes, e.g. turbo "
+              "above /proc/cpuinfo's nominal MHz; give the sustained clock with --ghz)")
+    return rows, how
+
+
+def main() -> None:
+    if "--worker" in sys.argv:
+        return worker()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--models", default=",".join(DEFAULT_MODELS),
+                    help=f"comma-separated, of {','.join(ALL_MODELS)}")
+    ap.add_argument("--batch", default=None, help="comma-separated (default 1,16; quick: 1)")
+    ap.add_argument("--threads", default="1,2")
+    ap.add_argument("--rounds", type=int, default=None)
+    ap.add_argument("--repeat", type=int, default=None, help="timed runs per round")
+    ap.add_argument("--busy", action="store_true",
+                    help="keep one core busy with a Python loop while timing")
+    ap.add_argument("--no-convs", action="store_true")
+    ap.add_argument("--convs-only", action="store_true")
+    ap.add_argument("--conv-batch", type=int, default=None)
+    ap.add_argument("--fma-units", type=int, default=2)
+    ap.add_argument("--ghz", type=float, default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    bad = [m for m in models if m not in BUILDERS]
+    if bad:
+        ap.error(f"--models: unknown {bad} (known: {', '.join(ALL_MODELS)})")
+    args.batch = [int(b) for b in (args.batch or ("1" if args.quick else "1,16")).split(",")]
+    args.threads = [int(t) for t in args.threads.split(",")]
+    args.rounds = args.rounds or (2 if args.quick else 5)
+    args.repeat = args.repeat or (2 if args.quick else 4)
+    args.conv_batch = args.conv_batch or (1 if args.quick else 16)
+    notes: list = []
+    peers = peers_available(notes)
+    up = open("/proc/loadavg").read().split()[:3] if os.path.exists("/proc/loadavg") else "?"
+    print(f"# bench_models: models {models}, batches {args.batch}, threads {args.threads}, "
+          f"{args.rounds} rounds x {args.repeat} timed runs, busy loop {args.busy}; "
+          f"load average at start {' '.join(up)}; {os.cpu_count()} cores")
+    result = {"args": {k: v for k, v in vars(args).items()}, "rows": [], "convs": []}
+    with tempfile.TemporaryDirectory(prefix="bench-models-") as tmp:
+        if not args.convs_only:
+            for m in models:
+                result["rows"] += bench_model(m, args, tmp, peers, notes)
+            report(result["rows"], args, peers)
+        if not args.no_convs:
+            result["convs"], result["peak"] = bench_convs(args, tmp, peers, notes)
+    end = open("/proc/loadavg").read().split()[:3] if os.path.exists("/proc/loadavg") else "?"
+    print(f"\nload average at the end {' '.join(end)}")
+    for n in notes:
+        print(f"- {n}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1, default=str)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,176 @@
+"""Each run's threads are capped at the cores other processes leave free
+(``threads.begin_run``): with a thread count asked for, a run on a machine with a busy core
+runs its BLAS calls, parallel loops and split batches on the caller's thread, and gives the
+same results as a run on every thread. Checked with ``free_cores`` forced, never by timing."""
+import numba
+import numpy as np
+import pytest
+
+import pdjit as fluid
+from pdjit.codegen.cpu import threads
+from pdjit.codegen.cpu.lib import conv as convlib
+from pdjit.codegen.cpu.lib import rnn as rnnlib
+from pdjit.testing import assert_native
+
+
+@pytest.fixture
+def two_asked(monkeypatch):
+    """``set_num_threads(2)`` for the test (Numba's count and OpenBLAS's restored after);
+    ``free[0]``: the free cores ``free_cores`` reports."""
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("Numba has one thread here")
+    free = [2]
+    saved_numba = numba.get_num_threads()
+    monkeypatch.setattr(threads, "_applied", 2)
+    monkeypatch.setattr(threads, "free_cores", lambda: free[0])
+    applied = []
+    monkeypatch.setattr(threads, "_setters", [[applied.append]])  # OpenBLAS's count, recorded
+    threads._run_blas[0] = threads._run_local.loops = threads._run_local.key = None
+    yield free, applied
+    threads._run_blas[0] = threads._run_local.loops = threads._run_local.key = None
+    numba.set_num_threads(saved_numba)
+
+
+def test_begin_run_caps_the_counts_at_the_free_cores(two_asked):
+    free, applied = two_asked
+    threads.begin_run()
+    assert applied[-1] == 2 and numba.get_num_threads() == 2
+    free[0] = 1                                        # another process took a core
+    threads.begin_run()
+    assert applied[-1] == 1 and numba.get_num_threads() == 1
+    assert threads.gemm_threads(1 << 30) == 1 and threads.loop_threads() == 1
+    n = len(applied)
+    threads.begin_run()                                # unchanged: nothing set again
+    assert len(applied) == n
+    free[0] = 2
+    threads.begin_run()
+    assert applied[-1] == 2 and numba.get_num_threads() == 2
+
+
+def _model():
+    """A 2-layer bidirectional LSTM over [B, 5, 6] and a 3x3 convolution over [B, 3, 7, 7]."""
+    L = fluid.layers
+    main, startup = fluid.Program(), fluid.Program()
+    startup.random_seed = 3
+    with fluid.program_guard(main, startup):
+        x = L.data(name="x", shape=[5, 6], dtype="float32")
+        img = L.data(name="img", shape=[3, 7, 7], dtype="float32")
+        h0 = L.fill_constant_batch_size_like(x, [4, -1, 8], "float32", 0.0, input_dim_idx=0,
+                                             output_dim_idx=1)
+        seq, _, _ = L.lstm(x, h0, h0, max_len=5, hidden_size=8, num_layers=2,
+                           is_bidirec=True, is_test=True)
+        feat = L.relu(L.conv2d(img, num_filters=5, filter_size=3, padding=1))
+    return main, startup, [seq, feat]
+
+
+def test_threaded_and_serial_runs_agree(two_asked, monkeypatch):
+    free, _ = two_asked
+    monkeypatch.setattr(rnnlib, "SPLIT_MIN_WORK", 0)         # tiny shapes split too
+    monkeypatch.setattr(convlib, "_PARALLEL_MIN_WORK", 0)
+    slices = []
+    real_slices = rnnlib._slices
+    monkeypatch.setattr(rnnlib, "_slices", lambda *a: slices.append(real_slices(*a)) or
+                        slices[-1])
+    main, startup, fetch = _model()
+    rng = np.random.default_rng(0)
+    feed = {"x": rng.standard_normal((4, 5, 6)).astype("float32"),
+            "img": rng.standard_normal((4, 3, 7, 7)).astype("float32")}
+    scope = fluid.Scope()
+    exe = fluid.Executor(native_drivers=False, strict=True)
+    exe.run(startup, scope=scope)
+    outs = {}
+    for n in (2, 1, 2):
+        free[0] = n
+        outs[n] = exe.run(main, feed=feed, fetch_list=fetch, scope=scope)
+        assert slices[-1] == n and numba.get_num_threads() == n
+    assert_native(exe)
+    ref = fluid.Executor(mode="reference").run(main, feed=feed, fetch_list=fetch, scope=scope)
+    for a, b, r in zip(outs[2], outs[1], ref):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(a, r, rtol=1e-4, atol=1e-5)
+
+
+def test_run_choice_keeps_the_faster_setting_and_tries_again(two_asked, monkeypatch):
+    """A plan's runs on every free core against runs on one thread, on a fake clock: the
+    faster by its best timed run is kept, tried again after the runs and the seconds of its
+    interval (doubled while it keeps winning), and no trial while a core is busy or while
+    the plan's own driver trials go on."""
+    free, _ = two_asked
+    now = [0.0]
+    ready = [False]
+    choice = threads.RunChoice(ready=lambda key: ready[0], clock=lambda: now[0])
+
+    def run(cost_wide, cost_narrow):
+        cap = choice.begin(16)
+        choice.end(16, cost_narrow if cap == 1 else cost_wide)
+        return cap
+
+    caps = [run(1.0, 2.0) for _ in range(threads.CHOICE_AFTER + 1)]
+    assert caps == [None] * len(caps)                  # warming up, then not ready
+    assert choice.picks() == {16: "not chosen"}
+    ready[0] = True
+    caps = [run(1.0, 2.0) for _ in range(threads.CHOICE_AFTER)]
+    assert caps == [None] * len(caps)                  # asked again after as many runs
+    caps = [run(1.0, 0.5) for _ in range(2 * (threads.CHOICE_RUNS + 1))]
+    assert caps == [None, 1] * (threads.CHOICE_RUNS + 1)   # alternating, the first untimed
+    assert choice.picks() == {16: "one thread"}        # one thread was faster
+    caps = [run(1.0, 2.0) for _ in range(3 * threads.CHOICE_RETRY_RUNS)]
+    assert set(caps) == {1}                            # kept: the seconds have not passed
+    now[0] += threads.CHOICE_RETRY_S
+    free[0] = 1                                        # a core busy: nothing chosen
+    assert run(1.0, 2.0) is None and choice.picks() == {16: "one thread"}
+    free[0] = 2
+    caps = [run(1.0, 2.0) for _ in range(2 * (threads.CHOICE_RUNS + 1))]
+    assert caps == [None, 1] * (threads.CHOICE_RUNS + 1)   # a new trial: now wide wins
+    assert choice.picks() == {16: "every free core"}
+    assert choice.begin(1) is None                     # another batch size: its own warm-up
+    assert choice.keys[16].interval == threads.CHOICE_RETRY_RUNS   # (the pick changed)
+
+
+def test_a_served_plan_measures_its_threads(two_asked):
+    """Through the Executor: after its warm-up runs a plan's threads are on trial, then
+    picked; every run's result is the same."""
+    main, startup, fetch = _model()
+    rng = np.random.default_rng(1)
+    feed = {"x": rng.standard_normal((2, 5, 6)).astype("float32"),
+            "img": rng.standard_normal((2, 3, 7, 7)).astype("float32")}
+    scope = fluid.Scope()
+    exe = fluid.Executor(native_drivers=False, strict=True)
+    exe.run(startup, scope=scope)
+    first = exe.run(main, feed=feed, fetch_list=fetch, scope=scope)
+    for _ in range(threads.CHOICE_AFTER + 2 * (threads.CHOICE_RUNS + 1)):
+        got = exe.run(main, feed=feed, fetch_list=fetch, scope=scope)
+        for a, b in zip(got, first):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    (choice,) = [p.threads_choice for _, p in exe._plans.values()
+                 if 2 in getattr(p, "threads_choice", threads.RunChoice()).keys]
+    assert choice.picks()[2] in ("every free core", "one thread")
+
+
+# (a native driver built with two threads asked for is compiled parallel=True whatever it
+# holds: Numba says when it found no loop to run in parallel)
+@pytest.mark.filterwarnings("ignore::numba.core.errors.NumbaPerformanceWarning")
+def test_the_thread_trial_waits_for_the_drivers_trial(two_asked):
+    """A plan with native drivers: its threads are not measured while its steps still try
+    their drivers (``Plan.drivers_settled``), then they are."""
+    L = fluid.layers
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup):
+        x = L.data(name="x", shape=[6], dtype="float32")
+        y = L.relu(L.fc(x, 5))
+    scope = fluid.Scope()
+    exe = fluid.Executor(native_drivers=True, strict=True)
+    exe.run(startup, scope=scope)
+    xv = np.random.default_rng(2).standard_normal((4, 6)).astype("float32")
+    w, b = (np.asarray(scope.find_var(n).get_tensor()) for n in ("fc_0.w_0", "fc_0.b_0"))
+    seen = []
+    for _ in range(40):
+        (out,) = exe.run(main, feed={"x": xv}, fetch_list=[y], scope=scope)
+        np.testing.assert_allclose(out, np.maximum(xv @ w + b, 0), rtol=1e-5, atol=1e-6)
+        (plan,) = [p for _, p in exe._plans.values()
+                   if 4 in getattr(p, "threads_choice", threads.RunChoice()).keys]
+        seen.append((plan.drivers_settled(4), plan.threads_choice.picks()[4]))
+    assert seen[0] == (False, "not chosen")
+    settled = [s for s, _ in seen].index(True)
+    assert all(p == "not chosen" for _, p in seen[:settled + 1])
+    assert seen[-1][1] in ("every free core", "one thread")
