@@ -43,7 +43,9 @@ CASES = [
     ((2, 2, 8, 16), (4, 2, 3, 3), 2, 1, 1, 1, "_fwd_taps"),    # stride 2 onto 4x8 planes
     ((2, 3, 7, 6), (4, 3, 3, 3), 1, 1, 1, 1, "_fwd_taps"),     # 42 outputs: a part vector
     ((1, 40, 5, 5), (14, 40, 3, 3), 1, 1, 1, 1, "_fwd_taps"),  # 360 taps in blocks; 6-row tiles
-    ((2, 600, 4, 4), (50, 600, 1, 1), 1, 0, 1, 1, "_fwd_taps"),  # panels of rows, 2 samples
+    ((2, 600, 4, 4), (30, 600, 1, 1), 1, 0, 1, 1, "_fwd_taps"),  # panels of rows, 2 samples
+    ((2, 40, 4, 4), (32, 40, 1, 1), 1, 0, 1, 1, "_fwd_gemm"),  # 1x1, 32+ channels: BLAS
+    ((2, 64, 3, 3), (64, 32, 1, 1), 1, 0, 1, 2, "_fwd_gemm"),  # the same by groups
     ((3, 8, 4, 4), (16, 4, 1, 1), 1, 0, 1, 2, "_fwd_taps"),    # 1x1 by panels over samples
     ((2, 3, 3, 4), (4, 3, 3, 3), 1, 1, 1, 1, "_fwd_blas"),     # 12 outputs: im2col + BLAS
     ((1, 4, 5, 5), (6, 2, 3, 3), 2, 1, 2, 2, "_fwd_blas"),     # groups, dilation, stride
@@ -76,7 +78,8 @@ def test_each_forward_algorithm_is_picked_and_right(case):
     x, w, want = _arrays(case)
     y = np.full(want.shape, np.nan)
     kernel = getattr(conv, case[-1])
-    assert conv._fwd_kernel(x, w, y, case[5]) is kernel
+    s, p = case[2], case[3]
+    assert conv._fwd_kernel(x, w, y, case[5], s, s, p, p) is kernel
     conv.conv2d_fwd(x, w, y, *_geometry(case))
     np.testing.assert_allclose(y, want, rtol=1e-11, atol=1e-11)
     assert _native(kernel, x, w)
@@ -111,7 +114,7 @@ def test_compiled_callers_pick_the_same_algorithms():
         _fwd_compiled(x, w, y, *_geometry(case))
         np.testing.assert_allclose(y, want, rtol=1e-11, atol=1e-11)
         assert _native(getattr(conv, case[-1]), x, w)
-    for case in (CASES[0], CASES[8]):  # the host-blocked entry's overload, taps and BLAS
+    for case in (CASES[0], CASES[8], CASES[10]):  # the host-blocked entry's overload
         x, w, want = _arrays(case, seed=2)
         y = np.full(want.shape, np.nan)
         _range_compiled(x, w, y, 0, x.shape[0], *_geometry(case), *_none(x))
@@ -149,6 +152,7 @@ EPI_CASES = [
     ((2, 3, 8, 8), (2, 3, 3, 3), 1, 1, 1, "_fwd_taps", "aside"),
     ((2, 4, 8, 8), (8, 2, 3, 3), 1, 1, 2, "_fwd_taps", "groups"),
     ((2, 3, 3, 5), (5, 3, 3, 3), 1, 1, 1, "_fwd_blas", "BLAS, then a pass"),
+    ((2, 32, 4, 4), (32, 32, 1, 1), 1, 0, 1, "_fwd_gemm", "1x1 by BLAS, per sample"),
     ((1, 40, 5, 5), (16, 40, 3, 3), 1, 1, 1, "_fwd_taps", "8 rows, taps in blocks"),
 ]
 # (bias?, lo, hi): relu6, a bias alone, relu without a bias, narrow bounds
@@ -209,7 +213,7 @@ def test_the_epilogue_is_the_elementwise_ops_bit_for_bit(case):
     x, w, y, b, want = _epi_arrays(case, 3, np.float32)
     geo = (s, s, p, p, 1, 1, groups)
     kernel = getattr(conv, name)
-    assert conv._fwd_kernel(x, w, y, groups) is kernel
+    assert conv._fwd_kernel(x, w, y, groups, s, s, p, p) is kernel
     plain = y.copy()
     conv.conv2d_fwd(x, w, plain, *geo)
     nan = np.isnan(plain)
@@ -228,5 +232,5 @@ def test_the_epilogue_is_the_elementwise_ops_bit_for_bit(case):
             expect = _numpy_epilogue(plain, bias, lo, hi, res if with_res else None)
             assert np.array_equal(_bits(got[1:]), _bits(expect[1:])), (with_bias, lo, hi)
             assert np.all(got[:1] == 7.0)  # samples outside the range untouched
-    if name != "_fwd_blas":  # (BLAS has no epilogue of its own: a pass after it)
+    if name != "_fwd_blas":  # (im2col + BLAS has no epilogue of its own: a pass after it)
         assert _with_epilogue_ran(kernel, np.float32)
