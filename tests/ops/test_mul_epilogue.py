@@ -111,15 +111,17 @@ def test_blocks_of_few_rows_stay_one_gemm(fresh_programs, blocked):
 
 
 def test_unknown_batch_counts_as_eight(fresh_programs):
-    """The size rule at its default: [-1, 64, 256] x [256, 256] is 8 * 4.2M multiply-adds with
-    the unknown batch counted as ``UNKNOWN_BATCH``: by blocks; run at batch 2."""
-    assert mm.UNKNOWN_BATCH * 64 * 256 * 256 >= mm.BLOCKED_MIN_WORK > 64 * 256 * 256
+    """The size rule at its default: [-1, 64, 512] x [512, 128] is 8 * 4.2M multiply-adds with
+    the unknown batch counted as ``UNKNOWN_BATCH`` (blocks of 8 samples, 512 rows): by
+    blocks; run at batch 2."""
+    assert mm.UNKNOWN_BATCH * 64 * 512 * 128 >= mm.BLOCKED_MIN_WORK > 64 * 512 * 128
+    assert 64 * (mm.BLOCK_OUTPUT_ELEMS // (64 * 128)) >= mm.BLOCKED_MIN_ROWS
     main, startup = fresh_programs
-    x = fluid.layers.data("x", [64, 256])
-    y = fluid.layers.fc(x, 256, num_flatten_dims=2, act="relu", name="big")
+    x = fluid.layers.data("x", [64, 512])
+    y = fluid.layers.fc(x, 128, num_flatten_dims=2, act="relu", name="big")
     exe = fluid.Executor(fluid.CPUPlace(), strict=True)
     exe.run(startup)
-    feed = {"x": RNG.normal(size=(2, 64, 256)).astype(np.float32)}
+    feed = {"x": RNG.normal(size=(2, 64, 512)).astype(np.float32)}
     got, = exe.run(main, feed=feed, fetch_list=[y])
     assert_native(exe)
     assert "_nn.gemm_rows(" in exe.explain(main, feed=feed, fetch_list=[y])

@@ -21,9 +21,11 @@ BLOCKED_MIN_WORK = 1 << 25
 UNKNOWN_BATCH = 8
 #: the output elements of one block (the cpu target's ``BLOCK_ELEMS``: whole samples of about
 #: that many) and the fewest rows a block may have: each block's BLAS call packs all of Y
-#: again, and 64-row blocks of [1024,256] x [256,1024] lost (7.1-7.4 vs 3.2-6.2 ms)
+#: again (one thread, [2048, 256] x [256, 1024] float32 by blocks of 128 / 256 / 512 rows /
+#: whole: 8.2 / 6.5 / 6.2 / 5.7 ms; a BERT-like encoder at batch 16, its products whole and
+#: their chains a pass after: 227-245 -> 202-208 ms)
 BLOCK_OUTPUT_ELEMS = 1 << 16
-BLOCKED_MIN_ROWS = 128
+BLOCKED_MIN_ROWS = 512
 
 
 def _gemm_blocked(ctx, xn: int, ta: bool = False, tb: bool = False, scaled: bool = False):
