@@ -55,7 +55,6 @@ _SLOT_DICT_KWS = frozenset({"inputs", "outputs"})
 KNOWN: dict = {
     "passes/backward.py": 12,
     "passes/fusion.py": 1,
-    "passes/inference.py": 1,
     "codegen/cpu/lowerings/elementwise.py": 2,
     "codegen/cpu/lowerings/reduce.py": 4,
     "codegen/cuda/lowerings/conv.py": 2,

@@ -96,6 +96,11 @@ An ``OpDef`` holds:
     convolution, a product), so a following :class:`ChannelAffine` folds into the weight;
     or :class:`Clamp`: the op clamps its input between bounds (an activation that a
     convolution's kernel may apply as it stores its output).
+``test_mode`` (optional)
+    The name of the boolean attribute that switches the op to inference behaviour (a dropout
+    that keeps every element, a batch norm that reads its running statistics); the inference
+    passes and ``Program.clone(for_test=True)`` set it. Without a declaration, an op that
+    declares a boolean attribute named ``TEST_MODE_ATTR`` (Fluid's ``is_test``) has it.
 ``out_lod`` (optional)
     How the LoD of outputs follows from the LoD of inputs, without running the op:
     ``out_lod(lods, *, attrs...) -> {out_slot: lod | [lod]}``. ``lods`` maps each input slot the
@@ -141,6 +146,10 @@ SEQUENCE = "sequence"
 ADDITION = "addition"
 ALL_TRAITS = frozenset({ELEMENTWISE, BROADCAST, REDUCTION, OPAQUE, VIEW, SIDE_EFFECT,
                         CONTROL_FLOW, RANDOM, FEED_FETCH, SEQUENCE, ADDITION})
+
+#: the attribute an op switches to inference behaviour with unless it declares another
+#: (``test_mode``); also what an op of a file that pdjit does not register is read with
+TEST_MODE_ATTR = "is_test"
 
 GRAD_SUFFIX = "@GRAD"
 EMPTY_VAR_NAME = "@EMPTY@"
@@ -565,6 +574,7 @@ class OpDef:
     inference: Callable | None = None
     row_wise: RowWise | None = None
     select: Select | None = None
+    test_mode: str | None = None
 
     def __post_init__(self):
         self.inputs = tuple(Slot.parse(s) for s in self.inputs)
@@ -604,6 +614,13 @@ class OpDef:
             if bad or not rw.batch:
                 raise ValueError(f"op {self.type!r}: RowWise names {bad or 'no batch slot'}, "
                                  f"which the op does not have")
+        if self.test_mode is None and TEST_MODE_ATTR in self.attrs and \
+                self.attrs[TEST_MODE_ATTR].type == A.BOOLEAN:
+            self.test_mode = TEST_MODE_ATTR
+        if self.test_mode is not None and (self.test_mode not in self.attrs
+                                           or self.attrs[self.test_mode].type != A.BOOLEAN):
+            raise ValueError(f"op {self.type!r}: test_mode {self.test_mode!r} is not a boolean "
+                             f"attribute of the op")
         slot_names = [s.name for s in self.inputs]
         self._infer_sig = _Signature(self.infer_shape, slot_names, list(self.attrs))
         self._ref_sig = _Signature(self.reference, slot_names, list(self.attrs))
@@ -677,7 +694,7 @@ def register_op(type: str, *, inputs: Sequence, outputs: Sequence, attrs: Mappin
                 replace: bool = False, out_lod: Callable | None = None,
                 control: ControlFlow | None = None,
                 inference: Callable | None = None, row_wise: RowWise | None = None,
-                select: Select | None = None) -> OpDef:
+                select: Select | None = None, test_mode: str | None = None) -> OpDef:
     """Define an op. ``emit`` and ``grad`` have no default: each op declares both decisions.
 
     ``domain`` (optional) says which values an input slot takes: ``{"X": "positive"}``
@@ -687,7 +704,7 @@ def register_op(type: str, *, inputs: Sequence, outputs: Sequence, attrs: Mappin
         raise ValueError(f"op type {type!r} is already registered")
     opdef = OpDef(type, tuple(inputs), tuple(outputs), dict(attrs or {}), frozenset(traits),
                   infer_shape, reference, emit, grad, doc, dict(domain or {}), out_lod, control,
-                  inference, row_wise, select)
+                  inference, row_wise, select, test_mode)
     _REGISTRY[type] = opdef
     return opdef
 
@@ -715,6 +732,23 @@ def get(type: str) -> OpDef:
     if d is None:
         raise UnregisteredOpError(f"op type {type!r} is not registered in pdjit")
     return d
+
+
+def test_mode_of(type: str) -> str:
+    """The attribute that switches op ``type`` to inference behaviour: its definition's
+    ``test_mode``, else (not registered, or declaring none) ``TEST_MODE_ATTR`` (an op read from
+    a file may carry it without pdjit declaring it)."""
+    d = lookup(type)
+    return d.test_mode if d is not None and d.test_mode is not None else TEST_MODE_ATTR
+
+
+test_mode_of.__test__ = False  # not a test (pytest collects ``test_*`` names a test imports)
+
+
+def having(*traits: str) -> list:
+    """The registered definitions that declare every one of ``traits``, by type."""
+    return sorted((d for d in all_ops().values() if all(t in d.traits for t in traits)),
+                  key=lambda d: d.type)
 
 
 def all_ops() -> dict[str, OpDef]:
