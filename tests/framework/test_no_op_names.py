@@ -3,9 +3,9 @@
 ``Select``, ``ChannelAffine``, the ``test_mode`` attribute, an ONNX rule...), never from its
 type or slot names.
 
-The scan parses every ``.py`` file under ``src/pdjit/{passes,codegen,runtime,aot}/`` and
-``src/pdjit/io/onnx_export.py`` (the AST: comments, docstrings and the text of f-strings never
-count) and counts, line by line, the string constants that are
+The scan parses every ``.py`` file under ``src/pdjit/{passes,codegen,runtime,aot}/`` and the
+ONNX exporter ``src/pdjit/io/onnx_{export,rules}.py`` (the AST: comments, docstrings and the
+text of f-strings never count) and counts, line by line, the string constants that are
 
 - **op-type literals**: equal to a registered op type (grad ops included) and standing where an
   op type stands: compared (``==``, ``!=``, ``in``, ``not in``) with an ``x.type`` attribute or a
@@ -24,12 +24,13 @@ count) and counts, line by line, the string constants that are
   dict literal given as an ``inputs=``/``outputs=`` keyword (or positionally to ``GradOpSpec``/
   ``Rewrite``).
 
-Declaration sites are exempt. A target's lowering modules (``codegen/<target>/lowerings/``) are
-its per-op registration table: the arguments of ``lowering(...)`` (the registration) are op
-types by design, and a lowering's body is written for the ops it registers for, so slot names
-there are that op's own. An op-type literal in a lowering's body, though (a lowering shared by
-several ops that switches on which it is), counts: register one lowering per op or declare the
-difference on the op.
+Declaration sites are exempt. A target's lowering modules (``codegen/<target>/lowerings/``) and
+the ONNX rules (``io/onnx_rules.py``) are registration tables per op type: the arguments of
+the registering call (``lowering(...)``, ``onnx_rule(...)``) are op types by design, and a
+registered function's body is written for the ops it registers for, so slot names there are
+that op's own. An op-type literal in such a body, though (a function shared by several ops that
+switches on which it is), counts: register one function per op (or give the difference as an
+argument at registration) or declare the difference on the op.
 
 ``KNOWN`` is ``{file: count}`` of the offenders not moved yet; counts only shrink (a file over
 its count fails, and one under it must have its entry lowered, so that fixed lines stay fixed).
@@ -42,7 +43,9 @@ import pathlib
 from pdjit.framework import registry
 
 SRC = pathlib.Path(__file__).resolve().parents[2] / "src" / "pdjit"
-SCANNED = ("passes", "codegen", "runtime", "aot", "io/onnx_export.py")
+SCANNED = ("passes", "codegen", "runtime", "aot", "io/onnx_export.py", "io/onnx_rules.py")
+# registration modules: a table of functions registered per op type, and the registering call
+_REGISTRATIONS = (("/lowerings/", "lowering"), ("io/onnx_rules.py", "onnx_rule"))
 
 _TYPE_CALLS = frozenset({"GradOpSpec", "Rewrite", "append", "append_op", "_append_op",
                          "_insert_op"})
@@ -62,7 +65,6 @@ KNOWN: dict = {
     "codegen/cuda/lowerings/reduce.py": 5,
     "codegen/lowering.py": 3,
     "runtime/feed_fetch.py": 6,
-    "io/onnx_export.py": 66,
 }
 
 
@@ -116,8 +118,9 @@ def _is_slots_expr(node) -> bool:
     return isinstance(node, ast.Attribute) and node.attr in _SLOT_DICT_KWS
 
 
-def _offences(path: pathlib.Path, types, slots, lowering_module: bool) -> list:
-    """``[(line, literal, kind)]`` of one file."""
+def _offences(path: pathlib.Path, types, slots, registration: str = "") -> list:
+    """``[(line, literal, kind)]`` of one file; ``registration``: the registering call's name
+    when the file is a registration module."""
     tree = ast.parse(path.read_text())
     hits = {}  # id(node) -> (line, value, kind)
     exempt = set()
@@ -129,7 +132,7 @@ def _offences(path: pathlib.Path, types, slots, lowering_module: bool) -> list:
 
     def slot(node):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and \
-                node.value in slots and not lowering_module:
+                node.value in slots and not registration:
             hits[id(node)] = (node.lineno, node.value, "slot")
 
     def slot_keys(d):
@@ -139,7 +142,7 @@ def _offences(path: pathlib.Path, types, slots, lowering_module: bool) -> list:
                     slot(k)
 
     for node in ast.walk(tree):  # registrations first: their arguments are declarations
-        if lowering_module and isinstance(node, ast.Call) and _fname(node.func) == "lowering":
+        if registration and isinstance(node, ast.Call) and _fname(node.func) == registration:
             for a in node.args:
                 exempt.update(id(c) for c in _strs(a))
     for node in ast.walk(tree):
@@ -190,8 +193,8 @@ def scan() -> dict:
         p = SRC / sub
         for path in ([p] if p.is_file() else sorted(p.rglob("*.py"))):
             rel = path.relative_to(SRC).as_posix()
-            lowering_module = "/lowerings/" in rel
-            hits = _offences(path, types, slots, lowering_module)
+            registration = next((fn for where, fn in _REGISTRATIONS if where in "/" + rel), "")
+            hits = _offences(path, types, slots, registration)
             if hits:
                 found[rel] = hits
     return found
@@ -228,7 +231,7 @@ def test_scan_finds_what_it_should(tmp_path):
         '    names = frozenset({"range", "abs", "np"})\n'  # not all op types: no
         '    return ctx.shape, "shape", names, g, code\n')  # a bare string: no
     types, slots = _names()
-    hits = _offences(src, types, slots, lowering_module=False)
+    hits = _offences(src, types, slots)
     assert [(v, k) for _, v, k in hits] == [
         ("elementwise_add", "op type"), ("relu", "op type"), ("softmax", "op type"),
         ("X", "slot"), ("X", "slot"), ("sum", "op type")], hits
@@ -237,4 +240,4 @@ def test_scan_finds_what_it_should(tmp_path):
                    'def f(ctx):\n'
                    '    x = ctx.inp("Input")\n'
                    '    return ctx.op.type == "conv2d"\n')
-    assert [v for _, v, _ in _offences(low, types, slots, lowering_module=True)] == ["conv2d"]
+    assert [v for _, v, _ in _offences(low, types, slots, "lowering")] == ["conv2d"]
