@@ -58,11 +58,6 @@ _SLOT_DICT_KWS = frozenset({"inputs", "outputs"})
 KNOWN: dict = {
     "passes/backward.py": 12,
     "passes/fusion.py": 1,
-    "codegen/cpu/lowerings/elementwise.py": 2,
-    "codegen/cpu/lowerings/reduce.py": 4,
-    "codegen/cuda/lowerings/conv.py": 2,
-    "codegen/cuda/lowerings/elementwise.py": 4,
-    "codegen/cuda/lowerings/reduce.py": 5,
     "codegen/lowering.py": 3,
     "runtime/feed_fetch.py": 6,
 }
