@@ -57,9 +57,6 @@ _SLOT_DICT_KWS = frozenset({"inputs", "outputs"})
 # file (relative to src/pdjit) -> number of offending literals; only shrinks
 KNOWN: dict = {
     "passes/backward.py": 12,
-    "passes/fusion.py": 1,
-    "codegen/lowering.py": 3,
-    "runtime/feed_fetch.py": 6,
 }
 
 

@@ -101,6 +101,9 @@ An ``OpDef`` holds:
     that keeps every element, a batch norm that reads its running statistics); the inference
     passes and ``Program.clone(for_test=True)`` set it. Without a declaration, an op that
     declares a boolean attribute named ``TEST_MODE_ATTR`` (Fluid's ``is_test``) has it.
+``column`` (``FEED_FETCH`` ops)
+    A :class:`Column`: which slot holds the run's feed or fetch list, which the variable, and
+    which attribute the column; the runtime finds a program's feeds and fetches by it.
 ``out_lod`` (optional)
     How the LoD of outputs follows from the LoD of inputs, without running the op:
     ``out_lod(lods, *, attrs...) -> {out_slot: lod | [lod]}``. ``lods`` maps each input slot the
@@ -309,9 +312,10 @@ class VarMeta:
 class Reduce:
     """A reduction's lowering: ``acc = init; acc = combine(acc, x)...; out = finalize(acc, n)``.
 
-    ``axes`` are the reduced axes of input ``X`` (``None``: all), ``keep_dim`` keeps them as 1s.
-    ``identity``: ``init`` is the result of reducing nothing (a sum's 0); when False (max, min)
-    reducing an empty extent into a non-empty output is left to the reference, which refuses.
+    ``axes`` are the reduced axes of input slot ``x`` (``None``: all), ``keep_dim`` keeps them as
+    1s; output slot ``out`` gets the result. ``identity``: ``init`` is the result of reducing
+    nothing (a sum's 0); when False (max, min) reducing an empty extent into a non-empty output
+    is left to the reference, which refuses.
     """
     init: str
     combine: str
@@ -319,6 +323,8 @@ class Reduce:
     axes: tuple | None = None
     keep_dim: bool = False
     identity: bool = True
+    x: str = "X"
+    out: str = "Out"
 
 
 @dataclass(frozen=True)
@@ -427,6 +433,26 @@ class Select:
     gather: bool
     value: str = ""
     out: str = ""
+
+
+@dataclass(frozen=True)
+class Column:
+    """A ``FEED_FETCH`` op that moves one value between a list variable (the run's feed or
+    fetch list) and a variable: column ``col`` (the attribute holding it) of the list in slot
+    ``holder``, the variable in slot ``value``. With ``fetch`` the value goes into the list
+    (``holder`` an output slot, ``value`` an input slot); otherwise it comes out of it."""
+    holder: str
+    value: str
+    fetch: bool
+    col: str = "col"
+
+    def list_var(self, op) -> list:
+        """The names ``op`` binds to the list slot."""
+        return op.output(self.holder) if self.fetch else op.input(self.holder)
+
+    def value_var(self, op) -> list:
+        """The names ``op`` binds to the value slot."""
+        return op.input(self.value) if self.fetch else op.output(self.value)
 
 
 # ---- what an op is at inference (``OpDef.inference``) ------------------------------------
@@ -575,6 +601,7 @@ class OpDef:
     row_wise: RowWise | None = None
     select: Select | None = None
     test_mode: str | None = None
+    column: Column | None = None
 
     def __post_init__(self):
         self.inputs = tuple(Slot.parse(s) for s in self.inputs)
@@ -621,6 +648,14 @@ class OpDef:
                                            or self.attrs[self.test_mode].type != A.BOOLEAN):
             raise ValueError(f"op {self.type!r}: test_mode {self.test_mode!r} is not a boolean "
                              f"attribute of the op")
+        if self.column is not None:
+            c, ins, outs = self.column, {s.name for s in self.inputs}, \
+                {s.name for s in self.outputs}
+            lists, values = (outs, ins) if c.fetch else (ins, outs)
+            if FEED_FETCH not in self.traits or c.holder not in lists or \
+                    c.value not in values or c.col not in self.attrs:
+                raise ValueError(f"op {self.type!r}: a Column declaration needs the FEED_FETCH "
+                                 f"trait and the slots and attribute it names")
         slot_names = [s.name for s in self.inputs]
         self._infer_sig = _Signature(self.infer_shape, slot_names, list(self.attrs))
         self._ref_sig = _Signature(self.reference, slot_names, list(self.attrs))
@@ -694,7 +729,8 @@ def register_op(type: str, *, inputs: Sequence, outputs: Sequence, attrs: Mappin
                 replace: bool = False, out_lod: Callable | None = None,
                 control: ControlFlow | None = None,
                 inference: Callable | None = None, row_wise: RowWise | None = None,
-                select: Select | None = None, test_mode: str | None = None) -> OpDef:
+                select: Select | None = None, test_mode: str | None = None,
+                column: Column | None = None) -> OpDef:
     """Define an op. ``emit`` and ``grad`` have no default: each op declares both decisions.
 
     ``domain`` (optional) says which values an input slot takes: ``{"X": "positive"}``
@@ -704,7 +740,7 @@ def register_op(type: str, *, inputs: Sequence, outputs: Sequence, attrs: Mappin
         raise ValueError(f"op type {type!r} is already registered")
     opdef = OpDef(type, tuple(inputs), tuple(outputs), dict(attrs or {}), frozenset(traits),
                   infer_shape, reference, emit, grad, doc, dict(domain or {}), out_lod, control,
-                  inference, row_wise, select, test_mode)
+                  inference, row_wise, select, test_mode, column)
     _REGISTRY[type] = opdef
     return opdef
 
