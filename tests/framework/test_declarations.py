@@ -1,5 +1,6 @@
 """The declarations that code outside ``ops/`` reads instead of naming ops: ``Column`` (feed and
-fetch), ``test_mode``, ``Reduce``'s slots and ``registry.having``."""
+fetch), ``test_mode``, ``Reduce``'s slots, ``registry.having`` and what the backward pass builds
+with (``registry.serving``)."""
 from __future__ import annotations
 
 import pytest
@@ -48,3 +49,16 @@ def test_reduce_names_its_slots():
     r = registry.Reduce("{T}(0)", "{acc} + {x}")
     assert (r.x, r.out) == ("X", "Out")
     assert registry.Reduce("0", "{acc}", x="Input", out="Y").x == "Input"
+
+
+def test_what_the_backward_pass_builds_with_is_declared():
+    """Each role is declared by one op, whose first input and output slots the pass binds."""
+    roles = {registry.SUMS: "sum", registry.SUMS_ARRAYS: "sum_array",
+             registry.COPIES: "assign", registry.ZEROS_LIKE: "fill_zeros_like",
+             registry.FILLS: "fill_constant"}
+    assert {t: registry.serving(t).type for t in roles} == roles
+    assert all(len(registry.having(t)) == 1 for t in roles)
+    fill = registry.serving(registry.FILLS)
+    assert {"shape", "value", "dtype"} <= set(fill.attrs)
+    with pytest.raises(registry.UnregisteredOpError, match="declares the"):
+        registry.serving("no_such_trait")

@@ -55,11 +55,7 @@ _SLOT_DICT_CALLS = frozenset({"GradOpSpec", "Rewrite"})
 _SLOT_DICT_KWS = frozenset({"inputs", "outputs"})
 
 # file (relative to src/pdjit) -> number of offending literals; only shrinks
-KNOWN: dict = {
-    # the ops the backward pass builds with (sum, sum_array, assign, fill_zeros_like,
-    # fill_constant) and their slots: no declaration says which op sums, copies or fills yet
-    "passes/backward.py": 12,
-}
+KNOWN: dict = {}
 
 
 def _names():

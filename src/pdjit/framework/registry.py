@@ -34,6 +34,8 @@ An ``OpDef`` holds:
     - ``RANDOM``: draws random numbers from the run's stream (see ``pdjit.framework.random``).
     - ``FEED_FETCH``: moves values between the run's feed/fetch lists and variables.
     - ``SEQUENCE``: reads or writes LoD offsets.
+    - ``SUMS``, ``SUMS_ARRAYS``, ``COPIES``, ``ZEROS_LIKE``, ``FILLS``: the op is what the
+      backward pass builds with to sum, copy, zero or fill (:func:`serving` finds it).
 ``infer_shape``
     ``infer_shape(X, Y, ..., *, attr1, attr2...) -> {out_slot: VarMeta | [VarMeta] }``.
     Called at build time (the seeds' InferShape). Each input slot arrives as a
@@ -147,8 +149,21 @@ SEQUENCE = "sequence"
 #: ``Out = X + Y`` elementwise (a code generator may add a value of ``Out``'s shape while a
 #: kernel stores the other operand: a convolution's residual connection)
 ADDITION = "addition"
+# what the backward pass builds with, each declared by one op (:func:`serving`); the op's first
+# input slot is what it reads and its first output slot what it writes:
+#: ``Out`` = the sum of the tensors of the (duplicable) input slot
+SUMS = "sums"
+#: ``Out`` = the element-by-element sum of the tensor arrays of the input slot (one: a copy)
+SUMS_ARRAYS = "sums_arrays"
+#: ``Out`` = the input's value
+COPIES = "copies"
+#: ``Out`` = zeros of the input's shape and dtype
+ZEROS_LIKE = "zeros_like"
+#: ``Out`` = a tensor of attributes ``shape`` and ``dtype`` holding attribute ``value``
+FILLS = "fills"
 ALL_TRAITS = frozenset({ELEMENTWISE, BROADCAST, REDUCTION, OPAQUE, VIEW, SIDE_EFFECT,
-                        CONTROL_FLOW, RANDOM, FEED_FETCH, SEQUENCE, ADDITION})
+                        CONTROL_FLOW, RANDOM, FEED_FETCH, SEQUENCE, ADDITION, SUMS, SUMS_ARRAYS,
+                        COPIES, ZEROS_LIKE, FILLS})
 
 #: the attribute an op switches to inference behaviour with unless it declares another
 #: (``test_mode``); also what an op of a file that pdjit does not register is read with
@@ -721,6 +736,7 @@ class OpDef:
 
 _REGISTRY: dict[str, OpDef] = {}
 _BUILTINS_LOADED = False
+_HAVING: dict = {}  # traits -> [OpDef], emptied whenever the registry changes
 
 
 def register_op(type: str, *, inputs: Sequence, outputs: Sequence, attrs: Mapping | None = None,
@@ -742,11 +758,13 @@ def register_op(type: str, *, inputs: Sequence, outputs: Sequence, attrs: Mappin
                   infer_shape, reference, emit, grad, doc, dict(domain or {}), out_lod, control,
                   inference, row_wise, select, test_mode, column)
     _REGISTRY[type] = opdef
+    _HAVING.clear()
     return opdef
 
 
 def unregister_op(type: str) -> None:
     _REGISTRY.pop(type, None)
+    _HAVING.clear()
 
 
 def _load_builtins() -> None:
@@ -783,8 +801,21 @@ test_mode_of.__test__ = False  # not a test (pytest collects ``test_*`` names a 
 
 def having(*traits: str) -> list:
     """The registered definitions that declare every one of ``traits``, by type."""
-    return sorted((d for d in all_ops().values() if all(t in d.traits for t in traits)),
-                  key=lambda d: d.type)
+    _load_builtins()
+    key = frozenset(traits)
+    if key not in _HAVING:
+        _HAVING[key] = sorted((d for d in _REGISTRY.values() if key <= d.traits),
+                              key=lambda d: d.type)
+    return list(_HAVING[key])
+
+
+def serving(trait: str) -> OpDef:
+    """The op declaring ``trait`` (one of what a pass builds with: ``SUMS``, ``COPIES``...),
+    the first by type when several do; :class:`UnregisteredOpError` when none does."""
+    found = having(trait)
+    if not found:
+        raise UnregisteredOpError(f"no registered op declares the {trait!r} trait")
+    return found[0]
 
 
 def all_ops() -> dict[str, OpDef]:
