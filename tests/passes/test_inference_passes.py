@@ -138,6 +138,36 @@ def test_test_mode_sets_is_test_in_every_block():
     assert not any(op.attr("is_test") for b in main.blocks for op in b.ops)  # given: as it was
 
 
+def test_test_mode_reads_the_declared_attribute():
+    """An op declaring ``test_mode="infer"`` gets ``infer`` set, not ``is_test`` (which it also
+    has, as a plain attribute); ``clone(for_test=True)`` reads the same declaration; a
+    declaration naming no boolean attribute is refused."""
+    name = "test_mode_decl_op"
+    registry.register_op(
+        name, inputs=["X"], outputs=["Out"],
+        attrs={"infer": registry.Bool(False), "is_test": registry.Bool(False)},
+        infer_shape=lambda X, **_: {"Out": X}, reference=lambda X, **_: {"Out": X.copy()},
+        emit=None, grad=None, test_mode="infer")
+    try:
+        assert registry.get(name).test_mode == "infer"
+        assert registry.get("dropout").test_mode == "is_test"  # Fluid's, by default
+        main = fluid.Program()
+        gb = main.global_block()
+        x = gb.create_var(name="x", shape=(2,), dtype="float32")
+        gb.append_op(name, inputs={"X": [x]}, outputs={"Out": [gb.create_var(name="y")]})
+        for prog in (test_mode_pass(main, {})[0], main.clone(for_test=True)):
+            op = prog.global_block().ops[0]
+            assert (op.attr("infer"), op.attr("is_test")) == (True, False)
+        with pytest.raises(ValueError, match="test_mode 'nope'"):
+            registry.register_op(
+                name + "_bad", inputs=["X"], outputs=["Out"], attrs={"nope": registry.Int(0)},
+                infer_shape=lambda X, **_: {"Out": X}, reference=lambda X, **_: {"Out": X},
+                emit=None, grad=None, test_mode="nope")
+    finally:
+        registry.unregister_op(name)
+        registry.unregister_op(name + "_bad")
+
+
 # ---- remove_noops --------------------------------------------------------------------------------
 def test_remove_noops_dropout_both_implementations():
     def make(x):

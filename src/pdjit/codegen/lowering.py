@@ -1029,8 +1029,8 @@ class SegmentGen:
         spec = None
         if reduce_node is not None:
             red = reduce_node.lowering
-            x_expr, x_cone = value_of(reduce_node.op.input("X")[0], 0, reduce_node.op)
-            out_name = reduce_node.op.output("Out")[0]
+            x_expr, x_cone = value_of(reduce_node.op.input(red.x)[0], 0, reduce_node.op)
+            out_name = reduce_node.op.output(red.out)[0]
             t = numpy_type_name(self.block._find_var_recursive(out_name).dtype)
             axes = tuple(range(rank)) if red.axes is None or not rank else \
                 tuple(sorted({a % rank for a in red.axes}))
@@ -1064,7 +1064,8 @@ class SegmentGen:
                 pname = f"P{len(self.lazy)}"
                 self.lazy.append((pname, self.target.render(kernel, parallel=True)))
         store_locals = [self.define(n) for n in stored_chain]
-        red_local = self.define(reduce_node.op.output("Out")[0]) if spec is not None else None
+        red_local = self.define(reduce_node.op.output(reduce_node.lowering.out)[0]) \
+            if spec is not None else None
         if blocks is not None:
             if ok:
                 g = self._epilogue(kernel, kname, locals_, store_locals, params, blocks, inplace)

@@ -240,8 +240,8 @@ class Program:
             for b in p.blocks:
                 b.ops = [op for op in b.ops if not int(op._attrs.get("op_role", 0)) & drop]
                 for op in b.ops:
-                    if op.has_attr("is_test"):
-                        op._set_attr("is_test", True)
+                    if op.has_attr(attr := registry.test_mode_of(op.type)):
+                        op._set_attr(attr, True)
             p._bump()
         return p
 

@@ -34,6 +34,8 @@ An ``OpDef`` holds:
     - ``RANDOM``: draws random numbers from the run's stream (see ``pdjit.framework.random``).
     - ``FEED_FETCH``: moves values between the run's feed/fetch lists and variables.
     - ``SEQUENCE``: reads or writes LoD offsets.
+    - ``SUMS``, ``SUMS_ARRAYS``, ``COPIES``, ``ZEROS_LIKE``, ``FILLS``: the op is what the
+      backward pass builds with to sum, copy, zero or fill (:func:`serving` finds it).
 ``infer_shape``
     ``infer_shape(X, Y, ..., *, attr1, attr2...) -> {out_slot: VarMeta | [VarMeta] }``.
     Called at build time (the seeds' InferShape). Each input slot arrives as a
@@ -96,6 +98,14 @@ An ``OpDef`` holds:
     convolution, a product), so a following :class:`ChannelAffine` folds into the weight;
     or :class:`Clamp`: the op clamps its input between bounds (an activation that a
     convolution's kernel may apply as it stores its output).
+``test_mode`` (optional)
+    The name of the boolean attribute that switches the op to inference behaviour (a dropout
+    that keeps every element, a batch norm that reads its running statistics); the inference
+    passes and ``Program.clone(for_test=True)`` set it. Without a declaration, an op that
+    declares a boolean attribute named ``TEST_MODE_ATTR`` (Fluid's ``is_test``) has it.
+``column`` (``FEED_FETCH`` ops)
+    A :class:`Column`: which slot holds the run's feed or fetch list, which the variable, and
+    which attribute the column; the runtime finds a program's feeds and fetches by it.
 ``out_lod`` (optional)
     How the LoD of outputs follows from the LoD of inputs, without running the op:
     ``out_lod(lods, *, attrs...) -> {out_slot: lod | [lod]}``. ``lods`` maps each input slot the
@@ -139,8 +149,25 @@ SEQUENCE = "sequence"
 #: ``Out = X + Y`` elementwise (a code generator may add a value of ``Out``'s shape while a
 #: kernel stores the other operand: a convolution's residual connection)
 ADDITION = "addition"
+# what the backward pass builds with, each declared by one op (:func:`serving`); the op's first
+# input slot is what it reads and its first output slot what it writes:
+#: ``Out`` = the sum of the tensors of the (duplicable) input slot
+SUMS = "sums"
+#: ``Out`` = the element-by-element sum of the tensor arrays of the input slot (one: a copy)
+SUMS_ARRAYS = "sums_arrays"
+#: ``Out`` = the input's value
+COPIES = "copies"
+#: ``Out`` = zeros of the input's shape and dtype
+ZEROS_LIKE = "zeros_like"
+#: ``Out`` = a tensor of attributes ``shape`` and ``dtype`` holding attribute ``value``
+FILLS = "fills"
 ALL_TRAITS = frozenset({ELEMENTWISE, BROADCAST, REDUCTION, OPAQUE, VIEW, SIDE_EFFECT,
-                        CONTROL_FLOW, RANDOM, FEED_FETCH, SEQUENCE, ADDITION})
+                        CONTROL_FLOW, RANDOM, FEED_FETCH, SEQUENCE, ADDITION, SUMS, SUMS_ARRAYS,
+                        COPIES, ZEROS_LIKE, FILLS})
+
+#: the attribute an op switches to inference behaviour with unless it declares another
+#: (``test_mode``); also what an op of a file that pdjit does not register is read with
+TEST_MODE_ATTR = "is_test"
 
 GRAD_SUFFIX = "@GRAD"
 EMPTY_VAR_NAME = "@EMPTY@"
@@ -300,9 +327,10 @@ class VarMeta:
 class Reduce:
     """A reduction's lowering: ``acc = init; acc = combine(acc, x)...; out = finalize(acc, n)``.
 
-    ``axes`` are the reduced axes of input ``X`` (``None``: all), ``keep_dim`` keeps them as 1s.
-    ``identity``: ``init`` is the result of reducing nothing (a sum's 0); when False (max, min)
-    reducing an empty extent into a non-empty output is left to the reference, which refuses.
+    ``axes`` are the reduced axes of input slot ``x`` (``None``: all), ``keep_dim`` keeps them as
+    1s; output slot ``out`` gets the result. ``identity``: ``init`` is the result of reducing
+    nothing (a sum's 0); when False (max, min) reducing an empty extent into a non-empty output
+    is left to the reference, which refuses.
     """
     init: str
     combine: str
@@ -310,6 +338,8 @@ class Reduce:
     axes: tuple | None = None
     keep_dim: bool = False
     identity: bool = True
+    x: str = "X"
+    out: str = "Out"
 
 
 @dataclass(frozen=True)
@@ -418,6 +448,26 @@ class Select:
     gather: bool
     value: str = ""
     out: str = ""
+
+
+@dataclass(frozen=True)
+class Column:
+    """A ``FEED_FETCH`` op that moves one value between a list variable (the run's feed or
+    fetch list) and a variable: column ``col`` (the attribute holding it) of the list in slot
+    ``holder``, the variable in slot ``value``. With ``fetch`` the value goes into the list
+    (``holder`` an output slot, ``value`` an input slot); otherwise it comes out of it."""
+    holder: str
+    value: str
+    fetch: bool
+    col: str = "col"
+
+    def list_var(self, op) -> list:
+        """The names ``op`` binds to the list slot."""
+        return op.output(self.holder) if self.fetch else op.input(self.holder)
+
+    def value_var(self, op) -> list:
+        """The names ``op`` binds to the value slot."""
+        return op.input(self.value) if self.fetch else op.output(self.value)
 
 
 # ---- what an op is at inference (``OpDef.inference``) ------------------------------------
@@ -565,6 +615,8 @@ class OpDef:
     inference: Callable | None = None
     row_wise: RowWise | None = None
     select: Select | None = None
+    test_mode: str | None = None
+    column: Column | None = None
 
     def __post_init__(self):
         self.inputs = tuple(Slot.parse(s) for s in self.inputs)
@@ -604,6 +656,21 @@ class OpDef:
             if bad or not rw.batch:
                 raise ValueError(f"op {self.type!r}: RowWise names {bad or 'no batch slot'}, "
                                  f"which the op does not have")
+        if self.test_mode is None and TEST_MODE_ATTR in self.attrs and \
+                self.attrs[TEST_MODE_ATTR].type == A.BOOLEAN:
+            self.test_mode = TEST_MODE_ATTR
+        if self.test_mode is not None and (self.test_mode not in self.attrs
+                                           or self.attrs[self.test_mode].type != A.BOOLEAN):
+            raise ValueError(f"op {self.type!r}: test_mode {self.test_mode!r} is not a boolean "
+                             f"attribute of the op")
+        if self.column is not None:
+            c, ins, outs = self.column, {s.name for s in self.inputs}, \
+                {s.name for s in self.outputs}
+            lists, values = (outs, ins) if c.fetch else (ins, outs)
+            if FEED_FETCH not in self.traits or c.holder not in lists or \
+                    c.value not in values or c.col not in self.attrs:
+                raise ValueError(f"op {self.type!r}: a Column declaration needs the FEED_FETCH "
+                                 f"trait and the slots and attribute it names")
         slot_names = [s.name for s in self.inputs]
         self._infer_sig = _Signature(self.infer_shape, slot_names, list(self.attrs))
         self._ref_sig = _Signature(self.reference, slot_names, list(self.attrs))
@@ -669,6 +736,7 @@ class OpDef:
 
 _REGISTRY: dict[str, OpDef] = {}
 _BUILTINS_LOADED = False
+_HAVING: dict = {}  # traits -> [OpDef], emptied whenever the registry changes
 
 
 def register_op(type: str, *, inputs: Sequence, outputs: Sequence, attrs: Mapping | None = None,
@@ -677,7 +745,8 @@ def register_op(type: str, *, inputs: Sequence, outputs: Sequence, attrs: Mappin
                 replace: bool = False, out_lod: Callable | None = None,
                 control: ControlFlow | None = None,
                 inference: Callable | None = None, row_wise: RowWise | None = None,
-                select: Select | None = None) -> OpDef:
+                select: Select | None = None, test_mode: str | None = None,
+                column: Column | None = None) -> OpDef:
     """Define an op. ``emit`` and ``grad`` have no default: each op declares both decisions.
 
     ``domain`` (optional) says which values an input slot takes: ``{"X": "positive"}``
@@ -687,13 +756,15 @@ def register_op(type: str, *, inputs: Sequence, outputs: Sequence, attrs: Mappin
         raise ValueError(f"op type {type!r} is already registered")
     opdef = OpDef(type, tuple(inputs), tuple(outputs), dict(attrs or {}), frozenset(traits),
                   infer_shape, reference, emit, grad, doc, dict(domain or {}), out_lod, control,
-                  inference, row_wise, select)
+                  inference, row_wise, select, test_mode, column)
     _REGISTRY[type] = opdef
+    _HAVING.clear()
     return opdef
 
 
 def unregister_op(type: str) -> None:
     _REGISTRY.pop(type, None)
+    _HAVING.clear()
 
 
 def _load_builtins() -> None:
@@ -715,6 +786,36 @@ def get(type: str) -> OpDef:
     if d is None:
         raise UnregisteredOpError(f"op type {type!r} is not registered in pdjit")
     return d
+
+
+def test_mode_of(type: str) -> str:
+    """The attribute that switches op ``type`` to inference behaviour: its definition's
+    ``test_mode``, else (not registered, or declaring none) ``TEST_MODE_ATTR`` (an op read from
+    a file may carry it without pdjit declaring it)."""
+    d = lookup(type)
+    return d.test_mode if d is not None and d.test_mode is not None else TEST_MODE_ATTR
+
+
+test_mode_of.__test__ = False  # not a test (pytest collects ``test_*`` names a test imports)
+
+
+def having(*traits: str) -> list:
+    """The registered definitions that declare every one of ``traits``, by type."""
+    _load_builtins()
+    key = frozenset(traits)
+    if key not in _HAVING:
+        _HAVING[key] = sorted((d for d in _REGISTRY.values() if key <= d.traits),
+                              key=lambda d: d.type)
+    return list(_HAVING[key])
+
+
+def serving(trait: str) -> OpDef:
+    """The op declaring ``trait`` (one of what a pass builds with: ``SUMS``, ``COPIES``...),
+    the first by type when several do; :class:`UnregisteredOpError` when none does."""
+    found = having(trait)
+    if not found:
+        raise UnregisteredOpError(f"no registered op declares the {trait!r} trait")
+    return found[0]
 
 
 def all_ops() -> dict[str, OpDef]:

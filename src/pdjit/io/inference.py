@@ -108,8 +108,9 @@ def _clean_op(desc: pb.OpDesc) -> None:
         del desc.attrs[:]
         desc.attrs.extend(kept)
     desc.ClearField("is_target")
+    test_mode = registry.test_mode_of(desc.type)
     for a in desc.attrs:
-        if a.name == "is_test" and a.type == pb.AttrType.BOOLEAN:
+        if a.name == test_mode and a.type == pb.AttrType.BOOLEAN:
             a.b = True
 
 

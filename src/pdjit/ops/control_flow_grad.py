@@ -32,6 +32,7 @@ from pdjit.framework.registry import (
     CONTROL_FLOW,
     EMPTY_VAR_NAME,
     OPAQUE,
+    SUMS_ARRAYS,
     BlockAttr,
     Bool,
     GradOpSpec,
@@ -376,7 +377,8 @@ def _sum_array_ref(X):
 
 register_op(
     "sum_array", inputs=["X*"], outputs=["Out"],
-    traits=[OPAQUE], infer_shape=lambda X: {"Out": X[0]}, reference=_sum_array_ref, emit=None,
+    traits=[OPAQUE, SUMS_ARRAYS], infer_shape=lambda X: {"Out": X[0]}, reference=_sum_array_ref,
+    emit=None,
     grad=None,
     doc="Out = X[0] + X[1] + ... for tensor arrays, element by element (a missing element "
         "counts as zero; lengths may differ).")

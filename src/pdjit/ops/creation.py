@@ -12,7 +12,9 @@ from pdjit.framework import dtypes
 from pdjit.framework import random as prandom
 from pdjit.framework.errors import ShapeMismatch
 from pdjit.framework.registry import (
+    COPIES,
     ELEMENTWISE,
+    FILLS,
     OPAQUE,
     RANDOM,
     Bool,
@@ -162,7 +164,7 @@ register_op(
            "value": Float(0.0, low=-4.0, high=4.0),
            "str_value": Str("", valid=_str_value_problem), "force_cpu": Bool(False),
            "place_type": Int(-1)},
-    traits=[OPAQUE], infer_shape=_fill_infer, reference=_fill_ref,
+    traits=[OPAQUE, FILLS], infer_shape=_fill_infer, reference=_fill_ref,
     emit=Opaque(_fill_lower, host=True), grad=None,
     doc="Out = a tensor of `shape` filled with `value` (or `str_value`, exactly).")
 
@@ -231,7 +233,7 @@ def _assign_lower(ctx):
 
 
 register_op(
-    "assign", inputs=["X?"], outputs=["Out"], traits=[OPAQUE], row_wise=RowWise(),
+    "assign", inputs=["X?"], outputs=["Out"], traits=[OPAQUE, COPIES], row_wise=RowWise(),
     infer_shape=lambda X=None: {"Out": X} if X is not None else {},
     reference=lambda X=None: {} if X is None else  # a tensor array (a list) is copied as one
     {"Out": list(X) if isinstance(X, list) else np.array(X, copy=True)},

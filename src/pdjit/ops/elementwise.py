@@ -9,6 +9,7 @@ from pdjit.framework.registry import (
     BROADCAST,
     ELEMENTWISE,
     OPAQUE,
+    ZEROS_LIKE,
     Bool,
     ChannelAffine,
     Int,
@@ -244,6 +245,6 @@ for _name, (_dx, _dy) in _GRADS.items():
         doc=f"Gradients of {_name} w.r.t. X and Y (summed over broadcast dims).")
 
 register_op(
-    "fill_zeros_like", inputs=["X"], outputs=["Out"], traits=[ELEMENTWISE],
+    "fill_zeros_like", inputs=["X"], outputs=["Out"], traits=[ELEMENTWISE, ZEROS_LIKE],
     infer_shape=lambda X: {"Out": X}, reference=lambda X: {"Out": np.zeros_like(X)},
     emit="{T}(0)", grad=None, doc="Out = zeros of X's shape and dtype.")

@@ -41,6 +41,7 @@ from pdjit.framework.registry import (
     OPAQUE,
     REDUCTION,
     REQUIRED,
+    SUMS,
     Bool,
     GradOpSpec,
     Int,
@@ -384,7 +385,7 @@ def _sum_grad(op):
 
 
 register_op(
-    "sum", inputs=["X*"], outputs=["Out"], traits=[OPAQUE], infer_shape=_sum_infer,
+    "sum", inputs=["X*"], outputs=["Out"], traits=[OPAQUE, SUMS], infer_shape=_sum_infer,
     reference=_sum_ref, emit=Opaque(_sum_lower, host=True),
     grad=_sum_grad,
     doc="Out = X[0] + X[1] + ..., inputs of one shape and dtype.")

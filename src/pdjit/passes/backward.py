@@ -46,7 +46,14 @@ from pdjit.passes import dump_after
 from pdjit.proto import framework_pb2 as pb
 
 VarType = pb.VarType
-ARRAY_SUM_OP = "sum_array"   # sums tensor-array gradients (defined with the control-flow grads)
+
+
+def _builder(trait: str):
+    """``(op type, input slot, output slot)`` of the op declared ``trait`` (what the pass builds
+    with: ``SUMS``, ``SUMS_ARRAYS``, ``COPIES``, ``ZEROS_LIKE``, ``FILLS``): its first input
+    slot (``None`` without one) and its first output slot."""
+    d = registry.serving(trait)
+    return d.type, d.inputs[0].name if d.inputs else None, d.outputs[0].name
 
 
 def _names(values) -> set:
@@ -185,8 +192,7 @@ class _Backward:
             self.summed.add(fwd)
             if len(contribs) > 1:
                 self.grad_var(fwd, target)
-                self.append(ARRAY_SUM_OP if self.is_array(fwd) else "sum",
-                            {"X": list(contribs)}, {"Out": [target]})
+                self.build(self._sums(fwd), list(contribs), [target])
                 self.contribs[fwd] = [target]
         return self.contribs[fwd][0] if len(self.contribs[fwd]) == 1 else target
 
@@ -196,21 +202,29 @@ class _Backward:
         contribs = self.contribs.get(fwd)
         if not contribs:
             return False
-        copy = ARRAY_SUM_OP if self.is_array(fwd) else "assign"
+        copy = registry.SUMS_ARRAYS if self.is_array(fwd) else registry.COPIES
         if len(contribs) > 1 and fwd not in self.summed:
             self.summed.add(fwd)
-            self.append(ARRAY_SUM_OP if self.is_array(fwd) else "sum", {"X": list(contribs)},
-                        {"Out": [target]})
+            self.build(self._sums(fwd), list(contribs), [target])
         elif len(contribs) == 1 and fwd not in self.summed and \
                 any(contribs[0] in op.output_arg_names for op in self.block.ops):
             self._rename_output(contribs[0], target)  # written here: write it where wanted
         else:
-            self.append(copy, {"X": [self.finish(fwd)]}, {"Out": [target]})
+            self.build(copy, [self.finish(fwd)], [target])
         return True
 
     def append(self, op_type, inputs, outputs, attrs=None):
         with self.program._op_role_guard(OP_ROLE_BACKWARD):
             return self.block.append_op(op_type, inputs=inputs, outputs=outputs, attrs=attrs)
+
+    def build(self, trait: str, reads: list, writes: list):
+        """Append the op declared ``trait`` (:func:`_builder`) reading ``reads`` into
+        ``writes``."""
+        op_type, x, out = _builder(trait)
+        return self.append(op_type, {x: reads}, {out: writes})
+
+    def _sums(self, fwd: str) -> str:
+        return registry.SUMS_ARRAYS if self.is_array(fwd) else registry.SUMS
 
     def seed(self, fwd: str, name: str) -> None:
         """``fwd``'s gradient is the value of ``name`` (bound from outside the walk)."""
@@ -384,8 +398,9 @@ class _Backward:
                 name=unique_name.generate(f"{var.name}@KEPT"), type=var.type,
                 shape=var.shape if holder else None, dtype=var.dtype if holder else None,
                 lod_level=var.lod_level if holder else 0, stop_gradient=True)
-            self.fwd._insert_op(writer + 1, "assign", inputs={"X": [var.name]},
-                                outputs={"Out": [copy.name]})
+            op_type, x, out = _builder(registry.COPIES)
+            self.fwd._insert_op(writer + 1, op_type, inputs={x: [var.name]},
+                                outputs={out: [copy.name]})
             self.kept[key] = copy.name
         return self.kept[key]
 
@@ -475,8 +490,8 @@ class _Backward:
     def zeros_like(self, fwd: str) -> str:
         name = self.grad_var(fwd, f"{self.plain(fwd)}@ZERO")
         if not any(name in op.output_arg_names for op in self.block.ops):
-            self.declare_forward_names({"X": [fwd]})
-            self.append("fill_zeros_like", {"X": [fwd]}, {"Out": [name]})
+            self.declare_forward_names({"": [fwd]})
+            self.build(registry.ZEROS_LIKE, [fwd], [name])
         return name
 
 
@@ -486,11 +501,13 @@ def _seed(bw: _Backward, target: Variable, seed) -> None:
     bw.summed.add(target.name)
     with bw.program._op_role_guard(OP_ROLE_BACKWARD | OP_ROLE_LOSS):
         if seed is None:
-            bw.block.append_op("fill_constant", outputs={"Out": [name]},
+            op_type, _, out = _builder(registry.FILLS)
+            bw.block.append_op(op_type, outputs={out: [name]},
                                attrs={"shape": list(target.shape), "value": 1.0,
                                       "dtype": registry_dtype(target)})
         else:
-            bw.block.append_op("assign", inputs={"X": [seed]}, outputs={"Out": [name]})
+            op_type, x, out = _builder(registry.COPIES)
+            bw.block.append_op(op_type, inputs={x: [seed]}, outputs={out: [name]})
 
 
 def registry_dtype(var: Variable) -> int:

@@ -212,7 +212,7 @@ def partition(block: Block, ops: list, live_out: set, declined=frozenset(),
             open_group = Group(ELEMENTWISE, [node], shape)
             continue
         if node.kind == REDUCTION:
-            x = node.op.input("X")
+            x = node.op.input(node.lowering.x)
             if open_group is not None and open_group.kind == ELEMENTWISE and len(x) == 1 \
                     and x[0] in _defined(open_group) and \
                     tuple(_var(block, x[0]).shape) == open_group.shape:

@@ -9,7 +9,7 @@ new weights in float64 and stores them in the weight's dtype). In pipeline order
 (:data:`INFERENCE_PASSES`; ``PDJIT_DUMP_AFTER=<name>`` prints a pass's result):
 
 ``test_mode``
-    ``is_test = True`` on every op that declares (or carries) an ``is_test`` attribute, in every
+    Each op's test-mode attribute (declared ``test_mode``: ``is_test``) set true, in every
     block: dropout stops dropping, batch norm uses its running statistics.
 ``remove_noops``
     An op whose definition says it passes a value through at inference
@@ -73,7 +73,6 @@ VarType = pb.VarType
 _CARRIED_ATTRS = ("op_role", "op_namescope", "op_callstack", "op_device")
 _NOT_CONSTANT = (registry.SIDE_EFFECT, registry.RANDOM, registry.CONTROL_FLOW,
                  registry.FEED_FETCH, registry.SEQUENCE)
-_BIAS_ADD = "elementwise_add"
 
 __all__ = ["INFERENCE_PASSES", "optimize", "test_mode", "remove_noops", "fold_batch_norm",
            "fold_constants", "prune_unused_params"]
@@ -213,15 +212,17 @@ def _finish(name: str, program: Program, params: dict):
 
 # ---- test_mode --------------------------------------------------------------------------------
 def test_mode(program: Program, params: dict):
-    """``is_test = True`` on every op that declares or carries ``is_test``, in every block."""
+    """Each op's test-mode attribute (its ``test_mode`` declaration; ``is_test`` for an op that
+    declares none but carries it) set true, in every block."""
     _check_args("test_mode", program, params)
     prog = program.clone()
     for b in prog.blocks:
         for op in b.ops:
             opdef = registry.lookup(op.type)
-            declared = opdef is not None and "is_test" in opdef.attrs
-            if (declared or op.has_attr("is_test")) and op.all_attrs().get("is_test") is not True:
-                op._set_attr("is_test", True)
+            attr = registry.test_mode_of(op.type)
+            declared = opdef is not None and opdef.test_mode is not None
+            if (declared or op.has_attr(attr)) and op.all_attrs().get(attr) is not True:
+                op._set_attr(attr, True)
     prog._is_test = True
     return _finish("test_mode", prog, dict(params))
 
@@ -446,11 +447,22 @@ def _fold_chain(prog, b: Block, i: int, op, spec: ChannelLinear, uses: _Uses,
     gone = {n for _, o, _ in chain for n in o.input_arg_names + o.output_arg_names}
     for j, _, _ in reversed(chain):
         b._remove_op(j)
-    _insert_like(b, i + 1, chain[-1][1], _BIAS_ADD, {"X": [t0], "Y": [b_name]},
-                 {"Out": [final]}, {"axis": -1 if axis == rank - 1 else axis})
+    add = _bias_add()
+    _insert_like(b, i + 1, chain[-1][1], add.type,
+                 {add.inputs[0].name: [t0], add.inputs[1].name: [b_name]},
+                 {add.outputs[0].name: [final]}, {"axis": -1 if axis == rank - 1 else axis})
     still = _mentioned_names(prog)
     _drop_vars(prog, [n for n in gone if n not in still and n not in params])
     return True
+
+
+def _bias_add():
+    """The op that adds the folded bias: declared ``ADDITION`` (``Out = X + Y``, its first two
+    inputs and its output) with Fluid's ``axis`` broadcast (``BROADCAST``)."""
+    found = registry.having(registry.ADDITION, registry.BROADCAST)
+    if not found:
+        raise PdjitError("fold_batch_norm: no op is declared ADDITION with BROADCAST")
+    return found[0]
 
 
 # ---- fold_constants ---------------------------------------------------------------------------

@@ -120,11 +120,12 @@ def feed_names_of(feed) -> tuple:
 
 
 def _existing_feed_fetch(program: Program, feed_var: str, fetch_var: str):
-    gb = program.global_block()
-    feeds = {op.attr("col"): op.output("Out")[0] for op in gb.ops
-             if op.type == "feed" and op.input("X") == [feed_var]}
-    fetches = {op.attr("col"): op.input("X")[0] for op in gb.ops
-               if op.type == "fetch" and op.output("Out") == [fetch_var]}
+    feeds, fetches = {}, {}
+    for op in program.global_block().ops:  # the ops declaring a Column, by their list
+        d = registry.lookup(op.type)
+        c = d.column if d is not None else None
+        if c is not None and c.list_var(op) == [fetch_var if c.fetch else feed_var]:
+            (fetches if c.fetch else feeds)[op.attr(c.col)] = c.value_var(op)[0]
     return feeds, fetches
 
 

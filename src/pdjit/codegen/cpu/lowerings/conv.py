@@ -45,7 +45,7 @@ def as_nchw(ctx, g: Geometry, local: str) -> list:
 def _conv_blocked(ctx):
     """The convolution by blocks of samples (NCHW float data and a filter of known shape), for
     an epilogue after each block (see ``Opaque.blocked``)."""
-    g = _geometry(ctx.attrs, "conv2d")
+    g = _geometry(ctx.attrs, ctx.op.type)
     m, cg, kh, kw = ctx.shape("Filter")
     groups = ctx.attrs["groups"]
     if g.nhwc or not _float_ok(ctx, "Input", "Filter") or min(m, cg, kh, kw) < 1:
@@ -68,7 +68,7 @@ def _conv_blocked(ctx):
 def _conv_lower(ctx):
     if not _float_ok(ctx, "Input", "Filter"):
         return None
-    g = _geometry(ctx.attrs, "conv2d")
+    g = _geometry(ctx.attrs, ctx.op.type)
     X, W = ctx.inp("Input"), ctx.inp("Filter")
     _, _, kh, kw = ctx.shape("Filter")
     lines, xc = as_nchw(ctx, g, X)
@@ -89,12 +89,12 @@ def nchw_dest(ctx, g: Geometry, slot: str, n: str, c: str, h: str, w: str) -> tu
     return t, [f"{t} = _nn.nchw_empty({out})"], [f"_nn.nhwc_into({t}, {out})"]
 
 
-def _grad_lines(ctx, what: str, transposed: bool) -> list | None:
+def _grad_lines(ctx, transposed: bool) -> list | None:
     """Both gradients of a convolution (``transposed``: of a transposed one, whose input
     gradient is a convolution and whose filter gradient swaps image and output gradient)."""
     if not _float_ok(ctx, "Input", "Filter", "Output@GRAD"):
         return None
-    g = _geometry(ctx.attrs, what)
+    g = _geometry(ctx.attrs, ctx.op.type)
     X, W, DY = ctx.inp("Input"), ctx.inp("Filter"), ctx.inp("Output@GRAD")
     _, _, kh, kw = ctx.shape("Filter")
     lines, xc = as_nchw(ctx, g, X)
@@ -117,7 +117,7 @@ def _grad_lines(ctx, what: str, transposed: bool) -> list | None:
 
 @lowering("conv2d_grad", "depthwise_conv2d_grad", host=True)
 def _conv_grad_lower(ctx):
-    return _grad_lines(ctx, "conv2d_grad", transposed=False)
+    return _grad_lines(ctx, transposed=False)
 
 
 def _t_args(ctx, g: Geometry, X: str, kh: int, kw: int) -> str:
@@ -139,7 +139,7 @@ def _t_args(ctx, g: Geometry, X: str, kh: int, kw: int) -> str:
 def _convt_lower(ctx):
     if not _float_ok(ctx, "Input", "Filter"):
         return None
-    g = _geometry(ctx.attrs, "conv2d_transpose")
+    g = _geometry(ctx.attrs, ctx.op.type)
     X, W = ctx.inp("Input"), ctx.inp("Filter")
     _, mg, kh, kw = ctx.shape("Filter")
     lines, xc = as_nchw(ctx, g, X)
@@ -152,4 +152,4 @@ def _convt_lower(ctx):
 
 @lowering("conv2d_transpose_grad", "depthwise_conv2d_transpose_grad", host=True)
 def _convt_grad_lower(ctx):
-    return _grad_lines(ctx, "conv2d_transpose_grad", transposed=True)
+    return _grad_lines(ctx, transposed=True)

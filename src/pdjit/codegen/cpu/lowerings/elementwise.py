@@ -41,11 +41,13 @@ def _ew_grad_lower(op_type):
     computed over Out's elements by the op's template and summed back over its operand's
     broadcast dims with ``_nn.untile_nd`` (a plain copy where the operand is Out's shape).
     Run-time checks refuse shapes that do not broadcast (the reference then names them).
-    add/sub keep their bias lines (row sums) where X is Out's shape and Y its trailing dims."""
+    An op whose gradients pass ``dOut`` through (add, sub: both templates ``{g}``) takes the bias
+    lines (row sums) where X is Out's shape and Y its trailing dims."""
     (dx_src, dx_neg), (dy_src, dy_neg) = _GRAD_SRC[op_type]
+    passes_g = dx_src == dy_src == "{g}"  # dX = dOut, dY = +-dOut: an add or a subtraction
 
     def lower(ctx):
-        if op_type in ("elementwise_add", "elementwise_sub") and ctx.dtype("X").kind == "f":
+        if passes_g and ctx.dtype("X").kind == "f":
             lines = _add_sub_bias_lines(ctx, "-" if dy_neg else "")
             if lines is not None:
                 return lines

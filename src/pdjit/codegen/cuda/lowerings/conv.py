@@ -150,11 +150,11 @@ def _device_conv(ctx, rule: str, a: str, b: str, out: str, g: Geometry, T: str, 
                            before=sizes)
 
 
-def _conv_device_lines(ctx, what: str, grad: bool) -> list | None:
+def _conv_device_lines(ctx, grad: bool) -> list | None:
     """A convolution (``grad``: its gradients) on a device target, NCHW or NHWC: an implicit
     GEMM (:func:`_tiled`), or one thread per element of the output (image gradient, filter
     gradient) summing what meets it directly (no workspace)."""
-    g = _geometry(ctx.attrs, what)
+    g = _geometry(ctx.attrs, ctx.op.type)
     X, W = ctx.inp("Input"), ctx.inp("Filter")
     _, _, kh, kw = ctx.shape("Filter")
     if min(kh, kw) < 1:
@@ -212,8 +212,7 @@ def _convt_device_lines(ctx, grad: bool) -> list | None:
     gradient is the convolution of Output@GRAD; its filter gradient the convolution's, with
     Output@GRAD as the image and Input as the output gradient. An implicit GEMM where
     :func:`_tiled`, else one thread per element."""
-    what = "conv2d_transpose_grad" if grad else "conv2d_transpose"
-    g = _geometry(ctx.attrs, what)
+    g = _geometry(ctx.attrs, ctx.op.type)
     X, W = ctx.inp("Input"), ctx.inp("Filter")
     _, _, kh, kw = ctx.shape("Filter")
     if min(kh, kw) < 1:
@@ -251,14 +250,14 @@ def _convt_device_lines(ctx, grad: bool) -> list | None:
 def _conv_lower(ctx):
     if not _float_ok(ctx, "Input", "Filter"):
         return None
-    return _conv_device_lines(ctx, "conv2d", grad=False)
+    return _conv_device_lines(ctx, grad=False)
 
 
 @lowering("conv2d_grad", "depthwise_conv2d_grad", host=True)
 def _conv_grad_lower(ctx):
     if not _float_ok(ctx, "Input", "Filter", "Output@GRAD"):
         return None
-    return _conv_device_lines(ctx, "conv2d_grad", grad=True)
+    return _conv_device_lines(ctx, grad=True)
 
 
 @lowering("conv2d_transpose", "depthwise_conv2d_transpose", host=True)

@@ -1,21 +1,34 @@
 """The gradients of the binary elementwise ops (:mod:`pdjit.ops.elementwise`) on the device."""
 from __future__ import annotations
 
+import ast
+
 import numpy as np
 
 from pdjit.codegen.cuda.lowerings import lowering
 from pdjit.ops.elementwise import _GRAD_SRC, _aligned_dims
 
 
-def _ew_grad_device_lines(ctx, op_type, wanted):
+def _arithmetic(*templates) -> bool:
+    """Whether gradient templates are plain arithmetic of ``{g}``, ``{x}``, ``{y}`` (operators
+    only: no function or method, which a device kernel's lines may not have)."""
+    allowed = (ast.Expression, ast.BinOp, ast.UnaryOp, ast.Name, ast.Load, ast.operator,
+               ast.unaryop)
+    for src in templates:
+        tree = ast.parse(src.format(g="g", x="x", y="y", T="T"), mode="eval")
+        if not all(isinstance(n, allowed) for n in ast.walk(tree)):
+            return False
+    return True
+
+
+def _ew_grad_device_lines(ctx, wanted):
     """The gradients on a device target where X has Out's shape and Y's dims are a block
     ``[start, start + rank)`` of Out's (a bias, a per-channel scale, or Out's shape itself):
     Out viewed as ``(pre, mid, post)``, X@GRAD one thread per element, Y@GRAD one thread per
     element of Y summing over ``pre`` and ``post``. Other broadcasts: None (the host)."""
     R = ctx.rank("Out@GRAD")
     ax = _aligned_dims(ctx, "Y", R)
-    if ax is None or op_type not in ("elementwise_add", "elementwise_sub", "elementwise_mul",
-                                     "elementwise_div") or ctx.rank("X") != R:
+    if ax is None or ctx.rank("X") != R:
         return None
     ry = ctx.rank("Y")
     start = R - ry if ctx.attrs["axis"] == -1 or ry == R else ctx.attrs["axis"]
@@ -50,10 +63,14 @@ def _ew_grad_device_lines(ctx, op_type, wanted):
 
 
 def _ew_grad_lower(op_type):
-    """Float32 and float64 where the broadcast is one ``_ew_grad_device_lines`` covers."""
+    """Float32 and float64 where the broadcast is one ``_ew_grad_device_lines`` covers and the
+    op's gradient templates are plain arithmetic."""
     (dx_src, dx_neg), (dy_src, dy_neg) = _GRAD_SRC[op_type]
+    arithmetic = _arithmetic(dx_src, dy_src)
 
     def lower(ctx):
+        if not arithmetic:
+            return None
         ft = (np.dtype(np.float32), np.dtype(np.float64))
         dt = ctx.dtype("Out@GRAD")
         if dt not in ft or ctx.dtype("X") != dt or ctx.dtype("Y") != dt:
@@ -61,7 +78,7 @@ def _ew_grad_lower(op_type):
         wanted = [(slot, src, neg) for slot, src, neg in
                   (("X", dx_src, dx_neg), ("Y", dy_src, dy_neg))
                   if ctx.has_output(f"{slot}@GRAD")]
-        return _ew_grad_device_lines(ctx, op_type, wanted)
+        return _ew_grad_device_lines(ctx, wanted)
     return lower
 
 

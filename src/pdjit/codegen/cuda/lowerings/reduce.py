@@ -8,23 +8,25 @@ from pdjit.codegen.cuda.lowerings import lowering
 from pdjit.ops.reduce import reduce_grad_axes, sum_operands
 
 
-def _make_reduce_grad_lower(op_type):
+def _make_reduce_grad_lower(kind):
+    """The gradient of a reduction of ``kind`` (``"total"``, ``"average"``, ``"extreme"``,
+    ``"product"``, given where it is registered)."""
     def lower(ctx):
         axes = reduce_grad_axes(ctx)
         if axes is None:
             return None
-        return _reduce_grad_device_lines(ctx, op_type, axes)
+        return _reduce_grad_device_lines(ctx, kind, axes)
     return lower
 
 
-def _reduce_grad_device_lines(ctx, op_type: str, axes) -> list | None:
+def _reduce_grad_device_lines(ctx, kind: str, axes) -> list | None:
     """A reduction's gradient on a device target: one thread per element of X, unravelling
     its index into the kept coordinates (its group's element of Out@GRAD) and, for max/min,
     visiting its group to count the hits of the extreme (the reference's rule and
     operations: ``g / n``, ``g * hit / count``); for prod, the products of its group's
     elements before it and after it in C order, each in the order the CPU's running products
     take (``g * (before * after)``: exact where X holds zeros, no division)."""
-    if op_type in ("reduce_max", "reduce_min") and \
+    if kind == "extreme" and \
             (not ctx.has_input("Out") or ctx.dtype("Out") != ctx.dtype("X")):
         return None
     X, g, T = ctx.inp("X"), ctx.inp("Out@GRAD"), ctx.T("X")
@@ -47,12 +49,12 @@ def _reduce_grad_device_lines(ctx, op_type: str, axes) -> list | None:
         body += [f"q{d} = t_ % {dims[d]}", f"t_ = t_ // {dims[d]}"]
         if d not in axes:
             body += [f"k_ += q{d} * w_", f"w_ *= {dims[d]}"]
-    if op_type == "reduce_sum":
+    if kind == "total":
         body.append(f"{dx1}[{i}] = {g1}[k_]")
-    elif op_type == "reduce_mean":
+    elif kind == "average":
         n = " * ".join(dims[d] for d in axes) or "1"
         body.append(f"{dx1}[{i}] = {T}({g1}[k_] / max({n}, 1))")
-    elif op_type == "reduce_prod":
+    elif kind == "product":
         m = " * ".join(dims[d] for d in axes) or "1"
         idx = _group_index(r, axes, dims)
         own = "0"
@@ -103,8 +105,10 @@ def _group_index(r: int, axes, dims) -> str:
     return " + ".join(idx)
 
 
-for _t in ("reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod"):
-    lowering(f"{_t}_grad", host=True)(_make_reduce_grad_lower(_t))
+lowering("reduce_sum_grad", host=True)(_make_reduce_grad_lower("total"))
+lowering("reduce_mean_grad", host=True)(_make_reduce_grad_lower("average"))
+lowering("reduce_max_grad", "reduce_min_grad", host=True)(_make_reduce_grad_lower("extreme"))
+lowering("reduce_prod_grad", host=True)(_make_reduce_grad_lower("product"))
 
 
 @lowering("mean_grad", host=True)
