@@ -319,11 +319,12 @@ def _dynamic(pairs) -> bool:
     return False
 
 
-def _run_sizes(pairs, known: dict) -> list:
+def _run_sizes(pairs, known: dict, misfits: list | None = None) -> list:
     """Propagate run-time shapes through ``pairs`` with their ``infer_shape``: ``known`` maps
     names to run-time VarMetas (updated). Returns ``[(op, index, slot, name, shape, dtype,
     bytes)]`` of the outputs whose size became known; stops at the first op whose inputs do
-    not fit (its own code then says what is wrong)."""
+    not fit (its own code then says what is wrong), appending ``(op, index, reason)`` of it
+    to ``misfits`` (when given) if its ``infer_shape`` refused the run-time shapes."""
     out = []
     for op, i in pairs:
         opdef = registry.lookup(op.type)
@@ -340,7 +341,11 @@ def _run_sizes(pairs, known: dict) -> list:
 
         try:
             result = opdef.infer_op(op, meta_of)
-        except (ShapeMismatch, ValueError, TypeError, IndexError, KeyError, AttributeError):
+        except ShapeMismatch as e:
+            if misfits is not None:
+                misfits.append((op, i, f"its inputs' run-time shapes do not fit it: {e}"))
+            return out
+        except (ValueError, TypeError, IndexError, KeyError, AttributeError):
             return out
         for slot in opdef.outputs:
             res = result.get(slot.name)
@@ -379,9 +384,13 @@ def _raise_over(sizes, limit) -> None:
 
 
 class StepGuard:
-    """The allocation check of a native plan step (``ops``: its (op, index) pairs, ``args``:
-    the env names of its arguments, in order). Shapes known before the run are checked when
-    the guard is made (:func:`step_guard`); the rest from each new tuple of argument shapes."""
+    """The run-time checks of a native plan step (``ops``: its (op, index) pairs, ``args``:
+    the env names of its arguments, in order), made once per new tuple of argument shapes
+    (:func:`step_guard`): the step's ops' ``infer_shape`` must accept the shapes (native code
+    is compiled for ranks and trusts the shapes fit: an op whose reference would refuse them,
+    a ``huber_loss`` of ``[2, 1]`` and ``[1, 2]``, would broadcast them instead), and no
+    output may exceed the allocation limit (``limit``; 0: none). Shapes known before the run
+    are checked against the limit when the guard is made."""
 
     __slots__ = ("ops", "args", "limit", "block", "memo")
 
@@ -389,30 +398,38 @@ class StepGuard:
         self.ops, self.args, self.limit, self.block = ops, list(args), limit, block
         self.memo: dict = {}
 
-    def check(self, values) -> None:
-        """Raise before the step's native code runs if an output would exceed the limit;
-        ``values``: the argument arrays, in order."""
+    def check(self, values):
+        """Before the step's native code runs (``values``: the argument arrays, in order):
+        raise :class:`AllocationLimitError` if an output would exceed the limit; return
+        ``(op, index, reason)`` of the first op whose ``infer_shape`` refuses the run-time
+        shapes (the step's references then run, and say what is wrong as in reference mode),
+        else None."""
         key = tuple([v.shape for v in values[:len(self.args)]])
         if key in self.memo:
-            return
+            return None
         known = {}
         for n, v in zip(self.args, values):
             m = _meta_of(self.block, n, v)
             if m is not None:
                 known[n] = m
-        _raise_over(_run_sizes(self.ops, known), self.limit)
+        misfits = []
+        sizes = _run_sizes(self.ops, known, misfits)
+        if self.limit:
+            _raise_over(sizes, self.limit)
+        if misfits:
+            return misfits[0]
         if len(self.memo) >= _MEMO_MAX:
             self.memo.clear()
         self.memo[key] = True
-
-
-def step_guard(ops, args, limit, block) -> StepGuard | None:
-    """Check the step's statically known output sizes now; a :class:`StepGuard` for the run-time
-    ones (None: no limit, or every output size is known before the run)."""
-    if not limit:
         return None
-    check_static(block, limit, ops)
-    return StepGuard(ops, args, limit, block) if _dynamic(ops) else None
+
+
+def step_guard(ops, args, limit, block) -> StepGuard:
+    """Check the step's statically known output sizes against ``limit`` now (0: no limit);
+    the :class:`StepGuard` of its run-time shapes."""
+    if limit:
+        check_static(block, limit, ops)
+    return StepGuard(ops, args, limit, block)
 
 
 _OP_MEMO = "pdjit.runtime.checks.op_sizes"

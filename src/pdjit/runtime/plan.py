@@ -224,15 +224,17 @@ class NativeStep:
             elif i in self._params:
                 checked[i] = a
             append(a)
-        if self.guard is not None:  # an output too large for the limit: refused before the call
-            # checked once per new tuple of the other args' shapes while the parameters
-            # stay the arrays they were
+        if self.guard is not None:  # shapes that do not fit an op, an output too large for
+            # the limit: refused before the call, checked once per new tuple of the other
+            # args' shapes while the parameters stay the arrays they were
             seen = self._guard_seen
             if fresh_param or len(seen) > 256:
                 seen.clear()
             key = tuple([values[j].shape for j in self._varying])
             if key not in seen:
-                self.guard.check(values)
+                misfit = self.guard.check(values)
+                if misfit is not None:
+                    return self._fallback(executor, env, run_index, misfit[:2], misfit[2])
                 seen[key] = True
         if self.retired is not None:
             return self._fallback(executor, env, run_index, self.ops[0],
@@ -655,7 +657,9 @@ class DeviceStep(NativeStep):
                 env.set(name, LoDTensor._wrap(a, lod) if lod else a)
             values.append(a)
         if self.guard is not None:
-            self.guard.check(values)
+            misfit = self.guard.check(values)
+            if misfit is not None:
+                return self._fallback(executor, env, run_index, misfit[:2], misfit[2])
         if self.retired is not None:
             return self._fallback(executor, env, run_index, self.ops[0],
                                   f"its native code was given up: {self.retired}")
