@@ -108,6 +108,8 @@ def _store_outputs(op, op_idx, opdef, result, ctx, env, raw, nan_inf=False) -> N
                 continue  # (a control-flow op's None: that output is left untouched)
             if nan_inf:
                 checks.check_output(op, op_idx, slot.name, n, value)
+            if not raw and isinstance(value, np.generic):
+                value = np.asarray(value)  # a NumPy scalar (arithmetic on 0-d arrays): 0-d
             if not raw and isinstance(value, np.ndarray):
                 var = block._find_var_recursive(n)
                 value = as_declared(value, var)  # a 0-d result declared [1] (Fluid 1.x)
