@@ -253,6 +253,35 @@ def _outcome(executor, program, feeds, values):
     return "ok", [np.asarray(o) for o in out]
 
 
+#: float agreement between the executors: relative to each fetched tensor's magnitude
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def close(x, y) -> bool:
+    """Whether float arrays ``x`` (the reference's) and ``y`` agree: the same non-finite
+    values at the same places, and every finite difference within ``ATOL + RTOL * m``, ``m``
+    the largest finite magnitude of ``x``.
+
+    Why relative to the tensor's magnitude and not to each element: the executors sum in
+    different orders (NumPy's BLAS vs generated loops, blocked and split reductions), so each
+    result carries rounding of the order of float32's epsilon times the magnitude of the terms
+    it sums, not of itself. An element that comes out small by cancellation (a row of an
+    attention output summing terms of +-100 to 0.97) keeps that absolute error, a large one
+    relative to its own size; an ill-conditioned op a mutant puts in (``reciprocal`` where a
+    ``softmax`` was, of values near 0) magnifies it further downstream. Error bounds of
+    floating-point linear algebra are normwise for this reason. ``RTOL`` 1e-4 is ~840 ulps of
+    the largest value: far above reordering noise in these small models, far below any wrong
+    result (a wrong index, axis or formula changes values by their own magnitude)."""
+    fx, fy = np.isfinite(x), np.isfinite(y)
+    if not np.array_equal(fx, fy) or not np.array_equal(x[~fx], y[~fy], equal_nan=True):
+        return False
+    if not fx.any():
+        return True
+    xf, yf = x[fx].astype(np.float64), y[fy].astype(np.float64)
+    scale = np.abs(xf).max()
+    return bool((np.abs(xf - yf) <= ATOL + RTOL * scale).all())
+
+
 def _same(a, b) -> str | None:
     """Why two outcomes differ, or None."""
     if a[0] != b[0] or a[0] == "error":
@@ -261,12 +290,13 @@ def _same(a, b) -> str | None:
     for i, (x, y) in enumerate(zip(a[1], b[1])):
         if x.dtype != y.dtype or x.shape != y.shape:
             return f"fetch {i}: {x.dtype}{list(x.shape)} vs {y.dtype}{list(y.shape)}"
-        if x.dtype.kind in "fc":
-            ok = np.allclose(x, y, rtol=1e-4, atol=1e-5, equal_nan=True)
-        else:
-            ok = np.array_equal(x, y)
+        ok = close(x, y) if x.dtype.kind in "fc" else np.array_equal(x, y)
         if not ok:
-            return f"fetch {i}: values differ"
+            d = np.abs(x.astype(np.float64) - y.astype(np.float64))
+            d = np.where(np.isnan(d), np.inf, d)
+            k = np.unravel_index(np.argmax(d), d.shape) if d.size else ()
+            return f"fetch {i}: values differ: max |diff| {d.max():.3g} at {list(k)} " \
+                   f"({x[k]!r} vs {y[k]!r}), max |reference| {np.nanmax(np.abs(x)):.3g}"
     return None
 
 
@@ -401,6 +431,26 @@ def test_verified_mutants_agree_between_executors(srcs, alloc_limit):
     assert not disagreements, disagreements[:10]
     assert counts["agree (ok)"] >= n // 8 and counts["agree (error)"], counts
     assert counts["native steps"] > 0, counts
+
+
+def test_float_agreement_is_relative_to_the_tensor_magnitude():
+    """The executors' comparison (``close``): a small element made by cancellation in a
+    tensor of magnitude ~100 may differ by float32 reordering noise of that magnitude (the
+    transformer mutant with ``reciprocal`` for ``softmax``, seed 23 case 455: 0.97451174 vs
+    0.97464454 in a row reaching 103, 1.3e-4 apart: 2e-6 of the magnitude, 1.4e-4 of the
+    element); a wrong value, a moved NaN or Inf, is not close."""
+    ref = np.array([[103.35980, 0.97451174, -50.0]], np.float32)
+    got = np.array([[103.35972, 0.97464454, -50.00004]], np.float32)
+    assert not np.allclose(got, ref, rtol=1e-4, atol=1e-5)  # elementwise: a false alarm
+    assert close(ref, got)
+    assert not close(ref, got * np.float32([1, 1, 1.01]))  # 0.5 off at magnitude 103
+    wrong = ref.copy()
+    wrong[0, 1] = 0.97451174 + 0.02
+    assert not close(ref, wrong)
+    specials = np.array([np.nan, np.inf, -np.inf, 1.0], np.float32)
+    assert close(specials, specials.copy())
+    assert not close(specials, specials[[1, 0, 2, 3]])
+    assert close(np.zeros(3, np.float32), np.full(3, 1e-6, np.float32))  # ATOL near zero
 
 
 def test_entry_points_raise_only_pdjit_errors(srcs, tmp_path, alloc_limit):
