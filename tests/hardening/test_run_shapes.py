@@ -58,7 +58,7 @@ def test_inputs_that_do_not_fit_are_the_same_named_error_in_both_modes(huber):
         assert errors[0] == errors[1], (y_shape, errors)
         assert errors[0].startswith("op 'huber_loss' (block 0, op #0), created at ")
         assert "test_run_shapes.py" in errors[0]
-        assert f"expected Y of shape [2, 1], got {list(y_shape)}" in errors[0]
+        assert f"expected Y of X's shape [2, 1], got {list(y_shape)}" in errors[0]
 
 
 def _scalar_program():

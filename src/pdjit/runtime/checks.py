@@ -435,12 +435,12 @@ def step_guard(ops, args, limit, block) -> StepGuard:
 _OP_MEMO = "pdjit.runtime.checks.op_sizes"
 
 
-def check_op(op, op_idx: int, inputs: dict, limit) -> None:
+def check_op(op, op_idx: int, inputs: dict, limit) -> str | None:
     """Before ``op``'s reference runs (``inputs``: slot -> value(s) as it will get them): raise
-    if an output, sized by ``infer_shape`` from the input shapes, would exceed ``limit``. The
-    sizes are remembered per op and input shapes, with the program's other run caches."""
-    if not limit:
-        return
+    if an output, sized by ``infer_shape`` from the input shapes, would exceed ``limit`` (None
+    or 0: no limit); return why ``infer_shape`` refuses the input shapes (None: they fit), the
+    reason a native step gives for the same shapes. Both are remembered per op and input
+    shapes, with the program's other run caches."""
     shapes = []
     for slot_values in inputs.values():
         if isinstance(slot_values, list):
@@ -449,8 +449,8 @@ def check_op(op, op_idx: int, inputs: dict, limit) -> None:
             shapes.append(getattr(slot_values, "shape", None))
     memo = op.block.program._run_cache().setdefault((_OP_MEMO, "sizes"), {})
     key = (op.block.idx, op_idx, tuple(shapes))
-    sizes = memo.get(key)
-    if sizes is None:
+    found = memo.get(key)
+    if found is None:
         opdef = registry.lookup(op.type)
         known = {}
         for slot in opdef.inputs:
@@ -464,8 +464,12 @@ def check_op(op, op_idx: int, inputs: dict, limit) -> None:
                 m = _meta_of(op.block, n, v)
                 if m is not None:
                     known[n] = m
-        sizes = _run_sizes([(op, op_idx)], known)
+        misfits = []
+        sizes = _run_sizes([(op, op_idx)], known, misfits)
+        found = (sizes, misfits[0][2] if misfits else None)
         if len(memo) >= 4096:
             memo.clear()
-        memo[key] = sizes
-    _raise_over(sizes, limit)
+        memo[key] = found
+    if limit:
+        _raise_over(found[0], limit)
+    return found[1]

@@ -7,8 +7,9 @@ the op and the variable), LoD tensors arrive as arrays with their LoDs in the ``
 outputs get their LoD from the op's ``out_lod`` rule or the first input carrying one.
 
 The executor's run-time checks (``pdjit.runtime.checks``) apply here: before the reference runs,
-an output whose size (from ``infer_shape`` and the input shapes) exceeds the allocation limit is
-refused; with NaN/Inf checking on, each floating-point output is checked before it reaches the
+input shapes the op's ``infer_shape`` refuses are an ``OpRunError`` saying why (the error a
+compiled plan's native step gives for them), and an output whose size (from ``infer_shape`` and
+the input shapes) exceeds the allocation limit is refused; with NaN/Inf checking on, each floating-point output is checked before it reaches the
 env.
 """
 from __future__ import annotations
@@ -62,8 +63,10 @@ def run_op(executor, op, op_idx: int, env: Env, run_index: int) -> None:
         inputs[slot.name] = values if slot.duplicable else (values[0] if values else None)
     attrs = {k: v for k, v in op.all_attrs().items() if k in opdef.attrs}
     settings = getattr(executor, "checks", checks.OFF)
-    if settings.limit and not raw:
-        checks.check_op(op, op_idx, inputs, settings.limit)
+    if not raw:  # shapes the op refuses (as a native step would), outputs over the limit
+        misfit = checks.check_op(op, op_idx, inputs, settings.limit)
+        if misfit is not None:
+            raise _op_error(op, op_idx, misfit)
     try:
         with np.errstate(all="ignore"):
             result = opdef.call_reference(inputs, attrs, ctx)
