@@ -9,8 +9,8 @@ outputs get their LoD from the op's ``out_lod`` rule or the first input carrying
 The executor's run-time checks (``pdjit.runtime.checks``) apply here: before the reference runs,
 input shapes the op's ``infer_shape`` refuses are an ``OpRunError`` saying why (the error a
 compiled plan's native step gives for them), and an output whose size (from ``infer_shape`` and
-the input shapes) exceeds the allocation limit is refused; with NaN/Inf checking on, each floating-point output is checked before it reaches the
-env.
+the input shapes) exceeds the allocation limit is refused; with NaN/Inf checking on, each
+floating-point output is checked before it reaches the env.
 """
 from __future__ import annotations
 
