@@ -43,6 +43,14 @@ leave it; ``0`` turns the check off. Output sizes come from the ops' ``infer_sha
   and a dict lookup per native step. Shapes that depend on tensor values (a ``ShapeTensor``)
   are not known before the op runs and are not checked; nor are the outputs of the ops inside
   a native loop's body (the loop is one native function), nor scratch memory inside a kernel.
+
+**Run-time shapes.** The same ``infer_shape`` pass, on the run-time shapes, must accept them:
+compiled code is built for ranks, and an elementwise kernel would broadcast shapes that an op
+refuses (``huber_loss`` of ``[2, 1]`` and ``[1, 2]``). Before an op's reference runs, shapes its
+``infer_shape`` refuses (a ``ShapeMismatch``) are an ``OpRunError`` naming the op and saying
+why; a native step whose shapes an op refuses runs its ops' references instead, which raise
+that error. Both are remembered per input shapes with the allocation check (limit or not), so
+both modes fail alike for every op, whether or not its reference checks shapes itself.
 """
 from __future__ import annotations
 
@@ -305,18 +313,6 @@ def check_static(block, limit, ops=None) -> None:
 def enumerate_ops(block):
     for i, op in enumerate(block.ops):
         yield op, i
-
-
-def _dynamic(pairs) -> bool:
-    """Whether an output of these ops has a dim unknown before the run."""
-    for op, _ in pairs:
-        opdef = registry.lookup(op.type)
-        if _skipped(opdef):
-            continue
-        for _, _, v in _output_vars(op, opdef):
-            if any(d < 0 for d in v.shape):
-                return True
-    return False
 
 
 def _run_sizes(pairs, known: dict, misfits: list | None = None) -> list:
