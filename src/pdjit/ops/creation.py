@@ -61,8 +61,19 @@ def _check_run_shape(shape) -> tuple:
     return shape
 
 
+def _int_tensor(meta, what: str, one: bool) -> None:
+    """A shape input must hold integers (and, in a list, one element each)."""
+    if meta.dtype is not None and np.dtype(meta.dtype).kind not in "iu":
+        raise ShapeMismatch(f"{what} holds the output's dims: expected an int32 or int64 "
+                            f"tensor, got {np.dtype(meta.dtype)}")
+    if one and (len(meta.shape) > 1 or any(d > 1 for d in meta.shape)):
+        raise ShapeMismatch(f"{what} holds one dim of the output: expected a tensor of one "
+                            f"element ([1]), got shape {list(meta.shape)}")
+
+
 def _created_infer(shape, dtype, ShapeTensor=None, ShapeTensorList=None):
     if ShapeTensor is not None:
+        _int_tensor(ShapeTensor, "ShapeTensor", False)
         n = ShapeTensor.shape[0] if ShapeTensor.shape else 1
         if n < 0:
             raise ShapeMismatch(f"ShapeTensor's length decides the output's rank, so it must be "
@@ -70,6 +81,8 @@ def _created_infer(shape, dtype, ShapeTensor=None, ShapeTensorList=None):
                                 f"{list(ShapeTensor.shape)}")
         return VarMeta((-1,) * n, _np_dtype(dtype))
     if ShapeTensorList:
+        for i, t in enumerate(ShapeTensorList):
+            _int_tensor(t, f"ShapeTensorList[{i}]", True)
         return VarMeta((-1,) * len(ShapeTensorList), _np_dtype(dtype))
     if any(int(d) < -1 for d in shape):
         raise ShapeMismatch(f"shape: dims must be >= 0 (or -1), got {list(shape)}")
