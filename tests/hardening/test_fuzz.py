@@ -11,8 +11,9 @@ edits; ``PDJIT_FUZZ_CASES=N`` (or ``HYPOTHESIS_PROFILE=dev``: ``DEV_CASES``) tri
 verify error / parameter error / feed too large / run error / ok).
 
 Both executors (``compare``): every mutant of the small models that verifies runs in the
-reference and the compiled executor (strict), which must agree: equal values, or the same pdjit
-error class. CI runs ``CI_BOTH`` of them; ``PDJIT_FUZZ_CASES=N`` runs ``N // 10``;
+reference and the compiled executor (strict), which must agree: equal values (floats within
+``close``: relative to each fetched tensor's magnitude), or the same pdjit error class. CI runs
+``CI_BOTH`` of them; ``PDJIT_FUZZ_CASES=N`` runs ``N // 10``;
 ``python tests/hardening/test_fuzz.py both N [SEED] [all]`` runs N over the small models (or
 every model, loops bounded at 1,000 iterations) and prints the disagreements.
 """
