@@ -145,3 +145,21 @@ def test_shape_inputs_must_be_integer_tensors():
         with pytest.raises(ProgramError, match=r"op 'fill_constant' \(block 0, op #\d+\): .*"
                                                + why):
             fluid.verify(fluid.Program.parse_from_string(d.SerializeToString()))
+
+
+def test_integer_scale_factors_must_be_values_of_the_dtype():
+    """scale computes in X's dtype: on an int64 counter a bias of 1e30 has no value (NumPy
+    converts it to -2**63, native code to something else: a campaign mutant's loop ended in
+    one mode and not the other), so the verifier refuses it; an in-range bias runs."""
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        i = L.fill_constant([1], "int64", 2)
+        out = L.scale(i, scale=3.0, bias=1.0)
+    got, = fluid.Executor(mode="reference").run(main, fetch_list=[out])
+    assert got.tolist() == [7]
+    d = pb.ProgramDesc.FromString(main.serialize_to_string())
+    op = next(o for o in d.blocks[0].ops if o.type == "scale")
+    next(a for a in op.attrs if a.name == "bias").f = 1e30
+    with pytest.raises(ProgramError, match=r"op 'scale' \(block 0, op #\d+\): .*bias 1\.0+\d*e\+30 "
+                                           r"is no int64 value"):
+        fluid.verify(fluid.Program.parse_from_string(d.SerializeToString()))
