@@ -40,7 +40,7 @@ def _loops():
 
 def test_the_bound_is_on_by_default(monkeypatch):
     monkeypatch.delenv(limits.MAX_LOOP_ITERATIONS[0], raising=False)
-    assert limits.bound(limits.MAX_LOOP_ITERATIONS) == 1_000_000
+    assert limits.bound(limits.MAX_LOOP_ITERATIONS) == 100_000
 
 
 def test_endless_loop_is_the_same_error_in_both_modes_and_the_scope_is_kept(monkeypatch):
