@@ -71,3 +71,32 @@ def test_endless_loop_is_the_same_error_in_both_modes_and_the_scope_is_kept(monk
     assert errors[0].startswith("op 'while' (block 0, op #")
     assert "test_loop_bound.py" in errors[0]
     assert "after 40 iterations, the bound PDJIT_MAX_LOOP_ITERATIONS=40" in errors[0]
+
+
+def test_a_loop_writing_a_value_before_it_has_one_agrees_between_modes():
+    """A variable the body writes before reading it, and no op before the loop writes: the
+    native loop takes arrays only, so the loop op's reference runs it (not a fallback: strict
+    mode accepts it), with the values of reference mode."""
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        x = L.data(name="x", shape=[2], dtype="float32", append_batch_size=False)
+        y = main.global_block().create_var(name="y", shape=[2], dtype="float32")
+        i = L.fill_constant([1], "int64", 0)
+        n = L.fill_constant([1], "int64", 3)
+        cond = L.less_than(i, n)
+        loop = L.While(cond)
+        with loop.block():
+            L.assign(x * 2.0, y)
+            L.assign(y + 1.0, x)
+            L.increment(i, 1.0, in_place=True)
+            L.less_than(i, n, cond=cond)
+    x0 = np.array([1.0, -2.0], np.float32)
+    want_x, want_y = x0.copy(), None
+    for _ in range(3):
+        want_y = want_x * 2
+        want_x = want_y + 1
+    for mode in ("reference", "compiled"):
+        exe = fluid.Executor(mode=mode, strict=mode == "compiled")
+        got_x, got_y = exe.run(main, feed={"x": x0}, fetch_list=[x, y], scope=fluid.Scope())
+        np.testing.assert_allclose(got_x, want_x)
+        np.testing.assert_allclose(got_y, want_y)

@@ -735,6 +735,12 @@ class LoopStep(NativeStep):
                             if n != registry.EMPTY_VAR_NAME] if control.step_scopes else []
 
     def run(self, executor, env, run_index) -> None:
+        get = env.get
+        for name in self.args:
+            if get(name) is None:  # a value no op wrote before the loop (the body writes it
+                # before it reads it): native code takes arrays only, the loop op's reference
+                # takes that, by design (not a fallback)
+                return executor._run_op(self.op, self.op_idx, env, run_index)
         before = self.fallbacks
         super().run(executor, env, run_index)
         if self.fallbacks == before:  # ran natively: no iteration's scope was kept
