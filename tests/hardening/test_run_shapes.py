@@ -163,3 +163,29 @@ def test_integer_scale_factors_must_be_values_of_the_dtype():
     with pytest.raises(ProgramError, match=r"op 'scale' \(block 0, op #\d+\): .*bias 1\.0+\d*e\+30 "
                                            r"is no int64 value"):
         fluid.verify(fluid.Program.parse_from_string(d.SerializeToString()))
+
+
+def test_a_sub_block_declaration_beyond_the_limit_stops_neither_mode(monkeypatch):
+    """An op in a conditional block whose output is declared [2**33, 4] (a -1 the file made
+    specific) where it computes [2, 4]: both modes check the sizes an op computes when it
+    runs, so neither refuses it, whether the branch runs or not."""
+    from pdjit.layers.control_flow import ConditionalBlock
+    monkeypatch.setenv("PDJIT_MAX_ALLOC_BYTES", str(1 << 28))
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        x = L.data(name="x", shape=[4], dtype="float32")
+        flag = L.data(name="flag", shape=[1], dtype="bool", append_batch_size=False)
+        z = main.global_block().create_var(name="z", dtype="float32", shape=[-1, 4])
+        L.assign(x, z)
+        with ConditionalBlock([flag], is_scalar_condition=True).block():
+            L.assign(L.scale(x, 2.0), z)
+    d = pb.ProgramDesc.FromString(main.serialize_to_string())
+    inner = next(v for v in d.blocks[1].vars if v.name.startswith("scale"))
+    inner.type.lod_tensor.tensor.dims[0] = 1 << 33
+    program = fluid.Program.parse_from_string(d.SerializeToString())
+    x0 = np.arange(8, dtype="float32").reshape(2, 4)
+    for taken in (False, True):
+        feed = {"x": x0, "flag": np.array([taken])}
+        for mode in ("reference", "compiled"):
+            _, (got,) = _run(program, feed, ["z"], mode)
+            np.testing.assert_array_equal(got, x0 * (2 if taken else 1))

@@ -35,8 +35,10 @@ is made (``MemAvailable`` of ``/proc/meminfo``, else ``os.sysconf`` free pages);
 lowered to what the process's ``RLIMIT_AS`` and its cgroup's memory limit (``memory.max``)
 leave it; ``0`` turns the check off. Output sizes come from the ops' ``infer_shape``:
 
-- shapes known before the run (``fill_constant([1e9, 1e9])``, a random op's ``shape``) are
-  checked when the run is prepared, before any op runs;
+- shapes of the global block's outputs known before the run (``fill_constant([1e9, 1e9])``,
+  a random op's ``shape``) are checked when the run is prepared, before any op runs (in both
+  modes; a sub-block's op is checked when it runs: a branch that does not run allocates
+  nothing);
 - shapes that depend on fed sizes (a broadcast of ``[N, 1]`` and ``[1, N]``) are computed
   from the input shapes the first time a plan step (or, in reference mode, an op) sees them,
   and remembered per input shapes: a later run with the same shapes costs one tuple of shapes
@@ -386,7 +388,7 @@ class StepGuard:
     is compiled for ranks and trusts the shapes fit: an op whose reference would refuse them,
     a ``huber_loss`` of ``[2, 1]`` and ``[1, 2]``, would broadcast them instead), and no
     output may exceed the allocation limit (``limit``; 0: none). Shapes known before the run
-    are checked against the limit when the guard is made."""
+    are checked the same way, when the step first runs."""
 
     __slots__ = ("ops", "args", "limit", "block", "memo")
 
@@ -421,10 +423,12 @@ class StepGuard:
 
 
 def step_guard(ops, args, limit, block) -> StepGuard:
-    """Check the step's statically known output sizes against ``limit`` now (0: no limit);
-    the :class:`StepGuard` of its run-time shapes."""
-    if limit:
-        check_static(block, limit, ops)
+    """The :class:`StepGuard` of a native step's run-time shapes (``limit``: 0 for none).
+    Sizes are checked when the step runs, from the shapes its ops compute, as the reference
+    interpreter checks each op: a sub-block's op whose declared shape is beyond the limit
+    (a branch that does not run, a declaration more specific than what the op computes)
+    stops neither mode. (The executor checks the global block's declared sizes before either
+    mode runs anything.)"""
     return StepGuard(ops, args, limit, block)
 
 
