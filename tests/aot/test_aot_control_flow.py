@@ -272,6 +272,26 @@ def test_bad_inputs_still_errors(built, jit):
     np.testing.assert_allclose(model.run({"x": x})[2], _merged_numpy(h), rtol=1e-6)
 
 
+def test_driven_loop_stops_at_the_iteration_bound(tmp_path, monkeypatch):
+    """A loop the entry drives counts its iterations: built with PDJIT_MAX_LOOP_ITERATIONS=3,
+    the nested model runs an input that needs 2 trips and fails (the native code's error,
+    the instance still usable) on one that needs 12."""
+    from pdjit.aot import compile_model
+
+    src = tmp_path / "m"
+    _build_nested(src)
+    monkeypatch.setenv("PDJIT_MAX_LOOP_ITERATIONS", "3")
+    compile_model(str(src), str(tmp_path / "out"), batch=2)
+    mod = _import_artifact(tmp_path / "out", "aot_bounded_artifact")
+    model = mod.load()
+    assert model.run({"x": np.full((2, 4), 0.3, np.float32)})[1].reshape(-1)[0] == 2
+    with pytest.raises(mod.ModelError, match=r"native code failed: .*op while \(#\d+, block "
+                                             r"0\): the loop still holds its condition after 3 "
+                                             r"iterations, the bound PDJIT_MAX_LOOP_ITERATIONS=3"):
+        model.run({"x": np.full((2, 4), 1e3, np.float32)})   # 12 trips wanted
+    assert model.run({"x": np.full((2, 4), 0.3, np.float32)})[1].reshape(-1)[0] == 2
+
+
 def test_still_refused_op_is_named(tmp_path):
     """An op in a branch that has no ahead-of-time code keeps the refusal naming it, and the
     block and control-flow op it sits in."""

@@ -11,10 +11,11 @@ edits; ``PDJIT_FUZZ_CASES=N`` (or ``HYPOTHESIS_PROFILE=dev``: ``DEV_CASES``) tri
 verify error / parameter error / feed too large / run error / ok).
 
 Both executors (``compare``): every mutant of the small models that verifies runs in the
-reference and the compiled executor (strict), which must agree: equal values, or the same pdjit
-error class. CI runs ``CI_BOTH`` of them; ``PDJIT_FUZZ_CASES=N`` runs ``N // 10``;
+reference and the compiled executor (strict), which must agree: equal values (floats within
+``close``: relative to each fetched tensor's magnitude), or the same pdjit error class. CI runs
+``CI_BOTH`` of them; ``PDJIT_FUZZ_CASES=N`` runs ``N // 10``;
 ``python tests/hardening/test_fuzz.py both N [SEED] [all]`` runs N over the small models (or
-every model without a loop) and prints the disagreements.
+every model, loops bounded at 1,000 iterations) and prints the disagreements.
 """
 import collections
 import os
@@ -253,20 +254,70 @@ def _outcome(executor, program, feeds, values):
     return "ok", [np.asarray(o) for o in out]
 
 
-def _same(a, b) -> str | None:
-    """Why two outcomes differ, or None."""
+#: float agreement between the executors: relative to each fetched tensor's magnitude
+RTOL, ATOL = 1e-4, 1e-5
+
+
+def close(x, y) -> bool:
+    """Whether float arrays ``x`` (the reference's) and ``y`` agree: the same non-finite
+    values at the same places, and every finite difference within ``ATOL + RTOL * m``, ``m``
+    the largest finite magnitude of ``x``.
+
+    Why relative to the tensor's magnitude and not to each element: the executors sum in
+    different orders (NumPy's BLAS vs generated loops, blocked and split reductions), so each
+    result carries rounding of the order of float32's epsilon times the magnitude of the terms
+    it sums, not of itself. An element that comes out small by cancellation (a row of an
+    attention output summing terms of +-100 to 0.97) keeps that absolute error, a large one
+    relative to its own size; an ill-conditioned op a mutant puts in (``reciprocal`` where a
+    ``softmax`` was, of values near 0) magnifies it further downstream. Error bounds of
+    floating-point linear algebra are normwise for this reason. ``RTOL`` 1e-4 is ~840 ulps of
+    the largest value: far above reordering noise in these small models, far below any wrong
+    result (a wrong index, axis or formula changes values by their own magnitude)."""
+    fx, fy = np.isfinite(x), np.isfinite(y)
+    if not np.array_equal(fx, fy) or not np.array_equal(x[~fx], y[~fy], equal_nan=True):
+        return False
+    if not fx.any():
+        return True
+    xf, yf = x[fx].astype(np.float64), y[fy].astype(np.float64)
+    scale = np.abs(xf).max()
+    return bool((np.abs(xf - yf) <= ATOL + RTOL * scale).all())
+
+
+def scratch_fetches(program) -> set:
+    """The indices of fetched variables that an op writes only through an ``intermediate``
+    output (an ``rnn``'s ``Reserve``: the op's scratch for its gradient, laid out by each
+    executor its own way: the reference's values, the native kernel's bytes), which a
+    mutant's rename may fetch: their contents are not compared."""
+    block = program.global_block()
+    plain, scratch = set(), set()
+    for op in block.ops:
+        opdef = registry.lookup(op.type)
+        for slot_name in op.output_names:
+            slot = next((s for s in opdef.outputs if s.name == slot_name), None) \
+                if opdef is not None else None
+            (scratch if slot is not None and slot.intermediate else plain).update(
+                op.output(slot_name))
+    return {i for i, n in enumerate(inf.fetch_target_names(program))
+            if n in scratch and n not in plain}
+
+
+def _same(a, b, skip=()) -> str | None:
+    """Why two outcomes differ, or None (fetches whose index is in ``skip`` not compared)."""
     if a[0] != b[0] or a[0] == "error":
         return None if a == b else f"reference {a[0]} {a[1] if a[0] == 'error' else ''} vs " \
                                    f"compiled {b[0]} {b[1] if b[0] == 'error' else ''}"
     for i, (x, y) in enumerate(zip(a[1], b[1])):
+        if i in skip:
+            continue
         if x.dtype != y.dtype or x.shape != y.shape:
             return f"fetch {i}: {x.dtype}{list(x.shape)} vs {y.dtype}{list(y.shape)}"
-        if x.dtype.kind in "fc":
-            ok = np.allclose(x, y, rtol=1e-4, atol=1e-5, equal_nan=True)
-        else:
-            ok = np.array_equal(x, y)
+        ok = close(x, y) if x.dtype.kind in "fc" else np.array_equal(x, y)
         if not ok:
-            return f"fetch {i}: values differ"
+            d = np.abs(x.astype(np.float64) - y.astype(np.float64))
+            d = np.where(np.isnan(d), np.inf, d)
+            k = np.unravel_index(np.argmax(d), d.shape) if d.size else ()
+            return f"fetch {i}: values differ: max |diff| {d.max():.3g} at {list(k)} " \
+                   f"({x[k]!r} vs {y[k]!r}), max |reference| {np.nanmax(np.abs(x)):.3g}"
     return None
 
 
@@ -301,7 +352,7 @@ def compare(srcs, cases: int, seed: int = 0) -> tuple:
         except Exception:  # noqa: BLE001 - what the test is looking for
             failures.append((name, i, kind, traceback.format_exc()))
             continue
-        why = _same(want, got)
+        why = _same(want, got, scratch_fetches(program))
         if why is None and want[0] == "ok":
             try:
                 counts["native steps"] += assert_native(compiled, require=False)
@@ -401,6 +452,26 @@ def test_verified_mutants_agree_between_executors(srcs, alloc_limit):
     assert not disagreements, disagreements[:10]
     assert counts["agree (ok)"] >= n // 8 and counts["agree (error)"], counts
     assert counts["native steps"] > 0, counts
+
+
+def test_float_agreement_is_relative_to_the_tensor_magnitude():
+    """The executors' comparison (``close``): a small element made by cancellation in a
+    tensor of magnitude ~100 may differ by float32 reordering noise of that magnitude (the
+    transformer mutant with ``reciprocal`` for ``softmax``, seed 23 case 455: 0.97451174 vs
+    0.97464454 in a row reaching 103, 1.3e-4 apart: 2e-6 of the magnitude, 1.4e-4 of the
+    element); a wrong value, a moved NaN or Inf, is not close."""
+    ref = np.array([[103.35980, 0.97451174, -50.0]], np.float32)
+    got = np.array([[103.35972, 0.97464454, -50.00004]], np.float32)
+    assert not np.allclose(got, ref, rtol=1e-4, atol=1e-5)  # elementwise: a false alarm
+    assert close(ref, got)
+    assert not close(ref, got * np.float32([1, 1, 1.01]))  # 0.5 off at magnitude 103
+    wrong = ref.copy()
+    wrong[0, 1] = 0.97451174 + 0.02
+    assert not close(ref, wrong)
+    specials = np.array([np.nan, np.inf, -np.inf, 1.0], np.float32)
+    assert close(specials, specials.copy())
+    assert not close(specials, specials[[1, 0, 2, 3]])
+    assert close(np.zeros(3, np.float32), np.full(3, 1e-6, np.float32))  # ATOL near zero
 
 
 def test_entry_points_raise_only_pdjit_errors(srcs, tmp_path, alloc_limit):
@@ -523,7 +594,7 @@ def test_every_truncation_of_a_combined_file_is_a_named_error():
 def _main_both(argv) -> None:
     n = int(argv[0]) if argv else 1000
     seed = int(argv[1]) if len(argv) > 1 else 1
-    srcs = [s for s in sources() if s[0] != "models/cond_while"]
+    srcs = sources()  # (a loop an edit made endless stops at PDJIT_MAX_LOOP_ITERATIONS)
     if len(argv) < 3 or argv[2] != "all":
         srcs = [s for s in srcs if s[0] in ("models/mlp", "pdjit_mlp", "fit_a_line_infer",
                                             "mlp_infer")]
@@ -538,6 +609,7 @@ def _main_both(argv) -> None:
 
 if __name__ == "__main__" and sys.argv[1:2] == ["both"]:
     os.environ.setdefault("PDJIT_MAX_ALLOC_BYTES", str(MAX_ALLOC))
+    os.environ.setdefault("PDJIT_MAX_LOOP_ITERATIONS", "1000")
     _main_both(sys.argv[2:])
 elif __name__ == "__main__":
     n = int(sys.argv[1]) if len(sys.argv) > 1 else DEV_CASES

@@ -18,7 +18,7 @@ import numpy as np
 from pdjit.aot import batch_split, csource, loader
 from pdjit.aot.numba_aot import compile_object, pointer
 from pdjit.codegen.cpu import threads as cpu_threads
-from pdjit.framework import registry
+from pdjit.framework import limits, registry
 from pdjit.framework.dtypes import to_numpy
 from pdjit.framework.errors import PdjitError, ReferenceStepWarning
 from pdjit.io.inference import load_model
@@ -460,8 +460,20 @@ class _Entry:
                 test = f"_truth({conds[0]})"
             else:
                 test = " and ".join(f"_nonempty({c})" for c in conds) or "True"
-            # a loop re-reads its condition's variable (the body writes it) before each run
-            self.emit(indent, f"{'while' if control.kind == registry.LOOP else 'if'} {test}:")
+            # a loop re-reads its condition's variable (the body writes it) before each run,
+            # and stops past PDJIT_MAX_LOOP_ITERATIONS (read when the model is built)
+            loop = control.kind == registry.LOOP
+            if loop:
+                count, limit = self.fresh("n"), limits.bound(limits.MAX_LOOP_ITERATIONS)
+                self.emit(indent, f"{count} = 0")
+            self.emit(indent, f"{'while' if loop else 'if'} {test}:")
+            if loop:
+                self.emit(indent + 1, f"if {count} >= {limit}:")
+                self.emit(indent + 2, f"raise ValueError('pdjit: {_quote(what)}: the loop still "
+                                      f"holds its condition after {limit} iterations, the "
+                                      f"bound PDJIT_MAX_LOOP_ITERATIONS={limit} when the "
+                                      f"model was built')")
+                self.emit(indent + 1, f"{count} += 1")
             self.emit(indent + 1, "pass")
             # a value the body may not have written yet is checked where the body reads it
             self.plan(sub, scope.child(outer), indent + 1)

@@ -17,6 +17,10 @@ Guarantees of the generated function:
 - a carried value whose shape changes from one iteration to the next, or a condition that does
   not hold exactly one element, raises ``ValueError`` (the caller then runs the loop with the
   reference semantics on the untouched inputs);
+- a loop whose condition still holds after ``PDJIT_MAX_LOOP_ITERATIONS`` iterations
+  (``pdjit.framework.limits``, read when the loop is generated) raises ``ValueError`` with
+  :data:`LIMIT_MESSAGE`, which the caller turns into the error naming the loop that the loop
+  op's reference raises (without running the loop again);
 - the source names no variable and no size, so equal loops share one cache entry;
 - a random op of the body (its lowering draws through ``ctx.rng_key``) gets, after the carried
   values' arguments, one argument per op (``LoopGen.rng_ops``): its key with the enclosing loops'
@@ -29,11 +33,13 @@ from __future__ import annotations
 
 from pdjit.codegen.lowering import Declined, SegmentGen
 from pdjit.codegen.target import get_target
-from pdjit.framework import registry
+from pdjit.framework import limits, registry
 from pdjit.framework.random import fixed_seed
 from pdjit.passes.fusion import REFERENCE, partition
 from pdjit.passes.prune import prune
 
+#: what a generated loop raises beyond its iteration bound
+LIMIT_MESSAGE = "pdjit: the loop ran past its iteration bound"
 _M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB  # splitmix64's multipliers (framework.random)
 
 # ops whose traits keep a body out of native code: nested blocks, feeds and fetches, LoD
@@ -108,6 +114,8 @@ class LoopGen:
         if getattr(body, "lod_requests", None):
             raise ValueError("the loop body reads LoD offsets")
         self.body, self.cond = body, cond
+        # iterations beyond this bound raise LIMIT_MESSAGE (the caller names the loop)
+        self.limit = limits.bound(limits.MAX_LOOP_ITERATIONS)
         # the random ops whose base key is an argument after the carried values (r0...)
         self.rng_ops: list = list(getattr(body, "rng_requests", ()))
         self.args: list = list(body.args)
@@ -132,7 +140,11 @@ class LoopGen:
         cond_var = self.loop_var[self.cond]
         if self.rng_ops:
             lines.append("    it = np.uint64(0)")
+        lines.append("    n_iter = 0")
         lines.append(f"    while {cond_var}.reshape(1)[0]:")
+        lines.append(f"        if n_iter >= {self.limit}:")
+        lines.append(f"            raise ValueError({LIMIT_MESSAGE!r})")
+        lines.append("        n_iter += 1")
         for k, op in enumerate(self.rng_ops):
             lines += _iteration_key_lines(f"rng{k}", f"r{k}", "it", fixed_seed(op) != 0)
         if self.rng_ops:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import traceback
 from typing import TYPE_CHECKING
 
@@ -228,9 +229,29 @@ def location_from_callstack(stack: list) -> str | None:
     return None
 
 
+_OWN_FILE: dict = {}  # an absolute file name -> whether it is pdjit's own
+
+
+def _is_own(filename: str) -> bool:
+    own = _OWN_FILE.get(filename)
+    if own is None:
+        own = os.path.abspath(filename).startswith(_PDJIT_DIR)
+        if os.path.isabs(filename):  # (a relative name depends on the working directory)
+            _OWN_FILE[filename] = own
+    return own
+
+
 def _user_callstack() -> list:
-    """The current Python stack, without pdjit's own frames, as Paddle's ``op_callstack``."""
-    frames = [f for f in traceback.extract_stack()[:-1]
-              if not os.path.abspath(f.filename).startswith(_PDJIT_DIR)]
-    return traceback.format_list(frames[-12:])
+    """The current Python stack, without pdjit's own frames, as Paddle's ``op_callstack``:
+    the innermost 12 of them (only their lines are read: the cost does not grow with the
+    stack's depth)."""
+    frame, picked = sys._getframe(1), []
+    while frame is not None and len(picked) < 12:
+        code = frame.f_code
+        if not _is_own(code.co_filename):
+            picked.append(traceback.FrameSummary(code.co_filename, frame.f_lineno,
+                                                 code.co_name))
+        frame = frame.f_back
+    picked.reverse()
+    return traceback.format_list(picked)
 

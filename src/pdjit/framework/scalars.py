@@ -11,10 +11,14 @@ ops here compute such results 0-d; what a run gives is what the program declares
   inputs keep the shape they infer. A program read from a file keeps its ``VarDesc``s as they
   are, so a Fluid 1.x file says ``[1]`` and a PaddlePaddle 3.x file says ``[]``.
 - **Run time** (one rule, every executor path): an output the op computes 0-d whose variable is
-  declared ``[1]`` is that one element with shape ``(1,)`` (a view). The reference interpreter
-  applies it to each value it stores (:func:`as_declared`); compiled code views the outputs
-  :func:`promoted` names right after the op computed them. Nothing else changes shape: a
-  value declared 0-d stays 0-d.
+  declared ``[1]`` is that one element with shape ``(1,)`` (a view), and one it computes
+  ``(1,)`` whose variable is declared ``[]`` is 0-d: a one-element value takes the form its
+  variable declares, so what later ops read (and what a run fetches) has the declared rank,
+  which compiled code is built for. The reference interpreter applies it to each value it
+  stores (:func:`as_declared`); compiled code views the outputs :func:`promoted` names right
+  after the op computed them, and runs an op that has an output :func:`demoted` names with
+  its reference (a program file's form, rare: Fluid 1.x and PaddlePaddle declare what the op
+  computes). Nothing else changes shape.
 """
 from __future__ import annotations
 
@@ -61,7 +65,19 @@ def promoted(op) -> frozenset:
     """The outputs of ``op`` declared ``[1]`` that the op computes 0-d (its ``infer_shape`` on
     the declared inputs), which run time views as ``(1,)``; empty for an op that is not
     registered or whose inputs do not fit (running it then says why)."""
-    candidates = [v.name for v in _tensor_outputs(op) if v.shape == FLUID1_SCALAR]
+    return _computed(op, FLUID1_SCALAR, ())
+
+
+def demoted(op) -> frozenset:
+    """The outputs of ``op`` declared ``[]`` that the op computes ``(1,)`` (its
+    ``infer_shape`` on the declared inputs), which run time views as 0-d."""
+    return _computed(op, (), FLUID1_SCALAR)
+
+
+def _computed(op, declared_shape: tuple, computed_shape: tuple) -> frozenset:
+    """The tensor outputs of ``op`` declared ``declared_shape`` that its ``infer_shape``
+    computes ``computed_shape`` from the declared inputs."""
+    candidates = [v.name for v in _tensor_outputs(op) if v.shape == declared_shape]
     if not candidates:
         return frozenset()
     opdef = registry.lookup(op.type)
@@ -77,22 +93,29 @@ def promoted(op) -> frozenset:
         result = opdef.infer_op(op, declared)
     except (PdjitError, ValueError, TypeError, IndexError, KeyError):
         return frozenset()
-    zero_d = set()
+    if not isinstance(result, dict):
+        return frozenset()
+    found = set()
     for slot in opdef.outputs:
         res = result.get(slot.name)
         if res is None:
             continue
         res = res if isinstance(res, (list, tuple)) else [res]
         for n, meta in zip(op.output(slot.name), res):
-            if meta is not None and meta.shape == ():
-                zero_d.add(n)
-    return frozenset(n for n in candidates if n in zero_d)
+            if isinstance(meta, registry.VarMeta) and tuple(meta.shape) == computed_shape:
+                found.add(n)
+    return frozenset(n for n in candidates if n in found)
 
 
 def as_declared(value, var):
     """``value`` (an output just computed) as ``var`` declares it: a 0-d array declared
-    ``[1]`` viewed as ``(1,)``; anything else as it is."""
-    if type(value) is np.ndarray and value.ndim == 0 and var is not None and \
-            var.type in _DENSE and var.shape == FLUID1_SCALAR:
-        return value.reshape(FLUID1_SCALAR)
+    ``[1]`` viewed as ``(1,)``, a ``(1,)`` array declared ``[]`` viewed as 0-d; anything else
+    as it is."""
+    if type(value) is np.ndarray and value.ndim <= 1 and var is not None and \
+            var.type in _DENSE:
+        if value.ndim == 0:
+            if var.shape == FLUID1_SCALAR:
+                return value.reshape(FLUID1_SCALAR)
+        elif value.shape == FLUID1_SCALAR and var.shape == ():
+            return value.reshape(())
     return value

@@ -535,12 +535,20 @@ register_op(
 
 
 # ---- scale: Out = scale * X + bias (or scale * (X + bias)) ------------------------------------
-def _scale_infer(X, ScaleTensor=None, BiasTensor=None, **_):
+def _scale_infer(X, ScaleTensor=None, BiasTensor=None, *, scale=1.0, bias=0.0, **_):
     check_dtype(X, NUMERIC, "input X")
-    for name, t in (("ScaleTensor", ScaleTensor), ("BiasTensor", BiasTensor)):
+    for name, t, v in (("ScaleTensor", ScaleTensor, scale), ("BiasTensor", BiasTensor, bias)):
         if t is not None and t.shape not in ((), (1,), (-1,)):
             raise ShapeMismatch(f"{name} must hold one value: expected shape [] or [1], got "
                                 f"{list(t.shape)}")
+        kind = np.dtype(X.dtype).kind
+        if t is None and kind in "iu":  # computed in X's dtype: the factor must be one of it
+            info = np.iinfo(X.dtype)
+            if not (np.isfinite(v) and info.min <= v <= info.max):
+                attr = name[:-6].lower()
+                raise ShapeMismatch(f"{attr} {v!r} is no {np.dtype(X.dtype)} value (X's dtype, "
+                                    f"which the op computes in): expected {info.min} to "
+                                    f"{info.max}")
     return {"Out": X}
 
 

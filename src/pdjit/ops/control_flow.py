@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 
 from pdjit.framework import limits
-from pdjit.framework.errors import LoopLimitError, ShapeMismatch
+from pdjit.framework.errors import ShapeMismatch
 from pdjit.framework.registry import (
     BRANCH,
     CONTROL_FLOW,
@@ -129,12 +129,9 @@ def _while_ref(X, Condition, *, sub_block, is_test, ctx):
     iteration = 0
     bound = limits.bound(limits.MAX_LOOP_ITERATIONS)
     while _scalar_condition(env.get(cond_name), f"Condition {cond_name!r}"):
-        if bound is not None and iteration >= bound:
-            raise LoopLimitError(
-                f"the loop (body block {sub_block}) still holds its condition "
-                f"{cond_name!r} after {iteration} iterations, the bound "
-                f"PDJIT_MAX_LOOP_ITERATIONS={bound} (raise it, or unset it for no bound)",
-                op.type, op.block.idx, getattr(ctx, "op_idx", None), op.location())
+        if iteration >= bound:
+            raise limits.loop_limit_error(op, getattr(ctx, "op_idx", None), sub_block,
+                                          cond_name, iteration, bound)
         step = env.child(block)
         step.saved = {n: env.get(n) for n in x_names}
         ctx.run_block(sub_block, step, iteration)  # random ops draw anew in each iteration

@@ -63,8 +63,18 @@ def _check_run_shape(shape) -> tuple:
     return shape
 
 
+def _int_tensor(meta, what: str) -> None:
+    """A shape input must hold integers. (Its size is not checked: a list entry computed by
+    an op whose output shape depends on values, known only when it ran, would be refused in
+    reference mode and not inside a native step; its first element is the dim.)"""
+    if meta.dtype is not None and np.dtype(meta.dtype).kind not in "iu":
+        raise ShapeMismatch(f"{what} holds the output's dims: expected an int32 or int64 "
+                            f"tensor, got {np.dtype(meta.dtype)}")
+
+
 def _created_infer(shape, dtype, ShapeTensor=None, ShapeTensorList=None):
     if ShapeTensor is not None:
+        _int_tensor(ShapeTensor, "ShapeTensor")
         n = ShapeTensor.shape[0] if ShapeTensor.shape else 1
         if n < 0:
             raise ShapeMismatch(f"ShapeTensor's length decides the output's rank, so it must be "
@@ -72,6 +82,8 @@ def _created_infer(shape, dtype, ShapeTensor=None, ShapeTensorList=None):
                                 f"{list(ShapeTensor.shape)}")
         return VarMeta((-1,) * n, _np_dtype(dtype))
     if ShapeTensorList:
+        for i, t in enumerate(ShapeTensorList):
+            _int_tensor(t, f"ShapeTensorList[{i}]")
         return VarMeta((-1,) * len(ShapeTensorList), _np_dtype(dtype))
     if any(int(d) < -1 for d in shape):
         raise ShapeMismatch(f"shape: dims must be >= 0 (or -1), got {list(shape)}")

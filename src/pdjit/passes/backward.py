@@ -85,7 +85,12 @@ class _Backward:
         self.owner = None               # in a grad block: the op owning the forward sub-block
         self.saved_names: set = set()
         self.repeats = False
-        self.written_before: dict = {}  # id(forward op) -> names earlier ops of fwd wrote
+        # where the forward block's ops stand, and the first op writing each name: "written
+        # before op" is first_write[name] < position[id(op)] (linear in the block, not a set
+        # of names per op)
+        self.position: dict = {}        # id(forward op) -> its index when the walk began
+        self.first_write: dict = {}     # name -> the index of the first op writing it
+        self._outputs_here = None       # names some op of self.block writes (built lazily)
         self.maybe_kept: dict = {}      # name -> a branch op that may leave it unwritten
         self.kept: dict = {}            # (id(writer op), name) -> its copy (_kept_copy)
 
@@ -134,10 +139,11 @@ class _Backward:
         """Append the grad ops of the relevant ops, last op first; an op that is not relevant
         still ends the gradient version of what it writes."""
         relevant = {id(op) for op in self.relevant_ops(targets)}
-        written: set = set()
-        for op in self.fwd.ops:
-            self.written_before[id(op)] = set(written)
-            written.update(op.output_arg_names)
+        position, first_write = self.position, self.first_write
+        for i, op in enumerate(self.fwd.ops):
+            position[id(op)] = i
+            for n in op.output_arg_names:
+                first_write.setdefault(n, i)
         for op in reversed(list(self.fwd.ops)):  # (copies may be inserted meanwhile)
             if id(op) in relevant:
                 self.grad_ops_for(op)
@@ -207,7 +213,7 @@ class _Backward:
             self.summed.add(fwd)
             self.build(self._sums(fwd), list(contribs), [target])
         elif len(contribs) == 1 and fwd not in self.summed and \
-                any(contribs[0] in op.output_arg_names for op in self.block.ops):
+                self.written_here(contribs[0]):
             self._rename_output(contribs[0], target)  # written here: write it where wanted
         else:
             self.build(copy, [self.finish(fwd)], [target])
@@ -215,7 +221,17 @@ class _Backward:
 
     def append(self, op_type, inputs, outputs, attrs=None):
         with self.program._op_role_guard(OP_ROLE_BACKWARD):
-            return self.block.append_op(op_type, inputs=inputs, outputs=outputs, attrs=attrs)
+            op = self.block.append_op(op_type, inputs=inputs, outputs=outputs, attrs=attrs)
+        if self._outputs_here is not None:
+            self._outputs_here.update(op.output_arg_names)
+        return op
+
+    def written_here(self, name: str) -> bool:
+        """Whether an op of this walk's block writes ``name`` (an index of the block's outputs
+        built once, kept up to date by :meth:`append` and :meth:`_rename_output`)."""
+        if self._outputs_here is None:
+            self._outputs_here = {n for op in self.block.ops for n in op.output_arg_names}
+        return name in self._outputs_here
 
     def build(self, trait: str, reads: list, writes: list):
         """Append the op declared ``trait`` (:func:`_builder`) reading ``reads`` into
@@ -249,6 +265,8 @@ class _Backward:
         return name
 
     def _rename_output(self, old: str, new: str) -> None:
+        if self._outputs_here is not None:
+            self._outputs_here.add(new)  # (old may still be written by another op: kept)
         for names in self.pending.values():  # the grad op being built (x * x: two outputs)
             if old in names:
                 names[names.index(old)] = new
@@ -373,11 +391,13 @@ class _Backward:
         sub-block, which each run's step scope keeps)."""
         if self.owner is None:
             return
-        before = self.written_before.get(id(op), set())
+        at = self.position.get(id(op), -1)
+        first_write = self.first_write
         own = set(op.output_arg_names) - set(op.input_arg_names)
         for names in inputs.values():
             for k, n in enumerate(names):
-                if n == EMPTY_VAR_NAME or n in self.grad_of or not (n in before or n in own):
+                if n == EMPTY_VAR_NAME or n in self.grad_of or \
+                        not (first_write.get(n, at) < at or n in own):
                     continue
                 v = self.fwd._find_var_recursive(n)
                 if v is None or self._declared_inside(v.block):
@@ -489,7 +509,7 @@ class _Backward:
 
     def zeros_like(self, fwd: str) -> str:
         name = self.grad_var(fwd, f"{self.plain(fwd)}@ZERO")
-        if not any(name in op.output_arg_names for op in self.block.ops):
+        if not self.written_here(name):
             self.declare_forward_names({"": [fwd]})
             self.build(registry.ZEROS_LIKE, [fwd], [name])
         return name

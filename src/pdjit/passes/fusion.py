@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from pdjit.framework import limits, registry
+from pdjit.framework import limits, registry, scalars
 from pdjit.framework.program import Block, Operator
 from pdjit.proto import framework_pb2 as pb
 
@@ -116,6 +116,8 @@ def classify(op: Operator, target=None) -> Node:
     if opdef.emit is None:
         return Node(op, REFERENCE, why_not="no emit rule: runs its reference")
     block = op.block
+    if scalars.demoted(op):  # (1,) declared []: the reference stores it as declared
+        return Node(op, REFERENCE, why_not="an output declared [] that it computes [1]")
     dtypes = {}
     for slot in opdef.inputs + opdef.outputs:
         names = op.input(slot.name) if slot in opdef.inputs else op.output(slot.name)

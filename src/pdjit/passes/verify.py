@@ -290,6 +290,16 @@ def _check_slots(b, op, opdef, fail) -> None:
             if len(names) > 1 and not slot.duplicable:
                 raise fail(f"{which} slot {slot.name!r} takes one variable, got {len(names)}: "
                            f"{names}")
+    written = {}  # one op writes a variable once: which write would win is undefined
+    for slot_name, names in op._outputs.items():
+        for n in names:
+            if n == registry.EMPTY_VAR_NAME:
+                continue
+            if n in written:
+                raise fail(f"output {slot_name!r}: variable {n!r} is written by output "
+                           f"{written[n]!r} of the same op too (expected each output variable "
+                           f"once)")
+            written[n] = slot_name
 
 
 def _check_attrs(program, b, op, opdef, fail, fill_defaults: bool) -> None:

@@ -35,14 +35,24 @@ is made (``MemAvailable`` of ``/proc/meminfo``, else ``os.sysconf`` free pages);
 lowered to what the process's ``RLIMIT_AS`` and its cgroup's memory limit (``memory.max``)
 leave it; ``0`` turns the check off. Output sizes come from the ops' ``infer_shape``:
 
-- shapes known before the run (``fill_constant([1e9, 1e9])``, a random op's ``shape``) are
-  checked when the run is prepared, before any op runs;
+- shapes of the global block's outputs known before the run (``fill_constant([1e9, 1e9])``,
+  a random op's ``shape``) are checked when the run is prepared, before any op runs (in both
+  modes; a sub-block's op is checked when it runs: a branch that does not run allocates
+  nothing);
 - shapes that depend on fed sizes (a broadcast of ``[N, 1]`` and ``[1, N]``) are computed
   from the input shapes the first time a plan step (or, in reference mode, an op) sees them,
   and remembered per input shapes: a later run with the same shapes costs one tuple of shapes
   and a dict lookup per native step. Shapes that depend on tensor values (a ``ShapeTensor``)
   are not known before the op runs and are not checked; nor are the outputs of the ops inside
   a native loop's body (the loop is one native function), nor scratch memory inside a kernel.
+
+**Run-time shapes.** The same ``infer_shape`` pass, on the run-time shapes, must accept them:
+compiled code is built for ranks, and an elementwise kernel would broadcast shapes that an op
+refuses (``huber_loss`` of ``[2, 1]`` and ``[1, 2]``). Before an op's reference runs, shapes its
+``infer_shape`` refuses (a ``ShapeMismatch``) are an ``OpRunError`` naming the op and saying
+why; a native step whose shapes an op refuses runs its ops' references instead, which raise
+that error. Both are remembered per input shapes with the allocation check (limit or not), so
+both modes fail alike for every op, whether or not its reference checks shapes itself.
 """
 from __future__ import annotations
 
@@ -307,23 +317,12 @@ def enumerate_ops(block):
         yield op, i
 
 
-def _dynamic(pairs) -> bool:
-    """Whether an output of these ops has a dim unknown before the run."""
-    for op, _ in pairs:
-        opdef = registry.lookup(op.type)
-        if _skipped(opdef):
-            continue
-        for _, _, v in _output_vars(op, opdef):
-            if any(d < 0 for d in v.shape):
-                return True
-    return False
-
-
-def _run_sizes(pairs, known: dict) -> list:
+def _run_sizes(pairs, known: dict, misfits: list | None = None) -> list:
     """Propagate run-time shapes through ``pairs`` with their ``infer_shape``: ``known`` maps
     names to run-time VarMetas (updated). Returns ``[(op, index, slot, name, shape, dtype,
     bytes)]`` of the outputs whose size became known; stops at the first op whose inputs do
-    not fit (its own code then says what is wrong)."""
+    not fit (its own code then says what is wrong), appending ``(op, index, reason)`` of it
+    to ``misfits`` (when given) if its ``infer_shape`` refused the run-time shapes."""
     out = []
     for op, i in pairs:
         opdef = registry.lookup(op.type)
@@ -340,7 +339,11 @@ def _run_sizes(pairs, known: dict) -> list:
 
         try:
             result = opdef.infer_op(op, meta_of)
-        except (ShapeMismatch, ValueError, TypeError, IndexError, KeyError, AttributeError):
+        except ShapeMismatch as e:
+            if misfits is not None:
+                misfits.append((op, i, f"its inputs' run-time shapes do not fit it: {e}"))
+            return out
+        except (ValueError, TypeError, IndexError, KeyError, AttributeError):
             return out
         for slot in opdef.outputs:
             res = result.get(slot.name)
@@ -379,9 +382,13 @@ def _raise_over(sizes, limit) -> None:
 
 
 class StepGuard:
-    """The allocation check of a native plan step (``ops``: its (op, index) pairs, ``args``:
-    the env names of its arguments, in order). Shapes known before the run are checked when
-    the guard is made (:func:`step_guard`); the rest from each new tuple of argument shapes."""
+    """The run-time checks of a native plan step (``ops``: its (op, index) pairs, ``args``:
+    the env names of its arguments, in order), made once per new tuple of argument shapes
+    (:func:`step_guard`): the step's ops' ``infer_shape`` must accept the shapes (native code
+    is compiled for ranks and trusts the shapes fit: an op whose reference would refuse them,
+    a ``huber_loss`` of ``[2, 1]`` and ``[1, 2]``, would broadcast them instead), and no
+    output may exceed the allocation limit (``limit``; 0: none). Shapes known before the run
+    are checked the same way, when the step first runs."""
 
     __slots__ = ("ops", "args", "limit", "block", "memo")
 
@@ -389,41 +396,51 @@ class StepGuard:
         self.ops, self.args, self.limit, self.block = ops, list(args), limit, block
         self.memo: dict = {}
 
-    def check(self, values) -> None:
-        """Raise before the step's native code runs if an output would exceed the limit;
-        ``values``: the argument arrays, in order."""
+    def check(self, values):
+        """Before the step's native code runs (``values``: the argument arrays, in order):
+        raise :class:`AllocationLimitError` if an output would exceed the limit; return
+        ``(op, index, reason)`` of the first op whose ``infer_shape`` refuses the run-time
+        shapes (the step's references then run, and say what is wrong as in reference mode),
+        else None."""
         key = tuple([v.shape for v in values[:len(self.args)]])
         if key in self.memo:
-            return
+            return None
         known = {}
         for n, v in zip(self.args, values):
             m = _meta_of(self.block, n, v)
             if m is not None:
                 known[n] = m
-        _raise_over(_run_sizes(self.ops, known), self.limit)
+        misfits = []
+        sizes = _run_sizes(self.ops, known, misfits)
+        if self.limit:
+            _raise_over(sizes, self.limit)
+        if misfits:
+            return misfits[0]
         if len(self.memo) >= _MEMO_MAX:
             self.memo.clear()
         self.memo[key] = True
-
-
-def step_guard(ops, args, limit, block) -> StepGuard | None:
-    """Check the step's statically known output sizes now; a :class:`StepGuard` for the run-time
-    ones (None: no limit, or every output size is known before the run)."""
-    if not limit:
         return None
-    check_static(block, limit, ops)
-    return StepGuard(ops, args, limit, block) if _dynamic(ops) else None
+
+
+def step_guard(ops, args, limit, block) -> StepGuard:
+    """The :class:`StepGuard` of a native step's run-time shapes (``limit``: 0 for none).
+    Sizes are checked when the step runs, from the shapes its ops compute, as the reference
+    interpreter checks each op: a sub-block's op whose declared shape is beyond the limit
+    (a branch that does not run, a declaration more specific than what the op computes)
+    stops neither mode. (The executor checks the global block's declared sizes before either
+    mode runs anything.)"""
+    return StepGuard(ops, args, limit, block)
 
 
 _OP_MEMO = "pdjit.runtime.checks.op_sizes"
 
 
-def check_op(op, op_idx: int, inputs: dict, limit) -> None:
+def check_op(op, op_idx: int, inputs: dict, limit) -> str | None:
     """Before ``op``'s reference runs (``inputs``: slot -> value(s) as it will get them): raise
-    if an output, sized by ``infer_shape`` from the input shapes, would exceed ``limit``. The
-    sizes are remembered per op and input shapes, with the program's other run caches."""
-    if not limit:
-        return
+    if an output, sized by ``infer_shape`` from the input shapes, would exceed ``limit`` (None
+    or 0: no limit); return why ``infer_shape`` refuses the input shapes (None: they fit), the
+    reason a native step gives for the same shapes. Both are remembered per op and input
+    shapes, with the program's other run caches."""
     shapes = []
     for slot_values in inputs.values():
         if isinstance(slot_values, list):
@@ -432,8 +449,8 @@ def check_op(op, op_idx: int, inputs: dict, limit) -> None:
             shapes.append(getattr(slot_values, "shape", None))
     memo = op.block.program._run_cache().setdefault((_OP_MEMO, "sizes"), {})
     key = (op.block.idx, op_idx, tuple(shapes))
-    sizes = memo.get(key)
-    if sizes is None:
+    found = memo.get(key)
+    if found is None:
         opdef = registry.lookup(op.type)
         known = {}
         for slot in opdef.inputs:
@@ -447,8 +464,12 @@ def check_op(op, op_idx: int, inputs: dict, limit) -> None:
                 m = _meta_of(op.block, n, v)
                 if m is not None:
                     known[n] = m
-        sizes = _run_sizes([(op, op_idx)], known)
+        misfits = []
+        sizes = _run_sizes([(op, op_idx)], known, misfits)
+        found = (sizes, misfits[0][2] if misfits else None)
         if len(memo) >= 4096:
             memo.clear()
-        memo[key] = sizes
-    _raise_over(sizes, limit)
+        memo[key] = found
+    if limit:
+        _raise_over(found[0], limit)
+    return found[1]

@@ -7,9 +7,10 @@ the op and the variable), LoD tensors arrive as arrays with their LoDs in the ``
 outputs get their LoD from the op's ``out_lod`` rule or the first input carrying one.
 
 The executor's run-time checks (``pdjit.runtime.checks``) apply here: before the reference runs,
-an output whose size (from ``infer_shape`` and the input shapes) exceeds the allocation limit is
-refused; with NaN/Inf checking on, each floating-point output is checked before it reaches the
-env.
+input shapes the op's ``infer_shape`` refuses are an ``OpRunError`` saying why (the error a
+compiled plan's native step gives for them), and an output whose size (from ``infer_shape`` and
+the input shapes) exceeds the allocation limit is refused; with NaN/Inf checking on, each
+floating-point output is checked before it reaches the env.
 """
 from __future__ import annotations
 
@@ -62,8 +63,10 @@ def run_op(executor, op, op_idx: int, env: Env, run_index: int) -> None:
         inputs[slot.name] = values if slot.duplicable else (values[0] if values else None)
     attrs = {k: v for k, v in op.all_attrs().items() if k in opdef.attrs}
     settings = getattr(executor, "checks", checks.OFF)
-    if settings.limit and not raw:
-        checks.check_op(op, op_idx, inputs, settings.limit)
+    if not raw:  # shapes the op refuses (as a native step would), outputs over the limit
+        misfit = checks.check_op(op, op_idx, inputs, settings.limit)
+        if misfit is not None:
+            raise _op_error(op, op_idx, misfit)
     try:
         with np.errstate(all="ignore"):
             result = opdef.call_reference(inputs, attrs, ctx)
@@ -108,6 +111,8 @@ def _store_outputs(op, op_idx, opdef, result, ctx, env, raw, nan_inf=False) -> N
                 continue  # (a control-flow op's None: that output is left untouched)
             if nan_inf:
                 checks.check_output(op, op_idx, slot.name, n, value)
+            if not raw and isinstance(value, np.generic):
+                value = np.asarray(value)  # a NumPy scalar (arithmetic on 0-d arrays): 0-d
             if not raw and isinstance(value, np.ndarray):
                 var = block._find_var_recursive(n)
                 value = as_declared(value, var)  # a 0-d result declared [1] (Fluid 1.x)

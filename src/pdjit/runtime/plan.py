@@ -45,7 +45,7 @@ from numba.core.errors import NumbaError
 from pdjit.codegen.compiler import CACHE_ERRORS, compile_function, precompile
 from pdjit.codegen.cpu import malloc, threads
 from pdjit.codegen.cuda import device
-from pdjit.codegen.loops import LoopGen, native_loop
+from pdjit.codegen.loops import LIMIT_MESSAGE, LoopGen, native_loop
 from pdjit.codegen.lowering import Declined, SegmentGen
 from pdjit.codegen.target import get_target, target_name
 from pdjit.framework import limits, registry
@@ -224,15 +224,17 @@ class NativeStep:
             elif i in self._params:
                 checked[i] = a
             append(a)
-        if self.guard is not None:  # an output too large for the limit: refused before the call
-            # checked once per new tuple of the other args' shapes while the parameters
-            # stay the arrays they were
+        if self.guard is not None:  # shapes that do not fit an op, an output too large for
+            # the limit: refused before the call, checked once per new tuple of the other
+            # args' shapes while the parameters stay the arrays they were
             seen = self._guard_seen
             if fresh_param or len(seen) > 256:
                 seen.clear()
             key = tuple([values[j].shape for j in self._varying])
             if key not in seen:
-                self.guard.check(values)
+                misfit = self.guard.check(values)
+                if misfit is not None:
+                    return self._fallback(executor, env, run_index, misfit[:2], misfit[2])
                 seen[key] = True
         if self.retired is not None:
             return self._fallback(executor, env, run_index, self.ops[0],
@@ -265,11 +267,17 @@ class NativeStep:
                                   f"its native code does not compile ({self.retired})")
         except CACHE_ERRORS as e:
             if not _is_cache_damage(e):
+                error = self._native_error(e)
+                if error is not None:
+                    raise error from None
                 return self._fallback(executor, env, run_index, self._failing(e),
                                       f"{type(e).__name__}: {e}")
             self.compiled.reload_clean()
             results = self.compiled.fn(*values)
         except Exception as e:  # noqa: BLE001 - any failure: the references say what it was
+            error = self._native_error(e)
+            if error is not None:
+                raise error from None
             return self._fallback(executor, env, run_index, self._failing(e),
                                   f"{type(e).__name__}: {e}")
         if hot:
@@ -290,6 +298,11 @@ class NativeStep:
             set_ = env.set
             for name, value in zip(self.outputs, results):
                 set_(name, value)
+
+    def _native_error(self, exc):
+        """The pdjit error that native code's ``exc`` stands for, raised as it is instead of
+        running the references again (None: the references say what went wrong)."""
+        return None
 
     def _tier_up(self, values) -> None:
         """The step is hot: build its native driver and compile it for the arguments of this
@@ -656,7 +669,9 @@ class DeviceStep(NativeStep):
                 env.set(name, LoDTensor._wrap(a, lod) if lod else a)
             values.append(a)
         if self.guard is not None:
-            self.guard.check(values)
+            misfit = self.guard.check(values)
+            if misfit is not None:
+                return self._fallback(executor, env, run_index, misfit[:2], misfit[2])
         if self.retired is not None:
             return self._fallback(executor, env, run_index, self.ops[0],
                                   f"its native code was given up: {self.retired}")
@@ -716,15 +731,31 @@ class LoopStep(NativeStep):
                          description, rng_ops=[(o, index[id(o)]) for o in loop.rng_ops],
                          nan_inf=nan_inf)
         self.op, self.op_idx, self.body_idx = op, op_idx, op.attr(control.body)
+        self.limit = loop.limit  # the iteration bound the loop was generated with
         self.step_scopes = [n for n in op.output(control.step_scopes)
                             if n != registry.EMPTY_VAR_NAME] if control.step_scopes else []
 
     def run(self, executor, env, run_index) -> None:
+        get = env.get
+        for name in self.args:
+            if get(name) is None:  # a value no op wrote before the loop (the body writes it
+                # before it reads it): native code takes arrays only, the loop op's reference
+                # takes that, by design (not a fallback)
+                return executor._run_op(self.op, self.op_idx, env, run_index)
         before = self.fallbacks
         super().run(executor, env, run_index)
         if self.fallbacks == before:  # ran natively: no iteration's scope was kept
             for name in self.step_scopes:
                 env.set(name, StepScopes())
+
+    def _native_error(self, exc):
+        """The loop ran past its iteration bound: the error the loop op's reference raises
+        there (running the loop again with the references would only take longer)."""
+        if isinstance(exc, ValueError) and str(exc) == LIMIT_MESSAGE:
+            cond = self.op.input(registry.get(self.op.type).control.condition)[0]
+            return limits.loop_limit_error(self.op, self.op_idx, self.body_idx, cond,
+                                           self.limit, self.limit)
+        return None
 
     def describe(self) -> str:
         head = f"native loop {self.op.type}#{self.op_idx} over block {self.body_idx}"
@@ -1031,9 +1062,6 @@ def _native_loop(program, op, target: str, fetched=()):
         return None, ""
     if os.environ.get("PDJIT_NATIVE_LOOPS", "1") == "0":
         return None, "PDJIT_NATIVE_LOOPS=0"
-    if os.environ.get(limits.MAX_LOOP_ITERATIONS[0]):
-        return None, (f"{limits.MAX_LOOP_ITERATIONS[0]} is set: the loop op counts its "
-                      f"iterations, running the body's plan once per iteration")
     if not get_target(target).native_drivers:
         return None, (f"the {target} target runs the loop on the host, launching the body's "
                       f"kernels, reading the condition each iteration")

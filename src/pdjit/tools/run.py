@@ -4,10 +4,10 @@ from __future__ import annotations
 import os
 import sys
 import time
-import zipfile
 
 import numpy as np
 
+from pdjit.framework.errors import ModelFileError
 from pdjit.tools import CliError, plural
 
 
@@ -22,22 +22,24 @@ def make_predictor(path: str, ir_optim: bool = True, threads: int | None = None)
 
 
 def _load_array(path: str, what: str):
+    """An ``.npy`` file's array or an ``.npz`` archive (``pdjit.io.npyfile``: sizes checked
+    before anything is allocated or inflated)."""
+    from pdjit.io import npyfile
     if not os.path.exists(path):
         raise CliError(f"{what}: no such file: {path}")
     try:
-        return np.load(path, allow_pickle=False)
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        raise CliError(f"{what}: {path} is not a NumPy .npy/.npz file: {e}") from None
+        return npyfile.load(path)
+    except ModelFileError as e:
+        raise CliError(f"{what}: {e}") from None
 
 
 def _member(arrays, name: str, path: str):
     """Array ``name`` of an open .npz archive (read when asked: an object array, which would
-    need pickle, or a damaged member fails here)."""
+    need pickle, a damaged member or one beyond the bounds fails here)."""
     try:
         return arrays[name]
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as e:
-        raise CliError(f"--input {path}: member {name!r} is not a plain NumPy array: "
-                       f"{e}") from None
+    except ModelFileError as e:
+        raise CliError(f"--input {e}") from None
 
 
 def read_inputs(specs: list, input_names: list) -> dict:
@@ -67,7 +69,7 @@ def read_inputs(specs: list, input_names: list) -> dict:
         if name in feeds:
             raise CliError(f"--input {spec}: input {name!r} is given twice")
         value = _load_array(path, f"--input {name}")
-        if isinstance(value, np.lib.npyio.NpzFile):
+        if not isinstance(value, np.ndarray):
             raise CliError(f"--input {name}: {path} is an .npz archive; give a .npy file")
         feeds[name] = value
     missing = [n for n in input_names if n not in feeds]
