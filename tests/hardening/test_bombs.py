@@ -12,7 +12,7 @@ import pytest
 
 import pdjit as fluid
 from pdjit.cli import main as cli_main
-from pdjit.framework.errors import PdjitError, ProgramError
+from pdjit.framework.errors import PdjitError, ProgramError, ReferenceStepWarning
 from pdjit.proto import framework_pb2 as pb
 
 A = pb.AttrType
@@ -553,9 +553,11 @@ def test_reduce_in_dtype_is_checked_and_inferred():
                      refused(edited(main, set_attr("reduce_sum", "in_dtype", 6))))
 
 
-def test_scalar_declared_0d_but_computed_1_runs_natively(fixtures_dir):
+def test_scalar_declared_0d_but_computed_1_agrees(fixtures_dir):
     """A value of one element declared [] where its op computes [1] (the verifier accepts
-    both forms): a native step built for [] takes it as one value, as the reference does."""
+    both forms): the op runs its reference in the compiled plan (which stores the declared
+    form, as the reference executor does; a ReferenceStepWarning says so), the rest native;
+    both modes give the same values."""
     from pdjit.io import inference as inf
     from pdjit.testing.op_test import assert_native
     stem = fixtures_dir / "models" / "cond_while"
@@ -573,8 +575,11 @@ def test_scalar_declared_0d_but_computed_1_runs_natively(fixtures_dir):
         exe = fluid.Executor(mode=mode, strict=True)
         scope = fluid.Scope()
         inf.commit_values(params, scope)
-        results.append(exe.run(program, feed=feeds, scope=scope,
-                               fetch_list=inf.fetch_target_names(program)))
+        warns = pytest.warns(ReferenceStepWarning, match="declared \\[\\] that it computes") \
+            if mode == "compiled" else contextlib.nullcontext()
+        with warns:
+            results.append(exe.run(program, feed=feeds, scope=scope,
+                                   fetch_list=inf.fetch_target_names(program)))
     for got, want in zip(results[1], results[0]):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert_native(exe)
