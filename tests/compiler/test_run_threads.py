@@ -162,7 +162,9 @@ def test_the_thread_trial_waits_for_the_drivers_trial(two_asked):
     exe = fluid.Executor(native_drivers=True, strict=True)
     exe.run(startup, scope=scope)
     xv = np.random.default_rng(2).standard_normal((4, 6)).astype("float32")
-    w, b = (np.asarray(scope.find_var(n).get_tensor()) for n in ("fc_0.w_0", "fc_0.b_0"))
+    w, b = (np.asarray(scope.find_var(p.name).get_tensor())  # (names by the layer's counter)
+            for p in sorted(main.global_block().all_parameters(), key=lambda p: len(p.shape),
+                            reverse=True))
     seen = []
     for _ in range(40):
         (out,) = exe.run(main, feed={"x": xv}, fetch_list=[y], scope=scope)
