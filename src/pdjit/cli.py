@@ -100,6 +100,11 @@ def _warmup(args) -> int:
             ok = False
         if not ok:
             raise CliError(f"--dtype {d!r}: expected float32 or float64")
+    if args.background:
+        os.environ["PDJIT_AUTO_WARMUP"] = "0"
+        from pdjit.codegen.diskcache import lower_priority
+
+        lower_priority()
     from pdjit.codegen.compiler import warmup
 
     got = warmup(dtypes)
@@ -229,6 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
              "once, e.g. when building a container")
     p.add_argument("--dtype", default="float32",
                    help="float types to compile for, comma-separated (default: float32)")
+    p.add_argument("--background", action="store_true",
+                   help="run on otherwise idle cores only (what a process that compiles "
+                        "library kernels into a cold cache starts by itself)")
     p.set_defaults(fn=_warmup)
     p = _sub(sub, "version", "print pdjit's version")
     p.set_defaults(fn=lambda a: print(pdjit.__version__) or 0)

@@ -87,6 +87,7 @@ def test_a_copied_cache_is_reused_and_clear_cache_empties_all_of_it(tmp_path):
 
 
 WARMUP = textwrap.dedent("""
+    import os, sys
     from pdjit import cli
     from pdjit.codegen.cpu import lib as nnlib
     from pdjit.codegen.cpu import mathfuncs
@@ -94,20 +95,26 @@ WARMUP = textwrap.dedent("""
     nnlib.JOBS.clear()
     nnlib.JOBS.update(keep)
     mathfuncs.__all__ = ["exp"]                     # and one math function
-    raise SystemExit(cli.main(["warmup", "--dtype", "float32"]))
+    code = cli.main(["warmup", "--dtype", "float32", *sys.argv[1:]])
+    print("policy", os.sched_getscheduler(0) == os.SCHED_IDLE)
+    raise SystemExit(code)
 """)
 
 
 def test_warmup_compiles_the_library_into_the_cache_once(tmp_path):
     env = dict(os.environ, PDJIT_CACHE_DIR=str(tmp_path), PDJIT_COMPILE_WORKERS="0")
     outs = []
-    for _ in range(2):
-        proc = subprocess.run([sys.executable, "-c", WARMUP], capture_output=True, text=True,
-                              env=env, timeout=300)
+    for extra in (["--background"], []):
+        proc = subprocess.run([sys.executable, "-c", WARMUP, *extra], capture_output=True,
+                              text=True, env=env, timeout=300)
         assert proc.returncode == 0, proc.stderr
         outs.append(proc.stdout)
     assert "2 compiled, 0 already cached" in outs[0], outs[0]
     assert "0 compiled, 2 already cached" in outs[1], outs[1]   # a new process: from disk
+    if hasattr(os, "SCHED_IDLE"):  # --background: on idle cores only
+        assert "policy True" in outs[0] and "policy False" in outs[1], outs
+    (lib,) = (tmp_path / "lib").iterdir()
+    assert (lib / ".warmup-started").exists() and (lib / ".warmup-done").exists()
     assert str(tmp_path / "lib") + os.sep in outs[0]
     assert list((tmp_path / "lib").glob("*/indexing.*.nbi"))
     assert list((tmp_path / "lib").glob("*/mathfuncs._exp_f32*.nbi"))
@@ -119,3 +126,59 @@ def test_warmup_refuses_a_dtype_it_cannot_compile_for(capsys):
 
     assert cli.main(["warmup", "--dtype", "int8"]) == 2
     assert "--dtype 'int8': expected float32 or float64" in capsys.readouterr().err
+
+
+AUTO = textwrap.dedent("""
+    import json, sys
+    import numpy as np
+    from pdjit.codegen import compiler, diskcache
+    from pdjit.codegen.cpu import lib as nnlib
+    started = []
+    class FakePopen:
+        def __init__(self, argv, env, **kw):
+            started.append({"argv": argv[1:], "cache": env["PDJIT_CACHE_DIR"],
+                            "auto": env["PDJIT_AUTO_WARMUP"], "session": kw["start_new_session"]})
+    diskcache.subprocess.Popen = FakePopen
+    compiler._harden_libraries()
+    seen = []
+    # a generated kernel that calls no library code: nothing started
+    c = compiler.compile_function("def kernel(x, y):\\n    for i in range(x.size):\\n"
+                                  "        y[i] = x[i] + 1\\n", "kernel")
+    c.fn(np.zeros(3, np.float32), np.zeros(3, np.float32))
+    seen.append(len(started))
+    (fn, types), = nnlib.JOBS["untile_nd"](np.dtype("float32"))
+    for dt in ("float32", "float64"):  # two library compiles: one warmup started
+        fn.compile(tuple(compiler._numba_type((dt if t[0].kind == "f" else t[0], t[1]))
+                         for t in types))
+        seen.append(len(started))
+    print(json.dumps({"seen": seen, "started": started}))
+""")
+
+
+def test_a_library_compile_starts_one_background_warmup_per_cache(tmp_path):
+    """The first library kernel a process compiles into a cold cache starts the background
+    warmup (detached, that cache, no warmup of its own); a second compile, a second process,
+    a generated kernel or ``PDJIT_AUTO_WARMUP=0`` start none."""
+    def run(auto):
+        env = dict(os.environ, PDJIT_CACHE_DIR=str(tmp_path), PDJIT_COMPILE_WORKERS="0",
+                   PDJIT_AUTO_WARMUP=auto)
+        proc = subprocess.run([sys.executable, "-c", AUTO], capture_output=True, text=True,
+                              env=env, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    off = run("0")
+    assert off["seen"] == [0, 0, 0] and not list(tmp_path.glob("lib/*/.warmup-started"))
+    for p in tmp_path.iterdir():  # all of it cold again
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    on = run("1")
+    assert on["seen"] == [0, 1, 1], on
+    assert on["started"] == [{"argv": ["-m", "pdjit.cli", "warmup", "--background"],
+                              "cache": str(tmp_path), "auto": "0", "session": True}]
+    assert list(tmp_path.glob("lib/*/.warmup-started"))
+    # the library compiled code gone, the marker left (a warmup was started here before):
+    # compiling again starts none
+    for f in tmp_path.glob("lib/*/*.nb*"):
+        f.unlink()
+    again = run("1")
+    assert again["seen"] == [0, 0, 0], again

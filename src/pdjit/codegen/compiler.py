@@ -634,6 +634,7 @@ def warmup(dtypes=("float32",)) -> dict:
     from pdjit.codegen.cpu import lib as nnlib
 
     _harden_libraries()
+    diskcache.claim_warmup()  # no background warmup started for this folder after this one
     t0 = time.perf_counter()
     jobs = [(LibraryKernel(fn), types) for dt in dtypes
             for _, maker in sorted(nnlib.JOBS.items()) for fn, types in maker(np.dtype(dt))]
@@ -663,5 +664,9 @@ def warmup(dtypes=("float32",)) -> dict:
     for c, sig in todo:  # what no worker took (none, or a single core): compiled here
         if sig not in c.fn.overloads and not _is_cached(c, sig):
             c.fn.compile(sig)
+    try:
+        (diskcache.library_dir() / diskcache.WARMUP_DONE).write_text(",".join(dtypes) + "\n")
+    except OSError:
+        pass
     return {"jobs": len(jobs), "cached": len(jobs) - len(todo), "compiled": len(todo),
             "seconds": time.perf_counter() - t0, "directory": str(diskcache.library_dir())}
