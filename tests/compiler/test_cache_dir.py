@@ -95,7 +95,7 @@ WARMUP = textwrap.dedent("""
     nnlib.JOBS.clear()
     nnlib.JOBS.update(keep)
     mathfuncs.__all__ = ["exp"]                     # and one math function
-    code = cli.main(["warmup", "--dtype", "float32", *sys.argv[1:]])
+    code = cli.main(["warmup", "--dtype", "float32", "--no-programs", *sys.argv[1:]])
     print("policy", os.sched_getscheduler(0) == os.SCHED_IDLE)
     raise SystemExit(code)
 """)
@@ -182,3 +182,40 @@ def test_a_library_compile_starts_one_background_warmup_per_cache(tmp_path):
         f.unlink()
     again = run("1")
     assert again["seen"] == [0, 0, 0], again
+
+
+def test_warmup_programs_leave_kernels_that_programs_of_other_sizes_share():
+    """The common programs' generated kernels are keyed by content, not size: a training
+    step of an MLP of other widths, batch and depth built from the same layers compiles no
+    generated kernel after them (the suite's cache directory: loaded or compiled here)."""
+    import pdjit as fluid
+    from pdjit.codegen.compiler import kernel_stats
+    from pdjit.tools.warmup import warm_programs
+
+    runs = dict(warm_programs())
+    assert set(runs) == {"mlp-sgd", "mlp-momentum", "mlp-adam", "mlp-adam-predictor",
+                         "mlp-softmax-adam", "mlp-softmax-adam-predictor", "cnn-adam",
+                         "cnn-adam-predictor", "residual-predictor"}
+    assert all(np.all(np.isfinite(v)) for v in runs.values())
+    # softmax outputs: rows sum to one (an independent check that the kernels computed)
+    np.testing.assert_allclose(runs["residual-predictor"].sum(axis=1), 1.0, rtol=1e-5)
+    np.testing.assert_allclose(runs["mlp-softmax-adam-predictor"].sum(axis=1), 1.0, rtol=1e-5)
+    before = kernel_stats()
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        x = fluid.layers.data(name="x", shape=[20], dtype="float32")
+        label = fluid.layers.data(name="label", shape=[1], dtype="int64")
+        h = fluid.layers.fc(fluid.layers.fc(x, 32, act="relu"), 16, act="relu")
+        loss = fluid.layers.mean(fluid.layers.softmax_with_cross_entropy(
+            fluid.layers.fc(fluid.layers.fc(h, 16, act="tanh"), 5), label))
+        fluid.optimizer.Adam(learning_rate=1e-2).minimize(loss)
+    exe, scope = fluid.Executor(fluid.CPUPlace()), fluid.Scope()
+    exe.run(startup, scope=scope)
+    rng = np.random.default_rng(1)
+    feed = {"x": rng.standard_normal((7, 20)).astype(np.float32),
+            "label": rng.integers(0, 5, (7, 1)).astype(np.int64)}
+    (first,) = exe.run(main, feed=feed, fetch_list=[loss], scope=scope)
+    (second,) = exe.run(main, feed=feed, fetch_list=[loss], scope=scope)
+    assert second.item() < first.item()  # Adam's step lowered the loss
+    after = kernel_stats()
+    assert after["kernels"] == before["kernels"], (before, after)  # every kernel shared
