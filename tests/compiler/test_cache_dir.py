@@ -23,6 +23,10 @@ SCRIPT = textwrap.dedent("""
     import pdjit as fluid
     from numba.core.dispatcher import Dispatcher
     from pdjit.codegen import compiler
+    from numba.core.registry import cpu_target
+    refreshes = []
+    ctx = cpu_target.target_context
+    ctx.refresh = lambda f=ctx.refresh: refreshes.append(1) or f()
     main = fluid.Program()
     with fluid.program_guard(main, fluid.Program()):
         x = fluid.layers.data(name="x", shape=[2, 4, 4], dtype="float32")
@@ -43,7 +47,7 @@ SCRIPT = textwrap.dedent("""
     if sys.argv[1] == "clear":
         fluid.clear_cache()
     left = sorted(str(p) for p in d.rglob("*")) if d.exists() else []
-    print(json.dumps({"out": out.tolist(), "gen": gen, "lib": lib,
+    print(json.dumps({"out": out.tolist(), "gen": gen, "lib": lib, "refreshes": len(refreshes),
                       "files": files, "left": left}))
 """)
 
@@ -81,6 +85,9 @@ def test_a_copied_cache_is_reused_and_clear_cache_empties_all_of_it(tmp_path):
     assert again["out"] == first["out"]
     assert again["gen"]["compiled"] == 0 and again["gen"]["loaded"] >= 1, again
     assert again["lib"]["compiled"] == 0 and again["lib"]["loaded"] >= 1, again
+    # loading compiled code does not refresh Numba's target context (~0.5 s: every registry
+    # of Numba's implementations imported and installed); compiling does
+    assert first["refreshes"] >= 1 and again["refreshes"] == 0, (first, again)
     assert again["files"] == first["files"]
     assert again["left"] == [], again["left"]      # clear_cache(): nothing left, library too
     assert not (tmp_path / "b").exists()
