@@ -14,6 +14,7 @@ import textwrap
 import time
 
 import numpy as np
+import pytest
 
 import pdjit
 
@@ -226,3 +227,32 @@ def test_warmup_programs_leave_kernels_that_programs_of_other_sizes_share():
     assert second.item() < first.item()  # Adam's step lowered the loss
     after = kernel_stats()
     assert after["kernels"] == before["kernels"], (before, after)  # every kernel shared
+
+
+def test_precompile_refreshes_numbas_registries_once_before_its_fork(monkeypatch):
+    """The compile worker is forked after Numba's registries are installed here (a compile's
+    first step), so it does not spend its first ~0.7 s installing them again."""
+    import threading
+
+    from numba.core.registry import cpu_target
+
+    from pdjit.codegen import compiler
+
+    if not hasattr(os, "fork") or threading.active_count() > 1:
+        pytest.skip("no compile worker in this process (no fork, or other threads)")
+    events = []
+
+    class Job:  # a compile job whose compile costs nothing (in this process or the worker)
+        def __init__(self, i):
+            self.name, self.text, self.parallel = f"job{i}", "", False
+            self.fn = type("Fn", (), {"overloads": {}, "_cache": None,
+                                      "compile": lambda self, sig: None})()
+
+    real_fork = os.fork
+    monkeypatch.setenv("PDJIT_COMPILE_WORKERS", "1")
+    monkeypatch.setattr(cpu_target.target_context, "refresh",
+                        lambda: events.append("refresh"))
+    monkeypatch.setattr(os, "fork", lambda: events.append("fork") or real_fork())
+    taken = compiler.precompile([(Job(i), [("float32", 1)]) for i in range(4)])
+    assert events == ["refresh", "fork"], events
+    assert 0 <= taken <= 4
