@@ -163,33 +163,36 @@ AUTO = textwrap.dedent("""
 """)
 
 
-def test_a_library_compile_starts_one_background_warmup_per_cache(tmp_path):
+def test_a_library_compile_starts_one_background_warmup_per_cache(tmp_path, monkeypatch):
     """The first library kernel a process compiles into a cold cache starts the background
-    warmup (detached, that cache, no warmup of its own); a second compile, a second process,
-    a generated kernel or ``PDJIT_AUTO_WARMUP=0`` start none."""
-    def run(auto):
-        env = dict(os.environ, PDJIT_CACHE_DIR=str(tmp_path), PDJIT_COMPILE_WORKERS="0",
-                   PDJIT_AUTO_WARMUP=auto)
-        proc = subprocess.run([sys.executable, "-c", AUTO], capture_output=True, text=True,
-                              env=env, timeout=300)
-        assert proc.returncode == 0, proc.stderr
-        return json.loads(proc.stdout.strip().splitlines()[-1])
-
-    off = run("0")
-    assert off["seen"] == [0, 0, 0] and not list(tmp_path.glob("lib/*/.warmup-started"))
-    for p in tmp_path.iterdir():  # all of it cold again
-        shutil.rmtree(p) if p.is_dir() else p.unlink()
-    on = run("1")
+    warmup (detached, that cache, no warmup of its own); a second compile, a generated kernel,
+    a folder whose warmup was started before or ``PDJIT_AUTO_WARMUP=0`` start none."""
+    env = dict(os.environ, PDJIT_CACHE_DIR=str(tmp_path), PDJIT_COMPILE_WORKERS="0",
+               PDJIT_AUTO_WARMUP="1")
+    proc = subprocess.run([sys.executable, "-c", AUTO], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    on = json.loads(proc.stdout.strip().splitlines()[-1])
     assert on["seen"] == [0, 1, 1], on
     assert on["started"] == [{"argv": ["-m", "pdjit.cli", "warmup", "--background"],
                               "cache": str(tmp_path), "auto": "0", "session": True}]
-    assert list(tmp_path.glob("lib/*/.warmup-started"))
-    # the library compiled code gone, the marker left (a warmup was started here before):
-    # compiling again starts none
-    for f in tmp_path.glob("lib/*/*.nb*"):
-        f.unlink()
-    again = run("1")
-    assert again["seen"] == [0, 0, 0], again
+    (marker,) = tmp_path.glob("lib/*/.warmup-started")
+    # here, in this process: the folder's warmup started before (its marker): none started;
+    # a fresh folder with PDJIT_AUTO_WARMUP=0: none, and no marker
+    from pdjit.codegen import diskcache
+
+    started = []
+    monkeypatch.setattr(diskcache, "_background", [])
+    monkeypatch.setenv("PDJIT_CACHE_DIR", str(tmp_path))
+    assert diskcache.library_dir() == marker.parent
+    assert diskcache.start_background_warmup(popen=lambda *a, **k: started.append(a)) is None
+    monkeypatch.setenv("PDJIT_CACHE_DIR", str(tmp_path / "other"))
+    monkeypatch.setenv("PDJIT_AUTO_WARMUP", "0")
+    assert diskcache.start_background_warmup(popen=lambda *a, **k: started.append(a)) is None
+    assert started == [] and not (tmp_path / "other").exists()
+    monkeypatch.setenv("PDJIT_AUTO_WARMUP", "1")  # and with it on, one start
+    assert diskcache.start_background_warmup(popen=lambda *a, **k: started.append(a) or 7) == 7
+    assert len(started) == 1 and (diskcache.library_dir() / ".warmup-started").exists()
 
 
 def test_warmup_programs_leave_kernels_that_programs_of_other_sizes_share():
