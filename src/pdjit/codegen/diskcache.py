@@ -19,8 +19,9 @@ The library is compiled once per cache directory, not per process: the first tim
 compiles a library kernel into a directory whose library folder no warmup has started in, it
 starts ``pdjit warmup --background`` (:func:`start_background_warmup`): a detached process at
 the lowest CPU priority (``SCHED_IDLE``: it runs on cores nothing else wants) that compiles
-every library kernel into that folder; processes after it load them. ``PDJIT_AUTO_WARMUP=0``
-turns this off (the test suite, benchmarks that time cold caches).
+every library kernel into that folder, and the generated kernels of a few common small
+programs into the cache directory (``pdjit.tools.warmup``); processes after it load them.
+``PDJIT_AUTO_WARMUP=0`` turns this off (the test suite, benchmarks that time cold caches).
 
 Numba's index key (the signature, the CPU's name and features, the function's bytecode) is
 kept, so a cache copied to another kind of machine is not misused. ``NUMBA_CACHE_DIR`` does not
