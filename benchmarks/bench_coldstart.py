@@ -8,7 +8,9 @@ compiles, library kernels included; ``NUMBA_CACHE_DIR`` points at an empty direc
 
 - **cold**: empty, as after ``pip install`` on a new machine;
 - **warmup**: after ``pdjit warmup`` (the library kernels compiled once per installation, e.g.
-  in a container image), the model's own kernels not;
+  in a container image; or what the background warmup that the first process compiling
+  library kernels starts leaves: the benchmark's processes run with ``PDJIT_AUTO_WARMUP=0``
+  so that none runs beside a measurement), the model's own kernels not;
 - **warm**: what the cold run left.
 
 Models: ResNet-50 inference (Fluid layers at its real size, batch 1 of 3x224x224, random
@@ -194,8 +196,11 @@ def main() -> None:
         print(json.dumps(fn(*rest)), flush=True)
         return
     models = [m for m in args.models.split(",") if m]
-    base = {k: v for k, v in os.environ.items()
-            if not k.startswith(("PDJIT_CACHE", "NUMBA_CACHE", "JAX_COMPILATION"))}
+    # no background warmup from the cold runs (it would run on beside the next measurement):
+    # the "warmup" state is what it leaves
+    base = {**{k: v for k, v in os.environ.items()
+               if not k.startswith(("PDJIT_CACHE", "NUMBA_CACHE", "JAX_COMPILATION"))},
+            "PDJIT_AUTO_WARMUP": "0"}
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="pdjit-bench-coldstart-"))
     load0 = os.getloadavg()
     rows = []

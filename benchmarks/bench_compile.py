@@ -315,6 +315,7 @@ def breakdown(args) -> None:
     base = {k: v for k, v in os.environ.items()
             if not k.startswith(("JAX_COMPILATION", "PDJIT_CACHE", "NUMBA_CACHE"))}
     base["PDJIT_COMPILE_WORKERS"] = "0"
+    base["PDJIT_AUTO_WARMUP"] = "0"  # no background warmup beside the measurements
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="pdjit-bench-breakdown-"))
     print(f"numba {importlib.metadata.version('numba')}, {os.cpu_count()} CPUs; "
           f"load average before: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}")
@@ -415,6 +416,7 @@ def main() -> None:
     jax_v = importlib.metadata.version("jax") if jax_ok else "not run"
     print(f"numba {importlib.metadata.version('numba')}, jax {jax_v}, {os.cpu_count()} CPUs")
     base_env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION")}
+    base_env["PDJIT_AUTO_WARMUP"] = "0"  # no background warmup beside the measurements
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="pdjit-bench-compile-"))
     pd, jx, caches, purged, pkg = {}, {}, {}, 0, None
     try:

@@ -27,6 +27,9 @@ if not os.path.exists("/dev/nvidiactl"):
 # same machine, cold on a new one), not into the user's own pdjit cache.
 os.environ.setdefault("PDJIT_CACHE_DIR", os.path.join(tempfile.gettempdir(),
                                                       f"pdjit-test-cache-{os.getuid()}"))
+# No background warmup of the library (a detached process compiling every library kernel for a
+# minute beside the tests): the tests that need it start it themselves.
+os.environ.setdefault("PDJIT_AUTO_WARMUP", "0")
 # Native code that falls back to the references fails the test (a lowering bug would otherwise
 # hide behind the right answer); tests of fallbacks ask for Executor(strict=False).
 os.environ.setdefault("PDJIT_STRICT", "1")

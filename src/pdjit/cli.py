@@ -100,12 +100,30 @@ def _warmup(args) -> int:
             ok = False
         if not ok:
             raise CliError(f"--dtype {d!r}: expected float32 or float64")
+    if args.background:
+        os.environ["PDJIT_AUTO_WARMUP"] = "0"
+        from pdjit.codegen.diskcache import lower_priority
+
+        lower_priority()
     from pdjit.codegen.compiler import warmup
 
     got = warmup(dtypes)
     print(f"library kernels: {got['jobs']} compile jobs for {', '.join(dtypes)}: "
           f"{got['compiled']} compiled, {got['cached']} already cached, in "
           f"{got['seconds']:.1f} s; cache: {got['directory']}")
+    if args.no_programs or "float32" not in dtypes:
+        return 0
+    import time
+
+    from pdjit.codegen.compiler import kernel_stats
+    from pdjit.tools.warmup import warm_programs
+
+    t0, before = time.perf_counter(), kernel_stats()
+    runs = warm_programs()
+    after = kernel_stats()
+    print(f"common programs: {len(runs)} runs, {after['kernels'] - before['kernels']} "
+          f"generated kernels ({after['compiled'] - before['compiled']} compiled), in "
+          f"{time.perf_counter() - t0:.1f} s")
     return 0
 
 
@@ -225,10 +243,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("type", nargs="?", metavar="TYPE",
                    help="an op type to describe (e.g. conv2d); all ops when left out")
     p.set_defaults(fn=_ops)
-    p = _sub(sub, "warmup", "compile the library kernels into the cache (PDJIT_CACHE_DIR) "
-             "once, e.g. when building a container")
+    p = _sub(sub, "warmup", "compile the library kernels and the kernels of common small "
+             "programs into the cache (PDJIT_CACHE_DIR) once, e.g. when building a container")
     p.add_argument("--dtype", default="float32",
                    help="float types to compile for, comma-separated (default: float32)")
+    p.add_argument("--no-programs", action="store_true",
+                   help="only the library: not the generated kernels of common small "
+                        "programs (fc, conv, batch_norm, pooling; SGD, Momentum, Adam)")
+    p.add_argument("--background", action="store_true",
+                   help="run on otherwise idle cores only (what a process that compiles "
+                        "library kernels into a cold cache starts by itself)")
     p.set_defaults(fn=_warmup)
     p = _sub(sub, "version", "print pdjit's version")
     p.set_defaults(fn=lambda a: print(pdjit.__version__) or 0)
