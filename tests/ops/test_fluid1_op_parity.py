@@ -18,6 +18,7 @@ import pytest
 
 import pdjit as fluid
 from pdjit.framework import registry
+from pdjit.framework.errors import PdjitError
 from pdjit.passes.backward import gradients
 from pdjit.runtime.executor import Executor
 from pdjit.runtime.scope import Scope
@@ -150,9 +151,8 @@ def test_beam_search_decode(case):
 
 
 # ---- lod_reset -------------------------------------------------------------------------------
-@pytest.mark.parametrize("case", CASES["lod_reset"], ids=_ids(CASES["lod_reset"]))
-def test_lod_reset(case):
-    data, a, lod = _case_data(case), case["attrs"], case["in_lod"]
+def _lod_reset_program(case, data):
+    a, lod = case["attrs"], case["in_lod"]
     main, startup = fluid.Program(), fluid.Program()
     with fluid.program_guard(main, startup):
         v = {s: _data(s, data[f"in_{s}"], lod[s]) for s in lod}
@@ -164,10 +164,40 @@ def test_lod_reset(case):
         else:
             out = fluid.layers.lod_reset(v["X"], y=v.get("Y"), target_lod=a.get("target_lod"))
     feed = {s: _feed(s, data[f"in_{s}"], lod[s]) for s in lod}
+    return main, startup, feed, v, out
+
+
+LOD_RESET = [c for c in CASES["lod_reset"] if c["name"] != "append_inconsistent"]
+
+
+@pytest.mark.filterwarnings("ignore:op 'lod_reset' runs its NumPy reference")
+@pytest.mark.parametrize("case", LOD_RESET, ids=_ids(LOD_RESET))
+def test_lod_reset(case):
+    """Out's values, LoD and X's gradient. With Y a plain offsets tensor the new LoD comes
+    from Y's values: pdjit plans that form as a reference step (its lowering declines)."""
+    data = _case_data(case)
+    main, startup, feed, v, out = _lod_reset_program(case, data)
     grads = _with_grads(case, data, main, {"Out": out}, v, feed)
+    native = case["name"] != "y_values"
     for mode in MODES:
-        got = run("lod_reset", main, startup, feed, [out] + grads, mode)
+        got = run("lod_reset" if native else "lod_reset_grad", main, startup, feed,
+                  [out] + grads, mode)
         _check(case, data, got, [("Out", out)], mode)
+
+
+def test_lod_reset_append_refuses_an_inconsistent_lod():
+    """Paddle 3.3.1 (as Fluid 1.8's kernel, which checks only the new level against X's rows)
+    appends a level of 4 sequences under X's level ``[0, 2, 6]`` that points at 6: the result
+    ``[[0, 2, 6], [0, 1, 2, 5, 6]]`` is a LoD Fluid's own ``CheckLoD`` rejects (a level's last
+    offset must be the number of sequences of the level below). pdjit refuses it, naming the
+    op and both counts."""
+    (case,) = [c for c in CASES["lod_reset"] if c["name"] == "append_inconsistent"]
+    data = _case_data(case)
+    assert case["out_lod"]["Out"] == [[0, 2, 6], [0, 1, 2, 5, 6]]
+    main, startup, feed, _, out = _lod_reset_program(case, data)
+    for mode in MODES:
+        with pytest.raises(PdjitError, match=r"lod_reset.*append.*ends at 6.*4"):
+            run("lod_reset", main, startup, feed, [out], mode)
 
 
 # ---- is_empty --------------------------------------------------------------------------------
