@@ -50,6 +50,24 @@ def test_beam_search_step_by_hand():
     assert ids.lod() == [[0, 2, 3], [0, 1, 2, 2]] and scores.lod() == ids.lod()
 
 
+def test_beam_search_prunes_a_source_whose_selection_all_ended():
+    """Source 1's ended prefix (row 2, -0.3) beats every candidate of its live prefix
+    (row 1): with beam 1 it alone is selected, an end_id after an ended prefix, so the source
+    is finished and selects nothing, though row 1 did not end (Fluid 1.8 looks only at the
+    selected candidates). Source 0 keeps its best."""
+    lod = [[0, 1, 3], [0, 1, 2, 3]]
+    feed = {"pre_ids": _lod([[1], [2], [END]], lod),
+            "pre_scores": _lod([[-0.5], [-0.9], [-0.3]], lod),
+            "ids": _lod([[4, 5], [6, 7], [8, 9]], lod),
+            "scores": _lod([[-0.6, -1.2], [-1.0, -0.7], [-0.4, -0.5]], lod)}
+    ids, scores, parent = _run_step(feed, beam_size=1, with_ids=True, is_accumulated=True,
+                                    width=2)
+    assert np.asarray(ids).tolist() == [[4]]
+    np.testing.assert_allclose(np.asarray(scores), [[-0.6]])
+    assert np.asarray(parent).tolist() == [0]
+    assert ids.lod() == [[0, 1, 3], [0, 1, 1, 1]]
+
+
 def _brute_force(pre_ids, pre_scores, probs, sources, beam_size):
     """Every (row, word) candidate of a source ranked by score, then by row (later first)."""
     chosen = {r: [] for r in range(len(pre_ids))}

@@ -105,9 +105,10 @@ def _beam_search_ref(pre_ids, pre_scores, scores, *, level, beam_size, end_id, i
                         beam_size)
         for item in top:
             chosen[item[1]].append(item)
-        # a source whose every prefix ended and chose end_id again is finished
-        if all(int(pid[r]) == end_id and all(it[2] == end_id for it in chosen[r])
-               for r in range(high[s], high[s + 1])):
+        # a source whose every selected candidate is end_id after an ended prefix is
+        # finished (prefixes that selected nothing do not count)
+        if all(int(pid[r]) == end_id and it[2] == end_id
+               for r in range(high[s], high[s + 1]) for it in chosen[r]):
             for r in range(high[s], high[s + 1]):
                 chosen[r] = []
     low = [0]
