@@ -130,3 +130,111 @@ def test_recognize_digits_lenet(fresh_programs, capsys):
                                   rtol=1e-4, atol=1e-4)
     numpy.testing.assert_allclose(acc_np[0], numpy.mean(pred_np.argmax(1) == labels),
                                   rtol=1e-6)
+
+
+# ---------------------------------------------------------------- understand_sentiment
+
+def convolution_net(data, label, input_dim, class_dim=2, emb_dim=32, hid_dim=32):
+    emb = fluid.layers.embedding(input=data, size=[input_dim, emb_dim], is_sparse=True)
+    conv_3 = fluid.nets.sequence_conv_pool(input=emb, num_filters=hid_dim, filter_size=3,
+                                           act="tanh", pool_type="sqrt")
+    conv_4 = fluid.nets.sequence_conv_pool(input=emb, num_filters=hid_dim, filter_size=4,
+                                           act="tanh", pool_type="sqrt")
+    prediction = fluid.layers.fc(input=[conv_3, conv_4], size=class_dim, act="softmax")
+    cost = fluid.layers.cross_entropy(input=prediction, label=label)
+    avg_cost = fluid.layers.mean(cost)
+    accuracy = fluid.layers.accuracy(input=prediction, label=label)
+    return avg_cost, accuracy, prediction
+
+
+def stacked_lstm_net(data, label, input_dim, class_dim=2, emb_dim=16, hid_dim=32,
+                     stacked_num=3):
+    assert stacked_num % 2 == 1
+    emb = fluid.layers.embedding(input=data, size=[input_dim, emb_dim], is_sparse=True)
+    fc1 = fluid.layers.fc(input=emb, size=hid_dim)
+    lstm1, cell1 = fluid.layers.dynamic_lstm(input=fc1, size=hid_dim)
+    inputs = [fc1, lstm1]
+    for i in range(2, stacked_num + 1):
+        fc = fluid.layers.fc(input=inputs, size=hid_dim)
+        lstm, cell = fluid.layers.dynamic_lstm(input=fc, size=hid_dim,
+                                               is_reverse=((i % 2) == 0))
+        inputs = [fc, lstm]
+    fc_last = fluid.layers.sequence_pool(input=inputs[0], pool_type='max')
+    lstm_last = fluid.layers.sequence_pool(input=inputs[1], pool_type='max')
+    prediction = fluid.layers.fc(input=[fc_last, lstm_last], size=class_dim, act='softmax')
+    cost = fluid.layers.cross_entropy(input=prediction, label=label)
+    avg_cost = fluid.layers.mean(cost)
+    accuracy = fluid.layers.accuracy(input=prediction, label=label)
+    return avg_cost, accuracy, prediction
+
+
+def imdb_reader(dict_dim, n, seed):
+    """Reviews of 2-6 words whose first two come from the dictionary's upper half when the
+    review is positive and from its lower half when it is negative."""
+    rng = numpy.random.RandomState(seed)
+
+    def reader():
+        for _ in range(n):
+            label = rng.randint(0, 2)
+            words = rng.randint(0, dict_dim, rng.randint(2, 7))
+            words[:2] = rng.randint(0, dict_dim // 2, 2) + label * (dict_dim // 2)
+            yield [int(w) for w in words], label
+    return reader
+
+
+def _train_sentiment(net_method, tmp_path, lr):
+    word_dict = {"w%d" % i: i for i in range(40)}
+    BATCH_SIZE, PASS_NUM = 8, 4
+    dict_dim = len(word_dict)
+    class_dim = 2
+    data = fluid.layers.data(name="words", shape=[1], dtype="int64", lod_level=1)
+    label = fluid.layers.data(name="label", shape=[1], dtype="int64")
+    cost, acc_out, prediction = net_method(data, label, input_dim=dict_dim, class_dim=class_dim)
+    adagrad = fluid.optimizer.Adagrad(learning_rate=lr)
+    adagrad.minimize(cost)
+
+    train_data = batch(imdb_reader(dict_dim, 32, seed=4), batch_size=BATCH_SIZE)
+    place = fluid.CPUPlace()
+    exe = fluid.Executor(place)
+    feeder = fluid.DataFeeder(feed_list=[data, label], place=place)
+    exe.run(fluid.default_startup_program())
+    costs = []
+    for pass_id in range(PASS_NUM):
+        for data in train_data():
+            cost_val, acc_val = exe.run(fluid.default_main_program(), feed=feeder.feed(data),
+                                        fetch_list=[cost, acc_out])
+            print("pass=%d cost=%f acc=%f" % (pass_id, cost_val[0], acc_val[0]))
+            costs.append(cost_val[0])
+            if math.isnan(float(cost_val[0])):
+                raise AssertionError("got NaN loss, training failed.")
+    assert_native(exe)
+    assert numpy.mean(costs[-4:]) < 0.8 * numpy.mean(costs[:4]), costs
+
+    save_dirname = str(tmp_path / "understand_sentiment.inference.model")
+    fluid.io.save_inference_model(save_dirname, ["words"], prediction, exe)
+    inference_scope = fluid.core.Scope()
+    with fluid.scope_guard(inference_scope):
+        [inference_program, feed_target_names,
+         fetch_targets] = fluid.io.load_inference_model(save_dirname, exe)
+        recursive_seq_lens = [[3, 4, 2]]
+        base_shape = [1]
+        tensor_words = fluid.create_random_int_lodtensor(
+            recursive_seq_lens, base_shape, place, low=0, high=len(word_dict) - 1)
+        assert feed_target_names[0] == "words"
+        results = exe.run(inference_program, feed={feed_target_names[0]: tensor_words},
+                          fetch_list=fetch_targets, return_numpy=False)
+        np_data = numpy.array(results[0])
+        print("Inference Shape: ", np_data.shape)
+        print("Inference results: ", np_data)
+    assert np_data.shape == (3, 2)
+    numpy.testing.assert_allclose(np_data.sum(1), 1.0, rtol=1e-5)
+
+
+def test_understand_sentiment_convolution_net(fresh_programs, tmp_path):
+    fresh_programs[0].random_seed = fresh_programs[1].random_seed = 90
+    _train_sentiment(convolution_net, tmp_path, lr=0.05)
+
+
+def test_understand_sentiment_stacked_lstm_net(fresh_programs, tmp_path):
+    fresh_programs[0].random_seed = fresh_programs[1].random_seed = 90
+    _train_sentiment(stacked_lstm_net, tmp_path, lr=0.05)
