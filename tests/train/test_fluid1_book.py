@@ -238,3 +238,199 @@ def test_understand_sentiment_convolution_net(fresh_programs, tmp_path):
 def test_understand_sentiment_stacked_lstm_net(fresh_programs, tmp_path):
     fresh_programs[0].random_seed = fresh_programs[1].random_seed = 90
     _train_sentiment(stacked_lstm_net, tmp_path, lr=0.05)
+
+
+# ---------------------------------------------------------------- label_semantic_roles
+
+word_dict_len, pred_dict_len, label_dict_len = 30, 6, 6
+mark_dict_len = 2
+word_dim = 8
+mark_dim = 5
+hidden_dim = 32
+depth = 4
+mix_hidden_lr = 1e-3
+IS_SPARSE = True
+embedding_name = 'emb'
+
+
+def db_lstm(word, predicate, ctx_n2, ctx_n1, ctx_0, ctx_p1, ctx_p2, mark, **ignored):
+    # 8 features
+    predicate_embedding = fluid.layers.embedding(
+        input=predicate, size=[pred_dict_len, word_dim], dtype='float32', is_sparse=IS_SPARSE,
+        param_attr='vemb')
+    mark_embedding = fluid.layers.embedding(
+        input=mark, size=[mark_dict_len, mark_dim], dtype='float32', is_sparse=IS_SPARSE)
+    word_input = [word, ctx_n2, ctx_n1, ctx_0, ctx_p1, ctx_p2]
+    emb_layers = [
+        fluid.layers.embedding(
+            size=[word_dict_len, word_dim], input=x,
+            param_attr=fluid.ParamAttr(name=embedding_name, trainable=False))
+        for x in word_input
+    ]
+    emb_layers.append(predicate_embedding)
+    emb_layers.append(mark_embedding)
+
+    hidden_0_layers = [
+        fluid.layers.fc(input=emb, size=hidden_dim, act='tanh') for emb in emb_layers
+    ]
+    hidden_0 = fluid.layers.sums(input=hidden_0_layers)
+    lstm_0 = fluid.layers.dynamic_lstm(
+        input=hidden_0, size=hidden_dim, candidate_activation='relu',
+        gate_activation='sigmoid', cell_activation='sigmoid')
+
+    # stack L-LSTM and R-LSTM with direct edges
+    input_tmp = [hidden_0, lstm_0]
+    for i in range(1, depth):
+        mix_hidden = fluid.layers.sums(input=[
+            fluid.layers.fc(input=input_tmp[0], size=hidden_dim, act='tanh'),
+            fluid.layers.fc(input=input_tmp[1], size=hidden_dim, act='tanh')
+        ])
+        lstm = fluid.layers.dynamic_lstm(
+            input=mix_hidden, size=hidden_dim, candidate_activation='relu',
+            gate_activation='sigmoid', cell_activation='sigmoid', is_reverse=((i % 2) == 1))
+        input_tmp = [mix_hidden, lstm]
+
+    feature_out = fluid.layers.sums(input=[
+        fluid.layers.fc(input=input_tmp[0], size=label_dict_len, act='tanh'),
+        fluid.layers.fc(input=input_tmp[1], size=label_dict_len, act='tanh')
+    ])
+    return feature_out
+
+
+def conll05_reader(n, seed):
+    """Sentences of 2-6 words with a predicate, its +-2 context and a mark of the words near it;
+    the label of a word follows from the word and its mark. Each pass reads the same data."""
+    def reader():
+        rng = numpy.random.RandomState(seed)
+        for _ in range(n):
+            length = rng.randint(2, 7)
+            words = rng.randint(0, word_dict_len, length)
+            p = rng.randint(0, length)
+            ctx = [int(words[min(max(p + d, 0), length - 1)]) for d in (-2, -1, 0, 1, 2)]
+            mark = [int(abs(i - p) <= 1) for i in range(length)]
+            labels = [int(w % 3) * 2 + m for w, m in zip(words, mark)]
+            pred = int(words[p] % pred_dict_len)
+            yield ([int(w) for w in words],) + tuple([c] * length for c in ctx) + (
+                [pred] * length, mark, labels)
+    return reader
+
+
+def _numpy_crf(emission, transition, label):
+    """The negative log-likelihood (forward algorithm) and the Viterbi path of one sequence
+    under Fluid's transition layout: start weights, end weights, then tag-to-tag weights."""
+    start, end, trans = transition[0], transition[1], transition[2:]
+    alpha = start + emission[0]
+    score = start[label[0]] + emission[0, label[0]]
+    delta, back = start + emission[0], []
+    for t in range(1, len(emission)):
+        m = alpha[:, None] + trans
+        alpha = numpy.log(numpy.exp(m - m.max(0)).sum(0)) + m.max(0) + emission[t]
+        score += trans[label[t - 1], label[t]] + emission[t, label[t]]
+        cand = delta[:, None] + trans
+        back.append(cand.argmax(0))
+        delta = cand.max(0) + emission[t]
+    alpha, delta = alpha + end, delta + end
+    score += end[label[-1]]
+    log_z = numpy.log(numpy.exp(alpha - alpha.max()).sum()) + alpha.max()
+    path = [int(delta.argmax())]
+    for b in reversed(back):
+        path.append(int(b[path[-1]]))
+    return log_z - score, path[::-1]
+
+
+def test_label_semantic_roles(fresh_programs, tmp_path):
+    main_program, startup_program = fresh_programs
+    main_program.random_seed = startup_program.random_seed = 90
+    BATCH_SIZE, PASS_NUM = 8, 8
+    # define network topology
+    word = fluid.layers.data(name='word_data', shape=[1], dtype='int64', lod_level=1)
+    predicate = fluid.layers.data(name='verb_data', shape=[1], dtype='int64', lod_level=1)
+    ctx_n2 = fluid.layers.data(name='ctx_n2_data', shape=[1], dtype='int64', lod_level=1)
+    ctx_n1 = fluid.layers.data(name='ctx_n1_data', shape=[1], dtype='int64', lod_level=1)
+    ctx_0 = fluid.layers.data(name='ctx_0_data', shape=[1], dtype='int64', lod_level=1)
+    ctx_p1 = fluid.layers.data(name='ctx_p1_data', shape=[1], dtype='int64', lod_level=1)
+    ctx_p2 = fluid.layers.data(name='ctx_p2_data', shape=[1], dtype='int64', lod_level=1)
+    mark = fluid.layers.data(name='mark_data', shape=[1], dtype='int64', lod_level=1)
+    feature_out = db_lstm(**locals())
+    target = fluid.layers.data(name='target', shape=[1], dtype='int64', lod_level=1)
+    crf_cost = fluid.layers.linear_chain_crf(
+        input=feature_out, label=target,
+        param_attr=fluid.ParamAttr(name='crfw', learning_rate=mix_hidden_lr))
+    avg_cost = fluid.layers.mean(crf_cost)
+
+    sgd_optimizer = fluid.optimizer.SGD(
+        learning_rate=fluid.layers.exponential_decay(
+            learning_rate=0.2, decay_steps=4, decay_rate=0.95, staircase=True))
+    sgd_optimizer.minimize(avg_cost)
+
+    crf_decode = fluid.layers.crf_decoding(
+        input=feature_out, param_attr=fluid.ParamAttr(name='crfw'))
+
+    train_data = batch(conll05_reader(32, seed=5), batch_size=BATCH_SIZE)
+    place = fluid.CPUPlace()
+    feeder = fluid.DataFeeder(
+        feed_list=[word, ctx_n2, ctx_n1, ctx_0, ctx_p1, ctx_p2, predicate, mark, target],
+        place=place)
+    exe = fluid.Executor(place)
+    exe.run(fluid.default_startup_program())
+    pretrained = numpy.random.RandomState(6).normal(0, 0.5, (word_dict_len, word_dim))
+    embedding_param = fluid.global_scope().find_var(embedding_name).get_tensor()
+    embedding_param.set(pretrained.astype('float32'), place)
+
+    batch_id, costs = 0, []
+    for pass_id in range(PASS_NUM):
+        for data in train_data():
+            cost = exe.run(main_program, feed=feeder.feed(data), fetch_list=[avg_cost])
+            cost = cost[0]
+            if batch_id % 5 == 0:
+                print("avg_cost:" + str(cost))
+                print("Pass %d, Batch %d, Cost %f" % (pass_id, batch_id, cost[0]))
+            costs.append(float(cost[0]))
+            batch_id = batch_id + 1
+    assert_native(exe)
+    assert numpy.mean(costs[-4:]) < 0.6 * numpy.mean(costs[:4]), costs   # the same 4 batches
+    # the pre-trained, untrainable embedding is left as it was set
+    numpy.testing.assert_array_equal(
+        numpy.array(fluid.global_scope().find_var(embedding_name).value),
+        pretrained.astype('float32'))
+
+    # oracles: the CRF's cost (forward algorithm) and its Viterbi decoding, in NumPy
+    crfw = numpy.array(fluid.global_scope().find_var('crfw').value).copy()
+    assert crfw.shape == (label_dict_len + 2, label_dict_len)
+    cost_np, seq_costs, emission, decoded = exe.run(
+        main_program, feed=feeder.feed(data),
+        fetch_list=[avg_cost, crf_cost, feature_out, crf_decode])
+    offsets = numpy.cumsum([0] + [len(d[0]) for d in data])
+    for i, d in enumerate(data):
+        rows = slice(offsets[i], offsets[i + 1])
+        nll, path = _numpy_crf(emission[rows].astype('float64'), crfw.astype('float64'),
+                               d[-1])
+        numpy.testing.assert_allclose(seq_costs[i, 0], nll, rtol=1e-4, atol=1e-4)
+        assert decoded[rows, 0].tolist() == path
+    numpy.testing.assert_allclose(cost_np[0], seq_costs.mean(), rtol=1e-5)
+
+    save_dirname = str(tmp_path / "label_semantic_roles.inference.model")
+    fluid.io.save_inference_model(save_dirname, [
+        'word_data', 'verb_data', 'ctx_n2_data', 'ctx_n1_data', 'ctx_0_data', 'ctx_p1_data',
+        'ctx_p2_data', 'mark_data'
+    ], [feature_out], exe)
+    inference_scope = fluid.core.Scope()
+    with fluid.scope_guard(inference_scope):
+        [inference_program, feed_target_names,
+         fetch_targets] = fluid.io.load_inference_model(save_dirname, exe)
+        recursive_seq_lens = [[3, 4, 2]]
+        base_shape = [1]
+
+        def rand(high):
+            return fluid.create_random_int_lodtensor(recursive_seq_lens, base_shape, place,
+                                                     low=0, high=high - 1)
+        feed = {name: rand(word_dict_len) for name in feed_target_names}
+        feed['verb_data'] = rand(pred_dict_len)
+        feed['mark_data'] = rand(mark_dict_len)
+        results = exe.run(inference_program, feed=feed, fetch_list=fetch_targets,
+                          return_numpy=False)
+        print(results[0].recursive_sequence_lengths())
+        np_data = numpy.array(results[0])
+        print("Inference Shape: ", np_data.shape)
+    assert np_data.shape == (9, label_dict_len)
+    assert results[0].recursive_sequence_lengths() == [[3, 4, 2]]
