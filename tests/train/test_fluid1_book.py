@@ -434,3 +434,133 @@ def test_label_semantic_roles(fresh_programs, tmp_path):
         print("Inference Shape: ", np_data.shape)
     assert np_data.shape == (9, label_dict_len)
     assert results[0].recursive_sequence_lengths() == [[3, 4, 2]]
+
+
+# ---------------------------------------------------------------- machine_translation
+
+dict_size = 24
+source_dict_dim = target_dict_dim = dict_size
+hidden_dim = 16
+word_dim = 8
+decoder_size = hidden_dim
+max_length = 6
+
+
+def encoder(is_sparse):
+    src_word_id = fluid.layers.data(name="src_word_id", shape=[1], dtype='int64', lod_level=1)
+    src_embedding = fluid.layers.embedding(
+        input=src_word_id, size=[source_dict_dim, word_dim], dtype='float32',
+        is_sparse=is_sparse, param_attr=fluid.ParamAttr(name='vemb'))
+
+    fc_forward = fluid.layers.fc(input=src_embedding, size=hidden_dim * 4, bias_attr=False)
+    src_forward, cell_forward = fluid.layers.dynamic_lstm(input=fc_forward,
+                                                          size=hidden_dim * 4)
+    fc_backward = fluid.layers.fc(input=src_embedding, size=hidden_dim * 4, bias_attr=False)
+    src_backward, cell_backward = fluid.layers.dynamic_lstm(
+        input=fc_backward, size=hidden_dim * 4, is_reverse=True)
+
+    encoded_vector = fluid.layers.concat(input=[src_forward, src_backward], axis=1)
+    encoded_proj = fluid.layers.fc(input=encoded_vector, size=decoder_size, bias_attr=False)
+    backward_first = fluid.layers.sequence_pool(input=src_backward, pool_type='first')
+    decoder_boot = fluid.layers.fc(input=backward_first, size=decoder_size, bias_attr=False,
+                                   act='tanh')
+    return encoded_vector, encoded_proj, decoder_boot
+
+
+def cell(x, hidden, encoder_out, encoder_out_proj):
+    def simple_attention(encoder_vec, encoder_proj, decoder_state):
+        decoder_state_proj = fluid.layers.fc(input=decoder_state, size=decoder_size,
+                                             bias_attr=False)
+        decoder_state_expand = fluid.layers.sequence_expand(x=decoder_state_proj,
+                                                            y=encoder_proj)
+        mixed_state = fluid.layers.elementwise_add(encoder_proj, decoder_state_expand)
+        attention_weights = fluid.layers.fc(input=mixed_state, size=1, bias_attr=False)
+        attention_weights = fluid.layers.sequence_softmax(input=attention_weights)
+        weigths_reshape = fluid.layers.reshape(x=attention_weights, shape=[-1])
+        scaled = fluid.layers.elementwise_mul(x=encoder_vec, y=weigths_reshape, axis=0)
+        context = fluid.layers.sequence_pool(input=scaled, pool_type='sum')
+        return context
+
+    context = simple_attention(encoder_out, encoder_out_proj, hidden)
+    out = fluid.layers.fc(input=[x, context], size=decoder_size * 3, bias_attr=False)
+    out = fluid.layers.gru_unit(input=out, hidden=hidden, size=decoder_size * 3)[0]
+    return out, out
+
+
+def train_decoder(encoder_out, encoder_out_proj, decoder_boot, is_sparse):
+    # decoder
+    trg_language_word = fluid.layers.data(name="target_language_word", shape=[1],
+                                          dtype='int64', lod_level=1)
+    trg_embedding = fluid.layers.embedding(
+        input=trg_language_word, size=[target_dict_dim, word_dim], dtype='float32',
+        is_sparse=is_sparse, param_attr=fluid.ParamAttr(name='vemb'))
+
+    rnn = fluid.layers.DynamicRNN()
+    with rnn.block():
+        current_word = rnn.step_input(trg_embedding)
+        encoder_vec = rnn.static_input(encoder_out)
+        encoder_proj = rnn.static_input(encoder_out_proj)
+        hidden_mem = rnn.memory(init=decoder_boot, need_reorder=True)
+        out, _ = cell(x=current_word, hidden=hidden_mem, encoder_out=encoder_vec,
+                      encoder_out_proj=encoder_proj)
+        current_score = fluid.layers.fc(input=out, size=target_dict_dim, act='softmax')
+        rnn.update_memory(hidden_mem, out)
+        rnn.output(current_score)
+    return rnn()
+
+
+def wmt14_reader(n, seed):
+    """Pairs of 2-6 word sentences: the target reverses the source and maps each word w to
+    (w + 3) mod the dictionary, between <s> (0) and <e> (1) ids."""
+    def reader():
+        rng = numpy.random.RandomState(seed)
+        for _ in range(n):
+            src = [int(w) for w in rng.randint(2, dict_size, rng.randint(2, max_length + 1))]
+            trg = [2 + (w + 1) % (dict_size - 2) for w in reversed(src)]
+            yield src, [0] + trg, trg + [1]
+    return reader
+
+
+def test_machine_translation_training(fresh_programs):
+    main_program, startup_program = fresh_programs
+    main_program.random_seed = startup_program.random_seed = 90
+    is_sparse, batch_size, PASS_NUM = True, 4, 6
+    encoder_out, encoder_out_proj, decoder_boot = encoder(is_sparse)
+    rnn_out = train_decoder(encoder_out, encoder_out_proj, decoder_boot, is_sparse)
+    label = fluid.layers.data(name="target_language_next_word", shape=[1], dtype='int64',
+                              lod_level=1)
+    cost = fluid.layers.cross_entropy(input=rnn_out, label=label)
+    avg_cost = fluid.layers.mean(cost)
+    optimizer = fluid.optimizer.Adagrad(
+        learning_rate=0.1,
+        regularization=fluid.regularizer.L2DecayRegularizer(regularization_coeff=1e-4))
+    optimizer.minimize(avg_cost)
+
+    train_data = batch(wmt14_reader(16, seed=7), batch_size=batch_size)
+    place = fluid.CPUPlace()
+    exe = fluid.Executor(place)
+    exe.run(fluid.default_startup_program())
+    feed_order = ['src_word_id', 'target_language_word', 'target_language_next_word']
+    feed_list = [main_program.global_block().var(var_name) for var_name in feed_order]
+    feeder = fluid.DataFeeder(feed_list, place)
+
+    batch_id, costs = 0, []
+    for pass_id in range(PASS_NUM):
+        for data in train_data():
+            outs = exe.run(main_program, feed=feeder.feed(data), fetch_list=[avg_cost])
+            avg_cost_val = numpy.array(outs[0])
+            if batch_id % 4 == 0:
+                print('pass_id=' + str(pass_id) + ' batch=' + str(batch_id) +
+                      " avg_cost=" + str(avg_cost_val))
+                print("Pass %d, Batch %d, Cost %f" % (pass_id, batch_id, avg_cost_val[0]))
+            assert not math.isnan(float(avg_cost_val[0])), "got NaN loss, training failed."
+            costs.append(float(avg_cost_val[0]))
+            batch_id += 1
+    assert_native(exe)
+    assert numpy.mean(costs[-4:]) < 0.7 * numpy.mean(costs[:4]), costs   # the same 4 batches
+
+    # the decoder's output rows follow the target sequences and are distributions
+    out_np, = exe.run(main_program, feed=feeder.feed(data), fetch_list=[rnn_out],
+                      return_numpy=False)
+    assert out_np.recursive_sequence_lengths() == [[len(d[1]) for d in data]]
+    numpy.testing.assert_allclose(numpy.array(out_np).sum(1), 1.0, rtol=1e-5)
