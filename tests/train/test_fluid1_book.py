@@ -74,7 +74,7 @@ def _numpy_conv_relu_pool(img, w, b):
     return out.reshape(n, f, oh // 2, 2, ow // 2, 2).max(axis=(3, 5))
 
 
-def test_recognize_digits_lenet(fresh_programs, capsys):
+def test_recognize_digits_lenet(fresh_programs, tmp_path, capsys):
     main_program, startup_program = fresh_programs
     main_program.random_seed = startup_program.random_seed = 90
     BATCH_SIZE, PASS_NUM = 8, 2
@@ -130,6 +130,22 @@ def test_recognize_digits_lenet(fresh_programs, capsys):
                                   rtol=1e-4, atol=1e-4)
     numpy.testing.assert_allclose(acc_np[0], numpy.mean(pred_np.argmax(1) == labels),
                                   rtol=1e-6)
+
+    # the inference model in one model file and one combined parameter file, as the book saves
+    save_dirname = str(tmp_path / "recognize_digits_conv.inference.model")
+    model_filename, params_filename = "__model_combined__", "__params_combined__"
+    fluid.io.save_inference_model(save_dirname, ["img"], [prediction], exe,
+                                  model_filename=model_filename,
+                                  params_filename=params_filename)
+    inference_scope = fluid.core.Scope()
+    with fluid.scope_guard(inference_scope):
+        [inference_program, feed_target_names,
+         fetch_targets] = fluid.io.load_inference_model(save_dirname, exe, model_filename,
+                                                        params_filename)
+        results = exe.run(inference_program, feed={feed_target_names[0]: images},
+                          fetch_list=fetch_targets)
+        print("infer results: ", numpy.argmax(results[0], axis=1))
+    numpy.testing.assert_allclose(results[0], pred_np, rtol=1e-5, atol=1e-6)
 
 
 # ---------------------------------------------------------------- understand_sentiment
