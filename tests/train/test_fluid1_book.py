@@ -354,6 +354,21 @@ def _numpy_crf(emission, transition, label):
     return log_z - score, path[::-1]
 
 
+def _iob_chunks(tags, num_chunk_types=3):
+    """The (begin, end, type) chunks of one IOB-tagged sequence (tag = type * 2 + (0 for B,
+    1 for I); num_chunk_types * 2 is outside): an I of another type than its predecessor, or
+    after an outside tag, begins a chunk too."""
+    chunks, start, kind = set(), None, None
+    for i, tag in enumerate(list(tags) + [num_chunk_types * 2]):
+        t, inside = divmod(int(tag), 2)
+        if start is not None and (t == num_chunk_types or not inside or t != kind):
+            chunks.add((start, i, kind))
+            start = None
+        if t != num_chunk_types and start is None:
+            start, kind = i, t
+    return chunks
+
+
 def test_label_semantic_roles(fresh_programs, tmp_path):
     main_program, startup_program = fresh_programs
     main_program.random_seed = startup_program.random_seed = 90
@@ -381,6 +396,11 @@ def test_label_semantic_roles(fresh_programs, tmp_path):
 
     crf_decode = fluid.layers.crf_decoding(
         input=feature_out, param_attr=fluid.ParamAttr(name='crfw'))
+    (precision, recall, f1_score, num_infer_chunks, num_label_chunks,
+     num_correct_chunks) = fluid.layers.chunk_eval(
+         input=crf_decode, label=target, chunk_scheme="IOB",
+         num_chunk_types=int(math.ceil((label_dict_len - 1) / 2.0)))
+    chunk_evaluator = fluid.metrics.ChunkEvaluator()
 
     train_data = batch(conll05_reader(32, seed=5), batch_size=BATCH_SIZE)
     place = fluid.CPUPlace()
@@ -393,16 +413,27 @@ def test_label_semantic_roles(fresh_programs, tmp_path):
     embedding_param = fluid.global_scope().find_var(embedding_name).get_tensor()
     embedding_param.set(pretrained.astype('float32'), place)
 
-    batch_id, costs = 0, []
+    batch_id, costs, counts = 0, [], numpy.zeros(3)
     for pass_id in range(PASS_NUM):
+        chunk_evaluator.reset()
         for data in train_data():
-            cost = exe.run(main_program, feed=feeder.feed(data), fetch_list=[avg_cost])
-            cost = cost[0]
+            cost, nums_infer, nums_label, nums_correct = exe.run(
+                main_program, feed=feeder.feed(data),
+                fetch_list=[avg_cost, num_infer_chunks, num_label_chunks, num_correct_chunks])
+            chunk_evaluator.update(nums_infer, nums_label, nums_correct)
+            if pass_id == PASS_NUM - 1:
+                counts += [nums_infer[0], nums_label[0], nums_correct[0]]
             if batch_id % 5 == 0:
                 print("avg_cost:" + str(cost))
                 print("Pass %d, Batch %d, Cost %f" % (pass_id, batch_id, cost[0]))
             costs.append(float(cost[0]))
             batch_id = batch_id + 1
+        pass_precision, pass_recall, pass_f1_score = chunk_evaluator.eval()
+        print("[TrainSet] pass_id:" + str(pass_id) + " pass_precision:" +
+              str(pass_precision) + " pass_recall:" + str(pass_recall) +
+              " pass_f1_score:" + str(pass_f1_score))
+    numpy.testing.assert_allclose([pass_precision, pass_recall],
+                                  [counts[2] / counts[0], counts[2] / counts[1]], rtol=1e-6)
     assert_native(exe)
     assert numpy.mean(costs[-4:]) < 0.6 * numpy.mean(costs[:4]), costs   # the same 4 batches
     # the pre-trained, untrainable embedding is left as it was set
@@ -413,16 +444,22 @@ def test_label_semantic_roles(fresh_programs, tmp_path):
     # oracles: the CRF's cost (forward algorithm) and its Viterbi decoding, in NumPy
     crfw = numpy.array(fluid.global_scope().find_var('crfw').value).copy()
     assert crfw.shape == (label_dict_len + 2, label_dict_len)
-    cost_np, seq_costs, emission, decoded = exe.run(
+    cost_np, seq_costs, emission, decoded, *chunk_counts = exe.run(
         main_program, feed=feeder.feed(data),
-        fetch_list=[avg_cost, crf_cost, feature_out, crf_decode])
+        fetch_list=[avg_cost, crf_cost, feature_out, crf_decode, num_infer_chunks,
+                    num_label_chunks, num_correct_chunks])
     offsets = numpy.cumsum([0] + [len(d[0]) for d in data])
+    expected_counts = numpy.zeros(3, 'int64')
     for i, d in enumerate(data):
         rows = slice(offsets[i], offsets[i + 1])
         nll, path = _numpy_crf(emission[rows].astype('float64'), crfw.astype('float64'),
                                d[-1])
         numpy.testing.assert_allclose(seq_costs[i, 0], nll, rtol=1e-4, atol=1e-4)
         assert decoded[rows, 0].tolist() == path
+        inferred, labelled = _iob_chunks(path), _iob_chunks(d[-1])
+        expected_counts += [len(inferred), len(labelled), len(inferred & labelled)]
+    print("chunks (inferred, labelled, correct):", expected_counts)
+    numpy.testing.assert_array_equal(numpy.concatenate(chunk_counts), expected_counts)
     numpy.testing.assert_allclose(cost_np[0], seq_costs.mean(), rtol=1e-5)
 
     save_dirname = str(tmp_path / "label_semantic_roles.inference.model")
