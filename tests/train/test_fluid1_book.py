@@ -186,10 +186,10 @@ def stacked_lstm_net(data, label, input_dim, class_dim=2, emb_dim=16, hid_dim=32
 
 def imdb_reader(dict_dim, n, seed):
     """Reviews of 2-6 words whose first two come from the dictionary's upper half when the
-    review is positive and from its lower half when it is negative."""
-    rng = numpy.random.RandomState(seed)
-
+    review is positive and from its lower half when it is negative. Each pass reads the same
+    data."""
     def reader():
+        rng = numpy.random.RandomState(seed)
         for _ in range(n):
             label = rng.randint(0, 2)
             words = rng.randint(0, dict_dim, rng.randint(2, 7))
@@ -200,7 +200,7 @@ def imdb_reader(dict_dim, n, seed):
 
 def _train_sentiment(net_method, tmp_path, lr):
     word_dict = {"w%d" % i: i for i in range(40)}
-    BATCH_SIZE, PASS_NUM = 8, 4
+    BATCH_SIZE, PASS_NUM = 8, 6
     dict_dim = len(word_dict)
     class_dim = 2
     data = fluid.layers.data(name="words", shape=[1], dtype="int64", lod_level=1)
@@ -224,7 +224,7 @@ def _train_sentiment(net_method, tmp_path, lr):
             if math.isnan(float(cost_val[0])):
                 raise AssertionError("got NaN loss, training failed.")
     assert_native(exe)
-    assert numpy.mean(costs[-4:]) < 0.8 * numpy.mean(costs[:4]), costs
+    assert numpy.mean(costs[-4:]) < 0.6 * numpy.mean(costs[:4]), costs   # the same 4 batches
 
     save_dirname = str(tmp_path / "understand_sentiment.inference.model")
     fluid.io.save_inference_model(save_dirname, ["words"], prediction, exe)
