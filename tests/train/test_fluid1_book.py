@@ -584,6 +584,7 @@ def test_machine_translation_training(fresh_programs):
                               lod_level=1)
     cost = fluid.layers.cross_entropy(input=rnn_out, label=label)
     avg_cost = fluid.layers.mean(cost)
+    test_program = main_program.clone(for_test=True)
     optimizer = fluid.optimizer.Adagrad(
         learning_rate=0.1,
         regularization=fluid.regularizer.L2DecayRegularizer(regularization_coeff=1e-4))
@@ -612,8 +613,21 @@ def test_machine_translation_training(fresh_programs):
     assert_native(exe)
     assert numpy.mean(costs[-4:]) < 0.7 * numpy.mean(costs[:4]), costs   # the same 4 batches
 
-    # the decoder's output rows follow the target sequences and are distributions
-    out_np, = exe.run(main_program, feed=feeder.feed(data), fetch_list=[rnn_out],
-                      return_numpy=False)
+    # the decoder's output rows follow the target sequences, are distributions, and each
+    # sequence's rows are the same whether it is decoded in a batch of sequences of other
+    # lengths (sorted, shrunk and restored by the DynamicRNN) or alone
+    out_np, cost_np = exe.run(test_program, feed=feeder.feed(data),
+                              fetch_list=[rnn_out, avg_cost], return_numpy=False)
     assert out_np.recursive_sequence_lengths() == [[len(d[1]) for d in data]]
-    numpy.testing.assert_allclose(numpy.array(out_np).sum(1), 1.0, rtol=1e-5)
+    assert len({len(d[1]) for d in data}) > 1
+    probs = numpy.array(out_np)
+    numpy.testing.assert_allclose(probs.sum(1), 1.0, rtol=1e-5)
+    labels = numpy.concatenate([d[2] for d in data])
+    numpy.testing.assert_allclose(numpy.array(cost_np)[0],
+                                  -numpy.log(probs[numpy.arange(len(labels)), labels]).mean(),
+                                  rtol=1e-5)
+    offsets = numpy.cumsum([0] + [len(d[1]) for d in data])
+    for i, d in enumerate(data):
+        alone, = exe.run(test_program, feed=feeder.feed([d]), fetch_list=[rnn_out])
+        numpy.testing.assert_allclose(alone, probs[offsets[i]:offsets[i + 1]], rtol=1e-4,
+                                      atol=1e-6)
