@@ -260,9 +260,9 @@ def test_understand_sentiment_stacked_lstm_net(fresh_programs, tmp_path):
 
 word_dict_len, pred_dict_len, label_dict_len = 30, 6, 6
 mark_dict_len = 2
-word_dim = 8
+word_dim = 8          # machine_translation below uses word_dim and hidden_dim too
 mark_dim = 5
-hidden_dim = 32
+hidden_dim = 16
 depth = 4
 mix_hidden_lr = 1e-3
 IS_SPARSE = True
@@ -493,8 +493,7 @@ def test_label_semantic_roles(fresh_programs, tmp_path):
 
 dict_size = 24
 source_dict_dim = target_dict_dim = dict_size
-hidden_dim = 16
-word_dim = 8
+# word_dim (8) and hidden_dim (16) as label_semantic_roles above defines them
 decoder_size = hidden_dim
 max_length = 6
 
