@@ -214,20 +214,22 @@ def _train_sentiment(net_method, tmp_path, lr):
     exe = fluid.Executor(place)
     feeder = fluid.DataFeeder(feed_list=[data, label], place=place)
     exe.run(fluid.default_startup_program())
-    costs = []
+    save_dirname = str(tmp_path / "understand_sentiment.inference.model")
+    costs, saved_at = [], None
     for pass_id in range(PASS_NUM):
         for data in train_data():
             cost_val, acc_val = exe.run(fluid.default_main_program(), feed=feeder.feed(data),
                                         fetch_list=[cost, acc_out])
             print("pass=%d cost=%f acc=%f" % (pass_id, cost_val[0], acc_val[0]))
             costs.append(cost_val[0])
+            if cost_val < 0.4 and acc_val > 0.8 and saved_at is None:
+                fluid.io.save_inference_model(save_dirname, ["words"], prediction, exe)
+                saved_at = len(costs)
             if math.isnan(float(cost_val[0])):
                 raise AssertionError("got NaN loss, training failed.")
     assert_native(exe)
     assert numpy.mean(costs[-4:]) < 0.6 * numpy.mean(costs[:4]), costs   # the same 4 batches
-
-    save_dirname = str(tmp_path / "understand_sentiment.inference.model")
-    fluid.io.save_inference_model(save_dirname, ["words"], prediction, exe)
+    assert saved_at is not None and costs[saved_at - 1] < 0.4, (saved_at, costs)
     inference_scope = fluid.core.Scope()
     with fluid.scope_guard(inference_scope):
         [inference_program, feed_target_names,
