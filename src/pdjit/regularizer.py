@@ -2,17 +2,31 @@
 
 ``L2Decay(c)`` adds ``c * param`` to the gradient, ``L1Decay(c)`` adds ``c * sign(param)``. A
 parameter's own ``ParamAttr(regularizer=...)`` wins over the optimizer's ``regularization``.
+The coefficient is positional or named as either API names it: ``regularization_coeff=``
+(Fluid 1.x's ``L2DecayRegularizer``) or ``coeff=`` (``paddle.regularizer.L2Decay``).
 """
 from __future__ import annotations
 
+import numbers
+
 from pdjit.framework import unique_name
+from pdjit.framework.errors import LayerInputError, LayerTypeError
 
 
 class WeightDecayRegularizer:
-    def __init__(self, coeff: float = 0.0):
-        if coeff < 0:
-            raise ValueError(f"{type(self).__name__}: coeff must be >= 0, got {coeff}")
-        self.coeff = float(coeff)
+    def __init__(self, regularization_coeff: float | None = None, coeff: float | None = None):
+        name = type(self).__name__
+        if regularization_coeff is not None and coeff is not None:
+            raise LayerInputError(f"{name}: give the coefficient once, as regularization_coeff "
+                                  f"or coeff, got both ({regularization_coeff}, {coeff})")
+        value = coeff if coeff is not None else regularization_coeff
+        value = 0.0 if value is None else value
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise LayerTypeError(f"{name}: regularization_coeff must be a number, got "
+                                 f"{type(value).__name__} {value!r}")
+        if value < 0:
+            raise LayerInputError(f"{name}: regularization_coeff must be >= 0, got {value}")
+        self.coeff = float(value)
 
     def _penalty(self, block, param):
         raise NotImplementedError

@@ -240,3 +240,18 @@ def test_clone_for_test_drops_training_ops_and_switches_dropout():
         assert "sgd" not in types and not any(t.endswith("_grad") for t in types)
         drop = next(op for op in prog.global_block().ops if op.type == "dropout")
         assert drop.attr("is_test") is True
+
+
+def test_regularizer_coefficient_as_fluid1_and_paddle2_name_it():
+    """``L2DecayRegularizer(regularization_coeff=c)`` (Fluid 1.x), ``L2Decay(coeff=c)``
+    (Paddle 2.x) and ``L2Decay(c)`` are one regularizer; a bad coefficient names it."""
+    from pdjit.framework.errors import LayerInputError
+    reg = fluid.regularizer
+    assert reg.L2DecayRegularizer(regularization_coeff=0.25).coeff == 0.25
+    assert reg.L1DecayRegularizer(regularization_coeff=np.float32(0.5)).coeff == 0.5
+    assert reg.L2Decay(coeff=0.125).coeff == reg.L2Decay(0.125).coeff == 0.125
+    assert reg.L2Decay().coeff == 0.0
+    for bad in (dict(regularization_coeff=-1.0), dict(coeff="0.1"),
+                dict(regularization_coeff=0.1, coeff=0.2)):
+        with pytest.raises(LayerInputError, match="L2Decay.*coeff"):
+            reg.L2DecayRegularizer(**bad)
