@@ -580,17 +580,6 @@ def _fwd_blas(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
                         yf[dst + k] = rf[src + k]
 
 
-@register_jitable
-def _panels(mq, mp, ns):
-    """``(first row, sample)`` of each panel of ``mp`` of ``mq`` rows, for each of ``ns``
-    samples under it."""
-    out = []
-    for p0 in range(0, mq, mp):
-        for s in range(ns):
-            out.append((p0, s))
-    return out
-
-
 def _taps_kernel(epilogue: bool):
     """The taps kernel; ``epilogue``: the variant that applies the epilogue its last three
     arguments ask for (the other, what programs without one compile, ignores them: its code
@@ -738,7 +727,8 @@ def _taps_kernel(epilogue: bool):
                 # In a panel, blocks of rb rows, the last overlapping the ones before when rb
                 # does not divide mg (rows computed twice cost less than a pass of their own;
                 # then the taps are not split, which would add a block's sums twice to them).
-                for p0, s in _panels(mq, mp, ns):
+                for ps in range(((mq + mp - 1) // mp) * ns):  # (a panel, then a sample under it)
+                    p0, s = (ps // ns) * mp, ps % ns
                     p1 = p0 + mp if p0 + mp < mq else mq
                     r0 = p0 if p1 < mq or p0 < mq - rb else mq - rb  # rows the strips store
                     xbs, d0s = xb + s * c_ * p_, d0 + s * m_ * p_  # sample n + s (batched)
