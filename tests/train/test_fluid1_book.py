@@ -13,19 +13,7 @@ import numpy
 import pdjit as fluid
 from pdjit.testing import assert_native
 
-
-def batch(reader, batch_size):
-    """``paddle.batch``: a reader of lists of ``batch_size`` samples."""
-    def batched():
-        b = []
-        for sample in reader():
-            b.append(sample)
-            if len(b) == batch_size:
-                yield b
-                b = []
-        if b:
-            yield b
-    return batched
+batch = fluid.io.batch  # (``paddle.batch`` in the chapters: a reader of lists of samples)
 
 
 # ---------------------------------------------------------------- recognize_digits: LeNet
