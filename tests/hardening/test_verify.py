@@ -378,3 +378,26 @@ def test_tensor_files_claiming_huge_dims_allocate_nothing():
         read_tensor(_Reader(good[:16] + len(wraps).to_bytes(4, "little") + wraps, "f"), "t")
     with pytest.raises(ModelFileError, match="bad TensorDesc"):
         read_tensor(_Reader(good[:16] + (1).to_bytes(4, "little") + b"\x08", "f"), "t")
+
+
+def test_a_forward_op_reading_an_intermediate_output_is_refused(fresh_programs):
+    """reshape2's XShape (declared intermediate: its scratch for reshape2_grad) read by a
+    forward scale: refused, naming both ops (a fuzz mutant read an rnn's Reserve, whose
+    layout each executor chooses for itself); before that, the training program verifies
+    (reshape2_grad, a backward op, reads it)."""
+    from pdjit.passes.verify import verify
+    main, startup = fresh_programs
+    x = fluid.layers.data("x", [6])
+    y = fluid.layers.reshape(fluid.layers.fc(x, 6), [-1, 2, 3])
+    loss = fluid.layers.mean(y)
+    fluid.optimizer.SGD(0.1).minimize(loss)
+    (op,) = [o for o in main.global_block().ops if o.type == "reshape2"]
+    xshape = op.output("XShape")[0]
+    verify(main)  # reshape2_grad reads it: fine
+    block = main.global_block()
+    out = block.create_var(name="bad", dtype="float32")
+    block.append_op("scale", inputs={"X": [xshape]}, outputs={"Out": [out]},
+                    attrs={"scale": 2.0})
+    with pytest.raises(ProgramError, match=r"op 'scale' .*input '.*' is the intermediate "
+                                           r"output of op 'reshape2'"):
+        verify(main)

@@ -96,6 +96,7 @@ def verify(program, *, registered: bool = True, fill_defaults: bool = True,
     for b in blocks:
         for i, op in enumerate(b.ops):
             _check_op(program, b, i, op, registered, fill_defaults)
+        _check_scratch_reads(b)
     _check_no_cycles(program)
     if shapes:
         for b in blocks:
@@ -250,6 +251,34 @@ def _check_op(program, b, i: int, op, registered: bool, fill_defaults: bool) -> 
                    f"between a run and the global block (block 0) only")
     _check_slots(b, op, opdef, fail)
     _check_attrs(program, b, op, opdef, fail, fill_defaults)
+
+
+def _check_scratch_reads(b) -> None:
+    """An output declared intermediate (``~``: an op's scratch for its gradient, such as an
+    ``rnn``'s ``Reserve``, laid out by each executor its own way) is read only by backward ops
+    (``op_role``) and fetched; a forward op of the block reading one is refused, naming both
+    ops."""
+    scratch = {}
+    for i, op in enumerate(b.ops):
+        opdef = registry.lookup(op.type)
+        if opdef is None:
+            continue
+        role = op.attr("op_role") if op.has_attr("op_role") else 0
+        if not (isinstance(role, int) and role & registry.OP_ROLE_BACKWARD) and \
+                not opdef.has(registry.FEED_FETCH):
+            for n in op.input_arg_names:
+                w = scratch.get(n)
+                if w is not None:
+                    raise ProgramError(
+                        f"{describe_op(op.type, b.idx, i, None)}: input {n!r} is the "
+                        f"intermediate output of {describe_op(w[0], b.idx, w[1], None)} (its "
+                        f"scratch for the backward pass, not a result a forward op may read)")
+        for slot in opdef.outputs:
+            for n in op.output(slot.name) if slot.name in op.output_names else ():
+                if slot.intermediate:
+                    scratch[n] = (op.type, i)
+                else:
+                    scratch.pop(n, None)
 
 
 def _check_slots(b, op, opdef, fail) -> None:
