@@ -11,13 +11,15 @@ top/left paddings ``pt, pl`` (the bottom/right ones follow from the sizes) and d
 - :func:`conv2d_bwd_filter`: ``dw = d conv / d w`` contracted with ``dy`` (``dw`` overwritten).
 
 Each works on NCHW arrays (:func:`nchw`, :func:`nhwc_into` shuffle NHWC data on the way).
-A sample is lowered to a matrix product: its patches are copied into ``col`` (``[C/groups *
-KH * KW, OH * OW]`` per group, "im2col") and multiplied by the filter with BLAS; a filter with
-one input channel per group and few output channels (depthwise) runs as direct loops instead,
-where a product of such thin matrices would cost more than it computes. The forward pass of a
-filter with few output channels per group over a plane of many outputs skips both im2col and
-BLAS: a Numba kernel reads the image through a table of tap offsets, in register-blocked
-tiles (:mod:`pdjit.codegen.cpu.lib.tile`; see :func:`_fwd_range`, :func:`_use_taps`). The input
+The forward pass picks one of four kernels by shape (:func:`_fwd_kernel`): a filter with one
+input channel per group and few output channels (depthwise) runs as direct loops; a 1x1
+convolution of 32+ channels onto small planes is one BLAS product per sample with the image
+read in place (:func:`_fwd_gemm`); any other plane of 16+ outputs is read through a table of
+tap offsets by register-blocked tiles, no im2col and no BLAS (:func:`_fwd_taps`, see
+:func:`_use_taps`); the smallest planes copy their patches into ``col`` (``[C/groups * KH *
+KW, OH * OW]`` per group, "im2col") for one BLAS product per block of samples. Each forward
+kernel but im2col applies the epilogue ``minimum(maximum(y + bias[m] + residual, lo), hi)``
+while the outputs are in cache (:func:`_fwd_range`; the direct loops take no residual). The input
 gradient of a stride-1 convolution is that forward pass over ``dy`` with the flipped,
 transposed filter where it takes the taps or the direct loops (:func:`by_forward`), and the
 filter gradient over planes of many outputs reads the same taps planes (:func:`_dots44`).
@@ -458,18 +460,19 @@ def _block(n, k_, p_):
     return nb if nb > 1 else 1
 
 
-# ---- the product without im2col, for few output channels ------------------------------------
+# ---- the product without im2col --------------------------------------------------------------
 # BLAS runs far below its peak on the thin products of a convolution with few output channels
 # per group (an [M/groups, K] filter of M/groups = 6..32), and the im2col copy before it costs
-# as much again (measured: 60% of a LeNet layer at batch 64). The kernel below reads the image
+# as much again (measured: 60% of a LeNet layer at batch 64); with panels, strips and blocks of
+# taps (see the kernel) it serves every plane of 16+ outputs. The kernel below reads the image
 # through a table of row offsets instead ("taps"): output row ``m`` of a sample is the sum over
 # ``k`` of ``w2[m, k]`` times the ``P`` values at ``xs[tap[k]:]``, where ``xs`` holds each input
 # channel once per filter column (and stride phase of rows), so the ``P`` inputs of one filter
 # tap are contiguous and in output order, and the output rows of a sample are written in place
 # (a 1x1 unpadded stride-1 convolution reads the image itself). The output positions are the
-# innermost, contiguous loop (vectorised); four output rows share each pass over four taps (16
-# multiply-adds per 4 inputs loaded and 4 partial sums loaded and stored). _fwd_range builds
-# the planes and the tap table and calls the kernel.
+# innermost loop, in register tiles of 8 (6, 4) output rows by 3 (4) vectors of positions
+# (:mod:`pdjit.codegen.cpu.lib.tile`). _fwd_range builds the planes and the tap table and calls
+# the kernel.
 
 # the tiles of the taps path (see pdjit.codegen.cpu.lib.tile): rows x vectors of positions
 _tile44, _tile41 = tile_kernel(4, 4), tile_kernel(4, 1)
@@ -674,8 +677,8 @@ def _taps_kernel(epilogue: bool):
         # taps per block: a strip's inputs about _STRIP_BYTES (all of them where the last
         # block of rows overlaps the one before)
         kc = _STRIP_BYTES // (nv * TILE_BYTES) if mq % rb == 0 else k_
-        # the epilogue: by the tiles as they store (rows of a block overlapping the one before
-        # are stored from their sums again, through it again); computed aside, as copied out
+        # the epilogue: per strip once its rows are stored (rows a block overlapping the one
+        # before stored again get it again); computed aside, as copied out
         ep = nb = epr = False
         zero_ = x.dtype.type(0)
         if epilogue:  # (a constant: the other variant compiles none of this)
