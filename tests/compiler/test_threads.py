@@ -9,9 +9,14 @@ from pdjit.testing import assert_native
 
 
 def test_default_threads_every_core_for_loops_one_for_blas(monkeypatch):
+    import threading
+
+    import numba
+
     monkeypatch.delenv("PDJIT_NUM_THREADS", raising=False)
     monkeypatch.setattr(threads, "_applied", None)
-    import numba
+    # no run's cap on this thread (an earlier test's plan may have kept its runs on one thread)
+    monkeypatch.setattr(threads, "_run_local", threading.local())
 
     assert threads.get_num_threads() == 1
     assert threads.max_loop_threads() == numba.config.NUMBA_NUM_THREADS

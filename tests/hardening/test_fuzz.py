@@ -24,6 +24,7 @@ import random
 import resource
 import struct
 import sys
+import time
 import traceback
 import tracemalloc
 import warnings
@@ -405,7 +406,17 @@ def compare(srcs, cases: int, seed: int = 0) -> tuple:
     Counter also counts the native steps that ran (``"native steps"``)."""
     reference = fluid.Executor(mode="reference")
     counts, disagreements, failures = collections.Counter(), [], []
+    started = None
+
+    def timed():  # the case just done: the slowest one's seconds, and those over 30 s
+        if started is not None:
+            took = time.perf_counter() - started
+            counts["slowest case, ms"] = max(counts["slowest case, ms"], int(took * 1e3))
+            counts["cases over 30 s"] += took > 30
+
     for i in range(cases):
+        timed()
+        started = time.perf_counter()
         name, model, params = srcs[i % len(srcs)]
         rng = random.Random(f"both/{seed}/{name}/{i}")
         kind, model = (edit if i % 2 else mutate)(model, rng)
@@ -461,6 +472,7 @@ def compare(srcs, cases: int, seed: int = 0) -> tuple:
             disagreements.append((name, i, kind, why))
             continue
         counts[f"agree ({want[0]})"] += 1
+    timed()
     return counts, disagreements, failures
 
 
