@@ -107,20 +107,19 @@ class ChannelEpilogue:
     ``LowerContext.channel_epilogue``): ``minimum(maximum(out + bias[c] + residual, lo), hi)``
     per channel ``c``; ``bias``: the name of the bias vector (None: no add); ``residual``: the
     name of a value of the output's shape added after it (None: none); ``names``: the values
-    of the elementwise ops it replaces, in order (the last is the result; ``biased`` of them
-    are the bias add's, the residual's add is the next)."""
+    of the elementwise ops it replaces, in order (the last is the result; the first is the
+    bias add's where there is one, the residual's add the next)."""
 
     def __init__(self, names: list, bias: str | None, lo: float, hi: float,
                  residual: str | None = None):
         self.names, self.bias, self.lo, self.hi = names, bias, lo, hi
         self.residual = residual
-        self.biased = 1 if bias is not None else 0
 
     def without_residual(self) -> "ChannelEpilogue | None":
         """The part before the residual's add (None: nothing)."""
         if self.residual is None:
             return self
-        if not self.biased:
+        if self.bias is None:
             return None
         return ChannelEpilogue(self.names[:1], self.bias, -math.inf, math.inf)
 
