@@ -3,7 +3,7 @@ other, as a reader running the tour does), in an empty directory.
 
 A block preceded by ``<!-- not run by tests/test_readme.py: REASON -->`` is left out. The shell
 blocks (the command line on the model the tour saves, the C build) are not run here; the same
-commands are tested by tests/test_cli.py and tests/aot.
+commands are tested by tests/test_cli.py and tests/codegen/aot.
 """
 import json
 import os
