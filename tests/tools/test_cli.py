@@ -30,7 +30,7 @@ from pdjit.tools.bench import Progress
 from pdjit.tools.graph import quote, to_dot
 
 L = fluid.layers
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 PADDLE = ROOT / "tests" / "fixtures" / "paddle"
 CORPUS = PADDLE / "models"
 RNG = np.random.default_rng(17)
