@@ -169,3 +169,38 @@ def test_global_average_entries_match_numpy(dtype):
         nnlib.pool2d_mean(x, np.empty((3, 5, 2, 1), dtype))
     with pytest.raises(ValueError, match="pooling operands do not fit"):
         nnlib.pool2d_mean_bwd(np.zeros((3, 5, 2, 1), dtype), dx)
+
+
+# (x shape, k, s, p, ceil mode): 3x3 max pools of the plane kernel; odd sizes, a plane of one
+# pixel (only padding around it), more than one vector of outputs a row, partial last windows
+PLANE_CASES = [((2, 3, 112, 112), 3, 2, 1, False), ((1, 2, 7, 9), 3, 1, 1, False),
+               ((2, 2, 13, 21), 3, 2, 1, True), ((1, 3, 5, 5), 3, 2, 0, True),
+               ((2, 2, 1, 1), 3, 1, 1, False), ((1, 2, 35, 40), 3, 2, 0, False),
+               ((1, 1, 40, 37), 3, 1, 0, False)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", PLANE_CASES, ids=[str(c[0]) for c in PLANE_CASES])
+def test_3x3_max_pools_by_planes_match_numpy(case, dtype):
+    """The 3x3 max pools at stride 1 and 2 (``tile.pool_plane_kernel`` inside ``_fwd_planes``)
+    against NumPy's max over each window's part inside the image, bit for bit, through the
+    host and the native entries: a NaN in a window makes its max NaN."""
+    xshape, k, s, p, ceil = case
+    n, c, h, w = xshape
+    oh = (h + 2 * p - k + (s - 1 if ceil else 0)) // s + 1
+    ow = (w + 2 * p - k + (s - 1 if ceil else 0)) // s + 1
+    x = RNG.standard_normal(xshape).astype(dtype)
+    x[0, 0, min(2, h - 1), min(3, w - 1)] = np.nan
+    want = np.empty((n, c, oh, ow), dtype)
+    for i in range(oh):
+        for j in range(ow):
+            win = x[:, :, max(i * s - p, 0):i * s - p + k, max(j * s - p, 0):j * s - p + k]
+            want[:, :, i, j] = win.max(axis=(2, 3))
+    y = np.full((n, c, oh, ow), 7.0, dtype)
+    nnlib.pool2d_fwd(x, y, k, k, s, s, p, p, True, True, False)
+    np.testing.assert_array_equal(y, want)
+    yn = np.full_like(y, 7.0)
+    _native_fwd(x, yn, k, s, p, True, True, False)
+    np.testing.assert_array_equal(yn, want)
+    assert any(sig[0].dtype == numba.from_dtype(np.dtype(dtype))  # compiled, not interpreted
+               for sig in pk._fwd_planes.signatures)

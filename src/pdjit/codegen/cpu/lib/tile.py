@@ -25,7 +25,7 @@ import llvmlite.ir as ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-__all__ = ["tile_kernel", "plane_kernel", "clamp_run", "TILE_BYTES"]
+__all__ = ["tile_kernel", "plane_kernel", "pool_plane_kernel", "clamp_run", "TILE_BYTES"]
 
 #: the width of one vector of the tile, in bytes (an AVX-512 register)
 TILE_BYTES = 64
@@ -182,6 +182,95 @@ def _masked(builder, vty, name: str):
                                           f"llvm.masked.{name}.v{vty.count}{el}.p0")
 
 
+def _plane_loops(builder, xptr, geo, vty, kh: int, kw: int, stride: int, fill, combine, put):
+    """The loops of a filter of ``kh x kw`` taps at stride ``stride`` (1 or 2) over one plane
+    (:func:`plane_kernel`, :func:`pool_plane_kernel`): ``geo`` the LLVM i64 values ``(b0, h, w,
+    oh, ow, pt, pl)``; each output vector starts at ``fill`` (also what a lane outside the
+    image reads), takes its taps in order by ``combine(tap, x, acc)`` and is stored by
+    ``put(row, q0, value, mask)``.
+
+    The outputs go by columns of vectors, down the rows; a tap's inputs are one masked load
+    (stride 2: two, their even lanes picked by a shuffle), the lanes outside the image masked
+    off, so the plane is read in place: no padded copy. At stride 1 each input row's ``kw``
+    vectors are loaded once for the ``kh`` output rows that read them (their partial results
+    stay in registers, rolled down a row per step)."""
+    b0v, hv, wv, ohv, owv, ptv, plv = geo
+    lanes = vty.count
+    i64 = ir.IntType(64)
+    load = _masked(builder, vty, "load")
+    ity = ir.VectorType(i64, lanes)
+    bty = ir.VectorType(ir.IntType(1), lanes)
+    iota = ir.Constant(ity, list(range(lanes)))
+    align = ir.Constant(ir.IntType(32), 4 if vty.element == ir.FloatType() else 8)
+
+    def c(v):
+        return ir.Constant(i64, v)
+
+    def inside(col, lo_, hi_):
+        """The lanes whose columns ``col + lane`` lie in ``[lo_, hi_)``."""
+        cols = builder.add(_splat(builder, ity, col), iota)
+        return builder.and_(builder.icmp_signed(">=", cols, _splat(builder, ity, lo_)),
+                            builder.icmp_signed("<", cols, _splat(builder, ity, hi_)))
+
+    def row_inside(ih):
+        return _splat(builder, bty, builder.and_(builder.icmp_signed(">=", ih, c(0)),
+                                                 builder.icmp_signed("<", ih, hv)))
+
+    def vload(at_, mask):
+        p = builder.bitcast(builder.gep(xptr, [at_]), vty.as_pointer())
+        return builder.call(load, [p, align, mask, fill])
+
+    nq = builder.sdiv(builder.add(owv, c(lanes - 1)), c(lanes))
+    if stride == 1:
+        acc = [cgutils.alloca_once_value(builder, fill) for _ in range(kh)]
+        with cgutils.for_range(builder, nq) as qloop:
+            q0 = builder.mul(qloop.index, c(lanes))
+            smask = inside(q0, c(0), owv)
+            cols = [builder.sub(builder.add(q0, c(j)), plv) for j in range(kw)]
+            lmask = [inside(col, c(0), wv) for col in cols]
+            for i in range(kh):
+                builder.store(fill, acc[i])
+            with cgutils.for_range(builder, builder.add(ohv, c(kh - 1))) as loop:
+                r = loop.index  # output row r - i reads this input row as its row i
+                ih = builder.sub(r, ptv)
+                okv = row_inside(ih)
+                base = builder.add(b0v, builder.mul(ih, wv))
+                xv = [vload(builder.add(base, cols[j]), builder.and_(lmask[j], okv))
+                      for j in range(kw)]
+                sums = []
+                for i in range(kh):
+                    s = builder.load(acc[i]) if i else fill
+                    for j in range(kw):
+                        s = combine(i * kw + j, xv[j], s)
+                    sums.append(s)
+                o = builder.sub(r, c(kh - 1))
+                with builder.if_then(builder.icmp_signed(">=", o, c(0))):
+                    put(o, q0, sums[kh - 1], smask)
+                for i in range(1, kh):
+                    builder.store(sums[i - 1], acc[i])
+        return
+    even = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [stride * t for t in range(lanes)])
+    with cgutils.for_range(builder, nq) as qloop:
+        q0 = builder.mul(qloop.index, c(lanes))
+        smask = inside(q0, c(0), owv)
+        # (per column of vectors: the columns each tap reads, and which lie inside)
+        cols = [[builder.add(builder.sub(builder.add(builder.mul(q0, c(stride)), c(j)), plv),
+                             c(h2 * lanes)) for h2 in range(stride)] for j in range(kw)]
+        lmask = [[inside(cc, c(0), wv) for cc in row] for row in cols]
+        with cgutils.for_range(builder, ohv) as oloop:
+            o = oloop.index
+            s = fill
+            for i in range(kh):
+                ih = builder.sub(builder.add(builder.mul(o, c(stride)), c(i)), ptv)
+                okv = row_inside(ih)
+                base = builder.add(b0v, builder.mul(ih, wv))
+                for j in range(kw):
+                    parts = [vload(builder.add(base, cols[j][h2]),
+                                   builder.and_(lmask[j][h2], okv)) for h2 in range(stride)]
+                    s = combine(i * kw + j, builder.shuffle_vector(parts[0], parts[1], even), s)
+            put(o, q0, s, smask)
+
+
 def plane_kernel(kh: int, kw: int, stride: int):
     """A depthwise filter of ``kh x kw`` taps at stride ``stride`` (1 or 2, dilation 1) over one
     image plane, straight from the unpadded plane into the output plane:
@@ -192,16 +281,11 @@ def plane_kernel(kh: int, kw: int, stride: int):
     for ``o < oh``, ``q < ow``, a tap outside the ``h x w`` image reading zero
     (``plane(wf, w0, xs, b0, h, w, df, d0, oh, ow, pt, pl, bias, c0, ep, add, lo, hi)``; with
     ``ep`` true each sum stored through the epilogue ``minimum(maximum(sum + bias[c0], lo),
-    hi)``, no add where ``add`` is false: see :func:`clamp_run`).
-
-    The outputs go by columns of vectors, down the rows; a tap's inputs are one masked load
-    (stride 2: two, their even lanes picked by a shuffle), the lanes outside the image masked
-    off, so the plane is read in place: no padded copy (its copies and their selects took most
-    of a depthwise layer's time). At stride 1 each input row's ``kw`` vectors are loaded once
-    for the ``kh`` output rows that read them (the sums of those rows stay in registers, rolled
-    down a row per step). Each output sums its products in tap order, every one a fused
-    multiply-add onto zero first. The offsets are the caller's to keep in
-    bounds; masked-off lanes read and write nothing."""
+    hi)``, no add where ``add`` is false: see :func:`clamp_run`), by :func:`_plane_loops`
+    (masked loads, no padded copy: its copies and their selects took most of a depthwise
+    layer's time). Each output sums its products in tap order, every one a fused multiply-add
+    onto zero first. The offsets are the caller's to keep in bounds; masked-off lanes read and
+    write nothing."""
 
     @intrinsic
     def plane(typingctx, wf, w0, xs, b0, h, w, df, d0, oh, ow, pt, pl, bias, c0, ep, add, lo,
@@ -226,13 +310,10 @@ def plane_kernel(kh: int, kw: int, stride: int):
             w0v, b0v, hv, wv, d0v, ohv, owv, ptv, plv = (
                 _offset(context, builder, at[i], args[i]) for i in (1, 3, 4, 5, 7, 8, 9, 10, 11))
             fty, size, lanes, vty, i64, zero, fma = _vectors(context, builder, at[0].dtype)
-            load, store = _masked(builder, vty, "load"), _masked(builder, vty, "store")
-            ity = ir.VectorType(i64, lanes)
-            iota = ir.Constant(ity, list(range(lanes)))
-            c = lambda v: ir.Constant(i64, v)  # noqa: E731
+            store = _masked(builder, vty, "store")
             align = ir.Constant(ir.IntType(32), size)
             wb = [_splat(builder, vty, builder.load(builder.gep(
-                wptr, [builder.add(w0v, c(t))]))) for t in range(kh * kw)]
+                wptr, [builder.add(w0v, ir.Constant(i64, t))]))) for t in range(kh * kw)]
             bptr = context.make_array(at[12])(context, builder, args[12]).data
             c0v = _offset(context, builder, at[13], args[13])
             ep = _flag(context, builder, at[14], args[14])
@@ -241,16 +322,6 @@ def plane_kernel(kh: int, kw: int, stride: int):
                 context.cast(builder, args[i], at[i], types.float64) for i in (16, 17)))
             nobias = cgutils.alloca_once_value(builder, ir.Constant(fty, 0.0))
             bvec = splat(builder.load(builder.select(add, builder.gep(bptr, [c0v]), nobias)))
-
-            def inside(col, lo_, hi_):
-                """The lanes whose columns ``col + lane`` lie in ``[lo_, hi_)``."""
-                cols = builder.add(_splat(builder, ity, col), iota)
-                return builder.and_(builder.icmp_signed(">=", cols, _splat(builder, ity, lo_)),
-                                    builder.icmp_signed("<", cols, _splat(builder, ity, hi_)))
-
-            def vload(at_, mask):
-                p = builder.bitcast(builder.gep(xptr, [at_]), vty.as_pointer())
-                return builder.call(load, [p, align, mask, zero])
 
             def put(row, q0, s, smask):
                 p = builder.bitcast(builder.gep(dptr, [builder.add(
@@ -261,69 +332,61 @@ def plane_kernel(kh: int, kw: int, stride: int):
                     with no:
                         builder.call(store, [s, p, align, smask])
 
-            nq = builder.sdiv(builder.add(owv, c(lanes - 1)), c(lanes))
-            zero_i = c(0)
-            if stride == 1:
-                acc = [cgutils.alloca_once_value(builder, zero) for _ in range(kh)]
-                with cgutils.for_range(builder, nq) as qloop:
-                    q0 = builder.mul(qloop.index, c(lanes))
-                    smask = inside(q0, zero_i, owv)
-                    cols = [builder.sub(builder.add(q0, c(j)), plv) for j in range(kw)]
-                    lmask = [inside(col, zero_i, wv) for col in cols]
-                    for i in range(kh):
-                        builder.store(zero, acc[i])
-                    with cgutils.for_range(builder, builder.add(ohv, c(kh - 1))) as loop:
-                        r = loop.index  # output row r - i reads this input row as its row i
-                        ih = builder.sub(r, ptv)
-                        ok = builder.and_(builder.icmp_signed(">=", ih, zero_i),
-                                          builder.icmp_signed("<", ih, hv))
-                        okv = _splat(builder, ir.VectorType(ir.IntType(1), lanes), ok)
-                        base = builder.add(b0v, builder.mul(ih, wv))
-                        xv = [vload(builder.add(base, cols[j]), builder.and_(lmask[j], okv))
-                              for j in range(kw)]
-                        sums = []
-                        for i in range(kh):
-                            s = builder.load(acc[i]) if i else zero
-                            for j in range(kw):
-                                s = builder.call(fma, [wb[i * kw + j], xv[j], s])
-                            sums.append(s)
-                        o = builder.sub(r, c(kh - 1))
-                        with builder.if_then(builder.icmp_signed(">=", o, zero_i)):
-                            put(o, q0, sums[kh - 1], smask)
-                        for i in range(1, kh):
-                            builder.store(sums[i - 1], acc[i])
-            else:
-                even = ir.Constant(ir.VectorType(ir.IntType(32), lanes),
-                                   [stride * t for t in range(lanes)])
-                with cgutils.for_range(builder, nq) as qloop:
-                    q0 = builder.mul(qloop.index, c(lanes))
-                    smask = inside(q0, zero_i, owv)
-                    # (per column of vectors: the columns each tap reads, and which lie inside)
-                    cols = [[builder.add(builder.sub(builder.add(builder.mul(q0, c(stride)),
-                                                                 c(j)), plv), c(h2 * lanes))
-                             for h2 in range(stride)] for j in range(kw)]
-                    lmask = [[inside(cc, zero_i, wv) for cc in row] for row in cols]
-                    with cgutils.for_range(builder, ohv) as oloop:
-                        o = oloop.index
-                        s = zero
-                        for i in range(kh):
-                            ih = builder.sub(builder.add(builder.mul(o, c(stride)), c(i)), ptv)
-                            ok = builder.and_(builder.icmp_signed(">=", ih, zero_i),
-                                              builder.icmp_signed("<", ih, hv))
-                            okv = _splat(builder, ir.VectorType(ir.IntType(1), lanes), ok)
-                            base = builder.add(b0v, builder.mul(ih, wv))
-                            for j in range(kw):
-                                parts = [vload(builder.add(base, cols[j][h2]),
-                                               builder.and_(lmask[j][h2], okv))
-                                         for h2 in range(stride)]
-                                xv = builder.shuffle_vector(parts[0], parts[1], even)
-                                s = builder.call(fma, [wb[i * kw + j], xv, s])
-                        put(o, q0, s, smask)
+            _plane_loops(builder, xptr, (b0v, hv, wv, ohv, owv, ptv, plv), vty, kh, kw, stride,
+                         zero, lambda t, x, s: builder.call(fma, [wb[t], x, s]), put)
             return context.get_dummy_value()
 
         return sig, codegen
 
     return plane
+
+
+def pool_plane_kernel(k: int, stride: int):
+    """The max pool of ``k x k`` windows at stride ``stride`` (1 or 2) over one plane:
+    ``pool(xs, b0, h, w, df, d0, oh, ow, pt, pl)`` writes ``df[d0 + o * ow + q]`` = the max of
+    the window's inputs inside the ``h x w`` image at ``xs[b0:]`` (rows ``o * s - pt`` on,
+    columns ``q * s - pl`` on), ``-inf`` where there are none, by :func:`_plane_loops`. As
+    NumPy's ``max``: a NaN in a window makes its max NaN; otherwise the first of equal values
+    is kept (``-0.0`` before ``0.0``)."""
+
+    @intrinsic
+    def pool(typingctx, xs, b0, h, w, df, d0, oh, ow, pt, pl):
+        if not (isinstance(xs, types.Array) and isinstance(df, types.Array)) or \
+                xs.dtype != df.dtype or xs.dtype not in (types.float32, types.float64):
+            return None
+        if not all(isinstance(t, types.Integer) for t in (b0, h, w, d0, oh, ow, pt, pl)):
+            return None
+        sig = types.void(xs, b0, h, w, df, d0, oh, ow, pt, pl)
+
+        def codegen(context, builder, signature, args):
+            at = signature.args
+            xptr = context.make_array(at[0])(context, builder, args[0]).data
+            dptr = context.make_array(at[4])(context, builder, args[4]).data
+            b0v, hv, wv, d0v, ohv, owv, ptv, plv = (
+                _offset(context, builder, at[i], args[i]) for i in (1, 2, 3, 5, 6, 7, 8, 9))
+            fty, size, lanes, vty, i64, zero, _ = _vectors(context, builder, at[0].dtype)
+            store = _masked(builder, vty, "store")
+            align = ir.Constant(ir.IntType(32), size)
+            low = _splat(builder, vty, ir.Constant(fty, float("-inf")))
+
+            def larger(t, x, m):
+                # x replaces the max so far where it is larger or NaN, unless that is NaN
+                take = builder.and_(builder.fcmp_unordered(">", x, m),
+                                    builder.fcmp_ordered("ord", m, m))
+                return builder.select(take, x, m)
+
+            def put(row, q0, s, smask):
+                p = builder.bitcast(builder.gep(dptr, [builder.add(
+                    d0v, builder.add(builder.mul(row, owv), q0))]), vty.as_pointer())
+                builder.call(store, [s, p, align, smask])
+
+            _plane_loops(builder, xptr, (b0v, hv, wv, ohv, owv, ptv, plv), vty, k, k, stride,
+                         low, larger, put)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return pool
 
 
 @intrinsic
