@@ -391,18 +391,6 @@ def _tiles(rb, wide, wp, wo, wk, kk, xs, xb, tk, df, do, ds, q0, more):
 
 
 @register_jitable
-def _aliases(stride, itemsize) -> bool:
-    """Whether rows ``stride`` elements apart, written together (the taps path's tiles), sit
-    near a multiple of 4 KiB apart (such stores and loads stall each other: a [16, 144] x
-    [144, 1024] product ran at 23 GMAC/s with rows 1024 float32 apart and at 53 with 1152)."""
-    for j in range(1, 4):
-        d = j * stride * itemsize
-        if d >= 4096 and (d % 4096 < 512 or d % 4096 > 4096 - 512):
-            return True
-    return False
-
-
-@register_jitable
 def _use_taps(mg, k_, p_) -> bool:
     """Whether the taps kernel serves ``mg`` output channels per group, ``k_`` products per
     output and ``p_`` outputs per channel, rather than im2col + BLAS.
@@ -541,11 +529,16 @@ def _taps_kernel(epilogue: bool):
         # stride, then copied out
         ds = span
         near = True
-        while near:  # (see _aliases: inline, a function of its own costs a compile)
+        # Rows whose starts lie within a cache line of a multiple of 4 KiB apart stall each
+        # other's stores and loads: a [16, 144] x [144, 1024] product ran at 23 GMAC/s with rows
+        # 1024 float32 apart and at 53 with 1152. Rows a few lines off a multiple do not
+        # (ResNet-50's and MobileNet's 56x56 planes, 12544 bytes apart: 4 KiB * 3 + 256;
+        # computed aside, their 1x1 convolutions took 1.4-1.7x as long, the copy out included).
+        while near:  # (inline: a function of its own costs a compile)
             near = False
             for j in range(1, 4):
                 d = j * ds * x.itemsize
-                near = near or (d >= 4096 and (d % 4096 < 512 or d % 4096 > 4096 - 512))
+                near = near or (d >= 4096 and (d % 4096 < 64 or d % 4096 > 4096 - 64))
             if near:
                 ds += 16
         aside = ds != p_ or mg < 4
