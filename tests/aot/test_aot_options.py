@@ -321,7 +321,7 @@ def test_analysis(build, ok, named):
 
 def test_analysis_of_the_corpus():
     from pdjit.aot.batch_split import analyse
-    from pdjit.io.inference import load_model
+    from pdjit.io.inference_model import load_model
     from pdjit.passes.inference import optimize
 
     for name, ok, named in (("lenet", True, ""), ("transformer", True, ""),
