@@ -47,10 +47,10 @@ run (``PDJIT_ERR_NATIVE``; the JIT re-runs such a loop with its reference instea
 
 What runs today (tests/aot): every model of the inference corpus. mlp, lenet and cond_while
 are bit-identical to the JIT executor when built for ``host`` (the same kernels and the same
-BLAS); mobilenet, resnet_block, transformer, gru and lstm (opt-in test, ``PDJIT_AOT_CORPUS=1``)
-are within 1e-6 of it through the loader and through ``example.c``; and a ``while_loop`` with a
-``cond`` in its body (``tests/aot/test_aot_control_flow.py``). The artifact runs the program
-after the inference passes, as ``pdjit.inference``'s predictor does, and equals it bit for bit;
+BLAS); mobilenet, resnet_block, transformer, gru and lstm (an opt-in test) are within 1e-6
+of it through the loader and through ``example.c``; and a ``while_loop`` with a ``cond`` in
+its body (``tests/aot/test_aot_control_flow.py``). The artifact runs the program after
+the inference passes, as ``pdjit.inference``'s predictor does, and equals it bit for bit;
 ``Executor.run`` on the saved program itself differs in the last bits where a pass folded
 ``batch_norm`` into a convolution (a small CNN: 1.2e-7).
 
