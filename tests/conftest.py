@@ -18,7 +18,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "paddle"
 
-# The cuda target's tests (tests/cuda) run on Numba's CUDA simulator where there is no GPU
+# The cuda target's tests (tests/codegen/cuda) run on Numba's CUDA simulator where there is no GPU
 # (no /dev/nvidiactl); chosen before numba is imported; it changes nothing for the cpu target.
 if not os.path.exists("/dev/nvidiactl"):
     os.environ.setdefault("NUMBA_ENABLE_CUDASIM", "1")

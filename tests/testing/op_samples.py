@@ -437,7 +437,7 @@ add("rmsprop",
 # ---- control flow (ops/control_flow.py) ---------------------------------------------------------
 # conditional_block / while own sub-blocks, select_output leaves its unselected outputs without
 # a value, and the tensor-array ops take or give tensor arrays: they are exempt here
-# (test_registry.NO_SAMPLE, CONTROL_FLOW) and covered by tests/control_flow/.
+# (test_registry.NO_SAMPLE, CONTROL_FLOW) and covered by tests/layers/control_flow/.
 def _merge_inputs(r):
     mask = np.array([[True], [False], [False], [True], [False]])
     x = u(r, (5, 3))

@@ -88,12 +88,13 @@ def _sample(op_type: str, index: int):
 
 # ---- coverage ----------------------------------------------------------------------------------
 # Ops that cannot be sampled as one op fed by data variables, with the reason. Ops with the
-# CONTROL_FLOW trait (sub-blocks as attributes) are exempt too; tests/control_flow/ covers both.
+# CONTROL_FLOW trait (sub-blocks as attributes) are exempt too; tests/layers/control_flow/ covers
+# both.
 NO_SAMPLE = {t: "takes or gives a tensor array (a list), which cannot be fed or fetched as one "
                 "tensor" for t in ("write_to_array", "read_from_array", "lod_array_length",
                                    "tensor_array_to_tensor", "sum_array")}
 NO_SAMPLE.update({t: "takes or gives a rank table (lod_rank_table), which cannot be fed or "
-                     "fetched; tested in tests/control_flow/test_dynamic_rnn.py" for t in (
+                     "fetched; tested in tests/layers/control_flow/test_dynamic_rnn.py" for t in (
                          "lod_rank_table", "max_sequence_len", "lod_tensor_to_array",
                          "array_to_lod_tensor", "shrink_rnn_memory",
                          "reorder_lod_tensor_by_rank")})

@@ -33,7 +33,7 @@ that disagree) fails with ``PDJIT_ERR_NATIVE`` and the exception's type and mess
 reads the strings of the pickled ``(class, args, location)`` that Numba's ``excinfo`` struct
 points to (its first two members: the bytes and their length), without unpickling; a layout it
 does not recognise gives the older message, which only has the status
-(``tests/aot/test_aot_review.py`` checks the message end to end).
+(``tests/codegen/aot/test_aot_review.py`` checks the message end to end).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """One Python function, compiled by Numba's ahead-of-time code generation into an object file.
 
 Everything here that touches Numba's internals is in this file (and pinned by
-``tests/aot/test_aot_numba_internals.py``):
+``tests/codegen/aot/test_aot_numba_internals.py``):
 
 - ``cpu_target.target_context.with_aot_codegen(name, cpu_name=...)``: a target context whose
   code library (``AOTCodeLibrary``) emits position-independent object code;

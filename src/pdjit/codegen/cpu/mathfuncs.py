@@ -57,7 +57,7 @@ sigmoid(+-inf) = 1/0; softplus(-inf) = 0, softplus(inf) = inf; erfc(inf) = 0, er
 underflow to subnormals/0 (x > 10.05 float32, 27.23 float64); signed zeros kept where NumPy
 keeps them.
 
-Measured max error (tests/codegen/test_mathfuncs.py; float32: every 97th bit pattern of the
+Measured max error (tests/codegen/cpu/test_mathfuncs.py; float32: every 97th bit pattern of the
 whole float32 range (every 389th for expm1/log1p/softplus) plus special values; float64: ~3M
 values spread over all exponents plus dense bands), in ulps against NumPy's own result for the
 same dtype (sigmoid: NumPy's float64 formula, rounded for float32; softplus: np.logaddexp(0, x)

@@ -39,7 +39,7 @@ from pdjit.codegen.diskcache import cached
 # round too saved ~0.5 s of LLVM but made the step's CPU time 5% longer (LLVM's O1 module
 # pipeline alone leaves code slower than two rounds of simplification): not done. An O3 kernel
 # keeps all of them. Numba's internals this relies on (``CPUCodeLibrary._optimize_functions``
-# per added module, the wrappers' symbol names) are pinned by tests/compiler/test_opt_level.py.
+# per added module, the wrappers' symbol names) are pinned by tests/codegen/cpu/test_opt_level.py.
 
 
 #: LLVM optimisation level of pdjit's compiled code, chosen by measurement: on the cold first

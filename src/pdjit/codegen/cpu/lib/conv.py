@@ -31,8 +31,8 @@ import numpy as np
 from numba.extending import overload, register_jitable
 
 from pdjit.codegen.cpu.lib._jit import blas_gemm, jit, jobs
-from pdjit.codegen.cpu.lib.deint import copy_run, deint, deint_halves, vcopy, zero_run
-from pdjit.codegen.cpu.lib.tile import TILE_BYTES, clamp_run, roll_kernel, tile_kernel
+from pdjit.codegen.cpu.lib.deint import copy_run, deint, vcopy, zero_run
+from pdjit.codegen.cpu.lib.tile import TILE_BYTES, clamp_run, plane_kernel, tile_kernel
 from pdjit.codegen.cpu.threads import loop_threads
 from pdjit.codegen.diskcache import cached
 
@@ -183,6 +183,57 @@ _fma_jit = cached(numba.njit(nogil=True, error_model="numpy", fastmath={"contrac
                              no_cfunc_wrapper=True))
 
 
+# the depthwise filters that go straight from the image plane (tile.plane_kernel): square, of
+# these sizes, at stride 1 or 2, dilation 1 (MobileNet's, EfficientNet's, ShuffleNet's)
+_plane33, _plane33s2 = plane_kernel(3, 3, 1), plane_kernel(3, 3, 2)
+_plane55, _plane55s2 = plane_kernel(5, 5, 1), plane_kernel(5, 5, 2)
+_plane77, _plane77s2 = plane_kernel(7, 7, 1), plane_kernel(7, 7, 2)
+
+
+@register_jitable
+def _by_planes(kh_, kw_, sh, sw, dh, dw) -> bool:
+    """Whether :func:`_planes` serves a depthwise filter of this geometry."""
+    return kh_ == kw_ and (kh_ == 3 or kh_ == 5 or kh_ == 7) and sh == sw and \
+        (sh == 1 or sh == 2) and dh == 1 and dw == 1
+
+
+@register_jitable
+def _planes(x, w, y, n0, n1, sh, pt, pl, groups, bias, lo, hi):
+    """``y[n] = conv(x[n], w)`` for the samples ``n0..n1`` of a depthwise filter that
+    :func:`_by_planes` takes, one output plane at a time by its plane kernel, the epilogue
+    applied as each vector is stored. Measured against copying each plane padded (one thread,
+    batch 1, MobileNetV2's layers): 1.5-2.3x faster at stride 1, 1.1-2.1x at stride 2."""
+    h_, w_ = x.shape[2], x.shape[3]
+    m_, kh_ = w.shape[0], w.shape[2]
+    oh_, ow_ = y.shape[2], y.shape[3]
+    mg = m_ // groups
+    xf = x.reshape(x.size)
+    yf = y.reshape(y.size)
+    wf = w.reshape(w.size)
+    ep = _has_epilogue(bias, lo, hi)
+    nb = bias.size > 0
+    for n in range(n0, n1):
+        for m in range(m_):
+            xb = (n * x.shape[1] + m // mg) * h_ * w_
+            yb = (n * m_ + m) * oh_ * ow_
+            wb = m * kh_ * kh_
+            a = (wf, wb, xf, xb, h_, w_, yf, yb, oh_, ow_, pt, pl, bias, m, ep, nb, lo, hi)
+            if kh_ == 3:
+                if sh == 1:
+                    _plane33(*a)
+                else:
+                    _plane33s2(*a)
+            elif kh_ == 5:
+                if sh == 1:
+                    _plane55(*a)
+                else:
+                    _plane55s2(*a)
+            elif sh == 1:
+                _plane77(*a)
+            else:
+                _plane77s2(*a)
+
+
 @_fma_jit
 def _direct_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi):
     """``y[n] = conv(x[n], w)`` for the samples ``n0..n1`` by direct loops (one input channel
@@ -190,151 +241,38 @@ def _direct_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi)
     plane then through the epilogue ``minimum(maximum(y + bias[m], lo), hi)`` (see
     :func:`_bias_clamp`; ``bias`` empty and infinite bounds: none).
 
-    Each input plane is padded and split by stride phase once (``_phase_planes``); then tap
-    ``(i, j)`` of output ``(oh, k)`` reads one plane at ``oh * wq + k`` plus a fixed offset, so
-    every tap is one long contiguous loop over the whole plane (rows of ``wq`` columns, the
-    extra ones dropped on the way out), and a 3x3 filter's nine taps are one pass (4x the
-    per-row loops of small planes, measured). Stride 1 onto planes as wide as the image reads
-    copies of the plane instead, with no padded rows (see ``flat`` below)."""
+    The common depthwise filters go by :func:`_planes`. Any other geometry: each input plane
+    is padded and split by stride phase once (``_phase_planes``); then tap ``(i, j)`` of
+    output ``(oh, k)`` reads one plane at ``oh * wq + k`` plus a fixed offset, so every tap is
+    one long contiguous loop over the whole plane (rows of ``wq`` columns, the extra ones
+    dropped on the way out)."""
     h_, w_ = x.shape[2], x.shape[3]
     m_, cg, kh_, kw_ = w.shape
     oh_, ow_ = y.shape[2], y.shape[3]
+    if cg == 1 and _by_planes(kh_, kw_, sh, sw, dh, dw):
+        _planes(x, w, y, n0, n1, sh, pt, pl, groups, bias, lo, hi)
+        return
     mg = m_ // groups
     xf = x.reshape(x.size)
     yf = y.reshape(y.size)
     wf = w.reshape(w.size)
-    # stride 1 onto planes as wide as the image ("same" width): no padded rows at all. Output
-    # p = oh * W + k reads x at p + (i*dh - pt) * W + (j*dw - pl): one flat offset per tap,
-    # into a copy of the plane per filter column, between zero margins (the rows above and
-    # below) and with the columns that tap column would reach across a row's end zeroed.
-    # (The padded planes took a short loop per row in and out: 2.3x the time on MobileNet's
-    # 16x16 depthwise layer, measured.)
-    flat = sh == 1 and sw == 1 and ow_ == w_ and pt >= 0 and pl >= 0
     hw = h_ * w_
-    lead = pt * w_ + pl
-    reach = ((kh_ - 1) * dh - pt) * w_ + (kw_ - 1) * dw - pl
-    per = lead + max(hw, oh_ * w_ + reach)  # one column's copy with its margins
-    # stride 2 (dilation 1) over an image of even width onto at most half its columns
-    # ("halves"): the plane's columns are split by parity (``deint``: even columns, then odd,
-    # each [H, W/2]), and filter column j's copy is the run of parity (j - pl) % 2 shifted by
-    # (j - pl) // 2, zero where its source column lies outside the image (a select per
-    # pixel): pixel (h, t) of the copy is image pixel (h, 2t + j - pl). Tap (i, j) of output
-    # (oh, ow) is then pixel ow of copy row 2oh + i - pt: flat offset (i - pt) * W/2 plus
-    # oh * W + ow. The outputs are computed in rows of W (the second half of each row,
-    # wasted, is cheap vector work) and copied out; the copies and the outputs are rounded
-    # up to a multiple of 16 (a loop over 120 outputs left 56 of them to the vectoriser's
-    # scalar remainder: 9x the time of 64, measured). MobileNet's [64, 24, 16, 16] stride-2
-    # layer, one thread: 0.28 ms by the phase planes (a short loop per row and phase), 0.13
-    # this way. (Loops by fixed blocks of 16, unrolled, took twice as long.)
-    # Where half the columns make half a vector, the rows too are split by parity ("quads":
-    # MobileNet's 16x16 float32 planes): each parity's run of rows of W/2 by a shuffle of
-    # half vectors (``deint_halves``), filter column j copied from each row parity s of its
-    # column parity; tap (i, j) reads copy (s, j), s = (i - pt) % 2, at row oh + (i - pt) // 2
-    # (floor): the outputs in rows of W/2 = OW, straight into y, none wasted nor copied out
-    # ([64, 24, 16, 16] at batch 64, one thread: 0.128 -> 0.09 ms).
-    wr = w_ // 2
-    halves = not flat and sh == 2 and sw == 2 and dh == 1 and dw == 1 and w_ % 2 == 0 and \
-        ow_ <= wr and 0 <= pt and 0 <= pl <= 32 and kw_ <= pl + 32 and oh_ > 0 and ow_ > 0
-    quads = halves and 2 * wr * x.itemsize == TILE_BYTES and ow_ == wr and h_ % 4 == 0
-    halves = halves and not quads
-    hh = h_ * wr  # one copy's pixels
-    hr = (hh + 15) // 16 * 16
-    sr = ((oh_ - 1) * w_ + ow_ + 15) // 16 * 16  # the outputs computed, in rows of W
-    rp = hr + 32  # one parity's run, between margins of 16
-    if halves:
-        lead = pt * wr
-        per = lead + max(hr, (kh_ - 1 - pt) * wr + sr)
-    hq2 = hh // 2  # (quads) one row parity's pixels
-    if quads:
-        lead = (pt + 1) // 2 * wr
-        per = lead + max(hq2, (oh_ + (kh_ - 1) // 2 + 1) * wr)
-    # (quads) the four quarters (column parity c, row parity s) at q0 + (2c + s) * rq + mq,
-    # between zero margins of mq (the rows above and below the image, the columns shifted in)
-    mq = (max(lead, (oh_ + kh_) * wr - hq2) + 48 + 15) // 16 * 16
-    rq = hq2 + 2 * mq
-    q0 = 2 * kw_ * per
+    hq = oh_ + ((kh_ - 1) * dh) // sh
+    wq = ow_ + ((kw_ - 1) * dw) // sw
+    xs = np.empty(sh * sw * hq * wq, x.dtype)
     zero = x.dtype.type(0)
     none = np.empty(0, x.dtype)  # no residual
-    eo = np.empty(0, x.dtype)  # (halves) the plane's columns split by parity
-    full = np.zeros(kw_, np.bool_)  # (quads) filter column j reads its quarters in place
-    if quads:
-        hq, wq = oh_, ow_
-        xs = np.zeros(q0 + 4 * rq, x.dtype)
-        eo = np.zeros(2 * rp, x.dtype)
-        keep = np.empty(kw_ * hq2, np.bool_)
-        for j in range(kw_):
-            e = j - pl
-            col = 0
-            full[j] = True
-            for q in range(hq2):
-                keep[j * hq2 + q] = 0 <= 2 * col + e < w_
-                full[j] = full[j] and keep[j * hq2 + q]
-                col += 1
-                if col == wr:
-                    col = 0
-    elif halves:
-        hq, wq = oh_, w_
-        xs = np.zeros(kw_ * per, x.dtype)
-        eo = np.zeros(2 * rp, x.dtype)
-        keep = np.empty(kw_ * hr, np.bool_)
-        for j in range(kw_):
-            e = j - pl
-            col = 0
-            for q in range(hr):
-                keep[j * hr + q] = q < hh and 0 <= 2 * col + e < w_
-                col += 1
-                if col == wr:
-                    col = 0
-    elif flat:
-        hq, wq = oh_, w_
-        xs = np.zeros(kw_ * per, x.dtype)
-        # keep[j * hw + q]: whether filter column j's copy keeps pixel q: not in the columns
-        # that column reaches only across a row's end (one select per pixel: a loop per row
-        # zeroing them cost as much as the nine taps)
-        keep = np.empty(kw_ * hw, np.bool_)
-        for j in range(kw_):  # by a column counter: a loop the vectoriser leaves alone
-            e = j * dw - pl
-            col = 0
-            for q in range(j * hw, (j + 1) * hw):
-                keep[q] = 0 <= col - e < w_  # (col - e: the output column reading pixel q)
-                col += 1
-                if col == w_:
-                    col = 0
-    else:
-        keep = np.empty(0, np.bool_)
-        hq = oh_ + ((kh_ - 1) * dh) // sh
-        wq = ow_ + ((kw_ - 1) * dw) // sw
-        xs = np.empty(sh * sw * hq * wq, x.dtype)
     # tap (i, j) reads plane ((i*dh) % sh, (j*dw) % sw) at row oh + (i*dh) // sh and column
     # k + (j*dw) // sw: flat offset tap[i * kw + j] + oh * wq + k
     tap = np.empty(kh_ * kw_, np.uint64)
     for i in range(kh_):
         for j in range(kw_):
-            if quads and full[j]:
-                e = j - pl
-                tap[i * kw_ + j] = U(q0 + ((e % 2) * 2 + (i - pt) % 2) * rq + mq + e // 2 +
-                                     ((i - pt) // 2) * wr)
-            elif quads:
-                tap[i * kw_ + j] = U((((i - pt) % 2) * kw_ + j) * per + lead +
-                                     ((i - pt) // 2) * wr)
-            elif halves:
-                tap[i * kw_ + j] = U(j * per + lead + (i - pt) * wr)
-            elif flat:
-                tap[i * kw_ + j] = U(j * per + lead + (i * dh - pt) * w_ + j * dw - pl)
-            else:
-                plane = ((i * dh) % sh) * sw + (j * dw) % sw
-                tap[i * kw_ + j] = U((plane * hq + (i * dh) // sh) * wq + (j * dw) // sw)
+            plane = ((i * dh) % sh) * sw + (j * dw) % sw
+            tap[i * kw_ + j] = U((plane * hq + (i * dh) // sh) * wq + (j * dw) // sw)
     span = U((oh_ - 1) * wq + ow_) if oh_ > 0 and ow_ > 0 else U(0)
     into = wq == ow_ and cg == 1
-    acc = np.empty(U(0) if into else U(sr) if halves else span, x.dtype)
+    acc = np.empty(U(0) if into else span, x.dtype)
     buf = yf if into else acc
-    nine = kh_ * kw_ == 9
-    # stride-1 3x3 onto rows of whole vectors ("rolled", MobileNet's 16x16 float32 planes):
-    # each column of vectors by tile.roll_kernel, every input row's three vectors loaded
-    # once for the three output rows that read them (the loop below loads each nine times
-    # over): [64, 16, 16, 16] at batch 64, one thread, 0.129 -> 0.110 ms
-    vw = TILE_BYTES // x.itemsize
-    rolled = flat and kh_ == 3 and kw_ == 3 and dh == 1 and w_ % vw == 0 and into
     first = True
     ep = _has_epilogue(bias, lo, hi)
     nb = bias.size > 0
@@ -344,76 +282,28 @@ def _direct_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi)
             yb = (n * m_ + m) * oh_ * ow_
             for c in range(cg):
                 xb = (n * x.shape[1] + g * cg + c) * hw
-                if quads:
-                    vw = TILE_BYTES // x.itemsize
-                    deint(xf, xb, eo, 16, rp + 16, hh // vw)
-                    for cp in range(2):
-                        deint_halves(eo, cp * rp + 16, xs, q0 + 2 * cp * rq + mq,
-                                     q0 + (2 * cp + 1) * rq + mq, hh // (2 * vw))
-                    for sp in range(2):
-                        for j in range(kw_):
-                            if full[j]:
-                                continue
-                            e = j - pl
-                            d, kb = U((sp * kw_ + j) * per + lead), U(j * hq2)
-                            sb = U(q0 + ((e % 2) * 2 + sp) * rq + mq + e // 2)
-                            for q in range(U(hq2)):
-                                xs[d + q] = xs[sb + q] if keep[kb + q] else zero
-                elif halves:
-                    nv = hh * x.itemsize // TILE_BYTES
-                    deint(xf, xb, eo, 16, rp + 16, nv)
-                    for k in range(nv * TILE_BYTES // x.itemsize, hh):
-                        eo[16 + k] = xf[xb + 2 * k]
-                        eo[rp + 16 + k] = xf[xb + 2 * k + 1]
-                    for j in range(kw_):
-                        e = j - pl
-                        d, kb, sb = U(j * per + lead), U(j * hr), U((e % 2) * rp + 16 + e // 2)
-                        for q in range(U(hr)):
-                            xs[d + q] = eo[sb + q] if keep[kb + q] else zero
-                elif flat:
-                    for j in range(kw_):
-                        d, kb = U(j * per + lead), U(j * hw)
-                        for q in range(U(hw)):
-                            xs[d + q] = xf[U(xb) + q] if keep[kb + q] else zero
-                else:
-                    _phase_planes(xf, xb, h_, w_, xs, sh, sw, hq, wq, pt, pl, first)
+                _phase_planes(xf, xb, h_, w_, xs, sh, sw, hq, wq, pt, pl, first)
                 first = False
                 wb = (m * cg + c) * kh_ * kw_
                 # straight into the output where its rows are the span's
                 o = U(yb) if into else U(0)
-                if rolled:
-                    for v in range(w_ // vw):  # (with the epilogue as it stores)
-                        _roll33(wf, wb, xs, lead - pl - pt * w_ + v * vw, per + dw, w_, oh_,
-                                yf, yb + v * vw, w_, bias, m, ep, nb, lo, hi)
-                elif nine:
-                    a0, a1, a2 = wf[wb], wf[wb + 1], wf[wb + 2]
-                    b0, b1, b2 = wf[wb + 3], wf[wb + 4], wf[wb + 5]
-                    c0, c1, c2 = wf[wb + 6], wf[wb + 7], wf[wb + 8]
-                    t0, t1, t2, t3, t4 = tap[0], tap[1], tap[2], tap[3], tap[4]
-                    t5, t6, t7, t8 = tap[5], tap[6], tap[7], tap[8]
-                    for q in range(U(sr) if halves else span):
-                        buf[o + q] = (a0 * xs[t0 + q] + a1 * xs[t1 + q] + a2 * xs[t2 + q]
-                                      + b0 * xs[t3 + q] + b1 * xs[t4 + q] + b2 * xs[t5 + q]
-                                      + c0 * xs[t6 + q] + c1 * xs[t7 + q] + c2 * xs[t8 + q])
-                else:
+                for q in range(span):
+                    buf[o + q] = 0
+                for t in range(kh_ * kw_):
+                    wv = wf[wb + t]
+                    s = tap[t]
                     for q in range(span):
-                        buf[o + q] = 0
-                    for t in range(kh_ * kw_):
-                        wv = wf[wb + t]
-                        s = tap[t]
-                        for q in range(span):
-                            buf[o + q] += wv * xs[s + q]
-                for oh in range(0 if into else oh_ if wq != ow_ else 1):  # rows of their own
+                        buf[o + q] += wv * xs[s + q]
+                for oh in range(0 if into else oh_):  # rows of their own
                     dst = U(yb + oh * ow_)
                     src = U(oh * wq)
-                    size = U(ow_ if wq != ow_ else span)
                     if c == 0:
-                        for k in range(size):
+                        for k in range(U(ow_)):
                             yf[dst + k] = acc[src + k]
                     else:
-                        for k in range(size):
+                        for k in range(U(ow_)):
                             yf[dst + k] += acc[src + k]
-            if ep and not rolled:  # the plane just computed, in L1
+            if ep:  # the plane just computed, in L1
                 clamp_run(yf, yb, oh_ * ow_, bias[m] if nb else zero, nb, none, yb, lo, hi)
 
 
@@ -498,9 +388,6 @@ def _tiles(rb, wide, wp, wo, wk, kk, xs, xb, tk, df, do, ds, q0, more):
         _tile44(wp, wo, wk, kk, xs, xb, tk, df, do, ds, q0, more)
     else:
         _tile41(wp, wo, wk, kk, xs, xb, tk, df, do, ds, q0, more)
-
-
-_roll33 = roll_kernel(3, 3)
 
 
 @register_jitable

@@ -6,8 +6,8 @@ float32 or 8 float64):
     dst[d0 + k] = src[s0 + 2 * k]        dst[d1 + k] = src[s0 + 2 * k + 1]
 
 Each step loads two vectors of ``src`` and writes their even and their odd elements, one
-shuffle each. The convolution's stride-2 depthwise loops (:func:`conv._direct_range`) split an
-image's columns this way. (The same copy as a Numba loop ran at a quarter of the speed: its
+shuffle each. The convolution's taps kernel (:func:`conv._fwd_taps`) splits an image's rows
+this way at stride 2. (The same copy as a Numba loop ran at a quarter of the speed: its
 stride-2 loads are not turned into shuffles, measured 0.23 ms for [64, 24, 16, 16] float32
 against 0.05 ms.)
 
@@ -20,12 +20,11 @@ from numba.extending import intrinsic
 
 from pdjit.codegen.cpu.lib.tile import TILE_BYTES
 
-__all__ = ["deint", "deint_halves", "vcopy", "copy_run", "zero_run"]
+__all__ = ["deint", "vcopy", "copy_run", "zero_run"]
 
 
-def _split(typingctx, src, s0, dst, d0, d1, nv, halves):
-    """The typing and code of :func:`deint` (``halves`` False: groups of one value) and of
-    :func:`deint_halves` (groups of half a vector)."""
+def _split(typingctx, src, s0, dst, d0, d1, nv):
+    """The typing and code of :func:`deint`."""
     if not (isinstance(src, types.Array) and isinstance(dst, types.Array)):
         return None
     if src.dtype != dst.dtype or src.dtype not in (types.float32, types.float64):
@@ -43,13 +42,11 @@ def _split(typingctx, src, s0, dst, d0, d1, nv, halves):
         fty = context.get_value_type(at[0].dtype)
         size = context.get_abi_sizeof(fty)
         lanes = TILE_BYTES // size
-        g = lanes // 2 if halves else 1  # the group: lane k of the first output reads
-        # lane (k // g) * 2g + k % g of the pair of input vectors, of the second g after it
         vty = ir.VectorType(fty, lanes)
         i64 = ir.IntType(64)
         ity = ir.VectorType(ir.IntType(32), lanes)
-        first = ir.Constant(ity, [(k // g) * 2 * g + k % g for k in range(lanes)])
-        second = ir.Constant(ity, [(k // g) * 2 * g + k % g + g for k in range(lanes)])
+        first = ir.Constant(ity, [2 * k for k in range(lanes)])  # the even lanes of the pair
+        second = ir.Constant(ity, [2 * k + 1 for k in range(lanes)])
         with cgutils.for_range(builder, nvv) as loop:
             k = builder.mul(loop.index, ir.Constant(i64, lanes))
             s = builder.add(s0v, builder.add(k, k))
@@ -69,15 +66,7 @@ def _split(typingctx, src, s0, dst, d0, d1, nv, halves):
 
 @intrinsic
 def deint(typingctx, src, s0, dst, d0, d1, nv):
-    return _split(typingctx, src, s0, dst, d0, d1, nv, False)
-
-
-@intrinsic
-def deint_halves(typingctx, src, s0, dst, d0, d1, nv):
-    """``dst[d0 + k] = src[s0 + (k // h) * 2h + k % h]`` and ``dst[d1 + k]`` the half vector
-    after it (``h`` half a vector's lanes), for ``k < nv * lanes``: a run of rows of half a
-    vector split by the parity of the row (the stride-2 depthwise loops' quarter planes)."""
-    return _split(typingctx, src, s0, dst, d0, d1, nv, True)
+    return _split(typingctx, src, s0, dst, d0, d1, nv)
 
 
 @intrinsic

@@ -25,7 +25,7 @@ import llvmlite.ir as ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-__all__ = ["tile_kernel", "roll_kernel", "clamp_run", "TILE_BYTES"]
+__all__ = ["tile_kernel", "plane_kernel", "clamp_run", "TILE_BYTES"]
 
 #: the width of one vector of the tile, in bytes (an AVX-512 register)
 TILE_BYTES = 64
@@ -170,89 +170,160 @@ def tile_kernel(mr: int, nv: int):
     return tile
 
 
-def roll_kernel(kh: int, kw: int):
-    """A depthwise filter of ``kh x kw`` taps down a column of one vector of positions:
+def _masked(builder, vty, name: str):
+    """``llvm.masked.load`` or ``llvm.masked.store`` of vectors ``vty``."""
+    mty = ir.VectorType(ir.IntType(1), vty.count)
+    el = "f32" if vty.element == ir.FloatType() else "f64"
+    if name == "load":
+        fty = ir.FunctionType(vty, [vty.as_pointer(), ir.IntType(32), mty, vty])
+    else:
+        fty = ir.FunctionType(ir.VoidType(), [vty, vty.as_pointer(), ir.IntType(32), mty])
+    return cgutils.get_or_insert_function(builder.module, fty,
+                                          f"llvm.masked.{name}.v{vty.count}{el}.p0")
 
-        df[d0 + o * os + q] = sum over i < kh, j < kw of
-                              wf[w0 + i * kw + j] * xs[b0 + j * cs + (o + i) * rs + q]
 
-    for output rows ``o < no`` and ``q`` one vector's lanes (``roll(..., bias, c0, ep, add, lo,
-    hi)``: with ``ep`` true each sum stored through the epilogue ``minimum(maximum(sum +
-    bias[c0], lo), hi)``, no add where ``add`` is false: see :func:`clamp_run`). Each input
-    row's ``kw`` vectors are loaded once and serve the ``kh`` output rows that read them (the
-    sums of those rows stay in registers, rolled down a row per step), where a loop over the
-    outputs loads every input ``kh`` times. Each output sums its products in tap order (row by
-    row), the first a product, the rest fused multiply-adds. Offsets are signed 64-bit element
-    offsets that the caller keeps in bounds (``no + kh - 1`` input rows are read)."""
+def plane_kernel(kh: int, kw: int, stride: int):
+    """A depthwise filter of ``kh x kw`` taps at stride ``stride`` (1 or 2, dilation 1) over one
+    image plane, straight from the unpadded plane into the output plane:
+
+        df[d0 + o * ow + q] = sum over i < kh, j < kw of wf[w0 + i * kw + j] *
+                              xs[b0 + (o * s + i - pt) * w + q * s + j - pl]
+
+    for ``o < oh``, ``q < ow``, a tap outside the ``h x w`` image reading zero
+    (``plane(wf, w0, xs, b0, h, w, df, d0, oh, ow, pt, pl, bias, c0, ep, add, lo, hi)``; with
+    ``ep`` true each sum stored through the epilogue ``minimum(maximum(sum + bias[c0], lo),
+    hi)``, no add where ``add`` is false: see :func:`clamp_run`).
+
+    The outputs go by columns of vectors, down the rows; a tap's inputs are one masked load
+    (stride 2: two, their even lanes picked by a shuffle), the lanes outside the image masked
+    off, so the plane is read in place: no padded copy (its copies and their selects took most
+    of a depthwise layer's time). At stride 1 each input row's ``kw`` vectors are loaded once
+    for the ``kh`` output rows that read them (the sums of those rows stay in registers, rolled
+    down a row per step). Each output sums its products in tap order, every one a fused
+    multiply-add onto zero first. The offsets are the caller's to keep in
+    bounds; masked-off lanes read and write nothing."""
 
     @intrinsic
-    def roll(typingctx, wf, w0, xs, b0, cs, rs, no, df, d0, os_, bias, c0, ep, add, lo, hi):
+    def plane(typingctx, wf, w0, xs, b0, h, w, df, d0, oh, ow, pt, pl, bias, c0, ep, add, lo,
+              hi):
         if not (isinstance(wf, types.Array) and isinstance(xs, types.Array)
                 and isinstance(df, types.Array)):
             return None
         if wf.dtype != xs.dtype or wf.dtype != df.dtype or \
                 wf.dtype not in (types.float32, types.float64):
             return None
-        if not all(isinstance(t, types.Integer) for t in (w0, b0, cs, rs, no, d0, os_)) or \
+        if not all(isinstance(t, types.Integer) for t in (w0, b0, h, w, d0, oh, ow, pt, pl)) or \
                 not _epilogue_types(bias, c0, ep, add, lo, hi) or bias.dtype != wf.dtype:
             return None
-        sig = types.void(wf, w0, xs, b0, cs, rs, no, df, d0, os_, bias, c0, ep, add, lo, hi)
+        sig = types.void(wf, w0, xs, b0, h, w, df, d0, oh, ow, pt, pl, bias, c0, ep, add, lo,
+                         hi)
 
         def codegen(context, builder, signature, args):
             at = signature.args
             wptr = context.make_array(at[0])(context, builder, args[0]).data
             xptr = context.make_array(at[2])(context, builder, args[2]).data
-            dptr = context.make_array(at[7])(context, builder, args[7]).data
-            w0v, b0v, csv, rsv, nov, d0v, osv = (_offset(context, builder, at[i], args[i])
-                                                 for i in (1, 3, 4, 5, 6, 8, 9))
+            dptr = context.make_array(at[6])(context, builder, args[6]).data
+            w0v, b0v, hv, wv, d0v, ohv, owv, ptv, plv = (
+                _offset(context, builder, at[i], args[i]) for i in (1, 3, 4, 5, 7, 8, 9, 10, 11))
             fty, size, lanes, vty, i64, zero, fma = _vectors(context, builder, at[0].dtype)
+            load, store = _masked(builder, vty, "load"), _masked(builder, vty, "store")
+            ity = ir.VectorType(i64, lanes)
+            iota = ir.Constant(ity, list(range(lanes)))
+            c = lambda v: ir.Constant(i64, v)  # noqa: E731
+            align = ir.Constant(ir.IntType(32), size)
             wb = [_splat(builder, vty, builder.load(builder.gep(
-                wptr, [builder.add(w0v, ir.Constant(i64, t))]))) for t in range(kh * kw)]
-            # the epilogue (ep): + bias[c0] (add), clamped, as each output row is stored
-            bptr = context.make_array(at[10])(context, builder, args[10]).data
-            c0v = _offset(context, builder, at[11], args[11])
-            ep = _flag(context, builder, at[12], args[12])
-            add = _flag(context, builder, at[13], args[13])
+                wptr, [builder.add(w0v, c(t))]))) for t in range(kh * kw)]
+            bptr = context.make_array(at[12])(context, builder, args[12]).data
+            c0v = _offset(context, builder, at[13], args[13])
+            ep = _flag(context, builder, at[14], args[14])
+            add = _flag(context, builder, at[15], args[15])
             apply, splat = _clamper(context, builder, at[0].dtype, vty, add, *(
-                context.cast(builder, args[i], at[i], types.float64) for i in (14, 15)))
+                context.cast(builder, args[i], at[i], types.float64) for i in (16, 17)))
             nobias = cgutils.alloca_once_value(builder, ir.Constant(fty, 0.0))
             bvec = splat(builder.load(builder.select(add, builder.gep(bptr, [c0v]), nobias)))
-            # acc[i]: the sums of the output row that reads the current input row as its
-            # row i (rows 0..i-1 summed)
-            acc = [cgutils.alloca_once_value(builder, zero) for _ in range(kh)]
-            rows = builder.add(nov, ir.Constant(i64, kh - 1))
-            with cgutils.for_range(builder, rows) as loop:
-                r = loop.index
-                base = builder.add(b0v, builder.mul(r, rsv))
-                xv = []
-                for j in range(kw):
-                    p = builder.gep(xptr, [builder.add(base, builder.mul(csv,
-                                                                         ir.Constant(i64, j)))])
-                    xv.append(builder.load(builder.bitcast(p, vty.as_pointer()), align=size))
-                sums = []
-                for i in range(kh):
-                    s = builder.fmul(wb[i * kw], xv[0]) if i == 0 else \
-                        builder.call(fma, [wb[i * kw], xv[0], builder.load(acc[i])])
-                    for j in range(1, kw):
-                        s = builder.call(fma, [wb[i * kw + j], xv[j], s])
-                    sums.append(s)
-                # the row that took its last input row is done: output r - (kh - 1)
-                o = builder.sub(r, ir.Constant(i64, kh - 1))
-                with builder.if_then(builder.icmp_signed(">=", o, ir.Constant(i64, 0))):
-                    p = builder.bitcast(builder.gep(dptr, [builder.add(d0v, builder.mul(o, osv))]),
-                                        vty.as_pointer())
-                    with builder.if_else(ep) as (yes, no):
-                        with yes:
-                            builder.store(apply(sums[kh - 1], bvec), p, align=size)
-                        with no:
-                            builder.store(sums[kh - 1], p, align=size)
-                for i in range(1, kh):
-                    builder.store(sums[i - 1], acc[i])
+
+            def inside(col, lo_, hi_):
+                """The lanes whose columns ``col + lane`` lie in ``[lo_, hi_)``."""
+                cols = builder.add(_splat(builder, ity, col), iota)
+                return builder.and_(builder.icmp_signed(">=", cols, _splat(builder, ity, lo_)),
+                                    builder.icmp_signed("<", cols, _splat(builder, ity, hi_)))
+
+            def vload(at_, mask):
+                p = builder.bitcast(builder.gep(xptr, [at_]), vty.as_pointer())
+                return builder.call(load, [p, align, mask, zero])
+
+            def put(row, q0, s, smask):
+                p = builder.bitcast(builder.gep(dptr, [builder.add(
+                    d0v, builder.add(builder.mul(row, owv), q0))]), vty.as_pointer())
+                with builder.if_else(ep) as (yes, no):
+                    with yes:
+                        builder.call(store, [apply(s, bvec), p, align, smask])
+                    with no:
+                        builder.call(store, [s, p, align, smask])
+
+            nq = builder.sdiv(builder.add(owv, c(lanes - 1)), c(lanes))
+            zero_i = c(0)
+            if stride == 1:
+                acc = [cgutils.alloca_once_value(builder, zero) for _ in range(kh)]
+                with cgutils.for_range(builder, nq) as qloop:
+                    q0 = builder.mul(qloop.index, c(lanes))
+                    smask = inside(q0, zero_i, owv)
+                    cols = [builder.sub(builder.add(q0, c(j)), plv) for j in range(kw)]
+                    lmask = [inside(col, zero_i, wv) for col in cols]
+                    for i in range(kh):
+                        builder.store(zero, acc[i])
+                    with cgutils.for_range(builder, builder.add(ohv, c(kh - 1))) as loop:
+                        r = loop.index  # output row r - i reads this input row as its row i
+                        ih = builder.sub(r, ptv)
+                        ok = builder.and_(builder.icmp_signed(">=", ih, zero_i),
+                                          builder.icmp_signed("<", ih, hv))
+                        okv = _splat(builder, ir.VectorType(ir.IntType(1), lanes), ok)
+                        base = builder.add(b0v, builder.mul(ih, wv))
+                        xv = [vload(builder.add(base, cols[j]), builder.and_(lmask[j], okv))
+                              for j in range(kw)]
+                        sums = []
+                        for i in range(kh):
+                            s = builder.load(acc[i]) if i else zero
+                            for j in range(kw):
+                                s = builder.call(fma, [wb[i * kw + j], xv[j], s])
+                            sums.append(s)
+                        o = builder.sub(r, c(kh - 1))
+                        with builder.if_then(builder.icmp_signed(">=", o, zero_i)):
+                            put(o, q0, sums[kh - 1], smask)
+                        for i in range(1, kh):
+                            builder.store(sums[i - 1], acc[i])
+            else:
+                even = ir.Constant(ir.VectorType(ir.IntType(32), lanes),
+                                   [stride * t for t in range(lanes)])
+                with cgutils.for_range(builder, nq) as qloop:
+                    q0 = builder.mul(qloop.index, c(lanes))
+                    smask = inside(q0, zero_i, owv)
+                    # (per column of vectors: the columns each tap reads, and which lie inside)
+                    cols = [[builder.add(builder.sub(builder.add(builder.mul(q0, c(stride)),
+                                                                 c(j)), plv), c(h2 * lanes))
+                             for h2 in range(stride)] for j in range(kw)]
+                    lmask = [[inside(cc, zero_i, wv) for cc in row] for row in cols]
+                    with cgutils.for_range(builder, ohv) as oloop:
+                        o = oloop.index
+                        s = zero
+                        for i in range(kh):
+                            ih = builder.sub(builder.add(builder.mul(o, c(stride)), c(i)), ptv)
+                            ok = builder.and_(builder.icmp_signed(">=", ih, zero_i),
+                                              builder.icmp_signed("<", ih, hv))
+                            okv = _splat(builder, ir.VectorType(ir.IntType(1), lanes), ok)
+                            base = builder.add(b0v, builder.mul(ih, wv))
+                            for j in range(kw):
+                                parts = [vload(builder.add(base, cols[j][h2]),
+                                               builder.and_(lmask[j][h2], okv))
+                                         for h2 in range(stride)]
+                                xv = builder.shuffle_vector(parts[0], parts[1], even)
+                                s = builder.call(fma, [wb[i * kw + j], xv, s])
+                        put(o, q0, s, smask)
             return context.get_dummy_value()
 
         return sig, codegen
 
-    return roll
+    return plane
 
 
 @intrinsic

@@ -10,7 +10,7 @@ writes).
 import pathlib
 import re
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 PKG = ROOT / "src" / "pdjit"
 _NAME = re.compile(r"\bPDJIT_[A-Z][A-Z0-9_]*\b")
 

@@ -1,9 +1,9 @@
 """The README's Python blocks run as written, in order, in one fresh process (they build on each
 other, as a reader running the tour does), in an empty directory.
 
-A block preceded by ``<!-- not run by tests/test_readme.py: REASON -->`` is left out. The shell
+A block preceded by ``<!-- not run by tests/e2e/test_readme.py: REASON -->`` is left out. The shell
 blocks (the command line on the model the tour saves, the C build) are not run here; the same
-commands are tested by tests/test_cli.py and tests/aot.
+commands are tested by tests/tools/test_cli.py and tests/codegen/aot.
 """
 import json
 import os
@@ -12,9 +12,9 @@ import re
 import subprocess
 import sys
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
-_BLOCK = re.compile(r"(?P<skip><!-- not run by tests/test_readme\.py:[^>]*-->\s*\n)?"
+_BLOCK = re.compile(r"(?P<skip><!-- not run by tests/e2e/test_readme\.py:[^>]*-->\s*\n)?"
                     r"^```python\n(?P<code>.*?)^```", re.S | re.M)
 _DRIVER = """
 import json, sys

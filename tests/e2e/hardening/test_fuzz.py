@@ -7,14 +7,14 @@ may crash, and nothing may allocate gigabytes because a file claims a size.
 Structural edits of the programs (``edit``: attributes, slots, op types, variable descs) add
 what byte mutations rarely reach. The CI run tries ``CI_CASES`` byte mutants and a fifth as many
 edits; ``PDJIT_FUZZ_CASES=N`` (or ``HYPOTHESIS_PROFILE=dev``: ``DEV_CASES``) tries more.
-``python tests/hardening/test_fuzz.py N [SEED]`` prints the outcome counts by class (parse error /
-verify error / parameter error / feed too large / run error / ok).
+``python tests/e2e/hardening/test_fuzz.py N [SEED]`` prints the outcome counts by class (parse
+error / verify error / parameter error / feed too large / run error / ok).
 
 Both executors (``compare``): every mutant of the small models that verifies runs in the
 reference and the compiled executor (strict), which must agree: equal values (floats within
 ``close``: relative to each fetched tensor's magnitude), or the same pdjit error class. CI runs
 ``CI_BOTH`` of them; ``PDJIT_FUZZ_CASES=N`` runs ``N // 10``;
-``python tests/hardening/test_fuzz.py both N [SEED] [all]`` runs N over the small models (or
+``python tests/e2e/hardening/test_fuzz.py both N [SEED] [all]`` runs N over the small models (or
 every model, loops bounded at 1,000 iterations) and prints the disagreements.
 """
 import collections
@@ -40,7 +40,7 @@ from pdjit.io.tensor_stream import _Reader, load_combined_params, read_tensor, w
 from pdjit.proto import framework_pb2 as pb
 from pdjit.testing.op_test import assert_native
 
-FIXTURES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "paddle")
+FIXTURES = os.path.join(pathlib.Path(__file__).parents[2], "fixtures", "paddle")
 PADDLE_MODELS = ("models/mlp", "models/cond_while", "models/transformer", "models/lstm",
                  "fit_a_line_infer", "mlp_infer")
 CI_CASES, DEV_CASES = 2500, 20000
@@ -760,7 +760,7 @@ elif __name__ == "__main__":
             print(f"--- {name} case {i} ({kind})\n{tb}")
 
 
-MUTANTS = pathlib.Path(__file__).parent.parent / "fixtures" / "mutants"
+MUTANTS = pathlib.Path(__file__).parents[2] / "fixtures" / "mutants"
 
 
 @pytest.mark.parametrize("name", ["nonetype_shape", "syntaxerror_dminus1",

@@ -30,7 +30,7 @@ from pdjit.tools.bench import Progress
 from pdjit.tools.graph import quote, to_dot
 
 L = fluid.layers
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 PADDLE = ROOT / "tests" / "fixtures" / "paddle"
 CORPUS = PADDLE / "models"
 RNG = np.random.default_rng(17)
@@ -481,9 +481,9 @@ def test_module_entry_point_smoke():
 
 
 def test_compile_is_the_aot_command(capsys):
-    """``pdjit compile`` takes the arguments of ``python -m pdjit.aot compile`` (tests/aot runs
-    the artifacts); a model it cannot read, or an output name that ``import`` cannot take, is one
-    error line and status 2."""
+    """``pdjit compile`` takes the arguments of ``python -m pdjit.aot compile``
+    (tests/codegen/aot runs the artifacts); a model it cannot read, or an output name that
+    ``import`` cannot take, is one error line and status 2."""
     from pdjit.cli import build_parser
 
     args = build_parser().parse_args(["compile", "m", "-o", "out", "--batch", "4", "--cpu",

@@ -23,7 +23,7 @@ import pytest
 pytestmark = [pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler 'cc'"),
               pytest.mark.xdist_group("aot")]
 
-MODELS = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "paddle" / "models"
+MODELS = pathlib.Path(__file__).resolve().parents[2] / "fixtures" / "paddle" / "models"
 NAMES = ["mlp", "lenet"]
 
 

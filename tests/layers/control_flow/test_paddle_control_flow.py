@@ -15,7 +15,7 @@ pytestmark = pytest.mark.filterwarnings(
     r")' runs its NumPy reference"
     ":pdjit.framework.errors.ReferenceStepWarning")
 
-FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "paddle"
+FIXTURES = pathlib.Path(__file__).resolve().parents[2] / "fixtures" / "paddle"
 MANIFEST = json.loads((FIXTURES / "manifest.json").read_text())
 MODES = ["reference", "compiled"]
 

@@ -118,7 +118,7 @@ TAPS_CASES = [
 
 
 # (float64, 8 lanes a vector: its 4-row tiles, 1-vector tails and same-width depthwise planes
-# run in tests/ops/test_conv_grad_kernels.py, the input gradient by the forward kernel)
+# run in tests/codegen/cpu/test_conv_grad_kernels.py, the input gradient by the forward kernel)
 @pytest.mark.parametrize("dtype,xshape,wshape,stride,pad,groups",
                          [(np.float32,) + c for c in TAPS_CASES])
 def test_conv_taps_tiles(dtype, xshape, wshape, stride, pad, groups):

@@ -11,7 +11,7 @@ import pytest
 
 import pdjit as fluid
 
-FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "paddle"
+FIXTURES = pathlib.Path(__file__).resolve().parents[2] / "fixtures" / "paddle"
 STEPS = np.load(FIXTURES / "fit_a_line_steps.npz")
 
 

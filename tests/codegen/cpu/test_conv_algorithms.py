@@ -49,7 +49,15 @@ CASES = [
     ((3, 8, 4, 4), (16, 4, 1, 1), 1, 0, 1, 2, "_fwd_taps"),    # 1x1 by panels over samples
     ((2, 3, 3, 4), (4, 3, 3, 3), 1, 1, 1, 1, "_fwd_blas"),     # 12 outputs: im2col + BLAS
     ((1, 4, 5, 5), (6, 2, 3, 3), 2, 1, 2, 2, "_fwd_blas"),     # groups, dilation, stride
-    ((2, 4, 8, 8), (4, 1, 3, 3), 1, 1, 1, 4, "_direct_range"),  # depthwise
+    ((2, 4, 8, 8), (4, 1, 3, 3), 1, 1, 1, 4, "_direct_range"),  # depthwise: by planes
+    ((1, 3, 19, 21), (3, 1, 3, 3), 2, 1, 1, 3, "_direct_range"),  # stride 2, odd sizes
+    ((2, 2, 9, 18), (4, 1, 5, 5), 1, 2, 1, 2, "_direct_range"),  # 5x5, two outputs a channel
+    ((1, 3, 11, 20), (3, 1, 5, 5), 2, 2, 1, 3, "_direct_range"),  # 5x5 stride 2
+    ((1, 2, 9, 9), (2, 1, 7, 7), 1, 3, 1, 2, "_direct_range"),  # 7x7
+    ((1, 2, 10, 12), (2, 1, 7, 7), 2, 0, 1, 2, "_direct_range"),  # 7x7 stride 2, no padding
+    ((1, 2, 1, 1), (2, 1, 3, 3), 1, 1, 1, 2, "_direct_range"),  # a 1x1 image: padding alone
+    ((1, 3, 8, 9), (3, 1, 3, 3), 1, 2, 2, 3, "_direct_range"),  # dilated: the phase planes
+    ((1, 2, 9, 9), (2, 1, 3, 3), 3, 1, 1, 2, "_direct_range"),  # stride 3: the phase planes
 ]
 
 
@@ -143,9 +151,11 @@ def test_copy_and_zero_runs():
 # ---- the epilogue the forward kernels apply as they store ----------------------------------------
 # (image, filter, stride, pad, groups, the kernel's name, the path inside it)
 EPI_CASES = [
-    ((2, 16, 16, 16), (16, 1, 3, 3), 1, 1, 16, "_direct_range", "rolled"),
-    ((2, 24, 16, 16), (24, 1, 3, 3), 2, 1, 24, "_direct_range", "quads"),
+    ((2, 16, 16, 16), (16, 1, 3, 3), 1, 1, 16, "_direct_range", "planes"),
+    ((2, 24, 16, 16), (24, 1, 3, 3), 2, 1, 24, "_direct_range", "planes, stride 2"),
     ((1, 3, 7, 5), (3, 1, 3, 3), 1, 1, 3, "_direct_range", "odd plane"),
+    ((1, 3, 7, 5), (3, 1, 5, 5), 2, 2, 3, "_direct_range", "5x5 stride 2"),
+    ((1, 3, 9, 8), (3, 1, 2, 2), 1, 0, 3, "_direct_range", "2x2: phase planes"),
     ((2, 3, 32, 32), (16, 3, 3, 3), 2, 1, 1, "_fwd_taps", "stride 2 rows"),
     ((2, 16, 8, 8), (24, 16, 1, 1), 1, 0, 1, "_fwd_taps", "1x1 plain"),
     ((1, 3, 9, 9), (6, 3, 3, 3), 1, 1, 1, "_fwd_taps", "six rows"),

@@ -6,7 +6,7 @@ import subprocess
 import sys
 import textwrap
 
-LENET = pathlib.Path(__file__).parent / "fixtures" / "paddle" / "models" / "lenet"
+LENET = pathlib.Path(__file__).parents[1] / "fixtures" / "paddle" / "models" / "lenet"
 
 SCRIPT = textwrap.dedent("""
     import contextlib, io, json, sys

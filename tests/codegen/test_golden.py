@@ -3,7 +3,7 @@
 A change to the code generator that changes the generated text fails here and shows the diff;
 when the change is meant, regenerate the files and commit them with it:
 
-    PDJIT_UPDATE_GOLDEN=1 python -m pytest tests/compiler/test_golden.py
+    PDJIT_UPDATE_GOLDEN=1 python -m pytest tests/codegen/test_golden.py
 
 Module names and the header's version/dependency hash are masked: they change with any edit
 of the runtime helpers, which says nothing about the generated code itself.
