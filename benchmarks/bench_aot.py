@@ -216,7 +216,7 @@ def main() -> None:
         child(engine, int(batch), int(repeat), tmp)
         return
     from pdjit.aot import compile_model
-    from pdjit.io.inference import load_model
+    from pdjit.io.inference_model import load_model
     from pdjit.io.onnx_export import to_onnx
 
     model_path = str(MODELS / args.model)

@@ -56,7 +56,7 @@ def child_prepare(tmp: str) -> dict:
 
     import pdjit as fluid
     from pdjit import static
-    from pdjit.io.inference import load_model
+    from pdjit.io.inference_model import load_model
 
     main, startup, out = _bench_compile()._resnet50(fluid)
     exe, scope = fluid.Executor(), fluid.Scope()

@@ -333,7 +333,7 @@ class Engine:
     def load(self, path: str, tmp: str) -> str:
         if self.name == "pdjit":
             return self.ask({"cmd": "load", "model": path, "threads": self.threads})["info"]
-        from pdjit.io.inference import load_model
+        from pdjit.io.inference_model import load_model
         model = load_model(path)
         try:
             req = self._tb._peer_request(self.name, model, tmp)

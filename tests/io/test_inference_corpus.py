@@ -4,7 +4,7 @@
 PaddlePaddle 3.3.1, legacy mode) holds small models written by Paddle's
 ``save_inference_model``, the inputs fed and what Paddle computed from the saved files
 (``<name>_io.npz``: ``<case>/feed/<var>``, ``<case>/fetch/<var>``), and ``manifest.json``.
-Every model loads with ``pdjit.io.inference.load_model`` and runs natively
+Every model loads with ``pdjit.io.inference_model.load_model`` and runs natively
 (``Executor(strict=True)``: native code that falls back to its NumPy reference fails the test,
 and so does an op planned as a reference step, by ``ReferenceStepWarning`` made an error) to
 Paddle's outputs within ``RTOL``/``ATOL``. The Fluid 1.x directory forms (``__model__`` with one
@@ -21,7 +21,7 @@ import pytest
 
 import pdjit as fluid
 from pdjit.framework import registry
-from pdjit.io.inference import load_model
+from pdjit.io.inference_model import load_model
 
 MODELS = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "paddle" / "models"
 MANIFEST = json.loads((MODELS / "manifest.json").read_text())["models"]

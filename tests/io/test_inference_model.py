@@ -17,7 +17,7 @@ import pdjit as fluid
 import pdjit.inference as inference
 import pdjit.static as static
 from pdjit.framework.errors import FeedError, ModelFileError
-from pdjit.io.inference import load_model
+from pdjit.io.inference_model import load_model
 
 RNG = np.random.default_rng(7)
 

@@ -14,7 +14,7 @@ import pytest
 import pdjit as fluid
 from pdjit.framework.errors import FeedError
 from pdjit.io.reader import ComposeNotAligned, ReaderError
-from pdjit.runtime import reader as rt_reader
+from pdjit.runtime import generator_loader as rt_reader
 from pdjit.testing.op_test import assert_native
 
 RNG = np.random.default_rng(3)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import pdjit as fluid
-from pdjit.layers.io import data
+from pdjit.layers.inputs import data
 from pdjit.testing.op_test import assert_native
 
 RNG = np.random.default_rng(161)

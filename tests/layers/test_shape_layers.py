@@ -5,7 +5,7 @@ import pytest
 import pdjit as fluid
 from pdjit.framework.errors import OpRunError, OpShapeError
 from pdjit.layers import shape_ops as L
-from pdjit.layers.io import data
+from pdjit.layers.inputs import data
 
 # op 'reshape2' has no native code for some inputs tested here: a compiled
 # plan runs its NumPy reference by design and says so once per process

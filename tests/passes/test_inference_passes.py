@@ -16,7 +16,7 @@ import pytest
 
 import pdjit as fluid
 from pdjit.framework import registry
-from pdjit.io.inference import feed_target_names, fetch_target_names, normalize_program
+from pdjit.io.inference_model import feed_target_names, fetch_target_names, normalize_program
 from pdjit.passes.inference import (
     INFERENCE_PASSES,
     fold_batch_norm,

@@ -10,7 +10,7 @@ import pdjit.static
 from pdjit.cli import main as cli_main
 from pdjit.framework import registry
 from pdjit.framework.errors import ModelFileError, ProgramError, UnregisteredOpError
-from pdjit.io import inference as inf
+from pdjit.io import inference_model as inf
 from pdjit.io.tensor_stream import _Reader, read_tensor, write_tensor
 from pdjit.passes import verify as verify_mod
 from pdjit.proto import framework_pb2 as pb

@@ -45,12 +45,12 @@ mask in the entry. A random op, a tensor array or a LoD input in a sub-block is 
 the top, naming the op and the block. A native loop whose carried value changes shape fails the
 run (``PDJIT_ERR_NATIVE``; the JIT re-runs such a loop with its reference instead).
 
-What runs today (tests/aot): every model of the inference corpus. mlp, lenet and cond_while
+What runs today (tests/codegen/aot): every model of the inference corpus. mlp, lenet and cond_while
 are bit-identical to the JIT executor when built for ``host`` (the same kernels and the same
-BLAS); mobilenet, resnet_block, transformer, gru and lstm (opt-in test, ``PDJIT_AOT_CORPUS=1``)
-are within 1e-6 of it through the loader and through ``example.c``; and a ``while_loop`` with a
-``cond`` in its body (``tests/aot/test_aot_control_flow.py``). The artifact runs the program
-after the inference passes, as ``pdjit.inference``'s predictor does, and equals it bit for bit;
+BLAS); mobilenet, resnet_block, transformer, gru and lstm (an opt-in test) are within 1e-6
+of it through the loader and through ``example.c``; and a ``while_loop`` with a ``cond`` in
+its body (``tests/codegen/aot/test_aot_control_flow.py``). The artifact runs the program after
+the inference passes, as ``pdjit.inference``'s predictor does, and equals it bit for bit;
 ``Executor.run`` on the saved program itself differs in the last bits where a pass folded
 ``batch_norm`` into a convolution (a small CNN: 1.2e-7).
 
@@ -84,7 +84,7 @@ run equals one thread on each slice bit for bit; one thread on the whole batch m
 the last bit where OpenBLAS sums a row differently for another row count (LeNet at 100 rows:
 2.7e-7). Instances are independent: threads may run their own instances concurrently.
 
-Relies on Numba internals (pinned by ``tests/aot/test_aot_numba_internals.py``), tested with
+Relies on Numba internals (pinned by ``tests/codegen/aot/test_aot_numba_internals.py``), tested with
 Numba 0.68.x and llvmlite 0.50.x (:data:`NUMBA_RANGE`): ``BaseContext.with_aot_codegen``,
 ``numba.core.compiler.compile_extra`` with ``Flags(no_compile, no_cpython_wrapper,
 no_cfunc_wrapper, nrt)``, ``nrtdynmod.create_nrt_module``, ``AOTCodeLibrary.emit_native_object``,

@@ -21,7 +21,7 @@ from pdjit.codegen.cpu import threads as cpu_threads
 from pdjit.framework import limits, registry
 from pdjit.framework.dtypes import to_numpy
 from pdjit.framework.errors import PdjitError, ReferenceStepWarning
-from pdjit.io.inference import load_model
+from pdjit.io.inference_model import load_model
 from pdjit.passes.inference import optimize
 from pdjit.proto import framework_pb2 as pb
 from pdjit.runtime.plan import build_plan
@@ -155,7 +155,7 @@ def compile_model(model_path, out_dir, batch: int = 1, cpu: str = "host",
                   params_file: str | None = None, *, fixed_batch: bool = False,
                   threads: int = 1, embed_params: bool = False,
                   prefix: str = csource.DEFAULT_PREFIX) -> Spec:
-    """Compile the saved model at ``model_path`` (any layout ``pdjit.io.inference.load_model``
+    """Compile the saved model at ``model_path`` (any layout ``pdjit.io.inference_model.load_model``
     reads) into ``out_dir`` (see ``pdjit.aot``). ``batch``: the batch the instances' memory is
     sized for at creation by default. ``cpu``: ``host`` (this machine's instruction set) or
     ``generic``. ``fixed_batch``: runs take 1 to ``batch`` rows and memory never grows (else

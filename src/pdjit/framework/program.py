@@ -34,7 +34,7 @@ VarType = pb.VarType
 
 
 # what a clone shares with its original: the readers (py_reader, non-iterable DataLoader) that
-# pdjit.runtime.reader attached, as a Fluid clone reads the same reader variable
+# pdjit.runtime.generator_loader attached, as a Fluid clone reads the same reader variable
 _SHARED_WITH_CLONES = ("_py_readers",)
 
 

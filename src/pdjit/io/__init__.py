@@ -1,7 +1,7 @@
 """Reading and writing programs and parameters in PaddlePaddle's formats."""
 from pdjit.io import checkpoint, reader
 from pdjit.io.checkpoint import *  # noqa: F401,F403
-from pdjit.io.inference import load_inference_model, save_inference_model
+from pdjit.io.inference_model import load_inference_model, save_inference_model
 from pdjit.io.reader import *  # noqa: F401,F403
 from pdjit.io.tensor_stream import (
                                     load_combined_params,

@@ -8,7 +8,7 @@ items (samples, or lists of samples once batched). Decorators take readers and r
 ``DataLoader.from_generator(feed_list, capacity, ...)`` feeds the variables of ``feed_list``
 from a generator set with ``set_sample_generator`` / ``set_sample_list_generator`` /
 ``set_batch_generator``, converting and prefetching up to ``capacity`` batches in a background
-thread (``pdjit.runtime.reader``). Iterable loaders yield feed dicts (lists with
+thread (``pdjit.runtime.generator_loader``). Iterable loaders yield feed dicts (lists with
 ``return_list=True``; with ``places`` given as a list, a list with one of them per place);
 non-iterable ones feed the runs of their program between ``start()`` and ``EOFException``.
 """
@@ -18,7 +18,7 @@ import queue
 import random
 import threading
 
-from pdjit.runtime.reader import (
+from pdjit.runtime.generator_loader import (
     GeneratorLoader,
     PyReaderLoader,
     ReaderError,

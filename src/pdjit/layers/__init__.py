@@ -9,7 +9,7 @@ from pdjit.layers import (
     crf,
     decode,
     image,
-    io,
+    inputs,
     learning_rate_scheduler,
     loss,
     math_ops,
@@ -28,7 +28,7 @@ from pdjit.layers.conv import *  # noqa: F401,F403
 from pdjit.layers.crf import *  # noqa: F401,F403
 from pdjit.layers.decode import *  # noqa: F401,F403
 from pdjit.layers.image import *  # noqa: F401,F403
-from pdjit.layers.io import *  # noqa: F401,F403
+from pdjit.layers.inputs import *  # noqa: F401,F403
 from pdjit.layers.layer_helper import LayerHelper
 from pdjit.layers.learning_rate_scheduler import *  # noqa: F401,F403
 from pdjit.layers.loss import *  # noqa: F401,F403
@@ -44,7 +44,7 @@ from pdjit.layers.shape_ops import *  # noqa: F401,F403
 from pdjit.layers.tensor import *  # noqa: F401,F403
 
 __all__ = (["LayerHelper"] + control_flow.__all__ + conv.__all__ + crf.__all__ + decode.__all__
-           + image.__all__ + io.__all__ + learning_rate_scheduler.__all__ + loss.__all__
+           + image.__all__ + inputs.__all__ + learning_rate_scheduler.__all__ + loss.__all__
            + math_ops.__all__
            + metric_op.__all__ + misc.__all__ + nn.__all__ + norm.__all__ + recurrent.__all__
            + rnn.__all__ + sequence.__all__ + shape_ops.__all__ + tensor.__all__)
@@ -85,6 +85,6 @@ __all__ = (__all__ + activation.__all__ + conv_pool3d.__all__ + distributions.__
 from pdjit.layers._user_line import wrap_all  # noqa: E402
 
 wrap_all(globals(), __all__)
-wrap_all(vars(io), ["data_v2"])          # pdjit.data
+wrap_all(vars(inputs), ["data_v2"])      # pdjit.data
 wrap_all(vars(nn), ["embedding_v2"])     # pdjit.embedding
 del wrap_all

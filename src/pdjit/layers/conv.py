@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 
-from pdjit.initializer import Normal
+from pdjit.layers.initializer import Normal
 from pdjit.layers.layer_helper import LayerHelper, check_dtype, check_variable
 
 __all__ = ["conv2d", "conv2d_transpose", "pool2d", "adaptive_pool2d"]

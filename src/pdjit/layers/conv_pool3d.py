@@ -10,7 +10,7 @@ import math
 import numbers
 
 from pdjit.framework.program import Variable
-from pdjit.initializer import Normal
+from pdjit.layers.initializer import Normal
 from pdjit.layers.layer_helper import LayerHelper, check_dtype, check_variable
 
 __all__ = ["conv3d", "conv3d_transpose", "pool3d", "adaptive_pool3d", "resize_trilinear"]

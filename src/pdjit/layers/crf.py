@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pdjit.framework.program import Variable
 from pdjit.layers.layer_helper import LayerHelper, check_dtype, check_variable
-from pdjit.param_attr import ParamAttr
+from pdjit.layers.param_attr import ParamAttr
 
 __all__ = ["linear_chain_crf", "crf_decoding"]
 

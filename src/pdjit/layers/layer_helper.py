@@ -14,8 +14,8 @@ from pdjit.framework.program import (
     default_startup_program,
 )
 from pdjit.framework.scalars import declare_fluid1_scalars
-from pdjit.initializer import Constant, Xavier
-from pdjit.param_attr import ParamAttr
+from pdjit.layers.initializer import Constant, Xavier
+from pdjit.layers.param_attr import ParamAttr
 
 
 def check_variable(value, arg: str, layer: str) -> Variable:

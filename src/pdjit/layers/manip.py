@@ -855,8 +855,8 @@ def spectral_norm(weight, dim=0, power_iters=1, eps=1e-12, name=None) -> Variabl
     """``weight`` divided by its largest singular value (``dim`` as the matrix's rows), estimated
     by ``power_iters`` power iterations from two non-trainable vectors ``U`` and ``V`` drawn
     from Normal(0, 1)."""
-    from pdjit.initializer import Normal
-    from pdjit.param_attr import ParamAttr
+    from pdjit.layers.initializer import Normal
+    from pdjit.layers.param_attr import ParamAttr
 
     layer = "spectral_norm"
     check_variable(weight, "weight", layer)

@@ -9,7 +9,7 @@ import numbers
 
 from pdjit.framework import dtypes
 from pdjit.framework.program import Variable
-from pdjit.initializer import Constant
+from pdjit.layers.initializer import Constant
 from pdjit.layers.layer_helper import LayerHelper, check_variable
 
 _ELEMENTWISE = ["elementwise_add", "elementwise_sub", "elementwise_mul", "elementwise_div",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numbers
 
-from pdjit.initializer import Constant
+from pdjit.layers.initializer import Constant
 from pdjit.layers.layer_helper import LayerHelper, check_dtype, check_variable
 
 __all__ = ["auc", "edit_distance", "chunk_eval"]

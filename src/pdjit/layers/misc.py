@@ -214,7 +214,7 @@ def autoincreased_step_counter(counter_name=None, begin=1, step=1) -> Variable:
     increment per run), as Fluid 1.8 does; e.g. ``ExponentialMovingAverage``'s
     ``thres_steps``."""
     from pdjit.framework import registry
-    from pdjit.initializer import Constant
+    from pdjit.layers.initializer import Constant
     name = "@STEP_COUNTER@" if counter_name is None else counter_name
     if not isinstance(name, str) or not name:
         raise TypeError(f"autoincreased_step_counter: counter_name must be a non-empty str, "

@@ -10,7 +10,7 @@ import numbers
 
 from pdjit.framework.program import Variable
 from pdjit.layers.layer_helper import LayerHelper, check_dtype, check_variable
-from pdjit.param_attr import ParamAttr
+from pdjit.layers.param_attr import ParamAttr
 
 __all__ = ["fc", "matmul", "mul", "softmax", "cross_entropy", "softmax_with_cross_entropy",
            "square_error_cost", "accuracy", "dropout", "embedding"]

@@ -21,9 +21,9 @@ Each appends the op of the same name (``pdjit.ops.norm``) with Fluid's parameter
 from __future__ import annotations
 
 from pdjit.framework.program import Variable
-from pdjit.initializer import Constant
+from pdjit.layers.initializer import Constant
 from pdjit.layers.layer_helper import LayerHelper, check_dtype, check_variable
-from pdjit.param_attr import ParamAttr
+from pdjit.layers.param_attr import ParamAttr
 
 __all__ = ["batch_norm", "instance_norm", "group_norm", "layer_norm"]
 

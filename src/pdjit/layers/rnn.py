@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 
-from pdjit.initializer import Uniform
+from pdjit.layers.initializer import Uniform
 from pdjit.layers.layer_helper import LayerHelper, check_dtype, check_variable
+from pdjit.layers.param_attr import ParamAttr
 from pdjit.layers.shape_ops import transpose
-from pdjit.param_attr import ParamAttr
 
 __all__: list = ["lstm"]
 

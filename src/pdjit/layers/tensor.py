@@ -5,9 +5,9 @@ import numpy as np
 
 from pdjit.framework import dtypes, unique_name
 from pdjit.framework.program import Variable
-from pdjit.initializer import Constant
+from pdjit.layers.initializer import Constant
 from pdjit.layers.layer_helper import LayerHelper, check_variable
-from pdjit.param_attr import ParamAttr
+from pdjit.layers.param_attr import ParamAttr
 
 __all__ = ["create_tensor", "create_parameter", "create_global_var", "fill_constant",
            "fill_constant_batch_size_like", "assign", "cast", "zeros", "ones", "zeros_like",

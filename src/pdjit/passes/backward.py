@@ -45,6 +45,9 @@ from pdjit.framework.registry import EMPTY_VAR_NAME, OP_ROLE_BACKWARD, OP_ROLE_L
 from pdjit.passes import dump_after
 from pdjit.proto import framework_pb2 as pb
 
+# also Fluid's ``fluid.backward`` module (pdjit.MOVED)
+__all__ = ["append_backward", "gradients"]
+
 VarType = pb.VarType
 
 

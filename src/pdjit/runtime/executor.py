@@ -32,13 +32,16 @@ from pdjit.framework.errors import PdjitError, as_pdjit_error
 from pdjit.framework.program import Block, Program, default_main_program
 from pdjit.passes import verify
 from pdjit.proto import framework_pb2 as pb
-from pdjit.runtime import checks, dataset_run, feed_fetch, interpreter, profile, reader
+from pdjit.runtime import checks, dataset_run, feed_fetch, generator_loader, interpreter, profile
 from pdjit.runtime.checks import env_flag
 from pdjit.runtime.context import Env
 from pdjit.runtime.dataset_run import FetchHandler  # noqa: F401 (fluid.executor's name)
 from pdjit.runtime.place import CPUPlace, Place
-from pdjit.runtime.scope import Scope, global_scope
+from pdjit.runtime.scope import Scope, global_scope, scope_guard  # noqa: F401 (fluid.executor's)
 from pdjit.runtime.tensor import LoDTensor, device_holder
+
+# also Fluid's ``fluid.executor`` module (pdjit.MOVED)
+__all__ = ["Executor", "Scope", "global_scope", "scope_guard", "FetchHandler"]
 
 VarType = pb.VarType
 _NONE = object()
@@ -171,7 +174,7 @@ class Executor:
                 fetch_list = [fetch_list]
             scope = scope if scope is not None else global_scope()
             # a started py_reader/DataLoader's batch
-            feed = reader.pending_feed(program, feed or {})
+            feed = generator_loader.pending_feed(program, feed or {})
             try:
                 feed_names = tuple([k if type(k) is str else k.name for k in feed])
                 fetch_names = tuple([f if type(f) is str else f.name for f in fetch_list or ()])

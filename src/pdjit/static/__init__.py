@@ -19,10 +19,10 @@ from pdjit.framework.program import (
     default_startup_program,
     program_guard,
 )
-from pdjit.io import inference as _inf
+from pdjit.io import inference_model as _inf
 from pdjit.io.checkpoint import load, load_program_state, save, set_program_state
 from pdjit.io.tensor_stream import persistable_names, write_tensor
-from pdjit.layers.io import data_v2 as data
+from pdjit.layers.inputs import data_v2 as data
 from pdjit.runtime.executor import Executor
 from pdjit.runtime.place import CPUPlace, CUDAPlace
 from pdjit.runtime.scope import Scope, global_scope, scope_guard

@@ -349,7 +349,7 @@ def bench(path: str, batches: list, threads: int | None = None, repeat: int = 30
           out=None) -> int:
     out = out or sys.stdout
     from pdjit.codegen.cpu import threads as pd_threads
-    from pdjit.io.inference import load_model
+    from pdjit.io.inference_model import load_model
     if repeat < 1 or warmup < 0:
         raise CliError(f"--repeat must be >= 1 and --warmup >= 0, got {repeat} and {warmup}")
     if threads is not None and threads < 1:

@@ -10,7 +10,7 @@ from collections import Counter
 import numpy as np
 
 from pdjit.framework import registry
-from pdjit.io.inference import param_vars
+from pdjit.io.inference_model import param_vars
 from pdjit.tools import plural
 from pdjit.tools.model import (
     Loaded,

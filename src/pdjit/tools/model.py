@@ -9,7 +9,7 @@ import numpy as np
 from pdjit.framework import dtypes
 from pdjit.framework.errors import ModelFileError, ProgramError
 from pdjit.framework.program import Program
-from pdjit.io import inference as inf
+from pdjit.io import inference_model as inf
 from pdjit.io.variables import _read_file
 from pdjit.proto import framework_pb2 as pb
 from pdjit.tools import CliError, plural

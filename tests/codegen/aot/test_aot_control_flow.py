@@ -121,7 +121,7 @@ def _merged_numpy(h):
 def built(tmp_path_factory):
     """{name: (artifact dir, loaded model module, the model's parameters)} for both models."""
     from pdjit.aot import compile_model
-    from pdjit.io.inference import load_model
+    from pdjit.io.inference_model import load_model
 
     out = {}
     d = tmp_path_factory.mktemp("aot_cond_while")
@@ -142,7 +142,7 @@ def jit(built):
     """``run(name, feed) -> outputs`` through the JIT executor, strict (a native step that falls
     back to the references fails)."""
     import pdjit as fluid
-    from pdjit.io.inference import load_inference_model as load_dir
+    from pdjit.io.inference_model import load_inference_model as load_dir
     from pdjit.static import load_inference_model
 
     exe = fluid.Executor(fluid.CPUPlace(), strict=True)
@@ -332,7 +332,7 @@ def test_the_plans_have_control_flow_and_only_native_code(built):
     plans are native steps, and the nested model's loop is driven (a body with a ``cond``)."""
     from pdjit.aot import build
     from pdjit.codegen.cpu import threads
-    from pdjit.io.inference import load_model
+    from pdjit.io.inference_model import load_model
     from pdjit.passes.inference import optimize
 
     def plans(where):

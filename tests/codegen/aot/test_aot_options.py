@@ -232,14 +232,14 @@ def test_embedded_params_run_without_the_file(lenet, tmp_path):
     with pytest.raises(art.ModelError, match="not this model's"):
         art.load(params=str(bad))
     # C, with no model.params anywhere beside it, on 2 threads
-    r = _example(moved, env={"PDJIT_THREADS": "2"})
+    r = _example(moved, env={"PDJIT_NUM_THREADS": "2"})
     assert r.returncode == 0, r.stderr
     assert "threads: 2 (slices of the batch)" in r.stdout
     _, first = _first_values(r.stdout)
     k = np.arange(2 * 28 * 28, dtype=np.int64)
     x = (((k * 7919) % 2001) / 1000.0 - 1.0).astype(np.float32).reshape(2, 1, 28, 28)
     np.testing.assert_allclose(first, m.run({"x": x})[0].ravel()[:5], rtol=1e-5)
-    r = _example(moved, env={"PDJIT_THREADS": "0"})
+    r = _example(moved, env={"PDJIT_NUM_THREADS": "0"})
     assert r.returncode == 2 and "threads: expected 1 to 64, got 0" in r.stderr
 
 
@@ -321,7 +321,7 @@ def test_analysis(build, ok, named):
 
 def test_analysis_of_the_corpus():
     from pdjit.aot.batch_split import analyse
-    from pdjit.io.inference import load_model
+    from pdjit.io.inference_model import load_model
     from pdjit.passes.inference import optimize
 
     for name, ok, named in (("lenet", True, ""), ("transformer", True, ""),

@@ -350,7 +350,7 @@ def test_training_mode_dropout_0d_input_and_a_loop_that_never_ends_on_zeros(tmp_
 
     import pdjit as fluid
     from pdjit.aot.__main__ import main
-    from pdjit.io.inference import load_model
+    from pdjit.io.inference_model import load_model
 
     def model(fluid):
         x = fluid.layers.data("x", [4], dtype="float32")

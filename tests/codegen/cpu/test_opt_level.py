@@ -95,18 +95,6 @@ def test_generated_kernels_use_pdjit_pipeline(levels, tmp_path, monkeypatch):
     assert cres.fndesc.llvm_cpython_wrapper_name in names  # callable from Python
 
 
-def test_bad_level_setting_names_the_variable(monkeypatch):
-    monkeypatch.setenv("PDJIT_LLVM_OPT", "fast")
-    with pytest.raises(ValueError, match="PDJIT_LLVM_OPT must be 0, 1, 2 or 3; got 'fast'"):
-        _jit._env_level()
-    monkeypatch.setenv("PDJIT_LLVM_OPT", "2")
-    assert _jit._env_level() == 2
-    monkeypatch.setenv("PDJIT_LLVM_OPT", "")
-    assert _jit._env_level() == 1
-
-
-
-
 @pytest.fixture
 def function_passes(monkeypatch):
     """The IR modules Numba ran its per-function passes on while the test ran (in

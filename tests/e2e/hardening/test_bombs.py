@@ -364,7 +364,7 @@ def test_special_and_huge_files_are_refused(paddle_mlp, tmp_path, capsys, monkey
     import os
 
     from pdjit.framework.errors import ModelFileError
-    from pdjit.io import inference as inf
+    from pdjit.io import inference_model as inf
     fifo = tmp_path / "fifo.pdiparams"
     os.mkfifo(fifo)
     model = paddle_mlp.with_suffix(".pdmodel")
@@ -485,7 +485,7 @@ def test_random_initializer_scratch_is_bounded():
 def test_parameter_declared_without_dims_takes_the_files(paddle_mlp):
     """A persistable declared ``[]`` (dims not recorded) takes the dims of the value its file
     holds, so the compiled plan is built for the rank it gets: both executors agree."""
-    from pdjit.io import inference as inf
+    from pdjit.io import inference_model as inf
     from pdjit.testing.op_test import assert_native
     path = paddle_mlp.with_suffix(".pdmodel")
     desc = pb.ProgramDesc.FromString(path.read_bytes())
@@ -558,7 +558,7 @@ def test_scalar_declared_0d_but_computed_1_agrees(fixtures_dir):
     both forms): the op runs its reference in the compiled plan (which stores the declared
     form, as the reference executor does; a ReferenceStepWarning says so), the rest native;
     both modes give the same values."""
-    from pdjit.io import inference as inf
+    from pdjit.io import inference_model as inf
     from pdjit.testing.op_test import assert_native
     stem = fixtures_dir / "models" / "cond_while"
     desc = pb.ProgramDesc.FromString(stem.with_suffix(".pdmodel").read_bytes())

@@ -35,7 +35,7 @@ import pytest
 import pdjit as fluid
 from pdjit.framework import registry
 from pdjit.framework.errors import ModelFileError, PdjitError, ProgramError
-from pdjit.io import inference as inf
+from pdjit.io import inference_model as inf
 from pdjit.io.tensor_stream import _Reader, load_combined_params, read_tensor, write_tensor
 from pdjit.proto import framework_pb2 as pb
 from pdjit.testing.op_test import assert_native

@@ -1,7 +1,7 @@
 /* example.c: runs the model and prints its outputs' shapes and first values;
    exit status 0 on success. With no arguments the inputs are generated (batch 2, or 1 for a
    library built with --batch 1); else each argument is a .npy file holding one input, in the
-   order of pdjit_input_name. PDJIT_THREADS=N in the environment: the instance runs on N
+   order of pdjit_input_name. PDJIT_NUM_THREADS=N in the environment: the instance runs on N
    threads (pdjit_model_set_threads). Build here:
      cc -O2 -I. example.c -L. -lmodel -Wl,-rpath,'$ORIGIN' -o example */
 #include <stdio.h>
@@ -91,7 +91,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "create: %s\n", err);
         return 1;
     }
-    const char *threads = getenv("PDJIT_THREADS");
+    const char *threads = getenv("PDJIT_NUM_THREADS");
     if (threads != NULL && pdjit_model_set_threads(m, atoi(threads)) != PDJIT_OK) {
         fprintf(stderr, "threads: %s\n", pdjit_model_error(m));
         return 2;

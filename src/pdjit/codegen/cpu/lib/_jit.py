@@ -3,7 +3,6 @@ compile jobs they declare, and the one BLAS product they call in compiled code
 (:func:`blas_gemm`: here, so that every kernel module can import it without a cycle)."""
 import functools
 import gc
-import os
 import threading
 from types import MethodType
 
@@ -26,8 +25,8 @@ from pdjit.codegen.diskcache import cached
 # library kernel keeps its level (the kernel is re-optimised inside it at the user's level).
 # The level only changes LLVM's IR passes (the module pipeline); instruction selection stays at
 # Numba's. A kernel whose speed needs O3 (a loop LLVM must vectorise itself) declares it with
-# :data:`jit_o3`. Numba's disk cache does not key its entries by the level: a changed level
-# only applies to what is compiled anew (fresh caches to measure it).
+# :data:`jit_o3`. Numba's disk cache does not key its entries by the level: a changed
+# :data:`OPT_LEVEL` only applies to what is compiled anew (fresh caches to measure it).
 #
 # Below O3, a pdjit compile also skips Numba's per-function LLVM passes on the wrappers of its
 # functions: Numba runs LLVM's function simplification pipeline on every function of every IR
@@ -43,20 +42,12 @@ from pdjit.codegen.diskcache import cached
 # per added module, the wrappers' symbol names) are pinned by tests/codegen/cpu/test_opt_level.py.
 
 
-def _env_level() -> int:
-    text = os.environ.get("PDJIT_LLVM_OPT", "").strip()
-    if not text:
-        return 1
-    if text not in ("0", "1", "2", "3"):
-        raise ValueError(f"pdjit: PDJIT_LLVM_OPT must be 0, 1, 2 or 3; got {text!r}")
-    return int(text)
-
-
-#: LLVM optimisation level of pdjit's compiled code (env ``PDJIT_LLVM_OPT``, 0-3; default 1:
-#: measured on the cold first step of bench_cnn's ResNet, serial, O1 spends ~15% less time in
-#: LLVM than O3 (7.3 -> 6.2 s; machine code, at Numba's level, unchanged) with the step's CPU
-#: time and a LeNet forward's unchanged within noise; O0 made that step ~25x slower)
-OPT_LEVEL = _env_level()
+#: LLVM optimisation level of pdjit's compiled code, chosen by measurement: on the cold first
+#: step of bench_cnn's ResNet, serial, O1 spends ~15% less time in LLVM than O3 (7.3 -> 6.2 s;
+#: machine code, at Numba's level, unchanged) with the step's CPU time and a LeNet forward's
+#: unchanged within noise; O0 made that step ~25x slower. A kernel that gains from O3 declares
+#: it (:data:`jit_o3`).
+OPT_LEVEL = 1
 _scope = threading.local()
 
 

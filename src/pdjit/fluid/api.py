@@ -1,5 +1,6 @@
 """The public names of ``import pdjit as fluid`` (the package loads this module at the first
-use of one of them)."""
+use of one of them). Its module attributes (``fluid.optimizer``, ``fluid.core``...) are Fluid's
+module paths, resolved through ``pdjit.MOVED``."""
 from pdjit import (  # noqa: F401 (ops registers ops)
     backward,
     clip,
@@ -21,8 +22,7 @@ from pdjit import (  # noqa: F401 (ops registers ops)
     regularizer,
     version,
 )
-from pdjit.compiler import *  # noqa: F401,F403
-from pdjit.data_feeder import *  # noqa: F401,F403
+from pdjit.fluid.compiled_program import *  # noqa: F401,F403
 from pdjit.framework import (
     Block,
     Operator,
@@ -48,11 +48,12 @@ from pdjit.framework.name_scope import *  # noqa: F401,F403
 from pdjit.io.checkpoint import *  # noqa: F401,F403
 from pdjit.io.dataset import DatasetFactory, InMemoryDataset, QueueDataset
 from pdjit.layers._user_line import with_user_line as _with_user_line
-from pdjit.layers.io import data_v2 as _data
+from pdjit.layers.inputs import data_v2 as _data
 from pdjit.layers.nn import embedding_v2 as _embedding
-from pdjit.param_attr import ParamAttr
+from pdjit.layers.param_attr import ParamAttr
 from pdjit.passes.backward import append_backward, gradients
 from pdjit.passes.verify import verify
+from pdjit.runtime.data_feeder import *  # noqa: F401,F403
 from pdjit.runtime.executor import Executor
 from pdjit.runtime.place import (
     CPUPlace,

@@ -1,7 +1,7 @@
 """``ParamAttr``: how a layer creates a parameter (name, initializer, learning rate, ...)."""
 from __future__ import annotations
 
-from pdjit.initializer import Initializer
+from pdjit.layers.initializer import Initializer
 
 
 class ParamAttr:

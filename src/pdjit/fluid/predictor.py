@@ -8,7 +8,7 @@
     out = predictor.get_output_handle(predictor.get_output_names()[0]).copy_to_cpu()
     # or: outs = predictor.run([batch])
 
-Creating a predictor reads and checks the whole model (``pdjit.io.inference.load_model``),
+Creating a predictor reads and checks the whole model (``pdjit.io.inference_model.load_model``),
 applies the inference passes (``pdjit.passes.inference``; ``switch_ir_optim(False)`` turns them
 off, ``delete_pass(name)`` drops one) and keeps the parameters in a Scope of its own. The first
 run of each input signature compiles (kernels come from the disk cache when they were compiled
@@ -28,7 +28,7 @@ import os
 import numpy as np
 
 from pdjit.framework.errors import FeedError, named_errors
-from pdjit.io.inference import InferenceModel, load_model
+from pdjit.io.inference_model import InferenceModel, load_model
 from pdjit.runtime.checks import env_flag
 from pdjit.runtime.executor import Executor
 from pdjit.runtime.feed_fetch import check_feed, check_feed_spec, feed_spec

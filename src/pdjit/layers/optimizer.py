@@ -23,7 +23,6 @@ import functools
 import inspect
 import warnings
 
-from pdjit.clip import append_gradient_clip_ops
 from pdjit.framework import registry, unique_name
 from pdjit.framework.program import (
     Parameter,
@@ -33,9 +32,10 @@ from pdjit.framework.program import (
     default_startup_program,
     program_guard,
 )
-from pdjit.initializer import Constant
+from pdjit.layers.grad_clip import append_gradient_clip_ops
+from pdjit.layers.initializer import Constant
+from pdjit.layers.regularizer import L2Decay
 from pdjit.passes.backward import append_backward
-from pdjit.regularizer import L2Decay
 
 
 class Optimizer:
@@ -162,7 +162,7 @@ class Optimizer:
                 params_grads = self._grad_clip(params_grads)
             else:  # Fluid 1.x's global clip (clip.set_gradient_clip), when one was set
                 params_grads = append_gradient_clip_ops(params_grads)
-            from pdjit.regularizer import append_regularization
+            from pdjit.layers.regularizer import append_regularization
 
             params_grads = append_regularization(params_grads, self.regularization)
         ops = []

@@ -4,8 +4,8 @@ variables from a Python generator.
 
 A py_reader here is no READER variable with ``create_py_reader``/``read`` ops: it creates (or
 takes) the data variables and attaches a non-iterable loader to their program
-(``pdjit.runtime.reader``); after ``reader.start()`` each run of that program that does not
-feed them takes the next batch, and ``fluid.core.EOFException`` ends a pass. ``read_file``
+(``pdjit.runtime.generator_loader``); after ``reader.start()`` each run of that program that
+does not feed them takes the next batch, and ``fluid.core.EOFException`` ends a pass. ``read_file``
 returns the variables. A clone of the program (``clone(for_test=True)``) reads from the same
 readers, as a Fluid clone reads the same reader variable.
 """
@@ -16,7 +16,7 @@ from pdjit.framework.errors import LayerInputError
 from pdjit.framework.operator import _user_callstack, location_from_callstack
 from pdjit.framework.program import default_main_program
 from pdjit.proto import framework_pb2 as pb
-from pdjit.runtime.reader import PyReaderLoader
+from pdjit.runtime.generator_loader import PyReaderLoader
 
 __all__ = ["data", "py_reader", "create_py_reader_by_data", "read_file", "double_buffer"]
 

@@ -305,7 +305,7 @@ class GeneratorLoader:
     def set_sample_list_generator(self, reader, places=None):
         """Each item of ``reader()`` is a list of samples: converted as ``DataFeeder.feed``
         does (LoD from nested lists for variables with ``lod_level > 0``)."""
-        from pdjit.data_feeder import DataFeeder  # (framework + runtime.tensor only)
+        from pdjit.runtime.data_feeder import DataFeeder  # (framework + runtime.tensor only)
         check_reader(reader, f"{self._kind}.set_sample_list_generator")
         feeder = DataFeeder(self._feed_list, program=self._program)
 
