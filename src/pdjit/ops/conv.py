@@ -37,6 +37,7 @@ from pdjit.framework.registry import (
     VarMeta,
     default_grad,
     register_op,
+    scaled_weight,
 )
 from pdjit.ops._common import FLOATS, check_dtype
 
@@ -313,10 +314,10 @@ def _channel_linear(transposed: bool):
             if w.ndim != 4:
                 return None
             if not transposed:
-                return w * a.reshape(-1, 1, 1, 1)
+                return scaled_weight(w, a.reshape(-1, 1, 1, 1))
             c, mg = w.shape[:2]
-            return (w.reshape(g, c // g, mg, *w.shape[2:])
-                    * a.reshape(g, 1, mg, 1, 1)).reshape(w.shape)
+            return scaled_weight(w.reshape(g, c // g, mg, *w.shape[2:]),
+                                 a.reshape(g, 1, mg, 1, 1)).reshape(w.shape)
         nhwc = op.all_attrs().get("data_format", "NCHW") == "NHWC"
         return ChannelLinear("Filter", "Output", -1 if nhwc else 1, scale_weight)
     return inference
