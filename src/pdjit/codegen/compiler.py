@@ -450,6 +450,7 @@ def _harden_libraries() -> None:
     if _hardened_libraries[0]:
         return
     _hardened_libraries[0] = True
+    diskcache.load_blas_bindings()  # before a compile imports it the slow way
     from pdjit.codegen.cpu import lib as nnlib  # noqa: F401 - nnlib: its submodules loaded
     from pdjit.codegen.cpu import mathfuncs
 
