@@ -373,6 +373,11 @@ def test_fold_bn_keeps_a_shared_weight():
                      if op.type == "conv2d")
     assert filters[0] == "shared" and filters[1].startswith("shared.")
     np.testing.assert_array_equal(new_params["shared"], params["shared"])
+    # handed over (overwrite), a weight another op reads is still not scaled in place
+    given = {k: v.copy() for k, v in params.items()}
+    _, again = fold_batch_norm(prog, given, overwrite=True)
+    np.testing.assert_array_equal(given["shared"], params["shared"])
+    np.testing.assert_array_equal(again[filters[1]], new_params[filters[1]])
 
 
 def test_fold_bn_many_chains_rounds_once_and_keeps_its_use_table(monkeypatch):
@@ -420,6 +425,16 @@ def test_fold_bn_many_chains_rounds_once_and_keeps_its_use_table(monkeypatch):
         got = new_params[new_lin.input(slot)[0]]
         assert got.dtype == np.float32 and got.flags.c_contiguous
         np.testing.assert_array_equal(got, want)
+    # handed over (overwrite): the same values, each weight scaled in its own memory
+    given = {k: v.copy() for k, v in params.items()}
+    again, again_params = fold_batch_norm(prog, given, overwrite=True)
+    assert set(again_params) == set(new_params)
+    for k, v in new_params.items():
+        np.testing.assert_array_equal(again_params[k], v)
+    for op in prog.global_block().ops:
+        if op.type in ("conv2d", "mul"):
+            w_old = op.input("Filter" if op.type == "conv2d" else "Y")[0]
+            assert any(np.shares_memory(given[w_old], v) for v in again_params.values())
 
 
 def test_dump_after_fold_batch_norm(monkeypatch, capsys):
