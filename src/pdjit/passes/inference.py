@@ -137,14 +137,19 @@ class _Uses:
         now = {id(op): k for k, op in enumerate(b.ops)}
         redo = {id(op) for op in changed}
         where = [None if id(op) in redo else now.get(id(op)) for op in before]
-        # the ops before the first one that moved or went keep their entries
+        # the ops before the first one that moved or went keep their entries, and so do
+        # those after the last one when as many ops went as came
         lo = next((k for k, w in enumerate(where) if w != k), len(where))
+        hi = next((k for k in range(len(where) - 1, -1, -1) if where[k] != k), -1)
+        same_tail = len(b.ops) == len(before)
         touched, bi0 = set(), b.idx
         for table in (self.readers, self.writers):
             for n, entries in table.items():
                 # entries are in order: those of block ``bi0`` together
                 if not entries or (entries[-1][0] == bi0 and entries[-1][1] < lo) or \
-                        all(bi != bi0 or j < lo for bi, j in entries):
+                        (same_tail and entries[0][0] == bi0 and entries[0][1] > hi) or \
+                        all(bi != bi0 or j < lo or (same_tail and j > hi)
+                            for bi, j in entries):
                     continue
                 table[n] = [(bi, j if bi != bi0 else where[j]) for bi, j in entries
                             if bi != bi0 or where[j] is not None]
