@@ -22,6 +22,13 @@ result) on the same model exported by ``pdjit.io.onnx_export``. The small CNN
 (conv-bn-relu-pool x2, fc; Adam) and the 10-layer MLP of ``bench_compile.py``: the first
 training step; ``jax.jit``'s first call of the same MLP step beside it. ONNX Runtime and jax
 run only where installed (the ``compare`` extra).
+
+Besides wall seconds, each first result's CPU seconds (``first CPU s``: the process's own and
+its waited-for children's, the compile worker's included), which hardly depend on what else
+the machine runs. Python's own bytecode cache is as after ``pip install`` (which compiles it):
+the children run without ``PYTHONDONTWRITEBYTECODE`` after one process has imported the
+packages they use (with it set, every import compiles its source again: ~0.3 s more per
+process).
 """
 from __future__ import annotations
 
@@ -50,6 +57,14 @@ def _bench_compile():
 
 
 # ---- children: each prints one JSON line ----------------------------------------------------
+def _cpu() -> float:
+    """CPU seconds of this process and of its children waited for (the compile worker)."""
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + ru.ru_utime + ru.ru_stime
+
+
 def child_prepare(tmp: str) -> dict:
     """Save ResNet-50 as an inference model and both models as ONNX (not timed)."""
     import numpy as np
@@ -93,7 +108,7 @@ def child_predictor(model: str, tmp: str) -> dict:
     pred = inference.create_predictor(config)
     t_load = time.perf_counter() - t0
     pred.run([x])
-    first = time.perf_counter() - t0
+    first, first_cpu = time.perf_counter() - t0, _cpu()
     runs = []
     for _ in range(10):
         t = time.perf_counter()
@@ -106,7 +121,7 @@ def child_predictor(model: str, tmp: str) -> dict:
         steady.append(time.perf_counter() - t)
     st = statistics.median(steady)
     assert pdjit is not None
-    return {"import_s": t_import, "load_s": t_load, "first_s": first,
+    return {"import_s": t_import, "load_s": t_load, "first_s": first, "first_cpu_s": first_cpu,
             "next10_max_s": max(runs), "steady_ms": st * 1e3,
             "next10_ok": all(r <= 2 * st + 0.1 for r in runs)}
 
@@ -122,13 +137,13 @@ def child_ort(model: str, tmp: str) -> dict:
     x = np.load(os.path.join(tmp, f"x_{model}.npy"))
     name = sess.get_inputs()[0].name
     sess.run(None, {name: x})
-    first = time.perf_counter() - t0
+    first, first_cpu = time.perf_counter() - t0, _cpu()
     steady = []
     for _ in range(20):
         t = time.perf_counter()
         sess.run(None, {name: x})
         steady.append(time.perf_counter() - t)
-    return {"import_s": t_import, "load_s": t_session, "first_s": first,
+    return {"import_s": t_import, "load_s": t_session, "first_s": first, "first_cpu_s": first_cpu,
             "steady_ms": statistics.median(steady) * 1e3}
 
 
@@ -152,13 +167,13 @@ def child_train(model: str) -> dict:
     exe.run(startup)
     t_load = time.perf_counter() - t0
     exe.run(main, feed=feed, fetch_list=[loss])
-    first = time.perf_counter() - t0
+    first, first_cpu = time.perf_counter() - t0, _cpu()
     steady = []
     for _ in range(20):
         t = time.perf_counter()
         exe.run(main, feed=feed, fetch_list=[loss])
         steady.append(time.perf_counter() - t)
-    return {"import_s": t_import, "load_s": t_load, "first_s": first,
+    return {"import_s": t_import, "load_s": t_load, "first_s": first, "first_cpu_s": first_cpu,
             "steady_ms": statistics.median(steady) * 1e3}
 
 
@@ -166,6 +181,7 @@ def child_jax_mlp() -> dict:
     t0 = time.perf_counter()
     r = _bench_compile().child_jax(10)
     return {"import_s": r["import_s"], "first_s": time.perf_counter() - t0,
+            "first_cpu_s": _cpu(),
             "first_call_s": r["first_s"], "steady_ms": r["warm_ms"]}
 
 
@@ -199,9 +215,18 @@ def main() -> None:
     # no background warmup from the cold runs (it would run on beside the next measurement):
     # the "warmup" state is what it leaves
     base = {**{k: v for k, v in os.environ.items()
-               if not k.startswith(("PDJIT_CACHE", "NUMBA_CACHE", "JAX_COMPILATION"))},
+               if not k.startswith(("PDJIT_CACHE", "NUMBA_CACHE", "JAX_COMPILATION"))
+               and k != "PYTHONDONTWRITEBYTECODE"},
             "PDJIT_AUTO_WARMUP": "0"}
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="pdjit-bench-coldstart-"))
+    # Python's bytecode cache as an installed package has it (see the module's docstring)
+    prime = ["numpy", "pdjit", "pdjit.ops", "pdjit.inference", "pdjit.codegen.compiler",
+             "pdjit.codegen.cpu.lib", "scipy.linalg", "onnx", "onnxruntime", "jax"]
+    subprocess.run([sys.executable, "-c", "import importlib.util\n"
+                    f"for m in {prime!r}:\n"
+                    "    if importlib.util.find_spec(m.split('.')[0]) is not None:\n"
+                    "        __import__(m)\n"],
+                   env={**base, "PDJIT_CACHE_DIR": str(tmp / "prime-cache")}, capture_output=True)
     load0 = os.getloadavg()
     rows = []
     try:
@@ -236,9 +261,9 @@ def main() -> None:
     load1 = os.getloadavg()
     print(f"\n## cold start, fresh processes ({os.cpu_count()} CPUs; load average "
           f"{load0[0]:.2f} before, {load1[0]:.2f} after)")
-    print("| model | run | import s | load s | first result s | next 10 max s | "
+    print("| model | run | import s | load s | first result s | first CPU s | next 10 max s | "
           "within 2x+0.1 s | steady ms |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for m, who, r in rows:
         if "error" in r:
             print(f"| {m} | {who} | error: {r['error'][:300]} |")
@@ -248,6 +273,7 @@ def main() -> None:
             return f"{r[k]:.{d}f}" if k in r else "-"
         ok = "-" if "next10_ok" not in r else ("yes" if r["next10_ok"] else "NO")
         print(f"| {m} | {who} | {f('import_s')} | {f('load_s')} | {f('first_s')} | "
+              f"{f('first_cpu_s')} | "
               f"{f('next10_max_s', 3)} | {ok} | {f('steady_ms', 3)} |")
 
 

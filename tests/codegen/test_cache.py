@@ -163,3 +163,24 @@ def test_an_entry_holding_another_signatures_code_is_recompiled(tmp_path, monkey
     assert out.dtype == np.float32
     np.testing.assert_array_equal(out, a32 * 2)
     assert sum(fresh.fn.stats.cache_misses.values()) == 1       # compiled again, not loaded
+
+
+def test_the_compile_worker_is_forked_only_beside_idle_cores(monkeypatch):
+    """By default a worker is used on a multi-core Linux machine whose last minute's load
+    average is below its number of cores, not on a saturated one; PDJIT_COMPILE_WORKERS
+    decides where set."""
+    from pdjit.codegen import compiler
+
+    monkeypatch.delenv("PDJIT_COMPILE_WORKERS", raising=False)
+    monkeypatch.setattr(compiler.sys, "platform", "linux")
+    monkeypatch.setattr(compiler.os, "cpu_count", lambda: 2)
+    for load, want in ((0.0, 1), (1.5, 1), (1.99, 1), (2.0, 0), (5.5, 0)):
+        monkeypatch.setattr(compiler.os, "getloadavg", lambda v=load: (v, v, v))
+        assert compiler.compile_workers() == want, load
+    monkeypatch.setattr(compiler.os, "cpu_count", lambda: 1)
+    monkeypatch.setattr(compiler.os, "getloadavg", lambda: (0.0, 0.0, 0.0))
+    assert compiler.compile_workers() == 0
+    monkeypatch.setattr(compiler.os, "cpu_count", lambda: 2)
+    monkeypatch.setenv("PDJIT_COMPILE_WORKERS", "1")
+    monkeypatch.setattr(compiler.os, "getloadavg", lambda: (9.0, 9.0, 9.0))
+    assert compiler.compile_workers() == 1

@@ -259,3 +259,40 @@ def test_precompile_refreshes_numbas_registries_once_before_its_fork(monkeypatch
     taken = compiler.precompile([(Job(i), [("float32", 1)]) for i in range(4)])
     assert events == ["refresh", "fork"], events
     assert 0 <= taken <= 4
+
+
+BLAS_SCRIPT = textwrap.dedent("""
+    import json, sys
+    import numba
+    import numpy as np
+    from pdjit.codegen import diskcache
+    loaded = diskcache.load_blas_bindings()
+    before = "scipy.linalg" in sys.modules
+
+    @numba.njit
+    def dot(a, b):
+        return np.dot(a, b)
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((3, 4)), rng.standard_normal((4, 5))
+    got = dot(a.astype(np.float32), b.astype(np.float32))
+    after_run = "scipy.linalg" in sys.modules
+    import scipy.linalg
+    from scipy.linalg import cython_blas
+    same = cython_blas is sys.modules[diskcache.BLAS_MODULE]
+    lu_ok = bool(np.allclose(scipy.linalg.lu_factor(a[:3, :3])[0].shape, (3, 3)))
+    print(json.dumps({"loaded": loaded, "before": before, "after_run": after_run,
+                      "err": float(np.abs(got - a @ b).max()), "same": same, "lu": lu_ok}))
+""")
+
+
+def test_blas_bindings_load_without_scipy_linalgs_package():
+    """Numba's compiled BLAS calls find SciPy's BLAS module that pdjit loaded from its file
+    alone (``scipy.linalg``'s package is not run for them); the product is right (NumPy in
+    float64 the oracle), and ``scipy.linalg`` imported afterwards works and holds the same
+    module."""
+    proc = subprocess.run([sys.executable, "-c", BLAS_SCRIPT], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["loaded"] and not got["before"] and not got["after_run"]
+    assert got["err"] < 1e-5 and got["same"] and got["lu"]

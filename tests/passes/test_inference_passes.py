@@ -373,6 +373,68 @@ def test_fold_bn_keeps_a_shared_weight():
                      if op.type == "conv2d")
     assert filters[0] == "shared" and filters[1].startswith("shared.")
     np.testing.assert_array_equal(new_params["shared"], params["shared"])
+    # handed over (overwrite), a weight another op reads is still not scaled in place
+    given = {k: v.copy() for k, v in params.items()}
+    _, again = fold_batch_norm(prog, given, overwrite=True)
+    np.testing.assert_array_equal(given["shared"], params["shared"])
+    np.testing.assert_array_equal(again[filters[1]], new_params[filters[1]])
+
+
+def test_fold_bn_many_chains_rounds_once_and_keeps_its_use_table(monkeypatch):
+    """Several chains in one program (conv-bn-relu twice, a residual add, fc-bn): each folded
+    weight is the float64 product rounded once to float32 (bit for bit), and the table of
+    reads and writes the pass keeps up to date after each fold is the one built afresh."""
+    from pdjit.passes import inference as passes
+
+    def make(x):
+        c1 = fluid.layers.relu(fluid.layers.batch_norm(
+            fluid.layers.conv2d(x, 4, 3, padding=1, bias_attr=False)))
+        c2 = fluid.layers.batch_norm(fluid.layers.conv2d(c1, 4, 1, bias_attr=False))
+        r = fluid.layers.elementwise_add(c1, c2)
+        return fluid.layers.batch_norm(fluid.layers.fc(r, 5, bias_attr=False))
+    prog, params = model(make, [3, 4, 4])
+    checked = []
+    update = passes._Uses.update
+
+    def checked_update(self, program, b, before, changed=()):
+        update(self, program, b, before, changed)
+        fresh = passes._Uses(program)
+        for table in ("readers", "writers"):
+            mine = {n: v for n, v in getattr(self, table).items() if v}
+            assert mine == {n: v for n, v in getattr(fresh, table).items() if v}, table
+        mentioned = {n for n, v in fresh.blocks.items() if v}
+        assert {n for n, v in self.blocks.items() if v} == mentioned
+        assert self.pinned & mentioned == fresh.pinned & mentioned
+        checked.append(True)
+    monkeypatch.setattr(passes._Uses, "update", checked_update)
+    new, new_params, _ = apply(fold_batch_norm, prog, params, x_of(2, 3, 4, 4))
+    assert len(checked) == 3 and ops(new)["batch_norm"] == 0
+    bns = [op for op in prog.global_block().ops if op.type == "batch_norm"]
+    for (op_type, slot), bn in zip([("conv2d", "Filter")] * 2 + [("mul", "Y")], bns):
+        (x_name,) = bn.input("X")
+        (lin,) = [op for op in prog.global_block().ops if x_name in op.output_arg_names]
+        assert lin.type == op_type
+        w_old = params[lin.input(slot)[0]]
+        g, m, v = (params[bn.input(s)[0]].astype(np.float64) for s in ("Scale", "Mean",
+                                                                         "Variance"))
+        f = g / np.sqrt(v + float(bn.attr("epsilon")))
+        f = f.reshape(-1, 1, 1, 1) if op_type == "conv2d" else f.reshape(1, -1)
+        want = (w_old.astype(np.float64) * f).astype(np.float32)
+        (new_lin,) = [op for op in new.global_block().ops
+                      if op.type == op_type and op.output_arg_names == lin.output_arg_names]
+        got = new_params[new_lin.input(slot)[0]]
+        assert got.dtype == np.float32 and got.flags.c_contiguous
+        np.testing.assert_array_equal(got, want)
+    # handed over (overwrite): the same values, each weight scaled in its own memory
+    given = {k: v.copy() for k, v in params.items()}
+    again, again_params = fold_batch_norm(prog, given, overwrite=True)
+    assert set(again_params) == set(new_params)
+    for k, v in new_params.items():
+        np.testing.assert_array_equal(again_params[k], v)
+    for op in prog.global_block().ops:
+        if op.type in ("conv2d", "mul"):
+            w_old = op.input("Filter" if op.type == "conv2d" else "Y")[0]
+            assert any(np.shares_memory(given[w_old], v) for v in again_params.values())
 
 
 def test_dump_after_fold_batch_norm(monkeypatch, capsys):

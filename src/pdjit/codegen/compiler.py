@@ -450,6 +450,7 @@ def _harden_libraries() -> None:
     if _hardened_libraries[0]:
         return
     _hardened_libraries[0] = True
+    diskcache.load_blas_bindings()  # before a compile imports it the slow way
     from pdjit.codegen.cpu import lib as nnlib  # noqa: F401 - nnlib: its submodules loaded
     from pdjit.codegen.cpu import mathfuncs
 
@@ -470,15 +471,30 @@ _MAX_JOBS = 30000
 
 def compile_workers() -> int:
     """Worker processes that compile kernels beside this one: ``PDJIT_COMPILE_WORKERS``, else
-    one on Linux when the machine has more than one core (at most one: measured on 2 cores;
-    the worker is forked, which other systems' libraries do not all survive)."""
+    one on Linux when the machine has more than one core and they are not all busy already
+    (the last minute's load average below the number of cores). At most one: measured on 2
+    cores; the worker is forked, which other systems' libraries do not all survive.
+
+    A worker pays for itself only on a core nothing else wants: both processes compile the
+    helpers their kernels share (the small CNN's cold first step: ~0.85 s of CPU twice) and
+    each runs slower beside the other. Measured there (2 cores, CPU incl. the worker, wall):
+    at load 1.5, 7.9 s and 5.8 s with a worker against 6.5 s and 6.4 s without; at load 5.5,
+    9.7 s and 24 s against 7.2 s and 17 s; at load 14-17, 9.5-9.8 s and 39-52 s against
+    7.8 s and 28-37 s."""
     env = os.environ.get("PDJIT_COMPILE_WORKERS")
     if env is not None:
         try:
             return max(0, min(1, int(env)))
         except ValueError:
             raise ValueError(f"PDJIT_COMPILE_WORKERS={env!r}: expected 0 or 1") from None
-    return 1 if (os.cpu_count() or 1) > 1 and sys.platform.startswith("linux") else 0
+    cores = os.cpu_count() or 1
+    if cores < 2 or not sys.platform.startswith("linux"):
+        return 0
+    try:
+        busy = os.getloadavg()[0]
+    except (AttributeError, OSError):  # no load average: as on an idle machine
+        busy = 0.0
+    return 1 if busy < cores else 0
 
 
 class LibraryKernel:

@@ -204,7 +204,51 @@ def _init_for_loading(target_context) -> None:
     from numba.core.runtime import rtsys
 
     rtsys.initialize(target_context)
+    load_blas_bindings()
     _loading_ready.append(True)
+
+
+#: SciPy's module of BLAS function pointers, which Numba's compiled BLAS calls import
+BLAS_MODULE = "scipy.linalg.cython_blas"
+
+
+def load_blas_bindings() -> bool:
+    """Load SciPy's BLAS capsule module (:data:`BLAS_MODULE`), from which Numba's compiled
+    BLAS calls (``np.dot``, pdjit's ``blas_gemm``) take their function pointers at their first
+    call, from its extension file alone: importing it by name first runs the ``scipy.linalg``
+    package (LAPACK wrappers, array-API shims, NumPy's f2py: measured 0.15 s of CPU, against
+    0.02 s for the file alone, in a process's first run). The module is the same one
+    ``import scipy.linalg.cython_blas`` gives, registered under its name; a later
+    ``import scipy.linalg`` runs the package as usual (reach the module as
+    ``from scipy.linalg import cython_blas``). Nothing is done where the package is loaded
+    already; where the file is not found or does not load, the import by name happens at the
+    first call, as without this. Whether the module is loaded now."""
+    if BLAS_MODULE in sys.modules:
+        return True
+    if "scipy.linalg" in sys.modules:
+        return False
+    try:
+        import importlib.machinery
+        import importlib.util
+
+        spec = importlib.util.find_spec("scipy")
+        if spec is None or not spec.submodule_search_locations:
+            return False
+        folder = pathlib.Path(list(spec.submodule_search_locations)[0]) / "linalg"
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = folder / f"cython_blas{suffix}"
+            if path.exists():
+                break
+        else:
+            return False
+        spec = importlib.util.spec_from_file_location(BLAS_MODULE, str(path))
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[BLAS_MODULE] = module
+        spec.loader.exec_module(module)
+        return True
+    except Exception:  # noqa: BLE001 - the import by name at the first call, as without this
+        sys.modules.pop(BLAS_MODULE, None)
+        return False
 
 
 # ---- the library compiled once per cache directory, in the background ----------------------

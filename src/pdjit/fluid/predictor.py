@@ -267,7 +267,8 @@ class Predictor:
             if config._ir_optim:
                 from pdjit.passes.inference import INFERENCE_PASSES, optimize
                 names = [n for n, _ in INFERENCE_PASSES if n not in config._deleted_passes]
-                program, params = optimize(program, params, names)
+                # the values were just read and nothing else holds them: reused
+                program, params = optimize(program, params, names, overwrite=True)
             _shared = (program, list(model.feed_names), list(model.fetch_names), params)
         self._shared = _shared
         self._program, self._inputs, self._output_names, params = _shared

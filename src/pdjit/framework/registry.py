@@ -521,13 +521,26 @@ class Clamp:
 class ChannelLinear:
     """The op is linear in its weight input slot ``weight``, and channel ``c`` of output slot
     ``out`` (along ``axis``, negative: from the end) depends on its own part of the weight:
-    ``scale_weight(w, a)`` (``a`` a float64 vector over the channels) gives the weight with
-    which the output's channel ``c`` comes out multiplied by ``a[c]``, or ``None`` when ``w``
-    does not have the form this needs."""
+    ``scale_weight(w, a, out=None)`` (``a`` a float64 vector over the channels) gives the
+    weight with which the output's channel ``c`` comes out multiplied by ``a[c]`` (in ``w``'s
+    dtype, each product computed in float64 and rounded once: :func:`scaled_weight`; written
+    into ``out``, an array of ``w``'s shape and dtype, when given: ``w`` itself may be it), or
+    ``None`` when ``w`` does not have the form this needs."""
     weight: str
     out: str
     axis: int
     scale_weight: Callable
+
+
+def scaled_weight(w, a, out=None):
+    """``w * a`` (``a`` broadcast against ``w``) in ``w``'s dtype, each product computed in
+    float64 and rounded once; NumPy converts in small blocks, with no float64 copy of ``w``.
+    Written into ``out`` when given (``w`` itself may be it: each element is read before it
+    is written)."""
+    if out is None:
+        out = np.empty(w.shape, w.dtype)
+    np.multiply(w, a, out=out, dtype=np.float64, casting="unsafe")
+    return out
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from pdjit.framework.registry import (
     VarMeta,
     default_grad,
     register_op,
+    scaled_weight,
 )
 from pdjit.ops._common import FLOATS, check_dtype
 
@@ -309,14 +310,16 @@ def _channel_linear(transposed: bool):
     def inference(op):
         g = int(op.all_attrs().get("groups", 1) or 1)
 
-        def scale_weight(w, a):
+        def scale_weight(w, a, out=None):
             if w.ndim != 4:
                 return None
             if not transposed:
-                return w * a.reshape(-1, 1, 1, 1)
+                return scaled_weight(w, a.reshape(-1, 1, 1, 1), out)
             c, mg = w.shape[:2]
-            return (w.reshape(g, c // g, mg, *w.shape[2:])
-                    * a.reshape(g, 1, mg, 1, 1)).reshape(w.shape)
+            grouped = (g, c // g, mg, *w.shape[2:])
+            return scaled_weight(w.reshape(grouped), a.reshape(g, 1, mg, 1, 1),
+                                 None if out is None else out.reshape(grouped)
+                                 ).reshape(w.shape)
         nhwc = op.all_attrs().get("data_format", "NCHW") == "NHWC"
         return ChannelLinear("Filter", "Output", -1 if nhwc else 1, scale_weight)
     return inference

@@ -42,6 +42,7 @@ from pdjit.framework.registry import (
     RowWise,
     default_grad,
     register_op,
+    scaled_weight,
 )
 from pdjit.ops._common import FLOATS, broadcast_dim, check_dtype, prod_known
 
@@ -67,10 +68,10 @@ def _channel_linear(trans_attr):
     def inference(op):
         trans = bool(op.all_attrs().get(trans_attr, False)) if trans_attr else False
 
-        def scale_weight(w, a):
+        def scale_weight(w, a, out=None):
             if w.ndim != 2:
                 return None
-            return w * (a.reshape(-1, 1) if trans else a.reshape(1, -1))
+            return scaled_weight(w, a.reshape(-1, 1) if trans else a.reshape(1, -1), out)
         return ChannelLinear("Y", "Out", -1, scale_weight)
     return inference
 

@@ -85,42 +85,95 @@ def _owns_blocks(op) -> bool:
 
 class _Uses:
     """Every op's reads and writes of every name, in every block, and the names that must
-    keep their name and their value (``pinned``). Built again after each rewrite."""
+    keep their name and their value (``pinned``). Built again after each rewrite, or brought
+    up to date with :meth:`update` after a rewrite of one block."""
 
     def __init__(self, program: Program):
-        self.readers: dict = defaultdict(list)  # name -> [(block idx, op index)]
+        self.readers: dict = defaultdict(list)  # name -> [(block idx, op index)], in order
         self.writers: dict = defaultdict(list)
         self.blocks: dict = defaultdict(set)
         self.pinned: set = set()
-        intermediate, has_results = set(), False
+        self.intermediate: set = set()
+        self.has_results = False
         for b in program.blocks:
             self.pinned.update(n for n, v in b.vars.items() if v.persistable)
             for i, op in enumerate(b.ops):
-                opdef = registry.lookup(op.type)
-                ins = [n for n in op.input_arg_names if n != EMPTY_VAR_NAME]
-                outs = [n for n in op.output_arg_names if n != EMPTY_VAR_NAME]
-                for n in ins:
-                    self.readers[n].append((b.idx, i))
-                    self.blocks[n].add(b.idx)
-                for n in outs:
-                    self.writers[n].append((b.idx, i))
-                    self.blocks[n].add(b.idx)
-                if opdef is None or opdef.has(registry.CONTROL_FLOW) or \
-                        opdef.has(registry.FEED_FETCH) or _owns_blocks(op):
-                    self.pinned.update(ins)
-                    self.pinned.update(outs)
-                if opdef is None:
+                self._add_op(b, i, op)
+        if not self.has_results:  # no fetch op says what the results are: any unread value
+            self.pinned.update(n for n in self.writers  # may be one
+                               if not self.readers.get(n) and n not in self.intermediate)
+
+    def _add_op(self, b: Block, i: int, op) -> tuple:
+        """Record ``op`` (index ``i`` of block ``b``); its (inputs, outputs)."""
+        opdef = registry.lookup(op.type)
+        ins = [n for n in op.input_arg_names if n != EMPTY_VAR_NAME]
+        outs = [n for n in op.output_arg_names if n != EMPTY_VAR_NAME]
+        for n in ins:
+            self.readers[n].append((b.idx, i))
+            self.blocks[n].add(b.idx)
+        for n in outs:
+            self.writers[n].append((b.idx, i))
+            self.blocks[n].add(b.idx)
+        if opdef is None or opdef.has(registry.CONTROL_FLOW) or \
+                opdef.has(registry.FEED_FETCH) or _owns_blocks(op):
+            self.pinned.update(ins)
+            self.pinned.update(outs)
+        if opdef is not None:
+            if opdef.has(registry.FEED_FETCH) and any(
+                    (v := b._find_var_recursive(n)) is not None
+                    and v.type == VarType.FETCH_LIST for n in outs):
+                self.has_results = True
+            for slot in opdef.outputs:
+                if slot.intermediate:
+                    self.intermediate.update(op.output(slot.name))
+        return ins, outs
+
+    def update(self, program: Program, b: Block, before: list, changed=()) -> None:
+        """What building the table again would give after a rewrite of block ``b`` alone,
+        whose ops were ``before`` (the list, in order) and are now ``b.ops``: ops of
+        ``before`` no longer there are gone, ops new in ``b.ops`` added, and the ops in
+        ``changed`` (still there) read and write other names now. Costs a pass over the
+        table's names, not over every op of the program."""
+        now = {id(op): k for k, op in enumerate(b.ops)}
+        redo = {id(op) for op in changed}
+        where = [None if id(op) in redo else now.get(id(op)) for op in before]
+        # the ops before the first one that moved or went keep their entries, and so do
+        # those after the last one when as many ops went as came
+        lo = next((k for k, w in enumerate(where) if w != k), len(where))
+        hi = next((k for k in range(len(where) - 1, -1, -1) if where[k] != k), -1)
+        same_tail = len(b.ops) == len(before)
+        touched, bi0 = set(), b.idx
+        for table in (self.readers, self.writers):
+            for n, entries in table.items():
+                # entries are in order: those of block ``bi0`` together
+                if not entries or (entries[-1][0] == bi0 and entries[-1][1] < lo) or \
+                        (same_tail and entries[0][0] == bi0 and entries[0][1] > hi) or \
+                        all(bi != bi0 or j < lo or (same_tail and j > hi)
+                            for bi, j in entries):
                     continue
-                if opdef.has(registry.FEED_FETCH) and any(
-                        (v := b._find_var_recursive(n)) is not None
-                        and v.type == VarType.FETCH_LIST for n in outs):
-                    has_results = True
-                for slot in opdef.outputs:
-                    if slot.intermediate:
-                        intermediate.update(op.output(slot.name))
-        if not has_results:  # no fetch op says what the results are: any unread value may be
-            self.pinned.update(n for n in self.writers
-                               if not self.readers.get(n) and n not in intermediate)
+                table[n] = [(bi, j if bi != bi0 else where[j]) for bi, j in entries
+                            if bi != bi0 or where[j] is not None]
+                if len(table[n]) != len(entries):
+                    touched.add(n)
+        kept = {id(op) for op, k in zip(before, where) if k is not None}
+        for k, op in enumerate(b.ops):
+            if id(op) in kept:
+                continue
+            ins, outs = self._add_op(b, k, op)
+            touched.update(ins)
+            touched.update(outs)
+        for n in touched:
+            for table in (self.readers, self.writers):
+                if n in table:
+                    table[n].sort()
+            self.blocks[n] = {bi for bi, _ in self.readers.get(n, ())} | \
+                {bi for bi, _ in self.writers.get(n, ())}
+            if any((v := blk.vars.get(n)) is not None and v.persistable
+                   for blk in program.blocks):
+                self.pinned.add(n)
+            elif not self.has_results and self.writers.get(n) and not self.readers.get(n) \
+                    and n not in self.intermediate:
+                self.pinned.add(n)
 
     def local(self, name: str, block_idx: int) -> bool:
         """Only ops of block ``block_idx`` read or write ``name``."""
@@ -181,12 +234,13 @@ def _insert_like(block: Block, index: int, like, type_: str, inputs, outputs, at
     return new
 
 
-def _fresh_name(program: Program, params: dict, base: str) -> str:
-    taken = {n for b in program.blocks for n in b.vars} | set(params)
+def _new_name(taken: set, base: str) -> str:
+    """``base``, or ``base_<k>`` with the first ``k`` not in ``taken``; added to ``taken``."""
     name, k = base, 0
     while name in taken:
         k += 1
         name = f"{base}_{k}"
+    taken.add(name)
     return name
 
 
@@ -312,23 +366,28 @@ def _rewrite(prog, b, i, op, spec: Rewrite, uses: _Uses) -> bool:
 
 
 # ---- fold_batch_norm --------------------------------------------------------------------------
-def fold_batch_norm(program: Program, params: dict):
+def fold_batch_norm(program: Program, params: dict, overwrite: bool = False):
     """Fold per-channel affine chains (batch norm with running statistics, bias adds) into
-    the weight of the convolution or product before them (see the module's documentation)."""
+    the weight of the convolution or product before them (see the module's documentation).
+    ``overwrite``: the caller hands the arrays of ``params`` over (nothing else holds them: a
+    model just loaded), and a weight that only the folded op reads is scaled in its own
+    memory (no new array: a ResNet-50's 100 MB of weights not written twice)."""
     _check_args("fold_batch_norm", program, params)
     prog, params = program.clone(), dict(params)
-    at = (0, 0)
+    at, uses = (0, 0), _Uses(prog)  # brought up to date by each fold
+    taken = {n for b in prog.blocks for n in b.vars} | set(params)
     while at is not None:
-        at = _fold_one_chain(prog, params, at)
+        at = _fold_one_chain(prog, params, at, uses, taken, overwrite)
     _prune_params(prog, params)
     return _finish("fold_batch_norm", prog, params)
 
 
-def _fold_one_chain(prog: Program, params: dict, start=(0, 0)):
+def _fold_one_chain(prog: Program, params: dict, start, uses: _Uses, taken: set,
+                    overwrite: bool = False):
     """Fold the first chain from op ``start`` (block index, op index) on; where it was (the
     next search starts there: a fold rewrites its op and the chain after it, never an op
-    before it, whose chains end before the product it folded into), or None."""
-    uses = _Uses(prog)
+    before it, whose chains end before the product it folded into), or None. ``uses``
+    describes ``prog`` and is kept up to date; ``taken``: the names in use, new ones added."""
     for b in prog.blocks:
         if b.idx < start[0]:
             continue
@@ -336,7 +395,8 @@ def _fold_one_chain(prog: Program, params: dict, start=(0, 0)):
             if b.idx == start[0] and i < start[1]:
                 continue
             spec = _inference(op)
-            if isinstance(spec, ChannelLinear) and _fold_chain(prog, b, i, op, spec, uses, params):
+            if isinstance(spec, ChannelLinear) and \
+                    _fold_chain(prog, b, i, op, spec, uses, params, taken, overwrite):
                 return (b.idx, i)
     return None
 
@@ -381,7 +441,7 @@ def _affine_step(b: Block, j: int, op, spec: ChannelAffine, uses: _Uses, params:
 
 
 def _fold_chain(prog, b: Block, i: int, op, spec: ChannelLinear, uses: _Uses,
-                params: dict) -> bool:
+                params: dict, taken: set, overwrite: bool = False) -> bool:
     w, t0 = _single(op.input(spec.weight)), _single(op.output(spec.out))
     if w is None or t0 is None or not _constant(b, w, uses, params):
         return False
@@ -428,19 +488,21 @@ def _fold_chain(prog, b: Block, i: int, op, spec: ChannelLinear, uses: _Uses,
             scale, bias = scale * a_k, bias * a_k
         if b_k is not None:
             bias = bias + np.broadcast_to(np.asarray(b_k, np.float64).reshape(-1), (c,))
-    # (float64 products: ``scale`` is float64, so NumPy widens the weight as it multiplies,
-    # without a float64 copy of it first)
-    new_w = spec.scale_weight(np.asarray(wv), scale)
+    # (the products in float64, rounded once to the weight's dtype: ``scale_weight``), in
+    # the weight's own memory where the caller allows it and nothing else reads the weight
+    own = overwrite and uses.readers.get(w) == [(b.idx, i)] and not uses.writers.get(w) and \
+        isinstance(wv, np.ndarray) and wv.flags.c_contiguous and wv.flags.writeable
+    new_w = spec.scale_weight(wv, scale, wv) if own else spec.scale_weight(np.asarray(wv), scale)
     if new_w is None or new_w.shape != wv.shape:
         return False
     # the rewrite: the op reads a new weight; one bias add writes the chain's result
-    final, gb = cur, prog.global_block()
-    w_name = _fresh_name(prog, params, f"{w}.folded")
-    params[w_name] = np.ascontiguousarray(new_w.astype(wv.dtype))
+    final, gb, before = cur, prog.global_block(), list(b.ops)
+    w_name = _new_name(taken, f"{w}.folded")
+    params[w_name] = np.ascontiguousarray(new_w, dtype=wv.dtype)
     wvar = gb.create_var(name=w_name, shape=wv.shape, dtype=wv.dtype, persistable=True,
                          stop_gradient=True)
     wvar.is_parameter = b._find_var_recursive(w).is_parameter
-    b_name = _fresh_name(prog, params, f"{w}.folded_bias")
+    b_name = _new_name(taken, f"{w}.folded_bias")
     params[b_name] = bias.astype(wv.dtype)
     gb.create_var(name=b_name, shape=(c,), dtype=wv.dtype, persistable=True, stop_gradient=True)
     op._set_slot("input", spec.weight, [w_name])
@@ -451,8 +513,8 @@ def _fold_chain(prog, b: Block, i: int, op, spec: ChannelLinear, uses: _Uses,
     _insert_like(b, i + 1, chain[-1][1], add.type,
                  {add.inputs[0].name: [t0], add.inputs[1].name: [b_name]},
                  {add.outputs[0].name: [final]}, {"axis": -1 if axis == rank - 1 else axis})
-    still = _mentioned_names(prog)
-    _drop_vars(prog, [n for n in gone if n not in still and n not in params])
+    uses.update(prog, b, before, changed=[op])
+    _drop_vars(prog, [n for n in gone if not uses.mentioned(n) and n not in params])
     return True
 
 
@@ -584,9 +646,11 @@ INFERENCE_PASSES = [
 ]
 
 
-def optimize(program: Program, params: dict, passes=None):
+def optimize(program: Program, params: dict, passes=None, overwrite: bool = False):
     """Apply the inference passes (all, or those named in ``passes``) in pipeline order;
-    returns ``(program, params)``, new ones, the given ones unchanged."""
+    returns ``(program, params)``, new ones, the given ones unchanged (with ``overwrite``,
+    the given arrays may be reused for results: the caller hands them over, see
+    :func:`fold_batch_norm`)."""
     _check_args("optimize", program, params)
     known = [n for n, _ in INFERENCE_PASSES]
     if passes is not None:
@@ -599,7 +663,10 @@ def optimize(program: Program, params: dict, passes=None):
     wanted = set(known if passes is None else passes)
     for name, fn in INFERENCE_PASSES:
         if name in wanted:
-            program, params = fn(program, params)
+            if overwrite and "overwrite" in inspect.signature(fn).parameters:
+                program, params = fn(program, params, overwrite=True)
+            else:
+                program, params = fn(program, params)
     if not wanted:
         program, params = program.clone(), dict(params)
     return program, params
