@@ -232,7 +232,7 @@ class Executor:
                 # a fresh array nothing else holds goes to the user as it is (once)
                 fresh = plan.fresh if return_numpy else ()
             else:
-                self._run_block(run.block, env, run_index)
+                self.run_block(run.block, env, run_index)
                 fresh = ()
             results = []
             given = None
@@ -347,12 +347,13 @@ class Executor:
 
     # -- interpretation -------------------------------------------------------------------------
     # the reference interpreter (pdjit.runtime.interpreter): one op with its NumPy reference
-    def _run_op(self, op, op_idx: int, env: Env, run_index: int) -> None:
+    # (the runner protocol plan steps and references use: pdjit.runtime.context.Runner)
+    def run_op(self, op, op_idx: int, env: Env, run_index: int) -> None:
         if self._target.device:
             _inputs_to_host(op, env, self._target)
         interpreter.run_op(self, op, op_idx, env, run_index)
 
-    def _run_block(self, block: Block, env: Env, run_index: int) -> None:
+    def run_block(self, block: Block, env: Env, run_index: int) -> None:
         if self.mode == "compiled" and block.idx != 0:  # a sub-block: its own compiled plan
             self._block_plan(block, env.fetched_scopes).run(self, env, run_index)
             return
@@ -362,11 +363,11 @@ class Executor:
             if opdef is not None and opdef.has(registry.FEED_FETCH):
                 continue  # the run binds feeds and reads fetches by name
             if recorder is None:
-                self._run_op(op, op_idx, env, run_index)
+                self.run_op(op, op_idx, env, run_index)
                 continue
             t0 = time.perf_counter()
             try:
-                self._run_op(op, op_idx, env, run_index)
+                self.run_op(op, op_idx, env, run_index)
             finally:
                 recorder.add(op.type, time.perf_counter() - t0)
 

@@ -75,7 +75,7 @@ class ReferenceStep:
         self.sub_plans = list(sub_plans)   # [(block idx, Plan)] of a control-flow op
 
     def run(self, executor, env, run_index) -> None:
-        executor._run_op(self.op, self.op_idx, env, run_index)
+        executor.run_op(self.op, self.op_idx, env, run_index)
 
     def describe(self) -> str:
         return f"reference {self.op.type}#{self.op_idx} ({self.why})"
@@ -482,7 +482,7 @@ class NativeStep:
         op, op_idx = culprit
         self.last_fallback = (op, op_idx, reason)
         for o, i in self.ops:
-            executor._run_op(o, i, env, run_index)
+            executor.run_op(o, i, env, run_index)
         what = f"native code fell back to the NumPy references: {reason}"
         if executor.strict:
             raise FallbackError(f"{what} (strict mode)", op.type, op.block.idx, op_idx,
@@ -741,7 +741,7 @@ class LoopStep(NativeStep):
             if get(name) is None:  # a value no op wrote before the loop (the body writes it
                 # before it reads it): native code takes arrays only, the loop op's reference
                 # takes that, by design (not a fallback)
-                return executor._run_op(self.op, self.op_idx, env, run_index)
+                return executor.run_op(self.op, self.op_idx, env, run_index)
         before = self.fallbacks
         super().run(executor, env, run_index)
         if self.fallbacks == before:  # ran natively: no iteration's scope was kept
