@@ -44,12 +44,13 @@ class Lowerings:
         self._loaded = False
 
     def lowering(self, *op_types: str, host: bool = False, flat: bool = False,
-                 blocked=None):
+                 blocked=None, blas: bool = False):
         """Decorator: ``fn(ctx) -> [source lines] | None`` lowers ``op_types`` on this target
-        (``host``, ``flat``, ``blocked``: as ``Opaque`` declares them)."""
+        (``host``, ``flat``, ``blocked``, ``blas``: as ``Opaque`` declares them)."""
         def register(fn):
             for op_type in op_types:
-                self._add(op_type, Opaque(fn, host=host, flat=flat, blocked=blocked))
+                self._add(op_type, Opaque(fn, host=host, flat=flat, blocked=blocked,
+                                          blas=blas))
             return fn
         return register
 

@@ -764,12 +764,6 @@ class LoopStep(NativeStep):
         return f"{head} {self.compiled.name}: {self.description}"
 
 
-def _calls_host_blas(source: str) -> bool:
-    """Whether a driver's source calls NumPy's BLAS: ``_rt.gemm`` (``np.dot``) or
-    ``_nn.batched_gemm`` (``np.matmul``)."""
-    return "_rt.gemm" in source or "_nn.batched_gemm" in source
-
-
 def _is_cache_damage(e: Exception) -> bool:
     import pickle
 
@@ -786,7 +780,7 @@ class Plan:
         self.steps = steps
         # whether a step may call the host's BLAS (a GEMM or batched GEMM in a driver, or a
         # sub-block's plan)
-        self.blas = any(_calls_host_blas(getattr(s.compiled, "source", ""))
+        self.blas = any(getattr(s.compiled, "calls_blas", False)
                         if s.kind == "native" else bool(getattr(s, "sub_plans", ()))
                         for s in steps)
         self.fresh = fresh
