@@ -92,13 +92,13 @@ class Executor:
     size: no Python between the kernels of a small batch. ``"auto"`` (the default unless
     ``PDJIT_NATIVE_DRIVERS`` is set) does that only for an inference plan (one that writes no
     persistable variable: a ``clone(for_test=True)``, a loaded inference model) once it ran
-    ``pdjit.runtime.plan.HOT_RUNS`` (100) times: a program run a few times, and a training
+    ``pdjit.codegen.cpu.tiers.HOT_RUNS`` (100) times: a program run a few times, and a training
     program, keep the host drivers and compile nothing more; one being served gets the
     native drivers (measured on LeNet-5 at batch 1: 46 us per run with the host driver, 30 us
     with the native one). ``"background"`` (the Predictor's): every native step's driver is
     built on a thread of its own after the step's second run, never in a run, the host driver
     serving until it is ready. Both build one only for a step it can speed up (a few short
-    kernel calls: ``pdjit.runtime.plan.DRIVER_MAX_CALLS``). ``False``
+    kernel calls: ``pdjit.codegen.cpu.tiers.DRIVER_MAX_CALLS``). ``False``
     (``PDJIT_NATIVE_DRIVERS=0``): never."""
 
     def __init__(self, place: Place | None = None, mode: str | None = None,

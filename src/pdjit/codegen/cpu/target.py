@@ -211,6 +211,28 @@ class CpuTarget(Target):
     def module_text(self, fn_source: str, fn_name: str, header: str) -> str:
         return module_text(fn_source, fn_name, target=NAME)
 
+    def prepare(self) -> None:
+        """The thread settings applied (Numba's, OpenBLAS's), the allocator tuned."""
+        from pdjit.codegen.cpu import malloc, threads
+
+        threads.ensure_applied()
+        malloc.tune_malloc()
+
+    def threads(self) -> tuple:
+        from pdjit.codegen.cpu import threads
+
+        return threads.get_num_threads(), threads.max_loop_threads()
+
+    def step_tiers(self, step, native=None, build=None, mode=False, split=None):
+        """The host driver, the native one and the native one on slices of the batch, timed
+        per batch size (:class:`pdjit.codegen.cpu.tiers.DriverTiers`)."""
+        from pdjit.codegen.cpu import tiers
+
+        if native is None and build is None:
+            return None
+        hot = tiers.BACKGROUND_RUNS if mode == "background" else tiers.HOT_RUNS
+        return tiers.DriverTiers(step, native, build, hot if build is not None else 0, split)
+
     def library_jobs(self, lines: list, dtype) -> list:
         return nnlib.library_jobs(lines, dtype)
 
