@@ -173,7 +173,7 @@ class NativeDriver:
     kernels and library calls of all its groups called from compiled code, no Python between
     them (a run of a small model costs a third of the host driver's at batch 1, measured on
     LeNet). Compiled at its first call and cached on disk by content, like every kernel; the
-    plan measures it against the host driver and keeps the faster (``NativeStep``)."""
+    plan measures it against the host driver and keeps the faster (``tiers.DriverTiers``)."""
 
     def __init__(self, gen, fn_name: str = "segment"):
         self.compiled = compile_function(gen.source(fn_name), fn_name, parallel=gen.uses_prange,
