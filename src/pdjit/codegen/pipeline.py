@@ -105,6 +105,22 @@ class NativeLoop:
     step_scopes: list
     control: Any
 
+    @property
+    def args(self) -> list:
+        return self.loop.args
+
+    @property
+    def expected(self) -> list:
+        return self.loop.expected
+
+    @property
+    def outputs(self) -> list:
+        return self.loop.outputs
+
+    @property
+    def ops(self) -> list:
+        return [(self.op, self.op_idx)]
+
 
 @dataclass
 class HostOp:

@@ -316,8 +316,8 @@ class LoopStep(NativeStep):
 
     def __init__(self, node, target, nan_inf: bool = False):
         loop = node.loop
-        seg = pipeline.NativeSegment(node.compiled, loop.args, loop.expected, loop.outputs,
-                                     [(node.op, node.op_idx)], [], node.description, None,
+        seg = pipeline.NativeSegment(node.compiled, node.args, node.expected, node.outputs,
+                                     node.ops, [], node.description, None,
                                      rng_ops=node.rng_ops)
         super().__init__(seg, target, nan_inf=nan_inf)
         self.op, self.op_idx, self.body_idx = node.op, node.op_idx, node.body
