@@ -201,6 +201,9 @@ def memory_plan(gens, memory_optim: bool) -> None:
         for gen in gens:
             if gen is not None:
                 gen.plan_memory()
+        dump_after("memory_plan", lambda: "\n".join(
+            f"== memory plan: segment {k} ==\n{g.memory_plan.describe('  ')}"
+            for k, g in enumerate(gens) if g is not None and g.memory_plan is not None))
     precompile([job for gen in gens if gen is not None for job in gen.jobs])
 
 
@@ -336,8 +339,6 @@ def compile_block(program, block=None, fetch_names=(), target=None, memory_optim
     loops = native_loops(program, part, gens, index, target, fetch_names)
     out, sources = steps(program, block, ops, part, gens, loops, index, target, memory_optim,
                          native_drivers, strict)
-    if memory_optim:
-        dump_after("memory_plan", lambda: "\n".join(memory_lines(out, "")))
     dump_after("steps", lambda: "\n".join(_outline(s) for s in out))
     return PlanDescription(out, part.describe(), sources, _fresh_names(part, gens, block),
                            block.idx)
