@@ -152,7 +152,10 @@ def prune(program, block, fetch_names, keep_outputs: bool = False) -> tuple:
     """``(ops, live)``: the ops of ``block`` that the values live after it need (``fetch_names``,
     persistables, names other blocks read; a sub-block whose step scopes are read keeps every
     value it writes), feeds and fetches left out. ``keep_outputs``: every op's outputs are live
-    (NaN/Inf checking stores and checks each one)."""
+    (NaN/Inf checking stores and checks each one).
+
+    Assumes a verified program. Guarantees: ``ops`` keep their block order; every value in
+    ``live`` that an op of the block writes is written by one of ``ops``."""
     live = live_names(program, block, fetch_names)
     if block.idx != 0 and _step_scopes_read(program, block, fetch_names):
         # each run's env is kept and read (for the backward pass): it must hold every value
@@ -168,13 +171,22 @@ def prune(program, block, fetch_names, keep_outputs: bool = False) -> tuple:
 
 def fusion(block, ops, live, target, declined: set):
     """The partition of ``ops`` into fusion groups and segments for ``target``; an op in
-    ``declined`` (its lowering declined) is a reference op."""
+    ``declined`` (its lowering declined) is a reference op.
+
+    Assumes ``ops`` and ``live`` from :func:`prune`. Guarantees (``passes.fusion``): the
+    groups hold every op once, in the ops' order; a native segment holds only ops the target
+    lowers; every refusal to fuse has its reason in ``describe()``."""
     return partition(block, ops, live, declined, target)
 
 
 def generate(part, block, live, target) -> list:
     """A :class:`SegmentGen` (source generated, kernels made) per native segment of ``part``,
-    None per reference one; raises :class:`Declined` naming an op whose lowering declines."""
+    None per reference one; raises :class:`Declined` naming an op whose lowering declines.
+
+    Assumes the partition of :func:`fusion`. Guarantees: each driver reads its ``args`` and
+    returns its ``outputs`` (the values a later segment or ``live`` needs); kernels are keyed
+    by content (equal kernels are one compiled function); nothing is compiled yet but what a
+    lowering's library needs."""
     num_threads, loop_threads = target.threads()
     gens = []
     for si, seg in enumerate(part.segments):
@@ -196,7 +208,10 @@ def generate(part, block, live, target) -> list:
 def memory_plan(gens, memory_optim: bool) -> None:
     """With ``memory_optim``: each driver reuses and releases its intermediates' buffers by
     liveness (before compiling: the plan switches some calls to in-place variants). Then
-    every kernel is compiled, ahead of its first call where the target predicts its types."""
+    every kernel is compiled, ahead of its first call where the target predicts its types.
+
+    Assumes generated drivers. Guarantees: a driver's arguments and outputs are unchanged; a
+    buffer is reused only after its last reader (``memplan``)."""
     if memory_optim:
         for gen in gens:
             if gen is not None:
@@ -209,7 +224,11 @@ def memory_plan(gens, memory_optim: bool) -> None:
 
 def native_loops(program, part, gens, index, target, fetch_names) -> dict:
     """``{segment index: NativeLoop or why not}`` for each reference segment whose op is a
-    loop (``PDJIT_NATIVE_LOOPS=0``: none runs natively, for debugging and comparison)."""
+    loop (``PDJIT_NATIVE_LOOPS=0``: none runs natively, for debugging and comparison).
+
+    Assumes the loop op declares ``ControlFlow(LOOP)``. Guarantees (``codegen.loops``): a
+    native loop's function never writes its inputs, stops past the iteration bound with
+    ``LIMIT_MESSAGE``, and draws each iteration's random numbers as the reference does."""
     out = {}
     for si, (seg, gen) in enumerate(zip(part.segments, gens)):
         if gen is not None:
