@@ -196,8 +196,6 @@ SHARED_TO_TARGET = {
 # (runtime module, target module): the runtime names a target's module; only shrinks (the
 # runtime reaches targets through codegen.target's Target objects)
 RUNTIME_TO_TARGET = {
-    ("pdjit.runtime.executor", "pdjit.codegen.cpu.threads"):
-        "references run NumPy's BLAS at the plan's thread count (threads.numpy_blas)",
     ("pdjit.runtime.place", "pdjit.codegen.cuda.device"):
         "is_compiled_with_cuda asks the cuda target whether a GPU is there",
 }

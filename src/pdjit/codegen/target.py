@@ -135,6 +135,16 @@ class Target:
         if host is not self:
             host.prepare()
 
+    def run_threads(self):
+        """The host's thread control around each run (the host target's): an object with
+        ``begin_run(cap)`` (this run's thread cap), ``RunChoice(settled)`` (measures, per plan
+        and batch size, whether a run uses the free cores or one thread) and ``numpy_blas()``
+        (a context in which NumPy's BLAS uses the plan's threads)."""
+        host = host_target()
+        if host is self:
+            raise NotImplementedError(f"the {self.name} target has no thread control")
+        return host.run_threads()
+
     def threads(self) -> tuple:
         """``(threads a parallel loop may use, threads a host driver may run loops on)`` as
         the code generator should assume them (the host target's)."""

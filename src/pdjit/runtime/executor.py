@@ -109,10 +109,10 @@ class Executor:
             raise TypeError(f"Executor: place must be CPUPlace() or CUDAPlace(i), got {place!r}")
         # the target that runs this place's plans (cuda: a GPU, or the CUDA simulator); the
         # code generator loads with the first executor, not with ``import pdjit``
-        from pdjit.codegen.cpu import threads
         from pdjit.codegen.target import get_target, target_name
 
         self._target = get_target(target_name(self.place))
+        threads = self._target.run_threads()  # the host's thread control
         self._numpy_blas = threads.numpy_blas  # (a plan whose steps call NumPy's BLAS)
         # each run's threads capped at the cores other processes leave free (a host plan's)
         self._begin_run = threads.begin_run

@@ -218,6 +218,12 @@ class CpuTarget(Target):
         threads.ensure_applied()
         malloc.tune_malloc()
 
+    def run_threads(self):
+        """:mod:`pdjit.codegen.cpu.threads`: run caps, the measured run choice, NumPy's BLAS."""
+        from pdjit.codegen.cpu import threads
+
+        return threads
+
     def threads(self) -> tuple:
         from pdjit.codegen.cpu import threads
 
