@@ -79,15 +79,15 @@ def ms(v) -> str:
 
 def settle_pdjit(call) -> int:
     """Run ``call`` until pdjit's Executor serves it as it would a model run often: past
-    ``plan.HOT_RUNS`` runs, the native driver compiled on its thread; returns how many warm-up
+    ``tiers.HOT_RUNS`` runs, the native driver compiled on its thread; returns how many warm-up
     calls remain for the driver trials (each driver's first runs of a batch size)."""
     import threading
 
-    from pdjit.runtime import plan
+    from pdjit.codegen.cpu import tiers
 
-    for _ in range(plan.HOT_RUNS + 1):
+    for _ in range(tiers.HOT_RUNS + 1):
         call()
     for t in threading.enumerate():
         if t.name == "pdjit-tier-up":
             t.join()
-    return 2 * (plan.NativeStep._WARM + plan.NativeStep._TIMED) + 5
+    return 2 * (tiers.DriverTiers._WARM + tiers.DriverTiers._TIMED) + 5

@@ -6,7 +6,7 @@
    max-pool 2, conv 16@5x5 + relu, max-pool 2, fc 120 + relu, fc 84 + relu, fc 10 (logits).
    Contenders, all with the same weights (drawn here in NumPy and written into every one) and
    their outputs checked against pdjit's: pdjit's Executor.run of the forward program as it
-   serves a model run often ("pdjit": timed after ``plan.HOT_RUNS`` runs, once the step's
+   serves a model run often ("pdjit": timed after ``tiers.HOT_RUNS`` runs, once the step's
    native driver was compiled on its thread and tried against the host driver and, at B = 64,
    against itself on two halves of the batch at once, one per core; see ``settle_pdjit``) and
    as it runs a program's first runs ("pdjit, first runs": an Executor
@@ -158,13 +158,13 @@ def lenet_pdjit(params: dict, native_drivers="auto"):
         return exe.run(infer, feed={"x": xv}, fetch_list=[out], scope=scope)[0]
 
     # the driver serving each batch size, per native step
-    run.drivers = lambda: [s.drivers() for _, plan in exe._plans.values() for s in plan.steps
-                           if s.kind == "native"]
+    run.drivers = lambda: [s.tiers.drivers() for _, plan in exe._plans.values()
+                           for s in plan.steps if s.kind == "native" and s.tiers is not None]
     # runs that went on slices of the batch so far (a split driver runs unsplit while
     # another process keeps a core busy: ``threads.free_cores``)
-    run.split_runs = lambda: sum(s._split[1].runs for _, plan in exe._plans.values()
-                                 for s in plan.steps if s.kind == "native"
-                                 and getattr(s, "_split", None) and s._split[1] is not None)
+    run.split_runs = lambda: sum(s.tiers._split[1].runs for _, plan in exe._plans.values()
+                                 for s in plan.steps if s.kind == "native" and s.tiers
+                                 and s.tiers._split and s.tiers._split[1] is not None)
     return run
 
 

@@ -185,14 +185,6 @@ SHARED_TO_TARGET = {
 # (runtime module, target module): the runtime names a target's module; only shrinks (the
 # runtime reaches targets through codegen.target's Target objects)
 RUNTIME_TO_TARGET = {
-    ("pdjit.runtime.executor", "pdjit.codegen.cpu.threads"):
-        "references run NumPy's BLAS at the plan's thread count (threads.numpy_blas)",
-    ("pdjit.runtime.plan", "pdjit.codegen.cpu.threads"):
-        "driver tiering and batch splitting live in plan.py, not yet behind the CPU's step",
-    ("pdjit.runtime.plan", "pdjit.codegen.cpu.malloc"):
-        "the plan builder tunes malloc, not yet behind the CPU's step",
-    ("pdjit.runtime.plan", "pdjit.codegen.cuda.device"):
-        "DeviceStep copies and caches LoD offsets through the cuda device module",
     ("pdjit.runtime.place", "pdjit.codegen.cuda.device"):
         "is_compiled_with_cuda asks the cuda target whether a GPU is there",
 }

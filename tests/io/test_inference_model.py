@@ -397,11 +397,11 @@ def test_predictor_native_drivers(trained, tmp_path):
 
     runs(1)
     steps = [s for _, plan in pred._exe._plans.values() for s in plan.steps]
-    assert steps and all(s.kind == "native" and s.tiering is None for s in steps)
+    assert steps and all(s.kind == "native" and s.tiers.tiering is None for s in steps)
     runs(1)
-    assert all(s.tiering is not None for s in steps)
+    assert all(s.tiers.tiering is not None for s in steps)
     for s in steps:
-        s.tiering.join(300)
+        s.tiers.tiering.join(300)
     runs(8)   # 4 trial runs of each driver
     assert all(s.native is not None for s in steps), [s.describe() for s in steps]
-    assert all(list(s.picked) == [2] and s.native.fn.signatures for s in steps)
+    assert all(list(s.tiers.picked) == [2] and s.native.fn.signatures for s in steps)

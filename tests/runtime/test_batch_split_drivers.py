@@ -1,4 +1,4 @@
-"""A native driver run on slices of the batch, one per loop thread (``plan._SplitDriver``):
+"""A native driver run on slices of the batch, one per loop thread (``tiers.SplitDriver``):
 tried beside the host and the native driver for a large batch when the step's ops keep batch
 rows independent, never for a step whose ops mix rows, never on one thread. Oracles: NumPy
 written here, and the unsplit native driver run on the same slices."""
@@ -9,9 +9,9 @@ import pytest
 
 import pdjit as fluid
 from pdjit.codegen.cpu import threads
-from pdjit.runtime import plan as plan_mod
+from pdjit.codegen.cpu import tiers as tiers_mod
 
-BATCH = 32  # >= plan.SPLIT_MIN_BATCH
+BATCH = 32  # >= tiers.SPLIT_MIN_BATCH
 
 
 def _softmax(z):
@@ -49,7 +49,7 @@ def two_threads(monkeypatch):
     monkeypatch.setattr(threads, "max_loop_threads", lambda: 2)
     monkeypatch.setattr(threads, "free_cores", lambda: 2)
     monkeypatch.setattr(threads, "CHOICE_AFTER", 1 << 30)  # no plan-wide thread trials
-    monkeypatch.setattr(plan_mod.NativeStep, "_fastest", staticmethod(lambda m: len(m) - 1))
+    monkeypatch.setattr(tiers_mod.DriverTiers, "_fastest", staticmethod(lambda m: len(m) - 1))
 
 
 def _served(program, startup, fetch, batch=BATCH, runs=8, seed=0):
@@ -72,10 +72,10 @@ def test_a_row_wise_step_runs_on_slices_of_the_batch(two_threads, monkeypatch):
     program, startup, y = _mlp()
     exe, scope = _served(program, startup, y, runs=12)
     (step,) = _steps(exe, program)
-    assert step.split_rows == (0,) and step.split_why == ""
-    sp = step.picked[BATCH]
-    assert isinstance(sp, plan_mod._SplitDriver) and sp.parts == 2 and sp.runs > 0
-    assert "native split x2" in step.describe() and step.drivers()[BATCH] == "native split x2"
+    assert step.tiers.split_rows == (0,) and step.tiers.split_why == ""
+    sp = step.tiers.picked[BATCH]
+    assert isinstance(sp, tiers_mod.SplitDriver) and sp.parts == 2 and sp.runs > 0
+    assert "native split x2" in step.describe() and step.tiers.drivers()[BATCH] == "native split x2"
     seen, native = [], step.native.fn
     sp.fn = lambda *a: (seen.append((threading.current_thread().name, a[0].shape[0])),
                         native(*a))[1]
@@ -97,7 +97,7 @@ def test_a_row_wise_step_runs_on_slices_of_the_batch(two_threads, monkeypatch):
         xv = np.random.default_rng(6).standard_normal((3, 6)).astype("float32")
         (out,) = exe.run(program, feed={"x": xv}, fetch_list=[y], scope=scope)
         np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
-    assert step.picked[3] in (step.native.fn, step.compiled.fn)
+    assert step.tiers.picked[3] in (step.native.fn, step.compiled.fn)
 
 
 def test_a_split_untried_for_busy_cores_is_tried_again_once_they_are_free(two_threads,
@@ -106,15 +106,15 @@ def test_a_split_untried_for_busy_cores_is_tried_again_once_they_are_free(two_th
     pick (here the native driver) is kept only until the cores are free again; the next
     trial then measures the split driver and it serves."""
     monkeypatch.setattr(threads, "free_cores", lambda: 1)
-    monkeypatch.setattr(plan_mod.NativeStep, "_fastest", staticmethod(lambda m: 1))
+    monkeypatch.setattr(tiers_mod.DriverTiers, "_fastest", staticmethod(lambda m: 1))
     program, startup, y = _mlp()
     # (the trial runs the split driver again when it ran unsplit, UNSPLIT_REDOS times)
-    exe, scope = _served(program, startup, y, runs=12 + plan_mod.UNSPLIT_REDOS)
+    exe, scope = _served(program, startup, y, runs=12 + tiers_mod.UNSPLIT_REDOS)
     (step,) = _steps(exe, program)
-    retry = step.picked[BATCH]
-    assert isinstance(retry, plan_mod._Retry) and retry.fn is step.native.fn
-    assert step.drivers()[BATCH].startswith("native (split to be tried")
-    monkeypatch.setattr(plan_mod.NativeStep, "_fastest", staticmethod(lambda m: len(m) - 1))
+    retry = step.tiers.picked[BATCH]
+    assert isinstance(retry, tiers_mod.Retry) and retry.fn is step.native.fn
+    assert step.tiers.drivers()[BATCH].startswith("native (split to be tried")
+    monkeypatch.setattr(tiers_mod.DriverTiers, "_fastest", staticmethod(lambda m: len(m) - 1))
     rng = np.random.default_rng(9)
     for k in range(14):
         if k == 1:  # a second later, both cores free: the pick is dropped, trials again
@@ -123,9 +123,9 @@ def test_a_split_untried_for_busy_cores_is_tried_again_once_they_are_free(two_th
         xv = rng.standard_normal((BATCH, 6)).astype("float32")
         (out,) = exe.run(program, feed={"x": xv}, fetch_list=[y], scope=scope)
         np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
-        assert (BATCH in step.picked) == (k == 0 or k >= 13)
-    sp = step.picked[BATCH]
-    assert isinstance(sp, plan_mod._SplitDriver) and sp.runs == 4  # its trial runs
+        assert (BATCH in step.tiers.picked) == (k == 0 or k >= 13)
+    sp = step.tiers.picked[BATCH]
+    assert isinstance(sp, tiers_mod.SplitDriver) and sp.runs == 4  # its trial runs
 
 
 def test_a_split_run_left_unsplit_by_a_busy_core_is_not_its_time(two_threads, monkeypatch):
@@ -138,9 +138,9 @@ def test_a_split_run_left_unsplit_by_a_busy_core_is_not_its_time(two_threads, mo
     rng = np.random.default_rng(5)
     unsplit = 0
     for _ in range(40):
-        if BATCH in step.picked:
+        if BATCH in step.tiers.picked:
             break
-        times = step._trials.get(BATCH)
+        times = step.tiers._trials.get(BATCH)
         split_turn = times is not None and len(times) == 3 and \
             len(times[2]) < min(len(times[0]), len(times[1]))
         busy = split_turn and unsplit < 3  # the split's turn, three times: a core busy
@@ -150,28 +150,28 @@ def test_a_split_run_left_unsplit_by_a_busy_core_is_not_its_time(two_threads, mo
         (out,) = exe.run(program, feed={"x": xv}, fetch_list=[y], scope=scope)
         np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
     assert unsplit == 3
-    sp = step.picked[BATCH]
-    assert isinstance(sp, plan_mod._SplitDriver)  # picked (two_threads: the last candidate)
-    assert sp.runs == plan_mod.NativeStep._WARM + plan_mod.NativeStep._TIMED  # all split
+    sp = step.tiers.picked[BATCH]
+    assert isinstance(sp, tiers_mod.SplitDriver)  # picked (two_threads: the last candidate)
+    assert sp.runs == tiers_mod.DriverTiers._WARM + tiers_mod.DriverTiers._TIMED  # all split
 
 
 def test_a_split_that_loses_its_trial_is_tried_again_a_few_times(two_threads, monkeypatch):
     """The split driver measured slower: the pick is dropped for another trial once the
     cores are free, SPLIT_RETRIES times, then kept."""
-    monkeypatch.setattr(plan_mod.NativeStep, "_fastest", staticmethod(lambda m: 1))
-    monkeypatch.setattr(plan_mod, "RETRY_AFTER", 0.0)
+    monkeypatch.setattr(tiers_mod.DriverTiers, "_fastest", staticmethod(lambda m: 1))
+    monkeypatch.setattr(tiers_mod, "RETRY_AFTER", 0.0)
     program, startup, y = _mlp()
     exe, scope = _served(program, startup, y, runs=12)
     (step,) = _steps(exe, program)
     rng = np.random.default_rng(4)
-    for _ in range(plan_mod.SPLIT_RETRIES):
-        assert isinstance(step.picked[BATCH], plan_mod._Retry)
+    for _ in range(tiers_mod.SPLIT_RETRIES):
+        assert isinstance(step.tiers.picked[BATCH], tiers_mod.Retry)
         for _ in range(13):  # the run that drops the pick, then a trial
             xv = rng.standard_normal((BATCH, 6)).astype("float32")
             (out,) = exe.run(program, feed={"x": xv}, fetch_list=[y], scope=scope)
             np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
-    assert step.picked[BATCH] is step.native.fn
-    assert step._split[1].runs == 4 * (1 + plan_mod.SPLIT_RETRIES)
+    assert step.tiers.picked[BATCH] is step.native.fn
+    assert step.tiers._split[1].runs == 4 * (1 + tiers_mod.SPLIT_RETRIES)
 
 
 def test_a_split_step_serves_concurrent_runs(two_threads):
@@ -180,7 +180,7 @@ def test_a_split_step_serves_concurrent_runs(two_threads):
     program, startup, y = _mlp()
     exe, scope = _served(program, startup, y, runs=12)
     (step,) = _steps(exe, program)
-    assert isinstance(step.picked[BATCH], plan_mod._SplitDriver)
+    assert isinstance(step.tiers.picked[BATCH], tiers_mod.SplitDriver)
     errors = []
 
     def serve(k):
@@ -199,7 +199,7 @@ def test_a_split_step_serves_concurrent_runs(two_threads):
     for t in ts:
         t.join(60)
     assert not errors, errors[0]
-    assert step.picked[BATCH].runs >= 60
+    assert step.tiers.picked[BATCH].runs >= 60
 
 
 def test_a_bad_parameter_is_reported_as_without_the_split(two_threads):
@@ -208,7 +208,7 @@ def test_a_bad_parameter_is_reported_as_without_the_split(two_threads):
     program, startup, y = _mlp()
     exe, scope = _served(program, startup, y, runs=12)
     (step,) = _steps(exe, program)
-    assert isinstance(step.picked[BATCH], plan_mod._SplitDriver)
+    assert isinstance(step.tiers.picked[BATCH], tiers_mod.SplitDriver)
     xv = np.ones((BATCH, 6), np.float32)
     messages = []
     for e in (exe, fluid.Executor(native_drivers=False, strict=True)):
@@ -240,10 +240,10 @@ def test_a_step_that_mixes_rows_is_not_split(two_threads):
                                    rtol=1e-5, atol=1e-6)
     steps = _steps(exe, main)
     assert steps and all(s.native is not None for s in steps)
-    assert any("reduce_mean" in s.split_why for s in steps)
+    assert any("reduce_mean" in s.tiers.split_why for s in steps)
     for s in steps:
-        assert s.split_rows is None and s.split_why
-        assert s.picked[BATCH] in (s.native.fn, s.compiled.fn)
+        assert s.tiers.split_rows is None and s.tiers.split_why
+        assert s.tiers.picked[BATCH] in (s.native.fn, s.compiled.fn)
 
 
 def test_one_thread_means_no_split(monkeypatch):
@@ -251,13 +251,13 @@ def test_one_thread_means_no_split(monkeypatch):
     monkeypatch.setenv("PDJIT_NUM_THREADS", "1")
     monkeypatch.setattr(threads, "_default_threads", None)
     monkeypatch.setattr(threads, "_applied", None)
-    monkeypatch.setattr(plan_mod.NativeStep, "_fastest", staticmethod(lambda m: len(m) - 1))
+    monkeypatch.setattr(tiers_mod.DriverTiers, "_fastest", staticmethod(lambda m: len(m) - 1))
     assert threads.loop_threads() == 1
     program, startup, y = _mlp()
     exe, _ = _served(program, startup, y)
     (step,) = _steps(exe, program)
-    assert step.split_rows == (0,)
-    assert step.picked[BATCH] is step.native.fn  # (the last of two candidates)
+    assert step.tiers.split_rows == (0,)
+    assert step.tiers.picked[BATCH] is step.native.fn  # (the last of two candidates)
 
 
 def test_run_parts_runs_the_parts_at_once_and_in_order():

@@ -307,7 +307,7 @@ def test_native_drivers_are_measured_and_chosen_per_batch_size(fresh_programs):
     assert steps
     for step in steps:
         assert step.native is not None
-        assert sorted(step.picked) == [1, 7]
-        assert all(fn in (step.native.fn, step.compiled.fn) for fn in step.picked.values())
+        assert sorted(step.tiers.picked) == [1, 7]
+        assert all(fn in (step.native.fn, step.compiled.fn) for fn in step.tiers.picked.values())
         assert "driver by batch size" in step.describe()
         assert step.native.fn.signatures  # the native driver was compiled and ran

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import pdjit as fluid
+from pdjit.codegen import pipeline as pipeline_mod
 from pdjit.custom import define_op
 from pdjit.framework.errors import (
     FallbackError,
@@ -14,7 +15,6 @@ from pdjit.framework.errors import (
     OpRunError,
     ReferenceStepWarning,
 )
-from pdjit.runtime import plan as plan_mod
 from pdjit.testing import assert_native
 
 RNG = np.random.default_rng(3)
@@ -100,7 +100,7 @@ def _row_sort(x):
 
 
 def test_a_planned_reference_step_is_named_once_and_is_no_fallback(monkeypatch):
-    monkeypatch.setattr(plan_mod, "_warned", set())
+    monkeypatch.setattr(pipeline_mod, "_warned", set())
     main = fluid.Program()
     with fluid.program_guard(main, fluid.Program()):
         x = _data("x", [-1, 4])

@@ -5,8 +5,9 @@ import numpy as np
 import pytest
 
 import pdjit as fluid
+from pdjit.codegen.cpu import tiers as tiers_mod
+from pdjit.codegen.target import get_target
 from pdjit.framework.errors import AllocationLimitError, FeedError
-from pdjit.runtime import plan as plan_mod
 
 
 def _softmax(z):
@@ -51,13 +52,13 @@ def test_an_inference_plan_gets_its_native_driver_once_hot(monkeypatch):
     """After HOT_RUNS runs the native driver is compiled, timed against the host driver and
     one of them picked per batch size; every run gives NumPy's answer; a bad feed is still
     refused with its clear error and leaves the scope as it was."""
-    monkeypatch.setattr(plan_mod, "HOT_RUNS", 3)
-    monkeypatch.setattr(plan_mod, "TIER_UP_THREAD", False)  # hot in the run that counts
+    monkeypatch.setattr(tiers_mod, "HOT_RUNS", 3)
+    monkeypatch.setattr(tiers_mod, "TIER_UP_THREAD", False)  # hot in the run that counts
     main, startup, x, y = _mlp()
     scope = fluid.Scope()
     exe = fluid.Executor(native_drivers="auto", strict=True)
     exe.run(startup, scope=scope)
-    assert all(s._hot is None for s in _steps(exe, startup))  # it writes persistables
+    assert all(s.tiers is None for s in _steps(exe, startup))  # it writes persistables
     rng = np.random.default_rng(0)
     for k in range(12):
         xv = rng.standard_normal((2, 6)).astype("float32")
@@ -66,11 +67,11 @@ def test_an_inference_plan_gets_its_native_driver_once_hot(monkeypatch):
         steps = _steps(exe, main)
         assert steps
         if k < 2:  # not hot yet: the host driver only
-            assert all(s.native is None and s._hot is not None for s in steps)
+            assert all(s.native is None and s.tiers._hot is not None for s in steps)
     for s in steps:
-        assert s.native is not None and s._hot is None
+        assert s.native is not None and s.tiers._hot is None
         assert s.native.fn.signatures  # compiled, and ran
-        assert list(s.picked) == [2]
+        assert list(s.tiers.picked) == [2]
         assert "driver by batch size" in s.describe()
     before = {n: np.array(scope.find_var(n).value) for n in ("w0", "b0")}
     with pytest.raises(FeedError, match=r"'x' expects dtype float32, got float64"):
@@ -88,7 +89,7 @@ def test_a_hot_step_compiles_its_native_driver_on_a_thread(monkeypatch):
     """By default the native driver is built and compiled on a thread of its own: the run that
     made the step hot returns on the host driver, runs meanwhile give NumPy's answer, and once
     the thread is done the native driver is compiled for the types that run passed."""
-    monkeypatch.setattr(plan_mod, "HOT_RUNS", 2)
+    monkeypatch.setattr(tiers_mod, "HOT_RUNS", 2)
     main, startup, x, y = _mlp()
     scope = fluid.Scope()
     exe = fluid.Executor(native_drivers="auto", strict=True)
@@ -99,19 +100,20 @@ def test_a_hot_step_compiles_its_native_driver_on_a_thread(monkeypatch):
         xv = rng.standard_normal((3, 6)).astype("float32")
         (out,) = exe.run(main, feed={"x": xv}, fetch_list=[y], scope=scope)
         np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
-        threads_seen += [s.tiering for s in _steps(exe, main) if s.tiering is not None]
+        threads_seen += [s.tiers.tiering for s in _steps(exe, main)
+                         if s.tiers.tiering is not None]
         if len(threads_seen) == 1:
             threads_seen[0].join(60)  # (the runs before the join were served meanwhile)
     assert len({id(t) for t in threads_seen}) == 1 and threads_seen[0].name == "pdjit-tier-up"
     (step,) = _steps(exe, main)
     assert step.native is not None and len(step.native.fn.signatures) == 1
-    assert list(step.picked) == [3]
+    assert list(step.tiers.picked) == [3]
 
 
 def test_a_training_plan_keeps_its_host_drivers(monkeypatch):
     """A program that writes persistables (parameters, optimizer state) is no inference
     plan: "auto" compiles nothing more for it however often it runs."""
-    monkeypatch.setattr(plan_mod, "HOT_RUNS", 2)
+    monkeypatch.setattr(tiers_mod, "HOT_RUNS", 2)
     main, startup, x, y = _mlp()
     with fluid.program_guard(main, startup), fluid.unique_name.guard():
         label = fluid.layers.data("label", [1], dtype="int64")
@@ -125,12 +127,13 @@ def test_a_training_plan_keeps_its_host_drivers(monkeypatch):
               for _ in range(6)]
     assert losses[-1] < losses[0]
     steps = _steps(exe, main)
-    assert steps and all(s.native is None and s._hot is None for s in steps)
+    assert steps and all(s.native is None and s.tiers is None for s in steps)
 
 
 class _Broken:
     """A native driver that fails where the host driver does not."""
     name = "broken"
+    parallel = False
 
     def fn(self, *args):
         raise RuntimeError("a wrong native driver")
@@ -145,19 +148,20 @@ def test_a_native_driver_that_fails_where_the_host_one_works_is_given_up():
     xv = np.random.default_rng(2).standard_normal((2, 6)).astype("float32")
     exe.run(infer, feed={"x": xv}, fetch_list=[y], scope=scope)
     (step,) = _steps(exe, infer)
-    step.native = _Broken()
+    assert step.tiers is None  # (no native drivers: the CPU's tiers given one by hand)
+    step.tiers = get_target("cpu").step_tiers(step, native=_Broken())
     for _ in range(3):  # host trial, then the native trial: it fails, the host one serves
         (out,) = exe.run(infer, feed={"x": xv}, fetch_list=[y], scope=scope)
         np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
     assert step.native is None and step.fallbacks == 0
     assert "RuntimeError: a wrong native driver" in step.describe()
     # inputs that the host driver refuses too are the inputs' fault: the native driver stays
-    step.native = _Broken()
-    step._trials[2] = ([1.0], [])  # the next trial of batch size 2 is the native driver's
+    step.tiers.native = _Broken()
+    step.tiers._trials[2] = ([1.0], [])  # the next trial of batch size 2 is the native driver's
     good, step.compiled = step.compiled, _Failing()
     values = [xv if i == step.batch_arg else None for i in range(len(step.args))]
     with pytest.raises(ValueError, match="host refuses"):
-        step._call(values)
+        step.tiers.call(values)
     assert step.native is not None
     step.compiled = good
 

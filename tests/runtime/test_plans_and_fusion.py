@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 import pdjit as fluid
+from pdjit.codegen import pipeline as pipeline_mod
 from pdjit.framework.errors import FallbackWarning, OpRunError
-from pdjit.runtime import plan as plan_mod
 from pdjit.testing import assert_native
 
 L = fluid.layers
@@ -132,8 +132,8 @@ def test_a_variable_of_a_loop_body_can_be_fetched():
 
 def test_float64_kernels_are_compiled_ahead_too(monkeypatch):
     jobs = []
-    real = plan_mod.precompile
-    monkeypatch.setattr(plan_mod, "precompile", lambda js: (jobs.extend(js), real(js))[1])
+    real = pipeline_mod.precompile
+    monkeypatch.setattr(pipeline_mod, "precompile", lambda js: (jobs.extend(js), real(js))[1])
     main = fluid.Program()
     with fluid.program_guard(main, fluid.Program()):
         x = _data("x", [-1, 3], "float64")

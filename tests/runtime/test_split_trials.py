@@ -1,7 +1,7 @@
 """How the split native driver's trial stays fair on a shared machine: the helper thread kept off
 the caller's core (``threads.run_parts``), a core counted busy while this process's threads
 wait for one (``threads.free_cores``), and a split that lost its trial tried again after a
-number of runs, with a loss on a busy core not counted (``plan._Retry``). Timings and the
+number of runs, with a loss on a busy core not counted (``tiers.Retry``). Timings and the
 scheduler's counts are faked here: the oracles are the counts written in each test."""
 import os
 
@@ -11,9 +11,9 @@ from test_batch_split_drivers import _mlp, _want
 
 import pdjit as fluid
 from pdjit.codegen.cpu import threads
-from pdjit.runtime import plan as plan_mod
+from pdjit.codegen.cpu import tiers as tiers_mod
 
-BATCH = 32  # >= plan.SPLIT_MIN_BATCH
+BATCH = 32  # >= tiers.SPLIT_MIN_BATCH
 
 
 # ---- the helpers' cores ----------------------------------------------------------------------
@@ -160,7 +160,7 @@ class _Served:
         return s
 
 
-TRIAL = 3 * (plan_mod.NativeStep._WARM + plan_mod.NativeStep._TIMED)  # runs of a trial
+TRIAL = 3 * (tiers_mod.DriverTiers._WARM + tiers_mod.DriverTiers._TIMED)  # runs of a trial
 
 
 @pytest.fixture
@@ -180,8 +180,8 @@ def machine(monkeypatch):
             pick -= 1
         return pick
 
-    monkeypatch.setattr(plan_mod.NativeStep, "_fastest", staticmethod(fastest))
-    monkeypatch.setattr(plan_mod, "RETRY_AFTER", 1e6)  # only runs bring a retry here
+    monkeypatch.setattr(tiers_mod.DriverTiers, "_fastest", staticmethod(fastest))
+    monkeypatch.setattr(tiers_mod, "RETRY_AFTER", 1e6)  # only runs bring a retry here
     return m
 
 
@@ -191,21 +191,21 @@ def test_a_lost_split_is_tried_again_after_a_number_of_runs(machine):
     s = _Served()
     s.run(TRIAL)
     step = s.step
-    retry = step.picked[BATCH]
-    assert isinstance(retry, plan_mod._Retry) and retry.fn is step.native.fn
-    assert step._split_tries[BATCH] == 1 and retry.runs == plan_mod.RETRY_RUNS
-    s.run(plan_mod.RETRY_RUNS - 1)
-    assert step.picked[BATCH] is retry  # not yet
+    retry = step.tiers.picked[BATCH]
+    assert isinstance(retry, tiers_mod.Retry) and retry.fn is step.native.fn
+    assert step.tiers._split_tries[BATCH] == 1 and retry.runs == tiers_mod.RETRY_RUNS
+    s.run(tiers_mod.RETRY_RUNS - 1)
+    assert step.tiers.picked[BATCH] is retry  # not yet
     s.run(1)
-    assert BATCH not in step.picked  # dropped: the next run begins a trial
+    assert BATCH not in step.tiers.picked  # dropped: the next run begins a trial
     s.run(TRIAL)  # lost again: 4x as many runs to the next
-    retry = step.picked[BATCH]
-    assert step._split_tries[BATCH] == 2 and retry.runs == 4 * plan_mod.RETRY_RUNS
-    s.run(4 * plan_mod.RETRY_RUNS)
+    retry = step.tiers.picked[BATCH]
+    assert step.tiers._split_tries[BATCH] == 2 and retry.runs == 4 * tiers_mod.RETRY_RUNS
+    s.run(4 * tiers_mod.RETRY_RUNS)
     machine["pick"] = 2
     s.run(TRIAL)
-    sp = step.picked[BATCH]
-    assert isinstance(sp, plan_mod._SplitDriver) and sp.runs == 3 * 4  # its trials' runs
+    sp = step.tiers.picked[BATCH]
+    assert isinstance(sp, tiers_mod.SplitDriver) and sp.runs == 3 * 4  # its trials' runs
 
 
 def test_a_split_lost_while_a_core_is_busy_does_not_count(machine):
@@ -218,23 +218,23 @@ def test_a_split_lost_while_a_core_is_busy_does_not_count(machine):
     for k in range(7):
         s.run(TRIAL)
         step = s.step
-        retry = step.picked[BATCH]
-        wait = plan_mod.RETRY_RUNS * 2 ** min(k, 5)
-        assert isinstance(retry, plan_mod._Retry)
-        assert step._split_tries.get(BATCH, 0) == 0 and retry.runs == wait
+        retry = step.tiers.picked[BATCH]
+        wait = tiers_mod.RETRY_RUNS * 2 ** min(k, 5)
+        assert isinstance(retry, tiers_mod.Retry)
+        assert step.tiers._split_tries.get(BATCH, 0) == 0 and retry.runs == wait
         s.run(wait)  # with a core busy: the pick stays
-        assert step.picked[BATCH] is retry and retry.runs == plan_mod.RETRY_RUNS
+        assert step.tiers.picked[BATCH] is retry and retry.runs == tiers_mod.RETRY_RUNS
         machine["free"] = 2
-        s.run(plan_mod.RETRY_RUNS)  # free again: dropped
-        assert BATCH not in step.picked
+        s.run(tiers_mod.RETRY_RUNS)  # free again: dropped
+        assert BATCH not in step.tiers.picked
     machine["at_pick"] = None
-    for k in range(plan_mod.SPLIT_RETRIES):  # fair losses
+    for k in range(tiers_mod.SPLIT_RETRIES):  # fair losses
         s.run(TRIAL)
-        assert step._split_tries[BATCH] == k + 1
-        s.run(4 ** k * plan_mod.RETRY_RUNS)
+        assert step.tiers._split_tries[BATCH] == k + 1
+        s.run(4 ** k * tiers_mod.RETRY_RUNS)
     s.run(TRIAL)
-    assert step.picked[BATCH] is step.native.fn  # kept
-    assert step._unfair_tries[BATCH] == 7
+    assert step.tiers.picked[BATCH] is step.native.fn  # kept
+    assert step.tiers._unfair_tries[BATCH] == 7
 
 
 def test_a_split_that_ran_unsplit_is_no_candidate(machine, monkeypatch):
@@ -244,25 +244,25 @@ def test_a_split_that_ran_unsplit_is_no_candidate(machine, monkeypatch):
     s = _Served()
     machine["free"], machine["pick"] = 1, 2
     seen = []
-    fastest = plan_mod.NativeStep._fastest
-    monkeypatch.setattr(plan_mod.NativeStep, "_fastest",
+    fastest = tiers_mod.DriverTiers._fastest
+    monkeypatch.setattr(tiers_mod.DriverTiers, "_fastest",
                         staticmethod(lambda t: (seen.append(list(t)), fastest(t))[1]))
-    s.run(TRIAL + plan_mod.UNSPLIT_REDOS)
+    s.run(TRIAL + tiers_mod.UNSPLIT_REDOS)
     step = s.step
     ((host, native, split),) = seen
     assert split == float("inf") and host < split and native < split
-    retry = step.picked[BATCH]
-    assert isinstance(retry, plan_mod._Retry) and retry.fn is step.native.fn
-    assert step._split[1].runs == 0 and step._split_tries.get(BATCH, 0) == 0
+    retry = step.tiers.picked[BATCH]
+    assert isinstance(retry, tiers_mod.Retry) and retry.fn is step.native.fn
+    assert step.tiers._split[1].runs == 0 and step.tiers._split_tries.get(BATCH, 0) == 0
     machine["free"] = 2
-    s.run(plan_mod.RETRY_RUNS + TRIAL)
-    sp = step.picked[BATCH]
-    assert isinstance(sp, plan_mod._SplitDriver) and sp.runs == 4
-    assert BATCH not in step._unfair_tries  # (a win forgets the busy-core losses)
+    s.run(tiers_mod.RETRY_RUNS + TRIAL)
+    sp = step.tiers.picked[BATCH]
+    assert isinstance(sp, tiers_mod.SplitDriver) and sp.runs == 4
+    assert BATCH not in step.tiers._unfair_tries  # (a win forgets the busy-core losses)
 
 
 def test_retry_checks_after_runs_or_seconds(monkeypatch):
-    """``_Retry`` alone: it serves with its driver, and drops its pick at the check that
+    """``Retry`` alone: it serves with its driver, and drops its pick at the check that
     finds the cores free, ``runs`` runs or ``wait`` seconds after it was made."""
     free = [2]
     monkeypatch.setattr(threads, "free_cores", lambda: free[0])
@@ -271,18 +271,18 @@ def test_retry_checks_after_runs_or_seconds(monkeypatch):
         picked: dict = {}
 
     step = Step()
-    r = plan_mod._Retry(lambda v: v + 1, step, 7, wait=1e6, runs=3)
+    r = tiers_mod.Retry(lambda v: v + 1, step, 7, wait=1e6, runs=3)
     step.picked[7] = r
     assert [r(1), r(2)] == [2, 3] and step.picked[7] is r
     free[0] = 1
     assert r(3) == 4 and step.picked[7] is r  # the third run: a core busy, kept
-    assert r.runs == plan_mod.RETRY_RUNS
+    assert r.runs == tiers_mod.RETRY_RUNS
     free[0] = 2
-    for _ in range(plan_mod.RETRY_RUNS - 1):
+    for _ in range(tiers_mod.RETRY_RUNS - 1):
         r(0)
     assert step.picked[7] is r
     r(0)
     assert 7 not in step.picked
-    step.picked[7] = r = plan_mod._Retry(lambda v: v, step, 7, wait=0.0, runs=10 ** 6)
+    step.picked[7] = r = tiers_mod.Retry(lambda v: v, step, 7, wait=0.0, runs=10 ** 6)
     r(0)
     assert 7 not in step.picked  # the seconds came first

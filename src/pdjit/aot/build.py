@@ -17,6 +17,7 @@ import numpy as np
 
 from pdjit.aot import batch_split, csource, loader
 from pdjit.aot.numba_aot import compile_object, pointer
+from pdjit.codegen import pipeline
 from pdjit.codegen.cpu import threads as cpu_threads
 from pdjit.framework import limits, registry
 from pdjit.framework.dtypes import to_numpy
@@ -24,7 +25,6 @@ from pdjit.framework.errors import PdjitError, ReferenceStepWarning
 from pdjit.io.inference_model import load_model
 from pdjit.passes.inference import optimize
 from pdjit.proto import framework_pb2 as pb
-from pdjit.runtime.plan import build_plan
 
 SYMBOL = "pdjit_entry"
 _ALIGN = 64
@@ -86,13 +86,34 @@ def _scalar_condition(op) -> bool:
         c.scalar_condition) and op.attr(c.scalar_condition))
 
 
-def _refuse_step(step) -> str | None:
-    """Why ``step`` cannot be compiled ahead of time, or None (for a control-flow op the entry
-    drives, the first refusal in its sub-blocks' plans)."""
+class _Plan:
+    """A block's plan description (:class:`pdjit.codegen.pipeline.PlanDescription`: its
+    ``steps`` and ``block_idx``), and the plans of the blocks its control-flow ops run
+    (``sub_plans(step)``), built alike."""
+
+    def __init__(self, desc, built: dict):
+        self.steps, self.block_idx, self._built = desc.steps, desc.block_idx, built
+
+    def sub_plans(self, step) -> list:
+        """``[(block idx, _Plan)]`` of a host op's sub-blocks (those built)."""
+        return [(b, self._built[b]) for b in getattr(step, "sub_blocks", ())
+                if b in self._built]
+
+    def walk(self):
+        """Every step of this plan and of its sub-plans, depth first."""
+        for step in self.steps:
+            yield step
+            for _, sub in self.sub_plans(step):
+                yield from sub.walk()
+
+
+def _refuse_step(plan, step) -> str | None:
+    """Why ``step`` (of ``plan``) cannot be compiled ahead of time, or None (for a
+    control-flow op the entry drives, the first refusal in its sub-blocks' plans)."""
     if step.kind == "reference":
         if not _driven(step.op):
             return f"op {step.op.type!r} (#{step.op_idx}) has no native lowering ({step.why})"
-        return _refuse_control(step)
+        return _refuse_control(plan, step)
     if step.kind not in ("native", "native_loop"):
         op, i = step.ops[0]
         return f"op {op.type!r} (#{i}) runs as a {step.kind} step (not compiled ahead of time)"
@@ -102,19 +123,20 @@ def _refuse_step(step) -> str | None:
         return f"op {op.type!r} (#{i}): its step has no native driver"
     if step.rng_ops:
         return f"op {step.rng_ops[0][0].type!r}: random ops are not compiled ahead of time"
-    if step.lod_flow.always or any(True for _ in getattr(step.lod_flow, "requests", ())):
+    if getattr(step, "lod_requests", None) or any(
+            o.opdef is not None and o.opdef.out_lod is not None for o, _ in step.ops):
         return f"op {op.type!r} (#{i}): LoD inputs are not compiled ahead of time"
     if code.parallel:
         return f"op {op.type!r} (#{i}): a parallel driver (build with one thread)"
     return None
 
 
-def _refuse_control(step) -> str | None:
+def _refuse_control(plan, step) -> str | None:
     op, where = step.op, f"op {step.op.type!r} (#{step.op_idx})"
     if op.opdef.select is not None:
         return None
     want = list(op.sub_block_indices())
-    subs = dict(step.sub_plans)
+    subs = dict(plan.sub_plans(step))
     if sorted(subs) != sorted(want):
         return f"{where}: the plans of its sub-blocks {want} were not built"
     slot = op.opdef.control.condition
@@ -131,24 +153,29 @@ def _refuse_control(step) -> str | None:
             return f"{where}: its condition {cond!r} must be bool, got {got}"
     for b in want:
         for sub in subs[b].steps:
-            why = _refuse_step(sub)
+            why = _refuse_step(subs[b], sub)
             if why is not None:
                 return f"{why} (in block {b} of {where})"
     return None
 
 
 def _build_plans(program, fetch_names):
-    """The global block's plan with every native step's driver as one function, and, under each
-    control-flow op's step, the plans of its sub-blocks built the same way (``sub_plans``)."""
+    """The global block's plan description (the compile pipeline's, every native step's
+    driver as one function) and, under each control-flow op's step, the plans of its
+    sub-blocks built the same way (``_Plan.sub_plans``)."""
     built: dict = {}
 
-    def sub_plan(block):
-        if block.idx not in built:
-            built[block.idx] = build_plan(program, (), block=block, sub_plan=sub_plan,
-                                          native_drivers=True)
-        return built[block.idx]
+    def build(block, fetched):
+        plan = _Plan(pipeline.compile_block(program, block, fetched, native_drivers=True),
+                     built)
+        for step in plan.steps:
+            for b in getattr(step, "sub_blocks", ()):
+                if b not in built:
+                    built[b] = None  # (a block being built: no recursion back into it)
+                    built[b] = build(program.block(b), ())
+        return plan
 
-    return build_plan(program, fetch_names, sub_plan=sub_plan, native_drivers=True)
+    return build(program.global_block(), fetch_names)
 
 
 def compile_model(model_path, out_dir, batch: int = 1, cpu: str = "host",
@@ -191,7 +218,7 @@ def compile_model(model_path, out_dir, batch: int = 1, cpu: str = "host",
         warnings.simplefilter("ignore", ReferenceStepWarning)
         plan = _build_plans(program, model.fetch_names)
     for step in plan.steps:
-        why = _refuse_step(step)
+        why = _refuse_step(plan, step)
         if why is not None:
             raise AotError(f"{model_path}: cannot compile ahead of time: {why}")
     t_plan = time.perf_counter()
@@ -307,7 +334,7 @@ def _reads(plan):
     for step in plan.steps:
         if step.kind == "reference":
             yield from step.op.input_arg_names
-            for _, sub in step.sub_plans:
+            for _, sub in plan.sub_plans(step):
                 yield from _reads(sub)
         else:
             yield from step.args
@@ -323,7 +350,7 @@ def _writes(plan) -> list:
         sel = step.op.opdef.select if step.op.opdef is not None else None
         if sel is not None:
             out += step.op.output(sel.out if sel.gather else sel.choices)
-        for _, sub in step.sub_plans:
+        for _, sub in plan.sub_plans(step):
             out += _writes(sub)
     return [n for n in out if n != registry.EMPTY_VAR_NAME]
 
@@ -406,7 +433,7 @@ class _Entry:
         block = self.program.block(plan.block_idx)
         for step in plan.steps:
             if step.kind == "reference":
-                self.control(step, scope, block, indent)
+                self.control(plan, step, scope, block, indent)
                 continue
             op, i = step.ops[0]
             what = f"op {op.type} (#{i}, block {block.idx})"
@@ -419,10 +446,10 @@ class _Entry:
             for k, n in enumerate(step.outputs):
                 self.write(scope, n, f"{res}[{k}]", indent)
 
-    def control(self, step, scope, block, indent: int) -> None:
+    def control(self, plan, step, scope, block, indent: int) -> None:
         op = step.op
         what = f"op {op.type} (#{step.op_idx}, block {block.idx})"
-        subs = dict(step.sub_plans)
+        subs = dict(plan.sub_plans(step))
         sel, control = op.opdef.select, op.opdef.control
         if sel is not None and sel.gather:
             choices = op.input(sel.choices)

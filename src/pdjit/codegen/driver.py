@@ -205,6 +205,8 @@ class HostDriver:
             gen.plan_memory()
             self.source, self.memory_plan = gen.source(fn_name), gen.memory_plan
         self.calls, self.lazy = list(gen.calls), list(gen.lazy)
+        #: the driver's lines call the host's BLAS (an opaque lowering declared ``blas``)
+        self.calls_blas = gen.calls_blas
         self.kernels = [c for _, c in self.calls]
         self.name = f"{fn_name}_" + hashlib.sha256(self.source.encode()).hexdigest()[:12]
         parts = [f"# host driver {self.name}", self.source]

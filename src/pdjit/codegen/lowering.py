@@ -565,6 +565,7 @@ class SegmentGen:
         self.target = get_target(target)
         self.native = native
         self.uses_prange = False      # whether a parallel loop was emitted (native drivers)
+        self.calls_blas = False       # whether the driver's lines call the host's BLAS
         self.needed_after = needed_after
         self.lines: list = []
         self.args: list = []          # env names, in argument order
@@ -884,6 +885,7 @@ class SegmentGen:
             lines = _lowered(node, LowerContext(self, node))
             if lines is None:
                 raise Declined(node.op)
+            self.calls_blas |= node.lowering.blas
             for line in lines:
                 self.emit(line)
             self.jobs += [(LibraryKernel(fn), types) for fn, types in

@@ -44,12 +44,13 @@ class Lowerings:
         self._loaded = False
 
     def lowering(self, *op_types: str, host: bool = False, flat: bool = False,
-                 blocked=None):
+                 blocked=None, blas: bool = False):
         """Decorator: ``fn(ctx) -> [source lines] | None`` lowers ``op_types`` on this target
-        (``host``, ``flat``, ``blocked``: as ``Opaque`` declares them)."""
+        (``host``, ``flat``, ``blocked``, ``blas``: as ``Opaque`` declares them)."""
         def register(fn):
             for op_type in op_types:
-                self._add(op_type, Opaque(fn, host=host, flat=flat, blocked=blocked))
+                self._add(op_type, Opaque(fn, host=host, flat=flat, blocked=blocked,
+                                          blas=blas))
             return fn
         return register
 
@@ -125,6 +126,42 @@ class Target:
     def require(self, what: str) -> None:
         """Raise a clear error (naming ``what`` needs it) when the target cannot run in this
         process (a device target without its device)."""
+
+    # ---- the process and the plan step (the host target's, unless a target overrides) ----
+    def prepare(self) -> None:
+        """Make the process ready before a plan of this target is built (the host target's
+        thread pools and memory allocator: every plan runs some ops on the host)."""
+        host = host_target()
+        if host is not self:
+            host.prepare()
+
+    def run_threads(self):
+        """The host's thread control around each run (the host target's): an object with
+        ``begin_run(cap)`` (this run's thread cap), ``RunChoice(settled)`` (measures, per plan
+        and batch size, whether a run uses the free cores or one thread) and ``numpy_blas()``
+        (a context in which NumPy's BLAS uses the plan's threads)."""
+        host = host_target()
+        if host is self:
+            raise NotImplementedError(f"the {self.name} target has no thread control")
+        return host.run_threads()
+
+    def threads(self) -> tuple:
+        """``(threads a parallel loop may use, threads a host driver may run loops on)`` as
+        the code generator should assume them (the host target's)."""
+        host = host_target()
+        return (1, 1) if host is self else host.threads()
+
+    def step_tiers(self, step, native=None, build=None, mode=False, split=None):
+        """The object that picks, run by run, which of a native step's drivers serves it
+        (``call(values)``, ``settled(batch)``, ``describe()``; the step's ``native`` driver
+        built with the plan, the ``build`` of one built once the step is hot under the
+        ``native_drivers`` ``mode``, ``split()``: which arguments carry the batch's rows), or
+        None: the step's host driver always serves (a target without ``native_drivers``)."""
+        return None
+
+    def lod_offsets(self, offsets: list) -> list:
+        """LoD offsets (host arrays) as a driver of this target reads them."""
+        return offsets
 
     # ---- device memory (a host target's values are NumPy arrays: nothing to copy) ----
     def to_device(self, array):
@@ -223,3 +260,8 @@ def holder(value) -> Target | None:
 def target_name(place) -> str:
     """The target that runs plans for ``place`` (``None``: the CPU)."""
     return "cpu" if place is None else place.kind
+
+
+def host_target() -> Target:
+    """The target of the host (``place=None``): where references and host ops run."""
+    return get_target(target_name(None))

@@ -376,11 +376,16 @@ class Opaque:
     with ``ctx.out(slot, shape=...)``, the whole batch), and ``fn(*before, n0, n1, *after)``,
     a compiled function (``_nn....``), computes the output's samples ``n0..n1``; ``before``
     and ``after`` are source expressions over the driver's locals. ``None``: not by blocks.
+
+    ``blas=True`` (host lowerings): the lines call the host's BLAS (a GEMM, a batched GEMM),
+    a fact the code generator records on the driver (``calls_blas``) so that the run sets
+    BLAS's threads around it.
     """
     lower: Callable | None = None
     host: bool = False
     flat: bool = False
     blocked: Callable | None = None
+    blas: bool = False
 
 
 # ---- control flow ------------------------------------------------------------------------

@@ -271,7 +271,7 @@ register_op(
     "mul", inputs=["X", "Y"], outputs=["Out"], row_wise=RowWise(const=("Y",)),
     attrs=_MUL_ATTRS,
     traits=[OPAQUE], infer_shape=_mul_infer, reference=_mul_ref,
-    emit=Opaque(_mul_lower, host=True),
+    emit=Opaque(_mul_lower, host=True, blas=True),
     inference=_channel_linear(None),
     grad=default_grad("mul_grad", fwd_inputs=("X", "Y"), wrt=("X", "Y")),
     doc="Out = flatten(X, x_num_col_dims) @ flatten(Y, y_num_col_dims), reshaped to "
@@ -349,7 +349,8 @@ register_op(
     attrs={"transpose_X": Bool(False), "transpose_Y": Bool(False),
            "alpha": Float(1.0, low=-2.0, high=2.0), "head_number": Int(1, choices=(1,))},
     traits=[OPAQUE], infer_shape=_matmul_infer, reference=_matmul_ref,
-    emit=Opaque(_matmul_2d_lower("transpose_X", "transpose_Y", "alpha"), host=True),
+    emit=Opaque(_matmul_2d_lower("transpose_X", "transpose_Y", "alpha"), host=True,
+                blas=True),
     inference=_channel_linear("transpose_Y"),
     grad=default_grad("matmul_grad", fwd_inputs=("X", "Y"), wrt=("X", "Y")),
     doc="Out = alpha * op(X) @ op(Y) over the last two dims (op transposes when asked), batch "
@@ -372,7 +373,7 @@ register_op(
     "matmul_v2", inputs=["X", "Y"], outputs=["Out"], row_wise=_MATMUL_ROWS,
     attrs={"trans_x": Bool(False), "trans_y": Bool(False)},
     traits=[OPAQUE], infer_shape=_matmul_v2_infer, reference=_matmul_v2_ref,
-    emit=Opaque(_matmul_2d_lower("trans_x", "trans_y"), host=True),
+    emit=Opaque(_matmul_2d_lower("trans_x", "trans_y"), host=True, blas=True),
     inference=_channel_linear("trans_y"),
     grad=default_grad("matmul_v2_grad", fwd_inputs=("X", "Y"), wrt=("X", "Y")),
     doc="Out = op(X) @ op(Y) with NumPy batch broadcasting; 1-D X is a row, 1-D Y a column.")
@@ -418,7 +419,7 @@ def _bmm_lower(ctx):
 
 register_op(
     "bmm", inputs=["X", "Y"], outputs=["Out"], traits=[OPAQUE], infer_shape=_bmm_infer,
-    reference=_bmm_ref, emit=Opaque(_bmm_lower, host=True),
+    reference=_bmm_ref, emit=Opaque(_bmm_lower, host=True, blas=True),
     grad=default_grad("bmm_grad", fwd_inputs=("X", "Y"), wrt=("X", "Y")),
     doc="Out[b] = X[b] @ Y[b] for 3-D X [B, M, K] and Y [B, K, N].")
 
@@ -582,7 +583,7 @@ register_op(
     "mul_grad", inputs=["X", "Y", "Out@GRAD"], outputs=["X@GRAD?", "Y@GRAD?"],
     attrs=_MUL_ATTRS,
     traits=[OPAQUE], infer_shape=_grad_infer, reference=_mul_grad_ref,
-    emit=Opaque(_mul_grad_lower, host=True), grad=None,
+    emit=Opaque(_mul_grad_lower, host=True, blas=True), grad=None,
     doc="dX = dOut2 @ Y2^T and dY = X2^T @ dOut2 on the flattened operands, reshaped back.")
 
 
@@ -596,7 +597,8 @@ register_op(
     attrs={"transpose_X": Bool(False), "transpose_Y": Bool(False),
            "alpha": Float(1.0, low=-2.0, high=2.0), "head_number": Int(1, choices=(1,))},
     traits=[OPAQUE], infer_shape=_grad_infer, reference=_matmul_grad_ref,
-    emit=Opaque(_matmul_grad_2d_lower("transpose_X", "transpose_Y", "alpha"), host=True),
+    emit=Opaque(_matmul_grad_2d_lower("transpose_X", "transpose_Y", "alpha"), host=True,
+                blas=True),
     grad=None,
     doc="Gradients of matmul: alpha * dOut @ op(Y)^T and alpha * op(X)^T @ dOut, transposed "
         "back where the forward transposed, summed over broadcast batch dims.")
@@ -611,7 +613,8 @@ register_op(
     "matmul_v2_grad", inputs=["X", "Y", "Out@GRAD"], outputs=["X@GRAD?", "Y@GRAD?"],
     attrs={"trans_x": Bool(False), "trans_y": Bool(False)},
     traits=[OPAQUE], infer_shape=_grad_infer, reference=_matmul_v2_grad_ref,
-    emit=Opaque(_matmul_grad_2d_lower("trans_x", "trans_y"), host=True), grad=None,
+    emit=Opaque(_matmul_grad_2d_lower("trans_x", "trans_y"), host=True, blas=True),
+    grad=None,
     doc="Gradients of matmul_v2: dOut @ op(Y)^T and op(X)^T @ dOut, transposed back where the "
         "forward transposed, summed over broadcast batch dims.")
 
@@ -645,5 +648,5 @@ def _bmm_grad_lower(ctx):
 register_op(
     "bmm_grad", inputs=["X", "Y", "Out@GRAD"], outputs=["X@GRAD?", "Y@GRAD?"],
     traits=[OPAQUE], infer_shape=_grad_infer, reference=_bmm_grad_ref,
-    emit=Opaque(_bmm_grad_lower, host=True), grad=None,
+    emit=Opaque(_bmm_grad_lower, host=True, blas=True), grad=None,
     doc="Gradients of bmm: dX[b] = dOut[b] @ Y[b]^T and dY[b] = X[b]^T @ dOut[b].")

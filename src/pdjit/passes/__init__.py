@@ -1,9 +1,11 @@
 """Passes over a block: program -> program (prune) and program -> plan (fusion partition).
 
 Passes never run code and never name an op: they read op definitions' traits and ``emit``.
-``PDJIT_DUMP_AFTER=<pass>`` (``prune``, ``fusion``; comma-separated or ``all``) prints what a
-pass produced, to stderr. The inference passes (``pdjit.passes.inference``) are ``test_mode``,
-``remove_noops``, ``fold_batch_norm`` and ``fold_constants``.
+``PDJIT_DUMP_AFTER=<pass>`` (comma-separated, or ``all``) prints what a pass produced, to
+stderr: the compile pipeline's stages (``prune``, ``fusion``, ``generate``, ``memory_plan``,
+``native_loops``, ``steps``: :mod:`pdjit.codegen.pipeline`) and the inference passes
+(``pdjit.passes.inference``): ``test_mode``, ``remove_noops``, ``fold_batch_norm`` and
+``fold_constants``.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Which values of a block carry the batch row by row: the analysis behind splitting a batch
 across threads (an AOT artifact's ``pdjit compile --threads N``, ``pdjit.aot.batch_split``; a
-JIT native driver's slices, ``pdjit.runtime.plan``).
+JIT native driver's slices, ``pdjit.codegen.cpu.tiers``).
 
 :func:`row_states` walks a block's ops in order, giving every variable a state:
 

@@ -241,7 +241,7 @@ def first_bad(names, values):
     return None
 
 
-def pinpoint(executor, env, run_index, ops, names, values) -> None:
+def pinpoint(runner, env, run_index, ops, names, values) -> None:
     """After native code produced NaN/Inf in one of ``values`` (of ``names``): run ``ops``
     ((op, index) pairs) with their references from the untouched inputs in ``env``, with the
     check on, so that the first op producing NaN/Inf raises; raise for the step's writer of
@@ -250,7 +250,7 @@ def pinpoint(executor, env, run_index, ops, names, values) -> None:
     if bad is None:
         return
     for op, i in ops:
-        executor._run_op(op, i, env, run_index)
+        runner.run_op(op, i, env, run_index)
     name, found, size = bad
     op, i = next(((o, i) for o, i in reversed(ops) if name in o.output_arg_names), ops[-1])
     opdef = registry.lookup(op.type)

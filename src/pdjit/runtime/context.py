@@ -7,6 +7,8 @@ a failed run leaves the Scope as it was.
 """
 from __future__ import annotations
 
+from typing import Protocol
+
 from pdjit.framework import random as prandom
 from pdjit.framework.program import Block, Operator
 from pdjit.runtime.scope import Scope
@@ -84,11 +86,26 @@ class StepScopes(list):
         return f"StepScopes({len(self)} env(s))"
 
 
+class Runner(Protocol):
+    """What plan steps and references ask of the one running them (the Executor): run one op
+    with its NumPy reference, run a block (its compiled plan, or op by op), and whether a
+    native step's fallback to the references is an error (``strict``). Steps and contexts
+    receive a runner, never the Executor's internals."""
+
+    strict: bool
+
+    def run_op(self, op: Operator, op_idx: int, env: Env, run_index: int) -> None:
+        """Run ``op`` (index ``op_idx`` of its block) with its reference on ``env``."""
+
+    def run_block(self, block: Block, env: Env, run_index: int) -> None:
+        """Run every op of ``block`` on ``env`` (a sub-block: its own compiled plan)."""
+
+
 class RunContext:
     """Passed to references that take ``ctx``: the op, its env, randomness, LoD, sub-blocks."""
 
-    def __init__(self, executor, env: Env, op: Operator, op_idx: int, run_index: int):
-        self.executor, self.env, self.op = executor, env, op
+    def __init__(self, runner: Runner, env: Env, op: Operator, op_idx: int, run_index: int):
+        self.runner, self.env, self.op = runner, env, op
         self.op_idx, self.run_index = op_idx, run_index
         self.in_lods: dict = {}
         self.out_lods: dict = {}
@@ -131,4 +148,4 @@ class RunContext:
         then draw other numbers in every iteration."""
         if iteration is not None:
             env.iterations = self.env.iterations + (int(iteration),)
-        self.executor._run_block(self.program.block(block_idx), env, self.run_index)
+        self.runner.run_block(self.program.block(block_idx), env, self.run_index)

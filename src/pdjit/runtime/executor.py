@@ -95,13 +95,13 @@ class Executor:
     size: no Python between the kernels of a small batch. ``"auto"`` (the default unless
     ``PDJIT_NATIVE_DRIVERS`` is set) does that only for an inference plan (one that writes no
     persistable variable: a ``clone(for_test=True)``, a loaded inference model) once it ran
-    ``pdjit.runtime.plan.HOT_RUNS`` (100) times: a program run a few times, and a training
+    ``pdjit.codegen.cpu.tiers.HOT_RUNS`` (100) times: a program run a few times, and a training
     program, keep the host drivers and compile nothing more; one being served gets the
     native drivers (measured on LeNet-5 at batch 1: 46 us per run with the host driver, 30 us
     with the native one). ``"background"`` (the Predictor's): every native step's driver is
     built on a thread of its own after the step's second run, never in a run, the host driver
     serving until it is ready. Both build one only for a step it can speed up (a few short
-    kernel calls: ``pdjit.runtime.plan.DRIVER_MAX_CALLS``). ``False``
+    kernel calls: ``pdjit.codegen.cpu.tiers.DRIVER_MAX_CALLS``). ``False``
     (``PDJIT_NATIVE_DRIVERS=0``): never."""
 
     def __init__(self, place: Place | None = None, mode: str | None = None,
@@ -112,10 +112,10 @@ class Executor:
             raise TypeError(f"Executor: place must be CPUPlace() or CUDAPlace(i), got {place!r}")
         # the target that runs this place's plans (cuda: a GPU, or the CUDA simulator); the
         # code generator loads with the first executor, not with ``import pdjit``
-        from pdjit.codegen.cpu import threads
         from pdjit.codegen.target import get_target, target_name
 
         self._target = get_target(target_name(self.place))
+        threads = self._target.run_threads()  # the host's thread control
         self._numpy_blas = threads.numpy_blas  # (a plan whose steps call NumPy's BLAS)
         # each run's threads capped at the cores other processes leave free (a host plan's)
         self._begin_run = threads.begin_run
@@ -235,7 +235,7 @@ class Executor:
                 # a fresh array nothing else holds goes to the user as it is (once)
                 fresh = plan.fresh if return_numpy else ()
             else:
-                self._run_block(run.block, env, run_index)
+                self.run_block(run.block, env, run_index)
                 fresh = ()
             results = []
             given = None
@@ -350,12 +350,13 @@ class Executor:
 
     # -- interpretation -------------------------------------------------------------------------
     # the reference interpreter (pdjit.runtime.interpreter): one op with its NumPy reference
-    def _run_op(self, op, op_idx: int, env: Env, run_index: int) -> None:
+    # (the runner protocol plan steps and references use: pdjit.runtime.context.Runner)
+    def run_op(self, op, op_idx: int, env: Env, run_index: int) -> None:
         if self._target.device:
             _inputs_to_host(op, env, self._target)
         interpreter.run_op(self, op, op_idx, env, run_index)
 
-    def _run_block(self, block: Block, env: Env, run_index: int) -> None:
+    def run_block(self, block: Block, env: Env, run_index: int) -> None:
         if self.mode == "compiled" and block.idx != 0:  # a sub-block: its own compiled plan
             self._block_plan(block, env.fetched_scopes).run(self, env, run_index)
             return
@@ -365,11 +366,11 @@ class Executor:
             if opdef is not None and opdef.has(registry.FEED_FETCH):
                 continue  # the run binds feeds and reads fetches by name
             if recorder is None:
-                self._run_op(op, op_idx, env, run_index)
+                self.run_op(op, op_idx, env, run_index)
                 continue
             t0 = time.perf_counter()
             try:
-                self._run_op(op, op_idx, env, run_index)
+                self.run_op(op, op_idx, env, run_index)
             finally:
                 recorder.add(op.type, time.perf_counter() - t0)
 

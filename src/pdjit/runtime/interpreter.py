@@ -28,14 +28,14 @@ from pdjit.runtime.tensor import LoDTensor, check_offsets
 VarType = pb.VarType
 
 
-def run_op(executor, op, op_idx: int, env: Env, run_index: int) -> None:
+def run_op(runner, op, op_idx: int, env: Env, run_index: int) -> None:
     """Run ``op`` (index ``op_idx`` of its block) with its NumPy reference on the values in
     ``env``, and store its outputs there, with their LoD; errors name the op."""
     opdef = registry.lookup(op.type)
     if opdef is None:
         raise UnregisteredOpError(f"{op._describe()}: op type {op.type!r} is not registered "
                                   f"in pdjit, so the program cannot run")
-    ctx = RunContext(executor, env, op, op_idx, run_index)
+    ctx = RunContext(runner, env, op, op_idx, run_index)
     raw = opdef.has(registry.FEED_FETCH) or opdef.has(registry.CONTROL_FLOW)
     inputs = {}
     for slot in opdef.inputs:
@@ -62,7 +62,7 @@ def run_op(executor, op, op_idx: int, env: Env, run_index: int) -> None:
             values.append(value)
         inputs[slot.name] = values if slot.duplicable else (values[0] if values else None)
     attrs = {k: v for k, v in op.all_attrs().items() if k in opdef.attrs}
-    settings = getattr(executor, "checks", checks.OFF)
+    settings = getattr(runner, "checks", checks.OFF)
     if not raw:  # shapes the op refuses (as a native step would), outputs over the limit
         misfit = checks.check_op(op, op_idx, inputs, settings.limit)
         if misfit is not None:

@@ -350,13 +350,13 @@ def test_the_plans_have_control_flow_and_only_native_code(built):
     assert ("native_loop", "while") in kinds
     assert kinds.count(("reference", "conditional_block")) == 2
     assert ("reference", "select_input") in kinds
-    subs = [sub for s in plan.steps if s.kind == "reference" for _, sub in s.sub_plans]
+    subs = [sub for s in plan.steps if s.kind == "reference" for _, sub in plan.sub_plans(s)]
     assert len(subs) == 2 and all(t.kind == "native" and t.native is not None
                                   for sub in subs for t in sub.steps)
-    assert all(build._refuse_step(s) is None for s in plan.steps)
+    assert all(build._refuse_step(plan, s) is None for s in plan.steps)
     nested = plans(built["nested"][3])
     (loop,) = [s for s in nested.steps if s.kind == "reference" and s.op.type == "while"]
-    (body,) = [sub for _, sub in loop.sub_plans]
+    (body,) = [sub for _, sub in nested.sub_plans(loop)]
     assert ("reference", "conditional_block") in of(body) and "native" in dict(of(body))
     assert ("reference", "select_output") in of(nested)
-    assert all(build._refuse_step(s) is None for s in nested.steps)
+    assert all(build._refuse_step(nested, s) is None for s in nested.steps)

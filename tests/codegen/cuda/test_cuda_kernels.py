@@ -19,8 +19,9 @@ def _run(build, feed, strict=True):
     exe = fluid.Executor(fluid.CUDAPlace(0), strict=strict)
     got = exe.run(main, feed=feed, fetch_list=fetch)
     assert assert_native(exe) >= 1
-    kinds = {type(s).__name__ for _, plan in exe._plans.values() for s in plan.walk()}
-    assert "DeviceStep" in kinds, kinds
+    kinds = {(s.kind, s.device is not None) for _, plan in exe._plans.values()
+             for s in plan.walk()}
+    assert ("native", True) in kinds, kinds
     return got, exe
 
 

@@ -28,8 +28,8 @@ def test_predictor_on_the_gpu_matches_the_cpu(tmp_path):
         (outs[gpu],) = predictor.run([xv])
         if gpu:
             assert cfg.use_gpu() and device.transfers()["h2d"] >= 1
-            steps = [type(s).__name__ for _, plan in predictor._exe._plans.values()
-                     for s in plan.walk()]
-            assert "DeviceStep" in steps, steps
+            steps = [(s.kind, s.device is not None)
+                     for _, plan in predictor._exe._plans.values() for s in plan.walk()]
+            assert ("native", True) in steps, steps
     np.testing.assert_allclose(outs[True], outs[False], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(outs[True].sum(1), np.ones(4), rtol=1e-5)

@@ -35,8 +35,9 @@ def test_dropout_and_grad_match_the_cpu(impl):
 
     (cy, cg), _ = run(fluid.CPUPlace())
     (gy, gg), exe = run(fluid.CUDAPlace(0))
-    kinds = {type(s).__name__ for _, plan in exe._plans.values() for s in plan.walk()}
-    assert kinds == {"DeviceStep"}, kinds
+    kinds = {(s.kind, s.device is not None) for _, plan in exe._plans.values()
+             for s in plan.walk()}
+    assert kinds == {("native", True)}, kinds
     np.testing.assert_array_equal(gy != 0, cy != 0)     # the same draws
     np.testing.assert_allclose(gy, cy, rtol=1e-6)
     np.testing.assert_allclose(gg, cg, rtol=1e-6, atol=1e-6)
@@ -73,8 +74,9 @@ def test_uniform_and_gaussian_random_draw_the_cpu_numbers():
         dev = fluid.Executor(fluid.CUDAPlace(0), strict=True)
         want = [cpu.run(main, fetch_list=outs) for _ in range(2)]
         got = [dev.run(main, fetch_list=outs) for _ in range(2)]
-        kinds = {type(s).__name__ for _, plan in dev._plans.values() for s in plan.walk()}
-        assert kinds == {"DeviceStep"}, kinds
+        kinds = {(s.kind, s.device is not None) for _, plan in dev._plans.values()
+                 for s in plan.walk()}
+        assert kinds == {("native", True)}, kinds
         for g_run, w_run in zip(got, want):
             for g, w in zip(g_run, w_run):
                 assert g.dtype == w.dtype and g.shape == w.shape

@@ -173,7 +173,7 @@ class NativeDriver:
     kernels and library calls of all its groups called from compiled code, no Python between
     them (a run of a small model costs a third of the host driver's at batch 1, measured on
     LeNet). Compiled at its first call and cached on disk by content, like every kernel; the
-    plan measures it against the host driver and keeps the faster (``NativeStep``)."""
+    plan measures it against the host driver and keeps the faster (``tiers.DriverTiers``)."""
 
     def __init__(self, gen, fn_name: str = "segment"):
         self.compiled = compile_function(gen.source(fn_name), fn_name, parallel=gen.uses_prange,
@@ -210,6 +210,34 @@ class CpuTarget(Target):
 
     def module_text(self, fn_source: str, fn_name: str, header: str) -> str:
         return module_text(fn_source, fn_name, target=NAME)
+
+    def prepare(self) -> None:
+        """The thread settings applied (Numba's, OpenBLAS's), the allocator tuned."""
+        from pdjit.codegen.cpu import malloc, threads
+
+        threads.ensure_applied()
+        malloc.tune_malloc()
+
+    def run_threads(self):
+        """:mod:`pdjit.codegen.cpu.threads`: run caps, the measured run choice, NumPy's BLAS."""
+        from pdjit.codegen.cpu import threads
+
+        return threads
+
+    def threads(self) -> tuple:
+        from pdjit.codegen.cpu import threads
+
+        return threads.get_num_threads(), threads.max_loop_threads()
+
+    def step_tiers(self, step, native=None, build=None, mode=False, split=None):
+        """The host driver, the native one and the native one on slices of the batch, timed
+        per batch size (:class:`pdjit.codegen.cpu.tiers.DriverTiers`)."""
+        from pdjit.codegen.cpu import tiers
+
+        if native is None and build is None:
+            return None
+        hot = tiers.BACKGROUND_RUNS if mode == "background" else tiers.HOT_RUNS
+        return tiers.DriverTiers(step, native, build, hot if build is not None else 0, split)
 
     def library_jobs(self, lines: list, dtype) -> list:
         return nnlib.library_jobs(lines, dtype)

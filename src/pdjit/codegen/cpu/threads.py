@@ -36,7 +36,7 @@ Two kinds of threads, set apart because they were measured apart on a 2-vCPU mac
   a 3x3 convolution of [32, 32, 16, 16] took 3.9 ms on one thread and 2.05 ms on two. (With
   OpenBLAS's own threads on instead, concurrent calls serialise: no gain.)
 
-- A native driver (a whole segment as one Numba function, ``pdjit.runtime.plan``) whose ops keep
+- A native driver (a whole segment as one Numba function, ``codegen.cpu.tiers``) whose ops keep
   batch rows independent may run on contiguous slices of its batch at once, one slice per loop
   thread (:func:`run_parts`; the driver releases the GIL): LeNet-5 at batch 64 took 0.53 ms on
   one thread and 0.34 ms on two slices of 32 (driver calls alone, 2-vCPU machine). Its library
@@ -436,7 +436,7 @@ def begin_run(cap: int | None = None) -> None:
 
 
 #: runs of a plan at one batch size before its threads are measured (the first compiles or
-#: loads kernels; the plan's driver trials, ``pdjit.runtime.plan.NativeStep``, are waited for
+#: loads kernels; the plan's driver trials, ``pdjit.codegen.cpu.tiers.DriverTiers``, are waited for
 #: through ``RunChoice.ready``)
 CHOICE_AFTER = 4
 #: timed runs of each setting in a trial (after an untimed one of each)

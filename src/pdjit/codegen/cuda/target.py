@@ -415,6 +415,12 @@ class CudaTarget(Target):
 
         return device.is_device_array(value)
 
+    def lod_offsets(self, offsets: list) -> list:
+        """Host values and their device copies (made once per offsets array, counted)."""
+        from pdjit.codegen.cuda import device
+
+        return [device.offsets(h) for h in offsets]
+
     def call_site(self, k, fresh, flats, leaves, stores, red_out, params, kname, pname=None,
                   inplace=None):
         if inplace:

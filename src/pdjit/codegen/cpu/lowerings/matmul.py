@@ -99,8 +99,10 @@ def _matmul_blocked(tx_attr, ty_attr, alpha_attr=None):
     return blocked
 
 
-lowering("mul", host=True, blocked=_mul_blocked)(_mul_lower)
-lowering("matmul", host=True, blocked=_matmul_blocked("transpose_X", "transpose_Y", "alpha"))(
+lowering("mul", host=True, blas=True, blocked=_mul_blocked)(_mul_lower)
+lowering("matmul", host=True, blas=True,
+         blocked=_matmul_blocked("transpose_X", "transpose_Y", "alpha"))(
     _matmul_2d_lower("transpose_X", "transpose_Y", "alpha"))
-lowering("matmul_v2", host=True, blocked=_matmul_blocked("trans_x", "trans_y"))(
+lowering("matmul_v2", host=True, blas=True,
+         blocked=_matmul_blocked("trans_x", "trans_y"))(
     _matmul_2d_lower("trans_x", "trans_y"))

@@ -1,0 +1,378 @@
+"""The CPU's choice of driver for a native step, run by run (the plan step of the ``cpu``
+target, :meth:`pdjit.codegen.cpu.target.CpuTarget.step_tiers`).
+
+A native step's host driver (plain Python calling its kernels) serves first. Its driver
+compiled as one native function (``pdjit.codegen.cpu.target.NativeDriver``) is either built
+with the plan (``native_drivers=True``) or built once the step is hot, on a thread of its own
+(``"auto"``: an inference plan's step after :data:`HOT_RUNS` runs; ``"background"``: every
+step after :data:`BACKGROUND_RUNS`), and only where it can pay (:data:`DRIVER_MAX_CALLS`,
+:data:`DRIVER_CALL_MAX_S`). Then each batch size's first runs time the host driver, the native
+one and, for a large batch whose rows the step's ops keep independent, the native one on
+slices of the batch (:class:`SplitDriver`), and the fastest serves that size; a split driver
+that lost while a core was busy is tried again later (:class:`Retry`).
+
+:class:`DriverTiers` holds that state for one step; the runtime's step calls
+:meth:`DriverTiers.call` with the run's arguments and knows nothing else of it.
+"""
+from __future__ import annotations
+
+import gc
+import threading
+import time
+
+import numba
+import numpy as np
+from numba.core.errors import NumbaError
+
+from pdjit.codegen.cpu import threads
+from pdjit.codegen.lowering import Declined
+
+# ``native_drivers="auto"`` (the Executor's default): after this many runs of a native step of
+# an inference plan (one that writes no persistable variable) its driver is also compiled as
+# one native function, and the faster of the two serves each batch size. The first runs of a
+# program are often its only ones (a script, a test, one evaluation pass); a plan run this
+# often is being served, and the Python between its kernels is then most of a small batch's
+# time (LeNet at batch 1: 46 us with the host driver, 29 us with the native one). The
+# price: compiling the driver, once per model and machine (LeNet: 10 s with every cache cold),
+# else loading it from the disk cache (LeNet: 40 ms). It happens on a thread of its own
+# (TIER_UP_THREAD) while the host driver goes on serving, so no run waits for it; the runs
+# meanwhile share the interpreter with the compiler (slower, never stopped).
+HOT_RUNS = 100
+#: build and compile a hot step's native driver on a background thread (False: in the run
+#: that made it hot, as tests that count runs want)
+TIER_UP_THREAD = True
+# ``native_drivers="background"`` (the Predictor's default): every native step's driver is
+# built and compiled on that thread once the step ran BACKGROUND_RUNS times (the first compiles
+# or loads the kernels, the others time the host driver), never in a run: a served model's
+# first runs are not held up by it (a whole model's driver compiled in its second run took
+# 12-115 s of CPU for public models).
+BACKGROUND_RUNS = 2
+# A native driver saves the Python between kernel calls, a few microseconds a call (LeNet at
+# batch 1, 8 calls: 46 -> 29 us), and may run a batch on slices (LeNet at batch 64, 67 us a
+# call: 0.54 -> 0.34 ms); its compile grows faster than the step (one function of all its
+# kernels: 12-115 s of CPU for public models' whole-model steps). It is built only for a step
+# of at most DRIVER_MAX_CALLS kernel calls whose host driver's best run took at most
+# DRIVER_CALL_MAX_S a call (kernels that long dwarf the Python around them, and thread
+# themselves: ResNet-50 at batch 1 is ~70 calls of ~1.7 ms).
+DRIVER_MAX_CALLS = 24
+DRIVER_CALL_MAX_S = 1e-3
+
+# A native driver whose ops keep batch rows independent (each output row depends only on the
+# same row of its batch inputs: ``pdjit.passes.batch_rows``, the analysis behind the AOT
+# artifacts' ``--threads``) is also tried on contiguous slices of the batch, one per loop thread
+# (``threads.max_loop_threads``: one means never), from this batch size on: LeNet-5 at batch 64
+# took 0.53 ms on one thread and 0.34 ms on two slices (driver calls alone, 2-vCPU machine).
+# Each slice computes its rows as a run of that slice alone would: a library call may then
+# take another path than for the whole batch (OpenBLAS's sgemm has a small-matrix kernel up to
+# 2**20 multiply-adds), so the last bits may differ from the unsplit driver's, as they differ
+# between batch sizes.
+SPLIT_MIN_BATCH = 16
+
+
+
+def _NO_SPLIT():  # noqa: N802 - a constant's role (a step's ``split`` when not asked)
+    return None, "the plan has no native drivers"
+
+
+class DriverTiers:
+    """The drivers of one native step (``step``: its ``compiled`` host driver, ``groups``,
+    ``batch_arg``, and ``call_host(values)``, the host driver as the run calls it) and which
+    serves each batch size. ``native``: the native driver built with the plan, or None;
+    ``build``: builds it once the step is hot (None: never), after ``hot_runs`` runs;
+    ``split()``: ``(indices of the arguments sliced by rows, or None; why not)``."""
+
+    def __init__(self, step, native=None, build=None, hot_runs: int = 0, split=None):
+        self.step = step
+        self.native = native
+        # a native driver built once the step is hot: ``_hot`` builds it (None: not this
+        # step), after ``_hot_runs`` more runs
+        self._hot, self._hot_runs = build, hot_runs
+        self._host_best = float("inf")  # the host driver's best run while the step warms up
+        self.tiering = None  # the thread compiling it, while it does
+        self.native_failed = None  # why the native driver was given up, if it was
+        self._split_info = split if split is not None else _NO_SPLIT
+        self._split = None                 # (native driver, its SplitDriver)
+        self._unsplit_runs: dict = {}      # batch size -> its trial's split runs that did not
+        self._split_tries: dict = {}       # batch size -> trials the split driver lost
+        self._unfair_tries: dict = {}      # batch size -> ... lost while a core was busy
+        self._trials: dict = {}            # batch size -> ([host], [native], [split] times)
+        self.picked: dict = {}             # batch size -> the driver chosen for it
+
+    def call(self, values):
+        """The step's results for the run's arguments ``values``, from the driver that serves
+        their batch size (or the next one on trial)."""
+        if self.native is not None:
+            return self.pick(values)
+        if self._hot is None:
+            return self.step.call_host(values)
+        self._hot_runs -= 1
+        t0 = time.perf_counter()
+        results = self.step.call_host(values)
+        self._host_best = min(self._host_best, time.perf_counter() - t0)
+        if self._hot_runs <= 0:
+            self._tier_up(values)
+        return results
+
+    def settled(self, batch: int) -> bool:
+        """Whether no driver of this step is still to be tried for this batch size (one
+        compiling or waiting to be built, a trial going on, a split driver to be tried
+        again): ``threads.RunChoice`` measures a plan's threads only then."""
+        if self._hot is not None or self.tiering is not None and self.tiering.is_alive():
+            return False
+        if self.native is not None:
+            fn = self.picked.get(batch)
+            if fn is None or isinstance(fn, Retry):
+                return False
+        return True
+
+    def describe(self) -> str:
+        """What the step's description adds: the driver of each batch size, or why the
+        native driver was given up."""
+        if self.native is not None and self.picked:
+            return f" (driver by batch size: {self.drivers()})"
+        if self.native_failed:
+            return f" (native driver given up: {self.native_failed})"
+        return ""
+
+    def _tier_up(self, values) -> None:
+        """The step is hot: build its native driver and compile it for the arguments of this
+        run (on a thread of its own when :data:`TIER_UP_THREAD`); once it is ready, it is
+        measured against the host driver per batch size like one built with the plan."""
+        build, self._hot = self._hot, None
+        if build is None:  # (another thread got here first)
+            return
+        calls = len(self.step.groups)
+        if calls > DRIVER_MAX_CALLS or self._host_best > DRIVER_CALL_MAX_S * calls:
+            self.native_failed = (f"it would not pay: {calls} kernel calls, the host driver's "
+                                  f"best run {self._host_best * 1e3:.3f} ms")
+            return
+        try:  # the types this run passes: what the driver is compiled for ahead
+            sig = tuple(numba.typeof(v) for v in values)
+        except (TypeError, ValueError):
+            sig = None
+
+        def work():
+            try:
+                nd = build()
+                if nd is not None and sig is not None:
+                    nd.fn.compile(sig)
+            except (NumbaError, Declined) as e:  # the host driver goes on serving
+                self.native_failed = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+                return
+            except Exception as e:  # noqa: BLE001 - a thread's error would be lost: keep it
+                self.native_failed = f"{type(e).__name__}: {e}"
+                return
+            # what the compile left (the collector is paused while pdjit compiles) collected
+            # here, before the drivers' trial, not by the serving runs: in a process that had
+            # compiled LeNet cold, the trial's runs at batch 64 took 0.87 / 0.68 / 0.57 ms
+            # (host / native / split) instead of 0.54 / 0.53 / 0.37, and one benchmark process
+            # of two kept the host driver
+            gc.collect()
+            self.native = nd
+
+        if not TIER_UP_THREAD:
+            return work()
+        # not a daemon: the interpreter waits for it at exit rather than unloading LLVM
+        # under a compile that runs without the GIL
+        self.tiering = threading.Thread(target=work, name="pdjit-tier-up", daemon=False)
+        self.tiering.start()
+
+    # how many runs of a batch size each driver gets before one is chosen: the first of each
+    # compiles or loads, the rest are timed
+    _WARM, _TIMED = 1, 3
+
+    @property
+    def split_rows(self):
+        """The indices of the arguments sliced when the native driver runs on slices of the
+        batch (None: its ops do not keep batch rows independent, ``split_why`` says why)."""
+        if callable(self._split_info):
+            self._split_info = self._split_info()
+        return self._split_info[0]
+
+    @property
+    def split_why(self) -> str:
+        self.split_rows  # noqa: B018 - resolves _split_info
+        return self._split_info[1]
+
+    def _split_driver(self, nd):
+        """The native driver ``nd`` run on slices of the batch (None: this step's may not be)."""
+        if self.split_rows is None or nd.parallel:
+            return None
+        if self._split is None or self._split[0] is not nd:
+            parts = threads.max_loop_threads()
+            self._split = (nd, SplitDriver(nd.fn, self.split_rows, parts)
+                           if parts > 1 else None)
+        return self._split[1]
+
+    def pick(self, values):
+        """Run the driver chosen for this batch size, or the next trial among the host
+        driver, the native one and (a large batch, when the step's rows are independent) the
+        native one on slices of the batch. Safe to call from several threads at once (a
+        served model): a trial's bookkeeping may then be lost, never the run."""
+        a = values[self.step.batch_arg] if values else None
+        key = a.shape[0] if a is not None and a.ndim else 0
+        fn = self.picked.get(key)
+        if fn is not None:
+            return fn(*values)
+        nd = self.native
+        if nd is None:  # (given up by another thread's trial)
+            return self.step.compiled.fn(*values)
+        split = self._split_driver(nd) if key >= SPLIT_MIN_BATCH else None
+        host = self.step.compiled.fn
+        drivers = (host, nd.fn) if split is None else (host, nd.fn, split)
+        times = self._trials.get(key)
+        if times is None or len(times) != len(drivers):
+            times = self._trials[key] = tuple([] for _ in drivers)
+        which = min(range(len(drivers)), key=lambda k: len(times[k]))
+        split_runs = split.runs if which == 2 else 0
+        t0 = time.perf_counter()
+        if which:
+            try:
+                results = drivers[which](*values)
+            except Exception as e:  # noqa: BLE001 - judged by what the host driver does
+                results = self.step.compiled.fn(*values)  # raises too: the inputs' fault
+                # the host driver got through: the native one does not compile, or is wrong
+                # here; the host driver serves from now on
+                self.native_failed = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+                self.native = None
+                self.picked.clear()
+                return results
+        else:
+            results = self.step.compiled.fn(*values)
+        elapsed = time.perf_counter() - t0
+        if which == 2 and split.runs == split_runs:  # it ran unsplit: a core was busy
+            redo = self._unsplit_runs.get(key, 0) + 1
+            self._unsplit_runs[key] = redo
+            if redo <= UNSPLIT_REDOS:  # not a time of the split: it runs again next time
+                return results
+            # no time of the split either: a split driver that never split in its trial is
+            # no candidate (under another process's load, LeNet's child picked "native split
+            # x2" from unsplit times, native ones by another name, then ran 0 of 40 runs split)
+            elapsed = float("inf")
+        times[which].append(elapsed)
+        n = self._WARM + self._TIMED
+        if all(len(t) >= n for t in times):
+            # each driver's best timed run: what other processes do on a shared machine only
+            # adds time (with medians of three, one LeNet benchmark process of two kept the
+            # native driver at batch 64, 0.53 ms, over the split one, 0.33 ms)
+            best = drivers[self._fastest([min(t[self._WARM:]) for t in times])]
+            unsplit = self._unsplit_runs.get(key, 0) > UNSPLIT_REDOS
+            if len(self.picked) > 64:
+                self.picked.clear()
+            if split is not None and best is not split:
+                # the split driver ran unsplit or lost while a core was busy (another
+                # process's burst: a trial is a few runs), or lost: tried again once the
+                # cores are free; after a loss on free cores a few times only, later each time
+                # (a loss on a busy core: the next trial after 2x more runs each time, up to
+                # 32x, so that a load the trial keeps meeting costs few trials)
+                unfair = unsplit or threads.free_cores() < 2
+                tries = self._split_tries.get(key, 0)
+                if unfair:
+                    k = self._unfair_tries.get(key, 0)
+                    self._unfair_tries[key] = k + 1
+                    best = Retry(best, self, key, RETRY_AFTER, RETRY_RUNS * 2 ** min(k, 5))
+                elif tries < SPLIT_RETRIES:
+                    self._split_tries[key] = tries + 1
+                    best = Retry(best, self, key, RETRY_AFTER * 4 ** tries,
+                                 RETRY_RUNS * 4 ** tries)
+            elif split is not None:
+                self._unfair_tries.pop(key, None)
+            self._unsplit_runs.pop(key, None)
+            self.picked[key] = best
+            self._trials.pop(key, None)
+        return results
+
+    @staticmethod
+    def _fastest(times) -> int:
+        """The driver to keep: the least time (the first of equals)."""
+        return min(range(len(times)), key=times.__getitem__)
+
+    def drivers(self) -> dict:
+        """The driver that serves each batch size tried so far: ``"host"``, ``"native"`` or
+        ``"native split xN"`` (on N slices of the batch at once)."""
+        nd = self.native
+
+        def name(fn):
+            if isinstance(fn, Retry):
+                return f"{name(fn.fn)} (split to be tried when the cores are free)"
+            return "native" if nd is not None and fn is nd.fn else \
+                f"native split x{fn.parts}" if isinstance(fn, SplitDriver) else "host"
+        return {k: name(fn) for k, fn in sorted(self.picked.items())}
+
+
+class SplitDriver:
+    """A native driver run on ``parts`` contiguous slices of the batch at once
+    (``threads.run_parts``): the arguments at ``rows`` sliced on dim 0, the others whole, each
+    output the slices' outputs concatenated. A batch that does not split here (too small, the
+    row arguments' leading dims differ, an output without the slice's rows) runs the driver
+    unsplit, which then does what it does with it; so does a run while other processes keep
+    a core busy (``threads.loop_threads``, at most the free cores: a slice waiting for a busy
+    core would hold up the run) or a run kept on one thread (``threads.RunChoice``).
+    ``runs``: the runs that were split."""
+
+    def __init__(self, fn, rows, parts: int):
+        self.fn, self.rows, self.parts = fn, tuple(rows), parts
+        self._row_set = frozenset(rows)
+        self.runs = 0
+
+    def __call__(self, *values):
+        rows = self.rows
+        lead = values[rows[0]]
+        b = lead.shape[0] if lead.ndim else 0
+        parts = min(self.parts, b // 2, threads.loop_threads())
+        if parts < 2 or any(values[i].ndim == 0 or values[i].shape[0] != b for i in rows):
+            return self.fn(*values)
+        cuts = [b * p // parts for p in range(parts + 1)]
+        sliced = self._row_set
+        calls = [[v[lo:hi] if i in sliced else v for i, v in enumerate(values)]
+                 for lo, hi in zip(cuts, cuts[1:])]
+        outs = threads.run_parts(self.fn, calls)
+        for got, lo, hi in zip(outs, cuts, cuts[1:]):
+            if any(r.ndim == 0 or r.shape[0] != hi - lo for r in got):
+                return self.fn(*values)  # (not rows after all: the whole batch at once)
+        self.runs += 1
+        return tuple(np.concatenate([got[k] for got in outs]) for k in range(len(outs[0])))
+
+
+#: seconds from the pick of a driver over the split one (which lost its trial, or ran
+#: unsplit in it: other processes kept a core busy) to the first check for cores free enough
+#: to try it again (4x longer at each of a batch size's next trials after a fair loss)
+RETRY_AFTER = 1.0
+#: runs of a split driver's trial that ran unsplit (a core busy) and are run again, before
+#: the trial takes an unsplit run's time as the split's (a burst of another process's work
+#: then does not decide the pick)
+UNSPLIT_REDOS = 8
+#: runs of that batch size from such a pick to the first check, when they come before
+#: :data:`RETRY_AFTER` seconds (4x more at each of its next trials after a fair loss): a model
+#: served often gets its split driver back a few tens of milliseconds after another process's
+#: burst (LeNet at batch 64: 32 runs of 0.5 ms), not a second later. The price, while the
+#: split keeps losing: a trial (12 runs, a few slower than the pick) 32, 64, ... 1024 runs
+#: apart after losses on a busy core, 32, 128, 512 runs apart after losses on free cores
+RETRY_RUNS = 32
+#: trials of a batch size that the split driver may lose on free cores before the pick is
+#: kept (a trial in which it ran unsplit, or that ended with a core busy, does not count)
+SPLIT_RETRIES = 3
+
+
+class Retry:
+    """The driver ``fn`` picked for a batch size over its split driver: it serves, and the
+    first run at least ``wait`` seconds or ``runs`` runs after the pick (then
+    :data:`RETRY_AFTER` seconds or :data:`RETRY_RUNS` runs after each check) that finds the
+    cores free drops the pick, so that the next run of that size tries the drivers again."""
+    __slots__ = ("fn", "owner", "key", "after", "runs")
+
+    def __init__(self, fn, owner, key, wait: float = RETRY_AFTER, runs: int = RETRY_RUNS):
+        self.fn, self.owner, self.key = fn, owner, key  # owner: the DriverTiers (``picked``)
+        self.after = time.monotonic() + wait
+        self.runs = runs
+
+    def __call__(self, *values):
+        self.runs -= 1
+        now = time.monotonic()
+        if self.runs <= 0 or now >= self.after:
+            self.after, self.runs = now + RETRY_AFTER, RETRY_RUNS
+            if threads.free_cores() >= 2 and self.owner.picked.get(self.key) is self:
+                self.owner.picked.pop(self.key, None)
+        return self.fn(*values)
+
+
