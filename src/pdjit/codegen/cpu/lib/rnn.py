@@ -35,14 +35,17 @@ but the last, their outputs ``(T, B, D*H)`` as the next layer read them (after d
 """
 import numba
 import numpy as np
-from numba.extending import overload
+from numba.core import types
+from numba.extending import intrinsic, overload
 
 from pdjit.codegen.cpu import mathfuncs as _m
 from pdjit.codegen.cpu.lib._jit import jit, jobs
 from pdjit.codegen.cpu.lib.conv import _threads
+from pdjit.codegen.cpu.lib.tile import TILE_BYTES, tile_kernel
 from pdjit.codegen.cpu.threads import asked_threads, free_cores, loop_threads
 
-__all__ = ["rnn_forward", "rnn_backward", "rnn_gates", "rnn_reserve_size"]
+__all__ = ["rnn_forward", "rnn_forward_at", "rnn_weight_table", "rnn_backward", "rnn_gates",
+           "rnn_reserve_size"]
 
 LSTM, GRU, RNN_TANH, RNN_RELU = 0, 1, 2, 3
 U = numba.uint64
@@ -210,12 +213,103 @@ def _offsets(mode, in_size, hidden, num_layers, ndir):
     return offs, sizes, pos
 
 
+# ---- the weights where they lie: an address table -----------------------------------------
+@intrinsic
+def _pointer(typingctx, addr, like):
+    """A pointer to ``like``'s element type at the integer address ``addr``."""
+    if not isinstance(addr, types.Integer) or not isinstance(like, types.Array):
+        return None
+    ptr = types.CPointer(like.dtype)
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_value_type(ptr))
+
+    return ptr(addr, like), codegen
+
+
 @jit
-def _fwd_part(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask, drop_scale,
+def _weight_at(wt, i, n, like):
+    """Weight ``i`` of the table ``wt`` (rows ``(address, size)``, see
+    :func:`rnn_weight_table`) as a 1-D array of ``like``'s dtype, its size checked to be
+    ``n``."""
+    if wt[i, 1] != n:
+        raise ValueError("pdjit: rnn_forward: a weight of WeightList has the wrong size")
+    return numba.carray(_pointer(wt[i, 0], like), (n,))
+
+
+def rnn_weight_table(weights, biases):
+    """The ``(address, size)`` rows (int64) of the arrays of a WeightList, in its order: the
+    2-D ``w_ih, w_hh`` of every layer and direction (``weights``), then the 1-D ``b_ih, b_hh``
+    (``biases``). :func:`rnn_forward_at` reads the weights there, in place: no copy of them
+    per run. Every array must be C-contiguous and of one float dtype, and stay alive while
+    the table is used (the caller holds them)."""
+    arrays = tuple(weights) + tuple(biases)
+    table = np.empty((len(arrays), 2), np.int64)
+    dt = arrays[0].dtype if arrays else None
+    for i, a in enumerate(arrays):
+        if not isinstance(a, np.ndarray) or a.dtype != dt or not a.flags.c_contiguous:
+            raise ValueError(f"pdjit: rnn_weight_table: WeightList[{i}] is not a C-contiguous "
+                             f"array of the dtype of the others ({dt})")
+        table[i, 0] = a.__array_interface__["data"][0]
+        table[i, 1] = a.size
+    return table
+
+
+@overload(rnn_weight_table, jit_options={"nogil": True})
+def _rnn_weight_table_native(weights, biases):
+    def table_of(weights, biases):
+        table = np.empty((len(weights) + len(biases), 2), np.int64)
+        i = 0
+        for a in weights:
+            table[i, 0] = np.ascontiguousarray(a).ctypes.data
+            table[i, 1] = a.size
+            i += 1
+        for a in biases:
+            table[i, 0] = np.ascontiguousarray(a).ctypes.data
+            table[i, 1] = a.size
+            i += 1
+        return table
+    return table_of
+
+
+# ---- the recurrent product of a step on register tiles ---------------------------------------
+#: rows of W_hh per tile (their sums, one vector of sequences each, stay in vector registers)
+_TILE_ROWS = 24
+_tile_big, _tile_mid, _tile_one = tile_kernel(_TILE_ROWS, 1), tile_kernel(8, 1), \
+    tile_kernel(1, 1)
+#: the batch (of a slice) from which a step's ``W_hh h`` runs on the tiles, below which one
+#: BLAS call (a matrix-vector product for one sequence; a vector of sequences wastes lanes)
+TILE_MIN_BATCH = 4
+
+
+@jit
+def _step_tiles(whf, GH, H, hT, tap, hht, BP, nch, lanes):
+    """``hht[:GH, :] = W_hh @ hT``: ``whf`` the ``(GH, H)`` weights flat, ``hT`` ``(H, BP)`` the
+    states of the slice's sequences by columns (the columns past them zero), ``BP = nch *
+    lanes``; tiles of rows of ``W_hh`` by one vector of ``lanes`` sequences, each weight read
+    once per vector of sequences and broadcast."""
+    hf = hT.reshape(H * BP)
+    of = hht.reshape(GH * BP)
+    for c in range(nch):
+        q0 = c * lanes
+        n = 0
+        while n + _TILE_ROWS <= GH:
+            _tile_big(whf, n * H, H, H, hf, 0, tap, of, n * BP, BP, q0, False)
+            n += _TILE_ROWS
+        while n + 8 <= GH:
+            _tile_mid(whf, n * H, H, H, hf, 0, tap, of, n * BP, BP, q0, False)
+            n += 8
+        while n < GH:
+            _tile_one(whf, n * H, H, H, hf, 0, tap, of, n * BP, BP, q0, False)
+            n += 1
+
+
+@jit
+def _fwd_part(x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask, drop_scale,
               out, hn, cn, reserve, b0, b1):
-    """:func:`rnn_forward` for the sequences ``b0 .. b1`` (independent of the others: each slice
-    can run on a thread of its own; it writes only its rows of ``out``, ``hn``, ``cn`` and
-    ``reserve``)."""
+    """:func:`rnn_forward_at` for the sequences ``b0 .. b1`` (independent of the others: each
+    slice can run on a thread of its own; it writes only its rows of ``out``, ``hn``, ``cn``
+    and ``reserve``)."""
     T, B, I = x.shape
     H = h0.shape[2]
     L, D = num_layers, ndir
@@ -225,7 +319,8 @@ def _fwd_part(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask, drop_
     Bs = b1 - b0
     Hu = U(H)
     offs, sizes, total = _offsets(mode, I, H, L, D)
-    if (w.size != total or h0.shape[0] != L * D or h0.shape[1] != B or hn.shape != h0.shape
+    if (wt.shape[0] != 4 * L * D or wt.shape[1] != 2 or h0.shape[0] != L * D
+            or h0.shape[1] != B or hn.shape != h0.shape
             or out.shape != (T, B, DH) or (lens.size != 0 and lens.size != B)
             or b0 < 0 or b1 > B or b0 > b1):
         raise ValueError("pdjit: rnn_forward: the arrays do not fit the sizes")
@@ -238,6 +333,16 @@ def _fwd_part(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask, drop_
     dropping = drop_mask.size != 0
     one = np.ones(1, x.dtype)[0]  # typed constants: float32 data stays float32
     zero = one - one
+    # W_hh h of a step: on register tiles (columns of sequences, padded to whole vectors) or,
+    # for a small slice, one BLAS call; either way into hht (GH, BP)
+    tiled = Bs >= TILE_MIN_BATCH
+    lanes = TILE_BYTES // x.itemsize
+    nch = (Bs + lanes - 1) // lanes if tiled else 1
+    BP = nch * lanes if tiled else Bs
+    hT = np.zeros((H, BP if tiled else 0), x.dtype)
+    tap = np.arange(H) * BP
+    hht = np.empty((GH, BP), x.dtype)
+    hrow = np.empty(GH, x.dtype)
     # the slice's inputs as contiguous rows (a copy unless the slice is the whole batch)
     inp = np.ascontiguousarray(x[:, b0:b1, :]).reshape((T * Bs, I))
     for layer in range(L):
@@ -252,10 +357,11 @@ def _fwd_part(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask, drop_
             y = np.empty((T, B, DH), x.dtype)
         for d in range(D):
             k = layer * D + d
-            wih = w[offs[k, 0]:offs[k, 0] + GH * il].reshape((GH, il))
-            whh = w[offs[k, 1]:offs[k, 1] + GH * H].reshape((GH, H))
-            bih = w[offs[k, 2]:offs[k, 2] + GH]
-            bhh = w[offs[k, 3]:offs[k, 3] + GH]
+            wih = _weight_at(wt, 2 * k, GH * il, x).reshape((GH, il))
+            whf = _weight_at(wt, 2 * k + 1, GH * H, x)
+            whh = whf.reshape((GH, H))
+            bih = _weight_at(wt, 2 * L * D + 2 * k, GH, x)
+            bhh = _weight_at(wt, 2 * L * D + 2 * k + 1, GH, x)
             if save:
                 blk = reserve[k * block:(k + 1) * block]
                 gates = blk[:T * B * GH].reshape((T, B, GH))
@@ -270,16 +376,18 @@ def _fwd_part(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask, drop_
             xp3 = xp.reshape((T, Bs, GH))
             h = h0[k, b0:b1].copy()
             c = c0[k, b0:b1].copy() if mode == LSTM else h0[k, b0:b1].copy()
-            hh = np.empty((Bs, GH), x.dtype)
-            hht = np.empty((GH, Bs), x.dtype)
             for s in range(T):
                 t = s if d == 0 else T - 1 - s
                 ts = t if save else 0
-                if mode == LSTM:
+                if tiled:
+                    for j in range(H):
+                        hTr = hT[j]
+                        for bl in range(Bs):
+                            hTr[bl] = h[bl, j]
+                    _step_tiles(whf, GH, H, hT, tap, hht, BP, nch, lanes)
+                else:
                     # (G*H, H) x (H, B): faster than (B, H) x (H, G*H) for a small batch
                     np.dot(whh, h.T, hht)
-                else:
-                    np.dot(h, whh.T, hh)
                 for bl in range(Bs):
                     b = b0 + bl
                     if lens.size != 0 and t >= lens[b]:
@@ -288,10 +396,12 @@ def _fwd_part(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask, drop_
                         hprev[ts, b, :] = h[bl]
                         aux[ts, b, :] = zero
                         continue
+                    # LSTM and GRU written out here with unsigned indices (no negative-index
+                    # wraparound): the loops vectorise (~3x faster than through _fwd_row)
+                    gb, ab = gates[ts, b], xp3[t, bl]
+                    hr, pr, ar = h[bl], hprev[ts, b], aux[ts, b]
+                    yr = y[t, b, d * H:(d + 1) * H]
                     if mode == LSTM:
-                        # written out here with unsigned indices (no negative-index
-                        # wraparound): the loops vectorise (~3x faster than through _fwd_row)
-                        gb, ab = gates[ts, b], xp3[t, bl]
                         for q in range(U(4) * Hu):
                             gb[q] = ab[q] + hht[q, bl]
                         for q in range(U(2) * Hu):
@@ -300,8 +410,7 @@ def _fwd_part(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask, drop_
                             gb[q] = _m.tanh(gb[q])
                         for q in range(U(3) * Hu, U(4) * Hu):
                             gb[q] = _m.sigmoid(gb[q])
-                        hr, cr, pr, ar = h[bl], c[bl], hprev[ts, b], aux[ts, b]
-                        yr = y[t, b, d * H:(d + 1) * H]
+                        cr = c[bl]
                         for j in range(Hu):
                             cp = cr[j]
                             pr[j] = hr[j]
@@ -311,9 +420,29 @@ def _fwd_part(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask, drop_
                             hv = gb[U(3) * Hu + j] * _m.tanh(cv)
                             hr[j] = hv
                             yr[j] = hv
+                    elif mode == GRU:
+                        # the strided reads of hht in loops of their own: the loops of the
+                        # nonlinearities then read rows and vectorise
+                        for q in range(U(2) * Hu):
+                            gb[q] = ab[q] + hht[q, bl]
+                        for j in range(Hu):
+                            ar[j] = hht[U(2) * Hu + j, bl] + bhh[U(2) * Hu + j]
+                        for q in range(U(2) * Hu):
+                            gb[q] = _m.sigmoid(gb[q])
+                        for j in range(Hu):
+                            gb[U(2) * Hu + j] = _m.tanh(ab[U(2) * Hu + j] + gb[j] * ar[j])
+                        for j in range(Hu):
+                            hp = hr[j]
+                            pr[j] = hp
+                            z = gb[Hu + j]
+                            hv = z * hp + (one - z) * gb[U(2) * Hu + j]
+                            hr[j] = hv
+                            yr[j] = hv
                     else:
-                        _fwd_row(mode, xp3[t, bl], hh[bl], bhh, h[bl], c[bl], gates[ts, b],
-                                 hprev[ts, b], aux[ts, b], y[t, b], d * H, one)
+                        for q in range(U(GH)):
+                            hrow[q] = hht[q, bl]
+                        _fwd_row(mode, ab, hrow, bhh, hr, c[bl], gb, pr, ar, y[t, b], d * H,
+                                 one)
             hn[k, b0:b1] = h
             if mode == LSTM:
                 cn[k, b0:b1] = c
@@ -486,18 +615,50 @@ def _slices(B, work, parts):
     return max(1, min(int(parts), B))
 
 
+@jit
+def _flat_table(w, mode, in_size, hidden, num_layers, ndir):
+    """The :func:`rnn_weight_table` of the weights flattened into ``w`` (C-contiguous)."""
+    offs, sizes, total = _offsets(mode, in_size, hidden, num_layers, ndir)
+    if w.size != total:
+        raise ValueError("pdjit: rnn_forward: the weights do not fit the sizes")
+    n = num_layers * ndir
+    gh = rnn_gates(mode) * hidden
+    table = np.empty((4 * n, 2), np.int64)
+    base, item = w.ctypes.data, w.itemsize
+    for k in range(n):
+        table[2 * k, 0] = base + offs[k, 0] * item
+        table[2 * k, 1] = gh * sizes[k // ndir]
+        table[2 * k + 1, 0] = base + offs[k, 1] * item
+        table[2 * k + 1, 1] = gh * hidden
+        table[2 * n + 2 * k, 0] = base + offs[k, 2] * item
+        table[2 * n + 2 * k, 1] = gh
+        table[2 * n + 2 * k + 1, 0] = base + offs[k, 3] * item
+        table[2 * n + 2 * k + 1, 1] = gh
+    return table
+
+
 def rnn_forward(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask, drop_scale,
                 out, hn, cn, reserve, parts=None):
+    """:func:`rnn_forward_at` with the weights flattened into ``w`` (Paddle's order)."""
+    w = np.ascontiguousarray(w)
+    table = _flat_table(w, mode, x.shape[2], h0.shape[2], num_layers, ndir)
+    rnn_forward_at(x, h0, c0, table, lens, mode, num_layers, ndir, save, drop_mask,
+                   drop_scale, out, hn, cn, reserve, parts)
+
+
+def rnn_forward_at(x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask, drop_scale,
+                   out, hn, cn, reserve, parts=None):
     """``out`` ``(T, B, D*H)``, last states ``hn`` (and ``cn`` for LSTM; ``c0``/``cn`` are not
-    read or written otherwise), and, with ``save``, ``reserve``. ``drop_mask`` (uint8,
-    ``(L-1) * T * B * D*H`` or empty: no dropout) scales the outputs of the layers but the
-    last by ``mask * drop_scale``. A large batch is split into slices run on threads (the
-    sequences are independent); ``parts`` overrides how many."""
+    read or written otherwise), and, with ``save``, ``reserve``, from the weights at the
+    addresses of the table ``wt`` (:func:`rnn_weight_table`; their sizes checked).
+    ``drop_mask`` (uint8, ``(L-1) * T * B * D*H`` or empty: no dropout) scales the outputs of
+    the layers but the last by ``mask * drop_scale``. A large batch is split into slices run
+    on threads (the sequences are independent); ``parts`` overrides how many."""
     T, B = x.shape[0], x.shape[1]
     H = h0.shape[2]
     G = 4 if mode == LSTM else 3 if mode == GRU else 1
     n = _slices(B, T * B * G * H * (x.shape[2] + H) * num_layers * ndir, parts)
-    args = (x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask, drop_scale, out, hn,
+    args = (x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask, drop_scale, out, hn,
             cn, reserve)
     if n == 1:
         _fwd_part(*args, 0, B)
@@ -541,7 +702,19 @@ def _rnn_forward_native(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_m
                         drop_scale, out, hn, cn, reserve, parts=None):
     def serial(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask, drop_scale, out,
                hn, cn, reserve, parts=None):
-        _fwd_part(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask, drop_scale,
+        wc = np.ascontiguousarray(w)
+        table = _flat_table(wc, mode, x.shape[2], h0.shape[2], num_layers, ndir)
+        _fwd_part(x, h0, c0, table, lens, mode, num_layers, ndir, save, drop_mask,
+                  drop_scale, out, hn, cn, reserve, 0, x.shape[1])
+    return serial
+
+
+@overload(rnn_forward_at, jit_options={"nogil": True})
+def _rnn_forward_at_native(x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask,
+                           drop_scale, out, hn, cn, reserve, parts=None):
+    def serial(x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask, drop_scale, out,
+               hn, cn, reserve, parts=None):
+        _fwd_part(x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask, drop_scale,
                   out, hn, cn, reserve, 0, x.shape[1])
     return serial
 
@@ -560,13 +733,22 @@ def _arr(T, nd):
     return (T, nd)
 
 
+def _fwd_job(a, w):
+    return (_fwd_part, (_arr(a, 3), _arr(a, 3), _arr(a, 3), w, _arr(np.dtype(np.int64), 1), int,
+                        int, int, bool, _arr(np.dtype(np.uint8), 1), float, _arr(a, 3),
+                        _arr(a, 3), _arr(a, 3), _arr(a, 1), int, int))
+
+
 @jobs("rnn_forward")
 def _fwd_jobs(T):
     a = np.dtype(T)
-    return [(_fwd_part, (_arr(a, 3), _arr(a, 3), _arr(a, 3), _arr(a, 1),
-                         _arr(np.dtype(np.int64), 1), int, int, int, bool,
-                         _arr(np.dtype(np.uint8), 1), float, _arr(a, 3), _arr(a, 3),
-                         _arr(a, 3), _arr(a, 1), int, int))]
+    return [(_flat_table, (_arr(a, 1), int, int, int, int, int)),
+            _fwd_job(a, _arr(np.dtype(np.int64), 2))]
+
+
+@jobs("rnn_forward_at")
+def _fwd_at_jobs(T):
+    return [_fwd_job(np.dtype(T), _arr(np.dtype(np.int64), 2))]
 
 
 @jobs("rnn_backward")
