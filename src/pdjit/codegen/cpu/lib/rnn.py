@@ -33,15 +33,16 @@ c~; simple RNN the new state), the state before each step ``(T, B, H)`` and an a
 ``(T, B, H)`` (LSTM: the cell before the step; GRU: ``W_hc h + b_hc``); then, for the layers
 but the last, their outputs ``(T, B, D*H)`` as the next layer read them (after dropout).
 """
+import llvmlite.ir as ir
 import numba
 import numpy as np
-from numba.core import types
+from numba.core import cgutils, types
 from numba.extending import intrinsic, overload
 
 from pdjit.codegen.cpu import mathfuncs as _m
 from pdjit.codegen.cpu.lib._jit import jit, jobs
 from pdjit.codegen.cpu.lib.conv import _threads
-from pdjit.codegen.cpu.lib.tile import TILE_BYTES, tile_kernel
+from pdjit.codegen.cpu.lib.tile import TILE_BYTES, _offset, _vectors, tile_kernel
 from pdjit.codegen.cpu.threads import asked_threads, free_cores, loop_threads
 
 __all__ = ["rnn_forward", "rnn_forward_at", "rnn_weight_table", "rnn_backward", "rnn_gates",
@@ -261,11 +262,15 @@ def _rnn_weight_table_native(weights, biases):
         table = np.empty((len(weights) + len(biases), 2), np.int64)
         i = 0
         for a in weights:
-            table[i, 0] = np.ascontiguousarray(a).ctypes.data
+            if not a.flags.c_contiguous:
+                raise ValueError("pdjit: rnn_weight_table: a weight is not C-contiguous")
+            table[i, 0] = a.ctypes.data
             table[i, 1] = a.size
             i += 1
         for a in biases:
-            table[i, 0] = np.ascontiguousarray(a).ctypes.data
+            if not a.flags.c_contiguous:
+                raise ValueError("pdjit: rnn_weight_table: a bias is not C-contiguous")
+            table[i, 0] = a.ctypes.data
             table[i, 1] = a.size
             i += 1
         return table
@@ -302,6 +307,77 @@ def _step_tiles(whf, GH, H, hT, tap, hht, BP, nch, lanes):
         while n < GH:
             _tile_one(whf, n * H, H, H, hf, 0, tap, of, n * BP, BP, q0, False)
             n += 1
+
+
+# ---- the recurrent product of one sequence: rows of W_hh against h --------------------------
+def _gemv_kernel(rows: int):
+    """``out[o0 + r] = sum over k < kv * lanes of w[w0 + r * ld + k] * h[k]`` for ``r <
+    rows`` (a vector: :data:`TILE_BYTES`): each row's products in a vector register, summed
+    across its lanes at the end; the rows stream side by side, each weight read once. LLVM
+    IR, as :mod:`pdjit.codegen.cpu.lib.tile`'s tiles (offsets kept in bounds by the caller)."""
+    @intrinsic
+    def gemv(typingctx, w, w0, ld, kv, h, out, o0):
+        if not all(isinstance(a, types.Array) for a in (w, h, out)) or \
+                not w.dtype == h.dtype == out.dtype or w.dtype not in (types.float32,
+                                                                       types.float64):
+            return None
+
+        def codegen(context, builder, signature, args):
+            at = signature.args
+            wptr, hptr, optr = (context.make_array(at[i])(context, builder, args[i]).data
+                                for i in (0, 4, 5))
+            w0v, ldv, kvv, o0v = (_offset(context, builder, at[i], args[i])
+                                  for i in (1, 2, 3, 6))
+            fty, size, lanes, vty, i64, zero, fma = _vectors(context, builder, at[0].dtype)
+            acc = [cgutils.alloca_once_value(builder, zero) for _ in range(rows)]
+            starts = [builder.add(w0v, builder.mul(ldv, ir.Constant(i64, r)))
+                      for r in range(rows)]
+            with cgutils.for_range(builder, kvv) as loop:
+                k = builder.mul(loop.index, ir.Constant(i64, lanes))
+                hv = builder.load(builder.bitcast(builder.gep(hptr, [k]), vty.as_pointer()),
+                                  align=size)
+                for r in range(rows):
+                    p = builder.bitcast(builder.gep(wptr, [builder.add(starts[r], k)]),
+                                        vty.as_pointer())
+                    builder.store(builder.call(fma, [builder.load(p, align=size), hv,
+                                                     builder.load(acc[r])]), acc[r])
+            kind = "f32" if size == 4 else "f64"
+            reduce = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(fty, [fty, vty]),
+                f"llvm.vector.reduce.fadd.v{lanes}{kind}")
+            for r in range(rows):
+                total = builder.call(reduce, [ir.Constant(fty, 0.0), builder.load(acc[r])],
+                                     fastmath=("reassoc",))
+                builder.store(total, builder.gep(optr, [builder.add(o0v, ir.Constant(i64, r))]))
+            return context.get_dummy_value()
+
+        return types.void(w, w0, ld, kv, h, out, o0), codegen
+
+    return gemv
+
+
+_gemv16, _gemv4, _gemv1 = _gemv_kernel(16), _gemv_kernel(4), _gemv_kernel(1)
+
+
+@jit
+def _step_gemv(whf, GH, H, h, out, lanes):
+    """``out[:GH] = W_hh @ h`` for one sequence (``whf`` the ``(GH, H)`` weights flat)."""
+    kv = H // lanes
+    n = 0
+    while n + 16 <= GH:
+        _gemv16(whf, n * H, H, kv, h, out, n)
+        n += 16
+    while n + 4 <= GH:
+        _gemv4(whf, n * H, H, kv, h, out, n)
+        n += 4
+    while n < GH:
+        _gemv1(whf, n * H, H, kv, h, out, n)
+        n += 1
+    for r in range(GH):  # the columns past the whole vectors
+        acc = out[r]
+        for k in range(kv * lanes, H):
+            acc += whf[r * H + k] * h[k]
+        out[r] = acc
 
 
 @jit
@@ -385,6 +461,8 @@ def _fwd_part(x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask, drop
                         for bl in range(Bs):
                             hTr[bl] = h[bl, j]
                     _step_tiles(whf, GH, H, hT, tap, hht, BP, nch, lanes)
+                elif Bs == 1:
+                    _step_gemv(whf, GH, H, h[0], hht.reshape(GH), lanes)
                 else:
                     # (G*H, H) x (H, B): faster than (B, H) x (H, G*H) for a small batch
                     np.dot(whh, h.T, hht)
