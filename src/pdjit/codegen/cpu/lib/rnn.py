@@ -279,7 +279,7 @@ def _rnn_weight_table_native(weights, biases):
 
 # ---- the recurrent product of a step on register tiles ---------------------------------------
 #: rows of W_hh per tile (their sums, one vector of sequences each, stay in vector registers)
-_TILE_ROWS = 24
+_TILE_ROWS = 28
 _tile_big, _tile_mid, _tile_one = tile_kernel(_TILE_ROWS, 1), tile_kernel(8, 1), \
     tile_kernel(1, 1)
 #: the batch (of a slice) from which a step's ``W_hh h`` runs on the tiles, below which one
@@ -312,9 +312,12 @@ def _step_tiles(whf, GH, H, hT, tap, hht, BP, nch, lanes):
 # ---- the recurrent product of one sequence: rows of W_hh against h --------------------------
 def _gemv_kernel(rows: int):
     """``out[o0 + r] = sum over k < kv * lanes of w[w0 + r * ld + k] * h[k]`` for ``r <
-    rows`` (a vector: :data:`TILE_BYTES`): each row's products in a vector register, summed
-    across its lanes at the end; the rows stream side by side, each weight read once. LLVM
-    IR, as :mod:`pdjit.codegen.cpu.lib.tile`'s tiles (offsets kept in bounds by the caller)."""
+    rows`` (a vector: :data:`TILE_BYTES`; ``rows=0``: as many rows as a vector has lanes):
+    each row's products in a vector register, the rows streaming side by side, each weight
+    read once. A vector's worth of rows is summed across lanes in a tree of shuffles that
+    leaves the row sums in one vector, stored at once (a reduction per row cost as much as
+    the products at a hidden size of 256); fewer rows are each reduced. LLVM IR, as
+    :mod:`pdjit.codegen.cpu.lib.tile`'s tiles (offsets kept in bounds by the caller)."""
     @intrinsic
     def gemv(typingctx, w, w0, ld, kv, h, out, o0):
         if not all(isinstance(a, types.Array) for a in (w, h, out)) or \
@@ -329,24 +332,47 @@ def _gemv_kernel(rows: int):
             w0v, ldv, kvv, o0v = (_offset(context, builder, at[i], args[i])
                                   for i in (1, 2, 3, 6))
             fty, size, lanes, vty, i64, zero, fma = _vectors(context, builder, at[0].dtype)
-            acc = [cgutils.alloca_once_value(builder, zero) for _ in range(rows)]
+            nrows = rows or lanes
+            acc = [cgutils.alloca_once_value(builder, zero) for _ in range(nrows)]
             starts = [builder.add(w0v, builder.mul(ldv, ir.Constant(i64, r)))
-                      for r in range(rows)]
+                      for r in range(nrows)]
             with cgutils.for_range(builder, kvv) as loop:
                 k = builder.mul(loop.index, ir.Constant(i64, lanes))
                 hv = builder.load(builder.bitcast(builder.gep(hptr, [k]), vty.as_pointer()),
                                   align=size)
-                for r in range(rows):
+                for r in range(nrows):
                     p = builder.bitcast(builder.gep(wptr, [builder.add(starts[r], k)]),
                                         vty.as_pointer())
                     builder.store(builder.call(fma, [builder.load(p, align=size), hv,
                                                      builder.load(acc[r])]), acc[r])
+            sums = [builder.load(a) for a in acc]
+            if not rows:
+                # each level halves the partial sums of every row: x's rows then y's, each
+                # with its first half of partials (lo) plus its second half (hi)
+                i32 = ir.IntType(32)
+                part = lanes
+                while part > 1:
+                    half = part // 2
+                    lo = [base + seg * part + i for base in (0, lanes)
+                          for seg in range(lanes // part) for i in range(half)]
+                    hi = [j + half for j in lo]
+                    merged = []
+                    for x, y in zip(sums[0::2], sums[1::2]):
+                        a = builder.shuffle_vector(x, y, ir.Constant(
+                            ir.VectorType(i32, lanes), lo))
+                        b = builder.shuffle_vector(x, y, ir.Constant(
+                            ir.VectorType(i32, lanes), hi))
+                        merged.append(builder.fadd(a, b))
+                    sums, part = merged, half
+                p = builder.bitcast(builder.gep(optr, [o0v]), vty.as_pointer())
+                builder.store(sums[0], p, align=size)
+                return context.get_dummy_value()
             kind = "f32" if size == 4 else "f64"
             reduce = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(fty, [fty, vty]),
                 f"llvm.vector.reduce.fadd.v{lanes}{kind}")
-            for r in range(rows):
-                total = builder.call(reduce, [ir.Constant(fty, 0.0), builder.load(acc[r])],
+            for r in range(nrows):
+                total = builder.call(reduce, [ir.Constant(fty, 0.0), sums[r]],
                                      fastmath=("reassoc",))
                 builder.store(total, builder.gep(optr, [builder.add(o0v, ir.Constant(i64, r))]))
             return context.get_dummy_value()
@@ -356,7 +382,7 @@ def _gemv_kernel(rows: int):
     return gemv
 
 
-_gemv16, _gemv4, _gemv1 = _gemv_kernel(16), _gemv_kernel(4), _gemv_kernel(1)
+_gemv_lanes, _gemv4, _gemv1 = _gemv_kernel(0), _gemv_kernel(4), _gemv_kernel(1)
 
 
 @jit
@@ -364,9 +390,9 @@ def _step_gemv(whf, GH, H, h, out, lanes):
     """``out[:GH] = W_hh @ h`` for one sequence (``whf`` the ``(GH, H)`` weights flat)."""
     kv = H // lanes
     n = 0
-    while n + 16 <= GH:
-        _gemv16(whf, n * H, H, kv, h, out, n)
-        n += 16
+    while n + lanes <= GH:
+        _gemv_lanes(whf, n * H, H, kv, h, out, n)
+        n += lanes
     while n + 4 <= GH:
         _gemv4(whf, n * H, H, kv, h, out, n)
         n += 4
