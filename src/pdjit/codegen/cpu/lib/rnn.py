@@ -492,6 +492,29 @@ def _fwd_part(x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask, drop
                 else:
                     # (G*H, H) x (H, B): faster than (B, H) x (H, G*H) for a small batch
                     np.dot(whh, h.T, hht)
+                if mode == LSTM or mode == GRU:
+                    # the pre-activations xp + W_hh h (GRU: of r and z; its W_hc h + b_hc
+                    # into aux) into the gate rows, hht's (gate, sequence) layout read in
+                    # blocks of 16 gates that stay in the L1 cache
+                    nsum = U(GH) if mode == LSTM else U(2) * Hu
+                    if Bs == 1:  # one column: a row
+                        gb, ab, hv = gates[ts, b0], xp3[t, 0], hht.reshape(GH)
+                        for q in range(nsum):
+                            gb[q] = ab[q] + hv[q]
+                    else:
+                        for q0 in range(U(0), nsum, U(16)):
+                            q1 = min(q0 + U(16), nsum)
+                            for bl in range(Bs):
+                                gb, ab = gates[ts, b0 + bl], xp3[t, bl]
+                                for q in range(q0, q1):
+                                    gb[q] = ab[q] + hht[q, bl]
+                    if mode == GRU:
+                        for q0 in range(U(0), Hu, U(16)):
+                            q1 = min(q0 + U(16), Hu)
+                            for bl in range(Bs):
+                                ar = aux[ts, b0 + bl]
+                                for j in range(q0, q1):
+                                    ar[j] = hht[U(2) * Hu + j, bl] + bhh[U(2) * Hu + j]
                 for bl in range(Bs):
                     b = b0 + bl
                     if lens.size != 0 and t >= lens[b]:
@@ -506,8 +529,6 @@ def _fwd_part(x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask, drop
                     hr, pr, ar = h[bl], hprev[ts, b], aux[ts, b]
                     yr = y[t, b, d * H:(d + 1) * H]
                     if mode == LSTM:
-                        for q in range(U(4) * Hu):
-                            gb[q] = ab[q] + hht[q, bl]
                         for q in range(U(2) * Hu):
                             gb[q] = _m.sigmoid(gb[q])
                         for q in range(U(2) * Hu, U(3) * Hu):
@@ -525,12 +546,6 @@ def _fwd_part(x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask, drop
                             hr[j] = hv
                             yr[j] = hv
                     elif mode == GRU:
-                        # the strided reads of hht in loops of their own: the loops of the
-                        # nonlinearities then read rows and vectorise
-                        for q in range(U(2) * Hu):
-                            gb[q] = ab[q] + hht[q, bl]
-                        for j in range(Hu):
-                            ar[j] = hht[U(2) * Hu + j, bl] + bhh[U(2) * Hu + j]
                         for q in range(U(2) * Hu):
                             gb[q] = _m.sigmoid(gb[q])
                         for j in range(Hu):
