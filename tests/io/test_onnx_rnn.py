@@ -173,3 +173,27 @@ def test_fill_constant_batch_size_like_with_a_second_unknown_dim_is_refused():
                        match=r"op fill_constant_batch_size_like #\d+ \(block 0\): .*a -1 "
                              r"outside output_dim_idx 0"):
         to_onnx(main, {}, ["x"], [y.name])
+
+
+def test_rnn_in_a_native_driver_matches_numpy():
+    """The served form: the step's driver compiled as one native function (the weight table
+    and the forward as compiled code) gives the NumPy network's outputs in every run."""
+    main, _, scope, feeds, fetches, ws, _ = _program("LSTM", 5, 2, 2, True)
+    exe = fluid.Executor(native_drivers=True, strict=True)
+    rng = np.random.default_rng(3)
+    for run in range(10):  # the trials: the host driver, then the native one
+        B = 1 if run % 2 else 5
+        feed = {"x": rng.standard_normal((B, T, I)).astype(np.float32),
+                "h0": rng.standard_normal((4, B, 5)).astype(np.float32),
+                "c0": rng.standard_normal((4, B, 5)).astype(np.float32)}
+        want = oracle("LSTM", feed["x"].transpose(1, 0, 2), feed["h0"], feed["c0"], ws, 2, 2)
+        got = exe.run(main, feed=feed, fetch_list=fetches, scope=scope)
+        for w, g in zip(want, got):
+            np.testing.assert_allclose(g, w, err_msg=f"run {run}", **TOL)
+    assert_native(exe)
+    steps = [s for _, plan in exe._plans.values() for s in plan.walk()
+             if s.kind.startswith("native")]
+    # the native driver was built and ran (timed in the trials) at both batch sizes
+    ran = {b for s in steps if getattr(s, "native", None) is not None
+           for b, trial in s._trials.items() if trial[1]}
+    assert ran == {1, 5}
