@@ -92,11 +92,13 @@ def test_forward_on_both_product_paths_matches_numpy(mode, H, L, D):
 
 def test_the_weight_table_refuses_what_does_not_fit():
     w2, b1 = np.zeros((6, 2)), np.zeros(6)
-    with pytest.raises(ValueError, match=r"WeightList\[1\] is not a C-contiguous array"):
+    with pytest.raises(ValueError, match=r"WeightList\[1\] is not a C-contiguous 2-D array"):
         K.rnn_weight_table([w2, np.zeros((2, 6)).T], [b1, b1])
-    with pytest.raises(ValueError, match=r"WeightList\[2\] is not a C-contiguous array of "
+    with pytest.raises(ValueError, match=r"WeightList\[2\] is not a C-contiguous 1-D array of "
                                          r"the dtype of the others \(float64\)"):
         K.rnn_weight_table([w2, w2], [b1.astype(np.float32), b1])
+    with pytest.raises(ValueError, match=r"WeightList\[3\] is not a C-contiguous 1-D array"):
+        K.rnn_weight_table([w2, w2], [b1, w2])
     # a GRU of 2 hidden over 2 inputs reads (6, 2) weights: a (6, 1) one is refused
     x, h0 = np.zeros((1, 1, 2)), np.zeros((1, 1, 2))
     table = K.rnn_weight_table([w2, np.zeros((6, 1))], [b1, b1])

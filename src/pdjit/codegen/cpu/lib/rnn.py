@@ -248,42 +248,48 @@ def _weight_at(wt, i, n, like):
     return numba.carray(_pointer(wt[i, 0], like), (n,))
 
 
+@jit
+def _table_of(weights, biases):
+    """The rows of :func:`rnn_weight_table` (tuples of C-contiguous arrays of one dtype)."""
+    table = np.empty((len(weights) + len(biases), 2), np.int64)
+    i = 0
+    for a in weights:
+        if not a.flags.c_contiguous:
+            raise ValueError("pdjit: rnn_weight_table: a weight is not C-contiguous")
+        table[i, 0] = a.ctypes.data
+        table[i, 1] = a.size
+        i += 1
+    for a in biases:
+        if not a.flags.c_contiguous:
+            raise ValueError("pdjit: rnn_weight_table: a bias is not C-contiguous")
+        table[i, 0] = a.ctypes.data
+        table[i, 1] = a.size
+        i += 1
+    return table
+
+
 def rnn_weight_table(weights, biases):
     """The ``(address, size)`` rows (int64) of the arrays of a WeightList, in its order: the
     2-D ``w_ih, w_hh`` of every layer and direction (``weights``), then the 1-D ``b_ih, b_hh``
     (``biases``). :func:`rnn_forward_at` reads the weights there, in place: no copy of them
     per run. Every array must be C-contiguous and of one float dtype, and stay alive while
     the table is used (the caller holds them)."""
-    arrays = tuple(weights) + tuple(biases)
-    table = np.empty((len(arrays), 2), np.int64)
+    weights, biases = tuple(weights), tuple(biases)
+    arrays = weights + biases
     dt = arrays[0].dtype if arrays else None
     for i, a in enumerate(arrays):
-        if not isinstance(a, np.ndarray) or a.dtype != dt or not a.flags.c_contiguous:
+        if type(a) is not np.ndarray or a.dtype != dt or not a.flags.c_contiguous \
+                or a.ndim != (2 if i < len(weights) else 1):
             raise ValueError(f"pdjit: rnn_weight_table: WeightList[{i}] is not a C-contiguous "
-                             f"array of the dtype of the others ({dt})")
-        table[i, 0] = a.__array_interface__["data"][0]
-        table[i, 1] = a.size
-    return table
+                             f"{'2' if i < len(weights) else '1'}-D array of the dtype of the "
+                             f"others ({dt})")
+    return _table_of(weights, biases)
 
 
 @overload(rnn_weight_table, jit_options={"nogil": True})
 def _rnn_weight_table_native(weights, biases):
     def table_of(weights, biases):
-        table = np.empty((len(weights) + len(biases), 2), np.int64)
-        i = 0
-        for a in weights:
-            if not a.flags.c_contiguous:
-                raise ValueError("pdjit: rnn_weight_table: a weight is not C-contiguous")
-            table[i, 0] = a.ctypes.data
-            table[i, 1] = a.size
-            i += 1
-        for a in biases:
-            if not a.flags.c_contiguous:
-                raise ValueError("pdjit: rnn_weight_table: a bias is not C-contiguous")
-            table[i, 0] = a.ctypes.data
-            table[i, 1] = a.size
-            i += 1
-        return table
+        return _table_of(weights, biases)
     return table_of
 
 
