@@ -16,10 +16,13 @@ Per layer and direction the forward kernel projects the input of *all* steps wit
 (``np.dot``: BLAS; the biases folded in), then runs the time loop. A step's ``W_hh h`` lands
 in ``hht`` ``(G*H, sequences)``: from :data:`TILE_MIN_BATCH` sequences on register tiles
 (``tile_kernel``: 28 rows of ``W_hh`` by one vector of sequences, each weight read once per
-vector and broadcast; measured (1024 x 256) x (256 x 16) float32: 64 us, OpenBLAS 85 us);
-for one sequence a matrix-vector product streaming a vector's worth of rows of ``W_hh`` side
-by side (:func:`_gemv_kernel`; bounded by the L2 cache's bandwidth, ~10 % under OpenBLAS's
-call); for 2-3 sequences one BLAS call. ``xp + W_hh h`` then goes into each sequence's gate row
+vector and broadcast; measured, float32, ``W_hh`` 1024 x 256 by 16 sequences, one core, load
+~10: 64 us, OpenBLAS 85 us); for one sequence a matrix-vector product streaming a vector's
+worth of rows of ``W_hh`` side by side (:func:`_gemv_kernel`; bounded by the L2 cache's
+bandwidth: 1024 x 256 in 11.0-11.5 us against OpenBLAS's 12.2, 384 x 128 in 1.5-2.1 against
+2.0-2.5); for 2-3 sequences one BLAS call. (The input projection of 64 steps on register
+tiles instead of BLAS measured 0.41 against 0.64 ms alone, but made the whole forward no
+faster: BLAS it stays.) ``xp + W_hh h`` then goes into each sequence's gate row
 (in blocks of 16 gates, the columns of ``hht`` read while in cache) and the gate arithmetic runs
 per sequence in loops over the row that vectorise (``pdjit.codegen.cpu.mathfuncs``; float32
 data is computed in float32; LSTM's and GRU's loops are written out in the time loop with
