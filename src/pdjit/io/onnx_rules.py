@@ -556,6 +556,33 @@ def _fill_constant(ex, op):
     ex.inits.append(ex.numpy_helper.from_array(np.full(dims, value, dt), name))
 
 
+@onnx_rule("fill_constant_batch_size_like")
+def _fill_constant_batch_size_like(ex, op):
+    """``shape`` with dim ``output_dim_idx`` taken from Input's dim ``input_dim_idx`` (read at
+    run time: a Shape slice), filled with ``value``."""
+    dt = np.dtype(dtypes.to_numpy(int(op.attr("dtype"))))
+    str_value = _attr(op, "str_value", "")
+    value = np.asarray(float(str_value) if str_value else op.attr("value")).astype(dt)
+    dims = [int(d) for d in op.attr("shape")]
+    r = len(ex.shape(ex.in_var(op, "Input")))
+    i, o = int(_attr(op, "input_dim_idx", 0)), int(_attr(op, "output_dim_idx", 0))
+    if not dims or not -r <= i < r or not -len(dims) <= o < len(dims):
+        raise ValueError(f"{ex.where()}: input_dim_idx={i}, output_dim_idx={o} do not fit "
+                         f"Input of rank {r} and shape {dims}")
+    i, o = i % r, o % len(dims)
+    if any(d < 0 for k, d in enumerate(dims) if k != o):
+        raise ex.unsupported(f"fill_constant_batch_size_like of shape {dims} (a -1 outside "
+                             f"output_dim_idx {o})")
+    batch = ex.node("Shape", [ex.inp(op, "Input")], start=i, end=i + 1)
+    parts = [ex.ints(dims[:o], "head")] if o > 0 else []
+    parts.append(batch)
+    if o + 1 < len(dims):
+        parts.append(ex.ints(dims[o + 1:], "tail"))
+    shape = parts[0] if len(parts) == 1 else ex.node("Concat", parts, axis=0)
+    ex.node("ConstantOfShape", [shape], out=ex.out_var(op),
+            value=ex.numpy_helper.from_array(value.reshape(1)))
+
+
 def _reduce(onnx_type):
     def convert(ex, op):
         xv, out = ex.in_var(op, "X"), ex.out_var(op)

@@ -2,21 +2,34 @@
 both directions, sequence lengths) and its gradient.
 
 Every size is a run-time argument: one compilation per dtype serves every mode, shape and
-stack. Data is time-major: ``x`` ``(T, B, I)``, states ``(L * D, B, H)``; ``w`` holds every
-weight and bias flattened in Paddle's order (all ``w_ih, w_hh`` per layer and direction, then
-all ``b_ih, b_hh``), a weight ``w_ih`` being ``(G * H, I_l)`` with ``G`` gates per cell.
-``mode``: 0 LSTM (gates i, f, c~, o), 1 GRU (r, z, c~), 2 RNN_TANH, 3 RNN_RELU. ``lens``
-(int64, ``(B,)``, or empty: every sequence has ``T`` steps): steps at or past a sequence's
-length leave its state unchanged and write zeros to the output.
+stack. Data is time-major: ``x`` ``(T, B, I)``, states ``(L * D, B, H)``. The weights are in
+Paddle's order (all ``w_ih, w_hh`` per layer and direction, then all ``b_ih, b_hh``), a weight
+``w_ih`` being ``(G * H, I_l)`` with ``G`` gates per cell: the forward reads them where they
+lie, through a table of their addresses and sizes (:func:`rnn_weight_table`: no copy of the
+WeightList per run, which for a 2-layer bidirectional LSTM of 256 hidden was 9 MB and 0.8 ms);
+:func:`rnn_forward` and the backward take them flattened into one array ``w``. ``mode``: 0
+LSTM (gates i, f, c~, o), 1 GRU (r, z, c~), 2 RNN_TANH, 3 RNN_RELU. ``lens`` (int64, ``(B,)``,
+or empty: every sequence has ``T`` steps): steps at or past a sequence's length leave its state
+unchanged and write zeros to the output.
 
 Per layer and direction the forward kernel projects the input of *all* steps with one GEMM
-(``np.dot``: BLAS; the biases folded in), then runs the time loop with one ``(B, H) x (H,
-G*H)`` GEMM per step and the gate arithmetic per sequence in loops over a row that vectorise
-(``pdjit.codegen.cpu.mathfuncs``; float32 data is computed in float32; LSTM's loops are written
-out in the time loop with unsigned indices: Numba's negative-index wraparound and the call of
-a row function kept them scalar, ~3x slower). The backward kernel runs the steps in reverse,
-keeping the gradients of the gate pre-activations, and ends with GEMMs over all steps for the
-weight and input gradients (the input's skipped when nothing reads it).
+(``np.dot``: BLAS; the biases folded in), then runs the time loop. A step's ``W_hh h`` lands
+in ``hht`` ``(G*H, sequences)``: from :data:`TILE_MIN_BATCH` sequences on register tiles
+(``tile_kernel``: 28 rows of ``W_hh`` by one vector of sequences, each weight read once per
+vector and broadcast; measured, float32, ``W_hh`` 1024 x 256 by 16 sequences, one core, load
+~10: 64 us, OpenBLAS 85 us); for one sequence a matrix-vector product streaming a vector's
+worth of rows of ``W_hh`` side by side (:func:`_gemv_kernel`; bounded by the L2 cache's
+bandwidth: 1024 x 256 in 11.0-11.5 us against OpenBLAS's 12.2, 384 x 128 in 1.5-2.1 against
+2.0-2.5); for 2-3 sequences one BLAS call. (The input projection of 64 steps on register
+tiles instead of BLAS measured 0.41 against 0.64 ms alone, but made the whole forward no
+faster: BLAS it stays.) ``xp + W_hh h`` then goes into each sequence's gate row
+(in blocks of 16 gates, the columns of ``hht`` read while in cache) and the gate arithmetic runs
+per sequence in loops over the row that vectorise (``pdjit.codegen.cpu.mathfuncs``; float32
+data is computed in float32; LSTM's and GRU's loops are written out in the time loop with
+unsigned indices: Numba's negative-index wraparound and the call of a row function kept them
+scalar, ~3x slower). The backward kernel runs the steps in reverse, keeping the gradients of
+the gate pre-activations, and ends with GEMMs over all steps for the weight and input
+gradients (the input's skipped when nothing reads it).
 
 Sequences are independent: :func:`rnn_forward` / :func:`rnn_backward` split a large batch into
 slices, one per loop thread (each slice runs every layer and direction, its BLAS calls on one
@@ -33,16 +46,20 @@ c~; simple RNN the new state), the state before each step ``(T, B, H)`` and an a
 ``(T, B, H)`` (LSTM: the cell before the step; GRU: ``W_hc h + b_hc``); then, for the layers
 but the last, their outputs ``(T, B, D*H)`` as the next layer read them (after dropout).
 """
+import llvmlite.ir as ir
 import numba
 import numpy as np
-from numba.extending import overload
+from numba.core import cgutils, types
+from numba.extending import intrinsic, overload
 
 from pdjit.codegen.cpu import mathfuncs as _m
 from pdjit.codegen.cpu.lib._jit import jit, jobs
 from pdjit.codegen.cpu.lib.conv import _threads
+from pdjit.codegen.cpu.lib.tile import TILE_BYTES, _offset, _vectors, tile_kernel
 from pdjit.codegen.cpu.threads import asked_threads, free_cores, loop_threads
 
-__all__ = ["rnn_forward", "rnn_backward", "rnn_gates", "rnn_reserve_size"]
+__all__ = ["rnn_forward", "rnn_forward_at", "rnn_weight_table", "rnn_backward", "rnn_gates",
+           "rnn_reserve_size"]
 
 LSTM, GRU, RNN_TANH, RNN_RELU = 0, 1, 2, 3
 U = numba.uint64
@@ -210,12 +227,210 @@ def _offsets(mode, in_size, hidden, num_layers, ndir):
     return offs, sizes, pos
 
 
+# ---- the weights where they lie: an address table -----------------------------------------
+@intrinsic
+def _pointer(typingctx, addr, like):
+    """A pointer to ``like``'s element type at the integer address ``addr``."""
+    if not isinstance(addr, types.Integer) or not isinstance(like, types.Array):
+        return None
+    ptr = types.CPointer(like.dtype)
+
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], context.get_value_type(ptr))
+
+    return ptr(addr, like), codegen
+
+
 @jit
-def _fwd_part(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask, drop_scale,
+def _weight_at(wt, i, n, like):
+    """Weight ``i`` of the table ``wt`` (rows ``(address, size)``, see
+    :func:`rnn_weight_table`) as a 1-D array of ``like``'s dtype, its size checked to be
+    ``n``."""
+    if wt[i, 1] != n:
+        raise ValueError("pdjit: rnn_forward: a weight of WeightList has the wrong size")
+    return numba.carray(_pointer(wt[i, 0], like), (n,))
+
+
+@jit
+def _table_of(weights, biases):
+    """The rows of :func:`rnn_weight_table` (tuples of C-contiguous arrays of one dtype)."""
+    table = np.empty((len(weights) + len(biases), 2), np.int64)
+    i = 0
+    for a in weights:
+        if not a.flags.c_contiguous:
+            raise ValueError("pdjit: rnn_weight_table: a weight is not C-contiguous")
+        table[i, 0] = a.ctypes.data
+        table[i, 1] = a.size
+        i += 1
+    for a in biases:
+        if not a.flags.c_contiguous:
+            raise ValueError("pdjit: rnn_weight_table: a bias is not C-contiguous")
+        table[i, 0] = a.ctypes.data
+        table[i, 1] = a.size
+        i += 1
+    return table
+
+
+def rnn_weight_table(weights, biases):
+    """The ``(address, size)`` rows (int64) of the arrays of a WeightList, in its order: the
+    2-D ``w_ih, w_hh`` of every layer and direction (``weights``), then the 1-D ``b_ih, b_hh``
+    (``biases``). :func:`rnn_forward_at` reads the weights there, in place: no copy of them
+    per run. Every array must be C-contiguous and of one float dtype, and stay alive while
+    the table is used (the caller holds them)."""
+    weights, biases = tuple(weights), tuple(biases)
+    arrays = weights + biases
+    dt = arrays[0].dtype if arrays else None
+    for i, a in enumerate(arrays):
+        if type(a) is not np.ndarray or a.dtype != dt or not a.flags.c_contiguous \
+                or a.ndim != (2 if i < len(weights) else 1):
+            raise ValueError(f"pdjit: rnn_weight_table: WeightList[{i}] is not a C-contiguous "
+                             f"{'2' if i < len(weights) else '1'}-D array of the dtype of the "
+                             f"others ({dt})")
+    return _table_of(weights, biases)
+
+
+@overload(rnn_weight_table, jit_options={"nogil": True})
+def _rnn_weight_table_native(weights, biases):
+    def table_of(weights, biases):
+        return _table_of(weights, biases)
+    return table_of
+
+
+# ---- the recurrent product of a step on register tiles ---------------------------------------
+#: rows of W_hh per tile (their sums, one vector of sequences each, stay in vector registers)
+_TILE_ROWS = 28
+_tile_big, _tile_mid, _tile_one = tile_kernel(_TILE_ROWS, 1), tile_kernel(8, 1), \
+    tile_kernel(1, 1)
+#: the batch (of a slice) from which a step's ``W_hh h`` runs on the tiles, below which one
+#: BLAS call (a matrix-vector product for one sequence; a vector of sequences wastes lanes)
+TILE_MIN_BATCH = 4
+
+
+@jit
+def _step_tiles(whf, GH, H, hT, tap, hht, BP, nch, lanes):
+    """``hht[:GH, :] = W_hh @ hT``: ``whf`` the ``(GH, H)`` weights flat, ``hT`` ``(H, BP)`` the
+    states of the slice's sequences by columns (the columns past them zero), ``BP = nch *
+    lanes``; tiles of rows of ``W_hh`` by one vector of ``lanes`` sequences, each weight read
+    once per vector of sequences and broadcast."""
+    hf = hT.reshape(H * BP)
+    of = hht.reshape(GH * BP)
+    for c in range(nch):
+        q0 = c * lanes
+        n = 0
+        while n + _TILE_ROWS <= GH:
+            _tile_big(whf, n * H, H, H, hf, 0, tap, of, n * BP, BP, q0, False)
+            n += _TILE_ROWS
+        while n + 8 <= GH:
+            _tile_mid(whf, n * H, H, H, hf, 0, tap, of, n * BP, BP, q0, False)
+            n += 8
+        while n < GH:
+            _tile_one(whf, n * H, H, H, hf, 0, tap, of, n * BP, BP, q0, False)
+            n += 1
+
+
+# ---- the recurrent product of one sequence: rows of W_hh against h --------------------------
+def _gemv_kernel(rows: int):
+    """``out[o0 + r] = sum over k < kv * lanes of w[w0 + r * ld + k] * h[k]`` for ``r <
+    rows`` (a vector: :data:`TILE_BYTES`; ``rows=0``: as many rows as a vector has lanes):
+    each row's products in a vector register, the rows streaming side by side, each weight
+    read once. A vector's worth of rows is summed across lanes in a tree of shuffles that
+    leaves the row sums in one vector, stored at once (a reduction per row cost as much as
+    the products at a hidden size of 256); fewer rows are each reduced. LLVM IR, as
+    :mod:`pdjit.codegen.cpu.lib.tile`'s tiles (offsets kept in bounds by the caller)."""
+    @intrinsic
+    def gemv(typingctx, w, w0, ld, kv, h, out, o0):
+        if not all(isinstance(a, types.Array) for a in (w, h, out)) or \
+                not w.dtype == h.dtype == out.dtype or w.dtype not in (types.float32,
+                                                                       types.float64):
+            return None
+
+        def codegen(context, builder, signature, args):
+            at = signature.args
+            wptr, hptr, optr = (context.make_array(at[i])(context, builder, args[i]).data
+                                for i in (0, 4, 5))
+            w0v, ldv, kvv, o0v = (_offset(context, builder, at[i], args[i])
+                                  for i in (1, 2, 3, 6))
+            fty, size, lanes, vty, i64, zero, fma = _vectors(context, builder, at[0].dtype)
+            nrows = rows or lanes
+            acc = [cgutils.alloca_once_value(builder, zero) for _ in range(nrows)]
+            starts = [builder.add(w0v, builder.mul(ldv, ir.Constant(i64, r)))
+                      for r in range(nrows)]
+            with cgutils.for_range(builder, kvv) as loop:
+                k = builder.mul(loop.index, ir.Constant(i64, lanes))
+                hv = builder.load(builder.bitcast(builder.gep(hptr, [k]), vty.as_pointer()),
+                                  align=size)
+                for r in range(nrows):
+                    p = builder.bitcast(builder.gep(wptr, [builder.add(starts[r], k)]),
+                                        vty.as_pointer())
+                    builder.store(builder.call(fma, [builder.load(p, align=size), hv,
+                                                     builder.load(acc[r])]), acc[r])
+            sums = [builder.load(a) for a in acc]
+            if not rows:
+                # each level halves the partial sums of every row: x's rows then y's, each
+                # with its first half of partials (lo) plus its second half (hi)
+                i32 = ir.IntType(32)
+                part = lanes
+                while part > 1:
+                    half = part // 2
+                    lo = [base + seg * part + i for base in (0, lanes)
+                          for seg in range(lanes // part) for i in range(half)]
+                    hi = [j + half for j in lo]
+                    merged = []
+                    for x, y in zip(sums[0::2], sums[1::2]):
+                        a = builder.shuffle_vector(x, y, ir.Constant(
+                            ir.VectorType(i32, lanes), lo))
+                        b = builder.shuffle_vector(x, y, ir.Constant(
+                            ir.VectorType(i32, lanes), hi))
+                        merged.append(builder.fadd(a, b))
+                    sums, part = merged, half
+                p = builder.bitcast(builder.gep(optr, [o0v]), vty.as_pointer())
+                builder.store(sums[0], p, align=size)
+                return context.get_dummy_value()
+            kind = "f32" if size == 4 else "f64"
+            reduce = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(fty, [fty, vty]),
+                f"llvm.vector.reduce.fadd.v{lanes}{kind}")
+            for r in range(nrows):
+                total = builder.call(reduce, [ir.Constant(fty, 0.0), sums[r]],
+                                     fastmath=("reassoc",))
+                builder.store(total, builder.gep(optr, [builder.add(o0v, ir.Constant(i64, r))]))
+            return context.get_dummy_value()
+
+        return types.void(w, w0, ld, kv, h, out, o0), codegen
+
+    return gemv
+
+
+_gemv_lanes, _gemv4, _gemv1 = _gemv_kernel(0), _gemv_kernel(4), _gemv_kernel(1)
+
+
+@jit
+def _step_gemv(whf, GH, H, h, out, lanes):
+    """``out[:GH] = W_hh @ h`` for one sequence (``whf`` the ``(GH, H)`` weights flat)."""
+    kv = H // lanes
+    n = 0
+    while n + lanes <= GH:
+        _gemv_lanes(whf, n * H, H, kv, h, out, n)
+        n += lanes
+    while n + 4 <= GH:
+        _gemv4(whf, n * H, H, kv, h, out, n)
+        n += 4
+    while n < GH:
+        _gemv1(whf, n * H, H, kv, h, out, n)
+        n += 1
+    for r in range(GH):  # the columns past the whole vectors
+        acc = out[r]
+        for k in range(kv * lanes, H):
+            acc += whf[r * H + k] * h[k]
+        out[r] = acc
+
+
+@jit
+def _fwd_part(x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask, drop_scale,
               out, hn, cn, reserve, b0, b1):
-    """:func:`rnn_forward` for the sequences ``b0 .. b1`` (independent of the others: each slice
-    can run on a thread of its own; it writes only its rows of ``out``, ``hn``, ``cn`` and
-    ``reserve``)."""
+    """:func:`rnn_forward_at` for the sequences ``b0 .. b1`` (independent of the others: each
+    slice can run on a thread of its own; it writes only its rows of ``out``, ``hn``, ``cn``
+    and ``reserve``)."""
     T, B, I = x.shape
     H = h0.shape[2]
     L, D = num_layers, ndir
@@ -225,7 +440,8 @@ def _fwd_part(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask, drop_
     Bs = b1 - b0
     Hu = U(H)
     offs, sizes, total = _offsets(mode, I, H, L, D)
-    if (w.size != total or h0.shape[0] != L * D or h0.shape[1] != B or hn.shape != h0.shape
+    if (wt.shape[0] != 4 * L * D or wt.shape[1] != 2 or h0.shape[0] != L * D
+            or h0.shape[1] != B or hn.shape != h0.shape
             or out.shape != (T, B, DH) or (lens.size != 0 and lens.size != B)
             or b0 < 0 or b1 > B or b0 > b1):
         raise ValueError("pdjit: rnn_forward: the arrays do not fit the sizes")
@@ -238,6 +454,16 @@ def _fwd_part(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask, drop_
     dropping = drop_mask.size != 0
     one = np.ones(1, x.dtype)[0]  # typed constants: float32 data stays float32
     zero = one - one
+    # W_hh h of a step: on register tiles (columns of sequences, padded to whole vectors) or,
+    # for a small slice, one BLAS call; either way into hht (GH, BP)
+    tiled = Bs >= TILE_MIN_BATCH
+    lanes = TILE_BYTES // x.itemsize
+    nch = (Bs + lanes - 1) // lanes if tiled else 1
+    BP = nch * lanes if tiled else Bs
+    hT = np.zeros((H, BP if tiled else 0), x.dtype)
+    tap = np.arange(H) * BP
+    hht = np.empty((GH, BP), x.dtype)
+    hrow = np.empty(GH, x.dtype)
     # the slice's inputs as contiguous rows (a copy unless the slice is the whole batch)
     inp = np.ascontiguousarray(x[:, b0:b1, :]).reshape((T * Bs, I))
     for layer in range(L):
@@ -252,10 +478,11 @@ def _fwd_part(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask, drop_
             y = np.empty((T, B, DH), x.dtype)
         for d in range(D):
             k = layer * D + d
-            wih = w[offs[k, 0]:offs[k, 0] + GH * il].reshape((GH, il))
-            whh = w[offs[k, 1]:offs[k, 1] + GH * H].reshape((GH, H))
-            bih = w[offs[k, 2]:offs[k, 2] + GH]
-            bhh = w[offs[k, 3]:offs[k, 3] + GH]
+            wih = _weight_at(wt, 2 * k, GH * il, x).reshape((GH, il))
+            whf = _weight_at(wt, 2 * k + 1, GH * H, x)
+            whh = whf.reshape((GH, H))
+            bih = _weight_at(wt, 2 * L * D + 2 * k, GH, x)
+            bhh = _weight_at(wt, 2 * L * D + 2 * k + 1, GH, x)
             if save:
                 blk = reserve[k * block:(k + 1) * block]
                 gates = blk[:T * B * GH].reshape((T, B, GH))
@@ -270,16 +497,43 @@ def _fwd_part(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask, drop_
             xp3 = xp.reshape((T, Bs, GH))
             h = h0[k, b0:b1].copy()
             c = c0[k, b0:b1].copy() if mode == LSTM else h0[k, b0:b1].copy()
-            hh = np.empty((Bs, GH), x.dtype)
-            hht = np.empty((GH, Bs), x.dtype)
             for s in range(T):
                 t = s if d == 0 else T - 1 - s
                 ts = t if save else 0
-                if mode == LSTM:
+                if tiled:
+                    for j in range(H):
+                        hTr = hT[j]
+                        for bl in range(Bs):
+                            hTr[bl] = h[bl, j]
+                    _step_tiles(whf, GH, H, hT, tap, hht, BP, nch, lanes)
+                elif Bs == 1:
+                    _step_gemv(whf, GH, H, h[0], hht.reshape(GH), lanes)
+                else:
                     # (G*H, H) x (H, B): faster than (B, H) x (H, G*H) for a small batch
                     np.dot(whh, h.T, hht)
-                else:
-                    np.dot(h, whh.T, hh)
+                if mode == LSTM or mode == GRU:
+                    # the pre-activations xp + W_hh h (GRU: of r and z; its W_hc h + b_hc
+                    # into aux) into the gate rows, hht's (gate, sequence) layout read in
+                    # blocks of 16 gates that stay in the L1 cache
+                    nsum = U(GH) if mode == LSTM else U(2) * Hu
+                    if Bs == 1:  # one column: a row
+                        gb, ab, hv = gates[ts, b0], xp3[t, 0], hht.reshape(GH)
+                        for q in range(nsum):
+                            gb[q] = ab[q] + hv[q]
+                    else:
+                        for q0 in range(U(0), nsum, U(16)):
+                            q1 = min(q0 + U(16), nsum)
+                            for bl in range(Bs):
+                                gb, ab = gates[ts, b0 + bl], xp3[t, bl]
+                                for q in range(q0, q1):
+                                    gb[q] = ab[q] + hht[q, bl]
+                    if mode == GRU:
+                        for q0 in range(U(0), Hu, U(16)):
+                            q1 = min(q0 + U(16), Hu)
+                            for bl in range(Bs):
+                                ar = aux[ts, b0 + bl]
+                                for j in range(q0, q1):
+                                    ar[j] = hht[U(2) * Hu + j, bl] + bhh[U(2) * Hu + j]
                 for bl in range(Bs):
                     b = b0 + bl
                     if lens.size != 0 and t >= lens[b]:
@@ -288,20 +542,19 @@ def _fwd_part(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask, drop_
                         hprev[ts, b, :] = h[bl]
                         aux[ts, b, :] = zero
                         continue
+                    # LSTM and GRU written out here with unsigned indices (no negative-index
+                    # wraparound): the loops vectorise (~3x faster than through _fwd_row)
+                    gb, ab = gates[ts, b], xp3[t, bl]
+                    hr, pr, ar = h[bl], hprev[ts, b], aux[ts, b]
+                    yr = y[t, b, d * H:(d + 1) * H]
                     if mode == LSTM:
-                        # written out here with unsigned indices (no negative-index
-                        # wraparound): the loops vectorise (~3x faster than through _fwd_row)
-                        gb, ab = gates[ts, b], xp3[t, bl]
-                        for q in range(U(4) * Hu):
-                            gb[q] = ab[q] + hht[q, bl]
                         for q in range(U(2) * Hu):
                             gb[q] = _m.sigmoid(gb[q])
                         for q in range(U(2) * Hu, U(3) * Hu):
                             gb[q] = _m.tanh(gb[q])
                         for q in range(U(3) * Hu, U(4) * Hu):
                             gb[q] = _m.sigmoid(gb[q])
-                        hr, cr, pr, ar = h[bl], c[bl], hprev[ts, b], aux[ts, b]
-                        yr = y[t, b, d * H:(d + 1) * H]
+                        cr = c[bl]
                         for j in range(Hu):
                             cp = cr[j]
                             pr[j] = hr[j]
@@ -311,9 +564,23 @@ def _fwd_part(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask, drop_
                             hv = gb[U(3) * Hu + j] * _m.tanh(cv)
                             hr[j] = hv
                             yr[j] = hv
+                    elif mode == GRU:
+                        for q in range(U(2) * Hu):
+                            gb[q] = _m.sigmoid(gb[q])
+                        for j in range(Hu):
+                            gb[U(2) * Hu + j] = _m.tanh(ab[U(2) * Hu + j] + gb[j] * ar[j])
+                        for j in range(Hu):
+                            hp = hr[j]
+                            pr[j] = hp
+                            z = gb[Hu + j]
+                            hv = z * hp + (one - z) * gb[U(2) * Hu + j]
+                            hr[j] = hv
+                            yr[j] = hv
                     else:
-                        _fwd_row(mode, xp3[t, bl], hh[bl], bhh, h[bl], c[bl], gates[ts, b],
-                                 hprev[ts, b], aux[ts, b], y[t, b], d * H, one)
+                        for q in range(U(GH)):
+                            hrow[q] = hht[q, bl]
+                        _fwd_row(mode, ab, hrow, bhh, hr, c[bl], gb, pr, ar, y[t, b], d * H,
+                                 one)
             hn[k, b0:b1] = h
             if mode == LSTM:
                 cn[k, b0:b1] = c
@@ -486,18 +753,50 @@ def _slices(B, work, parts):
     return max(1, min(int(parts), B))
 
 
+@jit
+def _flat_table(w, mode, in_size, hidden, num_layers, ndir):
+    """The :func:`rnn_weight_table` of the weights flattened into ``w`` (C-contiguous)."""
+    offs, sizes, total = _offsets(mode, in_size, hidden, num_layers, ndir)
+    if w.size != total:
+        raise ValueError("pdjit: rnn_forward: the weights do not fit the sizes")
+    n = num_layers * ndir
+    gh = rnn_gates(mode) * hidden
+    table = np.empty((4 * n, 2), np.int64)
+    base, item = w.ctypes.data, w.itemsize
+    for k in range(n):
+        table[2 * k, 0] = base + offs[k, 0] * item
+        table[2 * k, 1] = gh * sizes[k // ndir]
+        table[2 * k + 1, 0] = base + offs[k, 1] * item
+        table[2 * k + 1, 1] = gh * hidden
+        table[2 * n + 2 * k, 0] = base + offs[k, 2] * item
+        table[2 * n + 2 * k, 1] = gh
+        table[2 * n + 2 * k + 1, 0] = base + offs[k, 3] * item
+        table[2 * n + 2 * k + 1, 1] = gh
+    return table
+
+
 def rnn_forward(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask, drop_scale,
                 out, hn, cn, reserve, parts=None):
+    """:func:`rnn_forward_at` with the weights flattened into ``w`` (Paddle's order)."""
+    w = np.ascontiguousarray(w)
+    table = _flat_table(w, mode, x.shape[2], h0.shape[2], num_layers, ndir)
+    rnn_forward_at(x, h0, c0, table, lens, mode, num_layers, ndir, save, drop_mask,
+                   drop_scale, out, hn, cn, reserve, parts)
+
+
+def rnn_forward_at(x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask, drop_scale,
+                   out, hn, cn, reserve, parts=None):
     """``out`` ``(T, B, D*H)``, last states ``hn`` (and ``cn`` for LSTM; ``c0``/``cn`` are not
-    read or written otherwise), and, with ``save``, ``reserve``. ``drop_mask`` (uint8,
-    ``(L-1) * T * B * D*H`` or empty: no dropout) scales the outputs of the layers but the
-    last by ``mask * drop_scale``. A large batch is split into slices run on threads (the
-    sequences are independent); ``parts`` overrides how many."""
+    read or written otherwise), and, with ``save``, ``reserve``, from the weights at the
+    addresses of the table ``wt`` (:func:`rnn_weight_table`; their sizes checked).
+    ``drop_mask`` (uint8, ``(L-1) * T * B * D*H`` or empty: no dropout) scales the outputs of
+    the layers but the last by ``mask * drop_scale``. A large batch is split into slices run
+    on threads (the sequences are independent); ``parts`` overrides how many."""
     T, B = x.shape[0], x.shape[1]
     H = h0.shape[2]
     G = 4 if mode == LSTM else 3 if mode == GRU else 1
     n = _slices(B, T * B * G * H * (x.shape[2] + H) * num_layers * ndir, parts)
-    args = (x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask, drop_scale, out, hn,
+    args = (x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask, drop_scale, out, hn,
             cn, reserve)
     if n == 1:
         _fwd_part(*args, 0, B)
@@ -541,7 +840,19 @@ def _rnn_forward_native(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_m
                         drop_scale, out, hn, cn, reserve, parts=None):
     def serial(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask, drop_scale, out,
                hn, cn, reserve, parts=None):
-        _fwd_part(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_mask, drop_scale,
+        wc = np.ascontiguousarray(w)
+        table = _flat_table(wc, mode, x.shape[2], h0.shape[2], num_layers, ndir)
+        _fwd_part(x, h0, c0, table, lens, mode, num_layers, ndir, save, drop_mask,
+                  drop_scale, out, hn, cn, reserve, 0, x.shape[1])
+    return serial
+
+
+@overload(rnn_forward_at, jit_options={"nogil": True})
+def _rnn_forward_at_native(x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask,
+                           drop_scale, out, hn, cn, reserve, parts=None):
+    def serial(x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask, drop_scale, out,
+               hn, cn, reserve, parts=None):
+        _fwd_part(x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask, drop_scale,
                   out, hn, cn, reserve, 0, x.shape[1])
     return serial
 
@@ -560,13 +871,22 @@ def _arr(T, nd):
     return (T, nd)
 
 
+def _fwd_job(a, w):
+    return (_fwd_part, (_arr(a, 3), _arr(a, 3), _arr(a, 3), w, _arr(np.dtype(np.int64), 1), int,
+                        int, int, bool, _arr(np.dtype(np.uint8), 1), float, _arr(a, 3),
+                        _arr(a, 3), _arr(a, 3), _arr(a, 1), int, int))
+
+
 @jobs("rnn_forward")
 def _fwd_jobs(T):
     a = np.dtype(T)
-    return [(_fwd_part, (_arr(a, 3), _arr(a, 3), _arr(a, 3), _arr(a, 1),
-                         _arr(np.dtype(np.int64), 1), int, int, int, bool,
-                         _arr(np.dtype(np.uint8), 1), float, _arr(a, 3), _arr(a, 3),
-                         _arr(a, 3), _arr(a, 1), int, int))]
+    return [(_flat_table, (_arr(a, 1), int, int, int, int, int)),
+            _fwd_job(a, _arr(np.dtype(np.int64), 2))]
+
+
+@jobs("rnn_forward_at")
+def _fwd_at_jobs(T):
+    return [_fwd_job(np.dtype(T), _arr(np.dtype(np.int64), 2))]
 
 
 @jobs("rnn_backward")

@@ -1,8 +1,10 @@
 """``rnn`` and ``rnn_grad`` (:mod:`pdjit.ops.rnn`) on the CPU.
 
 Natively (float32 / float64, weights and states of the input's dtype) both ops are host lines
-calling ``_nn.rnn_forward`` / ``_nn.rnn_backward``: one compiled time loop per dtype for every
-mode and size (a large batch split into slices on the loop threads). With dropout the masks
+calling ``_nn.rnn_forward_at`` / ``_nn.rnn_backward``: one compiled time loop per dtype for
+every mode and size (a large batch split into slices on the loop threads). The forward reads the
+weights where they lie (an address table of the WeightList's arrays, no copy per run); the
+backward takes them flattened into one array. With dropout the masks
 are drawn natively from the run's key (the numbers the reference draws). ``rnn_grad`` skips the
 input gradient (a GEMM over every step) when nothing reads ``Input@GRAD`` (a data input).
 """
@@ -19,6 +21,16 @@ def _flat_weights(ctx, lines, n) -> str:
     wf = ctx.tmp("wf")
     lines.append(f"{wf} = np.concatenate(({''.join(f'{w}.reshape({w}.size), ' for w in ws)}))")
     return wf
+
+
+def _weight_table(ctx, lines, n) -> str:
+    """The (address, size) table of the WeightList where its arrays lie (no copy per run)."""
+    ws = [ctx.inp("WeightList", i) for i in range(n)]
+    wt = ctx.tmp("wt")
+    half = n // 2
+    lines.append(f"{wt} = _nn.rnn_weight_table(({''.join(f'{w}, ' for w in ws[:half])}), "
+                 f"({''.join(f'{w}, ' for w in ws[half:])}))")
+    return wt
 
 
 def _lens_line(ctx, lines, x) -> str:
@@ -55,7 +67,7 @@ def _rnn_lower(ctx):
     x, T = ctx.inp("Input"), ctx.T("Input")
     h0 = ctx.inp("PreState", 0)
     c0 = ctx.inp("PreState", 1) if code == 0 else h0
-    wf = _flat_weights(ctx, lines, nw)
+    wt = _weight_table(ctx, lines, nw)
     ln = _lens_line(ctx, lines, x)
     out = ctx.out("Out", shape=f"({x}.shape[0], {x}.shape[1], {D * H})")
     hn = ctx.out("State", 0, shape=f"{h0}.shape")
@@ -83,7 +95,7 @@ def _rnn_lower(ctx):
         dm, scale = "np.empty(0, np.uint8)", "1.0"
     rf = ctx.tmp("rf")
     lines.append(f"{rf} = {res}.view({T})" if save else f"{rf} = np.empty(0, {T})")
-    lines.append(f"_nn.rnn_forward({x}, {h0}, {c0}, {wf}, {ln}, {code}, {L}, {D}, {save}, "
+    lines.append(f"_nn.rnn_forward_at({x}, {h0}, {c0}, {wt}, {ln}, {code}, {L}, {D}, {save}, "
                  f"{dm}, {scale}, {out}, {hn}, {cn}, {rf})")
     return lines
 

@@ -1,0 +1,108 @@
+"""The forward time loop of the ``rnn`` kernels (``pdjit.codegen.cpu.lib.rnn``) on both of its
+paths for ``W_hh h``: one BLAS call for a small slice, register tiles of rows of ``W_hh`` by a
+vector of sequences from ``TILE_MIN_BATCH`` sequences on (float64: vectors of 8, so a batch of
+11 is two vectors, the second padded). Hidden sizes are odd, so that the rows of ``W_hh`` are
+no multiple of a tile's rows (the 24-, 8- and 1-row tiles all run). The oracle is a NumPy
+network written here from Paddle's cells (LSTM gates i, f, c~, o; GRU gates r, z, c~ with
+``c~ = tanh(W_ic x + b_ic + r * (W_hc h + b_hc))``, ``h = z * h' + (1 - z) * c~``; the reverse
+direction from the last step; past a length the state is kept and zeros are written).
+"""
+import numpy as np
+import pytest
+
+from pdjit.codegen.cpu.lib import rnn as K
+
+RNG = np.random.default_rng(5)
+CODES = {"LSTM": (0, 4), "GRU": (1, 3), "RNN_TANH": (2, 1)}
+
+
+def sig(v):
+    return 1.0 / (1.0 + np.exp(-v))
+
+
+def oracle(mode, x, h0, c0, ws, L, D, lens):
+    T, B, _ = x.shape
+    nw = 2 * L * D
+    inp, hs, cs = x, [], []
+    for layer in range(L):
+        outs = []
+        for d in range(D):
+            k = layer * D + d
+            wih, whh, bih, bhh = ws[2 * k], ws[2 * k + 1], ws[nw + 2 * k], ws[nw + 2 * k + 1]
+            h, c = h0[k].copy(), c0[k].copy()
+            out = np.zeros((T, B, h.shape[1]))
+            for t in (range(T) if d == 0 else range(T - 1, -1, -1)):
+                gx, gh = inp[t] @ wih.T + bih, h @ whh.T + bhh
+                cn = c
+                if mode == "LSTM":
+                    i, f, g, o = np.split(gx + gh, 4, axis=1)
+                    cn = sig(f) * c + sig(i) * np.tanh(g)
+                    hn = sig(o) * np.tanh(cn)
+                elif mode == "GRU":
+                    (xr, xz, xc), (hr, hz, hc) = np.split(gx, 3, 1), np.split(gh, 3, 1)
+                    r, z = sig(xr + hr), sig(xz + hz)
+                    hn = z * h + (1 - z) * np.tanh(xc + r * hc)
+                else:
+                    hn = np.tanh(gx + gh)
+                alive = (t < lens)[:, None]
+                h, c = np.where(alive, hn, h), np.where(alive, cn, c)
+                out[t] = np.where(alive, hn, 0.0)
+            outs.append(out)
+            hs.append(h)
+            cs.append(c)
+        inp = np.concatenate(outs, axis=2)
+    return inp, np.stack(hs), np.stack(cs)
+
+
+@pytest.mark.parametrize("mode,H,L,D", [("LSTM", 5, 2, 2), ("GRU", 9, 1, 2),
+                                        ("RNN_TANH", 7, 2, 1)])
+def test_forward_on_both_product_paths_matches_numpy(mode, H, L, D):
+    code, G = CODES[mode]
+    T, I = 5, 3
+    assert 1 < K.TILE_MIN_BATCH <= 4
+    for B in (1, 4, 11):  # BLAS; tiles of one vector; two vectors (the second padded)
+        ws = []
+        for layer in range(L):
+            for _ in range(D):
+                ws += [RNG.normal(size=(G * H, I if layer == 0 else D * H)) * 0.5,
+                       RNG.normal(size=(G * H, H)) * 0.5]
+        ws += [RNG.normal(size=G * H) * 0.5 for _ in range(2 * L * D)]
+        x = RNG.normal(size=(T, B, I))
+        h0, c0 = RNG.normal(size=(L * D, B, H)), RNG.normal(size=(L * D, B, H))
+        lens = RNG.integers(0, T + 1, B).astype(np.int64)
+        lens[0] = T
+        want = oracle(mode, x, h0, c0 if mode == "LSTM" else np.zeros_like(h0), ws, L, D,
+                      lens)
+        table = K.rnn_weight_table(ws[:2 * L * D], ws[2 * L * D:])
+        flat = np.concatenate([w.ravel() for w in ws])
+        for save in (False, True):  # inference; training (the reserve written too)
+            out, hn, cn = (np.empty((T, B, D * H)), np.empty_like(h0), np.empty_like(h0))
+            reserve = np.empty(K.rnn_reserve_size(code, T, B, H, L, D) if save else 0)
+            args = (lens, code, L, D, save, np.empty(0, np.uint8), 1.0, out, hn, cn, reserve)
+            if save:
+                K.rnn_forward(x, h0, c0, flat, *args, parts=1)
+            else:
+                K.rnn_forward_at(x, h0, c0, table, *args, parts=1)
+            np.testing.assert_allclose(out, want[0], rtol=1e-10, atol=1e-12,
+                                       err_msg=f"{mode} B={B}")
+            np.testing.assert_allclose(hn, want[1], rtol=1e-10, atol=1e-12)
+            if mode == "LSTM":
+                np.testing.assert_allclose(cn, want[2], rtol=1e-10, atol=1e-12)
+
+
+def test_the_weight_table_refuses_what_does_not_fit():
+    w2, b1 = np.zeros((6, 2)), np.zeros(6)
+    with pytest.raises(ValueError, match=r"WeightList\[1\] is not a C-contiguous 2-D array"):
+        K.rnn_weight_table([w2, np.zeros((2, 6)).T], [b1, b1])
+    with pytest.raises(ValueError, match=r"WeightList\[2\] is not a C-contiguous 1-D array of "
+                                         r"the dtype of the others \(float64\)"):
+        K.rnn_weight_table([w2, w2], [b1.astype(np.float32), b1])
+    with pytest.raises(ValueError, match=r"WeightList\[3\] is not a C-contiguous 1-D array"):
+        K.rnn_weight_table([w2, w2], [b1, w2])
+    # a GRU of 2 hidden over 2 inputs reads (6, 2) weights: a (6, 1) one is refused
+    x, h0 = np.zeros((1, 1, 2)), np.zeros((1, 1, 2))
+    table = K.rnn_weight_table([w2, np.zeros((6, 1))], [b1, b1])
+    with pytest.raises(ValueError, match="a weight of WeightList has the wrong size"):
+        K.rnn_forward_at(x, h0, h0, table, np.empty(0, np.int64), 1, 1, 1, False,
+                         np.empty(0, np.uint8), 1.0, np.empty((1, 1, 2)), np.empty_like(h0),
+                         np.empty_like(h0), np.empty(0))
