@@ -194,6 +194,6 @@ def test_rnn_in_a_native_driver_matches_numpy():
     steps = [s for _, plan in exe._plans.values() for s in plan.walk()
              if s.kind.startswith("native")]
     # the native driver was built and ran (timed in the trials) at both batch sizes
-    ran = {b for s in steps if getattr(s, "native", None) is not None
-           for b, trial in s._trials.items() if trial[1]}
+    ran = {b for s in steps if s.native is not None
+           for b, trial in s.tiers._trials.items() if trial[1]}
     assert ran == {1, 5}
