@@ -41,7 +41,8 @@ def test_the_decision_by_size_and_an_asked_count(default_threads, monkeypatch):
     monkeypatch.setattr(threads, "_applied", 1)            # set_num_threads(1)
     assert threads.gemm_threads(big * 4) == 1
     monkeypatch.setattr(threads, "_applied", None)
-    monkeypatch.setenv("PDJIT_NUM_THREADS", "3")            # the variable, read per decision
+    monkeypatch.setenv("PDJIT_NUM_THREADS", "3")            # the variable (read once: again
+    monkeypatch.setattr(threads, "_default_threads", None)  # here, as a new process reads it)
     monkeypatch.setattr(threads, "free_cores", lambda: 8)
     assert threads.gemm_threads(big) == threads.get_num_threads() == 3
     assert threads.gemm_threads(10) == 3

@@ -15,6 +15,7 @@ def test_default_threads_every_core_for_loops_one_for_blas(monkeypatch):
 
     monkeypatch.delenv("PDJIT_NUM_THREADS", raising=False)
     monkeypatch.setattr(threads, "_applied", None)
+    monkeypatch.setattr(threads, "_default_threads", None)  # (the variable is read once)
     # no run's cap on this thread (an earlier test's plan may have kept its runs on one thread)
     monkeypatch.setattr(threads, "_run_local", threading.local())
 
@@ -25,12 +26,14 @@ def test_default_threads_every_core_for_loops_one_for_blas(monkeypatch):
     monkeypatch.setattr(threads, "free_cores", lambda: 64)
     assert threads.loop_threads() == numba.config.NUMBA_NUM_THREADS
     monkeypatch.setenv("PDJIT_NUM_THREADS", "1")
+    monkeypatch.setattr(threads, "_default_threads", None)  # read again, as a new process does
     assert threads.loop_threads() == threads.max_loop_threads() == 1
 
 
 def test_the_parallel_variant_compiles_only_when_a_run_reaches_its_size(monkeypatch):
     monkeypatch.delenv("PDJIT_NUM_THREADS", raising=False)
     monkeypatch.setattr(threads, "_applied", None)
+    monkeypatch.setattr(threads, "_default_threads", None)
     if threads.max_loop_threads() < 2:
         import pytest
         pytest.skip("one core: no parallel loops")

@@ -193,8 +193,13 @@ gemm_trace = None
 
 
 def asked_threads() -> bool:
-    """Whether a thread count was asked for (``set_num_threads`` or ``PDJIT_NUM_THREADS``)."""
-    return _applied is not None or bool(os.environ.get("PDJIT_NUM_THREADS"))
+    """Whether a thread count was asked for (``set_num_threads`` or ``PDJIT_NUM_THREADS``,
+    read once, with :func:`default_num_threads`: every run asks)."""
+    if _applied is not None:
+        return True
+    if _default_threads is None:
+        default_num_threads()
+    return _env_asked
 
 
 def gemm_threads(work: int) -> int:
@@ -363,9 +368,14 @@ def max_loop_threads() -> int:
     variant); how many run now is :func:`loop_threads`."""
     if asked_threads():
         return get_num_threads()
-    import numba
+    if _numba_threads[0] is None:
+        import numba
 
-    return numba.config.NUMBA_NUM_THREADS
+        _numba_threads[0] = numba.config.NUMBA_NUM_THREADS  # (fixed once Numba is imported)
+    return _numba_threads[0]
+
+
+_numba_threads = [None]
 
 
 def _usable() -> int:
@@ -542,13 +552,15 @@ def _openblas_setters_cached() -> list:
 
 def default_num_threads() -> int:
     """``PDJIT_NUM_THREADS``, else 1 (read once: every plan run asks)."""
-    global _default_threads
+    global _default_threads, _env_asked
     if _default_threads is None:
+        _env_asked = bool(os.environ.get("PDJIT_NUM_THREADS"))
         _default_threads = _read_default_threads()
     return _default_threads
 
 
 _default_threads = None
+_env_asked = False  # (whether PDJIT_NUM_THREADS was set, read with _default_threads)
 
 
 def _read_default_threads() -> int:
