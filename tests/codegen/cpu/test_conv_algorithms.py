@@ -46,6 +46,8 @@ CASES = [
     ((2, 600, 4, 4), (30, 600, 1, 1), 1, 0, 1, 1, "_fwd_taps"),  # panels of rows, 2 samples
     ((2, 40, 4, 4), (32, 40, 1, 1), 1, 0, 1, 1, "_fwd_gemm"),  # 1x1, 32+ channels: BLAS
     ((2, 64, 3, 3), (64, 32, 1, 1), 1, 0, 1, 2, "_fwd_gemm"),  # the same by groups
+    ((3, 40, 4, 4), (32, 40, 1, 1), 1, 0, 1, 1, "_fwd_gemm"),  # 3 samples, a small plane
+    ((3, 40, 16, 17), (32, 40, 1, 1), 1, 0, 1, 1, "_fwd_taps"),  # 3 samples of 272: taps
     ((3, 8, 4, 4), (40, 4, 1, 1), 1, 0, 1, 2, "_fwd_taps"),    # 1x1 by panels over samples
     ((3, 8, 4, 4), (16, 4, 1, 1), 1, 0, 1, 2, "_fwd_taps"),    # 1x1 sample by sample
     ((2, 3, 3, 4), (4, 3, 3, 3), 1, 1, 1, 1, "_fwd_blas"),     # 12 outputs: im2col + BLAS
@@ -123,7 +125,7 @@ def test_compiled_callers_pick_the_same_algorithms():
         _fwd_compiled(x, w, y, *_geometry(case))
         np.testing.assert_allclose(y, want, rtol=1e-11, atol=1e-11)
         assert _native(getattr(conv, case[-1]), x, w)
-    for case in (CASES[0], CASES[8], CASES[11]):  # the host-blocked entry's overload
+    for case in (CASES[0], CASES[8], CASES[13]):  # the host-blocked entry's overload
         x, w, want = _arrays(case, seed=2)
         y = np.full(want.shape, np.nan)
         _range_compiled(x, w, y, 0, x.shape[0], *_geometry(case), *_none(x))

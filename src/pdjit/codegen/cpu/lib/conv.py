@@ -812,18 +812,26 @@ def _bias_clamp_range(y, n0, n1, bias, lo, hi, res):
 #: group, the image read in place: measured (one thread, float32, batch 1, GFLOP/s, the taps
 #: kernel / OpenBLAS) 14x14 256->1024 130 / 162, 14x14 1024->256 128 / 159, 28x28 128->512
 #: 143 / 161, 7x7 2048->512 98 / 114; on larger planes or fewer channels the taps kernel
-#: (epilogue in L1) won or tied: 56x56 256->64 147 / 120, 112x112 16->96 85 / 64
+#: (epilogue in L1) won or tied: 56x56 256->64 147 / 120, 112x112 16->96 85 / 64. Over more
+#: than _GEMM_SAMPLES samples at once (where BLAS packs the filter again for each) only planes
+#: of at most _GEMM_PLANE_MANY outputs: at batch 16, ms, 28x28 512->128 13.2 / 19.0, 512->256
+#: 26.6 / 28.4, 128->512 12.4 / 13.6; 14x14 256->1024 13.3 / 11.1, 1024->512 25.5 / 23.6;
+#: 7x7 2048->512 16.2 / 13.7
 _GEMM_CHANNELS = 32
 _GEMM_PLANE = 1024
+_GEMM_SAMPLES = 2
+_GEMM_PLANE_MANY = 256
 
 
 @register_jitable
-def _use_gemm(x, w, y, sh, sw, pt, pl, groups) -> bool:
-    """Whether :func:`_fwd_gemm` serves the convolution (see :data:`_GEMM_CHANNELS`)."""
+def _use_gemm(x, w, y, sh, sw, pt, pl, groups, n) -> bool:
+    """Whether :func:`_fwd_gemm` serves the convolution of ``n`` samples (see
+    :data:`_GEMM_CHANNELS`)."""
     m_, cg, kh_, kw_ = w.shape
     p_ = y.shape[2] * y.shape[3]
     return kh_ == 1 and kw_ == 1 and sh == 1 and sw == 1 and pt == 0 and pl == 0 and \
-        y.shape[2] == x.shape[2] and y.shape[3] == x.shape[3] and p_ <= _GEMM_PLANE and \
+        y.shape[2] == x.shape[2] and y.shape[3] == x.shape[3] and \
+        p_ <= (_GEMM_PLANE if n <= _GEMM_SAMPLES else _GEMM_PLANE_MANY) and \
         m_ // groups >= _GEMM_CHANNELS and cg >= _GEMM_CHANNELS
 
 
@@ -857,7 +865,7 @@ def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, re
     ep = _has_epilogue(bias, lo, hi) or res.size > 0
     if ep and res.size and res.size != y.size:
         raise ValueError(_MISFIT)
-    if _use_gemm(x, w, y, sh, sw, pt, pl, groups):
+    if _use_gemm(x, w, y, sh, sw, pt, pl, groups, n1 - n0):
         _fwd_gemm(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
         return
     if _use_taps(w.shape[0] // groups, w[0].size, y.shape[2] * y.shape[3]):
@@ -928,7 +936,7 @@ def _fwd_kernel(x, w, y, groups, sh=1, sw=1, pt=0, pl=0):
     m_, cg, kh_, kw_ = w.shape
     if use_direct(cg, m_ // groups):
         return _direct_range
-    if _use_gemm(x, w, y, sh, sw, pt, pl, groups):
+    if _use_gemm(x, w, y, sh, sw, pt, pl, groups, x.shape[0]):
         return _fwd_gemm
     return _fwd_taps if _use_taps(m_ // groups, cg * kh_ * kw_, y.shape[2] * y.shape[3]) \
         else _fwd_blas
@@ -1081,7 +1089,7 @@ def _fwd_native(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
     none, lo, hi = np.empty(0, x.dtype), _plain(-np.inf), _plain(np.inf)
     if use_direct(cg, m_ // groups):
         _direct_range(x, w, y, _plain(n0), _plain(n1), *g, none, lo, hi)
-    elif _use_gemm(x, w, y, sh, sw, pt, pl, groups):
+    elif _use_gemm(x, w, y, sh, sw, pt, pl, groups, n1 - n0):
         _fwd_gemm(x, w, y, _plain(n0), _plain(n1), *g, none, lo, hi, none)
     elif _use_taps(m_ // groups, cg * kh_ * kw_, y.shape[2] * y.shape[3]):
         _fwd_taps(x, w, y, _plain(n0), _plain(n1), *g, none, lo, hi, none)
@@ -1101,7 +1109,7 @@ def _fwd_range_native(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo,
         lo_, hi_ = _plain(float(lo)), _plain(float(hi))
         if res.size and res.size != y.size:
             raise ValueError(_MISFIT)
-        if _use_gemm(x, w, y, sh, sw, pt, pl, groups):
+        if _use_gemm(x, w, y, sh, sw, pt, pl, groups, n1 - n0):
             _fwd_gemm(x, w, y, _plain(n0), _plain(n1), *g, bias, lo_, hi_, res)
         elif _use_taps(m_ // groups, cg * kh_ * kw_, y.shape[2] * y.shape[3]):
             _fwd_taps_ep(x, w, y, _plain(n0), _plain(n1), *g, bias, lo_, hi_, res)
