@@ -173,13 +173,7 @@ def test_no_module_imports_a_higher_layer():
 
 
 # (shared codegen module, target module) imports not yet removed (issue 33); only shrinks
-_CPU_IN_COMPILER = ("the CPU's generated-module text, HostFunction namespace and library "
-                    "warm-up live in the compiler: to move into codegen/cpu/")
-SHARED_TO_TARGET = {
-    ("pdjit.codegen.compiler", "pdjit.codegen.cpu.lib"): _CPU_IN_COMPILER,
-    ("pdjit.codegen.compiler", "pdjit.codegen.cpu.mathfuncs"): _CPU_IN_COMPILER,
-    ("pdjit.codegen.compiler", "pdjit.codegen.cpu.rt"): _CPU_IN_COMPILER,
-}
+SHARED_TO_TARGET: dict = {}
 
 
 # (runtime module, target module): the runtime names a target's module; only shrinks (the

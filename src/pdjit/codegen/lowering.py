@@ -1237,7 +1237,7 @@ class SegmentGen:
         src = self.target.blocked_kernel(kernel, fn, nbefore, nafter)
         if self.native:
             return compile_function(src, "kernel", target=self.target.name, calls=[("E", epi)])
-        return HostFunction(src, "kernel", calls=[("E", epi)])
+        return HostFunction(src, "kernel", calls=[("E", epi)], target=self.target.name)
 
     def _offset(self, op, opdef, slot: str, rank: int) -> int:
         """Where ``slot``'s dims start within the op's output dims."""

@@ -427,7 +427,8 @@ class CudaTarget(Target):
             raise ValueError("the cuda target has no in-place variants")
         return call_site(k, fresh, flats, leaves, stores, red_out, params, kname, pname)
 
-    def module_text(self, fn_source: str, fn_name: str, header: str) -> str:
+    def module_text(self, fn_source: str, fn_name: str, header: str, parallel: bool = False,
+                    calls=()) -> str:
         return module_text(fn_source, fn_name, header)
 
     def loop_kernel(self, var: str, params: list, before: list, body: list) -> str:
