@@ -178,10 +178,7 @@ SHARED_TO_TARGET: dict = {}
 
 # (runtime module, target module): the runtime names a target's module; only shrinks (the
 # runtime reaches targets through codegen.target's Target objects)
-RUNTIME_TO_TARGET = {
-    ("pdjit.runtime.place", "pdjit.codegen.cuda.device"):
-        "is_compiled_with_cuda asks the cuda target whether a GPU is there",
-}
+RUNTIME_TO_TARGET: dict = {}
 
 
 def test_the_runtime_reaches_targets_through_the_target_interface():

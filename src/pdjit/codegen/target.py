@@ -134,6 +134,22 @@ class Target:
         """Raise a clear error (naming ``what`` needs it) when the target cannot run in this
         process (a device target without its device)."""
 
+    def available(self) -> bool:
+        """Whether the target can run in this process (a simulator of its device counts)."""
+        return True
+
+    def simulated(self) -> bool:
+        """Whether its device is a simulator (runs the same code paths, far slower)."""
+        return False
+
+    def device_count(self) -> int:
+        """How many devices of this target this process sees (a host target: none)."""
+        return 0
+
+    def unavailable_reason(self) -> str:
+        """Why the target cannot run here (``""``: it can)."""
+        return ""
+
     # ---- the process and the plan step (the host target's, unless a target overrides) ----
     def prepare(self) -> None:
         """Make the process ready before a plan of this target is built (the host target's

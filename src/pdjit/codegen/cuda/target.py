@@ -400,6 +400,31 @@ class CudaTarget(Target):
 
         device.require(what)
 
+    def available(self) -> bool:
+        from pdjit.codegen.cuda import device
+
+        return device.available()
+
+    def simulated(self) -> bool:
+        from pdjit.codegen.cuda import device
+
+        return device.simulator()
+
+    def device_count(self) -> int:
+        from pdjit.codegen.cuda import device
+
+        if not device.available():
+            return 0
+        try:
+            return len(device.cuda().gpus)
+        except Exception:  # noqa: BLE001 - a driver that lists nothing
+            return 0
+
+    def unavailable_reason(self) -> str:
+        from pdjit.codegen.cuda import device
+
+        return device.unavailable_reason()
+
     def to_device(self, array):
         from pdjit.codegen.cuda import device
 
