@@ -241,13 +241,23 @@ def _load(name: str, path, fn_name: str, text: str | None = None):
     return getattr(mod, fn_name)
 
 
+def _first_line(text: str, fn_source: str) -> int:
+    """The line of the module ``text`` (a target's ``module_text``, which holds the function's
+    source as it is) where ``fn_source`` begins."""
+    at = text.find(fn_source)
+    return text.count("\n", 0, at) + 1 if at >= 0 else 1
+
+
 class Compiled:
     """A generated function: its dispatcher, module name, file (``None`` when the disk cache
-    is off), source text, and whether it (or a kernel it calls) has parallel loops."""
+    is off), source text, whether it (or a kernel it calls) has parallel loops, and the line
+    of the module where the function's source begins (``first_line``: the module line of the
+    source's line ``k`` is ``first_line + k - 1``)."""
 
-    def __init__(self, name: str, path, text: str, fn_name: str, parallel: bool = False):
+    def __init__(self, name: str, path, text: str, fn_name: str, parallel: bool = False,
+                 first_line: int = 1):
         self.name, self.path, self.text, self.fn_name = name, path, text, fn_name
-        self.parallel = parallel
+        self.parallel, self.first_line = parallel, first_line
         _texts[name] = (path, text)
         self.fn = _load(name, path, fn_name, text)
 
@@ -282,7 +292,7 @@ def compile_function(fn_source: str, fn_name: str, parallel: bool = False, targe
         path = _write_module(cache_dir(), name, text)
         compiled = _compiled[name] = Compiled(
             name, path, text, fn_name,
-            parallel or any(c.parallel for _, c in calls))
+            parallel or any(c.parallel for _, c in calls), _first_line(text, fn_source))
         return compiled
 
 

@@ -591,6 +591,7 @@ class SegmentGen:
         self.memory_plan = None       # after plan_memory(): what the memory plan decided
         self._planned = None          # ... and the rewritten driver
         self._globals: dict = {}      # module name -> global name
+        self._group_at: list = []     # (index in ``lines``, the group's op types) per group
 
     # -- names ---------------------------------------------------------------------------------
     def fresh(self, hint: str) -> str:
@@ -678,6 +679,7 @@ class SegmentGen:
         for gi, group in enumerate(groups):
             self._at = gi
             ops = ", ".join(node.op.type for node in group.nodes)
+            self._group_at.append((len(self.lines), ops))
             self.emit(f"# group {gi}: {group.kind} [{ops}] rank {len(group.shape)}")
             if group.kind == OPAQUE:
                 nxt = groups[gi + 1] if gi + 1 < len(groups) else None
@@ -709,6 +711,15 @@ class SegmentGen:
                     continue
                 view = self.define(name)
                 self.emit(f"{view} = {local}.reshape((1,))")
+
+    def group_lines(self, first: int = 2) -> list:
+        """``(line, op types)`` per group: the line where the group's code begins (its
+        ``# group`` comment) in ``source()`` when the driver's first line after its ``def`` is
+        line ``first``, and its ops' types joined by commas. Empty once the memory plan
+        rewrote the driver (whose lines are then the rewritten ones)."""
+        if self._planned is not None:
+            return []
+        return [(first + k, ops) for k, ops in self._group_at]
 
     def source(self, fn_name: str) -> str:
         if self._planned is not None:

@@ -187,6 +187,10 @@ class NativeDriver:
         self.compiled = compile_function(gen.source(fn_name), fn_name, parallel=gen.uses_prange,
                                          target=NAME, calls=gen.calls)
         self.name, self.text, self.fn = self.compiled.name, self.compiled.text, self.compiled.fn
+        #: ``(module line, op types)`` per group, as the generator placed them: which group
+        #: a compile error's line is in
+        self.module_groups = [(self.compiled.first_line + line - 1, ops)
+                              for line, ops in gen.group_lines()]
         # prange loops inside, its own or a kernel's (their threads are the cores: the plan
         # runs it on the whole batch, never on slices from threads of its own)
         self.parallel = self.compiled.parallel
