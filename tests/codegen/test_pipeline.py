@@ -57,7 +57,7 @@ def test_native_drivers_are_built_with_the_plan_or_when_hot():
     assert later.native is None and callable(later.build_native)
 
 
-def test_a_control_flow_op_is_a_host_op_with_its_declaration(monkeypatch):
+def test_a_control_flow_op_is_a_host_op_with_its_declaration():
     main, startup = fluid.Program(), fluid.Program()
     with fluid.program_guard(main, startup), fluid.unique_name.guard():
         i = fluid.layers.fill_constant([1], "int64", 0)
@@ -73,9 +73,8 @@ def test_a_control_flow_op_is_a_host_op_with_its_declaration(monkeypatch):
     (lp,) = [s for s in desc.steps if s.kind == "native_loop"]
     assert lp.op.type == "while" and lp.body == 1 and lp.control.kind == registry.LOOP
     assert lp.args == lp.loop.args and lp.ops == [(lp.op, lp.op_idx)]
-    monkeypatch.setenv("PDJIT_NATIVE_LOOPS", "0")
-    desc = pipeline.compile_block(main, fetch_names=[i.name])
+    desc = pipeline.compile_block(main, fetch_names=[i.name], run_native_loops=False)
     (host,) = [s for s in desc.steps if s.kind == "reference"]
     assert host.op.type == "while" and host.sub_blocks == (1,)
     assert host.control is registry.get("while").control
-    assert "PDJIT_NATIVE_LOOPS=0" in host.why
+    assert "native_loops=False" in host.why

@@ -27,7 +27,6 @@ transfers, driver tiers: ``Target.step_tiers``). The pipeline runs no program an
 from __future__ import annotations
 
 import functools
-import os
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
@@ -225,9 +224,11 @@ def memory_plan(gens, memory_optim: bool) -> None:
     precompile([job for gen in gens if gen is not None for job in gen.jobs])
 
 
-def native_loops(program, part, gens, index, target, fetch_names, threads: tuple) -> dict:
+def native_loops(program, part, gens, index, target, fetch_names, threads: tuple,
+                 enabled: bool = True) -> dict:
     """``{segment index: NativeLoop or why not}`` for each reference segment whose op is a
-    loop (``PDJIT_NATIVE_LOOPS=0``: none runs natively, for debugging and comparison).
+    loop (``enabled=False``, the Executor's ``native_loops=False``: none runs natively, for
+    debugging and comparison).
 
     Assumes the loop op declares ``ControlFlow(LOOP)``. Guarantees (``codegen.loops``): a
     native loop's function never writes its inputs, stops past the iteration bound with
@@ -240,8 +241,8 @@ def native_loops(program, part, gens, index, target, fetch_names, threads: tuple
         opdef = registry.lookup(op.type)
         if opdef is None or opdef.control is None or opdef.control.kind != registry.LOOP:
             continue
-        if os.environ.get("PDJIT_NATIVE_LOOPS", "1") == "0":
-            out[si] = "PDJIT_NATIVE_LOOPS=0"
+        if not enabled:
+            out[si] = "native_loops=False"
             continue
         if not target.native_drivers:
             out[si] = (f"the {target.name} target runs the loop on the host, launching the "
@@ -334,7 +335,8 @@ def steps(program, block, ops, part, gens, loops, index, target, memory_optim: b
 
 def compile_block(program, block=None, fetch_names=(), target=None, memory_optim: bool = False,
                   native_drivers: bool | str = False, keep_outputs: bool = False,
-                  strict: bool = False, threads: tuple | None = None) -> PlanDescription:
+                  strict: bool = False, threads: tuple | None = None,
+                  run_native_loops: bool = True) -> PlanDescription:
     """Run the stages on one block of ``program`` (the global block unless ``block``) for
     ``target`` (a :class:`pdjit.codegen.target.Target`; None: the host's) and return its
     :class:`PlanDescription`. Live after the block: ``fetch_names``, persistables, names other
@@ -343,7 +345,8 @@ def compile_block(program, block=None, fetch_names=(), target=None, memory_optim
     a device target gets no memory plan and no native drivers. ``threads``: ``(threads a
     parallel loop may use, threads a host driver may run loops on)`` to generate the code for
     (None: ``target.threads()``, this process's setting; ``(1, 1)``: no parallel loop, as
-    ahead-of-time code, which has no thread pool, wants)."""
+    ahead-of-time code, which has no thread pool, wants). ``run_native_loops=False``: no loop op
+    runs as one native function (each iteration runs the body's plan)."""
     from pdjit.codegen.target import host_target
 
     target = target if target is not None else host_target()
@@ -365,7 +368,8 @@ def compile_block(program, block=None, fetch_names=(), target=None, memory_optim
     dump_after("fusion", part.describe)
     dump_after("generate", lambda: "\n\n".join(g.source("segment") for g in gens if g))
     memory_plan(gens, memory_optim)
-    loops = native_loops(program, part, gens, index, target, fetch_names, threads)
+    loops = native_loops(program, part, gens, index, target, fetch_names, threads,
+                         run_native_loops)
     out, sources = steps(program, block, ops, part, gens, loops, index, target, memory_optim,
                          native_drivers, strict, threads)
     dump_after("steps", lambda: "\n".join(_outline(s) for s in out))
