@@ -1,7 +1,8 @@
 """The compile pipeline (``pdjit.codegen.pipeline``): its stages dumped by name in order, and
 the plan description it yields as plain data: native segments with their compiled drivers and
-facts the generator set (``calls_blas``), host ops with their ``ControlFlow`` declaration and
-sub-blocks. Oracles: the programs written here (which ops, which block) and NumPy."""
+facts the generator set (``calls_blas``, ``group_lines``), host ops with their ``ControlFlow``
+declaration and sub-blocks. Oracles: the programs written here (which ops, which block) and
+NumPy."""
 import numpy as np
 
 import pdjit as fluid
@@ -36,6 +37,12 @@ def test_the_stages_dump_in_order_and_the_description_is_data(monkeypatch, capsy
     assert step.compiled.calls_blas  # the fc's product is a GEMM: set by the generator
     assert step.native is None and step.build_native is None  # native_drivers=False
     assert (step.compiled.name, step.compiled.text) in desc.sources
+    # where each group begins, as the generator recorded it through the memory plan's
+    # rewrite (read here from the driver's "# group" comments)
+    lines = step.compiled.source.splitlines()
+    assert step.compiled.group_lines == \
+        [k + 1 for k, line in enumerate(lines) if line.lstrip().startswith("# group ")]
+    assert len(step.compiled.group_lines) == len(step.groups)
     monkeypatch.delenv("PDJIT_DUMP_AFTER")
     (only,) = pipeline.compile_block(main, fetch_names=[y.name]).steps
     assert [op.type for op, _ in only.ops] == ["relu", "scale"]

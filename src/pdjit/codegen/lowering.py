@@ -714,12 +714,14 @@ class SegmentGen:
 
     def group_lines(self, first: int = 2) -> list:
         """``(line, op types)`` per group: the line where the group's code begins (its
-        ``# group`` comment) in ``source()`` when the driver's first line after its ``def`` is
-        line ``first``, and its ops' types joined by commas. Empty once the memory plan
-        rewrote the driver (whose lines are then the rewritten ones)."""
+        ``# group`` comment) in ``source()`` (the memory plan's rewritten driver, once
+        planned) when the driver's first line after its ``def`` is line ``first``, and its
+        ops' types joined by commas."""
         if self._planned is not None:
-            return []
-        return [(first + k, ops) for k, ops in self._group_at]
+            at = self.memory_plan.group_lines
+        else:
+            at = [k + 2 for k, _ in self._group_at]
+        return [(first - 2 + line, ops) for line, (_, ops) in zip(at, self._group_at)]
 
     def source(self, fn_name: str) -> str:
         if self._planned is not None:
@@ -1174,7 +1176,8 @@ class SegmentGen:
         if self.memory_plan is not None:
             return
         planned, self.memory_plan = memplan.plan_driver(
-            self.source("segment"), self.labels, self.estimates(), self.inplace)
+            self.source("segment"), self.labels, self.estimates(), self.inplace,
+            [line for line, _ in self.group_lines()])
         self._planned = planned
         self.calls = self.used_calls()
         keep = {id(c) for _, c in self.calls}
