@@ -184,3 +184,28 @@ def test_the_compile_worker_is_forked_only_beside_idle_cores(monkeypatch):
     monkeypatch.setenv("PDJIT_COMPILE_WORKERS", "1")
     monkeypatch.setattr(compiler.os, "getloadavg", lambda: (9.0, 9.0, 9.0))
     assert compiler.compile_workers() == 1
+
+
+def test_a_targets_declared_dependencies_are_in_its_kernels_text(tmp_path, monkeypatch):
+    """``Target.dependencies``: the source of each module a target's generated code calls is
+    in ``deps_hash(target)``, hence in its kernels' text and cache key: editing one gives new
+    kernels; another target's dependencies do not count."""
+    from pdjit.codegen import compiler, target
+
+    (tmp_path / "pdjit_dep_probe.py").write_text("K = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    class Probe(target.Target):
+        name = "dep_probe"
+        dependencies = ("pdjit_dep_probe",)
+
+    monkeypatch.setitem(target._TARGETS, "dep_probe", Probe())
+    monkeypatch.setattr(compiler, "_DEPS", {})
+    first = compiler.deps_hash("dep_probe")
+    assert first == compiler.deps_hash("dep_probe") != compiler.deps_hash("cpu")
+    (tmp_path / "pdjit_dep_probe.py").write_text("K = 2\n")
+    compiler._DEPS.clear()   # (as in a new process)
+    assert compiler.deps_hash("dep_probe") != first
+    # the CPU's kernels name the hash of the CPU's dependencies
+    cpu = compiler.module_text("def kernel(x):\n    return x\n", "kernel")
+    assert f"deps {compiler.deps_hash('cpu')[:16]};" in cpu

@@ -82,13 +82,17 @@ DRIVER = '''def segment(a0):
 
 def test_a_view_keeps_its_buffer_alive_and_outputs_keep_theirs():
     src, plan = memplan.plan_driver(DRIVER, labels={"s1": "x1", "s3": "x3", "s4": "x4",
-                                                    "s5": "x5", "s6": "out"})
+                                                    "s5": "x5", "s6": "out"},
+                                    groups=[2, 6, 9, 12])   # DRIVER's "# group" lines
     (dtype, tenants), = plan.slots
     # s1 is read through its view v2 up to the last group: nobody takes its buffer; s3 dies in
     # group 2, so s5 (group 3) reuses it; s4 is live with s3 in group 2, so it cannot
     assert dtype == "np.float64" and [t.local for t in tenants] == ["s3", "s5"]
     assert src.index("del s5, v2") > src.index("s6 = v2.sum() + s5")   # released after it
     assert "x3 (groups 1-2), x5 (groups 3-3)" in plan.describe()
+    new = src.splitlines()   # where each group begins in the rewritten driver
+    assert [new[at - 1].strip() for at in plan.group_lines] == \
+        [f"# group {k}: opaque [k] rank 0" for k in range(4)]
 
     def K(x, out):  # noqa: N802 - a stand-in kernel: writes every element of its output
         out[...] = np.sqrt(np.abs(x)) + x.sum()

@@ -49,16 +49,17 @@ def _const(value, dtype, shape=(1,)):
     return fluid.layers.fill_constant(shape=list(shape), dtype=dtype, value=value)
 
 
-def _run(main, feed, fetch, mode):
-    exe = fluid.Executor(mode=mode)
+def _run(main, feed, fetch, mode, **options):
+    exe = fluid.Executor(mode=mode, **options)
     out = exe.run(main, feed=feed, fetch_list=fetch, scope=fluid.Scope())
     return exe, out
 
 
-def _both(main, feed, fetch, rtol=0.0):
+def _both(main, feed, fetch, rtol=0.0, **options):
     """(compiled executor, compiled results, reference results), checked equal (to ``rtol``:
-    transcendental functions may differ in the last bit)."""
-    exe, got = _run(main, feed, fetch, "compiled")
+    transcendental functions may differ in the last bit); ``options``: the compiled
+    executor's."""
+    exe, got = _run(main, feed, fetch, "compiled", **options)
     _, want = _run(main, feed, fetch, "reference")
     for g, w in zip(got, want):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=rtol, atol=0)
@@ -508,17 +509,16 @@ def test_nested_loops_compile_the_inner_one(fresh_programs):
     assert len(loops) == 1 and loops[0] in sub.steps and loops[0].fallbacks == 0
 
 
-def test_native_loops_can_be_switched_off(fresh_programs, monkeypatch):
+def test_native_loops_can_be_switched_off(fresh_programs):
     main, _ = fresh_programs
     i, x = _counter_program(20)
     xv = np.ones(16, np.float32)
-    monkeypatch.setenv("PDJIT_NATIVE_LOOPS", "0")
-    exe, (gi, gx), _ = _both(main, {"x": xv}, [i, x])
+    exe, (gi, gx), _ = _both(main, {"x": xv}, [i, x], native_loops=False)
     assert gi.tolist() == [20]
     np.testing.assert_allclose(gx, _numpy_counter(xv, 20)[1], rtol=1e-6)
     assert _kinds(exe) == ["native", "reference"]
     (ref,) = [s for s in _plan(exe).steps if s.kind == "reference"]
-    assert "PDJIT_NATIVE_LOOPS=0" in ref.why
+    assert "native_loops=False" in ref.why
     ((_, sub),) = ref.sub_plans
     assert [s.kind for s in sub.steps] == ["native"] and sub.steps[0].fallbacks == 0
 

@@ -1,7 +1,8 @@
 """The compile pipeline (``pdjit.codegen.pipeline``): its stages dumped by name in order, and
 the plan description it yields as plain data: native segments with their compiled drivers and
-facts the generator set (``calls_blas``), host ops with their ``ControlFlow`` declaration and
-sub-blocks. Oracles: the programs written here (which ops, which block) and NumPy."""
+facts the generator set (``calls_blas``, ``group_lines``), host ops with their ``ControlFlow``
+declaration and sub-blocks. Oracles: the programs written here (which ops, which block) and
+NumPy."""
 import numpy as np
 
 import pdjit as fluid
@@ -36,6 +37,12 @@ def test_the_stages_dump_in_order_and_the_description_is_data(monkeypatch, capsy
     assert step.compiled.calls_blas  # the fc's product is a GEMM: set by the generator
     assert step.native is None and step.build_native is None  # native_drivers=False
     assert (step.compiled.name, step.compiled.text) in desc.sources
+    # where each group begins, as the generator recorded it through the memory plan's
+    # rewrite (read here from the driver's "# group" comments)
+    lines = step.compiled.source.splitlines()
+    assert step.compiled.group_lines == \
+        [k + 1 for k, line in enumerate(lines) if line.lstrip().startswith("# group ")]
+    assert len(step.compiled.group_lines) == len(step.groups)
     monkeypatch.delenv("PDJIT_DUMP_AFTER")
     (only,) = pipeline.compile_block(main, fetch_names=[y.name]).steps
     assert [op.type for op, _ in only.ops] == ["relu", "scale"]
@@ -57,7 +64,7 @@ def test_native_drivers_are_built_with_the_plan_or_when_hot():
     assert later.native is None and callable(later.build_native)
 
 
-def test_a_control_flow_op_is_a_host_op_with_its_declaration(monkeypatch):
+def test_a_control_flow_op_is_a_host_op_with_its_declaration():
     main, startup = fluid.Program(), fluid.Program()
     with fluid.program_guard(main, startup), fluid.unique_name.guard():
         i = fluid.layers.fill_constant([1], "int64", 0)
@@ -73,9 +80,8 @@ def test_a_control_flow_op_is_a_host_op_with_its_declaration(monkeypatch):
     (lp,) = [s for s in desc.steps if s.kind == "native_loop"]
     assert lp.op.type == "while" and lp.body == 1 and lp.control.kind == registry.LOOP
     assert lp.args == lp.loop.args and lp.ops == [(lp.op, lp.op_idx)]
-    monkeypatch.setenv("PDJIT_NATIVE_LOOPS", "0")
-    desc = pipeline.compile_block(main, fetch_names=[i.name])
+    desc = pipeline.compile_block(main, fetch_names=[i.name], run_native_loops=False)
     (host,) = [s for s in desc.steps if s.kind == "reference"]
     assert host.op.type == "while" and host.sub_blocks == (1,)
     assert host.control is registry.get("while").control
-    assert "PDJIT_NATIVE_LOOPS=0" in host.why
+    assert "native_loops=False" in host.why

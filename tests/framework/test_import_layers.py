@@ -173,21 +173,12 @@ def test_no_module_imports_a_higher_layer():
 
 
 # (shared codegen module, target module) imports not yet removed (issue 33); only shrinks
-_CPU_IN_COMPILER = ("the CPU's generated-module text, HostFunction namespace and library "
-                    "warm-up live in the compiler: to move into codegen/cpu/")
-SHARED_TO_TARGET = {
-    ("pdjit.codegen.compiler", "pdjit.codegen.cpu.lib"): _CPU_IN_COMPILER,
-    ("pdjit.codegen.compiler", "pdjit.codegen.cpu.mathfuncs"): _CPU_IN_COMPILER,
-    ("pdjit.codegen.compiler", "pdjit.codegen.cpu.rt"): _CPU_IN_COMPILER,
-}
+SHARED_TO_TARGET: dict = {}
 
 
 # (runtime module, target module): the runtime names a target's module; only shrinks (the
 # runtime reaches targets through codegen.target's Target objects)
-RUNTIME_TO_TARGET = {
-    ("pdjit.runtime.place", "pdjit.codegen.cuda.device"):
-        "is_compiled_with_cuda asks the cuda target whether a GPU is there",
-}
+RUNTIME_TO_TARGET: dict = {}
 
 
 def test_the_runtime_reaches_targets_through_the_target_interface():

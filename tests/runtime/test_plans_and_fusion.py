@@ -83,7 +83,7 @@ def test_a_program_pickles_after_a_compiled_run():
     np.testing.assert_array_equal(got, np.full((2, 3), 2.0))
 
 
-def test_each_executor_builds_its_own_plans_with_the_settings_of_then(monkeypatch):
+def test_each_executor_builds_its_own_plans_with_the_settings_of_then():
     main = fluid.Program()
     with fluid.program_guard(main, fluid.Program()):
         i = L.fill_constant([1], "int64", 0)
@@ -98,8 +98,7 @@ def test_each_executor_builds_its_own_plans_with_the_settings_of_then(monkeypatc
     first = fluid.Executor()
     first.run(main, feed=feed, fetch_list=[x], scope=fluid.Scope())
     assert "native_loop" in kinds(first)
-    monkeypatch.setenv("PDJIT_NATIVE_LOOPS", "0")
-    second = fluid.Executor()
+    second = fluid.Executor(native_loops=False)
     (got,) = second.run(main, feed=feed, fetch_list=[x], scope=fluid.Scope())
     np.testing.assert_array_equal(got, np.full(3, 16.0))
     assert "native_loop" not in kinds(second) and "native_loop" in kinds(first)

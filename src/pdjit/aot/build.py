@@ -18,7 +18,6 @@ import numpy as np
 from pdjit.aot import batch_split, csource, loader
 from pdjit.aot.numba_aot import compile_object, pointer
 from pdjit.codegen import pipeline
-from pdjit.codegen.cpu import threads as cpu_threads
 from pdjit.framework import limits, registry
 from pdjit.framework.dtypes import to_numpy
 from pdjit.framework.errors import PdjitError, ReferenceStepWarning
@@ -166,7 +165,8 @@ def _build_plans(program, fetch_names):
     built: dict = {}
 
     def build(block, fetched):
-        plan = _Plan(pipeline.compile_block(program, block, fetched, native_drivers=True),
+        plan = _Plan(pipeline.compile_block(program, block, fetched, native_drivers=True,
+                                            threads=(1, 1)),  # no thread pool: no prange
                      built)
         for step in plan.steps:
             for b in getattr(step, "sub_blocks", ()):
@@ -213,7 +213,7 @@ def compile_model(model_path, out_dir, batch: int = 1, cpu: str = "host",
             raise AotError(f"{model_path}: cannot compile ahead of time: input {n!r} is a LoD "
                            f"tensor (lod_level {v.lod_level}); sequences are not compiled "
                            "ahead of time yet")
-    with cpu_threads.one_thread(), warnings.catch_warnings():
+    with warnings.catch_warnings():
         # a step that runs its reference is refused below, naming the op: no warning too
         warnings.simplefilter("ignore", ReferenceStepWarning)
         plan = _build_plans(program, model.fetch_names)
@@ -600,24 +600,26 @@ def _entry(program, plan, spec, values):
 
 
 def _culprit(plan, exc) -> str:
-    """Which op's code Numba refused (from the generated module and line in its message)."""
+    """Which op's code Numba refused: the generated module and line its message names, looked
+    up in the group map the generator recorded for each step's compiled driver."""
     text = str(exc)
     first = next((ln.strip() for ln in text.splitlines() if ln.strip() and
                   "Failed in nopython" not in ln), type(exc).__name__)
     first = re.sub(r"\x1b\[[0-9;]*m", "", first)
     for m in re.finditer(r'(pdjit_gen_[0-9a-f]+)\.py", line (\d+)', text):
         for step in plan.walk():   # sub-blocks' steps too
-            code = getattr(step, "native", None) if step.kind == "native" else \
-                getattr(step, "compiled", None)
-            if code is not None and code.name == m.group(1):
-                lines = code.text.splitlines()[:int(m.group(2))]
-                group = next((ln.strip() for ln in reversed(lines)
-                              if ln.strip().startswith("# group ")), None)
-                if group is not None:
-                    ops = re.search(r"\[(.*?)\]", group)
-                    what = ops.group(1) if ops else group
-                    return f"op(s) [{what}] have no code Numba compiles without Python " \
-                           f"({first})"
+            if step.kind == "native" and step.native is not None:
+                code, groups = step.native, step.native.module_groups
+            elif step.kind == "native_loop":
+                code, groups = step.compiled, step.module_groups
+            else:
+                continue
+            if code.name != m.group(1):
+                continue
+            ops = [ops for at, ops in groups if at <= int(m.group(2))]
+            if ops:
+                return f"op(s) [{ops[-1]}] have no code Numba compiles without Python " \
+                       f"({first})"
     return f"Numba could not compile the model's native code ({first})"
 
 

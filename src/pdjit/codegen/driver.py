@@ -216,9 +216,9 @@ class HostDriver:
                   for g, src in self.lazy]
         self.text = "\n".join(parts)
         self.filename = f"<pdjit {self.name}>"
-        # the 1-based source line of each group's comment: a traceback's line names the group
-        self.group_lines = [k + 1 for k, line in enumerate(self.source.splitlines())
-                            if line.lstrip().startswith("# group ")]
+        # the 1-based source line where each group begins, as the generator placed them: a
+        # traceback's line names the group
+        self.group_lines = [line for line, _ in gen.group_lines()]
         self._build()
 
     def _namespace(self) -> dict:

@@ -149,6 +149,7 @@ class LoopGen:
             lines += _iteration_key_lines(f"rng{k}", f"r{k}", "it", fixed_seed(op) != 0)
         if self.rng_ops:
             lines.append("        it += np.uint64(1)")
+        self.body_line = len(lines) + 1   # the body's first line (``group_lines``)
         lines += ["    " + line for line in body.lines]
         changed = [n for n in self.outputs if body.current[n] != self.loop_var[n]]
         for n in changed:

@@ -591,6 +591,7 @@ class SegmentGen:
         self.memory_plan = None       # after plan_memory(): what the memory plan decided
         self._planned = None          # ... and the rewritten driver
         self._globals: dict = {}      # module name -> global name
+        self._group_at: list = []     # (index in ``lines``, the group's op types) per group
 
     # -- names ---------------------------------------------------------------------------------
     def fresh(self, hint: str) -> str:
@@ -678,6 +679,7 @@ class SegmentGen:
         for gi, group in enumerate(groups):
             self._at = gi
             ops = ", ".join(node.op.type for node in group.nodes)
+            self._group_at.append((len(self.lines), ops))
             self.emit(f"# group {gi}: {group.kind} [{ops}] rank {len(group.shape)}")
             if group.kind == OPAQUE:
                 nxt = groups[gi + 1] if gi + 1 < len(groups) else None
@@ -709,6 +711,17 @@ class SegmentGen:
                     continue
                 view = self.define(name)
                 self.emit(f"{view} = {local}.reshape((1,))")
+
+    def group_lines(self, first: int = 2) -> list:
+        """``(line, op types)`` per group: the line where the group's code begins (its
+        ``# group`` comment) in ``source()`` (the memory plan's rewritten driver, once
+        planned) when the driver's first line after its ``def`` is line ``first``, and its
+        ops' types joined by commas."""
+        if self._planned is not None:
+            at = self.memory_plan.group_lines
+        else:
+            at = [k + 2 for k, _ in self._group_at]
+        return [(first - 2 + line, ops) for line, (_, ops) in zip(at, self._group_at)]
 
     def source(self, fn_name: str) -> str:
         if self._planned is not None:
@@ -1163,7 +1176,8 @@ class SegmentGen:
         if self.memory_plan is not None:
             return
         planned, self.memory_plan = memplan.plan_driver(
-            self.source("segment"), self.labels, self.estimates(), self.inplace)
+            self.source("segment"), self.labels, self.estimates(), self.inplace,
+            [line for line, _ in self.group_lines()])
         self._planned = planned
         self.calls = self.used_calls()
         keep = {id(c) for _, c in self.calls}
@@ -1237,7 +1251,7 @@ class SegmentGen:
         src = self.target.blocked_kernel(kernel, fn, nbefore, nafter)
         if self.native:
             return compile_function(src, "kernel", target=self.target.name, calls=[("E", epi)])
-        return HostFunction(src, "kernel", calls=[("E", epi)])
+        return HostFunction(src, "kernel", calls=[("E", epi)], target=self.target.name)
 
     def _offset(self, op, opdef, slot: str, rank: int) -> int:
         """Where ``slot``'s dims start within the op's output dims."""

@@ -75,7 +75,6 @@ _INPLACE_METHODS = frozenset({"fill", "sort", "partition", "setflags", "itemset"
 # an allocation of fewer elements than this, of a size known at build time, keeps its own
 # np.empty (freed after its last use): a slot's bookkeeping would cost more than it saves
 SMALL = 4096
-_GROUP = re.compile(r"^\s*# group (\d+):")
 
 
 def numel(shape) -> int:
@@ -114,6 +113,7 @@ class MemoryPlan:
     group_of: list = field(default_factory=list)   # statement -> group index
     kept: list = field(default_factory=list)       # [(Tenant, why)] allocations left as they were
     inplace: list = field(default_factory=list)    # [(statement, output, the leaf it overwrites)]
+    group_lines: list = field(default_factory=list)  # group -> its first line in the new source
 
     def describe(self, indent: str = "") -> str:
         lines = []
@@ -371,7 +371,7 @@ def _first_call_with(stmts, start: int, local: str):
 
 
 def plan_driver(source: str, labels: dict | None = None, estimates: dict | None = None,
-                inplace: dict | None = None):
+                inplace: dict | None = None, groups=()):
     """``(new source, MemoryPlan)`` for the driver function ``source`` (one ``def`` whose last
     statement returns its outputs). ``labels``: local -> the program variable it holds;
     ``estimates``: local -> (elements per sample at build time, unknown dims as 1; whether
@@ -380,7 +380,10 @@ def plan_driver(source: str, labels: dict | None = None, estimates: dict | None 
     ``inplace``: an elementwise kernel's output allocation -> (the full-shape leaves whose
     buffer it may take when nothing reads them after the kernel, the kernel's other leaves,
     optionally ``variant(leaf) -> {old global: new}``: the renames that make the kernel call
-    write the leaf itself)."""
+    write the leaf itself).
+    ``groups``: the 1-based line of ``source`` where each fusion group begins (a comment line
+    between statements, as the generator records them: ``SegmentGen.group_lines``); the
+    plan's ``group_lines`` says where each begins in the new source."""
     labels, estimates, inplace = labels or {}, estimates or {}, inplace or {}
     tree = ast.parse(source)
     fn = tree.body[0]
@@ -396,13 +399,12 @@ def plan_driver(source: str, labels: dict | None = None, estimates: dict | None 
                 binds_count[node.id] = binds_count.get(node.id, 0) + 1
     scalars = _scalar_names(stmts, params)
 
-    # which statement belongs to which group (the driver's "# group N:" comments)
+    # which statement belongs to which group (where the generator says each begins)
     lines = source.splitlines()
+    starts = {line: g for g, line in enumerate(groups)}
     group_at, g = [], 0
-    for line in lines:
-        m = _GROUP.match(line)
-        if m:
-            g = int(m.group(1))
+    for n in range(1, len(lines) + 1):
+        g = starts.get(n, g)
         group_at.append(g)
     plan = MemoryPlan(group_of=[group_at[st.lineno - 1] for st in stmts])
 
@@ -566,10 +568,19 @@ def plan_driver(source: str, labels: dict | None = None, estimates: dict | None 
             return ast.unparse(st).splitlines()
         return [line[st.col_offset:] for line in lines[st.lineno - 1:st.end_lineno]]
 
-    out = lines[:stmts[0].lineno - 1]
+    def copy(a: int, b: int) -> None:
+        """``lines[a:b]`` as they are (comments between statements: where groups begin)."""
+        for j in range(a, b):
+            if j + 1 in starts:
+                plan.group_lines[starts[j + 1]] = len(out) + j - a + 1
+        out.extend(lines[a:b])
+
+    plan.group_lines = [0] * len(groups)
+    out = []
+    copy(0, stmts[0].lineno - 1)
     prev_end = stmts[0].lineno - 1
     for i, st in enumerate(stmts):
-        out += lines[prev_end:st.lineno - 1]        # comments between statements
+        copy(prev_end, st.lineno - 1)               # comments between statements
         ind = " " * st.col_offset
         t = by_stmt.get(i)
         if t is None:
@@ -583,7 +594,7 @@ def plan_driver(source: str, labels: dict | None = None, estimates: dict | None 
         out += [f"{ind}{v} = {src}" for v, src in keep]
         if gone:
             out.append(ind + "del " + ", ".join(gone))
-    out += lines[prev_end:]
+    copy(prev_end, len(lines))
     return "\n".join(out), plan
 
 

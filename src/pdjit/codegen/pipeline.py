@@ -27,7 +27,6 @@ transfers, driver tiers: ``Target.step_tiers``). The pipeline runs no program an
 from __future__ import annotations
 
 import functools
-import os
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar
@@ -93,7 +92,8 @@ class NativeLoop:
     :class:`pdjit.codegen.loops.LoopGen`: its ``args``, ``expected``, ``outputs``, ``limit``)
     for the op ``op`` (index ``op_idx``) whose body is ``body`` (block index); ``rng_ops``:
     ``[(op, index in the body)]`` of the body's random ops; ``step_scopes``: the op's step
-    scopes output (left empty by a native run)."""
+    scopes output (left empty by a native run); ``module_groups``: ``(line of the compiled
+    module, op types)`` per group of the body, as the generator placed them."""
     kind: ClassVar[str] = "native_loop"
     compiled: Any
     loop: Any
@@ -104,6 +104,7 @@ class NativeLoop:
     rng_ops: list
     step_scopes: list
     control: Any
+    module_groups: list = field(default_factory=list)
 
     @property
     def args(self) -> list:
@@ -179,15 +180,16 @@ def fusion(block, ops, live, target, declined: set):
     return partition(block, ops, live, declined, target)
 
 
-def generate(part, block, live, target) -> list:
+def generate(part, block, live, target, threads: tuple) -> list:
     """A :class:`SegmentGen` (source generated, kernels made) per native segment of ``part``,
     None per reference one; raises :class:`Declined` naming an op whose lowering declines.
 
     Assumes the partition of :func:`fusion`. Guarantees: each driver reads its ``args`` and
     returns its ``outputs`` (the values a later segment or ``live`` needs); kernels are keyed
     by content (equal kernels are one compiled function); nothing is compiled yet but what a
-    lowering's library needs."""
-    num_threads, loop_threads = target.threads()
+    lowering's library needs. ``threads``: ``(threads a parallel loop may use, threads a
+    host driver may run loops on)`` the code is generated for."""
+    num_threads, loop_threads = threads
     gens = []
     for si, seg in enumerate(part.segments):
         if not seg.native:
@@ -222,9 +224,11 @@ def memory_plan(gens, memory_optim: bool) -> None:
     precompile([job for gen in gens if gen is not None for job in gen.jobs])
 
 
-def native_loops(program, part, gens, index, target, fetch_names) -> dict:
+def native_loops(program, part, gens, index, target, fetch_names, threads: tuple,
+                 enabled: bool = True) -> dict:
     """``{segment index: NativeLoop or why not}`` for each reference segment whose op is a
-    loop (``PDJIT_NATIVE_LOOPS=0``: none runs natively, for debugging and comparison).
+    loop (``enabled=False``, the Executor's ``native_loops=False``: none runs natively, for
+    debugging and comparison).
 
     Assumes the loop op declares ``ControlFlow(LOOP)``. Guarantees (``codegen.loops``): a
     native loop's function never writes its inputs, stops past the iteration bound with
@@ -237,14 +241,14 @@ def native_loops(program, part, gens, index, target, fetch_names) -> dict:
         opdef = registry.lookup(op.type)
         if opdef is None or opdef.control is None or opdef.control.kind != registry.LOOP:
             continue
-        if os.environ.get("PDJIT_NATIVE_LOOPS", "1") == "0":
-            out[si] = "PDJIT_NATIVE_LOOPS=0"
+        if not enabled:
+            out[si] = "native_loops=False"
             continue
         if not target.native_drivers:
             out[si] = (f"the {target.name} target runs the loop on the host, launching the "
                        f"body's kernels, reading the condition each iteration")
             continue
-        loop, why = native_loop(program, op, target.name, parallel=target.threads()[0] > 1,
+        loop, why = native_loop(program, op, target.name, parallel=threads[0] > 1,
                                 fetched=fetch_names)
         if loop is None:
             out[si] = why
@@ -257,9 +261,12 @@ def native_loops(program, part, gens, index, target, fetch_names) -> dict:
         at = {id(o): i for i, o in enumerate(body.ops)}
         scopes = [n for n in op.output(control.step_scopes) if n != registry.EMPTY_VAR_NAME] \
             if control.step_scopes else []
+        groups = [(compiled.first_line + line - 1, ops)
+                  for line, ops in loop.body.group_lines(first=loop.body_line)]
         out[si] = NativeLoop(compiled, loop, op, index[id(op)],
                              "; ".join(g.describe() for g in loop.body.segment.groups),
-                             body.idx, [(o, at[id(o)]) for o in loop.rng_ops], scopes, control)
+                             body.idx, [(o, at[id(o)]) for o in loop.rng_ops], scopes, control,
+                             groups)
     dump_after("native_loops", lambda: "\n".join(
         f"segment {si}: " + (v.description if isinstance(v, NativeLoop) else f"not: {v}")
         for si, v in sorted(out.items())))
@@ -267,7 +274,7 @@ def native_loops(program, part, gens, index, target, fetch_names) -> dict:
 
 
 def steps(program, block, ops, part, gens, loops, index, target, memory_optim: bool,
-          native_drivers, strict: bool) -> tuple:
+          native_drivers, strict: bool, threads: tuple) -> tuple:
     """``(steps, sources)``: the plan description's steps in order, and every generated
     ``(name, source)``. A native segment's host driver is built here (and, with
     ``native_drivers=True``, its native driver); ``"auto"`` (an inference block: one that
@@ -311,9 +318,9 @@ def steps(program, block, ops, part, gens, loops, index, target, memory_optim: b
             [(op, index[id(op)]) for op in gen.rng_requests], tier_mode=native_drivers)
         if tiers:
             if native_drivers is True:
-                step.native = _native_driver(gen, target)
+                step.native = _native_driver(gen, target, threads)
             elif hot:
-                step.build_native = functools.partial(_native_driver, gen, target)
+                step.build_native = functools.partial(_native_driver, gen, target, threads)
             if gen.rng_requests or gen.lod_requests:
                 step.split = lambda: (None, "its ops draw random numbers or read LoD offsets")
             else:
@@ -328,19 +335,25 @@ def steps(program, block, ops, part, gens, loops, index, target, memory_optim: b
 
 def compile_block(program, block=None, fetch_names=(), target=None, memory_optim: bool = False,
                   native_drivers: bool | str = False, keep_outputs: bool = False,
-                  strict: bool = False) -> PlanDescription:
+                  strict: bool = False, threads: tuple | None = None,
+                  run_native_loops: bool = True) -> PlanDescription:
     """Run the stages on one block of ``program`` (the global block unless ``block``) for
     ``target`` (a :class:`pdjit.codegen.target.Target`; None: the host's) and return its
     :class:`PlanDescription`. Live after the block: ``fetch_names``, persistables, names other
     blocks read and, for a sub-block, every name it writes that is declared outside it.
     ``native_drivers``: False, True, ``"auto"`` or ``"background"`` (see :func:`steps`);
-    a device target gets no memory plan and no native drivers."""
+    a device target gets no memory plan and no native drivers. ``threads``: ``(threads a
+    parallel loop may use, threads a host driver may run loops on)`` to generate the code for
+    (None: ``target.threads()``, this process's setting; ``(1, 1)``: no parallel loop, as
+    ahead-of-time code, which has no thread pool, wants). ``run_native_loops=False``: no loop op
+    runs as one native function (each iteration runs the body's plan)."""
     from pdjit.codegen.target import host_target
 
     target = target if target is not None else host_target()
     if target.device:
         memory_optim = native_drivers = False
     target.prepare()
+    threads = tuple(threads) if threads is not None else target.threads()
     block = program.global_block() if block is None else block
     ops, live = prune(program, block, fetch_names, keep_outputs)
     index = {id(op): i for i, op in enumerate(block.ops)}
@@ -348,16 +361,17 @@ def compile_block(program, block=None, fetch_names=(), target=None, memory_optim
     while True:  # an op whose lowering declines runs its reference: partition again
         part = fusion(block, ops, live, target, declined)
         try:
-            gens = generate(part, block, live, target)
+            gens = generate(part, block, live, target, threads)
             break
         except Declined as d:
             declined.add(id(d.op))
     dump_after("fusion", part.describe)
     dump_after("generate", lambda: "\n\n".join(g.source("segment") for g in gens if g))
     memory_plan(gens, memory_optim)
-    loops = native_loops(program, part, gens, index, target, fetch_names)
+    loops = native_loops(program, part, gens, index, target, fetch_names, threads,
+                         run_native_loops)
     out, sources = steps(program, block, ops, part, gens, loops, index, target, memory_optim,
-                         native_drivers, strict)
+                         native_drivers, strict, threads)
     dump_after("steps", lambda: "\n".join(_outline(s) for s in out))
     return PlanDescription(out, part.describe(), sources, _fresh_names(part, gens, block),
                            block.idx)
@@ -479,11 +493,11 @@ def _batch_arg(block, names) -> int:
     return 0
 
 
-def _native_driver(gen, target):
+def _native_driver(gen, target, threads: tuple):
     """The segment of ``gen`` as one native function (None when a lowering declines to be
     compiled code, or the native driver would bind other values)."""
     ngen = SegmentGen(gen.segment, gen.block, gen.needed_after,
-                      parallel=target.threads()[0] > 1, native=True, target=target.name)
+                      parallel=threads[0] > 1, native=True, target=target.name)
     try:
         ngen.generate()
     except Declined:

@@ -6,7 +6,10 @@ probed; what it does is its methods: rendering a :class:`~pdjit.codegen.kernel.L
 (``render``), the driver lines that allocate and call it (``call_site``, built on the shared
 skeleton of :mod:`pdjit.codegen.driver`), a segment's driver (``host_driver``, and
 ``native_driver`` where ``native_drivers``), the module its kernels are compiled in
-(``module_text``), the library kernels its lowerings' lines call (``library_jobs``), its
+(``module_text``, with the modules it calls as ``dependencies``: in the cache key), the
+globals of a generated function run as plain Python (``function_globals``), the library
+kernels its lowerings' lines call (``library_jobs``) and those ``pdjit warmup`` compiles
+(``warmup_jobs``), its
 device memory (``to_device``, ``to_host``, ``is_device_array``) and whether it can run here
 (``require``).
 
@@ -114,6 +117,10 @@ class Target:
     lowerings: Lowerings | None = None
     #: ops without an entry in ``lowerings`` run their definition's own ``Opaque.lower``
     generic_lowerings: bool = False
+    #: the modules (a package: each module under it) its generated modules call: their source
+    #: is part of every kernel's text (``compiler.deps_hash``), hence of its cache key, and
+    #: their Numba dispatchers' disk caches are hardened before the target's first compile
+    dependencies: tuple = ()
 
     def lowering(self, op_type: str, generic: Opaque):
         """The ``Opaque`` lowering this target runs for an op of ``op_type`` whose definition
@@ -126,6 +133,22 @@ class Target:
     def require(self, what: str) -> None:
         """Raise a clear error (naming ``what`` needs it) when the target cannot run in this
         process (a device target without its device)."""
+
+    def available(self) -> bool:
+        """Whether the target can run in this process (a simulator of its device counts)."""
+        return True
+
+    def simulated(self) -> bool:
+        """Whether its device is a simulator (runs the same code paths, far slower)."""
+        return False
+
+    def device_count(self) -> int:
+        """How many devices of this target this process sees (a host target: none)."""
+        return 0
+
+    def unavailable_reason(self) -> str:
+        """Why the target cannot run here (``""``: it can)."""
+        return ""
 
     # ---- the process and the plan step (the host target's, unless a target overrides) ----
     def prepare(self) -> None:
@@ -190,9 +213,23 @@ class Target:
         (``kname=None``: ``(lines, arguments)`` without the call)."""
         raise NotImplementedError
 
-    def module_text(self, fn_source: str, fn_name: str, header: str) -> str:
-        """The generated module a kernel of this target is compiled in."""
+    def module_text(self, fn_source: str, fn_name: str, header: str, parallel: bool = False,
+                    calls=()) -> str:
+        """The generated module a kernel of this target is compiled in (``header``: a comment
+        line naming pdjit's version; ``parallel``: the function has parallel loops;
+        ``calls``: ``(global name, Compiled)`` of the kernels it calls)."""
         raise NotImplementedError
+
+    def function_globals(self) -> dict:
+        """The globals of a generated function that runs as plain Python and calls compiled
+        kernels (``compiler.HostFunction``): those of the target's generated modules."""
+        raise NotImplementedError(f"the {self.name} target has no host functions")
+
+    def warmup_jobs(self, dtypes) -> list:
+        """Compile jobs ``(dispatcher or Compiled, argument types)`` that ``pdjit warmup``
+        compiles into the disk cache for float data of each of ``dtypes`` (none: the target
+        has nothing to compile ahead of a first run)."""
+        return []
 
     def host_driver(self, gen, fn_name: str = "segment", memory_optim: bool = False):
         """A segment's driver (a :class:`pdjit.codegen.driver.HostDriver`)."""

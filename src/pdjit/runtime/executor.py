@@ -102,11 +102,15 @@ class Executor:
     built on a thread of its own after the step's second run, never in a run, the host driver
     serving until it is ready. Both build one only for a step it can speed up (a few short
     kernel calls: ``pdjit.codegen.cpu.tiers.DRIVER_MAX_CALLS``). ``False``
-    (``PDJIT_NATIVE_DRIVERS=0``): never."""
+    (``PDJIT_NATIVE_DRIVERS=0``): never.
+
+    ``native_loops=False`` runs each ``while`` loop step by step (each iteration runs the
+    body's compiled plan) instead of as one native loop: to tell whether a wrong result comes
+    from a native loop, and to compare the two."""
 
     def __init__(self, place: Place | None = None, mode: str | None = None,
                  strict: bool | None = None, memory_optim: bool | None = None,
-                 native_drivers: bool | str | None = None):
+                 native_drivers: bool | str | None = None, native_loops: bool = True):
         self.place = place if place is not None else CPUPlace()
         if not isinstance(self.place, Place):
             raise TypeError(f"Executor: place must be CPUPlace() or CUDAPlace(i), got {place!r}")
@@ -132,8 +136,9 @@ class Executor:
         elif native_drivers not in ("auto", "background"):
             native_drivers = bool(native_drivers)
         self.native_drivers = native_drivers
+        self.native_loops = bool(native_loops)
         self._kind = (next(_EXECUTORS), self.mode, repr(self.place), self.memory_optim,
-                      self.native_drivers)
+                      self.native_drivers, self.native_loops)
         self.strict = bool(strict) if strict is not None else \
             os.environ.get("PDJIT_STRICT", "0").strip() not in ("", "0")
         # NaN/Inf checking and the allocation limit, read once (pdjit.runtime.checks)
@@ -288,6 +293,7 @@ class Executor:
                                                sub_plan=self._block_plan, place=self.place,
                                                memory_optim=self.memory_optim,
                                                native_drivers=self.native_drivers,
+                                               native_loops=self.native_loops,
                                                checks=self.checks, strict=self.strict))
 
     def _block_plan(self, block: Block, scopes: tuple = ()):
@@ -298,6 +304,7 @@ class Executor:
                                                sub_plan=self._block_plan, place=self.place,
                                                memory_optim=self.memory_optim,
                                                native_drivers=self.native_drivers,
+                                               native_loops=self.native_loops,
                                                checks=self.checks, strict=self.strict))
 
     def _cached(self, program: Program, key, build):

@@ -39,15 +39,24 @@ class CUDAPinnedPlace(Place):
         return "CUDAPinnedPlace()"
 
 
+def _cuda_target():
+    """The target that runs ``CUDAPlace`` programs; None where it cannot even be loaded."""
+    from pdjit.codegen.target import get_target
+
+    try:
+        return get_target(CUDAPlace.kind)
+    except Exception:  # noqa: BLE001 - no numba.cuda here: no GPU either
+        return None
+
+
 def is_compiled_with_cuda() -> bool:
     """Whether this installation runs programs on a CUDA GPU: ``numba.cuda`` imports and finds
     a GPU with its driver. The CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``) does not count: it
     runs ``CUDAPlace`` programs (that is how the cuda target is tested without a GPU) but
     thousands of times slower, so a Fluid script that picks its place with this function stays
     on the CPU there; tests ask for ``CUDAPlace(0)`` explicitly."""
-    from pdjit.codegen.cuda import device
-
-    return device.available() and not device.simulator()
+    target = _cuda_target()
+    return target is not None and target.available() and not target.simulated()
 
 
 class NoDeviceError(RuntimeError):
@@ -55,14 +64,8 @@ class NoDeviceError(RuntimeError):
 
 
 def _gpu_count() -> int:
-    from pdjit.codegen.cuda import device
-
-    if not device.available():
-        return 0
-    try:
-        return len(device.cuda().gpus)
-    except Exception:  # noqa: BLE001 - a driver that lists nothing
-        return 0
+    target = _cuda_target()
+    return 0 if target is None else target.device_count()
 
 
 def cuda_places(device_ids=None) -> list:
@@ -70,8 +73,6 @@ def cuda_places(device_ids=None) -> list:
     list; default: the ids in ``FLAGS_selected_gpus``, else every GPU here). A GPU that is not
     here (none at all, or an id past the last) is a :class:`NoDeviceError` naming it."""
     import os
-
-    from pdjit.codegen.cuda import device
 
     count = _gpu_count()
     if device_ids is None:
@@ -90,7 +91,9 @@ def cuda_places(device_ids=None) -> list:
         if isinstance(i, bool) or not isinstance(i, int) or i < 0:
             raise ValueError(f"cuda_places: GPU ids must be non-negative ints, got {i!r}")
         if i >= count:
-            why = device.unavailable_reason() if not count else \
+            target = _cuda_target()
+            why = (target.unavailable_reason() if target is not None else
+                   "the cuda target cannot be loaded") if not count else \
                 f"this machine has {count} GPU(s), ids 0..{count - 1}"
             raise NoDeviceError(f"cuda_places: CUDAPlace({i}) needs GPU {i}, which is not "
                                 f"here: {why}. Use fluid.cpu_places() (or CPUPlace()) instead")

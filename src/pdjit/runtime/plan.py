@@ -96,21 +96,23 @@ class Plan:
 
 def build_plan(program, fetch_names=(), block=None, sub_plan=None, place=None,
                memory_optim: bool = False, native_drivers: bool | str = False,
-               checks=None, strict: bool = False) -> Plan:
+               checks=None, strict: bool = False, native_loops: bool = True) -> Plan:
     """The :class:`Plan` of one block of ``program`` (the global block unless ``block``), from
     its description (:func:`pdjit.codegen.pipeline.compile_block`, which says what is live
-    after the block and what ``memory_optim`` and ``native_drivers`` do). ``sub_plan(block)
-    -> Plan`` gives the plans of control-flow ops' sub-blocks (None: not shown). ``place``
-    chooses the target (``None``: the CPU). ``checks``: the executor's
-    ``pdjit.runtime.checks.Settings`` (NaN/Inf checking, the allocation limit). ``strict``:
-    on a device target, an op that would run on the host although it has a lowering for the
-    CPU is an error (:class:`FallbackError`) rather than a warning."""
+    after the block and what ``memory_optim``, ``native_drivers`` and ``native_loops`` (its
+    ``run_native_loops``) do). ``sub_plan(block) -> Plan`` gives the plans of control-flow
+    ops' sub-blocks (None: not shown). ``place`` chooses the target (``None``: the CPU).
+    ``checks``: the executor's ``pdjit.runtime.checks.Settings`` (NaN/Inf checking, the
+    allocation limit). ``strict``: on a device target, an op that would run on the host
+    although it has a lowering for the CPU is an error (:class:`FallbackError`) rather than a
+    warning."""
     t0 = time.perf_counter()
     checks = checks if checks is not None else run_checks.OFF
     target = get_target(target_name(place))
     block = program.global_block() if block is None else block
     desc = pipeline.compile_block(program, block, fetch_names, target, memory_optim,
-                                  native_drivers, keep_outputs=checks.nan_inf, strict=strict)
+                                  native_drivers, keep_outputs=checks.nan_inf, strict=strict,
+                                  run_native_loops=native_loops)
     steps = []
     for node in desc.steps:
         if node.kind == "reference":

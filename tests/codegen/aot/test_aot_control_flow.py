@@ -331,15 +331,13 @@ def test_the_plans_have_control_flow_and_only_native_code(built):
     """What the artifact is built from: cond_while's loop is one native function, its branches'
     plans are native steps, and the nested model's loop is driven (a body with a ``cond``)."""
     from pdjit.aot import build
-    from pdjit.codegen.cpu import threads
     from pdjit.io.inference_model import load_model
     from pdjit.passes.inference import optimize
 
     def plans(where):
         m = load_model(where)
         program, _ = optimize(m.program, m.params)
-        with threads.one_thread():
-            return build._build_plans(program, m.fetch_names)
+        return build._build_plans(program, m.fetch_names)
 
     def kinds(plan):
         return [(s.kind, s.op.type if s.kind == "reference" else s.ops[0][0].type)
@@ -360,3 +358,18 @@ def test_the_plans_have_control_flow_and_only_native_code(built):
     assert ("reference", "conditional_block") in of(body) and "native" in dict(of(body))
     assert ("reference", "select_output") in of(nested)
     assert all(build._refuse_step(nested, s) is None for s in nested.steps)
+
+    # a compile error's line names the group it is in: the native loop's body, a branch's
+    # native driver (the group read here from each module's "# group" comments)
+    (loop,) = [s for s in plan.steps if s.kind == "native_loop"]
+    for code in (loop.compiled, subs[0].steps[0].native):
+        lines = code.text.splitlines()
+        comments = [k for k, line in enumerate(lines) if line.strip().startswith("# group ")]
+        assert comments
+        for at in comments:   # the line after each group's comment (1-based: at + 2)
+            ops = lines[at].split("[", 1)[1].split("]", 1)[0]
+            err = ValueError(f'Cannot type x\nFile "/cache/{code.name}.py", line {at + 2}:')
+            assert build._culprit(plan, err) == \
+                f"op(s) [{ops}] have no code Numba compiles without Python (Cannot type x)"
+    assert build._culprit(plan, ValueError("x")).startswith("Numba could not compile")
+    assert not any(s.native.parallel for sub in subs for s in sub.steps)  # (one thread)

@@ -7,7 +7,6 @@ The loop body drops out a tensor of ones (``upscale_in_train``, p = 0.5: each el
 float32), so one fetched tensor tells every iteration's mask.
 """
 import numpy as np
-import pytest
 
 import pdjit as fluid
 from pdjit.framework import dtypes
@@ -105,15 +104,12 @@ def test_fixed_seed_repeats_the_mask_in_every_iteration(fresh_programs):
     np.testing.assert_array_equal(_run(main, acc, exe), native)
 
 
-@pytest.mark.parametrize("native_loops", ["0"])
-def test_body_plan_per_iteration_draws_the_same_numbers(fresh_programs, monkeypatch,
-                                                        native_loops):
+def test_body_plan_per_iteration_draws_the_same_numbers(fresh_programs):
     """With native loops off the body's own compiled plan runs once per iteration (its
     native step binds the key of that iteration): the same numbers again."""
     main, _ = fresh_programs
     acc, _ = _program()
-    monkeypatch.setenv("PDJIT_NATIVE_LOOPS", native_loops)
-    exe = fluid.Executor(strict=True)
+    exe = fluid.Executor(strict=True, native_loops=False)
     got = _run(main, acc, exe)
     (_, plan), = exe._plans.values()
     assert not [s for s in plan.walk() if s.kind == "native_loop"]
