@@ -62,7 +62,6 @@ on small work, or lose to a core another process keeps half busy, are not used.
 """
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import glob
 import os
@@ -164,24 +163,6 @@ def set_num_threads(n: int) -> bool:
 def get_num_threads() -> int:
     """Threads for BLAS calls and opaque lowerings' loops (default 1)."""
     return _applied if _applied is not None else default_num_threads()
-
-
-@contextlib.contextmanager
-def one_thread():
-    """Inside, plans are generated for one thread (``get_num_threads() == 1``: no ``prange``,
-    e.g. for ahead-of-time code, which has no thread pool), whatever count this process asked
-    for; the count asked for and Numba's are restored after."""
-    global _applied
-    import numba
-
-    saved, numba_saved = _applied, numba.get_num_threads()
-    _applied = 1
-    try:
-        yield
-    finally:
-        _applied = saved
-        numba.set_num_threads(numba_saved)
-        _run_local.loops = _run_local.key = None
 
 
 #: multiply-adds (M*N*K) from which one host-driver GEMM uses every core when no thread count
