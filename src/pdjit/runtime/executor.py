@@ -228,8 +228,12 @@ class Executor:
                             plan.drivers_settled)
                     lead = feed_values[0] if feed_values else None
                     batch = lead.shape[0] if getattr(lead, "ndim", 0) else 0
-                    self._begin_run(choice.begin(batch))
-                    t0 = time.perf_counter()
+                    cap = choice.begin(batch)
+                    if cap is choice.KEEP:  # (too short a run for threads to matter)
+                        choice = None
+                    else:
+                        self._begin_run(cap)
+                        t0 = time.perf_counter()
                 if plan.blas:
                     with self._numpy_blas():
                         plan.run(self, env, run_index)

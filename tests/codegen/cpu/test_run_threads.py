@@ -22,6 +22,7 @@ def two_asked(monkeypatch):
     free = [2]
     saved_numba = numba.get_num_threads()
     monkeypatch.setattr(threads, "_applied", 2)
+    monkeypatch.setattr(threads, "TINY_RUN_S", 0.0)  # the models here are small: trials anyway
     monkeypatch.setattr(threads, "free_cores", lambda: free[0])
     applied = []
     monkeypatch.setattr(threads, "_setters", [[applied.append]])  # OpenBLAS's count, recorded
@@ -176,3 +177,36 @@ def test_the_thread_trial_waits_for_the_drivers_trial(two_asked):
     settled = [s for s, _ in seen].index(True)
     assert all(p == "not chosen" for _, p in seen[:settled + 1])
     assert seen[-1][1] in ("every free core", "one thread")
+
+
+def test_a_tiny_plan_keeps_the_thread_settings_and_is_timed_again_later(monkeypatch):
+    """A run shorter than ``TINY_RUN_S``: the next ``TINY_RUNS`` runs of its plan and batch
+    size are ``KEEP`` (no cap set, no trial, untimed), then one is timed again; a longer run
+    goes back to the choice."""
+    monkeypatch.setattr(threads, "TINY_RUNS", 3)
+    choice = threads.RunChoice(ready=lambda key: True)
+    assert choice.begin(8) is not choice.KEEP          # the first run: settings applied
+    choice.end(8, threads.TINY_RUN_S / 2)                 # it was tiny
+    assert [choice.begin(8) for _ in range(3)] == [choice.KEEP] * 3
+    cap = choice.begin(8)                                # timed again
+    assert cap is not choice.KEEP
+    choice.end(8, threads.TINY_RUN_S * 10)              # no longer tiny
+    assert choice.begin(8) is not choice.KEEP
+    assert choice.begin(4) is not choice.KEEP          # another batch size: its own
+
+
+def test_tiny_runs_through_the_executor_give_the_same_results():
+    """A 3-op program's runs (tiny) through the Executor: the same values every run, its
+    choice keeping the thread settings after the first."""
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup):
+        x = fluid.layers.data(name="x", shape=[4], dtype="float32")
+        y = fluid.layers.relu(fluid.layers.scale(x, 2.0) + 1.0)
+    exe = fluid.Executor(strict=True)
+    xv = np.linspace(-2, 2, 12, dtype=np.float32).reshape(3, 4)
+    for _ in range(10):
+        (out,) = exe.run(main, feed={"x": xv}, fetch_list=[y])
+        np.testing.assert_allclose(out, np.maximum(2 * xv + 1, 0), rtol=1e-6)
+    (plan,) = [p for _, p in exe._plans.values() if hasattr(p, "threads_choice")]
+    assert plan.threads_choice.keys[3].tiny > 0
+    assert_native(exe)

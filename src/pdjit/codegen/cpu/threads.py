@@ -437,10 +437,19 @@ CHOICE_RUNS = 3
 CHOICE_RETRY_RUNS, CHOICE_RETRY_S = 32, 2.0
 
 
+#: a run shorter than this cannot pay for waking a second thread: the next TINY_RUNS runs of
+#: its plan and batch size leave the thread settings as they are (``RunChoice.KEEP``: no run
+#: cap, no choice, no timing; a 3-op program's run 8.5 -> 7.4 us), then one is timed again
+TINY_RUN_S = 50e-6
+TINY_RUNS = 256
+
+
 class _Choice:
-    __slots__ = ("warm", "pick", "trial", "times", "timing", "left", "until", "interval")
+    __slots__ = ("warm", "pick", "trial", "times", "timing", "left", "until", "interval",
+                 "tiny")
 
     def __init__(self):
+        self.tiny = 0                  # runs left that keep the settings (a tiny plan)
         self.warm = CHOICE_AFTER       # runs before the first trial
         self.pick = None               # None: none yet; 0: every free core; 1: one thread
         self.trial = False
@@ -461,12 +470,15 @@ class RunChoice:
     to pay for its threads, a core another process keeps half busy (``free_cores`` rounds that
     to free): the one-thread runs are faster and are kept.
 
-    ``begin(key)`` returns the cap for the run (None: the free cores; 1: the caller's thread),
-    ``end(key, seconds)`` takes the run's time. ``ready(key)``: whether a trial may start (the
-    plan's own driver trials are over: a run kept on one thread would run a split driver
-    unsplit); asked only when one is due, else again :data:`CHOICE_AFTER` runs later. Safe
-    under concurrent runs (a sample lost at worst)."""
+    ``begin(key)`` returns the cap for the run (None: the free cores; 1: the caller's thread;
+    :data:`KEEP`: a run too short for threads to matter, see :data:`TINY_RUN_S`: run it as
+    the thread's settings are, untimed), ``end(key, seconds)`` takes the run's time.
+    ``ready(key)``: whether a trial may start (the plan's own driver trials are over: a run
+    kept on one thread would run a split driver unsplit); asked only when one is due, else
+    again :data:`CHOICE_AFTER` runs later. Safe under concurrent runs (a sample lost at
+    worst)."""
     __slots__ = ("keys", "clock", "ready")
+    KEEP = False
 
     def __init__(self, ready=None, clock=time.monotonic):
         self.keys: dict = {}
@@ -479,6 +491,9 @@ class RunChoice:
             if len(self.keys) > 64:
                 self.keys.clear()
             st = self.keys[key] = _Choice()
+        if st.tiny > 0:
+            st.tiny -= 1
+            return self.KEEP
         if st.warm > 0:
             st.warm -= 1
             return 1 if st.pick == 1 else None
@@ -500,7 +515,12 @@ class RunChoice:
 
     def end(self, key, seconds: float) -> None:
         st = self.keys.get(key)
-        if st is None or not st.trial or st.timing < 0:
+        if st is None:
+            return
+        if seconds < TINY_RUN_S and not st.trial:
+            st.tiny = TINY_RUNS
+            return
+        if not st.trial or st.timing < 0:
             return
         wide, narrow = st.times
         st.times[st.timing].append(seconds)
