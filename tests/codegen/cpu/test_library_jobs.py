@@ -62,3 +62,40 @@ def test_a_global_average_pool_predicts_its_own_kernels(fresh_programs):
     assert {"_mean_planes", "pool2d_mean_bwd"} <= names
     assert not {"_fwd_planes", "pool2d_bwd"} & names
     _assert_used(jobs)
+
+
+def test_a_blocked_convolution_with_an_epilogue_predicts_its_kernels(fresh_programs,
+                                                                     monkeypatch):
+    """A convolution computed by blocks of samples with its bias and relu fused (the call of
+    ``_nn.conv._fwd_range`` in a host function, not in the driver's lines) declares the
+    kernels it runs as compile jobs: the taps kernel's epilogue variant (3x3) and the BLAS
+    product (1x1 of 32 channels); the predictions are the signatures the calls use, and the
+    outputs are NumPy's."""
+    from pdjit.codegen import pipeline as pipeline_mod
+    from pdjit.codegen.cpu.lib import conv
+
+    jobs = []
+    real = pipeline_mod.precompile
+    monkeypatch.setattr(pipeline_mod, "precompile", lambda js: (jobs.extend(js), real(js))[1])
+    main, startup = fresh_programs
+    x = fluid.layers.data("x", [3, 5, 4])
+    h = fluid.layers.conv2d(x, 32, 3, padding=1, act="relu")
+    h = fluid.layers.conv2d(h, 32, 1, act="relu")
+    exe = fluid.Executor(fluid.CPUPlace())
+    exe.run(startup)
+    xv = np.random.default_rng(4).standard_normal((2, 3, 5, 4)).astype(np.float32)
+    (got,) = exe.run(main, feed={"x": xv}, fetch_list=[h])
+    assert_native(exe)
+    scope = fluid.global_scope()
+    w0, b0, w1, b1 = (np.asarray(scope.find_var(n).get_tensor()).astype(np.float64) for n in
+                      ("conv2d_0.w_0", "conv2d_0.b_0", "conv2d_1.w_0", "conv2d_1.b_0"))
+    xp = np.pad(xv.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    a = sum(np.einsum("nchw,mc->nmhw", xp[:, :, i:i + 5, j:j + 4], w0[:, :, i, j])
+            for i in range(3) for j in range(3))
+    a = np.maximum(a + b0[:, None, None], 0)
+    want = np.maximum(np.einsum("nchw,mc->nmhw", a, w1[:, :, 0, 0]) + b1[:, None, None], 0)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    lib = [(c.fn, types) for c, types in jobs if isinstance(c, compiler.LibraryKernel)]
+    names = {fn.py_func.__name__ for fn, _ in lib}
+    assert {"_fwd_taps_ep", "_fwd_gemm"} <= names, names
+    _assert_used([(fn, types) for fn, types in lib if fn in (conv._fwd_taps_ep, conv._fwd_gemm)])

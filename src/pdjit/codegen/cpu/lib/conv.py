@@ -1042,13 +1042,16 @@ jobs("conv2d_fwd")(lambda T: [(_fwd_taps, _residual_types(T))])
 jobs("conv2d_bwd_data")(lambda T: [(_bwd_data_range, _range_types(T)),
                                    (_fwd_taps, _residual_types(T))])
 jobs("conv2d_bwd_filter")(lambda T: [(_bwd_filter_range, _range_types(T))])
-# the forward kernels of the other shapes and of a fused bias / activation (the epilogue):
-# compiled ahead by ``pdjit warmup`` only (a name no lowering calls, so no plan's compile
-# worker spends time on them)
-jobs("conv2d_fwd (warmup)")(lambda T: [(_fwd_taps_ep, _residual_types(T)),
-                                       (_fwd_gemm, _residual_types(T)),
-                                       (_fwd_blas, _range_types(T)),
-                                       (_direct_range, _epilogue_types(T))])
+# a convolution by blocks of samples with a fused bias / residual / clamp (the lowerings call
+# ``_nn.conv._fwd_range`` or ``_nn.conv._direct_range``): the taps kernel's variant with the
+# epilogue, and the BLAS product of the 1x1 convolutions of many channels (the blocks of a
+# ResNet); the im2col path of small planes compiles on its first call
+jobs("conv._fwd_range")(lambda T: [(_fwd_taps_ep, _residual_types(T)),
+                                   (_fwd_gemm, _residual_types(T))])
+jobs("conv._direct_range")(lambda T: [(_direct_range, _epilogue_types(T))])
+# the forward kernels of the other shapes: compiled ahead by ``pdjit warmup`` only (a name no
+# lowering calls, so no plan's compile worker spends time on them)
+jobs("conv2d_fwd (warmup)")(lambda T: [(_fwd_blas, _range_types(T))])
 
 
 _fits_native = register_jitable(_fits)
