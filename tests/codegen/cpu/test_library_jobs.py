@@ -34,12 +34,14 @@ def test_predicted_library_signatures_are_the_ones_the_calls_use(fresh_programs)
     # its input gradient: bwd_data's im2col + BLAS + col2im (stride 2; a stride-1 one runs
     # as the forward kernel over dy, which the first convolution compiles)
     h = fluid.layers.conv2d(h, 4, 3, padding=1, stride=2)
-    h = fluid.layers.pool2d(h, 2, "max", 2)
+    h = fluid.layers.pool2d(h, 3, "max", 1, pool_padding=1)  # the 3x3 max pools' kernel
+    h = fluid.layers.pool2d(h, 2, "max", 2)  # the 2x2 one's
     lines = _trained_lines(main, startup, fluid.layers.mean(h), (2, 3, 8, 8))
     jobs = nnlib.library_jobs(lines, np.float32)
     names = {fn.py_func.__name__ for fn, _ in jobs}
-    assert {"_fwd_taps", "_bwd_data_range", "_bwd_filter_range", "_fwd_planes", "pool2d_bwd",
-            "_stats_k", "_apply_k", "_grad_k"} <= names  # (norm_* entry points run these)
+    assert {"_fwd_taps", "_bwd_data_range", "_bwd_filter_range", "_max33", "_max22",
+            "pool2d_bwd", "_stats_k", "_apply_k", "_grad_k"} <= names  # (norm_* run these)
+    assert "_fwd_planes" not in names  # (the general pooling kernel: no pool here takes it)
     _assert_used(jobs)
     for fn, types in jobs:
         # and the disk cache knows the signature, so a worker's compilation is found
