@@ -101,3 +101,21 @@ def test_a_blocked_convolution_with_an_epilogue_predicts_its_kernels(fresh_progr
     names = {fn.py_func.__name__ for fn, _ in lib}
     assert {"_fwd_taps_ep", "_fwd_gemm"} <= names, names
     _assert_used([(fn, types) for fn, types in lib if fn in (conv._fwd_taps_ep, conv._fwd_gemm)])
+
+
+def test_a_stride_1_input_gradient_predicts_the_taps_kernel_alone(fresh_programs):
+    """The input gradient of a stride-1 3x3 convolution whose sizes the lowering knows runs as
+    the taps kernel over dy: the lowering calls the entry whose jobs name that kernel alone (no
+    ``_bwd_data_range``, ~1 s of compile for nothing), the same function as
+    ``conv2d_bwd_data``; the prediction is the signature the call uses."""
+    main, startup = fresh_programs
+    x = fluid.layers.data("x", [3, 8, 8])
+    h = fluid.layers.conv2d(x, 4, 3, padding=1, bias_attr=False)
+    h = fluid.layers.conv2d(h, 8, 3, padding=1, bias_attr=False)
+    lines = _trained_lines(main, startup, fluid.layers.mean(h), (2, 3, 8, 8))
+    assert any("_nn.conv2d_bwd_data_by_taps(" in line for line in lines)
+    assert nnlib.conv2d_bwd_data_by_taps is nnlib.conv2d_bwd_data
+    jobs = nnlib.library_jobs(lines, np.float32)
+    names = {fn.py_func.__name__ for fn, _ in jobs}
+    assert "_fwd_taps" in names and "_bwd_data_range" not in names, names
+    _assert_used(jobs)
