@@ -478,7 +478,9 @@ def compile_workers() -> int:
     A worker pays for itself only on a core nothing else wants: each process runs slower
     beside the other (the jobs that share helpers go to one process, see :func:`_affinity`;
     the small CNN's cold first step at load 2-3 compiled its jobs in 6.6 s of CPU alone and
-    in 3.5 + 3.6 s split; the whole step 8.4-8.5 s of CPU with a worker, 7.1-7.3 s without).
+    in 3.5 + 3.6 s split; with the pools' and input gradients' own kernels, the whole step
+    took 5.8-5.9 s of CPU and 5.9-6.0 s wall with a worker, 5.4-5.5 s both without, at load
+    2.5-3).
     Measured there with the jobs split one by one (2 cores, CPU incl. the worker, wall): at
     load 1.5, 7.9 s and 5.8 s with a worker against 6.5 s and 6.4 s without; at
     load 5.5, 9.7 s and 24 s against 7.2 s and 17 s; at load 14-17, 9.5-9.8 s and 39-52 s
