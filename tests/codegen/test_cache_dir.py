@@ -261,6 +261,37 @@ def test_precompile_refreshes_numbas_registries_once_before_its_fork(monkeypatch
     assert 0 <= taken <= 4
 
 
+def test_precompile_keeps_the_jobs_of_one_affinity_in_one_process(monkeypatch, tmp_path):
+    """Jobs that share helpers (one affinity: a library module's kernels) are compiled by one
+    process, this one or the worker, never split between them (each would compile the
+    helpers); the count the worker took is its share of the jobs."""
+    import threading
+
+    from pdjit.codegen import compiler
+
+    if not hasattr(os, "fork") or threading.active_count() > 1:
+        pytest.skip("no compile worker in this process (no fork, or other threads)")
+    log = tmp_path / "log"
+
+    class Job:  # a compile job that notes which process compiled it
+        def __init__(self, i, affinity):
+            self.name, self.text, self.parallel, self.affinity = f"job{i}", "", False, affinity
+            self.fn = type("Fn", (), {"overloads": {}, "_cache": None, "compile": lambda _, sig:
+                                      time.sleep(0.02) or  # (both processes take some)
+                                      log.open("a").write(f"{affinity} {os.getpid()}\n")})()
+
+    monkeypatch.setenv("PDJIT_COMPILE_WORKERS", "1")
+    jobs = [Job(i, a) for i, a in enumerate("aabbbac")]
+    taken = compiler.precompile([(j, [("float32", 1)]) for j in jobs])
+    rows = [line.split() for line in log.read_text().splitlines()]
+    assert sorted(a for a, _ in rows) == sorted("aabbbac")
+    by = {}
+    for a, pid in rows:
+        by.setdefault(a, set()).add(pid)
+    assert all(len(pids) == 1 for pids in by.values()), by
+    assert taken == sum(1 for _, pid in rows if pid != str(os.getpid()))
+
+
 BLAS_SCRIPT = textwrap.dedent("""
     import json, sys
     import numba

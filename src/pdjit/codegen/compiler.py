@@ -471,12 +471,16 @@ def compile_workers() -> int:
     (the last minute's load average below the number of cores). At most one: measured on 2
     cores; the worker is forked, which other systems' libraries do not all survive.
 
-    A worker pays for itself only on a core nothing else wants: both processes compile the
-    helpers their kernels share (the small CNN's cold first step: ~0.85 s of CPU twice) and
-    each runs slower beside the other. Measured there (2 cores, CPU incl. the worker, wall):
-    at load 1.5, 7.9 s and 5.8 s with a worker against 6.5 s and 6.4 s without; at load 5.5,
-    9.7 s and 24 s against 7.2 s and 17 s; at load 14-17, 9.5-9.8 s and 39-52 s against
-    7.8 s and 28-37 s."""
+    A worker pays for itself only on a core nothing else wants: each process runs slower
+    beside the other (the jobs that share helpers go to one process, see :func:`_affinity`;
+    the small CNN's cold first step at load 2-3 compiled its jobs in 6.6 s of CPU alone and
+    in 3.5 + 3.6 s split; with the pools' and input gradients' own kernels, the whole step
+    took 5.8-5.9 s of CPU and 5.9-6.0 s wall with a worker, 5.4-5.5 s both without, at load
+    2.5-3).
+    Measured there with the jobs split one by one (2 cores, CPU incl. the worker, wall): at
+    load 1.5, 7.9 s and 5.8 s with a worker against 6.5 s and 6.4 s without; at
+    load 5.5, 9.7 s and 24 s against 7.2 s and 17 s; at load 14-17, 9.5-9.8 s and 39-52 s
+    against 7.8 s and 28-37 s."""
     env = os.environ.get("PDJIT_COMPILE_WORKERS")
     if env is not None:
         try:
@@ -496,11 +500,13 @@ def compile_workers() -> int:
 class LibraryKernel:
     """A library kernel (a dispatcher of a target's library) as a compile job: its dispatcher caches
     itself on disk (``diskcache``, under ``PDJIT_CACHE_DIR``), so a worker's compilation serves
-    this process too."""
+    this process too. Its ``affinity`` is its module: the kernels of one module share helpers
+    (see :func:`_affinity`)."""
 
     def __init__(self, fn, cost: float = 8.0):
         self.fn, self.cost = fn, cost
         self.name = f"{fn.py_func.__module__}.{fn.py_func.__qualname__}"
+        self.affinity = fn.py_func.__module__
         self.text = ""
         self.parallel = bool(fn.targetoptions.get("parallel"))
 
@@ -543,11 +549,25 @@ def _cost(c) -> float:
     return 1.0 + len(c.text) / 400 + 2.0 * len(set(re.findall(r"_m\.(\w+)\(", c.text)))
 
 
+def _affinity(c):
+    """The jobs that compile the same helpers go to one process: Numba compiles a helper
+    (a ``register_jitable`` function, a math function) once per process, in memory, for every
+    kernel that calls it there, so two processes splitting its callers both compile it
+    (measured on the small CNN's cold first step: ~0.85 s of CPU twice). A library kernel's
+    affinity is its module (:class:`LibraryKernel`), a generated kernel's the math functions
+    it calls (none: a job of its own)."""
+    affinity = getattr(c, "affinity", None)
+    if affinity is not None:
+        return affinity
+    math_fns = sorted(set(re.findall(r"_m\.(\w+)\(", getattr(c, "text", ""))))
+    return ("math", *math_fns) if math_fns else ("own", c.name)
+
+
 def precompile(jobs) -> int:
     """Compile ``jobs`` (``(Compiled or LibraryKernel, predicted argument types)``) before
-    their first call, this process and a forked worker taking them from one queue, costliest
-    first; the worker writes what it compiles to the disk cache, from which the first calls
-    here load it.
+    their first call, this process and a forked worker taking them from one queue, by groups
+    of one affinity (:func:`_affinity`), costliest first; the worker writes what it compiles
+    to the disk cache, from which the first calls here load it.
     Kernels already on disk or in memory are skipped, and a prediction that turns out wrong
     only means the first call compiles as it would have anyway. Returns how many kernels
     the worker compiled (0 without a worker)."""
@@ -566,8 +586,11 @@ def precompile(jobs) -> int:
             not hasattr(os, "fork") or \
             threading.active_count() > 1:  # another Python thread may hold a lock forever
         return 0
-    todo.sort(key=lambda j: -_cost(j[0]))
-    # the queue: a pipe holding every job's index; a 2-byte read claims one, atomically
+    groups: dict = {}
+    for job in todo:
+        groups.setdefault(_affinity(job[0]), []).append(job)
+    todo = sorted(groups.values(), key=lambda g: -sum(_cost(c) for c, _ in g))
+    # the queue: a pipe holding every group's index; a 2-byte read claims one, atomically
     rd, wr = os.pipe()
     os.write(wr, b"".join(i.to_bytes(2, "little") for i in range(len(todo))))
     os.close(wr)
@@ -598,13 +621,14 @@ def precompile(jobs) -> int:
     # whatever the worker is still compiling, this process will need: wait for it (a worker
     # that hangs is killed: its kernels then compile at their first call)
     _wait(pid, deadline=time.monotonic() + max(30.0, 3 * (time.monotonic() - t0)))
-    _by_worker[0] += len(todo) - mine
-    return len(todo) - mine
+    theirs = sum(len(g) for g in todo) - mine
+    _by_worker[0] += theirs
+    return theirs
 
 
 def _drain(rd: int, todo: list, swallow) -> int:
-    """Compile jobs from the queue until it is empty; how many this process took. A job's
-    failure (of class ``swallow``) is left for its first call to report."""
+    """Compile groups of jobs from the queue until it is empty; how many jobs this process
+    took. A job's failure (of class ``swallow``) is left for its first call to report."""
     n = 0
     while True:
         try:
@@ -613,12 +637,12 @@ def _drain(rd: int, todo: list, swallow) -> int:
             return n
         if len(item) < 2:
             return n
-        c, sig = todo[int.from_bytes(item, "little")]
-        n += 1
-        try:
-            c.fn.compile(sig)
-        except swallow:  # noqa: BLE001 - the first call compiles again and reports it
-            pass
+        for c, sig in todo[int.from_bytes(item, "little")]:
+            n += 1
+            try:
+                c.fn.compile(sig)
+            except swallow:  # noqa: BLE001 - the first call compiles again and reports it
+                pass
 
 
 def _wait(pid: int, deadline: float) -> None:

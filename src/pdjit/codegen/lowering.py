@@ -765,8 +765,9 @@ class SegmentGen:
         lines, fn, before, after, work = spec
         for line in lines:
             self.emit(line)
+        # (the call of fn, by blocks, is written elsewhere: its kernels are jobs too)
         self.jobs += [(LibraryKernel(f), types) for f, types in
-                      self.target.library_jobs(lines, self._float_dtype(node.op))]
+                      self.target.library_jobs(lines + [f"{fn}()"], self._float_dtype(node.op))]
         name = outs[0]
         if ctx.taken:
             off = ctx.offer

@@ -34,12 +34,14 @@ def test_predicted_library_signatures_are_the_ones_the_calls_use(fresh_programs)
     # its input gradient: bwd_data's im2col + BLAS + col2im (stride 2; a stride-1 one runs
     # as the forward kernel over dy, which the first convolution compiles)
     h = fluid.layers.conv2d(h, 4, 3, padding=1, stride=2)
-    h = fluid.layers.pool2d(h, 2, "max", 2)
+    h = fluid.layers.pool2d(h, 3, "max", 1, pool_padding=1)  # the 3x3 max pools' kernel
+    h = fluid.layers.pool2d(h, 2, "max", 2)  # the 2x2 one's
     lines = _trained_lines(main, startup, fluid.layers.mean(h), (2, 3, 8, 8))
     jobs = nnlib.library_jobs(lines, np.float32)
     names = {fn.py_func.__name__ for fn, _ in jobs}
-    assert {"_fwd_taps", "_bwd_data_range", "_bwd_filter_range", "_fwd_planes", "pool2d_bwd",
-            "_stats_k", "_apply_k", "_grad_k"} <= names  # (norm_* entry points run these)
+    assert {"_fwd_taps", "_bwd_data_range", "_bwd_filter_range", "_max33", "_max22",
+            "pool2d_bwd", "_stats_k", "_apply_k", "_grad_k"} <= names  # (norm_* run these)
+    assert "_fwd_planes" not in names  # (the general pooling kernel: no pool here takes it)
     _assert_used(jobs)
     for fn, types in jobs:
         # and the disk cache knows the signature, so a worker's compilation is found
@@ -61,4 +63,59 @@ def test_a_global_average_pool_predicts_its_own_kernels(fresh_programs):
     names = {fn.py_func.__name__ for fn, _ in jobs}
     assert {"_mean_planes", "pool2d_mean_bwd"} <= names
     assert not {"_fwd_planes", "pool2d_bwd"} & names
+    _assert_used(jobs)
+
+
+def test_a_blocked_convolution_with_an_epilogue_predicts_its_kernels(fresh_programs,
+                                                                     monkeypatch):
+    """A convolution computed by blocks of samples with its bias and relu fused (the call of
+    ``_nn.conv._fwd_range`` in a host function, not in the driver's lines) declares the
+    kernels it runs as compile jobs: the taps kernel's epilogue variant (3x3) and the BLAS
+    product (1x1 of 32 channels); the predictions are the signatures the calls use, and the
+    outputs are NumPy's."""
+    from pdjit.codegen import pipeline as pipeline_mod
+    from pdjit.codegen.cpu.lib import conv
+
+    jobs = []
+    real = pipeline_mod.precompile
+    monkeypatch.setattr(pipeline_mod, "precompile", lambda js: (jobs.extend(js), real(js))[1])
+    main, startup = fresh_programs
+    x = fluid.layers.data("x", [3, 5, 4])
+    h = fluid.layers.conv2d(x, 32, 3, padding=1, act="relu")
+    h = fluid.layers.conv2d(h, 32, 1, act="relu")
+    exe = fluid.Executor(fluid.CPUPlace())
+    exe.run(startup)
+    xv = np.random.default_rng(4).standard_normal((2, 3, 5, 4)).astype(np.float32)
+    (got,) = exe.run(main, feed={"x": xv}, fetch_list=[h])
+    assert_native(exe)
+    scope = fluid.global_scope()
+    w0, b0, w1, b1 = (np.asarray(scope.find_var(n).get_tensor()).astype(np.float64) for n in
+                      ("conv2d_0.w_0", "conv2d_0.b_0", "conv2d_1.w_0", "conv2d_1.b_0"))
+    xp = np.pad(xv.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    a = sum(np.einsum("nchw,mc->nmhw", xp[:, :, i:i + 5, j:j + 4], w0[:, :, i, j])
+            for i in range(3) for j in range(3))
+    a = np.maximum(a + b0[:, None, None], 0)
+    want = np.maximum(np.einsum("nchw,mc->nmhw", a, w1[:, :, 0, 0]) + b1[:, None, None], 0)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    lib = [(c.fn, types) for c, types in jobs if isinstance(c, compiler.LibraryKernel)]
+    names = {fn.py_func.__name__ for fn, _ in lib}
+    assert {"_fwd_taps_ep", "_fwd_gemm"} <= names, names
+    _assert_used([(fn, types) for fn, types in lib if fn in (conv._fwd_taps_ep, conv._fwd_gemm)])
+
+
+def test_a_stride_1_input_gradient_predicts_the_taps_kernel_alone(fresh_programs):
+    """The input gradient of a stride-1 3x3 convolution whose sizes the lowering knows runs as
+    the taps kernel over dy: the lowering calls the entry whose jobs name that kernel alone (no
+    ``_bwd_data_range``, ~1 s of compile for nothing), the same function as
+    ``conv2d_bwd_data``; the prediction is the signature the call uses."""
+    main, startup = fresh_programs
+    x = fluid.layers.data("x", [3, 8, 8])
+    h = fluid.layers.conv2d(x, 4, 3, padding=1, bias_attr=False)
+    h = fluid.layers.conv2d(h, 8, 3, padding=1, bias_attr=False)
+    lines = _trained_lines(main, startup, fluid.layers.mean(h), (2, 3, 8, 8))
+    assert any("_nn.conv2d_bwd_data_by_taps(" in line for line in lines)
+    assert nnlib.conv2d_bwd_data_by_taps is nnlib.conv2d_bwd_data
+    jobs = nnlib.library_jobs(lines, np.float32)
+    names = {fn.py_func.__name__ for fn, _ in jobs}
+    assert "_fwd_taps" in names and "_bwd_data_range" not in names, names
     _assert_used(jobs)

@@ -1,8 +1,9 @@
 """The paths the pooling entry points pick (``pdjit.codegen.cpu.lib.pool``): an average over
-whole planes runs ``_mean_planes``, every other pool ``_fwd_planes``; ``pool2d_bwd`` writes a
-global average's gradient at once and spreads any other window's. Against NumPy written here,
-through the kernels' host and native (compiled caller) entries and the compiled executor
-(strict: native code), gradients against finite differences."""
+whole planes runs ``_mean_planes``, 2x2 max windows of stride 2 inside the image ``_max22``,
+3x3 max windows at stride 1 or 2 ``_max33``, every other pool ``_fwd_planes``;
+``pool2d_bwd`` writes a global average's gradient at once and spreads any other window's.
+Against NumPy written here, through the kernels' host and native (compiled caller) entries and
+the compiled executor (strict: native code), gradients against finite differences."""
 import numba
 import numpy as np
 import pytest
@@ -78,9 +79,10 @@ CASES = [
     ((2, 3, 5, 5), (1, 1), 5, 1, 0, False, False, False, "_mean_planes"),   # global average
     ((2, 3, 5, 5), (1, 1), 5, 1, 0, True, True, False, "_fwd_planes"),      # global max
     ((2, 3, 3, 3), (1, 1), 3, 1, 1, False, False, False, "_fwd_planes"),    # padded: not whole
-    ((2, 3, 7, 9), (3, 4), 2, 2, 0, True, True, False, "_fwd_planes"),      # 2x2 max
+    ((2, 3, 7, 9), (3, 4), 2, 2, 0, True, True, False, "_max22"),           # 2x2 max
     ((2, 3, 7, 7), (4, 4), 3, 2, 1, False, False, False, "_fwd_planes"),    # 3x3/s2 padded avg
-    ((2, 3, 7, 7), (4, 4), 3, 2, 1, True, True, False, "_fwd_planes"),     # 3x3/s2 padded max
+    ((2, 3, 7, 7), (4, 4), 3, 2, 1, True, True, False, "_max33"),          # 3x3/s2 padded max
+    ((2, 3, 5, 5), (3, 3), 2, 2, 0, True, True, False, "_fwd_planes"),     # 2x2, a partial window
     ((2, 3, 7, 5), (3, 2), 1, 1, 0, False, True, True, "_fwd_planes"),     # adaptive 3x2
 ]
 
@@ -182,7 +184,7 @@ PLANE_CASES = [((2, 3, 112, 112), 3, 2, 1, False), ((1, 2, 7, 9), 3, 1, 1, False
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("case", PLANE_CASES, ids=[str(c[0]) for c in PLANE_CASES])
 def test_3x3_max_pools_by_planes_match_numpy(case, dtype):
-    """The 3x3 max pools at stride 1 and 2 (``tile.pool_plane_kernel`` inside ``_fwd_planes``)
+    """The 3x3 max pools at stride 1 and 2 (``tile.pool_plane_kernel`` inside ``_max33``)
     against NumPy's max over each window's part inside the image, bit for bit, through the
     host and the native entries: a NaN in a window makes its max NaN."""
     xshape, k, s, p, ceil = case
@@ -203,4 +205,42 @@ def test_3x3_max_pools_by_planes_match_numpy(case, dtype):
     _native_fwd(x, yn, k, s, p, True, True, False)
     np.testing.assert_array_equal(yn, want)
     assert any(sig[0].dtype == numba.from_dtype(np.dtype(dtype))  # compiled, not interpreted
-               for sig in pk._fwd_planes.signatures)
+               for sig in pk._max33.signatures)
+
+
+@numba.njit
+def _native_max(x, y22, y33, sh, pt, pl):
+    nnlib.pool2d_max22(x, y22)
+    nnlib.pool2d_max33(x, y33, sh, pt, pl)
+
+
+def test_the_max_pool_entries_of_fixed_windows_match_numpy():
+    """``pool2d_max22`` and ``pool2d_max33`` (what the lowering calls for those windows), from
+    the host and from compiled code, against NumPy's max over each window's part inside the
+    image; a size that leaves a partial 2x2 window (ceil mode) takes the general kernel and
+    still matches."""
+    for h, w in ((6, 8), (5, 7)):
+        x = RNG.standard_normal((2, 3, h, w)).astype(np.float32)
+        oh, ow = -(-(h - 2) // 2) + 1, -(-(w - 2) // 2) + 1  # ceil mode: partial windows
+        full = 2 * oh <= h
+        y22 = np.full((2, 3, oh, ow), 7.0, np.float32)
+        want22 = np.empty_like(y22)
+        for i in range(oh):
+            for j in range(ow):
+                want22[:, :, i, j] = x[:, :, 2 * i:2 * i + 2, 2 * j:2 * j + 2].max(axis=(2, 3))
+        sh, pt, pl = (2, 1, 0) if full else (1, 1, 1)
+        oh3, ow3 = (h + 2 * pt - 3) // sh + 1, (w + 2 * pl - 3) // sh + 1
+        want33 = np.empty((2, 3, oh3, ow3), np.float32)
+        for i in range(oh3):
+            for j in range(ow3):
+                want33[:, :, i, j] = x[:, :, max(i * sh - pt, 0):i * sh - pt + 3,
+                                       max(j * sh - pl, 0):j * sh - pl + 3].max(axis=(2, 3))
+        y33 = np.full_like(want33, 7.0)
+        nnlib.pool2d_max22(x, y22)
+        nnlib.pool2d_max33(x, y33, sh, pt, pl)
+        np.testing.assert_array_equal(y22, want22)
+        np.testing.assert_array_equal(y33, want33)
+        n22, n33 = np.full_like(y22, 7.0), np.full_like(y33, 7.0)
+        _native_max(x, n22, n33, sh, pt, pl)
+        np.testing.assert_array_equal(n22, want22)
+        np.testing.assert_array_equal(n33, want33)

@@ -33,12 +33,13 @@ from pdjit.codegen.cpu.lib.rnn import *  # noqa: F401,F403
 
 def library_jobs(lines, dtype) -> list:
     """``(dispatcher, argument types)`` of the library kernels that ``lines`` call
-    (``_nn.<entry>(``), for float data of ``dtype``: compile jobs for a new plan."""
+    (``_nn.<entry>(``, or ``_nn.<module>.<function>(`` for a function a module declares jobs
+    for under that dotted name), for float data of ``dtype``: compile jobs for a new plan."""
     dtype = np.dtype(dtype)
     if dtype.kind != "f":
         return []
     found = []
-    for name in dict.fromkeys(re.findall(r"_nn\.(\w+)\(", "\n".join(lines))):
+    for name in dict.fromkeys(re.findall(r"_nn\.(\w+(?:\.\w+)*)\(", "\n".join(lines))):
         maker = JOBS.get(name)
         if maker is not None:
             found += maker(dtype)

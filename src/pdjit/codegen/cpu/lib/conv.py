@@ -36,8 +36,8 @@ from pdjit.codegen.cpu.lib.tile import TILE_BYTES, clamp_run, plane_kernel, tile
 from pdjit.codegen.cpu.threads import loop_threads
 from pdjit.codegen.diskcache import cached
 
-__all__ = ["split_work", "conv2d_fwd", "conv2d_bwd_data", "conv2d_bwd_filter", "nchw", "nhwc_into",
-           "nchw_empty"]
+__all__ = ["split_work", "conv2d_fwd", "conv2d_bwd_data", "conv2d_bwd_data_by_taps",
+           "conv2d_bwd_filter", "nchw", "nhwc_into", "nchw_empty"]
 
 U = numba.uint64
 
@@ -1053,13 +1053,21 @@ jobs("conv2d_fwd")(lambda T: [(_fwd_taps, _residual_types(T))])
 jobs("conv2d_bwd_data")(lambda T: [(_bwd_data_range, _range_types(T)),
                                    (_fwd_taps, _residual_types(T))])
 jobs("conv2d_bwd_filter")(lambda T: [(_bwd_filter_range, _range_types(T))])
-# the forward kernels of the other shapes and of a fused bias / activation (the epilogue):
-# compiled ahead by ``pdjit warmup`` only (a name no lowering calls, so no plan's compile
-# worker spends time on them)
-jobs("conv2d_fwd (warmup)")(lambda T: [(_fwd_taps_ep, _residual_types(T)),
-                                       (_fwd_gemm, _residual_types(T)),
-                                       (_fwd_blas, _range_types(T)),
-                                       (_direct_range, _epilogue_types(T))])
+#: :func:`conv2d_bwd_data` itself, under the name a lowering calls when the sizes it knows say
+#: that the gradient runs as the taps kernel over dy (:func:`by_forward`), so that its compile
+#: jobs name that kernel alone (the other sizes' :func:`_bwd_data_range`: ~1 s of CPU cold)
+conv2d_bwd_data_by_taps = conv2d_bwd_data
+jobs("conv2d_bwd_data_by_taps")(lambda T: [(_fwd_taps, _residual_types(T))])
+# a convolution by blocks of samples with a fused bias / residual / clamp (the lowerings call
+# ``_nn.conv._fwd_range`` or ``_nn.conv._direct_range``): the taps kernel's variant with the
+# epilogue, and the BLAS product of the 1x1 convolutions of many channels (the blocks of a
+# ResNet); the im2col path of small planes compiles on its first call
+jobs("conv._fwd_range")(lambda T: [(_fwd_taps_ep, _residual_types(T)),
+                                   (_fwd_gemm, _residual_types(T))])
+jobs("conv._direct_range")(lambda T: [(_direct_range, _epilogue_types(T))])
+# the forward kernels of the other shapes: compiled ahead by ``pdjit warmup`` only (a name no
+# lowering calls, so no plan's compile worker spends time on them)
+jobs("conv2d_fwd (warmup)")(lambda T: [(_fwd_blas, _range_types(T))])
 
 
 _fits_native = register_jitable(_fits)

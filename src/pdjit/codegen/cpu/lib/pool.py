@@ -21,8 +21,8 @@ from pdjit.codegen.cpu.lib._jit import jit, jit_sum, jobs
 from pdjit.codegen.cpu.lib.conv import _cols, _plain, split_work
 from pdjit.codegen.cpu.lib.tile import pool_plane_kernel
 
-__all__ = ["pool2d_fwd", "pool2d_bwd", "pool2d_mean", "pool2d_mean_bwd", "max_pool2d_index_fwd",
-           "max_pool2d_index_bwd"]
+__all__ = ["pool2d_fwd", "pool2d_max22", "pool2d_max33", "pool2d_bwd", "pool2d_mean",
+           "pool2d_mean_bwd", "max_pool2d_index_fwd", "max_pool2d_index_bwd"]
 
 U = numba.uint64
 
@@ -45,34 +45,48 @@ def _span(o, size, osize, k, s, p, adaptive):
 _pool33, _pool33s2 = pool_plane_kernel(3, 1), pool_plane_kernel(3, 2)
 
 
+@register_jitable
+def _path(x, y, kh, kw, sh, sw, pt, pl, is_max, adaptive) -> int:
+    """The kernel that computes a pool: 1, :func:`_max22` (2x2 max windows of stride 2 that
+    all lie inside the image: no padding, no partial window; LeNet's, VGG's); 2,
+    :func:`_max33` (3x3 max windows at stride 1 or 2, padded or not: ResNet's, GoogLeNet's,
+    ShuffleNet's); 0, :func:`_fwd_planes` (any other). (The entry points send an average over
+    whole planes to :func:`_mean_planes`.)"""
+    if not is_max or adaptive:
+        return 0
+    if kh == 2 and kw == 2 and sh == 2 and sw == 2 and pt == 0 and pl == 0 and \
+            2 * y.shape[2] <= x.shape[2] and 2 * y.shape[3] <= x.shape[3]:
+        return 1
+    if kh == 3 and kw == 3 and sh == sw and (sh == 1 or sh == 2) and pt >= 0 and pl >= 0:
+        return 2
+    return 0
+
+
 @jit
-def _fwd_planes(x, y, q0, q1, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptive):
-    """The planes ``q0..q1`` (sample, channel) of ``y`` = the pool of ``x``'s: the max pool of
-    2x2 windows of stride 2 inside the image by loops of their own (:func:`_max22`), of 3x3
-    windows at stride 1 or 2 by a plane kernel (``tile.pool_plane_kernel``), any other windows
-    by passes over output rows. (The entry points send an average over whole
-    planes to :func:`_mean_planes`.)"""
+def _max33(x, y, q0, q1, sh, pt, pl):
+    """The planes ``q0..q1`` of ``y`` = the max pool of ``x``'s 3x3 windows at stride ``sh`` (1
+    or 2; :func:`_path` 2): a plane at a time by vectors of outputs (a plane kernel of
+    ``tile.pool_plane_kernel``; ResNet-50's [1, 64, 112, 112] pool, one thread: 1.45 ms by
+    :func:`_fwd_planes`'s passes, 0.14 ms)."""
     h_, w_ = x.shape[2], x.shape[3]
     oh_, ow_ = y.shape[2], y.shape[3]
-    # 2x2 windows of stride 2 that all lie inside the image (no padding, no partial window:
-    # max pools of LeNet, VGG, ...)
-    if is_max and not adaptive and kh == 2 and kw == 2 and sh == 2 and sw == 2 and pt == 0 \
-            and pl == 0 and 2 * oh_ <= h_ and 2 * ow_ <= w_:
-        _max22(x, y, q0, q1)
-        return
-    # 3x3 windows at stride 1 or 2, padded or not (ResNet's, GoogLeNet's, ShuffleNet's): a
-    # plane at a time by vectors of outputs (ResNet-50's [1, 64, 112, 112] pool, one thread:
-    # 1.45 ms by the passes below, 0.14 ms)
-    if is_max and not adaptive and kh == 3 and kw == 3 and sh == sw and (sh == 1 or sh == 2) \
-            and pt >= 0 and pl >= 0:
-        xf = x.reshape(x.size)
-        yf = y.reshape(y.size)
-        for q in range(q0, q1):
-            if sh == 1:
-                _pool33(xf, q * h_ * w_, h_, w_, yf, q * oh_ * ow_, oh_, ow_, pt, pl)
-            else:
-                _pool33s2(xf, q * h_ * w_, h_, w_, yf, q * oh_ * ow_, oh_, ow_, pt, pl)
-        return
+    xf = x.reshape(x.size)
+    yf = y.reshape(y.size)
+    for q in range(q0, q1):
+        if sh == 1:
+            _pool33(xf, q * h_ * w_, h_, w_, yf, q * oh_ * ow_, oh_, ow_, pt, pl)
+        else:
+            _pool33s2(xf, q * h_ * w_, h_, w_, yf, q * oh_ * ow_, oh_, ow_, pt, pl)
+
+
+@jit
+def _fwd_planes(x, y, q0, q1, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptive):
+    """The planes ``q0..q1`` (sample, channel) of ``y`` = the pool of ``x``'s, any windows, by
+    passes over output rows (the entry points send the windows :func:`_path` names to their
+    own kernels, and an average over whole planes to :func:`_mean_planes`: each a kernel of
+    its own, so that a program compiles only the ones its pools take)."""
+    h_, w_ = x.shape[2], x.shape[3]
+    oh_, ow_ = y.shape[2], y.shape[3]
     # per output row and column: the first and end input read, the window's length; then
     # per window column j the output columns lo..hi whose input column lies in the image
     sp = np.empty(3 * (oh_ + ow_) + 2 * kw, np.int64)
@@ -135,10 +149,11 @@ def _fwd_planes(x, y, q0, q1, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptiv
 # [64, 6, 24, 24] 0.151 / 0.032, [64, 16, 8, 8] 0.082 / 0.022, [64, 6, 28, 28] 0.199 / 0.055;
 # a global average of [64, 32, 8, 8] 0.43 / 0.038. (Each output row's four-input windows read
 # one by one ran 0.091 for the first: rows of 12 outputs are too short for a vector loop.)
-# The 2x2 max is inlined into _fwd_planes (register_jitable): the kernel that the compile jobs
-# name, which must serve LeNet's pools. The global average is a kernel of its own that the
-# entry points pick (_fwd_planes holding every path compiled in 1.7 s, the first cold step of
-# bench_cnn's ResNet, whose only pool is a global average, paid it all).
+# Each is a kernel of its own that the entry points pick, and the lowerings call the entry of
+# the kernel the op's attributes take (pool2d_max22, pool2d_max33, pool2d_mean), so a plan's
+# compile jobs name that kernel alone: measured cold, float32, CPU, one process, the kernel
+# holding the 2x2, the 3x3 and the general paths 1.2 s, the 2x2 one alone 0.43 s, the 3x3 one
+# alone 0.21 s.
 
 
 @register_jitable
@@ -148,7 +163,7 @@ def _is_whole(h_, w_, oh_, ow_, kh, kw, pt, pl, adaptive) -> bool:
                                                    pl == 0))
 
 
-@register_jitable
+@jit
 def _max22(x, y, q0, q1):
     """The max pool of 2x2 windows of stride 2 inside the image: per output row, the two
     input rows combined first (one contiguous loop), then pairs of columns. A NaN propagates
@@ -210,13 +225,34 @@ def pool2d_fwd(x, y, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptive):
         split_work(_mean_planes, planes, x.size, x, y)
         return
     # (about a multiply-add per window element: the threshold of split_work)
-    split_work(_fwd_planes, planes, y.size * kh * kw, x, y, kh, kw, sh, sw, pt, pl, is_max,
-               exclusive, adaptive)
+    path = _path(x, y, kh, kw, sh, sw, pt, pl, is_max, adaptive)
+    if path == 1:
+        split_work(_max22, planes, y.size * 4, x, y)
+    elif path == 2:
+        split_work(_max33, planes, y.size * 9, x, y, sh, pt, pl)
+    else:
+        split_work(_fwd_planes, planes, y.size * kh * kw, x, y, kh, kw, sh, sw, pt, pl, is_max,
+                   exclusive, adaptive)
 
 
-# (what the entry point runs for most pools: max pools, windows smaller than the plane; an
-# average over whole planes runs _mean_planes instead, which the per-dtype jobs cannot foresee)
+def pool2d_max22(x, y):
+    """:func:`pool2d_fwd` of 2x2 max windows of stride 2, unpadded: what the lowering calls
+    when the op's attributes say so (its compile jobs then name :func:`_max22`)."""
+    pool2d_fwd(x, y, 2, 2, 2, 2, 0, 0, True, True, False)
+
+
+def pool2d_max33(x, y, sh, pt, pl):
+    """:func:`pool2d_fwd` of 3x3 max windows at stride ``sh`` (1 or 2, both axes), paddings
+    ``pt`` (top) and ``pl`` (left): what the lowering calls when the op's attributes say so
+    (its compile jobs then name :func:`_max33`)."""
+    pool2d_fwd(x, y, 3, 3, sh, sh, pt, pl, True, True, False)
+
+
+# (the kernel each entry runs for float arrays; what the attributes promise, the sizes must
+# allow too: a window past the image (ceil mode) runs _fwd_planes, compiled at its call)
 jobs("pool2d_fwd")(lambda T: [(_fwd_planes, ((T, 4), (T, 4)) + (int,) * 8 + (bool,) * 3)])
+jobs("pool2d_max22")(lambda T: [(_max22, ((T, 4), (T, 4), int, int))])
+jobs("pool2d_max33")(lambda T: [(_max33, ((T, 4), (T, 4)) + (int,) * 5)])
 
 
 @overload(pool2d_fwd)
@@ -230,8 +266,29 @@ def _pool2d_fwd_native(x, y, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptive
             _mean_planes(x, y, _plain(0), planes)
             return
         # plain values, not the literals compiled code passes (see conv._plain)
-        _fwd_planes(x, y, _plain(0), planes, _plain(kh), _plain(kw), _plain(sh), _plain(sw),
-                    _plain(pt), _plain(pl), _plain(is_max), _plain(exclusive), _plain(adaptive))
+        path = _path(x, y, kh, kw, sh, sw, pt, pl, is_max, adaptive)
+        if path == 1:
+            _max22(x, y, _plain(0), planes)
+        elif path == 2:
+            _max33(x, y, _plain(0), planes, _plain(sh), _plain(pt), _plain(pl))
+        else:
+            _fwd_planes(x, y, _plain(0), planes, _plain(kh), _plain(kw), _plain(sh),
+                        _plain(sw), _plain(pt), _plain(pl), _plain(is_max), _plain(exclusive),
+                        _plain(adaptive))
+    return impl
+
+
+@overload(pool2d_max22)
+def _pool2d_max22_native(x, y):
+    def impl(x, y):
+        pool2d_fwd(x, y, 2, 2, 2, 2, 0, 0, True, True, False)
+    return impl
+
+
+@overload(pool2d_max33)
+def _pool2d_max33_native(x, y, sh, pt, pl):
+    def impl(x, y, sh, pt, pl):
+        pool2d_fwd(x, y, 3, 3, sh, sh, pt, pl, True, True, False)
     return impl
 
 

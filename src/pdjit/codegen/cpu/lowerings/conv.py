@@ -11,7 +11,9 @@ by blocks of samples (``_conv_blocked``), the epilogue applied as the kernels st
 """
 from __future__ import annotations
 
-from pdjit.codegen.cpu.lib.conv import use_direct
+from types import SimpleNamespace
+
+from pdjit.codegen.cpu.lib.conv import _use_gemm, by_forward, use_direct
 from pdjit.codegen.cpu.lowerings import lowering
 from pdjit.ops.conv import (
     Geometry,
@@ -104,8 +106,9 @@ def _grad_lines(ctx, transposed: bool) -> list | None:
         args = _t_args(ctx, g, X, kh, kw)
         data, image, grad = "conv2d_fwd", dyc, xc
     else:
-        args = _args(g, xc, kh, kw, ctx.attrs["groups"])
-        data, image, grad = "conv2d_bwd_data", xc, dyc
+        arg_list = _arg_list(g, xc, kh, kw, ctx.attrs["groups"])
+        args = ", ".join(arg_list)
+        data, image, grad = _bwd_data_entry(ctx, g, arg_list), xc, dyc
     if ctx.has_output("Input@GRAD"):
         dx, pre, post = nchw_dest(ctx, g, "Input@GRAD", *image_dims(g, X))
         lines += pre + [f"_nn.{data}({dyc}, {W}, {dx}, {args})"] + post
@@ -113,6 +116,30 @@ def _grad_lines(ctx, transposed: bool) -> list | None:
         dw = ctx.out("Filter@GRAD", shape=f"{W}.shape")
         lines.append(f"_nn.conv2d_bwd_filter({image}, {grad}, {dw}, {args})")
     return lines
+
+
+def _bwd_data_entry(ctx, g: Geometry, arg_list: list) -> str:
+    """The library's entry of a convolution's input gradient: ``conv2d_bwd_data_by_taps``
+    where the filter, the geometry and the image's size known when lowering say that the
+    gradient runs as the taps kernel over dy (the plan's compile jobs then name that kernel
+    alone), else ``conv2d_bwd_data``. Both are the same function (it picks by the sizes)."""
+    shape = tuple(ctx.shape("Filter"))
+    h, w = g.spatial(ctx.shape("Input"))
+    if not all(a.lstrip("-").isdigit() for a in arg_list) or h < 1 or w < 1 or \
+            min(shape) < 1:
+        return "conv2d_bwd_data"
+    sh, sw, pt, pl, dh, dw, groups = (int(a) for a in arg_list)
+    m, cg, kh, kw = shape
+    if groups < 1 or m % groups or use_direct(m // groups, cg) or \
+            not by_forward(SimpleNamespace(shape=shape), h * w, sh, sw, pt, pl, dh, dw, groups):
+        return "conv2d_bwd_data"
+    # the forward pass over dy ([N, M, H, W] where it is 1x1) onto dx with the flipped filter:
+    # a 1x1 one of many channels runs as one BLAS product per sample instead
+    dy, dx = (SimpleNamespace(shape=(1, c, h, w)) for c in (m, cg * groups))
+    flipped = SimpleNamespace(shape=(cg * groups, m // groups, kh, kw))
+    if _use_gemm(dy, flipped, dx, 1, 1, (kh - 1) * dh - pt, (kw - 1) * dw - pl, groups):
+        return "conv2d_bwd_data"
+    return "conv2d_bwd_data_by_taps"
 
 
 @lowering("conv2d_grad", "depthwise_conv2d_grad", host=True)
