@@ -134,10 +134,11 @@ def _bwd_data_entry(ctx, g: Geometry, arg_list: list) -> str:
             not by_forward(SimpleNamespace(shape=shape), h * w, sh, sw, pt, pl, dh, dw, groups):
         return "conv2d_bwd_data"
     # the forward pass over dy ([N, M, H, W] where it is 1x1) onto dx with the flipped filter:
-    # a 1x1 one of many channels runs as one BLAS product per sample instead
+    # a 1x1 one of many channels may run as one BLAS product per sample instead (at batch 1
+    # for the most planes: where even that does not, no batch does)
     dy, dx = (SimpleNamespace(shape=(1, c, h, w)) for c in (m, cg * groups))
     flipped = SimpleNamespace(shape=(cg * groups, m // groups, kh, kw))
-    if _use_gemm(dy, flipped, dx, 1, 1, (kh - 1) * dh - pt, (kw - 1) * dw - pl, groups):
+    if _use_gemm(dy, flipped, dx, 1, 1, (kh - 1) * dh - pt, (kw - 1) * dw - pl, groups, 1):
         return "conv2d_bwd_data"
     return "conv2d_bwd_data_by_taps"
 
