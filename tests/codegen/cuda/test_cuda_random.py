@@ -78,9 +78,13 @@ def test_uniform_and_gaussian_random_draw_the_cpu_numbers():
                  for s in plan.walk()}
         assert kinds == {("native", True)}, kinds
         for g_run, w_run in zip(got, want):
-            for g, w in zip(g_run, w_run):
+            for k, (g, w) in enumerate(zip(g_run, w_run)):
                 assert g.dtype == w.dtype and g.shape == w.shape
-                np.testing.assert_array_equal(g, w)
+                if k == 0:  # uniform: the stream's numbers scaled, exactly
+                    np.testing.assert_array_equal(g, w)
+                else:  # gaussian: through log and cos, whose last bit the device's math
+                    # and the cpu's compiled libm may round apart (seen: 1 in 12 float64)
+                    np.testing.assert_allclose(g, w, rtol=4 * np.finfo(g.dtype).eps, atol=0)
         u = got[0][0]
         assert (u >= -2.0).all() and (u < 3.0).all() and len(np.unique(u)) == u.size
         assert (got[0][0] != got[1][0]).all() if not seed else \
