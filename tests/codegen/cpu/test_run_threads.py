@@ -23,6 +23,7 @@ def two_asked(monkeypatch):
     saved_numba = numba.get_num_threads()
     monkeypatch.setattr(threads, "_applied", 2)
     monkeypatch.setattr(threads, "TINY_RUN_S", 0.0)  # the models here are small: trials anyway
+    monkeypatch.setattr(threads, "LONG_TRIAL_S", float("inf"))  # (fake seconds: the full trial)
     monkeypatch.setattr(threads, "free_cores", lambda: free[0])
     applied = []
     monkeypatch.setattr(threads, "_setters", [[applied.append]])  # OpenBLAS's count, recorded
@@ -210,3 +211,23 @@ def test_tiny_runs_through_the_executor_give_the_same_results():
     (plan,) = [p for _, p in exe._plans.values() if hasattr(p, "threads_choice")]
     assert plan.threads_choice.keys[3].tiny > 0
     assert_native(exe)
+
+
+def test_long_runs_are_tried_once_each(two_asked, monkeypatch):
+    """Runs of ``LONG_TRIAL_S`` or more: the run choice tries each setting once, untimed runs
+    none (a trial of two runs); the drivers' trial alike (``trial_runs``)."""
+    monkeypatch.setattr(threads, "LONG_TRIAL_S", 0.5)
+    assert threads.trial_runs([0.6, 0.7], 1, 3) == (0, 1)
+    assert threads.trial_runs([0.6, 0.01], 1, 3) == (1, 3)   # a short one: the full trial
+    assert threads.trial_runs([], 1, 3) == (1, 3)
+    choice = threads.RunChoice(ready=lambda key: True)
+    caps = []
+    for _ in range(threads.CHOICE_AFTER):
+        caps.append(choice.begin(16))
+        choice.end(16, 1.0)
+    for cost_wide, cost_narrow in ((1.0, 2.0), (1.0, 2.0)):
+        cap = choice.begin(16)
+        choice.end(16, cost_narrow if cap == 1 else cost_wide)
+        caps.append(cap)
+    assert caps[threads.CHOICE_AFTER:] == [None, 1]        # one run of each
+    assert choice.picks() == {16: "every free core"}

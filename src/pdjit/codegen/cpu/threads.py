@@ -437,6 +437,21 @@ CHOICE_RUNS = 3
 CHOICE_RETRY_RUNS, CHOICE_RETRY_S = 32, 2.0
 
 
+#: runs from this long on are tried with one timed run of each setting and none untimed: a
+#: trial of ResNet-50 at batch 16 (about a second a run) took 8 runs of the run choice after
+#: 12 of the drivers', half of them on the slower setting (2 threads: 1.1x one thread over the
+#: first 14 runs, against 1.9x once picked); at that length a run's noise is small beside the
+#: differences a trial is for
+LONG_TRIAL_S = 0.05
+
+
+def trial_runs(times, warm: int, timed: int) -> tuple:
+    """``(untimed, timed)`` runs of each candidate of a trial whose runs so far took
+    ``times`` seconds: ``(warm, timed)``, or ``(0, 1)`` where every one took
+    :data:`LONG_TRIAL_S` or more (a first run that compiled is long whatever the work)."""
+    return (0, 1) if times and min(times) >= LONG_TRIAL_S else (warm, timed)
+
+
 #: a run shorter than this cannot pay for waking a second thread: the next TINY_RUNS runs of
 #: its plan and batch size leave the thread settings as they are (``RunChoice.KEEP``: no run
 #: cap, no choice, no timing; a 3-op program's run 8.5 -> 7.4 us), then one is timed again
@@ -525,8 +540,9 @@ class RunChoice:
         wide, narrow = st.times
         st.times[st.timing].append(seconds)
         st.timing = -1
-        if len(wide) > CHOICE_RUNS and len(narrow) > CHOICE_RUNS:
-            pick = 1 if min(narrow[1:]) < min(wide[1:]) else 0
+        skip, need = trial_runs(wide + narrow, 1, CHOICE_RUNS)
+        if len(wide) >= skip + need and len(narrow) >= skip + need:
+            pick = 1 if min(narrow[skip:]) < min(wide[skip:]) else 0
             st.interval = min(st.interval * 2, CHOICE_RETRY_RUNS * 64) if pick == st.pick \
                 else CHOICE_RETRY_RUNS
             st.pick, st.trial = pick, False

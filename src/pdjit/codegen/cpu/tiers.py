@@ -178,7 +178,7 @@ class DriverTiers:
         self.tiering.start()
 
     # how many runs of a batch size each driver gets before one is chosen: the first of each
-    # compiles or loads, the rest are timed
+    # compiles or loads, the rest are timed (runs of threads.LONG_TRIAL_S or more: one each)
     _WARM, _TIMED = 1, 3
 
     @property
@@ -250,12 +250,13 @@ class DriverTiers:
             # x2" from unsplit times, native ones by another name, then ran 0 of 40 runs split)
             elapsed = float("inf")
         times[which].append(elapsed)
-        n = self._WARM + self._TIMED
-        if all(len(t) >= n for t in times):
+        warm, timed = threads.trial_runs([t for ts in times for t in ts if t != float("inf")],
+                                         self._WARM, self._TIMED)  # (long runs: one each)
+        if all(len(t) >= warm + timed for t in times):
             # each driver's best timed run: what other processes do on a shared machine only
             # adds time (with medians of three, one LeNet benchmark process of two kept the
             # native driver at batch 64, 0.53 ms, over the split one, 0.33 ms)
-            best = drivers[self._fastest([min(t[self._WARM:]) for t in times])]
+            best = drivers[self._fastest([min(t[warm:]) for t in times])]
             unsplit = self._unsplit_runs.get(key, 0) > UNSPLIT_REDOS
             if len(self.picked) > 64:
                 self.picked.clear()
