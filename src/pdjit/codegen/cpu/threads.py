@@ -440,7 +440,7 @@ CHOICE_RETRY_RUNS, CHOICE_RETRY_S = 32, 2.0
 #: runs from this long on are tried with one timed run of each setting and none untimed: a
 #: trial of ResNet-50 at batch 16 (about a second a run) took 8 runs of the run choice after
 #: 12 of the drivers', half of them on the slower setting (2 threads: 1.1x one thread over the
-#: first 14 runs, against 1.9x once picked); at that length a run's noise is small beside the
+#: first 14 runs; its best runs 1.76x); at that length a run's noise is small beside the
 #: differences a trial is for
 LONG_TRIAL_S = 0.05
 
@@ -454,7 +454,7 @@ def trial_runs(times, warm: int, timed: int) -> tuple:
 
 #: a run shorter than this cannot pay for waking a second thread: the next TINY_RUNS runs of
 #: its plan and batch size leave the thread settings as they are (``RunChoice.KEEP``: no run
-#: cap, no choice, no timing; a 3-op program's run 8.5 -> 7.4 us), then one is timed again
+#: cap, no choice, no timing; a 3-op program's run 8.5 -> 6.7 us), then one is timed again
 TINY_RUN_S = 50e-6
 TINY_RUNS = 256
 
