@@ -437,11 +437,10 @@ CHOICE_RUNS = 3
 CHOICE_RETRY_RUNS, CHOICE_RETRY_S = 32, 2.0
 
 
-#: runs from this long on are tried with one timed run of each setting and none untimed: a
-#: trial of ResNet-50 at batch 16 (about a second a run) took 8 runs of the run choice after
-#: 12 of the drivers', half of them on the slower setting (2 threads: 1.1x one thread over the
-#: first 14 runs; its best runs 1.76x); at that length a run's noise is small beside the
-#: differences a trial is for
+#: runs from this long on are tried with one timed run of each setting and none untimed: at
+#: ResNet-50's batch 16 (about a second a run) the run choice's trial took 8 runs (a step's
+#: driver trial 12 more, where it has a native driver), half of them on the slower setting;
+#: at that length a run's noise is small beside the differences a trial is for
 LONG_TRIAL_S = 0.05
 
 
