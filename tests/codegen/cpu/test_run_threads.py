@@ -231,3 +231,29 @@ def test_long_runs_are_tried_once_each(two_asked, monkeypatch):
         caps.append(cap)
     assert caps[threads.CHOICE_AFTER:] == [None, 1]        # one run of each
     assert choice.picks() == {16: "every free core"}
+
+
+def test_a_background_warmup_this_process_started_is_no_busy_core(monkeypatch):
+    """The CPU time of a background warmup this process started (idle cores only: it gives
+    way) counts as this process's own in ``free_cores``' accounting, while it runs and once
+    it is reaped (then through ``os.times``), never twice."""
+    import subprocess
+    import sys
+
+    from pdjit.codegen import diskcache
+
+    burn = ("import sys, time\nt = time.process_time()\n"
+            "while time.process_time() - t < 0.4: pass\n"
+            "print('burnt', flush=True)\nsys.stdin.read()")
+    proc = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    monkeypatch.setattr(diskcache, "_background", [proc])
+    _, mine0 = threads._cpu_seconds()
+    assert proc.stdout.readline().strip() == "burnt"  # it has burnt its 0.4 s and waits
+    _, mine1 = threads._cpu_seconds()
+    proc.stdin.close()
+    proc.wait()
+    proc.stdout.close()
+    _, mine2 = threads._cpu_seconds()
+    assert 0.3 < mine1 - mine0 < 1.5     # (the interpreter's start and our own ms besides)
+    assert abs(mine2 - mine1) < 0.2      # reaped: counted once, in os.times' children

@@ -252,8 +252,37 @@ def _cpu_seconds() -> tuple:
         return None, 0.0
     t = os.times()
     # (with the children this process waited for: a compile worker it forked is not
-    # another process keeping a core busy once it has ended)
-    return busy, t.user + t.system + t.children_user + t.children_system
+    # another process keeping a core busy once it has ended; and the background warmups it
+    # started, which run on idle cores only and give way to this process's threads: counted
+    # busy, a 2-thread run fell back to one thread while one compiled)
+    return busy, t.user + t.system + t.children_user + t.children_system + \
+        _warmup_seconds(ticks)
+
+
+_warmups: dict = {}  # pid of a background warmup this process started -> its CPU seconds
+
+
+def _warmup_seconds(ticks) -> float:
+    """CPU seconds of the background warmups this process started (``pdjit.codegen.diskcache
+    .start_background_warmup``) and has not reaped, each as last read from
+    ``/proc/<pid>/stat`` (its own and its ended children's). (A reaped one is counted in
+    ``os.times``' children already.)"""
+    from pdjit.codegen import diskcache
+
+    total = 0.0
+    for proc in diskcache._background:
+        if proc.returncode is not None:
+            continue
+        seconds = _warmups.get(proc.pid, 0.0)
+        try:
+            with open(f"/proc/{proc.pid}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            seconds = sum(int(v) for v in fields[11:15]) / ticks  # utime stime cutime cstime
+            _warmups[proc.pid] = seconds
+        except (OSError, ValueError, IndexError):
+            pass
+        total += seconds
+    return total
 
 
 def free_cores() -> int:
