@@ -169,33 +169,30 @@ def _crop(x, shape, offsets, layer: str) -> Variable:
 def crop(x, shape=None, offsets=None, name=None) -> Variable:
     """The block of ``x`` of size ``shape`` (a list, or a Variable whose shape it takes)
     starting at ``offsets`` (a list or a 1-D int Variable): Fluid's ``crop`` op."""
-    check_variable(x, "x", "crop")
-    inputs, attrs = {"X": x}, {}
-    if isinstance(shape, Variable):
-        inputs["Y"] = shape
-    else:
-        attrs["shape"] = _crop_check(x, shape, offsets, "crop")
-    if isinstance(offsets, Variable):
-        inputs["Offsets"] = offsets
-    else:
-        attrs["offsets"] = [0] * len(x.shape) if offsets is None else [int(o) for o in offsets]
-    return _fluid_op("crop", inputs, attrs, x.dtype, name)
+    return _crop("crop", "Y", x, shape, offsets, name)
 
 
 def crop_tensor(x, shape=None, offsets=None, name=None) -> Variable:
     """The block of ``x`` of size ``shape`` (``-1``: to the end; a list or a 1-D int Variable)
     starting at ``offsets`` (a list or a 1-D int Variable): Fluid's ``crop_tensor`` op."""
-    check_variable(x, "x", "crop_tensor")
+    return _crop("crop_tensor", "Shape", x, shape, offsets, name)
+
+
+def _crop(op: str, shape_slot: str, x, shape, offsets, name) -> Variable:
+    """``crop`` / ``crop_tensor``: a Variable ``shape`` goes to ``shape_slot``, a list to the
+    ``shape`` attribute (checked against ``x``); ``offsets`` likewise to ``Offsets`` or the
+    ``offsets`` attribute (zeros when None)."""
+    check_variable(x, "x", op)
     inputs, attrs = {"X": x}, {}
     if isinstance(shape, Variable):
-        inputs["Shape"] = shape
+        inputs[shape_slot] = shape
     else:
-        attrs["shape"] = _crop_check(x, shape, offsets, "crop_tensor")
+        attrs["shape"] = _crop_check(x, shape, offsets, op)
     if isinstance(offsets, Variable):
         inputs["Offsets"] = offsets
     else:
         attrs["offsets"] = [0] * len(x.shape) if offsets is None else [int(o) for o in offsets]
-    return _fluid_op("crop_tensor", inputs, attrs, x.dtype, name)
+    return _fluid_op(op, inputs, attrs, x.dtype, name)
 
 
 def _crop_check(x, shape, offsets, layer) -> list:

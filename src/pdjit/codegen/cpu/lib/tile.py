@@ -182,12 +182,13 @@ def _masked(builder, vty, name: str):
                                           f"llvm.masked.{name}.v{vty.count}{el}.p0")
 
 
-def _plane_loops(builder, xptr, geo, vty, kh: int, kw: int, stride: int, fill, combine, put):
+def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, fill, combine,
+                 put):
     """The loops of a filter of ``kh x kw`` taps at stride ``stride`` (1 or 2) over one plane
     (:func:`plane_kernel`, :func:`pool_plane_kernel`): ``geo`` the LLVM i64 values ``(b0, h, w,
-    oh, ow, pt, pl)``; each output vector starts at ``fill`` (also what a lane outside the
-    image reads), takes its taps in order by ``combine(tap, x, acc)`` and is stored by
-    ``put(row, q0, value, mask)``.
+    oh, ow, pt, pl)``, ``align`` the elements' alignment (an i32 constant); each output vector
+    starts at ``fill`` (also what a lane outside the image reads), takes its taps in order by
+    ``combine(tap, x, acc)`` and is stored by ``put(row, q0, value, mask)``.
 
     The outputs go by columns of vectors, down the rows; a tap's inputs are one masked load
     (stride 2: two, their even lanes picked by a shuffle), the lanes outside the image masked
@@ -201,7 +202,6 @@ def _plane_loops(builder, xptr, geo, vty, kh: int, kw: int, stride: int, fill, c
     ity = ir.VectorType(i64, lanes)
     bty = ir.VectorType(ir.IntType(1), lanes)
     iota = ir.Constant(ity, list(range(lanes)))
-    align = ir.Constant(ir.IntType(32), 4 if vty.element == ir.FloatType() else 8)
 
     def c(v):
         return ir.Constant(i64, v)
@@ -332,8 +332,8 @@ def plane_kernel(kh: int, kw: int, stride: int):
                     with no:
                         builder.call(store, [s, p, align, smask])
 
-            _plane_loops(builder, xptr, (b0v, hv, wv, ohv, owv, ptv, plv), vty, kh, kw, stride,
-                         zero, lambda t, x, s: builder.call(fma, [wb[t], x, s]), put)
+            _plane_loops(builder, xptr, (b0v, hv, wv, ohv, owv, ptv, plv), vty, align, kh, kw,
+                         stride, zero, lambda t, x, s: builder.call(fma, [wb[t], x, s]), put)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -380,8 +380,8 @@ def pool_plane_kernel(k: int, stride: int):
                     d0v, builder.add(builder.mul(row, owv), q0))]), vty.as_pointer())
                 builder.call(store, [s, p, align, smask])
 
-            _plane_loops(builder, xptr, (b0v, hv, wv, ohv, owv, ptv, plv), vty, k, k, stride,
-                         low, larger, put)
+            _plane_loops(builder, xptr, (b0v, hv, wv, ohv, owv, ptv, plv), vty, align, k, k,
+                         stride, low, larger, put)
             return context.get_dummy_value()
 
         return sig, codegen
