@@ -18,6 +18,7 @@ import numpy as np
 from pdjit.aot import batch_split, csource, loader
 from pdjit.aot.numba_aot import compile_object, pointer
 from pdjit.codegen import pipeline
+from pdjit.codegen.target import get_target
 from pdjit.framework import limits, registry
 from pdjit.framework.dtypes import to_numpy
 from pdjit.framework.errors import PdjitError, ReferenceStepWarning
@@ -163,11 +164,11 @@ def _build_plans(program, fetch_names):
     driver as one function) and, under each control-flow op's step, the plans of its
     sub-blocks built the same way (``_Plan.sub_plans``)."""
     built: dict = {}
+    target = get_target("aot")   # the CPU's kernels, for one thread: no prange
 
     def build(block, fetched):
-        plan = _Plan(pipeline.compile_block(program, block, fetched, native_drivers=True,
-                                            threads=(1, 1)),  # no thread pool: no prange
-                     built)
+        plan = _Plan(pipeline.compile_block(program, block, fetched, target=target,
+                                            native_drivers=True), built)
         for step in plan.steps:
             for b in getattr(step, "sub_blocks", ()):
                 if b not in built:

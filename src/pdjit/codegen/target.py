@@ -13,11 +13,18 @@ kernels its lowerings' lines call (``library_jobs``) and those ``pdjit warmup`` 
 device memory (``to_device``, ``to_host``, ``is_device_array``) and whether it can run here
 (``require``).
 
-Built-in targets: ``cpu`` (:mod:`pdjit.codegen.cpu.target`) and ``cuda``
-(:mod:`pdjit.codegen.cuda.target`, imported when first asked for: it imports ``numba.cuda``).
-A new target is a folder ``codegen/<name>/`` whose ``target`` module registers its object, plus
-its line in ``BUILTIN``. The target's name is part of every kernel's text, hence of its cache
-key.
+Built-in targets: ``cpu`` (:mod:`pdjit.codegen.cpu.target`), ``cuda``
+(:mod:`pdjit.codegen.cuda.target`, imported when first asked for: it imports ``numba.cuda``),
+``aot`` (:mod:`pdjit.codegen.aot.target`: ahead-of-time builds, on the ``cpu`` target) and
+``python`` (:mod:`pdjit.codegen.python.target`). A new target is a folder ``codegen/<name>/``
+whose ``target`` module registers its object, plus its line in ``BUILTIN``. The target that
+writes a kernel's module names itself in its text, hence in its cache key.
+
+A target may be built on another (``base``, a registered target's name): what its class does
+not define of this interface (a field, a method) is the base target's, taken from the base
+target object when it registers (looked up by name in the registry: no target imports
+another's modules). Its kernels are then the base target's, with the same text and cache keys
+where it renders them alike.
 
 Lowerings: an opaque op (an ``Opaque`` emit) lowers through the table of the plan's target,
 keyed by op type (:class:`Lowerings`): the modules of the target's ``lowerings`` package
@@ -81,7 +88,7 @@ class Lowerings:
 
 #: target name -> the module that defines and registers it (imported at the first ask)
 BUILTIN = {"cpu": "pdjit.codegen.cpu.target", "cuda": "pdjit.codegen.cuda.target",
-           "python": "pdjit.codegen.python.target"}
+           "aot": "pdjit.codegen.aot.target", "python": "pdjit.codegen.python.target"}
 
 
 class Target:
@@ -90,6 +97,9 @@ class Target:
 
     #: the target's name (``Place.kind``): in every kernel's text, hence its cache key
     name: str = ""
+    #: the registered target this one is built on (``""``: none): every field and method of
+    #: this interface its class does not define is the base target's (``register_target``)
+    base: str = ""
     #: elements from which a loop runs on threads (its parallel variant, ``ctx.loop``)
     parallel_min_size: int = 1 << 20
     #: loop kernels get ``numba.prange`` variants, used from ``parallel_min_size`` on
@@ -268,11 +278,39 @@ _DEVICE_TARGETS: list = []   # the registered targets with device memory (``hold
 
 
 def register_target(target: Target) -> Target:
+    """Register ``target`` under its name (a target with a ``base`` first takes what it does
+    not define from the registered base target: :func:`_take_from_base`)."""
     if not isinstance(target, Target):
         raise TypeError(f"register_target: expected a Target, got {type(target).__name__}")
+    if target.base:
+        if target.base == target.name:
+            raise ValueError(f"register_target: the {target.name} target is its own base")
+        _take_from_base(target, get_target(target.base))
     _TARGETS[target.name] = target
     _DEVICE_TARGETS[:] = [t for t in _TARGETS.values() if t.device]
     return target
+
+
+def _own(cls: type, attr: str) -> bool:
+    """Whether a subclass of :class:`Target` (``cls`` or a class between it and Target)
+    defines ``attr`` itself."""
+    return any(attr in vars(c) for c in cls.__mro__ if c is not Target and
+               issubclass(c, Target))
+
+
+def _take_from_base(target: Target, base: Target) -> None:
+    """Give ``target`` (on the instance) every field and method of the :class:`Target`
+    interface that its class does not define: a field's value is the base target's; a method
+    the base target's class defines is the base target's own (bound to it: it runs as the
+    base target, e.g. its ``module_text`` writes the base target's modules, so that both
+    share kernels); a method of the interface's defaults (``Target.lowering``, ...) stays
+    ``target``'s, reading ``target``'s fields."""
+    for attr, default in vars(Target).items():
+        if attr.startswith("_") or attr in ("name", "base") or _own(type(target), attr):
+            continue
+        if callable(default) and not _own(type(base), attr):
+            continue
+        setattr(target, attr, getattr(base, attr))
 
 
 def get_target(name: str) -> Target:
