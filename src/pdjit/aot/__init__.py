@@ -18,12 +18,14 @@
 - ``example.c``: a C program that runs the model on generated inputs (exit status 0);
 - the BLAS the library links (NumPy's OpenBLAS and what it needs), copied beside it.
 
-How (``pdjit.aot.build``): the model's inference program gets a plan as the JIT executor builds
-it, with every native step's driver as one Numba function (``native_drivers``). One generated
-entry function takes the inputs and parameters as raw pointers and sizes, wraps them as arrays
-(``numba.carray``), calls the steps' drivers in plan order with the values in locals, and copies
-the fetched values into the caller's buffers. That entry is compiled with Numba's ahead-of-time
-code generation into one object file (``pdjit.aot.numba_aot``), which C code generated here
+How (``pdjit.aot.build``): the model's inference program gets its plan descriptions from the
+compile pipeline for the ``aot`` target (``pdjit.codegen.aot``: the CPU target's kernels,
+generated for one thread), with every native step's driver as one Numba function
+(``native_drivers``). One generated entry function (``pdjit.codegen.aot.entry``) takes the
+inputs and parameters as raw pointers and sizes, wraps them as arrays (``numba.carray``), calls
+the steps' drivers in plan order with the values in locals, and copies the fetched values into
+the caller's buffers. That entry is compiled with Numba's ahead-of-time code generation into one
+object file (``pdjit.codegen.aot.numba_aot``), which C code generated here
 (``pdjit.aot.csource``) completes: a small runtime for the array allocations the kernels make
 (an arena per instance, sized at creation by one run on zeros at the largest batch, except for a
 model with a ``while``, whose loop need not end on zeros; re-sized after a run that needed

@@ -2,9 +2,10 @@
 and the example program — C files shipped in ``pdjit/aot/c/`` — and the per-model part
 (``model_spec.h``) generated here.
 
-The object compiled by ``pdjit.aot.numba_aot`` refers to symbols that Numba's JIT resolves from
-its own C helpers at run time. The library provides them here, hidden (only ``pdjit_*`` is
-exported, so loading the library into a Python process that has Numba changes nothing there):
+The object compiled by ``pdjit.codegen.aot.numba_aot`` refers to symbols that Numba's JIT
+resolves from its own C helpers at run time. The library provides them here, hidden (only
+``pdjit_*`` is exported, so loading the library into a Python process that has Numba changes
+nothing there):
 
 - NRT's allocation entry points (``NRT_MemInfo_alloc[_aligned]``, ``NRT_MemInfo_call_dtor``,
   ``NRT_Allocate``, ``NRT_Free``): a ``MemInfo`` laid out as NRT's (refcount, destructor,

@@ -98,6 +98,11 @@ class UnregisteredOpError(ProgramError, NotImplementedError):
     """A program uses an op type that pdjit does not know."""
 
 
+class AotError(PdjitError):
+    """A model that cannot be compiled ahead of time (``pdjit.aot.compile_model``; the message
+    names the op or the value), or a toolchain that is missing or failed."""
+
+
 class ShapeMismatch(ValueError):
     """Raised by op definitions (infer_shape, reference) for input that does not fit the op.
 

@@ -330,14 +330,14 @@ def test_still_refused_op_is_named(tmp_path):
 def test_the_plans_have_control_flow_and_only_native_code(built):
     """What the artifact is built from: cond_while's loop is one native function, its branches'
     plans are native steps, and the nested model's loop is driven (a body with a ``cond``)."""
-    from pdjit.aot import build
+    from pdjit.codegen.aot import entry
     from pdjit.io.inference_model import load_model
     from pdjit.passes.inference import optimize
 
     def plans(where):
         m = load_model(where)
         program, _ = optimize(m.program, m.params)
-        return build._build_plans(program, m.fetch_names)
+        return entry.build_plans(program, m.fetch_names)
 
     def kinds(plan):
         return [(s.kind, s.op.type if s.kind == "reference" else s.ops[0][0].type)
@@ -351,13 +351,13 @@ def test_the_plans_have_control_flow_and_only_native_code(built):
     subs = [sub for s in plan.steps if s.kind == "reference" for _, sub in plan.sub_plans(s)]
     assert len(subs) == 2 and all(t.kind == "native" and t.native is not None
                                   for sub in subs for t in sub.steps)
-    assert all(build._refuse_step(plan, s) is None for s in plan.steps)
+    assert all(entry.refuse_step(plan, s) is None for s in plan.steps)
     nested = plans(built["nested"][3])
     (loop,) = [s for s in nested.steps if s.kind == "reference" and s.op.type == "while"]
     (body,) = [sub for _, sub in nested.sub_plans(loop)]
     assert ("reference", "conditional_block") in of(body) and "native" in dict(of(body))
     assert ("reference", "select_output") in of(nested)
-    assert all(build._refuse_step(nested, s) is None for s in nested.steps)
+    assert all(entry.refuse_step(nested, s) is None for s in nested.steps)
 
     # a compile error's line names the group it is in: the native loop's body, a branch's
     # native driver (the group read here from each module's "# group" comments)
@@ -369,7 +369,7 @@ def test_the_plans_have_control_flow_and_only_native_code(built):
         for at in comments:   # the line after each group's comment (1-based: at + 2)
             ops = lines[at].split("[", 1)[1].split("]", 1)[0]
             err = ValueError(f'Cannot type x\nFile "/cache/{code.name}.py", line {at + 2}:')
-            assert build._culprit(plan, err) == \
+            assert entry.culprit(plan, err) == \
                 f"op(s) [{ops}] have no code Numba compiles without Python (Cannot type x)"
-    assert build._culprit(plan, ValueError("x")).startswith("Numba could not compile")
+    assert entry.culprit(plan, ValueError("x")).startswith("Numba could not compile")
     assert not any(s.native.parallel for sub in subs for s in sub.steps)  # (one thread)

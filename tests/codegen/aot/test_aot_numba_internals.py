@@ -1,6 +1,6 @@
 """What ``pdjit.aot`` relies on in Numba's internals, pinned: if one of these fails after a Numba
-upgrade, the AOT route needs porting (see ``pdjit.aot.numba_aot``'s docstring), not a fix in a
-model. Also the C runtime's reshape helper against NumPy's own reshape."""
+upgrade, the AOT route needs porting (see ``pdjit.codegen.aot.numba_aot``'s docstring), not a
+fix in a model. Also the C runtime's reshape helper against NumPy's own reshape."""
 import ctypes
 import shutil
 import subprocess
@@ -57,7 +57,7 @@ def test_aot_object_and_internal_calling_convention(tmp_path):
     returned value in ``*ret``; a raised exception is a non-zero status, no Python needed."""
     from numba.core import types
 
-    from pdjit.aot.numba_aot import compile_object, pointer
+    from pdjit.codegen.aot.numba_aot import compile_object, pointer
 
     obj, ir = compile_object(_sum_or_raise, [pointer("float32"), types.int64,
                                              pointer("float32")], "pin_entry")
