@@ -39,8 +39,10 @@ def test_the_aot_target_is_the_cpu_targets_code_for_one_thread():
     a = pipeline.compile_block(main, fetch_names=[s.name], target=aot, native_drivers=True)
     c = pipeline.compile_block(main, fetch_names=[s.name], target=cpu, native_drivers=True,
                                threads=(1, 1))
-    # the same kernels and drivers, compiled once for both: one module each, the CPU's text
-    assert _kernels(a) and _kernels(a) == _kernels(c)
+    # the same kernels and drivers, compiled once for both: one module each, the CPU's text;
+    # the kernels are the JIT's too, generated for threads
+    jit = pipeline.compile_block(main, fetch_names=[s.name], target=cpu, threads=(2, 2))
+    assert _kernels(a) and _kernels(a) == _kernels(c) == _kernels(jit)
     assert [st.native.name for st in a.steps] == [st.native.name for st in c.steps]
     assert all(st.native.compiled is cc.native.compiled for st, cc in zip(a.steps, c.steps))
     assert all("target cpu" in st.native.text and "prange" not in st.native.text and
