@@ -30,22 +30,25 @@ from pdjit.proto import framework_pb2 as pb
 __all__ = ["AotPlan", "build_plans", "refuse_step", "has_loop", "reads", "entry", "culprit"]
 
 
-def _driven(op) -> bool:
-    """Whether the entry drives ``op`` itself (``_Entry``): a branch or a loop (whose body
-    could not become one native loop), declared by ``registry.ControlFlow``, and ``cond``'s
-    merges, declared by ``registry.Select``."""
-    d = op.opdef
-    return d is not None and (d.control is not None or d.select is not None)
+def _select(op):
+    """The ``registry.Select`` declaration of ``op`` (``cond``'s merges), or None."""
+    return op.opdef.select if op.opdef is not None else None
 
 
-def _is_loop(op) -> bool:
-    d = op.opdef
-    return d is not None and d.control is not None and d.control.kind == registry.LOOP
+def _driven(step) -> bool:
+    """Whether the entry drives the host op ``step`` itself (``_Entry``): a branch or a loop
+    (whose body could not become one native loop), as the description's ``control`` (the op's
+    ``registry.ControlFlow``) says, or a merge the op declares by ``registry.Select``."""
+    return step.control is not None or _select(step.op) is not None
 
 
-def _scalar_condition(op) -> bool:
-    """Whether a control op's condition is one bool element (a loop's always is)."""
-    c = op.opdef.control
+def _is_loop(step) -> bool:
+    return step.control is not None and step.control.kind == registry.LOOP
+
+
+def _scalar_condition(step) -> bool:
+    """Whether a control step's condition is one bool element (a loop's always is)."""
+    c, op = step.control, step.op
     return c.kind == registry.LOOP or bool(c.scalar_condition and op.has_attr(
         c.scalar_condition) and op.attr(c.scalar_condition))
 
@@ -75,7 +78,7 @@ def refuse_step(plan, step) -> str | None:
     """Why ``step`` (of ``plan``) cannot be compiled ahead of time, or None (for a
     control-flow op the entry drives, the first refusal in its sub-blocks' plans)."""
     if step.kind == "reference":
-        if not _driven(step.op):
+        if not _driven(step):
             return f"op {step.op.type!r} (#{step.op_idx}) has no native lowering ({step.why})"
         return _refuse_control(plan, step)
     if step.kind not in ("native", "native_loop"):
@@ -97,16 +100,16 @@ def refuse_step(plan, step) -> str | None:
 
 def _refuse_control(plan, step) -> str | None:
     op, where = step.op, f"op {step.op.type!r} (#{step.op_idx})"
-    if op.opdef.select is not None:
+    if _select(op) is not None:
         return None
     want = list(op.sub_block_indices())
     subs = dict(plan.sub_plans(step))
     if sorted(subs) != sorted(want):
         return f"{where}: the plans of its sub-blocks {want} were not built"
-    slot = op.opdef.control.condition
+    slot = step.control.condition
     if slot is None:  # a loop that counts its own runs (a recurrent op): the entry cannot drive it
         return f"{where}: a loop without a condition input is not compiled ahead of time"
-    if _scalar_condition(op):
+    if _scalar_condition(step):
         conds = op.input(slot)
         if len(conds) != 1:
             return f"{where}: a scalar condition takes one {slot}, got {len(conds)}"
@@ -148,7 +151,7 @@ def has_loop(plan) -> bool:
     creation to size its memory (its loop need not end on zeros: "double until the sum
     reaches 100" never does)."""
     return any(step.kind == "native_loop" or
-               (step.kind == "reference" and _is_loop(step.op)) for step in plan.walk())
+               (step.kind == "reference" and _is_loop(step)) for step in plan.walk())
 
 
 
@@ -170,7 +173,7 @@ def _writes(plan) -> list:
         if step.kind != "reference":
             out += step.outputs
             continue
-        sel = step.op.opdef.select if step.op.opdef is not None else None
+        sel = _select(step.op)
         if sel is not None:
             out += step.op.output(sel.out if sel.gather else sel.choices)
         for _, sub in plan.sub_plans(step):
@@ -273,7 +276,7 @@ class _Entry:
         op = step.op
         what = f"op {op.type} (#{step.op_idx}, block {block.idx})"
         subs = dict(plan.sub_plans(step))
-        sel, control = op.opdef.select, op.opdef.control
+        sel, control = _select(op), step.control
         if sel is not None and sel.gather:
             choices = op.input(sel.choices)
             xs = [self.read_maybe(scope, n, what) for n in choices]
@@ -306,7 +309,7 @@ class _Entry:
             conds = [self.read(scope, n, indent, what) for n in op.input(control.condition)]
             outer = [n for n in dict.fromkeys(_writes(sub)) if not sub_block.has_var(n)]
             self.prepare(scope, outer, block, indent, what)
-            if _scalar_condition(op):
+            if _scalar_condition(step):
                 test = f"_truth({conds[0]})"
             else:
                 test = " and ".join(f"_nonempty({c})" for c in conds) or "True"
