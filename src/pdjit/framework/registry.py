@@ -123,6 +123,7 @@ prints, and running it raises :class:`UnregisteredOpError` naming the op.
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import inspect
 from dataclasses import dataclass, field
@@ -689,9 +690,15 @@ class OpDef:
                     c.value not in values or c.col not in self.attrs:
                 raise ValueError(f"op {self.type!r}: a Column declaration needs the FEED_FETCH "
                                  f"trait and the slots and attribute it names")
-        slot_names = [s.name for s in self.inputs]
-        self._infer_sig = _Signature(self.infer_shape, slot_names, list(self.attrs))
-        self._ref_sig = _Signature(self.reference, slot_names, list(self.attrs))
+
+    # (worked out at the first call, not at registration: ~1,000 signatures at import)
+    @functools.cached_property
+    def _infer_sig(self) -> _Signature:
+        return _Signature(self.infer_shape, [s.name for s in self.inputs], list(self.attrs))
+
+    @functools.cached_property
+    def _ref_sig(self) -> _Signature:
+        return _Signature(self.reference, [s.name for s in self.inputs], list(self.attrs))
 
     def input_slot(self, name: str) -> Slot | None:
         return next((s for s in self.inputs if s.name == name), None)
