@@ -123,6 +123,11 @@ def module_text(fn_source: str, fn_name: str, parallel: bool = False, target: st
     """The whole generated module, as the target writes it (``Target.module_text``): imports,
     the kernels it calls (``calls``: ``(global name, Compiled)``, bound by module name so the
     text stays a function of their content) and the function."""
+    return _module(fn_source, fn_name, parallel, target, calls).text
+
+
+def _module(fn_source: str, fn_name: str, parallel: bool, target: str, calls):
+    """The target's :class:`~pdjit.codegen.target.Module`: the text and the function's line."""
     from pdjit.codegen.target import get_target
 
     return get_target(target).module_text(fn_source, fn_name, f"# {__version__}",
@@ -241,13 +246,6 @@ def _load(name: str, path, fn_name: str, text: str | None = None):
     return getattr(mod, fn_name)
 
 
-def _first_line(text: str, fn_source: str) -> int:
-    """The line of the module ``text`` (a target's ``module_text``, which holds the function's
-    source as it is) where ``fn_source`` begins."""
-    at = text.find(fn_source)
-    return text.count("\n", 0, at) + 1 if at >= 0 else 1
-
-
 class Compiled:
     """A generated function: its dispatcher, module name, file (``None`` when the disk cache
     is off), source text, whether it (or a kernel it calls) has parallel loops, and the line
@@ -279,7 +277,8 @@ def compile_function(fn_source: str, fn_name: str, parallel: bool = False, targe
     """The compiled function of ``fn_source``, shared by content: the same text gives the same
     module (and Numba dispatcher) in this process and the same cache files across processes.
     Numba compiles it at its first call."""
-    text = module_text(fn_source, fn_name, parallel, target, calls)
+    module = _module(fn_source, fn_name, parallel, target, calls)
+    text = module.text
     name = f"pdjit_gen_{_source_hash(text)[:32]}"
     hit = _compiled.get(name)
     if hit is not None:
@@ -292,7 +291,7 @@ def compile_function(fn_source: str, fn_name: str, parallel: bool = False, targe
         path = _write_module(cache_dir(), name, text)
         compiled = _compiled[name] = Compiled(
             name, path, text, fn_name,
-            parallel or any(c.parallel for _, c in calls), _first_line(text, fn_source))
+            parallel or any(c.parallel for _, c in calls), module.first_line)
         return compiled
 
 

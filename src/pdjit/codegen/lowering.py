@@ -337,8 +337,11 @@ class LowerContext:
 
     def device_kernel(self, source: str) -> str:
         """The global name under which the driver launches ``source`` (``def kernel(...)``),
-        compiled by the plan's target (a device target's lowering: its own kernels)."""
-        return self.gen._kernel(source)
+        compiled by the plan's target (a device target's lowering: its own kernels), in one
+        statement of the lines returned."""
+        g = self.gen._kernel(source)
+        self.gen._named(g)
+        return g
 
     def lod(self, slot: str, level: int = -1, i: int = 0, optional: bool = False) -> str:
         """The local name of an ``int64`` array of the offsets of input ``slot``'s LoD at
@@ -591,6 +594,7 @@ class SegmentGen:
         self.memory_plan = None       # after plan_memory(): what the memory plan decided
         self._planned = None          # ... and the rewritten driver
         self._globals: dict = {}      # module name -> global name
+        self._uses: dict = {}         # global -> statements of the driver calling it (_named)
         self._group_at: list = []     # (index in ``lines``, the group's op types) per group
 
     # -- names ---------------------------------------------------------------------------------
@@ -671,6 +675,14 @@ class SegmentGen:
             g = self._globals[compiled.name] = f"K{len(self.calls)}"
             self.calls.append((g, compiled))
         return g
+
+    def _named(self, *names) -> None:
+        """One more statement of the driver calls each of the globals ``names`` (``None``:
+        nothing): which kernels and parallel variants a rewritten driver still calls
+        (:meth:`used_calls`)."""
+        for g in names:
+            if g is not None:
+                self._uses[g] = self._uses.get(g, 0) + 1
 
     # -- the driver ----------------------------------------------------------------------------
     def generate(self) -> None:
@@ -968,6 +980,7 @@ class SegmentGen:
             args = [a if a.startswith(("lod", "rng")) else self.flat(a) for a in args]
         targets = [self.define(n) for n in outs]
         call = f"{g}({', '.join(args)})"
+        self._named(g)
         self.emit(f"({''.join(t + ', ' for t in targets)}) = {call}" if targets else call)
 
     def _float_dtype(self, op):
@@ -1095,6 +1108,7 @@ class SegmentGen:
         for line in self.target.call_site(kernel, self.fresh, self.flats, locals_, store_locals,
                                           red_local, params, kname, pname):
             self.emit(line)
+        self._named(kname, pname)
         if spec is None:
             self._note_inplace(kernel, locals_, store_locals, stored_chain,
                                {"call": kname, "parallel": pname, "argtypes": argtypes,
@@ -1145,6 +1159,9 @@ class SegmentGen:
             self.lazy.append((p, self.target.render(kernel, parallel=True, inplace=mapping)))
             renames[call["parallel"]] = p
             call["parallel"] = p
+        for old, new in renames.items():  # the call statement now names the variants
+            self._uses[old] -= 1
+            self._named(new)
         return renames
 
     def _register(self, compiled) -> str:
@@ -1184,13 +1201,13 @@ class SegmentGen:
         keep = {id(c) for _, c in self.calls}
         self.jobs = [(c, t) for c, t in self.jobs
                      if not isinstance(c, Compiled) or id(c) in keep]
-        used = set(re.findall(r"\bP\d+\b", planned))
-        self.lazy = [(g, src) for g, src in self.lazy if g in used]
+        self.lazy = [(g, src) for g, src in self.lazy if self._uses.get(g, 0) > 0]
 
     def used_calls(self) -> list:
-        """The ``calls`` the driver's source names, and the kernels its blocked kernels call."""
-        src = self.source("segment")
-        used = {g for g, _ in self.calls if re.search(rf"\b{g}\b", src)}
+        """The ``calls`` some statement of the driver calls (counted as the statements are
+        generated, and as the memory plan switches them to in-place variants), and the kernels
+        its blocked kernels call."""
+        used = {g for g, n in self._uses.items() if n > 0}
         epis = {id(self._epilogues[g]) for g in used if g in self._epilogues}
         return [(g, c) for g, c in self.calls if g in used or id(c) in epis]
 
@@ -1237,6 +1254,7 @@ class SegmentGen:
         g = self._register(self._blocked_fn(kernel, fn, len(before), len(after), epi))
         self._epilogues[g] = epi
         rest = [f"{y}.shape[0]"] + before + after + args
+        self._named(g)
         if self.native:
             self.emit(f"{g}(0, {y}.shape[0], {', '.join(rest)})")
         else:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from typing import NamedTuple
 
 from pdjit.framework.registry import Opaque
 
@@ -78,6 +79,21 @@ class Lowerings:
     def op_types(self) -> set:
         self.get("")
         return set(self._table)
+
+class Module(NamedTuple):
+    """A generated module (``Target.module_text``): its ``text`` and the line of it where the
+    function's source begins (``first_line``: the source's line ``k`` is the module's line
+    ``first_line + k - 1``), as the target placed it."""
+
+    text: str
+    first_line: int
+
+    @classmethod
+    def around(cls, head: list, fn_source: str, tail: list = ()) -> "Module":
+        """The lines ``head``, the function's source, the lines ``tail``."""
+        top = "\n".join(head)
+        return cls("\n".join([top, fn_source, *tail]), top.count("\n") + 2)
+
 
 #: target name -> the module that defines and registers it (imported at the first ask)
 BUILTIN = {"cpu": "pdjit.codegen.cpu.target", "cuda": "pdjit.codegen.cuda.target",
@@ -214,10 +230,11 @@ class Target:
         raise NotImplementedError
 
     def module_text(self, fn_source: str, fn_name: str, header: str, parallel: bool = False,
-                    calls=()) -> str:
-        """The generated module a kernel of this target is compiled in (``header``: a comment
-        line naming pdjit's version; ``parallel``: the function has parallel loops;
-        ``calls``: ``(global name, Compiled)`` of the kernels it calls)."""
+                    calls=()) -> Module:
+        """The generated module a kernel of this target is compiled in, and where the
+        function's source begins in it (``header``: a comment line naming pdjit's version;
+        ``parallel``: the function has parallel loops; ``calls``: ``(global name, Compiled)``
+        of the kernels it calls)."""
         raise NotImplementedError
 
     def function_globals(self) -> dict:

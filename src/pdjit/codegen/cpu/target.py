@@ -28,7 +28,7 @@ from pdjit.codegen.cpu import mathfuncs, rt
 from pdjit.codegen.cpu.lowerings import LOWERINGS
 from pdjit.codegen.kernel import FULL, LoopKernel
 from pdjit.codegen.sequential import INPLACE_FORMS, argtypes, render  # noqa: F401
-from pdjit.codegen.target import Target, register_target
+from pdjit.codegen.target import Module, Target, register_target
 
 NAME = "cpu"
 
@@ -225,7 +225,7 @@ class CpuTarget(Target):
     dependencies = ("pdjit.codegen.cpu.rt", "pdjit.codegen.cpu.mathfuncs", "pdjit.codegen.cpu.lib")
 
     def module_text(self, fn_source: str, fn_name: str, header: str, parallel: bool = False,
-                    calls=()) -> str:
+                    calls=()) -> Module:
         """Imports (math functions ``_m``, runtime helpers ``_rt``, the library ``_nn``), the
         kernels it calls (bound by module name: ``compiler.load_kernel``) and the function
         under ``@numba.njit``."""
@@ -242,8 +242,7 @@ class CpuTarget(Target):
             lines += ["from pdjit.codegen.compiler import load_kernel as _kernel", ""]
             lines += [f"{g} = _kernel({c.name!r}, {c.fn_name!r})" for g, c in calls]
         options = PARALLEL_OPTIONS if parallel else JIT_OPTIONS
-        lines += ["", "", f"@numba.njit({options})", fn_source, ""]
-        return "\n".join(lines)
+        return Module.around(lines + ["", "", f"@numba.njit({options})"], fn_source, [""])
 
     def function_globals(self) -> dict:
         return {"math": math, "np": np, "_m": mathfuncs, "_rt": rt, "_nn": nnlib}
