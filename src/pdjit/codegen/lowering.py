@@ -21,6 +21,8 @@ references, which either report the precise error or give the answer.
 """
 from __future__ import annotations
 
+import ast
+import functools
 import math
 import re
 import string
@@ -28,7 +30,7 @@ import string
 import numpy as np
 
 from pdjit.codegen import memplan
-from pdjit.codegen.compiler import Compiled, HostFunction, LibraryKernel, compile_function
+from pdjit.codegen.compiler import Compiled, HostFunction, compile_function, kernel_cost
 from pdjit.codegen.kernel import (
     FLAT_FORMS,
     FULL,
@@ -352,6 +354,29 @@ class LowerContext:
 
 
 
+@functools.lru_cache(maxsize=None)
+def template_math(template: str) -> frozenset:
+    """The math helpers an emit template calls (``_m.<name>``: the code generator's math
+    module, see ``registry``'s ``emit``), read from the template's syntax tree with its
+    placeholders as names: what a kernel made of it needs compiled besides its loops."""
+    fields = {f for _, f, _, _ in string.Formatter().parse(template) if f}
+    try:
+        tree = ast.parse(template.format(**{f: "v_" for f in fields}).strip(), mode="eval")
+    except (SyntaxError, ValueError, KeyError, IndexError, AttributeError):
+        return frozenset()  # not an expression: its kernel is compiled as any other
+    return frozenset(node.attr for node in ast.walk(tree)
+                     if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                     and node.value.id == "_m")
+
+
+def loop_kernel_cost(k: LoopKernel) -> dict:
+    """The compile job fields of the loop kernel ``k`` (``compile_function``'s ``cost`` and
+    ``math``), from its description: its statements and stores (a reduction's three) and the
+    math helpers they call."""
+    n = len(k.body) + len(k.stores) + (3 if k.reduce is not None else 0)
+    return {"cost": kernel_cost(n, k.math), "math": k.math}
+
+
 def template_attrs(node, opdef, param) -> dict:
     """The attribute values an elementwise node's template names, as source: a float of a
     numeric attribute becomes a run-time argument (``param(literal) -> local``: kernels that
@@ -421,6 +446,7 @@ class Prologue:
             t = numpy_type_name(gen.block._find_var_recursive(out).dtype)
             local = ctx.tmp("pe")
             body.append(f"{local} = {node.lowering.format(T=t, **attrs, **subst)}")
+            scope.math |= template_math(node.lowering)
             exprs[out] = local
         if self.name not in exprs:
             return None
@@ -502,6 +528,7 @@ class _KernelScope:
         self.driver_local: dict = {}  # env name read -> the driver's local holding it
         self.defined: list = []       # env names the kernel allocates, in definition order
         self.dests: list = []         # (env name, param, shape, dtype, zero): driver-allocated
+        self.math: set = set()        # the math helpers its lines call (a prologue's templates)
         self.counter = 0
 
     def fresh(self, hint: str) -> str:
@@ -659,12 +686,15 @@ class SegmentGen:
             self.emit(f"{f} = {local}.reshape({local}.size)")
         return f
 
-    def _kernel(self, source: str, parallel: bool = False, argtypes=None) -> str:
+    def _kernel(self, source: str, parallel: bool = False, argtypes=None, cost=None,
+                math=()) -> str:
         """The global name under which the driver calls the compiled ``source``;
         ``argtypes``: the argument types its call will most likely have ((dtype, ndim) per
-        array, ``float``/``int`` per scalar, ``"lod"`` per offsets array)."""
+        array, ``float``/``int`` per scalar, ``"lod"`` per offsets array); ``cost`` and
+        ``math``: its compile job's estimated time and the math helpers it calls
+        (:func:`loop_kernel_cost`)."""
         compiled = compile_function(source, "kernel", parallel=parallel,
-                                    target=self.target.name)
+                                    target=self.target.name, cost=cost, math=math)
         if argtypes is not None:
             if self.target.precompile:
                 self.jobs.append((compiled, tuple(argtypes)))
@@ -778,8 +808,7 @@ class SegmentGen:
         for line in lines:
             self.emit(line)
         # (the call of fn, by blocks, is written elsewhere: its kernels are jobs too)
-        self.jobs += [(LibraryKernel(f), types) for f, types in
-                      self.target.library_jobs(lines + [f"{fn}()"], self._float_dtype(node.op))]
+        self.jobs += self.target.library_jobs(lines + [f"{fn}()"], self._float_dtype(node.op))
         name = outs[0]
         if ctx.taken:
             off = ctx.offer
@@ -914,8 +943,7 @@ class SegmentGen:
             self.calls_blas |= node.lowering.blas
             for line in lines:
                 self.emit(line)
-            self.jobs += [(LibraryKernel(fn), types) for fn, types in
-                          self.target.library_jobs(lines, self._float_dtype(node.op))]
+            self.jobs += self.target.library_jobs(lines, self._float_dtype(node.op))
             return
         scope = _KernelScope(self)
         lines = _lowered(node, LowerContext(scope, node))
@@ -973,7 +1001,8 @@ class SegmentGen:
                 dt, nd = self.meta.get(a, (None, None))
                 argtypes.append((dt, 1 if flat else nd) if dt is not None else None)
         g = self._kernel(src, parallel=scope.uses_prange,
-                         argtypes=None if any(t is None for t in argtypes) else argtypes)
+                         argtypes=None if any(t is None for t in argtypes) else argtypes,
+                         cost=kernel_cost(len(lines), scope.math), math=tuple(scope.math))
         self.uses_prange |= scope.uses_prange
         args = scope.params + dests
         if flat:  # every array 1-D: one kernel for every rank
@@ -1032,6 +1061,7 @@ class SegmentGen:
             return f"p{len(params) - 1}"
 
         counter = 0
+        math_fns: set = set()          # the math helpers the statements call
         for node in chain:
             op = node.op
             opdef = registry.get(op.type)
@@ -1049,6 +1079,7 @@ class SegmentGen:
             counter += 1
             local = f"e{counter}"
             body.append(f"{local} = {node.lowering.format(T=t, **attrs, **subst)}")
+            math_fns |= template_math(node.lowering)
             exprs[out_name], cones[out_name] = local, cone
 
         stored_chain = [n for n in group.stored if n in exprs]
@@ -1067,7 +1098,10 @@ class SegmentGen:
                               red.finalize.format(acc="{acc}", n="{n}", T=t),
                               axes, red.keep_dim, t, x_expr, x_cone, red.identity,
                               red.combine.format(acc="{acc}", x="{x}", T=t))
-        kernel = LoopKernel(rank, leaves, body, stores, len(params), reduce=spec)
+            for template in (red.init, red.combine, red.finalize):
+                math_fns |= template_math(template)
+        kernel = LoopKernel(rank, leaves, body, stores, len(params), reduce=spec,
+                            math=tuple(sorted(math_fns)))
         kernel.form = choose_form(kernel, row_ranks)
         self.emit(f"# form {kernel.form}")
         leaf_dtypes = [self.meta.get(loc, (None,))[0] for loc in locals_]
@@ -1081,12 +1115,13 @@ class SegmentGen:
         # it (a host driver's memory plan decides that: _note_inplace)
         inplace = self._epilogue_inplace(kernel, locals_, stored_chain, blocks[0]) \
             if ok and self.native else None
-        kname = self._kernel(self.target.render(kernel, inplace=inplace), argtypes=argtypes)
+        kname = self._kernel(self.target.render(kernel, inplace=inplace), argtypes=argtypes,
+                             **loop_kernel_cost(kernel))
         pname = None
         if kernel.form in FLAT_FORMS and self.target.parallel_variants:
             if self.native and self.parallel:
                 kname = self._kernel(self.target.render(kernel, parallel=True, inplace=inplace),
-                                     parallel=True)
+                                     parallel=True, **loop_kernel_cost(kernel))
                 self.uses_prange = True
             elif not self.native and self.parallel_loops:
                 pname = f"P{len(self.lazy)}"
@@ -1145,7 +1180,7 @@ class SegmentGen:
         mapping = dict(call["map"])
         renames = {}
         variant = self._kernel(self.target.render(kernel, inplace=mapping),
-                               argtypes=call["argtypes"])
+                               argtypes=call["argtypes"], **loop_kernel_cost(kernel))
         if call.get("blocked"):
             _, fn, before, after, _ = call["blocked"]
             epi = next(c for g, c in self.calls if g == variant)

@@ -272,8 +272,9 @@ class Target:
         raise NotImplementedError(f"the {self.name} target has no device loops")
 
     def library_jobs(self, lines: list, dtype) -> list:
-        """Compile jobs ``(dispatcher, argument types)`` of the library kernels ``lines``
-        call, for float data of ``dtype`` (none: the target compiles them at first use)."""
+        """Compile jobs ``(compiler.LibraryKernel, argument types)`` of the library kernels
+        ``lines`` call, for float data of ``dtype``, each with the compile cost its library
+        declares (none: the target compiles them at first use)."""
         return []
 
     def __repr__(self) -> str:

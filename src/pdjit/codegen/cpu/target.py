@@ -22,7 +22,13 @@ import threading
 import numpy as np
 
 from pdjit.codegen import driver, memplan
-from pdjit.codegen.compiler import LibraryKernel, compile_function, deps_hash, module_text
+from pdjit.codegen.compiler import (
+    LibraryKernel,
+    compile_function,
+    deps_hash,
+    kernel_cost,
+    module_text,
+)
 from pdjit.codegen.cpu import lib as nnlib
 from pdjit.codegen.cpu import mathfuncs, rt
 from pdjit.codegen.cpu.lowerings import LOWERINGS
@@ -250,12 +256,13 @@ class CpuTarget(Target):
     def warmup_jobs(self, dtypes) -> list:
         """Every entry point the library declares jobs for, and each math function through a
         small kernel, for float data of each of ``dtypes``."""
-        jobs = [(LibraryKernel(fn), types) for dt in dtypes
+        jobs = [(LibraryKernel(fn, nnlib.cost_of(fn)), types) for dt in dtypes
                 for _, maker in sorted(nnlib.JOBS.items()) for fn, types in maker(np.dtype(dt))]
         for dt in dtypes:
             for fn in mathfuncs.__all__:
                 c = compile_function(f"def kernel(x, y):\n    for i in range(x.size):\n"
-                                     f"        y[i] = _m.{fn}(x[i])\n", "kernel", target=NAME)
+                                     f"        y[i] = _m.{fn}(x[i])\n", "kernel", target=NAME,
+                                     cost=kernel_cost(1, (fn,)), math=(fn,))
                 jobs.append((c, [(dt, 1), (dt, 1)]))
         return jobs
 
@@ -288,7 +295,8 @@ class CpuTarget(Target):
         return tiers.DriverTiers(step, native, build, hot if build is not None else 0, split)
 
     def library_jobs(self, lines: list, dtype) -> list:
-        return nnlib.library_jobs(lines, dtype)
+        return [(LibraryKernel(fn, nnlib.cost_of(fn)), types)
+                for fn, types in nnlib.library_jobs(lines, dtype)]
 
 
 TARGET = register_target(CpuTarget())

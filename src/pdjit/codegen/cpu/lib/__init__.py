@@ -19,7 +19,7 @@ import re
 
 import numpy as np
 
-from pdjit.codegen.cpu.lib._jit import JOBS, jit, pjit  # noqa: F401
+from pdjit.codegen.cpu.lib._jit import JOBS, cost_of, jit, pjit  # noqa: F401
 from pdjit.codegen.cpu.lib.conv import *  # noqa: F401,F403
 from pdjit.codegen.cpu.lib.crf import *  # noqa: F401,F403
 from pdjit.codegen.cpu.lib.gemm import *  # noqa: F401,F403
