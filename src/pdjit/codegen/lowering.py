@@ -175,7 +175,7 @@ class LowerContext:
     @property
     def _target(self):
         """The :class:`~pdjit.codegen.target.Target` object of the driver being generated."""
-        return self.gen.target if hasattr(self.gen, "target") else self.gen.gen.target
+        return self.gen.target
 
     @property
     def lib(self) -> str:
@@ -519,10 +519,12 @@ class _KernelScope:
 
     def __init__(self, gen: "SegmentGen"):
         self.gen = gen
+        self.target = gen.target      # the target rendering the driver (and this kernel)
         self.block, self.segment, self.needed_after = gen.block, gen.segment, gen.needed_after
         self.parallel = gen.parallel
         self.uses_prange = False
         self.params: list = []        # kernel parameter -> the driver's local
+        self.kinds: list = []         # per parameter: "array", "lod", "rng" or "number"
         self.param_of: dict = {}
         self.current: dict = {}
         self.driver_local: dict = {}  # env name read -> the driver's local holding it
@@ -535,18 +537,21 @@ class _KernelScope:
         self.counter += 1
         return f"{_unreserved(hint)}{self.counter}"
 
-    def _param(self, driver_local: str) -> str:
+    def _param(self, driver_local: str, kind: str = "number") -> str:
+        """The kernel parameter bound to ``driver_local`` (a ``kind`` of value: ``"number"``,
+        a numeric attribute's literal, unless the caller says otherwise)."""
         p = self.param_of.get(driver_local)
         if p is None:
             p = self.param_of[driver_local] = f"a{len(self.params)}"
             self.params.append(driver_local)
+            self.kinds.append(kind)
         return p
 
     def read(self, name: str) -> str:
         local = self.current.get(name)
         if local is None:
             outer = self.driver_local[name] = self.gen.read(name)
-            local = self.current[name] = self._param(outer)
+            local = self.current[name] = self._param(outer, "array")
         return local
 
     def define(self, name: str) -> str:
@@ -556,10 +561,10 @@ class _KernelScope:
         return local
 
     def lod_arg(self, op, name: str, level: int, optional: bool) -> str:
-        return self._param(self.gen.lod_arg(op, name, level, optional))
+        return self._param(self.gen.lod_arg(op, name, level, optional), "lod")
 
     def rng_arg(self, op) -> str:
-        return self._param(self.gen.rng_arg(op))
+        return self._param(self.gen.rng_arg(op), "rng")
 
     def define_out(self, name: str, shape: str, dtype: str, zero: bool) -> str:
         """An output the driver allocates: a parameter after the inputs."""
@@ -990,12 +995,13 @@ class SegmentGen:
             self.emit(f"{local} = np.{'zeros' if zero else 'empty'}({shape}, {dtype})")
             dests.append(local)
         argtypes = []
-        for a in scope.params + dests:
-            if a.startswith("lod"):
+        kinds = scope.kinds + ["array"] * len(dests)
+        for a, kind in zip(scope.params + dests, kinds):
+            if kind == "lod":
                 argtypes.append("lod")
-            elif a.startswith("rng"):
+            elif kind == "rng":
                 argtypes.append(None)  # a uint64 scalar: compiled at the first call
-            elif re.fullmatch(r"-?[\d.e+-]+|-?math\.inf|math\.nan", a):  # a numeric attribute
+            elif kind == "number":  # a numeric attribute
                 argtypes.append(float)
             else:
                 dt, nd = self.meta.get(a, (None, None))
@@ -1006,7 +1012,7 @@ class SegmentGen:
         self.uses_prange |= scope.uses_prange
         args = scope.params + dests
         if flat:  # every array 1-D: one kernel for every rank
-            args = [a if a.startswith(("lod", "rng")) else self.flat(a) for a in args]
+            args = [a if kind in ("lod", "rng") else self.flat(a) for a, kind in zip(args, kinds)]
         targets = [self.define(n) for n in outs]
         call = f"{g}({', '.join(args)})"
         self._named(g)

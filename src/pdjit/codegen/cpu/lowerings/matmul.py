@@ -60,7 +60,7 @@ def _gemm_blocked(ctx, xn: int, ta: bool = False, tb: bool = False, scaled: bool
     cheap next to the GEMM; blocks mostly spare the threaded-BLAS stalls."""
     if not _blas_ok(ctx) or ta or tb or scaled or ctx.rank("Y") != 2:
         return None
-    if getattr(ctx.gen, "parallel", False):  # a thread count > 1 asked for: BLAS's too, and
+    if ctx.gen.parallel:  # a thread count > 1 asked for: BLAS's too, and
         return None                          # concurrent threaded BLAS calls fight
     rx = ctx.rank("X")
     xs, ys = ctx.shape("X"), ctx.shape("Y")
