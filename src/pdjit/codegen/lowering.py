@@ -142,6 +142,7 @@ class LowerContext:
                         if n != registry.EMPTY_VAR_NAME and n != fed}
         self.offer = None      # a ChannelEpilogue the op may apply (see channel_epilogue)
         self.taken = False
+        self.library_calls: list = []  # the library functions named by lib_fn, in order
 
     def channel_epilogue(self, T: str, lines: list, residual: bool = False) -> list:
         """Source of ``[bias, lo, hi]`` (``residual``: ``[bias, lo, hi, res]``) for an
@@ -181,6 +182,14 @@ class LowerContext:
     def lib(self) -> str:
         """The name the target's library of kernels has in the lines (``_nn``, ``_cu``)."""
         return self._target.library
+
+    def lib_fn(self, name: str) -> str:
+        """How the lines name the function ``name`` of the target's library (``"pad3d"``, or
+        ``"conv._fwd_range"``: a function of one of its modules), recorded in
+        ``library_calls``: the code generator predicts the library kernels to compile from
+        the functions a lowering named, never from its lines' text."""
+        self.library_calls.append(name)
+        return f"{self._target.library}.{name}"
 
     @property
     def device(self) -> bool:
@@ -813,7 +822,7 @@ class SegmentGen:
         for line in lines:
             self.emit(line)
         # (the call of fn, by blocks, is written elsewhere: its kernels are jobs too)
-        self.jobs += self.target.library_jobs(lines + [f"{fn}()"], self._float_dtype(node.op))
+        self.jobs += self.target.library_jobs(ctx.library_calls, self._float_dtype(node.op))
         name = outs[0]
         if ctx.taken:
             off = ctx.offer
@@ -942,13 +951,14 @@ class SegmentGen:
         # library calls and views: lines of the driver itself (on a device target every
         # opaque lowering is: its lines launch the target's library kernels)
         if node.lowering.host or self.target.device:
-            lines = _lowered(node, LowerContext(self, node))
+            ctx = LowerContext(self, node)
+            lines = _lowered(node, ctx)
             if lines is None:
                 raise Declined(node.op)
             self.calls_blas |= node.lowering.blas
             for line in lines:
                 self.emit(line)
-            self.jobs += self.target.library_jobs(lines, self._float_dtype(node.op))
+            self.jobs += self.target.library_jobs(ctx.library_calls, self._float_dtype(node.op))
             return
         scope = _KernelScope(self)
         lines = _lowered(node, LowerContext(scope, node))

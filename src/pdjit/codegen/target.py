@@ -271,10 +271,11 @@ class Target:
         iterations (``args``: its arguments, ``n`` last)."""
         raise NotImplementedError(f"the {self.name} target has no device loops")
 
-    def library_jobs(self, lines: list, dtype) -> list:
+    def library_jobs(self, names: list, dtype) -> list:
         """Compile jobs ``(compiler.LibraryKernel, argument types)`` of the library kernels
-        ``lines`` call, for float data of ``dtype``, each with the compile cost its library
-        declares (none: the target compiles them at first use)."""
+        that a call of each of the library functions ``names`` runs (as a lowering named
+        them: ``LowerContext.lib_fn``), for float data of ``dtype``, each with the compile
+        cost its library declares (none: the target compiles them at first use)."""
         return []
 
     def __repr__(self) -> str:

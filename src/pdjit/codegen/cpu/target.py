@@ -294,9 +294,9 @@ class CpuTarget(Target):
         hot = tiers.BACKGROUND_RUNS if mode == "background" else tiers.HOT_RUNS
         return tiers.DriverTiers(step, native, build, hot if build is not None else 0, split)
 
-    def library_jobs(self, lines: list, dtype) -> list:
+    def library_jobs(self, names: list, dtype) -> list:
         return [(LibraryKernel(fn, nnlib.cost_of(fn)), types)
-                for fn, types in nnlib.library_jobs(lines, dtype)]
+                for fn, types in nnlib.library_jobs(names, dtype)]
 
 
 TARGET = register_target(CpuTarget())
