@@ -137,3 +137,24 @@ def test_a_stride_1_input_gradient_predicts_the_taps_kernel_alone(fresh_programs
     names = {fn.py_func.__name__ for fn, _ in jobs}
     assert "_fwd_taps" in names and "_bwd_data_range" not in names, names
     _assert_used(jobs)
+
+
+def test_lowerings_name_library_functions_through_lib_fn():
+    """No CPU lowering writes ``_nn.<function>`` into its lines itself: named through
+    ``ctx.lib_fn``, every call is recorded, so its compile jobs are predicted (docstrings may
+    mention the functions)."""
+    import ast
+    import pathlib
+
+    from pdjit.codegen.cpu import lowerings
+
+    bad = []
+    for path in sorted(pathlib.Path(lowerings.__file__).parent.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        docs = {id(n.body[0].value) for n in ast.walk(tree)
+                if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef)) and n.body
+                and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        bad += [f"{path.name}:{n.lineno}" for n in ast.walk(tree)
+                if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
+                and re.search(r"\b_nn\.\w", n.value)]
+    assert not bad, f"library calls written as text (use ctx.lib_fn): {bad}"
