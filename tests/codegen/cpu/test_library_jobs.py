@@ -158,3 +158,36 @@ def test_lowerings_name_library_functions_through_lib_fn():
                 if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
                 and re.search(r"\b_nn\.\w", n.value)]
     assert not bad, f"library calls written as text (use ctx.lib_fn): {bad}"
+
+
+def test_every_declared_job_has_types_precompile_knows():
+    """Each entry point's jobs give argument types the compile worker can turn into a Numba
+    signature (a job it cannot is skipped, and its kernel compiles at its first call)."""
+    for dt in (np.float32, np.float64):
+        for maker in nnlib.JOBS.values():
+            for _, types in maker(np.dtype(dt)):
+                tuple(compiler._numba_type(t) for t in types)  # raises on an unknown type
+
+
+def test_an_embedding_predicts_its_row_kernels(fresh_programs, monkeypatch):
+    """An embedding's lookup and its gradient call the row gather and scatter kernels: the
+    predicted signatures are the ones the calls use; the gradient step is NumPy's."""
+    main, startup = fresh_programs
+    ids = fluid.layers.data("ids", [1], dtype="int64")
+    e = fluid.layers.embedding(ids, size=[7, 3])
+    loss = fluid.layers.mean(fluid.layers.square(e))
+    fluid.optimizer.SGD(0.5).minimize(loss)
+    exe = fluid.Executor(fluid.CPUPlace())
+    exe.run(startup)
+    scope = fluid.global_scope()
+    w0 = np.array(scope.find_var("embedding_0.w_0").get_tensor())
+    iv = np.array([[1], [4], [1]], dtype=np.int64)
+    exe.run(main, feed={"ids": iv}, fetch_list=[loss])
+    assert_native(exe)
+    want = w0.copy()
+    np.add.at(want, iv[:, 0], -0.5 * 2 * w0[iv[:, 0]] / w0[iv[:, 0]].size)
+    np.testing.assert_allclose(np.array(scope.find_var("embedding_0.w_0").get_tensor()), want,
+                               rtol=1e-5)
+    jobs = nnlib.library_jobs(["take_rows", "scatter_rows"], np.float32)
+    assert {fn.py_func.__name__ for fn, _ in jobs} == {"take_rows", "scatter_rows"}
+    _assert_used(jobs)

@@ -504,12 +504,12 @@ _I64 = np.dtype(np.int64)
 
 @jobs("take_rows")
 def _take_jobs(T):
-    return [(take_rows, [(T, 3), (_I64, 1), "int", "bool", (T, 3)])]
+    return [(take_rows, [(T, 3), (_I64, 1), int, bool, (T, 3)])]
 
 
 @jobs("scatter_rows")
 def _scatter_jobs(T):
-    return [(scatter_rows, [(T, 3), (_I64, 1), (T, 3), "int", "int", "bool"])]
+    return [(scatter_rows, [(T, 3), (_I64, 1), (T, 3), int, int, bool])]
 
 
 @jobs("tile_nd")
