@@ -540,3 +540,4 @@ def _extreme_share_jobs(T):
 # process, 2 cores at load 5-26): the compile worker balances its groups by them
 compile_cost(1.0, tile_nd, untile_nd, extreme_share, others_product)  # 0.95-1.03 s
 compile_cost(0.45, cumsum_rows)
+compile_cost(0.8, take_rows, scatter_rows)  # 0.72, 0.83 s
