@@ -247,7 +247,8 @@ def test_precompile_refreshes_numbas_registries_once_before_its_fork(monkeypatch
 
     class Job:  # a compile job whose compile costs nothing (in this process or the worker)
         def __init__(self, i):
-            self.name, self.text, self.parallel = f"job{i}", "", False
+            self.name, self.parallel, self.cost = f"job{i}", False, 0.0
+            self.affinity = ("own", self.name)
             self.fn = type("Fn", (), {"overloads": {}, "_cache": None,
                                       "compile": lambda self, sig: None})()
 
@@ -275,7 +276,8 @@ def test_precompile_keeps_the_jobs_of_one_affinity_in_one_process(monkeypatch, t
 
     class Job:  # a compile job that notes which process compiled it
         def __init__(self, i, affinity):
-            self.name, self.text, self.parallel, self.affinity = f"job{i}", "", False, affinity
+            self.name, self.parallel, self.affinity = f"job{i}", False, affinity
+            self.cost = 1.0
             self.fn = type("Fn", (), {"overloads": {}, "_cache": None, "compile": lambda _, sig:
                                       time.sleep(0.02) or  # (both processes take some)
                                       log.open("a").write(f"{affinity} {os.getpid()}\n")})()

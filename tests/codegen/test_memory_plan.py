@@ -6,6 +6,7 @@ written here and against the same executor without the plan (identical arrays: t
 memory, never arithmetic).
 """
 import math
+import re
 import tracemalloc
 import warnings
 
@@ -256,6 +257,14 @@ def test_training_step_matches_numpy(fresh_programs):
         np.testing.assert_allclose(got[k], p[k], rtol=1e-4, atol=1e-6, err_msg=k)
     (mp,) = _memory_plans(exe, main)
     assert mp.slots and mp.inplace   # the gradients' buffers are reused
+    # the driver keeps exactly the kernels and parallel variants its rewritten source calls
+    # (read here from the source, the generator counts them as it writes and switches calls)
+    (step,) = [s for p_ in _plans(exe, main) for s in p_.walk()
+               if s.kind == "native" and s.compiled.memory_plan is not None]
+    drv = step.compiled
+    named = set(re.findall(r"\b[KP]\d+\b", drv.source))
+    assert {g for g, _ in drv.calls} == {g for g in named if g[0] == "K"}
+    assert {g for g, _ in drv.lazy} == {g for g in named if g[0] == "P"}
 
 
 def test_peak_memory_of_a_chain_drops(fresh_programs):

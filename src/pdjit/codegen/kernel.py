@@ -68,6 +68,7 @@ class LoopKernel:
     row_rank: int = 0
     mid: tuple = ()        # the ``mid`` form's block of dims [a, b)
     reduce: ReduceSpec | None = None
+    math: tuple = ()       # the math helpers (``_m.<name>``) its statements call, sorted
 
 
 def place_leaf(shape: tuple, offset: int, group: tuple) -> tuple:

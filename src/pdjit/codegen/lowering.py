@@ -21,6 +21,8 @@ references, which either report the precise error or give the answer.
 """
 from __future__ import annotations
 
+import ast
+import functools
 import math
 import re
 import string
@@ -28,7 +30,7 @@ import string
 import numpy as np
 
 from pdjit.codegen import memplan
-from pdjit.codegen.compiler import Compiled, HostFunction, LibraryKernel, compile_function
+from pdjit.codegen.compiler import Compiled, HostFunction, compile_function, kernel_cost
 from pdjit.codegen.kernel import (
     FLAT_FORMS,
     FULL,
@@ -140,6 +142,7 @@ class LowerContext:
                         if n != registry.EMPTY_VAR_NAME and n != fed}
         self.offer = None      # a ChannelEpilogue the op may apply (see channel_epilogue)
         self.taken = False
+        self.library_calls: list = []  # the library functions named by lib_fn, in order
 
     def channel_epilogue(self, T: str, lines: list, residual: bool = False) -> list:
         """Source of ``[bias, lo, hi]`` (``residual``: ``[bias, lo, hi, res]``) for an
@@ -173,12 +176,20 @@ class LowerContext:
     @property
     def _target(self):
         """The :class:`~pdjit.codegen.target.Target` object of the driver being generated."""
-        return self.gen.target if hasattr(self.gen, "target") else self.gen.gen.target
+        return self.gen.target
 
     @property
     def lib(self) -> str:
         """The name the target's library of kernels has in the lines (``_nn``, ``_cu``)."""
         return self._target.library
+
+    def lib_fn(self, name: str) -> str:
+        """How the lines name the function ``name`` of the target's library (``"pad3d"``, or
+        ``"conv._fwd_range"``: a function of one of its modules), recorded in
+        ``library_calls``: the code generator predicts the library kernels to compile from
+        the functions a lowering named, never from its lines' text."""
+        self.library_calls.append(name)
+        return f"{self._target.library}.{name}"
 
     @property
     def device(self) -> bool:
@@ -337,8 +348,11 @@ class LowerContext:
 
     def device_kernel(self, source: str) -> str:
         """The global name under which the driver launches ``source`` (``def kernel(...)``),
-        compiled by the plan's target (a device target's lowering: its own kernels)."""
-        return self.gen._kernel(source)
+        compiled by the plan's target (a device target's lowering: its own kernels), in one
+        statement of the lines returned."""
+        g = self.gen._kernel(source)
+        self.gen._named(g)
+        return g
 
     def lod(self, slot: str, level: int = -1, i: int = 0, optional: bool = False) -> str:
         """The local name of an ``int64`` array of the offsets of input ``slot``'s LoD at
@@ -347,6 +361,29 @@ class LowerContext:
         error), unless ``optional``: then the array is empty."""
         return self.gen.lod_arg(self.op, self.op.input(slot)[i], level, optional)
 
+
+
+@functools.lru_cache(maxsize=None)
+def template_math(template: str) -> frozenset:
+    """The math helpers an emit template calls (``_m.<name>``: the code generator's math
+    module, see ``registry``'s ``emit``), read from the template's syntax tree with its
+    placeholders as names: what a kernel made of it needs compiled besides its loops."""
+    fields = {f for _, f, _, _ in string.Formatter().parse(template) if f}
+    try:
+        tree = ast.parse(template.format(**{f: "v_" for f in fields}).strip(), mode="eval")
+    except (SyntaxError, ValueError, KeyError, IndexError, AttributeError):
+        return frozenset()  # not an expression: its kernel is compiled as any other
+    return frozenset(node.attr for node in ast.walk(tree)
+                     if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                     and node.value.id == "_m")
+
+
+def loop_kernel_cost(k: LoopKernel) -> dict:
+    """The compile job fields of the loop kernel ``k`` (``compile_function``'s ``cost`` and
+    ``math``), from its description: its statements and stores (a reduction's three) and the
+    math helpers they call."""
+    n = len(k.body) + len(k.stores) + (3 if k.reduce is not None else 0)
+    return {"cost": kernel_cost(n, k.math), "math": k.math}
 
 
 def template_attrs(node, opdef, param) -> dict:
@@ -418,6 +455,7 @@ class Prologue:
             t = numpy_type_name(gen.block._find_var_recursive(out).dtype)
             local = ctx.tmp("pe")
             body.append(f"{local} = {node.lowering.format(T=t, **attrs, **subst)}")
+            scope.math |= template_math(node.lowering)
             exprs[out] = local
         if self.name not in exprs:
             return None
@@ -490,33 +528,39 @@ class _KernelScope:
 
     def __init__(self, gen: "SegmentGen"):
         self.gen = gen
+        self.target = gen.target      # the target rendering the driver (and this kernel)
         self.block, self.segment, self.needed_after = gen.block, gen.segment, gen.needed_after
         self.parallel = gen.parallel
         self.uses_prange = False
         self.params: list = []        # kernel parameter -> the driver's local
+        self.kinds: list = []         # per parameter: "array", "lod", "rng" or "number"
         self.param_of: dict = {}
         self.current: dict = {}
         self.driver_local: dict = {}  # env name read -> the driver's local holding it
         self.defined: list = []       # env names the kernel allocates, in definition order
         self.dests: list = []         # (env name, param, shape, dtype, zero): driver-allocated
+        self.math: set = set()        # the math helpers its lines call (a prologue's templates)
         self.counter = 0
 
     def fresh(self, hint: str) -> str:
         self.counter += 1
         return f"{_unreserved(hint)}{self.counter}"
 
-    def _param(self, driver_local: str) -> str:
+    def _param(self, driver_local: str, kind: str = "number") -> str:
+        """The kernel parameter bound to ``driver_local`` (a ``kind`` of value: ``"number"``,
+        a numeric attribute's literal, unless the caller says otherwise)."""
         p = self.param_of.get(driver_local)
         if p is None:
             p = self.param_of[driver_local] = f"a{len(self.params)}"
             self.params.append(driver_local)
+            self.kinds.append(kind)
         return p
 
     def read(self, name: str) -> str:
         local = self.current.get(name)
         if local is None:
             outer = self.driver_local[name] = self.gen.read(name)
-            local = self.current[name] = self._param(outer)
+            local = self.current[name] = self._param(outer, "array")
         return local
 
     def define(self, name: str) -> str:
@@ -526,10 +570,10 @@ class _KernelScope:
         return local
 
     def lod_arg(self, op, name: str, level: int, optional: bool) -> str:
-        return self._param(self.gen.lod_arg(op, name, level, optional))
+        return self._param(self.gen.lod_arg(op, name, level, optional), "lod")
 
     def rng_arg(self, op) -> str:
-        return self._param(self.gen.rng_arg(op))
+        return self._param(self.gen.rng_arg(op), "rng")
 
     def define_out(self, name: str, shape: str, dtype: str, zero: bool) -> str:
         """An output the driver allocates: a parameter after the inputs."""
@@ -591,6 +635,7 @@ class SegmentGen:
         self.memory_plan = None       # after plan_memory(): what the memory plan decided
         self._planned = None          # ... and the rewritten driver
         self._globals: dict = {}      # module name -> global name
+        self._uses: dict = {}         # global -> statements of the driver calling it (_named)
         self._group_at: list = []     # (index in ``lines``, the group's op types) per group
 
     # -- names ---------------------------------------------------------------------------------
@@ -655,12 +700,15 @@ class SegmentGen:
             self.emit(f"{f} = {local}.reshape({local}.size)")
         return f
 
-    def _kernel(self, source: str, parallel: bool = False, argtypes=None) -> str:
+    def _kernel(self, source: str, parallel: bool = False, argtypes=None, cost=None,
+                math=()) -> str:
         """The global name under which the driver calls the compiled ``source``;
         ``argtypes``: the argument types its call will most likely have ((dtype, ndim) per
-        array, ``float``/``int`` per scalar, ``"lod"`` per offsets array)."""
+        array, ``float``/``int`` per scalar, ``"lod"`` per offsets array); ``cost`` and
+        ``math``: its compile job's estimated time and the math helpers it calls
+        (:func:`loop_kernel_cost`)."""
         compiled = compile_function(source, "kernel", parallel=parallel,
-                                    target=self.target.name)
+                                    target=self.target.name, cost=cost, math=math)
         if argtypes is not None:
             if self.target.precompile:
                 self.jobs.append((compiled, tuple(argtypes)))
@@ -671,6 +719,14 @@ class SegmentGen:
             g = self._globals[compiled.name] = f"K{len(self.calls)}"
             self.calls.append((g, compiled))
         return g
+
+    def _named(self, *names) -> None:
+        """One more statement of the driver calls each of the globals ``names`` (``None``:
+        nothing): which kernels and parallel variants a rewritten driver still calls
+        (:meth:`used_calls`)."""
+        for g in names:
+            if g is not None:
+                self._uses[g] = self._uses.get(g, 0) + 1
 
     # -- the driver ----------------------------------------------------------------------------
     def generate(self) -> None:
@@ -766,8 +822,7 @@ class SegmentGen:
         for line in lines:
             self.emit(line)
         # (the call of fn, by blocks, is written elsewhere: its kernels are jobs too)
-        self.jobs += [(LibraryKernel(f), types) for f, types in
-                      self.target.library_jobs(lines + [f"{fn}()"], self._float_dtype(node.op))]
+        self.jobs += self.target.library_jobs(ctx.library_calls, self._float_dtype(node.op))
         name = outs[0]
         if ctx.taken:
             off = ctx.offer
@@ -896,14 +951,14 @@ class SegmentGen:
         # library calls and views: lines of the driver itself (on a device target every
         # opaque lowering is: its lines launch the target's library kernels)
         if node.lowering.host or self.target.device:
-            lines = _lowered(node, LowerContext(self, node))
+            ctx = LowerContext(self, node)
+            lines = _lowered(node, ctx)
             if lines is None:
                 raise Declined(node.op)
             self.calls_blas |= node.lowering.blas
             for line in lines:
                 self.emit(line)
-            self.jobs += [(LibraryKernel(fn), types) for fn, types in
-                          self.target.library_jobs(lines, self._float_dtype(node.op))]
+            self.jobs += self.target.library_jobs(ctx.library_calls, self._float_dtype(node.op))
             return
         scope = _KernelScope(self)
         lines = _lowered(node, LowerContext(scope, node))
@@ -950,24 +1005,27 @@ class SegmentGen:
             self.emit(f"{local} = np.{'zeros' if zero else 'empty'}({shape}, {dtype})")
             dests.append(local)
         argtypes = []
-        for a in scope.params + dests:
-            if a.startswith("lod"):
+        kinds = scope.kinds + ["array"] * len(dests)
+        for a, kind in zip(scope.params + dests, kinds):
+            if kind == "lod":
                 argtypes.append("lod")
-            elif a.startswith("rng"):
+            elif kind == "rng":
                 argtypes.append(None)  # a uint64 scalar: compiled at the first call
-            elif re.fullmatch(r"-?[\d.e+-]+|-?math\.inf|math\.nan", a):  # a numeric attribute
+            elif kind == "number":  # a numeric attribute
                 argtypes.append(float)
             else:
                 dt, nd = self.meta.get(a, (None, None))
                 argtypes.append((dt, 1 if flat else nd) if dt is not None else None)
         g = self._kernel(src, parallel=scope.uses_prange,
-                         argtypes=None if any(t is None for t in argtypes) else argtypes)
+                         argtypes=None if any(t is None for t in argtypes) else argtypes,
+                         cost=kernel_cost(len(lines), scope.math), math=tuple(scope.math))
         self.uses_prange |= scope.uses_prange
         args = scope.params + dests
         if flat:  # every array 1-D: one kernel for every rank
-            args = [a if a.startswith(("lod", "rng")) else self.flat(a) for a in args]
+            args = [a if kind in ("lod", "rng") else self.flat(a) for a, kind in zip(args, kinds)]
         targets = [self.define(n) for n in outs]
         call = f"{g}({', '.join(args)})"
+        self._named(g)
         self.emit(f"({''.join(t + ', ' for t in targets)}) = {call}" if targets else call)
 
     def _float_dtype(self, op):
@@ -1019,6 +1077,7 @@ class SegmentGen:
             return f"p{len(params) - 1}"
 
         counter = 0
+        math_fns: set = set()          # the math helpers the statements call
         for node in chain:
             op = node.op
             opdef = registry.get(op.type)
@@ -1036,6 +1095,7 @@ class SegmentGen:
             counter += 1
             local = f"e{counter}"
             body.append(f"{local} = {node.lowering.format(T=t, **attrs, **subst)}")
+            math_fns |= template_math(node.lowering)
             exprs[out_name], cones[out_name] = local, cone
 
         stored_chain = [n for n in group.stored if n in exprs]
@@ -1054,7 +1114,10 @@ class SegmentGen:
                               red.finalize.format(acc="{acc}", n="{n}", T=t),
                               axes, red.keep_dim, t, x_expr, x_cone, red.identity,
                               red.combine.format(acc="{acc}", x="{x}", T=t))
-        kernel = LoopKernel(rank, leaves, body, stores, len(params), reduce=spec)
+            for template in (red.init, red.combine, red.finalize):
+                math_fns |= template_math(template)
+        kernel = LoopKernel(rank, leaves, body, stores, len(params), reduce=spec,
+                            math=tuple(sorted(math_fns)))
         kernel.form = choose_form(kernel, row_ranks)
         self.emit(f"# form {kernel.form}")
         leaf_dtypes = [self.meta.get(loc, (None,))[0] for loc in locals_]
@@ -1068,12 +1131,13 @@ class SegmentGen:
         # it (a host driver's memory plan decides that: _note_inplace)
         inplace = self._epilogue_inplace(kernel, locals_, stored_chain, blocks[0]) \
             if ok and self.native else None
-        kname = self._kernel(self.target.render(kernel, inplace=inplace), argtypes=argtypes)
+        kname = self._kernel(self.target.render(kernel, inplace=inplace), argtypes=argtypes,
+                             **loop_kernel_cost(kernel))
         pname = None
         if kernel.form in FLAT_FORMS and self.target.parallel_variants:
             if self.native and self.parallel:
                 kname = self._kernel(self.target.render(kernel, parallel=True, inplace=inplace),
-                                     parallel=True)
+                                     parallel=True, **loop_kernel_cost(kernel))
                 self.uses_prange = True
             elif not self.native and self.parallel_loops:
                 pname = f"P{len(self.lazy)}"
@@ -1095,6 +1159,7 @@ class SegmentGen:
         for line in self.target.call_site(kernel, self.fresh, self.flats, locals_, store_locals,
                                           red_local, params, kname, pname):
             self.emit(line)
+        self._named(kname, pname)
         if spec is None:
             self._note_inplace(kernel, locals_, store_locals, stored_chain,
                                {"call": kname, "parallel": pname, "argtypes": argtypes,
@@ -1131,7 +1196,7 @@ class SegmentGen:
         mapping = dict(call["map"])
         renames = {}
         variant = self._kernel(self.target.render(kernel, inplace=mapping),
-                               argtypes=call["argtypes"])
+                               argtypes=call["argtypes"], **loop_kernel_cost(kernel))
         if call.get("blocked"):
             _, fn, before, after, _ = call["blocked"]
             epi = next(c for g, c in self.calls if g == variant)
@@ -1145,6 +1210,9 @@ class SegmentGen:
             self.lazy.append((p, self.target.render(kernel, parallel=True, inplace=mapping)))
             renames[call["parallel"]] = p
             call["parallel"] = p
+        for old, new in renames.items():  # the call statement now names the variants
+            self._uses[old] -= 1
+            self._named(new)
         return renames
 
     def _register(self, compiled) -> str:
@@ -1184,13 +1252,13 @@ class SegmentGen:
         keep = {id(c) for _, c in self.calls}
         self.jobs = [(c, t) for c, t in self.jobs
                      if not isinstance(c, Compiled) or id(c) in keep]
-        used = set(re.findall(r"\bP\d+\b", planned))
-        self.lazy = [(g, src) for g, src in self.lazy if g in used]
+        self.lazy = [(g, src) for g, src in self.lazy if self._uses.get(g, 0) > 0]
 
     def used_calls(self) -> list:
-        """The ``calls`` the driver's source names, and the kernels its blocked kernels call."""
-        src = self.source("segment")
-        used = {g for g, _ in self.calls if re.search(rf"\b{g}\b", src)}
+        """The ``calls`` some statement of the driver calls (counted as the statements are
+        generated, and as the memory plan switches them to in-place variants), and the kernels
+        its blocked kernels call."""
+        used = {g for g, n in self._uses.items() if n > 0}
         epis = {id(self._epilogues[g]) for g in used if g in self._epilogues}
         return [(g, c) for g, c in self.calls if g in used or id(c) in epis]
 
@@ -1237,6 +1305,7 @@ class SegmentGen:
         g = self._register(self._blocked_fn(kernel, fn, len(before), len(after), epi))
         self._epilogues[g] = epi
         rest = [f"{y}.shape[0]"] + before + after + args
+        self._named(g)
         if self.native:
             self.emit(f"{g}(0, {y}.shape[0], {', '.join(rest)})")
         else:

@@ -382,7 +382,7 @@ def memory_lines(steps_, indent: str) -> list:
     intermediates share which slot buffer, and which are freed after which group."""
     lines = []
     for s in steps_:
-        mp = getattr(s.compiled, "memory_plan", None) if s.kind == "native" else None
+        mp = s.compiled.memory_plan if s.kind == "native" else None
         if mp is not None:
             lines.append(f"{indent}== memory plan: {s.compiled.name} ==")
             lines.append(mp.describe(indent + "  "))

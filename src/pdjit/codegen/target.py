@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+from typing import NamedTuple
 
 from pdjit.framework.registry import Opaque
 
@@ -85,6 +86,21 @@ class Lowerings:
     def op_types(self) -> set:
         self.get("")
         return set(self._table)
+
+class Module(NamedTuple):
+    """A generated module (``Target.module_text``): its ``text`` and the line of it where the
+    function's source begins (``first_line``: the source's line ``k`` is the module's line
+    ``first_line + k - 1``), as the target placed it."""
+
+    text: str
+    first_line: int
+
+    @classmethod
+    def around(cls, head: list, fn_source: str, tail: list = ()) -> "Module":
+        """The lines ``head``, the function's source, the lines ``tail``."""
+        top = "\n".join(head)
+        return cls("\n".join([top, fn_source, *tail]), top.count("\n") + 2)
+
 
 #: target name -> the module that defines and registers it (imported at the first ask)
 BUILTIN = {"cpu": "pdjit.codegen.cpu.target", "cuda": "pdjit.codegen.cuda.target",
@@ -224,10 +240,11 @@ class Target:
         raise NotImplementedError
 
     def module_text(self, fn_source: str, fn_name: str, header: str, parallel: bool = False,
-                    calls=()) -> str:
-        """The generated module a kernel of this target is compiled in (``header``: a comment
-        line naming pdjit's version; ``parallel``: the function has parallel loops;
-        ``calls``: ``(global name, Compiled)`` of the kernels it calls)."""
+                    calls=()) -> Module:
+        """The generated module a kernel of this target is compiled in, and where the
+        function's source begins in it (``header``: a comment line naming pdjit's version;
+        ``parallel``: the function has parallel loops; ``calls``: ``(global name, Compiled)``
+        of the kernels it calls)."""
         raise NotImplementedError
 
     def function_globals(self) -> dict:
@@ -264,9 +281,11 @@ class Target:
         iterations (``args``: its arguments, ``n`` last)."""
         raise NotImplementedError(f"the {self.name} target has no device loops")
 
-    def library_jobs(self, lines: list, dtype) -> list:
-        """Compile jobs ``(dispatcher, argument types)`` of the library kernels ``lines``
-        call, for float data of ``dtype`` (none: the target compiles them at first use)."""
+    def library_jobs(self, names: list, dtype) -> list:
+        """Compile jobs ``(compiler.LibraryKernel, argument types)`` of the library kernels
+        that a call of each of the library functions ``names`` runs (as a lowering named
+        them: ``LowerContext.lib_fn``), for float data of ``dtype``, each with the compile
+        cost its library declares (none: the target compiles them at first use)."""
         return []
 
     def __repr__(self) -> str:

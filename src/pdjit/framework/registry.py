@@ -375,7 +375,8 @@ class Opaque:
     an epilogue) runs on each block of samples right after the block is computed, while it is
     in cache. ``lines`` are driver lines as ``lower`` gives them (they allocate the output
     with ``ctx.out(slot, shape=...)``, the whole batch), and ``fn(*before, n0, n1, *after)``,
-    a compiled function (``_nn....``), computes the output's samples ``n0..n1``; ``before``
+    a compiled function of the target's library (``ctx.lib_fn(name)``), computes the output's
+    samples ``n0..n1``; ``before``
     and ``after`` are source expressions over the driver's locals. ``None``: not by blocks.
 
     ``blas=True`` (host lowerings): the lines call the host's BLAS (a GEMM, a batched GEMM),

@@ -35,8 +35,8 @@ class Plan:
     def __init__(self, steps, partition_text, sources, compile_seconds, fresh=frozenset(),
                  block_idx: int = 0):
         self.steps = steps
-        self.blas = any(getattr(s.compiled, "calls_blas", False) if s.kind == "native"
-                        else bool(getattr(s, "sub_plans", ())) for s in steps)
+        self.blas = any(s.compiled.calls_blas if s.kind == "native" else bool(s.sub_plans)
+                        for s in steps)
         self.fresh = fresh
         self.partition_text = partition_text
         self.sources = sources
@@ -54,15 +54,14 @@ class Plan:
         """Every step of this plan and of its sub-plans, depth first."""
         for step in self.steps:
             yield step
-            for _, sub in getattr(step, "sub_plans", ()):
+            for _, sub in step.sub_plans:
                 yield from sub.walk()
 
     def drivers_settled(self, batch: int) -> bool:
         """Whether no native step of this plan still has its drivers to try for this batch
         size (``threads.RunChoice`` measures the plan's threads only then)."""
         for s in self.walk():
-            tiers = getattr(s, "tiers", None)
-            if tiers is not None and not tiers.settled(batch):
+            if s.tiers is not None and not s.tiers.settled(batch):
                 return False
         return True
 
@@ -82,7 +81,7 @@ class Plan:
         lines.append(f"{indent}== steps ==")
         for s in self.steps:
             lines.append(f"{indent}  {s.describe()}")
-            for idx, sub in getattr(s, "sub_plans", ()):
+            for idx, sub in s.sub_plans:
                 lines.append(f"{indent}    -- sub-block {idx} --")
                 lines += sub._outline(indent + "    ")
         return lines + pipeline.memory_lines(self.steps, indent)
@@ -90,7 +89,7 @@ class Plan:
     def _plans(self):
         yield self
         for s in self.steps:
-            for _, sub in getattr(s, "sub_plans", ()):
+            for _, sub in s.sub_plans:
                 yield from sub._plans()
 
 

@@ -44,6 +44,7 @@ _NOTHING = object()
 class ReferenceStep:
     kind = "reference"
     device = None  # (runs on the host)
+    tiers = None   # (no drivers to pick among)
 
     def __init__(self, op, op_idx: int, why: str, sub_plans=()):
         self.op, self.op_idx, self.why = op, op_idx, why
@@ -64,6 +65,7 @@ class NativeStep:
     drivers run by run. ``guard``: the allocation check of its run-time shapes (None: every
     output size was checked when the plan was built); ``nan_inf``: outputs checked."""
     kind = "native"
+    sub_plans = ()  # (no sub-blocks: a control-flow op's run as a reference step or a loop)
 
     def __init__(self, node, target, guard=None, nan_inf: bool = False):
         self.compiled, self.args, self.expected = node.compiled, node.args, node.expected
@@ -86,10 +88,8 @@ class NativeStep:
         # LoD: inputs that are LoDTensors run natively; lod_flow gives the outputs their LoD
         # and binds the offsets arguments that sequence lowerings asked for
         self.lod_flow = LoDFlow(self.ops, node.lod_requests)
-        self.tiers = target.step_tiers(self, getattr(node, "native", None),
-                                       getattr(node, "build_native", None),
-                                       getattr(node, "tier_mode", False),
-                                       getattr(node, "split", None))
+        self.tiers = target.step_tiers(self, node.native, node.build_native, node.tier_mode,
+                                       node.split)
 
     @property
     def native(self):

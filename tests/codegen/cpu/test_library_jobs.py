@@ -1,5 +1,9 @@
 """A new plan's compile worker compiles the library kernels its host lines will call: the
-predicted signatures must be the ones the calls really use (else the worker's work is lost)."""
+predicted signatures must be the ones the calls really use (else the worker's work is lost).
+The generator predicts them from the library functions the lowerings named
+(``LowerContext.lib_fn``); these tests read the calls from the drivers' text, as an oracle."""
+import re
+
 import numpy as np
 
 import pdjit as fluid
@@ -8,15 +12,28 @@ from pdjit.codegen.cpu import lib as nnlib
 from pdjit.testing import assert_native
 
 
-def _trained_lines(main, startup, loss, shape):
-    """The lines of the native steps of ``main`` after one training step (native asserted)."""
+def _trained_lines(main, startup, loss, shape, monkeypatch):
+    """The entry points the native steps of ``main`` call after one training step (native
+    asserted), read from their drivers' lines; checked to be those whose jobs the generator
+    predicted (float32)."""
+    from pdjit.codegen import pipeline as pipeline_mod
+
+    predicted = []
+    real = pipeline_mod.precompile
+    monkeypatch.setattr(pipeline_mod, "precompile",
+                        lambda js: (predicted.extend(js), real(js))[1])
     fluid.optimizer.SGD(0.1).minimize(loss)
     exe = fluid.Executor(fluid.CPUPlace())
     exe.run(startup)
     exe.run(main, feed={"x": np.random.rand(*shape).astype(np.float32)}, fetch_list=[loss])
     assert_native(exe)
-    return "\n".join(step.compiled.source for _, plan in exe._plans.values()
-                     for step in plan.walk() if step.kind.startswith("native")).splitlines()
+    text = "\n".join(step.compiled.source for _, plan in exe._plans.values()
+                     for step in plan.walk() if step.kind.startswith("native"))
+    called = list(dict.fromkeys(re.findall(r"_nn\.(\w+(?:\.\w+)*)\(", text)))
+    want = {(fn, tuple(t)) for fn, t in nnlib.library_jobs(called, np.float32)}
+    got = {(c.fn, tuple(t)) for c, t in predicted if isinstance(c, compiler.LibraryKernel)}
+    assert want <= got, want - got
+    return called
 
 
 def _assert_used(jobs):
@@ -26,7 +43,7 @@ def _assert_used(jobs):
         assert sig in fn.overloads, (fn.py_func.__name__, sig, list(fn.overloads))
 
 
-def test_predicted_library_signatures_are_the_ones_the_calls_use(fresh_programs):
+def test_predicted_library_signatures_are_the_ones_the_calls_use(fresh_programs, monkeypatch):
     main, startup = fresh_programs
     x = fluid.layers.data("x", [3, 8, 8])
     h = fluid.layers.conv2d(x, 4, 3, padding=1, bias_attr=False)
@@ -36,7 +53,7 @@ def test_predicted_library_signatures_are_the_ones_the_calls_use(fresh_programs)
     h = fluid.layers.conv2d(h, 4, 3, padding=1, stride=2)
     h = fluid.layers.pool2d(h, 3, "max", 1, pool_padding=1)  # the 3x3 max pools' kernel
     h = fluid.layers.pool2d(h, 2, "max", 2)  # the 2x2 one's
-    lines = _trained_lines(main, startup, fluid.layers.mean(h), (2, 3, 8, 8))
+    lines = _trained_lines(main, startup, fluid.layers.mean(h), (2, 3, 8, 8), monkeypatch)
     jobs = nnlib.library_jobs(lines, np.float32)
     names = {fn.py_func.__name__ for fn, _ in jobs}
     assert {"_fwd_taps", "_bwd_data_range", "_bwd_filter_range", "_max33", "_max22",
@@ -50,7 +67,7 @@ def test_predicted_library_signatures_are_the_ones_the_calls_use(fresh_programs)
     assert nnlib.library_jobs(lines, np.int64) == []
 
 
-def test_a_global_average_pool_predicts_its_own_kernels(fresh_programs):
+def test_a_global_average_pool_predicts_its_own_kernels(fresh_programs, monkeypatch):
     """A global average pool's lowering calls the library's whole-plane average and its
     gradient, so the compile jobs name those and not the windows kernels (which a ResNet
     would compile for nothing); the predictions are the signatures the calls use."""
@@ -58,7 +75,7 @@ def test_a_global_average_pool_predicts_its_own_kernels(fresh_programs):
     x = fluid.layers.data("x", [3, 4, 4])
     h = fluid.layers.conv2d(x, 4, 3, padding=1, bias_attr=False)
     h = fluid.layers.pool2d(h, pool_type="avg", global_pooling=True)
-    lines = _trained_lines(main, startup, fluid.layers.mean(h), (2, 3, 4, 4))
+    lines = _trained_lines(main, startup, fluid.layers.mean(h), (2, 3, 4, 4), monkeypatch)
     jobs = nnlib.library_jobs(lines, np.float32)
     names = {fn.py_func.__name__ for fn, _ in jobs}
     assert {"_mean_planes", "pool2d_mean_bwd"} <= names
@@ -103,7 +120,8 @@ def test_a_blocked_convolution_with_an_epilogue_predicts_its_kernels(fresh_progr
     _assert_used([(fn, types) for fn, types in lib if fn in (conv._fwd_taps_ep, conv._fwd_gemm)])
 
 
-def test_a_stride_1_input_gradient_predicts_the_taps_kernel_alone(fresh_programs):
+def test_a_stride_1_input_gradient_predicts_the_taps_kernel_alone(fresh_programs,
+                                                                  monkeypatch):
     """The input gradient of a stride-1 3x3 convolution whose sizes the lowering knows runs as
     the taps kernel over dy: the lowering calls the entry whose jobs name that kernel alone (no
     ``_bwd_data_range``, ~1 s of compile for nothing), the same function as
@@ -112,10 +130,64 @@ def test_a_stride_1_input_gradient_predicts_the_taps_kernel_alone(fresh_programs
     x = fluid.layers.data("x", [3, 8, 8])
     h = fluid.layers.conv2d(x, 4, 3, padding=1, bias_attr=False)
     h = fluid.layers.conv2d(h, 8, 3, padding=1, bias_attr=False)
-    lines = _trained_lines(main, startup, fluid.layers.mean(h), (2, 3, 8, 8))
-    assert any("_nn.conv2d_bwd_data_by_taps(" in line for line in lines)
+    lines = _trained_lines(main, startup, fluid.layers.mean(h), (2, 3, 8, 8), monkeypatch)
+    assert "conv2d_bwd_data_by_taps" in lines
     assert nnlib.conv2d_bwd_data_by_taps is nnlib.conv2d_bwd_data
     jobs = nnlib.library_jobs(lines, np.float32)
     names = {fn.py_func.__name__ for fn, _ in jobs}
     assert "_fwd_taps" in names and "_bwd_data_range" not in names, names
+    _assert_used(jobs)
+
+
+def test_lowerings_name_library_functions_through_lib_fn():
+    """No CPU lowering writes ``_nn.<function>`` into its lines itself: named through
+    ``ctx.lib_fn``, every call is recorded, so its compile jobs are predicted (docstrings may
+    mention the functions)."""
+    import ast
+    import pathlib
+
+    from pdjit.codegen.cpu import lowerings
+
+    bad = []
+    for path in sorted(pathlib.Path(lowerings.__file__).parent.glob("*.py")):
+        tree = ast.parse(path.read_text())
+        docs = {id(n.body[0].value) for n in ast.walk(tree)
+                if isinstance(n, (ast.Module, ast.FunctionDef, ast.ClassDef)) and n.body
+                and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+        bad += [f"{path.name}:{n.lineno}" for n in ast.walk(tree)
+                if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
+                and re.search(r"\b_nn\.\w", n.value)]
+    assert not bad, f"library calls written as text (use ctx.lib_fn): {bad}"
+
+
+def test_every_declared_job_has_types_precompile_knows():
+    """Each entry point's jobs give argument types the compile worker can turn into a Numba
+    signature (a job it cannot is skipped, and its kernel compiles at its first call)."""
+    for dt in (np.float32, np.float64):
+        for maker in nnlib.JOBS.values():
+            for _, types in maker(np.dtype(dt)):
+                tuple(compiler._numba_type(t) for t in types)  # raises on an unknown type
+
+
+def test_an_embedding_predicts_its_row_kernels(fresh_programs, monkeypatch):
+    """An embedding's lookup and its gradient call the row gather and scatter kernels: the
+    predicted signatures are the ones the calls use; the gradient step is NumPy's."""
+    main, startup = fresh_programs
+    ids = fluid.layers.data("ids", [1], dtype="int64")
+    e = fluid.layers.embedding(ids, size=[7, 3])
+    loss = fluid.layers.mean(fluid.layers.square(e))
+    fluid.optimizer.SGD(0.5).minimize(loss)
+    exe = fluid.Executor(fluid.CPUPlace())
+    exe.run(startup)
+    scope = fluid.global_scope()
+    w0 = np.array(scope.find_var("embedding_0.w_0").get_tensor())
+    iv = np.array([[1], [4], [1]], dtype=np.int64)
+    exe.run(main, feed={"ids": iv}, fetch_list=[loss])
+    assert_native(exe)
+    want = w0.copy()
+    np.add.at(want, iv[:, 0], -0.5 * 2 * w0[iv[:, 0]] / w0[iv[:, 0]].size)
+    np.testing.assert_allclose(np.array(scope.find_var("embedding_0.w_0").get_tensor()), want,
+                               rtol=1e-5)
+    jobs = nnlib.library_jobs(["take_rows", "scatter_rows"], np.float32)
+    assert {fn.py_func.__name__ for fn, _ in jobs} == {"take_rows", "scatter_rows"}
     _assert_used(jobs)

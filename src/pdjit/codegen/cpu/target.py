@@ -22,13 +22,19 @@ import threading
 import numpy as np
 
 from pdjit.codegen import driver, memplan
-from pdjit.codegen.compiler import LibraryKernel, compile_function, deps_hash, module_text
+from pdjit.codegen.compiler import (
+    LibraryKernel,
+    compile_function,
+    deps_hash,
+    kernel_cost,
+    module_text,
+)
 from pdjit.codegen.cpu import lib as nnlib
 from pdjit.codegen.cpu import mathfuncs, rt
 from pdjit.codegen.cpu.lowerings import LOWERINGS
 from pdjit.codegen.kernel import FULL, LoopKernel
 from pdjit.codegen.sequential import INPLACE_FORMS, argtypes, render  # noqa: F401
-from pdjit.codegen.target import Target, register_target
+from pdjit.codegen.target import Module, Target, register_target
 
 NAME = "cpu"
 
@@ -225,7 +231,7 @@ class CpuTarget(Target):
     dependencies = ("pdjit.codegen.cpu.rt", "pdjit.codegen.cpu.mathfuncs", "pdjit.codegen.cpu.lib")
 
     def module_text(self, fn_source: str, fn_name: str, header: str, parallel: bool = False,
-                    calls=()) -> str:
+                    calls=()) -> Module:
         """Imports (math functions ``_m``, runtime helpers ``_rt``, the library ``_nn``), the
         kernels it calls (bound by module name: ``compiler.load_kernel``) and the function
         under ``@numba.njit``."""
@@ -242,8 +248,7 @@ class CpuTarget(Target):
             lines += ["from pdjit.codegen.compiler import load_kernel as _kernel", ""]
             lines += [f"{g} = _kernel({c.name!r}, {c.fn_name!r})" for g, c in calls]
         options = PARALLEL_OPTIONS if parallel else JIT_OPTIONS
-        lines += ["", "", f"@numba.njit({options})", fn_source, ""]
-        return "\n".join(lines)
+        return Module.around(lines + ["", "", f"@numba.njit({options})"], fn_source, [""])
 
     def function_globals(self) -> dict:
         return {"math": math, "np": np, "_m": mathfuncs, "_rt": rt, "_nn": nnlib}
@@ -251,12 +256,13 @@ class CpuTarget(Target):
     def warmup_jobs(self, dtypes) -> list:
         """Every entry point the library declares jobs for, and each math function through a
         small kernel, for float data of each of ``dtypes``."""
-        jobs = [(LibraryKernel(fn), types) for dt in dtypes
+        jobs = [(LibraryKernel(fn, nnlib.cost_of(fn)), types) for dt in dtypes
                 for _, maker in sorted(nnlib.JOBS.items()) for fn, types in maker(np.dtype(dt))]
         for dt in dtypes:
             for fn in mathfuncs.__all__:
                 c = compile_function(f"def kernel(x, y):\n    for i in range(x.size):\n"
-                                     f"        y[i] = _m.{fn}(x[i])\n", "kernel", target=NAME)
+                                     f"        y[i] = _m.{fn}(x[i])\n", "kernel", target=NAME,
+                                     cost=kernel_cost(1, (fn,)), math=(fn,))
                 jobs.append((c, [(dt, 1), (dt, 1)]))
         return jobs
 
@@ -288,8 +294,9 @@ class CpuTarget(Target):
         hot = tiers.BACKGROUND_RUNS if mode == "background" else tiers.HOT_RUNS
         return tiers.DriverTiers(step, native, build, hot if build is not None else 0, split)
 
-    def library_jobs(self, lines: list, dtype) -> list:
-        return nnlib.library_jobs(lines, dtype)
+    def library_jobs(self, names: list, dtype) -> list:
+        return [(LibraryKernel(fn, nnlib.cost_of(fn)), types)
+                for fn, types in nnlib.library_jobs(names, dtype)]
 
 
 TARGET = register_target(CpuTarget())

@@ -1,9 +1,11 @@
 """Library kernels: hand-written Numba functions that op lowerings call for loop nests that are
 not generated from templates (convolution, pooling, normalisation, interpolation, padding).
 
-A lowering names them as ``_nn.<function>`` in its lines. The same name resolves in the host
-driver (plain Python calling the compiled dispatcher), in a generated kernel and in a native
-loop (Numba compiles the call in). Each function is compiled once per type signature and kept
+A lowering names them with ``ctx.lib_fn("<function>")``: ``_nn.<function>`` in its lines,
+and recorded, so that a plan's compile jobs follow from the functions its lowerings named
+(``library_jobs``), not from its lines' text. The same name resolves in the host driver (plain
+Python calling the compiled dispatcher), in a generated kernel and in a native loop (Numba
+compiles the call in). Each function is compiled once per type signature and kept
 in Numba's on-disk cache: its sizes, strides, paddings... are arguments, so one compilation
 serves every layer and program.
 
@@ -15,11 +17,9 @@ is part of the hash that invalidates generated modules (``compiler.deps_hash``).
 Submodules, one per op family, each re-exported here: ``conv``, ``crf``, ``gemm``, ``image``,
 ``indexing``, ``lod_rnn``, ``norm``, ``pool``, ``rnn``.
 """
-import re
-
 import numpy as np
 
-from pdjit.codegen.cpu.lib._jit import JOBS, jit, pjit  # noqa: F401
+from pdjit.codegen.cpu.lib._jit import JOBS, cost_of, jit, pjit  # noqa: F401
 from pdjit.codegen.cpu.lib.conv import *  # noqa: F401,F403
 from pdjit.codegen.cpu.lib.crf import *  # noqa: F401,F403
 from pdjit.codegen.cpu.lib.gemm import *  # noqa: F401,F403
@@ -31,15 +31,16 @@ from pdjit.codegen.cpu.lib.pool import *  # noqa: F401,F403
 from pdjit.codegen.cpu.lib.rnn import *  # noqa: F401,F403
 
 
-def library_jobs(lines, dtype) -> list:
-    """``(dispatcher, argument types)`` of the library kernels that ``lines`` call
-    (``_nn.<entry>(``, or ``_nn.<module>.<function>(`` for a function a module declares jobs
-    for under that dotted name), for float data of ``dtype``: compile jobs for a new plan."""
+def library_jobs(names, dtype) -> list:
+    """``(dispatcher, argument types)`` of the library kernels that calls of the entry points
+    ``names`` run (``"<entry>"``, or ``"<module>.<function>"`` for a function a module
+    declares jobs for under that dotted name), for float data of ``dtype``: compile jobs for
+    a new plan."""
     dtype = np.dtype(dtype)
     if dtype.kind != "f":
         return []
     found = []
-    for name in dict.fromkeys(re.findall(r"_nn\.(\w+(?:\.\w+)*)\(", "\n".join(lines))):
+    for name in dict.fromkeys(names):
         maker = JOBS.get(name)
         if maker is not None:
             found += maker(dtype)

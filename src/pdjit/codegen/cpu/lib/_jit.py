@@ -316,6 +316,25 @@ def jobs(name: str):
     return register
 
 
+#: library kernel (a dispatcher) -> its declared compile time, CPU seconds (:func:`compile_cost`)
+COSTS: dict = {}
+#: the compile time of a kernel that declares none (the lighter ones measured 0.4-1 s)
+DEFAULT_COST = 0.8
+
+
+def compile_cost(seconds: float, *kernels) -> None:
+    """Declare the compile time of the library ``kernels``: the CPU seconds of a cold compile
+    of the signature their jobs predict, alone in a fresh process (its helpers included). The
+    compile worker balances its groups of jobs by it (``compiler.precompile``)."""
+    for k in kernels:
+        COSTS[k] = seconds
+
+
+def cost_of(kernel) -> float:
+    """The declared compile time of library ``kernel`` (:func:`compile_cost`)."""
+    return COSTS.get(kernel, DEFAULT_COST)
+
+
 # ---- one BLAS product for compiled code ----------------------------------------------------------
 # ``np.dot`` in compiled code is a Numba overload compiled anew for every signature it meets
 # (layouts, with ``out`` or not, dtype): 0.1-0.4 s each (a vector/matrix dispatch, checks

@@ -30,7 +30,7 @@ import numba
 import numpy as np
 from numba.extending import overload, register_jitable
 
-from pdjit.codegen.cpu.lib._jit import blas_gemm, jit, jobs
+from pdjit.codegen.cpu.lib._jit import blas_gemm, compile_cost, jit, jobs
 from pdjit.codegen.cpu.lib.deint import copy_run, deint, vcopy, zero_run
 from pdjit.codegen.cpu.lib.tile import TILE_BYTES, clamp_run, plane_kernel, tile_kernel
 from pdjit.codegen.cpu.threads import loop_threads
@@ -1186,3 +1186,10 @@ def nhwc_into(src, dst):
 def nchw_empty(a):
     """An uninitialised NCHW array for the NHWC array ``a``."""
     return np.empty((a.shape[0], a.shape[3], a.shape[1], a.shape[2]), a.dtype)
+
+# compile times (CPU seconds, a cold compile of the signature its jobs predict, alone in a fresh
+# process, 2 cores at load 5-26): the compile worker balances its groups by them
+compile_cost(2.4, _fwd_taps, _fwd_taps_ep, _direct_range)  # 2.25, 2.44, 2.35 s
+compile_cost(1.9, _bwd_filter_range)
+compile_cost(1.25, _bwd_data_range, _fwd_blas)  # 1.23, 1.26 s
+compile_cost(0.7, _fwd_gemm)

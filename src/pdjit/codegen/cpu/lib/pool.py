@@ -17,7 +17,7 @@ import numba
 import numpy as np
 from numba.extending import overload, register_jitable
 
-from pdjit.codegen.cpu.lib._jit import jit, jit_sum, jobs
+from pdjit.codegen.cpu.lib._jit import compile_cost, jit, jit_sum, jobs
 from pdjit.codegen.cpu.lib.conv import _cols, _plain, split_work
 from pdjit.codegen.cpu.lib.tile import pool_plane_kernel
 
@@ -442,3 +442,9 @@ def max_pool2d_index_bwd(mask, dy, dx):
                     at = mask[n, c, oh, ow]
                     if at >= 0:
                         dx[n, c, at // w_, at % w_] += dy[n, c, oh, ow]
+
+# compile times (CPU seconds, a cold compile of the signature its jobs predict, alone in a fresh
+# process, 2 cores at load 5-26): the compile worker balances its groups by them
+compile_cost(1.2, _fwd_planes)
+compile_cost(0.8, pool2d_bwd)
+compile_cost(0.5, _max22, _max33, _mean_planes, pool2d_mean_bwd)  # 0.42-0.57 s

@@ -53,7 +53,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic, overload
 
 from pdjit.codegen.cpu import mathfuncs as _m
-from pdjit.codegen.cpu.lib._jit import jit, jobs
+from pdjit.codegen.cpu.lib._jit import compile_cost, jit, jobs
 from pdjit.codegen.cpu.lib.conv import _threads
 from pdjit.codegen.cpu.lib.tile import TILE_BYTES, _offset, _vectors, tile_kernel
 from pdjit.codegen.cpu.threads import asked_threads, free_cores, loop_threads
@@ -896,3 +896,9 @@ def _bwd_jobs(T):
                          int, int, _arr(a, 1), _arr(np.dtype(np.uint8), 1), float,
                          _arr(a, 3), _arr(a, 3), _arr(a, 3), _arr(a, 3), _arr(a, 3),
                          _arr(a, 3), _arr(a, 1), int, int))]
+
+# compile times (CPU seconds, a cold compile of the signature its jobs predict, alone in a fresh
+# process, 2 cores at load 5-26): the compile worker balances its groups by them
+compile_cost(8.4, _fwd_part)
+compile_cost(7.7, _bwd_part)
+compile_cost(0.6, _flat_table)

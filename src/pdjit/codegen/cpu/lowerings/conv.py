@@ -41,7 +41,7 @@ def as_nchw(ctx, g: Geometry, local: str) -> list:
     if not g.nhwc:
         return [], local
     t = ctx.tmp("c")
-    return [f"{t} = _nn.nchw({local})"], t
+    return [f"{t} = {ctx.lib_fn('nchw')}({local})"], t
 
 
 def _conv_blocked(ctx):
@@ -56,11 +56,12 @@ def _conv_blocked(ctx):
     n, _, h, w = image_dims(g, X)
     y = ctx.out("Output", shape=f"({n}, {W}.shape[0], {g.src_conv_out(0, h, kh)}, "
                                 f"{g.src_conv_out(1, w, kw)})")
-    fn = "_nn.conv._direct_range" if use_direct(cg, m // groups) else "_nn.conv._fwd_range"
-    lines = [f"_rt.check(_nn.conv._fits_native({X}, {y}, {W}, {groups}))"]
+    direct = use_direct(cg, m // groups)
+    fn = ctx.lib_fn("conv._direct_range" if direct else "conv._fwd_range")
+    lines = [f"_rt.check({ctx.lib_fn('conv._fits_native')}({X}, {y}, {W}, {groups}))"]
     # the per-channel bias, residual (not for the direct loops) and clamp after it, applied as
     # the kernels store (when they fit)
-    epi = ctx.channel_epilogue(ctx.T("Output"), lines, residual=fn == "_nn.conv._fwd_range")
+    epi = ctx.channel_epilogue(ctx.T("Output"), lines, residual=not direct)
     lines.append(f"_rt.check({epi[0]}.size == 0 or {epi[0]}.size == {W}.shape[0])")
     return lines, fn, [X, W, y], _arg_list(g, X, kh, kw, groups) + epi, \
         f"{y}.size * {W}[0].size"
@@ -77,7 +78,8 @@ def _conv_lower(ctx):
     n, _, h, w = image_dims(g, X)
     y, pre, post = nchw_dest(ctx, g, "Output", n, f"{W}.shape[0]", g.src_conv_out(0, h, kh),
                          g.src_conv_out(1, w, kw))
-    call = f"_nn.conv2d_fwd({xc}, {W}, {y}, {_args(g, xc, kh, kw, ctx.attrs['groups'])})"
+    call = (f"{ctx.lib_fn('conv2d_fwd')}("
+            f"{xc}, {W}, {y}, {_args(g, xc, kh, kw, ctx.attrs['groups'])})")
     return lines + pre + [call] + post
 
 
@@ -88,7 +90,8 @@ def nchw_dest(ctx, g: Geometry, slot: str, n: str, c: str, h: str, w: str) -> tu
     if not g.nhwc:
         return out, [], []
     t = ctx.tmp("c")
-    return t, [f"{t} = _nn.nchw_empty({out})"], [f"_nn.nhwc_into({t}, {out})"]
+    return t, [f"{t} = {ctx.lib_fn('nchw_empty')}("
+               f"{out})"], [f"{ctx.lib_fn('nhwc_into')}({t}, {out})"]
 
 
 def _grad_lines(ctx, transposed: bool) -> list | None:
@@ -111,10 +114,10 @@ def _grad_lines(ctx, transposed: bool) -> list | None:
         data, image, grad = _bwd_data_entry(ctx, g, arg_list), xc, dyc
     if ctx.has_output("Input@GRAD"):
         dx, pre, post = nchw_dest(ctx, g, "Input@GRAD", *image_dims(g, X))
-        lines += pre + [f"_nn.{data}({dyc}, {W}, {dx}, {args})"] + post
+        lines += pre + [f"{ctx.lib_fn(data)}({dyc}, {W}, {dx}, {args})"] + post
     if ctx.has_output("Filter@GRAD"):
         dw = ctx.out("Filter@GRAD", shape=f"{W}.shape")
-        lines.append(f"_nn.conv2d_bwd_filter({image}, {grad}, {dw}, {args})")
+        lines.append(f"{ctx.lib_fn('conv2d_bwd_filter')}({image}, {grad}, {dw}, {args})")
     return lines
 
 
@@ -174,7 +177,7 @@ def _convt_lower(ctx):
     m = f"{W}.shape[1] * {ctx.attrs['groups']}"
     y, pre, post = nchw_dest(ctx, g, "Output", f"{X}.shape[0]", m, _t_out_src(ctx, g, X, 0, kh),
                              _t_out_src(ctx, g, X, 1, kw))
-    call = f"_nn.conv2d_bwd_data({xc}, {W}, {y}, {_t_args(ctx, g, X, kh, kw)})"
+    call = f"{ctx.lib_fn('conv2d_bwd_data')}({xc}, {W}, {y}, {_t_args(ctx, g, X, kh, kw)})"
     return lines + pre + [call] + post
 
 

@@ -13,5 +13,5 @@ def _range_lower(ctx):
     integral = ctx.dtype("Start").kind in "iu"
     return [f"{s} = {S}.reshape({S}.size)[0]", f"{e} = {E}.reshape({E}.size)[0]",
             f"{st} = {St}.reshape({St}.size)[0]",
-            f"{out} = np.empty((_nn.range_size({s}, {e}, {st}, {integral}),), {T})",
-            f"_nn.range_fill({out}, {s}, {st})"]
+            f"{out} = np.empty(({ctx.lib_fn('range_size')}({s}, {e}, {st}, {integral}),), {T})",
+            f"{ctx.lib_fn('range_fill')}({out}, {s}, {st})"]

@@ -56,7 +56,8 @@ def _crf_lower(ctx):
     lab = ctx.tmp("lab")
     lines.append(f"{lab} = {ctx.inp('Label')}.reshape(-1).astype(np.int64)")
     a2, e2 = _rows(ctx, alpha, lines), _rows(ctx, eexp, lines)
-    lines.append(f"_nn.crf_nll({x2}, {W}, {lab}, {offs}, {lens}, {padded}, {stride}, {a2}, "
+    lines.append(f"{ctx.lib_fn('crf_nll')}("
+                 f"{x2}, {W}, {lab}, {offs}, {lens}, {padded}, {stride}, {a2}, "
                  f"{e2}, {wexp}, {nll})")
     return lines
 
@@ -83,7 +84,8 @@ def _crf_grad_lower(ctx):
     lines += [f"{lab} = {ctx.inp('Label')}.reshape(-1).astype(np.int64)",
               f"{g} = {ctx.inp('LogLikelihood@GRAD')}.reshape(({ctx.inp('LogLikelihood@GRAD')}"
               f".size, 1))"]
-    lines.append(f"_nn.crf_nll_grad({eexp}, {ctx.inp('TransitionExps')}, {lab}, {alpha}, {g}, "
+    lines.append(f"{ctx.lib_fn('crf_nll_grad')}("
+                 f"{eexp}, {ctx.inp('TransitionExps')}, {lab}, {alpha}, {g}, "
                  f"{offs}, {lens}, {padded}, {stride}, {dx2}, {dw if dw is not None else none})")
     return lines
 
@@ -104,5 +106,6 @@ def _decode_lower(ctx):
                  if ctx.has_input("Label")
                  else f"{lab} = np.zeros(0, np.int64)")
     lines.append(f"{p} = {path}.reshape(-1)")
-    lines.append(f"_nn.crf_viterbi({x2}, {W}, {lab}, {offs}, {lens}, {padded}, {stride}, {p})")
+    lines.append(f"{ctx.lib_fn('crf_viterbi')}("
+                 f"{x2}, {W}, {lab}, {offs}, {lens}, {padded}, {stride}, {p})")
     return lines

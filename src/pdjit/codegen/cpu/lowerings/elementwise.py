@@ -86,7 +86,8 @@ def _ew_grad_lower(op_type):
             else:  # broadcast to Out's shape
                 b = ctx.tmp(f"{key}b")
                 lines += [f"{b} = np.empty({g}.size, {T})",
-                          f"_nn.tile_nd({v}.reshape({v}.size), {_dims_src(dims[slot])}, {b}, "
+                          f"{ctx.lib_fn('tile_nd')}("
+                          f"{v}.reshape({v}.size), {_dims_src(dims[slot])}, {b}, "
                           f"{_dims_src(gd)})"]
                 flat[key] = b
         for slot, src, neg in wanted:
@@ -100,7 +101,7 @@ def _ew_grad_lower(op_type):
                 t = ctx.tmp(f"d{slot.lower()}f")
                 lines.append(f"{t} = {value}")
                 value = t
-            lines.append(f"_nn.untile_nd({value}, {_dims_src(dims[slot])}, {df}, "
+            lines.append(f"{ctx.lib_fn('untile_nd')}({value}, {_dims_src(dims[slot])}, {df}, "
                          f"{_dims_src(gd)})")
             if neg:
                 lines.append(f"{df}[:] = -{df}")

@@ -63,7 +63,8 @@ def _pad3d_lower(ctx):
     out = ctx.out("Out", shape=ctx.tuple_src(dims))
     mode = _PAD_MODES[ctx.attrs["mode"]]
     value = src_literal(_f32(ctx.attrs["value"]))
-    return [f"_nn.pad3d({_view5(X, fmt)}, {_view5(out, fmt)}, {front}, {top}, {left}, {mode}, "
+    return [f"{ctx.lib_fn('pad3d')}("
+            f"{_view5(X, fmt)}, {_view5(out, fmt)}, {front}, {top}, {left}, {mode}, "
             f"{value})"]
 
 
@@ -80,7 +81,8 @@ def _pad3d_grad_lower(ctx):
     front, top, left = args[0]
     dx = ctx.out("X@GRAD", shape=f"{X}.shape")
     mode = _PAD_MODES[ctx.attrs["mode"]]
-    return [f"_nn.pad3d_grad({_view5(g, fmt)}, {_view5(dx, fmt)}, {front}, {top}, {left}, "
+    return [f"{ctx.lib_fn('pad3d_grad')}("
+            f"{_view5(g, fmt)}, {_view5(dx, fmt)}, {front}, {top}, {left}, "
             f"{mode})"]
 
 
@@ -118,12 +120,12 @@ def _interp_geometry(ctx, X, ah, aw, out_size) -> list | None:
         size, sized = [f"int({o}[0])", f"int({o}[1])"], 1
     else:
         size, sized = ["0", "0"], 0
-    lines.append(f"{oh}, {ow} = _nn.interp_out_size({X}.shape[{ah}], {X}.shape[{aw}], "
+    lines.append(f"{oh}, {ow} = {ctx.lib_fn('interp_out_size')}({X}.shape[{ah}], {X}.shape[{aw}], "
                  f"{int(ctx.attrs['out_h'])}, {int(ctx.attrs['out_w'])}, {sh}, {sw}, "
                  f"{size[0]}, {size[1]}, {sized})")
     align = bool(ctx.attrs["align_corners"])
-    lines += [f"{rh} = _nn.interp_ratio({X}.shape[{ah}], {oh}, {align}, {sh})",
-              f"{rw} = _nn.interp_ratio({X}.shape[{aw}], {ow}, {align}, {sw})"]
+    lines += [f"{rh} = {ctx.lib_fn('interp_ratio')}({X}.shape[{ah}], {oh}, {align}, {sh})",
+              f"{rw} = {ctx.lib_fn('interp_ratio')}({X}.shape[{aw}], {ow}, {align}, {sw})"]
     return lines
 
 
@@ -167,11 +169,11 @@ def _interp_lower(ctx):
         return lines + [
             f"{xf} = {X}.astype(np.float32)",
             f"{of} = np.empty({ctx.tuple_src(dims)}, np.float32)",
-            f"_nn.{kernel}({_view4(xf, ah)}, {_view4(of, ah)}, {rh}, {rw}, {flag})",
+            f"{ctx.lib_fn(kernel)}({_view4(xf, ah)}, {_view4(of, ah)}, {rh}, {rw}, {flag})",
             f"{out} = {of}.astype({T})"]
     return lines + [
         f"{out} = np.empty({ctx.tuple_src(dims)}, {T})",
-        f"_nn.{kernel}({_view4(X, ah)}, {_view4(out, ah)}, {rh}, {rw}, {flag})"]
+        f"{ctx.lib_fn(kernel)}({_view4(X, ah)}, {_view4(out, ah)}, {rh}, {rw}, {flag})"]
 
 
 @lowering("nearest_interp_grad", "bilinear_interp_grad", "nearest_interp_v2_grad",
@@ -197,9 +199,12 @@ def _interp_grad_lower(ctx):
     kernel, flag = _interp_kernel_args(ctx)
     c = 1 if ah == 2 else 3
     return [f"_rt.check({g}.shape[0] == {X}.shape[0] and {g}.shape[{c}] == {X}.shape[{c}])",
-            f"{rh} = _nn.interp_ratio({X}.shape[{ah}], {g}.shape[{ah}], {align}, {scales[0]})",
-            f"{rw} = _nn.interp_ratio({X}.shape[{aw}], {g}.shape[{aw}], {align}, {scales[1]})",
-            f"_nn.{kernel}_grad({_view4(g, ah)}, {_view4(dx, ah)}, {rh}, {rw}, {flag})"]
+            f"{rh} = {ctx.lib_fn('interp_ratio')}("
+            f"{X}.shape[{ah}], {g}.shape[{ah}], {align}, {scales[0]})",
+            f"{rw} = {ctx.lib_fn('interp_ratio')}("
+            f"{X}.shape[{aw}], {g}.shape[{aw}], {align}, {scales[1]})",
+            f"{ctx.lib_fn(kernel + '_grad')}("
+            f"{_view4(g, ah)}, {_view4(dx, ah)}, {rh}, {rw}, {flag})"]
 
 
 def _view3_src(local, rank, axis) -> str:
@@ -217,7 +222,7 @@ def _affine_lower(ctx):
     out = ctx.out("Out", shape=f"{X}.shape")
     S, B = ctx.inp("Scale"), ctx.inp("Bias")
     return [f"_rt.check({S}.shape[0] == {X}.shape[{axis}] and {B}.shape[0] == {S}.shape[0])",
-            f"_nn.affine_channel({_view3_src(X, r, axis)}, {S}, {B}, "
+            f"{ctx.lib_fn('affine_channel')}({_view3_src(X, r, axis)}, {S}, {B}, "
             f"{_view3_src(out, r, axis)})"]
 
 
@@ -243,7 +248,7 @@ def _affine_grad_lower(ctx):
         else:
             grads.append(ctx.tmp("d"))
             lines.append(f"{grads[-1]} = np.empty((0,), {T})")
-    lines.append(f"_nn.affine_channel_grad({_view3_src(X, r, axis)}, {S}, "
+    lines.append(f"{ctx.lib_fn('affine_channel_grad')}({_view3_src(X, r, axis)}, {S}, "
                  f"{_view3_src(g, r, axis)}, {dx}, {grads[0]}, {grads[1]}, {wants[0]}, "
                  f"{wants[1]}, {wants[2]})")
     return lines

@@ -44,7 +44,7 @@ def lookup_lowerings(ids_end: int):
         W, ids = ctx.inp("W"), ctx.inp("Ids")
         dims = [f"{ids}.shape[{i}]" for i in range(ctx.rank("Ids"))][:ids_end]
         out = ctx.out("Out", shape=_shape_src(dims + [f"{W}.shape[1]"]))
-        return [f"_nn.take_rows({W}.reshape((1, {W}.shape[0], {W}.shape[1])), "
+        return [f"{ctx.lib_fn('take_rows')}({W}.reshape((1, {W}.shape[0], {W}.shape[1])), "
                 f"{_flat_ids(ids)}, {_pad_literal(ctx.attrs['padding_idx'])}, False, "
                 f"{out}.reshape((1, {ids}.size, {W}.shape[1])))"]
 
@@ -53,7 +53,7 @@ def lookup_lowerings(ids_end: int):
             return None
         W, ids, g = ctx.inp("W"), ctx.inp("Ids"), ctx.inp("Out@GRAD")
         dw = ctx.out("W@GRAD", shape=f"{W}.shape", zero=True)
-        return [f"_nn.scatter_rows({dw}.reshape((1, {W}.shape[0], {W}.shape[1])), "
+        return [f"{ctx.lib_fn('scatter_rows')}({dw}.reshape((1, {W}.shape[0], {W}.shape[1])), "
                 f"{_flat_ids(ids)}, {g}.reshape((1, {ids}.size, {W}.shape[1])), 2, "
                 f"{_pad_literal(ctx.attrs['padding_idx'])}, False)"]
     return lower, grad_lower
@@ -66,7 +66,8 @@ def _index_select_lower(ctx):
     X, idx = ctx.inp("X"), ctx.inp("Index")
     dims = [f"{X}.shape[{i}]" if i != d else f"{idx}.size" for i in range(r)]
     out = ctx.out("Out", shape=_shape_src(dims))
-    return [f"_nn.take_rows({_rows_src(ctx, X, r, d)}, {_flat_ids(idx)}, {_NO_PAD}, True, "
+    return [f"{ctx.lib_fn('take_rows')}("
+            f"{_rows_src(ctx, X, r, d)}, {_flat_ids(idx)}, {_NO_PAD}, True, "
             f"{_rows_src(ctx, out, r, d)})"]
 
 
@@ -78,7 +79,7 @@ def _index_select_grad_lower(ctx):
     d = norm_axis(ctx.attrs["dim"], r)
     X, idx, g = ctx.inp("X"), ctx.inp("Index"), ctx.inp("Out@GRAD")
     dx = ctx.out("X@GRAD", shape=f"{X}.shape", zero=True)
-    return [f"_nn.scatter_rows({_rows_src(ctx, dx, r, d)}, {_flat_ids(idx)}, "
+    return [f"{ctx.lib_fn('scatter_rows')}({_rows_src(ctx, dx, r, d)}, {_flat_ids(idx)}, "
             f"{_rows_src(ctx, g, r, d)}, 2, {_NO_PAD}, True)"]
 
 
@@ -91,7 +92,8 @@ def _gather_nd_lines(ctx, X, idx):
     if k == 0:
         return [f"{rows} = np.zeros(({m},), np.int64)"], rows, m, k
     return [f"{rows} = np.empty(({m},), np.int64)",
-            f"_nn.nd_rows({idx}.reshape(({m}, {k})).astype(np.int64), {_dims_array(X, 0, k)}, "
+            f"{ctx.lib_fn('nd_rows')}("
+            f"{idx}.reshape(({m}, {k})).astype(np.int64), {_dims_array(X, 0, k)}, "
             f"{rows})"], rows, m, k
 
 
@@ -104,7 +106,8 @@ def _gather_nd_lower(ctx):
                                                            for i in range(k, r)]
     out = ctx.out("Out", shape=_shape_src(dims))
     lead, rest = ctx.prod(X, 0, k), ctx.prod(X, k, r)
-    return lines + [f"_nn.take_rows({X}.reshape((1, {lead}, {rest})), {rows}, {_NO_PAD}, False, "
+    return lines + [f"{ctx.lib_fn('take_rows')}("
+                    f"{X}.reshape((1, {lead}, {rest})), {rows}, {_NO_PAD}, False, "
                     f"{out}.reshape((1, {m}, {rest})))"]
 
 
@@ -117,7 +120,7 @@ def _gather_nd_grad_lower(ctx):
     lines, rows, m, k = _gather_nd_lines(ctx, X, idx)
     dx = ctx.out("X@GRAD", shape=f"{X}.shape", zero=True)
     lead, rest = ctx.prod(X, 0, k), ctx.prod(X, k, r)
-    return lines + [f"_nn.scatter_rows({dx}.reshape((1, {lead}, {rest})), {rows}, "
+    return lines + [f"{ctx.lib_fn('scatter_rows')}({dx}.reshape((1, {lead}, {rest})), {rows}, "
                     f"{g}.reshape((1, {m}, {rest})), 2, {_NO_PAD}, False)"]
 
 
@@ -128,7 +131,8 @@ def _scatter_lower(ctx):
     out = ctx.out("Out", shape=f"{X}.shape")
     rest = ctx.prod(X, 1, r)
     return [f"{out}.reshape({out}.size)[:] = {X}.reshape({X}.size)",
-            f"_nn.scatter_rows({out}.reshape((1, {X}.shape[0], {rest})), {_flat_ids(ids)}, "
+            f"{ctx.lib_fn('scatter_rows')}("
+            f"{out}.reshape((1, {X}.shape[0], {rest})), {_flat_ids(ids)}, "
             f"{u}.reshape((1, {u}.shape[0], {ctx.prod(u, 1, r)})), "
             f"{0 if ctx.attrs['overwrite'] else 1}, {_NO_PAD}, True)"]
 
@@ -145,11 +149,12 @@ def _scatter_grad_lower(ctx):
     if ctx.has_output("X@GRAD"):
         dx = ctx.out("X@GRAD", shape=f"{g}.shape")
         lines += [f"{dx}.reshape({dx}.size)[:] = {g}.reshape({g}.size)",
-                  f"_nn.scatter_rows({dx}.reshape((1, {g}.shape[0], {ctx.prod(g, 1, r)})), "
+                  f"{ctx.lib_fn('scatter_rows')}("
+                  f"{dx}.reshape((1, {g}.shape[0], {ctx.prod(g, 1, r)})), "
                   f"{flat}, {g3}, 3, {_NO_PAD}, True)"]
     if ctx.has_output("Updates@GRAD"):
         du = ctx.out("Updates@GRAD", shape=f"{u}.shape")
-        lines.append(f"_nn.take_rows({g3}, {flat}, {_NO_PAD}, True, "
+        lines.append(f"{ctx.lib_fn('take_rows')}({g3}, {flat}, {_NO_PAD}, True, "
                      f"{du}.reshape((1, {u}.shape[0], {ctx.prod(u, 1, r)})))")
     return lines
 
@@ -161,7 +166,7 @@ def _where_index_lower(ctx):
         return None
     c, out = ctx.inp("Condition"), ctx.out("Out")
     return [f"{out} = np.empty((np.count_nonzero({c}), {r}), np.int64)",
-            f"_nn.nonzero_index({c}.reshape({c}.size), {_dims_array(c, 0, r)}, {out})"]
+            f"{ctx.lib_fn('nonzero_index')}({c}.reshape({c}.size), {_dims_array(c, 0, r)}, {out})"]
 
 
 def _broadcast_lines(ctx):
@@ -191,7 +196,8 @@ def _broadcast_mask(ctx, lines, md, fd) -> str:
         return m
     mb = ctx.tmp("mb")
     lines += [f"{mb} = np.empty({_shape_src(fd)}, np.bool_)",
-              f"_nn.tile_nd({m}.reshape({m}.size), {_dims_src(md)}, {mb}.reshape({mb}.size), "
+              f"{ctx.lib_fn('tile_nd')}("
+              f"{m}.reshape({m}.size), {_dims_src(md)}, {mb}.reshape({mb}.size), "
               f"{_dims_src(fd)})"]
     return mb
 
@@ -208,10 +214,11 @@ def _masked_select_lower(ctx):
     if mb != ctx.inp("Mask"):
         xb = ctx.tmp("xb")
         lines += [f"{xb} = np.empty({_shape_src(fd)}, {T})",
-                  f"_nn.tile_nd({X}.reshape({X}.size), {_dims_src(xd)}, "
+                  f"{ctx.lib_fn('tile_nd')}({X}.reshape({X}.size), {_dims_src(xd)}, "
                   f"{xb}.reshape({xb}.size), {_dims_src(fd)})"]
     return lines + [f"{y} = np.empty((np.count_nonzero({mb}),), {T})",
-                    f"_nn.mask_take({xb}.reshape({xb}.size), {mb}.reshape({mb}.size), {y})"]
+                    f"{ctx.lib_fn('mask_take')}("
+                    f"{xb}.reshape({xb}.size), {mb}.reshape({mb}.size), {y})"]
 
 
 @lowering("masked_select_grad", host=True)
@@ -223,11 +230,13 @@ def _masked_select_grad_lower(ctx):
     mb = _broadcast_mask(ctx, lines, md, fd)
     dx = ctx.out("X@GRAD", shape=f"{X}.shape")
     if mb == ctx.inp("Mask"):
-        return lines + [f"_nn.mask_put({g}, {mb}.reshape({mb}.size), {dx}.reshape({dx}.size))"]
+        return lines + [f"{ctx.lib_fn('mask_put')}("
+                        f"{g}, {mb}.reshape({mb}.size), {dx}.reshape({dx}.size))"]
     full = ctx.tmp("full")
     return lines + [f"{full} = np.empty({_shape_src(fd)}, {T})",
-                    f"_nn.mask_put({g}, {mb}.reshape({mb}.size), {full}.reshape({full}.size))",
-                    f"_nn.untile_nd({full}.reshape({full}.size), {_dims_src(xd)}, "
+                    f"{ctx.lib_fn('mask_put')}("
+                    f"{g}, {mb}.reshape({mb}.size), {full}.reshape({full}.size))",
+                    f"{ctx.lib_fn('untile_nd')}({full}.reshape({full}.size), {_dims_src(xd)}, "
                     f"{dx}.reshape({dx}.size), {_dims_src(fd)})"]
 
 
@@ -248,7 +257,8 @@ def _cumsum_lower_for(src_slot, dst_slot, flip):
             view = lambda local: _rows_src(ctx, local, r, ax)  # noqa: E731
         out = ctx.out(dst_slot, shape=shape)
         reverse = bool(a["reverse"]) != flip
-        return [f"_nn.cumsum_rows({view(x)}, {bool(a['exclusive'])}, {reverse}, {view(out)})"]
+        return [f"{ctx.lib_fn('cumsum_rows')}("
+                f"{view(x)}, {bool(a['exclusive'])}, {reverse}, {view(out)})"]
     return lower
 
 
@@ -261,7 +271,8 @@ def _argsort_lower(ctx):
     X = ctx.inp("X")
     out = ctx.out("Out", shape=f"{X}.shape")
     idx = ctx.out("Indices", shape=f"{X}.shape")
-    return [f"_nn.argsort_rows({_rows_src(ctx, X, r, ax)}, {bool(ctx.attrs['descending'])}, "
+    return [f"{ctx.lib_fn('argsort_rows')}("
+            f"{_rows_src(ctx, X, r, ax)}, {bool(ctx.attrs['descending'])}, "
             f"{_rows_src(ctx, out, r, ax)}, {_rows_src(ctx, idx, r, ax)})"]
 
 
@@ -273,7 +284,8 @@ def _argsort_grad_lower(ctx):
     ax = norm_axis(ctx.attrs["axis"], r)
     X, idx, g = ctx.inp("X"), ctx.inp("Indices"), ctx.inp("Out@GRAD")
     dx = ctx.out("X@GRAD", shape=f"{X}.shape")
-    return [f"_nn.put_along_rows({_rows_src(ctx, g, r, ax)}, {_rows_src(ctx, idx, r, ax)}, "
+    return [f"{ctx.lib_fn('put_along_rows')}("
+            f"{_rows_src(ctx, g, r, ax)}, {_rows_src(ctx, idx, r, ax)}, "
             f"{_rows_src(ctx, dx, r, ax)})"]
 
 
@@ -293,7 +305,8 @@ def _gather_lower(ctx):
         del dims[ax]
     out = ctx.out("Out", shape=_shape_src(dims))
     rows = (f"{out}.reshape(({ctx.prod(X, 0, ax)}, {idx}.size, {ctx.prod(X, ax + 1, r)}))")
-    return [f"_nn.take_rows({_rows_src(ctx, X, r, ax)}, {_flat_ids(idx)}, {_NO_PAD}, True, "
+    return [f"{ctx.lib_fn('take_rows')}("
+            f"{_rows_src(ctx, X, r, ax)}, {_flat_ids(idx)}, {_NO_PAD}, True, "
             f"{rows})"]
 
 
@@ -310,7 +323,8 @@ def _gather_grad_lower(ctx):
     rows = f"{g}.reshape(({ctx.prod(X, 0, ax)}, {idx}.size, {ctx.prod(X, ax + 1, r)}))"
     return [f"_rt.check({g}.size == {idx}.size * {ctx.prod(X, 0, ax)} * "
             f"{ctx.prod(X, ax + 1, r)})",
-            f"_nn.scatter_rows({_rows_src(ctx, dx, r, ax)}, {_flat_ids(idx)}, {rows}, 2, "
+            f"{ctx.lib_fn('scatter_rows')}("
+            f"{_rows_src(ctx, dx, r, ax)}, {_flat_ids(idx)}, {rows}, 2, "
             f"{_NO_PAD}, True)"]
 
 

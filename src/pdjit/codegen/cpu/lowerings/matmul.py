@@ -60,7 +60,7 @@ def _gemm_blocked(ctx, xn: int, ta: bool = False, tb: bool = False, scaled: bool
     cheap next to the GEMM; blocks mostly spare the threaded-BLAS stalls."""
     if not _blas_ok(ctx) or ta or tb or scaled or ctx.rank("Y") != 2:
         return None
-    if getattr(ctx.gen, "parallel", False):  # a thread count > 1 asked for: BLAS's too, and
+    if ctx.gen.parallel:  # a thread count > 1 asked for: BLAS's too, and
         return None                          # concurrent threaded BLAS calls fight
     rx = ctx.rank("X")
     xs, ys = ctx.shape("X"), ctx.shape("Y")
@@ -78,8 +78,8 @@ def _gemm_blocked(ctx, xn: int, ta: bool = False, tb: bool = False, scaled: bool
     lx, x2 = _as_matrix(ctx, X, rx, xn)
     o2 = ctx.tmp("o")
     lines = lx + [f"{o2} = {out}.reshape(({x2}.shape[0], {Y}.shape[1]))"]
-    return (lines, "_nn.gemm_rows", [x2, Y], [o2, ctx.prod(X, 1, xn)],
-            f"_nn.gemm_split_work({x2}, {Y})")
+    return (lines, ctx.lib_fn("gemm_rows"), [x2, Y], [o2, ctx.prod(X, 1, xn)],
+            f"{ctx.lib_fn('gemm_split_work')}({x2}, {Y})")
 
 
 def _mul_blocked(ctx):

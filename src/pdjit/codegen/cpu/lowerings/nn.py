@@ -29,7 +29,7 @@ def _softmax(ctx):
     out = ctx.out("Out", shape=f"{X}.shape")
     x3, o3 = ctx.tmp("x"), ctx.tmp("o")
     return [f"{x3} = {_pre_axis_post(ctx, X, r, axis)}", f"{o3} = {out}.reshape({x3}.shape)",
-            f"_nn.softmax_axis({x3}, {o3}, {T}({_CLIP}))"]
+            f"{ctx.lib_fn('softmax_axis')}({x3}, {o3}, {T}({_CLIP}))"]
 
 
 _softmax.row_prologue = _softmax_lower.row_prologue
@@ -55,7 +55,7 @@ def _softmax_grad(ctx):
         f"{o2} = {_pre_axis_post(ctx, O, r, axis)}",
         f"{g2} = {G}.reshape({o2}.shape)",
         f"{d2} = {dx}.reshape({o2}.shape)",
-        f"_nn.softmax_axis_grad({o2}, {g2}, {d2})",
+        f"{ctx.lib_fn('softmax_axis_grad')}({o2}, {g2}, {d2})",
     ]
 
 
@@ -79,9 +79,9 @@ def _dropout(ctx):
     key = "np.uint64(0)" if a["is_test"] else ctx.rng_key()
     if ctx.has_input("Seed") and not a["is_test"]:
         seed = ctx.inp("Seed")
-        key = f"np.uint64(_nn.dropout_key({_flat(seed)}, {key}))"
+        key = f"np.uint64({ctx.lib_fn('dropout_key')}({_flat(seed)}, {key}))"
     upscale = a["dropout_implementation"] == "upscale_in_train"
-    return lines + [f"_nn.dropout_fwd({_flat(X)}, {key}, {float(a['dropout_prob'])!r}, "
+    return lines + [f"{ctx.lib_fn('dropout_fwd')}({_flat(X)}, {key}, {float(a['dropout_prob'])!r}, "
                     f"{upscale}, {bool(a['is_test'])}, {_flat(out)}, {_flat(mask)})"]
 
 
@@ -93,5 +93,5 @@ def _dropout_grad(ctx):
         return None
     G, dx, upscale = start
     a = ctx.attrs
-    return [f"_nn.dropout_bwd({_flat(G)}, {_flat(ctx.inp('Mask'))}, "
+    return [f"{ctx.lib_fn('dropout_bwd')}({_flat(G)}, {_flat(ctx.inp('Mask'))}, "
             f"{float(a['dropout_prob'])!r}, {upscale}, {bool(a['is_test'])}, {_flat(dx)})"]

@@ -97,7 +97,7 @@ def _bn_lower(ctx):
     x4, y4 = h.view(h.X), h.view(y)
     m, v, inv = h.tmp("m"), h.tmp("v"), h.tmp("inv")
     eps, relu = _f32(a["epsilon"]), bool(a["fuse_with_relu"])
-    apply = f"_nn.norm_apply({x4}, {m}, {inv}, {{}}, {{}}, False, 1, {relu}, {y4})"
+    apply = f"{ctx.lib_fn('norm_apply')}({x4}, {m}, {inv}, {{}}, {{}}, False, 1, {relu}, {y4})"
     if not _batch_stats(a["is_test"], a["use_global_stats"], a["trainable_statistics"]):
         h.emit(f"{m} = {mean}.astype(np.float64).reshape((1, {mean}.size))",
                f"{inv} = 1.0 / np.sqrt({var}.astype(np.float64).reshape((1, {var}.size)) + "
@@ -107,7 +107,7 @@ def _bn_lower(ctx):
         return h.lines
     ones, zeros = h.const("ones", h.dtype_of("Scale")), h.const("zeros", h.dtype_of("Bias"))
     h.emit(f"{m} = np.empty((1, {x4}.shape[2]))", f"{v} = np.empty((1, {x4}.shape[2]))",
-           f"_nn.norm_stats({x4}, False, 1, {m}, {v})",
+           f"{ctx.lib_fn('norm_stats')}({x4}, False, 1, {m}, {v})",
            f"if {x4}.size == {x4}.shape[2]:  # one value per channel: Y = X, statistics kept",
            f"    {m}[:, :] = 0.0", f"    {inv} = np.ones((1, {x4}.shape[2]))",
            f"    {mo}[:] = {mean}", f"    {vo}[:] = {var}", f"    {sm}[:] = 0.0",
@@ -130,7 +130,8 @@ def _bn_grad_lower(ctx):
     scale = h.param("Scale", "ones")
     x4 = h.view(h.X)
     dy4, dx4, ds, db = h.grads(x4, ctx.inp("Y@GRAD"))
-    grad = f"_nn.norm_grad({x4}, {dy4}, {{}}, {{}}, {{}}, False, 1, {{}}, {dx4}, {ds}, {db})"
+    grad = (f"{ctx.lib_fn('norm_grad')}("
+            f"{x4}, {dy4}, {{}}, {{}}, {{}}, False, 1, {{}}, {dx4}, {ds}, {db})")
     if not batch:
         mean, var = ctx.inp("MeanOut"), ctx.inp("VarianceOut")
         h.emit(grad.format(f"{mean}.astype(np.float64).reshape((1, {mean}.size))",
@@ -162,10 +163,10 @@ def _in_lower(ctx):
     m, v, inv = h.tmp("m"), h.tmp("v"), h.tmp("inv")
     h.emit(f"{m} = np.empty(({x4}.shape[0], {x4}.shape[2]))",
            f"{v} = np.empty(({x4}.shape[0], {x4}.shape[2]))",
-           f"_nn.norm_stats({x4}, True, 1, {m}, {v})",
+           f"{ctx.lib_fn('norm_stats')}({x4}, True, 1, {m}, {v})",
            f"{inv} = 1.0 / np.sqrt({v} + {_f32(ctx.attrs['epsilon'])})",
            f"{sm}[:] = {m}.reshape({m}.size)", f"{sv}[:] = {inv}.reshape({inv}.size)",
-           f"_nn.norm_apply({x4}, {m}, {inv}, {scale}, {bias}, True, 1, False, {y4})")
+           f"{ctx.lib_fn('norm_apply')}({x4}, {m}, {inv}, {scale}, {bias}, True, 1, False, {y4})")
     return h.lines
 
 
@@ -178,7 +179,7 @@ def _in_grad_lower(ctx):
     x4 = h.view(h.X)
     dy4, dx4, ds, db = h.grads(x4, ctx.inp("Y@GRAD"))
     stat = f"({x4}.shape[0], {x4}.shape[2])"
-    h.emit(f"_nn.norm_grad({x4}, {dy4}, "
+    h.emit(f"{ctx.lib_fn('norm_grad')}({x4}, {dy4}, "
            f"{ctx.inp('SavedMean')}.astype(np.float64).reshape({stat}), "
            f"{ctx.inp('SavedVariance')}.astype(np.float64).reshape({stat}), {scale}, True, 1, "
            f"True, {dx4}, {ds}, {db})")
@@ -199,9 +200,10 @@ def _gn_lower(ctx):
     m, v = h.tmp("m"), h.tmp("v")
     cpg = f"{x4}.shape[2] // {groups}"
     h.emit(f"{m} = np.empty({stat})", f"{v} = np.empty({stat})",
-           f"_nn.norm_stats({x4}, True, {cpg}, {m}, {v})",
+           f"{ctx.lib_fn('norm_stats')}({x4}, True, {cpg}, {m}, {v})",
            f"{mo}[:, :] = {m}", f"{vo}[:, :] = {v}",
-           f"_nn.norm_apply({x4}, {m}, 1.0 / np.sqrt({v} + {_f32(a['epsilon'])}), {scale}, "
+           f"{ctx.lib_fn('norm_apply')}("
+           f"{x4}, {m}, 1.0 / np.sqrt({v} + {_f32(a['epsilon'])}), {scale}, "
            f"{bias}, True, {cpg}, False, {y4})")
     return h.lines
 
@@ -216,7 +218,8 @@ def _gn_grad_lower(ctx):
     x4 = h.view(h.X)
     dy4, dx4, ds, db = h.grads(x4, ctx.inp("Y@GRAD"))
     stat = f"({x4}.shape[0], {groups})"
-    h.emit(f"_nn.norm_grad({x4}, {dy4}, {ctx.inp('Mean')}.astype(np.float64).reshape({stat}), "
+    h.emit(f"{ctx.lib_fn('norm_grad')}("
+           f"{x4}, {dy4}, {ctx.inp('Mean')}.astype(np.float64).reshape({stat}), "
            f"1.0 / np.sqrt({ctx.inp('Variance')}.astype(np.float64).reshape({stat}) + "
            f"{_f32(a['epsilon'])}), {scale}, True, {x4}.shape[2] // {groups}, True, {dx4}, "
            f"{ds}, {db})")
@@ -262,7 +265,7 @@ def _ln_lower(ctx):
     y = ctx.out("Y", shape=f"{h.X}.shape")
     mean, var = h.out("Mean", h.lead_shape()), h.out("Variance", h.lead_shape())
     rows = f"{h.x2}.shape[0]"
-    h.lines.append(f"_nn.layer_norm_fwd({h.x2}, {scale}, {bias}, {h.eps}, "
+    h.lines.append(f"{ctx.lib_fn('layer_norm_fwd')}({h.x2}, {scale}, {bias}, {h.eps}, "
                    f"{y}.reshape({h.x2}.shape), {mean}.reshape(({rows},)), "
                    f"{var}.reshape(({rows},)))")
     return h.lines
@@ -281,7 +284,7 @@ def _ln_grad_lower(ctx):
         dx, want = f"np.empty((0, 0), {h.T})", False
     ds, db = h.out("Scale@GRAD", f"({h.right},)"), h.out("Bias@GRAD", f"({h.right},)")
     mean, var, dy = ctx.inp("Mean"), ctx.inp("Variance"), ctx.inp("Y@GRAD")
-    h.lines.append(f"_nn.layer_norm_bwd({h.x2}, {dy}.reshape({h.x2}.shape), "
+    h.lines.append(f"{ctx.lib_fn('layer_norm_bwd')}({h.x2}, {dy}.reshape({h.x2}.shape), "
                    f"{mean}.reshape(({mean}.size,)), {var}.reshape(({var}.size,)), {scale}, "
                    f"{h.eps}, {want}, {dx}, {ds}, {db})")
     return h.lines

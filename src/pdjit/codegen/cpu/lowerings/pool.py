@@ -22,15 +22,15 @@ def _pool_lower(ctx):
     n, c, h, w = image_dims(p.g, X)
     y, pre, post = nchw_dest(ctx, p.g, "Out", n, c, p.src_out(0, h), p.src_out(1, w))
     if _whole_planes(ctx, p):
-        return lines + pre + [f"_nn.pool2d_mean({xc}, {y})"] + post
-    call = _max_call(p, xc, y, h, w)
+        return lines + pre + [f"{ctx.lib_fn('pool2d_mean')}({xc}, {y})"] + post
+    call = _max_call(ctx, p, xc, y, h, w)
     if call is not None:
         return lines + pre + [call] + post
     flags = f"{p.is_max}, {p.exclusive}, {p.adaptive}"
-    return lines + pre + [f"_nn.pool2d_fwd({xc}, {y}, {p.args(h, w)}, {flags})"] + post
+    return lines + pre + [f"{ctx.lib_fn('pool2d_fwd')}({xc}, {y}, {p.args(h, w)}, {flags})"] + post
 
 
-def _max_call(p: _Pool, xc: str, y: str, h: str, w: str) -> str | None:
+def _max_call(ctx, p: _Pool, xc: str, y: str, h: str, w: str) -> str | None:
     """The call of the library's entry of the max pool whose windows the attributes fix (2x2
     at stride 2 unpadded; 3x3 at one stride of 1 or 2 on both axes), so that the plan's
     compile jobs name that kernel alone; else None (the general entry)."""
@@ -39,9 +39,9 @@ def _max_call(p: _Pool, xc: str, y: str, h: str, w: str) -> str | None:
     kh, sh, pt, _ = p.src_window(0, h)
     kw, sw, pl, _ = p.src_window(1, w)
     if (kh, kw, sh, sw, pt, pl) == ("2", "2", "2", "2", "0", "0"):
-        return f"_nn.pool2d_max22({xc}, {y})"
+        return f"{ctx.lib_fn('pool2d_max22')}({xc}, {y})"
     if kh == kw == "3" and sh == sw and sh in ("1", "2"):
-        return f"_nn.pool2d_max33({xc}, {y}, {sh}, {pt}, {pl})"
+        return f"{ctx.lib_fn('pool2d_max33')}({xc}, {y}, {sh}, {pt}, {pl})"
     return None
 
 
@@ -75,7 +75,7 @@ def _pool_grad_lower(ctx):
         lines, dyc = as_nchw(ctx, p.g, DY)
         n, c, h, w = image_dims(p.g, X)
         dx, pre, post = nchw_dest(ctx, p.g, "X@GRAD", n, c, h, w)
-        return lines + pre + [f"_nn.pool2d_mean_bwd({dyc}, {dx})"] + post
+        return lines + pre + [f"{ctx.lib_fn('pool2d_mean_bwd')}({dyc}, {dx})"] + post
     lines = []
     locs = []
     for local in (X, Y, DY):
@@ -85,7 +85,8 @@ def _pool_grad_lower(ctx):
     n, c, h, w = image_dims(p.g, X)
     dx, pre, post = nchw_dest(ctx, p.g, "X@GRAD", n, c, h, w)
     flags = f"{p.is_max}, {p.exclusive}, {p.adaptive}"
-    return lines + pre + [f"_nn.pool2d_bwd({', '.join(locs)}, {dx}, {p.args(h, w)}, {flags})"] \
+    return lines + pre + [f"{ctx.lib_fn('pool2d_bwd')}("
+                          f"{', '.join(locs)}, {dx}, {p.args(h, w)}, {flags})"] \
         + post
 
 
@@ -98,7 +99,7 @@ def _index_lower(ctx):
     n, c, h, w = image_dims(p.g, X)
     shape = f"({n}, {c}, {p.src_out(0, h)}, {p.src_out(1, w)})"
     y, mask = ctx.out("Out", shape=shape), ctx.out("Mask", shape=shape)
-    return [f"_nn.max_pool2d_index_fwd({X}, {y}, {mask}, {p.args(h, w)}, {p.adaptive})"]
+    return [f"{ctx.lib_fn('max_pool2d_index_fwd')}({X}, {y}, {mask}, {p.args(h, w)}, {p.adaptive})"]
 
 
 @lowering("max_pool2d_with_index_grad", host=True)
@@ -107,4 +108,4 @@ def _index_grad_lower(ctx):
         return None
     X, M, DY = ctx.inp("X"), ctx.inp("Mask"), ctx.inp("Out@GRAD")
     dx = ctx.out("X@GRAD", shape=f"{X}.shape")
-    return [f"_nn.max_pool2d_index_bwd({M}, {DY}, {dx})"]
+    return [f"{ctx.lib_fn('max_pool2d_index_bwd')}({M}, {DY}, {dx})"]

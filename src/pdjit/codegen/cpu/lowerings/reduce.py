@@ -42,15 +42,16 @@ def _make_reduce_grad_lower(kind):
         dx = ctx.out("X@GRAD", shape=f"{X}.shape")
         red = _dims_src(["1" if i in axes else "0" for i in range(r)])
         if kind == "product":
-            return [f"_nn.others_product({X}.reshape({X}.size), {_dims_src(xd)}, {red}, "
+            return [f"{ctx.lib_fn('others_product')}("
+                    f"{X}.reshape({X}.size), {_dims_src(xd)}, {red}, "
                     f"{g}.reshape({g}.size), {dx}.reshape({dx}.size))"]
         if kind in ("total", "average"):
-            return lines + [f"_nn.tile_nd({g}.reshape({g}.size), {_dims_src(kd)}, "
+            return lines + [f"{ctx.lib_fn('tile_nd')}({g}.reshape({g}.size), {_dims_src(kd)}, "
                             f"{dx}.reshape({dx}.size), {_dims_src(xd)})"]
         if not ctx.has_input("Out") or ctx.dtype("Out") != ctx.dtype("X"):
             return None
         o = ctx.inp("Out")
-        return [f"_nn.extreme_share({X}.reshape({X}.size), {o}.reshape({o}.size), "
+        return [f"{ctx.lib_fn('extreme_share')}({X}.reshape({X}.size), {o}.reshape({o}.size), "
                 f"{g}.reshape({g}.size), {_dims_src(xd)}, {red}, {dx}.reshape({dx}.size))"]
     return lower
 

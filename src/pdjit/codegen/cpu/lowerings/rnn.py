@@ -28,7 +28,8 @@ def _weight_table(ctx, lines, n) -> str:
     ws = [ctx.inp("WeightList", i) for i in range(n)]
     wt = ctx.tmp("wt")
     half = n // 2
-    lines.append(f"{wt} = _nn.rnn_weight_table(({''.join(f'{w}, ' for w in ws[:half])}), "
+    lines.append(f"{wt} = {ctx.lib_fn('rnn_weight_table')}("
+                 f"({''.join(f'{w}, ' for w in ws[:half])}), "
                  f"({''.join(f'{w}, ' for w in ws[half:])}))")
     return wt
 
@@ -87,7 +88,8 @@ def _rnn_lower(ctx):
         dm = _out_or_scratch(ctx, lines, "DropoutState", 0, shape, "np.uint8")
         z, zo = ctx.tmp("z"), ctx.tmp("zo")
         lines += [f"{z} = np.zeros({dm}.size, {T})", f"{zo} = np.empty({dm}.size, {T})",
-                  f"_nn.dropout_fwd({z}, {ctx.rng_key()}, {p!r}, True, False, {zo}, {dm})"]
+                  f"{ctx.lib_fn('dropout_fwd')}("
+                  f"{z}, {ctx.rng_key()}, {p!r}, True, False, {zo}, {dm})"]
         scale = repr(1.0 / (1.0 - p))
     else:
         if ctx.has_output("DropoutState"):
@@ -95,7 +97,8 @@ def _rnn_lower(ctx):
         dm, scale = "np.empty(0, np.uint8)", "1.0"
     rf = ctx.tmp("rf")
     lines.append(f"{rf} = {res}.view({T})" if save else f"{rf} = np.empty(0, {T})")
-    lines.append(f"_nn.rnn_forward_at({x}, {h0}, {c0}, {wt}, {ln}, {code}, {L}, {D}, {save}, "
+    lines.append(f"{ctx.lib_fn('rnn_forward_at')}("
+                 f"{x}, {h0}, {c0}, {wt}, {ln}, {code}, {L}, {D}, {save}, "
                  f"{dm}, {scale}, {out}, {hn}, {cn}, {rf})")
     return lines
 
@@ -155,7 +158,8 @@ def _rnn_grad_lower(ctx):
         else dh0
     dw = ctx.tmp("dw")
     lines.append(f"{dw} = np.empty({wf}.size, {T})")
-    lines.append(f"_nn.rnn_backward({x}, {wf}, {ln}, {code}, {L}, {D}, {H}, {rf}, {dm}, "
+    lines.append(f"{ctx.lib_fn('rnn_backward')}("
+                 f"{x}, {wf}, {ln}, {code}, {L}, {D}, {H}, {rf}, {dm}, "
                  f"{scale}, {dout}, {dhn}, {dcn}, {dx}, {dh0}, {dc0}, {dw})")
     pos = ctx.tmp("p")
     lines.append(f"{pos} = 0")

@@ -75,7 +75,7 @@ def lstm(ctx):
     hid, cell = h.out("Hidden", rows), h.out("Cell", rows)
     gate, cact = h.out("BatchGate", f"{X}.shape"), h.out("BatchCellPreAct", rows)
     a = ctx.attrs
-    h.lines.append(f"_nn.lod_lstm({X}, {offs}, {W}, {B}, {h0}, {c0}, "
+    h.lines.append(f"{ctx.lib_fn('lod_lstm')}({X}, {offs}, {W}, {B}, {h0}, {c0}, "
                    f"{bool(a['use_peepholes'])}, {bool(a['is_reverse'])}, {', '.join(codes)}, "
                    f"{hid}, {cell}, {gate}, {cact})")
     return h.lines
@@ -99,7 +99,8 @@ def lstm_grad(ctx):
     dw, db = h.out("Weight@GRAD", f"{W}.shape"), h.out("Bias@GRAD", f"{B}.shape")
     dh0, dc0 = h.grad_of("H0", h0), h.grad_of("C0", c0)
     a = ctx.attrs
-    h.lines.append(f"_nn.lod_lstm_grad({offs}, {W}, {B}, {h0}, {c0}, {hid}, {cell}, {gate}, "
+    h.lines.append(f"{ctx.lib_fn('lod_lstm_grad')}("
+                   f"{offs}, {W}, {B}, {h0}, {c0}, {hid}, {cell}, {gate}, "
                    f"{cact}, {dh}, {dc}, {bool(a['use_peepholes'])}, {bool(a['is_reverse'])}, "
                    f"{', '.join(codes)}, {dx}, {dw}, {db}, {dh0}, {dc0})")
     return h.lines
@@ -117,7 +118,7 @@ def gru(ctx):
     hid, gate = h.out("Hidden", rows), h.out("BatchGate", f"{X}.shape")
     rhp, hb = h.out("BatchResetHiddenPrev", rows), h.out("BatchHidden", rows)
     a = ctx.attrs
-    h.lines.append(f"_nn.lod_gru({X}, {offs}, {W}, {b}, {h0}, {bool(a['is_reverse'])}, "
+    h.lines.append(f"{ctx.lib_fn('lod_gru')}({X}, {offs}, {W}, {b}, {h0}, {bool(a['is_reverse'])}, "
                    f"{codes[0]}, {codes[1]}, {bool(a['origin_mode'])}, {hid}, {gate}, {rhp}, "
                    f"{hb})")
     return h.lines
@@ -137,7 +138,7 @@ def gru_grad(ctx):
     dx, dw = h.out("Input@GRAD", f"{X}.shape"), h.out("Weight@GRAD", f"{W}.shape")
     db, dh0 = h.grad_of("Bias", b), h.grad_of("H0", h0)
     a = ctx.attrs
-    h.lines.append(f"_nn.lod_gru_grad({offs}, {W}, {b}, {h0}, {gate}, {rhp}, {hb}, "
+    h.lines.append(f"{ctx.lib_fn('lod_gru_grad')}({offs}, {W}, {b}, {h0}, {gate}, {rhp}, {hb}, "
                    f"{ctx.inp('Hidden@GRAD')}, {bool(a['is_reverse'])}, {codes[0]}, "
                    f"{codes[1]}, {bool(a['origin_mode'])}, {dx}, {dw}, {db}, {dh0})")
     return h.lines
@@ -162,7 +163,8 @@ def seq_conv(ctx):
     h = _Host(ctx, T)
     pad = ctx.inp("PaddingData") if trained else h.empty(f"{X}.shape[1]")
     out = ctx.out("Out", shape=f"({X}.shape[0], {F}.shape[1])")
-    h.lines.append(f"_nn.seq_conv({X}, {ctx.lod('X')}, {F}, {pad}, {length}, {start}, {out})")
+    h.lines.append(f"{ctx.lib_fn('seq_conv')}("
+                   f"{X}, {ctx.lod('X')}, {F}, {pad}, {length}, {start}, {out})")
     return h.lines
 
 
@@ -186,7 +188,8 @@ def seq_conv_grad(ctx):
         dpad = h.empty(f"{X}.shape[1]")
         if ctx.has_output("PaddingData@GRAD"):
             ctx.out("PaddingData@GRAD", shape=f"{ctx.inp('PaddingData')}.shape", zero=True)
-    h.lines.append(f"_nn.seq_conv_grad({X}, {ctx.lod('X')}, {F}, {pad}, {ctx.inp('Out@GRAD')}, "
+    h.lines.append(f"{ctx.lib_fn('seq_conv_grad')}("
+                   f"{X}, {ctx.lod('X')}, {F}, {pad}, {ctx.inp('Out@GRAD')}, "
                    f"{length}, {start}, {dx}, {df}, {dpad})")
     return h.lines
 

@@ -50,7 +50,8 @@ def _tiling_lower(op):
         lines += [f"{d} = {o}" for d, o in zip(dims, od)]
         out = ctx.out("Out")
         lines.append(f"{out} = np.empty({ctx.tuple_src(dims)}, {ctx.T('X')})")
-        lines.append(f"_nn.tile_nd({X}.reshape({X}.size), np.array({ctx.tuple_src(xd)}, "
+        lines.append(f"{ctx.lib_fn('tile_nd')}("
+                     f"{X}.reshape({X}.size), np.array({ctx.tuple_src(xd)}, "
                      f"np.int64), {out}.reshape({out}.size), np.array({ctx.tuple_src(dims)}, "
                      f"np.int64))")
         return lines
@@ -74,7 +75,8 @@ def _untile_lower(ctx):
     xd = ["1"] * (r - rx) + [f"{X}.shape[{i}]" for i in range(rx)]
     dx = ctx.out("X@GRAD", shape=f"{X}.shape")
     od = ctx.tuple_src(f"{g}.shape[{i}]" for i in range(r))
-    return [f"_nn.untile_nd({g}.reshape({g}.size), np.array({ctx.tuple_src(xd)}, np.int64), "
+    return [f"{ctx.lib_fn('untile_nd')}("
+            f"{g}.reshape({g}.size), np.array({ctx.tuple_src(xd)}, np.int64), "
             f"{dx}.reshape({dx}.size), np.array({od}, np.int64))"]
 
 
