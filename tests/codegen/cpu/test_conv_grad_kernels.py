@@ -105,7 +105,7 @@ def test_gradients_from_compiled_code():
     planes of 256+ outputs) against test_conv_bwd_filter's patches oracle. Literal geometry
     (as generated code writes it) must not compile the kernels again."""
     kernels = (conv._fwd_taps, conv._fwd_blas, conv._direct_range, conv._bwd_data_range,
-               conv._bwd_filter_range)
+               conv._bwd_filter_range, conv._bwd_filter_blas)
     before = {fn: set(fn.signatures) for fn in kernels}
     r = np.random.default_rng(1)
     for case in (CASES[1], CASES[4], CASES[7], CASES[0]):
@@ -129,10 +129,11 @@ def test_misfit_is_an_error_not_a_crash():
 
 
 # ---- the filter gradient: for each filter tap, the image pixels it read (a strided slice of the
-# zero-padded image) contracted with dy. Planes of conv._TAPS_DW_MIN outputs or more, with 4+
-# output channels per group and 4+ products per output, run without im2col or BLAS (16 dot
-# products at a time of dy's rows with the taps planes, the last blocks overlapping); the
-# others through im2col + BLAS.
+# zero-padded image) contracted with dy. Planes of conv._TAPS_DW_MIN outputs or more (or of
+# conv._TAPS_DW_MIN_SMALL where a group's gradient is small: see conv._TAPS_DW_MIN_SMALL),
+# with 4+ output channels per group and 4+ products per output, run without im2col or BLAS
+# (16 dot products at a time of dy's rows with the taps planes, the last blocks overlapping);
+# the others through im2col + BLAS, a kernel of their own.
 def patches_oracle(x, dy, wshape, strides, pads, dils, groups):
     n, c, h, wd = x.shape
     m, cg, kh, kw = wshape
@@ -161,7 +162,10 @@ DW_CASES = [
     (1, 8, 24, 30, 10, 3, 2, (1, 2), (2, 1, 0, 1), (2, 3), 2, True),    # groups, dilation, pads
     (2, 5, 16, 17, 4, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1, True),     # 1x1: 5 taps
     (1, 2, 19, 19, 3, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1, False),    # 3 rows: BLAS
-    (2, 8, 8, 8, 8, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1, False),      # 64 outputs: BLAS
+    (2, 8, 8, 8, 8, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1, True),       # 64 outputs, 8 x 72
+    (1, 24, 8, 8, 16, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1, False),    # 64, 16 x 216: BLAS
+    (1, 4, 8, 8, 20, 1, 1, (1, 1), (0, 0, 0, 0), (1, 1), 1, False),     # 64, 20 rows: BLAS
+    (2, 4, 7, 7, 8, 3, 3, (1, 1), (1, 1, 1, 1), (1, 1), 1, False),      # 49 outputs: BLAS
 ]
 
 
@@ -182,8 +186,10 @@ def test_filter_gradient_against_patches(case):
     the case names is the one its shape selects."""
     x, dy, want, geo = _dw_case(case)
     m, cg, kh, kw = want.shape
-    taps = dy.shape[2] * dy.shape[3] >= conv._TAPS_DW_MIN and m // geo[-1] >= 4 and \
-        cg * kh * kw >= 4
+    p, mg, k = dy.shape[2] * dy.shape[3], m // geo[-1], cg * kh * kw
+    taps = mg >= 4 and k >= 4 and (p >= conv._TAPS_DW_MIN or (
+        p >= conv._TAPS_DW_MIN_SMALL and mg <= conv._TAPS_DW_SMALL_ROWS and
+        mg * k <= conv._TAPS_DW_SMALL))
     assert taps == case[-1]
     dwt = np.full(want.shape, np.nan)
     conv.conv2d_bwd_filter(x, dy, dwt, *geo)

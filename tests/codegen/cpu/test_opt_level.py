@@ -182,3 +182,70 @@ def test_user_function_calling_pdjit_kernel_keeps_its_function_passes(function_p
     ran = function_passes()
     assert (None, True) in ran and (_jit.OPT_LEVEL, True) not in ran
     assert (_jit.OPT_LEVEL, False) in ran
+
+
+@numba.extending.register_jitable
+def _helper3(a):
+    s = 0.0
+    for i in range(a.size):
+        s += a[i] * 3.0
+    return s
+
+
+def _twice_plus_one(x):
+    return x * 2.0 + 1.0
+
+
+def test_helpers_emit_machine_code_only_when_asked(monkeypatch):
+    """A library compiled in a pdjit compile without a CPython entry point (a nested helper)
+    does not join the JIT engine (no machine code) until an address it defines or its object
+    code is asked for; the kernel that calls it runs its linked copy; a library with a CPython
+    entry point joins at once. Values against NumPy / plain arithmetic."""
+    import ctypes
+
+    from numba.core.registry import cpu_target
+
+    codegen = cpu_target.target_context.codegen()
+    joined = []
+    original = codegen._add_module
+    monkeypatch.setattr(codegen, "_add_module", lambda m: (joined.append(m), original(m))[1])
+
+    def in_engine(res):
+        return any(m is res.library._final_module for m in joined)
+
+    helper = numba.njit(no_cpython_wrapper=True, pipeline_class=_jit.PdjitCompiler)(
+        _twice_plus_one)
+    kernel = numba.njit(pipeline_class=_jit.PdjitCompiler)(
+        lambda a: _helper3(a) + helper(a[0]))
+    a = np.arange(1.0, 6.0)
+    assert kernel(a) == pytest.approx(3.0 * a.sum() + 2.0 * a[0] + 1.0)
+    (kres,) = kernel.overloads.values()
+    (hres,) = helper.overloads.values()
+    assert in_engine(kres)  # the kernel: machine code at once
+    lib = hres.library
+    assert not in_engine(hres) and lib._pdjit_deferred is not None
+    # the names _may_defer tells a CPython wrapper by, and that the helper has none
+    assert kres.fndesc.llvm_cpython_wrapper_name.startswith("_ZN7cpython")
+    assert lib.get_pointer_to_function(hres.fndesc.llvm_cpython_wrapper_name) == 0
+    assert lib._pdjit_deferred is not None  # (a name it does not define emits nothing)
+    # its C wrapper's address: emitted now, and it runs
+    addr = lib.get_pointer_to_function(hres.fndesc.llvm_cfunc_wrapper_name)
+    assert addr and in_engine(hres) and lib._pdjit_deferred is None
+    assert ctypes.CFUNCTYPE(ctypes.c_double, ctypes.c_double)(addr)(3.0) == 7.0
+    # object code for the disk cache: another helper's library, emitted on that request
+    joined.clear()
+    helper2 = numba.njit(no_cpython_wrapper=True, pipeline_class=_jit.PdjitCompiler)(
+        lambda x: x * 5.0)
+    kernel2 = numba.njit(pipeline_class=_jit.PdjitCompiler)(lambda x: helper2(x) - 1.0)
+    assert kernel2(2.0) == 9.0
+    (h2res,) = helper2.overloads.values()
+    assert not in_engine(h2res)
+    name, kind, (obj, bitcode) = h2res.library.serialize_using_object_code()
+    assert kind == "object" and obj and bitcode
+    assert in_engine(h2res)
+    # a user's function: Numba's own finalization
+    joined.clear()
+    user_helper = numba.njit(no_cpython_wrapper=True)(lambda x: x * 7.0)
+    assert numba.njit(lambda x: user_helper(x) + 1.0)(1.0) == 8.0
+    (ures,) = user_helper.overloads.values()
+    assert in_engine(ures)

@@ -325,6 +325,17 @@ _BLOCK_COLS = 2048
 _COL_ELEMS = 1 << 16
 #: the filter gradient by taps (no im2col, no BLAS) from this many outputs per channel
 _TAPS_DW_MIN = 256
+#: ... and from this many where a group's gradient has at most _TAPS_DW_SMALL_ROWS rows
+#: (output channels) and _TAPS_DW_SMALL values (rows x taps). Measured (one thread, float32,
+#: batch 32, ms, taps / im2col + BLAS): 14x14 8->16 3x3 0.27 / 0.37, 16->16 0.55 / 0.83;
+#: 10x10 6->16 5x5 0.38 / 0.48; 8x8 16->16 3x3 0.28 / 0.36; 12x12 3->16 3x3 0.08 / 0.11;
+#: 14x14 stride 2 16->16 0.76 / 0.92, 1x1 64->16 0.33 / 0.35; batch 1, 14x14 16->16 0.019 /
+#: 0.028. With more rows or values BLAS won or tied: 8x8 1x1 stride 2 32->64 0.24 / 0.20;
+#: 10x10 16->32 3x3 (4608 values) 0.70 / 0.63, 32->32 1.39 / 1.28; 14x14 64->64 3x3 7.3 /
+#: 6.0, 1x1 256->64 4.1 / 3.1
+_TAPS_DW_MIN_SMALL = 64
+_TAPS_DW_SMALL_ROWS = 16
+_TAPS_DW_SMALL = 2560
 #: the bytes of weights the taps kernel keeps in cache while it sweeps a panel's positions
 _PANEL_BYTES = 1 << 17
 #: the bytes of inputs (taps x positions of a sample) up to which the taps kernel sweeps all
@@ -458,17 +469,17 @@ def _fwd_blas(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
                         yf[dst + k] = rf[src + k]
 
 
-def _taps_kernel(epilogue: bool):
-    """The taps kernel; ``epilogue``: the variant that applies the epilogue its last three
-    arguments ask for (the other, what programs without one compile, ignores them: its code
-    and compile time as without an epilogue: measured 2.15 s cold for float32, 2.47 with it)."""
+def _taps_kernel():
+    """The taps kernel, one for convolutions with and without an epilogue: where its
+    arguments ask for none it is as fast as a variant compiled without one (measured, one
+    thread, float32: 1.608 vs 1.647 ms, 10.35 vs 10.38 ms), and a program that needs both
+    compiles it once (a second variant cost ~1.1 s of CPU cold)."""
 
     def taps(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res):
         """``y[n] = conv(x[n], w)`` for the samples ``n0..n1`` by taps (tiles of :mod:`.tile`),
-        where :func:`_use_taps` says so; in the ``epilogue`` variant each output then stored
-        through ``minimum(maximum(y + bias[m] + res, lo), hi)`` (see :func:`_bias_clamp`;
-        ``bias`` and ``res``, flat as ``y``, empty and infinite bounds: none), the other one
-        ignores those arguments.
+        where :func:`_use_taps` says so, each output then stored through
+        ``minimum(maximum(y + bias[m] + res, lo), hi)`` (see :func:`_bias_clamp`; ``bias`` and
+        ``res``, flat as ``y``, empty and infinite bounds: none).
 
         ``xs`` holds one plane per input channel ``c``, filter column ``j`` and row phase ``r``
         of the stride: ``hq`` rows (``ho * sh + r - pt`` of the image) of ``ow`` values (columns
@@ -559,12 +570,11 @@ def _taps_kernel(epilogue: bool):
         kc = _STRIP_BYTES // (nv * TILE_BYTES) if mq % rb == 0 else k_
         # the epilogue: per strip once its rows are stored (rows a block overlapping the one
         # before stored again get it again); computed aside, as copied out
-        ep = nb = epr = False
         zero_ = x.dtype.type(0)
-        if epilogue:  # (a constant: the other variant compiles none of this)
-            ep = _has_epilogue(bias, lo, hi) or res.size > 0
-            nb = bias.size > 0
-            epr = ep and not aside
+        nb = bias.size > 0
+        # (_has_epilogue's test written out: no helper of its own to compile)
+        ep = nb or lo > -np.inf or hi < np.inf or res.size > 0
+        epr = ep and not aside
         # a 1x1 convolution reading the image in place, stored in place, whose filter is
         # larger than a sample's image (more output channels than positions): every sample of
         # the range under each panel of rows in turn (the panel's weights read once from
@@ -640,15 +650,15 @@ def _taps_kernel(epilogue: bool):
                         sa, da = U(mr * ds), U(y0 + mr * p_)
                         for q in range(U(p_)):
                             yf[da + q] = acc[sa + q]
-                    if epilogue and ep:
-                        _bias_clamp(yf, y0, p_, mg, p_, bias, g * mg, lo, hi, res)
+                        if ep:  # (here, not by _bias_clamp: no helper of its own to compile)
+                            clamp_run(yf, da, p_, bias[g * mg + mr] if nb else zero_, nb, res,
+                                      da, lo, hi)
 
-    taps.__name__ = taps.__qualname__ = "_fwd_taps_ep" if epilogue else "_fwd_taps"
+    taps.__name__ = taps.__qualname__ = "_fwd_taps"
     return jit(taps)
 
 
-_fwd_taps = _taps_kernel(False)
-_fwd_taps_ep = _taps_kernel(True)
+_fwd_taps = _taps_kernel()
 
 
 #: a reduction kernel's options: sums reassociated (vectorised: each of the 16 sums runs in
@@ -731,49 +741,67 @@ def _bwd_data_range(dy, w, dx, n0, n1, sh, sw, pt, pl, dh, dw, groups):
                         dw, oh_, ow_, dx[n])
 
 
+@register_jitable
+def _dw_by_taps(p_, mg, k_) -> bool:
+    """Whether the filter gradient of ``mg`` output channels per group, ``k_`` taps and ``p_``
+    outputs per channel runs by taps (:func:`_bwd_filter_range`; see :data:`_TAPS_DW_MIN`,
+    :data:`_TAPS_DW_MIN_SMALL`) rather than im2col + BLAS (:func:`_bwd_filter_blas`)."""
+    return mg >= 4 and k_ >= 4 and (p_ >= _TAPS_DW_MIN or (
+        p_ >= _TAPS_DW_MIN_SMALL and mg <= _TAPS_DW_SMALL_ROWS and mg * k_ <= _TAPS_DW_SMALL))
+
+
 @jit
 def _bwd_filter_range(x, dy, dwt, n0, n1, sh, sw, pt, pl, dh, dw, groups):
-    """``dwt = sum over the samples n0..n1 of dy[n] @ col(x[n])^T``, per group.
-
-    Planes of :data:`_TAPS_DW_MIN` outputs and more (4+ rows and taps): each sample's
-    image is copied into the taps kernel's planes (``kw`` copies of each channel per row phase
-    of the stride, see :func:`_fwd_taps`), and each 4x4 block of the gradient is 16 dot
-    products of dy's rows with the planes' runs (:func:`_dots44`); the last blocks overlap the
-    ones before them where 4 does not divide the rows or taps (their repeated sums dropped).
-    Else im2col and BLAS, per block of samples. (One kernel for both: a network's large and
-    small planes take both, and two kernels cost more compile than one holding both.)"""
+    """``dwt = sum over the samples n0..n1 of dy[n] @ col(x[n])^T``, per group, where
+    :func:`_dw_by_taps` says so (4+ rows and taps): each sample's image is copied into the
+    taps kernel's planes (``kw`` copies of each channel per row phase of the stride, see
+    :func:`_fwd_taps`), and each 4x4 block of the gradient is 16 dot products of dy's rows with
+    the planes' runs (:func:`_dots44`); the last blocks overlap the ones before them where 4
+    does not divide the rows or taps (their repeated sums dropped). The other shapes go by
+    :func:`_bwd_filter_blas`, a kernel of its own: a program whose shapes all take this one
+    (a small CNN's) compiles no im2col + BLAS path (~0.6 s of CPU cold)."""
     m_, cg, kh_, kw_ = dwt.shape
     mg = m_ // groups
     oh_, ow_ = dy.shape[2], dy.shape[3]
     p_, k_ = oh_ * ow_, cg * kh_ * kw_
     dwf = dwt.reshape(dwt.size)
     zero_run(dwf, 0, dwf.size)
-    if p_ >= _TAPS_DW_MIN and mg >= 4 and k_ >= 4:
-        hq = oh_ + ((kh_ - 1) * dh) // sh
-        pp = hq * ow_
-        xs = np.empty(cg * kw_ * sh * pp, x.dtype)
-        tap = np.empty(k_, np.int64)
-        _tap_offsets(tap, k_, 0, kw_, kh_, sh, dh, pp, ow_)
-        one = kh_ // kh_  # as in _fwd_taps: the same compiled im2col
-        dyf = dy.reshape(dy.size)
-        for n in range(n0, n1):
-            for g in range(groups):
-                for r in range(sh if kh_ > 1 else 1):
-                    _im2col(x[n], g * cg, cg, one, kw_, sh, sw, pt - r, pl, dh, dw, hq, ow_, xs,
-                            sh * pp, r * pp)
-                d0 = (n * m_ + g * mg) * p_
-                for m4 in range(0, mg, 4):
-                    mr = m4 if m4 < mg - 4 else mg - 4
-                    for k4 in range(0, k_, 4):
-                        kr = k4 if k4 < k_ - 4 else k_ - 4
-                        s = _dots44(dyf, d0 + mr * p_, d0 + (mr + 1) * p_, d0 + (mr + 2) * p_,
-                                    d0 + (mr + 3) * p_, xs, tap[kr], tap[kr + 1], tap[kr + 2],
-                                    tap[kr + 3], p_)
-                        for r in range(m4 - mr, 4):
-                            base = (g * mg + mr + r) * k_ + kr
-                            for t in range(k4 - kr, 4):
-                                dwf[base + t] += s[r * 4 + t]
-        return
+    hq = oh_ + ((kh_ - 1) * dh) // sh
+    pp = hq * ow_
+    xs = np.empty(cg * kw_ * sh * pp, x.dtype)
+    tap = np.empty(k_, np.int64)
+    _tap_offsets(tap, k_, 0, kw_, kh_, sh, dh, pp, ow_)
+    one = kh_ // kh_  # as in _fwd_taps: the same compiled im2col
+    dyf = dy.reshape(dy.size)
+    for n in range(n0, n1):
+        for g in range(groups):
+            for r in range(sh if kh_ > 1 else 1):
+                _im2col(x[n], g * cg, cg, one, kw_, sh, sw, pt - r, pl, dh, dw, hq, ow_, xs,
+                        sh * pp, r * pp)
+            d0 = (n * m_ + g * mg) * p_
+            for m4 in range(0, mg, 4):
+                mr = m4 if m4 < mg - 4 else mg - 4
+                for k4 in range(0, k_, 4):
+                    kr = k4 if k4 < k_ - 4 else k_ - 4
+                    s = _dots44(dyf, d0 + mr * p_, d0 + (mr + 1) * p_, d0 + (mr + 2) * p_,
+                                d0 + (mr + 3) * p_, xs, tap[kr], tap[kr + 1], tap[kr + 2],
+                                tap[kr + 3], p_)
+                    for r in range(m4 - mr, 4):
+                        base = (g * mg + mr + r) * k_ + kr
+                        for t in range(k4 - kr, 4):
+                            dwf[base + t] += s[r * 4 + t]
+
+
+@jit
+def _bwd_filter_blas(x, dy, dwt, n0, n1, sh, sw, pt, pl, dh, dw, groups):
+    """``dwt = sum over the samples n0..n1 of dy[n] @ col(x[n])^T``, per group, by im2col and
+    BLAS per block of samples (the shapes :func:`_dw_by_taps` leaves out)."""
+    m_, cg, kh_, kw_ = dwt.shape
+    mg = m_ // groups
+    oh_, ow_ = dy.shape[2], dy.shape[3]
+    p_, k_ = oh_ * ow_, cg * kh_ * kw_
+    dwf = dwt.reshape(dwt.size)
+    zero_run(dwf, 0, dwf.size)
     nb = _block(n1 - n0, k_, p_)
     for b0 in range(n0, n1, nb):
         b1 = b0 + nb if b0 + nb < n1 else n1
@@ -869,8 +897,7 @@ def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, re
         _fwd_gemm(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
         return
     if _use_taps(w.shape[0] // groups, w[0].size, y.shape[2] * y.shape[3]):
-        fn = _fwd_taps_ep if ep else _fwd_taps
-        fn(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
+        _fwd_taps(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
         return
     _fwd_blas(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups)
     if ep:
@@ -1015,7 +1042,9 @@ def conv2d_bwd_filter(x, dy, dwt, sh, sw, pt, pl, dh, dw, groups):
     if not _fits(x, dy, dwt, groups):
         raise ValueError(_MISFIT)
     n = x.shape[0]
-    fn = _bwd_filter_range
+    m_, cg, kh_, kw_ = dwt.shape
+    fn = _bwd_filter_range if _dw_by_taps(dy.shape[2] * dy.shape[3], m_ // groups,
+                                          cg * kh_ * kw_) else _bwd_filter_blas
     parts = _parts(n, dy.size * dwt[0].size)
     if parts == 1:
         fn(x, dy, dwt, 0, n, sh, sw, pt, pl, dh, dw, groups)
@@ -1042,32 +1071,34 @@ def _epilogue_types(T):
 
 
 def _residual_types(T):
-    """Argument types of the taps kernels: :func:`_epilogue_types`, then a flat residual."""
+    """Argument types of the taps kernel: :func:`_epilogue_types`, then a flat residual."""
     return _epilogue_types(T) + ((T, 1),)
 
 
 # (the kernels most programs' shapes take: a stride-1 input gradient runs as the forward
-# kernel over dy, see by_forward; small forward planes (im2col + BLAS) and depthwise filters
-# (direct loops) compile on their first call)
+# kernel over dy, see by_forward; small forward planes (im2col + BLAS), depthwise filters
+# (direct loops) and the filter gradients that _dw_by_taps leaves to BLAS compile on their
+# first call)
 jobs("conv2d_fwd")(lambda T: [(_fwd_taps, _residual_types(T))])
 jobs("conv2d_bwd_data")(lambda T: [(_bwd_data_range, _range_types(T)),
                                    (_fwd_taps, _residual_types(T))])
-jobs("conv2d_bwd_filter")(lambda T: [(_bwd_filter_range, _range_types(T))])
+jobs("conv2d_bwd_filter")(lambda T: [(_bwd_filter_range, _range_types(T))])  # (the taps)
 #: :func:`conv2d_bwd_data` itself, under the name a lowering calls when the sizes it knows say
 #: that the gradient runs as the taps kernel over dy (:func:`by_forward`), so that its compile
 #: jobs name that kernel alone (the other sizes' :func:`_bwd_data_range`: ~1 s of CPU cold)
 conv2d_bwd_data_by_taps = conv2d_bwd_data
 jobs("conv2d_bwd_data_by_taps")(lambda T: [(_fwd_taps, _residual_types(T))])
 # a convolution by blocks of samples with a fused bias / residual / clamp (the lowerings call
-# ``_nn.conv._fwd_range`` or ``_nn.conv._direct_range``): the taps kernel's variant with the
-# epilogue, and the BLAS product of the 1x1 convolutions of many channels (the blocks of a
-# ResNet); the im2col path of small planes compiles on its first call
-jobs("conv._fwd_range")(lambda T: [(_fwd_taps_ep, _residual_types(T)),
+# ``_nn.conv._fwd_range`` or ``_nn.conv._direct_range``): the taps kernel, and the BLAS
+# product of the 1x1 convolutions of many channels (the blocks of a ResNet); the im2col path
+# of small planes compiles on its first call
+jobs("conv._fwd_range")(lambda T: [(_fwd_taps, _residual_types(T)),
                                    (_fwd_gemm, _residual_types(T))])
 jobs("conv._direct_range")(lambda T: [(_direct_range, _epilogue_types(T))])
-# the forward kernels of the other shapes: compiled ahead by ``pdjit warmup`` only (a name no
-# lowering calls, so no plan's compile worker spends time on them)
+# the kernels of the other shapes (forward, filter gradient): compiled ahead by ``pdjit warmup``
+# only (names no lowering calls, so no plan's compile worker spends time on them)
 jobs("conv2d_fwd (warmup)")(lambda T: [(_fwd_blas, _range_types(T))])
+jobs("conv2d_bwd_filter (warmup)")(lambda T: [(_bwd_filter_blas, _range_types(T))])
 
 
 _fits_native = register_jitable(_fits)
@@ -1106,7 +1137,7 @@ def _fwd_native(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
 
 
 # inside compiled code (a native loop's driver): the whole batch on this thread, the taps
-# kernel's variant with the epilogue (which applies none where its arguments ask for none).
+# kernel with the epilogue (which applies none where its arguments ask for none).
 # As in Python, the taps or BLAS (a depthwise filter's caller calls _direct_range itself: its
 # kernel is not compiled into every caller of this one, ~2.3 s cold)
 @overload(_fwd_range)
@@ -1120,7 +1151,7 @@ def _fwd_range_native(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo,
         if _use_gemm(x, w, y, sh, sw, pt, pl, groups, n1 - n0):
             _fwd_gemm(x, w, y, _plain(n0), _plain(n1), *g, bias, lo_, hi_, res)
         elif _use_taps(m_ // groups, cg * kh_ * kw_, y.shape[2] * y.shape[3]):
-            _fwd_taps_ep(x, w, y, _plain(n0), _plain(n1), *g, bias, lo_, hi_, res)
+            _fwd_taps(x, w, y, _plain(n0), _plain(n1), *g, bias, lo_, hi_, res)
         else:
             _fwd_blas(x, w, y, _plain(n0), _plain(n1), *g)
             if _has_epilogue(bias, lo_, hi_) or res.size > 0:
@@ -1159,8 +1190,12 @@ def _conv2d_bwd_filter_native(x, dy, dwt, sh, sw, pt, pl, dh, dw, groups):
     def impl(x, dy, dwt, sh, sw, pt, pl, dh, dw, groups):
         if not _fits_native(x, dy, dwt, groups):
             raise ValueError(_MISFIT)
-        _bwd_filter_range(x, dy, dwt, _plain(0), x.shape[0],
-                          *_geometry(sh, sw, pt, pl, dh, dw, groups))
+        m_, cg, kh_, kw_ = dwt.shape
+        g = _geometry(sh, sw, pt, pl, dh, dw, groups)
+        if _dw_by_taps(dy.shape[2] * dy.shape[3], m_ // groups, cg * kh_ * kw_):
+            _bwd_filter_range(x, dy, dwt, _plain(0), x.shape[0], *g)
+        else:
+            _bwd_filter_blas(x, dy, dwt, _plain(0), x.shape[0], *g)
     return impl
 
 
