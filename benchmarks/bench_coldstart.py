@@ -31,11 +31,12 @@ there, or those of ``--models``), each through the Predictor in two processes: *
 caches, one thread: ``set_cpu_math_library_num_threads(1)``) and **warm, 2 threads** (the cold
 run's cache, two threads: what compiles again for the new thread count shows in ``compiled``).
 Each: load + first result (wall, CPU), the next 10 runs (the worst as a ratio of the bar, 2x the
-steady latency plus 0.1 s: at most 1 passes), then runs until every background tier-up and
-driver trial is over (``settle``: the CPU seconds from the start to then, at most
-``--settle-cpu``), the steady latency (median of 20 after that), the kernels compiled (not
-loaded from the disk cache) by the first result and in all, and the largest difference from
-Paddle's output for the exported input (relative to its largest magnitude).
+steady latency plus 0.1 s: at most 1 passes; beside it the same in CPU seconds of the calling
+thread, which a loaded machine hardly changes but a compile in a run would), then runs until
+every background tier-up and driver trial is over (``settle``: the CPU seconds from the start to
+then, at most ``--settle-cpu``), the steady latency (median of 20 after that), the kernels
+compiled (not loaded from the disk cache) by the first result and in all, and the largest
+difference from Paddle's output for the exported input (relative to its largest magnitude).
 
 Besides wall seconds, each first result's CPU seconds (``first CPU s``: the process's own and
 its waited-for children's, the compile worker's included), which hardly depend on what else
@@ -180,11 +181,12 @@ def child_paddle(name: str, directory: str, nthreads: str, settle_cpu: str) -> d
     first, first_cpu = time.perf_counter() - t0, _cpu()
     compiled_first = compiler.kernel_stats()["compiled"]
     err = float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-30))
-    runs = []
+    runs, runs_cpu = [], []  # wall, and CPU of this thread (a compile in a run shows there)
     for _ in range(10):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         pred.run([x])
         runs.append(time.perf_counter() - t)
+        runs_cpu.append(time.thread_time() - c)
     exe, batch = pred._exe, x.shape[0]
     n_settle, settled = 0, not _busy(exe, batch)
     while not settled and _cpu() < float(settle_cpu):
@@ -194,18 +196,21 @@ def child_paddle(name: str, directory: str, nthreads: str, settle_cpu: str) -> d
         if not settled and n_settle % 50 == 0:
             time.sleep(0.05)  # (a tier-up thread's compile, not only runs)
     settle_s, settle_cpu_s = time.perf_counter() - t0, _cpu()
-    steady = []
+    steady, steady_cpu = [], []
     for _ in range(20):
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.thread_time()
         pred.run([x])
         steady.append(time.perf_counter() - t)
-    st = statistics.median(steady)
+        steady_cpu.append(time.thread_time() - c)
+    st, st_cpu = statistics.median(steady), statistics.median(steady_cpu)
     tiers = _tiers(exe)
     assert pdjit is not None
     return {"import_s": t_import, "load_s": t_load, "first_s": first, "first_cpu_s": first_cpu,
             "next10_max_s": max(runs), "steady_ms": st * 1e3,
             "next10_ratio": max(r / (2 * st + 0.1) for r in runs),
             "next10_ok": all(r <= 2 * st + 0.1 for r in runs),
+            "next10_cpu_ratio": max(r / (2 * st_cpu + 0.1) for r in runs_cpu),
+            "steady_cpu_ms": st_cpu * 1e3,
             "settled": settled, "settle_s": settle_s, "settle_cpu_s": settle_cpu_s,
             "settle_runs": n_settle, "compiled_first": compiled_first,
             "compiled": compiler.kernel_stats()["compiled"], "rel_err": err,
@@ -281,9 +286,9 @@ def paddle_models(args) -> None:
                if not k.startswith(("PDJIT_CACHE", "NUMBA_CACHE"))
                and k != "PYTHONDONTWRITEBYTECODE"}, "PDJIT_AUTO_WARMUP": "0"}
     tmp = pathlib.Path(tempfile.mkdtemp(prefix="pdjit-bench-paddle-"))
-    print("| model | process | load avg | first result s (CPU) | next 10: worst / bar | "
-          "steady ms | settled s (CPU) | compiled first/all | native steps | rel err |",
-          flush=True)
+    print("| model | process | load avg | first result s (CPU) | next 10: worst s, / bar "
+          "(CPU / bar) | steady ms (CPU) | settled s (CPU) | compiled first/all | "
+          "native steps | rel err |", flush=True)
     print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
     try:
         for m in names:
@@ -301,8 +306,9 @@ def paddle_models(args) -> None:
                     ("" if r["settled"] else " NOT settled")
                 given = f"; given up: {r['given_up']}" if r["given_up"] else ""
                 print(f"| {m} | {who} | {load:.2f} | {r['first_s']:.1f} "
-                      f"({r['first_cpu_s']:.1f}) | {r['next10_max_s']:.3f} s / "
-                      f"{r['next10_ratio']:.2f} | {r['steady_ms']:.1f} | {settle} | "
+                      f"({r['first_cpu_s']:.1f}) | {r['next10_max_s']:.3f}, "
+                      f"{r['next10_ratio']:.2f} ({r['next10_cpu_ratio']:.2f}) | "
+                      f"{r['steady_ms']:.1f} ({r['steady_cpu_ms']:.1f}) | {settle} | "
                       f"{r['compiled_first']}/{r['compiled']} | "
                       f"{r['native_steps']}/{r['steps']}{given} | {r['rel_err']:.1e} |",
                       flush=True)
