@@ -150,10 +150,13 @@ def test_a_step_whose_first_runs_are_slow_is_timed_longer_before_its_driver_is_g
         monkeypatch):
     """A hot step's host runs decide whether its native driver can pay (at most
     DRIVER_CALL_MAX_S a call): first runs that are slow (a lazy first use) do not decide it
-    alone; a step that stays slow, or has too many calls, gets none, and no build starts."""
+    alone; a step that stays slow, or has too many calls, gets none, and no build starts.
+    The garbage its compile left is collected, not the whole heap."""
     clock = _Clock()
+    collected = []
     monkeypatch.setattr(tiers_mod, "time", clock)
     monkeypatch.setattr(tiers_mod, "TIER_UP_THREAD", False)
+    monkeypatch.setattr(tiers_mod, "gc", type("gc", (), {"collect": collected.append}))
     x = [np.zeros((1, 4), np.float32)]
     per_call = tiers_mod.DRIVER_CALL_MAX_S
     cases = {  # (kernel calls, host run lengths) -> runs until a native driver is built
@@ -180,6 +183,9 @@ def test_a_step_whose_first_runs_are_slow_is_timed_longer_before_its_driver_is_g
         else:
             assert runs == want and built == [t.native] and t.native_failed is None, name
             assert t.native.sig == (numba.typeof(x[0]),), name
+    # once the driver compiled: the young generations collected, never the whole heap (a
+    # full collection holds the GIL through all of Numba's objects while runs wait)
+    assert collected == [1]
 
 
 def test_a_hot_steps_native_driver_is_one_compile_for_every_thread_count(monkeypatch):

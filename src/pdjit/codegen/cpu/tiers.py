@@ -61,6 +61,8 @@ DRIVER_CALL_MAX_S = 1e-3
 # its later ones 0.3 ms), so a step of few enough calls whose host driver has not yet run fast
 # enough is timed up to HOST_MORE_RUNS more runs before its native driver is given up.
 HOST_MORE_RUNS = 8
+#: the generations a tier-up collects once its compile is done (0 and 1: not a full collection)
+YOUNG = 1
 
 # A native driver whose ops keep batch rows independent (each output row depends only on the
 # same row of its batch inputs: ``pdjit.passes.batch_rows``, the analysis behind the AOT
@@ -177,8 +179,11 @@ class DriverTiers:
             # here, before the drivers' trial, not by the serving runs: in a process that had
             # compiled LeNet cold, the trial's runs at batch 64 took 0.87 / 0.68 / 0.57 ms
             # (host / native / split) instead of 0.54 / 0.53 / 0.37, and one benchmark process
-            # of two kept the host driver
-            gc.collect()
+            # of two kept the host driver. The young generations only: the compile's objects
+            # are there, and a full collection holds the GIL through every object the process
+            # has (Numba's included: ~1 s after a GRU classifier's driver compiled, loaded
+            # machine), during which a serving run waits (one of its 0.3 ms runs took 93 ms)
+            gc.collect(YOUNG)
             self.native = nd
 
         if not TIER_UP_THREAD:
