@@ -285,9 +285,9 @@ class PdjitCompilerO3(PdjitCompiler):
 
 def _typed_by_value(decorator):
     """``decorator``'s functions, typed by the values of their arguments when compiled code
-    calls them, never by a constant's own value: Numba types a constant argument (``1``,
-    ``False``, ``0.5`` in a native driver's call, or an argument passed on by an ``overload``)
-    as a literal and compiles a specialisation of the callee per value, where the host driver
+    calls them, never by a constant's own value: Numba types a constant argument (``1`` or
+    ``False`` in a native driver's call, or an argument passed on by an ``overload``) as a
+    literal and compiles a specialisation of the callee per value, where the host driver
     (Python calling it: ``int64``, ``bool``, ``float64``) uses the one compiled (or cached)
     for every value. A literal's specialisation compiled the whole kernel again (a GRU's
     recurrence, ~10 s of CPU, in its native driver)."""
