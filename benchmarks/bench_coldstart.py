@@ -1,6 +1,8 @@
 """Cold start as a new user meets it: fresh processes, caches emptied as a new user's are.
 
     python benchmarks/bench_coldstart.py [--models resnet50,lenet,cnn,mlp10] [--timeout 900]
+    python benchmarks/bench_coldstart.py --paddle-models DIR [--models squeezenet,...]
+
 
 Every figure is a new Python process timed from its first line (``import`` included), with
 three states of pdjit's one cache directory (``PDJIT_CACHE_DIR``, which holds everything pdjit
@@ -22,6 +24,19 @@ result) on the same model exported by ``pdjit.io.onnx_export``. The small CNN
 (conv-bn-relu-pool x2, fc; Adam) and the 10-layer MLP of ``bench_compile.py``: the first
 training step; ``jax.jit``'s first call of the same MLP step beside it. ONNX Runtime and jax
 run only where installed (the ``compare`` extra).
+
+``--paddle-models DIR``: instead, public models exported by PaddlePaddle beforehand
+(``benchmarks/export_paddle_models.py DIR``, run with paddle installed: every ``<name>.pdmodel``
+there, or those of ``--models``), each through the Predictor in two processes: **cold** (empty
+caches, one thread: ``set_cpu_math_library_num_threads(1)``) and **warm, 2 threads** (the cold
+run's cache, two threads: what compiles again for the new thread count shows in ``compiled``).
+Each: load + first result (wall, CPU), the next 10 runs (the worst as a ratio of the bar, 2x the
+steady latency plus 0.1 s: at most 1 passes; beside it the same in CPU seconds of the calling
+thread, which a loaded machine hardly changes but a compile in a run would), then runs until
+every background tier-up and driver trial is over (``settle``: the CPU seconds from the start to
+then, at most ``--settle-cpu``), the steady latency (median of 20 after that), the kernels
+compiled (not loaded from the disk cache) by the first result and in all, and the largest
+difference from Paddle's output for the exported input (relative to its largest magnitude).
 
 Besides wall seconds, each first result's CPU seconds (``first CPU s``: the process's own and
 its waited-for children's, the compile worker's included), which hardly depend on what else
@@ -126,6 +141,83 @@ def child_predictor(model: str, tmp: str) -> dict:
             "next10_ok": all(r <= 2 * st + 0.1 for r in runs)}
 
 
+def _tiers(exe):
+    """The driver tiers of every native step of the executor's plans."""
+    out = []
+    for _, plan in exe._plans.values():
+        for step in plan.walk():
+            t = getattr(step, "tiers", None)
+            if t is not None:
+                out.append(t)
+    return out
+
+
+def _busy(exe, batch: int) -> bool:
+    """Whether a background compile (a driver's tier-up, a kernel's parallel variant) or a
+    driver trial of the executor's plans is not over."""
+    import threading
+
+    if any(t.name in ("pdjit-tier-up", "pdjit-parallel-variant") for t in threading.enumerate()):
+        return True
+    return any(not plan.drivers_settled(batch) for _, plan in exe._plans.values())
+
+
+def child_paddle(name: str, directory: str, nthreads: str, settle_cpu: str) -> dict:
+    t0 = time.perf_counter()
+    import pdjit
+    from pdjit import inference
+    from pdjit.codegen import compiler
+    t_import = time.perf_counter() - t0
+    import numpy as np
+
+    io = np.load(os.path.join(directory, f"{name}_io.npz"))
+    x, want = io["x"], io["y"]
+    path = os.path.join(directory, name)
+    config = inference.Config(path + ".pdmodel", path + ".pdiparams")
+    config.set_cpu_math_library_num_threads(int(nthreads))
+    pred = inference.create_predictor(config)
+    t_load = time.perf_counter() - t0
+    (got,) = pred.run([x])
+    first, first_cpu = time.perf_counter() - t0, _cpu()
+    compiled_first = compiler.kernel_stats()["compiled"]
+    err = float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-30))
+    runs, runs_cpu = [], []  # wall, and CPU of this thread (a compile in a run shows there)
+    for _ in range(10):
+        t, c = time.perf_counter(), time.thread_time()
+        pred.run([x])
+        runs.append(time.perf_counter() - t)
+        runs_cpu.append(time.thread_time() - c)
+    exe, batch = pred._exe, x.shape[0]
+    n_settle, settled = 0, not _busy(exe, batch)
+    while not settled and _cpu() < float(settle_cpu):
+        pred.run([x])
+        n_settle += 1
+        settled = not _busy(exe, batch)
+        if not settled and n_settle % 50 == 0:
+            time.sleep(0.05)  # (a tier-up thread's compile, not only runs)
+    settle_s, settle_cpu_s = time.perf_counter() - t0, _cpu()
+    steady, steady_cpu = [], []
+    for _ in range(20):
+        t, c = time.perf_counter(), time.thread_time()
+        pred.run([x])
+        steady.append(time.perf_counter() - t)
+        steady_cpu.append(time.thread_time() - c)
+    st, st_cpu = statistics.median(steady), statistics.median(steady_cpu)
+    tiers = _tiers(exe)
+    assert pdjit is not None
+    return {"import_s": t_import, "load_s": t_load, "first_s": first, "first_cpu_s": first_cpu,
+            "next10_max_s": max(runs), "steady_ms": st * 1e3,
+            "next10_ratio": max(r / (2 * st + 0.1) for r in runs),
+            "next10_ok": all(r <= 2 * st + 0.1 for r in runs),
+            "next10_cpu_ratio": max(r / (2 * st_cpu + 0.1) for r in runs_cpu),
+            "steady_cpu_ms": st_cpu * 1e3,
+            "settled": settled, "settle_s": settle_s, "settle_cpu_s": settle_cpu_s,
+            "settle_runs": n_settle, "compiled_first": compiled_first,
+            "compiled": compiler.kernel_stats()["compiled"], "rel_err": err,
+            "native_steps": sum(t.native is not None for t in tiers), "steps": len(tiers),
+            "given_up": sorted({(t.native_failed or "")[:60] for t in tiers} - {""})}
+
+
 def child_ort(model: str, tmp: str) -> dict:
     t0 = time.perf_counter()
     import numpy as np
@@ -185,6 +277,45 @@ def child_jax_mlp() -> dict:
             "first_call_s": r["first_s"], "steady_ms": r["warm_ms"]}
 
 
+def paddle_models(args) -> None:
+    d = pathlib.Path(args.paddle_models).resolve()
+    names = sorted(p.stem for p in d.glob("*.pdmodel"))
+    if args.models != ",".join(MODELS):
+        names = [m for m in args.models.split(",") if m]
+    base = {**{k: v for k, v in os.environ.items()
+               if not k.startswith(("PDJIT_CACHE", "NUMBA_CACHE"))
+               and k != "PYTHONDONTWRITEBYTECODE"}, "PDJIT_AUTO_WARMUP": "0"}
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="pdjit-bench-paddle-"))
+    print("| model | process | load avg | first result s (CPU) | next 10: worst s, / bar "
+          "(CPU / bar) | steady ms (CPU) | settled s (CPU) | compiled first/all | "
+          "native steps | rel err |", flush=True)
+    print("|---|---|---|---|---|---|---|---|---|---|", flush=True)
+    try:
+        for m in names:
+            env = {**base, "PDJIT_CACHE_DIR": str(tmp / f"cache-{m}"),
+                   "NUMBA_CACHE_DIR": str(tmp / f"numba-{m}")}
+            for who, nthreads in (("cold, 1 thread", 1), ("warm, 2 threads", 2)):
+                load = os.getloadavg()[0]
+                r = spawn(["paddle", m, str(d), str(nthreads), str(args.settle_cpu)], env,
+                          args.timeout)
+                if "error" in r:
+                    print(f"| {m} | {who} | {load:.2f} | error: {r['error'][:300]} |",
+                          flush=True)
+                    continue
+                settle = f"{r['settle_s']:.1f} ({r['settle_cpu_s']:.1f})" + \
+                    ("" if r["settled"] else " NOT settled")
+                given = f"; given up: {r['given_up']}" if r["given_up"] else ""
+                print(f"| {m} | {who} | {load:.2f} | {r['first_s']:.1f} "
+                      f"({r['first_cpu_s']:.1f}) | {r['next10_max_s']:.3f}, "
+                      f"{r['next10_ratio']:.2f} ({r['next10_cpu_ratio']:.2f}) | "
+                      f"{r['steady_ms']:.1f} ({r['steady_cpu_ms']:.1f}) | {settle} | "
+                      f"{r['compiled_first']}/{r['compiled']} | "
+                      f"{r['native_steps']}/{r['steps']}{given} | {r['rel_err']:.1e} |",
+                      flush=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 # ---- the parent --------------------------------------------------------------------------------
 def spawn(args: list, env: dict, timeout: float) -> dict:
     cmd = [sys.executable, str(pathlib.Path(__file__).resolve()), "--child", *args]
@@ -203,14 +334,21 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default=",".join(MODELS), help=",".join(MODELS))
     ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--paddle-models", metavar="DIR",
+                    help="models exported by export_paddle_models.py (see the docstring)")
+    ap.add_argument("--settle-cpu", type=float, default=120,
+                    help="--paddle-models: CPU seconds a process may run until settled")
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         kind, rest = args.child[0], args.child[1:]
         fn = {"prepare": child_prepare, "predictor": child_predictor, "ort": child_ort,
+              "paddle": child_paddle,
               "train": child_train, "jax": child_jax_mlp}[kind]
         print(json.dumps(fn(*rest)), flush=True)
         return
+    if args.paddle_models:
+        return paddle_models(args)
     models = [m for m in args.models.split(",") if m]
     # no background warmup from the cold runs (it would run on beside the next measurement):
     # the "warmup" state is what it leaves

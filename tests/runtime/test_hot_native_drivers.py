@@ -1,6 +1,7 @@
 """The Executor's per-run path: ``native_drivers="auto"`` (an inference plan run often gets its
 driver as one native function), the driver trials' fallbacks, and feeds bound in the run's
 column order. Oracles: NumPy written here."""
+import numba
 import numpy as np
 import pytest
 
@@ -108,6 +109,115 @@ def test_a_hot_step_compiles_its_native_driver_on_a_thread(monkeypatch):
     (step,) = _steps(exe, main)
     assert step.native is not None and len(step.native.fn.signatures) == 1
     assert list(step.tiers.picked) == [3]
+
+
+class _Clock:
+    """``time`` as the tiers see it: runs of the fake step below advance it by their length."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+
+class _Step:
+    """A native step of ``calls`` kernel calls whose host runs take ``lengths`` seconds (the
+    last one from then on), timed on ``clock``."""
+
+    def __init__(self, calls, lengths, clock):
+        self.groups, self.lengths, self.clock, self.batch_arg = [None] * calls, lengths, clock, 0
+        self.runs = 0
+
+    def call_host(self, values):
+        self.clock.now += self.lengths[min(self.runs, len(self.lengths) - 1)]
+        self.runs += 1
+        return values
+
+
+class _Native:
+    parallel = False
+
+    def __init__(self, built):
+        self.fn = self
+        built.append(self)
+
+    def compile(self, sig):
+        self.sig = sig
+
+
+def test_a_step_whose_first_runs_are_slow_is_timed_longer_before_its_driver_is_given_up(
+        monkeypatch):
+    """A hot step's host runs decide whether its native driver can pay (at most
+    DRIVER_CALL_MAX_S a call): first runs that are slow (a lazy first use) do not decide it
+    alone; a step that stays slow, or has too many calls, gets none, and no build starts.
+    The garbage its compile left is collected, not the whole heap."""
+    clock = _Clock()
+    collected = []
+    monkeypatch.setattr(tiers_mod, "time", clock)
+    monkeypatch.setattr(tiers_mod, "TIER_UP_THREAD", False)
+    monkeypatch.setattr(tiers_mod, "gc", type("gc", (), {"collect": collected.append}))
+    x = [np.zeros((1, 4), np.float32)]
+    per_call = tiers_mod.DRIVER_CALL_MAX_S
+    cases = {  # (kernel calls, host run lengths) -> runs until a native driver is built
+        "slow first runs": (3, [50 * per_call, 20 * per_call, 10 * per_call, per_call], 4),
+        "always slow": (3, [4 * per_call], None),
+        "too many calls": (tiers_mod.DRIVER_MAX_CALLS + 1, [per_call / 10], None),
+    }
+    for name, (calls, lengths, want) in cases.items():
+        built = []
+        step = _Step(calls, lengths, clock)
+        t = tiers_mod.DriverTiers(step, build=lambda built=built: _Native(built), hot_runs=2)
+        runs = 0
+        while t.native is None and t.native_failed is None and runs < 50:
+            assert t.call(x) is x
+            runs += 1
+            if t.native is None and t.native_failed is None:  # (still timed)
+                assert not t.settled(1), name
+        if want is None:
+            assert t.native is None and not built, name
+            assert "it would not pay" in t.native_failed, name
+            assert runs == (2 if calls > tiers_mod.DRIVER_MAX_CALLS
+                            else 2 + tiers_mod.HOST_MORE_RUNS), name
+            assert t.settled(1), name
+        else:
+            assert runs == want and built == [t.native] and t.native_failed is None, name
+            assert t.native.sig == (numba.typeof(x[0]),), name
+    # once the driver compiled: the young generations collected, never the whole heap (a
+    # full collection holds the GIL through all of Numba's objects while runs wait)
+    assert collected == [1]
+
+
+def test_a_hot_steps_native_driver_is_one_compile_for_every_thread_count(monkeypatch):
+    """A native driver built once hot (the Predictor's "background") is the same function at
+    two threads as at one (one compile, cached by content, serves both), and runs serially:
+    every run gives NumPy's answer, the native one included."""
+    from pdjit.codegen.cpu import threads
+
+    monkeypatch.setattr(tiers_mod, "TIER_UP_THREAD", False)
+    monkeypatch.setattr(threads, "_applied", threads._applied)  # (asked for or not, after)
+    main, startup, x, y = _mlp()
+    infer = main.clone(for_test=True)
+    scope = fluid.Scope()
+    fluid.Executor(strict=True).run(startup, scope=scope)
+    xv = np.random.default_rng(3).standard_normal((2, 6)).astype("float32")
+    names = []
+    old = fluid.get_num_threads()
+    try:
+        for n in (2, 1):
+            fluid.set_num_threads(n)
+            exe = fluid.Executor(native_drivers="background", strict=True)
+            for _ in range(tiers_mod.BACKGROUND_RUNS + 8):
+                (out,) = exe.run(infer, feed={"x": xv}, fetch_list=[y], scope=scope)
+                np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
+            (step,) = _steps(exe, infer)
+            assert step.native is not None and not step.native.parallel, step.describe()
+            assert step.native.fn.signatures  # compiled, and ran in the trial
+            names.append(step.native.name)
+            exe.close()
+    finally:
+        fluid.set_num_threads(old)
+    assert names[0] == names[1]
 
 
 def test_a_training_plan_keeps_its_host_drivers(monkeypatch):

@@ -320,7 +320,11 @@ def steps(program, block, ops, part, gens, loops, index, target, memory_optim: b
             if native_drivers is True:
                 step.native = _native_driver(gen, target, threads)
             elif hot:
-                step.build_native = functools.partial(_native_driver, gen, target, threads)
+                # built once hot: on one thread whatever the process's setting, so that one
+                # compile (cached by content) serves every thread count; with more threads a
+                # batch runs on slices of it (tiers.SplitDriver), and its trial against the
+                # host driver (which runs parallel loop variants) keeps the faster
+                step.build_native = functools.partial(_native_driver, gen, target, (1, 1))
             if gen.rng_requests or gen.lod_requests:
                 step.split = lambda: (None, "its ops draw random numbers or read LoD offsets")
             else:

@@ -386,22 +386,44 @@ class PdjitCompilerO3(PdjitCompiler):
     opt_level = 3
 
 
+def _typed_by_value(decorator):
+    """``decorator``'s functions, typed by the values of their arguments when compiled code
+    calls them, never by a constant's own value: Numba types a constant argument (``1`` or
+    ``False`` in a native driver's call, or an argument passed on by an ``overload``) as a
+    literal and compiles a specialisation of the callee per value, where the host driver
+    (Python calling it: ``int64``, ``bool``, ``float64``) uses the one compiled (or cached)
+    for every value. A literal's specialisation compiled the whole kernel again (a GRU's
+    recurrence, ~10 s of CPU, in its native driver)."""
+    def apply(fn):
+        dispatcher = decorator(fn)
+        dispatcher.get_call_template = MethodType(_unliteral_call_template, dispatcher)
+        return dispatcher
+    return apply
+
+
+def _unliteral_call_template(self, args, kws):
+    args = tuple(types.unliteral(a) for a in args)
+    kws = {k: types.unliteral(v) for k, v in kws.items()}
+    return type(self).get_call_template(self, args, kws)
+
+
 #: Numba's options of pdjit's kernels: no GIL, NumPy's error model (division by zero gives inf),
 #: no C-callable wrapper (Numba compiles one per function for ``cfunc``-style addresses, which
 #: pdjit never takes: measured ~0.02 s of compile per function, of ~0.08 s); cached on disk by
 #: :func:`cached` (pdjit's own cache, under ``PDJIT_CACHE_DIR``: ``pdjit.codegen.diskcache``)
 OPTIONS = dict(nogil=True, error_model="numpy", no_cfunc_wrapper=True)
 #: a library kernel: :data:`OPTIONS`, LLVM at :data:`OPT_LEVEL`
-jit = cached(numba.njit(**OPTIONS, pipeline_class=PdjitCompiler))
+jit = _typed_by_value(cached(numba.njit(**OPTIONS, pipeline_class=PdjitCompiler)))
 #: the same, with ``numba.prange`` loops on threads
-pjit = cached(numba.njit(**OPTIONS, parallel=True, pipeline_class=PdjitCompiler))
+pjit = _typed_by_value(cached(numba.njit(**OPTIONS, parallel=True,
+                                          pipeline_class=PdjitCompiler)))
 #: :data:`jit` at LLVM's O3 (a kernel that needs LLVM's loop vectoriser)
-jit_o3 = cached(numba.njit(**OPTIONS, pipeline_class=PdjitCompilerO3))
+jit_o3 = _typed_by_value(cached(numba.njit(**OPTIONS, pipeline_class=PdjitCompilerO3)))
 #: :data:`jit` with sums that may be reassociated (vectorised: each of several partial sums in
 #: vector lanes, added up at the end; at pdjit's level O1 vectorises such a sum as O3 does,
 #: measured 1M float32 0.080 vs 0.078 ms): the kernels that sum over a channel, a row, a plane
-jit_sum = cached(numba.njit(**OPTIONS, fastmath={"reassoc", "contract"},
-                            pipeline_class=PdjitCompiler))
+jit_sum = _typed_by_value(cached(numba.njit(**OPTIONS, fastmath={"reassoc", "contract"},
+                                            pipeline_class=PdjitCompiler)))
 
 
 #: entry point name -> ``jobs(T)``: the compiled functions a call of it runs for float arrays
