@@ -1224,7 +1224,7 @@ def nchw_empty(a):
 
 # compile times (CPU seconds, a cold compile of the signature its jobs predict, alone in a fresh
 # process, 2 cores at load 5-26): the compile worker balances its groups by them
-compile_cost(2.4, _fwd_taps, _fwd_taps_ep, _direct_range)  # 2.25, 2.44, 2.35 s
+compile_cost(2.4, _fwd_taps, _direct_range)  # 2.25-2.5, 2.35 s
 compile_cost(1.9, _bwd_filter_range)
 compile_cost(1.25, _bwd_data_range, _fwd_blas)  # 1.23, 1.26 s
 compile_cost(0.7, _fwd_gemm)
