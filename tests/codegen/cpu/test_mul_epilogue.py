@@ -95,7 +95,7 @@ def test_small_products_stay_one_gemm(fresh_programs):
     exe.run(startup)
     feed = {"x": np.ones((4, 8), np.float32)}
     report = exe.explain(main, feed=feed, fetch_list=[y])
-    assert "_nn.gemm_rows(" not in report and "_rt.gemm(" in report
+    assert "_nn.gemm_rows(" not in report and "_nn.weight_gemm(" in report
 
 
 def test_blocks_of_few_rows_stay_one_gemm(fresh_programs, blocked):
@@ -107,7 +107,7 @@ def test_blocks_of_few_rows_stay_one_gemm(fresh_programs, blocked):
     exe = fluid.Executor(fluid.CPUPlace(), strict=True)
     exe.run(startup)
     report = exe.explain(main, feed={"x": np.ones((2, 8), np.float32)}, fetch_list=[y])
-    assert "_nn.gemm_rows(" not in report and "_rt.gemm(" in report
+    assert "_nn.gemm_rows(" not in report and "_nn.weight_gemm(" in report
 
 
 def test_unknown_batch_counts_as_eight(fresh_programs):

@@ -23,6 +23,7 @@ from numba.extending import overload
 from pdjit.codegen.cpu import threads
 from pdjit.codegen.cpu.lib._jit import blas_gemm, jit
 from pdjit.codegen.cpu.lib.conv import _threads as _pool
+from pdjit.codegen.cpu.lib.pgemm import PACKED_MIN_ROWS, packed_batches
 
 __all__ = ["blas_gemm", "batched_gemm", "gemm_rows", "gemm_split_work", "dropout_fwd",
            "dropout_bwd", "dropout_key", "softmax_axis", "softmax_axis_grad"]
@@ -75,14 +76,25 @@ def batched_gemm(a, b, ta, tb, alpha, it, da, db, dc, c):
         raise ValueError("pdjit: batched_gemm: the matrices do not fit")
     nb = int(np.prod(shape))
     nt = threads.gemm_threads(nb * x.shape[-2] * x.shape[-1] * y.shape[-1])
-    if nt > 1 and nb > 1 and not threads.asked_threads() and c.shape[0] == nb and \
-            all(int(p) == q == int(r) for p, q, r in zip(da, shape, db)):
+    whole = c.shape[0] == nb and all(int(p) == q == int(r) for p, q, r in zip(da, shape, db))
+    if nt > 1 and nb > 1 and not threads.asked_threads() and whole:
         _split_batches(a, b, ta, tb, alpha, c, min(nt, nb))
         return
     if nt > 1:
         threads.with_numpy_blas(nt, _host_matmul, x, y, alpha, shape, dc, c, stop_workers=True)
+    elif whole and _packs(a, b, ta, c):
+        packed_batches(a, b, tb, alpha, c, 0, nb)
     else:
         _host_matmul(x, y, alpha, shape, dc, c)
+
+
+def _packs(a, b, ta, c) -> bool:
+    """Whether a batch of products without broadcasting runs on the packed GEMM: ``a`` not
+    transposed, of ``PACKED_MIN_ROWS`` rows or more, float32/float64 operands alike, all
+    C-contiguous."""
+    return not ta and a.shape[1] >= PACKED_MIN_ROWS and a.dtype == b.dtype == c.dtype and \
+        a.dtype in (np.float32, np.float64) and a.flags.c_contiguous and \
+        b.flags.c_contiguous and c.flags.c_contiguous
 
 
 def _host_matmul(x, y, alpha, shape, dc, c):
@@ -98,7 +110,11 @@ def _host_matmul(x, y, alpha, shape, dc, c):
 
 
 def _range_gemm(a, b, ta, tb, alpha, c, n0, n1):
-    """Products ``n0 .. n1`` of a batch without broadcasting (the compiled loop, no GIL)."""
+    """Products ``n0 .. n1`` of a batch without broadcasting (compiled loops, no GIL: the
+    packed GEMM where :func:`_packs`, else a BLAS call per product)."""
+    if _packs(a, b, ta, c):
+        packed_batches(a, b, tb, alpha, c, n0, n1)
+        return
     d = np.array([n1 - n0], np.int64)
     _batched_gemm_native(a[n0:n1], b[n0:n1], ta, tb, alpha, d, d, d, d, c[n0:n1])
 

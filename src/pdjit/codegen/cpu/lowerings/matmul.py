@@ -99,10 +99,58 @@ def _matmul_blocked(tx_attr, ty_attr, alpha_attr=None):
     return blocked
 
 
-lowering("mul", host=True, blas=True, blocked=_mul_blocked)(_mul_lower)
+def _weight(ctx) -> bool:
+    """Whether Y is a weight: a float matrix of X's dtype, persistable, that no op of the
+    program writes (an inference program's parameter): its product may run on it packed once
+    (``_nn.weight_gemm``, the packed copy made again after any run of a program that writes
+    parameters, see ``pdjit.codegen.params``)."""
+    if not _blas_ok(ctx) or ctx.rank("Y") != 2:
+        return False
+    name = ctx.op.input("Y")[0]
+    v = ctx.op.block._find_var_recursive(name)
+    if v is None or not v.persistable:
+        return False
+    program = ctx.op.block.program
+    return not any(name in op.output_arg_names for b in program.blocks for op in b.ops)
+
+
+def _weight_lines(ctx, xn: int, trans: bool):
+    """``Out = flatten(X, xn) @ Y`` (``Y.T`` where ``trans``) on Y packed once, back to X's
+    first ``xn`` dims and Y's columns."""
+    X, Y = ctx.inp("X"), ctx.inp("Y")
+    rx = ctx.rank("X")
+    lines, x2 = _as_matrix(ctx, X, rx, xn)
+    dims = [f"{X}.shape[{i}]" for i in range(xn)] + [f"{Y}.shape[{0 if trans else 1}]"]
+    out = f"_nn.weight_gemm({x2}, {Y}, {trans})"
+    if len(dims) != 2:
+        out += f".reshape({ctx.tuple_src(dims)})"
+    return lines + [f"{ctx.out('Out')} = {out}"]
+
+
+def _mul_weight_lower(ctx):
+    """``mul`` by a weight on it packed once (``_weight``); any other as the op's GEMM."""
+    if ctx.attrs["y_num_col_dims"] == 1 and _weight(ctx):
+        return _weight_lines(ctx, ctx.attrs["x_num_col_dims"], False)
+    return _mul_lower(ctx)
+
+
+def _matmul_weight_lower(tx_attr, ty_attr, alpha_attr=None):
+    """A matmul whose X's rows fold (``[..., K] x [K, N]``, X not transposed, no scale) by a
+    weight on it packed once (``_weight``); any other as the op's own lines."""
+    generic = _matmul_2d_lower(tx_attr, ty_attr, alpha_attr)
+
+    def lower(ctx):
+        if ctx.rank("X") >= 2 and not ctx.attrs[tx_attr] and \
+                (not alpha_attr or ctx.attrs[alpha_attr] == 1.0) and _weight(ctx):
+            return _weight_lines(ctx, ctx.rank("X") - 1, bool(ctx.attrs[ty_attr]))
+        return generic(ctx)
+    return lower
+
+
+lowering("mul", host=True, blas=True, blocked=_mul_blocked)(_mul_weight_lower)
 lowering("matmul", host=True, blas=True,
          blocked=_matmul_blocked("transpose_X", "transpose_Y", "alpha"))(
-    _matmul_2d_lower("transpose_X", "transpose_Y", "alpha"))
+    _matmul_weight_lower("transpose_X", "transpose_Y", "alpha"))
 lowering("matmul_v2", host=True, blas=True,
          blocked=_matmul_blocked("trans_x", "trans_y"))(
-    _matmul_2d_lower("trans_x", "trans_y"))
+    _matmul_weight_lower("trans_x", "trans_y"))

@@ -1,0 +1,330 @@
+"""pdjit's own matrix product on a packed right operand: ``c = a @ b (+ bias)`` where ``b``
+(a weight, ``[K, N]``) was rearranged once into panels of :data:`NR` columns
+(:func:`pack_b`), each panel ``K`` rows of ``NR`` contiguous values, zero-padded past ``N``.
+
+The micro-kernel (:func:`_micro`, LLVM IR with explicit vectors as in :mod:`.tile`) keeps a
+block of ``MR`` rows by ``NR`` columns of ``c`` in vector registers over the whole sum: each
+step ``k`` loads the panel's ``NR`` values of row ``k`` (``NV`` vectors) and broadcasts ``MR``
+values of ``a``; the bias is added to the sums and the block stored once (masked on the last
+columns, rows past ``M`` not stored), so ``c`` is never zeroed nor read. The driver
+(:func:`packed_gemm`) walks blocks of rows of ``a`` that stay in the L2 cache and, for each, every
+panel. The sums run in order of ``k``, each a fused multiply-add.
+"""
+import weakref
+
+import llvmlite.ir as ir
+import numpy as np
+from numba.core import cgutils, types
+from numba.extending import intrinsic, overload
+
+from pdjit.codegen import params
+from pdjit.codegen.cpu import rt, threads
+from pdjit.codegen.cpu.lib._jit import jit
+from pdjit.codegen.cpu.lib.tile import TILE_BYTES, _masked, _offset, _splat, _vectors
+
+__all__ = ["pack_b", "pack_scaled", "packed_batches", "packed_gemm", "packed_weight",
+           "panel_width", "weight_gemm"]
+
+#: rows of a block of ``c`` (broadcast values of ``a``) and vectors of columns per panel: 24
+#: accumulators of the 32 vector registers of AVX-512
+MR, NV = 6, 4
+#: the fewest multiply-adds a product is split over threads for (where threads are given)
+SPLIT_MIN_WORK = 1 << 22
+#: the fewest rows of a product on the packed GEMM: a block of ``MR`` rows costs the same for
+#: one row as for ``MR`` (a matrix-vector product is BLAS's)
+PACKED_MIN_ROWS = 16
+
+
+def panel_width(dtype) -> int:
+    """``NR``: the columns of a panel, ``NV`` vectors of :data:`TILE_BYTES`."""
+    return NV * (TILE_BYTES // np.dtype(dtype).itemsize)
+
+
+def _micro_kernel(mr: int, nv: int):
+    @intrinsic
+    def micro(typingctx, a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0):
+        """``c[c0 + r*ldc + q] = sum_k a[a0 + r*lda + k] * bp[b0 + k*NR + q] (+ bias[n0 + q])``
+        for ``r < rows`` (at most ``mr``), ``q < cols`` (at most ``NR``); ``bias`` empty: none.
+        All arrays flat and C-contiguous; offsets the caller's to keep in bounds."""
+        arrays = (a, bp, c, bias)
+        if not all(isinstance(x, types.Array) and x.ndim == 1 for x in arrays) or \
+                len({x.dtype for x in arrays}) != 1 or \
+                a.dtype not in (types.float32, types.float64):
+            return None
+        sig = types.void(a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0)
+
+        def codegen(context, builder, signature, args):
+            at = signature.args
+            ptr = [context.make_array(at[i])(context, builder, args[i]) for i in (0, 5, 7, 11)]
+            aptr, bptr, cptr, biasa = ptr[0].data, ptr[1].data, ptr[2].data, ptr[3]
+            a0v, ldav, rowsv, kkv, b0v, c0v, ldcv, colsv, n0v = (
+                _offset(context, builder, at[i], args[i]) for i in (1, 2, 3, 4, 6, 8, 9, 10, 12))
+            fty, size, lanes, vty, i64, zero, fma = _vectors(context, builder, at[0].dtype)
+            nr = nv * lanes
+
+            def const(v):
+                return ir.Constant(i64, v)
+
+            # rows past ``rows`` read the last row again (never stored)
+            last = builder.sub(rowsv, const(1))
+            arow = []
+            for r in range(mr):
+                rr = builder.select(builder.icmp_signed("<", const(r), rowsv), const(r), last)
+                arow.append(builder.add(a0v, builder.mul(rr, ldav)))
+            acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(nv)]
+                   for _ in range(mr)]
+            with cgutils.for_range(builder, kkv) as loop:
+                k = loop.index
+                base = builder.add(b0v, builder.mul(k, const(nr)))
+                bv = []
+                for v in range(nv):
+                    p = builder.gep(bptr, [builder.add(base, const(v * lanes))])
+                    bv.append(builder.load(builder.bitcast(p, vty.as_pointer()), align=size))
+                for r in range(mr):
+                    w = builder.load(builder.gep(aptr, [builder.add(arow[r], k)]))
+                    wb = _splat(builder, vty, w)
+                    for v in range(nv):
+                        builder.store(builder.call(fma, [wb, bv[v], builder.load(acc[r][v])]),
+                                      acc[r][v])
+            # the columns' masks, the bias (masked loads: it holds N values)
+            idx = ir.Constant(ir.VectorType(i64, lanes), list(range(lanes)))
+            colvec = _splat(builder, ir.VectorType(i64, lanes), colsv)
+            masks = []
+            for v in range(nv):
+                q = builder.add(idx, _splat(builder, ir.VectorType(i64, lanes), const(v * lanes)))
+                masks.append(builder.icmp_signed("<", q, colvec))
+            mload, mstore = _masked(builder, vty, "load"), _masked(builder, vty, "store")
+            i32 = ir.Constant(ir.IntType(32), size)
+            nbias = cgutils.unpack_tuple(builder, biasa.shape)[0]
+            has_bias = builder.icmp_signed("!=", nbias, const(0))
+            with builder.if_then(has_bias):
+                for v in range(nv):
+                    p = builder.gep(biasa.data, [builder.add(n0v, const(v * lanes))])
+                    b = builder.call(mload, [builder.bitcast(p, vty.as_pointer()), i32,
+                                             masks[v], zero])
+                    for r in range(mr):
+                        builder.store(builder.fadd(builder.load(acc[r][v]), b), acc[r][v])
+            for r in range(mr):
+                with builder.if_then(builder.icmp_signed("<", const(r), rowsv)):
+                    row = builder.add(c0v, builder.mul(ldcv, const(r)))
+                    for v in range(nv):
+                        p = builder.gep(cptr, [builder.add(row, const(v * lanes))])
+                        builder.call(mstore, [builder.load(acc[r][v]),
+                                              builder.bitcast(p, vty.as_pointer()), i32,
+                                              masks[v]])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return micro
+
+
+_micro = _micro_kernel(MR, NV)
+
+
+@intrinsic
+def _panel_row(typingctx, src, s0, step, w, scale, dst, d0):
+    """``dst[d0 + q] = scale * src[s0 + q * step]`` for ``q < w``, ``0`` for ``w <= q < NR``
+    (one row of a panel: ``NV`` vectors stored whole, the values loaded under a mask, gathered
+    where ``step`` is not 1). Offsets the caller's to keep in bounds."""
+    if not all(isinstance(x, types.Array) and x.ndim == 1 for x in (src, dst)) or \
+            src.dtype != dst.dtype or src.dtype not in (types.float32, types.float64):
+        return None
+    sig = types.void(src, s0, step, w, scale, dst, d0)
+
+    def codegen(context, builder, signature, args):
+        at = signature.args
+        et = at[0].dtype
+        sptr = context.make_array(at[0])(context, builder, args[0]).data
+        dptr = context.make_array(at[5])(context, builder, args[5]).data
+        s0v, stepv, wv, d0v = (_offset(context, builder, at[i], args[i]) for i in (1, 2, 3, 6))
+        sc = context.cast(builder, args[4], at[4], et)
+        fty, size, lanes, vty, i64, zero, _ = _vectors(context, builder, et)
+        ivty = ir.VectorType(i64, lanes)
+        idx = ir.Constant(ivty, list(range(lanes)))
+        wvec = _splat(builder, ivty, wv)
+        scv = _splat(builder, vty, sc)
+        mload = _masked(builder, vty, "load")
+        i32 = ir.Constant(ir.IntType(32), size)
+        pty = fty.as_pointer()
+        gty = ir.VectorType(pty, lanes)
+        mty = ir.VectorType(ir.IntType(1), lanes)
+        el = "f32" if size == 4 else "f64"
+        gather = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(vty, [gty, ir.IntType(32), mty, vty]),
+            f"llvm.masked.gather.v{lanes}{el}.v{lanes}p0")
+        unit = builder.icmp_signed("==", stepv, ir.Constant(i64, 1))
+        stepvec = _splat(builder, ivty, stepv)
+        for v in range(NV):
+            q = builder.add(idx, _splat(builder, ivty, ir.Constant(i64, v * lanes)))
+            mask = builder.icmp_signed("<", q, wvec)
+            out = cgutils.alloca_once(builder, vty)
+            with builder.if_else(unit) as (yes, no):
+                with yes:
+                    p = builder.gep(sptr, [builder.add(s0v, ir.Constant(i64, v * lanes))])
+                    builder.store(builder.call(mload, [builder.bitcast(p, vty.as_pointer()),
+                                                       i32, mask, zero]), out)
+                with no:
+                    offs = builder.add(_splat(builder, ivty, s0v), builder.mul(q, stepvec))
+                    addr = builder.add(_splat(builder, ivty, builder.ptrtoint(sptr, i64)),
+                                       builder.mul(offs, _splat(builder, ivty,
+                                                                ir.Constant(i64, size))))
+                    ptrs = builder.inttoptr(addr, gty)
+                    builder.store(builder.call(gather, [ptrs, i32, mask, zero]), out)
+            p = builder.gep(dptr, [builder.add(d0v, ir.Constant(i64, v * lanes))])
+            builder.store(builder.fmul(builder.load(out), scv),
+                          builder.bitcast(p, vty.as_pointer()), align=size)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@jit
+def pack_b(b, out):
+    """``b`` ([K, N], C-contiguous) into panels: ``out[(j * K + k) * NR + q] = b[k, j * NR +
+    q]`` (0 past N); ``out`` holds ``ceil(N / NR) * K * NR`` values."""
+    pack_scaled(b, False, 1.0, out)
+
+
+@jit
+def pack_scaled(b, trans, alpha, out):
+    """:func:`pack_b` of ``alpha * b`` (``alpha * b.T`` where ``trans``) for a C-contiguous
+    2-D ``b``: also an operand packed for one product (attention's keys and values)."""
+    K = b.shape[0] if not trans else b.shape[1]
+    N = b.shape[1] if not trans else b.shape[0]
+    nr = NV * (64 // b.itemsize)
+    npan = (N + nr - 1) // nr
+    if out.shape[0] != npan * K * nr:
+        raise ValueError("pdjit: pack_b: the packed buffer does not fit")
+    bf = b.reshape(b.size)
+    ld = b.shape[1]
+    for j in range(npan):
+        n0 = j * nr
+        w = min(nr, N - n0)
+        for k in range(K):
+            if trans:  # column k of b's rows n0 .. n0 + w
+                _panel_row(bf, n0 * ld + k, ld, w, alpha, out, (j * K + k) * nr)
+            else:
+                _panel_row(bf, k * ld + n0, 1, w, alpha, out, (j * K + k) * nr)
+
+
+@jit
+def packed_batches(a, b, tb, alpha, c, i0, i1):
+    """``c[i] = a[i] @ (alpha * op(b[i]))`` for ``i0 <= i < i1`` (3-D C-contiguous operands,
+    ``op`` transposes where ``tb``): each ``b[i]`` packed (:func:`pack_scaled`) into one
+    buffer, then :func:`packed_gemm`. ``alpha`` scales the packed values: a product rounded
+    once more than ``alpha * (a @ b)`` where ``alpha`` is not a power of two."""
+    K = a.shape[2]
+    N = b.shape[1] if tb else b.shape[2]
+    nr = NV * (64 // a.itemsize)
+    bp = np.empty(((N + nr - 1) // nr) * K * nr, a.dtype)
+    bias = np.empty(0, a.dtype)
+    for i in range(i0, i1):
+        pack_scaled(b[i], tb, alpha, bp)
+        packed_gemm(a[i], bp, N, bias, c[i])
+
+
+@jit
+def packed_gemm(a, bp, n, bias, c):
+    """``c = a @ b + bias`` for ``a`` [M, K] and ``b`` [K, n] packed into ``bp``
+    (:func:`pack_b`); ``bias`` [n] or empty; ``c`` [M, n]: all C-contiguous."""
+    _packed_rows(a, bp, n, bias, c, 0, a.shape[0])
+
+
+@jit
+def _packed_rows(a, bp, n, bias, c, r0, r1):
+    """Rows ``r0 .. r1`` of :func:`packed_gemm` (a part of them for one thread)."""
+    M, K = a.shape
+    nr = NV * (64 // a.itemsize)
+    npan = (n + nr - 1) // nr
+    if bp.shape[0] != npan * K * nr or c.shape[0] != M or c.shape[1] != n or \
+            (bias.shape[0] != 0 and bias.shape[0] != n) or r0 < 0 or r1 > M:
+        raise ValueError("pdjit: packed_gemm: the operands do not fit")
+    af = a.reshape(a.size)
+    cf = c.reshape(c.size)
+    # a block of rows of a kept in L2 (256 KiB) while every panel passes over it
+    mc = max(MR, (262144 // max(1, K * a.itemsize)) // MR * MR)
+    for i0 in range(r0, r1, mc):
+        i1 = min(r1, i0 + mc)
+        for j in range(npan):
+            n0 = j * nr
+            cols = min(nr, n - n0)
+            for i in range(i0, i1, MR):
+                _micro(af, i * K, K, min(MR, i1 - i), K, bp, j * K * nr, cf, i * n + n0, n,
+                       cols, bias, n0)
+
+
+# ---- weights packed once -------------------------------------------------------------------
+#: id of a weight array -> (a weak reference to it, transposed, the epoch it was packed in,
+#: the packed values)
+_PACKED: dict = {}
+_EMPTY = {}
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _forget(key):
+    def gone(_ref, key=key):
+        entry = _PACKED.get(key)
+        if entry is not None and entry[0]() is None:
+            del _PACKED[key]
+    return gone
+
+
+def packed_weight(w, trans: bool = False):
+    """``w`` ([K, N]; ``w.T`` where ``trans``) packed into panels (:func:`pack_b`), made when
+    first asked for and kept beside the array (by its identity, weakly: it goes with the
+    array) until a program that writes parameters runs (:mod:`pdjit.codegen.params`)."""
+    key = (id(w), trans)
+    entry = _PACKED.get(key)
+    if entry is not None and entry[0]() is w and entry[1] == params.epoch[0]:
+        return entry[2]
+    b = np.ascontiguousarray(w)
+    K, N = b.shape[::-1] if trans else b.shape
+    nr = panel_width(b.dtype)
+    bp = np.empty(((N + nr - 1) // nr) * K * nr, b.dtype)
+    pack_scaled(b, trans, 1.0, bp)
+    _PACKED[key] = (weakref.ref(w, _forget(key)), params.epoch[0], bp)
+    return bp
+
+
+def weight_gemm(a, w, trans=False):
+    """``a @ w`` (``a @ w.T`` where ``trans``) for a weight ``w`` (a 2-D parameter no op of the
+    program writes) and a C-contiguous matrix ``a`` of ``PACKED_MIN_ROWS`` rows or more: on
+    ``w`` packed once
+    (:func:`packed_weight`), its rows split over the loop threads where
+    ``threads.gemm_threads`` gives it more than one and it has ``SPLIT_MIN_WORK``
+    multiply-adds; other operands as :func:`pdjit.codegen.cpu.rt.gemm` computes them."""
+    wt = w.T if trans else w
+    if a.dtype != w.dtype or a.dtype not in _FLOATS or a.ndim != 2 or w.ndim != 2 or \
+            not a.flags.c_contiguous or a.shape[1] != wt.shape[0] or \
+            type(w) is not np.ndarray or a.shape[0] < PACKED_MIN_ROWS:
+        return rt.gemm(a, wt)
+    m, n = a.shape[0], wt.shape[1]
+    work = m * a.shape[1] * n
+    nt = threads.gemm_threads(work)
+    c = np.empty((m, n), a.dtype)
+    bias = _EMPTY.get(a.dtype)
+    if bias is None:
+        bias = _EMPTY[a.dtype] = np.empty(0, a.dtype)
+    bp = packed_weight(w, trans)
+    if nt > 1 and work >= SPLIT_MIN_WORK and m >= 2 * MR:
+        from pdjit.codegen.cpu.lib.gemm import run_chunks
+        parts = min(nt, m // MR)
+        blocks = -(-m // MR)
+        chunks = min(blocks, 4 * parts)
+        run_chunks(_rows_of, blocks, parts, chunks, a, bp, n, bias, c)
+    else:
+        packed_gemm(a, bp, n, bias, c)
+    return c
+
+
+def _rows_of(a, bp, n, bias, c, b0, b1):
+    """Blocks ``b0 .. b1`` of ``MR`` rows of a product (one thread's part)."""
+    _packed_rows(a, bp, n, bias, c, b0 * MR, min(a.shape[0], b1 * MR))
+
+
+@overload(weight_gemm)
+def _weight_gemm_native(a, w, trans=False):
+    def impl(a, w, trans=False):
+        return np.dot(a, w.T) if trans else np.dot(a, w)
+    return impl
