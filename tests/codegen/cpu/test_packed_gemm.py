@@ -197,3 +197,22 @@ def test_batched_products_on_the_packed_gemm(dtype, monkeypatch):
     nngemm.batched_gemm(a, b, False, False, 1.0, it, it, it, it, c)
     assert calls == []
     np.testing.assert_allclose(c, a @ b, rtol=tol, atol=tol)
+
+
+def test_weight_gemm_in_compiled_code_equals_the_host():
+    """A native driver's (or an artifact's) product by a weight: packed at the call, the same
+    bits as the host's on the weight packed once; few rows: BLAS in both."""
+    from numba import njit
+
+    @njit
+    def compiled(a, w, trans):
+        return pgemm.weight_gemm(a, w, trans)
+
+    w = RNG.uniform(-1, 1, (33, 70)).astype(np.float32)
+    for m in (3, pgemm.PACKED_MIN_ROWS + 5):
+        a = RNG.uniform(-1, 1, (m, 33)).astype(np.float32)
+        np.testing.assert_array_equal(compiled(a, w, False), pgemm.weight_gemm(a, w, False))
+        wt = w.T.copy()
+        np.testing.assert_array_equal(compiled(a, wt, True), pgemm.weight_gemm(a, wt, True))
+        np.testing.assert_allclose(compiled(a, w, False), a.astype(np.float64) @ w,
+                                   rtol=1e-5, atol=1e-5)

@@ -325,6 +325,25 @@ def _rows_of(a, bp, n, bias, c, b0, b1):
 
 @overload(weight_gemm)
 def _weight_gemm_native(a, w, trans=False):
-    def impl(a, w, trans=False):
+    """In compiled code (a native driver, an ahead-of-time artifact): the same products as
+    the host's, ``w`` packed at each call (as BLAS packs its operands at each call)."""
+    floats = (types.float32, types.float64)
+    if isinstance(a, types.Array) and isinstance(w, types.Array) and a.layout == "C" and \
+            w.layout == "C" and a.dtype == w.dtype and a.dtype in floats and \
+            a.ndim == 2 and w.ndim == 2:
+        def impl(a, w, trans=False):
+            m, k = a.shape
+            n = w.shape[0] if trans else w.shape[1]
+            if m < PACKED_MIN_ROWS or k != (w.shape[1] if trans else w.shape[0]):
+                return np.dot(a, w.T) if trans else np.dot(a, w)
+            nr = NV * (64 // a.itemsize)
+            bp = np.empty(((n + nr - 1) // nr) * k * nr, a.dtype)
+            pack_scaled(w, trans, 1.0, bp)
+            c = np.empty((m, n), a.dtype)
+            packed_gemm(a, bp, n, np.empty(0, a.dtype), c)
+            return c
+        return impl
+
+    def blas(a, w, trans=False):
         return np.dot(a, w.T) if trans else np.dot(a, w)
-    return impl
+    return blas
