@@ -14,6 +14,13 @@ from pdjit.testing import assert_native
 RNG = np.random.default_rng(16)
 
 
+@pytest.fixture(autouse=True)
+def blas(monkeypatch):
+    """The products by BLAS calls (by weights they run on the weights packed once:
+    tests/codegen/cpu/test_packed_gemm.py)."""
+    monkeypatch.setattr(mm, "_weight", lambda ctx: False)
+
+
 @pytest.fixture
 def blocked(monkeypatch):
     monkeypatch.setattr(mm, "BLOCKED_MIN_WORK", 1)
@@ -95,7 +102,7 @@ def test_small_products_stay_one_gemm(fresh_programs):
     exe.run(startup)
     feed = {"x": np.ones((4, 8), np.float32)}
     report = exe.explain(main, feed=feed, fetch_list=[y])
-    assert "_nn.gemm_rows(" not in report and "_nn.weight_gemm(" in report
+    assert "_nn.gemm_rows(" not in report and "_rt.gemm(" in report
 
 
 def test_blocks_of_few_rows_stay_one_gemm(fresh_programs, blocked):
@@ -107,7 +114,7 @@ def test_blocks_of_few_rows_stay_one_gemm(fresh_programs, blocked):
     exe = fluid.Executor(fluid.CPUPlace(), strict=True)
     exe.run(startup)
     report = exe.explain(main, feed={"x": np.ones((2, 8), np.float32)}, fetch_list=[y])
-    assert "_nn.gemm_rows(" not in report and "_nn.weight_gemm(" in report
+    assert "_nn.gemm_rows(" not in report and "_rt.gemm(" in report
 
 
 def test_unknown_batch_counts_as_eight(fresh_programs):

@@ -48,11 +48,14 @@ def test_packed_gemm_against_numpy(dtype):
         c = np.full((m, n), np.nan, dtype)
         pgemm.packed_gemm(a, bp, n, bias, c)
         np.testing.assert_allclose(c, want + bias, rtol=tol, atol=tol, err_msg=f"{m}x{k}x{n}")
-        # a range of rows (one thread's part) leaves the others as they were
+        # a range of rows (one thread's part) leaves the others as they were; the epilogue
+        # of a residual add and a clamp
+        res = RNG.uniform(-1, 1, (m, n)).astype(dtype)
         c = np.full((m, n), 7.0, dtype)
-        pgemm._packed_rows(a, bp, n, bias, c, m // 2, m)
+        pgemm._packed_rows(a, bp, n, bias, c, m // 2, m, res.ravel(), -0.5, 0.25)
         np.testing.assert_array_equal(c[:m // 2], 7.0)
-        np.testing.assert_allclose(c[m // 2:], (want + bias)[m // 2:], rtol=tol, atol=tol)
+        np.testing.assert_allclose(c[m // 2:], np.clip(want + bias + res, -0.5, 0.25)[m // 2:],
+                                   rtol=tol, atol=tol)
     with pytest.raises(ValueError, match="do not fit"):
         pgemm.packed_gemm(a, bp[:-1], n, bias, c)
 
@@ -87,31 +90,38 @@ def _model(main, startup):
                         bias_attr=fluid.ParamAttr(name="pa_b"))
     w = fluid.layers.create_parameter([3, 70], "float32", name="pw")
     y = fluid.layers.matmul(h, w, transpose_y=True)
-    return x, h, y
+    f = fluid.layers.fc(h, 70, num_flatten_dims=2, param_attr=fluid.ParamAttr(name="pr_w"),
+                        bias_attr=fluid.ParamAttr(name="pr_b"))
+    r = fluid.layers.relu(fluid.layers.elementwise_add(f, h))
+    return x, h, y, r
 
 
 def _want(xv, scope):
-    wa, ba, pw = (np.asarray(scope.find_var(n).get_tensor()).astype(np.float64)
-                  for n in ("pa_w", "pa_b", "pw"))
+    wa, ba, pw, wr, br = (np.asarray(scope.find_var(n).get_tensor()).astype(np.float64)
+                          for n in ("pa_w", "pa_b", "pw", "pr_w", "pr_b"))
     h = xv.astype(np.float64) @ wa + ba
-    return h, h @ pw.T
+    return h, h @ pw.T, np.maximum(h @ wr + br + h, 0)
 
 
 def test_products_by_weights_on_packed_weights(fresh_programs, tmp_path):
     main, startup = fresh_programs
-    x, h, y = _model(main, startup)
+    x, h, y, r = _model(main, startup)
     exe = fluid.Executor(fluid.CPUPlace(), strict=True)
     scope = fluid.global_scope()
     exe.run(startup)
     for batch in (1, 3):
         xv = RNG.normal(size=(batch, pgemm.PACKED_MIN_ROWS + 1, 9)).astype(np.float32)
-        got_h, got_y = exe.run(main, feed={"x": xv}, fetch_list=[h, y])
+        got_h, got_y, got_r = exe.run(main, feed={"x": xv}, fetch_list=[h, y, r])
         assert_native(exe)
-        want_h, want_y = _want(xv, scope)
+        want_h, want_y, want_r = _want(xv, scope)
         np.testing.assert_allclose(got_h, want_h, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(got_y, want_y, rtol=1e-5, atol=1e-5)
-    report = exe.explain(main, feed={"x": xv}, fetch_list=[h, y])
-    assert report.count("_nn.weight_gemm(") == 2, report
+        np.testing.assert_allclose(got_r, want_r, rtol=1e-5, atol=1e-5)
+    report = exe.explain(main, feed={"x": xv}, fetch_list=[h, y, r])
+    # the bias adds, the residual add and the relu stored by the products' tiles
+    assert report.count("_nn.weight_gemm(") == 1 and report.count("_nn.weight_rows,") == 2, \
+        report
+    assert report.count("taken by the mul") == 2, report
     # a weight fetched is the weight as it is, never its packed copy
     got_w, = exe.run(main, feed={"x": xv}, fetch_list=["pa_w"])
     assert got_w.shape == (9, 70)
@@ -120,7 +130,7 @@ def test_products_by_weights_on_packed_weights(fresh_programs, tmp_path):
     new = RNG.normal(size=(9, 70)).astype(np.float32)
     scope.find_var("pa_w").get_tensor().set(new, fluid.CPUPlace())
     got_h, got_y = exe.run(main, feed={"x": xv}, fetch_list=[h, y])
-    want_h, want_y = _want(xv, scope)
+    want_h, want_y, _ = _want(xv, scope)
     np.testing.assert_allclose(got_h, want_h, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got_y, want_y, rtol=1e-5, atol=1e-5)
     # the weights changed in place by a training program on the same parameters
@@ -144,7 +154,7 @@ def test_products_by_weights_on_packed_weights(fresh_programs, tmp_path):
     assert params.epoch[0] == epoch + 1       # a training step may, in place: packed again
     assert not np.array_equal(before, np.asarray(scope.find_var("pw").get_tensor()))
     got_h, got_y = exe.run(main, feed={"x": xv}, fetch_list=[h, y])
-    want_h, want_y = _want(xv, scope)
+    want_h, want_y, _ = _want(xv, scope)
     np.testing.assert_allclose(got_h, want_h, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(got_y, want_y, rtol=1e-5, atol=1e-5)
     # a saved model holds the weights as they are
@@ -216,3 +226,29 @@ def test_weight_gemm_in_compiled_code_equals_the_host():
         np.testing.assert_array_equal(compiled(a, wt, True), pgemm.weight_gemm(a, wt, True))
         np.testing.assert_allclose(compiled(a, w, False), a.astype(np.float64) @ w,
                                    rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_weight_rows_with_its_epilogue(dtype):
+    """``weight_rows``: samples ``n0 .. n1`` of ``r`` rows, bias + residual + clamp; blocks of
+    fewer than ``PACKED_MIN_ROWS`` rows by BLAS then the same epilogue; transposed weights."""
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    r, k, n = 5, 11, 37
+    x = RNG.uniform(-1, 1, (8 * r, k)).astype(dtype)
+    w = RNG.uniform(-1, 1, (k, n)).astype(dtype)
+    bias = RNG.uniform(-1, 1, n).astype(dtype)
+    res = RNG.uniform(-1, 1, (8 * r, n)).astype(dtype)
+    want = np.clip(x.astype(np.float64) @ w + bias + res, -0.75, 0.5)
+    for trans in (False, True):
+        wt = w.T.copy() if trans else w
+        bp = pgemm.packed_weight(wt, trans)
+        for n0, n1 in ((0, 1), (1, 5), (5, 8)):   # 5 rows (BLAS), 20 and 15 rows
+            out = np.full((8 * r, n), 9.0, dtype)
+            pgemm.weight_rows(x, wt, trans, bp, n0, n1, out, r, bias, res.ravel(), -0.75, 0.5)
+            np.testing.assert_allclose(out[n0 * r:n1 * r], want[n0 * r:n1 * r], rtol=tol,
+                                       atol=tol, err_msg=f"{trans} {n0}..{n1}")
+            assert (np.delete(out, np.s_[n0 * r:n1 * r], axis=0) == 9.0).all()
+        out = np.empty((8 * r, n), dtype)
+        empty = np.empty(0, dtype)
+        pgemm.weight_rows(x, wt, trans, bp, 0, 8, out, r, empty, empty, -np.inf, np.inf)
+        np.testing.assert_allclose(out, x.astype(np.float64) @ w, rtol=tol, atol=tol)

@@ -19,11 +19,11 @@ from numba.extending import intrinsic, overload
 
 from pdjit.codegen import params
 from pdjit.codegen.cpu import rt, threads
-from pdjit.codegen.cpu.lib._jit import jit
+from pdjit.codegen.cpu.lib._jit import blas_gemm, jit
 from pdjit.codegen.cpu.lib.tile import TILE_BYTES, _masked, _offset, _splat, _vectors
 
 __all__ = ["pack_b", "pack_scaled", "packed_batches", "packed_gemm", "packed_weight",
-           "panel_width", "weight_gemm"]
+           "panel_width", "weight_gemm", "weight_rows", "weight_split_work"]
 
 #: rows of a block of ``c`` (broadcast values of ``a``) and vectors of columns per panel: 24
 #: accumulators of the 32 vector registers of AVX-512
@@ -42,16 +42,20 @@ def panel_width(dtype) -> int:
 
 def _micro_kernel(mr: int, nv: int):
     @intrinsic
-    def micro(typingctx, a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0):
-        """``c[c0 + r*ldc + q] = sum_k a[a0 + r*lda + k] * bp[b0 + k*NR + q] (+ bias[n0 + q])``
-        for ``r < rows`` (at most ``mr``), ``q < cols`` (at most ``NR``); ``bias`` empty: none.
-        All arrays flat and C-contiguous; offsets the caller's to keep in bounds."""
-        arrays = (a, bp, c, bias)
+    def micro(typingctx, a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0, res, lo,
+              hi):
+        """``c[c0 + r*ldc + q] = clamp(sum_k a[a0 + r*lda + k] * bp[b0 + k*NR + q]
+        + bias[n0 + q] + res[c0 + r*ldc + q], lo, hi)`` for ``r < rows`` (at most ``mr``),
+        ``q < cols`` (at most ``NR``); ``bias``, ``res`` empty: no add; ``clamp`` as
+        :func:`.tile.clamp_run` (``lo``, ``hi`` float64, infinite: none). All arrays flat and
+        C-contiguous; offsets the caller's to keep in bounds."""
+        arrays = (a, bp, c, bias, res)
         if not all(isinstance(x, types.Array) and x.ndim == 1 for x in arrays) or \
                 len({x.dtype for x in arrays}) != 1 or \
-                a.dtype not in (types.float32, types.float64):
+                a.dtype not in (types.float32, types.float64) or \
+                not all(isinstance(t, types.Float) for t in (lo, hi)):
             return None
-        sig = types.void(a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0)
+        sig = types.void(a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0, res, lo, hi)
 
         def codegen(context, builder, signature, args):
             at = signature.args
@@ -104,13 +108,27 @@ def _micro_kernel(mr: int, nv: int):
                                              masks[v], zero])
                     for r in range(mr):
                         builder.store(builder.fadd(builder.load(acc[r][v]), b), acc[r][v])
+            resa = context.make_array(at[13])(context, builder, args[13])
+            has_res = builder.icmp_signed("!=", cgutils.unpack_tuple(builder, resa.shape)[0],
+                                          const(0))
+            lov, hiv = (_splat(builder, vty, context.cast(builder, args[i], at[i],
+                                                          at[0].dtype)) for i in (14, 15))
             for r in range(mr):
                 with builder.if_then(builder.icmp_signed("<", const(r), rowsv)):
                     row = builder.add(c0v, builder.mul(ldcv, const(r)))
                     for v in range(nv):
-                        p = builder.gep(cptr, [builder.add(row, const(v * lanes))])
-                        builder.call(mstore, [builder.load(acc[r][v]),
-                                              builder.bitcast(p, vty.as_pointer()), i32,
+                        off = builder.add(row, const(v * lanes))
+                        x = builder.load(acc[r][v])
+                        with builder.if_then(has_res):
+                            p = builder.gep(resa.data, [off])
+                            builder.store(builder.fadd(x, builder.call(
+                                mload, [builder.bitcast(p, vty.as_pointer()), i32, masks[v],
+                                        zero])), acc[r][v])
+                        x = builder.load(acc[r][v])
+                        x = builder.select(builder.fcmp_unordered(">=", x, lov), x, lov)
+                        x = builder.select(builder.fcmp_unordered("<=", x, hiv), x, hiv)
+                        p = builder.gep(cptr, [off])
+                        builder.call(mstore, [x, builder.bitcast(p, vty.as_pointer()), i32,
                                               masks[v]])
             return context.get_dummy_value()
 
@@ -228,17 +246,20 @@ def packed_batches(a, b, tb, alpha, c, i0, i1):
 def packed_gemm(a, bp, n, bias, c):
     """``c = a @ b + bias`` for ``a`` [M, K] and ``b`` [K, n] packed into ``bp``
     (:func:`pack_b`); ``bias`` [n] or empty; ``c`` [M, n]: all C-contiguous."""
-    _packed_rows(a, bp, n, bias, c, 0, a.shape[0])
+    _packed_rows(a, bp, n, bias, c, 0, a.shape[0], bias[:0], -np.inf, np.inf)
 
 
 @jit
-def _packed_rows(a, bp, n, bias, c, r0, r1):
-    """Rows ``r0 .. r1`` of :func:`packed_gemm` (a part of them for one thread)."""
+def _packed_rows(a, bp, n, bias, c, r0, r1, res, lo, hi):
+    """Rows ``r0 .. r1`` of ``c = minimum(maximum(a @ b + bias + res, lo), hi)`` (``b``
+    packed into ``bp``; ``bias`` [n] or empty, ``res`` c's shape flat, or empty): a part of
+    :func:`packed_gemm` for one thread, or with the epilogue of :func:`weight_rows`."""
     M, K = a.shape
     nr = NV * (64 // a.itemsize)
     npan = (n + nr - 1) // nr
     if bp.shape[0] != npan * K * nr or c.shape[0] != M or c.shape[1] != n or \
-            (bias.shape[0] != 0 and bias.shape[0] != n) or r0 < 0 or r1 > M:
+            (bias.shape[0] != 0 and bias.shape[0] != n) or r0 < 0 or r1 > M or \
+            (res.shape[0] != 0 and res.shape[0] != M * n):
         raise ValueError("pdjit: packed_gemm: the operands do not fit")
     af = a.reshape(a.size)
     cf = c.reshape(c.size)
@@ -251,7 +272,7 @@ def _packed_rows(a, bp, n, bias, c, r0, r1):
             cols = min(nr, n - n0)
             for i in range(i0, i1, MR):
                 _micro(af, i * K, K, min(MR, i1 - i), K, bp, j * K * nr, cf, i * n + n0, n,
-                       cols, bias, n0)
+                       cols, bias, n0, res, lo, hi)
 
 
 # ---- weights packed once -------------------------------------------------------------------
@@ -287,6 +308,62 @@ def packed_weight(w, trans: bool = False):
     return bp
 
 
+@overload(packed_weight)
+def _packed_weight_native(w, trans=False):
+    """In compiled code: ``w`` packed at each call."""
+    def impl(w, trans=False):
+        k = w.shape[1] if trans else w.shape[0]
+        n = w.shape[0] if trans else w.shape[1]
+        nr = NV * (64 // w.itemsize)
+        bp = np.empty(((n + nr - 1) // nr) * k * nr, w.dtype)
+        pack_scaled(w, trans, 1.0, bp)
+        return bp
+    return impl
+
+
+@jit
+def weight_rows(x, w, trans, bp, n0, n1, out, r, bias, res, lo, hi):
+    """Rows ``n0 * r .. n1 * r`` (samples ``n0 .. n1`` of ``r`` rows each) of
+    ``out = minimum(maximum(x @ w + bias + res, lo), hi)`` (``w.T`` where ``trans``), ``w``
+    packed into ``bp`` (:func:`packed_weight`), ``bias`` [out's columns] or empty, ``res``
+    out's shape flat or empty: a product by a weight with its epilogue, by blocks of samples
+    (``Opaque.blocked``). Fewer than ``PACKED_MIN_ROWS`` rows: one BLAS call, then the
+    epilogue."""
+    lo_, hi_ = n0 * r, n1 * r
+    n = out.shape[1]
+    if x.shape[0] != out.shape[0] or x.shape[1] != (w.shape[1] if trans else w.shape[0]) or \
+            n != (w.shape[0] if trans else w.shape[1]) or lo_ < 0 or hi_ > x.shape[0]:
+        raise ValueError("pdjit: matrix product operands do not fit each other")
+    if hi_ - lo_ >= PACKED_MIN_ROWS:
+        _packed_rows(x, bp, n, bias, out, lo_, hi_, res, lo, hi)
+        return
+    if hi_ <= lo_:
+        return
+    if trans:
+        blas_gemm(x[lo_:hi_], w.T, out[lo_:hi_])
+    else:
+        blas_gemm(x[lo_:hi_], w, out[lo_:hi_])
+    t = out.dtype.type
+    tlo, thi = t(lo), t(hi)
+    for i in range(lo_, hi_):
+        for j in range(n):
+            v = out[i, j]
+            if bias.shape[0] != 0:
+                v = v + bias[j]
+            if res.shape[0] != 0:
+                v = v + res[i * n + j]
+            v = v if v >= tlo or v != v else tlo
+            out[i, j] = v if v <= thi or v != v else thi
+
+
+def weight_split_work(x, w) -> int:
+    """The work (multiply-adds) by which a host driver splits :func:`weight_rows` over the
+    loop threads: the product's own when ``threads.gemm_threads`` gives it more than one
+    thread and it has ``SPLIT_MIN_WORK`` multiply-adds, else 0 (one thread)."""
+    work = x.shape[0] * x.shape[1] * w.size // max(1, x.shape[1])
+    return work if work >= SPLIT_MIN_WORK and threads.gemm_threads(work) > 1 else 0
+
+
 def weight_gemm(a, w, trans=False):
     """``a @ w`` (``a @ w.T`` where ``trans``) for a weight ``w`` (a 2-D parameter no op of the
     program writes) and a C-contiguous matrix ``a`` of ``PACKED_MIN_ROWS`` rows or more: on
@@ -320,7 +397,8 @@ def weight_gemm(a, w, trans=False):
 
 def _rows_of(a, bp, n, bias, c, b0, b1):
     """Blocks ``b0 .. b1`` of ``MR`` rows of a product (one thread's part)."""
-    _packed_rows(a, bp, n, bias, c, b0 * MR, min(a.shape[0], b1 * MR))
+    _packed_rows(a, bp, n, bias, c, b0 * MR, min(a.shape[0], b1 * MR), bias[:0], -np.inf,
+                 np.inf)
 
 
 @overload(weight_gemm)

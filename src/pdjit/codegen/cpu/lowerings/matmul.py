@@ -82,20 +82,52 @@ def _gemm_blocked(ctx, xn: int, ta: bool = False, tb: bool = False, scaled: bool
             f"_nn.gemm_split_work({x2}, {Y})")
 
 
+def _weight_blocked(ctx, xn: int, trans: bool):
+    """``Opaque.blocked`` of ``flatten(X, xn) @ Y`` by a weight Y (``_weight``; ``Y.T`` where
+    ``trans``): ``_nn.weight_rows`` on Y packed once, taking the bias add along the output's
+    last axis, a residual add and a clamp after it (``LowerContext.channel_epilogue``) into
+    the stores of its tiles; by blocks of samples of any size (no block packs Y again)."""
+    rx = ctx.rank("X")
+    if xn < 1 or xn >= rx:
+        return None
+    X, Y = ctx.inp("X"), ctx.inp("Y")
+    lines: list = []
+    bias, lo, hi, res = ctx.channel_epilogue(ctx.T("X"), lines, residual=True)
+    n = f"{Y}.shape[{0 if trans else 1}]"
+    dims = [f"{X}.shape[{i}]" for i in range(xn)] + [n]
+    out = ctx.out("Out", shape=ctx.tuple_src(dims))
+    lx, x2 = _as_matrix(ctx, X, rx, xn)
+    o2, bp = ctx.tmp("o"), ctx.tmp("bp")
+    lines += lx + [f"{o2} = {out}.reshape(({x2}.shape[0], {n}))",
+                   f"{bp} = _nn.packed_weight({Y}, {trans})"]
+    return (lines, "_nn.weight_rows", [x2, Y, str(trans), bp],
+            [o2, ctx.prod(X, 1, xn), bias, res, lo, hi], f"_nn.weight_split_work({x2}, {Y})")
+
+
 def _mul_blocked(ctx):
     if ctx.attrs["y_num_col_dims"] != 1:
         return None
+    if _weight(ctx):
+        return _weight_blocked(ctx, ctx.attrs["x_num_col_dims"], False)
     return _gemm_blocked(ctx, ctx.attrs["x_num_col_dims"])
 
 
+_mul_blocked.channel_axis = -1  # (a bias of a product is per column of its output)
+
+
 def _matmul_blocked(tx_attr, ty_attr, alpha_attr=None):
-    """Rank-2 (or rows-folded, see ``_rows_of_x``) matmul by blocks (``_gemm_blocked``)."""
+    """Rank-2 (or rows-folded, see ``_rows_of_x``) matmul by blocks: by a weight
+    (``_weight_blocked``), else ``_gemm_blocked``."""
     def blocked(ctx):
         if ctx.rank("Y") != 2 or ctx.rank("X") < 2:
             return None
+        if not ctx.attrs[tx_attr] and (not alpha_attr or ctx.attrs[alpha_attr] == 1.0) and \
+                _weight(ctx):
+            return _weight_blocked(ctx, ctx.rank("X") - 1, bool(ctx.attrs[ty_attr]))
         return _gemm_blocked(ctx, ctx.rank("X") - 1, bool(ctx.attrs[tx_attr]),
                              bool(ctx.attrs[ty_attr]),
                              bool(alpha_attr) and ctx.attrs[alpha_attr] != 1.0)
+    blocked.channel_axis = -1
     return blocked
 
 
