@@ -40,7 +40,7 @@ def panel_width(dtype) -> int:
     return NV * (TILE_BYTES // np.dtype(dtype).itemsize)
 
 
-def _micro_kernel(mr: int, nv: int):
+def _micro_kernel(mr: int, nv: int, pf: int = 0):
     @intrinsic
     def micro(typingctx, a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0, res, lo,
               hi):
@@ -77,9 +77,17 @@ def _micro_kernel(mr: int, nv: int):
                 arow.append(builder.add(a0v, builder.mul(rr, ldav)))
             acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(nv)]
                    for _ in range(mr)]
+            i8p = ir.IntType(8).as_pointer()
+            prefetch = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [i8p] + [ir.IntType(32)] * 3),
+                "llvm.prefetch.p0")
             with cgutils.for_range(builder, kkv) as loop:
                 k = loop.index
                 base = builder.add(b0v, builder.mul(k, const(nr)))
+                for v in range(nv if pf else 0):  # the panel's row pf steps ahead
+                    p = builder.gep(bptr, [builder.add(base, const(pf * nr + v * lanes))])
+                    builder.call(prefetch, [builder.bitcast(p, i8p)] + [
+                        ir.Constant(ir.IntType(32), x) for x in (0, 3, 1)])
                 bv = []
                 for v in range(nv):
                     p = builder.gep(bptr, [builder.add(base, const(v * lanes))])
@@ -137,7 +145,13 @@ def _micro_kernel(mr: int, nv: int):
     return micro
 
 
-_micro = _micro_kernel(MR, NV)
+#: the panel's rows ahead of the sum that each step prefetches: weights read from beyond the
+#: L2 cache (a model's are, one product after another); measured on the 36 products of a
+#: BERT-like encoder run back to back (6 layers of d 256, ffn 1024, 128 rows; load 7-9):
+#: 9.9-10.2 ms without, 8.9-9.1 (4 rows), 8.9-9.0 (8), 8.8-9.2 (16); 2048 rows: 133 / 122 /
+#: 120 / 123 ms
+PREFETCH_ROWS = 8
+_micro = _micro_kernel(MR, NV, PREFETCH_ROWS)
 
 
 @intrinsic
