@@ -103,7 +103,7 @@ def _want(xv, scope):
     return h, h @ pw.T, np.maximum(h @ wr + br + h, 0)
 
 
-def test_products_by_weights_on_packed_weights(fresh_programs, tmp_path):
+def test_products_by_weights_on_packed_weights(fresh_programs, tmp_path, monkeypatch):
     main, startup = fresh_programs
     x, h, y, r = _model(main, startup)
     exe = fluid.Executor(fluid.CPUPlace(), strict=True)
@@ -117,6 +117,11 @@ def test_products_by_weights_on_packed_weights(fresh_programs, tmp_path):
         np.testing.assert_allclose(got_h, want_h, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(got_y, want_y, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(got_r, want_r, rtol=1e-5, atol=1e-5)
+    packs = []
+    orig = pgemm.pack_scaled
+    monkeypatch.setattr(pgemm, "pack_scaled", lambda *a: packs.append(a[0].shape) or orig(*a))
+    exe.run(main, feed={"x": xv}, fetch_list=[h, y, r])
+    assert packs == []                        # packed once: the runs after pack nothing
     report = exe.explain(main, feed={"x": xv}, fetch_list=[h, y, r])
     # the bias adds, the residual add and the relu stored by the products' tiles
     assert report.count("_nn.weight_gemm(") == 1 and report.count("_nn.weight_rows,") == 2, \

@@ -1,14 +1,28 @@
-"""pdjit's own matrix product on a packed right operand: ``c = a @ b (+ bias)`` where ``b``
-(a weight, ``[K, N]``) was rearranged once into panels of :data:`NR` columns
-(:func:`pack_b`), each panel ``K`` rows of ``NR`` contiguous values, zero-padded past ``N``.
+"""pdjit's own matrix product on a packed right operand: ``c = a @ b`` where ``b`` (``[K, N]``)
+was rearranged into panels of ``NR`` columns (:func:`pack_b`), each panel ``K`` rows of ``NR``
+contiguous values, zero-padded past ``N``.
 
 The micro-kernel (:func:`_micro`, LLVM IR with explicit vectors as in :mod:`.tile`) keeps a
 block of ``MR`` rows by ``NR`` columns of ``c`` in vector registers over the whole sum: each
-step ``k`` loads the panel's ``NR`` values of row ``k`` (``NV`` vectors) and broadcasts ``MR``
-values of ``a``; the bias is added to the sums and the block stored once (masked on the last
-columns, rows past ``M`` not stored), so ``c`` is never zeroed nor read. The driver
-(:func:`packed_gemm`) walks blocks of rows of ``a`` that stay in the L2 cache and, for each, every
-panel. The sums run in order of ``k``, each a fused multiply-add.
+step ``k`` loads the panel's ``NR`` values of row ``k`` (``NV`` vectors), prefetches the row
+:data:`PREFETCH_ROWS` ahead and broadcasts ``MR`` values of ``a``; the epilogue (a bias per
+column, a residual of ``c``'s shape, a clamp: :func:`weight_rows`) is applied to the sums and
+the block stored once (masked on the last columns, rows past ``M`` not stored), so ``c`` is
+never zeroed nor read. The driver walks blocks of rows of ``a`` that stay in the L2 cache and,
+for each, every panel. The sums run in order of ``k``, each a fused multiply-add.
+
+Weights (a product's right operand that is a parameter no op of the program writes, see
+``pdjit.codegen.cpu.lowerings.matmul``) are packed once: :func:`packed_weight` keeps the packed
+copy beside the array (by its identity, weakly) and makes it again after a run of a program
+that writes parameters (:mod:`pdjit.codegen.params`); it is never a value of the Scope, so it
+never reaches a fetch or a saved model. A weight changed in place through a NumPy view of the
+Scope's array, outside any program, is not seen: give the Scope a new array
+(``Tensor.set``). Compiled code (a native driver, an ahead-of-time artifact) packs at each call
+and runs the same kernel, bit for bit.
+
+Measured against OpenBLAS 0.3.31 (``np.dot``, one thread, float32, the shapes of a BERT-like
+encoder, medians of thread time, load 10-12): 128x256x256 0.109 / 0.123 ms, 128x256x1024 0.448
+/ 0.504, 128x1024x256 0.447 / 0.515, 2048x256x1024 7.19 / 8.32, 2048x1024x256 7.02 / 7.85.
 """
 import weakref
 
