@@ -22,6 +22,8 @@ Measured on the attention products ``[8, 4, 128, 64] x [8, 4, 64, 128]`` and
 0.95-1.11x ``np.matmul``'s time and 0.93-1.01x a Python loop of ``np.dot`` per slice (2-core
 machine under load, medians of 40 runs).
 """
+import math
+
 import numpy as np
 from numba.extending import overload
 
@@ -69,19 +71,21 @@ def batched_gemm(a, b, ta, tb, alpha, it, da, db, dc, c):
     ``da``, ``db``, ``dc`` (aligned with ``it``, 1 where broadcast). When ``c`` has fewer
     batches than ``it`` (a gradient of a broadcast operand) the products are summed into it.
     (The host's version: ``np.matmul``; compiled code calls ``_batched_gemm_native``.)"""
-    shape = tuple(int(d) for d in it)
-    for d, x in ((da, a), (db, b), (dc, c)):
-        if int(np.prod(d)) != x.shape[0] or any(k != 1 and k != n for k, n in zip(d, shape)):
+    # (plain lists and math.prod: NumPy's reductions over these few dims cost microseconds)
+    shape = tuple(it.tolist())
+    dal, dbl = da.tolist(), db.tolist()
+    for d, x in ((dal, a), (dbl, b), (dc.tolist(), c)):
+        if math.prod(d) != x.shape[0] or any(k != 1 and k != n for k, n in zip(d, shape)):
             raise ValueError("pdjit: batched_gemm: batch dims do not broadcast")
-    x = a.reshape(tuple(int(k) for k in da) + a.shape[1:])
-    y = b.reshape(tuple(int(k) for k in db) + b.shape[1:])
+    x = a.reshape(tuple(dal) + a.shape[1:])
+    y = b.reshape(tuple(dbl) + b.shape[1:])
     x = np.swapaxes(x, -1, -2) if ta else x
     y = np.swapaxes(y, -1, -2) if tb else y
     if x.shape[-1] != y.shape[-2] or c.shape[1:] != (x.shape[-2], y.shape[-1]):
         raise ValueError("pdjit: batched_gemm: the matrices do not fit")
-    nb = int(np.prod(shape))
+    nb = math.prod(shape)
     nt = threads.gemm_threads(nb * x.shape[-2] * x.shape[-1] * y.shape[-1])
-    whole = c.shape[0] == nb and all(int(p) == q == int(r) for p, q, r in zip(da, shape, db))
+    whole = c.shape[0] == nb and dal == list(shape) == dbl
     if nt > 1 and nb > 1 and not threads.asked_threads() and whole:
         _split_batches(a, b, ta, tb, alpha, c, min(nt, nb))
         return
