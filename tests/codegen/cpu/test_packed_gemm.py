@@ -122,11 +122,24 @@ def test_products_by_weights_on_packed_weights(fresh_programs, tmp_path, monkeyp
     monkeypatch.setattr(pgemm, "pack_scaled", lambda *a: packs.append(a[0].shape) or orig(*a))
     exe.run(main, feed={"x": xv}, fetch_list=[h, y, r])
     assert packs == []                        # packed once: the runs after pack nothing
+    monkeypatch.undo()
     report = exe.explain(main, feed={"x": xv}, fetch_list=[h, y, r])
     # the bias adds, the residual add and the relu stored by the products' tiles
     assert report.count("_nn.weight_gemm(") == 1 and report.count("_nn.weight_rows,") == 2, \
         report
     assert report.count("taken by the mul") == 2, report
+    # a new plan's compile worker compiles the kernels these calls use (the signatures met)
+    from pdjit.codegen import compiler
+    from pdjit.codegen.cpu import lib as nnlib
+    lines = [ln for _, plan in exe._plans.values() for step in plan.walk()
+             if step.kind.startswith("native") for ln in step.compiled.source.splitlines()]
+    lines += ["_nn.weight_rows()"]   # (its call: the blocked op's function, by split_work)
+    jobs = nnlib.library_jobs(lines, np.float32)
+    assert {fn.py_func.__name__ for fn, _ in jobs} >= {"pack_scaled", "weight_rows"}
+    for fn, types in jobs:
+        if fn.py_func.__name__ in ("pack_scaled", "weight_rows"):
+            sig = tuple(compiler._numba_type(t) for t in types)
+            assert sig in fn.overloads, (fn.py_func.__name__, sig, list(fn.overloads))
     # a weight fetched is the weight as it is, never its packed copy
     got_w, = exe.run(main, feed={"x": xv}, fetch_list=["pa_w"])
     assert got_w.shape == (9, 70)

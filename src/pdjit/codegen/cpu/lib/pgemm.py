@@ -33,7 +33,7 @@ from numba.extending import intrinsic, overload
 
 from pdjit.codegen import params
 from pdjit.codegen.cpu import rt, threads
-from pdjit.codegen.cpu.lib._jit import blas_gemm, jit
+from pdjit.codegen.cpu.lib._jit import blas_gemm, jit, jobs
 from pdjit.codegen.cpu.lib.tile import TILE_BYTES, _masked, _offset, _splat, _vectors
 
 __all__ = ["pack_b", "pack_scaled", "packed_batches", "packed_gemm", "packed_weight",
@@ -453,3 +453,17 @@ def _weight_gemm_native(a, w, trans=False):
     def blas(a, w, trans=False):
         return np.dot(a, w.T) if trans else np.dot(a, w)
     return blas
+
+
+# ---- what a new plan's compile worker compiles ahead (pdjit.codegen.cpu.lib._jit.JOBS) ------
+def _pack_job(T):
+    return (pack_scaled, ((T, 2), bool, float, (T, 1)))
+
+
+jobs("packed_weight")(lambda T: [_pack_job(T)])
+jobs("weight_gemm")(lambda T: [_pack_job(T),
+                               (packed_gemm, ((T, 2), (T, 1), int, (T, 1), (T, 2)))])
+jobs("weight_rows")(lambda T: [_pack_job(T), (weight_rows, (
+    (T, 2), (T, 2), bool, (T, 1), int, int, (T, 2), int, (T, 1), (T, 1), float, float))])
+jobs("batched_gemm")(lambda T: [(packed_batches, ((T, 3), (T, 3), bool, float, (T, 3), int,
+                                                  int))])
