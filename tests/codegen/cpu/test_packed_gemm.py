@@ -135,9 +135,9 @@ def test_products_by_weights_on_packed_weights(fresh_programs, tmp_path, monkeyp
              if step.kind.startswith("native") for ln in step.compiled.source.splitlines()]
     lines += ["_nn.weight_rows()"]   # (its call: the blocked op's function, by split_work)
     jobs = nnlib.library_jobs(lines, np.float32)
-    assert {fn.py_func.__name__ for fn, _ in jobs} >= {"pack_scaled", "weight_rows"}
+    assert {fn.py_func.__name__ for fn, _ in jobs} >= {"pack_scaled", "_weight_rows"}
     for fn, types in jobs:
-        if fn.py_func.__name__ in ("pack_scaled", "weight_rows"):
+        if fn.py_func.__name__ in ("pack_scaled", "_weight_rows"):
             sig = tuple(compiler._numba_type(t) for t in types)
             assert sig in fn.overloads, (fn.py_func.__name__, sig, list(fn.overloads))
     # a weight fetched is the weight as it is, never its packed copy
@@ -270,3 +270,14 @@ def test_weight_rows_with_its_epilogue(dtype):
         empty = np.empty(0, dtype)
         pgemm.weight_rows(x, wt, trans, bp, 0, 8, out, r, empty, empty, -np.inf, np.inf)
         np.testing.assert_allclose(out, x.astype(np.float64) @ w, rtol=tol, atol=tol)
+        # one sample of many rows split by blocks of rows over two threads: the same bits
+        one = np.empty((8 * r, n), dtype)
+        pgemm.weight_rows(x, wt, trans, bp, 0, 1, one, 8 * r, bias, res.ravel(), -0.75, 0.5)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(threads, "gemm_threads", lambda work: 2)
+            mp.setattr(pgemm, "SPLIT_MIN_WORK", 1)
+            two = np.empty((8 * r, n), dtype)
+            pgemm.weight_rows(x, wt, trans, bp, 0, 1, two, 8 * r, bias, res.ravel(), -0.75,
+                              0.5)
+        np.testing.assert_array_equal(two, one)
+        np.testing.assert_allclose(one, want, rtol=tol, atol=tol)

@@ -350,14 +350,19 @@ def _packed_weight_native(w, trans=False):
 
 
 @jit
-def weight_rows(x, w, trans, bp, n0, n1, out, r, bias, res, lo, hi):
+def _weight_rows(x, w, trans, bp, n0, n1, out, r, bias, res, lo, hi):
     """Rows ``n0 * r .. n1 * r`` (samples ``n0 .. n1`` of ``r`` rows each) of
     ``out = minimum(maximum(x @ w + bias + res, lo), hi)`` (``w.T`` where ``trans``), ``w``
     packed into ``bp`` (:func:`packed_weight`), ``bias`` [out's columns] or empty, ``res``
     out's shape flat or empty: a product by a weight with its epilogue, by blocks of samples
     (``Opaque.blocked``). Fewer than ``PACKED_MIN_ROWS`` rows: one BLAS call, then the
     epilogue."""
-    lo_, hi_ = n0 * r, n1 * r
+    _weight_row_range(x, w, trans, bp, n0 * r, n1 * r, out, bias, res, lo, hi)
+
+
+@jit
+def _weight_row_range(x, w, trans, bp, lo_, hi_, out, bias, res, lo, hi):
+    """Rows ``lo_ .. hi_`` of :func:`weight_rows`."""
     n = out.shape[1]
     if x.shape[0] != out.shape[0] or x.shape[1] != (w.shape[1] if trans else w.shape[0]) or \
             n != (w.shape[0] if trans else w.shape[1]) or lo_ < 0 or hi_ > x.shape[0]:
@@ -382,6 +387,40 @@ def weight_rows(x, w, trans, bp, n0, n1, out, r, bias, res, lo, hi):
                 v = v + res[i * n + j]
             v = v if v >= tlo or v != v else tlo
             out[i, j] = v if v <= thi or v != v else thi
+
+
+def weight_rows(x, w, trans, bp, n0, n1, out, r, bias, res, lo, hi):
+    """:func:`_weight_rows` (see there); a call over every row of one sample (a host driver's
+    whole batch of one, which ``split_work`` cannot split by samples) of ``SPLIT_MIN_WORK``
+    multiply-adds or more is split by blocks of rows over the loop threads where
+    ``threads.gemm_threads`` gives it more than one."""
+    rows = (n1 - n0) * r
+    work = rows * x.shape[1] * out.shape[1]
+    if n1 - n0 == 1 and rows == x.shape[0] and rows >= max(2 * MR, PACKED_MIN_ROWS) and \
+            work >= SPLIT_MIN_WORK:
+        nt = threads.gemm_threads(work)
+        if nt > 1:
+            from pdjit.codegen.cpu.lib.gemm import run_chunks
+            blocks = -(-rows // MR)
+            parts = min(nt, blocks)
+            run_chunks(_row_blocks, blocks, parts, min(blocks, 4 * parts), x, w, trans, bp,
+                       out, bias, res, lo, hi)
+            return
+    _weight_rows(x, w, trans, bp, n0, n1, out, r, bias, res, lo, hi)
+
+
+def _row_blocks(x, w, trans, bp, out, bias, res, lo, hi, b0, b1):
+    """Blocks ``b0 .. b1`` of ``MR`` rows of :func:`weight_rows` (one thread's part: on the
+    packed kernel whatever its rows, the same bits as one thread's call)."""
+    _packed_rows(x, bp, out.shape[1], bias, out, b0 * MR, min(x.shape[0], b1 * MR), res, lo,
+                 hi)
+
+
+@overload(weight_rows)
+def _weight_rows_native(x, w, trans, bp, n0, n1, out, r, bias, res, lo, hi):
+    def impl(x, w, trans, bp, n0, n1, out, r, bias, res, lo, hi):
+        _weight_rows(x, w, trans, bp, n0, n1, out, r, bias, res, lo, hi)
+    return impl
 
 
 def weight_split_work(x, w) -> int:
@@ -463,7 +502,7 @@ def _pack_job(T):
 jobs("packed_weight")(lambda T: [_pack_job(T)])
 jobs("weight_gemm")(lambda T: [_pack_job(T),
                                (packed_gemm, ((T, 2), (T, 1), int, (T, 1), (T, 2)))])
-jobs("weight_rows")(lambda T: [_pack_job(T), (weight_rows, (
+jobs("weight_rows")(lambda T: [_pack_job(T), (_weight_rows, (
     (T, 2), (T, 2), bool, (T, 1), int, int, (T, 2), int, (T, 1), (T, 1), float, float))])
 jobs("batched_gemm")(lambda T: [(packed_batches, ((T, 3), (T, 3), bool, float, (T, 3), int,
                                                   int))])
