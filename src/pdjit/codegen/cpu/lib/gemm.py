@@ -29,8 +29,7 @@ from numba.extending import overload
 
 from pdjit.codegen.cpu import threads
 from pdjit.codegen.cpu.lib._jit import blas_gemm, jit
-from pdjit.codegen.cpu.lib.conv import _threads as _pool
-from pdjit.codegen.cpu.lib.pgemm import PACKED_MIN_ROWS, packed_batches
+from pdjit.codegen.cpu.lib.pgemm import PACKED_MIN_ROWS, packed_batches, run_chunks
 
 __all__ = ["blas_gemm", "batched_gemm", "gemm_rows", "gemm_split_work", "dropout_fwd",
            "dropout_bwd", "dropout_key", "softmax_axis", "softmax_axis_grad"]
@@ -134,23 +133,6 @@ def _split_batches(a, b, ta, tb, alpha, c, parts):
     see ``pdjit.codegen.cpu.threads``)."""
     n = c.shape[0]
     run_chunks(_range_gemm, n, parts, min(n, 4 * parts), a, b, ta, tb, alpha, c)
-
-
-def run_chunks(fn, n, parts, chunks, *args):
-    """``fn(*args, n0, n1)`` over ``chunks`` ranges of ``0..n``, taken in turn by ``parts``
-    threads (this one among them) as each finishes its last: a thread the OS leaves waiting
-    (another process on its core) takes fewer, where a fixed split would wait for its share."""
-    ranges = iter([(k * n // chunks, (k + 1) * n // chunks) for k in range(chunks)])
-
-    def work():
-        for n0, n1 in ranges:  # the iterator is shared: each range goes to one thread
-            fn(*args, n0, n1)
-
-    pool = _pool()
-    futures = [pool.submit(work) for _ in range(parts - 1)]
-    work()
-    for f in futures:
-        f.result()
 
 
 @jit

@@ -34,6 +34,7 @@ from numba.extending import intrinsic, overload
 from pdjit.codegen import params
 from pdjit.codegen.cpu import rt, threads
 from pdjit.codegen.cpu.lib._jit import blas_gemm, jit, jobs
+from pdjit.codegen.cpu.lib.conv import _threads as _pool
 from pdjit.codegen.cpu.lib.tile import TILE_BYTES, _masked, _offset, _splat, _vectors
 
 __all__ = ["pack_b", "pack_scaled", "packed_batches", "packed_gemm", "packed_weight",
@@ -303,6 +304,23 @@ def _packed_rows(a, bp, n, bias, c, r0, r1, res, lo, hi):
                        cols, bias, n0, res, lo, hi)
 
 
+def run_chunks(fn, n, parts, chunks, *args):
+    """``fn(*args, n0, n1)`` over ``chunks`` ranges of ``0..n``, taken in turn by ``parts``
+    threads (this one among them) as each finishes its last: a thread the OS leaves waiting
+    (another process on its core) takes fewer, where a fixed split would wait for its share."""
+    ranges = iter([(k * n // chunks, (k + 1) * n // chunks) for k in range(chunks)])
+
+    def work():
+        for n0, n1 in ranges:  # the iterator is shared: each range goes to one thread
+            fn(*args, n0, n1)
+
+    pool = _pool()
+    futures = [pool.submit(work) for _ in range(parts - 1)]
+    work()
+    for f in futures:
+        f.result()
+
+
 # ---- weights packed once -------------------------------------------------------------------
 #: id of a weight array -> (a weak reference to it, transposed, the epoch it was packed in,
 #: the packed values)
@@ -400,7 +418,6 @@ def weight_rows(x, w, trans, bp, n0, n1, out, r, bias, res, lo, hi):
             work >= SPLIT_MIN_WORK:
         nt = threads.gemm_threads(work)
         if nt > 1:
-            from pdjit.codegen.cpu.lib.gemm import run_chunks
             blocks = -(-rows // MR)
             parts = min(nt, blocks)
             run_chunks(_row_blocks, blocks, parts, min(blocks, 4 * parts), x, w, trans, bp,
@@ -452,7 +469,6 @@ def weight_gemm(a, w, trans=False):
         bias = _EMPTY[a.dtype] = np.empty(0, a.dtype)
     bp = packed_weight(w, trans)
     if nt > 1 and work >= SPLIT_MIN_WORK and m >= 2 * MR:
-        from pdjit.codegen.cpu.lib.gemm import run_chunks
         parts = min(nt, m // MR)
         blocks = -(-m // MR)
         chunks = min(blocks, 4 * parts)
