@@ -117,6 +117,11 @@ def test_products_by_weights_on_packed_weights(fresh_programs, tmp_path, monkeyp
         np.testing.assert_allclose(got_h, want_h, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(got_y, want_y, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(got_r, want_r, rtol=1e-5, atol=1e-5)
+    # buffers of dead values reused (memory_optim): the products never write an operand
+    exe_m = fluid.Executor(fluid.CPUPlace(), strict=True, memory_optim=True)
+    got_m = exe_m.run(main, feed={"x": xv}, fetch_list=[y, r])
+    for g, want in zip(got_m, (want_y, want_r)):
+        np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-5)
     packs = []
     orig = pgemm.pack_scaled
     monkeypatch.setattr(pgemm, "pack_scaled", lambda *a: packs.append(a[0].shape) or orig(*a))
