@@ -814,7 +814,9 @@ class SegmentGen:
                 not any(outs[0] in n.op.input_arg_names for n in nxt.nodes):
             return None
         ctx = LowerContext(self, node)
-        ctx.offer = self._channel_epilogue(outs[0], nxt, gi + 1) if gi >= 0 else None
+        ctx.offer = self._channel_epilogue(outs[0], nxt, gi + 1,
+                                           getattr(low.blocked, "channel_axis", 1)) \
+            if gi >= 0 else None
         spec = low.blocked(ctx)
         if spec is None:
             return None
@@ -849,18 +851,22 @@ class SegmentGen:
             self.emit(f"{self.target.library}.split_work({fn}, {y}.shape[0], {work}, "
                       f"{', '.join(before + after)}, head={len(before)})")
 
-    def _channel_epilogue(self, name: str, nxt: Group, at: int):
-        """The :class:`ChannelEpilogue` an op whose output ``name`` ([N, C, ...]) the group
-        ``nxt`` (the segment's group ``at``) reads may take: its first op adding a bias per
-        channel (declared ``ChannelAffine`` with the values of its one parameter slot as the
-        additive term, along axis 1), then, if it is next, an op declared ``ADDITION`` of
+    def _channel_epilogue(self, name: str, nxt: Group, at: int, axis: int = 1):
+        """The :class:`ChannelEpilogue` an op whose output ``name`` ([N, C, ...]; channels on
+        ``axis``: the op's ``blocked`` rule declares another as its ``channel_axis``, a product's
+        last) the group ``nxt`` (the segment's group ``at``) reads may take: its first op adding
+        a bias per channel (declared ``ChannelAffine`` with the values of its one parameter slot
+        as the additive term, along that axis), then, if it is next, an op declared ``ADDITION`` of
         that sum and a value of its shape made before ``nxt`` (a residual connection), then an
         op declared ``Clamp`` of the sum; any of the three may be missing. Each value but the
         last must be read by the next op alone (not stored, not read after); None where
         nothing fits."""
         var = self.block._find_var_recursive
         out = var(name)
-        if out is None or len(out.shape) < 2 or out.shape[1] < 1 or not nxt.nodes:
+        if out is None or len(out.shape) < 2 or not nxt.nodes:
+            return None
+        axis %= len(out.shape)
+        if out.shape[axis] < 1:
             return None
         dt = np.dtype(out.dtype)
 
@@ -889,10 +895,10 @@ class SegmentGen:
             ys = [n for n in op.input(slot) if n != registry.EMPTY_VAR_NAME]
             b = var(ys[0]) if len(ys) == 1 and ys[0] not in made else None
             outs = op.output(spec.out)
-            m = out.shape[1]
+            m = out.shape[axis]
             if b is None or op.input(spec.x) != [name] or len(outs) != 1 or \
                     tuple(b.shape) != (m,) or np.dtype(b.dtype) != dt or \
-                    spec.axis % len(out.shape) != 1 or not same(outs[0]) or \
+                    spec.axis % len(out.shape) != axis or not same(outs[0]) or \
                     not sole_reader(name, 0):
                 return None
             probe = np.arange(1.0, m + 1.0)

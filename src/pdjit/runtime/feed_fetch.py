@@ -44,6 +44,9 @@ class RunProgram:
             v.name for v in gb.vars.values()
             if v.persistable and v.type not in (VarType.FEED_MINIBATCH, VarType.FETCH_LIST))
         self.unfed = unfed_data(self.program, self.feed_names, self.fetch_names)
+        # whether an op writes a persistable variable (a parameter changed in place: what
+        # was derived from parameters is made again, pdjit.codegen.params)
+        self.writes_persistables = _writes_persistables(self.program)
 
     def check_unfed(self, scope) -> None:
         """Before any op runs: every data variable the program reads is fed, or holds a value
@@ -301,3 +304,16 @@ def merge_place_feeds(feeds, data_parallel: bool) -> dict:
                             f"{len(feeds)} places: feed the whole batch as one dict")
         merged[n] = np.concatenate([np.asarray(p) for p in parts], axis=0)
     return merged
+
+
+def _writes_persistables(program) -> bool:
+    """Whether an op of ``program`` writes a persistable variable (not its feed or fetch
+    list)."""
+    for block in program.blocks:
+        for op in block.ops:
+            for n in op.output_arg_names:
+                v = block._find_var_recursive(n)
+                if v is not None and v.persistable and \
+                        v.type not in (VarType.FEED_MINIBATCH, VarType.FETCH_LIST):
+                    return True
+    return False

@@ -14,6 +14,13 @@ from pdjit.testing import assert_native
 RNG = np.random.default_rng(16)
 
 
+@pytest.fixture(autouse=True)
+def blas(monkeypatch):
+    """The products by BLAS calls (by weights they run on the weights packed once:
+    tests/codegen/cpu/test_packed_gemm.py)."""
+    monkeypatch.setattr(mm, "_weight", lambda ctx: False)
+
+
 @pytest.fixture
 def blocked(monkeypatch):
     monkeypatch.setattr(mm, "BLOCKED_MIN_WORK", 1)

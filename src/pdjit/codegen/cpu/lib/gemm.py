@@ -6,7 +6,12 @@ counter-based random stream.
 lowerings flatten the batch dims in their host lines and pass the batch dims themselves as
 ``int64`` vectors, so one function serves every rank, size, broadcast and transpose. Called
 from a host driver (plain Python) it is ``np.matmul`` on the operands viewed with their batch
-dims (NumPy's loop of BLAS calls, transposes as strided views: nothing to compile); inside
+dims (NumPy's loop of BLAS calls, transposes as strided views: nothing to compile), except a
+batch without broadcasting whose left operand is not transposed and has ``PACKED_MIN_ROWS``
+rows or more (attention's ``Q K^T`` and ``P V``): pdjit's packed GEMM, each right operand
+packed (and scaled) once for its product (:func:`pgemm.packed_batches`; measured, one thread,
+load ~13, ``[4|64, 128, 64] x [.., 64, 128]^T`` 0.086 / 1.11 ms against ``np.matmul``'s
+0.093 / 1.68, ``[4|64, 128, 128] x [.., 128, 64]`` 0.071 / 1.08 against 0.073 / 1.31); inside
 compiled code (a native driver, a kernel) it is ``_batched_gemm_native``, a compiled loop of
 one BLAS call (:func:`blas_gemm`) per 2-D slice, compiled once per dtype. From the host, a
 batch without broadcasting of ``threads.GEMM_PARALLEL_MIN_WORK`` multiply-adds in all is split
@@ -17,12 +22,14 @@ Measured on the attention products ``[8, 4, 128, 64] x [8, 4, 64, 128]`` and
 0.95-1.11x ``np.matmul``'s time and 0.93-1.01x a Python loop of ``np.dot`` per slice (2-core
 machine under load, medians of 40 runs).
 """
+import math
+
 import numpy as np
 from numba.extending import overload
 
 from pdjit.codegen.cpu import threads
 from pdjit.codegen.cpu.lib._jit import blas_gemm, jit
-from pdjit.codegen.cpu.lib.conv import _threads as _pool
+from pdjit.codegen.cpu.lib.pgemm import PACKED_MIN_ROWS, packed_batches, run_chunks
 
 __all__ = ["blas_gemm", "batched_gemm", "gemm_rows", "gemm_split_work", "dropout_fwd",
            "dropout_bwd", "dropout_key", "softmax_axis", "softmax_axis_grad"]
@@ -63,26 +70,39 @@ def batched_gemm(a, b, ta, tb, alpha, it, da, db, dc, c):
     ``da``, ``db``, ``dc`` (aligned with ``it``, 1 where broadcast). When ``c`` has fewer
     batches than ``it`` (a gradient of a broadcast operand) the products are summed into it.
     (The host's version: ``np.matmul``; compiled code calls ``_batched_gemm_native``.)"""
-    shape = tuple(int(d) for d in it)
-    for d, x in ((da, a), (db, b), (dc, c)):
-        if int(np.prod(d)) != x.shape[0] or any(k != 1 and k != n for k, n in zip(d, shape)):
+    # (plain lists and math.prod: NumPy's reductions over these few dims cost microseconds)
+    shape = tuple(it.tolist())
+    dal, dbl = da.tolist(), db.tolist()
+    for d, x in ((dal, a), (dbl, b), (dc.tolist(), c)):
+        if math.prod(d) != x.shape[0] or any(k != 1 and k != n for k, n in zip(d, shape)):
             raise ValueError("pdjit: batched_gemm: batch dims do not broadcast")
-    x = a.reshape(tuple(int(k) for k in da) + a.shape[1:])
-    y = b.reshape(tuple(int(k) for k in db) + b.shape[1:])
+    x = a.reshape(tuple(dal) + a.shape[1:])
+    y = b.reshape(tuple(dbl) + b.shape[1:])
     x = np.swapaxes(x, -1, -2) if ta else x
     y = np.swapaxes(y, -1, -2) if tb else y
     if x.shape[-1] != y.shape[-2] or c.shape[1:] != (x.shape[-2], y.shape[-1]):
         raise ValueError("pdjit: batched_gemm: the matrices do not fit")
-    nb = int(np.prod(shape))
+    nb = math.prod(shape)
     nt = threads.gemm_threads(nb * x.shape[-2] * x.shape[-1] * y.shape[-1])
-    if nt > 1 and nb > 1 and not threads.asked_threads() and c.shape[0] == nb and \
-            all(int(p) == q == int(r) for p, q, r in zip(da, shape, db)):
+    whole = c.shape[0] == nb and dal == list(shape) == dbl
+    if nt > 1 and nb > 1 and not threads.asked_threads() and whole:
         _split_batches(a, b, ta, tb, alpha, c, min(nt, nb))
         return
     if nt > 1:
         threads.with_numpy_blas(nt, _host_matmul, x, y, alpha, shape, dc, c, stop_workers=True)
+    elif whole and _packs(a, b, ta, c):
+        packed_batches(a, b, tb, alpha, c, 0, nb)
     else:
         _host_matmul(x, y, alpha, shape, dc, c)
+
+
+def _packs(a, b, ta, c) -> bool:
+    """Whether a batch of products without broadcasting runs on the packed GEMM: ``a`` not
+    transposed, of ``PACKED_MIN_ROWS`` rows or more, float32/float64 operands alike, all
+    C-contiguous."""
+    return not ta and a.shape[1] >= PACKED_MIN_ROWS and a.dtype == b.dtype == c.dtype and \
+        a.dtype in (np.float32, np.float64) and a.flags.c_contiguous and \
+        b.flags.c_contiguous and c.flags.c_contiguous
 
 
 def _host_matmul(x, y, alpha, shape, dc, c):
@@ -98,7 +118,11 @@ def _host_matmul(x, y, alpha, shape, dc, c):
 
 
 def _range_gemm(a, b, ta, tb, alpha, c, n0, n1):
-    """Products ``n0 .. n1`` of a batch without broadcasting (the compiled loop, no GIL)."""
+    """Products ``n0 .. n1`` of a batch without broadcasting (compiled loops, no GIL: the
+    packed GEMM where :func:`_packs`, else a BLAS call per product)."""
+    if _packs(a, b, ta, c):
+        packed_batches(a, b, tb, alpha, c, n0, n1)
+        return
     d = np.array([n1 - n0], np.int64)
     _batched_gemm_native(a[n0:n1], b[n0:n1], ta, tb, alpha, d, d, d, d, c[n0:n1])
 
@@ -109,23 +133,6 @@ def _split_batches(a, b, ta, tb, alpha, c, parts):
     see ``pdjit.codegen.cpu.threads``)."""
     n = c.shape[0]
     run_chunks(_range_gemm, n, parts, min(n, 4 * parts), a, b, ta, tb, alpha, c)
-
-
-def run_chunks(fn, n, parts, chunks, *args):
-    """``fn(*args, n0, n1)`` over ``chunks`` ranges of ``0..n``, taken in turn by ``parts``
-    threads (this one among them) as each finishes its last: a thread the OS leaves waiting
-    (another process on its core) takes fewer, where a fixed split would wait for its share."""
-    ranges = iter([(k * n // chunks, (k + 1) * n // chunks) for k in range(chunks)])
-
-    def work():
-        for n0, n1 in ranges:  # the iterator is shared: each range goes to one thread
-            fn(*args, n0, n1)
-
-    pool = _pool()
-    futures = [pool.submit(work) for _ in range(parts - 1)]
-    work()
-    for f in futures:
-        f.result()
 
 
 @jit

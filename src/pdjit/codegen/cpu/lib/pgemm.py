@@ -1,0 +1,524 @@
+"""pdjit's own matrix product on a packed right operand: ``c = a @ b`` where ``b`` (``[K, N]``)
+was rearranged into panels of ``NR`` columns (:func:`pack_b`), each panel ``K`` rows of ``NR``
+contiguous values, zero-padded past ``N``.
+
+The micro-kernel (:func:`_micro`, LLVM IR with explicit vectors as in :mod:`.tile`) keeps a
+block of ``MR`` rows by ``NR`` columns of ``c`` in vector registers over the whole sum: each
+step ``k`` loads the panel's ``NR`` values of row ``k`` (``NV`` vectors), prefetches the row
+:data:`PREFETCH_ROWS` ahead and broadcasts ``MR`` values of ``a``; the epilogue (a bias per
+column, a residual of ``c``'s shape, a clamp: :func:`weight_rows`) is applied to the sums and
+the block stored once (masked on the last columns, rows past ``M`` not stored), so ``c`` is
+never zeroed nor read. The driver walks blocks of rows of ``a`` that stay in the L2 cache and,
+for each, every panel. The sums run in order of ``k``, each a fused multiply-add.
+
+Weights (a product's right operand that is a parameter no op of the program writes, see
+``pdjit.codegen.cpu.lowerings.matmul``) are packed once: :func:`packed_weight` keeps the packed
+copy beside the array (by its identity, weakly) and makes it again after a run of a program
+that writes parameters (:mod:`pdjit.codegen.params`); it is never a value of the Scope, so it
+never reaches a fetch or a saved model. A weight changed in place through a NumPy view of the
+Scope's array, outside any program, is not seen: give the Scope a new array
+(``Tensor.set``). Compiled code (a native driver, an ahead-of-time artifact) packs at each call
+and runs the same kernel, bit for bit.
+
+Measured against OpenBLAS 0.3.31 (``np.dot``, one thread, float32, the shapes of a BERT-like
+encoder, medians of thread time, load 10-12): 128x256x256 0.109 / 0.123 ms, 128x256x1024 0.448
+/ 0.504, 128x1024x256 0.447 / 0.515, 2048x256x1024 7.19 / 8.32, 2048x1024x256 7.02 / 7.85.
+"""
+import weakref
+
+import llvmlite.ir as ir
+import numpy as np
+from numba.core import cgutils, types
+from numba.extending import intrinsic, overload
+
+from pdjit.codegen import params
+from pdjit.codegen.cpu import rt, threads
+from pdjit.codegen.cpu.lib._jit import blas_gemm, jit, jobs
+from pdjit.codegen.cpu.lib.conv import _threads as _pool
+from pdjit.codegen.cpu.lib.tile import TILE_BYTES, _masked, _offset, _splat, _vectors
+
+__all__ = ["pack_b", "pack_scaled", "packed_batches", "packed_gemm", "packed_weight",
+           "panel_width", "weight_gemm", "weight_rows", "weight_split_work"]
+
+#: rows of a block of ``c`` (broadcast values of ``a``) and vectors of columns per panel: 24
+#: accumulators of the 32 vector registers of AVX-512
+MR, NV = 6, 4
+#: the fewest multiply-adds a product is split over threads for (where threads are given)
+SPLIT_MIN_WORK = 1 << 22
+#: the fewest rows of a product on the packed GEMM: a block of ``MR`` rows costs the same for
+#: one row as for ``MR`` (a matrix-vector product is BLAS's)
+PACKED_MIN_ROWS = 16
+
+
+def panel_width(dtype) -> int:
+    """``NR``: the columns of a panel, ``NV`` vectors of :data:`TILE_BYTES`."""
+    return NV * (TILE_BYTES // np.dtype(dtype).itemsize)
+
+
+def _micro_kernel(mr: int, nv: int, pf: int = 0):
+    @intrinsic
+    def micro(typingctx, a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0, res, lo,
+              hi):
+        """``c[c0 + r*ldc + q] = clamp(sum_k a[a0 + r*lda + k] * bp[b0 + k*NR + q]
+        + bias[n0 + q] + res[c0 + r*ldc + q], lo, hi)`` for ``r < rows`` (at most ``mr``),
+        ``q < cols`` (at most ``NR``); ``bias``, ``res`` empty: no add; ``clamp`` as
+        :func:`.tile.clamp_run` (``lo``, ``hi`` float64, infinite: none). All arrays flat and
+        C-contiguous; offsets the caller's to keep in bounds."""
+        arrays = (a, bp, c, bias, res)
+        if not all(isinstance(x, types.Array) and x.ndim == 1 for x in arrays) or \
+                len({x.dtype for x in arrays}) != 1 or \
+                a.dtype not in (types.float32, types.float64) or \
+                not all(isinstance(t, types.Float) for t in (lo, hi)):
+            return None
+        sig = types.void(a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0, res, lo, hi)
+
+        def codegen(context, builder, signature, args):
+            at = signature.args
+            ptr = [context.make_array(at[i])(context, builder, args[i]) for i in (0, 5, 7, 11)]
+            aptr, bptr, cptr, biasa = ptr[0].data, ptr[1].data, ptr[2].data, ptr[3]
+            a0v, ldav, rowsv, kkv, b0v, c0v, ldcv, colsv, n0v = (
+                _offset(context, builder, at[i], args[i]) for i in (1, 2, 3, 4, 6, 8, 9, 10, 12))
+            fty, size, lanes, vty, i64, zero, fma = _vectors(context, builder, at[0].dtype)
+            nr = nv * lanes
+
+            def const(v):
+                return ir.Constant(i64, v)
+
+            # rows past ``rows`` read the last row again (never stored)
+            last = builder.sub(rowsv, const(1))
+            arow = []
+            for r in range(mr):
+                rr = builder.select(builder.icmp_signed("<", const(r), rowsv), const(r), last)
+                arow.append(builder.add(a0v, builder.mul(rr, ldav)))
+            acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(nv)]
+                   for _ in range(mr)]
+            i8p = ir.IntType(8).as_pointer()
+            prefetch = cgutils.get_or_insert_function(
+                builder.module, ir.FunctionType(ir.VoidType(), [i8p] + [ir.IntType(32)] * 3),
+                "llvm.prefetch.p0")
+            with cgutils.for_range(builder, kkv) as loop:
+                k = loop.index
+                base = builder.add(b0v, builder.mul(k, const(nr)))
+                for v in range(nv if pf else 0):  # the panel's row pf steps ahead
+                    p = builder.gep(bptr, [builder.add(base, const(pf * nr + v * lanes))])
+                    builder.call(prefetch, [builder.bitcast(p, i8p)] + [
+                        ir.Constant(ir.IntType(32), x) for x in (0, 3, 1)])
+                bv = []
+                for v in range(nv):
+                    p = builder.gep(bptr, [builder.add(base, const(v * lanes))])
+                    bv.append(builder.load(builder.bitcast(p, vty.as_pointer()), align=size))
+                for r in range(mr):
+                    w = builder.load(builder.gep(aptr, [builder.add(arow[r], k)]))
+                    wb = _splat(builder, vty, w)
+                    for v in range(nv):
+                        builder.store(builder.call(fma, [wb, bv[v], builder.load(acc[r][v])]),
+                                      acc[r][v])
+            # the columns' masks, the bias (masked loads: it holds N values)
+            idx = ir.Constant(ir.VectorType(i64, lanes), list(range(lanes)))
+            colvec = _splat(builder, ir.VectorType(i64, lanes), colsv)
+            masks = []
+            for v in range(nv):
+                q = builder.add(idx, _splat(builder, ir.VectorType(i64, lanes), const(v * lanes)))
+                masks.append(builder.icmp_signed("<", q, colvec))
+            mload, mstore = _masked(builder, vty, "load"), _masked(builder, vty, "store")
+            i32 = ir.Constant(ir.IntType(32), size)
+            nbias = cgutils.unpack_tuple(builder, biasa.shape)[0]
+            has_bias = builder.icmp_signed("!=", nbias, const(0))
+            with builder.if_then(has_bias):
+                for v in range(nv):
+                    p = builder.gep(biasa.data, [builder.add(n0v, const(v * lanes))])
+                    b = builder.call(mload, [builder.bitcast(p, vty.as_pointer()), i32,
+                                             masks[v], zero])
+                    for r in range(mr):
+                        builder.store(builder.fadd(builder.load(acc[r][v]), b), acc[r][v])
+            resa = context.make_array(at[13])(context, builder, args[13])
+            has_res = builder.icmp_signed("!=", cgutils.unpack_tuple(builder, resa.shape)[0],
+                                          const(0))
+            lov, hiv = (_splat(builder, vty, context.cast(builder, args[i], at[i],
+                                                          at[0].dtype)) for i in (14, 15))
+            for r in range(mr):
+                with builder.if_then(builder.icmp_signed("<", const(r), rowsv)):
+                    row = builder.add(c0v, builder.mul(ldcv, const(r)))
+                    for v in range(nv):
+                        off = builder.add(row, const(v * lanes))
+                        x = builder.load(acc[r][v])
+                        with builder.if_then(has_res):
+                            p = builder.gep(resa.data, [off])
+                            builder.store(builder.fadd(x, builder.call(
+                                mload, [builder.bitcast(p, vty.as_pointer()), i32, masks[v],
+                                        zero])), acc[r][v])
+                        x = builder.load(acc[r][v])
+                        x = builder.select(builder.fcmp_unordered(">=", x, lov), x, lov)
+                        x = builder.select(builder.fcmp_unordered("<=", x, hiv), x, hiv)
+                        p = builder.gep(cptr, [off])
+                        builder.call(mstore, [x, builder.bitcast(p, vty.as_pointer()), i32,
+                                              masks[v]])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return micro
+
+
+#: the panel's rows ahead of the sum that each step prefetches: weights read from beyond the
+#: L2 cache (a model's are, one product after another); measured on the 36 products of a
+#: BERT-like encoder run back to back (6 layers of d 256, ffn 1024, 128 rows; load 7-9):
+#: 9.9-10.2 ms without, 8.9-9.1 (4 rows), 8.9-9.0 (8), 8.8-9.2 (16); 2048 rows: 133 / 122 /
+#: 120 / 123 ms
+PREFETCH_ROWS = 8
+_micro = _micro_kernel(MR, NV, PREFETCH_ROWS)
+
+
+@intrinsic
+def _panel_row(typingctx, src, s0, step, w, scale, dst, d0):
+    """``dst[d0 + q] = scale * src[s0 + q * step]`` for ``q < w``, ``0`` for ``w <= q < NR``
+    (one row of a panel: ``NV`` vectors stored whole, the values loaded under a mask, gathered
+    where ``step`` is not 1). Offsets the caller's to keep in bounds."""
+    if not all(isinstance(x, types.Array) and x.ndim == 1 for x in (src, dst)) or \
+            src.dtype != dst.dtype or src.dtype not in (types.float32, types.float64):
+        return None
+    sig = types.void(src, s0, step, w, scale, dst, d0)
+
+    def codegen(context, builder, signature, args):
+        at = signature.args
+        et = at[0].dtype
+        sptr = context.make_array(at[0])(context, builder, args[0]).data
+        dptr = context.make_array(at[5])(context, builder, args[5]).data
+        s0v, stepv, wv, d0v = (_offset(context, builder, at[i], args[i]) for i in (1, 2, 3, 6))
+        sc = context.cast(builder, args[4], at[4], et)
+        fty, size, lanes, vty, i64, zero, _ = _vectors(context, builder, et)
+        ivty = ir.VectorType(i64, lanes)
+        idx = ir.Constant(ivty, list(range(lanes)))
+        wvec = _splat(builder, ivty, wv)
+        scv = _splat(builder, vty, sc)
+        mload = _masked(builder, vty, "load")
+        i32 = ir.Constant(ir.IntType(32), size)
+        pty = fty.as_pointer()
+        gty = ir.VectorType(pty, lanes)
+        mty = ir.VectorType(ir.IntType(1), lanes)
+        el = "f32" if size == 4 else "f64"
+        gather = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(vty, [gty, ir.IntType(32), mty, vty]),
+            f"llvm.masked.gather.v{lanes}{el}.v{lanes}p0")
+        unit = builder.icmp_signed("==", stepv, ir.Constant(i64, 1))
+        stepvec = _splat(builder, ivty, stepv)
+        for v in range(NV):
+            q = builder.add(idx, _splat(builder, ivty, ir.Constant(i64, v * lanes)))
+            mask = builder.icmp_signed("<", q, wvec)
+            out = cgutils.alloca_once(builder, vty)
+            with builder.if_else(unit) as (yes, no):
+                with yes:
+                    p = builder.gep(sptr, [builder.add(s0v, ir.Constant(i64, v * lanes))])
+                    builder.store(builder.call(mload, [builder.bitcast(p, vty.as_pointer()),
+                                                       i32, mask, zero]), out)
+                with no:
+                    offs = builder.add(_splat(builder, ivty, s0v), builder.mul(q, stepvec))
+                    addr = builder.add(_splat(builder, ivty, builder.ptrtoint(sptr, i64)),
+                                       builder.mul(offs, _splat(builder, ivty,
+                                                                ir.Constant(i64, size))))
+                    ptrs = builder.inttoptr(addr, gty)
+                    builder.store(builder.call(gather, [ptrs, i32, mask, zero]), out)
+            p = builder.gep(dptr, [builder.add(d0v, ir.Constant(i64, v * lanes))])
+            builder.store(builder.fmul(builder.load(out), scv),
+                          builder.bitcast(p, vty.as_pointer()), align=size)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@jit
+def pack_b(b, out):
+    """``b`` ([K, N], C-contiguous) into panels: ``out[(j * K + k) * NR + q] = b[k, j * NR +
+    q]`` (0 past N); ``out`` holds ``ceil(N / NR) * K * NR`` values."""
+    pack_scaled(b, False, 1.0, out)
+
+
+@jit
+def pack_scaled(b, trans, alpha, out):
+    """:func:`pack_b` of ``alpha * b`` (``alpha * b.T`` where ``trans``) for a C-contiguous
+    2-D ``b``: also an operand packed for one product (attention's keys and values)."""
+    K = b.shape[0] if not trans else b.shape[1]
+    N = b.shape[1] if not trans else b.shape[0]
+    nr = NV * (64 // b.itemsize)
+    npan = (N + nr - 1) // nr
+    if out.shape[0] != npan * K * nr:
+        raise ValueError("pdjit: pack_b: the packed buffer does not fit")
+    bf = b.reshape(b.size)
+    ld = b.shape[1]
+    for j in range(npan):
+        n0 = j * nr
+        w = min(nr, N - n0)
+        for k in range(K):
+            if trans:  # column k of b's rows n0 .. n0 + w
+                _panel_row(bf, n0 * ld + k, ld, w, alpha, out, (j * K + k) * nr)
+            else:
+                _panel_row(bf, k * ld + n0, 1, w, alpha, out, (j * K + k) * nr)
+
+
+@jit
+def packed_batches(a, b, tb, alpha, c, i0, i1):
+    """``c[i] = a[i] @ (alpha * op(b[i]))`` for ``i0 <= i < i1`` (3-D C-contiguous operands,
+    ``op`` transposes where ``tb``): each ``b[i]`` packed (:func:`pack_scaled`) into one
+    buffer, then :func:`packed_gemm`. ``alpha`` scales the packed values: a product rounded
+    once more than ``alpha * (a @ b)`` where ``alpha`` is not a power of two."""
+    K = a.shape[2]
+    N = b.shape[1] if tb else b.shape[2]
+    nr = NV * (64 // a.itemsize)
+    bp = np.empty(((N + nr - 1) // nr) * K * nr, a.dtype)
+    bias = np.empty(0, a.dtype)
+    for i in range(i0, i1):
+        pack_scaled(b[i], tb, alpha, bp)
+        packed_gemm(a[i], bp, N, bias, c[i])
+
+
+@jit
+def packed_gemm(a, bp, n, bias, c):
+    """``c = a @ b + bias`` for ``a`` [M, K] and ``b`` [K, n] packed into ``bp``
+    (:func:`pack_b`); ``bias`` [n] or empty; ``c`` [M, n]: all C-contiguous."""
+    _packed_rows(a, bp, n, bias, c, 0, a.shape[0], bias[:0], -np.inf, np.inf)
+
+
+@jit
+def _packed_rows(a, bp, n, bias, c, r0, r1, res, lo, hi):
+    """Rows ``r0 .. r1`` of ``c = minimum(maximum(a @ b + bias + res, lo), hi)`` (``b``
+    packed into ``bp``; ``bias`` [n] or empty, ``res`` c's shape flat, or empty): a part of
+    :func:`packed_gemm` for one thread, or with the epilogue of :func:`weight_rows`."""
+    M, K = a.shape
+    nr = NV * (64 // a.itemsize)
+    npan = (n + nr - 1) // nr
+    if bp.shape[0] != npan * K * nr or c.shape[0] != M or c.shape[1] != n or \
+            (bias.shape[0] != 0 and bias.shape[0] != n) or r0 < 0 or r1 > M or \
+            (res.shape[0] != 0 and res.shape[0] != M * n):
+        raise ValueError("pdjit: packed_gemm: the operands do not fit")
+    af = a.reshape(a.size)
+    cf = c.reshape(c.size)
+    # a block of rows of a kept in L2 (256 KiB) while every panel passes over it
+    mc = max(MR, (262144 // max(1, K * a.itemsize)) // MR * MR)
+    for i0 in range(r0, r1, mc):
+        i1 = min(r1, i0 + mc)
+        for j in range(npan):
+            n0 = j * nr
+            cols = min(nr, n - n0)
+            for i in range(i0, i1, MR):
+                _micro(af, i * K, K, min(MR, i1 - i), K, bp, j * K * nr, cf, i * n + n0, n,
+                       cols, bias, n0, res, lo, hi)
+
+
+def run_chunks(fn, n, parts, chunks, *args):
+    """``fn(*args, n0, n1)`` over ``chunks`` ranges of ``0..n``, taken in turn by ``parts``
+    threads (this one among them) as each finishes its last: a thread the OS leaves waiting
+    (another process on its core) takes fewer, where a fixed split would wait for its share."""
+    ranges = iter([(k * n // chunks, (k + 1) * n // chunks) for k in range(chunks)])
+
+    def work():
+        for n0, n1 in ranges:  # the iterator is shared: each range goes to one thread
+            fn(*args, n0, n1)
+
+    pool = _pool()
+    futures = [pool.submit(work) for _ in range(parts - 1)]
+    work()
+    for f in futures:
+        f.result()
+
+
+# ---- weights packed once -------------------------------------------------------------------
+#: id of a weight array -> (a weak reference to it, transposed, the epoch it was packed in,
+#: the packed values)
+_PACKED: dict = {}
+_EMPTY = {}
+_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _forget(key):
+    def gone(_ref, key=key):
+        entry = _PACKED.get(key)
+        if entry is not None and entry[0]() is None:
+            del _PACKED[key]
+    return gone
+
+
+def packed_weight(w, trans: bool = False):
+    """``w`` ([K, N]; ``w.T`` where ``trans``) packed into panels (:func:`pack_b`), made when
+    first asked for and kept beside the array (by its identity, weakly: it goes with the
+    array) until a program that writes parameters runs (:mod:`pdjit.codegen.params`)."""
+    key = (id(w), trans)
+    entry = _PACKED.get(key)
+    if entry is not None and entry[0]() is w and entry[1] == params.epoch[0]:
+        return entry[2]
+    b = np.ascontiguousarray(w)
+    K, N = b.shape[::-1] if trans else b.shape
+    nr = panel_width(b.dtype)
+    bp = np.empty(((N + nr - 1) // nr) * K * nr, b.dtype)
+    pack_scaled(b, trans, 1.0, bp)
+    _PACKED[key] = (weakref.ref(w, _forget(key)), params.epoch[0], bp)
+    return bp
+
+
+@overload(packed_weight)
+def _packed_weight_native(w, trans=False):
+    """In compiled code: ``w`` packed at each call."""
+    def impl(w, trans=False):
+        k = w.shape[1] if trans else w.shape[0]
+        n = w.shape[0] if trans else w.shape[1]
+        nr = NV * (64 // w.itemsize)
+        bp = np.empty(((n + nr - 1) // nr) * k * nr, w.dtype)
+        pack_scaled(w, trans, 1.0, bp)
+        return bp
+    return impl
+
+
+@jit
+def _weight_rows(x, w, trans, bp, n0, n1, out, r, bias, res, lo, hi):
+    """Rows ``n0 * r .. n1 * r`` (samples ``n0 .. n1`` of ``r`` rows each) of
+    ``out = minimum(maximum(x @ w + bias + res, lo), hi)`` (``w.T`` where ``trans``), ``w``
+    packed into ``bp`` (:func:`packed_weight`), ``bias`` [out's columns] or empty, ``res``
+    out's shape flat or empty: a product by a weight with its epilogue, by blocks of samples
+    (``Opaque.blocked``). Fewer than ``PACKED_MIN_ROWS`` rows: one BLAS call, then the
+    epilogue."""
+    _weight_row_range(x, w, trans, bp, n0 * r, n1 * r, out, bias, res, lo, hi)
+
+
+@jit
+def _weight_row_range(x, w, trans, bp, lo_, hi_, out, bias, res, lo, hi):
+    """Rows ``lo_ .. hi_`` of :func:`weight_rows`."""
+    n = out.shape[1]
+    if x.shape[0] != out.shape[0] or x.shape[1] != (w.shape[1] if trans else w.shape[0]) or \
+            n != (w.shape[0] if trans else w.shape[1]) or lo_ < 0 or hi_ > x.shape[0]:
+        raise ValueError("pdjit: matrix product operands do not fit each other")
+    if hi_ - lo_ >= PACKED_MIN_ROWS:
+        _packed_rows(x, bp, n, bias, out, lo_, hi_, res, lo, hi)
+        return
+    if hi_ <= lo_:
+        return
+    if trans:
+        blas_gemm(x[lo_:hi_], w.T, out[lo_:hi_])
+    else:
+        blas_gemm(x[lo_:hi_], w, out[lo_:hi_])
+    t = out.dtype.type
+    tlo, thi = t(lo), t(hi)
+    for i in range(lo_, hi_):
+        for j in range(n):
+            v = out[i, j]
+            if bias.shape[0] != 0:
+                v = v + bias[j]
+            if res.shape[0] != 0:
+                v = v + res[i * n + j]
+            v = v if v >= tlo or v != v else tlo
+            out[i, j] = v if v <= thi or v != v else thi
+
+
+def weight_rows(x, w, trans, bp, n0, n1, out, r, bias, res, lo, hi):
+    """:func:`_weight_rows` (see there); a call over every row of one sample (a host driver's
+    whole batch of one, which ``split_work`` cannot split by samples) of ``SPLIT_MIN_WORK``
+    multiply-adds or more is split by blocks of rows over the loop threads where
+    ``threads.gemm_threads`` gives it more than one."""
+    rows = (n1 - n0) * r
+    work = rows * x.shape[1] * out.shape[1]
+    if n1 - n0 == 1 and rows == x.shape[0] and rows >= max(2 * MR, PACKED_MIN_ROWS) and \
+            work >= SPLIT_MIN_WORK:
+        nt = threads.gemm_threads(work)
+        if nt > 1:
+            blocks = -(-rows // MR)
+            parts = min(nt, blocks)
+            run_chunks(_row_blocks, blocks, parts, min(blocks, 4 * parts), x, w, trans, bp,
+                       out, bias, res, lo, hi)
+            return
+    _weight_rows(x, w, trans, bp, n0, n1, out, r, bias, res, lo, hi)
+
+
+def _row_blocks(x, w, trans, bp, out, bias, res, lo, hi, b0, b1):
+    """Blocks ``b0 .. b1`` of ``MR`` rows of :func:`weight_rows` (one thread's part: on the
+    packed kernel whatever its rows, the same bits as one thread's call)."""
+    _packed_rows(x, bp, out.shape[1], bias, out, b0 * MR, min(x.shape[0], b1 * MR), res, lo,
+                 hi)
+
+
+@overload(weight_rows)
+def _weight_rows_native(x, w, trans, bp, n0, n1, out, r, bias, res, lo, hi):
+    def impl(x, w, trans, bp, n0, n1, out, r, bias, res, lo, hi):
+        _weight_rows(x, w, trans, bp, n0, n1, out, r, bias, res, lo, hi)
+    return impl
+
+
+def weight_split_work(x, w) -> int:
+    """The work (multiply-adds) by which a host driver splits :func:`weight_rows` over the
+    loop threads: the product's own when ``threads.gemm_threads`` gives it more than one
+    thread and it has ``SPLIT_MIN_WORK`` multiply-adds, else 0 (one thread)."""
+    work = x.shape[0] * x.shape[1] * w.size // max(1, x.shape[1])
+    return work if work >= SPLIT_MIN_WORK and threads.gemm_threads(work) > 1 else 0
+
+
+def weight_gemm(a, w, trans=False):
+    """``a @ w`` (``a @ w.T`` where ``trans``) for a weight ``w`` (a 2-D parameter no op of the
+    program writes) and a C-contiguous matrix ``a`` of ``PACKED_MIN_ROWS`` rows or more: on
+    ``w`` packed once
+    (:func:`packed_weight`), its rows split over the loop threads where
+    ``threads.gemm_threads`` gives it more than one and it has ``SPLIT_MIN_WORK``
+    multiply-adds; other operands as :func:`pdjit.codegen.cpu.rt.gemm` computes them."""
+    wt = w.T if trans else w
+    if a.dtype != w.dtype or a.dtype not in _FLOATS or a.ndim != 2 or w.ndim != 2 or \
+            not a.flags.c_contiguous or a.shape[1] != wt.shape[0] or \
+            type(w) is not np.ndarray or a.shape[0] < PACKED_MIN_ROWS:
+        return rt.gemm(a, wt)
+    m, n = a.shape[0], wt.shape[1]
+    work = m * a.shape[1] * n
+    nt = threads.gemm_threads(work)
+    c = np.empty((m, n), a.dtype)
+    bias = _EMPTY.get(a.dtype)
+    if bias is None:
+        bias = _EMPTY[a.dtype] = np.empty(0, a.dtype)
+    bp = packed_weight(w, trans)
+    if nt > 1 and work >= SPLIT_MIN_WORK and m >= 2 * MR:
+        parts = min(nt, m // MR)
+        blocks = -(-m // MR)
+        chunks = min(blocks, 4 * parts)
+        run_chunks(_rows_of, blocks, parts, chunks, a, bp, n, bias, c)
+    else:
+        packed_gemm(a, bp, n, bias, c)
+    return c
+
+
+def _rows_of(a, bp, n, bias, c, b0, b1):
+    """Blocks ``b0 .. b1`` of ``MR`` rows of a product (one thread's part)."""
+    _packed_rows(a, bp, n, bias, c, b0 * MR, min(a.shape[0], b1 * MR), bias[:0], -np.inf,
+                 np.inf)
+
+
+@overload(weight_gemm)
+def _weight_gemm_native(a, w, trans=False):
+    """In compiled code (a native driver, an ahead-of-time artifact): the same products as
+    the host's, ``w`` packed at each call (as BLAS packs its operands at each call)."""
+    floats = (types.float32, types.float64)
+    if isinstance(a, types.Array) and isinstance(w, types.Array) and a.layout == "C" and \
+            w.layout == "C" and a.dtype == w.dtype and a.dtype in floats and \
+            a.ndim == 2 and w.ndim == 2:
+        def impl(a, w, trans=False):
+            m, k = a.shape
+            n = w.shape[0] if trans else w.shape[1]
+            if m < PACKED_MIN_ROWS or k != (w.shape[1] if trans else w.shape[0]):
+                return np.dot(a, w.T) if trans else np.dot(a, w)
+            nr = NV * (64 // a.itemsize)
+            bp = np.empty(((n + nr - 1) // nr) * k * nr, a.dtype)
+            pack_scaled(w, trans, 1.0, bp)
+            c = np.empty((m, n), a.dtype)
+            packed_gemm(a, bp, n, np.empty(0, a.dtype), c)
+            return c
+        return impl
+
+    def blas(a, w, trans=False):
+        return np.dot(a, w.T) if trans else np.dot(a, w)
+    return blas
+
+
+# ---- what a new plan's compile worker compiles ahead (pdjit.codegen.cpu.lib._jit.JOBS) ------
+def _pack_job(T):
+    return (pack_scaled, ((T, 2), bool, float, (T, 1)))
+
+
+jobs("packed_weight")(lambda T: [_pack_job(T)])
+jobs("weight_gemm")(lambda T: [_pack_job(T),
+                               (packed_gemm, ((T, 2), (T, 1), int, (T, 1), (T, 2)))])
+jobs("weight_rows")(lambda T: [_pack_job(T), (_weight_rows, (
+    (T, 2), (T, 2), bool, (T, 1), int, int, (T, 2), int, (T, 1), (T, 1), float, float))])
+jobs("batched_gemm")(lambda T: [(packed_batches, ((T, 3), (T, 3), bool, float, (T, 3), int,
+                                                  int))])

@@ -1,0 +1,288 @@
+"""pdjit's packed GEMM (``pdjit.codegen.cpu.lib.pgemm``): the micro-kernel and its driver
+against NumPy in float64 over sizes that are not multiples of the tile (rows of ``MR``,
+columns of a panel), with and without a bias; products by weights on the weights packed once
+(``_nn.weight_gemm``): results against NumPy written here, a weight changed in the Scope
+(a new array, or in place by a training program) seen by the next run, the packed copy never
+in a fetched value or a saved model."""
+import os
+
+import numpy as np
+import pytest
+
+import pdjit as fluid
+from pdjit.codegen.cpu import threads
+from pdjit.codegen.cpu.lib import pgemm
+from pdjit.testing import assert_native
+
+RNG = np.random.default_rng(37)
+
+
+def _pack(b):
+    nr = pgemm.panel_width(b.dtype)
+    bp = np.full(((b.shape[1] + nr - 1) // nr) * b.shape[0] * nr, np.nan, b.dtype)
+    pgemm.pack_b(b, bp)
+    return bp
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_packed_gemm_against_numpy(dtype):
+    nr = pgemm.panel_width(dtype)
+    sizes = [(1, 1, 1), (5, 3, 7), (pgemm.MR, 16, nr), (13, 17, nr + 1), (2 * pgemm.MR + 1,
+                                                                          33, 2 * nr + 5)]
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    for m, k, n in sizes:
+        a = RNG.uniform(-1, 1, (m, k)).astype(dtype)
+        b = RNG.uniform(-1, 1, (k, n)).astype(dtype)
+        bias = RNG.uniform(-1, 1, n).astype(dtype)
+        bp = _pack(b)
+        # the panels: b's columns by NR, zero past n
+        npan = (n + nr - 1) // nr
+        pad = np.zeros((k, npan * nr), dtype)
+        pad[:, :n] = b
+        np.testing.assert_array_equal(bp.reshape(npan, k, nr),
+                                      pad.reshape(k, npan, nr).transpose(1, 0, 2))
+        want = a.astype(np.float64) @ b.astype(np.float64)
+        c = np.full((m, n), np.nan, dtype)
+        pgemm.packed_gemm(a, bp, n, np.empty(0, dtype), c)
+        np.testing.assert_allclose(c, want, rtol=tol, atol=tol, err_msg=f"{m}x{k}x{n}")
+        c = np.full((m, n), np.nan, dtype)
+        pgemm.packed_gemm(a, bp, n, bias, c)
+        np.testing.assert_allclose(c, want + bias, rtol=tol, atol=tol, err_msg=f"{m}x{k}x{n}")
+        # a range of rows (one thread's part) leaves the others as they were; the epilogue
+        # of a residual add and a clamp
+        res = RNG.uniform(-1, 1, (m, n)).astype(dtype)
+        c = np.full((m, n), 7.0, dtype)
+        pgemm._packed_rows(a, bp, n, bias, c, m // 2, m, res.ravel(), -0.5, 0.25)
+        np.testing.assert_array_equal(c[:m // 2], 7.0)
+        np.testing.assert_allclose(c[m // 2:], np.clip(want + bias + res, -0.5, 0.25)[m // 2:],
+                                   rtol=tol, atol=tol)
+    with pytest.raises(ValueError, match="do not fit"):
+        pgemm.packed_gemm(a, bp[:-1], n, bias, c)
+
+
+def test_weight_gemm_packs_once_and_splits_over_threads(monkeypatch):
+    a = RNG.uniform(-1, 1, (4 * pgemm.MR + 3, 20)).astype(np.float32)
+    w = RNG.uniform(-1, 1, (20, 70)).astype(np.float32)
+    want = a.astype(np.float64) @ w
+    got = pgemm.weight_gemm(a, w)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    first = pgemm.packed_weight(w)
+    assert pgemm.packed_weight(w) is first                      # kept beside the weight
+    np.testing.assert_allclose(pgemm.weight_gemm(a, w.T.copy(), True), want, rtol=1e-5,
+                               atol=1e-5)
+    # rows split over two loop threads: the same values
+    monkeypatch.setattr(threads, "gemm_threads", lambda work: 2)
+    monkeypatch.setattr(pgemm, "SPLIT_MIN_WORK", 1)
+    np.testing.assert_array_equal(pgemm.weight_gemm(a, w), got)
+    # a program that writes parameters ran: packed again; the copy goes with its array
+    from pdjit.codegen import params
+    params.written()
+    assert pgemm.packed_weight(w) is not first
+    key = (id(w), False)
+    del w
+    assert key not in pgemm._PACKED
+
+
+def _model(main, startup):
+    """fc (rank 3 input) -> fc by a matmul_v2 with a transposed weight."""
+    x = fluid.layers.data("x", [pgemm.PACKED_MIN_ROWS + 1, 9])
+    h = fluid.layers.fc(x, 70, num_flatten_dims=2, param_attr=fluid.ParamAttr(name="pa_w"),
+                        bias_attr=fluid.ParamAttr(name="pa_b"))
+    w = fluid.layers.create_parameter([3, 70], "float32", name="pw")
+    y = fluid.layers.matmul(h, w, transpose_y=True)
+    f = fluid.layers.fc(h, 70, num_flatten_dims=2, param_attr=fluid.ParamAttr(name="pr_w"),
+                        bias_attr=fluid.ParamAttr(name="pr_b"))
+    r = fluid.layers.relu(fluid.layers.elementwise_add(f, h))
+    return x, h, y, r
+
+
+def _want(xv, scope):
+    wa, ba, pw, wr, br = (np.asarray(scope.find_var(n).get_tensor()).astype(np.float64)
+                          for n in ("pa_w", "pa_b", "pw", "pr_w", "pr_b"))
+    h = xv.astype(np.float64) @ wa + ba
+    return h, h @ pw.T, np.maximum(h @ wr + br + h, 0)
+
+
+def test_products_by_weights_on_packed_weights(fresh_programs, tmp_path, monkeypatch):
+    main, startup = fresh_programs
+    x, h, y, r = _model(main, startup)
+    exe = fluid.Executor(fluid.CPUPlace(), strict=True)
+    scope = fluid.global_scope()
+    exe.run(startup)
+    for batch in (1, 3):
+        xv = RNG.normal(size=(batch, pgemm.PACKED_MIN_ROWS + 1, 9)).astype(np.float32)
+        got_h, got_y, got_r = exe.run(main, feed={"x": xv}, fetch_list=[h, y, r])
+        assert_native(exe)
+        want_h, want_y, want_r = _want(xv, scope)
+        np.testing.assert_allclose(got_h, want_h, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got_y, want_y, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got_r, want_r, rtol=1e-5, atol=1e-5)
+    # buffers of dead values reused (memory_optim): the products never write an operand
+    exe_m = fluid.Executor(fluid.CPUPlace(), strict=True, memory_optim=True)
+    got_m = exe_m.run(main, feed={"x": xv}, fetch_list=[y, r])
+    for g, want in zip(got_m, (want_y, want_r)):
+        np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-5)
+    packs = []
+    orig = pgemm.pack_scaled
+    monkeypatch.setattr(pgemm, "pack_scaled", lambda *a: packs.append(a[0].shape) or orig(*a))
+    exe.run(main, feed={"x": xv}, fetch_list=[h, y, r])
+    assert packs == []                        # packed once: the runs after pack nothing
+    monkeypatch.undo()
+    report = exe.explain(main, feed={"x": xv}, fetch_list=[h, y, r])
+    # the bias adds, the residual add and the relu stored by the products' tiles
+    assert report.count("_nn.weight_gemm(") == 1 and report.count("_nn.weight_rows,") == 2, \
+        report
+    assert report.count("taken by the mul") == 2, report
+    # a new plan's compile worker compiles the kernels these calls use (the signatures met)
+    from pdjit.codegen import compiler
+    from pdjit.codegen.cpu import lib as nnlib
+    lines = [ln for _, plan in exe._plans.values() for step in plan.walk()
+             if step.kind.startswith("native") for ln in step.compiled.source.splitlines()]
+    lines += ["_nn.weight_rows()"]   # (its call: the blocked op's function, by split_work)
+    jobs = nnlib.library_jobs(lines, np.float32)
+    assert {fn.py_func.__name__ for fn, _ in jobs} >= {"pack_scaled", "_weight_rows"}
+    for fn, types in jobs:
+        if fn.py_func.__name__ in ("pack_scaled", "_weight_rows"):
+            sig = tuple(compiler._numba_type(t) for t in types)
+            assert sig in fn.overloads, (fn.py_func.__name__, sig, list(fn.overloads))
+    # a weight fetched is the weight as it is, never its packed copy
+    got_w, = exe.run(main, feed={"x": xv}, fetch_list=["pa_w"])
+    assert got_w.shape == (9, 70)
+    np.testing.assert_array_equal(got_w, np.asarray(scope.find_var("pa_w").get_tensor()))
+    # a new weight set in the Scope between runs
+    new = RNG.normal(size=(9, 70)).astype(np.float32)
+    scope.find_var("pa_w").get_tensor().set(new, fluid.CPUPlace())
+    got_h, got_y = exe.run(main, feed={"x": xv}, fetch_list=[h, y])
+    want_h, want_y, _ = _want(xv, scope)
+    np.testing.assert_allclose(got_h, want_h, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got_y, want_y, rtol=1e-5, atol=1e-5)
+    # the weights changed in place by a training program on the same parameters
+    with fluid.program_guard(train := fluid.Program(), tstart := fluid.Program()):
+        tx = fluid.layers.data("x", [pgemm.PACKED_MIN_ROWS + 1, 9])
+        th = fluid.layers.fc(tx, 70, num_flatten_dims=2,
+                             param_attr=fluid.ParamAttr(name="pa_w"),
+                             bias_attr=fluid.ParamAttr(name="pa_b"))
+        tw = fluid.layers.create_parameter([3, 70], "float32", name="pw")
+        loss = fluid.layers.mean(fluid.layers.matmul(th, tw, transpose_y=True))
+        fluid.optimizer.SGD(learning_rate=3.0).minimize(loss)
+    exe.run(tstart)  # (new values, and the learning rate)
+    got_h, got_y = exe.run(main, feed={"x": xv}, fetch_list=[h, y])
+    np.testing.assert_allclose(got_y, _want(xv, scope)[1], rtol=1e-5, atol=1e-5)
+    before = np.asarray(scope.find_var("pw").get_tensor()).copy()
+    from pdjit.codegen import params
+    epoch = params.epoch[0]
+    exe.run(main, feed={"x": xv}, fetch_list=[y])
+    assert params.epoch[0] == epoch           # an inference program changes no parameter
+    exe.run(train, feed={"x": xv}, fetch_list=[loss])
+    assert params.epoch[0] == epoch + 1       # a training step may, in place: packed again
+    assert not np.array_equal(before, np.asarray(scope.find_var("pw").get_tensor()))
+    got_h, got_y = exe.run(main, feed={"x": xv}, fetch_list=[h, y])
+    want_h, want_y, _ = _want(xv, scope)
+    np.testing.assert_allclose(got_h, want_h, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got_y, want_y, rtol=1e-5, atol=1e-5)
+    # a saved model holds the weights as they are
+    fluid.io.save_inference_model(str(tmp_path), ["x"], [y], exe, main_program=main)
+    loaded = fluid.Scope()
+    with fluid.scope_guard(loaded):
+        prog, feeds, fetches = fluid.io.load_inference_model(str(tmp_path), exe)
+        got, = exe.run(prog, feed={"x": xv}, fetch_list=fetches)
+    for n in ("pa_w", "pw"):
+        np.testing.assert_array_equal(np.asarray(loaded.find_var(n).get_tensor()),
+                                      np.asarray(scope.find_var(n).get_tensor()))
+    np.testing.assert_allclose(got, want_y, rtol=1e-5, atol=1e-5)
+    assert os.path.exists(tmp_path / "__model__")
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_batched_products_on_the_packed_gemm(dtype, monkeypatch):
+    """``batched_gemm`` of a batch without broadcasting (attention's QK^T and PV): each right
+    operand packed scaled; transposed or not, rows and columns not multiples of the tile, one
+    thread and split over two."""
+    from pdjit.codegen.cpu.lib import gemm as nngemm
+
+    calls = []
+    orig = nngemm.packed_batches
+    monkeypatch.setattr(nngemm, "packed_batches", lambda *a: calls.append(a[-2:]) or orig(*a))
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    nr = pgemm.panel_width(dtype)
+    for nb, m, k, n, tb, alpha in [(1, 16, 1, 1, False, 1.0), (3, 17, 9, nr + 3, True, 0.37),
+                                   (2, 23, 33, 5, False, 2.0)]:
+        a = RNG.uniform(-1, 1, (nb, m, k)).astype(dtype)
+        b = RNG.uniform(-1, 1, (nb, n, k) if tb else (nb, k, n)).astype(dtype)
+        b64 = b.astype(np.float64).transpose(0, 2, 1) if tb else b.astype(np.float64)
+        want = alpha * np.einsum("bik,bkj->bij", a.astype(np.float64), b64)
+        it = np.array([nb], np.int64)
+        c = np.full((nb, m, n), np.nan, dtype)
+        calls.clear()
+        nngemm.batched_gemm(a, b, False, tb, alpha, it, it, it, it, c)
+        assert calls == [(0, nb)]
+        np.testing.assert_allclose(c, want, rtol=tol, atol=tol)
+        c2 = np.full((nb, m, n), np.nan, dtype)
+        nngemm._range_gemm(a, b, False, tb, alpha, c2, 0, 1)
+        nngemm._range_gemm(a, b, False, tb, alpha, c2, 1, nb)
+        np.testing.assert_array_equal(c2, c)
+    # fewer rows than PACKED_MIN_ROWS, or a transposed a: BLAS
+    a = RNG.uniform(-1, 1, (2, 3, 4)).astype(dtype)
+    b = RNG.uniform(-1, 1, (2, 4, 5)).astype(dtype)
+    it = np.array([2], np.int64)
+    c = np.empty((2, 3, 5), dtype)
+    calls.clear()
+    nngemm.batched_gemm(a, b, False, False, 1.0, it, it, it, it, c)
+    assert calls == []
+    np.testing.assert_allclose(c, a @ b, rtol=tol, atol=tol)
+
+
+def test_weight_gemm_in_compiled_code_equals_the_host():
+    """A native driver's (or an artifact's) product by a weight: packed at the call, the same
+    bits as the host's on the weight packed once; few rows: BLAS in both."""
+    from numba import njit
+
+    @njit
+    def compiled(a, w, trans):
+        return pgemm.weight_gemm(a, w, trans)
+
+    w = RNG.uniform(-1, 1, (33, 70)).astype(np.float32)
+    for m in (3, pgemm.PACKED_MIN_ROWS + 5):
+        a = RNG.uniform(-1, 1, (m, 33)).astype(np.float32)
+        np.testing.assert_array_equal(compiled(a, w, False), pgemm.weight_gemm(a, w, False))
+        wt = w.T.copy()
+        np.testing.assert_array_equal(compiled(a, wt, True), pgemm.weight_gemm(a, wt, True))
+        np.testing.assert_allclose(compiled(a, w, False), a.astype(np.float64) @ w,
+                                   rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_weight_rows_with_its_epilogue(dtype):
+    """``weight_rows``: samples ``n0 .. n1`` of ``r`` rows, bias + residual + clamp; blocks of
+    fewer than ``PACKED_MIN_ROWS`` rows by BLAS then the same epilogue; transposed weights."""
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    r, k, n = 5, 11, 37
+    x = RNG.uniform(-1, 1, (8 * r, k)).astype(dtype)
+    w = RNG.uniform(-1, 1, (k, n)).astype(dtype)
+    bias = RNG.uniform(-1, 1, n).astype(dtype)
+    res = RNG.uniform(-1, 1, (8 * r, n)).astype(dtype)
+    want = np.clip(x.astype(np.float64) @ w + bias + res, -0.75, 0.5)
+    for trans in (False, True):
+        wt = w.T.copy() if trans else w
+        bp = pgemm.packed_weight(wt, trans)
+        for n0, n1 in ((0, 1), (1, 5), (5, 8)):   # 5 rows (BLAS), 20 and 15 rows
+            out = np.full((8 * r, n), 9.0, dtype)
+            pgemm.weight_rows(x, wt, trans, bp, n0, n1, out, r, bias, res.ravel(), -0.75, 0.5)
+            np.testing.assert_allclose(out[n0 * r:n1 * r], want[n0 * r:n1 * r], rtol=tol,
+                                       atol=tol, err_msg=f"{trans} {n0}..{n1}")
+            assert (np.delete(out, np.s_[n0 * r:n1 * r], axis=0) == 9.0).all()
+        out = np.empty((8 * r, n), dtype)
+        empty = np.empty(0, dtype)
+        pgemm.weight_rows(x, wt, trans, bp, 0, 8, out, r, empty, empty, -np.inf, np.inf)
+        np.testing.assert_allclose(out, x.astype(np.float64) @ w, rtol=tol, atol=tol)
+        # one sample of many rows split by blocks of rows over two threads: the same bits
+        one = np.empty((8 * r, n), dtype)
+        pgemm.weight_rows(x, wt, trans, bp, 0, 1, one, 8 * r, bias, res.ravel(), -0.75, 0.5)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(threads, "gemm_threads", lambda work: 2)
+            mp.setattr(pgemm, "SPLIT_MIN_WORK", 1)
+            two = np.empty((8 * r, n), dtype)
+            pgemm.weight_rows(x, wt, trans, bp, 0, 1, two, 8 * r, bias, res.ravel(), -0.75,
+                              0.5)
+        np.testing.assert_array_equal(two, one)
+        np.testing.assert_allclose(one, want, rtol=tol, atol=tol)
