@@ -27,7 +27,6 @@ import weakref
 
 import numpy as np
 
-from pdjit.codegen import params
 from pdjit.framework import registry
 from pdjit.framework.errors import PdjitError, as_pdjit_error
 from pdjit.framework.program import Block, Program, default_main_program
@@ -192,6 +191,8 @@ class Executor:
             if run.unfed:  # a data variable read but not fed: named here, before any op runs
                 run.check_unfed(scope)
             if run.writes_persistables:  # (what was derived from parameters is made again)
+                from pdjit.codegen import params
+
                 params.written()
 
             # feeds checked against their VarDescs (dtype, rank, known dims) before anything runs;

@@ -106,6 +106,14 @@ def _want(xv, scope):
 def test_products_by_weights_on_packed_weights(fresh_programs, tmp_path, monkeypatch):
     main, startup = fresh_programs
     x, h, y, r = _model(main, startup)
+    # the library functions the plan's lowerings name (ctx.lib_fn), as its generator asks
+    # the target for their compile jobs
+    from pdjit.codegen.target import get_target
+    cpu, named = get_target("cpu"), []
+    asked = cpu.library_jobs
+    monkeypatch.setattr(cpu, "library_jobs",
+                        lambda names, dtype: named.extend(names) or asked(names, dtype),
+                        raising=False)
     exe = fluid.Executor(fluid.CPUPlace(), strict=True)
     scope = fluid.global_scope()
     exe.run(startup)
@@ -136,10 +144,8 @@ def test_products_by_weights_on_packed_weights(fresh_programs, tmp_path, monkeyp
     # a new plan's compile worker compiles the kernels these calls use (the signatures met)
     from pdjit.codegen import compiler
     from pdjit.codegen.cpu import lib as nnlib
-    lines = [ln for _, plan in exe._plans.values() for step in plan.walk()
-             if step.kind.startswith("native") for ln in step.compiled.source.splitlines()]
-    lines += ["_nn.weight_rows()"]   # (its call: the blocked op's function, by split_work)
-    jobs = nnlib.library_jobs(lines, np.float32)
+    assert {"weight_gemm", "weight_rows", "packed_weight"} <= set(named), named
+    jobs = nnlib.library_jobs(named, np.float32)
     assert {fn.py_func.__name__ for fn, _ in jobs} >= {"pack_scaled", "_weight_rows"}
     for fn, types in jobs:
         if fn.py_func.__name__ in ("pack_scaled", "_weight_rows"):

@@ -109,9 +109,10 @@ def _weight_blocked(ctx, xn: int, trans: bool):
     lx, x2 = _as_matrix(ctx, X, rx, xn)
     o2, bp = ctx.tmp("o"), ctx.tmp("bp")
     lines += lx + [f"{o2} = {out}.reshape(({x2}.shape[0], {n}))",
-                   f"{bp} = _nn.packed_weight({Y}, {trans})"]
-    return (lines, "_nn.weight_rows", [x2, Y, str(trans), bp],
-            [o2, ctx.prod(X, 1, xn), bias, res, lo, hi], f"_nn.weight_split_work({x2}, {Y})")
+                   f"{bp} = {ctx.lib_fn('packed_weight')}({Y}, {trans})"]
+    return (lines, ctx.lib_fn("weight_rows"), [x2, Y, str(trans), bp],
+            [o2, ctx.prod(X, 1, xn), bias, res, lo, hi],
+            f"{ctx.lib_fn('weight_split_work')}({x2}, {Y})")
 
 
 def _mul_blocked(ctx):
@@ -166,7 +167,7 @@ def _weight_lines(ctx, xn: int, trans: bool):
     rx = ctx.rank("X")
     lines, x2 = _as_matrix(ctx, X, rx, xn)
     dims = [f"{X}.shape[{i}]" for i in range(xn)] + [f"{Y}.shape[{0 if trans else 1}]"]
-    out = f"_nn.weight_gemm({x2}, {Y}, {trans})"
+    out = f"{ctx.lib_fn('weight_gemm')}({x2}, {Y}, {trans})"
     if len(dims) != 2:
         out += f".reshape({ctx.tuple_src(dims)})"
     return lines + [f"{ctx.out('Out')} = {out}"]
