@@ -147,7 +147,8 @@ class LowerContext:
     def channel_epilogue(self, T: str, lines: list, residual: bool = False) -> list:
         """Source of ``[bias, lo, hi]`` (``residual``: ``[bias, lo, hi, res]``) for an
         ``Opaque.blocked`` lowering whose function stores its output ``out`` of channels ``c``
-        (axis 1) as ``minimum(maximum(out + bias[c] + res, lo), hi)`` (``bias``, ``res`` empty:
+        (the axis its lowering declares: ``Opaque.channel_axis``) as
+        ``minimum(maximum(out + bias[c] + res, lo), hi)`` (``bias``, ``res`` empty:
         no add; ``res`` a value of ``out``'s shape, flat; ``lo``, ``hi``: floats). Where the
         elementwise ops after the op start with such a per-channel add, a residual add (where
         the function takes one) and clamp (declared: ``ChannelAffine``, ``ADDITION``,
@@ -814,12 +815,12 @@ class SegmentGen:
                 not any(outs[0] in n.op.input_arg_names for n in nxt.nodes):
             return None
         ctx = LowerContext(self, node)
-        ctx.offer = self._channel_epilogue(outs[0], nxt, gi + 1,
-                                           getattr(low.blocked, "channel_axis", 1)) \
+        ctx.offer = self._channel_epilogue(outs[0], nxt, gi + 1, low.channel_axis) \
             if gi >= 0 else None
         spec = low.blocked(ctx)
         if spec is None:
             return None
+        self.calls_blas |= low.blas
         lines, fn, before, after, work = spec
         for line in lines:
             self.emit(line)

@@ -1,17 +1,49 @@
-"""The epoch of parameter values: a counter that every run of a program which writes
-persistable variables (a training step, an optimizer's update, a startup program) advances
-before it starts.
+"""Values derived from parameters and kept beside them (the CPU's packed weights,
+``pdjit.codegen.cpu.lib.pgemm``), and when they are made again.
 
-What a target derives from a parameter once and keeps beside it (the CPU's packed weights,
-``pdjit.codegen.cpu.lib.pgemm``) records the epoch it was made in and is made again when the
-epoch moved on: a parameter changed in place by a program is never read through a stale copy.
-A parameter given a new array (``Tensor.set``, loading a model) is another array, which such a
-copy (kept by the array's identity) never stands for."""
+A derived value is kept by the identity of the array it was made from, weakly (it goes with
+the array): a parameter given a new array (``Tensor.set``, loading a model) is another array,
+which it never stands for. A run that may change an array in place says so with
+:func:`written`: the executor does, before and after each run, for the persistable variables
+that the program's ops write and those the run feeds (a fed array may be the user's buffer,
+refilled between runs). A parameter changed in place through a NumPy view of the Scope's array,
+outside any run, is not seen: give the Scope a new array instead (``Tensor.set``)."""
+from __future__ import annotations
 
-#: the current epoch (a list: one shared, mutable cell)
-epoch = [0]
+import weakref
+
+#: (id of an array, key) -> (a weak reference to the array, the value derived from it)
+_DERIVED: dict = {}
 
 
-def written() -> None:
-    """A run that may change parameters in place is about to start."""
-    epoch[0] += 1
+def _gone(k):
+    def drop(ref, k=k):
+        entry = _DERIVED.get(k)
+        if entry is not None and entry[0] is ref:
+            _DERIVED.pop(k, None)
+    return drop
+
+
+def derived(array, key, make):
+    """The value ``make()`` derived from ``array`` under ``key``: made at the first ask and
+    kept until ``array`` goes or is :func:`written`."""
+    k = (id(array), key)
+    entry = _DERIVED.get(k)
+    if entry is not None and entry[0]() is array:
+        return entry[1]
+    value = make()
+    _DERIVED[k] = (weakref.ref(array, _gone(k)), value)
+    return value
+
+
+def any_derived() -> bool:
+    """Whether a value derived from an array is kept (else :func:`written` has nothing to do)."""
+    return bool(_DERIVED)
+
+
+def written(arrays) -> None:
+    """``arrays`` may change in place: what was derived from them is made again when next
+    asked for."""
+    ids = {id(a) for a in arrays if a is not None}
+    for k in [k for k in list(_DERIVED) if k[0] in ids]:
+        _DERIVED.pop(k, None)

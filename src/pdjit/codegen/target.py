@@ -55,13 +55,14 @@ class Lowerings:
         self._loaded = False
 
     def lowering(self, *op_types: str, host: bool = False, flat: bool = False,
-                 blocked=None, blas: bool = False):
+                 blocked=None, blas: bool = False, channel_axis: int = 1):
         """Decorator: ``fn(ctx) -> [source lines] | None`` lowers ``op_types`` on this target
-        (``host``, ``flat``, ``blocked``, ``blas``: as ``Opaque`` declares them)."""
+        (``host``, ``flat``, ``blocked``, ``blas``, ``channel_axis``: as ``Opaque`` declares
+        them)."""
         def register(fn):
             for op_type in op_types:
                 self._add(op_type, Opaque(fn, host=host, flat=flat, blocked=blocked,
-                                          blas=blas))
+                                          blas=blas, channel_axis=channel_axis))
             return fn
         return register
 

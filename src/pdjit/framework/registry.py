@@ -379,6 +379,9 @@ class Opaque:
     samples ``n0..n1``; ``before``
     and ``after`` are source expressions over the driver's locals. ``None``: not by blocks.
 
+    ``channel_axis`` (with ``blocked``): the output's axis along which a bias of the epilogue
+    runs (1: a convolution's channels; -1: a product's columns).
+
     ``blas=True`` (host lowerings): the lines call the host's BLAS (a GEMM, a batched GEMM),
     a fact the code generator records on the driver (``calls_blas``) so that the run sets
     BLAS's threads around it.
@@ -388,6 +391,7 @@ class Opaque:
     flat: bool = False
     blocked: Callable | None = None
     blas: bool = False
+    channel_axis: int = 1
 
 
 # ---- control flow ------------------------------------------------------------------------

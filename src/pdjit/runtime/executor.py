@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import time
 import weakref
 
@@ -159,6 +160,7 @@ class Executor:
             return_numpy: bool = True, use_program_cache: bool = True):
         # every exception leaves as a PdjitError (pdjit.framework.errors.named_errors), with no
         # wrapper call on the hot path: the body runs inside the try
+        written = None
         try:
             program = program if program is not None else default_main_program()
             replicas = False
@@ -190,10 +192,6 @@ class Executor:
                                                 fetch_var_name)
             if run.unfed:  # a data variable read but not fed: named here, before any op runs
                 run.check_unfed(scope)
-            if run.writes_persistables:  # (what was derived from parameters is made again)
-                from pdjit.codegen import params
-
-                params.written()
 
             # feeds checked against their VarDescs (dtype, rank, known dims) before anything runs;
             # in the run's column order (a saved model's feed ops may order them otherwise)
@@ -221,6 +219,14 @@ class Executor:
                     values[name] = value
             else:
                 values.update(zip(run.feed_names, feed_values))
+            if run.param_writes and "pdjit.codegen.params" in sys.modules:
+                # arrays the run may change in place: what was derived from them is made
+                # again, before the run and after it, failed or not (another thread may derive
+                # from them meanwhile)
+                from pdjit.codegen import params
+
+                written = params, scope, values, run.param_writes
+                _forget_derived(written)
             if plan is not None:
                 choice = None
                 if not self._on_device:
@@ -274,6 +280,9 @@ class Executor:
             raise
         except Exception as e:
             raise as_pdjit_error(e, "Executor.run") from e
+        finally:
+            if written is not None:
+                _forget_derived(written)
 
 
     def train_from_dataset(self, program: Program | None = None, dataset=None,
@@ -402,6 +411,19 @@ def _inputs_to_host(op, env: Env, target) -> None:
             env.set(name, target.to_host(v))
         elif isinstance(v, LoDTensor) and target.is_device_array(v._array):
             env.set(name, LoDTensor._wrap(target.to_host(v._array), v._lod))
+
+
+def _forget_derived(written) -> None:
+    """What was derived from the arrays of ``names`` (``written``: the params module, the
+    scope, the run's values, the names) is made again when next asked for."""
+    params, scope, values, names = written
+    if not params.any_derived():
+        return
+    arrays = [values.get(n) for n in names]
+    for n in names:
+        sv = scope.find_var(n)
+        arrays.append(None if sv is None else sv.value)
+    params.written(arrays)
 
 
 def _to_user(value, return_numpy: bool):

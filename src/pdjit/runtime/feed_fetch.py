@@ -44,9 +44,11 @@ class RunProgram:
             v.name for v in gb.vars.values()
             if v.persistable and v.type not in (VarType.FEED_MINIBATCH, VarType.FETCH_LIST))
         self.unfed = unfed_data(self.program, self.feed_names, self.fetch_names)
-        # whether an op writes a persistable variable (a parameter changed in place: what
-        # was derived from parameters is made again, pdjit.codegen.params)
-        self.writes_persistables = _writes_persistables(self.program)
+        # the persistable variables an op writes or the run feeds: their arrays may change
+        # in place (what was derived from them is made again, pdjit.codegen.params)
+        self.param_writes = tuple(sorted(
+            _written_persistables(self.program) |
+            {n for n in self.feed_names if n in self.persistables}))
 
     def check_unfed(self, scope) -> None:
         """Before any op runs: every data variable the program reads is fed, or holds a value
@@ -306,14 +308,14 @@ def merge_place_feeds(feeds, data_parallel: bool) -> dict:
     return merged
 
 
-def _writes_persistables(program) -> bool:
-    """Whether an op of ``program`` writes a persistable variable (not its feed or fetch
-    list)."""
+def _written_persistables(program) -> set:
+    """The persistable variables (not the feed or fetch lists) an op of ``program`` writes."""
+    out = set()
     for block in program.blocks:
         for op in block.ops:
             for n in op.output_arg_names:
                 v = block._find_var_recursive(n)
                 if v is not None and v.persistable and \
                         v.type not in (VarType.FEED_MINIBATCH, VarType.FETCH_LIST):
-                    return True
-    return False
+                    out.add(n)
+    return out

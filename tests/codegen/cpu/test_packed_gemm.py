@@ -74,13 +74,16 @@ def test_weight_gemm_packs_once_and_splits_over_threads(monkeypatch):
     monkeypatch.setattr(threads, "gemm_threads", lambda work: 2)
     monkeypatch.setattr(pgemm, "SPLIT_MIN_WORK", 1)
     np.testing.assert_array_equal(pgemm.weight_gemm(a, w), got)
-    # a program that writes parameters ran: packed again; the copy goes with its array
+    # a run that may write the weight in place: packed again; the copy goes with its array
     from pdjit.codegen import params
-    params.written()
+    params.written([w])
     assert pgemm.packed_weight(w) is not first
-    key = (id(w), False)
+    # a product of fewer rows runs by BLAS: nothing packed for it
+    assert pgemm.packed_weight(w, False, pgemm.PACKED_MIN_ROWS - 1).size == 0
+    key = (id(w), ("packed", False))
+    assert key in params._DERIVED
     del w
-    assert key not in pgemm._PACKED
+    assert key not in params._DERIVED
 
 
 def _model(main, startup):
@@ -176,11 +179,13 @@ def test_products_by_weights_on_packed_weights(fresh_programs, tmp_path, monkeyp
     np.testing.assert_allclose(got_y, _want(xv, scope)[1], rtol=1e-5, atol=1e-5)
     before = np.asarray(scope.find_var("pw").get_tensor()).copy()
     from pdjit.codegen import params
-    epoch = params.epoch[0]
+    kept = dict(params._DERIVED)
     exe.run(main, feed={"x": xv}, fetch_list=[y])
-    assert params.epoch[0] == epoch           # an inference program changes no parameter
+    assert params._DERIVED == kept            # an inference program changes no parameter
     exe.run(train, feed={"x": xv}, fetch_list=[loss])
-    assert params.epoch[0] == epoch + 1       # a training step may, in place: packed again
+    # a training step writes pa_w and pw in place: their packed copies are made again
+    ids = {id(scope.find_var(n).value) for n in ("pw", "pa_w")}
+    assert kept and not any(k[0] in ids for k in params._DERIVED)
     assert not np.array_equal(before, np.asarray(scope.find_var("pw").get_tensor()))
     got_h, got_y = exe.run(main, feed={"x": xv}, fetch_list=[h, y])
     want_h, want_y, _ = _want(xv, scope)
@@ -292,3 +297,27 @@ def test_weight_rows_with_its_epilogue(dtype):
                               0.5)
         np.testing.assert_array_equal(two, one)
         np.testing.assert_allclose(one, want, rtol=tol, atol=tol)
+
+
+def test_a_fed_weight_refilled_between_runs_is_packed_again(fresh_programs):
+    """A persistable fed with the user's buffer, refilled in place before the next run, and
+    a program that writes other persistables (a batch norm's statistics) beside the product:
+    every run gives the product of the values fed, against NumPy."""
+    main, startup = fresh_programs
+    rows = pgemm.PACKED_MIN_ROWS + 1
+    with fluid.program_guard(main, startup):
+        x = fluid.layers.data("x", [rows, 9])
+        h = fluid.layers.fc(x, 30, num_flatten_dims=2, bias_attr=False,
+                            param_attr=fluid.ParamAttr(name="fw"))
+        s = fluid.layers.batch_norm(fluid.layers.data("c", [3, 4, 4]))
+    exe = fluid.Executor(fluid.CPUPlace(), strict=True)
+    exe.run(startup)
+    xv = RNG.normal(size=(1, rows, 9)).astype(np.float32)
+    cv = RNG.normal(size=(2, 3, 4, 4)).astype(np.float32)
+    w = RNG.normal(size=(9, 30)).astype(np.float32)
+    for fill in (None, 0.0, 2.5):
+        if fill is not None:
+            w[...] = RNG.normal(size=w.shape) * fill
+        got, _ = exe.run(main, feed={"x": xv, "c": cv, "fw": w}, fetch_list=[h, s])
+        assert_native(exe)
+        np.testing.assert_allclose(got, xv.astype(np.float64) @ w, rtol=1e-5, atol=1e-5)

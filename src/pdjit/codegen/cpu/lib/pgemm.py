@@ -13,8 +13,8 @@ for each, every panel. The sums run in order of ``k``, each a fused multiply-add
 
 Weights (a product's right operand that is a parameter no op of the program writes, see
 ``pdjit.codegen.cpu.lowerings.matmul``) are packed once: :func:`packed_weight` keeps the packed
-copy beside the array (by its identity, weakly) and makes it again after a run of a program
-that writes parameters (:mod:`pdjit.codegen.params`); it is never a value of the Scope, so it
+copy beside the array (by its identity, weakly) and makes it again after a run that may write
+the array in place (:mod:`pdjit.codegen.params`); it is never a value of the Scope, so it
 never reaches a fetch or a saved model. A weight changed in place through a NumPy view of the
 Scope's array, outside any program, is not seen: give the Scope a new array
 (``Tensor.set``). Compiled code (a native driver, an ahead-of-time artifact) packs at each call
@@ -24,7 +24,6 @@ Measured against OpenBLAS 0.3.31 (``np.dot``, one thread, float32, the shapes of
 encoder, medians of thread time, load 10-12): 128x256x256 0.109 / 0.123 ms, 128x256x1024 0.448
 / 0.504, 128x1024x256 0.447 / 0.515, 2048x256x1024 7.19 / 8.32, 2048x1024x256 7.02 / 7.85.
 """
-import weakref
 
 import llvmlite.ir as ir
 import numpy as np
@@ -322,42 +321,35 @@ def run_chunks(fn, n, parts, chunks, *args):
 
 
 # ---- weights packed once -------------------------------------------------------------------
-#: id of a weight array -> (a weak reference to it, transposed, the epoch it was packed in,
-#: the packed values)
-_PACKED: dict = {}
-_EMPTY = {}
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+_EMPTY: dict = {}  # dtype -> an empty bias
 
 
-def _forget(key):
-    def gone(_ref, key=key):
-        entry = _PACKED.get(key)
-        if entry is not None and entry[0]() is None:
-            del _PACKED[key]
-    return gone
-
-
-def packed_weight(w, trans: bool = False):
-    """``w`` ([K, N]; ``w.T`` where ``trans``) packed into panels (:func:`pack_b`), made when
-    first asked for and kept beside the array (by its identity, weakly: it goes with the
-    array) until a program that writes parameters runs (:mod:`pdjit.codegen.params`)."""
-    key = (id(w), trans)
-    entry = _PACKED.get(key)
-    if entry is not None and entry[0]() is w and entry[1] == params.epoch[0]:
-        return entry[2]
+def _pack(w, trans: bool):
     b = np.ascontiguousarray(w)
     K, N = b.shape[::-1] if trans else b.shape
     nr = panel_width(b.dtype)
     bp = np.empty(((N + nr - 1) // nr) * K * nr, b.dtype)
     pack_scaled(b, trans, 1.0, bp)
-    _PACKED[key] = (weakref.ref(w, _forget(key)), params.epoch[0], bp)
     return bp
 
 
+def packed_weight(w, trans: bool = False, rows: int = PACKED_MIN_ROWS):
+    """``w`` ([K, N]; ``w.T`` where ``trans``) packed into panels (:func:`pack_b`) for a
+    product of ``rows`` rows: made at the first ask and kept beside the array
+    (:func:`pdjit.codegen.params.derived`: until the array goes or a run may write it); an
+    empty array for fewer than ``PACKED_MIN_ROWS`` rows (such products run by BLAS)."""
+    if rows < PACKED_MIN_ROWS:
+        return np.empty(0, w.dtype)
+    return params.derived(w, ("packed", bool(trans)), lambda: _pack(w, trans))
+
+
 @overload(packed_weight)
-def _packed_weight_native(w, trans=False):
-    """In compiled code: ``w`` packed at each call."""
-    def impl(w, trans=False):
+def _packed_weight_native(w, trans=False, rows=PACKED_MIN_ROWS):
+    """In compiled code: ``w`` packed at each call (for ``PACKED_MIN_ROWS`` rows or more)."""
+    def impl(w, trans=False, rows=PACKED_MIN_ROWS):
+        if rows < PACKED_MIN_ROWS:
+            return np.empty(0, w.dtype)
         k = w.shape[1] if trans else w.shape[0]
         n = w.shape[0] if trans else w.shape[1]
         nr = NV * (64 // w.itemsize)

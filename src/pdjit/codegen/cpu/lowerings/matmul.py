@@ -109,7 +109,7 @@ def _weight_blocked(ctx, xn: int, trans: bool):
     lx, x2 = _as_matrix(ctx, X, rx, xn)
     o2, bp = ctx.tmp("o"), ctx.tmp("bp")
     lines += lx + [f"{o2} = {out}.reshape(({x2}.shape[0], {n}))",
-                   f"{bp} = {ctx.lib_fn('packed_weight')}({Y}, {trans})"]
+                   f"{bp} = {ctx.lib_fn('packed_weight')}({Y}, {trans}, {x2}.shape[0])"]
     return (lines, ctx.lib_fn("weight_rows"), [x2, Y, str(trans), bp],
             [o2, ctx.prod(X, 1, xn), bias, res, lo, hi],
             f"{ctx.lib_fn('weight_split_work')}({x2}, {Y})")
@@ -122,8 +122,6 @@ def _mul_blocked(ctx):
         return _weight_blocked(ctx, ctx.attrs["x_num_col_dims"], False)
     return _gemm_blocked(ctx, ctx.attrs["x_num_col_dims"])
 
-
-_mul_blocked.channel_axis = -1  # (a bias of a product is per column of its output)
 
 
 def _matmul_blocked(tx_attr, ty_attr, alpha_attr=None):
@@ -138,7 +136,6 @@ def _matmul_blocked(tx_attr, ty_attr, alpha_attr=None):
         return _gemm_blocked(ctx, ctx.rank("X") - 1, bool(ctx.attrs[tx_attr]),
                              bool(ctx.attrs[ty_attr]),
                              bool(alpha_attr) and ctx.attrs[alpha_attr] != 1.0)
-    blocked.channel_axis = -1
     return blocked
 
 
@@ -150,7 +147,8 @@ def _weight(ctx) -> bool:
     the program writes (an inference program's parameter): its product may run on it packed once
     (``_nn.weight_gemm``, the packed copy made again after any run of a program that writes
     parameters, see ``pdjit.codegen.params``)."""
-    if not _blas_ok(ctx) or ctx.rank("Y") != 2 or ctx.dtype("X") not in _PACKED_DTYPES:
+    if not _blas_ok(ctx) or ctx.rank("Y") != 2 or ctx.dtype("X") not in _PACKED_DTYPES or \
+            ctx.dtype("Y") != ctx.dtype("X"):
         return False
     name = ctx.op.input("Y")[0]
     v = ctx.op.block._find_var_recursive(name)
@@ -193,10 +191,10 @@ def _matmul_weight_lower(tx_attr, ty_attr, alpha_attr=None):
     return lower
 
 
-lowering("mul", host=True, blas=True, blocked=_mul_blocked)(_mul_weight_lower)
+lowering("mul", host=True, blas=True, blocked=_mul_blocked, channel_axis=-1)(_mul_weight_lower)
 lowering("matmul", host=True, blas=True,
-         blocked=_matmul_blocked("transpose_X", "transpose_Y", "alpha"))(
+         blocked=_matmul_blocked("transpose_X", "transpose_Y", "alpha"), channel_axis=-1)(
     _matmul_weight_lower("transpose_X", "transpose_Y", "alpha"))
 lowering("matmul_v2", host=True, blas=True,
-         blocked=_matmul_blocked("trans_x", "trans_y"))(
+         blocked=_matmul_blocked("trans_x", "trans_y"), channel_axis=-1)(
     _matmul_weight_lower("trans_x", "trans_y"))
