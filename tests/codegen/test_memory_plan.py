@@ -120,11 +120,7 @@ def _fc(x, size, act, name):
                 bias_attr=fluid.ParamAttr(name=f"{name}.b"))
 
 
-def test_views_and_fetched_intermediates(fresh_programs, monkeypatch):
-    # (the products as BLAS calls, their bias and activation a kernel of their own: by weights
-    # the products take them into their tiles, tests/codegen/cpu/test_packed_gemm.py)
-    from pdjit.codegen.cpu.lowerings import matmul
-    monkeypatch.setattr(matmul, "_weight", lambda ctx: False)
+def test_views_and_fetched_intermediates(fresh_programs):
     main, startup = fresh_programs
     x = L.data(name="x", shape=[16], dtype="float32")
     h1 = _fc(x, 32, "relu", "f1")

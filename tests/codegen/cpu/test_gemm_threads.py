@@ -87,7 +87,7 @@ def _numpy_blas_spy(monkeypatch):
 def test_a_large_host_gemm_runs_on_every_core_a_small_on_one(default_threads, monkeypatch):
     # (the products as BLAS calls: by weights they run on the weights packed once, their rows
     # split over the loop threads, tests/codegen/cpu/test_packed_gemm.py)
-    monkeypatch.setattr(mm, "_weight", lambda ctx: False)
+    monkeypatch.setattr(mm, "_weight", lambda ctx, xn: False)
     seen = _numpy_blas_spy(monkeypatch)
     main, big, small = _two_fcs()
     rng = np.random.default_rng(0)

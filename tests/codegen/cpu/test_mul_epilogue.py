@@ -18,7 +18,7 @@ RNG = np.random.default_rng(16)
 def blas(monkeypatch):
     """The products by BLAS calls (by weights they run on the weights packed once:
     tests/codegen/cpu/test_packed_gemm.py)."""
-    monkeypatch.setattr(mm, "_weight", lambda ctx: False)
+    monkeypatch.setattr(mm, "_weight", lambda ctx, xn: False)
 
 
 @pytest.fixture

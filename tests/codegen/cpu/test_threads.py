@@ -74,9 +74,6 @@ def test_the_users_numpy_blas_keeps_its_threads(monkeypatch):
             return out
 
     monkeypatch.setattr(threads, "numpy_blas", Spy)
-    # (the product as a BLAS call: by a weight it runs on the weight packed once)
-    from pdjit.codegen.cpu.lowerings import matmul
-    monkeypatch.setattr(matmul, "_weight", lambda ctx: False)
 
     set_, get = _openblas(__import__("os").path.join(_site(np), "numpy.libs"))
     if set_ is None or get is None:

@@ -49,7 +49,7 @@ from pdjit.codegen.diskcache import cached
 # function's library at once, which adds its module to the JIT engine and so has LLVM emit its
 # machine code; but a helper's code only ever runs as the copy of its IR linked into each
 # caller (the caller's machine code holds it), and a helper has no Python entry point to call.
-# Its library is finalized as before (the module passes its callers link) without joining the
+# Its library is finalized (the module passes its callers link) without joining the
 # engine; it joins it, and its code is emitted, at the first request for an address it defines
 # (a C wrapper's) or for its object code (to cache it on disk). Measured on the small CNN's
 # cold first training step (serial, fresh caches, load 12-25): machine code 1.03 -> 0.81 s

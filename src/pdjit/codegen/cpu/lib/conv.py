@@ -471,15 +471,15 @@ def _fwd_blas(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
 
 def _taps_kernel():
     """The taps kernel, one for convolutions with and without an epilogue: where its
-    arguments ask for none it is as fast as a variant compiled without one (measured, one
+    arguments ask for none it is as fast as a kernel compiled without one (measured, one
     thread, float32: 1.608 vs 1.647 ms, 10.35 vs 10.38 ms), and a program that needs both
-    compiles it once (a second variant cost ~1.1 s of CPU cold)."""
+    compiles one kernel (two cost ~1.1 s more of CPU, cold)."""
 
     def taps(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res):
         """``y[n] = conv(x[n], w)`` for the samples ``n0..n1`` by taps (tiles of :mod:`.tile`),
         where :func:`_use_taps` says so, each output then stored through
-        ``minimum(maximum(y + bias[m] + res, lo), hi)`` (see :func:`_bias_clamp`; ``bias`` and
-        ``res``, flat as ``y``, empty and infinite bounds: none).
+        ``minimum(maximum(y + bias[m] + res, lo), hi)`` (as :func:`_bias_clamp` computes it,
+        written out here; ``bias`` and ``res``, flat as ``y``, empty and infinite bounds: none).
 
         ``xs`` holds one plane per input channel ``c``, filter column ``j`` and row phase ``r``
         of the stride: ``hq`` rows (``ho * sh + r - pt`` of the image) of ``ow`` values (columns

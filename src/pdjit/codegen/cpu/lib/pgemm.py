@@ -436,15 +436,14 @@ def weight_split_work(x, w) -> int:
     """The work (multiply-adds) by which a host driver splits :func:`weight_rows` over the
     loop threads: the product's own when ``threads.gemm_threads`` gives it more than one
     thread and it has ``SPLIT_MIN_WORK`` multiply-adds, else 0 (one thread)."""
-    work = x.shape[0] * x.shape[1] * w.size // max(1, x.shape[1])
+    work = x.shape[0] * w.size
     return work if work >= SPLIT_MIN_WORK and threads.gemm_threads(work) > 1 else 0
 
 
 def weight_gemm(a, w, trans=False):
     """``a @ w`` (``a @ w.T`` where ``trans``) for a weight ``w`` (a 2-D parameter no op of the
     program writes) and a C-contiguous matrix ``a`` of ``PACKED_MIN_ROWS`` rows or more: on
-    ``w`` packed once
-    (:func:`packed_weight`), its rows split over the loop threads where
+    ``w`` packed once (:func:`packed_weight`), its rows split over the loop threads where
     ``threads.gemm_threads`` gives it more than one and it has ``SPLIT_MIN_WORK``
     multiply-adds; other operands as :func:`pdjit.codegen.cpu.rt.gemm` computes them."""
     wt = w.T if trans else w

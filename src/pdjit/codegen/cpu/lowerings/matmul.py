@@ -8,12 +8,15 @@ packed GEMM with the weight packed once (``_nn.weight_gemm``; ``pdjit.codegen.cp
 and takes the bias add, residual add and clamp after it into the stores of its tiles
 (``_weight_blocked``: ``_nn.weight_rows``). Measured on a BERT-like encoder (6 post-norm layers
 of d 256, 4 heads, ffn 1024, seq 128; ``benchmarks/bench_models.py --models bert --threads 1``,
-load 2.5-4.4), pdjit / ONNX Runtime went from 1.81x to 1.34x at batch 1 and from 1.32x to 1.03x
-at batch 16."""
+load 2.5-4.4), pdjit / ONNX Runtime is 1.34x at batch 1 and 1.03x at batch 16 with it, 1.81x
+and 1.32x with the products by BLAS."""
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
+from pdjit.codegen.cpu.lib.pgemm import PACKED_MIN_ROWS
 from pdjit.codegen.cpu.lowerings import lowering
 from pdjit.ops.matmul import (
     _as_matrix,
@@ -118,7 +121,7 @@ def _weight_blocked(ctx, xn: int, trans: bool):
 def _mul_blocked(ctx):
     if ctx.attrs["y_num_col_dims"] != 1:
         return None
-    if _weight(ctx):
+    if _weight(ctx, ctx.attrs["x_num_col_dims"]):
         return _weight_blocked(ctx, ctx.attrs["x_num_col_dims"], False)
     return _gemm_blocked(ctx, ctx.attrs["x_num_col_dims"])
 
@@ -131,7 +134,7 @@ def _matmul_blocked(tx_attr, ty_attr, alpha_attr=None):
         if ctx.rank("Y") != 2 or ctx.rank("X") < 2:
             return None
         if not ctx.attrs[tx_attr] and (not alpha_attr or ctx.attrs[alpha_attr] == 1.0) and \
-                _weight(ctx):
+                _weight(ctx, ctx.rank("X") - 1):
             return _weight_blocked(ctx, ctx.rank("X") - 1, bool(ctx.attrs[ty_attr]))
         return _gemm_blocked(ctx, ctx.rank("X") - 1, bool(ctx.attrs[tx_attr]),
                              bool(ctx.attrs[ty_attr]),
@@ -142,13 +145,20 @@ def _matmul_blocked(tx_attr, ty_attr, alpha_attr=None):
 _PACKED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
-def _weight(ctx) -> bool:
-    """Whether Y is a weight: a float32/float64 matrix of X's dtype, persistable, that no op of
-    the program writes (an inference program's parameter): its product may run on it packed once
-    (``_nn.weight_gemm``, the packed copy made again after any run of a program that writes
-    parameters, see ``pdjit.codegen.params``)."""
+def _weight(ctx, xn: int) -> bool:
+    """Whether the product of ``flatten(X, xn)`` by Y runs on Y packed once (``_nn.weight_gemm``,
+    the packed copy made again after a run that may write Y, see ``pdjit.codegen.params``): Y is
+    a weight (a float32/float64 matrix of X's dtype, persistable, that no op of the program
+    writes: an inference program's parameter), and each sample gives the product rows of its
+    own (X's dims 1..xn-1: a sequence's positions, known or not at build time, of
+    ``PACKED_MIN_ROWS`` or more). A product whose rows are the batch alone stays with BLAS: its
+    rows are few at the batch sizes of serving, and the packed kernel costs ~1.5 s of CPU to
+    compile."""
     if not _blas_ok(ctx) or ctx.rank("Y") != 2 or ctx.dtype("X") not in _PACKED_DTYPES or \
-            ctx.dtype("Y") != ctx.dtype("X"):
+            ctx.dtype("Y") != ctx.dtype("X") or xn < 2:
+        return False
+    per_sample = ctx.shape("X")[1:xn]
+    if all(d >= 0 for d in per_sample) and math.prod(per_sample) < PACKED_MIN_ROWS:
         return False
     name = ctx.op.input("Y")[0]
     v = ctx.op.block._find_var_recursive(name)
@@ -173,7 +183,7 @@ def _weight_lines(ctx, xn: int, trans: bool):
 
 def _mul_weight_lower(ctx):
     """``mul`` by a weight on it packed once (``_weight``); any other as the op's GEMM."""
-    if ctx.attrs["y_num_col_dims"] == 1 and _weight(ctx):
+    if ctx.attrs["y_num_col_dims"] == 1 and _weight(ctx, ctx.attrs["x_num_col_dims"]):
         return _weight_lines(ctx, ctx.attrs["x_num_col_dims"], False)
     return _mul_lower(ctx)
 
@@ -185,7 +195,8 @@ def _matmul_weight_lower(tx_attr, ty_attr, alpha_attr=None):
 
     def lower(ctx):
         if ctx.rank("X") >= 2 and not ctx.attrs[tx_attr] and \
-                (not alpha_attr or ctx.attrs[alpha_attr] == 1.0) and _weight(ctx):
+                (not alpha_attr or ctx.attrs[alpha_attr] == 1.0) and \
+                _weight(ctx, ctx.rank("X") - 1):
             return _weight_lines(ctx, ctx.rank("X") - 1, bool(ctx.attrs[ty_attr]))
         return generic(ctx)
     return lower
