@@ -764,6 +764,8 @@ def _bwd_filter_range(x, dy, dwt, n0, n1, sh, sw, pt, pl, dh, dw, groups):
     mg = m_ // groups
     oh_, ow_ = dy.shape[2], dy.shape[3]
     p_, k_ = oh_ * ow_, cg * kh_ * kw_
+    if mg < 4 or k_ < 4:  # (its 4x4 blocks index without bounds checks)
+        raise ValueError("pdjit: the taps filter gradient needs 4 or more rows and taps")
     dwf = dwt.reshape(dwt.size)
     zero_run(dwf, 0, dwf.size)
     hq = oh_ + ((kh_ - 1) * dh) // sh
