@@ -469,196 +469,191 @@ def _fwd_blas(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
                         yf[dst + k] = rf[src + k]
 
 
-def _taps_kernel():
-    """The taps kernel, one for convolutions with and without an epilogue: where its
-    arguments ask for none it is as fast as a kernel compiled without one (measured, one
-    thread, float32: 1.608 vs 1.647 ms, 10.35 vs 10.38 ms), and a program that needs both
-    compiles one kernel (two cost ~1.1 s more of CPU, cold)."""
+# The taps kernel, one for convolutions with and without an epilogue: where its
+# arguments ask for none it is as fast as a kernel compiled without one (measured, one
+# thread, float32: 1.608 vs 1.647 ms, 10.35 vs 10.38 ms), and a program that needs both
+# compiles one kernel (two cost ~1.1 s more of CPU, cold).
+@jit
+def _fwd_taps(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res):
+    """``y[n] = conv(x[n], w)`` for the samples ``n0..n1`` by taps (tiles of :mod:`.tile`),
+    where :func:`_use_taps` says so, each output then stored through
+    ``minimum(maximum(y + bias[m] + res, lo), hi)`` (as :func:`_bias_clamp` computes it,
+    written out here; ``bias`` and ``res``, flat as ``y``, empty and infinite bounds: none).
 
-    def taps(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res):
-        """``y[n] = conv(x[n], w)`` for the samples ``n0..n1`` by taps (tiles of :mod:`.tile`),
-        where :func:`_use_taps` says so, each output then stored through
-        ``minimum(maximum(y + bias[m] + res, lo), hi)`` (as :func:`_bias_clamp` computes it,
-        written out here; ``bias`` and ``res``, flat as ``y``, empty and infinite bounds: none).
-
-        ``xs`` holds one plane per input channel ``c``, filter column ``j`` and row phase ``r``
-        of the stride: ``hq`` rows (``ho * sh + r - pt`` of the image) of ``ow`` values (columns
-        ``o * sw + j * dw - pl``, zero outside the image), so tap ``(c, i, j)`` reads plane
-        ``(c, j, (i * dh) % sh)`` from row ``(i * dh) // sh`` on: ``P`` contiguous values in
-        output order (``kw`` copies of the image where im2col makes ``kh * kw``). Where needed
-        the filter is copied with its rows padded to a multiple of 4 taps (zero weights on a zero
-        plane) and, below 4 output channels per group, to 4 rows (computed aside)."""
-        h_, w_ = x.shape[2], x.shape[3]
-        m_, cg, kh_, kw_ = w.shape
-        c_ = x.shape[1]
-        mg = m_ // groups
-        oh_, ow_ = y.shape[2], y.shape[3]
-        p_, k_ = oh_ * ow_, cg * kh_ * kw_
-        if n1 <= n0 or p_ == 0:
-            return
-        yf = y.reshape(y.size)
-        xf = x.reshape(x.size)
-        mq = mg if mg > 4 else 4
-        # the filter, its rows padded (per group) to mq rows with zeros where there are fewer than 4
-        wf = w.reshape(w.size)
-        wp = wf if mq == mg else np.empty(groups * mq * k_, w.dtype)
-        for gm in range(groups * mq if mq != mg else 0):
-            m = gm % mq
-            if m < mg:
-                copy_run(wf, (gm // mq * mg + m) * k_, wp, gm * k_, k_)
-            else:
-                zero_run(wp, gm * k_, k_)
-        # a 1x1 unpadded stride-1 convolution of whole vectors: the image is its own plane
-        plain = kh_ == 1 and kw_ == 1 and sh == 1 and sw == 1 and pt == 0 and pl == 0 and \
-            oh_ == h_ and ow_ == w_ and p_ % 16 == 0
-        # otherwise the outputs are computed up to a multiple of 16 (reading on into the next
-        # plane, and past the last into a zero tail): a pass over the taps for the last few
-        # outputs cost 30% of a [16, 150] x [150, 100] product
-        span = p_ if plain else (p_ + 15) // 16 * 16
-        hq = oh_ + ((kh_ - 1) * dh) // sh
-        pp = hq * ow_
-        one = kh_ // kh_  # not the literal 1: the im2col the BLAS path compiles serves
-        zero = cg * kw_ * sh * pp  # the zero tail
-        if plain:
-            xs = xf
+    ``xs`` holds one plane per input channel ``c``, filter column ``j`` and row phase ``r``
+    of the stride: ``hq`` rows (``ho * sh + r - pt`` of the image) of ``ow`` values (columns
+    ``o * sw + j * dw - pl``, zero outside the image), so tap ``(c, i, j)`` reads plane
+    ``(c, j, (i * dh) % sh)`` from row ``(i * dh) // sh`` on: ``P`` contiguous values in
+    output order (``kw`` copies of the image where im2col makes ``kh * kw``). Where needed
+    the filter is copied with its rows padded to a multiple of 4 taps (zero weights on a zero
+    plane) and, below 4 output channels per group, to 4 rows (computed aside)."""
+    h_, w_ = x.shape[2], x.shape[3]
+    m_, cg, kh_, kw_ = w.shape
+    c_ = x.shape[1]
+    mg = m_ // groups
+    oh_, ow_ = y.shape[2], y.shape[3]
+    p_, k_ = oh_ * ow_, cg * kh_ * kw_
+    if n1 <= n0 or p_ == 0:
+        return
+    yf = y.reshape(y.size)
+    xf = x.reshape(x.size)
+    mq = mg if mg > 4 else 4
+    # the filter, its rows padded (per group) to mq rows with zeros where there are fewer than 4
+    wf = w.reshape(w.size)
+    wp = wf if mq == mg else np.empty(groups * mq * k_, w.dtype)
+    for gm in range(groups * mq if mq != mg else 0):
+        m = gm % mq
+        if m < mg:
+            copy_run(wf, (gm // mq * mg + m) * k_, wp, gm * k_, k_)
         else:
-            xs = np.empty(zero + span, x.dtype)
-            zero_run(xs, zero, span)
-        tap = np.empty(k_, np.int64)
-        _tap_offsets(tap, k_, zero, kw_, kh_, sh, dh, pp, ow_)
-        # stride 2 (dilation 1) onto half the columns of an even width, in whole vectors (the
-        # first layer of a MobileNet): the planes' rows by vector copies (see below); row2 holds
-        # an image row's even columns, then its odd ones, each between margins of 16 zeros.
-        # MobileNet's 3->16 32x32 layer at batch 64, one thread: 0.253 ms by _im2col, 0.200 this way
-        nrv = ow_ * x.itemsize // TILE_BYTES
-        rows2 = not plain and sh == 2 and sw == 2 and dh == 1 and dw == 1 and kh_ > 1 and \
-            w_ == 2 * ow_ and nrv * TILE_BYTES == ow_ * x.itemsize and 0 <= pl <= 32 and \
-            kw_ <= pl + 32 and pt >= 0
-        row2 = np.empty(2 * ow_ + 64 if rows2 else 0, x.dtype)
-        zero_run(row2, 0, row2.size)
-        # rows 4 KiB apart, fewer than 4 or a span past the outputs: computed aside at a padded
-        # stride, then copied out
-        ds = span
-        near = True
-        # Rows whose starts lie within a cache line of a multiple of 4 KiB apart stall each
-        # other's stores and loads: a [16, 144] x [144, 1024] product ran at 23 GMAC/s with rows
-        # 1024 float32 apart and at 53 with 1152. Rows a few lines off a multiple do not
-        # (ResNet-50's and MobileNet's 56x56 planes, 12544 bytes apart: 4 KiB * 3 + 256;
-        # computed aside, their 1x1 convolutions took 1.4-1.7x as long, the copy out included).
-        while near:  # (inline: a function of its own costs a compile)
-            near = False
-            for j in range(1, 4):
-                d = j * ds * x.itemsize
-                near = near or (d >= 4096 and (d % 4096 < 64 or d % 4096 > 4096 - 64))
-            if near:
-                ds += 16
-        aside = ds != p_ or mg < 4
-        acc = np.empty(mq * ds if aside else 0, x.dtype)
-        df = acc if aside else yf
-        # tiles of rb rows by nv vectors of positions (24 sums in registers; 4 rows by 4
-        # below 6 rows), then by 1 vector for the rest of the span
-        vw = TILE_BYTES // x.itemsize
-        rb = 8 if mq % 8 == 0 else 6 if mq >= 6 else 4
-        nv = 3 if rb == 8 else 4
-        # rows per panel: their weights about _PANEL_BYTES
-        mp = (_PANEL_BYTES // (k_ * x.itemsize)) // rb * rb
-        mp = mp if mp > rb else rb
-        if k_ * span * x.itemsize <= _PLANE_BYTES:  # see _PLANE_BYTES
-            mp = rb
-        # taps per block: a strip's inputs about _STRIP_BYTES (all of them where the last
-        # block of rows overlaps the one before)
-        kc = _STRIP_BYTES // (nv * TILE_BYTES) if mq % rb == 0 else k_
-        # the epilogue: per strip once its rows are stored (rows a block overlapping the one
-        # before stored again get it again); computed aside, as copied out
-        zero_ = x.dtype.type(0)
-        nb = bias.size > 0
-        # (_has_epilogue's test written out: no helper of its own to compile)
-        ep = nb or lo > -np.inf or hi < np.inf or res.size > 0
-        epr = ep and not aside
-        # a 1x1 convolution reading the image in place, stored in place, whose filter is
-        # larger than a sample's image (more output channels than positions): every sample of
-        # the range under each panel of rows in turn (the panel's weights read once from
-        # memory for the batch, not once per sample). A larger image stays in the L2 cache
-        # for all the panels of one sample instead (56x56 64 -> 256 at batch 16, one thread:
-        # 29 ms batched, 21 sample by sample)
-        batched = plain and not aside and mq > p_
-        ns = n1 - n0 if batched else 1
-        for n in range(n0, n1 if not batched else n0 + 1):
-            for g in range(groups):
-                xb = 0
-                if plain:
-                    xb = (n * c_ + g * cg) * p_
-                elif rows2:
-                    # stride 2 onto rows of whole vectors: each image row split by column
-                    # parity once (deint, into a buffer between zero margins), and each plane's
-                    # row a copy of whole vectors from it (columns outside the image read the
-                    # margins): no short strided loops
-                    for r in range(2):
-                        for ho in range(hq):
-                            ih = 2 * ho + r - pt
-                            inside = 0 <= ih < h_
-                            for c in range(cg):
+            zero_run(wp, gm * k_, k_)
+    # a 1x1 unpadded stride-1 convolution of whole vectors: the image is its own plane
+    plain = kh_ == 1 and kw_ == 1 and sh == 1 and sw == 1 and pt == 0 and pl == 0 and \
+        oh_ == h_ and ow_ == w_ and p_ % 16 == 0
+    # otherwise the outputs are computed up to a multiple of 16 (reading on into the next
+    # plane, and past the last into a zero tail): a pass over the taps for the last few
+    # outputs cost 30% of a [16, 150] x [150, 100] product
+    span = p_ if plain else (p_ + 15) // 16 * 16
+    hq = oh_ + ((kh_ - 1) * dh) // sh
+    pp = hq * ow_
+    one = kh_ // kh_  # not the literal 1: the im2col the BLAS path compiles serves
+    zero = cg * kw_ * sh * pp  # the zero tail
+    if plain:
+        xs = xf
+    else:
+        xs = np.empty(zero + span, x.dtype)
+        zero_run(xs, zero, span)
+    tap = np.empty(k_, np.int64)
+    _tap_offsets(tap, k_, zero, kw_, kh_, sh, dh, pp, ow_)
+    # stride 2 (dilation 1) onto half the columns of an even width, in whole vectors (the
+    # first layer of a MobileNet): the planes' rows by vector copies (see below); row2 holds
+    # an image row's even columns, then its odd ones, each between margins of 16 zeros.
+    # MobileNet's 3->16 32x32 layer at batch 64, one thread: 0.253 ms by _im2col, 0.200 this way
+    nrv = ow_ * x.itemsize // TILE_BYTES
+    rows2 = not plain and sh == 2 and sw == 2 and dh == 1 and dw == 1 and kh_ > 1 and \
+        w_ == 2 * ow_ and nrv * TILE_BYTES == ow_ * x.itemsize and 0 <= pl <= 32 and \
+        kw_ <= pl + 32 and pt >= 0
+    row2 = np.empty(2 * ow_ + 64 if rows2 else 0, x.dtype)
+    zero_run(row2, 0, row2.size)
+    # rows 4 KiB apart, fewer than 4 or a span past the outputs: computed aside at a padded
+    # stride, then copied out
+    ds = span
+    near = True
+    # Rows whose starts lie within a cache line of a multiple of 4 KiB apart stall each
+    # other's stores and loads: a [16, 144] x [144, 1024] product ran at 23 GMAC/s with rows
+    # 1024 float32 apart and at 53 with 1152. Rows a few lines off a multiple do not
+    # (ResNet-50's and MobileNet's 56x56 planes, 12544 bytes apart: 4 KiB * 3 + 256;
+    # computed aside, their 1x1 convolutions took 1.4-1.7x as long, the copy out included).
+    while near:  # (inline: a function of its own costs a compile)
+        near = False
+        for j in range(1, 4):
+            d = j * ds * x.itemsize
+            near = near or (d >= 4096 and (d % 4096 < 64 or d % 4096 > 4096 - 64))
+        if near:
+            ds += 16
+    aside = ds != p_ or mg < 4
+    acc = np.empty(mq * ds if aside else 0, x.dtype)
+    df = acc if aside else yf
+    # tiles of rb rows by nv vectors of positions (24 sums in registers; 4 rows by 4
+    # below 6 rows), then by 1 vector for the rest of the span
+    vw = TILE_BYTES // x.itemsize
+    rb = 8 if mq % 8 == 0 else 6 if mq >= 6 else 4
+    nv = 3 if rb == 8 else 4
+    # rows per panel: their weights about _PANEL_BYTES
+    mp = (_PANEL_BYTES // (k_ * x.itemsize)) // rb * rb
+    mp = mp if mp > rb else rb
+    if k_ * span * x.itemsize <= _PLANE_BYTES:  # see _PLANE_BYTES
+        mp = rb
+    # taps per block: a strip's inputs about _STRIP_BYTES (all of them where the last
+    # block of rows overlaps the one before)
+    kc = _STRIP_BYTES // (nv * TILE_BYTES) if mq % rb == 0 else k_
+    # the epilogue: per strip once its rows are stored (rows a block overlapping the one
+    # before stored again get it again); computed aside, as copied out
+    zero_ = x.dtype.type(0)
+    nb = bias.size > 0
+    # (_has_epilogue's test written out: no helper of its own to compile)
+    ep = nb or lo > -np.inf or hi < np.inf or res.size > 0
+    epr = ep and not aside
+    # a 1x1 convolution reading the image in place, stored in place, whose filter is
+    # larger than a sample's image (more output channels than positions): every sample of
+    # the range under each panel of rows in turn (the panel's weights read once from
+    # memory for the batch, not once per sample). A larger image stays in the L2 cache
+    # for all the panels of one sample instead (56x56 64 -> 256 at batch 16, one thread:
+    # 29 ms batched, 21 sample by sample)
+    batched = plain and not aside and mq > p_
+    ns = n1 - n0 if batched else 1
+    for n in range(n0, n1 if not batched else n0 + 1):
+        for g in range(groups):
+            xb = 0
+            if plain:
+                xb = (n * c_ + g * cg) * p_
+            elif rows2:
+                # stride 2 onto rows of whole vectors: each image row split by column
+                # parity once (deint, into a buffer between zero margins), and each plane's
+                # row a copy of whole vectors from it (columns outside the image read the
+                # margins): no short strided loops
+                for r in range(2):
+                    for ho in range(hq):
+                        ih = 2 * ho + r - pt
+                        inside = 0 <= ih < h_
+                        for c in range(cg):
+                            if inside:
+                                deint(xf, ((n * c_ + g * cg + c) * h_ + ih) * w_, row2, 16,
+                                      ow_ + 48, nrv)
+                            for j in range(kw_):
+                                d = ((c * kw_ + j) * 2 + r) * pp + ho * ow_
                                 if inside:
-                                    deint(xf, ((n * c_ + g * cg + c) * h_ + ih) * w_, row2, 16,
-                                          ow_ + 48, nrv)
-                                for j in range(kw_):
-                                    d = ((c * kw_ + j) * 2 + r) * pp + ho * ow_
-                                    if inside:
-                                        e = j - pl
-                                        vcopy(row2, (e % 2) * (ow_ + 32) + 16 + e // 2, xs, d, nrv)
-                                    else:
-                                        for k in range(U(ow_)):
-                                            xs[U(d) + k] = 0
-                else:
-                    for r in range(sh if kh_ > 1 else 1):  # a 1x1 filter reads phase 0 only
-                        _im2col(x[n], g * cg, cg, one, kw_, sh, sw, pt - r, pl, dh, dw, hq, ow_, xs,
-                                sh * pp, r * pp)
-                y0 = (n * m_ + g * mg) * p_
-                d0 = 0 if aside else y0
-                # by panels of rows whose weights stay in the L2 cache (mp rows, a multiple of
-                # rb), each swept strip by strip of nv vectors of positions, each strip's sums
-                # by blocks of kc taps whose inputs stay in the L1 cache while every block of
-                # rb rows of the panel reads them (its sums so far reloaded from df: the same
-                # values as summed in one go), then the strip's epilogue while it is in cache.
-                # In a panel, blocks of rb rows, the last overlapping the ones before when rb
-                # does not divide mg (rows computed twice cost less than a pass of their own;
-                # then the taps are not split, which would add a block's sums twice to them).
-                for ps in range(((mq + mp - 1) // mp) * ns):  # (a panel, then a sample under it)
-                    p0, s = (ps // ns) * mp, ps % ns
-                    p1 = p0 + mp if p0 + mp < mq else mq
-                    r0 = p0 if p1 < mq or p0 < mq - rb else mq - rb  # rows the strips store
-                    xbs, d0s = xb + s * c_ * p_, d0 + s * m_ * p_  # sample n + s (batched)
-                    q0 = 0
-                    while q0 < span:
-                        wide = q0 + nv * vw <= span
-                        width = nv * vw if wide else vw
-                        for k0 in range(0, k_, kc):
-                            k1 = k0 + kc if k0 + kc < k_ else k_
-                            tk = tap[k0:k1]
-                            for m4 in range(p0, p1, rb):
-                                mr = m4 if m4 < mq - rb else mq - rb
-                                _tiles(rb, wide, wp, (g * mq + mr) * k_ + k0, k_, k1 - k0, xs,
-                                       xbs, tk, df, d0s + mr * ds, ds, q0, k0 > 0)
-                        if epr:
-                            for r in range(r0, p1):
-                                at = d0s + r * ds + q0
-                                clamp_run(df, at, width, bias[g * mg + r] if nb else zero_, nb,
-                                          res, at, lo, hi)
-                        q0 += width
-                if aside:
-                    for mr in range(mg):
-                        sa, da = U(mr * ds), U(y0 + mr * p_)
-                        for q in range(U(p_)):
-                            yf[da + q] = acc[sa + q]
-                        if ep:  # (here, not by _bias_clamp: no helper of its own to compile)
-                            clamp_run(yf, da, p_, bias[g * mg + mr] if nb else zero_, nb, res,
-                                      da, lo, hi)
-
-    taps.__name__ = taps.__qualname__ = "_fwd_taps"
-    return jit(taps)
+                                    e = j - pl
+                                    vcopy(row2, (e % 2) * (ow_ + 32) + 16 + e // 2, xs, d, nrv)
+                                else:
+                                    for k in range(U(ow_)):
+                                        xs[U(d) + k] = 0
+            else:
+                for r in range(sh if kh_ > 1 else 1):  # a 1x1 filter reads phase 0 only
+                    _im2col(x[n], g * cg, cg, one, kw_, sh, sw, pt - r, pl, dh, dw, hq, ow_, xs,
+                            sh * pp, r * pp)
+            y0 = (n * m_ + g * mg) * p_
+            d0 = 0 if aside else y0
+            # by panels of rows whose weights stay in the L2 cache (mp rows, a multiple of
+            # rb), each swept strip by strip of nv vectors of positions, each strip's sums
+            # by blocks of kc taps whose inputs stay in the L1 cache while every block of
+            # rb rows of the panel reads them (its sums so far reloaded from df: the same
+            # values as summed in one go), then the strip's epilogue while it is in cache.
+            # In a panel, blocks of rb rows, the last overlapping the ones before when rb
+            # does not divide mg (rows computed twice cost less than a pass of their own;
+            # then the taps are not split, which would add a block's sums twice to them).
+            for ps in range(((mq + mp - 1) // mp) * ns):  # (a panel, then a sample under it)
+                p0, s = (ps // ns) * mp, ps % ns
+                p1 = p0 + mp if p0 + mp < mq else mq
+                r0 = p0 if p1 < mq or p0 < mq - rb else mq - rb  # rows the strips store
+                xbs, d0s = xb + s * c_ * p_, d0 + s * m_ * p_  # sample n + s (batched)
+                q0 = 0
+                while q0 < span:
+                    wide = q0 + nv * vw <= span
+                    width = nv * vw if wide else vw
+                    for k0 in range(0, k_, kc):
+                        k1 = k0 + kc if k0 + kc < k_ else k_
+                        tk = tap[k0:k1]
+                        for m4 in range(p0, p1, rb):
+                            mr = m4 if m4 < mq - rb else mq - rb
+                            _tiles(rb, wide, wp, (g * mq + mr) * k_ + k0, k_, k1 - k0, xs,
+                                   xbs, tk, df, d0s + mr * ds, ds, q0, k0 > 0)
+                    if epr:
+                        for r in range(r0, p1):
+                            at = d0s + r * ds + q0
+                            clamp_run(df, at, width, bias[g * mg + r] if nb else zero_, nb,
+                                      res, at, lo, hi)
+                    q0 += width
+            if aside:
+                for mr in range(mg):
+                    sa, da = U(mr * ds), U(y0 + mr * p_)
+                    for q in range(U(p_)):
+                        yf[da + q] = acc[sa + q]
+                    if ep:  # (here, not by _bias_clamp: no helper of its own to compile)
+                        clamp_run(yf, da, p_, bias[g * mg + mr] if nb else zero_, nb, res,
+                                  da, lo, hi)
 
 
-_fwd_taps = _taps_kernel()
 
 
 #: a reduction kernel's options: sums reassociated (vectorised: each of the 16 sums runs in
