@@ -90,4 +90,8 @@ def settle_pdjit(call) -> int:
     for t in threading.enumerate():
         if t.name == "pdjit-tier-up":
             t.join()
-    return 2 * (tiers.DriverTiers._WARM + tiers.DriverTiers._TIMED) + 5
+    from pdjit.codegen.cpu import threads
+
+    # (a trial of drivers that run in microseconds times more runs: threads.trial_runs)
+    return 2 * (tiers.DriverTiers._WARM
+                + tiers.DriverTiers._TIMED * threads.SHORT_TRIAL_RUNS) + 5

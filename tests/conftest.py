@@ -65,3 +65,13 @@ def pytest_configure(config):
         "filterwarnings",
         "ignore:op '[^']*' runs its NumPy reference in compiled plans. no emit rule"
         ":pdjit.framework.errors.ReferenceStepWarning")
+
+
+@pytest.fixture
+def counted_trials(monkeypatch):
+    """Driver and thread trials of the lengths a test counts (``_WARM + _TIMED`` runs of each
+    candidate): runs of microseconds are otherwise timed ``threads.SHORT_TRIAL_RUNS`` times
+    as often (tested on its own in ``tests/codegen/cpu/test_run_threads.py``)."""
+    from pdjit.codegen.cpu import threads
+
+    monkeypatch.setattr(threads, "SHORT_TRIAL_RUNS", 1)

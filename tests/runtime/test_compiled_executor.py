@@ -11,9 +11,9 @@ from pdjit.testing import assert_native
 
 # op 'test_row_sort' has no native code for some inputs tested here: a compiled
 # plan runs its NumPy reference by design and says so once per process
-pytestmark = pytest.mark.filterwarnings(
+pytestmark = [pytest.mark.filterwarnings(
     r"ignore:op '(test_row_sort)' runs its NumPy reference"
-    ":pdjit.framework.errors.ReferenceStepWarning")
+    ":pdjit.framework.errors.ReferenceStepWarning"), pytest.mark.usefixtures("counted_trials")]
 
 
 def _steps(exe):

@@ -10,6 +10,8 @@ from pdjit.codegen.cpu import tiers as tiers_mod
 from pdjit.codegen.target import get_target
 from pdjit.framework.errors import AllocationLimitError, FeedError
 
+pytestmark = pytest.mark.usefixtures("counted_trials")
+
 
 def _softmax(z):
     e = np.exp(z - z.max(1, keepdims=True))

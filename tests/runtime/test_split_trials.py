@@ -13,6 +13,8 @@ import pdjit as fluid
 from pdjit.codegen.cpu import threads
 from pdjit.codegen.cpu import tiers as tiers_mod
 
+pytestmark = pytest.mark.usefixtures("counted_trials")
+
 BATCH = 32  # >= tiers.SPLIT_MIN_BATCH
 
 

@@ -188,7 +188,8 @@ class Target:
     def run_threads(self):
         """The host's thread control around each run (the host target's): an object with
         ``begin_run(cap)`` (this run's thread cap), ``RunChoice(settled)`` (measures, per plan
-        and batch size, whether a run uses the free cores or one thread) and ``numpy_blas()``
+        and batch size, whether a run uses the free cores or one thread; its ``tiny_key`` and
+        ``tiny_left`` count down runs too short to measure) and ``numpy_blas()``
         (a context in which NumPy's BLAS uses the plan's threads)."""
         host = host_target()
         if host is self:

@@ -171,17 +171,22 @@ class Executor:
                                     f"{type(program).__name__}")
                 replicas = getattr(program, "_is_data_parallel", False)
                 program = as_program()
-            if isinstance(feed, (list, tuple)):  # one dict per place, as loaders with places yield
-                feed = feed_fetch.merge_place_feeds(feed, replicas)
-            elif feed is not None and not isinstance(feed, dict):
-                raise TypeError(f"Executor.run: feed must be a dict of name -> value (or a list "
-                                f"of one such dict per place), got {type(feed).__name__}")
-            if isinstance(fetch_list, (str,)) or (fetch_list is not None
-                                                  and not isinstance(fetch_list, (list, tuple))):
+            if type(feed) is not dict:  # (a plain dict: the common case, checked first)
+                if isinstance(feed, (list, tuple)):  # one dict per place, as loaders yield
+                    feed = feed_fetch.merge_place_feeds(feed, replicas)
+                elif feed is None:
+                    feed = {}
+                elif not isinstance(feed, dict):
+                    raise TypeError(f"Executor.run: feed must be a dict of name -> value (or "
+                                    f"a list of one such dict per place), got "
+                                    f"{type(feed).__name__}")
+            if type(fetch_list) is not list and (
+                    isinstance(fetch_list, str) or (fetch_list is not None
+                                                    and not isinstance(fetch_list, tuple))):
                 fetch_list = [fetch_list]
             scope = scope if scope is not None else global_scope()
-            # a started py_reader/DataLoader's batch
-            feed = generator_loader.pending_feed(program, feed or {})
+            if generator_loader.READERS in program.__dict__:  # a started py_reader's batch
+                feed = generator_loader.pending_feed(program, feed)
             try:
                 feed_names = tuple([k if type(k) is str else k.name for k in feed])
                 fetch_names = tuple([f if type(f) is str else f.name for f in fetch_list or ()])
@@ -232,14 +237,18 @@ class Executor:
                 if not self._on_device:
                     # every free core or the caller's thread alone, as measured for this plan
                     # and batch size (threads.RunChoice)
-                    choice = plan.__dict__.get("threads_choice")
+                    choice = plan.threads_choice
                     if choice is None:
                         choice = plan.threads_choice = self._run_choice(
                             plan.drivers_settled)
-                    lead = feed_values[0] if feed_values else None
-                    batch = lead.shape[0] if getattr(lead, "ndim", 0) else 0
-                    cap = choice.begin(batch)
-                    if cap is choice.KEEP:  # (too short a run for threads to matter)
+                    try:
+                        batch = feed_values[0].shape[0]
+                    except (IndexError, AttributeError, TypeError):  # (none, a scalar, a LoD)
+                        batch = 0
+                    if choice.tiny_left > 0 and batch == choice.tiny_key:
+                        choice.tiny_left -= 1  # (too short a run for threads to matter)
+                        choice = None
+                    elif (cap := choice.begin(batch)) is choice.KEEP:
                         choice = None
                     else:
                         self._begin_run(cap)

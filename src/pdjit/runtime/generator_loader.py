@@ -32,7 +32,7 @@ from pdjit.runtime import feed_fetch
 
 __all__ = ["ReaderError", "GeneratorLoader", "PyReaderLoader", "pending_feed", "attached_readers"]
 
-_ATTR = "_py_readers"          # the program attribute holding its non-iterable readers
+READERS = "_py_readers"          # the program attribute holding its non-iterable readers
 _END = object()                # the producer's last item: the generator is exhausted
 _POLL = 0.05                   # seconds between checks of the stop flag while blocked
 _IDS = itertools.count()
@@ -52,13 +52,13 @@ class _Readers(list):
 
 def attached_readers(program) -> list:
     """The non-iterable readers attached to ``program`` (a list, possibly empty)."""
-    return program.__dict__.get(_ATTR) or []
+    return program.__dict__.get(READERS) or []
 
 
 def _attach(program, reader) -> None:
-    readers = program.__dict__.get(_ATTR)
+    readers = program.__dict__.get(READERS)
     if readers is None:
-        readers = program.__dict__[_ATTR] = _Readers()
+        readers = program.__dict__[READERS] = _Readers()
     readers.append(reader)
 
 
@@ -69,7 +69,7 @@ def pending_feed(program, feed: dict) -> dict:
     ``EOFException``; a reader that is not started, whose variables the run does not feed, is
     a ``ReaderError`` saying to call ``start()``. Variables fed explicitly keep their values.
     """
-    readers = program.__dict__.get(_ATTR)
+    readers = program.__dict__.get(READERS)
     if not readers:
         return feed
     fed = {k if isinstance(k, str) else getattr(k, "name", k) for k in feed}

@@ -42,6 +42,7 @@ class Plan:
         self.sources = sources
         self.compile_seconds = compile_seconds
         self.block_idx = block_idx
+        self.threads_choice = None  # the target's choice of threads per run (the executor's)
 
     def run(self, runner, env, run_index) -> None:
         recorder = profile.active

@@ -140,10 +140,11 @@ class NativeStep:
                         arg_lods = arg_lods or {}
                         arg_lods[name] = a._lod
                     a = a._array
-                if a.ndim != ndim and a.size == 1 and a.ndim + ndim == 1 and a.dtype == dtype:
-                    a = a.reshape((1,) if ndim else ())  # one value, declared [] or [1]
                 if a.dtype != dtype or a.ndim != ndim:
-                    return self._mismatch(runner, env, run_index, name, a, dtype, ndim)
+                    if a.size == 1 and a.ndim + ndim == 1 and a.dtype == dtype:
+                        a = a.reshape((1,) if ndim else ())  # one value, declared [] or [1]
+                    else:
+                        return self._mismatch(runner, env, run_index, name, a, dtype, ndim)
                 if i in self._params:
                     fresh_param = True
                 if not a.flags.c_contiguous or not a.flags.writeable:

@@ -72,10 +72,12 @@ def test_a_global_average_pool_predicts_its_own_kernels(fresh_programs, monkeypa
     gradient, so the compile jobs name those and not the windows kernels (which a ResNet
     would compile for nothing); the predictions are the signatures the calls use."""
     main, startup = fresh_programs
-    x = fluid.layers.data("x", [3, 4, 4])
+    # (planes of 8x8: the convolution's filter gradient goes by taps, the kernel its job
+    # predicts; smaller planes take the im2col + BLAS one)
+    x = fluid.layers.data("x", [3, 8, 8])
     h = fluid.layers.conv2d(x, 4, 3, padding=1, bias_attr=False)
     h = fluid.layers.pool2d(h, pool_type="avg", global_pooling=True)
-    lines = _trained_lines(main, startup, fluid.layers.mean(h), (2, 3, 4, 4), monkeypatch)
+    lines = _trained_lines(main, startup, fluid.layers.mean(h), (2, 3, 8, 8), monkeypatch)
     jobs = nnlib.library_jobs(lines, np.float32)
     names = {fn.py_func.__name__ for fn, _ in jobs}
     assert {"_mean_planes", "pool2d_mean_bwd"} <= names

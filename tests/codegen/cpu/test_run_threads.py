@@ -140,12 +140,14 @@ def test_a_served_plan_measures_its_threads(two_asked):
     exe = fluid.Executor(native_drivers=False, strict=True)
     exe.run(startup, scope=scope)
     first = exe.run(main, feed=feed, fetch_list=fetch, scope=scope)
-    for _ in range(threads.CHOICE_AFTER + 2 * (threads.CHOICE_RUNS + 1)):
+    # (runs under SHORT_TRIAL_S are timed SHORT_TRIAL_RUNS times as often: threads.trial_runs)
+    for _ in range(threads.CHOICE_AFTER
+                   + 2 * (threads.CHOICE_RUNS * threads.SHORT_TRIAL_RUNS + 1)):
         got = exe.run(main, feed=feed, fetch_list=fetch, scope=scope)
         for a, b in zip(got, first):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     (choice,) = [p.threads_choice for _, p in exe._plans.values()
-                 if 2 in getattr(p, "threads_choice", threads.RunChoice()).keys]
+                 if 2 in (p.threads_choice or threads.RunChoice()).keys]
     assert choice.picks()[2] in ("every free core", "one thread")
 
 
@@ -167,12 +169,12 @@ def test_the_thread_trial_waits_for_the_drivers_trial(two_asked):
     w, b = (np.asarray(scope.find_var(p.name).get_tensor())  # (names by the layer's counter)
             for p in sorted(main.global_block().all_parameters(), key=lambda p: len(p.shape),
                             reverse=True))
-    seen = []
-    for _ in range(40):
+    seen = []  # (the drivers' trial, then the threads': runs this short are timed more often)
+    for _ in range(120):
         (out,) = exe.run(main, feed={"x": xv}, fetch_list=[y], scope=scope)
         np.testing.assert_allclose(out, np.maximum(xv @ w + b, 0), rtol=1e-5, atol=1e-6)
         (plan,) = [p for _, p in exe._plans.values()
-                   if 4 in getattr(p, "threads_choice", threads.RunChoice()).keys]
+                   if 4 in (p.threads_choice or threads.RunChoice()).keys]
         seen.append((plan.drivers_settled(4), plan.threads_choice.picks()[4]))
     assert seen[0] == (False, "not chosen")
     settled = [s for s, _ in seen].index(True)
@@ -196,6 +198,22 @@ def test_a_tiny_plan_keeps_the_thread_settings_and_is_timed_again_later(monkeypa
     assert choice.begin(4) is not choice.KEEP          # another batch size: its own
 
 
+def test_a_tiny_run_gives_up_the_thread_trial(two_asked, monkeypatch):
+    """A trial whose run turns out shorter than ``TINY_RUN_S`` ends there: no pick, the
+    next runs keep the thread settings (timing such runs every run cost more than they
+    could gain: a 3-op program)."""
+    monkeypatch.setattr(threads, "TINY_RUN_S", 1e-3)
+    choice = threads.RunChoice(ready=lambda key: True)
+    for _ in range(threads.CHOICE_AFTER):
+        assert choice.begin(8) is not choice.KEEP
+        choice.end(8, 1.0)                               # long runs: warming up
+    choice.begin(8)
+    assert choice.picks() == {8: "on trial"}
+    choice.end(8, 1e-5)                                  # a tiny run
+    assert choice.picks() == {8: "not chosen"}
+    assert choice.begin(8) is choice.KEEP
+
+
 def test_tiny_runs_through_the_executor_give_the_same_results():
     """A 3-op program's runs (tiny) through the Executor: the same values every run, its
     choice keeping the thread settings after the first."""
@@ -208,8 +226,8 @@ def test_tiny_runs_through_the_executor_give_the_same_results():
     for _ in range(10):
         (out,) = exe.run(main, feed={"x": xv}, fetch_list=[y])
         np.testing.assert_allclose(out, np.maximum(2 * xv + 1, 0), rtol=1e-6)
-    (plan,) = [p for _, p in exe._plans.values() if hasattr(p, "threads_choice")]
-    assert plan.threads_choice.keys[3].tiny > 0
+    (plan,) = [p for _, p in exe._plans.values() if p.threads_choice is not None]
+    assert plan.threads_choice.tiny_key == 3 and plan.threads_choice.tiny_left > 0
     assert_native(exe)
 
 

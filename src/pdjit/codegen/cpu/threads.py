@@ -475,9 +475,24 @@ LONG_TRIAL_S = 0.05
 
 def trial_runs(times, warm: int, timed: int) -> tuple:
     """``(untimed, timed)`` runs of each candidate of a trial whose runs so far took
-    ``times`` seconds: ``(warm, timed)``, or ``(0, 1)`` where every one took
-    :data:`LONG_TRIAL_S` or more (a first run that compiled is long whatever the work)."""
-    return (0, 1) if times and min(times) >= LONG_TRIAL_S else (warm, timed)
+    ``times`` seconds: ``(warm, timed)``; ``(0, 1)`` where every one took
+    :data:`LONG_TRIAL_S` or more (a first run that compiled is long whatever the work);
+    :data:`SHORT_TRIAL_RUNS` times more timed runs where most took under
+    :data:`SHORT_TRIAL_S` (a best of three runs of a microsecond is one
+    cache miss from the wrong pick: a 3-op program kept its host driver, 1.1 us a call, over
+    its native one, 0.7 us, in some processes)."""
+    if not times:
+        return warm, timed
+    if min(times) >= LONG_TRIAL_S:
+        return 0, 1
+    if sorted(times)[len(times) // 2] < SHORT_TRIAL_S:
+        return warm, timed * SHORT_TRIAL_RUNS
+    return warm, timed
+
+
+#: trials whose runs mostly take under SHORT_TRIAL_S time SHORT_TRIAL_RUNS times as many runs
+SHORT_TRIAL_S = 1e-4
+SHORT_TRIAL_RUNS = 8
 
 
 #: a run shorter than this cannot pay for waking a second thread: the next TINY_RUNS runs of
@@ -488,11 +503,9 @@ TINY_RUNS = 256
 
 
 class _Choice:
-    __slots__ = ("warm", "pick", "trial", "times", "timing", "left", "until", "interval",
-                 "tiny")
+    __slots__ = ("warm", "pick", "trial", "times", "timing", "left", "until", "interval")
 
     def __init__(self):
-        self.tiny = 0                  # runs left that keep the settings (a tiny plan)
         self.warm = CHOICE_AFTER       # runs before the first trial
         self.pick = None               # None: none yet; 0: every free core; 1: one thread
         self.trial = False
@@ -515,28 +528,31 @@ class RunChoice:
 
     ``begin(key)`` returns the cap for the run (None: the free cores; 1: the caller's thread;
     :data:`KEEP`: a run too short for threads to matter, see :data:`TINY_RUN_S`: run it as
-    the thread's settings are, untimed), ``end(key, seconds)`` takes the run's time.
+    the thread's settings are, untimed), ``end(key, seconds)`` takes the run's time. While
+    ``tiny_left`` is positive, the runs of batch size ``tiny_key`` are such runs: a caller may
+    count them down itself instead of calling ``begin`` (a 3-op program's run is ~8 us).
     ``ready(key)``: whether a trial may start (the plan's own driver trials are over: a run
     kept on one thread would run a split driver unsplit); asked only when one is due, else
     again :data:`CHOICE_AFTER` runs later. Safe under concurrent runs (a sample lost at
     worst)."""
-    __slots__ = ("keys", "clock", "ready")
+    __slots__ = ("keys", "clock", "ready", "tiny_key", "tiny_left")
     KEEP = False
 
     def __init__(self, ready=None, clock=time.monotonic):
         self.keys: dict = {}
         self.clock = clock
         self.ready = ready
+        self.tiny_key, self.tiny_left = None, 0  # the latest tiny key, its runs still kept
 
     def begin(self, key):
+        if self.tiny_left > 0 and key == self.tiny_key:
+            self.tiny_left -= 1
+            return self.KEEP
         st = self.keys.get(key)
         if st is None:
             if len(self.keys) > 64:
                 self.keys.clear()
             st = self.keys[key] = _Choice()
-        if st.tiny > 0:
-            st.tiny -= 1
-            return self.KEEP
         if st.warm > 0:
             st.warm -= 1
             return 1 if st.pick == 1 else None
@@ -560,8 +576,9 @@ class RunChoice:
         st = self.keys.get(key)
         if st is None:
             return
-        if seconds < TINY_RUN_S and not st.trial:
-            st.tiny = TINY_RUNS
+        if seconds < TINY_RUN_S:  # (a trial of a tiny run is given up: nothing to choose)
+            st.trial, st.timing = False, -1
+            self.tiny_key, self.tiny_left = key, TINY_RUNS
             return
         if not st.trial or st.timing < 0:
             return

@@ -90,6 +90,7 @@ class DriverTiers:
 
     def __init__(self, step, native=None, build=None, hot_runs: int = 0, split=None):
         self.step = step
+        self._batch_arg = step.batch_arg
         self.native = native
         # a native driver built once the step is hot: ``_hot`` builds it (None: not this
         # step), after ``_hot_runs`` more runs
@@ -110,6 +111,10 @@ class DriverTiers:
         """The step's results for the run's arguments ``values``, from the driver that serves
         their batch size (or the next one on trial)."""
         if self.native is not None:
+            a = values[self._batch_arg] if values else None
+            fn = self.picked.get(a.shape[0] if a is not None and a.ndim else 0)
+            if fn is not None:
+                return fn(*values)
             return self.pick(values)
         if self._hot is None:
             return self.step.call_host(values)
@@ -225,7 +230,7 @@ class DriverTiers:
         driver, the native one and (a large batch, when the step's rows are independent) the
         native one on slices of the batch. Safe to call from several threads at once (a
         served model): a trial's bookkeeping may then be lost, never the run."""
-        a = values[self.step.batch_arg] if values else None
+        a = values[self._batch_arg] if values else None
         key = a.shape[0] if a is not None and a.ndim else 0
         fn = self.picked.get(key)
         if fn is not None:
