@@ -1,7 +1,11 @@
 """What every benchmark here shares: interleaved timing and a markdown report."""
 from __future__ import annotations
 
+import atexit
+import os
+import shutil
 import statistics
+import tempfile
 import time
 
 
@@ -95,3 +99,11 @@ def settle_pdjit(call) -> int:
     # (a trial of drivers that run in microseconds times more runs: threads.trial_runs)
     return 2 * (tiers.DriverTiers._WARM
                 + tiers.DriverTiers._TIMED * threads.SHORT_TRIAL_RUNS) + 5
+
+
+def private_cache() -> None:
+    """A kernel cache of this run's own (``PDJIT_CACHE_DIR``, unless the caller set one),
+    removed at exit: every run compiles as a fresh install would and leaves nothing behind."""
+    if "PDJIT_CACHE_DIR" not in os.environ:
+        os.environ["PDJIT_CACHE_DIR"] = tempfile.mkdtemp(prefix="pdjit-bench-")
+        atexit.register(shutil.rmtree, os.environ["PDJIT_CACHE_DIR"], True)

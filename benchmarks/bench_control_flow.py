@@ -24,10 +24,9 @@ os.environ.setdefault("FLAGS_enable_pir_api", "0")   # Paddle's legacy ProgramDe
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
-import tempfile  # noqa: E402
 
 import numpy as np  # noqa: E402
-from _common import interleaved  # noqa: E402
+from _common import interleaved, private_cache  # noqa: E402
 
 
 def numpy_loop(xv: np.ndarray, iters: int):
@@ -116,7 +115,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=1000)
     ap.add_argument("--size", type=int, default=16)
     args = ap.parse_args()
-    os.environ.setdefault("PDJIT_CACHE_DIR", tempfile.mkdtemp(prefix="pdjit-bench-"))
+    private_cache()
     xv = np.random.default_rng(0).standard_normal(args.size).astype(np.float32)
     want_i, want_x = numpy_loop(xv, args.iters)
 

@@ -35,7 +35,7 @@ import textwrap
 import time
 
 import numpy as np
-from _common import interleaved, report, settle_pdjit
+from _common import interleaved, private_cache, report, settle_pdjit
 
 
 # ---- 1. elementwise chain ----
@@ -279,7 +279,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=21)
     ap.add_argument("--only", default=",".join(BENCHES))
     args = ap.parse_args()
-    os.environ.setdefault("PDJIT_CACHE_DIR", tempfile.mkdtemp(prefix="pdjit-bench-"))
+    private_cache()
     for name in args.only.split(","):
         BENCHES[name](args.repeat)
 

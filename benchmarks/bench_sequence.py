@@ -22,10 +22,9 @@ os.environ.setdefault("FLAGS_enable_pir_api", "0")  # Paddle's legacy ProgramDes
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import argparse  # noqa: E402
-import tempfile  # noqa: E402
 
 import numpy as np  # noqa: E402
-from _common import interleaved, report  # noqa: E402
+from _common import interleaved, private_cache, report  # noqa: E402
 
 FEATURES = 64
 
@@ -74,7 +73,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0,
                     help="pdjit's (and the bound's) thread count; 0: pdjit's default")
     args = ap.parse_args()
-    os.environ.setdefault("PDJIT_CACHE_DIR", tempfile.mkdtemp(prefix="pdjit-bench-"))
+    private_cache()
 
     import numba
 
