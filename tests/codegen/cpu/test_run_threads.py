@@ -231,6 +231,15 @@ def test_tiny_runs_through_the_executor_give_the_same_results():
     assert_native(exe)
 
 
+def test_runs_of_microseconds_are_timed_more_often():
+    """A trial whose runs mostly take under ``SHORT_TRIAL_S``: ``SHORT_TRIAL_RUNS`` times the
+    timed runs (a first run that compiled does not change that); longer ones the asked
+    count."""
+    short, more = threads.SHORT_TRIAL_S, threads.SHORT_TRIAL_RUNS
+    assert threads.trial_runs([short * 50, short / 10, short / 20], 1, 3) == (1, 3 * more)
+    assert threads.trial_runs([short * 2, short * 3, short / 2], 1, 3) == (1, 3)
+
+
 def test_long_runs_are_tried_once_each(two_asked, monkeypatch):
     """Runs of ``LONG_TRIAL_S`` or more: the run choice tries each setting once, untimed runs
     none (a trial of two runs); the drivers' trial alike (``trial_runs``)."""
