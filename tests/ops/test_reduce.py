@@ -47,8 +47,17 @@ def _np_reduce(op, x, dim, keep):
 
 
 REDUCES = ["reduce_sum", "reduce_mean", "reduce_max", "reduce_min", "reduce_prod"]
-CASES = [((5,), [0]), ((3, 4), [1]), ((3, 4), [-2]), ((2, 3, 4), [0, 2]), ((2, 3, 4), []),
+# axes at either end of the shape: small kernels over rows or over columns (for each op and
+# dtype), which these shapes and both keep_dim share
+CASES = [((5,), [0]), ((3, 4), [1]), ((3, 4), [-2]), ((2, 3, 4), []),
          ((2, 3, 4), [0, 1, 2]), ((2, 3, 4), [-1, 1]), ((), [0])]
+# axes around a kept one ((2, 3, 4) over [0, 2]): a strided loop nest into the output, a
+# kernel of its own for each op, dtype and keep_dim; the loop nest is the same for all, so
+# each op once (an accumulation and a finish of its own), every dtype and keep_dim among them,
+# integer and float mean both (the integer one truncates)
+AROUND = [("reduce_sum", "float32", False), ("reduce_mean", "int64", True),
+          ("reduce_mean", "float32", False), ("reduce_max", "float64", True),
+          ("reduce_min", "int64", False), ("reduce_prod", "float64", True)]
 
 
 @pytest.mark.parametrize("op", REDUCES)
@@ -56,6 +65,15 @@ CASES = [((5,), [0]), ((3, 4), [1]), ((3, 4), [-2]), ((2, 3, 4), [0, 2]), ((2, 3
 @pytest.mark.parametrize("shape,dim", CASES)
 @pytest.mark.parametrize("keep", [False, True])
 def test_reduce_matches_numpy(op, dtype, shape, dim, keep):
+    _check_reduce(op, dtype, shape, dim, keep)
+
+
+@pytest.mark.parametrize("op,dtype,keep", AROUND)
+def test_reduce_around_a_kept_axis_matches_numpy(op, dtype, keep):
+    _check_reduce(op, dtype, (2, 3, 4), [0, 2], keep)
+
+
+def _check_reduce(op, dtype, shape, dim, keep):
     x = _x(dtype, shape)
     if op == "reduce_prod" and dtype != "int64":
         x = (x / 2 + np.sign(x)).astype(dtype)  # keep products away from 0 and overflow
