@@ -27,8 +27,9 @@ import os
 
 import numpy as np
 
-from pdjit.framework.errors import FeedError, named_errors
-from pdjit.io.inference_model import InferenceModel, load_model
+from pdjit.framework.errors import FeedError, ModelFileError, named_errors
+from pdjit.io.inference_model import InferenceModel, load_model, resolve
+from pdjit.io.variables import _read_file
 from pdjit.runtime.checks import env_flag
 from pdjit.runtime.executor import Executor
 from pdjit.runtime.feed_fetch import check_feed, check_feed_spec, feed_spec
@@ -182,6 +183,47 @@ class Config:
                           f"cpu threads: {self.cpu_math_library_num_threads()}",
                           f"use_gpu: {self.use_gpu()}"])
 
+    def _files(self) -> tuple:
+        """``(model file, params directory, params file name or None)``."""
+        if self._model_dir is not None:
+            return resolve(self._model_dir)
+        if self._prog_file is None:
+            raise ValueError("Config: no model set (Config(model_dir), Config(prog_file, "
+                             "params_file) or set_model)")
+        return resolve(self._prog_file, self._params_file)
+
+    def _optimized(self) -> tuple:
+        """``(program, feed names, fetch names, params)`` of the model after the inference
+        passes: from the disk cache of optimized models (``pdjit.io.optimized_cache``), else
+        loaded, checked and optimized here, and kept there for the next process
+        (``PDJIT_MODEL_CACHE=0``: never kept nor read)."""
+        from pdjit.passes.inference import INFERENCE_PASSES, optimize
+
+        names = [n for n, _ in INFERENCE_PASSES if n not in self._deleted_passes]
+        key = None
+        if env_flag("PDJIT_MODEL_CACHE", True):
+            from pdjit.io import optimized_cache
+
+            model_file, pdir, pname = self._files()
+            try:
+                data = _read_file(model_file, "model")
+                if pname is not None and not os.path.exists(os.path.join(pdir, pname)):
+                    raise OSError(pname)
+                key = optimized_cache.model_key(data, pdir, pname, names)
+            except (OSError, ModelFileError):
+                key = None  # the load below names what is wrong
+            if key is not None:
+                hit = optimized_cache.load(key)
+                if hit is not None:
+                    program, params, feeds, fetches = hit
+                    return program, feeds, fetches, params
+        model = self._load()
+        # the values were just read and nothing else holds them: reused
+        program, params = optimize(model.program, model.params, names, overwrite=True)
+        if key is not None:
+            optimized_cache.store(key, program, params, model.feed_names, model.fetch_names)
+        return program, list(model.feed_names), list(model.fetch_names), params
+
     def _load(self) -> InferenceModel:
         if self._model_dir is not None:
             return load_model(self._model_dir)
@@ -262,14 +304,11 @@ class Predictor:
     def __init__(self, config: Config, _shared=None):
         self._config = config
         if _shared is None:
+            _shared = config._optimized() if config._ir_optim else None
+        if _shared is None:
             model = config._load()
-            program, params = model.program, model.params
-            if config._ir_optim:
-                from pdjit.passes.inference import INFERENCE_PASSES, optimize
-                names = [n for n, _ in INFERENCE_PASSES if n not in config._deleted_passes]
-                # the values were just read and nothing else holds them: reused
-                program, params = optimize(program, params, names, overwrite=True)
-            _shared = (program, list(model.feed_names), list(model.fetch_names), params)
+            _shared = (model.program, list(model.feed_names), list(model.fetch_names),
+                       model.params)
         self._shared = _shared
         self._program, self._inputs, self._output_names, params = _shared
         self._scope = Scope()
