@@ -30,6 +30,7 @@ import numpy as np
 from pdjit.framework.errors import FeedError, ModelFileError, named_errors
 from pdjit.io.inference_model import InferenceModel, load_model, resolve
 from pdjit.io.variables import _read_file
+from pdjit.passes.verify import verify
 from pdjit.runtime.checks import env_flag
 from pdjit.runtime.executor import Executor
 from pdjit.runtime.feed_fetch import check_feed, check_feed_spec, feed_spec
@@ -221,6 +222,9 @@ class Config:
         # the values were just read and nothing else holds them: reused
         program, params = optimize(model.program, model.params, names, overwrite=True)
         if key is not None:
+            # the Executor's check of the program (it fills in attribute defaults) done here,
+            # so that the entry holds the program a run sees (marked verified when loaded)
+            verify(program)
             optimized_cache.store(key, program, params, model.feed_names, model.fetch_names)
         return program, list(model.feed_names), list(model.fetch_names), params
 

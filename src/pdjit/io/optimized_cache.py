@@ -29,7 +29,8 @@ whose magic, header, header digest, program digest, key or size is not right is 
 written again (the parameters' bytes are not checksummed on load: reading 100 MB through a
 hash costs about what the cache saves). The parameters are mapped from the file copy-on-write:
 the arrays are writable, and writing one never changes the file. ``PDJIT_MODEL_CACHE=0``: the
-Predictor neither reads nor writes entries.
+Predictor neither reads nor writes entries. A program stored as ``pdjit.verify`` left it is
+marked verified when loaded (the Executor does not check it again).
 """
 from __future__ import annotations
 
@@ -130,6 +131,7 @@ def store(key: str, program, params: dict, feed_names, fetch_names) -> pathlib.P
     header = json.dumps({
         "key": key, "feed": list(feed_names), "fetch": list(fetch_names),
         "is_test": bool(getattr(program, "_is_test", False)), "params": entries,
+        "verified": program.__dict__.get("_verified_version") == program.version,
         "program_len": len(prog), "program_sha256": hashlib.sha256(prog).hexdigest(),
         "data_len": offset}, separators=(",", ":")).encode()
     head = MAGIC + struct.pack("<Q", len(header)) + header + hashlib.sha256(header).digest()
@@ -220,4 +222,6 @@ def load(key: str):
     except (OSError, ValueError, KeyError, TypeError, struct.error, ProgramError):
         return None
     program._is_test = bool(meta.get("is_test"))
+    if meta.get("verified"):  # stored as ``pdjit.verify`` left it: not checked again
+        program.__dict__["_verified_version"] = program.version
     return program, params, list(meta["feed"]), list(meta["fetch"])
