@@ -76,7 +76,8 @@ CACHE_ERRORS = (pickle.UnpicklingError, EOFError, ImportError, AttributeError, V
 
 def clear_cache() -> None:
     """Delete everything pdjit compiled to disk: the generated modules and the compiled code
-    of them and of the library kernels (the whole cache directory)."""
+    of them and of the library kernels, and the Predictor's optimized models (the whole cache
+    directory)."""
     d = cache_dir()
     if d.exists():
         shutil.rmtree(d, ignore_errors=True)

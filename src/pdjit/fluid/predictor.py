@@ -10,7 +10,10 @@
 
 Creating a predictor reads and checks the whole model (``pdjit.io.inference_model.load_model``),
 applies the inference passes (``pdjit.passes.inference``; ``switch_ir_optim(False)`` turns them
-off, ``delete_pass(name)`` drops one) and keeps the parameters in a Scope of its own. The first
+off, ``delete_pass(name)`` drops one) and keeps the parameters in a Scope of its own. What the
+passes made of a model is kept in the disk cache (``pdjit.io.optimized_cache``: the program and
+the folded parameters, keyed by the model's files, the passes and pdjit's sources), so a later
+process reads it instead of checking and optimizing the model again. The first
 run of each input signature compiles (kernels come from the disk cache when they were compiled
 before). Each compiled step of a few short kernel calls also gets its driver as one native
 function, compiled on a thread of its own while the runs go on (none waits for it), and once
