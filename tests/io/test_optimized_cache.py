@@ -111,26 +111,34 @@ def test_a_cache_hit_gives_the_built_predictor_and_skips_the_passes(model, monke
     assert _entries(d) == []
 
 
-def test_a_changed_parameter_file_is_a_new_entry(model):
+def test_a_changed_parameter_file_is_a_new_entry_checked_while_racy(model):
     d, forward = model
     xv = np.random.default_rng(1).standard_normal((2, 6)).astype("float32")
     _predictor(d).run([xv])
     assert len(_entries(d)) == 1
-    # the same size, other values: the file's times say it changed
+    # the same size, other values, just now: a new key, and an entry holding the bytes' digest
     params = d / "m.pdiparams"
-    data = bytearray(params.read_bytes())
-    data[-4:] = np.float32(7.5).tobytes()  # the last value of the last tensor
-    params.write_bytes(bytes(data))
-    assert optimized_cache.model_key((d / "m.pdmodel").read_bytes(), str(d), "m.pdiparams",
-                                     ["test_mode"]) is None  # changed just now: not cached
+    good = bytearray(params.read_bytes())
+    good[-4:] = np.float32(7.5).tobytes()  # the last value of the last tensor (fc_0.w_0)
+    params.write_bytes(bytes(good))
     forward.values["fc_0.w_0"][-1, -1] = 7.5
     (fresh,) = _predictor(d).run([xv])
     np.testing.assert_allclose(fresh, forward(xv), rtol=1e-5, atol=1e-5)
-    assert len(_entries(d)) == 1
-    old = time.time() - 30
-    os.utime(params, (old, old))
-    (kept,) = _predictor(d).run([xv])
-    np.testing.assert_array_equal(kept, fresh)
     assert len(_entries(d)) == 2
+    names = [n for n, _ in passes.INFERENCE_PASSES]
+    mk = optimized_cache.model_key((d / "m.pdmodel").read_bytes(), str(d), "m.pdiparams", names)
+    assert mk.racy and optimized_cache.load(mk) is not None
     (hit,) = _predictor(d).run([xv])
     np.testing.assert_array_equal(hit, fresh)
+
+    # a write within the same tick of the clock (the times say nothing): the bytes do
+    bad = bytearray(good)
+    bad[-4:] = np.float32(-1.0).tobytes()
+    params.write_bytes(bytes(bad))
+    assert optimized_cache.load(mk) is None
+    params.write_bytes(bytes(good))
+    assert optimized_cache.load(mk) is not None
+    # once no longer racy, a match is recorded and the bytes are not read again
+    settled = optimized_cache.ModelKey(mk.key, mk.files, False)
+    assert optimized_cache.load(settled) is not None
+    assert list((d / "cache" / optimized_cache.SUBDIR).glob("*.checked"))

@@ -13,9 +13,13 @@ the rest). Its key is a SHA-256 of:
 - the model file's bytes;
 - the parameter file's size and modification and change times (per-variable files: every
   file of the model's directory); a parameter file changed in place is a new key, and its
-  bytes are not hashed (that would cost as much as the folding saved). A model whose
-  parameter file was modified in the last two seconds is neither looked up nor kept (its
-  times could not tell it from a change within the same tick of the file system's clock);
+  bytes are not hashed (that would cost as much as the folding saved). A file system's
+  times are coarse (a tick of milliseconds): a file written again within the tick of its last
+  write, at the same size, would look unchanged. So an entry made while a parameter file was
+  modified less than two seconds ago (``racy``, as Git calls its index entries) holds a
+  SHA-256 of the parameter files' bytes, which a load compares with the files until it
+  matched once while they were no longer racy (a marker file records that; a change after
+  that shows in their times);
 - the passes applied, in order;
 - pdjit's version and the size and modification time of every source file of the packages
   that decide the result (``framework``, ``ops``, ``passes``, ``io``, ``proto``).
@@ -42,6 +46,7 @@ import pathlib
 import struct
 import tempfile
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -76,47 +81,69 @@ def sources_stamp() -> str:
     return _stamp[0]
 
 
-class _Racy(Exception):
-    """A parameter file changed too recently for its times to tell it from a later change."""
+@dataclass(frozen=True)
+class ModelKey:
+    """An optimized model's key (``key``), the parameter files it stands for (``files``) and
+    whether one of them was modified less than :data:`RACY_SECONDS` ago (``racy``)."""
+    key: str
+    files: tuple
+    racy: bool
 
 
-def _file_identity(path: str, now: float) -> str:
+def _file_identity(path: str, now: float) -> tuple:
     st = os.stat(path)
-    if now - st.st_mtime < RACY_SECONDS:
-        raise _Racy(path)
-    return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+    return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}", now - st.st_mtime < RACY_SECONDS
 
 
-def model_key(model_bytes: bytes, params_dir: str, params_name: str | None, passes):
-    """The key of the optimized form of a model (see the module's docstring), or ``None``
-    when a parameter file was changed less than :data:`RACY_SECONDS` ago: a file system's
-    times are coarse (a tick of milliseconds), so a file written again within the same tick,
-    at the same size, would look unchanged; a file that old cannot be."""
+def model_key(model_bytes: bytes, params_dir: str, params_name: str | None,
+              passes) -> ModelKey:
+    """The key of the optimized form of a model (see the module's docstring)."""
     h = hashlib.sha256(sources_stamp().encode())
     h.update(b"\0passes:" + ",".join(passes).encode() + b"\0")
     h.update(hashlib.sha256(model_bytes).digest())
-    now = time.time()
-    try:
-        if params_name is not None:
-            h.update(b"params:" + _file_identity(os.path.join(params_dir, params_name),
-                                                 now).encode())
-        else:  # one file per variable: every file beside the model
-            for name in sorted(os.listdir(params_dir)):
-                p = os.path.join(params_dir, name)
-                if os.path.isfile(p):
-                    h.update(f"{name}:{_file_identity(p, now)}\0".encode())
-    except _Racy:
-        return None
+    now, racy, files = time.time(), False, []
+    if params_name is not None:
+        names = [params_name]
+    else:  # one file per variable: every file beside the model
+        names = [n for n in sorted(os.listdir(params_dir))
+                 if os.path.isfile(os.path.join(params_dir, n))]
+    for name in names:
+        path = os.path.join(params_dir, name)
+        ident, fresh = _file_identity(path, now)
+        h.update(f"{name}:{ident}\0".encode())
+        racy = racy or fresh
+        files.append(path)
+    return ModelKey(h.hexdigest(), tuple(files), racy)
+
+
+def content_digest(files) -> str:
+    """A SHA-256 of the parameter files' names and bytes."""
+    h = hashlib.sha256()
+    for path in files:
+        h.update(os.path.basename(path).encode() + b"\0")
+        with open(path, "rb") as f:
+            while chunk := f.read(1 << 22):
+                h.update(chunk)
+        h.update(b"\0")
     return h.hexdigest()
+
+
+def _checked_marker(key: str, digest: str) -> pathlib.Path:
+    """The file saying that the parameter files of ``key`` were found to hold the bytes of
+    ``digest`` at a time their modification times were old enough to tell a later change."""
+    return _cache_dir() / f"{key[:40]}-{digest[:32]}.checked"
 
 
 def entry_path(key: str) -> pathlib.Path:
     return _cache_dir() / f"{key[:40]}.pdopt"
 
 
-def store(key: str, program, params: dict, feed_names, fetch_names) -> pathlib.Path | None:
-    """Write the optimized model under ``key``; the path, or ``None`` where it cannot be kept
-    (a parameter that is not a plain array, a directory that cannot be written)."""
+def store(mk: ModelKey, program, params: dict, feed_names,
+          fetch_names) -> pathlib.Path | None:
+    """Write the optimized model under ``mk``; the path, or ``None`` where it cannot be kept
+    (a parameter that is not a plain array, a directory that cannot be written). A racy key's
+    entry holds the parameter files' :func:`content_digest` (checked by :func:`load`)."""
+    key = mk.key
     arrays = []
     for name, value in params.items():
         if type(value) is not np.ndarray or value.dtype.hasobject:
@@ -132,6 +159,7 @@ def store(key: str, program, params: dict, feed_names, fetch_names) -> pathlib.P
         "key": key, "feed": list(feed_names), "fetch": list(fetch_names),
         "is_test": bool(getattr(program, "_is_test", False)), "params": entries,
         "verified": program.__dict__.get("_verified_version") == program.version,
+        "params_sha256": content_digest(mk.files) if mk.racy else None,
         "program_len": len(prog), "program_sha256": hashlib.sha256(prog).hexdigest(),
         "data_len": offset}, separators=(",", ":")).encode()
     head = MAGIC + struct.pack("<Q", len(header)) + header + hashlib.sha256(header).digest()
@@ -162,6 +190,27 @@ def store(key: str, program, params: dict, feed_names, fetch_names) -> pathlib.P
                 pass
 
 
+def _content_matches(mk: ModelKey, digest) -> bool:
+    """Whether the parameter files hold the bytes an entry written while they were racy was
+    made from (``digest``; ``None``: the entry was not written racy)."""
+    if digest is None:
+        return True
+    marker = _checked_marker(mk.key, digest)
+    if marker.exists():
+        return True
+    try:
+        if content_digest(mk.files) != digest:
+            return False
+    except OSError:
+        return False
+    if not mk.racy:  # old enough now: a later change would show in the times
+        try:
+            marker.touch()
+        except OSError:
+            pass
+    return True
+
+
 def _data(f, start: int, length: int) -> np.ndarray:
     """The parameters' bytes: the file mapped copy-on-write (pages read from the page cache as
     the arrays are first touched, never written back; the file is only ever replaced whole,
@@ -179,9 +228,13 @@ def _data(f, start: int, length: int) -> np.ndarray:
         return data
 
 
-def load(key: str):
-    """``(program, params, feed_names, fetch_names)`` of the entry under ``key``, or ``None``
-    when there is none or it is not right (see the module's docstring)."""
+def load(mk: ModelKey):
+    """``(program, params, feed_names, fetch_names)`` of the entry under ``mk``, or ``None``
+    when there is none or it is not right (see the module's docstring). An entry written
+    while its parameter files were racy holds their digest: their bytes are hashed and
+    compared, once they are no longer racy only until a match is recorded
+    (:func:`_checked_marker`)."""
+    key = mk.key
     from pdjit.framework.errors import ProgramError
     from pdjit.framework.program import Program
 
@@ -204,7 +257,7 @@ def load(key: str):
             if len(header) != n or hashlib.sha256(header).digest() != digest:
                 return None
             meta = json.loads(header)
-            if meta.get("key") != key:
+            if meta.get("key") != key or not _content_matches(mk, meta.get("params_sha256")):
                 return None
             prog = f.read(meta["program_len"])
             if hashlib.sha256(prog).hexdigest() != meta["program_sha256"]:
