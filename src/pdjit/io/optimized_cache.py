@@ -146,9 +146,14 @@ def store(mk: ModelKey, program, params: dict, feed_names,
     key = mk.key
     arrays = []
     for name, value in params.items():
-        if type(value) is not np.ndarray or value.dtype.hasobject:
+        if type(value) is not np.ndarray or value.dtype.hasobject or \
+                np.dtype(value.dtype.str) != value.dtype:
             return None
         arrays.append((name, np.ascontiguousarray(value)))
+    try:
+        digest = content_digest(mk.files) if mk.racy else None
+    except OSError:
+        return None
     prog = program.serialize_to_string()
     entries, offset = [], 0
     for name, a in arrays:
@@ -159,7 +164,7 @@ def store(mk: ModelKey, program, params: dict, feed_names,
         "key": key, "feed": list(feed_names), "fetch": list(fetch_names),
         "is_test": bool(getattr(program, "_is_test", False)), "params": entries,
         "verified": program.__dict__.get("_verified_version") == program.version,
-        "params_sha256": content_digest(mk.files) if mk.racy else None,
+        "params_sha256": digest,
         "program_len": len(prog), "program_sha256": hashlib.sha256(prog).hexdigest(),
         "data_len": offset}, separators=(",", ":")).encode()
     head = MAGIC + struct.pack("<Q", len(header)) + header + hashlib.sha256(header).digest()
