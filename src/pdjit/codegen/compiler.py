@@ -539,7 +539,20 @@ class LibraryKernel:
         self.parallel = bool(fn.targetoptions.get("parallel"))
 
 
+_TYPES: dict = {}  # predicted argument type -> Numba type (a large plan predicts thousands)
+
+
 def _numba_type(t):
+    try:
+        found = _TYPES.get(t)
+    except TypeError:  # (not hashable: converted each time)
+        return _make_numba_type(t)
+    if found is None:
+        found = _TYPES[t] = _make_numba_type(t)
+    return found
+
+
+def _make_numba_type(t):
     from numba.core import types
 
     if t is float:
