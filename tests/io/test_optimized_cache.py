@@ -23,7 +23,6 @@ def model(fresh_programs, tmp_path, monkeypatch):
     back (a file changed within ``RACY_SECONDS`` is not cached), and a cache directory of
     its own."""
     monkeypatch.setenv("PDJIT_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.delenv("PDJIT_MODEL_CACHE", raising=False)
     main, startup = fresh_programs
     x = fluid.layers.data("x", [6])
     y = fluid.layers.relu(fluid.layers.batch_norm(fluid.layers.fc(x, 5)))
@@ -96,14 +95,16 @@ def test_a_cache_hit_gives_the_built_predictor_and_skips_the_passes(model, monke
             [n for n, _ in passes.INFERENCE_PASSES])) is not None
     assert len(calls) == 2
 
-    # other passes, another entry; PDJIT_MODEL_CACHE=0: none read nor kept
+    # other passes, another entry; switched off: none read nor kept
     config = inference.Config(str(d / "m.pdmodel"), str(d / "m.pdiparams"))
     config.delete_pass("fold_batch_norm")
     (out,) = inference.create_predictor(config).run([xv])
     np.testing.assert_allclose(out, forward(xv), rtol=1e-5, atol=1e-5)
     assert len(_entries(d)) == 2
-    monkeypatch.setenv("PDJIT_MODEL_CACHE", "0")
-    _predictor(d)
+    config = inference.Config(str(d / "m.pdmodel"), str(d / "m.pdiparams"))
+    config.switch_optimized_cache(False)
+    assert not config.optimized_cache_enabled()
+    inference.create_predictor(config)
     assert len(calls) == 4 and len(_entries(d)) == 2
 
     # clear_cache() removes every entry

@@ -86,6 +86,7 @@ class Config:
             else:
                 self.set_model(model_dir_or_prog_file, params_file)
         self._ir_optim = True
+        self._optimized_cache = True
         self._memory_optim = False
         self._native_drivers = env_flag("PDJIT_NATIVE_DRIVERS", True)
         self._threads = None
@@ -123,6 +124,15 @@ class Config:
 
     def ir_optim(self) -> bool:
         return self._ir_optim
+
+    def switch_optimized_cache(self, x: bool = True) -> None:
+        """Keep what the inference passes made of the model in the disk cache, and read it
+        from there in later processes (``pdjit.io.optimized_cache``; on by default: off, no
+        copy of the folded parameters is written to ``PDJIT_CACHE_DIR``)."""
+        self._optimized_cache = bool(x)
+
+    def optimized_cache_enabled(self) -> bool:
+        return self._optimized_cache
 
     def delete_pass(self, name: str) -> None:
         """Leave out one inference pass (its name as ``PDJIT_DUMP_AFTER`` knows it)."""
@@ -182,6 +192,7 @@ class Config:
         model = self._model_dir or f"{self._prog_file} + {self._params_file}"
         return "\n".join([f"model: {model}", f"ir_optim: {self._ir_optim}",
                           f"deleted passes: {self._deleted_passes or '-'}",
+                          f"optimized-model cache: {self._optimized_cache}",
                           f"memory_optim: {self._memory_optim}",
                           f"native drivers: {self._native_drivers}",
                           f"cpu threads: {self.cpu_math_library_num_threads()}",
@@ -200,12 +211,12 @@ class Config:
         """``(program, feed names, fetch names, params)`` of the model after the inference
         passes: from the disk cache of optimized models (``pdjit.io.optimized_cache``), else
         loaded, checked and optimized here, and kept there for the next process
-        (``PDJIT_MODEL_CACHE=0``: never kept nor read)."""
+        (``switch_optimized_cache(False)``: never kept nor read)."""
         from pdjit.passes.inference import INFERENCE_PASSES, optimize
 
         names = [n for n, _ in INFERENCE_PASSES if n not in self._deleted_passes]
         key = None
-        if env_flag("PDJIT_MODEL_CACHE", True):
+        if self._optimized_cache:
             from pdjit.io import optimized_cache
 
             model_file, pdir, pname = self._files()

@@ -32,9 +32,10 @@ written to a temporary file and renamed into place, so a reader never sees half 
 whose magic, header, header digest, program digest, key or size is not right is ignored and
 written again (the parameters' bytes are not checksummed on load: reading 100 MB through a
 hash costs about what the cache saves). The parameters are mapped from the file copy-on-write:
-the arrays are writable, and writing one never changes the file. ``PDJIT_MODEL_CACHE=0``: the
-Predictor neither reads nor writes entries. A program stored as ``pdjit.verify`` left it is
-marked verified when loaded (the Executor does not check it again).
+the arrays are writable, and writing one never changes the file. With
+``Config.switch_optimized_cache(False)`` a Predictor neither reads nor writes entries. A
+program stored as ``pdjit.verify`` left it is marked verified when loaded (the Executor does
+not check it again).
 """
 from __future__ import annotations
 
