@@ -76,7 +76,8 @@ CACHE_ERRORS = (pickle.UnpicklingError, EOFError, ImportError, AttributeError, V
 
 def clear_cache() -> None:
     """Delete everything pdjit compiled to disk: the generated modules and the compiled code
-    of them and of the library kernels (the whole cache directory)."""
+    of them and of the library kernels, and the Predictor's optimized models (the whole cache
+    directory)."""
     d = cache_dir()
     if d.exists():
         shutil.rmtree(d, ignore_errors=True)
@@ -423,8 +424,12 @@ def _harden(dispatcher) -> None:
     if not isinstance(dispatcher, numba.core.registry.CPUDispatcher):
         return  # another target's kernel (cuda): its own cache, as Numba keeps it
     cache = getattr(dispatcher, "_cache", None)
-    cache_file = getattr(cache, "_cache_file", None)
-    if cache_file is None or getattr(cache, "_pdjit_hardened", False):
+    if cache is None or getattr(cache, "_pdjit_hardened", False):
+        return
+    # a disk cache (Numba's sets ``_cache_file`` when made, pdjit's computes it when read: not
+    # here, once per library dispatcher of a process); not Numba's NullCache
+    if "_cache_file" not in vars(cache) and \
+            not isinstance(getattr(type(cache), "_cache_file", None), property):
         return
     load, save = cache.load_overload, cache.save_overload
 
@@ -534,7 +539,20 @@ class LibraryKernel:
         self.parallel = bool(fn.targetoptions.get("parallel"))
 
 
+_TYPES: dict = {}  # predicted argument type -> Numba type (a large plan predicts thousands)
+
+
 def _numba_type(t):
+    try:
+        found = _TYPES.get(t)
+    except TypeError:  # (not hashable: converted each time)
+        return _make_numba_type(t)
+    if found is None:
+        found = _TYPES[t] = _make_numba_type(t)
+    return found
+
+
+def _make_numba_type(t):
     from numba.core import types
 
     if t is float:
@@ -588,9 +606,11 @@ def precompile(jobs) -> int:
             sig = tuple(_numba_type(t) for t in argtypes)
         except (TypeError, ValueError, NotImplementedError):
             continue
-        if (c.name, sig) in seen or sig in c.fn.overloads or _is_cached(c, sig):
+        if (c.name, sig) in seen:  # (a library kernel called by many ops: checked once)
             continue
         seen.add((c.name, sig))
+        if sig in c.fn.overloads or _is_cached(c, sig):
+            continue
         todo.append((c, sig))
     if len(todo) < POOL_MIN_JOBS or compile_workers() == 0 or len(todo) > _MAX_JOBS or \
             os.path.abspath(str(cache_dir())) in _disk_off or \

@@ -44,20 +44,37 @@ from numba.core import caching
 LIBRARY_DIR = "lib"
 
 
+_dirs: dict = {}  # (PDJIT_CACHE_DIR, XDG_CACHE_HOME, HOME) -> the cache directory
+
+
 def cache_dir() -> pathlib.Path:
-    """``PDJIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/pdjit`` (``~/.cache/pdjit``)."""
-    env = os.environ.get("PDJIT_CACHE_DIR")
-    if env:
-        return pathlib.Path(env).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return pathlib.Path(base) / "pdjit"
+    """``PDJIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/pdjit`` (``~/.cache/pdjit``): looked up at
+    each call (the environment may change in a process), computed once per setting."""
+    env = os.environ.get
+    key = (env("PDJIT_CACHE_DIR"), env("XDG_CACHE_HOME"), env("HOME"))
+    found = _dirs.get(key)
+    if found is None:
+        if key[0]:
+            found = pathlib.Path(key[0]).expanduser()
+        else:
+            base = key[1] or os.path.join(os.path.expanduser("~"), ".cache")
+            found = pathlib.Path(base) / "pdjit"
+        _dirs[key] = found
+    return found
+
+
+_lib_dirs: dict = {}  # cache directory -> its library folder
 
 
 def library_dir() -> pathlib.Path:
     """Where the library kernels' compiled code is: a folder per version of the library's
     sources (:func:`library_stamp`), so that two installations sharing one cache directory
     do not overwrite each other's entries."""
-    return cache_dir() / LIBRARY_DIR / library_stamp()[:16]
+    base = cache_dir()
+    found = _lib_dirs.get(base)
+    if found is None:
+        found = _lib_dirs[base] = base / LIBRARY_DIR / library_stamp()[:16]
+    return found
 
 
 _LIBRARY_STAMP: list = []

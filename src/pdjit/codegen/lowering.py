@@ -1276,8 +1276,11 @@ class SegmentGen:
         v = self.block._find_var_recursive(name)
         if name in self.needed_after or v is None or v.persistable:
             return True
-        return any(name in op.input_arg_names for g in self.segment.groups[at + 1:]
-                   for op in g.ops)
+        last = self.__dict__.get("_last_read")
+        if last is None:  # the last group of the segment reading each name, once
+            last = self._last_read = {n: k for k, g in enumerate(self.segment.groups)
+                                      for op in g.ops for n in op.input_arg_names}
+        return last.get(name, -1) > at
 
     def _epilogue_inplace(self, kernel, locals_, stored, name: str):
         """``{store j: leaf i}``: the epilogue kernel (a loop group after an opaque op computed

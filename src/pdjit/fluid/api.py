@@ -82,8 +82,8 @@ def get_num_threads() -> int:
 
 
 def clear_cache() -> None:
-    """Delete everything pdjit compiled to disk (``PDJIT_CACHE_DIR``): generated kernels and
-    the library kernels' compiled code."""
+    """Delete everything pdjit compiled to disk (``PDJIT_CACHE_DIR``): generated kernels, the
+    library kernels' compiled code and the Predictor's optimized models."""
     from pdjit.codegen.compiler import clear_cache as clear  # (the code generator: when used)
 
     clear()

@@ -10,7 +10,10 @@
 
 Creating a predictor reads and checks the whole model (``pdjit.io.inference_model.load_model``),
 applies the inference passes (``pdjit.passes.inference``; ``switch_ir_optim(False)`` turns them
-off, ``delete_pass(name)`` drops one) and keeps the parameters in a Scope of its own. The first
+off, ``delete_pass(name)`` drops one) and keeps the parameters in a Scope of its own. What the
+passes made of a model is kept in the disk cache (``pdjit.io.optimized_cache``: the program and
+the folded parameters, keyed by the model's files, the passes and pdjit's sources), so a later
+process reads it instead of checking and optimizing the model again. The first
 run of each input signature compiles (kernels come from the disk cache when they were compiled
 before). Each compiled step of a few short kernel calls also gets its driver as one native
 function, compiled on a thread of its own while the runs go on (none waits for it), and once
@@ -27,8 +30,10 @@ import os
 
 import numpy as np
 
-from pdjit.framework.errors import FeedError, named_errors
-from pdjit.io.inference_model import InferenceModel, load_model
+from pdjit.framework.errors import FeedError, ModelFileError, named_errors
+from pdjit.io.inference_model import InferenceModel, load_model, resolve
+from pdjit.io.variables import _read_file
+from pdjit.passes.verify import verify
 from pdjit.runtime.checks import env_flag
 from pdjit.runtime.executor import Executor
 from pdjit.runtime.feed_fetch import check_feed, check_feed_spec, feed_spec
@@ -81,6 +86,7 @@ class Config:
             else:
                 self.set_model(model_dir_or_prog_file, params_file)
         self._ir_optim = True
+        self._optimized_cache = True
         self._memory_optim = False
         self._native_drivers = env_flag("PDJIT_NATIVE_DRIVERS", True)
         self._threads = None
@@ -118,6 +124,15 @@ class Config:
 
     def ir_optim(self) -> bool:
         return self._ir_optim
+
+    def switch_optimized_cache(self, x: bool = True) -> None:
+        """Keep what the inference passes made of the model in the disk cache, and read it
+        from there in later processes (``pdjit.io.optimized_cache``; on by default: off, no
+        copy of the folded parameters is written to ``PDJIT_CACHE_DIR``)."""
+        self._optimized_cache = bool(x)
+
+    def optimized_cache_enabled(self) -> bool:
+        return self._optimized_cache
 
     def delete_pass(self, name: str) -> None:
         """Leave out one inference pass (its name as ``PDJIT_DUMP_AFTER`` knows it)."""
@@ -177,10 +192,55 @@ class Config:
         model = self._model_dir or f"{self._prog_file} + {self._params_file}"
         return "\n".join([f"model: {model}", f"ir_optim: {self._ir_optim}",
                           f"deleted passes: {self._deleted_passes or '-'}",
+                          f"optimized-model cache: {self._optimized_cache}",
                           f"memory_optim: {self._memory_optim}",
                           f"native drivers: {self._native_drivers}",
                           f"cpu threads: {self.cpu_math_library_num_threads()}",
                           f"use_gpu: {self.use_gpu()}"])
+
+    def _files(self) -> tuple:
+        """``(model file, params directory, params file name or None)``."""
+        if self._model_dir is not None:
+            return resolve(self._model_dir)
+        if self._prog_file is None:
+            raise ValueError("Config: no model set (Config(model_dir), Config(prog_file, "
+                             "params_file) or set_model)")
+        return resolve(self._prog_file, self._params_file)
+
+    def _optimized(self) -> tuple:
+        """``(program, feed names, fetch names, params)`` of the model after the inference
+        passes: from the disk cache of optimized models (``pdjit.io.optimized_cache``), else
+        loaded, checked and optimized here, and kept there for the next process
+        (``switch_optimized_cache(False)``: never kept nor read)."""
+        from pdjit.passes.inference import INFERENCE_PASSES, optimize
+
+        names = [n for n, _ in INFERENCE_PASSES if n not in self._deleted_passes]
+        key = None
+        if self._optimized_cache:
+            from pdjit.io import optimized_cache
+
+            model_file, pdir, pname = self._files()
+            try:
+                data = _read_file(model_file, "model")
+                if pname is not None and not os.path.exists(os.path.join(pdir, pname)):
+                    raise OSError(pname)
+                key = optimized_cache.model_key(data, pdir, pname, names)
+            except (OSError, ModelFileError):
+                key = None  # the load below names what is wrong
+            if key is not None:
+                hit = optimized_cache.load(key)
+                if hit is not None:
+                    program, params, feeds, fetches = hit
+                    return program, feeds, fetches, params
+        model = self._load()
+        # the values were just read and nothing else holds them: reused
+        program, params = optimize(model.program, model.params, names, overwrite=True)
+        if key is not None:
+            # the Executor's check of the program (it fills in attribute defaults) done here,
+            # so that the entry holds the program a run sees (marked verified when loaded)
+            verify(program)
+            optimized_cache.store(key, program, params, model.feed_names, model.fetch_names)
+        return program, list(model.feed_names), list(model.fetch_names), params
 
     def _load(self) -> InferenceModel:
         if self._model_dir is not None:
@@ -262,14 +322,11 @@ class Predictor:
     def __init__(self, config: Config, _shared=None):
         self._config = config
         if _shared is None:
+            _shared = config._optimized() if config._ir_optim else None
+        if _shared is None:
             model = config._load()
-            program, params = model.program, model.params
-            if config._ir_optim:
-                from pdjit.passes.inference import INFERENCE_PASSES, optimize
-                names = [n for n, _ in INFERENCE_PASSES if n not in config._deleted_passes]
-                # the values were just read and nothing else holds them: reused
-                program, params = optimize(program, params, names, overwrite=True)
-            _shared = (program, list(model.feed_names), list(model.fetch_names), params)
+            _shared = (model.program, list(model.feed_names), list(model.fetch_names),
+                       model.params)
         self._shared = _shared
         self._program, self._inputs, self._output_names, params = _shared
         self._scope = Scope()

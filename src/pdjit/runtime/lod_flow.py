@@ -72,6 +72,21 @@ class LoDFlow:
     optional)`` per offsets argument the generated function takes, in argument order."""
 
     def __init__(self, ops, requests=()):
+        self._ops, self._requests = ops, list(requests)
+        self.n_requests = len(self._requests)
+        # with neither a rule nor a request, inputs without LoD give outputs without LoD (then
+        # a run without LoD inputs never asks for the rules: built at the first that does)
+        self.always = bool(self._requests) or any(
+            registry.get(op.type).out_lod is not None for op, _ in ops)
+
+    def __getattr__(self, name):
+        if name in ("flows", "refuse"):
+            self._build()
+            return self.__dict__[name]
+        raise AttributeError(name)
+
+    def _build(self) -> None:
+        ops, requests = self._ops, self._requests
         self.flows = []
         by_op = {}
         for op, _ in ops:
@@ -102,11 +117,8 @@ class LoDFlow:
             self.flows.append(flow)
         for pos, (op, name, level, optional) in enumerate(requests):
             by_op[id(op)].requests.append((pos, name, level, optional))
-        self.n_requests = len(requests)
         # a control-flow op (a native loop) says nothing of LoD: LoD inputs run its reference
         self.refuse = any(f.opdef.has(registry.CONTROL_FLOW) for f in self.flows)
-        # with neither a rule nor a request, inputs without LoD give outputs without LoD
-        self.always = bool(requests) or any(f.opdef.out_lod is not None for f in self.flows)
 
     def resolve(self, arg_lods: dict):
         """``({name: (lod arrays, from a rule)}, extra offsets args)`` for one run, from the LoDs

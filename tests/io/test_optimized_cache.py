@@ -1,0 +1,145 @@
+"""The disk cache of optimized inference models (``pdjit.io.optimized_cache``).
+
+Oracle: the model (fc, then batch norm with running statistics, then relu) written in NumPy
+from the values in the scope it was saved from. A Predictor built from a cache entry must give
+what one built by the passes gives; a damaged, stale or cleared entry is built again.
+"""
+import os
+import time
+
+import numpy as np
+import pytest
+
+import pdjit as fluid
+import pdjit.inference as inference
+import pdjit.static as static
+from pdjit.io import optimized_cache
+from pdjit.passes import inference as passes
+
+
+@pytest.fixture
+def model(fresh_programs, tmp_path, monkeypatch):
+    """An fc + batch norm + relu model saved with non-trivial statistics, its files dated
+    back (a file changed within ``RACY_SECONDS`` is not cached), and a cache directory of
+    its own."""
+    monkeypatch.setenv("PDJIT_CACHE_DIR", str(tmp_path / "cache"))
+    main, startup = fresh_programs
+    x = fluid.layers.data("x", [6])
+    y = fluid.layers.relu(fluid.layers.batch_norm(fluid.layers.fc(x, 5)))
+    scope = fluid.Scope()
+    rng = np.random.default_rng(3)
+    with fluid.scope_guard(scope):
+        exe = fluid.Executor()
+        exe.run(startup)
+        for n in ("batch_norm_0.w_0", "batch_norm_0.b_0", "batch_norm_0.w_1", "fc_0.b_0"):
+            scope.find_var(n).value = rng.standard_normal(5).astype("float32")
+        scope.find_var("batch_norm_0.w_2").value = rng.uniform(0.5, 2, 5).astype("float32")
+        static.save_inference_model(str(tmp_path / "m"), [x], [y], exe,
+                                    program=main.clone(for_test=True))
+    old = time.time() - 60
+    for f in ("m.pdmodel", "m.pdiparams"):
+        os.utime(tmp_path / f, (old, old))
+    v = {n: np.asarray(scope.find_var(n).value, np.float64) for n in (
+        "fc_0.w_0", "fc_0.b_0", "batch_norm_0.w_0", "batch_norm_0.b_0", "batch_norm_0.w_1",
+        "batch_norm_0.w_2")}
+
+    def forward(xv):
+        t = xv @ v["fc_0.w_0"] + v["fc_0.b_0"]
+        t = (t - v["batch_norm_0.w_1"]) / np.sqrt(v["batch_norm_0.w_2"] + 1e-5) * \
+            v["batch_norm_0.w_0"] + v["batch_norm_0.b_0"]
+        return np.maximum(t, 0)
+    forward.values = v
+    return tmp_path, forward
+
+
+def _predictor(d):
+    return inference.create_predictor(
+        inference.Config(str(d / "m.pdmodel"), str(d / "m.pdiparams")))
+
+
+def _entries(d):
+    folder = d / "cache" / optimized_cache.SUBDIR
+    return sorted(folder.glob("*.pdopt")) if folder.exists() else []
+
+
+def test_a_cache_hit_gives_the_built_predictor_and_skips_the_passes(model, monkeypatch):
+    d, forward = model
+    xv = np.random.default_rng(0).standard_normal((3, 6)).astype("float32")
+    pred = _predictor(d)  # built by the passes, and kept
+    (built,) = pred.run([xv])
+    np.testing.assert_allclose(built, forward(xv), rtol=1e-5, atol=1e-5)
+    assert "batch_norm" not in [op.type for op in pred.program().global_block().ops]
+    (entry,) = _entries(d)
+
+    calls = []
+    real = passes.optimize
+    monkeypatch.setattr(passes, "optimize", lambda *a, **k: calls.append(1) or real(*a, **k))
+    hit = _predictor(d)
+    (again,) = hit.run([xv])
+    assert calls == []  # the optimized model came from the cache
+    np.testing.assert_array_equal(again, built)
+    assert [op.type for op in hit.program().global_block().ops] == \
+        [op.type for op in pred.program().global_block().ops]
+    assert hit.get_input_names() == ["x"] and hit.get_output_names() == pred.get_output_names()
+    assert hit.program()._is_test
+    # stored as the check left it (defaults filled in): not checked again
+    assert hit.program().__dict__["_verified_version"] == hit.program().version
+
+    # a damaged entry (a header byte, then a truncated file) is ignored and written again
+    for damage in (lambda b: b[:40] + bytes([b[40] ^ 1]) + b[41:], lambda b: b[:-7]):
+        entry.write_bytes(damage(entry.read_bytes()))
+        (out,) = _predictor(d).run([xv])
+        np.testing.assert_array_equal(out, built)
+        assert optimized_cache.load(optimized_cache.model_key(
+            (d / "m.pdmodel").read_bytes(), str(d), "m.pdiparams",
+            [n for n, _ in passes.INFERENCE_PASSES])) is not None
+    assert len(calls) == 2
+
+    # other passes, another entry; switched off: none read nor kept
+    config = inference.Config(str(d / "m.pdmodel"), str(d / "m.pdiparams"))
+    config.delete_pass("fold_batch_norm")
+    (out,) = inference.create_predictor(config).run([xv])
+    np.testing.assert_allclose(out, forward(xv), rtol=1e-5, atol=1e-5)
+    assert len(_entries(d)) == 2
+    config = inference.Config(str(d / "m.pdmodel"), str(d / "m.pdiparams"))
+    config.switch_optimized_cache(False)
+    assert not config.optimized_cache_enabled()
+    inference.create_predictor(config)
+    assert len(calls) == 4 and len(_entries(d)) == 2
+
+    # clear_cache() removes every entry
+    fluid.clear_cache()
+    assert _entries(d) == []
+
+
+def test_a_changed_parameter_file_is_a_new_entry_checked_while_racy(model):
+    d, forward = model
+    xv = np.random.default_rng(1).standard_normal((2, 6)).astype("float32")
+    _predictor(d).run([xv])
+    assert len(_entries(d)) == 1
+    # the same size, other values, just now: a new key, and an entry holding the bytes' digest
+    params = d / "m.pdiparams"
+    good = bytearray(params.read_bytes())
+    good[-4:] = np.float32(7.5).tobytes()  # the last value of the last tensor (fc_0.w_0)
+    params.write_bytes(bytes(good))
+    forward.values["fc_0.w_0"][-1, -1] = 7.5
+    (fresh,) = _predictor(d).run([xv])
+    np.testing.assert_allclose(fresh, forward(xv), rtol=1e-5, atol=1e-5)
+    assert len(_entries(d)) == 2
+    names = [n for n, _ in passes.INFERENCE_PASSES]
+    mk = optimized_cache.model_key((d / "m.pdmodel").read_bytes(), str(d), "m.pdiparams", names)
+    assert mk.racy and optimized_cache.load(mk) is not None
+    (hit,) = _predictor(d).run([xv])
+    np.testing.assert_array_equal(hit, fresh)
+
+    # a write within the same tick of the clock (the times say nothing): the bytes do
+    bad = bytearray(good)
+    bad[-4:] = np.float32(-1.0).tobytes()
+    params.write_bytes(bytes(bad))
+    assert optimized_cache.load(mk) is None
+    params.write_bytes(bytes(good))
+    assert optimized_cache.load(mk) is not None
+    # once no longer racy, a match is recorded and the bytes are not read again
+    settled = optimized_cache.ModelKey(mk.key, mk.files, False)
+    assert optimized_cache.load(settled) is not None
+    assert list((d / "cache" / optimized_cache.SUBDIR).glob("*.checked"))
