@@ -67,21 +67,6 @@ def pytest_configure(config):
         ":pdjit.framework.errors.ReferenceStepWarning")
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config, items):
-    # Under ``--dist loadgroup`` (the README's command) the tests of one file share one worker:
-    # an xdist group named after the file, unless a test names its own group ("aot", "mpi").
-    # Tests of a file compile the same kernels (a module fixture's program, a parametrised
-    # test's library kernels); spread over two workers at the same moment, both compiled them.
-    if not getattr(config.option, "loadgroup", False):   # set in xdist's workers
-        return
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            where = item.nodeid.split("::", 1)[0]
-            item.add_marker(pytest.mark.xdist_group(where.removeprefix("tests/")
-                                                    .removesuffix(".py")))
-
-
 @pytest.fixture
 def counted_trials(monkeypatch):
     """Driver and thread trials of the lengths a test counts (``_WARM + _TIMED`` runs of each
