@@ -381,7 +381,7 @@ def test_a_loop_updating_the_fed_value_is_kept(fresh_programs, tmp_path):
     np.testing.assert_allclose(out, xv * 8 + 1, rtol=1e-6)
 
 
-def test_predictor_native_drivers(trained, tmp_path):
+def test_predictor_native_drivers(trained, tmp_path, counted_trials):
     """With native drivers (the Predictor's default; the suite turns the default off), every
     step has its driver compiled as one function on a thread of its own, started after the
     step's second run (no run compiles it), and then keeps the faster driver per batch size;
