@@ -224,12 +224,11 @@ class Executor:
                     values[name] = value
             else:
                 values.update(zip(run.feed_names, feed_values))
-            if run.param_writes and "pdjit.codegen.params" in sys.modules:
+            params = sys.modules.get("pdjit.codegen.params") if run.param_writes else None
+            if params is not None:
                 # arrays the run may change in place: what was derived from them is made
                 # again, before the run and after it, failed or not (another thread may derive
                 # from them meanwhile)
-                from pdjit.codegen import params
-
                 written = params, scope, values, run.param_writes
                 _forget_derived(written)
             if plan is not None:

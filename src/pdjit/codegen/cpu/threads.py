@@ -435,7 +435,8 @@ def begin_run(cap: int | None = None) -> None:
         ensure_applied()
     local = _run_local
     local.cap = cap
-    free = free_cores()
+    # (a run kept on one thread needs no count of the free cores: read each run otherwise)
+    free = 1 if cap == 1 else free_cores()
     key = (cap, free, _applied)
     if getattr(local, "key", None) == key and _run_blas[0] == local.blas:
         return  # (as the last run on this thread: ~1 us a run)
