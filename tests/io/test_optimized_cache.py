@@ -95,17 +95,19 @@ def test_a_cache_hit_gives_the_built_predictor_and_skips_the_passes(model, monke
             [n for n, _ in passes.INFERENCE_PASSES])) is not None
     assert len(calls) == 2
 
-    # other passes, another entry; switched off: none read nor kept
+    # other passes, another key, whose entry replaces the model location's older one (one
+    # copy of the weights per location); switched off: none read nor kept
+    before = _entries(d)
     config = inference.Config(str(d / "m.pdmodel"), str(d / "m.pdiparams"))
     config.delete_pass("fold_batch_norm")
     (out,) = inference.create_predictor(config).run([xv])
     np.testing.assert_allclose(out, forward(xv), rtol=1e-5, atol=1e-5)
-    assert len(_entries(d)) == 2
+    assert len(_entries(d)) == 1 and _entries(d) != before
     config = inference.Config(str(d / "m.pdmodel"), str(d / "m.pdiparams"))
     config.switch_optimized_cache(False)
     assert not config.optimized_cache_enabled()
     inference.create_predictor(config)
-    assert len(calls) == 4 and len(_entries(d)) == 2
+    assert len(calls) == 4 and len(_entries(d)) == 1
 
     # clear_cache() removes every entry
     fluid.clear_cache()
@@ -125,7 +127,7 @@ def test_a_changed_parameter_file_is_a_new_entry_checked_while_racy(model):
     forward.values["fc_0.w_0"][-1, -1] = 7.5
     (fresh,) = _predictor(d).run([xv])
     np.testing.assert_allclose(fresh, forward(xv), rtol=1e-5, atol=1e-5)
-    assert len(_entries(d)) == 2
+    assert len(_entries(d)) == 1  # (the new entry replaced the old one)
     names = [n for n, _ in passes.INFERENCE_PASSES]
     mk = optimized_cache.model_key((d / "m.pdmodel").read_bytes(), str(d), "m.pdiparams", names)
     assert mk.racy and optimized_cache.load(mk) is not None
@@ -140,6 +142,58 @@ def test_a_changed_parameter_file_is_a_new_entry_checked_while_racy(model):
     params.write_bytes(bytes(good))
     assert optimized_cache.load(mk) is not None
     # once no longer racy, a match is recorded and the bytes are not read again
-    settled = optimized_cache.ModelKey(mk.key, mk.files, False)
+    settled = optimized_cache.ModelKey(mk.key, mk.files, False, mk.where)
     assert optimized_cache.load(settled) is not None
     assert list((d / "cache" / optimized_cache.SUBDIR).glob("*.checked"))
+
+
+def test_entries_are_told_apart_and_a_crafted_one_is_rebuilt(model, tmp_path):
+    """A copy of the model in another directory (the same bytes and sizes; a coarse clock
+    could give its files the same times) has a key of its own; an entry whose header is
+    well formed but not an object, or whose parameters overlap, is no hit; a program with an
+    op a user defined is not kept."""
+    import shutil
+
+    d, forward = model
+    names = [n for n, _ in passes.INFERENCE_PASSES]
+    other = tmp_path / "copy"
+    other.mkdir()
+    for f in ("m.pdmodel", "m.pdiparams"):
+        shutil.copy2(d / f, other / f)
+    keys = [optimized_cache.model_key((p / "m.pdmodel").read_bytes(), str(p), "m.pdiparams",
+                                      names) for p in (d, other)]
+    assert keys[0].key != keys[1].key and keys[0].where != keys[1].where
+    xv = np.random.default_rng(4).standard_normal((2, 6)).astype("float32")
+    (out,) = _predictor(d).run([xv])
+    np.testing.assert_allclose(out, forward(xv), rtol=1e-5, atol=1e-5)
+    (entry,) = _entries(d)
+    blob = entry.read_bytes()
+    magic = optimized_cache.MAGIC
+    for header in (b"[1, 2]", b"[" * 100000 + b"]" * 100000):
+        import hashlib
+        import struct
+
+        entry.write_bytes(magic + struct.pack("<Q", len(header)) + header
+                          + hashlib.sha256(header).digest() + b"\0" * 64)
+        assert optimized_cache.load(keys[0]) is None
+    entry.write_bytes(blob)
+    assert optimized_cache.load(keys[0]) is not None
+
+    from pdjit.framework import registry
+
+    program = optimized_cache.load(keys[0])[0]
+    assert optimized_cache.builtin_only(program)
+    op_type = program.global_block().ops[-1].type
+    saved = registry.lookup(op_type)
+    registry.register_op(op_type, inputs=saved.inputs, outputs=saved.outputs,
+                         attrs=saved.attrs, traits=saved.traits, infer_shape=saved.infer_shape,
+                         reference=saved.reference, emit=saved.emit, grad=saved.grad,
+                         replace=True)
+    try:  # a user's definition now: the entry is not served, and none is written
+        assert not registry.is_builtin(op_type)
+        assert optimized_cache.load(keys[0]) is None
+        assert optimized_cache.store(keys[0], program, {}, [], []) is None
+    finally:
+        registry._REGISTRY[op_type] = saved
+        registry._BUILTIN.add(op_type)
+        registry._HAVING.clear()

@@ -111,6 +111,27 @@ def test_unknown_batch_size_accepts_any_size(fresh_programs):
         exe.run(main, feed={"x": np.ones((2, 4), np.float32)}, fetch_list=[y], scope=scope)
 
 
+def test_feed_and_fetch_containers_users_pass(fresh_programs):
+    """Feeds as a dict, an OrderedDict or None (nothing to feed); fetches as a list, a list
+    subclass, a tuple, one Variable or one name: the same values."""
+    import collections
+
+    main, _ = fresh_programs
+    x = fluid.layers.data(name="x", shape=[3], dtype="float32")
+    y = fluid.layers.scale(x, scale=3.0)
+    exe, scope = fluid.Executor(), fluid.Scope()
+    xv = np.arange(6, dtype=np.float32).reshape(2, 3)
+
+    class Fetches(list):
+        pass
+
+    for feed in ({"x": xv}, collections.OrderedDict(x=xv)):
+        for fetch in ([y], Fetches([y]), (y,), y, y.name):
+            (out,) = exe.run(main, feed=feed, fetch_list=fetch, scope=scope)
+            np.testing.assert_array_equal(out, 3 * xv)
+    assert exe.run(fluid.Program(), feed=None, fetch_list=None, scope=scope) == []
+
+
 def test_scope_nesting_and_api():
     root = fluid.Scope()
     root.var("a").value = np.ones(1)

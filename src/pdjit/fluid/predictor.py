@@ -232,6 +232,8 @@ class Config:
                 if hit is not None:
                     program, params, feeds, fetches = hit
                     return program, feeds, fetches, params
+        # the bytes the entry will stand for, taken before they are read (racy files only)
+        digest = optimized_cache.racy_digest(key) if key is not None else None
         model = self._load()
         # the values were just read and nothing else holds them: reused
         program, params = optimize(model.program, model.params, names, overwrite=True)
@@ -239,7 +241,8 @@ class Config:
             # the Executor's check of the program (it fills in attribute defaults) done here,
             # so that the entry holds the program a run sees (marked verified when loaded)
             verify(program)
-            optimized_cache.store(key, program, params, model.feed_names, model.fetch_names)
+            optimized_cache.store(key, program, params, model.feed_names, model.fetch_names,
+                                  digest)
         return program, list(model.feed_names), list(model.fetch_names), params
 
     def _load(self) -> InferenceModel:

@@ -126,6 +126,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
@@ -789,12 +790,21 @@ def register_op(type: str, *, inputs: Sequence, outputs: Sequence, attrs: Mappin
                   inference, row_wise, select, test_mode, column)
     _REGISTRY[type] = opdef
     _HAVING.clear()
+    # pdjit's own definitions are the ones its op modules make (define_op's are a user's)
+    if sys._getframe(1).f_globals.get("__name__", "").startswith("pdjit.ops."):
+        _BUILTIN.add(type)
+    else:
+        _BUILTIN.discard(type)
     return opdef
 
 
 def unregister_op(type: str) -> None:
     _REGISTRY.pop(type, None)
     _HAVING.clear()
+    _BUILTIN.discard(type)
+
+
+_BUILTIN: set = set()  # the op types whose definition is pdjit's own (not replaced since)
 
 
 def _load_builtins() -> None:
@@ -802,6 +812,13 @@ def _load_builtins() -> None:
     if not _BUILTINS_LOADED:
         _BUILTINS_LOADED = True
         importlib.import_module("pdjit.ops")
+
+
+def is_builtin(type: str) -> bool:
+    """Whether op ``type`` has pdjit's own definition (not one a user registered or replaced
+    with ``define_op`` / ``register_op``): what depends only on pdjit's sources."""
+    _load_builtins()
+    return type in _BUILTIN
 
 
 def lookup(type: str) -> OpDef | None:

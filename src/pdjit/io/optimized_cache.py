@@ -56,7 +56,8 @@ from pdjit.version import __version__
 MAGIC = b"pdjit-optimized-model 1\n"
 SUBDIR = "models"
 _ALIGN = 64
-#: a parameter file changed less than this many seconds ago is not cached (``model_key``)
+#: a parameter file changed less than this many seconds ago is racy: its entry holds the
+#: files' digest (``model_key``, ``_content_matches``)
 RACY_SECONDS = 2.0
 _SOURCE_PACKAGES = ("framework", "ops", "passes", "io", "proto")
 _stamp: list = []
@@ -84,16 +85,23 @@ def sources_stamp() -> str:
 
 @dataclass(frozen=True)
 class ModelKey:
-    """An optimized model's key (``key``), the parameter files it stands for (``files``) and
-    whether one of them was modified less than :data:`RACY_SECONDS` ago (``racy``)."""
+    """An optimized model's key (``key``), the parameter files it stands for (``files``),
+    whether one of them was modified less than :data:`RACY_SECONDS` ago (``racy``) and a
+    digest of where they are (``where``: the entries of one location replace each other)."""
     key: str
     files: tuple
     racy: bool
+    where: str = ""  # the parameters' location: an entry replaces older ones of the same
 
 
 def _file_identity(path: str, now: float) -> tuple:
+    """``(the file's identity, whether it is racy)``: device, inode, size and modification
+    and change times (two files of one size written in one tick of a coarse clock differ by
+    their inodes); racy when modified or changed (``cp -p`` keeps an old mtime) less than
+    :data:`RACY_SECONDS` ago."""
     st = os.stat(path)
-    return f"{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}", now - st.st_mtime < RACY_SECONDS
+    ident = f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+    return ident, now - max(st.st_mtime, st.st_ctime) < RACY_SECONDS
 
 
 def model_key(model_bytes: bytes, params_dir: str, params_name: str | None,
@@ -101,6 +109,7 @@ def model_key(model_bytes: bytes, params_dir: str, params_name: str | None,
     """The key of the optimized form of a model (see the module's docstring)."""
     h = hashlib.sha256(sources_stamp().encode())
     h.update(b"\0passes:" + ",".join(passes).encode() + b"\0")
+    h.update(b"dir:" + os.path.realpath(params_dir).encode() + b"\0")
     h.update(hashlib.sha256(model_bytes).digest())
     now, racy, files = time.time(), False, []
     if params_name is not None:
@@ -114,7 +123,9 @@ def model_key(model_bytes: bytes, params_dir: str, params_name: str | None,
         h.update(f"{name}:{ident}\0".encode())
         racy = racy or fresh
         files.append(path)
-    return ModelKey(h.hexdigest(), tuple(files), racy)
+    where = hashlib.sha256(os.path.realpath(params_dir).encode() + b"\0"
+                           + (params_name or "").encode()).hexdigest()[:16]
+    return ModelKey(h.hexdigest(), tuple(files), racy, where)
 
 
 def content_digest(files) -> str:
@@ -129,32 +140,64 @@ def content_digest(files) -> str:
     return h.hexdigest()
 
 
-def _checked_marker(key: str, digest: str) -> pathlib.Path:
-    """The file saying that the parameter files of ``key`` were found to hold the bytes of
+def _checked_marker(mk: ModelKey, digest: str) -> pathlib.Path:
+    """The file saying that the parameter files of ``mk`` were found to hold the bytes of
     ``digest`` at a time their modification times were old enough to tell a later change."""
-    return _cache_dir() / f"{key[:40]}-{digest[:32]}.checked"
+    return _cache_dir() / f"{mk.where}-{mk.key[:40]}-{digest[:32]}.checked"
 
 
-def entry_path(key: str) -> pathlib.Path:
-    return _cache_dir() / f"{key[:40]}.pdopt"
+def entry_path(mk: ModelKey) -> pathlib.Path:
+    return _cache_dir() / f"{mk.where}-{mk.key[:40]}.pdopt"
 
 
-def store(mk: ModelKey, program, params: dict, feed_names,
-          fetch_names) -> pathlib.Path | None:
+def _evict_others(mk: ModelKey, keep: pathlib.Path) -> None:
+    """Remove the older entries (and markers) of the parameters' location of ``mk``: one
+    entry per model location (a script that saves and loads a model every epoch keeps one
+    copy of its weights, not one per epoch)."""
+    for old in keep.parent.glob(f"{mk.where}-*"):
+        if old != keep and not old.name.startswith(f"{mk.where}-{mk.key[:40]}-"):
+            try:
+                old.unlink()
+            except OSError:
+                pass
+
+
+def racy_digest(mk: ModelKey):
+    """The parameter files' :func:`content_digest` where ``mk`` is racy (taken before they are
+    read, so that a rewrite while they are read and optimized cannot be taken for them), else
+    ``None``; ``False`` where they cannot be read."""
+    if not mk.racy:
+        return None
+    try:
+        return content_digest(mk.files)
+    except OSError:
+        return False
+
+
+def builtin_only(program) -> bool:
+    """Whether every op of ``program`` has pdjit's own definition: a user's op (``define_op``)
+    may change with the user's code, which no key here sees."""
+    from pdjit.framework import registry
+
+    return all(registry.is_builtin(op.type) for b in program.blocks for op in b.ops)
+
+
+def store(mk: ModelKey, program, params: dict, feed_names, fetch_names,
+          digest=None) -> pathlib.Path | None:
     """Write the optimized model under ``mk``; the path, or ``None`` where it cannot be kept
-    (a parameter that is not a plain array, a directory that cannot be written). A racy key's
-    entry holds the parameter files' :func:`content_digest` (checked by :func:`load`)."""
+    (a parameter that is not a plain array, an op a user defined, a directory that cannot be
+    written). A racy key's entry holds ``digest``, the parameter files' :func:`racy_digest`
+    taken before they were read (checked by :func:`load`)."""
     key = mk.key
+    if digest is False or (mk.racy and digest is None) or not builtin_only(program):
+        return None
     arrays = []
     for name, value in params.items():
         if type(value) is not np.ndarray or value.dtype.hasobject or \
                 np.dtype(value.dtype.str) != value.dtype:
             return None
         arrays.append((name, np.ascontiguousarray(value)))
-    try:
-        digest = content_digest(mk.files) if mk.racy else None
-    except OSError:
-        return None
+    digest = digest if mk.racy else None
     prog = program.serialize_to_string()
     entries, offset = [], 0
     for name, a in arrays:
@@ -170,7 +213,7 @@ def store(mk: ModelKey, program, params: dict, feed_names,
         "data_len": offset}, separators=(",", ":")).encode()
     head = MAGIC + struct.pack("<Q", len(header)) + header + hashlib.sha256(header).digest()
     start = -(-(len(head) + len(prog)) // _ALIGN) * _ALIGN
-    path = entry_path(key)
+    path = entry_path(mk)
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -182,9 +225,14 @@ def store(mk: ModelKey, program, params: dict, feed_names,
                 f.write(b"\0" * (off - pos))
                 f.write(memoryview(a.reshape(-1)).cast("B"))
                 pos = off + a.nbytes
-        os.chmod(tmp, 0o644)
+            f.flush()
+            os.fsync(f.fileno())  # (the header's digests do not cover the parameters)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # (mkstemp's 0600 otherwise; as a plain file would be)
         os.replace(tmp, path)
         tmp = None
+        _evict_others(mk, path)
         return path
     except OSError:
         return None
@@ -201,7 +249,7 @@ def _content_matches(mk: ModelKey, digest) -> bool:
     made from (``digest``; ``None``: the entry was not written racy)."""
     if digest is None:
         return True
-    marker = _checked_marker(mk.key, digest)
+    marker = _checked_marker(mk, digest)
     if marker.exists():
         return True
     try:
@@ -244,7 +292,7 @@ def load(mk: ModelKey):
     from pdjit.framework.errors import ProgramError
     from pdjit.framework.program import Program
 
-    path = entry_path(key)
+    path = entry_path(mk)
     try:
         f = open(path, "rb")
     except OSError:
@@ -263,7 +311,8 @@ def load(mk: ModelKey):
             if len(header) != n or hashlib.sha256(header).digest() != digest:
                 return None
             meta = json.loads(header)
-            if meta.get("key") != key or not _content_matches(mk, meta.get("params_sha256")):
+            if type(meta) is not dict or meta.get("key") != key or \
+                    not _content_matches(mk, meta.get("params_sha256")):
                 return None
             prog = f.read(meta["program_len"])
             if hashlib.sha256(prog).hexdigest() != meta["program_sha256"]:
@@ -272,15 +321,21 @@ def load(mk: ModelKey):
             if size != start + meta["data_len"]:
                 return None
             data = _data(f, start, meta["data_len"])
-        params = {}
-        for name, dtype, shape, offset in meta["params"]:
+        params, end = {}, 0
+        for name, dtype, shape, offset in sorted(meta["params"], key=lambda e: e[3]):
             dt = np.dtype(dtype)
             count = int(np.prod(shape, dtype=np.int64))
-            params[name] = data[offset:offset + count * dt.itemsize].view(dt).reshape(shape)
+            if offset < end or count < 0 or offset + count * dt.itemsize > meta["data_len"]:
+                return None  # (parameters overlapping, or past the data)
+            end = offset + count * dt.itemsize
+            params[name] = data[offset:end].view(dt).reshape(shape)
         program = Program.parse_from_string(prog)
-    except (OSError, ValueError, KeyError, TypeError, struct.error, ProgramError):
-        return None
-    program._is_test = bool(meta.get("is_test"))
-    if meta.get("verified"):  # stored as ``pdjit.verify`` left it: not checked again
-        program.__dict__["_verified_version"] = program.version
-    return program, params, list(meta["feed"]), list(meta["fetch"])
+        if not builtin_only(program):  # (an op type a user has redefined since)
+            return None
+        program._is_test = bool(meta.get("is_test"))
+        if meta.get("verified"):  # stored as ``pdjit.verify`` left it: not checked again
+            program.__dict__["_verified_version"] = program.version
+        return program, params, list(meta["feed"]), list(meta["fetch"])
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError,
+            RecursionError, struct.error, ProgramError):
+        return None  # (an entry that is not right is made again)

@@ -182,7 +182,7 @@ class Executor:
                                     f"{type(feed).__name__}")
             if type(fetch_list) is not list and (
                     isinstance(fetch_list, str) or (fetch_list is not None
-                                                    and not isinstance(fetch_list, tuple))):
+                                                    and not isinstance(fetch_list, (list, tuple)))):
                 fetch_list = [fetch_list]
             scope = scope if scope is not None else global_scope()
             if generator_loader.READERS in program.__dict__:  # a started py_reader's batch

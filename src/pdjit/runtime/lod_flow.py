@@ -86,8 +86,10 @@ class LoDFlow:
         raise AttributeError(name)
 
     def _build(self) -> None:
+        """The rules, built into locals and published together at the end: concurrent first
+        runs (a plan shared by threads) may each build them, never see half of them."""
         ops, requests = self._ops, self._requests
-        self.flows = []
+        flows = []
         by_op = {}
         for op, _ in ops:
             opdef = registry.get(op.type)
@@ -114,11 +116,12 @@ class LoDFlow:
             flow = _OpFlow(opdef, attrs, ins, outs)
             flow.dim0 = dim0
             by_op[id(op)] = flow
-            self.flows.append(flow)
+            flows.append(flow)
         for pos, (op, name, level, optional) in enumerate(requests):
             by_op[id(op)].requests.append((pos, name, level, optional))
         # a control-flow op (a native loop) says nothing of LoD: LoD inputs run its reference
-        self.refuse = any(f.opdef.has(registry.CONTROL_FLOW) for f in self.flows)
+        refuse = any(f.opdef.has(registry.CONTROL_FLOW) for f in flows)
+        self.__dict__.update(flows=flows, refuse=refuse)
 
     def resolve(self, arg_lods: dict):
         """``({name: (lod arrays, from a rule)}, extra offsets args)`` for one run, from the LoDs

@@ -196,6 +196,13 @@ def test_a_tiny_plan_keeps_the_thread_settings_and_is_timed_again_later(monkeypa
     choice.end(8, threads.TINY_RUN_S * 10)              # no longer tiny
     assert choice.begin(8) is not choice.KEEP
     assert choice.begin(4) is not choice.KEEP          # another batch size: its own
+    # two tiny batch sizes taking turns: each keeps its settings for its own count of runs
+    choice = threads.RunChoice(ready=lambda key: True)
+    for k in (8, 4):
+        choice.begin(k)
+        choice.end(k, threads.TINY_RUN_S / 2)
+    assert [choice.begin(k) for _ in range(3) for k in (8, 4)] == [choice.KEEP] * 6
+    assert choice.begin(8) is not choice.KEEP and choice.begin(4) is not choice.KEEP
 
 
 def test_a_tiny_run_gives_up_the_thread_trial(two_asked, monkeypatch):

@@ -504,9 +504,11 @@ TINY_RUNS = 256
 
 
 class _Choice:
-    __slots__ = ("warm", "pick", "trial", "times", "timing", "left", "until", "interval")
+    __slots__ = ("warm", "pick", "trial", "times", "timing", "left", "until", "interval",
+                 "tiny")
 
     def __init__(self):
+        self.tiny = 0                  # runs left that keep the settings (but RunChoice.tiny_left)
         self.warm = CHOICE_AFTER       # runs before the first trial
         self.pick = None               # None: none yet; 0: every free core; 1: one thread
         self.trial = False
@@ -529,9 +531,10 @@ class RunChoice:
 
     ``begin(key)`` returns the cap for the run (None: the free cores; 1: the caller's thread;
     :data:`KEEP`: a run too short for threads to matter, see :data:`TINY_RUN_S`: run it as
-    the thread's settings are, untimed), ``end(key, seconds)`` takes the run's time. While
-    ``tiny_left`` is positive, the runs of batch size ``tiny_key`` are such runs: a caller may
-    count them down itself instead of calling ``begin`` (a 3-op program's run is ~8 us).
+    the thread's settings are, untimed), ``end(key, seconds)`` takes the run's time. Each
+    batch size counts its tiny runs down; while ``tiny_left`` is positive, the runs of batch
+    size ``tiny_key`` (the latest tiny one) are such runs: a caller may count them down itself
+    instead of calling ``begin`` (a 3-op program's run is ~8 us).
     ``ready(key)``: whether a trial may start (the plan's own driver trials are over: a run
     kept on one thread would run a split driver unsplit); asked only when one is due, else
     again :data:`CHOICE_AFTER` runs later. Safe under concurrent runs (a sample lost at
@@ -554,6 +557,9 @@ class RunChoice:
             if len(self.keys) > 64:
                 self.keys.clear()
             st = self.keys[key] = _Choice()
+        if st.tiny > 0:  # another key's tiny runs (batch sizes taking turns): its count moves
+            self._count_tiny(key, st.tiny - 1)  # to the shortcut
+            return self.KEEP
         if st.warm > 0:
             st.warm -= 1
             return 1 if st.pick == 1 else None
@@ -579,7 +585,7 @@ class RunChoice:
             return
         if seconds < TINY_RUN_S:  # (a trial of a tiny run is given up: nothing to choose)
             st.trial, st.timing = False, -1
-            self.tiny_key, self.tiny_left = key, TINY_RUNS
+            self._count_tiny(key, TINY_RUNS)
             return
         if not st.trial or st.timing < 0:
             return
@@ -594,6 +600,17 @@ class RunChoice:
             st.pick, st.trial = pick, False
             st.left = st.interval
             st.until = self.clock() + CHOICE_RETRY_S * st.interval / CHOICE_RETRY_RUNS
+
+    def _count_tiny(self, key, runs: int) -> None:
+        """``runs`` tiny runs of ``key`` to keep, counted by the shortcut (``tiny_key``,
+        ``tiny_left``); the key it counted for so far keeps its count in its own state."""
+        old = self.keys.get(self.tiny_key) if self.tiny_key != key else None
+        if old is not None:
+            old.tiny = self.tiny_left
+        st = self.keys.get(key)
+        if st is not None:
+            st.tiny = 0
+        self.tiny_key, self.tiny_left = key, runs
 
     def picks(self) -> dict:
         """``{key: "every free core" | "one thread" | "on trial" | ...}`` (explain, tests)."""
