@@ -85,6 +85,20 @@ def test_a_global_average_pool_predicts_its_own_kernels(fresh_programs, monkeypa
     _assert_used(jobs)
 
 
+def test_a_filter_gradient_predicts_the_kernel_its_sizes_take(fresh_programs, monkeypatch):
+    """On 4x4 planes a convolution's filter gradient runs by im2col + BLAS (too few outputs
+    for the taps kernel): the compile jobs name that kernel and not the taps one, and the
+    predicted signatures are the ones the calls use."""
+    main, startup = fresh_programs
+    x = fluid.layers.data("x", [3, 4, 4])
+    h = fluid.layers.conv2d(x, 4, 3, padding=1, bias_attr=False)
+    lines = _trained_lines(main, startup, fluid.layers.mean(h), (2, 3, 4, 4), monkeypatch)
+    jobs = nnlib.library_jobs(lines, np.float32)
+    names = {fn.py_func.__name__ for fn, _ in jobs}
+    assert "_bwd_filter_blas" in names and "_bwd_filter_range" not in names
+    _assert_used(jobs)
+
+
 def test_a_blocked_convolution_with_an_epilogue_predicts_its_kernels(fresh_programs,
                                                                      monkeypatch):
     """A convolution computed by blocks of samples with its bias and relu fused (the call of

@@ -37,7 +37,8 @@ from pdjit.codegen.cpu.threads import loop_threads
 from pdjit.codegen.diskcache import cached
 
 __all__ = ["split_work", "conv2d_fwd", "conv2d_bwd_data", "conv2d_bwd_data_by_taps",
-           "conv2d_bwd_filter", "nchw", "nhwc_into", "nchw_empty"]
+           "conv2d_bwd_filter", "conv2d_bwd_filter_by_blas", "nchw", "nhwc_into",
+           "nchw_empty"]
 
 U = numba.uint64
 
@@ -1080,6 +1081,11 @@ jobs("conv2d_fwd")(lambda T: [(_fwd_taps, _residual_types(T))])
 jobs("conv2d_bwd_data")(lambda T: [(_bwd_data_range, _range_types(T)),
                                    (_fwd_taps, _residual_types(T))])
 jobs("conv2d_bwd_filter")(lambda T: [(_bwd_filter_range, _range_types(T))])  # (the taps)
+#: :func:`conv2d_bwd_filter` itself, under the name a lowering calls when the sizes it knows
+#: say that the gradient runs by im2col + BLAS (:func:`_dw_by_taps` says no), so that its
+#: compile jobs name that kernel, not the taps one (~1.9 s of CPU cold, for nothing)
+conv2d_bwd_filter_by_blas = conv2d_bwd_filter
+jobs("conv2d_bwd_filter_by_blas")(lambda T: [(_bwd_filter_blas, _range_types(T))])
 #: :func:`conv2d_bwd_data` itself, under the name a lowering calls when the sizes it knows say
 #: that the gradient runs as the taps kernel over dy (:func:`by_forward`), so that its compile
 #: jobs name that kernel alone (the other sizes' :func:`_bwd_data_range`: ~1 s of CPU cold)

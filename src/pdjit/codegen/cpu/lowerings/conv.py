@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from pdjit.codegen.cpu.lib.conv import _use_gemm, by_forward, use_direct
+from pdjit.codegen.cpu.lib.conv import _dw_by_taps, _use_gemm, by_forward, use_direct
 from pdjit.codegen.cpu.lowerings import lowering
 from pdjit.ops.conv import (
     Geometry,
@@ -117,8 +117,25 @@ def _grad_lines(ctx, transposed: bool) -> list | None:
         lines += pre + [f"{ctx.lib_fn(data)}({dyc}, {W}, {dx}, {args})"] + post
     if ctx.has_output("Filter@GRAD"):
         dw = ctx.out("Filter@GRAD", shape=f"{W}.shape")
-        lines.append(f"{ctx.lib_fn('conv2d_bwd_filter')}({image}, {grad}, {dw}, {args})")
+        entry = "conv2d_bwd_filter" if transposed else _bwd_filter_entry(ctx, g, arg_list)
+        lines.append(f"{ctx.lib_fn(entry)}({image}, {grad}, {dw}, {args})")
     return lines
+
+
+def _bwd_filter_entry(ctx, g: Geometry, arg_list: list) -> str:
+    """The library's entry of a convolution's filter gradient: ``conv2d_bwd_filter_by_blas``
+    where the filter and the output gradient's size known when lowering say that it runs by
+    im2col + BLAS (the plan's compile jobs then name that kernel, not the taps one), else
+    ``conv2d_bwd_filter``. Both are the same function (it picks by the sizes)."""
+    m, cg, kh, kw = tuple(ctx.shape("Filter"))
+    oh, ow = g.spatial(ctx.shape("Output@GRAD"))
+    groups = arg_list[-1]
+    if not groups.isdigit() or int(groups) < 1 or min(m, cg, kh, kw, oh, ow) < 1 or \
+            m % int(groups):
+        return "conv2d_bwd_filter"
+    if _dw_by_taps(oh * ow, m // int(groups), cg * kh * kw):
+        return "conv2d_bwd_filter"
+    return "conv2d_bwd_filter_by_blas"
 
 
 def _bwd_data_entry(ctx, g: Geometry, arg_list: list) -> str:
