@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import marshal
-import os
 import sys
-import tempfile
 
 from pdjit.framework.errors import ProgramLimitError
+from pdjit.framework.files import write_whole
 
 #: texts shorter than this (characters) are compiled each time (faster than a file's read)
 CACHED_MIN_CHARS = 8000
@@ -91,19 +90,4 @@ def _read_code(path):
 
 def _write_code(path, code) -> None:
     payload = marshal.dumps(code)
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(_magic() + hashlib.sha256(payload).digest() + payload)
-        os.replace(tmp, path)
-        tmp = None
-    except OSError:
-        pass
-    finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+    write_whole(path, lambda f: f.write(_magic() + hashlib.sha256(payload).digest() + payload))

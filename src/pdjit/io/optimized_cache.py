@@ -45,12 +45,12 @@ import mmap
 import os
 import pathlib
 import struct
-import tempfile
 import time
 from dataclasses import dataclass
 
 import numpy as np
 
+from pdjit.framework.files import write_whole
 from pdjit.version import __version__
 
 MAGIC = b"pdjit-optimized-model 1\n"
@@ -214,34 +214,20 @@ def store(mk: ModelKey, program, params: dict, feed_names, fetch_names,
     head = MAGIC + struct.pack("<Q", len(header)) + header + hashlib.sha256(header).digest()
     start = -(-(len(head) + len(prog)) // _ALIGN) * _ALIGN
     path = entry_path(mk)
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".", suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
-            f.write(head + prog + b"\0" * (start - len(head) - len(prog)))
-            pos = 0
-            for (_, _, _, off), (_, a) in zip(entries, arrays):
-                f.write(b"\0" * (off - pos))
-                f.write(memoryview(a.reshape(-1)).cast("B"))
-                pos = off + a.nbytes
-            f.flush()
-            os.fsync(f.fileno())  # (the header's digests do not cover the parameters)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # (mkstemp's 0600 otherwise; as a plain file would be)
-        os.replace(tmp, path)
-        tmp = None
-        _evict_others(mk, path)
-        return path
-    except OSError:
+
+    def write(f):
+        f.write(head + prog + b"\0" * (start - len(head) - len(prog)))
+        pos = 0
+        for (_, _, _, off), (_, a) in zip(entries, arrays):
+            f.write(b"\0" * (off - pos))
+            f.write(memoryview(a.reshape(-1)).cast("B"))
+            pos = off + a.nbytes
+
+    # (durable: the header's digests do not cover the parameters' bytes)
+    if not write_whole(path, write, durable=True):
         return None
-    finally:
-        if tmp is not None:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
+    _evict_others(mk, path)
+    return path
 
 
 def _content_matches(mk: ModelKey, digest) -> bool:
