@@ -112,10 +112,11 @@ class DriverTiers:
         their batch size (or the next one on trial)."""
         if self.native is not None:
             a = values[self._batch_arg] if values else None
-            fn = self.picked.get(a.shape[0] if a is not None and a.ndim else 0)
+            key = a.shape[0] if a is not None and a.ndim else 0
+            fn = self.picked.get(key)
             if fn is not None:
                 return fn(*values)
-            return self.pick(values)
+            return self.pick(values, key)
         if self._hot is None:
             return self.step.call_host(values)
         self._hot_runs -= 1
@@ -225,16 +226,11 @@ class DriverTiers:
                            if parts > 1 else None)
         return self._split[1]
 
-    def pick(self, values):
-        """Run the driver chosen for this batch size, or the next trial among the host
-        driver, the native one and (a large batch, when the step's rows are independent) the
-        native one on slices of the batch. Safe to call from several threads at once (a
-        served model): a trial's bookkeeping may then be lost, never the run."""
-        a = values[self._batch_arg] if values else None
-        key = a.shape[0] if a is not None and a.ndim else 0
-        fn = self.picked.get(key)
-        if fn is not None:
-            return fn(*values)
+    def pick(self, values, key):
+        """Run the next trial for batch size ``key`` (none chosen yet) among the host driver,
+        the native one and (a large batch, when the step's rows are independent) the native
+        one on slices of the batch. Safe to call from several threads at once (a served
+        model): a trial's bookkeeping may then be lost, never the run."""
         nd = self.native
         if nd is None:  # (given up by another thread's trial)
             return self.step.compiled.fn(*values)
