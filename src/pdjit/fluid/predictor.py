@@ -198,14 +198,14 @@ class Config:
                           f"cpu threads: {self.cpu_math_library_num_threads()}",
                           f"use_gpu: {self.use_gpu()}"])
 
-    def _files(self) -> tuple:
-        """``(model file, params directory, params file name or None)``."""
+    def _model_args(self) -> tuple:
+        """What names the model's files: ``(model_dir,)`` or ``(prog_file, params_file)``."""
         if self._model_dir is not None:
-            return resolve(self._model_dir)
+            return (self._model_dir,)
         if self._prog_file is None:
             raise ValueError("Config: no model set (Config(model_dir), Config(prog_file, "
                              "params_file) or set_model)")
-        return resolve(self._prog_file, self._params_file)
+        return self._prog_file, self._params_file
 
     def _optimized(self) -> tuple:
         """``(program, feed names, fetch names, params)`` of the model after the inference
@@ -219,7 +219,7 @@ class Config:
         if self._optimized_cache:
             from pdjit.io import optimized_cache
 
-            model_file, pdir, pname = self._files()
+            model_file, pdir, pname = resolve(*self._model_args())
             try:
                 data = _read_file(model_file, "model")
                 if pname is not None and not os.path.exists(os.path.join(pdir, pname)):
@@ -246,12 +246,7 @@ class Config:
         return program, list(model.feed_names), list(model.fetch_names), params
 
     def _load(self) -> InferenceModel:
-        if self._model_dir is not None:
-            return load_model(self._model_dir)
-        if self._prog_file is None:
-            raise ValueError("Config: no model set (Config(model_dir), Config(prog_file, "
-                             "params_file) or set_model)")
-        return load_model(self._prog_file, self._params_file)
+        return load_model(*self._model_args())
 
 
 class Tensor:
