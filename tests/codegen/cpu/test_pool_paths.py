@@ -244,3 +244,43 @@ def test_the_max_pool_entries_of_fixed_windows_match_numpy():
         _native_max(x, n22, n33, sh, pt, pl)
         np.testing.assert_array_equal(n22, want22)
         np.testing.assert_array_equal(n33, want33)
+
+
+# (x shape): 2x2 max pools of stride 2 by vectors (``tile.max22_plane`` inside ``_max22``):
+# rows of fewer outputs than a vector, of more (a masked last vector), of whole vectors, an
+# odd last row and column that no window reads
+MAX22_CASES = [(2, 3, 8, 8), (1, 2, 24, 24), (2, 1, 9, 71), (1, 2, 6, 64), (2, 1, 2, 2),
+               (3, 2, 5, 35)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("xshape", MAX22_CASES, ids=[str(c) for c in MAX22_CASES])
+def test_2x2_max_pools_by_vectors_match_numpy(xshape, dtype):
+    """Against a max over each window taken in the kernel's order (each column's two rows,
+    then the two columns; NumPy's ``maximum`` semantics): bit for bit, through the host and
+    the native entries; a NaN in a window makes its max NaN, a window of ``-0.0`` and ``0.0``
+    keeps the one it takes first, ``-inf`` stays."""
+    n, c, h, w = xshape
+    oh, ow = h // 2, w // 2
+    x = RNG.standard_normal(xshape).astype(dtype)
+    x[-1, -1, h - 1, w - 1] = np.nan  # outside every window where h or w is odd
+    x[0, 0, 0, 1] = np.nan
+    x[-1, -1, :2, :2] = [[-0.0, 0.0], [0.0, -0.0]]
+    if oh * ow > 1:
+        x[-1, -1, 2 * oh - 2:2 * oh, 2 * ow - 2:2 * ow] = -np.inf
+
+    def first_max(a, b):  # b replaces a where larger or NaN, unless a is NaN
+        return np.where(np.isnan(a) | ~((b > a) | np.isnan(b)), a, b)
+
+    cols = first_max(x[:, :, 0:2 * oh:2, :2 * ow], x[:, :, 1:2 * oh:2, :2 * ow])
+    want = first_max(cols[..., 0::2], cols[..., 1::2])
+    assert np.isnan(want[0, 0, 0, 0]) and np.signbit(want[-1, -1, 0, 0])
+    y = np.full((n, c, oh, ow), 7.0, dtype)
+    nnlib.pool2d_max22(x, y)
+    np.testing.assert_array_equal(y, want)
+    assert np.array_equal(np.signbit(y), np.signbit(want))
+    yn = np.full_like(y, 7.0)
+    _native_max(x, yn, np.empty((n, c, 0, 0), dtype), 1, 0, 0)
+    np.testing.assert_array_equal(yn, want)
+    assert any(sig[0].dtype == numba.from_dtype(np.dtype(dtype))  # compiled, not interpreted
+               for sig in pk._max22.signatures)

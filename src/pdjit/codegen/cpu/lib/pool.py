@@ -19,7 +19,7 @@ from numba.extending import overload, register_jitable
 
 from pdjit.codegen.cpu.lib._jit import compile_cost, jit, jit_sum, jobs
 from pdjit.codegen.cpu.lib.conv import _cols, _plain, split_work
-from pdjit.codegen.cpu.lib.tile import pool_plane_kernel
+from pdjit.codegen.cpu.lib.tile import max22_plane, pool_plane_kernel
 
 __all__ = ["pool2d_fwd", "pool2d_max22", "pool2d_max33", "pool2d_bwd", "pool2d_mean",
            "pool2d_mean_bwd", "max_pool2d_index_fwd", "max_pool2d_index_bwd"]
@@ -165,31 +165,15 @@ def _is_whole(h_, w_, oh_, ow_, kh, kw, pt, pl, adaptive) -> bool:
 
 @jit
 def _max22(x, y, q0, q1):
-    """The max pool of 2x2 windows of stride 2 inside the image: per output row, the two
-    input rows combined first (one contiguous loop), then pairs of columns. A NaN propagates
-    (NumPy's ``max``), from -inf, as in the general passes (the same values)."""
+    """The max pool of 2x2 windows of stride 2 inside the image, plane by plane
+    (:func:`tile.max22_plane`: vectors of outputs). A NaN propagates (NumPy's ``max``), as in
+    the general passes (the same values)."""
     h_, w_ = x.shape[2], x.shape[3]
     oh_, ow_ = y.shape[2], y.shape[3]
     xf = x.reshape(x.size)
     yf = y.reshape(y.size)
-    lowest = x.dtype.type(-np.inf)
-    n2 = U(2 * ow_)
-    rm = np.empty(2 * ow_, x.dtype)
     for q in range(q0, q1):
-        for oh in range(oh_):
-            r0 = U((q * h_ + 2 * oh) * w_)
-            r1 = r0 + U(w_)
-            d = U((q * oh_ + oh) * ow_)
-            for j in range(n2):
-                m = lowest
-                v = xf[r0 + j]
-                m = v if v > m or v != v else m
-                v = xf[r1 + j]
-                rm[j] = v if v > m or v != v else m
-            for k in range(U(ow_)):
-                m = rm[2 * k]
-                v = rm[2 * k + 1]
-                yf[d + k] = v if v > m or v != v else m
+        max22_plane(xf, q * h_ * w_, w_, yf, q * oh_ * ow_, oh_, ow_)
 
 
 @jit_sum

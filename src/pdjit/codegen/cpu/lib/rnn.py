@@ -318,13 +318,13 @@ def _step_tiles(whf, GH, H, hT, tap, hht, BP, nch, lanes):
         q0 = c * lanes
         n = 0
         while n + _TILE_ROWS <= GH:
-            _tile_big(whf, n * H, H, H, hf, 0, tap, of, n * BP, BP, q0, False)
+            _tile_big(whf, n * H, H, H, hf, 0, tap, 0, of, n * BP, BP, q0, False)
             n += _TILE_ROWS
         while n + 8 <= GH:
-            _tile_mid(whf, n * H, H, H, hf, 0, tap, of, n * BP, BP, q0, False)
+            _tile_mid(whf, n * H, H, H, hf, 0, tap, 0, of, n * BP, BP, q0, False)
             n += 8
         while n < GH:
-            _tile_one(whf, n * H, H, H, hf, 0, tap, of, n * BP, BP, q0, False)
+            _tile_one(whf, n * H, H, H, hf, 0, tap, 0, of, n * BP, BP, q0, False)
             n += 1
 
 

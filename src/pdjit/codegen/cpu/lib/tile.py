@@ -1,17 +1,18 @@
 """A register-blocked micro-kernel for the convolution's taps path (:func:`conv._fwd_range`).
 
-``tile(wf, w0, wk, kk, xs, xb, tap, df, d0, ds, q0, more)`` computes a block of ``MR`` output
-rows by ``NV`` vectors of positions (a vector: 64 bytes, 16 float32 or 8 float64):
+``tile(wf, w0, wk, kk, xs, xb, tap, t0, df, d0, ds, q0, more)`` computes a block of ``MR``
+output rows by ``NV`` vectors of positions (a vector: 64 bytes, 16 float32 or 8 float64):
 
-    df[d0 + r * ds + q0 + q] = sum over k < kk of wf[w0 + r * wk + k] * xs[xb + tap[k] + q0 + q]
+    df[d0 + r * ds + q0 + q] = sum over k < kk of
+                               wf[w0 + r * wk + k] * xs[xb + tap[t0 + k] + q0 + q]
 
 for ``r < MR`` and ``q < NV * lanes``, added to what ``df`` holds there where ``more`` is true
 (a block of taps after the first: the caller splits long sums into blocks whose inputs stay in
 the L1 cache). The ``MR * NV`` sums stay in vector registers over all ``kk`` taps and are
 stored once; each tap loads ``NV`` vectors of inputs and broadcasts ``MR`` weights. Every
 output sums its products in tap order, each a fused multiply-add. The caller applies an
-epilogue (:func:`clamp_run`) to a strip of tiles while it is in cache: measured, a tile that
-stored through the epilogue itself made the whole kernel 15-40 % slower (a larger function,
+epilogue (:func:`clamp_run`) to a few strips of tiles while they are in cache: measured, a tile
+that stored through the epilogue itself made the whole kernel 15-40 % slower (a larger function,
 two store paths per tile), even where no epilogue was asked for.
 
 Written as LLVM IR (a Numba intrinsic) with explicit vector types: Numba's loop vectoriser
@@ -25,7 +26,8 @@ import llvmlite.ir as ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-__all__ = ["tile_kernel", "plane_kernel", "pool_plane_kernel", "clamp_run", "TILE_BYTES"]
+__all__ = ["tile_kernel", "plane_kernel", "pool_plane_kernel", "max22_plane", "clamp_run",
+           "TILE_BYTES"]
 
 #: the width of one vector of the tile, in bytes (an AVX-512 register)
 TILE_BYTES = 64
@@ -99,9 +101,10 @@ def _tile_sums(context, builder, at, args, mr: int, nv: int):
     wptr = context.make_array(at[0])(context, builder, args[0]).data
     xptr = context.make_array(at[4])(context, builder, args[4]).data
     tptr = context.make_array(at[6])(context, builder, args[6]).data
-    dptr = context.make_array(at[7])(context, builder, args[7]).data
+    dptr = context.make_array(at[8])(context, builder, args[8]).data
     w0v, wkv, kkv = (_offset(context, builder, at[i], args[i]) for i in (1, 2, 3))
-    xbv, d0v, dsv, q0v = (_offset(context, builder, at[i], args[i]) for i in (5, 8, 9, 10))
+    t0v, xbv, d0v, dsv, q0v = (_offset(context, builder, at[i], args[i])
+                               for i in (7, 5, 9, 10, 11))
     fty, size, lanes, vty, i64, zero, fma = _vectors(context, builder, at[0].dtype)
     dq = builder.add(d0v, q0v)
 
@@ -113,7 +116,7 @@ def _tile_sums(context, builder, at, args, mr: int, nv: int):
         return builder.bitcast(p, vty.as_pointer())
 
     acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(nv)] for _ in range(mr)]
-    with builder.if_then(_flag(context, builder, at[11], args[11])):  # more: df's sums so far
+    with builder.if_then(_flag(context, builder, at[12], args[12])):  # more: df's sums so far
         for r in range(mr):
             for v in range(nv):
                 builder.store(builder.load(cell(r, v), align=size), acc[r][v])
@@ -124,7 +127,7 @@ def _tile_sums(context, builder, at, args, mr: int, nv: int):
         "llvm.prefetch.p0")
     with cgutils.for_range(builder, kkv) as loop:
         k = loop.index
-        t = builder.load(builder.gep(tptr, [k]))
+        t = builder.load(builder.gep(tptr, [builder.add(t0v, k)]))
         base = builder.add(xq, context.cast(builder, t, at[6].dtype, types.int64))
         xv = []
         for v in range(nv):
@@ -154,8 +157,9 @@ def _tile_types(wf, xs, df, tap) -> bool:
 def tile_kernel(mr: int, nv: int):
     """The intrinsic for tiles of ``mr`` rows by ``nv`` vectors (see the module docstring)."""
     @intrinsic
-    def tile(typingctx, wf, w0, wk, kk, xs, xb, tap, df, d0, ds, q0, more):
-        if not _tile_types(wf, xs, df, tap) or not isinstance(more, types.Boolean):
+    def tile(typingctx, wf, w0, wk, kk, xs, xb, tap, t0, df, d0, ds, q0, more):
+        if not _tile_types(wf, xs, df, tap) or not isinstance(t0, types.Integer) or \
+                not isinstance(more, types.Boolean):
             return None
 
         def codegen(context, builder, signature, args):
@@ -165,7 +169,7 @@ def tile_kernel(mr: int, nv: int):
                     builder.store(builder.load(acc[r][v]), cell(r, v), align=size)
             return context.get_dummy_value()
 
-        return types.void(wf, w0, wk, kk, xs, xb, tap, df, d0, ds, q0, more), codegen
+        return types.void(wf, w0, wk, kk, xs, xb, tap, t0, df, d0, ds, q0, more), codegen
 
     return tile
 
@@ -387,6 +391,92 @@ def pool_plane_kernel(k: int, stride: int):
         return sig, codegen
 
     return pool
+
+
+def _larger(builder, x, m):
+    """``x`` where it replaces the max so far ``m`` (larger, or NaN), unless ``m`` is NaN:
+    NumPy's ``max`` taken in order (the first of equal values kept, ``-0.0`` before ``0.0``)."""
+    take = builder.and_(builder.fcmp_unordered(">", x, m), builder.fcmp_ordered("ord", m, m))
+    return builder.select(take, x, m)
+
+
+@intrinsic
+def max22_plane(typingctx, xs, b0, w, df, d0, oh, ow):
+    """The max pool of 2x2 windows at stride 2 over one plane whose windows all lie inside it:
+    ``max22_plane(xs, b0, w, df, d0, oh, ow)`` writes ``df[d0 + o * ow + q]`` = the max of
+    ``xs[b0 + (2 * o + i) * w + 2 * q + j]`` for ``i, j < 2`` (each column's two rows, then
+    the two columns, as :func:`_larger` takes a max), for ``o < oh``, ``q < ow``
+    (``2 * ow <= w``). Per output
+    row, a vector of outputs from two vectors of each input row: the rows' maxima, then the
+    even and odd lanes of the pair (shuffles); the last vector masked. (The same loops in
+    Numba stayed scalar: 2-4x slower on LeNet's and VGG's pools.) The offsets are the caller's
+    to keep in bounds."""
+    if not (isinstance(xs, types.Array) and isinstance(df, types.Array)) or \
+            xs.dtype != df.dtype or xs.dtype not in (types.float32, types.float64):
+        return None
+    if not all(isinstance(t, types.Integer) for t in (b0, w, d0, oh, ow)):
+        return None
+    sig = types.void(xs, b0, w, df, d0, oh, ow)
+
+    def codegen(context, builder, signature, args):
+        at = signature.args
+        xptr = context.make_array(at[0])(context, builder, args[0]).data
+        dptr = context.make_array(at[3])(context, builder, args[3]).data
+        b0v, wv, d0v, ohv, owv = (_offset(context, builder, at[i], args[i])
+                                  for i in (1, 2, 4, 5, 6))
+        fty, size, lanes, vty, i64, zero, _ = _vectors(context, builder, at[0].dtype)
+        load, store = _masked(builder, vty, "load"), _masked(builder, vty, "store")
+        align = ir.Constant(ir.IntType(32), size)
+        ity = ir.VectorType(i64, lanes)
+        iota = ir.Constant(ity, list(range(lanes)))
+        i32s = ir.VectorType(ir.IntType(32), lanes)
+        even = ir.Constant(i32s, [2 * t for t in range(lanes)])
+        odd = ir.Constant(i32s, [2 * t + 1 for t in range(lanes)])
+
+        def c(v):
+            return ir.Constant(i64, v)
+
+        def ptr(base, at_):
+            return builder.bitcast(builder.gep(base, [at_]), vty.as_pointer())
+
+        def below(start, end):
+            """The lanes ``start + lane < end``."""
+            return builder.icmp_signed("<", builder.add(_splat(builder, ity, start), iota),
+                                       _splat(builder, ity, end))
+
+        def vector(r0, q0, masked):
+            """Outputs ``q0..q0 + lanes`` of the row whose inputs start at ``r0``."""
+            halves = []
+            for h2 in range(2):
+                col = builder.add(builder.mul(q0, c(2)), c(h2 * lanes))
+                rows = []
+                for i in range(2):
+                    at_ = builder.add(builder.add(r0, builder.mul(wv, c(i))), col)
+                    if masked:
+                        mask = below(col, builder.mul(owv, c(2)))
+                        rows.append(builder.call(load, [ptr(xptr, at_), align, mask, zero]))
+                    else:
+                        rows.append(builder.load(ptr(xptr, at_), align=size))
+                halves.append(_larger(builder, rows[1], rows[0]))
+            return _larger(builder, builder.shuffle_vector(halves[0], halves[1], odd),
+                           builder.shuffle_vector(halves[0], halves[1], even))
+
+        nfull = builder.sdiv(owv, c(lanes))
+        done = builder.mul(nfull, c(lanes))
+        with cgutils.for_range(builder, ohv) as oloop:
+            o = oloop.index
+            r0 = builder.add(b0v, builder.mul(builder.mul(o, c(2)), wv))
+            y0 = builder.add(d0v, builder.mul(o, owv))
+            with cgutils.for_range(builder, nfull) as qloop:
+                q0 = builder.mul(qloop.index, c(lanes))
+                builder.store(vector(r0, q0, False), ptr(dptr, builder.add(y0, q0)),
+                              align=size)
+            with builder.if_then(builder.icmp_signed("<", done, owv)):
+                builder.call(store, [vector(r0, done, True), ptr(dptr, builder.add(y0, done)),
+                                     align, below(done, owv)])
+        return context.get_dummy_value()
+
+    return sig, codegen
 
 
 @intrinsic
