@@ -33,6 +33,9 @@ os.environ.setdefault("PDJIT_AUTO_WARMUP", "0")
 # Native code that falls back to the references fails the test (a lowering bug would otherwise
 # hide behind the right answer); tests of fallbacks ask for Executor(strict=False).
 os.environ.setdefault("PDJIT_STRICT", "1")
+# A compiled-mode executor runs its compiled plan from the first run (not the references while
+# a cold cache's kernels compile): tests/runtime/test_cold_runs.py tests the other setting.
+os.environ.setdefault("PDJIT_COLD_RUNS", "compile")
 # The Predictor's native drivers (one compiled function per plan step, seconds of compile time
 # per model) only where a test asks for them: the suite's other tests run the host drivers.
 os.environ.setdefault("PDJIT_NATIVE_DRIVERS", "0")

@@ -44,6 +44,8 @@ the disk cache, from which the first calls here load them.
 """
 from __future__ import annotations
 
+import atexit
+import contextlib
 import hashlib
 import importlib
 import os
@@ -591,12 +593,104 @@ def _affinity(c):
     return c.affinity
 
 
+class Background:
+    """The forked workers compiling a plan's kernels into the disk cache while this process
+    goes on (:func:`compile_later`): ``done()`` says whether they all finished (without
+    waiting), ``wait()`` waits for them (one that hangs is killed, as :func:`precompile`'s)."""
+
+    def __init__(self):
+        self.pids: list = []
+        self.jobs = 0
+
+    def done(self) -> bool:
+        left = []
+        for pid in self.pids:
+            try:
+                finished, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # (reaped elsewhere)
+                finished = pid
+            if not finished:
+                left.append(pid)
+        self.pids = left
+        return not left
+
+    def wait(self) -> None:
+        pids, self.pids = self.pids, []
+        for pid in pids:
+            try:
+                _wait(pid, deadline=time.monotonic() + max(60.0, 2.0 * self.jobs))
+            except ChildProcessError:
+                pass
+
+
+_later = threading.local()
+_background: list = []  # every Background with a worker still running: waited for at exit
+
+
+@contextlib.contextmanager
+def compile_later():
+    """Within it, :func:`precompile` on this thread hands every kernel to compile to a forked
+    worker and returns at once (where a worker can be forked: else it compiles as usual); the
+    :class:`Background` it yields holds the workers. The kernels are then on disk for their
+    first calls once the workers are done; a first call before that compiles in this process.
+    At exit, Python waits for the workers still compiling (the cache is then whole for the
+    next process, and no worker outlives this one)."""
+    bg = Background()
+    prev = getattr(_later, "bg", None)
+    _later.bg = bg
+    try:
+        yield bg
+    finally:
+        _later.bg = prev
+        if bg.pids:
+            if not _background:
+                atexit.register(_wait_background)
+            _background.append(bg)
+
+
+def _wait_background() -> None:
+    while _background:
+        _background.pop().wait()
+
+
+def _fork_workers(todo: list, n: int = 1, refresh: bool = True) -> tuple:
+    """Fork ``n`` workers that compile ``todo``'s groups of jobs from one queue into the disk
+    cache; returns ``(their pids, the queue's read end)`` (this process may take groups from
+    it too). ``refresh``: Numba's registries loaded before the fork, for every process (else
+    each worker loads them, off this process's path)."""
+    # the queue: a pipe holding every group's index; a 2-byte read claims one, atomically
+    rd, wr = os.pipe()
+    os.write(wr, b"".join(i.to_bytes(2, "little") for i in range(len(todo))))
+    os.close(wr)
+    os.set_blocking(rd, False)
+    from numba.core.compiler_lock import global_compiler_lock
+    from numba.core.registry import cpu_target
+
+    with global_compiler_lock, warnings.catch_warnings():
+        # Numba's registries imported and installed once, here, before the fork (a compile
+        # does it first): the worker inherits them instead of spending its first ~0.7 s on it
+        if refresh:
+            cpu_target.target_context.refresh()
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with native threads
+        pids = []
+        for _ in range(n):
+            pid = os.fork()
+            if pid == 0:  # a worker: compile into the disk cache, then leave without cleanup
+                try:
+                    _drain(rd, todo, BaseException)
+                finally:
+                    os._exit(0)
+            pids.append(pid)
+    return pids, rd
+
+
 def precompile(jobs) -> int:
     """Compile ``jobs`` (``(Compiled or LibraryKernel, predicted argument types)``: a job has
     ``fn``, ``name``, ``cost`` and ``affinity``) before their first call, this process and a
     forked worker taking them from one queue, by groups of one affinity (:func:`_affinity`),
     costliest first (the sum of their ``cost``); the worker writes what it compiles
-    to the disk cache, from which the first calls here load it.
+    to the disk cache, from which the first calls here load it. Within :func:`compile_later`,
+    the worker takes them all and this process does not wait for it.
     Kernels already on disk or in memory are skipped, and a prediction that turns out wrong
     only means the first call compiles as it would have anyway. Returns how many kernels
     the worker compiled (0 without a worker)."""
@@ -612,34 +706,29 @@ def precompile(jobs) -> int:
         if sig in c.fn.overloads or _is_cached(c, sig):
             continue
         todo.append((c, sig))
-    if len(todo) < POOL_MIN_JOBS or compile_workers() == 0 or len(todo) > _MAX_JOBS or \
-            os.path.abspath(str(cache_dir())) in _disk_off or \
+    later = getattr(_later, "bg", None)
+    if not todo or len(todo) > _MAX_JOBS or os.path.abspath(str(cache_dir())) in _disk_off or \
             not hasattr(os, "fork") or \
             threading.active_count() > 1:  # another Python thread may hold a lock forever
+        return 0
+    if later is None and (len(todo) < POOL_MIN_JOBS or compile_workers() == 0):
+        return 0
+    if later is not None and os.environ.get("PDJIT_COMPILE_WORKERS", "").strip() == "0":
         return 0
     groups: dict = {}
     for job in todo:
         groups.setdefault(_affinity(job[0]), []).append(job)
     todo = sorted(groups.values(), key=lambda g: -sum(c.cost for c, _ in g))
-    # the queue: a pipe holding every group's index; a 2-byte read claims one, atomically
-    rd, wr = os.pipe()
-    os.write(wr, b"".join(i.to_bytes(2, "little") for i in range(len(todo))))
-    os.close(wr)
-    os.set_blocking(rd, False)
-    from numba.core.compiler_lock import global_compiler_lock
-    from numba.core.registry import cpu_target
-
-    with global_compiler_lock, warnings.catch_warnings():
-        # Numba's registries imported and installed once, here, before the fork (a compile
-        # does it first): the worker inherits them instead of spending its first ~0.7 s on it
-        cpu_target.target_context.refresh()
-        warnings.simplefilter("ignore", DeprecationWarning)  # fork with native threads
-        pid = os.fork()
-        if pid == 0:  # the worker: compile into the disk cache, then leave without cleanup
-            try:
-                _drain(rd, todo, BaseException)
-            finally:
-                os._exit(0)
+    if later is not None:  # workers compile them all (one per core); this process goes on
+        pids, rd = _fork_workers(todo, min(len(todo), max(1, os.cpu_count() or 1), 2),
+                                 refresh=False)
+        os.close(rd)
+        n = sum(len(g) for g in todo)
+        later.pids += pids
+        later.jobs += n
+        _by_worker[0] += n
+        return n
+    (pid,), rd = _fork_workers(todo)
     t0 = time.monotonic()
     try:
         mine = _drain(rd, todo, Exception)

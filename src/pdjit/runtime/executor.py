@@ -69,6 +69,45 @@ def _default_memory_optim() -> bool:
     return env_flag("PDJIT_MEMORY_OPTIM", False)
 
 
+COLD_RUNS = ("reference", "compile")
+#: the most values a program's persistable variables may hold for its first runs to be
+#: interpreted while its kernels compile (``cold_runs="reference"``): the references' time per
+#: run grows with the model (measured, one run by the references: a 10-layer MLP training step
+#: at batch 32, 0.66 M values, 5 ms; bench_compile's small CNN's training step 36 ms;
+#: ResNet-50 inference at batch 1, 25.6 M values, 1.3 s). A larger model compiles first, as
+#: its interpreted runs would be too slow to serve while it compiles.
+COLD_RUN_VALUES = 1_000_000
+#: an interpreted run longer than this makes the next one wait for the compiled plan
+COLD_RUN_MAX_S = 0.05
+#: the most runs of a plan interpreted while it compiles: the next one waits for it (a loop
+#: that measures its speed after a few runs then meets the compiled plan)
+COLD_RUN_MAX_RUNS = 12
+
+
+def _values_held(program) -> int:
+    """How many values ``program``'s persistable variables hold (their declared shapes; a
+    dimension left open counts 1)."""
+    total = 0
+    for var in program.global_block().vars.values():
+        if var.persistable and var.type == VarType.LOD_TENSOR:
+            n = 1
+            for d in var.shape or ():
+                n *= d if d > 0 else 1
+            total += n
+    return total
+
+
+class _ColdPlan:
+    """A compiled plan whose kernels forked workers compile (``compiled``: a
+    ``compiler.Background``) while its runs are interpreted; ``runs``: how many were;
+    ``wait``: the next run waits for the plan (an interpreted run took longer than
+    :data:`COLD_RUN_MAX_S`, or there were :data:`COLD_RUN_MAX_RUNS`)."""
+    __slots__ = ("plan", "compiled", "runs", "wait")
+
+    def __init__(self, plan, compiled):
+        self.plan, self.compiled, self.runs, self.wait = plan, compiled, 0, False
+
+
 
 def build_plan(*args, **kwargs):
     """:func:`pdjit.runtime.plan.build_plan`, imported with the first plan: the code generator
@@ -107,11 +146,23 @@ class Executor:
 
     ``native_loops=False`` runs each ``while`` loop step by step (each iteration runs the
     body's compiled plan) instead of as one native loop: to tell whether a wrong result comes
-    from a native loop, and to compare the two."""
+    from a native loop, and to compare the two.
+
+    ``cold_runs="reference"`` (the default): a small program (at most
+    :data:`COLD_RUN_VALUES` values in its persistable variables) whose kernels are not all in
+    the disk cache yet runs on the ops' NumPy references while forked workers compile them;
+    its compiled plan takes over at the first run after they are done (or at the run after
+    an interpreted one that took over :data:`COLD_RUN_MAX_S`, or after
+    :data:`COLD_RUN_MAX_RUNS` interpreted runs: that run waits for it). The first
+    runs' results are then the references': equal to the compiled code's up to rounding (as
+    ``mode="reference"``'s are). ``cold_runs="compile"`` (or ``PDJIT_COLD_RUNS=compile``):
+    every run waits for its compiled plan (what ``strict`` mode and a device place always do):
+    results that do not depend on what the cache held."""
 
     def __init__(self, place: Place | None = None, mode: str | None = None,
                  strict: bool | None = None, memory_optim: bool | None = None,
-                 native_drivers: bool | str | None = None, native_loops: bool = True):
+                 native_drivers: bool | str | None = None, native_loops: bool = True,
+                 cold_runs: str | None = None):
         self.place = place if place is not None else CPUPlace()
         if not isinstance(self.place, Place):
             raise TypeError(f"Executor: place must be CPUPlace() or CUDAPlace(i), got {place!r}")
@@ -149,6 +200,13 @@ class Executor:
             raise ValueError(f"Executor: mode {mode!r} is not one of {MODES}")
         self._runs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         weakref.finalize(self, _forget, self._runs, self._kind)
+        if cold_runs is None:
+            cold_runs = os.environ.get("PDJIT_COLD_RUNS", "").strip().lower() or "reference"
+        if cold_runs not in COLD_RUNS:
+            raise ValueError(f"Executor: cold_runs {cold_runs!r} (or PDJIT_COLD_RUNS) is not "
+                             f"one of {COLD_RUNS}")
+        self.cold_runs = cold_runs
+        self._interpreter = None  # the reference-mode executor of runs whose plan compiles
 
     def close(self) -> None:
         """Forget the compiled plans of every program this executor ran."""
@@ -262,7 +320,10 @@ class Executor:
                 # a fresh array nothing else holds goes to the user as it is (once)
                 fresh = plan.fresh if return_numpy else ()
             else:
-                self.run_block(run.block, env, run_index)
+                if self.mode == "compiled":  # its plan compiles meanwhile
+                    self._interpret(run.cold, run.block, env, run_index)
+                else:
+                    self.run_block(run.block, env, run_index)
                 fresh = ()
             results = []
             given = None
@@ -376,9 +437,44 @@ class Executor:
             run = feed_fetch.prepare(program, feed_names, fetch_names, feed_var, fetch_var)
             # outputs too large to allocate, known before the run: refused before any op runs
             checks.check_static(run.program.global_block(), self.checks.limit)
-            hit = cache[key] = (run, self._plan(run) if self.mode == "compiled" else None,
+            hit = cache[key] = (run, self._first_plan(run) if self.mode == "compiled" else None,
                                 run.feed_names == feed_names)
+        elif hit[1] is None and self.mode == "compiled":  # its plan compiles (_first_plan)
+            cold = hit[0].cold
+            if cold.wait or cold.compiled.done():
+                cold.compiled.wait()
+                hit[0].cold = None
+                hit = cache[key] = (hit[0], cold.plan, hit[2])
         return hit
+
+    def _first_plan(self, run):
+        """``run``'s compiled plan; or None while forked workers compile its kernels and its
+        runs are interpreted (``cold_runs="reference"``: see the class docstring)."""
+        if self.cold_runs != "reference" or self.strict or self._target.device or \
+                _values_held(run.program) > COLD_RUN_VALUES:
+            return self._plan(run)
+        from pdjit.codegen.compiler import compile_later
+
+        with compile_later() as compiled:
+            plan = self._plan(run)
+        if compiled.done():  # nothing left to compile (or no worker could be forked)
+            return plan
+        run.cold = _ColdPlan(plan, compiled)  # (the run's own: this executor's cache entry)
+        return None
+
+    def _interpret(self, cold, block, env: Env, run_index: int) -> None:
+        """A run of a plan still compiling (:meth:`_first_plan`), by the references; one that
+        takes over :data:`COLD_RUN_MAX_S`, or the last of :data:`COLD_RUN_MAX_RUNS`, makes the
+        next run wait for the compiled plan."""
+        if self._interpreter is None:
+            self._interpreter = Executor(self.place, mode="reference", strict=self.strict,
+                                         native_drivers=False)
+            self._interpreter.checks = self.checks
+        t0 = time.perf_counter()
+        self._interpreter.run_block(block, env, run_index)
+        cold.runs += 1
+        cold.wait = cold.wait or time.perf_counter() - t0 > COLD_RUN_MAX_S or \
+            cold.runs >= COLD_RUN_MAX_RUNS
 
     # -- interpretation -------------------------------------------------------------------------
     # the reference interpreter (pdjit.runtime.interpreter): one op with its NumPy reference

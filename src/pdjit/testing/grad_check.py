@@ -102,7 +102,8 @@ def check_grad(op_type: str, inputs: Mapping, attrs: Mapping | None = None,
     got = {}
     for mode in modes or TARGETS:
         fetch = [g for g in grads if g is not None]
-        results = iter(Executor(mode=mode).run(prog, feed=feed, fetch_list=fetch, scope=Scope()))
+        exe = Executor(mode=mode, cold_runs="compile")
+        results = iter(exe.run(prog, feed=feed, fetch_list=fetch, scope=Scope()))
         for (slot, index, _), g in zip(checked, grads):
             label = slot if index is None else f"{slot}[{index}]"
             where = f"{_describe(op_type, inputs, attrs)} d{output_name}/d{label} [{mode}]"

@@ -124,7 +124,7 @@ def run_op(op_type: str, inputs: Mapping, attrs: Mapping | None = None, mode: st
 
         exe = Executor(CUDAPlace(0), mode="compiled", strict=True)
     else:
-        exe = Executor(mode=mode)
+        exe = Executor(mode=mode, cold_runs="compile")
     results = exe.run(prog, feed=feed, fetch_list=fetch, scope=Scope(), return_numpy=False)
     results = [np.asarray(r) if isinstance(r, LoDTensor) and not (return_lod and r.lod())
                else r for r in results]

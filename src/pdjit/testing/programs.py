@@ -26,7 +26,7 @@ def assert_programs_equivalent(program, feed, fetch_list, scope: Scope | None = 
     results, scopes = {}, {}
     for mode in modes:
         s = _copy_scope(scope)
-        exe = Executor(mode=mode)
+        exe = Executor(mode=mode, cold_runs="compile")
         for _ in range(runs):
             results[mode] = exe.run(program, feed=feed, fetch_list=fetch_list, scope=s)
         if mode == "compiled":

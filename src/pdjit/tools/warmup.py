@@ -89,7 +89,7 @@ def warm_programs() -> list:
                 loss, out = build()
                 infer = main.clone(for_test=True)
                 optimizers[opt]().minimize(loss)
-            exe, scope = fluid.Executor(fluid.CPUPlace()), fluid.Scope()
+            exe, scope = fluid.Executor(fluid.CPUPlace(), cold_runs="compile"), fluid.Scope()
             exe.run(startup, scope=scope)
             (value,) = exe.run(main, feed=feeds[data], fetch_list=[loss], scope=scope)
             results.append((name, value))
@@ -103,7 +103,7 @@ def warm_programs() -> list:
         main, startup = fluid.Program(), fluid.Program()
         with fluid.program_guard(main, startup), fluid.unique_name.guard():
             x, out = _residual(fluid)
-        exe, scope = fluid.Executor(fluid.CPUPlace()), fluid.Scope()
+        exe, scope = fluid.Executor(fluid.CPUPlace(), cold_runs="compile"), fluid.Scope()
         exe.run(startup, scope=scope)
         path = os.path.join(tmp, "residual")
         static.save_inference_model(path, [x], [out], exe, program=main, scope=scope)

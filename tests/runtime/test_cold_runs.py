@@ -1,0 +1,117 @@
+"""``Executor(cold_runs=...)``: the first runs of a small program whose kernels are not on disk
+yet run on the ops' NumPy references while forked workers compile them, then its compiled plan
+takes over. Checked in a fresh process (an empty cache directory, no other Python thread: a
+worker is forked only then) against a reference-mode executor run beside it, step by step of a
+training loop: bit for bit while interpreted, to rounding once compiled (native steps, kernels
+the workers compiled); with
+``cold_runs="compile"``, in strict mode and for a program too large to interpret, the first run
+waits for its compiled plan."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from pdjit import Executor
+from pdjit.runtime import executor as executor_mod
+
+SCRIPT = textwrap.dedent("""
+    import json, sys, time
+    import numpy as np
+    import pdjit as fluid
+    from pdjit.codegen import compiler
+    from pdjit.runtime import executor as executor_mod
+
+    def build(width, scale):
+        main, startup = fluid.Program(), fluid.Program()
+        startup.random_seed = 3
+        with fluid.program_guard(main, startup), fluid.unique_name.guard():
+            x = fluid.layers.data(name="x", shape=[6], dtype="float32")
+            y = fluid.layers.data(name="y", shape=[1], dtype="float32")
+            h = fluid.layers.fc(x, width, act="tanh")
+            h = fluid.layers.scale(h, scale=scale, bias=0.125)
+            p = fluid.layers.fc(h, 1)
+            loss = fluid.layers.mean(fluid.layers.square(p - y))
+            fluid.optimizer.SGD(learning_rate=0.05).minimize(loss)
+        return main, startup, loss
+
+    def planned(exe, program):
+        return any(p is program for p, _ in exe._plans.values())
+
+    rng = np.random.default_rng(0)
+    feed = {"x": rng.standard_normal((16, 6)).astype(np.float32),
+            "y": rng.standard_normal((16, 1)).astype(np.float32)}
+    out = {}
+    main, startup, loss = build(24, 1.171875)
+    ref, exe = fluid.Executor(mode="reference"), fluid.Executor()
+    s_ref, s_exe = fluid.Scope(), fluid.Scope()
+    ref.run(startup, scope=s_ref)
+    exe.run(startup, scope=s_exe)
+    out["startup_equal"] = all(
+        np.array_equal(s_ref.find_var(n).value, s_exe.find_var(n).value)
+        for n in ("fc_0.w_0", "fc_1.w_0"))
+    interpreted, compiled, gaps = [], [], []
+    t_end = time.monotonic() + 120
+    while len(compiled) < 3 and time.monotonic() < t_end:
+        (a,) = ref.run(main, feed=feed, fetch_list=[loss], scope=s_ref)
+        (b,) = exe.run(main, feed=feed, fetch_list=[loss], scope=s_exe)
+        was = planned(exe, main)  # (a run takes the compiled plan over before it runs)
+        (compiled if was else interpreted).append((float(a.ravel()[0]), float(b.ravel()[0])))
+        if not was:
+            time.sleep(0.02)
+    out["interpreted"], out["compiled"] = interpreted, compiled
+    out["worker_kernels"] = compiler._by_worker[0]
+    out["steps_native"] = [s.kind for p, plan in exe._plans.values() if p is main
+                           for s in plan.steps]
+    # a program too large to interpret, strict mode, cold_runs="compile": planned at once
+    executor_mod.COLD_RUN_VALUES = 100
+    waits = {}
+    for name, kw, width in (("large", {}, 32), ("strict", {"strict": True}, 40),
+                            ("compile", {"cold_runs": "compile"}, 48)):
+        m, s, l = build(width, 0.5 + width / 1024)
+        e, sc = fluid.Executor(**kw), fluid.Scope()
+        e.run(s, scope=sc)
+        e.run(m, feed=feed, fetch_list=[l], scope=sc)
+        waits[name] = planned(e, m)
+    out["waits"] = waits
+    print("RESULT " + json.dumps(out))
+""")
+
+
+def test_first_runs_interpreted_while_workers_compile(tmp_path):
+    env = dict(os.environ, PDJIT_CACHE_DIR=str(tmp_path / "cache"),
+               NUMBA_CACHE_DIR=str(tmp_path / "numba"), PDJIT_STRICT="0",
+               PDJIT_AUTO_WARMUP="0", PDJIT_COLD_RUNS="reference")
+    env.pop("PDJIT_COMPILE_WORKERS", None)  # (the suite's xdist setting: none)
+    env.pop("PYTEST_XDIST_WORKER", None)
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
+    out = json.loads(line[len("RESULT "):])
+    assert out["startup_equal"]  # the counter-based random stream: the same weights
+    # the first run was interpreted: the reference's values, bit for bit, at every such step;
+    # at most COLD_RUN_MAX_RUNS of them (the next waits for the compiled plan)
+    assert 1 <= len(out["interpreted"]) <= executor_mod.COLD_RUN_MAX_RUNS, out
+    assert all(a == b for a, b in out["interpreted"])
+    # then the compiled plan: the same training to rounding, its kernels from the workers
+    assert len(out["compiled"]) == 3, out
+    for a, b in out["compiled"]:
+        assert b == pytest.approx(a, rel=1e-4, abs=1e-6)
+    assert out["worker_kernels"] > 0
+    assert "native" in out["steps_native"]
+    assert out["waits"] == {"large": True, "strict": True, "compile": True}
+
+
+def test_cold_runs_setting_is_checked(monkeypatch):
+    with pytest.raises(ValueError, match="cold_runs"):
+        Executor(cold_runs="later")
+    monkeypatch.setenv("PDJIT_COLD_RUNS", "soon")
+    with pytest.raises(ValueError, match="PDJIT_COLD_RUNS"):
+        Executor()
+    monkeypatch.setenv("PDJIT_COLD_RUNS", "Compile")
+    assert Executor().cold_runs == "compile"
+    monkeypatch.delenv("PDJIT_COLD_RUNS")
+    assert Executor().cold_runs == "reference"
