@@ -115,3 +115,51 @@ def test_cold_runs_setting_is_checked(monkeypatch):
     assert Executor().cold_runs == "compile"
     monkeypatch.delenv("PDJIT_COLD_RUNS")
     assert Executor().cold_runs == "reference"
+
+
+WORKERS_SCRIPT = textwrap.dedent("""
+    import json, os, signal, time
+    from pdjit.codegen import compiler
+
+    class Job:  # a compile job whose compile takes long, in Python
+        name, cost, affinity = "slow", 1.0, None
+        class fn:
+            @staticmethod
+            def compile(sig):
+                time.sleep(30)
+
+    out = {}
+    # Ctrl-C (SIGINT to the process group) ends a worker: none is left compiling its
+    # other jobs for this process to wait for at exit
+    (pid,), rd = compiler._fork_workers([[(Job, ())], [(Job, ())]], 1, refresh=False)
+    os.close(rd)
+    time.sleep(0.5)
+    os.kill(pid, signal.SIGINT)
+    t0 = time.monotonic()
+    while not os.waitpid(pid, os.WNOHANG)[0] and time.monotonic() < t0 + 10:
+        time.sleep(0.01)
+    out["sigint_s"] = time.monotonic() - t0
+    # children the kernel reaps (SIGCHLD ignored): waiting for them is no error
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    bg = compiler.Background()
+    for _ in range(2):
+        child = os.fork()
+        if child == 0:
+            os._exit(0)
+        bg.pids.append(child)
+    time.sleep(0.3)
+    bg.wait()
+    out["reaped_elsewhere"] = bg.pids
+    print("RESULT " + json.dumps(out))
+""")
+
+
+def test_workers_end_on_an_interrupt_and_may_be_reaped_elsewhere():
+    proc = subprocess.run([sys.executable, "-c", WORKERS_SCRIPT], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
+    out = json.loads(line[len("RESULT "):])
+    assert out["sigint_s"] < 5, out
+    assert out["reaped_elsewhere"] == []
+

@@ -596,11 +596,14 @@ def _affinity(c):
 class Background:
     """The forked workers compiling a plan's kernels into the disk cache while this process
     goes on (:func:`compile_later`): ``done()`` says whether they all finished (without
-    waiting), ``wait()`` waits for them (one that hangs is killed, as :func:`precompile`'s)."""
+    waiting), ``wait()`` waits for them (one that hangs is killed, as :func:`precompile`'s).
+    ``todo``: the jobs :func:`precompile` handed over while the plan was built (its blocks'
+    too), forked off together when it is (:meth:`start`)."""
 
     def __init__(self):
         self.pids: list = []
         self.jobs = 0
+        self.todo: list = []
 
     def done(self) -> bool:
         left = []
@@ -615,12 +618,37 @@ class Background:
         return not left
 
     def wait(self) -> None:
-        pids, self.pids = self.pids, []
-        for pid in pids:
-            try:
-                _wait(pid, deadline=time.monotonic() + max(60.0, 2.0 * self.jobs))
-            except ChildProcessError:
-                pass
+        # a worker leaves the list once reaped: an interrupt leaves the others to done()
+        # and to the wait at exit
+        deadline = time.monotonic() + max(60.0, 2.0 * self.jobs)
+        while self.pids:
+            _wait(self.pids[0], deadline)
+            del self.pids[0]
+
+    def start(self) -> None:
+        """Fork the workers of ``todo`` (at most one per core, two at most, for all the jobs
+        of the plan and its blocks, from one queue), where a worker can be forked; else its
+        kernels compile at their first calls."""
+        todo, self.todo = self.todo, []
+        if not todo or len(todo) > _MAX_JOBS or not hasattr(os, "fork") or \
+                os.path.abspath(str(cache_dir())) in _disk_off or \
+                os.environ.get("PDJIT_COMPILE_WORKERS", "").strip() == "0" or \
+                threading.active_count() > 1:  # another Python thread may hold a lock forever
+            return
+        groups: dict = {}
+        for job in todo:
+            groups.setdefault(_affinity(job[0]), []).append(job)
+        todo = sorted(groups.values(), key=lambda g: -sum(c.cost for c, _ in g))
+        pids, rd = _fork_workers(todo, min(len(todo), max(1, os.cpu_count() or 1), 2),
+                                 refresh=False)
+        os.close(rd)
+        n = sum(len(g) for g in todo)
+        self.pids += pids
+        self.jobs += n
+        _by_worker[0] += n
+        if not _background:
+            atexit.register(_wait_background)
+        _background.append(self)
 
 
 _later = threading.local()
@@ -629,10 +657,11 @@ _background: list = []  # every Background with a worker still running: waited f
 
 @contextlib.contextmanager
 def compile_later():
-    """Within it, :func:`precompile` on this thread hands every kernel to compile to a forked
-    worker and returns at once (where a worker can be forked: else it compiles as usual); the
-    :class:`Background` it yields holds the workers. The kernels are then on disk for their
-    first calls once the workers are done; a first call before that compiles in this process.
+    """Within it, :func:`precompile` on this thread hands every kernel to compile to the
+    :class:`Background` it yields, whose workers (forked once the body is done, where a worker
+    can be forked: else the kernels compile at their first calls) compile them while this
+    process goes on. The kernels are then on disk for their first calls once the workers are
+    done; a first call before that compiles in this process.
     At exit, Python waits for the workers still compiling (the cache is then whole for the
     next process, and no worker outlives this one)."""
     bg = Background()
@@ -642,10 +671,7 @@ def compile_later():
         yield bg
     finally:
         _later.bg = prev
-        if bg.pids:
-            if not _background:
-                atexit.register(_wait_background)
-            _background.append(bg)
+    bg.start()
 
 
 def _wait_background() -> None:
@@ -677,7 +703,9 @@ def _fork_workers(todo: list, n: int = 1, refresh: bool = True) -> tuple:
             pid = os.fork()
             if pid == 0:  # a worker: compile into the disk cache, then leave without cleanup
                 try:
-                    _drain(rd, todo, BaseException)
+                    # (an interrupt, Ctrl-C reaching the whole process group, ends it: this
+                    # process does not wait for it then, at exit or in a run)
+                    _drain(rd, todo, Exception)
                 finally:
                     os._exit(0)
             pids.append(pid)
@@ -707,27 +735,19 @@ def precompile(jobs) -> int:
             continue
         todo.append((c, sig))
     later = getattr(_later, "bg", None)
-    if not todo or len(todo) > _MAX_JOBS or os.path.abspath(str(cache_dir())) in _disk_off or \
+    if later is not None:  # compile_later: its workers take them all; this process goes on
+        held = {(id(c.fn), sig) for c, sig in later.todo}
+        later.todo += [job for job in todo if (id(job[0].fn), job[1]) not in held]
+        return len(todo)
+    if len(todo) < POOL_MIN_JOBS or compile_workers() == 0 or len(todo) > _MAX_JOBS or \
+            os.path.abspath(str(cache_dir())) in _disk_off or \
             not hasattr(os, "fork") or \
             threading.active_count() > 1:  # another Python thread may hold a lock forever
-        return 0
-    if later is None and (len(todo) < POOL_MIN_JOBS or compile_workers() == 0):
-        return 0
-    if later is not None and os.environ.get("PDJIT_COMPILE_WORKERS", "").strip() == "0":
         return 0
     groups: dict = {}
     for job in todo:
         groups.setdefault(_affinity(job[0]), []).append(job)
     todo = sorted(groups.values(), key=lambda g: -sum(c.cost for c, _ in g))
-    if later is not None:  # workers compile them all (one per core); this process goes on
-        pids, rd = _fork_workers(todo, min(len(todo), max(1, os.cpu_count() or 1), 2),
-                                 refresh=False)
-        os.close(rd)
-        n = sum(len(g) for g in todo)
-        later.pids += pids
-        later.jobs += n
-        _by_worker[0] += n
-        return n
     (pid,), rd = _fork_workers(todo)
     t0 = time.monotonic()
     try:
@@ -771,7 +791,10 @@ def _wait(pid: int, deadline: float) -> None:
     done = 0
     try:
         while True:
-            done, _ = os.waitpid(pid, os.WNOHANG)
+            try:
+                done, _ = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:  # reaped already (SIGCHLD ignored, another waiter)
+                done = pid
             if done:
                 return
             if time.monotonic() > deadline:
@@ -779,8 +802,9 @@ def _wait(pid: int, deadline: float) -> None:
             time.sleep(0.002)
     finally:
         if not done:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
+            with contextlib.suppress(ProcessLookupError, ChildProcessError):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
 
 
 def warmup(dtypes=("float32",), target: str = "cpu") -> dict:
