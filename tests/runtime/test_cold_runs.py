@@ -163,3 +163,87 @@ def test_workers_end_on_an_interrupt_and_may_be_reaped_elsewhere():
     assert out["sigint_s"] < 5, out
     assert out["reaped_elsewhere"] == []
 
+
+THREADS_SCRIPT = textwrap.dedent("""
+    import json, threading, time
+    import numpy as np
+    import pdjit as fluid
+    from pdjit.codegen import compiler
+    from pdjit.runtime import executor as executor_mod, feed_fetch
+
+    def planned(exe, program):
+        return any(p is program for p, _ in exe._plans.values())
+
+    out = {}
+    # a program of several control-flow blocks: one set of workers for its plan's kernels
+    # and its blocks' (at most one per core, two at most)
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        x = fluid.layers.data(name="x", shape=[4], dtype="float32")
+        zero = fluid.layers.fill_constant([1], "float32", 0.0)
+        pred = fluid.layers.less_than(zero, fluid.layers.reduce_sum(x))
+        outs = [fluid.layers.cond(pred, lambda k=k: fluid.layers.tanh(x * (k + 1.5)),
+                                  lambda k=k: fluid.layers.sigmoid(x - k) * 2.0)
+                for k in range(3)]
+        y = fluid.layers.sums(outs)
+    exe, scope = fluid.Executor(), fluid.Scope()
+    exe.run(startup, scope=scope)
+    feed = {"x": np.arange(8, dtype=np.float32).reshape(2, 4) / 7}
+    exe.run(main, feed=feed, fetch_list=[y], scope=scope)
+    out["cold"] = not planned(exe, main)
+    out["workers"] = max(len(bg.pids) for bg in compiler._background)
+    # two threads running one executor: one takes the compiled plan over while the other is
+    # between its look-up (no plan yet) and its interpreted run
+    executor_mod.COLD_RUN_MAX_S = 1e9
+    real = feed_fetch.check_feed_spec
+    paused, go = threading.Event(), threading.Event()
+
+    def check(spec, v):
+        if threading.current_thread().name == "B" and not go.is_set():
+            paused.set()
+            go.wait()
+        return real(spec, v)
+
+    feed_fetch.check_feed_spec = check
+    errors, got = [], []
+
+    def other():
+        try:
+            got.append(exe.run(main, feed=feed, fetch_list=[y], scope=scope)[0])
+        except Exception as e:
+            errors.append(repr(e))
+
+    t = threading.Thread(target=other, name="B")
+    t.start()
+    paused.wait()
+    out["paused_cold"] = not planned(exe, main)
+    t_end = time.monotonic() + 120
+    while not planned(exe, main) and time.monotonic() < t_end:
+        exe.run(main, feed=feed, fetch_list=[y], scope=scope)
+        time.sleep(0.02)
+    go.set()
+    t.join()
+    out["taken_over"] = planned(exe, main)
+    out["errors"] = errors
+    (want,) = fluid.Executor(mode="reference").run(main, feed=feed, fetch_list=[y],
+                                                   scope=fluid.Scope())
+    out["close"] = bool(got) and bool(np.allclose(got[0], want, rtol=1e-5))
+    print("RESULT " + json.dumps(out))
+""")
+
+
+def test_two_threads_and_control_flow_blocks_while_compiling(tmp_path):
+    env = dict(os.environ, PDJIT_CACHE_DIR=str(tmp_path / "cache"),
+               NUMBA_CACHE_DIR=str(tmp_path / "numba"), PDJIT_STRICT="0",
+               PDJIT_AUTO_WARMUP="0", PDJIT_COLD_RUNS="reference")
+    env.pop("PDJIT_COMPILE_WORKERS", None)
+    env.pop("PYTEST_XDIST_WORKER", None)
+    proc = subprocess.run([sys.executable, "-c", THREADS_SCRIPT], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
+    out = json.loads(line[len("RESULT "):])
+    assert out["cold"], out
+    assert 1 <= out["workers"] <= min(2, os.cpu_count() or 1), out
+    assert out["paused_cold"] and out["taken_over"], out
+    assert out["errors"] == [] and out["close"], out

@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import os
 import sys
+import threading
 import time
 import weakref
 
@@ -207,6 +208,7 @@ class Executor:
                              f"one of {COLD_RUNS}")
         self.cold_runs = cold_runs
         self._interpreter = None  # the reference-mode executor of runs whose plan compiles
+        self._cold_lock = threading.Lock()  # one thread at a time takes a compiled plan over
 
     def close(self) -> None:
         """Forget the compiled plans of every program this executor ran."""
@@ -440,11 +442,14 @@ class Executor:
             hit = cache[key] = (run, self._first_plan(run) if self.mode == "compiled" else None,
                                 run.feed_names == feed_names)
         elif hit[1] is None and self.mode == "compiled":  # its plan compiles (_first_plan)
-            cold = hit[0].cold
-            if cold.wait or cold.compiled.done():
-                cold.compiled.wait()
-                hit[0].cold = None
-                hit = cache[key] = (hit[0], cold.plan, hit[2])
+            with self._cold_lock:  # (another thread may be taking it over)
+                cold = hit[0].cold
+                if cold is None:  # taken over since this thread looked
+                    return cache.get(key, hit)
+                if cold.wait or cold.compiled.done():
+                    cold.compiled.wait()
+                    hit[0].cold = None
+                    hit = cache[key] = (hit[0], cold.plan, hit[2])
         return hit
 
     def _first_plan(self, run):
@@ -472,6 +477,8 @@ class Executor:
             self._interpreter.checks = self.checks
         t0 = time.perf_counter()
         self._interpreter.run_block(block, env, run_index)
+        if cold is None:  # (taken over by another thread since this run looked)
+            return
         cold.runs += 1
         cold.wait = cold.wait or time.perf_counter() - t0 > COLD_RUN_MAX_S or \
             cold.runs >= COLD_RUN_MAX_RUNS
