@@ -646,13 +646,17 @@ class Background:
         self.pids += pids
         self.jobs += n
         _by_worker[0] += n
-        if not _background:
-            atexit.register(_wait_background)
+        if not _background_waited:
+            _background_waited.append(atexit.register(_wait_background))
+        # the workers of plans no run looks at any more (a program run once) reaped here:
+        # no zombie processes pile up until exit
+        _background[:] = [bg for bg in _background if not bg.done()]
         _background.append(self)
 
 
 _later = threading.local()
 _background: list = []  # every Background with a worker still running: waited for at exit
+_background_waited: list = []  # (the wait at exit registered)
 
 
 @contextlib.contextmanager
