@@ -247,3 +247,31 @@ def test_two_threads_and_control_flow_blocks_while_compiling(tmp_path):
     assert 1 <= out["workers"] <= min(2, os.cpu_count() or 1), out
     assert out["paused_cold"] and out["taken_over"], out
     assert out["errors"] == [] and out["close"], out
+
+
+def test_no_worker_when_fork_fails(monkeypatch, tmp_path):
+    """A fork refused (a limit on processes or memory: EAGAIN, ENOMEM) forks no worker: the
+    kernels compile at their first calls, as without workers, instead of the run failing."""
+    import errno
+
+    from pdjit.codegen import compiler
+
+    class Job:  # a compile job whose compile costs nothing
+        def __init__(self, i):
+            self.name, self.parallel, self.cost = f"job{i}", False, 0.0
+            self.affinity = ("own", self.name)
+            self.fn = type("Fn", (), {"overloads": {}, "_cache": None,
+                                      "compile": lambda self, sig: None})()
+
+    def no_fork():
+        raise BlockingIOError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    monkeypatch.setattr(compiler.threading, "active_count", lambda: 1)
+    monkeypatch.setenv("PDJIT_COMPILE_WORKERS", "1")
+    monkeypatch.setenv("PDJIT_CACHE_DIR", str(tmp_path))
+    jobs = [(Job(i), [("float32", 1)]) for i in range(4)]
+    assert compiler.precompile(jobs) == 0
+    with compiler.compile_later() as later:
+        compiler.precompile(jobs)
+    assert later.pids == [] and later.done()

@@ -642,6 +642,8 @@ class Background:
         pids, rd = _fork_workers(todo, min(len(todo), max(1, os.cpu_count() or 1), 2),
                                  refresh=False)
         os.close(rd)
+        if not pids:  # no worker could be forked: the kernels compile at their first calls
+            return
         n = sum(len(g) for g in todo)
         self.pids += pids
         self.jobs += n
@@ -686,8 +688,9 @@ def _wait_background() -> None:
 def _fork_workers(todo: list, n: int = 1, refresh: bool = True) -> tuple:
     """Fork ``n`` workers that compile ``todo``'s groups of jobs from one queue into the disk
     cache; returns ``(their pids, the queue's read end)`` (this process may take groups from
-    it too). ``refresh``: Numba's registries loaded before the fork, for every process (else
-    each worker loads them, off this process's path)."""
+    it too; fewer pids where a fork failed, none where every one did). ``refresh``: Numba's
+    registries loaded before the fork, for every process (else each worker loads them, off
+    this process's path)."""
     # the queue: a pipe holding every group's index; a 2-byte read claims one, atomically
     rd, wr = os.pipe()
     os.write(wr, b"".join(i.to_bytes(2, "little") for i in range(len(todo))))
@@ -704,7 +707,10 @@ def _fork_workers(todo: list, n: int = 1, refresh: bool = True) -> tuple:
         warnings.simplefilter("ignore", DeprecationWarning)  # fork with native threads
         pids = []
         for _ in range(n):
-            pid = os.fork()
+            try:
+                pid = os.fork()
+            except OSError:  # (a limit on processes, or memory): fewer workers, maybe none
+                break
             if pid == 0:  # a worker: compile into the disk cache, then leave without cleanup
                 try:
                     # (an interrupt, Ctrl-C reaching the whole process group, ends it: this
@@ -752,7 +758,11 @@ def precompile(jobs) -> int:
     for job in todo:
         groups.setdefault(_affinity(job[0]), []).append(job)
     todo = sorted(groups.values(), key=lambda g: -sum(c.cost for c, _ in g))
-    (pid,), rd = _fork_workers(todo)
+    pids, rd = _fork_workers(todo)
+    if not pids:  # no worker could be forked: the kernels compile at their first calls
+        os.close(rd)
+        return 0
+    (pid,) = pids
     t0 = time.monotonic()
     try:
         mine = _drain(rd, todo, Exception)
