@@ -111,6 +111,12 @@ def test_cold_runs_setting_is_checked(monkeypatch):
     monkeypatch.setenv("PDJIT_COLD_RUNS", "soon")
     with pytest.raises(ValueError, match="PDJIT_COLD_RUNS"):
         Executor()
+    # an interpreted run of an executor given its setting: the setting, not the environment's
+    from pdjit import Program, Scope
+    from pdjit.runtime.context import Env
+
+    block = Program().global_block()
+    Executor(cold_runs="reference")._interpret(None, block, Env(Scope(), block), 0)
     monkeypatch.setenv("PDJIT_COLD_RUNS", "Compile")
     assert Executor().cold_runs == "compile"
     monkeypatch.delenv("PDJIT_COLD_RUNS")

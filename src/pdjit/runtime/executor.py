@@ -473,7 +473,7 @@ class Executor:
         next run wait for the compiled plan."""
         if self._interpreter is None:
             self._interpreter = Executor(self.place, mode="reference", strict=self.strict,
-                                         native_drivers=False)
+                                         native_drivers=False, cold_runs=self.cold_runs)
             self._interpreter.checks = self.checks
         t0 = time.perf_counter()
         self._interpreter.run_block(block, env, run_index)
