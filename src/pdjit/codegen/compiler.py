@@ -728,10 +728,12 @@ def precompile(jobs) -> int:
     forked worker taking them from one queue, by groups of one affinity (:func:`_affinity`),
     costliest first (the sum of their ``cost``); the worker writes what it compiles
     to the disk cache, from which the first calls here load it. Within :func:`compile_later`,
-    the worker takes them all and this process does not wait for it.
+    they are handed to its :class:`Background` (whose workers take them all once the plan is
+    built) and this process does not wait for them.
     Kernels already on disk or in memory are skipped, and a prediction that turns out wrong
     only means the first call compiles as it would have anyway. Returns how many kernels
-    the worker compiled (0 without a worker)."""
+    the worker compiled (0 without a worker; within :func:`compile_later`, how many were
+    handed over)."""
     todo, seen = [], set()
     for c, argtypes in jobs:
         try:
