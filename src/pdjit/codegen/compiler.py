@@ -601,8 +601,11 @@ class Background:
     def __init__(self):
         self.pids: list = []
         self.jobs = 0
+        self.owner = os.getpid()  # (a process forked from this one has no such children)
 
     def done(self) -> bool:
+        if os.getpid() != self.owner:
+            return True
         left = []
         for pid in self.pids:
             try:
@@ -616,6 +619,8 @@ class Background:
 
     def wait(self) -> None:
         pids, self.pids = self.pids, []
+        if os.getpid() != self.owner:
+            return
         for pid in pids:
             try:
                 _wait(pid, deadline=time.monotonic() + max(60.0, 2.0 * self.jobs))
