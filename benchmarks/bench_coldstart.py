@@ -153,11 +153,14 @@ def _tiers(exe):
 
 
 def _busy(exe, batch: int) -> bool:
-    """Whether a background compile (a driver's tier-up, a kernel's parallel variant) or a
-    driver trial of the executor's plans is not over."""
+    """Whether a background compile (a plan's kernels while its runs are interpreted, a
+    driver's tier-up, a kernel's parallel variant) or a driver trial of the executor's plans
+    is not over."""
     import threading
 
     if any(t.name in ("pdjit-tier-up", "pdjit-parallel-variant") for t in threading.enumerate()):
+        return True
+    if not exe._plans:  # (the runs so far interpreted: Executor's cold_runs)
         return True
     return any(not plan.drivers_settled(batch) for _, plan in exe._plans.values())
 

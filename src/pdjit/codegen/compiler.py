@@ -604,8 +604,11 @@ class Background:
         self.pids: list = []
         self.jobs = 0
         self.todo: list = []
+        self.owner = os.getpid()  # (a process forked from this one has no such children)
 
     def done(self) -> bool:
+        if os.getpid() != self.owner:
+            return True
         left = []
         for pid in self.pids:
             try:
@@ -618,6 +621,9 @@ class Background:
         return not left
 
     def wait(self) -> None:
+        if os.getpid() != self.owner:
+            self.pids = []
+            return
         # a worker leaves the list once reaped: an interrupt leaves the others to done()
         # and to the wait at exit
         deadline = time.monotonic() + max(60.0, 2.0 * self.jobs)

@@ -71,12 +71,14 @@ def _default_memory_optim() -> bool:
 
 
 COLD_RUNS = ("reference", "compile")
-#: the most values a program's persistable variables may hold for its first runs to be
-#: interpreted while its kernels compile (``cold_runs="reference"``): the references' time per
-#: run grows with the model (measured, one run by the references: a 10-layer MLP training step
-#: at batch 32, 0.66 M values, 5 ms; bench_compile's small CNN's training step 36 ms;
-#: ResNet-50 inference at batch 1, 25.6 M values, 1.3 s). A larger model compiles first, as
-#: its interpreted runs would be too slow to serve while it compiles.
+#: the most values a program's persistable variables, and the most its other variables per
+#: sample (a dimension left open counts 1), may hold for its first runs to be interpreted while
+#: its kernels compile (``cold_runs="reference"``): the references' time per run grows with
+#: both (measured, one run by the references: a 10-layer MLP training step at batch 32, 0.13 M
+#: and 0.05 M values, 5 ms; bench_compile's small CNN's training step, 0.03 M and 0.07 M, 36
+#: ms; ResNet-50 inference at batch 1, 25.6 M and 37.7 M, 1.3 s; SqueezeNet holds 1.2 M and
+#: 9.9 M). A larger model compiles first, as its interpreted runs would be too slow to serve
+#: while it compiles.
 COLD_RUN_VALUES = 1_000_000
 #: an interpreted run longer than this makes the next one wait for the compiled plan
 COLD_RUN_MAX_S = 0.05
@@ -86,16 +88,17 @@ COLD_RUN_MAX_RUNS = 12
 
 
 def _values_held(program) -> int:
-    """How many values ``program``'s persistable variables hold (their declared shapes; a
-    dimension left open counts 1)."""
-    total = 0
-    for var in program.global_block().vars.values():
-        if var.persistable and var.type == VarType.LOD_TENSOR:
-            n = 1
-            for d in var.shape or ():
-                n *= d if d > 0 else 1
-            total += n
-    return total
+    """How many values ``program``'s variables hold, by their declared shapes (a dimension left
+    open counts 1): the larger of the persistable ones' and the others'."""
+    held = [0, 0]
+    for block in program.blocks:
+        for var in block.vars.values():
+            if var.type == VarType.LOD_TENSOR:
+                n = 1
+                for d in var.shape or ():
+                    n *= d if d > 0 else 1
+                held[var.persistable] += n
+    return max(held)
 
 
 class _ColdPlan:
@@ -150,12 +153,12 @@ class Executor:
     from a native loop, and to compare the two.
 
     ``cold_runs="reference"`` (the default): a small program (at most
-    :data:`COLD_RUN_VALUES` values in its persistable variables) whose kernels are not all in
-    the disk cache yet runs on the ops' NumPy references while forked workers compile them;
-    its compiled plan takes over at the first run after they are done (or at the run after
-    an interpreted one that took over :data:`COLD_RUN_MAX_S`, or after
-    :data:`COLD_RUN_MAX_RUNS` interpreted runs: that run waits for it). The first
-    runs' results are then the references': equal to the compiled code's up to rounding (as
+    :data:`COLD_RUN_VALUES` values in its persistable variables, and in its others per sample)
+    whose kernels are not all in the disk cache yet runs on the ops' NumPy references while
+    forked workers compile them; its compiled plan takes over at the first run after they are
+    done (or at the run after an interpreted one that took over :data:`COLD_RUN_MAX_S`, or
+    after :data:`COLD_RUN_MAX_RUNS` interpreted runs: that run waits for it). The first runs'
+    results are then the references': equal to the compiled code's up to rounding (as
     ``mode="reference"``'s are). ``cold_runs="compile"`` (or ``PDJIT_COLD_RUNS=compile``):
     every run waits for its compiled plan (what ``strict`` mode and a device place always do):
     results that do not depend on what the cache held."""
