@@ -83,13 +83,17 @@ def ms(v) -> str:
 
 def settle_pdjit(call) -> int:
     """Run ``call`` until pdjit's Executor serves it as it would a model run often: past
-    ``tiers.HOT_RUNS`` runs, the native driver compiled on its thread; returns how many warm-up
-    calls remain for the driver trials (each driver's first runs of a batch size)."""
+    its first runs (those a small program in a cold cache runs on the references while its
+    kernels compile, ``executor.COLD_RUN_MAX_RUNS`` at most, do not count) and then
+    ``tiers.HOT_RUNS`` runs of its compiled plan, the native driver compiled on its thread;
+    returns how many warm-up calls remain for the driver trials (each driver's first runs of a
+    batch size)."""
     import threading
 
     from pdjit.codegen.cpu import tiers
+    from pdjit.runtime import executor
 
-    for _ in range(tiers.HOT_RUNS + 1):
+    for _ in range(executor.COLD_RUN_MAX_RUNS + tiers.HOT_RUNS + 2):
         call()
     for t in threading.enumerate():
         if t.name == "pdjit-tier-up":
