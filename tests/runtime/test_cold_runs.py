@@ -281,3 +281,56 @@ def test_no_worker_when_fork_fails(monkeypatch, tmp_path):
     with compiler.compile_later() as later:
         compiler.precompile(jobs)
     assert later.pids == [] and later.done()
+
+
+SHARED_SCRIPT = textwrap.dedent("""
+    import json, os, time
+    import numpy as np
+    import pdjit as fluid
+    from pdjit.codegen import compiler
+
+    def planned(exe, program):
+        return any(p is program for p, _ in exe._plans.values())
+
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        x = fluid.layers.data(name="x", shape=[5], dtype="float32")
+        y = fluid.layers.fc(fluid.layers.fc(x, 9, act="tanh"), 2, act="sigmoid")
+    scope = fluid.Scope()
+    fluid.Executor(cold_runs="compile").run(startup, scope=scope)
+    feed = {"x": np.linspace(-1, 1, 15, dtype=np.float32).reshape(3, 5)}
+    first, second = fluid.Executor(cold_runs="Reference"), fluid.Executor()
+    a = first.run(main, feed=feed, fetch_list=[y], scope=scope)[0]
+    b = second.run(main, feed=feed, fetch_list=[y], scope=scope)[0]
+    out = {"cold": [not planned(first, main), not planned(second, main)],
+           "workers": sum(len(bg.pids) for bg in compiler._background),
+           "equal": bool(np.array_equal(a, b))}
+    t_end = time.monotonic() + 120
+    while not (planned(first, main) and planned(second, main)) and time.monotonic() < t_end:
+        for e in (first, second):
+            e.run(main, feed=feed, fetch_list=[y], scope=scope)
+        time.sleep(0.02)
+    c = second.run(main, feed=feed, fetch_list=[y], scope=scope)[0]
+    out["taken_over"] = [planned(first, main), planned(second, main)]
+    out["close"] = bool(np.allclose(a, c, rtol=1e-5))
+    print("RESULT " + json.dumps(out))
+""")
+
+
+def test_a_second_executor_waits_for_the_workers_already_compiling_its_kernels(tmp_path):
+    """Two executors on one program in a cold cache: the second forks no workers of its own
+    (the first's compile its kernels; ``cold_runs`` in any case); both interpret until those
+    are done, then run their compiled plans."""
+    env = dict(os.environ, PDJIT_CACHE_DIR=str(tmp_path / "cache"),
+               NUMBA_CACHE_DIR=str(tmp_path / "numba"), PDJIT_STRICT="0",
+               PDJIT_AUTO_WARMUP="0", PDJIT_COLD_RUNS="reference")
+    env.pop("PDJIT_COMPILE_WORKERS", None)
+    env.pop("PYTEST_XDIST_WORKER", None)
+    proc = subprocess.run([sys.executable, "-c", SHARED_SCRIPT], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
+    out = json.loads(line[len("RESULT "):])
+    assert out["cold"] == [True, True] and out["equal"], out
+    assert 1 <= out["workers"] <= 2, out
+    assert out["taken_over"] == [True, True] and out["close"], out

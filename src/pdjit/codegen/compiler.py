@@ -598,17 +598,24 @@ class Background:
     goes on (:func:`compile_later`): ``done()`` says whether they all finished (without
     waiting), ``wait()`` waits for them (one that hangs is killed, as :func:`precompile`'s).
     ``todo``: the jobs :func:`precompile` handed over while the plan was built (its blocks'
-    too), forked off together when it is (:meth:`start`)."""
+    too), forked off together when it is (:meth:`start`); ``after``: the Backgrounds of other
+    plans whose workers already compile some of this plan's kernels (another executor on the
+    same program): done when they are too, not compiled twice."""
 
     def __init__(self):
         self.pids: list = []
         self.jobs = 0
         self.todo: list = []
+        self.after: list = []
         self.owner = os.getpid()  # (a process forked from this one has no such children)
 
     def done(self) -> bool:
         if os.getpid() != self.owner:
             return True
+        if self.after:
+            self.after = [bg for bg in self.after if not bg.done()]
+            if self.after:
+                return False
         left = []
         for pid in self.pids:
             try:
@@ -624,6 +631,9 @@ class Background:
         if os.getpid() != self.owner:
             self.pids = []
             return
+        while self.after:
+            self.after[0].wait()
+            del self.after[0]
         # a worker leaves the list once reaped: an interrupt leaves the others to done()
         # and to the wait at exit
         deadline = time.monotonic() + max(60.0, 2.0 * self.jobs)
@@ -654,6 +664,9 @@ class Background:
         self.pids += pids
         self.jobs += n
         _by_worker[0] += n
+        for group in todo:
+            for c, sig in group:
+                _in_flight[(id(c.fn), sig)] = self
         if not _background_waited:
             _background_waited.append(atexit.register(_wait_background))
         # the workers of plans no run looks at any more (a program run once) reaped here:
@@ -664,6 +677,7 @@ class Background:
 
 _later = threading.local()
 _background: list = []  # every Background with a worker still running: waited for at exit
+_in_flight: dict = {}  # (dispatcher id, signature) -> the Background whose workers compile it
 _background_waited: list = []  # (the wait at exit registered)
 
 
@@ -755,7 +769,17 @@ def precompile(jobs) -> int:
     later = getattr(_later, "bg", None)
     if later is not None:  # compile_later: its workers take them all; this process goes on
         held = {(id(c.fn), sig) for c, sig in later.todo}
-        later.todo += [job for job in todo if (id(job[0].fn), job[1]) not in held]
+        for job in todo:
+            key = (id(job[0].fn), job[1])
+            other = _in_flight.get(key)
+            if other is not None and not other.done():  # (another plan's workers have it)
+                if other is not later and other not in later.after:
+                    later.after.append(other)
+                continue
+            _in_flight.pop(key, None)
+            if key not in held:
+                held.add(key)
+                later.todo.append(job)
         return len(todo)
     if len(todo) < POOL_MIN_JOBS or compile_workers() == 0 or len(todo) > _MAX_JOBS or \
             os.path.abspath(str(cache_dir())) in _disk_off or \

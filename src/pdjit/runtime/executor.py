@@ -205,7 +205,8 @@ class Executor:
         self._runs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         weakref.finalize(self, _forget, self._runs, self._kind)
         if cold_runs is None:
-            cold_runs = os.environ.get("PDJIT_COLD_RUNS", "").strip().lower() or "reference"
+            cold_runs = os.environ.get("PDJIT_COLD_RUNS", "").strip() or "reference"
+        cold_runs = cold_runs.lower() if isinstance(cold_runs, str) else cold_runs
         if cold_runs not in COLD_RUNS:
             raise ValueError(f"Executor: cold_runs {cold_runs!r} (or PDJIT_COLD_RUNS) is not "
                              f"one of {COLD_RUNS}")
