@@ -80,17 +80,26 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_first_runs_interpreted_while_workers_compile(tmp_path):
-    env = dict(os.environ, PDJIT_CACHE_DIR=str(tmp_path / "cache"),
-               NUMBA_CACHE_DIR=str(tmp_path / "numba"), PDJIT_STRICT="0",
-               PDJIT_AUTO_WARMUP="0", PDJIT_COLD_RUNS="reference")
-    env.pop("PDJIT_COMPILE_WORKERS", None)  # (the suite's xdist setting: none)
-    env.pop("PYTEST_XDIST_WORKER", None)
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True,
+def _run(tmp_path, script: str) -> dict:
+    """What ``script`` prints after ``RESULT `` (JSON), run in a fresh process: with
+    ``tmp_path``, in empty caches there, non-strict, with cold runs on and compile workers
+    allowed (not the suite's xdist setting); without, in the suite's environment."""
+    env = None
+    if tmp_path is not None:
+        env = dict(os.environ, PDJIT_CACHE_DIR=str(tmp_path / "cache"),
+                   NUMBA_CACHE_DIR=str(tmp_path / "numba"), PDJIT_STRICT="0",
+                   PDJIT_AUTO_WARMUP="0", PDJIT_COLD_RUNS="reference")
+        env.pop("PDJIT_COMPILE_WORKERS", None)
+        env.pop("PYTEST_XDIST_WORKER", None)
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
-    out = json.loads(line[len("RESULT "):])
+    return json.loads(line[len("RESULT "):])
+
+
+def test_first_runs_interpreted_while_workers_compile(tmp_path):
+    out = _run(tmp_path, SCRIPT)
     assert out["startup_equal"]  # the counter-based random stream: the same weights
     # the first run was interpreted: the reference's values, bit for bit, at every such step;
     # at most COLD_RUN_MAX_RUNS of them (the next waits for the compiled plan)
@@ -161,11 +170,7 @@ WORKERS_SCRIPT = textwrap.dedent("""
 
 
 def test_workers_end_on_an_interrupt_and_may_be_reaped_elsewhere():
-    proc = subprocess.run([sys.executable, "-c", WORKERS_SCRIPT], capture_output=True,
-                          text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
-    out = json.loads(line[len("RESULT "):])
+    out = _run(None, WORKERS_SCRIPT)
     assert out["sigint_s"] < 5, out
     assert out["reaped_elsewhere"] == []
 
@@ -239,16 +244,7 @@ THREADS_SCRIPT = textwrap.dedent("""
 
 
 def test_two_threads_and_control_flow_blocks_while_compiling(tmp_path):
-    env = dict(os.environ, PDJIT_CACHE_DIR=str(tmp_path / "cache"),
-               NUMBA_CACHE_DIR=str(tmp_path / "numba"), PDJIT_STRICT="0",
-               PDJIT_AUTO_WARMUP="0", PDJIT_COLD_RUNS="reference")
-    env.pop("PDJIT_COMPILE_WORKERS", None)
-    env.pop("PYTEST_XDIST_WORKER", None)
-    proc = subprocess.run([sys.executable, "-c", THREADS_SCRIPT], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
-    out = json.loads(line[len("RESULT "):])
+    out = _run(tmp_path, THREADS_SCRIPT)
     assert out["cold"], out
     assert 1 <= out["workers"] <= min(2, os.cpu_count() or 1), out
     assert out["paused_cold"] and out["taken_over"], out
@@ -321,16 +317,7 @@ def test_a_second_executor_waits_for_the_workers_already_compiling_its_kernels(t
     """Two executors on one program in a cold cache: the second forks no workers of its own
     (the first's compile its kernels; ``cold_runs`` in any case); both interpret until those
     are done, then run their compiled plans."""
-    env = dict(os.environ, PDJIT_CACHE_DIR=str(tmp_path / "cache"),
-               NUMBA_CACHE_DIR=str(tmp_path / "numba"), PDJIT_STRICT="0",
-               PDJIT_AUTO_WARMUP="0", PDJIT_COLD_RUNS="reference")
-    env.pop("PDJIT_COMPILE_WORKERS", None)
-    env.pop("PYTEST_XDIST_WORKER", None)
-    proc = subprocess.run([sys.executable, "-c", SHARED_SCRIPT], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = [x for x in proc.stdout.splitlines() if x.startswith("RESULT ")][-1]
-    out = json.loads(line[len("RESULT "):])
+    out = _run(tmp_path, SHARED_SCRIPT)
     assert out["cold"] == [True, True] and out["equal"], out
     assert 1 <= out["workers"] <= 2, out
     assert out["taken_over"] == [True, True] and out["close"], out

@@ -345,6 +345,13 @@ def plane_kernel(kh: int, kw: int, stride: int):
     return plane
 
 
+def _larger(builder, x, m):
+    """``x`` where it replaces the max so far ``m`` (larger, or NaN), unless ``m`` is NaN:
+    NumPy's ``max`` taken in order (the first of equal values kept, ``-0.0`` before ``0.0``)."""
+    take = builder.and_(builder.fcmp_unordered(">", x, m), builder.fcmp_ordered("ord", m, m))
+    return builder.select(take, x, m)
+
+
 def pool_plane_kernel(k: int, stride: int):
     """The max pool of ``k x k`` windows at stride ``stride`` (1 or 2) over one plane:
     ``pool(xs, b0, h, w, df, d0, oh, ow, pt, pl)`` writes ``df[d0 + o * ow + q]`` = the max of
@@ -373,31 +380,18 @@ def pool_plane_kernel(k: int, stride: int):
             align = ir.Constant(ir.IntType(32), size)
             low = _splat(builder, vty, ir.Constant(fty, float("-inf")))
 
-            def larger(t, x, m):
-                # x replaces the max so far where it is larger or NaN, unless that is NaN
-                take = builder.and_(builder.fcmp_unordered(">", x, m),
-                                    builder.fcmp_ordered("ord", m, m))
-                return builder.select(take, x, m)
-
             def put(row, q0, s, smask):
                 p = builder.bitcast(builder.gep(dptr, [builder.add(
                     d0v, builder.add(builder.mul(row, owv), q0))]), vty.as_pointer())
                 builder.call(store, [s, p, align, smask])
 
             _plane_loops(builder, xptr, (b0v, hv, wv, ohv, owv, ptv, plv), vty, align, k, k,
-                         stride, low, larger, put)
+                         stride, low, lambda t, x, m: _larger(builder, x, m), put)
             return context.get_dummy_value()
 
         return sig, codegen
 
     return pool
-
-
-def _larger(builder, x, m):
-    """``x`` where it replaces the max so far ``m`` (larger, or NaN), unless ``m`` is NaN:
-    NumPy's ``max`` taken in order (the first of equal values kept, ``-0.0`` before ``0.0``)."""
-    take = builder.and_(builder.fcmp_unordered(">", x, m), builder.fcmp_ordered("ord", m, m))
-    return builder.select(take, x, m)
 
 
 @intrinsic
