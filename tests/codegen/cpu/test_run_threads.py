@@ -34,19 +34,21 @@ def two_asked(monkeypatch):
 
 
 def test_begin_run_caps_the_counts_at_the_free_cores(two_asked):
+    # (BLAS runs on one thread in every run: pdjit's own threads split the work)
     free, applied = two_asked
     threads.begin_run()
-    assert applied[-1] == 2 and numba.get_num_threads() == 2
+    assert applied == [1] and numba.get_num_threads() == 2 and threads.loop_threads() == 2
     free[0] = 1                                        # another process took a core
     threads.begin_run()
-    assert applied[-1] == 1 and numba.get_num_threads() == 1
+    assert applied == [1] and numba.get_num_threads() == 1
     assert threads.gemm_threads(1 << 30) == 1 and threads.loop_threads() == 1
-    n = len(applied)
+    n = numba.get_num_threads()
     threads.begin_run()                                # unchanged: nothing set again
-    assert len(applied) == n
+    assert applied == [1] and numba.get_num_threads() == n
     free[0] = 2
     threads.begin_run()
-    assert applied[-1] == 2 and numba.get_num_threads() == 2
+    assert applied == [1] and numba.get_num_threads() == 2
+    assert threads.gemm_threads(1 << 30) == 2
 
 
 def _model():
@@ -291,3 +293,72 @@ def test_a_background_warmup_this_process_started_is_no_busy_core(monkeypatch):
     _, mine2 = threads._cpu_seconds()
     assert 0.3 < mine1 - mine0 < 1.5     # (the interpreter's start and our own ms besides)
     assert abs(mine2 - mine1) < 0.2      # reaped: counted once, in os.times' children
+
+
+def _conv_ref(x, w, b, stride, pad, groups):
+    """NumPy oracle: a grouped 2-D convolution (NCHW, symmetric padding) plus a bias."""
+    n, c, h, wd = x.shape
+    m, cg, kh, kw = w.shape
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    oh, ow = (h + 2 * pad - kh) // stride + 1, (wd + 2 * pad - kw) // stride + 1
+    y = np.zeros((n, m, oh, ow))
+    mg = m // groups
+    for o in range(m):
+        g = o // mg
+        for i in range(kh):
+            for j in range(kw):
+                win = xp[:, g * cg:(g + 1) * cg, i:i + stride * oh:stride, j:j + stride * ow:stride]
+                y[:, o] += np.einsum("nchw,c->nhw", win, w[o, :, i, j])
+    return y + b[None, :, None, None]
+
+
+def test_one_sample_convolutions_split_by_output_channels(two_asked, monkeypatch):
+    """At batch 1 a convolution's output channels are split over the threads (whole groups;
+    multiples of 32 channels): a 3x3 convolution by taps with a residual connection, a 1x1
+    one by BLAS, a depthwise and a grouped one, each with its bias and clamp fused; the results
+    match a NumPy oracle and are the one-thread run's bit for bit."""
+    free, _ = two_asked
+    monkeypatch.setattr(convlib, "_PARALLEL_MIN_WORK", 0)
+    parts = []
+    real = convlib._channel_parts
+    monkeypatch.setattr(convlib, "_channel_parts",
+                        lambda *a: parts.append(real(*a)) or parts[-1])
+    L = fluid.layers
+    main, startup = fluid.Program(), fluid.Program()
+    startup.random_seed = 5
+    with fluid.program_guard(main, startup):
+        x = L.data(name="x", shape=[32, 8, 8], dtype="float32")
+        a = L.conv2d(x, num_filters=64, filter_size=1, act="relu")                   # BLAS
+        b = L.conv2d(a, num_filters=64, filter_size=3, padding=1)                     # taps
+        r = L.relu(L.elementwise_add(b, a))                                           # residual
+        d = L.conv2d(r, num_filters=64, filter_size=3, padding=1, groups=64,
+                     act="relu6")                                                     # depthwise
+        g = L.conv2d(d, num_filters=96, filter_size=3, stride=2, padding=1, groups=4)  # grouped
+    names = [v.name for v in (a, r, d, g)]  # (b not fetched: the conv takes its epilogue)
+    ops = main.global_block().ops
+    filters = [op.input("Filter")[0] for op in ops if op.type.endswith("conv2d")]
+    biases = [op.input("Y")[0] for op in ops
+              if op.type == "elementwise_add" and op.input("Y")[0] != a.name]
+    feed = {"x": np.random.default_rng(2).standard_normal((1, 32, 8, 8)).astype("float32")}
+    scope = fluid.Scope()
+    exe = fluid.Executor(native_drivers=False, strict=True)
+    exe.run(startup, scope=scope)
+    outs, split = {}, {}
+    for n in (2, 1):
+        free[0] = n
+        parts.clear()
+        outs[n] = exe.run(main, feed=feed, fetch_list=names, scope=scope)
+        split[n] = [len(p) for p in parts if p is not None]
+    assert split == {2: [2, 2, 2, 2], 1: []}
+    assert_native(exe)
+    for u, v in zip(outs[2], outs[1]):
+        assert np.array_equal(u, v)
+    w = [np.asarray(scope.find_var(f).get_tensor()) for f in filters]
+    bias = [np.asarray(scope.find_var(f).get_tensor()) for f in biases]
+    ya = np.maximum(_conv_ref(feed["x"], w[0], bias[0], 1, 0, 1), 0)
+    yb = _conv_ref(ya, w[1], bias[1], 1, 1, 1)
+    yr = np.maximum(yb + ya, 0)
+    yd = np.clip(_conv_ref(yr, w[2], bias[2], 1, 1, 64), 0, 6)
+    yg = _conv_ref(yd, w[3], bias[3], 2, 1, 4)
+    for got, want in zip(outs[2], (ya, yr, yd, yg)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
