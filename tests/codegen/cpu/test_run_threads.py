@@ -318,7 +318,7 @@ def test_one_sample_convolutions_split_by_output_channels(two_asked, monkeypatch
     one by BLAS, a depthwise and a grouped one, each with its bias and clamp fused; the results
     match a NumPy oracle and are the one-thread run's bit for bit."""
     free, _ = two_asked
-    monkeypatch.setattr(convlib, "_PARALLEL_MIN_WORK", 0)
+    monkeypatch.setattr(convlib, "_CHANNELS_MIN_WORK", 0)
     parts = []
     real = convlib._channel_parts
     monkeypatch.setattr(convlib, "_channel_parts",

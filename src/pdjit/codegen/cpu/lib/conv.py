@@ -949,7 +949,7 @@ def split_work(fn, n, work, *args, head=2):
     if parts > 1:
         _split(fn, parts, n, *args, head=head)
         return
-    if n == 1 and work >= _PARALLEL_MIN_WORK and any(fn is f for f in _BY_CHANNELS):
+    if n == 1 and work >= _CHANNELS_MIN_WORK and any(fn is f for f in _BY_CHANNELS):
         threads = loop_threads()
         calls = _channel_parts(threads, *args[:head], *args[head:]) if threads > 1 else None
         if calls is not None:
@@ -958,6 +958,12 @@ def split_work(fn, n, work, *args, head=2):
     fn(*args[:head], 0, n, *args[head:])
 
 
+#: the fewest multiply-adds of a one-sample convolution split over threads: handing a part to
+#: a thread costs tens of microseconds on the 2-vCPU machine (waking an idle core, the inputs
+#: read from the other core's cache), so that MobileNetV2's 1x1 convolutions of 5-11 M
+#: multiply-adds (0.1-0.25 ms) took longer split (14x14 64 -> 384: 0.10 ms whole, 0.15 split);
+#: 112x112 16 -> 96 (19 M) 0.55 / 0.49, ResNet-50's 56x56 64 -> 64 (13 M) 0.195 / 0.17
+_CHANNELS_MIN_WORK = 1 << 24
 #: a one-sample convolution split over threads: output channels per part are a multiple of
 #: this (whole tiles of the taps kernel; and each part, as the whole, has the 32 channels
 #: from which a 1x1 convolution runs as one BLAS product, _GEMM_CHANNELS, so that every part
