@@ -28,11 +28,19 @@ products, so the error grows with the data's range (measured on unit-normal data
 float64 sum, C = 3-512: relative errors of 1e-6 - 1e-5, against 1e-7 - 1e-6 for the taps
 kernel).
 """
+import llvmlite.ir as ir
+import numba
 import numpy as np
+from numba.core import cgutils, types
+from numba.extending import intrinsic
 
 from pdjit.codegen import params
 from pdjit.codegen.cpu.lib._jit import compile_cost, jit, jit_o3
+from pdjit.codegen.cpu.lib.deint import copy_run, zero_run
 from pdjit.codegen.cpu.lib.pgemm import _micro_kernel
+from pdjit.codegen.cpu.lib.tile import _masked, _offset, _splat, _vectors
+
+U = numba.uint64
 
 __all__ = ["takes", "transformed", "conv3x3"]
 
@@ -40,11 +48,142 @@ __all__ = ["takes", "transformed", "conv3x3"]
 #: ``NR = 16 * WNV`` tiles (float32)
 WMR, WNV = 14, 1
 NR = 16 * WNV
+LANES = 16
 _wmicro = _micro_kernel(WMR, WNV, 0)
 #: bytes of a block's ``V`` and products together (kept in the L2 cache)
 BLOCK_BYTES = 1 << 20
 #: counts of calls, for tests that assert which kernel ran
 CALLS = [0]
+
+
+def _lane_mask(builder, i64, lanes, first, count):
+    """The lanes ``first + l < count`` (``first`` a Python int, ``count`` an i64 value)."""
+    ivty = ir.VectorType(i64, lanes)
+    idx = ir.Constant(ivty, [first + k for k in range(lanes)])
+    return builder.icmp_signed("<", idx, _splat(builder, ivty, count))
+
+
+@intrinsic
+def _tiles_in(typingctx, rb, wp, u0, cnt, v, d0, cs):
+    """``V = B^T d B`` of the tiles ``u0 .. u0 + cnt`` (``cnt`` at most one vector's lanes) of
+    one channel and tile row: ``d`` tile ``u``'s 4x4 inputs, rows ``k`` at ``rb[k * wp + 2 u
+    ..]`` (four zero-padded input rows, readable a vector and 2 past the last tile); element
+    ``xi`` of tile ``u0 + l`` stored at ``v[d0 + xi * cs + l]``. Each row's inputs are split
+    into even and odd columns (two loads and a shuffle each, from ``2 u0`` and ``2 u0 + 2``),
+    combined down the rows, then across."""
+    if not all(isinstance(a, types.Array) and a.ndim == 1 for a in (rb, v)) or \
+            rb.dtype != v.dtype or rb.dtype not in (types.float32, types.float64):
+        return None
+    sig = types.void(rb, wp, u0, cnt, v, d0, cs)
+
+    def codegen(context, builder, signature, args):
+        at = signature.args
+        rp = context.make_array(at[0])(context, builder, args[0]).data
+        vp = context.make_array(at[4])(context, builder, args[4]).data
+        wpv, u0v, cntv, d0v, csv = (_offset(context, builder, at[i], args[i])
+                                    for i in (1, 2, 3, 5, 6))
+        fty, size, lanes, vty, i64, zero, _ = _vectors(context, builder, at[0].dtype)
+        ity = ir.VectorType(ir.IntType(32), lanes)
+        even = ir.Constant(ity, [2 * k for k in range(lanes)])
+        odd = ir.Constant(ity, [2 * k + 1 for k in range(lanes)])
+
+        def load(off):
+            p = builder.gep(rp, [off])
+            return builder.load(builder.bitcast(p, vty.as_pointer()), align=size)
+
+        cols = [[], [], [], []]  # per input column 0..3 of the tiles: the four rows
+        for k in range(4):
+            row = builder.add(builder.mul(wpv, ir.Constant(i64, k)), builder.add(u0v, u0v))
+            for shift in (0, 2):
+                a = load(builder.add(row, ir.Constant(i64, shift)))
+                b = load(builder.add(row, ir.Constant(i64, shift + lanes)))
+                cols[shift].append(builder.shuffle_vector(a, b, even))
+                cols[shift + 1].append(builder.shuffle_vector(a, b, odd))
+        # B^T d: rows d0 - d2, d1 + d2, d2 - d1, d1 - d3 (per input column)
+        t = [[builder.fsub(c[0], c[2]), builder.fadd(c[1], c[2]), builder.fsub(c[2], c[1]),
+              builder.fsub(c[1], c[3])] for c in cols]
+        mask = _lane_mask(builder, i64, lanes, 0, cntv)
+        mstore = _masked(builder, vty, "store")
+        i32 = ir.Constant(ir.IntType(32), size)
+        for i in range(4):  # (B^T d) B: the same across the columns
+            e0, o0, e1, o1 = t[0][i], t[1][i], t[2][i], t[3][i]
+            out = (builder.fsub(e0, e1), builder.fadd(o0, e1), builder.fsub(e1, o0),
+                   builder.fsub(o0, o1))
+            for j in range(4):
+                off = builder.add(d0v, builder.mul(csv, ir.Constant(i64, 4 * i + j)))
+                p = builder.bitcast(builder.gep(vp, [off]), vty.as_pointer())
+                builder.call(mstore, [out[j], p, i32, mask])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _tiles_out(typingctx, mo, k0, ms, cnt, b, y, o0, ld, cols, two, res, lo, hi):
+    """``Y = A^T M A`` of the tiles ``k0 .. k0 + cnt`` of one output channel and tile row
+    (element ``xi`` of tile ``k0 + l`` at ``mo[k0 + xi * ms + l]``, readable a vector past
+    it), plus ``b``, plus ``res`` at the outputs' places (where not empty), clamped to ``lo,
+    hi`` (float64, infinite: none; NaN kept), stored: the tiles' two output rows (``two``
+    false: the first alone) at ``y[o0 ..]`` and ``y[o0 + ld ..]``, their first ``cols``
+    columns at most."""
+    if not all(isinstance(a, types.Array) and a.ndim == 1 for a in (mo, y, res)) or \
+            len({mo.dtype, y.dtype, res.dtype}) != 1 or \
+            mo.dtype not in (types.float32, types.float64):
+        return None
+    sig = types.void(mo, k0, ms, cnt, b, y, o0, ld, cols, two, res, lo, hi)
+
+    def codegen(context, builder, signature, args):
+        at = signature.args
+        et = at[0].dtype
+        mp = context.make_array(at[0])(context, builder, args[0]).data
+        yp = context.make_array(at[5])(context, builder, args[5]).data
+        resa = context.make_array(at[10])(context, builder, args[10])
+        k0v, msv, cntv, o0v, ldv, colv = (_offset(context, builder, at[i], args[i])
+                                          for i in (1, 2, 3, 6, 7, 8))
+        fty, size, lanes, vty, i64, zero, _ = _vectors(context, builder, et)
+        twov = context.cast(builder, args[9], at[9], types.boolean)
+        bv = _splat(builder, vty, context.cast(builder, args[4], at[4], et))
+        lov, hiv = (_splat(builder, vty, context.cast(builder, args[i], at[i], et))
+                    for i in (11, 12))
+        m = []
+        for xi in range(16):
+            off = builder.add(k0v, builder.mul(msv, ir.Constant(i64, xi)))
+            p = builder.bitcast(builder.gep(mp, [off]), vty.as_pointer())
+            m.append(builder.load(p, align=size))
+        add, sub = builder.fadd, builder.fsub
+        r0 = [add(add(m[4 * i], m[4 * i + 1]), m[4 * i + 2]) for i in range(4)]
+        r1 = [sub(sub(m[4 * i + 1], m[4 * i + 2]), m[4 * i + 3]) for i in range(4)]
+        ys = ((add(add(add(r0[0], r0[1]), r0[2]), bv), add(add(add(r1[0], r1[1]), r1[2]), bv)),
+              (add(sub(sub(r0[1], r0[2]), r0[3]), bv), add(sub(sub(r1[1], r1[2]), r1[3]), bv)))
+        ity = ir.VectorType(ir.IntType(32), lanes)
+        halves = [ir.Constant(ity, [(k // 2) + (k % 2) * lanes + h * lanes // 2
+                                    for k in range(lanes)]) for h in range(2)]
+        limit = builder.add(cntv, cntv)  # the columns stored
+        limit = builder.select(builder.icmp_signed("<", colv, limit), colv, limit)
+        mload, mstore = _masked(builder, vty, "load"), _masked(builder, vty, "store")
+        i32 = ir.Constant(ir.IntType(32), size)
+        has_res = builder.icmp_signed("!=", cgutils.unpack_tuple(builder, resa.shape)[0],
+                                      ir.Constant(i64, 0))
+        for r in range(2):
+            cond = twov if r else ir.Constant(ir.IntType(1), 1)
+            with builder.if_then(cond):
+                row = o0v if r == 0 else builder.add(o0v, ldv)
+                for h in range(2):
+                    x = builder.shuffle_vector(ys[r][0], ys[r][1], halves[h])
+                    mask = _lane_mask(builder, i64, lanes, h * lanes, limit)
+                    off = builder.add(row, ir.Constant(i64, h * lanes))
+                    acc = cgutils.alloca_once_value(builder, x)
+                    with builder.if_then(has_res):
+                        p = builder.bitcast(builder.gep(resa.data, [off]), vty.as_pointer())
+                        builder.store(add(x, builder.call(mload, [p, i32, mask, zero])), acc)
+                    x = builder.load(acc)
+                    x = builder.select(builder.fcmp_unordered(">=", x, lov), x, lov)
+                    x = builder.select(builder.fcmp_unordered("<=", x, hiv), x, hiv)
+                    p = builder.bitcast(builder.gep(yp, [off]), vty.as_pointer())
+                    builder.call(mstore, [x, p, i32, mask])
+        return context.get_dummy_value()
+
+    return sig, codegen
 
 
 @jit
@@ -126,7 +265,7 @@ def block_tiles(c_, m_, tw):
 
 
 @jit_o3
-def _wino_range(x, ut, row, y, n0, n1, pt, pl, bias, lo, hi, res):
+def _wino_range(x, ut, row, y, n0, n1, pt, pl, bias, lo, hi, res, ph=7):
     """:func:`conv3x3`'s kernel: ``ut`` the transformed filters (``[16, M_all, C]``), ``y``'s
     channels from row ``row`` of it."""
     c_, h_, w_ = x.shape[1], x.shape[2], x.shape[3]
@@ -142,25 +281,23 @@ def _wino_range(x, ut, row, y, n0, n1, pt, pl, bias, lo, hi, res):
     nrows = (n1 - n0) * th
     kb = min(nrows, block_tiles(c_, m_, tw))
     tmax = (kb * tw + NR - 1) // NR * NR
-    v = np.empty(16 * c_ * tmax, np.float32)
-    mo = np.empty(16 * m_ * tmax, np.float32)
-    wp = 2 * tw + 2
+    v = np.zeros(16 * (c_ * tmax + 16), np.float32)  # (padding tiles: no denormals)
+    mo = np.zeros(16 * (m_ * tmax + 16) + LANES, np.float32)
+    wp = 2 * tw + 2 + 2 * LANES  # (a vector read past the last tile)
     rb = np.zeros(4 * wp, np.float32)  # four input rows, zero-padded
-    eo = np.empty(8 * (tw + 1), np.float32)  # their row combinations, even / odd columns
     xf = x.reshape(x.size)
     yf = y.reshape(y.size)
     utf = ut.reshape(ut.size)
     none = bias[:0]
-    flo, fhi = np.float32(lo), np.float32(hi)
-    has_bias, has_res = bias.size != 0, res.size != 0
+    has_bias = bias.size != 0
     cnt = min(w_, wp - pl)
     for r0 in range(0, nrows, kb):
         r1 = min(nrows, r0 + kb)
         tb = (r1 - r0) * tw
         tp = (tb + NR - 1) // NR * NR
-        cs = c_ * tp
+        cs = c_ * tp + 16  # (each V_xi on other cache sets than the last)
         # ---- input transform: V_xi[c, t] into panels of NR tiles
-        for r in range(r0, r1):
+        for r in range(r0, r1 if ph & 1 else r0):
             n = n0 + r // th
             ty = r % th
             base = (r - r0) * tw
@@ -168,39 +305,20 @@ def _wino_range(x, ut, row, y, n0, n1, pt, pl, bias, lo, hi, res):
                 for k in range(4):
                     iy = 2 * ty - pt + k
                     if 0 <= iy < h_:
-                        s = ((n * c_ + c) * h_ + iy) * w_
-                        for q in range(cnt):
-                            rb[k * wp + pl + q] = xf[s + q]
+                        copy_run(xf, ((n * c_ + c) * h_ + iy) * w_, rb, k * wp + pl, cnt)
                     else:
-                        for q in range(cnt):
-                            rb[k * wp + pl + q] = 0.0
-                w1 = tw + 1
-                for p in range(2 * w1):
-                    q, par = p // 2, p % 2
-                    d0, d1, d2, d3 = rb[p], rb[wp + p], rb[2 * wp + p], rb[3 * wp + p]
-                    eo[par * w1 + q] = d0 - d2
-                    eo[(2 + par) * w1 + q] = d1 + d2
-                    eo[(4 + par) * w1 + q] = d2 - d1
-                    eo[(6 + par) * w1 + q] = d1 - d3
+                        zero_run(rb, k * wp + pl, cnt)
                 tx = 0
                 while tx < tw:
                     t = base + tx
                     j = t // NR
                     qo = t - j * NR
-                    seg = min(tw - tx, NR - qo)
-                    off = (j * c_ + c) * NR + qo - tx
-                    for u in range(tx, tx + seg):
-                        for i in range(4):
-                            e0, o0 = eo[2 * i * w1 + u], eo[(2 * i + 1) * w1 + u]
-                            e1, o1 = eo[2 * i * w1 + u + 1], eo[(2 * i + 1) * w1 + u + 1]
-                            v[(4 * i) * cs + off + u] = e0 - e1
-                            v[(4 * i + 1) * cs + off + u] = o0 + e1
-                            v[(4 * i + 2) * cs + off + u] = e1 - o0
-                            v[(4 * i + 3) * cs + off + u] = o0 - o1
+                    seg = min(tw - tx, NR - qo, LANES)
+                    _tiles_in(rb, wp, tx, seg, v, (j * c_ + c) * NR + qo, cs)
                     tx += seg
         # ---- the 16 products M_xi [m_, tp] = U_xi [m_, c_] @ V_xi [c_, tp]
-        ms = m_ * tp
-        for xi in range(16):
+        ms = m_ * tp + 16
+        for xi in range(16 if ph & 2 else 0):
             for m0 in range(0, m_, WMR):
                 rows = min(WMR, m_ - m0)
                 for j in range(tp // NR):
@@ -208,36 +326,18 @@ def _wino_range(x, ut, row, y, n0, n1, pt, pl, bias, lo, hi, res):
                             mo, xi * ms + m0 * tp + j * NR, tp, min(NR, tb - j * NR), none, 0,
                             none, -np.inf, np.inf)
         # ---- output transform, epilogue, stores
-        for r in range(r0, r1):
+        for r in range(r0, r1 if ph & 4 else r0):
             n = n0 + r // th
             ty = r % th
             base = (r - r0) * tw
-            rows2 = 2 if 2 * ty + 1 < oh_ else 1
+            two = 2 * ty + 1 < oh_
             for m in range(m_):
                 b = bias[m] if has_bias else np.float32(0.0)
                 o = ((n * m_ + m) * oh_ + 2 * ty) * ow_
                 mb = m * tp + base
-                for u in range(tw):
-                    # A^T M A: R[i][0] = M[i][0] + M[i][1] + M[i][2],
-                    # R[i][1] = M[i][1] - M[i][2] - M[i][3], then the same down the columns
-                    k = mb + u
-                    r00 = mo[k] + mo[ms + k] + mo[2 * ms + k]
-                    r10 = mo[4 * ms + k] + mo[5 * ms + k] + mo[6 * ms + k]
-                    r20 = mo[8 * ms + k] + mo[9 * ms + k] + mo[10 * ms + k]
-                    r30 = mo[12 * ms + k] + mo[13 * ms + k] + mo[14 * ms + k]
-                    r01 = mo[ms + k] - mo[2 * ms + k] - mo[3 * ms + k]
-                    r11 = mo[5 * ms + k] - mo[6 * ms + k] - mo[7 * ms + k]
-                    r21 = mo[9 * ms + k] - mo[10 * ms + k] - mo[11 * ms + k]
-                    r31 = mo[13 * ms + k] - mo[14 * ms + k] - mo[15 * ms + k]
-                    q4 = (r00 + r10 + r20 + b, r01 + r11 + r21 + b,
-                          r10 - r20 - r30 + b, r11 - r21 - r31 + b)
-                    for e in range(4):
-                        dy, dx = e // 2, e % 2
-                        if dy < rows2 and 2 * u + dx < ow_:
-                            at = o + dy * ow_ + 2 * u + dx
-                            val = q4[e] + res[at] if has_res else q4[e]
-                            val = val if not val < flo else flo
-                            yf[at] = val if not val > fhi else fhi
+                for u in range(0, tw, LANES):
+                    _tiles_out(mo, mb + u, ms, min(LANES, tw - u), b, yf, o + 2 * u, ow_,
+                               ow_ - 2 * u, two, res, lo, hi)
 
 
 compile_cost(2.0, _wino_range)
