@@ -44,14 +44,19 @@ U = numba.uint64
 
 __all__ = ["takes", "transformed", "conv3x3"]
 
-#: rows (output channels) and vectors of tiles of the products' register block: panels of
-#: ``NR = 16 * WNV`` tiles (float32)
-WMR, WNV = 14, 1
-NR = 16 * WNV
+#: the products' register blocks (rows: output channels, by vectors of tiles): 8 rows by 2
+#: vectors (panels of 32 tiles) for blocks of 32 tiles or more, else 16 rows by one vector
+#: (panels of 16: a 7x7 plane has 16 tiles). Measured one thread, batch 1, ms (64x56x56,
+#: 128x28x28, 256x14x14, 512x7x7, load ~2.7): 14x1 1.12 1.16 1.27 1.34, 16x1 1.00 1.08 1.24
+#: 1.43, 8x2 0.97 0.97 1.04 2.18, 12x2 1.01 0.94 1.04 2.06, 6x4 1.11 0.94 1.76 3.42
+_wm16 = _micro_kernel(16, 1, 0)
+_wm32 = _micro_kernel(8, 2, 0)
+NR = 32
 LANES = 16
-_wmicro = _micro_kernel(WMR, WNV, 0)
-#: bytes of a block's ``V`` and products together (kept in the L2 cache)
+#: bytes of a block's ``V`` and products together (kept in the L2 cache), and the fewest tiles
+#: of a block (the transformed filters are read once per block)
 BLOCK_BYTES = 1 << 20
+MIN_BLOCK_TILES = 64
 #: counts of calls, for tests that assert which kernel ran
 CALLS = [0]
 
@@ -260,8 +265,8 @@ def conv3x3(x, w, y, n0, n1, pt, pl, bias, lo, hi, res):
 @jit
 def block_tiles(c_, m_, tw):
     """Tile rows per block: ``V`` (``16 C`` values per tile) and the products (``16 M``)
-    within :data:`BLOCK_BYTES`, at least one tile row."""
-    return max(1, BLOCK_BYTES // (64 * (c_ + m_)) // tw)
+    within :data:`BLOCK_BYTES`, at least :data:`MIN_BLOCK_TILES` tiles or one tile row."""
+    return max(1, max(MIN_BLOCK_TILES, BLOCK_BYTES // (64 * (c_ + m_))) // tw)
 
 
 @jit_o3
@@ -280,7 +285,8 @@ def _wino_range(x, ut, row, y, n0, n1, pt, pl, bias, lo, hi, res, ph=7):
     th, tw = (oh_ + 1) // 2, (ow_ + 1) // 2
     nrows = (n1 - n0) * th
     kb = min(nrows, block_tiles(c_, m_, tw))
-    tmax = (kb * tw + NR - 1) // NR * NR
+    nr = NR if kb * tw >= NR else LANES
+    tmax = (kb * tw + nr - 1) // nr * nr
     v = np.zeros(16 * (c_ * tmax + 16), np.float32)  # (padding tiles: no denormals)
     mo = np.zeros(16 * (m_ * tmax + 16) + LANES, np.float32)
     wp = 2 * tw + 2 + 2 * LANES  # (a vector read past the last tile)
@@ -294,7 +300,7 @@ def _wino_range(x, ut, row, y, n0, n1, pt, pl, bias, lo, hi, res, ph=7):
     for r0 in range(0, nrows, kb):
         r1 = min(nrows, r0 + kb)
         tb = (r1 - r0) * tw
-        tp = (tb + NR - 1) // NR * NR
+        tp = (tb + nr - 1) // nr * nr
         cs = c_ * tp + 16  # (each V_xi on other cache sets than the last)
         # ---- input transform: V_xi[c, t] into panels of NR tiles
         for r in range(r0, r1 if ph & 1 else r0):
@@ -311,20 +317,26 @@ def _wino_range(x, ut, row, y, n0, n1, pt, pl, bias, lo, hi, res, ph=7):
                 tx = 0
                 while tx < tw:
                     t = base + tx
-                    j = t // NR
-                    qo = t - j * NR
-                    seg = min(tw - tx, NR - qo, LANES)
-                    _tiles_in(rb, wp, tx, seg, v, (j * c_ + c) * NR + qo, cs)
+                    j = t // nr
+                    qo = t - j * nr
+                    seg = min(tw - tx, nr - qo, LANES)
+                    _tiles_in(rb, wp, tx, seg, v, (j * c_ + c) * nr + qo, cs)
                     tx += seg
         # ---- the 16 products M_xi [m_, tp] = U_xi [m_, c_] @ V_xi [c_, tp]
         ms = m_ * tp + 16
         for xi in range(16 if ph & 2 else 0):
-            for m0 in range(0, m_, WMR):
-                rows = min(WMR, m_ - m0)
-                for j in range(tp // NR):
-                    _wmicro(utf, (xi * mt + row + m0) * c_, c_, rows, c_, v, xi * cs + j * c_ * NR,
-                            mo, xi * ms + m0 * tp + j * NR, tp, min(NR, tb - j * NR), none, 0,
-                            none, -np.inf, np.inf)
+            if nr == NR:
+                for m0 in range(0, m_, 8):
+                    for j in range(tp // nr):
+                        _wm32(utf, (xi * mt + row + m0) * c_, c_, min(8, m_ - m0), c_, v,
+                              xi * cs + j * c_ * nr, mo, xi * ms + m0 * tp + j * nr, tp,
+                              min(nr, tb - j * nr), none, 0, none, -np.inf, np.inf)
+            else:
+                for m0 in range(0, m_, 16):
+                    for j in range(tp // nr):
+                        _wm16(utf, (xi * mt + row + m0) * c_, c_, min(16, m_ - m0), c_, v,
+                              xi * cs + j * c_ * nr, mo, xi * ms + m0 * tp + j * nr, tp,
+                              min(nr, tb - j * nr), none, 0, none, -np.inf, np.inf)
         # ---- output transform, epilogue, stores
         for r in range(r0, r1 if ph & 4 else r0):
             n = n0 + r // th
