@@ -895,13 +895,20 @@ def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, re
     """``y[n] = conv(x[n], w)`` for the samples ``n0..n1`` (a filter that :func:`use_direct`
     does not take), then the epilogue ``minimum(maximum(y + bias[m] + res, lo), hi)``
     (``bias`` and ``res``, the residual connection flat as ``y``, empty and infinite bounds:
-    none): the taps kernel or im2col + BLAS, as :func:`_use_taps` picks. Each is a kernel of
-    its own, so that a program compiles only the ones its shapes take."""
+    none): a 3x3 stride-1 float32 filter by Winograd's F(2x2, 3x3) where
+    :func:`.winograd.takes` says so (results within rounding of the taps kernel's, by a
+    larger rounding error: see :mod:`.winograd`), else the taps kernel or im2col + BLAS, as
+    :func:`_use_taps` picks. Each is a kernel of its own, so that a program compiles only the
+    ones its shapes take. (Compiled code, :func:`_fwd_range_native`, runs the taps.)"""
     ep = _has_epilogue(bias, lo, hi) or res.size > 0
     if ep and res.size and res.size != y.size:
         raise ValueError(_MISFIT)
     if _use_gemm(x, w, y, sh, sw, pt, pl, groups, n1 - n0):
         _fwd_gemm(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
+        return
+    wino = _winograd()
+    if wino.takes(x, w, y, sh, sw, pt, pl, dh, dw, groups):
+        wino.conv3x3(x, w, y, n0, n1, pt, pl, bias, lo, hi, res)
         return
     if _use_taps(w.shape[0] // groups, w[0].size, y.shape[2] * y.shape[3]):
         _fwd_taps(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
@@ -909,6 +916,19 @@ def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, re
     _fwd_blas(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups)
     if ep:
         _bias_clamp_range(y, n0, n1, bias, lo, hi, res)
+
+
+def _winograd():
+    """The module :mod:`.winograd` (imported at the first call: it imports :mod:`.pgemm`, which
+    imports this module)."""
+    from pdjit.codegen.cpu.lib import winograd
+
+    return winograd
+
+
+def _winograd_jobs(T):
+    """The compile jobs of :func:`.winograd.conv3x3` (float32 data only)."""
+    return _winograd().jobs(T) if np.dtype(T) == np.float32 else []
 
 
 # ---- the entry points: whole batches, split over threads when large ---------------------------
@@ -1165,7 +1185,7 @@ jobs("conv2d_bwd_data_by_taps")(lambda T: [(_fwd_taps, _residual_types(T))])
 # product of the 1x1 convolutions of many channels (the blocks of a ResNet); the im2col path
 # of small planes compiles on its first call
 jobs("conv._fwd_range")(lambda T: [(_fwd_taps, _residual_types(T)),
-                                   (_fwd_gemm, _residual_types(T))])
+                                   (_fwd_gemm, _residual_types(T))] + _winograd_jobs(T))
 jobs("conv._direct_range")(lambda T: [(_direct_range, _epilogue_types(T))])
 # the kernels of the other shapes (forward, filter gradient): compiled ahead by ``pdjit warmup``
 # only (names no lowering calls, so no plan's compile worker spends time on them)

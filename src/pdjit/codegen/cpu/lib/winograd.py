@@ -29,7 +29,6 @@ float64 sum, C = 3-512: relative errors of 1e-6 - 1e-5, against 1e-7 - 1e-6 for 
 kernel).
 """
 import llvmlite.ir as ir
-import numba
 import numpy as np
 from numba.core import cgutils, types
 from numba.extending import intrinsic
@@ -39,8 +38,6 @@ from pdjit.codegen.cpu.lib._jit import compile_cost, jit, jit_o3
 from pdjit.codegen.cpu.lib.deint import copy_run, zero_run
 from pdjit.codegen.cpu.lib.pgemm import _micro_kernel
 from pdjit.codegen.cpu.lib.tile import _masked, _offset, _splat, _vectors
-
-U = numba.uint64
 
 __all__ = ["takes", "transformed", "conv3x3"]
 
@@ -270,7 +267,7 @@ def block_tiles(c_, m_, tw):
 
 
 @jit_o3
-def _wino_range(x, ut, row, y, n0, n1, pt, pl, bias, lo, hi, res, ph=7):
+def _wino_range(x, ut, row, y, n0, n1, pt, pl, bias, lo, hi, res):
     """:func:`conv3x3`'s kernel: ``ut`` the transformed filters (``[16, M_all, C]``), ``y``'s
     channels from row ``row`` of it."""
     c_, h_, w_ = x.shape[1], x.shape[2], x.shape[3]
@@ -303,7 +300,7 @@ def _wino_range(x, ut, row, y, n0, n1, pt, pl, bias, lo, hi, res, ph=7):
         tp = (tb + nr - 1) // nr * nr
         cs = c_ * tp + 16  # (each V_xi on other cache sets than the last)
         # ---- input transform: V_xi[c, t] into panels of NR tiles
-        for r in range(r0, r1 if ph & 1 else r0):
+        for r in range(r0, r1):
             n = n0 + r // th
             ty = r % th
             base = (r - r0) * tw
@@ -324,7 +321,7 @@ def _wino_range(x, ut, row, y, n0, n1, pt, pl, bias, lo, hi, res, ph=7):
                     tx += seg
         # ---- the 16 products M_xi [m_, tp] = U_xi [m_, c_] @ V_xi [c_, tp]
         ms = m_ * tp + 16
-        for xi in range(16 if ph & 2 else 0):
+        for xi in range(16):
             if nr == NR:
                 for m0 in range(0, m_, 8):
                     for j in range(tp // nr):
@@ -338,7 +335,7 @@ def _wino_range(x, ut, row, y, n0, n1, pt, pl, bias, lo, hi, res, ph=7):
                               xi * cs + j * c_ * nr, mo, xi * ms + m0 * tp + j * nr, tp,
                               min(nr, tb - j * nr), none, 0, none, -np.inf, np.inf)
         # ---- output transform, epilogue, stores
-        for r in range(r0, r1 if ph & 4 else r0):
+        for r in range(r0, r1):
             n = n0 + r // th
             ty = r % th
             base = (r - r0) * tw
@@ -350,6 +347,14 @@ def _wino_range(x, ut, row, y, n0, n1, pt, pl, bias, lo, hi, res, ph=7):
                 for u in range(0, tw, LANES):
                     _tiles_out(mo, mb + u, ms, min(LANES, tw - u), b, yf, o + 2 * u, ow_,
                                ow_ - 2 * u, two, res, lo, hi)
+
+
+def jobs(T):
+    """The compile jobs of :func:`conv3x3` for data of NumPy type ``T`` (``conv._fwd_range``'s
+    include them for float32)."""
+    return [(_filter_transform, ((T, 4), (T, 3))),
+            (_wino_range, ((T, 4), (T, 3), int, (T, 4), int, int, int, int, (T, 1), float, float,
+                           (T, 1)))]
 
 
 compile_cost(2.0, _wino_range)
