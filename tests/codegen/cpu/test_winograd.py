@@ -68,21 +68,27 @@ def test_against_a_float64_convolution():
 
 def test_the_host_entry_takes_it_for_float32_alone():
     x = RNG.normal(size=(2, 16, 6, 7)).astype(F32)
-    w = RNG.normal(size=(20, 16, 3, 3)).astype(F32)
-    bias = RNG.normal(size=20).astype(F32)
+    w = RNG.normal(size=(33, 16, 3, 3)).astype(F32)
+    bias = RNG.normal(size=33).astype(F32)
     before = winograd.CALLS[0]
-    y = np.empty((2, 20, 6, 7), F32)
+    y = np.empty((2, 33, 6, 7), F32)
     conv._fwd_range(x, w, y, 0, 2, 1, 1, 1, 1, 1, 1, 1, bias, 0.0, np.inf, E)
     assert winograd.CALLS[0] == before + 1
     want = _epilogue(_conv(x, w, 1, 1, 6, 7), bias, E, 0.0, np.inf)
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+    g = (1, 1, 1, 1, 1, 1, 1)
+    assert winograd.takes(x, w, y, 2, *g)
     # not for float64 (the taps kernel), a stride of 2, groups, a 1x1 filter, few channels
+    # or tiles
     assert not winograd.takes(x.astype(np.float64), w.astype(np.float64),
-                              y.astype(np.float64), 1, 1, 1, 1, 1, 1, 1)
-    assert not winograd.takes(x, w, y[:, :, :3, :4], 2, 2, 1, 1, 1, 1, 1)
-    assert not winograd.takes(x, w[:, :8], y, 1, 1, 1, 1, 1, 1, 2)
-    assert not winograd.takes(x, w[:, :, :1, :1], y, 1, 1, 0, 0, 1, 1, 1)
-    assert not winograd.takes(x[:, :3], w[:, :3], y, 1, 1, 1, 1, 1, 1, 1)
+                              y.astype(np.float64), 2, *g)
+    assert not winograd.takes(x, w, y[:, :, :3, :4], 2, 2, 2, 1, 1, 1, 1, 1)
+    assert not winograd.takes(x, w[:, :8], y, 2, *g[:-1], 2)
+    assert not winograd.takes(x, w[:, :, :1, :1], y, 2, 1, 1, 0, 0, 1, 1, 1)
+    assert not winograd.takes(x[:, :3], w[:, :3], y, 2, *g)
+    assert not winograd.takes(x, w[:16], y[:, :16], 2, *g)
+    small = np.ascontiguousarray(x[:1, :, :4, :4])
+    assert not winograd.takes(small, w, np.empty((1, 33, 4, 4), F32), 1, *g)
 
 
 def test_a_filter_split_along_its_output_channels_gives_the_wholes_values():
@@ -110,9 +116,10 @@ def test_a_filter_split_along_its_output_channels_gives_the_wholes_values():
 
 
 def test_a_changed_weight_is_seen():
-    x = RNG.normal(size=(1, 16, 4, 4)).astype(F32)
-    w = RNG.normal(size=(16, 16, 3, 3)).astype(F32)
-    y = np.empty((1, 16, 4, 4), F32)
+    x = RNG.normal(size=(1, 16, 8, 8)).astype(F32)
+    w = RNG.normal(size=(32, 16, 3, 3)).astype(F32)
+    y = np.empty((1, 32, 8, 8), F32)
+    before = winograd.CALLS[0]
     for step in range(3):
         if step == 1:
             w = RNG.normal(size=w.shape).astype(F32)  # a new array
@@ -120,7 +127,8 @@ def test_a_changed_weight_is_seen():
             w[...] = RNG.normal(size=w.shape)  # in place, as a run that writes it says
             params.written([w])
         conv._fwd_range(x, w, y, 0, 1, 1, 1, 1, 1, 1, 1, 1, E, -np.inf, np.inf, E)
-        np.testing.assert_allclose(y, _conv(x, w, 1, 1, 4, 4), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(y, _conv(x, w, 1, 1, 8, 8), rtol=1e-4, atol=1e-4)
+    assert winograd.CALLS[0] == before + 3
 
 
 def test_a_program_on_it(fresh_programs):
@@ -128,11 +136,11 @@ def test_a_program_on_it(fresh_programs):
     weight given a new array in the Scope, and one written by a program, are seen."""
     main, startup = fresh_programs
     x = fluid.layers.data("x", [16, 5, 5])
-    h = fluid.layers.conv2d(x, 16, 3, padding=1, act="relu",
+    h = fluid.layers.conv2d(x, 32, 3, padding=1, act="relu",
                             param_attr=fluid.ParamAttr(name="wg_w"),
                             bias_attr=fluid.ParamAttr(name="wg_b"))
     with fluid.program_guard(double := fluid.Program(), fluid.Program()):
-        wv = fluid.layers.create_parameter([16, 16, 3, 3], "float32", name="wg_w")
+        wv = fluid.layers.create_parameter([32, 16, 3, 3], "float32", name="wg_w")
         fluid.layers.assign(fluid.layers.scale(wv, 2.0), output=wv)
     exe = fluid.Executor(fluid.CPUPlace(), strict=True)
     exe.run(startup)
@@ -151,7 +159,7 @@ def test_a_program_on_it(fresh_programs):
 
     first = check()
     scope.find_var("wg_w").get_tensor().set(
-        RNG.normal(size=(16, 16, 3, 3)).astype(F32), fluid.CPUPlace())
+        RNG.normal(size=(32, 16, 3, 3)).astype(F32), fluid.CPUPlace())
     second = check()
     exe.run(double)
     third = check()

@@ -907,7 +907,7 @@ def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, re
         _fwd_gemm(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
         return
     wino = _winograd()
-    if wino.takes(x, w, y, sh, sw, pt, pl, dh, dw, groups):
+    if wino.takes(x, w, y, n1 - n0, sh, sw, pt, pl, dh, dw, groups):
         wino.conv3x3(x, w, y, n0, n1, pt, pl, bias, lo, hi, res)
         return
     if _use_taps(w.shape[0] // groups, w[0].size, y.shape[2] * y.shape[3]):

@@ -231,23 +231,31 @@ def transformed(w):
     return params.derived(w, "winograd", lambda: _make(w)), 0
 
 
-#: the shape classes on Winograd (else the taps kernel): from planes of ``_MIN_PLANE``
-#: outputs, ``_MIN_CHANNELS`` input and output channels
-_MIN_PLANE = 16
-_MIN_CHANNELS = 16
+#: the convolutions on Winograd (else the taps kernel): from ``_MIN_TILES`` tiles per call
+#: (samples times tiles per plane), ``_MIN_IN`` input and ``_MIN_OUT`` output channels.
+#: Measured, one thread, taps / Winograd ms (load ~0.9): batch 1, 7x7 512->512 (16 tiles)
+#: 2.22 / 1.79, 8x8 64->64 (16) 0.045 / 0.033, 4x4 128->128 (4) 0.055 / 0.080, 4x4 512->512
+#: 0.68 / 1.43 (a panel of 16 tiles for 4); batch 16 of 4x4 512->512 10.6 / 6.0. Few output
+#: channels do not pay (the transforms' work is per input and per output channel, the
+#: products' per pair): 32x32 16->16 0.040 / 0.041, 14x14 64->16 0.045 / 0.050, 8x8 16->16
+#: 0.006 / 0.008; 56x56 16->64 0.39 / 0.34, 32x32 32->32 0.146 / 0.134
+_MIN_TILES = 16
+_MIN_IN = 16
+_MIN_OUT = 32
 
 
-def takes(x, w, y, sh, sw, pt, pl, dh, dw, groups) -> bool:
-    """Whether :func:`conv3x3` serves the convolution (a 3x3 stride-1 filter on float32 data,
-    paddings not past the filter's reach, see the shape classes above)."""
+def takes(x, w, y, n, sh, sw, pt, pl, dh, dw, groups) -> bool:
+    """Whether :func:`conv3x3` serves the convolution of ``n`` samples (a 3x3 stride-1
+    filter on float32 data, paddings not past the filter's reach, C-contiguous arrays, the
+    sizes above)."""
     if x.dtype != np.float32 or w.dtype != np.float32 or y.dtype != np.float32 or \
             groups != 1 or sh != 1 or sw != 1 or dh != 1 or dw != 1 or \
             w.shape[2] != 3 or w.shape[3] != 3:
         return False
     oh, ow = y.shape[2], y.shape[3]
     return 0 <= pt <= 2 and 0 <= pl <= 2 and oh + 2 - x.shape[2] - pt >= 0 and \
-        ow + 2 - x.shape[3] - pl >= 0 and oh * ow >= _MIN_PLANE and \
-        w.shape[0] >= _MIN_CHANNELS and w.shape[1] >= _MIN_CHANNELS and \
+        ow + 2 - x.shape[3] - pl >= 0 and n * ((oh + 1) // 2) * ((ow + 1) // 2) >= _MIN_TILES \
+        and w.shape[0] >= _MIN_OUT and w.shape[1] >= _MIN_IN and \
         x.flags.c_contiguous and y.flags.c_contiguous and w.flags.c_contiguous
 
 
