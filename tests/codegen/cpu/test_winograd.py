@@ -67,14 +67,14 @@ def test_against_a_float64_convolution():
 
 
 def test_the_host_entry_takes_it_for_float32_alone():
-    x = RNG.normal(size=(2, 16, 6, 7)).astype(F32)
+    x = RNG.normal(size=(2, 16, 8, 7)).astype(F32)
     w = RNG.normal(size=(33, 16, 3, 3)).astype(F32)
     bias = RNG.normal(size=33).astype(F32)
     before = winograd.CALLS[0]
-    y = np.empty((2, 33, 6, 7), F32)
+    y = np.empty((2, 33, 8, 7), F32)
     conv._fwd_range(x, w, y, 0, 2, 1, 1, 1, 1, 1, 1, 1, bias, 0.0, np.inf, E)
     assert winograd.CALLS[0] == before + 1
-    want = _epilogue(_conv(x, w, 1, 1, 6, 7), bias, E, 0.0, np.inf)
+    want = _epilogue(_conv(x, w, 1, 1, 8, 7), bias, E, 0.0, np.inf)
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
     g = (1, 1, 1, 1, 1, 1, 1)
     assert winograd.takes(x, w, y, 2, *g)
@@ -87,21 +87,21 @@ def test_the_host_entry_takes_it_for_float32_alone():
     assert not winograd.takes(x, w[:, :, :1, :1], y, 2, 1, 1, 0, 0, 1, 1, 1)
     assert not winograd.takes(x[:, :3], w[:, :3], y, 2, *g)
     assert not winograd.takes(x, w[:16], y[:, :16], 2, *g)
-    small = np.ascontiguousarray(x[:1, :, :4, :4])
-    assert not winograd.takes(small, w, np.empty((1, 33, 4, 4), F32), 1, *g)
+    small = np.ascontiguousarray(x[:1, :, :6, :6])
+    assert not winograd.takes(small, w, np.empty((1, 33, 6, 6), F32), 1, *g)
 
 
 def test_a_filter_split_along_its_output_channels_gives_the_wholes_values():
     """``conv._channel_parts`` splits a one-sample convolution into calls on slices of the
     filter, output, bias and residual: each takes its rows of the whole filter's transform
     (made once) and the values are the whole call's, bit for bit."""
-    x = RNG.normal(size=(1, 16, 9, 9)).astype(F32)
+    x = RNG.normal(size=(1, 16, 11, 11)).astype(F32)
     w = RNG.normal(size=(96, 16, 3, 3)).astype(F32)
     bias = RNG.normal(size=96).astype(F32)
-    res = RNG.normal(size=96 * 81).astype(F32)
-    whole = np.empty((1, 96, 9, 9), F32)
+    res = RNG.normal(size=96 * 121).astype(F32)
+    whole = np.empty((1, 96, 11, 11), F32)
     conv._fwd_range(x, w, whole, 0, 1, 1, 1, 1, 1, 1, 1, 1, bias, -1.0, 2.0, res)
-    np.testing.assert_allclose(whole, _epilogue(_conv(x, w, 1, 1, 9, 9), bias, res, -1.0, 2.0),
+    np.testing.assert_allclose(whole, _epilogue(_conv(x, w, 1, 1, 11, 11), bias, res, -1.0, 2.0),
                                rtol=1e-4, atol=1e-4)
     y = np.full_like(whole, np.nan)
     calls = conv._channel_parts(2, x, w, y, 1, 1, 1, 1, 1, 1, 1, bias, -1.0, 2.0, res)
@@ -116,9 +116,9 @@ def test_a_filter_split_along_its_output_channels_gives_the_wholes_values():
 
 
 def test_a_changed_weight_is_seen():
-    x = RNG.normal(size=(1, 16, 8, 8)).astype(F32)
+    x = RNG.normal(size=(1, 16, 12, 12)).astype(F32)
     w = RNG.normal(size=(32, 16, 3, 3)).astype(F32)
-    y = np.empty((1, 32, 8, 8), F32)
+    y = np.empty((1, 32, 12, 12), F32)
     before = winograd.CALLS[0]
     for step in range(3):
         if step == 1:
@@ -127,7 +127,7 @@ def test_a_changed_weight_is_seen():
             w[...] = RNG.normal(size=w.shape)  # in place, as a run that writes it says
             params.written([w])
         conv._fwd_range(x, w, y, 0, 1, 1, 1, 1, 1, 1, 1, 1, E, -np.inf, np.inf, E)
-        np.testing.assert_allclose(y, _conv(x, w, 1, 1, 8, 8), rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(y, _conv(x, w, 1, 1, 12, 12), rtol=1e-4, atol=1e-4)
     assert winograd.CALLS[0] == before + 3
 
 
@@ -135,7 +135,7 @@ def test_a_program_on_it(fresh_programs):
     """The executor's host driver runs a 3x3 convolution with its bias and relu on it; a
     weight given a new array in the Scope, and one written by a program, are seen."""
     main, startup = fresh_programs
-    x = fluid.layers.data("x", [16, 5, 5])
+    x = fluid.layers.data("x", [16, 8, 8])
     h = fluid.layers.conv2d(x, 32, 3, padding=1, act="relu",
                             param_attr=fluid.ParamAttr(name="wg_w"),
                             bias_attr=fluid.ParamAttr(name="wg_b"))
@@ -145,7 +145,7 @@ def test_a_program_on_it(fresh_programs):
     exe = fluid.Executor(fluid.CPUPlace(), strict=True)
     exe.run(startup)
     scope = fluid.global_scope()
-    xv = RNG.normal(size=(2, 16, 5, 5)).astype(F32)
+    xv = RNG.normal(size=(2, 16, 8, 8)).astype(F32)
 
     def check():
         before = winograd.CALLS[0]
@@ -153,7 +153,7 @@ def test_a_program_on_it(fresh_programs):
         assert_native(exe)
         assert winograd.CALLS[0] > before
         w, b = (np.asarray(scope.find_var(n).get_tensor()) for n in ("wg_w", "wg_b"))
-        want = np.maximum(_conv(xv, w, 1, 1, 5, 5) + b[:, None, None], 0)
+        want = np.maximum(_conv(xv, w, 1, 1, 8, 8) + b[:, None, None], 0)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
         return got
 

@@ -54,6 +54,8 @@ LANES = 16
 #: of a block (the transformed filters are read once per block)
 BLOCK_BYTES = 1 << 20
 MIN_BLOCK_TILES = 64
+#: blocks of rows of the transformed filters prefetched ahead of the products (into L2)
+PREFETCH_BLOCKS = 1
 #: counts of calls, for tests that assert which kernel ran
 CALLS = [0]
 
@@ -188,6 +190,31 @@ def _tiles_out(typingctx, mo, k0, ms, cnt, b, y, o0, ld, cols, two, res, lo, hi)
     return sig, codegen
 
 
+@intrinsic
+def _prefetch(typingctx, a, a0, n, step):
+    """Prefetch ``a[a0 + k * step]`` for ``k < n`` into the caches (a hint: nothing read)."""
+    if not isinstance(a, types.Array) or a.ndim != 1:
+        return None
+    sig = types.void(a, a0, n, step)
+
+    def codegen(context, builder, signature, args):
+        at = signature.args
+        ap = context.make_array(at[0])(context, builder, args[0]).data
+        a0v, nv, sv = (_offset(context, builder, at[i], args[i]) for i in (1, 2, 3))
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]),
+            "llvm.prefetch.p0")
+        with cgutils.for_range(builder, nv) as loop:
+            off = builder.add(a0v, builder.mul(loop.index, sv))
+            p = builder.bitcast(builder.gep(ap, [off]), i8p)
+            builder.call(fn, [p, ir.Constant(i32, 0), ir.Constant(i32, 2), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
 @jit
 def _filter_transform(w, ut):
     """``ut[i * 4 + j, m, c] = (G w[m, c] G^T)[i, j]`` (float64 sums, stored as ``ut``'s) for
@@ -232,14 +259,19 @@ def transformed(w):
 
 
 #: the convolutions on Winograd (else the taps kernel): from ``_MIN_TILES`` tiles per call
-#: (samples times tiles per plane), ``_MIN_IN`` input and ``_MIN_OUT`` output channels.
-#: Measured, one thread, taps / Winograd ms (load ~0.9): batch 1, 7x7 512->512 (16 tiles)
-#: 2.22 / 1.79, 8x8 64->64 (16) 0.045 / 0.033, 4x4 128->128 (4) 0.055 / 0.080, 4x4 512->512
-#: 0.68 / 1.43 (a panel of 16 tiles for 4); batch 16 of 4x4 512->512 10.6 / 6.0. Few output
-#: channels do not pay (the transforms' work is per input and per output channel, the
-#: products' per pair): 32x32 16->16 0.040 / 0.041, 14x14 64->16 0.045 / 0.050, 8x8 16->16
-#: 0.006 / 0.008; 56x56 16->64 0.39 / 0.34, 32x32 32->32 0.146 / 0.134
-_MIN_TILES = 16
+#: (samples times tiles per plane), ``_MIN_IN`` input and ``_MIN_OUT`` output channels. The
+#: transformed filters are 16/9 the filter's size and read once per block of tiles: with few
+#: tiles the products wait for them. Measured inside ResNet-50 at batch 1, one thread (the
+#: layers' weights read from beyond L2 as in any model's run; ms per layer, taps / Winograd,
+#: load ~1.5): 56x56 64->64 (784 tiles) 2.1 / 1.2, 28x28 128->128 (196) 1.7 / 1.2, 14x14
+#: 256->256 (49) 1.65 / 1.55, 7x7 512->512 (16) 2.2 / 2.45. Alone, the same filter run
+#: again (warm caches), batch 1: 7x7 512->512 2.22 / 1.79, 8x8 64->64 (16 tiles) 0.045 /
+#: 0.033, 4x4 128->128 (4) 0.055 / 0.080, 4x4 512->512 0.68 / 1.43 (a panel of 16 tiles for
+#: 4); batch 16 of 4x4 512->512 10.6 / 6.0. Few output channels do not pay (the transforms'
+#: work is per input and per output channel, the products' per pair): 32x32 16->16 0.040 /
+#: 0.041, 14x14 64->16 0.045 / 0.050, 8x8 16->16 0.006 / 0.008; 56x56 16->64 0.39 / 0.34,
+#: 32x32 32->32 0.146 / 0.134
+_MIN_TILES = 32
 _MIN_IN = 16
 _MIN_OUT = 32
 
@@ -329,16 +361,23 @@ def _wino_range(x, ut, row, y, n0, n1, pt, pl, bias, lo, hi, res):
                     tx += seg
         # ---- the 16 products M_xi [m_, tp] = U_xi [m_, c_] @ V_xi [c_, tp]
         ms = m_ * tp + 16
+        mr = 8 if nr == NR else 16
+        nblk = (m_ + mr - 1) // mr
         for xi in range(16):
-            if nr == NR:
-                for m0 in range(0, m_, 8):
-                    for j in range(tp // nr):
+            for m0 in range(0, m_, mr):
+                # the rows of U that PREFETCH_BLOCKS blocks of rows on read, from memory while
+                # these compute (a model's weights come from beyond the caches)
+                ahead = xi * nblk + m0 // mr + PREFETCH_BLOCKS
+                if ahead < 16 * nblk:
+                    pm = ahead % nblk * mr
+                    _prefetch(utf, ((ahead // nblk) * mt + row + pm) * c_,
+                              min(mr, m_ - pm) * c_ // LANES, LANES)
+                for j in range(tp // nr):
+                    if nr == NR:
                         _wm32(utf, (xi * mt + row + m0) * c_, c_, min(8, m_ - m0), c_, v,
                               xi * cs + j * c_ * nr, mo, xi * ms + m0 * tp + j * nr, tp,
                               min(nr, tb - j * nr), none, 0, none, -np.inf, np.inf)
-            else:
-                for m0 in range(0, m_, 16):
-                    for j in range(tp // nr):
+                    else:
                         _wm16(utf, (xi * mt + row + m0) * c_, c_, min(16, m_ - m0), c_, v,
                               xi * cs + j * c_ * nr, mo, xi * ms + m0 * tp + j * nr, tp,
                               min(nr, tb - j * nr), none, 0, none, -np.inf, np.inf)
