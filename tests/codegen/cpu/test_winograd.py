@@ -91,12 +91,13 @@ def test_the_host_entry_takes_it_for_float32_alone():
     assert not winograd.takes(small, w, np.empty((1, 33, 6, 6), F32), 1, *g)
 
 
-def test_a_filter_split_along_its_output_channels_gives_the_wholes_values():
+def test_a_filter_split_along_its_output_channels_gives_the_wholes_values(monkeypatch):
     """``conv._channel_parts`` splits a one-sample convolution into calls on slices of the
     filter, output, bias and residual: each takes its rows of the whole filter's transform
     (made once) and the values are the whole call's, bit for bit."""
     x = RNG.normal(size=(1, 16, 11, 11)).astype(F32)
-    w = RNG.normal(size=(96, 16, 3, 3)).astype(F32)
+    # the filter a view of a flat buffer (as loaded parameters are)
+    w = RNG.normal(size=96 * 16 * 9 + 7).astype(F32)[7:].reshape(96, 16, 3, 3)
     bias = RNG.normal(size=96).astype(F32)
     res = RNG.normal(size=96 * 121).astype(F32)
     whole = np.empty((1, 96, 11, 11), F32)
@@ -113,6 +114,18 @@ def test_a_filter_split_along_its_output_channels_gives_the_wholes_values():
     np.testing.assert_array_equal(y, whole)
     ut, row = winograd.transformed(w[32:96])
     assert ut is winograd.transformed(w)[0] and row == 32
+    # split by the threads' entry: the whole transformed once, before its slices
+    made = []
+    real = winograd._make
+    monkeypatch.setattr(winograd, "_make", lambda a: (made.append(a.shape), real(a))[1])
+    monkeypatch.setattr(conv, "loop_threads", lambda: 2)
+    w2 = w.copy()
+    for _ in range(2):
+        y = np.full_like(whole, np.nan)
+        conv.split_work(conv._fwd_range, 1, 1 << 30, x, w2, y, 1, 1, 1, 1, 1, 1, 1, bias,
+                        -1.0, 2.0, res, head=3)
+        np.testing.assert_array_equal(y, whole)
+    assert made == [w.shape]
 
 
 def test_a_changed_weight_is_seen():

@@ -973,6 +973,9 @@ def split_work(fn, n, work, *args, head=2):
         threads = loop_threads()
         calls = _channel_parts(threads, *args[:head], *args[head:]) if threads > 1 else None
         if calls is not None:
+            wino = _winograd()
+            if fn is _fwd_range and wino.takes(args[0], args[1], args[2], 1, *args[3:10]):
+                wino.transformed(args[1])  # the whole filter's, which its slices take
             run_parts(fn, calls, len(calls) - 1)
             return
     fn(*args[:head], 0, n, *args[head:])
