@@ -9,7 +9,8 @@ run by the executor on it."""
 import numpy as np
 
 import pdjit as fluid
-from pdjit.codegen import params
+from pdjit.codegen import compiler, params
+from pdjit.codegen.cpu import lib as nnlib
 from pdjit.codegen.cpu.lib import conv, winograd
 from pdjit.testing import assert_native
 
@@ -177,3 +178,9 @@ def test_a_program_on_it(fresh_programs):
     exe.run(double)
     third = check()
     assert not np.array_equal(first, second) and not np.array_equal(second, third)
+    # the compile jobs that conv._fwd_range declares for float32 are the signatures it ran
+    jobs = [(fn, types) for fn, types in nnlib.library_jobs(["conv._fwd_range"], np.float32)
+            if fn in (winograd._wino_range, winograd._filter_transform)]
+    assert len(jobs) == 2
+    for fn, types in jobs:
+        assert tuple(compiler._numba_type(t) for t in types) in fn.overloads
