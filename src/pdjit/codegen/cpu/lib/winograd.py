@@ -358,7 +358,7 @@ def _scratch(n: int):
 def block_tiles(c_, m_, tw):
     """Tile rows per block: ``V`` (``16 C`` values per tile) and the products (``16 M``)
     within :data:`BLOCK_BYTES`, at least :data:`MIN_BLOCK_TILES` tiles or one tile row."""
-    return max(1, max(MIN_BLOCK_TILES, BLOCK_BYTES // (64 * (c_ + m_))) // tw)
+    return max(1, max(MIN_BLOCK_TILES, BLOCK_BYTES // (64 * (c_ + m_))) // max(1, tw))
 
 
 @jit
