@@ -48,7 +48,6 @@ from numba.extending import intrinsic
 
 from pdjit.codegen import params
 from pdjit.codegen.cpu.lib._jit import compile_cost, jit, jit_o3
-from pdjit.codegen.cpu.lib.deint import copy_run, zero_run
 from pdjit.codegen.cpu.lib.pgemm import _micro_kernel
 from pdjit.codegen.cpu.lib.tile import _masked, _offset, _splat, _vectors
 
@@ -81,47 +80,59 @@ def _lane_mask(builder, i64, lanes, first, count):
 
 
 @intrinsic
-def _tiles_in(typingctx, rb, wp, u0, cnt, v, d0, cs):
-    """``V = B^T d B`` of the tiles ``u0 .. u0 + cnt`` (``cnt`` at most one vector's lanes) of
-    one channel and tile row: ``d`` tile ``u``'s 4x4 inputs, rows ``k`` at ``rb[k * wp + 2 u
-    ..]`` (four zero-padded input rows, readable a vector and 2 past the last tile); element
-    ``xi`` of tile ``u0 + l`` stored at ``v[d0 + xi * cs + l]``. Each row's inputs are split
-    into even and odd columns (two loads and a shuffle each, from ``2 u0`` and ``2 u0 + 2``),
-    combined down the rows, then across."""
-    if not all(isinstance(a, types.Array) and a.ndim == 1 for a in (rb, v)) or \
-            rb.dtype != v.dtype or rb.dtype not in (types.float32, types.float64):
+def _tiles_in(typingctx, x, r0, rows, w_, col0, cnt, v, d0, cs):
+    """``V = B^T d B`` of ``cnt`` tiles (one vector's lanes at most) of one channel and tile
+    row, ``d`` a tile's 4x4 inputs read in place: rows ``k < 4`` at ``x[r0 + k * w_ ..]``
+    (those whose bit ``k`` of ``rows`` is clear: zero, outside the image), tile ``l``'s
+    columns from ``col0 + 2 l`` (those outside ``0 .. w_``: zero); element ``xi`` of tile
+    ``l`` stored at ``v[d0 + xi * cs + l]``. Each row's inputs are split into even and odd
+    columns (two masked loads and a shuffle each, from ``col0`` and ``col0 + 2``), combined
+    down the rows, then across."""
+    if not all(isinstance(a, types.Array) and a.ndim == 1 for a in (x, v)) or \
+            x.dtype != v.dtype or x.dtype not in (types.float32, types.float64):
         return None
-    sig = types.void(rb, wp, u0, cnt, v, d0, cs)
+    sig = types.void(x, r0, rows, w_, col0, cnt, v, d0, cs)
 
     def codegen(context, builder, signature, args):
         at = signature.args
-        rp = context.make_array(at[0])(context, builder, args[0]).data
-        vp = context.make_array(at[4])(context, builder, args[4]).data
-        wpv, u0v, cntv, d0v, csv = (_offset(context, builder, at[i], args[i])
-                                    for i in (1, 2, 3, 5, 6))
+        xp = context.make_array(at[0])(context, builder, args[0]).data
+        vp = context.make_array(at[6])(context, builder, args[6]).data
+        r0v, rowsv, wv, c0v, cntv, d0v, csv = (_offset(context, builder, at[i], args[i])
+                                               for i in (1, 2, 3, 4, 5, 7, 8))
         fty, size, lanes, vty, i64, zero, _ = _vectors(context, builder, at[0].dtype)
         ity = ir.VectorType(ir.IntType(32), lanes)
         even = ir.Constant(ity, [2 * k for k in range(lanes)])
         odd = ir.Constant(ity, [2 * k + 1 for k in range(lanes)])
-
-        def load(off):
-            p = builder.gep(rp, [off])
-            return builder.load(builder.bitcast(p, vty.as_pointer()), align=size)
-
+        mload, mstore = _masked(builder, vty, "load"), _masked(builder, vty, "store")
+        i32 = ir.Constant(ir.IntType(32), size)
+        ivty = ir.VectorType(i64, lanes)
+        idx = ir.Constant(ivty, list(range(lanes)))
+        wvec = _splat(builder, ivty, wv)
+        zvec = ir.Constant(ivty, [0] * lanes)
+        masks = {}  # by the first column's offset: the columns inside the row
+        for off in (0, lanes, 2, lanes + 2):
+            col = builder.add(idx, _splat(builder, ivty, builder.add(c0v, ir.Constant(i64, off))))
+            masks[off] = builder.and_(builder.icmp_signed(">=", col, zvec),
+                                      builder.icmp_signed("<", col, wvec))
         cols = [[], [], [], []]  # per input column 0..3 of the tiles: the four rows
         for k in range(4):
-            row = builder.add(builder.mul(wpv, ir.Constant(i64, k)), builder.add(u0v, u0v))
+            bit = builder.and_(builder.lshr(rowsv, ir.Constant(i64, k)), ir.Constant(i64, 1))
+            inside = _splat(builder, ir.VectorType(ir.IntType(1), lanes),
+                            builder.icmp_signed("!=", bit, ir.Constant(i64, 0)))
+            row = builder.add(builder.add(r0v, builder.mul(wv, ir.Constant(i64, k))), c0v)
             for shift in (0, 2):
-                a = load(builder.add(row, ir.Constant(i64, shift)))
-                b = load(builder.add(row, ir.Constant(i64, shift + lanes)))
-                cols[shift].append(builder.shuffle_vector(a, b, even))
-                cols[shift + 1].append(builder.shuffle_vector(a, b, odd))
+                half = []
+                for h in (0, lanes):
+                    p = builder.gep(xp, [builder.add(row, ir.Constant(i64, shift + h))])
+                    half.append(builder.call(mload, [
+                        builder.bitcast(p, vty.as_pointer()), i32,
+                        builder.and_(masks[shift + h], inside), zero]))
+                cols[shift].append(builder.shuffle_vector(half[0], half[1], even))
+                cols[shift + 1].append(builder.shuffle_vector(half[0], half[1], odd))
         # B^T d: rows d0 - d2, d1 + d2, d2 - d1, d1 - d3 (per input column)
         t = [[builder.fsub(c[0], c[2]), builder.fadd(c[1], c[2]), builder.fsub(c[2], c[1]),
               builder.fsub(c[1], c[3])] for c in cols]
         mask = _lane_mask(builder, i64, lanes, 0, cntv)
-        mstore = _masked(builder, vty, "store")
-        i32 = ir.Constant(ir.IntType(32), size)
         for i in range(4):  # (B^T d) B: the same across the columns
             e0, o0, e1, o1 = t[0][i], t[1][i], t[2][i], t[3][i]
             out = (builder.fsub(e0, e1), builder.fadd(o0, e1), builder.fsub(e1, o0),
@@ -399,14 +410,11 @@ def _wino_range(x, ut, row, y, n0, n1, pt, pl, bias, lo, hi, res, scratch):
     nv = 16 * (c_ * tmax + 16)
     v = scratch[:nv]
     mo = scratch[nv:]
-    wp = 2 * tw + 2 + 2 * LANES  # (a vector read past the last tile)
-    rb = np.zeros(4 * wp, np.float32)  # four input rows, zero-padded
     xf = x.reshape(x.size)
     yf = y.reshape(y.size)
     utf = ut.reshape(ut.size)
     none = bias[:0]
     has_bias = bias.size != 0
-    cnt = min(w_, wp - pl)
     for r0 in range(0, nrows, kb):
         r1 = min(nrows, r0 + kb)
         tb = (r1 - r0) * tw
@@ -417,20 +425,20 @@ def _wino_range(x, ut, row, y, n0, n1, pt, pl, bias, lo, hi, res, scratch):
             n = n0 + r // th
             ty = r % th
             base = (r - r0) * tw
+            iy = 2 * ty - pt
+            rows = 0
+            for k in range(4):
+                if 0 <= iy + k < h_:
+                    rows |= 1 << k
             for c in range(c_):
-                for k in range(4):
-                    iy = 2 * ty - pt + k
-                    if 0 <= iy < h_:
-                        copy_run(xf, ((n * c_ + c) * h_ + iy) * w_, rb, k * wp + pl, cnt)
-                    else:
-                        zero_run(rb, k * wp + pl, cnt)
+                s0 = ((n * c_ + c) * h_ + iy) * w_
                 tx = 0
                 while tx < tw:
                     t = base + tx
                     j = t // nr
                     qo = t - j * nr
                     seg = min(tw - tx, nr - qo, LANES)
-                    _tiles_in(rb, wp, tx, seg, v, (j * c_ + c) * nr + qo, cs)
+                    _tiles_in(xf, s0, rows, w_, 2 * tx - pl, seg, v, (j * c_ + c) * nr + qo, cs)
                     tx += seg
         # ---- the 16 products M_xi [m_, tp] = U_xi [m_, c_] @ V_xi [c_, tp]
         ms = m_ * tp + 16
