@@ -19,10 +19,13 @@ tap offsets by register-blocked tiles, no im2col and no BLAS (:func:`_fwd_taps`,
 :func:`_use_taps`); the smallest planes copy their patches into ``col`` (``[C/groups * KH *
 KW, OH * OW]`` per group, "im2col") for one BLAS product per block of samples. Each forward
 kernel but im2col applies the epilogue ``minimum(maximum(y + bias[m] + residual, lo), hi)``
-while the outputs are in cache (:func:`_fwd_range`; the direct loops take no residual). The input
-gradient of a stride-1 convolution is that forward pass over ``dy`` with the flipped,
-transposed filter where it takes the taps or the direct loops (:func:`by_forward`), and the
-filter gradient over planes of many outputs reads the same taps planes (:func:`_dots44`).
+while the outputs are in cache (:func:`_fwd_range`; the direct loops take no residual). In the
+host's entry by blocks of samples (:func:`_fwd_range`) a 3x3 stride-1 float32 filter of 32+
+output channels onto 32+ tiles of 2x2 outputs runs by Winograd's F(2x2, 3x3) instead
+(:mod:`.winograd`: 2.25x fewer multiply-adds). The input gradient of a stride-1 convolution
+is that forward pass over ``dy`` with the flipped, transposed filter where it takes the taps
+or the direct loops (:func:`by_forward`), and the filter gradient over planes of many outputs
+reads the same taps planes (:func:`_dots44`).
 Batches of several samples run on threads when large (the kernels release the GIL; in a
 native loop's compiled driver, on its own thread).
 """
