@@ -10,9 +10,11 @@ Two kinds of threads, set apart because they were measured apart on a 2-vCPU mac
   (``OMP_WAIT_POLICY=passive``, set when pdjit is imported unless already set): spinning
   threads cost ~8 ms per call when the other core is busy.
 - BLAS calls (``np.dot``; SciPy's OpenBLAS inside Numba, NumPy's in the host driver, set
-  only while a plan runs: the user's own NumPy keeps its threads) and the loops of opaque
-  lowerings stay on one thread by default: an MLP forward at batch 128 took
-  0.37 ms with one BLAS thread and 4.0 ms with two (threads fight over too few cores).
+  only while a plan runs: the user's own NumPy keeps its threads) run on one thread in every
+  run, whatever count is asked for (:func:`blas_threads`): an MLP forward at batch 128 took
+  0.37 ms with one BLAS thread and 4.0 ms with two (threads fight over too few cores), and
+  OpenBLAS's workers spin after each call, holding up pdjit's own splits. The loops of opaque
+  lowerings stay on one thread by default.
 - Except a large GEMM from a host driver (``_rt.gemm``, ``_nn.batched_gemm``): from
   ``GEMM_PARALLEL_MIN_WORK`` multiply-adds (M*N*K, 2**25) it runs on every core
   (``gemm_threads``). Measured on the 2-vCPU machine, float32, NumPy's OpenBLAS, medians of 7
@@ -43,10 +45,13 @@ Two kinds of threads, set apart because they were measured apart on a 2-vCPU mac
   kernels then run each slice on one thread, as they do in any native driver. The helper
   threads are kept off the core of the thread that hands them their slices (left to the
   scheduler, both slices often ran on one core, one after the other).
+- A convolution of one sample (batch 1) is split over its output channels instead, from
+  16 M multiply-adds (``lib.conv._channel_parts``): ResNet-50 at batch 1 took 78 ms on one
+  thread and 51 ms on two.
 
-``set_num_threads(n)`` or ``PDJIT_NUM_THREADS=n`` sets both to ``n`` (every GEMM too, whatever
-its size; one means no split batches either). Set it before building
-programs: plans already compiled keep their loops.
+``set_num_threads(n)`` or ``PDJIT_NUM_THREADS=n`` sets the loop threads and the host driver's
+GEMMs to ``n`` (every GEMM, whatever its size; one means no split batches either). Set it
+before building programs: plans already compiled keep their loops.
 
 Every count is a most, not a promise: each run (``begin_run``, called by the Executor before a
 plan runs) and each split decision in it (``loop_threads``, ``blas_threads``,
@@ -144,7 +149,9 @@ class numpy_blas:  # noqa: N801 - used as a context manager, like a function
 
 
 def set_num_threads(n: int) -> bool:
-    """Use ``n`` threads in BLAS calls of compiled code; False if that BLAS cannot be set."""
+    """Use ``n`` threads in parallel loops, split work and host GEMMs (compiled code's BLAS
+    outside a run too; a run keeps it on one: :func:`blas_threads`); False if that BLAS
+    cannot be set."""
     global _applied
     if not isinstance(n, int) or n < 1:
         raise ValueError(f"set_num_threads: expected a positive int, got {n!r}")

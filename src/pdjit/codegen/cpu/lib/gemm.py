@@ -85,7 +85,7 @@ def batched_gemm(a, b, ta, tb, alpha, it, da, db, dc, c):
     nb = math.prod(shape)
     nt = threads.gemm_threads(nb * x.shape[-2] * x.shape[-1] * y.shape[-1])
     whole = c.shape[0] == nb and dal == list(shape) == dbl
-    if nt > 1 and nb > 1 and not threads.asked_threads() and whole:
+    if nt > 1 and nb > 1 and whole:
         _split_batches(a, b, ta, tb, alpha, c, min(nt, nb))
         return
     if nt > 1:
@@ -150,12 +150,12 @@ def gemm_rows(x, y, n0, n1, out, r):
 def gemm_split_work(x, y) -> int:
     """The work (multiply-adds) by which a host driver splits a blocked GEMM over the loop
     threads (``split_work``): the product's own when ``threads.gemm_threads`` gives it more than
-    one thread (large, on free cores), else 0 (one thread). Not with a thread count asked for:
-    that count is BLAS's inside compiled code too, and concurrent multi-threaded OpenBLAS
-    calls from the loop threads fight (measured: 1.5 -> 68 ms for 1024x256x256); the blocks
-    then run in turn, each product on the asked threads."""
+    one thread (large, on free cores), else 0 (one thread). (Each block's product then runs
+    on one BLAS thread, as every BLAS call in a run: ``threads.blas_threads``; concurrent
+    multi-threaded OpenBLAS calls from the loop threads fought: 1.5 -> 68 ms for
+    1024x256x256.)"""
     work = x.shape[0] * x.shape[1] * y.shape[1]
-    return work if threads.gemm_threads(work) > 1 and not threads.asked_threads() else 0
+    return work if threads.gemm_threads(work) > 1 else 0
 
 
 @overload(batched_gemm)

@@ -33,7 +33,6 @@ from numba.extending import intrinsic, overload
 from pdjit.codegen import params
 from pdjit.codegen.cpu import rt, threads
 from pdjit.codegen.cpu.lib._jit import blas_gemm, compile_cost, jit, jobs
-from pdjit.codegen.cpu.lib.conv import _threads as _pool
 from pdjit.codegen.cpu.lib.tile import TILE_BYTES, _masked, _offset, _splat, _vectors
 
 __all__ = ["pack_b", "pack_scaled", "packed_batches", "packed_gemm", "packed_weight",
@@ -313,11 +312,7 @@ def run_chunks(fn, n, parts, chunks, *args):
         for n0, n1 in ranges:  # the iterator is shared: each range goes to one thread
             fn(*args, n0, n1)
 
-    pool = _pool()
-    futures = [pool.submit(work) for _ in range(parts - 1)]
-    work()
-    for f in futures:
-        f.result()
+    threads.run_parts(work, [()] * parts, parts - 1)  # (helpers kept off this core)
 
 
 # ---- weights packed once -------------------------------------------------------------------
