@@ -33,6 +33,7 @@ import numba
 import numpy as np
 from numba.extending import overload, register_jitable
 
+from pdjit.codegen.cpu.lib import winograd
 from pdjit.codegen.cpu.lib._jit import blas_gemm, compile_cost, jit, jobs
 from pdjit.codegen.cpu.lib.deint import copy_run, deint, vcopy, zero_run
 from pdjit.codegen.cpu.lib.tile import TILE_BYTES, clamp_run, plane_kernel, tile_kernel
@@ -909,9 +910,8 @@ def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, re
     if _use_gemm(x, w, y, sh, sw, pt, pl, groups, n1 - n0):
         _fwd_gemm(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
         return
-    wino = _winograd()
-    if wino.takes(x, w, y, n1 - n0, sh, sw, pt, pl, dh, dw, groups):
-        wino.conv3x3(x, w, y, n0, n1, pt, pl, bias, lo, hi, res)
+    if winograd.takes(x, w, y, n1 - n0, sh, sw, pt, pl, dh, dw, groups):
+        winograd.conv3x3(x, w, y, n0, n1, pt, pl, bias, lo, hi, res)
         return
     if _use_taps(w.shape[0] // groups, w[0].size, y.shape[2] * y.shape[3]):
         _fwd_taps(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
@@ -921,17 +921,9 @@ def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, re
         _bias_clamp_range(y, n0, n1, bias, lo, hi, res)
 
 
-def _winograd():
-    """The module :mod:`.winograd` (imported at the first call: it imports :mod:`.pgemm`, which
-    imports this module)."""
-    from pdjit.codegen.cpu.lib import winograd
-
-    return winograd
-
-
 def _winograd_jobs(T):
     """The compile jobs of :func:`.winograd.conv3x3` (float32 data only)."""
-    return _winograd().jobs(T) if np.dtype(T) == np.float32 else []
+    return winograd.jobs(T) if np.dtype(T) == np.float32 else []
 
 
 # ---- the entry points: whole batches, split over threads when large ---------------------------
@@ -976,9 +968,8 @@ def split_work(fn, n, work, *args, head=2):
         threads = loop_threads()
         calls = _channel_parts(threads, *args[:head], *args[head:]) if threads > 1 else None
         if calls is not None:
-            wino = _winograd()
-            if fn is _fwd_range and wino.takes(args[0], args[1], args[2], 1, *args[3:10]):
-                wino.transformed(args[1])  # the whole filter's, which its slices take
+            if fn is _fwd_range and winograd.takes(args[0], args[1], args[2], 1, *args[3:10]):
+                winograd.transformed(args[1])  # the whole filter's, which its slices take
             run_parts(fn, calls, len(calls) - 1)
             return
     fn(*args[:head], 0, n, *args[head:])
