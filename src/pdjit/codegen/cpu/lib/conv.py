@@ -19,10 +19,13 @@ tap offsets by register-blocked tiles, no im2col and no BLAS (:func:`_fwd_taps`,
 :func:`_use_taps`); the smallest planes copy their patches into ``col`` (``[C/groups * KH *
 KW, OH * OW]`` per group, "im2col") for one BLAS product per block of samples. Each forward
 kernel but im2col applies the epilogue ``minimum(maximum(y + bias[m] + residual, lo), hi)``
-while the outputs are in cache (:func:`_fwd_range`; the direct loops take no residual). The input
-gradient of a stride-1 convolution is that forward pass over ``dy`` with the flipped,
-transposed filter where it takes the taps or the direct loops (:func:`by_forward`), and the
-filter gradient over planes of many outputs reads the same taps planes (:func:`_dots44`).
+while the outputs are in cache (:func:`_fwd_range`; the direct loops take no residual). In the
+host's entry by blocks of samples (:func:`_fwd_range`) a 3x3 stride-1 float32 filter of 32+
+output channels onto 32+ tiles of 2x2 outputs runs by Winograd's F(2x2, 3x3) instead
+(:mod:`.winograd`: 2.25x fewer multiply-adds). The input gradient of a stride-1 convolution
+is that forward pass over ``dy`` with the flipped, transposed filter where it takes the taps
+or the direct loops (:func:`by_forward`), and the filter gradient over planes of many outputs
+reads the same taps planes (:func:`_dots44`).
 Batches of several samples run on threads when large (the kernels release the GIL; in a
 native loop's compiled driver, on its own thread).
 """
@@ -30,6 +33,7 @@ import numba
 import numpy as np
 from numba.extending import overload, register_jitable
 
+from pdjit.codegen.cpu.lib import winograd
 from pdjit.codegen.cpu.lib._jit import blas_gemm, compile_cost, jit, jobs
 from pdjit.codegen.cpu.lib.deint import copy_run, deint, vcopy, zero_run
 from pdjit.codegen.cpu.lib.tile import TILE_BYTES, clamp_run, plane_kernel, tile_kernel
@@ -895,13 +899,19 @@ def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, re
     """``y[n] = conv(x[n], w)`` for the samples ``n0..n1`` (a filter that :func:`use_direct`
     does not take), then the epilogue ``minimum(maximum(y + bias[m] + res, lo), hi)``
     (``bias`` and ``res``, the residual connection flat as ``y``, empty and infinite bounds:
-    none): the taps kernel or im2col + BLAS, as :func:`_use_taps` picks. Each is a kernel of
-    its own, so that a program compiles only the ones its shapes take."""
+    none): a 3x3 stride-1 float32 filter by Winograd's F(2x2, 3x3) where
+    :func:`.winograd.takes` says so (results within rounding of the taps kernel's, by a
+    larger rounding error: see :mod:`.winograd`), else the taps kernel or im2col + BLAS, as
+    :func:`_use_taps` picks. Each is a kernel of its own, so that a program compiles only the
+    ones its shapes take. (Compiled code, :func:`_fwd_range_native`, runs the taps.)"""
     ep = _has_epilogue(bias, lo, hi) or res.size > 0
     if ep and res.size and res.size != y.size:
         raise ValueError(_MISFIT)
     if _use_gemm(x, w, y, sh, sw, pt, pl, groups, n1 - n0):
         _fwd_gemm(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
+        return
+    if winograd.takes(x, w, y, n1 - n0, sh, sw, pt, pl, dh, dw, groups):
+        winograd.conv3x3(x, w, y, n0, n1, pt, pl, bias, lo, hi, res)
         return
     if _use_taps(w.shape[0] // groups, w[0].size, y.shape[2] * y.shape[3]):
         _fwd_taps(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
@@ -909,6 +919,11 @@ def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, re
     _fwd_blas(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups)
     if ep:
         _bias_clamp_range(y, n0, n1, bias, lo, hi, res)
+
+
+def _winograd_jobs(T):
+    """The compile jobs of :func:`.winograd.conv3x3` (float32 data only)."""
+    return winograd.jobs(T) if np.dtype(T) == np.float32 else []
 
 
 # ---- the entry points: whole batches, split over threads when large ---------------------------
@@ -953,6 +968,8 @@ def split_work(fn, n, work, *args, head=2):
         threads = loop_threads()
         calls = _channel_parts(threads, *args[:head], *args[head:]) if threads > 1 else None
         if calls is not None:
+            if fn is _fwd_range and winograd.takes(args[0], args[1], args[2], 1, *args[3:10]):
+                winograd.transformed(args[1])  # the whole filter's, which its slices take
             run_parts(fn, calls, len(calls) - 1)
             return
     fn(*args[:head], 0, n, *args[head:])
@@ -1165,7 +1182,7 @@ jobs("conv2d_bwd_data_by_taps")(lambda T: [(_fwd_taps, _residual_types(T))])
 # product of the 1x1 convolutions of many channels (the blocks of a ResNet); the im2col path
 # of small planes compiles on its first call
 jobs("conv._fwd_range")(lambda T: [(_fwd_taps, _residual_types(T)),
-                                   (_fwd_gemm, _residual_types(T))])
+                                   (_fwd_gemm, _residual_types(T))] + _winograd_jobs(T))
 jobs("conv._direct_range")(lambda T: [(_direct_range, _epilogue_types(T))])
 # the kernels of the other shapes (forward, filter gradient): compiled ahead by ``pdjit warmup``
 # only (names no lowering calls, so no plan's compile worker spends time on them)
