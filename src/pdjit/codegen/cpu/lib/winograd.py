@@ -327,6 +327,15 @@ _MIN_IN = 16
 _MIN_OUT = 32
 
 
+def may_take(m: int, c: int, kh: int, kw: int, strides, dilations, groups: int) -> bool:
+    """Whether :func:`takes` may take a filter of ``m`` output and ``c`` input channels (per
+    group) of ``kh x kw`` with these strides, dilations and groups, whatever the image (the
+    sizes a lowering knows: it then names the entry whose compile jobs include this
+    kernel's)."""
+    return kh == 3 and kw == 3 and tuple(strides) == (1, 1) and tuple(dilations) == (1, 1) \
+        and groups == 1 and m >= _MIN_OUT and c >= _MIN_IN
+
+
 def takes(x, w, y, n, sh, sw, pt, pl, dh, dw, groups) -> bool:
     """Whether :func:`conv3x3` serves the convolution of ``n`` samples (a 3x3 stride-1
     filter on float32 data, paddings not past the filter's reach, C-contiguous arrays, the

@@ -14,6 +14,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from pdjit.codegen.cpu.lib.conv import _dw_by_taps, _use_gemm, by_forward, use_direct
+from pdjit.codegen.cpu.lib.winograd import may_take
 from pdjit.codegen.cpu.lowerings import lowering
 from pdjit.ops.conv import (
     Geometry,
@@ -57,7 +58,9 @@ def _conv_blocked(ctx):
     y = ctx.out("Output", shape=f"({n}, {W}.shape[0], {g.src_conv_out(0, h, kh)}, "
                                 f"{g.src_conv_out(1, w, kw)})")
     direct = use_direct(cg, m // groups)
-    fn = ctx.lib_fn("conv._direct_range" if direct else "conv._fwd_range")
+    wino = may_take(m, cg, kh, kw, g.strides, g.dilations, groups)
+    fn = ctx.lib_fn("conv._direct_range" if direct else
+                    "conv._fwd_range_3x3" if wino else "conv._fwd_range")
     lines = [f"_rt.check({ctx.lib_fn('conv._fits_native')}({X}, {y}, {W}, {groups}))"]
     # the per-channel bias, residual (not for the direct loops) and clamp after it, applied as
     # the kernels store (when they fit)
