@@ -113,9 +113,7 @@ def test_a_filter_split_along_its_output_channels_gives_the_wholes_values(monkey
         conv._fwd_range(*args)
     assert winograd.CALLS[0] == before + 2
     np.testing.assert_array_equal(y, whole)
-    ut, row = winograd.transformed(w[32:96])
-    assert ut is winograd.transformed(w)[0] and row == 32
-    # split by the threads' entry: the whole transformed once, before its slices
+    # split by the threads' entry: the whole transformed once, the parts on its rows
     made = []
     real = winograd._make
     monkeypatch.setattr(winograd, "_make", lambda a: (made.append(a.shape), real(a))[1])
@@ -127,6 +125,32 @@ def test_a_filter_split_along_its_output_channels_gives_the_wholes_values(monkey
                         -1.0, 2.0, res, head=3)
         np.testing.assert_array_equal(y, whole)
     assert made == [w.shape]
+    # a new array over the same memory, written since, is another filter: its own transform
+    flat = w2.reshape(-1)
+    flat[:] = RNG.normal(size=flat.size)
+    w3 = flat.reshape(w.shape)
+    y = np.full_like(whole, np.nan)
+    conv.split_work(conv._fwd_range, 1, 1 << 30, x, w3, y, 1, 1, 1, 1, 1, 1, 1, bias,
+                    -1.0, 2.0, res, head=3)
+    np.testing.assert_allclose(y, _epilogue(_conv(x, w3, 1, 1, 11, 11), bias, res, -1.0, 2.0),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_a_batch_split_takes_the_kernel_the_whole_takes(monkeypatch):
+    """A batch whose tiles reach Winograd's threshold only together: split over threads, each
+    part still runs it, and the result is the one thread's bit for bit."""
+    x = RNG.normal(size=(8, 64, 4, 4)).astype(F32)   # 4 tiles a sample, 32 in the batch
+    w = RNG.normal(size=(64, 64, 3, 3)).astype(F32)
+    args = (1, 1, 1, 1, 1, 1, 1, E, -np.inf, np.inf, E)
+    ys = {}
+    for parts in (1, 2):
+        monkeypatch.setattr(conv, "_parts", lambda n, work, p=parts: p)
+        before = winograd.CALLS[0]
+        ys[parts] = np.empty((8, 64, 4, 4), F32)
+        conv.split_work(conv._fwd_range, 8, 1 << 30, x, w, ys[parts], *args, head=3)
+        assert winograd.CALLS[0] == before + parts
+    np.testing.assert_array_equal(ys[1], ys[2])
+    np.testing.assert_allclose(ys[1], _conv(x, w, 1, 1, 4, 4), rtol=1e-4, atol=1e-4)
 
 
 def test_a_changed_weight_is_seen():

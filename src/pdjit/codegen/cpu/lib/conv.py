@@ -21,11 +21,13 @@ KW, OH * OW]`` per group, "im2col") for one BLAS product per block of samples. E
 kernel but im2col applies the epilogue ``minimum(maximum(y + bias[m] + residual, lo), hi)``
 while the outputs are in cache (:func:`_fwd_range`; the direct loops take no residual). In the
 host's entry by blocks of samples (:func:`_fwd_range`) a 3x3 stride-1 float32 filter of 32+
-output channels onto 32+ tiles of 2x2 outputs runs by Winograd's F(2x2, 3x3) instead
-(:mod:`.winograd`: 2.25x fewer multiply-adds). The input gradient of a stride-1 convolution
-is that forward pass over ``dy`` with the flipped, transposed filter where it takes the taps
-or the direct loops (:func:`by_forward`), and the filter gradient over planes of many outputs
-reads the same taps planes (:func:`_dots44`).
+output and 16+ input channels onto 32+ tiles of 2x2 outputs (in the whole batch) runs by
+Winograd's F(2x2, 3x3) instead (:mod:`.winograd`: 2.25x fewer multiply-adds; compiled
+code, a native driver or an ahead-of-time artifact, keeps the taps kernel, whose results
+differ from it by rounding). The input gradient of a stride-1 convolution is that forward
+pass over ``dy`` with the flipped, transposed filter where it takes the taps or the direct
+loops (:func:`by_forward`), and the filter gradient over planes of many outputs reads the
+same taps planes (:func:`_dots44`).
 Batches of several samples run on threads when large (the kernels release the GIL; in a
 native loop's compiled driver, on its own thread).
 """
@@ -910,7 +912,9 @@ def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, re
     if _use_gemm(x, w, y, sh, sw, pt, pl, groups, n1 - n0):
         _fwd_gemm(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
         return
-    if winograd.takes(x, w, y, n1 - n0, sh, sw, pt, pl, dh, dw, groups):
+    # (Winograd or not by the whole batch's size, not the range's: a batch split over
+    # threads takes the kernel the whole takes, the same bits)
+    if winograd.takes(x, w, y, x.shape[0], sh, sw, pt, pl, dh, dw, groups):
         winograd.conv3x3(x, w, y, n0, n1, pt, pl, bias, lo, hi, res)
         return
     if _use_taps(w.shape[0] // groups, w[0].size, y.shape[2] * y.shape[3]):
@@ -959,17 +963,25 @@ def split_work(fn, n, work, *args, head=2):
     """``fn(<head args>, 0, n, <other args>)``, split over threads when ``work`` (about the
     multiply-adds or reads) is large: for library kernels over independent items. A forward
     convolution of one sample (a kernel of :data:`_BY_CHANNELS`) is split over its output
-    channels instead (:func:`_channel_parts`)."""
+    channels instead (:func:`_channel_parts`). A convolution on Winograd's kernel has its
+    filter transformed once, before the threads take their parts."""
     parts = _parts(n, work)
+    wino = fn is _fwd_range and winograd.takes(*args[:3], args[0].shape[0], *args[3:10])
     if parts > 1:
+        if wino:
+            winograd.transformed(args[1])  # (once, before the threads ask for it)
         _split(fn, parts, n, *args, head=head)
         return
     if n == 1 and work >= _CHANNELS_MIN_WORK and any(fn is f for f in _BY_CHANNELS):
         threads = loop_threads()
         calls = _channel_parts(threads, *args[:head], *args[head:]) if threads > 1 else None
         if calls is not None:
-            if fn is _fwd_range and winograd.takes(args[0], args[1], args[2], 1, *args[3:10]):
-                winograd.transformed(args[1])  # the whole filter's, which its slices take
+            if wino:  # each part the rows of the whole filter's transform for its channels
+                ut, row = winograd.transformed(args[1]), 0
+                for k, c in enumerate(calls):
+                    calls[k] = (c[0], ut, row, c[2], 0, 1, c[7], c[8], *c[12:])
+                    row += c[1].shape[0]
+                fn = winograd.conv3x3_rows
             run_parts(fn, calls, len(calls) - 1)
             return
     fn(*args[:head], 0, n, *args[head:])
@@ -993,9 +1005,11 @@ def _channel_parts(parts, x, w, y, sh, sw, pt, pl, dh, dw, groups, *epilogue):
     hi, [res]])``) for at most ``parts`` ranges of the output channels of a one-sample
     convolution (whole groups, else multiples of :data:`_PART_ROWS` channels); each range's
     image, filter, output, bias and residual are views of the whole's (contiguous: one
-    sample). None where there is one range. Each output is the sum the whole call computes,
-    in the same order (the kernels sum each output over the taps in order whatever the rows
-    around it), so the result does not depend on the split.
+    sample; the last range takes the channels left over). None where there is one range.
+    Each output is the sum the whole call computes, in the same order (the kernels sum each
+    output over the taps in order whatever the rows around it; Winograd's parts take rows of
+    the whole filter's transform: ``split_work``), so the result does not depend on the
+    split.
 
     Measured on the 2-vCPU machine, ResNet-50's convolutions at batch 1, 1 vs 2 parts (ms):
     3x3 64 -> 64 56x56 1.72 / 1.05, 1x1 64 -> 256 56x56 0.80 / 0.47, 3x3 512 -> 512 7x7

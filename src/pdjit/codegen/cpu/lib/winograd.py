@@ -39,7 +39,6 @@ again, load ~0.5): batch 1, 56x56 64->64 1.68 / 0.97, 28x28 128->128 1.48 / 0.96
 the caches, the 7x7 layers' did not pay: see :data:`_MIN_TILES`.
 """
 import threading
-import weakref
 
 import llvmlite.ir as ir
 import numpy as np
@@ -269,44 +268,12 @@ def _make(w4):
     return ut
 
 
-#: id of the array that owns a filter's memory -> weak references to the filters transformed
-#: whose memory it owns (:func:`transformed` finds the whole of a slice there)
-_WHOLES: dict = {}
-
-
-def _owner(a):
-    return a.base if isinstance(a.base, np.ndarray) else a
-
-
-def _address(a) -> int:
-    return a.__array_interface__["data"][0]
-
-
 def transformed(w):
-    """``(U, row)``: the transformed filter (``[16, M, C]``) of ``w`` (a C-contiguous ``[M, C,
-    3, 3]`` array), kept beside it (:func:`pdjit.codegen.params.derived`: made again after a
-    run that may write it), and the row of ``U`` at which ``w``'s output channels start: 0,
-    or for a slice of a filter transformed before (``conv.split_work`` transforms the whole
-    before the threads take its slices) that filter's ``U`` and the slice's first row. A
-    slice of nothing transformed is transformed itself (at each call where each call makes a
-    new slice)."""
-    owner = _owner(w)
-    if owner is not w:
-        p = _address(w)
-        for ref in _WHOLES.get(id(owner), ()):
-            whole = ref()
-            if whole is None or whole is w or _owner(whole) is not owner or \
-                    whole.shape[1:] != w.shape[1:] or whole.dtype != w.dtype:
-                continue
-            off = p - _address(whole)
-            step = w[0].nbytes
-            if off >= 0 and off % step == 0 and off // step + w.shape[0] <= whole.shape[0]:
-                return params.derived(whole, "winograd", lambda a=whole: _make(a)), off // step
-    refs = _WHOLES.setdefault(id(owner), [])
-    if not any(r() is w for r in refs):
-        refs[:] = [r for r in refs if r() is not None and _owner(r()) is owner]
-        refs.append(weakref.ref(w))
-    return params.derived(w, "winograd", lambda: _make(w)), 0
+    """The transformed filter (``[16, M, C]``) of ``w`` (a C-contiguous ``[M, C, 3, 3]``
+    array), kept beside it (:func:`pdjit.codegen.params.derived`: by the array's identity,
+    made again after a run that may write it). A part of a one-sample convolution split over
+    its output channels takes rows of the whole filter's (:func:`conv3x3_rows`)."""
+    return params.derived(w, "winograd", lambda: _make(w))
 
 
 #: the convolutions on Winograd (else the taps kernel): from ``_MIN_TILES`` tiles per call
@@ -354,7 +321,13 @@ def takes(x, w, y, n, sh, sw, pt, pl, dh, dw, groups) -> bool:
 def conv3x3(x, w, y, n0, n1, pt, pl, bias, lo, hi, res):
     """``y[n] = minimum(maximum(conv(x[n], w) + bias[m] + res, lo), hi)`` for the samples
     ``n0..n1`` by F(2x2, 3x3) (a convolution that :func:`takes` takes)."""
-    ut, row = transformed(w)
+    conv3x3_rows(x, transformed(w), 0, y, n0, n1, pt, pl, bias, lo, hi, res)
+
+
+def conv3x3_rows(x, ut, row, y, n0, n1, pt, pl, bias, lo, hi, res):
+    """:func:`conv3x3` of the filter whose transform ``ut`` holds ``y``'s output channels
+    from row ``row`` on (``y``, ``bias``, ``res``: those channels'): a part of a
+    convolution split over its output channels (``conv.split_work``)."""
     CALLS[0] += 1
     need = scratch_size.py_func(x.shape[1], y.shape[1], y.shape[2], y.shape[3], n1 - n0)
     _wino_range(x, ut, row, y, n0, n1, pt, pl, bias, float(lo), float(hi), res,
