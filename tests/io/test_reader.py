@@ -25,7 +25,7 @@ READER_THREADS = ("pdjit-reader-", "pdjit-buffered", "pdjit-xmap-", "pdjit-multi
 
 
 def reader_threads():
-    """The readers' producer threads (not the library kernels' pool, ``pdjit-nn``, which
+    """The readers' producer threads (not the split helpers, ``pdjit-split``, which
     lives as long as the process)."""
     return [t for t in threading.enumerate() if t.name.startswith(READER_THREADS)]
 

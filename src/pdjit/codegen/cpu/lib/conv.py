@@ -931,23 +931,11 @@ def _winograd_jobs(T):
 
 
 # ---- the entry points: whole batches, split over threads when large ---------------------------
-_pool = [None]
-
-
 def _parts(n: int, work: int) -> int:
     """How many threads a batch of ``n`` samples and ``work`` multiply-adds is split over."""
     if n < 2 or work < _PARALLEL_MIN_WORK:
         return 1
     return max(1, min(n, loop_threads()))
-
-
-def _threads():
-    """The threads library kernels split large batches over (kernels release the GIL)."""
-    if _pool[0] is None:
-        from concurrent.futures import ThreadPoolExecutor
-
-        _pool[0] = ThreadPoolExecutor(thread_name_prefix="pdjit-nn")
-    return _pool[0]
 
 
 def _split(fn, parts, n, *args, head=3):
@@ -1148,11 +1136,8 @@ def conv2d_bwd_filter(x, dy, dwt, sh, sw, pt, pl, dh, dw, groups):
         fn(x, dy, dwt, 0, n, sh, sw, pt, pl, dh, dw, groups)
         return
     acc = np.empty((parts,) + dwt.shape, dwt.dtype)
-    futures = [_threads().submit(fn, x, dy, acc[p], p * n // parts,
-                               (p + 1) * n // parts, sh, sw, pt, pl, dh, dw, groups)
-               for p in range(parts)]
-    for f in futures:
-        f.result()
+    run_parts(fn, [(x, dy, acc[p], p * n // parts, (p + 1) * n // parts, sh, sw, pt, pl, dh,
+                    dw, groups) for p in range(parts)], parts - 1)
     np.sum(acc, axis=0, out=dwt)
 
 

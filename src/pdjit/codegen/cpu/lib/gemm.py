@@ -15,8 +15,8 @@ load ~13, ``[4|64, 128, 64] x [.., 64, 128]^T`` 0.086 / 1.11 ms against ``np.mat
 compiled code (a native driver, a kernel) it is ``_batched_gemm_native``, a compiled loop of
 one BLAS call (:func:`blas_gemm`) per 2-D slice, compiled once per dtype. From the host, a
 batch without broadcasting of ``threads.GEMM_PARALLEL_MIN_WORK`` multiply-adds in all is split
-over the loop threads, each part that compiled loop on one BLAS thread, when no thread count was
-asked for; otherwise ``np.matmul`` runs with NumPy's BLAS at ``threads.gemm_threads``.
+over the loop threads (``threads.gemm_threads``), each part that compiled loop on one BLAS
+thread.
 Measured on the attention products ``[8, 4, 128, 64] x [8, 4, 64, 128]`` and
 ``[8, 4, 128, 128] x [8, 4, 128, 64]`` float32, one BLAS thread: the compiled loop takes
 0.95-1.11x ``np.matmul``'s time and 0.93-1.01x a Python loop of ``np.dot`` per slice (2-core

@@ -32,8 +32,8 @@ import numpy as np
 from numba.extending import overload, register_jitable
 
 from pdjit.codegen.cpu.lib._jit import compile_cost, jit, jit_sum, jobs
-from pdjit.codegen.cpu.lib.conv import _plain, _threads, split_work
-from pdjit.codegen.cpu.threads import free_cores, loop_threads
+from pdjit.codegen.cpu.lib.conv import _plain, split_work
+from pdjit.codegen.cpu.threads import free_cores, loop_threads, run_parts
 
 _F64 = np.dtype(np.float64)
 
@@ -195,14 +195,10 @@ def _norm_parts(x) -> int:
 
 
 def _on_parts(fn, parts, n, per_part, *args):
-    """``fn(*args, *per_part(p), lo, hi)`` for ``parts`` slices ``lo..hi`` of ``0..n``, on the
-    library threads (this one takes the first slice)."""
-    def bounds(p):
-        return p * n // parts, (p + 1) * n // parts
-    futures = [_threads().submit(fn, *args, *per_part(p), *bounds(p)) for p in range(1, parts)]
-    fn(*args, *per_part(0), *bounds(0))
-    for f in futures:
-        f.result()
+    """``fn(*args, *per_part(p), lo, hi)`` for ``parts`` slices ``lo..hi`` of ``0..n``, on
+    ``threads.run_parts``' helpers (this thread takes the first slice)."""
+    run_parts(fn, [(*args, *per_part(p), p * n // parts, (p + 1) * n // parts)
+                   for p in range(parts)], parts - 1)
 
 
 def _passes(fn, parts, n, per_part, *args):
@@ -597,13 +593,9 @@ def layer_norm_bwd(x, dy, mean, var, scale, eps, want_dx, dx, dscale, dbias):
     if parts == 1:
         _ln_bwd_rows(x, dy, mean, var, scale, eps, want_dx, dx, acc[0], 0, m)
     else:
-        from pdjit.codegen.cpu.lib.conv import _threads
-
-        futures = [_threads().submit(_ln_bwd_rows, x, dy, mean, var, scale, eps, want_dx, dx,
-                                     acc[p], p * m // parts, (p + 1) * m // parts)
-                   for p in range(parts)]
-        for f in futures:
-            f.result()
+        run_parts(_ln_bwd_rows, [(x, dy, mean, var, scale, eps, want_dx, dx, acc[p],
+                                  p * m // parts, (p + 1) * m // parts) for p in range(parts)],
+                  parts - 1)
     total = acc.sum(axis=0)
     dscale[:] = total[0]
     dbias[:] = total[1]

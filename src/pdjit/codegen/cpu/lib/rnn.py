@@ -54,9 +54,8 @@ from numba.extending import intrinsic, overload
 
 from pdjit.codegen.cpu import mathfuncs as _m
 from pdjit.codegen.cpu.lib._jit import compile_cost, jit, jobs
-from pdjit.codegen.cpu.lib.conv import _threads
 from pdjit.codegen.cpu.lib.tile import TILE_BYTES, _offset, _vectors, tile_kernel
-from pdjit.codegen.cpu.threads import asked_threads, free_cores, loop_threads
+from pdjit.codegen.cpu.threads import asked_threads, free_cores, loop_threads, run_parts
 
 __all__ = ["rnn_forward", "rnn_forward_at", "rnn_weight_table", "rnn_backward", "rnn_gates",
            "rnn_reserve_size"]
@@ -801,11 +800,7 @@ def rnn_forward_at(x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask,
     if n == 1:
         _fwd_part(*args, 0, B)
         return
-    futures = [_threads().submit(_fwd_part, *args, p * B // n, (p + 1) * B // n)
-               for p in range(1, n)]
-    _fwd_part(*args, 0, B // n)
-    for f in futures:
-        f.result()
+    run_parts(_fwd_part, [(*args, p * B // n, (p + 1) * B // n) for p in range(n)], n - 1)
 
 
 def rnn_backward(x, w, lens, mode, num_layers, ndir, hidden, reserve, drop_mask, drop_scale,
@@ -824,11 +819,8 @@ def rnn_backward(x, w, lens, mode, num_layers, ndir, hidden, reserve, drop_mask,
         _bwd_part(*head, dw, 0, B)
         return
     dws = [np.empty_like(dw) for _ in range(1, n)]
-    futures = [_threads().submit(_bwd_part, *head, dws[p - 1], p * B // n, (p + 1) * B // n)
-               for p in range(1, n)]
-    _bwd_part(*head, dw, 0, B // n)
-    for f in futures:
-        f.result()
+    run_parts(_bwd_part, [(*head, dws[p - 1] if p else dw, p * B // n, (p + 1) * B // n)
+                          for p in range(n)], n - 1)
     for part in dws:
         dw += part
 
