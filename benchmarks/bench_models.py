@@ -557,8 +557,9 @@ def save_conv(path: str, key) -> None:
     startup.random_seed = 1
     with fluid.program_guard(main, startup):
         x = fluid.layers.data(name="x", shape=[c, h, w], dtype="float32")
+        # as ResNet-50 runs it: the bias of the batch norm folded into it, then relu
         y = fluid.layers.conv2d(x, num_filters=m, filter_size=k, stride=s, padding=p,
-                                bias_attr=False)
+                                act="relu")
     scope = fluid.Scope()
     exe = fluid.Executor(fluid.CPUPlace())
     exe.run(startup, scope=scope)
