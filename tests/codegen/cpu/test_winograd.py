@@ -211,3 +211,14 @@ def test_a_program_on_it(fresh_programs):
     assert len(jobs) == 2
     for fn, types in jobs:
         assert tuple(compiler._numba_type(t) for t in types) in fn.overloads
+
+
+def test_the_filter_transform_is_g_w_gt():
+    """``U[i * 4 + j, m, c] = (G w[m, c] G^T)[i, j]``, against the matrix products in float64."""
+    G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]])
+    w = RNG.normal(size=(5, 7, 3, 3)).astype(F32)
+    want = np.einsum("ij,mcjk,lk->ilmc", G, w.astype(np.float64), G).reshape(16, 5, 7)
+    got = winograd._make(w)
+    assert got.dtype == F32 and got.shape == (16, 5, 7)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+
