@@ -10,14 +10,15 @@ multiply-adds per 4 outputs and input channel where the direct convolution makes
 
 - ``U`` (:func:`transformed`): made once per filter, kept beside the array as pgemm's packed
   weights are (:func:`pdjit.codegen.params.derived`: by the array's identity, made again
-  after a run that may write it); a filter that is a slice of another along its output
-  channels (the host driver splits a one-sample convolution over threads by output channels:
-  ``conv._channel_parts``) takes its rows of the whole's ``U``. ``[16, M, C]``: each ``U_xi``
+  after a run that may write it); a part of a one-sample convolution that the host driver
+  splits over threads by output channels (``conv.split_work``) takes its rows of the whole
+  filter's ``U`` (:func:`conv3x3_rows`). ``[16, M, C]``: each ``U_xi``
   the left operand of pgemm's micro-kernel as it stands (rows read by broadcast), the rows
   of the next block prefetched into L2 while a block computes.
 - ``V`` and the products, by blocks of whole tile rows (:func:`block_tiles`: ``V`` and ``M``
   of a block stay in the L2 cache) in a buffer kept per thread: the input transform writes
-  each ``V_xi`` in panels of 32 (or 16) tiles, the micro-kernel's right operand (16 tiles a
+  each ``V_xi`` in panels of 32 tiles (16 for a block of fewer, which :func:`takes` leaves
+  to the taps kernel), the micro-kernel's right operand (16 tiles a
   step, vector code: :func:`_tiles_in`), the 16 products run by pgemm's register-blocked
   micro-kernel (:func:`pdjit.codegen.cpu.lib.pgemm._micro_kernel`), and the output transform
   (:func:`_tiles_out`) applies the convolution's epilogue ``minimum(maximum(y + bias[m] +
@@ -50,7 +51,7 @@ from pdjit.codegen.cpu.lib._jit import compile_cost, jit, jit_o3
 from pdjit.codegen.cpu.lib.pgemm import _micro_kernel
 from pdjit.codegen.cpu.lib.tile import _masked, _offset, _splat, _vectors
 
-__all__ = ["takes", "transformed", "conv3x3"]
+__all__ = ["may_take", "takes", "transformed", "conv3x3", "conv3x3_rows"]
 
 #: the products' register blocks (rows: output channels, by vectors of tiles): 8 rows by 2
 #: vectors (panels of 32 tiles) for blocks of 32 tiles or more, else 16 rows by one vector
