@@ -925,11 +925,6 @@ def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, re
         _bias_clamp_range(y, n0, n1, bias, lo, hi, res)
 
 
-def _winograd_jobs(T):
-    """The compile jobs of :func:`.winograd.conv3x3` (float32 data only)."""
-    return winograd.jobs(T) if np.dtype(T) == np.float32 else []
-
-
 # ---- the entry points: whole batches, split over threads when large ---------------------------
 def _parts(n: int, work: int) -> int:
     """How many threads a batch of ``n`` samples and ``work`` multiply-adds is split over."""
@@ -954,9 +949,8 @@ def split_work(fn, n, work, *args, head=2):
     channels instead (:func:`_channel_parts`). A convolution on Winograd's kernel has its
     filter transformed once, before the threads take their parts."""
     parts = _parts(n, work)
-    wino = fn is _fwd_range and winograd.takes(*args[:3], args[0].shape[0], *args[3:10])
     if parts > 1:
-        if wino:
+        if _on_winograd(fn, args):
             winograd.transformed(args[1])  # (once, before the threads ask for it)
         _split(fn, parts, n, *args, head=head)
         return
@@ -964,7 +958,7 @@ def split_work(fn, n, work, *args, head=2):
         threads = loop_threads()
         calls = _channel_parts(threads, *args[:head], *args[head:]) if threads > 1 else None
         if calls is not None:
-            if wino:  # each part the rows of the whole filter's transform for its channels
+            if _on_winograd(fn, args):  # each part its rows of the whole filter's transform
                 ut, row = winograd.transformed(args[1]), 0
                 for k, c in enumerate(calls):
                     calls[k] = (c[0], ut, row, c[2], 0, 1, c[7], c[8], *c[12:])
@@ -973,6 +967,12 @@ def split_work(fn, n, work, *args, head=2):
             run_parts(fn, calls, len(calls) - 1)
             return
     fn(*args[:head], 0, n, *args[head:])
+
+
+def _on_winograd(fn, args) -> bool:
+    """Whether ``fn(*args)`` (``split_work``'s arguments) is :func:`_fwd_range` on Winograd's
+    kernel (asked only where the call is split)."""
+    return fn is _fwd_range and winograd.takes(*args[:3], args[0].shape[0], *args[3:10])
 
 
 #: the fewest multiply-adds of a one-sample convolution split over threads: handing a part to
@@ -1186,7 +1186,7 @@ jobs("conv._fwd_range")(lambda T: [(_fwd_taps, _residual_types(T)),
 #: take (:func:`.winograd.may_take`), so that only such programs compile its kernels (1.6 s of
 #: CPU cold: not for LeNet's 5x5 filters)
 _fwd_range_3x3 = _fwd_range
-jobs("conv._fwd_range_3x3")(lambda T: [(_fwd_taps, _residual_types(T))] + _winograd_jobs(T))
+jobs("conv._fwd_range_3x3")(lambda T: [(_fwd_taps, _residual_types(T))] + winograd.jobs(T))
 jobs("conv._direct_range")(lambda T: [(_direct_range, _epilogue_types(T))])
 # the kernels of the other shapes (forward, filter gradient): compiled ahead by ``pdjit warmup``
 # only (names no lowering calls, so no plan's compile worker spends time on them)

@@ -463,8 +463,10 @@ def _wino_range(x, ut, row, y, n0, n1, pt, pl, bias, lo, hi, res, scratch):
 
 
 def jobs(T):
-    """The compile jobs of :func:`conv3x3` for data of NumPy type ``T`` (``conv._fwd_range``'s
-    include them for float32)."""
+    """The compile jobs of :func:`conv3x3` for data of NumPy type ``T`` (float32 only: other
+    types stay on the taps kernel; ``conv._fwd_range_3x3``'s include them)."""
+    if np.dtype(T) != np.float32:
+        return []
     return [(_filter_transform, ((T, 4), (T, 3))),
             (_wino_range, ((T, 4), (T, 3), int, (T, 4), int, int, int, int, (T, 1), float, float,
                            (T, 1), (T, 1)))]
