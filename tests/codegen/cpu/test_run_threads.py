@@ -10,6 +10,7 @@ import pdjit as fluid
 from pdjit.codegen.cpu import threads
 from pdjit.codegen.cpu.lib import conv as convlib
 from pdjit.codegen.cpu.lib import rnn as rnnlib
+from pdjit.codegen.cpu.lib import team
 from pdjit.testing import assert_native
 
 
@@ -319,9 +320,10 @@ def test_one_sample_convolutions_split_by_output_channels(two_asked, monkeypatch
     match a NumPy oracle and are the one-thread run's bit for bit."""
     free, _ = two_asked
     monkeypatch.setattr(convlib, "_CHANNELS_MIN_WORK", 0)
+    monkeypatch.setattr(convlib, "_TEAM_MIN_WORK", 0)
     parts = []
-    real = convlib._channel_parts
-    monkeypatch.setattr(convlib, "_channel_parts",
+    real = convlib._channel_bounds
+    monkeypatch.setattr(convlib, "_channel_bounds",
                         lambda *a: parts.append(real(*a)) or parts[-1])
     L = fluid.layers
     main, startup = fluid.Program(), fluid.Program()
@@ -344,15 +346,22 @@ def test_one_sample_convolutions_split_by_output_channels(two_asked, monkeypatch
     exe = fluid.Executor(native_drivers=False, strict=True)
     exe.run(startup, scope=scope)
     outs, split = {}, {}
-    for n in (2, 1):
+    # two threads on run_parts' helpers (the parallel loops compiling meanwhile), then by the
+    # parallel loops, then one thread
+    for run, n in (("helpers", 2), ("team", 2), ("one", 1)):
         free[0] = n
         parts.clear()
-        outs[n] = exe.run(main, feed=feed, fetch_list=names, scope=scope)
-        split[n] = [len(p) for p in parts if p is not None]
-    assert split == {2: [2, 2, 2, 2], 1: []}
+        outs[run] = exe.run(main, feed=feed, fetch_list=names, scope=scope)
+        split[run] = [len(p) - 1 for p in parts if p is not None]
+        team.wait_compiled()
+    assert split == {"helpers": [2, 2, 2, 2], "team": [2, 2, 2, 2], "one": []}
+    assert all(team._READY[(loop, np.dtype(np.float32))] for loop in (
+        convlib._gemm_by_channels, convlib._taps_by_channels, convlib._direct_by_channels))
     assert_native(exe)
-    for u, v in zip(outs[2], outs[1]):
-        assert np.array_equal(u, v)
+    for run in ("helpers", "team"):
+        for u, v in zip(outs[run], outs["one"]):
+            assert np.array_equal(u, v)
+    outs[2] = outs["team"]
     w = [np.asarray(scope.find_var(f).get_tensor()) for f in filters]
     bias = [np.asarray(scope.find_var(f).get_tensor()) for f in biases]
     ya = np.maximum(_conv_ref(feed["x"], w[0], bias[0], 1, 0, 1), 0)

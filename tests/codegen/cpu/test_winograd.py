@@ -11,7 +11,7 @@ import numpy as np
 import pdjit as fluid
 from pdjit.codegen import compiler, params
 from pdjit.codegen.cpu import lib as nnlib
-from pdjit.codegen.cpu.lib import conv, winograd
+from pdjit.codegen.cpu.lib import conv, team, winograd
 from pdjit.testing import assert_native
 
 RNG = np.random.default_rng(45)
@@ -93,7 +93,7 @@ def test_the_host_entry_takes_it_for_float32_alone():
 
 
 def test_a_filter_split_along_its_output_channels_gives_the_wholes_values(monkeypatch):
-    """``conv._channel_parts`` splits a one-sample convolution into calls on slices of the
+    """``conv._channel_calls`` splits a one-sample convolution into calls on slices of the
     filter, output, bias and residual: each takes its rows of the whole filter's transform
     (made once) and the values are the whole call's, bit for bit."""
     x = RNG.normal(size=(1, 16, 11, 11)).astype(F32)
@@ -106,7 +106,8 @@ def test_a_filter_split_along_its_output_channels_gives_the_wholes_values(monkey
     np.testing.assert_allclose(whole, _epilogue(_conv(x, w, 1, 1, 11, 11), bias, res, -1.0, 2.0),
                                rtol=1e-4, atol=1e-4)
     y = np.full_like(whole, np.nan)
-    calls = conv._channel_parts(2, x, w, y, 1, 1, 1, 1, 1, 1, 1, bias, -1.0, 2.0, res)
+    calls = conv._channel_calls(conv._channel_bounds(2, w, 1), x, w, y, 1, 1, 1, 1, 1, 1, 1,
+                                bias, -1.0, 2.0, res)
     assert len(calls) == 2 and calls[1][1].shape[0] == 64
     before = winograd.CALLS[0]
     for args in calls:
@@ -119,11 +120,13 @@ def test_a_filter_split_along_its_output_channels_gives_the_wholes_values(monkey
     monkeypatch.setattr(winograd, "_make", lambda a: (made.append(a.shape), real(a))[1])
     monkeypatch.setattr(conv, "loop_threads", lambda: 2)
     w2 = w.copy()
-    for _ in range(2):
+    for _ in range(3):  # on run_parts' helpers, then (compiled) by a parallel loop
         y = np.full_like(whole, np.nan)
         conv.split_work(conv._fwd_range, 1, 1 << 30, x, w2, y, 1, 1, 1, 1, 1, 1, 1, bias,
                         -1.0, 2.0, res, head=3)
         np.testing.assert_array_equal(y, whole)
+        team.wait_compiled()
+    assert team._READY[(conv._wino_by_channels, np.dtype(F32))] is True
     assert made == [w.shape]
     # a new array over the same memory, written since, is another filter: its own transform
     flat = w2.reshape(-1)

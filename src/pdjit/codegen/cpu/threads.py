@@ -75,9 +75,14 @@ import time
 
 import numpy as np
 
-# before the OpenMP runtime loads (Numba loads it at the first parallel loop): waiting threads
-# sleep rather than spin
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+#: how long a thread of the parallel loops' team polls for its next loop before it sleeps, in
+#: OpenMP's (libgomp's) count of polls: ~0.2-0.3 ms on the 2-vCPU machine (a loop started 0.2
+#: ms after the last found the team polling, 0.4 ms after, asleep). Set before the OpenMP
+#: runtime loads (Numba loads it at the first parallel loop), unless the user set its wait
+#: policy or count (``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT``).
+TEAM_SPINS = 30000
+if "OMP_WAIT_POLICY" not in os.environ and "GOMP_SPINCOUNT" not in os.environ:
+    os.environ["GOMP_SPINCOUNT"] = str(TEAM_SPINS)
 
 _applied = None
 
@@ -736,6 +741,7 @@ def _forget_helpers() -> None:  # a forked child has none of its parent's thread
     _helpers[0] = 0
     _helper_tids.clear()
     _cpus[0] = None
+    _teams.clear()
 
 
 os.register_at_fork(after_in_child=_forget_helpers)
@@ -777,6 +783,38 @@ def _sched_getcpu():
 
 
 _getcpu = _sched_getcpu()
+
+
+# ---- the threads of Numba's parallel loops ---------------------------------------------------
+_teams: dict = {}  # a thread's kernel id -> [the ids of its loops' other threads, their core]
+
+
+def place_team() -> None:
+    """Keep the threads that run the calling thread's parallel loops (``lib.team``) off the
+    core it runs on, as :func:`run_parts` keeps its helpers: a loop's threads poll for work
+    for a while before they sleep (``TEAM_SPINS``), and one left on the caller's core made
+    each loop wait for its polling to end (a 2-part loop took 75-690 us, its parts 1 us).
+    Their ids are taken at the first call on each thread (one loop), then each call costs a
+    look at the core (~1 us) and, where the caller moved, their masks set again."""
+    if _getcpu is None:
+        return
+    cpu = _getcpu()
+    me = threading.get_native_id()
+    team = _teams.get(me)
+    if team is not None and team[1] == cpu:
+        return
+    if team is None:
+        from pdjit.codegen.cpu.lib.team import thread_ids
+
+        team = _teams[me] = [[t for t in thread_ids() if t != me], None]
+    allowed = _allowed()
+    if len(allowed) > 1 and cpu in allowed:
+        for tid in team[0]:
+            try:
+                os.sched_setaffinity(tid, allowed - {cpu})
+            except (OSError, ValueError):  # (a thread gone, a mask refused: left as it was)
+                pass
+    team[1] = cpu
 
 
 def run_parts(fn, parts: list, most: int | None = None) -> list:

@@ -35,11 +35,11 @@ import numba
 import numpy as np
 from numba.extending import overload, register_jitable
 
-from pdjit.codegen.cpu.lib import winograd
-from pdjit.codegen.cpu.lib._jit import blas_gemm, compile_cost, jit, jobs
+from pdjit.codegen.cpu.lib import team, winograd
+from pdjit.codegen.cpu.lib._jit import blas_gemm, compile_cost, jit, jobs, pjit
 from pdjit.codegen.cpu.lib.deint import copy_run, deint, vcopy, zero_run
 from pdjit.codegen.cpu.lib.tile import TILE_BYTES, clamp_run, plane_kernel, tile_kernel
-from pdjit.codegen.cpu.threads import loop_threads, run_parts
+from pdjit.codegen.cpu.threads import loop_threads, place_team, run_parts
 from pdjit.codegen.diskcache import cached
 
 __all__ = ["split_work", "conv2d_fwd", "conv2d_bwd_data", "conv2d_bwd_data_by_taps",
@@ -946,26 +946,31 @@ def split_work(fn, n, work, *args, head=2):
     """``fn(<head args>, 0, n, <other args>)``, split over threads when ``work`` (about the
     multiply-adds or reads) is large: for library kernels over independent items. A forward
     convolution of one sample (a kernel of :data:`_BY_CHANNELS`) is split over its output
-    channels instead (:func:`_channel_parts`). A convolution on Winograd's kernel has its
-    filter transformed once, before the threads take their parts."""
+    channels instead (:func:`_channel_bounds`): by a parallel loop (:func:`_by_team`) where
+    one is compiled for the kernel, else, for the larger ones, on ``run_parts``' helpers
+    (:func:`_channel_calls`). A convolution on Winograd's kernel has its filter transformed
+    once, before the threads take their parts."""
     parts = _parts(n, work)
     if parts > 1:
         if _on_winograd(fn, args):
             winograd.transformed(args[1])  # (once, before the threads ask for it)
         _split(fn, parts, n, *args, head=head)
         return
-    if n == 1 and work >= _CHANNELS_MIN_WORK and any(fn is f for f in _BY_CHANNELS):
+    if n == 1 and work >= _TEAM_MIN_WORK and any(fn is f for f in _BY_CHANNELS):
         threads = loop_threads()
-        calls = _channel_parts(threads, *args[:head], *args[head:]) if threads > 1 else None
-        if calls is not None:
-            if _on_winograd(fn, args):  # each part its rows of the whole filter's transform
-                ut, row = winograd.transformed(args[1]), 0
-                for k, c in enumerate(calls):
-                    calls[k] = (c[0], ut, row, c[2], 0, 1, c[7], c[8], *c[12:])
-                    row += c[1].shape[0]
-                fn = winograd.conv3x3_rows
-            run_parts(fn, calls, len(calls) - 1)
-            return
+        bounds = _channel_bounds(threads, args[1], args[9]) if threads > 1 else None
+        if bounds is not None:
+            if _by_team(fn, args, bounds):
+                return
+            if work >= _CHANNELS_MIN_WORK:  # (on run_parts' helpers: worth their hand-over)
+                calls = _channel_calls(bounds, *args)
+                if _on_winograd(fn, args):  # each part its rows of the whole transform
+                    ut = winograd.transformed(args[1])
+                    calls = [(c[0], ut, a, c[2], 0, 1, c[7], c[8], *c[12:])
+                             for a, c in zip(bounds, calls)]
+                    fn = winograd.conv3x3_rows
+                run_parts(fn, calls, len(calls) - 1)
+                return
     fn(*args[:head], 0, n, *args[head:])
 
 
@@ -988,12 +993,138 @@ _CHANNELS_MIN_WORK = 1 << 24
 _PART_ROWS = 32
 
 
-def _channel_parts(parts, x, w, y, sh, sw, pt, pl, dh, dw, groups, *epilogue):
+def _channel_bounds(parts, w, groups):
+    """The first output channel of each of at most ``parts`` ranges of a filter's output
+    channels (whole groups, else multiples of :data:`_PART_ROWS` channels; the last range
+    takes the channels left over), then the end; None where there is one range."""
+    m_ = w.shape[0]
+    unit = m_ // groups if groups > 1 else _PART_ROWS
+    units = m_ // unit
+    k = min(parts, units)
+    if k < 2:
+        return None
+    return [units * i // k * unit for i in range(k)] + [m_]
+
+
+#: the fewest multiply-adds of a one-sample convolution split over the threads of a parallel
+#: loop (``_by_team``): a split costs a few microseconds while the team polls for work
+_TEAM_MIN_WORK = 1 << 21
+
+
+def _by_team(fn, args, bounds) -> bool:
+    """Run ``fn(*args)`` (``split_work``'s call of a one-sample forward convolution) over the
+    ranges ``bounds`` of its output channels (:func:`_channel_bounds`) on the threads of a
+    parallel loop (:mod:`.team`: native threads, no GIL; each part the views
+    :func:`_channel_calls` makes, the same bits as one thread): whether it did (not for a
+    kernel without such a loop, nor before the loop is compiled)."""
+    x, w, y = args[:3]
+    g = args[3:10]  # sh, sw, pt, pl, dh, dw, groups
+    if x.dtype not in _TEAM_TYPES:
+        return False
+    if fn is _fwd_range:  # (the kernel it picks, as it picks it)
+        if _use_gemm(x, w, y, *g[:4], g[6], 1):
+            fn = _fwd_gemm
+        elif winograd.takes(x, w, y, 1, *g):
+            fn = winograd.conv3x3_rows
+        elif _use_taps(w.shape[0] // g[6], w[0].size, y.shape[2] * y.shape[3]):
+            fn = _fwd_taps
+    run = _TEAM_RUNS.get(fn)
+    if run is None:
+        return False
+    b = np.array(bounds, np.int64)
+    bias, lo, hi = args[10], float(args[11]), float(args[12])
+    if run is _wino_by_channels:
+        ut = winograd.transformed(w)
+        need = winograd.scratch_size.py_func(x.shape[1], int(max(np.diff(b))), y.shape[2],
+                                             y.shape[3], 1)
+        call = (x, ut, y, b, g[2], g[3], bias, lo, hi, args[13],
+                winograd._scratch(need * (len(bounds) - 1)), need)
+    elif run is _direct_by_channels:
+        call = (x, w, y, b, *g, bias, lo, hi)
+    else:
+        call = (x, w, y, b, *g, bias, lo, hi, args[13])
+    if not team.ready(run, call):
+        return False
+    if run is _wino_by_channels:
+        winograd.CALLS[0] += 1
+    place_team()
+    run(*call)
+    return True
+
+
+_TEAM_TYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+@register_jitable
+def _part(x, w, y, groups, bias, res, a, b):
+    """Output channels ``a..b`` of a one-sample convolution: its image (the channels of those
+    groups), filter, output, groups, bias and residual, as views of the whole's."""
+    m_, cg = w.shape[0], w.shape[1]
+    mg = m_ // groups
+    xs = x
+    g = 1
+    if groups > 1:
+        xc = x[0, a // mg * cg:b // mg * cg]
+        xs = xc.reshape((1, xc.shape[0], x.shape[2], x.shape[3]))
+        g = (b - a) // mg
+    ys = y[0, a:b].reshape((1, b - a, y.shape[2], y.shape[3]))
+    p_ = y.shape[2] * y.shape[3]
+    bs = bias[a:b] if bias.shape[0] else bias[:0]
+    rs = res[a * p_:b * p_] if res.shape[0] else res[:0]
+    return xs, w[a:b], ys, _plain(g), bs, rs
+
+
+@pjit
+def _taps_by_channels(x, w, y, bounds, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res):
+    """:func:`_fwd_taps` of one sample, ranges ``bounds`` of output channels in parallel."""
+    for p in numba.prange(bounds.shape[0] - 1):
+        xs, ws, ys, g, bs, rs = _part(x, w, y, groups, bias, res, bounds[p], bounds[p + 1])
+        _fwd_taps(xs, ws, ys, _plain(0), _plain(1), sh, sw, pt, pl, dh, dw, g, bs, lo, hi, rs)
+
+
+@pjit
+def _gemm_by_channels(x, w, y, bounds, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res):
+    """:func:`_fwd_gemm` of one sample, ranges ``bounds`` of output channels in parallel."""
+    for p in numba.prange(bounds.shape[0] - 1):
+        xs, ws, ys, g, bs, rs = _part(x, w, y, groups, bias, res, bounds[p], bounds[p + 1])
+        _fwd_gemm(xs, ws, ys, _plain(0), _plain(1), sh, sw, pt, pl, dh, dw, g, bs, lo, hi, rs)
+
+
+@pjit
+def _direct_by_channels(x, w, y, bounds, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi):
+    """:func:`_direct_range` of one sample, ranges ``bounds`` of output channels (whole
+    groups) in parallel."""
+    for p in numba.prange(bounds.shape[0] - 1):
+        xs, ws, ys, g, bs, _ = _part(x, w, y, groups, bias, bias[:0], bounds[p],
+                                     bounds[p + 1])
+        _direct_range(xs, ws, ys, _plain(0), _plain(1), sh, sw, pt, pl, dh, dw, g, bs, lo, hi)
+
+
+@pjit
+def _wino_by_channels(x, ut, y, bounds, pt, pl, bias, lo, hi, res, scratch, need):
+    """Winograd's kernel (:func:`.winograd.conv3x3_rows`) of one sample, ranges ``bounds`` of
+    output channels in parallel, each with rows of the whole filter's transform ``ut`` and
+    its own ``need`` values of ``scratch``."""
+    for p in numba.prange(bounds.shape[0] - 1):
+        a, b = bounds[p], bounds[p + 1]
+        ys = y[0, a:b].reshape((1, b - a, y.shape[2], y.shape[3]))
+        p_ = y.shape[2] * y.shape[3]
+        bs = bias[a:b] if bias.shape[0] else bias[:0]
+        rs = res[a * p_:b * p_] if res.shape[0] else res[:0]
+        winograd._wino_range(x, ut, a, ys, _plain(0), _plain(1), pt, pl, bs, lo, hi, rs,
+                             scratch[p * need:(p + 1) * need])
+
+
+#: the kernels split by :func:`_by_team`, and the parallel loop that splits each
+_TEAM_RUNS = {_fwd_taps: _taps_by_channels, _fwd_gemm: _gemm_by_channels,
+              _direct_range: _direct_by_channels, winograd.conv3x3_rows: _wino_by_channels}
+
+
+def _channel_calls(bounds, x, w, y, sh, sw, pt, pl, dh, dw, groups, *epilogue):
     """The arguments of a forward kernel's calls (``fn(x, w, y, 0, 1, <geometry>, [bias, lo,
-    hi, [res]])``) for at most ``parts`` ranges of the output channels of a one-sample
-    convolution (whole groups, else multiples of :data:`_PART_ROWS` channels); each range's
-    image, filter, output, bias and residual are views of the whole's (contiguous: one
-    sample; the last range takes the channels left over). None where there is one range.
+    hi, [res]])``) for the ranges ``bounds`` (:func:`_channel_bounds`) of the output channels
+    of a one-sample convolution; each range's image, filter, output, bias and residual are
+    views of the whole's (contiguous: one sample).
     Each output is the sum the whole call computes, in the same order (the kernels sum each
     output over the taps in order whatever the rows around it; Winograd's parts take rows of
     the whole filter's transform: ``split_work``), so the result does not depend on the
@@ -1002,20 +1133,11 @@ def _channel_parts(parts, x, w, y, sh, sw, pt, pl, dh, dw, groups, *epilogue):
     Measured on the 2-vCPU machine, ResNet-50's convolutions at batch 1, 1 vs 2 parts (ms):
     3x3 64 -> 64 56x56 1.72 / 1.05, 1x1 64 -> 256 56x56 0.80 / 0.47, 3x3 512 -> 512 7x7
     2.29 / 1.38, the 7x7/2 stem 1.61 / 1.15, 1x1 2048 -> 512 7x7 (BLAS) 1.18 / 0.66."""
-    if x.shape[0] != 1:
-        return None
     m_, cg = w.shape[0], w.shape[1]
     mg = m_ // groups
-    unit = mg if groups > 1 else _PART_ROWS
-    units = m_ // unit
-    k = min(parts, units)
-    if k < 2:
-        return None
     p_ = y.shape[2] * y.shape[3]
     calls = []
-    for i in range(k):
-        a = units * i // k * unit
-        b = m_ if i == k - 1 else units * (i + 1) // k * unit
+    for a, b in zip(bounds, bounds[1:]):
         xs = x[:, a // mg * cg:b // mg * cg] if groups > 1 else x
         tail = list(epilogue)
         if tail and tail[0].size:  # the bias, per channel
@@ -1180,6 +1302,19 @@ jobs("conv2d_bwd_data_by_taps")(lambda T: [(_fwd_taps, _residual_types(T))])
 # ``_nn.conv._fwd_range`` or ``_nn.conv._direct_range``): the taps kernel, and the BLAS
 # product of the 1x1 convolutions of many channels (the blocks of a ResNet); the im2col path
 # of small planes compiles on its first call
+def _team_jobs(T) -> list:
+    """The compile jobs of :func:`_by_team`'s parallel loops for data of NumPy type ``T``
+    (compiled at their first need on a thread of their own, see :func:`.team.ready`; ahead
+    only by ``pdjit warmup``)."""
+    split = ((T, 4), (T, 4), (T, 4), (np.int64, 1)) + (int,) * 7 + ((T, 1), float, float)
+    found = [(_taps_by_channels, split + ((T, 1),)), (_gemm_by_channels, split + ((T, 1),)),
+             (_direct_by_channels, split)]
+    if np.dtype(T) == np.float32:
+        found.append((_wino_by_channels, ((T, 4), (T, 3), (T, 4), (np.int64, 1), int, int,
+                                          (T, 1), float, float, (T, 1), (T, 1), int)))
+    return found
+
+
 jobs("conv._fwd_range")(lambda T: [(_fwd_taps, _residual_types(T)),
                                    (_fwd_gemm, _residual_types(T))])
 #: :func:`_fwd_range` itself, under the name a lowering calls for a filter that Winograd may
@@ -1192,6 +1327,7 @@ jobs("conv._direct_range")(lambda T: [(_direct_range, _epilogue_types(T))])
 # only (names no lowering calls, so no plan's compile worker spends time on them)
 jobs("conv2d_fwd (warmup)")(lambda T: [(_fwd_blas, _range_types(T))])
 jobs("conv2d_bwd_filter (warmup)")(lambda T: [(_bwd_filter_blas, _range_types(T))])
+jobs("conv._by_team (warmup)")(_team_jobs)
 
 
 _fits_native = register_jitable(_fits)
@@ -1321,3 +1457,8 @@ compile_cost(2.4, _fwd_taps, _direct_range)  # 2.25-2.5, 2.35 s
 compile_cost(1.9, _bwd_filter_range)
 compile_cost(1.25, _bwd_data_range, _fwd_blas)  # 1.23, 1.26 s
 compile_cost(0.7, _fwd_gemm)
+# (each parallel loop compiles its kernel into it again: 2.1, 1.6, 0.7 s; Winograd's ~1.3)
+compile_cost(2.1, _taps_by_channels)
+compile_cost(1.6, _direct_by_channels)
+compile_cost(0.7, _gemm_by_channels)
+compile_cost(1.3, _wino_by_channels)

@@ -26,13 +26,15 @@ encoder, medians of thread time, load 10-12): 128x256x256 0.109 / 0.123 ms, 128x
 """
 
 import llvmlite.ir as ir
+import numba
 import numpy as np
 from numba.core import cgutils, types
 from numba.extending import intrinsic, overload
 
 from pdjit.codegen import params
 from pdjit.codegen.cpu import rt, threads
-from pdjit.codegen.cpu.lib._jit import blas_gemm, compile_cost, jit, jobs
+from pdjit.codegen.cpu.lib import team
+from pdjit.codegen.cpu.lib._jit import blas_gemm, compile_cost, jit, jobs, pjit
 from pdjit.codegen.cpu.lib.tile import TILE_BYTES, _masked, _offset, _splat, _vectors
 
 __all__ = ["pack_b", "pack_scaled", "packed_batches", "packed_gemm", "packed_weight",
@@ -405,6 +407,11 @@ def weight_rows(x, w, trans, bp, n0, n1, out, r, bias, res, lo, hi):
             work >= SPLIT_MIN_WORK:
         nt = threads.gemm_threads(work)
         if nt > 1:
+            call = (x, bp, out, bias, res, float(lo), float(hi), min(nt, -(-rows // MR)))
+            if team.ready(_row_parts, call):
+                threads.place_team()
+                _row_parts(*call)
+                return
             blocks = -(-rows // MR)
             parts = min(nt, blocks)
             run_chunks(_row_blocks, blocks, parts, min(blocks, 4 * parts), x, w, trans, bp,
@@ -418,6 +425,19 @@ def _row_blocks(x, w, trans, bp, out, bias, res, lo, hi, b0, b1):
     packed kernel whatever its rows, the same bits as one thread's call)."""
     _packed_rows(x, bp, out.shape[1], bias, out, b0 * MR, min(x.shape[0], b1 * MR), res, lo,
                  hi)
+
+
+@pjit
+def _row_parts(x, bp, out, bias, res, lo, hi, parts):
+    """:func:`weight_rows` of a whole sample split into ``parts`` ranges of blocks of ``MR``
+    rows, one per thread of a parallel loop (``lib.team``: native threads, no GIL; each part
+    on the packed kernel whatever its rows, the same bits as one thread's call)."""
+    m = x.shape[0]
+    blocks = (m + MR - 1) // MR
+    for p in numba.prange(parts):
+        r0 = (p * blocks // parts) * MR
+        r1 = min(m, ((p + 1) * blocks // parts) * MR)
+        _packed_rows(x, bp, out.shape[1], bias, out, r0, r1, res, lo, hi)
 
 
 @overload(weight_rows)
@@ -506,9 +526,13 @@ jobs("weight_gemm")(lambda T: [_pack_job(T),
                                (packed_gemm, ((T, 2), (T, 1), int, (T, 1), (T, 2)))])
 jobs("weight_rows")(lambda T: [_pack_job(T), (_weight_rows, (
     (T, 2), (T, 2), bool, (T, 1), int, int, (T, 2), int, (T, 1), (T, 1), float, float))])
+# (its split over the team: compiled at its first need, see lib.team.ready; ahead by warmup)
+jobs("weight_rows (warmup)")(lambda T: [
+    (_row_parts, ((T, 2), (T, 1), (T, 2), (T, 1), (T, 1), float, float, int))])
 jobs("batched_gemm")(lambda T: [(packed_batches, ((T, 3), (T, 3), bool, float, (T, 3), int,
                                                   int))])
 # compile time (CPU seconds, a cold compile of the signature its job predicts, alone in a
 # fresh process, load ~1): the compile worker balances its groups by it
 compile_cost(1.5, _weight_rows)  # its packed tile and BLAS tail: 1.51 s
 compile_cost(0.2, pack_scaled)  # 0.18 s
+compile_cost(0.65, _row_parts)
