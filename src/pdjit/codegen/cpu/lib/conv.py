@@ -945,20 +945,26 @@ def _split(fn, parts, n, *args, head=3):
 def split_work(fn, n, work, *args, head=2):
     """``fn(<head args>, 0, n, <other args>)``, split over threads when ``work`` (about the
     multiply-adds or reads) is large: for library kernels over independent items. A forward
-    convolution of one sample (a kernel of :data:`_BY_CHANNELS`) is split over its output
-    channels instead (:func:`_channel_parts`). A convolution on Winograd's kernel has its
-    filter transformed once, before the threads take their parts."""
+    convolution of one sample (a kernel of :data:`_BY_CHANNELS`, an entry of
+    :data:`CHANNEL_SPLITS`) is split over its output channels instead (:func:`_channel_parts`).
+    A convolution on Winograd's kernel has its filter transformed once, before the threads
+    take their parts."""
     parts = _parts(n, work)
     if parts > 1:
         if _on_winograd(fn, args):
             winograd.transformed(args[1])  # (once, before the threads ask for it)
         _split(fn, parts, n, *args, head=head)
         return
-    if n == 1 and work >= _CHANNELS_MIN_WORK and any(fn is f for f in _BY_CHANNELS):
+    own = next((v for f, v in CHANNEL_SPLITS.items() if f is fn), None) if n == 1 else None
+    if n == 1 and work >= _CHANNELS_MIN_WORK and (own or any(fn is f for f in _BY_CHANNELS)):
         threads = loop_threads()
-        calls = _channel_parts(threads, *args[:head], *args[head:]) if threads > 1 else None
+        calls = None
+        if threads > 1 and own:  # the entry's own parts (and the function they call)
+            fn, calls = own(threads, *args)
+        elif threads > 1:
+            calls = _channel_parts(threads, *args)
         if calls is not None:
-            if _on_winograd(fn, args):  # each part its rows of the whole filter's transform
+            if not own and _on_winograd(fn, args):  # each part its rows of the transform
                 ut, row = winograd.transformed(args[1]), 0
                 for k, c in enumerate(calls):
                     calls[k] = (c[0], ut, row, c[2], 0, 1, c[7], c[8], *c[12:])
@@ -1053,6 +1059,10 @@ def _fwd_kernel(x, w, y, groups, sh=1, sw=1, pt=0, pl=0):
 
 #: the forward kernels whose one-sample calls :func:`split_work` splits over output channels
 _BY_CHANNELS = (_fwd_range, _fwd_taps, _fwd_gemm, _fwd_blas, _direct_range)
+#: other entries whose one-sample calls :func:`split_work` splits over output channels: ``{fn:
+#: parts(threads, *args)}`` returning ``(the function each part calls, the calls' arguments
+#: or None)`` (the entries of other modules register here: :mod:`.pointwise`)
+CHANNEL_SPLITS: dict = {}
 
 
 def conv2d_fwd(x, w, y, sh, sw, pt, pl, dh, dw, groups):
