@@ -2,7 +2,7 @@
 side, one thread, float32, NCHW.
 
     python benchmarks/bench_pointwise.py [--batches 1,16] [--repeat N] [--only SHAPES]
-        [--contenders pdjit,current,numpy,ort]
+        [--contenders pdjit,current,numpy,ort] [--rounds R]
 
 Contenders, each in a process of its own (one after another), every shape with a bias and a
 relu after the product (the epilogue of a convolution with its batch norm folded):
@@ -47,7 +47,9 @@ SHAPES = [
     ("mv2 32->16 112", 32, 16, 112), ("mv2 16->96 112", 16, 96, 112),
     ("mv2 96->24 56", 96, 24, 56), ("mv2 24->144 56", 24, 144, 56),
     ("mv2 144->24 56", 144, 24, 56), ("mv2 192->32 28", 192, 32, 28),
-    ("mv2 384->64 14", 384, 64, 14), ("mv2 576->96 14", 576, 96, 14),
+    ("mv2 32->192 28", 32, 192, 28), ("mv2 64->384 14", 64, 384, 14),
+    ("mv2 384->64 14", 384, 64, 14), ("mv2 96->576 14", 96, 576, 14),
+    ("mv2 576->96 14", 576, 96, 14), ("mv2 160->960 7", 160, 960, 7),
     ("mv2 960->160 7", 960, 160, 7), ("mv2 320->1280 7", 320, 1280, 7),
 ]
 
@@ -129,6 +131,8 @@ def main():
     ap.add_argument("--repeat", type=int, default=30)
     ap.add_argument("--only", default="", help="substrings of shape names, comma-separated")
     ap.add_argument("--contenders", default="pdjit,current,numpy,ort")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="rounds of the contenders taking turns (the medians of the rounds)")
     ap.add_argument("--child", default="")
     a = ap.parse_args()
     batches = [int(v) for v in a.batches.split(",")]
@@ -136,18 +140,22 @@ def main():
     if a.child:
         child(a.child, batches, shapes, a.repeat)
         return
-    results, loads = {}, {}
-    for kind in a.contenders.split(","):
-        loads[kind] = os.getloadavg()[0]
-        r = subprocess.run([sys.executable, __file__, "--child", kind, "--batches", a.batches,
-                            "--repeat", str(a.repeat), "--only", a.only],
-                           capture_output=True, text=True)
-        if r.returncode:
-            print(f"{kind}: failed\n{r.stderr[-2000:]}")
-            continue
-        results[kind] = json.loads(r.stdout.strip().splitlines()[-1])
+    runs, loads = {}, {}
+    for _ in range(a.rounds):
+        for kind in a.contenders.split(","):
+            loads.setdefault(kind, []).append(os.getloadavg()[0])
+            r = subprocess.run([sys.executable, __file__, "--child", kind, "--batches",
+                                a.batches, "--repeat", str(a.repeat), "--only", a.only],
+                               capture_output=True, text=True)
+            if r.returncode:
+                print(f"{kind}: failed\n{r.stderr[-2000:]}")
+                continue
+            runs.setdefault(kind, []).append(json.loads(r.stdout.strip().splitlines()[-1]))
+    results = {k: {key: tuple(np.median([run[key] for run in rs], axis=0)) for key in rs[0]}
+               for k, rs in runs.items()}
     kinds = list(results)
-    print("load before each contender: " + ", ".join(f"{k} {v:.2f}" for k, v in loads.items()))
+    print("load before each contender: " + ", ".join(
+        f"{k} " + "/".join(f"{v:.2f}" for v in vs) for k, vs in loads.items()))
     print(f"{'shape':24s}" + "".join(f"{k + ' ms':>11s}{'GF/s':>7s}" for k in kinds))
     for key in next(iter(results.values())) if results else []:
         print(f"{key:24s}" + "".join(f"{results[k][key][0]:11.3f}{results[k][key][1]:7.0f}"

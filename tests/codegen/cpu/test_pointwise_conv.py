@@ -29,10 +29,10 @@ def _oracle(x, w, bias, res, lo, hi):
 
 def test_both_orientations_against_numpy():
     e = np.empty(0, np.float32)
-    # (batch, C, M, H, W): planes of 35 and 24 pixels take the transposed tiles, 1056 (16
-    # panels and 32 pixels) and 1024 the other
-    for n, c, m, h, wd in [(1, 19, 23, 5, 7), (3, 16, 70, 4, 6), (2, 21, 17, 32, 33),
-                           (1, 30, 16, 32, 32)]:
+    # (batch, C, M, H, W): planes of 35 and 24 pixels take the transposed tiles, 144 too (a
+    # compression onto one panel), 1056 (16 panels and 32 pixels) and 1024 the other
+    for n, c, m, h, wd in [(1, 19, 23, 5, 7), (3, 16, 70, 4, 6), (1, 130, 64, 12, 12),
+                           (2, 21, 17, 32, 33), (1, 23, 16, 32, 32)]:
         x = RNG.standard_normal((n, c, h, wd)).astype(np.float32)
         w = RNG.standard_normal((m, c, 1, 1)).astype(np.float32)
         bias = RNG.standard_normal(m).astype(np.float32)

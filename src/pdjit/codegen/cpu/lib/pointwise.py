@@ -65,9 +65,22 @@ __all__ = ["pointwise_range", "pointwise_range_cols", "pointwise_range_rows",
 
 #: planes of at most this many pixels take the transposed tiles (:func:`.pgemm.pointwise_cols`)
 COLS_MAX_PLANE = 100
-#: planes of at least this many pixels take :func:`.pgemm.pointwise_rows` where a sample's
-#: image fits :data:`.pgemm._SWEEP_BYTES` (swept whole under each tile of output channels)
+#: planes of at most this many pixels (14x14) take the transposed tiles where the output
+#: channels fill whole panels of ``NR`` and are at most half the input channels (a
+#: compression: ResNet-50's 1024 -> 256, MobileNetV2's 384 -> 64 measured 12-27 % faster
+#: there; expansions, and 576 -> 96 with its half-empty second panel, as fast or slower)
+COLS_WIDE_PLANE = 256
+#: the output channels of a panel of the transposed tiles (float32)
+_NR = NV * 16
+#: planes of at least this many pixels take :func:`.pgemm.pointwise_rows` where the input
+#: channels are at most :data:`ROWS_MAX_CHANNELS` and a sample's image fits
+#: :data:`.pgemm._SWEEP_BYTES` (swept whole under each tile of output channels)
 ROWS_MIN_PLANE = 1024
+#: the most input channels :func:`.pgemm.pointwise_rows` serves: short sums over many pixels
+#: (MobileNetV2's 112x112 16 -> 96 and 56x56 24 -> 144, 8-15 % faster than OpenBLAS per
+#: sample); from 32 up OpenBLAS or the taps kernel measured as fast or faster (56x56 64 ->
+#: 256, 32 -> 16)
+ROWS_MAX_CHANNELS = 24
 #: the fewest output and input channels the packed kernels serve
 MIN_CHANNELS = 16
 #: compiled code, which packs the filter at each run, runs the packed kernels from this many
@@ -84,13 +97,16 @@ _PACKED = [True]
 def _choice(m_, c_, p_) -> int:
     """Which kernel serves ``m_`` output and ``c_`` input channels (float32) over planes of
     ``p_`` pixels: 1 :func:`.pgemm.pointwise_rows`, 2 :func:`.pgemm.pointwise_cols`, 0 those
-    of :func:`.conv._fwd_range` (where they measured as fast or faster: planes of 14x14, and
-    larger images of many channels, on OpenBLAS or the taps kernel)."""
+    of :func:`.conv._fwd_range` (where they measured as fast or faster: most planes of 14x14
+    and 28x28, and larger ones of 32 input channels or more, on OpenBLAS or the taps
+    kernel)."""
     if m_ < MIN_CHANNELS or c_ < MIN_CHANNELS:
         return 0
     if p_ <= COLS_MAX_PLANE:
         return 2
-    if p_ >= ROWS_MIN_PLANE and c_ * p_ * 4 <= _SWEEP_BYTES:
+    if p_ <= COLS_WIDE_PLANE and m_ % _NR == 0 and c_ >= 2 * m_:
+        return 2
+    if p_ >= ROWS_MIN_PLANE and c_ <= ROWS_MAX_CHANNELS and c_ * p_ * 4 <= _SWEEP_BYTES:
         return 1
     return 0
 
@@ -100,8 +116,7 @@ def _packed_size(m_, c_, p_) -> int:
     """The values of the filter packed for planes of ``p_`` pixels (0: not packed)."""
     k = _choice(m_, c_, p_)
     if k == 2:
-        nr = NV * 16
-        return ((m_ + nr - 1) // nr) * c_ * nr
+        return ((m_ + _NR - 1) // _NR) * c_ * _NR
     return ((m_ + MR - 1) // MR) * c_ * MR if k == 1 else 0
 
 
@@ -125,7 +140,7 @@ def _pack(w, p_):
     :func:`.pgemm.pack_b`), each ``C`` steps of the block's values, zero past ``M``."""
     m = w.shape[0]
     w2 = w.reshape(m, w.size // m)
-    step = NV * 16 if _choice(m, w2.shape[1], p_) == 2 else MR
+    step = _NR if _choice(m, w2.shape[1], p_) == 2 else MR
     wp = np.zeros((-(-m // step) * step, w2.shape[1]), w.dtype)
     wp[:m] = w2
     return np.ascontiguousarray(
@@ -237,7 +252,7 @@ def _channel_calls(parts, x, w, ap, y, sh, sw, pt, pl, dh, dw, groups, bias, lo,
         return _conv._fwd_range, _conv._channel_parts(parts, x, w, y, *rest)
     m_, c_ = y.shape[1], x.shape[1]
     p_ = y.shape[2] * y.shape[3]
-    step = NV * 16 if _choice(m_, c_, p_) == 2 else MR
+    step = _NR if _choice(m_, c_, p_) == 2 else MR
     unit = -(-max(MIN_CHANNELS, _conv._PART_ROWS) // step) * step
     units = -(-m_ // unit)
     k = min(parts, units)
