@@ -130,3 +130,43 @@ def test_compiled_code_packs_at_each_run():
         assert (call(x, w, y, bias, res) > 0) == packed
         np.testing.assert_allclose(y, _oracle(x, w, bias, res, 0.0, 6.0), rtol=1e-4,
                                    atol=1e-4)
+
+
+def test_split_work_parts_by_channels(monkeypatch):
+    """``conv.split_work`` splits a one-sample call over whole tiles of the packed filter's
+    output channels (row tiles: units of 36 = 6 tiles of ``MR``; transposed tiles: panels of
+    ``NR``, the last part at least ``MIN_CHANNELS``), over ``conv._fwd_range``'s parts where
+    nothing is packed, and runs it whole where there is one part; every result is the one
+    call's bit for bit."""
+    from pdjit.codegen.cpu.lib import conv
+
+    monkeypatch.setattr(conv, "_CHANNELS_MIN_WORK", 0)
+    monkeypatch.setattr(conv, "loop_threads", lambda: 3)
+    e = np.empty(0, np.float32)
+    seen = []
+    real = conv.CHANNEL_SPLITS[pointwise.pointwise_range]
+    monkeypatch.setitem(conv.CHANNEL_SPLITS, pointwise.pointwise_range,
+                        lambda *a: seen.append(real(*a)) or seen[-1])
+    # (C, M, H, packed, the parts' channels)
+    for c, m, h, packed, want in [(19, 150, 32, True, [36, 72, 42]),
+                                  (40, 140, 7, True, [64, 76]),
+                                  (40, 70, 7, False, [32, 38]),
+                                  (40, 17, 7, True, None), (40, 40, 7, False, None)]:
+        x = RNG.standard_normal((1, c, h, h)).astype(np.float32)
+        w = RNG.standard_normal((m, c, 1, 1)).astype(np.float32)
+        bias = RNG.standard_normal(m).astype(np.float32)
+        res = RNG.standard_normal(m * h * h).astype(np.float32)
+        ap = pointwise.pointwise_weight(w, h * h) if packed else e
+        assert (ap.size > 0) == packed
+        one = np.full((1, m, h, h), np.nan, np.float32)
+        pointwise.pointwise_range(x, w, ap, one, 0, 1, 1, 1, 0, 0, 1, 1, 1, bias, 0.0, 6.0, res)
+        np.testing.assert_allclose(one, _oracle(x, w, bias, res, 0.0, 6.0), rtol=1e-4,
+                                   atol=1e-4)
+        y = np.full((1, m, h, h), np.nan, np.float32)
+        seen.clear()
+        conv.split_work(pointwise.pointwise_range, 1, 1, x, w, ap, y, 1, 1, 0, 0, 1, 1, 1,
+                        bias, 0.0, 6.0, res, head=4)
+        fn, calls = seen[-1]
+        assert fn is (pointwise.pointwise_range if packed else conv._fwd_range)
+        assert (calls and [c_[1].shape[0] for c_ in calls]) == want
+        assert np.array_equal(y, one)

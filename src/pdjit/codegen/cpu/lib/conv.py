@@ -29,7 +29,9 @@ pass over ``dy`` with the flipped, transposed filter where it takes the taps or 
 loops (:func:`by_forward`), and the filter gradient over planes of many outputs reads the
 same taps planes (:func:`_dots44`).
 Batches of several samples run on threads when large (the kernels release the GIL; in a
-native loop's compiled driver, on its own thread).
+native loop's compiled driver, on its own thread). A 1x1 convolution whose filter is a weight
+may run on pdjit's packed GEMM instead (:mod:`.pointwise`, which falls back to
+:func:`_fwd_range` for the shapes it leaves here).
 """
 import numba
 import numpy as np
@@ -958,9 +960,9 @@ def split_work(fn, n, work, *args, head=2):
     own = next((v for f, v in CHANNEL_SPLITS.items() if f is fn), None) if n == 1 else None
     if n == 1 and work >= _CHANNELS_MIN_WORK and (own or any(fn is f for f in _BY_CHANNELS)):
         threads = loop_threads()
-        calls = None
+        part, calls = fn, None
         if threads > 1 and own:  # the entry's own parts (and the function they call)
-            fn, calls = own(threads, *args)
+            part, calls = own(threads, *args)
         elif threads > 1:
             calls = _channel_parts(threads, *args)
         if calls is not None:
@@ -969,8 +971,8 @@ def split_work(fn, n, work, *args, head=2):
                 for k, c in enumerate(calls):
                     calls[k] = (c[0], ut, row, c[2], 0, 1, c[7], c[8], *c[12:])
                     row += c[1].shape[0]
-                fn = winograd.conv3x3_rows
-            run_parts(fn, calls, len(calls) - 1)
+                part = winograd.conv3x3_rows
+            run_parts(part, calls, len(calls) - 1)
             return
     fn(*args[:head], 0, n, *args[head:])
 

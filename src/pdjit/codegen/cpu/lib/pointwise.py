@@ -3,45 +3,44 @@
 sample's image ``x[n]`` ([C, H * W]) read in place, the epilogue (a bias per output channel,
 a residual, a clamp) applied to each tile while it is in registers.
 
-Two orientations of the tile, picked by the plane's size and the image's (:func:`_choice`):
+Two orientations of the tile, picked by the plane's size and the channels
+(:func:`_choice`):
 
 - :func:`.pgemm.pointwise_rows`: tiles of ``MR`` output channels by ``NR`` pixels, ``W``
   packed by blocks of ``MR`` rows (the layout of :func:`.pgemm.pack_a`), for planes of
-  :data:`ROWS_MIN_PLANE` pixels or more whose sample's image stays in the L2 cache (the whole
-  plane swept under each tile, the image read in place, the outputs written row after row);
+  :data:`ROWS_MIN_PLANE` pixels or more of at most :data:`ROWS_MAX_CHANNELS` input channels
+  whose sample's image stays in the L2 cache (the whole plane swept under each tile, the
+  image read in place, the outputs written row after row);
 - :func:`.pgemm.pointwise_cols`: the product transposed, tiles of ``MR`` pixels by ``NR``
   output channels, ``W^T`` packed in panels as :func:`.pgemm.packed_weight` packs a product's
   weight, the tile stored into the channels' rows by scatters, for planes of at most
-  :data:`COLS_MAX_PLANE` pixels (7x7: 49 pixels fill vectors of ``NR`` badly).
+  :data:`COLS_MAX_PLANE` pixels (7x7: 49 pixels fill vectors of ``NR`` badly), and 14x14
+  ones where the output channels fill whole panels and are at most half the input channels.
 
-Planes of 14x14 and 28x28 and larger images of many channels stay with the kernels of
-:func:`.conv._fwd_range`, which measured as fast or faster there.
+The other shapes stay with the kernels of :func:`.conv._fwd_range` (OpenBLAS per sample or
+the taps kernel), which measured as fast or faster there.
 
 The lowering (``pdjit.codegen.cpu.lowerings.conv``) calls :func:`pointwise_range` with the
 filter packed by :func:`pointwise_weight` where the filter is a weight (a parameter no op of
 the program writes): the packed copy is kept beside the array (:mod:`pdjit.codegen.params`)
 and made again after a run that may write it (training). Compiled code (a native driver, an
 ahead-of-time artifact) packs once per run, where the batch is large enough for the copy not
-to count (:data:`NATIVE_MIN_PIXELS`), else runs :func:`.conv._fwd_range`.
+to count (:data:`NATIVE_MIN_PIXELS`), else runs :func:`.conv._fwd_range`. A one-sample call
+from the host driver is split over threads by whole tiles of the packed filter's output
+channels (:func:`_channel_calls`, for ``conv.split_work``), a batch by samples.
 
-Measured (``benchmarks/bench_pointwise.py``: one thread, float32, bias + relu, GFLOP/s from
-medians of thread time on the shared 2-vCPU machine at load 2.4; runs differ by ~10 %): the
-packed kernel / :func:`.conv._fwd_range` (the taps kernel or OpenBLAS per sample) / NumPy's
-``matmul`` (no epilogue) / ONNX Runtime (Conv + Relu), batch 1 then 16: ResNet-50 7x7
-2048->512 (cols) 128 / 88 / 99 / 143 and 120 / 95 / 102 / 134, 512->2048 113 / 90 / 101 / 138
-and 111 / 90 / 96 / 129; 56x56 64->256 (rows) 118 / 88 / 127 / 100 and 84 / 81 / 93 / 75;
-MobileNetV2 112x112 16->96 (rows) 89 / 59 / 73 / 44 and 75 / 53 / 41 / 25, 56x56 24->144 101
-/ 72 / 100 / 54 and 102 / 78 / 90 / 44, 7x7 320->1280 (cols) 130 / 94 / 105 / 129 and 121 /
-101 / 101 / 147.
-
-Left to :func:`.conv._fwd_range`: 14x14 planes (the transposed tiles: 1024->256 146 / 114 and
-101 / 111, 256->1024 130 / 128 and 116 / 126; ResNet-50 through ``pdjit.inference`` at batch
-16, medians of thread time at load 3: 1340-1380 ms with them on the transposed tiles,
-1338-1341 without, 1286-1330 with no packed kernel; at batch 1 the differences were below the
-noise), 28x28 planes (the rows kernel: 128->512 115 / 125 and 91 / 110, MobileNetV2 192->32
-102 / 74 and 76 / 110) and images beyond the L2 cache (256->64 56x56 at batch 1: the rows
-kernel swept whole 42, by panels of pixels copied side by side in blocks of 256 input
-channels 101, against 100-105).
+Measured (``benchmarks/bench_pointwise.py --rounds 3``: one thread, float32, bias + relu,
+medians of thread time on the shared 2-vCPU machine at load 0.9, ms, the packed kernel /
+:func:`.conv._fwd_range`, batch 1 then 16): the transposed tiles on 7x7 planes: ResNet-50
+2048->512 0.80 / 1.00 and 13.1 / 17.4, 512->2048 0.81 / 1.02 and 12.1 / 17.2; MobileNetV2
+160->960 0.119 / 0.144 and 2.16 / 2.40, 960->160 0.121 / 0.153 and 2.04 / 2.46, 320->1280
+0.309 / 0.378 and 4.72 / 6.25; on 14x14 compressions: ResNet-50 1024->256 0.69 / 0.78 and
+11.3 / 14.3, MobileNetV2 384->64 0.066 / 0.091 and 1.21 / 1.59 (left: 256->1024 0.69 / 0.74
+and 12.3 / 12.0, 576->96 0.185 / 0.172 and 3.22 / 2.98, 96->576 0.161 / 0.168 and 3.00 /
+2.91, 64->384 0.087 / 0.086 and 1.50 / 1.44). The row tiles: MobileNetV2 112x112 16->96 0.43
+/ 0.47 and 8.7 / 9.9, 56x56 24->144 0.189 / 0.225 and 3.21 / 3.49 (left: ResNet-50 56x56
+64->256 0.89 / 0.83 and 17.6 / 15.1, 28x28 128->512 0.81 / 0.77 and 14.0 / 13.6, MobileNetV2
+112x112 32->16 0.179 / 0.164, 28x28 192->32 0.087 / 0.116 and 1.77 / 1.32).
 """
 import numpy as np
 from numba.core import types
