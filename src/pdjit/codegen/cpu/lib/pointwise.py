@@ -15,7 +15,7 @@ Two orientations of the tile, picked by the plane's size and the channels
   output channels, ``W^T`` packed in panels as :func:`.pgemm.packed_weight` packs a product's
   weight, the tile stored into the channels' rows by scatters, for planes of at most
   :data:`COLS_MAX_PLANE` pixels (7x7: 49 pixels fill vectors of ``NR`` badly), and 14x14
-  ones where the output channels fill whole panels and are at most half the input channels.
+  ones whose output channels fill one panel and are at most half the input channels.
 
 The other shapes stay with the kernels of :func:`.conv._fwd_range` (OpenBLAS per sample or
 the taps kernel), which measured as fast or faster there.
@@ -29,18 +29,18 @@ to count (:data:`NATIVE_MIN_PIXELS`), else runs :func:`.conv._fwd_range`. A one-
 from the host driver is split over threads by whole tiles of the packed filter's output
 channels (:func:`_channel_calls`, for ``conv.split_work``), a batch by samples.
 
-Measured (``benchmarks/bench_pointwise.py --rounds 3``: one thread, float32, bias + relu,
-medians of thread time on the shared 2-vCPU machine at load 0.9, ms, the packed kernel /
-:func:`.conv._fwd_range`, batch 1 then 16): the transposed tiles on 7x7 planes: ResNet-50
+Measured alone (``benchmarks/bench_pointwise.py --rounds 3``: one thread, float32, bias +
+relu, medians of thread time on the shared 2-vCPU machine at load 0.9, ms, the packed kernel
+/ :func:`.conv._fwd_range`, batch 1 then 16): the transposed tiles on 7x7 planes: ResNet-50
 2048->512 0.80 / 1.00 and 13.1 / 17.4, 512->2048 0.81 / 1.02 and 12.1 / 17.2; MobileNetV2
 160->960 0.119 / 0.144 and 2.16 / 2.40, 960->160 0.121 / 0.153 and 2.04 / 2.46, 320->1280
-0.309 / 0.378 and 4.72 / 6.25; on 14x14 compressions: ResNet-50 1024->256 0.69 / 0.78 and
-11.3 / 14.3, MobileNetV2 384->64 0.066 / 0.091 and 1.21 / 1.59 (left: 256->1024 0.69 / 0.74
-and 12.3 / 12.0, 576->96 0.185 / 0.172 and 3.22 / 2.98, 96->576 0.161 / 0.168 and 3.00 /
-2.91, 64->384 0.087 / 0.086 and 1.50 / 1.44). The row tiles: MobileNetV2 112x112 16->96 0.43
-/ 0.47 and 8.7 / 9.9, 56x56 24->144 0.189 / 0.225 and 3.21 / 3.49 (left: ResNet-50 56x56
-64->256 0.89 / 0.83 and 17.6 / 15.1, 28x28 128->512 0.81 / 0.77 and 14.0 / 13.6, MobileNetV2
-112x112 32->16 0.179 / 0.164, 28x28 192->32 0.087 / 0.116 and 1.77 / 1.32).
+0.309 / 0.378 and 4.72 / 6.25; 14x14 384->64 0.066 / 0.091 and 1.21 / 1.59. The row tiles:
+MobileNetV2 112x112 16->96 0.43 / 0.47 and 8.7 / 9.9, 56x56 24->144 0.189 / 0.225 and 3.21 /
+3.49, 28x28 32->192 0.082 / 0.098 and 1.39 / 1.38 (left: ResNet-50 56x56 64->256 0.89 / 0.83
+and 17.6 / 15.1, MobileNetV2 112x112 32->16 0.179 / 0.164). In the models (the Predictor,
+each convolution's thread time): MobileNetV2's 1x1 convolutions took 5.3 ms of a 10 ms run
+at batch 1 against 6.1 ms on :func:`.conv._fwd_range`, ResNet-50's 44 of 82 against 52 of
+94.
 """
 import numpy as np
 from numba.core import types
@@ -65,21 +65,24 @@ __all__ = ["pointwise_range", "pointwise_range_cols", "pointwise_range_rows",
 #: planes of at most this many pixels take the transposed tiles (:func:`.pgemm.pointwise_cols`)
 COLS_MAX_PLANE = 100
 #: planes of at most this many pixels (14x14) take the transposed tiles where the output
-#: channels fill whole panels of ``NR`` and are at most half the input channels (a
-#: compression: ResNet-50's 1024 -> 256, MobileNetV2's 384 -> 64 measured 12-27 % faster
-#: there; expansions, and 576 -> 96 with its half-empty second panel, as fast or slower)
+#: channels fill one panel of ``NR`` and are at most half the input channels (a compression
+#: read once: MobileNetV2's 384 -> 64 in the model 0.070-0.077 ms against 0.102 at batch 1,
+#: 2.14 against 2.60 at batch 16). Each panel reads the whole image: ResNet-50's 1024 -> 256
+#: (4 panels) was faster at batch 1 (0.89 ms against 1.02) but slower at batch 16 (15.6
+#: against 14.7), the expansions 64 -> 384 and 96 -> 576 slower at both
 COLS_WIDE_PLANE = 256
 #: the output channels of a panel of the transposed tiles (float32)
 _NR = NV * 16
-#: planes of at least this many pixels take :func:`.pgemm.pointwise_rows` where the input
-#: channels are at most :data:`ROWS_MAX_CHANNELS` and a sample's image fits
+#: planes of at least this many pixels (28x28 and up) take :func:`.pgemm.pointwise_rows`
+#: where the input channels are at most :data:`ROWS_MAX_CHANNELS` and a sample's image fits
 #: :data:`.pgemm._SWEEP_BYTES` (swept whole under each tile of output channels)
-ROWS_MIN_PLANE = 1024
+ROWS_MIN_PLANE = 512
 #: the most input channels :func:`.pgemm.pointwise_rows` serves: short sums over many pixels
-#: (MobileNetV2's 112x112 16 -> 96 and 56x56 24 -> 144, 8-15 % faster than OpenBLAS per
-#: sample); from 32 up OpenBLAS or the taps kernel measured as fast or faster (56x56 64 ->
-#: 256, 32 -> 16)
-ROWS_MAX_CHANNELS = 24
+#: (MobileNetV2's 112x112 16 -> 96, 56x56 24 -> 144 and 28x28 32 -> 192, 8-25 % faster than
+#: OpenBLAS per sample in the model at batch 16); with more, OpenBLAS or the taps kernel
+#: measured as fast or faster (56x56 64 -> 256; 28x28 144 -> 32 and 192 -> 32 at batch 16,
+#: though faster at batch 1)
+ROWS_MAX_CHANNELS = 32
 #: the fewest output and input channels the packed kernels serve
 MIN_CHANNELS = 16
 #: compiled code, which packs the filter at each run, runs the packed kernels from this many
@@ -103,7 +106,7 @@ def _choice(m_, c_, p_) -> int:
         return 0
     if p_ <= COLS_MAX_PLANE:
         return 2
-    if p_ <= COLS_WIDE_PLANE and m_ % _NR == 0 and c_ >= 2 * m_:
+    if p_ <= COLS_WIDE_PLANE and m_ == _NR and c_ >= 2 * m_:
         return 2
     if p_ >= ROWS_MIN_PLANE and c_ <= ROWS_MAX_CHANNELS and c_ * p_ * 4 <= _SWEEP_BYTES:
         return 1
