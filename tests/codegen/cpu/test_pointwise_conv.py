@@ -134,10 +134,10 @@ def test_compiled_code_packs_at_each_run():
 
 def test_split_work_parts_by_channels(monkeypatch):
     """``conv.split_work`` splits a one-sample call over whole tiles of the packed filter's
-    output channels (row tiles: units of 36 = 6 tiles of ``MR``; transposed tiles: panels of
-    ``NR``, the last part at least ``MIN_CHANNELS``), over ``conv._fwd_range``'s parts where
-    nothing is packed, and runs it whole where there is one part; every result is the one
-    call's bit for bit."""
+    output channels (row tiles: units of 36 = 6 tiles of ``MR``, the last tile short;
+    transposed tiles: panels of ``NR``, the last part at least ``MIN_CHANNELS``), over
+    ``conv._fwd_range``'s parts where nothing is packed, and runs it whole where there is one
+    part; every result is the one call's bit for bit."""
     from pdjit.codegen.cpu.lib import conv
 
     monkeypatch.setattr(conv, "_CHANNELS_MIN_WORK", 0)
@@ -148,7 +148,7 @@ def test_split_work_parts_by_channels(monkeypatch):
     monkeypatch.setitem(conv.CHANNEL_SPLITS, pointwise.pointwise_range,
                         lambda *a: seen.append(real(*a)) or seen[-1])
     # (C, M, H, packed, the parts' channels)
-    for c, m, h, packed, want in [(19, 150, 32, True, [36, 72, 42]),
+    for c, m, h, packed, want in [(19, 149, 32, True, [36, 72, 41]),
                                   (40, 140, 7, True, [64, 76]),
                                   (40, 70, 7, False, [32, 38]),
                                   (40, 17, 7, True, None), (40, 40, 7, False, None)]:

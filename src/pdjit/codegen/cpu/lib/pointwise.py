@@ -37,10 +37,10 @@ relu, medians of thread time on the shared 2-vCPU machine at load 0.9, ms, the p
 0.309 / 0.378 and 4.72 / 6.25; 14x14 384->64 0.066 / 0.091 and 1.21 / 1.59. The row tiles:
 MobileNetV2 112x112 16->96 0.43 / 0.47 and 8.7 / 9.9, 56x56 24->144 0.189 / 0.225 and 3.21 /
 3.49, 28x28 32->192 0.082 / 0.098 and 1.39 / 1.38 (left: ResNet-50 56x56 64->256 0.89 / 0.83
-and 17.6 / 15.1, MobileNetV2 112x112 32->16 0.179 / 0.164). In the models (the Predictor,
-each convolution's thread time): MobileNetV2's 1x1 convolutions took 5.3 ms of a 10 ms run
-at batch 1 against 6.1 ms on :func:`.conv._fwd_range`, ResNet-50's 44 of 82 against 52 of
-94.
+and 17.6 / 15.1, MobileNetV2 112x112 32->16 0.179 / 0.164). Whole models through the
+Predictor, one thread, the packed kernels switched on and off (:data:`_PACKED`) in one
+process by turns, medians of thread time at load 1.0-1.3: MobileNetV2 7.36 / 7.75 ms at
+batch 1, 153 / 158 at batch 16; ResNet-50 66.1 / 69.5 at batch 1, 1026 / 1026 at batch 16.
 """
 import numpy as np
 from numba.core import types
@@ -91,7 +91,7 @@ MIN_CHANNELS = 16
 #: from 512 pixels (7x7 planes from batch 11, 14x14 from 3), where the packed kernels gain
 #: 20-40 %
 NATIVE_MIN_PIXELS = 512
-#: whether the packed kernels serve pointwise convolutions (a switch for benchmarks)
+#: whether the packed kernels serve pointwise convolutions (a switch for benchmarks, tests)
 _PACKED = [True]
 
 
@@ -99,8 +99,8 @@ _PACKED = [True]
 def _choice(m_, c_, p_) -> int:
     """Which kernel serves ``m_`` output and ``c_`` input channels (float32) over planes of
     ``p_`` pixels: 1 :func:`.pgemm.pointwise_rows`, 2 :func:`.pgemm.pointwise_cols`, 0 those
-    of :func:`.conv._fwd_range` (where they measured as fast or faster: most planes of 14x14
-    and 28x28, and larger ones of 32 input channels or more, on OpenBLAS or the taps
+    of :func:`.conv._fwd_range` (where they measured as fast or faster: most planes of 14x14,
+    and those of 28x28 and up of more than 32 input channels, on OpenBLAS or the taps
     kernel)."""
     if m_ < MIN_CHANNELS or c_ < MIN_CHANNELS:
         return 0
