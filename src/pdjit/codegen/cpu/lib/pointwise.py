@@ -66,10 +66,11 @@ __all__ = ["pointwise_range", "pointwise_range_cols", "pointwise_range_rows",
 COLS_MAX_PLANE = 100
 #: planes of at most this many pixels (14x14) take the transposed tiles where the output
 #: channels fill one panel of ``NR`` and are at most half the input channels (a compression
-#: read once: MobileNetV2's 384 -> 64 in the model 0.070-0.077 ms against 0.102 at batch 1,
-#: 2.14 against 2.60 at batch 16). Each panel reads the whole image: ResNet-50's 1024 -> 256
-#: (4 panels) was faster at batch 1 (0.89 ms against 1.02) but slower at batch 16 (15.6
-#: against 14.7), the expansions 64 -> 384 and 96 -> 576 slower at both
+#: read once: MobileNetV2's 384 -> 64 in the model 0.063-0.077 ms against 0.089-0.102 at
+#: batch 1, 2.14 against 2.60 at batch 16). Each panel reads the whole image: with ResNet-50's
+#: 1024 -> 256 and 1024 -> 512 (4 and 8 panels) on them too the model took as long at batch 1
+#: (66.8 / 66.9 ms) and 3 % longer at batch 16 (966 / 936 ms, on and off by turns in one
+#: process); the expansions 64 -> 384 and 96 -> 576 (short sums, many scatters) were slower
 COLS_WIDE_PLANE = 256
 #: the output channels of a panel of the transposed tiles (float32)
 _NR = NV * 16
