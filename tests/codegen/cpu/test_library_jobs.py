@@ -103,11 +103,12 @@ def test_a_blocked_convolution_with_an_epilogue_predicts_its_kernels(fresh_progr
                                                                      monkeypatch):
     """A convolution computed by blocks of samples with its bias and relu fused (the call of
     ``_nn.conv._fwd_range`` in a host function, not in the driver's lines) declares the
-    kernels it runs as compile jobs: the taps kernel (3x3) and the BLAS
-    product (1x1 of 32 channels); the predictions are the signatures the calls use, and the
+    kernels it runs as compile jobs: the taps kernel (3x3) and the packed GEMM's transposed
+    tiles (1x1 of 32 channels on a weight, a plane of 20 pixels: ``_nn.pointwise_range_cols``,
+    which names that kernel alone); the predictions are the signatures the calls use, and the
     outputs are NumPy's."""
     from pdjit.codegen import pipeline as pipeline_mod
-    from pdjit.codegen.cpu.lib import conv
+    from pdjit.codegen.cpu.lib import conv, pgemm
 
     jobs = []
     real = pipeline_mod.precompile
@@ -132,8 +133,9 @@ def test_a_blocked_convolution_with_an_epilogue_predicts_its_kernels(fresh_progr
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     lib = [(c.fn, types) for c, types in jobs if isinstance(c, compiler.LibraryKernel)]
     names = {fn.py_func.__name__ for fn, _ in lib}
-    assert {"_fwd_taps", "_fwd_gemm"} <= names, names
-    _assert_used([(fn, types) for fn, types in lib if fn in (conv._fwd_taps, conv._fwd_gemm)])
+    assert {"_fwd_taps", "pointwise_cols"} <= names and "pointwise_rows" not in names, names
+    _assert_used([(fn, types) for fn, types in lib
+                  if fn in (conv._fwd_taps, pgemm.pointwise_cols, pgemm.pack_scaled)])
 
 
 def test_a_stride_1_input_gradient_predicts_the_taps_kernel_alone(fresh_programs,

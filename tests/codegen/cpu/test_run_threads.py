@@ -9,8 +9,8 @@ import pytest
 import pdjit as fluid
 from pdjit.codegen.cpu import threads
 from pdjit.codegen.cpu.lib import conv as convlib
+from pdjit.codegen.cpu.lib import pointwise, team
 from pdjit.codegen.cpu.lib import rnn as rnnlib
-from pdjit.codegen.cpu.lib import team
 from pdjit.testing import assert_native
 
 
@@ -321,6 +321,9 @@ def test_one_sample_convolutions_split_by_output_channels(two_asked, monkeypatch
     free, _ = two_asked
     monkeypatch.setattr(convlib, "_CHANNELS_MIN_WORK", 0)
     monkeypatch.setattr(convlib, "_TEAM_MIN_WORK", 0)
+    # (the 1x1 convolution on the kernels of conv._fwd_range: the packed GEMM's parts are
+    # test_pointwise_convolutions_split_by_channels_and_samples')
+    monkeypatch.setattr(pointwise, "_PACKED", [False])
     parts = []
     real = convlib._channel_bounds
     monkeypatch.setattr(convlib, "_channel_bounds",
@@ -371,3 +374,70 @@ def test_one_sample_convolutions_split_by_output_channels(two_asked, monkeypatch
     yg = _conv_ref(yd, w[3], bias[3], 2, 1, 4)
     for got, want in zip(outs[2], (ya, yr, yd, yg)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_pointwise_convolutions_split_by_channels_and_samples(two_asked, monkeypatch):
+    """1x1 convolutions on weights run on the packed GEMM (``lib.pointwise``): at batch 1 split
+    over whole tiles of the packed filter's output channels (both orientations: a 32x32 plane
+    on the row tiles, 19 -> 150 channels with bias + residual + relu6 fused; a 7x7 plane on the
+    transposed tiles, 150 -> 140 with bias + relu), at batch 3 over the samples; every result
+    the one-thread run's bit for bit, and a NumPy oracle's."""
+    free, _ = two_asked
+    monkeypatch.setattr(convlib, "_CHANNELS_MIN_WORK", 0)
+    monkeypatch.setattr(convlib, "_TEAM_MIN_WORK", 0)
+    monkeypatch.setattr(convlib, "_PARALLEL_MIN_WORK", 0)
+    parts = []  # the ranges of each split call, by run_parts' helpers or a parallel loop
+    real = pointwise._tile_bounds
+    monkeypatch.setattr(pointwise, "_tile_bounds", lambda *a: parts.append(real(*a)) or parts[-1])
+    samples = []
+    real_split = convlib._split
+    monkeypatch.setattr(convlib, "_split", lambda fn, k, n, *a, head=3: samples.append(
+        (getattr(fn, "__name__", ""), k, n)) or real_split(fn, k, n, *a, head=head))
+    L = fluid.layers
+    main, startup = fluid.Program(), fluid.Program()
+    startup.random_seed = 7
+    with fluid.program_guard(main, startup):
+        x = L.data(name="x", shape=[19, 32, 32], dtype="float32")
+        r = L.data(name="r", shape=[150, 32, 32], dtype="float32")
+        s = L.data(name="s", shape=[150, 7, 7], dtype="float32")
+        a = L.relu6(L.elementwise_add(L.conv2d(x, num_filters=150, filter_size=1), r))
+        b = L.conv2d(s, num_filters=140, filter_size=1, act="relu")
+    ops = main.global_block().ops
+    filters = [op.input("Filter")[0] for op in ops if op.type == "conv2d"]
+    biases = [op.input("Y")[0] for op in ops if op.type == "elementwise_add" and
+              op.input("Y")[0] != r.name]
+    rng = np.random.default_rng(4)
+    scope = fluid.Scope()
+    exe = fluid.Executor(native_drivers=False, strict=True)
+    exe.run(startup, scope=scope)
+    w = [np.asarray(scope.find_var(f).get_tensor()) for f in filters]
+    bias = [np.asarray(scope.find_var(f).get_tensor()) for f in biases]
+    for batch in (1, 3):
+        feed = {k: rng.standard_normal((batch,) + tuple(v.shape[1:])).astype("float32")
+                for k, v in (("x", x), ("r", r), ("s", s))}
+        outs, split = {}, {}
+        # two threads (batch 1: on run_parts' helpers while the parallel loop compiles, then
+        # by the parallel loop), then one
+        for run, n in (("helpers", 2), ("team", 2), ("one", 1)):
+            free[0] = n
+            parts.clear()
+            samples.clear()
+            outs[run] = exe.run(main, feed=feed, fetch_list=[a, b], scope=scope)
+            split[run] = [len(c[0]) - 1 for c in parts if c is not None] + samples
+            team.wait_compiled()
+        assert split == ({"helpers": [2, 2], "team": [2, 2], "one": []} if batch == 1 else
+                         {"helpers": [("pointwise_range", 2, 3)] * 2,
+                          "team": [("pointwise_range", 2, 3)] * 2, "one": []}), split
+        if batch == 1:
+            assert team._READY[(pointwise._by_channels, np.dtype(np.float32))]
+        assert_native(exe)
+        for run in ("helpers", "team"):
+            for u, v in zip(outs[run], outs["one"]):
+                assert np.array_equal(u, v)
+        outs[2] = outs["team"]
+        ya = np.clip(_conv_ref(feed["x"], w[0], bias[0], 1, 0, 1) + feed["r"], 0, 6)
+        yb = np.maximum(_conv_ref(feed["s"], w[1], bias[1], 1, 0, 1), 0)
+        for got, want in zip(outs[2], (ya, yb)):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    report = exe.explain(main, feed=feed, fetch_list=[a, b])
+    assert "pointwise_range_rows" in report and "pointwise_range_cols" in report, report

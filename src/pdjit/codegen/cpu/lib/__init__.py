@@ -15,7 +15,8 @@ per operation and data layout, documented with what it computes. Every file of t
 is part of the hash that invalidates generated modules (``compiler.deps_hash``).
 
 Submodules, one per op family, each re-exported here: ``conv``, ``crf``, ``gemm``, ``image``,
-``indexing``, ``lod_rnn``, ``norm``, ``pgemm``, ``pool``, ``rnn``.
+``indexing``, ``lod_rnn``, ``norm``, ``pgemm``, ``pointwise``, ``pool``,
+``rnn``.
 """
 import numpy as np
 
@@ -28,6 +29,7 @@ from pdjit.codegen.cpu.lib.indexing import *  # noqa: F401,F403
 from pdjit.codegen.cpu.lib.lod_rnn import *  # noqa: F401,F403
 from pdjit.codegen.cpu.lib.norm import *  # noqa: F401,F403
 from pdjit.codegen.cpu.lib.pgemm import *  # noqa: F401,F403
+from pdjit.codegen.cpu.lib.pointwise import *  # noqa: F401,F403
 from pdjit.codegen.cpu.lib.pool import *  # noqa: F401,F403
 from pdjit.codegen.cpu.lib.rnn import *  # noqa: F401,F403
 

@@ -29,7 +29,9 @@ pass over ``dy`` with the flipped, transposed filter where it takes the taps or 
 loops (:func:`by_forward`), and the filter gradient over planes of many outputs reads the
 same taps planes (:func:`_dots44`).
 Batches of several samples run on threads when large (the kernels release the GIL; in a
-native loop's compiled driver, on its own thread).
+native loop's compiled driver, on its own thread). A 1x1 convolution whose filter is a weight
+may run on pdjit's packed GEMM instead (:mod:`.pointwise`, which falls back to
+:func:`_fwd_range` for the shapes it leaves here).
 """
 import numba
 import numpy as np
@@ -945,10 +947,9 @@ def _split(fn, parts, n, *args, head=3):
 def split_work(fn, n, work, *args, head=2):
     """``fn(<head args>, 0, n, <other args>)``, split over threads when ``work`` (about the
     multiply-adds or reads) is large: for library kernels over independent items. A forward
-    convolution of one sample (a kernel of :data:`_BY_CHANNELS`) is split over its output
-    channels instead (:func:`_channel_bounds`): by a parallel loop (:func:`_by_team`) where
-    one is compiled for the kernel, else, for the larger ones, on ``run_parts``' helpers
-    (:func:`_channel_calls`). A convolution on Winograd's kernel has its filter transformed
+    convolution of one sample (a kernel of :data:`_BY_CHANNELS`, or an entry of
+    :data:`CHANNEL_SPLITS` by its own parts) is split over its output channels instead
+    (:func:`split_channels`). A convolution on Winograd's kernel has its filter transformed
     once, before the threads take their parts."""
     parts = _parts(n, work)
     if parts > 1:
@@ -956,21 +957,14 @@ def split_work(fn, n, work, *args, head=2):
             winograd.transformed(args[1])  # (once, before the threads ask for it)
         _split(fn, parts, n, *args, head=head)
         return
-    if n == 1 and work >= _TEAM_MIN_WORK and any(fn is f for f in _BY_CHANNELS):
-        threads = loop_threads()
-        bounds = _channel_bounds(threads, args[1], args[9]) if threads > 1 else None
-        if bounds is not None:
-            if _by_team(fn, args, bounds):
+    if n == 1 and work >= min(_TEAM_MIN_WORK, _CHANNELS_MIN_WORK) and loop_threads() > 1:
+        own = CHANNEL_SPLITS.get(fn)
+        if own is not None:  # (an entry of another module: its own parts)
+            if own(loop_threads(), work, *args):
                 return
-            if work >= _CHANNELS_MIN_WORK:  # (on run_parts' helpers: worth their hand-over)
-                calls = _channel_calls(bounds, *args)
-                if _on_winograd(fn, args):  # each part its rows of the whole transform
-                    ut = winograd.transformed(args[1])
-                    calls = [(c[0], ut, a, c[2], 0, 1, c[7], c[8], *c[12:])
-                             for a, c in zip(bounds, calls)]
-                    fn = winograd.conv3x3_rows
-                run_parts(fn, calls, len(calls) - 1)
-                return
+        elif any(fn is f for f in _BY_CHANNELS) and \
+                split_channels(fn, loop_threads(), work, args):
+            return
     fn(*args[:head], 0, n, *args[head:])
 
 
@@ -1009,6 +1003,28 @@ def _channel_bounds(parts, w, groups):
 #: the fewest multiply-adds of a one-sample convolution split over the threads of a parallel
 #: loop (``_by_team``): a split costs a few microseconds while the team polls for work
 _TEAM_MIN_WORK = 1 << 21
+
+
+def split_channels(fn, parts, work, args) -> bool:
+    """``fn(*args)`` (a forward kernel of :data:`_BY_CHANNELS`, ``split_work``'s arguments:
+    one sample) split into at most ``parts`` ranges of its output channels
+    (:func:`_channel_bounds`): by a parallel loop (:func:`_by_team`) from
+    :data:`_TEAM_MIN_WORK` multiply-adds, else from :data:`_CHANNELS_MIN_WORK` on
+    ``run_parts``' helpers (:func:`_channel_calls`). Whether it did."""
+    bounds = _channel_bounds(parts, args[1], args[9])
+    if bounds is None:
+        return False
+    if work >= _TEAM_MIN_WORK and _by_team(fn, args, bounds):
+        return True
+    if work < _CHANNELS_MIN_WORK:  # (the helpers' hand-over costs more than it saves)
+        return False
+    calls = _channel_calls(bounds, *args)
+    if _on_winograd(fn, args):  # each part its rows of the whole filter's transform
+        ut = winograd.transformed(args[1])
+        calls = [(c[0], ut, a, c[2], 0, 1, c[7], c[8], *c[12:]) for a, c in zip(bounds, calls)]
+        fn = winograd.conv3x3_rows
+    run_parts(fn, calls, len(calls) - 1)
+    return True
 
 
 def _by_team(fn, args, bounds) -> bool:
@@ -1175,6 +1191,11 @@ def _fwd_kernel(x, w, y, groups, sh=1, sw=1, pt=0, pl=0):
 
 #: the forward kernels whose one-sample calls :func:`split_work` splits over output channels
 _BY_CHANNELS = (_fwd_range, _fwd_taps, _fwd_gemm, _fwd_blas, _direct_range)
+#: other entries whose one-sample calls :func:`split_work` splits over output channels: ``{fn:
+#: split(threads, work, *args)}``, ``split`` running the call in at most ``threads`` parts
+#: where that pays, and returning whether it did (the entries of other modules register
+#: here: :mod:`.pointwise`; see :func:`split_channels`)
+CHANNEL_SPLITS: dict = {}
 
 
 def conv2d_fwd(x, w, y, sh, sw, pt, pl, dh, dw, groups):

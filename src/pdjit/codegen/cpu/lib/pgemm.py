@@ -20,6 +20,11 @@ Scope's array, outside any program, is not seen: give the Scope a new array
 (``Tensor.set``). Compiled code (a native driver, an ahead-of-time artifact) packs at each call
 and runs the same kernel, bit for bit.
 
+The same generator (:func:`_micro_kernel`) makes the tiles of pointwise convolutions
+(:func:`pointwise_rows`: the filter packed by blocks of ``MR`` rows, the image in place as the
+right operand; :func:`pointwise_cols`: the product transposed, the filter packed as a weight,
+stores by scatters), which :mod:`.pointwise` picks between.
+
 Measured against OpenBLAS 0.3.31 (``np.dot``, one thread, float32, the shapes of a BERT-like
 encoder, medians of thread time, load 10-12): 128x256x256 0.109 / 0.123 ms, 128x256x1024 0.448
 / 0.504, 128x1024x256 0.447 / 0.515, 2048x256x1024 7.19 / 8.32, 2048x1024x256 7.02 / 7.85.
@@ -37,8 +42,9 @@ from pdjit.codegen.cpu.lib import team
 from pdjit.codegen.cpu.lib._jit import blas_gemm, compile_cost, jit, jobs, pjit
 from pdjit.codegen.cpu.lib.tile import TILE_BYTES, _masked, _offset, _splat, _vectors
 
-__all__ = ["pack_b", "pack_scaled", "packed_batches", "packed_gemm", "packed_weight",
-           "panel_width", "weight_gemm", "weight_rows", "weight_split_work"]
+__all__ = ["pack_a", "pack_b", "pack_scaled", "packed_batches", "packed_gemm",
+           "packed_rows_size", "packed_weight", "panel_width", "pointwise_cols",
+           "pointwise_rows",            "weight_gemm", "weight_rows", "weight_split_work"]
 
 #: rows of a block of ``c`` (broadcast values of ``a``) and vectors of columns per panel: 24
 #: accumulators of the 32 vector registers of AVX-512
@@ -55,49 +61,116 @@ def panel_width(dtype) -> int:
     return NV * (TILE_BYTES // np.dtype(dtype).itemsize)
 
 
-def _micro_kernel(mr: int, nv: int, pf: int = 0):
-    @intrinsic
-    def micro(typingctx, a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0, res, lo,
-              hi):
-        """``c[c0 + r*ldc + q] = clamp(sum_k a[a0 + r*lda + k] * bp[b0 + k*NR + q]
-        + bias[n0 + q] + res[c0 + r*ldc + q], lo, hi)`` for ``r < rows`` (at most ``mr``),
-        ``q < cols`` (at most ``NR``); ``bias``, ``res`` empty: no add; ``clamp`` as
-        :func:`.tile.clamp_run` (``lo``, ``hi`` float64, infinite: none). All arrays flat and
-        C-contiguous; offsets the caller's to keep in bounds."""
-        arrays = (a, bp, c, bias, res)
-        if not all(isinstance(x, types.Array) and x.ndim == 1 for x in arrays) or \
-                len({x.dtype for x in arrays}) != 1 or \
-                a.dtype not in (types.float32, types.float64) or \
-                not all(isinstance(t, types.Float) for t in (lo, hi)):
-            return None
-        sig = types.void(a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0, res, lo, hi)
+def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool = False):
+    """The intrinsic of a tile of ``mr`` rows by ``nv`` vectors of columns of a product.
 
-        def codegen(context, builder, signature, args):
-            at = signature.args
-            ptr = [context.make_array(at[i])(context, builder, args[i]) for i in (0, 5, 7, 11)]
-            aptr, bptr, cptr, biasa = ptr[0].data, ptr[1].data, ptr[2].data, ptr[3]
+    ``micro(a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0, res, lo, hi)``
+    (:func:`_micro`, the right operand packed): ``c[c0 + r*ldc + q] = clamp(sum_k a[a0 +
+    r*lda + k] * bp[b0 + k*NR + q] + bias[n0 + q] + res[c0 + r*ldc + q], lo, hi)`` for ``r <
+    rows`` (at most ``mr``), ``q < cols`` (at most ``NR``), ``pf`` rows of the panel ahead
+    prefetched.
+
+    ``conv``: ``micro(a, a0, rows, kk, b, b0, ldb, c, c0, ldc, cols, bias, m0, res, lo,
+    hi)`` (:func:`_conv_micro`, the left operand packed by :func:`pack_a`, the right one read
+    in place): ``c[c0 + r*ldc + q] = clamp(sum_k a[a0 + k*mr + r] * b[b0 + k*ldb + q] +
+    bias[m0 + r] + res[c0 + r*ldc + q], lo, hi)``, ``b``'s rows loaded under the columns'
+    mask (nothing read past ``cols``); ``pf``: the next panel's row prefetched.
+
+    ``trans``: ``micro(a, a0, ka, rows, kk, bp, b0, c, c0, ldq, cols, bias, n0, res, lo,
+    hi)`` (:func:`_convt_micro`): as :func:`_micro` with ``a``'s rows and ``c``'s columns
+    transposed, ``a[a0 + r + k*ka]`` for ``a[a0 + r*lda + k]`` and ``c[c0 + r + q*ldq]`` for
+    ``c[c0 + r*ldc + q]`` (the residual too): ``c``'s columns stored by masked scatters
+    (once per tile, after the whole sum).
+
+    ``bias``, ``res`` empty: no add; ``clamp`` as :func:`.tile.clamp_run` (``lo``, ``hi``
+    float64, infinite: none). All arrays flat and C-contiguous; offsets the caller's to keep
+    in bounds. The sums run in order of ``k``, each a fused multiply-add, in vector registers
+    (allocas LLVM promotes) until the one store of the tile."""
+    def codegen(context, builder, signature, args):
+        at = signature.args
+        if conv:  # a, a0, rows, kk, b, b0, ldb, c, c0, ldc, cols, bias, m0, res, lo, hi
+            ia, ib, ic, ibias, ires, ilo = 0, 4, 7, 11, 13, 14
+            a0v, rowsv, kkv, b0v, ldbv, c0v, ldcv, colsv, n0v = (
+                _offset(context, builder, at[i], args[i]) for i in (1, 2, 3, 5, 6, 8, 9, 10, 12))
+        else:  # a, a0, lda (trans: ka), rows, kk, bp, b0, c, c0, ldc (ldq), cols, bias, n0,
+            # res, lo, hi
+            ia, ib, ic, ibias, ires, ilo = 0, 5, 7, 11, 13, 14
             a0v, ldav, rowsv, kkv, b0v, c0v, ldcv, colsv, n0v = (
                 _offset(context, builder, at[i], args[i]) for i in (1, 2, 3, 4, 6, 8, 9, 10, 12))
-            fty, size, lanes, vty, i64, zero, fma = _vectors(context, builder, at[0].dtype)
-            nr = nv * lanes
+        ptr = [context.make_array(at[i])(context, builder, args[i]) for i in (ia, ib, ic, ibias)]
+        aptr, bptr, cptr, biasa = ptr[0].data, ptr[1].data, ptr[2].data, ptr[3]
+        fty, size, lanes, vty, i64, zero, fma = _vectors(context, builder, at[0].dtype)
+        nr = nv * lanes
 
-            def const(v):
-                return ir.Constant(i64, v)
+        def const(v):
+            return ir.Constant(i64, v)
 
+        # the columns' masks
+        idx = ir.Constant(ir.VectorType(i64, lanes), list(range(lanes)))
+        colvec = _splat(builder, ir.VectorType(i64, lanes), colsv)
+        masks = []
+        for v in range(nv):
+            q = builder.add(idx, _splat(builder, ir.VectorType(i64, lanes), const(v * lanes)))
+            masks.append(builder.icmp_signed("<", q, colvec))
+        mload, mstore = _masked(builder, vty, "load"), _masked(builder, vty, "store")
+        i32 = ir.Constant(ir.IntType(32), size)
+
+        ivty = ir.VectorType(i64, lanes)
+
+        def spread(ptr_, off, v):
+            """The vector of pointers to ``ptr_[off + (v * lanes + lane) * ldq]``."""
+            q = builder.add(idx, _splat(builder, ivty, const(v * lanes)))
+            e = builder.add(_splat(builder, ivty, off), builder.mul(q, _splat(builder, ivty,
+                                                                              ldcv)))
+            addr = builder.add(_splat(builder, ivty, builder.ptrtoint(ptr_, i64)),
+                               builder.mul(e, _splat(builder, ivty, const(size))))
+            return builder.inttoptr(addr, ir.VectorType(fty.as_pointer(), lanes))
+
+        def cell(r, v):
+            if trans:
+                off = builder.add(c0v, const(r))
+                return off, spread(cptr, off, v)
+            off = builder.add(builder.add(c0v, builder.mul(ldcv, const(r))), const(v * lanes))
+            return off, builder.bitcast(builder.gep(cptr, [off]), vty.as_pointer())
+
+        el = "f32" if size == 4 else "f64"
+        mty = ir.VectorType(ir.IntType(1), lanes)
+        pvty = ir.VectorType(fty.as_pointer(), lanes)
+        gather = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(vty, [pvty, ir.IntType(32), mty, vty]),
+            f"llvm.masked.gather.v{lanes}{el}.v{lanes}p0")
+        scatter = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [vty, pvty, ir.IntType(32), mty]),
+            f"llvm.masked.scatter.v{lanes}{el}.v{lanes}p0")
+
+        acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(nv)]
+               for _ in range(mr)]
+        if not conv:
             # rows past ``rows`` read the last row again (never stored)
             last = builder.sub(rowsv, const(1))
             arow = []
             for r in range(mr):
                 rr = builder.select(builder.icmp_signed("<", const(r), rowsv), const(r), last)
-                arow.append(builder.add(a0v, builder.mul(rr, ldav)))
-            acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(nv)]
-                   for _ in range(mr)]
-            i8p = ir.IntType(8).as_pointer()
-            prefetch = cgutils.get_or_insert_function(
-                builder.module, ir.FunctionType(ir.VoidType(), [i8p] + [ir.IntType(32)] * 3),
-                "llvm.prefetch.p0")
-            with cgutils.for_range(builder, kkv) as loop:
-                k = loop.index
+                arow.append(builder.add(a0v, rr if trans else builder.mul(rr, ldav)))
+        i8p = ir.IntType(8).as_pointer()
+        prefetch = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(ir.VoidType(), [i8p] + [ir.IntType(32)] * 3),
+            "llvm.prefetch.p0")
+        with cgutils.for_range(builder, kkv) as loop:
+            k = loop.index
+            if conv:  # row k of b in place, its last vectors masked
+                base = builder.add(b0v, builder.mul(k, ldbv))
+                for v in range(nv if pf else 0):  # the next panel's row k
+                    p = builder.gep(bptr, [builder.add(base, const(nr + v * lanes))])
+                    builder.call(prefetch, [builder.bitcast(p, i8p)] + [
+                        ir.Constant(ir.IntType(32), x) for x in (0, 3, 1)])
+                bv = []
+                for v in range(nv):
+                    p = builder.gep(bptr, [builder.add(base, const(v * lanes))])
+                    bv.append(builder.call(mload, [builder.bitcast(p, vty.as_pointer()), i32,
+                                                   masks[v], zero]))
+                abase = builder.add(a0v, builder.mul(k, const(mr)))
+            else:
                 base = builder.add(b0v, builder.mul(k, const(nr)))
                 for v in range(nv if pf else 0):  # the panel's row pf steps ahead
                     p = builder.gep(bptr, [builder.add(base, const(pf * nr + v * lanes))])
@@ -107,56 +180,77 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0):
                 for v in range(nv):
                     p = builder.gep(bptr, [builder.add(base, const(v * lanes))])
                     bv.append(builder.load(builder.bitcast(p, vty.as_pointer()), align=size))
+            for r in range(mr):
+                ai = builder.add(abase, const(r)) if conv else builder.add(
+                    arow[r], builder.mul(k, ldav) if trans else k)
+                wb = _splat(builder, vty, builder.load(builder.gep(aptr, [ai])))
+                for v in range(nv):
+                    builder.store(builder.call(fma, [wb, bv[v], builder.load(acc[r][v])]),
+                                  acc[r][v])
+        nbias = cgutils.unpack_tuple(builder, biasa.shape)[0]
+        has_bias = builder.icmp_signed("!=", nbias, const(0))
+        with builder.if_then(has_bias):
+            if conv:  # a bias per row
                 for r in range(mr):
-                    w = builder.load(builder.gep(aptr, [builder.add(arow[r], k)]))
-                    wb = _splat(builder, vty, w)
-                    for v in range(nv):
-                        builder.store(builder.call(fma, [wb, bv[v], builder.load(acc[r][v])]),
-                                      acc[r][v])
-            # the columns' masks, the bias (masked loads: it holds N values)
-            idx = ir.Constant(ir.VectorType(i64, lanes), list(range(lanes)))
-            colvec = _splat(builder, ir.VectorType(i64, lanes), colsv)
-            masks = []
-            for v in range(nv):
-                q = builder.add(idx, _splat(builder, ir.VectorType(i64, lanes), const(v * lanes)))
-                masks.append(builder.icmp_signed("<", q, colvec))
-            mload, mstore = _masked(builder, vty, "load"), _masked(builder, vty, "store")
-            i32 = ir.Constant(ir.IntType(32), size)
-            nbias = cgutils.unpack_tuple(builder, biasa.shape)[0]
-            has_bias = builder.icmp_signed("!=", nbias, const(0))
-            with builder.if_then(has_bias):
+                    with builder.if_then(builder.icmp_signed("<", const(r), rowsv)):
+                        b = _splat(builder, vty, builder.load(builder.gep(
+                            biasa.data, [builder.add(n0v, const(r))])))
+                        for v in range(nv):
+                            builder.store(builder.fadd(builder.load(acc[r][v]), b), acc[r][v])
+            else:  # a bias per column (masked loads: it holds N values)
                 for v in range(nv):
                     p = builder.gep(biasa.data, [builder.add(n0v, const(v * lanes))])
                     b = builder.call(mload, [builder.bitcast(p, vty.as_pointer()), i32,
                                              masks[v], zero])
                     for r in range(mr):
                         builder.store(builder.fadd(builder.load(acc[r][v]), b), acc[r][v])
-            resa = context.make_array(at[13])(context, builder, args[13])
-            has_res = builder.icmp_signed("!=", cgutils.unpack_tuple(builder, resa.shape)[0],
-                                          const(0))
-            lov, hiv = (_splat(builder, vty, context.cast(builder, args[i], at[i],
-                                                          at[0].dtype)) for i in (14, 15))
-            for r in range(mr):
-                with builder.if_then(builder.icmp_signed("<", const(r), rowsv)):
-                    row = builder.add(c0v, builder.mul(ldcv, const(r)))
-                    for v in range(nv):
-                        off = builder.add(row, const(v * lanes))
-                        x = builder.load(acc[r][v])
-                        with builder.if_then(has_res):
+        resa = context.make_array(at[ires])(context, builder, args[ires])
+        has_res = builder.icmp_signed("!=", cgutils.unpack_tuple(builder, resa.shape)[0],
+                                      const(0))
+        lov, hiv = (_splat(builder, vty, context.cast(builder, args[i], at[i],
+                                                      at[0].dtype)) for i in (ilo, ilo + 1))
+        for r in range(mr):
+            with builder.if_then(builder.icmp_signed("<", const(r), rowsv)):
+                for v in range(nv):
+                    off, cp = cell(r, v)
+                    x = builder.load(acc[r][v])
+                    with builder.if_then(has_res):
+                        if trans:
+                            rv = builder.call(gather, [spread(resa.data, off, v), i32,
+                                                       masks[v], zero])
+                        else:
                             p = builder.gep(resa.data, [off])
-                            builder.store(builder.fadd(x, builder.call(
-                                mload, [builder.bitcast(p, vty.as_pointer()), i32, masks[v],
-                                        zero])), acc[r][v])
-                        x = builder.load(acc[r][v])
-                        x = builder.select(builder.fcmp_unordered(">=", x, lov), x, lov)
-                        x = builder.select(builder.fcmp_unordered("<=", x, hiv), x, hiv)
-                        p = builder.gep(cptr, [off])
-                        builder.call(mstore, [x, builder.bitcast(p, vty.as_pointer()), i32,
-                                              masks[v]])
-            return context.get_dummy_value()
+                            rv = builder.call(mload, [builder.bitcast(p, vty.as_pointer()),
+                                                      i32, masks[v], zero])
+                        builder.store(builder.fadd(x, rv), acc[r][v])
+                    x = builder.load(acc[r][v])
+                    x = builder.select(builder.fcmp_unordered(">=", x, lov), x, lov)
+                    x = builder.select(builder.fcmp_unordered("<=", x, hiv), x, hiv)
+                    builder.call(scatter if trans else mstore, [x, cp, i32, masks[v]])
+        return context.get_dummy_value()
 
-        return sig, codegen
+    def typed(arrays, floats, dtype):
+        return all(isinstance(x, types.Array) and x.ndim == 1 for x in arrays) and \
+            len({x.dtype for x in arrays}) == 1 and dtype in (types.float32, types.float64) \
+            and all(isinstance(t, types.Float) for t in floats)
 
+    if conv:
+        @intrinsic
+        def micro(typingctx, a, a0, rows, kk, b, b0, ldb, c, c0, ldc, cols, bias, m0, res, lo,
+                  hi):
+            if not typed((a, b, c, bias, res), (lo, hi), a.dtype):
+                return None
+            return types.void(a, a0, rows, kk, b, b0, ldb, c, c0, ldc, cols, bias, m0, res, lo,
+                              hi), codegen
+        return micro
+
+    @intrinsic
+    def micro(typingctx, a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0, res, lo,
+              hi):
+        if not typed((a, bp, c, bias, res), (lo, hi), a.dtype):
+            return None
+        return types.void(a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0, res, lo,
+                          hi), codegen
     return micro
 
 
@@ -514,6 +608,106 @@ def _weight_gemm_native(a, w, trans=False):
     def blas(a, w, trans=False):
         return np.dot(a, w.T) if trans else np.dot(a, w)
     return blas
+
+
+# ---- pointwise (1x1) convolutions: the weight packed, the image read in place ----------------
+#: the tile of :func:`pointwise_rows`: ``MR`` output channels by ``NV`` vectors of pixels
+_conv_micro = _micro_kernel(MR, NV, 0, conv=True)
+#: the bytes of a sample's image up to which :func:`pointwise_rows` is picked (it sweeps the
+#: whole plane under each tile of output channels: the image stays in the L2 cache)
+_SWEEP_BYTES = 1 << 20
+
+
+def packed_rows_size(m: int, k: int) -> int:
+    """The values of an ``[m, k]`` matrix packed by :func:`pack_a`."""
+    return -(-m // MR) * k * MR
+
+
+@jit
+def pack_a(w, out):
+    """``w`` ([M, K], C-contiguous) by blocks of ``MR`` rows, each ``K`` steps of ``MR``
+    values: ``out[(i * K + k) * MR + r] = w[i * MR + r, k]`` (0 past ``M``); ``out`` holds
+    ``ceil(M / MR) * K * MR`` values (the left operand of :func:`pointwise_rows`)."""
+    m_, k_ = w.shape
+    nb = (m_ + MR - 1) // MR
+    if out.shape[0] != nb * k_ * MR:
+        raise ValueError("pdjit: pack_a: the packed buffer does not fit")
+    for i in range(nb):
+        for r in range(MR):
+            m = i * MR + r
+            base = i * k_ * MR + r
+            if m < m_:
+                for k in range(k_):
+                    out[base + k * MR] = w[m, k]
+            else:
+                for k in range(k_):
+                    out[base + k * MR] = 0
+
+
+@jit
+def pointwise_rows(x, ap, y, n0, n1, bias, lo, hi, res):
+    """``y[n] = clamp(W @ x[n] + bias[:, None] + res[n], lo, hi)`` for the samples ``n0 ..
+    n1``: a 1x1 stride-1 unpadded convolution of one group (``x`` [N, C, H, W], ``y`` [N, M,
+    H, W], C-contiguous) by the filter ``W`` [M, C] packed into ``ap`` (:func:`pack_a`);
+    ``bias`` [M] or empty, ``res`` ``y``'s shape flat or empty; ``lo``, ``hi`` the clamp
+    (infinite: none), all applied to each tile in registers.
+
+    Each sample's image is the right operand in place (rows of ``C``, ``H * W`` contiguous
+    pixels: no im2col, no copy), swept whole under each tile of ``MR`` output channels in
+    turn, so the outputs are written row after row (a panel of pixels under every tile writes
+    to all the rows at once: 1.5-2x slower at batch 16) while the image stays in the L2 cache
+    where it fits :data:`_SWEEP_BYTES` (the shapes this kernel is picked for)."""
+    m_, c_ = y.shape[1], x.shape[1]
+    p_ = y.shape[2] * y.shape[3]
+    nb = (m_ + MR - 1) // MR
+    nr = NV * (64 // x.itemsize)
+    if x.shape[0] != y.shape[0] or x.shape[2] * x.shape[3] != p_ or \
+            ap.shape[0] != nb * c_ * MR or (bias.shape[0] != 0 and bias.shape[0] != m_) or \
+            (res.shape[0] != 0 and res.shape[0] != y.size) or n0 < 0 or n1 > x.shape[0]:
+        raise ValueError("pdjit: pointwise convolution operands do not fit")
+    xf = x.reshape(x.size)
+    yf = y.reshape(y.size)
+    for n in range(n0, n1):
+        xb, yb = n * c_ * p_, n * m_ * p_
+        for i in range(nb):
+            m0 = i * MR
+            rows = m_ - m0 if m_ - m0 < MR else MR
+            for q0 in range(0, p_, nr):
+                cols = p_ - q0 if p_ - q0 < nr else nr
+                _conv_micro(ap, i * c_ * MR, rows, c_, xf, xb + q0, p_, yf, yb + m0 * p_ + q0,
+                            p_, cols, bias, m0, res, lo, hi)
+
+
+#: the tile of :func:`pointwise_cols`: ``MR`` pixels by ``NV`` vectors of output channels
+_convt_micro = _micro_kernel(MR, NV, PREFETCH_ROWS, trans=True)
+
+
+@jit
+def pointwise_cols(x, bp, y, n0, n1, bias, lo, hi, res):
+    """:func:`pointwise_rows` with the product transposed: ``y[n]^T = x[n]^T @ W^T``, ``W^T``
+    ([C, M]) packed into panels of ``NR`` output channels (:func:`pack_b`, as
+    :func:`packed_weight` packs ``W`` with ``trans``), each tile ``MR`` pixels (broadcast from
+    the image in place: ``MR`` contiguous values of each channel's row) by ``NR`` output
+    channels, stored into ``y``'s channel rows by scatters: for planes whose pixels fill the
+    vectors of :func:`pointwise_rows` badly (7x7: 49 of 64)."""
+    m_, c_ = y.shape[1], x.shape[1]
+    p_ = y.shape[2] * y.shape[3]
+    nr = NV * (64 // x.itemsize)
+    npan = (m_ + nr - 1) // nr
+    if x.shape[0] != y.shape[0] or x.shape[2] * x.shape[3] != p_ or \
+            bp.shape[0] != npan * c_ * nr or (bias.shape[0] != 0 and bias.shape[0] != m_) or \
+            (res.shape[0] != 0 and res.shape[0] != y.size) or n0 < 0 or n1 > x.shape[0]:
+        raise ValueError("pdjit: pointwise convolution operands do not fit")
+    xf = x.reshape(x.size)
+    yf = y.reshape(y.size)
+    for n in range(n0, n1):
+        xb, yb = n * c_ * p_, n * m_ * p_
+        for j in range(npan):
+            m0 = j * nr
+            cols = m_ - m0 if m_ - m0 < nr else nr
+            for i in range(0, p_, MR):
+                _convt_micro(xf, xb + i, p_, p_ - i if p_ - i < MR else MR, c_, bp, j * c_ * nr,
+                             yf, yb + m0 * p_ + i, p_, cols, bias, m0, res, lo, hi)
 
 
 # ---- what a new plan's compile worker compiles ahead (pdjit.codegen.cpu.lib._jit.JOBS) ------

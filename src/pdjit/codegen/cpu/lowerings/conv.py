@@ -7,13 +7,18 @@ them); a transposed convolution's forward pass is the input gradient of the conv
 transposes, its input gradient is a convolution, and its filter gradient the filter gradient
 with the roles of image and output exchanged. Sizes and attributes are arguments, so every
 layer shares the compiled kernels. A convolution followed by a per-channel bias and clamp runs
-by blocks of samples (``_conv_blocked``), the epilogue applied as the kernels store.
+by blocks of samples (``_conv_blocked``), the epilogue applied as the kernels store; a 1x1
+stride-1 one whose filter is a weight runs there on pdjit's packed GEMM with the filter packed
+once (``_pointwise``: ``pdjit.codegen.cpu.lib.pointwise``) where its sizes take it.
 """
 from __future__ import annotations
 
 from types import SimpleNamespace
 
+import numpy as np
+
 from pdjit.codegen.cpu.lib.conv import _dw_by_taps, _use_gemm, by_forward, use_direct
+from pdjit.codegen.cpu.lib.pointwise import usable
 from pdjit.codegen.cpu.lib.winograd import may_take
 from pdjit.codegen.cpu.lowerings import lowering
 from pdjit.ops.conv import (
@@ -59,15 +64,45 @@ def _conv_blocked(ctx):
                                 f"{g.src_conv_out(1, w, kw)})")
     direct = use_direct(cg, m // groups)
     wino = may_take(m, cg, kh, kw, g.strides, g.dilations, groups)
-    fn = ctx.lib_fn("conv._direct_range" if direct else
-                    "conv._fwd_range_3x3" if wino else "conv._fwd_range")
+    args = _arg_list(g, X, kh, kw, groups)
+    packed = "" if direct else _pointwise(ctx, g, m, cg, kh, kw, args)
+    fn = ctx.lib_fn("conv._direct_range" if direct else packed or
+                    ("conv._fwd_range_3x3" if wino else "conv._fwd_range"))
     lines = [f"_rt.check({ctx.lib_fn('conv._fits_native')}({X}, {y}, {W}, {groups}))"]
     # the per-channel bias, residual (not for the direct loops) and clamp after it, applied as
     # the kernels store (when they fit)
     epi = ctx.channel_epilogue(ctx.T("Output"), lines, residual=not direct)
     lines.append(f"_rt.check({epi[0]}.size == 0 or {epi[0]}.size == {W}.shape[0])")
-    return lines, fn, [X, W, y], _arg_list(g, X, kh, kw, groups) + epi, \
-        f"{y}.size * {W}[0].size"
+    before = [X, W, y]
+    if packed:  # the filter packed once (kept beside the weight), for the plane's size
+        ap = ctx.tmp("ap")
+        lines.append(f"{ap} = {ctx.lib_fn('pointwise_weight')}({W}, {X}.shape[2] * "
+                     f"{X}.shape[3], {X}.shape[0])")
+        before = [X, W, ap, y]
+    return lines, fn, before, args + epi, f"{y}.size * {W}[0].size"
+
+
+def _pointwise(ctx, g: Geometry, m: int, cg: int, kh: int, kw: int, args: list) -> str:
+    """The library entry by which a convolution runs on pdjit's packed GEMM with its filter
+    packed once (``_nn.pointwise_range``, see ``pdjit.codegen.cpu.lib.pointwise``; ``""``:
+    not): a 1x1 stride-1 unpadded convolution of one group, float32, whose filter is a weight
+    (persistable, written by no op of the program: the packed copy is made again after a run
+    that may write it, see ``pdjit.codegen.params``), on a plane the packed kernels serve
+    where the lowering knows its size (the entry then names the one kernel that serves it, so
+    that the plan compiles that one alone)."""
+    if ctx.dtype("Input") != np.float32 or ctx.dtype("Filter") != np.float32 or \
+            not all(a.lstrip("-").isdigit() for a in args):
+        return ""
+    h, w = g.spatial(ctx.shape("Input"))
+    entry = usable(m, cg, kh, kw, *(int(a) for a in args),
+                   p=h * w if h is not None and w is not None and h > 0 and w > 0 else -1)
+    name = ctx.op.input("Filter")[0]
+    v = ctx.op.block._find_var_recursive(name)
+    if not entry or v is None or not v.persistable or \
+            any(name in op.output_arg_names for b in ctx.op.block.program.blocks
+                for op in b.ops):
+        return ""
+    return entry
 
 
 @lowering("conv2d", "depthwise_conv2d", host=True, blocked=_conv_blocked)

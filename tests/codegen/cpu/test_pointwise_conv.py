@@ -1,0 +1,178 @@
+"""Pointwise (1x1) convolutions on pdjit's packed GEMM (``pdjit.codegen.cpu.lib.pointwise``):
+both tile orientations against a NumPy oracle written here, over channel counts and planes
+that are no multiple of the tile (``MR`` channels, ``NR`` pixels), each
+piece of the epilogue alone and together, one sample and several; and in a program: a
+1x1 convolution + bias + residual + relu on its filter packed once, the packed copy made
+again after a training program writes the filter."""
+import numpy as np
+
+import pdjit as fluid
+from pdjit.codegen import params
+from pdjit.codegen.cpu.lib import pgemm, pointwise
+from pdjit.testing import assert_native
+
+RNG = np.random.default_rng(43)
+INF = np.inf
+
+
+def _oracle(x, w, bias, res, lo, hi):
+    n, c, h, wd = x.shape
+    y = np.einsum("mc,ncp->nmp", w.reshape(w.shape[0], c).astype(np.float64),
+                  x.reshape(n, c, h * wd).astype(np.float64))
+    if bias.size:
+        y += bias.astype(np.float64)[None, :, None]
+    y = y.reshape(n, w.shape[0], h, wd)
+    if res.size:
+        y += res.reshape(y.shape)
+    return np.minimum(np.maximum(y, lo), hi)
+
+
+def test_both_orientations_against_numpy():
+    e = np.empty(0, np.float32)
+    # (batch, C, M, H, W): planes of 35 and 24 pixels take the transposed tiles, 144 too (a
+    # compression onto one panel), 1056 (16 panels and 32 pixels) and 1024 the other
+    for n, c, m, h, wd in [(1, 19, 23, 5, 7), (3, 16, 70, 4, 6), (1, 130, 64, 12, 12),
+                           (2, 21, 17, 32, 33), (1, 23, 16, 32, 32)]:
+        x = RNG.standard_normal((n, c, h, wd)).astype(np.float32)
+        w = RNG.standard_normal((m, c, 1, 1)).astype(np.float32)
+        bias = RNG.standard_normal(m).astype(np.float32)
+        res = RNG.standard_normal(n * m * h * wd).astype(np.float32)
+        ap = pointwise.pointwise_weight(w, h * wd)
+        assert ap.size == (pgemm.packed_rows_size(m, c) if h * wd >= pointwise.ROWS_MIN_PLANE
+                           else -(-m // 64) * 64 * c)
+        assert pointwise.pointwise_weight(w, h * wd) is ap     # kept beside the filter
+        for b, r, lo, hi in [(e, e, -INF, INF), (bias, e, -INF, INF), (e, res, -INF, INF),
+                             (e, e, 0.0, INF), (bias, res, 0.0, 6.0)]:
+            y = np.full((n, m, h, wd), np.nan, np.float32)
+            pointwise.pointwise_range(x, w, ap, y, 0, n, 1, 1, 0, 0, 1, 1, 1, b, lo, hi, r)
+            np.testing.assert_allclose(y, _oracle(x, w, b, r, lo, hi), rtol=1e-4, atol=1e-4)
+        if n > 1:  # a range of samples leaves the others alone
+            y = np.full((n, m, h, wd), np.nan, np.float32)
+            pointwise.pointwise_range(x, w, ap, y, 1, 2, 1, 1, 0, 0, 1, 1, 1, bias, 0.0, 6.0,
+                                      res)
+            want = _oracle(x, w, bias, res, 0.0, 6.0)
+            np.testing.assert_allclose(y[1], want[1], rtol=1e-4, atol=1e-4)
+            assert np.isnan(y[0]).all() and np.isnan(y[2:]).all()
+    # a run that may write the filter in place: packed again
+    params.written([w])
+    assert pointwise.pointwise_weight(w, 1024) is not ap
+    # other dtypes and images beyond the L2 cache stay with conv._fwd_range: nothing packed
+    assert pointwise.pointwise_weight(w.astype(np.float64), 256).size == 0
+    assert pointwise.pointwise_weight(w, 1 << 16).size == 0
+
+
+def _net(x, res_in):
+    y = fluid.layers.conv2d(x, 22, 1, param_attr=fluid.ParamAttr(name="pw_w"),
+                            bias_attr=fluid.ParamAttr(name="pw_b"))
+    return fluid.layers.relu(fluid.layers.elementwise_add(y, res_in))
+
+
+def test_program_on_the_packed_filter_and_training(fresh_programs):
+    main, startup = fresh_programs
+    x = fluid.layers.data("x", [19, 9, 11])
+    r = fluid.layers.data("r", [22, 9, 11])
+    out = _net(x, r)
+    with fluid.program_guard(train := fluid.Program(), tstart := fluid.Program()):
+        tx = fluid.layers.data("x", [19, 9, 11])
+        tr = fluid.layers.data("r", [22, 9, 11])
+        loss = fluid.layers.mean(_net(tx, tr))
+        fluid.optimizer.SGD(learning_rate=5.0).minimize(loss)
+    exe = fluid.Executor(fluid.CPUPlace(), strict=True)
+    scope = fluid.global_scope()
+    exe.run(tstart)
+
+    def want(xv, rv):
+        w, b = (np.asarray(scope.find_var(n).get_tensor()) for n in ("pw_w", "pw_b"))
+        return _oracle(xv, w, b, rv.ravel(), 0.0, INF)
+
+    for batch in (1, 3):
+        xv = RNG.standard_normal((batch, 19, 9, 11)).astype(np.float32)
+        rv = RNG.standard_normal((batch, 22, 9, 11)).astype(np.float32)
+        got, = exe.run(main, feed={"x": xv, "r": rv}, fetch_list=[out])
+        assert_native(exe)
+        np.testing.assert_allclose(got, want(xv, rv), rtol=1e-4, atol=1e-4)
+    report = exe.explain(main, feed={"x": xv, "r": rv}, fetch_list=[out])
+    assert "_nn.pointwise_range" in report, report
+    wid = id(scope.find_var("pw_w").value)
+    assert any(k[0] == wid for k in params._DERIVED)            # packed beside the filter
+    before = np.asarray(scope.find_var("pw_w").get_tensor()).copy()
+    exe.run(train, feed={"x": xv, "r": rv}, fetch_list=[loss])  # writes pw_w in place
+    assert not np.array_equal(before, np.asarray(scope.find_var("pw_w").get_tensor()))
+    assert not any(k[0] == wid for k in params._DERIVED)
+    got, = exe.run(main, feed={"x": xv, "r": rv}, fetch_list=[out])
+    np.testing.assert_allclose(got, want(xv, rv), rtol=1e-4, atol=1e-4)
+    # the fetched filter is the filter as it is
+    got_w, = exe.run(main, feed={"x": xv, "r": rv}, fetch_list=["pw_w"])
+    assert got_w.shape == (22, 19, 1, 1)
+
+
+def test_compiled_code_packs_at_each_run():
+    """In compiled code (a native driver, an ahead-of-time artifact) the filter is packed at
+    each run, for every block of samples: both orientations, and a batch too small for the
+    copy, on the taps kernel."""
+    import numba
+
+    @numba.njit
+    def call(x, w, y, bias, res):
+        ap = pointwise.pointwise_weight(w, x.shape[2] * x.shape[3], x.shape[0])
+        h = x.shape[0] // 2
+        pointwise.pointwise_range(x, w, ap, y, 0, h, 1, 1, 0, 0, 1, 1, 1, bias, 0.0, 6.0, res)
+        pointwise.pointwise_range(x, w, ap, y, h, x.shape[0], 1, 1, 0, 0, 1, 1, 1, bias, 0.0,
+                                  6.0, res)
+        return ap.size
+
+    bias = RNG.standard_normal(17).astype(np.float32)
+    for n, h, packed in [(1, 48, True), (12, 7, True), (1, 7, False)]:  # rows, cols, neither
+        x = RNG.standard_normal((n, 16, h, h)).astype(np.float32)
+        w = RNG.standard_normal((17, 16, 1, 1)).astype(np.float32)
+        res = RNG.standard_normal(n * 17 * h * h).astype(np.float32)
+        y = np.full((n, 17, h, h), np.nan, np.float32)
+        assert (call(x, w, y, bias, res) > 0) == packed
+        np.testing.assert_allclose(y, _oracle(x, w, bias, res, 0.0, 6.0), rtol=1e-4,
+                                   atol=1e-4)
+
+
+def test_split_work_parts_by_channels(monkeypatch):
+    """``conv.split_work`` splits a one-sample call over whole tiles of the packed filter's
+    output channels (row tiles: units of 36 = 6 tiles of ``MR``, the last tile short;
+    transposed tiles: panels of ``NR``, the last part at least ``MIN_CHANNELS``), over
+    ``conv._fwd_range``'s parts where nothing is packed, and runs it whole where there is one
+    part; on ``run_parts``' helpers, then (once compiled) by a parallel loop; every result is
+    the one call's bit for bit."""
+    from pdjit.codegen.cpu.lib import conv, team
+
+    monkeypatch.setattr(conv, "_CHANNELS_MIN_WORK", 0)
+    monkeypatch.setattr(conv, "_TEAM_MIN_WORK", 0)
+    monkeypatch.setattr(conv, "loop_threads", lambda: 3)
+    e = np.empty(0, np.float32)
+    seen = []
+    for mod, name in ((pointwise, "_tile_bounds"), (conv, "_channel_bounds")):
+        real = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda *a, real=real, name=name: seen.append(
+            (name, real(*a))) or seen[-1][1])
+    # (C, M, H, packed, the parts' channels)
+    for c, m, h, packed, want in [(19, 149, 32, True, [36, 72, 41]),
+                                  (40, 140, 7, True, [64, 76]),
+                                  (40, 70, 7, False, [32, 38]),
+                                  (40, 17, 7, True, None), (40, 40, 7, False, None)]:
+        x = RNG.standard_normal((1, c, h, h)).astype(np.float32)
+        w = RNG.standard_normal((m, c, 1, 1)).astype(np.float32)
+        bias = RNG.standard_normal(m).astype(np.float32)
+        res = RNG.standard_normal(m * h * h).astype(np.float32)
+        ap = pointwise.pointwise_weight(w, h * h) if packed else e
+        assert (ap.size > 0) == packed
+        one = np.full((1, m, h, h), np.nan, np.float32)
+        pointwise.pointwise_range(x, w, ap, one, 0, 1, 1, 1, 0, 0, 1, 1, 1, bias, 0.0, 6.0, res)
+        np.testing.assert_allclose(one, _oracle(x, w, bias, res, 0.0, 6.0), rtol=1e-4,
+                                   atol=1e-4)
+        for _ in range(2):  # on the helpers (the parallel loop compiling), then by the loop
+            y = np.full((1, m, h, h), np.nan, np.float32)
+            seen.clear()
+            conv.split_work(pointwise.pointwise_range, 1, 1, x, w, ap, y, 1, 1, 0, 0, 1, 1, 1,
+                            bias, 0.0, 6.0, res, head=4)
+            name, found = seen[-1]
+            assert name == ("_tile_bounds" if packed else "_channel_bounds")
+            bounds = found and (found[0] if packed else found)
+            assert (bounds and list(np.diff(bounds))) == want
+            assert np.array_equal(y, one)
+            team.wait_compiled()
