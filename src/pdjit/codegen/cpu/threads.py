@@ -5,10 +5,13 @@ Two kinds of threads, set apart because they were measured apart on a 2-vCPU mac
 - Large elementwise loops (the ``flat``, ``row`` and ``mid`` forms, at least
   ``PARALLEL_MIN_SIZE`` elements) run on every core by default: their parallel variant
   (``numba.prange``) is compiled when a run first reaches that size, and the chain benchmark
-  then runs near the all-core memory bound. Numba's OpenMP threading layer is told not to
-  spin while it waits
-  (``OMP_WAIT_POLICY=passive``, set when pdjit is imported unless already set): spinning
-  threads cost ~8 ms per call when the other core is busy.
+  then runs near the all-core memory bound. The threads of Numba's OpenMP threading layer
+  poll for their next loop for ~0.2-0.3 ms before they sleep (``GOMP_SPINCOUNT``,
+  :data:`TEAM_SPINS`, set when pdjit is imported unless the user set it or
+  ``OMP_WAIT_POLICY``), and are kept off the core of the thread that starts the loops
+  (:func:`place_team`): a loop then starts in microseconds, not in the tens of an idle core's
+  wake-up (their unbounded default polling, with a thread left on the caller's core, cost
+  ~8 ms per call when the other core was busy).
 - BLAS calls (``np.dot``; SciPy's OpenBLAS inside Numba, NumPy's in the host driver, set
   only while a plan runs: the user's own NumPy keeps its threads) run on one thread in every
   run, whatever count is asked for (:func:`blas_threads`): an MLP forward at batch 128 took
@@ -45,9 +48,13 @@ Two kinds of threads, set apart because they were measured apart on a 2-vCPU mac
   kernels then run each slice on one thread, as they do in any native driver. The helper
   threads are kept off the core of the thread that hands them their slices (left to the
   scheduler, both slices often ran on one core, one after the other).
-- A convolution of one sample (batch 1) is split over its output channels instead, from
-  16 M multiply-adds (``lib.conv._channel_parts``): ResNet-50 at batch 1 took 78 ms on one
-  thread and 51 ms on two.
+- A convolution of one sample (batch 1) is split over its output channels instead
+  (``lib.conv.split_channels``), and a product by a weight of one sample over its rows
+  (``lib.pgemm.weight_rows``): by a parallel loop (``lib.team``: native threads, no GIL,
+  from 2 M multiply-adds) once that loop is compiled (at its first need, on a thread of its
+  own), else on :func:`run_parts`' helpers from 16 M: ResNet-50 at batch 1 took 78 ms on one
+  thread and 51 ms on two by the helpers, 43 ms by the loops; MobileNetV2 7.8-8.4 and
+  7.0-7.3 ms.
 
 ``set_num_threads(n)`` or ``PDJIT_NUM_THREADS=n`` sets the loop threads and the host driver's
 GEMMs to ``n`` (every GEMM, whatever its size; one means no split batches either). Set it
@@ -57,10 +64,10 @@ Every count is a most, not a promise: each run (``begin_run``, called by the Exe
 plan runs) and each split decision in it (``loop_threads``, ``blas_threads``,
 ``gemm_threads``) uses at most the cores other processes leave free (``free_cores``), so that
 a multi-threaded setting on a machine whose cores are busy runs as one thread does: the
-caller's thread does the work rather than wait for a thread that waits for a busy core. (Waits
-are passive everywhere: OpenMP's by ``OMP_WAIT_POLICY``, the split helpers' on locks; but a
-split call still ends with its slowest part, and on a busy core that part waits for a
-scheduler slice, milliseconds, at every step of a recurrent model.) Where the cores are free,
+caller's thread does the work rather than wait for a thread that waits for a busy core. (The
+split helpers wait on locks, OpenMP's threads poll for a bounded time; but a split call
+still ends with its slowest part, and on a busy core that part waits for a scheduler slice,
+milliseconds, at every step of a recurrent model.) Where the cores are free,
 each plan measures for each batch size whether its runs are faster on them or on the caller's
 thread alone, and keeps the faster (``RunChoice``): threads that do not pay for their wake-ups
 on small work, or lose to a core another process keeps half busy, are not used.
