@@ -559,8 +559,9 @@ class RunChoice:
     instead of calling ``begin`` (a 3-op program's run is ~8 us).
     ``ready(key)``: whether a trial may start (the plan's own driver trials are over: a run
     kept on one thread would run a split driver unsplit); asked only when one is due, else
-    again :data:`CHOICE_AFTER` runs later. Safe under concurrent runs (a sample lost at
-    worst)."""
+    again :data:`CHOICE_AFTER` runs later. Nor does one start while a split's parallel
+    loop compiles (:data:`compiling`: the runs are slower until it is ready). Safe under
+    concurrent runs (a sample lost at worst)."""
     __slots__ = ("keys", "clock", "ready", "tiny_key", "tiny_left")
     KEEP = False
 
@@ -593,7 +594,7 @@ class RunChoice:
         if max(max_loop_threads(), get_num_threads()) < 2 or free_cores() < 2:
             return None  # (one thread whatever the pick: nothing to choose)
         if not st.trial:
-            if self.ready is not None and not self.ready(key):
+            if self.ready is not None and not self.ready(key) or _loops_compiling():
                 st.warm = CHOICE_AFTER  # (asked again then)
                 return 1 if st.pick == 1 else None
             st.trial, st.times = True, ([], [])
@@ -794,6 +795,15 @@ _getcpu = _sched_getcpu()
 
 # ---- the threads of Numba's parallel loops ---------------------------------------------------
 _teams: dict = {}  # a thread's kernel id -> [the ids of its loops' other threads, their core]
+#: the threads compiling a split's parallel loop (``lib.team.ready``): while one does, the
+#: plans' runs split on ``run_parts``' helpers, so no :class:`RunChoice` trial starts
+compiling: list = []
+
+
+def _loops_compiling() -> bool:
+    while compiling and not compiling[0].is_alive():
+        compiling.pop(0)
+    return bool(compiling)
 
 
 def place_team() -> None:

@@ -28,8 +28,9 @@ import numpy as np
 from numba.extending import overload
 
 from pdjit.codegen.cpu import threads
+from pdjit.codegen.cpu.lib import team
 from pdjit.codegen.cpu.lib._jit import blas_gemm, jit
-from pdjit.codegen.cpu.lib.pgemm import PACKED_MIN_ROWS, packed_batches, run_chunks
+from pdjit.codegen.cpu.lib.pgemm import PACKED_MIN_ROWS, batches_by_team, packed_batches, run_chunks
 
 __all__ = ["blas_gemm", "batched_gemm", "gemm_rows", "gemm_split_work", "dropout_fwd",
            "dropout_bwd", "dropout_key", "softmax_axis", "softmax_axis_grad"]
@@ -132,6 +133,12 @@ def _split_batches(a, b, ta, tb, alpha, c, parts):
     one-thread ``np.dot`` on the chunks of the batch it takes (``np.matmul`` holds the GIL;
     see ``pdjit.codegen.cpu.threads``)."""
     n = c.shape[0]
+    if _packs(a, b, ta, c):  # (by a parallel loop once it is compiled: see lib.team)
+        call = (a, b, bool(tb), float(alpha), c, parts)
+        if team.ready(batches_by_team, call):
+            threads.place_team()
+            batches_by_team(*call)
+            return
     run_chunks(_range_gemm, n, parts, min(n, 4 * parts), a, b, ta, tb, alpha, c)
 
 

@@ -44,7 +44,7 @@ from pdjit.codegen.cpu.lib.tile import TILE_BYTES, _masked, _offset, _splat, _ve
 
 __all__ = ["pack_a", "pack_b", "pack_scaled", "packed_batches", "packed_gemm",
            "packed_rows_size", "packed_weight", "panel_width", "pointwise_cols",
-           "pointwise_rows",            "weight_gemm", "weight_rows", "weight_split_work"]
+           "pointwise_rows", "weight_gemm", "weight_rows", "weight_split_work"]
 
 #: rows of a block of ``c`` (broadcast values of ``a``) and vectors of columns per panel: 24
 #: accumulators of the 32 vector registers of AVX-512
@@ -365,6 +365,15 @@ def packed_batches(a, b, tb, alpha, c, i0, i1):
         packed_gemm(a[i], bp, N, bias, c[i])
 
 
+@pjit
+def batches_by_team(a, b, tb, alpha, c, parts):
+    """:func:`packed_batches` of the whole batch in ``parts`` ranges of products, one per
+    thread of a parallel loop (``lib.team``; each product as one thread computes it)."""
+    n = c.shape[0]
+    for p in numba.prange(parts):
+        packed_batches(a, b, tb, alpha, c, p * n // parts, (p + 1) * n // parts)
+
+
 @jit
 def packed_gemm(a, bp, n, bias, c):
     """``c = a @ b + bias`` for ``a`` [M, K] and ``b`` [K, n] packed into ``bp``
@@ -573,9 +582,13 @@ def weight_gemm(a, w, trans=False):
     bp = packed_weight(w, trans)
     if nt > 1 and work >= SPLIT_MIN_WORK and m >= 2 * MR:
         parts = min(nt, m // MR)
+        call = (a, bp, c, bias, bias, -np.inf, np.inf, parts)
+        if team.ready(_row_parts, call):  # (by the parallel loop once it is compiled)
+            threads.place_team()
+            _row_parts(*call)
+            return c
         blocks = -(-m // MR)
-        chunks = min(blocks, 4 * parts)
-        run_chunks(_rows_of, blocks, parts, chunks, a, bp, n, bias, c)
+        run_chunks(_rows_of, blocks, parts, min(blocks, 4 * parts), a, bp, n, bias, c)
     else:
         packed_gemm(a, bp, n, bias, c)
     return c
@@ -725,11 +738,12 @@ jobs("weight_rows")(lambda T: [_pack_job(T), (_weight_rows, (
     (T, 2), (T, 2), bool, (T, 1), int, int, (T, 2), int, (T, 1), (T, 1), float, float))])
 # (its split over the team: compiled at its first need, see lib.team.ready; ahead by warmup)
 jobs("weight_rows (warmup)")(lambda T: [
-    (_row_parts, ((T, 2), (T, 1), (T, 2), (T, 1), (T, 1), float, float, int))])
+    (_row_parts, ((T, 2), (T, 1), (T, 2), (T, 1), (T, 1), float, float, int)),
+    (batches_by_team, ((T, 3), (T, 3), bool, float, (T, 3), int))])
 jobs("batched_gemm")(lambda T: [(packed_batches, ((T, 3), (T, 3), bool, float, (T, 3), int,
                                                   int))])
 # compile time (CPU seconds, a cold compile of the signature its job predicts, alone in a
 # fresh process, load ~1): the compile worker balances its groups by it
 compile_cost(1.5, _weight_rows)  # its packed tile and BLAS tail: 1.51 s
 compile_cost(0.2, pack_scaled)  # 0.18 s
-compile_cost(0.65, _row_parts)
+compile_cost(0.65, _row_parts, batches_by_team)

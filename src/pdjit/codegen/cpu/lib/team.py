@@ -21,6 +21,7 @@ import numpy as np
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
+from pdjit.codegen.cpu import threads
 from pdjit.codegen.cpu.lib._jit import compile_cost, pjit
 
 __all__ = ["ready", "thread_ids", "wait_compiled"]
@@ -68,7 +69,6 @@ def thread_ids() -> list:
 
 
 _READY: dict = {}  # (parallel loop, data type) -> True once compiled, False while compiling
-_COMPILING: list = []  # the threads compiling them
 
 
 def ready(loop, args) -> bool:
@@ -90,7 +90,7 @@ def ready(loop, args) -> bool:
             _READY[key] = True
         # (not a daemon: Python waits for it at exit rather than stop it inside LLVM)
         t = threading.Thread(target=work, name="pdjit-team-compile")
-        _COMPILING.append(t)
+        threads.compiling.append(t)
         t.start()
         return False
     return state
@@ -98,5 +98,5 @@ def ready(loop, args) -> bool:
 
 def wait_compiled() -> None:
     """Wait until the parallel loops asked for so far are compiled (tests, benchmarks)."""
-    while _COMPILING:
-        _COMPILING.pop().join()
+    for t in list(threads.compiling):
+        t.join()
