@@ -388,9 +388,11 @@ def timed_rounds(engines: list, rounds: int, repeat: int) -> dict:
     return {k: float(np.median(v)) for k, v in times.items() if v}
 
 
-def warm(e, seconds: float = 3.0, most: int = 30) -> None:
+def warm(e, seconds: float = 3.0, most: int = 300) -> None:
     """Untimed runs, about ``seconds`` of them (2 to ``most``): pdjit's plans try their
-    drivers and measure their threads in their first runs."""
+    drivers and measure their threads in their first runs (a BERT-like encoder at batch 1
+    needed more than 30 runs of 10 ms for both, and its 2-thread runs were timed while they
+    still tried)."""
     (t,) = e.ask({"cmd": "time", "n": 1})["times"]
     e.ask({"cmd": "time", "n": max(2, min(most, int(seconds / max(t, 1e-6))))})
 
