@@ -25,7 +25,7 @@ Contenders, each in a process of its own for each thread count: pdjit's Predicto
 model exported by ``pdjit.io.onnx_export`` (the same weights; intra-op threads, sequential,
 every graph optimisation); Paddle Inference (ir optim on) where ``paddle`` is importable
 (otherwise skipped with a note). For each model and batch every process runs once (pdjit
-compiles or loads its kernels), warms up (about 3 s of runs, 2 to 30), then the timed runs go
+compiles or loads its kernels), warms up (about 3 s of runs, 2 to 300), then the timed runs go
 in ``--rounds`` rounds, each
 round every process in turn (the order rotated), so that the machine's load hits them alike;
 the tables show the median of all timed runs of each. Outputs are checked against pdjit's
