@@ -30,7 +30,7 @@ from pdjit.codegen.compiler import (
     module_text,
 )
 from pdjit.codegen.cpu import lib as nnlib
-from pdjit.codegen.cpu import mathfuncs, rt
+from pdjit.codegen.cpu import mathfuncs, rt, threads
 from pdjit.codegen.cpu.lowerings import LOWERINGS
 from pdjit.codegen.kernel import FULL, LoopKernel
 from pdjit.codegen.sequential import INPLACE_FORMS, argtypes, render  # noqa: F401
@@ -119,6 +119,7 @@ class _LazyKernel:
     def __call__(self, serial, *args):
         fn = self.fn
         if fn is not None:
+            threads.place_team()  # (its threads off this one's core: see there)
             return fn(*args)
         with self._lock:
             start = self.compiling is None and self.failed is None
@@ -275,13 +276,9 @@ class CpuTarget(Target):
 
     def run_threads(self):
         """:mod:`pdjit.codegen.cpu.threads`: run caps, the measured run choice, NumPy's BLAS."""
-        from pdjit.codegen.cpu import threads
-
         return threads
 
     def threads(self) -> tuple:
-        from pdjit.codegen.cpu import threads
-
         return threads.get_num_threads(), threads.max_loop_threads()
 
     def step_tiers(self, step, native=None, build=None, mode=False, split=None):
