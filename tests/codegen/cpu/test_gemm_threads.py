@@ -124,6 +124,7 @@ def test_a_large_batch_of_products_is_split_over_threads(default_threads, monkey
 
     monkeypatch.setattr(nngemm, "_split_batches", spy)
     monkeypatch.setattr(threads, "GEMM_PARALLEL_MIN_WORK", 100)  # small shapes count as large
+    monkeypatch.setattr(team, "AFTER_RUNS", 0)  # (a parallel loop compiled at its first ask)
     rng = np.random.default_rng(1)
     x = rng.standard_normal((5, 6, 7)).astype(np.float32)
     y = rng.standard_normal((5, 4, 7)).astype(np.float32)     # transposed: x @ y^T

@@ -144,6 +144,7 @@ def test_split_work_parts_by_channels(monkeypatch):
     monkeypatch.setattr(conv, "_CHANNELS_MIN_WORK", 0)
     monkeypatch.setattr(conv, "_TEAM_MIN_WORK", 0)
     monkeypatch.setattr(conv, "loop_threads", lambda: 3)
+    monkeypatch.setattr(team, "AFTER_RUNS", 0)  # (the parallel loops compiled at first ask)
     e = np.empty(0, np.float32)
     seen = []
     for mod, name in ((pointwise, "_tile_bounds"), (conv, "_channel_bounds")):

@@ -321,6 +321,7 @@ def test_one_sample_convolutions_split_by_output_channels(two_asked, monkeypatch
     free, _ = two_asked
     monkeypatch.setattr(convlib, "_CHANNELS_MIN_WORK", 0)
     monkeypatch.setattr(convlib, "_TEAM_MIN_WORK", 0)
+    monkeypatch.setattr(team, "AFTER_RUNS", 0)  # (the parallel loops compiled at first ask)
     # (the 1x1 convolution on the kernels of conv._fwd_range: the packed GEMM's parts are
     # test_pointwise_convolutions_split_by_channels_and_samples')
     monkeypatch.setattr(pointwise, "_PACKED", [False])
@@ -385,6 +386,7 @@ def test_pointwise_convolutions_split_by_channels_and_samples(two_asked, monkeyp
     free, _ = two_asked
     monkeypatch.setattr(convlib, "_CHANNELS_MIN_WORK", 0)
     monkeypatch.setattr(convlib, "_TEAM_MIN_WORK", 0)
+    monkeypatch.setattr(team, "AFTER_RUNS", 0)  # (the parallel loops compiled at first ask)
     monkeypatch.setattr(convlib, "_PARALLEL_MIN_WORK", 0)
     parts = []  # the ranges of each split call, by run_parts' helpers or a parallel loop
     real = pointwise._tile_bounds

@@ -119,6 +119,7 @@ def test_a_filter_split_along_its_output_channels_gives_the_wholes_values(monkey
     real = winograd._make
     monkeypatch.setattr(winograd, "_make", lambda a: (made.append(a.shape), real(a))[1])
     monkeypatch.setattr(conv, "loop_threads", lambda: 2)
+    monkeypatch.setattr(team, "AFTER_RUNS", 0)  # (the parallel loop compiled at its first ask)
     w2 = w.copy()
     for _ in range(3):  # on run_parts' helpers, then (compiled) by a parallel loop
         y = np.full_like(whole, np.nan)

@@ -454,6 +454,7 @@ def begin_run(cap: int | None = None) -> None:
     OpenBLAS threads for each step's small product, a parallel loop's half) that the busy
     core keeps waiting holds up every step; with the counts capped at the free cores each
     run, the two-thread runs are the one-thread runs."""
+    runs[0] += 1
     if not _default_applied and _applied is None:
         ensure_applied()
     local = _run_local
@@ -800,6 +801,8 @@ _teams: dict = {}  # a thread's kernel id -> [the ids of its loops' other thread
 #: the threads compiling a split's parallel loop (``lib.team.ready``): while one does, the
 #: plans' runs split on ``run_parts``' helpers, so no :class:`RunChoice` trial starts
 compiling: list = []
+#: the runs this process has begun (:func:`begin_run`)
+runs = [0]
 
 
 def _loops_compiling() -> bool:

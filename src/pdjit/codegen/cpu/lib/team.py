@@ -71,13 +71,23 @@ def thread_ids() -> list:
 _READY: dict = {}  # (parallel loop, data type) -> True once compiled, False while compiling
 
 
+#: the parallel loops a split asks for are compiled from the process's run of this number on:
+#: the first runs compile the plan's own kernels (a compile on a thread of the process competes
+#: with them for the GIL: ResNet-50's cold first result took 8.4 s with the loops compiling
+#: during it, 3.4 s without), and a script that runs once never compiles them
+AFTER_RUNS = 3
+
+
 def ready(loop, args) -> bool:
     """Whether the parallel loop ``loop`` (a kernel's split over the team) is compiled for
-    ``args`` (by their data type): at the first ask it is compiled (or loaded from the disk
-    cache) on a thread of its own while the caller goes on, splitting as before; a run never
-    waits for it. A loop that fails to compile is never used."""
+    ``args`` (by their data type): at the first ask from the process's :data:`AFTER_RUNS`-th
+    run on it is compiled (or loaded from the disk cache) on a thread of its own while the
+    caller goes on, splitting as before; a run never waits for it. A loop that fails to
+    compile is never used."""
     key = (loop, args[0].dtype)
     state = _READY.get(key)
+    if state is None and threads.runs[0] < AFTER_RUNS:
+        return False
     if state is None:
         _READY[key] = False
         sig = tuple(numba.typeof(a) for a in args)
