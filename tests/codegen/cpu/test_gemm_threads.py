@@ -124,7 +124,8 @@ def test_a_large_batch_of_products_is_split_over_threads(default_threads, monkey
 
     monkeypatch.setattr(nngemm, "_split_batches", spy)
     monkeypatch.setattr(threads, "GEMM_PARALLEL_MIN_WORK", 100)  # small shapes count as large
-    monkeypatch.setattr(team, "AFTER_RUNS", 0)  # (a parallel loop compiled at its first ask)
+    monkeypatch.setattr(team, "AFTER_RUNS", 0)
+    monkeypatch.setattr(team, "LOOK_AGAIN_S", 0.0)
     rng = np.random.default_rng(1)
     x = rng.standard_normal((5, 6, 7)).astype(np.float32)
     y = rng.standard_normal((5, 4, 7)).astype(np.float32)     # transposed: x @ y^T
@@ -142,18 +143,18 @@ def test_a_large_batch_of_products_is_split_over_threads(default_threads, monkey
     want = np.einsum("bik,jk->bij", x.astype(np.float64), y[0].astype(np.float64))
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5)
     assert parts == []
-    # products of 16 rows or more on the packed GEMM: split on run_parts' helpers while the
-    # parallel loop compiles, then by the loop; one thread's bits either way
+    # products of 16 rows or more on the packed GEMM: split on run_parts' helpers (the
+    # parallel loop not on disk), then by the loop; one thread's bits either way
     x = rng.standard_normal((5, 20, 7)).astype(np.float32)
     one = np.empty((5, 20, 4), np.float32)
     nngemm.packed_batches(x, y, True, 0.5, one, 0, 5)
     np.testing.assert_allclose(one, 0.5 * np.einsum("bik,bjk->bij", x.astype(np.float64),
                                                     y.astype(np.float64)), rtol=1e-5, atol=1e-5)
-    for _ in range(2):
+    for here in (False, True):  # (True: the loop compiled at its first ask)
+        monkeypatch.setattr(team, "COMPILE", here)
         out = np.full((5, 20, 4), np.nan, np.float32)
         nngemm.batched_gemm(x, y, False, True, 0.5, it, it, it, it, out)
         assert np.array_equal(out, one)
-        team.wait_compiled()
     if CORES > 1:
         assert team._READY[(pgemm.batches_by_team, np.dtype(np.float32))]
 

@@ -287,19 +287,20 @@ def test_weight_rows_with_its_epilogue(dtype):
         pgemm.weight_rows(x, wt, trans, bp, 0, 8, out, r, empty, empty, -np.inf, np.inf)
         np.testing.assert_allclose(out, x.astype(np.float64) @ w, rtol=tol, atol=tol)
         # one sample of many rows split by blocks of rows over two threads: the same bits,
-        # on run_parts' helpers (while the parallel loop compiles), then by the parallel loop
+        # on run_parts' helpers (the parallel loop not on disk), then by the parallel loop
         one = np.empty((8 * r, n), dtype)
         pgemm.weight_rows(x, wt, trans, bp, 0, 1, one, 8 * r, bias, res.ravel(), -0.75, 0.5)
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(threads, "gemm_threads", lambda work: 2)
             mp.setattr(pgemm, "SPLIT_MIN_WORK", 1)
-            mp.setattr(team, "AFTER_RUNS", 0)  # (the loop compiled at its first ask)
-            for _ in range(2):
+            mp.setattr(team, "AFTER_RUNS", 0)
+            mp.setattr(team, "LOOK_AGAIN_S", 0.0)
+            for here in (False, True):  # (True: the loop compiled at its first ask)
+                mp.setattr(team, "COMPILE", here)
                 two = np.empty((8 * r, n), dtype)
                 pgemm.weight_rows(x, wt, trans, bp, 0, 1, two, 8 * r, bias, res.ravel(),
                                   -0.75, 0.5)
                 np.testing.assert_array_equal(two, one)
-                team.wait_compiled()
         assert team._READY[(pgemm._row_parts, np.dtype(dtype))]
         np.testing.assert_allclose(one, want, rtol=tol, atol=tol)
 

@@ -137,14 +137,15 @@ def test_split_work_parts_by_channels(monkeypatch):
     output channels (row tiles: units of 36 = 6 tiles of ``MR``, the last tile short;
     transposed tiles: panels of ``NR``, the last part at least ``MIN_CHANNELS``), over
     ``conv._fwd_range``'s parts where nothing is packed, and runs it whole where there is one
-    part; on ``run_parts``' helpers, then (once compiled) by a parallel loop; every result is
+    part; on ``run_parts``' helpers, then by a parallel loop; every result is
     the one call's bit for bit."""
     from pdjit.codegen.cpu.lib import conv, team
 
     monkeypatch.setattr(conv, "_CHANNELS_MIN_WORK", 0)
     monkeypatch.setattr(conv, "_TEAM_MIN_WORK", 0)
     monkeypatch.setattr(conv, "loop_threads", lambda: 3)
-    monkeypatch.setattr(team, "AFTER_RUNS", 0)  # (the parallel loops compiled at first ask)
+    monkeypatch.setattr(team, "AFTER_RUNS", 0)
+    monkeypatch.setattr(team, "LOOK_AGAIN_S", 0.0)
     e = np.empty(0, np.float32)
     seen = []
     for mod, name in ((pointwise, "_tile_bounds"), (conv, "_channel_bounds")):
@@ -166,7 +167,8 @@ def test_split_work_parts_by_channels(monkeypatch):
         pointwise.pointwise_range(x, w, ap, one, 0, 1, 1, 1, 0, 0, 1, 1, 1, bias, 0.0, 6.0, res)
         np.testing.assert_allclose(one, _oracle(x, w, bias, res, 0.0, 6.0), rtol=1e-4,
                                    atol=1e-4)
-        for _ in range(2):  # on the helpers (the parallel loop compiling), then by the loop
+        for here in (False, True):  # on the helpers, then by the loop (compiled if need be)
+            monkeypatch.setattr(team, "COMPILE", here)
             y = np.full((1, m, h, h), np.nan, np.float32)
             seen.clear()
             conv.split_work(pointwise.pointwise_range, 1, 1, x, w, ap, y, 1, 1, 0, 0, 1, 1, 1,
@@ -176,4 +178,3 @@ def test_split_work_parts_by_channels(monkeypatch):
             bounds = found and (found[0] if packed else found)
             assert (bounds and list(np.diff(bounds))) == want
             assert np.array_equal(y, one)
-            team.wait_compiled()

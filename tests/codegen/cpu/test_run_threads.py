@@ -321,7 +321,8 @@ def test_one_sample_convolutions_split_by_output_channels(two_asked, monkeypatch
     free, _ = two_asked
     monkeypatch.setattr(convlib, "_CHANNELS_MIN_WORK", 0)
     monkeypatch.setattr(convlib, "_TEAM_MIN_WORK", 0)
-    monkeypatch.setattr(team, "AFTER_RUNS", 0)  # (the parallel loops compiled at first ask)
+    monkeypatch.setattr(team, "AFTER_RUNS", 0)
+    monkeypatch.setattr(team, "LOOK_AGAIN_S", 0.0)
     # (the 1x1 convolution on the kernels of conv._fwd_range: the packed GEMM's parts are
     # test_pointwise_convolutions_split_by_channels_and_samples')
     monkeypatch.setattr(pointwise, "_PACKED", [False])
@@ -350,14 +351,14 @@ def test_one_sample_convolutions_split_by_output_channels(two_asked, monkeypatch
     exe = fluid.Executor(native_drivers=False, strict=True)
     exe.run(startup, scope=scope)
     outs, split = {}, {}
-    # two threads on run_parts' helpers (the parallel loops compiling meanwhile), then by the
-    # parallel loops, then one thread
+    # two threads on run_parts' helpers (the parallel loops not on disk), then by the parallel
+    # loops (compiled at their first ask if need be), then one thread
     for run, n in (("helpers", 2), ("team", 2), ("one", 1)):
         free[0] = n
+        monkeypatch.setattr(team, "COMPILE", run == "team")
         parts.clear()
         outs[run] = exe.run(main, feed=feed, fetch_list=names, scope=scope)
         split[run] = [len(p) - 1 for p in parts if p is not None]
-        team.wait_compiled()
     assert split == {"helpers": [2, 2, 2, 2], "team": [2, 2, 2, 2], "one": []}
     assert all(team._READY[(loop, np.dtype(np.float32))] for loop in (
         convlib._gemm_by_channels, convlib._taps_by_channels, convlib._direct_by_channels))
@@ -386,7 +387,8 @@ def test_pointwise_convolutions_split_by_channels_and_samples(two_asked, monkeyp
     free, _ = two_asked
     monkeypatch.setattr(convlib, "_CHANNELS_MIN_WORK", 0)
     monkeypatch.setattr(convlib, "_TEAM_MIN_WORK", 0)
-    monkeypatch.setattr(team, "AFTER_RUNS", 0)  # (the parallel loops compiled at first ask)
+    monkeypatch.setattr(team, "AFTER_RUNS", 0)
+    monkeypatch.setattr(team, "LOOK_AGAIN_S", 0.0)
     monkeypatch.setattr(convlib, "_PARALLEL_MIN_WORK", 0)
     parts = []  # the ranges of each split call, by run_parts' helpers or a parallel loop
     real = pointwise._tile_bounds
@@ -418,15 +420,15 @@ def test_pointwise_convolutions_split_by_channels_and_samples(two_asked, monkeyp
         feed = {k: rng.standard_normal((batch,) + tuple(v.shape[1:])).astype("float32")
                 for k, v in (("x", x), ("r", r), ("s", s))}
         outs, split = {}, {}
-        # two threads (batch 1: on run_parts' helpers while the parallel loop compiles, then
-        # by the parallel loop), then one
+        # two threads (batch 1: on run_parts' helpers, the parallel loop not on disk, then by
+        # the parallel loop, compiled at its first ask if need be), then one
         for run, n in (("helpers", 2), ("team", 2), ("one", 1)):
             free[0] = n
+            monkeypatch.setattr(team, "COMPILE", run == "team")
             parts.clear()
             samples.clear()
             outs[run] = exe.run(main, feed=feed, fetch_list=[a, b], scope=scope)
             split[run] = [len(c[0]) - 1 for c in parts if c is not None] + samples
-            team.wait_compiled()
         assert split == ({"helpers": [2, 2], "team": [2, 2], "one": []} if batch == 1 else
                          {"helpers": [("pointwise_range", 2, 3)] * 2,
                           "team": [("pointwise_range", 2, 3)] * 2, "one": []}), split

@@ -119,14 +119,15 @@ def test_a_filter_split_along_its_output_channels_gives_the_wholes_values(monkey
     real = winograd._make
     monkeypatch.setattr(winograd, "_make", lambda a: (made.append(a.shape), real(a))[1])
     monkeypatch.setattr(conv, "loop_threads", lambda: 2)
-    monkeypatch.setattr(team, "AFTER_RUNS", 0)  # (the parallel loop compiled at its first ask)
+    monkeypatch.setattr(team, "AFTER_RUNS", 0)
+    monkeypatch.setattr(team, "LOOK_AGAIN_S", 0.0)
     w2 = w.copy()
-    for _ in range(3):  # on run_parts' helpers, then (compiled) by a parallel loop
+    for here in (False, True, True):  # on run_parts' helpers, then by a parallel loop
+        monkeypatch.setattr(team, "COMPILE", here)  # (True: compiled at its first ask)
         y = np.full_like(whole, np.nan)
         conv.split_work(conv._fwd_range, 1, 1 << 30, x, w2, y, 1, 1, 1, 1, 1, 1, 1, bias,
                         -1.0, 2.0, res, head=3)
         np.testing.assert_array_equal(y, whole)
-        team.wait_compiled()
     assert team._READY[(conv._wino_by_channels, np.dtype(F32))] is True
     assert made == [w.shape]
     # a new array over the same memory, written since, is another filter: its own transform

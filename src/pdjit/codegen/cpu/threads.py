@@ -51,8 +51,9 @@ Two kinds of threads, set apart because they were measured apart on a 2-vCPU mac
 - A convolution of one sample (batch 1) is split over its output channels instead
   (``lib.conv.split_channels``), and a product by a weight of one sample over its rows
   (``lib.pgemm.weight_rows``): by a parallel loop (``lib.team``: native threads, no GIL,
-  from 2 M multiply-adds) once that loop is compiled (at its first need, on a thread of its
-  own), else on :func:`run_parts`' helpers from 16 M: ResNet-50 at batch 1 took 78 ms on one
+  from 2 M multiply-adds) once that loop is on disk (compiled by ``pdjit warmup`` or the
+  background warmup, loaded from a process's third run on: ``lib.team.ready``), else on
+  :func:`run_parts`' helpers from 16 M: ResNet-50 at batch 1 took 78 ms on one
   thread and 51 ms on two by the helpers, 43 ms by the loops; MobileNetV2 7.8-8.4 and
   7.0-7.3 ms.
 
@@ -562,9 +563,8 @@ class RunChoice:
     instead of calling ``begin`` (a 3-op program's run is ~8 us).
     ``ready(key)``: whether a trial may start (the plan's own driver trials are over: a run
     kept on one thread would run a split driver unsplit); asked only when one is due, else
-    again :data:`CHOICE_AFTER` runs later. Nor does one start while a split's parallel
-    loop compiles (:data:`compiling`: the runs are slower until it is ready). Safe under
-    concurrent runs (a sample lost at worst)."""
+    again :data:`CHOICE_AFTER` runs later. Safe under concurrent runs (a sample lost at
+    worst)."""
     __slots__ = ("keys", "clock", "ready", "tiny_key", "tiny_left")
     KEEP = False
 
@@ -597,7 +597,7 @@ class RunChoice:
         if max(max_loop_threads(), get_num_threads()) < 2 or free_cores() < 2:
             return None  # (one thread whatever the pick: nothing to choose)
         if not st.trial:
-            if self.ready is not None and not self.ready(key) or _loops_compiling():
+            if self.ready is not None and not self.ready(key):
                 st.warm = CHOICE_AFTER  # (asked again then)
                 return 1 if st.pick == 1 else None
             st.trial, st.times = True, ([], [])
@@ -798,17 +798,8 @@ _getcpu = _sched_getcpu()
 
 # ---- the threads of Numba's parallel loops ---------------------------------------------------
 _teams: dict = {}  # a thread's kernel id -> [the ids of its loops' other threads, their core]
-#: the threads compiling a split's parallel loop (``lib.team.ready``): while one does, the
-#: plans' runs split on ``run_parts``' helpers, so no :class:`RunChoice` trial starts
-compiling: list = []
 #: the runs this process has begun (:func:`begin_run`)
 runs = [0]
-
-
-def _loops_compiling() -> bool:
-    while compiling and not compiling[0].is_alive():
-        compiling.pop(0)
-    return bool(compiling)
 
 
 def place_team(discover: bool = True) -> None:

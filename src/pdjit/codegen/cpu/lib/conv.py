@@ -1325,8 +1325,8 @@ jobs("conv2d_bwd_data_by_taps")(lambda T: [(_fwd_taps, _residual_types(T))])
 # of small planes compiles on its first call
 def _team_jobs(T) -> list:
     """The compile jobs of :func:`_by_team`'s parallel loops for data of NumPy type ``T``
-    (compiled at their first need on a thread of their own, see :func:`.team.ready`; ahead
-    only by ``pdjit warmup``)."""
+    (compiled ahead by ``pdjit warmup`` and the background warmup only: see
+    :func:`.team.ready`)."""
     split = ((T, 4), (T, 4), (T, 4), (np.int64, 1)) + (int,) * 7 + ((T, 1), float, float)
     found = [(_taps_by_channels, split + ((T, 1),)), (_gemm_by_channels, split + ((T, 1),)),
              (_direct_by_channels, split)]

@@ -133,7 +133,7 @@ def _split_batches(a, b, ta, tb, alpha, c, parts):
     one-thread ``np.dot`` on the chunks of the batch it takes (``np.matmul`` holds the GIL;
     see ``pdjit.codegen.cpu.threads``)."""
     n = c.shape[0]
-    if _packs(a, b, ta, c):  # (by a parallel loop once it is compiled: see lib.team)
+    if _packs(a, b, ta, c):  # (by a parallel loop where it is ready: see lib.team)
         call = (a, b, bool(tb), float(alpha), c, parts)
         if team.ready(batches_by_team, call):
             threads.place_team()

@@ -504,7 +504,7 @@ def weight_rows(x, w, trans, bp, n0, n1, out, r, bias, res, lo, hi):
     whole batch of one, which ``split_work`` cannot split by samples) of ``SPLIT_MIN_WORK``
     multiply-adds or more is split by blocks of rows over the loop threads where
     ``threads.gemm_threads`` gives it more than one: by a parallel loop (:func:`_row_parts`,
-    ``lib.team``) once it is compiled, else on ``run_parts``' helpers. One thread / two by
+    ``lib.team``) where it is ready, else on ``run_parts``' helpers. One thread / two by
     the helpers / two by the loop, ms (2-vCPU machine, float32): 128x256x1024 0.37 / 0.31 /
     0.19, 128x256x256 0.093 / 0.105 / 0.051."""
     rows = (n1 - n0) * r
@@ -583,7 +583,7 @@ def weight_gemm(a, w, trans=False):
     if nt > 1 and work >= SPLIT_MIN_WORK and m >= 2 * MR:
         parts = min(nt, m // MR)
         call = (a, bp, c, bias, bias, -np.inf, np.inf, parts)
-        if team.ready(_row_parts, call):  # (by the parallel loop once it is compiled)
+        if team.ready(_row_parts, call):  # (by the parallel loop where it is ready)
             threads.place_team()
             _row_parts(*call)
             return c
@@ -736,7 +736,7 @@ jobs("weight_gemm")(lambda T: [_pack_job(T),
                                (packed_gemm, ((T, 2), (T, 1), int, (T, 1), (T, 2)))])
 jobs("weight_rows")(lambda T: [_pack_job(T), (_weight_rows, (
     (T, 2), (T, 2), bool, (T, 1), int, int, (T, 2), int, (T, 1), (T, 1), float, float))])
-# (its split over the team: compiled at its first need, see lib.team.ready; ahead by warmup)
+# (its split over the team: compiled ahead by warmup only, see lib.team.ready)
 jobs("weight_rows (warmup)")(lambda T: [
     (_row_parts, ((T, 2), (T, 1), (T, 2), (T, 1), (T, 1), float, float, int)),
     (batches_by_team, ((T, 3), (T, 3), bool, float, (T, 3), int))])

@@ -27,7 +27,7 @@ and made again after a run that may write it (training). Compiled code (a native
 ahead-of-time artifact) packs once per run, where the batch is large enough for the copy not
 to count (:data:`NATIVE_MIN_PIXELS`), else runs :func:`.conv._fwd_range`. A one-sample call
 from the host driver is split over threads by whole tiles of the packed filter's output
-channels (:func:`_split`, for ``conv.split_work``: by a parallel loop once it is compiled),
+channels (:func:`_split`, for ``conv.split_work``: by a parallel loop where it is ready),
 a batch by samples.
 
 Measured alone (``benchmarks/bench_pointwise.py --rounds 3``: one thread, float32, bias +
@@ -273,7 +273,7 @@ def _split(parts, work, x, w, ap, y, sh, sw, pt, pl, dh, dw, groups, bias, lo, h
     """A one-sample :func:`pointwise_range` split over at most ``parts`` ranges of its output
     channels (``conv.split_work``; :func:`.conv.split_channels` says when): on the packed
     kernels by :func:`_tile_bounds`, each part's slice of ``ap`` the packed rows of its
-    channels, by a parallel loop (:func:`_by_channels`, once compiled) or on ``run_parts``'
+    channels, by a parallel loop (:func:`_by_channels`, where ready) or on ``run_parts``'
     helpers; else :func:`.conv._fwd_range`'s parts. Each output is summed as the whole call
     sums it (in order of the input channels, whatever the tile's other rows), so the result
     is the same, bit for bit, however it is split. Whether it split the call."""
@@ -347,8 +347,8 @@ jobs("pointwise_range_cols")(lambda T: _jobs(T, (2,)))
 # 0.70-0.76 s each; 0.41 s for the second after the first)
 compile_cost(0.75, pointwise_rows, pointwise_cols)
 compile_cost(1.6, _by_channels)
-# (the split of a one-sample call by a parallel loop: compiled at its first need, see
-# lib.team.ready; ahead by warmup)
+# (the split of a one-sample call by a parallel loop: compiled ahead by warmup only, see
+# lib.team.ready)
 jobs("pointwise._by_channels (warmup)")(lambda T: [] if np.dtype(T) != np.float32 else [
     (_by_channels, ((T, 4), (T, 1), (T, 4), (np.int64, 1), (np.int64, 1), bool, (T, 1), float,
                     float, (T, 1)))])

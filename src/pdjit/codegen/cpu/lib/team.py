@@ -13,7 +13,7 @@ thread to thread, each hand-over another wake-up). Left to the scheduler, the te
 often shared the starting thread's core, and every loop then waited for its polling to end.
 """
 import platform
-import threading
+import time
 
 import llvmlite.ir as ir
 import numba
@@ -24,7 +24,7 @@ from numba.extending import intrinsic
 from pdjit.codegen.cpu import threads
 from pdjit.codegen.cpu.lib._jit import compile_cost, pjit
 
-__all__ = ["ready", "thread_ids", "wait_compiled"]
+__all__ = ["ready", "thread_ids"]
 
 #: Linux's number of the ``gettid`` system call on this machine (None: no ids taken)
 _GETTID = {"x86_64": 186, "amd64": 186, "aarch64": 178, "arm64": 178}.get(
@@ -68,45 +68,50 @@ def thread_ids() -> list:
     return sorted({int(t) for t in out if t > 0})
 
 
-_READY: dict = {}  # (parallel loop, data type) -> True once compiled, False while compiling
-
-
-#: the parallel loops a split asks for are compiled from the process's run of this number on:
-#: the first runs compile the plan's own kernels (a compile on a thread of the process competes
-#: with them for the GIL: ResNet-50's cold first result took 8.4 s with the loops compiling
-#: during it, 3.4 s without), and a script that runs once never compiles them
+_READY: dict = {}  # (parallel loop, data type) -> True (ready), None (failed), or when to look
+#: whether a loop found on disk in no process's cache is compiled at its first ask, in the run
+#: (tests; else ``pdjit warmup`` and the background warmup compile them: see :func:`ready`)
+COMPILE = False
+#: the parallel loops of the splits are used from the process's run of this number on
 AFTER_RUNS = 3
+#: how often a loop not on disk yet is looked for again (seconds)
+LOOK_AGAIN_S = 2.0
+_loaded = [0]  # the run that loaded a loop last
 
 
 def ready(loop, args) -> bool:
-    """Whether the parallel loop ``loop`` (a kernel's split over the team) is compiled for
-    ``args`` (by their data type): at the first ask from the process's :data:`AFTER_RUNS`-th
-    run on it is compiled (or loaded from the disk cache) on a thread of its own while the
-    caller goes on, splitting as before; a run never waits for it. A loop that fails to
-    compile is never used."""
+    """Whether the parallel loop ``loop`` (a kernel's split over the team) may serve ``args``
+    (by their data type); until it may, the caller splits as before, on ``run_parts``'
+    helpers. The loops are compiled ahead, not in a run (each recompiles its kernel: 0.7-2.4 s
+    of CPU; on a thread of the process it held the GIL from the runs, and ResNet-50's cold
+    first result took 8.4 s against 3.4): by ``pdjit warmup`` and the background warmup that
+    a process starts for a cache directory (``diskcache.start_background_warmup``), since
+    they are library jobs. A run from the process's :data:`AFTER_RUNS`-th on loads one found
+    on disk (~10-70 ms, at most one a run: four in one run held it 0.29 s), and a loop not
+    there is looked for again every :data:`LOOK_AGAIN_S`. A loop that fails to load is
+    never used."""
     key = (loop, args[0].dtype)
-    state = _READY.get(key)
-    if state is None and threads.runs[0] < AFTER_RUNS:
+    state = _READY.get(key, 0.0)
+    if state is True:
+        return True
+    if state is None or time.monotonic() < state or threads.runs[0] < AFTER_RUNS or \
+            _loaded[0] == threads.runs[0] and not COMPILE:
         return False
-    if state is None:
-        _READY[key] = False
-        sig = tuple(numba.typeof(a) for a in args)
-
-        def work():
-            try:
-                loop.compile(sig)
-            except Exception:  # noqa: BLE001 - the split on run_parts' helpers serves
-                return
-            _READY[key] = True
-        # (not a daemon: Python waits for it at exit rather than stop it inside LLVM)
-        t = threading.Thread(target=work, name="pdjit-team-compile")
-        threads.compiling.append(t)
-        t.start()
+    sig = tuple(numba.typeof(a) for a in args)
+    if not (COMPILE or sig in loop.overloads or _on_disk(loop, sig)):
+        _READY[key] = time.monotonic() + LOOK_AGAIN_S
         return False
-    return state
+    _loaded[0] = threads.runs[0]
+    try:
+        loop.compile(sig)
+    except Exception:  # noqa: BLE001 - the split on run_parts' helpers serves
+        _READY[key] = None
+        return False
+    _READY[key] = True
+    return True
 
 
-def wait_compiled() -> None:
-    """Wait until the parallel loops asked for so far are compiled (tests, benchmarks)."""
-    for t in list(threads.compiling):
-        t.join()
+def _on_disk(loop, sig) -> bool:
+    from pdjit.codegen import compiler
+
+    return compiler._is_cached(compiler.LibraryKernel(loop), sig)
