@@ -800,6 +800,8 @@ _getcpu = _sched_getcpu()
 _teams: dict = {}  # a thread's kernel id -> [the ids of its loops' other threads, their core]
 #: the runs this process has begun (:func:`begin_run`)
 runs = [0]
+#: ``lib.team.thread_ids``, set when that module loads (it names a thread's team)
+_thread_ids = [None]
 
 
 def place_team(discover: bool = True) -> None:
@@ -821,9 +823,9 @@ def place_team(discover: bool = True) -> None:
     if team is not None and team[1] == cpu:
         return
     if team is None:
-        from pdjit.codegen.cpu.lib.team import thread_ids
-
-        team = _teams[me] = [[t for t in thread_ids() if t != me], None]
+        if _thread_ids[0] is None:  # (no team: lib.team, which names it, is not loaded)
+            return
+        team = _teams[me] = [[t for t in _thread_ids[0]() if t != me], None]
     allowed = _allowed()
     if len(allowed) > 1 and cpu in allowed:
         for tid in team[0]:

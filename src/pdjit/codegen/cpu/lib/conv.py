@@ -1323,6 +1323,20 @@ jobs("conv2d_bwd_data_by_taps")(lambda T: [(_fwd_taps, _residual_types(T))])
 # ``_nn.conv._fwd_range`` or ``_nn.conv._direct_range``): the taps kernel, and the BLAS
 # product of the 1x1 convolutions of many channels (the blocks of a ResNet); the im2col path
 # of small planes compiles on its first call
+jobs("conv._fwd_range")(lambda T: [(_fwd_taps, _residual_types(T)),
+                                   (_fwd_gemm, _residual_types(T))])
+#: :func:`_fwd_range` itself, under the name a lowering calls for a filter that Winograd may
+#: take (:func:`.winograd.may_take`), so that only such programs compile its kernels (1.6 s of
+#: CPU cold: not for LeNet's 5x5 filters)
+_fwd_range_3x3 = _fwd_range
+jobs("conv._fwd_range_3x3")(lambda T: [(_fwd_taps, _residual_types(T))] + winograd.jobs(T))
+jobs("conv._direct_range")(lambda T: [(_direct_range, _epilogue_types(T))])
+# the kernels of the other shapes (forward, filter gradient): compiled ahead by ``pdjit warmup``
+# only (names no lowering calls, so no plan's compile worker spends time on them)
+jobs("conv2d_fwd (warmup)")(lambda T: [(_fwd_blas, _range_types(T))])
+jobs("conv2d_bwd_filter (warmup)")(lambda T: [(_bwd_filter_blas, _range_types(T))])
+
+
 def _team_jobs(T) -> list:
     """The compile jobs of :func:`_by_team`'s parallel loops for data of NumPy type ``T``
     (compiled ahead by ``pdjit warmup`` and the background warmup only: see
@@ -1336,18 +1350,6 @@ def _team_jobs(T) -> list:
     return found
 
 
-jobs("conv._fwd_range")(lambda T: [(_fwd_taps, _residual_types(T)),
-                                   (_fwd_gemm, _residual_types(T))])
-#: :func:`_fwd_range` itself, under the name a lowering calls for a filter that Winograd may
-#: take (:func:`.winograd.may_take`), so that only such programs compile its kernels (1.6 s of
-#: CPU cold: not for LeNet's 5x5 filters)
-_fwd_range_3x3 = _fwd_range
-jobs("conv._fwd_range_3x3")(lambda T: [(_fwd_taps, _residual_types(T))] + winograd.jobs(T))
-jobs("conv._direct_range")(lambda T: [(_direct_range, _epilogue_types(T))])
-# the kernels of the other shapes (forward, filter gradient): compiled ahead by ``pdjit warmup``
-# only (names no lowering calls, so no plan's compile worker spends time on them)
-jobs("conv2d_fwd (warmup)")(lambda T: [(_fwd_blas, _range_types(T))])
-jobs("conv2d_bwd_filter (warmup)")(lambda T: [(_bwd_filter_blas, _range_types(T))])
 jobs("conv._by_team (warmup)")(_team_jobs)
 
 

@@ -70,6 +70,8 @@ def thread_ids() -> list:
     return sorted({int(t) for t in out if t > 0})
 
 
+threads._thread_ids[0] = thread_ids
+
 _READY: dict = {}  # (parallel loop, data type) -> True (ready), None (failed), or when to look
 #: whether a loop found on disk in no process's cache is compiled at its first ask, in the run
 #: (tests; else ``pdjit warmup`` and the background warmup compile them: see :func:`ready`)
