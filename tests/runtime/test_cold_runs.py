@@ -136,6 +136,11 @@ WORKERS_SCRIPT = textwrap.dedent("""
     import json, os, signal, time
     from pdjit.codegen import compiler
 
+    # Ctrl-C as a terminal delivers it: an "ignore" this process may have inherited (a test
+    # runner's worker ignoring SIGINT, a module of an earlier test that set it) would keep the
+    # forked worker from ending, whatever pdjit does
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
     class Job:  # a compile job whose compile takes long, in Python
         name, cost, affinity = "slow", 1.0, None
         class fn:
