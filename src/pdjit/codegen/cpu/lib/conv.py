@@ -1072,6 +1072,16 @@ _TEAM_TYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 @register_jitable
+def _part_out(y, bias, res, a, b):
+    """Output channels ``a..b`` of a one-sample convolution: its output, bias and residual
+    (flat as the output), as views of the whole's."""
+    p_ = y.shape[2] * y.shape[3]
+    return (y[0, a:b].reshape((1, b - a, y.shape[2], y.shape[3])),
+            bias[a:b] if bias.shape[0] else bias[:0], res[a * p_:b * p_] if res.shape[0] else
+            res[:0])
+
+
+@register_jitable
 def _part(x, w, y, groups, bias, res, a, b):
     """Output channels ``a..b`` of a one-sample convolution: its image (the channels of those
     groups), filter, output, groups, bias and residual, as views of the whole's."""
@@ -1083,10 +1093,7 @@ def _part(x, w, y, groups, bias, res, a, b):
         xc = x[0, a // mg * cg:b // mg * cg]
         xs = xc.reshape((1, xc.shape[0], x.shape[2], x.shape[3]))
         g = (b - a) // mg
-    ys = y[0, a:b].reshape((1, b - a, y.shape[2], y.shape[3]))
-    p_ = y.shape[2] * y.shape[3]
-    bs = bias[a:b] if bias.shape[0] else bias[:0]
-    rs = res[a * p_:b * p_] if res.shape[0] else res[:0]
+    ys, bs, rs = _part_out(y, bias, res, a, b)
     return xs, w[a:b], ys, _plain(g), bs, rs
 
 
@@ -1123,10 +1130,7 @@ def _wino_by_channels(x, ut, y, bounds, pt, pl, bias, lo, hi, res, scratch, need
     its own ``need`` values of ``scratch``."""
     for p in numba.prange(bounds.shape[0] - 1):
         a, b = bounds[p], bounds[p + 1]
-        ys = y[0, a:b].reshape((1, b - a, y.shape[2], y.shape[3]))
-        p_ = y.shape[2] * y.shape[3]
-        bs = bias[a:b] if bias.shape[0] else bias[:0]
-        rs = res[a * p_:b * p_] if res.shape[0] else res[:0]
+        ys, bs, rs = _part_out(y, bias, res, a, b)
         winograd._wino_range(x, ut, a, ys, _plain(0), _plain(1), pt, pl, bs, lo, hi, rs,
                              scratch[p * need:(p + 1) * need])
 

@@ -513,22 +513,27 @@ def weight_rows(x, w, trans, bp, n0, n1, out, r, bias, res, lo, hi):
             work >= SPLIT_MIN_WORK:
         nt = threads.gemm_threads(work)
         if nt > 1:
-            call = (x, bp, out, bias, res, float(lo), float(hi), min(nt, -(-rows // MR)))
-            if team.ready(_row_parts, call):
-                threads.place_team()
-                _row_parts(*call)
-                return
-            blocks = -(-rows // MR)
-            parts = min(nt, blocks)
-            run_chunks(_row_blocks, blocks, parts, min(blocks, 4 * parts), x, w, trans, bp,
-                       out, bias, res, lo, hi)
+            _split_rows(x, bp, out, bias, res, lo, hi, min(nt, -(-rows // MR)))
             return
     _weight_rows(x, w, trans, bp, n0, n1, out, r, bias, res, lo, hi)
 
 
-def _row_blocks(x, w, trans, bp, out, bias, res, lo, hi, b0, b1):
-    """Blocks ``b0 .. b1`` of ``MR`` rows of :func:`weight_rows` (one thread's part: on the
-    packed kernel whatever its rows, the same bits as one thread's call)."""
+def _split_rows(x, bp, out, bias, res, lo, hi, parts):
+    """``out = clamp(x @ b + bias + res, lo, hi)`` (``b`` packed into ``bp``, every row of
+    ``x``) in ``parts`` ranges of blocks of ``MR`` rows: by a parallel loop
+    (:func:`_row_parts`) where it is ready, else on ``run_parts``' helpers, each part on the
+    packed kernel whatever its rows: the same bits as one thread's call."""
+    call = (x, bp, out, bias, res, float(lo), float(hi), parts)
+    if team.ready(_row_parts, call):
+        threads.place_team()
+        _row_parts(*call)
+        return
+    blocks = -(-x.shape[0] // MR)
+    run_chunks(_row_blocks, blocks, parts, min(blocks, 4 * parts), *call[:7])
+
+
+def _row_blocks(x, bp, out, bias, res, lo, hi, b0, b1):
+    """Blocks ``b0 .. b1`` of ``MR`` rows of :func:`_split_rows` (one helper's part)."""
     _packed_rows(x, bp, out.shape[1], bias, out, b0 * MR, min(x.shape[0], b1 * MR), res, lo,
                  hi)
 
@@ -581,23 +586,10 @@ def weight_gemm(a, w, trans=False):
         bias = _EMPTY[a.dtype] = np.empty(0, a.dtype)
     bp = packed_weight(w, trans)
     if nt > 1 and work >= SPLIT_MIN_WORK and m >= 2 * MR:
-        parts = min(nt, m // MR)
-        call = (a, bp, c, bias, bias, -np.inf, np.inf, parts)
-        if team.ready(_row_parts, call):  # (by the parallel loop where it is ready)
-            threads.place_team()
-            _row_parts(*call)
-            return c
-        blocks = -(-m // MR)
-        run_chunks(_rows_of, blocks, parts, min(blocks, 4 * parts), a, bp, n, bias, c)
+        _split_rows(a, bp, c, bias, bias, -np.inf, np.inf, min(nt, m // MR))
     else:
         packed_gemm(a, bp, n, bias, c)
     return c
-
-
-def _rows_of(a, bp, n, bias, c, b0, b1):
-    """Blocks ``b0 .. b1`` of ``MR`` rows of a product (one thread's part)."""
-    _packed_rows(a, bp, n, bias, c, b0 * MR, min(a.shape[0], b1 * MR), bias[:0], -np.inf,
-                 np.inf)
 
 
 @overload(weight_gemm)

@@ -306,12 +306,9 @@ def _by_channels(x, ap, y, bounds, ends, cols, bias, lo, hi, res):
     """The packed kernels of one sample, ranges ``bounds`` of output channels (their packed
     rows up to ``ends``) in parallel (:func:`_split`)."""
     c_ = x.shape[1]
-    p_ = y.shape[2] * y.shape[3]
     for p in numba.prange(bounds.shape[0] - 1):
         a, b = bounds[p], bounds[p + 1]
-        ys = y[0, a:b].reshape((1, b - a, y.shape[2], y.shape[3]))
-        bs = bias[a:b] if bias.shape[0] else bias[:0]
-        rs = res[a * p_:b * p_] if res.shape[0] else res[:0]
+        ys, bs, rs = _conv._part_out(y, bias, res, a, b)
         aps = ap[a * c_:ends[p] * c_]
         if cols:
             pointwise_cols(x, aps, ys, _conv._plain(0), _conv._plain(1), bs, lo, hi, rs)
