@@ -158,6 +158,37 @@ def test_layer_norm_rows_split_over_threads(monkeypatch):
     assert splits == [28], splits  # the forward pass split its 28 rows
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_layer_norm_rows_on_a_parallel_loop_equal_one_thread(monkeypatch, dtype):
+    """Rows split over the threads of a parallel loop (``lib.team``; the threshold lowered,
+    the loop compiled at its first ask): one thread's bits, and NumPy's values."""
+    from pdjit.codegen.cpu.lib import team
+
+    x = RNG.normal(0.5, 2.0, (37, 50)).astype(dtype)
+    scale, bias = RNG.uniform(0.5, 1.5, 50).astype(dtype), RNG.normal(size=50).astype(dtype)
+
+    def run():
+        y, mean, var = np.empty_like(x), np.empty(37, dtype), np.empty(37, dtype)
+        nnlib_norm.layer_norm_fwd(x, scale, bias, 1e-5, y, mean, var)
+        return y, mean, var
+
+    one = run()
+    monkeypatch.setattr(nnlib_norm, "_LN_TEAM_MIN", 64)
+    monkeypatch.setattr(nnlib_norm, "loop_threads", lambda: 2)
+    monkeypatch.setattr(team, "AFTER_RUNS", 0)
+    monkeypatch.setattr(team, "LOOK_AGAIN_S", 0.0)
+    monkeypatch.setattr(team, "COMPILE", True)
+    two = run()
+    assert team._READY[(nnlib_norm._ln_fwd_parts, np.dtype(dtype))] is True
+    for a, b in zip(one, two):
+        np.testing.assert_array_equal(a, b)
+    y, mean, var = np_layer_norm(x, 1, 1e-5, scale, bias)
+    tol = 2e-6 if dtype == "float32" else 1e-12
+    np.testing.assert_allclose(two[0], y, rtol=tol * 10, atol=tol * 10)
+    np.testing.assert_allclose(two[1], mean, rtol=tol, atol=tol)
+    np.testing.assert_allclose(two[2], var, rtol=tol, atol=tol)
+
+
 @pytest.mark.parametrize("shape,axis,slots", [((3, 4), 1, ("X", "Scale", "Bias")),
                                               ((2, 3, 4), 2, ("X", "Scale", "Bias")),
                                               ((2, 2, 3), 1, ("X",)),

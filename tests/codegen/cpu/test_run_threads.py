@@ -445,3 +445,44 @@ def test_pointwise_convolutions_split_by_channels_and_samples(two_asked, monkeyp
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     report = exe.explain(main, feed=feed, fetch_list=[a, b])
     assert "pointwise_range_rows" in report and "pointwise_range_cols" in report, report
+
+
+@pytest.mark.parametrize("shape,perm", [((6, 5, 3, 4), (0, 2, 1, 3)), ((1, 7, 4, 3), (0, 2, 1, 3)),
+                                        ((5, 9), (1, 0)), ((1, 1, 6), (2, 0, 1))])
+def test_a_large_permuted_copy_is_split_over_threads(monkeypatch, shape, perm):
+    """A transpose's copy of many values goes in slices of its first output axis of two values
+    or more, one per thread (the threshold lowered here): NumPy's values, C-contiguous."""
+    from pdjit.codegen.cpu.lib import indexing
+
+    calls = []
+    run_parts = indexing.run_parts
+    monkeypatch.setattr(indexing, "PERMUTE_SPLIT_MIN", 1)
+    monkeypatch.setattr(indexing, "loop_threads", lambda: 3)
+    monkeypatch.setattr(indexing, "run_parts",
+                        lambda fn, parts, most: calls.append(len(parts)) or
+                        run_parts(fn, parts, most))
+    x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
+    got = indexing.permuted(x, perm)
+    want = np.transpose(x, perm)
+    np.testing.assert_array_equal(got, want)
+    assert got.flags.c_contiguous and got.dtype == x.dtype
+    axis_len = next(d for d in want.shape if d >= 2)
+    assert calls == [min(3, axis_len)]
+
+
+def test_transpose_ops_copy_through_the_library(fresh_programs):
+    """transpose2 and its gradient lower to ``_nn.permuted`` on the CPU: NumPy's values."""
+    x = fluid.layers.data("x", [3, 4, 5], append_batch_size=False, stop_gradient=False)
+    y = fluid.layers.transpose(x, [1, 2, 0])
+    loss = fluid.layers.reduce_sum(y * fluid.layers.assign(
+        np.arange(60, dtype=np.float32).reshape(4, 5, 3)))
+    g, = fluid.backward.gradients(loss, [x])
+    exe = fluid.Executor(fluid.CPUPlace(), strict=True)
+    xv = np.random.default_rng(4).standard_normal((3, 4, 5)).astype(np.float32)
+    got_y, got_g = exe.run(feed={"x": xv}, fetch_list=[y, g])
+    assert_native(exe)
+    src = exe.explain(feed={"x": xv}, fetch_list=[y, g])
+    assert src.count("_nn.permuted(") == 2, src
+    np.testing.assert_array_equal(got_y, xv.transpose(1, 2, 0))
+    np.testing.assert_array_equal(got_g, np.arange(60, dtype=np.float32).reshape(4, 5, 3)
+                                  .transpose(2, 0, 1))

@@ -4,7 +4,7 @@ run-time arguments."""
 from __future__ import annotations
 
 from pdjit.codegen.cpu.lowerings import lowering
-from pdjit.ops.shape import _TILING
+from pdjit.ops.shape import _TILING, _transpose_grad_lower, _transpose_lower, _xshape_line
 
 
 def _tiling_lower(op):
@@ -83,3 +83,32 @@ def _untile_lower(ctx):
 for _op in _TILING:
     lowering(_op, host=True)(_tiling_lower(_op))
     lowering(f"{_op}_grad", host=True)(_untile_lower)
+
+
+def _permuted_copy(ctx, X, perm, out: str) -> list:
+    """``out = X`` permuted by ``perm``, large data copied on the loop threads
+    (``_nn.permuted``)."""
+    return [f"{out} = {ctx.lib_fn('permuted')}({X}, {ctx.tuple_src(perm)})"]
+
+
+@lowering("transpose2", host=True)
+@lowering("transpose", host=True)
+def _transpose(ctx):
+    X, r = ctx.inp("X"), ctx.rank("X")
+    perm = [int(a) % max(r, 1) for a in ctx.attrs["axis"]]
+    if sorted(perm) != list(range(r)):
+        return _transpose_lower(ctx)  # (an error the reference reports)
+    return _xshape_line(ctx, X) + _permuted_copy(ctx, X, perm, ctx.out("Out"))
+
+
+@lowering("transpose2_grad", host=True)
+@lowering("transpose_grad", host=True)
+def _transpose_grad(ctx):
+    if not ctx.has_output("X@GRAD"):
+        return []
+    r = ctx.rank("Out@GRAD")
+    perm = [int(a) % max(r, 1) for a in ctx.attrs["axis"]]
+    if sorted(perm) != list(range(r)):
+        return _transpose_grad_lower(ctx)
+    inv = [perm.index(i) for i in range(r)]
+    return _permuted_copy(ctx, ctx.inp("Out@GRAD"), inv, ctx.out("X@GRAD"))
