@@ -170,6 +170,28 @@ def test_profiler_tables_the_steps_it_ran(tmp_path):
             pass
 
 
+def test_profiler_times_a_convolution_with_the_epilogue_it_applies(tmp_path):
+    """A convolution that applies its bias and relu as it stores runs in the lines of the
+    group of those ops: the profiler times the two groups as one event named after all three
+    ops, not the convolution alone (its output allocation) beside the elementwise ops."""
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup):
+        x = fluid.layers.data("x", [2, 8, 12, 12], append_batch_size=False)
+        y = fluid.layers.conv2d(x, 16, 3, padding=1, act="relu")
+    exe, scope = fluid.Executor(strict=True), fluid.Scope()
+    exe.run(startup, scope=scope)
+    feed = {"x": np.ones((2, 8, 12, 12), np.float32)}
+    exe.run(main, feed=feed, fetch_list=[y], scope=scope)
+    assert "(taken by the conv2d" in exe.explain(main, feed=feed, fetch_list=[y])
+    path = tmp_path / "profile.txt"
+    with fluid.profiler.profiler("CPU", sorted_key="total", profile_path=str(path)):
+        for _ in range(4):
+            exe.run(main, feed=feed, fetch_list=[y], scope=scope)
+    text = path.read_text()
+    calls = {name: int(r[0]) for name, r in _table(text)}
+    assert calls == {"fused(conv2d+elementwise_add+relu)": 4}, text
+
+
 def test_require_version_follows_fluid_1_8():
     assert fluid.version.fluid_version.startswith("1.8.")
     fluid.require_version("1.6.0")

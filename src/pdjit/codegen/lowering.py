@@ -638,6 +638,9 @@ class SegmentGen:
         self._globals: dict = {}      # module name -> global name
         self._uses: dict = {}         # global -> statements of the driver calling it (_named)
         self._group_at: list = []     # (index in ``lines``, the group's op types) per group
+        # groups whose lines run the previous group's opaque op (it applies their ops as it
+        # stores): a profiler times the two as one (``driver.HostDriver.timed``)
+        self.joined: set = set()
 
     # -- names ---------------------------------------------------------------------------------
     def fresh(self, hint: str) -> str:
@@ -745,6 +748,8 @@ class SegmentGen:
                     self._opaque(group)
             else:
                 rest = self._rest if blocks is not None else None
+                if blocks is not None:
+                    self.joined.add(gi)
                 if rest is not None and not rest.nodes:  # the op took the whole group
                     self.emit(f"# (taken by the {groups[gi - 1].nodes[0].op.type}: applied as "
                               f"it stores)")

@@ -8,7 +8,9 @@ the op type for one op, ``fused(<op types>)`` for a fusion group of several ops
 (``fused(a+b+...+z: N ops)`` for more than four), ``while/loop`` for a native loop. A native
 step with a host driver is timed group by group: while profiling it runs a copy of its driver
 that reports as each fusion group (a kernel call, a library call) starts
-(``HostDriver.timed``), so each group is an event of its own. Steps of a sub-block are
+(``HostDriver.timed``), so each group is an event of its own; a group whose ops the previous
+group's opaque op applies as it stores (a convolution's bias and activation) is timed with it,
+under the types of both (``fused(conv2d+elementwise_add+relu)``). Steps of a sub-block are
 recorded too, so a control-flow op's time also holds its body's. When no recorder is active
 a plan pays one global read per run and a native step one more.
 """
@@ -115,7 +117,12 @@ def timed_groups(step, values):
         if not lines or len(lines) != len(step.groups) or not hasattr(compiled, "timed"):
             timed = step._profile_timed = (compiled.fn, None, None)
         else:
-            names = [ops_name([op.type for op, _ in g]) for g in step.groups]
+            types = [[op.type for op, _ in g] for g in step.groups]
+            joined = getattr(compiled, "joined", frozenset())
+            # a group run by the previous group's call (a convolution applying its epilogue
+            # as it stores): the two ops' time under both names, at the later group's tick
+            names = [ops_name(types[k - 1] + t if k in joined else t)
+                     for k, t in enumerate(types)]
             state = [0.0]
             clock = time.perf_counter
 
