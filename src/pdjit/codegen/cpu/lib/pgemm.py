@@ -105,12 +105,14 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
         def const(v):
             return ir.Constant(i64, v)
 
-        # the columns' masks
-        idx = ir.Constant(ir.VectorType(i64, lanes), list(range(lanes)))
-        colvec = _splat(builder, ir.VectorType(i64, lanes), colsv)
+        # the columns' masks (compared in 32-bit lanes: one mask register a vector)
+        i32t = ir.IntType(32)
+        m32 = ir.VectorType(i32t, lanes)
+        idx = ir.Constant(m32, list(range(lanes)))
+        colvec = _splat(builder, m32, builder.trunc(colsv, i32t))
         masks = []
         for v in range(nv):
-            q = builder.add(idx, _splat(builder, ir.VectorType(i64, lanes), const(v * lanes)))
+            q = builder.add(idx, _splat(builder, m32, ir.Constant(i32t, v * lanes)))
             masks.append(builder.icmp_signed("<", q, colvec))
         mload, mstore = _masked(builder, vty, "load"), _masked(builder, vty, "store")
         i32 = ir.Constant(ir.IntType(32), size)
@@ -119,7 +121,8 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
 
         def spread(ptr_, off, v):
             """The vector of pointers to ``ptr_[off + (v * lanes + lane) * ldq]``."""
-            q = builder.add(idx, _splat(builder, ivty, const(v * lanes)))
+            q = builder.add(ir.Constant(ivty, list(range(lanes))),
+                            _splat(builder, ivty, const(v * lanes)))
             e = builder.add(_splat(builder, ivty, off), builder.mul(q, _splat(builder, ivty,
                                                                               ldcv)))
             addr = builder.add(_splat(builder, ivty, builder.ptrtoint(ptr_, i64)),
@@ -156,37 +159,47 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
         prefetch = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(ir.VoidType(), [i8p] + [ir.IntType(32)] * 3),
             "llvm.prefetch.p0")
-        with cgutils.for_range(builder, kkv) as loop:
-            k = loop.index
-            if conv:  # row k of b in place, its last vectors masked
-                base = builder.add(b0v, builder.mul(k, ldbv))
-                for v in range(nv if pf else 0):  # the next panel's row k
-                    p = builder.gep(bptr, [builder.add(base, const(nr + v * lanes))])
-                    builder.call(prefetch, [builder.bitcast(p, i8p)] + [
-                        ir.Constant(ir.IntType(32), x) for x in (0, 3, 1)])
+        def sums(masked: bool):
+            """The loop over ``k`` of the tile's fused multiply-adds (``masked``: conv's rows
+            of b loaded under the columns' mask)."""
+            with cgutils.for_range(builder, kkv) as loop:
+                k = loop.index
+                if conv:  # row k of b in place
+                    base = builder.add(b0v, builder.mul(k, ldbv))
+                    for v in range(nv if pf else 0):  # the next panel's row k
+                        p = builder.gep(bptr, [builder.add(base, const(nr + v * lanes))])
+                        builder.call(prefetch, [builder.bitcast(p, i8p)] + [
+                            ir.Constant(ir.IntType(32), x) for x in (0, 3, 1)])
+                    abase = builder.add(a0v, builder.mul(k, const(mr)))
+                else:
+                    base = builder.add(b0v, builder.mul(k, const(nr)))
+                    for v in range(nv if pf else 0):  # the panel's row pf steps ahead
+                        p = builder.gep(bptr, [builder.add(base, const(pf * nr + v * lanes))])
+                        builder.call(prefetch, [builder.bitcast(p, i8p)] + [
+                            ir.Constant(ir.IntType(32), x) for x in (0, 3, 1)])
                 bv = []
                 for v in range(nv):
-                    p = builder.gep(bptr, [builder.add(base, const(v * lanes))])
-                    bv.append(builder.call(mload, [builder.bitcast(p, vty.as_pointer()), i32,
-                                                   masks[v], zero]))
-                abase = builder.add(a0v, builder.mul(k, const(mr)))
-            else:
-                base = builder.add(b0v, builder.mul(k, const(nr)))
-                for v in range(nv if pf else 0):  # the panel's row pf steps ahead
-                    p = builder.gep(bptr, [builder.add(base, const(pf * nr + v * lanes))])
-                    builder.call(prefetch, [builder.bitcast(p, i8p)] + [
-                        ir.Constant(ir.IntType(32), x) for x in (0, 3, 1)])
-                bv = []
-                for v in range(nv):
-                    p = builder.gep(bptr, [builder.add(base, const(v * lanes))])
-                    bv.append(builder.load(builder.bitcast(p, vty.as_pointer()), align=size))
-            for r in range(mr):
-                ai = builder.add(abase, const(r)) if conv else builder.add(
-                    arow[r], builder.mul(k, ldav) if trans else k)
-                wb = _splat(builder, vty, builder.load(builder.gep(aptr, [ai])))
-                for v in range(nv):
-                    builder.store(builder.call(fma, [wb, bv[v], builder.load(acc[r][v])]),
-                                  acc[r][v])
+                    p = builder.bitcast(builder.gep(bptr, [builder.add(base, const(v * lanes))]),
+                                        vty.as_pointer())
+                    bv.append(builder.call(mload, [p, i32, masks[v], zero]) if masked else
+                              builder.load(p, align=size))
+                for r in range(mr):
+                    ai = builder.add(abase, const(r)) if conv else builder.add(
+                        arow[r], builder.mul(k, ldav) if trans else k)
+                    wb = _splat(builder, vty, builder.load(builder.gep(aptr, [ai])))
+                    for v in range(nv):
+                        builder.store(builder.call(fma, [wb, bv[v], builder.load(acc[r][v])]),
+                                      acc[r][v])
+
+        if conv:  # b read in place: a tile of all ``nr`` columns loads them whole (the masks,
+            # rebuilt at each step, took a port the multiply-adds need), the last one masked
+            with builder.if_else(builder.icmp_signed("==", colsv, const(nr))) as (whole, part):
+                with whole:
+                    sums(False)
+                with part:
+                    sums(True)
+        else:  # b packed, zero past its columns
+            sums(False)
         nbias = cgutils.unpack_tuple(builder, biasa.shape)[0]
         has_bias = builder.icmp_signed("!=", nbias, const(0))
         with builder.if_then(has_bias):
