@@ -204,8 +204,11 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
     b0v, hv, wv, ohv, owv, ptv, plv = geo
     lanes = vty.count
     i64 = ir.IntType(64)
+    i32 = ir.IntType(32)
     load = _masked(builder, vty, "load")
-    ity = ir.VectorType(i64, lanes)
+    # masks compared in 32-bit lanes: one mask register a vector (64-bit compares made two
+    # halves, spilled and joined again at each step of the row loop)
+    ity = ir.VectorType(i32, lanes)
     bty = ir.VectorType(ir.IntType(1), lanes)
     iota = ir.Constant(ity, list(range(lanes)))
 
@@ -214,9 +217,10 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
 
     def inside(col, lo_, hi_):
         """The lanes whose columns ``col + lane`` lie in ``[lo_, hi_)``."""
-        cols = builder.add(_splat(builder, ity, col), iota)
-        return builder.and_(builder.icmp_signed(">=", cols, _splat(builder, ity, lo_)),
-                            builder.icmp_signed("<", cols, _splat(builder, ity, hi_)))
+        cols = builder.add(_splat(builder, ity, builder.trunc(col, i32)), iota)
+        return builder.and_(
+            builder.icmp_signed(">=", cols, _splat(builder, ity, builder.trunc(lo_, i32))),
+            builder.icmp_signed("<", cols, _splat(builder, ity, builder.trunc(hi_, i32))))
 
     def row_inside(ih):
         return _splat(builder, bty, builder.and_(builder.icmp_signed(">=", ih, c(0)),
@@ -449,9 +453,9 @@ def max22_plane(typingctx, xs, b0, w, df, d0, oh, ow):
         fty, size, lanes, vty, i64, zero, _ = _vectors(context, builder, at[0].dtype)
         load, store = _masked(builder, vty, "load"), _masked(builder, vty, "store")
         align = ir.Constant(ir.IntType(32), size)
-        ity = ir.VectorType(i64, lanes)
-        iota = ir.Constant(ity, list(range(lanes)))
-        i32s = ir.VectorType(ir.IntType(32), lanes)
+        i32 = ir.IntType(32)
+        i32s = ir.VectorType(i32, lanes)
+        iota = ir.Constant(i32s, list(range(lanes)))
         even = ir.Constant(i32s, [2 * t for t in range(lanes)])
         odd = ir.Constant(i32s, [2 * t + 1 for t in range(lanes)])
 
@@ -462,9 +466,10 @@ def max22_plane(typingctx, xs, b0, w, df, d0, oh, ow):
             return builder.bitcast(builder.gep(base, [at_]), vty.as_pointer())
 
         def below(start, end):
-            """The lanes ``start + lane < end``."""
-            return builder.icmp_signed("<", builder.add(_splat(builder, ity, start), iota),
-                                       _splat(builder, ity, end))
+            """The lanes ``start + lane < end`` (compared in 32-bit lanes: one mask register)."""
+            return builder.icmp_signed(
+                "<", builder.add(_splat(builder, i32s, builder.trunc(start, i32)), iota),
+                _splat(builder, i32s, builder.trunc(end, i32)))
 
         def vector(r0, q0, masked):
             """Outputs ``q0..q0 + lanes`` of the row whose inputs start at ``r0``."""

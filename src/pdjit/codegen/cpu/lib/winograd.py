@@ -75,10 +75,12 @@ CALLS = [0]
 
 
 def _lane_mask(builder, i64, lanes, first, count):
-    """The lanes ``first + l < count`` (``first`` a Python int, ``count`` an i64 value)."""
-    ivty = ir.VectorType(i64, lanes)
+    """The lanes ``first + l < count`` (``first`` a Python int, ``count`` an i64 value),
+    compared in 32-bit lanes (one mask register a vector)."""
+    i32 = ir.IntType(32)
+    ivty = ir.VectorType(i32, lanes)
     idx = ir.Constant(ivty, [first + k for k in range(lanes)])
-    return builder.icmp_signed("<", idx, _splat(builder, ivty, count))
+    return builder.icmp_signed("<", idx, _splat(builder, ivty, builder.trunc(count, i32)))
 
 
 @intrinsic
@@ -107,13 +109,15 @@ def _tiles_in(typingctx, x, r0, rows, w_, col0, cnt, v, d0, cs):
         odd = ir.Constant(ity, [2 * k + 1 for k in range(lanes)])
         mload, mstore = _masked(builder, vty, "load"), _masked(builder, vty, "store")
         i32 = ir.Constant(ir.IntType(32), size)
-        ivty = ir.VectorType(i64, lanes)
+        i32t = ir.IntType(32)
+        ivty = ir.VectorType(i32t, lanes)  # (32-bit lanes: one mask register a vector)
         idx = ir.Constant(ivty, list(range(lanes)))
-        wvec = _splat(builder, ivty, wv)
+        wvec = _splat(builder, ivty, builder.trunc(wv, i32t))
         zvec = ir.Constant(ivty, [0] * lanes)
         masks = {}  # by the first column's offset: the columns inside the row
         for off in (0, lanes, 2, lanes + 2):
-            col = builder.add(idx, _splat(builder, ivty, builder.add(c0v, ir.Constant(i64, off))))
+            col = builder.add(idx, _splat(builder, ivty, builder.trunc(
+                builder.add(c0v, ir.Constant(i64, off)), i32t)))
             masks[off] = builder.and_(builder.icmp_signed(">=", col, zvec),
                                       builder.icmp_signed("<", col, wvec))
         cols = [[], [], [], []]  # per input column 0..3 of the tiles: the four rows
