@@ -17,6 +17,7 @@ Indices arrive as ``int64``. ``wrap`` lets ``-N <= i < 0`` count from the end (P
 names the op and the index. Outputs are arguments (the driver allocates them).
 """
 import numpy as np
+from numba.extending import overload
 
 from pdjit.codegen.cpu.lib._jit import compile_cost, jit, jobs
 from pdjit.codegen.cpu.threads import loop_threads, run_parts
@@ -570,3 +571,11 @@ def permuted(x, perm):
         calls.append((out[part], view[part]))
     run_parts(np.copyto, calls, parts - 1)
     return out
+
+
+@overload(permuted)
+def _permuted_native(x, perm):
+    """In compiled code (a native driver): the copy on its own thread."""
+    def impl(x, perm):
+        return x.transpose(perm).copy()
+    return impl
