@@ -16,10 +16,11 @@ from pdjit.io import load_combined_params, persistable_names, save_combined_para
 
 # these ops have no native code for some inputs tested here: a compiled plan
 # runs their NumPy reference by design and says so once per process
-pytestmark = pytest.mark.filterwarnings(
+# one worker runs the module (xdist_group): the ops zoo's program compiles once, not per worker
+pytestmark = [pytest.mark.filterwarnings(
     r"ignore:op '(cross_entropy|elementwise_floordiv|elementwise_mod"
     r"|softmax_with_cross_entropy)' runs its NumPy reference"
-    ":pdjit.framework.errors.ReferenceStepWarning")
+    ":pdjit.framework.errors.ReferenceStepWarning"), pytest.mark.xdist_group("paddle_zoo")]
 
 FIXTURES = pathlib.Path(__file__).resolve().parents[1] / "fixtures" / "paddle"
 ZOO = json.loads((FIXTURES / "ops_zoo.json").read_text())

@@ -172,13 +172,18 @@ _AXIS_PERM = {"axis": Ints(REQUIRED, choices=([1, 0], [0, 2, 1], [2, 0, 1]))}
 def _keeps_batch_axis(v):
     perm = list(v.attr("axis") or [])
     return None if perm and int(perm[0]) == 0 else f"axis={perm} moves the batch axis"
-def _transpose_lower(ctx):
+def _numpy_permuted(ctx, X, perm) -> str:
+    """Source of ``X`` permuted by ``perm`` as a new array (NumPy's copy)."""
+    return f"{X}.transpose({ctx.tuple_src(perm)}).copy()"
+
+
+def _transpose_lower(ctx, permuted=_numpy_permuted):
+    """``Out`` = ``X`` permuted, by ``permuted(ctx, X, perm)`` (a target may copy otherwise)."""
     X, r = ctx.inp("X"), ctx.rank("X")
     perm = [int(a) % max(r, 1) for a in ctx.attrs["axis"]]
     if sorted(perm) != list(range(r)):
         return None  # an error the reference reports
-    return _xshape_line(ctx, X) + [
-        f"{ctx.out('Out')} = {X}.transpose({ctx.tuple_src(perm)}).copy()"]
+    return _xshape_line(ctx, X) + [f"{ctx.out('Out')} = {permuted(ctx, X, perm)}"]
 
 
 register_op("transpose2", inputs=["X"], outputs=["Out", "XShape~"], attrs=dict(_AXIS_PERM),
@@ -383,7 +388,7 @@ def _transpose_grad_ref(target_shape, axis, g):
     return {"X@GRAD": out.copy()}
 
 
-def _transpose_grad_lower(ctx):
+def _transpose_grad_lower(ctx, permuted=_numpy_permuted):
     if not ctx.has_output("X@GRAD"):
         return []
     r = ctx.rank("Out@GRAD")
@@ -391,8 +396,7 @@ def _transpose_grad_lower(ctx):
     if sorted(perm) != list(range(r)):
         return None  # an error the reference reports
     inv = [perm.index(i) for i in range(r)]
-    g = ctx.inp("Out@GRAD")
-    return [f"{ctx.out('X@GRAD')} = {g}.transpose({ctx.tuple_src(inv)}).copy()"]
+    return [f"{ctx.out('X@GRAD')} = {permuted(ctx, ctx.inp('Out@GRAD'), inv)}"]
 
 
 register_op(

@@ -1,10 +1,11 @@
 """The tiling ops of :mod:`pdjit.ops.shape` (expand, tile, expand_v2, expand_as_v2) and their
 gradients on the CPU: ``_nn.tile_nd`` / ``_nn.untile_nd`` over the flat arrays, the dims as
-run-time arguments."""
+run-time arguments; transpose(2) and its gradient: ``_nn.permuted`` (large copies on the loop
+threads)."""
 from __future__ import annotations
 
 from pdjit.codegen.cpu.lowerings import lowering
-from pdjit.ops.shape import _TILING, _transpose_grad_lower, _transpose_lower, _xshape_line
+from pdjit.ops.shape import _TILING, _transpose_grad_lower, _transpose_lower
 
 
 def _tiling_lower(op):
@@ -85,30 +86,19 @@ for _op in _TILING:
     lowering(f"{_op}_grad", host=True)(_untile_lower)
 
 
-def _permuted_copy(ctx, X, perm, out: str) -> list:
-    """``out = X`` permuted by ``perm``, large data copied on the loop threads
-    (``_nn.permuted``)."""
-    return [f"{out} = {ctx.lib_fn('permuted')}({X}, {ctx.tuple_src(perm)})"]
+def _permuted(ctx, X, perm) -> str:
+    """Source of ``X`` permuted as a new array, large data copied on the loop threads
+    (``_nn.permuted``; in compiled code, on its own thread)."""
+    return f"{ctx.lib_fn('permuted')}({X}, {ctx.tuple_src(perm)})"
 
 
 @lowering("transpose2", host=True)
 @lowering("transpose", host=True)
 def _transpose(ctx):
-    X, r = ctx.inp("X"), ctx.rank("X")
-    perm = [int(a) % max(r, 1) for a in ctx.attrs["axis"]]
-    if sorted(perm) != list(range(r)):
-        return _transpose_lower(ctx)  # (an error the reference reports)
-    return _xshape_line(ctx, X) + _permuted_copy(ctx, X, perm, ctx.out("Out"))
+    return _transpose_lower(ctx, _permuted)
 
 
 @lowering("transpose2_grad", host=True)
 @lowering("transpose_grad", host=True)
 def _transpose_grad(ctx):
-    if not ctx.has_output("X@GRAD"):
-        return []
-    r = ctx.rank("Out@GRAD")
-    perm = [int(a) % max(r, 1) for a in ctx.attrs["axis"]]
-    if sorted(perm) != list(range(r)):
-        return _transpose_grad_lower(ctx)
-    inv = [perm.index(i) for i in range(r)]
-    return _permuted_copy(ctx, ctx.inp("Out@GRAD"), inv, ctx.out("X@GRAD"))
+    return _transpose_grad_lower(ctx, _permuted)
