@@ -21,6 +21,10 @@ import time
 import numpy as np
 import pytest
 
+# one worker runs the module (xdist_group): the cache two processes fill at once is made
+# once, not per worker
+pytestmark = pytest.mark.xdist_group("cache_stress")
+
 SCRIPT = textwrap.dedent("""
     import builtins, errno, json, os, sys, time, warnings
     root, fault = os.environ["TEST_CACHE_ROOT"], os.environ.get("TEST_FAULT", "")
