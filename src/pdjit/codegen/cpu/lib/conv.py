@@ -41,7 +41,7 @@ from pdjit.codegen.cpu.lib import team, winograd
 from pdjit.codegen.cpu.lib._jit import blas_gemm, compile_cost, jit, jobs, pjit
 from pdjit.codegen.cpu.lib.deint import copy_run, deint, vcopy, zero_run
 from pdjit.codegen.cpu.lib.tile import TILE_BYTES, clamp_run, plane_kernel, tile_kernel
-from pdjit.codegen.cpu.threads import loop_threads, place_team, run_parts
+from pdjit.codegen.cpu.threads import loop_threads, run_parts
 from pdjit.codegen.diskcache import cached
 
 __all__ = ["split_work", "conv2d_fwd", "conv2d_bwd_data", "conv2d_bwd_data_by_taps",
@@ -1059,12 +1059,10 @@ def _by_team(fn, args, bounds) -> bool:
         call = (x, w, y, b, *g, bias, lo, hi)
     else:
         call = (x, w, y, b, *g, bias, lo, hi, args[13])
-    if not team.ready(run, call):
+    if not team.run(run, call):
         return False
     if run is _wino_by_channels:
         winograd.CALLS[0] += 1
-    place_team()
-    run(*call)
     return True
 
 

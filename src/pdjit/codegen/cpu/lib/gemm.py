@@ -135,9 +135,7 @@ def _split_batches(a, b, ta, tb, alpha, c, parts):
     n = c.shape[0]
     if _packs(a, b, ta, c):  # (by a parallel loop where it is ready: see lib.team)
         call = (a, b, bool(tb), float(alpha), c, parts)
-        if team.ready(batches_by_team, call):
-            threads.place_team()
-            batches_by_team(*call)
+        if team.run(batches_by_team, call):
             return
     run_chunks(_range_gemm, n, parts, min(n, 4 * parts), a, b, ta, tb, alpha, c)
 

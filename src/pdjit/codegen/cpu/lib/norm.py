@@ -34,8 +34,8 @@ from numba.extending import overload, register_jitable
 
 from pdjit.codegen.cpu.lib import team
 from pdjit.codegen.cpu.lib._jit import compile_cost, jit, jit_sum, jobs, pjit
-from pdjit.codegen.cpu.lib.conv import _plain, split_work
-from pdjit.codegen.cpu.threads import free_cores, loop_threads, place_team, run_parts
+from pdjit.codegen.cpu.lib.conv import _TEAM_TYPES, _plain, split_work
+from pdjit.codegen.cpu.threads import free_cores, loop_threads, run_parts
 
 _F64 = np.dtype(np.float64)
 
@@ -583,9 +583,7 @@ def layer_norm_fwd(x, scale, bias, eps, y, mean, var):
     if m >= 2 and x.size >= _LN_TEAM_MIN and x.dtype in _TEAM_TYPES:
         parts = min(m, loop_threads())
         call = (x, scale, bias, float(eps), y, mean, var, parts)
-        if parts > 1 and team.ready(_ln_fwd_parts, call):
-            place_team()
-            _ln_fwd_parts(*call)
+        if parts > 1 and team.run(_ln_fwd_parts, call):
             return
     if _ln_parts(m, x.size) == 1:
         _ln_fwd_rows(x, scale, bias, eps, y, mean, var, 0, m)
@@ -597,7 +595,6 @@ def layer_norm_fwd(x, scale, bias, eps, y, mean, var):
 #: a few microseconds while the team polls (a BERT-like encoder's [2048, 256] took 0.58 ms on
 #: one thread; its [128, 256] of one sample 0.04 ms)
 _LN_TEAM_MIN = 1 << 15
-_TEAM_TYPES = (np.dtype(np.float32), np.dtype(np.float64))
 
 
 @pjit

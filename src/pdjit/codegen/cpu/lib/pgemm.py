@@ -537,9 +537,7 @@ def _split_rows(x, bp, out, bias, res, lo, hi, parts):
     (:func:`_row_parts`) where it is ready, else on ``run_parts``' helpers, each part on the
     packed kernel whatever its rows: the same bits as one thread's call."""
     call = (x, bp, out, bias, res, float(lo), float(hi), parts)
-    if team.ready(_row_parts, call):
-        threads.place_team()
-        _row_parts(*call)
+    if team.run(_row_parts, call):
         return
     blocks = -(-x.shape[0] // MR)
     run_chunks(_row_blocks, blocks, parts, min(blocks, 4 * parts), *call[:7])

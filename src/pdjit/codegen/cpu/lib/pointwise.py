@@ -287,9 +287,7 @@ def _split(parts, work, x, w, ap, y, sh, sw, pt, pl, dh, dw, groups, bias, lo, h
     if work >= _conv._TEAM_MIN_WORK:
         call = (x, ap, y, np.array(bounds, np.int64), np.array(ends, np.int64), cols, bias,
                 float(lo), float(hi), res)
-        if team.ready(_by_channels, call):
-            _conv.place_team()
-            _by_channels(*call)
+        if team.run(_by_channels, call):
             return True
     if work < _conv._CHANNELS_MIN_WORK:
         return False

@@ -24,7 +24,7 @@ from numba.extending import intrinsic
 from pdjit.codegen.cpu import threads
 from pdjit.codegen.cpu.lib._jit import compile_cost, jobs, pjit
 
-__all__ = ["ready", "thread_ids"]
+__all__ = ["ready", "run", "thread_ids"]
 
 #: Linux's number of the ``gettid`` system call on this machine (None: no ids taken)
 _GETTID = {"x86_64": 186, "amd64": 186, "aarch64": 178, "arm64": 178}.get(
@@ -112,6 +112,17 @@ def ready(loop, args) -> bool:
         _READY[key] = None
         return False
     _READY[key] = True
+    return True
+
+
+def run(loop, call) -> bool:
+    """``loop(*call)`` on the team where the loop is :func:`ready` for ``call``, its threads
+    first kept off the caller's core (``threads.place_team``): whether it ran (else the caller
+    splits as before)."""
+    if not ready(loop, call):
+        return False
+    threads.place_team()
+    loop(*call)
     return True
 
 
