@@ -219,7 +219,7 @@ class HostDriver:
         # the 1-based source line where each group begins, as the generator placed them: a
         # traceback's line names the group
         self.group_lines = [line for line, _ in gen.group_lines()]
-        self.joined = frozenset(getattr(gen, "joined", ()))  # groups run by the previous one's call
+        self.joined = frozenset(gen.joined)  # groups run by the previous group's call
         self._build()
 
     def _namespace(self) -> dict:
@@ -249,8 +249,7 @@ class HostDriver:
         hook, ``pdjit.runtime.profile``), but for a group of :attr:`joined` (the previous
         group's opaque op runs its ops as it stores: the two are timed as one): the same source
         and kernels otherwise."""
-        joined = getattr(self, "joined", frozenset())
-        starts = {at: k for k, at in enumerate(self.group_lines) if k and k not in joined}
+        starts = {at: k for k, at in enumerate(self.group_lines) if k and k not in self.joined}
         lines = []
         for n, line in enumerate(self.source.splitlines(), 1):
             if n in starts:

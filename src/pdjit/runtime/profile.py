@@ -118,7 +118,7 @@ def timed_groups(step, values):
             timed = step._profile_timed = (compiled.fn, None, None)
         else:
             types = [[op.type for op, _ in g] for g in step.groups]
-            joined = getattr(compiled, "joined", frozenset())
+            joined = compiled.joined
             # a group run by the previous group's call (a convolution applying its epilogue
             # as it stores): the two ops' time under both names, at the later group's tick
             names = [ops_name(types[k - 1] + t if k in joined else t)
