@@ -16,6 +16,7 @@ import numpy as np
 
 from pdjit.aot import batch_split, csource, loader
 from pdjit.codegen.aot import entry
+from pdjit.codegen.target import get_target
 from pdjit.codegen.aot.numba_aot import compile_object
 from pdjit.framework.dtypes import to_numpy
 from pdjit.framework.errors import AotError, ReferenceStepWarning
@@ -86,7 +87,7 @@ def compile_model(model_path, out_dir, batch: int = 1, cpu: str = "host",
     t0 = time.perf_counter()
     model = load_model(model_path, params_file)
     notes = _training_mode_ops(model.program)
-    program, params = optimize(model.program, model.params)
+    program, params = optimize(model.program, model.params, target=get_target(entry.NAME))
     gb = program.global_block()
     for n in model.feed_names:   # before the plan, whose refusal would name an op reading it
         v = gb._find_var_recursive(n)

@@ -820,7 +820,8 @@ class SegmentGen:
                 not any(outs[0] in n.op.input_arg_names for n in nxt.nodes):
             return None
         ctx = LowerContext(self, node)
-        ctx.offer = self._channel_epilogue(outs[0], nxt, gi + 1, low.channel_axis) \
+        axis = low.channel_axis(node.op) if callable(low.channel_axis) else low.channel_axis
+        ctx.offer = self._channel_epilogue(outs[0], nxt, gi + 1, axis) \
             if gi >= 0 else None
         spec = low.blocked(ctx)
         if spec is None:

@@ -39,6 +39,7 @@ import importlib
 import pkgutil
 from typing import NamedTuple
 
+from pdjit.framework import registry
 from pdjit.framework.registry import Opaque
 
 #: a table entry: the target runs the op definition's own ``Opaque.lower``
@@ -55,14 +56,15 @@ class Lowerings:
         self._loaded = False
 
     def lowering(self, *op_types: str, host: bool = False, flat: bool = False,
-                 blocked=None, blas: bool = False, channel_axis: int = 1):
+                 blocked=None, blas: bool = False, channel_axis=1, channels_last=None):
         """Decorator: ``fn(ctx) -> [source lines] | None`` lowers ``op_types`` on this target
-        (``host``, ``flat``, ``blocked``, ``blas``, ``channel_axis``: as ``Opaque`` declares
-        them)."""
+        (``host``, ``flat``, ``blocked``, ``blas``, ``channel_axis``, ``channels_last``: as
+        ``Opaque`` declares them)."""
         def register(fn):
             for op_type in op_types:
                 self._add(op_type, Opaque(fn, host=host, flat=flat, blocked=blocked,
-                                          blas=blas, channel_axis=channel_axis))
+                                          blas=blas, channel_axis=channel_axis,
+                                          channels_last=channels_last))
             return fn
         return register
 
@@ -156,6 +158,17 @@ class Target:
         if own is None and self.generic_lowerings or own == GENERIC:
             own = generic
         return own if own is not None and own.lower is not None else None
+
+    def channels_last(self, op) -> bool:
+        """Whether this target runs ``op`` (as the program has it) faster on channels-last
+        images: its lowering's ``Opaque.channels_last`` says so (the inference pass
+        ``channels_last`` asks)."""
+        opdef = registry.lookup(op.type)
+        if opdef is None or opdef.layout is None or not isinstance(opdef.emit, Opaque):
+            return False
+        own = self.lowering(op.type, opdef.emit)
+        return own is not None and own.channels_last is not None and \
+            bool(own.channels_last(op))
 
     def require(self, what: str) -> None:
         """Raise a clear error (naming ``what`` needs it) when the target cannot run in this

@@ -215,6 +215,8 @@ class Config:
         from pdjit.passes.inference import INFERENCE_PASSES, optimize
 
         names = [n for n, _ in INFERENCE_PASSES if n not in self._deleted_passes]
+        # the target the model runs on: the passes that ask it (channels_last) differ by it
+        target = "cuda" if self.use_gpu() else "cpu"
         key = None
         if self._optimized_cache:
             from pdjit.io import optimized_cache
@@ -224,7 +226,7 @@ class Config:
                 data = _read_file(model_file, "model")
                 if pname is not None and not os.path.exists(os.path.join(pdir, pname)):
                     raise OSError(pname)
-                key = optimized_cache.model_key(data, pdir, pname, names)
+                key = optimized_cache.model_key(data, pdir, pname, names, target)
             except (OSError, ModelFileError):
                 key = None  # the load below names what is wrong
             if key is not None:
@@ -236,7 +238,10 @@ class Config:
         digest = optimized_cache.racy_digest(key) if key is not None else None
         model = self._load()
         # the values were just read and nothing else holds them: reused
-        program, params = optimize(model.program, model.params, names, overwrite=True)
+        from pdjit.codegen.target import get_target
+
+        program, params = optimize(model.program, model.params, names, overwrite=True,
+                                   target=get_target(target))
         if key is not None:
             # the Executor's check of the program (it fills in attribute defaults) done here,
             # so that the entry holds the program a run sees (marked verified when loaded)

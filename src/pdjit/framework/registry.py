@@ -106,6 +106,10 @@ An ``OpDef`` holds:
 ``column`` (``FEED_FETCH`` ops)
     A :class:`Column`: which slot holds the run's feed or fetch list, which the variable, and
     which attribute the column; the runtime finds a program's feeds and fetches by it.
+``layout`` (optional)
+    A :class:`Layout`: the attribute that says whether the op's images are channels-first
+    (NCHW) or channels-last (NHWC), and the slots it applies to; the inference pass
+    ``channels_last`` switches it where the target asks for it.
 ``out_lod`` (optional)
     How the LoD of outputs follows from the LoD of inputs, without running the op:
     ``out_lod(lods, *, attrs...) -> {out_slot: lod | [lod]}``. ``lods`` maps each input slot the
@@ -381,7 +385,12 @@ class Opaque:
     and ``after`` are source expressions over the driver's locals. ``None``: not by blocks.
 
     ``channel_axis`` (with ``blocked``): the output's axis along which a bias of the epilogue
-    runs (1: a convolution's channels; -1: a product's columns).
+    runs (1: a convolution's channels; -1: a product's columns), or ``channel_axis(op)``
+    giving it (a convolution's depends on its ``data_format``).
+
+    ``channels_last(op) -> bool`` (optional, an op that declares a ``Layout``): the lowering
+    runs ``op`` on channels-last images without converting them (what the inference pass
+    ``channels_last`` asks the target, ``Target.channels_last``).
 
     ``blas=True`` (host lowerings): the lines call the host's BLAS (a GEMM, a batched GEMM),
     a fact the code generator records on the driver (``calls_blas``) so that the run sets
@@ -392,7 +401,8 @@ class Opaque:
     flat: bool = False
     blocked: Callable | None = None
     blas: bool = False
-    channel_axis: int = 1
+    channel_axis: int | Callable = 1
+    channels_last: Callable | None = None
 
 
 # ---- control flow ------------------------------------------------------------------------
@@ -480,6 +490,21 @@ class Column:
     def value_var(self, op) -> list:
         """The names ``op`` binds to the value slot."""
         return op.input(self.value) if self.fetch else op.output(self.value)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Attribute ``attr`` says the layout of the rank-4 images in the input slots ``inputs``
+    and output slots ``outputs``: ``first`` (channels on axis 1, NCHW) or ``last`` (channels
+    on axis 3, NHWC); the op's other slots (a filter) do not change with it."""
+    inputs: tuple
+    outputs: tuple
+    attr: str = "data_format"
+    first: str = "NCHW"
+    last: str = "NHWC"
+
+    def is_last(self, op) -> bool:
+        return op.all_attrs().get(self.attr, self.first) == self.last
 
 
 # ---- what an op is at inference (``OpDef.inference``) ------------------------------------
@@ -642,6 +667,7 @@ class OpDef:
     select: Select | None = None
     test_mode: str | None = None
     column: Column | None = None
+    layout: Layout | None = None
 
     def __post_init__(self):
         self.inputs = tuple(Slot.parse(s) for s in self.inputs)
@@ -777,7 +803,7 @@ def register_op(type: str, *, inputs: Sequence, outputs: Sequence, attrs: Mappin
                 control: ControlFlow | None = None,
                 inference: Callable | None = None, row_wise: RowWise | None = None,
                 select: Select | None = None, test_mode: str | None = None,
-                column: Column | None = None) -> OpDef:
+                column: Column | None = None, layout: Layout | None = None) -> OpDef:
     """Define an op. ``emit`` and ``grad`` have no default: each op declares both decisions.
 
     ``domain`` (optional) says which values an input slot takes: ``{"X": "positive"}``
@@ -787,7 +813,7 @@ def register_op(type: str, *, inputs: Sequence, outputs: Sequence, attrs: Mappin
         raise ValueError(f"op type {type!r} is already registered")
     opdef = OpDef(type, tuple(inputs), tuple(outputs), dict(attrs or {}), frozenset(traits),
                   infer_shape, reference, emit, grad, doc, dict(domain or {}), out_lod, control,
-                  inference, row_wise, select, test_mode, column)
+                  inference, row_wise, select, test_mode, column, layout)
     _REGISTRY[type] = opdef
     _HAVING.clear()
     # pdjit's own definitions are the ones its op modules make (define_op's are a user's)

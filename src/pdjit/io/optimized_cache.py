@@ -105,10 +105,12 @@ def _file_identity(path: str, now: float) -> tuple:
 
 
 def model_key(model_bytes: bytes, params_dir: str, params_name: str | None,
-              passes) -> ModelKey:
-    """The key of the optimized form of a model (see the module's docstring)."""
+              passes, target: str = "cpu") -> ModelKey:
+    """The key of the optimized form of a model (see the module's docstring) for the passes
+    ``passes`` and the ``target`` the model runs on (a pass may ask it)."""
     h = hashlib.sha256(sources_stamp().encode())
     h.update(b"\0passes:" + ",".join(passes).encode() + b"\0")
+    h.update(b"target:" + target.encode() + b"\0")
     h.update(b"dir:" + os.path.realpath(params_dir).encode() + b"\0")
     h.update(hashlib.sha256(model_bytes).digest())
     now, racy, files = time.time(), False, []

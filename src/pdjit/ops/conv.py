@@ -31,6 +31,7 @@ from pdjit.framework.registry import (
     ChannelLinear,
     Int,
     Ints,
+    Layout,
     Opaque,
     RowWise,
     Str,
@@ -330,7 +331,7 @@ for _t in ("conv2d", "depthwise_conv2d"):
         _t, inputs=["Input", "Filter"], outputs=["Output"], attrs=_CONV_ATTRS, traits=[OPAQUE],
         row_wise=RowWise(batch=("Input",), const=("Filter",)),
         infer_shape=_conv_infer, reference=_conv_ref, inference=_channel_linear(False),
-        emit=Opaque(),
+        emit=Opaque(), layout=Layout(inputs=("Input",), outputs=("Output",)),
         grad=default_grad(f"{_t}_grad", fwd_inputs=("Input", "Filter"),
                           grad_outputs=("Output",), wrt=("Input", "Filter")),
         doc="Output = the 2-D convolution of Input with Filter [M, C/groups, KH, KW].")

@@ -4,8 +4,8 @@ Passes never run code and never name an op: they read op definitions' traits and
 ``PDJIT_DUMP_AFTER=<pass>`` (comma-separated, or ``all``) prints what a pass produced, to
 stderr: the compile pipeline's stages (``prune``, ``fusion``, ``generate``, ``memory_plan``,
 ``native_loops``, ``steps``: :mod:`pdjit.codegen.pipeline`) and the inference passes
-(``pdjit.passes.inference``): ``test_mode``, ``remove_noops``, ``fold_batch_norm`` and
-``fold_constants``.
+(``pdjit.passes.inference``): ``test_mode``, ``remove_noops``, ``fold_batch_norm``,
+``fold_constants`` and ``channels_last``.
 """
 from __future__ import annotations
 

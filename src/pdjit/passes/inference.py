@@ -38,6 +38,11 @@ new weights in float64 and stores them in the weight's dtype). In pipeline order
     it: when one of its readers stays, so does it (a constant built at run time costs less than
     one stored in the model).
 
+``channels_last``
+    Chains of convolutions that the target runs faster on channels-last (NHWC) images
+    switched to them, converted once at each chain's ends (:mod:`pdjit.passes.layout`; only
+    with a ``target``: the Predictor's and the ahead-of-time compiler's).
+
 After ``fold_batch_norm`` and ``fold_constants``, parameters no op reads any more are dropped
 from ``params`` and from the program (:func:`prune_unused_params`).
 
@@ -638,19 +643,25 @@ def prune_unused_params(program: Program, params: dict):
 
 
 # ---- the pipeline -----------------------------------------------------------------------------
+# (the layout pass uses this module's helpers: imported once they are defined)
+from pdjit.passes.layout import channels_last  # noqa: E402
+
 INFERENCE_PASSES = [
     ("test_mode", test_mode),
     ("remove_noops", remove_noops),
     ("fold_batch_norm", fold_batch_norm),
     ("fold_constants", fold_constants),
+    ("channels_last", channels_last),
 ]
 
 
-def optimize(program: Program, params: dict, passes=None, overwrite: bool = False):
+def optimize(program: Program, params: dict, passes=None, overwrite: bool = False,
+             target=None):
     """Apply the inference passes (all, or those named in ``passes``) in pipeline order;
     returns ``(program, params)``, new ones, the given ones unchanged (with ``overwrite``,
     the given arrays may be reused for results: the caller hands them over, see
-    :func:`fold_batch_norm`)."""
+    :func:`fold_batch_norm`). ``target``: the target the program will run on, for the
+    passes that ask it (``channels_last``; None: they change nothing)."""
     _check_args("optimize", program, params)
     known = [n for n, _ in INFERENCE_PASSES]
     if passes is not None:
@@ -663,10 +674,13 @@ def optimize(program: Program, params: dict, passes=None, overwrite: bool = Fals
     wanted = set(known if passes is None else passes)
     for name, fn in INFERENCE_PASSES:
         if name in wanted:
-            if overwrite and "overwrite" in inspect.signature(fn).parameters:
-                program, params = fn(program, params, overwrite=True)
-            else:
-                program, params = fn(program, params)
+            kw = {}
+            taken = inspect.signature(fn).parameters
+            if overwrite and "overwrite" in taken:
+                kw["overwrite"] = True
+            if "target" in taken:
+                kw["target"] = target
+            program, params = fn(program, params, **kw)
     if not wanted:
         program, params = program.clone(), dict(params)
     return program, params

@@ -17,11 +17,13 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from pdjit.codegen.cpu.lib.channels_last import MAX_PLANE
 from pdjit.codegen.cpu.lib.conv import _dw_by_taps, _use_gemm, by_forward, use_direct
 from pdjit.codegen.cpu.lib.pointwise import usable
 from pdjit.codegen.cpu.lib.winograd import may_take
 from pdjit.codegen.cpu.lowerings import lowering
 from pdjit.ops.conv import (
+    _CONV_ATTRS,
     Geometry,
     _float_ok,
     _geometry,
@@ -56,7 +58,9 @@ def _conv_blocked(ctx):
     g = _geometry(ctx.attrs, ctx.op.type)
     m, cg, kh, kw = ctx.shape("Filter")
     groups = ctx.attrs["groups"]
-    if g.nhwc or not _float_ok(ctx, "Input", "Filter") or min(m, cg, kh, kw) < 1:
+    if g.nhwc:
+        return _nhwc_blocked(ctx, g) if channels_last(ctx.op) else None
+    if not _float_ok(ctx, "Input", "Filter") or min(m, cg, kh, kw) < 1:
         return None
     X, W = ctx.inp("Input"), ctx.inp("Filter")
     n, _, h, w = image_dims(g, X)
@@ -82,6 +86,67 @@ def _conv_blocked(ctx):
     return lines, fn, before, args + epi, f"{y}.size * {W}[0].size"
 
 
+def channels_last(op) -> bool:
+    """Whether a kernel of :mod:`pdjit.codegen.cpu.lib.channels_last` serves the convolution
+    ``op`` on NHWC images (what the inference pass ``channels_last`` asks the target): float32,
+    planes of at most ``MAX_PLANE`` pixels (known when lowering; on larger ones the NCHW
+    kernels measured faster), a filter that is a weight (persistable, written by no op), and
+    either 1x1, stride 1, no
+    padding, one group (:func:`~pdjit.codegen.cpu.lib.channels_last.pointwise_nhwc`) or one
+    filter per channel (:func:`~pdjit.codegen.cpu.lib.channels_last.depthwise_nhwc`)."""
+    return _channels_last_kind(op) is not None
+
+
+def _channels_last_kind(op) -> str | None:
+    block = op.block
+    xs, ws = op.input("Input"), op.input("Filter")
+    if len(xs) != 1 or len(ws) != 1:
+        return None
+    x, w = block._find_var_recursive(xs[0]), block._find_var_recursive(ws[0])
+    if x is None or w is None or not w.persistable or len(w.shape) != 4 or \
+            len(x.shape) != 4 or np.dtype(x.dtype) != np.float32 or \
+            np.dtype(w.dtype) != np.float32 or min(w.shape) < 1 or \
+            any(ws[0] in o.output_arg_names for b in block.program.blocks for o in b.ops):
+        return None
+    attrs = {k: spec.default for k, spec in _CONV_ATTRS.items()}
+    attrs.update(op.all_attrs())
+    m, cg, kh, kw = w.shape
+    groups = int(attrs.get("groups", 1) or 1)
+    g = _geometry({**attrs, "data_format": "NCHW"}, op.type)
+    nhwc = attrs.get("data_format") == "NHWC"
+    c = x.shape[3] if nhwc else x.shape[1]
+    h, w_ = (x.shape[1], x.shape[2]) if nhwc else (x.shape[2], x.shape[3])
+    if h < 1 or w_ < 1 or h * w_ > MAX_PLANE:
+        return None
+    if groups == 1 and kh == kw == 1 and tuple(g.strides) == (1, 1) and \
+            (g.algo != "EXPLICIT" or not any(g.pads)):
+        return "pointwise_nhwc"
+    if cg == 1 and m == groups and (c < 0 or c == m):
+        return "depthwise_nhwc"
+    return None
+
+
+def _nhwc_blocked(ctx, g: Geometry):
+    """:func:`_conv_blocked` for an NHWC convolution that :func:`channels_last` accepts."""
+    kind = _channels_last_kind(ctx.op)
+    X, W = ctx.inp("Input"), ctx.inp("Filter")
+    m, _, kh, kw = ctx.shape("Filter")
+    n, _, h, w = image_dims(g, X)
+    oh, ow = g.src_conv_out(0, h, kh), g.src_conv_out(1, w, kw)
+    y = ctx.out("Output", shape=f"({n}, {oh}, {ow}, {W}.shape[0])")
+    lines = [f"_rt.check({X}.shape[3] == {W}.shape[1] * {ctx.attrs['groups']})"]
+    epi = ctx.channel_epilogue(ctx.T("Output"), lines, residual=True)
+    wt = ctx.tmp("wt")
+    lines.append(f"{wt} = {ctx.lib_fn(kind + '_weight')}({W})")
+    fn = ctx.lib_fn(kind)
+    if kind == "pointwise_nhwc":
+        return lines, fn, [X, wt, y], epi, f"{y}.size * {W}.shape[1]"
+    pt, _, dh = g.src_window(0, f"{X}.shape[1]", kh)
+    pl, _, dw = g.src_window(1, f"{X}.shape[2]", kw)
+    geo = [str(g.strides[0]), str(g.strides[1]), pt, pl, dh, dw, str(kh), str(kw)]
+    return lines, fn, [X, wt, y], geo + epi, f"{y}.size * {kh * kw}"
+
+
 def _pointwise(ctx, g: Geometry, m: int, cg: int, kh: int, kw: int, args: list) -> str:
     """The library entry by which a convolution runs on pdjit's packed GEMM with its filter
     packed once (``_nn.pointwise_range``, see ``pdjit.codegen.cpu.lib.pointwise``; ``""``:
@@ -105,7 +170,12 @@ def _pointwise(ctx, g: Geometry, m: int, cg: int, kh: int, kw: int, args: list) 
     return entry
 
 
-@lowering("conv2d", "depthwise_conv2d", host=True, blocked=_conv_blocked)
+def _channel_axis(op) -> int:
+    return -1 if op.all_attrs().get("data_format") == "NHWC" else 1
+
+
+@lowering("conv2d", "depthwise_conv2d", host=True, blocked=_conv_blocked,
+          channel_axis=_channel_axis, channels_last=channels_last)
 def _conv_lower(ctx):
     if not _float_ok(ctx, "Input", "Filter"):
         return None

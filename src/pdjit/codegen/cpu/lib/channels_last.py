@@ -1,0 +1,432 @@
+"""Convolutions on channels-last (NHWC) images, float32: the layout the inference pass
+``channels_last`` (:mod:`pdjit.passes.layout`) gives the chains of convolutions these kernels
+serve, so that the image is converted once at the chain's ends instead of at each op.
+
+- :func:`pointwise_nhwc`: a 1x1 stride-1 unpadded convolution of one group is the product
+  ``y[p, :] = x[p, :] @ W^T`` over the pixels ``p`` (each pixel's channels contiguous): the
+  packed GEMM's tile (:mod:`.pgemm`) reads ``MR`` pixels' rows in place and ``W^T`` packed
+  once in panels of output channels, the epilogue (a bias per output channel, a residual, a
+  clamp) applied in registers. Two tiles by the output channels (:func:`panel_of`): 6 pixels
+  by 64 channels, or 12 pixels by 32 where 32-wide panels waste fewer lanes (MobileNetV2's
+  projections to 16, 24, 32 and 96 channels).
+- :func:`depthwise_nhwc`: one filter per channel (``groups`` = channels, one output channel
+  each), any window, stride, padding and dilation: each output pixel's channels summed tap by
+  tap in one contiguous loop over the channels (vectorised by LLVM), then the epilogue.
+
+Each takes the samples ``n0 .. n1`` (``Opaque.blocked``); one sample is split over threads by
+rows of pixels (:func:`_split_pointwise`, :func:`_split_depthwise`, for ``conv.split_work``).
+A weight (a parameter no op of the program writes) is rearranged once
+(:func:`pointwise_nhwc_weight`, :func:`depthwise_nhwc_weight`, kept beside the array,
+:func:`pdjit.codegen.params.derived`); compiled code (a native driver, an ahead-of-time
+artifact) rearranges it at each call (``@overload``), a copy of the filter's size.
+"""
+import numpy as np
+import llvmlite.ir as ir
+import numba
+from numba.core import cgutils, types
+from numba.extending import intrinsic, overload
+
+from pdjit.codegen import params
+from pdjit.codegen.cpu.lib import conv as _conv
+from pdjit.codegen.cpu.lib import team
+from pdjit.codegen.cpu.lib._jit import compile_cost, jit, jobs, pjit
+from pdjit.codegen.cpu.lib.conv import U
+from pdjit.codegen.cpu.lib.pgemm import (
+    MR,
+    NV,
+    PREFETCH_ROWS,
+    _micro,
+    _micro_kernel,
+    run_chunks,
+)
+from pdjit.codegen.cpu.lib.tile import _masked, _offset, _splat, _vectors
+
+__all__ = ["MAX_PLANE", "depthwise_nhwc", "depthwise_nhwc_weight", "panel_of", "pointwise_nhwc",
+           "pointwise_nhwc_weight"]
+
+#: the narrow tile: ``NARROW_MR`` pixels by ``NARROW_NV`` vectors of output channels
+NARROW_MR, NARROW_NV = 12, 2
+_narrow = _micro_kernel(NARROW_MR, NARROW_NV, PREFETCH_ROWS)
+_WIDE_NR, _NARROW_NR = NV * 16, NARROW_NV * 16  # (float32)
+#: the largest planes (input and output pixels) the channels-last kernels take in a model
+#: (``lowerings.conv.channels_last``): MobileNetV2 at batch 16, one thread, ms, NCHW kernels /
+#: these: 1x1 at 14x14 384->64 with a residual 3.6-4.4 / 1.3-1.5, 7x7 960->160 3.1 / 1.9,
+#: depthwise 14x14 stride 2 0.86 / 0.49, 7x7 0.61 / 0.54; but on larger planes the NCHW
+#: kernels win (1x1 112x112 16->96 9.2 / 16.2, depthwise 28x28 1.43 / 2.04, 56x56 7.1 / 8.7)
+MAX_PLANE = 196
+#: the fewest pixels of each part of one sample split over threads (two tiles of pixels)
+SPLIT_MIN_PIXELS = 2 * NARROW_MR
+
+
+def panel_of(m: int) -> int:
+    """The output channels of a panel for ``m`` output channels: 32 where 32-wide panels
+    leave fewer lanes empty than 64-wide ones, else 64."""
+    waste = (-m % _WIDE_NR) / (m + (-m % _WIDE_NR))
+    narrow = (-m % _NARROW_NR) / (m + (-m % _NARROW_NR))
+    return _NARROW_NR if narrow < waste else _WIDE_NR
+
+
+def _pack_panels(w2, nr):
+    """``w2`` ([M, K]) as panels of ``nr`` of its rows, each ``K`` steps of ``nr`` values,
+    zero past ``M``."""
+    m, k = w2.shape
+    wp = np.zeros((-(-m // nr) * nr, k), w2.dtype)
+    wp[:m] = w2
+    return np.ascontiguousarray(wp.reshape(-1, nr, k).transpose(0, 2, 1)).reshape(-1)
+
+
+def pointwise_nhwc_weight(w):
+    """The filter ``w`` ([M, C, 1, 1], float32) packed for :func:`pointwise_nhwc` in panels of
+    :func:`panel_of` output channels, kept beside ``w``."""
+    m = w.shape[0]
+    return params.derived(w, ("pointwise_nhwc",), lambda: _pack_panels(
+        np.ascontiguousarray(w).reshape(m, w.size // max(1, m)), panel_of(m)))
+
+
+@jit
+def _pack_native(w, nr, out):
+    m = w.shape[0]
+    k = w.size // m if m > 0 else 0
+    wf = np.ascontiguousarray(w).reshape(w.size)
+    for j in range((m + nr - 1) // nr):
+        for kk in range(k):
+            base = (j * k + kk) * nr
+            for q in range(nr):
+                r = j * nr + q
+                out[base + q] = wf[r * k + kk] if r < m else 0
+
+
+@overload(pointwise_nhwc_weight)
+def _pointwise_nhwc_weight_native(w):
+    def impl(w):
+        m = w.shape[0]
+        nr = _WIDE_NR
+        wide = (-m % _WIDE_NR) * (m + (-m % _NARROW_NR))
+        narrow = (-m % _NARROW_NR) * (m + (-m % _WIDE_NR))
+        if narrow < wide:  # (panel_of, in integers)
+            nr = _NARROW_NR
+        out = np.empty(((m + nr - 1) // nr) * nr * (w.size // max(1, m)), w.dtype)
+        _pack_native(w, nr, out)
+        return out
+    return impl
+
+
+@jit
+def _rows(x2, bp, y2, r0, r1, bias, lo, hi, res):
+    """Rows (pixels) ``r0 .. r1`` of ``y2 = clamp(x2 @ W^T + bias + res, lo, hi)``
+    (``x2`` [P, C], ``y2`` [P, M], ``res`` ``y2``'s shape flat or empty), ``W^T`` packed in
+    panels by :func:`pointwise_nhwc_weight` (their width follows from ``bp``'s size)."""
+    p_, k = x2.shape
+    m = y2.shape[1]
+    nr = _WIDE_NR if bp.shape[0] == ((m + _WIDE_NR - 1) // _WIDE_NR) * _WIDE_NR * k \
+        else _NARROW_NR
+    mr = MR if nr == _WIDE_NR else NARROW_MR
+    npan = (m + nr - 1) // nr
+    if bp.shape[0] != npan * nr * k or y2.shape[0] != p_ or r0 < 0 or r1 > p_ or \
+            (bias.shape[0] != 0 and bias.shape[0] != m) or \
+            (res.shape[0] != 0 and res.shape[0] != y2.size):
+        raise ValueError("pdjit: pointwise_nhwc: the operands do not fit")
+    xf = x2.reshape(x2.size)
+    yf = y2.reshape(y2.size)
+    # a block of pixels kept in L2 (256 KiB) while every panel passes over it
+    mc = max(mr, (262144 // max(1, k * 4)) // mr * mr)
+    for i0 in range(r0, r1, mc):
+        i1 = min(r1, i0 + mc)
+        for j in range(npan):
+            n0 = j * nr
+            cols = min(nr, m - n0)
+            for i in range(i0, i1, mr):
+                if nr == _WIDE_NR:
+                    _micro(xf, i * k, k, min(mr, i1 - i), k, bp, j * k * nr, yf, i * m + n0, m,
+                           cols, bias, n0, res, lo, hi)
+                else:
+                    _narrow(xf, i * k, k, min(mr, i1 - i), k, bp, j * k * nr, yf, i * m + n0,
+                            m, cols, bias, n0, res, lo, hi)
+
+
+@jit
+def pointwise_nhwc(x, bp, y, n0, n1, bias, lo, hi, res):
+    """``y[n] = clamp(conv1x1(x[n], W) + bias + res[n], lo, hi)`` for the samples ``n0 ..
+    n1`` (``x`` [N, H, W, C], ``y`` [N, H, W, M], C-contiguous; ``W`` [M, C, 1, 1] packed by
+    :func:`pointwise_nhwc_weight` into ``bp``; ``bias`` [M] or empty; ``res`` ``y``'s shape
+    flat or empty; ``lo``, ``hi`` the clamp, infinite: none)."""
+    p = x.shape[1] * x.shape[2]
+    if y.shape[0] != x.shape[0] or y.shape[1] * y.shape[2] != p or n0 < 0 or \
+            n1 > x.shape[0]:
+        raise ValueError("pdjit: pointwise_nhwc: the operands do not fit")
+    _rows(x.reshape((x.shape[0] * p, x.shape[3])), bp,
+          y.reshape((y.shape[0] * p, y.shape[3])), n0 * p, n1 * p, bias, float(lo), float(hi),
+          res)
+
+
+def _split_pointwise(parts, work, x, bp, y, bias, lo, hi, res):
+    """One sample of :func:`pointwise_nhwc` in ranges of its pixels on ``parts`` threads
+    (each pixel summed as one call sums it: the same bits): by a parallel loop where it is
+    ready (``lib.team``), else on ``run_parts``' helpers from ``_CHANNELS_MIN_WORK``
+    multiply-adds; whether it split."""
+    p = x.shape[1] * x.shape[2]
+    if x.shape[0] != 1 or p < 2 * SPLIT_MIN_PIXELS or work < _conv._TEAM_MIN_WORK:
+        return False
+    x2 = x.reshape(p, x.shape[3])
+    y2 = y.reshape(p, y.shape[3])
+    parts = min(parts, p // SPLIT_MIN_PIXELS)
+    call = (x2, bp, y2, bias, float(lo), float(hi), res)
+    if team.run(_pixel_parts, call + (parts,)):
+        return True
+    if work < _conv._CHANNELS_MIN_WORK:
+        return False
+    blocks = -(-p // NARROW_MR)  # (a multiple of both tiles' rows)
+    run_chunks(_pixel_blocks, blocks, parts, min(blocks, 4 * parts), *call)
+    return True
+
+
+@jit
+def _pixel_blocks(x2, bp, y2, bias, lo, hi, res, b0, b1):
+    _rows(x2, bp, y2, b0 * NARROW_MR, min(x2.shape[0], b1 * NARROW_MR), bias, lo, hi, res)
+
+
+@pjit
+def _pixel_parts(x2, bp, y2, bias, lo, hi, res, parts):
+    """:func:`_split_pointwise`'s ranges of pixels (whole blocks of ``NARROW_MR``), one per
+    thread of a parallel loop."""
+    blocks = (x2.shape[0] + NARROW_MR - 1) // NARROW_MR
+    for k in numba.prange(parts):
+        _rows(x2, bp, y2, (k * blocks // parts) * NARROW_MR,
+              min(x2.shape[0], ((k + 1) * blocks // parts) * NARROW_MR), bias, lo, hi, res)
+
+
+_conv.CHANNEL_SPLITS[pointwise_nhwc] = _split_pointwise
+
+
+# ---- depthwise ---------------------------------------------------------------------------------
+def depthwise_nhwc_weight(w):
+    """The filter ``w`` ([C, 1, KH, KW]) as ``[KH * KW, C]`` (each tap's channels
+    contiguous), kept beside ``w``."""
+    return params.derived(w, ("depthwise_nhwc",), lambda: np.ascontiguousarray(
+        w.reshape(w.shape[0], -1).T))
+
+
+@overload(depthwise_nhwc_weight)
+def _depthwise_nhwc_weight_native(w):
+    def impl(w):
+        return np.ascontiguousarray(np.ascontiguousarray(w).reshape(
+            (w.shape[0], w.shape[2] * w.shape[3])).T)
+    return impl
+
+
+#: the depthwise tile: ``DW_R`` neighbouring output pixels by ``DW_NV`` vectors of channels
+DW_R, DW_NV = 8, 2
+
+
+def _dw_kernel(npix: int, nv: int):
+    """The intrinsic of a depthwise tile of ``npix`` output pixels of one row by ``nv`` vectors
+    of channels:
+
+    ``tile(x, x0, xr, xj, xs, nrows, kw, w, w0, wr, y, y0, ys, pixels, cols, bias, b0, res,
+    lo, hi)``: ``y[y0 + p*ys + q] = clamp(bias[b0 + q] + sum over i < nrows, j < kw of
+    x[x0 + i*xr + j*xj + p*xs + q] * w[w0 + i*wr + j*cs + q] + res[y0 + p*ys + q], lo, hi)``
+    for ``p < pixels`` (at most ``npix``), ``q < cols`` (at most ``nv`` vectors; ``cs`` =
+    ``ys``, the channels), every tap of every pixel in the image (the caller's border loop
+    takes the others). The ``npix * nv`` sums stay in registers over the taps (each tap loads
+    ``nv`` vectors of the filter and ``npix * nv`` of the image), in tap order, each a fused
+    multiply-add; then the residual, the clamp and one masked store. Pixels past ``pixels``
+    read the last one again (never stored). ``bias``, ``res`` empty: none."""
+    def codegen(context, builder, signature, args):
+        at = signature.args
+        (x0, xr, xj, xs, nrows, kw, w0, wr, y0, ys, pixels, cols, b0) = (
+            _offset(context, builder, at[i], args[i])
+            for i in (1, 2, 3, 4, 5, 6, 8, 9, 11, 12, 13, 14, 16))
+        xa, wa, ya, ba, ra = (context.make_array(at[i])(context, builder, args[i])
+                              for i in (0, 7, 10, 15, 17))
+        fty, size, lanes, vty, i64, zero, fma = _vectors(context, builder, at[0].dtype)
+
+        def const(v):
+            return ir.Constant(i64, v)
+
+        i32t = ir.IntType(32)
+        m32 = ir.VectorType(i32t, lanes)
+        colv = _splat(builder, m32, builder.trunc(cols, i32t))
+        masks = [builder.icmp_signed("<", ir.Constant(m32, [v * lanes + k for k in range(lanes)]),
+                                     colv) for v in range(nv)]
+        mload, mstore = _masked(builder, vty, "load"), _masked(builder, vty, "store")
+        align = ir.Constant(i32t, size)
+
+        def load(arr, off, v):
+            p = builder.bitcast(builder.gep(arr.data, [builder.add(off, const(v * lanes))]),
+                                vty.as_pointer())
+            return builder.call(mload, [p, align, masks[v], zero])
+
+        has_bias = builder.icmp_signed("!=", cgutils.unpack_tuple(builder, ba.shape)[0],
+                                       const(0))
+        acc = []
+        for v in range(nv):
+            start = builder.select(has_bias, load(ba, b0, v), zero)
+            acc.append([cgutils.alloca_once_value(builder, start) for _ in range(npix)])
+        last = builder.sub(pixels, const(1))
+        poff = [builder.mul(builder.select(builder.icmp_signed("<", const(p), pixels),
+                                           const(p), last), xs) for p in range(npix)]
+        with cgutils.for_range(builder, nrows) as rows:
+            xi = builder.add(x0, builder.mul(rows.index, xr))
+            wi = builder.add(w0, builder.mul(rows.index, wr))
+            with cgutils.for_range(builder, kw) as taps:
+                xt = builder.add(xi, builder.mul(taps.index, xj))
+                wt_ = builder.add(wi, builder.mul(taps.index, ys))
+                wv = [load(wa, wt_, v) for v in range(nv)]
+                for p in range(npix):
+                    xp = builder.add(xt, poff[p])
+                    for v in range(nv):
+                        builder.store(builder.call(fma, [load(xa, xp, v), wv[v],
+                                                         builder.load(acc[v][p])]), acc[v][p])
+        has_res = builder.icmp_signed("!=", cgutils.unpack_tuple(builder, ra.shape)[0],
+                                      const(0))
+        lov, hiv = (_splat(builder, vty, context.cast(builder, args[i], at[i], at[0].dtype))
+                    for i in (18, 19))
+        for p in range(npix):
+            with builder.if_then(builder.icmp_signed("<", const(p), pixels)):
+                yp = builder.add(y0, builder.mul(const(p), ys))
+                for v in range(nv):
+                    val = builder.load(acc[v][p])
+                    val = builder.select(has_res, builder.fadd(val, load(ra, yp, v)), val)
+                    val = builder.select(builder.fcmp_unordered(">=", val, lov), val, lov)
+                    val = builder.select(builder.fcmp_unordered("<=", val, hiv), val, hiv)
+                    ptr = builder.bitcast(builder.gep(ya.data, [builder.add(yp, const(
+                        v * lanes))]), vty.as_pointer())
+                    builder.call(mstore, [val, ptr, align, masks[v]])
+        return context.get_dummy_value()
+
+    @intrinsic
+    def tile(typingctx, x, x0, xr, xj, xs, nrows, kw, w, w0, wr, y, y0, ys, pixels, cols, bias,
+             b0, res, lo, hi):
+        arrays = (x, w, y, bias, res)
+        if not all(isinstance(a, types.Array) and a.ndim == 1 for a in arrays) or \
+                len({a.dtype for a in arrays}) != 1 or \
+                x.dtype not in (types.float32, types.float64):
+            return None
+        return types.void(x, x0, xr, xj, xs, nrows, kw, w, w0, wr, y, y0, ys, pixels, cols,
+                          bias, b0, res, lo, hi), codegen
+    return tile
+
+
+_dw_tile = _dw_kernel(DW_R, DW_NV)
+#: the tile of a pixel of the padded border (its taps in the image): ``DW_EDGE_NV`` vectors
+DW_EDGE_NV = 4
+_dw_edge = _dw_kernel(1, DW_EDGE_NV)
+
+
+@jit
+def _dw_rows(x, wt, kh, kw, y, n0, n1, o0, o1, sh, sw, pt, pl, dh, dw, bias, lo, hi, res):
+    """Output rows ``o0 .. o1`` of the samples ``n0 .. n1`` of :func:`depthwise_nhwc`: the
+    pixels whose every tap is in the image by tiles of ``DW_R`` (:func:`_dw_kernel`), the
+    others (the padded border) one at a time, over the taps in the image."""
+    h_, w_, c_ = x.shape[1], x.shape[2], x.shape[3]
+    oh_, ow_ = y.shape[1], y.shape[2]
+    if wt.shape[0] != kh * kw or wt.shape[1] != c_ or y.shape[3] != c_ or \
+            y.shape[0] != x.shape[0] or (bias.size != 0 and bias.size != c_) or \
+            (res.size != 0 and res.size != y.size) or n0 < 0 or n1 > x.shape[0] or \
+            o0 < 0 or o1 > oh_ or kh < 1 or kw < 1:
+        raise ValueError("pdjit: depthwise_nhwc: the operands do not fit")
+    xf = x.reshape(x.size)
+    yf = y.reshape(y.size)
+    wf = wt.reshape(wt.size)
+    nc = DW_NV * (64 // x.itemsize)
+    # the output columns whose every tap is in the image: a .. b
+    a = min(ow_, max(0, -(-pl // sw)))
+    b = max(a, min(ow_, (w_ - 1 + pl - (kw - 1) * dw) // sw + 1)) \
+        if w_ - 1 + pl - (kw - 1) * dw >= 0 else a
+    ne = DW_EDGE_NV * (64 // x.itemsize)
+    for n in range(n0, n1):
+        for oh in range(o0, o1):
+            # the filter rows in the image: i0 .. i1
+            top = oh * sh - pt
+            i0 = 0 if top >= 0 else min(kh, -(-(-top) // dh))
+            i1 = i0
+            while i1 < kh and top + i1 * dh < h_:
+                i1 += 1
+            yb = (n * oh_ + oh) * ow_ * c_
+            xrow = (n * h_ + top + i0 * dh) * w_
+            for q in range(a, b, DW_R):
+                for c0 in range(0, c_, nc):
+                    _dw_tile(xf, (xrow + q * sw - pl) * c_ + c0, dh * w_ * c_, dw * c_,
+                             sw * c_, i1 - i0, kw, wf, i0 * kw * c_ + c0, kw * c_, yf,
+                             yb + q * c_ + c0, c_, min(DW_R, b - q), min(nc, c_ - c0), bias,
+                             c0, res, lo, hi)
+            for k in range(ow_ - (b - a)):  # the border: columns 0 .. a, b .. ow_
+                ow = k if k < a else k - a + b
+                left = ow * sw - pl
+                j0 = 0 if left >= 0 else min(kw, -(-(-left) // dw))
+                j1 = j0
+                while j1 < kw and left + j1 * dw < w_:
+                    j1 += 1
+                for c0 in range(0, c_, ne):
+                    _dw_edge(xf, (xrow + left + j0 * dw) * c_ + c0, dh * w_ * c_, dw * c_, 0,
+                             i1 - i0, j1 - j0, wf, (i0 * kw + j0) * c_ + c0, kw * c_, yf,
+                             yb + ow * c_ + c0, c_, 1, min(ne, c_ - c0), bias, c0, res, lo, hi)
+
+
+def depthwise_nhwc(x, wt, y, n0, n1, sh, sw, pt, pl, dh, dw, kh, kw, bias, lo, hi, res):
+    """``y[n] = clamp(depthwise(x[n]) + bias + res[n], lo, hi)`` for the samples ``n0 ..
+    n1``: ``x`` [N, H, W, C], ``y`` [N, OH, OW, C], the filter ([C, 1, KH, KW]) as
+    :func:`depthwise_nhwc_weight` gives it (``wt``), strides, top/left pads and dilations as
+    the convolution's (the bottom/right pads follow from ``y``'s size)."""
+    _dw_rows(x, wt, kh, kw, y, n0, n1, 0, y.shape[1], sh, sw, pt, pl, dh, dw, bias, float(lo),
+             float(hi), res)
+
+
+@overload(depthwise_nhwc)
+def _depthwise_nhwc_native(x, wt, y, n0, n1, sh, sw, pt, pl, dh, dw, kh, kw, bias, lo, hi,
+                           res):
+    def impl(x, wt, y, n0, n1, sh, sw, pt, pl, dh, dw, kh, kw, bias, lo, hi, res):
+        _dw_rows(x, wt, kh, kw, y, n0, n1, 0, y.shape[1], sh, sw, pt, pl, dh, dw, bias,
+                 float(lo), float(hi), res)
+    return impl
+
+
+def _split_depthwise(parts, work, x, wt, y, sh, sw, pt, pl, dh, dw, kh, kw, bias, lo, hi,
+                     res):
+    """One sample of :func:`depthwise_nhwc` in ranges of its output rows on ``parts``
+    threads (as :func:`_split_pointwise`); whether it split."""
+    rows = y.shape[1]
+    if x.shape[0] != 1 or rows < 2 or work < _conv._TEAM_MIN_WORK:
+        return False
+    parts = min(parts, rows)
+    call = (x, wt, kh, kw, y, sh, sw, pt, pl, dh, dw, bias, float(lo), float(hi), res)
+    if team.run(_dw_parts, call + (parts,)):
+        return True
+    if work < _conv._CHANNELS_MIN_WORK:
+        return False
+    run_chunks(_dw_part, rows, parts, min(rows, 4 * parts), *call)
+    return True
+
+
+def _dw_part(x, wt, kh, kw, y, sh, sw, pt, pl, dh, dw, bias, lo, hi, res, o0, o1):
+    _dw_rows(x, wt, kh, kw, y, 0, 1, o0, o1, sh, sw, pt, pl, dh, dw, bias, lo, hi, res)
+
+
+@pjit
+def _dw_parts(x, wt, kh, kw, y, sh, sw, pt, pl, dh, dw, bias, lo, hi, res, parts):
+    """:func:`_split_depthwise`'s ranges of output rows, one per thread of a parallel loop."""
+    rows = y.shape[1]
+    for k in numba.prange(parts):
+        _dw_rows(x, wt, kh, kw, y, 0, 1, k * rows // parts, (k + 1) * rows // parts, sh, sw,
+                 pt, pl, dh, dw, bias, lo, hi, res)
+
+
+_conv.CHANNEL_SPLITS[depthwise_nhwc] = _split_depthwise
+
+
+# ---- what a new plan's compile worker compiles ahead (pdjit.codegen.cpu.lib._jit.JOBS) ------
+def _ep(T):
+    return ((T, 1), float, float, (T, 1))
+
+
+jobs("pointwise_nhwc")(lambda T: [] if np.dtype(T) != np.float32 else [
+    (pointwise_nhwc, ((T, 4), (T, 1), (T, 4), int, int) + _ep(T))])
+jobs("depthwise_nhwc")(lambda T: [(_dw_rows, ((T, 4), (T, 2), int, int, (T, 4)) + (int,) * 10
+                                   + _ep(T))])
+# (the splits of one sample by parallel loops: compiled ahead by warmup only, see team.ready)
+jobs("channels_last (warmup)")(lambda T: [] if np.dtype(T) != np.float32 else [
+    (_pixel_parts, ((T, 2), (T, 1), (T, 2)) + _ep(T)[:3] + ((T, 1), int)),
+    (_dw_parts, ((T, 4), (T, 2), int, int, (T, 4)) + (int,) * 6 + _ep(T) + (int,))])
+compile_cost(1.2, pointwise_nhwc)
+compile_cost(0.8, _dw_rows)
+compile_cost(1.6, _pixel_parts, _dw_parts)

@@ -1,0 +1,163 @@
+"""The channels-last (NHWC) convolution kernels (``pdjit.codegen.cpu.lib.channels_last``)
+against NumPy oracles written here (naive loops over the taps): 1x1 on both tile widths and
+depthwise over windows, strides, paddings and dilations, channel counts that are no multiple
+of a vector, each piece of the epilogue, ranges of samples; the one-sample splits over threads
+give the same bits as one call; compiled code (rearranging the filter at each call) the same
+values."""
+import numba
+import numpy as np
+import pytest
+
+from pdjit.codegen.cpu.lib import channels_last as cl
+
+RNG = np.random.default_rng(48)
+INF = np.inf
+E = np.empty(0, np.float32)
+
+
+def _epilogue(y, bias, res, lo, hi):
+    if bias.size:
+        y = y + bias.astype(np.float64)
+    if res.size:
+        y = y + res.reshape(y.shape)
+    return np.minimum(np.maximum(y, lo), hi)
+
+
+def _pointwise_oracle(x, w, bias, res, lo, hi):
+    y = np.einsum("nhwc,mc->nhwm", x.astype(np.float64),
+                  w.reshape(w.shape[0], -1).astype(np.float64))
+    return _epilogue(y, bias, res, lo, hi)
+
+
+def _depthwise_oracle(x, w, stride, pads, dil, bias, res, lo, hi):
+    """``x`` [N, H, W, C], ``w`` [C, 1, KH, KW]; pads (top, bottom, left, right)."""
+    n, h, wd, c = x.shape
+    kh, kw = w.shape[2:]
+    (sh, sw), (pt, pb, pl, pr), (dh, dw) = stride, pads, dil
+    oh = (h + pt + pb - (dh * (kh - 1) + 1)) // sh + 1
+    ow = (wd + pl + pr - (dw * (kw - 1) + 1)) // sw + 1
+    y = np.zeros((n, oh, ow, c))
+    for i in range(oh):
+        for j in range(ow):
+            for a in range(kh):
+                for b in range(kw):
+                    ih, iw = i * sh - pt + a * dh, j * sw - pl + b * dw
+                    if 0 <= ih < h and 0 <= iw < wd:
+                        y[:, i, j, :] += x[:, ih, iw, :].astype(np.float64) * w[:, 0, a, b]
+    return _epilogue(y, bias, res, lo, hi)
+
+
+def _cases(m, shape):
+    bias = RNG.standard_normal(m).astype(np.float32)
+    res = RNG.standard_normal(int(np.prod(shape))).astype(np.float32)
+    return [(E, E, -INF, INF), (bias, E, -INF, INF), (E, res, -INF, INF), (E, E, 0.0, INF),
+            (bias, res, 0.0, 6.0)]
+
+
+@pytest.mark.parametrize("n,c,m,h,wd", [
+    (1, 5, 7, 3, 5),      # narrow panels (32), a partial one; 15 pixels: a partial tile
+    (2, 16, 24, 4, 4),    # narrow (24 of 32)
+    (1, 37, 69, 5, 5),    # wide panels (64): two, the second 5 wide
+    (3, 19, 96, 2, 7),    # 96: three narrow panels
+    (2, 33, 128, 7, 7),   # two wide panels
+])
+def test_pointwise_against_numpy(n, c, m, h, wd):
+    x = RNG.standard_normal((n, h, wd, c)).astype(np.float32)
+    w = RNG.standard_normal((m, c, 1, 1)).astype(np.float32)
+    bp = cl.pointwise_nhwc_weight(w)
+    nr = cl.panel_of(m)
+    assert bp.size == -(-m // nr) * nr * c
+    assert cl.pointwise_nhwc_weight(w) is bp     # kept beside the filter
+    for bias, res, lo, hi in _cases(m, (n, h, wd, m)):
+        y = np.full((n, h, wd, m), np.nan, np.float32)
+        cl.pointwise_nhwc(x, bp, y, 0, n, bias, lo, hi, res)
+        np.testing.assert_allclose(y, _pointwise_oracle(x, w, bias, res, lo, hi), rtol=1e-4,
+                                   atol=1e-4)
+    if n > 1:  # a range of samples leaves the others alone
+        y = np.full((n, h, wd, m), np.nan, np.float32)
+        cl.pointwise_nhwc(x, bp, y, 1, 2, E, -INF, INF, E)
+        np.testing.assert_allclose(y[1], _pointwise_oracle(x, w, E, E, -INF, INF)[1],
+                                   rtol=1e-4, atol=1e-4)
+        assert np.isnan(y[0]).all() and np.isnan(y[2:]).all()
+
+
+def test_panel_width_follows_the_waste():
+    assert [cl.panel_of(m) for m in (16, 24, 32, 64, 96, 128, 144, 160)] == \
+        [32, 32, 32, 64, 32, 64, 32, 32]
+
+
+@pytest.mark.parametrize("c,h,wd,k,stride,pads,dil", [
+    (16, 7, 9, 3, (1, 1), (1, 1, 1, 1), (1, 1)),
+    (37, 9, 8, 3, (2, 2), (1, 1, 1, 1), (1, 1)),    # channels past a vector: masked
+    (5, 6, 6, 5, (1, 1), (2, 2, 2, 2), (1, 1)),
+    (48, 11, 10, 5, (2, 1), (2, 1, 0, 2), (1, 1)),  # unequal strides and pads
+    (20, 9, 9, 3, (1, 1), (2, 2, 2, 2), (2, 2)),    # dilated
+    (32, 12, 13, 3, (1, 1), (0, 0, 0, 0), (1, 1)),  # no padding: no border
+    (3, 1, 1, 3, (1, 1), (1, 1, 1, 1), (1, 1)),     # a 1x1 plane: all border
+    (70, 4, 20, 3, (1, 2), (1, 1, 1, 1), (1, 1)),   # rows of more than one tile
+])
+def test_depthwise_against_numpy(c, h, wd, k, stride, pads, dil):
+    n = 2
+    x = RNG.standard_normal((n, h, wd, c)).astype(np.float32)
+    w = RNG.standard_normal((c, 1, k, k)).astype(np.float32)
+    want0 = _depthwise_oracle(x, w, stride, pads, dil, E, E, -INF, INF)
+    oh, ow = want0.shape[1:3]
+    wt = cl.depthwise_nhwc_weight(w)
+    assert wt.shape == (k * k, c) and cl.depthwise_nhwc_weight(w) is wt
+    geo = (stride[0], stride[1], pads[0], pads[2], dil[0], dil[1], k, k)
+    for bias, res, lo, hi in _cases(c, (n, oh, ow, c)):
+        y = np.full((n, oh, ow, c), np.nan, np.float32)
+        cl.depthwise_nhwc(x, wt, y, 0, n, *geo, bias, lo, hi, res)
+        np.testing.assert_allclose(y, _depthwise_oracle(x, w, stride, pads, dil, bias, res, lo,
+                                                         hi), rtol=1e-4, atol=1e-4)
+    y = np.full((n, oh, ow, c), np.nan, np.float32)
+    cl.depthwise_nhwc(x, wt, y, 1, 2, *geo, E, -INF, INF, E)
+    np.testing.assert_allclose(y[1], want0[1], rtol=1e-4, atol=1e-4)
+    assert np.isnan(y[0]).all()
+
+
+def test_one_sample_splits_give_the_same_bits():
+    x = RNG.standard_normal((1, 14, 14, 40)).astype(np.float32)
+    w = RNG.standard_normal((72, 40, 1, 1)).astype(np.float32)
+    bias = RNG.standard_normal(72).astype(np.float32)
+    res = RNG.standard_normal(14 * 14 * 72).astype(np.float32)
+    bp = cl.pointwise_nhwc_weight(w)
+    one = np.empty((1, 14, 14, 72), np.float32)
+    cl.pointwise_nhwc(x, bp, one, 0, 1, bias, 0.0, 6.0, res)
+    two = np.full_like(one, np.nan)
+    assert cl._split_pointwise(2, 1 << 30, x, bp, two, bias, 0.0, 6.0, res)
+    np.testing.assert_array_equal(two, one)
+
+    d = RNG.standard_normal((40, 1, 3, 3)).astype(np.float32)
+    wt = cl.depthwise_nhwc_weight(d)
+    geo = (1, 1, 1, 1, 1, 1, 3, 3)
+    one = np.empty((1, 14, 14, 40), np.float32)
+    cl.depthwise_nhwc(x, wt, one, 0, 1, *geo, bias[:40], 0.0, 6.0, E)
+    two = np.full_like(one, np.nan)
+    assert cl._split_depthwise(2, 1 << 30, x, wt, two, *geo, bias[:40], 0.0, 6.0, E)
+    np.testing.assert_array_equal(two, one)
+    # too little work: not split (the caller runs it whole)
+    assert not cl._split_depthwise(2, 10, x, wt, two, *geo, bias[:40], 0.0, 6.0, E)
+
+
+def test_compiled_code_rearranges_the_filter_at_each_call():
+    @numba.njit
+    def both(x, w, d, y1, y2, bias):
+        bp = cl.pointwise_nhwc_weight(w)
+        cl.pointwise_nhwc(x, bp, y1, 0, x.shape[0], bias, 0.0, np.inf, bias[:0])
+        wt = cl.depthwise_nhwc_weight(d)
+        cl.depthwise_nhwc(x, wt, y2, 0, x.shape[0], 2, 2, 1, 1, 1, 1, 3, 3, bias[:0],
+                          -np.inf, np.inf, bias[:0])
+
+    x = RNG.standard_normal((2, 6, 7, 24)).astype(np.float32)
+    for m in (24, 64):  # a narrow and a wide panel
+        w = RNG.standard_normal((m, 24, 1, 1)).astype(np.float32)
+        d = RNG.standard_normal((24, 1, 3, 3)).astype(np.float32)
+        bias = RNG.standard_normal(m).astype(np.float32)
+        y1 = np.empty((2, 6, 7, m), np.float32)
+        y2 = np.empty((2, 3, 4, 24), np.float32)
+        both(x, w, d, y1, y2, bias)
+        np.testing.assert_allclose(y1, _pointwise_oracle(x, w, bias, E, 0.0, INF), rtol=1e-4,
+                                   atol=1e-4)
+        np.testing.assert_allclose(y2, _depthwise_oracle(x, d, (2, 2), (1, 1, 1, 1), (1, 1), E,
+                                                         E, -INF, INF), rtol=1e-4, atol=1e-4)

@@ -1,0 +1,175 @@
+"""The inference pass ``channels_last`` (``pdjit.passes.layout``) on the CPU target.
+
+Oracle: a MobileNetV2-like model (a 3x3 stem, inverted residual blocks of 1x1 and depthwise
+convolutions with batch norm and relu6, a residual add, global pooling, fc) written in NumPy
+here from the values of the scope it was saved from. Through the Predictor, the chain of
+blocks runs on NHWC images (its convolutions switched, two transposes at its ends) and gives
+the oracle's values, every step natively; a value of the chain that is fetched keeps its name,
+layout and value; a chain whose conversions would cost more than it gains, and a program
+optimized for no target, are left alone.
+"""
+import collections
+
+import numpy as np
+import pytest
+
+import pdjit as fluid
+import pdjit.inference as inference
+import pdjit.static as static
+from pdjit.codegen.target import get_target
+from pdjit.passes.inference import optimize
+from pdjit.testing import assert_native
+
+RNG = np.random.default_rng(49)
+
+
+def _bn(x, v, name):
+    w, b, mean, var = (v[f"{name}.{k}"] for k in ("w_0", "b_0", "w_1", "w_2"))
+    shape = (1, -1, 1, 1)
+    return (x - mean.reshape(shape)) / np.sqrt(var.reshape(shape) + 1e-5) * \
+        w.reshape(shape) + b.reshape(shape)
+
+
+def _conv(x, w, stride=1, pad=0, groups=1):
+    """NCHW convolution by naive loops over the taps (float64)."""
+    n, c, h, wd = x.shape
+    m, cg, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    oh, ow = (h + 2 * pad - kh) // stride + 1, (wd + 2 * pad - kw) // stride + 1
+    y = np.zeros((n, m, oh, ow))
+    mg = m // groups
+    for o in range(m):
+        g = o // mg
+        for ci in range(cg):
+            for i in range(kh):
+                for j in range(kw):
+                    y[:, o] += w[o, ci, i, j] * xp[:, g * cg + ci, i:i + stride * oh:stride,
+                                                   j:j + stride * ow:stride]
+    return y
+
+
+def _relu6(x):
+    return np.minimum(np.maximum(x, 0), 6)
+
+
+def _build(fluid, h):
+    """The model's layers (Fluid API): its input, output and one value inside the chain."""
+    x = fluid.layers.data("x", [3, 2 * h, 2 * h])
+    L = fluid.layers
+
+    def cbr(t, m, k, stride=1, groups=1, act="relu6"):
+        t = L.conv2d(t, m, k, stride=stride, padding=(k - 1) // 2, groups=groups,
+                     bias_attr=False)
+        return L.batch_norm(t, act=act)
+
+    t = cbr(x, 16, 3, stride=2)                        # stem: NCHW (3x3, not switched)
+    t = cbr(t, 48, 1)
+    inner = cbr(t, 48, 3, groups=48)                   # depthwise
+    t = cbr(inner, 24, 1, act=None)                    # projection
+    u = cbr(t, 72, 1)
+    u = cbr(u, 72, 3, groups=72)
+    u = cbr(u, 24, 1, act=None)
+    t = L.elementwise_add(t, u)                        # residual
+    t = cbr(t, 40, 1)
+    y = L.fc(L.pool2d(t, pool_type="avg", global_pooling=True), 10)
+    return x, y, inner
+
+
+def _forward(xv, v):
+    def cbr(t, w, name, stride=1, groups=1, act=True):
+        k = v[w].shape[2]
+        t = _bn(_conv(t, v[w], stride, (k - 1) // 2, groups), v, name)
+        return _relu6(t) if act else t
+
+    t = cbr(xv, "conv2d_0.w_0", "batch_norm_0", stride=2)
+    t = cbr(t, "conv2d_1.w_0", "batch_norm_1")
+    inner = cbr(t, "conv2d_2.w_0", "batch_norm_2", groups=48)
+    t = cbr(inner, "conv2d_3.w_0", "batch_norm_3", act=False)
+    u = cbr(t, "conv2d_4.w_0", "batch_norm_4")
+    u = cbr(u, "conv2d_5.w_0", "batch_norm_5", groups=72)
+    u = cbr(u, "conv2d_6.w_0", "batch_norm_6", act=False)
+    t = cbr(t + u, "conv2d_7.w_0", "batch_norm_7")
+    y = t.mean(axis=(2, 3)) @ v["fc_0.w_0"] + v["fc_0.b_0"]
+    return y, inner
+
+
+@pytest.fixture
+def saved(fresh_programs, tmp_path, monkeypatch):
+    """The model saved (outputs: the result, then the depthwise layer's output) with random
+    weights and batch norm statistics; ``(dir, values)``."""
+    monkeypatch.setenv("PDJIT_CACHE_DIR", str(tmp_path / "cache"))
+    main, startup = fresh_programs
+    x, y, inner = _build(fluid, 6)
+    scope = fluid.Scope()
+    with fluid.scope_guard(scope):
+        exe = fluid.Executor()
+        exe.run(startup)
+        values = {}
+        for p in main.global_block().all_parameters():
+            shape = scope.find_var(p.name).value.shape
+            a = RNG.standard_normal(shape) * (0.3 if len(shape) > 1 else 0.5)
+            if p.name.endswith("w_2"):  # a variance
+                a = RNG.uniform(0.5, 2, shape)
+            scope.find_var(p.name).value = a.astype("float32")
+            values[p.name] = a.astype("float32").astype(np.float64)
+        static.save_inference_model(str(tmp_path / "m"), [x], [y, inner], exe,
+                                    program=main.clone(for_test=True))
+    return tmp_path, values
+
+
+def _predictor(d, layout=True):
+    cfg = inference.Config(str(d / "m.pdmodel"), str(d / "m.pdiparams"))
+    if not layout:
+        cfg.delete_pass("channels_last")
+    return inference.create_predictor(cfg)
+
+
+def test_the_chain_runs_channels_last_and_gives_the_oracle(saved):
+    d, values = saved
+    pred = _predictor(d)
+    ops = pred.program().global_block().ops
+    kinds = collections.Counter(op.type for op in ops)
+    switched = [op for op in ops if op.all_attrs().get("data_format") == "NHWC"]
+    # every 1x1 and depthwise convolution after the stem (12x12 planes), converted at the
+    # chain's two ends (into it after the stem, out of it before the pool) and where the
+    # depthwise layer's output is fetched
+    assert len(switched) == 7 and kinds["transpose"] == 3
+    assert all(op.all_attrs().get("data_format", "NCHW") == "NCHW" for op in ops
+               if op.type == "conv2d" and op.input("Filter") == ["conv2d_0.w_0"])
+    xv = RNG.standard_normal((2, 3, 12, 12)).astype(np.float32)
+    y, inner = pred.run([xv])
+    want_y, want_inner = _forward(xv.astype(np.float64), values)
+    assert inner.shape == (2, 48, 6, 6)          # fetched NCHW, as the model says
+    np.testing.assert_allclose(inner, want_inner, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(y, want_y, rtol=1e-4, atol=1e-4)
+    assert_native(pred._exe)
+    # the same values without the pass (the NCHW kernels)
+    y0, inner0 = _predictor(d, layout=False).run([xv])
+    np.testing.assert_allclose(y, y0, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(inner, inner0, rtol=1e-4, atol=1e-4)
+    # one sample (the kernels' one-sample paths)
+    y1, _ = pred.run([xv[:1]])
+    np.testing.assert_allclose(y1, want_y[:1], rtol=1e-4, atol=1e-4)
+
+
+def test_no_target_and_chains_that_do_not_pay_are_left_alone(fresh_programs):
+    main, startup = fresh_programs
+    L = fluid.layers
+    x = L.data("x", [8, 6, 6])
+    # 3x3 convolutions (not switched) around one 1x1 one: two conversions for one switch
+    t = L.conv2d(x, 8, 3, padding=1, act="relu")
+    t = L.conv2d(t, 16, 1, act="relu")
+    y = L.conv2d(t, 8, 3, padding=1)
+    exe = fluid.Executor()
+    scope = fluid.Scope()
+    with fluid.scope_guard(scope):
+        exe.run(startup)
+        params = {p.name: np.asarray(scope.find_var(p.name).value)
+                  for p in main.global_block().all_parameters()}
+    prog = main.clone(for_test=True)
+    for target in (get_target("cpu"), None):
+        new, _ = optimize(prog, params, target=target)
+        ops = new.global_block().ops
+        assert not any(op.type == "transpose" for op in ops)
+        assert all(op.all_attrs().get("data_format", "NCHW") == "NCHW" for op in ops)
+    del y
