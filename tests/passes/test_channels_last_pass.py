@@ -9,6 +9,8 @@ layout and value; a chain whose conversions would cost more than it gains, and a
 optimized for no target, are left alone.
 """
 import collections
+import importlib.util
+import shutil
 
 import numpy as np
 import pytest
@@ -173,3 +175,32 @@ def test_no_target_and_chains_that_do_not_pay_are_left_alone(fresh_programs):
         assert not any(op.type == "transpose" for op in ops)
         assert all(op.all_attrs().get("data_format", "NCHW") == "NCHW" for op in ops)
     del y
+
+
+@pytest.mark.xdist_group("aot")
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler 'cc'")
+def test_an_ahead_of_time_artifact_runs_the_chain_as_the_predictor(saved):
+    """The ahead-of-time compiler applies the pass for its target too: the artifact's native
+    code runs the NHWC kernels (the filters rearranged at each call) and gives the
+    Predictor's values bit for bit."""
+    from pdjit.aot import compile_model
+    from pdjit.io.inference_model import load_model
+
+    d, values = saved
+    model = load_model(str(d / "m.pdmodel"), str(d / "m.pdiparams"))
+    prog, _ = optimize(model.program, model.params, target=get_target("aot"))
+    assert sum(op.all_attrs().get("data_format") == "NHWC"
+               for op in prog.global_block().ops) == 7
+    compile_model(str(d / "m.pdmodel"), str(d / "out"), batch=2,
+                  params_file=str(d / "m.pdiparams"))
+    spec = importlib.util.spec_from_file_location("chain_artifact", d / "out" / "__init__.py",
+                                                  submodule_search_locations=[str(d / "out")])
+    artifact = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(artifact)
+    xv = RNG.standard_normal((2, 3, 12, 12)).astype(np.float32)
+    got = artifact.load().run({"x": xv})
+    want = _predictor(d).run([xv])
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
+    np.testing.assert_allclose(got[0], _forward(xv.astype(np.float64), values)[0], rtol=1e-4,
+                               atol=1e-4)
