@@ -38,6 +38,7 @@ __all__ = ["channels_last", "MIN_SWITCHED", "PER_CONVERSION"]
 #: the fewest switched ops a chain keeps, and the switched ops it needs per conversion
 MIN_SWITCHED, PER_CONVERSION = 2, 2
 _TO_LAST, _TO_FIRST = [0, 2, 3, 1], [0, 3, 1, 2]
+_CHANNELS_AXIS = 3  # (of an NHWC image: a per-channel operand's ``axis`` there)
 
 
 def _real(names) -> list:
@@ -112,7 +113,7 @@ def _elementwise(block, op, opdef, made):
                 int(op.all_attrs().get("axis", -1)) != 1 or shape[1] < 0 or \
                 v.shape[0] != shape[1]:
             return None
-        what = 3
+        what = _CHANNELS_AXIS
     for n in _real(op.output_arg_names):
         v = block._find_var_recursive(n)
         if v is None or tuple(v.shape) != shape:
@@ -185,10 +186,10 @@ def _rewrite(prog: Program, ask) -> None:
                 op._rename_input(n, src)
         what = member[k]
         if what == "switch":
-            op._set_attr(registry.lookup(op.type).layout.attr,
-                         registry.lookup(op.type).layout.last)
-        elif what == 3:
-            op._set_attr("axis", 3)
+            lay = registry.lookup(op.type).layout
+            op._set_attr(lay.attr, lay.last)
+        elif what == _CHANNELS_AXIS:
+            op._set_attr("axis", _CHANNELS_AXIS)
         for n in _real(op.output_arg_names):
             new = nhwc_var(n)
             op._rename_output(n, new)

@@ -10,8 +10,10 @@ serve, so that the image is converted once at the chain's ends instead of at eac
   by 64 channels, or 12 pixels by 32 where 32-wide panels waste fewer lanes (MobileNetV2's
   projections to 16, 24, 32 and 96 channels).
 - :func:`depthwise_nhwc`: one filter per channel (``groups`` = channels, one output channel
-  each), any window, stride, padding and dilation: each output pixel's channels summed tap by
-  tap in one contiguous loop over the channels (vectorised by LLVM), then the epilogue.
+  each), any window, stride, padding and dilation: tiles of 8 neighbouring output pixels by
+  32 channels kept in vector registers over all the taps (:func:`_dw_kernel`, LLVM IR), the
+  pixels of the padded border one at a time over their taps in the image, the epilogue
+  applied before the one store.
 
 Each takes the samples ``n0 .. n1`` (``Opaque.blocked``); one sample is split over threads by
 rows of pixels (:func:`_split_pointwise`, :func:`_split_depthwise`, for ``conv.split_work``).
@@ -20,11 +22,11 @@ A weight (a parameter no op of the program writes) is rearranged once
 :func:`pdjit.codegen.params.derived`); compiled code (a native driver, an ahead-of-time
 artifact) rearranges it at each call (``@overload``), a copy of the filter's size.
 """
-import numpy as np
 import llvmlite.ir as ir
 import numba
+import numpy as np
 from numba.core import cgutils, types
-from numba.extending import intrinsic, overload
+from numba.extending import intrinsic, overload, register_jitable
 
 from pdjit.codegen import params
 from pdjit.codegen.cpu.lib import conv as _conv
@@ -58,12 +60,12 @@ MAX_PLANE = 196
 SPLIT_MIN_PIXELS = 2 * NARROW_MR
 
 
+@register_jitable
 def panel_of(m: int) -> int:
     """The output channels of a panel for ``m`` output channels: 32 where 32-wide panels
-    leave fewer lanes empty than 64-wide ones, else 64."""
-    waste = (-m % _WIDE_NR) / (m + (-m % _WIDE_NR))
-    narrow = (-m % _NARROW_NR) / (m + (-m % _NARROW_NR))
-    return _NARROW_NR if narrow < waste else _WIDE_NR
+    leave a smaller share of their lanes empty than 64-wide ones, else 64."""
+    wide, narrow = -m % _WIDE_NR, -m % _NARROW_NR  # (the empty lanes, compared as shares)
+    return _NARROW_NR if narrow * (m + wide) < wide * (m + narrow) else _WIDE_NR
 
 
 def _pack_panels(w2, nr):
@@ -100,11 +102,7 @@ def _pack_native(w, nr, out):
 def _pointwise_nhwc_weight_native(w):
     def impl(w):
         m = w.shape[0]
-        nr = _WIDE_NR
-        wide = (-m % _WIDE_NR) * (m + (-m % _NARROW_NR))
-        narrow = (-m % _NARROW_NR) * (m + (-m % _WIDE_NR))
-        if narrow < wide:  # (panel_of, in integers)
-            nr = _NARROW_NR
+        nr = panel_of(m)
         out = np.empty(((m + nr - 1) // nr) * nr * (w.size // max(1, m)), w.dtype)
         _pack_native(w, nr, out)
         return out
@@ -115,11 +113,10 @@ def _pointwise_nhwc_weight_native(w):
 def _rows(x2, bp, y2, r0, r1, bias, lo, hi, res):
     """Rows (pixels) ``r0 .. r1`` of ``y2 = clamp(x2 @ W^T + bias + res, lo, hi)``
     (``x2`` [P, C], ``y2`` [P, M], ``res`` ``y2``'s shape flat or empty), ``W^T`` packed in
-    panels by :func:`pointwise_nhwc_weight` (their width follows from ``bp``'s size)."""
+    panels of :func:`panel_of` output channels by :func:`pointwise_nhwc_weight`."""
     p_, k = x2.shape
     m = y2.shape[1]
-    nr = _WIDE_NR if bp.shape[0] == ((m + _WIDE_NR - 1) // _WIDE_NR) * _WIDE_NR * k \
-        else _NARROW_NR
+    nr = panel_of(m)
     mr = MR if nr == _WIDE_NR else NARROW_MR
     npan = (m + nr - 1) // nr
     if bp.shape[0] != npan * nr * k or y2.shape[0] != p_ or r0 < 0 or r1 > p_ or \
