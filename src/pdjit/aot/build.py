@@ -16,8 +16,8 @@ import numpy as np
 
 from pdjit.aot import batch_split, csource, loader
 from pdjit.codegen.aot import entry
-from pdjit.codegen.target import get_target
 from pdjit.codegen.aot.numba_aot import compile_object
+from pdjit.codegen.target import get_target
 from pdjit.framework.dtypes import to_numpy
 from pdjit.framework.errors import AotError, ReferenceStepWarning
 from pdjit.io.inference_model import load_model

@@ -240,8 +240,12 @@ class Config:
         # the values were just read and nothing else holds them: reused
         from pdjit.codegen.target import get_target
 
+        try:
+            runs_on = get_target(target)
+        except (ImportError, NotImplementedError):  # (the Executor says what is missing)
+            runs_on = None
         program, params = optimize(model.program, model.params, names, overwrite=True,
-                                   target=get_target(target))
+                                   target=runs_on)
         if key is not None:
             # the Executor's check of the program (it fills in attribute defaults) done here,
             # so that the entry holds the program a run sees (marked verified when loaded)
