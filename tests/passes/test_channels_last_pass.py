@@ -3,10 +3,11 @@
 Oracle: a MobileNetV2-like model (a 3x3 stem, inverted residual blocks of 1x1 and depthwise
 convolutions with batch norm and relu6, a residual add, global pooling, fc) written in NumPy
 here from the values of the scope it was saved from. Through the Predictor, the chain of
-blocks runs on NHWC images (its convolutions switched, two transposes at its ends) and gives
-the oracle's values, every step natively; a value of the chain that is fetched keeps its name,
-layout and value; a chain whose conversions would cost more than it gains, and a program
-optimized for no target, are left alone.
+blocks runs on NHWC images (its convolutions and global pool switched, transposes at its
+ends) and gives the oracle's values, every step natively; a value of the chain that is fetched
+keeps its name, layout and value; squeeze-and-excitation blocks (MobileNetV3's) stay in the
+chain; a chain whose conversions would cost more than it gains, and a program optimized for no
+target, are left alone; an ahead-of-time artifact runs the chain as the Predictor does.
 """
 import collections
 import importlib.util
@@ -132,10 +133,11 @@ def test_the_chain_runs_channels_last_and_gives_the_oracle(saved):
     ops = pred.program().global_block().ops
     kinds = collections.Counter(op.type for op in ops)
     switched = [op for op in ops if op.all_attrs().get("data_format") == "NHWC"]
-    # every 1x1 and depthwise convolution after the stem (12x12 planes), converted at the
-    # chain's two ends (into it after the stem, out of it before the pool) and where the
-    # depthwise layer's output is fetched
-    assert len(switched) == 7 and kinds["transpose"] == 3
+    # every 1x1 and depthwise convolution after the stem (12x12 planes) and the global pool,
+    # converted at the chain's two ends (into it after the stem, out of it after the pool:
+    # [N, 40, 1, 1]) and where the depthwise layer's output is fetched
+    assert len(switched) == 8 and kinds["transpose"] == 3
+    assert [op.type for op in switched].count("pool2d") == 1
     assert all(op.all_attrs().get("data_format", "NCHW") == "NCHW" for op in ops
                if op.type == "conv2d" and op.input("Filter") == ["conv2d_0.w_0"])
     xv = RNG.standard_normal((2, 3, 12, 12)).astype(np.float32)
@@ -190,7 +192,7 @@ def test_an_ahead_of_time_artifact_runs_the_chain_as_the_predictor(saved):
     model = load_model(str(d / "m.pdmodel"), str(d / "m.pdiparams"))
     prog, _ = optimize(model.program, model.params, target=get_target("aot"))
     assert sum(op.all_attrs().get("data_format") == "NHWC"
-               for op in prog.global_block().ops) == 7
+               for op in prog.global_block().ops) == 8
     compile_model(str(d / "m.pdmodel"), str(d / "out"), batch=2,
                   params_file=str(d / "m.pdiparams"))
     spec = importlib.util.spec_from_file_location("chain_artifact", d / "out" / "__init__.py",
@@ -204,3 +206,60 @@ def test_an_ahead_of_time_artifact_runs_the_chain_as_the_predictor(saved):
         np.testing.assert_array_equal(g, w)
     np.testing.assert_allclose(got[0], _forward(xv.astype(np.float64), values)[0], rtol=1e-4,
                                atol=1e-4)
+
+
+def test_squeeze_and_excitation_blocks_stay_in_the_chain(fresh_programs, tmp_path,
+                                                         monkeypatch):
+    """MobileNetV3's blocks: a global average pool inside the chain (its [N, C, 1, 1] value
+    NHWC too), 1x1 convolutions on it with a bias of shape [1, C, 1, 1] (a constant the pass
+    permutes into a parameter of its own), hard sigmoid, the image scaled by it (a broadcast
+    of two chain values); the model's own global pool ends the chain, so only its [N, C]
+    value is converted. Oracle: NumPy, from the saved values."""
+    monkeypatch.setenv("PDJIT_CACHE_DIR", str(tmp_path / "cache"))
+    main, startup = fresh_programs
+    L = fluid.layers
+    x = L.data("x", [16, 7, 7])
+
+    def se(t, c):
+        s = L.pool2d(t, pool_type="avg", global_pooling=True)
+        s = L.conv2d(s, c // 4, 1, bias_attr=False)
+        b = L.create_parameter([1, c // 4, 1, 1], "float32", name=f"se_b_{c}")
+        s = L.relu(L.elementwise_add(s, b))
+        s = L.hard_sigmoid(L.conv2d(s, c, 1, bias_attr=False))
+        return L.elementwise_mul(t, s)
+
+    t = L.conv2d(x, 32, 1, bias_attr=False, act="relu")
+    t = se(L.conv2d(t, 32, 3, padding=1, groups=32, bias_attr=False), 32)
+    t = L.conv2d(t, 24, 1, bias_attr=False)
+    y = L.pool2d(t, pool_type="avg", global_pooling=True)
+    scope = fluid.Scope()
+    with fluid.scope_guard(scope):
+        exe = fluid.Executor()
+        exe.run(startup)
+        v = {}
+        for p in main.global_block().all_parameters():
+            a = RNG.standard_normal(scope.find_var(p.name).value.shape) * 0.4
+            scope.find_var(p.name).value = a.astype("float32")
+            v[p.name] = a.astype("float32").astype(np.float64)
+        static.save_inference_model(str(tmp_path / "m"), [x], [y], exe,
+                                    program=main.clone(for_test=True))
+    pred = _predictor(tmp_path)
+    ops = pred.program().global_block().ops
+    kinds = collections.Counter(op.type for op in ops)
+    switched = collections.Counter(op.type for op in ops
+                                   if op.all_attrs().get("data_format") == "NHWC")
+    assert switched == {"conv2d": 5, "pool2d": 2} and kinds["transpose"] == 2
+    assert any(n.endswith(".nhwc") for n in pred.program().global_block().vars
+               if pred.program().global_block().vars[n].persistable)
+
+    xv = RNG.standard_normal((3, 16, 7, 7)).astype(np.float32)
+    w = [v[f"conv2d_{k}.w_0"] for k in range(5)]
+    t = np.maximum(_conv(xv.astype(np.float64), w[0]), 0)
+    t = _conv(t, w[1], pad=1, groups=32)
+    s = t.mean(axis=(2, 3), keepdims=True)
+    s = np.maximum(_conv(s, w[2]) + v["se_b_32"], 0)
+    s = np.clip(0.2 * _conv(s, w[3]) + 0.5, 0, 1)
+    want = _conv(t * s, w[4]).mean(axis=(2, 3), keepdims=True)
+    (got,) = pred.run([xv])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert_native(pred._exe)

@@ -9,14 +9,17 @@ the pass changes nothing. In the global block:
 1. Each op that declares a :class:`~pdjit.framework.registry.Layout` and that the target asks
    for is *switched*: its layout attribute set to channels-last.
 2. An op declared ``ELEMENTWISE`` that reads an image made by an op of step 1 or 2 (a bias
-   add, an activation, a residual add) runs on NHWC images as it does on NCHW ones (its other
-   images of the same shape converted too), but for a per-channel operand of an op declared
+   add, an activation, a residual add, a squeeze-and-excitation scaling by a pooled
+   [N, C, 1, 1] value) runs on NHWC images as it does on NCHW ones (its other images of its
+   output's shape converted too), but for a per-channel operand of an op declared
    ``BROADCAST`` (Fluid's ``axis`` rule: a vector over the channels at ``axis`` 1 moves to
    ``axis`` 3; a one-element operand broadcasts anywhere). Any other operand keeps the op out.
 3. The ops of steps 1-2, connected by the values they pass on, form chains. A chain is kept
    where it switches at least :data:`MIN_SWITCHED` ops and at least :data:`PER_CONVERSION`
    of them per conversion it needs; the others go back as they were.
-4. Each value a kept chain makes gets an NHWC variable of its own (``<name>.nhwc``); where the
+4. Each value a kept chain makes gets an NHWC variable of its own (``<name>.nhwc``), and so
+   does a rank-4 constant a member broadcasts (a bias of shape [1, C, 1, 1]: a parameter of
+   its own, the value permuted; the original stays for other readers); where the
    NCHW value is needed too (read by an op outside the chain, by another block, fetched,
    persistable), a ``transpose`` right after its op writes it under its own name. A value the
    chain reads from outside is transposed to NHWC once, before its first reader.
@@ -50,10 +53,11 @@ def channels_last(program: Program, params: dict, target=None):
     a target without it: the program unchanged)."""
     _check_args("channels_last", program, params)
     prog = program.clone()
+    params = dict(params)
     ask = getattr(target, "channels_last", None)
     if ask is not None:
-        _rewrite(prog, ask)
-    return _finish("channels_last", prog, dict(params))
+        _rewrite(prog, params, ask)
+    return _finish("channels_last", prog, params)
 
 
 def _rank4(block, name) -> bool:
@@ -61,7 +65,7 @@ def _rank4(block, name) -> bool:
     return v is not None and len(v.shape) == 4
 
 
-def _members(block, uses: _Uses, ask) -> tuple:
+def _members(block, uses: _Uses, params: dict, ask) -> tuple:
     """``({op index: what}, {value: op index})``: the ops of steps 1-2 (``what``: "switch",
     "same", or the new ``axis`` of a broadcast operand) and the op that makes each of their
     NHWC values."""
@@ -82,7 +86,7 @@ def _members(block, uses: _Uses, ask) -> tuple:
             member[i] = "switch"
         elif opdef.has(registry.ELEMENTWISE) and not opdef.has(registry.SIDE_EFFECT) and \
                 not opdef.has(registry.RANDOM) and not opdef.has(registry.SEQUENCE):
-            what = _elementwise(block, op, opdef, made)
+            what = _elementwise(block, op, opdef, made, _constants(uses, params))
             if what is None:
                 continue
             member[i] = what
@@ -93,31 +97,41 @@ def _members(block, uses: _Uses, ask) -> tuple:
     return member, made
 
 
-def _elementwise(block, op, opdef, made):
-    ins = _real(op.input_arg_names)
-    images = [n for n in ins if n in made]
-    if not images:
+def _constants(uses: _Uses, params: dict):
+    """Whether a name is a constant: a persistable with a value that no op writes."""
+    return lambda n: n in params and not uses.writers.get(n)
+
+
+def _elementwise(block, op, opdef, made, constant):
+    """What an elementwise op that reads a chain's image is in the chain (see
+    :func:`_members`), or None where it cannot run on NHWC images."""
+    ins, outs = _real(op.input_arg_names), _real(op.output_arg_names)
+    if not any(n in made for n in ins) or not outs:
         return None
-    shape = tuple(block._find_var_recursive(images[0]).shape)
+    shape = tuple(block._find_var_recursive(outs[0]).shape)
+    if len(shape) != 4 or any(tuple(block._find_var_recursive(n).shape) != shape
+                              for n in outs):
+        return None
     what = "same"
     for n in ins:
-        if n in made:
-            continue
         v = block._find_var_recursive(n)
         if v is None:
             return None
+        if n in made:  # (an image of the chain: this one, or one that broadcasts to it)
+            if len(v.shape) != 4 or any(d not in (1, e) for d, e in zip(v.shape, shape)):
+                return None
+            continue
         size = int(np.prod(v.shape)) if all(d >= 0 for d in v.shape) else -1
         if size == 1 or tuple(v.shape) == shape:  # (an image from outside: converted)
             continue
+        if len(v.shape) == 4 and constant(n) and \
+                all(d in (1, e) for d, e in zip(v.shape, shape)):
+            continue  # (a constant that broadcasts: a permuted copy of its value)
         if not opdef.has(registry.BROADCAST) or len(v.shape) != 1 or \
                 int(op.all_attrs().get("axis", -1)) != 1 or shape[1] < 0 or \
                 v.shape[0] != shape[1]:
             return None
         what = _CHANNELS_AXIS
-    for n in _real(op.output_arg_names):
-        v = block._find_var_recursive(n)
-        if v is None or tuple(v.shape) != shape:
-            return None
     return what
 
 
@@ -142,10 +156,11 @@ def _chains(block, member, made) -> list:
     return list(groups.values())
 
 
-def _rewrite(prog: Program, ask) -> None:
+def _rewrite(prog: Program, params: dict, ask) -> None:
     block = prog.global_block()
     uses = _Uses(prog)
-    member, made = _members(block, uses, ask)
+    constant = _constants(uses, params)
+    member, made = _members(block, uses, params, ask)
     keep = set()
     for chain in _chains(block, member, made):
         ops = set(chain)
@@ -177,6 +192,16 @@ def _rewrite(prog: Program, ask) -> None:
         for n in dict.fromkeys(_real(op.input_arg_names)):
             if n in last:
                 op._rename_input(n, last[n])
+            elif member[k] != "switch" and constant(n) and \
+                    len(block._find_var_recursive(n).shape) == 4 and \
+                    int(np.prod(block._find_var_recursive(n).shape)) > 1:
+                v = block._find_var_recursive(n)
+                new = _new_name(taken, f"{n}.nhwc")
+                block.create_var(name=new, shape=[v.shape[a] for a in _TO_LAST],
+                                 dtype=v.dtype, persistable=True)
+                params[new] = np.ascontiguousarray(np.transpose(params[n], _TO_LAST))
+                last[n] = new
+                op._rename_input(n, new)
             elif n in images:  # (an image from outside the chain)
                 src = nhwc_var(n)
                 _insert_like(block, i, op, "transpose", {"X": [n]}, {"Out": [src]},

@@ -161,3 +161,16 @@ def test_compiled_code_rearranges_the_filter_at_each_call():
                                    atol=1e-4)
         np.testing.assert_allclose(y2, _depthwise_oracle(x, d, (2, 2), (1, 1, 1, 1), (1, 1), E,
                                                          E, -INF, INF), rtol=1e-4, atol=1e-4)
+
+
+def test_global_average_pool_against_numpy():
+    from pdjit.codegen.cpu.lib import pool
+
+    for n, h, wd, c in [(2, 7, 5, 37), (1, 1, 1, 16), (3, 14, 14, 96)]:
+        x = RNG.standard_normal((n, h, wd, c)).astype(np.float32)
+        y = np.full((n, 1, 1, c), np.nan, np.float32)
+        pool.pool2d_mean_nhwc(x, y)
+        np.testing.assert_allclose(y, x.astype(np.float64).mean(axis=(1, 2), keepdims=True),
+                                   rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError):
+        pool.pool2d_mean_nhwc(x, np.empty((3, 1, 1, c + 1), np.float32))

@@ -22,6 +22,7 @@ from pdjit.codegen.cpu.lib.conv import _cols, _plain, split_work
 from pdjit.codegen.cpu.lib.tile import max22_plane, pool_plane_kernel
 
 __all__ = ["pool2d_fwd", "pool2d_max22", "pool2d_max33", "pool2d_bwd", "pool2d_mean",
+           "pool2d_mean_nhwc",
            "pool2d_mean_bwd", "max_pool2d_index_fwd", "max_pool2d_index_bwd"]
 
 U = numba.uint64
@@ -298,6 +299,30 @@ def _pool2d_mean_native(x, y):
     return impl
 
 
+@jit_sum
+def pool2d_mean_nhwc(x, y):
+    """``y`` [N, 1, 1, C] = the mean of each channel of ``x`` [N, H, W, C] over its plane: a
+    global average pool of a channels-last image (the pixels summed in order, each a
+    contiguous row of channels)."""
+    n_, h_, w_, c_ = x.shape
+    if y.shape[0] != n_ or y.shape[1] != 1 or y.shape[2] != 1 or y.shape[3] != c_:
+        raise ValueError(_MISFIT)
+    p_ = h_ * w_
+    xf = x.reshape((n_, p_, c_))
+    t = x.dtype.type
+    inv = t(1.0 / p_) if p_ > 0 else t(np.nan)
+    for n in range(n_):
+        acc = np.zeros(c_, x.dtype)
+        for q in range(p_):
+            for c in range(c_):
+                acc[c] += xf[n, q, c]
+        for c in range(c_):
+            y[n, 0, 0, c] = acc[c] * inv
+
+
+jobs("pool2d_mean_nhwc")(lambda T: [(pool2d_mean_nhwc, ((T, 4), (T, 4)))])
+
+
 @jit
 def pool2d_mean_bwd(dy, dx):
     """``dx`` [N, C, H, W] (overwritten) = the gradient of :func:`pool2d_mean` contracted with
@@ -431,4 +456,4 @@ def max_pool2d_index_bwd(mask, dy, dx):
 # process, 2 cores at load 5-26): the compile worker balances its groups by them
 compile_cost(1.2, _fwd_planes)
 compile_cost(0.8, pool2d_bwd)
-compile_cost(0.5, _max22, _max33, _mean_planes, pool2d_mean_bwd)  # 0.42-0.57 s
+compile_cost(0.5, _max22, _max33, _mean_planes, pool2d_mean_bwd, pool2d_mean_nhwc)  # 0.42-0.57 s

@@ -23,7 +23,6 @@ from pdjit.codegen.cpu.lib.pointwise import usable
 from pdjit.codegen.cpu.lib.winograd import may_take
 from pdjit.codegen.cpu.lowerings import lowering
 from pdjit.ops.conv import (
-    _CONV_ATTRS,
     Geometry,
     _float_ok,
     _geometry,
@@ -108,8 +107,7 @@ def _channels_last_kind(op) -> str | None:
             np.dtype(w.dtype) != np.float32 or min(w.shape) < 1 or \
             any(ws[0] in o.output_arg_names for b in block.program.blocks for o in b.ops):
         return None
-    attrs = {k: spec.default for k, spec in _CONV_ATTRS.items()}
-    attrs.update(op.all_attrs())
+    attrs = op.opdef.attr_values(op.all_attrs())
     m, cg, kh, kw = w.shape
     groups = int(attrs.get("groups", 1) or 1)
     g = _geometry({**attrs, "data_format": "NCHW"}, op.type)

@@ -12,12 +12,30 @@ from pdjit.ops.conv import image_dims, native_float
 from pdjit.ops.pool import _Pool
 
 
-@lowering("pool2d", host=True)
+def _global_mean(attrs) -> bool:
+    """An average whose every window is a whole plane whatever the image's size."""
+    p = _Pool(attrs, "pool2d")
+    return not p.is_max and (p.global_ or p.adaptive and p.ksize == (1, 1))
+
+
+def _channels_last(op) -> bool:
+    """The global average pool runs on NHWC images as they are (``pool2d_mean_nhwc``), what
+    the inference pass ``channels_last`` asks: it may then end a chain without converting the
+    image, only its one value per channel."""
+    x = op.block._find_var_recursive(op.input("X")[0]) if len(op.input("X")) == 1 else None
+    return x is not None and native_float(x.dtype) and \
+        _global_mean(op.opdef.attr_values(op.all_attrs()))
+
+
+@lowering("pool2d", host=True, channels_last=_channels_last)
 def _pool_lower(ctx):
     if not native_float(ctx.dtype("X")):
         return None
     p = _Pool(ctx.attrs, "pool2d")
     X = ctx.inp("X")
+    if p.g.nhwc and _global_mean(ctx.attrs):
+        y = ctx.out("Out", shape=f"({X}.shape[0], 1, 1, {X}.shape[3])")
+        return [f"{ctx.lib_fn('pool2d_mean_nhwc')}({X}, {y})"]
     lines, xc = as_nchw(ctx, p.g, X)
     n, c, h, w = image_dims(p.g, X)
     y, pre, post = nchw_dest(ctx, p.g, "Out", n, c, p.src_out(0, h), p.src_out(1, w))
