@@ -103,21 +103,29 @@ def saved(fresh_programs, tmp_path, monkeypatch):
     monkeypatch.setenv("PDJIT_CACHE_DIR", str(tmp_path / "cache"))
     main, startup = fresh_programs
     x, y, inner = _build(fluid, 6)
+
+    def draw(name, shape):
+        if name.endswith("w_2"):  # a variance
+            return RNG.uniform(0.5, 2, shape)
+        return RNG.standard_normal(shape) * (0.3 if len(shape) > 1 else 0.5)
+    return tmp_path, _save(main, startup, [x], [y, inner], tmp_path, draw)
+
+
+def _save(main, startup, feeds, fetches, d, draw):
+    """The model saved at ``d / "m"`` with every parameter drawn by ``draw(name, shape)``;
+    the values saved (float64)."""
     scope = fluid.Scope()
+    values = {}
     with fluid.scope_guard(scope):
         exe = fluid.Executor()
         exe.run(startup)
-        values = {}
         for p in main.global_block().all_parameters():
-            shape = scope.find_var(p.name).value.shape
-            a = RNG.standard_normal(shape) * (0.3 if len(shape) > 1 else 0.5)
-            if p.name.endswith("w_2"):  # a variance
-                a = RNG.uniform(0.5, 2, shape)
-            scope.find_var(p.name).value = a.astype("float32")
-            values[p.name] = a.astype("float32").astype(np.float64)
-        static.save_inference_model(str(tmp_path / "m"), [x], [y, inner], exe,
+            a = draw(p.name, scope.find_var(p.name).value.shape).astype("float32")
+            scope.find_var(p.name).value = a
+            values[p.name] = a.astype(np.float64)
+        static.save_inference_model(str(d / "m"), feeds, fetches, exe,
                                     program=main.clone(for_test=True))
-    return tmp_path, values
+    return values
 
 
 def _predictor(d, layout=True):
@@ -232,17 +240,8 @@ def test_squeeze_and_excitation_blocks_stay_in_the_chain(fresh_programs, tmp_pat
     t = se(L.conv2d(t, 32, 3, padding=1, groups=32, bias_attr=False), 32)
     t = L.conv2d(t, 24, 1, bias_attr=False)
     y = L.pool2d(t, pool_type="avg", global_pooling=True)
-    scope = fluid.Scope()
-    with fluid.scope_guard(scope):
-        exe = fluid.Executor()
-        exe.run(startup)
-        v = {}
-        for p in main.global_block().all_parameters():
-            a = RNG.standard_normal(scope.find_var(p.name).value.shape) * 0.4
-            scope.find_var(p.name).value = a.astype("float32")
-            v[p.name] = a.astype("float32").astype(np.float64)
-        static.save_inference_model(str(tmp_path / "m"), [x], [y], exe,
-                                    program=main.clone(for_test=True))
+    v = _save(main, startup, [x], [y], tmp_path,
+              lambda name, shape: RNG.standard_normal(shape) * 0.4)
     pred = _predictor(tmp_path)
     ops = pred.program().global_block().ops
     kinds = collections.Counter(op.type for op in ops)

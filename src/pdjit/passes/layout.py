@@ -193,9 +193,8 @@ def _rewrite(prog: Program, params: dict, ask) -> None:
             if n in last:
                 op._rename_input(n, last[n])
             elif member[k] != "switch" and constant(n) and \
-                    len(block._find_var_recursive(n).shape) == 4 and \
-                    int(np.prod(block._find_var_recursive(n).shape)) > 1:
-                v = block._find_var_recursive(n)
+                    len((v := block._find_var_recursive(n)).shape) == 4 and \
+                    int(np.prod(v.shape)) > 1:
                 new = _new_name(taken, f"{n}.nhwc")
                 block.create_var(name=new, shape=[v.shape[a] for a in _TO_LAST],
                                  dtype=v.dtype, persistable=True)

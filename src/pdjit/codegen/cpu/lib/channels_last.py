@@ -37,8 +37,8 @@ from pdjit.codegen.cpu.lib.pgemm import (
     MR,
     NV,
     PREFETCH_ROWS,
-    _micro,
     _micro_kernel,
+    _packed_rows,
     run_chunks,
 )
 from pdjit.codegen.cpu.lib.tile import _masked, _offset, _splat, _vectors
@@ -113,11 +113,14 @@ def _pointwise_nhwc_weight_native(w):
 def _rows(x2, bp, y2, r0, r1, bias, lo, hi, res):
     """Rows (pixels) ``r0 .. r1`` of ``y2 = clamp(x2 @ W^T + bias + res, lo, hi)``
     (``x2`` [P, C], ``y2`` [P, M], ``res`` ``y2``'s shape flat or empty), ``W^T`` packed in
-    panels of :func:`panel_of` output channels by :func:`pointwise_nhwc_weight`."""
+    panels of :func:`panel_of` output channels by :func:`pointwise_nhwc_weight` (64-wide
+    panels: :func:`.pgemm.pack_b`'s layout of ``W^T``, run by the product's own rows)."""
     p_, k = x2.shape
     m = y2.shape[1]
-    nr = panel_of(m)
-    mr = MR if nr == _WIDE_NR else NARROW_MR
+    if panel_of(m) == _WIDE_NR:  # (the wide panels are the product's own: its rows)
+        _packed_rows(x2, bp, m, bias, y2, r0, r1, res, lo, hi)
+        return
+    nr, mr = _NARROW_NR, NARROW_MR
     npan = (m + nr - 1) // nr
     if bp.shape[0] != npan * nr * k or y2.shape[0] != p_ or r0 < 0 or r1 > p_ or \
             (bias.shape[0] != 0 and bias.shape[0] != m) or \
@@ -125,20 +128,16 @@ def _rows(x2, bp, y2, r0, r1, bias, lo, hi, res):
         raise ValueError("pdjit: pointwise_nhwc: the operands do not fit")
     xf = x2.reshape(x2.size)
     yf = y2.reshape(y2.size)
-    # a block of pixels kept in L2 (256 KiB) while every panel passes over it
+    # a block of pixels kept in L2 (256 KiB) while every panel passes over it (as the
+    # product's rows go, with the narrow tile)
     mc = max(mr, (262144 // max(1, k * 4)) // mr * mr)
     for i0 in range(r0, r1, mc):
         i1 = min(r1, i0 + mc)
         for j in range(npan):
             n0 = j * nr
-            cols = min(nr, m - n0)
             for i in range(i0, i1, mr):
-                if nr == _WIDE_NR:
-                    _micro(xf, i * k, k, min(mr, i1 - i), k, bp, j * k * nr, yf, i * m + n0, m,
-                           cols, bias, n0, res, lo, hi)
-                else:
-                    _narrow(xf, i * k, k, min(mr, i1 - i), k, bp, j * k * nr, yf, i * m + n0,
-                            m, cols, bias, n0, res, lo, hi)
+                _narrow(xf, i * k, k, min(mr, i1 - i), k, bp, j * k * nr, yf, i * m + n0, m,
+                        min(nr, m - n0), bias, n0, res, lo, hi)
 
 
 @jit
