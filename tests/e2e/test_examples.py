@@ -166,9 +166,16 @@ def _check_figure(path, title_words) -> None:
     assert dark[:, :half].sum() > 500 and dark[:, half:].sum() > 500  # both panels drawn
 
 
+def _plot_args(path) -> tuple:
+    """``--plot PATH`` where matplotlib is installed (the examples extra); without it an example
+    refuses the option before training (tested in
+    ``test_a_plot_path_that_cannot_be_written_is_refused_with_its_reason``)."""
+    return ("--plot", str(path)) if importlib.util.find_spec("matplotlib") is not None else ()
+
+
 def test_digits_mlp_learns_on_a_few_epochs_and_plots(tmp_path):
     err = []
-    out = _run("digits_mlp.py", "--epochs", "3", "--plot", str(tmp_path / "c.png"), stderr=err)
+    out = _run("digits_mlp.py", "--epochs", "3", *_plot_args(tmp_path / "c.png"), stderr=err)
     acc = float(out.split("test accuracy:")[1].split()[0])
     assert acc > 0.85  # 3 of the default 25 epochs; the full run reaches ~0.99
     # the progress: tqdm's bar, or a line per epoch, with the running loss and accuracy
@@ -263,7 +270,7 @@ def test_transformer_digits_learns_in_a_few_epochs_natively():
 
 def test_lstm_digits_learns_with_the_rnn_op_and_dynamic_lstm_natively(tmp_path):
     err = []
-    out = _run("lstm_digits.py", "--epochs", "3", "--plot", str(tmp_path / "lstm.png"),
+    out = _run("lstm_digits.py", "--epochs", "3", *_plot_args(tmp_path / "lstm.png"),
                env=_ONE_THREAD, stderr=err)
     ops = ("rnn", "lstm", "mul", "elementwise_add", "sequence_pool", "reshape2", "transpose2")
     _no_reference_steps(err[0], ops + tuple(f"{op}_grad" for op in ops))
