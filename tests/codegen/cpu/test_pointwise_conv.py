@@ -30,9 +30,14 @@ def _oracle(x, w, bias, res, lo, hi):
 def test_both_orientations_against_numpy():
     e = np.empty(0, np.float32)
     # (batch, C, M, H, W): planes of 35 and 24 pixels take the transposed tiles, 144 too (a
-    # compression onto one panel), 1056 (16 panels and 32 pixels) and 1024 the other
+    # compression onto one panel), 1056 (16 panels and 32 pixels) and 1024 the other; images
+    # wider than pgemm._BLOCK_BYTES by blocks of pixels: 1640 pixels of 100 channels (a block
+    # of 1280, then 360: no whole number of vectors), 4160 of 128 (4 of 1024, then 64)
     for n, c, m, h, wd in [(1, 19, 23, 5, 7), (3, 16, 70, 4, 6), (1, 130, 64, 12, 12),
-                           (2, 21, 17, 32, 33), (1, 23, 16, 32, 32)]:
+                           (2, 17, 21, 32, 33), (1, 16, 23, 32, 32), (2, 100, 124, 40, 41),
+                           (1, 128, 130, 64, 65)]:
+        if c * h * wd * 4 > pgemm._BLOCK_BYTES:
+            assert pointwise._choice(m, c, h * wd) == 1
         x = RNG.standard_normal((n, c, h, wd)).astype(np.float32)
         w = RNG.standard_normal((m, c, 1, 1)).astype(np.float32)
         bias = RNG.standard_normal(m).astype(np.float32)
@@ -56,9 +61,11 @@ def test_both_orientations_against_numpy():
     # a run that may write the filter in place: packed again
     params.written([w])
     assert pointwise.pointwise_weight(w, 1024) is not ap
-    # other dtypes and images beyond the L2 cache stay with conv._fwd_range: nothing packed
+    # other dtypes, and more input channels on large planes, stay with conv._fwd_range:
+    # nothing packed
     assert pointwise.pointwise_weight(w.astype(np.float64), 256).size == 0
-    assert pointwise.pointwise_weight(w, 1 << 16).size == 0
+    wide = RNG.standard_normal((16, pointwise.ROWS_MAX_CHANNELS + 1, 1, 1)).astype(np.float32)
+    assert pointwise.pointwise_weight(wide, 1 << 16).size == 0
 
 
 def _net(x, res_in):

@@ -632,9 +632,11 @@ def _weight_gemm_native(a, w, trans=False):
 # ---- pointwise (1x1) convolutions: the weight packed, the image read in place ----------------
 #: the tile of :func:`pointwise_rows`: ``MR`` output channels by ``NV`` vectors of pixels
 _conv_micro = _micro_kernel(MR, NV, 0, conv=True)
-#: the bytes of a sample's image up to which :func:`pointwise_rows` is picked (it sweeps the
-#: whole plane under each tile of output channels: the image stays in the L2 cache)
-_SWEEP_BYTES = 1 << 20
+#: the bytes of the image's columns :func:`pointwise_rows` sweeps under every tile of output
+#: channels before the next block of pixels (the L2 cache's share of the image: half of a
+#: megabyte; blocks of 256 KiB and 1 MiB measured within noise of it on 56x56 and 28x28
+#: planes of 64-512 channels)
+_BLOCK_BYTES = 1 << 19
 
 
 def packed_rows_size(m: int, k: int) -> int:
@@ -672,10 +674,11 @@ def pointwise_rows(x, ap, y, n0, n1, bias, lo, hi, res):
     (infinite: none), all applied to each tile in registers.
 
     Each sample's image is the right operand in place (rows of ``C``, ``H * W`` contiguous
-    pixels: no im2col, no copy), swept whole under each tile of ``MR`` output channels in
-    turn, so the outputs are written row after row (a panel of pixels under every tile writes
-    to all the rows at once: 1.5-2x slower at batch 16) while the image stays in the L2 cache
-    where it fits :data:`_SWEEP_BYTES` (the shapes this kernel is picked for)."""
+    pixels: no im2col, no copy), swept by blocks of pixels whose columns fit
+    :data:`_BLOCK_BYTES` (the whole plane where it fits), each block under every tile of
+    ``MR`` output channels in turn while it stays in the L2 cache, so that the outputs are
+    written by rows of the block (a panel of one tile's pixels under every tile writes to all
+    the rows at once: 1.5-2x slower at batch 16)."""
     m_, c_ = y.shape[1], x.shape[1]
     p_ = y.shape[2] * y.shape[3]
     nb = (m_ + MR - 1) // MR
@@ -686,15 +689,20 @@ def pointwise_rows(x, ap, y, n0, n1, bias, lo, hi, res):
         raise ValueError("pdjit: pointwise convolution operands do not fit")
     xf = x.reshape(x.size)
     yf = y.reshape(y.size)
+    # the pixels by blocks whose columns of the image fit _BLOCK_BYTES (the whole plane where
+    # it does), every tile of output channels swept over one block before the next
+    pb = max(nr, _BLOCK_BYTES // (c_ * x.itemsize) // nr * nr)
     for n in range(n0, n1):
         xb, yb = n * c_ * p_, n * m_ * p_
-        for i in range(nb):
-            m0 = i * MR
-            rows = m_ - m0 if m_ - m0 < MR else MR
-            for q0 in range(0, p_, nr):
-                cols = p_ - q0 if p_ - q0 < nr else nr
-                _conv_micro(ap, i * c_ * MR, rows, c_, xf, xb + q0, p_, yf, yb + m0 * p_ + q0,
-                            p_, cols, bias, m0, res, lo, hi)
+        for b0 in range(0, p_, pb):
+            b1 = p_ if p_ - b0 < pb else b0 + pb
+            for i in range(nb):
+                m0 = i * MR
+                rows = m_ - m0 if m_ - m0 < MR else MR
+                for q0 in range(b0, b1, nr):
+                    cols = b1 - q0 if b1 - q0 < nr else nr
+                    _conv_micro(ap, i * c_ * MR, rows, c_, xf, xb + q0, p_, yf,
+                                yb + m0 * p_ + q0, p_, cols, bias, m0, res, lo, hi)
 
 
 #: the tile of :func:`pointwise_cols`: ``MR`` pixels by ``NV`` vectors of output channels
