@@ -83,6 +83,7 @@ def fake_load(monkeypatch):
     monkeypatch.setattr(threads, "time", clock)
     monkeypatch.setattr(threads, "_CORES", 2)
     monkeypatch.setattr(threads, "_load", [None, 0.0])
+    monkeypatch.setattr(threads, "_asked", [float("-inf")])
     monkeypatch.setattr(threads, "_waits", [None, False])
     monkeypatch.setattr(threads, "_cpu_seconds", lambda: (state["busy"], state["mine"]))
     monkeypatch.setattr(threads, "sched_times",
@@ -116,6 +117,18 @@ def test_free_cores_counts_a_core_busy_while_this_process_waits_for_one(fake_loa
     # counts of another thread than the last sample's say nothing about the window
     assert fake_load(0.2, others=0.0, ran=0.2, waited=0.1, tid=2) == 2
     assert fake_load(0.2, others=0.0, ran=0.2, waited=0.1, tid=2) == 1
+
+
+def test_free_cores_drops_a_window_this_process_was_idle_through(fake_load):
+    """A window this process was idle through (no ask for IDLE_S seconds: another process's
+    work between a served model's requests, a benchmark's other contenders) says nothing of
+    the cores now: dropped; the scheduler's waits still count at once, and the next window
+    counts a busy core again."""
+    assert fake_load(0.2, others=1.0, ran=0.2, waited=0.0) == 1
+    assert fake_load(1.0, others=1.0, ran=0.0, waited=0.0) == 2
+    assert fake_load(0.15, others=1.0, ran=0.15, waited=0.0) == 1
+    assert fake_load(1.0, others=1.0, ran=0.005, waited=0.003) == 1   # waited: busy at once
+    assert fake_load(threads.IDLE_S * 0.8, others=1.0, ran=0.0, waited=0.0) == 1  # not idle
 
 
 def test_free_cores_judges_waits_over_milliseconds(fake_load):

@@ -255,6 +255,12 @@ WAITED_SHARE, WAITED_MIN, WAITED_WINDOW = 0.05, 0.0005, 0.005
 _CORES = os.cpu_count() or 1
 # [(time, busy seconds of every core, this process's cpu seconds), others]
 _load = [None, 0.0]
+#: a process that asked for the free cores last this many seconds ago or more was idle since:
+#: the busy time of that window is another time's (a benchmark's other contenders, measured
+#: between this process's rounds, had made its 2-thread runs of a BERT-like encoder at batch 1
+#: one-thread runs for the first tenth of a second of each round: 16-19 ms against 10)
+IDLE_S = 0.25
+_asked = [float("-inf")]  # when free_cores was last asked
 # [(time, sched_times()) of the last window's start, whether our threads waited in it]
 _waits = [None, False]
 
@@ -321,12 +327,17 @@ def free_cores() -> int:
     cores = _CORES
     now = time.monotonic()
     last = _load[0]
+    idle = now - _asked[0] > IDLE_S
+    _asked[0] = now
     if last is None or now - last[0] >= 0.1:
         busy, mine = _cpu_seconds()
         if busy is None:
             return cores
         if last is not None:
-            _load[1] = max(0.0, (busy - last[1]) - (mine - last[2])) / (now - last[0])
+            # (a window this process was idle through says what other processes did then, not
+            # now: dropped, the waits below decide until the next window closes)
+            _load[1] = 0.0 if idle else \
+                max(0.0, (busy - last[1]) - (mine - last[2])) / (now - last[0])
         _load[0] = (now, busy, mine)
     w = _waits[0]
     if w is None or now - w[0] >= WAITED_WINDOW:
