@@ -122,13 +122,17 @@ def test_free_cores_counts_a_core_busy_while_this_process_waits_for_one(fake_loa
 def test_free_cores_drops_a_window_this_process_was_idle_through(fake_load):
     """A window this process was idle through (no ask for IDLE_S seconds: another process's
     work between a served model's requests, a benchmark's other contenders) says nothing of
-    the cores now: dropped; the scheduler's waits still count at once, and the next window
-    counts a busy core again."""
-    assert fake_load(0.2, others=1.0, ran=0.2, waited=0.0) == 1
-    assert fake_load(1.0, others=1.0, ran=0.0, waited=0.0) == 2
-    assert fake_load(0.15, others=1.0, ran=0.15, waited=0.0) == 1
-    assert fake_load(1.0, others=1.0, ran=0.005, waited=0.003) == 1   # waited: busy at once
-    assert fake_load(threads.IDLE_S * 0.8, others=1.0, ran=0.0, waited=0.0) == 1  # not idle
+    the cores now: dropped, the count of the last window this process ran in stands until the
+    next one closes; the scheduler's waits still count a busy core at once."""
+    assert fake_load(0.2, others=0.0, ran=0.2, waited=0.0) == 2
+    assert fake_load(1.0, others=1.0, ran=0.0, waited=0.0) == 2    # another's burst, dropped
+    assert fake_load(0.15, others=1.0, ran=0.15, waited=0.0) == 1   # busy beside this one
+    assert fake_load(1.0, others=0.0, ran=0.0, waited=0.0) == 1     # still the last count
+    assert fake_load(0.15, others=0.0, ran=0.15, waited=0.0) == 2
+    assert fake_load(1.0, others=0.0, ran=0.005, waited=0.003) == 1   # waited: busy at once
+    assert fake_load(0.15, others=0.0, ran=0.15, waited=0.0) == 2
+    # a window shorter than IDLE_S counts, whatever this process did in it
+    assert fake_load(threads.IDLE_S * 0.8, others=1.0, ran=0.0, waited=0.0) == 1
 
 
 def test_free_cores_judges_waits_over_milliseconds(fake_load):

@@ -256,9 +256,11 @@ _CORES = os.cpu_count() or 1
 # [(time, busy seconds of every core, this process's cpu seconds), others]
 _load = [None, 0.0]
 #: a process that asked for the free cores last this many seconds ago or more was idle since:
-#: the busy time of that window is another time's (a benchmark's other contenders, measured
-#: between this process's rounds, had made its 2-thread runs of a BERT-like encoder at batch 1
-#: one-thread runs for the first tenth of a second of each round: 16-19 ms against 10)
+#: the busy time of that window is another time's. A benchmark's other contenders, run between
+#: this process's rounds, had made the 2-thread runs of a BERT-like encoder at batch 1 one-thread
+#: runs for the first tenth of a second of each round (``bench_models.py``: 17.3 and 19.1 ms,
+#: one thread 19.5 and 18.3; with the window dropped 11.2-14.2 ms, ONNX Runtime 9.5-12.6); with a
+#: busy loop on the other core, 2 threads took 0.88-1.01x the one-thread runs
 IDLE_S = 0.25
 _asked = [float("-inf")]  # when free_cores was last asked
 # [(time, sched_times()) of the last window's start, whether our threads waited in it]
@@ -322,8 +324,9 @@ def free_cores() -> int:
     process's burst already slows every thread of ours); every core where that cannot be read.
     A thread that waits for a busy core holds up every thread of a split product (measured: a
     1024x256x256 GEMM went from 1.3 ms on one thread to 4-8 ms on two while another process
-    kept a core busy). (``/proc/loadavg``'s count of running tasks is no use: on this machine
-    it counted one more than ``ps`` showed running.)"""
+    kept a core busy). A window this process was idle through (:data:`IDLE_S`) is dropped: the
+    count of the last window it ran in stands. (``/proc/loadavg``'s count of running tasks is
+    no use: on this machine it counted one more than ``ps`` showed running.)"""
     cores = _CORES
     now = time.monotonic()
     last = _load[0]
@@ -333,11 +336,10 @@ def free_cores() -> int:
         busy, mine = _cpu_seconds()
         if busy is None:
             return cores
-        if last is not None:
+        if last is not None and not idle:
             # (a window this process was idle through says what other processes did then, not
-            # now: dropped, the waits below decide until the next window closes)
-            _load[1] = 0.0 if idle else \
-                max(0.0, (busy - last[1]) - (mine - last[2])) / (now - last[0])
+            # now: dropped, the last window's count stands until the next one closes)
+            _load[1] = max(0.0, (busy - last[1]) - (mine - last[2])) / (now - last[0])
         _load[0] = (now, busy, mine)
     w = _waits[0]
     if w is None or now - w[0] >= WAITED_WINDOW:
