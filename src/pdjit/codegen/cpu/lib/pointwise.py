@@ -110,8 +110,8 @@ def _choice(m_, c_, p_) -> int:
     """Which kernel serves ``m_`` output and ``c_`` input channels (float32) over planes of
     ``p_`` pixels: 1 :func:`.pgemm.pointwise_rows`, 2 :func:`.pgemm.pointwise_cols`, 0 those
     of :func:`.conv._fwd_range` (where they measured as fast or faster: most planes of 14x14,
-    and those of 28x28 and up of more than 128 input channels, on OpenBLAS or the taps
-    kernel)."""
+    and those of 28x28 and up of more than 128 input channels or fewer output than input
+    channels, on OpenBLAS or the taps kernel)."""
     if m_ < MIN_CHANNELS or c_ < MIN_CHANNELS:
         return 0
     if p_ <= COLS_MAX_PLANE:
