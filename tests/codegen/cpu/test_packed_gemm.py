@@ -305,6 +305,46 @@ def test_weight_rows_with_its_epilogue(dtype):
         np.testing.assert_allclose(one, want, rtol=tol, atol=tol)
 
 
+def test_a_batch_of_products_by_a_weight_splits_by_rows(monkeypatch):
+    """``conv.split_work`` splits ``weight_rows`` over a batch by blocks of rows of the whole
+    product (``pgemm._split_batch``: by the parallel loop where it is ready, else on the
+    helpers), not by samples: the same bits as one thread; a batch of fewer rows than the
+    packed kernel takes is split by samples as before."""
+    from pdjit.codegen.cpu.lib import conv
+
+    r, k, n, batch = 5, 11, 37, 8
+    x = RNG.uniform(-1, 1, (batch * r, k)).astype(np.float32)
+    w = RNG.uniform(-1, 1, (k, n)).astype(np.float32)
+    bias = RNG.uniform(-1, 1, n).astype(np.float32)
+    res = RNG.uniform(-1, 1, batch * r * n).astype(np.float32)
+    want = np.clip(x.astype(np.float64) @ w + bias + res.reshape(batch * r, n), -0.75, 0.5)
+    bp = pgemm.packed_weight(w, False)
+    one = np.empty((batch * r, n), np.float32)
+    pgemm.weight_rows(x, w, False, bp, 0, batch, one, r, bias, res, -0.75, 0.5)
+    np.testing.assert_allclose(one, want, rtol=1e-5, atol=1e-5)
+    seen = []
+    real = pgemm._split_rows
+    monkeypatch.setattr(pgemm, "_split_rows", lambda *a: seen.append(a[-1]) or real(*a))
+    monkeypatch.setattr(conv, "loop_threads", lambda: 3)
+    two = np.full((batch * r, n), np.nan, np.float32)
+    conv.split_work(pgemm.weight_rows, batch, 1 << 40, x, w, False, bp, two, r, bias, res,
+                    -0.75, 0.5, head=4)
+    assert seen == [3]
+    np.testing.assert_array_equal(two, one)
+    # rows too few for the packed kernel's split (a batch of 8 one-row samples): by samples
+    few = batch
+    assert few < max(2 * pgemm.MR, pgemm.PACKED_MIN_ROWS)
+    xs, rs = x[:few].copy(), res[:few * n].copy()
+    seen.clear()
+    three = np.full((few, n), np.nan, np.float32)
+    conv.split_work(pgemm.weight_rows, few, 1 << 40, xs, w, False, bp, three, 1, bias, rs,
+                    -0.75, 0.5, head=4)
+    assert seen == []
+    np.testing.assert_allclose(three, np.clip(xs.astype(np.float64) @ w + bias +
+                                              rs.reshape(few, n), -0.75, 0.5),
+                               rtol=1e-5, atol=1e-5)
+
+
 def test_a_fed_weight_refilled_between_runs_is_packed_again(fresh_programs):
     """A persistable fed with the user's buffer, refilled in place before the next run, and
     a program that writes other persistables (a batch norm's statistics) beside the product:

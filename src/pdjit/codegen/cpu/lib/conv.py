@@ -946,13 +946,17 @@ def _split(fn, parts, n, *args, head=3):
 
 def split_work(fn, n, work, *args, head=2):
     """``fn(<head args>, 0, n, <other args>)``, split over threads when ``work`` (about the
-    multiply-adds or reads) is large: for library kernels over independent items. A forward
+    multiply-adds or reads) is large: for library kernels over independent items (an entry of
+    :data:`BATCH_SPLITS` by its own parts). A forward
     convolution of one sample (a kernel of :data:`_BY_CHANNELS`, or an entry of
     :data:`CHANNEL_SPLITS` by its own parts) is split over its output channels instead
     (:func:`split_channels`). A convolution on Winograd's kernel has its filter transformed
     once, before the threads take their parts."""
     parts = _parts(n, work)
     if parts > 1:
+        own = BATCH_SPLITS.get(fn)
+        if own is not None and own(parts, *args):  # (an entry of another module: its parts)
+            return
         if _on_winograd(fn, args):
             winograd.transformed(args[1])  # (once, before the threads ask for it)
         _split(fn, parts, n, *args, head=head)
@@ -1198,6 +1202,12 @@ _BY_CHANNELS = (_fwd_range, _fwd_taps, _fwd_gemm, _fwd_blas, _direct_range)
 #: where that pays, and returning whether it did (the entries of other modules register
 #: here: :mod:`.pointwise`; see :func:`split_channels`)
 CHANNEL_SPLITS: dict = {}
+#: entries whose batches :func:`split_work` splits by their own parts rather than by samples on
+#: ``run_parts``' helpers: ``{fn: split(threads, *args)}`` (``fn``'s arguments without the
+#: sample range), ``split`` running the whole batch in at most ``threads`` parts where it can,
+#: and returning whether it did (:mod:`.pgemm`: a product by a weight, by blocks of rows on a
+#: parallel loop)
+BATCH_SPLITS: dict = {}
 
 
 def conv2d_fwd(x, w, y, sh, sw, pt, pl, dh, dw, groups):
@@ -1487,3 +1497,9 @@ compile_cost(2.1, _taps_by_channels)
 compile_cost(1.6, _direct_by_channels)
 compile_cost(0.7, _gemm_by_channels)
 compile_cost(1.3, _wino_by_channels)
+
+
+# (pgemm is loaded before this module ends: winograd imports it)
+from pdjit.codegen.cpu.lib import pgemm as _pgemm  # noqa: E402
+
+BATCH_SPLITS[_pgemm.weight_rows] = _pgemm._split_batch
