@@ -537,8 +537,8 @@ def _split_batch(parts, x, w, trans, bp, out, r, bias, res, lo, hi) -> bool:
     ``MR`` rows (:func:`_split_rows`: by a parallel loop where it is ready), rather than ranges
     of samples on ``run_parts``' helpers, whose threads and the parallel loops' (polling for
     their next loop) took turns on the second core. The same bits as one thread's call.
-    Measured: a BERT-like encoder at batch 16 on two threads, 184-191 -> 132-155 ms (one
-    thread ~245)."""
+    Measured: a BERT-like encoder at batch 16 on two threads, 169 -> 137 ms in
+    ``bench_models.py`` (ONNX Runtime 124-140; one thread 242-244)."""
     rows = x.shape[0]
     if out.shape[0] != rows or rows < max(2 * MR, PACKED_MIN_ROWS) or bp.size == 0:
         return False
