@@ -65,10 +65,10 @@ def _rank4(block, name) -> bool:
     return v is not None and len(v.shape) == 4
 
 
-def _members(block, uses: _Uses, params: dict, ask) -> tuple:
+def _members(block, uses: _Uses, constant, ask) -> tuple:
     """``({op index: what}, {value: op index})``: the ops of steps 1-2 (``what``: "switch",
     "same", or the new ``axis`` of a broadcast operand) and the op that makes each of their
-    NHWC values."""
+    NHWC values; ``constant(name)``: whether a value is a constant (:func:`_constants`)."""
     member, made = {}, {}
     for i, op in enumerate(block.ops):
         opdef = registry.lookup(op.type)
@@ -86,7 +86,7 @@ def _members(block, uses: _Uses, params: dict, ask) -> tuple:
             member[i] = "switch"
         elif opdef.has(registry.ELEMENTWISE) and not opdef.has(registry.SIDE_EFFECT) and \
                 not opdef.has(registry.RANDOM) and not opdef.has(registry.SEQUENCE):
-            what = _elementwise(block, op, opdef, made, _constants(uses, params))
+            what = _elementwise(block, op, opdef, made, constant)
             if what is None:
                 continue
             member[i] = what
@@ -160,7 +160,7 @@ def _rewrite(prog: Program, params: dict, ask) -> None:
     block = prog.global_block()
     uses = _Uses(prog)
     constant = _constants(uses, params)
-    member, made = _members(block, uses, params, ask)
+    member, made = _members(block, uses, constant, ask)
     keep = set()
     for chain in _chains(block, member, made):
         ops = set(chain)
