@@ -30,14 +30,9 @@ def _oracle(x, w, bias, res, lo, hi):
 def test_both_orientations_against_numpy():
     e = np.empty(0, np.float32)
     # (batch, C, M, H, W): planes of 35 and 24 pixels take the transposed tiles, 144 too (a
-    # compression onto one panel), 1056 (16 panels and 32 pixels) and 1024 the other; images
-    # wider than pgemm._BLOCK_BYTES by blocks of pixels: 1640 pixels of 100 channels (a block
-    # of 1280, then 360: no whole number of vectors), 4160 of 128 (4 of 1024, then 64)
+    # compression onto one panel), 1056 (16 panels and 32 pixels) and 1024 the other
     for n, c, m, h, wd in [(1, 19, 23, 5, 7), (3, 16, 70, 4, 6), (1, 130, 64, 12, 12),
-                           (2, 17, 21, 32, 33), (1, 16, 23, 32, 32), (2, 100, 124, 40, 41),
-                           (1, 128, 130, 64, 65)]:
-        if c * h * wd * 4 > pgemm._BLOCK_BYTES:
-            assert pointwise._choice(m, c, h * wd) == 1
+                           (2, 21, 17, 32, 33), (1, 23, 16, 32, 32)]:
         x = RNG.standard_normal((n, c, h, wd)).astype(np.float32)
         w = RNG.standard_normal((m, c, 1, 1)).astype(np.float32)
         bias = RNG.standard_normal(m).astype(np.float32)
@@ -61,11 +56,31 @@ def test_both_orientations_against_numpy():
     # a run that may write the filter in place: packed again
     params.written([w])
     assert pointwise.pointwise_weight(w, 1024) is not ap
-    # other dtypes, and more input channels on large planes, stay with conv._fwd_range:
-    # nothing packed
+    # other dtypes, more input channels on large planes and images beyond ROWS_MAX_BYTES
+    # stay with conv._fwd_range: nothing packed
     assert pointwise.pointwise_weight(w.astype(np.float64), 256).size == 0
     wide = RNG.standard_normal((16, pointwise.ROWS_MAX_CHANNELS + 1, 1, 1)).astype(np.float32)
-    assert pointwise.pointwise_weight(wide, 1 << 16).size == 0
+    assert pointwise.pointwise_weight(wide, 1024).size == 0
+    assert pointwise.pointwise_weight(w, 1 << 16).size == 0
+
+
+def test_row_tiles_sweep_wide_images_by_blocks_of_pixels():
+    """``pgemm.pointwise_rows`` on images wider than ``pgemm._BLOCK_BYTES``, swept by blocks
+    of pixels: 1640 pixels of 100 channels (a block of 1280, then 360: no whole number of
+    vectors), 4160 of 128 (4 of 1024, then 64), against the NumPy oracle."""
+    e = np.empty(0, np.float32)
+    for n, c, m, h, wd in [(2, 100, 124, 40, 41), (1, 128, 130, 64, 65)]:
+        assert c * h * wd * 4 > pgemm._BLOCK_BYTES
+        x = RNG.standard_normal((n, c, h, wd)).astype(np.float32)
+        w = RNG.standard_normal((m, c, 1, 1)).astype(np.float32)
+        bias = RNG.standard_normal(m).astype(np.float32)
+        res = RNG.standard_normal(n * m * h * wd).astype(np.float32)
+        ap = np.empty(pgemm.packed_rows_size(m, c), np.float32)
+        pgemm.pack_a(np.ascontiguousarray(w.reshape(m, c)), ap)
+        for b, r, lo, hi in [(e, e, -INF, INF), (bias, res, 0.0, 6.0)]:
+            y = np.full((n, m, h, wd), np.nan, np.float32)
+            pgemm.pointwise_rows(x, ap, y, 0, n, b, lo, hi, r)
+            np.testing.assert_allclose(y, _oracle(x, w, b, r, lo, hi), rtol=1e-4, atol=1e-4)
 
 
 def _net(x, res_in):

@@ -9,8 +9,8 @@ Two orientations of the tile, picked by the plane's size and the channels
 - :func:`.pgemm.pointwise_rows`: tiles of ``MR`` output channels by ``NR`` pixels, ``W``
   packed by blocks of ``MR`` rows (the layout of :func:`.pgemm.pack_a`), for planes of
   :data:`ROWS_MIN_PLANE` pixels or more of at most :data:`ROWS_MAX_CHANNELS` input channels
-  (each block of pixels that stays in the L2 cache swept under every tile, the image read in
-  place, the outputs written by rows);
+  and images of at most :data:`ROWS_MAX_BYTES` (each block of pixels that stays in the L2
+  cache swept under every tile, the image read in place, the outputs written by rows);
 - :func:`.pgemm.pointwise_cols`: the product transposed, tiles of ``MR`` pixels by ``NR``
   output channels, ``W^T`` packed in panels as :func:`.pgemm.packed_weight` packs a product's
   weight, the tile stored into the channels' rows by scatters, for planes of at most
@@ -77,22 +77,26 @@ COLS_WIDE_PLANE = 256
 #: the output channels of a panel of the transposed tiles (float32)
 _NR = NV * 16
 #: planes of at least this many pixels (28x28 and up) take :func:`.pgemm.pointwise_rows`
-#: where the input channels are at most :data:`ROWS_MAX_CHANNELS` and the output channels
-#: at least as many (an expansion, or as many)
+#: where the input channels are at most :data:`ROWS_MAX_CHANNELS` and a sample's image at
+#: most :data:`ROWS_MAX_BYTES`
 ROWS_MIN_PLANE = 512
 #: the most input channels :func:`.pgemm.pointwise_rows` serves: short sums over many pixels
 #: (MobileNetV2's 112x112 16 -> 96, 56x56 24 -> 144 and 28x28 32 -> 192, 8-25 % faster than
-#: OpenBLAS per sample in the model at batch 16), and with the image swept by blocks of
-#: pixels (:data:`.pgemm._BLOCK_BYTES`) ResNet-50's 56x56 64 -> 64 and 64 -> 256 and 28x28
-#: 128 -> 512 (alone, one thread, ms against OpenBLAS per sample, batch 1 then 16: 0.24 /
-#: 0.26 and 5.2 / 7.1, 0.98 / 1.17 and 18.5 / 24.8, 1.06 / 1.11 and 16.7 / 18.2; 28x28 64 ->
-#: 384 0.40 / 0.44 and 7.3 / 8.7; in ResNet-50 those layers 17-22 % faster at batch 16 and
-#: 1, 12-23 % at batch 1 on two threads). With more input channels, or fewer output channels
-#: than input ones, OpenBLAS won at batch 16 (56x56 256 -> 64 20.7 / 17.5, 28x28 512 -> 128
-#: 19.0 / 17.0, 192 -> 32 3.1 / 2.6, 56x56 144 -> 24 7.9 / 5.7; MobileNetV2's 56x56 96 -> 24
-#: 4.4 / 3.3 in the model) though it lost at batch 1 (1.05 / 1.08, 1.10 / 1.30, 0.11 / 0.16,
-#: 0.21 / 0.24)
-ROWS_MAX_CHANNELS = 128
+#: OpenBLAS per sample in the model at batch 16). With the image swept by blocks of pixels
+#: (:data:`.pgemm._BLOCK_BYTES`) it measured faster on ResNet-50's 56x56 64 -> 64 and 64 ->
+#: 256 and 28x28 128 -> 512 too (alone, one thread, ms against OpenBLAS per sample, batch 1
+#: then 16: 0.24 / 0.26 and 5.2 / 7.1, 0.98 / 1.17 and 18.5 / 24.8, 1.06 / 1.11 and 16.7 /
+#: 18.2; in the model those layers 17-22 % faster at batch 16, the model 1273 -> 1239 ms), but
+#: taking them compiles this kernel for ResNet-50 as well: its cold first result went from
+#: 4.7-4.8 s to 5.8-5.9 s (7.8-8.5 -> 9.8 s of CPU; ``bench_coldstart.py --models
+#: resnet50``), past the 5 s a cold start may take: not taken until the kernel can compile
+#: off the first result's path. Compressions and more input channels lost at batch 16 anyway
+#: (56x56 256 -> 64 20.7 / 17.5, 28x28 512 -> 128 19.0 / 17.0, 192 -> 32 3.1 / 2.6, 56x56 144
+#: -> 24 7.9 / 5.7) though they won at batch 1 (1.05 / 1.08, 1.10 / 1.30, 0.11 / 0.16, 0.21 /
+#: 0.24)
+ROWS_MAX_CHANNELS = 32
+#: the largest image (bytes of one sample) :func:`.pgemm.pointwise_rows` is picked for
+ROWS_MAX_BYTES = 1 << 20
 #: the fewest output and input channels the packed kernels serve
 MIN_CHANNELS = 16
 #: compiled code, which packs the filter at each run, runs the packed kernels from this many
@@ -110,15 +114,15 @@ def _choice(m_, c_, p_) -> int:
     """Which kernel serves ``m_`` output and ``c_`` input channels (float32) over planes of
     ``p_`` pixels: 1 :func:`.pgemm.pointwise_rows`, 2 :func:`.pgemm.pointwise_cols`, 0 those
     of :func:`.conv._fwd_range` (where they measured as fast or faster: most planes of 14x14,
-    and those of 28x28 and up of more than 128 input channels or fewer output than input
-    channels, on OpenBLAS or the taps kernel)."""
+    and those of 28x28 and up of more than 32 input channels, on OpenBLAS or the taps
+    kernel)."""
     if m_ < MIN_CHANNELS or c_ < MIN_CHANNELS:
         return 0
     if p_ <= COLS_MAX_PLANE:
         return 2
     if p_ <= COLS_WIDE_PLANE and m_ == _NR and c_ >= 2 * m_:
         return 2
-    if p_ >= ROWS_MIN_PLANE and c_ <= ROWS_MAX_CHANNELS and m_ >= c_:
+    if p_ >= ROWS_MIN_PLANE and c_ <= ROWS_MAX_CHANNELS and c_ * p_ * 4 <= ROWS_MAX_BYTES:
         return 1
     return 0
 
