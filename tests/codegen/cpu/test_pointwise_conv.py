@@ -200,3 +200,61 @@ def test_split_work_parts_by_channels(monkeypatch):
             bounds = found and (found[0] if packed else found)
             assert (bounds and list(np.diff(bounds))) == want
             assert np.array_equal(y, one)
+
+
+def _strided_oracle(x, w, stride, pads):
+    """A 1x1 convolution with strides and paddings ``(top, bottom, left, right)``, by loops
+    over the output pixels (float64)."""
+    n, c, h, wd = x.shape
+    pt, pb, pl, pr = pads
+    oh, ow = (h + pt + pb - 1) // stride + 1, (wd + pl + pr - 1) // stride + 1
+    y = np.zeros((n, w.shape[0], oh, ow))
+    w2 = w.reshape(w.shape[0], c).astype(np.float64)
+    for i in range(oh):
+        for j in range(ow):
+            r, q = i * stride - pt, j * stride - pl
+            if 0 <= r < h and 0 <= q < wd:
+                y[:, :, i, j] = x[:, :, r, q].astype(np.float64) @ w2.T
+    return y
+
+
+def test_strided_and_padded_1x1_run_as_products_of_the_pixels_they_read(fresh_programs):
+    """A 1x1 convolution with strides or paddings (ResNet's stride-2 shortcut projections)
+    runs as the stride-1 convolution of the pixels it reads, copied once
+    (``conv.pointwise_image``): with a bias, residual and relu taken by the convolution and
+    without any epilogue, odd planes, paddings on every side and SAME; against loops here."""
+    main, _ = fresh_programs
+    x = fluid.layers.data("x", [20, 9, 13])
+    cases = [(2, [0, 0], "EXPLICIT", (0, 0, 0, 0)), (3, [1, 2], "EXPLICIT", (1, 1, 2, 2)),
+             (2, [0, 0], "SAME", (0, 0, 0, 0)), (1, [1, 0, 0, 2], "EXPLICIT", (1, 0, 0, 2))]
+    outs = []
+    for k, (stride, pad, algo, _) in enumerate(cases):
+        attr = fluid.ParamAttr(name=f"sw{k}")
+        y = fluid.layers.conv2d(x, 24, 1, stride=stride, padding=algo if algo == "SAME" else pad,
+                                param_attr=attr, bias_attr=fluid.ParamAttr(name=f"sb{k}"))
+        r = fluid.layers.data(f"r{k}", list(y.shape[1:]))
+        outs.append(fluid.layers.relu(fluid.layers.elementwise_add(y, r)))
+        outs.append(fluid.layers.conv2d(x, 17, 1, stride=stride, bias_attr=False,
+                                        padding=algo if algo == "SAME" else pad,
+                                        param_attr=fluid.ParamAttr(name=f"sv{k}")))
+    exe = fluid.Executor(fluid.CPUPlace(), strict=True)
+    exe.run(fluid.default_startup_program())
+    scope = fluid.global_scope()
+    for batch in (1, 3):
+        feed = {"x": RNG.standard_normal((batch, 20, 9, 13)).astype(np.float32)}
+        for k, (stride, _, _, pads) in enumerate(cases):
+            shape = _strided_oracle(feed["x"][:, :1], np.ones((1, 1, 1, 1)), stride, pads).shape
+            feed[f"r{k}"] = RNG.standard_normal((batch, 24) + shape[2:]).astype(np.float32)
+        got = exe.run(main, feed=feed, fetch_list=outs)
+        assert_native(exe)
+        for k, (stride, _, _, pads) in enumerate(cases):
+            w, b, v = (np.asarray(scope.find_var(f"{p}{k}").get_tensor())
+                       for p in ("sw", "sb", "sv"))
+            want = _strided_oracle(feed["x"], w, stride, pads) + b[None, :, None, None]
+            np.testing.assert_allclose(got[2 * k], np.maximum(want + feed[f"r{k}"], 0),
+                                       rtol=1e-4, atol=1e-4)
+            np.testing.assert_allclose(got[2 * k + 1], _strided_oracle(feed["x"], v, stride,
+                                                                       pads),
+                                       rtol=1e-4, atol=1e-4)
+    report = exe.explain(main, feed=feed, fetch_list=outs)
+    assert report.count("conv.pointwise_image") >= 2 * len(cases), report
