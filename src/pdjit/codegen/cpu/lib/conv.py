@@ -927,29 +927,6 @@ def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, re
         _bias_clamp_range(y, n0, n1, bias, lo, hi, res)
 
 
-@register_jitable
-def pointwise_image(x, sh, sw, pt, pl, oh, ow):
-    """The image a 1x1 convolution of strides ``sh, sw`` and top/left paddings ``pt, pl``
-    reads, for outputs of ``oh x ow`` pixels (NCHW): ``xs[n, c, i, j] = x[n, c, i * sh - pt,
-    j * sw - pl]``, zero where that falls in the padding. The convolution is then the
-    stride-1, unpadded one of ``xs``: a product per sample, on the GEMM kernels, where the
-    taps kernel would read every ``sh``-th pixel of ``x`` (ResNet-50's 1x1 stride-2 shortcut
-    projections, 256 -> 512 at 28x28, one sample, one thread: 1.2 ms by the product on the
-    copy, 2.5 by the taps)."""
-    h, w = x.shape[2], x.shape[3]
-    i0, j0 = (pt + sh - 1) // sh, (pl + sw - 1) // sw
-    i1, j1 = min(oh, (h - 1 + pt) // sh + 1), min(ow, (w - 1 + pl) // sw + 1)
-    shape = (x.shape[0], x.shape[1], oh, ow)
-    if i0 == 0 and j0 == 0 and i1 == oh and j1 == ow:
-        xs = np.empty(shape, x.dtype)
-    else:
-        xs = np.zeros(shape, x.dtype)
-    if i1 > i0 and j1 > j0:
-        xs[:, :, i0:i1, j0:j1] = x[:, :, i0 * sh - pt:(i1 - 1) * sh - pt + 1:sh,
-                                   j0 * sw - pl:(j1 - 1) * sw - pl + 1:sw]
-    return xs
-
-
 # ---- the entry points: whole batches, split over threads when large ---------------------------
 def _parts(n: int, work: int) -> int:
     """How many threads a batch of ``n`` samples and ``work`` multiply-adds is split over."""

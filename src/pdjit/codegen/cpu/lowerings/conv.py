@@ -9,9 +9,7 @@ with the roles of image and output exchanged. Sizes and attributes are arguments
 layer shares the compiled kernels. A convolution followed by a per-channel bias and clamp runs
 by blocks of samples (``_conv_blocked``), the epilogue applied as the kernels store; a 1x1
 stride-1 one whose filter is a weight runs there on pdjit's packed GEMM with the filter packed
-once (``_pointwise``: ``pdjit.codegen.cpu.lib.pointwise``) where its sizes take it. A 1x1
-convolution with strides or paddings runs as the stride-1 one of the pixels it reads, copied
-once (``_gathered``).
+once (``_pointwise``: ``pdjit.codegen.cpu.lib.pointwise``) where its sizes take it.
 """
 from __future__ import annotations
 
@@ -41,6 +39,10 @@ def _arg_list(g: Geometry, X: str, kh: int, kw: int, groups: int) -> list:
     return [str(g.strides[0]), str(g.strides[1]), pt, pl, dh, dw, str(groups)]
 
 
+def _args(g: Geometry, X: str, kh: int, kw: int, groups: int) -> str:
+    return ", ".join(_arg_list(g, X, kh, kw, groups))
+
+
 def as_nchw(ctx, g: Geometry, local: str) -> list:
     """(lines, local) of ``local`` as an NCHW array."""
     if not g.nhwc:
@@ -66,15 +68,10 @@ def _conv_blocked(ctx):
     direct = use_direct(cg, m // groups)
     wino = may_take(m, cg, kh, kw, g.strides, g.dilations, groups)
     args = _arg_list(g, X, kh, kw, groups)
-    lines = []
-    plane = g.spatial(ctx.shape("Input"))
-    if not direct and _gathers(kh, kw, args):
-        X, args = _gathered(ctx, X, y, args, lines)
-        plane = g.spatial(ctx.shape("Output"))
-    packed = "" if direct else _pointwise(ctx, m, cg, kh, kw, args, plane)
+    packed = "" if direct else _pointwise(ctx, g, m, cg, kh, kw, args)
     fn = ctx.lib_fn("conv._direct_range" if direct else packed or
                     ("conv._fwd_range_3x3" if wino else "conv._fwd_range"))
-    lines.append(f"_rt.check({ctx.lib_fn('conv._fits_native')}({X}, {y}, {W}, {groups}))")
+    lines = [f"_rt.check({ctx.lib_fn('conv._fits_native')}({X}, {y}, {W}, {groups}))"]
     # the per-channel bias, residual (not for the direct loops) and clamp after it, applied as
     # the kernels store (when they fit)
     epi = ctx.channel_epilogue(ctx.T("Output"), lines, residual=not direct)
@@ -148,37 +145,18 @@ def _nhwc_blocked(ctx, g: Geometry):
     return lines, fn, [X, wt, y], geo + epi, f"{y}.size * {kh * kw}"
 
 
-def _gathers(kh: int, kw: int, args: list) -> bool:
-    """Whether a convolution of a ``kh x kw`` filter and the geometry ``args`` (see
-    :func:`_arg_list`) runs as the stride-1, unpadded one of the pixels it reads
-    (:func:`_gathered`): a 1x1 filter with strides or paddings."""
-    return kh == kw == 1 and args[:4] != ["1", "1", "0", "0"]
-
-
-def _gathered(ctx, X: str, y: str, args: list, lines: list) -> tuple:
-    """``(image, args)`` of the stride-1, unpadded 1x1 convolution that computes the one of
-    image ``X`` (NCHW local) and geometry ``args`` into ``y``: the pixels it reads copied
-    once (``conv.pointwise_image``, the line added to ``lines``), so that it runs as a
-    product on the GEMM kernels."""
-    xs = ctx.tmp("xs")
-    lines.append(f"{xs} = {ctx.lib_fn('conv.pointwise_image')}({X}, {', '.join(args[:4])}, "
-                 f"{y}.shape[2], {y}.shape[3])")
-    return xs, ["1", "1", "0", "0"] + args[4:]
-
-
-def _pointwise(ctx, m: int, cg: int, kh: int, kw: int, args: list, plane: tuple) -> str:
+def _pointwise(ctx, g: Geometry, m: int, cg: int, kh: int, kw: int, args: list) -> str:
     """The library entry by which a convolution runs on pdjit's packed GEMM with its filter
     packed once (``_nn.pointwise_range``, see ``pdjit.codegen.cpu.lib.pointwise``; ``""``:
     not): a 1x1 stride-1 unpadded convolution of one group, float32, whose filter is a weight
     (persistable, written by no op of the program: the packed copy is made again after a run
     that may write it, see ``pdjit.codegen.params``), on a plane the packed kernels serve
-    where the lowering knows its size (``plane``: (H, W) of the image the product reads; the
-    entry then names the one kernel that serves it, so that the plan compiles that one
-    alone)."""
+    where the lowering knows its size (the entry then names the one kernel that serves it, so
+    that the plan compiles that one alone)."""
     if ctx.dtype("Input") != np.float32 or ctx.dtype("Filter") != np.float32 or \
             not all(a.lstrip("-").isdigit() for a in args):
         return ""
-    h, w = plane
+    h, w = g.spatial(ctx.shape("Input"))
     entry = usable(m, cg, kh, kw, *(int(a) for a in args),
                    p=h * w if h is not None and w is not None and h > 0 and w > 0 else -1)
     name = ctx.op.input("Filter")[0]
@@ -206,12 +184,8 @@ def _conv_lower(ctx):
     n, _, h, w = image_dims(g, X)
     y, pre, post = nchw_dest(ctx, g, "Output", n, f"{W}.shape[0]", g.src_conv_out(0, h, kh),
                          g.src_conv_out(1, w, kw))
-    groups = ctx.attrs["groups"]
-    args = _arg_list(g, xc, kh, kw, groups)
-    m, cg = ctx.shape("Filter")[:2]
-    if not use_direct(cg, m // groups) and _gathers(kh, kw, args):
-        xc, args = _gathered(ctx, xc, y, args, pre)
-    call = f"{ctx.lib_fn('conv2d_fwd')}({xc}, {W}, {y}, {', '.join(args)})"
+    call = (f"{ctx.lib_fn('conv2d_fwd')}("
+            f"{xc}, {W}, {y}, {_args(g, xc, kh, kw, ctx.attrs['groups'])})")
     return lines + pre + [call] + post
 
 
