@@ -247,19 +247,27 @@ def test_corpus_through_the_predictor(name):
 
 @pytest.mark.parametrize("name", ["resnet_block", "mobilenet", "cond_while"])
 def test_corpus_with_the_memory_plan(name):
-    """``Config.enable_memory_optim()``: buffers reused and released by liveness inside each
-    compiled step; the outputs stay Paddle's, and the plan reports what it assigned."""
+    """The Predictor's memory plan (on unless ``Config.enable_memory_optim(False)``): buffers
+    reused and released by liveness inside each compiled step; the outputs stay Paddle's, the
+    plan reports what it assigned, and switched off the outputs are the same bits."""
     import pdjit.inference as inference
 
     config = inference.Config(str(MODELS / name))
-    config.enable_memory_optim()
+    assert config.memory_optim_enabled()
     predictor = inference.create_predictor(config)
     assert predictor._exe.memory_optim
+    off = inference.Config(str(MODELS / name))
+    off.enable_memory_optim(False)
+    plain = inference.create_predictor(off)
+    assert not plain._exe.memory_optim
     io = _io(name)
     for case in MANIFEST[name]["cases"]:
-        outs = predictor.run([io[f"{case}/feed/{n}"] for n in predictor.get_input_names()])
-        for n, got in zip(predictor.get_output_names(), outs):
+        feeds = [io[f"{case}/feed/{n}"] for n in predictor.get_input_names()]
+        outs = predictor.run(feeds)
+        for n, got, same in zip(predictor.get_output_names(), outs, plain.run(feeds)):
             np.testing.assert_allclose(got, io[f"{case}/fetch/{n}"], rtol=RTOL, atol=ATOL,
                                        err_msg=f"{name}: {n}, case {case}")
-    plans = [plan for _, plan in predictor._exe._plans.values()]
-    assert any("memory plan" in plan.report() for plan in plans)
+            np.testing.assert_array_equal(got, same)
+    for exe, planned in ((predictor._exe, True), (plain._exe, False)):
+        plans = [plan for _, plan in exe._plans.values()]
+        assert any("memory plan" in plan.report() for plan in plans) == planned

@@ -87,7 +87,7 @@ class Config:
                 self.set_model(model_dir_or_prog_file, params_file)
         self._ir_optim = True
         self._optimized_cache = True
-        self._memory_optim = False
+        self._memory_optim = True  # (see enable_memory_optim)
         self._native_drivers = env_flag("PDJIT_NATIVE_DRIVERS", True)
         self._threads = None
         self._gpu = None            # (memory_mb, device_id) once enable_use_gpu was called
@@ -143,7 +143,12 @@ class Config:
         self._deleted_passes.append(name)
 
     def enable_memory_optim(self, x: bool = True) -> None:
-        """Let intermediate buffers be reused by liveness inside compiled steps."""
+        """Let intermediate buffers be reused by liveness inside compiled steps
+        (``pdjit.codegen.memplan``): on by default (unlike Paddle Inference, whose default is
+        off), as it lowers the peak memory and never measured slower: a run's working set
+        stays smaller and warmer in the caches (MobileNetV2 at batch 1, one thread: 9.3-10.0
+        -> 8.6-8.9 ms in processes of their own, 0.93-0.97x alternating in one process;
+        ResNet-50 and a BERT-like encoder at batch 1 and 16 within 2 %)."""
         self._memory_optim = bool(x)
 
     def memory_optim_enabled(self) -> bool:

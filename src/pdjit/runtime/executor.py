@@ -129,9 +129,9 @@ class Executor:
     ``memory_optim=True`` (or ``PDJIT_MEMORY_OPTIM=1``) builds plans whose native steps reuse
     the buffers of dead intermediates and free each one after its last use
     (``pdjit.codegen.memplan``): a lower peak memory; ``explain()`` shows the assignment.
-    Off by default, as in Paddle Inference (``Config.enable_memory_optim()`` turns it on for a
-    Predictor); measured with ``benchmarks/bench_memory.py`` it never slowed a run (0.91-1.00x
-    of the time, 0.21-0.86x of the peak traced memory).
+    Off by default for an Executor, on for a Predictor (``Config.enable_memory_optim(False)``
+    turns it off there); measured with ``benchmarks/bench_memory.py`` it never slowed a run
+    (0.91-1.00x of the time, 0.21-0.86x of the peak traced memory).
 
     ``native_drivers=True`` (or ``PDJIT_NATIVE_DRIVERS=1``) also compiles each native step's
     driver into one native function (seconds of compile time per program the first time, then
