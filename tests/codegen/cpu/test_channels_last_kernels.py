@@ -95,6 +95,8 @@ def test_panel_width_follows_the_waste():
     (32, 12, 13, 3, (1, 1), (0, 0, 0, 0), (1, 1)),  # no padding: no border
     (3, 1, 1, 3, (1, 1), (1, 1, 1, 1), (1, 1)),     # a 1x1 plane: all border
     (70, 4, 20, 3, (1, 2), (1, 1, 1, 1), (1, 1)),   # rows of more than one tile
+    (96, 14, 14, 3, (1, 1), (1, 1, 1, 1), (1, 1)),  # MobileNetV2's: rows of two whole tiles
+    (40, 7, 7, 3, (2, 2), (0, 1, 0, 1), (1, 1)),    # stride 2, padded after: a partial tile
 ])
 def test_depthwise_against_numpy(c, h, wd, k, stride, pads, dil):
     n = 2

@@ -219,7 +219,7 @@ def _depthwise_nhwc_weight_native(w):
 DW_R, DW_NV = 6, 2
 
 
-def _dw_kernel(npix: int, nv: int):
+def _dw_kernel(npix: int, nv: int, kw_: int = 0, sw_: int = 0):
     """The intrinsic of a depthwise tile of ``npix`` output pixels of one row by ``nv`` vectors
     of channels:
 
@@ -231,7 +231,14 @@ def _dw_kernel(npix: int, nv: int):
     takes the others). The ``npix * nv`` sums stay in registers over the taps (each tap loads
     ``nv`` vectors of the filter and ``npix * nv`` of the image), in tap order, each a fused
     multiply-add; then the residual, the clamp and one masked store. Pixels past ``pixels``
-    read the last one again (never stored). ``bias``, ``res`` empty: none."""
+    read the last one again (never stored). ``bias``, ``res`` empty: none.
+
+    With ``kw_`` and ``sw_`` (a filter row of ``kw_`` taps one column apart, pixels ``sw_``
+    columns apart: the caller passes ``kw == kw_``, ``xs == sw_ * xj``) each column of the
+    image that the tile's pixels read in a filter row is loaded once and multiplied into
+    every sum that reads it (3x3, stride 1, six pixels: 8 columns loaded for 18 products,
+    not 18), the filter row's ``kw_`` taps held in registers; the same products in the same
+    order. Pixels past ``pixels`` read the last column again."""
     def codegen(context, builder, signature, args):
         at = signature.args
         (x0, xr, xj, xs, nrows, kw, w0, wr, y0, ys, pixels, cols, b0) = (
@@ -266,18 +273,35 @@ def _dw_kernel(npix: int, nv: int):
         last = builder.sub(pixels, const(1))
         poff = [builder.mul(builder.select(builder.icmp_signed("<", const(p), pixels),
                                            const(p), last), xs) for p in range(npix)]
-        with cgutils.for_range(builder, nrows) as rows:
-            xi = builder.add(x0, builder.mul(rows.index, xr))
-            wi = builder.add(w0, builder.mul(rows.index, wr))
+        def fma_into(p, v, xv, wv):
+            builder.store(builder.call(fma, [xv, wv, builder.load(acc[v][p])]), acc[v][p])
+
+        def by_taps(xi, wi):  # each tap's pixels loaded for it
             with cgutils.for_range(builder, kw) as taps:
                 xt = builder.add(xi, builder.mul(taps.index, xj))
-                wt_ = builder.add(wi, builder.mul(taps.index, ys))
-                wv = [load(wa, wt_, v) for v in range(nv)]
+                wv = [load(wa, builder.add(wi, builder.mul(taps.index, ys)), v)
+                      for v in range(nv)]
                 for p in range(npix):
                     xp = builder.add(xt, poff[p])
                     for v in range(nv):
-                        builder.store(builder.call(fma, [load(xa, xp, v), wv[v],
-                                                         builder.load(acc[v][p])]), acc[v][p])
+                        fma_into(p, v, load(xa, xp, v), wv[v])
+
+        def by_columns(xi, wi):  # each column of the row loaded once (see above)
+            kmax = builder.add(builder.mul(last, const(sw_)), const(kw_ - 1))
+            wv = [[load(wa, builder.add(wi, builder.mul(const(j), ys)), v) for v in range(nv)]
+                  for j in range(kw_)]
+            for k in range((npix - 1) * sw_ + kw_):
+                kk = builder.select(builder.icmp_signed("<=", const(k), kmax), const(k), kmax)
+                xk = builder.add(xi, builder.mul(kk, xj))
+                xv = [load(xa, xk, v) for v in range(nv)]
+                for p in range(npix):
+                    if 0 <= k - p * sw_ < kw_:
+                        for v in range(nv):
+                            fma_into(p, v, xv[v], wv[k - p * sw_][v])
+
+        with cgutils.for_range(builder, nrows) as rows:
+            (by_columns if kw_ else by_taps)(builder.add(x0, builder.mul(rows.index, xr)),
+                                             builder.add(w0, builder.mul(rows.index, wr)))
         has_res = builder.icmp_signed("!=", cgutils.unpack_tuple(builder, ra.shape)[0],
                                       const(0))
         lov, hiv = (_splat(builder, vty, context.cast(builder, args[i], at[i], at[0].dtype))
@@ -309,6 +333,9 @@ def _dw_kernel(npix: int, nv: int):
 
 
 _dw_tile = _dw_kernel(DW_R, DW_NV)
+#: the tiles of 3x3 filters (no dilation) at stride 1 and 2, by columns loaded once
+_dw_tile_3s1 = _dw_kernel(DW_R, DW_NV, 3, 1)
+_dw_tile_3s2 = _dw_kernel(DW_R, DW_NV, 3, 2)
 #: the tile of a pixel of the padded border (its taps in the image): ``DW_EDGE_NV`` vectors
 DW_EDGE_NV = 4
 _dw_edge = _dw_kernel(1, DW_EDGE_NV)
@@ -335,6 +362,8 @@ def _dw_rows(x, wt, kh, kw, y, n0, n1, o0, o1, sh, sw, pt, pl, dh, dw, bias, lo,
     b = max(a, min(ow_, (w_ - 1 + pl - (kw - 1) * dw) // sw + 1)) \
         if w_ - 1 + pl - (kw - 1) * dw >= 0 else a
     ne = DW_EDGE_NV * (64 // x.itemsize)
+    # 3x3 filters without dilation at stride 1 or 2: the tiles by columns
+    kind = (sw if sw <= 2 else 0) if kw == 3 and dw == 1 else 0
     for n in range(n0, n1):
         for oh in range(o0, o1):
             # the filter rows in the image: i0 .. i1
@@ -347,10 +376,18 @@ def _dw_rows(x, wt, kh, kw, y, n0, n1, o0, o1, sh, sw, pt, pl, dh, dw, bias, lo,
             xrow = (n * h_ + top + i0 * dh) * w_
             for q in range(a, b, DW_R):
                 for c0 in range(0, c_, nc):
-                    _dw_tile(xf, (xrow + q * sw - pl) * c_ + c0, dh * w_ * c_, dw * c_,
-                             sw * c_, i1 - i0, kw, wf, i0 * kw * c_ + c0, kw * c_, yf,
-                             yb + q * c_ + c0, c_, min(DW_R, b - q), min(nc, c_ - c0), bias,
-                             c0, res, lo, hi)
+                    x0, w0, y0 = (xrow + q * sw - pl) * c_ + c0, i0 * kw * c_ + c0, \
+                        yb + q * c_ + c0
+                    npix, cols = min(DW_R, b - q), min(nc, c_ - c0)
+                    if kind == 1:
+                        _dw_tile_3s1(xf, x0, dh * w_ * c_, c_, c_, i1 - i0, 3, wf, w0, 3 * c_,
+                                     yf, y0, c_, npix, cols, bias, c0, res, lo, hi)
+                    elif kind == 2:
+                        _dw_tile_3s2(xf, x0, dh * w_ * c_, c_, 2 * c_, i1 - i0, 3, wf, w0,
+                                     3 * c_, yf, y0, c_, npix, cols, bias, c0, res, lo, hi)
+                    else:
+                        _dw_tile(xf, x0, dh * w_ * c_, dw * c_, sw * c_, i1 - i0, kw, wf, w0,
+                                 kw * c_, yf, y0, c_, npix, cols, bias, c0, res, lo, hi)
             for k in range(ow_ - (b - a)):  # the border: columns 0 .. a, b .. ow_
                 ow = k if k < a else k - a + b
                 left = ow * sw - pl
