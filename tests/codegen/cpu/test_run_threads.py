@@ -315,9 +315,10 @@ def _conv_ref(x, w, b, stride, pad, groups):
 
 def test_one_sample_convolutions_split_by_output_channels(two_asked, monkeypatch):
     """At batch 1 a convolution's output channels are split over the threads (whole groups;
-    multiples of 32 channels): a 3x3 convolution by taps with a residual connection, a 1x1
-    one by BLAS, a depthwise and a grouped one, each with its bias and clamp fused; the results
-    match a NumPy oracle and are the one-thread run's bit for bit."""
+    multiples of 32 channels, of 16 for the taps kernel): a 3x3 convolution by taps with a
+    residual connection, a 1x1 one by BLAS, a depthwise and a grouped one, a 3x3 stride-2 one
+    of 32 channels by taps (a stem's: two parts), each with its bias and clamp fused; the
+    results match a NumPy oracle and are the one-thread run's bit for bit."""
     free, _ = two_asked
     monkeypatch.setattr(convlib, "_CHANNELS_MIN_WORK", 0)
     monkeypatch.setattr(convlib, "_TEAM_MIN_WORK", 0)
@@ -341,7 +342,8 @@ def test_one_sample_convolutions_split_by_output_channels(two_asked, monkeypatch
         d = L.conv2d(r, num_filters=64, filter_size=3, padding=1, groups=64,
                      act="relu6")                                                     # depthwise
         g = L.conv2d(d, num_filters=96, filter_size=3, stride=2, padding=1, groups=4)  # grouped
-    names = [v.name for v in (a, r, d, g)]  # (b not fetched: the conv takes its epilogue)
+        t = L.conv2d(r, num_filters=32, filter_size=3, stride=2, padding=1, act="relu")  # taps
+    names = [v.name for v in (a, r, d, g, t)]  # (b not fetched: the conv takes its epilogue)
     ops = main.global_block().ops
     filters = [op.input("Filter")[0] for op in ops if op.type.endswith("conv2d")]
     biases = [op.input("Y")[0] for op in ops
@@ -350,7 +352,7 @@ def test_one_sample_convolutions_split_by_output_channels(two_asked, monkeypatch
     scope = fluid.Scope()
     exe = fluid.Executor(native_drivers=False, strict=True)
     exe.run(startup, scope=scope)
-    outs, split = {}, {}
+    outs, split, bounds = {}, {}, {}
     # two threads on run_parts' helpers (the parallel loops not on disk), then by the parallel
     # loops (compiled at their first ask if need be), then one thread
     for run, n in (("helpers", 2), ("team", 2), ("one", 1)):
@@ -359,7 +361,9 @@ def test_one_sample_convolutions_split_by_output_channels(two_asked, monkeypatch
         parts.clear()
         outs[run] = exe.run(main, feed=feed, fetch_list=names, scope=scope)
         split[run] = [len(p) - 1 for p in parts if p is not None]
-    assert split == {"helpers": [2, 2, 2, 2], "team": [2, 2, 2, 2], "one": []}
+        bounds[run] = [p for p in parts if p is not None]
+    assert split == {"helpers": [2, 2, 2, 2, 2], "team": [2, 2, 2, 2, 2], "one": []}
+    assert bounds["helpers"][-1] == bounds["team"][-1] == [0, 16, 32]  # (the last conv's)
     assert all(team._READY[(loop, np.dtype(np.float32))] for loop in (
         convlib._gemm_by_channels, convlib._taps_by_channels, convlib._direct_by_channels))
     assert_native(exe)
@@ -374,7 +378,8 @@ def test_one_sample_convolutions_split_by_output_channels(two_asked, monkeypatch
     yr = np.maximum(yb + ya, 0)
     yd = np.clip(_conv_ref(yr, w[2], bias[2], 1, 1, 64), 0, 6)
     yg = _conv_ref(yd, w[3], bias[3], 2, 1, 4)
-    for got, want in zip(outs[2], (ya, yr, yd, yg)):
+    yt = np.maximum(_conv_ref(yr, w[4], bias[4], 2, 1, 1), 0)
+    for got, want in zip(outs[2], (ya, yr, yd, yg, yt)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
@@ -419,7 +424,7 @@ def test_pointwise_convolutions_split_by_channels_and_samples(two_asked, monkeyp
     for batch in (1, 3):
         feed = {k: rng.standard_normal((batch,) + tuple(v.shape[1:])).astype("float32")
                 for k, v in (("x", x), ("r", r), ("s", s))}
-        outs, split = {}, {}
+        outs, split, bounds = {}, {}, {}
         # two threads (batch 1: on run_parts' helpers, the parallel loop not on disk, then by
         # the parallel loop, compiled at its first ask if need be), then one
         for run, n in (("helpers", 2), ("team", 2), ("one", 1)):

@@ -989,14 +989,18 @@ _CHANNELS_MIN_WORK = 1 << 24
 #: from which a 1x1 convolution runs as one BLAS product, _GEMM_CHANNELS, so that every part
 #: takes the kernel the whole takes)
 _PART_ROWS = 32
+#: ... and of a filter wider than 1x1 off Winograd's kernel (the taps kernel's parts, whose
+#: tiles are of 4-8 rows): MobileNetV2's stem (3 -> 32, 3x3 stride 2, 112x112) split in two
+#: at batch 1, 0.58 -> 0.38 ms, where 32 channels made one part
+_TAPS_PART_ROWS = 16
 
 
-def _channel_bounds(parts, w, groups):
+def _channel_bounds(parts, w, groups, unit=_PART_ROWS):
     """The first output channel of each of at most ``parts`` ranges of a filter's output
-    channels (whole groups, else multiples of :data:`_PART_ROWS` channels; the last range
-    takes the channels left over), then the end; None where there is one range."""
+    channels (whole groups, else multiples of ``unit`` channels; the last range takes the
+    channels left over), then the end; None where there is one range."""
     m_ = w.shape[0]
-    unit = m_ // groups if groups > 1 else _PART_ROWS
+    unit = m_ // groups if groups > 1 else unit
     units = m_ // unit
     k = min(parts, units)
     if k < 2:
@@ -1015,7 +1019,9 @@ def split_channels(fn, parts, work, args) -> bool:
     (:func:`_channel_bounds`): by a parallel loop (:func:`_by_team`) from
     :data:`_TEAM_MIN_WORK` multiply-adds, else from :data:`_CHANNELS_MIN_WORK` on
     ``run_parts``' helpers (:func:`_channel_calls`). Whether it did."""
-    bounds = _channel_bounds(parts, args[1], args[9])
+    w = args[1]
+    taps = w.shape[2] * w.shape[3] > 1 and not _on_winograd(fn, args)
+    bounds = _channel_bounds(parts, w, args[9], _TAPS_PART_ROWS if taps else _PART_ROWS)
     if bounds is None:
         return False
     if work >= _TEAM_MIN_WORK and _by_team(fn, args, bounds):
