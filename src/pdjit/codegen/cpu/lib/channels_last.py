@@ -11,9 +11,10 @@ serve, so that the image is converted once at the chain's ends instead of at eac
   projections to 16, 24, 32 and 96 channels).
 - :func:`depthwise_nhwc`: one filter per channel (``groups`` = channels, one output channel
   each), any window, stride, padding and dilation: tiles of 6 neighbouring output pixels by
-  32 channels kept in vector registers over all the taps (:func:`_dw_kernel`, LLVM IR), the
-  pixels of the padded border one at a time over their taps in the image, the epilogue
-  applied before the one store.
+  32 channels kept in vector registers over all the taps (:func:`_dw_kernel`, LLVM IR; for
+  3x3 filters at stride 1 and 2 each image column of a filter row loaded once for all the
+  tile's pixels that read it), the pixels of the padded border one at a time over their taps
+  in the image, the epilogue applied before the one store.
 
 Each takes the samples ``n0 .. n1`` (``Opaque.blocked``); one sample is split over threads by
 rows of pixels (:func:`_split_pointwise`, :func:`_split_depthwise`, for ``conv.split_work``).
@@ -213,7 +214,7 @@ def _depthwise_nhwc_weight_native(w):
 #: the depthwise tile: ``DW_R`` neighbouring output pixels by ``DW_NV`` vectors of channels.
 #: A 14x14 plane padded by one has rows of 12 pixels off the border (7x7 planes: 5; 14x14 at
 #: stride 2: 6), two tiles of 6 where tiles of 8 computed 16 (alone, batch 16, one thread,
-#: 3x3, ms, tiles of 8 / 6 pixels: 14x14 384 channels 0.81-0.83 / 0.61-0.65, 7x7 960
+#: 3x3 by taps, ms, tiles of 8 / 6 pixels: 14x14 384 channels 0.81-0.83 / 0.61-0.65, 7x7 960
 #: channels 0.42-0.47 / 0.33-0.38, 14x14 576 at stride 2 0.30-0.33 / 0.23-0.29; 6 pixels by
 #: 3 or 4 vectors measured the same as by 2)
 DW_R, DW_NV = 6, 2
