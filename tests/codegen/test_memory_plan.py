@@ -81,6 +81,33 @@ DRIVER = '''def segment(a0):
     return (s6, )'''
 
 
+def test_a_plan_is_kept_in_the_cache_directory(tmp_path, monkeypatch):
+    """A driver planned once is read back from ``<cache dir>/memplan`` (the same source and
+    plan); other labels are another entry; a damaged entry is planned again and rewritten;
+    a driver offered an in-place rewrite is planned each time, nothing kept."""
+    monkeypatch.setenv("PDJIT_CACHE_DIR", str(tmp_path))
+    labels, groups = {"s1": "x1", "s3": "x3", "s4": "x4", "s5": "x5", "s6": "out"}, [2, 6, 9, 12]
+    calls = []
+    real = memplan._plan_driver
+    monkeypatch.setattr(memplan, "_plan_driver", lambda *a: calls.append(a) or real(*a))
+    first = memplan.plan_driver(DRIVER, labels, None, None, groups)
+    kept = list((tmp_path / memplan.PLAN_DIR).iterdir())
+    assert len(calls) == 1 and len(kept) == 1
+    again = memplan.plan_driver(DRIVER, labels, None, None, groups)
+    assert len(calls) == 1 and again[0] == first[0] and \
+        again[1].describe() == first[1].describe()
+    memplan.plan_driver(DRIVER, {**labels, "s6": "y"}, None, None, groups)
+    assert len(calls) == 2 and len(list((tmp_path / memplan.PLAN_DIR).iterdir())) == 2
+    kept[0].write_bytes(kept[0].read_bytes()[:-3] + b"xyz")
+    assert memplan.plan_driver(DRIVER, labels, None, None, groups)[0] == first[0]
+    assert len(calls) == 3
+    assert memplan.plan_driver(DRIVER, labels, None, None, groups)[0] == first[0]
+    assert len(calls) == 3   # (rewritten: read again)
+    memplan.plan_driver(DRIVER, labels, None, {"s5": (["s4"], [])}, groups)
+    memplan.plan_driver(DRIVER, labels, None, {"s5": (["s4"], [])}, groups)
+    assert len(calls) == 5 and len(list((tmp_path / memplan.PLAN_DIR).iterdir())) == 2
+
+
 def test_a_view_keeps_its_buffer_alive_and_outputs_keep_theirs():
     src, plan = memplan.plan_driver(DRIVER, labels={"s1": "x1", "s3": "x3", "s4": "x4",
                                                     "s5": "x5", "s6": "out"},
