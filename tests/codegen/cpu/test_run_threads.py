@@ -424,7 +424,7 @@ def test_pointwise_convolutions_split_by_channels_and_samples(two_asked, monkeyp
     for batch in (1, 3):
         feed = {k: rng.standard_normal((batch,) + tuple(v.shape[1:])).astype("float32")
                 for k, v in (("x", x), ("r", r), ("s", s))}
-        outs, split, bounds = {}, {}, {}
+        outs, split = {}, {}
         # two threads (batch 1: on run_parts' helpers, the parallel loop not on disk, then by
         # the parallel loop, compiled at its first ask if need be), then one
         for run, n in (("helpers", 2), ("team", 2), ("one", 1)):

@@ -33,9 +33,7 @@ from pdjit.codegen import params
 from pdjit.codegen.cpu.lib import conv as _conv
 from pdjit.codegen.cpu.lib import team
 from pdjit.codegen.cpu.lib._jit import compile_cost, jit, jobs, pjit
-from pdjit.codegen.cpu.lib.conv import U
 from pdjit.codegen.cpu.lib.pgemm import (
-    MR,
     NV,
     PREFETCH_ROWS,
     _micro_kernel,
