@@ -59,7 +59,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 
-from pdjit.framework.files import write_whole
+from pdjit.framework.files import read_checked, write_checked
 
 # attributes whose value is a size, never an array that aliases the receiver's buffer
 _SCALAR_ATTRS = frozenset({"shape", "size", "ndim", "dtype", "itemsize", "nbytes", "strides"})
@@ -402,8 +402,7 @@ def plan_driver(source: str, labels: dict | None = None, estimates: dict | None 
     if got is None:
         got = _plan_driver(source, labels, estimates, inplace, groups)
         if path is not None:
-            payload = pickle.dumps(got, protocol=pickle.HIGHEST_PROTOCOL)
-            write_whole(path, lambda f: f.write(hashlib.sha256(payload).digest() + payload))
+            write_checked(path, pickle.dumps(got, protocol=pickle.HIGHEST_PROTOCOL))
     return got
 
 
@@ -422,15 +421,11 @@ def _plan_path(source, labels, estimates, groups):
 
 def _read_plan(path):
     """The ``(source, MemoryPlan)`` kept at ``path``, or None (none there, or not right)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    if len(data) <= 32 or hashlib.sha256(data[32:]).digest() != data[:32]:
+    payload = read_checked(path)
+    if payload is None:
         return None
     try:
-        got = pickle.loads(data[32:])
+        got = pickle.loads(payload)
     except Exception:  # noqa: BLE001 - a file that is not right is planned again
         return None
     ok = isinstance(got, tuple) and len(got) == 2 and isinstance(got[0], str) and \

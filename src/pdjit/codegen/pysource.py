@@ -15,7 +15,7 @@ import marshal
 import sys
 
 from pdjit.framework.errors import ProgramLimitError
-from pdjit.framework.files import write_whole
+from pdjit.framework.files import read_checked, write_checked
 
 #: texts shorter than this (characters) are compiled each time (faster than a file's read)
 CACHED_MIN_CHARS = 8000
@@ -71,23 +71,15 @@ def _code_path(text: str, filename: str):
 
 def _read_code(path):
     """The code object kept at ``path``, or ``None`` (none there, or not right)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError:
-        return None
-    magic = _magic()
-    head = len(magic) + 32
-    if len(data) <= head or data[:len(magic)] != magic or \
-            hashlib.sha256(data[head:]).digest() != data[len(magic):head]:
+    payload = read_checked(path, _magic())
+    if payload is None:
         return None
     try:
-        code = marshal.loads(data[head:])
+        code = marshal.loads(payload)
     except (EOFError, ValueError, TypeError):
         return None
     return code if isinstance(code, type(_read_code.__code__)) else None
 
 
 def _write_code(path, code) -> None:
-    payload = marshal.dumps(code)
-    write_whole(path, lambda f: f.write(_magic() + hashlib.sha256(payload).digest() + payload))
+    write_checked(path, marshal.dumps(code), _magic())

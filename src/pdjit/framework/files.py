@@ -1,6 +1,7 @@
 """Files written whole or not at all (the disk caches' entries)."""
 from __future__ import annotations
 
+import hashlib
 import os
 import pathlib
 import tempfile
@@ -32,3 +33,24 @@ def write_whole(path, write, *, durable: bool = False) -> bool:
                 os.unlink(tmp)
             except OSError:
                 pass
+
+
+def write_checked(path, payload: bytes, magic: bytes = b"") -> bool:
+    """:func:`write_whole` of ``magic``, the SHA-256 of ``payload``, then ``payload``: an entry
+    :func:`read_checked` reads back whole or not at all."""
+    return write_whole(path, lambda f: f.write(magic + hashlib.sha256(payload).digest() + payload))
+
+
+def read_checked(path, magic: bytes = b""):
+    """The payload of a file :func:`write_checked` wrote with ``magic``; None where there is
+    none, it cannot be read, or its magic or digest is not right."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    head = len(magic) + 32
+    if len(data) <= head or data[:len(magic)] != magic or \
+            hashlib.sha256(data[head:]).digest() != data[len(magic):head]:
+        return None
+    return data[head:]
