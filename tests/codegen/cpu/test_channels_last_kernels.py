@@ -4,11 +4,11 @@ depthwise over windows, strides, paddings and dilations, channel counts that are
 of a vector, each piece of the epilogue, ranges of samples; the one-sample splits over threads
 give the same bits as one call; compiled code (rearranging the filter at each call) the same
 values."""
-import numba
 import numpy as np
 import pytest
 
 from pdjit.codegen.cpu.lib import channels_last as cl
+from pdjit.codegen.cpu.lib._jit import caller
 
 RNG = np.random.default_rng(48)
 INF = np.inf
@@ -143,7 +143,7 @@ def test_one_sample_splits_give_the_same_bits():
 
 
 def test_compiled_code_rearranges_the_filter_at_each_call():
-    @numba.njit
+    @caller
     def both(x, w, d, y1, y2, bias):
         bp = cl.pointwise_nhwc_weight(w)
         cl.pointwise_nhwc(x, bp, y1, 0, x.shape[0], bias, 0.0, np.inf, bias[:0])

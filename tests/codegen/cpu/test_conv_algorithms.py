@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from pdjit.codegen.cpu.lib import conv
+from pdjit.codegen.cpu.lib._jit import caller
 from pdjit.codegen.cpu.lib.deint import copy_run, zero_run
 
 
@@ -102,12 +103,12 @@ def test_each_forward_algorithm_is_picked_and_right(case):
         assert np.all(y2[:1] == 0)  # samples outside the range untouched
 
 
-@numba.njit(cache=False)
+@caller
 def _fwd_compiled(x, w, y, sh, sw, pt, pl, dh, dw, groups):
     conv.conv2d_fwd(x, w, y, sh, sw, pt, pl, dh, dw, groups)
 
 
-@numba.njit(cache=False)
+@caller
 def _range_compiled(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res):
     conv._fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
 
@@ -132,7 +133,7 @@ def test_compiled_callers_pick_the_same_algorithms():
         np.testing.assert_allclose(y, want, rtol=1e-11, atol=1e-11)
 
 
-@numba.njit(cache=False)
+@caller
 def _runs(src, dst, s0, d0, n, z0, zn):
     copy_run(src, s0, dst, d0, n)
     zero_run(dst, z0, zn)

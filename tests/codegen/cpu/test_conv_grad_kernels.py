@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from pdjit.codegen.cpu.lib import conv
+from pdjit.codegen.cpu.lib._jit import caller
 
 
 def scatter_oracle(dy, w, hw, strides, pads, dils, groups):
@@ -92,7 +93,7 @@ def test_flipped_filter():
     np.testing.assert_array_equal(into, got)
 
 
-@numba.njit(cache=False)
+@caller
 def _native_grads(dy, w, dx, x, dwt, sh, sw, pt, pl, dh, dw, groups):
     conv.conv2d_bwd_data(dy, w, dx, sh, sw, pt, pl, dh, dw, groups)
     conv.conv2d_bwd_filter(x, dy, dwt, sh, sw, pt, pl, dh, dw, groups)

@@ -2,11 +2,11 @@
 against NumPy written here: 2x2 stride-2 and whole-plane pools, on sizes that leave rows and
 columns out, through the compiled executor (strict: native code) and through the kernels'
 native entry points (the ones a native loop and the AOT artifact call)."""
-import numba
 import numpy as np
 import pytest
 
 from pdjit.codegen.cpu import lib as nnlib
+from pdjit.codegen.cpu.lib._jit import caller
 from pdjit.testing.op_test import check_output
 
 RNG = np.random.default_rng(11)
@@ -41,7 +41,7 @@ def test_pool_whole_plane(kind, attrs):
                  {"Out": want.astype(np.float32)[:, :, None, None]})
 
 
-@numba.njit
+@caller
 def _native_pool(x, y, k, s, is_max, adaptive):
     nnlib.pool2d_fwd(x, y, k, k, s, s, 0, 0, is_max, True, adaptive)
 
@@ -146,7 +146,7 @@ def test_depthwise_border_sees_no_other_row():
     assert np.isfinite(y[0, 0, :, 2:]).all() and np.isfinite(y[0, 1, :, :4]).all()
 
 
-@numba.njit
+@caller
 def _native_conv(x, w, y, s, p, groups):
     nnlib.conv2d_fwd(x, w, y, s, s, p, p, 1, 1, groups)
 
@@ -229,7 +229,7 @@ def test_depthwise_stride2_quads(dtype):
         assert np.isfinite(a).sum() == np.isfinite(want).sum()
 
 
-@numba.njit
+@caller
 def _native_conv_pads(x, w, y, pt, pl, groups):
     nnlib.conv2d_fwd(x, w, y, 2, 2, pt, pl, 1, 1, groups)
 
@@ -251,7 +251,7 @@ def np_conv_dil(x, w, pt, pb, pl, pr, dh, dw, groups):
     return y
 
 
-@numba.njit
+@caller
 def _native_conv_dil(x, w, y, pt, pl, dh, dw, groups):
     nnlib.conv2d_fwd(x, w, y, 1, 1, pt, pl, dh, dw, groups)
 

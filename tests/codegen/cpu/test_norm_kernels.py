@@ -1,12 +1,12 @@
 """The batch/instance/group norm entry points of ``pdjit.codegen.cpu.lib.norm`` on (A, P, C, R)
 views: host (NumPy bookkeeping around the kernels) and native (compiled callers: the entries'
 overloads) against NumPy written here, channel-last data on the kernels' 3-D path."""
-import numba
 import numpy as np
 import pytest
 
 from pdjit.codegen.cpu import lib as nnlib
 from pdjit.codegen.cpu.lib import norm as nk
+from pdjit.codegen.cpu.lib._jit import caller
 
 RNG = np.random.default_rng(17)
 EPS = 1e-5
@@ -42,7 +42,7 @@ def np_norm(x, dy, scale, bias, per_sample, cpg, batch_stats):
             dy.astype(np.float64).sum((0, 1, 3)))
 
 
-@numba.njit
+@caller
 def _native(x, dy, scale, bias, per_sample, cpg, batch_stats, mean, var, y, dx, ds, db):
     nnlib.norm_stats(x, per_sample, cpg, mean, var)
     inv = 1.0 / np.sqrt(var + 1e-5)

@@ -12,6 +12,7 @@ import pytest
 import pdjit as fluid
 from pdjit.codegen.cpu import threads
 from pdjit.codegen.cpu.lib import pgemm, team
+from pdjit.codegen.cpu.lib._jit import caller
 from pdjit.testing import assert_native
 
 RNG = np.random.default_rng(37)
@@ -246,9 +247,7 @@ def test_batched_products_on_the_packed_gemm(dtype, monkeypatch):
 def test_weight_gemm_in_compiled_code_equals_the_host():
     """A native driver's (or an artifact's) product by a weight: packed at the call, the same
     bits as the host's on the weight packed once; few rows: BLAS in both."""
-    from numba import njit
-
-    @njit
+    @caller
     def compiled(a, w, trans):
         return pgemm.weight_gemm(a, w, trans)
 

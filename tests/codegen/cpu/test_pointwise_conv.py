@@ -9,6 +9,7 @@ import numpy as np
 import pdjit as fluid
 from pdjit.codegen import params
 from pdjit.codegen.cpu.lib import pgemm, pointwise
+from pdjit.codegen.cpu.lib._jit import caller
 from pdjit.testing import assert_native
 
 RNG = np.random.default_rng(43)
@@ -132,9 +133,7 @@ def test_compiled_code_packs_at_each_run():
     """In compiled code (a native driver, an ahead-of-time artifact) the filter is packed at
     each run, for every block of samples: both orientations, and a batch too small for the
     copy, on the taps kernel."""
-    import numba
-
-    @numba.njit
+    @caller
     def call(x, w, y, bias, res):
         ap = pointwise.pointwise_weight(w, x.shape[2] * x.shape[3], x.shape[0])
         h = x.shape[0] // 2

@@ -10,6 +10,7 @@ import pytest
 
 from pdjit.codegen.cpu import lib as nnlib
 from pdjit.codegen.cpu.lib import pool as pk
+from pdjit.codegen.cpu.lib._jit import caller
 from pdjit.testing.grad_check import check_grad
 from pdjit.testing.op_test import check_output
 
@@ -63,12 +64,12 @@ def np_pool_bwd(x, y, dy, k, s, p, is_max, exclusive, adaptive):
     return dx
 
 
-@numba.njit
+@caller
 def _native_fwd(x, y, k, s, p, is_max, exclusive, adaptive):
     nnlib.pool2d_fwd(x, y, k, k, s, s, p, p, is_max, exclusive, adaptive)
 
 
-@numba.njit
+@caller
 def _native_bwd(x, y, dy, dx, k, s, p, is_max, exclusive, adaptive):
     nnlib.pool2d_bwd(x, y, dy, dx, k, k, s, s, p, p, is_max, exclusive, adaptive)
 
@@ -142,7 +143,7 @@ def test_global_average_pool_in_the_executor(attrs):
     check_grad("pool2d", {"X": x}, dict(attrs, pooling_type="avg"), ["X"])
 
 
-@numba.njit
+@caller
 def _native_mean(x, y):
     nnlib.pool2d_mean(x, y)
 
@@ -208,7 +209,7 @@ def test_3x3_max_pools_by_planes_match_numpy(case, dtype):
                for sig in pk._max33.signatures)
 
 
-@numba.njit
+@caller
 def _native_max(x, y22, y33, sh, pt, pl):
     nnlib.pool2d_max22(x, y22)
     nnlib.pool2d_max33(x, y33, sh, pt, pl)
