@@ -12,6 +12,7 @@ fails the test, so a fixed violation is taken off it).
 from __future__ import annotations
 
 import ast
+import functools
 import os
 import pathlib
 import subprocess
@@ -145,7 +146,11 @@ def imports(module: str) -> list:
     return found
 
 
-EDGES = {m: imports(m) for m in MODULES}
+@functools.cache
+def edges_of() -> dict:
+    """Every module's :func:`imports` (parsed once, when a test first asks: not while the
+    suite is collected)."""
+    return {m: imports(m) for m in MODULES}
 
 
 def test_every_module_is_in_a_layer():
@@ -156,7 +161,7 @@ def test_every_module_is_in_a_layer():
 def test_no_module_imports_a_higher_layer():
     rank = {name: i for i, name in enumerate(ORDER)}
     bad, seen = [], set()
-    for m, edges in EDGES.items():
+    for m, edges in edges_of().items():
         for t, lazy, line in edges:
             if rank[layer(t)] <= rank[layer(m)]:
                 continue
@@ -184,7 +189,7 @@ RUNTIME_TO_TARGET: dict = {}
 def test_the_runtime_reaches_targets_through_the_target_interface():
     targets = {p.parent.name for p in (PKG / "codegen").glob("*/target.py")}
     bad, seen = [], set()
-    for m, edges in EDGES.items():
+    for m, edges in edges_of().items():
         if not m.startswith("pdjit.runtime"):
             continue
         for t, _, line in edges:
@@ -233,7 +238,7 @@ def test_codegen_has_no_import_cycle():
     """Module-level and function-level imports together: a target never imports another
     target's modules, and the shared modules never import a target's."""
     nodes = {m for m in MODULES if m.startswith("pdjit.codegen")}
-    edges = {m: sorted({t for t, _, _ in EDGES[m] if t in nodes}) for m in nodes}
+    edges = {m: sorted({t for t, _, _ in edges_of()[m] if t in nodes}) for m in nodes}
     assert not _cycles(nodes, edges), f"import cycles in codegen/: {_cycles(nodes, edges)}"
 
 
@@ -244,7 +249,7 @@ def test_targets_do_not_import_each_other():
     targets = {p.parent.name for p in (PKG / "codegen").glob("*/target.py")}
     assert {"cpu", "cuda", "python", "aot"} <= targets
     bad = []
-    for m, edges in EDGES.items():
+    for m, edges in edges_of().items():
         parts = m.split(".")
         if len(parts) < 3 or parts[:2] != ["pdjit", "codegen"] or parts[2] not in targets:
             continue
@@ -255,7 +260,7 @@ def test_targets_do_not_import_each_other():
                 bad.append(f"{m}:{line} imports {t}")
     assert not bad, bad
     seen = set()
-    for m, edges in EDGES.items():
+    for m, edges in edges_of().items():
         parts = m.split(".")
         if len(parts) != 3 or parts[:2] != ["pdjit", "codegen"] or parts[2] in targets:
             continue
