@@ -49,6 +49,8 @@ CASES = [
     ((2, 64, 3, 3), (64, 32, 1, 1), 1, 0, 1, 2, "_fwd_gemm"),  # the same by groups
     ((3, 40, 4, 4), (32, 40, 1, 1), 1, 0, 1, 1, "_fwd_gemm"),  # 3 samples, a small plane
     ((3, 40, 16, 17), (32, 40, 1, 1), 1, 0, 1, 1, "_fwd_taps"),  # 3 samples of 272: taps
+    ((1, 40, 16, 16), (32, 40, 1, 1), 1, 0, 1, 1, "_fwd_taps"),  # a plane of 256 read in place
+    ((1, 40, 17, 17), (32, 40, 1, 1), 1, 0, 1, 1, "_fwd_gemm"),  # 289: copied by taps, so BLAS
     ((3, 8, 4, 4), (40, 4, 1, 1), 1, 0, 1, 2, "_fwd_taps"),    # 1x1 by panels over samples
     ((3, 8, 4, 4), (16, 4, 1, 1), 1, 0, 1, 2, "_fwd_taps"),    # 1x1 sample by sample
     ((2, 3, 3, 4), (4, 3, 3, 3), 1, 1, 1, 1, "_fwd_blas"),     # 12 outputs: im2col + BLAS
@@ -248,3 +250,46 @@ def test_the_epilogue_is_the_elementwise_ops_bit_for_bit(case):
             assert np.all(got[:1] == 7.0)  # samples outside the range untouched
     if name != "_fwd_blas":  # (im2col + BLAS has no epilogue of its own: a pass after it)
         assert _with_epilogue_ran(kernel, np.float32)
+
+
+# (image, filter, groups, output positions per range) of one sample: 1x1 convolutions that
+# the taps kernel computes on the image in place
+PIXEL_CASES = [
+    ((1, 32, 8, 8), (16, 32, 1, 1), 1, (0, 16, 48, 64)),   # ranges of 1 and 2 vectors
+    ((1, 6, 16, 16), (2, 6, 1, 1), 1, (0, 128, 256)),     # fewer than 4 rows: aside
+    ((1, 8, 32, 32), (8, 8, 1, 1), 1, (0, 512, 1024)),    # rows 4 KiB apart: aside
+    ((1, 8, 4, 8), (12, 4, 1, 1), 2, (0, 16, 32)),        # two groups
+    ((1, 20, 4, 12), (9, 20, 1, 1), 1, (0, 32, 48)),      # 6-row tiles, the last overlapping
+]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", PIXEL_CASES, ids=[str(c[3]) for c in PIXEL_CASES])
+def test_ranges_of_output_positions_give_the_whole_calls_bits(case, dtype):
+    """The taps kernel split by ranges of output positions (``_taps_by_pixels``, the parallel
+    loop of a one-sample 1x1 convolution) computes each range as the whole call does: the same
+    bits with a bias, a clamp and a residual, and each output against a NumPy oracle."""
+    xs, ws, groups, bounds = case
+    rng = np.random.default_rng(11)
+    x, w = rng.normal(size=xs).astype(dtype), rng.normal(size=ws).astype(dtype)
+    bias = rng.normal(size=ws[0]).astype(dtype)
+    geo = (1, 1, 0, 0, 1, 1, groups)
+    assert conv._fwd_kernel(x, w, np.empty((1, ws[0]) + xs[2:], dtype), groups) is conv._fwd_taps
+    want = oracle(x.astype(np.float64), w.astype(np.float64), (1, 1), (0, 0), (1, 1), groups)
+    res = rng.normal(size=want.shape).astype(dtype)
+    for epilogue in ((bias, 0.0, 6.0, res.reshape(-1)),
+                     (bias[:0], -np.inf, np.inf, res.reshape(-1)[:0])):
+        whole, parts = np.full(want.shape, np.nan, dtype), np.full(want.shape, np.nan, dtype)
+        conv._fwd_taps(x, w, whole, 0, 1, *geo, *epilogue)
+        conv._taps_by_pixels(x, w, parts, np.array(bounds, np.int64), *geo, *epilogue)
+        assert np.array_equal(_bits(parts), _bits(whole))
+        for inner in (bounds[1:], bounds[:-1]):  # positions outside the ranges untouched
+            some = np.full(want.shape, np.nan, dtype)
+            conv._taps_by_pixels(x, w, some, np.array(inner, np.int64), *geo, *epilogue)
+            flat, wf = some.reshape(ws[0], -1), whole.reshape(ws[0], -1)
+            assert np.isnan(flat[:, :inner[0]]).all() and np.isnan(flat[:, inner[-1]:]).all()
+            assert np.array_equal(_bits(flat[:, inner[0]:inner[-1]]),
+                                  _bits(wf[:, inner[0]:inner[-1]]))
+        expect = want + (epilogue[0][None, :, None, None] + res if epilogue[0].size else 0)
+        np.testing.assert_allclose(parts, np.clip(expect, epilogue[1], epilogue[2]),
+                                   rtol=1e-4 if dtype == np.float32 else 1e-11, atol=1e-4)

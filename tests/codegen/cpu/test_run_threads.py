@@ -383,6 +383,56 @@ def test_one_sample_convolutions_split_by_output_channels(two_asked, monkeypatch
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+def test_one_sample_1x1_convolutions_split_by_output_positions(two_asked, monkeypatch):
+    """At batch 1 a 1x1 convolution that the taps kernel computes on its image in place is
+    split over ranges of output positions (16 output channels make no two parts of channels):
+    one with its bias and relu6 fused, one with a residual connection and relu; each the
+    one-thread run's bit for bit, and a NumPy oracle's."""
+    free, _ = two_asked
+    monkeypatch.setattr(convlib, "_TEAM_MIN_WORK", 0)
+    monkeypatch.setattr(team, "AFTER_RUNS", 0)
+    monkeypatch.setattr(team, "LOOK_AGAIN_S", 0.0)
+    monkeypatch.setattr(pointwise, "_PACKED", [False])  # (the packed GEMM's own splits)
+    ranges = []
+    real = team.run
+    monkeypatch.setattr(team, "run", lambda loop, call: (
+        loop is convlib._taps_by_pixels and ranges.append(call[3].tolist())) or real(loop, call))
+    L = fluid.layers
+    main, startup = fluid.Program(), fluid.Program()
+    startup.random_seed = 9
+    with fluid.program_guard(main, startup):
+        x = L.data(name="x", shape=[24, 12, 8], dtype="float32")
+        a = L.conv2d(x, num_filters=16, filter_size=1, act="relu6")
+        b = L.conv2d(a, num_filters=16, filter_size=1)
+        r = L.relu(L.elementwise_add(b, a))
+    ops = main.global_block().ops
+    filters = [op.input("Filter")[0] for op in ops if op.type == "conv2d"]
+    biases = [op.input("Y")[0] for op in ops
+              if op.type == "elementwise_add" and op.input("Y")[0] != a.name]
+    feed = {"x": np.random.default_rng(4).standard_normal((1, 24, 12, 8)).astype("float32")}
+    scope = fluid.Scope()
+    exe = fluid.Executor(native_drivers=False, strict=True)
+    exe.run(startup, scope=scope)
+    outs = {}
+    for run, n in (("team", 2), ("one", 1)):
+        free[0] = n
+        monkeypatch.setattr(team, "COMPILE", run == "team")
+        ranges.clear()
+        outs[run] = exe.run(main, feed=feed, fetch_list=[a, r], scope=scope)
+        if run == "team":
+            assert ranges == [[0, 48, 96], [0, 48, 96]]
+    assert ranges == []
+    assert_native(exe)
+    for u, v in zip(outs["team"], outs["one"]):
+        assert np.array_equal(u, v)
+    w = [np.asarray(scope.find_var(f).get_tensor()) for f in filters]
+    bias = [np.asarray(scope.find_var(f).get_tensor()) for f in biases]
+    ya = np.clip(_conv_ref(feed["x"], w[0], bias[0], 1, 0, 1), 0, 6)
+    yr = np.maximum(_conv_ref(ya, w[1], bias[1], 1, 0, 1) + ya, 0)
+    for got, want in zip(outs["team"], (ya, yr)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_pointwise_convolutions_split_by_channels_and_samples(two_asked, monkeypatch):
     """1x1 convolutions on weights run on the packed GEMM (``lib.pointwise``): at batch 1 split
     over whole tiles of the packed filter's output channels (both orientations: a 32x32 plane

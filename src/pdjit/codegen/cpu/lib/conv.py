@@ -486,6 +486,12 @@ def _fwd_blas(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
 # compiles one kernel (two cost ~1.1 s more of CPU, cold).
 @jit
 def _fwd_taps(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res):
+    """``y[n] = conv(x[n], w)`` for the samples ``n0..n1`` by taps (:func:`_taps_range`)."""
+    _taps_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res, 0, -1)
+
+
+@register_jitable
+def _taps_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res, qa, qb):
     """``y[n] = conv(x[n], w)`` for the samples ``n0..n1`` by taps (tiles of :mod:`.tile`),
     where :func:`_use_taps` says so, each output then stored through
     ``minimum(maximum(y + bias[m] + res, lo), hi)`` (as :func:`_bias_clamp` computes it,
@@ -497,7 +503,12 @@ def _fwd_taps(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res
     ``(c, j, (i * dh) % sh)`` from row ``(i * dh) // sh`` on: ``P`` contiguous values in
     output order (``kw`` copies of the image where im2col makes ``kh * kw``). Where needed
     the filter is copied with its rows padded to a multiple of 4 taps (zero weights on a zero
-    plane) and, below 4 output channels per group, to 4 rows (computed aside)."""
+    plane) and, below 4 output channels per group, to 4 rows (computed aside).
+
+    Only the output positions ``qa..qb`` of each plane are computed where ``qb >= 0``
+    (multiples of 16 but the plane's end; the image is prepared whole): a part of a one-sample
+    convolution split by positions (:func:`_by_pixels`). Each output is the sum it is in the
+    whole call, in the same order."""
     h_, w_ = x.shape[2], x.shape[3]
     m_, cg, kh_, kw_ = w.shape
     c_ = x.shape[1]
@@ -525,6 +536,8 @@ def _fwd_taps(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res
     # plane, and past the last into a zero tail): a pass over the taps for the last few
     # outputs cost 30% of a [16, 150] x [150, 100] product
     span = p_ if plain else (p_ + 15) // 16 * 16
+    qz = span if qb < 0 else qb  # the positions computed: qa..qz
+    qy = qz if qz < p_ else p_  # ... and stored (the rest of a span is padding)
     hq = oh_ + ((kh_ - 1) * dh) // sh
     pp = hq * ow_
     one = kh_ // kh_  # not the literal 1: the im2col the BLAS path compiles serves
@@ -644,10 +657,10 @@ def _fwd_taps(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res
                 p1 = p0 + mp if p0 + mp < mq else mq
                 r0 = p0 if p1 < mq or p0 < mq - rb else mq - rb  # rows the strips store
                 xbs, d0s = xb + s * c_ * p_, d0 + s * m_ * p_  # sample n + s (batched)
-                q0 = qe = 0  # qe: the first position whose epilogue is still to apply
+                q0 = qe = qa  # qe: the first position whose epilogue is still to apply
                 run = _EPILOGUE_BYTES // ((p1 - r0) * x.itemsize)
-                while q0 < span:
-                    wide = q0 + nv * vw <= span
+                while q0 < qz:
+                    wide = q0 + nv * vw <= qz
                     width = nv * vw if wide else vw
                     for k0 in range(0, k_, kc):
                         k1 = k0 + kc if k0 + kc < k_ else k_
@@ -656,7 +669,7 @@ def _fwd_taps(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res
                             _tiles(rb, wide, wp, (g * mq + mr) * k_ + k0, k_, k1 - k0, xs,
                                    xbs, tap, k0, df, d0s + mr * ds, ds, q0, k0 > 0)
                     q0 += width
-                    if epr and (q0 - qe >= run or q0 == span):
+                    if epr and (q0 - qe >= run or q0 == qz):
                         for r in range(r0, p1):
                             at = d0s + r * ds + qe
                             clamp_run(df, at, q0 - qe, bias[g * mg + r] if nb else zero_, nb,
@@ -664,12 +677,12 @@ def _fwd_taps(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res
                         qe = q0
             if aside:
                 for mr in range(mg):
-                    sa, da = U(mr * ds), U(y0 + mr * p_)
-                    for q in range(U(p_)):
+                    sa, da = U(mr * ds + qa), U(y0 + mr * p_ + qa)
+                    for q in range(U(qy - qa)):
                         yf[da + q] = acc[sa + q]
                     if ep:  # (here, not by _bias_clamp: no helper of its own to compile)
-                        clamp_run(yf, da, p_, bias[g * mg + mr] if nb else zero_, nb, res,
-                                  da, lo, hi)
+                        clamp_run(yf, da, qy - qa, bias[g * mg + mr] if nb else zero_, nb,
+                                  res, da, lo, hi)
 
 
 
@@ -862,6 +875,14 @@ def _bias_clamp_range(y, n0, n1, bias, lo, hi, res):
 #: 7x7 2048->512 16.2 / 13.7
 _GEMM_CHANNELS = 32
 _GEMM_PLANE = 1024
+#: ... except planes of whole vectors (a multiple of 16 positions, which the taps kernel reads
+#: in place) of at least this many positions: measured (one thread, float32, bias + relu6,
+#: ms, BLAS / taps) at batch 1, 28x28 144 -> 32 0.103 / 0.068, 256 -> 128 0.540 / 0.484,
+#: 256 -> 512 2.008 / 1.920, 64 -> 512 0.539 / 0.539; 16x16 512 -> 64 0.201 / 0.156; 32x32
+#: 256 -> 256 1.384 / 1.261; at batch 16, 16x16 512 -> 32 3.19 / 1.26, 256 -> 512 11.6 / 11.9;
+#: where the taps kernel copies the image first BLAS stays ahead (14x14 144 -> 32 0.019 /
+#: 0.037, 18x18 even), and on smaller planes (12x12 64 -> 64 0.012 / 0.013)
+_TAPS_PLANE = 256
 _GEMM_SAMPLES = 2
 _GEMM_PLANE_MANY = 256
 
@@ -875,6 +896,7 @@ def _use_gemm(x, w, y, sh, sw, pt, pl, groups, n) -> bool:
     return kh_ == 1 and kw_ == 1 and sh == 1 and sw == 1 and pt == 0 and pl == 0 and \
         y.shape[2] == x.shape[2] and y.shape[3] == x.shape[3] and \
         p_ <= (_GEMM_PLANE if n <= _GEMM_SAMPLES else _GEMM_PLANE_MANY) and \
+        (p_ < _TAPS_PLANE or p_ % 16 != 0) and \
         m_ // groups >= _GEMM_CHANNELS and cg >= _GEMM_CHANNELS
 
 
@@ -1013,12 +1035,47 @@ def _channel_bounds(parts, w, groups, unit=_PART_ROWS):
 _TEAM_MIN_WORK = 1 << 21
 
 
+def _by_pixels(fn, parts, args) -> bool:
+    """Run ``fn(*args)`` (``split_work``'s call of a one-sample forward convolution) in at most
+    ``parts`` ranges of its output positions on the threads of a parallel loop, where it is a
+    1x1 convolution that the taps kernel computes on its image in place (stride 1, no padding,
+    whole vectors): whether it did. Every part reads the whole filter and its own positions of
+    the image; by output channels each part would read the whole image, and a filter of few
+    channels (MobileNetV2's 32 -> 16 at 112x112) makes one part of 32 channels or parts of
+    unequal sizes (16 -> 96: 32 and 64). The same bits as one call (:func:`_taps_range`)."""
+    x, w, y = args[:3]
+    g = args[3:10]  # sh, sw, pt, pl, dh, dw, groups
+    p_ = y.shape[2] * y.shape[3]
+    if x.dtype not in _TEAM_TYPES or w.shape[2] * w.shape[3] != 1 or g[:4] != (1, 1, 0, 0) or \
+            y.shape[2:] != x.shape[2:] or p_ % _PIXEL_UNIT or p_ < 2 * _PIXEL_UNIT:
+        return False
+    if fn is _fwd_range:  # (the kernel it picks, as it picks it)
+        if _use_gemm(x, w, y, *g[:4], g[6], 1) or \
+                not _use_taps(w.shape[0] // g[6], w[0].size, p_):
+            return False
+        fn = _fwd_taps
+    if fn is not _fwd_taps:
+        return False
+    units = p_ // _PIXEL_UNIT
+    k = min(parts, units)
+    b = np.array([units * i // k * _PIXEL_UNIT for i in range(k)] + [p_], np.int64)
+    return team.run(_taps_by_pixels, (x, w, y, b, *g, args[10], float(args[11]),
+                                      float(args[12]), args[13]))
+
+
+#: a range of :func:`_by_pixels` is a multiple of this many output positions (whole tiles'
+#: vectors of float32 and of float64)
+_PIXEL_UNIT = 16
+
+
 def split_channels(fn, parts, work, args) -> bool:
     """``fn(*args)`` (a forward kernel of :data:`_BY_CHANNELS`, ``split_work``'s arguments:
     one sample) split into at most ``parts`` ranges of its output channels
     (:func:`_channel_bounds`): by a parallel loop (:func:`_by_team`) from
     :data:`_TEAM_MIN_WORK` multiply-adds, else from :data:`_CHANNELS_MIN_WORK` on
     ``run_parts``' helpers (:func:`_channel_calls`). Whether it did."""
+    if work >= _TEAM_MIN_WORK and _by_pixels(fn, parts, args):
+        return True
     w = args[1]
     taps = w.shape[2] * w.shape[3] > 1 and not _on_winograd(fn, args)
     bounds = _channel_bounds(parts, w, args[9], _TAPS_PART_ROWS if taps else _PART_ROWS)
@@ -1111,6 +1168,14 @@ def _taps_by_channels(x, w, y, bounds, sh, sw, pt, pl, dh, dw, groups, bias, lo,
     for p in numba.prange(bounds.shape[0] - 1):
         xs, ws, ys, g, bs, rs = _part(x, w, y, groups, bias, res, bounds[p], bounds[p + 1])
         _fwd_taps(xs, ws, ys, _plain(0), _plain(1), sh, sw, pt, pl, dh, dw, g, bs, lo, hi, rs)
+
+
+@pjit
+def _taps_by_pixels(x, w, y, bounds, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res):
+    """:func:`_fwd_taps` of one sample, ranges ``bounds`` of output positions in parallel."""
+    for p in numba.prange(bounds.shape[0] - 1):
+        _taps_range(x, w, y, _plain(0), _plain(1), sh, sw, pt, pl, dh, dw, groups, bias, lo, hi,
+                    res, bounds[p], bounds[p + 1])
 
 
 @pjit
@@ -1360,8 +1425,8 @@ def _team_jobs(T) -> list:
     (compiled ahead by ``pdjit warmup`` and the background warmup only: see
     :func:`.team.ready`)."""
     split = ((T, 4), (T, 4), (T, 4), (np.int64, 1)) + (int,) * 7 + ((T, 1), float, float)
-    found = [(_taps_by_channels, split + ((T, 1),)), (_gemm_by_channels, split + ((T, 1),)),
-             (_direct_by_channels, split)]
+    found = [(_taps_by_channels, split + ((T, 1),)), (_taps_by_pixels, split + ((T, 1),)),
+             (_gemm_by_channels, split + ((T, 1),)), (_direct_by_channels, split)]
     if np.dtype(T) == np.float32:
         found.append((_wino_by_channels, ((T, 4), (T, 3), (T, 4), (np.int64, 1), int, int,
                                           (T, 1), float, float, (T, 1), (T, 1), int)))
@@ -1499,7 +1564,7 @@ compile_cost(1.9, _bwd_filter_range)
 compile_cost(1.25, _bwd_data_range, _fwd_blas)  # 1.23, 1.26 s
 compile_cost(0.7, _fwd_gemm)
 # (each parallel loop compiles its kernel into it again: 2.1, 1.6, 0.7 s; Winograd's ~1.3)
-compile_cost(2.1, _taps_by_channels)
+compile_cost(2.1, _taps_by_channels, _taps_by_pixels)
 compile_cost(1.6, _direct_by_channels)
 compile_cost(0.7, _gemm_by_channels)
 compile_cost(1.3, _wino_by_channels)
