@@ -32,8 +32,8 @@ from __future__ import annotations
 import numpy as np
 
 from pdjit.framework import registry
-from pdjit.framework.registry import EMPTY_VAR_NAME
 from pdjit.framework.program import Program
+from pdjit.framework.registry import EMPTY_VAR_NAME
 from pdjit.passes.inference import _check_args, _finish, _insert_like, _new_name, _Uses
 
 __all__ = ["channels_last", "MIN_SWITCHED", "PER_CONVERSION"]

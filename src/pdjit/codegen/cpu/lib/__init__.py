@@ -14,8 +14,8 @@ arguments (the driver allocates them), and keep them target-neutral in meaning: 
 per operation and data layout, documented with what it computes. Every file of this package
 is part of the hash that invalidates generated modules (``compiler.deps_hash``).
 
-Submodules, one per op family, each re-exported here: ``channels_last``, ``conv``, ``crf``, ``gemm``, ``image``,
-``indexing``, ``lod_rnn``, ``norm``, ``pgemm``, ``pointwise``, ``pool``,
+Submodules, one per op family, each re-exported here: ``channels_last``, ``conv``, ``crf``,
+``gemm``, ``image``, ``indexing``, ``lod_rnn``, ``norm``, ``pgemm``, ``pointwise``, ``pool``,
 ``rnn``.
 """
 import numpy as np

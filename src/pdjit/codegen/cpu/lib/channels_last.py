@@ -367,7 +367,7 @@ def _dw_rows(x, wt, kh, kw, y, n0, n1, o0, o1, sh, sw, pt, pl, dh, dw, bias, lo,
         for oh in range(o0, o1):
             # the filter rows in the image: i0 .. i1
             top = oh * sh - pt
-            i0 = 0 if top >= 0 else min(kh, -(-(-top) // dh))
+            i0 = 0 if top >= 0 else min(kh, -(top // dh))
             i1 = i0
             while i1 < kh and top + i1 * dh < h_:
                 i1 += 1
@@ -390,7 +390,7 @@ def _dw_rows(x, wt, kh, kw, y, n0, n1, o0, o1, sh, sw, pt, pl, dh, dw, bias, lo,
             for k in range(ow_ - (b - a)):  # the border: columns 0 .. a, b .. ow_
                 ow = k if k < a else k - a + b
                 left = ow * sw - pl
-                j0 = 0 if left >= 0 else min(kw, -(-(-left) // dw))
+                j0 = 0 if left >= 0 else min(kw, -(left // dw))
                 j1 = j0
                 while j1 < kw and left + j1 * dw < w_:
                     j1 += 1
