@@ -78,3 +78,13 @@ def counted_trials(monkeypatch):
     from pdjit.codegen.cpu import threads
 
     monkeypatch.setattr(threads, "SHORT_TRIAL_RUNS", 1)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    # Under pytest-xdist (--dist loadgroup) a module's tests run on one worker: they share
+    # what they compile (library kernels for their types, test-local compiled callers) and
+    # their module-scoped fixtures, which two workers would each compile and build at once.
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
