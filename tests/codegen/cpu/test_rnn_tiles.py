@@ -12,10 +12,6 @@ import pytest
 
 from pdjit.codegen.cpu.lib import rnn as K
 
-# one worker runs the module (xdist_group): its tests call the float64 time loop that one of
-# them compiles (~7 s of CPU), not compiled again by a second worker at the same time
-pytestmark = pytest.mark.xdist_group("rnn_tiles")
-
 RNG = np.random.default_rng(5)
 CODES = {"LSTM": (0, 4), "GRU": (1, 3), "RNN_TANH": (2, 1)}
 

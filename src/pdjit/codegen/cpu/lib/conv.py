@@ -867,8 +867,9 @@ def _bias_clamp_range(y, n0, n1, bias, lo, hi, res):
 #: per group onto planes of at most _GEMM_PLANE outputs is one BLAS product per sample and
 #: group, the image read in place: measured (one thread, float32, batch 1, GFLOP/s, the taps
 #: kernel / OpenBLAS) 14x14 256->1024 130 / 162, 14x14 1024->256 128 / 159, 28x28 128->512
-#: 143 / 161, 7x7 2048->512 98 / 114; on larger planes or fewer channels the taps kernel
-#: (epilogue in L1) won or tied: 56x56 256->64 147 / 120, 112x112 16->96 85 / 64. Over more
+#: 143 / 161 (measured again since: 100 / 98, see _TAPS_PLANE), 7x7 2048->512 98 / 114; on
+#: larger planes or fewer channels the taps kernel (epilogue in L1) won or tied: 56x56
+#: 256->64 147 / 120, 112x112 16->96 85 / 64. Over more
 #: than _GEMM_SAMPLES samples at once (where BLAS packs the filter again for each) only planes
 #: of at most _GEMM_PLANE_MANY outputs: at batch 16, ms, 28x28 512->128 13.2 / 19.0, 512->256
 #: 26.6 / 28.4, 128->512 12.4 / 13.6; 14x14 256->1024 13.3 / 11.1, 1024->512 25.5 / 23.6;
