@@ -313,6 +313,18 @@ def _conv_ref(x, w, b, stride, pad, groups):
     return y + b[None, :, None, None]
 
 
+def _conv_params(main, scope, residual):
+    """The filter of each convolution of ``main`` and the bias each adds (an elementwise_add's
+    Y other than the variable ``residual``, which a residual connection adds), as arrays."""
+    ops = main.global_block().ops
+    names = [op.input("Filter")[0] for op in ops if op.type.endswith("conv2d")] + \
+        [op.input("Y")[0] for op in ops
+         if op.type == "elementwise_add" and op.input("Y")[0] != residual.name]
+    arrays = [np.asarray(scope.find_var(n).get_tensor()) for n in names]
+    k = sum(op.type.endswith("conv2d") for op in ops)
+    return arrays[:k], arrays[k:]
+
+
 def test_one_sample_convolutions_split_by_output_channels(two_asked, monkeypatch):
     """At batch 1 a convolution's output channels are split over the threads (whole groups;
     multiples of 32 channels, of 16 for the taps kernel): a 3x3 convolution by taps with a
@@ -344,10 +356,6 @@ def test_one_sample_convolutions_split_by_output_channels(two_asked, monkeypatch
         g = L.conv2d(d, num_filters=96, filter_size=3, stride=2, padding=1, groups=4)  # grouped
         t = L.conv2d(r, num_filters=32, filter_size=3, stride=2, padding=1, act="relu")  # taps
     names = [v.name for v in (a, r, d, g, t)]  # (b not fetched: the conv takes its epilogue)
-    ops = main.global_block().ops
-    filters = [op.input("Filter")[0] for op in ops if op.type.endswith("conv2d")]
-    biases = [op.input("Y")[0] for op in ops
-              if op.type == "elementwise_add" and op.input("Y")[0] != a.name]
     feed = {"x": np.random.default_rng(2).standard_normal((1, 32, 8, 8)).astype("float32")}
     scope = fluid.Scope()
     exe = fluid.Executor(native_drivers=False, strict=True)
@@ -371,8 +379,7 @@ def test_one_sample_convolutions_split_by_output_channels(two_asked, monkeypatch
         for u, v in zip(outs[run], outs["one"]):
             assert np.array_equal(u, v)
     outs[2] = outs["team"]
-    w = [np.asarray(scope.find_var(f).get_tensor()) for f in filters]
-    bias = [np.asarray(scope.find_var(f).get_tensor()) for f in biases]
+    w, bias = _conv_params(main, scope, a)
     ya = np.maximum(_conv_ref(feed["x"], w[0], bias[0], 1, 0, 1), 0)
     yb = _conv_ref(ya, w[1], bias[1], 1, 1, 1)
     yr = np.maximum(yb + ya, 0)
@@ -405,10 +412,6 @@ def test_one_sample_1x1_convolutions_split_by_output_positions(two_asked, monkey
         a = L.conv2d(x, num_filters=16, filter_size=1, act="relu6")
         b = L.conv2d(a, num_filters=16, filter_size=1)
         r = L.relu(L.elementwise_add(b, a))
-    ops = main.global_block().ops
-    filters = [op.input("Filter")[0] for op in ops if op.type == "conv2d"]
-    biases = [op.input("Y")[0] for op in ops
-              if op.type == "elementwise_add" and op.input("Y")[0] != a.name]
     feed = {"x": np.random.default_rng(4).standard_normal((1, 24, 12, 8)).astype("float32")}
     scope = fluid.Scope()
     exe = fluid.Executor(native_drivers=False, strict=True)
@@ -425,8 +428,7 @@ def test_one_sample_1x1_convolutions_split_by_output_positions(two_asked, monkey
     assert_native(exe)
     for u, v in zip(outs["team"], outs["one"]):
         assert np.array_equal(u, v)
-    w = [np.asarray(scope.find_var(f).get_tensor()) for f in filters]
-    bias = [np.asarray(scope.find_var(f).get_tensor()) for f in biases]
+    w, bias = _conv_params(main, scope, a)
     ya = np.clip(_conv_ref(feed["x"], w[0], bias[0], 1, 0, 1), 0, 6)
     yr = np.maximum(_conv_ref(ya, w[1], bias[1], 1, 0, 1) + ya, 0)
     for got, want in zip(outs["team"], (ya, yr)):
@@ -461,16 +463,11 @@ def test_pointwise_convolutions_split_by_channels_and_samples(two_asked, monkeyp
         s = L.data(name="s", shape=[150, 7, 7], dtype="float32")
         a = L.relu6(L.elementwise_add(L.conv2d(x, num_filters=150, filter_size=1), r))
         b = L.conv2d(s, num_filters=140, filter_size=1, act="relu")
-    ops = main.global_block().ops
-    filters = [op.input("Filter")[0] for op in ops if op.type == "conv2d"]
-    biases = [op.input("Y")[0] for op in ops if op.type == "elementwise_add" and
-              op.input("Y")[0] != r.name]
     rng = np.random.default_rng(4)
     scope = fluid.Scope()
     exe = fluid.Executor(native_drivers=False, strict=True)
     exe.run(startup, scope=scope)
-    w = [np.asarray(scope.find_var(f).get_tensor()) for f in filters]
-    bias = [np.asarray(scope.find_var(f).get_tensor()) for f in biases]
+    w, bias = _conv_params(main, scope, r)
     for batch in (1, 3):
         feed = {k: rng.standard_normal((batch,) + tuple(v.shape[1:])).astype("float32")
                 for k, v in (("x", x), ("r", r), ("s", s))}
