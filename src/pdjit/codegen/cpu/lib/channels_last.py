@@ -363,6 +363,8 @@ def _dw_rows(x, wt, kh, kw, y, n0, n1, o0, o1, sh, sw, pt, pl, dh, dw, bias, lo,
     ne = DW_EDGE_NV * (64 // x.itemsize)
     # 3x3 filters without dilation at stride 1 or 2: the tiles by columns
     kind = (sw if sw <= 2 else 0) if kw == 3 and dw == 1 else 0
+    # a tile's strides: image rows and columns a tap apart, pixels apart; filter rows apart
+    xr, xj, xs, wr = dh * w_ * c_, dw * c_, sw * c_, kw * c_
     for n in range(n0, n1):
         for oh in range(o0, o1):
             # the filter rows in the image: i0 .. i1
@@ -378,15 +380,16 @@ def _dw_rows(x, wt, kh, kw, y, n0, n1, o0, o1, sh, sw, pt, pl, dh, dw, bias, lo,
                     x0, w0, y0 = (xrow + q * sw - pl) * c_ + c0, i0 * kw * c_ + c0, \
                         yb + q * c_ + c0
                     npix, cols = min(DW_R, b - q), min(nc, c_ - c0)
+                    # (the same arguments for each tile: an intrinsic is no value to pick)
                     if kind == 1:
-                        _dw_tile_3s1(xf, x0, dh * w_ * c_, c_, c_, i1 - i0, 3, wf, w0, 3 * c_,
-                                     yf, y0, c_, npix, cols, bias, c0, res, lo, hi)
+                        _dw_tile_3s1(xf, x0, xr, xj, xs, i1 - i0, kw, wf, w0, wr, yf, y0, c_,
+                                     npix, cols, bias, c0, res, lo, hi)
                     elif kind == 2:
-                        _dw_tile_3s2(xf, x0, dh * w_ * c_, c_, 2 * c_, i1 - i0, 3, wf, w0,
-                                     3 * c_, yf, y0, c_, npix, cols, bias, c0, res, lo, hi)
+                        _dw_tile_3s2(xf, x0, xr, xj, xs, i1 - i0, kw, wf, w0, wr, yf, y0, c_,
+                                     npix, cols, bias, c0, res, lo, hi)
                     else:
-                        _dw_tile(xf, x0, dh * w_ * c_, dw * c_, sw * c_, i1 - i0, kw, wf, w0,
-                                 kw * c_, yf, y0, c_, npix, cols, bias, c0, res, lo, hi)
+                        _dw_tile(xf, x0, xr, xj, xs, i1 - i0, kw, wf, w0, wr, yf, y0, c_,
+                                 npix, cols, bias, c0, res, lo, hi)
             for k in range(ow_ - (b - a)):  # the border: columns 0 .. a, b .. ow_
                 ow = k if k < a else k - a + b
                 left = ow * sw - pl

@@ -1050,18 +1050,29 @@ def _by_pixels(fn, parts, args) -> bool:
     if x.dtype not in _TEAM_TYPES or w.shape[2] * w.shape[3] != 1 or g[:4] != (1, 1, 0, 0) or \
             y.shape[2:] != x.shape[2:] or p_ % _PIXEL_UNIT or p_ < 2 * _PIXEL_UNIT:
         return False
-    if fn is _fwd_range:  # (the kernel it picks, as it picks it)
-        if _use_gemm(x, w, y, *g[:4], g[6], 1) or \
-                not _use_taps(w.shape[0] // g[6], w[0].size, p_):
-            return False
-        fn = _fwd_taps
-    if fn is not _fwd_taps:
+    if _picked(fn, args) is not _fwd_taps:
         return False
     units = p_ // _PIXEL_UNIT
     k = min(parts, units)
     b = np.array([units * i // k * _PIXEL_UNIT for i in range(k)] + [p_], np.int64)
     return team.run(_taps_by_pixels, (x, w, y, b, *g, args[10], float(args[11]),
                                       float(args[12]), args[13]))
+
+
+def _picked(fn, args):
+    """The kernel that ``fn(*args)`` (``split_work``'s call of a one-sample forward
+    convolution) runs: ``fn``, or the one :func:`_fwd_range` picks, as it picks it."""
+    if fn is not _fwd_range:
+        return fn
+    x, w, y = args[:3]
+    g = args[3:10]  # sh, sw, pt, pl, dh, dw, groups
+    if _use_gemm(x, w, y, *g[:4], g[6], 1):
+        return _fwd_gemm
+    if winograd.takes(x, w, y, 1, *g):
+        return winograd.conv3x3_rows
+    if _use_taps(w.shape[0] // g[6], w[0].size, y.shape[2] * y.shape[3]):
+        return _fwd_taps
+    return fn
 
 
 #: a range of :func:`_by_pixels` is a multiple of this many output positions (whole tiles'
@@ -1105,14 +1116,7 @@ def _by_team(fn, args, bounds) -> bool:
     g = args[3:10]  # sh, sw, pt, pl, dh, dw, groups
     if x.dtype not in _TEAM_TYPES:
         return False
-    if fn is _fwd_range:  # (the kernel it picks, as it picks it)
-        if _use_gemm(x, w, y, *g[:4], g[6], 1):
-            fn = _fwd_gemm
-        elif winograd.takes(x, w, y, 1, *g):
-            fn = winograd.conv3x3_rows
-        elif _use_taps(w.shape[0] // g[6], w[0].size, y.shape[2] * y.shape[3]):
-            fn = _fwd_taps
-    run = _TEAM_RUNS.get(fn)
+    run = _TEAM_RUNS.get(_picked(fn, args))
     if run is None:
         return False
     b = np.array(bounds, np.int64)
