@@ -105,7 +105,7 @@ def test_gradients_from_compiled_code():
     each path against the scatter oracle, the filter gradient (both paths, the taps one for
     planes of 256+ outputs) against test_conv_bwd_filter's patches oracle. Literal geometry
     (as generated code writes it) must not compile the kernels again."""
-    kernels = (conv._fwd_taps, conv._fwd_blas, conv._direct_range, conv._bwd_data_range,
+    kernels = (conv._taps_range, conv._fwd_blas, conv._direct_range, conv._bwd_data_range,
                conv._bwd_filter_range, conv._bwd_filter_blas)
     before = {fn: set(fn.signatures) for fn in kernels}
     r = np.random.default_rng(1)

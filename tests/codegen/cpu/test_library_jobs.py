@@ -56,7 +56,7 @@ def test_predicted_library_signatures_are_the_ones_the_calls_use(fresh_programs,
     lines = _trained_lines(main, startup, fluid.layers.mean(h), (2, 3, 8, 8), monkeypatch)
     jobs = nnlib.library_jobs(lines, np.float32)
     names = {fn.py_func.__name__ for fn, _ in jobs}
-    assert {"_fwd_taps", "_bwd_data_range", "_bwd_filter_range", "_max33", "_max22",
+    assert {"_taps_range", "_bwd_data_range", "_bwd_filter_range", "_max33", "_max22",
             "pool2d_bwd", "_stats_k", "_apply_k", "_grad_k"} <= names  # (norm_* run these)
     assert "_fwd_planes" not in names  # (the general pooling kernel: no pool here takes it)
     _assert_used(jobs)
@@ -133,9 +133,9 @@ def test_a_blocked_convolution_with_an_epilogue_predicts_its_kernels(fresh_progr
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     lib = [(c.fn, types) for c, types in jobs if isinstance(c, compiler.LibraryKernel)]
     names = {fn.py_func.__name__ for fn, _ in lib}
-    assert {"_fwd_taps", "pointwise_cols"} <= names and "pointwise_rows" not in names, names
+    assert {"_taps_range", "pointwise_cols"} <= names and "pointwise_rows" not in names, names
     _assert_used([(fn, types) for fn, types in lib
-                  if fn in (conv._fwd_taps, pgemm.pointwise_cols, pgemm.pack_scaled)])
+                  if fn in (conv._taps_range, pgemm.pointwise_cols, pgemm.pack_scaled)])
 
 
 def test_a_stride_1_input_gradient_predicts_the_taps_kernel_alone(fresh_programs,
@@ -153,7 +153,7 @@ def test_a_stride_1_input_gradient_predicts_the_taps_kernel_alone(fresh_programs
     assert nnlib.conv2d_bwd_data_by_taps is nnlib.conv2d_bwd_data
     jobs = nnlib.library_jobs(lines, np.float32)
     names = {fn.py_func.__name__ for fn, _ in jobs}
-    assert "_fwd_taps" in names and "_bwd_data_range" not in names, names
+    assert "_taps_range" in names and "_bwd_data_range" not in names, names
     _assert_used(jobs)
 
 

@@ -484,9 +484,11 @@ def _fwd_blas(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
 # arguments ask for none it is as fast as a kernel compiled without one (measured, one
 # thread, float32: 1.608 vs 1.647 ms, 10.35 vs 10.38 ms), and a program that needs both
 # compiles one kernel (two cost ~1.1 s more of CPU, cold).
-@jit
 def _fwd_taps(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res):
-    """``y[n] = conv(x[n], w)`` for the samples ``n0..n1`` by taps (:func:`_taps_range`)."""
+    """``y[n] = conv(x[n], w)`` for the samples ``n0..n1`` by taps: :func:`_taps_range` of
+    whole planes. Not a compiled function of its own: one that calls ``_taps_range``
+    optimises and generates its code again (the caller's module links the callee's), 1.4 s of
+    CPU cold for nothing; compiled code calls ``_taps_range`` through the overload below."""
     _taps_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res, 0, -1)
 
 
@@ -1389,13 +1391,19 @@ def _residual_types(T):
     return _epilogue_types(T) + ((T, 1),)
 
 
+def _taps_types(T):
+    """Argument types of :func:`_taps_range`: :func:`_residual_types`, then the range of
+    output positions."""
+    return _residual_types(T) + (int, int)
+
+
 # (the kernels most programs' shapes take: a stride-1 input gradient runs as the forward
 # kernel over dy, see by_forward; small forward planes (im2col + BLAS), depthwise filters
 # (direct loops) and the filter gradients that _dw_by_taps leaves to BLAS compile on their
 # first call)
-jobs("conv2d_fwd")(lambda T: [(_fwd_taps, _residual_types(T))])
+jobs("conv2d_fwd")(lambda T: [(_taps_range, _taps_types(T))])
 jobs("conv2d_bwd_data")(lambda T: [(_bwd_data_range, _range_types(T)),
-                                   (_fwd_taps, _residual_types(T))])
+                                   (_taps_range, _taps_types(T))])
 jobs("conv2d_bwd_filter")(lambda T: [(_bwd_filter_range, _range_types(T))])  # (the taps)
 #: :func:`conv2d_bwd_filter` itself, under the name a lowering calls when the sizes it knows
 #: say that the gradient runs by im2col + BLAS (:func:`_dw_by_taps` says no), so that its
@@ -1406,18 +1414,18 @@ jobs("conv2d_bwd_filter_by_blas")(lambda T: [(_bwd_filter_blas, _range_types(T))
 #: that the gradient runs as the taps kernel over dy (:func:`by_forward`), so that its compile
 #: jobs name that kernel alone (the other sizes' :func:`_bwd_data_range`: ~1 s of CPU cold)
 conv2d_bwd_data_by_taps = conv2d_bwd_data
-jobs("conv2d_bwd_data_by_taps")(lambda T: [(_fwd_taps, _residual_types(T))])
+jobs("conv2d_bwd_data_by_taps")(lambda T: [(_taps_range, _taps_types(T))])
 # a convolution by blocks of samples with a fused bias / residual / clamp (the lowerings call
 # ``_nn.conv._fwd_range`` or ``_nn.conv._direct_range``): the taps kernel, and the BLAS
 # product of the 1x1 convolutions of many channels (the blocks of a ResNet); the im2col path
 # of small planes compiles on its first call
-jobs("conv._fwd_range")(lambda T: [(_fwd_taps, _residual_types(T)),
+jobs("conv._fwd_range")(lambda T: [(_taps_range, _taps_types(T)),
                                    (_fwd_gemm, _residual_types(T))])
 #: :func:`_fwd_range` itself, under the name a lowering calls for a filter that Winograd may
 #: take (:func:`.winograd.may_take`), so that only such programs compile its kernels (1.6 s of
 #: CPU cold: not for LeNet's 5x5 filters)
 _fwd_range_3x3 = _fwd_range
-jobs("conv._fwd_range_3x3")(lambda T: [(_fwd_taps, _residual_types(T))] + winograd.jobs(T))
+jobs("conv._fwd_range_3x3")(lambda T: [(_taps_range, _taps_types(T))] + winograd.jobs(T))
 jobs("conv._direct_range")(lambda T: [(_direct_range, _epilogue_types(T))])
 # the kernels of the other shapes (forward, filter gradient): compiled ahead by ``pdjit warmup``
 # only (names no lowering calls, so no plan's compile worker spends time on them)
@@ -1499,6 +1507,14 @@ def _fwd_range_native(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo,
     return impl
 
 
+@overload(_fwd_taps)
+def _fwd_taps_native(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res):
+    def impl(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res):
+        _taps_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res,
+                    _plain(0), _plain(-1))
+    return impl
+
+
 @overload(conv2d_fwd)
 def _conv2d_fwd_native(x, w, y, sh, sw, pt, pl, dh, dw, groups):
     def impl(x, w, y, sh, sw, pt, pl, dh, dw, groups):
@@ -1564,7 +1580,7 @@ def nchw_empty(a):
 
 # compile times (CPU seconds, a cold compile of the signature its jobs predict, alone in a fresh
 # process, 2 cores at load 5-26): the compile worker balances its groups by them
-compile_cost(2.4, _fwd_taps, _direct_range)  # 2.25-2.5, 2.35 s
+compile_cost(2.4, _taps_range, _direct_range)  # 2.25-2.5, 2.35 s
 compile_cost(1.9, _bwd_filter_range)
 compile_cost(1.25, _bwd_data_range, _fwd_blas)  # 1.23, 1.26 s
 compile_cost(0.7, _fwd_gemm)
