@@ -259,41 +259,62 @@ def test_the_epilogue_is_the_elementwise_ops_bit_for_bit(case):
         assert _with_epilogue_ran(kernel, np.float32)
 
 
-# (image, filter, groups, output positions per range) of one sample: 1x1 convolutions that
-# the taps kernel computes on the image in place
+# (image, filter, groups, output positions per range[, (stride, padding, dilation)]) of one
+# sample: 1x1 convolutions that the taps kernel computes on the image in place, then ones whose
+# planes it prepares (each range the rows its positions read)
 PIXEL_CASES = [
     ((1, 32, 8, 8), (16, 32, 1, 1), 1, (0, 16, 48, 64)),   # ranges of 1 and 2 vectors
     ((1, 6, 16, 16), (2, 6, 1, 1), 1, (0, 128, 256)),     # fewer than 4 rows: aside
     ((1, 8, 32, 32), (8, 8, 1, 1), 1, (0, 512, 1024)),    # rows 4 KiB apart: aside
     ((1, 8, 4, 8), (12, 4, 1, 1), 2, (0, 16, 32)),        # two groups
     ((1, 20, 4, 12), (9, 20, 1, 1), 1, (0, 32, 48)),      # 6-row tiles, the last overlapping
+    ((1, 4, 15, 13), (8, 4, 3, 3), 1, (0, 16, 32, 56), (2, 1, 1)),  # stride 2, 7 columns
+    ((1, 3, 9, 9), (6, 3, 3, 3), 1, (0, 16, 48, 81), (1, 1, 1)),    # ranges within rows
+    ((1, 3, 20, 20), (8, 3, 7, 7), 1, (0, 32, 64, 100), (2, 3, 1)),  # a stem's 7x7 stride 2
+    ((1, 2, 12, 12), (4, 2, 3, 3), 1, (0, 64, 144), (1, 2, 2)),     # dilated
+    ((1, 3, 12, 32), (8, 3, 3, 3), 1, (0, 16, 64, 96), (2, 1, 1)),  # stride 2 by row halves
+    ((1, 8, 9, 9), (8, 4, 3, 3), 2, (0, 32, 81), (1, 1, 1)),        # two groups, 3x3
 ]
 
 
-@pytest.mark.parametrize("case", PIXEL_CASES, ids=[str(c[3]) for c in PIXEL_CASES])
+@pytest.mark.parametrize("case", PIXEL_CASES, ids=[str(c[3:]) for c in PIXEL_CASES])
 def test_ranges_of_output_positions_give_the_whole_calls_bits(case):
     """The taps kernel split by ranges of output positions (``_taps_by_pixels``, the parallel
-    loop of a one-sample 1x1 convolution) computes each range as the whole call does: the same
-    bits with a bias, a clamp and a residual, and each output against a NumPy oracle (float32:
-    the parallel loop compiled for the type the models use, ~6 s of CPU for each type)."""
-    xs, ws, groups, bounds = case
+    loop of a one-sample convolution) computes each range as the whole call does, preparing
+    only the rows of its planes the range reads: the same bits with a bias, a clamp and a
+    residual, and each output against a NumPy oracle (float32: the parallel loop compiled for
+    the type the models use, ~6 s of CPU for each type)."""
+    xs, ws, groups, bounds = case[:4]
+    s, pad, d = case[4] if len(case) > 4 else (1, 0, 1)
     dtype = np.float32
     rng = np.random.default_rng(11)
     x, w = rng.normal(size=xs).astype(dtype), rng.normal(size=ws).astype(dtype)
     bias = rng.normal(size=ws[0]).astype(dtype)
-    geo = (1, 1, 0, 0, 1, 1, groups)
-    assert conv._fwd_kernel(x, w, np.empty((1, ws[0]) + xs[2:], dtype), groups) is conv._fwd_taps
-    want = oracle(x.astype(np.float64), w.astype(np.float64), (1, 1), (0, 0), (1, 1), groups)
+    geo = (s, s, pad, pad, d, d, groups)
+    want = oracle(x.astype(np.float64), w.astype(np.float64), (s, s), (pad, pad), (d, d),
+                  groups)
+    assert bounds[-1] == want.shape[2] * want.shape[3]
+    assert conv._fwd_kernel(x, w, np.empty(want.shape, dtype), groups, s, s, pad, pad) is \
+        conv._fwd_taps
     res = rng.normal(size=want.shape).astype(dtype)
+    other = rng.normal(size=xs).astype(dtype)
+
+    def by_ranges(out, ranges, epilogue):
+        # (the buffers a range's call allocates may be those the call before freed: that one
+        # prepared the planes of another image, so rows a range reads but did not prepare
+        # would hold wrong values, not the right ones by chance)
+        conv._fwd_taps(other, w, np.empty_like(out), 0, 1, *geo, *epilogue)
+        conv._taps_by_pixels(x, w, out, np.array(ranges, np.int64), *geo, *epilogue)
+
     for epilogue in ((bias, 0.0, 6.0, res.reshape(-1)),
                      (bias[:0], -np.inf, np.inf, res.reshape(-1)[:0])):
         whole, parts = np.full(want.shape, np.nan, dtype), np.full(want.shape, np.nan, dtype)
         conv._fwd_taps(x, w, whole, 0, 1, *geo, *epilogue)
-        conv._taps_by_pixels(x, w, parts, np.array(bounds, np.int64), *geo, *epilogue)
+        by_ranges(parts, bounds, epilogue)
         assert np.array_equal(_bits(parts), _bits(whole))
         for inner in (bounds[1:], bounds[:-1]):  # positions outside the ranges untouched
             some = np.full(want.shape, np.nan, dtype)
-            conv._taps_by_pixels(x, w, some, np.array(inner, np.int64), *geo, *epilogue)
+            by_ranges(some, inner, epilogue)
             flat, wf = some.reshape(ws[0], -1), whole.reshape(ws[0], -1)
             assert np.isnan(flat[:, :inner[0]]).all() and np.isnan(flat[:, inner[-1]:]).all()
             assert np.array_equal(_bits(flat[:, inner[0]:inner[-1]]),

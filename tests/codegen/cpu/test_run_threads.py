@@ -315,11 +315,13 @@ def _conv_ref(x, w, b, stride, pad, groups):
 
 def _conv_params(main, scope, residual):
     """The filter of each convolution of ``main`` and the bias each adds (an elementwise_add's
-    Y other than the variable ``residual``, which a residual connection adds), as arrays."""
+    Y other than the variable ``residual``, which a residual connection adds; None: none), as
+    arrays."""
     ops = main.global_block().ops
     names = [op.input("Filter")[0] for op in ops if op.type.endswith("conv2d")] + \
         [op.input("Y")[0] for op in ops
-         if op.type == "elementwise_add" and op.input("Y")[0] != residual.name]
+         if op.type == "elementwise_add" and (residual is None or
+                                              op.input("Y")[0] != residual.name)]
     arrays = [np.asarray(scope.find_var(n).get_tensor()) for n in names]
     k = sum(op.type.endswith("conv2d") for op in ops)
     return arrays[:k], arrays[k:]
@@ -432,6 +434,52 @@ def test_one_sample_1x1_convolutions_split_by_output_positions(two_asked, monkey
     ya = np.clip(_conv_ref(feed["x"], w[0], bias[0], 1, 0, 1), 0, 6)
     yr = np.maximum(_conv_ref(ya, w[1], bias[1], 1, 0, 1) + ya, 0)
     for got, want in zip(outs["team"], (ya, yr)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_one_sample_convolutions_of_prepared_planes_split_by_output_positions(two_asked,
+                                                                              monkeypatch):
+    """At batch 1 a convolution whose planes the taps kernel prepares (a stem's 3x3 stride 2, a
+    5x5) is split over ranges of output positions where each part gets four vectors or more,
+    each part preparing the rows its positions read; a 4x4 output (one vector) by channels. Each
+    the one-thread run's bit for bit, and a NumPy oracle's."""
+    free, _ = two_asked
+    monkeypatch.setattr(convlib, "_TEAM_MIN_WORK", 0)
+    monkeypatch.setattr(team, "AFTER_RUNS", 0)
+    monkeypatch.setattr(team, "LOOK_AGAIN_S", 0.0)
+    ranges = []
+    real = team.run
+    monkeypatch.setattr(team, "run", lambda loop, call: (
+        loop is convlib._taps_by_pixels and ranges.append(call[3].tolist())) or real(loop, call))
+    L = fluid.layers
+    main, startup = fluid.Program(), fluid.Program()
+    startup.random_seed = 3
+    with fluid.program_guard(main, startup):
+        x = L.data(name="x", shape=[3, 32, 32], dtype="float32")
+        s = L.conv2d(x, num_filters=32, filter_size=3, stride=2, padding=1, act="relu6")
+        f = L.conv2d(s, num_filters=16, filter_size=5, padding=2, act="relu")
+        t = L.conv2d(f, num_filters=32, filter_size=3, stride=4, padding=1)
+    feed = {"x": np.random.default_rng(6).standard_normal((1, 3, 32, 32)).astype("float32")}
+    scope = fluid.Scope()
+    exe = fluid.Executor(native_drivers=False, strict=True)
+    exe.run(startup, scope=scope)
+    outs = {}
+    for run, n in (("team", 2), ("one", 1)):
+        free[0] = n
+        monkeypatch.setattr(team, "COMPILE", run == "team")
+        ranges.clear()
+        outs[run] = exe.run(main, feed=feed, fetch_list=[s, f, t], scope=scope)
+        if run == "team":
+            assert ranges == [[0, 128, 256], [0, 128, 256]]
+    assert ranges == []
+    assert_native(exe)
+    for u, v in zip(outs["team"], outs["one"]):
+        assert np.array_equal(u, v)
+    w, bias = _conv_params(main, scope, None)
+    ys = np.clip(_conv_ref(feed["x"], w[0], bias[0], 2, 1, 1), 0, 6)
+    yf = np.maximum(_conv_ref(ys, w[1], bias[1], 1, 2, 1), 0)
+    yt = _conv_ref(yf, w[2], bias[2], 4, 1, 1)
+    for got, want in zip(outs["team"], (ys, yf, yt)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 

@@ -508,9 +508,9 @@ def _taps_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, r
     plane) and, below 4 output channels per group, to 4 rows (computed aside).
 
     Only the output positions ``qa..qb`` of each plane are computed where ``qb >= 0``
-    (multiples of 16 but the plane's end; the image is prepared whole): a part of a one-sample
-    convolution split by positions (:func:`_by_pixels`). Each output is the sum it is in the
-    whole call, in the same order."""
+    (multiples of 16 but the plane's end; only the rows of the planes they read are
+    prepared): a part of a one-sample convolution split by positions (:func:`_by_pixels`).
+    Each output is the sum it is in the whole call, in the same order."""
     h_, w_ = x.shape[2], x.shape[3]
     m_, cg, kh_, kw_ = w.shape
     c_ = x.shape[1]
@@ -542,6 +542,14 @@ def _taps_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, r
     qy = qz if qz < p_ else p_  # ... and stored (the rest of a span is padding)
     hq = oh_ + ((kh_ - 1) * dh) // sh
     pp = hq * ow_
+    # the rows of the planes that the positions qa..qz read: all of them for the whole span;
+    # for a range, its own output rows and the filter's reach below them (a split by
+    # positions prepares each part's share of the planes, not every part all of them)
+    ra, rz = 0, hq
+    if qb >= 0:
+        ra = qa // ow_
+        rz = (qz - 1) // ow_ + 1 + ((kh_ - 1) * dh) // sh
+        rz = rz if rz < hq else hq
     one = kh_ // kh_  # not the literal 1: the im2col the BLAS path compiles serves
     zero = cg * kw_ * sh * pp  # the zero tail
     if plain:
@@ -624,7 +632,7 @@ def _taps_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, r
                 # row a copy of whole vectors from it (columns outside the image read the
                 # margins): no short strided loops
                 for r in range(2):
-                    for ho in range(hq):
+                    for ho in range(ra, rz):
                         ih = 2 * ho + r - pt
                         inside = 0 <= ih < h_
                         for c in range(cg):
@@ -641,8 +649,8 @@ def _taps_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, r
                                         xs[U(d) + k] = 0
             else:
                 for r in range(sh if kh_ > 1 else 1):  # a 1x1 filter reads phase 0 only
-                    _im2col(x[n], g * cg, cg, one, kw_, sh, sw, pt - r, pl, dh, dw, hq, ow_, xs,
-                            sh * pp, r * pp)
+                    _im2col(x[n], g * cg, cg, one, kw_, sh, sw, pt - r - ra * sh, pl, dh, dw,
+                            rz - ra, ow_, xs, sh * pp, r * pp + ra * ow_)
             y0 = (n * m_ + g * mg) * p_
             d0 = 0 if aside else y0
             # by panels of rows whose weights stay in the L2 cache (mp rows, a multiple of
@@ -1040,21 +1048,26 @@ _TEAM_MIN_WORK = 1 << 21
 
 def _by_pixels(fn, parts, args) -> bool:
     """Run ``fn(*args)`` (``split_work``'s call of a one-sample forward convolution) in at most
-    ``parts`` ranges of its output positions on the threads of a parallel loop, where it is a
-    1x1 convolution that the taps kernel computes on its image in place (stride 1, no padding,
-    whole vectors): whether it did. Every part reads the whole filter and its own positions of
-    the image; by output channels each part would read the whole image, and a filter of few
-    channels (MobileNetV2's 32 -> 16 at 112x112) makes one part of 32 channels or parts of
-    unequal sizes (16 -> 96: 32 and 64). The same bits as one call (:func:`_taps_range`)."""
+    ``parts`` ranges of its output positions on the threads of a parallel loop, where the taps
+    kernel computes it: whether it did. Every part reads the whole filter and its own positions
+    of the image. A 1x1 convolution that reads its image in place (stride 1, no padding, whole
+    vectors) splits from two ranges of :data:`_PIXEL_UNIT` positions: by output channels each
+    part would read the whole image, and a filter of few channels (MobileNetV2's 32 -> 16 at
+    112x112) makes one part of 32 channels or parts of unequal sizes (16 -> 96: 32 and 64).
+    Any other splits from :data:`_PIXEL_PARTS` ranges a thread (parts within a range of each
+    other in size): each part prepares the rows of the kernel's planes its positions read,
+    where each part of a split by channels would prepare all of them (ResNet-50's 3x3 stride-2
+    128 -> 128 at 56x56: 2.5 MB). The same bits as one call (:func:`_taps_range`)."""
     x, w, y = args[:3]
     g = args[3:10]  # sh, sw, pt, pl, dh, dw, groups
     p_ = y.shape[2] * y.shape[3]
-    if x.dtype not in _TEAM_TYPES or w.shape[2] * w.shape[3] != 1 or g[:4] != (1, 1, 0, 0) or \
-            y.shape[2:] != x.shape[2:] or p_ % _PIXEL_UNIT or p_ < 2 * _PIXEL_UNIT:
+    units = p_ // _PIXEL_UNIT
+    plain = w.shape[2] * w.shape[3] == 1 and g[:4] == (1, 1, 0, 0) and \
+        y.shape[2:] == x.shape[2:] and p_ % _PIXEL_UNIT == 0
+    if x.dtype not in _TEAM_TYPES or units < (2 if plain else _PIXEL_PARTS * min(parts, units)):
         return False
     if _picked(fn, args) is not _fwd_taps:
         return False
-    units = p_ // _PIXEL_UNIT
     k = min(parts, units)
     b = np.array([units * i // k * _PIXEL_UNIT for i in range(k)] + [p_], np.int64)
     return team.run(_taps_by_pixels, (x, w, y, b, *g, args[10], float(args[11]),
@@ -1080,6 +1093,10 @@ def _picked(fn, args):
 #: a range of :func:`_by_pixels` is a multiple of this many output positions (whole tiles'
 #: vectors of float32 and of float64)
 _PIXEL_UNIT = 16
+#: ... and a convolution whose image the taps kernel prepares splits by positions from this
+#: many such units a part (the last part takes what is left over: 28x28 outputs in two parts
+#: of 384 and 400; ResNet-50's 7x7 ones, 3 units, split by channels)
+_PIXEL_PARTS = 4
 
 
 def split_channels(fn, parts, work, args) -> bool:
