@@ -273,18 +273,21 @@ class LowerContext:
         at = next(k for k, op in enumerate(ops) if op is self.op)
         return any(name in op.input_arg_names for op in ops[at + 1:])
 
-    def loop(self, var: str, count: str, body: list, size: str | None = None) -> list:
+    def loop(self, var: str, count: str, body: list, size: str | None = None,
+             work: int = 1) -> list:
         """Source of ``for var in range(count): body``, run on threads (``numba.prange``) when
         ``size`` (an element count) is large and a thread count above one was asked for;
         iterations must write disjoint memory. (Not by default: the kernel is then compiled
-        with ``parallel=True``, which cost 1.7 s more for a softmax's first run, measured.)"""
+        with ``parallel=True``, which cost 1.7 s more for a softmax's first run, measured.)
+        ``work``: an element's cost in elementwise ops (the target's ``parallel_min_size`` is
+        for those), so that loops of costlier elements split from fewer."""
         if self._target.device:  # the iterations are a kernel's threads
             return self.device_loop(var, count, body)
         indented = ["    " + line for line in body]
         if not (self.gen.parallel and size):
             return [f"for {var} in range({count}):"] + indented
         self.gen.uses_prange = True
-        return ([f"if {size} >= {self._target.parallel_min_size}:",
+        return ([f"if {size} >= {max(1, self._target.parallel_min_size // work)}:",
                  f"    for {var} in numba.prange({count}):"]
                 + ["    " + line for line in indented]
                 + ["else:", f"    for {var} in range({count}):"]

@@ -157,8 +157,14 @@ def _softmax_lower(ctx):
         body += ["    " + line for line in rows.load(i, j, v)] + [f"    {at(j)} = {v}"]
         body += _softmax_passes(ctx, at, at, n, j, m, s, T)
         return rows.setup + [f"{o2} = {out}.reshape(({rows.rows}, {n}))"] + \
-            ctx.loop(i, rows.rows, body, size=f"{out}.size")
+            ctx.loop(i, rows.rows, body, size=f"{out}.size", work=SOFTMAX_WORK)
     return None
+
+
+#: an element of softmax's rows costs about this many elementwise ops (five passes, an exp):
+#: its rows split over threads from 64 K elements, where two threads took 38 us against 69-96
+#: on one (512 rows of 128, a BERT-like encoder's attention at batch 1); 32 K took as long
+SOFTMAX_WORK = 16
 
 
 # softmax over the last axis reads X row by row: an elementwise chain computing X (a scale and
@@ -396,7 +402,7 @@ def _swce_lower(ctx):
         f"    _rt.check({lab}[{c}] == {ign} or 0 <= {lab}[{c}] < {n})",
         f"{s2} = {sm}.reshape({x2}.shape)",
         f"{lf} = {loss}.reshape({loss}.size)",
-    ] + ctx.loop(i, f"{x2}.shape[0]", body, size=f"{x2}.size")
+    ] + ctx.loop(i, f"{x2}.shape[0]", body, size=f"{x2}.size", work=SOFTMAX_WORK)
 
 
 def _swce_grad_lower(ctx):

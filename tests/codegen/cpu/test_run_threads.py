@@ -588,3 +588,33 @@ def test_transpose_ops_copy_through_the_library(fresh_programs):
                                   .transpose(2, 0, 1))
     # (in a native driver, compiled code's copy: tests/io/test_onnx_rnn.py's native-driver
     # test runs transposes there)
+
+
+def test_softmax_rows_split_from_fewer_elements_than_elementwise_loops(two_asked):
+    """An element of softmax's rows costs ~16 elementwise ops: its loop runs on the threads
+    from ``PARALLEL_MIN_SIZE // SOFTMAX_WORK`` elements (512 rows of 128: a BERT-like
+    encoder's attention at batch 1), where an elementwise loop would run on one. The values
+    are a NumPy oracle's, and the one-thread run's bit for bit."""
+    from pdjit.codegen.cpu.target import PARALLEL_MIN_SIZE
+    from pdjit.ops.nn import SOFTMAX_WORK
+
+    free, _ = two_asked
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup):
+        x = fluid.layers.data(name="x", shape=[512, 128], dtype="float32",
+                              append_batch_size=False)
+        y = fluid.layers.softmax(x * 2.0)
+    assert 512 * 128 >= PARALLEL_MIN_SIZE // SOFTMAX_WORK and 512 * 128 < PARALLEL_MIN_SIZE
+    xv = np.random.default_rng(8).standard_normal((512, 128)).astype(np.float32)
+    exe = fluid.Executor(native_drivers=False, strict=True)
+    outs = {}
+    for n in (2, 1):
+        free[0] = n
+        (outs[n],) = exe.run(main, feed={"x": xv}, fetch_list=[y], scope=fluid.Scope())
+    (step,) = [s for _, p in exe._plans.values() for s in p.walk() if s.kind == "native"]
+    assert f">= {PARALLEL_MIN_SIZE // SOFTMAX_WORK}:" in step.compiled.text
+    assert "numba.prange" in step.compiled.text and "parallel=True" in step.compiled.text
+    assert_native(exe)
+    assert np.array_equal(outs[2], outs[1])
+    e = np.exp(2.0 * xv.astype(np.float64) - (2.0 * xv).max(axis=1, keepdims=True))
+    np.testing.assert_allclose(outs[2], e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
