@@ -392,20 +392,40 @@ def test_one_sample_convolutions_split_by_output_channels(two_asked, monkeypatch
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+def _by_pixels_runs(free, monkeypatch, main, startup, feed, fetch):
+    """``main``'s fetches run on two threads (the parallel loops compiled at their first ask),
+    checked to be the one-thread run's bit for bit; and the ranges of output positions that
+    each run split a convolution into (``_taps_by_pixels``), by run."""
+    monkeypatch.setattr(convlib, "_TEAM_MIN_WORK", 0)
+    monkeypatch.setattr(team, "AFTER_RUNS", 0)
+    monkeypatch.setattr(team, "LOOK_AGAIN_S", 0.0)
+    ranges = []
+    real = team.run
+    monkeypatch.setattr(team, "run", lambda loop, call: (
+        loop is convlib._taps_by_pixels and ranges.append(call[3].tolist())) or real(loop, call))
+    scope = fluid.Scope()
+    exe = fluid.Executor(native_drivers=False, strict=True)
+    exe.run(startup, scope=scope)
+    outs, split = {}, {}
+    for run, n in (("team", 2), ("one", 1)):
+        free[0] = n
+        monkeypatch.setattr(team, "COMPILE", run == "team")
+        ranges.clear()
+        outs[run] = exe.run(main, feed=feed, fetch_list=fetch, scope=scope)
+        split[run] = list(ranges)
+    assert_native(exe)
+    for u, v in zip(outs["team"], outs["one"]):
+        assert np.array_equal(u, v)
+    return outs["team"], split, scope
+
+
 def test_one_sample_1x1_convolutions_split_by_output_positions(two_asked, monkeypatch):
     """At batch 1 a 1x1 convolution that the taps kernel computes on its image in place is
     split over ranges of output positions (16 output channels make no two parts of channels):
     one with its bias and relu6 fused, one with a residual connection and relu; each the
     one-thread run's bit for bit, and a NumPy oracle's."""
     free, _ = two_asked
-    monkeypatch.setattr(convlib, "_TEAM_MIN_WORK", 0)
-    monkeypatch.setattr(team, "AFTER_RUNS", 0)
-    monkeypatch.setattr(team, "LOOK_AGAIN_S", 0.0)
     monkeypatch.setattr(pointwise, "_PACKED", [False])  # (the packed GEMM's own splits)
-    ranges = []
-    real = team.run
-    monkeypatch.setattr(team, "run", lambda loop, call: (
-        loop is convlib._taps_by_pixels and ranges.append(call[3].tolist())) or real(loop, call))
     L = fluid.layers
     main, startup = fluid.Program(), fluid.Program()
     startup.random_seed = 9
@@ -415,25 +435,12 @@ def test_one_sample_1x1_convolutions_split_by_output_positions(two_asked, monkey
         b = L.conv2d(a, num_filters=16, filter_size=1)
         r = L.relu(L.elementwise_add(b, a))
     feed = {"x": np.random.default_rng(4).standard_normal((1, 24, 12, 8)).astype("float32")}
-    scope = fluid.Scope()
-    exe = fluid.Executor(native_drivers=False, strict=True)
-    exe.run(startup, scope=scope)
-    outs = {}
-    for run, n in (("team", 2), ("one", 1)):
-        free[0] = n
-        monkeypatch.setattr(team, "COMPILE", run == "team")
-        ranges.clear()
-        outs[run] = exe.run(main, feed=feed, fetch_list=[a, r], scope=scope)
-        if run == "team":
-            assert ranges == [[0, 48, 96], [0, 48, 96]]
-    assert ranges == []
-    assert_native(exe)
-    for u, v in zip(outs["team"], outs["one"]):
-        assert np.array_equal(u, v)
+    outs, split, scope = _by_pixels_runs(free, monkeypatch, main, startup, feed, [a, r])
+    assert split == {"team": [[0, 48, 96], [0, 48, 96]], "one": []}
     w, bias = _conv_params(main, scope, a)
     ya = np.clip(_conv_ref(feed["x"], w[0], bias[0], 1, 0, 1), 0, 6)
     yr = np.maximum(_conv_ref(ya, w[1], bias[1], 1, 0, 1) + ya, 0)
-    for got, want in zip(outs["team"], (ya, yr)):
+    for got, want in zip(outs, (ya, yr)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
@@ -444,13 +451,6 @@ def test_one_sample_convolutions_of_prepared_planes_split_by_output_positions(tw
     each part preparing the rows its positions read; a 4x4 output (one vector) by channels. Each
     the one-thread run's bit for bit, and a NumPy oracle's."""
     free, _ = two_asked
-    monkeypatch.setattr(convlib, "_TEAM_MIN_WORK", 0)
-    monkeypatch.setattr(team, "AFTER_RUNS", 0)
-    monkeypatch.setattr(team, "LOOK_AGAIN_S", 0.0)
-    ranges = []
-    real = team.run
-    monkeypatch.setattr(team, "run", lambda loop, call: (
-        loop is convlib._taps_by_pixels and ranges.append(call[3].tolist())) or real(loop, call))
     L = fluid.layers
     main, startup = fluid.Program(), fluid.Program()
     startup.random_seed = 3
@@ -460,26 +460,13 @@ def test_one_sample_convolutions_of_prepared_planes_split_by_output_positions(tw
         f = L.conv2d(s, num_filters=16, filter_size=5, padding=2, act="relu")
         t = L.conv2d(f, num_filters=32, filter_size=3, stride=4, padding=1)
     feed = {"x": np.random.default_rng(6).standard_normal((1, 3, 32, 32)).astype("float32")}
-    scope = fluid.Scope()
-    exe = fluid.Executor(native_drivers=False, strict=True)
-    exe.run(startup, scope=scope)
-    outs = {}
-    for run, n in (("team", 2), ("one", 1)):
-        free[0] = n
-        monkeypatch.setattr(team, "COMPILE", run == "team")
-        ranges.clear()
-        outs[run] = exe.run(main, feed=feed, fetch_list=[s, f, t], scope=scope)
-        if run == "team":
-            assert ranges == [[0, 128, 256], [0, 128, 256]]
-    assert ranges == []
-    assert_native(exe)
-    for u, v in zip(outs["team"], outs["one"]):
-        assert np.array_equal(u, v)
+    outs, split, scope = _by_pixels_runs(free, monkeypatch, main, startup, feed, [s, f, t])
+    assert split == {"team": [[0, 128, 256], [0, 128, 256]], "one": []}
     w, bias = _conv_params(main, scope, None)
     ys = np.clip(_conv_ref(feed["x"], w[0], bias[0], 2, 1, 1), 0, 6)
     yf = np.maximum(_conv_ref(ys, w[1], bias[1], 1, 2, 1), 0)
     yt = _conv_ref(yf, w[2], bias[2], 4, 1, 1)
-    for got, want in zip(outs["team"], (ys, yf, yt)):
+    for got, want in zip(outs, (ys, yf, yt)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
