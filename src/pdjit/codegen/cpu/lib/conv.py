@@ -1049,27 +1049,27 @@ def _channel_bounds(parts, w, groups, unit=_PART_ROWS):
 _TEAM_MIN_WORK = 1 << 18
 
 
-def _by_pixels(fn, parts, args) -> bool:
-    """Run ``fn(*args)`` (``split_work``'s call of a one-sample forward convolution) in at most
-    ``parts`` ranges of its output positions on the threads of a parallel loop, where the taps
-    kernel computes it: whether it did. Every part reads the whole filter and its own positions
-    of the image. A 1x1 convolution that reads its image in place (stride 1, no padding, whole
-    vectors) splits from two ranges of :data:`_PIXEL_UNIT` positions: by output channels each
-    part would read the whole image, and a filter of few channels (MobileNetV2's 32 -> 16 at
-    112x112) makes one part of 32 channels or parts of unequal sizes (16 -> 96: 32 and 64).
-    Any other splits from :data:`_PIXEL_PARTS` ranges a thread (parts within a range of each
-    other in size): each part prepares the rows of the kernel's planes its positions read,
-    where each part of a split by channels would prepare all of them (ResNet-50's 3x3 stride-2
-    128 -> 128 at 56x56: 2.5 MB). The same bits as one call (:func:`_taps_range`)."""
+def _by_pixels(kernel, parts, args) -> bool:
+    """Run ``split_work``'s call of a one-sample forward convolution (``args``; ``kernel``: the
+    kernel it runs, :func:`_picked`) in at most ``parts`` ranges of its output positions on the
+    threads of a parallel loop, where the taps kernel computes it: whether it did. Every part
+    reads the whole filter and its own positions of the image. A 1x1 convolution that reads
+    its image in place (stride 1, no padding, whole vectors) splits from two ranges of
+    :data:`_PIXEL_UNIT` positions: by output channels each part would read the whole image,
+    and a filter of few channels (MobileNetV2's 32 -> 16 at 112x112) makes one part of 32
+    channels or parts of unequal sizes (16 -> 96: 32 and 64). Any other splits from
+    :data:`_PIXEL_PARTS` ranges a thread (parts within a range of each other in size): each
+    part prepares the rows of the kernel's planes its positions read, where each part of a
+    split by channels would prepare all of them (ResNet-50's 3x3 stride-2 128 -> 128 at 56x56:
+    2.5 MB). The same bits as one call (:func:`_taps_range`)."""
     x, w, y = args[:3]
     g = args[3:10]  # sh, sw, pt, pl, dh, dw, groups
     p_ = y.shape[2] * y.shape[3]
     units = p_ // _PIXEL_UNIT
     plain = w.shape[2] * w.shape[3] == 1 and g[:4] == (1, 1, 0, 0) and \
         y.shape[2:] == x.shape[2:] and p_ % _PIXEL_UNIT == 0
-    if x.dtype not in _TEAM_TYPES or units < (2 if plain else _PIXEL_PARTS * min(parts, units)):
-        return False
-    if _picked(fn, args) is not _fwd_taps:
+    if kernel is not _fwd_taps or x.dtype not in _TEAM_TYPES or \
+            units < (2 if plain else _PIXEL_PARTS * min(parts, units)):
         return False
     k = min(parts, units)
     b = np.array([units * i // k * _PIXEL_UNIT for i in range(k)] + [p_], np.int64)
@@ -1108,19 +1108,21 @@ def split_channels(fn, parts, work, args) -> bool:
     (:func:`_channel_bounds`): by a parallel loop (:func:`_by_team`) from
     :data:`_TEAM_MIN_WORK` multiply-adds, else from :data:`_CHANNELS_MIN_WORK` on
     ``run_parts``' helpers (:func:`_channel_calls`). Whether it did."""
-    if work >= _TEAM_MIN_WORK and _by_pixels(fn, parts, args):
+    kernel = _picked(fn, args)
+    wino = kernel is winograd.conv3x3_rows
+    if work >= _TEAM_MIN_WORK and _by_pixels(kernel, parts, args):
         return True
     w = args[1]
-    taps = w.shape[2] * w.shape[3] > 1 and not _on_winograd(fn, args)
+    taps = w.shape[2] * w.shape[3] > 1 and not wino
     bounds = _channel_bounds(parts, w, args[9], _TAPS_PART_ROWS if taps else _PART_ROWS)
     if bounds is None:
         return False
-    if work >= _TEAM_MIN_WORK and _by_team(fn, args, bounds):
+    if work >= _TEAM_MIN_WORK and _by_team(kernel, args, bounds):
         return True
     if work < _CHANNELS_MIN_WORK:  # (the helpers' hand-over costs more than it saves)
         return False
     calls = _channel_calls(bounds, *args)
-    if _on_winograd(fn, args):  # each part its rows of the whole filter's transform
+    if wino:  # each part its rows of the whole filter's transform
         ut = winograd.transformed(args[1])
         calls = [(c[0], ut, a, c[2], 0, 1, c[7], c[8], *c[12:]) for a, c in zip(bounds, calls)]
         fn = winograd.conv3x3_rows
@@ -1128,17 +1130,17 @@ def split_channels(fn, parts, work, args) -> bool:
     return True
 
 
-def _by_team(fn, args, bounds) -> bool:
-    """Run ``fn(*args)`` (``split_work``'s call of a one-sample forward convolution) over the
-    ranges ``bounds`` of its output channels (:func:`_channel_bounds`) on the threads of a
-    parallel loop (:mod:`.team`: native threads, no GIL; each part the views
-    :func:`_channel_calls` makes, the same bits as one thread): whether it did (not for a
-    kernel without such a loop, nor before the loop is compiled)."""
+def _by_team(kernel, args, bounds) -> bool:
+    """Run ``split_work``'s call of a one-sample forward convolution (``args``; ``kernel``: the
+    kernel it runs, :func:`_picked`) over the ranges ``bounds`` of its output channels
+    (:func:`_channel_bounds`) on the threads of a parallel loop (:mod:`.team`: native threads,
+    no GIL; each part the views :func:`_channel_calls` makes, the same bits as one thread):
+    whether it did (not for a kernel without such a loop, nor before the loop is compiled)."""
     x, w, y = args[:3]
     g = args[3:10]  # sh, sw, pt, pl, dh, dw, groups
     if x.dtype not in _TEAM_TYPES:
         return False
-    run = _TEAM_RUNS.get(_picked(fn, args))
+    run = _TEAM_RUNS.get(kernel)
     if run is None:
         return False
     b = np.array(bounds, np.int64)
