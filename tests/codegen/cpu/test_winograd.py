@@ -3,10 +3,12 @@ against a float64 convolution written here: odd and even planes, paddings 0-2 (t
 bottom/right apart), channel counts that are no multiple of a vector or of the register
 blocks, the epilogue (bias, residual, clamp) on and off, batches of 1 and 3; the host entry
 ``conv._fwd_range`` taking it (and not for float64), a filter split along its output
-channels as the threads split a one-sample convolution giving the whole's values, a weight
+channels or the output along its rows of tiles, as the threads split a one-sample
+convolution, giving the whole's values, a weight
 changed (a new array, or written in place and said so) seen by the next call, and a program
 run by the executor on it."""
 import numpy as np
+import pytest
 
 import pdjit as fluid
 from pdjit.codegen import compiler, params
@@ -128,7 +130,7 @@ def test_a_filter_split_along_its_output_channels_gives_the_wholes_values(monkey
         conv.split_work(conv._fwd_range, 1, 1 << 30, x, w2, y, 1, 1, 1, 1, 1, 1, 1, bias,
                         -1.0, 2.0, res, head=3)
         np.testing.assert_array_equal(y, whole)
-    assert team._READY[(conv._wino_by_channels, np.dtype(F32))] is True
+    assert team._READY[(conv._wino_parts, np.dtype(F32))] is True
     assert made == [w.shape]
     # a new array over the same memory, written since, is another filter: its own transform
     flat = w2.reshape(-1)
@@ -139,6 +141,67 @@ def test_a_filter_split_along_its_output_channels_gives_the_wholes_values(monkey
                     -1.0, 2.0, res, head=3)
     np.testing.assert_allclose(y, _epilogue(_conv(x, w3, 1, 1, 11, 11), bias, res, -1.0, 2.0),
                                rtol=1e-4, atol=1e-4)
+
+
+def test_parts_by_rows_of_tiles_and_by_channels_give_the_wholes_values(monkeypatch):
+    """``conv._wino_parts`` (the parallel loop of a one-sample convolution) runs parts that
+    are ranges of the output's rows of tiles (odd heights: a last row of tiles of one output
+    row), of its channels, or both, each reading the image in place and the whole filter's
+    transform: every split gives the whole call's values bit for bit, and NumPy's; the kernel
+    refuses a range past the tiles."""
+    monkeypatch.setattr(team, "COMPILE", True)  # (the loop compiled at its first ask)
+    monkeypatch.setattr(team, "AFTER_RUNS", 0)
+    for c, h, wd, m, pad in ((16, 13, 11, 40, 1), (24, 20, 17, 32, 0), (17, 9, 30, 48, 2)):
+        oh, ow = h + 2 * pad - 2, wd + 2 * pad - 2
+        x = RNG.normal(size=(1, c, h, wd)).astype(F32)
+        w = RNG.normal(size=(m, c, 3, 3)).astype(F32)
+        bias = RNG.normal(size=m).astype(F32)
+        res = RNG.normal(size=m * oh * ow).astype(F32)
+        whole = np.empty((1, m, oh, ow), F32)
+        conv._fwd_range(x, w, whole, 0, 1, 1, 1, pad, pad, 1, 1, 1, bias, -1.0, 2.0, res)
+        np.testing.assert_allclose(whole, _epilogue(_conv(x, w, pad, pad, oh, ow), bias, res,
+                                                    -1.0, 2.0), rtol=1e-4, atol=1e-4)
+        th = (oh + 1) // 2
+        for parts in ([(0, m, 0, 1), (0, m, 1, -1)],
+                      [(0, m, 0, 2), (0, m, 2, 3), (0, m, 3, th - 1), (0, m, th - 1, th)],
+                      [(0, 16, 0, -1), (16, m, 0, -1)],
+                      [(0, 16, 0, 2), (16, m, 0, 2), (0, m, 2, -1)]):
+            y = np.full_like(whole, np.nan)
+            assert conv._wino_split((x, w, y, 1, 1, pad, pad, 1, 1, 1, bias, -1.0, 2.0, res),
+                                    parts)
+            np.testing.assert_array_equal(y, whole)
+        ut = winograd.transformed(w)
+        need = winograd.scratch_size.py_func(c, m, oh, ow, 1)
+        for bad in ((0, m, 0, th + 1), (0, m, -1, 2)):
+            with pytest.raises(ValueError, match="do not fit"):
+                winograd._wino_range(x, ut, 0, whole, 0, 1, pad, pad, bias, -1.0, 2.0, res,
+                                     winograd._scratch(need), *bad[2:])
+
+
+def test_a_large_plane_splits_by_rows_and_a_small_one_by_channels(monkeypatch):
+    """Split over two threads (``split_work``), a one-sample convolution whose parts get
+    ``_WINO_ROW_TILES`` tiles or more splits by rows of tiles (every output channel in each
+    part: the positions a split by positions of the layer before wrote on the same thread);
+    one of fewer tiles by output channels. Both give one thread's values bit for bit."""
+    monkeypatch.setattr(team, "COMPILE", True)
+    monkeypatch.setattr(team, "AFTER_RUNS", 0)
+    monkeypatch.setattr(conv, "loop_threads", lambda: 2)
+    seen = []
+    real = team.run
+    monkeypatch.setattr(team, "run", lambda loop, call: (
+        loop is conv._wino_parts and seen.append(call[3].tolist())) or real(loop, call))
+    for h, want in ((30, [[0, 64, 0, 7], [0, 64, 7, 15]]), (12, [[0, 32, 0, -1],
+                                                                  [32, 64, 0, -1]])):
+        x = RNG.normal(size=(1, 16, h, h)).astype(F32)
+        w = RNG.normal(size=(64, 16, 3, 3)).astype(F32)
+        args = (1, 1, 1, 1, 1, 1, 1, E, -np.inf, np.inf, E)
+        one = np.empty((1, 64, h, h), F32)
+        conv._fwd_range(x, w, one, 0, 1, *args)
+        y = np.full_like(one, np.nan)
+        seen.clear()
+        conv.split_work(conv._fwd_range, 1, 1 << 30, x, w, y, *args, head=3)
+        assert seen == [want]
+        np.testing.assert_array_equal(y, one)
 
 
 def test_a_batch_split_takes_the_kernel_the_whole_takes(monkeypatch):

@@ -1061,7 +1061,10 @@ def _by_pixels(kernel, parts, args) -> bool:
     :data:`_PIXEL_PARTS` ranges a thread (parts within a range of each other in size): each
     part prepares the rows of the kernel's planes its positions read, where each part of a
     split by channels would prepare all of them (ResNet-50's 3x3 stride-2 128 -> 128 at 56x56:
-    2.5 MB). The same bits as one call (:func:`_taps_range`)."""
+    2.5 MB). One on Winograd's kernel splits by rows of its output (:func:`_wino_by_rows`).
+    The same bits as one call (:func:`_taps_range`, :func:`.winograd._wino_range`)."""
+    if kernel is winograd.conv3x3_rows:
+        return _wino_by_rows(parts, args)
     x, w, y = args[:3]
     g = args[3:10]  # sh, sw, pt, pl, dh, dw, groups
     p_ = y.shape[2] * y.shape[3]
@@ -1075,6 +1078,29 @@ def _by_pixels(kernel, parts, args) -> bool:
     b = np.array([units * i // k * _PIXEL_UNIT for i in range(k)] + [p_], np.int64)
     return team.run(_taps_by_pixels, (x, w, y, b, *g, args[10], float(args[11]),
                                       float(args[12]), args[13]))
+
+
+#: a one-sample convolution on Winograd's kernel splits by rows of its output where each part
+#: gets this many tiles or more (ResNet-50's 56x56 and 28x28 layers: 392 and 98 tiles a part
+#: on two threads); on fewer by output channels, each part transforming the whole image
+_WINO_ROW_TILES = 64
+
+
+def _wino_by_rows(parts, args) -> bool:
+    """Run ``split_work``'s call of a one-sample convolution on Winograd's kernel in at most
+    ``parts`` ranges of its rows of tiles (:func:`_wino_split`): each part transforms the
+    rows of the image its tiles read and computes every output channel there, so that it
+    reads the positions a split by positions of the layer before wrote on the same thread
+    (one by channels reads each part's channels on every thread: on a machine whose cores
+    pass written data to each other slowly, ResNet-50's 1x1 layers after the 3x3 ones ran
+    1.6-1.8x longer). Whether it did."""
+    y = args[2]
+    th, tw = (y.shape[2] + 1) // 2, (y.shape[3] + 1) // 2
+    k = min(parts, th)
+    if k < 2 or th // k * tw < _WINO_ROW_TILES:
+        return False
+    b = [th * i // k for i in range(k + 1)]
+    return _wino_split(args, [(0, y.shape[1], r0, r1) for r0, r1 in zip(b, b[1:])])
 
 
 def _picked(fn, args):
@@ -1143,22 +1169,30 @@ def _by_team(kernel, args, bounds) -> bool:
     run = _TEAM_RUNS.get(kernel)
     if run is None:
         return False
+    if run is _wino_parts:
+        return _wino_split(args, [(a, b, 0, -1) for a, b in zip(bounds, bounds[1:])])
     b = np.array(bounds, np.int64)
     bias, lo, hi = args[10], float(args[11]), float(args[12])
-    if run is _wino_by_channels:
-        ut = winograd.transformed(w)
-        need = winograd.scratch_size.py_func(x.shape[1], int(max(np.diff(b))), y.shape[2],
-                                             y.shape[3], 1)
-        call = (x, ut, y, b, g[2], g[3], bias, lo, hi, args[13],
-                winograd._scratch(need * (len(bounds) - 1)), need)
-    elif run is _direct_by_channels:
+    if run is _direct_by_channels:
         call = (x, w, y, b, *g, bias, lo, hi)
     else:
         call = (x, w, y, b, *g, bias, lo, hi, args[13])
-    if not team.run(run, call):
+    return team.run(run, call)
+
+
+def _wino_split(args, parts) -> bool:
+    """Run ``split_work``'s call of a one-sample convolution on Winograd's kernel (``args``)
+    in ``parts`` ((first output channel, end, first row of tiles, end) each) on the threads
+    of a parallel loop (:func:`_wino_parts`), the filter transformed once: whether it did."""
+    x, w, y = args[:3]
+    ut = winograd.transformed(w)
+    need = winograd.scratch_size.py_func(x.shape[1], max(b - a for a, b, _, _ in parts),
+                                         y.shape[2], y.shape[3], 1)
+    call = (x, ut, y, np.array(parts, np.int64), args[5], args[6], args[10], float(args[11]),
+            float(args[12]), args[13], winograd._scratch(need * len(parts)), need)
+    if not team.run(_wino_parts, call):
         return False
-    if run is _wino_by_channels:
-        winograd.CALLS[0] += 1
+    winograd.CALLS[0] += 1
     return True
 
 
@@ -1226,20 +1260,21 @@ def _direct_by_channels(x, w, y, bounds, sh, sw, pt, pl, dh, dw, groups, bias, l
 
 
 @pjit
-def _wino_by_channels(x, ut, y, bounds, pt, pl, bias, lo, hi, res, scratch, need):
-    """Winograd's kernel (:func:`.winograd.conv3x3_rows`) of one sample, ranges ``bounds`` of
-    output channels in parallel, each with rows of the whole filter's transform ``ut`` and
-    its own ``need`` values of ``scratch``."""
-    for p in numba.prange(bounds.shape[0] - 1):
-        a, b = bounds[p], bounds[p + 1]
+def _wino_parts(x, ut, y, parts, pt, pl, bias, lo, hi, res, scratch, need):
+    """Winograd's kernel (:func:`.winograd.conv3x3_rows`) of one sample in parallel parts:
+    ``parts[p]`` = (first output channel, end, first row of tiles, end (-1: the last)), each
+    part with its rows of the whole filter's transform ``ut`` and its own ``need`` values of
+    ``scratch`` (a split by output channels, or by rows of the output: :func:`_wino_split`)."""
+    for p in numba.prange(parts.shape[0]):
+        a, b = parts[p, 0], parts[p, 1]
         ys, bs, rs = _part_out(y, bias, res, a, b)
         winograd._wino_range(x, ut, a, ys, _plain(0), _plain(1), pt, pl, bs, lo, hi, rs,
-                             scratch[p * need:(p + 1) * need])
+                             scratch[p * need:(p + 1) * need], parts[p, 2], parts[p, 3])
 
 
 #: the kernels split by :func:`_by_team`, and the parallel loop that splits each
 _TEAM_RUNS = {_fwd_taps: _taps_by_channels, _fwd_gemm: _gemm_by_channels,
-              _direct_range: _direct_by_channels, winograd.conv3x3_rows: _wino_by_channels}
+              _direct_range: _direct_by_channels, winograd.conv3x3_rows: _wino_parts}
 
 
 def _channel_calls(bounds, x, w, y, sh, sw, pt, pl, dh, dw, groups, *epilogue):
@@ -1463,8 +1498,8 @@ def _team_jobs(T) -> list:
     found = [(_taps_by_channels, split + ((T, 1),)), (_taps_by_pixels, split + ((T, 1),)),
              (_gemm_by_channels, split + ((T, 1),)), (_direct_by_channels, split)]
     if np.dtype(T) == np.float32:
-        found.append((_wino_by_channels, ((T, 4), (T, 3), (T, 4), (np.int64, 1), int, int,
-                                          (T, 1), float, float, (T, 1), (T, 1), int)))
+        found.append((_wino_parts, ((T, 4), (T, 3), (T, 4), (np.int64, 2), int, int,
+                                    (T, 1), float, float, (T, 1), (T, 1), int)))
     return found
 
 
@@ -1610,7 +1645,7 @@ compile_cost(0.7, _fwd_gemm)
 compile_cost(2.1, _taps_by_channels, _taps_by_pixels)
 compile_cost(1.6, _direct_by_channels)
 compile_cost(0.7, _gemm_by_channels)
-compile_cost(1.3, _wino_by_channels)
+compile_cost(1.3, _wino_parts)
 
 
 # (pgemm is loaded before this module ends: winograd imports it)

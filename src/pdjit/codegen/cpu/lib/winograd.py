@@ -336,7 +336,7 @@ def conv3x3_rows(x, ut, row, y, n0, n1, pt, pl, bias, lo, hi, res):
     CALLS[0] += 1
     need = scratch_size.py_func(x.shape[1], y.shape[1], y.shape[2], y.shape[3], n1 - n0)
     _wino_range(x, ut, row, y, n0, n1, pt, pl, bias, float(lo), float(hi), res,
-                _scratch(need))
+                _scratch(need), 0, -1)
 
 
 _SCRATCH = threading.local()
@@ -379,10 +379,12 @@ def scratch_size(c_, m_, oh_, ow_, n):
 
 
 @jit_o3
-def _wino_range(x, ut, row, y, n0, n1, pt, pl, bias, lo, hi, res, scratch):
+def _wino_range(x, ut, row, y, n0, n1, pt, pl, bias, lo, hi, res, scratch, t0, t1):
     """:func:`conv3x3`'s kernel: ``ut`` the transformed filters (``[16, M_all, C]``), ``y``'s
     channels from row ``row`` of it, ``scratch`` (:func:`scratch_size` values or more, no NaN
-    nor denormal) for a block's ``V`` and products."""
+    nor denormal) for a block's ``V`` and products; the rows of tiles ``t0 .. t1`` (counted
+    over the samples ``n0 .. n1``, each ``ceil(OH / 2)`` of them; ``t1 < 0``: all), each tile
+    the same sums whatever the range (a part of a convolution split by rows of its output)."""
     c_, h_, w_ = x.shape[1], x.shape[2], x.shape[3]
     m_, oh_, ow_ = y.shape[1], y.shape[2], y.shape[3]
     mt = ut.shape[1]
@@ -394,7 +396,9 @@ def _wino_range(x, ut, row, y, n0, n1, pt, pl, bias, lo, hi, res, scratch):
     if n1 <= n0 or oh_ == 0 or ow_ == 0:
         return
     th, tw = (oh_ + 1) // 2, (ow_ + 1) // 2
-    nrows = (n1 - n0) * th
+    nrows = (n1 - n0) * th if t1 < 0 else t1
+    if t0 < 0 or nrows > (n1 - n0) * th:
+        raise ValueError("pdjit: convolution operands do not fit each other")
     kb, nr, tmax = _block_geometry(c_, m_, oh_, ow_, n1 - n0)
     nv = 16 * (c_ * tmax + 16)
     v = scratch[:nv]
@@ -404,7 +408,7 @@ def _wino_range(x, ut, row, y, n0, n1, pt, pl, bias, lo, hi, res, scratch):
     utf = ut.reshape(ut.size)
     none = bias[:0]
     has_bias = bias.size != 0
-    for r0 in range(0, nrows, kb):
+    for r0 in range(t0, nrows, kb):
         r1 = min(nrows, r0 + kb)
         tb = (r1 - r0) * tw
         tp = (tb + nr - 1) // nr * nr
@@ -473,7 +477,7 @@ def jobs(T):
         return []
     return [(_filter_transform, ((T, 4), (T, 3))),
             (_wino_range, ((T, 4), (T, 3), int, (T, 4), int, int, int, int, (T, 1), float, float,
-                           (T, 1), (T, 1)))]
+                           (T, 1), (T, 1), int, int))]
 
 
 # compile time (CPU seconds, cold, alone in a fresh process, load ~1): 1.14 s and 0.45 s
