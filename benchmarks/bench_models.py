@@ -30,7 +30,10 @@ in ``--rounds`` rounds, each
 round every process in turn (the order rotated), so that the machine's load hits them alike;
 the tables show the median of all timed runs of each. Outputs are checked against pdjit's
 1-thread run (max abs error). ``--busy``: a Python busy loop keeps one core busy while every
-run is timed (the threads target: 2 threads within 1.2x of 1 thread).
+run is timed (the threads target: 2 threads within 1.2x of 1 thread). Before each round a
+probe times how fast one core reads what the other has just written (``handoff_probe``: on
+some machines this changes within minutes, and two-thread runs with it); the table shows its
+range beside the figures.
 
 The convolution table times each distinct convolution of ResNet-50 (input, filters, stride;
 batch ``--conv-batch``) as a one-op program, pdjit and ONNX Runtime at one thread, and shows
@@ -376,16 +379,64 @@ def max_abs(a: list, b: list):
                 for x, y in zip(a, b) if np.size(x)), default=0.0)
 
 
-def timed_rounds(engines: list, rounds: int, repeat: int) -> dict:
-    """Median seconds of each engine's ``rounds * repeat`` timed runs, interleaved."""
+def timed_rounds(engines: list, rounds: int, repeat: int, probes: list | None = None) -> dict:
+    """Median seconds of each engine's ``rounds * repeat`` timed runs, interleaved; with
+    ``probes``, :func:`handoff_probe` appended before each round."""
     times = {e.label: [] for e in engines}
     for r in range(rounds):
+        if probes is not None:
+            probes.append(handoff_probe())
         order = engines[r % len(engines):] + engines[:r % len(engines)]
         for e in order:
             time.sleep(_SETTLE_S)
             e.ask({"cmd": "time", "n": _REWARM})
             times[e.label] += e.ask({"cmd": "time", "n": repeat})["times"]
     return {k: float(np.median(v)) for k, v in times.items() if v}
+
+
+_PROBE: list = []  # the probe's parallel loop, compiled at the first probe
+
+
+def handoff_probe():
+    """Milliseconds for a two-part parallel loop (pdjit's team, its thread kept off this
+    thread's core) to sum a 1 MB array that this thread has just written, a half on each core
+    (the median of 20; None with fewer than two cores). On the 2-vCPU AMD EPYC this took
+    0.12 ms in some periods and 0.30 ms in others, changing within minutes (one thread: 0.13
+    either way): in the second, what one core writes reaches the other slowly, and every
+    engine's two-thread runs were slower (ResNet-50 at batch 1: pdjit +18 %, ONNX Runtime
+    +12 %; one-thread runs unchanged). The report shows it beside the two-thread figures."""
+    if (os.cpu_count() or 1) < 2:
+        return None
+    import numba
+
+    from pdjit.codegen.cpu import threads
+    from pdjit.codegen.cpu.lib import team  # noqa: F401 - names the team for place_team
+
+    if not _PROBE:
+        @numba.njit(parallel=True)
+        def halves(a, out):
+            m = a.shape[0] // 2
+            for p in numba.prange(2):
+                s = 0.0
+                for i in range(p * m, (p + 1) * m):
+                    s += a[i]
+                out[p] = s
+        _PROBE.append(halves)
+    halves = _PROBE[0]
+    a, out = np.ones(1 << 17), np.zeros(2)
+    before = numba.get_num_threads()
+    numba.set_num_threads(2)
+    try:
+        threads.place_team()
+        times = []
+        for i in range(23):
+            t = time.perf_counter()
+            a.fill(float(i))
+            halves(a, out)
+            times.append(time.perf_counter() - t)
+    finally:
+        numba.set_num_threads(before)
+    return float(np.median(times[3:])) * 1e3
 
 
 def warm(e, seconds: float = 3.0, most: int = 300) -> None:
@@ -440,11 +491,14 @@ def bench_model(name: str, args, tmp: str, peers: list, notes: list) -> list:
                         live.append(e)
                     except RuntimeError as err:
                         notes.append(f"{name} batch {batch}: {err}")
-                med = timed_rounds(live, args.rounds, args.repeat)
+                probes: list = []
+                med = timed_rounds(live, args.rounds, args.repeat,
+                                   probes if max(args.threads) > 1 else None)
             finally:
                 stop(busy)
             ref = firsts.get(f"pdjit {args.threads[0]}t")
             row = {"model": name, "batch": batch, "busy": bool(args.busy), "load1": load0,
+                   "handoff_ms": [p for p in probes if p is not None],
                    "ms": {k: v * 1e3 for k, v in med.items()},
                    "first_s": {k: v[0] for k, v in firsts.items()},
                    "max_abs_err": {k: (max_abs(ref[1], v[1]) if ref else None)
@@ -477,6 +531,8 @@ def report(rows: list, args, peers: list) -> None:
     if "paddle" in peers:
         head.append("pdjit / Paddle (best)")
     head.append(f"max abs err vs pdjit {th[0]}t (/ max abs value)")
+    if len(th) > 1:
+        head.append("cross-core probe ms")
     print("\n## Models" + (" (a busy loop keeps one core busy)" if args.busy else ""))
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
@@ -499,7 +555,14 @@ def report(rows: list, args, peers: list) -> None:
         errs = [f"{k} {v:.1e} ({r['rel_err'][k]:.1e})" for k, v in r["max_abs_err"].items()
                 if v is not None and k != f"pdjit {th[0]}t"]
         cells.append(", ".join(errs) or "-")
+        if len(th) > 1:
+            hs = r.get("handoff_ms") or []
+            cells.append(f"{min(hs):.2f}-{max(hs):.2f}" if hs else "-")
         print("| " + " | ".join(cells) + " |")
+    if len(th) > 1:
+        print("\n(cross-core probe: ms for two threads to read a 1 MB array one of them has just "
+              "written, before each round (`handoff_probe`); where it is about twice one "
+              "thread's, every engine's two-thread runs are slower)")
 
 
 def _ms(v) -> str:
