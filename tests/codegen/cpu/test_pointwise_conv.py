@@ -155,8 +155,9 @@ def test_compiled_code_packs_at_each_run():
 
 def test_split_work_parts_by_channels(monkeypatch):
     """``conv.split_work`` splits a one-sample call over whole tiles of the packed filter's
-    output channels (row tiles: units of 36 = 6 tiles of ``MR``, the last tile short;
-    transposed tiles: panels of ``NR``, the last part at least ``MIN_CHANNELS``), over
+    output channels dealt out evenly (row tiles of ``MR``: 25 tiles, the last short, in
+    parts of 8, 8 and 9; transposed tiles: panels of ``NR``, the last part at least
+    ``MIN_CHANNELS``), over
     ``conv._fwd_range``'s parts where nothing is packed, and runs it whole where there is one
     part; on ``run_parts``' helpers, then by a parallel loop; every result is
     the one call's bit for bit."""
@@ -174,7 +175,7 @@ def test_split_work_parts_by_channels(monkeypatch):
         monkeypatch.setattr(mod, name, lambda *a, real=real, name=name: seen.append(
             (name, real(*a))) or seen[-1][1])
     # (C, M, H, packed, the parts' channels)
-    for c, m, h, packed, want in [(19, 149, 32, True, [36, 72, 41]),
+    for c, m, h, packed, want in [(19, 149, 32, True, [48, 48, 53]),
                                   (40, 140, 7, True, [64, 76]),
                                   (40, 70, 7, False, [32, 38]),
                                   (40, 17, 7, True, None), (40, 40, 7, False, None)]:

@@ -261,21 +261,21 @@ def _packed(x, ap, y, bias, res) -> bool:
 def _tile_bounds(parts, m_, c_, p_):
     """``(first channels of at most parts ranges then the end, the end of each range's packed
     rows, whether the tiles are transposed)`` of a one-sample call on the packed kernels of
-    ``m_`` output and ``c_`` input channels over ``p_`` pixels: each range whole tiles of the
-    packed filter (``MR`` rows, or panels of ``NR`` for the transposed tiles; at least
-    :data:`MIN_CHANNELS` each, so that every part takes the kernel the whole takes); None
-    where there is one range."""
+    ``m_`` output and ``c_`` input channels over ``p_`` pixels: the tiles of the packed filter
+    (``MR`` rows, or panels of ``NR`` for the transposed tiles) dealt out evenly, each range at
+    least ``conv._PART_ROWS`` channels' worth of them and the last at least
+    :data:`MIN_CHANNELS` channels (so that every part takes the kernel the whole takes); None
+    where there is one range. (By ranges of 6 tiles MobileNetV2's 16 -> 96 at 112x112 split
+    36 / 60 and ran 0.37 ms on two threads against 0.49 on one.)"""
     cols = _choice(m_, c_, p_) == 2
     step = _NR if cols else MR
-    unit = -(-max(MIN_CHANNELS, _conv._PART_ROWS) // step) * step
-    units = -(-m_ // unit)
-    k = min(parts, units)
-    if k < 2 or m_ - (units - 1) * unit < MIN_CHANNELS and k == units:
-        # (the last part would be too small for the packed kernels: split one part fewer)
-        k = min(k, units - 1)
+    tiles = -(-m_ // step)
+    k = min(parts, tiles // -(-max(MIN_CHANNELS, _conv._PART_ROWS) // step))
+    while k >= 2 and m_ - tiles * (k - 1) // k * step < MIN_CHANNELS:
+        k -= 1  # (the last part would be too small for the packed kernels)
     if k < 2:
         return None
-    bounds = [units * i // k * unit for i in range(k)] + [m_]
+    bounds = [tiles * i // k * step for i in range(k)] + [m_]
     return bounds, [-(-b // step) * step for b in bounds[1:]], cols
 
 
