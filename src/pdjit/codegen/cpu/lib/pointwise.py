@@ -89,8 +89,11 @@ ROWS_MIN_PLANE = 512
 #: 18.2; in the model those layers 17-22 % faster at batch 16, the model 1273 -> 1239 ms), but
 #: taking them compiles this kernel for ResNet-50 as well: its cold first result went from
 #: 4.7-4.8 s to 5.8-5.9 s (7.8-8.5 -> 9.8 s of CPU; ``bench_coldstart.py --models
-#: resnet50``), past the 5 s a cold start may take: not taken until the kernel can compile
-#: off the first result's path. Compressions and more input channels lost at batch 16 anyway
+#: resnet50``), past the 5 s a cold start may take. Measured again in the model with this
+#: limit at 128 (ResNet-50's expansions on the row tiles, on and off by turns in one process:
+#: 0.990x and 1.002x at batch 1 on one and two threads, 0.998x and 1.008x at batch 16): no
+#: faster there, where those layers wait on memory (their residual and output), so not taken
+#: even off the first result's path. Compressions and more input channels lost at batch 16 anyway
 #: (56x56 256 -> 64 20.7 / 17.5, 28x28 512 -> 128 19.0 / 17.0, 192 -> 32 3.1 / 2.6, 56x56 144
 #: -> 24 7.9 / 5.7) though they won at batch 1 (1.05 / 1.08, 1.10 / 1.30, 0.11 / 0.16, 0.21 /
 #: 0.24)
