@@ -84,7 +84,8 @@ DRIVER = '''def segment(a0):
 def test_a_plan_is_kept_in_the_cache_directory(tmp_path, monkeypatch):
     """A driver planned once is read back from ``<cache dir>/memplan`` (the same source and
     plan); other labels are another entry; a damaged entry is planned again and rewritten;
-    a driver offered an in-place rewrite is planned each time, nothing kept."""
+    a driver offered an in-place rewrite that switches a kernel is planned each time,
+    nothing kept; one whose call takes the buffer as it is is kept, keyed by the offer."""
     monkeypatch.setenv("PDJIT_CACHE_DIR", str(tmp_path))
     labels, groups = {"s1": "x1", "s3": "x3", "s4": "x4", "s5": "x5", "s6": "out"}, [2, 6, 9, 12]
     calls = []
@@ -103,9 +104,16 @@ def test_a_plan_is_kept_in_the_cache_directory(tmp_path, monkeypatch):
     assert len(calls) == 3
     assert memplan.plan_driver(DRIVER, labels, None, None, groups)[0] == first[0]
     assert len(calls) == 3   # (rewritten: read again)
-    memplan.plan_driver(DRIVER, labels, None, {"s5": (["s4"], [])}, groups)
-    memplan.plan_driver(DRIVER, labels, None, {"s5": (["s4"], [])}, groups)
+    # an offer that switches the call to another kernel calls back into the generator:
+    # planned each time, nothing kept; an offer the call takes as it is: kept, by the offer
+    switch = {"s5": (["s4"], [], lambda leaf: {})}
+    memplan.plan_driver(DRIVER, labels, None, switch, groups)
+    memplan.plan_driver(DRIVER, labels, None, switch, groups)
     assert len(calls) == 5 and len(list((tmp_path / memplan.PLAN_DIR).iterdir())) == 2
+    offered = memplan.plan_driver(DRIVER, labels, None, {"s5": (["s4"], [])}, groups)
+    assert memplan.plan_driver(DRIVER, labels, None, {"s5": (["s4"], [])}, groups) == offered
+    assert len(calls) == 6 and len(list((tmp_path / memplan.PLAN_DIR).iterdir())) == 3
+    assert offered[1].inplace and "s5 = s4.reshape(" in offered[0]
 
 
 def test_a_view_keeps_its_buffer_alive_and_outputs_keep_theirs():
@@ -292,6 +300,73 @@ def test_training_step_matches_numpy(fresh_programs):
     named = set(re.findall(r"\b[KP]\d+\b", drv.source))
     assert {g for g, _ in drv.calls} == {g for g in named if g[0] == "K"}
     assert {g for g, _ in drv.lazy} == {g for g in named if g[0] == "P"}
+
+
+def _conv(x, w, b, pad):
+    """float64 cross-correlation, NCHW, stride 1, plus the bias."""
+    n, c, h, wd = x.shape
+    k = w.shape[2]
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    out = sum(np.einsum("mc,nchw->nmhw", w[:, :, i, j].astype(np.float64),
+                        xp[:, :, i:i + h + 2 * pad - k + 1, j:j + wd + 2 * pad - k + 1])
+              for i in range(k) for j in range(k))
+    return out + b[None, :, None, None]
+
+
+def test_a_convolution_takes_the_buffer_of_its_residual(fresh_programs):
+    """A bottleneck's last convolution adds the block's input (a residual connection that
+    dies there) as it stores: its output takes the residual's buffer (every kernel that adds
+    a residual reads each of its values before it writes over it), the values those without
+    the plan and NumPy's give. A residual fetched, or read again after, keeps its buffer; so
+    does one that is also the convolution's input."""
+    main, startup = fresh_programs
+    x = L.data(name="x", shape=[8, 16, 16], dtype="float32")
+    h = L.conv2d(x, 24, 1, act="relu")                        # conv2d_0
+    t = L.conv2d(h, 16, 3, padding=1, act="relu")             # conv2d_1
+    out1 = L.relu(L.elementwise_add(L.conv2d(t, 24, 1), h))   # conv2d_2: h dies here
+    z = L.conv2d(out1, 24, 1)                                 # conv2d_3
+    out2 = L.relu(L.elementwise_add(z, out1))                 # out1: fetched
+    out3 = L.elementwise_add(L.conv2d(out2, 24, 1), out2)     # conv2d_4 reads out2 too
+    xv = RNG.standard_normal((2, 8, 16, 16)).astype(np.float32)
+    (g1, g3), exe, scope = _run_both(main, startup, {"x": xv}, [out1, out3])
+    p = [(np.asarray(scope.find_var(f"conv2d_{k}.w_0").get_tensor()),
+          np.asarray(scope.find_var(f"conv2d_{k}.b_0").get_tensor())) for k in range(5)]
+    w_h = _relu(_conv(xv, *p[0], 0))
+    w1 = _relu(_conv(_relu(_conv(w_h, *p[1], 1)), *p[2], 0) + w_h)
+    w2 = _relu(_conv(w1, *p[3], 0) + w1)
+    np.testing.assert_allclose(g1, w1, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(g3, _conv(w2, *p[4], 0) + w2, rtol=1e-4, atol=1e-4)
+    (mp,) = _memory_plans(exe, main)
+    # (a buffer is named by the first value it holds: a convolution's own output)
+    convs = [op.output("Output")[0] for op in main.global_block().ops if op.type == "conv2d"]
+    assert [(out, leaf) for _, out, leaf in mp.inplace] == [(convs[2], convs[0])]
+
+
+def test_a_product_by_a_weight_takes_the_buffer_of_its_residual(fresh_programs):
+    """``fc(h) + r`` (an encoder's residual connection) stores into ``r``'s buffer where ``r``
+    dies there, not where ``r`` is the product's own input (``fc(h) + h``)."""
+    main, startup = fresh_programs
+
+    def fc(v, size, act, name):  # by positions of a sequence: the packed weight's kernel
+        return L.fc(v, size, num_flatten_dims=2, act=act,
+                    param_attr=fluid.ParamAttr(name=f"{name}.w"),
+                    bias_attr=fluid.ParamAttr(name=f"{name}.b"))
+
+    x = L.data(name="x", shape=[20, 24], dtype="float32")
+    r = fc(x, 32, "relu", "p0")
+    h = fc(x, 24, "tanh", "p1")
+    out1 = L.relu(L.elementwise_add(fc(h, 32, None, "p2"), r))     # r dies here
+    out2 = L.elementwise_add(fc(out1, 32, None, "p3"), out1)        # out1 is the input
+    xv = RNG.standard_normal((3, 20, 24)).astype(np.float32)
+    (got,), exe, scope = _run_both(main, startup, {"x": xv}, [out2])
+    p = _params(scope, [f"p{i}.{k}" for i in range(4) for k in "wb"])
+    w_r = _relu(xv @ p["p0.w"] + p["p0.b"])
+    w1 = _relu(np.tanh(xv @ p["p1.w"] + p["p1.b"]) @ p["p2.w"] + p["p2.b"] + w_r)
+    np.testing.assert_allclose(got, w1 @ p["p3.w"] + p["p3.b"] + w1, rtol=1e-5, atol=1e-5)
+    (mp,) = _memory_plans(exe, main)
+    muls = [op.output("Out")[0] for op in main.global_block().ops if op.type == "mul"]
+    took = [(out, leaf) for _, out, leaf in mp.inplace]
+    assert (muls[2], muls[0]) in took and (muls[3], muls[2]) not in took
 
 
 def test_peak_memory_of_a_chain_drops(fresh_programs):

@@ -142,6 +142,7 @@ class LowerContext:
                         if n != registry.EMPTY_VAR_NAME and n != fed}
         self.offer = None      # a ChannelEpilogue the op may apply (see channel_epilogue)
         self.taken = False
+        self.residual = None   # (the flat view passed, the local of the value) once taken
         self.library_calls: list = []  # the library functions named by lib_fn, in order
 
     def channel_epilogue(self, T: str, lines: list, residual: bool = False) -> list:
@@ -172,6 +173,7 @@ class LowerContext:
             src = self.gen.read(off.residual)
             lines.append(f"{r} = {src}.reshape({src}.size)")
             tail = [r]
+            self.residual = (r, src)
         return [b, literal(off.lo), literal(off.hi)] + tail
 
     @property
@@ -846,7 +848,21 @@ class SegmentGen:
             self._rest = Group(nxt.kind, nxt.nodes[len(off.names):], nxt.shape,
                                stored=list(nxt.stored))
             self._taken = [n.op.type for n in nxt.nodes[:len(off.names)]]
+            self._residual_inplace(ctx, y, before + after)
         return name, fn, list(before), list(after), work
+
+    def _residual_inplace(self, ctx, y: str, args: list) -> None:
+        """For the memory plan: the output ``y`` of an op computed by blocks that took a
+        residual add (``ctx.residual``) may take the residual's buffer when nothing reads it
+        after the op: the library functions that take a residual read each of its values
+        before they write over it (tested per kernel). Not where the ops left after it in
+        the group (its epilogue kernel, called after each block) read the residual too."""
+        if ctx.residual is None or self.native or \
+                any(ctx.offer.residual in n.op.input_arg_names for n in self._rest.nodes):
+            return
+        view, src = ctx.residual
+        others = [a for a in args if a.isidentifier() and a not in (y, view)]
+        self.inplace[y] = ([src], others)
 
     def _whole_batch(self, blocks) -> None:
         """The op of ``blocks`` (see :meth:`_blocked`) for the whole batch, nothing after it

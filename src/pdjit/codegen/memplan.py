@@ -18,7 +18,10 @@ True)``; the plan's ``report()`` shows what it decided):
    leaves (same dtype) when nothing reads that buffer after the kernel: the target's loop
    forms that read each such leaf at the very element they then write (``inplace_forms`` of
    the target; the lowering lists the candidates) make that exact. A convolution's output and
-   the bias + activation after it then share one buffer.
+   the bias + activation after it then share one buffer. An op computed by a library kernel
+   that adds a residual as it stores (a convolution, a product by a weight) takes the
+   residual's buffer likewise: those kernels read each residual value before they write over
+   it (``conv._taps_range``).
 3. **Slots.** Every other top-level ``X = np.empty(shape, dtype)`` / ``np.zeros`` (a
    *tenant*) whose buffer never leaves the driver is given a slot by interval colouring over
    the tenants' live ranges: tenants of one slot have the same dtype, live ranges that do not
@@ -374,13 +377,16 @@ class _Liveness:
                        for n, i in self.last.items()}
 
 
-def _first_call_with(stmts, start: int, local: str):
-    """The first statement after ``start`` that passes ``local`` to a call."""
+def _first_call_with(stmts, start: int, out: set, leaf: set):
+    """The first statement after ``start`` that passes one of the names ``out`` (an output's
+    buffer: its array, views of it) and one of ``leaf`` (an input's buffer) to one call: where
+    an output meets the input whose buffer it may take (not a check of its shape before)."""
     for j in range(start + 1, len(stmts)):
         for node in ast.walk(stmts[j]):
-            if isinstance(node, ast.Call) and any(
-                    isinstance(a, ast.Name) and a.id == local for a in node.args):
-                return j
+            if isinstance(node, ast.Call):
+                names = {a.id for a in node.args if isinstance(a, ast.Name)}
+                if names & out and names & leaf:
+                    return j
     return None
 
 
@@ -391,13 +397,13 @@ PLAN_DIR = "memplan"
 def plan_driver(source: str, labels: dict | None = None, estimates: dict | None = None,
                 inplace: dict | None = None, groups=()):
     """:func:`_plan_driver`, its result kept in the cache directory (``<cache dir>/memplan``,
-    keyed by the arguments and this module's file) where nothing is offered in place (an
-    in-place rewrite calls back into the generator: planned each time): a later process reads
-    the plan of a large model's driver instead of making it again (ResNet-50's: 35 ms of a warm
-    start)."""
-    if inplace:
+    keyed by the arguments and this module's file) where no in-place offer switches its call
+    to another kernel (that rewrite calls back into the generator: planned each time): a later
+    process reads the plan of a large model's driver instead of making it again (ResNet-50's:
+    35 ms of a warm start)."""
+    if any(len(v) > 2 and v[2] is not None for v in (inplace or {}).values()):
         return _plan_driver(source, labels, estimates, inplace, groups)
-    path = _plan_path(source, labels, estimates, groups)
+    path = _plan_path(source, labels, estimates, groups, inplace)
     got = _read_plan(path) if path is not None else None
     if got is None:
         got = _plan_driver(source, labels, estimates, inplace, groups)
@@ -406,14 +412,15 @@ def plan_driver(source: str, labels: dict | None = None, estimates: dict | None 
     return got
 
 
-def _plan_path(source, labels, estimates, groups):
+def _plan_path(source, labels, estimates, groups, inplace=None):
     """Where the plan of these arguments is kept (None: arguments that have no stable text)."""
     from pdjit.codegen.diskcache import cache_dir
 
     try:
         st = os.stat(__file__)
+        offers = sorted((k, list(v[0]), list(v[1])) for k, v in (inplace or {}).items())
         key = repr((source, sorted((labels or {}).items()), sorted((estimates or {}).items()),
-                    list(groups), st.st_size, st.st_mtime_ns, sys.version_info[:2]))
+                    list(groups), offers, st.st_size, st.st_mtime_ns, sys.version_info[:2]))
     except (OSError, TypeError):
         return None
     return cache_dir() / PLAN_DIR / f"{hashlib.sha256(key.encode()).hexdigest()[:40]}.pickle"
@@ -440,10 +447,11 @@ def _plan_driver(source: str, labels: dict | None = None, estimates: dict | None
     ``estimates``: local -> (elements per sample at build time, unknown dims as 1; whether
     some dim is unknown until run time) (best-fit slot choice; small fixed sizes keep their
     own allocation);
-    ``inplace``: an elementwise kernel's output allocation -> (the full-shape leaves whose
-    buffer it may take when nothing reads them after the kernel, the kernel's other leaves,
-    optionally ``variant(leaf) -> {old global: new}``: the renames that make the kernel call
-    write the leaf itself).
+    ``inplace``: a kernel's output allocation -> (the leaves of its size and dtype whose
+    buffer it may take when nothing reads them after the kernel, the kernel's other
+    arguments, optionally ``variant(leaf) -> {old global: new}``: the renames that make the
+    kernel call write the leaf itself; without one the call writes it as it is); the output
+    then views the leaf's buffer in the allocation's shape.
     ``groups``: the 1-based line of ``source`` where each fusion group begins (a comment line
     between statements, as the generator records them: ``SegmentGen.group_lines``); the
     plan's ``group_lines`` says where each begins in the new source."""
@@ -508,24 +516,26 @@ def _plan_driver(source: str, labels: dict | None = None, estimates: dict | None
                 return labels[n]
         return local
 
-    # in place: an elementwise output takes the buffer of a full-shape leaf of its kernel that
-    # nothing reads after the kernel
+    # in place: a kernel's output takes the buffer of a leaf of its size (an elementwise
+    # kernel's full-shape leaf, a convolution's residual) that nothing reads after the kernel
     rewritten: dict = {}   # statement -> its new source
     renamed: set = set()   # call statements switched to in-place kernel variants
     for local in sorted((n for n in inplace if n in cands), key=lambda n: cands[n][0]):
         i = cands[local][0]
-        call = _first_call_with(stmts, i, local)
         full, others, variant = (tuple(inplace[local]) + (None,))[:3]
-        for leaf in full if call is not None else ():
+        for leaf in full:
             bufs = aliases.bufs.get(leaf, set())
             if len(bufs) != 1:
                 continue
             buf = next(iter(bufs))
             users = [n for n, bs in aliases.bufs.items() if buf in bs]
-            if any(n in returned or n in params or live.end_of.get(n, -1) > call
-                   for n in users) or any(buf in aliases.bufs.get(m, ()) for m in others):
+            call = _first_call_with(stmts, i, {n for n, bs in aliases.bufs.items() if i in bs},
+                                    set(users))
+            if call is None or any(n in returned or n in params or
+                                   live.end_of.get(n, -1) > call for n in users) or \
+                    any(buf in aliases.bufs.get(m, ()) for m in others):
                 continue
-            text = f"{local} = {leaf}.reshape({leaf}.size)"
+            text = f"{local} = {leaf}.reshape({ast.unparse(cands[local][1])})"
             stmts[i].value = ast.parse(text).body[0].value
             stmts[i]._pdjit_tenant = False
             del cands[local]

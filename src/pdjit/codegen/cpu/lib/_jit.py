@@ -11,7 +11,7 @@ import numba
 from numba.core import cgutils, compiler, errors, ir, typed_passes, types, untyped_passes
 from numba.core import codegen as numba_codegen
 from numba.core.compiler_machinery import FunctionPass, register_pass
-from numba.extending import intrinsic
+from numba.extending import intrinsic, register_jitable
 
 from pdjit.codegen.diskcache import cached
 
@@ -462,6 +462,26 @@ def compile_cost(seconds: float, *kernels) -> None:
 def cost_of(kernel) -> float:
     """The declared compile time of library ``kernel`` (:func:`compile_cost`)."""
     return COSTS.get(kernel, DEFAULT_COST)
+
+
+# ---- arrays in one buffer ------------------------------------------------------------------------
+@register_jitable
+def may_share(a, b) -> bool:
+    """Whether arrays ``a`` and ``b`` may share memory: their spans (first to last element,
+    by their strides) overlap. A kernel whose output may be given the buffer of an input (the
+    memory plan's in-place residual: ``conv._taps_range``) takes a path that reads that input
+    before it writes over it."""
+    if a.size == 0 or b.size == 0:
+        return False
+    la = ha = a.ctypes.data
+    lb = hb = b.ctypes.data
+    for i in range(a.ndim):
+        d = (a.shape[i] - 1) * a.strides[i]
+        la, ha = (la + d, ha) if d < 0 else (la, ha + d)
+    for i in range(b.ndim):
+        d = (b.shape[i] - 1) * b.strides[i]
+        lb, hb = (lb + d, hb) if d < 0 else (lb, hb + d)
+    return la < hb + b.itemsize and lb < ha + a.itemsize
 
 
 # ---- one BLAS product for compiled code ----------------------------------------------------------

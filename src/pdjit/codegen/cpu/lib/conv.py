@@ -38,7 +38,7 @@ import numpy as np
 from numba.extending import overload, register_jitable
 
 from pdjit.codegen.cpu.lib import team, winograd
-from pdjit.codegen.cpu.lib._jit import blas_gemm, compile_cost, jit, jobs, pjit
+from pdjit.codegen.cpu.lib._jit import blas_gemm, compile_cost, jit, jobs, may_share, pjit
 from pdjit.codegen.cpu.lib.deint import copy_run, deint, vcopy, zero_run
 from pdjit.codegen.cpu.lib.tile import TILE_BYTES, clamp_run, plane_kernel, tile_kernel
 from pdjit.codegen.cpu.threads import loop_threads, run_parts
@@ -165,17 +165,17 @@ def _phase_planes(xf, xb, h_, w_, xs, sh, sw, hq, wq, pt, pl, zero):
 
 
 @register_jitable
-def _bias_clamp(df, d0, ds, rows, p_, bias, c0, lo, hi, res):
+def _bias_clamp(df, d0, ds, rows, p_, bias, c0, lo, hi, res, e0):
     """A convolution's epilogue on ``rows`` output channels just computed:
-    ``df[d0 + r * ds + q] = minimum(maximum(df[...] + bias[c0 + r] + res[...], lo), hi)`` for
-    ``q < p_`` (no add where ``bias`` or ``res``, the residual flat as ``df``, is empty). The
+    ``df[d0 + r * ds + q] = minimum(maximum(df[...] + bias[c0 + r] + res[e0 + r * ds + q],
+    lo), hi)`` for ``q < p_`` (no add where ``bias`` or ``res``, the residual, is empty). The
     same float additions and NumPy ``maximum`` / ``minimum`` (a NaN stays NaN) as the
     elementwise kernel of ``add -> add -> relu6`` it replaces, so the same values, while the
     rows are still in L1."""
     nb = bias.size > 0
     for r in range(rows):
         clamp_run(df, d0 + r * ds, p_, bias[c0 + r] if nb else df.dtype.type(0), nb, res,
-                  d0 + r * ds, lo, hi)
+                  e0 + r * ds, lo, hi)
 
 
 @register_jitable
@@ -585,14 +585,19 @@ def _taps_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, r
             near = near or (d >= 4096 and (d % 4096 < 64 or d % 4096 > 4096 - 64))
         if near:
             ds += 16
-    aside = ds != p_ or mg < 4
-    acc = np.empty(mq * ds if aside else 0, x.dtype)
-    df = acc if aside else yf
     # tiles of rb rows by nv vectors of positions (24 sums in registers; 4 rows by 4
     # below 6 rows), then by 1 vector for the rest of the span
     vw = TILE_BYTES // x.itemsize
     rb = 8 if mq % 8 == 0 else 6 if mq >= 6 else 4
     nv = 3 if rb == 8 else 4
+    # a residual in y's own buffer (the memory plan's in place): the sums stored in place
+    # would write over it before the epilogue reads it, so each strip's share of it is kept
+    # aside first (rk); rows stored twice (a last block overlapping the one before) would read
+    # it after their first epilogue: those compute aside
+    shared = res.size > 0 and may_share(res, y)
+    aside = ds != p_ or mg < 4 or (shared and mq % rb != 0)
+    acc = np.empty(mq * ds if aside else 0, x.dtype)
+    df = acc if aside else yf
     # rows per panel: their weights about _PANEL_BYTES
     mp = (_PANEL_BYTES // (k_ * x.itemsize)) // rb * rb
     mp = mp if mp > rb else rb
@@ -613,6 +618,8 @@ def _taps_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, r
     # (_has_epilogue's test written out: no helper of its own to compile)
     ep = nb or lo > -np.inf or hi < np.inf or res.size > 0
     epr = ep and not aside
+    keep = epr and shared
+    rk = np.empty(_EPILOGUE_BYTES // x.itemsize + mq * nv * vw if keep else 0, x.dtype)
     # a 1x1 convolution reading the image in place, stored in place, whose filter is
     # larger than a sample's image (more output channels than positions): every sample of
     # the range under each panel of rows in turn (the panel's weights read once from
@@ -669,9 +676,12 @@ def _taps_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, r
                 xbs, d0s = xb + s * c_ * p_, d0 + s * m_ * p_  # sample n + s (batched)
                 q0 = qe = qa  # qe: the first position whose epilogue is still to apply
                 run = _EPILOGUE_BYTES // ((p1 - r0) * x.itemsize)
+                rq = run + nv * vw  # (rk: a row's positions qe .. q0)
                 while q0 < qz:
                     wide = q0 + nv * vw <= qz
                     width = nv * vw if wide else vw
+                    for r in range(r0, p1 if keep else r0):  # (whole vectors: not aside)
+                        vcopy(res, d0s + r * ds + q0, rk, (r - r0) * rq + q0 - qe, width // vw)
                     for k0 in range(0, k_, kc):
                         k1 = k0 + kc if k0 + kc < k_ else k_
                         for m4 in range(p0, p1, rb):
@@ -683,16 +693,17 @@ def _taps_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, r
                         for r in range(r0, p1):
                             at = d0s + r * ds + qe
                             clamp_run(df, at, q0 - qe, bias[g * mg + r] if nb else zero_, nb,
-                                      res, at, lo, hi)
+                                      rk if keep else res, (r - r0) * rq if keep else at,
+                                      lo, hi)
                         qe = q0
-            if aside:
+            if aside:  # the epilogue on the sums, then stored (a residual in y: read first)
                 for mr in range(mg):
                     sa, da = U(mr * ds + qa), U(y0 + mr * p_ + qa)
+                    if ep:  # (here, not by _bias_clamp: no helper of its own to compile)
+                        clamp_run(acc, sa, qy - qa, bias[g * mg + mr] if nb else zero_, nb,
+                                  res, da, lo, hi)
                     for q in range(U(qy - qa)):
                         yf[da + q] = acc[sa + q]
-                    if ep:  # (here, not by _bias_clamp: no helper of its own to compile)
-                        clamp_run(yf, da, qy - qa, bias[g * mg + mr] if nb else zero_, nb,
-                                  res, da, lo, hi)
 
 
 
@@ -870,7 +881,7 @@ def _bias_clamp_range(y, n0, n1, bias, lo, hi, res):
     m_, p_ = y.shape[1], y.shape[2] * y.shape[3]
     yf = y.reshape(y.size)
     for n in range(n0, n1):
-        _bias_clamp(yf, n * m_ * p_, p_, m_, p_, bias, 0, lo, hi, res)
+        _bias_clamp(yf, n * m_ * p_, p_, m_, p_, bias, 0, lo, hi, res, n * m_ * p_)
 
 
 #: a 1x1 convolution (stride 1, no padding) of at least this many output and input channels
@@ -916,20 +927,26 @@ def _fwd_gemm(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res
     """``y[n] = conv(x[n], w)`` for the samples ``n0..n1`` of a 1x1 convolution that
     :func:`_use_gemm` takes: per sample and group one BLAS product of the filter and the
     image's channels in place, then the sample's epilogue while it is in cache (see
-    :func:`_fwd_taps`'s)."""
+    :func:`_fwd_taps`'s). A residual in ``y``'s own buffer is copied a sample at a time
+    before the product writes over it."""
     m_, cg = w.shape[0], w.shape[1]
     mg = m_ // groups
     p_ = y.shape[2] * y.shape[3]
     w2 = w.reshape((m_, cg))
     yf = y.reshape(y.size)
     ep = _has_epilogue(bias, lo, hi) or res.size > 0
+    keep = res.size > 0 and may_share(res, y)
+    rk = np.empty(m_ * p_ if keep else 0, y.dtype)
     for n in range(n0, n1):
         xn = x[n].reshape((x.shape[1], p_))
         yn = y[n].reshape((m_, p_))
+        if keep:
+            copy_run(res, n * m_ * p_, rk, 0, m_ * p_)
         for g in range(groups):
             blas_gemm(w2[g * mg:(g + 1) * mg], xn[g * cg:(g + 1) * cg], yn[g * mg:(g + 1) * mg])
         if ep:
-            _bias_clamp(yf, n * m_ * p_, p_, m_, p_, bias, 0, lo, hi, res)
+            _bias_clamp(yf, n * m_ * p_, p_, m_, p_, bias, 0, lo, hi, rk if keep else res,
+                        0 if keep else n * m_ * p_)
 
 
 def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res):
@@ -955,6 +972,8 @@ def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, re
     if _use_taps(w.shape[0] // groups, w[0].size, y.shape[2] * y.shape[3]):
         _fwd_taps(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
         return
+    if res.size and may_share(res, y):  # (a residual in y's buffer: read before written)
+        res = res.copy()
     _fwd_blas(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups)
     if ep:
         _bias_clamp_range(y, n0, n1, bias, lo, hi, res)
@@ -1559,9 +1578,10 @@ def _fwd_range_native(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo,
         elif _use_taps(m_ // groups, cg * kh_ * kw_, y.shape[2] * y.shape[3]):
             _fwd_taps(x, w, y, _plain(n0), _plain(n1), *g, bias, lo_, hi_, res)
         else:
+            rs = res.copy() if res.size > 0 and may_share(res, y) else res
             _fwd_blas(x, w, y, _plain(n0), _plain(n1), *g)
             if _has_epilogue(bias, lo_, hi_) or res.size > 0:
-                _bias_clamp_range(y, _plain(n0), _plain(n1), bias, lo_, hi_, res)
+                _bias_clamp_range(y, _plain(n0), _plain(n1), bias, lo_, hi_, rs)
     return impl
 
 

@@ -39,7 +39,7 @@ from numba.extending import intrinsic, overload
 from pdjit.codegen import params
 from pdjit.codegen.cpu import rt, threads
 from pdjit.codegen.cpu.lib import team
-from pdjit.codegen.cpu.lib._jit import blas_gemm, compile_cost, jit, jobs, pjit
+from pdjit.codegen.cpu.lib._jit import blas_gemm, compile_cost, jit, jobs, may_share, pjit
 from pdjit.codegen.cpu.lib.tile import TILE_BYTES, _masked, _offset, _splat, _vectors
 
 __all__ = ["pack_a", "pack_b", "pack_scaled", "packed_batches", "packed_gemm",
@@ -495,6 +495,10 @@ def _weight_row_range(x, w, trans, bp, lo_, hi_, out, bias, res, lo, hi):
         return
     if hi_ <= lo_:
         return
+    # (a residual in out's own buffer: its rows read before the product writes over them)
+    rs, r0 = res, 0
+    if res.shape[0] != 0 and may_share(res, out):
+        rs, r0 = res[lo_ * n:hi_ * n].copy(), lo_ * n
     if trans:
         blas_gemm(x[lo_:hi_], w.T, out[lo_:hi_])
     else:
@@ -507,7 +511,7 @@ def _weight_row_range(x, w, trans, bp, lo_, hi_, out, bias, res, lo, hi):
             if bias.shape[0] != 0:
                 v = v + bias[j]
             if res.shape[0] != 0:
-                v = v + res[i * n + j]
+                v = v + rs[i * n + j - r0]
             v = v if v >= tlo or v != v else tlo
             out[i, j] = v if v <= thi or v != v else thi
 
