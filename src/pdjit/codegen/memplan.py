@@ -520,12 +520,18 @@ def _plan_driver(source: str, labels: dict | None = None, estimates: dict | None
     # kernel's full-shape leaf, a convolution's residual) that nothing reads after the kernel
     rewritten: dict = {}   # statement -> its new source
     renamed: set = set()   # call statements switched to in-place kernel variants
+    # The analyses are made again once, after every rewrite, not after each (a ResNet-50's
+    # driver: 17 rewrites, 12 ms an analysis). Those made before stay right for the checks:
+    # a rewrite joins an output's buffer to its leaf's, whose other names all end at or
+    # before its call, which comes before any later call that reads the output; a buffer
+    # taken once is not offered again (two outputs of one call offered the same leaf).
+    taken: set = set()
     for local in sorted((n for n in inplace if n in cands), key=lambda n: cands[n][0]):
         i = cands[local][0]
         full, others, variant = (tuple(inplace[local]) + (None,))[:3]
         for leaf in full:
             bufs = aliases.bufs.get(leaf, set())
-            if len(bufs) != 1:
+            if len(bufs) != 1 or bufs & taken:
                 continue
             buf = next(iter(bufs))
             users = [n for n, bs in aliases.bufs.items() if buf in bs]
@@ -544,8 +550,10 @@ def _plan_driver(source: str, labels: dict | None = None, estimates: dict | None
                 _Rename(variant(leaf)).visit(stmts[call])
                 renamed.add(call)
             plan.inplace.append((i, label_of(local), label_of(leaf)))
-            live, aliases = analyse(again=True)
+            taken.add(buf)
             break
+    if taken:
+        live, aliases = analyse(again=True)
 
     tenants = []
     for local, (i, _, dtype, zero) in sorted(cands.items(), key=lambda kv: kv[1][0]):
