@@ -488,9 +488,9 @@ def _plan_driver(source: str, labels: dict | None = None, estimates: dict | None
             cands[got[0]] = (i,) + got[1:]
             st._pdjit_tenant = True
 
-    def analyse(again=False):  # (again after a statement is rewritten: nodes listed anew)
-        if again:
-            nodes[:] = [_flat(st) for st in stmts]
+    def analyse(again=()):  # (again after statements are rewritten: their nodes listed anew)
+        for j in again:
+            nodes[j] = _flat(stmts[j])
         return (_Liveness(stmts, nodes, locals_, params, returned, scalars),
                 _Aliases([node for ns in nodes for node in ns], locals_, scalars,
                          {n: c[0] for n, c in cands.items()}))
@@ -541,8 +541,10 @@ def _plan_driver(source: str, labels: dict | None = None, estimates: dict | None
                                    live.end_of.get(n, -1) > call for n in users) or \
                     any(buf in aliases.bufs.get(m, ()) for m in others):
                 continue
-            text = f"{local} = {leaf}.reshape({ast.unparse(cands[local][1])})"
-            stmts[i].value = ast.parse(text).body[0].value
+            shape = cands[local][1]
+            text = f"{local} = {leaf}.reshape({ast.unparse(shape)})"
+            stmts[i].value = ast.Call(ast.Attribute(ast.Name(leaf, ast.Load()), "reshape",
+                                                    ast.Load()), [shape], [])
             stmts[i]._pdjit_tenant = False
             del cands[local]
             rewritten[i] = text
@@ -553,7 +555,7 @@ def _plan_driver(source: str, labels: dict | None = None, estimates: dict | None
             taken.add(buf)
             break
     if taken:
-        live, aliases = analyse(again=True)
+        live, aliases = analyse(again=list(rewritten) + list(renamed))
 
     tenants = []
     for local, (i, _, dtype, zero) in sorted(cands.items(), key=lambda kv: kv[1][0]):
