@@ -104,16 +104,60 @@ def test_a_plan_is_kept_in_the_cache_directory(tmp_path, monkeypatch):
     assert len(calls) == 3
     assert memplan.plan_driver(DRIVER, labels, None, None, groups)[0] == first[0]
     assert len(calls) == 3   # (rewritten: read again)
-    # an offer that switches the call to another kernel calls back into the generator:
-    # planned each time, nothing kept; an offer the call takes as it is: kept, by the offer
-    switch = {"s5": (["s4"], [], lambda leaf: {})}
-    memplan.plan_driver(DRIVER, labels, None, switch, groups)
-    memplan.plan_driver(DRIVER, labels, None, switch, groups)
-    assert len(calls) == 5 and len(list((tmp_path / memplan.PLAN_DIR).iterdir())) == 2
+    # an in-place offer the call takes as it is: kept, keyed by the offer
     offered = memplan.plan_driver(DRIVER, labels, None, {"s5": (["s4"], [])}, groups)
     assert memplan.plan_driver(DRIVER, labels, None, {"s5": (["s4"], [])}, groups) == offered
-    assert len(calls) == 6 and len(list((tmp_path / memplan.PLAN_DIR).iterdir())) == 3
+    assert len(calls) == 4 and len(list((tmp_path / memplan.PLAN_DIR).iterdir())) == 3
     assert offered[1].inplace and "s5 = s4.reshape(" in offered[0]
+    # one that switches the call to a kernel variant (a callback into the generator, which
+    # registers it): read back by calling the callback again, the new name where it differs
+    asked = []
+
+    def switch(name):
+        return {"s5": (["s4"], [], lambda leaf: asked.append(leaf) or {"K": name})}
+
+    first = memplan.plan_driver(DRIVER, labels, None, switch("K1"), groups)
+    assert len(calls) == 5 and asked == ["s4"] and "K1(s4, s5)" in first[0]
+    again = memplan.plan_driver(DRIVER, labels, None, switch("K1"), groups)
+    assert len(calls) == 5 and asked == ["s4"] * 2 and again == first
+    moved = memplan.plan_driver(DRIVER, labels, None, switch("K9"), groups)
+    assert len(calls) == 5 and "K9(s4, s5)" in moved[0] and "K1(" not in moved[0]
+    # a kept plan whose rewrite the offers no longer make is planned anew, no callback called
+    (entry,) = [f for f in (tmp_path / memplan.PLAN_DIR).iterdir()
+                if memplan._read_plan(f)[1].variants]
+    src, plan = memplan._read_plan(entry)
+    plan.variants = [("s5", "s3", {})]
+    assert memplan._replay((src, plan), switch("K1")) is None and asked == ["s4"] * 3
+
+
+def test_a_plan_read_back_switches_its_kernels_again(fresh_programs, monkeypatch):
+    """A second executor of the same program reads its plan back (no planning) and makes the
+    in-place rewrites that switch kernels again: the bias + activation after each product
+    writes into the product's buffer through the variant, the same values."""
+    main, startup = fresh_programs
+    x = L.data(name="x", shape=[16], dtype="float32")
+    out = _fc(_fc(x, 32, "relu", "k1"), 8, "tanh", "k2")
+    xv = RNG.standard_normal((5, 16)).astype(np.float32)
+    calls = []
+    real = memplan._plan_driver
+    monkeypatch.setattr(memplan, "_plan_driver", lambda *a: calls.append(1) or real(*a))
+    got = []
+    for k in range(2):
+        exe, scope = fluid.Executor(strict=True, memory_optim=True), fluid.Scope()
+        exe.run(startup, scope=scope)
+        got.append(exe.run(main, feed={"x": xv}, fetch_list=[out], scope=scope)[0])
+        assert_native(exe)
+        (mp,) = _memory_plans(exe, main)
+        assert mp.variants and len(mp.inplace) == 2
+        (step,) = [st for p in _plans(exe, main) for st in p.walk() if st.kind == "native"]
+        assert sum("L0[b + c] = " in c.text for _, c in step.compiled.calls) == 2
+        if k == 0:
+            planned = len(calls)
+    assert len(calls) == planned   # the second planned nothing: every plan read back
+    p = _params(scope, ["k1.w", "k1.b", "k2.w", "k2.b"])
+    want = np.tanh(_relu(xv @ p["k1.w"] + p["k1.b"]) @ p["k2.w"] + p["k2.b"])
+    np.testing.assert_array_equal(got[0], got[1])
+    np.testing.assert_allclose(got[1], want, rtol=1e-5, atol=1e-6)
 
 
 def test_a_view_keeps_its_buffer_alive_and_outputs_keep_theirs():

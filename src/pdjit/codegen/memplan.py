@@ -123,6 +123,9 @@ class MemoryPlan:
     kept: list = field(default_factory=list)       # [(Tenant, why)] allocations left as they were
     inplace: list = field(default_factory=list)    # [(statement, output, the leaf it overwrites)]
     group_lines: list = field(default_factory=list)  # group -> its first line in the new source
+    # [(output, leaf, {old global: new})]: the in-place rewrites that switched a call to a
+    # kernel variant, in order (replayed on the generator when the plan is read back)
+    variants: list = field(default_factory=list)
 
     def describe(self, indent: str = "") -> str:
         lines = []
@@ -397,19 +400,42 @@ PLAN_DIR = "memplan"
 def plan_driver(source: str, labels: dict | None = None, estimates: dict | None = None,
                 inplace: dict | None = None, groups=()):
     """:func:`_plan_driver`, its result kept in the cache directory (``<cache dir>/memplan``,
-    keyed by the arguments and this module's file) where no in-place offer switches its call
-    to another kernel (that rewrite calls back into the generator: planned each time): a later
-    process reads the plan of a large model's driver instead of making it again (ResNet-50's:
-    35 ms of a warm start)."""
-    if any(len(v) > 2 and v[2] is not None for v in (inplace or {}).values()):
-        return _plan_driver(source, labels, estimates, inplace, groups)
+    keyed by the arguments and this module's file: a later process reads the plan of a large
+    model's driver instead of making it again (ResNet-50's: 40-60 ms of a warm start). A plan
+    whose in-place rewrites switched calls to kernel variants (``inplace``'s callbacks, which
+    register them with the generator) is read back only by calling the same callbacks in the
+    same order (:func:`_replay`)."""
     path = _plan_path(source, labels, estimates, groups, inplace)
     got = _read_plan(path) if path is not None else None
+    if got is not None:
+        got = _replay(got, inplace or {})
     if got is None:
         got = _plan_driver(source, labels, estimates, inplace, groups)
         if path is not None:
             write_checked(path, pickle.dumps(got, protocol=pickle.HIGHEST_PROTOCOL))
     return got
+
+
+def _replay(got, inplace: dict):
+    """``got`` (a plan read back) once its kernel-variant rewrites are made again on the
+    generator (``inplace``'s callbacks, in the plan's order); the new source's globals renamed
+    where a callback named a variant otherwise than when it was planned (it does not: the
+    generator is in the same state for the same arguments). None, with no callback called,
+    where the plan names a rewrite the offers do not make."""
+    src, plan = got
+    for local, leaf, _ in plan.variants:
+        offer = inplace.get(local)
+        if offer is None or len(offer) < 3 or offer[2] is None or leaf not in offer[0]:
+            return None
+    moved = {}
+    for local, leaf, renames in plan.variants:
+        now = inplace[local][2](leaf)
+        moved.update({new: now[old] for old, new in renames.items()
+                      if old in now and now[old] != new})
+    if moved:
+        src = re.sub(r"\b(" + "|".join(map(re.escape, moved)) + r")\b",
+                     lambda m: moved[m.group(1)], src)
+    return src, plan
 
 
 def _plan_path(source, labels, estimates, groups, inplace=None):
@@ -418,7 +444,8 @@ def _plan_path(source, labels, estimates, groups, inplace=None):
 
     try:
         st = os.stat(__file__)
-        offers = sorted((k, list(v[0]), list(v[1])) for k, v in (inplace or {}).items())
+        offers = sorted((k, list(v[0]), list(v[1]), len(v) > 2 and v[2] is not None)
+                        for k, v in (inplace or {}).items())
         key = repr((source, sorted((labels or {}).items()), sorted((estimates or {}).items()),
                     list(groups), offers, st.st_size, st.st_mtime_ns, sys.version_info[:2]))
     except (OSError, TypeError):
@@ -549,8 +576,10 @@ def _plan_driver(source: str, labels: dict | None = None, estimates: dict | None
             del cands[local]
             rewritten[i] = text
             if variant is not None:   # the kernel variant that writes the leaf itself
-                _Rename(variant(leaf)).visit(stmts[call])
+                renames = variant(leaf)
+                _Rename(renames).visit(stmts[call])
                 renamed.add(call)
+                plan.variants.append((local, leaf, dict(renames)))
             plan.inplace.append((i, label_of(local), label_of(leaf)))
             taken.add(buf)
             break
