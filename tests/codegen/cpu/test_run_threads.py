@@ -98,8 +98,8 @@ def test_threaded_and_serial_runs_agree(two_asked, monkeypatch):
 def test_run_choice_keeps_the_faster_setting_and_tries_again(two_asked, monkeypatch):
     """A plan's runs on every free core against runs on one thread, on a fake clock: the
     faster by its best timed run is kept, tried again after the runs and the seconds of its
-    interval (doubled while it keeps winning), and no trial while a core is busy or while
-    the plan's own driver trials go on."""
+    interval (doubled while it keeps winning, 8x where it wins clearly), and no trial while
+    a core is busy or while the plan's own driver trials go on."""
     free, _ = two_asked
     now = [0.0]
     ready = [False]
@@ -116,9 +116,9 @@ def test_run_choice_keeps_the_faster_setting_and_tries_again(two_asked, monkeypa
     ready[0] = True
     caps = [run(1.0, 2.0) for _ in range(threads.CHOICE_AFTER)]
     assert caps == [None] * len(caps)                  # asked again after as many runs
-    caps = [run(1.0, 0.5) for _ in range(2 * (threads.CHOICE_RUNS + 1))]
+    caps = [run(1.0, 0.9) for _ in range(2 * (threads.CHOICE_RUNS + 1))]
     assert caps == [None, 1] * (threads.CHOICE_RUNS + 1)   # alternating, the first untimed
-    assert choice.picks() == {16: "one thread"}        # one thread was faster
+    assert choice.picks() == {16: "one thread"}        # one thread was faster (not clearly)
     caps = [run(1.0, 2.0) for _ in range(3 * threads.CHOICE_RETRY_RUNS)]
     assert set(caps) == {1}                            # kept: the seconds have not passed
     now[0] += threads.CHOICE_RETRY_S
@@ -130,6 +130,25 @@ def test_run_choice_keeps_the_faster_setting_and_tries_again(two_asked, monkeypa
     assert choice.picks() == {16: "every free core"}
     assert choice.begin(1) is None                     # another batch size: its own warm-up
     assert choice.keys[16].interval == threads.CHOICE_RETRY_RUNS   # (the pick changed)
+
+    def again(cost_wide, cost_narrow):  # the pick's runs and seconds, then a trial
+        st = choice.keys[16]
+        assert set(run(1.0, 2.0) for _ in range(st.interval)) == {None}
+        now[0] += threads.CHOICE_RETRY_S * st.interval / threads.CHOICE_RETRY_RUNS
+        caps = [run(cost_wide, cost_narrow) for _ in range(2 * (threads.CHOICE_RUNS + 1))]
+        assert caps == [None, 1] * (threads.CHOICE_RUNS + 1)
+        return st.interval
+
+    r = threads.CHOICE_RETRY_RUNS
+    assert again(1.0, 2.0) == 8 * r      # kept by a clear win: tried again 8x as late
+    assert again(1.0, 1.1) == 16 * r     # kept, by a narrow one: 2x
+    assert again(1.0, 2.0) == 64 * r     # (at most 64x)
+    # a first pick by a clear win: tried again 8x as late too
+    for _ in range(threads.CHOICE_AFTER):
+        choice.begin(4), choice.end(4, 1.0)
+    for _ in range(2 * (threads.CHOICE_RUNS + 1)):
+        choice.end(4, 2.0 if choice.begin(4) == 1 else 1.0)
+    assert choice.picks()[4] == "every free core" and choice.keys[4].interval == 8 * r
 
 
 def test_a_served_plan_measures_its_threads(two_asked):

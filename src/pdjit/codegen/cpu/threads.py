@@ -504,6 +504,11 @@ CHOICE_RUNS = 3
 #: runs and seconds (both) from a pick to the next trial; doubled at each trial that keeps the
 #: pick, up to 64x
 CHOICE_RETRY_RUNS, CHOICE_RETRY_S = 32, 2.0
+#: ... multiplied by 8 instead where the pick won again by this ratio of best times or more:
+#: each trial runs half its runs the slower way (MobileNetV2 at batch 1 on two threads: 8.1 ms
+#: a one-thread run against 5.1), and one that wins by that much seldom loses before a core
+#: gets busy, which ``begin_run`` sees run by run
+CHOICE_CLEAR_WIN = 1.25
 
 
 #: runs from this long on are tried with one timed run of each setting and none untimed: at
@@ -562,7 +567,8 @@ class RunChoice:
     measurement, per batch size. After :data:`CHOICE_AFTER` runs, a trial alternates runs of
     each (an untimed one, then :data:`CHOICE_RUNS` timed) and keeps the faster by its best
     time; trials repeat while the plan serves (after :data:`CHOICE_RETRY_RUNS` runs and
-    :data:`CHOICE_RETRY_S` seconds, twice as long each time the pick stays, up to 64x). It
+    :data:`CHOICE_RETRY_S` seconds, twice as long each time the pick stays, eight times where
+    it won by :data:`CHOICE_CLEAR_WIN` or more, the first pick too, up to 64x). It
     decides only when more than one thread may run (threads asked for, or loops on every core,
     and two cores free); otherwise every run goes as :func:`begin_run` sets it. Work too small
     to pay for its threads, a core another process keeps half busy (``free_cores`` rounds that
@@ -633,9 +639,15 @@ class RunChoice:
         st.timing = -1
         skip, need = trial_runs(wide + narrow, 1, CHOICE_RUNS)
         if len(wide) >= skip + need and len(narrow) >= skip + need:
-            pick = 1 if min(narrow[skip:]) < min(wide[skip:]) else 0
-            st.interval = min(st.interval * 2, CHOICE_RETRY_RUNS * 64) if pick == st.pick \
-                else CHOICE_RETRY_RUNS
+            best_wide, best_narrow = min(wide[skip:]), min(narrow[skip:])
+            pick = 1 if best_narrow < best_wide else 0
+            clear = max(best_wide, best_narrow) >= CHOICE_CLEAR_WIN * min(best_wide, best_narrow)
+            if st.pick is None:  # (the first pick)
+                st.interval = CHOICE_RETRY_RUNS * (8 if clear else 1)
+            elif pick == st.pick:
+                st.interval = min(st.interval * (8 if clear else 2), CHOICE_RETRY_RUNS * 64)
+            else:
+                st.interval = CHOICE_RETRY_RUNS
             st.pick, st.trial = pick, False
             st.left = st.interval
             st.until = self.clock() + CHOICE_RETRY_S * st.interval / CHOICE_RETRY_RUNS
