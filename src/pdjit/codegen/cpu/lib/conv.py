@@ -680,8 +680,10 @@ def _taps_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, r
                 while q0 < qz:
                     wide = q0 + nv * vw <= qz
                     width = nv * vw if wide else vw
-                    for r in range(r0, p1 if keep else r0):  # (whole vectors: not aside)
-                        vcopy(res, d0s + r * ds + q0, rk, (r - r0) * rq + q0 - qe, width // vw)
+                    if keep:  # (whole vectors: not aside)
+                        for r in range(r0, p1):
+                            vcopy(res, d0s + r * ds + q0, rk, (r - r0) * rq + q0 - qe,
+                                  width // vw)
                     for k0 in range(0, k_, kc):
                         k1 = k0 + kc if k0 + kc < k_ else k_
                         for m4 in range(p0, p1, rb):
