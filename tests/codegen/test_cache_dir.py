@@ -25,9 +25,12 @@ SCRIPT = textwrap.dedent("""
     from numba.core.dispatcher import Dispatcher
     from pdjit.codegen import compiler
     from numba.core.registry import cpu_target
-    refreshes = []
+    from numba.core.runtime import nrtdynmod
+    refreshes, runtime_compiles = [], []
     ctx = cpu_target.target_context
     ctx.refresh = lambda f=ctx.refresh: refreshes.append(1) or f()
+    nrtdynmod.create_nrt_module = (
+        lambda c, f=nrtdynmod.create_nrt_module: runtime_compiles.append(1) or f(c))
     main = fluid.Program()
     with fluid.program_guard(main, fluid.Program()):
         x = fluid.layers.data(name="x", shape=[2, 4, 4], dtype="float32")
@@ -49,7 +52,7 @@ SCRIPT = textwrap.dedent("""
         fluid.clear_cache()
     left = sorted(str(p) for p in d.rglob("*")) if d.exists() else []
     print(json.dumps({"out": out.tolist(), "gen": gen, "lib": lib, "refreshes": len(refreshes),
-                      "files": files, "left": left}))
+                      "runtime_compiles": len(runtime_compiles), "files": files, "left": left}))
 """)
 
 
@@ -89,6 +92,9 @@ def test_a_copied_cache_is_reused_and_clear_cache_empties_all_of_it(tmp_path):
     # loading compiled code does not refresh Numba's target context (~0.5 s: every registry
     # of Numba's implementations imported and installed); compiling does
     assert first["refreshes"] >= 1 and again["refreshes"] == 0, (first, again)
+    # Numba's runtime functions too: compiled by the first process, read back by the next
+    assert any(f.startswith("lib/") and "/runtime-" in f for f in first["files"]), first
+    assert first["runtime_compiles"] == 1 and again["runtime_compiles"] == 0, (first, again)
     assert again["files"] == first["files"]
     assert again["left"] == [], again["left"]      # clear_cache(): nothing left, library too
     assert not (tmp_path / "b").exists()
@@ -126,6 +132,45 @@ def test_warmup_compiles_the_library_into_the_cache_once(tmp_path):
     assert str(tmp_path / "lib") + os.sep in outs[0]
     assert list((tmp_path / "lib").glob("*/indexing.*.nbi"))
     assert list((tmp_path / "lib").glob("*/mathfuncs._exp_f32*.nbi"))
+    assert list((tmp_path / "lib").glob("*/runtime-*.pickle"))  # Numba's runtime functions
+
+
+def test_a_damaged_runtime_file_is_compiled_again(tmp_path):
+    """The library folder's copy of Numba's runtime functions, damaged, is compiled anew
+    (not loaded, not a crash), and the next process reads the new copy back."""
+    env = dict(os.environ, PDJIT_CACHE_DIR=str(tmp_path), PDJIT_COMPILE_WORKERS="0",
+               PDJIT_AUTO_WARMUP="0")
+    script = textwrap.dedent("""
+        import numpy as np
+        from numba.core.runtime import nrtdynmod
+        from pdjit.codegen.cpu.lib import conv
+        calls = []
+        nrtdynmod.create_nrt_module = (
+            lambda c, f=nrtdynmod.create_nrt_module: calls.append(1) or f(c))
+        x = np.arange(2 * 3 * 5 * 5, dtype=np.float32).reshape(2, 3, 5, 5)
+        w = np.ones((4, 3, 3, 3), np.float32)
+        y = np.zeros((2, 4, 3, 3), np.float32)
+        e = np.empty(0, np.float32)
+        conv._fwd_range(x, w, y, 0, 2, 1, 1, 0, 0, 1, 1, 1, e, -np.inf, np.inf, e)
+        want = np.stack([[x[n, :, i:i + 3, j:j + 3].sum() for i in range(3) for j in range(3)]
+                         for n in range(2)]).reshape(2, 1, 3, 3)
+        assert np.allclose(y, want), (y, want)
+        print("compiles", len(calls))
+    """)
+
+    def run():
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                              env=env, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout
+
+    assert "compiles 1" in run()
+    (path,) = (tmp_path / "lib").glob("*/runtime-*.pickle")
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    assert "compiles 1" in run()     # damaged: compiled again, and saved
+    assert "compiles 0" in run()     # read back
 
 
 

@@ -879,6 +879,7 @@ def warmup(dtypes=("float32",), target: str = "cpu") -> dict:
     for c, sig in todo:  # what no worker took (none, or a single core): compiled here
         if sig not in c.fn.overloads and not _is_cached(c, sig):
             c.fn.compile(sig)
+    diskcache.save_runtime_library()  # Numba's runtime functions, which loaded code needs
     try:
         (diskcache.library_dir() / diskcache.WARMUP_DONE).write_text(",".join(dtypes) + "\n")
     except OSError:
