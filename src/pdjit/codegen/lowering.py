@@ -1179,12 +1179,13 @@ class SegmentGen:
             if spec is not None else None
         if blocks is not None:
             if ok:
-                g = self._epilogue(kernel, kname, locals_, store_locals, params, blocks, inplace)
+                g = self._epilogue(kernel, kname, locals_, store_locals, params, blocks, inplace,
+                                   pname)
                 # the op's operands are read block by block during the call: only its output
                 # may be overwritten in place
                 self._note_inplace(kernel, locals_, store_locals, stored_chain,
-                                   {"call": g, "blocked": blocks, "argtypes": argtypes,
-                                    "map": {}}, only=y)
+                                   {"call": g, "parallel": pname, "blocked": blocks,
+                                    "argtypes": argtypes, "map": {}}, only=y)
                 return
             _, fn, before, after, _ = blocks  # the whole batch, then this group as usual
             self.emit(f"{fn}({', '.join(before + ['0', f'{y}.shape[0]'] + after)})")
@@ -1233,7 +1234,7 @@ class SegmentGen:
             _, fn, before, after, _ = call["blocked"]
             epi = next(c for g, c in self.calls if g == variant)
             variant = self._register(self._blocked_fn(kernel, fn, len(before), len(after),
-                                                      epi))
+                                                      epi, bool(call.get("parallel"))))
             self._epilogues[variant] = epi
         renames[call["call"]] = variant
         call["call"] = variant
@@ -1325,11 +1326,12 @@ class SegmentGen:
         return None
 
     def _epilogue(self, kernel, kname, locals_, store_locals, params, blocks,
-                  inplace=None) -> None:
+                  inplace=None, pname=None) -> None:
         """One compiled call: the opaque op's blocks of samples, each followed by this loop
-        kernel on it; on threads by blocks when large (a host driver). ``inplace``: ``{store
-        j: leaf i}``, the kernel is the variant writing stored value ``j`` into leaf ``i``
-        (whose local then holds that value too)."""
+        kernel on it; on threads by blocks when large (a host driver), a large block's
+        epilogue by its parallel variant ``pname``. ``inplace``: ``{store j: leaf i}``, the
+        kernel is the variant writing stored value ``j`` into leaf ``i`` (whose local then
+        holds that value too)."""
         name, fn, before, after, work = blocks
         y = self.current[name]
         lines, args = self.target.call_site(kernel, self.fresh, self.flats, locals_,
@@ -1337,10 +1339,11 @@ class SegmentGen:
         for line in lines:
             self.emit(line)
         epi = next(c for g, c in self.calls if g == kname)
-        g = self._register(self._blocked_fn(kernel, fn, len(before), len(after), epi))
+        g = self._register(self._blocked_fn(kernel, fn, len(before), len(after), epi,
+                                            pname is not None))
         self._epilogues[g] = epi
-        rest = [f"{y}.shape[0]"] + before + after + args
-        self._named(g)
+        rest = [f"{y}.shape[0]"] + ([pname] if pname else []) + before + after + args
+        self._named(g, pname)
         if self.native:
             self.emit(f"{g}(0, {y}.shape[0], {', '.join(rest)})")
         else:
@@ -1348,12 +1351,14 @@ class SegmentGen:
                       f"{', '.join(rest)}, head=0)")
         return g
 
-    def _blocked_fn(self, kernel, fn: str, nbefore: int, nafter: int, epi):
+    def _blocked_fn(self, kernel, fn: str, nbefore: int, nafter: int, epi,
+                    parallel: bool = False):
         """The loop over blocks of samples calling the opaque op's ``fn`` then the epilogue
         kernel ``epi`` on each: compiled in a native driver (no Python between kernels there);
         in a host driver a :class:`HostFunction` (Python calling both compiled functions), so
-        no copy of the library kernel is compiled into it."""
-        src = self.target.blocked_kernel(kernel, fn, nbefore, nafter)
+        no copy of the library kernel is compiled into it; ``parallel``: it takes the
+        epilogue's parallel variant (a host driver's)."""
+        src = self.target.blocked_kernel(kernel, fn, nbefore, nafter, parallel)
         if self.native:
             return compile_function(src, "kernel", target=self.target.name, calls=[("E", epi)])
         return HostFunction(src, "kernel", calls=[("E", epi)], target=self.target.name)

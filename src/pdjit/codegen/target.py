@@ -281,8 +281,10 @@ class Target:
         """A segment's driver compiled as one native function (``native_drivers`` only)."""
         raise NotImplementedError(f"the {self.name} target has no native drivers")
 
-    def blocked_kernel(self, k, fn: str, nbefore: int, nafter: int) -> str:
-        """An opaque op computed by blocks, ``k`` its epilogue (``block_forms`` only)."""
+    def blocked_kernel(self, k, fn: str, nbefore: int, nafter: int,
+                       parallel: bool = False) -> str:
+        """An opaque op computed by blocks, ``k`` its epilogue (``block_forms`` only);
+        ``parallel``: the kernel takes the epilogue's parallel variant after ``N``."""
         raise NotImplementedError(f"the {self.name} target has no blocked epilogues")
 
     def loop_kernel(self, var: str, params: list, before: list, body: list) -> str:

@@ -101,3 +101,57 @@ def _with_params(main, scope):
     for v in main.global_block().all_parameters():
         scope.var(v.name).value = np.ones(v.shape, np.float32)
     return scope
+
+
+def test_a_blocked_epilogue_of_one_sample_runs_its_parallel_variant(monkeypatch):
+    """A product by a weight over one sample's sequence, its bias and gelu the epilogue of its
+    blocks: the host driver cannot split one sample by samples, so a block of
+    ``parallel_min_elements`` (a math function: 16x fewer) runs the epilogue's parallel
+    variant (compiled when first reached; here in the run, ``LAZY_THREAD`` off), the memory
+    plan's in-place variant of it too; a smaller block runs the serial kernel."""
+    import math
+
+    from pdjit.codegen.cpu import target
+    from pdjit.codegen.cpu.target import MATH_WORK
+
+    monkeypatch.setattr(target, "LAZY_THREAD", False)
+    fluid.set_num_threads(2)
+    try:
+        if threads.max_loop_threads() < 2:
+            import pytest
+            pytest.skip("one core: no parallel loops")
+        main, startup = fluid.Program(), fluid.Program()
+        with fluid.program_guard(main, startup), fluid.unique_name.guard():
+            x = fluid.layers.data(name="x", shape=[-1, -1, 32], dtype="float32",
+                                  append_batch_size=False)
+            y = fluid.layers.fc(x, 1024, num_flatten_dims=2, act="gelu")
+        scope = fluid.Scope()
+        exe = fluid.Executor(memory_optim=True)
+        exe.run(startup, scope=scope)
+        w, b = (np.asarray(scope.find_var(n).get_tensor()) for n in ("fc_0.w_0", "fc_0.b_0"))
+        erf = np.vectorize(math.erf)
+        lazies = []
+        for rows in (8, PARALLEL_MIN_SIZE // MATH_WORK // 1024):  # below, at the threshold
+            xv = np.random.default_rng(rows).normal(size=(1, rows, 32)).astype(np.float32)
+            (got,) = exe.run(main, feed={"x": xv}, fetch_list=[y], scope=scope)
+            h = xv.astype(np.float64) @ w + b
+            np.testing.assert_allclose(got, 0.5 * h * (1 + erf(h / math.sqrt(2))), rtol=1e-5,
+                                       atol=1e-5)
+            (step,) = [s for _, p in exe._plans.values() for s in p.walk()
+                       if s.kind == "native" and "split_work(K" in s.compiled.text]
+            ns = step.compiled.fn.__globals__
+            (lazy,) = [ns[g] for g, _ in step.compiled.lazy]
+            # the blocked call is given the parallel variant
+            assert f", {lazy_name(ns, lazy)}, " in \
+                step.compiled.text.split("split_work(K")[1].split("\n")[0]
+            lazies.append((lazy, lazy.fn))
+        (small, before), (big, after) = lazies
+        assert small is big and before is None     # the small block: the serial kernel
+        assert after is not None and big.failed is None and after.signatures
+        assert_native(exe)
+    finally:
+        fluid.set_num_threads(1)
+
+
+def lazy_name(ns: dict, lazy) -> str:
+    return next(g for g, v in ns.items() if v is lazy)

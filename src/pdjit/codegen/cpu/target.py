@@ -52,15 +52,24 @@ PARALLEL_OPTIONS = JIT_OPTIONS + ", parallel=True"
 # higher (measured: LeNet's bias + relu over 221,184 elements took 337 us on 2 threads and
 # 56 us on one).
 PARALLEL_MIN_SIZE = 1 << 20
+#: a loop kernel that calls math functions (exp, tanh, erf: tens of instructions an element)
+#: runs on the threads from this many times fewer elements (as softmax's rows do, measured:
+#: ``ctx.loop``'s ``work``)
+MATH_WORK = 16
+
+
+def parallel_min_elements(k: LoopKernel) -> int:
+    """The elements from which the loop kernel ``k`` runs its parallel variant."""
+    return PARALLEL_MIN_SIZE // (MATH_WORK if k.math else 1)
 
 
 def call_site(k: LoopKernel, fresh, flats: dict, leaves: list, stores: list,
               red_out: str | None, params: list, kname: str, pname: str | None = None,
               inplace: dict | None = None) -> list:
     """The shared call site (:func:`pdjit.codegen.driver.call_site`): outputs allocated with
-    NumPy, the parallel variant ``pname`` called from :data:`PARALLEL_MIN_SIZE` elements."""
+    NumPy, the parallel variant ``pname`` called from :func:`parallel_min_elements`."""
     return driver.call_site(k, fresh, flats, leaves, stores, red_out, params, kname, pname,
-                            inplace=inplace, parallel_min_size=PARALLEL_MIN_SIZE)
+                            inplace=inplace, parallel_min_size=parallel_min_elements(k))
 
 
 # ---- an opaque op computed by blocks of samples, its epilogue after each block ---------------
@@ -70,24 +79,34 @@ BLOCK_FORMS = ("flat", "row", "mid")
 BLOCK_ELEMS = 1 << 16
 
 
-def blocked_kernel(k: LoopKernel, fn: str, nbefore: int, nafter: int) -> str:
+def blocked_kernel(k: LoopKernel, fn: str, nbefore: int, nafter: int,
+                   parallel: bool = False) -> str:
     """Source of ``kernel(n0, n1, N, r0.., L0.., O0.., p0.., sizes)``: for each block
     ``b0..b1`` of the samples ``n0..n1`` (of ``N``), ``fn(r<before>, b0, b1, r<after>)``
     computes the block of an opaque op's output, then the epilogue kernel ``E`` (global: the
     compiled ``k``) runs on it while it is in cache: its full leaves and outputs (flat,
     ``L``/``O``) sliced to the block, its other leaves whole, its sizes (those of the whole
-    batch) scaled to the block."""
+    batch) scaled to the block. ``parallel`` (a host driver's): ``kernel(n0, n1, N, EP, ...)``
+    where ``EP`` is the epilogue's parallel variant (a :class:`_LazyKernel`), which runs a
+    block of :func:`parallel_min_elements` or more (a batch of one, whose block the host
+    driver cannot split by samples: an encoder's gelu after its first feed-forward product)."""
     nl, no = len(k.leaves), len(k.stores)
     rs = [f"r{i}" for i in range(nbefore + nafter)]
     sizes = {"flat": ["n"], "row": ["nr", "nc"], "mid": ["no", "nm", "ni"]}[k.form]
-    params = ["n0", "n1", "N"] + rs + [f"L{i}" for i in range(nl)] + \
-        [f"O{j}" for j in range(no)] + [f"p{i}" for i in range(k.nparams)] + sizes
+    params = ["n0", "n1", "N"] + (["EP"] if parallel else []) + rs + \
+        [f"L{i}" for i in range(nl)] + [f"O{j}" for j in range(no)] + \
+        [f"p{i}" for i in range(k.nparams)] + sizes
     full = next(i for i, leaf in enumerate(k.leaves) if leaf.place == FULL)
     args = [f"L{i}[lo:hi]" if leaf.place == FULL else f"L{i}"
             for i, leaf in enumerate(k.leaves)]
     args += [f"O{j}[lo:hi]" for j in range(no)] + [f"p{i}" for i in range(k.nparams)]
     args += [f"{sizes[0]} // N * (b1 - b0)"] + sizes[1:]
     call = ", ".join(rs[:nbefore] + ["b0", "b1"] + rs[nbefore:])
+    epilogue = [f"        E({', '.join(args)})"]
+    if parallel:
+        epilogue = [f"        if hi - lo >= {parallel_min_elements(k)}:",
+                    f"            EP({', '.join(['E'] + args)})",
+                    "        else:", "    " + epilogue[0]]
     return "\n".join([
         f"def kernel({', '.join(params)}):",
         "    if N == 0:",
@@ -98,7 +117,7 @@ def blocked_kernel(k: LoopKernel, fn: str, nbefore: int, nafter: int) -> str:
         "        b1 = min(b0 + nb, n1)",
         f"        {fn}({call})",
         "        lo, hi = b0 * per, b1 * per",
-        f"        E({', '.join(args)})"])
+        *epilogue])
 
 
 # ---- the host driver ---------------------------------------------------------------------------
