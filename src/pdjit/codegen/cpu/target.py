@@ -88,8 +88,9 @@ def blocked_kernel(k: LoopKernel, fn: str, nbefore: int, nafter: int,
     ``L``/``O``) sliced to the block, its other leaves whole, its sizes (those of the whole
     batch) scaled to the block. ``parallel`` (a host driver's): ``kernel(n0, n1, N, EP, ...)``
     where ``EP`` is the epilogue's parallel variant (a :class:`_LazyKernel`), which runs a
-    block of :func:`parallel_min_elements` or more (a batch of one, whose block the host
-    driver cannot split by samples: an encoder's gelu after its first feed-forward product)."""
+    block of :func:`parallel_min_elements` or more where the call has the whole batch (one the
+    host driver did not split by samples over threads, whose parts would each start a team of
+    their own: a batch of one, an encoder's gelu after its first feed-forward product)."""
     nl, no = len(k.leaves), len(k.stores)
     rs = [f"r{i}" for i in range(nbefore + nafter)]
     sizes = {"flat": ["n"], "row": ["nr", "nc"], "mid": ["no", "nm", "ni"]}[k.form]
@@ -104,7 +105,7 @@ def blocked_kernel(k: LoopKernel, fn: str, nbefore: int, nafter: int,
     call = ", ".join(rs[:nbefore] + ["b0", "b1"] + rs[nbefore:])
     epilogue = [f"        E({', '.join(args)})"]
     if parallel:
-        epilogue = [f"        if hi - lo >= {parallel_min_elements(k)}:",
+        epilogue = [f"        if hi - lo >= {parallel_min_elements(k)} and n1 - n0 == N:",
                     f"            EP({', '.join(['E'] + args)})",
                     "        else:", "    " + epilogue[0]]
     return "\n".join([
