@@ -149,6 +149,11 @@ def test_a_blocked_epilogue_of_one_sample_runs_its_parallel_variant(monkeypatch)
         assert small is big and before is None     # the small block: the serial kernel
         assert after is not None and big.failed is None and after.signatures
         assert_native(exe)
+        # the same bits as one thread's serial epilogue
+        fluid.set_num_threads(1)
+        (one,) = fluid.Executor(memory_optim=True).run(main, feed={"x": xv}, fetch_list=[y],
+                                                       scope=scope)
+        np.testing.assert_array_equal(got, one)
     finally:
         fluid.set_num_threads(1)
 
