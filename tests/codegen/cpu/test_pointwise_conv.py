@@ -170,6 +170,9 @@ def test_split_work_parts_by_channels(monkeypatch):
     monkeypatch.setattr(team, "LOOK_AGAIN_S", 0.0)
     e = np.empty(0, np.float32)
     seen = []
+    # (the row tiles' split by pixels, which a loop made ready elsewhere would take first:
+    # the test below)
+    monkeypatch.setattr(pointwise, "_pixel_bounds", lambda parts, p_: None)
     for mod, name in ((pointwise, "_tile_bounds"), (conv, "_channel_bounds")):
         real = getattr(mod, name)
         monkeypatch.setattr(mod, name, lambda *a, real=real, name=name: seen.append(
@@ -200,3 +203,49 @@ def test_split_work_parts_by_channels(monkeypatch):
             bounds = found and (found[0] if packed else found)
             assert (bounds and list(np.diff(bounds))) == want
             assert np.array_equal(y, one)
+
+
+def test_row_tiles_split_by_pixels(monkeypatch):
+    """A one-sample call on the row tiles splits by ranges of whole panels of pixels (the
+    last range taking what is left: planes that are no multiple of ``NR``), by a parallel
+    loop: each part computes every output channel of its pixels, the one call's bits; a
+    plane of one panel is not split."""
+    from pdjit.codegen.cpu.lib import conv, team
+
+    monkeypatch.setattr(conv, "loop_threads", lambda: 3)
+    monkeypatch.setattr(team, "AFTER_RUNS", 0)
+    monkeypatch.setattr(team, "COMPILE", True)
+    monkeypatch.setattr(team, "_READY", {})   # (the loops made ready here stay here)
+    calls = []
+    real = pgemm.rows_by_pixels
+    real_run = team.run
+    monkeypatch.setattr(team, "run", lambda loop, call: calls.append(
+        (loop, call[3].tolist() if loop is real else None)) or real_run(loop, call))
+    nr = pgemm.panel_width(np.float32)
+    # (C, M, H, the ranges' pixels or None: not split by pixels)
+    for c, m, h, want in [(16, 96, 40, [512, 512, 576]), (24, 20, 23, [192, 192, 145]),
+                          (32, 16, 24, [192, 192, 192]), (16, 48, 8, None)]:
+        if want is not None:
+            assert pointwise._choice(m, c, h * h) == 1
+        x = RNG.standard_normal((1, c, h, h)).astype(np.float32)
+        w = RNG.standard_normal((m, c, 1, 1)).astype(np.float32)
+        bias = RNG.standard_normal(m).astype(np.float32)
+        res = RNG.standard_normal(m * h * h).astype(np.float32)
+        ap = pointwise.pointwise_weight(w, h * h)
+        if not ap.size:
+            assert want is None
+            continue
+        one = np.full((1, m, h, h), np.nan, np.float32)
+        pointwise.pointwise_range(x, w, ap, one, 0, 1, 1, 1, 0, 0, 1, 1, 1, bias, -1.0, 6.0, res)
+        np.testing.assert_allclose(one, _oracle(x, w, bias, res, -1.0, 6.0), rtol=1e-4,
+                                   atol=1e-4)
+        y = np.full((1, m, h, h), np.nan, np.float32)
+        calls.clear()
+        conv.split_work(pointwise.pointwise_range, 1, 1 << 30, x, w, ap, y, 1, 1, 0, 0, 1, 1,
+                        1, bias, -1.0, 6.0, res, head=4)
+        got = [b for loop, b in calls if loop is real]
+        if want is None:
+            assert got == []
+        else:
+            assert got and list(np.diff(got[0])) == want and all(b % nr == 0 for b in got[0][:-1])
+        assert np.array_equal(y, one)

@@ -501,6 +501,9 @@ def test_pointwise_convolutions_split_by_channels_and_samples(two_asked, monkeyp
     monkeypatch.setattr(team, "AFTER_RUNS", 0)
     monkeypatch.setattr(team, "LOOK_AGAIN_S", 0.0)
     monkeypatch.setattr(convlib, "_PARALLEL_MIN_WORK", 0)
+    # (the row tiles' split by pixels, which a loop made ready elsewhere would take first:
+    # test_pointwise_conv.py)
+    monkeypatch.setattr(pointwise, "_pixel_bounds", lambda parts, p_: None)
     parts = []  # the ranges of each split call, by run_parts' helpers or a parallel loop
     real = pointwise._tile_bounds
     monkeypatch.setattr(pointwise, "_tile_bounds", lambda *a: parts.append(real(*a)) or parts[-1])

@@ -34,7 +34,7 @@ import llvmlite.ir as ir
 import numba
 import numpy as np
 from numba.core import cgutils, types
-from numba.extending import intrinsic, overload
+from numba.extending import intrinsic, overload, register_jitable
 
 from pdjit.codegen import params
 from pdjit.codegen.cpu import rt, threads
@@ -44,7 +44,8 @@ from pdjit.codegen.cpu.lib.tile import TILE_BYTES, _masked, _offset, _splat, _ve
 
 __all__ = ["pack_a", "pack_b", "pack_scaled", "packed_batches", "packed_gemm",
            "packed_rows_size", "packed_weight", "panel_width", "pointwise_cols",
-           "pointwise_rows", "weight_gemm", "weight_rows", "weight_split_work"]
+           "pointwise_rows", "rows_by_pixels", "weight_gemm", "weight_rows",
+           "weight_split_work"]
 
 #: rows of a block of ``c`` (broadcast values of ``a``) and vectors of columns per panel: 24
 #: accumulators of the 32 vector registers of AVX-512
@@ -701,27 +702,48 @@ def pointwise_rows(x, ap, y, n0, n1, bias, lo, hi, res):
     m_, c_ = y.shape[1], x.shape[1]
     p_ = y.shape[2] * y.shape[3]
     nb = (m_ + MR - 1) // MR
-    nr = NV * (64 // x.itemsize)
     if x.shape[0] != y.shape[0] or x.shape[2] * x.shape[3] != p_ or \
             ap.shape[0] != nb * c_ * MR or (bias.shape[0] != 0 and bias.shape[0] != m_) or \
             (res.shape[0] != 0 and res.shape[0] != y.size) or n0 < 0 or n1 > x.shape[0]:
         raise ValueError("pdjit: pointwise convolution operands do not fit")
     xf = x.reshape(x.size)
     yf = y.reshape(y.size)
-    # the pixels by blocks whose columns of the image fit _BLOCK_BYTES (the whole plane where
-    # it does), every tile of output channels swept over one block before the next
-    pb = max(nr, _BLOCK_BYTES // (c_ * x.itemsize) // nr * nr)
     for n in range(n0, n1):
-        xb, yb = n * c_ * p_, n * m_ * p_
-        for b0 in range(0, p_, pb):
-            b1 = p_ if p_ - b0 < pb else b0 + pb
-            for i in range(nb):
-                m0 = i * MR
-                rows = m_ - m0 if m_ - m0 < MR else MR
-                for q0 in range(b0, b1, nr):
-                    cols = b1 - q0 if b1 - q0 < nr else nr
-                    _conv_micro(ap, i * c_ * MR, rows, c_, xf, xb + q0, p_, yf,
-                                yb + m0 * p_ + q0, p_, cols, bias, m0, res, lo, hi)
+        _rows_pixels(xf, ap, yf, n, c_, m_, p_, 0, p_, bias, lo, hi, res)
+
+
+@register_jitable
+def _rows_pixels(xf, ap, yf, n, c_, m_, p_, q_lo, q_hi, bias, lo, hi, res):
+    """Pixels ``q_lo .. q_hi`` (``q_lo`` a multiple of ``NR``) of sample ``n`` of
+    :func:`pointwise_rows` (flat operands): the pixels by blocks whose columns of the image fit
+    :data:`_BLOCK_BYTES` (the whole range where it does), every tile of output channels swept
+    over one block before the next. Each output's sum is the whole call's, bit for bit."""
+    nb = (m_ + MR - 1) // MR
+    nr = NV * (64 // xf.itemsize)
+    pb = max(nr, _BLOCK_BYTES // (c_ * xf.itemsize) // nr * nr)
+    xb, yb = n * c_ * p_, n * m_ * p_
+    for b0 in range(q_lo, q_hi, pb):
+        b1 = q_hi if q_hi - b0 < pb else b0 + pb
+        for i in range(nb):
+            m0 = i * MR
+            rows = m_ - m0 if m_ - m0 < MR else MR
+            for q0 in range(b0, b1, nr):
+                cols = b1 - q0 if b1 - q0 < nr else nr
+                _conv_micro(ap, i * c_ * MR, rows, c_, xf, xb + q0, p_, yf,
+                            yb + m0 * p_ + q0, p_, cols, bias, m0, res, lo, hi)
+
+
+@pjit
+def rows_by_pixels(x, ap, y, bounds, bias, lo, hi, res):
+    """:func:`pointwise_rows` of one sample in the ranges of pixels ``bounds`` (multiples of
+    ``NR`` but the end), one per thread of a parallel loop (``lib.team``): each part reads its
+    own pixels of the image and the whole packed filter, and writes its pixels of every
+    output channel; the same bits as one call."""
+    c_, m_, p_ = x.shape[1], y.shape[1], y.shape[2] * y.shape[3]
+    xf = x.reshape(x.size)
+    yf = y.reshape(y.size)
+    for p in numba.prange(bounds.shape[0] - 1):
+        _rows_pixels(xf, ap, yf, 0, c_, m_, p_, bounds[p], bounds[p + 1], bias, lo, hi, res)
 
 
 #: the tile of :func:`pointwise_cols`: ``MR`` pixels by ``NV`` vectors of output channels

@@ -59,6 +59,7 @@ from pdjit.codegen.cpu.lib.pgemm import (
     pack_scaled,
     pointwise_cols,
     pointwise_rows,
+    rows_by_pixels,
 )
 
 __all__ = ["pointwise_range", "pointwise_range_cols", "pointwise_range_rows",
@@ -282,10 +283,24 @@ def _tile_bounds(parts, m_, c_, p_):
     return bounds, [-(-b // step) * step for b in bounds[1:]], cols
 
 
+def _pixel_bounds(parts, p_):
+    """The first pixel of each of at most ``parts`` ranges of a plane of ``p_`` pixels on the
+    row tiles (panels of ``NR`` pixels dealt out evenly, the last one short where ``p_`` is
+    no multiple of ``NR``), then the end; None where there is one range."""
+    units = -(-p_ // _NR)
+    k = min(parts, units)
+    if k < 2:
+        return None
+    return np.array([units * i // k * _NR for i in range(k)] + [p_], np.int64)
+
+
 def _split(parts, work, x, w, ap, y, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res):
-    """A one-sample :func:`pointwise_range` split over at most ``parts`` ranges of its output
-    channels (``conv.split_work``; :func:`.conv.split_channels` says when): on the packed
-    kernels by :func:`_tile_bounds`, each part's slice of ``ap`` the packed rows of its
+    """A one-sample :func:`pointwise_range` split over at most ``parts`` ranges: on the row
+    tiles by ranges of its pixels (:func:`.pgemm.rows_by_pixels`, by a parallel loop where
+    ready: each part reads only its pixels of the image, mostly what the layer before wrote
+    on the same thread where that layer split by pixels too); else of its output channels
+    (``conv.split_work``; :func:`.conv.split_channels` says when): on the packed kernels by
+    :func:`_tile_bounds`, each part's slice of ``ap`` the packed rows of its
     channels, by a parallel loop (:func:`_by_channels`, where ready) or on ``run_parts``'
     helpers; else :func:`.conv._fwd_range`'s parts. Each output is summed as the whole call
     sums it (in order of the input channels, whatever the tile's other rows), so the result
@@ -293,7 +308,13 @@ def _split(parts, work, x, w, ap, y, sh, sw, pt, pl, dh, dw, groups, bias, lo, h
     rest = (sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
     if not _packed(x, ap, y, bias, res):
         return _conv.split_channels(_conv._fwd_range, parts, work, (x, w, y, *rest))
-    found = _tile_bounds(parts, y.shape[1], x.shape[1], y.shape[2] * y.shape[3])
+    p_ = y.shape[2] * y.shape[3]
+    if work >= _conv._TEAM_MIN_WORK and _choice(y.shape[1], x.shape[1], p_) == 1:
+        pixels = _pixel_bounds(parts, p_)
+        if pixels is not None and team.run(rows_by_pixels, (x, ap, y, pixels, bias, float(lo),
+                                                             float(hi), res)):
+            return True
+    found = _tile_bounds(parts, y.shape[1], x.shape[1], p_)
     if found is None:
         return False
     bounds, ends, cols = found
@@ -359,4 +380,6 @@ compile_cost(1.6, _by_channels)
 # lib.team.ready)
 jobs("pointwise._by_channels (warmup)")(lambda T: [] if np.dtype(T) != np.float32 else [
     (_by_channels, ((T, 4), (T, 1), (T, 4), (np.int64, 1), (np.int64, 1), bool, (T, 1), float,
-                    float, (T, 1)))])
+                    float, (T, 1))),
+    (rows_by_pixels, ((T, 4), (T, 1), (T, 4), (np.int64, 1), (T, 1), float, float, (T, 1)))])
+compile_cost(0.9, rows_by_pixels)
