@@ -26,9 +26,9 @@ the program writes): the packed copy is kept beside the array (:mod:`pdjit.codeg
 and made again after a run that may write it (training). Compiled code (a native driver, an
 ahead-of-time artifact) packs once per run, where the batch is large enough for the copy not
 to count (:data:`NATIVE_MIN_PIXELS`), else runs :func:`.conv._fwd_range`. A one-sample call
-from the host driver is split over threads by whole tiles of the packed filter's output
-channels (:func:`_split`, for ``conv.split_work``: by a parallel loop where it is ready),
-a batch by samples.
+from the host driver is split over threads (:func:`_split`, for ``conv.split_work``): on
+the row tiles by whole panels of pixels (by a parallel loop where it is ready), else by whole
+tiles of the packed filter's output channels; a batch by samples.
 
 Measured alone (``benchmarks/bench_pointwise.py --rounds 3``: one thread, float32, bias +
 relu, medians of thread time on the shared 2-vCPU machine at load 0.9, ms, the packed kernel
