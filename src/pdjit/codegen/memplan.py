@@ -556,14 +556,14 @@ def _plan_driver(source: str, labels: dict | None = None, estimates: dict | None
     for local in sorted((n for n in inplace if n in cands), key=lambda n: cands[n][0]):
         i = cands[local][0]
         full, others, variant = (tuple(inplace[local]) + (None,))[:3]
+        outs = {n for n, bs in aliases.bufs.items() if i in bs}  # the output's names
         for leaf in full:
             bufs = aliases.bufs.get(leaf, set())
             if len(bufs) != 1 or bufs & taken:
                 continue
             buf = next(iter(bufs))
             users = [n for n, bs in aliases.bufs.items() if buf in bs]
-            call = _first_call_with(stmts, i, {n for n, bs in aliases.bufs.items() if i in bs},
-                                    set(users))
+            call = _first_call_with(stmts, i, outs, set(users))
             if call is None or any(n in returned or n in params or
                                    live.end_of.get(n, -1) > call for n in users) or \
                     any(buf in aliases.bufs.get(m, ()) for m in others):

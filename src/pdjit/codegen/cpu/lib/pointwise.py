@@ -325,7 +325,7 @@ def _split(parts, work, x, w, ap, y, sh, sw, pt, pl, dh, dw, groups, bias, lo, h
             return True
     if work < _conv._CHANNELS_MIN_WORK:
         return False
-    c_, p_ = x.shape[1], y.shape[2] * y.shape[3]
+    c_ = x.shape[1]
     calls = [(x, w[a:b], ap[a * c_:end * c_], y[:, a:b], 0, 1, sh, sw, pt, pl, dh, dw, groups,
               bias[a:b] if bias.size else bias, lo, hi, res[a * p_:b * p_] if res.size else res)
              for a, b, end in zip(bounds, bounds[1:], ends)]
