@@ -39,8 +39,9 @@ def test_both_orientations_against_numpy():
         bias = RNG.standard_normal(m).astype(np.float32)
         res = RNG.standard_normal(n * m * h * wd).astype(np.float32)
         ap = pointwise.pointwise_weight(w, h * wd)
+        step = 48 if pointwise._kind(m, c, h * wd, True) == 3 else 64  # (panels of channels)
         assert ap.size == (pgemm.packed_rows_size(m, c) if h * wd >= pointwise.ROWS_MIN_PLANE
-                           else -(-m // 64) * 64 * c)
+                           else -(-m // step) * step * c)
         assert pointwise.pointwise_weight(w, h * wd) is ap     # kept beside the filter
         for b, r, lo, hi in [(e, e, -INF, INF), (bias, e, -INF, INF), (e, res, -INF, INF),
                              (e, e, 0.0, INF), (bias, res, 0.0, 6.0)]:
@@ -156,8 +157,8 @@ def test_compiled_code_packs_at_each_run():
 def test_split_work_parts_by_channels(monkeypatch):
     """``conv.split_work`` splits a one-sample call over whole tiles of the packed filter's
     output channels dealt out evenly (row tiles of ``MR``: 25 tiles, the last short, in
-    parts of 8, 8 and 9; transposed tiles: panels of ``NR``, the last part at least
-    ``MIN_CHANNELS``), over
+    parts of 8, 8 and 9; transposed tiles: panels of 48 or 64 channels, the last part at
+    least ``MIN_CHANNELS``), over
     ``conv._fwd_range``'s parts where nothing is packed, and runs it whole where there is one
     part; on ``run_parts``' helpers, then by a parallel loop; every result is
     the one call's bit for bit."""
@@ -179,7 +180,8 @@ def test_split_work_parts_by_channels(monkeypatch):
             (name, real(*a))) or seen[-1][1])
     # (C, M, H, packed, the parts' channels)
     for c, m, h, packed, want in [(19, 149, 32, True, [48, 48, 53]),
-                                  (40, 140, 7, True, [64, 76]),
+                                  (40, 140, 7, True, [48, 48, 44]),
+                                  (40, 128, 6, True, [64, 64]),
                                   (40, 70, 7, False, [32, 38]),
                                   (40, 17, 7, True, None), (40, 40, 7, False, None)]:
         x = RNG.standard_normal((1, c, h, h)).astype(np.float32)

@@ -22,7 +22,7 @@ and runs the same kernel, bit for bit.
 
 The same generator (:func:`_micro_kernel`) makes the tiles of pointwise convolutions
 (:func:`pointwise_rows`: the filter packed by blocks of ``MR`` rows, the image in place as the
-right operand; :func:`pointwise_cols`: the product transposed, the filter packed as a weight,
+right operand; ``pointwise.conv_cols``: the product transposed, the filter packed as a weight,
 stores by scatters), which :mod:`.pointwise` picks between.
 
 Measured against OpenBLAS 0.3.31 (``np.dot``, one thread, float32, the shapes of a BERT-like
@@ -43,7 +43,7 @@ from pdjit.codegen.cpu.lib._jit import blas_gemm, compile_cost, jit, jobs, may_s
 from pdjit.codegen.cpu.lib.tile import TILE_BYTES, _masked, _offset, _splat, _vectors
 
 __all__ = ["pack_a", "pack_b", "pack_scaled", "packed_batches", "packed_gemm",
-           "packed_rows_size", "packed_weight", "panel_width", "pointwise_cols",
+           "packed_rows_size", "packed_weight", "panel_width",
            "pointwise_rows", "rows_by_pixels", "weight_gemm", "weight_rows",
            "weight_split_work"]
 
@@ -62,7 +62,8 @@ def panel_width(dtype) -> int:
     return NV * (TILE_BYTES // np.dtype(dtype).itemsize)
 
 
-def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool = False):
+def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool = False,
+                  far: bool = False):
     """The intrinsic of a tile of ``mr`` rows by ``nv`` vectors of columns of a product.
 
     ``micro(a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0, res, lo, hi)``
@@ -83,6 +84,10 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
     ``c[c0 + r*ldc + q]`` (the residual too): ``c``'s columns stored by masked scatters
     (once per tile, after the whole sum).
 
+    ``far`` (not with ``conv``): one more argument, ``pfo``: each step prefetches the panel's
+    values ``pfo`` past the row it loads into the L2 cache (rather than ``pf`` rows ahead into
+    L1), so that a tile can fetch the next chunk of a panel that the tiles after it read.
+
     ``bias``, ``res`` empty: no add; ``clamp`` as :func:`.tile.clamp_run` (``lo``, ``hi``
     float64, infinite: none). All arrays flat and C-contiguous; offsets the caller's to keep
     in bounds. The sums run in order of ``k``, each a fused multiply-add, in vector registers
@@ -94,10 +99,11 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
             a0v, rowsv, kkv, b0v, ldbv, c0v, ldcv, colsv, n0v = (
                 _offset(context, builder, at[i], args[i]) for i in (1, 2, 3, 5, 6, 8, 9, 10, 12))
         else:  # a, a0, lda (trans: ka), rows, kk, bp, b0, c, c0, ldc (ldq), cols, bias, n0,
-            # res, lo, hi
+            # res, lo, hi (far: pfo)
             ia, ib, ic, ibias, ires, ilo = 0, 5, 7, 11, 13, 14
             a0v, ldav, rowsv, kkv, b0v, c0v, ldcv, colsv, n0v = (
                 _offset(context, builder, at[i], args[i]) for i in (1, 2, 3, 4, 6, 8, 9, 10, 12))
+            pfov = _offset(context, builder, at[16], args[16]) if far else None
         ptr = [context.make_array(at[i])(context, builder, args[i]) for i in (ia, ib, ic, ibias)]
         aptr, bptr, cptr, biasa = ptr[0].data, ptr[1].data, ptr[2].data, ptr[3]
         fty, size, lanes, vty, i64, zero, fma = _vectors(context, builder, at[0].dtype)
@@ -174,10 +180,13 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
                     abase = builder.add(a0v, builder.mul(k, const(mr)))
                 else:
                     base = builder.add(b0v, builder.mul(k, const(nr)))
-                    for v in range(nv if pf else 0):  # the panel's row pf steps ahead
-                        p = builder.gep(bptr, [builder.add(base, const(pf * nr + v * lanes))])
+                    # the panel's row pf steps ahead (far: pfo values past, into L2)
+                    ahead = builder.add(base, pfov) if far else \
+                        builder.add(base, const(pf * nr))
+                    for v in range(nv if pf or far else 0):
+                        p = builder.gep(bptr, [builder.add(ahead, const(v * lanes))])
                         builder.call(prefetch, [builder.bitcast(p, i8p)] + [
-                            ir.Constant(ir.IntType(32), x) for x in (0, 3, 1)])
+                            ir.Constant(ir.IntType(32), x) for x in (0, 2 if far else 3, 1)])
                 bv = []
                 for v in range(nv):
                     p = builder.bitcast(builder.gep(bptr, [builder.add(base, const(v * lanes))]),
@@ -256,6 +265,16 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
                 return None
             return types.void(a, a0, rows, kk, b, b0, ldb, c, c0, ldc, cols, bias, m0, res, lo,
                               hi), codegen
+        return micro
+
+    if far:
+        @intrinsic
+        def micro(typingctx, a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0, res, lo,
+                  hi, pfo):
+            if not typed((a, bp, c, bias, res), (lo, hi), a.dtype):
+                return None
+            return types.void(a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0, res,
+                              lo, hi, pfo), codegen
         return micro
 
     @intrinsic
@@ -746,36 +765,8 @@ def rows_by_pixels(x, ap, y, bounds, bias, lo, hi, res):
         _rows_pixels(xf, ap, yf, 0, c_, m_, p_, bounds[p], bounds[p + 1], bias, lo, hi, res)
 
 
-#: the tile of :func:`pointwise_cols`: ``MR`` pixels by ``NV`` vectors of output channels
-_convt_micro = _micro_kernel(MR, NV, PREFETCH_ROWS, trans=True)
-
-
-@jit
-def pointwise_cols(x, bp, y, n0, n1, bias, lo, hi, res):
-    """:func:`pointwise_rows` with the product transposed: ``y[n]^T = x[n]^T @ W^T``, ``W^T``
-    ([C, M]) packed into panels of ``NR`` output channels (:func:`pack_b`, as
-    :func:`packed_weight` packs ``W`` with ``trans``), each tile ``MR`` pixels (broadcast from
-    the image in place: ``MR`` contiguous values of each channel's row) by ``NR`` output
-    channels, stored into ``y``'s channel rows by scatters: for planes whose pixels fill the
-    vectors of :func:`pointwise_rows` badly (7x7: 49 of 64)."""
-    m_, c_ = y.shape[1], x.shape[1]
-    p_ = y.shape[2] * y.shape[3]
-    nr = NV * (64 // x.itemsize)
-    npan = (m_ + nr - 1) // nr
-    if x.shape[0] != y.shape[0] or x.shape[2] * x.shape[3] != p_ or \
-            bp.shape[0] != npan * c_ * nr or (bias.shape[0] != 0 and bias.shape[0] != m_) or \
-            (res.shape[0] != 0 and res.shape[0] != y.size) or n0 < 0 or n1 > x.shape[0]:
-        raise ValueError("pdjit: pointwise convolution operands do not fit")
-    xf = x.reshape(x.size)
-    yf = y.reshape(y.size)
-    for n in range(n0, n1):
-        xb, yb = n * c_ * p_, n * m_ * p_
-        for j in range(npan):
-            m0 = j * nr
-            cols = m_ - m0 if m_ - m0 < nr else nr
-            for i in range(0, p_, MR):
-                _convt_micro(xf, xb + i, p_, p_ - i if p_ - i < MR else MR, c_, bp, j * c_ * nr,
-                             yf, yb + m0 * p_ + i, p_, cols, bias, m0, res, lo, hi)
+#: the tile of ``pointwise.conv_cols``: ``MR`` pixels by ``NV`` vectors of output channels
+_convt_micro = _micro_kernel(MR, NV, PREFETCH_ROWS, trans=True, far=True)
 
 
 # ---- what a new plan's compile worker compiles ahead (pdjit.codegen.cpu.lib._jit.JOBS) ------

@@ -1,7 +1,10 @@
 """Pointwise convolutions (1x1, stride 1, no padding, one group, NCHW) on pdjit's packed GEMM
 (:mod:`.pgemm`): ``y[n] = W @ x[n]`` with ``W`` ([M, C]) a weight packed once and each
 sample's image ``x[n]`` ([C, H * W]) read in place, the epilogue (a bias per output channel,
-a residual, a clamp) applied to each tile while it is in registers.
+a residual, a clamp) applied to each tile while it is in registers; and other convolutions of
+one group onto small planes (7x7, 9x9: any filter, stride, padding) on the same transposed
+tiles, over each sample's patches (im2col, ``K = C * kh * kw`` rows), where the taps kernel
+of :func:`.conv._fwd_range` would waste much of its vectors of pixels (:func:`_kind`).
 
 Two orientations of the tile, picked by the plane's size and the channels
 (:func:`_choice`):
@@ -11,7 +14,7 @@ Two orientations of the tile, picked by the plane's size and the channels
   :data:`ROWS_MIN_PLANE` pixels or more of at most :data:`ROWS_MAX_CHANNELS` input channels
   and images of at most :data:`ROWS_MAX_BYTES` (each block of pixels that stays in the L2
   cache swept under every tile, the image read in place, the outputs written by rows);
-- :func:`.pgemm.pointwise_cols`: the product transposed, tiles of ``MR`` pixels by ``NR``
+- :func:`conv_cols`: the product transposed, tiles of ``MR`` pixels by ``NR``
   output channels, ``W^T`` packed in panels as :func:`.pgemm.packed_weight` packs a product's
   weight, the tile stored into the channels' rows by scatters, for planes of at most
   :data:`COLS_MAX_PLANE` pixels (7x7: 49 pixels fill vectors of ``NR`` badly), and 14x14
@@ -51,21 +54,22 @@ from numba.extending import overload, register_jitable
 from pdjit.codegen import params
 from pdjit.codegen.cpu.lib import conv as _conv
 from pdjit.codegen.cpu.lib import team
-from pdjit.codegen.cpu.lib._jit import JOBS, compile_cost, jobs, pjit
+from pdjit.codegen.cpu.lib._jit import JOBS, compile_cost, jit, jobs, pjit
 from pdjit.codegen.cpu.lib.pgemm import (
     MR,
     NV,
-    pack_a,
-    pack_scaled,
-    pointwise_cols,
+    PREFETCH_ROWS,
+    _convt_micro,
+    _micro_kernel,
     pointwise_rows,
     rows_by_pixels,
 )
+from pdjit.codegen.cpu.lib.winograd import _MIN_TILES, may_take
 
-__all__ = ["pointwise_range", "pointwise_range_cols", "pointwise_range_rows",
-           "pointwise_weight"]
+__all__ = ["conv_cols", "pointwise_range", "pointwise_range_cols", "pointwise_range_cols_3x3",
+           "pointwise_range_rows", "pointwise_weight"]
 
-#: planes of at most this many pixels take the transposed tiles (:func:`.pgemm.pointwise_cols`)
+#: planes of at most this many pixels take the transposed tiles (:func:`conv_cols`)
 COLS_MAX_PLANE = 100
 #: planes of at most this many pixels (14x14) take the transposed tiles where the output
 #: channels fill one panel of ``NR`` and are at most half the input channels (a compression
@@ -75,8 +79,25 @@ COLS_MAX_PLANE = 100
 #: (66.8 / 66.9 ms) and 3 % longer at batch 16 (966 / 936 ms, on and off by turns in one
 #: process); the expansions 64 -> 384 and 96 -> 576 (short sums, many scatters) were slower
 COLS_WIDE_PLANE = 256
-#: the output channels of a panel of the transposed tiles (float32)
+#: the output channels of a panel of the transposed tiles (float32): ``MR`` (6) pixels by
+#: ``NV`` (4) vectors of channels (kind 2 of :func:`_kind`), or 7 pixels by 3 vectors (kind 3:
+#: no pixel to spare on planes of 7x7 or 14x14; measured alone, one thread, batch 1, ms, kind 2
+#: / 3: 7x7 512 -> 2048 1.04 / 0.94, 2048 -> 512 1.04 / 0.95, 960 -> 160 0.177 / 0.162, 3x3
+#: 512 -> 512 on the patches 2.65 / 2.49; 14x14 256 -> 1024 1.03 / 1.06)
 _NR = NV * 16
+_NR3 = 48
+#: the pixels of a tile of kind 3
+_MR3 = 7
+#: the share of kind 2's speed that kind 3's tiles reach on the same work (3 vectors of
+#: channels to load per 21 multiply-adds against 4 per 24)
+_KIND3_SPEED = 0.96
+#: the pixels of a vector of the taps kernel's tiles (float32), which pads each plane to them
+_TAP_LANES = 16
+#: the transposed tiles take a convolution off the taps kernel where the share of their work
+#: that is not padding is this much larger than the taps kernel's
+_TAPS_MARGIN = 1.05
+#: the bytes of a panel of :func:`conv_cols` that its tiles of pixels sweep at a time
+CHUNK_BYTES = 1 << 18
 #: planes of at least this many pixels (28x28 and up) take :func:`.pgemm.pointwise_rows`
 #: where the input channels are at most :data:`ROWS_MAX_CHANNELS` and a sample's image at
 #: most :data:`ROWS_MAX_BYTES`
@@ -116,7 +137,7 @@ _PACKED = [True]
 @register_jitable
 def _choice(m_, c_, p_) -> int:
     """Which kernel serves ``m_`` output and ``c_`` input channels (float32) over planes of
-    ``p_`` pixels: 1 :func:`.pgemm.pointwise_rows`, 2 :func:`.pgemm.pointwise_cols`, 0 those
+    ``p_`` pixels: 1 :func:`.pgemm.pointwise_rows`, 2 :func:`conv_cols`, 0 those
     of :func:`.conv._fwd_range` (where they measured as fast or faster: most planes of 14x14,
     and those of 28x28 and up of more than 32 input channels, on OpenBLAS or the taps
     kernel)."""
@@ -132,91 +153,251 @@ def _choice(m_, c_, p_) -> int:
 
 
 @register_jitable
-def _packed_size(m_, c_, p_) -> int:
-    """The values of the filter packed for planes of ``p_`` pixels (0: not packed)."""
-    k = _choice(m_, c_, p_)
-    if k == 2:
-        return ((m_ + _NR - 1) // _NR) * c_ * _NR
-    return ((m_ + MR - 1) // MR) * c_ * MR if k == 1 else 0
+def _cols_kind(m_, p_):
+    """``(kind, share)``: which transposed tiles (2 or 3, see :data:`_NR`) serve ``m_``
+    output channels over planes of ``p_`` pixels, and the share of their work that is not
+    padding (kind 3's scaled by :data:`_KIND3_SPEED`)."""
+    f2 = (p_ / ((p_ + MR - 1) // MR * MR)) * (m_ / ((m_ + _NR - 1) // _NR * _NR))
+    f3 = _KIND3_SPEED * (p_ / ((p_ + _MR3 - 1) // _MR3 * _MR3)) * \
+        (m_ / ((m_ + _NR3 - 1) // _NR3 * _NR3))
+    return (3, f3) if f3 > f2 else (2, f2)
+
+
+@register_jitable
+def _kind(m_, k_, p_, in_place) -> int:
+    """Which kernel serves a convolution (float32, one group) of ``m_`` output channels,
+    ``k_`` products per output (input channels times the filter's taps) and planes of ``p_``
+    output pixels: for a 1x1 stride-1 unpadded one (``in_place``: the image is its own
+    patches) :func:`_choice`, the transposed tiles as kind 2 or 3 (:func:`_cols_kind`); else
+    the transposed tiles (:func:`conv_cols` on the image's patches) for planes of at most
+    :data:`COLS_MAX_PLANE` pixels where less of their work is padding than of the taps
+    kernel's (which pads each plane to whole vectors: 7x7 to 64), else 0
+    (:func:`.conv._fwd_range`). Measured alone (one thread, batch 1, ms, taps kernel /
+    transposed tiles of kind 2 on the patches): ResNet-50's 7x7
+    512 -> 512 3x3 2.91 / 2.34, 14x14 -> 7x7 stride 2 3x3 256 -> 512 1.47 / 1.16 and 1x1
+    512 -> 1024 0.66 / 0.52; 9x9 160 -> 192 0.51 / 0.41; even or behind where a panel is
+    part empty: 7x7 128 -> 32 0.068 / 0.070, 10x10 64 -> 96 0.128 / 0.136."""
+    if in_place:
+        k = _choice(m_, k_, p_)
+        return _cols_kind(m_, p_)[0] if k == 2 else k
+    if m_ < MIN_CHANNELS or k_ < MIN_CHANNELS or p_ < 1 or p_ > COLS_MAX_PLANE:
+        return 0
+    k, share = _cols_kind(m_, p_)
+    return k if share > _TAPS_MARGIN * p_ / ((p_ + _TAP_LANES - 1) // _TAP_LANES * _TAP_LANES) \
+        else 0
+
+
+@register_jitable
+def _step(kind) -> int:
+    """The rows of the filter a block of its packed copy holds (``MR`` for kind 1, a panel's
+    output channels for the transposed tiles)."""
+    return MR if kind == 1 else _NR3 if kind == 3 else _NR
+
+
+@register_jitable
+def _packed_size(m_, k_, p_, in_place) -> int:
+    """The values of the filter packed for planes of ``p_`` output pixels (0: not packed)."""
+    k = _kind(m_, k_, p_, in_place)
+    step = _step(k)
+    return (m_ + step - 1) // step * k_ * step if k else 0
+
+
+@register_jitable
+def _in_place(x, w, y, sh, sw, pt, pl) -> bool:
+    """Whether the convolution of ``x`` by ``w`` into ``y`` is 1x1, stride 1, unpadded: the
+    image its own patches."""
+    return w.shape[2] == 1 and w.shape[3] == 1 and sh == 1 and sw == 1 and pt == 0 and \
+        pl == 0 and x.shape[2] == y.shape[2] and x.shape[3] == y.shape[3]
 
 
 def usable(m: int, c: int, kh: int, kw: int, sh: int, sw: int, pt: int, pl: int, dh: int,
-           dw: int, groups: int, p: int = -1) -> str:
+           dw: int, groups: int, p: int = -1, q: int = -1) -> str:
     """The entry a convolution of this filter ([m, c, kh, kw]), geometry and plane of ``p``
-    pixels (-1: unknown) calls (what the lowering knows before any run): ``""`` where the
-    packed kernels never serve it, else ``pointwise_range`` or, the plane known, the name that
-    says which kernel serves (``pointwise_range_rows``, ``_cols``; ``""`` for neither)."""
-    if not (kh == 1 and kw == 1 and sh == 1 and sw == 1 and pt == 0 and pl == 0 and
-            groups == 1 and m >= MIN_CHANNELS and c >= MIN_CHANNELS):
+    input and ``q`` output pixels (-1: unknown) calls (what the lowering knows before any
+    run): ``""`` where the packed kernels never serve it, else ``pointwise_range`` or, the
+    plane known, the name that says which kernel serves (``pointwise_range_rows``, ``_cols``;
+    ``pointwise_range_cols_3x3`` for a filter that Winograd's kernel serves at larger
+    batches; ``""`` for neither)."""
+    if groups != 1 or m < MIN_CHANNELS or c < MIN_CHANNELS:
         return ""
-    if p < 1:
-        return "pointwise_range"
-    return ("", "pointwise_range_rows", "pointwise_range_cols")[_choice(m, c, p)]
+    if kh == 1 and kw == 1 and sh == 1 and sw == 1 and pt == 0 and pl == 0:
+        if p < 1:
+            return "pointwise_range"
+        return ("", "pointwise_range_rows", "pointwise_range_cols")[_choice(m, c, p)]
+    if q < 1 or _kind(m, c * kh * kw, q, False) < 2:
+        return ""
+    if may_take(m, c, kh, kw, (sh, sw), (dh, dw), groups):
+        return "pointwise_range_cols_3x3"
+    return "pointwise_range_cols"
 
 
-def _pack(w, p_):
-    """``w`` packed by NumPy (no kernel to compile): blocks of ``MR`` rows
-    (:func:`.pgemm.pack_a`) or panels of ``NR`` rows of ``W`` (``W^T``'s columns,
-    :func:`.pgemm.pack_b`), each ``C`` steps of the block's values, zero past ``M``."""
+def _pack(w, step: int):
+    """``w`` packed by NumPy (no kernel to compile): blocks of ``step`` rows of ``W`` ([M, K],
+    ``K`` the products per output), each ``K`` steps of the block's values, zero past ``M``:
+    ``MR`` rows (:func:`.pgemm.pack_a`) or panels of ``NR`` (``W^T``'s columns,
+    :func:`.pgemm.pack_b`)."""
     m = w.shape[0]
     w2 = w.reshape(m, w.size // m)
-    step = _NR if _choice(m, w2.shape[1], p_) == 2 else MR
-    wp = np.zeros((-(-m // step) * step, w2.shape[1]), w.dtype)
-    wp[:m] = w2
-    return np.ascontiguousarray(
-        wp.reshape(-1, step, w2.shape[1]).transpose(0, 2, 1)).reshape(-1)
+    k_ = w2.shape[1]
+    whole = m // step
+    out = np.empty((-(-m // step), k_, step), w.dtype)
+    out[:whole] = w2[:whole * step].reshape(whole, step, k_).transpose(0, 2, 1)
+    if whole < out.shape[0]:
+        out[whole] = 0
+        out[whole, :, :m - whole * step] = w2[whole * step:].T
+    return out.reshape(-1)
 
 
-def pointwise_weight(w, p_, n_=1):
-    """The filter ``w`` ([M, C, 1, 1], float32) packed for planes of ``p_`` pixels (see the
-    module docstring), kept beside ``w`` (:func:`pdjit.codegen.params.derived`: until the
-    array goes or a run may write it); an empty array where the packed kernels do not serve
-    (:func:`_choice`, another dtype, the switch off). ``n_``: the batch (read by compiled
-    code only)."""
+def pointwise_weight(w, p_, n_=1, in_place=True, tiles=0):
+    """The filter ``w`` ([M, C, kh, kw], float32) packed for planes of ``p_`` output pixels
+    (see the module docstring; ``in_place``: a 1x1 stride-1 unpadded convolution), kept
+    beside ``w`` (:func:`pdjit.codegen.params.derived`: until the array goes or a run may
+    write it); an empty array where the packed kernels do not serve (:func:`_kind`, another
+    dtype, the switch off) and where Winograd's kernel takes the batch of ``n_`` samples of
+    ``tiles`` tiles each (a 3x3 stride-1 filter; 0: never)."""
     if w.dtype != np.float32 or w.ndim != 4 or not _PACKED[0] or type(w) is not np.ndarray:
         return np.empty(0, w.dtype)
-    k = _choice(w.shape[0], w.size // max(1, w.shape[0]), p_)
-    if k == 0:
+    k = _kind(w.shape[0], w.size // max(1, w.shape[0]), p_, in_place)
+    if k == 0 or tiles > 0 and n_ * tiles >= _MIN_TILES:
         return np.empty(0, w.dtype)
-    return params.derived(w, ("pointwise", k), lambda: _pack(w, p_))
+    return params.derived(w, ("pointwise", k), lambda: _pack(w, _step(k)))
 
 
 @overload(pointwise_weight)
-def _pointwise_weight_native(w, p_, n_=1):
+def _pointwise_weight_native(w, p_, n_=1, in_place=True, tiles=0):
     """In compiled code (a native driver, an ahead-of-time artifact: once per run of the
     driver, whatever blocks of samples it calls :func:`pointwise_range` for): ``w`` packed
     where the batch of ``n_`` samples has :data:`NATIVE_MIN_PIXELS` pixels or more (the copy
-    of ``M * C`` values then a few per cent of the product at most), else empty (the kernels
+    of ``M * K`` values then a few per cent of the product at most), else empty (the kernels
     of :func:`.conv._fwd_range`)."""
     if not (isinstance(w, types.Array) and w.dtype == types.float32 and w.ndim == 4):
-        def none(w, p_, n_=1):
+        def none(w, p_, n_=1, in_place=True, tiles=0):
             return np.empty(0, w.dtype)
         return none
 
-    def impl(w, p_, n_=1):
+    def impl(w, p_, n_=1, in_place=True, tiles=0):
         m_ = w.shape[0]
-        c_ = w.size // m_ if m_ > 0 else 0
-        k = _choice(m_, c_, p_)
-        if k == 0 or n_ * p_ < NATIVE_MIN_PIXELS or w.shape[2] != 1 or w.shape[3] != 1:
+        k_ = w.size // m_ if m_ > 0 else 0
+        k = _kind(m_, k_, p_, in_place)
+        if k == 0 or n_ * p_ < NATIVE_MIN_PIXELS or tiles > 0 and n_ * tiles >= _MIN_TILES:
             return np.empty(0, w.dtype)
-        w2 = np.ascontiguousarray(w).reshape((m_, c_))
-        packed = np.empty(_packed_size(m_, c_, p_), w.dtype)
-        if k == 2:
-            pack_scaled(w2, True, 1.0, packed)
-        else:
-            pack_a(w2, packed)
+        w2 = np.ascontiguousarray(w).reshape((m_, k_))
+        packed = np.empty(_packed_size(m_, k_, p_, in_place), w.dtype)
+        _pack_rows(w2, _step(k), packed)
         return packed
     return impl
 
 
 @register_jitable
-def _fits(x, ap, y, bias, res) -> bool:
-    m_, c_ = y.shape[1], x.shape[1]
+def _pack_rows(w2, step, out):
+    """:func:`_pack` in compiled code: ``out[(i * K + k) * step + r] = w2[i * step + r, k]``,
+    0 past ``M`` (the layout of :func:`.pgemm.pack_a` for ``step`` rows)."""
+    m_, k_ = w2.shape
+    for i in range((m_ + step - 1) // step):
+        for k in range(k_):
+            for r in range(step):
+                m = i * step + r
+                out[(i * k_ + k) * step + r] = w2[m, k] if m < m_ else 0
+
+
+@register_jitable
+def _fits(x, w, ap, y, sh, sw, pt, pl, bias, res) -> bool:
+    """Whether ``ap`` is ``w`` packed for this call (one group: ``w``'s input channels are
+    the image's)."""
+    m_ = y.shape[1]
+    k_ = w.size // m_ if m_ > 0 else 0
     p_ = y.shape[2] * y.shape[3]
-    return ap.size != 0 and ap.size == _packed_size(m_, c_, p_) and \
-        x.shape[2] * x.shape[3] == p_ and x.shape[0] == y.shape[0] and \
-        (bias.size == 0 or bias.size == m_) and \
+    return ap.size != 0 and w.shape[0] == m_ and w.shape[1] == x.shape[1] and \
+        ap.size == _packed_size(m_, k_, p_, _in_place(x, w, y, sh, sw, pt, pl)) and \
+        x.shape[0] == y.shape[0] and (bias.size == 0 or bias.size == m_) and \
         (res.size == 0 or res.size == y.size)
+
+
+@jit
+def conv_cols(x, bp, nr, y, n0, n1, kh, kw, sh, sw, pt, pl, dh, dw, bias, lo, hi, res):
+    """``y[n] = clamp(conv(x[n], W) + bias[:, None] + res[n], lo, hi)`` for the samples ``n0
+    .. n1`` as the product transposed, ``y[n]^T = patches(x[n])^T @ W^T``: ``W`` ([M, K], K =
+    C * kh * kw) packed into panels of ``nr`` output channels (:func:`_pack`; float32, ``nr``
+    64: tiles of ``MR`` pixels, 48: of 7, see :data:`_NR`), each tile's pixels broadcast,
+    its sums stored into ``y``'s channel rows by scatters: for planes whose pixels fill
+    vectors badly (7x7: 49 of 64). The patches are the image in place for a 1x1 stride-1
+    unpadded filter, else each sample's im2col ([K, oh * ow], built once per sample); one
+    group; strides ``sh, sw``, top and left paddings ``pt, pl`` (the output's size says the
+    rest), dilations ``dh, dw``.
+    A panel's rows are taken by chunks of about :data:`CHUNK_BYTES` that stay in the L2
+    cache while every tile of pixels reads them (the sums of the chunks before read back from
+    ``y``; the residual added with the first chunk, the bias and clamp with the last): a
+    panel of a long sum read whole per tile came from beyond the L2 cache each time. Each
+    output sums its products in the order of ``K``, each a fused multiply-add."""
+    m_, c_ = y.shape[1], x.shape[1]
+    oh_, ow_ = y.shape[2], y.shape[3]
+    p_ = oh_ * ow_
+    k_ = c_ * kh * kw
+    if x.itemsize != 4 or nr != _NR and nr != _NR3:
+        raise ValueError("pdjit: conv_cols: float32 panels of 48 or 64 output channels")
+    mr = _MR3 if nr == _NR3 else MR
+    npan = (m_ + nr - 1) // nr
+    if x.shape[0] != y.shape[0] or bp.shape[0] != npan * k_ * nr or \
+            (bias.shape[0] != 0 and bias.shape[0] != m_) or \
+            (res.shape[0] != 0 and res.shape[0] != y.size) or n0 < 0 or n1 > x.shape[0]:
+        raise ValueError("pdjit: convolution operands do not fit the packed filter")
+    whole = kh == 1 and kw == 1 and sh == 1 and sw == 1 and pt == 0 and pl == 0 and \
+        x.shape[2] == oh_ and x.shape[3] == ow_
+    xf = x.reshape(x.size)
+    yf = y.reshape(y.size)
+    col = np.empty(0 if whole else k_ * p_, x.dtype)
+    chunks = (k_ * nr * x.itemsize + CHUNK_BYTES - 1) // CHUNK_BYTES
+    kc = (k_ + chunks - 1) // chunks if chunks > 1 else k_
+    none = bias[:0]
+    for n in range(n0, n1):
+        src, xb = xf, n * c_ * p_
+        if not whole:
+            _conv._im2col(x[n], 0, c_, kh, kw, sh, sw, pt, pl, dh, dw, oh_, ow_, col, p_, 0)
+            src, xb = col, 0
+        yb = n * m_ * p_
+        for j in range(npan):
+            m0 = j * nr
+            cols = m_ - m0 if m_ - m0 < nr else nr
+            for k0 in range(0, k_, kc):
+                k1 = k0 + kc if k0 + kc < k_ else k_
+                last = k1 == k_
+                bs = bias if last else none
+                rs = res if k0 == 0 else yf
+                lo_ = lo if last else -np.inf
+                hi_ = hi if last else np.inf
+                for i in range(0, p_, mr):
+                    # the first tile fetches its rows ahead; the others the next chunk
+                    pfo = PREFETCH_ROWS * nr if i == 0 else (k1 - k0) * nr
+                    rows = p_ - i if p_ - i < mr else mr
+                    if mr == MR:
+                        _convt_micro(src, xb + i + k0 * p_, p_, rows, k1 - k0, bp,
+                                     (j * k_ + k0) * nr, yf, yb + m0 * p_ + i, p_, cols, bs,
+                                     m0, rs, lo_, hi_, pfo)
+                    else:
+                        _convt_micro3(src, xb + i + k0 * p_, p_, rows, k1 - k0, bp,
+                                      (j * k_ + k0) * nr, yf, yb + m0 * p_ + i, p_, cols, bs,
+                                      m0, rs, lo_, hi_, pfo)
+
+
+#: the tile of :func:`conv_cols`'s kind 3 (:data:`_NR`)
+_convt_micro3 = _micro_kernel(_MR3, _NR3 // 16, PREFETCH_ROWS, trans=True, far=True)
+
+
+@register_jitable
+def _call_kind(x, w, y, sh, sw, pt, pl) -> int:
+    """:func:`_kind` of a call."""
+    return _kind(y.shape[1], w.size // w.shape[0], y.shape[2] * y.shape[3],
+                 _in_place(x, w, y, sh, sw, pt, pl))
+
+
+def _run_packed(x, w, ap, y, n0, n1, sh, sw, pt, pl, dh, dw, bias, lo, hi, res):
+    """The packed kernel that ``ap`` (fitting the call) is packed for."""
+    k = _call_kind(x, w, y, sh, sw, pt, pl)
+    if k == 1:
+        pointwise_rows(x, ap, y, n0, n1, bias, lo, hi, res)
+    else:
+        conv_cols(x, ap, _step(k), y, n0, n1, w.shape[2], w.shape[3], sh, sw, pt, pl, dh, dw,
+                  bias, lo, hi, res)
 
 
 def pointwise_range(x, w, ap, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res):
@@ -224,11 +405,9 @@ def pointwise_range(x, w, ap, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, l
     (the arguments of :func:`.conv._fwd_range`, with ``ap`` the filter packed by
     :func:`pointwise_weight`): on the packed kernels where ``ap`` is not empty and fits, else
     :func:`.conv._fwd_range`."""
-    if ap.size and x.dtype == np.float32 and _fits(x, ap, y, bias, res):
-        if _choice(y.shape[1], x.shape[1], y.shape[2] * y.shape[3]) == 2:
-            pointwise_cols(x, ap, y, n0, n1, bias, lo, hi, res)
-        else:
-            pointwise_rows(x, ap, y, n0, n1, bias, lo, hi, res)
+    if ap.size and x.dtype == np.float32 and groups == 1 and \
+            _fits(x, w, ap, y, sh, sw, pt, pl, bias, res):
+        _run_packed(x, w, ap, y, n0, n1, sh, sw, pt, pl, dh, dw, bias, lo, hi, res)
         return
     _conv._fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
 
@@ -245,34 +424,35 @@ def _pointwise_range_native(x, w, ap, y, n0, n1, sh, sw, pt, pl, dh, dw, groups,
         return other
 
     def impl(x, w, ap, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res):
-        if ap.size and _fits(x, ap, y, bias, res):
+        if ap.size and groups == 1 and _fits(x, w, ap, y, sh, sw, pt, pl, bias, res):
             lo_, hi_ = float(lo), float(hi)
-            if _choice(y.shape[1], x.shape[1], y.shape[2] * y.shape[3]) == 2:
-                pointwise_cols(x, ap, y, n0, n1, bias, lo_, hi_, res)
-            else:
+            k = _call_kind(x, w, y, sh, sw, pt, pl)
+            if k == 1:
                 pointwise_rows(x, ap, y, n0, n1, bias, lo_, hi_, res)
+            else:
+                conv_cols(x, ap, _step(k), y, n0, n1, w.shape[2], w.shape[3], sh, sw, pt, pl,
+                          dh, dw, bias, lo_, hi_, res)
             return
         _conv._fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
     return impl
 
 
-def _packed(x, ap, y, bias, res) -> bool:
+def _packed(x, w, ap, y, sh, sw, pt, pl, groups, bias, res) -> bool:
     """Whether a one-sample :func:`pointwise_range` call runs on the packed kernels."""
-    return bool(ap.size) and x.dtype == np.float32 and x.shape[0] == 1 and \
-        _fits(x, ap, y, bias, res)
+    return bool(ap.size) and x.dtype == np.float32 and x.shape[0] == 1 and groups == 1 and \
+        _fits(x, w, ap, y, sh, sw, pt, pl, bias, res)
 
 
-def _tile_bounds(parts, m_, c_, p_):
+def _tile_bounds(parts, m_, kind):
     """``(first channels of at most parts ranges then the end, the end of each range's packed
-    rows, whether the tiles are transposed)`` of a one-sample call on the packed kernels of
-    ``m_`` output and ``c_`` input channels over ``p_`` pixels: the tiles of the packed filter
-    (``MR`` rows, or panels of ``NR`` for the transposed tiles) dealt out evenly, each range at
-    least ``conv._PART_ROWS`` channels' worth of them and the last at least
+    rows, the transposed tiles' panel width or 0)`` of a one-sample call on the packed kernel
+    ``kind`` (:func:`_kind`) of ``m_`` output channels: the tiles of the packed
+    filter (``MR`` rows, or panels for the transposed tiles) dealt out evenly, each
+    range at least ``conv._PART_ROWS`` channels' worth of them and the last at least
     :data:`MIN_CHANNELS` channels (so that every part takes the kernel the whole takes); None
     where there is one range. (By ranges of 6 tiles MobileNetV2's 16 -> 96 at 112x112 split
     36 / 60 and ran 0.37 ms on two threads against 0.49 on one.)"""
-    cols = _choice(m_, c_, p_) == 2
-    step = _NR if cols else MR
+    step = _step(kind)
     tiles = -(-m_ // step)
     k = min(parts, tiles // -(-max(MIN_CHANNELS, _conv._PART_ROWS) // step))
     while k >= 2 and m_ - tiles * (k - 1) // k * step < MIN_CHANNELS:
@@ -280,7 +460,7 @@ def _tile_bounds(parts, m_, c_, p_):
     if k < 2:
         return None
     bounds = [tiles * i // k * step for i in range(k)] + [m_]
-    return bounds, [-(-b // step) * step for b in bounds[1:]], cols
+    return bounds, [-(-b // step) * step for b in bounds[1:]], step if kind > 1 else 0
 
 
 def _pixel_bounds(parts, p_):
@@ -306,44 +486,59 @@ def _split(parts, work, x, w, ap, y, sh, sw, pt, pl, dh, dw, groups, bias, lo, h
     sums it (in order of the input channels, whatever the tile's other rows), so the result
     is the same, bit for bit, however it is split. Whether it split the call."""
     rest = (sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
-    if not _packed(x, ap, y, bias, res):
+    if not _packed(x, w, ap, y, sh, sw, pt, pl, groups, bias, res):
         return _conv.split_channels(_conv._fwd_range, parts, work, (x, w, y, *rest))
     p_ = y.shape[2] * y.shape[3]
-    if work >= _conv._TEAM_MIN_WORK and _choice(y.shape[1], x.shape[1], p_) == 1:
+    k_ = w.size // w.shape[0]
+    kind = _kind(y.shape[1], k_, p_, _in_place(x, w, y, sh, sw, pt, pl))
+    if work >= _conv._TEAM_MIN_WORK and kind == 1:
         pixels = _pixel_bounds(parts, p_)
         if pixels is not None and team.run(rows_by_pixels, (x, ap, y, pixels, bias, float(lo),
                                                              float(hi), res)):
             return True
-    found = _tile_bounds(parts, y.shape[1], x.shape[1], p_)
+    found = _tile_bounds(parts, y.shape[1], kind)
     if found is None:
         return False
-    bounds, ends, cols = found
+    bounds, ends, nr = found
+    geo = np.array([w.shape[2], w.shape[3], sh, sw, pt, pl, dh, dw], np.int64)
     if work >= _conv._TEAM_MIN_WORK:
-        call = (x, ap, y, np.array(bounds, np.int64), np.array(ends, np.int64), cols, bias,
-                float(lo), float(hi), res)
+        call = (x, ap, y, np.array(bounds, np.int64), np.array(ends, np.int64), nr, geo,
+                bias, float(lo), float(hi), res)
         if team.run(_by_channels, call):
             return True
     if work < _conv._CHANNELS_MIN_WORK:
         return False
-    c_ = x.shape[1]
-    calls = [(x, w[a:b], ap[a * c_:end * c_], y[:, a:b], 0, 1, sh, sw, pt, pl, dh, dw, groups,
-              bias[a:b] if bias.size else bias, lo, hi, res[a * p_:b * p_] if res.size else res)
+    calls = [(x, ap[a * k_:end * k_], y[:, a:b], nr, geo, bias[a:b] if bias.size else bias,
+              lo, hi, res[a * p_:b * p_] if res.size else res)
              for a, b, end in zip(bounds, bounds[1:], ends)]
-    _conv.run_parts(pointwise_range, calls, len(calls) - 1)
+    _conv.run_parts(_part, calls, len(calls) - 1)
     return True
 
 
+def _part(x, ap, y, nr, geo, bias, lo, hi, res):
+    """One part of :func:`_split` on ``run_parts``' helpers: the kernel the whole call takes
+    (``nr``: the transposed tiles' panel width, 0: the row tiles), on the packed rows ``ap``
+    of the output channels ``y`` holds."""
+    if nr:
+        conv_cols(x, ap, nr, y, 0, 1, *(int(g) for g in geo), bias, lo, hi, res)
+    else:
+        pointwise_rows(x, ap, y, 0, 1, bias, lo, hi, res)
+
+
 @pjit
-def _by_channels(x, ap, y, bounds, ends, cols, bias, lo, hi, res):
+def _by_channels(x, ap, y, bounds, ends, nr, geo, bias, lo, hi, res):
     """The packed kernels of one sample, ranges ``bounds`` of output channels (their packed
-    rows up to ``ends``) in parallel (:func:`_split`)."""
-    c_ = x.shape[1]
+    rows up to ``ends``) in parallel (:func:`_split`); ``nr``: as :func:`_part`'s; ``geo``:
+    the filter's ``kh, kw`` and the strides, top and left paddings and dilations (as
+    :func:`conv_cols` takes them)."""
+    k_ = x.shape[1] * geo[0] * geo[1]
     for p in numba.prange(bounds.shape[0] - 1):
         a, b = bounds[p], bounds[p + 1]
         ys, bs, rs = _conv._part_out(y, bias, res, a, b)
-        aps = ap[a * c_:ends[p] * c_]
-        if cols:
-            pointwise_cols(x, aps, ys, _conv._plain(0), _conv._plain(1), bs, lo, hi, rs)
+        aps = ap[a * k_:ends[p] * k_]
+        if nr:
+            conv_cols(x, aps, nr, ys, _conv._plain(0), _conv._plain(1), geo[0], geo[1],
+                      geo[2], geo[3], geo[4], geo[5], geo[6], geo[7], bs, lo, hi, rs)
         else:
             pointwise_rows(x, aps, ys, _conv._plain(0), _conv._plain(1), bs, lo, hi, rs)
 
@@ -352,12 +547,14 @@ _conv.CHANNEL_SPLITS[pointwise_range] = _split
 
 
 #: :func:`pointwise_range` under the names a lowering calls where the sizes it knows say which
-#: kernel serves (:func:`_choice`), so that a plan's compile jobs name that kernel alone
-pointwise_range_rows = pointwise_range_cols = pointwise_range
+#: kernel serves (:func:`_kind`), so that a plan's compile jobs name that kernel alone (and,
+#: for a 3x3 stride-1 filter, Winograd's, which takes it at larger batches)
+pointwise_range_rows = pointwise_range_cols = pointwise_range_cols_3x3 = pointwise_range
 
 
-def _jobs(T, kinds=(1, 2)):
-    """The packed kernels of ``kinds`` (float32), else :func:`.conv._fwd_range`'s."""
+def _jobs(T, kinds=(1, 2), winograd=False):
+    """The packed kernels of ``kinds`` (float32), and Winograd's where asked; else
+    :func:`.conv._fwd_range`'s."""
     if np.dtype(T) != np.float32:
         return JOBS["conv._fwd_range"](T)
     ep = ((T, 1), float, float, (T, 1))
@@ -365,21 +562,24 @@ def _jobs(T, kinds=(1, 2)):
     if 1 in kinds:
         k.append((pointwise_rows, ((T, 4), (T, 1), (T, 4), int, int) + ep))
     if 2 in kinds:
-        k.append((pointwise_cols, ((T, 4), (T, 1), (T, 4), int, int) + ep))
+        k.append((conv_cols, ((T, 4), (T, 1), int, (T, 4), int, int) + (int,) * 8 + ep))
+    if winograd:
+        k += JOBS["conv._fwd_range_3x3"](T)
     return k
 
 
 jobs("pointwise_range")(_jobs)
 jobs("pointwise_range_rows")(lambda T: _jobs(T, (1,)))
 jobs("pointwise_range_cols")(lambda T: _jobs(T, (2,)))
+jobs("pointwise_range_cols_3x3")(lambda T: _jobs(T, (2,), winograd=True))
 # compile time (CPU seconds, a cold compile alone in a fresh process, the machine at load ~8:
 # 0.70-0.76 s each; 0.41 s for the second after the first)
-compile_cost(0.75, pointwise_rows, pointwise_cols)
+compile_cost(0.75, pointwise_rows, conv_cols)
 compile_cost(1.6, _by_channels)
 # (the split of a one-sample call by a parallel loop: compiled ahead by warmup only, see
 # lib.team.ready)
 jobs("pointwise._by_channels (warmup)")(lambda T: [] if np.dtype(T) != np.float32 else [
-    (_by_channels, ((T, 4), (T, 1), (T, 4), (np.int64, 1), (np.int64, 1), bool, (T, 1), float,
-                    float, (T, 1))),
+    (_by_channels, ((T, 4), (T, 1), (T, 4), (np.int64, 1), (np.int64, 1), int,
+                    (np.int64, 1), (T, 1), float, float, (T, 1))),
     (rows_by_pixels, ((T, 4), (T, 1), (T, 4), (np.int64, 1), (T, 1), float, float, (T, 1)))])
 compile_cost(0.9, rows_by_pixels)

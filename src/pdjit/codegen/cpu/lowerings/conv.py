@@ -8,8 +8,9 @@ transposes, its input gradient is a convolution, and its filter gradient the fil
 with the roles of image and output exchanged. Sizes and attributes are arguments, so every
 layer shares the compiled kernels. A convolution followed by a per-channel bias and clamp runs
 by blocks of samples (``_conv_blocked``), the epilogue applied as the kernels store; a 1x1
-stride-1 one whose filter is a weight runs there on pdjit's packed GEMM with the filter packed
-once (``_pointwise``: ``pdjit.codegen.cpu.lib.pointwise``) where its sizes take it.
+stride-1 one whose filter is a weight, or any one of one group onto a small plane, runs there on
+pdjit's packed GEMM with the filter packed once (``_pointwise``:
+``pdjit.codegen.cpu.lib.pointwise``) where its sizes take it.
 """
 from __future__ import annotations
 
@@ -79,8 +80,8 @@ def _conv_blocked(ctx):
     before = [X, W, y]
     if packed:  # the filter packed once (kept beside the weight), for the plane's size
         ap = ctx.tmp("ap")
-        lines.append(f"{ap} = {ctx.lib_fn('pointwise_weight')}({W}, {X}.shape[2] * "
-                     f"{X}.shape[3], {X}.shape[0])")
+        lines.append(f"{ap} = {ctx.lib_fn('pointwise_weight')}({W}, "
+                     f"{_packed_args(g, X, kh, kw, args, wino)})")
         before = [X, W, ap, y]
     return lines, fn, before, args + epi, f"{y}.size * {W}[0].size"
 
@@ -145,20 +146,34 @@ def _nhwc_blocked(ctx, g: Geometry):
     return lines, fn, [X, wt, y], geo + epi, f"{y}.size * {kh * kw}"
 
 
+def _packed_args(g: Geometry, X: str, kh: int, kw: int, args: list, wino: bool) -> str:
+    """The arguments of ``pointwise_weight`` after the filter: the output plane's pixels, the
+    batch, whether the image is its own patches (1x1, stride 1, unpadded) and, for a filter
+    Winograd's kernel may take, its tiles per sample (0: none)."""
+    oh, ow = g.src_conv_out(0, f"{X}.shape[2]", kh), g.src_conv_out(1, f"{X}.shape[3]", kw)
+    in_place = kh == kw == 1 and args[:4] == ["1", "1", "0", "0"]
+    if in_place:
+        return f"{X}.shape[2] * {X}.shape[3], {X}.shape[0]"
+    tiles = f"(({oh}) + 1) // 2 * ((({ow}) + 1) // 2)" if wino else "0"
+    return f"({oh}) * ({ow}), {X}.shape[0], False, {tiles}"
+
+
 def _pointwise(ctx, g: Geometry, m: int, cg: int, kh: int, kw: int, args: list) -> str:
     """The library entry by which a convolution runs on pdjit's packed GEMM with its filter
     packed once (``_nn.pointwise_range``, see ``pdjit.codegen.cpu.lib.pointwise``; ``""``:
-    not): a 1x1 stride-1 unpadded convolution of one group, float32, whose filter is a weight
-    (persistable, written by no op of the program: the packed copy is made again after a run
-    that may write it, see ``pdjit.codegen.params``), on a plane the packed kernels serve
-    where the lowering knows its size (the entry then names the one kernel that serves it, so
-    that the plan compiles that one alone)."""
+    not): a convolution of one group, float32, whose filter is a weight (persistable,
+    written by no op of the program: the packed copy is made again after a run that may
+    write it, see ``pdjit.codegen.params``), 1x1 stride-1 unpadded on a plane the packed
+    kernels serve, or any other onto a small plane they serve (known when lowering); the
+    entry then names the one kernel that serves it, so that the plan compiles that one
+    alone."""
     if ctx.dtype("Input") != np.float32 or ctx.dtype("Filter") != np.float32 or \
             not all(a.lstrip("-").isdigit() for a in args):
         return ""
     h, w = g.spatial(ctx.shape("Input"))
-    entry = usable(m, cg, kh, kw, *(int(a) for a in args),
-                   p=h * w if h is not None and w is not None and h > 0 and w > 0 else -1)
+    known = h is not None and w is not None and h > 0 and w > 0
+    entry = usable(m, cg, kh, kw, *(int(a) for a in args), p=h * w if known else -1,
+                   q=g.conv_out(0, h, kh) * g.conv_out(1, w, kw) if known else -1)
     name = ctx.op.input("Filter")[0]
     v = ctx.op.block._find_var_recursive(name)
     if not entry or v is None or not v.persistable or \
