@@ -2,18 +2,27 @@
 patches (``pdjit.codegen.cpu.lib.pointwise.conv_cols``): 3x3, 5x5, strided, padded, dilated
 and 1x1 strided filters, both tile shapes (panels of 48 and 64 output channels), sums long
 enough to be taken by chunks, a residual in the output's own buffer, against a NumPy oracle
-written here; split over threads bit for bit; in compiled code; and in a program, where a
-3x3 stride-1 filter goes to Winograd's kernel at larger batches."""
+written here; split over threads bit for bit; in compiled code; the taps kernel until the
+kernel is ready; and in a program, where a 3x3 stride-1 filter goes to Winograd's kernel at
+larger batches."""
 import numpy as np
 import pytest
 
 import pdjit as fluid
-from pdjit.codegen.cpu.lib import pointwise, winograd
+from pdjit.codegen.cpu.lib import pointwise, team, winograd
 from pdjit.codegen.cpu.lib._jit import caller
 from pdjit.testing import assert_native
 
 RNG = np.random.default_rng(57)
 INF = np.inf
+
+
+@pytest.fixture
+def ready(monkeypatch):
+    """The kernel compiled at its first ask (as warmup compiles it ahead)."""
+    monkeypatch.setattr(team, "COMPILE", True)
+    monkeypatch.setattr(team, "AFTER_RUNS", 0)
+    monkeypatch.setattr(team, "LOOK_AGAIN_S", 0.0)
 
 
 def _oracle(x, w, sh, sw, pt, pl, dh, dw, oh, ow, bias, res, lo, hi):
@@ -48,7 +57,7 @@ CASES = [(1, 40, 130, 7, 7, 3, 1, 1, 1, 3),      # ResNet-like 7x7, panels of 48
 
 
 @pytest.mark.parametrize("n,c,m,h,wd,k,s,p,d,kind", CASES)
-def test_patches_against_numpy(n, c, m, h, wd, k, s, p, d, kind):
+def test_patches_against_numpy(n, c, m, h, wd, k, s, p, d, kind, ready):
     oh, ow = _out(h, k, s, p, d), _out(wd, k, s, p, d)
     assert pointwise._kind(m, c * k * k, oh * ow, False) == kind
     if c == 160:
@@ -80,28 +89,41 @@ def test_patches_against_numpy(n, c, m, h, wd, k, s, p, d, kind):
         assert np.isnan(y[0]).all()
 
 
-def test_where_the_taps_kernel_stays():
+def test_where_the_taps_kernel_stays(ready, monkeypatch):
     """Panels mostly empty or planes that fill the taps kernel's vectors: nothing packed (the
-    taps kernel serves); large planes and several groups never take the transposed tiles."""
+    taps kernel serves); large planes and several groups never take the transposed tiles;
+    nor does any until the kernel is ready (the results the taps kernel's)."""
     w = RNG.standard_normal((32, 128, 3, 3)).astype(np.float32)
     assert pointwise.pointwise_weight(w, 49, 1, False).size == 0       # 32 of 48 channels
     w = RNG.standard_normal((48, 96, 5, 5)).astype(np.float32)
     assert pointwise.pointwise_weight(w, 64, 1, False).size == 0       # 8x8: whole vectors
     assert pointwise._kind(512, 4608, 196, False) == 0                 # 14x14
     assert pointwise.usable(64, 8, 3, 3, 1, 1, 1, 1, 1, 1, 2, p=49, q=49) == ""  # groups
+    assert pointwise.usable(64, 16, 3, 3, 2, 2, 1, 1, 1, 1, 1, p=196, q=49) == \
+        "pointwise_range_patches"
+    assert pointwise.usable(64, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, p=49, q=49) == \
+        "pointwise_range_patches_3x3"
+    w = RNG.standard_normal((96, 16, 3, 3)).astype(np.float32)
+    assert pointwise.pointwise_weight(w, 49, 1, False).size > 0
+    monkeypatch.setattr(pointwise, "_patches_ready", lambda: False)
+    assert pointwise.pointwise_weight(w, 49, 1, False).size == 0
+    x = RNG.standard_normal((1, 16, 7, 7)).astype(np.float32)
+    y = np.full((1, 96, 7, 7), np.nan, np.float32)
+    e = np.empty(0, np.float32)
+    pointwise.pointwise_range(x, w, e, y, 0, 1, 1, 1, 1, 1, 1, 1, 1, e, -INF, INF, e)
+    np.testing.assert_allclose(y, _oracle(x, w, 1, 1, 1, 1, 1, 1, 7, 7, e, e, -INF, INF),
+                               rtol=1e-4, atol=1e-4)
 
 
-def test_split_over_threads_gives_the_one_calls_bits(monkeypatch):
+def test_split_over_threads_gives_the_one_calls_bits(ready, monkeypatch):
     """A one-sample call split by panels of output channels, on ``run_parts``' helpers and
     by a parallel loop: each part builds the patches and computes its channels, the one
     call's bits."""
-    from pdjit.codegen.cpu.lib import conv, team
+    from pdjit.codegen.cpu.lib import conv
 
     monkeypatch.setattr(conv, "_CHANNELS_MIN_WORK", 0)
     monkeypatch.setattr(conv, "_TEAM_MIN_WORK", 0)
     monkeypatch.setattr(conv, "loop_threads", lambda: 3)
-    monkeypatch.setattr(team, "AFTER_RUNS", 0)
-    monkeypatch.setattr(team, "LOOK_AGAIN_S", 0.0)
     seen = []
     real = pointwise._tile_bounds
     monkeypatch.setattr(pointwise, "_tile_bounds",
@@ -153,7 +175,8 @@ def test_compiled_code_packs_at_each_run():
     assert np.array_equal(host, native)
 
 
-def test_program_takes_them_and_winograd_at_larger_batches(fresh_programs, monkeypatch):
+def test_program_takes_them_and_winograd_at_larger_batches(fresh_programs, ready,
+                                                            monkeypatch):
     """A 3x3 stride-1 convolution onto a 7x7 plane runs on the transposed tiles at batch 1
     and on Winograd's kernel from the batch at which that takes it (nothing packed); a
     stride-2 one onto the same plane always on the transposed tiles."""
@@ -184,4 +207,5 @@ def test_program_takes_them_and_winograd_at_larger_batches(fresh_programs, monke
         assert bool(wino) == on_winograd
         assert (pointwise.pointwise_weight(wb, 49, batch, False, 16).size == 0) == on_winograd
     report = exe.explain(main, feed={"x": xv}, fetch_list=[b])
-    assert "_nn.pointwise_range_cols_3x3," in report and "_nn.pointwise_range_cols," in report
+    assert "_nn.pointwise_range_patches_3x3," in report
+    assert "_nn.pointwise_range_patches," in report

@@ -133,9 +133,9 @@ def test_a_blocked_convolution_with_an_epilogue_predicts_its_kernels(fresh_progr
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     lib = [(c.fn, types) for c, types in jobs if isinstance(c, compiler.LibraryKernel)]
     names = {fn.py_func.__name__ for fn, _ in lib}
-    assert {"_taps_range", "conv_cols"} <= names and "pointwise_rows" not in names, names
+    assert {"_taps_range", "pointwise_cols"} <= names and "pointwise_rows" not in names, names
     _assert_used([(fn, types) for fn, types in lib
-                  if fn in (conv._taps_range, pointwise.conv_cols, pgemm.pack_scaled)])
+                  if fn in (conv._taps_range, pointwise.pointwise_cols, pgemm.pack_scaled)])
 
 
 def test_a_stride_1_input_gradient_predicts_the_taps_kernel_alone(fresh_programs,

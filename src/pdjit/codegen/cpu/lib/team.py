@@ -93,7 +93,8 @@ def ready(loop, args) -> bool:
     they are library jobs. A run from the process's :data:`AFTER_RUNS`-th on loads one found
     on disk (~10-70 ms, at most one a run: four in one run held it 0.29 s), and a loop not
     there is looked for again every :data:`LOOK_AGAIN_S`. A loop that fails to load is
-    never used."""
+    never used. (A kernel too costly to compile in a first run that has a slower stand-in,
+    ``pointwise.conv_cols``, is made ready the same way.)"""
     key = (loop, args[0].dtype)
     state = _READY.get(key, 0.0)
     if state is True:
