@@ -31,9 +31,12 @@ def _oracle(x, w, bias, res, lo, hi):
 def test_both_orientations_against_numpy():
     e = np.empty(0, np.float32)
     # (batch, C, M, H, W): planes of 35 and 24 pixels take the transposed tiles, 144 too (a
-    # compression onto one panel), 1056 (16 panels and 32 pixels) and 1024 the other
+    # compression onto one panel), 196 (long sums onto whole panels of 64 and 48), 1056 (16
+    # panels and 32 pixels) and 1024 the other
     for n, c, m, h, wd in [(1, 19, 23, 5, 7), (3, 16, 70, 4, 6), (1, 130, 64, 12, 12),
+                           (1, 256, 128, 14, 14), (2, 300, 70, 14, 14),
                            (2, 21, 17, 32, 33), (1, 23, 16, 32, 32)]:
+        assert pointwise._choice(m, c, h * wd) == (1 if h * wd >= 1024 else 2)
         x = RNG.standard_normal((n, c, h, wd)).astype(np.float32)
         w = RNG.standard_normal((m, c, 1, 1)).astype(np.float32)
         bias = RNG.standard_normal(m).astype(np.float32)

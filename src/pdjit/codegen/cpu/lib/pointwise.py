@@ -14,11 +14,11 @@ Two orientations of the tile, picked by the plane's size and the channels
   :data:`ROWS_MIN_PLANE` pixels or more of at most :data:`ROWS_MAX_CHANNELS` input channels
   and images of at most :data:`ROWS_MAX_BYTES` (each block of pixels that stays in the L2
   cache swept under every tile, the image read in place, the outputs written by rows);
-- :func:`conv_cols`: the product transposed, tiles of ``MR`` pixels by ``NR``
-  output channels, ``W^T`` packed in panels as :func:`.pgemm.packed_weight` packs a product's
-  weight, the tile stored into the channels' rows by scatters, for planes of at most
-  :data:`COLS_MAX_PLANE` pixels (7x7: 49 pixels fill vectors of ``NR`` badly), and 14x14
-  ones whose output channels fill one panel and are at most half the input channels.
+- :func:`pointwise_cols`: the product transposed, tiles of pixels by panels of output
+  channels (6 by 64 or 7 by 48), ``W^T`` packed in panels as :func:`.pgemm.packed_weight`
+  packs a product's weight, the tile stored into the channels' rows by scatters, for planes
+  of at most :data:`COLS_MAX_PLANE` pixels (7x7: 49 pixels fill vectors of ``NR`` badly), and
+  14x14 ones onto whole panels of output channels from long sums (:data:`COLS_WIDE_PLANE`).
 
 The other shapes stay with the kernels of :func:`.conv._fwd_range` (OpenBLAS per sample or
 the taps kernel), which measured as fast or faster there.
@@ -70,16 +70,23 @@ __all__ = ["conv_cols", "pointwise_cols", "pointwise_range", "pointwise_range_co
            "pointwise_range_patches", "pointwise_range_patches_3x3", "pointwise_range_rows",
            "pointwise_weight"]
 
-#: planes of at most this many pixels take the transposed tiles (:func:`conv_cols`)
+#: planes of at most this many pixels take the transposed tiles (:func:`pointwise_cols`)
 COLS_MAX_PLANE = 100
 #: planes of at most this many pixels (14x14) take the transposed tiles where the output
 #: channels fill one panel of ``NR`` and are at most half the input channels (a compression
 #: read once: MobileNetV2's 384 -> 64 in the model 0.063-0.077 ms against 0.089-0.102 at
-#: batch 1, 2.14 against 2.60 at batch 16). Each panel reads the whole image: with ResNet-50's
-#: 1024 -> 256 and 1024 -> 512 (4 and 8 panels) on them too the model took as long at batch 1
-#: (66.8 / 66.9 ms) and 3 % longer at batch 16 (966 / 936 ms, on and off by turns in one
-#: process); the expansions 64 -> 384 and 96 -> 576 (short sums, many scatters) were slower
+#: batch 1, 2.14 against 2.60 at batch 16), or fill at least one panel and the input channels
+#: are :data:`COLS_WIDE_MIN_IN` or more (long sums): ResNet-50's 1024 -> 256 in the model
+#: 1.13-1.15 -> 0.97-0.99 ms at batch 1, one thread, 256 -> 1024 with its residual 1.24-1.32
+#: -> 1.17-1.22, 1024 -> 512 2.22 -> 1.96; the model 0.984x at batch 1 on one thread, 0.967x on
+#: two, 0.994x at batch 16 (on and off in one process, two predictors by turns). (Before the
+#: panels were swept by chunks with the next one fetched ahead, the model took as long at
+#: batch 1 and 3 % longer at batch 16.) The expansions 64 -> 384 and 96 -> 576 (short sums,
+#: many scatters) were slower, and so were ResNet-50's 28x28 layers (128 -> 512 1.10-1.16 ->
+#: 1.37-1.47 ms)
 COLS_WIDE_PLANE = 256
+#: the fewest input channels of a 14x14 plane's wide 1x1 convolution on the transposed tiles
+COLS_WIDE_MIN_IN = 256
 #: the output channels of a panel of the transposed tiles (float32): ``MR`` (6) pixels by
 #: ``NV`` (4) vectors of channels (kind 2 of :func:`_kind`), or 7 pixels by 3 vectors (kind 3:
 #: no pixel to spare on planes of 7x7 or 14x14; measured alone, one thread, batch 1, ms, kind 2
@@ -138,15 +145,16 @@ _PACKED = [True]
 @register_jitable
 def _choice(m_, c_, p_) -> int:
     """Which kernel serves ``m_`` output and ``c_`` input channels (float32) over planes of
-    ``p_`` pixels: 1 :func:`.pgemm.pointwise_rows`, 2 :func:`conv_cols`, 0 those
-    of :func:`.conv._fwd_range` (where they measured as fast or faster: most planes of 14x14,
-    and those of 28x28 and up of more than 32 input channels, on OpenBLAS or the taps
-    kernel)."""
+    ``p_`` pixels: 1 :func:`.pgemm.pointwise_rows`, 2 :func:`pointwise_cols`, 0 those
+    of :func:`.conv._fwd_range` (where they measured as fast or faster: short sums onto
+    planes of 14x14, and planes of 28x28 and up of more than 32 input channels, on OpenBLAS or
+    the taps kernel)."""
     if m_ < MIN_CHANNELS or c_ < MIN_CHANNELS:
         return 0
     if p_ <= COLS_MAX_PLANE:
         return 2
-    if p_ <= COLS_WIDE_PLANE and m_ == _NR and c_ >= 2 * m_:
+    if p_ <= COLS_WIDE_PLANE and (m_ == _NR and c_ >= 2 * m_ or
+                                  m_ >= _NR and c_ >= COLS_WIDE_MIN_IN):
         return 2
     if p_ >= ROWS_MIN_PLANE and c_ <= ROWS_MAX_CHANNELS and c_ * p_ * 4 <= ROWS_MAX_BYTES:
         return 1
