@@ -53,7 +53,8 @@ CASES = [(1, 40, 130, 7, 7, 3, 1, 1, 1, 3),      # ResNet-like 7x7, panels of 48
          (1, 64, 96, 14, 14, 1, 2, 0, 1, 3),     # a 1x1 stride-2 shortcut
          (1, 20, 96, 9, 9, 5, 1, 2, 1, 3),       # 5x5 onto 9x9
          (1, 17, 64, 9, 8, 3, 1, 1, 2, 2),       # dilated onto 7x6
-         (1, 160, 96, 7, 7, 3, 1, 1, 1, 3)]      # 1440 products: by chunks of the panels
+         (1, 160, 96, 7, 7, 3, 1, 1, 1, 3),      # 1440 products: by chunks of the panels
+         (1, 64, 128, 28, 28, 3, 2, 1, 1, 2)]    # 14x14, 576 products onto whole panels
 
 
 @pytest.mark.parametrize("n,c,m,h,wd,k,s,p,d,kind", CASES)
@@ -97,7 +98,8 @@ def test_where_the_taps_kernel_stays(ready, monkeypatch):
     assert pointwise.pointwise_weight(w, 49, 1, False).size == 0       # 32 of 48 channels
     w = RNG.standard_normal((48, 96, 5, 5)).astype(np.float32)
     assert pointwise.pointwise_weight(w, 64, 1, False).size == 0       # 8x8: whole vectors
-    assert pointwise._kind(512, 4608, 196, False) == 0                 # 14x14
+    assert pointwise._kind(96, 4608, 196, False) == 0                  # 14x14, 1.5 panels
+    assert pointwise._kind(128, 288, 196, False) == 0                  # ... short sums
     assert pointwise.usable(64, 8, 3, 3, 1, 1, 1, 1, 1, 1, 2, p=49, q=49) == ""  # groups
     assert pointwise.usable(64, 16, 3, 3, 2, 2, 1, 1, 1, 1, 1, p=196, q=49) == \
         "pointwise_range_patches"

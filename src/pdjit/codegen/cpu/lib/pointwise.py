@@ -87,6 +87,11 @@ COLS_MAX_PLANE = 100
 COLS_WIDE_PLANE = 256
 #: the fewest input channels of a 14x14 plane's wide 1x1 convolution on the transposed tiles
 COLS_WIDE_MIN_IN = 256
+#: ... and the fewest products per output of another convolution onto a 14x14 plane on them
+#: (over its patches; whole panels of output channels): ResNet-50's 3x3 stride-2 256 -> 256
+#: in the model 2.76 -> 2.61 ms, its 1x1 stride-2 512 -> 1024 shortcut 2.36 -> 2.20 (batch 1,
+#: one thread, two predictors by turns in one process)
+PATCHES_WIDE_MIN_K = 512
 #: the output channels of a panel of the transposed tiles (float32): ``MR`` (6) pixels by
 #: ``NV`` (4) vectors of channels (kind 2 of :func:`_kind`), or 7 pixels by 3 vectors (kind 3:
 #: no pixel to spare on planes of 7x7 or 14x14; measured alone, one thread, batch 1, ms, kind 2
@@ -181,7 +186,8 @@ def _kind(m_, k_, p_, in_place) -> int:
     the transposed tiles (:func:`conv_cols` on the image's patches) for planes of at most
     :data:`COLS_MAX_PLANE` pixels where less of their work is padding than of the taps
     kernel's (which pads each plane to whole vectors: 7x7 to 64), else 0
-    (:func:`.conv._fwd_range`). Measured alone (one thread, batch 1, ms, taps kernel /
+    (:func:`.conv._fwd_range`); and 14x14 planes of long sums onto whole panels
+    (:data:`PATCHES_WIDE_MIN_K`). Measured alone (one thread, batch 1, ms, taps kernel /
     transposed tiles of kind 2 on the patches): ResNet-50's 7x7
     512 -> 512 3x3 2.91 / 2.34, 14x14 -> 7x7 stride 2 3x3 256 -> 512 1.47 / 1.16 and 1x1
     512 -> 1024 0.66 / 0.52; 9x9 160 -> 192 0.51 / 0.41; even or behind where a panel is
@@ -189,8 +195,11 @@ def _kind(m_, k_, p_, in_place) -> int:
     if in_place:
         k = _choice(m_, k_, p_)
         return _cols_kind(m_, p_)[0] if k == 2 else k
-    if m_ < MIN_CHANNELS or k_ < MIN_CHANNELS or p_ < 1 or p_ > COLS_MAX_PLANE:
+    if m_ < MIN_CHANNELS or k_ < MIN_CHANNELS or p_ < 1:
         return 0
+    if p_ > COLS_MAX_PLANE:  # 14x14: long sums onto whole panels, as the 1x1 ones
+        return 2 if p_ <= COLS_WIDE_PLANE and m_ % _NR == 0 and \
+            k_ >= PATCHES_WIDE_MIN_K else 0
     k, share = _cols_kind(m_, p_)
     return k if share > _TAPS_MARGIN * p_ / ((p_ + _TAP_LANES - 1) // _TAP_LANES * _TAP_LANES) \
         else 0
