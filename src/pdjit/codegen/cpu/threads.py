@@ -547,9 +547,17 @@ TINY_RUN_S = 50e-6
 TINY_RUNS = 256
 
 
+#: kernels loaded (or compiled) within runs so far (``lib.team.ready``: a parallel loop, or a
+#: kernel compiled ahead that replaces a slower one, loaded from disk in a run): a run that
+#: loaded one is no sample of a :class:`RunChoice` trial (ResNet-50 at batch 1 on two threads
+#: had its one timed wide run take a 75 ms load, 157 ms against 84 on one thread, and ran on
+#: one thread from then on: 80 ms against 48)
+LOADS = [0]
+
+
 class _Choice:
     __slots__ = ("warm", "pick", "trial", "times", "timing", "left", "until", "interval",
-                 "tiny")
+                 "tiny", "loads")
 
     def __init__(self):
         self.tiny = 0                  # runs left that keep the settings (but RunChoice.tiny_left)
@@ -560,6 +568,7 @@ class _Choice:
         self.timing = -1               # the setting of the run in progress when timed
         self.left, self.until = 0, 0.0  # the pick's runs and deadline before the next trial
         self.interval = CHOICE_RETRY_RUNS
+        self.loads = 0                 # LOADS when the timed run began
 
 
 class RunChoice:
@@ -621,7 +630,7 @@ class RunChoice:
                 return 1 if st.pick == 1 else None
             st.trial, st.times = True, ([], [])
         which = 0 if len(st.times[0]) <= len(st.times[1]) else 1
-        st.timing = which
+        st.timing, st.loads = which, LOADS[0]
         return None if which == 0 else 1
 
     def end(self, key, seconds: float) -> None:
@@ -633,6 +642,9 @@ class RunChoice:
             self._count_tiny(key, TINY_RUNS)
             return
         if not st.trial or st.timing < 0:
+            return
+        if LOADS[0] != st.loads:  # (a kernel loaded in the run: no sample; timed again)
+            st.timing = -1
             return
         wide, narrow = st.times
         st.times[st.timing].append(seconds)

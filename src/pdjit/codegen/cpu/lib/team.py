@@ -107,6 +107,7 @@ def ready(loop, args) -> bool:
         _READY[key] = time.monotonic() + LOOK_AGAIN_S
         return False
     _loaded[0] = threads.runs[0]
+    threads.LOADS[0] += 1  # (this run is no sample of a trial of the run's threads)
     try:
         loop.compile(sig)
     except Exception:  # noqa: BLE001 - the split on run_parts' helpers serves
