@@ -452,8 +452,10 @@ def _call_kind(x, w, y, sh, sw, pt, pl) -> int:
                  _in_place(x, w, y, sh, sw, pt, pl))
 
 
+@register_jitable
 def _run_packed(x, w, ap, y, n0, n1, sh, sw, pt, pl, dh, dw, bias, lo, hi, res):
-    """The packed kernel that ``ap`` (fitting the call) is packed for."""
+    """The packed kernel that ``ap`` (fitting the call) is packed for (in Python and in
+    compiled code)."""
     k = _call_kind(x, w, y, sh, sw, pt, pl)
     if k == 1:
         pointwise_rows(x, ap, y, n0, n1, bias, lo, hi, res)
@@ -489,15 +491,8 @@ def _pointwise_range_native(x, w, ap, y, n0, n1, sh, sw, pt, pl, dh, dw, groups,
 
     def impl(x, w, ap, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res):
         if ap.size and groups == 1 and _fits(x, w, ap, y, sh, sw, pt, pl, bias, res):
-            lo_, hi_ = float(lo), float(hi)
-            k = _call_kind(x, w, y, sh, sw, pt, pl)
-            if k == 1:
-                pointwise_rows(x, ap, y, n0, n1, bias, lo_, hi_, res)
-            elif _in_place(x, w, y, sh, sw, pt, pl):
-                pointwise_cols(x, ap, _step(k), y, n0, n1, bias, lo_, hi_, res)
-            else:
-                conv_cols(x, ap, _step(k), y, n0, n1, w.shape[2], w.shape[3], sh, sw, pt, pl,
-                          dh, dw, bias, lo_, hi_, res)
+            _run_packed(x, w, ap, y, n0, n1, sh, sw, pt, pl, dh, dw, bias, float(lo),
+                        float(hi), res)
             return
         _conv._fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
     return impl
