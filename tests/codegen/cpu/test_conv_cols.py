@@ -90,6 +90,21 @@ def test_patches_against_numpy(n, c, m, h, wd, k, s, p, d, kind, ready):
         assert np.isnan(y[0]).all()
 
 
+def test_padding_only_before_or_after(ready):
+    """Top and left paddings are arguments, the bottom and right ones follow from the output's
+    size (Paddle's four paddings: here 0 above, 1 below, 2 left, 0 right), against NumPy."""
+    x = RNG.standard_normal((1, 24, 8, 7)).astype(np.float32)
+    w = RNG.standard_normal((96, 24, 3, 3)).astype(np.float32)
+    e = np.empty(0, np.float32)
+    oh, ow = 8 + 0 + 1 - 2, 7 + 2 + 0 - 2
+    ap = pointwise.pointwise_weight(w, oh * ow, 1, False)
+    assert ap.size > 0
+    y = np.full((1, 96, oh, ow), np.nan, np.float32)
+    pointwise.pointwise_range(x, w, ap, y, 0, 1, 1, 1, 0, 2, 1, 1, 1, e, -INF, INF, e)
+    np.testing.assert_allclose(y, _oracle(x, w, 1, 1, 0, 2, 1, 1, oh, ow, e, e, -INF, INF),
+                               rtol=1e-4, atol=1e-4)
+
+
 def test_where_the_taps_kernel_stays(ready, monkeypatch):
     """Panels mostly empty or planes that fill the taps kernel's vectors: nothing packed (the
     taps kernel serves); large planes and several groups never take the transposed tiles;
