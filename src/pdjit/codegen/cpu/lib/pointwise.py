@@ -259,10 +259,16 @@ def _pack(w, step: int):
     k_ = w2.shape[1]
     whole = m // step
     out = np.empty((-(-m // step), k_, step), w.dtype)
-    out[:whole] = w2[:whole * step].reshape(whole, step, k_).transpose(0, 2, 1)
+    rows = out.transpose(0, 2, 1)  # (a block's row r: one value every ``step``)
+    blocks = w2[:whole * step].reshape(whole, step, k_)
+    # row by row: each copy reads whole rows of W (a transposing copy that read W by columns
+    # took 2-3x as long: 2.9 against 1.0 ms for 512 x 2048, a warm first result's packing
+    # 30 against ~15 ms for ResNet-50)
+    for r in range(step):
+        rows[:whole, r] = blocks[:, r]
     if whole < out.shape[0]:
         out[whole] = 0
-        out[whole, :, :m - whole * step] = w2[whole * step:].T
+        rows[whole, :m - whole * step] = w2[whole * step:]
     return out.reshape(-1)
 
 
