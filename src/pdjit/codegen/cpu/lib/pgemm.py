@@ -22,8 +22,8 @@ and runs the same kernel, bit for bit.
 
 The same generator (:func:`_micro_kernel`) makes the tiles of pointwise convolutions
 (:func:`pointwise_rows`: the filter packed by blocks of ``MR`` rows, the image in place as the
-right operand; ``pointwise.conv_cols``: the product transposed, the filter packed as a weight,
-stores by scatters), which :mod:`.pointwise` picks between.
+right operand; ``pointwise.pointwise_cols`` and ``conv_cols``: the product transposed, the
+filter packed as a weight, stores by scatters), which :mod:`.pointwise` picks between.
 
 Measured against OpenBLAS 0.3.31 (``np.dot``, one thread, float32, the shapes of a BERT-like
 encoder, medians of thread time, load 10-12): 128x256x256 0.109 / 0.123 ms, 128x256x1024 0.448
@@ -765,7 +765,8 @@ def rows_by_pixels(x, ap, y, bounds, bias, lo, hi, res):
         _rows_pixels(xf, ap, yf, 0, c_, m_, p_, bounds[p], bounds[p + 1], bias, lo, hi, res)
 
 
-#: the tile of ``pointwise.conv_cols``: ``MR`` pixels by ``NV`` vectors of output channels
+#: the transposed tile (``pointwise.pointwise_cols``, ``conv_cols``): ``MR`` pixels by ``NV``
+#: vectors of output channels
 _convt_micro = _micro_kernel(MR, NV, PREFETCH_ROWS, trans=True, far=True)
 
 
