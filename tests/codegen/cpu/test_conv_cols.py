@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import pdjit as fluid
-from pdjit.codegen.cpu.lib import pointwise, team, winograd
+from pdjit.codegen.cpu.lib import pgemm, pointwise, team, winograd
 from pdjit.codegen.cpu.lib._jit import caller
 from pdjit.testing import assert_native
 
@@ -168,7 +168,7 @@ def test_split_over_threads_gives_the_one_calls_bits(ready, monkeypatch):
 
 def test_compiled_code_packs_at_each_run():
     """In compiled code the filter is packed at each run where the batch is large enough
-    (``_pack_rows``, the layout of the host's ``_pack``), else the taps kernel serves."""
+    (``pgemm.pack_rows``, the layout of the host's ``_pack``), else the taps kernel serves."""
     @caller
     def call(x, w, y, bias):
         oh, ow = y.shape[2], y.shape[3]
@@ -188,7 +188,7 @@ def test_compiled_code_packs_at_each_run():
                                    rtol=1e-4, atol=1e-4)
     host = pointwise.pointwise_weight(w, 49, 12, False)
     native = np.empty_like(host)
-    pointwise._pack_rows(w.reshape(96, -1), pointwise._step(3), native)  # (its Python)
+    pgemm.pack_rows(w.reshape(96, -1), pointwise._step(3), native)  # (its Python)
     assert np.array_equal(host, native)
 
 

@@ -689,19 +689,26 @@ def pack_a(w, out):
     values: ``out[(i * K + k) * MR + r] = w[i * MR + r, k]`` (0 past ``M``); ``out`` holds
     ``ceil(M / MR) * K * MR`` values (the left operand of :func:`pointwise_rows`)."""
     m_, k_ = w.shape
-    nb = (m_ + MR - 1) // MR
-    if out.shape[0] != nb * k_ * MR:
+    if out.shape[0] != (m_ + MR - 1) // MR * k_ * MR:
         raise ValueError("pdjit: pack_a: the packed buffer does not fit")
-    for i in range(nb):
-        for r in range(MR):
-            m = i * MR + r
-            base = i * k_ * MR + r
+    pack_rows(w, MR, out)
+
+
+@register_jitable
+def pack_rows(w, step, out):
+    """:func:`pack_a` by blocks of ``step`` rows (``out`` sized by the caller): ``out[(i * K
+    + k) * step + r] = w[i * step + r, k]``, 0 past ``M``."""
+    m_, k_ = w.shape
+    for i in range((m_ + step - 1) // step):
+        for r in range(step):
+            m = i * step + r
+            base = i * k_ * step + r
             if m < m_:
                 for k in range(k_):
-                    out[base + k * MR] = w[m, k]
+                    out[base + k * step] = w[m, k]
             else:
                 for k in range(k_):
-                    out[base + k * MR] = 0
+                    out[base + k * step] = 0
 
 
 @jit

@@ -61,6 +61,7 @@ from pdjit.codegen.cpu.lib.pgemm import (
     PREFETCH_ROWS,
     _convt_micro,
     _micro_kernel,
+    pack_rows,
     pointwise_rows,
     rows_by_pixels,
 )
@@ -213,11 +214,10 @@ def _step(kind) -> int:
 
 
 @register_jitable
-def _packed_size(m_, k_, p_, in_place) -> int:
-    """The values of the filter packed for planes of ``p_`` output pixels (0: not packed)."""
-    k = _kind(m_, k_, p_, in_place)
-    step = _step(k)
-    return (m_ + step - 1) // step * k_ * step if k else 0
+def _packed_size(m_, k_, kind) -> int:
+    """The values of an ``[m_, k_]`` filter packed for the kernel ``kind`` (0: none)."""
+    step = _step(kind)
+    return (m_ + step - 1) // step * k_ * step if kind else 0
 
 
 @register_jitable
@@ -308,35 +308,26 @@ def _pointwise_weight_native(w, p_, n_=1, in_place=True, tiles=0):
         if k == 0 or n_ * p_ < NATIVE_MIN_PIXELS or tiles > 0 and n_ * tiles >= _MIN_TILES:
             return np.empty(0, w.dtype)
         w2 = np.ascontiguousarray(w).reshape((m_, k_))
-        packed = np.empty(_packed_size(m_, k_, p_, in_place), w.dtype)
-        _pack_rows(w2, _step(k), packed)
+        packed = np.empty(_packed_size(m_, k_, k), w.dtype)
+        pack_rows(w2, _step(k), packed)
         return packed
     return impl
 
 
 @register_jitable
-def _pack_rows(w2, step, out):
-    """:func:`_pack` in compiled code: ``out[(i * K + k) * step + r] = w2[i * step + r, k]``,
-    0 past ``M`` (the layout of :func:`.pgemm.pack_a` for ``step`` rows)."""
-    m_, k_ = w2.shape
-    for i in range((m_ + step - 1) // step):
-        for k in range(k_):
-            for r in range(step):
-                m = i * step + r
-                out[(i * k_ + k) * step + r] = w2[m, k] if m < m_ else 0
-
-
-@register_jitable
-def _fits(x, w, ap, y, sh, sw, pt, pl, bias, res) -> bool:
-    """Whether ``ap`` is ``w`` packed for this call (one group: ``w``'s input channels are
-    the image's)."""
+def _packed_kind(x, w, ap, y, sh, sw, pt, pl, bias, res):
+    """``(kind, in_place)``: the kernel (:func:`_kind`) that ``ap``, ``w`` packed, serves this
+    call with (0: ``ap`` is not packed for it; one group: ``w``'s input channels are the
+    image's), and whether the image is its own patches (:func:`_in_place`)."""
     m_ = y.shape[1]
-    k_ = w.size // m_ if m_ > 0 else 0
-    p_ = y.shape[2] * y.shape[3]
-    return ap.size != 0 and w.shape[0] == m_ and w.shape[1] == x.shape[1] and \
-        ap.size == _packed_size(m_, k_, p_, _in_place(x, w, y, sh, sw, pt, pl)) and \
-        x.shape[0] == y.shape[0] and (bias.size == 0 or bias.size == m_) and \
-        (res.size == 0 or res.size == y.size)
+    in_place = _in_place(x, w, y, sh, sw, pt, pl)
+    if ap.size == 0 or m_ == 0 or w.shape[0] != m_ or w.shape[1] != x.shape[1] or \
+            x.shape[0] != y.shape[0] or (bias.size != 0 and bias.size != m_) or \
+            (res.size != 0 and res.size != y.size):
+        return 0, in_place
+    k_ = w.size // m_
+    k = _kind(m_, k_, y.shape[2] * y.shape[3], in_place)
+    return (k if ap.size == _packed_size(m_, k_, k) else 0), in_place
 
 
 @register_jitable
@@ -452,20 +443,12 @@ def _patches_ready() -> bool:
 
 
 @register_jitable
-def _call_kind(x, w, y, sh, sw, pt, pl) -> int:
-    """:func:`_kind` of a call."""
-    return _kind(y.shape[1], w.size // w.shape[0], y.shape[2] * y.shape[3],
-                 _in_place(x, w, y, sh, sw, pt, pl))
-
-
-@register_jitable
-def _run_packed(x, w, ap, y, n0, n1, sh, sw, pt, pl, dh, dw, bias, lo, hi, res):
-    """The packed kernel that ``ap`` (fitting the call) is packed for (in Python and in
-    compiled code)."""
-    k = _call_kind(x, w, y, sh, sw, pt, pl)
+def _run_packed(k, in_place, x, w, ap, y, n0, n1, sh, sw, pt, pl, dh, dw, bias, lo, hi, res):
+    """The packed kernel ``k`` that ``ap`` is packed for (:func:`_packed_kind`; in Python
+    and in compiled code)."""
     if k == 1:
         pointwise_rows(x, ap, y, n0, n1, bias, lo, hi, res)
-    elif _in_place(x, w, y, sh, sw, pt, pl):
+    elif in_place:
         pointwise_cols(x, ap, _step(k), y, n0, n1, bias, lo, hi, res)
     else:
         conv_cols(x, ap, _step(k), y, n0, n1, w.shape[2], w.shape[3], sh, sw, pt, pl, dh, dw,
@@ -477,10 +460,12 @@ def pointwise_range(x, w, ap, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, l
     (the arguments of :func:`.conv._fwd_range`, with ``ap`` the filter packed by
     :func:`pointwise_weight`): on the packed kernels where ``ap`` is not empty and fits, else
     :func:`.conv._fwd_range`."""
-    if ap.size and x.dtype == np.float32 and groups == 1 and \
-            _fits(x, w, ap, y, sh, sw, pt, pl, bias, res):
-        _run_packed(x, w, ap, y, n0, n1, sh, sw, pt, pl, dh, dw, bias, lo, hi, res)
-        return
+    if ap.size and x.dtype == np.float32 and groups == 1:
+        k, in_place = _packed_kind(x, w, ap, y, sh, sw, pt, pl, bias, res)
+        if k:
+            _run_packed(k, in_place, x, w, ap, y, n0, n1, sh, sw, pt, pl, dh, dw, bias, lo, hi,
+                        res)
+            return
     _conv._fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
 
 
@@ -496,18 +481,21 @@ def _pointwise_range_native(x, w, ap, y, n0, n1, sh, sw, pt, pl, dh, dw, groups,
         return other
 
     def impl(x, w, ap, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res):
-        if ap.size and groups == 1 and _fits(x, w, ap, y, sh, sw, pt, pl, bias, res):
-            _run_packed(x, w, ap, y, n0, n1, sh, sw, pt, pl, dh, dw, bias, float(lo),
-                        float(hi), res)
+        k, in_place = _packed_kind(x, w, ap, y, sh, sw, pt, pl, bias, res)
+        if k and groups == 1:
+            _run_packed(k, in_place, x, w, ap, y, n0, n1, sh, sw, pt, pl, dh, dw, bias,
+                        float(lo), float(hi), res)
             return
         _conv._fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
     return impl
 
 
-def _packed(x, w, ap, y, sh, sw, pt, pl, groups, bias, res) -> bool:
-    """Whether a one-sample :func:`pointwise_range` call runs on the packed kernels."""
-    return bool(ap.size) and x.dtype == np.float32 and x.shape[0] == 1 and groups == 1 and \
-        _fits(x, w, ap, y, sh, sw, pt, pl, bias, res)
+def _packed(x, w, ap, y, sh, sw, pt, pl, groups, bias, res):
+    """:func:`_packed_kind` of a one-sample :func:`pointwise_range` call (0: not on the
+    packed kernels)."""
+    if not ap.size or x.dtype != np.float32 or x.shape[0] != 1 or groups != 1:
+        return 0, False
+    return _packed_kind(x, w, ap, y, sh, sw, pt, pl, bias, res)
 
 
 def _tile_bounds(parts, m_, kind):
@@ -553,11 +541,11 @@ def _split(parts, work, x, w, ap, y, sh, sw, pt, pl, dh, dw, groups, bias, lo, h
     sums it (in order of the input channels, whatever the tile's other rows), so the result
     is the same, bit for bit, however it is split. Whether it split the call."""
     rest = (sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
-    if not _packed(x, w, ap, y, sh, sw, pt, pl, groups, bias, res):
+    kind, in_place = _packed(x, w, ap, y, sh, sw, pt, pl, groups, bias, res)
+    if not kind:
         return _conv.split_channels(_conv._fwd_range, parts, work, (x, w, y, *rest))
     p_ = y.shape[2] * y.shape[3]
     k_ = w.size // w.shape[0]
-    kind = _kind(y.shape[1], k_, p_, _in_place(x, w, y, sh, sw, pt, pl))
     if work >= _conv._TEAM_MIN_WORK and kind == 1:
         pixels = _pixel_bounds(parts, p_)
         if pixels is not None and team.run(rows_by_pixels, (x, ap, y, pixels, bias, float(lo),
@@ -567,7 +555,8 @@ def _split(parts, work, x, w, ap, y, sh, sw, pt, pl, dh, dw, groups, bias, lo, h
     if found is None:
         return False
     bounds, ends, nr = found
-    geo = np.array([w.shape[2], w.shape[3], sh, sw, pt, pl, dh, dw], np.int64)
+    geo = np.array([] if in_place else [w.shape[2], w.shape[3], sh, sw, pt, pl, dh, dw],
+                   np.int64)
     if work >= _conv._TEAM_MIN_WORK:
         call = (x, ap, y, np.array(bounds, np.int64), np.array(ends, np.int64), nr, geo,
                 bias, float(lo), float(hi), res)
@@ -584,9 +573,9 @@ def _split(parts, work, x, w, ap, y, sh, sw, pt, pl, dh, dw, groups, bias, lo, h
 
 def _part(x, ap, y, nr, geo, bias, lo, hi, res):
     """One part of :func:`_split` on ``run_parts``' helpers: the kernel the whole call takes
-    (``nr``: the transposed tiles' panel width, 0: the row tiles), on the packed rows ``ap``
-    of the output channels ``y`` holds."""
-    if nr and _whole(geo):
+    (``nr``: the transposed tiles' panel width, 0: the row tiles; ``geo`` empty: the image
+    its own patches), on the packed rows ``ap`` of the output channels ``y`` holds."""
+    if nr and geo.size == 0:
         pointwise_cols(x, ap, nr, y, 0, 1, bias, lo, hi, res)
     elif nr:
         conv_cols(x, ap, nr, y, 0, 1, *(int(g) for g in geo), bias, lo, hi, res)
@@ -599,28 +588,19 @@ def _by_channels(x, ap, y, bounds, ends, nr, geo, bias, lo, hi, res):
     """The packed kernels of one sample, ranges ``bounds`` of output channels (their packed
     rows up to ``ends``) in parallel (:func:`_split`); ``nr``: as :func:`_part`'s; ``geo``:
     the filter's ``kh, kw`` and the strides, top and left paddings and dilations (as
-    :func:`conv_cols` takes them)."""
-    k_ = x.shape[1] * geo[0] * geo[1]
+    :func:`conv_cols` takes them; empty: the image its own patches)."""
+    k_ = x.shape[1] * (geo[0] * geo[1] if geo.size else 1)
     for p in numba.prange(bounds.shape[0] - 1):
         a, b = bounds[p], bounds[p + 1]
         ys, bs, rs = _conv._part_out(y, bias, res, a, b)
         aps = ap[a * k_:ends[p] * k_]
-        if nr and _whole(geo):
+        if nr and geo.size == 0:
             pointwise_cols(x, aps, nr, ys, _conv._plain(0), _conv._plain(1), bs, lo, hi, rs)
         elif nr:
             conv_cols(x, aps, nr, ys, _conv._plain(0), _conv._plain(1), geo[0], geo[1],
                       geo[2], geo[3], geo[4], geo[5], geo[6], geo[7], bs, lo, hi, rs)
         else:
             pointwise_rows(x, aps, ys, _conv._plain(0), _conv._plain(1), bs, lo, hi, rs)
-
-
-@register_jitable
-def _whole(geo) -> bool:
-    """Whether the geometry ``geo`` (:func:`_by_channels`') is 1x1, stride 1, unpadded: the
-    image its own patches (:func:`_split` passes it for a call that :func:`_in_place` says
-    is; its output plane is its input's)."""
-    return geo[0] == 1 and geo[1] == 1 and geo[2] == 1 and geo[3] == 1 and geo[4] == 0 and \
-        geo[5] == 0
 
 
 _conv.CHANNEL_SPLITS[pointwise_range] = _split
