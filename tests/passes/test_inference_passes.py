@@ -15,10 +15,13 @@ import numpy as np
 import pytest
 
 import pdjit as fluid
+from pdjit.codegen.target import get_target
 from pdjit.framework import registry
 from pdjit.io.inference_model import feed_target_names, fetch_target_names, normalize_program
+from pdjit.passes.fusion import live_names, partition
 from pdjit.passes.inference import (
     INFERENCE_PASSES,
+    affine_elementwise,
     fold_batch_norm,
     fold_constants,
     optimize,
@@ -446,6 +449,150 @@ def test_dump_after_fold_batch_norm(monkeypatch, capsys):
     assert "= batch_norm(" not in err and "= elementwise_add(" in err
 
 
+# ---- affine_elementwise --------------------------------------------------------------------------
+def channel_params(new, new_params, axis):
+    """(scale, shift) of the elementwise_mul and elementwise_add of ``new`` (None where the
+    op is absent), both broadcast along ``axis``."""
+    out = []
+    for t in ("elementwise_mul", "elementwise_add"):
+        found = [op for op in new.global_block().ops if op.type == t]
+        assert len(found) <= 1
+        if found:
+            assert found[0].attr("axis") == axis
+            assert new.global_block().var(found[0].input("Y")[0]).persistable
+        out.append(new_params[found[0].input("Y")[0]] if found else None)
+    return out
+
+
+def test_affine_elementwise_bn_after_a_pool_then_relu_compiled_and_fused():
+    # a pre-activation network's batch norm: nothing before it to fold into
+    prog, params = model(lambda x: fluid.layers.relu(fluid.layers.batch_norm(
+        fluid.layers.pool2d(x, 2, pool_stride=2))), [5, 6, 6])
+    x = x_of(2, 5, 6, 6)
+    f, shift = bn_factors(prog, params)
+    assert ops(fold_batch_norm(prog, params)[0])["batch_norm"] == 1
+    new, new_params, (got,) = apply(affine_elementwise, prog, params, x)
+    assert ops(new) == Counter(feed=1, pool2d=1, elementwise_mul=1, elementwise_add=1, relu=1,
+                               fetch=1)
+    scale, add = channel_params(new, new_params, 1)
+    np.testing.assert_allclose(scale, f, rtol=1e-6)
+    np.testing.assert_allclose(add, shift, rtol=1e-6, atol=1e-7)
+    assert scale.dtype == add.dtype == np.float32
+    bn = only_op(prog, "batch_norm")
+    for n in bn.input("Scale") + bn.input("Mean") + bn.input("Variance") + bn.output("SavedMean"):
+        assert n not in new_params and n not in new.global_block().vars
+    pooled = x.reshape(2, 5, 3, 2, 3, 2).max(axis=(3, 5)).astype(np.float64)
+    want = np.maximum(pooled * f[:, None, None] + shift[:, None, None], 0)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    scope = Scope()
+    for k, v in new_params.items():
+        scope.var(k).value = v
+    exe = Executor(mode="compiled", strict=True)
+    (native,) = exe.run(new, feed={"x": x}, scope=scope)
+    assert_native(exe)
+    np.testing.assert_allclose(native, want, rtol=1e-5, atol=1e-5)
+    # the three elementwise ops fuse: one group of the CPU target's partition
+    block = new.global_block()
+    body = [op for op in block.ops if op.type not in ("feed", "fetch")]
+    part = partition(block, body, live_names(new, block, fetch_target_names(new)),
+                     target=get_target("cpu"))
+    groups = [[op.type for op in g.ops] for seg in part.segments for g in seg.groups]
+    assert ["elementwise_mul", "elementwise_add", "relu"] in groups, groups
+
+
+def test_affine_elementwise_leaves_out_ones_and_zeros_nhwc_and_rank_2():
+    # mean 0, bias 0: no shift; NHWC: along the last dim
+    def make(x):
+        return fluid.layers.batch_norm(fluid.layers.relu(x), data_layout="NHWC")
+    prog, params = model(make, [3, 3, 4])
+    bn = only_op(prog, "batch_norm")
+    for slot in ("Mean", "Bias"):
+        params[bn.input(slot)[0]] = np.zeros(4, np.float32)
+    new, new_params, _ = apply(affine_elementwise, prog, params, x_of(2, 3, 3, 4))
+    scale, add = channel_params(new, new_params, -1)
+    assert add is None
+    f, _ = bn_factors(prog, params)
+    np.testing.assert_allclose(scale, f, rtol=1e-6)
+    # scale 1, variance 1 - epsilon: no factor; after a product of rank 2 (but a relu apart)
+    prog, params = model(lambda x: fluid.layers.batch_norm(fluid.layers.relu(x)), [4])
+    bn = only_op(prog, "batch_norm")
+    eps = float(bn.attr("epsilon"))
+    params[bn.input("Scale")[0]] = np.ones(4, np.float32)
+    params[bn.input("Variance")[0]] = np.full(4, 1 - eps, np.float64).astype(np.float32)
+    assert np.all((1 / np.sqrt(params[bn.input("Variance")[0]].astype(np.float64) + eps))
+                  .astype(np.float32) == 1)  # a factor of one, once rounded
+    x = x_of(3, 4)
+    new, new_params, (got,) = apply(affine_elementwise, prog, params, x)
+    scale, add = channel_params(new, new_params, -1)
+    assert scale is None
+    mean, beta = (params[bn.input(s)[0]].astype(np.float64) for s in ("Mean", "Bias"))
+    np.testing.assert_allclose(add, beta - mean, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(got, np.maximum(x, 0) + beta - mean, rtol=1e-5, atol=1e-5)
+
+
+def test_affine_elementwise_keeps_what_is_not_a_constant_affine():
+    # training statistics; statistics without values; a running mean read by another op
+    prog, params = model(lambda x: fluid.layers.batch_norm(fluid.layers.relu(x)), [3])
+    trains = prog.clone()
+    only_op(trains, "batch_norm")._set_attr("is_test", False)
+    assert ops(affine_elementwise(trains, params)[0])["batch_norm"] == 1
+    stats = set(only_op(prog, "batch_norm").input("Mean"))
+    assert ops(affine_elementwise(prog, {k: v for k, v in params.items()
+                                         if k not in stats})[0])["batch_norm"] == 1
+
+    def make(x):
+        y = fluid.layers.batch_norm(fluid.layers.relu(x))
+        mean = y.block.ops[-1].output("MeanOut")[0]
+        return [y, fluid.layers.scale(y.block.var(mean), 2.0)]
+    prog, params = model(make, [3])
+    new, _ = affine_elementwise(prog, params)
+    assert ops(new)["batch_norm"] == 0  # MeanOut is Mean, passed through: still a constant
+    np.testing.assert_allclose(run(new, _, x_of(2, 3))[1],
+                               2 * params[only_op(prog, "batch_norm").input("Mean")[0]])
+    # an elementwise bias add is no opaque op: it stays as it is
+    prog, params = model(lambda x: fluid.layers.fc(fluid.layers.relu(x), 2), [3])
+    new, _ = affine_elementwise(prog, params)
+    assert ops(new) == ops(prog)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_affine_channel_folds_into_a_conv_or_becomes_elementwise(layout):
+    c_axis = 1 if layout == "NCHW" else 3
+    shape = [3, 5, 5] if layout == "NCHW" else [5, 5, 3]
+
+    def affine(x, c):  # Fluid's frozen batch norm: scale and shift as parameters
+        s, b = (fluid.layers.create_parameter([c], "float32") for _ in range(2))
+        return fluid.layers.affine_channel(x, s, b, data_layout=layout)
+
+    prog, params = model(lambda x: affine(fluid.layers.conv2d(
+        x, 4, 3, padding=1, bias_attr=False, data_format=layout), 4), shape)
+    x = x_of(2, *shape)
+    new, new_params, _ = apply(fold_batch_norm, prog, params, x)
+    assert ops(new) == Counter(feed=1, conv2d=1, elementwise_add=1, fetch=1)
+    aff = only_op(prog, "affine_channel")
+    s, b = params[aff.input("Scale")[0]], params[aff.input("Bias")[0]]
+    w = only_op(new, "conv2d").input("Filter")[0]
+    np.testing.assert_allclose(new_params[w], params["conv2d_0.w_0"] * s[:, None, None, None],
+                               rtol=1e-6)
+    # after a pool: an elementwise scale and shift, here checked against NumPy
+    prog, params = model(lambda x: affine(fluid.layers.pool2d(
+        x, 2, pool_type="avg", pool_stride=2, data_format=layout), 3), shape)
+    new, new_params, (got,) = apply(affine_elementwise, prog, params, x)
+    aff = only_op(prog, "affine_channel")
+    s, b = params[aff.input("Scale")[0]], params[aff.input("Bias")[0]]
+    scale, add = channel_params(new, new_params, 1 if layout == "NCHW" else -1)
+    np.testing.assert_array_equal(scale, s)
+    np.testing.assert_array_equal(add, b)
+    if layout == "NCHW":
+        pooled = x[:, :, :4, :4].reshape(2, 3, 2, 2, 2, 2).mean(axis=(3, 5))
+    else:
+        pooled = x[:, :4, :4].reshape(2, 2, 2, 2, 2, 3).mean(axis=(2, 4))
+    view = [1, 1, 1, 1]
+    view[c_axis] = 3
+    np.testing.assert_allclose(got, pooled * s.reshape(view) + b.reshape(view), rtol=1e-5,
+                               atol=1e-5)
+
+
 # ---- fold_constants ------------------------------------------------------------------------------
 def test_fold_constants_transpose_scale_and_fill_constant_chains():
     def make(x):
@@ -484,7 +631,8 @@ def test_prune_unused_params():
 def test_optimize_names_and_errors():
     prog, params = model(lambda x: fluid.layers.dropout(fluid.layers.fc(x, 2), 0.5), [3])
     assert [n for n, _ in INFERENCE_PASSES] == ["test_mode", "remove_noops", "fold_batch_norm",
-                                               "fold_constants", "channels_last"]
+                                               "affine_elementwise", "fold_constants",
+                                               "channels_last"]
     new, _ = optimize(prog, params, passes=["test_mode"])
     assert ops(new) == ops(prog)
     new, _ = optimize(prog, params)

@@ -155,6 +155,8 @@ SEQUENCE = "sequence"
 #: ``Out = X + Y`` elementwise (a code generator may add a value of ``Out``'s shape while a
 #: kernel stores the other operand: a convolution's residual connection)
 ADDITION = "addition"
+#: ``Out = X * Y`` elementwise
+MULTIPLICATION = "multiplication"
 # what the backward pass builds with, each declared by one op (:func:`serving`); the op's first
 # input slot is what it reads and its first output slot what it writes:
 #: ``Out`` = the sum of the tensors of the (duplicable) input slot
@@ -168,8 +170,8 @@ ZEROS_LIKE = "zeros_like"
 #: ``Out`` = a tensor of attributes ``shape`` and ``dtype`` holding attribute ``value``
 FILLS = "fills"
 ALL_TRAITS = frozenset({ELEMENTWISE, BROADCAST, REDUCTION, OPAQUE, VIEW, SIDE_EFFECT,
-                        CONTROL_FLOW, RANDOM, FEED_FETCH, SEQUENCE, ADDITION, SUMS, SUMS_ARRAYS,
-                        COPIES, ZEROS_LIKE, FILLS})
+                        CONTROL_FLOW, RANDOM, FEED_FETCH, SEQUENCE, ADDITION, MULTIPLICATION,
+                        SUMS, SUMS_ARRAYS, COPIES, ZEROS_LIKE, FILLS})
 
 #: the attribute an op switches to inference behaviour with unless it declares another
 #: (``test_mode``); also what an op of a file that pdjit does not register is read with

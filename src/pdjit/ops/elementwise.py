@@ -8,6 +8,7 @@ from pdjit.framework.registry import (
     ADDITION,
     BROADCAST,
     ELEMENTWISE,
+    MULTIPLICATION,
     OPAQUE,
     ZEROS_LIKE,
     Bool,
@@ -92,6 +93,9 @@ _DOMAINS = {"elementwise_div": {"Y": "nonzero"}, "elementwise_mod": {"Y": "nonze
             "elementwise_floordiv": {"Y": "nonzero"}, "elementwise_pow": {"X": "positive"}}
 
 
+_DECLARED = {"elementwise_add": [ADDITION], "elementwise_mul": [MULTIPLICATION]}
+
+
 def _emit_for(name, template):
     if name not in _FLOAT_ONLY_EMIT:
         return template
@@ -116,7 +120,7 @@ def _channel_affine(name):
 for _name, _fn, _emit in _ARITH:
     register_op(
         _name, inputs=["X", "Y"], outputs=["Out"], attrs=dict(_AXIS),
-        traits=[BROADCAST, ADDITION] if _name == "elementwise_add" else [BROADCAST],
+        traits=[BROADCAST] + _DECLARED.get(_name, []),
         infer_shape=_binary_infer(), reference=_binary_ref(_fn), emit=_emit_for(_name, _emit),
         domain=_DOMAINS.get(_name), inference=_channel_affine(_name),
         grad=None if _name in _NON_DIFFERENTIABLE else default_grad(

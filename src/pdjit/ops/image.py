@@ -46,6 +46,7 @@ from pdjit.framework.registry import (
     REQUIRED,
     VIEW,
     Bool,
+    ChannelAffine,
     Float,
     Floats,
     Int,
@@ -643,12 +644,25 @@ def _affine_grad_ref(X, Scale, Bias=None, *, data_layout, **kw):
             "Bias@GRAD": g3.sum(axis=(0, 2)).astype(X.dtype)}
 
 
+def _affine_inference(op):
+    """Per channel ``X * Scale + Bias``: folded by inference passes like a batch norm."""
+    layout = op.all_attrs().get("data_layout", "AnyLayout")
+    if layout not in _LAYOUTS:
+        return None
+
+    def coefficients(v):
+        s, b = v["Scale"], v["Bias"]
+        return None if s.ndim != 1 or b.ndim != 1 else (s, b)
+    return ChannelAffine("X", "Out", 1 if layout == "NCHW" else -1, ("Scale", "Bias"),
+                         coefficients)
+
+
 _AFFINE_ATTRS = {"data_layout": Str("AnyLayout", choices=_LAYOUTS)}
 register_op(
     "affine_channel", inputs=["X", "Scale", "Bias"], outputs=["Out"], attrs=_AFFINE_ATTRS,
     row_wise=RowWise(const=("Scale", "Bias")),
     traits=[OPAQUE], infer_shape=_affine_infer, reference=_affine_ref,
-    emit=Opaque(),
+    emit=Opaque(), inference=_affine_inference,
     grad=default_grad("affine_channel_grad", fwd_inputs=("X", "Scale", "Bias"),
                       wrt=("X", "Scale", "Bias")),
     doc="Out = X * Scale[c] + Bias[c] along the channel axis (dim 1 for NCHW, the last dim "

@@ -26,9 +26,15 @@ new weights in float64 and stores them in the weight's dtype). In pipeline order
     ``matmul``/``matmul_v2`` with a 2-D weight) followed by a chain of per-channel affine ops
     with constant coefficients (:class:`~pdjit.framework.registry.ChannelAffine`: per-channel
     bias adds and multiplies, batch norm with running statistics) on the same channel axis,
-    one of them scaling, becomes the op with a new weight and one ``elementwise_add`` of a new
-    bias. New weights get new names (the old weight may be shared); each value in the chain
-    must be read by the next op only.
+    one of them scaling, becomes the op with a new weight and one addition (the op declared
+    ``ADDITION``) of a new bias. New weights get new names (the old weight may be shared);
+    each value in the chain must be read by the next op only.
+``affine_elementwise``
+    What stays of those affine ops that runs apart from its neighbours (declared ``OPAQUE``:
+    a batch norm after a concatenation or a pooling, before its relu in a pre-activation
+    network; ``affine_channel``) becomes a multiplication and an addition along its channel
+    axis (the ops declared ``MULTIPLICATION`` and ``ADDITION``), which the code generator
+    fuses with the elementwise ops around them.
 ``fold_constants``
     Ops of the global block whose inputs are all constants (persistables with values in
     ``params`` that no op writes, or results of ops folded before them), and that have no side
@@ -43,15 +49,14 @@ new weights in float64 and stores them in the weight's dtype). In pipeline order
     switched to them, converted once at each chain's ends (:mod:`pdjit.passes.layout`; only
     with a ``target``: the Predictor's and the ahead-of-time compiler's).
 
-After ``fold_batch_norm`` and ``fold_constants``, parameters no op reads any more are dropped
-from ``params`` and from the program (:func:`prune_unused_params`).
+After ``fold_batch_norm``, ``affine_elementwise`` and ``fold_constants``, parameters no op
+reads any more are dropped from ``params`` and from the program (:func:`prune_unused_params`).
 
 The names that must survive a pass: persistables, what feed and fetch ops read and write, what
 control-flow ops (and ops the registry does not know) read and write, names used in more than
 one block, and, in a program without fetch ops, every variable that no op reads (it may be a
 result), an op's intermediate outputs aside. The passes read op definitions
-(``OpDef.inference``, traits, attributes, references) and never name an op type, except the
-``elementwise_add`` that carries a folded bias.
+(``OpDef.inference``, traits, attributes, references) and never name an op type.
 """
 from __future__ import annotations
 
@@ -80,7 +85,7 @@ _NOT_CONSTANT = (registry.SIDE_EFFECT, registry.RANDOM, registry.CONTROL_FLOW,
                  registry.FEED_FETCH, registry.SEQUENCE)
 
 __all__ = ["INFERENCE_PASSES", "optimize", "test_mode", "remove_noops", "fold_batch_norm",
-           "fold_constants", "prune_unused_params"]
+           "affine_elementwise", "fold_constants", "prune_unused_params"]
 
 
 # ---- who reads and writes what ----------------------------------------------------------------
@@ -514,7 +519,7 @@ def _fold_chain(prog, b: Block, i: int, op, spec: ChannelLinear, uses: _Uses,
     gone = {n for _, o, _ in chain for n in o.input_arg_names + o.output_arg_names}
     for j, _, _ in reversed(chain):
         b._remove_op(j)
-    add = _bias_add()
+    add = _elementwise(registry.ADDITION)
     _insert_like(b, i + 1, chain[-1][1], add.type,
                  {add.inputs[0].name: [t0], add.inputs[1].name: [b_name]},
                  {add.outputs[0].name: [final]}, {"axis": -1 if axis == rank - 1 else axis})
@@ -523,12 +528,83 @@ def _fold_chain(prog, b: Block, i: int, op, spec: ChannelLinear, uses: _Uses,
     return True
 
 
-def _bias_add():
-    """The op that adds the folded bias: declared ``ADDITION`` (``Out = X + Y``, its first two
-    inputs and its output) with Fluid's ``axis`` broadcast (``BROADCAST``)."""
-    found = registry.having(registry.ADDITION, registry.BROADCAST)
+# ---- affine_elementwise -----------------------------------------------------------------------
+def affine_elementwise(program: Program, params: dict):
+    """Each op that runs apart from its neighbours (declared ``OPAQUE``) but is a per-channel
+    affine with constant coefficients at inference (a batch norm with running statistics
+    that folded into nothing: after a concatenation or a pooling, before its relu in a
+    pre-activation network) becomes ``X * a + b`` by the ops declared ``MULTIPLICATION``
+    and ``ADDITION`` with broadcast, which compile together with the elementwise ops around
+    them. ``a`` and ``b`` are new parameters in X's dtype (computed in float64, rounded once);
+    a factor of ones or a shift of zeros is left out."""
+    _check_args("affine_elementwise", program, params)
+    prog, params = program.clone(), dict(params)
+    uses = _Uses(prog)
+    taken = {n for b in prog.blocks for n in b.vars} | set(params)
+    for b in prog.blocks:
+        i = 0
+        while i < len(b.ops):
+            i += _affine_ops(prog, b, i, uses, params, taken)
+    _prune_params(prog, params)
+    return _finish("affine_elementwise", prog, params)
+
+
+def _affine_ops(prog: Program, b: Block, i: int, uses: _Uses, params: dict, taken: set) -> int:
+    """Rewrite op ``i`` of ``b`` when it is such an affine; how many ops now stand there."""
+    op = b.ops[i]
+    spec, opdef = _inference(op), registry.lookup(op.type)
+    if not isinstance(spec, ChannelAffine) or not opdef.has(registry.OPAQUE):
+        return 1
+    x, out = _single(op.input(spec.x)), _single(op.output(spec.out))
+    xv = b._find_var_recursive(x) if x is not None else None
+    rank = _rank(b, x) if x is not None else None
+    if out is None or rank is None or not -rank <= spec.axis < rank or \
+            np.dtype(xv.dtype).kind != "f":
+        return 1
+    coef = _affine_step(b, i, op, spec, uses, params)
+    c = xv.shape[spec.axis % rank]
+    if coef is None or c <= 0:
+        return 1
+    vectors = []
+    for v, skip in zip(coef, (1.0, 0.0)):
+        if v is not None:
+            v = np.asarray(v, np.float64).reshape(-1)
+            if v.size not in (1, c):
+                return 1
+            v = np.broadcast_to(v, (c,)).astype(xv.dtype)
+        vectors.append(None if v is None or np.all(v == skip) else v)
+    steps = [(d, v, what) for d, v, what in zip(
+        (_elementwise(registry.MULTIPLICATION), _elementwise(registry.ADDITION)), vectors,
+        ("scale", "shift")) if v is not None]
+    if not steps:
+        return 1  # x itself: ``remove_noops`` is where such an op would go
+    axis = -1 if spec.axis % rank == rank - 1 else spec.axis % rank
+    before, gone = list(b.ops), set(op.input_arg_names + op.output_arg_names)
+    cur = x
+    for k, (d, v, what) in enumerate(steps):
+        p_name = _new_name(taken, f"{out}.{what}")
+        params[p_name] = v
+        prog.global_block().create_var(name=p_name, shape=(c,), dtype=xv.dtype,
+                                       persistable=True, stop_gradient=True)
+        dst = out
+        if k < len(steps) - 1:
+            dst = _new_name(taken, f"{out}.scaled")
+            b.create_var(name=dst, shape=xv.shape, dtype=xv.dtype, lod_level=xv.lod_level)
+        _insert_like(b, i + k, op, d.type, {d.inputs[0].name: [cur], d.inputs[1].name: [p_name]},
+                     {d.outputs[0].name: [dst]}, {"axis": axis})
+        cur = dst
+    b._remove_op(i + len(steps))
+    uses.update(prog, b, before)
+    _drop_vars(prog, [n for n in gone if not uses.mentioned(n) and n not in params])
+    return len(steps)
+
+
+def _elementwise(trait: str):
+    """The op declared ``trait`` (``Out = X op Y``, its first two inputs and its output) with
+    Fluid's ``axis`` broadcast (``BROADCAST``)."""
+    found = registry.having(trait, registry.BROADCAST)
     if not found:
-        raise PdjitError("fold_batch_norm: no op is declared ADDITION with BROADCAST")
+        raise PdjitError(f"inference passes: no op is declared {trait} with BROADCAST")
     return found[0]
 
 
@@ -650,6 +726,7 @@ INFERENCE_PASSES = [
     ("test_mode", test_mode),
     ("remove_noops", remove_noops),
     ("fold_batch_norm", fold_batch_norm),
+    ("affine_elementwise", affine_elementwise),
     ("fold_constants", fold_constants),
     ("channels_last", channels_last),
 ]
