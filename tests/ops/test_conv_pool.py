@@ -486,6 +486,50 @@ def test_depthwise_and_max_pool_plane_kernels_over_rows_of_several_vectors():
             np.testing.assert_array_equal(y, want, err_msg=f"pool plane {h}x{wd} pad {p}")
 
 
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_2x2_pool_plane_kernels_max_and_average(dtype):
+    """The 2x2 stride-2 plane kernels (vectors of outputs from pairs of input rows), max and
+    average, on planes whose output rows span several vectors and end part-way through one,
+    odd sizes (the last row and column unread), through the entries the lowering calls and
+    the general one, against :func:`naive_pool`."""
+    from pdjit.codegen.cpu.lib import pool
+
+    r = np.random.default_rng(11)
+    for h, wd in ((4, 4), (9, 37), (20, 66), (56, 56), (7, 130)):
+        x = r.normal(size=(2, 3, h, wd)).astype(dtype)
+        for is_max in (True, False):
+            want = naive_pool(x.astype(np.float64), (2, 2), (2, 2), [0, 0], is_max)
+            for call in ("entry", "general"):
+                y = np.full(want.shape, np.nan, dtype)
+                if call == "general":
+                    pool.pool2d_fwd(x, y, 2, 2, 2, 2, 0, 0, is_max, False, False)
+                elif is_max:
+                    pool.pool2d_max22(x, y)
+                else:
+                    pool.pool2d_avg22(x, y)
+                where = f"{'max' if is_max else 'avg'} {h}x{wd} {call} {np.dtype(dtype)}"
+                if is_max:
+                    np.testing.assert_array_equal(y, want, err_msg=where)
+                else:
+                    np.testing.assert_allclose(y, want, rtol=4 * np.finfo(dtype).eps,
+                                               atol=4 * np.finfo(dtype).eps, err_msg=where)
+
+
+def test_2x2_pools_of_a_program_run_natively(fresh_programs):
+    main, startup = fresh_programs
+    x = fluid.layers.data("x", [5, 12, 34])
+    avg = fluid.layers.pool2d(x, 2, "avg", 2)
+    mx = fluid.layers.pool2d(x, 2, "max", 2)
+    exe = fluid.Executor(fluid.CPUPlace())
+    exe.run(startup)
+    xb = RNG.normal(size=(2, 5, 12, 34)).astype(np.float32)
+    got = exe.run(main, feed={"x": xb}, fetch_list=[avg, mx])
+    assert_native(exe)
+    np.testing.assert_allclose(got[0], naive_pool(xb, (2, 2), (2, 2), [0, 0], False),
+                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(got[1], naive_pool(xb, (2, 2), (2, 2), [0, 0], True))
+
 # ---- the taps kernel: convolutions with few output channels, without im2col ------------------
 TAPS_CASES = [  # (n, c, h, w, m, kh, kw, strides, paddings [t, b, l, r], dilations, groups)
     (1, 1, 12, 12, 6, 5, 5, (1, 1), (2, 2, 2, 2), (1, 1), 1),  # 6 rows: two overlapping fours

@@ -230,6 +230,14 @@ class LowerContext:
         lines.append(f"{t} = np.empty({shape}, {T})")
         return t
 
+    def whole_batch(self, slot: str, spec) -> list:
+        """The lines of ``spec``, what the op's ``Opaque.blocked`` lowering returned (with
+        nothing offered: no epilogue), that compute output ``slot`` for the whole batch: for a
+        plain lowering that runs the same kernels as its blocked form."""
+        lines, fn, before, after, work = spec
+        y = self.gen.current[self.op.output(slot)[0]]
+        return list(lines) + [self.gen.batch_call(y, fn, before, after, work)]
+
     def _var(self, name):
         return self.op.block._find_var_recursive(name)
 
@@ -866,16 +874,20 @@ class SegmentGen:
 
     def _whole_batch(self, blocks) -> None:
         """The op of ``blocks`` (see :meth:`_blocked`) for the whole batch, nothing after it
-        (its epilogue taken): on threads by samples when large (a host driver)."""
+        (its epilogue taken)."""
         name, fn, before, after, work = blocks
-        y = self.current[name]
+        self.emit(self.batch_call(self.current[name], fn, before, after, work))
+
+    def batch_call(self, y: str, fn: str, before: list, after: list, work: str) -> str:
+        """The line calling the function ``fn`` of an ``Opaque.blocked`` lowering (arguments
+        ``before``, the range of samples, ``after``) for every sample of its output ``y``: on
+        threads by samples when large (a host driver)."""
         if self.native:  # (an int constant would be a literal type: a compile per value)
             args = [f"int({a})" if re.fullmatch(r"-?\d+", a) else a
                     for a in before + ["0", f"{y}.shape[0]"] + after]
-            self.emit(f"{fn}({', '.join(args)})")
-        else:
-            self.emit(f"{self.target.library}.split_work({fn}, {y}.shape[0], {work}, "
-                      f"{', '.join(before + after)}, head={len(before)})")
+            return f"{fn}({', '.join(args)})"
+        return (f"{self.target.library}.split_work({fn}, {y}.shape[0], {work}, "
+                f"{', '.join(before + after)}, head={len(before)})")
 
     def _channel_epilogue(self, name: str, nxt: Group, at: int, axis: int = 1):
         """The :class:`ChannelEpilogue` an op whose output ``name`` ([N, C, ...]; channels on

@@ -26,8 +26,8 @@ import llvmlite.ir as ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-__all__ = ["tile_kernel", "plane_kernel", "pool_plane_kernel", "max22_plane", "clamp_run",
-           "TILE_BYTES"]
+__all__ = ["tile_kernel", "plane_kernel", "pool_plane_kernel", "max22_plane", "avg22_plane",
+           "clamp_run", "TILE_BYTES"]
 
 #: the width of one vector of the tile, in bytes (an AVX-512 register)
 TILE_BYTES = 64
@@ -426,17 +426,24 @@ def pool_plane_kernel(k: int, stride: int):
     return pool
 
 
-@intrinsic
-def max22_plane(typingctx, xs, b0, w, df, d0, oh, ow):
-    """The max pool of 2x2 windows at stride 2 over one plane whose windows all lie inside it:
-    ``max22_plane(xs, b0, w, df, d0, oh, ow)`` writes ``df[d0 + o * ow + q]`` = the max of
-    ``xs[b0 + (2 * o + i) * w + 2 * q + j]`` for ``i, j < 2`` (each column's two rows, then
-    the two columns, as :func:`_larger` takes a max), for ``o < oh``, ``q < ow``
-    (``2 * ow <= w``). Per output
-    row, a vector of outputs from two vectors of each input row: the rows' maxima, then the
-    even and odd lanes of the pair (shuffles); the last vector masked. (The same loops in
-    Numba stayed scalar: 2-4x slower on LeNet's and VGG's pools.) The offsets are the caller's
-    to keep in bounds."""
+def _pool22_plane(mean: bool):
+    """The max (``mean``: average) pool of 2x2 windows at stride 2 over one plane whose
+    windows all lie inside it: ``pool(xs, b0, w, df, d0, oh, ow)`` writes ``df[d0 + o * ow +
+    q]`` = the max (as :func:`_larger` takes it) or the mean of ``xs[b0 + (2 * o + i) * w +
+    2 * q + j]`` for ``i, j < 2``, for ``o < oh``, ``q < ow`` (``2 * ow <= w``): each column's
+    two rows, then the two columns (the mean: ``((x00 + x10) + (x01 + x11)) * 0.25``). Per
+    output row, a vector of outputs from two vectors of each input row: the rows combined,
+    then the even and odd lanes of the pair (shuffles); the last vector masked. (The same
+    loops in Numba stayed scalar: 2-4x slower on LeNet's and VGG's pools.) The offsets are
+    the caller's to keep in bounds."""
+
+    @intrinsic
+    def pool(typingctx, xs, b0, w, df, d0, oh, ow):
+        return _pool22_sig(xs, b0, w, df, d0, oh, ow, mean)
+    return pool
+
+
+def _pool22_sig(xs, b0, w, df, d0, oh, ow, mean):
     if not (isinstance(xs, types.Array) and isinstance(df, types.Array)) or \
             xs.dtype != df.dtype or xs.dtype not in (types.float32, types.float64):
         return None
@@ -458,6 +465,7 @@ def max22_plane(typingctx, xs, b0, w, df, d0, oh, ow):
         iota = ir.Constant(i32s, list(range(lanes)))
         even = ir.Constant(i32s, [2 * t for t in range(lanes)])
         odd = ir.Constant(i32s, [2 * t + 1 for t in range(lanes)])
+        quarter = _splat(builder, vty, ir.Constant(fty, 0.25))
 
         def c(v):
             return ir.Constant(i64, v)
@@ -484,9 +492,13 @@ def max22_plane(typingctx, xs, b0, w, df, d0, oh, ow):
                         rows.append(builder.call(load, [ptr(xptr, at_), align, mask, zero]))
                     else:
                         rows.append(builder.load(ptr(xptr, at_), align=size))
-                halves.append(_larger(builder, rows[1], rows[0]))
-            return _larger(builder, builder.shuffle_vector(halves[0], halves[1], odd),
-                           builder.shuffle_vector(halves[0], halves[1], even))
+                halves.append(builder.fadd(rows[0], rows[1]) if mean else
+                              _larger(builder, rows[1], rows[0]))
+            odds = builder.shuffle_vector(halves[0], halves[1], odd)
+            evens = builder.shuffle_vector(halves[0], halves[1], even)
+            if mean:
+                return builder.fmul(builder.fadd(evens, odds), quarter)
+            return _larger(builder, odds, evens)
 
         nfull = builder.sdiv(owv, c(lanes))
         done = builder.mul(nfull, c(lanes))
@@ -504,6 +516,10 @@ def max22_plane(typingctx, xs, b0, w, df, d0, oh, ow):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+max22_plane = _pool22_plane(False)
+avg22_plane = _pool22_plane(True)
 
 
 @intrinsic

@@ -192,6 +192,10 @@ def _channel_axis(op) -> int:
 def _conv_lower(ctx):
     if not _float_ok(ctx, "Input", "Filter"):
         return None
+    if ctx.gen.target.block_forms:  # the kernels of the blocked form (packed filters,
+        spec = _conv_blocked(ctx)  # Winograd), with no epilogue
+        if spec is not None:
+            return ctx.whole_batch("Output", spec)
     g = _geometry(ctx.attrs, ctx.op.type)
     X, W = ctx.inp("Input"), ctx.inp("Filter")
     _, _, kh, kw = ctx.shape("Filter")

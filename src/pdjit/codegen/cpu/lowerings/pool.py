@@ -41,24 +41,24 @@ def _pool_lower(ctx):
     y, pre, post = nchw_dest(ctx, p.g, "Out", n, c, p.src_out(0, h), p.src_out(1, w))
     if _whole_planes(ctx, p):
         return lines + pre + [f"{ctx.lib_fn('pool2d_mean')}({xc}, {y})"] + post
-    call = _max_call(ctx, p, xc, y, h, w)
+    call = _window_call(ctx, p, xc, y, h, w)
     if call is not None:
         return lines + pre + [call] + post
     flags = f"{p.is_max}, {p.exclusive}, {p.adaptive}"
     return lines + pre + [f"{ctx.lib_fn('pool2d_fwd')}({xc}, {y}, {p.args(h, w)}, {flags})"] + post
 
 
-def _max_call(ctx, p: _Pool, xc: str, y: str, h: str, w: str) -> str | None:
-    """The call of the library's entry of the max pool whose windows the attributes fix (2x2
-    at stride 2 unpadded; 3x3 at one stride of 1 or 2 on both axes), so that the plan's
-    compile jobs name that kernel alone; else None (the general entry)."""
-    if not p.is_max or p.adaptive or p.global_:
+def _window_call(ctx, p: _Pool, xc: str, y: str, h: str, w: str) -> str | None:
+    """The call of the library's entry of the pool whose windows the attributes fix (2x2 at
+    stride 2 unpadded, max or average; 3x3 max at one stride of 1 or 2 on both axes), so that
+    the plan's compile jobs name that kernel alone; else None (the general entry)."""
+    if p.adaptive or p.global_:
         return None
     kh, sh, pt, _ = p.src_window(0, h)
     kw, sw, pl, _ = p.src_window(1, w)
     if (kh, kw, sh, sw, pt, pl) == ("2", "2", "2", "2", "0", "0"):
-        return f"{ctx.lib_fn('pool2d_max22')}({xc}, {y})"
-    if kh == kw == "3" and sh == sw and sh in ("1", "2"):
+        return f"{ctx.lib_fn('pool2d_max22' if p.is_max else 'pool2d_avg22')}({xc}, {y})"
+    if p.is_max and kh == kw == "3" and sh == sw and sh in ("1", "2"):
         return f"{ctx.lib_fn('pool2d_max33')}({xc}, {y}, {sh}, {pt}, {pl})"
     return None
 
