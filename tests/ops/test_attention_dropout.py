@@ -209,7 +209,10 @@ def test_an_op_computed_by_blocks_before_a_prologue_is_computed_whole():
     gen = SegmentGen(part.segments[0], block, live)
     gen.generate()
     source = gen.source("segment")
-    assert "_nn.conv2d_fwd(" in source, source
+    # the whole batch (every sample), no epilogue, before the prologue's kernel runs
+    whole = "_nn.split_work(_nn.conv._fwd_range, s1.shape[0], "
+    assert whole in source and "nb2, -math.inf, math.inf, nb2, head=3)" in source, source
+    assert source.index(whole) < source.index("K0(s1, a2, s3)"), source
 
 
 # ---- softmax_with_cross_entropy: the same split passes over each row ---------------------------
