@@ -194,18 +194,20 @@ def test_compiled_code_packs_at_each_run():
 
 def test_program_takes_them_and_winograd_at_larger_batches(fresh_programs, ready,
                                                             monkeypatch):
-    """A 3x3 stride-1 convolution onto a 7x7 plane runs on the transposed tiles at batch 1
-    and on Winograd's kernel from the batch at which that takes it (nothing packed); a
-    stride-2 one onto the same plane always on the transposed tiles."""
+    """A 3x3 stride-1 convolution onto a 7x7 plane (16 tiles of Winograd's kernel a sample)
+    runs on the transposed tiles at batch 1 and on Winograd's kernel from the batch at which
+    that takes it (nothing packed); a stride-2 one onto the same plane always on the
+    transposed tiles. A filter whose transform stays in the L2 cache takes Winograd's kernel
+    from 16 tiles: at batch 1."""
     main, _ = fresh_programs
     x = fluid.layers.data("x", [32, 14, 14])
     a = fluid.layers.conv2d(x, 64, 3, stride=2, padding=1, act="relu",
                             param_attr=fluid.ParamAttr(name="wa"), bias_attr=False)
-    b = fluid.layers.conv2d(a, 96, 3, padding=1, param_attr=fluid.ParamAttr(name="wb"),
+    b = fluid.layers.conv2d(a, 256, 3, padding=1, param_attr=fluid.ParamAttr(name="wb"),
                             bias_attr=False, act="relu")
     exe = fluid.Executor(fluid.CPUPlace())
     scope = fluid.global_scope()
-    for name, shape in (("wa", (64, 32, 3, 3)), ("wb", (96, 64, 3, 3))):
+    for name, shape in (("wa", (64, 32, 3, 3)), ("wb", (256, 64, 3, 3))):
         scope.var(name).get_tensor().set(
             (RNG.standard_normal(shape) / 12).astype(np.float32), fluid.CPUPlace())
     wa, wb = (np.asarray(scope.find_var(n).get_tensor()) for n in ("wa", "wb"))
@@ -223,6 +225,12 @@ def test_program_takes_them_and_winograd_at_larger_batches(fresh_programs, ready
                                                 INF), rtol=1e-3, atol=1e-3)
         assert bool(wino) == on_winograd
         assert (pointwise.pointwise_weight(wb, 49, batch, False, 16).size == 0) == on_winograd
+    # 16 tiles: 256 x 64 filters transformed take 1 MiB, 96 x 64 ones 384 KiB
+    assert not winograd.enough_tiles(16, 256, 64) and winograd.enough_tiles(16, 96, 64)
+    assert winograd.enough_tiles(32, 256, 64) and not winograd.enough_tiles(15, 96, 64)
+    small = wb[:96]
+    assert pointwise.pointwise_weight(small, 49, 1, False, 16).size == 0
+    assert pointwise.pointwise_weight(small, 49, 1, False, 0).size > 0  # (no Winograd: packed)
     report = exe.explain(main, feed={"x": xv}, fetch_list=[b])
     assert "_nn.pointwise_range_patches_3x3," in report
     assert "_nn.pointwise_range_patches," in report

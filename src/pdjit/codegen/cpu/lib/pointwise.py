@@ -65,7 +65,7 @@ from pdjit.codegen.cpu.lib.pgemm import (
     pointwise_rows,
     rows_by_pixels,
 )
-from pdjit.codegen.cpu.lib.winograd import _MIN_TILES, may_take
+from pdjit.codegen.cpu.lib.winograd import enough_tiles, may_take
 
 __all__ = ["conv_cols", "pointwise_cols", "pointwise_range", "pointwise_range_cols",
            "pointwise_range_patches", "pointwise_range_patches_3x3", "pointwise_range_rows",
@@ -283,8 +283,8 @@ def pointwise_weight(w, p_, n_=1, in_place=True, tiles=0):
     if w.dtype != np.float32 or w.ndim != 4 or not _PACKED[0] or type(w) is not np.ndarray:
         return np.empty(0, w.dtype)
     k = _kind(w.shape[0], w.size // max(1, w.shape[0]), p_, in_place)
-    if k == 0 or tiles > 0 and n_ * tiles >= _MIN_TILES or not in_place and \
-            not _patches_ready():
+    if k == 0 or tiles > 0 and enough_tiles(n_ * tiles, w.shape[0], w.shape[1]) or \
+            not in_place and not _patches_ready():
         return np.empty(0, w.dtype)
     return params.derived(w, ("pointwise", k), lambda: _pack(w, _step(k)))
 
@@ -305,7 +305,8 @@ def _pointwise_weight_native(w, p_, n_=1, in_place=True, tiles=0):
         m_ = w.shape[0]
         k_ = w.size // m_ if m_ > 0 else 0
         k = _kind(m_, k_, p_, in_place)
-        if k == 0 or n_ * p_ < NATIVE_MIN_PIXELS or tiles > 0 and n_ * tiles >= _MIN_TILES:
+        if k == 0 or n_ * p_ < NATIVE_MIN_PIXELS or \
+                tiles > 0 and enough_tiles(n_ * tiles, m_, w.shape[1]):
             return np.empty(0, w.dtype)
         w2 = np.ascontiguousarray(w).reshape((m_, k_))
         packed = np.empty(_packed_size(m_, k_, k), w.dtype)
