@@ -283,3 +283,50 @@ def test_run_parts_runs_the_parts_at_once_and_in_order():
     names.clear()
     assert threads.run_parts(part, [(0,), (1,), (2,)], most=0) == [0, 10, 20]
     assert {n for _, n in names} == {"MainThread"}
+
+
+def test_a_step_without_a_native_driver_runs_the_host_driver_on_slices(two_threads,
+                                                                       monkeypatch):
+    """A step whose native driver would not pay (here: more kernel calls than
+    ``DRIVER_MAX_CALLS`` allows, as a CNN's whole-model step) but whose ops keep batch rows
+    independent: at a large batch the host driver itself is tried on slices of the batch,
+    each slice on its own thread with its kernels on that thread alone (no split inside a
+    slice); the result is the host driver's on the same slices and NumPy's. A small batch
+    runs the host driver as before, with no trial."""
+    monkeypatch.setattr(tiers_mod, "DRIVER_MAX_CALLS", 0)
+    monkeypatch.setattr(tiers_mod, "TIER_UP_THREAD", False)
+    program, startup, y = _mlp()
+    scope = fluid.Scope()
+    exe = fluid.Executor(native_drivers="background", strict=True)
+    exe.run(startup, scope=scope)
+    rng = np.random.default_rng(3)
+    for _ in range(tiers_mod.BACKGROUND_RUNS + 10):
+        xv = rng.standard_normal((BATCH, 6)).astype("float32")
+        (out,) = exe.run(program, feed={"x": xv}, fetch_list=[y], scope=scope)
+        np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
+    (step,) = _steps(exe, program)
+    tiers = step.tiers
+    assert isinstance(tiers.native, tiers_mod.HostSlices) and step.native is None
+    assert "would not pay" in tiers.native_failed
+    sp = tiers.picked[BATCH]
+    assert isinstance(sp, tiers_mod.SplitDriver) and sp.parts == 2 and sp.runs > 0
+    assert tiers.drivers()[BATCH] == "host split x2" and "host split x2" in step.describe()
+    seen, host = [], tiers.native.host
+    tiers.native.host = lambda *a: (seen.append((threading.current_thread().name,
+                                                 a[0].shape[0], threads.loop_threads())),
+                                    host(*a))[1]
+    xv = rng.standard_normal((BATCH, 6)).astype("float32")
+    (out,) = exe.run(program, feed={"x": xv}, fetch_list=[y], scope=scope)
+    # each half on its own thread, where nothing splits again
+    assert sorted(seen) == [("MainThread", BATCH // 2, 1), ("pdjit-split", BATCH // 2, 1)]
+    assert threads.loop_threads() == 2  # (restored after the slice)
+    args = [xv] + [np.asarray(scope.find_var(n).value) for n in step.args[1:]]
+    halves = [host(xv[lo:lo + BATCH // 2], *args[1:])[0] for lo in (0, BATCH // 2)]
+    np.testing.assert_array_equal(out, np.concatenate(halves))
+    np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
+    seen.clear()  # a batch below SPLIT_MIN_BATCH: the host driver, no trial, no pick
+    for _ in range(4):
+        xv = rng.standard_normal((3, 6)).astype("float32")
+        (out,) = exe.run(program, feed={"x": xv}, fetch_list=[y], scope=scope)
+        np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
+    assert seen == [] and 3 not in tiers.picked and tiers.settled(3)

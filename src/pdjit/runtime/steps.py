@@ -94,7 +94,7 @@ class NativeStep:
     @property
     def native(self):
         """The step's native driver, once it has one (None: the host driver serves)."""
-        return self.tiers.native if self.tiers is not None else None
+        return self.tiers.native_driver if self.tiers is not None else None
 
     def call_host(self, values):
         """The host driver on ``values`` (``fluid.profiler``: each group of it timed)."""

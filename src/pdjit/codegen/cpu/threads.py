@@ -495,6 +495,32 @@ def begin_run(cap: int | None = None) -> None:
     local.key, local.blas = key, n
 
 
+class one_thread:  # noqa: N801 - a context manager, used as a statement
+    """Work on this thread that must not split itself over threads (a slice of a batch that
+    is already split, one slice a thread): meanwhile the run's cap is one thread (the library
+    kernels' splits, ``gemm_threads``) and so is Numba's count for this thread's parallel
+    loops; both are restored after."""
+    __slots__ = ("cap", "loops")
+
+    def __enter__(self):
+        import numba
+
+        local = _run_local
+        self.cap, self.loops = getattr(local, "cap", None), numba.get_num_threads()
+        local.cap = 1
+        if self.loops != 1:
+            numba.set_num_threads(1)
+        return self
+
+    def __exit__(self, *exc):
+        import numba
+
+        _run_local.cap = self.cap
+        if self.loops != 1:
+            numba.set_num_threads(self.loops)
+        return False
+
+
 #: runs of a plan at one batch size before its threads are measured (the first compiles or
 #: loads kernels; the plan's driver trials, ``pdjit.codegen.cpu.tiers.DriverTiers``, are waited for
 #: through ``RunChoice.ready``)
