@@ -343,8 +343,9 @@ class HostSlices:
     kernels on its own thread alone (``threads.one_thread``): each core runs the whole
     network on its rows, with no hand-over between layers and its activations in its own
     caches. At batch 16 on two threads, the two drivers by turns in one process, medians
-    (ms, split / host driver with each kernel split over the threads): MobileNetV2 70.4 /
-    73.8, ResNet-50 632 / 653, a 6-layer BERT-like encoder 116 / 123."""
+    (ms, split / host driver with each kernel split over the threads): MobileNetV2 69.8 /
+    73.7, a 6-layer BERT-like encoder 119 / 124, ResNet-50 637 / 640 (each of its kernels
+    splits well)."""
     parallel = False
 
     def __init__(self, host):
