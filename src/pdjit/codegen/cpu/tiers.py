@@ -273,8 +273,8 @@ class DriverTiers:
         else:
             results = self.step.compiled.fn(*values)
         elapsed = time.perf_counter() - t0
-        if drivers[which] is split and split.runs == split_runs:  # it ran unsplit: a core
-            # was busy
+        # (the split driver ran unsplit: a core was busy)
+        if drivers[which] is split and split.runs == split_runs:
             redo = self._unsplit_runs.get(key, 0) + 1
             self._unsplit_runs[key] = redo
             if redo <= UNSPLIT_REDOS:  # not a time of the split: it runs again next time
