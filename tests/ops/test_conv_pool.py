@@ -602,3 +602,41 @@ def test_im2col_of_same_convolutions_through_blas(xshape, wshape, pads, dils):
     y = np.full(want.shape, np.nan)
     conv.conv2d_fwd(x, w, y, 1, 1, pads[0], pads[2], *dils, 1)
     np.testing.assert_allclose(y, want, rtol=1e-12, atol=1e-12)
+
+
+def _driver_source(prog, fetch):
+    """The generated host driver of ``prog``'s first segment (nothing compiles)."""
+    from pdjit.codegen.lowering import SegmentGen
+    from pdjit.codegen.target import get_target
+    from pdjit.passes.fusion import live_names, partition
+
+    block = prog.global_block()
+    ops = [op for op in block.ops if op.type not in ("feed", "fetch")]
+    live = live_names(prog, block, [fetch.name])
+    part = partition(block, ops, live, target=get_target("cpu"))
+    gen = SegmentGen(part.segments[0], block, live)
+    gen.generate()
+    return gen.source("segment")
+
+
+@pytest.mark.parametrize("after", ["pool", "bn_test", "bn_batch_stats", "trained"])
+def test_a_convolution_alone_runs_its_blocked_kernels_in_inference_programs(after):
+    """A 3x3 convolution with nothing elementwise after it (a pooling, a batch norm of batch
+    statistics) runs the kernels of its blocked form (``conv._fwd_range``, which has
+    Winograd's) when no op writes its filter; one a batch norm in test mode reads (the
+    inference passes would fold it), or whose filter an optimizer writes, keeps the plain
+    call (the taps kernel alone)."""
+    prog, start = fluid.Program(), fluid.Program()
+    with fluid.program_guard(prog, start), fluid.unique_name.guard():
+        x = fluid.layers.data("x", [32, 12, 12])
+        c = fluid.layers.conv2d(x, 32, 3, padding=1, bias_attr=False)
+        if after == "pool" or after == "trained":
+            y = fluid.layers.pool2d(c, 2, pool_stride=2)
+        else:
+            y = fluid.layers.batch_norm(c, is_test=after == "bn_test")
+        if after == "trained":
+            fluid.optimizer.SGD(0.1).minimize(fluid.layers.mean(y))
+    source = _driver_source(prog, y)
+    blocked = after in ("pool", "bn_batch_stats")
+    assert ("split_work(_nn.conv._fwd_range_3x3" in source) == blocked, source
+    assert ("_nn.conv2d_fwd(" in source) != blocked, source

@@ -23,6 +23,7 @@ from pdjit.codegen.cpu.lib.conv import _dw_by_taps, _use_gemm, by_forward, use_d
 from pdjit.codegen.cpu.lib.pointwise import usable
 from pdjit.codegen.cpu.lib.winograd import may_take
 from pdjit.codegen.cpu.lowerings import lowering
+from pdjit.framework import registry
 from pdjit.ops.conv import (
     Geometry,
     _float_ok,
@@ -187,14 +188,38 @@ def _channel_axis(op) -> int:
     return -1 if op.all_attrs().get("data_format") == "NHWC" else 1
 
 
+def _served_weight(op) -> bool:
+    """Whether a convolution with nothing elementwise after it runs its blocked form's kernels
+    (else the taps kernel alone, as a training program's do): its filter is a weight that no
+    op writes (an inference program's), and no per-channel affine op that runs apart
+    (declared ``ChannelAffine`` and ``OPAQUE``: a batch norm at inference) reads its output,
+    which the inference passes would have folded into the filter: a program run as it was
+    saved, whose first run would compile those kernels too (ResNet-50 through the Executor:
+    +2.6 s cold, for 11 % less time a run)."""
+    block, ws = op.block, op.input("Filter")
+    v = block._find_var_recursive(ws[0]) if len(ws) == 1 else None
+    if v is None or not v.persistable or \
+            any(ws[0] in o.output_arg_names for b in block.program.blocks for o in b.ops):
+        return False
+    out = op.output("Output")
+    for o in block.ops:
+        if out and out[0] in o.input_arg_names:
+            d = registry.lookup(o.type)
+            spec = d.inference(o) if d is not None and d.inference is not None else None
+            if isinstance(spec, registry.ChannelAffine) and d.has(registry.OPAQUE) and \
+                    o.input(spec.x) == out:
+                return False
+    return True
+
+
 @lowering("conv2d", "depthwise_conv2d", host=True, blocked=_conv_blocked,
           channel_axis=_channel_axis, channels_last=channels_last)
 def _conv_lower(ctx):
     if not _float_ok(ctx, "Input", "Filter"):
         return None
-    if ctx.gen.target.block_forms:  # the kernels of the blocked form (packed filters,
-        spec = _conv_blocked(ctx)  # Winograd), with no epilogue
-        if spec is not None:
+    if ctx.gen.target.block_forms and _served_weight(ctx.op):
+        spec = _conv_blocked(ctx)  # the kernels of the blocked form (packed filters,
+        if spec is not None:       # Winograd's), with no epilogue
             return ctx.whole_batch("Output", spec)
     g = _geometry(ctx.attrs, ctx.op.type)
     X, W = ctx.inp("Input"), ctx.inp("Filter")
