@@ -439,11 +439,11 @@ def _pool22_plane(mean: bool):
 
     @intrinsic
     def pool(typingctx, xs, b0, w, df, d0, oh, ow):
-        return _pool22_sig(xs, b0, w, df, d0, oh, ow, mean)
+        return _pool22_intrinsic(xs, b0, w, df, d0, oh, ow, mean)
     return pool
 
 
-def _pool22_sig(xs, b0, w, df, d0, oh, ow, mean):
+def _pool22_intrinsic(xs, b0, w, df, d0, oh, ow, mean):
     if not (isinstance(xs, types.Array) and isinstance(df, types.Array)) or \
             xs.dtype != df.dtype or xs.dtype not in (types.float32, types.float64):
         return None
