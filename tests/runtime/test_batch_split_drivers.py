@@ -324,9 +324,18 @@ def test_a_step_without_a_native_driver_runs_the_host_driver_on_slices(two_threa
     halves = [host(xv[lo:lo + BATCH // 2], *args[1:])[0] for lo in (0, BATCH // 2)]
     np.testing.assert_array_equal(out, np.concatenate(halves))
     np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
-    seen.clear()  # a batch below SPLIT_MIN_BATCH: the host driver, no trial, no pick
+    seen.clear()  # a batch below HOST_SPLIT_MIN_BATCH: the host driver, no trial, no pick
+    small = tiers_mod.HOST_SPLIT_MIN_BATCH - 1
     for _ in range(4):
-        xv = rng.standard_normal((3, 6)).astype("float32")
+        xv = rng.standard_normal((small, 6)).astype("float32")
         (out,) = exe.run(program, feed={"x": xv}, fetch_list=[y], scope=scope)
         np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
-    assert seen == [] and 3 not in tiers.picked and tiers.settled(3)
+    assert seen == [] and small not in tiers.picked and tiers.settled(small)
+    # from HOST_SPLIT_MIN_BATCH (below the native drivers' SPLIT_MIN_BATCH) it is tried too
+    least = tiers_mod.HOST_SPLIT_MIN_BATCH
+    assert least < tiers_mod.SPLIT_MIN_BATCH
+    for _ in range(10):
+        xv = rng.standard_normal((least, 6)).astype("float32")
+        (out,) = exe.run(program, feed={"x": xv}, fetch_list=[y], scope=scope)
+        np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
+    assert tiers.drivers()[least] == "host split x2" and tiers.settled(least)
