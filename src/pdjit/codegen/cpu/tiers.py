@@ -346,10 +346,10 @@ class HostSlices:
     """What stands for a step's native driver where none pays (many or long kernel calls:
     a CNN's whole-model step) but the step's ops keep batch rows independent: the host driver
     itself, run on slices of a batch of :data:`HOST_SPLIT_MIN_BATCH` or more at once
-    (:class:`SplitDriver`), each slice's
-    kernels on its own thread alone (``threads.one_thread``): each core runs the whole
-    network on its rows, with no hand-over between layers and its activations in its own
-    caches. At batch 16 on two threads, the two drivers by turns in one process, medians
+    (:class:`SplitDriver`), each slice's kernels on its own thread alone
+    (``threads.one_thread``): each core runs the whole network on its rows, with no
+    hand-over between layers and its activations in its own caches. At batch 16 on two
+    threads, the two drivers by turns in one process, medians
     (ms, split / host driver with each kernel split over the threads): MobileNetV2 69.8 /
     73.7, a 6-layer BERT-like encoder 119 / 124, ResNet-50 637 / 640 (each of its kernels
     splits well)."""
