@@ -5,7 +5,7 @@ Passes never run code and never name an op: they read op definitions' traits and
 stderr: the compile pipeline's stages (``prune``, ``fusion``, ``generate``, ``memory_plan``,
 ``native_loops``, ``steps``: :mod:`pdjit.codegen.pipeline`) and the inference passes
 (``pdjit.passes.inference``): ``test_mode``, ``remove_noops``, ``fold_batch_norm``,
-``fold_constants`` and ``channels_last``.
+``affine_elementwise``, ``fold_constants`` and ``channels_last``.
 """
 from __future__ import annotations
 
