@@ -572,36 +572,31 @@ def _split(parts, work, x, w, ap, y, sh, sw, pt, pl, dh, dw, groups, bias, lo, h
     return True
 
 
+@register_jitable
 def _part(x, ap, y, nr, geo, bias, lo, hi, res):
-    """One part of :func:`_split` on ``run_parts``' helpers: the kernel the whole call takes
-    (``nr``: the transposed tiles' panel width, 0: the row tiles; ``geo`` empty: the image
-    its own patches), on the packed rows ``ap`` of the output channels ``y`` holds."""
+    """One part of :func:`_split` (on ``run_parts``' helpers, or a thread of
+    :func:`_by_channels`' loop): the kernel the whole call takes (``nr``: the transposed
+    tiles' panel width, 0: the row tiles; ``geo``: the filter's ``kh, kw`` and the strides,
+    top and left paddings and dilations as :func:`conv_cols` takes them, empty: the image its
+    own patches), on the packed rows ``ap`` of the output channels ``y`` holds."""
     if nr and geo.size == 0:
-        pointwise_cols(x, ap, nr, y, 0, 1, bias, lo, hi, res)
+        pointwise_cols(x, ap, nr, y, _conv._plain(0), _conv._plain(1), bias, lo, hi, res)
     elif nr:
-        conv_cols(x, ap, nr, y, 0, 1, *(int(g) for g in geo), bias, lo, hi, res)
+        conv_cols(x, ap, nr, y, _conv._plain(0), _conv._plain(1), geo[0], geo[1], geo[2],
+                  geo[3], geo[4], geo[5], geo[6], geo[7], bias, lo, hi, res)
     else:
-        pointwise_rows(x, ap, y, 0, 1, bias, lo, hi, res)
+        pointwise_rows(x, ap, y, _conv._plain(0), _conv._plain(1), bias, lo, hi, res)
 
 
 @pjit
 def _by_channels(x, ap, y, bounds, ends, nr, geo, bias, lo, hi, res):
     """The packed kernels of one sample, ranges ``bounds`` of output channels (their packed
-    rows up to ``ends``) in parallel (:func:`_split`); ``nr``: as :func:`_part`'s; ``geo``:
-    the filter's ``kh, kw`` and the strides, top and left paddings and dilations (as
-    :func:`conv_cols` takes them; empty: the image its own patches)."""
+    rows up to ``ends``) in parallel (:func:`_split`); ``nr``, ``geo``: as :func:`_part`'s."""
     k_ = x.shape[1] * (geo[0] * geo[1] if geo.size else 1)
     for p in numba.prange(bounds.shape[0] - 1):
         a, b = bounds[p], bounds[p + 1]
         ys, bs, rs = _conv._part_out(y, bias, res, a, b)
-        aps = ap[a * k_:ends[p] * k_]
-        if nr and geo.size == 0:
-            pointwise_cols(x, aps, nr, ys, _conv._plain(0), _conv._plain(1), bs, lo, hi, rs)
-        elif nr:
-            conv_cols(x, aps, nr, ys, _conv._plain(0), _conv._plain(1), geo[0], geo[1],
-                      geo[2], geo[3], geo[4], geo[5], geo[6], geo[7], bs, lo, hi, rs)
-        else:
-            pointwise_rows(x, aps, ys, _conv._plain(0), _conv._plain(1), bs, lo, hi, rs)
+        _part(x, ap[a * k_:ends[p] * k_], ys, nr, geo, bs, lo, hi, rs)
 
 
 _conv.CHANNEL_SPLITS[pointwise_range] = _split
