@@ -197,3 +197,116 @@ def test_entries_are_told_apart_and_a_crafted_one_is_rebuilt(model, tmp_path):
         registry._REGISTRY[op_type] = saved
         registry._BUILTIN.add(op_type)
         registry._HAVING.clear()
+
+
+@pytest.fixture
+def conv_model(fresh_programs, tmp_path, monkeypatch):
+    """A 1x1 convolution (32 -> 48, relu), a 3x3 one (48 -> 40, padded) and an fc, whose
+    filters the CPU kernels pack, saved with its files dated back, a cache directory of its
+    own, and the model in NumPy."""
+    monkeypatch.setenv("PDJIT_CACHE_DIR", str(tmp_path / "cache"))
+    main, startup = fresh_programs
+    x = fluid.layers.data("x", [32, 6, 6])
+    y = fluid.layers.conv2d(x, 48, 1, act="relu")
+    z = fluid.layers.conv2d(y, 40, 3, padding=1)
+    out = fluid.layers.fc(z, 7)
+    scope = fluid.Scope()
+    with fluid.scope_guard(scope):
+        exe = fluid.Executor()
+        exe.run(startup)
+        static.save_inference_model(str(tmp_path / "m"), [x], [out], exe,
+                                    program=main.clone(for_test=True))
+        v = {n: np.asarray(scope.find_var(n).value, np.float64) for n in (
+            "conv2d_0.w_0", "conv2d_0.b_0", "conv2d_1.w_0", "conv2d_1.b_0", "fc_0.w_0",
+            "fc_0.b_0")}
+    old = time.time() - 60
+    for f in ("m.pdmodel", "m.pdiparams"):
+        os.utime(tmp_path / f, (old, old))
+
+    def conv(t, w, b, pad):
+        t = np.pad(t, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+        kh, kw = w.shape[2:]
+        h, wd = t.shape[2] - kh + 1, t.shape[3] - kw + 1
+        o = sum(np.einsum("nchw,mc->nmhw", t[:, :, i:i + h, j:j + wd], w[:, :, i, j])
+                for i in range(kh) for j in range(kw))
+        return o + b[None, :, None, None]
+
+    def forward(xv, w1=None):
+        t = np.maximum(conv(xv, v["conv2d_0.w_0"] if w1 is None else w1, v["conv2d_0.b_0"],
+                            0), 0)
+        t = conv(t, v["conv2d_1.w_0"], v["conv2d_1.b_0"], 1)
+        return t.reshape(len(xv), -1) @ v["fc_0.w_0"] + v["fc_0.b_0"]
+    forward.values = v
+    return tmp_path, forward
+
+
+def _written():
+    """Wait for the threads writing derived values."""
+    import threading
+
+    for t in threading.enumerate():
+        if t.name == "pdjit-derived-values":
+            t.join()
+
+
+def _derived_of(pred):
+    from pdjit.codegen import params
+
+    return {n: params.of(pred._scope.find_var(n).value)
+            for n in ("conv2d_0.w_0", "conv2d_1.w_0")}
+
+
+def test_values_derived_from_the_parameters_are_kept_beside_the_entry(conv_model,
+                                                                       monkeypatch):
+    """The packed filters a first process made are read by the next (nothing derived
+    again, the same outputs); a value derived from an array that replaced a parameter is
+    never kept for it; another library stamp or a damaged file: made again, written again."""
+    from pdjit.codegen import params
+
+    d, forward = conv_model
+    xv = np.random.default_rng(5).standard_normal((4, 32, 6, 6)).astype("float32")
+    first = _predictor(d)
+    (out,) = first.run([xv])
+    np.testing.assert_allclose(out, forward(xv), rtol=1e-4, atol=1e-4)
+    made = _derived_of(first)
+    assert made["conv2d_0.w_0"] and made["conv2d_1.w_0"]  # (the kernels packed both)
+    _written()
+    (kept,) = (d / "cache" / optimized_cache.SUBDIR).glob("*-derived.pdvals")
+
+    # a parameter given another array: what is derived from it is not kept for the entry
+    w1 = forward.values["conv2d_0.w_0"] * 2
+    first._scope.find_var("conv2d_0.w_0").value = w1.astype("float32")
+    (doubled,) = first.run([xv])
+    np.testing.assert_allclose(doubled, forward(xv, w1), rtol=1e-4, atol=1e-4)
+    _written()
+
+    count = params.made()
+    second = _predictor(d)
+    found = _derived_of(second)  # read from the file before any run
+    for name, values in made.items():
+        assert found[name].keys() == values.keys()
+        for key, value in values.items():
+            np.testing.assert_array_equal(found[name][key], value)
+    (again,) = second.run([xv])
+    np.testing.assert_array_equal(again, out)
+    assert params.made() == count  # nothing derived again
+
+    # the library's kernels changed (another stamp): nothing read, all made and written again
+    monkeypatch.setattr(optimized_cache, "_library", lambda: "another library")
+    third = _predictor(d)
+    assert not any(_derived_of(third).values())
+    (out3,) = third.run([xv])
+    np.testing.assert_array_equal(out3, out)
+    assert params.made() > count
+    _written()
+    assert b'"library":"another library"' in kept.read_bytes()[:4096]
+    # a damaged file (cut short) is not read, and is written again
+    kept.write_bytes(kept.read_bytes()[:-9])
+    fourth = _predictor(d)
+    assert not any(_derived_of(fourth).values())
+    (out4,) = fourth.run([xv])
+    np.testing.assert_array_equal(out4, out)
+    _written()
+    assert _derived_of(_predictor(d))["conv2d_0.w_0"]
+    fluid.clear_cache()
+    assert not kept.exists()

@@ -7,13 +7,18 @@ which it never stands for. A run that may change an array in place says so with
 :func:`written`: the executor does, before and after each run, for the persistable variables
 that the program's ops write and those the run feeds (a fed array may be the user's buffer,
 refilled between runs). A parameter changed in place through a NumPy view of the Scope's array,
-outside any run, is not seen: give the Scope a new array instead (``Tensor.set``)."""
+outside any run, is not seen: give the Scope a new array instead (``Tensor.set``). The
+Predictor keeps the values derived from a cached model's parameters on disk
+(:class:`pdjit.io.optimized_cache.DerivedValues`: :func:`made`, :func:`of`, :func:`keep`)."""
 from __future__ import annotations
 
 import weakref
 
 #: (id of an array, key) -> (a weak reference to the array, the value derived from it)
 _DERIVED: dict = {}
+#: how many values :func:`derived` has made (whoever keeps them elsewhere, the optimized-model
+#: cache, asks whether there are new ones)
+_MADE = [0]
 
 
 def _gone(k):
@@ -33,7 +38,28 @@ def derived(array, key, make):
         return entry[1]
     value = make()
     _DERIVED[k] = (weakref.ref(array, _gone(k)), value)
+    _MADE[0] += 1
     return value
+
+
+def made() -> int:
+    """How many values :func:`derived` has made so far in this process."""
+    return _MADE[0]
+
+
+def of(array) -> dict:
+    """``{key: value}`` of what is kept derived from ``array``."""
+    i = id(array)
+    return {k[1]: e[1] for k, e in list(_DERIVED.items()) if k[0] == i and e[0]() is array}
+
+
+def keep(array, key, value) -> None:
+    """Keep ``value`` as what :func:`derived` gives for ``array`` under ``key`` (made
+    elsewhere from the same values: read from a cache); a value already kept stays."""
+    k = (id(array), key)
+    entry = _DERIVED.get(k)
+    if entry is None or entry[0]() is not array:
+        _DERIVED[k] = (weakref.ref(array, _gone(k)), value)
 
 
 def any_derived() -> bool:

@@ -36,7 +36,7 @@ from pdjit.io.variables import _read_file
 from pdjit.passes.verify import verify
 from pdjit.runtime.checks import env_flag
 from pdjit.runtime.executor import Executor
-from pdjit.runtime.feed_fetch import check_feed, check_feed_spec, feed_spec
+from pdjit.runtime.feed_fetch import check_feed, check_feed_spec, feed_spec, written_persistables
 from pdjit.runtime.place import CPUPlace, CUDAPlace
 from pdjit.runtime.scope import Scope
 from pdjit.runtime.tensor import LoDTensor
@@ -238,7 +238,7 @@ class Config:
                 hit = optimized_cache.load(key)
                 if hit is not None:
                     program, params, feeds, fetches = hit
-                    return program, feeds, fetches, params
+                    return program, feeds, fetches, params, key
         # the bytes the entry will stand for, taken before they are read (racy files only)
         digest = optimized_cache.racy_digest(key) if key is not None else None
         model = self._load()
@@ -255,9 +255,10 @@ class Config:
             # the Executor's check of the program (it fills in attribute defaults) done here,
             # so that the entry holds the program a run sees (marked verified when loaded)
             verify(program)
-            optimized_cache.store(key, program, params, model.feed_names, model.fetch_names,
-                                  digest)
-        return program, list(model.feed_names), list(model.fetch_names), params
+            if optimized_cache.store(key, program, params, model.feed_names,
+                                     model.fetch_names, digest) is None:
+                key = None
+        return program, list(model.feed_names), list(model.fetch_names), params, key
 
     def _load(self) -> InferenceModel:
         return load_model(*self._model_args())
@@ -338,12 +339,21 @@ class Predictor:
         if _shared is None:
             model = config._load()
             _shared = (model.program, list(model.feed_names), list(model.fetch_names),
-                       model.params)
+                       model.params, None)
         self._shared = _shared
-        self._program, self._inputs, self._output_names, params = _shared
+        self._program, self._inputs, self._output_names, params, key = _shared
         self._scope = Scope()
         for name, value in params.items():
             self._scope.var(name).value = value
+        # what the kernels derive from the parameters (packed filters) kept beside the cached
+        # model: those of the parameters no run changes
+        self._derived = None
+        if key is not None:
+            from pdjit.io.optimized_cache import DerivedValues
+
+            changed = written_persistables(self._program) | set(self._inputs)
+            self._derived = DerivedValues(
+                key, {n: v for n, v in params.items() if n not in changed})
         if config._threads is not None:
             from pdjit.codegen.cpu import threads
 
@@ -401,6 +411,8 @@ class Predictor:
         outs = self._exe.run(self._program, feed=feeds, fetch_list=self._output_names,
                              scope=self._scope)
         self._outputs = dict(zip(self._output_names, outs))
+        if self._derived is not None:
+            self._derived.update()
         return outs
 
     def clone(self) -> "Predictor":

@@ -47,7 +47,7 @@ class RunProgram:
         # the persistable variables an op writes or the run feeds: their arrays may change
         # in place (what was derived from them is made again, pdjit.codegen.params)
         self.param_writes = tuple(sorted(
-            _written_persistables(self.program) |
+            written_persistables(self.program) |
             {n for n in self.feed_names if n in self.persistables}))
 
     def check_unfed(self, scope) -> None:
@@ -308,7 +308,7 @@ def merge_place_feeds(feeds, data_parallel: bool) -> dict:
     return merged
 
 
-def _written_persistables(program) -> set:
+def written_persistables(program) -> set:
     """The persistable variables (not the feed or fetch lists) an op of ``program`` writes."""
     out = set()
     for block in program.blocks:
