@@ -291,8 +291,8 @@ def test_a_step_without_a_native_driver_runs_the_host_driver_on_slices(two_threa
     ``DRIVER_MAX_CALLS`` allows, as a CNN's whole-model step) but whose ops keep batch rows
     independent: at a large batch the host driver itself is tried on slices of the batch,
     each slice on its own thread with its kernels on that thread alone (no split inside a
-    slice); the result is the host driver's on the same slices and NumPy's. A small batch
-    runs the host driver as before, with no trial."""
+    slice), each slice by ``HOST_CHUNK_ROWS`` rows a call; the result is the host driver's on
+    the same rows and NumPy's. A small batch runs the host driver as before, with no trial."""
     monkeypatch.setattr(tiers_mod, "DRIVER_MAX_CALLS", 0)
     monkeypatch.setattr(tiers_mod, "TIER_UP_THREAD", False)
     program, startup, y = _mlp()
@@ -310,19 +310,23 @@ def test_a_step_without_a_native_driver_runs_the_host_driver_on_slices(two_threa
     assert "would not pay" in tiers.native_failed
     sp = tiers.picked[BATCH]
     assert isinstance(sp, tiers_mod.SplitDriver) and sp.parts == 2 and sp.runs > 0
-    assert tiers.drivers()[BATCH] == "host split x2" and "host split x2" in step.describe()
+    chunk = tiers_mod.HOST_CHUNK_ROWS
+    assert sp.chunk == chunk and BATCH // 2 > chunk
+    name = f"host split x2 by {chunk} rows"
+    assert tiers.drivers()[BATCH] == name and name in step.describe()
     seen, host = [], tiers.native.host
     tiers.native.host = lambda *a: (seen.append((threading.current_thread().name,
                                                  a[0].shape[0], threads.loop_threads())),
                                     host(*a))[1]
     xv = rng.standard_normal((BATCH, 6)).astype("float32")
     (out,) = exe.run(program, feed={"x": xv}, fetch_list=[y], scope=scope)
-    # each half on its own thread, where nothing splits again
-    assert sorted(seen) == [("MainThread", BATCH // 2, 1), ("pdjit-split", BATCH // 2, 1)]
+    # each half on its own thread, where nothing splits again, by calls of `chunk` rows
+    calls = BATCH // 2 // chunk
+    assert sorted(seen) == [("MainThread", chunk, 1)] * calls + [("pdjit-split", chunk, 1)] * calls
     assert threads.loop_threads() == 2  # (restored after the slice)
     args = [xv] + [np.asarray(scope.find_var(n).value) for n in step.args[1:]]
-    halves = [host(xv[lo:lo + BATCH // 2], *args[1:])[0] for lo in (0, BATCH // 2)]
-    np.testing.assert_array_equal(out, np.concatenate(halves))
+    parts = [host(xv[lo:lo + chunk], *args[1:])[0] for lo in range(0, BATCH, chunk)]
+    np.testing.assert_array_equal(out, np.concatenate(parts))
     np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
     seen.clear()  # a batch below HOST_SPLIT_MIN_BATCH: the host driver, no trial, no pick
     small = tiers_mod.HOST_SPLIT_MIN_BATCH - 1
@@ -338,4 +342,52 @@ def test_a_step_without_a_native_driver_runs_the_host_driver_on_slices(two_threa
         xv = rng.standard_normal((least, 6)).astype("float32")
         (out,) = exe.run(program, feed={"x": xv}, fetch_list=[y], scope=scope)
         np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
-    assert tiers.drivers()[least] == "host split x2" and tiers.settled(least)
+    assert tiers.drivers()[least] == name and tiers.settled(least)
+
+
+def test_on_one_thread_the_host_driver_is_tried_by_calls_of_a_few_rows(monkeypatch):
+    """On one loop thread, a step without a native driver whose ops keep batch rows
+    independent is tried, from a batch of more than ``HOST_CHUNK_ROWS`` rows, against itself
+    run by calls of that many rows one after another (the activations of a few rows stay in
+    the caches); the result is the host driver's on the same rows and NumPy's. A batch of at
+    most that many rows runs the host driver, picked without a trial."""
+    monkeypatch.setattr(threads, "max_loop_threads", lambda: 1)
+    monkeypatch.setattr(threads, "CHOICE_AFTER", 1 << 30)
+    monkeypatch.setattr(tiers_mod, "DRIVER_MAX_CALLS", 0)
+    monkeypatch.setattr(tiers_mod, "TIER_UP_THREAD", False)
+    # the chunked driver picked whenever it is a candidate (the trial's timing is the
+    # machine's, not the test's)
+    monkeypatch.setattr(tiers_mod.DriverTiers, "_fastest", staticmethod(lambda t: len(t) - 1))
+    program, startup, y = _mlp()
+    scope = fluid.Scope()
+    exe = fluid.Executor(native_drivers="background", strict=True)
+    exe.run(startup, scope=scope)
+    rng = np.random.default_rng(5)
+    chunk = tiers_mod.HOST_CHUNK_ROWS
+    batch = 2 * chunk + 1  # (two whole calls and one of a row)
+    for _ in range(tiers_mod.BACKGROUND_RUNS + 10):
+        xv = rng.standard_normal((batch, 6)).astype("float32")
+        (out,) = exe.run(program, feed={"x": xv}, fetch_list=[y], scope=scope)
+        np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
+    (step,) = _steps(exe, program)
+    tiers = step.tiers
+    assert isinstance(tiers.native, tiers_mod.HostSlices) and step.native is None
+    sp = tiers.picked[batch]
+    assert isinstance(sp, tiers_mod.SplitDriver) and sp.parts == 1 and sp.runs > 0
+    assert tiers.drivers()[batch] == f"host by {chunk} rows" and tiers.settled(batch)
+    seen, host = [], tiers.native.host
+    tiers.native.host = lambda *a: (seen.append((threading.current_thread().name,
+                                                 a[0].shape[0])), host(*a))[1]
+    xv = rng.standard_normal((batch, 6)).astype("float32")
+    (out,) = exe.run(program, feed={"x": xv}, fetch_list=[y], scope=scope)
+    assert seen == [("MainThread", chunk), ("MainThread", chunk), ("MainThread", 1)]
+    args = [np.asarray(scope.find_var(n).value) for n in step.args[1:]]
+    parts = [host(xv[lo:lo + chunk], *args)[0] for lo in range(0, batch, chunk)]
+    np.testing.assert_array_equal(out, np.concatenate(parts))
+    np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
+    seen.clear()  # a batch of `chunk` rows: nothing to cut, the host driver picked at once
+    xv = rng.standard_normal((chunk, 6)).astype("float32")
+    (out,) = exe.run(program, feed={"x": xv}, fetch_list=[y], scope=scope)
+    np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
+    assert seen == [] and tiers.picked[chunk] is step.compiled.fn  # (not through the slices)
+    assert tiers.drivers()[chunk] == "host" and tiers.settled(chunk)

@@ -79,6 +79,14 @@ SPLIT_MIN_BATCH = 16
 #: 18.0 against 20.6 ms, batch 8 34.7 against 41.8; ResNet-50 batch 4 161 against 171; the
 #: encoder at batch 4 the same, at batch 2 slower (29.0 against 24.5)
 HOST_SPLIT_MIN_BATCH = 4
+#: ... each slice run by at most this many rows a call, one call after another (the whole
+#: network on a few rows while their activations stay in the caches, not each layer on the
+#: whole slice through the memory): at batch 16, by turns in one process, ms (whole slices /
+#: calls of 4 rows): two threads, ResNet-50 630 / 607, MobileNetV2 68.0 / 65.7, the encoder
+#: 114.7 / 114.4; one thread (the host driver itself against its calls of 4 rows) MobileNetV2
+#: 134 / 127 (ResNet-50, whose weights are read again at each call, 1175 / 1189: the trial
+#: keeps the host driver there)
+HOST_CHUNK_ROWS = 4
 
 
 
@@ -178,7 +186,7 @@ class DriverTiers:
         if calls > DRIVER_MAX_CALLS or self._host_best > DRIVER_CALL_MAX_S * calls:
             self.native_failed = (f"it would not pay: {calls} kernel calls, the host driver's "
                                   f"best run {self._host_best * 1e3:.3f} ms")
-            if self.split_rows is not None and threads.max_loop_threads() > 1:
+            if self.split_rows is not None:
                 self.native = HostSlices(self.step.compiled.fn)
             return
         try:  # the types this run passes: what the driver is compiled for ahead
@@ -238,8 +246,9 @@ class DriverTiers:
             return None
         if self._split is None or self._split[0] is not nd:
             parts = threads.max_loop_threads()
-            self._split = (nd, SplitDriver(nd.fn, self.split_rows, parts)
-                           if parts > 1 else None)
+            chunk = HOST_CHUNK_ROWS if isinstance(nd, HostSlices) else 0
+            self._split = (nd, SplitDriver(nd.fn, self.split_rows, parts, chunk)
+                           if parts > 1 or chunk else None)
         return self._split[1]
 
     def pick(self, values, key):
@@ -254,8 +263,9 @@ class DriverTiers:
         split = self._split_driver(nd) if key >= least else None
         host = self.step.compiled.fn
         if isinstance(nd, HostSlices):  # the host driver, or it on slices of the batch
-            if split is None:  # (no free core for a slice now: the host driver, tried again
-                return host(*values)  # at the next run)
+            if split is None or not split.splits(key):  # (nothing to slice at this size)
+                self.picked[key] = host
+                return host(*values)
             drivers = (host, split)
         else:
             drivers = (host, nd.fn) if split is None else (host, nd.fn, split)
@@ -337,7 +347,11 @@ class DriverTiers:
             if isinstance(fn, Retry):
                 return f"{name(fn.fn)} (split to be tried when the cores are free)"
             if isinstance(fn, SplitDriver):
-                return f"{'host' if isinstance(nd, HostSlices) else 'native'} split x{fn.parts}"
+                by = f" by {fn.chunk} rows" if fn.chunk else ""
+                if fn.parts < 2:
+                    return f"host{by}"
+                return f"{'host' if isinstance(nd, HostSlices) else 'native'} split " \
+                    f"x{fn.parts}{by}"
             return "native" if nd is not None and fn is nd.fn else "host"
         return {k: name(fn) for k, fn in sorted(self.picked.items())}
 
@@ -348,11 +362,12 @@ class HostSlices:
     itself, run on slices of a batch of :data:`HOST_SPLIT_MIN_BATCH` or more at once
     (:class:`SplitDriver`), each slice's kernels on its own thread alone
     (``threads.one_thread``): each core runs the whole network on its rows, with no
-    hand-over between layers and its activations in its own caches. At batch 16 on two
-    threads, the two drivers by turns in one process, medians
-    (ms, split / host driver with each kernel split over the threads): MobileNetV2 69.8 /
+    hand-over between layers and its activations in its own caches; each slice by
+    :data:`HOST_CHUNK_ROWS` rows a call (on one thread: the whole batch by such calls). At
+    batch 16 on two threads, the two drivers by turns in one process, medians (ms, split /
+    host driver with each kernel split over the threads): MobileNetV2 69.8 /
     73.7, a 6-layer BERT-like encoder 119 / 124, ResNet-50 637 / 640 (each of its kernels
-    splits well)."""
+    splits well); by 4 rows a call 65.7, 114.4 and 607."""
     parallel = False
 
     def __init__(self, host):
@@ -366,32 +381,53 @@ class HostSlices:
 class SplitDriver:
     """A native driver run on ``parts`` contiguous slices of the batch at once
     (``threads.run_parts``): the arguments at ``rows`` sliced on dim 0, the others whole, each
-    output the slices' outputs concatenated. A batch that does not split here (too small, the
-    row arguments' leading dims differ, an output without the slice's rows) runs the driver
-    unsplit, which then does what it does with it; so does a run while other processes keep
-    a core busy (``threads.loop_threads``, at most the free cores: a slice waiting for a busy
-    core would hold up the run) or a run kept on one thread (``threads.RunChoice``).
-    ``runs``: the runs that were split."""
+    output the slices' outputs concatenated; with ``chunk``, each slice by at most ``chunk``
+    rows a call, one call after another (one part: the caller's thread alone, by such calls).
+    A batch that does not split here (too small, the row arguments' leading dims differ, an
+    output without the slice's rows) runs the driver unsplit, which then does what it does
+    with it; so does a run of several parts while other processes keep a core busy
+    (``threads.loop_threads``, at most the free cores: a slice waiting for a busy core would
+    hold up the run) or a run kept on one thread (``threads.RunChoice``). ``runs``: the runs
+    that were split."""
 
-    def __init__(self, fn, rows, parts: int):
-        self.fn, self.rows, self.parts = fn, tuple(rows), parts
+    def __init__(self, fn, rows, parts: int, chunk: int = 0):
+        self.fn, self.rows, self.parts, self.chunk = fn, tuple(rows), parts, chunk
         self._row_set = frozenset(rows)
         self.runs = 0
+
+    def splits(self, b: int) -> bool:
+        """Whether a batch of ``b`` rows is split (the cores free)."""
+        return min(self.parts, b // 2) >= 2 or self.parts < 2 and 0 < self.chunk < b
+
+    def _calls(self, calls):
+        """``fn`` of each argument list of ``calls`` in turn (a part's chunks)."""
+        return [self.fn(*values) for values in calls]
 
     def __call__(self, *values):
         rows = self.rows
         lead = values[rows[0]]
         b = lead.shape[0] if lead.ndim else 0
         parts = min(self.parts, b // 2, threads.loop_threads())
-        if parts < 2 or any(values[i].ndim == 0 or values[i].shape[0] != b for i in rows):
+        if self.parts < 2:
+            parts = 1
+        if not self.splits(b) or self.parts >= 2 and parts < 2 or \
+                any(values[i].ndim == 0 or values[i].shape[0] != b for i in rows):
             return self.fn(*values)
-        cuts = [b * p // parts for p in range(parts + 1)]
         sliced = self._row_set
-        calls = [[v[lo:hi] if i in sliced else v for i, v in enumerate(values)]
-                 for lo, hi in zip(cuts, cuts[1:])]
-        outs = threads.run_parts(self.fn, calls)
-        for got, lo, hi in zip(outs, cuts, cuts[1:]):
-            if any(r.ndim == 0 or r.shape[0] != hi - lo for r in got):
+        cuts = [b * p // parts for p in range(parts + 1)]
+        per_part = []
+        for lo, hi in zip(cuts, cuts[1:]):
+            step = self.chunk if self.chunk else hi - lo
+            per_part.append([[v[a:min(a + step, hi)] if i in sliced else v
+                              for i, v in enumerate(values)] for a in range(lo, hi, step)])
+        if parts > 1:
+            outs = [o for got in threads.run_parts(self._calls, [(c,) for c in per_part])
+                    for o in got]
+        else:
+            outs = self._calls(per_part[0])
+        for got, call in zip(outs, [c for part in per_part for c in part]):
+            n = call[rows[0]].shape[0]
+            if any(r.ndim == 0 or r.shape[0] != n for r in got):
                 return self.fn(*values)  # (not rows after all: the whole batch at once)
         self.runs += 1
         return tuple(np.concatenate([got[k] for got in outs]) for k in range(len(outs[0])))
