@@ -106,3 +106,63 @@ def test_the_weight_table_refuses_what_does_not_fit():
         K.rnn_forward_at(x, h0, h0, table, np.empty(0, np.int64), 1, 1, 1, False,
                          np.empty(0, np.uint8), 1.0, np.empty((1, 1, 2)), np.empty_like(h0),
                          np.empty_like(h0), np.empty(0))
+
+
+@pytest.mark.parametrize("mode,L", [("LSTM", 3), ("GRU", 2)])
+def test_the_directions_of_a_layer_run_at_once_with_one_threads_results(mode, L):
+    """A bidirectional network on several threads runs the two directions of each layer at
+    once (each on the whole batch, or on slices of it from four threads), a layer's outputs
+    but the last's in a buffer of two layers (three layers: the first's overwritten by the
+    third's); the results are one thread's bit for bit and the oracle's, with the reserve of
+    a training run (no dropout) too."""
+    code, G = CODES[mode]
+    T, I, H, D = 6, 4, 7, 2
+    seen = []
+    real = K.run_parts
+
+    def run_parts(fn, parts, most=None):
+        seen.append([p[15:21] for p in parts])
+        return real(fn, parts, most)
+
+    for B in (1, 5):
+        ws = []
+        for layer in range(L):
+            for _ in range(D):
+                ws += [RNG.normal(size=(G * H, I if layer == 0 else D * H)) * 0.5,
+                       RNG.normal(size=(G * H, H)) * 0.5]
+        ws += [RNG.normal(size=G * H) * 0.5 for _ in range(2 * L * D)]
+        x = RNG.normal(size=(T, B, I))
+        h0, c0 = RNG.normal(size=(L * D, B, H)), RNG.normal(size=(L * D, B, H))
+        lens = np.full(B, T, np.int64)
+        lens[-1] = T - 2
+        want = oracle(mode, x, h0, c0 if mode == "LSTM" else np.zeros_like(h0), ws, L, D,
+                      lens)
+        table = K.rnn_weight_table(ws[:2 * L * D], ws[2 * L * D:])
+        for save in (False, True):
+            got = {}
+            for parts in (1, 2, 4):
+                out, hn, cn = (np.empty((T, B, D * H)), np.empty_like(h0), np.empty_like(h0))
+                reserve = np.empty(K.rnn_reserve_size(code, T, B, H, L, D) if save else 0)
+                seen.clear()
+                K.run_parts = run_parts
+                try:
+                    K.rnn_forward_at(x, h0, c0, table, lens, code, L, D, save,
+                                     np.empty(0, np.uint8), 1.0, out, hn, cn, reserve,
+                                     parts=parts)
+                finally:
+                    K.run_parts = real
+                got[parts] = (out, hn, cn, reserve)
+                if parts == 1:
+                    assert seen == []
+                else:  # one call of run_parts a layer, its directions (and slices) at once
+                    n = min(parts // 2, B)
+                    assert seen == [[(p * B // n, (p + 1) * B // n, layer, layer + 1, d, d + 1)
+                                     for d in range(D) for p in range(n)]
+                                    for layer in range(L)]
+            np.testing.assert_allclose(got[1][0], want[0], rtol=1e-10, atol=1e-12)
+            np.testing.assert_allclose(got[1][1], want[1], rtol=1e-10, atol=1e-12)
+            for parts in (2, 4):
+                for a, b in zip(got[1], got[parts]):
+                    if mode == "GRU" and a is got[1][2]:
+                        continue  # (a GRU has no cell state: cn is not written)
+                    np.testing.assert_array_equal(a, b)

@@ -407,10 +407,8 @@ class SplitDriver:
         rows = self.rows
         lead = values[rows[0]]
         b = lead.shape[0] if lead.ndim else 0
-        parts = min(self.parts, b // 2, threads.loop_threads())
-        if self.parts < 2:
-            parts = 1
-        if not self.splits(b) or self.parts >= 2 and parts < 2 or \
+        parts = 1 if self.parts < 2 else min(self.parts, b // 2, threads.loop_threads())
+        if not self.splits(b) or parts < 2 <= self.parts or \
                 any(values[i].ndim == 0 or values[i].shape[0] != b for i in rows):
             return self.fn(*values)
         sliced = self._row_set

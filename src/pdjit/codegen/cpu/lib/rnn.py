@@ -426,10 +426,15 @@ def _step_gemv(whf, GH, H, h, out, lanes):
 
 @jit
 def _fwd_part(x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask, drop_scale,
-              out, hn, cn, reserve, b0, b1):
+              out, hn, cn, reserve, b0, b1, l0, l1, d0, d1, mid):
     """:func:`rnn_forward_at` for the sequences ``b0 .. b1`` (independent of the others: each
     slice can run on a thread of its own; it writes only its rows of ``out``, ``hn``, ``cn``
-    and ``reserve``)."""
+    and ``reserve``), the layers ``l0 .. l1`` and of each the directions ``d0 .. d1`` (the
+    directions of a layer are independent too, given the layer's input: each writes its own
+    columns of the layer's output and its own rows of ``hn``, ``cn`` and ``reserve``; a
+    layer after the first reads the output of the one before, from ``reserve`` or ``mid``).
+    ``mid`` ``(2, T, B, D*H)``: the outputs of the layers but the last where ``reserve`` does
+    not hold them, layer ``l`` in ``mid[l % 2]``; empty: made here (then ``l0`` is 0)."""
     T, B, I = x.shape
     H = h0.shape[2]
     L, D = num_layers, ndir
@@ -446,6 +451,10 @@ def _fwd_part(x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask, drop
         raise ValueError("pdjit: rnn_forward: the arrays do not fit the sizes")
     if mode == LSTM and (c0.shape != h0.shape or cn.shape != h0.shape):
         raise ValueError("pdjit: rnn_forward: the cell states do not fit the sizes")
+    if l0 < 0 or l1 > L or d0 < 0 or d1 > D or mid.size != 0 and \
+            (mid.shape[0] != 2 or mid.shape[1] != T or mid.shape[2] != B or
+             mid.shape[3] != DH) or l0 > 0 and mid.size == 0 and not save:
+        raise ValueError("pdjit: rnn_forward: the layers asked for do not fit the sizes")
     block = T * B * (GH + 2 * H)
     lay0 = L * D * block
     if save and reserve.size < rnn_reserve_size(mode, T, B, H, L, D):
@@ -464,8 +473,13 @@ def _fwd_part(x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask, drop
     hht = np.empty((GH, BP), x.dtype)
     hrow = np.empty(GH, x.dtype)
     # the slice's inputs as contiguous rows (a copy unless the slice is the whole batch)
-    inp = np.ascontiguousarray(x[:, b0:b1, :]).reshape((T * Bs, I))
-    for layer in range(L):
+    if l0 == 0:
+        inp = np.ascontiguousarray(x[:, b0:b1, :]).reshape((T * Bs, I))
+    else:  # (the output of the layer before: dropped out already)
+        before = mid[(l0 - 1) % 2] if not save else reserve[
+            lay0 + (l0 - 1) * T * B * DH:lay0 + l0 * T * B * DH].reshape((T, B, DH))
+        inp = np.ascontiguousarray(before[:, b0:b1, :]).reshape((T * Bs, DH))
+    for layer in range(l0, l1):
         il = sizes[layer]
         last = layer == L - 1
         if last:
@@ -473,9 +487,11 @@ def _fwd_part(x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask, drop
         elif save:
             y = reserve[lay0 + layer * T * B * DH:lay0 + (layer + 1) * T * B * DH].reshape(
                 (T, B, DH))
+        elif mid.size != 0:
+            y = mid[layer % 2]
         else:
             y = np.empty((T, B, DH), x.dtype)
-        for d in range(D):
+        for d in range(d0, d1):
             k = layer * D + d
             wih = _weight_at(wt, 2 * k, GH * il, x).reshape((GH, il))
             whf = _weight_at(wt, 2 * k + 1, GH * H, x)
@@ -741,15 +757,15 @@ def _bwd_part(x, w, lens, mode, num_layers, ndir, hidden, reserve, drop_mask, dr
 SPLIT_MIN_WORK = 1 << 22
 
 
-def _slices(B, work, parts):
-    """How many slices of the batch to run on threads (``parts``: as asked; ``None``: when the
-    work is large enough, every loop thread, or, unless a thread count was asked for, the
-    cores other processes leave free: a slice waiting for a busy core holds up the others)."""
+def _threads(work, parts):
+    """How many threads to run a call on (``parts``: as asked; ``None``: when the work is
+    large enough, every loop thread, or, unless a thread count was asked for, the cores other
+    processes leave free: a part waiting for a busy core holds up the others)."""
     if parts is None:
         parts = 1
         if work >= SPLIT_MIN_WORK:
             parts = loop_threads() if asked_threads() else min(loop_threads(), free_cores())
-    return max(1, min(int(parts), B))
+    return max(1, int(parts))
 
 
 @jit
@@ -794,13 +810,27 @@ def rnn_forward_at(x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask,
     T, B = x.shape[0], x.shape[1]
     H = h0.shape[2]
     G = 4 if mode == LSTM else 3 if mode == GRU else 1
-    n = _slices(B, T * B * G * H * (x.shape[2] + H) * num_layers * ndir, parts)
-    args = (x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask, drop_scale, out, hn,
-            cn, reserve)
-    if n == 1:
-        _fwd_part(*args, 0, B)
+    L, D = num_layers, ndir
+    threads = _threads(T * B * G * H * (x.shape[2] + H) * L * D, parts)
+    args = (x, h0, c0, wt, lens, mode, L, D, save, drop_mask, drop_scale, out, hn, cn,
+            reserve)
+    if D == 2 and threads >= 2 and drop_mask.size == 0:
+        # the two directions of each layer at once, each on the whole batch or on slices
+        # of it (a layer's dropout, in training, would need both done first: not here)
+        n = max(1, min(threads // 2, B))
+        mid = np.empty((2, T, B, D * H) if L > 1 and not save else (0, 0, 0, 0), x.dtype)
+        for layer in range(L):
+            calls = [(*args, p * B // n, (p + 1) * B // n, layer, layer + 1, d, d + 1, mid)
+                     for d in range(D) for p in range(n)]
+            run_parts(_fwd_part, calls, len(calls) - 1)
         return
-    run_parts(_fwd_part, [(*args, p * B // n, (p + 1) * B // n) for p in range(n)], n - 1)
+    n = max(1, min(threads, B))
+    whole = (0, L, 0, D, np.empty((0, 0, 0, 0), x.dtype))
+    if n == 1:
+        _fwd_part(*args, 0, B, *whole)
+        return
+    run_parts(_fwd_part, [(*args, p * B // n, (p + 1) * B // n, *whole) for p in range(n)],
+              n - 1)
 
 
 def rnn_backward(x, w, lens, mode, num_layers, ndir, hidden, reserve, drop_mask, drop_scale,
@@ -812,7 +842,8 @@ def rnn_backward(x, w, lens, mode, num_layers, ndir, hidden, reserve, drop_mask,
     at the end."""
     T, B = x.shape[0], x.shape[1]
     G = 4 if mode == LSTM else 3 if mode == GRU else 1
-    n = _slices(B, T * B * G * hidden * (x.shape[2] + hidden) * num_layers * ndir, parts)
+    n = max(1, min(_threads(T * B * G * hidden * (x.shape[2] + hidden) * num_layers * ndir,
+                            parts), B))
     head = (x, w, lens, mode, num_layers, ndir, hidden, reserve, drop_mask, drop_scale, dout,
             dhn, dcn, dx, dh0, dc0)
     if n == 1:
@@ -835,7 +866,8 @@ def _rnn_forward_native(x, h0, c0, w, lens, mode, num_layers, ndir, save, drop_m
         wc = np.ascontiguousarray(w)
         table = _flat_table(wc, mode, x.shape[2], h0.shape[2], num_layers, ndir)
         _fwd_part(x, h0, c0, table, lens, mode, num_layers, ndir, save, drop_mask,
-                  drop_scale, out, hn, cn, reserve, 0, x.shape[1])
+                  drop_scale, out, hn, cn, reserve, 0, x.shape[1], 0, num_layers, 0, ndir,
+                  np.empty((0, 0, 0, 0), x.dtype))
     return serial
 
 
@@ -845,7 +877,8 @@ def _rnn_forward_at_native(x, h0, c0, wt, lens, mode, num_layers, ndir, save, dr
     def serial(x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask, drop_scale, out,
                hn, cn, reserve, parts=None):
         _fwd_part(x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask, drop_scale,
-                  out, hn, cn, reserve, 0, x.shape[1])
+                  out, hn, cn, reserve, 0, x.shape[1], 0, num_layers, 0, ndir,
+                  np.empty((0, 0, 0, 0), x.dtype))
     return serial
 
 
@@ -866,7 +899,8 @@ def _arr(T, nd):
 def _fwd_job(a, w):
     return (_fwd_part, (_arr(a, 3), _arr(a, 3), _arr(a, 3), w, _arr(np.dtype(np.int64), 1), int,
                         int, int, bool, _arr(np.dtype(np.uint8), 1), float, _arr(a, 3),
-                        _arr(a, 3), _arr(a, 3), _arr(a, 1), int, int))
+                        _arr(a, 3), _arr(a, 3), _arr(a, 1), int, int, int, int, int, int,
+                        _arr(a, 4)))
 
 
 @jobs("rnn_forward")
