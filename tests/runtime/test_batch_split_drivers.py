@@ -391,3 +391,34 @@ def test_on_one_thread_the_host_driver_is_tried_by_calls_of_a_few_rows(monkeypat
     np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
     assert seen == [] and tiers.picked[chunk] is step.compiled.fn  # (not through the slices)
     assert tiers.drivers()[chunk] == "host" and tiers.settled(chunk)
+
+
+def test_a_large_batch_is_run_in_at_most_a_few_calls_a_slice(monkeypatch):
+    """By ``HOST_CHUNK_ROWS`` rows a call, but in at most ``HOST_MAX_CHUNKS`` calls a slice
+    (each call pays the host driver's own time again): more rows a call for a large batch;
+    the outputs are the calls' concatenated, the arguments not sliced passed whole."""
+    monkeypatch.setattr(threads, "loop_threads", lambda: 2)
+    rows_seen = []
+
+    def fn(x, w):
+        rows_seen.append(x.shape[0])
+        return (x * w, x[:, :1])
+
+    chunk, most = tiers_mod.HOST_CHUNK_ROWS, tiers_mod.HOST_MAX_CHUNKS
+    x, w = np.arange(300.0).reshape(100, 3), np.array([1.0, 2.0, 3.0])
+    one = tiers_mod.SplitDriver(fn, (0,), 1, chunk)
+    out = one(x, w)
+    per = -(-100 // most)
+    assert per > chunk and rows_seen == [per] * (100 // per) + [100 % per]
+    np.testing.assert_array_equal(out[0], x * w)
+    np.testing.assert_array_equal(out[1], x[:, :1])
+    rows_seen.clear()
+    assert one(x[:2 * chunk], w)[0].shape == (2 * chunk, 3) and rows_seen == [chunk, chunk]
+    rows_seen.clear()  # two slices of 50 rows: each in `most` calls at most
+    out = tiers_mod.SplitDriver(fn, (0,), 2, chunk)(x, w)
+    assert sorted(rows_seen) == sorted(([-(-50 // most)] * (50 // -(-50 // most))
+                                        + [50 % -(-50 // most)]) * 2)
+    np.testing.assert_array_equal(out[0], x * w)
+    rows_seen.clear()  # a batch of `chunk` rows or fewer on one thread: not cut
+    assert not one.splits(chunk) and one(x[:chunk], w)[0].shape == (chunk, 3)
+    assert rows_seen == [chunk]

@@ -87,6 +87,9 @@ HOST_SPLIT_MIN_BATCH = 4
 #: 134 / 127 (ResNet-50, whose weights are read again at each call, 1175 / 1189: the trial
 #: keeps the host driver there)
 HOST_CHUNK_ROWS = 4
+#: ... and in at most this many calls (a larger batch by more rows a call: each call pays the
+#: host driver's own time again)
+HOST_MAX_CHUNKS = 8
 
 
 
@@ -381,8 +384,9 @@ class HostSlices:
 class SplitDriver:
     """A native driver run on ``parts`` contiguous slices of the batch at once
     (``threads.run_parts``): the arguments at ``rows`` sliced on dim 0, the others whole, each
-    output the slices' outputs concatenated; with ``chunk``, each slice by at most ``chunk``
-    rows a call, one call after another (one part: the caller's thread alone, by such calls).
+    output the slices' outputs concatenated; with ``chunk``, each slice by ``chunk`` rows a
+    call (more where that would make more than :data:`HOST_MAX_CHUNKS` calls), one call after
+    another (one part: the caller's thread alone, by such calls).
     A batch that does not split here (too small, the row arguments' leading dims differ, an
     output without the slice's rows) runs the driver unsplit, which then does what it does
     with it; so does a run of several parts while other processes keep a core busy
@@ -415,7 +419,7 @@ class SplitDriver:
         cuts = [b * p // parts for p in range(parts + 1)]
         per_part = []
         for lo, hi in zip(cuts, cuts[1:]):
-            step = self.chunk if self.chunk else hi - lo
+            step = max(self.chunk, -(-(hi - lo) // HOST_MAX_CHUNKS)) if self.chunk else hi - lo
             per_part.append([[v[a:min(a + step, hi)] if i in sliced else v
                               for i, v in enumerate(values)] for a in range(lo, hi, step)])
         if parts > 1:

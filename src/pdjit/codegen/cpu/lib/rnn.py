@@ -37,7 +37,11 @@ thread; the backward's slices keep weight gradients of their own, summed at the 
 Measured (float32, LSTM, batch 32, 50 steps, 128 inputs, 128 hidden, 2 cores, quiet): one
 slice forward 5.8 ms, backward 8.5 ms (no input gradient), mostly GEMMs; two slices on two
 threads 3.2 + 4.9 ms. (With another process busy on the second core, two slices are slower
-than one: each waits for the slower.)
+than one: each waits for the slower.) A bidirectional network's forward runs the two
+directions of each layer at once instead (each on the whole batch; on slices of it from four
+threads), one hand-over a layer, unless a layer's dropout needs both directions done first:
+an LSTM classifier (2 bidirectional layers of 256 over 64 steps of 128) on two threads, batch
+1 5.31 -> 3.85 ms, batch 16 37.2 -> 27.8 (where its slices of the batch ran every direction).
 
 ``reserve`` (the op's ``Reserve`` viewed as the data's dtype) keeps what the gradient needs;
 per layer ``l`` and direction ``d`` (``k = l * D + d``, blocks in that order) a block of
