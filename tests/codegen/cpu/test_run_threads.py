@@ -73,8 +73,8 @@ def test_threaded_and_serial_runs_agree(two_asked, monkeypatch):
     monkeypatch.setattr(rnnlib, "SPLIT_MIN_WORK", 0)         # tiny shapes split too
     monkeypatch.setattr(convlib, "_PARALLEL_MIN_WORK", 0)
     slices = []
-    real_slices = rnnlib._slices
-    monkeypatch.setattr(rnnlib, "_slices", lambda *a: slices.append(real_slices(*a)) or
+    real_threads = rnnlib._threads
+    monkeypatch.setattr(rnnlib, "_threads", lambda *a: slices.append(real_threads(*a)) or
                         slices[-1])
     main, startup, fetch = _model()
     rng = np.random.default_rng(0)
