@@ -417,19 +417,23 @@ class SplitDriver:
             return self.fn(*values)
         sliced = self._row_set
         cuts = [b * p // parts for p in range(parts + 1)]
-        per_part = []
-        for lo, hi in zip(cuts, cuts[1:]):
-            step = max(self.chunk, -(-(hi - lo) // HOST_MAX_CHUNKS)) if self.chunk else hi - lo
-            per_part.append([[v[a:min(a + step, hi)] if i in sliced else v
-                              for i, v in enumerate(values)] for a in range(lo, hi, step)])
-        if parts > 1:
-            outs = [o for got in threads.run_parts(self._calls, [(c,) for c in per_part])
+        if self.chunk:  # each part's rows by calls of `chunk` rows (at most HOST_MAX_CHUNKS)
+            pieces = [[(a, min(a + step, hi)) for a in range(lo, hi, step)]
+                      for lo, hi in zip(cuts, cuts[1:])
+                      for step in (max(self.chunk, -(-(hi - lo) // HOST_MAX_CHUNKS)),)]
+        else:
+            pieces = [[(lo, hi)] for lo, hi in zip(cuts, cuts[1:])]
+        calls = [[[v[lo:hi] if i in sliced else v for i, v in enumerate(values)]
+                  for lo, hi in part] for part in pieces]
+        if not self.chunk:
+            outs = threads.run_parts(self.fn, [part[0] for part in calls])
+        elif parts > 1:
+            outs = [o for got in threads.run_parts(self._calls, [(c,) for c in calls])
                     for o in got]
         else:
-            outs = self._calls(per_part[0])
-        for got, call in zip(outs, [c for part in per_part for c in part]):
-            n = call[rows[0]].shape[0]
-            if any(r.ndim == 0 or r.shape[0] != n for r in got):
+            outs = self._calls(calls[0])
+        for got, (lo, hi) in zip(outs, [r for part in pieces for r in part]):
+            if any(r.ndim == 0 or r.shape[0] != hi - lo for r in got):
                 return self.fn(*values)  # (not rows after all: the whole batch at once)
         self.runs += 1
         return tuple(np.concatenate([got[k] for got in outs]) for k in range(len(outs[0])))
