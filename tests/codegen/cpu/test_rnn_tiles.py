@@ -124,7 +124,8 @@ def test_the_directions_of_a_layer_run_at_once_with_one_threads_results(mode, L)
         seen.append([p[15:21] for p in parts])
         return real(fn, parts, most)
 
-    for B in (1, 5):
+    lanes = K.TILE_BYTES // 8  # (float64)
+    for B in (1, 2 * lanes + 3):  # one sequence; three vectors of them
         ws = []
         for layer in range(L):
             for _ in range(D):
@@ -155,7 +156,7 @@ def test_the_directions_of_a_layer_run_at_once_with_one_threads_results(mode, L)
                 if parts == 1:
                     assert seen == []
                 else:  # one call of run_parts a layer, its directions (and slices) at once
-                    n = min(parts // 2, B)
+                    n = min(parts // 2, B if B < K.TILE_MIN_BATCH else -(-B // lanes))
                     assert seen == [[(p * B // n, (p + 1) * B // n, layer, layer + 1, d, d + 1)
                                      for d in range(D) for p in range(n)]
                                     for layer in range(L)]
@@ -166,3 +167,16 @@ def test_the_directions_of_a_layer_run_at_once_with_one_threads_results(mode, L)
                     if mode == "GRU" and a is got[1][2]:
                         continue  # (a GRU has no cell state: cn is not written)
                     np.testing.assert_array_equal(a, b)
+
+
+def test_a_batch_on_tiles_is_sliced_by_whole_vectors_of_sequences():
+    """From ``TILE_MIN_BATCH`` sequences (whose steps run on tiles of a vector of sequences)
+    a batch is cut in no more slices than it fills vectors: a slice of half a vector would
+    pad it to a whole one, doubling the work of each; fewer sequences, one a slice."""
+    lanes = K.TILE_BYTES // 4  # (float32)
+    assert K._batch_slices(lanes, 2, 4) == 1
+    assert K._batch_slices(lanes + 1, 2, 4) == 2
+    assert K._batch_slices(4 * lanes, 2, 4) == 2 and K._batch_slices(4 * lanes, 8, 4) == 4
+    assert K._batch_slices(K.TILE_MIN_BATCH - 1, 2, 4) == 2
+    assert K._batch_slices(1, 2, 4) == 1 and K._batch_slices(lanes, 1, 4) == 1
+    assert K._batch_slices(2 * (K.TILE_BYTES // 8), 2, 8) == 2  # (float64: shorter vectors)

@@ -761,6 +761,17 @@ def _bwd_part(x, w, lens, mode, num_layers, ndir, hidden, reserve, drop_mask, dr
 SPLIT_MIN_WORK = 1 << 22
 
 
+def _batch_slices(B, threads, itemsize):
+    """How many slices of a batch of ``B`` sequences the forward runs on ``threads``: from
+    :data:`TILE_MIN_BATCH` sequences, whose steps run on tiles of a vector of sequences, no
+    more slices than whole vectors (a GRU classifier at batch 16 on two threads took 1.27 ms
+    in two slices of 8, each padded to a vector of 16, against 1.04 ms in one)."""
+    if B >= TILE_MIN_BATCH:
+        lanes = TILE_BYTES // itemsize
+        B = -(-B // lanes)
+    return max(1, min(threads, B))
+
+
 def _threads(work, parts):
     """How many threads to run a call on (``parts``: as asked; ``None``: when the work is
     large enough, every loop thread, or, unless a thread count was asked for, the cores other
@@ -821,14 +832,14 @@ def rnn_forward_at(x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask,
     if D == 2 and threads >= 2 and drop_mask.size == 0:
         # the two directions of each layer at once, each on the whole batch or on slices
         # of it (a layer's dropout, in training, would need both done first: not here)
-        n = max(1, min(threads // 2, B))
+        n = _batch_slices(B, threads // 2, x.itemsize)
         mid = np.empty((2, T, B, D * H) if L > 1 and not save else (0, 0, 0, 0), x.dtype)
         for layer in range(L):
             calls = [(*args, p * B // n, (p + 1) * B // n, layer, layer + 1, d, d + 1, mid)
                      for d in range(D) for p in range(n)]
             run_parts(_fwd_part, calls, len(calls) - 1)
         return
-    n = max(1, min(threads, B))
+    n = _batch_slices(B, threads, x.itemsize)
     whole = (0, L, 0, D, np.empty((0, 0, 0, 0), x.dtype))
     if n == 1:
         _fwd_part(*args, 0, B, *whole)
