@@ -54,6 +54,19 @@ def oracle(mode, x, h0, c0, ws, L, D, lens):
     return inp, np.stack(hs), np.stack(cs)
 
 
+def _network(G, H, L, D, T, B, I):
+    """Random weights (Paddle's order: w_ih, w_hh of each layer and direction, then the
+    biases), inputs [T, B, I] and initial states of a network of ``G`` gates."""
+    ws = []
+    for layer in range(L):
+        for _ in range(D):
+            ws += [RNG.normal(size=(G * H, I if layer == 0 else D * H)) * 0.5,
+                   RNG.normal(size=(G * H, H)) * 0.5]
+    ws += [RNG.normal(size=G * H) * 0.5 for _ in range(2 * L * D)]
+    x = RNG.normal(size=(T, B, I))
+    return ws, x, RNG.normal(size=(L * D, B, H)), RNG.normal(size=(L * D, B, H))
+
+
 @pytest.mark.parametrize("mode,H,L,D", [("LSTM", 5, 2, 2), ("GRU", 9, 1, 2),
                                         ("RNN_TANH", 7, 2, 1)])
 def test_forward_on_both_product_paths_matches_numpy(mode, H, L, D):
@@ -61,14 +74,7 @@ def test_forward_on_both_product_paths_matches_numpy(mode, H, L, D):
     T, I = 5, 3
     assert 1 < K.TILE_MIN_BATCH <= 4
     for B in (1, 4, 11):  # BLAS; tiles of one vector; two vectors (the second padded)
-        ws = []
-        for layer in range(L):
-            for _ in range(D):
-                ws += [RNG.normal(size=(G * H, I if layer == 0 else D * H)) * 0.5,
-                       RNG.normal(size=(G * H, H)) * 0.5]
-        ws += [RNG.normal(size=G * H) * 0.5 for _ in range(2 * L * D)]
-        x = RNG.normal(size=(T, B, I))
-        h0, c0 = RNG.normal(size=(L * D, B, H)), RNG.normal(size=(L * D, B, H))
+        ws, x, h0, c0 = _network(G, H, L, D, T, B, I)
         lens = RNG.integers(0, T + 1, B).astype(np.int64)
         lens[0] = T
         want = oracle(mode, x, h0, c0 if mode == "LSTM" else np.zeros_like(h0), ws, L, D,
@@ -126,14 +132,7 @@ def test_the_directions_of_a_layer_run_at_once_with_one_threads_results(mode, L)
 
     lanes = K.TILE_BYTES // 8  # (float64)
     for B in (1, 2 * lanes + 3):  # one sequence; three vectors of them
-        ws = []
-        for layer in range(L):
-            for _ in range(D):
-                ws += [RNG.normal(size=(G * H, I if layer == 0 else D * H)) * 0.5,
-                       RNG.normal(size=(G * H, H)) * 0.5]
-        ws += [RNG.normal(size=G * H) * 0.5 for _ in range(2 * L * D)]
-        x = RNG.normal(size=(T, B, I))
-        h0, c0 = RNG.normal(size=(L * D, B, H)), RNG.normal(size=(L * D, B, H))
+        ws, x, h0, c0 = _network(G, H, L, D, T, B, I)
         lens = np.full(B, T, np.int64)
         lens[-1] = T - 2
         want = oracle(mode, x, h0, c0 if mode == "LSTM" else np.zeros_like(h0), ws, L, D,
