@@ -213,10 +213,11 @@ class Config:
         return self._prog_file, self._params_file
 
     def _optimized(self) -> tuple:
-        """``(program, feed names, fetch names, params)`` of the model after the inference
-        passes: from the disk cache of optimized models (``pdjit.io.optimized_cache``), else
-        loaded, checked and optimized here, and kept there for the next process
-        (``switch_optimized_cache(False)``: never kept nor read)."""
+        """``(program, feed names, fetch names, params, key)`` of the model after the
+        inference passes: from the disk cache of optimized models
+        (``pdjit.io.optimized_cache``), else loaded, checked and optimized here, and kept
+        there for the next process (``switch_optimized_cache(False)``: never kept nor read);
+        ``key``: the entry's ``ModelKey`` (None where there is no entry)."""
         from pdjit.passes.inference import INFERENCE_PASSES, optimize
 
         names = [n for n, _ in INFERENCE_PASSES if n not in self._deleted_passes]
