@@ -217,7 +217,7 @@ def child_paddle(name: str, directory: str, nthreads: str, settle_cpu: str) -> d
             "settled": settled, "settle_s": settle_s, "settle_cpu_s": settle_cpu_s,
             "settle_runs": n_settle, "compiled_first": compiled_first,
             "compiled": compiler.kernel_stats()["compiled"], "rel_err": err,
-            "native_steps": sum(t.native is not None for t in tiers), "steps": len(tiers),
+            "native_steps": sum(t.native_driver is not None for t in tiers), "steps": len(tiers),
             "given_up": sorted({(t.native_failed or "")[:60] for t in tiers} - {""})}
 
 
