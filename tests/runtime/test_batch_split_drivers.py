@@ -285,6 +285,23 @@ def test_run_parts_runs_the_parts_at_once_and_in_order():
     assert {n for _, n in names} == {"MainThread"}
 
 
+def _host_driven(batch, seed):
+    """The MLP run at ``batch`` through the Executor with native drivers until its step's
+    drivers are settled (each result checked against NumPy): ``(exe, program, scope, y,
+    rng, step)``."""
+    program, startup, y = _mlp()
+    scope = fluid.Scope()
+    exe = fluid.Executor(native_drivers="background", strict=True)
+    exe.run(startup, scope=scope)
+    rng = np.random.default_rng(seed)
+    for _ in range(tiers_mod.BACKGROUND_RUNS + 10):
+        xv = rng.standard_normal((batch, 6)).astype("float32")
+        (out,) = exe.run(program, feed={"x": xv}, fetch_list=[y], scope=scope)
+        np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
+    (step,) = _steps(exe, program)
+    return exe, program, scope, y, rng, step
+
+
 def test_a_step_without_a_native_driver_runs_the_host_driver_on_slices(two_threads,
                                                                        monkeypatch):
     """A step whose native driver would not pay (here: more kernel calls than
@@ -295,16 +312,7 @@ def test_a_step_without_a_native_driver_runs_the_host_driver_on_slices(two_threa
     the same rows and NumPy's. A small batch runs the host driver as before, with no trial."""
     monkeypatch.setattr(tiers_mod, "DRIVER_MAX_CALLS", 0)
     monkeypatch.setattr(tiers_mod, "TIER_UP_THREAD", False)
-    program, startup, y = _mlp()
-    scope = fluid.Scope()
-    exe = fluid.Executor(native_drivers="background", strict=True)
-    exe.run(startup, scope=scope)
-    rng = np.random.default_rng(3)
-    for _ in range(tiers_mod.BACKGROUND_RUNS + 10):
-        xv = rng.standard_normal((BATCH, 6)).astype("float32")
-        (out,) = exe.run(program, feed={"x": xv}, fetch_list=[y], scope=scope)
-        np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
-    (step,) = _steps(exe, program)
+    exe, program, scope, y, rng, step = _host_driven(BATCH, 3)
     tiers = step.tiers
     assert isinstance(tiers.native, tiers_mod.HostSlices) and step.native is None
     assert "would not pay" in tiers.native_failed
@@ -358,18 +366,9 @@ def test_on_one_thread_the_host_driver_is_tried_by_calls_of_a_few_rows(monkeypat
     # the chunked driver picked whenever it is a candidate (the trial's timing is the
     # machine's, not the test's)
     monkeypatch.setattr(tiers_mod.DriverTiers, "_fastest", staticmethod(lambda t: len(t) - 1))
-    program, startup, y = _mlp()
-    scope = fluid.Scope()
-    exe = fluid.Executor(native_drivers="background", strict=True)
-    exe.run(startup, scope=scope)
-    rng = np.random.default_rng(5)
     chunk = tiers_mod.HOST_CHUNK_ROWS
     batch = 2 * chunk + 1  # (two whole calls and one of a row)
-    for _ in range(tiers_mod.BACKGROUND_RUNS + 10):
-        xv = rng.standard_normal((batch, 6)).astype("float32")
-        (out,) = exe.run(program, feed={"x": xv}, fetch_list=[y], scope=scope)
-        np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
-    (step,) = _steps(exe, program)
+    exe, program, scope, y, rng, step = _host_driven(batch, 5)
     tiers = step.tiers
     assert isinstance(tiers.native, tiers_mod.HostSlices) and step.native is None
     sp = tiers.picked[batch]

@@ -36,7 +36,7 @@ from pdjit.io.variables import _read_file
 from pdjit.passes.verify import verify
 from pdjit.runtime.checks import env_flag
 from pdjit.runtime.executor import Executor
-from pdjit.runtime.feed_fetch import check_feed, check_feed_spec, feed_spec, written_persistables
+from pdjit.runtime.feed_fetch import changed_persistables, check_feed, check_feed_spec, feed_spec
 from pdjit.runtime.place import CPUPlace, CUDAPlace
 from pdjit.runtime.scope import Scope
 from pdjit.runtime.tensor import LoDTensor
@@ -352,7 +352,7 @@ class Predictor:
         if key is not None:
             from pdjit.io.optimized_cache import DerivedValues
 
-            changed = written_persistables(self._program) | set(self._inputs)
+            changed = changed_persistables(self._program, self._inputs, params)
             self._derived = DerivedValues(
                 key, {n: v for n, v in params.items() if n not in changed})
         if config._threads is not None:

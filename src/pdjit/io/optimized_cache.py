@@ -67,6 +67,9 @@ _ALIGN = 64
 RACY_SECONDS = 2.0
 _SOURCE_PACKAGES = ("framework", "ops", "passes", "io", "proto")
 _stamp: list = []
+#: what reading an entry that is not right may raise (it is then made again)
+_NOT_RIGHT = (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError,
+              RecursionError, struct.error)
 
 
 def _cache_dir() -> pathlib.Path:
@@ -352,8 +355,7 @@ def load(mk: ModelKey):
         if meta.get("verified"):  # stored as ``pdjit.verify`` left it: not checked again
             program.__dict__["_verified_version"] = program.version
         return program, params, list(meta["feed"]), list(meta["fetch"])
-    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError,
-            RecursionError, struct.error, ProgramError):
+    except (*_NOT_RIGHT, ProgramError):
         return None  # (an entry that is not right is made again)
 
 
@@ -417,8 +419,7 @@ class DerivedValues:
                     if a is not None:
                         params.keep(a, _key_back(key), value)
                         loaded.add((name, repr(_key_back(key))))
-        except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError,
-                RecursionError, struct.error):
+        except _NOT_RIGHT:
             pass  # (a file that is not right is written again)
         with _derived_lock:  # (what the file holds now)
             _derived_held[mk.key] = loaded

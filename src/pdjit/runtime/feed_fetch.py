@@ -47,8 +47,7 @@ class RunProgram:
         # the persistable variables an op writes or the run feeds: their arrays may change
         # in place (what was derived from them is made again, pdjit.codegen.params)
         self.param_writes = tuple(sorted(
-            written_persistables(self.program) |
-            {n for n in self.feed_names if n in self.persistables}))
+            changed_persistables(self.program, self.feed_names, self.persistables)))
 
     def check_unfed(self, scope) -> None:
         """Before any op runs: every data variable the program reads is fed, or holds a value
@@ -308,7 +307,13 @@ def merge_place_feeds(feeds, data_parallel: bool) -> dict:
     return merged
 
 
-def written_persistables(program) -> set:
+def changed_persistables(program, feed_names, persistables) -> set:
+    """The persistable variables (names in ``persistables``) a run of ``program`` fed
+    ``feed_names`` may change in place: those an op writes and those the run feeds."""
+    return _written_persistables(program) | {n for n in feed_names if n in persistables}
+
+
+def _written_persistables(program) -> set:
     """The persistable variables (not the feed or fetch lists) an op of ``program`` writes."""
     out = set()
     for block in program.blocks:
