@@ -59,6 +59,42 @@ def fixtures_dir():
     return FIXTURES
 
 
+def _blas_splits_exactly() -> bool:
+    """Whether NumPy's BLAS gives the rows and the columns of a float32 product bit for bit
+    whatever part of it is computed: not every OpenBLAS kernel does (its Haswell kernel sums
+    a row's terms in another order for another shape), so results that one thread computes
+    by a whole product and two by its parts may differ in the last bits there."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    for m, k, n in ((64, 32, 64), (70, 35, 49), (16, 288, 100)):
+        w, x = (rng.standard_normal(s).astype(np.float32) for s in ((m, k), (k, n)))
+        whole = w @ x
+        if not (np.array_equal(w[m // 2:] @ x, whole[m // 2:]) and
+                np.array_equal(w @ np.ascontiguousarray(x[:, n // 2:]), whole[:, n // 2:])):
+            return False
+    return True
+
+
+@pytest.fixture(scope="session")
+def blas_same():
+    """``same(got, want)``: bit for bit (NaNs in the same places) where this machine's BLAS
+    sums a product's parts as the whole, else within float32 rounding (``rtol``, ``atol``):
+    for results that went through BLAS on a different split of the work."""
+    import numpy as np
+
+    exact = _blas_splits_exactly()
+
+    def same(got, want, rtol=1e-5, atol=1e-5, msg=""):
+        if exact:
+            assert np.array_equal(got, want, equal_nan=True), msg
+        else:
+            np.testing.assert_allclose(got, want, rtol=rtol, atol=atol, equal_nan=True,
+                                       err_msg=str(msg))
+    same.exact = exact
+    return same
+
+
 def pytest_configure(config):
     # An op declared with no emit rule runs its NumPy reference in compiled plans by design,
     # and a plan says so once per process (ReferenceStepWarning): which test file sees it

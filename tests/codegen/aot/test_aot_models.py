@@ -66,13 +66,14 @@ def jit():
     return run
 
 
-def _same(name, got, want):
-    """Bit-identical to the JIT for this machine's CPU (the same BLAS, the same vector code);
-    for a generic CPU (other vector widths: other summation orders) within 1e-6 relative."""
+def _same(name, got, want, blas_same):
+    """Bit-identical to the JIT for this machine's CPU (the same vector code; the same BLAS,
+    where it sums the parts of a product as the whole: ``blas_same``); for a generic CPU
+    (other vector widths: other summation orders) within 1e-6 relative."""
     if name == "mlp":   # compiled for cpu="generic"
         np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
     else:
-        assert np.array_equal(got, want), (name, np.abs(got - want).max())
+        blas_same(got, want, msg=(name, np.abs(got - want).max()))
 
 
 def _cases(name):
@@ -85,7 +86,7 @@ def _cases(name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_outputs_equal_jit_and_paddle(artifacts, jit, name):
+def test_outputs_equal_jit_and_paddle(artifacts, jit, name, blas_same):
     _, spec, mod = artifacts[name]
     model = mod.load()
     assert model.input_names == [n for n, _, _ in spec.inputs]
@@ -96,7 +97,7 @@ def test_outputs_equal_jit_and_paddle(artifacts, jit, name):
         for n, g, r in zip(model.output_names, got, ref):
             assert g.dtype == want[n].dtype and g.shape == want[n].shape
             np.testing.assert_allclose(g, want[n], rtol=1e-5, atol=1e-5)
-            _same(name, g, r)
+            _same(name, g, r, blas_same)
     # a batch larger than the one the instance was sized for: the arena grows
     shape = [64 if d < 0 else d for d in model.input_shapes[0]]
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
@@ -105,7 +106,7 @@ def test_outputs_equal_jit_and_paddle(artifacts, jit, name):
     assert model.memory()[1] > 0          # the arena was sized for batch 2: heap blocks
     grown = model.memory()[0]
     for g, a, r in zip(got, model.run({model.input_names[0]: x}), ref):
-        _same(name, g, r)
+        _same(name, g, r, blas_same)
         assert np.array_equal(a, g)   # the same instance again: the same bits
     assert model.memory() == (grown, 0)   # grown after the first run: no allocation now
     model.run(feed)                        # a smaller batch fits too
@@ -165,7 +166,7 @@ def test_bad_inputs_give_errors(artifacts):
         mod.load(max_batch=0)
 
 
-def test_batch_of_no_rows(artifacts):
+def test_batch_of_no_rows(artifacts, blas_same):
     """Each artifact runs a batch of 0 rows as the JIT does (its native code on empty inputs):
     empty outputs of the JIT's shapes and dtypes; the instance is unharmed."""
     import pdjit as fluid
@@ -185,7 +186,7 @@ def test_batch_of_no_rows(artifacts):
         got = model.run(empty)
         assert [(g.shape, g.dtype) for g in got] == [(w.shape, w.dtype) for w in want]
         assert want[0].shape[0] == 0
-        _same(name, model.run(rows)[0], want_rows[0])
+        _same(name, model.run(rows)[0], want_rows[0], blas_same)
 
 
 def test_two_instances_in_two_threads(artifacts, jit):
