@@ -86,6 +86,17 @@ _KERNEL_NAMES = frozenset({"np", "math", "_m", "cuda", "range", "int", "float", 
                            "or", "not", "for", "in", "while", "return", "is", "pass"})
 
 
+def weight_var(op, name: str):
+    """The variable ``name`` (an input of ``op``) where it is a weight: persistable and written
+    by no op of the program (a value derived from it, packed or transformed, made once stays
+    valid from run to run); else None."""
+    v = op.block._find_var_recursive(name)
+    if v is None or not v.persistable or \
+            any(name in o.output_arg_names for b in op.block.program.blocks for o in b.ops):
+        return None
+    return v
+
+
 class Declined(Exception):
     """An opaque op's lowering returned None: the op must run its reference instead."""
 

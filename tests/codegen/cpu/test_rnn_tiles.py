@@ -7,9 +7,11 @@ network written here from Paddle's cells (LSTM gates i, f, c~, o; GRU gates r, z
 ``c~ = tanh(W_ic x + b_ic + r * (W_hc h + b_hc))``, ``h = z * h' + (1 - z) * c~``; the reverse
 direction from the last step; past a length the state is kept and zeros are written).
 """
+import numba
 import numpy as np
 import pytest
 
+from pdjit.codegen.cpu.lib import pgemm
 from pdjit.codegen.cpu.lib import rnn as K
 
 RNG = np.random.default_rng(5)
@@ -94,6 +96,72 @@ def test_forward_on_both_product_paths_matches_numpy(mode, H, L, D):
             np.testing.assert_allclose(hn, want[1], rtol=1e-10, atol=1e-12)
             if mode == "LSTM":
                 np.testing.assert_allclose(cn, want[2], rtol=1e-10, atol=1e-12)
+
+
+@numba.njit
+def _compiled_table(weights, biases, steps, batch):
+    return K.rnn_weight_table(weights, biases, steps, batch, True)
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+@pytest.mark.parametrize("mode,H,L,D", [("LSTM", 5, 2, 2), ("GRU", 9, 1, 2),
+                                        ("RNN_TANH", 7, 2, 1)])
+def test_forward_on_packed_weights_matches_numpy(mode, H, L, D, dtype):
+    """With the matrices packed transposed in the table (kept copies; or packed by compiled
+    code into the table itself, where packing at each run pays), the input projections run
+    on pdjit's GEMM, the biases in its epilogue, and each step's ``W_hh h`` on it too (one
+    sequence: the one-row tiles): the oracle's results, and the unpacked table's within
+    rounding."""
+    code, G = CODES[mode]
+    T, I = 24, 3
+    n = 2 * L * D
+    tol = dict(rtol=1e-10, atol=1e-12) if dtype == np.float64 else dict(rtol=2e-5, atol=2e-5)
+    for B in (1, 5, 11):  # one row; rows not a multiple of the GEMM's six
+        ws, x, h0, c0 = (np.asarray(a, dtype) if not isinstance(a, list) else
+                         [np.asarray(w, dtype) for w in a] for a in _network(G, H, L, D, T, B, I))
+        lens = RNG.integers(0, T + 1, B).astype(np.int64)
+        lens[0] = T
+        want = oracle(mode, x, h0, c0 if mode == "LSTM" else np.zeros_like(h0), ws, L, D,
+                      lens)
+        tables = {"unpacked": K.rnn_weight_table(ws[:n], ws[n:]),
+                  "kept": K.rnn_weight_table(ws[:n], ws[n:], T, B, True),
+                  "each run": K.rnn_weight_table(ws[:n], ws[n:], T, B),
+                  "compiled": _compiled_table(tuple(ws[:n]), tuple(ws[n:]), T, B)}
+        assert tables["unpacked"].shape[0] == 2 * n == tables["kept"].shape[0] - n
+        # packed at each run where it pays: not for one sequence of 24 steps
+        packs = T * (B + 2) >= K.PACK_EVERY_RUN_MIN
+        assert packs == (B > 1)
+        assert tables["each run"].shape[0] == (3 * n if packs else 2 * n)
+        assert tables["compiled"].shape[0] >= 3 * n if packs else \
+            tables["compiled"].shape[0] == 2 * n
+        got = {}
+        for name, table in tables.items():
+            out, hn, cn = np.empty((T, B, D * H), dtype), np.empty_like(h0), np.empty_like(h0)
+            K.rnn_forward_at(x, h0, c0, table, lens, code, L, D, False, np.empty(0, np.uint8),
+                             1.0, out, hn, cn, np.empty(0, dtype), parts=1)
+            np.testing.assert_allclose(out, want[0], **tol, err_msg=f"{name} {mode} B={B}")
+            np.testing.assert_allclose(hn, want[1], **tol)
+            if mode == "LSTM":
+                np.testing.assert_allclose(cn, want[2], **tol)
+            got[name] = out
+        if packs:
+            assert np.array_equal(got["compiled"], got["kept"])  # the same kernels
+
+
+def test_packed_vector_matches_numpy():
+    """``pgemm.packed_vector``: one row by a matrix packed into panels, columns not a multiple
+    of a panel's, with and without a bias."""
+    for dtype in (np.float32, np.float64):
+        for k, n in ((100, 300), (7, 5), (128, 384)):
+            w = RNG.normal(size=(n, k)).astype(dtype)
+            a, bias = RNG.normal(size=k).astype(dtype), RNG.normal(size=n).astype(dtype)
+            bp = pgemm._pack(w, True)
+            for b in (bias, bias[:0]):
+                out = np.full(n + 3, 7.0, dtype)
+                pgemm.packed_vector(a, bp, n, b, out)
+                want = w.astype(np.float64) @ a + (b if b.size else 0)
+                np.testing.assert_allclose(out[:n], want, rtol=1e-5, atol=1e-5)
+                assert (out[n:] == 7.0).all()  # nothing written past n
 
 
 def test_the_weight_table_refuses_what_does_not_fit():

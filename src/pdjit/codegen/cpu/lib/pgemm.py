@@ -414,6 +414,29 @@ def packed_gemm(a, bp, n, bias, c):
     _packed_rows(a, bp, n, bias, c, 0, a.shape[0], bias[:0], -np.inf, np.inf)
 
 
+#: one row's tile: ``NV`` accumulators, no reduction across lanes
+_micro1 = _micro_kernel(1, NV, PREFETCH_ROWS)
+
+
+@jit
+def packed_vector(a, bp, n, bias, c):
+    """``c[:n] = a @ b + bias`` for one row ``a`` ([K]; ``b`` [K, n] packed into ``bp``,
+    :func:`pack_b`; ``bias`` [n] or empty): panel by panel, a vector of columns per
+    accumulator, each weight read once. A recurrent step's ``W_hh h`` for one sequence, on
+    ``W_hh`` packed transposed (float32, one core: 384 x 128 in 2.0 us against 2.7 by rows of
+    ``W_hh`` side by side, ``rnn._gemv_kernel``)."""
+    K = a.shape[0]
+    nr = NV * (64 // a.itemsize)
+    npan = (n + nr - 1) // nr
+    if bp.shape[0] != npan * K * nr or c.shape[0] < n or \
+            (bias.shape[0] != 0 and bias.shape[0] != n):
+        raise ValueError("pdjit: packed_vector: the operands do not fit")
+    for j in range(npan):
+        n0 = j * nr
+        _micro1(a, 0, K, 1, K, bp, j * K * nr, c, n0, n, min(nr, n - n0), bias, n0, c[:0],
+                -np.inf, np.inf)
+
+
 @jit
 def _packed_rows(a, bp, n, bias, c, r0, r1, res, lo, hi):
     """Rows ``r0 .. r1`` of ``c = minimum(maximum(a @ b + bias + res, lo), hi)`` (``b``

@@ -12,17 +12,22 @@ LSTM (gates i, f, c~, o), 1 GRU (r, z, c~), 2 RNN_TANH, 3 RNN_RELU. ``lens`` (in
 or empty: every sequence has ``T`` steps): steps at or past a sequence's length leave its state
 unchanged and write zeros to the output.
 
-Per layer and direction the forward kernel projects the input of *all* steps with one GEMM
-(``np.dot``: BLAS; the biases folded in), then runs the time loop. A step's ``W_hh h`` lands
-in ``hht`` ``(G*H, sequences)``: from :data:`TILE_MIN_BATCH` sequences on register tiles
-(``tile_kernel``: 28 rows of ``W_hh`` by one vector of sequences, each weight read once per
-vector and broadcast; measured, float32, ``W_hh`` 1024 x 256 by 16 sequences, one core, load
-~10: 64 us, OpenBLAS 85 us); for one sequence a matrix-vector product streaming a vector's
-worth of rows of ``W_hh`` side by side (:func:`_gemv_kernel`; bounded by the L2 cache's
-bandwidth: 1024 x 256 in 11.0-11.5 us against OpenBLAS's 12.2, 384 x 128 in 1.5-2.1 against
-2.0-2.5); for 2-3 sequences one BLAS call. (The input projection of 64 steps on register
-tiles instead of BLAS measured 0.41 against 0.64 ms alone, but made the whole forward no
-faster: BLAS it stays.) ``xp + W_hh h`` then goes into each sequence's gate row
+Per layer and direction the forward kernel projects the input of *all* steps with one GEMM (the
+biases folded in), then runs the time loop. Where the table holds the matrices packed
+transposed (:func:`rnn_weight_table`: copies kept from run to run where no op writes the
+weights, else packed at each run where that pays), both products run on pdjit's GEMM
+(:mod:`.pgemm`): the projection with the biases as its epilogue, a step's ``W_hh h`` into rows
+of sequences (one sequence: :func:`pgemm.packed_vector`). Measured (float32, one core, an
+AVX-512 AMD EPYC whose OpenBLAS runs its Haswell kernel): 1024 x 512 by 1024 rows 4.2 ms packed
+against 8.4 by BLAS; ``W_hh`` 1024 x 256 by 16 sequences 37 us against 40 on the tiles below,
+by one 9.0 against 11.7, 384 x 128 by one 1.5 against 2.3; an LSTM classifier (2 bidirectional
+layers of 256 over 64 steps) at batch 1 4.45 -> 2.75 ms, 16 35.3 -> 22.8 ms. Otherwise the
+projection is one BLAS call (``np.dot``) and a step's ``W_hh h`` lands in ``hht`` ``(G*H,
+sequences)``: from :data:`TILE_MIN_BATCH` sequences on register tiles (``tile_kernel``: 28 rows
+of ``W_hh`` by one vector of sequences, each weight read once per vector and broadcast); for
+one sequence a matrix-vector product streaming a vector's worth of rows of ``W_hh`` side by
+side (:func:`_gemv_kernel`); for 2-3 sequences one BLAS call. Either way
+``xp + W_hh h`` then goes into each sequence's gate row
 (in blocks of 16 gates, the columns of ``hht`` read while in cache) and the gate arithmetic runs
 per sequence in loops over the row that vectorise (``pdjit.codegen.cpu.mathfuncs``; float32
 data is computed in float32; LSTM's and GRU's loops are written out in the time loop with
@@ -54,9 +59,10 @@ import llvmlite.ir as ir
 import numba
 import numpy as np
 from numba.core import cgutils, types
-from numba.extending import intrinsic, overload
+from numba.extending import intrinsic, overload, register_jitable
 
 from pdjit.codegen.cpu import mathfuncs as _m
+from pdjit.codegen.cpu.lib import pgemm as _pg
 from pdjit.codegen.cpu.lib._jit import compile_cost, jit, jobs
 from pdjit.codegen.cpu.lib.tile import TILE_BYTES, _offset, _vectors, tile_kernel
 from pdjit.codegen.cpu.threads import asked_threads, free_cores, loop_threads, run_parts
@@ -255,9 +261,23 @@ def _weight_at(wt, i, n, like):
 
 
 @jit
-def _table_of(weights, biases):
-    """The rows of :func:`rnn_weight_table` (tuples of C-contiguous arrays of one dtype)."""
-    table = np.empty((len(weights) + len(biases), 2), np.int64)
+def _packed_at(wt, i, k, n, like):
+    """Row ``i`` of the table ``wt`` where it has one: the right operand ``[k, n]`` of a
+    product packed into panels (:func:`pdjit.codegen.cpu.lib.pgemm.pack_b`), its size
+    checked; else an empty array (not packed)."""
+    if i >= wt.shape[0]:
+        return np.empty(0, like.dtype)
+    nr = _pg.NV * (64 // like.itemsize)
+    if wt[i, 1] != (n + nr - 1) // nr * k * nr:
+        raise ValueError("pdjit: rnn_forward: a packed weight has the wrong size")
+    return numba.carray(_pointer(wt[i, 0], like), (wt[i, 1],))
+
+
+@jit
+def _table_of(weights, biases, packed):
+    """The rows of :func:`rnn_weight_table` (tuples of C-contiguous arrays of one dtype; the
+    rows of ``packed`` last)."""
+    table = np.empty((len(weights) + len(biases) + packed.shape[0], 2), np.int64)
     i = 0
     for a in weights:
         if not a.flags.c_contiguous:
@@ -271,15 +291,38 @@ def _table_of(weights, biases):
         table[i, 0] = a.ctypes.data
         table[i, 1] = a.size
         i += 1
+    table[i:] = packed
     return table
 
 
-def rnn_weight_table(weights, biases):
+#: the matrices are packed at each run (a training run writes them; compiled code keeps no
+#: copy) where ``steps * (sequences + 2)`` is at least this. A product by a weight packed
+#: transposed gains ~8e-3 ns a row and value (float32, one core: 250 against 125 GFLOP/s of
+#: BLAS), a step of one sequence on a packed ``W_hh`` ~1.7e-2 ns a value (and of 4-16 ~1-4e-2),
+#: the packing costs 0.3-0.4 ns a value: a GRU of 128 over 32 steps of one sequence gains 36
+#: us a run for 21 us of packing
+PACK_EVERY_RUN_MIN = 96
+
+
+@register_jitable
+def _pays_every_run(steps, batch):
+    return steps * (batch + 2) >= PACK_EVERY_RUN_MIN
+
+
+def rnn_weight_table(weights, biases, steps=0, batch=0, kept=False):
     """The ``(address, size)`` rows (int64) of the arrays of a WeightList, in its order: the
     2-D ``w_ih, w_hh`` of every layer and direction (``weights``), then the 1-D ``b_ih, b_hh``
     (``biases``). :func:`rnn_forward_at` reads the weights there, in place: no copy of them
     per run. Every array must be C-contiguous and of one float dtype, and stay alive while
-    the table is used (the caller holds them)."""
+    the table is used (the caller holds them).
+
+    Then, for a run of ``steps`` steps of ``batch`` sequences, the rows of the matrices
+    packed transposed for pdjit's GEMM (:func:`pdjit.codegen.cpu.lib.pgemm.packed_weight`,
+    kept beside each array, which holds the copy alive, until a run may write it), which
+    the forward then runs on: always where the copies are ``kept`` from run to run (no op of
+    the program writes the weights), else where packing at each run pays
+    (:data:`PACK_EVERY_RUN_MIN`). Compiled code packs into the table itself, after its
+    rows (it keeps no copies)."""
     weights, biases = tuple(weights), tuple(biases)
     arrays = weights + biases
     dt = arrays[0].dtype if arrays else None
@@ -289,13 +332,38 @@ def rnn_weight_table(weights, biases):
             raise ValueError(f"pdjit: rnn_weight_table: WeightList[{i}] is not a C-contiguous "
                              f"{'2' if i < len(weights) else '1'}-D array of the dtype of the "
                              f"others ({dt})")
-    return _table_of(weights, biases)
+    packed = np.empty((len(weights) if weights and (kept or _pays_every_run(steps, batch))
+                       else 0, 2), np.int64)
+    for i in range(packed.shape[0]):
+        p = _pg.packed_weight(weights[i], True, _pg.PACKED_MIN_ROWS)
+        packed[i] = p.ctypes.data, p.size
+    return _table_of(weights, biases, packed)
 
 
 @overload(rnn_weight_table, jit_options={"nogil": True})
-def _rnn_weight_table_native(weights, biases):
-    def table_of(weights, biases):
-        return _table_of(weights, biases)
+def _rnn_weight_table_native(weights, biases, steps=0, batch=0, kept=False):
+    def table_of(weights, biases, steps=0, batch=0, kept=False):
+        n = len(weights)
+        if n == 0 or not _pays_every_run(steps, batch):
+            return _table_of(weights, biases, np.empty((0, 2), np.int64))
+        nr = _pg.NV * (64 // weights[0].itemsize)
+        values = 0
+        for w in weights:
+            values += (w.shape[0] + nr - 1) // nr * w.shape[1] * nr
+        head = 2 * n + len(biases)
+        # the packed copies after the rows (a row is 16 bytes: 4 more rows align them to 64)
+        table = np.empty((head + 4 + (values * weights[0].itemsize + 15) // 16, 2), np.int64)
+        table[:n + len(biases)] = _table_of(weights, biases, np.empty((0, 2), np.int64))
+        pos = (table.ctypes.data + head * 16 + 63) // 64 * 64
+        i = n + len(biases)
+        for w in weights:
+            size = (w.shape[0] + nr - 1) // nr * w.shape[1] * nr
+            _pg.pack_scaled(w, True, 1.0, numba.carray(_pointer(pos, w), (size,)))
+            table[i, 0] = pos
+            table[i, 1] = size
+            pos += size * w.itemsize
+            i += 1
+        return table
     return table_of
 
 
@@ -448,7 +516,9 @@ def _fwd_part(x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask, drop
     Bs = b1 - b0
     Hu = U(H)
     offs, sizes, total = _offsets(mode, I, H, L, D)
-    if (wt.shape[0] != 4 * L * D or wt.shape[1] != 2 or h0.shape[0] != L * D
+    # the matrices packed transposed after the WeightList's rows (rnn_weight_table), or not
+    packed = wt.shape[0] >= 6 * L * D
+    if (not packed and wt.shape[0] != 4 * L * D or wt.shape[1] != 2 or h0.shape[0] != L * D
             or h0.shape[1] != B or hn.shape != h0.shape
             or out.shape != (T, B, DH) or (lens.size != 0 and lens.size != B)
             or b0 < 0 or b1 > B or b0 > b1):
@@ -466,15 +536,18 @@ def _fwd_part(x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask, drop
     dropping = drop_mask.size != 0
     one = np.ones(1, x.dtype)[0]  # typed constants: float32 data stays float32
     zero = one - one
-    # W_hh h of a step: on register tiles (columns of sequences, padded to whole vectors) or,
-    # for a small slice, one BLAS call; either way into hht (GH, BP)
-    tiled = Bs >= TILE_MIN_BATCH
+    # W_hh h of a step: with W_hh packed transposed, on pdjit's GEMM (one sequence: one row's
+    # tiles) into hrows (Bs, GH); else on register tiles (columns of sequences, padded to
+    # whole vectors) or, for a small slice, one BLAS call, into hht (GH, BP)
+    hrows = np.empty((Bs if packed else 0, GH), x.dtype)
+    nob = np.empty(0, x.dtype)
+    tiled = Bs >= TILE_MIN_BATCH and not packed
     lanes = TILE_BYTES // x.itemsize
     nch = (Bs + lanes - 1) // lanes if tiled else 1
     BP = nch * lanes if tiled else Bs
     hT = np.zeros((H, BP if tiled else 0), x.dtype)
     tap = np.arange(H) * BP
-    hht = np.empty((GH, BP), x.dtype)
+    hht = np.empty((0 if packed else GH, BP), x.dtype)
     hrow = np.empty(GH, x.dtype)
     # the slice's inputs as contiguous rows (a copy unless the slice is the whole batch)
     if l0 == 0:
@@ -511,15 +584,28 @@ def _fwd_part(x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask, drop
                 gates = np.empty((1, B, GH), x.dtype)
                 hprev = np.empty((1, B, H), x.dtype)
                 aux = np.empty((1, B, H), x.dtype)
-            xp = np.dot(inp, wih.T)  # every step's input projection: one GEMM
-            _fold_bias(xp, bih, bhh, mode, H)
+            whhp = _packed_at(wt, 4 * L * D + 2 * k + 1, H, GH, x)
+            if packed:  # every step's input projection: one GEMM, the biases its epilogue
+                fb = np.zeros((1, GH), x.dtype)
+                _fold_bias(fb, bih, bhh, mode, H)
+                xp = np.empty((T * Bs, GH), x.dtype)
+                _pg._packed_rows(inp, _packed_at(wt, 4 * L * D + 2 * k, il, GH, x), GH,
+                             fb.reshape(GH), xp, 0, T * Bs, nob, -np.inf, np.inf)
+            else:
+                xp = np.dot(inp, wih.T)
+                _fold_bias(xp, bih, bhh, mode, H)
             xp3 = xp.reshape((T, Bs, GH))
             h = h0[k, b0:b1].copy()
             c = c0[k, b0:b1].copy() if mode == LSTM else h0[k, b0:b1].copy()
             for s in range(T):
                 t = s if d == 0 else T - 1 - s
                 ts = t if save else 0
-                if tiled:
+                if packed:
+                    if Bs == 1:
+                        _pg.packed_vector(h[0], whhp, GH, nob, hrows[0])
+                    else:
+                        _pg._packed_rows(h, whhp, GH, nob, hrows, 0, Bs, nob, -np.inf, np.inf)
+                elif tiled:
                     for j in range(H):
                         hTr = hT[j]
                         for bl in range(Bs):
@@ -535,7 +621,16 @@ def _fwd_part(x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask, drop
                     # into aux) into the gate rows, hht's (gate, sequence) layout read in
                     # blocks of 16 gates that stay in the L1 cache
                     nsum = U(GH) if mode == LSTM else U(2) * Hu
-                    if Bs == 1:  # one column: a row
+                    if packed:
+                        for bl in range(Bs):
+                            gb, ab, hv = gates[ts, b0 + bl], xp3[t, bl], hrows[bl]
+                            for q in range(nsum):
+                                gb[q] = ab[q] + hv[q]
+                            if mode == GRU:
+                                ar = aux[ts, b0 + bl]
+                                for j in range(Hu):
+                                    ar[j] = hv[U(2) * Hu + j] + bhh[U(2) * Hu + j]
+                    elif Bs == 1:  # one column: a row
                         gb, ab, hv = gates[ts, b0], xp3[t, 0], hht.reshape(GH)
                         for q in range(nsum):
                             gb[q] = ab[q] + hv[q]
@@ -546,7 +641,7 @@ def _fwd_part(x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask, drop
                                 gb, ab = gates[ts, b0 + bl], xp3[t, bl]
                                 for q in range(q0, q1):
                                     gb[q] = ab[q] + hht[q, bl]
-                    if mode == GRU:
+                    if mode == GRU and not packed:
                         for q0 in range(U(0), Hu, U(16)):
                             q1 = min(q0 + U(16), Hu)
                             for bl in range(Bs):
@@ -597,7 +692,7 @@ def _fwd_part(x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask, drop
                             yr[j] = hv
                     else:
                         for q in range(U(GH)):
-                            hrow[q] = hht[q, bl]
+                            hrow[q] = hrows[bl, q] if packed else hht[q, bl]
                         _fwd_row(mode, ab, hrow, bhh, hr, c[bl], gb, pr, ar, y[t, b], d * H,
                                  one)
             hn[k, b0:b1] = h
@@ -928,6 +1023,9 @@ def _fwd_jobs(T):
 @jobs("rnn_forward_at")
 def _fwd_at_jobs(T):
     return [_fwd_job(np.dtype(T), _arr(np.dtype(np.int64), 2))]
+
+
+jobs("rnn_weight_table")(lambda T: [_pg._pack_job(T)])
 
 
 @jobs("rnn_backward")

@@ -23,6 +23,7 @@ from pdjit.codegen.cpu.lib.conv import _dw_by_taps, _use_gemm, by_forward, use_d
 from pdjit.codegen.cpu.lib.pointwise import usable
 from pdjit.codegen.cpu.lib.winograd import may_take
 from pdjit.codegen.cpu.lowerings import lowering
+from pdjit.codegen.lowering import weight_var
 from pdjit.framework import registry
 from pdjit.ops.conv import (
     Geometry,
@@ -102,11 +103,7 @@ def _weight_filter(op):
     """The convolution's filter variable where it is a weight: persistable and written by no
     op of the program (a packed or transformed copy made once stays valid); else None."""
     ws = op.input("Filter")
-    w = op.block._find_var_recursive(ws[0]) if len(ws) == 1 else None
-    if w is None or not w.persistable or \
-            any(ws[0] in o.output_arg_names for b in op.block.program.blocks for o in b.ops):
-        return None
-    return w
+    return weight_var(op, ws[0]) if len(ws) == 1 else None
 
 
 def _channels_last_kind(op) -> str | None:

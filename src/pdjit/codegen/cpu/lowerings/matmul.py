@@ -18,6 +18,7 @@ import numpy as np
 
 from pdjit.codegen.cpu.lib.pgemm import PACKED_MIN_ROWS
 from pdjit.codegen.cpu.lowerings import lowering
+from pdjit.codegen.lowering import weight_var
 from pdjit.ops.matmul import (
     _as_matrix,
     _blas_ok,
@@ -160,12 +161,7 @@ def _weight(ctx, xn: int) -> bool:
     per_sample = ctx.shape("X")[1:xn]
     if all(d >= 0 for d in per_sample) and math.prod(per_sample) < PACKED_MIN_ROWS:
         return False
-    name = ctx.op.input("Y")[0]
-    v = ctx.op.block._find_var_recursive(name)
-    if v is None or not v.persistable:
-        return False
-    program = ctx.op.block.program
-    return not any(name in op.output_arg_names for b in program.blocks for op in b.ops)
+    return weight_var(ctx.op, ctx.op.input("Y")[0]) is not None
 
 
 def _weight_lines(ctx, xn: int, trans: bool):

@@ -11,6 +11,7 @@ input gradient (a GEMM over every step) when nothing reads ``Input@GRAD`` (a dat
 from __future__ import annotations
 
 from pdjit.codegen.cpu.lowerings import lowering
+from pdjit.codegen.lowering import weight_var
 from pdjit.framework.registry import EMPTY_VAR_NAME
 from pdjit.ops.rnn import _NATIVE, _dropping, _mode
 
@@ -23,14 +24,19 @@ def _flat_weights(ctx, lines, n) -> str:
     return wf
 
 
-def _weight_table(ctx, lines, n) -> str:
-    """The (address, size) table of the WeightList where its arrays lie (no copy per run)."""
+def _weight_table(ctx, lines, n, x) -> str:
+    """The (address, size) table of the WeightList where its arrays lie (no copy per run),
+    and of its matrices packed transposed where that pays: kept from run to run where no op
+    of the program writes them (``_nn.rnn_weight_table``)."""
     ws = [ctx.inp("WeightList", i) for i in range(n)]
     wt = ctx.tmp("wt")
     half = n // 2
+    kept = all(weight_var(ctx.op, ctx.op.input("WeightList")[i]) is not None
+               for i in range(half))
     lines.append(f"{wt} = {ctx.lib_fn('rnn_weight_table')}("
                  f"({''.join(f'{w}, ' for w in ws[:half])}), "
-                 f"({''.join(f'{w}, ' for w in ws[half:])}))")
+                 f"({''.join(f'{w}, ' for w in ws[half:])}), {x}.shape[0], {x}.shape[1], "
+                 f"{kept})")
     return wt
 
 
@@ -68,12 +74,12 @@ def _rnn_lower(ctx):
     x, T = ctx.inp("Input"), ctx.T("Input")
     h0 = ctx.inp("PreState", 0)
     c0 = ctx.inp("PreState", 1) if code == 0 else h0
-    wt = _weight_table(ctx, lines, nw)
+    save = ctx.has_output("Reserve") and ctx.used("Reserve")
+    wt = _weight_table(ctx, lines, nw, x)
     ln = _lens_line(ctx, lines, x)
     out = ctx.out("Out", shape=f"({x}.shape[0], {x}.shape[1], {D * H})")
     hn = ctx.out("State", 0, shape=f"{h0}.shape")
     cn = ctx.out("State", 1, shape=f"{h0}.shape") if code == 0 else hn
-    save = ctx.has_output("Reserve") and ctx.used("Reserve")
     # bytes per (step, sequence), in elements of the variable's dtype (Paddle declares uint8)
     per = (L * D * (G + 2) * H + (L - 1) * D * H) * ctx.dtype("Input").itemsize
     item = ctx.dtype("Reserve").itemsize if ctx.has_output("Reserve") else 1
