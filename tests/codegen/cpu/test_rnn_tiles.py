@@ -7,6 +7,9 @@ network written here from Paddle's cells (LSTM gates i, f, c~, o; GRU gates r, z
 ``c~ = tanh(W_ic x + b_ic + r * (W_hc h + b_hc))``, ``h = z * h' + (1 - z) * c~``; the reverse
 direction from the last step; past a length the state is kept and zeros are written).
 """
+import functools
+import math
+
 import numba
 import numpy as np
 import pytest
@@ -146,6 +149,56 @@ def test_forward_on_packed_weights_matches_numpy(mode, H, L, D, dtype):
             got[name] = out
         if packs:
             assert np.array_equal(got["compiled"], got["kept"])  # the same kernels
+
+
+def _loss(mode, shapes, L, D, lens, r, rh, rc, flat, x, h0, c0):
+    """``sum(out * r) + sum(h_n * rh) (+ sum(c_n * rc))`` of the oracle's network of the
+    weights flattened into ``flat`` (their ``shapes``)."""
+    ws, at = [], 0
+    for shape in shapes:
+        ws.append(flat[at:at + math.prod(shape)].reshape(shape))
+        at += math.prod(shape)
+    out, hn, cn = oracle(mode, x, h0, c0, ws, L, D, lens)
+    return (out * r).sum() + (hn * rh).sum() + ((cn * rc).sum() if mode == "LSTM" else 0.0)
+
+
+@pytest.mark.parametrize("mode", ["LSTM", "GRU", "RNN_TANH"])
+def test_backward_on_packed_weights_matches_finite_differences(mode):
+    """Over 32 steps packing the weights pays (one sequence too): each step's ``dh @ W_hh``
+    and the input gradient ``dxp @ W_ih`` run on the packed GEMM (one sequence: the one-row
+    tiles). The gradients of ``sum(out * R) + sum(h_n * R_h) (+ sum(c_n * R_c))`` of a
+    2-layer bidirectional network, with lengths, against central differences of the NumPy
+    oracle along random directions (float64)."""
+    code, G = CODES[mode]
+    T, I, H, L, D = 32, 3, 5, 2, 2
+    for B in (1, 3):
+        assert K._pays_every_run(T, B)
+        ws, x, h0, c0 = _network(G, H, L, D, T, B, I)
+        if mode != "LSTM":
+            c0 = np.zeros_like(h0)
+        lens = np.full(B, T, np.int64)
+        lens[-1] = T - 5 if B > 1 else T
+        flat = np.concatenate([w.ravel() for w in ws])
+        r, rh, rc = RNG.normal(size=(T, B, D * H)), RNG.normal(size=h0.shape), \
+            RNG.normal(size=h0.shape)
+        loss = functools.partial(_loss, mode, [w.shape for w in ws], L, D, lens, r, rh, rc)
+        out, hn, cn = np.empty((T, B, D * H)), np.empty_like(h0), np.empty_like(h0)
+        reserve = np.empty(K.rnn_reserve_size(code, T, B, H, L, D))
+        K.rnn_forward(x, h0, c0, flat, lens, code, L, D, True, np.empty(0, np.uint8), 1.0,
+                      out, hn, cn, reserve, parts=1)
+        dx, dh0, dc0, dw = (np.empty_like(x), np.empty_like(h0), np.empty_like(h0),
+                            np.empty_like(flat))
+        K.rnn_backward(x, flat, lens, code, L, D, H, reserve, np.empty(0, np.uint8), 1.0, r,
+                       rh, rc if mode == "LSTM" else np.zeros_like(h0), dx, dh0, dc0, dw,
+                       parts=1)
+        eps = 1e-6
+        for got, at in ((dw, 0), (dx, 1), (dh0, 2)) + (((dc0, 3),) if mode == "LSTM" else ()):
+            v = RNG.normal(size=got.shape)
+            args = [flat, x, h0, c0]
+            up, down = list(args), list(args)
+            up[at], down[at] = args[at] + eps * v, args[at] - eps * v
+            want = (loss(*up) - loss(*down)) / (2 * eps)
+            assert np.isclose((got * v).sum(), want, rtol=1e-6, atol=1e-6), (mode, B, at)
 
 
 def test_packed_vector_matches_numpy():

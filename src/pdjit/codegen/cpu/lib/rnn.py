@@ -740,6 +740,11 @@ def _bwd_part(x, w, lens, mode, num_layers, ndir, hidden, reserve, drop_mask, dr
     one = np.ones(1, x.dtype)[0]
     zero = one - one
     dy = np.ascontiguousarray(dout[:, b0:b1, :])  # (T, Bs, DH): the slice's rows
+    # the products by W_hh (each step) and W_ih (every step's input gradient) on pdjit's GEMM,
+    # the weights packed here once, where that pays as in the forward
+    packing = _pays_every_run(T, Bs)
+    nr = _pg.NV * (64 // x.itemsize)
+    nob = np.empty(0, x.dtype)
     dxp = np.empty((T, Bs, GH), x.dtype)
     dhp = np.empty((T, Bs, GH), x.dtype) if mode == GRU else dxp
     for layer in range(L - 1, -1, -1):
@@ -767,6 +772,9 @@ def _bwd_part(x, w, lens, mode, num_layers, ndir, hidden, reserve, drop_mask, dr
             dh = dhn[k, b0:b1].copy()
             dc = dcn[k, b0:b1].copy() if mode == LSTM else dhn[k, b0:b1].copy()
             dhs = np.empty((Bs, H), x.dtype)
+            whhb = np.empty((H + nr - 1) // nr * GH * nr if packing else 0, x.dtype)
+            if packing:
+                _pg.pack_b(whh, whhb)
             for s in range(T):
                 t = T - 1 - s if d == 0 else s
                 for bl in range(Bs):
@@ -807,8 +815,16 @@ def _bwd_part(x, w, lens, mode, num_layers, ndir, hidden, reserve, drop_mask, dr
                     else:
                         _bwd_row(mode, gates[t, b], hprev[t, b], aux[t, b], dy[t, bl], d * H,
                                  dh[bl], dc[bl], dxp[t, bl], dhp[t, bl], one)
-                np.dot(dhp[t], whh, dhs)  # rows past a length are zero there
-                dh += dhs
+                # (rows past a length are zero there)
+                if packing and Bs > 1:  # dh += dhp[t] @ W_hh, the sum stored over dh
+                    _pg._packed_rows(dhp[t], whhb, H, nob, dh, 0, Bs, dh.reshape(Bs * H),
+                                     -np.inf, np.inf)
+                else:
+                    if packing:
+                        _pg.packed_vector(dhp[t, 0], whhb, H, nob, dhs[0])
+                    else:
+                        np.dot(dhp[t], whh, dhs)
+                    dh += dhs
             dh0[k, b0:b1] = dh
             if mode == LSTM:
                 dc0[k, b0:b1] = dc
@@ -833,7 +849,12 @@ def _bwd_part(x, w, lens, mode, num_layers, ndir, hidden, reserve, drop_mask, dr
                         dbhh[q] += hr_[q]
             else:  # the same pre-activations on both sides
                 dbhh[:] = dbih
-            if need_dinp:
+            if need_dinp and packing:  # dinp += dxp2 @ W_ih, the sum stored over dinp
+                wihb = np.empty((il + nr - 1) // nr * GH * nr, x.dtype)
+                _pg.pack_b(wih, wihb)
+                _pg._packed_rows(dxp2, wihb, il, nob, dinp, 0, T * Bs,
+                                 dinp.reshape(T * Bs * il), -np.inf, np.inf)
+            elif need_dinp:
                 dinp += np.dot(dxp2, wih)
         if layer == 0:
             if dx.size != 0:
