@@ -717,6 +717,29 @@ def pack_a(w, out):
     pack_rows(w, MR, out)
 
 
+@jit
+def pack_a_of_transpose(a, out):
+    """:func:`pack_a` of ``a.T`` (``a`` [K, M], C-contiguous): ``out[(i * K + k) * MR + r] =
+    a[k, i * MR + r]`` (0 past ``M``), each row of ``a`` read once, a block's ``MR`` values
+    at a time (a product's left operand that is the transpose of an array: a weight's
+    gradient ``dY^T @ X``)."""
+    k_, m_ = a.shape
+    nb = (m_ + MR - 1) // MR
+    if out.shape[0] != nb * k_ * MR:
+        raise ValueError("pdjit: pack_a: the packed buffer does not fit")
+    af = a.reshape(a.size)
+    for i in range(nb):
+        m0 = i * MR
+        w = min(MR, m_ - m0)
+        for k in range(k_):
+            base = (i * k_ + k) * MR
+            src = k * m_ + m0
+            for r in range(w):
+                out[base + r] = af[src + r]
+            for r in range(w, MR):
+                out[base + r] = 0
+
+
 @register_jitable
 def pack_rows(w, step, out):
     """:func:`pack_a` by blocks of ``step`` rows (``out`` sized by the caller): ``out[(i * K
