@@ -595,7 +595,7 @@ def _fwd_part(x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask, drop
                 _fold_bias(fb, bih, bhh, mode, H)
                 xp = np.empty((T * Bs, GH), x.dtype)
                 _pg._packed_rows(inp, _packed_at(wt, 4 * L * D + 2 * k, il, GH, x), GH,
-                             fb.reshape(GH), xp, 0, T * Bs, nob, -np.inf, np.inf)
+                                 fb.reshape(GH), xp, 0, T * Bs, nob, -np.inf, np.inf)
             else:
                 xp = np.dot(inp, wih.T)
                 _fold_bias(xp, bih, bhh, mode, H)
