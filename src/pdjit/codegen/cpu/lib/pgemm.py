@@ -423,8 +423,8 @@ def packed_vector(a, bp, n, bias, c):
     """``c[:n] = a @ b + bias`` for one row ``a`` ([K]; ``b`` [K, n] packed into ``bp``,
     :func:`pack_b`; ``bias`` [n] or empty): panel by panel, a vector of columns per
     accumulator, each weight read once. A recurrent step's ``W_hh h`` for one sequence, on
-    ``W_hh`` packed transposed (float32, one core: 384 x 128 in 2.0 us against 2.7 by rows of
-    ``W_hh`` side by side, ``rnn._gemv_kernel``)."""
+    ``W_hh`` packed transposed (float32, one core: 384 x 128 in 1.5 us against 2.3 by rows of
+    ``W_hh`` side by side, ``rnn._gemv_kernel``; 1024 x 256 9.0 against 11.7)."""
     K = a.shape[0]
     nr = NV * (64 // a.itemsize)
     npan = (n + nr - 1) // nr
