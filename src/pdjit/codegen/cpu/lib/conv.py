@@ -1015,13 +1015,14 @@ def split_work(fn, n, work, *args, head=2):
             winograd.transformed(args[1])  # (once, before the threads ask for it)
         _split(fn, parts, n, *args, head=head)
         return
-    if n == 1 and work >= min(_TEAM_MIN_WORK, _CHANNELS_MIN_WORK) and loop_threads() > 1:
+    threads = loop_threads() if n == 1 and work >= min(_TEAM_MIN_WORK, _CHANNELS_MIN_WORK) \
+        else 1
+    if threads > 1:
         own = CHANNEL_SPLITS.get(fn)
         if own is not None:  # (an entry of another module: its own parts)
-            if own(loop_threads(), work, *args):
+            if own(threads, work, *args):
                 return
-        elif any(fn is f for f in _BY_CHANNELS) and \
-                split_channels(fn, loop_threads(), work, args):
+        elif any(fn is f for f in _BY_CHANNELS) and split_channels(fn, threads, work, args):
             return
     fn(*args[:head], 0, n, *args[head:])
 
