@@ -149,6 +149,12 @@ def test_forward_on_packed_weights_matches_numpy(mode, H, L, D, dtype):
             got[name] = out
         if packs:
             assert np.array_equal(got["compiled"], got["kept"])  # the same kernels
+        for parts in (2, 4):  # threads: the directions at once, slices of the batch
+            out = np.empty((T, B, D * H), dtype)
+            K.rnn_forward_at(x, h0, c0, tables["kept"], lens, code, L, D, False,
+                             np.empty(0, np.uint8), 1.0, out, np.empty_like(h0),
+                             np.empty_like(h0), np.empty(0, dtype), parts=parts)
+            assert np.array_equal(out, got["kept"])
 
 
 def _loss(mode, shapes, L, D, lens, r, rh, rc, flat, x, h0, c0):
@@ -199,6 +205,17 @@ def test_backward_on_packed_weights_matches_finite_differences(mode):
             up[at], down[at] = args[at] + eps * v, args[at] - eps * v
             want = (loss(*up) - loss(*down)) / (2 * eps)
             assert np.isclose((got * v).sum(), want, rtol=1e-6, atol=1e-6), (mode, B, at)
+
+
+def test_pack_a_of_transpose_is_pack_a_of_the_transposed_copy():
+    for dtype in (np.float32, np.float64):
+        for k, m in ((7, 13), (1, 6), (40, 5)):
+            a = RNG.normal(size=(k, m)).astype(dtype)
+            want = np.full(pgemm.packed_rows_size(m, k), 9.0, dtype)
+            got = want.copy()
+            pgemm.pack_a(np.ascontiguousarray(a.T), want)
+            pgemm.pack_a_of_transpose(a, got)
+            assert np.array_equal(got, want)
 
 
 def test_packed_vector_matches_numpy():
