@@ -285,3 +285,34 @@ def test_2x2_max_pools_by_vectors_match_numpy(xshape, dtype):
     np.testing.assert_array_equal(yn, want)
     assert any(sig[0].dtype == numba.from_dtype(np.dtype(dtype))  # compiled, not interpreted
                for sig in pk._max22.signatures)
+
+
+def test_pools_of_one_sample_by_planes_on_the_team(monkeypatch):
+    """A pool too small for ``split_work``'s threads but above ``conv._TEAM_MIN_WORK`` runs by
+    ranges of planes on a parallel loop (``pool._planes_by_team``) where two threads are
+    free: ResNet-50's stem pool (3x3 stride 2, padded), a 2x2 max and a 2x2 average pool of
+    odd planes; each is one thread's result bit for bit and NumPy's."""
+    from pdjit.codegen.cpu.lib import conv, team
+
+    monkeypatch.setattr(team, "COMPILE", True)
+    monkeypatch.setattr(team, "AFTER_RUNS", 0)
+    ran = []
+    real = team.run
+    monkeypatch.setattr(team, "run", lambda loop, call: ran.append(call[-1]) or
+                        real(loop, call))
+    cases = [((1, 64, 112, 112), 3, 2, 1, True), ((1, 128, 57, 57), 2, 2, 0, True),
+             ((1, 128, 57, 57), 2, 2, 0, False)]
+    for xshape, k, s, p, is_max in cases:
+        x = RNG.standard_normal(xshape).astype(np.float32)
+        oh = (xshape[2] + 2 * p - k) // s + 1
+        want = np_pool(x, (oh, oh), k, s, p, is_max, True, False)
+        got = {}
+        for threads in (2, 1):
+            monkeypatch.setattr(conv, "loop_threads", lambda threads=threads: threads)
+            ran.clear()
+            y = np.full((1, xshape[1], oh, oh), 7.0, np.float32)
+            nnlib.pool2d_fwd(x, y, k, k, s, s, p, p, is_max, True, False)
+            assert ran == ([2] if threads == 2 else [])
+            got[threads] = y
+        assert np.array_equal(got[2], got[1])
+        np.testing.assert_allclose(got[2], want, rtol=1e-6, atol=1e-6)
