@@ -43,7 +43,7 @@ from pdjit.codegen.cpu.lib._jit import blas_gemm, compile_cost, jit, jobs, may_s
 from pdjit.codegen.cpu.lib.tile import TILE_BYTES, _masked, _offset, _splat, _vectors
 
 __all__ = ["pack_a", "pack_b", "pack_scaled", "packed_batches", "packed_gemm",
-           "packed_rows_size", "packed_weight", "panel_width",
+           "packed_b_size", "packed_rows_size", "packed_weight", "panel_width",
            "pointwise_rows", "rows_by_pixels", "weight_gemm", "weight_rows",
            "weight_split_work"]
 
@@ -60,6 +60,14 @@ PACKED_MIN_ROWS = 16
 def panel_width(dtype) -> int:
     """``NR``: the columns of a panel, ``NV`` vectors of :data:`TILE_BYTES`."""
     return NV * (TILE_BYTES // np.dtype(dtype).itemsize)
+
+
+@register_jitable
+def packed_b_size(k: int, n: int, itemsize: int) -> int:
+    """The values of a ``[k, n]`` right operand of ``itemsize``-byte values packed by
+    :func:`pack_b`: whole panels of ``NR`` columns (:func:`panel_width`)."""
+    nr = NV * (TILE_BYTES // itemsize)
+    return (n + nr - 1) // nr * k * nr
 
 
 def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool = False,
@@ -390,8 +398,7 @@ def packed_batches(a, b, tb, alpha, c, i0, i1):
     once more than ``alpha * (a @ b)`` where ``alpha`` is not a power of two."""
     K = a.shape[2]
     N = b.shape[1] if tb else b.shape[2]
-    nr = NV * (64 // a.itemsize)
-    bp = np.empty(((N + nr - 1) // nr) * K * nr, a.dtype)
+    bp = np.empty(packed_b_size(K, N, a.itemsize), a.dtype)
     bias = np.empty(0, a.dtype)
     for i in range(i0, i1):
         pack_scaled(b[i], tb, alpha, bp)
@@ -427,11 +434,10 @@ def packed_vector(a, bp, n, bias, c):
     ``W_hh`` side by side, ``rnn._gemv_kernel``; 1024 x 256 9.0 against 11.7)."""
     K = a.shape[0]
     nr = NV * (64 // a.itemsize)
-    npan = (n + nr - 1) // nr
-    if bp.shape[0] != npan * K * nr or c.shape[0] < n or \
+    if bp.shape[0] != packed_b_size(K, n, a.itemsize) or c.shape[0] < n or \
             (bias.shape[0] != 0 and bias.shape[0] != n):
         raise ValueError("pdjit: packed_vector: the operands do not fit")
-    for j in range(npan):
+    for j in range((n + nr - 1) // nr):
         n0 = j * nr
         _micro1(a, 0, K, 1, K, bp, j * K * nr, c, n0, n, min(nr, n - n0), bias, n0, c[:0],
                 -np.inf, np.inf)
@@ -484,8 +490,7 @@ _EMPTY: dict = {}  # dtype -> an empty bias
 def _pack(w, trans: bool):
     b = np.ascontiguousarray(w)
     K, N = b.shape[::-1] if trans else b.shape
-    nr = panel_width(b.dtype)
-    bp = np.empty(((N + nr - 1) // nr) * K * nr, b.dtype)
+    bp = np.empty(packed_b_size(K, N, b.itemsize), b.dtype)
     pack_scaled(b, trans, 1.0, bp)
     return bp
 
@@ -508,8 +513,7 @@ def _packed_weight_native(w, trans=False, rows=PACKED_MIN_ROWS):
             return np.empty(0, w.dtype)
         k = w.shape[1] if trans else w.shape[0]
         n = w.shape[0] if trans else w.shape[1]
-        nr = NV * (64 // w.itemsize)
-        bp = np.empty(((n + nr - 1) // nr) * k * nr, w.dtype)
+        bp = np.empty(packed_b_size(k, n, w.itemsize), w.dtype)
         pack_scaled(w, trans, 1.0, bp)
         return bp
     return impl
@@ -678,8 +682,7 @@ def _weight_gemm_native(a, w, trans=False):
             n = w.shape[0] if trans else w.shape[1]
             if m < PACKED_MIN_ROWS or k != (w.shape[1] if trans else w.shape[0]):
                 return np.dot(a, w.T) if trans else np.dot(a, w)
-            nr = NV * (64 // a.itemsize)
-            bp = np.empty(((n + nr - 1) // nr) * k * nr, a.dtype)
+            bp = np.empty(packed_b_size(k, n, a.itemsize), a.dtype)
             pack_scaled(w, trans, 1.0, bp)
             c = np.empty((m, n), a.dtype)
             packed_gemm(a, bp, n, np.empty(0, a.dtype), c)
@@ -701,6 +704,7 @@ _conv_micro = _micro_kernel(MR, NV, 0, conv=True)
 _BLOCK_BYTES = 1 << 19
 
 
+@register_jitable
 def packed_rows_size(m: int, k: int) -> int:
     """The values of an ``[m, k]`` matrix packed by :func:`pack_a`."""
     return -(-m // MR) * k * MR

@@ -272,8 +272,7 @@ def _packed_at(wt, i, k, n, like):
     checked; else an empty array (not packed)."""
     if i >= wt.shape[0]:
         return np.empty(0, like.dtype)
-    nr = _pg.NV * (64 // like.itemsize)
-    if wt[i, 1] != (n + nr - 1) // nr * k * nr:
+    if wt[i, 1] != _pg.packed_b_size(k, n, like.itemsize):
         raise ValueError("pdjit: rnn_forward: a packed weight has the wrong size")
     return numba.carray(_pointer(wt[i, 0], like), (wt[i, 1],))
 
@@ -351,10 +350,9 @@ def _rnn_weight_table_native(weights, biases, steps=0, batch=0, kept=False):
         n = len(weights)
         if n == 0 or not _pays_every_run(steps, batch):
             return _table_of(weights, biases, np.empty((0, 2), np.int64))
-        nr = _pg.NV * (64 // weights[0].itemsize)
         values = 0
         for w in weights:
-            values += (w.shape[0] + nr - 1) // nr * w.shape[1] * nr
+            values += _pg.packed_b_size(w.shape[1], w.shape[0], w.itemsize)
         head = 2 * n + len(biases)
         # the packed copies after the rows (a row is 16 bytes: 4 more rows align them to 64)
         table = np.empty((head + 4 + (values * weights[0].itemsize + 15) // 16, 2), np.int64)
@@ -362,7 +360,7 @@ def _rnn_weight_table_native(weights, biases, steps=0, batch=0, kept=False):
         pos = (table.ctypes.data + head * 16 + 63) // 64 * 64
         i = n + len(biases)
         for w in weights:
-            size = (w.shape[0] + nr - 1) // nr * w.shape[1] * nr
+            size = _pg.packed_b_size(w.shape[1], w.shape[0], w.itemsize)
             _pg.pack_scaled(w, True, 1.0, numba.carray(_pointer(pos, w), (size,)))
             table[i, 0] = pos
             table[i, 1] = size
@@ -758,7 +756,6 @@ def _bwd_part(x, w, lens, mode, num_layers, ndir, hidden, reserve, drop_mask, dr
     # the products by W_hh (each step) and W_ih (every step's input gradient) on pdjit's GEMM,
     # the weights packed here once, where that pays as in the forward
     packing = _pays_every_run(T, Bs)
-    nr = _pg.NV * (64 // x.itemsize)
     nob = np.empty(0, x.dtype)
     dxp = np.empty((T, Bs, GH), x.dtype)
     dhp = np.empty((T, Bs, GH), x.dtype) if mode == GRU else dxp
@@ -787,7 +784,7 @@ def _bwd_part(x, w, lens, mode, num_layers, ndir, hidden, reserve, drop_mask, dr
             dh = dhn[k, b0:b1].copy()
             dc = dcn[k, b0:b1].copy() if mode == LSTM else dhn[k, b0:b1].copy()
             dhs = np.empty((Bs, H), x.dtype)
-            whhb = np.empty((H + nr - 1) // nr * GH * nr if packing else 0, x.dtype)
+            whhb = np.empty(_pg.packed_b_size(GH, H, x.itemsize) if packing else 0, x.dtype)
             if packing:
                 _pg.pack_b(whh, whhb)
             for s in range(T):
@@ -850,7 +847,7 @@ def _bwd_part(x, w, lens, mode, num_layers, ndir, hidden, reserve, drop_mask, dr
             dwih = dw[offs[k, 0]:offs[k, 0] + GH * il].reshape((GH, il))
             dwhh = dw[offs[k, 1]:offs[k, 1] + GH * H].reshape((GH, H))
             if packing:  # dW += dXp^T @ X: dXp^T packed, X the right operand in place
-                ap = np.empty((GH + _pg.MR - 1) // _pg.MR * T * Bs * _pg.MR, x.dtype)
+                ap = np.empty(_pg.packed_rows_size(GH, T * Bs), x.dtype)
                 _pg.pack_a_of_transpose(dxp2, ap)
                 _weight_grad(ap, inp, dwih)
                 if mode == GRU:  # (else dhp is dxp: packed already)
@@ -873,7 +870,7 @@ def _bwd_part(x, w, lens, mode, num_layers, ndir, hidden, reserve, drop_mask, dr
             else:  # the same pre-activations on both sides
                 dbhh[:] = dbih
             if need_dinp and packing:  # dinp += dxp2 @ W_ih, the sum stored over dinp
-                wihb = np.empty((il + nr - 1) // nr * GH * nr, x.dtype)
+                wihb = np.empty(_pg.packed_b_size(GH, il, x.itemsize), x.dtype)
                 _pg.pack_b(wih, wihb)
                 _pg._packed_rows(dxp2, wihb, il, nob, dinp, 0, T * Bs,
                                  dinp.reshape(T * Bs * il), -np.inf, np.inf)
