@@ -10,7 +10,8 @@ relu after the product (the epilogue of a convolution with its batch norm folded
 - ``pdjit``: ``pointwise.pointwise_range`` on the filter packed by ``pointwise_weight``, as
   the conv lowering calls them: the packed GEMM's kernel that ``pointwise._choice`` picks
   (the epilogue applied to each tile in registers), else ``conv._fwd_range``;
-- ``rows``, ``cols``: ``pgemm.pointwise_rows`` / ``pgemm.pointwise_cols`` on every shape;
+- ``rows``, ``cols``: ``pgemm.pointwise_rows`` / ``pointwise.pointwise_cols`` (panels of 64 output
+  channels) on every shape;
 - ``current``: ``conv._fwd_range``: the taps kernel or one OpenBLAS product per sample
   (``_use_gemm``), the epilogue after;
 - ``numpy``: ``np.matmul(W, x.reshape(N, C, H*W))`` (OpenBLAS sgemm per sample, no epilogue);
@@ -77,9 +78,10 @@ def _runner(kind, x, w, b):
         pgemm.pack_a(w.reshape(m, -1), ap)
         return lambda: pgemm.pointwise_rows(x, ap, y, 0, n, b, 0.0, np.inf, e)
     if kind == "cols":
-        from pdjit.codegen.cpu.lib import pgemm
-        bp = pgemm.packed_weight(w.reshape(m, -1).copy(), True)
-        return lambda: pgemm.pointwise_cols(x, bp, y, 0, n, b, 0.0, np.inf, e)
+        from pdjit.codegen.cpu.lib import pointwise
+        bp = pointwise._pack(w, pointwise._NR)
+        return lambda: pointwise.pointwise_cols(x, bp, pointwise._NR, y, 0, n, b, 0.0, np.inf,
+                                                e)
     if kind == "current":
         from pdjit.codegen.cpu.lib import conv
         return lambda: conv._fwd_range(x, w, y, 0, n, 1, 1, 0, 0, 1, 1, 1, b, 0.0, np.inf, e)

@@ -11,9 +11,8 @@ Two orientations of the tile, picked by the plane's size and the channels
 
 - :func:`.pgemm.pointwise_rows`: tiles of ``MR`` output channels by ``NR`` pixels, ``W``
   packed by blocks of ``MR`` rows (the layout of :func:`.pgemm.pack_a`), for planes of
-  :data:`ROWS_MIN_PLANE` pixels or more of at most :data:`ROWS_MAX_CHANNELS` input channels
-  and images of at most :data:`ROWS_MAX_BYTES` (each block of pixels that stays in the L2
-  cache swept under every tile, the image read in place, the outputs written by rows);
+  :data:`ROWS_MIN_PLANE` pixels or more (each block of pixels that stays in the L2 cache
+  swept under every tile, the image read in place, the outputs written by rows);
 - :func:`pointwise_cols`: the product transposed, tiles of pixels by panels of output
   channels (6 by 64 or 7 by 48), ``W^T`` packed in panels as :func:`.pgemm.packed_weight`
   packs a product's weight, the tile stored into the channels' rows by scatters, for planes
@@ -40,8 +39,10 @@ relu, medians of thread time on the shared 2-vCPU machine at load 0.9, ms, the p
 160->960 0.119 / 0.144 and 2.16 / 2.40, 960->160 0.121 / 0.153 and 2.04 / 2.46, 320->1280
 0.309 / 0.378 and 4.72 / 6.25; 14x14 384->64 0.066 / 0.091 and 1.21 / 1.59. The row tiles:
 MobileNetV2 112x112 16->96 0.43 / 0.47 and 8.7 / 9.9, 56x56 24->144 0.189 / 0.225 and 3.21 /
-3.49, 28x28 32->192 0.082 / 0.098 and 1.39 / 1.38 (left: ResNet-50 56x56 64->256 0.89 / 0.83
-and 17.6 / 15.1, MobileNetV2 112x112 32->16 0.179 / 0.164). Whole models through the
+3.49, 28x28 32->192 0.082 / 0.098 and 1.39 / 1.38 (slower there: ResNet-50 56x56 64->256
+0.89 / 0.83 and 17.6 / 15.1, MobileNetV2 112x112 32->16 0.179 / 0.164; faster on a machine
+whose OpenBLAS runs its AVX2 kernel, with the image swept by blocks: :data:`ROWS_MIN_PLANE`).
+Whole models through the
 Predictor, one thread, the packed kernels switched on and off (:data:`_PACKED`) in one
 process by turns, medians of thread time at load 1.0-1.3: MobileNetV2 7.36 / 7.75 ms at
 batch 1, 153 / 158 at batch 16; ResNet-50 66.1 / 69.5 at batch 1, 1026 / 1026 at batch 16.
@@ -112,30 +113,19 @@ _TAP_LANES = 16
 _TAPS_MARGIN = 1.05
 #: the bytes of a panel of the transposed tiles that its tiles of pixels sweep at a time
 CHUNK_BYTES = 1 << 18
-#: planes of at least this many pixels (28x28 and up) take :func:`.pgemm.pointwise_rows`
-#: where the input channels are at most :data:`ROWS_MAX_CHANNELS` and a sample's image at
-#: most :data:`ROWS_MAX_BYTES`
+#: planes of at least this many pixels (28x28 and up) take :func:`.pgemm.pointwise_rows`, any
+#: number of input channels (the image swept by blocks of pixels that stay in the L2 cache,
+#: :data:`.pgemm._BLOCK_BYTES`). Alone, one thread, batch 1 then 16, ms, against OpenBLAS per
+#: sample (its Haswell kernel on an AVX-512 machine; ``bench_pointwise.py --contenders
+#: rows,current``): ResNet-50's 56x56 64 -> 256 0.41 / 0.51 and 8.2 / 9.8, 256 -> 64 0.41 /
+#: 0.46 and 7.8 / 8.5, 256 -> 128 0.80 / 0.88 and 14.9 / 16.0, 28x28 128 -> 512 0.41 / 0.51
+#: and 6.9 / 8.5, 512 -> 128 0.43 / 0.50 and 7.4 / 8.7. In the model (processes of this rule
+#: and of rows only up to 32 input channels by turns, medians): ResNet-50 0.95-0.98x at batch
+#: 1 on one thread, 0.96-0.99x on two, 0.96-0.98x at batch 16 on one; MobileNetV2 0.97-0.99x,
+#: 0.95-0.97x and 0.96-0.98x. The kernel is then compiled for ResNet-50 as well: its cold
+#: first result 3.3-3.4 -> 3.8 s (5.8 -> 6.5 s of CPU; ``bench_coldstart.py --models
+#: resnet50``)
 ROWS_MIN_PLANE = 512
-#: the most input channels :func:`.pgemm.pointwise_rows` serves: short sums over many pixels
-#: (MobileNetV2's 112x112 16 -> 96, 56x56 24 -> 144 and 28x28 32 -> 192, 8-25 % faster than
-#: OpenBLAS per sample in the model at batch 16). With the image swept by blocks of pixels
-#: (:data:`.pgemm._BLOCK_BYTES`) it measured faster on ResNet-50's 56x56 64 -> 64 and 64 ->
-#: 256 and 28x28 128 -> 512 too (alone, one thread, ms against OpenBLAS per sample, batch 1
-#: then 16: 0.24 / 0.26 and 5.2 / 7.1, 0.98 / 1.17 and 18.5 / 24.8, 1.06 / 1.11 and 16.7 /
-#: 18.2; in the model those layers 17-22 % faster at batch 16, the model 1273 -> 1239 ms), but
-#: taking them compiles this kernel for ResNet-50 as well: its cold first result went from
-#: 4.7-4.8 s to 5.8-5.9 s (7.8-8.5 -> 9.8 s of CPU; ``bench_coldstart.py --models
-#: resnet50``), past the 5 s a cold start may take. Measured again in the model with this
-#: limit at 128 (ResNet-50's expansions on the row tiles, on and off by turns in one process:
-#: 0.990x and 1.002x at batch 1 on one and two threads, 0.998x and 1.008x at batch 16): no
-#: faster there, where those layers wait on memory (their residual and output), so not taken
-#: even off the first result's path. Compressions and more input channels lost at batch 16 anyway
-#: (56x56 256 -> 64 20.7 / 17.5, 28x28 512 -> 128 19.0 / 17.0, 192 -> 32 3.1 / 2.6, 56x56 144
-#: -> 24 7.9 / 5.7) though they won at batch 1 (1.05 / 1.08, 1.10 / 1.30, 0.11 / 0.16, 0.21 /
-#: 0.24)
-ROWS_MAX_CHANNELS = 32
-#: the largest image (bytes of one sample) :func:`.pgemm.pointwise_rows` is picked for
-ROWS_MAX_BYTES = 1 << 20
 #: the fewest output and input channels the packed kernels serve
 MIN_CHANNELS = 16
 #: compiled code, which packs the filter at each run, runs the packed kernels from this many
@@ -153,8 +143,7 @@ def _choice(m_, c_, p_) -> int:
     """Which kernel serves ``m_`` output and ``c_`` input channels (float32) over planes of
     ``p_`` pixels: 1 :func:`.pgemm.pointwise_rows`, 2 :func:`pointwise_cols`, 0 those
     of :func:`.conv._fwd_range` (where they measured as fast or faster: short sums onto
-    planes of 14x14, and planes of 28x28 and up of more than 32 input channels, on OpenBLAS or
-    the taps kernel)."""
+    planes of 14x14, on OpenBLAS or the taps kernel)."""
     if m_ < MIN_CHANNELS or c_ < MIN_CHANNELS:
         return 0
     if p_ <= COLS_MAX_PLANE:
@@ -162,7 +151,7 @@ def _choice(m_, c_, p_) -> int:
     if p_ <= COLS_WIDE_PLANE and (m_ == _NR and c_ >= 2 * m_ or
                                   m_ >= _NR and c_ >= COLS_WIDE_MIN_IN):
         return 2
-    if p_ >= ROWS_MIN_PLANE and c_ <= ROWS_MAX_CHANNELS and c_ * p_ * 4 <= ROWS_MAX_BYTES:
+    if p_ >= ROWS_MIN_PLANE:
         return 1
     return 0
 
