@@ -189,3 +189,36 @@ def test_a_sum_read_again_ends_the_epilogue_there(fresh_programs):
     (group,) = _groups(text, "elementwise_add")
     assert "its elementwise_add, elementwise_add taken by the conv2d" in group
     assert any(ln.strip().startswith("K") for ln in group.splitlines())  # relu after it
+
+
+def test_a_bias_of_shape_1_c_1_1_is_taken_too(fresh_programs):
+    """The bias as PaddlePaddle 2.x saves a convolution's, a parameter of shape [1, C, 1, 1]
+    added with axis -1, then relu: taken by the convolution (its values passed as a vector),
+    in the native driver and in the executor's host driver; against NumPy."""
+    main, startup = fresh_programs
+    x = fluid.layers.data("x", [3, 9, 9])
+    b = fluid.layers.create_parameter(
+        [1, 8, 1, 1], "float32", name="b4",
+        default_initializer=fluid.initializer.NormalInitializer(0.0, 1.0))
+    y = fluid.layers.relu(fluid.layers.elementwise_add(
+        fluid.layers.conv2d(x, 8, 3, padding=1, bias_attr=False), b, axis=-1))
+    scope = fluid.Scope()
+    exe = fluid.Executor(fluid.CPUPlace(), strict=True)
+    exe.run(startup, scope=scope)
+    feed = {"x": RNG.normal(size=(2, 3, 9, 9)).astype(np.float32)}
+    w = np.asarray(scope.find_var("conv2d_0.w_0").get_tensor())
+    bv = np.asarray(scope.find_var("b4").get_tensor())
+    assert np.abs(bv).max() > 0
+    want = np.maximum(_conv(feed["x"], w, 1) + bv, 0)
+    (got,), text = _run_native(main, scope, feed, [y])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    (group,) = _groups(text, "elementwise_add")
+    assert "taken by the conv2d" in group
+    assert not any(ln.strip().startswith("K") for ln in group.splitlines())
+    (got,) = exe.run(main, feed=feed, fetch_list=[y], scope=scope)
+    assert_native(exe)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    texts = [s.compiled.text for _, plan in exe._plans.values() for s in plan.walk()
+             if s.kind == "native"]
+    assert any("_nn.split_work(_nn.conv._fwd_range" in t and "0.0, math.inf, nb" in t
+               for t in texts)

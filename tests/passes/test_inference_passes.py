@@ -283,6 +283,45 @@ def test_fold_bn_into_conv2d_nchw_with_its_bias_compiled():
     np.testing.assert_allclose(native, got[0], rtol=1e-5, atol=1e-5)
 
 
+def _bias_as_paddle2_saves_it(y, c, shape=None):
+    """``y`` plus a parameter of shape ``[1, c, 1, 1]`` (``shape``), axis -1: how PaddlePaddle
+    2.x saves a convolution's bias."""
+    b = fluid.layers.create_parameter(shape or [1, c, 1, 1], "float32")
+    return fluid.layers.elementwise_add(y, b, axis=-1)
+
+
+@pytest.mark.parametrize("shape", [[1, 4, 1, 1], [4, 1, 1]])
+def test_fold_bn_after_a_bias_of_rank_4(shape):
+    """A bias of shape [1, C, 1, 1] (or [C, 1, 1]) added with axis -1 varies along the
+    channels only: declared per channel, it folds with the batch norm after it into the
+    convolution and one bias add of shape [C]."""
+    prog, params = model(lambda x: fluid.layers.batch_norm(_bias_as_paddle2_saves_it(
+        fluid.layers.conv2d(x, 4, 3, padding=1, bias_attr=False), 4, shape)), [3, 5, 5])
+    add = only_op(prog, "elementwise_add")
+    spec = registry.get("elementwise_add").inference(add)
+    assert spec.axis == 1
+    bias = params[add.input("Y")[0]]
+    np.testing.assert_array_equal(spec.coefficients({"Y": bias})[1], bias.reshape(-1))
+    new, new_params, _ = apply(fold_batch_norm, prog, params, x_of(2, 3, 5, 5))
+    f, shift = bn_factors(prog, params)
+    add = check_folded(prog, params, new, new_params, ("conv2d", "Filter"),
+                       params["conv2d_0.w_0"] * f[:, None, None, None],
+                       bias.reshape(-1) * f + shift)
+    assert add.attr("axis") == 1
+
+
+def test_a_bias_varying_along_more_than_one_dim_is_no_channel_affine():
+    """A constant of shape [1, C, H, 1] added after a convolution varies along two dims: no
+    per-channel coefficients, nothing folds."""
+    prog, params = model(lambda x: fluid.layers.batch_norm(_bias_as_paddle2_saves_it(
+        fluid.layers.conv2d(x, 4, 3, padding=1, bias_attr=False), 4, [1, 4, 5, 1])), [3, 5, 5])
+    add = only_op(prog, "elementwise_add")
+    spec = registry.get("elementwise_add").inference(add)
+    assert spec.coefficients({"Y": params[add.input("Y")[0]]}) is None
+    new, _, _ = apply(fold_batch_norm, prog, params, x_of(2, 3, 5, 5))
+    assert ops(new)["batch_norm"] == 1
+
+
 def test_fold_bn_into_conv2d_nhwc():
     prog, params = model(lambda x: fluid.layers.batch_norm(
         fluid.layers.conv2d(x, 4, 3, padding=1, data_format="NHWC", bias_attr=False),

@@ -179,6 +179,9 @@ class LowerContext:
             return [e, literal(-math.inf), literal(math.inf)] + tail
         self.taken = True
         b = self.gen.read(off.bias) if off.bias is not None else e
+        if off.bias is not None and len(self.gen.block._find_var_recursive(off.bias).shape) != 1:
+            b, src = self.tmp("nb"), b  # (a bias of shape [1, C, 1, 1]: its values as a vector)
+            lines.append(f"{b} = {src}.reshape({src}.size)")
         if residual and off.residual is not None:
             r = self.tmp("res")
             src = self.gen.read(off.residual)
@@ -946,7 +949,8 @@ class SegmentGen:
             outs = op.output(spec.out)
             m = out.shape[axis]
             if b is None or op.input(spec.x) != [name] or len(outs) != 1 or \
-                    tuple(b.shape) != (m,) or np.dtype(b.dtype) != dt or \
+                    math.prod(b.shape) != m or sum(d != 1 for d in b.shape) > 1 or \
+                    np.dtype(b.dtype) != dt or \
                     spec.axis % len(out.shape) != axis or not same(outs[0]) or \
                     not sole_reader(name, 0):
                 return None

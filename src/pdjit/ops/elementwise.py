@@ -8,6 +8,7 @@ from pdjit.framework.registry import (
     ADDITION,
     BROADCAST,
     ELEMENTWISE,
+    EMPTY_VAR_NAME,
     MULTIPLICATION,
     OPAQUE,
     ZEROS_LIKE,
@@ -20,6 +21,7 @@ from pdjit.framework.registry import (
 )
 from pdjit.ops._common import (
     NUMERIC,
+    align_for_axis,
     aligned_arrays,
     broadcast_shapes,
     check_dtype,
@@ -101,19 +103,44 @@ def _emit_for(name, template):
         return template
     return lambda dtypes_, **_: template if np.dtype(dtypes_["X"]).kind == "f" else None
 
+def _channel_axis(op, axis: int) -> int:
+    """X's dim along which Y varies, by Fluid's ``axis`` rule, where Y varies along one dim
+    and has more than one (a bias of shape ``[1, C, 1, 1]``, as PaddlePaddle 2.x saves a
+    convolution's): the dim that one aligns with; else ``axis`` (a 1-D Y's, the last dim for
+    -1; a Y that varies along more dims has no per-channel coefficients)."""
+    ys = [n for n in op.input("Y") if n != EMPTY_VAR_NAME]
+    xs = [n for n in op.input("X") if n != EMPTY_VAR_NAME]
+    yv = op.block._find_var_recursive(ys[0]) if len(ys) == 1 else None
+    xv = op.block._find_var_recursive(xs[0]) if len(xs) == 1 else None
+    if yv is None or xv is None or not 1 < len(yv.shape) <= len(xv.shape):
+        return axis
+    try:
+        _, ya = align_for_axis(tuple(xv.shape), tuple(yv.shape), axis)
+    except ShapeMismatch:
+        return axis
+    varying = [i for i, d in enumerate(ya) if d != 1]
+    return varying[0] if len(varying) == 1 else axis
+
+
 def _channel_affine(name):
-    """A 1-D constant Y added or multiplied along X's dim ``axis`` (the last for -1): per
-    channel, what inference passes fold into a preceding convolution or product."""
+    """A constant Y that varies along one dim of X (1-D, or ``[1, C, 1, 1]``: see
+    :func:`_channel_axis`) added or multiplied per channel: what inference passes fold into a
+    preceding convolution or product, and what a convolution's stores may apply."""
     if name not in ("elementwise_add", "elementwise_mul"):
         return None
     add = name == "elementwise_add"
 
     def inference(op):
+        axis = _channel_axis(op, int(op.all_attrs().get("axis", -1)))
+
         def coefficients(v):
             y = v["Y"]
-            return None if y.ndim != 1 else (None, y) if add else (y, None)
-        return ChannelAffine("X", "Out", int(op.all_attrs().get("axis", -1)), ("Y",),
-                             coefficients)
+            if y.ndim != 1:
+                if sum(d != 1 for d in y.shape) != 1:
+                    return None
+                y = y.reshape(y.size)
+            return (None, y) if add else (y, None)
+        return ChannelAffine("X", "Out", axis, ("Y",), coefficients)
     return inference
 
 
