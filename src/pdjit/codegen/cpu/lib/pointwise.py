@@ -10,17 +10,17 @@ Two orientations of the tile, picked by the plane's size and the channels
 (:func:`_choice`):
 
 - :func:`.pgemm.pointwise_rows`: tiles of ``MR`` output channels by ``NR`` pixels, ``W``
-  packed by blocks of ``MR`` rows (the layout of :func:`.pgemm.pack_a`), for planes of
-  :data:`ROWS_MIN_PLANE` pixels or more (each block of pixels that stays in the L2 cache
-  swept under every tile, the image read in place, the outputs written by rows);
+  packed by blocks of ``MR`` rows (the layout of :func:`.pgemm.pack_a`), for the planes the
+  other tiles do not take (each block of pixels that stays in the L2 cache swept under every
+  tile, the image read in place, the outputs written by rows: :func:`_choice`);
 - :func:`pointwise_cols`: the product transposed, tiles of pixels by panels of output
   channels (6 by 64 or 7 by 48), ``W^T`` packed in panels as :func:`.pgemm.packed_weight`
   packs a product's weight, the tile stored into the channels' rows by scatters, for planes
   of at most :data:`COLS_MAX_PLANE` pixels (7x7: 49 pixels fill vectors of ``NR`` badly), and
   14x14 ones onto whole panels of output channels from long sums (:data:`COLS_WIDE_PLANE`).
 
-The other shapes stay with the kernels of :func:`.conv._fwd_range` (OpenBLAS per sample or
-the taps kernel), which measured as fast or faster there.
+Fewer than :data:`MIN_CHANNELS` channels stay with the kernels of :func:`.conv._fwd_range`
+(OpenBLAS per sample or the taps kernel).
 
 The lowering (``pdjit.codegen.cpu.lowerings.conv``) calls :func:`pointwise_range` with the
 filter packed by :func:`pointwise_weight` where the filter is a weight (a parameter no op of
@@ -41,7 +41,7 @@ relu, medians of thread time on the shared 2-vCPU machine at load 0.9, ms, the p
 MobileNetV2 112x112 16->96 0.43 / 0.47 and 8.7 / 9.9, 56x56 24->144 0.189 / 0.225 and 3.21 /
 3.49, 28x28 32->192 0.082 / 0.098 and 1.39 / 1.38 (slower there: ResNet-50 56x56 64->256
 0.89 / 0.83 and 17.6 / 15.1, MobileNetV2 112x112 32->16 0.179 / 0.164; faster on a machine
-whose OpenBLAS runs its AVX2 kernel, with the image swept by blocks: :data:`ROWS_MIN_PLANE`).
+whose OpenBLAS runs its AVX2 kernel, with the image swept by blocks: :func:`_choice`).
 Whole models through the
 Predictor, one thread, the packed kernels switched on and off (:data:`_PACKED`) in one
 process by turns, medians of thread time at load 1.0-1.3: MobileNetV2 7.36 / 7.75 ms at
@@ -113,19 +113,6 @@ _TAP_LANES = 16
 _TAPS_MARGIN = 1.05
 #: the bytes of a panel of the transposed tiles that its tiles of pixels sweep at a time
 CHUNK_BYTES = 1 << 18
-#: planes of at least this many pixels (28x28 and up) take :func:`.pgemm.pointwise_rows`, any
-#: number of input channels (the image swept by blocks of pixels that stay in the L2 cache,
-#: :data:`.pgemm._BLOCK_BYTES`). Alone, one thread, batch 1 then 16, ms, against OpenBLAS per
-#: sample (its Haswell kernel on an AVX-512 machine; ``bench_pointwise.py --contenders
-#: rows,current``): ResNet-50's 56x56 64 -> 256 0.41 / 0.51 and 8.2 / 9.8, 256 -> 64 0.41 /
-#: 0.46 and 7.8 / 8.5, 256 -> 128 0.80 / 0.88 and 14.9 / 16.0, 28x28 128 -> 512 0.41 / 0.51
-#: and 6.9 / 8.5, 512 -> 128 0.43 / 0.50 and 7.4 / 8.7. In the model (processes of this rule
-#: and of rows only up to 32 input channels by turns, medians): ResNet-50 0.95-0.98x at batch
-#: 1 on one thread, 0.96-0.99x on two, 0.96-0.98x at batch 16 on one; MobileNetV2 0.97-0.99x,
-#: 0.95-0.97x and 0.96-0.98x. The kernel is then compiled for ResNet-50 as well: its cold
-#: first result 3.3-3.4 -> 3.8 s (5.8 -> 6.5 s of CPU; ``bench_coldstart.py --models
-#: resnet50``)
-ROWS_MIN_PLANE = 512
 #: the fewest output and input channels the packed kernels serve
 MIN_CHANNELS = 16
 #: compiled code, which packs the filter at each run, runs the packed kernels from this many
@@ -142,8 +129,24 @@ _PACKED = [True]
 def _choice(m_, c_, p_) -> int:
     """Which kernel serves ``m_`` output and ``c_`` input channels (float32) over planes of
     ``p_`` pixels: 1 :func:`.pgemm.pointwise_rows`, 2 :func:`pointwise_cols`, 0 those
-    of :func:`.conv._fwd_range` (where they measured as fast or faster: short sums onto
-    planes of 14x14, on OpenBLAS or the taps kernel)."""
+    of :func:`.conv._fwd_range` (fewer than :data:`MIN_CHANNELS` channels).
+
+    The row tiles take every plane the transposed tiles do not (larger than
+    :data:`COLS_MAX_PLANE` pixels, and not the sums :data:`COLS_WIDE_PLANE` sends there), any
+    number of channels (the image swept by blocks of pixels that stay in the L2 cache,
+    :data:`.pgemm._BLOCK_BYTES`). Alone, one thread, batch 1 then 16, ms, against OpenBLAS
+    per sample (its Haswell kernel on an AVX-512 machine; ``bench_pointwise.py --contenders
+    rows,current``): ResNet-50's 56x56 64 -> 256 0.41 / 0.51 and 8.2 / 9.8, 256 -> 64 0.41 /
+    0.46 and 7.8 / 8.5, 256 -> 128 0.80 / 0.88 and 14.9 / 16.0, 28x28 128 -> 512 0.41 / 0.51
+    and 6.9 / 8.5, 512 -> 128 0.43 / 0.50 and 7.4 / 8.7; 14x14 short sums as fast (64 -> 384
+    0.049 / 0.051, 128 -> 128 0.035 / 0.037). In the model (processes by turns, medians;
+    against the row tiles from 28x28 only, up to 32 input channels): ResNet-50 0.95-0.98x at
+    batch 1 on one thread, 0.96-0.99x on two, 0.96-0.98x at batch 16 on one; MobileNetV2
+    0.97-0.99x, 0.95-0.97x and 0.96-0.98x; SqueezeNet's 13x13 layers at batch 1 (us) 256 ->
+    48 61 -> 28, 384 -> 48 80 -> 39, 48 -> 192 37 -> 20, 64 -> 256 61 -> 33 (its 384 -> 64,
+    512 -> 64 and 512 -> 1000 stay on the transposed tiles: on the row tiles 49 -> 51, 59 ->
+    65, 780 -> 891). The kernel is then compiled for ResNet-50 as well: its cold first result
+    3.3-3.4 -> 3.8 s (5.8 -> 6.5 s of CPU; ``bench_coldstart.py --models resnet50``)."""
     if m_ < MIN_CHANNELS or c_ < MIN_CHANNELS:
         return 0
     if p_ <= COLS_MAX_PLANE:
@@ -151,9 +154,7 @@ def _choice(m_, c_, p_) -> int:
     if p_ <= COLS_WIDE_PLANE and (m_ == _NR and c_ >= 2 * m_ or
                                   m_ >= _NR and c_ >= COLS_WIDE_MIN_IN):
         return 2
-    if p_ >= ROWS_MIN_PLANE:
-        return 1
-    return 0
+    return 1
 
 
 @register_jitable
