@@ -1369,7 +1369,7 @@ class SegmentGen:
         g = self._register(self._blocked_fn(kernel, fn, len(before), len(after), epi,
                                             pname is not None))
         self._epilogues[g] = epi
-        rest = [f"{y}.shape[0]"] + ([pname] if pname else []) + before + after + args
+        rest = [f"{y}.shape[0]"] + ([pname, work] if pname else []) + before + after + args
         self._named(g, pname)
         if self.native:
             self.emit(f"{g}(0, {y}.shape[0], {', '.join(rest)})")

@@ -435,6 +435,47 @@ def test_one_sample_convolutions_split_by_output_channels(two_asked, monkeypatch
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+def test_one_sample_convolution_before_an_epilogue_of_its_own_splits_too(two_asked,
+                                                                        monkeypatch):
+    """A convolution whose stores cannot take the elementwise ops after it (hard_swish: the
+    epilogue kernel runs on its output block by block) is split over the threads at batch 1
+    as one without them is (the blocked call goes through ``split_work``): the taps kernel of
+    a 3x3 one by its output channels; the result matches NumPy and the one-thread run's bit
+    for bit."""
+    free, _ = two_asked
+    monkeypatch.setattr(convlib, "_CHANNELS_MIN_WORK", 0)
+    monkeypatch.setattr(convlib, "_TEAM_MIN_WORK", 0)
+    monkeypatch.setattr(team, "AFTER_RUNS", 0)
+    monkeypatch.setattr(team, "LOOK_AGAIN_S", 0.0)
+    monkeypatch.setattr(team, "COMPILE", True)
+    parts = []
+    real = convlib._channel_bounds
+    monkeypatch.setattr(convlib, "_channel_bounds",
+                        lambda *a: parts.append(real(*a)) or parts[-1])
+    L = fluid.layers
+    main, startup = fluid.Program(), fluid.Program()
+    startup.random_seed = 7
+    with fluid.program_guard(main, startup):
+        x = L.data(name="x", shape=[8, 10, 10], dtype="float32")
+        y = L.conv2d(x, num_filters=64, filter_size=3, padding=1, stride=2, act="hard_swish")
+    feed = {"x": np.random.default_rng(3).standard_normal((1, 8, 10, 10)).astype("float32")}
+    scope = fluid.Scope()
+    exe = fluid.Executor(native_drivers=False, strict=True)
+    exe.run(startup, scope=scope)
+    outs, split = {}, {}
+    for run, n in (("two", 2), ("one", 1)):
+        free[0] = n
+        parts.clear()
+        (outs[run],) = exe.run(main, feed=feed, fetch_list=[y], scope=scope)
+        split[run] = [len(p) - 1 for p in parts if p is not None]
+    assert_native(exe)
+    assert split == {"two": [2], "one": []}
+    np.testing.assert_array_equal(outs["two"], outs["one"])
+    w, bias = _conv_params(main, scope, None)
+    v = _conv_ref(feed["x"], w[0], bias[0], 2, 1, 1)
+    np.testing.assert_allclose(outs["one"], v * np.clip(v + 3, 0, 6) / 6, rtol=1e-4, atol=1e-4)
+
+
 def _by_pixels_runs(free, monkeypatch, main, startup, feed, fetch):
     """``main``'s fetches run on two threads (the parallel loops compiled at their first ask),
     checked to be the one-thread run's bit for bit; and the ranges of output positions that

@@ -166,7 +166,9 @@ def test_a_blocked_kernel_gives_its_parallel_variant_only_a_whole_batch():
     """The blocked kernel's parallel epilogue runs only where the call has the whole batch: a
     part of a batch split over threads by samples runs the serial epilogue (a team started in
     each part would fight the others for the cores: an encoder at batch 16 on two threads
-    took 156-180 ms a run against 130). The generated source run with stand-ins."""
+    took 156-180 ms a run against 130); a batch of one sample calls the op through
+    ``split_work`` with the op's work (which may split the sample). The generated source run
+    with stand-ins."""
     from pdjit.codegen.cpu.target import blocked_kernel, parallel_min_elements
     from pdjit.codegen.kernel import FULL, Leaf, LoopKernel
 
@@ -181,13 +183,24 @@ def test_a_blocked_kernel_gives_its_parallel_variant_only_a_whole_batch():
     def EP(serial, *a):  # noqa: N802 - the parallel variant's stand-in
         calls.append(("EP", a[-1]))
 
+    class Lib:  # (the library's stand-in: split_work runs the op whole, recorded)
+        @staticmethod
+        def split_work(fn, n, work, *args, head=2):
+            calls.append(("split_work", n, work))
+            fn(*args[:head], 0, n, *args[head:])
+    ns["_nn"] = Lib
+
     x, out = np.zeros(4 * per, np.float32), np.zeros(4 * per, np.float32)
-    ns["kernel"](0, 4, 4, EP, x, out, x.size)          # the whole batch: the variant
+    ns["kernel"](0, 4, 4, EP, 99, x, out, x.size)          # the whole batch: the variant
     assert [c[0] for c in calls] == ["F", "EP"] * 4
     calls.clear()
-    ns["kernel"](2, 4, 4, EP, x, out, x.size)          # a thread's part: the serial kernel
+    ns["kernel"](2, 4, 4, EP, 99, x, out, x.size)          # a thread's part: the serial kernel
     assert [c[0] for c in calls] == ["F", "E"] * 2 and calls[1] == ("E", per)
     calls.clear()
     small = np.zeros(per // 2, np.float32)
-    ns["kernel"](0, 4, 4, EP, small, small, small.size)  # a block below the size: serial
+    ns["kernel"](0, 4, 4, EP, 99, small, small, small.size)  # a block below the size: serial
     assert [c[0] for c in calls] == ["F", "E"]
+    calls.clear()
+    one = np.zeros(per, np.float32)
+    ns["kernel"](0, 1, 1, EP, 99, one, one, one.size)  # one sample: through split_work
+    assert calls == [("split_work", 1, 99), ("F", 0, 1), ("EP", per)]

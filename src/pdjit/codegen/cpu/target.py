@@ -86,15 +86,18 @@ def blocked_kernel(k: LoopKernel, fn: str, nbefore: int, nafter: int,
     computes the block of an opaque op's output, then the epilogue kernel ``E`` (global: the
     compiled ``k``) runs on it while it is in cache: its full leaves and outputs (flat,
     ``L``/``O``) sliced to the block, its other leaves whole, its sizes (those of the whole
-    batch) scaled to the block. ``parallel`` (a host driver's): ``kernel(n0, n1, N, EP, ...)``
-    where ``EP`` is the epilogue's parallel variant (a :class:`_LazyKernel`), which runs a
-    block of :func:`parallel_min_elements` or more where the call has the whole batch (one the
-    host driver did not split by samples over threads, whose parts would each start a team of
-    their own: a batch of one, an encoder's gelu after its first feed-forward product)."""
+    batch) scaled to the block. ``parallel`` (a host driver's): ``kernel(n0, n1, N, EP, W,
+    ...)`` where ``EP`` is the epilogue's parallel variant (a :class:`_LazyKernel`), which
+    runs a block of :func:`parallel_min_elements` or more where the call has the whole batch
+    (one the host driver did not split by samples over threads, whose parts would each start
+    a team of their own: a batch of one, an encoder's gelu after its first feed-forward
+    product); and a batch of one sample goes through ``split_work`` (``W``: the op's work),
+    which splits one sample's convolution over threads by its channels or pixels as it does
+    for the op without an epilogue (MobileNetV3's convolutions before a hard_swish)."""
     nl, no = len(k.leaves), len(k.stores)
     rs = [f"r{i}" for i in range(nbefore + nafter)]
     sizes = {"flat": ["n"], "row": ["nr", "nc"], "mid": ["no", "nm", "ni"]}[k.form]
-    params = ["n0", "n1", "N"] + (["EP"] if parallel else []) + rs + \
+    params = ["n0", "n1", "N"] + (["EP", "W"] if parallel else []) + rs + \
         [f"L{i}" for i in range(nl)] + [f"O{j}" for j in range(no)] + \
         [f"p{i}" for i in range(k.nparams)] + sizes
     full = next(i for i, leaf in enumerate(k.leaves) if leaf.place == FULL)
@@ -108,6 +111,11 @@ def blocked_kernel(k: LoopKernel, fn: str, nbefore: int, nafter: int,
         epilogue = [f"        if hi - lo >= {parallel_min_elements(k)} and n1 - n0 == N:",
                     f"            EP({', '.join(['E'] + args)})",
                     "        else:", "    " + epilogue[0]]
+    body = [f"        {fn}({call})"]
+    if parallel:
+        body = ["        if N == 1:",
+                f"            _nn.split_work({', '.join([fn, '1', 'W'] + rs)}, head={nbefore})",
+                "        else:", "    " + body[0]]
     return "\n".join([
         f"def kernel({', '.join(params)}):",
         "    if N == 0:",
@@ -116,7 +124,7 @@ def blocked_kernel(k: LoopKernel, fn: str, nbefore: int, nafter: int,
         f"    nb = max(1, {BLOCK_ELEMS} // max(per, 1))",
         "    for b0 in range(n0, n1, nb):",
         "        b1 = min(b0 + nb, n1)",
-        f"        {fn}({call})",
+        *body,
         "        lo, hi = b0 * per, b1 * per",
         *epilogue])
 
