@@ -176,6 +176,23 @@ def test_shape_ops_matmul_and_axis_broadcast_match_pdjit():
     _check_against_pdjit(_shapes, [(2, 3, 4)], seed=4, batches=(3, 1))
 
 
+def _channel_split_shuffle():
+    """ShuffleNetV2's unit: the channels split in two (equal pieces, then sections with a -1
+    along a negative axis), one half through a 1x1 convolution, concatenated, shuffled."""
+    x = fluid.layers.data("x", [8, 5, 5])
+    a, b = fluid.layers.split(x, 2, dim=1)
+    b = fluid.layers.conv2d(b, 4, 1, act="relu")
+    y = fluid.layers.concat([a, b], axis=1)
+    y = fluid.layers.reshape(y, [0, 2, 4, 5, 5])
+    y = fluid.layers.reshape(fluid.layers.transpose(y, [0, 2, 1, 3, 4]), [0, 8, 5, 5])
+    p, q, r = fluid.layers.split(y, [3, -1, 1], dim=-3)
+    return [x], [p, q, r]
+
+
+def test_split_matches_pdjit():
+    _check_against_pdjit(_channel_split_shuffle, [(8, 5, 5)], seed=6, batches=(2, 1))
+
+
 # ---- models saved by PaddlePaddle: outputs recorded by Paddle -----------------------------------
 def _load(pdmodel: pathlib.Path):
     program = fluid.Program.parse_from_string(pdmodel.read_bytes())

@@ -498,6 +498,22 @@ def _concat(ex, op):
             axis=int(_attr(op, "axis", 0)))
 
 
+@onnx_rule("split")
+def _split(ex, op):
+    """``Split`` with the pieces' sizes as an input (the sizes known when exporting: ``num``
+    equal pieces or ``sections``, one -1 taking the rest)."""
+    if ex.has(op, "AxisTensor") or ex.has(op, "SectionsTensorList"):
+        raise ex.unsupported("split with its axis or sections given as tensors")
+    xs = ex.shape(ex.in_var(op, "X"))
+    axis = int(_attr(op, "axis", 0))
+    axis = axis + len(xs) if axis < 0 else axis
+    outs = op.output("Out")
+    sizes = [ex.shape(n)[axis] for n in outs]
+    if any(s < 0 for s in sizes):
+        raise ex.unsupported(f"split of an axis of unknown size into {len(outs)} pieces")
+    ex.node_n("Split", [ex.inp(op, "X"), ex.ints(sizes, "split")], outs, axis=axis)
+
+
 @onnx_rule("squeeze2")
 def _squeeze2(ex, op):
     xs = ex.shape(ex.in_var(op, "X"))
