@@ -103,44 +103,45 @@ def _emit_for(name, template):
         return template
     return lambda dtypes_, **_: template if np.dtype(dtypes_["X"]).kind == "f" else None
 
-def _channel_axis(op, axis: int) -> int:
-    """X's dim along which Y varies, by Fluid's ``axis`` rule, where Y varies along one dim
-    and has more than one (a bias of shape ``[1, C, 1, 1]``, as PaddlePaddle 2.x saves a
-    convolution's): the dim that one aligns with; else ``axis`` (a 1-D Y's, the last dim for
-    -1; a Y that varies along more dims has no per-channel coefficients)."""
+
+def _channel_axis(op, axis: int) -> int | None:
+    """For a Y of more than one dim that varies along one of them (a bias of shape
+    ``[1, C, 1, 1]``, as PaddlePaddle 2.x saves a convolution's): the dim of X it varies
+    along, by Fluid's ``axis`` rule; None for any other Y (and where the shapes are unknown)."""
     ys = [n for n in op.input("Y") if n != EMPTY_VAR_NAME]
     xs = [n for n in op.input("X") if n != EMPTY_VAR_NAME]
     yv = op.block._find_var_recursive(ys[0]) if len(ys) == 1 else None
     xv = op.block._find_var_recursive(xs[0]) if len(xs) == 1 else None
     if yv is None or xv is None or not 1 < len(yv.shape) <= len(xv.shape):
-        return axis
+        return None
     try:
         _, ya = align_for_axis(tuple(xv.shape), tuple(yv.shape), axis)
     except ShapeMismatch:
-        return axis
+        return None
     varying = [i for i, d in enumerate(ya) if d != 1]
-    return varying[0] if len(varying) == 1 else axis
+    return varying[0] if len(varying) == 1 else None
 
 
 def _channel_affine(name):
-    """A constant Y that varies along one dim of X (1-D, or ``[1, C, 1, 1]``: see
-    :func:`_channel_axis`) added or multiplied per channel: what inference passes fold into a
+    """A constant Y added or multiplied along X's dim ``axis`` (the last for -1), 1-D or of
+    the shape :func:`_channel_axis` reads: per channel, what inference passes fold into a
     preceding convolution or product, and what a convolution's stores may apply."""
     if name not in ("elementwise_add", "elementwise_mul"):
         return None
     add = name == "elementwise_add"
 
     def inference(op):
-        axis = _channel_axis(op, int(op.all_attrs().get("axis", -1)))
+        attr = int(op.all_attrs().get("axis", -1))
+        axis = _channel_axis(op, attr)
 
         def coefficients(v):
             y = v["Y"]
             if y.ndim != 1:
-                if sum(d != 1 for d in y.shape) != 1:
+                if axis is None or sum(d != 1 for d in y.shape) != 1:
                     return None
                 y = y.reshape(y.size)
             return (None, y) if add else (y, None)
-        return ChannelAffine("X", "Out", axis, ("Y",), coefficients)
+        return ChannelAffine("X", "Out", attr if axis is None else axis, ("Y",), coefficients)
     return inference
 
 

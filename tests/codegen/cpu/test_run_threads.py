@@ -367,6 +367,20 @@ def _conv_params(main, scope, residual):
     return arrays[:k], arrays[k:]
 
 
+def _channel_parts(monkeypatch) -> list:
+    """One-sample convolutions split by channels whatever their work, on the team's loops
+    from the first run; the list each split's channel bounds are appended to."""
+    monkeypatch.setattr(convlib, "_CHANNELS_MIN_WORK", 0)
+    monkeypatch.setattr(convlib, "_TEAM_MIN_WORK", 0)
+    monkeypatch.setattr(team, "AFTER_RUNS", 0)
+    monkeypatch.setattr(team, "LOOK_AGAIN_S", 0.0)
+    parts = []
+    real = convlib._channel_bounds
+    monkeypatch.setattr(convlib, "_channel_bounds",
+                        lambda *a: parts.append(real(*a)) or parts[-1])
+    return parts
+
+
 def test_one_sample_convolutions_split_by_output_channels(two_asked, monkeypatch, blas_same):
     """At batch 1 a convolution's output channels are split over the threads (whole groups;
     multiples of 32 channels, of 16 for the taps kernel): a 3x3 convolution by taps with a
@@ -375,17 +389,10 @@ def test_one_sample_convolutions_split_by_output_channels(two_asked, monkeypatch
     results match a NumPy oracle and are the one-thread run's bit for bit (where this
     machine's BLAS sums the parts of a product as the whole: ``blas_same``)."""
     free, _ = two_asked
-    monkeypatch.setattr(convlib, "_CHANNELS_MIN_WORK", 0)
-    monkeypatch.setattr(convlib, "_TEAM_MIN_WORK", 0)
-    monkeypatch.setattr(team, "AFTER_RUNS", 0)
-    monkeypatch.setattr(team, "LOOK_AGAIN_S", 0.0)
+    parts = _channel_parts(monkeypatch)
     # (the 1x1 convolution on the kernels of conv._fwd_range: the packed GEMM's parts are
     # test_pointwise_convolutions_split_by_channels_and_samples')
     monkeypatch.setattr(pointwise, "_PACKED", [False])
-    parts = []
-    real = convlib._channel_bounds
-    monkeypatch.setattr(convlib, "_channel_bounds",
-                        lambda *a: parts.append(real(*a)) or parts[-1])
     L = fluid.layers
     main, startup = fluid.Program(), fluid.Program()
     startup.random_seed = 5
@@ -443,15 +450,8 @@ def test_one_sample_convolution_before_an_epilogue_of_its_own_splits_too(two_ask
     a 3x3 one by its output channels; the result matches NumPy and the one-thread run's bit
     for bit."""
     free, _ = two_asked
-    monkeypatch.setattr(convlib, "_CHANNELS_MIN_WORK", 0)
-    monkeypatch.setattr(convlib, "_TEAM_MIN_WORK", 0)
-    monkeypatch.setattr(team, "AFTER_RUNS", 0)
-    monkeypatch.setattr(team, "LOOK_AGAIN_S", 0.0)
+    parts = _channel_parts(monkeypatch)
     monkeypatch.setattr(team, "COMPILE", True)
-    parts = []
-    real = convlib._channel_bounds
-    monkeypatch.setattr(convlib, "_channel_bounds",
-                        lambda *a: parts.append(real(*a)) or parts[-1])
     L = fluid.layers
     main, startup = fluid.Program(), fluid.Program()
     startup.random_seed = 7

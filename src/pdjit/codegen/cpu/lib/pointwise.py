@@ -41,11 +41,11 @@ relu, medians of thread time on the shared 2-vCPU machine at load 0.9, ms, the p
 MobileNetV2 112x112 16->96 0.43 / 0.47 and 8.7 / 9.9, 56x56 24->144 0.189 / 0.225 and 3.21 /
 3.49, 28x28 32->192 0.082 / 0.098 and 1.39 / 1.38 (slower there: ResNet-50 56x56 64->256
 0.89 / 0.83 and 17.6 / 15.1, MobileNetV2 112x112 32->16 0.179 / 0.164; faster on a machine
-whose OpenBLAS runs its AVX2 kernel, with the image swept by blocks: :func:`_choice`).
-Whole models through the
-Predictor, one thread, the packed kernels switched on and off (:data:`_PACKED`) in one
-process by turns, medians of thread time at load 1.0-1.3: MobileNetV2 7.36 / 7.75 ms at
-batch 1, 153 / 158 at batch 16; ResNet-50 66.1 / 69.5 at batch 1, 1026 / 1026 at batch 16.
+whose OpenBLAS runs its AVX2 kernel, with the image swept by blocks: :func:`_choice`). Whole
+models through the Predictor, one thread, the packed kernels switched on and off
+(:data:`_PACKED`) in one process by turns, medians of thread time at load 1.0-1.3:
+MobileNetV2 7.36 / 7.75 ms at batch 1, 153 / 158 at batch 16; ResNet-50 66.1 / 69.5 at batch
+1, 1026 / 1026 at batch 16.
 """
 import numba
 import numpy as np
