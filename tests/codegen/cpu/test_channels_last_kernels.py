@@ -97,6 +97,10 @@ def test_panel_width_follows_the_waste():
     (70, 4, 20, 3, (1, 2), (1, 1, 1, 1), (1, 1)),   # rows of more than one tile
     (96, 14, 14, 3, (1, 1), (1, 1, 1, 1), (1, 1)),  # MobileNetV2's: rows of two whole tiles
     (40, 7, 7, 3, (2, 2), (0, 1, 0, 1), (1, 1)),    # stride 2, padded after: a partial tile
+    (40, 14, 14, 5, (1, 1), (2, 2, 2, 2), (1, 1)),  # MobileNetV3's 5x5: by columns, 2 tiles
+    (33, 15, 15, 5, (2, 2), (2, 2, 2, 2), (1, 1)),  # 5x5 at stride 2 by columns
+    (24, 13, 14, 5, (3, 3), (2, 2, 2, 2), (1, 1)),  # ... at stride 3: by taps
+    (24, 13, 14, 3, (3, 3), (1, 1, 1, 1), (1, 1)),  # 3x3 at stride 3: by taps
 ])
 def test_depthwise_against_numpy(c, h, wd, k, stride, pads, dil):
     n = 2
