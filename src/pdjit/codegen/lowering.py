@@ -949,14 +949,15 @@ class SegmentGen:
             outs = op.output(spec.out)
             m = out.shape[axis]
             if b is None or op.input(spec.x) != [name] or len(outs) != 1 or \
-                    math.prod(b.shape) != m or sum(d != 1 for d in b.shape) > 1 or \
-                    np.dtype(b.dtype) != dt or \
+                    math.prod(b.shape) != m or np.dtype(b.dtype) != dt or \
                     spec.axis % len(out.shape) != axis or not same(outs[0]) or \
                     not sole_reader(name, 0):
                 return None
+            # (a probe of the bias's own shape: the declaration says whether values of that
+            # shape are one per channel, [1, C, 1, 1] as [C])
             probe = np.arange(1.0, m + 1.0)
             try:
-                coef = spec.coefficients({slot: probe})
+                coef = spec.coefficients({slot: probe.reshape(b.shape)})
             except Exception:  # noqa: BLE001 - a declaration that does not take a probe
                 return None
             if coef is None or coef[0] is not None or coef[1] is None or \
