@@ -132,38 +132,51 @@ def test_where_the_taps_kernel_stays(ready, monkeypatch):
                                rtol=1e-4, atol=1e-4)
 
 
-def test_split_over_threads_gives_the_one_calls_bits(ready, monkeypatch):
-    """A one-sample call split by panels of output channels, on ``run_parts``' helpers and
-    by a parallel loop: each part builds the patches and computes its channels, the one
-    call's bits."""
+@pytest.mark.parametrize("c,h,s,shared", [(24, 14, 2, True), (25, 14, 2, True),
+                                          (25, 7, 1, False)])
+def test_split_over_threads_gives_the_one_calls_bits(ready, monkeypatch, c, h, s, shared):
+    """A one-sample call split by panels of output channels, on ``run_parts``' helpers and by
+    a parallel loop: each part builds the patches, or, where they are not much larger than
+    the image (stride 2), the parts build them together, each its share of the input
+    channels (25 in three unequal shares), then each computes its output channels. The one
+    call's bits; a residual in the output's own buffer too."""
     from pdjit.codegen.cpu.lib import conv
 
     monkeypatch.setattr(conv, "_CHANNELS_MIN_WORK", 0)
     monkeypatch.setattr(conv, "_TEAM_MIN_WORK", 0)
     monkeypatch.setattr(conv, "loop_threads", lambda: 3)
-    seen = []
+    seen, loops = [], []
     real = pointwise._tile_bounds
     monkeypatch.setattr(pointwise, "_tile_bounds",
                         lambda *a: seen.append(real(*a)) or seen[-1])
-    x = RNG.standard_normal((1, 24, 14, 14)).astype(np.float32)
-    w = RNG.standard_normal((144, 24, 3, 3)).astype(np.float32)
+    real_run = team.run
+    monkeypatch.setattr(team, "run", lambda loop, call: real_run(loop, call) and
+                        not loops.append(loop))
+    x = RNG.standard_normal((1, c, h, h)).astype(np.float32)
+    w = RNG.standard_normal((144, c, 3, 3)).astype(np.float32)
     bias = RNG.standard_normal(144).astype(np.float32)
     res = RNG.standard_normal(144 * 49).astype(np.float32)
     ap = pointwise.pointwise_weight(w, 49, 1, False)
-    geo = (2, 2, 1, 1, 1, 1, 1)
+    geo = (s, s, 1, 1, 1, 1, 1)
     one = np.full((1, 144, 7, 7), np.nan, np.float32)
     pointwise.pointwise_range(x, w, ap, one, 0, 1, *geo, bias, 0.0, 6.0, res)
-    np.testing.assert_allclose(one, _oracle(x, w, 2, 2, 1, 1, 1, 1, 7, 7, bias, res, 0.0, 6.0),
+    np.testing.assert_allclose(one, _oracle(x, w, s, s, 1, 1, 1, 1, 7, 7, bias, res, 0.0, 6.0),
                                rtol=1e-4, atol=1e-4)
     for here in (False, True):  # on the helpers, then by the loop (compiled if need be)
         monkeypatch.setattr(team, "COMPILE", here)
-        y = np.full((1, 144, 7, 7), np.nan, np.float32)
-        seen.clear()
-        conv.split_work(pointwise.pointwise_range, 1, 1, x, w, ap, y, *geo, bias, 0.0, 6.0,
-                        res, head=4)
-        bounds, _, nr = seen[-1]
-        assert nr == 48 and list(np.diff(bounds)) == [48, 48, 48]
-        assert np.array_equal(y, one)
+        for in_place in (False, True):
+            y = res.reshape(one.shape).copy() if in_place else \
+                np.full((1, 144, 7, 7), np.nan, np.float32)
+            seen.clear()
+            loops.clear()
+            conv.split_work(pointwise.pointwise_range, 1, 1, x, w, ap, y, *geo, bias, 0.0, 6.0,
+                            y.reshape(-1) if in_place else res, head=4)
+            bounds, _, nr = seen[-1]
+            assert nr == 48 and list(np.diff(bounds)) == [48, 48, 48]
+            if here:  # (else the helpers, or the loop where an earlier test made it ready)
+                assert loops == [pointwise._patches_by_channels if shared else
+                                 pointwise._by_channels]
+            assert np.array_equal(y, one)
 
 
 def test_compiled_code_packs_at_each_run():
