@@ -134,11 +134,15 @@ def _strided(k: LoopKernel, parallel: bool = False) -> list:
             lines.append(f"_rt.check({' or '.join([f'd{d} == 1'] + cover)})")
     lines += [f"F{i} = L{i}.reshape(L{i}.size)" for i in range(len(leaves))]
     lines += [f"Q{j} = O{j}.reshape(O{j}.size)" for j in range(len(k.stores))]
+    red = k.reduce
+    # without a reduction, unsigned offsets (as the flat forms': Numba then drops its
+    # negative-index wraparound and the innermost loop may vectorise)
+    u = (lambda v: f"np.uint64({v})") if red is None else (lambda v: v)
     for i, leaf in enumerate(leaves):
         for j in range(leaf.rank):
             later = " * ".join(f"L{i}.shape[{m}]" for m in range(j + 1, leaf.rank)) or "1"
-            lines.append(f"st{i}_{leaf.offset + j} = 0 if L{i}.shape[{j}] == 1 else {later}")
-    red = k.reduce
+            step = u(f"0 if L{i}.shape[{j}] == 1 else {later}")
+            lines.append(f"st{i}_{leaf.offset + j} = {step}")
     nest_extra: dict = {}
     inner: list = []
     if red is not None:
@@ -159,20 +163,20 @@ def _strided(k: LoopKernel, parallel: bool = False) -> list:
         else:
             lines.append(f"acc = {red.init}")
             inner = [f"acc = {red.combine.format(acc='acc')}"]
-    lines.append("o = 0")
+    lines.append(f"o = {u(0)}")
     ind = 0
     for d in range(rank):
-        lines.append("    " * ind + f"for i{d} in range(d{d}):")
+        lines.append("    " * ind + f"for i{d} in range({u(f'd{d}')}):")
         ind += 1
         for i, leaf in enumerate(leaves):
-            prev = f"b{i}_{d - 1}" if d > 0 else "0"
+            prev = f"b{i}_{d - 1}" if d > 0 else u(0)
             step = f" + i{d} * st{i}_{d}" if leaf.offset <= d < leaf.offset + leaf.rank else ""
             lines.append("    " * ind + f"b{i}_{d} = {prev}{step}")
         if red is not None and kept:
             lines.append("    " * ind + nest_extra.get(d, f"q{d} = {f'q{d - 1}' if d else '0'}"))
     loads = [f"x{i} = F{i}[{f'b{i}_{rank - 1}' if rank else '0'}]" for i in range(len(leaves))]
     stores = [f"Q{j}[o] = {expr}" for j, (expr, _, _) in enumerate(k.stores)]
-    lines += _indent(loads + k.body + stores + inner + ["o += 1"], ind)
+    lines += _indent(loads + k.body + stores + inner + [f"o += {u(1)}"], ind)
     if red is not None:
         if kept:
             lines += ["for q in range(A.size):",
