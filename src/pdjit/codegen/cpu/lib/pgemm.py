@@ -40,7 +40,7 @@ from pdjit.codegen import params
 from pdjit.codegen.cpu import rt, threads
 from pdjit.codegen.cpu.lib import team
 from pdjit.codegen.cpu.lib._jit import blas_gemm, compile_cost, jit, jobs, may_share, pjit
-from pdjit.codegen.cpu.lib.tile import TILE_BYTES, _masked, _offset, _splat, _vectors
+from pdjit.codegen.cpu.lib.tile import TILE_BYTES, _masked, _offset, _prefetch, _splat, _vectors
 
 __all__ = ["pack_a", "pack_b", "pack_scaled", "packed_batches", "packed_gemm",
            "packed_b_size", "packed_rows_size", "packed_weight", "panel_width",
@@ -170,10 +170,6 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
             for r in range(mr):
                 rr = builder.select(builder.icmp_signed("<", const(r), rowsv), const(r), last)
                 arow.append(builder.add(a0v, rr if trans else builder.mul(rr, ldav)))
-        i8p = ir.IntType(8).as_pointer()
-        prefetch = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [i8p] + [ir.IntType(32)] * 3),
-            "llvm.prefetch.p0")
         def sums(masked: bool):
             """The loop over ``k`` of the tile's fused multiply-adds (``masked``: conv's rows
             of b loaded under the columns' mask)."""
@@ -182,9 +178,7 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
                 if conv:  # row k of b in place
                     base = builder.add(b0v, builder.mul(k, ldbv))
                     for v in range(nv if pf else 0):  # the next panel's row k
-                        p = builder.gep(bptr, [builder.add(base, const(nr + v * lanes))])
-                        builder.call(prefetch, [builder.bitcast(p, i8p)] + [
-                            ir.Constant(ir.IntType(32), x) for x in (0, 3, 1)])
+                        _prefetch(builder, bptr, builder.add(base, const(nr + v * lanes)))
                     abase = builder.add(a0v, builder.mul(k, const(mr)))
                 else:
                     base = builder.add(b0v, builder.mul(k, const(nr)))
@@ -192,9 +186,8 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
                     ahead = builder.add(base, pfov) if far else \
                         builder.add(base, const(pf * nr))
                     for v in range(nv if pf or far else 0):
-                        p = builder.gep(bptr, [builder.add(ahead, const(v * lanes))])
-                        builder.call(prefetch, [builder.bitcast(p, i8p)] + [
-                            ir.Constant(ir.IntType(32), x) for x in (0, 2 if far else 3, 1)])
+                        _prefetch(builder, bptr, builder.add(ahead, const(v * lanes)),
+                                  locality=2 if far else 3)
                 bv = []
                 for v in range(nv):
                     p = builder.bitcast(builder.gep(bptr, [builder.add(base, const(v * lanes))]),
@@ -218,9 +211,7 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
             with builder.if_then(has_res):
                 for r in range(mr):
                     for v in range(nv):
-                        p = builder.gep(resa.data, [builder.add(cell(r, v)[0], const(nr))])
-                        builder.call(prefetch, [builder.bitcast(p, i8p)] + [
-                            ir.Constant(ir.IntType(32), x) for x in (0, 3, 1)])
+                        _prefetch(builder, resa.data, builder.add(cell(r, v)[0], const(nr)))
         if conv:  # b read in place: a tile of all ``nr`` columns loads them whole (the masks,
             # rebuilt at each step, took a port the multiply-adds need), the last one masked
             with builder.if_else(builder.icmp_signed("==", colsv, const(nr))) as (whole, part):

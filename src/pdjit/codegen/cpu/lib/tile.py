@@ -60,15 +60,15 @@ def _splat(builder, vty, x):
                                   undef, mask)
 
 
-def _prefetch(builder, ptr, at, write: bool = False):
-    """Prefetch the cache line of element ``at`` (an i64) of ``ptr`` into every cache level,
-    for a write where ``write`` is true (no fault on any address: a prefetch past an array's
-    end costs nothing but the fetch)."""
+def _prefetch(builder, ptr, at, write: bool = False, locality: int = 3):
+    """Prefetch the cache line of element ``at`` (an i64) of ``ptr`` (``locality`` 3: into
+    every cache level; 2: the L2 cache and beyond), for a write where ``write`` is true (no
+    fault on any address: a prefetch past an array's end costs nothing but the fetch)."""
     i8p, i32 = ir.IntType(8).as_pointer(), ir.IntType(32)
     fn = cgutils.get_or_insert_function(
         builder.module, ir.FunctionType(ir.VoidType(), [i8p] + [i32] * 3), "llvm.prefetch.p0")
     builder.call(fn, [builder.bitcast(builder.gep(ptr, [at]), i8p)] +
-                 [ir.Constant(i32, v) for v in (int(write), 3, 1)])
+                 [ir.Constant(i32, v) for v in (int(write), locality, 1)])
 
 
 def _clamp(builder, add, x, b, lo, hi):
