@@ -15,7 +15,7 @@ Two orientations of the tile, picked by the plane's size and the channels
   tile, the image read in place, the outputs written by rows: :func:`_choice`);
 - :func:`pointwise_cols`: the product transposed, tiles of pixels by panels of output
   channels (6 by 64 or 7 by 48), ``W^T`` packed in panels as :func:`.pgemm.packed_weight`
-  packs a product's weight, the tile stored into the channels' rows by scatters, for planes
+  packs a product's weight, the tile transposed in registers into the channels' rows, for planes
   of at most :data:`COLS_MAX_PLANE` pixels (7x7: 49 pixels fill vectors of ``NR`` badly), and
   14x14 ones onto whole panels of output channels from long sums (:data:`COLS_WIDE_PLANE`).
 
@@ -328,11 +328,11 @@ def _cols_sample(src, xb, bp, nr, yf, yb, m_, k_, p_, bias, lo, hi, res):
     """One sample of the transposed tiles: its patches ``src[xb:]`` (``k_`` rows of ``p_``
     pixels), its outputs ``yf[yb:]`` (``m_`` rows of ``p_``), ``bp`` the filter packed in
     panels of ``nr`` output channels (float32; 64: tiles of ``MR`` pixels, 48: of 7, see
-    :data:`_NR`), each tile's pixels broadcast, its sums stored into the output's channel rows
-    by scatters. A panel's rows are taken by chunks of about :data:`CHUNK_BYTES` that stay in
-    the L2 cache while every tile of pixels reads them, the first tile fetching its rows
-    ahead and the others the next chunk (the sums of the chunks before read back from the
-    output; the residual added with the first chunk, the bias and clamp with the last): a
+    :data:`_NR`), each tile's pixels broadcast, its sums transposed in registers into the
+    output's channel rows. A panel's rows are taken by chunks of about :data:`CHUNK_BYTES`
+    that stay in the L2 cache while every tile of pixels reads them, the first tile fetching
+    its rows ahead and the others the next chunk (the sums of the chunks before read back
+    from the output; the residual added with the first chunk, the bias and clamp with the last): a
     panel of a long sum read whole by each tile came from beyond the L2 cache each time, the
     first tile's from memory. Each output sums its products in the order of ``K``, each a
     fused multiply-add."""
