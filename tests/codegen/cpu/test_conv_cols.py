@@ -139,9 +139,11 @@ def test_split_over_threads_gives_the_one_calls_bits(ready, monkeypatch, c, h, s
     a parallel loop: each part builds the patches, or, where they are not much larger than
     the image (stride 2), the parts build them together, each its share of the input
     channels (25 in three unequal shares), then each computes its output channels. The one
-    call's bits; a residual in the output's own buffer too."""
+    call's bits; a residual in the output's own buffer too. (The split by output rows, which
+    the loop takes for these filters, switched off: see the test after.)"""
     from pdjit.codegen.cpu.lib import conv
 
+    monkeypatch.setattr(pointwise, "COLS_BY_ROWS", False)
     monkeypatch.setattr(conv, "_CHANNELS_MIN_WORK", 0)
     monkeypatch.setattr(conv, "_TEAM_MIN_WORK", 0)
     monkeypatch.setattr(conv, "loop_threads", lambda: 3)
@@ -177,6 +179,58 @@ def test_split_over_threads_gives_the_one_calls_bits(ready, monkeypatch, c, h, s
                 assert loops == [pointwise._patches_by_channels if shared else
                                  pointwise._by_channels]
             assert np.array_equal(y, one)
+
+
+@pytest.mark.parametrize("c,m,h,k,s,p", [(25, 144, 7, 3, 1, 1), (24, 130, 14, 3, 2, 1),
+                                         (19, 96, 9, 5, 1, 2), (64, 64, 14, 3, 1, 1)])
+def test_split_by_output_rows_gives_the_one_calls_bits(ready, monkeypatch, c, m, h, k, s, p):
+    """A one-sample call on the patches of a filter wider than 1x1 split by a parallel loop
+    into ranges of its output rows (7 rows in three parts of 2, 2 and 3; 14 in 4, 5, 5), each
+    part building the patches of its rows alone and computing every output channel of them:
+    the one call's bits, its residual in another buffer and in the output's own; a 1x1 filter
+    (its patches a quarter of the image at stride 2) keeps the split by output channels."""
+    from pdjit.codegen.cpu.lib import conv
+
+    monkeypatch.setattr(conv, "_CHANNELS_MIN_WORK", 0)
+    monkeypatch.setattr(conv, "_TEAM_MIN_WORK", 0)
+    monkeypatch.setattr(conv, "loop_threads", lambda: 3)
+    loops = []
+    real_run = team.run
+    monkeypatch.setattr(team, "run", lambda loop, call: real_run(loop, call) and
+                        not loops.append((loop, call)))
+    x = RNG.standard_normal((1, c, h, h)).astype(np.float32)
+    w = RNG.standard_normal((m, c, k, k)).astype(np.float32)
+    oh = _out(h, k, s, p, 1)
+    bias = RNG.standard_normal(m).astype(np.float32)
+    res = RNG.standard_normal(m * oh * oh).astype(np.float32)
+    ap = pointwise.pointwise_weight(w, oh * oh, 1, False)
+    assert ap.size
+    geo = (s, s, p, p, 1, 1, 1)
+    one = np.full((1, m, oh, oh), np.nan, np.float32)
+    pointwise.pointwise_range(x, w, ap, one, 0, 1, *geo, bias, 0.0, 6.0, res)
+    np.testing.assert_allclose(one, _oracle(x, w, s, s, p, p, 1, 1, oh, oh, bias, res, 0.0,
+                                            6.0), rtol=1e-4, atol=1e-4)
+    for in_place in (False, True):
+        y = res.reshape(one.shape).copy() if in_place else np.full(one.shape, np.nan,
+                                                                    np.float32)
+        loops.clear()
+        conv.split_work(pointwise.pointwise_range, 1, 1, x, w, ap, y, *geo, bias, 0.0, 6.0,
+                        y.reshape(-1) if in_place else res, head=4)
+        assert [lp for lp, _ in loops] == [pointwise._cols_by_rows]
+        rows = loops[0][1][3]
+        assert rows[0] == 0 and rows[-1] == oh and len(rows) == 4 and \
+            np.diff(rows).max() - np.diff(rows).min() <= 1
+        assert np.array_equal(y, one)
+    w1 = RNG.standard_normal((m, 4 * c, 1, 1)).astype(np.float32)
+    x1 = RNG.standard_normal((1, 4 * c, 2 * oh, 2 * oh)).astype(np.float32)
+    ap1 = pointwise.pointwise_weight(w1, oh * oh, 1, False)
+    y1 = np.empty_like(one)
+    loops.clear()
+    conv.split_work(pointwise.pointwise_range, 1, 1, x1, w1, ap1, y1, 2, 2, 0, 0, 1, 1, 1,
+                    bias, 0.0, 6.0, res, head=4)
+    assert pointwise._cols_by_rows not in [lp for lp, _ in loops]
+    np.testing.assert_allclose(y1, _oracle(x1, w1, 2, 2, 0, 0, 1, 1, oh, oh, bias, res, 0.0,
+                                           6.0), rtol=1e-4, atol=1e-4)
 
 
 def test_compiled_code_packs_at_each_run():

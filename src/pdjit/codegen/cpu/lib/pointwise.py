@@ -324,9 +324,12 @@ def _packed_kind(x, w, ap, y, sh, sw, pt, pl, bias, res):
 
 
 @register_jitable
-def _cols_sample(src, xb, bp, nr, yf, yb, m_, k_, p_, bias, lo, hi, res):
+def _cols_sample(src, xb, bp, nr, yf, yb, m_, k_, p_, bias, lo, hi, res, q0=0, q1=-1,
+                 ps=-1):
     """One sample of the transposed tiles: its patches ``src[xb:]`` (``k_`` rows of ``p_``
-    pixels), its outputs ``yf[yb:]`` (``m_`` rows of ``p_``), ``bp`` the filter packed in
+    pixels; with ``q0 .. q1`` (-1: ``p_``), only those output pixels, read from ``src[xb:]``
+    in rows of ``ps`` values (-1: ``q1 - q0``)), its outputs ``yf[yb:]`` (``m_`` rows of
+    ``p_``), ``bp`` the filter packed in
     panels of ``nr`` output channels (float32; 64: tiles of ``MR`` pixels, 48: of 7, see
     :data:`_NR`), each tile's pixels broadcast, its sums transposed in registers into the
     output's channel rows. A panel's rows are taken by chunks of about :data:`CHUNK_BYTES`
@@ -341,6 +344,10 @@ def _cols_sample(src, xb, bp, nr, yf, yb, m_, k_, p_, bias, lo, hi, res):
     chunks = (k_ * nr * 4 + CHUNK_BYTES - 1) // CHUNK_BYTES
     kc = (k_ + chunks - 1) // chunks if chunks > 1 else k_
     none = bias[:0]
+    if q1 < 0:
+        q1 = p_
+    if ps < 0:
+        ps = q1 - q0
     for j in range(npan):
         m0 = j * nr
         cols = m_ - m0 if m_ - m0 < nr else nr
@@ -351,17 +358,16 @@ def _cols_sample(src, xb, bp, nr, yf, yb, m_, k_, p_, bias, lo, hi, res):
             rs = res if k0 == 0 else yf
             lo_ = lo if last else -np.inf
             hi_ = hi if last else np.inf
-            for i in range(0, p_, mr):
-                pfo = PREFETCH_ROWS * nr if i == 0 else (k1 - k0) * nr
-                rows = p_ - i if p_ - i < mr else mr
+            for i in range(q0, q1, mr):
+                pfo = PREFETCH_ROWS * nr if i == q0 else (k1 - k0) * nr
+                rows = q1 - i if q1 - i < mr else mr
+                at = xb + i - q0 + k0 * ps
                 if mr == MR:
-                    _convt_micro(src, xb + i + k0 * p_, p_, rows, k1 - k0, bp,
-                                 (j * k_ + k0) * nr, yf, yb + m0 * p_ + i, p_, cols, bs, m0,
-                                 rs, lo_, hi_, pfo)
+                    _convt_micro(src, at, ps, rows, k1 - k0, bp, (j * k_ + k0) * nr, yf,
+                                 yb + m0 * p_ + i, p_, cols, bs, m0, rs, lo_, hi_, pfo)
                 else:
-                    _convt_micro3(src, xb + i + k0 * p_, p_, rows, k1 - k0, bp,
-                                  (j * k_ + k0) * nr, yf, yb + m0 * p_ + i, p_, cols, bs, m0,
-                                  rs, lo_, hi_, pfo)
+                    _convt_micro3(src, at, ps, rows, k1 - k0, bp, (j * k_ + k0) * nr, yf,
+                                  yb + m0 * p_ + i, p_, cols, bs, m0, rs, lo_, hi_, pfo)
 
 
 #: the tile of the transposed tiles' kind 3 (:data:`_NR`)
@@ -544,12 +550,20 @@ def _split(parts, work, x, w, ap, y, sh, sw, pt, pl, dh, dw, groups, bias, lo, h
         if pixels is not None and team.run(rows_by_pixels, (x, ap, y, pixels, bias, float(lo),
                                                              float(hi), res)):
             return True
+    geo = np.array([] if in_place else [w.shape[2], w.shape[3], sh, sw, pt, pl, dh, dw],
+                   np.int64)
+    if kind > 1 and w.shape[2] * w.shape[3] > 1 and work >= _conv._TEAM_MIN_WORK and \
+            COLS_BY_ROWS and y.shape[2] >= 2:  # (the patches of a wider filter)
+        k = min(parts, y.shape[2])
+        rows = np.array([y.shape[2] * i // k for i in range(k + 1)], np.int64)
+        most = -(-y.shape[2] // k) * y.shape[3]
+        if team.run(_cols_by_rows, (x, ap, y, rows, _step(kind), geo, bias, float(lo),
+                                    float(hi), res, _patch_scratch(k * k_ * most))):
+            return True
     found = _tile_bounds(parts, y.shape[1], kind)
     if found is None:
         return False
     bounds, ends, nr = found
-    geo = np.array([] if in_place else [w.shape[2], w.shape[3], sh, sw, pt, pl, dh, dw],
-                   np.int64)
     if work >= _conv._TEAM_MIN_WORK:
         call = (x, ap, y, np.array(bounds, np.int64), np.array(ends, np.int64), nr, geo,
                 bias, float(lo), float(hi), res)
@@ -628,6 +642,44 @@ def _patches_by_channels(x, ap, y, bounds, ends, nr, geo, bias, lo, hi, res, col
         _cols_sample(col, 0, bp, nr, ys.reshape(ys.size), 0, b - a, k_, p_, bs, lo, hi, rs)
 
 
+#: a one-sample call on the transposed tiles split over threads splits by ranges of its output
+#: rows (:func:`_cols_by_rows`), not of its output channels
+COLS_BY_ROWS = True
+
+
+@pjit
+def _cols_by_rows(x, ap, y, rows, nr, geo, bias, lo, hi, res, col):
+    """The transposed tiles of one sample (:func:`pointwise_cols`, or :func:`conv_cols` where
+    ``geo`` is not empty), ranges ``rows`` of its output rows in parallel: each part computes
+    every output channel of its rows' pixels, from the image in place or from patches of its
+    own (the image rows its output rows read, into its share of ``col``), so that no part
+    builds patches another builds too, nor reads what another wrote. Each output is summed as
+    the whole call sums it."""
+    m_, c_ = y.shape[1], x.shape[1]
+    ow = y.shape[3]
+    p_ = y.shape[2] * ow
+    k_ = c_ * (geo[0] * geo[1] if geo.size else 1)
+    _cols_check(x, ap, nr, y, _conv._plain(0), _conv._plain(1), k_, bias, res)
+    if not geo.size and x.shape[2] * x.shape[3] != p_:
+        raise ValueError("pdjit: pointwise convolution operands do not fit")
+    yf = y.reshape(y.size)
+    xf = x.reshape(x.size)
+    parts = rows.shape[0] - 1
+    most = 0
+    for p in range(parts):
+        most = max(most, (rows[p + 1] - rows[p]) * ow)
+    for p in numba.prange(parts):
+        r0, r1 = rows[p], rows[p + 1]
+        q0, q1 = r0 * ow, r1 * ow
+        if geo.size:
+            part = col[p * k_ * most:(p + 1) * k_ * most]
+            _conv._im2col(x[0], 0, c_, geo[0], geo[1], geo[2], geo[3], geo[4] - r0 * geo[2],
+                          geo[5], geo[6], geo[7], r1 - r0, ow, part, q1 - q0, 0)
+            _cols_sample(part, 0, ap, nr, yf, 0, m_, k_, p_, bias, lo, hi, res, q0, q1)
+        else:
+            _cols_sample(xf, q0, ap, nr, yf, 0, m_, k_, p_, bias, lo, hi, res, q0, q1, p_)
+
+
 _PATCHES = threading.local()
 
 
@@ -685,6 +737,9 @@ jobs("pointwise._by_channels (warmup)")(lambda T: [] if np.dtype(T) != np.float3
                     (np.int64, 1), (T, 1), float, float, (T, 1))),
     (rows_by_pixels, ((T, 4), (T, 1), (T, 4), (np.int64, 1), (T, 1), float, float, (T, 1))),
     (_patches_by_channels, ((T, 4), (T, 1), (T, 4), (np.int64, 1), (np.int64, 1), int,
-                            (np.int64, 1), (T, 1), float, float, (T, 1), (T, 1)))])
+                            (np.int64, 1), (T, 1), float, float, (T, 1), (T, 1))),
+    (_cols_by_rows, ((T, 4), (T, 1), (T, 4), (np.int64, 1), int, (np.int64, 1), (T, 1),
+                     float, float, (T, 1), (T, 1)))])
 compile_cost(0.9, rows_by_pixels)
 compile_cost(1.6, _patches_by_channels)
+compile_cost(1.6, _cols_by_rows)
