@@ -29,8 +29,9 @@ and made again after a run that may write it (training). Compiled code (a native
 ahead-of-time artifact) packs once per run, where the batch is large enough for the copy not
 to count (:data:`NATIVE_MIN_PIXELS`), else runs :func:`.conv._fwd_range`. A one-sample call
 from the host driver is split over threads (:func:`_split`, for ``conv.split_work``): on
-the row tiles by whole panels of pixels (by a parallel loop where it is ready), else by whole
-tiles of the packed filter's output channels; a batch by samples.
+the row tiles by whole panels of pixels (by a parallel loop where it is ready), the
+transposed tiles over the patches of a filter wider than 1x1 by ranges of output rows, else by
+whole tiles of the packed filter's output channels; a batch by samples.
 
 Measured alone (``benchmarks/bench_pointwise.py --rounds 3``: one thread, float32, bias +
 relu, medians of thread time on the shared 2-vCPU machine at load 0.9, ms, the packed kernel
@@ -532,7 +533,9 @@ def _split(parts, work, x, w, ap, y, sh, sw, pt, pl, dh, dw, groups, bias, lo, h
     """A one-sample :func:`pointwise_range` split over at most ``parts`` ranges: on the row
     tiles by ranges of its pixels (:func:`.pgemm.rows_by_pixels`, by a parallel loop where
     ready: each part reads only its pixels of the image, mostly what the layer before wrote
-    on the same thread where that layer split by pixels too); else of its output channels
+    on the same thread where that layer split by pixels too); on the transposed tiles over
+    the patches of a filter wider than 1x1 by ranges of its output rows (:func:`_cols_by_rows`,
+    where ready: each part the patches of its rows alone); else of its output channels
     (``conv.split_work``; :func:`.conv.split_channels` says when): on the packed kernels by
     :func:`_tile_bounds`, each part's slice of ``ap`` the packed rows of its
     channels, by a parallel loop (:func:`_by_channels`, where ready) or on ``run_parts``'
