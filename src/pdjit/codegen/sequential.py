@@ -164,8 +164,30 @@ def _strided(k: LoopKernel, parallel: bool = False) -> list:
             lines.append(f"acc = {red.init}")
             inner = [f"acc = {red.combine.format(acc='acc')}"]
     lines.append(f"o = {u(0)}")
+    # without a reduction, the innermost loop also as a contiguous one, taken where every leaf
+    # steps by one along the last dim or, where its build-time shape broadcasts there, by
+    # none (its value loaded once a row): a squeeze-and-excitation scale, [N, 1, 1, C] or
+    # [N, C, 1, 1] times [N, H, W, C] or [N, C, H, W], whose batch is known only at run time
+    last = rank - 1
+    fast = red is None and rank > 0
+    if fast:
+        inner_leaves = [i for i, leaf in enumerate(leaves)
+                        if leaf.offset <= last < leaf.offset + leaf.rank]
+        once = {i for i in inner_leaves if leaves[i].shape[-1] == 1}
+        conds = [f"st{i}_{last} == {u(0 if i in once else 1)}" for i in inner_leaves]
+        lines.append(f"fast = {' and '.join(conds) or 'True'}")
     ind = 0
     for d in range(rank):
+        if fast and d == last:
+            base = [f"b{i}_{d - 1}" if d > 0 else u(0) for i in range(len(leaves))]
+            row = [f"x{i} = F{i}[{base[i]}]" for i in range(len(leaves))
+                   if i not in inner_leaves or i in once]
+            each = [f"x{i} = F{i}[{base[i]} + j]" for i in inner_leaves if i not in once]
+            put = [f"Q{j}[o + j] = {expr}" for j, (expr, _, _) in enumerate(k.stores)]
+            lines += _indent(["if fast:"] + _indent(row + [f"for j in range({u(f'd{d}')}):"] +
+                                                    _indent(each + k.body + put) +
+                                                    [f"o += {u(f'd{d}')}"]) + ["else:"], ind)
+            ind += 1
         lines.append("    " * ind + f"for i{d} in range({u(f'd{d}')}):")
         ind += 1
         for i, leaf in enumerate(leaves):
