@@ -1015,14 +1015,17 @@ def split_work(fn, n, work, *args, head=2):
             winograd.transformed(args[1])  # (once, before the threads ask for it)
         _split(fn, parts, n, *args, head=head)
         return
-    threads = loop_threads() if n == 1 and work >= min(_TEAM_MIN_WORK, _CHANNELS_MIN_WORK) \
-        else 1
+    own = CHANNEL_SPLITS.get(fn)
+    by_channels = own is None and fn in _BY_CHANNELS
+    # (the free cores asked only for a sample something splits: a blocked kernel's own call,
+    # a pooling, run whole)
+    threads = loop_threads() if n == 1 and (own is not None or by_channels) and \
+        work >= min(_TEAM_MIN_WORK, _CHANNELS_MIN_WORK) else 1
     if threads > 1:
-        own = CHANNEL_SPLITS.get(fn)
         if own is not None:  # (an entry of another module: its own parts)
             if own(threads, work, *args):
                 return
-        elif any(fn is f for f in _BY_CHANNELS) and split_channels(fn, threads, work, args):
+        elif by_channels and split_channels(fn, threads, work, args):
             return
     fn(*args[:head], 0, n, *args[head:])
 
@@ -1358,7 +1361,7 @@ def _fwd_kernel(x, w, y, groups, sh=1, sw=1, pt=0, pl=0):
 
 
 #: the forward kernels whose one-sample calls :func:`split_work` splits over output channels
-_BY_CHANNELS = (_fwd_range, _fwd_taps, _fwd_gemm, _fwd_blas, _direct_range)
+_BY_CHANNELS = frozenset((_fwd_range, _fwd_taps, _fwd_gemm, _fwd_blas, _direct_range))
 #: other entries whose one-sample calls :func:`split_work` splits over output channels: ``{fn:
 #: split(threads, work, *args)}``, ``split`` running the call in at most ``threads`` parts
 #: where that pays, and returning whether it did (the entries of other modules register
