@@ -258,3 +258,41 @@ def test_row_tiles_split_by_pixels(monkeypatch):
         else:
             assert got and list(np.diff(got[0])) == want and all(b % nr == 0 for b in got[0][:-1])
         assert np.array_equal(y, one)
+
+
+def test_subsample_against_numpy_slicing():
+    from pdjit.codegen.cpu.lib import conv
+
+    x = RNG.standard_normal((2, 3, 9, 8)).astype(np.float32)
+    for sh, sw in [(2, 2), (2, 1), (3, 2), (1, 3)]:
+        want = x[:, :, ::sh, ::sw]
+        got = conv.subsample(x, sh, sw, want.shape[2], want.shape[3])
+        assert got.flags.c_contiguous and np.array_equal(got, want)
+    import pytest
+    with pytest.raises(ValueError, match="subsample"):
+        conv.subsample(x, 2, 2, 6, 4)  # row 10 of 9
+
+
+def test_strided_1x1_runs_on_the_row_tiles_of_its_subsample(fresh_programs):
+    """A 1x1 stride-2 convolution (a ResNet shortcut) whose output plane the row tiles take:
+    the image's subsample, then the stride-1 kernel on the packed filter, its bias, residual
+    and relu as it stores; odd planes (31x32 -> 16x16), against NumPy, in native code."""
+    main, startup = fresh_programs
+    x = fluid.layers.data("x", [64, 31, 32])
+    r = fluid.layers.data("r", [128, 16, 16])
+    y = fluid.layers.conv2d(x, 128, 1, stride=2, param_attr=fluid.ParamAttr(name="sw_w"),
+                            bias_attr=fluid.ParamAttr(name="sw_b"))
+    out = fluid.layers.relu(fluid.layers.elementwise_add(y, r))
+    exe = fluid.Executor(fluid.CPUPlace(), strict=True)
+    exe.run(startup)
+    scope = fluid.global_scope()
+    w, b = (np.asarray(scope.find_var(n).get_tensor()) for n in ("sw_w", "sw_b"))
+    for batch in (1, 3):
+        xv = RNG.standard_normal((batch, 64, 31, 32)).astype(np.float32)
+        rv = RNG.standard_normal((batch, 128, 16, 16)).astype(np.float32)
+        got, = exe.run(main, feed={"x": xv, "r": rv}, fetch_list=[out])
+        assert_native(exe)
+        want = _oracle(np.ascontiguousarray(xv[:, :, ::2, ::2]), w, b, rv.ravel(), 0.0, INF)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    report = exe.explain(main, feed={"x": xv, "r": rv}, fetch_list=[out])
+    assert "_nn.conv.subsample(" in report and "_nn.pointwise_range_rows" in report, report

@@ -1514,6 +1514,31 @@ jobs("conv._fwd_range")(lambda T: [(_taps_range, _taps_types(T)),
 _fwd_range_3x3 = _fwd_range
 jobs("conv._fwd_range_3x3")(lambda T: [(_taps_range, _taps_types(T))] + winograd.jobs(T))
 jobs("conv._direct_range")(lambda T: [(_direct_range, _epilogue_types(T))])
+
+
+@jit
+def subsample(x, sh, sw, oh, ow):
+    """``x[:, :, ::sh, ::sw]`` ([N, C, H, W]), its first ``oh`` rows of ``ow`` columns, as a
+    C-contiguous array: the image a 1x1 unpadded convolution of strides ``sh, sw`` reads,
+    which then runs as a stride-1 one on the row tiles of the packed GEMM (the convolution
+    lowering's ``_subsampled``)."""
+    n_, c_, h_, w_ = x.shape
+    if oh < 0 or ow < 0 or sh < 1 or sw < 1 or (oh and (oh - 1) * sh >= h_) or \
+            (ow and (ow - 1) * sw >= w_):
+        raise ValueError("pdjit: subsample: the output does not fit the image")
+    out = np.empty((n_, c_, oh, ow), x.dtype)
+    xf = x.reshape(x.size)
+    of = out.reshape(out.size)
+    for r in range(n_ * c_ * oh):
+        src = U((r // oh * h_ + r % oh * sh) * w_)
+        dst = U(r * ow)
+        for j in range(U(ow)):
+            of[dst + j] = xf[src + j * U(sw)]
+    return out
+
+
+jobs("conv.subsample")(lambda T: [(subsample, ((T, 4), int, int, int, int))])
+compile_cost(0.4, subsample)
 # the kernels of the other shapes (forward, filter gradient): compiled ahead by ``pdjit warmup``
 # only (names no lowering calls, so no plan's compile worker spends time on them)
 jobs("conv2d_fwd (warmup)")(lambda T: [(_fwd_blas, _range_types(T))])
