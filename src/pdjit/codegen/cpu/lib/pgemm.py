@@ -311,8 +311,8 @@ def _transposed(builder, vecs, rows: int):
     """The columns of the ``len(vecs)`` (at most ``rows``, a power of two no larger than a
     vector's lanes) vectors ``vecs`` (rows past them undefined), as vectors of ``rows`` lanes:
     ``out[q][r] = vecs[r][q]``. Three rounds of two-vector shuffles for eight rows, each round
-    merging pairs of blocks of rows, then the halves split off (AVX-512: one ``vpermt2ps`` a
-    shuffle, where a scatter of 16 values took ~20 cycles)."""
+    merging pairs of blocks of rows, then the halves split off (on AVX-512 each shuffle is one
+    two-source permute)."""
     vty = vecs[0].type
     lanes = vty.count
     undef = ir.Constant(vty, ir.Undefined)

@@ -325,11 +325,10 @@ def _packed_kind(x, w, ap, y, sh, sw, pt, pl, bias, res):
 
 
 @register_jitable
-def _cols_sample(src, xb, bp, nr, yf, yb, m_, k_, p_, bias, lo, hi, res, q0=0, q1=-1,
-                 ps=-1):
+def _cols_sample(src, xb, bp, nr, yf, yb, m_, k_, p_, bias, lo, hi, res, q0=0, q1=-1):
     """One sample of the transposed tiles: its patches ``src[xb:]`` (``k_`` rows of ``p_``
-    pixels; with ``q0 .. q1`` (-1: ``p_``), only those output pixels, read from ``src[xb:]``
-    in rows of ``ps`` values (-1: ``q1 - q0``)), its outputs ``yf[yb:]`` (``m_`` rows of
+    pixels; with ``q0 .. q1`` (-1: ``p_``), only those output pixels, their patches ``k_``
+    rows of ``q1 - q0`` from ``src[xb]`` on), its outputs ``yf[yb:]`` (``m_`` rows of
     ``p_``), ``bp`` the filter packed in
     panels of ``nr`` output channels (float32; 64: tiles of ``MR`` pixels, 48: of 7, see
     :data:`_NR`), each tile's pixels broadcast, its sums transposed in registers into the
@@ -347,8 +346,7 @@ def _cols_sample(src, xb, bp, nr, yf, yb, m_, k_, p_, bias, lo, hi, res, q0=0, q
     none = bias[:0]
     if q1 < 0:
         q1 = p_
-    if ps < 0:
-        ps = q1 - q0
+    ps = q1 - q0  # (the patches' rows)
     for j in range(npan):
         m0 = j * nr
         cols = m_ - m0 if m_ - m0 < nr else nr
@@ -645,28 +643,24 @@ def _patches_by_channels(x, ap, y, bounds, ends, nr, geo, bias, lo, hi, res, col
         _cols_sample(col, 0, bp, nr, ys.reshape(ys.size), 0, b - a, k_, p_, bs, lo, hi, rs)
 
 
-#: a one-sample call on the transposed tiles split over threads splits by ranges of its output
-#: rows (:func:`_cols_by_rows`), not of its output channels
+#: a one-sample call on the transposed tiles over the patches of a filter wider than 1x1 split
+#: over threads splits by ranges of its output rows (:func:`_cols_by_rows`), not of its output
+#: channels (a switch for benchmarks, tests)
 COLS_BY_ROWS = True
 
 
 @pjit
 def _cols_by_rows(x, ap, y, rows, nr, geo, bias, lo, hi, res, col):
-    """The transposed tiles of one sample (:func:`pointwise_cols`, or :func:`conv_cols` where
-    ``geo`` is not empty), ranges ``rows`` of its output rows in parallel: each part computes
-    every output channel of its rows' pixels, from the image in place or from patches of its
-    own (the image rows its output rows read, into its share of ``col``), so that no part
-    builds patches another builds too, nor reads what another wrote. Each output is summed as
-    the whole call sums it."""
+    """:func:`conv_cols` of one sample, ranges ``rows`` of its output rows in parallel: each
+    part builds the patches of its rows alone (from the image rows they read, into its share
+    of ``col``) and computes every output channel of their pixels, so that no part builds
+    patches another builds too. Each output is summed as the whole call sums it."""
     m_, c_ = y.shape[1], x.shape[1]
     ow = y.shape[3]
     p_ = y.shape[2] * ow
-    k_ = c_ * (geo[0] * geo[1] if geo.size else 1)
+    k_ = c_ * geo[0] * geo[1]
     _cols_check(x, ap, nr, y, _conv._plain(0), _conv._plain(1), k_, bias, res)
-    if not geo.size and x.shape[2] * x.shape[3] != p_:
-        raise ValueError("pdjit: pointwise convolution operands do not fit")
     yf = y.reshape(y.size)
-    xf = x.reshape(x.size)
     parts = rows.shape[0] - 1
     most = 0
     for p in range(parts):
@@ -674,13 +668,10 @@ def _cols_by_rows(x, ap, y, rows, nr, geo, bias, lo, hi, res, col):
     for p in numba.prange(parts):
         r0, r1 = rows[p], rows[p + 1]
         q0, q1 = r0 * ow, r1 * ow
-        if geo.size:
-            part = col[p * k_ * most:(p + 1) * k_ * most]
-            _conv._im2col(x[0], 0, c_, geo[0], geo[1], geo[2], geo[3], geo[4] - r0 * geo[2],
-                          geo[5], geo[6], geo[7], r1 - r0, ow, part, q1 - q0, 0)
-            _cols_sample(part, 0, ap, nr, yf, 0, m_, k_, p_, bias, lo, hi, res, q0, q1)
-        else:
-            _cols_sample(xf, q0, ap, nr, yf, 0, m_, k_, p_, bias, lo, hi, res, q0, q1, p_)
+        part = col[p * k_ * most:(p + 1) * k_ * most]
+        _conv._im2col(x[0], 0, c_, geo[0], geo[1], geo[2], geo[3], geo[4] - r0 * geo[2],
+                      geo[5], geo[6], geo[7], r1 - r0, ow, part, q1 - q0, 0)
+        _cols_sample(part, 0, ap, nr, yf, 0, m_, k_, p_, bias, lo, hi, res, q0, q1)
 
 
 _PATCHES = threading.local()
