@@ -317,3 +317,30 @@ def test_a_batch_on_tiles_is_sliced_by_whole_vectors_of_sequences():
     assert K._batch_slices(K.TILE_MIN_BATCH - 1, 2, 4) == 2
     assert K._batch_slices(1, 2, 4) == 1 and K._batch_slices(lanes, 1, 4) == 1
     assert K._batch_slices(2 * (K.TILE_BYTES // 8), 2, 8) == 2  # (float64: shorter vectors)
+
+
+def test_the_weight_table_is_kept_while_its_arrays_and_copies_are():
+    """A run's table is the one made before while its arrays are the same and so are their
+    packed copies; a run that may write a weight (its copy packed again), or other arrays,
+    get a new one; a table goes with its arrays."""
+    import gc
+
+    from pdjit.codegen import params
+
+    rng = np.random.default_rng(5)
+    ws = [rng.standard_normal(s).astype(np.float32) for s in [(36, 8), (36, 12), (36,), (36,)]]
+    t1 = K.rnn_weight_table(ws[:2], ws[2:], 24, 1, True)
+    assert K.rnn_weight_table(ws[:2], ws[2:], 24, 1, True) is t1
+    copy = pgemm.packed_weight(ws[0], True, pgemm.PACKED_MIN_ROWS)
+    assert t1[4, 0] == copy.ctypes.data and t1[0, 0] == ws[0].ctypes.data
+    params.written([ws[0]])  # packed again at the next ask
+    t2 = K.rnn_weight_table(ws[:2], ws[2:], 24, 1, True)
+    assert t2 is not t1
+    assert t2[4, 0] == pgemm.packed_weight(ws[0], True, pgemm.PACKED_MIN_ROWS).ctypes.data
+    others = [w.copy() for w in ws]
+    t3 = K.rnn_weight_table(others[:2], others[2:], 24, 1, True)
+    assert t3 is not t2 and t3[0, 0] == others[0].ctypes.data
+    kept = len(K._TABLES)
+    del others, t3
+    gc.collect()
+    assert len(K._TABLES) == kept - 1
