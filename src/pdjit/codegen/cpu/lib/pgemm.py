@@ -92,7 +92,7 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
     transposed, ``a[a0 + r + k*ka]`` for ``a[a0 + r*lda + k]`` and ``c[c0 + r + q*ldq]`` for
     ``c[c0 + r*ldc + q]`` (the residual too): ``c``'s columns transposed in registers into
     rows of the tile's rows (:func:`_store_transposed`, once per tile, after the whole sum;
-    by masked scatters where the rows are more than :data:`_TRANS_ROWS`).
+    ``mr`` at most :data:`_TRANS_ROWS`).
 
     ``far`` (not with ``conv``): one more argument, ``pfo``: each step prefetches the panel's
     values ``pfo`` past the row it loads into the L2 cache (rather than ``pf`` rows ahead into
@@ -102,6 +102,9 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
     float64, infinite: none). All arrays flat and C-contiguous; offsets the caller's to keep
     in bounds. The sums run in order of ``k``, each a fused multiply-add, in vector registers
     (allocas LLVM promotes) until the one store of the tile."""
+    if trans and mr > _TRANS_ROWS:
+        raise ValueError(f"pdjit: a transposed tile has at most {_TRANS_ROWS} rows, not {mr}")
+
     def codegen(context, builder, signature, args):
         at = signature.args
         if conv:  # a, a0, rows, kk, b, b0, ldb, c, c0, ldc, cols, bias, m0, res, lo, hi
@@ -134,34 +137,9 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
         mload, mstore = _masked(builder, vty, "load"), _masked(builder, vty, "store")
         i32 = ir.Constant(ir.IntType(32), size)
 
-        ivty = ir.VectorType(i64, lanes)
-
-        def spread(ptr_, off, v):
-            """The vector of pointers to ``ptr_[off + (v * lanes + lane) * ldq]``."""
-            q = builder.add(ir.Constant(ivty, list(range(lanes))),
-                            _splat(builder, ivty, const(v * lanes)))
-            e = builder.add(_splat(builder, ivty, off), builder.mul(q, _splat(builder, ivty,
-                                                                              ldcv)))
-            addr = builder.add(_splat(builder, ivty, builder.ptrtoint(ptr_, i64)),
-                               builder.mul(e, _splat(builder, ivty, const(size))))
-            return builder.inttoptr(addr, ir.VectorType(fty.as_pointer(), lanes))
-
-        def cell(r, v):
-            if trans:
-                off = builder.add(c0v, const(r))
-                return off, spread(cptr, off, v)
+        def cell(r, v):  # (not ``trans``: its stores are :func:`_store_transposed`'s)
             off = builder.add(builder.add(c0v, builder.mul(ldcv, const(r))), const(v * lanes))
             return off, builder.bitcast(builder.gep(cptr, [off]), vty.as_pointer())
-
-        el = "f32" if size == 4 else "f64"
-        mty = ir.VectorType(ir.IntType(1), lanes)
-        pvty = ir.VectorType(fty.as_pointer(), lanes)
-        gather = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(vty, [pvty, ir.IntType(32), mty, vty]),
-            f"llvm.masked.gather.v{lanes}{el}.v{lanes}p0")
-        scatter = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(ir.VoidType(), [vty, pvty, ir.IntType(32), mty]),
-            f"llvm.masked.scatter.v{lanes}{el}.v{lanes}p0")
 
         acc = [[cgutils.alloca_once_value(builder, zero) for _ in range(nv)]
                for _ in range(mr)]
@@ -242,7 +220,7 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
                         builder.store(builder.fadd(builder.load(acc[r][v]), b), acc[r][v])
         lov, hiv = (_splat(builder, vty, context.cast(builder, args[i], at[i],
                                                       at[0].dtype)) for i in (ilo, ilo + 1))
-        if trans and mr <= _TRANS_ROWS <= lanes:
+        if trans:
             _store_transposed(context, builder, [[builder.load(acc[r][v]) for v in range(nv)]
                                                  for r in range(mr)], cptr, resa.data, has_res,
                               c0v, ldcv, rowsv, colsv, lov, hiv)
@@ -253,18 +231,14 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
                     off, cp = cell(r, v)
                     x = builder.load(acc[r][v])
                     with builder.if_then(has_res):
-                        if trans:
-                            rv = builder.call(gather, [spread(resa.data, off, v), i32,
-                                                       masks[v], zero])
-                        else:
-                            p = builder.gep(resa.data, [off])
-                            rv = builder.call(mload, [builder.bitcast(p, vty.as_pointer()),
-                                                      i32, masks[v], zero])
+                        p = builder.gep(resa.data, [off])
+                        rv = builder.call(mload, [builder.bitcast(p, vty.as_pointer()), i32,
+                                                  masks[v], zero])
                         builder.store(builder.fadd(x, rv), acc[r][v])
                     x = builder.load(acc[r][v])
                     x = builder.select(builder.fcmp_unordered(">=", x, lov), x, lov)
                     x = builder.select(builder.fcmp_unordered("<=", x, hiv), x, hiv)
-                    builder.call(scatter if trans else mstore, [x, cp, i32, masks[v]])
+                    builder.call(mstore, [x, cp, i32, masks[v]])
         return context.get_dummy_value()
 
     def typed(arrays, floats, dtype):
