@@ -89,6 +89,40 @@ def test_row_tiles_sweep_wide_images_by_blocks_of_pixels():
             np.testing.assert_allclose(y, _oracle(x, w, b, r, lo, hi), rtol=1e-4, atol=1e-4)
 
 
+def test_row_tiles_last_panel_of_one_or_two_vectors():
+    """A block's last panel of pixels that fills one or two vectors runs on a narrower tile
+    (``pgemm._conv_micro1``, ``_conv_micro2``), one of three or four on the full tile under
+    its mask: 28x28 (12 panels and 16 pixels), 65 pixels (one panel and one), 10 pixels
+    alone, 729 (11 panels and 25), 83 (one and 19), 111 (one and 47), in float32 and float64
+    (vectors of 8), against the NumPy oracle; in float32 each output the same bits in two
+    ranges split at a panel (the parts of a split by pixels, ``pgemm.rows_by_pixels``)."""
+    e = np.empty(0, np.float32)
+    for dtype in (np.float32, np.float64):
+        lanes = 64 // np.dtype(dtype).itemsize
+        nr = pgemm.NV * lanes
+        for c, m, h, wd in [(40, 13, 28, 28), (17, 7, 5, 13), (9, 12, 2, 5), (33, 20, 27, 27),
+                            (8, 6, 1, 83), (20, 9, 3, 37)]:
+            p_ = h * wd
+            x = RNG.standard_normal((1, c, h, wd)).astype(dtype)
+            w = RNG.standard_normal((m, c, 1, 1)).astype(dtype)
+            bias = RNG.standard_normal(m).astype(dtype)
+            res = RNG.standard_normal(m * p_).astype(dtype)
+            ap = np.empty(pgemm.packed_rows_size(m, c), dtype)
+            pgemm.pack_a(np.ascontiguousarray(w.reshape(m, c)), ap)
+            none = e.astype(dtype)
+            for b, r, lo, hi in [(none, none, -INF, INF), (bias, res, -0.5, 6.0)]:
+                y = np.full((1, m, h, wd), np.nan, dtype)
+                pgemm.pointwise_rows(x, ap, y, 0, 1, b, lo, hi, r)
+                np.testing.assert_allclose(y, _oracle(x, w, b, r, lo, hi), rtol=1e-4,
+                                           atol=1e-4)
+                if p_ > nr and dtype == np.float32:  # (two ranges, the first of whole
+                    parts = np.full((1, m, h, wd), np.nan, dtype)  # panels: the same bits)
+                    bounds = np.array([0, nr, p_], np.int64)
+                    pgemm.rows_by_pixels(x, ap, parts, bounds, b, lo, hi, r)
+                    assert np.array_equal(parts, y)
+        assert (28 * 28) % (pgemm.NV * 16) == 16  # (the case this is for, in float32)
+
+
 def _net(x, res_in):
     y = fluid.layers.conv2d(x, 22, 1, param_attr=fluid.ParamAttr(name="pw_w"),
                             bias_attr=fluid.ParamAttr(name="pw_b"))

@@ -760,6 +760,11 @@ def _weight_gemm_native(a, w, trans=False):
 # ---- pointwise (1x1) convolutions: the weight packed, the image read in place ----------------
 #: the tile of :func:`pointwise_rows`: ``MR`` output channels by ``NV`` vectors of pixels
 _conv_micro = _micro_kernel(MR, NV, 0, conv=True)
+#: ... and the narrower tiles of a block's last columns where they fill one or two vectors
+#: (a 28x28 plane: 12 panels of 64 pixels and one of 16, which the full tile computed as a
+#: whole panel)
+_conv_micro1 = _micro_kernel(MR, 1, 0, conv=True)
+_conv_micro2 = _micro_kernel(MR, 2, 0, conv=True)
 #: the bytes of the image's columns :func:`pointwise_rows` sweeps under every tile of output
 #: channels before the next block of pixels (the L2 cache's share of the image: half of a
 #: megabyte; blocks of 256 KiB and 1 MiB measured within noise of it on 56x56 and 28x28
@@ -858,7 +863,8 @@ def _rows_pixels(xf, ap, yf, n, c_, m_, p_, q_lo, q_hi, bias, lo, hi, res):
     :data:`_BLOCK_BYTES` (the whole range where it does), every tile of output channels swept
     over one block before the next. Each output's sum is the whole call's, bit for bit."""
     nb = (m_ + MR - 1) // MR
-    nr = NV * (64 // xf.itemsize)
+    lanes = 64 // xf.itemsize
+    nr = NV * lanes
     pb = max(nr, _BLOCK_BYTES // (c_ * xf.itemsize) // nr * nr)
     xb, yb = n * c_ * p_, n * m_ * p_
     for b0 in range(q_lo, q_hi, pb):
@@ -866,10 +872,22 @@ def _rows_pixels(xf, ap, yf, n, c_, m_, p_, q_lo, q_hi, bias, lo, hi, res):
         for i in range(nb):
             m0 = i * MR
             rows = m_ - m0 if m_ - m0 < MR else MR
-            for q0 in range(b0, b1, nr):
-                cols = b1 - q0 if b1 - q0 < nr else nr
+            whole = b0 + (b1 - b0) // nr * nr
+            for q0 in range(b0, whole, nr):
                 _conv_micro(ap, i * c_ * MR, rows, c_, xf, xb + q0, p_, yf,
-                            yb + m0 * p_ + q0, p_, cols, bias, m0, res, lo, hi)
+                            yb + m0 * p_ + q0, p_, nr, bias, m0, res, lo, hi)
+            cols = b1 - whole  # (a last panel of fewer pixels: of one or two vectors, a
+            if cols > 0:       # narrower tile)
+                a0, c0 = i * c_ * MR, yb + m0 * p_ + whole
+                if cols <= lanes:
+                    _conv_micro1(ap, a0, rows, c_, xf, xb + whole, p_, yf, c0, p_, cols, bias,
+                                 m0, res, lo, hi)
+                elif cols <= 2 * lanes:
+                    _conv_micro2(ap, a0, rows, c_, xf, xb + whole, p_, yf, c0, p_, cols, bias,
+                                 m0, res, lo, hi)
+                else:
+                    _conv_micro(ap, a0, rows, c_, xf, xb + whole, p_, yf, c0, p_, cols, bias,
+                                m0, res, lo, hi)
 
 
 @pjit
