@@ -262,3 +262,63 @@ def test_squeeze_and_excitation_blocks_stay_in_the_chain(fresh_programs, tmp_pat
     (got,) = pred.run([xv])
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     assert_native(pred._exe)
+
+
+def _hard_swish(t):
+    return t * np.clip(t + 3, 0, 6) / 6
+
+
+def test_hard_swish_and_hard_sigmoid_run_in_the_kernels_stores(fresh_programs, tmp_path,
+                                                                monkeypatch):
+    """MobileNetV3's activations after the switched convolutions (a 1x1 one and a depthwise
+    one with batch norm and hard_swish, a squeeze-and-excitation block's hard_sigmoid): each
+    applied by the kernel as it stores its output (a gate in the driver's lines, no loop of
+    its own), the NumPy oracle's values, every step native; the same bits as the kernels
+    without the gate and the activation in a loop of its own after them."""
+    monkeypatch.setenv("PDJIT_CACHE_DIR", str(tmp_path / "cache"))
+    main, startup = fresh_programs
+    L = fluid.layers
+    x = L.data("x", [16, 7, 7])
+    t = L.batch_norm(L.conv2d(x, 40, 1, bias_attr=False), act="hard_swish")
+    t = L.batch_norm(L.conv2d(t, 40, 3, padding=1, groups=40, bias_attr=False),
+                     act="hard_swish")
+    s = L.pool2d(t, pool_type="avg", global_pooling=True)
+    s = L.conv2d(L.conv2d(s, 10, 1, act="relu"), 40, 1)
+    t = L.elementwise_mul(t, L.hard_sigmoid(s))
+    y = L.conv2d(t, 24, 1, bias_attr=False)
+    v = _save(main, startup, [x], [y], tmp_path,
+              lambda name, shape: RNG.uniform(0.5, 2, shape) if name.endswith("w_2")
+              else RNG.standard_normal(shape) * 0.4)
+    xv = RNG.standard_normal((2, 16, 7, 7)).astype(np.float32)
+
+    pred = _predictor(tmp_path)
+    (got,) = pred.run([xv])
+    assert_native(pred._exe)
+    report = pred._exe.explain(pred.program(), feed={"x": xv},
+                               fetch_list=pred.get_output_names())
+    # (each gate's values: hard_swish's twice, hard_sigmoid's once; no op left after them)
+    assert report.count("np.array((1.0, 3.0, 0.0, 6.0, 6.0), np.float32)") == 2, report
+    assert report.count("np.array((0.2") == 1, report
+
+    w = [v[f"conv2d_{k}.w_0"] for k in range(5)]
+    t = _hard_swish(_bn(_conv(xv.astype(np.float64), w[0]), v, "batch_norm_0"))
+    t = _hard_swish(_bn(_conv(t, w[1], pad=1, groups=40), v, "batch_norm_1"))
+    s = t.mean(axis=(2, 3), keepdims=True)
+    s = np.maximum(_conv(s, w[2]) + v["conv2d_2.b_0"].reshape(1, -1, 1, 1), 0)
+    s = _conv(s, w[3]) + v["conv2d_3.b_0"].reshape(1, -1, 1, 1)
+    s = np.clip(np.float32(0.2) * s + 0.5, 0, 1)
+    np.testing.assert_allclose(got, _conv(t * s, w[4]), rtol=1e-4, atol=1e-4)
+
+    # the kernels without the gate: the activations in loops of their own, the same bits
+    from pdjit.codegen.lowering import LowerContext
+    real = LowerContext.channel_epilogue
+    monkeypatch.setattr(LowerContext, "channel_epilogue",
+                        lambda self, T, lines, residual=False, gate=False:
+                        real(self, T, lines, residual, False) + (
+                            [f"np.empty(0, {T})"] if gate else []))
+    plain = _predictor(tmp_path)
+    (apart,) = plain.run([xv])
+    report = plain._exe.explain(plain.program(), feed={"x": xv},
+                                fetch_list=plain.get_output_names())
+    assert "np.array((1.0, 3.0" not in report, report
+    np.testing.assert_array_equal(got, apart)

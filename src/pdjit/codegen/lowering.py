@@ -118,15 +118,17 @@ def _lowered(node, ctx) -> "list | None":
 class ChannelEpilogue:
     """What an opaque op computed by blocks may apply as it stores its output (see
     ``LowerContext.channel_epilogue``): ``minimum(maximum(out + bias[c] + residual, lo), hi)``
-    per channel ``c``; ``bias``: the name of the bias vector (None: no add); ``residual``: the
-    name of a value of the output's shape added after it (None: none); ``names``: the values
-    of the elementwise ops it replaces, in order (the last is the result; the first is the
-    bias add's where there is one, the residual's add the next)."""
+    per channel ``c``, then ``gate`` where there is one; ``bias``: the name of the bias vector
+    (None: no add); ``residual``: the name of a value of the output's shape added after it
+    (None: none); ``gate``: a :class:`~pdjit.framework.registry.Gate` applied last (None:
+    none); ``names``: the values of the elementwise ops it replaces, in order (the last is the
+    result; the first is the bias add's where there is one, the residual's add the next, the
+    gate's last)."""
 
     def __init__(self, names: list, bias: str | None, lo: float, hi: float,
-                 residual: str | None = None):
+                 residual: str | None = None, gate: "registry.Gate | None" = None):
         self.names, self.bias, self.lo, self.hi = names, bias, lo, hi
-        self.residual = residual
+        self.residual, self.gate = residual, gate
 
     def without_residual(self) -> "ChannelEpilogue | None":
         """The part before the residual's add (None: nothing)."""
@@ -135,6 +137,14 @@ class ChannelEpilogue:
         if self.bias is None:
             return None
         return ChannelEpilogue(self.names[:1], self.bias, -math.inf, math.inf)
+
+    def without_gate(self) -> "ChannelEpilogue | None":
+        """The part before the gate (None: nothing)."""
+        if self.gate is None:
+            return self
+        if len(self.names) == 1:
+            return None
+        return ChannelEpilogue(self.names[:-1], self.bias, self.lo, self.hi, self.residual)
 
 
 class LowerContext:
@@ -156,27 +166,35 @@ class LowerContext:
         self.residual = None   # (the flat view passed, the local of the value) once taken
         self.library_calls: list = []  # the library functions named by lib_fn, in order
 
-    def channel_epilogue(self, T: str, lines: list, residual: bool = False) -> list:
-        """Source of ``[bias, lo, hi]`` (``residual``: ``[bias, lo, hi, res]``) for an
-        ``Opaque.blocked`` lowering whose function stores its output ``out`` of channels ``c``
-        (the axis its lowering declares: ``Opaque.channel_axis``) as
-        ``minimum(maximum(out + bias[c] + res, lo), hi)`` (``bias``, ``res`` empty:
-        no add; ``res`` a value of ``out``'s shape, flat; ``lo``, ``hi``: floats). Where the
-        elementwise ops after the op start with such a per-channel add, a residual add (where
-        the function takes one) and clamp (declared: ``ChannelAffine``, ``ADDITION``,
-        ``Clamp``) that nothing else needs the values between, calling this takes them (no
-        kernel computes them again: the op's output holds their result); else the arguments
-        ask for nothing (an empty bias and residual of NumPy type ``T``, infinite bounds).
-        Lines that bind them are appended to ``lines``."""
+    def channel_epilogue(self, T: str, lines: list, residual: bool = False,
+                         gate: bool = False) -> list:
+        """Source of ``[bias, lo, hi]`` (``residual``: ``[bias, lo, hi, res]``; ``gate``:
+        then ``g``) for an ``Opaque.blocked`` lowering whose function stores its output
+        ``out`` of channels ``c`` (the axis its lowering declares: ``Opaque.channel_axis``) as
+        ``g(minimum(maximum(out + bias[c] + res, lo), hi))`` (``bias``, ``res`` empty:
+        no add; ``res`` a value of ``out``'s shape, flat; ``lo``, ``hi``: floats; ``g`` an
+        array of type ``T``, a :class:`~pdjit.framework.registry.Gate`'s values, empty: none).
+        Where the elementwise ops after the op start with such a per-channel add, a residual
+        add (where the function takes one), a clamp and a gate (where it takes one; declared:
+        ``ChannelAffine``, ``ADDITION``, ``Clamp``, ``Gate``) that nothing else needs the
+        values between, calling this takes them (no kernel computes them again: the op's
+        output holds their result); else the arguments ask for nothing (an empty bias,
+        residual and gate of NumPy type ``T``, infinite bounds). Lines that bind them are
+        appended to ``lines``."""
         off = self.offer
+        if off is not None and not gate:
+            off = self.offer = off.without_gate()
         if off is not None and not residual:
             off = self.offer = off.without_residual()
         if off is None or off.bias is None or (residual and off.residual is None):
             e = self.tmp("nb")
             lines.append(f"{e} = np.empty(0, {T})")
         tail = [e] if residual and (off is None or off.residual is None) else []
+        if gate and (off is None or off.gate is None):
+            g = self.tmp("ng")
+            lines.append(f"{g} = np.empty(0, {T})")
         if off is None:
-            return [e, literal(-math.inf), literal(math.inf)] + tail
+            return [e, literal(-math.inf), literal(math.inf)] + tail + ([g] if gate else [])
         self.taken = True
         b = self.gen.read(off.bias) if off.bias is not None else e
         if off.bias is not None and len(self.gen.block._find_var_recursive(off.bias).shape) != 1:
@@ -188,7 +206,11 @@ class LowerContext:
             lines.append(f"{r} = {src}.reshape({src}.size)")
             tail = [r]
             self.residual = (r, src)
-        return [b, literal(off.lo), literal(off.hi)] + tail
+        if gate and off.gate is not None:
+            g = self.tmp("g")
+            lines.append(f"{g} = np.array(({', '.join(literal(v) for v in off.gate.values())}"
+                         f"), {T})")
+        return [b, literal(off.lo), literal(off.hi)] + tail + ([g] if gate else [])
 
     @property
     def _target(self):
@@ -995,13 +1017,26 @@ class SegmentGen:
             if k == len(nxt.nodes):
                 return ChannelEpilogue(names, bias, -math.inf, math.inf, residual)
             op, spec = declared(k)
-        if isinstance(spec, registry.Clamp) and op.input(spec.x) == [cur] and \
-                not math.isnan(spec.lo) and not math.isnan(spec.hi) and \
+        lo, hi = -math.inf, math.inf
+
+        def applies(spec, bounds) -> bool:  # (an op of the kind, on cur, its one output)
+            return op.input(spec.x) == [cur] and \
+                not any(math.isnan(v) for v in bounds) and \
                 len(op.output(spec.out)) == 1 and same(op.output(spec.out)[0]) and \
-                sole_reader(cur, k):
+                sole_reader(cur, k)
+
+        if isinstance(spec, registry.Clamp) and applies(spec, (spec.lo, spec.hi)):
+            cur = op.output(spec.out)[0]
+            names.append(cur)
+            lo, hi = float(spec.lo), float(spec.hi)
+            k += 1
+            if k == len(nxt.nodes):
+                return ChannelEpilogue(names, bias, lo, hi, residual)
+            op, spec = declared(k)
+        if isinstance(spec, registry.Gate) and applies(spec, spec.values()):
             names.append(op.output(spec.out)[0])
-            return ChannelEpilogue(names, bias, float(spec.lo), float(spec.hi), residual)
-        return ChannelEpilogue(names, bias, -math.inf, math.inf, residual) if names else None
+            return ChannelEpilogue(names, bias, lo, hi, residual, spec)
+        return ChannelEpilogue(names, bias, lo, hi, residual) if names else None
 
     # -- opaque ops ----------------------------------------------------------------------------
     def _opaque(self, group: Group) -> None:

@@ -96,8 +96,9 @@ An ``OpDef`` holds:
     ``out = x * a + b`` per channel with ``a``, ``b`` from constant inputs (a batch norm with
     running statistics); :class:`ChannelLinear`: linear in a weight, output channel by channel (a
     convolution, a product), so a following :class:`ChannelAffine` folds into the weight;
-    or :class:`Clamp`: the op clamps its input between bounds (an activation that a
-    convolution's kernel may apply as it stores its output).
+    :class:`Clamp`: the op clamps its input between bounds (an activation that a
+    convolution's kernel may apply as it stores its output); or :class:`Gate`: hard_swish or
+    hard_sigmoid, which such a kernel may apply after the clamp.
 ``test_mode`` (optional)
     The name of the boolean attribute that switches the op to inference behaviour (a dropout
     that keeps every element, a batch norm that reads its running statistics); the inference
@@ -554,6 +555,27 @@ class Clamp:
     out: str
     lo: float
     hi: float
+
+
+@dataclass(frozen=True)
+class Gate:
+    """The op is ``t = minimum(maximum(x * a + b, lo), hi)`` elementwise, then ``out = x * t /
+    scale`` (``scale`` not 0: hard_swish) or ``out = t`` (``scale`` 0: hard_sigmoid), each
+    step rounded to the data's type as written (the constants too), NaN kept as NumPy's
+    ``maximum`` and ``minimum`` keep it. A code generator may apply it inside the kernel that
+    computes ``x``, after a :class:`Clamp` (``pdjit.codegen.cpu.lib.tile.gate_of``).
+    (Returned by ``inference``, as :class:`Clamp` is.)"""
+    x: str
+    out: str
+    a: float
+    b: float
+    lo: float
+    hi: float
+    scale: float
+
+    def values(self) -> tuple:
+        """``(a, b, lo, hi, scale)``: the order a kernel's gate array holds them."""
+        return (self.a, self.b, self.lo, self.hi, self.scale)
 
 
 @dataclass(frozen=True)

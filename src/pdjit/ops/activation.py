@@ -44,6 +44,7 @@ from pdjit.framework.registry import (
     Bool,
     Clamp,
     Float,
+    Gate,
     GradOpSpec,
     Int,
     Opaque,
@@ -214,8 +215,19 @@ _unary("relu6", lambda x, threshold: _clamp(x, _f(x, 0), _f(x, threshold)),
        inference=lambda op: Clamp("X", "Out", 0.0, float(op.all_attrs().get("threshold", 6.0))))
 
 
+def _attrs(op) -> dict:
+    """The op's attribute values, the declared defaults for those it lacks."""
+    return op.opdef.attr_values(op.all_attrs())
+
+
 def _hard_swish(x, threshold, scale, offset):
     return x * _clamp(x + _f(x, offset), _f(x, 0), _f(x, threshold)) / _f(x, scale)
+
+
+def _hard_swish_gate(a: dict) -> Gate:
+    # (x * 1 is x: the template's x + offset, then its clamp, product and division)
+    return Gate("X", "Out", 1.0, float(a["offset"]), 0.0, float(a["threshold"]),
+                float(a["scale"]))
 
 
 def _hard_swish_dx(x, g, threshold, scale, offset):
@@ -234,7 +246,8 @@ _unary("hard_swish", _hard_swish,
        grad=("X", _hard_swish_dx,
              "({Out@GRAD} * ({T}(2) * {X} + {T}({offset})) / {T}({scale}) "
              "if {X} + {T}({offset}) > {T}(0) else {T}(0)) "
-             "if {X} + {T}({offset}) < {T}({threshold}) else {Out@GRAD}"))
+             "if {X} + {T}({offset}) < {T}({threshold}) else {Out@GRAD}"),
+       inference=lambda op: _hard_swish_gate(_attrs(op)))
 _unary("hard_sigmoid",
        lambda x, slope, offset: _clamp(x * _f(x, slope) + _f(x, offset), _f(x, 0), _f(x, 1)),
        "np.minimum(np.maximum({X} * {T}({slope}) + {T}({offset}), {T}(0)), {T}(1))",
@@ -243,7 +256,9 @@ _unary("hard_sigmoid",
        # hard_sigmoid_grad reads Out: slope strictly between the bounds, 0 at them
        grad=("Out", lambda out, g, slope, offset: np.where(
            (out > 0) & (out < 1), g * _f(g, slope), np.zeros((), g.dtype)),
-           "{Out@GRAD} * {T}({slope}) if {Out} > {T}(0) and {Out} < {T}(1) else {T}(0)"))
+           "{Out@GRAD} * {T}({slope}) if {Out} > {T}(0) and {Out} < {T}(1) else {T}(0)"),
+       inference=lambda op: Gate("X", "Out", float(_attrs(op)["slope"]),
+                                 float(_attrs(op)["offset"]), 0.0, 1.0, 0.0))
 
 _SIG_BX = "_m.sigmoid({T}({beta}) * {X})"
 _unary("swish", lambda x, beta: x * _sigmoid(x * _f(x, beta)), "{X} * " + _SIG_BX,

@@ -1,7 +1,8 @@
 """The channels-last (NHWC) convolution kernels (``pdjit.codegen.cpu.lib.channels_last``)
 against NumPy oracles written here (naive loops over the taps): 1x1 on both tile widths and
 depthwise over windows, strides, paddings and dilations, channel counts that are no multiple
-of a vector, each piece of the epilogue, ranges of samples; the one-sample splits over threads
+of a vector, each piece of the epilogue (hard_swish and hard_sigmoid after the clamp too),
+ranges of samples; the one-sample splits over threads
 give the same bits as one call; compiled code (rearranging the filter at each call) the same
 values."""
 import numpy as np
@@ -13,23 +14,31 @@ from pdjit.codegen.cpu.lib._jit import caller
 RNG = np.random.default_rng(48)
 INF = np.inf
 E = np.empty(0, np.float32)
+#: the gates (``tile.gate_of``: a, b, lo, hi, scale) of hard_swish and of hard_sigmoid
+HARD_SWISH = np.array([1.0, 3.0, 0.0, 6.0, 6.0], np.float32)
+HARD_SIGMOID = np.array([0.2, 0.5, 0.0, 1.0, 0.0], np.float32)
 
 
-def _epilogue(y, bias, res, lo, hi):
+def _epilogue(y, bias, res, lo, hi, gate=E):
     if bias.size:
         y = y + bias.astype(np.float64)
     if res.size:
         y = y + res.reshape(y.shape)
-    return np.minimum(np.maximum(y, lo), hi)
+    y = np.minimum(np.maximum(y, lo), hi)
+    if gate.size:  # x * min(max(x * a + b, lo), hi) / scale, or the min-max alone
+        a, b, glo, ghi, scale = gate.astype(np.float64)
+        t = np.minimum(np.maximum(y * a + b, glo), ghi)
+        y = y * t / scale if scale else t
+    return y
 
 
-def _pointwise_oracle(x, w, bias, res, lo, hi):
+def _pointwise_oracle(x, w, bias, res, lo, hi, gate=E):
     y = np.einsum("nhwc,mc->nhwm", x.astype(np.float64),
                   w.reshape(w.shape[0], -1).astype(np.float64))
-    return _epilogue(y, bias, res, lo, hi)
+    return _epilogue(y, bias, res, lo, hi, gate)
 
 
-def _depthwise_oracle(x, w, stride, pads, dil, bias, res, lo, hi):
+def _depthwise_oracle(x, w, stride, pads, dil, bias, res, lo, hi, gate=E):
     """``x`` [N, H, W, C], ``w`` [C, 1, KH, KW]; pads (top, bottom, left, right)."""
     n, h, wd, c = x.shape
     kh, kw = w.shape[2:]
@@ -44,14 +53,15 @@ def _depthwise_oracle(x, w, stride, pads, dil, bias, res, lo, hi):
                     ih, iw = i * sh - pt + a * dh, j * sw - pl + b * dw
                     if 0 <= ih < h and 0 <= iw < wd:
                         y[:, i, j, :] += x[:, ih, iw, :].astype(np.float64) * w[:, 0, a, b]
-    return _epilogue(y, bias, res, lo, hi)
+    return _epilogue(y, bias, res, lo, hi, gate)
 
 
 def _cases(m, shape):
     bias = RNG.standard_normal(m).astype(np.float32)
     res = RNG.standard_normal(int(np.prod(shape))).astype(np.float32)
-    return [(E, E, -INF, INF), (bias, E, -INF, INF), (E, res, -INF, INF), (E, E, 0.0, INF),
-            (bias, res, 0.0, 6.0)]
+    return [(E, E, -INF, INF, E), (bias, E, -INF, INF, E), (E, res, -INF, INF, E),
+            (E, E, 0.0, INF, E), (bias, res, 0.0, 6.0, E), (bias, E, -INF, INF, HARD_SWISH),
+            (bias, res, -INF, INF, HARD_SIGMOID), (E, E, -1.0, 2.0, HARD_SWISH)]
 
 
 @pytest.mark.parametrize("n,c,m,h,wd", [
@@ -68,14 +78,14 @@ def test_pointwise_against_numpy(n, c, m, h, wd):
     nr = cl.panel_of(m)
     assert bp.size == -(-m // nr) * nr * c
     assert cl.pointwise_nhwc_weight(w) is bp     # kept beside the filter
-    for bias, res, lo, hi in _cases(m, (n, h, wd, m)):
+    for bias, res, lo, hi, gate in _cases(m, (n, h, wd, m)):
         y = np.full((n, h, wd, m), np.nan, np.float32)
-        cl.pointwise_nhwc(x, bp, y, 0, n, bias, lo, hi, res)
-        np.testing.assert_allclose(y, _pointwise_oracle(x, w, bias, res, lo, hi), rtol=1e-4,
-                                   atol=1e-4)
+        cl.pointwise_nhwc(x, bp, y, 0, n, bias, lo, hi, res, gate)
+        np.testing.assert_allclose(y, _pointwise_oracle(x, w, bias, res, lo, hi, gate),
+                                   rtol=1e-4, atol=1e-4)
     if n > 1:  # a range of samples leaves the others alone
         y = np.full((n, h, wd, m), np.nan, np.float32)
-        cl.pointwise_nhwc(x, bp, y, 1, 2, E, -INF, INF, E)
+        cl.pointwise_nhwc(x, bp, y, 1, 2, E, -INF, INF, E, E)
         np.testing.assert_allclose(y[1], _pointwise_oracle(x, w, E, E, -INF, INF)[1],
                                    rtol=1e-4, atol=1e-4)
         assert np.isnan(y[0]).all() and np.isnan(y[2:]).all()
@@ -111,13 +121,13 @@ def test_depthwise_against_numpy(c, h, wd, k, stride, pads, dil):
     wt = cl.depthwise_nhwc_weight(w)
     assert wt.shape == (k * k, c) and cl.depthwise_nhwc_weight(w) is wt
     geo = (stride[0], stride[1], pads[0], pads[2], dil[0], dil[1], k, k)
-    for bias, res, lo, hi in _cases(c, (n, oh, ow, c)):
+    for bias, res, lo, hi, gate in _cases(c, (n, oh, ow, c)):
         y = np.full((n, oh, ow, c), np.nan, np.float32)
-        cl.depthwise_nhwc(x, wt, y, 0, n, *geo, bias, lo, hi, res)
+        cl.depthwise_nhwc(x, wt, y, 0, n, *geo, bias, lo, hi, res, gate)
         np.testing.assert_allclose(y, _depthwise_oracle(x, w, stride, pads, dil, bias, res, lo,
-                                                         hi), rtol=1e-4, atol=1e-4)
+                                                         hi, gate), rtol=1e-4, atol=1e-4)
     y = np.full((n, oh, ow, c), np.nan, np.float32)
-    cl.depthwise_nhwc(x, wt, y, 1, 2, *geo, E, -INF, INF, E)
+    cl.depthwise_nhwc(x, wt, y, 1, 2, *geo, E, -INF, INF, E, E)
     np.testing.assert_allclose(y[1], want0[1], rtol=1e-4, atol=1e-4)
     assert np.isnan(y[0]).all()
 
@@ -129,31 +139,32 @@ def test_one_sample_splits_give_the_same_bits():
     res = RNG.standard_normal(14 * 14 * 72).astype(np.float32)
     bp = cl.pointwise_nhwc_weight(w)
     one = np.empty((1, 14, 14, 72), np.float32)
-    cl.pointwise_nhwc(x, bp, one, 0, 1, bias, 0.0, 6.0, res)
+    cl.pointwise_nhwc(x, bp, one, 0, 1, bias, 0.0, 6.0, res, HARD_SWISH)
     two = np.full_like(one, np.nan)
-    assert cl._split_pointwise(2, 1 << 30, x, bp, two, bias, 0.0, 6.0, res)
+    assert cl._split_pointwise(2, 1 << 30, x, bp, two, bias, 0.0, 6.0, res, HARD_SWISH)
     np.testing.assert_array_equal(two, one)
 
     d = RNG.standard_normal((40, 1, 3, 3)).astype(np.float32)
     wt = cl.depthwise_nhwc_weight(d)
     geo = (1, 1, 1, 1, 1, 1, 3, 3)
     one = np.empty((1, 14, 14, 40), np.float32)
-    cl.depthwise_nhwc(x, wt, one, 0, 1, *geo, bias[:40], 0.0, 6.0, E)
+    cl.depthwise_nhwc(x, wt, one, 0, 1, *geo, bias[:40], 0.0, 6.0, E, HARD_SIGMOID)
     two = np.full_like(one, np.nan)
-    assert cl._split_depthwise(2, 1 << 30, x, wt, two, *geo, bias[:40], 0.0, 6.0, E)
+    assert cl._split_depthwise(2, 1 << 30, x, wt, two, *geo, bias[:40], 0.0, 6.0, E,
+                               HARD_SIGMOID)
     np.testing.assert_array_equal(two, one)
     # too little work: not split (the caller runs it whole)
-    assert not cl._split_depthwise(2, 10, x, wt, two, *geo, bias[:40], 0.0, 6.0, E)
+    assert not cl._split_depthwise(2, 10, x, wt, two, *geo, bias[:40], 0.0, 6.0, E, E)
 
 
 def test_compiled_code_rearranges_the_filter_at_each_call():
     @caller
     def both(x, w, d, y1, y2, bias):
         bp = cl.pointwise_nhwc_weight(w)
-        cl.pointwise_nhwc(x, bp, y1, 0, x.shape[0], bias, 0.0, np.inf, bias[:0])
+        cl.pointwise_nhwc(x, bp, y1, 0, x.shape[0], bias, 0.0, np.inf, bias[:0], bias[:0])
         wt = cl.depthwise_nhwc_weight(d)
         cl.depthwise_nhwc(x, wt, y2, 0, x.shape[0], 2, 2, 1, 1, 1, 1, 3, 3, bias[:0],
-                          -np.inf, np.inf, bias[:0])
+                          -np.inf, np.inf, bias[:0], np.array((1.0, 3.0, 0.0, 6.0, 6.0), x.dtype))
 
     x = RNG.standard_normal((2, 6, 7, 24)).astype(np.float32)
     for m in (24, 64):  # a narrow and a wide panel
@@ -166,7 +177,8 @@ def test_compiled_code_rearranges_the_filter_at_each_call():
         np.testing.assert_allclose(y1, _pointwise_oracle(x, w, bias, E, 0.0, INF), rtol=1e-4,
                                    atol=1e-4)
         np.testing.assert_allclose(y2, _depthwise_oracle(x, d, (2, 2), (1, 1, 1, 1), (1, 1), E,
-                                                         E, -INF, INF), rtol=1e-4, atol=1e-4)
+                                                         E, -INF, INF, HARD_SWISH),
+                                   rtol=1e-4, atol=1e-4)
 
 
 def test_global_average_pool_against_numpy():

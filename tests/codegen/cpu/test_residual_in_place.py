@@ -124,7 +124,7 @@ def test_the_nhwc_kernels():
     w1 = (RNG.standard_normal((24, 24, 1, 1)) / 5).astype(F32)
     bp = channels_last.pointwise_nhwc_weight(w1)
     apart, inplace = _both(lambda y, r: channels_last.pointwise_nhwc(
-        x, bp, y, 0, 2, bias, -INF, INF, r), (2, 9, 9, 24), res)
+        x, bp, y, 0, 2, bias, -INF, INF, r, r[:0]), (2, 9, 9, 24), res)
     np.testing.assert_array_equal(inplace, apart)
     want = _conv_oracle(x.transpose(0, 3, 1, 2), w1, 1, 0, bias,
                         res.reshape(2, 9, 9, 24).transpose(0, 3, 1, 2), -INF, INF)
@@ -132,7 +132,7 @@ def test_the_nhwc_kernels():
     wd = RNG.standard_normal((24, 1, 3, 3)).astype(F32)
     wt = channels_last.depthwise_nhwc_weight(wd)
     apart, inplace = _both(lambda y, r: channels_last.depthwise_nhwc(
-        x, wt, y, 0, 2, 1, 1, 1, 1, 1, 1, 3, 3, bias, 0.0, 6.0, r), (2, 9, 9, 24), res)
+        x, wt, y, 0, 2, 1, 1, 1, 1, 1, 1, 3, 3, bias, 0.0, 6.0, r, r[:0]), (2, 9, 9, 24), res)
     np.testing.assert_array_equal(inplace, apart)
     xp = np.pad(x.astype(np.float64), ((0, 0), (1, 1), (1, 1), (0, 0)))
     want = sum(xp[:, i:i + 9, j:j + 9, :] * wd[:, 0, i, j] for i in range(3) for j in range(3))

@@ -40,14 +40,14 @@ from pdjit.codegen.cpu.lib.pgemm import (
     _packed_rows,
     run_chunks,
 )
-from pdjit.codegen.cpu.lib.tile import _masked, _offset, _splat, _vectors
+from pdjit.codegen.cpu.lib.tile import _masked, _offset, _splat, _vectors, gate_of, gated
 
 __all__ = ["MAX_PLANE", "depthwise_nhwc", "depthwise_nhwc_weight", "panel_of", "pointwise_nhwc",
            "pointwise_nhwc_weight"]
 
 #: the narrow tile: ``NARROW_MR`` pixels by ``NARROW_NV`` vectors of output channels
 NARROW_MR, NARROW_NV = 12, 2
-_narrow = _micro_kernel(NARROW_MR, NARROW_NV, PREFETCH_ROWS)
+_narrow = _micro_kernel(NARROW_MR, NARROW_NV, PREFETCH_ROWS, gate=True)
 _WIDE_NR, _NARROW_NR = NV * 16, NARROW_NV * 16  # (float32)
 #: the largest planes (input and output pixels) the channels-last kernels take in a model
 #: (``lowerings.conv.channels_last``): MobileNetV2 at batch 16, one thread, ms, NCHW kernels /
@@ -109,15 +109,15 @@ def _pointwise_nhwc_weight_native(w):
 
 
 @jit
-def _rows(x2, bp, y2, r0, r1, bias, lo, hi, res):
-    """Rows (pixels) ``r0 .. r1`` of ``y2 = clamp(x2 @ W^T + bias + res, lo, hi)``
+def _rows(x2, bp, y2, r0, r1, bias, lo, hi, res, gate):
+    """Rows (pixels) ``r0 .. r1`` of ``y2 = gate(clamp(x2 @ W^T + bias + res, lo, hi))``
     (``x2`` [P, C], ``y2`` [P, M], ``res`` ``y2``'s shape flat or empty), ``W^T`` packed in
     panels of :func:`panel_of` output channels by :func:`pointwise_nhwc_weight` (64-wide
     panels: :func:`.pgemm.pack_b`'s layout of ``W^T``, run by the product's own rows)."""
     p_, k = x2.shape
     m = y2.shape[1]
     if panel_of(m) == _WIDE_NR:  # (the wide panels are the product's own: its rows)
-        _packed_rows(x2, bp, m, bias, y2, r0, r1, res, lo, hi)
+        _packed_rows(x2, bp, m, bias, y2, r0, r1, res, lo, hi, gate)
         return
     nr, mr = _NARROW_NR, NARROW_MR
     npan = (m + nr - 1) // nr
@@ -136,25 +136,26 @@ def _rows(x2, bp, y2, r0, r1, bias, lo, hi, res):
             n0 = j * nr
             for i in range(i0, i1, mr):
                 _narrow(xf, i * k, k, min(mr, i1 - i), k, bp, j * k * nr, yf, i * m + n0, m,
-                        min(nr, m - n0), bias, n0, res, lo, hi)
+                        min(nr, m - n0), bias, n0, res, lo, hi, gate)
 
 
 @jit
-def pointwise_nhwc(x, bp, y, n0, n1, bias, lo, hi, res):
-    """``y[n] = clamp(conv1x1(x[n], W) + bias + res[n], lo, hi)`` for the samples ``n0 ..
-    n1`` (``x`` [N, H, W, C], ``y`` [N, H, W, M], C-contiguous; ``W`` [M, C, 1, 1] packed by
-    :func:`pointwise_nhwc_weight` into ``bp``; ``bias`` [M] or empty; ``res`` ``y``'s shape
-    flat or empty; ``lo``, ``hi`` the clamp, infinite: none)."""
+def pointwise_nhwc(x, bp, y, n0, n1, bias, lo, hi, res, gate):
+    """``y[n] = gate(clamp(conv1x1(x[n], W) + bias + res[n], lo, hi))`` for the samples ``n0
+    .. n1`` (``x`` [N, H, W, C], ``y`` [N, H, W, M], C-contiguous; ``W`` [M, C, 1, 1] packed
+    by :func:`pointwise_nhwc_weight` into ``bp``; ``bias`` [M] or empty; ``res`` ``y``'s
+    shape flat or empty; ``lo``, ``hi`` the clamp, infinite: none; ``gate`` hard_swish or
+    hard_sigmoid after it, :func:`.tile.gate_of`'s array, empty: none)."""
     p = x.shape[1] * x.shape[2]
     if y.shape[0] != x.shape[0] or y.shape[1] * y.shape[2] != p or n0 < 0 or \
             n1 > x.shape[0]:
         raise ValueError("pdjit: pointwise_nhwc: the operands do not fit")
     _rows(x.reshape((x.shape[0] * p, x.shape[3])), bp,
           y.reshape((y.shape[0] * p, y.shape[3])), n0 * p, n1 * p, bias, float(lo), float(hi),
-          res)
+          res, gate)
 
 
-def _split_pointwise(parts, work, x, bp, y, bias, lo, hi, res):
+def _split_pointwise(parts, work, x, bp, y, bias, lo, hi, res, gate):
     """One sample of :func:`pointwise_nhwc` in ranges of its pixels on ``parts`` threads
     (each pixel summed as one call sums it: the same bits): by a parallel loop where it is
     ready (``lib.team``), else on ``run_parts``' helpers from ``_CHANNELS_MIN_WORK``
@@ -165,7 +166,7 @@ def _split_pointwise(parts, work, x, bp, y, bias, lo, hi, res):
     x2 = x.reshape(p, x.shape[3])
     y2 = y.reshape(p, y.shape[3])
     parts = min(parts, p // SPLIT_MIN_PIXELS)
-    call = (x2, bp, y2, bias, float(lo), float(hi), res)
+    call = (x2, bp, y2, bias, float(lo), float(hi), res, gate)
     if team.run(_pixel_parts, call + (parts,)):
         return True
     if work < _conv._CHANNELS_MIN_WORK:
@@ -176,18 +177,20 @@ def _split_pointwise(parts, work, x, bp, y, bias, lo, hi, res):
 
 
 @jit
-def _pixel_blocks(x2, bp, y2, bias, lo, hi, res, b0, b1):
-    _rows(x2, bp, y2, b0 * NARROW_MR, min(x2.shape[0], b1 * NARROW_MR), bias, lo, hi, res)
+def _pixel_blocks(x2, bp, y2, bias, lo, hi, res, gate, b0, b1):
+    _rows(x2, bp, y2, b0 * NARROW_MR, min(x2.shape[0], b1 * NARROW_MR), bias, lo, hi, res,
+          gate)
 
 
 @pjit
-def _pixel_parts(x2, bp, y2, bias, lo, hi, res, parts):
+def _pixel_parts(x2, bp, y2, bias, lo, hi, res, gate, parts):
     """:func:`_split_pointwise`'s ranges of pixels (whole blocks of ``NARROW_MR``), one per
     thread of a parallel loop."""
     blocks = (x2.shape[0] + NARROW_MR - 1) // NARROW_MR
     for k in numba.prange(parts):
         _rows(x2, bp, y2, (k * blocks // parts) * NARROW_MR,
-              min(x2.shape[0], ((k + 1) * blocks // parts) * NARROW_MR), bias, lo, hi, res)
+              min(x2.shape[0], ((k + 1) * blocks // parts) * NARROW_MR), bias, lo, hi, res,
+              gate)
 
 
 _conv.CHANNEL_SPLITS[pointwise_nhwc] = _split_pointwise
@@ -223,14 +226,15 @@ def _dw_kernel(npix: int, nv: int, kw_: int = 0, sw_: int = 0):
     of channels:
 
     ``tile(x, x0, xr, xj, xs, nrows, kw, w, w0, wr, y, y0, ys, pixels, cols, bias, b0, res,
-    lo, hi)``: ``y[y0 + p*ys + q] = clamp(bias[b0 + q] + sum over i < nrows, j < kw of
-    x[x0 + i*xr + j*xj + p*xs + q] * w[w0 + i*wr + j*cs + q] + res[y0 + p*ys + q], lo, hi)``
+    lo, hi, gate)``: ``y[y0 + p*ys + q] = gate(clamp(bias[b0 + q] + sum over i < nrows, j <
+    kw of x[x0 + i*xr + j*xj + p*xs + q] * w[w0 + i*wr + j*cs + q] + res[y0 + p*ys + q], lo,
+    hi))`` (``gate``: :func:`.tile.gate_of`'s array, empty: none)
     for ``p < pixels`` (at most ``npix``), ``q < cols`` (at most ``nv`` vectors; ``cs`` =
     ``ys``, the channels), every tap of every pixel in the image (the caller's border loop
     takes the others). The ``npix * nv`` sums stay in registers over the taps (each tap loads
     ``nv`` vectors of the filter and ``npix * nv`` of the image), in tap order, each a fused
-    multiply-add; then the residual, the clamp and one masked store. Pixels past ``pixels``
-    read the last one again (never stored). ``bias``, ``res`` empty: none.
+    multiply-add; then the residual, the clamp, the gate and one masked store. Pixels past
+    ``pixels`` read the last one again (never stored). ``bias``, ``res`` empty: none.
 
     With ``kw_`` and ``sw_`` (a filter row of ``kw_`` taps one column apart, pixels ``sw_``
     columns apart: the caller passes ``kw == kw_``, ``xs == sw_ * xj``) each column of the
@@ -305,6 +309,7 @@ def _dw_kernel(npix: int, nv: int, kw_: int = 0, sw_: int = 0):
                                       const(0))
         lov, hiv = (_splat(builder, vty, context.cast(builder, args[i], at[i], at[0].dtype))
                     for i in (18, 19))
+        has_gate, gv = gate_of(context, builder, at[20], args[20], vty)
         for p in range(npix):
             with builder.if_then(builder.icmp_signed("<", const(p), pixels)):
                 yp = builder.add(y0, builder.mul(const(p), ys))
@@ -313,6 +318,7 @@ def _dw_kernel(npix: int, nv: int, kw_: int = 0, sw_: int = 0):
                     val = builder.select(has_res, builder.fadd(val, load(ra, yp, v)), val)
                     val = builder.select(builder.fcmp_unordered(">=", val, lov), val, lov)
                     val = builder.select(builder.fcmp_unordered("<=", val, hiv), val, hiv)
+                    val = gated(builder, has_gate, gv, val)
                     ptr = builder.bitcast(builder.gep(ya.data, [builder.add(yp, const(
                         v * lanes))]), vty.as_pointer())
                     builder.call(mstore, [val, ptr, align, masks[v]])
@@ -320,14 +326,14 @@ def _dw_kernel(npix: int, nv: int, kw_: int = 0, sw_: int = 0):
 
     @intrinsic
     def tile(typingctx, x, x0, xr, xj, xs, nrows, kw, w, w0, wr, y, y0, ys, pixels, cols, bias,
-             b0, res, lo, hi):
-        arrays = (x, w, y, bias, res)
+             b0, res, lo, hi, gate):
+        arrays = (x, w, y, bias, res, gate)
         if not all(isinstance(a, types.Array) and a.ndim == 1 for a in arrays) or \
                 len({a.dtype for a in arrays}) != 1 or \
                 x.dtype not in (types.float32, types.float64):
             return None
         return types.void(x, x0, xr, xj, xs, nrows, kw, w, w0, wr, y, y0, ys, pixels, cols,
-                          bias, b0, res, lo, hi), codegen
+                          bias, b0, res, lo, hi, gate), codegen
     return tile
 
 
@@ -347,7 +353,8 @@ _dw_edge = _dw_kernel(1, DW_EDGE_NV)
 
 
 @jit
-def _dw_rows(x, wt, kh, kw, y, n0, n1, o0, o1, sh, sw, pt, pl, dh, dw, bias, lo, hi, res):
+def _dw_rows(x, wt, kh, kw, y, n0, n1, o0, o1, sh, sw, pt, pl, dh, dw, bias, lo, hi, res,
+             gate):
     """Output rows ``o0 .. o1`` of the samples ``n0 .. n1`` of :func:`depthwise_nhwc`: the
     pixels whose every tap is in the image by tiles of ``DW_R`` (:func:`_dw_kernel`), the
     others (the padded border) one at a time, over the taps in the image."""
@@ -390,19 +397,19 @@ def _dw_rows(x, wt, kh, kw, y, n0, n1, o0, o1, sh, sw, pt, pl, dh, dw, bias, lo,
                     # (the same arguments for each tile: an intrinsic is no value to pick)
                     if kind == 1:
                         _dw_tile_3s1(xf, x0, xr, xj, xs, i1 - i0, kw, wf, w0, wr, yf, y0, c_,
-                                     npix, cols, bias, c0, res, lo, hi)
+                                     npix, cols, bias, c0, res, lo, hi, gate)
                     elif kind == 2:
                         _dw_tile_3s2(xf, x0, xr, xj, xs, i1 - i0, kw, wf, w0, wr, yf, y0, c_,
-                                     npix, cols, bias, c0, res, lo, hi)
+                                     npix, cols, bias, c0, res, lo, hi, gate)
                     elif kind == 3:
                         _dw_tile_5s1(xf, x0, xr, xj, xs, i1 - i0, kw, wf, w0, wr, yf, y0, c_,
-                                     npix, cols, bias, c0, res, lo, hi)
+                                     npix, cols, bias, c0, res, lo, hi, gate)
                     elif kind == 4:
                         _dw_tile_5s2(xf, x0, xr, xj, xs, i1 - i0, kw, wf, w0, wr, yf, y0, c_,
-                                     npix, cols, bias, c0, res, lo, hi)
+                                     npix, cols, bias, c0, res, lo, hi, gate)
                     else:
                         _dw_tile(xf, x0, xr, xj, xs, i1 - i0, kw, wf, w0, wr, yf, y0, c_,
-                                 npix, cols, bias, c0, res, lo, hi)
+                                 npix, cols, bias, c0, res, lo, hi, gate)
             for k in range(ow_ - (b - a)):  # the border: columns 0 .. a, b .. ow_
                 ow = k if k < a else k - a + b
                 left = ow * sw - pl
@@ -413,36 +420,39 @@ def _dw_rows(x, wt, kh, kw, y, n0, n1, o0, o1, sh, sw, pt, pl, dh, dw, bias, lo,
                 for c0 in range(0, c_, ne):
                     _dw_edge(xf, (xrow + left + j0 * dw) * c_ + c0, dh * w_ * c_, dw * c_, 0,
                              i1 - i0, j1 - j0, wf, (i0 * kw + j0) * c_ + c0, kw * c_, yf,
-                             yb + ow * c_ + c0, c_, 1, min(ne, c_ - c0), bias, c0, res, lo, hi)
+                             yb + ow * c_ + c0, c_, 1, min(ne, c_ - c0), bias, c0, res, lo, hi,
+                             gate)
 
 
-def depthwise_nhwc(x, wt, y, n0, n1, sh, sw, pt, pl, dh, dw, kh, kw, bias, lo, hi, res):
-    """``y[n] = clamp(depthwise(x[n]) + bias + res[n], lo, hi)`` for the samples ``n0 ..
-    n1``: ``x`` [N, H, W, C], ``y`` [N, OH, OW, C], the filter ([C, 1, KH, KW]) as
+def depthwise_nhwc(x, wt, y, n0, n1, sh, sw, pt, pl, dh, dw, kh, kw, bias, lo, hi, res,
+                   gate):
+    """``y[n] = gate(clamp(depthwise(x[n]) + bias + res[n], lo, hi))`` for the samples ``n0
+    .. n1``: ``x`` [N, H, W, C], ``y`` [N, OH, OW, C], the filter ([C, 1, KH, KW]) as
     :func:`depthwise_nhwc_weight` gives it (``wt``), strides, top/left pads and dilations as
-    the convolution's (the bottom/right pads follow from ``y``'s size)."""
+    the convolution's (the bottom/right pads follow from ``y``'s size); ``gate`` as
+    :func:`pointwise_nhwc`'s."""
     _dw_rows(x, wt, kh, kw, y, n0, n1, 0, y.shape[1], sh, sw, pt, pl, dh, dw, bias, float(lo),
-             float(hi), res)
+             float(hi), res, gate)
 
 
 @overload(depthwise_nhwc)
 def _depthwise_nhwc_native(x, wt, y, n0, n1, sh, sw, pt, pl, dh, dw, kh, kw, bias, lo, hi,
-                           res):
-    def impl(x, wt, y, n0, n1, sh, sw, pt, pl, dh, dw, kh, kw, bias, lo, hi, res):
+                           res, gate):
+    def impl(x, wt, y, n0, n1, sh, sw, pt, pl, dh, dw, kh, kw, bias, lo, hi, res, gate):
         _dw_rows(x, wt, kh, kw, y, n0, n1, 0, y.shape[1], sh, sw, pt, pl, dh, dw, bias,
-                 float(lo), float(hi), res)
+                 float(lo), float(hi), res, gate)
     return impl
 
 
 def _split_depthwise(parts, work, x, wt, y, sh, sw, pt, pl, dh, dw, kh, kw, bias, lo, hi,
-                     res):
+                     res, gate):
     """One sample of :func:`depthwise_nhwc` in ranges of its output rows on ``parts``
     threads (as :func:`_split_pointwise`); whether it split."""
     rows = y.shape[1]
     if x.shape[0] != 1 or rows < 2 or work < _conv._TEAM_MIN_WORK:
         return False
     parts = min(parts, rows)
-    call = (x, wt, kh, kw, y, sh, sw, pt, pl, dh, dw, bias, float(lo), float(hi), res)
+    call = (x, wt, kh, kw, y, sh, sw, pt, pl, dh, dw, bias, float(lo), float(hi), res, gate)
     if team.run(_dw_parts, call + (parts,)):
         return True
     if work < _conv._CHANNELS_MIN_WORK:
@@ -451,17 +461,17 @@ def _split_depthwise(parts, work, x, wt, y, sh, sw, pt, pl, dh, dw, kh, kw, bias
     return True
 
 
-def _dw_part(x, wt, kh, kw, y, sh, sw, pt, pl, dh, dw, bias, lo, hi, res, o0, o1):
-    _dw_rows(x, wt, kh, kw, y, 0, 1, o0, o1, sh, sw, pt, pl, dh, dw, bias, lo, hi, res)
+def _dw_part(x, wt, kh, kw, y, sh, sw, pt, pl, dh, dw, bias, lo, hi, res, gate, o0, o1):
+    _dw_rows(x, wt, kh, kw, y, 0, 1, o0, o1, sh, sw, pt, pl, dh, dw, bias, lo, hi, res, gate)
 
 
 @pjit
-def _dw_parts(x, wt, kh, kw, y, sh, sw, pt, pl, dh, dw, bias, lo, hi, res, parts):
+def _dw_parts(x, wt, kh, kw, y, sh, sw, pt, pl, dh, dw, bias, lo, hi, res, gate, parts):
     """:func:`_split_depthwise`'s ranges of output rows, one per thread of a parallel loop."""
     rows = y.shape[1]
     for k in numba.prange(parts):
         _dw_rows(x, wt, kh, kw, y, 0, 1, k * rows // parts, (k + 1) * rows // parts, sh, sw,
-                 pt, pl, dh, dw, bias, lo, hi, res)
+                 pt, pl, dh, dw, bias, lo, hi, res, gate)
 
 
 _conv.CHANNEL_SPLITS[depthwise_nhwc] = _split_depthwise
@@ -469,7 +479,7 @@ _conv.CHANNEL_SPLITS[depthwise_nhwc] = _split_depthwise
 
 # ---- what a new plan's compile worker compiles ahead (pdjit.codegen.cpu.lib._jit.JOBS) ------
 def _ep(T):
-    return ((T, 1), float, float, (T, 1))
+    return ((T, 1), float, float, (T, 1), (T, 1))
 
 
 jobs("pointwise_nhwc")(lambda T: [] if np.dtype(T) != np.float32 else [
@@ -478,7 +488,7 @@ jobs("depthwise_nhwc")(lambda T: [(_dw_rows, ((T, 4), (T, 2), int, int, (T, 4)) 
                                    + _ep(T))])
 # (the splits of one sample by parallel loops: compiled ahead by warmup only, see team.ready)
 jobs("channels_last (warmup)")(lambda T: [] if np.dtype(T) != np.float32 else [
-    (_pixel_parts, ((T, 2), (T, 1), (T, 2)) + _ep(T)[:3] + ((T, 1), int)),
+    (_pixel_parts, ((T, 2), (T, 1), (T, 2)) + _ep(T) + (int,)),
     (_dw_parts, ((T, 4), (T, 2), int, int, (T, 4)) + (int,) * 6 + _ep(T) + (int,))])
 compile_cost(1.2, pointwise_nhwc)
 compile_cost(1.0, _dw_rows)

@@ -41,7 +41,16 @@ from pdjit.codegen import params
 from pdjit.codegen.cpu import rt, threads
 from pdjit.codegen.cpu.lib import team
 from pdjit.codegen.cpu.lib._jit import blas_gemm, compile_cost, jit, jobs, may_share, pjit
-from pdjit.codegen.cpu.lib.tile import TILE_BYTES, _masked, _offset, _prefetch, _splat, _vectors
+from pdjit.codegen.cpu.lib.tile import (
+    TILE_BYTES,
+    _masked,
+    _offset,
+    _prefetch,
+    _splat,
+    _vectors,
+    gate_of,
+    gated,
+)
 
 __all__ = ["pack_a", "pack_b", "pack_scaled", "packed_batches", "packed_gemm",
            "packed_b_size", "packed_rows_size", "packed_weight", "panel_width",
@@ -72,7 +81,7 @@ def packed_b_size(k: int, n: int, itemsize: int) -> int:
 
 
 def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool = False,
-                  far: bool = False):
+                  far: bool = False, gate: bool = False):
     """The intrinsic of a tile of ``mr`` rows by ``nv`` vectors of columns of a product.
 
     ``micro(a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0, res, lo, hi)``
@@ -98,10 +107,16 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
     values ``pfo`` past the row it loads into the L2 cache (rather than ``pf`` rows ahead into
     L1), so that a tile can fetch the next chunk of a panel that the tiles after it read.
 
+    ``gate`` (neither ``conv``, ``trans`` nor ``far``): one more argument, ``gate``, an array
+    of the data's type applied after the clamp (:func:`.tile.gate_of`: hard_swish or
+    hard_sigmoid; empty: none).
+
     ``bias``, ``res`` empty: no add; ``clamp`` as :func:`.tile.clamp_run` (``lo``, ``hi``
     float64, infinite: none). All arrays flat and C-contiguous; offsets the caller's to keep
     in bounds. The sums run in order of ``k``, each a fused multiply-add, in vector registers
     (allocas LLVM promotes) until the one store of the tile."""
+    if gate and (conv or trans or far):
+        raise ValueError("pdjit: a gated tile is a plain one")
     if trans and mr > _TRANS_ROWS:
         raise ValueError(f"pdjit: a transposed tile has at most {_TRANS_ROWS} rows, not {mr}")
 
@@ -220,6 +235,8 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
                         builder.store(builder.fadd(builder.load(acc[r][v]), b), acc[r][v])
         lov, hiv = (_splat(builder, vty, context.cast(builder, args[i], at[i],
                                                       at[0].dtype)) for i in (ilo, ilo + 1))
+        if gate:
+            has_gate, gv = gate_of(context, builder, at[16], args[16], vty)
         if trans:
             _store_transposed(context, builder, [[builder.load(acc[r][v]) for v in range(nv)]
                                                  for r in range(mr)], cptr, resa.data, has_res,
@@ -238,6 +255,8 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
                     x = builder.load(acc[r][v])
                     x = builder.select(builder.fcmp_unordered(">=", x, lov), x, lov)
                     x = builder.select(builder.fcmp_unordered("<=", x, hiv), x, hiv)
+                    if gate:
+                        x = gated(builder, has_gate, gv, x)
                     builder.call(mstore, [x, cp, i32, masks[v]])
         return context.get_dummy_value()
 
@@ -254,6 +273,16 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
                 return None
             return types.void(a, a0, rows, kk, b, b0, ldb, c, c0, ldc, cols, bias, m0, res, lo,
                               hi), codegen
+        return micro
+
+    if gate:
+        @intrinsic
+        def micro(typingctx, a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0, res, lo,
+                  hi, gate):
+            if not typed((a, bp, c, bias, res, gate), (lo, hi), a.dtype):
+                return None
+            return types.void(a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0, res,
+                              lo, hi, gate), codegen
         return micro
 
     if far:
@@ -486,6 +515,8 @@ def packed_gemm(a, bp, n, bias, c):
 
 #: one row's tile: ``NV`` accumulators, no reduction across lanes
 _micro1 = _micro_kernel(1, NV, PREFETCH_ROWS)
+#: the tile with a gate after its clamp (:func:`_packed_rows`)
+_micro_gated = _micro_kernel(MR, NV, PREFETCH_ROWS, gate=True)
 
 
 @jit
@@ -507,10 +538,11 @@ def packed_vector(a, bp, n, bias, c):
 
 
 @jit
-def _packed_rows(a, bp, n, bias, c, r0, r1, res, lo, hi):
-    """Rows ``r0 .. r1`` of ``c = minimum(maximum(a @ b + bias + res, lo), hi)`` (``b``
-    packed into ``bp``; ``bias`` [n] or empty, ``res`` c's shape flat, or empty): a part of
-    :func:`packed_gemm` for one thread, or with the epilogue of :func:`weight_rows`."""
+def _packed_rows(a, bp, n, bias, c, r0, r1, res, lo, hi, gate=None):
+    """Rows ``r0 .. r1`` of ``c = gate(minimum(maximum(a @ b + bias + res, lo), hi))`` (``b``
+    packed into ``bp``; ``bias`` [n] or empty, ``res`` c's shape flat, or empty; ``gate`` as
+    :func:`.tile.gate_of`'s, empty or None: none): a part of :func:`packed_gemm` for one thread, or
+    with the epilogue of :func:`weight_rows`."""
     M, K = a.shape
     nr = NV * (64 // a.itemsize)
     npan = (n + nr - 1) // nr
@@ -528,8 +560,12 @@ def _packed_rows(a, bp, n, bias, c, r0, r1, res, lo, hi):
             n0 = j * nr
             cols = min(nr, n - n0)
             for i in range(i0, i1, MR):
-                _micro(af, i * K, K, min(MR, i1 - i), K, bp, j * K * nr, cf, i * n + n0, n,
-                       cols, bias, n0, res, lo, hi)
+                if gate is None:  # (pruned where compiled for no gate)
+                    _micro(af, i * K, K, min(MR, i1 - i), K, bp, j * K * nr, cf, i * n + n0, n,
+                           cols, bias, n0, res, lo, hi)
+                else:
+                    _micro_gated(af, i * K, K, min(MR, i1 - i), K, bp, j * K * nr, cf,
+                                 i * n + n0, n, cols, bias, n0, res, lo, hi, gate)
 
 
 def run_chunks(fn, n, parts, chunks, *args):

@@ -80,6 +80,60 @@ def _clamp(builder, add, x, b, lo, hi):
     return builder.select(builder.fcmp_unordered("<=", x, hi), x, hi)
 
 
+#: the values of a gate array (see :func:`gate_of`), in order
+GATE_VALUES = 5
+
+
+def gate_of(context, builder, ty, value, vty):
+    """The gate an epilogue applies after its clamp, from a kernel's argument ``value`` (an
+    array of Numba type ``ty``, of the data's type): empty, none; else ``(a, b, lo, hi,
+    scale)``, for ``t = minimum(maximum(x * a + b, lo), hi)`` then ``x * t / scale``
+    (``scale`` not 0: hard_swish) or ``t`` (hard_sigmoid), each value splat to vectors of
+    ``vty``. Returns ``(has, values)`` for :func:`gated` (``has``: an i1)."""
+    arr = context.make_array(ty)(context, builder, value)
+    n = cgutils.unpack_tuple(builder, arr.shape)[0]
+    has = builder.icmp_signed(">=", n, ir.Constant(n.type, GATE_VALUES))
+    zero = ir.Constant(vty.element, 0.0)
+    vals = []
+    for i in range(GATE_VALUES):
+        # (an empty array's pointer is not read: its values are zeros, and unused)
+        at = builder.gep(arr.data, [ir.Constant(ir.IntType(64), i)])
+        with builder.if_else(has) as (yes, no):
+            with yes:
+                got = builder.load(at)
+                yb = builder.block
+            with no:
+                nb = builder.block
+        phi = builder.phi(vty.element)
+        phi.add_incoming(got, yb)
+        phi.add_incoming(zero, nb)
+        vals.append(_splat(builder, vty, phi))
+    return has, vals
+
+
+def gated(builder, has, gate, x):
+    """``x`` through the gate of :func:`gate_of` where ``has``, as the reference kernels of
+    hard_swish and hard_sigmoid compute it (a multiply, then an add; NumPy's ``maximum`` and
+    ``minimum``; then ``x * t`` and the division, each rounded): ``x`` itself where not."""
+    a, b, lo, hi, scale = gate
+    with builder.if_else(has) as (yes, no):
+        with yes:
+            t = builder.fadd(builder.fmul(x, a), b)
+            t = builder.select(builder.fcmp_unordered(">=", t, lo), t, lo)
+            t = builder.select(builder.fcmp_unordered("<=", t, hi), t, hi)
+            zero = ir.Constant(scale.type, [ir.Constant(scale.type.element, 0.0)] *
+                               scale.type.count)
+            swish = builder.fdiv(builder.fmul(x, t), scale)
+            out = builder.select(builder.fcmp_ordered("!=", scale, zero), swish, t)
+            yb = builder.block
+        with no:
+            nb = builder.block
+    phi = builder.phi(x.type)
+    phi.add_incoming(out, yb)
+    phi.add_incoming(x, nb)
+    return phi
+
+
 def _clamper(context, builder, et, vty, add, lo, hi):
     """``(apply(x, b), splat(v))``: :func:`_clamp` of vector ``x`` with the bias vector ``b``,
     ``lo``, ``hi`` (LLVM values of Numba types ``types.float64``) converted to the element type

@@ -146,7 +146,7 @@ def _nhwc_blocked(ctx, g: Geometry):
     oh, ow = g.src_conv_out(0, h, kh), g.src_conv_out(1, w, kw)
     y = ctx.out("Output", shape=f"({n}, {oh}, {ow}, {W}.shape[0])")
     lines = [f"_rt.check({X}.shape[3] == {W}.shape[1] * {ctx.attrs['groups']})"]
-    epi = ctx.channel_epilogue(ctx.T("Output"), lines, residual=True)
+    epi = ctx.channel_epilogue(ctx.T("Output"), lines, residual=True, gate=True)
     wt = ctx.tmp("wt")
     lines.append(f"{wt} = {ctx.lib_fn(kind + '_weight')}({W})")
     fn = ctx.lib_fn(kind)
