@@ -932,9 +932,9 @@ class SegmentGen:
         a bias per channel (declared ``ChannelAffine`` with the values of its one parameter slot
         as the additive term, along that axis), then, if it is next, an op declared ``ADDITION`` of
         that sum and a value of its shape made before ``nxt`` (a residual connection), then an
-        op declared ``Clamp`` of the sum; any of the three may be missing. Each value but the
-        last must be read by the next op alone (not stored, not read after); None where
-        nothing fits."""
+        op declared ``Clamp`` of the sum, then one declared ``Gate`` (hard_swish); any of the
+        four may be missing. Each value but the last must be read by the next op alone (not
+        stored, not read after); None where nothing fits."""
         var = self.block._find_var_recursive
         out = var(name)
         if out is None or len(out.shape) < 2 or not nxt.nodes:
