@@ -89,13 +89,13 @@ def test_row_tiles_sweep_wide_images_by_blocks_of_pixels():
             np.testing.assert_allclose(y, _oracle(x, w, b, r, lo, hi), rtol=1e-4, atol=1e-4)
 
 
-def test_row_tiles_last_panel_of_one_or_two_vectors():
-    """A block's last panel of pixels that fills one or two vectors runs on a narrower tile
-    (``pgemm._conv_micro1``, ``_conv_micro2``), one of three or four on the full tile under
-    its mask: 28x28 (12 panels and 16 pixels), 65 pixels (one panel and one), 10 pixels
-    alone, 729 (11 panels and 25), 83 (one and 19), 111 (one and 47), in float32 and float64
-    (vectors of 8), against the NumPy oracle; in float32 each output the same bits in two
-    ranges split at a panel (the parts of a split by pixels, ``pgemm.rows_by_pixels``)."""
+def test_row_tiles_last_panel_of_one_vector():
+    """A block's last panel of pixels that fills one vector runs on a narrower tile
+    (``pgemm._conv_micro1``), one of two to four on the full tile under its mask: 28x28 (12
+    panels and 16 pixels), 65 pixels (one panel and one), 10 pixels alone, 729 (11 panels
+    and 25), 83 (one and 19), 111 (one and 47), in float32 and float64 (vectors of 8),
+    against the NumPy oracle; in float32 each output the same bits in two ranges split at a
+    panel (the parts of a split by pixels, ``pgemm.rows_by_pixels``)."""
     e = np.empty(0, np.float32)
     for dtype in (np.float32, np.float64):
         lanes = 64 // np.dtype(dtype).itemsize

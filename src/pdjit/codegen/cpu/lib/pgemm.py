@@ -796,11 +796,11 @@ def _weight_gemm_native(a, w, trans=False):
 # ---- pointwise (1x1) convolutions: the weight packed, the image read in place ----------------
 #: the tile of :func:`pointwise_rows`: ``MR`` output channels by ``NV`` vectors of pixels
 _conv_micro = _micro_kernel(MR, NV, 0, conv=True)
-#: ... and the narrower tiles of a block's last columns where they fill one or two vectors
-#: (a 28x28 plane: 12 panels of 64 pixels and one of 16, which the full tile computed as a
-#: whole panel)
+#: ... and the narrower tile of a block's last columns where they fill one vector (a 28x28
+#: plane: 12 panels of 64 pixels and one of 16, which the full tile computed as a whole
+#: panel; a tile of two vectors as well, for tails of 17-32 pixels, gained 1-4 % alone on
+#: 27x27 and 55x55 planes: not kept)
 _conv_micro1 = _micro_kernel(MR, 1, 0, conv=True)
-_conv_micro2 = _micro_kernel(MR, 2, 0, conv=True)
 #: the bytes of the image's columns :func:`pointwise_rows` sweeps under every tile of output
 #: channels before the next block of pixels (the L2 cache's share of the image: half of a
 #: megabyte; blocks of 256 KiB and 1 MiB measured within noise of it on 56x56 and 28x28
@@ -912,14 +912,11 @@ def _rows_pixels(xf, ap, yf, n, c_, m_, p_, q_lo, q_hi, bias, lo, hi, res):
             for q0 in range(b0, whole, nr):
                 _conv_micro(ap, i * c_ * MR, rows, c_, xf, xb + q0, p_, yf,
                             yb + m0 * p_ + q0, p_, nr, bias, m0, res, lo, hi)
-            cols = b1 - whole  # (a last panel of fewer pixels: of one or two vectors, a
-            if cols > 0:       # narrower tile)
+            cols = b1 - whole  # (a last panel of fewer pixels: of one vector, a narrower
+            if cols > 0:       # tile)
                 a0, c0 = i * c_ * MR, yb + m0 * p_ + whole
                 if cols <= lanes:
                     _conv_micro1(ap, a0, rows, c_, xf, xb + whole, p_, yf, c0, p_, cols, bias,
-                                 m0, res, lo, hi)
-                elif cols <= 2 * lanes:
-                    _conv_micro2(ap, a0, rows, c_, xf, xb + whole, p_, yf, c0, p_, cols, bias,
                                  m0, res, lo, hi)
                 else:
                     _conv_micro(ap, a0, rows, c_, xf, xb + whole, p_, yf, c0, p_, cols, bias,

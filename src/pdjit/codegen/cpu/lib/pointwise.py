@@ -719,7 +719,7 @@ jobs("pointwise.conv_cols (warmup)")(lambda T: [] if np.dtype(T) != np.float32 e
     (conv_cols, ((T, 4), (T, 1), int, (T, 4), int, int) + (int,) * 8 +
      ((T, 1), float, float, (T, 1)))])
 # compile time (CPU seconds, a cold compile alone in a fresh process, the machine at load ~8:
-# 0.70-0.76 s each; 0.41 s for the second after the first; the row tiles' narrow tails add
+# 0.70-0.76 s each; 0.41 s for the second after the first; the row tiles' narrow tail adds
 # ~0.2 s)
 compile_cost(0.95, pointwise_rows)
 compile_cost(0.9, pointwise_cols)
