@@ -84,6 +84,20 @@ def _clamp(builder, add, x, b, lo, hi):
 GATE_VALUES = 5
 
 
+def _where(builder, cond, make, other):
+    """``make()`` (emitted in a branch taken where ``cond``, an i1, holds), else ``other``."""
+    with builder.if_else(cond) as (yes, no):
+        with yes:
+            got = make()
+            yb = builder.block
+        with no:
+            nb = builder.block
+    phi = builder.phi(other.type)
+    phi.add_incoming(got, yb)
+    phi.add_incoming(other, nb)
+    return phi
+
+
 def gate_of(context, builder, ty, value, vty):
     """The gate an epilogue applies after its clamp, from a kernel's argument ``value`` (an
     array of Numba type ``ty``, of the data's type): empty, none; else ``(a, b, lo, hi,
@@ -94,21 +108,10 @@ def gate_of(context, builder, ty, value, vty):
     n = cgutils.unpack_tuple(builder, arr.shape)[0]
     has = builder.icmp_signed(">=", n, ir.Constant(n.type, GATE_VALUES))
     zero = ir.Constant(vty.element, 0.0)
-    vals = []
-    for i in range(GATE_VALUES):
-        # (an empty array's pointer is not read: its values are zeros, and unused)
-        at = builder.gep(arr.data, [ir.Constant(ir.IntType(64), i)])
-        with builder.if_else(has) as (yes, no):
-            with yes:
-                got = builder.load(at)
-                yb = builder.block
-            with no:
-                nb = builder.block
-        phi = builder.phi(vty.element)
-        phi.add_incoming(got, yb)
-        phi.add_incoming(zero, nb)
-        vals.append(_splat(builder, vty, phi))
-    return has, vals
+    # (an empty array's pointer is not read: its values are zeros, and unused)
+    return has, [_splat(builder, vty, _where(builder, has, lambda i=i: builder.load(
+        builder.gep(arr.data, [ir.Constant(ir.IntType(64), i)])), zero))
+        for i in range(GATE_VALUES)]
 
 
 def gated(builder, has, gate, x):
@@ -116,22 +119,17 @@ def gated(builder, has, gate, x):
     hard_swish and hard_sigmoid compute it (a multiply, then an add; NumPy's ``maximum`` and
     ``minimum``; then ``x * t`` and the division, each rounded): ``x`` itself where not."""
     a, b, lo, hi, scale = gate
-    with builder.if_else(has) as (yes, no):
-        with yes:
-            t = builder.fadd(builder.fmul(x, a), b)
-            t = builder.select(builder.fcmp_unordered(">=", t, lo), t, lo)
-            t = builder.select(builder.fcmp_unordered("<=", t, hi), t, hi)
-            zero = ir.Constant(scale.type, [ir.Constant(scale.type.element, 0.0)] *
-                               scale.type.count)
-            swish = builder.fdiv(builder.fmul(x, t), scale)
-            out = builder.select(builder.fcmp_ordered("!=", scale, zero), swish, t)
-            yb = builder.block
-        with no:
-            nb = builder.block
-    phi = builder.phi(x.type)
-    phi.add_incoming(out, yb)
-    phi.add_incoming(x, nb)
-    return phi
+
+    def apply():
+        t = builder.fadd(builder.fmul(x, a), b)
+        t = builder.select(builder.fcmp_unordered(">=", t, lo), t, lo)
+        t = builder.select(builder.fcmp_unordered("<=", t, hi), t, hi)
+        zero = ir.Constant(scale.type, [ir.Constant(scale.type.element, 0.0)] *
+                           scale.type.count)
+        swish = builder.fdiv(builder.fmul(x, t), scale)
+        return builder.select(builder.fcmp_ordered("!=", scale, zero), swish, t)
+
+    return _where(builder, has, apply, x)
 
 
 def _clamper(context, builder, et, vty, add, lo, hi):
