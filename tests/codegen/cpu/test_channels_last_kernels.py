@@ -192,3 +192,40 @@ def test_global_average_pool_against_numpy():
                                    rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError):
         pool.pool2d_mean_nhwc(x, np.empty((3, 1, 1, c + 1), np.float32))
+
+
+def _gate_f32(y, gate):
+    """The gate in float32 as the reference kernels of hard_swish and hard_sigmoid compute it
+    (each step rounded; NumPy's maximum and minimum keep a NaN)."""
+    a, b, lo, hi, scale = gate
+    t = np.minimum(np.maximum(y * a + b, lo), hi)
+    return y * t / scale if scale else t
+
+
+def test_gates_keep_nans_infinities_and_signed_zeros():
+    """A gate applied in the stores gives the reference's bits where the sums are NaN, plus
+    or minus infinity, -0.0, or at the gate's kinks (-3, 3 for hard_swish; -2.5, 2.5 for
+    hard_sigmoid): each kernel's ungated output, gated in float32 by NumPy, bit for bit."""
+    special = np.array([np.nan, np.inf, -np.inf, -0.0, 0.0, -3.0, 3.0, -2.5, 2.5, 6.0, -6.0,
+                        1e-30, -1e30], np.float32)
+    x = np.zeros((1, 4, 4, 16), np.float32)
+    x.reshape(-1, 16)[:, 0] = np.resize(special, 16)   # channel 0 carries the specials
+    w = np.zeros((40, 16, 1, 1), np.float32)
+    w[:, 0, 0, 0] = 1.0                                 # every output: channel 0 alone
+    bp = cl.pointwise_nhwc_weight(w)
+    wt = cl.depthwise_nhwc_weight(np.ones((16, 1, 1, 1), np.float32))  # (1x1: x itself)
+    geo = (1, 1, 0, 0, 1, 1, 1, 1)
+    nz = np.full(16, -0.0, np.float32)  # (a bias of -0.0: the depthwise sums keep -0.0)
+    for gate in (HARD_SWISH, HARD_SIGMOID):
+        for run, m in ((lambda y, g: cl.pointwise_nhwc(x, bp, y, 0, 1, E, -INF, INF, E, g), 40),
+                       (lambda y, g: cl.depthwise_nhwc(x, wt, y, 0, 1, *geo, nz, -INF, INF, E,
+                                                       g), 16)):
+            plain = np.empty((1, 4, 4, m), np.float32)
+            run(plain, E)
+            assert np.isnan(plain).any() and np.isinf(plain).any()  # (they reach the gate)
+            assert m == 40 or np.signbit(plain[plain == 0]).any()
+            got = np.empty_like(plain)
+            run(got, gate)
+            with np.errstate(invalid="ignore"):
+                want = _gate_f32(plain, gate)
+            assert np.array_equal(got.view(np.int32), want.view(np.int32))
