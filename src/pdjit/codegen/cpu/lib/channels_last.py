@@ -6,9 +6,10 @@ serve, so that the image is converted once at the chain's ends instead of at eac
   ``y[p, :] = x[p, :] @ W^T`` over the pixels ``p`` (each pixel's channels contiguous): the
   packed GEMM's tile (:mod:`.pgemm`) reads ``MR`` pixels' rows in place and ``W^T`` packed
   once in panels of output channels, the epilogue (a bias per output channel, a residual, a
-  clamp, then hard_swish or hard_sigmoid: :func:`.tile.gate_of`) applied in registers. Two tiles by the output channels (:func:`panel_of`): 6 pixels
-  by 64 channels, or 12 pixels by 32 where 32-wide panels waste fewer lanes (MobileNetV2's
-  projections to 16, 24, 32 and 96 channels).
+  clamp, then hard_swish or hard_sigmoid: :func:`.tile.gate_of`) applied in registers. Two
+  tiles by the output channels (:func:`panel_of`): 6 pixels by 64 channels, or 12 pixels by
+  32 where 32-wide panels waste fewer lanes (MobileNetV2's projections to 16, 24, 32 and 96
+  channels).
 - :func:`depthwise_nhwc`: one filter per channel (``groups`` = channels, one output channel
   each), any window, stride, padding and dilation: tiles of 6 neighbouring output pixels by
   32 channels kept in vector registers over all the taps (:func:`_dw_kernel`, LLVM IR; for
