@@ -322,3 +322,22 @@ def test_hard_swish_and_hard_sigmoid_run_in_the_kernels_stores(fresh_programs, t
                                 fetch_list=plain.get_output_names())
     assert "np.array((1.0, 3.0" not in report, report
     np.testing.assert_array_equal(got, apart)
+
+
+def test_the_gates_hard_swish_and_hard_sigmoid_declare(fresh_programs):
+    """The ``Gate`` each declares, from its attributes (the defaults where absent); a
+    hard_swish of scale 0 (its reference divides by it) declares none, so that no kernel
+    applies it as a gate of "no product"."""
+    from pdjit.framework import registry
+
+    L = fluid.layers
+    x = L.data("x", [4])
+    L.hard_swish(x)
+    L.hard_swish(x, threshold=8.0, scale=4.0, offset=2.0)
+    L.hard_swish(x, scale=0.0)
+    L.hard_sigmoid(x, slope=0.25, offset=0.4)
+    got = [registry.lookup(op.type).inference(op)
+           for op in fresh_programs[0].global_block().ops]
+    assert [g.values() if g is not None else None for g in got] == [
+        (1.0, 3.0, 0.0, 6.0, 6.0), (1.0, 2.0, 0.0, 8.0, 4.0), None,
+        (0.25, pytest.approx(0.4), 0.0, 1.0, 0.0)]

@@ -224,10 +224,13 @@ def _hard_swish(x, threshold, scale, offset):
     return x * _clamp(x + _f(x, offset), _f(x, 0), _f(x, threshold)) / _f(x, scale)
 
 
-def _hard_swish_gate(a: dict) -> Gate:
-    # (x * 1 is x: the template's x + offset, then its clamp, product and division)
-    return Gate("X", "Out", 1.0, float(a["offset"]), 0.0, float(a["threshold"]),
-                float(a["scale"]))
+def _hard_swish_gate(a: dict) -> Gate | None:
+    # (x * 1 is x: the template's x + offset, then its clamp, product and division; a scale
+    # of 0, or one that rounds to 0 in float32, is a Gate's "no product": not declared)
+    scale = float(a["scale"])
+    if not abs(scale) >= 1e-30:
+        return None
+    return Gate("X", "Out", 1.0, float(a["offset"]), 0.0, float(a["threshold"]), scale)
 
 
 def _hard_swish_dx(x, g, threshold, scale, offset):
