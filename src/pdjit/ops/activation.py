@@ -203,6 +203,11 @@ def _neg_expm1(x):
     return np.expm1(np.minimum(x, 0))
 
 
+def _attrs(op) -> dict:
+    """The op's attribute values, the declared defaults for those it lacks."""
+    return op.opdef.attr_values(op.all_attrs())
+
+
 _unary("relu6", lambda x, threshold: _clamp(x, _f(x, 0), _f(x, threshold)),
        "np.minimum(np.maximum({X}, {T}(0)), {T}({threshold}))",
        attrs={"threshold": Float(6.0, low=1.0, high=10.0,
@@ -212,12 +217,7 @@ _unary("relu6", lambda x, threshold: _clamp(x, _f(x, 0), _f(x, threshold)),
        grad=("Out", lambda out, g, threshold: np.where((out > 0) & (out < threshold), g,
                                                        np.zeros((), g.dtype)),
              "{Out@GRAD} if {Out} > {T}(0) and {Out} < {T}({threshold}) else {T}(0)"),
-       inference=lambda op: Clamp("X", "Out", 0.0, float(op.all_attrs().get("threshold", 6.0))))
-
-
-def _attrs(op) -> dict:
-    """The op's attribute values, the declared defaults for those it lacks."""
-    return op.opdef.attr_values(op.all_attrs())
+       inference=lambda op: Clamp("X", "Out", 0.0, float(_attrs(op)["threshold"])))
 
 
 def _hard_swish(x, threshold, scale, offset):
@@ -231,6 +231,10 @@ def _hard_swish_gate(a: dict) -> Gate | None:
     if not abs(scale) >= 1e-30:
         return None
     return Gate("X", "Out", 1.0, float(a["offset"]), 0.0, float(a["threshold"]), scale)
+
+
+def _hard_sigmoid_gate(a: dict) -> Gate:
+    return Gate("X", "Out", float(a["slope"]), float(a["offset"]), 0.0, 1.0, 0.0)
 
 
 def _hard_swish_dx(x, g, threshold, scale, offset):
@@ -260,8 +264,7 @@ _unary("hard_sigmoid",
        grad=("Out", lambda out, g, slope, offset: np.where(
            (out > 0) & (out < 1), g * _f(g, slope), np.zeros((), g.dtype)),
            "{Out@GRAD} * {T}({slope}) if {Out} > {T}(0) and {Out} < {T}(1) else {T}(0)"),
-       inference=lambda op: Gate("X", "Out", float(_attrs(op)["slope"]),
-                                 float(_attrs(op)["offset"]), 0.0, 1.0, 0.0))
+       inference=lambda op: _hard_sigmoid_gate(_attrs(op)))
 
 _SIG_BX = "_m.sigmoid({T}({beta}) * {X})"
 _unary("swish", lambda x, beta: x * _sigmoid(x * _f(x, beta)), "{X} * " + _SIG_BX,

@@ -43,6 +43,7 @@ from pdjit.codegen.cpu.lib import team
 from pdjit.codegen.cpu.lib._jit import blas_gemm, compile_cost, jit, jobs, may_share, pjit
 from pdjit.codegen.cpu.lib.tile import (
     TILE_BYTES,
+    _clamp,
     _masked,
     _offset,
     _prefetch,
@@ -380,9 +381,7 @@ def _store_transposed(context, builder, tile, cptr, rptr, has_res, c0, ldq, rows
             at = builder.add(c0, builder.mul(ldq, ir.Constant(i64, col)))
             rp = builder.bitcast(builder.gep(rptr, [at]), rty.as_pointer())
             rv = builder.call(mload, [rp, align, builder.select(has_res, mask, none), zero])
-            x = builder.select(has_res, builder.fadd(x, rv), x)
-            x = builder.select(builder.fcmp_unordered(">=", x, lo8), x, lo8)
-            x = builder.select(builder.fcmp_unordered("<=", x, hi8), x, hi8)
+            x = _clamp(builder, has_res, x, rv, lo8, hi8)
             builder.call(mstore, [x, builder.bitcast(builder.gep(cptr, [at]), rty.as_pointer()),
                                   align, mask])
 

@@ -121,9 +121,7 @@ def gated(builder, has, gate, x):
     a, b, lo, hi, scale = gate
 
     def apply():
-        t = builder.fadd(builder.fmul(x, a), b)
-        t = builder.select(builder.fcmp_unordered(">=", t, lo), t, lo)
-        t = builder.select(builder.fcmp_unordered("<=", t, hi), t, hi)
+        t = _clamp(builder, ir.Constant(ir.IntType(1), 1), builder.fmul(x, a), b, lo, hi)
         zero = ir.Constant(scale.type, [ir.Constant(scale.type.element, 0.0)] *
                            scale.type.count)
         swish = builder.fdiv(builder.fmul(x, t), scale)
