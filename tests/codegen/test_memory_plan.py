@@ -187,6 +187,43 @@ def test_a_view_keeps_its_buffer_alive_and_outputs_keep_theirs():
     np.testing.assert_array_equal(got, want)
 
 
+def test_an_always_empty_array_keeps_its_own_allocation():
+    # a kernel's "no bias" argument (np.empty(0, T)) among tenants of a slot: no slot code
+    src = """def segment(a0):
+    # group 0: opaque [k] rank 0
+    s1 = np.empty(a0.shape, np.float64)
+    e2 = np.empty(0, np.float64)
+    K(a0, e2, s1)
+    # group 1: opaque [k] rank 0
+    s3 = np.empty(a0.shape, np.float64)
+    e4 = np.empty(0, np.float64)
+    K(s1, e4, s3)
+    # group 2: opaque [k] rank 0
+    s5 = np.empty(a0.shape, np.float64)
+    e6 = np.empty((0,), np.float64)
+    K(s3, e6, s5)
+    # group 3: opaque [k] rank 0
+    s7 = np.empty(a0.shape, np.float64)
+    K(s5, e6, s7)
+    return (s7, )"""
+    new, plan = memplan.plan_driver(src, groups=[2, 6, 10, 14])
+    (_, tenants), = plan.slots
+    assert [t.local for t in tenants] == ["s1", "s5"]
+    for e in ("e2", "e4", "e6"):
+        assert re.search(rf"^ *{e} = np.empty\((0|\(0,\)), np.float64\)$", new, re.M), new
+    assert "_mp.numel" not in new
+
+    def K(x, e, out):  # noqa: N802 - a stand-in kernel
+        assert e.size == 0
+        out[...] = x * 2 + 1
+
+    x = RNG.standard_normal((3, 5))
+    exec(compile(src, "<before>", "exec"), ns := {"np": np, "K": K})  # noqa: S102
+    exec(compile(new, "<after>", "exec"), ns2 := {"np": np, "K": K, "math": math,  # noqa: S102
+                                                 "_mp": memplan})
+    np.testing.assert_array_equal(ns2["segment"](x.copy())[0], ns["segment"](x.copy())[0])
+
+
 def test_numel_raises_on_negative_dims_like_np_empty():
     assert memplan.numel((2, 3, 4)) == 24 and memplan.numel(()) == 1 and memplan.numel(5) == 5
     with pytest.raises(ValueError, match="negative"):

@@ -322,9 +322,9 @@ def _tenant_call(stmt):
     if d not in (("np", "empty"), ("np", "zeros")) or len(call.args) != 2 or call.keywords:
         return None
     shape = call.args[0]
-    if isinstance(shape, ast.Tuple) and any(isinstance(x, ast.Constant) and x.value == 0
-                                            for x in shape.elts):
-        return None   # always empty: nothing to reuse
+    if any(isinstance(x, ast.Constant) and x.value == 0
+           for x in (shape.elts if isinstance(shape, ast.Tuple) else (shape,))):
+        return None   # always empty (a kernel's "no bias" argument): nothing to reuse
     return stmt.targets[0].id, shape, ast.unparse(call.args[1]), d[1] == "zeros"
 
 

@@ -425,9 +425,11 @@ def _usable() -> int:
     """The cores work started now may use: the free cores, at most the cap of the run in
     progress on this thread (``begin_run``'s ``cap``: a run that a :class:`RunChoice` keeps on
     the caller's thread)."""
-    n = free_cores()
     cap = getattr(_run_local, "cap", None)
-    return n if cap is None or cap >= n else max(1, cap)
+    if cap is not None and cap <= 1:
+        return 1  # (the free cores not counted: a one-thread run asks at every kernel call)
+    n = free_cores()
+    return n if cap is None or cap >= n else cap
 
 
 def loop_threads() -> int:
@@ -435,7 +437,8 @@ def loop_threads() -> int:
     most the cores other processes leave free (``free_cores``) and the run's cap. A part of the
     work handed to a thread that waits for a busy core holds up the whole call: the call then
     runs on the caller's thread instead."""
-    return max(1, min(max_loop_threads(), _usable()))
+    most = max_loop_threads()
+    return 1 if most <= 1 else max(1, min(most, _usable()))
 
 
 def blas_threads() -> int:

@@ -1006,27 +1006,28 @@ def split_work(fn, n, work, *args, head=2):
     :data:`CHANNEL_SPLITS` by its own parts) is split over its output channels instead
     (:func:`split_channels`). A convolution on Winograd's kernel has its filter transformed
     once, before the threads take their parts."""
-    parts = _parts(n, work)
-    if parts > 1:
-        own = BATCH_SPLITS.get(fn)
-        if own is not None and own(parts, *args):  # (an entry of another module: its parts)
-            return
-        if _on_winograd(fn, args):
-            winograd.transformed(args[1])  # (once, before the threads ask for it)
-        _split(fn, parts, n, *args, head=head)
-        return
-    own = CHANNEL_SPLITS.get(fn)
-    by_channels = own is None and fn in _BY_CHANNELS
-    # (the free cores asked only for a sample something splits: a blocked kernel's own call,
-    # a pooling, run whole)
-    threads = loop_threads() if n == 1 and (own is not None or by_channels) and \
-        work >= min(_TEAM_MIN_WORK, _CHANNELS_MIN_WORK) else 1
-    if threads > 1:
-        if own is not None:  # (an entry of another module: its own parts)
-            if own(threads, work, *args):
+    if n > 1:
+        parts = _parts(n, work)
+        if parts > 1:
+            own = BATCH_SPLITS.get(fn)
+            if own is not None and own(parts, *args):  # (an entry of another module: its parts)
                 return
-        elif by_channels and split_channels(fn, threads, work, args):
+            if _on_winograd(fn, args):
+                winograd.transformed(args[1])  # (once, before the threads ask for it)
+            _split(fn, parts, n, *args, head=head)
             return
+    elif n == 1 and work >= min(_TEAM_MIN_WORK, _CHANNELS_MIN_WORK):
+        # (the free cores asked only for a sample something splits: a blocked kernel's own
+        # call, a pooling, run whole)
+        own = CHANNEL_SPLITS.get(fn)
+        if own is not None or fn in _BY_CHANNELS:
+            threads = loop_threads()
+            if threads > 1:
+                if own is not None:  # (an entry of another module: its own parts)
+                    if own(threads, work, *args):
+                        return
+                elif split_channels(fn, threads, work, args):
+                    return
     fn(*args[:head], 0, n, *args[head:])
 
 
