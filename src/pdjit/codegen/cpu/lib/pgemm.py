@@ -82,7 +82,7 @@ def packed_b_size(k: int, n: int, itemsize: int) -> int:
 
 
 def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool = False,
-                  far: bool = False, gate: bool = False):
+                  far: bool = False, gate: bool = False, taps: bool = False):
     """The intrinsic of a tile of ``mr`` rows by ``nv`` vectors of columns of a product.
 
     ``micro(a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0, res, lo, hi)``
@@ -108,6 +108,11 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
     values ``pfo`` past the row it loads into the L2 cache (rather than ``pf`` rows ahead into
     L1), so that a tile can fetch the next chunk of a panel that the tiles after it read.
 
+    ``taps`` (with ``trans`` and ``far``): two more arguments, ``off`` (int64) and ``k0``:
+    ``a[a0 + r*ka + off[k0 + k]]`` for ``a[a0 + r + k*ka]``, the left operand read where each
+    step ``k`` of the sum finds it (a convolution's image, ``off`` the offsets of its taps,
+    ``ka`` the stride between the tile's pixels), not from patches.
+
     ``gate`` (neither ``conv``, ``trans`` nor ``far``): one more argument, ``gate``, an array
     of the data's type applied after the clamp (:func:`.tile.gate_of`: hard_swish or
     hard_sigmoid; empty: none).
@@ -118,6 +123,8 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
     (allocas LLVM promotes) until the one store of the tile."""
     if gate and (conv or trans or far):
         raise ValueError("pdjit: a gated tile is a plain one")
+    if taps and not (trans and far):
+        raise ValueError("pdjit: a tile reading the taps is a transposed far one")
     if trans and mr > _TRANS_ROWS:
         raise ValueError(f"pdjit: a transposed tile has at most {_TRANS_ROWS} rows, not {mr}")
 
@@ -133,6 +140,9 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
             a0v, ldav, rowsv, kkv, b0v, c0v, ldcv, colsv, n0v = (
                 _offset(context, builder, at[i], args[i]) for i in (1, 2, 3, 4, 6, 8, 9, 10, 12))
             pfov = _offset(context, builder, at[16], args[16]) if far else None
+        if taps:
+            offp = context.make_array(at[17])(context, builder, args[17]).data
+            k0v = _offset(context, builder, at[18], args[18])
         ptr = [context.make_array(at[i])(context, builder, args[i]) for i in (ia, ib, ic, ibias)]
         aptr, bptr, cptr, biasa = ptr[0].data, ptr[1].data, ptr[2].data, ptr[3]
         fty, size, lanes, vty, i64, zero, fma = _vectors(context, builder, at[0].dtype)
@@ -165,7 +175,8 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
             arow = []
             for r in range(mr):
                 rr = builder.select(builder.icmp_signed("<", const(r), rowsv), const(r), last)
-                arow.append(builder.add(a0v, rr if trans else builder.mul(rr, ldav)))
+                arow.append(builder.add(a0v, builder.mul(rr, ldav) if taps or not trans
+                                        else rr))
         def sums(masked: bool):
             """The loop over ``k`` of the tile's fused multiply-adds (``masked``: conv's rows
             of b loaded under the columns' mask)."""
@@ -184,6 +195,8 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
                     for v in range(nv if pf or far else 0):
                         _prefetch(builder, bptr, builder.add(ahead, const(v * lanes)),
                                   locality=2 if far else 3)
+                if taps:  # where step k's tap starts
+                    tapk = builder.load(builder.gep(offp, [builder.add(k0v, k)]))
                 bv = []
                 for v in range(nv):
                     p = builder.bitcast(builder.gep(bptr, [builder.add(base, const(v * lanes))]),
@@ -192,7 +205,7 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
                               builder.load(p, align=size))
                 for r in range(mr):
                     ai = builder.add(abase, const(r)) if conv else builder.add(
-                        arow[r], builder.mul(k, ldav) if trans else k)
+                        arow[r], tapk if taps else builder.mul(k, ldav) if trans else k)
                     wb = _splat(builder, vty, builder.load(builder.gep(aptr, [ai])))
                     for v in range(nv):
                         builder.store(builder.call(fma, [wb, bv[v], builder.load(acc[r][v])]),
@@ -284,6 +297,17 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
                 return None
             return types.void(a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0, res,
                               lo, hi, gate), codegen
+        return micro
+
+    if taps:
+        @intrinsic
+        def micro(typingctx, a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0, res, lo,
+                  hi, pfo, off, k0):
+            if not typed((a, bp, c, bias, res), (lo, hi), a.dtype) or not (
+                    isinstance(off, types.Array) and off.ndim == 1 and off.dtype == types.int64):
+                return None
+            return types.void(a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0, res,
+                              lo, hi, pfo, off, k0), codegen
         return micro
 
     if far:

@@ -4,7 +4,10 @@ sample's image ``x[n]`` ([C, H * W]) read in place, the epilogue (a bias per out
 a residual, a clamp) applied to each tile while it is in registers; and other convolutions of
 one group onto small planes (7x7, 9x9: any filter, stride, padding) on the same transposed
 tiles, over each sample's patches (im2col, ``K = C * kh * kw`` rows), where the taps kernel
-of :func:`.conv._fwd_range` would waste much of its vectors of pixels (:func:`_kind`).
+of :func:`.conv._fwd_range` would waste much of its vectors of pixels (:func:`_kind`); and
+onto long output rows where the output channels fill whole panels (a network's first layer,
+a ResNet's stride-2 3x3 layers: :data:`TAPS_MIN_ROW`), the tiles reading each step's tap in
+a padded copy of the image, no patches (:func:`conv_taps`).
 
 Two orientations of the tile, picked by the plane's size and the channels
 (:func:`_choice`):
@@ -59,6 +62,7 @@ from pdjit.codegen import params
 from pdjit.codegen.cpu.lib import conv as _conv
 from pdjit.codegen.cpu.lib import team
 from pdjit.codegen.cpu.lib._jit import JOBS, compile_cost, jit, jobs, pjit
+from pdjit.codegen.cpu.lib.deint import copy_run, zero_run
 from pdjit.codegen.cpu.lib.pgemm import (
     MR,
     NV,
@@ -118,6 +122,17 @@ _TAPS_MARGIN = 1.05
 CHUNK_BYTES = 1 << 18
 #: the fewest output and input channels the packed kernels serve
 MIN_CHANNELS = 16
+#: a filter wider than 1x1 whose output channels fill whole panels of the transposed tiles
+#: takes them reading its taps in the padded image (:func:`conv_taps`, no patches) where the
+#: output rows have this many pixels or more (rows of fewer waste much of the tiles, which do
+#: not cross a row). Measured alone (one thread, batch 1, us, the kernel that served before /
+#: the tiles reading the taps / over the patches): ResNet-50's 7x7 stride-2 stem 1168 / 988 /
+#: 1397, its 3x3 stride-2 128 at 56x56 1149 / 952 / 1090, ResNet-18's 64 -> 128 569 / 478 /
+#: 577, 256 at 56x56 stride 2 4474 / 3774 / 4134, SqueezeNet's 3 -> 64 3x3 stride 2 310 / 278
+#: / 323, 5x5 16 -> 64 at 28x28 182 / 163 / 211; but onto 14x14 planes behind the patches
+#: (256 -> 512 3x3 stride 2 771 / 575), and 96 channels (two panels, a quarter empty: 7x7
+#: stride 2 1719 / 1961)
+TAPS_MIN_ROW = 28
 #: compiled code, which packs the filter at each run, runs the packed kernels from this many
 #: pixels (samples x plane) on: packing took 0.5-0.7 ns a value (2048x512, 512x2048, 256x1024,
 #: one thread), the product ~0.017 ns a multiply-add, so the copy costs at most ~8 % of it
@@ -172,7 +187,15 @@ def _cols_kind(m_, p_):
 
 
 @register_jitable
-def _kind(m_, k_, p_, in_place) -> int:
+def _taps_pays(m_, kh, kw, ow_) -> bool:
+    """Whether a convolution of ``m_`` output channels, a ``kh x kw`` filter (wider than 1x1)
+    and output rows of ``ow_`` pixels runs on the transposed tiles reading its taps
+    (:data:`TAPS_MIN_ROW`) rather than over its patches."""
+    return kh * kw > 1 and m_ > 0 and m_ % _NR == 0 and ow_ >= TAPS_MIN_ROW
+
+
+@register_jitable
+def _kind(m_, k_, p_, in_place, taps=False) -> int:
     """Which kernel serves a convolution (float32, one group) of ``m_`` output channels,
     ``k_`` products per output (input channels times the filter's taps) and planes of ``p_``
     output pixels: for a 1x1 stride-1 unpadded one (``in_place``: the image is its own
@@ -185,12 +208,15 @@ def _kind(m_, k_, p_, in_place) -> int:
     transposed tiles of kind 2 on the patches): ResNet-50's 7x7
     512 -> 512 3x3 2.91 / 2.34, 14x14 -> 7x7 stride 2 3x3 256 -> 512 1.47 / 1.16 and 1x1
     512 -> 1024 0.66 / 0.52; 9x9 160 -> 192 0.51 / 0.41; even or behind where a panel is
-    part empty: 7x7 128 -> 32 0.068 / 0.070, 10x10 64 -> 96 0.128 / 0.136."""
+    part empty: 7x7 128 -> 32 0.068 / 0.070, 10x10 64 -> 96 0.128 / 0.136. ``taps``
+    (:func:`_taps_pays`): any plane, the tiles reading the taps (:func:`conv_taps`)."""
     if in_place:
         k = _choice(m_, k_, p_)
         return _cols_kind(m_, p_)[0] if k == 2 else k
     if m_ < MIN_CHANNELS or k_ < MIN_CHANNELS or p_ < 1:
         return 0
+    if taps:
+        return 2
     if p_ > COLS_MAX_PLANE:  # 14x14: long sums onto whole panels, as the 1x1 ones
         return 2 if p_ <= COLS_WIDE_PLANE and m_ % _NR == 0 and \
             k_ >= PATCHES_WIDE_MIN_K else 0
@@ -222,20 +248,22 @@ def _in_place(x, w, y, sh, sw, pt, pl) -> bool:
 
 
 def usable(m: int, c: int, kh: int, kw: int, sh: int, sw: int, pt: int, pl: int, dh: int,
-           dw: int, groups: int, p: int = -1, q: int = -1) -> str:
+           dw: int, groups: int, p: int = -1, q: int = -1, ow: int = -1) -> str:
     """The entry a convolution of this filter ([m, c, kh, kw]), geometry and plane of ``p``
-    input and ``q`` output pixels (-1: unknown) calls (what the lowering knows before any
-    run): ``""`` where the packed kernels never serve it, else ``pointwise_range`` or, the
-    plane known, the name that says which kernel serves (``pointwise_range_rows``, ``_cols``;
-    ``pointwise_range_patches`` and ``_3x3`` for the patches of other filters, the latter
-    where Winograd's kernel serves larger batches; ``""`` for neither)."""
-    if groups != 1 or m < MIN_CHANNELS or c < MIN_CHANNELS:
+    input and ``q`` output pixels in rows of ``ow`` (-1: unknown) calls (what the lowering
+    knows before any run): ``""`` where the packed kernels never serve it, else
+    ``pointwise_range`` or, the plane known, the name that says which kernel serves
+    (``pointwise_range_rows``, ``_cols``; ``pointwise_range_patches`` and ``_3x3`` for other
+    filters, over their patches or reading their taps, the latter where Winograd's kernel
+    serves larger batches; ``""`` for neither)."""
+    taps = ow > 0 and _taps_pays(m, kh, kw, ow)  # (any input channels: a network's first)
+    if groups != 1 or m < MIN_CHANNELS or c < MIN_CHANNELS and not taps:
         return ""
     if kh == 1 and kw == 1 and sh == 1 and sw == 1 and pt == 0 and pl == 0:
         if p < 1:
             return "pointwise_range"
         return ("", "pointwise_range_rows", "pointwise_range_cols")[_choice(m, c, p)]
-    if q < 1 or _kind(m, c * kh * kw, q, False) < 2:
+    if q < 1 or _kind(m, c * kh * kw, q, False, taps) < 2:
         return ""
     if may_take(m, c, kh, kw, (sh, sw), (dh, dw), groups):
         return "pointwise_range_patches_3x3"
@@ -265,39 +293,41 @@ def _pack(w, step: int):
     return out.reshape(-1)
 
 
-def pointwise_weight(w, p_, n_=1, in_place=True, tiles=0):
+def pointwise_weight(w, p_, n_=1, in_place=True, tiles=0, ow=0):
     """The filter ``w`` ([M, C, kh, kw], float32) packed for planes of ``p_`` output pixels
-    (see the module docstring; ``in_place``: a 1x1 stride-1 unpadded convolution), kept
-    beside ``w`` (:func:`pdjit.codegen.params.derived`: until the array goes or a run may
-    write it); an empty array where the packed kernels do not serve (:func:`_kind`, another
-    dtype, the switch off), where Winograd's kernel takes the batch of ``n_`` samples of
-    ``tiles`` tiles each (a 3x3 stride-1 filter; 0: never) and, for the patches
-    (:func:`conv_cols`), until that kernel is ready."""
+    in rows of ``ow`` (see the module docstring; ``in_place``: a 1x1 stride-1 unpadded
+    convolution), kept beside ``w`` (:func:`pdjit.codegen.params.derived`: until the array
+    goes or a run may write it); an empty array where the packed kernels do not serve
+    (:func:`_kind`, another dtype, the switch off), where Winograd's kernel takes the batch of
+    ``n_`` samples of ``tiles`` tiles each (a 3x3 stride-1 filter; 0: never) and, for other
+    filters (:func:`conv_cols`, :func:`conv_taps`), until their kernel is ready."""
     if w.dtype != np.float32 or w.ndim != 4 or not _PACKED[0] or type(w) is not np.ndarray:
         return np.empty(0, w.dtype)
-    k = _kind(w.shape[0], w.size // max(1, w.shape[0]), p_, in_place)
+    taps = not in_place and _taps_pays(w.shape[0], w.shape[2], w.shape[3], ow)
+    k = _kind(w.shape[0], w.size // max(1, w.shape[0]), p_, in_place, taps)
     if k == 0 or tiles > 0 and enough_tiles(n_ * tiles, w.shape[0], w.shape[1]) or \
-            not in_place and not _patches_ready():
+            not in_place and not (_taps_ready() if taps else _patches_ready()):
         return np.empty(0, w.dtype)
     return params.derived(w, ("pointwise", k), lambda: _pack(w, _step(k)))
 
 
 @overload(pointwise_weight)
-def _pointwise_weight_native(w, p_, n_=1, in_place=True, tiles=0):
+def _pointwise_weight_native(w, p_, n_=1, in_place=True, tiles=0, ow=0):
     """In compiled code (a native driver, an ahead-of-time artifact: once per run of the
     driver, whatever blocks of samples it calls :func:`pointwise_range` for): ``w`` packed
     where the batch of ``n_`` samples has :data:`NATIVE_MIN_PIXELS` pixels or more (the copy
     of ``M * K`` values then a few per cent of the product at most), else empty (the kernels
     of :func:`.conv._fwd_range`)."""
     if not (isinstance(w, types.Array) and w.dtype == types.float32 and w.ndim == 4):
-        def none(w, p_, n_=1, in_place=True, tiles=0):
+        def none(w, p_, n_=1, in_place=True, tiles=0, ow=0):
             return np.empty(0, w.dtype)
         return none
 
-    def impl(w, p_, n_=1, in_place=True, tiles=0):
+    def impl(w, p_, n_=1, in_place=True, tiles=0, ow=0):
         m_ = w.shape[0]
         k_ = w.size // m_ if m_ > 0 else 0
-        k = _kind(m_, k_, p_, in_place)
+        k = _kind(m_, k_, p_, in_place,
+                  not in_place and _taps_pays(m_, w.shape[2], w.shape[3], ow))
         if k == 0 or n_ * p_ < NATIVE_MIN_PIXELS or \
                 tiles > 0 and enough_tiles(n_ * tiles, m_, w.shape[1]):
             return np.empty(0, w.dtype)
@@ -320,7 +350,8 @@ def _packed_kind(x, w, ap, y, sh, sw, pt, pl, bias, res):
             (res.size != 0 and res.size != y.size):
         return 0, in_place
     k_ = w.size // m_
-    k = _kind(m_, k_, y.shape[2] * y.shape[3], in_place)
+    k = _kind(m_, k_, y.shape[2] * y.shape[3], in_place,
+              not in_place and _taps_pays(m_, w.shape[2], w.shape[3], y.shape[3]))
     return (k if ap.size == _packed_size(m_, k_, k) else 0), in_place
 
 
@@ -426,6 +457,110 @@ def conv_cols(x, bp, nr, y, n0, n1, kh, kw, sh, sw, pt, pl, dh, dw, bias, lo, hi
         _cols_sample(col, 0, bp, nr, yf, n * m_ * p_, m_, k_, p_, bias, lo, hi, res)
 
 
+#: the tiles of the transposed kinds reading a convolution's image where each step of the sum
+#: finds its tap (:func:`conv_taps`)
+_convt_taps = _micro_kernel(MR, NV, PREFETCH_ROWS, trans=True, far=True, taps=True)
+_convt_taps3 = _micro_kernel(_MR3, _NR3 // 16, PREFETCH_ROWS, trans=True, far=True, taps=True)
+
+
+@register_jitable
+def _padded(x, n, c0, c1, pt, pl, hp, wp, xp):
+    """Channels ``c0 .. c1`` of sample ``n`` of ``x`` ([N, C, H, W]) into ``xp`` (``C`` planes
+    of ``hp`` rows of ``wp`` values), its row ``ih`` at row ``ih + pt``, column ``iw`` at
+    ``iw + pl``, zero around: every tap of the convolution then reads inside."""
+    c_, h_, w_ = x.shape[1], x.shape[2], x.shape[3]
+    xf = x.reshape(x.size)
+    lo = pl if pl < wp else wp
+    hi = pl + w_ if pl + w_ < wp else wp
+    for c in range(c0, c1):
+        for r in range(hp):
+            d = (c * hp + r) * wp
+            ih = r - pt
+            if ih < 0 or ih >= h_ or hi <= lo:
+                zero_run(xp, d, wp)
+                continue
+            zero_run(xp, d, lo)
+            copy_run(xf, ((n * c_ + c) * h_ + ih) * w_ + lo - pl, xp, d + lo, hi - lo)
+            zero_run(xp, d + hi, wp - hi)
+
+
+@register_jitable
+def _tap_table(c_, kh, kw, dh, dw, hp, wp):
+    """Where tap ``(c, i, j)`` of a ``kh x kw`` filter starts in :func:`_padded`'s planes."""
+    off = np.empty(c_ * kh * kw, np.int64)
+    for c in range(c_):
+        for i in range(kh):
+            for j in range(kw):
+                off[(c * kh + i) * kw + j] = c * hp * wp + i * dh * wp + j * dw
+    return off
+
+
+@register_jitable
+def _taps_sample(xp, wp, off, bp, nr, yf, yb, m_, k_, ow_, p_, sh, sw, bias, lo, hi, res, r0,
+                 r1):
+    """Output rows ``r0 .. r1`` of one sample on the transposed tiles reading its padded image
+    ``xp`` (:func:`_padded`, rows ``wp`` values apart) at the taps ``off``
+    (:func:`_tap_table`), as :func:`_cols_sample` reads its patches: tiles of ``MR`` (or 7)
+    pixels of one output row (``sw`` apart in the image) by a panel of ``nr`` output
+    channels, a panel's rows taken by chunks that stay in the L2 cache while every tile reads
+    them; the same sums in the same order as :func:`_cols_sample` over the patches."""
+    mr = _MR3 if nr == _NR3 else MR
+    npan = (m_ + nr - 1) // nr
+    chunks = (k_ * nr * 4 + CHUNK_BYTES - 1) // CHUNK_BYTES
+    kc = (k_ + chunks - 1) // chunks if chunks > 1 else k_
+    none = bias[:0]
+    for j in range(npan):
+        m0 = j * nr
+        cols = m_ - m0 if m_ - m0 < nr else nr
+        for k0 in range(0, k_, kc):
+            k1 = k0 + kc if k0 + kc < k_ else k_
+            last = k1 == k_
+            bs = bias if last else none
+            rs = res if k0 == 0 else yf
+            lo_ = lo if last else -np.inf
+            hi_ = hi if last else np.inf
+            for r in range(r0, r1):
+                for i in range(0, ow_, mr):
+                    pfo = PREFETCH_ROWS * nr  # (within the panel: one chunk or more)
+                    rows = ow_ - i if ow_ - i < mr else mr
+                    at = r * sh * wp + i * sw
+                    c0 = yb + m0 * p_ + r * ow_ + i
+                    if mr == MR:
+                        _convt_taps(xp, at, sw, rows, k1 - k0, bp, (j * k_ + k0) * nr, yf, c0,
+                                    p_, cols, bs, m0, rs, lo_, hi_, pfo, off, k0)
+                    else:
+                        _convt_taps3(xp, at, sw, rows, k1 - k0, bp, (j * k_ + k0) * nr, yf, c0,
+                                     p_, cols, bs, m0, rs, lo_, hi_, pfo, off, k0)
+
+
+@register_jitable
+def _padded_size(y, kh, kw, sh, sw, dh, dw):
+    """``(hp, wp)``: the rows and columns of the padded planes that a convolution onto ``y``'s
+    planes reads (:func:`_padded`)."""
+    return (y.shape[2] - 1) * sh + (kh - 1) * dh + 1, (y.shape[3] - 1) * sw + (kw - 1) * dw + 1
+
+
+@jit
+def conv_taps(x, bp, nr, y, n0, n1, kh, kw, sh, sw, pt, pl, dh, dw, bias, lo, hi, res):
+    """:func:`conv_cols` without patches: each sample's image copied once into padded planes
+    (:func:`_padded`: ``C`` values per pixel, where the patches hold ``C * kh * kw``), which
+    the transposed tiles read tap by tap (:func:`_taps_sample`): for a filter much wider than
+    the image is deep (a network's first layer: 7x7 stride 2 from 3 channels, patches 16x the
+    image's size)."""
+    m_, c_ = y.shape[1], x.shape[1]
+    p_ = y.shape[2] * y.shape[3]
+    k_ = c_ * kh * kw
+    _cols_check(x, bp, nr, y, n0, n1, k_, bias, res)
+    hp, wp = _padded_size(y, kh, kw, sh, sw, dh, dw)
+    xp = np.empty(c_ * hp * wp, x.dtype)
+    off = _tap_table(c_, kh, kw, dh, dw, hp, wp)
+    yf = y.reshape(y.size)
+    for n in range(n0, n1):
+        _padded(x, n, 0, c_, pt, pl, hp, wp, xp)
+        _taps_sample(xp, wp, off, bp, nr, yf, n * m_ * p_, m_, k_, y.shape[3], p_, sh, sw,
+                     bias, lo, hi, res, 0, y.shape[2])
+
+
 #: a call of :func:`conv_cols` of the types warmup compiles it for (:func:`_patches_ready`)
 _PATCHES_CALL: list = []
 
@@ -440,6 +575,14 @@ def _patches_ready() -> bool:
     return team.ready(conv_cols, _PATCHES_CALL[0])
 
 
+def _taps_ready() -> bool:
+    """Whether :func:`conv_taps` may serve (as :func:`_patches_ready` says of
+    :func:`conv_cols`)."""
+    if not _PATCHES_CALL:
+        _patches_ready()
+    return team.ready(conv_taps, _PATCHES_CALL[0])
+
+
 @register_jitable
 def _run_packed(k, in_place, x, w, ap, y, n0, n1, sh, sw, pt, pl, dh, dw, bias, lo, hi, res):
     """The packed kernel ``k`` that ``ap`` is packed for (:func:`_packed_kind`; in Python
@@ -448,6 +591,9 @@ def _run_packed(k, in_place, x, w, ap, y, n0, n1, sh, sw, pt, pl, dh, dw, bias, 
         pointwise_rows(x, ap, y, n0, n1, bias, lo, hi, res)
     elif in_place:
         pointwise_cols(x, ap, _step(k), y, n0, n1, bias, lo, hi, res)
+    elif _taps_pays(w.shape[0], w.shape[2], w.shape[3], y.shape[3]):
+        conv_taps(x, ap, _step(k), y, n0, n1, w.shape[2], w.shape[3], sh, sw, pt, pl, dh, dw,
+                  bias, lo, hi, res)
     else:
         conv_cols(x, ap, _step(k), y, n0, n1, w.shape[2], w.shape[3], sh, sw, pt, pl, dh, dw,
                   bias, lo, hi, res)
@@ -553,6 +699,13 @@ def _split(parts, work, x, w, ap, y, sh, sw, pt, pl, dh, dw, groups, bias, lo, h
             return True
     geo = np.array([] if in_place else [w.shape[2], w.shape[3], sh, sw, pt, pl, dh, dw],
                    np.int64)
+    if kind > 1 and not in_place and work >= _conv._TEAM_MIN_WORK and y.shape[2] >= 2 and \
+            _taps_pays(w.shape[0], w.shape[2], w.shape[3], y.shape[3]):
+        k = min(parts, y.shape[2])
+        rows = np.array([y.shape[2] * i // k for i in range(k + 1)], np.int64)
+        if team.run(_taps_by_rows, (x, ap, y, rows, _step(kind), geo, bias, float(lo),
+                                    float(hi), res)):
+            return True
     if kind > 1 and w.shape[2] * w.shape[3] > 1 and work >= _conv._TEAM_MIN_WORK and \
             COLS_BY_ROWS and y.shape[2] >= 2:  # (the patches of a wider filter)
         k = min(parts, y.shape[2])
@@ -674,6 +827,26 @@ def _cols_by_rows(x, ap, y, rows, nr, geo, bias, lo, hi, res, col):
         _cols_sample(part, 0, ap, nr, yf, 0, m_, k_, p_, bias, lo, hi, res, q0, q1)
 
 
+@pjit
+def _taps_by_rows(x, ap, y, rows, nr, geo, bias, lo, hi, res):
+    """:func:`conv_taps` of one sample, ranges ``rows`` of its output rows in parallel: the
+    parts pad the image together first (each its share of the channels), then each computes
+    every output channel of its rows. Each output is summed as the whole call sums it."""
+    m_, c_ = y.shape[1], x.shape[1]
+    k_ = c_ * geo[0] * geo[1]
+    _cols_check(x, ap, nr, y, _conv._plain(0), _conv._plain(1), k_, bias, res)
+    hp, wp = _padded_size(y, geo[0], geo[1], geo[2], geo[3], geo[6], geo[7])
+    xp = np.empty(c_ * hp * wp, x.dtype)
+    off = _tap_table(c_, geo[0], geo[1], geo[6], geo[7], hp, wp)
+    yf = y.reshape(y.size)
+    parts = rows.shape[0] - 1
+    for p in numba.prange(parts):
+        _padded(x, 0, c_ * p // parts, c_ * (p + 1) // parts, geo[4], geo[5], hp, wp, xp)
+    for p in numba.prange(parts):
+        _taps_sample(xp, wp, off, ap, nr, yf, 0, m_, k_, y.shape[3], y.shape[2] * y.shape[3],
+                     geo[2], geo[3], bias, lo, hi, res, rows[p], rows[p + 1])
+
+
 _PATCHES = threading.local()
 
 
@@ -716,8 +889,8 @@ jobs("pointwise_range_cols")(lambda T: _jobs(T, (2,)))
 jobs("pointwise_range_patches")(lambda T: JOBS["conv._fwd_range"](T))
 jobs("pointwise_range_patches_3x3")(lambda T: JOBS["conv._fwd_range_3x3"](T))
 jobs("pointwise.conv_cols (warmup)")(lambda T: [] if np.dtype(T) != np.float32 else [
-    (conv_cols, ((T, 4), (T, 1), int, (T, 4), int, int) + (int,) * 8 +
-     ((T, 1), float, float, (T, 1)))])
+    (fn, ((T, 4), (T, 1), int, (T, 4), int, int) + (int,) * 8 + ((T, 1), float, float, (T, 1)))
+    for fn in (conv_cols, conv_taps)])
 # compile time (CPU seconds, a cold compile alone in a fresh process, the machine at load ~8:
 # 0.70-0.76 s each; 0.41 s for the second after the first; the row tiles' narrow tail adds
 # ~0.2 s)
@@ -734,7 +907,10 @@ jobs("pointwise._by_channels (warmup)")(lambda T: [] if np.dtype(T) != np.float3
     (_patches_by_channels, ((T, 4), (T, 1), (T, 4), (np.int64, 1), (np.int64, 1), int,
                             (np.int64, 1), (T, 1), float, float, (T, 1), (T, 1))),
     (_cols_by_rows, ((T, 4), (T, 1), (T, 4), (np.int64, 1), int, (np.int64, 1), (T, 1),
-                     float, float, (T, 1), (T, 1)))])
+                     float, float, (T, 1), (T, 1))),
+    (_taps_by_rows, ((T, 4), (T, 1), (T, 4), (np.int64, 1), int, (np.int64, 1), (T, 1),
+                     float, float, (T, 1)))])
 compile_cost(0.9, rows_by_pixels)
 compile_cost(1.6, _patches_by_channels)
 compile_cost(1.6, _cols_by_rows)
+compile_cost(1.6, conv_taps, _taps_by_rows)

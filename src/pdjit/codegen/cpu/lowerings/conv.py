@@ -161,13 +161,13 @@ def _nhwc_blocked(ctx, g: Geometry):
 def _packed_args(g: Geometry, X: str, kh: int, kw: int, args: list, wino: bool) -> str:
     """The arguments of ``pointwise_weight`` after the filter: the output plane's pixels, the
     batch, whether the image is its own patches (1x1, stride 1, unpadded) and, for a filter
-    Winograd's kernel may take, its tiles per sample (0: none)."""
+    Winograd's kernel may take, its tiles per sample (0: none), and the output rows' pixels."""
     oh, ow = g.src_conv_out(0, f"{X}.shape[2]", kh), g.src_conv_out(1, f"{X}.shape[3]", kw)
     in_place = kh == kw == 1 and args[:4] == ["1", "1", "0", "0"]
     if in_place:
         return f"{X}.shape[2] * {X}.shape[3], {X}.shape[0]"
     tiles = f"(({oh}) + 1) // 2 * ((({ow}) + 1) // 2)" if wino else "0"
-    return f"({oh}) * ({ow}), {X}.shape[0], False, {tiles}"
+    return f"({oh}) * ({ow}), {X}.shape[0], False, {tiles}, {ow}"
 
 
 def _pointwise(ctx, g: Geometry, m: int, cg: int, kh: int, kw: int, args: list) -> str:
@@ -185,7 +185,8 @@ def _pointwise(ctx, g: Geometry, m: int, cg: int, kh: int, kw: int, args: list) 
     h, w = g.spatial(ctx.shape("Input"))
     known = h is not None and w is not None and h > 0 and w > 0
     entry = usable(m, cg, kh, kw, *(int(a) for a in args), p=h * w if known else -1,
-                   q=g.conv_out(0, h, kh) * g.conv_out(1, w, kw) if known else -1)
+                   q=g.conv_out(0, h, kh) * g.conv_out(1, w, kw) if known else -1,
+                   ow=g.conv_out(1, w, kw) if known else -1)
     return entry if entry and _weight_filter(ctx.op) is not None else ""
 
 

@@ -1,0 +1,235 @@
+"""Convolutions on the packed GEMM's transposed tiles reading each step's tap in the padded
+image (``pdjit.codegen.cpu.lib.pointwise.conv_taps``), where a filter wider than 1x1 fills
+whole panels of output channels and the output rows are long (a network's first layer, the
+stride-2 3x3 layers of a ResNet): against a NumPy oracle written here over strides, paddings
+(also only before or after), dilations, odd sizes, few input channels, sums long enough to be
+taken by chunks, a bias, residual (also in the output's own buffer) and clamp; the bits of the
+same tiles over the patches; split by output rows over threads bit for bit; in compiled code;
+and in a program."""
+import numpy as np
+import pytest
+
+import pdjit as fluid
+from pdjit.codegen.cpu.lib import conv, pointwise, team
+from pdjit.codegen.cpu.lib._jit import caller
+from pdjit.testing import assert_native
+
+RNG = np.random.default_rng(71)
+INF = np.inf
+E = np.empty(0, np.float32)
+
+
+@pytest.fixture
+def ready(monkeypatch):
+    """The kernels compiled at their first ask (as warmup compiles them ahead)."""
+    monkeypatch.setattr(team, "COMPILE", True)
+    monkeypatch.setattr(team, "AFTER_RUNS", 0)
+    monkeypatch.setattr(team, "LOOK_AGAIN_S", 0.0)
+
+
+@pytest.fixture
+def counted(monkeypatch, ready):
+    """The calls of ``conv_taps`` from the host's ``pointwise_range`` and of its split by rows
+    over threads (the kernel ready)."""
+    calls = []
+    real, real_run = pointwise.conv_taps, team.run
+    monkeypatch.setattr(pointwise, "_taps_ready", lambda: True)
+    monkeypatch.setattr(pointwise, "conv_taps", lambda *a: calls.append(a[1:3]) or real(*a))
+    monkeypatch.setattr(team, "run", lambda loop, call: real_run(loop, call) and (
+        loop is not pointwise._taps_by_rows or not calls.append(loop)))
+    return calls
+
+
+def _oracle(x, w, sh, sw, pt, pl, dh, dw, oh, ow, bias, res, lo, hi):
+    """The convolution in float64, tap by tap, on a zero-padded copy of the image."""
+    n, c, h, wd = x.shape
+    m, _, kh, kw = w.shape
+    big = np.zeros((n, c, h + pt + kh * dh + oh * sh, wd + pl + kw * dw + ow * sw))
+    big[:, :, pt:pt + h, pl:pl + wd] = x
+    y = np.zeros((n, m, oh, ow))
+    for i in range(kh):
+        for j in range(kw):
+            patch = big[:, :, i * dh:i * dh + oh * sh:sh, j * dw:j * dw + ow * sw:sw]
+            y += np.einsum("nchw,mc->nmhw", patch, w[:, :, i, j].astype(np.float64))
+    if bias.size:
+        y += bias.astype(np.float64)[None, :, None, None]
+    if res.size:
+        y += res.reshape(y.shape)
+    return np.minimum(np.maximum(y, lo), hi)
+
+
+def _out(size, k, s, p, d):
+    return (size + 2 * p - d * (k - 1) - 1) // s + 1
+
+
+# (batch, C, M, H, W, k, stride, pad, dilation)
+CASES = [(1, 3, 64, 60, 61, 7, 2, 3, 1),      # a network's first layer (7x7/2, 3 channels)
+         (2, 3, 64, 61, 58, 3, 2, 0, 1),      # ... 3x3/2 unpadded, odd sizes, two samples
+         (1, 24, 128, 57, 57, 3, 2, 1, 1),    # a ResNet's stride-2 3x3 (rows of 29: 4 x 6 + 5)
+         (1, 16, 64, 28, 30, 5, 1, 2, 1),     # 5x5 stride 1
+         (1, 5, 64, 33, 40, 3, 1, 2, 2),      # dilated
+         (1, 160, 64, 30, 30, 3, 1, 1, 1)]    # 1440 products: the panel by chunks
+
+
+@pytest.mark.parametrize("n,c,m,h,wd,k,s,p,d", CASES)
+def test_taps_against_numpy(n, c, m, h, wd, k, s, p, d, ready, counted):
+    oh, ow = _out(h, k, s, p, d), _out(wd, k, s, p, d)
+    assert pointwise._taps_pays(m, k, k, ow) and \
+        pointwise._kind(m, c * k * k, oh * ow, False, True) == 2
+    if c == 160:
+        assert c * k * k * pointwise._step(2) * 4 > pointwise.CHUNK_BYTES
+    x = RNG.standard_normal((n, c, h, wd)).astype(np.float32)
+    w = (RNG.standard_normal((m, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
+    bias = RNG.standard_normal(m).astype(np.float32)
+    res = RNG.standard_normal(n * m * oh * ow).astype(np.float32)
+    ap = pointwise.pointwise_weight(w, oh * ow, n, False, 0, ow)
+    assert ap.size == m * c * k * k
+    geo = (s, s, p, p, d, d, 1)
+    for b, r, lo, hi in [(E, E, -INF, INF), (bias, E, 0.0, INF), (E, res, -INF, INF),
+                         (bias, res, 0.0, 1.5)]:
+        y = np.full((n, m, oh, ow), np.nan, np.float32)
+        counted.clear()
+        pointwise.pointwise_range(x, w, ap, y, 0, n, *geo, b, lo, hi, r)
+        assert len(counted) == 1
+        np.testing.assert_allclose(y, _oracle(x, w, s, s, p, p, d, d, oh, ow, b, r, lo, hi),
+                                   rtol=1e-4, atol=1e-4)
+        # the same tiles over the patches sum the same products in the same order
+        z = np.full_like(y, np.nan)
+        pointwise.conv_cols(x, ap, 64, z, 0, n, k, k, s, s, p, p, d, d, b, lo, hi, r)
+        assert np.array_equal(y, z)
+    # the residual in the output's own buffer (the memory plan's in place)
+    y = res.reshape(n, m, oh, ow).copy()
+    pointwise.pointwise_range(x, w, ap, y, 0, n, *geo, bias, 0.0, 1.5, y.reshape(-1))
+    np.testing.assert_allclose(y, _oracle(x, w, s, s, p, p, d, d, oh, ow, bias, res, 0.0, 1.5),
+                               rtol=1e-4, atol=1e-4)
+    if n > 1:  # a range of samples leaves the others alone
+        y = np.full((n, m, oh, ow), np.nan, np.float32)
+        pointwise.pointwise_range(x, w, ap, y, 1, 2, *geo, bias, 0.0, INF, E)
+        np.testing.assert_allclose(y[1], _oracle(x, w, s, s, p, p, d, d, oh, ow, bias, E,
+                                                 0.0, INF)[1], rtol=1e-4, atol=1e-4)
+        assert np.isnan(y[0]).all()
+
+
+def test_padding_only_before_or_after(ready, counted):
+    """Top and left paddings are arguments, the bottom and right ones follow from the output's
+    size (here 0 above, 2 below, 3 left, 0 right), against NumPy."""
+    x = RNG.standard_normal((1, 8, 40, 31)).astype(np.float32)
+    w = RNG.standard_normal((64, 8, 3, 3)).astype(np.float32)
+    oh, ow = (40 + 0 + 2 - 3) // 1 + 1, (31 + 3 + 0 - 3) // 1 + 1
+    ap = pointwise.pointwise_weight(w, oh * ow, 1, False, 0, ow)
+    y = np.full((1, 64, oh, ow), np.nan, np.float32)
+    pointwise.pointwise_range(x, w, ap, y, 0, 1, 1, 1, 0, 3, 1, 1, 1, E, -INF, INF, E)
+    assert len(counted) == 1
+    np.testing.assert_allclose(y, _oracle(x, w, 1, 1, 0, 3, 1, 1, oh, ow, E, E, -INF, INF),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_where_the_taps_pay(ready, monkeypatch):
+    """Whole panels of output channels over rows of 28 pixels or more: a first layer of 3
+    input channels included (which the other packed kernels leave); not 96 channels (a
+    quarter of two panels empty), rows of 14 (the patches, as before), a 1x1 filter (strided:
+    the subsample or the patches), nor any until the kernel is ready (the taps kernel then
+    serves, the same results)."""
+    assert pointwise.usable(64, 3, 7, 7, 2, 2, 3, 3, 1, 1, 1, p=224 * 224, q=112 * 112,
+                            ow=112) == "pointwise_range_patches"
+    assert pointwise.usable(64, 3, 7, 7, 2, 2, 3, 3, 1, 1, 1, p=224 * 224,
+                            q=112 * 112) == ""                      # (rows unknown)
+    assert pointwise.usable(96, 3, 7, 7, 2, 2, 0, 0, 1, 1, 1, p=224 * 224, q=109 * 109,
+                            ow=109) == ""
+    assert not pointwise._taps_pays(128, 3, 3, 14) and pointwise._taps_pays(128, 3, 3, 28)
+    assert not pointwise._taps_pays(512, 1, 1, 28)
+    assert pointwise.usable(512, 256, 3, 3, 2, 2, 1, 1, 1, 1, 1, p=784, q=196, ow=14) == \
+        "pointwise_range_patches"                                    # (the patches, as before)
+    w = RNG.standard_normal((64, 3, 7, 7)).astype(np.float32)
+    assert pointwise.pointwise_weight(w, 900, 1, False, 0, 30).size == 64 * 147
+    assert pointwise.pointwise_weight(w, 900, 1, False, 0, 14).size == 0
+    monkeypatch.setattr(pointwise, "_taps_ready", lambda: False)
+    assert pointwise.pointwise_weight(w, 900, 1, False, 0, 30).size == 0
+    x = RNG.standard_normal((1, 3, 60, 60)).astype(np.float32)
+    y = np.full((1, 64, 30, 30), np.nan, np.float32)
+    pointwise.pointwise_range(x, w, E, y, 0, 1, 2, 2, 3, 3, 1, 1, 1, E, -INF, INF, E)
+    np.testing.assert_allclose(y, _oracle(x, w, 2, 2, 3, 3, 1, 1, 30, 30, E, E, -INF, INF),
+                               rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("c,h,k,s,p", [(3, 60, 7, 2, 3), (5, 61, 3, 2, 1), (40, 28, 3, 1, 1)])
+def test_split_by_output_rows_gives_the_one_calls_bits(ready, monkeypatch, counted, c, h, k,
+                                                      s, p):
+    """A one-sample call split by a parallel loop into ranges of its output rows (three
+    parts): the parts pad the image together (each its share of the input channels: 3 in 1,
+    1, 1; 5 in 1, 2, 2), then each computes every output channel of its rows: the one call's
+    bits, its residual in another buffer and in the output's own."""
+    monkeypatch.setattr(conv, "_CHANNELS_MIN_WORK", 0)
+    monkeypatch.setattr(conv, "_TEAM_MIN_WORK", 0)
+    monkeypatch.setattr(conv, "loop_threads", lambda: 3)
+    loops = []
+    real_run = team.run
+    monkeypatch.setattr(team, "run", lambda loop, call: real_run(loop, call) and
+                        not loops.append((loop, call)))
+    m = 128
+    x = RNG.standard_normal((1, c, h, h)).astype(np.float32)
+    w = RNG.standard_normal((m, c, k, k)).astype(np.float32)
+    oh = _out(h, k, s, p, 1)
+    bias = RNG.standard_normal(m).astype(np.float32)
+    res = RNG.standard_normal(m * oh * oh).astype(np.float32)
+    ap = pointwise.pointwise_weight(w, oh * oh, 1, False, 0, oh)
+    assert ap.size
+    geo = (s, s, p, p, 1, 1, 1)
+    one = np.full((1, m, oh, oh), np.nan, np.float32)
+    pointwise.pointwise_range(x, w, ap, one, 0, 1, *geo, bias, 0.0, 6.0, res)
+    assert len(counted) == 1
+    np.testing.assert_allclose(one, _oracle(x, w, s, s, p, p, 1, 1, oh, oh, bias, res, 0.0,
+                                            6.0), rtol=1e-4, atol=1e-4)
+    for in_place in (False, True):
+        y = res.reshape(one.shape).copy() if in_place else np.full(one.shape, np.nan,
+                                                                    np.float32)
+        loops.clear()
+        conv.split_work(pointwise.pointwise_range, 1, 1, x, w, ap, y, *geo, bias, 0.0, 6.0,
+                        y.reshape(-1) if in_place else res, head=4)
+        assert [lp for lp, _ in loops] == [pointwise._taps_by_rows]
+        rows = loops[0][1][3]
+        assert rows[0] == 0 and rows[-1] == oh and len(rows) == 4
+        assert np.array_equal(y, one)
+
+
+def test_compiled_code_packs_and_reads_the_taps():
+    """In compiled code (a native driver, an ahead-of-time artifact) the filter is packed at
+    each run and the tiles read the taps, as in Python."""
+    @caller
+    def call(x, w, y, bias):
+        oh, ow = y.shape[2], y.shape[3]
+        ap = pointwise.pointwise_weight(w, oh * ow, x.shape[0], False, 0, ow)
+        pointwise.pointwise_range(x, w, ap, y, 0, x.shape[0], 2, 2, 3, 3, 1, 1, 1, bias, 0.0,
+                                  INF, bias[:0])
+        return ap.size
+
+    w = RNG.standard_normal((64, 3, 7, 7)).astype(np.float32)
+    bias = RNG.standard_normal(64).astype(np.float32)
+    x = RNG.standard_normal((1, 3, 64, 64)).astype(np.float32)
+    y = np.full((1, 64, 32, 32), np.nan, np.float32)
+    assert call(x, w, y, bias) == 64 * 147
+    np.testing.assert_allclose(y, _oracle(x, w, 2, 2, 3, 3, 1, 1, 32, 32, bias, E, 0.0, INF),
+                               rtol=1e-4, atol=1e-4)
+
+
+def test_a_programs_first_layer_takes_them(fresh_programs, ready, counted):
+    """A network's first layer (7x7 stride 2 from 3 channels, its bias and relu) in a
+    program: the tiles reading the taps, natively, against NumPy."""
+    main, _ = fresh_programs
+    x = fluid.layers.data("x", [3, 64, 64])
+    y = fluid.layers.conv2d(x, 64, 7, stride=2, padding=3, act="relu",
+                            param_attr=fluid.ParamAttr(name="w1"),
+                            bias_attr=fluid.ParamAttr(name="b1"))
+    exe = fluid.Executor(fluid.CPUPlace())
+    scope = fluid.global_scope()
+    w = (RNG.standard_normal((64, 3, 7, 7)) / 12).astype(np.float32)
+    b = RNG.standard_normal(64).astype(np.float32)
+    for name, v in (("w1", w), ("b1", b)):
+        scope.var(name).get_tensor().set(v, fluid.CPUPlace())
+    xv = RNG.standard_normal((1, 3, 64, 64)).astype(np.float32)
+    for _ in range(2):
+        got, = exe.run(main, feed={"x": xv}, fetch_list=[y])
+    assert_native(exe)
+    assert counted
+    np.testing.assert_allclose(got, _oracle(xv, w, 2, 2, 3, 3, 1, 1, 32, 32, b, E, 0.0, INF),
+                               rtol=1e-4, atol=1e-4)
