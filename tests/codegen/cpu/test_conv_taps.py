@@ -1,13 +1,14 @@
 """Convolutions on the packed GEMM's transposed tiles reading each step's tap in the padded
 image (``pdjit.codegen.cpu.lib.pointwise.conv_taps``), where a filter wider than 1x1 fills
 whole panels of output channels and the output rows are long (a network's first layer, the
-stride-2 3x3 layers of a ResNet): against a NumPy oracle written here over strides, paddings
-(also only before or after), dilations, odd sizes, few input channels, sums long enough to be
-taken by chunks, a bias, residual (also in the output's own buffer) and clamp; the bits of the
-same tiles over the patches; split by output rows over threads bit for bit; in compiled code;
-and in a program."""
+stride-2 3x3 layers of a ResNet): against the NumPy oracle of ``test_conv_cols`` over
+strides, paddings (also only before or after), dilations, odd sizes, few input channels, sums
+long enough to be taken by chunks, a bias, residual (also in the output's own buffer) and
+clamp; the bits of the same tiles over the patches; split by output rows over threads bit for
+bit; in compiled code; and in a program."""
 import numpy as np
 import pytest
+from test_conv_cols import _oracle, _out  # (the oracle: NumPy, tap by tap)
 
 import pdjit as fluid
 from pdjit.codegen.cpu.lib import conv, pointwise, team
@@ -38,28 +39,6 @@ def counted(monkeypatch, ready):
     monkeypatch.setattr(team, "run", lambda loop, call: real_run(loop, call) and (
         loop is not pointwise._taps_by_rows or not calls.append(loop)))
     return calls
-
-
-def _oracle(x, w, sh, sw, pt, pl, dh, dw, oh, ow, bias, res, lo, hi):
-    """The convolution in float64, tap by tap, on a zero-padded copy of the image."""
-    n, c, h, wd = x.shape
-    m, _, kh, kw = w.shape
-    big = np.zeros((n, c, h + pt + kh * dh + oh * sh, wd + pl + kw * dw + ow * sw))
-    big[:, :, pt:pt + h, pl:pl + wd] = x
-    y = np.zeros((n, m, oh, ow))
-    for i in range(kh):
-        for j in range(kw):
-            patch = big[:, :, i * dh:i * dh + oh * sh:sh, j * dw:j * dw + ow * sw:sw]
-            y += np.einsum("nchw,mc->nmhw", patch, w[:, :, i, j].astype(np.float64))
-    if bias.size:
-        y += bias.astype(np.float64)[None, :, None, None]
-    if res.size:
-        y += res.reshape(y.shape)
-    return np.minimum(np.maximum(y, lo), hi)
-
-
-def _out(size, k, s, p, d):
-    return (size + 2 * p - d * (k - 1) - 1) // s + 1
 
 
 # (batch, C, M, H, W, k, stride, pad, dilation)

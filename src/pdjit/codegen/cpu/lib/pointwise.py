@@ -356,6 +356,27 @@ def _packed_kind(x, w, ap, y, sh, sw, pt, pl, bias, res):
 
 
 @register_jitable
+def _chunking(m_, k_, nr):
+    """``(pixels a tile, panels, products a chunk)`` of the transposed tiles of panels of
+    ``nr`` output channels over sums of ``k_`` products (a panel's chunk about
+    :data:`CHUNK_BYTES`)."""
+    chunks = (k_ * nr * 4 + CHUNK_BYTES - 1) // CHUNK_BYTES
+    return (_MR3 if nr == _NR3 else MR, (m_ + nr - 1) // nr,
+            (k_ + chunks - 1) // chunks if chunks > 1 else k_)
+
+
+@register_jitable
+def _chunk(k0, kc, k_, bias, res, yf, lo, hi):
+    """``(end, bias, residual, lo, hi)`` of the chunk of products from ``k0``: the residual
+    added with the first chunk (the chunks after it add to the sums so far, read back from
+    ``yf``), the bias and clamp with the last."""
+    k1 = k0 + kc if k0 + kc < k_ else k_
+    last = k1 == k_
+    return (k1, bias if last else bias[:0], res if k0 == 0 else yf, lo if last else -np.inf,
+            hi if last else np.inf)
+
+
+@register_jitable
 def _cols_sample(src, xb, bp, nr, yf, yb, m_, k_, p_, bias, lo, hi, res, q0=0, q1=-1):
     """One sample of the transposed tiles: its patches ``src[xb:]`` (``k_`` rows of ``p_``
     pixels; with ``q0 .. q1`` (-1: ``p_``), only those output pixels, their patches ``k_``
@@ -370,11 +391,7 @@ def _cols_sample(src, xb, bp, nr, yf, yb, m_, k_, p_, bias, lo, hi, res, q0=0, q
     panel of a long sum read whole by each tile came from beyond the L2 cache each time, the
     first tile's from memory. Each output sums its products in the order of ``K``, each a
     fused multiply-add."""
-    mr = _MR3 if nr == _NR3 else MR
-    npan = (m_ + nr - 1) // nr
-    chunks = (k_ * nr * 4 + CHUNK_BYTES - 1) // CHUNK_BYTES
-    kc = (k_ + chunks - 1) // chunks if chunks > 1 else k_
-    none = bias[:0]
+    mr, npan, kc = _chunking(m_, k_, nr)
     if q1 < 0:
         q1 = p_
     ps = q1 - q0  # (the patches' rows)
@@ -382,12 +399,7 @@ def _cols_sample(src, xb, bp, nr, yf, yb, m_, k_, p_, bias, lo, hi, res, q0=0, q
         m0 = j * nr
         cols = m_ - m0 if m_ - m0 < nr else nr
         for k0 in range(0, k_, kc):
-            k1 = k0 + kc if k0 + kc < k_ else k_
-            last = k1 == k_
-            bs = bias if last else none
-            rs = res if k0 == 0 else yf
-            lo_ = lo if last else -np.inf
-            hi_ = hi if last else np.inf
+            k1, bs, rs, lo_, hi_ = _chunk(k0, kc, k_, bias, res, yf, lo, hi)
             for i in range(q0, q1, mr):
                 pfo = PREFETCH_ROWS * nr if i == q0 else (k1 - k0) * nr
                 rows = q1 - i if q1 - i < mr else mr
@@ -504,21 +516,12 @@ def _taps_sample(xp, wp, off, bp, nr, yf, yb, m_, k_, ow_, p_, sh, sw, bias, lo,
     pixels of one output row (``sw`` apart in the image) by a panel of ``nr`` output
     channels, a panel's rows taken by chunks that stay in the L2 cache while every tile reads
     them; the same sums in the same order as :func:`_cols_sample` over the patches."""
-    mr = _MR3 if nr == _NR3 else MR
-    npan = (m_ + nr - 1) // nr
-    chunks = (k_ * nr * 4 + CHUNK_BYTES - 1) // CHUNK_BYTES
-    kc = (k_ + chunks - 1) // chunks if chunks > 1 else k_
-    none = bias[:0]
+    mr, npan, kc = _chunking(m_, k_, nr)
     for j in range(npan):
         m0 = j * nr
         cols = m_ - m0 if m_ - m0 < nr else nr
         for k0 in range(0, k_, kc):
-            k1 = k0 + kc if k0 + kc < k_ else k_
-            last = k1 == k_
-            bs = bias if last else none
-            rs = res if k0 == 0 else yf
-            lo_ = lo if last else -np.inf
-            hi_ = hi if last else np.inf
+            k1, bs, rs, lo_, hi_ = _chunk(k0, kc, k_, bias, res, yf, lo, hi)
             for r in range(r0, r1):
                 for i in range(0, ow_, mr):
                     pfo = PREFETCH_ROWS * nr  # (within the panel: one chunk or more)
