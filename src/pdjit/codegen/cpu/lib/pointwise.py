@@ -548,7 +548,7 @@ def conv_taps(x, bp, nr, y, n0, n1, kh, kw, sh, sw, pt, pl, dh, dw, bias, lo, hi
     """:func:`conv_cols` without patches: each sample's image copied once into padded planes
     (:func:`_padded`: ``C`` values per pixel, where the patches hold ``C * kh * kw``), which
     the transposed tiles read tap by tap (:func:`_taps_sample`): for a filter much wider than
-    the image is deep (a network's first layer: 7x7 stride 2 from 3 channels, patches 16x the
+    the image is deep (a network's first layer: 7x7 stride 2 from 3 channels, patches 12x the
     image's size)."""
     m_, c_ = y.shape[1], x.shape[1]
     p_ = y.shape[2] * y.shape[3]
