@@ -47,6 +47,27 @@ def _out(size, k, s, p, d):
     return (size + 2 * p - d * (k - 1) - 1) // s + 1
 
 
+def _in_place_and_range(x, w, ap, geo, bias, res):
+    """``pointwise_range`` with the residual in the output's own buffer (the memory plan's in
+    place), and, for a batch, on a range of samples that leaves the others alone, against the
+    oracle (``geo``: the call's stride, padding, dilation and groups, each axis alike)."""
+    n, m = x.shape[0], w.shape[0]
+    s, _, p, _, d, _, _ = geo
+    oh = _out(x.shape[2], w.shape[2], s, p, d)
+    ow = _out(x.shape[3], w.shape[3], s, p, d)
+    e = np.empty(0, np.float32)
+    y = res.reshape(n, m, oh, ow).copy()
+    pointwise.pointwise_range(x, w, ap, y, 0, n, *geo, bias, 0.0, 1.5, y.reshape(-1))
+    np.testing.assert_allclose(y, _oracle(x, w, s, s, p, p, d, d, oh, ow, bias, res, 0.0, 1.5),
+                               rtol=1e-4, atol=1e-4)
+    if n > 1:
+        y = np.full((n, m, oh, ow), np.nan, np.float32)
+        pointwise.pointwise_range(x, w, ap, y, 1, 2, *geo, bias, 0.0, INF, e)
+        np.testing.assert_allclose(y[1], _oracle(x, w, s, s, p, p, d, d, oh, ow, bias, e,
+                                                 0.0, INF)[1], rtol=1e-4, atol=1e-4)
+        assert np.isnan(y[0]).all()
+
+
 # (batch, C, M, H, W, k, stride, pad, dilation, the tile kind)
 CASES = [(1, 40, 130, 7, 7, 3, 1, 1, 1, 3),      # ResNet-like 7x7, panels of 48
          (2, 24, 128, 14, 12, 3, 2, 1, 1, 2),    # stride 2 onto 7x6: panels of 64
@@ -77,17 +98,7 @@ def test_patches_against_numpy(n, c, m, h, wd, k, s, p, d, kind, ready):
         pointwise.pointwise_range(x, w, ap, y, 0, n, *geo, b, lo, hi, r)
         want = _oracle(x, w, s, s, p, p, d, d, oh, ow, b, r, lo, hi)
         np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
-    # the residual in the output's own buffer (the memory plan's in place)
-    y = res.reshape(n, m, oh, ow).copy()
-    pointwise.pointwise_range(x, w, ap, y, 0, n, *geo, bias, 0.0, 1.5, y.reshape(-1))
-    np.testing.assert_allclose(y, _oracle(x, w, s, s, p, p, d, d, oh, ow, bias, res, 0.0, 1.5),
-                               rtol=1e-4, atol=1e-4)
-    if n > 1:  # a range of samples leaves the others alone
-        y = np.full((n, m, oh, ow), np.nan, np.float32)
-        pointwise.pointwise_range(x, w, ap, y, 1, 2, *geo, bias, 0.0, INF, e)
-        np.testing.assert_allclose(y[1], _oracle(x, w, s, s, p, p, d, d, oh, ow, bias, e,
-                                                 0.0, INF)[1], rtol=1e-4, atol=1e-4)
-        assert np.isnan(y[0]).all()
+    _in_place_and_range(x, w, ap, geo, bias, res)
 
 
 def test_padding_only_before_or_after(ready):

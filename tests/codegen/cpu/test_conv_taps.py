@@ -8,7 +8,7 @@ clamp; the bits of the same tiles over the patches; split by output rows over th
 bit; in compiled code; and in a program."""
 import numpy as np
 import pytest
-from test_conv_cols import _oracle, _out  # (the oracle: NumPy, tap by tap)
+from test_conv_cols import _in_place_and_range, _oracle, _out  # (NumPy, tap by tap)
 
 import pdjit as fluid
 from pdjit.codegen.cpu.lib import conv, pointwise, team
@@ -76,17 +76,7 @@ def test_taps_against_numpy(n, c, m, h, wd, k, s, p, d, ready, counted):
         z = np.full_like(y, np.nan)
         pointwise.conv_cols(x, ap, 64, z, 0, n, k, k, s, s, p, p, d, d, b, lo, hi, r)
         assert np.array_equal(y, z)
-    # the residual in the output's own buffer (the memory plan's in place)
-    y = res.reshape(n, m, oh, ow).copy()
-    pointwise.pointwise_range(x, w, ap, y, 0, n, *geo, bias, 0.0, 1.5, y.reshape(-1))
-    np.testing.assert_allclose(y, _oracle(x, w, s, s, p, p, d, d, oh, ow, bias, res, 0.0, 1.5),
-                               rtol=1e-4, atol=1e-4)
-    if n > 1:  # a range of samples leaves the others alone
-        y = np.full((n, m, oh, ow), np.nan, np.float32)
-        pointwise.pointwise_range(x, w, ap, y, 1, 2, *geo, bias, 0.0, INF, E)
-        np.testing.assert_allclose(y[1], _oracle(x, w, s, s, p, p, d, d, oh, ow, bias, E,
-                                                 0.0, INF)[1], rtol=1e-4, atol=1e-4)
-        assert np.isnan(y[0]).all()
+    _in_place_and_range(x, w, ap, geo, bias, res)
 
 
 def test_padding_only_before_or_after(ready, counted):

@@ -517,6 +517,7 @@ def _taps_sample(xp, wp, off, bp, nr, yf, yb, m_, k_, ow_, p_, sh, sw, bias, lo,
     channels, a panel's rows taken by chunks that stay in the L2 cache while every tile reads
     them; the same sums in the same order as :func:`_cols_sample` over the patches."""
     mr, npan, kc = _chunking(m_, k_, nr)
+    pfo = PREFETCH_ROWS * nr  # (within the panel, whether of one chunk or more)
     for j in range(npan):
         m0 = j * nr
         cols = m_ - m0 if m_ - m0 < nr else nr
@@ -524,7 +525,6 @@ def _taps_sample(xp, wp, off, bp, nr, yf, yb, m_, k_, ow_, p_, sh, sw, bias, lo,
             k1, bs, rs, lo_, hi_ = _chunk(k0, kc, k_, bias, res, yf, lo, hi)
             for r in range(r0, r1):
                 for i in range(0, ow_, mr):
-                    pfo = PREFETCH_ROWS * nr  # (within the panel: one chunk or more)
                     rows = ow_ - i if ow_ - i < mr else mr
                     at = r * sh * wp + i * sw
                     c0 = yb + m0 * p_ + r * ow_ + i
@@ -537,10 +537,13 @@ def _taps_sample(xp, wp, off, bp, nr, yf, yb, m_, k_, ow_, p_, sh, sw, bias, lo,
 
 
 @register_jitable
-def _padded_size(y, kh, kw, sh, sw, dh, dw):
-    """``(hp, wp)``: the rows and columns of the padded planes that a convolution onto ``y``'s
-    planes reads (:func:`_padded`)."""
-    return (y.shape[2] - 1) * sh + (kh - 1) * dh + 1, (y.shape[3] - 1) * sw + (kw - 1) * dw + 1
+def _tap_planes(c_, y, kh, kw, sh, sw, dh, dw):
+    """``(hp, wp, planes, taps)``: the rows and columns of the padded planes that a
+    convolution onto ``y``'s planes reads, a buffer for ``c_`` of them (:func:`_padded`) and
+    where each tap starts there (:func:`_tap_table`)."""
+    hp = (y.shape[2] - 1) * sh + (kh - 1) * dh + 1
+    wp = (y.shape[3] - 1) * sw + (kw - 1) * dw + 1
+    return hp, wp, np.empty(c_ * hp * wp, y.dtype), _tap_table(c_, kh, kw, dh, dw, hp, wp)
 
 
 @jit
@@ -554,9 +557,7 @@ def conv_taps(x, bp, nr, y, n0, n1, kh, kw, sh, sw, pt, pl, dh, dw, bias, lo, hi
     p_ = y.shape[2] * y.shape[3]
     k_ = c_ * kh * kw
     _cols_check(x, bp, nr, y, n0, n1, k_, bias, res)
-    hp, wp = _padded_size(y, kh, kw, sh, sw, dh, dw)
-    xp = np.empty(c_ * hp * wp, x.dtype)
-    off = _tap_table(c_, kh, kw, dh, dw, hp, wp)
+    hp, wp, xp, off = _tap_planes(c_, y, kh, kw, sh, sw, dh, dw)
     yf = y.reshape(y.size)
     for n in range(n0, n1):
         _padded(x, n, 0, c_, pt, pl, hp, wp, xp)
@@ -702,20 +703,17 @@ def _split(parts, work, x, w, ap, y, sh, sw, pt, pl, dh, dw, groups, bias, lo, h
             return True
     geo = np.array([] if in_place else [w.shape[2], w.shape[3], sh, sw, pt, pl, dh, dw],
                    np.int64)
-    if kind > 1 and not in_place and work >= _conv._TEAM_MIN_WORK and y.shape[2] >= 2 and \
-            _taps_pays(w.shape[0], w.shape[2], w.shape[3], y.shape[3]):
-        k = min(parts, y.shape[2])
-        rows = np.array([y.shape[2] * i // k for i in range(k + 1)], np.int64)
-        if team.run(_taps_by_rows, (x, ap, y, rows, _step(kind), geo, bias, float(lo),
-                                    float(hi), res)):
-            return True
     if kind > 1 and w.shape[2] * w.shape[3] > 1 and work >= _conv._TEAM_MIN_WORK and \
-            COLS_BY_ROWS and y.shape[2] >= 2:  # (the patches of a wider filter)
+            y.shape[2] >= 2:  # (a wider filter: reading its taps, or its patches)
         k = min(parts, y.shape[2])
         rows = np.array([y.shape[2] * i // k for i in range(k + 1)], np.int64)
+        call = (x, ap, y, rows, _step(kind), geo, bias, float(lo), float(hi), res)
+        if _taps_pays(w.shape[0], w.shape[2], w.shape[3], y.shape[3]) and \
+                team.run(_taps_by_rows, call):
+            return True
         most = -(-y.shape[2] // k) * y.shape[3]
-        if team.run(_cols_by_rows, (x, ap, y, rows, _step(kind), geo, bias, float(lo),
-                                    float(hi), res, _patch_scratch(k * k_ * most))):
+        if COLS_BY_ROWS and team.run(_cols_by_rows,
+                                     call + (_patch_scratch(k * k_ * most),)):
             return True
     found = _tile_bounds(parts, y.shape[1], kind)
     if found is None:
@@ -838,9 +836,7 @@ def _taps_by_rows(x, ap, y, rows, nr, geo, bias, lo, hi, res):
     m_, c_ = y.shape[1], x.shape[1]
     k_ = c_ * geo[0] * geo[1]
     _cols_check(x, ap, nr, y, _conv._plain(0), _conv._plain(1), k_, bias, res)
-    hp, wp = _padded_size(y, geo[0], geo[1], geo[2], geo[3], geo[6], geo[7])
-    xp = np.empty(c_ * hp * wp, x.dtype)
-    off = _tap_table(c_, geo[0], geo[1], geo[6], geo[7], hp, wp)
+    hp, wp, xp, off = _tap_planes(c_, y, geo[0], geo[1], geo[2], geo[3], geo[6], geo[7])
     yf = y.reshape(y.size)
     parts = rows.shape[0] - 1
     for p in numba.prange(parts):
