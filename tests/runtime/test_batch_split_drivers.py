@@ -343,14 +343,20 @@ def test_a_step_without_a_native_driver_runs_the_host_driver_on_slices(two_threa
         (out,) = exe.run(program, feed={"x": xv}, fetch_list=[y], scope=scope)
         np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
     assert seen == [] and small not in tiers.picked and tiers.settled(small)
-    # from HOST_SPLIT_MIN_BATCH (below the native drivers' SPLIT_MIN_BATCH) it is tried too
+    # from HOST_SPLIT_MIN_BATCH (below the native drivers' SPLIT_MIN_BATCH) it is tried too,
+    # a slice of one row where the batch has no more
     least = tiers_mod.HOST_SPLIT_MIN_BATCH
-    assert least < tiers_mod.SPLIT_MIN_BATCH
+    assert least == 2 < tiers_mod.SPLIT_MIN_BATCH
     for _ in range(10):
         xv = rng.standard_normal((least, 6)).astype("float32")
         (out,) = exe.run(program, feed={"x": xv}, fetch_list=[y], scope=scope)
         np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
     assert tiers.drivers()[least] == name and tiers.settled(least)
+    seen.clear()
+    (out,) = exe.run(program, feed={"x": xv}, fetch_list=[y], scope=scope)
+    assert sorted(seen) == [("MainThread", 1, 1), ("pdjit-split", 1, 1)]
+    np.testing.assert_array_equal(out, np.concatenate([host(xv[r:r + 1], *args[1:])[0]
+                                                       for r in range(least)]))
 
 
 def test_on_one_thread_the_host_driver_is_tried_by_calls_of_a_few_rows(monkeypatch):

@@ -75,10 +75,15 @@ YOUNG = 1
 # between batch sizes.
 SPLIT_MIN_BATCH = 16
 #: ... and the host driver on slices (:class:`HostSlices`: a CNN's whole-model step, kernels of
-#: milliseconds) from this one: MobileNetV2 on two threads, by turns in one process, batch 4
-#: 18.0 against 20.6 ms, batch 8 34.7 against 41.8; ResNet-50 batch 4 161 against 171; the
-#: encoder at batch 4 the same, at batch 2 slower (29.0 against 24.5)
-HOST_SPLIT_MIN_BATCH = 4
+#: milliseconds) from this one, a slice of one row where the batch has no more: MobileNetV2 on
+#: two threads, by turns in one process, batch 4 18.0 against 20.6 ms, batch 8 34.7 against
+#: 41.8; ResNet-50 batch 4 161 against 171; the encoder at batch 4 the same. At batches 2 and
+#: 3, whose kernels split by samples on ``run_parts``' helpers (a hand-over of the GIL and a
+#: wake-up a kernel, tens of microseconds), ms on two threads, slices / each kernel split, by
+#: turns in one process: MobileNetV2 4.72 / 7.01 and 8.40 / 10.83, the encoder 7.20 / 10.12
+#: and 13.01 / 13.94, ResNet-50 34.6 / 37.0 and 65.4 / 68.7 (a batch of 3: slices of 1 and 2
+#: rows)
+HOST_SPLIT_MIN_BATCH = 2
 #: ... each slice run by at most this many rows a call, one call after another (the whole
 #: network on a few rows while their activations stay in the caches, not each layer on the
 #: whole slice through the memory): at batch 16, by turns in one process, ms (whole slices /
@@ -401,7 +406,13 @@ class SplitDriver:
 
     def splits(self, b: int) -> bool:
         """Whether a batch of ``b`` rows is split (the cores free)."""
-        return min(self.parts, b // 2) >= 2 or self.parts < 2 and 0 < self.chunk < b
+        return min(self.parts, b // self._least) >= 2 or self.parts < 2 and 0 < self.chunk < b
+
+    @property
+    def _least(self) -> int:
+        """The fewest rows of a part: one for the host driver's slices (a step of many or long
+        kernels, :class:`HostSlices`), two for a native driver's."""
+        return 1 if self.chunk else 2
 
     def _calls(self, calls):
         """``fn`` of each argument list of ``calls`` in turn (a part's chunks)."""
@@ -411,7 +422,8 @@ class SplitDriver:
         rows = self.rows
         lead = values[rows[0]]
         b = lead.shape[0] if lead.ndim else 0
-        parts = 1 if self.parts < 2 else min(self.parts, b // 2, threads.loop_threads())
+        parts = 1 if self.parts < 2 else min(self.parts, b // self._least,
+                                             threads.loop_threads())
         if not self.splits(b) or parts < 2 <= self.parts or \
                 any(values[i].ndim == 0 or values[i].shape[0] != b for i in rows):
             return self.fn(*values)
