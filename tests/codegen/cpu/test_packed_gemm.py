@@ -304,6 +304,43 @@ def test_weight_rows_with_its_epilogue(dtype):
         np.testing.assert_allclose(one, want, rtol=tol, atol=tol)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_product_by_a_wider_weight_splits_by_its_panels(dtype, monkeypatch):
+    """One sample's product by a weight of more columns than the sample has rows and two of
+    its panels a part or more splits by ranges of the panels (each part all the rows, its
+    share of the weight), on the parallel loop: the same bits as one thread, with the bias,
+    residual and clamp; a weight of fewer panels splits by rows."""
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    nr = pgemm.NV * (64 // np.dtype(dtype).itemsize)
+    monkeypatch.setattr(threads, "gemm_threads", lambda work: 3)
+    monkeypatch.setattr(pgemm, "SPLIT_MIN_WORK", 1)
+    monkeypatch.setattr(team, "AFTER_RUNS", 0)
+    monkeypatch.setattr(team, "COMPILE", True)
+    ran = []
+    real = team.run
+    monkeypatch.setattr(team, "run", lambda loop, call: ran.append((loop, call[-2:])) or
+                        real(loop, call))
+    for rows, cols, parts, panels in ((24, 7 * nr + 5, 3, True), (20, 5 * nr, 2, True),
+                                      (40, 3 * nr, 2, False), (24, 5 * nr, 3, False)):
+        x = RNG.uniform(-1, 1, (rows, 13)).astype(dtype)
+        w = RNG.uniform(-1, 1, (13, cols)).astype(dtype)
+        bias = RNG.uniform(-1, 1, cols).astype(dtype)
+        res = RNG.uniform(-1, 1, rows * cols).astype(dtype)
+        bp = pgemm.packed_weight(w, False)
+        one = np.empty((rows, cols), dtype)
+        pgemm._weight_rows(x, w, False, bp, 0, 1, one, rows, bias, res, -0.75, 0.5)
+        np.testing.assert_allclose(one, np.clip(x.astype(np.float64) @ w + bias +
+                                                res.reshape(rows, cols), -0.75, 0.5),
+                                   rtol=tol, atol=tol)
+        assert pgemm._by_panels(x, one, parts) == panels, (rows, cols, parts)
+        monkeypatch.setattr(threads, "gemm_threads", lambda work, parts=parts: parts)
+        two = np.full((rows, cols), np.nan, dtype)
+        pgemm.weight_rows(x, w, False, bp, 0, 1, two, rows, bias, res, -0.75, 0.5)
+        assert ran[-1] == (pgemm._row_parts, (parts, panels))
+        np.testing.assert_array_equal(two, one)
+    assert team._READY[(pgemm._row_parts, np.dtype(dtype))]
+
+
 def test_a_batch_of_products_by_a_weight_splits_by_rows(monkeypatch):
     """``conv.split_work`` splits ``weight_rows`` over a batch by blocks of rows of the whole
     product (``pgemm._split_batch``: by the parallel loop where it is ready, else on the
