@@ -204,3 +204,34 @@ def test_a_blocked_kernel_gives_its_parallel_variant_only_a_whole_batch():
     one = np.zeros(per, np.float32)
     ns["kernel"](0, 1, 1, EP, 99, one, one, one.size)  # one sample: through split_work
     assert calls == [("split_work", 1, 99), ("F", 0, 1), ("EP", per)]
+
+
+def test_a_thread_kept_to_one_thread_starts_no_team(monkeypatch):
+    """``place_team`` on a thread whose loops run on it alone (``one_thread``: a slice of a
+    batch split over threads; a one-thread run) neither takes the ids of a team for it (which
+    starts OpenMP's threads for that thread: more threads than cores, after which OpenMP stops
+    every team's polling) nor sets any mask; the same thread's loops on every core do."""
+    import threading
+
+    import pytest
+
+    if threads._getcpu is None:
+        pytest.skip("no getcpu: teams are not placed")
+    asked = []
+    monkeypatch.setattr(threads, "_thread_ids",
+                        [lambda: asked.append(threading.get_native_id()) or []])
+    monkeypatch.setattr(threads, "_teams", {})
+    seen = []
+
+    def work():  # (a fresh thread: no run's cap, no team known)
+        with threads.one_thread():
+            threads.place_team()
+        seen.append(list(asked))
+        threads.place_team()
+        seen.append(list(asked))
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert seen == [[], [t.native_id]]
+    assert list(threads._teams) == [t.native_id]

@@ -878,8 +878,13 @@ def place_team(discover: bool = True) -> None:
     10-layer MLP's training step with its optimizer's parallel loops 0.59 ms against 0.54).
     Their ids are taken at the first call on each thread (one loop; not with ``discover``
     false: then only a team already known is placed), then each call costs a look at the
-    core (~1 us) and, where the caller moved, their masks set again."""
-    if _getcpu is None:
+    core (~1 us) and, where the caller moved, their masks set again. Not on a thread whose
+    loops run on it alone (:class:`one_thread`, a one-thread run): it has no team to place,
+    and taking the ids would start one (OpenMP's threads for that thread, more threads than
+    cores: OpenMP then stops its threads' polling, and every loop of every thread waits for
+    a sleeping thread to wake; a BERT-like encoder at batch 1 on two threads took 7.1 ms
+    instead of 4.0 after runs at batch 4, whose slices ran a loop variant on a helper)."""
+    if _getcpu is None or getattr(_run_local, "cap", None) == 1:
         return
     me = threading.get_native_id()
     team = _teams.get(me)
