@@ -357,6 +357,24 @@ def test_a_step_without_a_native_driver_runs_the_host_driver_on_slices(two_threa
     assert sorted(seen) == [("MainThread", 1, 1), ("pdjit-split", 1, 1)]
     np.testing.assert_array_equal(out, np.concatenate([host(xv[r:r + 1], *args[1:])[0]
                                                        for r in range(least)]))
+    # a batch of 3: a row a slice, then the last row on the host driver with both threads
+    # (the slices not a row apart)
+    rest = []
+    sp = tiers._split[1]
+    assert sp.rest is step.compiled.fn
+    sp.rest = lambda *a: (rest.append((threading.current_thread().name, a[0].shape[0],
+                                       threads.loop_threads())), host(*a))[1]
+    for _ in range(10):
+        xv = rng.standard_normal((3, 6)).astype("float32")
+        (out,) = exe.run(program, feed={"x": xv}, fetch_list=[y], scope=scope)
+        np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
+    assert tiers.drivers()[3] == name
+    seen.clear(), rest.clear()
+    (out,) = exe.run(program, feed={"x": xv}, fetch_list=[y], scope=scope)
+    assert sorted(seen) == [("MainThread", 1, 1), ("pdjit-split", 1, 1)]
+    assert rest == [("MainThread", 1, 2)]
+    np.testing.assert_array_equal(out, np.concatenate([host(xv[r:r + 1], *args[1:])[0]
+                                                       for r in range(3)]))
 
 
 def test_on_one_thread_the_host_driver_is_tried_by_calls_of_a_few_rows(monkeypatch):

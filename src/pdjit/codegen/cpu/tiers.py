@@ -255,7 +255,8 @@ class DriverTiers:
         if self._split is None or self._split[0] is not nd:
             parts = threads.max_loop_threads()
             chunk = HOST_CHUNK_ROWS if isinstance(nd, HostSlices) else 0
-            self._split = (nd, SplitDriver(nd.fn, self.split_rows, parts, chunk)
+            rest = self.step.compiled.fn if chunk else None
+            self._split = (nd, SplitDriver(nd.fn, self.split_rows, parts, chunk, rest)
                            if parts > 1 or chunk else None)
         return self._split[1]
 
@@ -397,10 +398,14 @@ class SplitDriver:
     with it; so does a run of several parts while other processes keep a core busy
     (``threads.loop_threads``, at most the free cores: a slice waiting for a busy core would
     hold up the run) or a run kept on one thread (``threads.RunChoice``). ``runs``: the runs
-    that were split."""
+    that were split. ``rest``: a driver of the whole step on every thread (the host driver,
+    each kernel split over the threads) that takes a batch's last row where the parts would
+    otherwise be one row apart, after them (a batch of 3 on two threads: a row a part, then
+    one on both)."""
 
-    def __init__(self, fn, rows, parts: int, chunk: int = 0):
-        self.fn, self.rows, self.parts, self.chunk = fn, tuple(rows), parts, chunk
+    def __init__(self, fn, rows, parts: int, chunk: int = 0, rest=None):
+        self.fn, self.rows, self.parts, self.chunk, self.rest = fn, tuple(rows), parts, chunk, \
+            rest
         self._row_set = frozenset(rows)
         self.runs = 0
 
@@ -428,7 +433,8 @@ class SplitDriver:
                 any(values[i].ndim == 0 or values[i].shape[0] != b for i in rows):
             return self.fn(*values)
         sliced = self._row_set
-        cuts = [b * p // parts for p in range(parts + 1)]
+        odd = self.rest is not None and parts > 1 and b % parts == 1 and b > parts
+        cuts = [(b - odd) * p // parts for p in range(parts + 1)]
         if self.chunk:  # each part's rows by calls of `chunk` rows (at most HOST_MAX_CHUNKS)
             pieces = [[(a, min(a + step, hi)) for a in range(lo, hi, step)]
                       for lo, hi in zip(cuts, cuts[1:])
@@ -444,6 +450,10 @@ class SplitDriver:
                     for o in got]
         else:
             outs = self._calls(calls[0])
+        if odd:  # the last row, on every thread
+            outs.append(self.rest(*[v[b - 1:] if i in sliced else v
+                                    for i, v in enumerate(values)]))
+            pieces.append([(b - 1, b)])
         for got, (lo, hi) in zip(outs, [r for part in pieces for r in part]):
             if any(r.ndim == 0 or r.shape[0] != hi - lo for r in got):
                 return self.fn(*values)  # (not rows after all: the whole batch at once)
