@@ -77,12 +77,12 @@ SPLIT_MIN_BATCH = 16
 #: ... and the host driver on slices (:class:`HostSlices`: a CNN's whole-model step, kernels of
 #: milliseconds) from this one, a slice of one row where the batch has no more: MobileNetV2 on
 #: two threads, by turns in one process, batch 4 18.0 against 20.6 ms, batch 8 34.7 against
-#: 41.8; ResNet-50 batch 4 161 against 171; the encoder at batch 4 the same. At batches 2 and
-#: 3, whose kernels split by samples on ``run_parts``' helpers (a hand-over of the GIL and a
-#: wake-up a kernel, tens of microseconds), ms on two threads, slices / each kernel split, by
-#: turns in one process: MobileNetV2 4.72 / 7.01 and 8.40 / 10.83, the encoder 7.20 / 10.12
-#: and 13.01 / 13.94, ResNet-50 34.6 / 37.0 and 65.4 / 68.7 (a batch of 3: slices of 1 and 2
-#: rows)
+#: 41.8; ResNet-50 batch 4 161 against 171; the encoder at batch 4 the same. Batches of 2 and
+#: 3 split each kernel by samples on ``run_parts``' helpers (a hand-over of the GIL and a
+#: wake-up a kernel, tens of microseconds); ms on two threads, slices / each kernel split, by
+#: turns in one process: MobileNetV2 4.72 / 7.01 at batch 2, 8.25 / 12.04 at 3 (a row a slice,
+#: then the last on every thread: ``SplitDriver``'s ``rest``), the encoder 7.20 / 10.12 and
+#: 12.44 / 17.97, ResNet-50 34.6 / 37.0 and 57.3 / 73.1
 HOST_SPLIT_MIN_BATCH = 2
 #: ... each slice run by at most this many rows a call, one call after another (the whole
 #: network on a few rows while their activations stay in the caches, not each layer on the
@@ -404,8 +404,8 @@ class SplitDriver:
     one on both)."""
 
     def __init__(self, fn, rows, parts: int, chunk: int = 0, rest=None):
-        self.fn, self.rows, self.parts, self.chunk, self.rest = fn, tuple(rows), parts, chunk, \
-            rest
+        self.fn, self.rows, self.parts, self.chunk = fn, tuple(rows), parts, chunk
+        self.rest = rest
         self._row_set = frozenset(rows)
         self.runs = 0
 
