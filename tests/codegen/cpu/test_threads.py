@@ -221,6 +221,7 @@ def test_a_thread_kept_to_one_thread_starts_no_team(monkeypatch):
     monkeypatch.setattr(threads, "_thread_ids",
                         [lambda: asked.append(threading.get_native_id()) or []])
     monkeypatch.setattr(threads, "_teams", {})
+    monkeypatch.setattr(threads, "_team_owner", [None])
     seen = []
 
     def work():  # (a fresh thread: no run's cap, no team known)
@@ -235,3 +236,52 @@ def test_a_thread_kept_to_one_thread_starts_no_team(monkeypatch):
     t.join()
     assert seen == [[], [t.native_id]]
     assert list(threads._teams) == [t.native_id]
+
+
+def test_work_splits_over_the_cores_from_one_thread_at_a_time(monkeypatch):
+    """The first thread that starts a team owns it while it lives: on another thread a run's
+    loops and splits stay on that thread (``begin_run``, ``loop_threads``; no team started)
+    but slices of a batch, each on a helper kept to one thread (``slice_threads``);
+    once the owner has ended, the next thread's work splits and starts its own team."""
+    import threading
+
+    import numba
+    import pytest
+
+    if threads._getcpu is None or numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("no getcpu, or one thread: no teams")
+    asked = []
+    monkeypatch.setattr(threads, "_thread_ids",
+                        [lambda: asked.append(threading.get_native_id()) or []])
+    monkeypatch.setattr(threads, "_teams", {})
+    monkeypatch.setattr(threads, "_team_owner", [None])
+    monkeypatch.setattr(threads, "free_cores", lambda: 2)
+    monkeypatch.setattr(threads, "max_loop_threads", lambda: 2)
+    seen = []
+    go = threading.Event()
+
+    def look(name):
+        threads.begin_run()
+        threads.place_team()
+        seen.append((name, numba.get_num_threads(), threads.loop_threads(),
+                     threads.slice_threads(), threads.other_team()))
+
+    def owner():
+        look("owner")
+        go.wait()
+
+    first = threading.Thread(target=owner)
+    first.start()
+    while not seen:
+        go.wait(0.01)
+    second = threading.Thread(target=look, args=("other",))
+    second.start()
+    second.join()
+    go.set()
+    first.join()
+    assert seen == [("owner", 2, 2, 2, False), ("other", 1, 1, 2, True)]
+    assert asked == [first.native_id]  # (no team for the other thread)
+    third = threading.Thread(target=look, args=("next",))  # (the owner has ended)
+    third.start()
+    third.join()
+    assert seen[-1] == ("next", 2, 2, 2, False) and asked == [first.native_id, third.native_id]

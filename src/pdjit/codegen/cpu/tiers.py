@@ -396,7 +396,7 @@ class SplitDriver:
     A batch that does not split here (too small, the row arguments' leading dims differ, an
     output without the slice's rows) runs the driver unsplit, which then does what it does
     with it; so does a run of several parts while other processes keep a core busy
-    (``threads.loop_threads``, at most the free cores: a slice waiting for a busy core would
+    (``threads.slice_threads``, at most the free cores: a slice waiting for a busy core would
     hold up the run) or a run kept on one thread (``threads.RunChoice``). ``runs``: the runs
     that were split. ``rest``: a driver of the whole step on every thread (the host driver,
     each kernel split over the threads) that takes a batch's last row where the parts would
@@ -428,7 +428,7 @@ class SplitDriver:
         lead = values[rows[0]]
         b = lead.shape[0] if lead.ndim else 0
         parts = 1 if self.parts < 2 else min(self.parts, b // self._least,
-                                             threads.loop_threads())
+                                             threads.slice_threads())
         if not self.splits(b) or parts < 2 <= self.parts or \
                 any(values[i].ndim == 0 or values[i].shape[0] != b for i in rows):
             return self.fn(*values)
@@ -444,9 +444,9 @@ class SplitDriver:
         calls = [[[v[lo:hi] if i in sliced else v for i, v in enumerate(values)]
                   for lo, hi in part] for part in pieces]
         if not self.chunk:
-            outs = threads.run_parts(self.fn, [part[0] for part in calls])
+            outs = threads.run_parts(self.fn, [part[0] for part in calls], parts - 1)
         elif parts > 1:
-            outs = [o for got in threads.run_parts(self._calls, [(c,) for c in calls])
+            outs = [o for got in threads.run_parts(self._calls, [(c,) for c in calls], parts - 1)
                     for o in got]
         else:
             outs = self._calls(calls[0])
