@@ -68,6 +68,40 @@ def _in_place_and_range(x, w, ap, geo, bias, res):
         assert np.isnan(y[0]).all()
 
 
+
+def _team_loops(monkeypatch) -> list:
+    """Every one-sample call splits over a parallel loop of three parts (the thresholds off):
+    the list each loop that ran is appended to, ``(loop, its arguments)``."""
+    from pdjit.codegen.cpu.lib import conv
+
+    monkeypatch.setattr(conv, "_CHANNELS_MIN_WORK", 0)
+    monkeypatch.setattr(conv, "_TEAM_MIN_WORK", 0)
+    monkeypatch.setattr(conv, "loop_threads", lambda: 3)
+    loops = []
+    real_run = team.run
+    monkeypatch.setattr(team, "run", lambda loop, call: real_run(loop, call) and
+                        not loops.append((loop, call)))
+    return loops
+
+
+def _split_by_rows(x, w, ap, geo, bias, res, one, loops, loop) -> list:
+    """A one-sample ``pointwise_range`` through ``split_work`` (``loops``: :func:`_team_loops`'),
+    its residual in another buffer, then in the output's own: each split by the parallel loop
+    ``loop`` alone, with ``one``'s bits (the call unsplit); the row bounds of each."""
+    from pdjit.codegen.cpu.lib import conv
+
+    bounds = []
+    for in_place in (False, True):
+        y = res.reshape(one.shape).copy() if in_place else np.full(one.shape, np.nan,
+                                                                    np.float32)
+        loops.clear()
+        conv.split_work(pointwise.pointwise_range, 1, 1, x, w, ap, y, *geo, bias, 0.0, 6.0,
+                        y.reshape(-1) if in_place else res, head=4)
+        assert [lp for lp, _ in loops] == [loop]
+        bounds.append(loops[0][1][3])
+        assert np.array_equal(y, one)
+    return bounds
+
 # (batch, C, M, H, W, k, stride, pad, dilation, the tile kind)
 CASES = [(1, 40, 130, 7, 7, 3, 1, 1, 1, 3),      # ResNet-like 7x7, panels of 48
          (2, 24, 128, 14, 12, 3, 2, 1, 1, 2),    # stride 2 onto 7x6: panels of 64
@@ -202,13 +236,7 @@ def test_split_by_output_rows_gives_the_one_calls_bits(ready, monkeypatch, c, m,
     (its patches a quarter of the image at stride 2) keeps the split by output channels."""
     from pdjit.codegen.cpu.lib import conv
 
-    monkeypatch.setattr(conv, "_CHANNELS_MIN_WORK", 0)
-    monkeypatch.setattr(conv, "_TEAM_MIN_WORK", 0)
-    monkeypatch.setattr(conv, "loop_threads", lambda: 3)
-    loops = []
-    real_run = team.run
-    monkeypatch.setattr(team, "run", lambda loop, call: real_run(loop, call) and
-                        not loops.append((loop, call)))
+    loops = _team_loops(monkeypatch)
     x = RNG.standard_normal((1, c, h, h)).astype(np.float32)
     w = RNG.standard_normal((m, c, k, k)).astype(np.float32)
     oh = _out(h, k, s, p, 1)
@@ -221,17 +249,10 @@ def test_split_by_output_rows_gives_the_one_calls_bits(ready, monkeypatch, c, m,
     pointwise.pointwise_range(x, w, ap, one, 0, 1, *geo, bias, 0.0, 6.0, res)
     np.testing.assert_allclose(one, _oracle(x, w, s, s, p, p, 1, 1, oh, oh, bias, res, 0.0,
                                             6.0), rtol=1e-4, atol=1e-4)
-    for in_place in (False, True):
-        y = res.reshape(one.shape).copy() if in_place else np.full(one.shape, np.nan,
-                                                                    np.float32)
-        loops.clear()
-        conv.split_work(pointwise.pointwise_range, 1, 1, x, w, ap, y, *geo, bias, 0.0, 6.0,
-                        y.reshape(-1) if in_place else res, head=4)
-        assert [lp for lp, _ in loops] == [pointwise._cols_by_rows]
-        rows = loops[0][1][3]
+    for rows in _split_by_rows(x, w, ap, geo, bias, res, one, loops,
+                               pointwise._cols_by_rows):
         assert rows[0] == 0 and rows[-1] == oh and len(rows) == 4 and \
             np.diff(rows).max() - np.diff(rows).min() <= 1
-        assert np.array_equal(y, one)
     w1 = RNG.standard_normal((m, 4 * c, 1, 1)).astype(np.float32)
     x1 = RNG.standard_normal((1, 4 * c, 2 * oh, 2 * oh)).astype(np.float32)
     ap1 = pointwise.pointwise_weight(w1, oh * oh, 1, False)

@@ -8,10 +8,16 @@ clamp; the bits of the same tiles over the patches; split by output rows over th
 bit; in compiled code; and in a program."""
 import numpy as np
 import pytest
-from test_conv_cols import _in_place_and_range, _oracle, _out  # (NumPy, tap by tap)
+from test_conv_cols import (  # (NumPy, tap by tap)
+    _in_place_and_range,
+    _oracle,
+    _out,
+    _split_by_rows,
+    _team_loops,
+)
 
 import pdjit as fluid
-from pdjit.codegen.cpu.lib import conv, pointwise, team
+from pdjit.codegen.cpu.lib import pointwise, team
 from pdjit.codegen.cpu.lib._jit import caller
 from pdjit.testing import assert_native
 
@@ -128,13 +134,7 @@ def test_split_by_output_rows_gives_the_one_calls_bits(ready, monkeypatch, count
     parts): the parts pad the image together (each its share of the input channels: 3 in 1,
     1, 1; 5 in 1, 2, 2), then each computes every output channel of its rows: the one call's
     bits, its residual in another buffer and in the output's own."""
-    monkeypatch.setattr(conv, "_CHANNELS_MIN_WORK", 0)
-    monkeypatch.setattr(conv, "_TEAM_MIN_WORK", 0)
-    monkeypatch.setattr(conv, "loop_threads", lambda: 3)
-    loops = []
-    real_run = team.run
-    monkeypatch.setattr(team, "run", lambda loop, call: real_run(loop, call) and
-                        not loops.append((loop, call)))
+    loops = _team_loops(monkeypatch)
     m = 128
     x = RNG.standard_normal((1, c, h, h)).astype(np.float32)
     w = RNG.standard_normal((m, c, k, k)).astype(np.float32)
@@ -149,16 +149,9 @@ def test_split_by_output_rows_gives_the_one_calls_bits(ready, monkeypatch, count
     assert len(counted) == 1
     np.testing.assert_allclose(one, _oracle(x, w, s, s, p, p, 1, 1, oh, oh, bias, res, 0.0,
                                             6.0), rtol=1e-4, atol=1e-4)
-    for in_place in (False, True):
-        y = res.reshape(one.shape).copy() if in_place else np.full(one.shape, np.nan,
-                                                                    np.float32)
-        loops.clear()
-        conv.split_work(pointwise.pointwise_range, 1, 1, x, w, ap, y, *geo, bias, 0.0, 6.0,
-                        y.reshape(-1) if in_place else res, head=4)
-        assert [lp for lp, _ in loops] == [pointwise._taps_by_rows]
-        rows = loops[0][1][3]
+    for rows in _split_by_rows(x, w, ap, geo, bias, res, one, loops,
+                               pointwise._taps_by_rows):
         assert rows[0] == 0 and rows[-1] == oh and len(rows) == 4
-        assert np.array_equal(y, one)
 
 
 def test_compiled_code_packs_and_reads_the_taps():

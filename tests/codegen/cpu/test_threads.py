@@ -206,6 +206,18 @@ def test_a_blocked_kernel_gives_its_parallel_variant_only_a_whole_batch():
     assert calls == [("split_work", 1, 99), ("F", 0, 1), ("EP", per)]
 
 
+def _no_team_yet(monkeypatch) -> list:
+    """No thread has a team yet, and taking a team's ids records the thread that asks (in the
+    list returned) instead of starting OpenMP's threads."""
+    import threading
+
+    asked = []
+    monkeypatch.setattr(threads, "_thread_ids",
+                        [lambda: asked.append(threading.get_native_id()) or []])
+    monkeypatch.setattr(threads, "_teams", {})
+    monkeypatch.setattr(threads, "_team_owner", [None])
+    return asked
+
 def test_a_thread_kept_to_one_thread_starts_no_team(monkeypatch):
     """``place_team`` on a thread whose loops run on it alone (``one_thread``: a slice of a
     batch split over threads; a one-thread run) neither takes the ids of a team for it (which
@@ -217,11 +229,7 @@ def test_a_thread_kept_to_one_thread_starts_no_team(monkeypatch):
 
     if threads._getcpu is None:
         pytest.skip("no getcpu: teams are not placed")
-    asked = []
-    monkeypatch.setattr(threads, "_thread_ids",
-                        [lambda: asked.append(threading.get_native_id()) or []])
-    monkeypatch.setattr(threads, "_teams", {})
-    monkeypatch.setattr(threads, "_team_owner", [None])
+    asked = _no_team_yet(monkeypatch)
     seen = []
 
     def work():  # (a fresh thread: no run's cap, no team known)
@@ -250,11 +258,7 @@ def test_work_splits_over_the_cores_from_one_thread_at_a_time(monkeypatch):
 
     if threads._getcpu is None or numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("no getcpu, or one thread: no teams")
-    asked = []
-    monkeypatch.setattr(threads, "_thread_ids",
-                        [lambda: asked.append(threading.get_native_id()) or []])
-    monkeypatch.setattr(threads, "_teams", {})
-    monkeypatch.setattr(threads, "_team_owner", [None])
+    asked = _no_team_yet(monkeypatch)
     monkeypatch.setattr(threads, "free_cores", lambda: 2)
     monkeypatch.setattr(threads, "max_loop_threads", lambda: 2)
     seen = []
