@@ -4,6 +4,8 @@ wait for one (``threads.free_cores``), and a split that lost its trial tried aga
 number of runs, with a loss on a busy core not counted (``tiers.Retry``). Timings and the
 scheduler's counts are faked here: the oracles are the counts written in each test."""
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -148,9 +150,76 @@ def test_free_cores_judges_waits_over_milliseconds(fake_load):
 def test_sched_times_reads_this_threads_counts():
     got = threads.sched_times()
     if got is None:
-        pytest.skip("no /proc/thread-self/schedstat here")
+        pytest.skip("no /proc/self/task/<id>/schedstat here")
     tid, ran, waited = got
-    assert tid == __import__("threading").get_native_id() and ran > 0 and waited >= 0
+    assert tid == threading.get_native_id() and ran > 0 and waited >= 0
+
+
+def _spin(seconds: float) -> None:
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        pass
+
+
+def test_sched_times_reads_fresh_counts_from_a_kept_file():
+    """The file is opened once and read again from its start: each read is the counts of
+    now (20 ms of work between two reads shows), and another thread reads its own."""
+    first = threads.sched_times()
+    if first is None:
+        pytest.skip("no /proc/self/task/<id>/schedstat here")
+    path = f"/proc/self/task/{first[0]}/schedstat"
+    fd = threads._proc_fds[path]
+    _spin(0.02)
+    second = threads.sched_times()
+    assert threads._proc_fds[path] == fd  # (the same descriptor)
+    assert 0.015 < second[1] - first[1] < 1.0
+
+    box = {}
+
+    def other():
+        box["got"] = threads.sched_times()
+        box["tid"] = threading.get_native_id()
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join()
+    assert box["got"][0] == box["tid"] != first[0]
+    assert box["got"][1] < second[1]  # (a thread that barely ran)
+    # the thread gone (the system's too, not only Python's), its file cannot be read: an
+    # error, and no descriptor kept for it
+    gone = f"/proc/self/task/{box['tid']}/schedstat"
+    deadline = time.monotonic() + 2.0
+    while os.path.exists(os.path.dirname(gone)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if gone in threads._proc_fds and not os.path.exists(os.path.dirname(gone)):
+        with pytest.raises(OSError):
+            threads._proc_read(gone)
+        assert gone not in threads._proc_fds
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork")
+def test_a_forked_child_reads_its_own_counts():
+    """The kept descriptors name the parent's threads: a forked child drops them and reads
+    its own (its main thread's id is its pid, its counts start near zero)."""
+    if threads.sched_times() is None:
+        pytest.skip("no /proc/self/task/<id>/schedstat here")
+    _spin(0.05)
+    parent_ran = threads.sched_times()[1]
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report and leave at once
+        try:
+            got = threads.sched_times()
+            busy, _ = threads._cpu_seconds()
+            os.write(w, repr((got[0], os.getpid(), got[1], busy is not None)).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r) as f:
+        tid, child_pid, child_ran, busy_read = eval(f.read())  # noqa: S307 - our own repr
+    os.waitpid(pid, 0)
+    assert tid == child_pid and busy_read
+    assert child_ran < parent_ran
 
 
 # ---- the split driver's trials -----------------------------------------------------------------
