@@ -4,6 +4,8 @@ that are no multiple of the tile (``MR`` channels, ``NR`` pixels), each
 piece of the epilogue alone and together, one sample and several; and in a program: a
 1x1 convolution + bias + residual + relu on its filter packed once, the packed copy made
 again after a training program writes the filter."""
+import weakref
+
 import numpy as np
 
 import pdjit as fluid
@@ -127,6 +129,35 @@ def _net(x, res_in):
     y = fluid.layers.conv2d(x, 22, 1, param_attr=fluid.ParamAttr(name="pw_w"),
                             bias_attr=fluid.ParamAttr(name="pw_b"))
     return fluid.layers.relu(fluid.layers.elementwise_add(y, res_in))
+
+
+def test_the_kernel_is_picked_once_per_filter_and_call(monkeypatch):
+    """``pointwise_weight`` decides the kernel from the filter's shape once per filter and
+    call: later calls ask nothing of the shape, the packed copy is still the one kept beside
+    the filter (made again after a write); another array, even one at an address a gone
+    filter had, is picked for itself; the switch off packs nothing."""
+    w = RNG.standard_normal((64, 32, 1, 1)).astype(np.float32)
+    first = pointwise.pointwise_weight(w, 196)
+    assert first.size > 0
+    asked = []
+    real = pointwise._kind
+    monkeypatch.setattr(pointwise, "_kind", lambda *a: asked.append(a) or real(*a))
+    assert pointwise.pointwise_weight(w, 196) is first and asked == []
+    params.written([w])
+    again = pointwise.pointwise_weight(w, 196)
+    assert again is not first and np.array_equal(again, first) and asked == []
+    pointwise.pointwise_weight(w, 64)  # another plane: picked for it
+    assert len(asked) == 1
+    narrow = RNG.standard_normal((8, 32, 1, 1)).astype(np.float32)  # too few channels
+    assert pointwise.pointwise_weight(narrow, 196).size == 0
+    # a pick kept for an array that is gone, at the address of this one: not this one's
+    other = RNG.standard_normal((64, 32, 1, 1)).astype(np.float32)
+    gone = np.empty(0, np.float32)
+    pointwise._PICKS[(id(other), 196, 1, True, 0, 0)] = (weakref.ref(gone), 0, False)
+    del gone
+    assert pointwise.pointwise_weight(other, 196).size > 0
+    monkeypatch.setattr(pointwise, "_PACKED", [False])
+    assert pointwise.pointwise_weight(w, 196).size == 0
 
 
 def test_program_on_the_packed_filter_and_training(fresh_programs):

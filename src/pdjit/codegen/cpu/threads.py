@@ -225,7 +225,7 @@ def sched_times():
     thread and the split helpers (``run_parts``) together, from the scheduler's own counts
     (Linux's ``/proc/self/task/<id>/schedstat``: nanoseconds, not ticks; ~1 us per thread), or
     None where that cannot be read."""
-    me = threading.get_native_id()
+    me = native_id()
     run = wait = 0
     for tid in (me, *list(_helper_tids)):
         try:
@@ -502,6 +502,16 @@ def blas_threads() -> int:
 # what ``begin_run`` last applied: [compiled code's BLAS threads]; Numba's count is per thread
 _run_blas = [None]
 _run_local = threading.local()
+
+
+def native_id() -> int:
+    """The calling thread's kernel id, kept in its thread-local state (``threading
+    .get_native_id`` asks the system each time: ~0.17 us, twice for each kernel a run splits)."""
+    try:
+        return _run_local.tid
+    except AttributeError:
+        tid = _run_local.tid = threading.get_native_id()
+        return tid
 
 
 def begin_run(cap: int | None = None) -> None:
@@ -867,6 +877,7 @@ def _forget_helpers() -> None:  # a forked child has none of its parent's thread
     _cpus[0] = None
     _teams.clear()
     _forget_proc_fds()
+    _run_local.__dict__.pop("tid", None)  # (the forking thread's: the child's main thread)
 
 
 os.register_at_fork(after_in_child=_forget_helpers)
@@ -934,7 +945,7 @@ def place_team(discover: bool = True) -> None:
     instead of 4.0 after runs at batch 4, whose slices ran a loop variant on a helper)."""
     if _getcpu is None or getattr(_run_local, "cap", None) == 1:
         return
-    me = threading.get_native_id()
+    me = native_id()
     team = _teams.get(me)
     if team is None and (not discover or other_team()):
         return
@@ -971,7 +982,7 @@ def other_team() -> bool:
     MobileNetV2 5.7 against 3.1 (one thread: 6.9 and 3.8); split on ``run_parts``' helpers
     instead, the encoder took 24.6 ms."""
     owner = _team_owner[0]
-    return owner is not None and owner[0] != threading.get_native_id() and \
+    return owner is not None and owner[0] != native_id() and \
         owner[1].is_alive()
 
 

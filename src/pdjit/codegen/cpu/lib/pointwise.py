@@ -52,6 +52,7 @@ MobileNetV2 7.36 / 7.75 ms at batch 1, 153 / 158 at batch 16; ResNet-50 66.1 / 6
 1, 1026 / 1026 at batch 16.
 """
 import threading
+import weakref
 
 import numba
 import numpy as np
@@ -300,15 +301,36 @@ def pointwise_weight(w, p_, n_=1, in_place=True, tiles=0, ow=0):
     goes or a run may write it); an empty array where the packed kernels do not serve
     (:func:`_kind`, another dtype, the switch off), where Winograd's kernel takes the batch of
     ``n_`` samples of ``tiles`` tiles each (a 3x3 stride-1 filter; 0: never) and, for other
-    filters (:func:`conv_cols`, :func:`conv_taps`), until their kernel is ready."""
-    if w.dtype != np.float32 or w.ndim != 4 or not _PACKED[0] or type(w) is not np.ndarray:
-        return np.empty(0, w.dtype)
-    taps = not in_place and _taps_pays(w.shape[0], w.shape[2], w.shape[3], ow)
-    k = _kind(w.shape[0], w.size // max(1, w.shape[0]), p_, in_place, taps)
-    if k == 0 or tiles > 0 and enough_tiles(n_ * tiles, w.shape[0], w.shape[1]) or \
+    filters (:func:`conv_cols`, :func:`conv_taps`), until their kernel is ready. The kernel
+    is picked once per filter and call (:data:`_PICKS`)."""
+    pick = _PICKS.get((id(w), p_, n_, in_place, tiles, ow))
+    if pick is None or pick[0]() is not w:
+        pick = _pick(w, p_, n_, in_place, tiles, ow)
+    k, taps = pick[1], pick[2]
+    if k == 0 or not _PACKED[0] or \
             not in_place and not (_taps_ready() if taps else _patches_ready()):
         return np.empty(0, w.dtype)
     return params.derived(w, ("pointwise", k), lambda: _pack(w, _step(k)))
+
+
+#: (id of a filter, the rest of a :func:`pointwise_weight` call) -> (a weak reference to the
+#: filter, the kind of kernel, whether it reads the taps): what the filter's shape decides,
+#: kept (asked at each convolution of each run: ~2 us in Python, 53 times a run of ResNet-50)
+_PICKS: dict = {}
+
+
+def _pick(w, p_, n_, in_place, tiles, ow) -> tuple:
+    """:data:`_PICKS`' entry for a call of :func:`pointwise_weight`, made and kept."""
+    k, taps = 0, False
+    if w.dtype == np.float32 and w.ndim == 4 and type(w) is np.ndarray:
+        taps = not in_place and _taps_pays(w.shape[0], w.shape[2], w.shape[3], ow)
+        k = _kind(w.shape[0], w.size // max(1, w.shape[0]), p_, in_place, taps)
+        if tiles > 0 and enough_tiles(n_ * tiles, w.shape[0], w.shape[1]):
+            k = 0
+    if len(_PICKS) > 4096:
+        _PICKS.clear()
+    pick = _PICKS[(id(w), p_, n_, in_place, tiles, ow)] = (weakref.ref(w), k, taps)
+    return pick
 
 
 @overload(pointwise_weight)
