@@ -22,10 +22,10 @@ _MADE = [0]
 
 
 def _gone(k):
-    def drop(ref, k=k):
-        entry = _DERIVED.get(k)
+    def drop(ref, k=k, table=_DERIVED):  # (the table bound: at exit the module's names go)
+        entry = table.get(k)
         if entry is not None and entry[0] is ref:
-            _DERIVED.pop(k, None)
+            table.pop(k, None)
     return drop
 
 

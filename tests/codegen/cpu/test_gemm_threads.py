@@ -159,5 +159,36 @@ def test_a_large_batch_of_products_is_split_over_threads(default_threads, monkey
         assert team._READY[(pgemm.batches_by_team, np.dtype(np.float32))]
 
 
+def test_a_batch_below_blas_size_splits_by_the_parallel_loop(default_threads, monkeypatch):
+    """A batch of products on the packed GEMM below ``GEMM_PARALLEL_MIN_WORK`` (one BLAS
+    thread) of ``gemm.TEAM_MIN_WORK`` multiply-adds or more (a BERT-like encoder's attention
+    at batch 1: 4 heads of 128 x 64 x 128) splits over the loop threads by the parallel loop
+    where it is ready, else runs on one thread (no helpers): one thread's bits either way."""
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((4, 128, 64)).astype(np.float32)
+    y = rng.standard_normal((4, 128, 64)).astype(np.float32)     # transposed: x @ y^T
+    it = np.array([4], np.int64)
+    work = 4 * 128 * 64 * 128
+    assert nngemm.TEAM_MIN_WORK <= work < threads.GEMM_PARALLEL_MIN_WORK
+    one = np.empty((4, 128, 128), np.float32)
+    nngemm.packed_batches(x, y, True, 0.5, one, 0, 4)
+    np.testing.assert_allclose(one, 0.5 * np.einsum("bik,bjk->bij", x.astype(np.float64),
+                                                    y.astype(np.float64)), rtol=1e-4, atol=1e-4)
+    monkeypatch.setattr(threads, "loop_threads", lambda: 2)
+    loops = []
+    real = team.run
+    monkeypatch.setattr(team, "run", lambda loop, call: loops.append(
+        (loop, call[-1], real(loop, call))) or loops[-1][2])
+    monkeypatch.setattr(team, "AFTER_RUNS", 0)
+    for here in (False, True):  # (True: the loop compiled at its first ask)
+        monkeypatch.setattr(team, "COMPILE", here)
+        monkeypatch.setattr(team, "LOOK_AGAIN_S", 0.0)
+        out = np.full((4, 128, 128), np.nan, np.float32)
+        nngemm.batched_gemm(x, y, False, True, 0.5, it, it, it, it, out)
+        assert np.array_equal(out, one)
+    assert default_threads == [(work, 1), (work, 1)]
+    assert loops[-1] == (pgemm.batches_by_team, 2, True)
+
+
 def test_free_cores_reads_a_count():
     assert 1 <= threads.free_cores() <= (os.cpu_count() or 1)

@@ -72,7 +72,8 @@ def test_weight_gemm_packs_once_and_splits_over_threads(monkeypatch):
     np.testing.assert_allclose(pgemm.weight_gemm(a, w.T.copy(), True), want, rtol=1e-5,
                                atol=1e-5)
     # rows split over two loop threads: the same values
-    monkeypatch.setattr(threads, "gemm_threads", lambda work: 2)
+    monkeypatch.setattr(threads, "loop_threads", lambda: 2)
+    monkeypatch.setattr(threads, "gemm_threads", lambda work: 2)  # (the helpers' split)
     monkeypatch.setattr(pgemm, "SPLIT_MIN_WORK", 1)
     np.testing.assert_array_equal(pgemm.weight_gemm(a, w), got)
     # a run that may write the weight in place: packed again; the copy goes with its array
@@ -290,7 +291,8 @@ def test_weight_rows_with_its_epilogue(dtype):
         one = np.empty((8 * r, n), dtype)
         pgemm.weight_rows(x, wt, trans, bp, 0, 1, one, 8 * r, bias, res.ravel(), -0.75, 0.5)
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(threads, "gemm_threads", lambda work: 2)
+            mp.setattr(threads, "loop_threads", lambda: 2)
+            mp.setattr(threads, "gemm_threads", lambda work: 2)  # (the helpers' split)
             mp.setattr(pgemm, "SPLIT_MIN_WORK", 1)
             mp.setattr(team, "AFTER_RUNS", 0)
             mp.setattr(team, "LOOK_AGAIN_S", 0.0)
@@ -312,7 +314,7 @@ def test_a_product_by_a_wider_weight_splits_by_its_panels(dtype, monkeypatch):
     residual and clamp; a weight of fewer panels splits by rows."""
     tol = 1e-5 if dtype == np.float32 else 1e-12
     nr = pgemm.NV * (64 // np.dtype(dtype).itemsize)
-    monkeypatch.setattr(threads, "gemm_threads", lambda work: 3)
+    monkeypatch.setattr(threads, "loop_threads", lambda: 3)
     monkeypatch.setattr(pgemm, "SPLIT_MIN_WORK", 1)
     monkeypatch.setattr(team, "AFTER_RUNS", 0)
     monkeypatch.setattr(team, "COMPILE", True)
@@ -333,12 +335,56 @@ def test_a_product_by_a_wider_weight_splits_by_its_panels(dtype, monkeypatch):
                                                 res.reshape(rows, cols), -0.75, 0.5),
                                    rtol=tol, atol=tol)
         assert pgemm._by_panels(x, one, parts) == panels, (rows, cols, parts)
-        monkeypatch.setattr(threads, "gemm_threads", lambda work, parts=parts: parts)
+        monkeypatch.setattr(threads, "loop_threads", lambda parts=parts: parts)
         two = np.full((rows, cols), np.nan, dtype)
         pgemm.weight_rows(x, w, False, bp, 0, 1, two, rows, bias, res, -0.75, 0.5)
         assert ran[-1] == (pgemm._row_parts, (parts, panels))
         np.testing.assert_array_equal(two, one)
     assert team._READY[(pgemm._row_parts, np.dtype(dtype))]
+
+
+def test_a_sample_splits_over_the_loop_threads_without_a_thread_count(monkeypatch):
+    """The packed GEMM's split follows the loop threads (``pgemm.split_threads``), not BLAS's
+    threshold: with no thread count asked (``threads.gemm_threads`` one thread below
+    ``GEMM_PARALLEL_MIN_WORK``), one sample's product of ``SPLIT_MIN_WORK`` multiply-adds (a
+    BERT-like encoder's 128 x 256 x 256) splits by the parallel loop where it is ready;
+    before it is, such a product runs on one thread (the helpers' hand-overs pay only for
+    products BLAS's rule splits). The same bits each way."""
+    rows, k, n = 128, 256, 256
+    assert pgemm.SPLIT_MIN_WORK <= rows * k * n < threads.GEMM_PARALLEL_MIN_WORK
+    monkeypatch.setattr(threads, "gemm_threads",
+                        lambda work: 2 if work >= threads.GEMM_PARALLEL_MIN_WORK else 1)
+    monkeypatch.setattr(threads, "loop_threads", lambda: 2)
+    x = RNG.uniform(-1, 1, (rows, k)).astype(np.float32)
+    w = RNG.uniform(-1, 1, (k, n)).astype(np.float32)
+    bias = RNG.uniform(-1, 1, n).astype(np.float32)
+    empty = np.empty(0, np.float32)
+    bp = pgemm.packed_weight(w, False)
+    one = np.empty((rows, n), np.float32)
+    pgemm._weight_rows(x, w, False, bp, 0, 1, one, rows, bias, empty, -np.inf, np.inf)
+    np.testing.assert_allclose(one, x.astype(np.float64) @ w + bias, rtol=1e-5, atol=1e-5)
+    assert pgemm.weight_split_work(x, w) == rows * k * n
+    loops, helpers = [], []
+    real_run = team.run
+    monkeypatch.setattr(team, "run", lambda loop, call: loops.append(
+        (loop, real_run(loop, call))) or loops[-1][1])
+    monkeypatch.setattr(pgemm, "run_chunks", lambda *a: helpers.append(a))
+    monkeypatch.setattr(team, "ready", lambda loop, call: False)  # (not on disk yet)
+    two = np.full((rows, n), np.nan, np.float32)
+    pgemm.weight_rows(x, w, False, bp, 0, 1, two, rows, bias, empty, -np.inf, np.inf)
+    assert loops == [(pgemm._row_parts, False)] and helpers == []
+    np.testing.assert_array_equal(two, one)
+    monkeypatch.undo()
+    monkeypatch.setattr(threads, "loop_threads", lambda: 2)
+    monkeypatch.setattr(team, "run", lambda loop, call: loops.append(
+        (loop, real_run(loop, call))) or loops[-1][1])
+    monkeypatch.setattr(team, "AFTER_RUNS", 0)
+    monkeypatch.setattr(team, "COMPILE", True)
+    loops.clear()
+    three = np.full((rows, n), np.nan, np.float32)
+    pgemm.weight_rows(x, w, False, bp, 0, 1, three, rows, bias, empty, -np.inf, np.inf)
+    assert loops == [(pgemm._row_parts, True)]
+    np.testing.assert_array_equal(three, one)
 
 
 def test_a_batch_of_products_by_a_weight_splits_by_rows(monkeypatch):

@@ -16,7 +16,7 @@ compiled code (a native driver, a kernel) it is ``_batched_gemm_native``, a comp
 one BLAS call (:func:`blas_gemm`) per 2-D slice, compiled once per dtype. From the host, a
 batch without broadcasting of ``threads.GEMM_PARALLEL_MIN_WORK`` multiply-adds in all is split
 over the loop threads (``threads.gemm_threads``), each part that compiled loop on one BLAS
-thread.
+thread; one on the packed GEMM from :data:`TEAM_MIN_WORK`, by a parallel loop.
 Measured on the attention products ``[8, 4, 128, 64] x [8, 4, 64, 128]`` and
 ``[8, 4, 128, 128] x [8, 4, 128, 64]`` float32, one BLAS thread: the compiled loop takes
 0.95-1.11x ``np.matmul``'s time and 0.93-1.01x a Python loop of ``np.dot`` per slice (2-core
@@ -84,7 +84,8 @@ def batched_gemm(a, b, ta, tb, alpha, it, da, db, dc, c):
     if x.shape[-1] != y.shape[-2] or c.shape[1:] != (x.shape[-2], y.shape[-1]):
         raise ValueError("pdjit: batched_gemm: the matrices do not fit")
     nb = math.prod(shape)
-    nt = threads.gemm_threads(nb * x.shape[-2] * x.shape[-1] * y.shape[-1])
+    work = nb * x.shape[-2] * x.shape[-1] * y.shape[-1]
+    nt = threads.gemm_threads(work)
     whole = c.shape[0] == nb and dal == list(shape) == dbl
     if nt > 1 and nb > 1 and whole:
         _split_batches(a, b, ta, tb, alpha, c, min(nt, nb))
@@ -92,9 +93,22 @@ def batched_gemm(a, b, ta, tb, alpha, it, da, db, dc, c):
     if nt > 1:
         threads.with_numpy_blas(nt, _host_matmul, x, y, alpha, shape, dc, c, stop_workers=True)
     elif whole and _packs(a, b, ta, c):
-        packed_batches(a, b, tb, alpha, c, 0, nb)
+        parts = min(threads.loop_threads(), nb) if work >= TEAM_MIN_WORK else 1
+        if parts < 2 or not team.run(batches_by_team, (a, b, bool(tb), float(alpha), c, parts)):
+            packed_batches(a, b, tb, alpha, c, 0, nb)
     else:
         _host_matmul(x, y, alpha, shape, dc, c)
+
+
+#: multiply-adds from which a batch of products on the packed GEMM below
+#: ``threads.GEMM_PARALLEL_MIN_WORK`` is split over the loop threads by a parallel loop where
+#: it is ready (``lib.team``: a split costs a few microseconds while the team polls for work;
+#: no BLAS threads), with no thread count asked as with one: a BERT-like encoder's attention
+#: products at batch 1 (4 heads of 128 x 64 x 128, 4.2 M each: 45 -> 25 us on two threads
+#: alone). With ``pgemm.split_threads`` for its other products, the encoder at batch 1 through
+#: the Predictor without a thread count took 4.11 ms a run against 5.06 (by turns in one
+#: process; the same bits), as fast as with two threads asked for
+TEAM_MIN_WORK = 1 << 20
 
 
 def _packs(a, b, ta, c) -> bool:

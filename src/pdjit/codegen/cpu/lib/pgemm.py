@@ -691,17 +691,14 @@ def weight_rows(x, w, trans, bp, n0, n1, out, r, bias, res, lo, hi):
     """:func:`_weight_rows` (see there); a call over every row of one sample (a host driver's
     whole batch of one, which ``split_work`` cannot split by samples) of ``SPLIT_MIN_WORK``
     multiply-adds or more is split by blocks of rows over the loop threads where
-    ``threads.gemm_threads`` gives it more than one: by a parallel loop (:func:`_row_parts`,
+    :func:`split_threads` gives it more than one: by a parallel loop (:func:`_row_parts`,
     ``lib.team``) where it is ready, else on ``run_parts``' helpers. One thread / two by
     the helpers / two by the loop, ms (2-vCPU machine, float32): 128x256x1024 0.37 / 0.31 /
     0.19, 128x256x256 0.093 / 0.105 / 0.051."""
     rows = (n1 - n0) * r
-    work = rows * x.shape[1] * out.shape[1]
-    if n1 - n0 == 1 and rows == x.shape[0] and rows >= max(2 * MR, PACKED_MIN_ROWS) and \
-            work >= SPLIT_MIN_WORK:
-        nt = threads.gemm_threads(work)
-        if nt > 1:
-            _split_rows(x, bp, out, bias, res, lo, hi, min(nt, -(-rows // MR)))
+    if n1 - n0 == 1 and rows == x.shape[0] and rows >= max(2 * MR, PACKED_MIN_ROWS):
+        nt = split_threads(rows * x.shape[1] * out.shape[1])
+        if nt > 1 and _split_rows(x, bp, out, bias, res, lo, hi, min(nt, -(-rows // MR))):
             return
     _weight_rows(x, w, trans, bp, n0, n1, out, r, bias, res, lo, hi)
 
@@ -717,20 +714,36 @@ def _split_batch(parts, x, w, trans, bp, out, r, bias, res, lo, hi) -> bool:
     rows = x.shape[0]
     if out.shape[0] != rows or rows < max(2 * MR, PACKED_MIN_ROWS) or bp.size == 0:
         return False
-    _split_rows(x, bp, out, bias, res, lo, hi, min(parts, -(-rows // MR)))
+    if not _split_rows(x, bp, out, bias, res, lo, hi, min(parts, -(-rows // MR))):
+        _weight_rows(x, w, trans, bp, 0, rows // r, out, r, bias, res, lo, hi)
     return True
 
 
-def _split_rows(x, bp, out, bias, res, lo, hi, parts):
+def split_threads(work: int) -> int:
+    """Threads for a product on the packed GEMM of ``work`` multiply-adds, split by blocks of
+    rows (:func:`_split_rows`): the loop threads from ``SPLIT_MIN_WORK``, whether or not a
+    thread count was asked for (a parallel loop's split costs a few microseconds and no BLAS
+    threads fight; ``threads.gemm_threads``' threshold is NumPy's threaded BLAS's: with it,
+    a BERT-like encoder's 128 x 256 x 256 products at batch 1 ran on one thread unless a
+    thread count was asked for)."""
+    return threads.loop_threads() if work >= SPLIT_MIN_WORK else 1
+
+
+def _split_rows(x, bp, out, bias, res, lo, hi, parts) -> bool:
     """``out = clamp(x @ b + bias + res, lo, hi)`` (``b`` packed into ``bp``, every row of
     ``x``) in ``parts`` ranges of blocks of ``MR`` rows: by a parallel loop
-    (:func:`_row_parts`) where it is ready, else on ``run_parts``' helpers, each part on the
-    packed kernel whatever its rows: the same bits as one thread's call."""
+    (:func:`_row_parts`) where it is ready, else on ``run_parts``' helpers where
+    ``threads.gemm_threads`` splits a product of its size (below it the helpers' hand-overs
+    cost more than they save), each part on the packed kernel whatever its rows: the same bits
+    as one thread's call. Whether it split (else nothing is computed)."""
     call = (x, bp, out, bias, res, float(lo), float(hi), parts, _by_panels(x, out, parts))
     if team.run(_row_parts, call):
-        return
+        return True
+    if threads.gemm_threads(x.shape[0] * x.shape[1] * out.shape[1]) < 2:
+        return False
     blocks = -(-x.shape[0] // MR)
     run_chunks(_row_blocks, blocks, parts, min(blocks, 4 * parts), *call[:7])
+    return True
 
 
 #: whether a product split over threads may be split by panels of its columns (see
@@ -785,34 +798,32 @@ def _weight_rows_native(x, w, trans, bp, n0, n1, out, r, bias, res, lo, hi):
 
 def weight_split_work(x, w) -> int:
     """The work (multiply-adds) by which a host driver splits :func:`weight_rows` over the
-    loop threads: the product's own when ``threads.gemm_threads`` gives it more than one
-    thread and it has ``SPLIT_MIN_WORK`` multiply-adds, else 0 (one thread)."""
+    loop threads: the product's own when :func:`split_threads` gives it more than one thread,
+    else 0 (one thread)."""
     work = x.shape[0] * w.size
-    return work if work >= SPLIT_MIN_WORK and threads.gemm_threads(work) > 1 else 0
+    return work if split_threads(work) > 1 else 0
 
 
 def weight_gemm(a, w, trans=False):
     """``a @ w`` (``a @ w.T`` where ``trans``) for a weight ``w`` (a 2-D parameter no op of the
     program writes) and a C-contiguous matrix ``a`` of ``PACKED_MIN_ROWS`` rows or more: on
     ``w`` packed once (:func:`packed_weight`), its rows split over the loop threads where
-    ``threads.gemm_threads`` gives it more than one and it has ``SPLIT_MIN_WORK``
-    multiply-adds; other operands as :func:`pdjit.codegen.cpu.rt.gemm` computes them."""
+    :func:`split_threads` gives it more than one; other operands as
+    :func:`pdjit.codegen.cpu.rt.gemm` computes them."""
     wt = w.T if trans else w
     if a.dtype != w.dtype or a.dtype not in _FLOATS or a.ndim != 2 or w.ndim != 2 or \
             not a.flags.c_contiguous or a.shape[1] != wt.shape[0] or \
             type(w) is not np.ndarray or a.shape[0] < PACKED_MIN_ROWS:
         return rt.gemm(a, wt)
     m, n = a.shape[0], wt.shape[1]
-    work = m * a.shape[1] * n
-    nt = threads.gemm_threads(work)
+    nt = split_threads(m * a.shape[1] * n)
     c = np.empty((m, n), a.dtype)
     bias = _EMPTY.get(a.dtype)
     if bias is None:
         bias = _EMPTY[a.dtype] = np.empty(0, a.dtype)
     bp = packed_weight(w, trans)
-    if nt > 1 and work >= SPLIT_MIN_WORK and m >= 2 * MR:
-        _split_rows(a, bp, c, bias, bias, -np.inf, np.inf, min(nt, m // MR))
-    else:
+    if not (nt > 1 and m >= 2 * MR and
+            _split_rows(a, bp, c, bias, bias, -np.inf, np.inf, min(nt, m // MR))):
         packed_gemm(a, bp, n, bias, c)
     return c
 
