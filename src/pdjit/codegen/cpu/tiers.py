@@ -406,7 +406,6 @@ class SplitDriver:
     def __init__(self, fn, rows, parts: int, chunk: int = 0, rest=None):
         self.fn, self.rows, self.parts, self.chunk = fn, tuple(rows), parts, chunk
         self.rest = rest
-        self._row_set = frozenset(rows)
         self.runs = 0
 
     def splits(self, b: int) -> bool:
@@ -418,6 +417,14 @@ class SplitDriver:
         """The fewest rows of a part: one for the host driver's slices (a step of many or long
         kernels, :class:`HostSlices`), two for a native driver's."""
         return 1 if self.chunk else 2
+
+    def _sliced(self, values, lo: int, hi: int) -> list:
+        """``values`` with the row arguments cut to rows ``lo .. hi`` (the others as they are:
+        a step's parameters, a hundred of them)."""
+        cut = list(values)
+        for i in self.rows:
+            cut[i] = values[i][lo:hi]
+        return cut
 
     def _calls(self, calls):
         """``fn`` of each argument list of ``calls`` in turn (a part's chunks)."""
@@ -432,7 +439,6 @@ class SplitDriver:
         if not self.splits(b) or parts < 2 <= self.parts or \
                 any(values[i].ndim == 0 or values[i].shape[0] != b for i in rows):
             return self.fn(*values)
-        sliced = self._row_set
         odd = self.rest is not None and parts > 1 and b % parts == 1 and b > parts
         cuts = [(b - odd) * p // parts for p in range(parts + 1)]
         if self.chunk:  # each part's rows by calls of `chunk` rows (at most HOST_MAX_CHUNKS)
@@ -441,8 +447,7 @@ class SplitDriver:
                       for step in (max(self.chunk, -(-(hi - lo) // HOST_MAX_CHUNKS)),)]
         else:
             pieces = [[(lo, hi)] for lo, hi in zip(cuts, cuts[1:])]
-        calls = [[[v[lo:hi] if i in sliced else v for i, v in enumerate(values)]
-                  for lo, hi in part] for part in pieces]
+        calls = [[self._sliced(values, lo, hi) for lo, hi in part] for part in pieces]
         if not self.chunk:
             outs = threads.run_parts(self.fn, [part[0] for part in calls], parts - 1)
         elif parts > 1:
@@ -451,8 +456,7 @@ class SplitDriver:
         else:
             outs = self._calls(calls[0])
         if odd:  # the last row, on every thread
-            outs.append(self.rest(*[v[b - 1:] if i in sliced else v
-                                    for i, v in enumerate(values)]))
+            outs.append(self.rest(*self._sliced(values, b - 1, b)))
             pieces.append([(b - 1, b)])
         for got, (lo, hi) in zip(outs, [r for part in pieces for r in part]):
             if any(r.ndim == 0 or r.shape[0] != hi - lo for r in got):
