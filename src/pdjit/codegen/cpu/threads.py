@@ -351,7 +351,7 @@ def _warmup_seconds(ticks) -> float:
 def free_cores() -> int:
     """The cores that other processes leave free: the machine's cores less the cores they kept
     busy over the last tenth of a second or so (``/proc/stat``'s busy time less the CPU time
-    of this process and of the children it waited for, sampled at most every 0.1 s: a 20 us
+    of this process and of the children it waited for, sampled at most every 0.1 s: a ~7 us
     read), and at most all but one while this process's threads waited for a core more than
     ``WAITED_SHARE`` of their time over the last few milliseconds (``sched_times``, read at
     most every ``WAITED_WINDOW``: ``/proc/stat`` counts 10 ms ticks, rounds a fraction of a
