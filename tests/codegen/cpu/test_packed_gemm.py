@@ -365,7 +365,7 @@ def test_a_sample_splits_over_the_loop_threads_without_a_thread_count(monkeypatc
     np.testing.assert_allclose(one, x.astype(np.float64) @ w + bias, rtol=1e-5, atol=1e-5)
     assert pgemm.weight_split_work(x, w) == rows * k * n
     loops, helpers = [], []
-    real_run = team.run
+    real_run, real_ready = team.run, team.ready
     monkeypatch.setattr(team, "run", lambda loop, call: loops.append(
         (loop, real_run(loop, call))) or loops[-1][1])
     monkeypatch.setattr(pgemm, "run_chunks", lambda *a: helpers.append(a))
@@ -374,10 +374,7 @@ def test_a_sample_splits_over_the_loop_threads_without_a_thread_count(monkeypatc
     pgemm.weight_rows(x, w, False, bp, 0, 1, two, rows, bias, empty, -np.inf, np.inf)
     assert loops == [(pgemm._row_parts, False)] and helpers == []
     np.testing.assert_array_equal(two, one)
-    monkeypatch.undo()
-    monkeypatch.setattr(threads, "loop_threads", lambda: 2)
-    monkeypatch.setattr(team, "run", lambda loop, call: loops.append(
-        (loop, real_run(loop, call))) or loops[-1][1])
+    monkeypatch.setattr(team, "ready", real_ready)
     monkeypatch.setattr(team, "AFTER_RUNS", 0)
     monkeypatch.setattr(team, "COMPILE", True)
     loops.clear()

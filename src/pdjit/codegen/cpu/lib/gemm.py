@@ -94,7 +94,7 @@ def batched_gemm(a, b, ta, tb, alpha, it, da, db, dc, c):
         threads.with_numpy_blas(nt, _host_matmul, x, y, alpha, shape, dc, c, stop_workers=True)
     elif whole and _packs(a, b, ta, c):
         parts = min(threads.loop_threads(), nb) if work >= TEAM_MIN_WORK else 1
-        if parts < 2 or not team.run(batches_by_team, (a, b, bool(tb), float(alpha), c, parts)):
+        if parts < 2 or not _by_team(a, b, tb, alpha, c, parts):
             packed_batches(a, b, tb, alpha, c, 0, nb)
     else:
         _host_matmul(x, y, alpha, shape, dc, c)
@@ -147,11 +147,15 @@ def _split_batches(a, b, ta, tb, alpha, c, parts):
     one-thread ``np.dot`` on the chunks of the batch it takes (``np.matmul`` holds the GIL;
     see ``pdjit.codegen.cpu.threads``)."""
     n = c.shape[0]
-    if _packs(a, b, ta, c):  # (by a parallel loop where it is ready: see lib.team)
-        call = (a, b, bool(tb), float(alpha), c, parts)
-        if team.run(batches_by_team, call):
-            return
+    if _packs(a, b, ta, c) and _by_team(a, b, tb, alpha, c, parts):
+        return
     run_chunks(_range_gemm, n, parts, min(n, 4 * parts), a, b, ta, tb, alpha, c)
+
+
+def _by_team(a, b, tb, alpha, c, parts) -> bool:
+    """A batch of products on the packed GEMM in ``parts`` ranges by a parallel loop where it
+    is ready (``lib.team``): whether it ran."""
+    return team.run(batches_by_team, (a, b, bool(tb), float(alpha), c, parts))
 
 
 @jit

@@ -759,8 +759,8 @@ def _by_panels(x, out, parts) -> bool:
     threads, float32, a different weight at each call (us, by rows / by panels): 128x256x1024
     139 / 135, 128x1024x256 137 / 132, 128x256x768 104 / 102; a 6-layer BERT-like encoder at
     batch 1, both ways by turns in one process, 0.975-0.990x."""
-    nr = NV * (64 // x.itemsize)
-    return BY_PANELS[0] and out.shape[1] >= x.shape[0] and -(-out.shape[1] // nr) >= 2 * parts
+    return BY_PANELS[0] and out.shape[1] >= x.shape[0] and \
+        -(-out.shape[1] // panel_width(x.dtype)) >= 2 * parts
 
 
 def _row_blocks(x, bp, out, bias, res, lo, hi, b0, b1):

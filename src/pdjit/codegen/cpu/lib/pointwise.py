@@ -303,9 +303,10 @@ def pointwise_weight(w, p_, n_=1, in_place=True, tiles=0, ow=0):
     ``n_`` samples of ``tiles`` tiles each (a 3x3 stride-1 filter; 0: never) and, for other
     filters (:func:`conv_cols`, :func:`conv_taps`), until their kernel is ready. The kernel
     is picked once per filter and call (:data:`_PICKS`)."""
-    pick = _PICKS.get((id(w), p_, n_, in_place, tiles, ow))
+    key = (id(w), p_, n_, in_place, tiles, ow)
+    pick = _PICKS.get(key)
     if pick is None or pick[0]() is not w:
-        pick = _pick(w, p_, n_, in_place, tiles, ow)
+        pick = _pick(key, w, p_, n_, in_place, tiles, ow)
     k, taps = pick[1], pick[2]
     if k == 0 or not _PACKED[0] or \
             not in_place and not (_taps_ready() if taps else _patches_ready()):
@@ -319,8 +320,8 @@ def pointwise_weight(w, p_, n_=1, in_place=True, tiles=0, ow=0):
 _PICKS: dict = {}
 
 
-def _pick(w, p_, n_, in_place, tiles, ow) -> tuple:
-    """:data:`_PICKS`' entry for a call of :func:`pointwise_weight`, made and kept."""
+def _pick(key, w, p_, n_, in_place, tiles, ow) -> tuple:
+    """:data:`_PICKS`' entry ``key`` for a call of :func:`pointwise_weight`, made and kept."""
     k, taps = 0, False
     if w.dtype == np.float32 and w.ndim == 4 and type(w) is np.ndarray:
         taps = not in_place and _taps_pays(w.shape[0], w.shape[2], w.shape[3], ow)
@@ -329,7 +330,7 @@ def _pick(w, p_, n_, in_place, tiles, ow) -> tuple:
             k = 0
     if len(_PICKS) > 4096:
         _PICKS.clear()
-    pick = _PICKS[(id(w), p_, n_, in_place, tiles, ow)] = (weakref.ref(w), k, taps)
+    pick = _PICKS[key] = (weakref.ref(w), k, taps)
     return pick
 
 
