@@ -671,7 +671,7 @@ def test_optimize_names_and_errors():
     prog, params = model(lambda x: fluid.layers.dropout(fluid.layers.fc(x, 2), 0.5), [3])
     assert [n for n, _ in INFERENCE_PASSES] == ["test_mode", "remove_noops", "fold_batch_norm",
                                                "affine_elementwise", "fold_constants",
-                                               "channels_last"]
+                                               "fuse_attention", "channels_last"]
     new, _ = optimize(prog, params, passes=["test_mode"])
     assert ops(new) == ops(prog)
     new, _ = optimize(prog, params)

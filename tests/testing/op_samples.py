@@ -290,6 +290,17 @@ add("softmax",
     S(lambda r: {"X": u(r, (2, 3), -2, 2)}, grad=["X"]),
     S(lambda r: {"X": u(r, (2, 3), -2, 2)}, {"axis": 0}, grad=["X"]),
     S(lambda r: {"X": u(r, (2, 2, 3), -2, 2)}, grad=["X"]))
+add("scaled_dot_product_attention",
+    S(lambda r: {"Q": u(r, (2, 3, 4)), "K": u(r, (2, 5, 4)), "V": u(r, (2, 5, 3))},
+      {"alpha": 0.5}),
+    # heads of [batch, seq, heads, dim] values read and written through permutations, a mask
+    S(lambda r: {"Q": u(r, (2, 3, 2, 4)), "K": u(r, (2, 5, 2, 4)), "V": u(r, (2, 5, 2, 3)),
+                 "Mask": u(r, (2, 1, 1, 5), -2, 0)},
+      {"alpha": 0.25, "q_perm": [0, 2, 1, 3], "k_perm": [0, 2, 1, 3], "v_perm": [0, 2, 1, 3],
+       "out_perm": [0, 2, 1, 3]}),
+    # K given as columns ([batch, dim, keys])
+    S(lambda r: {"Q": u(r, (1, 2, 4)), "K": u(r, (1, 4, 6)), "V": u(r, (1, 6, 2)),
+                 "Mask": u(r, (2, 6))}, {"k_perm": [0, 2, 1]}))
 add("cross_entropy",
     S(lambda r: {"X": probs(r, (2, 3)), "Label": labels(r, (2, 1), 3)}, out="Y", grad=["X"]),
     S(lambda r: {"X": probs(r, (2, 3)), "Label": probs(r, (2, 3))}, {"soft_label": True},

@@ -39,6 +39,8 @@ import importlib
 import pkgutil
 from typing import NamedTuple
 
+import numpy as np
+
 from pdjit.framework import registry
 from pdjit.framework.registry import Opaque
 
@@ -169,6 +171,16 @@ class Target:
         own = self.lowering(op.type, opdef.emit)
         return own is not None and own.channels_last is not None and \
             bool(own.channels_last(op))
+
+    def fuses_attention(self, dtype) -> bool:
+        """Whether this target runs attention's core as one op for data of ``dtype`` (the op
+        declaring ``ATTENTION``, which the inference pass ``fuse_attention`` builds): a
+        lowering of its own for that op, float32 or float64 data."""
+        found = registry.having(registry.ATTENTION)
+        if not found or np.dtype(dtype) not in (np.float32, np.float64):
+            return False
+        own = self.lowerings.get(found[0].type) if self.lowerings is not None else None
+        return own is not None and own.lower is not None
 
     def require(self, what: str) -> None:
         """Raise a clear error (naming ``what`` needs it) when the target cannot run in this

@@ -99,6 +99,12 @@ An ``OpDef`` holds:
     :class:`Clamp`: the op clamps its input between bounds (an activation that a
     convolution's kernel may apply as it stores its output); or :class:`Gate`: hard_swish or
     hard_sigmoid, which such a kernel may apply after the clamp.
+``form`` (optional)
+    What the op computes, in a form a pass can rebuild it from: ``form(op) -> Product |
+    Permute | RowSoftmax | AttentionCore | None`` (a batched matrix product, a permutation of
+    axes, a softmax along an axis, attention's core; ``None``: none of these for these
+    attributes). The inference pass ``fuse_attention`` builds the op declaring ``ATTENTION``
+    from the others.
 ``test_mode`` (optional)
     The name of the boolean attribute that switches the op to inference behaviour (a dropout
     that keeps every element, a batch norm that reads its running statistics); the inference
@@ -158,6 +164,9 @@ SEQUENCE = "sequence"
 ADDITION = "addition"
 #: ``Out = X * Y`` elementwise
 MULTIPLICATION = "multiplication"
+#: attention's core as one op (its ``form``: an :class:`AttentionCore` naming its slots and
+#: attributes), what the inference pass ``fuse_attention`` builds
+ATTENTION = "attention"
 # what the backward pass builds with, each declared by one op (:func:`serving`); the op's first
 # input slot is what it reads and its first output slot what it writes:
 #: ``Out`` = the sum of the tensors of the (duplicable) input slot
@@ -172,7 +181,7 @@ ZEROS_LIKE = "zeros_like"
 FILLS = "fills"
 ALL_TRAITS = frozenset({ELEMENTWISE, BROADCAST, REDUCTION, OPAQUE, VIEW, SIDE_EFFECT,
                         CONTROL_FLOW, RANDOM, FEED_FETCH, SEQUENCE, ADDITION, MULTIPLICATION,
-                        SUMS, SUMS_ARRAYS, COPIES, ZEROS_LIKE, FILLS})
+                        SUMS, SUMS_ARRAYS, COPIES, ZEROS_LIKE, FILLS, ATTENTION})
 
 #: the attribute an op switches to inference behaviour with unless it declares another
 #: (``test_mode``); also what an op of a file that pdjit does not register is read with
@@ -604,6 +613,54 @@ def scaled_weight(w, a, out=None):
     return out
 
 
+# ---- what an op computes, in a form a pass can rebuild it from (``OpDef.form``) -----------
+@dataclass(frozen=True)
+class Product:
+    """``out = alpha * op(x) @ op(y)`` over the last two dims of ``x`` and ``y`` (``op``
+    transposes them where ``trans_x`` / ``trans_y``), batch dims broadcast."""
+    x: str
+    y: str
+    out: str
+    trans_x: bool
+    trans_y: bool
+    alpha: float
+
+
+@dataclass(frozen=True)
+class Permute:
+    """``out = x`` with its axes permuted: ``out``'s axis ``i`` is ``x``'s axis ``perm[i]``."""
+    x: str
+    out: str
+    perm: tuple
+
+
+@dataclass(frozen=True)
+class AttentionCore:
+    """``out = transpose(softmax(alpha * q' @ k'^T + mask) @ v', out_perm)`` over the last two
+    dims, ``x'`` being input ``x`` with its axes permuted by its permutation attribute (empty:
+    as it is), the softmax :class:`RowSoftmax`'s; ``mask`` (dispensable) broadcasts to the
+    scores. Names the op's slots (``q``, ``k``, ``v``, ``mask``, ``out``) and attributes
+    (``alpha``; ``perms``: the permutations of q, k, v and out). The op declaring
+    ``ATTENTION`` gives it for any op (``form(None)`` too)."""
+    q: str
+    k: str
+    v: str
+    mask: str
+    out: str
+    alpha: str
+    perms: tuple
+
+
+@dataclass(frozen=True)
+class RowSoftmax:
+    """``out = softmax(x)`` over ``x``'s axis ``axis`` (negative: from the end), ``x - max``
+    clipped at -64 before the exponential (Paddle's CPU softmax, as ``softmax`` computes
+    it)."""
+    x: str
+    out: str
+    axis: int
+
+
 @dataclass(frozen=True)
 class RowWise:
     """Row ``i`` of every output depends only on row ``i`` (dim 0, the batch) of the inputs that
@@ -692,6 +749,7 @@ class OpDef:
     test_mode: str | None = None
     column: Column | None = None
     layout: Layout | None = None
+    form: Callable | None = None
 
     def __post_init__(self):
         self.inputs = tuple(Slot.parse(s) for s in self.inputs)
@@ -827,7 +885,8 @@ def register_op(type: str, *, inputs: Sequence, outputs: Sequence, attrs: Mappin
                 control: ControlFlow | None = None,
                 inference: Callable | None = None, row_wise: RowWise | None = None,
                 select: Select | None = None, test_mode: str | None = None,
-                column: Column | None = None, layout: Layout | None = None) -> OpDef:
+                column: Column | None = None, layout: Layout | None = None,
+                form: Callable | None = None) -> OpDef:
     """Define an op. ``emit`` and ``grad`` have no default: each op declares both decisions.
 
     ``domain`` (optional) says which values an input slot takes: ``{"X": "positive"}``
@@ -837,7 +896,7 @@ def register_op(type: str, *, inputs: Sequence, outputs: Sequence, attrs: Mappin
         raise ValueError(f"op type {type!r} is already registered")
     opdef = OpDef(type, tuple(inputs), tuple(outputs), dict(attrs or {}), frozenset(traits),
                   infer_shape, reference, emit, grad, doc, dict(domain or {}), out_lod, control,
-                  inference, row_wise, select, test_mode, column, layout)
+                  inference, row_wise, select, test_mode, column, layout, form)
     _REGISTRY[type] = opdef
     _HAVING.clear()
     # pdjit's own definitions are the ones its op modules make (define_op's are a user's)

@@ -4,6 +4,7 @@ One module per family; each op is defined once, with ``pdjit.framework.registry.
 """
 from pdjit.ops import (  # noqa: F401
     activation,
+    attention,
     beam_search,
     collective,
     control_flow,

@@ -39,6 +39,7 @@ from pdjit.framework.registry import (
     Float,
     Int,
     Opaque,
+    Product,
     RowWise,
     default_grad,
     register_op,
@@ -262,6 +263,17 @@ def _matmul_rows(v):
 _MATMUL_ROWS = RowWise(batch=("X", "Y"), check=_matmul_rows)
 
 
+def _product_form(tx_attr, ty_attr, alpha_attr=None):
+    """``OpDef.form`` of a matmul: a :class:`Product` (``head_number`` other than 1: none)."""
+    def form(op):
+        a = op.all_attrs()
+        if int(a.get("head_number", 1) or 1) != 1:
+            return None
+        return Product("X", "Y", "Out", bool(a.get(tx_attr, False)), bool(a.get(ty_attr, False)),
+                       float(a.get(alpha_attr, 1.0)) if alpha_attr else 1.0)
+    return form
+
+
 # num_col_dims: how many leading dims form the rows, so 1 .. rank - 1 of its input
 _MUL_ATTRS = {"x_num_col_dims": Int(1, low=1, high=3, at_least=1, axis_of="X"),
               "y_num_col_dims": Int(1, low=1, high=3, at_least=1, axis_of="Y")}
@@ -352,6 +364,7 @@ register_op(
     emit=Opaque(_matmul_2d_lower("transpose_X", "transpose_Y", "alpha"), host=True,
                 blas=True),
     inference=_channel_linear("transpose_Y"),
+    form=_product_form("transpose_X", "transpose_Y", "alpha"),
     grad=default_grad("matmul_grad", fwd_inputs=("X", "Y"), wrt=("X", "Y")),
     doc="Out = alpha * op(X) @ op(Y) over the last two dims (op transposes when asked), batch "
         "dims broadcast; 1-D X is a row, 1-D Y a column.")
@@ -374,7 +387,7 @@ register_op(
     attrs={"trans_x": Bool(False), "trans_y": Bool(False)},
     traits=[OPAQUE], infer_shape=_matmul_v2_infer, reference=_matmul_v2_ref,
     emit=Opaque(_matmul_2d_lower("trans_x", "trans_y"), host=True, blas=True),
-    inference=_channel_linear("trans_y"),
+    inference=_channel_linear("trans_y"), form=_product_form("trans_x", "trans_y"),
     grad=default_grad("matmul_v2_grad", fwd_inputs=("X", "Y"), wrt=("X", "Y")),
     doc="Out = op(X) @ op(Y) with NumPy batch broadcasting; 1-D X is a row, 1-D Y a column.")
 

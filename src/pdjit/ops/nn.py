@@ -38,6 +38,7 @@ from pdjit.framework.registry import (
     Opaque,
     Passthrough,
     Rewrite,
+    RowSoftmax,
     RowWise,
     Str,
     default_grad,
@@ -179,6 +180,7 @@ register_op(
     row_wise=RowWise(axes=("axis",)),
     traits=[OPAQUE], infer_shape=_softmax_infer, reference=_softmax_ref,
     emit=Opaque(_softmax_lower),
+    form=lambda op: RowSoftmax("X", "Out", int(op.all_attrs().get("axis", -1))),
     grad=default_grad("softmax_grad", fwd_inputs=(), fwd_outputs=("Out",)),
     doc="Out = exp(X - max) / sum(exp(X - max)) along axis.")
 

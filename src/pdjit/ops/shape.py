@@ -23,6 +23,7 @@ from pdjit.framework.registry import (
     Bool,
     Ints,
     Opaque,
+    Permute,
     RowWise,
     default_grad,
     register_op,
@@ -169,6 +170,10 @@ def _transpose_ref(X, *, axis):
 _AXIS_PERM = {"axis": Ints(REQUIRED, choices=([1, 0], [0, 2, 1], [2, 0, 1]))}
 
 
+def _permute_form(op):
+    return Permute("X", "Out", tuple(int(a) for a in op.all_attrs()["axis"]))
+
+
 def _keeps_batch_axis(v):
     perm = list(v.attr("axis") or [])
     return None if perm and int(perm[0]) == 0 else f"axis={perm} moves the batch axis"
@@ -191,12 +196,13 @@ register_op("transpose2", inputs=["X"], outputs=["Out", "XShape~"], attrs=dict(_
             traits=[OPAQUE], infer_shape=_transpose_infer, reference=_transpose_ref,
             emit=Opaque(_transpose_lower, host=True),
             grad=default_grad("transpose2_grad", fwd_inputs=(), fwd_outputs=("XShape",)),
+            form=_permute_form,
             doc="Out = X with its dims permuted: Out.dim[i] = X.dim[axis[i]].")
 register_op("transpose", inputs=["X"], outputs=["Out"], attrs=dict(_AXIS_PERM), traits=[OPAQUE],
             row_wise=RowWise(check=_keeps_batch_axis),
             infer_shape=_transpose_infer, reference=_transpose_ref,
             emit=Opaque(_transpose_lower, host=True), grad=default_grad("transpose_grad"),
-            doc="transpose2 without XShape (the old op).")
+            form=_permute_form, doc="transpose2 without XShape (the old op).")
 
 
 # ---- squeeze2 / unsqueeze2 -------------------------------------------------------------------

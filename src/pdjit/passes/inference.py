@@ -44,6 +44,10 @@ new weights in float64 and stores them in the weight's dtype). In pipeline order
     it: when one of its readers stays, so does it (a constant built at run time costs less than
     one stored in the model).
 
+``fuse_attention``
+    Attention's core (a product, an optional mask add, a softmax over the last axis, a
+    product) as one op, the transposes of the heads' layout around it taken into it
+    (:mod:`pdjit.passes.attention`; only with a ``target`` that runs it as one kernel).
 ``channels_last``
     Chains of convolutions that the target runs faster on channels-last (NHWC) images
     switched to them, converted once at each chain's ends (:mod:`pdjit.passes.layout`; only
@@ -720,6 +724,7 @@ def prune_unused_params(program: Program, params: dict):
 
 # ---- the pipeline -----------------------------------------------------------------------------
 # (the layout pass uses this module's helpers: imported once they are defined)
+from pdjit.passes.attention import fuse_attention  # noqa: E402
 from pdjit.passes.layout import channels_last  # noqa: E402
 
 INFERENCE_PASSES = [
@@ -728,6 +733,7 @@ INFERENCE_PASSES = [
     ("fold_batch_norm", fold_batch_norm),
     ("affine_elementwise", affine_elementwise),
     ("fold_constants", fold_constants),
+    ("fuse_attention", fuse_attention),
     ("channels_last", channels_last),
 ]
 
@@ -738,7 +744,7 @@ def optimize(program: Program, params: dict, passes=None, overwrite: bool = Fals
     returns ``(program, params)``, new ones, the given ones unchanged (with ``overwrite``,
     the given arrays may be reused for results: the caller hands them over, see
     :func:`fold_batch_norm`). ``target``: the target the program will run on, for the
-    passes that ask it (``channels_last``; None: they change nothing)."""
+    passes that ask it (``fuse_attention``, ``channels_last``; None: they change nothing)."""
     _check_args("optimize", program, params)
     known = [n for n, _ in INFERENCE_PASSES]
     if passes is not None:

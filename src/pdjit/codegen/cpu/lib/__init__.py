@@ -14,13 +14,14 @@ arguments (the driver allocates them), and keep them target-neutral in meaning: 
 per operation and data layout, documented with what it computes. Every file of this package
 is part of the hash that invalidates generated modules (``compiler.deps_hash``).
 
-Submodules, one per op family, each re-exported here: ``channels_last``, ``conv``, ``crf``,
-``gemm``, ``image``, ``indexing``, ``lod_rnn``, ``norm``, ``pgemm``, ``pointwise``, ``pool``,
-``rnn``.
+Submodules, one per op family, each re-exported here: ``attention``, ``channels_last``,
+``conv``, ``crf``, ``gemm``, ``image``, ``indexing``, ``lod_rnn``, ``norm``, ``pgemm``,
+``pointwise``, ``pool``, ``rnn``.
 """
 import numpy as np
 
 from pdjit.codegen.cpu.lib._jit import JOBS, cost_of, jit, pjit  # noqa: F401
+from pdjit.codegen.cpu.lib.attention import *  # noqa: F401,F403
 from pdjit.codegen.cpu.lib.channels_last import *  # noqa: F401,F403
 from pdjit.codegen.cpu.lib.conv import *  # noqa: F401,F403
 from pdjit.codegen.cpu.lib.crf import *  # noqa: F401,F403

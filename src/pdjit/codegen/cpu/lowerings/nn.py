@@ -95,3 +95,32 @@ def _dropout_grad(ctx):
     a = ctx.attrs
     return [f"{ctx.lib_fn('dropout_bwd')}({_flat(G)}, {_flat(ctx.inp('Mask'))}, "
             f"{float(a['dropout_prob'])!r}, {upscale}, {bool(a['is_test'])}, {_flat(dx)})"]
+
+
+@lowering("scaled_dot_product_attention", host=True)
+def _attention(ctx):
+    """``_nn.scaled_attention`` on the operands' permuted views (no copy) and the result written
+    through the inverse of ``out_perm`` (float32/float64)."""
+    if ctx.dtype("Q").kind != "f" or ctx.dtype("Q").itemsize not in (4, 8):
+        return None
+    r = ctx.rank("Q")
+    views, perms = [], {}
+    for slot in ("Q", "K", "V"):
+        p = [int(a) for a in ctx.attrs[f"{slot.lower()}_perm"]] or list(range(r))
+        if sorted(p) != list(range(r)) or ctx.rank(slot) != r:
+            return None  # an error the reference reports
+        perms[slot] = p
+        x = ctx.inp(slot)
+        views.append(x if p == list(range(r)) else f"{x}.transpose({ctx.tuple_src(p)})")
+    o = [int(a) for a in ctx.attrs["out_perm"]] or list(range(r))
+    if sorted(o) != list(range(r)):
+        return None
+    Q, V = ctx.inp("Q"), ctx.inp("V")
+    res = [f"{Q}.shape[{perms['Q'][i]}]" for i in range(r - 1)] + \
+        [f"{V}.shape[{perms['V'][r - 1]}]"]
+    out = ctx.out("Out", shape=ctx.tuple_src([res[a] for a in o]))
+    inv = sorted(range(r), key=lambda i: o[i])
+    mask = ctx.inp("Mask") if ctx.has_input("Mask") else "None"
+    view = out if o == list(range(r)) else f"{out}.transpose({ctx.tuple_src(inv)})"
+    return [f"{ctx.lib_fn('scaled_attention')}({', '.join(views)}, {mask}, "
+            f"{float(ctx.attrs['alpha'])!r}, {view})"]

@@ -1,0 +1,360 @@
+"""Attention's core in one kernel: ``out = softmax(alpha * q @ k^T + mask) @ v`` over the last
+axis, for every matrix of a batch (the op ``scaled_dot_product_attention`` that the inference
+pass ``fuse_attention`` builds from a program's products, mask add and softmax).
+
+Each matrix of the batch (a head of a sample) is computed by one thread from start to end:
+``alpha * k^T`` packed into panels (``pgemm.pack_scaled``'s layout: the scale applied as it
+packs, as the unfused product applies it), the scores ``q @ (alpha k^T)`` of a block of query
+rows on pdjit's packed GEMM tile (:data:`pgemm._micro`) into a buffer of the thread's that
+stays in its cache, the mask added and the softmax taken row by row there (the op's order:
+the max, ``exp(max(x - max, -64))``, the sum, the division), then ``v`` packed and the block's
+rows of ``out`` computed from the buffer. No scores tensor of the whole batch is written or
+read again, and nothing is transposed: every operand is a strided view (``q``, ``k``, ``v`` and
+``out`` may be the heads' views of a ``[batch, seq, heads, dim]`` projection, the mask a
+broadcast), read through its offsets and strides.
+"""
+import numba
+import numpy as np
+from numba.core import types
+from numba.extending import intrinsic, overload, register_jitable
+from numba.np.arrayobj import populate_array
+
+from pdjit.codegen.cpu import mathfuncs as _m
+from pdjit.codegen.cpu import threads
+from pdjit.codegen.cpu.lib import team
+from pdjit.codegen.cpu.lib._jit import compile_cost, jit, jobs, pjit
+from pdjit.codegen.cpu.lib.conv import split_work
+from pdjit.codegen.cpu.lib.pgemm import MR, NV, _micro, _panel_row, packed_b_size
+
+__all__ = ["scaled_attention"]
+
+#: Paddle's CPU softmax clips ``x - max`` at this value before the exponential
+CLIP = -64.0
+#: the scores of a block of query rows kept in a thread's buffer (bytes: in its L2 cache)
+_BLOCK_BYTES = 1 << 17
+#: multiply-adds from which the batch's matrices are split over the loop threads
+TEAM_MIN_WORK = 1 << 20
+
+
+@jit
+def _heads(qf, qo, ldq, kf, ko, skn, skd, vf, vo, svn, svd, mf, mo, ldm, alpha, of, oo, ldo,
+           sq, sk, d, dv, h0, h1):
+    """Matrices ``h0 .. h1`` of the batch (see the module): operands flat, each matrix ``h`` at
+    its offset (``qo[h]``...), with row strides ``ldq``, ``ldm``, ``ldo`` (unit columns), and
+    ``k``'s, ``v``'s strides along keys (``skn``, ``svn``) and dims (``skd``, ``svd``);
+    ``mf`` empty: no mask."""
+    nr = NV * (64 // qf.itemsize)
+    kp = np.empty(packed_b_size(d, sk, qf.itemsize), qf.dtype)
+    vp = np.empty(packed_b_size(sk, dv, qf.itemsize), qf.dtype)
+    rb = max(MR, min(sq, (_BLOCK_BYTES // max(1, sk * qf.itemsize)) // MR * MR))
+    s = np.empty(rb * sk, qf.dtype)
+    none = qf[:0]
+    lim = np.empty(3, qf.dtype)  # the clip, the max's start and the sum's in the data's type
+    lim[0] = CLIP
+    lim[1] = -np.inf
+    lim[2] = 0
+    lo = -np.inf
+    hi = np.inf
+    kpan = (sk + nr - 1) // nr
+    vpan = (dv + nr - 1) // nr
+    for h in range(h0, h1):
+        for j in range(kpan):  # alpha * k^T: panel j holds keys n0 .. n0 + w, a row per dim
+            n0 = j * nr
+            w = min(nr, sk - n0)
+            for c in range(d):
+                _panel_row(kf, ko[h] + n0 * skn + c * skd, skn, w, alpha, kp, (j * d + c) * nr)
+        for j in range(vpan):  # v: panel j holds dims n0 .. n0 + w, a row per key
+            n0 = j * nr
+            w = min(nr, dv - n0)
+            for c in range(sk):
+                _panel_row(vf, vo[h] + c * svn + n0 * svd, svd, w, 1.0, vp, (j * sk + c) * nr)
+        for r0 in range(0, sq, rb):
+            rows = min(rb, sq - r0)
+            for j in range(kpan):
+                n0 = j * nr
+                for i in range(0, rows, MR):
+                    _micro(qf, qo[h] + (r0 + i) * ldq, ldq, min(MR, rows - i), d, kp,
+                           j * d * nr, s, i * sk + n0, sk, min(nr, sk - n0), none, n0, none,
+                           lo, hi)
+            for i in range(rows):
+                mo_ = mo[h] + (r0 + i) * ldm
+                _softmax_row(s[i * sk:(i + 1) * sk], mf[mo_:mo_ + sk] if mf.size else mf,
+                             lim[0], lim[1], lim[2])
+            for j in range(vpan):
+                n0 = j * nr
+                for i in range(0, rows, MR):
+                    _micro(s, i * sk, sk, min(MR, rows - i), sk, vp, j * sk * nr, of,
+                           oo[h] + (r0 + i) * ldo + n0, ldo, min(nr, dv - n0), none, n0, none,
+                           lo, hi)
+
+
+@jit
+def _softmax_row(x, m, clip, ninf, zero):
+    """Softmax of the row ``x`` in place, the row ``m`` added first where it is not empty: the
+    max (four partial results), ``exp(max(x - max, clip))``, their sum (four partial
+    results), the division. (Rows as views, indexed from 0: loops that vectorise.)"""
+    n = x.shape[0]
+    if m.shape[0]:
+        for j in range(n):
+            x[j] = x[j] + m[j]
+    m0 = m1 = m2 = m3 = ninf
+    j = 0
+    while j + 4 <= n:
+        m0 = max(m0, x[j])
+        m1 = max(m1, x[j + 1])
+        m2 = max(m2, x[j + 2])
+        m3 = max(m3, x[j + 3])
+        j += 4
+    while j < n:
+        m0 = max(m0, x[j])
+        j += 1
+    mx = max(max(m0, m1), max(m2, m3))
+    for j in range(n):
+        x[j] = _m.exp(max(x[j] - mx, clip))
+    t0 = t1 = t2 = t3 = zero
+    j = 0
+    while j + 4 <= n:
+        t0 = t0 + x[j]
+        t1 = t1 + x[j + 1]
+        t2 = t2 + x[j + 2]
+        t3 = t3 + x[j + 3]
+        j += 4
+    while j < n:
+        t0 = t0 + x[j]
+        j += 1
+    t = t0 + t1 + t2 + t3
+    for j in range(n):
+        x[j] = x[j] / t
+
+
+@pjit
+def _heads_parts(qf, qo, ldq, kf, ko, skn, skd, vf, vo, svn, svd, mf, mo, ldm, alpha, of, oo,
+                 ldo, sq, sk, d, dv, parts):
+    """:func:`_heads` of the whole batch in ``parts`` ranges of matrices, one per thread of a
+    parallel loop (``lib.team``)."""
+    n = qo.shape[0]
+    for p in numba.prange(parts):
+        _heads(qf, qo, ldq, kf, ko, skn, skd, vf, vo, svn, svd, mf, mo, ldm, alpha, of, oo, ldo,
+               sq, sk, d, dv, p * n // parts, (p + 1) * n // parts)
+
+
+def _flat(x, memory=None):
+    """``x`` (non-negative strides) as a flat view from its first element, the offsets of its
+    matrices (its dims but the last two, in C order) and the strides of those two, in
+    elements. ``memory``: a writeable array whose first element is ``x``'s and whose span
+    holds ``x``'s (a broadcast's source: the flat view is writeable, so one compiled kernel
+    serves it)."""
+    size = x.itemsize
+    st = [s // size for s in x.strides]
+    if any(s < 0 for s in st) or any(s * size != b for s, b in zip(st, x.strides)):
+        x = memory = np.ascontiguousarray(x)
+        st = [s // size for s in x.strides]
+    extent = 1 + sum((n - 1) * s for n, s in zip(x.shape, st))
+    flat = np.lib.stride_tricks.as_strided(x if memory is None else memory, shape=(extent,),
+                                           strides=(size,))
+    off = np.zeros(1, np.int64)
+    for n, s in zip(x.shape[:-2], st[:-2]):
+        off = (off[:, None] + np.arange(n, dtype=np.int64) * s).reshape(-1)
+    return flat, off, st[-2], st[-1]
+
+
+def _unit_rows(x):
+    """``x`` with unit strides along its last dim (a copy where it has not)."""
+    return x if x.shape[-1] <= 1 or x.strides[-1] == x.itemsize else np.ascontiguousarray(x)
+
+
+def scaled_attention(q, k, v, mask, alpha, out):
+    """``out = softmax(alpha * q @ k^T + mask) @ v`` over the last two dims of every matrix
+    of the batch (see the module): ``q`` ``[..., Sq, D]``, ``k`` ``[..., Sk, D]``, ``v``
+    ``[..., Sk, Dv]``, ``out`` ``[..., Sq, Dv]`` (written), all of one float dtype and the same
+    batch dims, any strides (views); ``mask`` broadcast to ``[..., Sq, Sk]``, or ``None``.
+    The matrices split over the loop threads from :data:`TEAM_MIN_WORK` multiply-adds, by
+    the parallel loop where it is ready (else over ``split_work``'s helpers), each as one
+    thread computes it."""
+    lead, (sq, d), (sk, dv) = q.shape[:-2], q.shape[-2:], v.shape[-2:]
+    if k.shape != lead + (sk, d) or v.shape[:-2] != lead or out.shape != lead + (sq, dv) or \
+            not q.dtype == k.dtype == v.dtype == out.dtype or q.dtype.kind != "f":
+        raise ValueError(
+            f"pdjit: scaled_attention: q {list(q.shape)}, k {list(k.shape)}, v "
+            f"{list(v.shape)} and out {list(out.shape)} do not fit: expected [..., Sq, D], "
+            f"[..., Sk, D], [..., Sk, Dv], [..., Sq, Dv] of one float dtype")
+    if min(sq, sk, d, dv) == 0 or not all(n for n in lead):
+        out[...] = _numpy(q, k, v, mask, alpha)
+        return
+    target = out
+    if out.strides[-1] != out.itemsize and dv > 1:
+        out = np.empty(out.shape, out.dtype)
+    qf, qo, ldq, _ = _flat(_unit_rows(q))
+    kf, ko, skn, skd = _flat(k)
+    vf, vo, svn, svd = _flat(v)
+    of, oo, ldo, _ = _flat(out)
+    if mask is None:
+        mf, mo, ldm = np.empty(0, q.dtype), qo, 0
+    else:
+        m0 = np.asarray(mask, q.dtype)
+        if not m0.flags.writeable:
+            m0 = m0.copy()
+        m = np.broadcast_to(m0, lead + (sq, sk))
+        mf, mo, ldm, _ = _flat(m, m0) if m.strides[-1] == m.itemsize else _flat(
+            np.ascontiguousarray(m))
+    call = (qf, qo, ldq, kf, ko, skn, skd, vf, vo, svn, svd, mf, mo, ldm, float(alpha), of, oo,
+            ldo, sq, sk, d, dv)
+    n = qo.shape[0]
+    work = n * sq * sk * (d + dv)
+    parts = min(threads.loop_threads(), n) if work >= TEAM_MIN_WORK else 1
+    if parts < 2:
+        _heads(*call, 0, n)
+    elif not team.run(_heads_parts, call + (parts,)):
+        split_work(_heads, n, work, *call, head=len(call))  # (on helpers until it is ready)
+    if out is not target:
+        target[...] = out
+
+
+# ---- inside compiled code (a native driver: one thread, its slice of the batch) ---------------
+@intrinsic
+def _span(typingctx, x, extent):
+    """A 1-D C-contiguous array of ``extent`` elements from ``x``'s first element, sharing its
+    memory (and its reference): ``_flat``'s view in compiled code."""
+    if not isinstance(x, types.Array):
+        return None
+    rt = types.Array(x.dtype, 1, "C")
+
+    def codegen(context, builder, signature, args):
+        src = context.make_array(signature.args[0])(context, builder, args[0])
+        out = context.make_array(rt)(context, builder)
+        size = context.get_constant(types.intp, context.get_abi_sizeof(
+            context.get_data_type(x.dtype)))
+        populate_array(out, data=src.data, shape=[args[1]], strides=[size], itemsize=size,
+                       meminfo=src.meminfo)
+        context.nrt.incref(builder, signature.args[0], args[0])
+        return out._getvalue()
+    return rt(x, types.intp), codegen
+
+
+@register_jitable
+def _flat_native(x):
+    """:func:`_flat` in compiled code (``x``'s strides non-negative, as views' are)."""
+    r = x.ndim
+    size = x.itemsize
+    extent = 1
+    for i in range(r):
+        extent += (x.shape[i] - 1) * (x.strides[i] // size)
+    n = 1
+    for i in range(r - 2):
+        n *= x.shape[i]
+    off = np.zeros(n, np.int64)
+    for m in range(n):
+        rem = m
+        o = 0
+        for i in range(r - 3, -1, -1):
+            o += (rem % x.shape[i]) * (x.strides[i] // size)
+            rem //= x.shape[i]
+        off[m] = o
+    return _span(x, extent), off, x.strides[r - 2] // size, x.strides[r - 1] // size
+
+
+@register_jitable
+def _mask_native(m, shape, nl, sk):
+    """A mask's flat view, its matrices' offsets and row stride, broadcast (NumPy's rule) over
+    the batch dims (the first ``nl`` of ``shape``) and the rows; its last dim is ``sk`` (else
+    an error)."""
+    if m.shape[m.ndim - 1] != sk:
+        raise ValueError("pdjit: scaled_attention: the mask's last dim is not the keys'")
+    size = m.itemsize
+    extent = 1
+    for i in range(m.ndim):
+        extent += (m.shape[i] - 1) * (m.strides[i] // size)
+    n = 1
+    for i in range(nl):
+        n *= shape[i]
+    off = np.zeros(n, np.int64)
+    sh = m.ndim - (nl + 2)  # the mask's dim of batch dim i: i + sh
+    for k in range(n):
+        rem = k
+        o = 0
+        for i in range(nl - 1, -1, -1):
+            j = rem % shape[i]
+            rem //= shape[i]
+            if i + sh >= 0 and m.shape[i + sh] != 1:
+                o += j * (m.strides[i + sh] // size)
+        off[k] = o
+    ld = 0
+    if m.ndim >= 2 and m.shape[m.ndim - 2] != 1:
+        ld = m.strides[m.ndim - 2] // size
+    return _span(m, extent), off, ld
+
+
+@register_jitable
+def _operands_native(q, k, v, out):
+    """``(sq, d, sk, dv, whether there is anything to compute)`` (no keys: ``out`` zeroed)."""
+    r = q.ndim
+    sq, d, sk, dv = q.shape[r - 2], q.shape[r - 1], k.shape[r - 2], v.shape[r - 1]
+    if k.shape[r - 1] != d or v.shape[r - 2] != sk or out.shape[r - 2] != sq or \
+            out.shape[r - 1] != dv:
+        raise ValueError("pdjit: scaled_attention: q, k, v and out do not fit")
+    for i in range(r - 2):
+        if k.shape[i] != q.shape[i] or v.shape[i] != q.shape[i] or out.shape[i] != q.shape[i]:
+            raise ValueError("pdjit: scaled_attention: the batch dims differ")
+    if sk == 0 or d == 0:
+        out[...] = 0
+    return sq, d, sk, dv, sq != 0 and dv != 0 and sk != 0 and d != 0 and out.size != 0
+
+
+@overload(scaled_attention)
+def _attention_native(q, k, v, mask, alpha, out):
+    """One thread (a native driver's slice of the batch runs on its own); the same bits."""
+    def run(q, k, v, mf, mo, ldm, alpha, out, sq, sk, d, dv):
+        r = q.ndim
+        qc = q if q.strides[r - 1] == q.itemsize else np.ascontiguousarray(q)
+        qf, qo, ldq, _ = _flat_native(qc)
+        kf, ko, skn, skd = _flat_native(k)
+        vf, vo, svn, svd = _flat_native(v)
+        oc = out if out.strides[r - 1] == out.itemsize else np.empty(out.shape, out.dtype)
+        of, oo, ldo, _ = _flat_native(oc)
+        _heads(qf, qo, ldq, kf, ko, skn, skd, vf, vo, svn, svd, mf, mo if mf.size else qo,
+               ldm, alpha, of, oo, ldo, sq, sk, d, dv, 0, qo.shape[0])
+        if oc is not out:
+            out[...] = oc
+    run = register_jitable(run)
+
+    if isinstance(mask, (types.NoneType, types.Omitted)) or mask is None:
+        def impl(q, k, v, mask, alpha, out):
+            sq, d, sk, dv, some = _operands_native(q, k, v, out)
+            if some:
+                    run(q, k, v, np.empty(0, q.dtype), np.zeros(0, np.int64), 0, alpha, out, sq,
+                    sk, d, dv)
+        return impl
+
+    def impl_mask(q, k, v, mask, alpha, out):
+        sq, d, sk, dv, some = _operands_native(q, k, v, out)
+        if not some:
+            return
+        mc = mask if mask.strides[mask.ndim - 1] == mask.itemsize else \
+            np.ascontiguousarray(mask)
+        mf, mo, ldm = _mask_native(mc, q.shape, q.ndim - 2, sk)
+        run(q, k, v, mf, mo, ldm, alpha, out, sq, sk, d, dv)
+    return impl_mask
+
+
+def _numpy(q, k, v, mask, alpha):
+    """The same in NumPy (empty operands)."""
+    s = np.matmul(q, np.swapaxes(k, -1, -2)) * q.dtype.type(alpha)
+    if mask is not None:
+        s = s + mask
+    e = np.exp(np.maximum(s - s.max(axis=-1, keepdims=True, initial=-np.inf),
+                          q.dtype.type(CLIP))) if s.size else s
+    return np.matmul(e / e.sum(axis=-1, keepdims=True), v) if s.size else \
+        np.zeros(q.shape[:-1] + v.shape[-1:], q.dtype)
+
+
+def _types(T):
+    a, i = (T, 1), (np.int64, 1)
+    return (a, i, int, a, i, int, int, a, i, int, int, a, i, int, float, a, i, int, int, int,
+            int, int)
+
+
+jobs("scaled_attention")(lambda T: [(_heads, _types(T) + (int, int))])
+# (its split over the team: compiled ahead by warmup only, see lib.team.ready)
+jobs("scaled_attention (warmup)")(lambda T: [(_heads_parts, _types(T) + (int,))])
+compile_cost(1.5, _heads, _heads_parts)
+

@@ -1,0 +1,141 @@
+"""``lib.scaled_attention``: attention's core in one kernel, against NumPy written here, on the
+strided views the op hands it (heads of a ``[batch, seq, heads, dim]`` projection), odd sizes
+(rows and keys not multiples of the tile, keys over several panels and row blocks), masks
+broadcast several ways, float32 and float64; the split over the parallel loop and the compiled
+version inside a native driver give the host's bits."""
+import importlib
+
+import numpy as np
+import pytest
+
+from pdjit.codegen.cpu import threads
+from pdjit.codegen.cpu.lib import _jit, scaled_attention, team
+
+att = importlib.import_module("pdjit.codegen.cpu.lib.attention")
+
+
+def oracle(q, k, v, mask, alpha):
+    """softmax(alpha q k^T + mask) v in float64, ``x - max`` clipped at -64 (loops over the
+    batch's matrices)."""
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    lead = q.shape[:-2]
+    sq, sk = q.shape[-2], k.shape[-2]
+    m = np.zeros(lead + (sq, sk)) if mask is None else np.broadcast_to(
+        np.asarray(mask, np.float64), lead + (sq, sk))
+    out = np.zeros(lead + (sq, v.shape[-1]))
+    for idx in np.ndindex(*lead):
+        s = alpha * (q[idx] @ k[idx].T) + m[idx]
+        e = np.exp(np.maximum(s - s.max(axis=1, keepdims=True), -64.0))
+        out[idx] = (e / e.sum(axis=1, keepdims=True)) @ v[idx]
+    return out
+
+
+def heads(rng, b, s, h, d, dtype):
+    """``[b, h, s, d]`` views of a ``[b, s, h, d]`` array (as a projection's heads are)."""
+    return rng.standard_normal((b, s, h, d)).astype(dtype).transpose(0, 2, 1, 3)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("b,h,sq,sk,d,dv", [
+    (1, 4, 128, 128, 64, 64),      # an encoder's heads at batch 1
+    (2, 3, 37, 29, 20, 33),        # nothing a multiple of the tile
+    (1, 2, 5, 130, 7, 70),         # keys and values over several panels
+    (2, 1, 1, 1, 1, 1),
+])
+def test_heads_against_numpy(dtype, b, h, sq, sk, d, dv):
+    rng = np.random.default_rng(sq * 31 + sk)
+    q, k, v = heads(rng, b, sq, h, d, dtype), heads(rng, b, sk, h, d, dtype), \
+        heads(rng, b, sk, h, dv, dtype)
+    keep = rng.random((b, 1, 1, sk)) < 0.8
+    for mask in (None, np.where(keep, 0.0, -1e4).astype(dtype),          # a padding mask
+                 rng.standard_normal((sq, sk)).astype(dtype),             # a bias of the scores
+                 rng.standard_normal((1, h, sq, sk)).astype(dtype)):
+        out = np.full((b, sq, h, dv), np.nan, dtype)
+        scaled_attention(q, k, v, mask, 0.3, out.transpose(0, 2, 1, 3))
+        tol = 2e-5 if dtype == np.float32 else 1e-12
+        np.testing.assert_allclose(out.transpose(0, 2, 1, 3), oracle(q, k, v, mask, 0.3),
+                                   rtol=tol, atol=tol)
+
+
+def test_rows_in_blocks_and_contiguous_operands():
+    """Scores wider than a thread's buffer holds for the whole query: rows in blocks; plain
+    C-contiguous operands of rank 3."""
+    rng = np.random.default_rng(5)
+    sk = 1100
+    assert att._BLOCK_BYTES // (sk * 4) < 50
+    q = rng.standard_normal((2, 50, 16)).astype(np.float32)
+    k = rng.standard_normal((2, sk, 16)).astype(np.float32)
+    v = rng.standard_normal((2, sk, 24)).astype(np.float32)
+    out = np.empty((2, 50, 24), np.float32)
+    scaled_attention(q, k, v, None, 0.25, out)
+    np.testing.assert_allclose(out, oracle(q, k, v, None, 0.25), rtol=2e-5, atol=2e-5)
+
+
+def test_empty_operands_and_errors():
+    z = np.zeros((1, 3, 0, 4), np.float32)
+    v = np.ones((1, 3, 0, 5), np.float32)
+    out = np.full((1, 3, 2, 5), np.nan, np.float32)
+    scaled_attention(np.ones((1, 3, 2, 4), np.float32), z, v, None, 1.0, out)
+    assert np.array_equal(out, np.zeros_like(out))      # no keys: nothing to weigh
+    with pytest.raises(ValueError, match="scaled_attention: q .* do not fit"):
+        scaled_attention(np.ones((2, 4, 3), np.float32), np.ones((2, 5, 4), np.float32),
+                         np.ones((2, 5, 6), np.float32), None, 1.0,
+                         np.empty((2, 4, 6), np.float32))
+
+
+def test_split_over_the_parallel_loop_gives_one_threads_bits(monkeypatch):
+    rng = np.random.default_rng(7)
+    q, k, v = (heads(rng, 2, 128, 4, 64, np.float32) for _ in range(3))
+    mask = np.where(rng.random((2, 1, 1, 128)) < 0.9, 0, -1e4).astype(np.float32)
+    one = np.empty((2, 4, 128, 64), np.float32)
+    monkeypatch.setattr(threads, "loop_threads", lambda: 1)
+    scaled_attention(q, k, v, mask, 0.125, one)
+    monkeypatch.setattr(threads, "loop_threads", lambda: 2)
+    loops = []
+    real = team.run
+    monkeypatch.setattr(team, "run", lambda loop, call: loops.append(
+        (loop, call[-1], real(loop, call))) or loops[-1][2])
+    monkeypatch.setattr(team, "AFTER_RUNS", 0)
+    monkeypatch.setattr(team, "COMPILE", True)
+    monkeypatch.setattr(team, "_READY", {})      # (what other tests' runs left aside)
+    two = np.full_like(one, np.nan)
+    scaled_attention(q, k, v, mask, 0.125, two)
+    assert loops == [(att._heads_parts, 2, True)]
+    assert np.array_equal(one, two)
+    monkeypatch.setattr(team, "run", lambda loop, call: False)  # not ready: on the helpers
+    helpers = np.full_like(one, np.nan)
+    scaled_attention(q, k, v, mask, 0.125, helpers)
+    assert np.array_equal(one, helpers)
+
+
+@_jit.caller
+def _native(q, k, v, o):
+    scaled_attention(q.transpose((0, 2, 1, 3)), k.transpose((0, 2, 1, 3)),
+                     v.transpose((0, 2, 1, 3)), None, 0.3, o.transpose((0, 2, 1, 3)))
+
+
+@_jit.caller
+def _native_masked(q, k, v, m, o):
+    scaled_attention(q.transpose((0, 2, 1, 3)), k.transpose((0, 2, 1, 3)),
+                     v.transpose((0, 2, 1, 3)), m, 0.3, o)
+
+
+def test_compiled_code_gives_the_hosts_bits():
+    """Inside compiled code (a native driver): one thread on the same views, the same bits;
+    an output whose last dim is strided written through a copy."""
+    rng = np.random.default_rng(9)
+    q, k, v = (rng.standard_normal((2, 37, 3, 20)).astype(np.float32) for _ in range(3))
+    host = np.empty((2, 37, 3, 20), np.float32)
+    scaled_attention(*(x.transpose(0, 2, 1, 3) for x in (q, k, v)), None, 0.3,
+                     host.transpose(0, 2, 1, 3))
+    got = np.full_like(host, np.nan)
+    _native(q, k, v, got)
+    assert np.array_equal(got, host)
+    mask = np.where(rng.random((2, 1, 1, 37)) < 0.8, 0, -1e4).astype(np.float32)
+    host = np.empty((2, 3, 37, 20), np.float32)
+    scaled_attention(*(x.transpose(0, 2, 1, 3) for x in (q, k, v)), mask, 0.3, host)
+    base = np.full((2, 3, 20, 37), np.nan, np.float32)
+    _native_masked(q, k, v, mask, base.transpose(0, 1, 3, 2))   # last dim strided
+    assert np.array_equal(base.transpose(0, 1, 3, 2), host)
+    np.testing.assert_allclose(host, oracle(*(x.transpose(0, 2, 1, 3) for x in (q, k, v)),
+                                            mask, 0.3), rtol=2e-5, atol=2e-5)
