@@ -134,16 +134,19 @@ def test_what_is_read_elsewhere_stays(cache):
 
 
 def test_scaled_queries_and_keys_as_columns(cache):
-    """The queries scaled by a ``scale`` op before the product (the core takes the scaled
-    value as Q; the heads' transpose before the scale stays), the keys transposed to columns
-    by a ``transpose`` the core takes in (with the product's own transpose: K as it was)."""
+    """The queries scaled by a ``scale`` op before the product (``paddle.nn``'s way: the
+    factor goes into the core's ``alpha``, the heads' transpose before it into ``q_perm``),
+    the keys transposed to columns by a ``transpose`` the core takes in (with the product's
+    own transpose: K's heads as they are; their transpose stays)."""
     values = _save(cache, v2=True)
     pred = _predictor(cache)
     ops = pred.program().global_block().ops
     kinds = collections.Counter(op.type for op in ops)
-    assert kinds[CORE] == 1 and kinds["softmax"] == 0 and kinds["transpose2"] == 2
+    assert kinds[CORE] == 1 and kinds["softmax"] == 0 and kinds["scale"] == 0 and \
+        kinds["transpose2"] == 1
     core = next(op for op in ops if op.type == CORE)
-    assert core.attr("q_perm") == [] and core.attr("alpha") == 1.0
+    assert core.attr("q_perm") == [0, 2, 1, 3] and core.attr("k_perm") == [] and \
+        core.attr("alpha") == pytest.approx(D ** -0.5)
     xv, mv = _inputs(2)
     feed = {"x": xv, "mask": mv}
     (y,) = pred.run([feed[k] for k in pred.get_input_names()])

@@ -101,10 +101,10 @@ An ``OpDef`` holds:
     hard_sigmoid, which such a kernel may apply after the clamp.
 ``form`` (optional)
     What the op computes, in a form a pass can rebuild it from: ``form(op) -> Product |
-    Permute | RowSoftmax | AttentionCore | None`` (a batched matrix product, a permutation of
-    axes, a softmax along an axis, attention's core; ``None``: none of these for these
-    attributes). The inference pass ``fuse_attention`` builds the op declaring ``ATTENTION``
-    from the others.
+    Permute | Scale | RowSoftmax | AttentionCore | None`` (a batched matrix product, a
+    permutation of axes, a product by a constant, a softmax along an axis, attention's core;
+    ``None``: none of these for these attributes). The inference pass ``fuse_attention``
+    builds the op declaring ``ATTENTION`` from the others.
 ``test_mode`` (optional)
     The name of the boolean attribute that switches the op to inference behaviour (a dropout
     that keeps every element, a batch norm that reads its running statistics); the inference
@@ -632,6 +632,14 @@ class Permute:
     x: str
     out: str
     perm: tuple
+
+
+@dataclass(frozen=True)
+class Scale:
+    """``out = x * factor`` elementwise (the factor in ``x``'s dtype)."""
+    x: str
+    out: str
+    factor: float
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ from pdjit.framework.registry import (
     Opaque,
     Passthrough,
     RowWise,
+    Scale,
     Str,
     default_grad,
     grad_var_name,
@@ -608,6 +609,14 @@ def _scale_grad(op):
                         "bias": 0.0, "bias_after_scale": True})]
 
 
+def _scale_form(op):
+    """A product by a constant: scale's factor given as an attribute, no bias."""
+    a = op.all_attrs()
+    if op.input("ScaleTensor") or op.input("BiasTensor") or a.get("bias", 0.0) != 0.0:
+        return None
+    return Scale("X", "Out", float(a.get("scale", 1.0)))
+
+
 def _scale_inference(op):
     """Scale by 1 with bias 0 (factors given as attributes) leaves X as it is."""
     a = op.all_attrs()
@@ -622,7 +631,7 @@ register_op(
     attrs={"scale": Float(1.0, low=-4.0, high=4.0), "bias": Float(0.0, low=-4.0, high=4.0),
            "bias_after_scale": Bool(True)},
     traits=[ELEMENTWISE], infer_shape=_scale_infer, reference=_scale_ref, emit=_scale_emit,
-    grad=_scale_grad, inference=_scale_inference,
+    grad=_scale_grad, inference=_scale_inference, form=_scale_form,
     doc="Out = scale * X + bias (bias_after_scale) or scale * (X + bias).")
 
 

@@ -9,12 +9,14 @@ plus a mask (an op declared ``ADDITION`` and ``BROADCAST`` whose other operand b
 the scores by NumPy's rule), and whose output is the left operand of a product ``P2 = P @
 op(V)`` (not transposed, ``alpha`` 1), becomes one ``scaled_dot_product_attention`` op (the
 op declaring ``ATTENTION``, its slots and attributes named by its ``form``:
-:mod:`pdjit.ops.attention`). Q, K and V have one rank (3 or
-more) and the same batch dims, the same float dtype. A permutation of axes
-(:class:`~pdjit.framework.registry.Permute`) that makes Q, K or V from another value, and one
-that P2's result goes through, go into the op's ``*_perm`` attributes when nothing else
-reads their values: the heads are read in the projections' layout and the result written in
-the layout its next product reads, with no copy. Each value the op takes over (the scores,
+:mod:`pdjit.ops.attention`). Q, K and V have one rank (3 or more) and the same batch dims,
+the same float dtype. A permutation of axes (:class:`~pdjit.framework.registry.Permute`) that
+makes Q, K or V from another value, and one that P2's result goes through, go into the op's
+``*_perm`` attributes when nothing else reads their values, and so does a product of Q or K
+by a constant (:class:`~pdjit.framework.registry.Scale`: ``paddle.nn``'s ``q * head_dim **
+-0.5``) into ``alpha`` (the scores rounded once fewer): the heads are read in the
+projections' layout and the result written in the layout its next product reads, with no
+copy. Each value the op takes over (the scores,
 the softmax, the permuted operands) must be read by the next op alone, written once and not
 needed after (fetched, persistable, read by another block). The pass reads op definitions
 and names no op type nor slot.
@@ -25,7 +27,7 @@ import numpy as np
 
 from pdjit.framework import registry
 from pdjit.framework.program import Program
-from pdjit.framework.registry import EMPTY_VAR_NAME, Permute, Product, RowSoftmax
+from pdjit.framework.registry import EMPTY_VAR_NAME, Permute, Product, RowSoftmax, Scale
 from pdjit.passes.inference import _check_args, _finish, _insert_like, _Uses
 
 __all__ = ["fuse_attention"]
@@ -89,17 +91,26 @@ def _out(op, slot):
     return names[0] if len(names) == 1 else None
 
 
-def _source(g: _Block, name, reader, rank):
-    """``(value, perm, op)``: ``name`` itself (identity), or the value a permutation that only
-    ``reader`` needs makes it from, with that op (to remove)."""
-    op = g.writer(name)
-    f = _form(op) if op is not None else None
-    if isinstance(f, Permute) and len(f.perm) == rank and g.only_for(name, reader) and \
-            g.others_dead(op, name) and _out(op, f.out) == name:
-        src = _one(op, f.x)
-        if src is not None and g.var(src) is not None:
-            return src, [int(a) % rank for a in f.perm], op
-    return name, list(range(rank)), None
+def _source(g: _Block, name, reader, rank, scales: bool = False):
+    """``(value, perm, factor, ops)``: the value ``name`` is made from by ops that only
+    ``reader`` needs (to remove): products by a constant (where ``scales``: their ``factor``
+    multiplies the scores) down to a permutation of axes (``perm``), or ``name`` itself."""
+    factor, ops = 1.0, []
+    while True:
+        op = g.writer(name)
+        f = _form(op) if op is not None else None
+        if f is None or not g.only_for(name, reader) or not g.others_dead(op, name) or \
+                _out(op, f.out) != name or _one(op, f.x) is None or g.var(_one(op, f.x)) is None:
+            break
+        if isinstance(f, Scale) and scales:
+            factor *= float(np.dtype(g.var(name).dtype).type(f.factor))
+        elif isinstance(f, Permute) and len(f.perm) == rank:
+            return _one(op, f.x), [int(a) % rank for a in f.perm], factor, ops + [op]
+        else:
+            break
+        name, reader = _one(op, f.x), op
+        ops.append(op)
+    return name, list(range(rank)), factor, ops
 
 
 def _broadcasts(mask_shape, scores_shape) -> bool:
@@ -171,13 +182,10 @@ def _match(g: _Block, sm, ask):
             (mask is not None and g.var(mask).dtype != vq.dtype) or \
             vq.dtype is None or np.dtype(vq.dtype).kind != "f" or not ask(np.dtype(vq.dtype)):
         return None
-    remove = [sm, p2, *s_op]
-    q, qp, op = _source(g, q, p1, r)
-    remove += [op] if op is not None else []
-    k, kp, op = _source(g, k, p1, r)
-    remove += [op] if op is not None else []
-    v, vp, op = _source(g, v, p2, r)
-    remove += [op] if op is not None else []
+    q, qp, qs, qops = _source(g, q, p1, r, scales=True)
+    k, kp, ks, kops = _source(g, k, p1, r, scales=True)
+    v, vp, _, vops = _source(g, v, p2, r)
+    remove = [sm, p2, *s_op, *qops, *kops, *vops]
     if not fs.trans_y:  # K given as [..., D, Sk]: a key a column
         kp = kp[:-2] + [kp[-1], kp[-2]]
     if f2.trans_y:
@@ -201,7 +209,7 @@ def _match(g: _Block, sm, ask):
             op_perm = [int(a) % r for a in ft.perm]
             out = _out(t, ft.out)
             remove.append(t)
-    return p2, (q, k, v, mask, out), (fs.alpha, qp, kp, vp, op_perm), remove
+    return p2, (q, k, v, mask, out), (fs.alpha * qs * ks, qp, kp, vp, op_perm), remove
 
 
 def _same_batch(shapes) -> bool:
