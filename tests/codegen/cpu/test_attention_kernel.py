@@ -71,6 +71,19 @@ def test_rows_in_blocks_and_contiguous_operands():
     np.testing.assert_allclose(out, oracle(q, k, v, None, 0.25), rtol=2e-5, atol=2e-5)
 
 
+def test_operands_broadcast_over_the_batch():
+    """Keys and values shared by the heads (``[b, 1, sk, d]``), queries of one sample for
+    every batch entry: NumPy's broadcasting, read in place."""
+    rng = np.random.default_rng(6)
+    q = rng.standard_normal((1, 4, 9, 8)).astype(np.float32)
+    k = rng.standard_normal((3, 1, 11, 8)).astype(np.float32)
+    v = rng.standard_normal((3, 1, 11, 5)).astype(np.float32)
+    out = np.full((3, 4, 9, 5), np.nan, np.float32)
+    scaled_attention(q, k, v, None, 0.5, out)
+    want = oracle(*(np.broadcast_to(x, (3, 4) + x.shape[-2:]) for x in (q, k, v)), None, 0.5)
+    np.testing.assert_allclose(out, want, rtol=2e-5, atol=2e-5)
+
+
 def test_empty_operands_and_errors():
     z = np.zeros((1, 3, 0, 4), np.float32)
     v = np.ones((1, 3, 0, 5), np.float32)
@@ -115,6 +128,11 @@ def _native(q, k, v, o):
 
 
 @_jit.caller
+def _native_plain(q, k, v, o):
+    scaled_attention(q, k, v, None, 0.5, o)
+
+
+@_jit.caller
 def _native_masked(q, k, v, m, o):
     scaled_attention(q.transpose((0, 2, 1, 3)), k.transpose((0, 2, 1, 3)),
                      v.transpose((0, 2, 1, 3)), m, 0.3, o)
@@ -139,3 +157,11 @@ def test_compiled_code_gives_the_hosts_bits():
     assert np.array_equal(base.transpose(0, 1, 3, 2), host)
     np.testing.assert_allclose(host, oracle(*(x.transpose(0, 2, 1, 3) for x in (q, k, v)),
                                             mask, 0.3), rtol=2e-5, atol=2e-5)
+    # keys and values broadcast over the heads
+    q = rng.standard_normal((2, 4, 9, 8)).astype(np.float32)
+    k = rng.standard_normal((2, 1, 11, 8)).astype(np.float32)
+    v = rng.standard_normal((2, 1, 11, 5)).astype(np.float32)
+    host, got = np.empty((2, 4, 9, 5), np.float32), np.full((2, 4, 9, 5), np.nan, np.float32)
+    scaled_attention(q, k, v, None, 0.5, host)
+    _native_plain(q, k, v, got)
+    assert np.array_equal(got, host)

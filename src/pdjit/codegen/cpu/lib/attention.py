@@ -158,6 +158,15 @@ def _flat(x, memory=None):
     return flat, off, st[-2], st[-1]
 
 
+def _batch(x, lead):
+    """:func:`_flat` of ``x`` broadcast over the batch dims ``lead`` (no copy)."""
+    if x.shape[:-2] == lead:
+        return _flat(x)
+    if not x.flags.writeable:
+        x = x.copy()
+    return _flat(np.broadcast_to(x, lead + x.shape[-2:]), x)
+
+
 def _unit_rows(x):
     """``x`` with unit strides along its last dim (a copy where it has not)."""
     return x if x.shape[-1] <= 1 or x.strides[-1] == x.itemsize else np.ascontiguousarray(x)
@@ -166,13 +175,18 @@ def _unit_rows(x):
 def scaled_attention(q, k, v, mask, alpha, out):
     """``out = softmax(alpha * q @ k^T + mask) @ v`` over the last two dims of every matrix
     of the batch (see the module): ``q`` ``[..., Sq, D]``, ``k`` ``[..., Sk, D]``, ``v``
-    ``[..., Sk, Dv]``, ``out`` ``[..., Sq, Dv]`` (written), all of one float dtype and the same
-    batch dims, any strides (views); ``mask`` broadcast to ``[..., Sq, Sk]``, or ``None``.
+    ``[..., Sk, Dv]``, ``out`` ``[..., Sq, Dv]`` (written), all of one float dtype, their
+    batch dims broadcast (NumPy's rule) to ``out``'s, any strides (views); ``mask`` broadcast
+    to ``[..., Sq, Sk]``, or ``None``.
     The matrices split over the loop threads from :data:`TEAM_MIN_WORK` multiply-adds, by
     the parallel loop where it is ready (else over ``split_work``'s helpers), each as one
     thread computes it."""
-    lead, (sq, d), (sk, dv) = q.shape[:-2], q.shape[-2:], v.shape[-2:]
-    if k.shape != lead + (sk, d) or v.shape[:-2] != lead or out.shape != lead + (sq, dv) or \
+    lead, (sq, d), (sk, dv) = out.shape[:-2], q.shape[-2:], v.shape[-2:]
+    try:
+        fits = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], lead) == lead
+    except ValueError:
+        fits = False
+    if not fits or k.shape[-2:] != (sk, d) or out.shape[-2:] != (sq, dv) or \
             not q.dtype == k.dtype == v.dtype == out.dtype or q.dtype.kind != "f":
         raise ValueError(
             f"pdjit: scaled_attention: q {list(q.shape)}, k {list(k.shape)}, v "
@@ -184,9 +198,9 @@ def scaled_attention(q, k, v, mask, alpha, out):
     target = out
     if out.strides[-1] != out.itemsize and dv > 1:
         out = np.empty(out.shape, out.dtype)
-    qf, qo, ldq, _ = _flat(_unit_rows(q))
-    kf, ko, skn, skd = _flat(k)
-    vf, vo, svn, svd = _flat(v)
+    qf, qo, ldq, _ = _batch(_unit_rows(q), lead)
+    kf, ko, skn, skd = _batch(k, lead)
+    vf, vo, svn, svd = _batch(v, lead)
     of, oo, ldo, _ = _flat(out)
     if mask is None:
         mf, mo, ldm = np.empty(0, q.dtype), qo, 0
@@ -232,56 +246,31 @@ def _span(typingctx, x, extent):
 
 
 @register_jitable
-def _flat_native(x):
-    """:func:`_flat` in compiled code (``x``'s strides non-negative, as views' are)."""
+def _flat_native(x, shape, nl):
+    """:func:`_flat` in compiled code: ``x``'s flat view (its strides non-negative, as views'
+    are), the offsets of its matrices broadcast (NumPy's rule) over the batch dims (the first
+    ``nl`` of ``shape``), the strides of its last two dims (0 along rows where it has one)."""
     r = x.ndim
     size = x.itemsize
     extent = 1
     for i in range(r):
         extent += (x.shape[i] - 1) * (x.strides[i] // size)
     n = 1
-    for i in range(r - 2):
-        n *= x.shape[i]
-    off = np.zeros(n, np.int64)
-    for m in range(n):
-        rem = m
-        o = 0
-        for i in range(r - 3, -1, -1):
-            o += (rem % x.shape[i]) * (x.strides[i] // size)
-            rem //= x.shape[i]
-        off[m] = o
-    return _span(x, extent), off, x.strides[r - 2] // size, x.strides[r - 1] // size
-
-
-@register_jitable
-def _mask_native(m, shape, nl, sk):
-    """A mask's flat view, its matrices' offsets and row stride, broadcast (NumPy's rule) over
-    the batch dims (the first ``nl`` of ``shape``) and the rows; its last dim is ``sk`` (else
-    an error)."""
-    if m.shape[m.ndim - 1] != sk:
-        raise ValueError("pdjit: scaled_attention: the mask's last dim is not the keys'")
-    size = m.itemsize
-    extent = 1
-    for i in range(m.ndim):
-        extent += (m.shape[i] - 1) * (m.strides[i] // size)
-    n = 1
     for i in range(nl):
         n *= shape[i]
     off = np.zeros(n, np.int64)
-    sh = m.ndim - (nl + 2)  # the mask's dim of batch dim i: i + sh
+    sh = r - (nl + 2)  # x's dim of batch dim i: i + sh
     for k in range(n):
         rem = k
         o = 0
         for i in range(nl - 1, -1, -1):
             j = rem % shape[i]
             rem //= shape[i]
-            if i + sh >= 0 and m.shape[i + sh] != 1:
-                o += j * (m.strides[i + sh] // size)
+            if i + sh >= 0 and x.shape[i + sh] != 1:
+                o += j * (x.strides[i + sh] // size)
         off[k] = o
-    ld = 0
-    if m.ndim >= 2 and m.shape[m.ndim - 2] != 1:
-        ld = m.strides[m.ndim - 2] // size
-    return _span(m, extent), off, ld
+    ld = x.strides[r - 2] // size if r >= 2 and x.shape[r - 2] != 1 else 0
+    return _span(x, extent), off, ld, x.strides[r - 1] // size
 
 
 @register_jitable
@@ -293,8 +282,9 @@ def _operands_native(q, k, v, out):
             out.shape[r - 1] != dv:
         raise ValueError("pdjit: scaled_attention: q, k, v and out do not fit")
     for i in range(r - 2):
-        if k.shape[i] != q.shape[i] or v.shape[i] != q.shape[i] or out.shape[i] != q.shape[i]:
-            raise ValueError("pdjit: scaled_attention: the batch dims differ")
+        for x in (q.shape[i], k.shape[i], v.shape[i]):
+            if x != out.shape[i] and x != 1:
+                raise ValueError("pdjit: scaled_attention: the batch dims do not broadcast")
     if sk == 0 or d == 0:
         out[...] = 0
     return sq, d, sk, dv, sq != 0 and dv != 0 and sk != 0 and d != 0 and out.size != 0
@@ -304,15 +294,15 @@ def _operands_native(q, k, v, out):
 def _attention_native(q, k, v, mask, alpha, out):
     """One thread (a native driver's slice of the batch runs on its own); the same bits."""
     def run(q, k, v, mf, mo, ldm, alpha, out, sq, sk, d, dv):
-        r = q.ndim
+        r = out.ndim
         qc = q if q.strides[r - 1] == q.itemsize else np.ascontiguousarray(q)
-        qf, qo, ldq, _ = _flat_native(qc)
-        kf, ko, skn, skd = _flat_native(k)
-        vf, vo, svn, svd = _flat_native(v)
+        qf, qo, ldq, _ = _flat_native(qc, out.shape, r - 2)
+        kf, ko, skn, skd = _flat_native(k, out.shape, r - 2)
+        vf, vo, svn, svd = _flat_native(v, out.shape, r - 2)
         oc = out if out.strides[r - 1] == out.itemsize else np.empty(out.shape, out.dtype)
-        of, oo, ldo, _ = _flat_native(oc)
+        of, oo, ldo, _ = _flat_native(oc, out.shape, r - 2)
         _heads(qf, qo, ldq, kf, ko, skn, skd, vf, vo, svn, svd, mf, mo if mf.size else qo,
-               ldm, alpha, of, oo, ldo, sq, sk, d, dv, 0, qo.shape[0])
+               ldm, alpha, of, oo, ldo, sq, sk, d, dv, 0, oo.shape[0])
         if oc is not out:
             out[...] = oc
     run = register_jitable(run)
@@ -321,7 +311,7 @@ def _attention_native(q, k, v, mask, alpha, out):
         def impl(q, k, v, mask, alpha, out):
             sq, d, sk, dv, some = _operands_native(q, k, v, out)
             if some:
-                    run(q, k, v, np.empty(0, q.dtype), np.zeros(0, np.int64), 0, alpha, out, sq,
+                run(q, k, v, np.empty(0, q.dtype), np.zeros(0, np.int64), 0, alpha, out, sq,
                     sk, d, dv)
         return impl
 
@@ -329,9 +319,11 @@ def _attention_native(q, k, v, mask, alpha, out):
         sq, d, sk, dv, some = _operands_native(q, k, v, out)
         if not some:
             return
+        if mask.shape[mask.ndim - 1] != sk:
+            raise ValueError("pdjit: scaled_attention: the mask's last dim is not the keys'")
         mc = mask if mask.strides[mask.ndim - 1] == mask.itemsize else \
             np.ascontiguousarray(mask)
-        mf, mo, ldm = _mask_native(mc, q.shape, q.ndim - 2, sk)
+        mf, mo, ldm, _ = _flat_native(mc, out.shape, out.ndim - 2)
         run(q, k, v, mf, mo, ldm, alpha, out, sq, sk, d, dv)
     return impl_mask
 
