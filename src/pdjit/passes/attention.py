@@ -28,7 +28,14 @@ import numpy as np
 from pdjit.framework import registry
 from pdjit.framework.program import Program
 from pdjit.framework.registry import EMPTY_VAR_NAME, Permute, Product, RowSoftmax, Scale
-from pdjit.passes.inference import _check_args, _finish, _insert_like, _Uses
+from pdjit.passes.inference import (
+    _check_args,
+    _drop_vars,
+    _finish,
+    _insert_like,
+    _mentioned_names,
+    _Uses,
+)
 
 __all__ = ["fuse_attention"]
 
@@ -222,6 +229,7 @@ def _same_batch(shapes) -> bool:
 def _rewrite(prog: Program, ask, built) -> None:
     core = built.form(None)  # the built op's slots and attributes
     g = _Block(prog)
+    gone: set = set()  # the values the removed ops wrote
     changed = True
     while changed:
         changed = False
@@ -241,7 +249,10 @@ def _rewrite(prog: Program, ask, built) -> None:
             at = g.block.ops.index(p2)
             _insert_like(g.block, at, p2, built.type, ins, {core.out: [out]}, attrs)
             for op in remove:
+                gone.update(op.output_arg_names)
                 g.block._remove_op(g.block.ops.index(op))
             g.uses.update(prog, g.block, before)
             changed = True
             break
+    used = _mentioned_names(prog)
+    _drop_vars(prog, [n for n in gone if n not in used and n not in g.uses.pinned])
