@@ -71,6 +71,21 @@ def test_rows_in_blocks_and_contiguous_operands():
     np.testing.assert_allclose(out, oracle(q, k, v, None, 0.25), rtol=2e-5, atol=2e-5)
 
 
+def test_a_nan_spoils_its_rows_only():
+    """A NaN in a query row: that row's scores, softmax and output are NaN (as NumPy's), the
+    others as without it (the row's vector max skips a NaN as a scalar chain does; the
+    exponentials carry it)."""
+    rng = np.random.default_rng(8)
+    q, k, v = (rng.standard_normal((1, 2, 40, 16)).astype(np.float32) for _ in range(3))
+    q[0, 1, 3, 5] = np.nan
+    out = np.empty((1, 2, 40, 16), np.float32)
+    scaled_attention(q, k, v, None, 0.5, out)
+    bad = np.isnan(out).any(axis=-1)
+    assert bad[0, 1, 3] and bad.sum() == 1 and np.isnan(out[0, 1, 3]).all()
+    ok = ~np.isnan(oracle(q, k, v, None, 0.5))
+    np.testing.assert_allclose(out[ok], oracle(q, k, v, None, 0.5)[ok], rtol=2e-5, atol=2e-5)
+
+
 def test_operands_broadcast_over_the_batch():
     """Keys and values shared by the heads (``[b, 1, sk, d]``), queries of one sample for
     every batch entry: NumPy's broadcasting, read in place."""
