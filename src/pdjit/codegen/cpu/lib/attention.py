@@ -14,6 +14,8 @@ read again, and nothing is transposed: every operand is a strided view (``q``, `
 ``out`` may be the heads' views of a ``[batch, seq, heads, dim]`` projection, the mask a
 broadcast), read through its offsets and strides.
 """
+import math
+
 import llvmlite.ir as ir
 import numba
 import numpy as np
@@ -40,12 +42,25 @@ TEAM_MIN_WORK = 1 << 20
 
 
 @jit
-def _heads(qf, qo, ldq, kf, ko, skn, skd, vf, vo, svn, svd, mf, mo, ldm, alpha, of, oo, ldo,
-           sq, sk, d, dv, h0, h1):
-    """Matrices ``h0 .. h1`` of the batch (see the module): operands flat, each matrix ``h`` at
-    its offset (``qo[h]``...), with row strides ``ldq``, ``ldm``, ``ldo`` (unit columns), and
-    ``k``'s, ``v``'s strides along keys (``skn``, ``svn``) and dims (``skd``, ``svd``);
-    ``mf`` empty: no mask."""
+def _at(st, row, h):
+    """The offset of matrix ``h`` (C order over the batch dims ``st[5, :-2]``) in operand
+    ``row`` of the strides table ``st``."""
+    nl = st.shape[1] - 2
+    o = 0
+    for i in range(nl - 1, -1, -1):
+        o += (h % st[5, i]) * st[row, i]
+        h //= st[5, i]
+    return o
+
+
+@jit
+def _heads(qf, kf, vf, mf, of, st, alpha, sq, sk, d, dv, h0, h1):
+    """Matrices ``h0 .. h1`` of the batch (see the module): the operands flat from their
+    first elements, their strides in the table ``st`` (rows q, k, v, mask, out: the batch
+    dims', 0 where broadcast, then the rows' and the columns'; row 5: the batch dims); the
+    columns of q, the mask and out unit; ``mf`` empty: no mask."""
+    ldq, skn, skd, svn, svd = st[0, -2], st[1, -2], st[1, -1], st[2, -2], st[2, -1]
+    ldm, ldo = st[3, -2], st[4, -2]
     nr = NV * (64 // qf.itemsize)
     kp = np.empty(packed_b_size(d, sk, qf.itemsize), qf.dtype)
     vp = np.empty(packed_b_size(sk, dv, qf.itemsize), qf.dtype)
@@ -61,33 +76,35 @@ def _heads(qf, qo, ldq, kf, ko, skn, skd, vf, vo, svn, svd, mf, mo, ldm, alpha, 
     kpan = (sk + nr - 1) // nr
     vpan = (dv + nr - 1) // nr
     for h in range(h0, h1):
+        qo, ko, vo, mo, oo = _at(st, 0, h), _at(st, 1, h), _at(st, 2, h), _at(st, 3, h), \
+            _at(st, 4, h)
         for j in range(kpan):  # alpha * k^T: panel j holds keys n0 .. n0 + w, a row per dim
             n0 = j * nr
             w = min(nr, sk - n0)
             for c in range(d):
-                _panel_row(kf, ko[h] + n0 * skn + c * skd, skn, w, alpha, kp, (j * d + c) * nr)
+                _panel_row(kf, ko + n0 * skn + c * skd, skn, w, alpha, kp, (j * d + c) * nr)
         for j in range(vpan):  # v: panel j holds dims n0 .. n0 + w, a row per key
             n0 = j * nr
             w = min(nr, dv - n0)
             for c in range(sk):
-                _panel_row(vf, vo[h] + c * svn + n0 * svd, svd, w, 1.0, vp, (j * sk + c) * nr)
+                _panel_row(vf, vo + c * svn + n0 * svd, svd, w, 1.0, vp, (j * sk + c) * nr)
         for r0 in range(0, sq, rb):
             rows = min(rb, sq - r0)
             for j in range(kpan):
                 n0 = j * nr
                 for i in range(0, rows, MR):
-                    _micro(qf, qo[h] + (r0 + i) * ldq, ldq, min(MR, rows - i), d, kp,
+                    _micro(qf, qo + (r0 + i) * ldq, ldq, min(MR, rows - i), d, kp,
                            j * d * nr, s, i * sk + n0, sk, min(nr, sk - n0), none, n0, none,
                            lo, hi)
             for i in range(rows):
-                mo_ = mo[h] + (r0 + i) * ldm
+                mo_ = mo + (r0 + i) * ldm
                 _softmax_row(s[i * sk:(i + 1) * sk], mf[mo_:mo_ + sk] if mf.size else mf,
                              lim[0], lim[1], lim[2])
             for j in range(vpan):
                 n0 = j * nr
                 for i in range(0, rows, MR):
                     _micro(s, i * sk, sk, min(MR, rows - i), sk, vp, j * sk * nr, of,
-                           oo[h] + (r0 + i) * ldo + n0, ldo, min(nr, dv - n0), none, n0, none,
+                           oo + (r0 + i) * ldo + n0, ldo, min(nr, dv - n0), none, n0, none,
                            lo, hi)
 
 
@@ -161,43 +178,37 @@ def _softmax_row(x, m, clip, ninf, zero):
 
 
 @pjit
-def _heads_parts(qf, qo, ldq, kf, ko, skn, skd, vf, vo, svn, svd, mf, mo, ldm, alpha, of, oo,
-                 ldo, sq, sk, d, dv, parts):
-    """:func:`_heads` of the whole batch in ``parts`` ranges of matrices, one per thread of a
-    parallel loop (``lib.team``)."""
-    n = qo.shape[0]
+def _heads_parts(qf, kf, vf, mf, of, st, alpha, sq, sk, d, dv, n, parts):
+    """:func:`_heads` of the ``n`` matrices of the batch in ``parts`` ranges, one per thread
+    of a parallel loop (``lib.team``)."""
     for p in numba.prange(parts):
-        _heads(qf, qo, ldq, kf, ko, skn, skd, vf, vo, svn, svd, mf, mo, ldm, alpha, of, oo, ldo,
-               sq, sk, d, dv, p * n // parts, (p + 1) * n // parts)
+        _heads(qf, kf, vf, mf, of, st, alpha, sq, sk, d, dv, p * n // parts,
+               (p + 1) * n // parts)
 
 
-def _flat(x, memory=None):
-    """``x`` (non-negative strides) as a flat view from its first element, the offsets of its
-    matrices (its dims but the last two, in C order) and the strides of those two, in
-    elements. ``memory``: a writeable array whose first element is ``x``'s and whose span
-    holds ``x``'s (a broadcast's source: the flat view is writeable, so one compiled kernel
-    serves it)."""
+def _operand(x, lead):
+    """``(flat, strides)``: ``x`` (non-negative strides; else a copy) as a flat view from its
+    first element (no copy: itself, or the C-contiguous array it permutes), and its strides
+    in elements over the batch dims ``lead`` (NumPy's broadcasting: 0 where ``x`` has 1 or
+    no such dim) and its last two (0 along rows where it has one)."""
     size = x.itemsize
-    st = [s // size for s in x.strides]
-    if any(s < 0 for s in st) or any(s * size != b for s, b in zip(st, x.strides)):
-        x = memory = np.ascontiguousarray(x)
-        st = [s // size for s in x.strides]
-    extent = 1 + sum((n - 1) * s for n, s in zip(x.shape, st))
-    flat = np.lib.stride_tricks.as_strided(x if memory is None else memory, shape=(extent,),
-                                           strides=(size,))
-    off = np.zeros(1, np.int64)
-    for n, s in zip(x.shape[:-2], st[:-2]):
-        off = (off[:, None] + np.arange(n, dtype=np.int64) * s).reshape(-1)
-    return flat, off, st[-2], st[-1]
-
-
-def _batch(x, lead):
-    """:func:`_flat` of ``x`` broadcast over the batch dims ``lead`` (no copy)."""
-    if x.shape[:-2] == lead:
-        return _flat(x)
-    if not x.flags.writeable:
-        x = x.copy()
-    return _flat(np.broadcast_to(x, lead + x.shape[-2:]), x)
+    if any(s < 0 or s % size for s in x.strides):
+        x = np.ascontiguousarray(x)
+    if x.flags.c_contiguous:
+        flat = x.reshape(-1)
+    else:
+        b = x.base
+        if b is not None and b.dtype == x.dtype and b.size == x.size and b.flags.c_contiguous:
+            flat = b.reshape(-1)  # (non-negative strides over all its elements: it starts there)
+        else:
+            extent = 1 + sum((n - 1) * s // size for n, s in zip(x.shape, x.strides))
+            flat = np.lib.stride_tricks.as_strided(x, shape=(extent,), strides=(size,))
+    if not flat.flags.writeable:  # (one compiled kernel for every operand)
+        return _operand(x.copy(), lead)
+    sh, st = x.ndim - 2 - len(lead), x.strides
+    out = [st[i + sh] // size if i + sh >= 0 and x.shape[i + sh] != 1 else 0
+           for i in range(len(lead))]
+    return flat, out + [st[-2] // size if x.shape[-2] != 1 else 0, st[-1] // size]
 
 
 def _unit_rows(x):
@@ -215,10 +226,12 @@ def scaled_attention(q, k, v, mask, alpha, out):
     the parallel loop where it is ready (else over ``split_work``'s helpers), each as one
     thread computes it."""
     lead, (sq, d), (sk, dv) = out.shape[:-2], q.shape[-2:], v.shape[-2:]
-    try:
-        fits = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], lead) == lead
-    except ValueError:
-        fits = False
+    fits = q.shape[:-2] == k.shape[:-2] == v.shape[:-2] == lead
+    if not fits:
+        try:
+            fits = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2], lead) == lead
+        except ValueError:
+            fits = False
     if not fits or k.shape[-2:] != (sk, d) or out.shape[-2:] != (sq, dv) or \
             not q.dtype == k.dtype == v.dtype == out.dtype or q.dtype.kind != "f":
         raise ValueError(
@@ -231,27 +244,25 @@ def scaled_attention(q, k, v, mask, alpha, out):
     target = out
     if out.strides[-1] != out.itemsize and dv > 1:
         out = np.empty(out.shape, out.dtype)
-    qf, qo, ldq, _ = _batch(_unit_rows(q), lead)
-    kf, ko, skn, skd = _batch(k, lead)
-    vf, vo, svn, svd = _batch(v, lead)
-    of, oo, ldo, _ = _flat(out)
+    qf, qs = _operand(_unit_rows(q), lead)
+    kf, ks = _operand(k, lead)
+    vf, vs = _operand(v, lead)
+    of, os_ = _operand(out, lead)
     if mask is None:
-        mf, mo, ldm = np.empty(0, q.dtype), qo, 0
+        mf, ms = np.empty(0, q.dtype), [0] * (len(lead) + 2)
     else:
-        m0 = np.asarray(mask, q.dtype)
-        if not m0.flags.writeable:
-            m0 = m0.copy()
-        m = np.broadcast_to(m0, lead + (sq, sk))
-        mf, mo, ldm, _ = _flat(m, m0) if m.strides[-1] == m.itemsize else _flat(
-            np.ascontiguousarray(m))
-    call = (qf, qo, ldq, kf, ko, skn, skd, vf, vo, svn, svd, mf, mo, ldm, float(alpha), of, oo,
-            ldo, sq, sk, d, dv)
-    n = qo.shape[0]
+        m = np.asarray(mask, q.dtype)
+        if m.ndim == 0 or m.shape[-1] != sk or m.strides[-1] != m.itemsize:
+            m = np.ascontiguousarray(np.broadcast_to(m, m.shape[:-1] + (sk,)))
+        mf, ms = _operand(m, lead)
+    st = np.array([qs, ks, vs, ms, os_, list(lead) + [0, 0]], np.int64)
+    n = math.prod(lead)
+    call = (qf, kf, vf, mf, of, st, float(alpha), sq, sk, d, dv)
     work = n * sq * sk * (d + dv)
     parts = min(threads.loop_threads(), n) if work >= TEAM_MIN_WORK else 1
     if parts < 2:
         _heads(*call, 0, n)
-    elif not team.run(_heads_parts, call + (parts,)):
+    elif not team.run(_heads_parts, call + (n, parts)):
         split_work(_heads, n, work, *call, head=len(call))  # (on helpers until it is ready)
     if out is not target:
         target[...] = out
@@ -279,31 +290,20 @@ def _span(typingctx, x, extent):
 
 
 @register_jitable
-def _flat_native(x, shape, nl):
-    """:func:`_flat` in compiled code: ``x``'s flat view (its strides non-negative, as views'
-    are), the offsets of its matrices broadcast (NumPy's rule) over the batch dims (the first
-    ``nl`` of ``shape``), the strides of its last two dims (0 along rows where it has one)."""
+def _operand_native(x, st, row, shape, nl):
+    """:func:`_operand` in compiled code: ``x``'s flat view (its strides non-negative, as
+    views' are), its strides written into row ``row`` of the table ``st``."""
     r = x.ndim
     size = x.itemsize
     extent = 1
     for i in range(r):
         extent += (x.shape[i] - 1) * (x.strides[i] // size)
-    n = 1
-    for i in range(nl):
-        n *= shape[i]
-    off = np.zeros(n, np.int64)
     sh = r - (nl + 2)  # x's dim of batch dim i: i + sh
-    for k in range(n):
-        rem = k
-        o = 0
-        for i in range(nl - 1, -1, -1):
-            j = rem % shape[i]
-            rem //= shape[i]
-            if i + sh >= 0 and x.shape[i + sh] != 1:
-                o += j * (x.strides[i + sh] // size)
-        off[k] = o
-    ld = x.strides[r - 2] // size if r >= 2 and x.shape[r - 2] != 1 else 0
-    return _span(x, extent), off, ld, x.strides[r - 1] // size
+    for i in range(nl):
+        st[row, i] = x.strides[i + sh] // size if i + sh >= 0 and x.shape[i + sh] != 1 else 0
+    st[row, nl] = x.strides[r - 2] // size if r >= 2 and x.shape[r - 2] != 1 else 0
+    st[row, nl + 1] = x.strides[r - 1] // size
+    return _span(x, extent)
 
 
 @register_jitable
@@ -326,16 +326,20 @@ def _operands_native(q, k, v, out):
 @overload(scaled_attention)
 def _attention_native(q, k, v, mask, alpha, out):
     """One thread (a native driver's slice of the batch runs on its own); the same bits."""
-    def run(q, k, v, mf, mo, ldm, alpha, out, sq, sk, d, dv):
+    def run(q, k, v, mf, st, alpha, out, sq, sk, d, dv):
         r = out.ndim
-        qc = q if q.strides[r - 1] == q.itemsize else np.ascontiguousarray(q)
-        qf, qo, ldq, _ = _flat_native(qc, out.shape, r - 2)
-        kf, ko, skn, skd = _flat_native(k, out.shape, r - 2)
-        vf, vo, svn, svd = _flat_native(v, out.shape, r - 2)
+        nl = r - 2
+        n = 1
+        for i in range(nl):
+            st[5, i] = out.shape[i]
+            n *= out.shape[i]
+        qc = q if q.strides[q.ndim - 1] == q.itemsize else np.ascontiguousarray(q)
+        qf = _operand_native(qc, st, 0, out.shape, nl)
+        kf = _operand_native(k, st, 1, out.shape, nl)
+        vf = _operand_native(v, st, 2, out.shape, nl)
         oc = out if out.strides[r - 1] == out.itemsize else np.empty(out.shape, out.dtype)
-        of, oo, ldo, _ = _flat_native(oc, out.shape, r - 2)
-        _heads(qf, qo, ldq, kf, ko, skn, skd, vf, vo, svn, svd, mf, mo if mf.size else qo,
-               ldm, alpha, of, oo, ldo, sq, sk, d, dv, 0, oo.shape[0])
+        of = _operand_native(oc, st, 4, out.shape, nl)
+        _heads(qf, kf, vf, mf, of, st, alpha, sq, sk, d, dv, 0, n)
         if oc is not out:
             out[...] = oc
     run = register_jitable(run)
@@ -344,8 +348,8 @@ def _attention_native(q, k, v, mask, alpha, out):
         def impl(q, k, v, mask, alpha, out):
             sq, d, sk, dv, some = _operands_native(q, k, v, out)
             if some:
-                run(q, k, v, np.empty(0, q.dtype), np.zeros(0, np.int64), 0, alpha, out, sq,
-                    sk, d, dv)
+                st = np.zeros((6, out.ndim), np.int64)
+                run(q, k, v, np.empty(0, q.dtype), st, alpha, out, sq, sk, d, dv)
         return impl
 
     def impl_mask(q, k, v, mask, alpha, out):
@@ -356,8 +360,9 @@ def _attention_native(q, k, v, mask, alpha, out):
             raise ValueError("pdjit: scaled_attention: the mask's last dim is not the keys'")
         mc = mask if mask.strides[mask.ndim - 1] == mask.itemsize else \
             np.ascontiguousarray(mask)
-        mf, mo, ldm, _ = _flat_native(mc, out.shape, out.ndim - 2)
-        run(q, k, v, mf, mo, ldm, alpha, out, sq, sk, d, dv)
+        st = np.zeros((6, out.ndim), np.int64)
+        mf = _operand_native(mc, st, 3, out.shape, out.ndim - 2)
+        run(q, k, v, mf, st, alpha, out, sq, sk, d, dv)
     return impl_mask
 
 
@@ -373,13 +378,12 @@ def _numpy(q, k, v, mask, alpha):
 
 
 def _types(T):
-    a, i = (T, 1), (np.int64, 1)
-    return (a, i, int, a, i, int, int, a, i, int, int, a, i, int, float, a, i, int, int, int,
-            int, int)
+    a = (T, 1)
+    return (a, a, a, a, a, (np.int64, 2), float, int, int, int, int)
 
 
 jobs("scaled_attention")(lambda T: [(_heads, _types(T) + (int, int))])
 # (its split over the team: compiled ahead by warmup only, see lib.team.ready)
-jobs("scaled_attention (warmup)")(lambda T: [(_heads_parts, _types(T) + (int,))])
+jobs("scaled_attention (warmup)")(lambda T: [(_heads_parts, _types(T) + (int, int))])
 compile_cost(1.5, _heads, _heads_parts)
 
