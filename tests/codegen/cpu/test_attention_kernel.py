@@ -180,3 +180,16 @@ def test_compiled_code_gives_the_hosts_bits():
     scaled_attention(q, k, v, None, 0.5, host)
     _native_plain(q, k, v, got)
     assert np.array_equal(got, host)
+
+
+def test_views_of_other_arrays_read_from_their_own_first_element():
+    """Operands that are not permutations of a whole array (a slice of heads, a strided view
+    of an array with more elements, a view starting inside its base) read from where they
+    start, not from their base's first element."""
+    rng = np.random.default_rng(11)
+    big = rng.standard_normal((2, 10, 3, 4, 8)).astype(np.float32)   # [b, s, qkv, h, d]
+    q, k, v = (big[:, :, i].transpose(0, 2, 1, 3) for i in range(3))
+    inner = rng.standard_normal((3, 4, 10, 8)).astype(np.float32)[1:]  # starts inside
+    out = np.empty((2, 4, 10, 8), np.float32)
+    scaled_attention(q, inner, v, None, 0.4, out)
+    np.testing.assert_allclose(out, oracle(q, inner, v, None, 0.4), rtol=2e-5, atol=2e-5)

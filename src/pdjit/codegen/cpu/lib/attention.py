@@ -187,22 +187,22 @@ def _heads_parts(qf, kf, vf, mf, of, st, alpha, sq, sk, d, dv, n, parts):
 
 
 def _operand(x, lead):
-    """``(flat, strides)``: ``x`` (non-negative strides; else a copy) as a flat view from its
-    first element (no copy: itself, or the C-contiguous array it permutes), and its strides
-    in elements over the batch dims ``lead`` (NumPy's broadcasting: 0 where ``x`` has 1 or
-    no such dim) and its last two (0 along rows where it has one)."""
+    """``(flat, strides)``: ``x`` (non-negative strides; else a copy) as a flat view of the
+    memory from its first element (no copy), and its strides in elements over the batch dims
+    ``lead`` (NumPy's broadcasting: 0 where ``x`` has 1 or no such dim) and its last two (0
+    along rows where it has one)."""
     size = x.itemsize
     if any(s < 0 or s % size for s in x.strides):
         x = np.ascontiguousarray(x)
+    b = x.base
     if x.flags.c_contiguous:
         flat = x.reshape(-1)
+    elif b is not None and b.dtype == x.dtype and b.flags.c_contiguous and \
+            b.ctypes.data == x.ctypes.data:  # (a view from its base's start: a transpose's)
+        flat = b.reshape(-1)
     else:
-        b = x.base
-        if b is not None and b.dtype == x.dtype and b.size == x.size and b.flags.c_contiguous:
-            flat = b.reshape(-1)  # (non-negative strides over all its elements: it starts there)
-        else:
-            extent = 1 + sum((n - 1) * s // size for n, s in zip(x.shape, x.strides))
-            flat = np.lib.stride_tricks.as_strided(x, shape=(extent,), strides=(size,))
+        extent = 1 + sum((n - 1) * s // size for n, s in zip(x.shape, x.strides))
+        flat = np.lib.stride_tricks.as_strided(x, shape=(extent,), strides=(size,))
     if not flat.flags.writeable:  # (one compiled kernel for every operand)
         return _operand(x.copy(), lead)
     sh, st = x.ndim - 2 - len(lead), x.strides
