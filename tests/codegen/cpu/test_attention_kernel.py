@@ -105,6 +105,10 @@ def test_empty_operands_and_errors():
     out = np.full((1, 3, 2, 5), np.nan, np.float32)
     scaled_attention(np.ones((1, 3, 2, 4), np.float32), z, v, None, 1.0, out)
     assert np.array_equal(out, np.zeros_like(out))      # no keys: nothing to weigh
+    q = np.ones((2, 4, 3), np.float32)
+    with pytest.raises(ValueError, match="the mask \\[3, 4, 5\\] does not broadcast"):
+        scaled_attention(q, np.ones((2, 5, 3), np.float32), np.ones((2, 5, 2), np.float32),
+                         np.zeros((3, 4, 5), np.float32), 1.0, np.empty((2, 4, 2), np.float32))
     with pytest.raises(ValueError, match="scaled_attention: q .* do not fit"):
         scaled_attention(np.ones((2, 4, 3), np.float32), np.ones((2, 5, 4), np.float32),
                          np.ones((2, 5, 6), np.float32), None, 1.0,

@@ -9,10 +9,10 @@ rows on pdjit's packed GEMM tile (:data:`pgemm._micro`) into a buffer of the thr
 stays in its cache, the mask added and the softmax taken row by row there (the max,
 ``exp(max(x - max, -64))``, the sum, the division: the max and the sum over whole vectors,
 :func:`_row_reduction`), then ``v`` packed and the block's rows of ``out`` computed from the
-buffer. No scores tensor of the whole batch is written or
-read again, and nothing is transposed: every operand is a strided view (``q``, ``k``, ``v`` and
-``out`` may be the heads' views of a ``[batch, seq, heads, dim]`` projection, the mask a
-broadcast), read through its offsets and strides.
+buffer. No scores tensor of the whole batch is written or read again, and nothing is
+transposed: every operand is read in place through its strides (``q``, ``k``, ``v`` and
+``out`` may be the heads' views of a ``[batch, seq, heads, dim]`` projection; a broadcast
+dim, of the mask or of an operand, is a stride of 0).
 """
 import math
 
@@ -252,6 +252,11 @@ def scaled_attention(q, k, v, mask, alpha, out):
         mf, ms = np.empty(0, q.dtype), [0] * (len(lead) + 2)
     else:
         m = np.asarray(mask, q.dtype)
+        scores = lead + (sq, sk)
+        if m.ndim > len(scores) or any(a != 1 and a != b for a, b in zip(m.shape[::-1],
+                                                                         scores[::-1])):
+            raise ValueError(f"pdjit: scaled_attention: the mask {list(m.shape)} does not "
+                             f"broadcast to the scores {list(scores)}")
         if m.ndim == 0 or m.shape[-1] != sk or m.strides[-1] != m.itemsize:
             m = np.ascontiguousarray(np.broadcast_to(m, m.shape[:-1] + (sk,)))
         mf, ms = _operand(m, lead)
