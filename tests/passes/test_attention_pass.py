@@ -188,6 +188,34 @@ def test_rank3_and_matmul_v2_with_keys_as_columns():
     assert_native(exe)
 
 
+def test_a_value_written_between_the_products_keeps_the_ops():
+    """A persistable K (a cache) written after the scores used it and before the context:
+    the fused op would read the new value at P2's place; nothing is fused, the values stay."""
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        L = fluid.layers
+        q = L.data("q", [1, 2, 5, 4], append_batch_size=False)
+        v = L.data("v", [1, 2, 5, 4], append_batch_size=False)
+        kc = L.create_global_var([1, 2, 5, 4], 0.5, "float32", persistable=True, name="kc")
+        p = L.softmax(L.matmul(q, kc, transpose_y=True, alpha=0.5))
+        L.fill_constant([1, 2, 5, 4], "float32", 3.0, out=kc)
+        o = L.matmul(p, v)
+    prog = main.clone(for_test=True)
+    kv = RNG.standard_normal((1, 2, 5, 4)).astype(np.float32)
+    new, _ = optimize(prog, {"kc": kv}, target=get_target("cpu"))
+    assert CORE not in {op.type for op in new.global_block().ops}
+    scope = fluid.Scope()
+    with fluid.scope_guard(scope):
+        exe = fluid.Executor()
+        exe.run(startup)
+        scope.find_var("kc").value = kv.copy()
+        qv, vv = (RNG.standard_normal((1, 2, 5, 4)).astype(np.float32) for _ in range(2))
+        (got,) = exe.run(new, feed={"q": qv, "v": vv}, fetch_list=[o.name])
+    s = 0.5 * qv.astype(np.float64) @ kv.transpose(0, 1, 3, 2)
+    e = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(got, e / e.sum(-1, keepdims=True) @ vv, rtol=1e-5, atol=1e-6)
+
+
 def test_a_transposed_left_operand_and_no_target_are_left_alone():
     def body(L):
         q = L.data("q", [D, S])

@@ -20,7 +20,7 @@ from pdjit.framework.registry import (
     ATTENTION,
     OPAQUE,
     AttentionCore,
-    Float,
+    Float64,
     Ints,
     Opaque,
     RowWise,
@@ -104,7 +104,7 @@ def _rows(v):
 
 register_op(
     "scaled_dot_product_attention", inputs=["Q", "K", "V", "Mask?"], outputs=["Out"],
-    attrs={"alpha": Float(1.0, low=-2.0, high=2.0), "q_perm": Ints([]), "k_perm": Ints([]),
+    attrs={"alpha": Float64(1.0, low=-2.0, high=2.0), "q_perm": Ints([]), "k_perm": Ints([]),
            "v_perm": Ints([]), "out_perm": Ints([])},
     row_wise=RowWise(batch=("Q", "K", "V", "Mask"), check=_rows),
     traits=[OPAQUE, ATTENTION], infer_shape=_infer, reference=_ref, emit=Opaque(), grad=None,

@@ -204,7 +204,7 @@ def _match(g: _Block, sm, ask):
     out = _out(p2, f2.out)
     if out is None or not g.others_dead(p2, out):
         return None
-    op_perm = list(range(r))
+    op_perm, moved = list(range(r)), None
     outs_readers = g.uses.readers.get(out, ())
     if len(outs_readers) == 1 and outs_readers[0][0] == g.block.idx:
         t = g.block.ops[outs_readers[0][1]]
@@ -216,6 +216,24 @@ def _match(g: _Block, sm, ask):
             op_perm = [int(a) % r for a in ft.perm]
             out = _out(t, ft.out)
             remove.append(t)
+            moved = t
+    # the new op reads q, k, v and the mask where P2 was and writes ``out`` there: nothing
+    # between the op that read a value and P2 may write it (a cache updated after P1), nor
+    # may anything between P2 and the taken-over permutation read or write ``out``
+    ops = g.block.ops
+    at = {id(op): i for i, op in enumerate(ops)}
+    p2_at = at[id(p2)]
+    read_at = [(q, at[id(qops[-1] if qops else p1)]), (k, at[id(kops[-1] if kops else p1)]),
+               (v, at[id(vops[-1] if vops else p2)])]
+    if mask is not None:
+        read_at.append((mask, at[id(s_op[0])]))
+    for name, i0 in read_at:
+        if any(name in ops[i].output_arg_names for i in range(i0 + 1, p2_at)):
+            return None
+    if moved is not None:
+        if any(out in ops[i].input_arg_names or out in ops[i].output_arg_names
+               for i in range(p2_at + 1, at[id(moved)])):
+            return None
     return p2, (q, k, v, mask, out), (fs.alpha * qs * ks, qp, kp, vp, op_perm), remove
 
 

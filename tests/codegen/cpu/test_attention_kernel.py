@@ -197,3 +197,50 @@ def test_views_of_other_arrays_read_from_their_own_first_element():
     out = np.empty((2, 4, 10, 8), np.float32)
     scaled_attention(q, inner, v, None, 0.4, out)
     np.testing.assert_allclose(out, oracle(q, inner, v, None, 0.4), rtol=2e-5, atol=2e-5)
+
+
+def test_masks_of_any_rank_and_operands_of_any_base():
+    """Masks of rank 0 and 1, keys broadcast, strided rows; an operand whose base is no array
+    (``as_strided``, a buffer): each as NumPy's broadcasting reads it, host and compiled."""
+    rng = np.random.default_rng(12)
+    q, k, v = (rng.standard_normal(s).astype(np.float32)
+               for s in ((2, 3, 7, 5), (2, 3, 9, 5), (2, 3, 9, 4)))
+    masks = [np.float32(0.3) * np.ones((), np.float32), rng.standard_normal(9),
+             rng.standard_normal((1, 1, 7, 1)), rng.standard_normal((9, 7)).T]
+    for m in (np.asarray(x, np.float32) for x in masks):
+        host, got = np.empty((2, 3, 7, 4), np.float32), np.full((2, 3, 7, 4), np.nan, np.float32)
+        scaled_attention(q, k, v, m, 0.5, host)
+        _native_masked_plain(q, k, v, m, got)
+        np.testing.assert_allclose(host, oracle(q, k, v, m, 0.5), rtol=2e-5, atol=2e-5)
+        assert np.array_equal(got, host)
+    base = rng.standard_normal((2, 3, 9, 10)).astype(np.float32)
+    for kk in (np.lib.stride_tricks.as_strided(base, shape=(2, 3, 9, 5),
+                                               strides=base.strides[:-1] + (8,)),
+               np.ndarray((2, 3, 9, 5), np.float32, buffer=bytearray(base.tobytes()),
+                          strides=base.strides[:-1] + (8,))):
+        out = np.empty((2, 3, 7, 4), np.float32)
+        scaled_attention(q, kk, v, None, 0.5, out)
+        np.testing.assert_allclose(out, oracle(q, kk, v, None, 0.5), rtol=2e-5, atol=2e-5)
+
+
+@_jit.caller
+def _native_masked_plain(q, k, v, m, o):
+    scaled_attention(q, k, v, m, 0.5, o)
+
+
+def test_compiled_code_refuses_what_the_host_refuses_and_weighs_without_dims():
+    """A mask that does not broadcast: a clear error in compiled code too; queries and keys of
+    no dims: every score 0, the softmax uniform (the mean of the values), as the host."""
+    rng = np.random.default_rng(13)
+    q, k, v = (rng.standard_normal(s).astype(np.float32)
+               for s in ((2, 3, 7, 5), (2, 3, 9, 5), (2, 3, 9, 4)))
+    for bad in (np.zeros((2, 9), np.float32), np.zeros((3, 1, 1, 9), np.float32)):
+        with pytest.raises(ValueError, match="does not broadcast"):
+            _native_masked_plain(q, k, v, bad, np.empty((2, 3, 7, 4), np.float32))
+    q0, k0 = np.zeros((2, 3, 7, 0), np.float32), np.zeros((2, 3, 9, 0), np.float32)
+    host, got = np.empty((2, 3, 7, 4), np.float32), np.full((2, 3, 7, 4), np.nan, np.float32)
+    scaled_attention(q0, k0, v, None, 0.5, host)
+    _native_masked_plain(q0, k0, v, np.zeros(9, np.float32), got)
+    want = np.broadcast_to(v.mean(axis=2, keepdims=True), host.shape)
+    np.testing.assert_allclose(host, want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

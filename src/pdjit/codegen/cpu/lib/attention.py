@@ -29,7 +29,7 @@ from pdjit.codegen.cpu.lib import team
 from pdjit.codegen.cpu.lib._jit import compile_cost, jit, jobs, pjit
 from pdjit.codegen.cpu.lib.conv import split_work
 from pdjit.codegen.cpu.lib.pgemm import MR, NV, _micro, _panel_row, packed_b_size
-from pdjit.codegen.cpu.lib.tile import _splat, _vectors
+from pdjit.codegen.cpu.lib.tile import TILE_BYTES, _splat, _vectors
 
 __all__ = ["scaled_attention"]
 
@@ -61,7 +61,7 @@ def _heads(qf, kf, vf, mf, of, st, alpha, sq, sk, d, dv, h0, h1):
     columns of q, the mask and out unit; ``mf`` empty: no mask."""
     ldq, skn, skd, svn, svd = st[0, -2], st[1, -2], st[1, -1], st[2, -2], st[2, -1]
     ldm, ldo = st[3, -2], st[4, -2]
-    nr = NV * (64 // qf.itemsize)
+    nr = NV * (TILE_BYTES // qf.itemsize)
     kp = np.empty(packed_b_size(d, sk, qf.itemsize), qf.dtype)
     vp = np.empty(packed_b_size(sk, dv, qf.itemsize), qf.dtype)
     rb = max(MR, min(sq, (_BLOCK_BYTES // max(1, sk * qf.itemsize)) // MR * MR))
@@ -164,7 +164,7 @@ def _softmax_row(x, m, clip, ninf, zero):
     if m.shape[0]:
         for j in range(n):
             x[j] = x[j] + m[j]
-    nb = n - n % (64 // x.itemsize)
+    nb = n - n % (TILE_BYTES // x.itemsize)
     mx = _row_max(x, nb) if nb else ninf
     for j in range(nb, n):
         mx = max(mx, x[j])
@@ -197,7 +197,7 @@ def _operand(x, lead):
     b = x.base
     if x.flags.c_contiguous:
         flat = x.reshape(-1)
-    elif b is not None and b.dtype == x.dtype and b.flags.c_contiguous and \
+    elif isinstance(b, np.ndarray) and b.dtype == x.dtype and b.flags.c_contiguous and \
             b.ctypes.data == x.ctypes.data:  # (a view from its base's start: a transpose's)
         flat = b.reshape(-1)
     else:
@@ -257,7 +257,9 @@ def scaled_attention(q, k, v, mask, alpha, out):
                                                                          scores[::-1])):
             raise ValueError(f"pdjit: scaled_attention: the mask {list(m.shape)} does not "
                              f"broadcast to the scores {list(scores)}")
-        if m.ndim == 0 or m.shape[-1] != sk or m.strides[-1] != m.itemsize:
+        if m.ndim < 2:
+            m = m.reshape((1,) * (2 - m.ndim) + m.shape)
+        if m.shape[-1] != sk or m.strides[-1] != m.itemsize:
             m = np.ascontiguousarray(np.broadcast_to(m, m.shape[:-1] + (sk,)))
         mf, ms = _operand(m, lead)
     st = np.array([qs, ks, vs, ms, os_, list(lead) + [0, 0]], np.int64)
@@ -323,9 +325,29 @@ def _operands_native(q, k, v, out):
         for x in (q.shape[i], k.shape[i], v.shape[i]):
             if x != out.shape[i] and x != 1:
                 raise ValueError("pdjit: scaled_attention: the batch dims do not broadcast")
-    if sk == 0 or d == 0:
+    if sk == 0:
         out[...] = 0
-    return sq, d, sk, dv, sq != 0 and dv != 0 and sk != 0 and d != 0 and out.size != 0
+    return sq, d, sk, dv, sq != 0 and dv != 0 and sk != 0 and out.size != 0
+
+
+def _mask_rows(mask, sk):
+    """A mask of rank 2 or more whose rows are ``sk`` contiguous values: ``mask`` itself, or
+    a copy with its keys broadcast, its rows made contiguous."""
+
+
+@overload(_mask_rows)
+def _mask_rows_native(mask, sk):
+    if mask.ndim < 2:
+        pad = (1,) * (2 - mask.ndim)
+        return lambda mask, sk: _mask_rows(np.ascontiguousarray(mask).reshape(pad + mask.shape),
+                                           sk)
+
+    def impl(mask, sk):
+        last = mask.ndim - 1
+        if mask.shape[last] == sk and mask.strides[last] == mask.itemsize:
+            return mask
+        return np.ascontiguousarray(np.broadcast_to(mask, mask.shape[:-1] + (sk,)))
+    return impl
 
 
 @overload(scaled_attention)
@@ -361,12 +383,17 @@ def _attention_native(q, k, v, mask, alpha, out):
         sq, d, sk, dv, some = _operands_native(q, k, v, out)
         if not some:
             return
-        if mask.shape[mask.ndim - 1] != sk:
-            raise ValueError("pdjit: scaled_attention: the mask's last dim is not the keys'")
-        mc = mask if mask.strides[mask.ndim - 1] == mask.itemsize else \
-            np.ascontiguousarray(mask)
-        st = np.zeros((6, out.ndim), np.int64)
-        mf = _operand_native(mc, st, 3, out.shape, out.ndim - 2)
+        r, mr = out.ndim, mask.ndim
+        if mr > r:
+            raise ValueError("pdjit: scaled_attention: the mask does not broadcast to the "
+                             "scores")
+        for i in range(mr):
+            want = sk if i == mr - 1 else (sq if i == mr - 2 else out.shape[r - mr + i])
+            if mask.shape[i] != 1 and mask.shape[i] != want:
+                raise ValueError("pdjit: scaled_attention: the mask does not broadcast to "
+                                 "the scores")
+        st = np.zeros((6, r), np.int64)
+        mf = _operand_native(_mask_rows(mask, sk), st, 3, out.shape, r - 2)
         run(q, k, v, mf, st, alpha, out, sq, sk, d, dv)
     return impl_mask
 
