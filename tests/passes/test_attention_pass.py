@@ -15,10 +15,10 @@ import shutil
 
 import numpy as np
 import pytest
+from saved_models import save_drawn
 
 import pdjit as fluid
 import pdjit.inference as inference
-import pdjit.static as static
 from pdjit.codegen.target import get_target
 from pdjit.passes.inference import optimize
 from pdjit.testing import assert_native
@@ -68,17 +68,8 @@ def _save(d, **kw):
     main, startup = fluid.Program(), fluid.Program()
     with fluid.program_guard(main, startup), fluid.unique_name.guard():
         feeds, fetches = _build(fluid.layers, **kw)
-    scope, values = fluid.Scope(), {}
-    with fluid.scope_guard(scope):
-        exe = fluid.Executor()
-        exe.run(startup)
-        for p in main.global_block().all_parameters():
-            a = (RNG.standard_normal(scope.find_var(p.name).value.shape) * 0.4).astype("float32")
-            scope.find_var(p.name).value = a
-            values[p.name] = a.astype(np.float64)
-        static.save_inference_model(str(d / "m"), feeds, fetches, exe,
-                                    program=main.clone(for_test=True))
-    return values
+    return save_drawn(main, startup, feeds, fetches, d,
+                      lambda name, shape: RNG.standard_normal(shape) * 0.4)
 
 
 def _predictor(d, fuse=True):

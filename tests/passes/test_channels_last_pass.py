@@ -15,10 +15,10 @@ import shutil
 
 import numpy as np
 import pytest
+from saved_models import save_drawn
 
 import pdjit as fluid
 import pdjit.inference as inference
-import pdjit.static as static
 from pdjit.codegen.target import get_target
 from pdjit.passes.inference import optimize
 from pdjit.testing import assert_native
@@ -108,24 +108,7 @@ def saved(fresh_programs, tmp_path, monkeypatch):
         if name.endswith("w_2"):  # a variance
             return RNG.uniform(0.5, 2, shape)
         return RNG.standard_normal(shape) * (0.3 if len(shape) > 1 else 0.5)
-    return tmp_path, _save(main, startup, [x], [y, inner], tmp_path, draw)
-
-
-def _save(main, startup, feeds, fetches, d, draw):
-    """The model saved at ``d / "m"`` with every parameter drawn by ``draw(name, shape)``;
-    the values saved (float64)."""
-    scope = fluid.Scope()
-    values = {}
-    with fluid.scope_guard(scope):
-        exe = fluid.Executor()
-        exe.run(startup)
-        for p in main.global_block().all_parameters():
-            a = draw(p.name, scope.find_var(p.name).value.shape).astype("float32")
-            scope.find_var(p.name).value = a
-            values[p.name] = a.astype(np.float64)
-        static.save_inference_model(str(d / "m"), feeds, fetches, exe,
-                                    program=main.clone(for_test=True))
-    return values
+    return tmp_path, save_drawn(main, startup, [x], [y, inner], tmp_path, draw)
 
 
 def _predictor(d, layout=True):
@@ -240,7 +223,7 @@ def test_squeeze_and_excitation_blocks_stay_in_the_chain(fresh_programs, tmp_pat
     t = se(L.conv2d(t, 32, 3, padding=1, groups=32, bias_attr=False), 32)
     t = L.conv2d(t, 24, 1, bias_attr=False)
     y = L.pool2d(t, pool_type="avg", global_pooling=True)
-    v = _save(main, startup, [x], [y], tmp_path,
+    v = save_drawn(main, startup, [x], [y], tmp_path,
               lambda name, shape: RNG.standard_normal(shape) * 0.4)
     pred = _predictor(tmp_path)
     ops = pred.program().global_block().ops
@@ -286,7 +269,7 @@ def test_hard_swish_and_hard_sigmoid_run_in_the_kernels_stores(fresh_programs, t
     s = L.conv2d(L.conv2d(s, 10, 1, act="relu"), 40, 1)
     t = L.elementwise_mul(t, L.hard_sigmoid(s))
     y = L.conv2d(t, 24, 1, bias_attr=False)
-    v = _save(main, startup, [x], [y], tmp_path,
+    v = save_drawn(main, startup, [x], [y], tmp_path,
               lambda name, shape: RNG.uniform(0.5, 2, shape) if name.endswith("w_2")
               else RNG.standard_normal(shape) * 0.4)
     xv = RNG.standard_normal((2, 16, 7, 7)).astype(np.float32)

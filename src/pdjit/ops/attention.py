@@ -27,8 +27,7 @@ from pdjit.framework.registry import (
     register_op,
 )
 from pdjit.ops._common import FLOATS, check_dtype
-
-_CLIP = -64.0
+from pdjit.ops.nn import _log_softmax
 
 
 def _perm(perm, rank: int, slot: str) -> list:
@@ -86,8 +85,7 @@ def _ref(Q, K, V, Mask=None, *, alpha, q_perm, k_perm, v_perm, out_perm):
     if Mask is not None:
         s = s + Mask
     if s.shape[-1]:
-        e = np.exp(np.maximum(s - s.max(axis=-1, keepdims=True), np.asarray(_CLIP, Q.dtype)))
-        s = e / e.sum(axis=-1, keepdims=True)
+        s = _log_softmax(s, -1)[0]
     res = np.matmul(s, v).astype(Q.dtype, copy=False)
     return {"Out": np.ascontiguousarray(np.transpose(res, _perm(out_perm, r, "out")))}
 

@@ -27,13 +27,14 @@ import numpy as np
 
 from pdjit.framework import registry
 from pdjit.framework.program import Program
-from pdjit.framework.registry import EMPTY_VAR_NAME, Permute, Product, RowSoftmax, Scale
+from pdjit.framework.registry import Permute, Product, RowSoftmax, Scale
 from pdjit.passes.inference import (
     _check_args,
     _drop_vars,
     _finish,
     _insert_like,
     _mentioned_names,
+    _single,
     _Uses,
 )
 
@@ -87,15 +88,11 @@ class _Block:
 
 
 def _one(op, slot):
-    names = [n for n in op.input(slot) if n != EMPTY_VAR_NAME] if slot in op.input_names \
-        else []
-    return names[0] if len(names) == 1 else None
+    return _single(op.input(slot))
 
 
 def _out(op, slot):
-    names = [n for n in op.output(slot) if n != EMPTY_VAR_NAME] if slot in op.output_names \
-        else []
-    return names[0] if len(names) == 1 else None
+    return _single(op.output(slot))
 
 
 def _source(g: _Block, name, reader, rank, scales: bool = False):

@@ -67,10 +67,8 @@ def _heads(qf, kf, vf, mf, of, st, alpha, sq, sk, d, dv, h0, h1):
     rb = max(MR, min(sq, (_BLOCK_BYTES // max(1, sk * qf.itemsize)) // MR * MR))
     s = np.empty(rb * sk, qf.dtype)
     none = qf[:0]
-    lim = np.empty(3, qf.dtype)  # the clip, the max's start and the sum's in the data's type
-    lim[0] = CLIP
-    lim[1] = -np.inf
-    lim[2] = 0
+    clip = np.empty(1, qf.dtype)  # (in the data's type)
+    clip[0] = CLIP
     lo = -np.inf
     hi = np.inf
     kpan = (sk + nr - 1) // nr
@@ -99,7 +97,7 @@ def _heads(qf, kf, vf, mf, of, st, alpha, sq, sk, d, dv, h0, h1):
             for i in range(rows):
                 mo_ = mo + (r0 + i) * ldm
                 _softmax_row(s[i * sk:(i + 1) * sk], mf[mo_:mo_ + sk] if mf.size else mf,
-                             lim[0], lim[1], lim[2])
+                             clip[0])
             for j in range(vpan):
                 n0 = j * nr
                 for i in range(0, rows, MR):
@@ -155,7 +153,7 @@ _row_max, _row_sum = _row_reduction("max"), _row_reduction("sum")
 
 
 @jit
-def _softmax_row(x, m, clip, ninf, zero):
+def _softmax_row(x, m, clip):
     """Softmax of the row ``x`` in place, the row ``m`` added first where it is not empty: the
     max (a vector's lanes of partial results, :func:`_row_reduction`; the rest one by one),
     ``exp(max(x - max, clip))``, their sum (the same), the division. (Rows as views, indexed
@@ -165,12 +163,12 @@ def _softmax_row(x, m, clip, ninf, zero):
         for j in range(n):
             x[j] = x[j] + m[j]
     nb = n - n % (TILE_BYTES // x.itemsize)
-    mx = _row_max(x, nb) if nb else ninf
+    mx = _row_max(x, nb)  # (-inf and 0 for no whole vector)
     for j in range(nb, n):
         mx = max(mx, x[j])
     for j in range(n):
         x[j] = _m.exp(max(x[j] - mx, clip))
-    t = _row_sum(x, nb) if nb else zero
+    t = _row_sum(x, nb)
     for j in range(nb, n):
         t = t + x[j]
     for j in range(n):
