@@ -21,7 +21,6 @@ import numba
 import numpy as np
 from numba.core import cgutils, types
 from numba.extending import intrinsic, overload, register_jitable
-from numba.np.arrayobj import populate_array
 
 from pdjit.codegen.cpu import mathfuncs as _m
 from pdjit.codegen.cpu import threads
@@ -283,6 +282,9 @@ def _span(typingctx, x, extent):
     rt = types.Array(x.dtype, 1, "C")
 
     def codegen(context, builder, signature, args):
+        # (imported here: numba.np.arrayobj takes ~13 ms to import, at compile time only)
+        from numba.np.arrayobj import populate_array
+
         src = context.make_array(signature.args[0])(context, builder, args[0])
         out = context.make_array(rt)(context, builder)
         size = context.get_constant(types.intp, context.get_abi_sizeof(
