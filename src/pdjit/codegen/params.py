@@ -19,6 +19,9 @@ _DERIVED: dict = {}
 #: how many values :func:`derived` has made (whoever keeps them elsewhere, the optimized-model
 #: cache, asks whether there are new ones)
 _MADE = [0]
+#: how many times :func:`written` dropped derived values (what holds one, a recorded host
+#: driver, asks whether its own may be stale)
+_DROPPED = [0]
 
 
 def _gone(k):
@@ -73,3 +76,10 @@ def written(arrays) -> None:
     ids = {id(a) for a in arrays if a is not None}
     for k in [k for k in list(_DERIVED) if k[0] in ids]:
         _DERIVED.pop(k, None)
+        _DROPPED[0] += 1
+
+
+def generation() -> int:
+    """Changes whenever :func:`written` drops a derived value: a value taken from
+    :func:`derived` before may no longer be the one it would give."""
+    return _DROPPED[0]

@@ -92,14 +92,24 @@ class NativeStep:
                                        node.split)
 
     @property
+    def params(self) -> frozenset:
+        """The indices of its arguments that are parameters (persistables it does not
+        write)."""
+        return self._params
+
+    @property
     def native(self):
         """The step's native driver, once it has one (None: the host driver serves)."""
         return self.tiers.native_driver if self.tiers is not None else None
 
-    def call_host(self, values):
-        """The host driver on ``values`` (``fluid.profiler``: each group of it timed)."""
+    def call_host(self, values, replay=None):
+        """The host driver on ``values`` (``fluid.profiler``: each group of it timed), through
+        ``replay`` where given (its ``call(values)``: the driver's kernel calls recorded and
+        replayed, ``pdjit.codegen.cpu.replay``)."""
         if profile.active is not None:
             return profile.timed_groups(self, values)
+        if replay is not None:
+            return replay.call(values)
         return self.compiled.fn(*values)
 
     def run(self, runner, env, run_index) -> None:

@@ -140,6 +140,10 @@ class _LazyKernel:
     its own for that run's argument types: until it is ready, the serial kernel (``serial``)
     serves, so no run waits for it (a softmax's took 1.7 s). ``compiling``: that thread."""
 
+    #: called as ``(serial kernel, *args)``, its compiled variant ``fn`` once ready (what a
+    #: host driver's recording records: ``replay``)
+    takes_serial = True
+
     def __init__(self, source: str):
         self.source, self.fn, self.compiling, self.failed = source, None, None, None
         self._lock = threading.Lock()
@@ -312,12 +316,17 @@ class CpuTarget(Target):
     def step_tiers(self, step, native=None, build=None, mode=False, split=None):
         """The host driver, the native one and the native one on slices of the batch, timed
         per batch size (:class:`pdjit.codegen.cpu.tiers.DriverTiers`)."""
-        from pdjit.codegen.cpu import tiers
+        from pdjit.codegen.cpu import replay, tiers
 
         if native is None and build is None:
             return None
         hot = tiers.BACKGROUND_RUNS if mode == "background" else tiers.HOT_RUNS
-        return tiers.DriverTiers(step, native, build, hot if build is not None else 0, split)
+        # its host driver's calls recorded and replayed (:mod:`.replay`), but where an output
+        # takes an argument's name (a step updating a value in place)
+        rp = None if set(step.outputs) & set(step.args) else \
+            replay.HostReplay(step.compiled, step.params)
+        return tiers.DriverTiers(step, native, build, hot if build is not None else 0, split,
+                                 rp)
 
     def library_jobs(self, names: list, dtype) -> list:
         return [(LibraryKernel(fn, nnlib.cost_of(fn)), types)

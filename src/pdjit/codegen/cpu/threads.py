@@ -986,12 +986,19 @@ def other_team() -> bool:
         owner[1].is_alive()
 
 
+#: called as :func:`run_parts` starts (``pdjit.codegen.cpu.replay``: a host driver's recording
+#: does not record its helpers' kernel calls)
+on_helpers = [None]
+
+
 def run_parts(fn, parts: list, most: int | None = None) -> list:
     """``[fn(*args) for args in parts]``, ``parts[1:]`` on helper threads at once (at most
     ``most`` of them, default ``loop_threads() - 1``, which is also the most helpers made in
     the process; a part finding every helper busy, as under concurrent runs, runs on this
     thread after its own), ``parts[0]`` on this thread. Every part has ended when this returns
     or raises (the exception of the first part that failed)."""
+    if on_helpers[0] is not None:
+        on_helpers[0]()
     most = loop_threads() - 1 if most is None else most
     helped = []
     # the helpers are kept off this thread's core: on the 2-vCPU machine the scheduler woke

@@ -104,12 +104,13 @@ def _NO_SPLIT():  # noqa: N802 - a constant's role (a step's ``split`` when not 
 
 class DriverTiers:
     """The drivers of one native step (``step``: its ``compiled`` host driver, ``groups``,
-    ``batch_arg``, and ``call_host(values)``, the host driver as the run calls it) and which
-    serves each batch size. ``native``: the native driver built with the plan, or None;
+    ``batch_arg``, and ``call_host(values[, replay])``, the host driver as the run calls it)
+    and which serves each batch size. ``native``: the native driver built with the plan, or None;
     ``build``: builds it once the step is hot (None: never), after ``hot_runs`` runs;
     ``split()``: ``(indices of the arguments sliced by rows, or None; why not)``."""
 
-    def __init__(self, step, native=None, build=None, hot_runs: int = 0, split=None):
+    def __init__(self, step, native=None, build=None, hot_runs: int = 0, split=None,
+                 replay=None):
         self.step = step
         self._batch_arg = step.batch_arg
         self.native = native
@@ -121,6 +122,7 @@ class DriverTiers:
         self.tiering = None  # the thread compiling it, while it does
         self.native_failed = None  # why the native driver was given up, if it was
         self._split_info = split if split is not None else _NO_SPLIT
+        self.replay = replay  # the host driver's calls recorded and replayed, or None
         self._split = None                 # (native driver, its SplitDriver)
         self._unsplit_runs: dict = {}      # batch size -> its trial's split runs that did not
         self._split_tries: dict = {}       # batch size -> trials the split driver lost
@@ -135,20 +137,29 @@ class DriverTiers:
             a = values[self._batch_arg] if values else None
             key = a.shape[0] if a is not None and a.ndim else 0
             if key < HOST_SPLIT_MIN_BATCH and isinstance(self.native, HostSlices):
-                return self.step.call_host(values)  # (as without it: nothing to slice)
+                return self.host(values)  # (as without it: nothing to slice)
             fn = self.picked.get(key)
             if fn is not None:
                 return fn(*values)
             return self.pick(values, key)
         if self._hot is None:
-            return self.step.call_host(values)
+            return self.host(values)
         self._hot_runs -= 1
         t0 = time.perf_counter()
-        results = self.step.call_host(values)
+        results = self.host(values)
         self._host_best = min(self._host_best, time.perf_counter() - t0)
         if self._hot_runs <= 0:
             self._tier_up(values)
         return results
+
+    def host(self, values):
+        """The host driver on ``values``: replayed where it was recorded for their key
+        (:mod:`.replay`; the step's ``call_host`` says when: not under a profiler)."""
+        r = self.replay
+        return self.step.call_host(values) if r is None else self.step.call_host(values, r)
+
+    def _host_fn(self, *values):
+        return self.host(values)
 
     @property
     def native_driver(self):
@@ -267,10 +278,10 @@ class DriverTiers:
         model): a trial's bookkeeping may then be lost, never the run."""
         nd = self.native
         if nd is None:  # (given up by another thread's trial)
-            return self.step.compiled.fn(*values)
+            return self.host(values)
         least = HOST_SPLIT_MIN_BATCH if isinstance(nd, HostSlices) else SPLIT_MIN_BATCH
         split = self._split_driver(nd) if key >= least else None
-        host = self.step.compiled.fn
+        host = self._host_fn
         if isinstance(nd, HostSlices):  # the host driver, or it on slices of the batch
             if split is None or not split.splits(key):  # (nothing to slice at this size)
                 self.picked[key] = host
@@ -296,7 +307,7 @@ class DriverTiers:
                 self.picked.clear()
                 return results
         else:
-            results = self.step.compiled.fn(*values)
+            results = host(*values)
         elapsed = time.perf_counter() - t0
         # (the split driver ran unsplit: a core was busy)
         if drivers[which] is split and split.runs == split_runs:

@@ -31,6 +31,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic, overload, register_jitable
 
 from pdjit.codegen import params
+from pdjit.codegen.cpu import replay
 from pdjit.codegen.cpu.lib import conv as _conv
 from pdjit.codegen.cpu.lib import team
 from pdjit.codegen.cpu.lib._jit import compile_cost, jit, jobs, pjit
@@ -83,6 +84,9 @@ def pointwise_nhwc_weight(w):
     m = w.shape[0]
     return params.derived(w, ("pointwise_nhwc",), lambda: _pack_panels(
         np.ascontiguousarray(w).reshape(m, w.size // max(1, m)), panel_of(m)))
+
+
+replay.declare("derived", pointwise_nhwc_weight)
 
 
 @jit
@@ -203,6 +207,9 @@ def depthwise_nhwc_weight(w):
     contiguous), kept beside ``w``."""
     return params.derived(w, ("depthwise_nhwc",), lambda: np.ascontiguousarray(
         w.reshape(w.shape[0], -1).T))
+
+
+replay.declare("derived", depthwise_nhwc_weight)
 
 
 @overload(depthwise_nhwc_weight)

@@ -37,6 +37,7 @@ import numba
 import numpy as np
 from numba.extending import overload, register_jitable
 
+from pdjit.codegen.cpu import replay
 from pdjit.codegen.cpu.lib import team, winograd
 from pdjit.codegen.cpu.lib._jit import blas_gemm, compile_cost, jit, jobs, may_share, pjit
 from pdjit.codegen.cpu.lib.deint import copy_run, deint, vcopy, zero_run
@@ -1028,7 +1029,15 @@ def split_work(fn, n, work, *args, head=2):
                         return
                 elif split_channels(fn, threads, work, args):
                     return
-    fn(*args[:head], 0, n, *args[head:])
+    call = (*args[:head], 0, n, *args[head:])
+    rec = replay.recording()
+    if rec is None:
+        fn(*call)
+    else:
+        rec.below_leaves(fn, call)
+
+
+replay.declare("leaves", split_work)
 
 
 def _on_winograd(fn, args) -> bool:
@@ -1563,6 +1572,7 @@ jobs("conv._by_team (warmup)")(_team_jobs)
 
 
 _fits_native = register_jitable(_fits)
+replay.declare("pure", _fits_native)
 
 
 @register_jitable

@@ -38,7 +38,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic, overload, register_jitable
 
 from pdjit.codegen import params
-from pdjit.codegen.cpu import rt, threads
+from pdjit.codegen.cpu import replay, rt, threads
 from pdjit.codegen.cpu.lib import team
 from pdjit.codegen.cpu.lib._jit import blas_gemm, compile_cost, jit, jobs, may_share, pjit
 from pdjit.codegen.cpu.lib.tile import (
@@ -629,6 +629,9 @@ def packed_weight(w, trans: bool = False, rows: int = PACKED_MIN_ROWS):
     return params.derived(w, ("packed", bool(trans)), lambda: _pack(w, trans))
 
 
+replay.declare("derived", packed_weight)
+
+
 @overload(packed_weight)
 def _packed_weight_native(w, trans=False, rows=PACKED_MIN_ROWS):
     """In compiled code: ``w`` packed at each call (for ``PACKED_MIN_ROWS`` rows or more)."""
@@ -802,6 +805,9 @@ def weight_split_work(x, w) -> int:
     else 0 (one thread)."""
     work = x.shape[0] * w.size
     return work if split_threads(work) > 1 else 0
+
+
+replay.declare("pure", weight_split_work)
 
 
 def weight_gemm(a, w, trans=False):

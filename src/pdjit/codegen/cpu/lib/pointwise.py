@@ -60,6 +60,7 @@ from numba.core import types
 from numba.extending import overload, register_jitable
 
 from pdjit.codegen import params
+from pdjit.codegen.cpu import replay
 from pdjit.codegen.cpu.lib import conv as _conv
 from pdjit.codegen.cpu.lib import team
 from pdjit.codegen.cpu.lib._jit import JOBS, compile_cost, jit, jobs, pjit
@@ -312,6 +313,9 @@ def pointwise_weight(w, p_, n_=1, in_place=True, tiles=0, ow=0):
             not in_place and not (_taps_ready() if taps else _patches_ready()):
         return np.empty(0, w.dtype)
     return params.derived(w, ("pointwise", k), lambda: _pack(w, _step(k)))
+
+
+replay.declare("derived", pointwise_weight)
 
 
 #: (id of a filter, the rest of a :func:`pointwise_weight` call) -> (a weak reference to the

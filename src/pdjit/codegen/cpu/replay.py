@@ -1,0 +1,592 @@
+"""A host driver's kernel calls recorded once and replayed: the Python between a served
+model's kernels taken out of its steady runs.
+
+A host driver (``target.HostDriver``: plain Python calling the step's kernels) decides, at each
+run, what it asked for: the shapes of its intermediates and their buffers, which kernel and
+which split over the threads serve each op (``lib.conv.split_work``), the weights packed for
+them. At batch 1 those decisions take a large share of a small model's run (MobileNetV2 on two
+threads: 2.64 ms a run by its driver, 2.08 replayed; one thread 4.04 / 3.58; ResNet-50 on two
+threads 20.3 / 19.0; the BERT-like encoder 3.84 / 3.67). For arguments of the same shapes and
+parameters, on as many loop threads, every decision comes out the same; so :class:`HostReplay`
+runs the driver once more with a recorder (every call its lines make, and below the library's
+entry points that only pick and split, each kernel call they end in), then serves later runs
+by calling those kernels again: its inputs passed in (or copied into its own buffers), its
+outputs copied out, its intermediates in one arena planned by their lives (:func:`_planned`).
+
+What a recording holds is checked, never assumed:
+- a driver is recorded only if its source is made of the statements drivers are made of
+  (assignments to names, calls, ``del``, ``if`` on shapes, ``raise``, ``return``), and a
+  recording is kept only if every call its run made is one the recorder knows: a kernel (a
+  Numba dispatcher, a parallel variant), an entry point of the library declared
+  (:func:`declare`) ``"leaves"`` (its effect is the kernel calls below it, recorded),
+  ``"derived"`` (a value derived from parameters: kept) or ``"pure"`` (a value of shapes and
+  thread counts), another entry point of the library (called again at each replay, what it
+  returns copied into what it returned then), ``np.empty``, views, the shape arithmetic;
+  anything else (a kernel returning a scalar, a value read from an array, a copy made by
+  ``reshape``, a split on ``run_parts``' helpers, a parallel variant not compiled yet, an
+  argument of an unknown kind) leaves the driver's run as it was and keeps nothing;
+- a recording is replayed once on the inputs it was made from, its arena filled with NaN
+  first, and kept only if it gives the driver's outputs bit for bit (a kernel call it missed
+  leaves NaN, or another run's values);
+- then its runs are timed against the driver's, by turns (:data:`TRIAL_RUNS` each), and the
+  faster serves its key (a step of a few small kernels gains nothing: its inputs and outputs
+  are copied);
+- it serves only the thread it was made on (its scratch buffers are that thread's), while
+  every parameter is the array it was made with, no value derived from a parameter was made
+  again (``params.generation``) and no library kernel became ready (:data:`VERSION`: it may
+  name the slower path that served until then); a key is the inputs' shapes and the loop
+  threads of the run.
+
+``PDJIT_REPLAY=0`` turns it off.
+"""
+from __future__ import annotations
+
+import ast
+import bisect
+import math
+import operator
+import os
+import threading
+import time
+import types as pytypes
+
+import numpy as np
+from numba.core.dispatcher import Dispatcher
+
+from pdjit.codegen import memplan, params
+from pdjit.codegen.cpu import threads
+from pdjit.codegen.driver import bdim, check
+
+#: replay host drivers (``PDJIT_REPLAY=0``: never)
+ENABLED = os.environ.get("PDJIT_REPLAY", "1") != "0"
+#: host-driver runs of one key (shapes and threads) before its recording is made
+AFTER_RUNS = 3
+#: runs of a key before it is recorded again, where its recording was not kept (a parallel
+#: variant not compiled yet, a split on run_parts' helpers, ...)
+RETRY_RUNS = 50
+_NEVER = -(1 << 62)  # (a key's count of host runs that never reaches its recording)
+#: timed runs each of a new recording and of the driver before the faster serves its key
+TRIAL_RUNS = 3
+#: the recordings a step keeps (one per key: its inputs' shapes, the loop threads), the oldest
+#: dropped
+MAX_KEYS = 4
+#: the most bytes a recording's own buffers may hold (they stay allocated between runs; a
+#: batch large enough to need more spends little of its run between kernels)
+MAX_BYTES = 64 << 20
+#: bumped when a library kernel becomes ready (``lib.team.ready``): a recording made before
+#: may name the slower path that served until then
+VERSION = [0]
+
+_KINDS: dict = {}   # id(function) -> (kind, function)
+_local = threading.local()
+
+
+def declare(kind: str, *fns) -> None:
+    """Declare how the recorder treats calls of the library entry points ``fns``:
+    ``"leaves"`` (their effect is the kernel calls below them: recorded, not the call),
+    ``"derived"`` (a value derived from parameters: its result kept) or ``"pure"`` (a value of
+    the arguments' shapes and the thread counts: computed, nothing recorded)."""
+    if kind not in ("leaves", "derived", "pure"):
+        raise ValueError(f"pdjit: replay: no kind {kind!r}")
+    for f in fns:
+        _KINDS[id(f)] = (kind, f)
+
+
+def recording():
+    """The recorder of the driver running on this thread when it records kernel calls below
+    an entry point declared ``"leaves"`` (None otherwise)."""
+    rec = getattr(_local, "rec", None)
+    return rec if rec is not None and rec.below == "leaves" else None
+
+
+def refuse(why: str) -> None:
+    """What a driver being recorded on this thread just did cannot be replayed (``why``)."""
+    rec = getattr(_local, "rec", None)
+    if rec is not None and rec.why is None:
+        rec.why = why
+
+
+# ---- which drivers: their source ------------------------------------------------------------
+_STATEMENTS = (ast.Assign, ast.Expr, ast.Delete, ast.If, ast.Raise, ast.Return, ast.Pass)
+
+
+def _source_why(tree) -> str | None:
+    """Why a driver's source is not made of what the recorder knows (None: it is)."""
+    fns = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
+    if len(fns) != 1 or len(tree.body) != 1:
+        return "not one function"
+    for node in ast.walk(fns[0]):
+        if isinstance(node, ast.stmt) and node is not fns[0] and \
+                not isinstance(node, _STATEMENTS):
+            return f"a {type(node).__name__} statement"
+        if isinstance(node, ast.Assign) and not all(
+                isinstance(t, ast.Name) or isinstance(t, ast.Tuple) and
+                all(isinstance(e, ast.Name) for e in t.elts) for t in node.targets):
+            return "an assignment into a value"
+        if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp,
+                             ast.GeneratorExp, ast.NamedExpr, ast.Await, ast.Yield)):
+            return f"a {type(node).__name__}"
+    return None
+
+
+class _Calls(ast.NodeTransformer):
+    """Every call ``f(args)`` of the driver as ``_rp_call(f, args)``, every subscript ``v[i]``
+    as ``_rp_item(v, i)``."""
+
+    def visit_Call(self, node):  # noqa: N802 - ast's name
+        self.generic_visit(node)
+        return ast.copy_location(ast.Call(func=ast.Name("_rp_call", ast.Load()),
+                                          args=[node.func, *node.args],
+                                          keywords=node.keywords), node)
+
+    def visit_Subscript(self, node):  # noqa: N802 - ast's name
+        self.generic_visit(node)
+        return ast.copy_location(ast.Call(func=ast.Name("_rp_item", ast.Load()),
+                                          args=[node.value, _index(node.slice)],
+                                          keywords=[]), node)
+
+
+def _index(s):
+    """A subscript's index as an expression (a slice as ``slice(...)``)."""
+    if isinstance(s, ast.Slice):
+        none = ast.Constant(None)
+        return ast.Call(func=ast.Name("_rp_slice", ast.Load()),
+                        args=[s.lower or none, s.upper or none, s.step or none], keywords=[])
+    if isinstance(s, ast.Tuple):
+        return ast.Tuple([_index(e) for e in s.elts], ast.Load())
+    return s
+
+
+def _item(v, i):
+    out = v[i]
+    if isinstance(v, np.ndarray) and not (isinstance(out, np.ndarray) and (
+            out.size == 0 or np.may_share_memory(out, v))):
+        refuse("a value read from an array")
+    return out
+
+
+# ---- recording ------------------------------------------------------------------------------
+_VIEWS = frozenset(("reshape", "transpose", "view", "ravel"))
+_PURE_CALLS = (math.prod, min, max, int, len, abs, ValueError)
+
+
+class _Recorder:
+    """What a driver's run being recorded did: :meth:`call` makes each call of its lines
+    (through ``_rp_call``), the hooks below the entry points declared ``"leaves"`` add the
+    kernel calls they make (:meth:`leaf`, :meth:`below_leaves`), and :func:`refuse` says why
+    the run cannot be replayed."""
+
+    def __init__(self):
+        self.ops = []       # (fn, args, kwargs, recorded result or None)
+        self.allocs = []    # the arrays np.empty gave the driver
+        self.why = None     # why nothing is kept
+        self.below = None   # what the entry point being called is ("leaves", ...), if any
+
+    def leaf(self, fn, args) -> None:
+        """A kernel call below an entry point declared ``"leaves"``, just made."""
+        self.ops.append((fn, args, None, None))
+
+    def below_leaves(self, fn, args) -> None:
+        """``fn(*args)`` below an entry point declared ``"leaves"``, recorded: a kernel as a
+        leaf, a Python function as a call made again (not the kernel calls below it)."""
+        if _is_kernel(fn):
+            fn(*args)
+        else:
+            self.below = "call"
+            try:
+                fn(*args)
+            finally:
+                self.below = "leaves"
+        self.ops.append((fn, args, None, None))
+
+    def call(self, f, args, kwargs):
+        """``f(*args, **kwargs)``, a call of the driver's lines, recorded by what ``f`` is."""
+        kind = _KINDS.get(id(f))
+        if kind is not None and kind[1] is f:
+            return self._entry(kind[0], f, args, kwargs)
+        if f is np.empty:
+            out = f(*args, **kwargs)
+            self.allocs.append(out)
+            return out
+        if f in _PURE_CALLS:
+            return f(*args, **kwargs)
+        owner = getattr(f, "__self__", None)
+        if isinstance(owner, np.ndarray) and getattr(f, "__name__", "") in _VIEWS:
+            out = f(*args, **kwargs)
+            if not (isinstance(out, np.ndarray) and
+                    (out.size == 0 or np.may_share_memory(out, owner))):
+                refuse(f"{f.__name__} made a copy")
+            return out
+        if _is_kernel(f):
+            out = f(*args, **kwargs)
+            self._result(f, args, kwargs, out)
+            return out
+        if getattr(f, "takes_serial", False):  # (a parallel variant: its kernel once ready)
+            if f.fn is None:
+                refuse("a parallel variant not compiled yet")
+                return f(*args, **kwargs)
+            out = f(*args, **kwargs)
+            self._result(f.fn, args[1:], kwargs, out)
+            return out
+        if (getattr(f, "__module__", None) or "").startswith("pdjit.codegen."):  # an entry
+            self.below = "call"
+            try:
+                out = f(*args, **kwargs)
+            finally:
+                self.below = None
+            self._result(f, args, kwargs, out)
+            return out
+        refuse(f"a call of {getattr(f, '__qualname__', f)!r}")
+        return f(*args, **kwargs)
+
+    def _entry(self, kind, f, args, kwargs):
+        self.below = kind
+        try:
+            out = f(*args, **kwargs)
+        finally:
+            self.below = None
+        if kind == "leaves" and out is not None:
+            refuse(f"{f.__qualname__} returned a value")
+        return out
+
+    def _result(self, f, args, kwargs, out) -> None:
+        """A call made again at each replay: what it returned (None, an array or a tuple of
+        arrays) is what later calls read, the new results copied into it."""
+        if out is not None and not isinstance(out, np.ndarray) and not (
+                isinstance(out, tuple) and all(isinstance(o, np.ndarray) for o in out)):
+            refuse(f"{getattr(f, '__qualname__', f)!r} returned a {type(out).__name__}")
+        self.ops.append((f, args, kwargs, out))
+
+
+def _is_kernel(f) -> bool:
+    return isinstance(f, Dispatcher)
+
+
+class Recording:
+    """What one key's runs replay: ``ops`` (``(fn, args, kwargs, result)``) in order on the
+    inputs at ``inputs`` (indices of the run's arguments) and the parameters ``fixed`` (the
+    arrays at the indices ``at``, passed as they were); ``outputs`` copied out. An input that
+    the ops read only as a whole argument is passed in its place (``uses``: ``(op, position,
+    input)``); any other is copied into its buffer (``copies``: ``(input, buffer)``)."""
+
+    def __init__(self, ops, inputs, fixed, at, outputs, made):
+        self.ops, self.fixed, self.outputs, self.made = ops, fixed, outputs, made
+        self.get = operator.itemgetter(*at) if len(at) > 1 else (
+            (lambda v, i=at[0]: (v[i],)) if at else (lambda v: ()))
+        self.thread = threading.get_ident()
+        # (replayed, by the driver) times while it is tried
+        self.trial = ([], []) if TRIAL_RUNS else None
+        self.lost = False      # the driver was faster: it serves the key
+        self.copies, self.uses = [], []
+        for i, buf in inputs:
+            uses = _uses(ops, outputs, buf)
+            if uses is None:
+                self.copies.append((i, buf))
+            else:
+                self.uses += [(k, pos, i) for k, pos in uses]
+        self.uses.sort()
+
+    def fits(self, values) -> bool:
+        return self.made == _state() and self.thread == threading.get_ident() and \
+            all(map(operator.is_, self.get(values), self.fixed))
+
+    def run(self, values):
+        for i, buf in self.copies:
+            np.copyto(buf, values[i])
+        return tuple([np.array(o) for o in self.replay(values)])
+
+    def replay(self, values=None):
+        place = threads.place_team
+        uses = self.uses if values is not None else ()
+        u, nu = 0, len(uses)
+        for k, (fn, args, kwargs, out) in enumerate(self.ops):
+            if u < nu and uses[u][0] == k:
+                args = list(args)
+                while u < nu and uses[u][0] == k:
+                    args[uses[u][1]] = values[uses[u][2]]
+                    u += 1
+            place()  # (the team kept off this thread's core: see threads.place_team)
+            got = fn(*args, **kwargs) if kwargs else fn(*args)
+            if out is None or got is out:
+                continue
+            if type(out) is tuple:
+                for o, g in zip(out, got):
+                    if g is not o:
+                        np.copyto(o, g)
+            else:
+                np.copyto(out, got)
+        return self.outputs
+
+
+def _uses(ops, outputs, buf):
+    """``(op, position)`` of each argument of ``ops`` that is ``buf`` (None where another
+    argument, a result or an output shares its memory: then it is copied into ``buf``)."""
+    found = []
+    for k, (_, args, kwargs, out) in enumerate(ops):
+        for pos, a in enumerate(args):
+            if a is buf:
+                found.append((k, pos))
+            elif any(np.may_share_memory(x, buf) for x in _arrays(a)):
+                return None
+        if any(np.may_share_memory(x, buf) for x in _arrays((kwargs, out))):
+            return None
+    if any(np.may_share_memory(x, buf) for x in outputs):
+        return None
+    return found
+
+
+_SCALARS = (bool, int, float, complex, str, bytes, np.generic, np.dtype, type(None))
+
+
+def _arrays(x):
+    """The arrays in a recorded argument or result (in tuples, lists, dicts); an argument of
+    another kind raises ``TypeError`` (it may hold arrays the recording would not move)."""
+    if isinstance(x, np.ndarray):
+        yield x
+    elif isinstance(x, (tuple, list)):
+        for v in x:
+            yield from _arrays(v)
+    elif isinstance(x, dict):
+        for v in x.values():
+            yield from _arrays(v)
+    elif not isinstance(x, _SCALARS):
+        raise TypeError(f"an argument of type {type(x).__name__}")
+
+
+def _results(out) -> tuple:
+    """The arrays a recorded call returned."""
+    return () if out is None else out if type(out) is tuple else (out,)
+
+
+def _address(a) -> int:
+    return a.__array_interface__["data"][0]
+
+
+def _planned(ops, outs, allocs):
+    """``ops`` and ``outs`` with the buffers the driver allocated (``allocs``) moved into one
+    arena, each at an offset no buffer alive at the same time takes (alive from the first op
+    that reads or writes it to the last; the outputs' to the end): ``(ops, outs, arena)``.
+    Recorded as they were allocated, every buffer would stay apart from the others, where the
+    driver's runs reuse the memory of those it dropped, still in the caches (MobileNetV2 at
+    batch 1 on one thread took 6 % longer replayed on its recorded buffers than by its
+    driver). An argument of a kind it does not know raises ``TypeError``."""
+    bufs = sorted((_address(a), _address(a) + a.nbytes) for a in allocs if a.nbytes)
+    starts = [b[0] for b in bufs]
+    life = {}  # buffer -> [first op, last op]
+
+    def root(a):
+        if not a.nbytes:
+            return None
+        at = _address(a)
+        j = bisect.bisect_right(starts, at) - 1
+        return j if j >= 0 and at < bufs[j][1] else None
+
+    for k, (_, args, kwargs, out) in enumerate(ops):
+        for a in _arrays((args, kwargs, out)):
+            j = root(a)
+            if j is not None:
+                life.setdefault(j, [k, k])[1] = k
+    for a in _arrays(outs):
+        j = root(a)
+        if j is not None:
+            life.setdefault(j, [len(ops), len(ops)])[1] = len(ops)
+    placed, offset = [], {}  # (start, end, first op, last op); buffer -> its offset
+    for j in sorted(life, key=lambda j: (life[j][0], -(bufs[j][1] - bufs[j][0]))):
+        size = -(-(bufs[j][1] - bufs[j][0]) // 64) * 64
+        first, last = life[j]
+        at = 0
+        for s0, s1, _, _ in sorted(p for p in placed if p[2] <= last and first <= p[3]):
+            if at + size <= s0:
+                break
+            at = max(at, s1)
+        placed.append((at, at + size, first, last))
+        offset[j] = at
+    total = max((p[1] for p in placed), default=0)
+    raw = np.empty(total + 64, np.uint8)
+    base = -_address(raw) % 64
+    arena = raw[base:base + total]
+
+    def moved(x):
+        if isinstance(x, np.ndarray):
+            j = root(x)
+            return x if j is None else np.ndarray(
+                x.shape, x.dtype, arena, offset[j] + _address(x) - bufs[j][0], x.strides)
+        if isinstance(x, (tuple, list)):
+            return type(x)(moved(v) for v in x)
+        if isinstance(x, dict):
+            return {n: moved(v) for n, v in x.items()}
+        return x
+
+    return [moved(op) for op in ops], moved(outs), arena
+
+
+def _state() -> tuple:
+    return VERSION[0], params.generation()
+
+
+class HostReplay:
+    """Recordings of one step's host driver (``compiled``: its ``fn`` and ``source``), by key;
+    ``params``: the indices of its arguments that are parameters (the others, the inputs, are
+    passed or copied into each recording's buffers). :meth:`call` serves a run."""
+
+    def __init__(self, compiled, params):
+        self.compiled, self.params = compiled, frozenset(params)
+        self.off = None if ENABLED else "PDJIT_REPLAY=0"
+        self.why = None  # why the last recording was not kept
+        self._capture = None
+        self._inputs = None          # the indices of the arguments that are not parameters
+        self._runs: dict = {}        # key -> host runs so far
+        self.recordings: dict = {}   # key -> Recording
+        self.replays = 0             # runs served by a recording
+
+    def call(self, values):
+        """The step's results for ``values``: a recording's, else the host driver's."""
+        if self.off is not None:
+            return self.compiled.fn(*values)
+        key = self._key(values)
+        if key is None:
+            return self.compiled.fn(*values)
+        rec = self.recordings.get(key)
+        if rec is not None:
+            if rec.fits(values):
+                if rec.trial is None:
+                    return self.compiled.fn(*values) if rec.lost else self._replay(rec, values)
+                return self._trial(rec, values)
+            del self.recordings[key]
+            self._runs[key] = 0
+        runs = self._runs.get(key, 0) + 1
+        if runs <= AFTER_RUNS or len(self._runs) > 64:
+            self._runs[key] = runs
+            return self.compiled.fn(*values)
+        self._runs[key] = 0
+        return self._record(key, values)
+
+    def _replay(self, rec, values):
+        try:
+            out = rec.run(values)
+        except Exception as e:  # noqa: BLE001 - the driver says what is wrong
+            self.off = f"its replay raised {type(e).__name__}: {e}"
+            self.recordings.clear()
+            return self.compiled.fn(*values)
+        self.replays += 1
+        return out
+
+    def _trial(self, rec, values):
+        """One timed run of a new recording's trial, by turns replayed and by the driver; once
+        each has :data:`TRIAL_RUNS`, the faster by its best run serves the key (a step of a
+        few small kernels may run no faster replayed: its inputs and outputs are copied)."""
+        times = rec.trial
+        which = len(times[0]) > len(times[1])
+        t0 = time.perf_counter()
+        out = self.compiled.fn(*values) if which else self._replay(rec, values)
+        times[which].append(time.perf_counter() - t0)
+        if len(times[1]) >= TRIAL_RUNS:
+            rec.lost = min(times[0]) > min(times[1])
+            rec.trial = None
+        return out
+
+    def _key(self, values):
+        """The key of a run's arguments: the inputs' shapes and the loop threads now (None:
+        an input that is not an array: a random op's key)."""
+        inputs = self._inputs
+        if inputs is None or inputs[-1:] and inputs[-1] >= len(values):
+            inputs = self._inputs = [i for i in range(len(values)) if i not in self.params]
+        shapes = []
+        for i in inputs:
+            v = values[i]
+            if type(v) is not np.ndarray:
+                return None
+            shapes.append(v.shape)
+        return len(values), tuple(shapes), threads.loop_threads()
+
+    def _record(self, key, values):
+        fn = self._capture_fn()
+        if fn is None:
+            return self.compiled.fn(*values)
+        inputs = [(i, np.array(values[i], order="C")) for i in self._inputs]
+        at = [i for i in range(len(values)) if i in self.params]
+        args = list(values)
+        for i, buf in inputs:
+            args[i] = buf
+        made = _state()
+        rec = _Recorder()
+        _local.rec = rec
+        try:
+            outs = fn(*args)
+        finally:
+            _local.rec = None
+        why = rec.why
+        if why is None and (not isinstance(outs, tuple) or
+                            not all(isinstance(o, np.ndarray) for o in outs)):
+            why = "its results are not a tuple of arrays"
+        expected = tuple(np.array(o) for o in outs) if isinstance(outs, tuple) else outs
+        if why is None:
+            why = self._verify(rec, inputs, [values[i] for i in at], at, outs, expected, made,
+                               key)
+        if why is not None:
+            self.why = why
+            if self._runs[key] == 0:  # (not for good: recorded again after as many runs)
+                self._runs[key] = -RETRY_RUNS
+        return expected
+
+    def _verify(self, rec, inputs, fixed, at, outs, expected, made, key):
+        """Replay ``rec`` once on its own inputs with its buffers poisoned, and keep it where
+        it gives the driver's outputs ``expected`` bit for bit (None; else why not)."""
+        try:
+            ops, outs, arena = _planned(rec.ops, outs, rec.allocs)
+        except TypeError as e:
+            self.off = f"a call it records takes {e}"
+            return self.off
+        own = arena.nbytes + sum(b.nbytes for _, b in inputs)
+        if own > MAX_BYTES:
+            self._runs[key] = _NEVER
+            return f"its buffers would hold {own} bytes"
+        arena.fill(0xFF)  # (NaN in every float, -1 in every int)
+        r = Recording(ops, inputs, fixed, at, outs, made)
+        got = r.replay()
+        if not all(g.dtype == e.dtype and g.shape == e.shape and g.tobytes() == e.tobytes()
+                   for g, e in zip(got, expected)):
+            self.off = "its replay differed from the driver's run"
+            return self.off
+        if made != _state():
+            return "a kernel became ready while it was recorded"
+        if len(self.recordings) >= MAX_KEYS:
+            self.recordings.pop(next(iter(self.recordings)))
+        self.recordings[key] = r
+        return None
+
+    def _capture_fn(self):
+        """The driver's function with every call made through the recorder (None: its source
+        is not one the recorder knows; :attr:`off` says why)."""
+        if self._capture is not None:
+            return self._capture
+        source = getattr(self.compiled, "source", None)
+        fn = self.compiled.fn
+        if source is None or not isinstance(fn, pytypes.FunctionType):
+            self.off = "no driver source"
+            return None
+        tree = ast.parse(source)
+        why = _source_why(tree)
+        if why is not None:
+            self.off = f"its source has {why}"
+            return None
+        tree = ast.fix_missing_locations(_Calls().visit(tree))
+        ns = dict(fn.__globals__)
+        ns.update(_rp_call=_call, _rp_item=_item, _rp_slice=slice)
+        name = tree.body[0].name
+        exec(compile(tree, f"<pdjit replay {name}>", "exec"), ns)  # noqa: S102
+        self._capture = ns[name]
+        return self._capture
+
+
+def _call(f, *args, **kwargs):
+    return _local.rec.call(f, args, kwargs)
+
+
+def _on_helpers() -> None:
+    if recording() is not None:
+        refuse("a split on run_parts' helpers")
+
+
+declare("pure", bdim, check, memplan.numel)
+threads.on_helpers[0] = _on_helpers

@@ -1,0 +1,369 @@
+"""A host driver's kernel calls recorded and replayed (``pdjit.codegen.cpu.replay``).
+
+Oracle: a small CNN (a strided 3x3 convolution, a depthwise one, a pointwise one with a
+residual, an average pool, a softmax layer) computed in NumPy here from the scope's
+parameters. Replayed runs must give it for inputs the recording never saw, give the host
+driver's own bits, leave earlier results alone, follow a parameter given a new array or
+written by a run, and serve no other thread; a recording that misses a kernel call is caught
+by its check and never kept; a driver the recorder does not know is never replayed.
+"""
+import threading
+
+import numba
+import numpy as np
+import pytest
+
+import pdjit as fluid
+from pdjit.codegen import params
+from pdjit.codegen.cpu import replay, threads
+from pdjit.codegen.cpu.lib import conv as convlib
+from pdjit.codegen.cpu.lib import team
+from pdjit.testing import assert_native
+
+RNG = np.random.default_rng(68)
+HW = 12
+
+
+@pytest.fixture(autouse=True)
+def _untimed(monkeypatch):
+    """A recording serves its key at once (no timed trial against the driver: the runs here
+    are too short to time; the trial has a test of its own), and a plan's runs keep the
+    threads they are given (no trial of one thread against several, whose runs would each
+    be another key)."""
+    monkeypatch.setattr(replay, "TRIAL_RUNS", 0)
+    monkeypatch.setattr(threads.RunChoice, "begin", lambda self, key: None)
+    monkeypatch.setattr(threads.RunChoice, "end", lambda self, key, seconds: None)
+
+
+def _program():
+    L = fluid.layers
+    main, startup = fluid.Program(), fluid.Program()
+    startup.random_seed = 5
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        img = L.data("img", [3, HW, HW])
+        c1 = L.conv2d(img, 16, 3, stride=2, padding=1, act="relu")
+        dw = L.conv2d(c1, 16, 3, padding=1, groups=16, act="relu")
+        y = L.elementwise_add(L.conv2d(dw, 24, 1), L.conv2d(c1, 24, 1))
+        p = L.pool2d(y, pool_type="avg", global_pooling=True)
+        out = L.fc(p, 10, act="softmax")
+    return main.clone(for_test=True), startup, out
+
+
+def _conv(x, w, b, stride=1, pad=0, groups=1):
+    n, c, h, wd = x.shape
+    m, cg, kh, kw = w.shape
+    xp = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    oh, ow = (h + 2 * pad - kh) // stride + 1, (wd + 2 * pad - kw) // stride + 1
+    y = np.zeros((n, m, oh, ow))
+    mg = m // groups
+    for o in range(m):
+        g = o // mg
+        for i in range(kh):
+            for j in range(kw):
+                rows = slice(i, i + stride * oh, stride)
+                cols = slice(j, j + stride * ow, stride)
+                patch = xp[:, g * cg:(g + 1) * cg, rows, cols]
+                y[:, o] += np.einsum("nchw,c->nhw", patch, w[o, :, i, j])
+    return y + b[None, :, None, None]
+
+
+def _oracle(x, v):
+    def conv(t, i, **kw):
+        return _conv(t, v[f"conv2d_{i}.w_0"], v[f"conv2d_{i}.b_0"], **kw)
+
+    c1 = np.maximum(conv(x, 0, stride=2, pad=1), 0)
+    dw = np.maximum(conv(c1, 1, pad=1, groups=16), 0)
+    y = conv(dw, 2) + conv(c1, 3)
+    z = y.mean(axis=(2, 3)) @ v["fc_0.w_0"] + v["fc_0.b_0"]
+    e = np.exp(z - z.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def _executor():
+    main, startup, out = _program()
+    scope = fluid.Scope()
+    exe = fluid.Executor(native_drivers="auto")  # (an inference plan: its step has tiers)
+    exe.run(startup, scope=scope)
+    for name in list(scope.local_var_names()):
+        a = scope.find_var(name).value
+        if isinstance(a, np.ndarray) and a.dtype == np.float32 and name.endswith(("w_0", "b_0")):
+            scope.find_var(name).value = (RNG.standard_normal(a.shape) * 0.3).astype(np.float32)
+    return exe, main, scope, out
+
+
+def _values(scope):
+    return {n: np.asarray(scope.find_var(n).value, np.float64) for n in scope.local_var_names()
+            if n.endswith(("w_0", "b_0"))}
+
+
+def _replays(exe, some=True):
+    found = [s.tiers.replay for _, plan in exe._plans.values() for s in plan.walk()
+             if getattr(s, "tiers", None) is not None and s.tiers.replay is not None]
+    assert found or not some, "no step of the plan has a host replay"
+    return found
+
+
+def _run(exe, main, scope, out, x):
+    return exe.run(main, feed={"img": x}, fetch_list=[out], scope=scope)[0]
+
+
+def _image(b=2):
+    return RNG.standard_normal((b, 3, HW, HW)).astype(np.float32)
+
+
+def _settle(exe, main, scope, out, b=2):
+    """Run until a recording serves (the parallel loops a run loads from the disk cache, one
+    a run, each invalidate the recordings made before it)."""
+    for _ in range(40):
+        before = sum(r.replays for r in _replays(exe, some=False))
+        _run(exe, main, scope, out, _image(b))
+        if sum(r.replays for r in _replays(exe)) > before:
+            return
+    raise AssertionError(f"never replayed: {[r.why for r in _replays(exe)]}")
+
+
+def test_replayed_runs_give_the_oracle_and_the_drivers_bits(monkeypatch):
+    exe, main, scope, out = _executor()
+    _settle(exe, main, scope, out)
+    xs = [_image() for _ in range(5)]
+    got = [_run(exe, main, scope, out, x) for x in xs]
+    kept = [g.copy() for g in got]
+    (rp,) = _replays(exe)
+    assert rp.off is None and rp.recordings and rp.replays > len(xs)
+    assert_native(exe)
+    v = _values(scope)
+    for x, g, k in zip(xs, got, kept):
+        np.testing.assert_allclose(g, _oracle(x.astype(np.float64), v), rtol=2e-4, atol=1e-6)
+        np.testing.assert_array_equal(g, k)  # (a later run wrote no earlier result)
+    monkeypatch.setattr(rp, "off", "compared")  # the host driver itself
+    for x, g in zip(xs, got):
+        np.testing.assert_array_equal(_run(exe, main, scope, out, x), g)
+
+
+def test_a_new_batch_size_is_recorded_apart():
+    exe, main, scope, out = _executor()
+    _settle(exe, main, scope, out)
+    for b in (3, 3, 3, 3, 3, 2):
+        x = _image(b)
+        np.testing.assert_allclose(_run(exe, main, scope, out, x),
+                                   _oracle(x.astype(np.float64), _values(scope)),
+                                   rtol=2e-4, atol=1e-6)
+    (rp,) = _replays(exe)
+    assert {k[1][0][0] for k in rp.recordings} == {2, 3}
+
+
+def test_a_parameter_given_a_new_array_or_written_is_followed():
+    exe, main, scope, out = _executor()
+    x = _image()
+    _settle(exe, main, scope, out)
+    (rp,) = _replays(exe)
+    served = rp.replays
+    w = scope.find_var("conv2d_2.w_0")
+    w.value = (w.value * -2.0).astype(np.float32)  # a new array
+    np.testing.assert_allclose(_run(exe, main, scope, out, x),
+                               _oracle(x.astype(np.float64), _values(scope)),
+                               rtol=2e-4, atol=1e-6)
+    assert rp.replays == served  # (the recording named the old array: the driver ran)
+    _settle(exe, main, scope, out)  # (recorded again, on the new array)
+    before = params.generation()
+    w.value[...] *= 0.5   # written in place, then said so (as a run writing it does)
+    params.derived(w.value, ("test",), lambda: 0)
+    params.written([w.value])
+    assert params.generation() != before
+    served = rp.replays
+    np.testing.assert_allclose(_run(exe, main, scope, out, x),
+                               _oracle(x.astype(np.float64), _values(scope)),
+                               rtol=2e-4, atol=1e-6)
+    assert rp.replays == served
+
+
+def test_no_replay_on_another_thread():
+    exe, main, scope, out = _executor()
+    _settle(exe, main, scope, out)
+    (rp,) = _replays(exe)
+    served = rp.replays
+    x = _image()
+    got = []
+    t = threading.Thread(target=lambda: got.append(_run(exe, main, scope, out, x)))
+    t.start()
+    t.join()
+    np.testing.assert_allclose(got[0], _oracle(x.astype(np.float64), _values(scope)),
+                               rtol=2e-4, atol=1e-6)
+    assert rp.replays == served
+
+
+def test_parallel_loops_are_recorded_and_replayed(monkeypatch):
+    """Every convolution split over two threads by a parallel loop (its threshold at 0): the
+    loops' calls recorded below ``split_work`` and replayed, the oracle's values, one thread's
+    bits."""
+    if numba.config.NUMBA_NUM_THREADS < 2:
+        pytest.skip("Numba has one thread here")
+    monkeypatch.setattr(team, "COMPILE", True)
+    monkeypatch.setattr(team, "AFTER_RUNS", 0)
+    monkeypatch.setattr(convlib, "_TEAM_MIN_WORK", 0)
+    monkeypatch.setattr(convlib, "_CHANNELS_MIN_WORK", 0)
+    monkeypatch.setattr(threads, "free_cores", lambda: 2)
+    monkeypatch.setattr(threads, "_applied", 2)
+    leaves = []
+    real = replay._Recorder.leaf
+    monkeypatch.setattr(replay._Recorder, "leaf",
+                        lambda self, fn, args: leaves.append(fn) or real(self, fn, args))
+    saved = numba.get_num_threads()
+    threads._run_local.loops = threads._run_local.key = None
+    try:
+        exe, main, scope, out = _executor()
+        x = _image(1)
+        got = [_run(exe, main, scope, out, x) for _ in range(7)]
+        (rp,) = _replays(exe)
+        assert rp.off is None and rp.replays, rp.why
+        assert any(getattr(f, "__name__", "").endswith(("_parts", "_by_channels", "_by_pixels"))
+                   for f in leaves), leaves
+        np.testing.assert_allclose(got[-1], _oracle(x.astype(np.float64), _values(scope)),
+                                   rtol=2e-4, atol=1e-6)
+        monkeypatch.setattr(threads, "free_cores", lambda: 1)  # one thread: its own recording
+        one = [_run(exe, main, scope, out, x) for _ in range(6)]
+        np.testing.assert_array_equal(one[-1], got[-1])
+        assert {k[2] for k in rp.recordings} == {1, 2}
+    finally:
+        numba.set_num_threads(saved)
+        threads._run_local.loops = threads._run_local.key = None
+
+
+# ---- the recorder on drivers written here ---------------------------------------------------
+@numba.njit(cache=False)
+def _double(x, out):
+    for i in range(x.size):
+        out.flat[i] = 2 * x.flat[i]
+
+
+def _hidden(x, out):  # its kernel call is below an entry point, through no hook
+    _double(x, out)
+
+
+class _Driver:
+    def __init__(self, source, **ns):
+        self.source = source
+        g = {"np": np, "_double": _double, **ns}
+        exec(source, g)  # noqa: S102
+        self.fn = g["segment"]
+
+
+_SOURCE = """def segment(a0, a1):
+    s1 = np.empty(a0.shape, np.float32)
+    {call}(a0, s1)
+    s2 = s1.reshape((s1.size, ))
+    return (s2, a1)
+"""
+
+
+def _serve(drv, runs=6):
+    rp = replay.HostReplay(drv, params=[1])
+    w = np.ones(3, np.float32)
+    outs = []
+    for i in range(runs):
+        x = np.full((2, 2), i, np.float32)
+        outs.append(rp.call([x, w]))
+        np.testing.assert_array_equal(outs[-1][0], 2 * x.reshape(-1))
+        np.testing.assert_array_equal(outs[-1][1], w)
+    return rp, outs
+
+
+def test_a_kernel_call_of_the_driver_is_replayed():
+    rp, outs = _serve(_Driver(_SOURCE.format(call="_double")))
+    assert rp.off is None and rp.replays == 6 - replay.AFTER_RUNS - 1
+    assert outs[-1][1] is not outs[-2][1]  # (copies: no run's result is another's)
+
+
+@numba.njit(cache=False)
+def _add_pair(pair, out):
+    for i in range(out.size):
+        out.flat[i] = pair[0].flat[i] + pair[1].flat[i]
+
+
+def test_buffers_in_a_tuple_argument_and_an_input_returned():
+    src = """def segment(a0, a1):
+    s1 = np.empty(a0.shape, np.float32)
+    _double(a0, s1)
+    s2 = np.empty(a0.shape, np.float32)
+    _add_pair((s1, a0), s2)
+    return (s2, a0)
+"""
+    rp = replay.HostReplay(_Driver(src, _add_pair=_add_pair), params=[1])
+    w = np.ones(3, np.float32)
+    for i in range(6):
+        x = np.full((2, 2), i, np.float32)
+        s2, back = rp.call([x, w])
+        np.testing.assert_array_equal(s2, 3 * x)
+        np.testing.assert_array_equal(back, x)
+    (rec,) = rp.recordings.values()
+    assert rp.replays == 2 and rec.copies and not rec.uses  # (the input is an output too)
+
+
+def _spin(seconds):
+    t = replay.time.perf_counter()
+    while replay.time.perf_counter() - t < seconds:
+        pass
+
+
+def test_the_faster_of_replay_and_driver_serves(monkeypatch):
+    monkeypatch.setattr(replay, "TRIAL_RUNS", 2)
+    slow = {}
+    real = replay.Recording.run
+    monkeypatch.setattr(replay.Recording, "run",
+                        lambda self, v: _spin(slow["replay"]) or real(self, v))
+    for host, rep, served in ((0.005, 0.0, 6), (0.0, 0.005, 0)):
+        slow["replay"] = rep
+        drv = _Driver(_SOURCE.format(call="_double"))
+        g = drv.fn.__globals__  # (the driver slowed in its own namespace)
+        g.update(_spin=_spin, _host=host)
+        exec("def slowed(*v):\n    _spin(_host)\n    return segment(*v)\n", g)  # noqa: S102
+        drv.fn = g["slowed"]
+        rp, _ = _serve(drv, runs=14)
+        (rec,) = rp.recordings.values()
+        assert rec.trial is None and rec.lost == (rep > 0)
+        assert rp.replays == 2 + served  # (the trial's two, then every run or none)
+
+
+def test_a_kernel_call_the_recorder_missed_is_caught():
+    replay.declare("leaves", _hidden)  # (wrongly: its call goes through no hook)
+    rp, _ = _serve(_Driver(_SOURCE.format(call="_hidden"), _hidden=_hidden))
+    assert rp.replays == 0 and not rp.recordings
+    assert rp.off == "its replay differed from the driver's run"
+
+
+@pytest.mark.parametrize("line, why", [
+    ("for i in range(2):\n        pass", "a For statement"),
+    ("s1[...] = s1", "an assignment into a value"),
+    ("t = [v for v in (1, 2)]", "a ListComp"),
+])
+def test_a_driver_the_recorder_does_not_know_is_not_replayed(line, why):
+    src = _SOURCE.format(call="_double").replace("    return", f"    {line}\n    return")
+    rp, _ = _serve(_Driver(src))
+    assert rp.replays == 0 and rp.off == f"its source has {why}"
+
+
+def test_a_value_read_from_an_array_a_copy_or_a_write_is_not_recorded():
+    read = _SOURCE.format(call="_double").replace("    return", "    n = s1[0, 0]\n    return")
+    copy = _SOURCE.format(call="_double").replace("s1.reshape((s1.size, ))", "s1.T.reshape(-1)")
+    fill = _SOURCE.format(call="_double").replace(
+        "    return", "    t = np.empty(2, np.float32)\n    t.fill(0)\n    return")
+    for src, why in ((read, "a value read from an array"), (copy, "reshape made a copy"),
+                     (fill, "a call of 'ndarray.fill'")):
+        rp, _ = _serve(_Driver(src), runs=5)
+        assert rp.replays == 0 and not rp.recordings and rp.why == why
+
+
+def test_buffers_share_memory_only_where_their_lives_do_not_meet():
+    a, b, c = (np.empty(1000, np.float32) for _ in range(3))
+
+    def k(*_):
+        return None
+
+    ops = [(k, (a,), None, None), (k, (a, b), None, None), (k, (b, c), None, None)]
+    ops2, outs, arena = replay._planned(ops, (c,), [a, b, c])
+    na, nb = ops2[1][1]
+    nc = ops2[2][1][1]
+    assert np.shares_memory(nc, arena) and outs[0] is not c and np.shares_memory(outs[0], nc)
+    assert not np.may_share_memory(na, nb) and not np.may_share_memory(nb, nc)
+    assert np.may_share_memory(na, nc)  # a is dead when c is first written
+    assert arena.nbytes < 3 * 4000  # (two buffers' room, 64-byte aligned)
