@@ -367,3 +367,11 @@ def test_buffers_share_memory_only_where_their_lives_do_not_meet():
     assert not np.may_share_memory(na, nb) and not np.may_share_memory(nb, nc)
     assert np.may_share_memory(na, nc)  # a is dead when c is first written
     assert arena.nbytes < 3 * 4000  # (two buffers' room, 64-byte aligned)
+
+
+def test_the_arrays_of_an_argument():
+    a, b = np.zeros(2), np.ones(3)
+    got = list(replay._arrays((1, 2.5, None, _double, [a, {"k": (b,)}], np.float32(1))))
+    assert len(got) == 2 and got[0] is a and got[1] is b
+    with pytest.raises(TypeError, match="an argument of type object"):
+        list(replay._arrays((a, object())))  # (it might hold arrays the recording misses)

@@ -340,7 +340,8 @@ _SCALARS = (bool, int, float, complex, str, bytes, np.generic, np.dtype, type(No
 
 def _arrays(x):
     """The arrays in a recorded argument or result (in tuples, lists, dicts); an argument of
-    another kind raises ``TypeError`` (it may hold arrays the recording would not move)."""
+    another kind than a scalar or a kernel raises ``TypeError`` (it may hold arrays the
+    recording would not move)."""
     if isinstance(x, np.ndarray):
         yield x
     elif isinstance(x, (tuple, list)):
@@ -349,7 +350,8 @@ def _arrays(x):
     elif isinstance(x, dict):
         for v in x.values():
             yield from _arrays(v)
-    elif not isinstance(x, _SCALARS):
+    elif not isinstance(x, _SCALARS) and not _is_kernel(x) and \
+            not isinstance(x, pytypes.FunctionType) and not getattr(x, "takes_serial", False):
         raise TypeError(f"an argument of type {type(x).__name__}")
 
 
