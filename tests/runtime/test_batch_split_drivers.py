@@ -302,6 +302,25 @@ def _host_driven(batch, seed):
     return exe, program, scope, y, rng, step
 
 
+def test_the_slices_replay_the_host_driver_on_their_threads(two_threads, monkeypatch):
+    """Each thread's slices are recorded and replayed on that thread (``codegen/cpu/replay``:
+    a recording serves the thread it was made on), giving NumPy's values."""
+    from pdjit.codegen.cpu import replay
+
+    monkeypatch.setattr(tiers_mod, "DRIVER_MAX_CALLS", 0)
+    monkeypatch.setattr(tiers_mod, "TIER_UP_THREAD", False)
+    monkeypatch.setattr(replay, "TRIAL_RUNS", 0)  # (too short to time: served at once)
+    exe, program, scope, y, rng, step = _host_driven(BATCH, 4)
+    rp = step.tiers.replay
+    for _ in range(replay.AFTER_RUNS + 3):
+        xv = rng.standard_normal((BATCH, 6)).astype("float32")
+        (out,) = exe.run(program, feed={"x": xv}, fetch_list=[y], scope=scope)
+        np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
+    chunk = tiers_mod.HOST_CHUNK_ROWS
+    by = {k[3] for k in rp.recordings if k[1][0][0] == chunk}
+    assert len(by) == 2 and rp.replays > 0, (rp.off, rp.why, list(rp.recordings))
+
+
 def test_a_step_without_a_native_driver_runs_the_host_driver_on_slices(two_threads,
                                                                        monkeypatch):
     """A step whose native driver would not pay (here: more kernel calls than
@@ -361,7 +380,7 @@ def test_a_step_without_a_native_driver_runs_the_host_driver_on_slices(two_threa
     # (the slices not a row apart)
     rest = []
     sp = tiers._split[1]
-    assert sp.rest is step.compiled.fn
+    assert sp.rest == tiers._host_fn  # (the host driver, replayed where recorded)
     sp.rest = lambda *a: (rest.append((threading.current_thread().name, a[0].shape[0],
                                        threads.loop_threads())), host(*a))[1]
     for _ in range(10):

@@ -67,9 +67,9 @@ RETRY_RUNS = 50
 _NEVER = -(1 << 62)  # (a key's count of host runs that never reaches its recording)
 #: timed runs each of a new recording and of the driver before the faster serves its key
 TRIAL_RUNS = 3
-#: the recordings a step keeps (one per key: its inputs' shapes, the loop threads), the oldest
-#: dropped
-MAX_KEYS = 4
+#: the recordings a step keeps (one per key: its inputs' shapes, the loop threads, the
+#: thread), the oldest dropped
+MAX_KEYS = 8
 #: the most bytes a recording's own buffers may hold (they stay allocated between runs; a
 #: batch large enough to need more spends little of its run between kernels)
 MAX_BYTES = 64 << 20
@@ -488,8 +488,9 @@ class HostReplay:
         return out
 
     def _key(self, values):
-        """The key of a run's arguments: the inputs' shapes and the loop threads now (None:
-        an input that is not an array: a random op's key)."""
+        """The key of a run's arguments: the inputs' shapes, the loop threads now and the
+        thread (slices of a batch run on threads of their own at once: each its recording;
+        None: an input that is not an array, a random op's key)."""
         inputs = self._inputs
         if inputs is None or inputs[-1:] and inputs[-1] >= len(values):
             inputs = self._inputs = [i for i in range(len(values)) if i not in self.params]
@@ -499,7 +500,7 @@ class HostReplay:
             if type(v) is not np.ndarray:
                 return None
             shapes.append(v.shape)
-        return len(values), tuple(shapes), threads.loop_threads()
+        return len(values), tuple(shapes), threads.loop_threads(), threading.get_ident()
 
     def _record(self, key, values):
         fn = self._capture_fn()

@@ -206,7 +206,7 @@ class DriverTiers:
             self.native_failed = (f"it would not pay: {calls} kernel calls, the host driver's "
                                   f"best run {self._host_best * 1e3:.3f} ms")
             if self.split_rows is not None:
-                self.native = HostSlices(self.step.compiled.fn)
+                self.native = HostSlices(self._host_fn)
             return
         try:  # the types this run passes: what the driver is compiled for ahead
             sig = tuple(numba.typeof(v) for v in values)
@@ -266,7 +266,7 @@ class DriverTiers:
         if self._split is None or self._split[0] is not nd:
             parts = threads.max_loop_threads()
             chunk = HOST_CHUNK_ROWS if isinstance(nd, HostSlices) else 0
-            rest = self.step.compiled.fn if chunk else None
+            rest = self._host_fn if chunk else None
             self._split = (nd, SplitDriver(nd.fn, self.split_rows, parts, chunk, rest)
                            if parts > 1 or chunk else None)
         return self._split[1]
