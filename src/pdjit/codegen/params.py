@@ -32,9 +32,16 @@ def _gone(k):
     return drop
 
 
+#: called with the array of each :func:`derived` asked (``pdjit.codegen.cpu.replay``: a
+#: recorded host driver keeps the value, so the array must be a parameter)
+on_derived = [None]
+
+
 def derived(array, key, make):
     """The value ``make()`` derived from ``array`` under ``key``: made at the first ask and
     kept until ``array`` goes or is :func:`written`."""
+    if on_derived[0] is not None:
+        on_derived[0](array)
     k = (id(array), key)
     entry = _DERIVED.get(k)
     if entry is not None and entry[0]() is array:

@@ -39,6 +39,21 @@ def compile_source(text: str, filename: str):
     return code
 
 
+def compile_rewritten(text: str, filename: str, rewrite):
+    """``rewrite(text)``: a code object made from ``text`` (or why it cannot be: not kept),
+    kept in the cache directory as :func:`compile_source` keeps a long text's, keyed by
+    ``text`` and ``filename`` (which names the rewrite and its version)."""
+    path = _code_path(text, filename) if len(text) >= CACHED_MIN_CHARS else None
+    if path is not None:
+        code = _read_code(path)
+        if code is not None:
+            return code
+    code = rewrite(text)
+    if path is not None and isinstance(code, type(_read_code.__code__)):
+        _write_code(path, code)
+    return code
+
+
 def _compile(text: str, filename: str):
     try:
         return compile(text, filename, "exec")

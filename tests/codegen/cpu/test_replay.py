@@ -206,8 +206,8 @@ def test_parallel_loops_are_recorded_and_replayed(monkeypatch):
     monkeypatch.setattr(threads, "_applied", 2)
     leaves = []
     real = replay._Recorder.leaf
-    monkeypatch.setattr(replay._Recorder, "leaf",
-                        lambda self, fn, args: leaves.append(fn) or real(self, fn, args))
+    monkeypatch.setattr(replay._Recorder, "leaf", lambda self, fn, args, team=False:
+                        leaves.append(fn) or real(self, fn, args, team))
     saved = numba.get_num_threads()
     threads._run_local.loops = threads._run_local.key = None
     try:
@@ -269,9 +269,11 @@ def _serve(drv, runs=6):
 
 
 def test_a_kernel_call_of_the_driver_is_replayed():
+    owner = threads._team_owner[0]
     rp, outs = _serve(_Driver(_SOURCE.format(call="_double")))
     assert rp.off is None and rp.replays == 6 - replay.AFTER_RUNS - 1
     assert outs[-1][1] is not outs[-2][1]  # (copies: no run's result is another's)
+    assert threads._team_owner[0] is owner  # (no parallel loop: no team started for it)
 
 
 @numba.njit(cache=False)
@@ -324,11 +326,65 @@ def test_the_faster_of_replay_and_driver_serves(monkeypatch):
         assert rp.replays == 2 + served  # (the trial's two, then every run or none)
 
 
-def test_a_kernel_call_the_recorder_missed_is_caught():
+def test_a_kernel_call_the_recorder_missed_is_caught(monkeypatch):
+    monkeypatch.setattr(replay, "RETRY_RUNS", 0)
     replay.declare("leaves", _hidden)  # (wrongly: its call goes through no hook)
-    rp, _ = _serve(_Driver(_SOURCE.format(call="_hidden"), _hidden=_hidden))
+    rp, _ = _serve(_Driver(_SOURCE.format(call="_hidden"), _hidden=_hidden),
+                   runs=(replay.AFTER_RUNS + 1) * replay.MAX_FAILURES)
     assert rp.replays == 0 and not rp.recordings
-    assert rp.off == "its replay differed from the driver's run"
+    assert rp.off == "its replay differed from the driver's run"  # (after MAX_FAILURES)
+
+
+@numba.njit(cache=False)
+def _mul(x, w, out):
+    for i in range(out.size):
+        out.flat[i] = x.flat[i] * w.flat[i % w.size]
+
+
+def _scaled(x, w, out):  # a weight derived, then a kernel: as a library entry point does
+    w3 = params.derived(w, ("test_replay", "tripled"), lambda: 3 * w)
+    replay.kernel_call(_mul, x, w3, out)
+
+
+replay.declare("leaves", _scaled)
+
+
+def test_a_value_derived_from_what_is_no_parameter_is_not_recorded():
+    """A filter computed in the graph (a driver's buffer) is no parameter: a value derived
+    from it (a transformed filter kept by the array's identity) would go stale."""
+    src = """def segment(a0, a1):
+    s0 = np.empty(a1.shape, np.float32)
+    _double(a1, s0)
+    s1 = np.empty(a0.shape, np.float32)
+    _scaled(a0, {w}, s1)
+    return (s1, s0)
+"""
+    for w in ("a1", "s0"):  # (a1 here an input: no parameter either)
+        rp = replay.HostReplay(_Driver(src.format(w=w), _scaled=_scaled), params=[])
+        for i in range(7):
+            x = np.full((2, 2), i, np.float32)
+            wv = np.full((2, 2), i + 1, np.float32)  # (an input here: new values each run)
+            s1, s0 = rp.call([x, wv])
+            np.testing.assert_array_equal(s1, x * 3 * (wv if w == "a1" else 2 * wv))
+        assert bool(rp.recordings) is False and rp.why == \
+            "a value derived from an array that is no parameter"
+    rp = replay.HostReplay(_Driver(src.format(w="a1"), _scaled=_scaled), params=[1])
+    wv = np.full((2, 2), 2, np.float32)  # (a parameter: the same array every run)
+    for i in range(7):
+        x = np.full((2, 2), i, np.float32)
+        np.testing.assert_array_equal(rp.call([x, wv])[0], x * 6)
+    assert rp.recordings and rp.replays == 7 - replay.AFTER_RUNS - 1
+
+
+def test_the_counts_of_keys_stay_bounded():
+    rp = replay.HostReplay(_Driver(_SOURCE.format(call="_double")), params=[1])
+    w = np.ones(3, np.float32)
+    for n in range(1, 400):
+        rp.call([np.zeros((n, 1), np.float32), w])
+    assert len(rp._runs) <= 257
+    for _ in range(6):
+        rp.call([np.full((2, 2), 5, np.float32), w])
+    assert rp.replays == 6 - replay.AFTER_RUNS - 1
 
 
 @pytest.mark.parametrize("line, why", [
@@ -347,8 +403,10 @@ def test_a_value_read_from_an_array_a_copy_or_a_write_is_not_recorded():
     copy = _SOURCE.format(call="_double").replace("s1.reshape((s1.size, ))", "s1.T.reshape(-1)")
     fill = _SOURCE.format(call="_double").replace(
         "    return", "    t = np.empty(2, np.float32)\n    t.fill(0)\n    return")
+    to_int = _SOURCE.format(call="_double").replace(
+        "    return", "    k = int(a0[0:1, 0:1].reshape(()))\n    return")
     for src, why in ((read, "a value read from an array"), (copy, "reshape made a copy"),
-                     (fill, "a call of 'ndarray.fill'")):
+                     (fill, "a call of 'ndarray.fill'"), (to_int, "a value read from an array")):
         rp, _ = _serve(_Driver(src), runs=5)
         assert rp.replays == 0 and not rp.recordings and rp.why == why
 

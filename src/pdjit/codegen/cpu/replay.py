@@ -4,38 +4,42 @@ model's kernels taken out of its steady runs.
 A host driver (``target.HostDriver``: plain Python calling the step's kernels) decides, at each
 run, what it asked for: the shapes of its intermediates and their buffers, which kernel and
 which split over the threads serve each op (``lib.conv.split_work``), the weights packed for
-them. At batch 1 those decisions take a large share of a small model's run (MobileNetV2 on two
-threads: 2.64 ms a run by its driver, 2.08 replayed; one thread 4.04 / 3.58; ResNet-50 on two
-threads 20.3 / 19.0; the BERT-like encoder 3.84 / 3.67). For arguments of the same shapes and
-parameters, on as many loop threads, every decision comes out the same; so :class:`HostReplay`
-runs the driver once more with a recorder (every call its lines make, and below the library's
-entry points that only pick and split, each kernel call they end in), then serves later runs
-by calling those kernels again: its inputs passed in (or copied into its own buffers), its
-outputs copied out, its intermediates in one arena planned by their lives (:func:`_planned`).
+them. At batch 1 those decisions take a large share of a small model's run (by turns in one
+process, ms, by the driver / replayed: MobileNetV2 on two threads 3.15 / 2.67, on one 4.04 /
+3.58; ResNet-50 on two threads 22.8 / 21.9; the BERT-like encoder 4.28 / 3.97). For
+arguments of the same shapes and parameters, on as many loop threads, every decision comes out
+the same; so :class:`HostReplay` runs the driver once more with a recorder (every call its
+lines make, and below the library's entry points that only pick and split, each kernel call
+they end in), then serves later runs by calling those kernels again: its inputs passed in (or
+copied into its own buffers), its outputs copied out, its intermediates in one arena planned
+by their lives (:func:`_planned`). A key is the inputs' shapes, the loop threads and the
+thread: slices of a batch (``tiers.HostSlices``) replay each on its own thread.
 
 What a recording holds is checked, never assumed:
 - a driver is recorded only if its source is made of the statements drivers are made of
-  (assignments to names, calls, ``del``, ``if`` on shapes, ``raise``, ``return``), and a
-  recording is kept only if every call its run made is one the recorder knows: a kernel (a
-  Numba dispatcher, a parallel variant), an entry point of the library declared
-  (:func:`declare`) ``"leaves"`` (its effect is the kernel calls below it, recorded),
-  ``"derived"`` (a value derived from parameters: kept) or ``"pure"`` (a value of shapes and
-  thread counts), another entry point of the library (called again at each replay, what it
-  returns copied into what it returned then), ``np.empty``, views, the shape arithmetic;
-  anything else (a kernel returning a scalar, a value read from an array, a copy made by
-  ``reshape``, a split on ``run_parts``' helpers, a parallel variant not compiled yet, an
-  argument of an unknown kind) leaves the driver's run as it was and keeps nothing;
-- a recording is replayed once on the inputs it was made from, its arena filled with NaN
-  first, and kept only if it gives the driver's outputs bit for bit (a kernel call it missed
-  leaves NaN, or another run's values);
+  (assignments to names, calls, ``del``, ``if``, ``raise``, ``return``), and a recording is
+  kept only if every call its run made is one the recorder knows: a kernel (a Numba
+  dispatcher, a parallel variant), an entry point of the library declared (:func:`declare`)
+  ``"leaves"`` (its effect is the kernel calls below it, each made through a hook:
+  ``lib.team.run``, :func:`kernel_call`), ``"derived"`` (a value derived from parameters:
+  kept; any value ``params.derived`` gives during the run must come from a parameter's
+  memory) or ``"pure"`` (a value of shapes and thread counts), another entry point of the
+  library (called again at each replay, what it returns copied into what it returned then),
+  ``np.empty``, views, the shape arithmetic; anything else (a kernel returning a scalar, a
+  value read from an array, a ``reshape`` that copies, a split on ``run_parts``' helpers, a
+  parallel variant not compiled yet, an argument of an unknown kind) leaves the driver's run
+  as it was and keeps nothing, and the key is recorded again after :data:`RETRY_RUNS` runs;
+- a recording is replayed once on the run's inputs, its arena and the arrays it copies
+  results into filled with NaN first, and kept only if it gives the driver's outputs bit for
+  bit (a kernel call it missed leaves NaN); after :data:`MAX_FAILURES` recordings of a step
+  fail that check (or go stale), its driver serves for good;
 - then its runs are timed against the driver's, by turns (:data:`TRIAL_RUNS` each), and the
   faster serves its key (a step of a few small kernels gains nothing: its inputs and outputs
   are copied);
-- it serves only the thread it was made on (its scratch buffers are that thread's), while
-  every parameter is the array it was made with, no value derived from a parameter was made
-  again (``params.generation``) and no library kernel became ready (:data:`VERSION`: it may
-  name the slower path that served until then); a key is the inputs' shapes and the loop
-  threads of the run.
+- it serves while every parameter is the array it was made with, no value derived from a
+  parameter was dropped (``params.generation``: a run that writes it) and no library kernel
+  became ready (:data:`VERSION`: it may name the slower path that served until then); a
+  recording is made only after :data:`AFTER_RUNS` runs of its key with none becoming ready.
 
 ``PDJIT_REPLAY=0`` turns it off.
 """
@@ -43,6 +47,8 @@ from __future__ import annotations
 
 import ast
 import bisect
+import gc
+import hashlib
 import math
 import operator
 import os
@@ -53,13 +59,14 @@ import types as pytypes
 import numpy as np
 from numba.core.dispatcher import Dispatcher
 
-from pdjit.codegen import memplan, params
+from pdjit.codegen import memplan, params, pysource
 from pdjit.codegen.cpu import threads
 from pdjit.codegen.driver import bdim, check
 
 #: replay host drivers (``PDJIT_REPLAY=0``: never)
 ENABLED = os.environ.get("PDJIT_REPLAY", "1") != "0"
-#: host-driver runs of one key (shapes and threads) before its recording is made
+#: host-driver runs of one key (shapes and threads), with no library kernel becoming ready
+#: meanwhile (a process loads its parallel loops one a run), before its recording is made
 AFTER_RUNS = 3
 #: runs of a key before it is recorded again, where its recording was not kept (a parallel
 #: variant not compiled yet, a split on run_parts' helpers, ...)
@@ -67,6 +74,9 @@ RETRY_RUNS = 50
 _NEVER = -(1 << 62)  # (a key's count of host runs that never reaches its recording)
 #: timed runs each of a new recording and of the driver before the faster serves its key
 TRIAL_RUNS = 3
+#: recordings of a step that may fail their check or go stale (its parameters new arrays at
+#: each run) before its driver serves for good
+MAX_FAILURES = 3
 #: the recordings a step keeps (one per key: its inputs' shapes, the loop threads, the
 #: thread), the oldest dropped
 MAX_KEYS = 8
@@ -176,15 +186,22 @@ class _Recorder:
     kernel calls they make (:meth:`leaf`, :meth:`below_leaves`), and :func:`refuse` says why
     the run cannot be replayed."""
 
-    def __init__(self):
+    def __init__(self, params):
         self.ops = []       # (fn, args, kwargs, recorded result or None)
+        self.teams = set()  # the ops that are parallel loops (their threads placed first)
         self.allocs = []    # the arrays np.empty gave the driver
+        self.bytes = 0      # ... their bytes
+        self.params = params  # the parameters (the arrays derived values may come from)
         self.why = None     # why nothing is kept
         self.below = None   # what the entry point being called is ("leaves", ...), if any
 
-    def leaf(self, fn, args) -> None:
-        """A kernel call below an entry point declared ``"leaves"``, just made."""
-        self.ops.append((fn, args, None, None))
+    def leaf(self, fn, args, team: bool = False) -> None:
+        """A kernel call below an entry point declared ``"leaves"``, just made (``team``: a
+        parallel loop's)."""
+        if self.why is None:
+            if team:
+                self.teams.add(len(self.ops))
+            self.ops.append((fn, args, None, None))
 
     def below_leaves(self, fn, args) -> None:
         """``fn(*args)`` below an entry point declared ``"leaves"``, recorded: a kernel as a
@@ -197,18 +214,32 @@ class _Recorder:
                 fn(*args)
             finally:
                 self.below = "leaves"
-        self.ops.append((fn, args, None, None))
+        self.leaf(fn, args)
+
+    def derived_from(self, array) -> None:
+        """A value derived from ``array`` is taken (``params.derived``): kept by the
+        recording, so ``array`` must be a parameter's memory, never the driver's."""
+        if not any(a is array or np.may_share_memory(a, array) for a in self.params) or \
+                any(np.may_share_memory(a, array) for a in self.allocs):
+            refuse("a value derived from an array that is no parameter")
 
     def call(self, f, args, kwargs):
         """``f(*args, **kwargs)``, a call of the driver's lines, recorded by what ``f`` is."""
+        if self.why is not None:  # (nothing kept: the run goes on as the driver's)
+            return f(*args, **kwargs)
         kind = _KINDS.get(id(f))
         if kind is not None and kind[1] is f:
             return self._entry(kind[0], f, args, kwargs)
         if f is np.empty:
             out = f(*args, **kwargs)
             self.allocs.append(out)
+            self.bytes += out.nbytes
+            if self.bytes > 4 * MAX_BYTES:  # (what it keeps until the run ends)
+                refuse(f"its buffers hold more than {4 * MAX_BYTES} bytes")
             return out
         if f in _PURE_CALLS:
+            if any(isinstance(a, np.ndarray) for a in args):
+                refuse("a value read from an array")
             return f(*args, **kwargs)
         owner = getattr(f, "__self__", None)
         if isinstance(owner, np.ndarray) and getattr(f, "__name__", "") in _VIEWS:
@@ -226,6 +257,7 @@ class _Recorder:
                 refuse("a parallel variant not compiled yet")
                 return f(*args, **kwargs)
             out = f(*args, **kwargs)
+            self.teams.add(len(self.ops))
             self._result(f.fn, args[1:], kwargs, out)
             return out
         if (getattr(f, "__module__", None) or "").startswith("pdjit.codegen."):  # an entry
@@ -255,7 +287,8 @@ class _Recorder:
         if out is not None and not isinstance(out, np.ndarray) and not (
                 isinstance(out, tuple) and all(isinstance(o, np.ndarray) for o in out)):
             refuse(f"{getattr(f, '__qualname__', f)!r} returned a {type(out).__name__}")
-        self.ops.append((f, args, kwargs, out))
+        if self.why is None:
+            self.ops.append((f, args, kwargs, out))
 
 
 def _is_kernel(f) -> bool:
@@ -269,8 +302,9 @@ class Recording:
     the ops read only as a whole argument is passed in its place (``uses``: ``(op, position,
     input)``); any other is copied into its buffer (``copies``: ``(input, buffer)``)."""
 
-    def __init__(self, ops, inputs, fixed, at, outputs, made):
+    def __init__(self, ops, teams, inputs, fixed, at, outputs, made):
         self.ops, self.fixed, self.outputs, self.made = ops, fixed, outputs, made
+        self.teams = frozenset(teams)  # the ops that are parallel loops
         self.get = operator.itemgetter(*at) if len(at) > 1 else (
             (lambda v, i=at[0]: (v[i],)) if at else (lambda v: ()))
         self.thread = threading.get_ident()
@@ -295,9 +329,8 @@ class Recording:
             np.copyto(buf, values[i])
         return tuple([np.array(o) for o in self.replay(values)])
 
-    def replay(self, values=None):
-        place = threads.place_team
-        uses = self.uses if values is not None else ()
+    def replay(self, values):
+        place, teams, uses = threads.place_team, self.teams, self.uses
         u, nu = 0, len(uses)
         for k, (fn, args, kwargs, out) in enumerate(self.ops):
             if u < nu and uses[u][0] == k:
@@ -305,7 +338,8 @@ class Recording:
                 while u < nu and uses[u][0] == k:
                     args[uses[u][1]] = values[uses[u][2]]
                     u += 1
-            place()  # (the team kept off this thread's core: see threads.place_team)
+            if k in teams:
+                place()  # (its threads kept off this thread's core, as team.run does)
             got = fn(*args, **kwargs) if kwargs else fn(*args)
             if out is None or got is out:
                 continue
@@ -435,9 +469,12 @@ class HostReplay:
         self.compiled, self.params = compiled, frozenset(params)
         self.off = None if ENABLED else "PDJIT_REPLAY=0"
         self.why = None  # why the last recording was not kept
-        self._capture = None
+        self._capture = self._capture_of = None  # (the rewritten driver, of which function)
         self._inputs = None          # the indices of the arguments that are not parameters
-        self._runs: dict = {}        # key -> host runs so far
+        self._runs: dict = {}        # key -> host runs since the library's state changed
+        self._state = None           # the library's state (_state) at the last run
+        self._lock = threading.Lock()  # (recordings and counts changed by one thread at once)
+        self._failures = 0           # recordings that failed their check, or went stale
         self.recordings: dict = {}   # key -> Recording
         self.replays = 0             # runs served by a recording
 
@@ -454,21 +491,40 @@ class HostReplay:
                 if rec.trial is None:
                     return self.compiled.fn(*values) if rec.lost else self._replay(rec, values)
                 return self._trial(rec, values)
-            del self.recordings[key]
-            self._runs[key] = 0
+            # a parameter given a new array, a value derived from one made again, a kernel
+            # ready: every recording is as stale (and holds what it named)
+            with self._lock:
+                self.recordings.clear()
+            self._failed("its parameters are new arrays at most runs")
+        state = _state()
+        if state != self._state:  # (kernels still becoming ready: a recording would not last)
+            with self._lock:
+                self._state = state
+                self._runs = {k: min(n, 0) for k, n in list(self._runs.items())[-64:]}
         runs = self._runs.get(key, 0) + 1
-        if runs <= AFTER_RUNS or len(self._runs) > 64:
+        if runs <= AFTER_RUNS:
+            if len(self._runs) > 256:  # (keys of shapes seen once, of threads long gone)
+                with self._lock:
+                    self._runs = {}
             self._runs[key] = runs
             return self.compiled.fn(*values)
         self._runs[key] = 0
         return self._record(key, values)
+
+    def _failed(self, why: str) -> None:
+        """A recording failed its check or went stale; after :data:`MAX_FAILURES` the step's
+        driver serves for good (``why``)."""
+        self._failures += 1
+        if self._failures >= MAX_FAILURES:
+            self.off = why
 
     def _replay(self, rec, values):
         try:
             out = rec.run(values)
         except Exception as e:  # noqa: BLE001 - the driver says what is wrong
             self.off = f"its replay raised {type(e).__name__}: {e}"
-            self.recordings.clear()
+            with self._lock:
+                self.recordings.clear()
             return self.compiled.fn(*values)
         self.replays += 1
         return out
@@ -492,10 +548,11 @@ class HostReplay:
         thread (slices of a batch run on threads of their own at once: each its recording;
         None: an input that is not an array, a random op's key)."""
         inputs = self._inputs
-        if inputs is None or inputs[-1:] and inputs[-1] >= len(values):
-            inputs = self._inputs = [i for i in range(len(values)) if i not in self.params]
+        if inputs is None or inputs[0] != len(values):
+            inputs = self._inputs = [len(values)] + [
+                i for i in range(len(values)) if i not in self.params]
         shapes = []
-        for i in inputs:
+        for i in inputs[1:]:
             v = values[i]
             if type(v) is not np.ndarray:
                 return None
@@ -506,13 +563,14 @@ class HostReplay:
         fn = self._capture_fn()
         if fn is None:
             return self.compiled.fn(*values)
-        inputs = [(i, np.array(values[i], order="C")) for i in self._inputs]
+        inputs = [(i, np.array(values[i], order="C")) for i in self._inputs[1:]]
         at = [i for i in range(len(values)) if i in self.params]
+        fixed = [values[i] for i in at]
         args = list(values)
         for i, buf in inputs:
             args[i] = buf
         made = _state()
-        rec = _Recorder()
+        rec = _Recorder(fixed)
         _local.rec = rec
         try:
             outs = fn(*args)
@@ -524,17 +582,17 @@ class HostReplay:
             why = "its results are not a tuple of arrays"
         expected = tuple(np.array(o) for o in outs) if isinstance(outs, tuple) else outs
         if why is None:
-            why = self._verify(rec, inputs, [values[i] for i in at], at, outs, expected, made,
-                               key)
+            why = self._verify(rec, values, inputs, fixed, at, outs, expected, made, key)
         if why is not None:
             self.why = why
-            if self._runs[key] == 0:  # (not for good: recorded again after as many runs)
+            if self._runs.get(key) == 0:  # (not for good: recorded again after as many runs)
                 self._runs[key] = -RETRY_RUNS
         return expected
 
-    def _verify(self, rec, inputs, fixed, at, outs, expected, made, key):
-        """Replay ``rec`` once on its own inputs with its buffers poisoned, and keep it where
-        it gives the driver's outputs ``expected`` bit for bit (None; else why not)."""
+    def _verify(self, rec, values, inputs, fixed, at, outs, expected, made, key):
+        """Replay ``rec`` on the run's ``values`` with its buffers and the results it copies
+        into poisoned, and keep it where it gives the driver's outputs ``expected`` bit for
+        bit (None; else why not)."""
         try:
             ops, outs, arena = _planned(rec.ops, outs, rec.allocs)
         except TypeError as e:
@@ -545,41 +603,74 @@ class HostReplay:
             self._runs[key] = _NEVER
             return f"its buffers would hold {own} bytes"
         arena.fill(0xFF)  # (NaN in every float, -1 in every int)
-        r = Recording(ops, inputs, fixed, at, outs, made)
-        got = r.replay()
+        theirs = [b for _, b in inputs] + fixed
+        for _, _, _, out in ops:  # (what a call returned, unless it is an input's memory)
+            for o in _results(out):
+                if o.flags.writeable and not any(np.may_share_memory(o, b) for b in theirs):
+                    o.view(np.uint8).fill(0xFF)
+        r = Recording(ops, rec.teams, inputs, fixed, at, outs, made)
+        got = r.run(values)
         if not all(g.dtype == e.dtype and g.shape == e.shape and g.tobytes() == e.tobytes()
                    for g, e in zip(got, expected)):
-            self.off = "its replay differed from the driver's run"
-            return self.off
+            self._failed("its replay differed from the driver's run")
+            return "its replay differed from the driver's run"
         if made != _state():
             return "a kernel became ready while it was recorded"
-        if len(self.recordings) >= MAX_KEYS:
-            self.recordings.pop(next(iter(self.recordings)))
-        self.recordings[key] = r
+        with self._lock:
+            while len(self.recordings) >= MAX_KEYS:
+                self.recordings.pop(next(iter(self.recordings)), None)
+            self.recordings[key] = r
         return None
 
     def _capture_fn(self):
         """The driver's function with every call made through the recorder (None: its source
-        is not one the recorder knows; :attr:`off` says why)."""
-        if self._capture is not None:
+        is not one the recorder knows; :attr:`off` says why). Its code is kept on disk by the
+        source (``pysource.compile_rewritten``: ResNet-50's driver takes ~50 ms to rewrite)."""
+        fn = self.compiled.fn
+        if self._capture is not None and self._capture_of is fn:
             return self._capture
         source = getattr(self.compiled, "source", None)
-        fn = self.compiled.fn
         if source is None or not isinstance(fn, pytypes.FunctionType):
             self.off = "no driver source"
             return None
-        tree = ast.parse(source)
-        why = _source_why(tree)
-        if why is not None:
-            self.off = f"its source has {why}"
+        collecting = gc.isenabled()
+        gc.disable()  # (a large source's syntax tree: collections would double the time)
+        try:
+            code = pysource.compile_rewritten(source, f"<pdjit replay {_tag()}>", _rewritten)
+        finally:
+            if collecting:
+                gc.enable()
+        if isinstance(code, str):
+            self.off = f"its source has {code}"
             return None
-        tree = ast.fix_missing_locations(_Calls().visit(tree))
         ns = dict(fn.__globals__)
         ns.update(_rp_call=_call, _rp_item=_item, _rp_slice=slice)
-        name = tree.body[0].name
-        exec(compile(tree, f"<pdjit replay {name}>", "exec"), ns)  # noqa: S102
-        self._capture = ns[name]
+        exec(code, ns)  # noqa: S102
+        self._capture = ns[code.co_names[0]]  # (its one statement defines the function)
+        self._capture_of = fn
         return self._capture
+
+
+def _rewritten(source: str):
+    """The code of ``source`` (one function) with every call made through the recorder, or
+    why its source is not one the recorder knows."""
+    tree = ast.parse(source)
+    why = _source_why(tree)
+    if why is not None:
+        return why
+    tree = ast.fix_missing_locations(_Calls().visit(tree))
+    return compile(tree, f"<pdjit replay {tree.body[0].name}>", "exec")
+
+
+_TAG: list = []
+
+
+def _tag() -> str:
+    """This module's version (its text's hash): what a kept rewritten code depends on."""
+    if not _TAG:
+        with open(__file__, "rb") as f:
+            _TAG.append(hashlib.sha256(f.read()).hexdigest()[:16])
+    return _TAG[0]
 
 
 def _call(f, *args, **kwargs):
@@ -591,5 +682,23 @@ def _on_helpers() -> None:
         refuse("a split on run_parts' helpers")
 
 
+def _on_derived(array) -> None:
+    rec = getattr(_local, "rec", None)
+    if rec is not None and rec.why is None:
+        rec.derived_from(array)
+
+
+def kernel_call(fn, *args) -> None:
+    """``fn(*args)`` (a kernel, or a Python function calling kernels) below an entry point
+    declared ``"leaves"``: recorded where a driver is being recorded (each direct kernel call
+    there must come this way, else a recording misses it)."""
+    rec = recording()
+    if rec is None:
+        fn(*args)
+    else:
+        rec.below_leaves(fn, args)
+
+
 declare("pure", bdim, check, memplan.numel)
 threads.on_helpers[0] = _on_helpers
+params.on_derived[0] = _on_derived

@@ -1029,12 +1029,7 @@ def split_work(fn, n, work, *args, head=2):
                         return
                 elif split_channels(fn, threads, work, args):
                     return
-    call = (*args[:head], 0, n, *args[head:])
-    rec = replay.recording()
-    if rec is None:
-        fn(*call)
-    else:
-        rec.below_leaves(fn, call)
+    replay.kernel_call(fn, *args[:head], 0, n, *args[head:])
 
 
 replay.declare("leaves", split_work)

@@ -718,7 +718,8 @@ def _split_batch(parts, x, w, trans, bp, out, r, bias, res, lo, hi) -> bool:
     if out.shape[0] != rows or rows < max(2 * MR, PACKED_MIN_ROWS) or bp.size == 0:
         return False
     if not _split_rows(x, bp, out, bias, res, lo, hi, min(parts, -(-rows // MR))):
-        _weight_rows(x, w, trans, bp, 0, rows // r, out, r, bias, res, lo, hi)
+        replay.kernel_call(_weight_rows, x, w, trans, bp, 0, rows // r, out, r, bias, res, lo,
+                           hi)
     return True
 
 

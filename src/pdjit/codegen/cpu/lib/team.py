@@ -128,7 +128,7 @@ def run(loop, call) -> bool:
     loop(*call)
     rec = replay.recording()
     if rec is not None:
-        rec.leaf(loop, call)
+        rec.leaf(loop, call, team=True)
     return True
 
 
