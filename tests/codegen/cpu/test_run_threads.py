@@ -5,6 +5,7 @@ same results as a run on every thread. Checked with ``free_cores`` forced, never
 import numba
 import numpy as np
 import pytest
+from conv_oracle import conv_ref
 
 import pdjit as fluid
 from pdjit.codegen.cpu import threads
@@ -336,23 +337,6 @@ def test_a_background_warmup_this_process_started_is_no_busy_core(monkeypatch):
     assert abs(mine2 - mine1) < 0.2      # reaped: counted once, in os.times' children
 
 
-def _conv_ref(x, w, b, stride, pad, groups):
-    """NumPy oracle: a grouped 2-D convolution (NCHW, symmetric padding) plus a bias."""
-    n, c, h, wd = x.shape
-    m, cg, kh, kw = w.shape
-    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
-    oh, ow = (h + 2 * pad - kh) // stride + 1, (wd + 2 * pad - kw) // stride + 1
-    y = np.zeros((n, m, oh, ow))
-    mg = m // groups
-    for o in range(m):
-        g = o // mg
-        for i in range(kh):
-            for j in range(kw):
-                win = xp[:, g * cg:(g + 1) * cg, i:i + stride * oh:stride, j:j + stride * ow:stride]
-                y[:, o] += np.einsum("nchw,c->nhw", win, w[o, :, i, j])
-    return y + b[None, :, None, None]
-
-
 def _conv_params(main, scope, residual):
     """The filter of each convolution of ``main`` and the bias each adds (an elementwise_add's
     Y other than the variable ``residual``, which a residual connection adds; None: none), as
@@ -432,12 +416,12 @@ def test_one_sample_convolutions_split_by_output_channels(two_asked, monkeypatch
             blas_same(u, v)
     outs[2] = outs["team"]
     w, bias = _conv_params(main, scope, a)
-    ya = np.maximum(_conv_ref(feed["x"], w[0], bias[0], 1, 0, 1), 0)
-    yb = _conv_ref(ya, w[1], bias[1], 1, 1, 1)
+    ya = np.maximum(conv_ref(feed["x"], w[0], bias[0], 1, 0, 1), 0)
+    yb = conv_ref(ya, w[1], bias[1], 1, 1, 1)
     yr = np.maximum(yb + ya, 0)
-    yd = np.clip(_conv_ref(yr, w[2], bias[2], 1, 1, 64), 0, 6)
-    yg = _conv_ref(yd, w[3], bias[3], 2, 1, 4)
-    yt = np.maximum(_conv_ref(yr, w[4], bias[4], 2, 1, 1), 0)
+    yd = np.clip(conv_ref(yr, w[2], bias[2], 1, 1, 64), 0, 6)
+    yg = conv_ref(yd, w[3], bias[3], 2, 1, 4)
+    yt = np.maximum(conv_ref(yr, w[4], bias[4], 2, 1, 1), 0)
     for got, want in zip(outs[2], (ya, yr, yd, yg, yt)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
@@ -472,7 +456,7 @@ def test_one_sample_convolution_before_an_epilogue_of_its_own_splits_too(two_ask
     assert split == {"two": [2], "one": []}
     np.testing.assert_array_equal(outs["two"], outs["one"])
     w, bias = _conv_params(main, scope, None)
-    v = _conv_ref(feed["x"], w[0], bias[0], 2, 1, 1)
+    v = conv_ref(feed["x"], w[0], bias[0], 2, 1, 1)
     np.testing.assert_allclose(outs["one"], v * np.clip(v + 3, 0, 6) / 6, rtol=1e-4, atol=1e-4)
 
 
@@ -522,8 +506,8 @@ def test_one_sample_1x1_convolutions_split_by_output_positions(two_asked, monkey
     outs, split, scope = _by_pixels_runs(free, monkeypatch, main, startup, feed, [a, r])
     assert split == {"team": [[0, 48, 96], [0, 48, 96]], "one": []}
     w, bias = _conv_params(main, scope, a)
-    ya = np.clip(_conv_ref(feed["x"], w[0], bias[0], 1, 0, 1), 0, 6)
-    yr = np.maximum(_conv_ref(ya, w[1], bias[1], 1, 0, 1) + ya, 0)
+    ya = np.clip(conv_ref(feed["x"], w[0], bias[0], 1, 0, 1), 0, 6)
+    yr = np.maximum(conv_ref(ya, w[1], bias[1], 1, 0, 1) + ya, 0)
     for got, want in zip(outs, (ya, yr)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
@@ -547,9 +531,9 @@ def test_one_sample_convolutions_of_prepared_planes_split_by_output_positions(tw
     outs, split, scope = _by_pixels_runs(free, monkeypatch, main, startup, feed, [s, f, t])
     assert split == {"team": [[0, 128, 256], [0, 128, 256]], "one": []}
     w, bias = _conv_params(main, scope, None)
-    ys = np.clip(_conv_ref(feed["x"], w[0], bias[0], 2, 1, 1), 0, 6)
-    yf = np.maximum(_conv_ref(ys, w[1], bias[1], 1, 2, 1), 0)
-    yt = _conv_ref(yf, w[2], bias[2], 4, 1, 1)
+    ys = np.clip(conv_ref(feed["x"], w[0], bias[0], 2, 1, 1), 0, 6)
+    yf = np.maximum(conv_ref(ys, w[1], bias[1], 1, 2, 1), 0)
+    yt = conv_ref(yf, w[2], bias[2], 4, 1, 1)
     for got, want in zip(outs, (ys, yf, yt)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
@@ -613,8 +597,8 @@ def test_pointwise_convolutions_split_by_channels_and_samples(two_asked, monkeyp
             for u, v in zip(outs[run], outs["one"]):
                 assert np.array_equal(u, v)
         outs[2] = outs["team"]
-        ya = np.clip(_conv_ref(feed["x"], w[0], bias[0], 1, 0, 1) + feed["r"], 0, 6)
-        yb = np.maximum(_conv_ref(feed["s"], w[1], bias[1], 1, 0, 1), 0)
+        ya = np.clip(conv_ref(feed["x"], w[0], bias[0], 1, 0, 1) + feed["r"], 0, 6)
+        yb = np.maximum(conv_ref(feed["s"], w[1], bias[1], 1, 0, 1), 0)
         for got, want in zip(outs[2], (ya, yb)):
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     report = exe.explain(main, feed=feed, fetch_list=[a, b])
