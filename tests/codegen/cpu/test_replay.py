@@ -416,3 +416,26 @@ def test_the_arrays_of_an_argument():
     assert len(got) == 2 and got[0] is a and got[1] is b
     with pytest.raises(TypeError, match="an argument of type object"):
         list(replay._arrays((a, object())))  # (it might hold arrays the recording misses)
+
+
+def test_a_numpy_function_of_the_driver_is_made_again():
+    """A NumPy function in the driver's lines (a concat's ``np.concatenate``, a constant's
+    ``np.array``) is called again at each replay, its new result copied into the recorded
+    one."""
+    src = """def segment(a0, a1):
+    s1 = np.empty(a0.shape, np.float32)
+    _double(a0, s1)
+    c = np.array(a1.shape[0], np.float32)
+    s2 = np.concatenate((s1, a0))
+    s3 = np.empty(s2.shape, np.float32)
+    _double(s2, s3)
+    return (s3, c)
+"""
+    rp = replay.HostReplay(_Driver(src), params=[1])
+    w = np.ones(3, np.float32)
+    for i in range(7):
+        x = np.full((2, 2), i, np.float32)
+        s3, c = rp.call([x, w])
+        np.testing.assert_array_equal(s3, 2 * np.concatenate((2 * x, x)))
+        assert c == 3
+    assert rp.replays == 7 - replay.AFTER_RUNS - 1

@@ -24,7 +24,8 @@ What a recording holds is checked, never assumed:
   ``lib.team.run``, :func:`kernel_call`), ``"derived"`` (a value derived from parameters:
   kept; any value ``params.derived`` gives during the run must come from a parameter's
   memory) or ``"pure"`` (a value of shapes and thread counts), another entry point of the
-  library (called again at each replay, what it returns copied into what it returned then),
+  library or a NumPy function (a concat's ``np.concatenate``; called again at each replay,
+  what it returns copied into what it returned then),
   ``np.empty``, views, the shape arithmetic; anything else (a kernel returning a scalar, a
   value read from an array, a ``reshape`` that copies, a split on ``run_parts``' helpers, a
   parallel variant not compiled yet, an argument of an unknown kind) leaves the driver's run
@@ -260,7 +261,9 @@ class _Recorder:
             self.teams.add(len(self.ops))
             self._result(f.fn, args[1:], kwargs, out)
             return out
-        if (getattr(f, "__module__", None) or "").startswith("pdjit.codegen."):  # an entry
+        module = getattr(f, "__module__", None) or ""
+        if module.startswith("pdjit.codegen.") or module == "numpy":  # an entry point, or
+            # a NumPy function (a concat's np.concatenate): made again at each replay
             self.below = "call"
             try:
                 out = f(*args, **kwargs)
@@ -369,7 +372,7 @@ def _uses(ops, outputs, buf):
     return found
 
 
-_SCALARS = (bool, int, float, complex, str, bytes, np.generic, np.dtype, type(None))
+_SCALARS = (bool, int, float, complex, str, bytes, np.generic, np.dtype, type, type(None))
 
 
 def _arrays(x):
@@ -387,6 +390,13 @@ def _arrays(x):
     elif not isinstance(x, _SCALARS) and not _is_kernel(x) and \
             not isinstance(x, pytypes.FunctionType) and not getattr(x, "takes_serial", False):
         raise TypeError(f"an argument of type {type(x).__name__}")
+
+
+def _poison(a) -> None:
+    """``a`` filled with what no kernel's result is likely to be (NaN, a dtype's largest)."""
+    k = a.dtype.kind
+    a.fill(np.nan if k in "fc" else True if k == "b" else np.iinfo(a.dtype).max if k in "iu"
+           else 0)
 
 
 def _results(out) -> tuple:
@@ -607,7 +617,7 @@ class HostReplay:
         for _, _, _, out in ops:  # (what a call returned, unless it is an input's memory)
             for o in _results(out):
                 if o.flags.writeable and not any(np.may_share_memory(o, b) for b in theirs):
-                    o.view(np.uint8).fill(0xFF)
+                    _poison(o)
         r = Recording(ops, rec.teams, inputs, fixed, at, outs, made)
         got = r.run(values)
         if not all(g.dtype == e.dtype and g.shape == e.shape and g.tobytes() == e.tobytes()
