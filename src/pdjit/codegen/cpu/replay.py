@@ -17,19 +17,20 @@ thread: slices of a batch (``tiers.HostSlices``) replay each on its own thread.
 
 What a recording holds is checked, never assumed:
 - a driver is recorded only if its source is made of the statements drivers are made of
-  (assignments to names, calls, ``del``, ``if``, ``raise``, ``return``), and a recording is
-  kept only if every call its run made is one the recorder knows: a kernel (a Numba
-  dispatcher, a parallel variant), an entry point of the library declared (:func:`declare`)
-  ``"leaves"`` (its effect is the kernel calls below it, each made through a hook:
-  ``lib.team.run``, :func:`kernel_call`), ``"derived"`` (a value derived from parameters:
-  kept; any value ``params.derived`` gives during the run must come from a parameter's
-  memory) or ``"pure"`` (a value of shapes and thread counts), another entry point of the
-  library or a NumPy function (a concat's ``np.concatenate``; called again at each replay,
-  what it returns copied into what it returned then),
-  ``np.empty``, views, the shape arithmetic; anything else (a kernel returning a scalar, a
-  value read from an array, a ``reshape`` that copies, a split on ``run_parts``' helpers, a
-  parallel variant not compiled yet, an argument of an unknown kind) leaves the driver's run
-  as it was and keeps nothing, and the key is recorded again after :data:`RETRY_RUNS` runs;
+  (assignments to names, ``v[i] = x`` (made again at each replay), ``t += n`` on numbers,
+  calls, ``del``, ``if``, ``raise``, ``return``), and a recording is kept only if every call
+  its run made is one the recorder knows: a kernel (a Numba dispatcher, a parallel variant), an
+  entry point of the library declared (:func:`declare`) ``"leaves"`` (its effect is the kernel
+  calls below it, each made through a hook: ``lib.team.run``, :func:`kernel_call`),
+  ``"derived"`` (a value derived from parameters: kept; any value ``params.derived`` gives
+  during the run must come from a parameter's memory) or ``"pure"`` (a value of shapes and
+  thread counts), another entry point of the library, a NumPy function (a concat's
+  ``np.concatenate``) or an array's ``copy`` (called again at each replay, what it returns
+  copied into what it returned then), ``np.empty``, views, the shape arithmetic; anything else
+  (a kernel returning a scalar, a value read from an array, a ``reshape`` that copies, a split
+  on ``run_parts``' helpers, a parallel variant not compiled yet, an argument of an unknown
+  kind) leaves the driver's run as it was and keeps nothing, and the key is recorded again
+  after :data:`RETRY_RUNS` runs;
 - a recording is replayed once on the run's inputs, its arena and the arrays it copies
   results into filled with NaN first, and kept only if it gives the driver's outputs bit for
   bit (a kernel call it missed leaves NaN); after :data:`MAX_FAILURES` recordings of a step
@@ -118,7 +119,8 @@ def refuse(why: str) -> None:
 
 
 # ---- which drivers: their source ------------------------------------------------------------
-_STATEMENTS = (ast.Assign, ast.Expr, ast.Delete, ast.If, ast.Raise, ast.Return, ast.Pass)
+_STATEMENTS = (ast.Assign, ast.AugAssign, ast.Expr, ast.Delete, ast.If, ast.Raise, ast.Return,
+               ast.Pass)
 
 
 def _source_why(tree) -> str | None:
@@ -132,7 +134,10 @@ def _source_why(tree) -> str | None:
             return f"a {type(node).__name__} statement"
         if isinstance(node, ast.Assign) and not all(
                 isinstance(t, ast.Name) or isinstance(t, ast.Tuple) and
-                all(isinstance(e, ast.Name) for e in t.elts) for t in node.targets):
+                all(isinstance(e, ast.Name) for e in t.elts) for t in node.targets) and not (
+                len(node.targets) == 1 and isinstance(node.targets[0], ast.Subscript)):
+            return "an assignment into a value"
+        if isinstance(node, ast.AugAssign) and not isinstance(node.target, ast.Name):
             return "an assignment into a value"
         if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp,
                              ast.GeneratorExp, ast.NamedExpr, ast.Await, ast.Yield)):
@@ -156,6 +161,26 @@ class _Calls(ast.NodeTransformer):
                                           args=[node.value, _index(node.slice)],
                                           keywords=[]), node)
 
+    def visit_Assign(self, node):  # noqa: N802 - ast's name
+        t = node.targets[0]
+        if not isinstance(t, ast.Subscript):
+            self.generic_visit(node)
+            return node
+        # ``v[i] = x``: ``_rp_setitem(v, i, x)``, a call made again at each replay
+        args = [self.visit(t.value), _index(self.visit(t.slice)), self.visit(node.value)]
+        return ast.copy_location(ast.Expr(ast.Call(func=ast.Name("_rp_setitem", ast.Load()),
+                                                   args=args, keywords=[])), node)
+
+    def visit_AugAssign(self, node):  # noqa: N802 - ast's name
+        # ``t += x``: ``t = _rp_aug("Add", t, x)`` (``operator.iadd``: in place where ``t``
+        # is an array, which is refused)
+        self.generic_visit(node)
+        value = ast.Call(func=ast.Name("_rp_aug", ast.Load()),
+                         args=[ast.Constant(type(node.op).__name__),
+                               ast.Name(node.target.id, ast.Load()), node.value], keywords=[])
+        return ast.copy_location(ast.Assign(targets=[ast.Name(node.target.id, ast.Store())],
+                                            value=value), node)
+
 
 def _index(s):
     """A subscript's index as an expression (a slice as ``slice(...)``)."""
@@ -168,6 +193,31 @@ def _index(s):
     return s
 
 
+_IN_PLACE = {"Add": operator.iadd, "Sub": operator.isub, "Mult": operator.imul,
+             "FloorDiv": operator.ifloordiv, "Mod": operator.imod, "Div": operator.itruediv,
+             "BitOr": operator.ior, "BitAnd": operator.iand, "LShift": operator.ilshift,
+             "RShift": operator.irshift, "Pow": operator.ipow, "BitXor": operator.ixor,
+             "MatMult": operator.imatmul}
+
+
+def _aug(op, t, x):
+    """``t op= x`` as the driver computes it; an array changed in place is refused."""
+    if isinstance(t, np.ndarray) or isinstance(x, np.ndarray):
+        refuse("an array changed in place")
+    return _IN_PLACE[op](t, x)
+
+
+def _setitem(v, i, x) -> None:
+    """``v[i] = x`` (a value written into an array: a shape's dims, a constant), recorded as a
+    call made again at each replay."""
+    v[i] = x
+    rec = _local.rec
+    if not isinstance(v, np.ndarray):
+        refuse(f"an assignment into a {type(v).__name__}")
+    elif rec.why is None:
+        rec.ops.append((operator.setitem, (v, i, x), None, None))
+
+
 def _item(v, i):
     out = v[i]
     if isinstance(v, np.ndarray) and not (isinstance(out, np.ndarray) and (
@@ -178,6 +228,7 @@ def _item(v, i):
 
 # ---- recording ------------------------------------------------------------------------------
 _VIEWS = frozenset(("reshape", "transpose", "view", "ravel"))
+_COPIES = frozenset(("copy", "astype"))  # (array methods that return a new array)
 _PURE_CALLS = (math.prod, min, max, int, len, abs, ValueError)
 
 
@@ -238,7 +289,8 @@ class _Recorder:
             if self.bytes > 4 * MAX_BYTES:  # (what it keeps until the run ends)
                 refuse(f"its buffers hold more than {4 * MAX_BYTES} bytes")
             return out
-        if f in _PURE_CALLS:
+        if f in _PURE_CALLS or isinstance(f, type) and issubclass(f, np.generic):
+            # (shape arithmetic, a constant of a NumPy type)
             if any(isinstance(a, np.ndarray) for a in args):
                 refuse("a value read from an array")
             return f(*args, **kwargs)
@@ -248,6 +300,11 @@ class _Recorder:
             if not (isinstance(out, np.ndarray) and
                     (out.size == 0 or np.may_share_memory(out, owner))):
                 refuse(f"{f.__name__} made a copy")
+            return out
+        if isinstance(owner, np.ndarray) and getattr(f, "__name__", "") in _COPIES:
+            # (made again at each replay, on the array as the recording moves it)
+            out = f(*args, **kwargs)
+            self._result(getattr(np.ndarray, f.__name__), (owner, *args), kwargs, out)
             return out
         if _is_kernel(f):
             out = f(*args, **kwargs)
@@ -372,7 +429,8 @@ def _uses(ops, outputs, buf):
     return found
 
 
-_SCALARS = (bool, int, float, complex, str, bytes, np.generic, np.dtype, type, type(None))
+_SCALARS = (bool, int, float, complex, str, bytes, np.generic, np.dtype, type, slice,
+            type(Ellipsis), type(None))
 
 
 def _arrays(x):
@@ -654,7 +712,8 @@ class HostReplay:
             self.off = f"its source has {code}"
             return None
         ns = dict(fn.__globals__)
-        ns.update(_rp_call=_call, _rp_item=_item, _rp_slice=slice)
+        ns.update(_rp_call=_call, _rp_item=_item, _rp_slice=slice, _rp_setitem=_setitem,
+                  _rp_aug=_aug)
         exec(code, ns)  # noqa: S102
         self._capture = ns[code.co_names[0]]  # (its one statement defines the function)
         self._capture_of = fn
