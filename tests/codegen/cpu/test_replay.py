@@ -474,3 +474,11 @@ def test_shape_values_written_into_arrays_and_counters_are_replayed():
         x = np.full((2, 3), i, np.float32)
         np.testing.assert_array_equal(rp.call([x, w])[1], 3 * x)
     assert rp.replays == 0 and rp.why == "an array changed in place"
+
+
+def test_arithmetic_on_an_array_is_refused():
+    """``a0 * 2`` in the driver's lines would be computed once, at the recording."""
+    src = _SOURCE.format(call="_double").replace(
+        "    return (s2, a1)", "    s3 = a0 * 2\n    return (s3.reshape((s3.size, )), a1)")
+    rp, _ = _serve(_Driver(src), runs=5)
+    assert rp.replays == 0 and rp.why == "arithmetic on an array"

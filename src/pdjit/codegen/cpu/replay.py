@@ -147,7 +147,9 @@ def _source_why(tree) -> str | None:
 
 class _Calls(ast.NodeTransformer):
     """Every call ``f(args)`` of the driver as ``_rp_call(f, args)``, every subscript ``v[i]``
-    as ``_rp_item(v, i)``."""
+    as ``_rp_item(v, i)``, every operand of arithmetic and comparisons through
+    ``_rp_number``, ``v[i] = x`` as ``_rp_setitem(v, i, x)``, ``t += n`` as
+    ``t = _rp_aug("Add", t, n)``."""
 
     def visit_Call(self, node):  # noqa: N802 - ast's name
         self.generic_visit(node)
@@ -160,6 +162,22 @@ class _Calls(ast.NodeTransformer):
         return ast.copy_location(ast.Call(func=ast.Name("_rp_item", ast.Load()),
                                           args=[node.value, _index(node.slice)],
                                           keywords=[]), node)
+
+    def visit_BinOp(self, node):  # noqa: N802 - ast's name
+        self.generic_visit(node)
+        node.left, node.right = _number(node.left), _number(node.right)
+        return node
+
+    def visit_UnaryOp(self, node):  # noqa: N802 - ast's name
+        self.generic_visit(node)
+        node.operand = _number(node.operand)
+        return node
+
+    def visit_Compare(self, node):  # noqa: N802 - ast's name
+        self.generic_visit(node)
+        node.left = _number(node.left)
+        node.comparators = [_number(c) for c in node.comparators]
+        return node
 
     def visit_Assign(self, node):  # noqa: N802 - ast's name
         t = node.targets[0]
@@ -180,6 +198,12 @@ class _Calls(ast.NodeTransformer):
                                ast.Name(node.target.id, ast.Load()), node.value], keywords=[])
         return ast.copy_location(ast.Assign(targets=[ast.Name(node.target.id, ast.Store())],
                                             value=value), node)
+
+
+def _number(e):
+    """``e`` as ``_rp_number(e)``: arithmetic and comparisons of the driver's lines are on
+    numbers (shapes), an array there (a value computed once) is refused."""
+    return ast.Call(func=ast.Name("_rp_number", ast.Load()), args=[e], keywords=[])
 
 
 def _index(s):
@@ -216,6 +240,12 @@ def _setitem(v, i, x) -> None:
         refuse(f"an assignment into a {type(v).__name__}")
     elif rec.why is None:
         rec.ops.append((operator.setitem, (v, i, x), None, None))
+
+
+def _num(x):
+    if isinstance(x, np.ndarray):
+        refuse("arithmetic on an array")
+    return x
 
 
 def _item(v, i):
@@ -713,7 +743,7 @@ class HostReplay:
             return None
         ns = dict(fn.__globals__)
         ns.update(_rp_call=_call, _rp_item=_item, _rp_slice=slice, _rp_setitem=_setitem,
-                  _rp_aug=_aug)
+                  _rp_aug=_aug, _rp_number=_num)
         exec(code, ns)  # noqa: S102
         self._capture = ns[code.co_names[0]]  # (its one statement defines the function)
         self._capture_of = fn
