@@ -473,7 +473,7 @@ def test_shape_values_written_into_arrays_and_counters_are_replayed():
     for i in range(5):
         x = np.full((2, 3), i, np.float32)
         np.testing.assert_array_equal(rp.call([x, w])[1], 3 * x)
-    assert rp.replays == 0 and rp.why == "an array changed in place"
+    assert rp.replays == 0 and rp.why == "a value changed in place"
 
 
 def test_arithmetic_on_an_array_is_refused():
@@ -481,4 +481,31 @@ def test_arithmetic_on_an_array_is_refused():
     src = _SOURCE.format(call="_double").replace(
         "    return (s2, a1)", "    s3 = a0 * 2\n    return (s3.reshape((s3.size, )), a1)")
     rp, _ = _serve(_Driver(src), runs=5)
-    assert rp.replays == 0 and rp.why == "arithmetic on an array"
+    assert rp.replays == 0 and rp.why == "arithmetic on an array, or its truth"
+
+
+@pytest.mark.parametrize("lines, why", [
+    ("    p = [a0]\n    p += [a0]\n", "a value changed in place"),  # (a list calls may hold)
+    ("    t = s1[0:1, 0:1] and a1\n", "arithmetic on an array, or its truth"),  # (a branch)
+    ("    t = a1 if s1[0:1, 0:1] else s1\n", "arithmetic on an array, or its truth"),
+    ("    a0[0, 0] = 1.0\n", "a value written into an input or a parameter"),
+])
+def test_what_a_recording_would_freeze_or_miss_is_refused(lines, why):
+    src = _SOURCE.format(call="_double").replace("    s2 =", lines + "    s2 =")
+    drv = _Driver(src)
+    rp = replay.HostReplay(drv, params=[1])
+    w = np.ones(3, np.float32)
+    for i in range(5):
+        x = np.full((2, 2), i, np.float32)
+        want = drv.fn(x.copy(), w)[0]
+        np.testing.assert_array_equal(rp.call([x, w])[0], want)
+    assert rp.replays == 0 and rp.why == why
+
+
+def test_an_identity_test_and_a_deleted_name_are_no_values():
+    src = _SOURCE.format(call="_double").replace(
+        "    s2 =", "    t = a1 is not None\n    u = t\n    del u\n    s2 =")
+    rp, _ = _serve(_Driver(src))
+    assert rp.why is None and rp.replays == 6 - replay.AFTER_RUNS - 1
+    deleting = _SOURCE.format(call="_double").replace("    s2 =", "    del s1[0]\n    s2 =")
+    assert replay._source_why(replay.ast.parse(deleting)) == "an assignment into a value"

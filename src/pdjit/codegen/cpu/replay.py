@@ -24,7 +24,7 @@ What a recording holds is checked, never assumed:
   calls below it, each made through a hook: ``lib.team.run``, :func:`kernel_call`),
   ``"derived"`` (a value derived from parameters: kept; any value ``params.derived`` gives
   during the run must come from a parameter's memory) or ``"pure"`` (a value of shapes and
-  thread counts), another entry point of the library, a NumPy function (a concat's
+  thread counts), another entry point of the library, a NumPy function returning arrays (a concat's
   ``np.concatenate``) or an array's ``copy`` (called again at each replay, what it returns
   copied into what it returned then), ``np.empty``, views, the shape arithmetic; anything else
   (a kernel returning a scalar, a value read from an array, a ``reshape`` that copies, a split
@@ -137,7 +137,9 @@ def _source_why(tree) -> str | None:
                 all(isinstance(e, ast.Name) for e in t.elts) for t in node.targets) and not (
                 len(node.targets) == 1 and isinstance(node.targets[0], ast.Subscript)):
             return "an assignment into a value"
-        if isinstance(node, ast.AugAssign) and not isinstance(node.target, ast.Name):
+        if isinstance(node, ast.AugAssign) and not isinstance(node.target, ast.Name) or \
+                isinstance(node, ast.Delete) and not all(
+                    isinstance(t, ast.Name) for t in node.targets):
             return "an assignment into a value"
         if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp,
                              ast.GeneratorExp, ast.NamedExpr, ast.Await, ast.Yield)):
@@ -148,7 +150,7 @@ def _source_why(tree) -> str | None:
 class _Calls(ast.NodeTransformer):
     """Every call ``f(args)`` of the driver as ``_rp_call(f, args)``, every subscript ``v[i]``
     as ``_rp_item(v, i)``, every operand of arithmetic and comparisons through
-    ``_rp_number``, ``v[i] = x`` as ``_rp_setitem(v, i, x)``, ``t += n`` as
+    ``_rp_number``, ``v[i] = x`` as ``_rp_setitem(x, v, i)``, ``t += n`` as
     ``t = _rp_aug("Add", t, n)``."""
 
     def visit_Call(self, node):  # noqa: N802 - ast's name
@@ -175,8 +177,24 @@ class _Calls(ast.NodeTransformer):
 
     def visit_Compare(self, node):  # noqa: N802 - ast's name
         self.generic_visit(node)
-        node.left = _number(node.left)
-        node.comparators = [_number(c) for c in node.comparators]
+        if not any(isinstance(o, (ast.Is, ast.IsNot)) for o in node.ops):  # (identity: no value)
+            node.left = _number(node.left)
+            node.comparators = [_number(c) for c in node.comparators]
+        return node
+
+    def visit_BoolOp(self, node):  # noqa: N802 - ast's name
+        self.generic_visit(node)
+        node.values = [_number(v) for v in node.values]
+        return node
+
+    def visit_IfExp(self, node):  # noqa: N802 - ast's name
+        self.generic_visit(node)
+        node.test = _number(node.test)
+        return node
+
+    def visit_If(self, node):  # noqa: N802 - ast's name
+        self.generic_visit(node)
+        node.test = _number(node.test)
         return node
 
     def visit_Assign(self, node):  # noqa: N802 - ast's name
@@ -184,8 +202,8 @@ class _Calls(ast.NodeTransformer):
         if not isinstance(t, ast.Subscript):
             self.generic_visit(node)
             return node
-        # ``v[i] = x``: ``_rp_setitem(v, i, x)``, a call made again at each replay
-        args = [self.visit(t.value), _index(self.visit(t.slice)), self.visit(node.value)]
+        # ``v[i] = x``: ``_rp_setitem(x, v, i)``, a call made again at each replay
+        args = [self.visit(node.value), self.visit(t.value), _index(self.visit(t.slice))]
         return ast.copy_location(ast.Expr(ast.Call(func=ast.Name("_rp_setitem", ast.Load()),
                                                    args=args, keywords=[])), node)
 
@@ -225,26 +243,31 @@ _IN_PLACE = {"Add": operator.iadd, "Sub": operator.isub, "Mult": operator.imul,
 
 
 def _aug(op, t, x):
-    """``t op= x`` as the driver computes it; an array changed in place is refused."""
-    if isinstance(t, np.ndarray) or isinstance(x, np.ndarray):
-        refuse("an array changed in place")
+    """``t op= x`` as the driver computes it; on anything but numbers and tuples (an array, a
+    list changed in place, which recorded calls may hold) refused."""
+    if not all(isinstance(v, (int, float, np.generic, tuple)) for v in (t, x)):
+        refuse("a value changed in place")
     return _IN_PLACE[op](t, x)
 
 
-def _setitem(v, i, x) -> None:
-    """``v[i] = x`` (a value written into an array: a shape's dims, a constant), recorded as a
-    call made again at each replay."""
+def _setitem(x, v, i) -> None:
+    """``v[i] = x`` (a value written into an array: a shape's dims, a constant; ``x``
+    evaluated first, as Python does), recorded as a call made again at each replay; into
+    another object, an input or a parameter refused (the recording runs on copies of its
+    inputs)."""
     v[i] = x
     rec = _local.rec
     if not isinstance(v, np.ndarray):
         refuse(f"an assignment into a {type(v).__name__}")
+    elif any(np.may_share_memory(v, a) for a in rec.params + rec.inputs):
+        refuse("a value written into an input or a parameter")
     elif rec.why is None:
         rec.ops.append((operator.setitem, (v, i, x), None, None))
 
 
 def _num(x):
     if isinstance(x, np.ndarray):
-        refuse("arithmetic on an array")
+        refuse("arithmetic on an array, or its truth")
     return x
 
 
@@ -268,8 +291,9 @@ class _Recorder:
     kernel calls they make (:meth:`leaf`, :meth:`below_leaves`), and :func:`refuse` says why
     the run cannot be replayed."""
 
-    def __init__(self, params):
+    def __init__(self, params, inputs):
         self.ops = []       # (fn, args, kwargs, recorded result or None)
+        self.inputs = inputs  # the buffers the run's inputs were copied into
         self.teams = set()  # the ops that are parallel loops (their threads placed first)
         self.allocs = []    # the arrays np.empty gave the driver
         self.bytes = 0      # ... their bytes
@@ -668,7 +692,7 @@ class HostReplay:
         for i, buf in inputs:
             args[i] = buf
         made = _state()
-        rec = _Recorder(fixed)
+        rec = _Recorder(fixed, [b for _, b in inputs])
         _local.rec = rec
         try:
             outs = fn(*args)
@@ -707,7 +731,11 @@ class HostReplay:
                 if o.flags.writeable and not any(np.may_share_memory(o, b) for b in theirs):
                     _poison(o)
         r = Recording(ops, rec.teams, inputs, fixed, at, outs, made)
-        got = r.run(values)
+        try:
+            got = r.run(values)
+        except Exception as e:  # noqa: BLE001 - the driver's own run gave the results
+            self._failed(f"its replay raised {type(e).__name__}: {e}")
+            return f"its replay raised {type(e).__name__}"
         if not all(g.dtype == e.dtype and g.shape == e.shape and g.tobytes() == e.tobytes()
                    for g, e in zip(got, expected)):
             self._failed("its replay differed from the driver's run")
