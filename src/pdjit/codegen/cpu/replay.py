@@ -165,37 +165,20 @@ class _Calls(ast.NodeTransformer):
                                           args=[node.value, _index(node.slice)],
                                           keywords=[]), node)
 
-    def visit_BinOp(self, node):  # noqa: N802 - ast's name
+    def _operands(self, node):
+        """Arithmetic, comparisons and truth tests: their operands through ``_rp_number``
+        (an identity test reads no value)."""
         self.generic_visit(node)
-        node.left, node.right = _number(node.left), _number(node.right)
+        if isinstance(node, ast.Compare) and \
+                any(isinstance(o, (ast.Is, ast.IsNot)) for o in node.ops):
+            return node
+        for field in _OPERANDS[type(node)]:
+            v = getattr(node, field)
+            setattr(node, field, [_number(e) for e in v] if isinstance(v, list) else _number(v))
         return node
 
-    def visit_UnaryOp(self, node):  # noqa: N802 - ast's name
-        self.generic_visit(node)
-        node.operand = _number(node.operand)
-        return node
-
-    def visit_Compare(self, node):  # noqa: N802 - ast's name
-        self.generic_visit(node)
-        if not any(isinstance(o, (ast.Is, ast.IsNot)) for o in node.ops):  # (identity: no value)
-            node.left = _number(node.left)
-            node.comparators = [_number(c) for c in node.comparators]
-        return node
-
-    def visit_BoolOp(self, node):  # noqa: N802 - ast's name
-        self.generic_visit(node)
-        node.values = [_number(v) for v in node.values]
-        return node
-
-    def visit_IfExp(self, node):  # noqa: N802 - ast's name
-        self.generic_visit(node)
-        node.test = _number(node.test)
-        return node
-
-    def visit_If(self, node):  # noqa: N802 - ast's name
-        self.generic_visit(node)
-        node.test = _number(node.test)
-        return node
+    visit_BinOp = visit_UnaryOp = visit_Compare = visit_BoolOp = visit_IfExp = visit_If = \
+        _operands
 
     def visit_Assign(self, node):  # noqa: N802 - ast's name
         t = node.targets[0]
@@ -216,6 +199,12 @@ class _Calls(ast.NodeTransformer):
                                ast.Name(node.target.id, ast.Load()), node.value], keywords=[])
         return ast.copy_location(ast.Assign(targets=[ast.Name(node.target.id, ast.Store())],
                                             value=value), node)
+
+
+#: the fields of the nodes :meth:`_Calls._operands` checks
+_OPERANDS = {ast.BinOp: ("left", "right"), ast.UnaryOp: ("operand",),
+             ast.Compare: ("left", "comparators"), ast.BoolOp: ("values",),
+             ast.IfExp: ("test",), ast.If: ("test",)}
 
 
 def _number(e):
@@ -315,12 +304,17 @@ class _Recorder:
         if _is_kernel(fn):
             fn(*args)
         else:
-            self.below = "call"
-            try:
-                fn(*args)
-            finally:
-                self.below = "leaves"
+            self._under("call", fn, args, {})
         self.leaf(fn, args)
+
+    def _under(self, kind, f, args, kwargs):
+        """``f(*args, **kwargs)`` called as an entry point of ``kind`` (what the hooks below
+        it see), then back to what was being called."""
+        before, self.below = self.below, kind
+        try:
+            return f(*args, **kwargs)
+        finally:
+            self.below = before
 
     def derived_from(self, array) -> None:
         """A value derived from ``array`` is taken (``params.derived``): kept by the
@@ -375,22 +369,14 @@ class _Recorder:
         module = getattr(f, "__module__", None) or ""
         if module.startswith("pdjit.codegen.") or module == "numpy":  # an entry point, or
             # a NumPy function (a concat's np.concatenate): made again at each replay
-            self.below = "call"
-            try:
-                out = f(*args, **kwargs)
-            finally:
-                self.below = None
+            out = self._under("call", f, args, kwargs)
             self._result(f, args, kwargs, out)
             return out
         refuse(f"a call of {getattr(f, '__qualname__', f)!r}")
         return f(*args, **kwargs)
 
     def _entry(self, kind, f, args, kwargs):
-        self.below = kind
-        try:
-            out = f(*args, **kwargs)
-        finally:
-            self.below = None
+        out = self._under(kind, f, args, kwargs)
         if kind == "leaves" and out is not None:
             refuse(f"{f.__qualname__} returned a value")
         return out
@@ -724,7 +710,7 @@ class HostReplay:
         if own > MAX_BYTES:
             self._runs[key] = _NEVER
             return f"its buffers would hold {own} bytes"
-        arena.fill(0xFF)  # (NaN in every float, -1 in every int)
+        _poison(arena)  # (its bytes 0xFF: NaN in every float, -1 in every int)
         theirs = [b for _, b in inputs] + fixed
         for _, _, _, out in ops:  # (what a call returned, unless it is an input's memory)
             for o in _results(out):
