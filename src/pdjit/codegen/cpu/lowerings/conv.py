@@ -76,8 +76,9 @@ def _conv_blocked(ctx):
     if not direct and not packed and _subsampled(ctx, g, m, cg, kh, kw, args):
         # a 1x1 strided filter: the image's rows and columns it reads, then a stride-1 one
         xs = ctx.tmp("xs")
-        lines.append(f"{xs} = {ctx.lib_fn('conv.subsample')}({X}, {args[0]}, {args[1]}, "
-                     f"{y}.shape[2], {y}.shape[3])")
+        lines += [f"{xs} = np.empty(({X}.shape[0], {X}.shape[1], {y}.shape[2], {y}.shape[3]), "
+                  f"{ctx.T('Input')})",
+                  f"{ctx.lib_fn('conv.subsample')}({X}, {args[0]}, {args[1]}, {xs})"]
         X, args, packed = xs, ["1", "1", "0", "0"] + args[4:], "pointwise_range_rows"
     fn = ctx.lib_fn("conv._direct_range" if direct else packed or
                     ("conv._fwd_range_3x3" if wino else "conv._fwd_range"))
