@@ -424,6 +424,11 @@ jit_o3 = _typed_by_value(cached(numba.njit(**OPTIONS, pipeline_class=PdjitCompil
 #: measured 1M float32 0.080 vs 0.078 ms): the kernels that sum over a channel, a row, a plane
 jit_sum = _typed_by_value(cached(numba.njit(**OPTIONS, fastmath={"reassoc", "contract"},
                                             pipeline_class=PdjitCompiler)))
+#: :data:`jit_o3` with a product and the sum after it fused into one multiply-add (LLVM's
+#: ``contract``; nothing reassociated: each sum in its written order, the loop vectoriser's
+#: body and its remainder alike)
+jit_fma = _typed_by_value(cached(numba.njit(**OPTIONS, fastmath={"contract"},
+                                            pipeline_class=PdjitCompilerO3)))
 #: a function that calls library kernels, compiled as a generated kernel is (:data:`OPTIONS`, LLVM
 #: at :data:`OPT_LEVEL`), not cached: the tests' compiled callers (measured, a caller of two
 #: pooling kernels: 1.8-2.4 s of CPU to compile against 3.3-3.5 s with ``numba.njit``'s O3)

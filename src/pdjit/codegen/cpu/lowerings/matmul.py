@@ -16,6 +16,7 @@ import math
 
 import numpy as np
 
+from pdjit.codegen.cpu.lib import gemm as _gemm
 from pdjit.codegen.cpu.lib.pgemm import PACKED_MIN_ROWS
 from pdjit.codegen.cpu.lowerings import lowering
 from pdjit.codegen.lowering import weight_var
@@ -164,6 +165,32 @@ def _weight(ctx, xn: int) -> bool:
     return weight_var(ctx.op, ctx.op.input("Y")[0]) is not None
 
 
+def _vector_weight(ctx, xn: int) -> bool:
+    """Whether the product of ``flatten(X, xn)`` by Y has a row per sample (X's dims
+    ``1 .. xn-1`` all one: a classifier's last layer) and Y is a weight (a float matrix of X's
+    dtype that no op of the program writes) of ``VECTOR_MIN_VALUES`` or more:
+    ``_nn.weight_vector``, which splits one sample's product over the loop threads (smaller
+    products stay the op's own GEMM line)."""
+    if not _blas_ok(ctx) or ctx.rank("Y") != 2 or ctx.dtype("X") not in _PACKED_DTYPES or \
+            ctx.dtype("Y") != ctx.dtype("X") or not 1 <= xn < ctx.rank("X") or \
+            any(d != 1 for d in ctx.shape("X")[1:xn]) or \
+            _prod(ctx.shape("Y")) < _gemm.VECTOR_MIN_VALUES:
+        return False
+    return weight_var(ctx.op, ctx.op.input("Y")[0]) is not None
+
+
+def _vector_lines(ctx, xn: int, trans: bool):
+    """``Out = flatten(X, xn) @ Y`` (``Y.T`` where ``trans``) by ``_nn.weight_vector`` into the
+    output the driver allocates."""
+    X, Y = ctx.inp("X"), ctx.inp("Y")
+    lines, x2 = _as_matrix(ctx, X, ctx.rank("X"), xn)
+    n = f"{Y}.shape[{0 if trans else 1}]"
+    out = ctx.out("Out", shape=ctx.tuple_src([f"{X}.shape[{i}]" for i in range(xn)] + [n]))
+    o2 = ctx.tmp("o")
+    return lines + [f"{o2} = {out}.reshape(({x2}.shape[0], {n}))",
+                    f"{ctx.lib_fn('weight_vector')}({x2}, {Y}, {trans}, {o2})"]
+
+
 def _weight_lines(ctx, xn: int, trans: bool):
     """``Out = flatten(X, xn) @ Y`` (``Y.T`` where ``trans``) on Y packed once, back to X's
     first ``xn`` dims and Y's columns."""
@@ -179,8 +206,11 @@ def _weight_lines(ctx, xn: int, trans: bool):
 
 def _mul_weight_lower(ctx):
     """``mul`` by a weight on it packed once (``_weight``); any other as the op's GEMM."""
-    if ctx.attrs["y_num_col_dims"] == 1 and _weight(ctx, ctx.attrs["x_num_col_dims"]):
-        return _weight_lines(ctx, ctx.attrs["x_num_col_dims"], False)
+    xn = ctx.attrs["x_num_col_dims"]
+    if ctx.attrs["y_num_col_dims"] == 1 and _weight(ctx, xn):
+        return _weight_lines(ctx, xn, False)
+    if ctx.attrs["y_num_col_dims"] == 1 and _vector_weight(ctx, xn):
+        return _vector_lines(ctx, xn, False)
     return _mul_lower(ctx)
 
 
@@ -191,9 +221,12 @@ def _matmul_weight_lower(tx_attr, ty_attr, alpha_attr=None):
 
     def lower(ctx):
         if ctx.rank("X") >= 2 and not ctx.attrs[tx_attr] and \
-                (not alpha_attr or ctx.attrs[alpha_attr] == 1.0) and \
-                _weight(ctx, ctx.rank("X") - 1):
-            return _weight_lines(ctx, ctx.rank("X") - 1, bool(ctx.attrs[ty_attr]))
+                (not alpha_attr or ctx.attrs[alpha_attr] == 1.0):
+            xn, trans = ctx.rank("X") - 1, bool(ctx.attrs[ty_attr])
+            if _weight(ctx, xn):
+                return _weight_lines(ctx, xn, trans)
+            if _vector_weight(ctx, xn):
+                return _vector_lines(ctx, xn, trans)
         return generic(ctx)
     return lower
 

@@ -1,0 +1,102 @@
+"""One sample's product by a weight (``_nn.weight_vector``, a classifier's last layer at batch
+1): the kernel against NumPy in float64 over sizes that are not multiples of its steps (rows
+of four, columns of a vector), every split of the columns giving one part's bits; the entry
+point's choice between the parallel loop and BLAS; a program's ``fc`` at batch 1 lowered onto
+it, against NumPy, in native code."""
+import numpy as np
+import pytest
+
+import pdjit as fluid
+from pdjit.codegen.cpu import threads
+from pdjit.codegen.cpu.lib import gemm, team
+from pdjit.testing import assert_native
+
+RNG = np.random.default_rng(53)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_vector_parts_against_numpy_and_one_part(dtype):
+    tol = 2e-5 if dtype == np.float32 else 1e-12
+    for k, n in ((1, 5), (3, 37), (1027, 1000), (8, 16)):
+        x = RNG.uniform(-1, 1, (1, k)).astype(dtype)
+        w = RNG.uniform(-1, 1, (k, n)).astype(dtype)
+        want = x.astype(np.float64) @ w.astype(np.float64)
+        one = np.full((1, n), np.nan, dtype)
+        gemm._vector_parts(x, w, one, 1)
+        np.testing.assert_allclose(one, want, rtol=tol, atol=tol, err_msg=f"{k}x{n}")
+        for parts in (2, 3):
+            split = np.full((1, n), np.nan, dtype)
+            gemm._vector_parts(x, w, split, parts)
+            np.testing.assert_array_equal(split, one, err_msg=f"{k}x{n} in {parts}")
+
+
+def test_weight_vector_on_the_team_or_blas(monkeypatch):
+    """One row by a weight large enough runs the parallel loop once it is ready (by ranges of
+    columns over the loop threads); a transposed weight, two rows, a small weight or a loop
+    not ready yet run BLAS: each against NumPy."""
+    ran = []
+    real = team.run
+    monkeypatch.setattr(team, "run", lambda loop, call: ran.append(
+        (loop, call[-1], real(loop, call))) or ran[-1][2])
+    monkeypatch.setattr(team, "AFTER_RUNS", 0)
+    monkeypatch.setattr(team, "COMPILE", True)
+    monkeypatch.setattr(threads, "loop_threads", lambda: 2)
+    monkeypatch.setattr(gemm, "VECTOR_MIN_VALUES", 64 * 40)
+    k, n = 70, 40
+    w = RNG.uniform(-1, 1, (k, n)).astype(np.float32)
+    x = RNG.uniform(-1, 1, (1, k)).astype(np.float32)
+    out = np.full((1, n), np.nan, np.float32)
+    gemm.weight_vector(x, w, False, out)
+    assert ran == [(gemm._vector_parts, 2, True)]
+    np.testing.assert_allclose(out, x.astype(np.float64) @ w, rtol=2e-5, atol=2e-5)
+    one = np.full((1, n), np.nan, np.float32)
+    gemm._vector_parts(x, w, one, 1)
+    np.testing.assert_array_equal(out, one)       # two threads: one thread's bits
+    for xs, ws, trans in ((x, w.T.copy(), True),                       # transposed
+                          (RNG.uniform(-1, 1, (2, k)).astype(np.float32), w, False),
+                          (x[:, :50].copy(), w[:50].copy(), False)):   # small
+        ran.clear()
+        got = np.full((xs.shape[0], n), np.nan, np.float32)
+        gemm.weight_vector(xs, ws, trans, got)
+        assert ran == []
+        np.testing.assert_allclose(got, xs.astype(np.float64) @ (ws.T if trans else ws),
+                                   rtol=2e-5, atol=2e-5)
+    monkeypatch.setattr(team, "run", lambda loop, call: False)   # not ready: BLAS
+    got = np.full((1, n), np.nan, np.float32)
+    gemm.weight_vector(x, w, False, got)
+    np.testing.assert_allclose(got, x.astype(np.float64) @ w, rtol=2e-5, atol=2e-5)
+
+
+def test_an_fc_at_batch_one_runs_on_the_vector_product(fresh_programs, monkeypatch):
+    """A classifier's last layer (``fc`` of a pooled image, its weight a parameter): at batch
+    1 the parallel loop over the weight's columns, at batch 3 BLAS; the bias and softmax after
+    it, against NumPy, in native code."""
+    main, startup = fresh_programs
+    k, n = 96, 1500   # (144 000 values: above the size threshold, set lower here)
+    with fluid.program_guard(main, startup):
+        x = fluid.layers.data("x", [k, 1, 1])
+        y = fluid.layers.fc(x, n, act="softmax", param_attr=fluid.ParamAttr(name="wv_w"),
+                            bias_attr=fluid.ParamAttr(name="wv_b"))
+    ran = []
+    real = team.run
+    monkeypatch.setattr(team, "run", lambda loop, call: ran.append(loop) or real(loop, call))
+    monkeypatch.setattr(team, "AFTER_RUNS", 0)
+    monkeypatch.setattr(team, "COMPILE", True)
+    monkeypatch.setattr(gemm, "VECTOR_MIN_VALUES", 1 << 16)
+    exe = fluid.Executor(fluid.CPUPlace(), strict=True)
+    scope = fluid.global_scope()
+    exe.run(startup)
+    wv = np.asarray(scope.find_var("wv_w").get_tensor()).astype(np.float64)
+    bv = np.asarray(scope.find_var("wv_b").get_tensor()).astype(np.float64)
+    for batch in (1, 3):
+        ran.clear()
+        xv = RNG.normal(size=(batch, k, 1, 1)).astype(np.float32)
+        got, = exe.run(main, feed={"x": xv}, fetch_list=[y])
+        assert_native(exe)
+        logits = xv.reshape(batch, k).astype(np.float64) @ wv + bv
+        want = np.exp(logits - logits.max(1, keepdims=True))
+        want /= want.sum(1, keepdims=True)
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+        assert (gemm._vector_parts in ran) == (batch == 1), (batch, ran)
+    report = exe.explain(main, feed={"x": xv}, fetch_list=[y])
+    assert "_nn.weight_vector(" in report, report
