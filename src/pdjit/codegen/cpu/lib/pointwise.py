@@ -122,6 +122,12 @@ _TAP_LANES = 16
 _TAPS_MARGIN = 1.05
 #: the bytes of a panel of the transposed tiles that its tiles of pixels sweep at a time
 CHUNK_BYTES = 1 << 18
+#: the tiles after a chunk's first that fetch the next chunk into the L2 cache as they sweep
+#: it (the others fetch their own rows ahead, as the first does): measured alone, one thread,
+#: batch 1, a filter from memory at each call, us, every tile / the next three: 14x14 1024 ->
+#: 256 451 / 426, 256 -> 1024 464 / 451; 7x7 2048 -> 512 444 / 444, 512 -> 2048 427 / 426 (the
+#: second tile alone: 427, 450, 492, 480)
+FAR_TILES = 3
 #: the fewest output and input channels the packed kernels serve
 MIN_CHANNELS = 16
 #: a filter wider than 1x1 whose output channels fill whole panels of the transposed tiles
@@ -413,11 +419,11 @@ def _cols_sample(src, xb, bp, nr, yf, yb, m_, k_, p_, bias, lo, hi, res, q0=0, q
     :data:`_NR`), each tile's pixels broadcast, its sums transposed in registers into the
     output's channel rows. A panel's rows are taken by chunks of about :data:`CHUNK_BYTES`
     that stay in the L2 cache while every tile of pixels reads them, the first tile fetching
-    its rows ahead and the others the next chunk (the sums of the chunks before read back
-    from the output; the residual added with the first chunk, the bias and clamp with the last): a
-    panel of a long sum read whole by each tile came from beyond the L2 cache each time, the
-    first tile's from memory. Each output sums its products in the order of ``K``, each a
-    fused multiply-add."""
+    its rows ahead and the next :data:`FAR_TILES` the next chunk (the sums of the chunks
+    before read back from the output; the residual added with the first chunk, the bias and
+    clamp with the last): a panel of a long sum read whole by each tile came from beyond the
+    L2 cache each time, the first tile's from memory. Each output sums its products in the
+    order of ``K``, each a fused multiply-add."""
     mr, npan, kc = _chunking(m_, k_, nr)
     if q1 < 0:
         q1 = p_
@@ -428,7 +434,8 @@ def _cols_sample(src, xb, bp, nr, yf, yb, m_, k_, p_, bias, lo, hi, res, q0=0, q
         for k0 in range(0, k_, kc):
             k1, bs, rs, lo_, hi_ = _chunk(k0, kc, k_, bias, res, yf, lo, hi)
             for i in range(q0, q1, mr):
-                pfo = PREFETCH_ROWS * nr if i == q0 else (k1 - k0) * nr
+                # (the first tile fetches its rows ahead; the next few, the next chunk)
+                pfo = (k1 - k0) * nr if 1 <= (i - q0) // mr <= FAR_TILES else PREFETCH_ROWS * nr
                 rows = q1 - i if q1 - i < mr else mr
                 at = xb + i - q0 + k0 * ps
                 if mr == MR:
