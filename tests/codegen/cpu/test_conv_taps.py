@@ -53,22 +53,28 @@ CASES = [(1, 3, 64, 60, 61, 7, 2, 3, 1),      # a network's first layer (7x7/2, 
          (1, 24, 128, 57, 57, 3, 2, 1, 1),    # a ResNet's stride-2 3x3 (rows of 29: 4 x 6 + 5)
          (1, 16, 64, 28, 30, 5, 1, 2, 1),     # 5x5 stride 1
          (1, 5, 64, 33, 40, 3, 1, 2, 2),      # dilated
-         (1, 160, 64, 30, 30, 3, 1, 1, 1)]    # 1440 products: the panel by chunks
+         (1, 160, 64, 30, 30, 3, 1, 1, 1),    # 1440 products: the panel by chunks
+         # tiles of 7 pixels by 48 channels (kind 3) onto rows of 7 or 14 pixels:
+         (1, 40, 144, 7, 7, 3, 1, 1, 1),      # 3x3 onto 7x7, whole panels
+         (1, 20, 200, 13, 14, 3, 2, 1, 1),    # stride 2 onto 7x7, the last panel part empty
+         (2, 9, 96, 29, 27, 3, 2, 1, 1)]      # onto 15x14 planes, two samples
 
 
 @pytest.mark.parametrize("n,c,m,h,wd,k,s,p,d", CASES)
 def test_taps_against_numpy(n, c, m, h, wd, k, s, p, d, ready, counted):
     oh, ow = _out(h, k, s, p, d), _out(wd, k, s, p, d)
-    assert pointwise._taps_pays(m, k, k, ow) and \
-        pointwise._kind(m, c * k * k, oh * ow, False, True) == 2
+    kind = pointwise._taps_pays(m, k, k, ow)
+    assert kind == (3 if ow < pointwise.TAPS_MIN_ROW else 2) and \
+        pointwise._kind(m, c * k * k, oh * ow, False, kind) == kind
+    nr = pointwise._step(kind)
     if c == 160:
-        assert c * k * k * pointwise._step(2) * 4 > pointwise.CHUNK_BYTES
+        assert c * k * k * nr * 4 > pointwise.CHUNK_BYTES
     x = RNG.standard_normal((n, c, h, wd)).astype(np.float32)
     w = (RNG.standard_normal((m, c, k, k)) / np.sqrt(c * k * k)).astype(np.float32)
     bias = RNG.standard_normal(m).astype(np.float32)
     res = RNG.standard_normal(n * m * oh * ow).astype(np.float32)
     ap = pointwise.pointwise_weight(w, oh * ow, n, False, 0, ow)
-    assert ap.size == m * c * k * k
+    assert ap.size == -(-m // nr) * nr * c * k * k
     geo = (s, s, p, p, d, d, 1)
     for b, r, lo, hi in [(E, E, -INF, INF), (bias, E, 0.0, INF), (E, res, -INF, INF),
                          (bias, res, 0.0, 1.5)]:
@@ -80,7 +86,7 @@ def test_taps_against_numpy(n, c, m, h, wd, k, s, p, d, ready, counted):
                                    rtol=1e-4, atol=1e-4)
         # the same tiles over the patches sum the same products in the same order
         z = np.full_like(y, np.nan)
-        pointwise.conv_cols(x, ap, 64, z, 0, n, k, k, s, s, p, p, d, d, b, lo, hi, r)
+        pointwise.conv_cols(x, ap, nr, z, 0, n, k, k, s, s, p, p, d, d, b, lo, hi, r)
         assert np.array_equal(y, z)
     _in_place_and_range(x, w, ap, geo, bias, res)
 
@@ -113,8 +119,12 @@ def test_where_the_taps_pay(ready, monkeypatch):
                             ow=109) == ""
     assert not pointwise._taps_pays(128, 3, 3, 14) and pointwise._taps_pays(128, 3, 3, 28)
     assert not pointwise._taps_pays(512, 1, 1, 28)
-    assert pointwise.usable(512, 256, 3, 3, 2, 2, 1, 1, 1, 1, 1, p=784, q=196, ow=14) == \
-        "pointwise_range_patches"                                    # (the patches, as before)
+    # rows of 7 or 14 pixels on tiles of 7 by 48 channels: whole panels, or enough of them
+    assert [pointwise._taps_pays(m, 3, 3, ow) for m, ow in (
+        (96, 7), (512, 14), (200, 7), (128, 7), (512, 15), (512, 0), (512, 21))] == \
+        [3, 3, 3, 0, 0, 0, 3]
+    assert pointwise.usable(128, 256, 3, 3, 2, 2, 1, 1, 1, 1, 1, p=784, q=196, ow=14) == \
+        "pointwise_range_patches"                          # (the patches: 128 channels)
     w = RNG.standard_normal((64, 3, 7, 7)).astype(np.float32)
     assert pointwise.pointwise_weight(w, 900, 1, False, 0, 30).size == 64 * 147
     assert pointwise.pointwise_weight(w, 900, 1, False, 0, 14).size == 0
@@ -127,15 +137,16 @@ def test_where_the_taps_pay(ready, monkeypatch):
                                rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("c,h,k,s,p", [(3, 60, 7, 2, 3), (5, 61, 3, 2, 1), (40, 28, 3, 1, 1)])
+@pytest.mark.parametrize("c,h,k,s,p,m", [(3, 60, 7, 2, 3, 128), (5, 61, 3, 2, 1, 128),
+                                         (40, 28, 3, 1, 1, 128), (17, 14, 3, 2, 1, 192)])
 def test_split_by_output_rows_gives_the_one_calls_bits(ready, monkeypatch, counted, c, h, k,
-                                                      s, p):
+                                                      s, p, m):
     """A one-sample call split by a parallel loop into ranges of its output rows (three
     parts): the parts pad the image together (each its share of the input channels: 3 in 1,
     1, 1; 5 in 1, 2, 2), then each computes every output channel of its rows: the one call's
-    bits, its residual in another buffer and in the output's own."""
+    bits, its residual in another buffer and in the output's own; tiles of 7 pixels onto a
+    7x7 plane too."""
     loops = _team_loops(monkeypatch)
-    m = 128
     x = RNG.standard_normal((1, c, h, h)).astype(np.float32)
     w = RNG.standard_normal((m, c, k, k)).astype(np.float32)
     oh = _out(h, k, s, p, 1)

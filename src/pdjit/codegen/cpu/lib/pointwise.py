@@ -6,7 +6,8 @@ one group onto small planes (7x7, 9x9: any filter, stride, padding) on the same 
 tiles, over each sample's patches (im2col, ``K = C * kh * kw`` rows), where the taps kernel
 of :func:`.conv._fwd_range` would waste much of its vectors of pixels (:func:`_kind`); and
 onto long output rows where the output channels fill whole panels (a network's first layer,
-a ResNet's stride-2 3x3 layers: :data:`TAPS_MIN_ROW`), the tiles reading each step's tap in
+a ResNet's stride-2 3x3 layers: :data:`TAPS_MIN_ROW`) or onto rows of whole tiles of 7 pixels
+(a ResNet's last 3x3 layers: :data:`TAPS3_MIN_CHANNELS`), the tiles reading each step's tap in
 a padded copy of the image, no patches (:func:`conv_taps`).
 
 Two orientations of the tile, picked by the plane's size and the channels
@@ -141,6 +142,13 @@ MIN_CHANNELS = 16
 #: (256 -> 512 3x3 stride 2 771 / 575), and 96 channels (two panels, a quarter empty: 7x7
 #: stride 2 1719 / 1961)
 TAPS_MIN_ROW = 28
+#: ... and on tiles of 7 pixels by 48 channels (kind 3) onto rows of 7 or 14 pixels, where the
+#: channels are a multiple of 48 or this many (a last panel part empty). Measured alone (batch
+#: 1, a filter from memory at each call, us, over the patches / reading the taps, one thread;
+#: two threads, each split by rows): ResNet-50's 7x7 512 -> 512 3x3 1230 / 1115; 806 / 684,
+#: its stride-2 14x14 -> 7x7 512 -> 512 1190 / 1125; 708 / 696, 28x28 -> 14x14 256 -> 256
+#: 1117 / 1059; 614 / 560
+TAPS3_MIN_CHANNELS = 4 * _NR3
 #: compiled code, which packs the filter at each run, runs the packed kernels from this many
 #: pixels (samples x plane) on: packing took 0.5-0.7 ns a value (2048x512, 512x2048, 256x1024,
 #: one thread), the product ~0.017 ns a multiply-add, so the copy costs at most ~8 % of it
@@ -195,15 +203,25 @@ def _cols_kind(m_, p_):
 
 
 @register_jitable
-def _taps_pays(m_, kh, kw, ow_) -> bool:
-    """Whether a convolution of ``m_`` output channels, a ``kh x kw`` filter (wider than 1x1)
-    and output rows of ``ow_`` pixels runs on the transposed tiles reading its taps
-    (:data:`TAPS_MIN_ROW`) rather than over its patches."""
-    return kh * kw > 1 and m_ > 0 and m_ % _NR == 0 and ow_ >= TAPS_MIN_ROW
+def _taps_pays(m_, kh, kw, ow_) -> int:
+    """The transposed tiles (kind 2 or 3, :data:`_NR`) on which a convolution of ``m_``
+    output channels, a ``kh x kw`` filter (wider than 1x1) and output rows of ``ow_`` pixels
+    runs reading its taps, rather than over its patches (0): kind 2 where the channels fill
+    whole panels of 64 and the rows are long (:data:`TAPS_MIN_ROW`), kind 3 where shorter rows
+    are whole tiles of 7 pixels (7x7, 14x14 planes) and the channels fill panels of 48 or
+    leave little of them empty (:data:`TAPS3_MIN_CHANNELS`)."""
+    if kh * kw < 2 or m_ < 1:
+        return 0
+    if m_ % _NR == 0 and ow_ >= TAPS_MIN_ROW:
+        return 2
+    if ow_ > 0 and ow_ % _MR3 == 0 and ow_ < TAPS_MIN_ROW and \
+            (m_ % _NR3 == 0 or m_ >= TAPS3_MIN_CHANNELS):
+        return 3
+    return 0
 
 
 @register_jitable
-def _kind(m_, k_, p_, in_place, taps=False) -> int:
+def _kind(m_, k_, p_, in_place, taps=0) -> int:
     """Which kernel serves a convolution (float32, one group) of ``m_`` output channels,
     ``k_`` products per output (input channels times the filter's taps) and planes of ``p_``
     output pixels: for a 1x1 stride-1 unpadded one (``in_place``: the image is its own
@@ -217,14 +235,15 @@ def _kind(m_, k_, p_, in_place, taps=False) -> int:
     512 -> 512 3x3 2.91 / 2.34, 14x14 -> 7x7 stride 2 3x3 256 -> 512 1.47 / 1.16 and 1x1
     512 -> 1024 0.66 / 0.52; 9x9 160 -> 192 0.51 / 0.41; even or behind where a panel is
     part empty: 7x7 128 -> 32 0.068 / 0.070, 10x10 64 -> 96 0.128 / 0.136. ``taps``
-    (:func:`_taps_pays`): any plane, the tiles reading the taps (:func:`conv_taps`)."""
+    (:func:`_taps_pays`, a kind): any plane, those tiles reading the taps
+    (:func:`conv_taps`)."""
     if in_place:
         k = _choice(m_, k_, p_)
         return _cols_kind(m_, p_)[0] if k == 2 else k
     if m_ < MIN_CHANNELS or k_ < MIN_CHANNELS or p_ < 1:
         return 0
     if taps:
-        return 2
+        return taps
     if p_ > COLS_MAX_PLANE:  # 14x14: long sums onto whole panels, as the 1x1 ones
         return 2 if p_ <= COLS_WIDE_PLANE and m_ % _NR == 0 and \
             k_ >= PATCHES_WIDE_MIN_K else 0
@@ -264,7 +283,7 @@ def usable(m: int, c: int, kh: int, kw: int, sh: int, sw: int, pt: int, pl: int,
     (``pointwise_range_rows``, ``_cols``; ``pointwise_range_patches`` and ``_3x3`` for other
     filters, over their patches or reading their taps, the latter where Winograd's kernel
     serves larger batches; ``""`` for neither)."""
-    taps = ow > 0 and _taps_pays(m, kh, kw, ow)  # (any input channels: a network's first)
+    taps = _taps_pays(m, kh, kw, ow) if ow > 0 else 0  # (any input channels: a first layer)
     if groups != 1 or m < MIN_CHANNELS or c < MIN_CHANNELS and not taps:
         return ""
     if kh == 1 and kw == 1 and sh == 1 and sw == 1 and pt == 0 and pl == 0:
@@ -334,7 +353,7 @@ def _pick(key, w, p_, n_, in_place, tiles, ow) -> tuple:
     """:data:`_PICKS`' entry ``key`` for a call of :func:`pointwise_weight`, made and kept."""
     k, taps = 0, False
     if w.dtype == np.float32 and w.ndim == 4 and type(w) is np.ndarray:
-        taps = not in_place and _taps_pays(w.shape[0], w.shape[2], w.shape[3], ow)
+        taps = 0 if in_place else _taps_pays(w.shape[0], w.shape[2], w.shape[3], ow)
         k = _kind(w.shape[0], w.size // max(1, w.shape[0]), p_, in_place, taps)
         if tiles > 0 and enough_tiles(n_ * tiles, w.shape[0], w.shape[1]):
             k = 0
@@ -360,7 +379,7 @@ def _pointwise_weight_native(w, p_, n_=1, in_place=True, tiles=0, ow=0):
         m_ = w.shape[0]
         k_ = w.size // m_ if m_ > 0 else 0
         k = _kind(m_, k_, p_, in_place,
-                  not in_place and _taps_pays(m_, w.shape[2], w.shape[3], ow))
+                  0 if in_place else _taps_pays(m_, w.shape[2], w.shape[3], ow))
         if k == 0 or n_ * p_ < NATIVE_MIN_PIXELS or \
                 tiles > 0 and enough_tiles(n_ * tiles, m_, w.shape[1]):
             return np.empty(0, w.dtype)
@@ -384,7 +403,7 @@ def _packed_kind(x, w, ap, y, sh, sw, pt, pl, bias, res):
         return 0, in_place
     k_ = w.size // m_
     k = _kind(m_, k_, y.shape[2] * y.shape[3], in_place,
-              not in_place and _taps_pays(m_, w.shape[2], w.shape[3], y.shape[3]))
+              0 if in_place else _taps_pays(m_, w.shape[2], w.shape[3], y.shape[3]))
     return (k if ap.size == _packed_size(m_, k_, k) else 0), in_place
 
 
