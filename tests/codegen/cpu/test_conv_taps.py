@@ -162,7 +162,21 @@ def test_split_by_output_rows_gives_the_one_calls_bits(ready, monkeypatch, count
                                             6.0), rtol=1e-4, atol=1e-4)
     for rows in _split_by_rows(x, w, ap, geo, bias, res, one, loops,
                                pointwise._taps_by_rows):
-        assert rows[0] == 0 and rows[-1] == oh and len(rows) == 4
+        # (the rows of the first panels, then of the others: 7 rows as 3, 2, 2 and 2, 2, 3)
+        assert rows.shape == (2, 4) and (rows[:, 0] == 0).all() and (rows[:, -1] == oh).all()
+        assert (rows[0] != rows[1]).any() == (oh % 3 != 0)
+
+
+def test_rows_that_do_not_split_evenly_share_the_middle_one_by_panels():
+    """7 output rows of 11 panels on two threads: each part 3 rows of every panel and the
+    fourth of 5 or 6 panels (38 and 39 of the 77 tiles), not 4 and 3 rows (44 and 33)."""
+    rows, split = pointwise._row_panels(np.array([0, 3, 7], np.int64), 512, 3)
+    assert rows.tolist() == [[0, 4, 7], [0, 3, 7]] and split == 5
+    tiles = [(rows[0, p + 1] - rows[0, p]) * split + (rows[1, p + 1] - rows[1, p]) * (11 - split)
+             for p in range(2)]
+    assert tiles == [38, 39]
+    rows, split = pointwise._row_panels(np.array([0, 7, 14], np.int64), 512, 3)
+    assert rows.tolist() == [[0, 7, 14], [0, 7, 14]] and split == 11
 
 
 def test_compiled_code_packs_and_reads_the_taps():

@@ -562,8 +562,9 @@ def _tap_table(c_, kh, kw, dh, dw, hp, wp):
 
 @register_jitable
 def _taps_sample(xp, wp, off, bp, nr, yf, yb, m_, k_, ow_, p_, sh, sw, bias, lo, hi, res, r0,
-                 r1):
-    """Output rows ``r0 .. r1`` of one sample on the transposed tiles reading its padded image
+                 r1, j0=0, j1=-1):
+    """Output rows ``r0 .. r1`` of one sample (their output channels of the panels ``j0 ..
+    j1``, -1: the last) on the transposed tiles reading its padded image
     ``xp`` (:func:`_padded`, rows ``wp`` values apart) at the taps ``off``
     (:func:`_tap_table`), as :func:`_cols_sample` reads its patches: tiles of ``MR`` (or 7)
     pixels of one output row (``sw`` apart in the image) by a panel of ``nr`` output
@@ -571,7 +572,7 @@ def _taps_sample(xp, wp, off, bp, nr, yf, yb, m_, k_, ow_, p_, sh, sw, bias, lo,
     them; the same sums in the same order as :func:`_cols_sample` over the patches."""
     mr, npan, kc = _chunking(m_, k_, nr)
     pfo = PREFETCH_ROWS * nr  # (within the panel, whether of one chunk or more)
-    for j in range(npan):
+    for j in range(j0, npan if j1 < 0 else j1):
         m0 = j * nr
         cols = m_ - m0 if m_ - m0 < nr else nr
         for k0 in range(0, k_, kc):
@@ -762,7 +763,7 @@ def _split(parts, work, x, w, ap, y, sh, sw, pt, pl, dh, dw, groups, bias, lo, h
         rows = np.array([y.shape[2] * i // k for i in range(k + 1)], np.int64)
         call = (x, ap, y, rows, _step(kind), geo, bias, float(lo), float(hi), res)
         if _taps_pays(w.shape[0], w.shape[2], w.shape[3], y.shape[3]) and \
-                team.run(_taps_by_rows, call):
+                team.run(_taps_by_rows, call[:3] + _row_panels(rows, y.shape[1], kind) + call[4:]):
             return True
         most = -(-y.shape[2] // k) * y.shape[3]
         if COLS_BY_ROWS and team.run(_cols_by_rows,
@@ -881,22 +882,41 @@ def _cols_by_rows(x, ap, y, rows, nr, geo, bias, lo, hi, res, col):
         _cols_sample(part, 0, ap, nr, yf, 0, m_, k_, p_, bias, lo, hi, res, q0, q1)
 
 
+def _row_panels(rows, m_, kind) -> tuple:
+    """``(rows of the parts, split)`` of :func:`_taps_by_rows` for the parts of ``rows`` (each
+    one range of output rows) of ``m_`` output channels on the tiles ``kind``: the panels
+    before ``split`` by the ranges that give the first parts one row more where the rows do not
+    split evenly, those from it by ``rows`` (7 rows on two threads: each part 3 rows of every
+    panel and the fourth of half of them, rather than 4 and 3)."""
+    k = rows.shape[0] - 1
+    ceil = np.array([-(-rows[-1] * i // k) for i in range(k + 1)], np.int64)
+    npan = -(-m_ // _step(kind))
+    return np.stack([ceil, rows]), npan // 2 if (ceil != rows).any() else npan
+
+
 @pjit
-def _taps_by_rows(x, ap, y, rows, nr, geo, bias, lo, hi, res):
-    """:func:`conv_taps` of one sample, ranges ``rows`` of its output rows in parallel: the
-    parts pad the image together first (each its share of the channels), then each computes
-    every output channel of its rows. Each output is summed as the whole call sums it."""
+def _taps_by_rows(x, ap, y, rows, split, nr, geo, bias, lo, hi, res):
+    """:func:`conv_taps` of one sample, in parallel ranges of its output rows: ``rows[0]``'s
+    for the output channels of the panels before ``split``, ``rows[1]``'s for the others
+    (:func:`_row_panels`). The parts pad the image together first (each its share of the
+    channels), then each computes its rows of each panel, every panel read once. Each output
+    is summed as the whole call sums it."""
     m_, c_ = y.shape[1], x.shape[1]
     k_ = c_ * geo[0] * geo[1]
     _cols_check(x, ap, nr, y, _conv._plain(0), _conv._plain(1), k_, bias, res)
     hp, wp, xp, off = _tap_planes(c_, y, geo[0], geo[1], geo[2], geo[3], geo[6], geo[7])
     yf = y.reshape(y.size)
-    parts = rows.shape[0] - 1
+    parts = rows.shape[1] - 1
+    npan = (m_ + nr - 1) // nr
     for p in numba.prange(parts):
         _padded(x, 0, c_ * p // parts, c_ * (p + 1) // parts, geo[4], geo[5], hp, wp, xp)
     for p in numba.prange(parts):
-        _taps_sample(xp, wp, off, ap, nr, yf, 0, m_, k_, y.shape[3], y.shape[2] * y.shape[3],
-                     geo[2], geo[3], bias, lo, hi, res, rows[p], rows[p + 1])
+        for g in range(2):
+            j0, j1 = (0, split) if g == 0 else (split, npan)
+            if j1 > j0:
+                _taps_sample(xp, wp, off, ap, nr, yf, 0, m_, k_, y.shape[3],
+                             y.shape[2] * y.shape[3], geo[2], geo[3], bias, lo, hi, res,
+                             rows[g, p], rows[g, p + 1], j0, j1)
 
 
 _PATCHES = threading.local()
@@ -960,8 +980,8 @@ jobs("pointwise._by_channels (warmup)")(lambda T: [] if np.dtype(T) != np.float3
                             (np.int64, 1), (T, 1), float, float, (T, 1), (T, 1))),
     (_cols_by_rows, ((T, 4), (T, 1), (T, 4), (np.int64, 1), int, (np.int64, 1), (T, 1),
                      float, float, (T, 1), (T, 1))),
-    (_taps_by_rows, ((T, 4), (T, 1), (T, 4), (np.int64, 1), int, (np.int64, 1), (T, 1),
-                     float, float, (T, 1)))])
+    (_taps_by_rows, ((T, 4), (T, 1), (T, 4), (np.int64, 2), int, int, (np.int64, 1),
+                     (T, 1), float, float, (T, 1)))])
 compile_cost(0.9, rows_by_pixels)
 compile_cost(1.6, _patches_by_channels)
 compile_cost(1.6, _cols_by_rows)
