@@ -509,3 +509,51 @@ def test_an_identity_test_and_a_deleted_name_are_no_values():
     assert rp.why is None and rp.replays == 6 - replay.AFTER_RUNS - 1
     deleting = _SOURCE.format(call="_double").replace("    s2 =", "    del s1[0]\n    s2 =")
     assert replay._source_why(replay.ast.parse(deleting)) == "an assignment into a value"
+
+
+def test_a_pools_kernels_are_replayed_not_its_entry():
+    """A max pool (3x3, stride 2, padded) and a global average pool: their entry points are
+    declared leaves, so a recording replays the kernels below them (not the entries' Python),
+    giving NumPy's results and the driver's bits."""
+    from pdjit.codegen.cpu.lib import pool
+
+    L = fluid.layers
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        img = L.data("img", [8, 21, 20])
+        mp = L.pool2d(img, 3, "max", pool_stride=2, pool_padding=1)
+        gp = L.pool2d(mp, pool_type="avg", global_pooling=True)
+    main = main.clone(for_test=True)
+    exe, scope = fluid.Executor(native_drivers="auto"), fluid.Scope()
+    exe.run(startup, scope=scope)
+
+    def run(x):
+        return exe.run(main, feed={"img": x}, fetch_list=[mp, gp], scope=scope)
+
+    def image():
+        return RNG.standard_normal((1, 8, 21, 20)).astype(np.float32)
+
+    for _ in range(40):
+        run(image())
+        if any(r.replays for r in _replays(exe)):
+            break
+    (rp,) = _replays(exe)
+    assert rp.replays, rp.why
+    ops = [fn for rec in rp.recordings.values() for fn, *_ in rec.ops]
+    entries = {pool.pool2d_fwd, pool.pool2d_max33, pool.pool2d_mean}
+    assert ops and not entries & set(ops), ops
+    x = image()
+    got_mp, got_gp = run(x)
+    padded = np.full((1, 8, 23, 22), -np.inf)
+    padded[:, :, 1:22, 1:21] = x
+    want = np.stack([[padded[:, :, 2 * i:2 * i + 3, 2 * j:2 * j + 3].max(axis=(2, 3))
+                      for j in range(10)] for i in range(11)]).transpose(2, 3, 0, 1)
+    np.testing.assert_array_equal(got_mp, want.astype(np.float32))
+    np.testing.assert_allclose(got_gp, want.mean(axis=(2, 3), keepdims=True), rtol=1e-6)
+    before = rp.off
+    rp.off = "compared"  # the host driver itself
+    try:
+        for a, b in zip(run(x), (got_mp, got_gp)):
+            np.testing.assert_array_equal(a, b)
+    finally:
+        rp.off = before

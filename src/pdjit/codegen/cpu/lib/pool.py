@@ -17,6 +17,7 @@ import numba
 import numpy as np
 from numba.extending import overload, register_jitable
 
+from pdjit.codegen.cpu import replay
 from pdjit.codegen.cpu.lib import conv as _conv
 from pdjit.codegen.cpu.lib import team
 from pdjit.codegen.cpu.lib._jit import compile_cost, jit, jit_sum, jobs, pjit
@@ -356,6 +357,9 @@ def pool2d_mean(x, y):
 
 
 jobs("pool2d_mean")(lambda T: [(_mean_planes, ((T, 4), (T, 4), int, int))])
+# (a host driver's recording replays the kernel calls below them: ``split_work``'s and the
+# parallel loops' own, not these entries' Python)
+replay.declare("leaves", pool2d_fwd, pool2d_max22, pool2d_avg22, pool2d_max33, pool2d_mean)
 
 
 @overload(pool2d_mean)
