@@ -115,7 +115,7 @@ def test_empty_operands_and_errors():
                          np.empty((2, 4, 6), np.float32))
 
 
-def test_split_over_the_parallel_loop_gives_one_threads_bits(monkeypatch):
+def test_split_over_the_parallel_loop_gives_one_threads_bits(monkeypatch, team_loops):
     rng = np.random.default_rng(7)
     q, k, v = (heads(rng, 2, 128, 4, 64, np.float32) for _ in range(3))
     mask = np.where(rng.random((2, 1, 1, 128)) < 0.9, 0, -1e4).astype(np.float32)
@@ -123,16 +123,11 @@ def test_split_over_the_parallel_loop_gives_one_threads_bits(monkeypatch):
     monkeypatch.setattr(threads, "loop_threads", lambda: 1)
     scaled_attention(q, k, v, mask, 0.125, one)
     monkeypatch.setattr(threads, "loop_threads", lambda: 2)
-    loops = []
-    real = team.run
-    monkeypatch.setattr(team, "run", lambda loop, call: loops.append(
-        (loop, call[-1], real(loop, call))) or loops[-1][2])
-    monkeypatch.setattr(team, "AFTER_RUNS", 0)
-    monkeypatch.setattr(team, "COMPILE", True)
     monkeypatch.setattr(team, "_READY", {})      # (what other tests' runs left aside)
+    team_loops.clear()
     two = np.full_like(one, np.nan)
     scaled_attention(q, k, v, mask, 0.125, two)
-    assert loops == [(att._heads_parts, 2, True)]
+    assert team_loops == [(att._heads_parts, 2, True)]
     assert np.array_equal(one, two)
     monkeypatch.setattr(team, "run", lambda loop, call: False)  # not ready: on the helpers
     helpers = np.full_like(one, np.nan)

@@ -341,24 +341,18 @@ def test_subsample_against_numpy_slicing():
         conv.subsample(x, 2, 2, np.empty((2, 4, 5, 4), np.float32))  # channels
 
 
-def test_subsample_split_over_the_team_as_one_thread(monkeypatch):
+def test_subsample_split_over_the_team_as_one_thread(monkeypatch, team_loops):
     """A copy large enough for the parallel loops' threads, split by rows there (the loop
     made ready at once): the same values as NumPy's slicing, and the loop ran."""
-    from pdjit.codegen.cpu.lib import conv, team
+    from pdjit.codegen.cpu.lib import conv
 
     x = RNG.standard_normal((1, 90, 57, 55)).astype(np.float32)  # (90 * 29 rows, odd sizes)
     want = x[:, :, ::2, ::2]
     assert want.size >= conv.SUBSAMPLE_TEAM_MIN
-    ran = []
-    real = team.run
-    monkeypatch.setattr(team, "run", lambda loop, call: ran.append(
-        (loop, call[-1], real(loop, call))) or ran[-1][2])
-    monkeypatch.setattr(team, "AFTER_RUNS", 0)
-    monkeypatch.setattr(team, "COMPILE", True)
     monkeypatch.setattr(conv, "loop_threads", lambda: 2)
     got = np.full(want.shape, np.nan, np.float32)
     conv.subsample(x, 2, 2, got)
-    assert ran == [(conv._subsample_by_team, 2, True)]
+    assert team_loops == [(conv._subsample_by_team, 2, True)]
     assert np.array_equal(got, want)
 
 

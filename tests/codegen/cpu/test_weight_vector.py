@@ -30,16 +30,11 @@ def test_vector_parts_against_numpy_and_one_part(dtype):
             np.testing.assert_array_equal(split, one, err_msg=f"{k}x{n} in {parts}")
 
 
-def test_weight_vector_on_the_team_or_blas(monkeypatch):
+def test_weight_vector_on_the_team_or_blas(monkeypatch, team_loops):
     """One row by a weight large enough runs the parallel loop once it is ready (by ranges of
     columns over the loop threads); a transposed weight, two rows, a small weight or a loop
     not ready yet run BLAS: each against NumPy."""
-    ran = []
-    real = team.run
-    monkeypatch.setattr(team, "run", lambda loop, call: ran.append(
-        (loop, call[-1], real(loop, call))) or ran[-1][2])
-    monkeypatch.setattr(team, "AFTER_RUNS", 0)
-    monkeypatch.setattr(team, "COMPILE", True)
+    ran = team_loops
     monkeypatch.setattr(threads, "loop_threads", lambda: 2)
     monkeypatch.setattr(gemm, "VECTOR_MIN_VALUES", 64 * 40)
     k, n = 70, 40
@@ -67,7 +62,8 @@ def test_weight_vector_on_the_team_or_blas(monkeypatch):
     np.testing.assert_allclose(got, x.astype(np.float64) @ w, rtol=2e-5, atol=2e-5)
 
 
-def test_an_fc_at_batch_one_runs_on_the_vector_product(fresh_programs, monkeypatch):
+def test_an_fc_at_batch_one_runs_on_the_vector_product(fresh_programs, monkeypatch,
+                                                       team_loops):
     """A classifier's last layer (``fc`` of a pooled image, its weight a parameter): at batch
     1 the parallel loop over the weight's columns, at batch 3 BLAS; the bias and softmax after
     it, against NumPy, in native code."""
@@ -77,11 +73,6 @@ def test_an_fc_at_batch_one_runs_on_the_vector_product(fresh_programs, monkeypat
         x = fluid.layers.data("x", [k, 1, 1])
         y = fluid.layers.fc(x, n, act="softmax", param_attr=fluid.ParamAttr(name="wv_w"),
                             bias_attr=fluid.ParamAttr(name="wv_b"))
-    ran = []
-    real = team.run
-    monkeypatch.setattr(team, "run", lambda loop, call: ran.append(loop) or real(loop, call))
-    monkeypatch.setattr(team, "AFTER_RUNS", 0)
-    monkeypatch.setattr(team, "COMPILE", True)
     monkeypatch.setattr(gemm, "VECTOR_MIN_VALUES", 1 << 16)
     exe = fluid.Executor(fluid.CPUPlace(), strict=True)
     scope = fluid.global_scope()
@@ -89,7 +80,7 @@ def test_an_fc_at_batch_one_runs_on_the_vector_product(fresh_programs, monkeypat
     wv = np.asarray(scope.find_var("wv_w").get_tensor()).astype(np.float64)
     bv = np.asarray(scope.find_var("wv_b").get_tensor()).astype(np.float64)
     for batch in (1, 3):
-        ran.clear()
+        team_loops.clear()
         xv = RNG.normal(size=(batch, k, 1, 1)).astype(np.float32)
         got, = exe.run(main, feed={"x": xv}, fetch_list=[y])
         assert_native(exe)
@@ -97,6 +88,33 @@ def test_an_fc_at_batch_one_runs_on_the_vector_product(fresh_programs, monkeypat
         want = np.exp(logits - logits.max(1, keepdims=True))
         want /= want.sum(1, keepdims=True)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
-        assert (gemm._vector_parts in ran) == (batch == 1), (batch, ran)
+        ran = [loop for loop, _, done in team_loops if done]
+        assert (gemm._vector_parts in ran) == (batch == 1), (batch, team_loops)
     report = exe.explain(main, feed={"x": xv}, fetch_list=[y])
     assert "_nn.weight_vector(" in report, report
+
+
+def test_a_matmul_by_a_weight_takes_it_and_a_transposed_one_stays_blas(fresh_programs,
+                                                                      monkeypatch):
+    """``matmul`` of a batch's rows by a weight takes the vector product; by the weight
+    transposed (``transpose_Y``) it stays the op's own BLAS line; both against NumPy."""
+    main, startup = fresh_programs
+    k, n = 80, 1000
+    with fluid.program_guard(main, startup):
+        x = fluid.layers.data("x", [k])
+        w = fluid.layers.create_parameter([k, n], "float32", name="mv_w")
+        wt = fluid.layers.create_parameter([n, k], "float32", name="mv_wt")
+        y = fluid.layers.matmul(x, w)
+        yt = fluid.layers.matmul(x, wt, transpose_y=True)
+    monkeypatch.setattr(gemm, "VECTOR_MIN_VALUES", 1 << 16)
+    exe = fluid.Executor(fluid.CPUPlace(), strict=True)
+    scope = fluid.global_scope()
+    exe.run(startup)
+    xv = RNG.normal(size=(1, k)).astype(np.float32)
+    got, got_t = exe.run(main, feed={"x": xv}, fetch_list=[y, yt])
+    assert_native(exe)
+    for g, name, tr in ((got, "mv_w", False), (got_t, "mv_wt", True)):
+        wv = np.asarray(scope.find_var(name).get_tensor()).astype(np.float64)
+        np.testing.assert_allclose(g, xv @ (wv.T if tr else wv), rtol=1e-4, atol=1e-5)
+    report = exe.explain(main, feed={"x": xv}, fetch_list=[y, yt])
+    assert report.count("_nn.weight_vector(") == 1, report

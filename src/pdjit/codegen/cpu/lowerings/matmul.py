@@ -225,7 +225,7 @@ def _matmul_weight_lower(tx_attr, ty_attr, alpha_attr=None):
             xn, trans = ctx.rank("X") - 1, bool(ctx.attrs[ty_attr])
             if _weight(ctx, xn):
                 return _weight_lines(ctx, xn, trans)
-            if _vector_weight(ctx, xn):
+            if not trans and _vector_weight(ctx, xn):  # (a transposed one: BLAS's)
                 return _vector_lines(ctx, xn, trans)
         return generic(ctx)
     return lower
