@@ -108,7 +108,8 @@ def test_padding_only_before_or_after(ready, counted):
 def test_where_the_taps_pay(ready, monkeypatch):
     """Whole panels of output channels over rows of 28 pixels or more: a first layer of 3
     input channels included (which the other packed kernels leave); not 96 channels (a
-    quarter of two panels empty), rows of 14 (the patches, as before), a 1x1 filter (strided:
+    quarter of two panels empty), 128 channels onto rows of 14 (the patches; tiles of 7 pixels
+    by 48 channels take 96, 200 or 512 there), a 1x1 filter (strided:
     the subsample or the patches), nor any until the kernel is ready (the taps kernel then
     serves, the same results)."""
     assert pointwise.usable(64, 3, 7, 7, 2, 2, 3, 3, 1, 1, 1, p=224 * 224, q=112 * 112,
@@ -121,8 +122,17 @@ def test_where_the_taps_pay(ready, monkeypatch):
     assert not pointwise._taps_pays(512, 1, 1, 28)
     # rows of 7 or 14 pixels on tiles of 7 by 48 channels: whole panels, or enough of them
     assert [pointwise._taps_pays(m, 3, 3, ow) for m, ow in (
-        (96, 7), (512, 14), (200, 7), (128, 7), (512, 15), (512, 0), (512, 21))] == \
-        [3, 3, 3, 0, 0, 0, 3]
+        (96, 7), (512, 14), (200, 7), (128, 7), (512, 15), (512, 0), (512, 21), (192, 14),
+        (190, 7))] == [3, 3, 3, 0, 0, 0, 3, 0, 0]
+    # (192 channels pack to one size in panels of 48 and of 64: a filter packed for the patches
+    # of a plane whose rows were not given must not be taken for the taps' kind)
+    w = RNG.standard_normal((192, 16, 3, 3)).astype(np.float32)
+    x = RNG.standard_normal((1, 16, 14, 14)).astype(np.float32)
+    y = np.full((1, 192, 14, 14), np.nan, np.float32)
+    pointwise.pointwise_range(x, w, pointwise.pointwise_weight(w, 196, 1, False), y, 0, 1, 1,
+                              1, 1, 1, 1, 1, 1, E, -INF, INF, E)
+    np.testing.assert_allclose(y, _oracle(x, w, 1, 1, 1, 1, 1, 1, 14, 14, E, E, -INF, INF),
+                               rtol=1e-4, atol=1e-4)
     assert pointwise.usable(128, 256, 3, 3, 2, 2, 1, 1, 1, 1, 1, p=784, q=196, ow=14) == \
         "pointwise_range_patches"                          # (the patches: 128 channels)
     w = RNG.standard_normal((64, 3, 7, 7)).astype(np.float32)
@@ -138,7 +148,7 @@ def test_where_the_taps_pay(ready, monkeypatch):
 
 
 @pytest.mark.parametrize("c,h,k,s,p,m", [(3, 60, 7, 2, 3, 128), (5, 61, 3, 2, 1, 128),
-                                         (40, 28, 3, 1, 1, 128), (17, 14, 3, 2, 1, 192)])
+                                         (40, 28, 3, 1, 1, 128), (17, 14, 3, 2, 1, 200)])
 def test_split_by_output_rows_gives_the_one_calls_bits(ready, monkeypatch, counted, c, h, k,
                                                       s, p, m):
     """A one-sample call split by a parallel loop into ranges of its output rows (three

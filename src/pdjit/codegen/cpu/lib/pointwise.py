@@ -142,8 +142,9 @@ MIN_CHANNELS = 16
 #: (256 -> 512 3x3 stride 2 771 / 575), and 96 channels (two panels, a quarter empty: 7x7
 #: stride 2 1719 / 1961)
 TAPS_MIN_ROW = 28
-#: ... and on tiles of 7 pixels by 48 channels (kind 3) onto rows of 7 or 14 pixels, where the
-#: channels are a multiple of 48 or this many (a last panel part empty). Measured alone (batch
+#: ... and on tiles of 7 pixels by 48 channels (kind 3) onto shorter rows of whole tiles (7, 14
+#: or 21 pixels), where the channels are a multiple of 48 or this many (a last panel part
+#: empty). Measured alone (batch
 #: 1, a filter from memory at each call, us, over the patches / reading the taps, one thread;
 #: two threads, each split by rows): ResNet-50's 7x7 512 -> 512 3x3 1230 / 1115; 806 / 684,
 #: its stride-2 14x14 -> 7x7 512 -> 512 1190 / 1125; 708 / 696, 28x28 -> 14x14 256 -> 256
@@ -209,13 +210,17 @@ def _taps_pays(m_, kh, kw, ow_) -> int:
     runs reading its taps, rather than over its patches (0): kind 2 where the channels fill
     whole panels of 64 and the rows are long (:data:`TAPS_MIN_ROW`), kind 3 where shorter rows
     are whole tiles of 7 pixels (7x7, 14x14 planes) and the channels fill panels of 48 or
-    leave little of them empty (:data:`TAPS3_MIN_CHANNELS`)."""
+    leave little of them empty (:data:`TAPS3_MIN_CHANNELS`), and pack to another size than in
+    panels of 64 (192, 384, ... channels do not: a filter packed for the patches of a plane
+    whose rows were not given, :func:`pointwise_weight`, then fits the taps' kind too, and a
+    call would take it for the wrong one)."""
     if kh * kw < 2 or m_ < 1:
         return 0
     if m_ % _NR == 0 and ow_ >= TAPS_MIN_ROW:
         return 2
     if ow_ > 0 and ow_ % _MR3 == 0 and ow_ < TAPS_MIN_ROW and \
-            (m_ % _NR3 == 0 or m_ >= TAPS3_MIN_CHANNELS):
+            (m_ % _NR3 == 0 or m_ >= TAPS3_MIN_CHANNELS) and \
+            (m_ + _NR3 - 1) // _NR3 * _NR3 != (m_ + _NR - 1) // _NR * _NR:
         return 3
     return 0
 
