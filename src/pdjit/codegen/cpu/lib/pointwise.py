@@ -358,7 +358,7 @@ def _pick(key, w, p_, n_, in_place, tiles, ow) -> tuple:
     """:data:`_PICKS`' entry ``key`` for a call of :func:`pointwise_weight`, made and kept."""
     k, taps = 0, False
     if w.dtype == np.float32 and w.ndim == 4 and type(w) is np.ndarray:
-        taps = 0 if in_place else _taps_pays(w.shape[0], w.shape[2], w.shape[3], ow)
+        taps = _taps_pays(w.shape[0], w.shape[2], w.shape[3], ow)  # (0 for a 1x1 filter)
         k = _kind(w.shape[0], w.size // max(1, w.shape[0]), p_, in_place, taps)
         if tiles > 0 and enough_tiles(n_ * tiles, w.shape[0], w.shape[1]):
             k = 0
@@ -383,8 +383,7 @@ def _pointwise_weight_native(w, p_, n_=1, in_place=True, tiles=0, ow=0):
     def impl(w, p_, n_=1, in_place=True, tiles=0, ow=0):
         m_ = w.shape[0]
         k_ = w.size // m_ if m_ > 0 else 0
-        k = _kind(m_, k_, p_, in_place,
-                  0 if in_place else _taps_pays(m_, w.shape[2], w.shape[3], ow))
+        k = _kind(m_, k_, p_, in_place, _taps_pays(m_, w.shape[2], w.shape[3], ow))
         if k == 0 or n_ * p_ < NATIVE_MIN_PIXELS or \
                 tiles > 0 and enough_tiles(n_ * tiles, m_, w.shape[1]):
             return np.empty(0, w.dtype)
@@ -408,7 +407,7 @@ def _packed_kind(x, w, ap, y, sh, sw, pt, pl, bias, res):
         return 0, in_place
     k_ = w.size // m_
     k = _kind(m_, k_, y.shape[2] * y.shape[3], in_place,
-              0 if in_place else _taps_pays(m_, w.shape[2], w.shape[3], y.shape[3]))
+              _taps_pays(m_, w.shape[2], w.shape[3], y.shape[3]))
     return (k if ap.size == _packed_size(m_, k_, k) else 0), in_place
 
 

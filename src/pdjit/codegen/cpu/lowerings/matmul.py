@@ -156,13 +156,19 @@ def _weight(ctx, xn: int) -> bool:
     ``PACKED_MIN_ROWS`` or more). A product whose rows are the batch alone stays with BLAS: its
     rows are few at the batch sizes of serving, and the packed kernel costs ~1.5 s of CPU to
     compile."""
-    if not _blas_ok(ctx) or ctx.rank("Y") != 2 or ctx.dtype("X") not in _PACKED_DTYPES or \
-            ctx.dtype("Y") != ctx.dtype("X") or xn < 2:
+    if xn < 2:
         return False
     per_sample = ctx.shape("X")[1:xn]
     if all(d >= 0 for d in per_sample) and math.prod(per_sample) < PACKED_MIN_ROWS:
         return False
-    return weight_var(ctx.op, ctx.op.input("Y")[0]) is not None
+    return _weight_operand(ctx)
+
+
+def _weight_operand(ctx) -> bool:
+    """Whether Y is a weight a product may keep a copy or a split of: a float32/float64 matrix
+    of X's dtype, persistable, that no op of the program writes."""
+    return _blas_ok(ctx) and ctx.rank("Y") == 2 and ctx.dtype("X") in _PACKED_DTYPES and \
+        ctx.dtype("Y") == ctx.dtype("X") and weight_var(ctx.op, ctx.op.input("Y")[0]) is not None
 
 
 def _vector_weight(ctx, xn: int) -> bool:
@@ -171,12 +177,8 @@ def _vector_weight(ctx, xn: int) -> bool:
     dtype that no op of the program writes) of ``VECTOR_MIN_VALUES`` or more:
     ``_nn.weight_vector``, which splits one sample's product over the loop threads (smaller
     products stay the op's own GEMM line)."""
-    if not _blas_ok(ctx) or ctx.rank("Y") != 2 or ctx.dtype("X") not in _PACKED_DTYPES or \
-            ctx.dtype("Y") != ctx.dtype("X") or not 1 <= xn < ctx.rank("X") or \
-            any(d != 1 for d in ctx.shape("X")[1:xn]) or \
-            _prod(ctx.shape("Y")) < _gemm.VECTOR_MIN_VALUES:
-        return False
-    return weight_var(ctx.op, ctx.op.input("Y")[0]) is not None
+    return 1 <= xn < ctx.rank("X") and all(d == 1 for d in ctx.shape("X")[1:xn]) and \
+        _prod(ctx.shape("Y")) >= _gemm.VECTOR_MIN_VALUES and _weight_operand(ctx)
 
 
 def _vector_lines(ctx, xn: int, trans: bool):
