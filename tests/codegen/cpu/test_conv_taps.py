@@ -43,7 +43,7 @@ def counted(monkeypatch, ready):
     monkeypatch.setattr(pointwise, "_taps_ready", lambda: True)
     monkeypatch.setattr(pointwise, "conv_taps", lambda *a: calls.append(a[1:3]) or real(*a))
     monkeypatch.setattr(team, "run", lambda loop, call: real_run(loop, call) and (
-        loop is not pointwise._taps_by_rows or not calls.append(loop)))
+        loop is not pointwise._taps_parts or not calls.append(loop)))
     return calls
 
 
@@ -148,14 +148,15 @@ def test_where_the_taps_pay(ready, monkeypatch):
 
 
 @pytest.mark.parametrize("c,h,k,s,p,m", [(3, 60, 7, 2, 3, 128), (5, 61, 3, 2, 1, 128),
-                                         (40, 28, 3, 1, 1, 128), (17, 14, 3, 2, 1, 200)])
-def test_split_by_output_rows_gives_the_one_calls_bits(ready, monkeypatch, counted, c, h, k,
-                                                      s, p, m):
-    """A one-sample call split by a parallel loop into ranges of its output rows (three
-    parts): the parts pad the image together (each its share of the input channels: 3 in 1,
-    1, 1; 5 in 1, 2, 2), then each computes every output channel of its rows: the one call's
-    bits, its residual in another buffer and in the output's own; tiles of 7 pixels onto a
-    7x7 plane too."""
+                                         (40, 28, 3, 1, 1, 128), (17, 14, 3, 2, 1, 200),
+                                         (9, 14, 3, 2, 1, 480), (3, 120, 3, 2, 1, 192)])
+def test_split_over_threads_gives_the_one_calls_bits(ready, monkeypatch, counted, c, h, k, s,
+                                                     p, m):
+    """A one-sample call split by a parallel loop into three parts: the parts pad the image
+    together (each its share of the input channels: 3 in 1, 1, 1; 5 in 1, 2, 2), then each
+    computes its tiles (by rows where the image is the larger, else whole panels each and the
+    panels left by rows): the one call's bits, its residual in another buffer and in the
+    output's own; tiles of 7 pixels onto a 7x7 plane too."""
     loops = _team_loops(monkeypatch)
     x = RNG.standard_normal((1, c, h, h)).astype(np.float32)
     w = RNG.standard_normal((m, c, k, k)).astype(np.float32)
@@ -170,23 +171,45 @@ def test_split_by_output_rows_gives_the_one_calls_bits(ready, monkeypatch, count
     assert len(counted) == 1
     np.testing.assert_allclose(one, _oracle(x, w, s, s, p, p, 1, 1, oh, oh, bias, res, 0.0,
                                             6.0), rtol=1e-4, atol=1e-4)
-    for rows in _split_by_rows(x, w, ap, geo, bias, res, one, loops,
-                               pointwise._taps_by_rows):
-        # (the rows of the first panels, then of the others: 7 rows as 3, 2, 2 and 2, 2, 3)
-        assert rows.shape == (2, 4) and (rows[:, 0] == 0).all() and (rows[:, -1] == oh).all()
-        assert (rows[0] != rows[1]).any() == (oh % 3 != 0)
+    for rows in _split_by_rows(x, w, ap, geo, bias, res, one, loops, pointwise._taps_parts):
+        # (by panels where the packed filter outweighs the image: a group of rows per part)
+        assert rows.shape[1] == 4 and (rows[:, 0] == 0).all() and (rows[:, -1] == oh).all()
+        npan = -(-m // pointwise._step(pointwise._taps_pays(m, k, k, oh)))
+        assert rows.shape[0] == (4 if ap.size > x[0].size and npan >= 3 else 2)
 
 
-def test_rows_that_do_not_split_evenly_share_the_middle_one_by_panels():
-    """7 output rows of 11 panels on two threads: each part 3 rows of every panel and the
-    fourth of 5 or 6 panels (38 and 39 of the 77 tiles), not 4 and 3 rows (44 and 33)."""
-    rows, split = pointwise._row_panels(np.array([0, 3, 7], np.int64), 512, 3)
-    assert rows.tolist() == [[0, 4, 7], [0, 3, 7]] and split == 5
-    tiles = [(rows[0, p + 1] - rows[0, p]) * split + (rows[1, p + 1] - rows[1, p]) * (11 - split)
-             for p in range(2)]
-    assert tiles == [38, 39]
-    rows, split = pointwise._row_panels(np.array([0, 7, 14], np.int64), 512, 3)
-    assert rows.tolist() == [[0, 7, 14], [0, 7, 14]] and split == 11
+def _tiles(rows, pans, oh):
+    """Each (panel, row) of a plan of :func:`pointwise._taps_plan` with the parts that compute
+    it; and the tiles of each part (rows times panels)."""
+    owners, per = {}, [0] * (rows.shape[1] - 1)
+    for g in range(rows.shape[0]):
+        for j in range(pans[g], pans[g + 1]):
+            for q in range(rows.shape[1] - 1):
+                for r in range(rows[g, q], rows[g, q + 1]):
+                    owners.setdefault((j, r), []).append(q)
+                    per[q] += 1
+    return owners, per
+
+
+@pytest.mark.parametrize("by_channels", [False, True])
+@pytest.mark.parametrize("parts,oh,m,kind", [(2, 7, 512, 3), (2, 14, 256, 3), (3, 7, 512, 3),
+                                             (2, 112, 64, 2), (2, 28, 128, 2), (3, 29, 320, 2),
+                                             (4, 7, 96, 3)])
+def test_a_plan_computes_every_tile_once_and_deals_them_evenly(by_channels, parts, oh, m,
+                                                                kind):
+    """Every (panel, output row) is computed by one part, and the parts' tiles differ by at
+    most a panel's share of a row range: 7 rows of 11 panels on two threads give 38 and 39
+    of the 77 tiles by rows (3 rows of every panel and the fourth of half of them, not 44
+    and 33), and by panels 5 panels each and the eleventh by rows (3 and 4 rows)."""
+    rows, pans = pointwise._taps_plan(parts, oh, m, kind, by_channels)
+    npan = -(-m // (48 if kind == 3 else 64))
+    owners, per = _tiles(rows, pans, oh)
+    assert sorted(owners) == [(j, r) for j in range(npan) for r in range(oh)]
+    assert all(len(v) == 1 for v in owners.values())
+    assert max(per) - min(per) <= (oh if by_channels and npan >= parts else npan)
+    if (parts, oh, m) == (2, 7, 512):
+        assert per == [38, 39]
+        assert (rows.shape[0] == 3) == by_channels
 
 
 def test_compiled_code_packs_and_reads_the_taps():

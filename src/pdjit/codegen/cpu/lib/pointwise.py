@@ -766,8 +766,9 @@ def _split(parts, work, x, w, ap, y, sh, sw, pt, pl, dh, dw, groups, bias, lo, h
         k = min(parts, y.shape[2])
         rows = np.array([y.shape[2] * i // k for i in range(k + 1)], np.int64)
         call = (x, ap, y, rows, _step(kind), geo, bias, float(lo), float(hi), res)
-        if _taps_pays(w.shape[0], w.shape[2], w.shape[3], y.shape[3]) and \
-                team.run(_taps_by_rows, call[:3] + _row_panels(rows, y.shape[1], kind) + call[4:]):
+        if _taps_pays(w.shape[0], w.shape[2], w.shape[3], y.shape[3]) and team.run(
+                _taps_parts, call[:3] + _taps_plan(k, y.shape[2], y.shape[1], kind,
+                                                   ap.size > x[0].size) + call[4:]):
             return True
         most = -(-y.shape[2] // k) * y.shape[3]
         if COLS_BY_ROWS and team.run(_cols_by_rows,
@@ -886,41 +887,54 @@ def _cols_by_rows(x, ap, y, rows, nr, geo, bias, lo, hi, res, col):
         _cols_sample(part, 0, ap, nr, yf, 0, m_, k_, p_, bias, lo, hi, res, q0, q1)
 
 
-def _row_panels(rows, m_, kind) -> tuple:
-    """``(rows of the parts, split)`` of :func:`_taps_by_rows` for the parts of ``rows`` (each
-    one range of output rows) of ``m_`` output channels on the tiles ``kind``: the panels
-    before ``split`` by the ranges that give the first parts one row more where the rows do not
-    split evenly, those from it by ``rows`` (7 rows on two threads: each part 3 rows of every
-    panel and the fourth of half of them, rather than 4 and 3)."""
-    k = rows.shape[0] - 1
-    ceil = np.array([-(-rows[-1] * i // k) for i in range(k + 1)], np.int64)
+def _taps_plan(parts, oh, m_, kind, by_channels) -> tuple:
+    """``(rows, pans)`` of :func:`_taps_parts` for ``parts`` parts of ``oh`` output rows of
+    ``m_`` output channels on the tiles ``kind``: the panels ``pans[g] .. pans[g + 1]``
+    computed by part ``p`` in the rows ``rows[g, p] .. rows[g, p + 1]``.
+
+    ``by_channels`` (where the packed filter is larger than the image): each part its own
+    whole panels, every row of them, then the panels left over by ranges of rows, so that each
+    part reads a share of the filter and the whole image. Measured alone (two threads, batch 1,
+    a filter from memory at each call, us, by rows / by panels): ResNet-50's 7x7 512 -> 512 687
+    / 593, stride 2 onto 7x7 712 / 620, onto 14x14 256 611 / 580. Else by ranges of rows (the
+    share of the image, the whole filter): 7 rows on two threads give each part 3 rows of every
+    panel and the fourth of half of them (38 and 39 of 77 tiles, not 44 and 33); where the
+    image is the larger, by panels was behind (128 -> 128 stride 2 onto 28x28 563 / 583)."""
     npan = -(-m_ // _step(kind))
-    return np.stack([ceil, rows]), npan // 2 if (ceil != rows).any() else npan
+    even = np.array([oh * i // parts for i in range(parts + 1)], np.int64)
+    if by_channels and npan >= parts:
+        q = npan // parts
+        rows = np.zeros((parts + 1, parts + 1), np.int64)
+        for p in range(parts):
+            rows[p, p + 1:] = oh
+        rows[parts] = even
+        return rows, np.array([q * g for g in range(parts + 1)] + [npan], np.int64)
+    ceil = np.array([-(-oh * i // parts) for i in range(parts + 1)], np.int64)
+    return np.stack([ceil, even]), np.array(
+        [0, npan // 2 if (ceil != even).any() else npan, npan], np.int64)
 
 
 @pjit
-def _taps_by_rows(x, ap, y, rows, split, nr, geo, bias, lo, hi, res):
-    """:func:`conv_taps` of one sample, in parallel ranges of its output rows: ``rows[0]``'s
-    for the output channels of the panels before ``split``, ``rows[1]``'s for the others
-    (:func:`_row_panels`). The parts pad the image together first (each its share of the
-    channels), then each computes its rows of each panel, every panel read once. Each output
-    is summed as the whole call sums it."""
+def _taps_parts(x, ap, y, rows, pans, nr, geo, bias, lo, hi, res):
+    """:func:`conv_taps` of one sample in parallel parts, each the output rows ``rows[g, p]
+    .. rows[g, p + 1]`` of the panels ``pans[g] .. pans[g + 1]`` for every ``g``
+    (:func:`_taps_plan`). The parts pad the image together first (each its share of the
+    channels), then each computes its tiles, a panel's rows read once per range of rows. Each
+    output is summed as the whole call sums it."""
     m_, c_ = y.shape[1], x.shape[1]
     k_ = c_ * geo[0] * geo[1]
     _cols_check(x, ap, nr, y, _conv._plain(0), _conv._plain(1), k_, bias, res)
     hp, wp, xp, off = _tap_planes(c_, y, geo[0], geo[1], geo[2], geo[3], geo[6], geo[7])
     yf = y.reshape(y.size)
     parts = rows.shape[1] - 1
-    npan = (m_ + nr - 1) // nr
     for p in numba.prange(parts):
         _padded(x, 0, c_ * p // parts, c_ * (p + 1) // parts, geo[4], geo[5], hp, wp, xp)
     for p in numba.prange(parts):
-        for g in range(2):
-            j0, j1 = (0, split) if g == 0 else (split, npan)
-            if j1 > j0:
+        for g in range(rows.shape[0]):
+            if pans[g + 1] > pans[g] and rows[g, p + 1] > rows[g, p]:
                 _taps_sample(xp, wp, off, ap, nr, yf, 0, m_, k_, y.shape[3],
                              y.shape[2] * y.shape[3], geo[2], geo[3], bias, lo, hi, res,
-                             rows[g, p], rows[g, p + 1], j0, j1)
+                             rows[g, p], rows[g, p + 1], pans[g], pans[g + 1])
 
 
 _PATCHES = threading.local()
@@ -984,9 +998,9 @@ jobs("pointwise._by_channels (warmup)")(lambda T: [] if np.dtype(T) != np.float3
                             (np.int64, 1), (T, 1), float, float, (T, 1), (T, 1))),
     (_cols_by_rows, ((T, 4), (T, 1), (T, 4), (np.int64, 1), int, (np.int64, 1), (T, 1),
                      float, float, (T, 1), (T, 1))),
-    (_taps_by_rows, ((T, 4), (T, 1), (T, 4), (np.int64, 2), int, int, (np.int64, 1),
-                     (T, 1), float, float, (T, 1)))])
+    (_taps_parts, ((T, 4), (T, 1), (T, 4), (np.int64, 2), (np.int64, 1), int,
+                   (np.int64, 1), (T, 1), float, float, (T, 1)))])
 compile_cost(0.9, rows_by_pixels)
 compile_cost(1.6, _patches_by_channels)
 compile_cost(1.6, _cols_by_rows)
-compile_cost(1.6, conv_taps, _taps_by_rows)
+compile_cost(1.6, conv_taps, _taps_parts)
