@@ -46,7 +46,7 @@ def test_conv_epilogue_is_a_python_loop_over_compiled_calls(fresh_programs):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     calls = [c for s in _steps(exe) for _, c in getattr(s.compiled, "calls", ())]
     loops = [c for c in calls if isinstance(c, HostFunction)]
-    assert len(loops) == 1 and "_nn.conv._fwd_range(" in loops[0].text
+    assert len(loops) == 1 and "_kc(_nn.conv._fwd_range, " in loops[0].text
     (_, epi), = loops[0].calls
     assert isinstance(epi, Compiled) and epi.fn.signatures  # the epilogue ran compiled
     # no compiled function holds the convolution's loop over blocks

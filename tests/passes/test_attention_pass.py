@@ -255,3 +255,64 @@ def test_an_ahead_of_time_artifact_runs_the_core_as_the_predictor(cache):
     np.testing.assert_array_equal(got, want)
     np.testing.assert_allclose(got, _forward(xv.astype(np.float64), mv.astype(np.float64),
                                              values)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_an_encoder_block_replays_the_kernels_below_the_entry_points(tmp_path, monkeypatch):
+    """Attention, a residual layer norm and a feed-forward pair with gelu through the
+    Predictor at batch 1: once recorded, its runs replay only compiled kernels (the
+    products', the layer norm's, the attention core's, the gelu epilogue's), none of the
+    library's Python entry points nor the generated loop that runs the epilogue by blocks,
+    and give the oracle's values and the host driver's bits for inputs the recording never
+    saw."""
+    from numba.core.dispatcher import Dispatcher
+    from scipy.special import erf
+
+    from pdjit.codegen.cpu import replay, threads
+
+    monkeypatch.setenv("PDJIT_NATIVE_DRIVERS", "")  # (the default: tiers, a host replay)
+    monkeypatch.setattr(replay, "TRIAL_RUNS", 0)  # (no timed trial: the runs are too short)
+    monkeypatch.setattr(threads.RunChoice, "begin", lambda self, key: None)
+    monkeypatch.setattr(threads.RunChoice, "end", lambda self, key, seconds: None)
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        L = fluid.layers
+        feeds, (y,) = _build(L)
+        h = L.layer_norm(L.elementwise_add(y, feeds[0]), begin_norm_axis=2)
+        f = L.fc(L.fc(h, 2 * E, num_flatten_dims=2, act="gelu"), E, num_flatten_dims=2)
+    values = save_drawn(main, startup, feeds, [f], tmp_path,
+                        lambda name, shape: RNG.standard_normal(shape) * 0.4)
+    pred = _predictor(tmp_path)  # (the library's kernels from the tests' cache: ready)
+    assert collections.Counter(op.type for op in pred.program().global_block().ops)[CORE] == 1
+
+    def oracle(xv, mv):
+        a, _ = _forward(xv, mv, values)
+        t = a + xv
+        t = (t - t.mean(-1, keepdims=True)) / np.sqrt(t.var(-1, keepdims=True) + 1e-5)
+        t = t * values["layer_norm_0.w_0"] + values["layer_norm_0.b_0"]
+        g = t @ values["fc_4.w_0"] + values["fc_4.b_0"]
+        g = 0.5 * g * (1 + erf(g / np.sqrt(2)))
+        return g @ values["fc_5.w_0"] + values["fc_5.b_0"]
+
+    def run(xv, mv):
+        feed = {"x": xv, "mask": mv}
+        return pred.run([feed[k] for k in pred.get_input_names()])[0]
+
+    reps = []
+    for _ in range(3 * (replay.AFTER_RUNS + 2)):
+        run(*_inputs(1))
+        reps = [s.tiers.replay for _, plan in pred._exe._plans.values() for s in plan.walk()
+                if getattr(s, "tiers", None) is not None and s.tiers.replay is not None]
+        if any(r.replays for r in reps):
+            break
+    (rp,) = [r for r in reps if r.replays]
+    ops = [fn for rec in rp.recordings.values() for fn, *_ in rec.ops]
+    assert ops and all(isinstance(fn, Dispatcher) for fn in ops), ops
+    xv, mv = _inputs(1)
+    got = run(xv, mv)
+    np.testing.assert_allclose(got, oracle(xv.astype(np.float64), mv.astype(np.float64)),
+                               rtol=1e-4, atol=1e-4)
+    before, rp.off = rp.off, "compared"  # the host driver itself
+    try:
+        np.testing.assert_array_equal(run(xv, mv), got)
+    finally:
+        rp.off = before

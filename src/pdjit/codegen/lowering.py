@@ -1421,7 +1421,8 @@ class SegmentGen:
         in a host driver a :class:`HostFunction` (Python calling both compiled functions), so
         no copy of the library kernel is compiled into it; ``parallel``: it takes the
         epilogue's parallel variant (a host driver's)."""
-        src = self.target.blocked_kernel(kernel, fn, nbefore, nafter, parallel)
+        src = self.target.blocked_kernel(kernel, fn, nbefore, nafter, parallel,
+                                         host=not self.native)
         if self.native:
             return compile_function(src, "kernel", target=self.target.name, calls=[("E", epi)])
         return HostFunction(src, "kernel", calls=[("E", epi)], target=self.target.name)

@@ -294,9 +294,10 @@ class Target:
         raise NotImplementedError(f"the {self.name} target has no native drivers")
 
     def blocked_kernel(self, k, fn: str, nbefore: int, nafter: int,
-                       parallel: bool = False) -> str:
+                       parallel: bool = False, host: bool = False) -> str:
         """An opaque op computed by blocks, ``k`` its epilogue (``block_forms`` only);
-        ``parallel``: the kernel takes the epilogue's parallel variant after ``N``."""
+        ``parallel``: the kernel takes the epilogue's parallel variant after ``N``; ``host``:
+        the source of a host function (``compiler.HostFunction``), not of a compiled one."""
         raise NotImplementedError(f"the {self.name} target has no blocked epilogues")
 
     def loop_kernel(self, var: str, params: list, before: list, body: list) -> str:

@@ -18,7 +18,7 @@ import pdjit as fluid
 from pdjit.codegen import params
 from pdjit.codegen.cpu import replay, threads
 from pdjit.codegen.cpu.lib import conv as convlib
-from pdjit.codegen.cpu.lib import team
+from pdjit.codegen.cpu.lib import pointwise, team
 from pdjit.testing import assert_native
 
 RNG = np.random.default_rng(68)
@@ -114,6 +114,10 @@ def test_replayed_runs_give_the_oracle_and_the_drivers_bits(monkeypatch):
     (rp,) = _replays(exe)
     assert rp.off is None and rp.recordings and rp.replays > len(xs)
     assert_native(exe)
+    ops = [fn for rec in rp.recordings.values() for fn, *_ in rec.ops]
+    # (the 1x1 convolutions' entry point replayed as the packed kernel it ends in)
+    assert {pointwise.pointwise_rows, pointwise.pointwise_cols} & set(ops) and not any(
+        replay._kind_of(fn) == "leaves" for fn in ops), ops
     v = _values(scope)
     for x, g, k in zip(xs, got, kept):
         np.testing.assert_allclose(g, _oracle(x.astype(np.float64), v), rtol=2e-4, atol=1e-6)

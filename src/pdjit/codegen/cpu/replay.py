@@ -57,6 +57,7 @@ import os
 import threading
 import time
 import types as pytypes
+import weakref
 
 import numpy as np
 from numba.core.dispatcher import Dispatcher
@@ -89,7 +90,7 @@ MAX_BYTES = 64 << 20
 #: may name the slower path that served until then
 VERSION = [0]
 
-_KINDS: dict = {}   # id(function) -> (kind, function)
+_KINDS: dict = {}   # id(function) -> (kind, a weak reference to the function)
 _local = threading.local()
 
 
@@ -100,8 +101,14 @@ def declare(kind: str, *fns) -> None:
     the arguments' shapes and the thread counts: computed, nothing recorded)."""
     if kind not in ("leaves", "derived", "pure"):
         raise ValueError(f"pdjit: replay: no kind {kind!r}")
-    for f in fns:
-        _KINDS[id(f)] = (kind, f)
+    for f in fns:  # (a generated host function goes with its program)
+        _KINDS[id(f)] = (kind, weakref.ref(f, lambda _, k=id(f): _KINDS.pop(k, None)))
+
+
+def _kind_of(f):
+    """What ``f`` is declared (:func:`declare`), or None."""
+    kind = _KINDS.get(id(f))
+    return kind[0] if kind is not None and kind[1]() is f else None
 
 
 def recording():
@@ -300,10 +307,22 @@ class _Recorder:
 
     def below_leaves(self, fn, args) -> None:
         """``fn(*args)`` below an entry point declared ``"leaves"``, recorded: a kernel as a
-        leaf, a Python function as a call made again (not the kernel calls below it)."""
+        leaf, another entry point declared ``"leaves"`` by the kernel calls below it, any
+        other Python function as a call made again (not the kernel calls below it)."""
         if _is_kernel(fn):
             fn(*args)
+        elif getattr(fn, "takes_serial", False):  # (a parallel variant, as :meth:`call`)
+            if fn.fn is None:
+                refuse("a parallel variant not compiled yet")
+                fn(*args)
+                return
+            fn(*args)
+            self.leaf(fn.fn, args[1:], team=True)
+            return
         else:
+            if _kind_of(fn) == "leaves":
+                self._entry("leaves", fn, args, {})
+                return
             self._under("call", fn, args, {})
         self.leaf(fn, args)
 
@@ -327,9 +346,9 @@ class _Recorder:
         """``f(*args, **kwargs)``, a call of the driver's lines, recorded by what ``f`` is."""
         if self.why is not None:  # (nothing kept: the run goes on as the driver's)
             return f(*args, **kwargs)
-        kind = _KINDS.get(id(f))
-        if kind is not None and kind[1] is f:
-            return self._entry(kind[0], f, args, kwargs)
+        kind = _kind_of(f)
+        if kind is not None:
+            return self._entry(kind, f, args, kwargs)
         if f is np.empty:
             out = f(*args, **kwargs)
             self.allocs.append(out)

@@ -80,7 +80,7 @@ BLOCK_ELEMS = 1 << 16
 
 
 def blocked_kernel(k: LoopKernel, fn: str, nbefore: int, nafter: int,
-                   parallel: bool = False) -> str:
+                   parallel: bool = False, host: bool = False) -> str:
     """Source of ``kernel(n0, n1, N, r0.., L0.., O0.., p0.., sizes)``: for each block
     ``b0..b1`` of the samples ``n0..n1`` (of ``N``), ``fn(r<before>, b0, b1, r<after>)``
     computes the block of an opaque op's output, then the epilogue kernel ``E`` (global: the
@@ -93,7 +93,12 @@ def blocked_kernel(k: LoopKernel, fn: str, nbefore: int, nafter: int,
     a team of their own: a batch of one, an encoder's gelu after its first feed-forward
     product); and a batch of one sample goes through ``split_work`` (``W``: the op's work),
     which splits one sample's convolution over threads by its channels or pixels as it does
-    for the op without an epilogue (MobileNetV3's convolutions before a hard_swish)."""
+    for the op without an epilogue (MobileNetV3's convolutions before a hard_swish).
+
+    ``host``: run as Python (``compiler.HostFunction``), the function is declared a
+    ``"leaves"`` entry of the replay recorder (``replay.declare``) and makes each call through
+    ``replay.kernel_call``, so that a recorded host driver replays the kernels it ends in, not
+    its loop."""
     nl, no = len(k.leaves), len(k.stores)
     rs = [f"r{i}" for i in range(nbefore + nafter)]
     sizes = {"flat": ["n"], "row": ["nr", "nc"], "mid": ["no", "nm", "ni"]}[k.form]
@@ -106,12 +111,15 @@ def blocked_kernel(k: LoopKernel, fn: str, nbefore: int, nafter: int,
     args += [f"O{j}[lo:hi]" for j in range(no)] + [f"p{i}" for i in range(k.nparams)]
     args += [f"{sizes[0]} // N * (b1 - b0)"] + sizes[1:]
     call = ", ".join(rs[:nbefore] + ["b0", "b1"] + rs[nbefore:])
-    epilogue = [f"        E({', '.join(args)})"]
+    def called(f, a):  # (a host function's calls through the recorder's hook)
+        return f"_kc({f}, {a})" if host else f"{f}({a})"
+
+    epilogue = [f"        {called('E', ', '.join(args))}"]
     if parallel:
         epilogue = [f"        if hi - lo >= {parallel_min_elements(k)} and n1 - n0 == N:",
-                    f"            EP({', '.join(['E'] + args)})",
+                    f"            {called('EP', ', '.join(['E'] + args))}",
                     "        else:", "    " + epilogue[0]]
-    body = [f"        {fn}({call})"]
+    body = [f"        {called(fn, call)}"]
     if parallel:
         body = ["        if N == 1:",
                 f"            _nn.split_work({', '.join([fn, '1', 'W'] + rs)}, head={nbefore})",
@@ -126,7 +134,7 @@ def blocked_kernel(k: LoopKernel, fn: str, nbefore: int, nafter: int,
         "        b1 = min(b0 + nb, n1)",
         *body,
         "        lo, hi = b0 * per, b1 * per",
-        *epilogue])
+        *epilogue] + (["", "", "_rp_declare('leaves', kernel)"] if host else []))
 
 
 # ---- the host driver ---------------------------------------------------------------------------
@@ -284,7 +292,10 @@ class CpuTarget(Target):
         return Module.around(lines + ["", "", f"@numba.njit({options})"], fn_source, [""])
 
     def function_globals(self) -> dict:
-        return {"math": math, "np": np, "_m": mathfuncs, "_rt": rt, "_nn": nnlib}
+        from pdjit.codegen.cpu import replay
+
+        return {"math": math, "np": np, "_m": mathfuncs, "_rt": rt, "_nn": nnlib,
+                "_kc": replay.kernel_call, "_rp_declare": replay.declare}
 
     def warmup_jobs(self, dtypes) -> list:
         """Every entry point the library declares jobs for, and each math function through a

@@ -23,7 +23,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic, overload, register_jitable
 
 from pdjit.codegen.cpu import mathfuncs as _m
-from pdjit.codegen.cpu import threads
+from pdjit.codegen.cpu import replay, threads
 from pdjit.codegen.cpu.lib import team
 from pdjit.codegen.cpu.lib._jit import compile_cost, jit, jobs, pjit
 from pdjit.codegen.cpu.lib.conv import split_work
@@ -190,7 +190,7 @@ def _operand(x, lead):
     along rows where it has one)."""
     size = x.itemsize
     if any(s < 0 or s % size for s in x.strides):
-        x = np.ascontiguousarray(x)
+        x = _copy(x)
     b = x.base
     if x.flags.c_contiguous:
         flat = x.reshape(-1)
@@ -201,7 +201,7 @@ def _operand(x, lead):
         extent = 1 + sum((n - 1) * s // size for n, s in zip(x.shape, x.strides))
         flat = np.lib.stride_tricks.as_strided(x, shape=(extent,), strides=(size,))
     if not flat.flags.writeable:  # (one compiled kernel for every operand)
-        return _operand(x.copy(), lead)
+        return _operand(_copy(x), lead)
     sh, st = x.ndim - 2 - len(lead), x.strides
     out = [st[i + sh] // size if i + sh >= 0 and x.shape[i + sh] != 1 else 0
            for i in range(len(lead))]
@@ -210,7 +210,19 @@ def _operand(x, lead):
 
 def _unit_rows(x):
     """``x`` with unit strides along its last dim (a copy where it has not)."""
-    return x if x.shape[-1] <= 1 or x.strides[-1] == x.itemsize else np.ascontiguousarray(x)
+    return x if x.shape[-1] <= 1 or x.strides[-1] == x.itemsize else _copy(x)
+
+
+def _copy(x, dtype=None):
+    """A C-contiguous copy of ``x`` (of ``dtype``: cast), made again at each replay of a
+    recording (:func:`scaled_attention` is declared ``"leaves"``)."""
+    c = np.empty(x.shape, x.dtype if dtype is None else dtype)
+    replay.kernel_call(_copy_into, c, x)
+    return c
+
+
+def _copy_into(dst, src):
+    dst[...] = src
 
 
 def scaled_attention(q, k, v, mask, alpha, out):
@@ -236,7 +248,7 @@ def scaled_attention(q, k, v, mask, alpha, out):
             f"{list(v.shape)} and out {list(out.shape)} do not fit: expected [..., Sq, D], "
             f"[..., Sk, D], [..., Sk, Dv], [..., Sq, Dv] of one float dtype")
     if min(sq, sk, d, dv) == 0 or not all(n for n in lead):
-        out[...] = _numpy(q, k, v, mask, alpha)
+        replay.kernel_call(_numpy_into, out, q, k, v, mask, alpha)
         return
     target = out
     if out.strides[-1] != out.itemsize and dv > 1:
@@ -248,7 +260,8 @@ def scaled_attention(q, k, v, mask, alpha, out):
     if mask is None:
         mf, ms = np.empty(0, q.dtype), [0] * (len(lead) + 2)
     else:
-        m = np.asarray(mask, q.dtype)
+        m = mask if isinstance(mask, np.ndarray) and mask.dtype == q.dtype else \
+            _copy(np.asarray(mask), q.dtype)
         scores = lead + (sq, sk)
         if m.ndim > len(scores) or any(a != 1 and a != b for a, b in zip(m.shape[::-1],
                                                                          scores[::-1])):
@@ -257,7 +270,7 @@ def scaled_attention(q, k, v, mask, alpha, out):
         if m.ndim < 2:
             m = m.reshape((1,) * (2 - m.ndim) + m.shape)
         if m.shape[-1] != sk or m.strides[-1] != m.itemsize:
-            m = np.ascontiguousarray(np.broadcast_to(m, m.shape[:-1] + (sk,)))
+            m = _copy(np.broadcast_to(m, m.shape[:-1] + (sk,)))
         mf, ms = _operand(m, lead)
     st = np.array([qs, ks, vs, ms, os_, list(lead) + [0, 0]], np.int64)
     n = math.prod(lead)
@@ -265,11 +278,14 @@ def scaled_attention(q, k, v, mask, alpha, out):
     work = n * sq * sk * (d + dv)
     parts = min(threads.loop_threads(), n) if work >= TEAM_MIN_WORK else 1
     if parts < 2:
-        _heads(*call, 0, n)
+        replay.kernel_call(_heads, *call, 0, n)
     elif not team.run(_heads_parts, call + (n, parts)):
         split_work(_heads, n, work, *call, head=len(call))  # (on helpers until it is ready)
     if out is not target:
-        target[...] = out
+        replay.kernel_call(_copy_into, target, out)
+
+
+replay.declare("leaves", scaled_attention)
 
 
 # ---- inside compiled code (a native driver: one thread, its slice of the batch) ---------------
@@ -396,6 +412,10 @@ def _attention_native(q, k, v, mask, alpha, out):
         mf = _operand_native(_mask_rows(mask, sk), st, 3, out.shape, r - 2)
         run(q, k, v, mf, st, alpha, out, sq, sk, d, dv)
     return impl_mask
+
+
+def _numpy_into(out, q, k, v, mask, alpha):
+    out[...] = _numpy(q, k, v, mask, alpha)
 
 
 def _numpy(q, k, v, mask, alpha):

@@ -439,8 +439,11 @@ def depthwise_nhwc(x, wt, y, n0, n1, sh, sw, pt, pl, dh, dw, kh, kw, bias, lo, h
     :func:`depthwise_nhwc_weight` gives it (``wt``), strides, top/left pads and dilations as
     the convolution's (the bottom/right pads follow from ``y``'s size); ``gate`` as
     :func:`pointwise_nhwc`'s."""
-    _dw_rows(x, wt, kh, kw, y, n0, n1, 0, y.shape[1], sh, sw, pt, pl, dh, dw, bias, float(lo),
-             float(hi), res, gate)
+    replay.kernel_call(_dw_rows, x, wt, kh, kw, y, n0, n1, 0, y.shape[1], sh, sw, pt, pl, dh,
+                       dw, bias, float(lo), float(hi), res, gate)
+
+
+replay.declare("leaves", depthwise_nhwc)
 
 
 @overload(depthwise_nhwc)

@@ -32,6 +32,7 @@ import numba
 import numpy as np
 from numba.extending import overload, register_jitable
 
+from pdjit.codegen.cpu import replay
 from pdjit.codegen.cpu.lib import team
 from pdjit.codegen.cpu.lib._jit import compile_cost, jit, jit_sum, jobs, pjit
 from pdjit.codegen.cpu.lib.conv import _TEAM_TYPES, _plain, split_work
@@ -586,9 +587,12 @@ def layer_norm_fwd(x, scale, bias, eps, y, mean, var):
         if parts > 1 and team.run(_ln_fwd_parts, call):
             return
     if _ln_parts(m, x.size) == 1:
-        _ln_fwd_rows(x, scale, bias, eps, y, mean, var, 0, m)
+        replay.kernel_call(_ln_fwd_rows, x, scale, bias, eps, y, mean, var, 0, m)
     else:
         split_work(_ln_fwd_rows, m, 1 << 30, x, scale, bias, eps, y, mean, var, head=7)
+
+
+replay.declare("leaves", layer_norm_fwd)
 
 
 #: the fewest values of a layer norm whose rows go to a parallel loop's threads: a split costs

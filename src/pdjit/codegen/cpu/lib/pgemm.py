@@ -703,7 +703,10 @@ def weight_rows(x, w, trans, bp, n0, n1, out, r, bias, res, lo, hi):
         nt = split_threads(rows * x.shape[1] * out.shape[1])
         if nt > 1 and _split_rows(x, bp, out, bias, res, lo, hi, min(nt, -(-rows // MR))):
             return
-    _weight_rows(x, w, trans, bp, n0, n1, out, r, bias, res, lo, hi)
+    replay.kernel_call(_weight_rows, x, w, trans, bp, n0, n1, out, r, bias, res, lo, hi)
+
+
+replay.declare("leaves", weight_rows)
 
 
 def _split_batch(parts, x, w, trans, bp, out, r, bias, res, lo, hi) -> bool:

@@ -646,14 +646,27 @@ def _taps_ready() -> bool:
 
 
 @register_jitable
-def _run_packed(k, in_place, x, w, ap, y, n0, n1, sh, sw, pt, pl, dh, dw, bias, lo, hi, res):
-    """The packed kernel ``k`` that ``ap`` is packed for (:func:`_packed_kind`; in Python
-    and in compiled code)."""
+def _route(k, in_place, w, y) -> int:
+    """Which kernel serves the packed kind ``k`` (:func:`_packed_kind`): 1
+    :func:`pointwise_rows`, 2 :func:`pointwise_cols`, 3 :func:`conv_taps`, 4
+    :func:`conv_cols`."""
     if k == 1:
+        return 1
+    if in_place:
+        return 2
+    return 3 if _taps_pays(w.shape[0], w.shape[2], w.shape[3], y.shape[3]) else 4
+
+
+@register_jitable
+def _run_packed(k, in_place, x, w, ap, y, n0, n1, sh, sw, pt, pl, dh, dw, bias, lo, hi, res):
+    """The packed kernel ``k`` that ``ap`` is packed for (:func:`_route`; in compiled code:
+    :func:`pointwise_range` makes the same calls in Python)."""
+    r = _route(k, in_place, w, y)
+    if r == 1:
         pointwise_rows(x, ap, y, n0, n1, bias, lo, hi, res)
-    elif in_place:
+    elif r == 2:
         pointwise_cols(x, ap, _step(k), y, n0, n1, bias, lo, hi, res)
-    elif _taps_pays(w.shape[0], w.shape[2], w.shape[3], y.shape[3]):
+    elif r == 3:
         conv_taps(x, ap, _step(k), y, n0, n1, w.shape[2], w.shape[3], sh, sw, pt, pl, dh, dw,
                   bias, lo, hi, res)
     else:
@@ -665,14 +678,25 @@ def pointwise_range(x, w, ap, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, l
     """``y[n] = clamp(conv(x[n], w) + bias[m] + res, lo, hi)`` for the samples ``n0 .. n1``
     (the arguments of :func:`.conv._fwd_range`, with ``ap`` the filter packed by
     :func:`pointwise_weight`): on the packed kernels where ``ap`` is not empty and fits, else
-    :func:`.conv._fwd_range`."""
+    :func:`.conv._fwd_range`. Declared ``"leaves"``: a recording replays the kernel it
+    calls."""
+    call = replay.kernel_call
     if ap.size and x.dtype == np.float32 and groups == 1:
         k, in_place = _packed_kind(x, w, ap, y, sh, sw, pt, pl, bias, res)
         if k:
-            _run_packed(k, in_place, x, w, ap, y, n0, n1, sh, sw, pt, pl, dh, dw, bias, lo, hi,
-                        res)
+            r = _route(k, in_place, w, y)
+            if r == 1:
+                call(pointwise_rows, x, ap, y, n0, n1, bias, lo, hi, res)
+            elif r == 2:
+                call(pointwise_cols, x, ap, _step(k), y, n0, n1, bias, lo, hi, res)
+            else:
+                call(conv_taps if r == 3 else conv_cols, x, ap, _step(k), y, n0, n1,
+                     w.shape[2], w.shape[3], sh, sw, pt, pl, dh, dw, bias, lo, hi, res)
             return
-    _conv._fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
+    call(_conv._fwd_range, x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
+
+
+replay.declare("leaves", pointwise_range)
 
 
 @overload(pointwise_range)
