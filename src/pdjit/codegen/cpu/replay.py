@@ -102,7 +102,12 @@ def declare(kind: str, *fns) -> None:
     if kind not in ("leaves", "derived", "pure"):
         raise ValueError(f"pdjit: replay: no kind {kind!r}")
     for f in fns:  # (a generated host function goes with its program)
-        _KINDS[id(f)] = (kind, weakref.ref(f, lambda _, k=id(f): _KINDS.pop(k, None)))
+        _KINDS[id(f)] = (kind, weakref.ref(f, _forget(id(f))))
+
+
+def _forget(key):
+    """The callback that drops ``_KINDS[key]`` once its function is gone."""
+    return lambda _: _KINDS.pop(key, None)
 
 
 def _kind_of(f):
