@@ -11,6 +11,7 @@ def team_loops(monkeypatch):
 
     monkeypatch.setattr(team, "AFTER_RUNS", 0)
     monkeypatch.setattr(team, "COMPILE", True)
+    monkeypatch.setattr(team, "_READY", {})  # (no loop left waiting by an earlier test)
     ran = []
     real = team.run
 

@@ -157,6 +157,40 @@ def test_one_sample_splits_give_the_same_bits():
     assert not cl._split_depthwise(2, 10, x, wt, two, *geo, bias[:40], 0.0, 6.0, E, E)
 
 
+@pytest.mark.parametrize("hw,c,m,parts", [(7, 160, 960, 2), (7, 96, 320, 2), (7, 24, 200, 3),
+                                           (14, 8, 40, 2)])
+def test_a_sample_split_by_panels_or_pixels_on_the_team_gives_one_calls_bits(
+        team_loops, monkeypatch, hw, c, m, parts):
+    """One sample on a parallel loop: by panels of output channels where the packed weight
+    outweighs the image (each part its own panels, every pixel, the panels left over by
+    pixels: 15 wide panels on two threads, 10 narrow ones, 7 narrow ones on two threads of
+    three, 49 pixels being too few for three), else by ranges of pixels (a 14x14 image of 8
+    channels into 40); either way the one call's bits, against NumPy, the residual in another
+    buffer and in the output's own."""
+    x = RNG.standard_normal((1, hw, hw, c)).astype(np.float32)
+    w = RNG.standard_normal((m, c, 1, 1)).astype(np.float32)
+    bias = RNG.standard_normal(m).astype(np.float32)
+    res = RNG.standard_normal(hw * hw * m).astype(np.float32)
+    bp = cl.pointwise_nhwc_weight(w)
+    one = np.empty((1, hw, hw, m), np.float32)
+    cl.pointwise_nhwc(x, bp, one, 0, 1, bias, 0.0, 6.0, res, HARD_SWISH)
+    np.testing.assert_allclose(one, _pointwise_oracle(x, w, bias, res, 0.0, 6.0, HARD_SWISH),
+                               rtol=1e-4, atol=1e-4)
+    by_panels = bp.size > hw * hw * c
+    for panels in (True, False):
+        monkeypatch.setattr(cl, "BY_PANELS", [panels])
+        for in_place in (False, True):
+            got = res.reshape(one.shape).copy() if in_place else np.full_like(one, np.nan)
+            team_loops.clear()
+            assert cl._split_pointwise(parts, 1 << 30, x, bp, got, bias, 0.0, 6.0,
+                                       got.reshape(-1) if in_place else res, HARD_SWISH)
+            (loop, pans, ran), = team_loops
+            assert loop is cl._pixel_parts and ran
+            # (by panels: a group of the parts' own panels each, then the panels left)
+            assert (pans.size > 3) == (panels and by_panels)
+            np.testing.assert_array_equal(got, one)
+
+
 def test_compiled_code_rearranges_the_filter_at_each_call():
     @caller
     def both(x, w, d, y1, y2, bias):

@@ -178,9 +178,9 @@ def test_split_over_threads_gives_the_one_calls_bits(ready, monkeypatch, counted
         assert rows.shape[0] == (4 if ap.size > x[0].size and npan >= 3 else 2)
 
 
-def _tiles(rows, pans, oh):
-    """Each (panel, row) of a plan of :func:`pointwise._taps_plan` with the parts that compute
-    it; and the tiles of each part (rows times panels)."""
+def _tiles(rows, pans):
+    """Each (panel, row) of a plan of :func:`team.plan` with the parts that compute it; and
+    the tiles of each part (rows times panels)."""
     owners, per = {}, [0] * (rows.shape[1] - 1)
     for g in range(rows.shape[0]):
         for j in range(pans[g], pans[g + 1]):
@@ -191,25 +191,22 @@ def _tiles(rows, pans, oh):
     return owners, per
 
 
-@pytest.mark.parametrize("by_channels", [False, True])
-@pytest.mark.parametrize("parts,oh,m,kind", [(2, 7, 512, 3), (2, 14, 256, 3), (3, 7, 512, 3),
-                                             (2, 112, 64, 2), (2, 28, 128, 2), (3, 29, 320, 2),
-                                             (4, 7, 96, 3)])
-def test_a_plan_computes_every_tile_once_and_deals_them_evenly(by_channels, parts, oh, m,
-                                                                kind):
+@pytest.mark.parametrize("by_panels", [False, True])
+@pytest.mark.parametrize("parts,oh,npan", [(2, 7, 11), (2, 14, 6), (3, 7, 11), (2, 112, 1),
+                                           (2, 28, 2), (3, 29, 5), (4, 7, 2), (2, 1, 3)])
+def test_a_plan_computes_every_tile_once_and_deals_them_evenly(by_panels, parts, oh, npan):
     """Every (panel, output row) is computed by one part, and the parts' tiles differ by at
     most a panel's share of a row range: 7 rows of 11 panels on two threads give 38 and 39
     of the 77 tiles by rows (3 rows of every panel and the fourth of half of them, not 44
     and 33), and by panels 5 panels each and the eleventh by rows (3 and 4 rows)."""
-    rows, pans = pointwise._taps_plan(parts, oh, m, kind, by_channels)
-    npan = -(-m // (48 if kind == 3 else 64))
-    owners, per = _tiles(rows, pans, oh)
+    rows, pans = team.plan(parts, oh, npan, by_panels)
+    owners, per = _tiles(rows, pans)
     assert sorted(owners) == [(j, r) for j in range(npan) for r in range(oh)]
     assert all(len(v) == 1 for v in owners.values())
-    assert max(per) - min(per) <= (oh if by_channels and npan >= parts else npan)
-    if (parts, oh, m) == (2, 7, 512):
+    assert max(per) - min(per) <= (oh if by_panels and npan >= parts else npan)
+    if (parts, oh, npan) == (2, 7, 11):
         assert per == [38, 39]
-        assert (rows.shape[0] == 3) == by_channels
+        assert (rows.shape[0] == 3) == by_panels
 
 
 def test_compiled_code_packs_and_reads_the_taps():

@@ -114,18 +114,20 @@ def _pointwise_nhwc_weight_native(w):
 
 
 @jit
-def _rows(x2, bp, y2, r0, r1, bias, lo, hi, res, gate):
+def _rows(x2, bp, y2, r0, r1, bias, lo, hi, res, gate, p0, p1):
     """Rows (pixels) ``r0 .. r1`` of ``y2 = gate(clamp(x2 @ W^T + bias + res, lo, hi))``
-    (``x2`` [P, C], ``y2`` [P, M], ``res`` ``y2``'s shape flat or empty), ``W^T`` packed in
-    panels of :func:`panel_of` output channels by :func:`pointwise_nhwc_weight` (64-wide
-    panels: :func:`.pgemm.pack_b`'s layout of ``W^T``, run by the product's own rows)."""
+    (``x2`` [P, C], ``y2`` [P, M], ``res`` ``y2``'s shape flat or empty), their output channels
+    of the panels ``p0 .. p1`` (-1: to the last), ``W^T`` packed in panels of
+    :func:`panel_of` output channels by :func:`pointwise_nhwc_weight` (64-wide panels:
+    :func:`.pgemm.pack_b`'s layout of ``W^T``, run by the product's own rows)."""
     p_, k = x2.shape
     m = y2.shape[1]
     if panel_of(m) == _WIDE_NR:  # (the wide panels are the product's own: its rows)
-        _packed_rows(x2, bp, m, bias, y2, r0, r1, res, lo, hi, gate)
+        _packed_rows(x2, bp, m, bias, y2, r0, r1, res, lo, hi, gate, p0, p1)
         return
     nr, mr = _NARROW_NR, NARROW_MR
     npan = (m + nr - 1) // nr
+    p1 = npan if p1 < 0 else min(p1, npan)
     if bp.shape[0] != npan * nr * k or y2.shape[0] != p_ or r0 < 0 or r1 > p_ or \
             (bias.shape[0] != 0 and bias.shape[0] != m) or \
             (res.shape[0] != 0 and res.shape[0] != y2.size):
@@ -137,7 +139,7 @@ def _rows(x2, bp, y2, r0, r1, bias, lo, hi, res, gate):
     mc = max(mr, (262144 // max(1, k * 4)) // mr * mr)
     for i0 in range(r0, r1, mc):
         i1 = min(r1, i0 + mc)
-        for j in range(npan):
+        for j in range(p0, p1):
             n0 = j * nr
             for i in range(i0, i1, mr):
                 _narrow(xf, i * k, k, min(mr, i1 - i), k, bp, j * k * nr, yf, i * m + n0, m,
@@ -157,14 +159,18 @@ def pointwise_nhwc(x, bp, y, n0, n1, bias, lo, hi, res, gate):
         raise ValueError("pdjit: pointwise_nhwc: the operands do not fit")
     _rows(x.reshape((x.shape[0] * p, x.shape[3])), bp,
           y.reshape((y.shape[0] * p, y.shape[3])), n0 * p, n1 * p, bias, float(lo), float(hi),
-          res, gate)
+          res, gate, 0, -1)
 
 
 def _split_pointwise(parts, work, x, bp, y, bias, lo, hi, res, gate):
-    """One sample of :func:`pointwise_nhwc` in ranges of its pixels on ``parts`` threads
-    (each pixel summed as one call sums it: the same bits): by a parallel loop where it is
-    ready (``lib.team``), else on ``run_parts``' helpers from ``_CHANNELS_MIN_WORK``
-    multiply-adds; whether it split."""
+    """One sample of :func:`pointwise_nhwc` in parts on ``parts`` threads (each output
+    summed as one call sums it: the same bits): by a parallel loop where it is ready
+    (``lib.team``; :func:`.team.plan`: by panels of output channels where the packed weight
+    is larger than the image, else by ranges of pixels), else by ranges of pixels on
+    ``run_parts``' helpers from ``_CHANNELS_MIN_WORK`` multiply-adds; whether it split.
+    Measured in MobileNetV2 at batch 1 on two threads (us, two runs each, by pixels / by
+    panels): 7x7 160 -> 960 43.7, 42.6 / 43.0, 41.8; 960 -> 160 47.6, 46.9 / 46.4, 45.8; 960
+    -> 320 83.7, 78.4 / 80.3, 78.0; 320 -> 1280 110.7, 106.1 / 106.4, 104.3."""
     p = x.shape[1] * x.shape[2]
     if x.shape[0] != 1 or p < 2 * SPLIT_MIN_PIXELS or work < _conv._TEAM_MIN_WORK:
         return False
@@ -172,7 +178,9 @@ def _split_pointwise(parts, work, x, bp, y, bias, lo, hi, res, gate):
     y2 = y.reshape(p, y.shape[3])
     parts = min(parts, p // SPLIT_MIN_PIXELS)
     call = (x2, bp, y2, bias, float(lo), float(hi), res, gate)
-    if team.run(_pixel_parts, call + (parts,)):
+    m = y.shape[3]
+    if team.run(_pixel_parts, call + team.plan(parts, -(-p // NARROW_MR), -(-m // panel_of(m)),
+                                               BY_PANELS[0] and bp.size > x2.size)):
         return True
     if work < _conv._CHANNELS_MIN_WORK:
         return False
@@ -181,21 +189,28 @@ def _split_pointwise(parts, work, x, bp, y, bias, lo, hi, res, gate):
     return True
 
 
+#: whether a one-sample pointwise convolution may split by panels of its output channels
+#: (:func:`_split_pointwise`; a switch for benchmarks, tests)
+BY_PANELS = [True]
+
+
 @jit
 def _pixel_blocks(x2, bp, y2, bias, lo, hi, res, gate, b0, b1):
     _rows(x2, bp, y2, b0 * NARROW_MR, min(x2.shape[0], b1 * NARROW_MR), bias, lo, hi, res,
-          gate)
+          gate, 0, -1)
 
 
 @pjit
-def _pixel_parts(x2, bp, y2, bias, lo, hi, res, gate, parts):
-    """:func:`_split_pointwise`'s ranges of pixels (whole blocks of ``NARROW_MR``), one per
-    thread of a parallel loop."""
-    blocks = (x2.shape[0] + NARROW_MR - 1) // NARROW_MR
-    for k in numba.prange(parts):
-        _rows(x2, bp, y2, (k * blocks // parts) * NARROW_MR,
-              min(x2.shape[0], ((k + 1) * blocks // parts) * NARROW_MR), bias, lo, hi, res,
-              gate)
+def _pixel_parts(x2, bp, y2, bias, lo, hi, res, gate, bounds, pans):
+    """:func:`_split_pointwise`'s parts, one per thread of a parallel loop: part ``k`` the
+    pixels of the blocks of ``NARROW_MR`` ``bounds[g, k] .. bounds[g, k + 1]`` of the panels
+    ``pans[g] .. pans[g + 1]`` for every ``g`` (:func:`.team.plan`)."""
+    for k in numba.prange(bounds.shape[1] - 1):
+        for g in range(bounds.shape[0]):
+            if pans[g + 1] > pans[g] and bounds[g, k + 1] > bounds[g, k]:
+                _rows(x2, bp, y2, bounds[g, k] * NARROW_MR,
+                      min(x2.shape[0], bounds[g, k + 1] * NARROW_MR), bias, lo, hi, res, gate,
+                      pans[g], pans[g + 1])
 
 
 _conv.CHANNEL_SPLITS[pointwise_nhwc] = _split_pointwise
@@ -499,7 +514,7 @@ jobs("depthwise_nhwc")(lambda T: [(_dw_rows, ((T, 4), (T, 2), int, int, (T, 4)) 
                                    + _ep(T))])
 # (the splits of one sample by parallel loops: compiled ahead by warmup only, see team.ready)
 jobs("channels_last (warmup)")(lambda T: [] if np.dtype(T) != np.float32 else [
-    (_pixel_parts, ((T, 2), (T, 1), (T, 2)) + _ep(T) + (int,)),
+    (_pixel_parts, ((T, 2), (T, 1), (T, 2)) + _ep(T) + ((np.int64, 2), (np.int64, 1))),
     (_dw_parts, ((T, 4), (T, 2), int, int, (T, 4)) + (int,) * 6 + _ep(T) + (int,))])
 compile_cost(1.3, pointwise_nhwc)  # (its gated tiles: +0.1 s)
 compile_cost(1.1, _dw_rows)

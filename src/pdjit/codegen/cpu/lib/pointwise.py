@@ -791,8 +791,8 @@ def _split(parts, work, x, w, ap, y, sh, sw, pt, pl, dh, dw, groups, bias, lo, h
         rows = np.array([y.shape[2] * i // k for i in range(k + 1)], np.int64)
         call = (x, ap, y, rows, _step(kind), geo, bias, float(lo), float(hi), res)
         if _taps_pays(w.shape[0], w.shape[2], w.shape[3], y.shape[3]) and team.run(
-                _taps_parts, call[:3] + _taps_plan(k, y.shape[2], y.shape[1], kind,
-                                                   ap.size > x[0].size) + call[4:]):
+                _taps_parts, call[:3] + _taps_plan(k, y, kind, ap.size > x[0].size) +
+                call[4:]):
             return True
         most = -(-y.shape[2] // k) * y.shape[3]
         if COLS_BY_ROWS and team.run(_cols_by_rows,
@@ -911,38 +911,21 @@ def _cols_by_rows(x, ap, y, rows, nr, geo, bias, lo, hi, res, col):
         _cols_sample(part, 0, ap, nr, yf, 0, m_, k_, p_, bias, lo, hi, res, q0, q1)
 
 
-def _taps_plan(parts, oh, m_, kind, by_channels) -> tuple:
-    """``(rows, pans)`` of :func:`_taps_parts` for ``parts`` parts of ``oh`` output rows of
-    ``m_`` output channels on the tiles ``kind``: the panels ``pans[g] .. pans[g + 1]``
-    computed by part ``p`` in the rows ``rows[g, p] .. rows[g, p + 1]``.
-
-    ``by_channels`` (where the packed filter is larger than the image): each part its own
-    whole panels, every row of them, then the panels left over by ranges of rows, so that each
-    part reads a share of the filter and the whole image. Measured alone (two threads, batch 1,
-    a filter from memory at each call, us, by rows / by panels): ResNet-50's 7x7 512 -> 512 687
-    / 593, stride 2 onto 7x7 712 / 620, onto 14x14 256 611 / 580. Else by ranges of rows (the
-    share of the image, the whole filter): 7 rows on two threads give each part 3 rows of every
-    panel and the fourth of half of them (38 and 39 of 77 tiles, not 44 and 33); where the
-    image is the larger, by panels was behind (128 -> 128 stride 2 onto 28x28 563 / 583)."""
-    npan = -(-m_ // _step(kind))
-    even = np.array([oh * i // parts for i in range(parts + 1)], np.int64)
-    if by_channels and npan >= parts:
-        q = npan // parts
-        rows = np.zeros((parts + 1, parts + 1), np.int64)
-        for p in range(parts):
-            rows[p, p + 1:] = oh
-        rows[parts] = even
-        return rows, np.array([q * g for g in range(parts + 1)] + [npan], np.int64)
-    ceil = np.array([-(-oh * i // parts) for i in range(parts + 1)], np.int64)
-    return np.stack([ceil, even]), np.array(
-        [0, npan // 2 if (ceil != even).any() else npan, npan], np.int64)
+def _taps_plan(parts, y, kind, by_channels) -> tuple:
+    """:func:`.team.plan` of :func:`_taps_parts` for ``parts`` parts of ``y``'s output rows
+    and panels: ``by_channels`` where the packed filter is larger than the image (measured
+    alone, two threads, batch 1, a filter from memory at each call, us, by rows / by panels:
+    ResNet-50's 7x7 512 -> 512 687 / 593, stride 2 onto 7x7 712 / 620, onto 14x14 256 611 /
+    580; where the image is the larger, by panels was behind: 128 -> 128 stride 2 onto 28x28
+    563 / 583)."""
+    return team.plan(parts, y.shape[2], -(-y.shape[1] // _step(kind)), by_channels)
 
 
 @pjit
 def _taps_parts(x, ap, y, rows, pans, nr, geo, bias, lo, hi, res):
     """:func:`conv_taps` of one sample in parallel parts, each the output rows ``rows[g, p]
     .. rows[g, p + 1]`` of the panels ``pans[g] .. pans[g + 1]`` for every ``g``
-    (:func:`_taps_plan`). The parts pad the image together first (each its share of the
+    (:func:`.team.plan`). The parts pad the image together first (each its share of the
     channels), then each computes its tiles, a panel's rows read once per range of rows. Each
     output is summed as the whole call sums it."""
     m_, c_ = y.shape[1], x.shape[1]

@@ -24,7 +24,7 @@ from numba.extending import intrinsic
 from pdjit.codegen.cpu import replay, threads
 from pdjit.codegen.cpu.lib._jit import compile_cost, jobs, pjit
 
-__all__ = ["ready", "run", "thread_ids"]
+__all__ = ["plan", "ready", "run", "thread_ids"]
 
 #: Linux's number of the ``gettid`` system call on this machine (None: no ids taken)
 _GETTID = {"x86_64": 186, "amd64": 186, "aarch64": 178, "arm64": 178}.get(
@@ -130,6 +130,31 @@ def run(loop, call) -> bool:
     if rec is not None:
         rec.leaf(loop, call, team=True)
     return True
+
+
+def plan(parts, units, npan, by_panels) -> tuple:
+    """``(bounds, pans)``: a kernel's work of ``units`` (output rows, blocks of pixels) by
+    ``npan`` panels of output channels in ``parts`` parts, part ``p`` computing the units
+    ``bounds[g, p] .. bounds[g, p + 1]`` of the panels ``pans[g] .. pans[g + 1]`` for every
+    ``g`` (each output by one part).
+
+    ``by_panels`` (where the weights outweigh the input): each part its own whole panels,
+    every unit of them, then the panels left over by ranges of units, so that each part reads
+    its share of the weights and all of the input. Else by ranges of units (its share of the
+    input, all of the weights); where they do not split evenly, the first half of the panels
+    gives the first parts one unit more (7 rows of 11 panels on two threads: 38 and 39 of 77
+    tiles, not 44 and 33)."""
+    even = np.array([units * i // parts for i in range(parts + 1)], np.int64)
+    if by_panels and npan >= parts:
+        q = npan // parts
+        bounds = np.zeros((parts + 1, parts + 1), np.int64)
+        for p in range(parts):
+            bounds[p, p + 1:] = units
+        bounds[parts] = even
+        return bounds, np.array([q * g for g in range(parts + 1)] + [npan], np.int64)
+    ceil = np.array([-(-units * i // parts) for i in range(parts + 1)], np.int64)
+    return np.stack([ceil, even]), np.array(
+        [0, npan // 2 if (ceil != even).any() else npan, npan], np.int64)
 
 
 def _on_disk(loop, sig) -> bool:
