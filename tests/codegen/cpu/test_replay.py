@@ -7,6 +7,7 @@ driver's own bits, leave earlier results alone, follow a parameter given a new a
 written by a run, and serve no other thread; a recording that misses a kernel call is caught
 by its check and never kept; a driver the recorder does not know is never replayed.
 """
+import gc
 import threading
 
 import numba
@@ -311,6 +312,39 @@ def test_the_faster_of_replay_and_driver_serves(monkeypatch):
         (rec,) = rp.recordings.values()
         assert rec.trial is None and rec.lost == (rep > 0)
         assert rp.replays == 2 + served  # (the trial's two, then every run or none)
+
+
+def _inner(x, out):  # an entry point declared leaves, its kernel through the hook
+    replay.kernel_call(_double, x, out)
+
+
+def _outer(x, out):  # another, calling the first through the hook (as split_work calls one)
+    replay.kernel_call(_inner, x, out)
+
+
+replay.declare("leaves", _inner, _outer)
+
+
+def test_a_leaves_entry_below_another_is_recorded_by_its_kernels():
+    """An entry point declared leaves that another calls through the hook (as ``split_work``
+    calls ``pointwise_range``): the recording holds the kernel below both, not a call of the
+    inner entry made again; the replays give the driver's values."""
+    rp, _ = _serve(_Driver(_SOURCE.format(call="_outer"), _outer=_outer))
+    (rec,) = rp.recordings.values()
+    assert rp.replays and [fn for fn, *_ in rec.ops] == [_double]
+
+
+def test_a_declared_function_is_forgotten_once_gone():
+    """A declaration goes with its function (a generated host function with its program)."""
+    def gone(x, out):
+        replay.kernel_call(_double, x, out)
+
+    replay.declare("leaves", gone)
+    key = id(gone)
+    assert replay._kind_of(gone) == "leaves"
+    del gone
+    gc.collect()
+    assert key not in replay._KINDS
 
 
 def test_a_kernel_call_the_recorder_missed_is_caught(monkeypatch):

@@ -98,7 +98,10 @@ def declare(kind: str, *fns) -> None:
     """Declare how the recorder treats calls of the library entry points ``fns``:
     ``"leaves"`` (their effect is the kernel calls below them: recorded, not the call),
     ``"derived"`` (a value derived from parameters: its result kept) or ``"pure"`` (a value of
-    the arguments' shapes and the thread counts: computed, nothing recorded)."""
+    the arguments' shapes and the thread counts: computed, nothing recorded). A declaration
+    holds its function weakly: it lasts as long as the function (a module's, or a generated
+    one's program), so a function made for the call (a bound method, a lambda) is not one to
+    declare."""
     if kind not in ("leaves", "derived", "pure"):
         raise ValueError(f"pdjit: replay: no kind {kind!r}")
     for f in fns:  # (a generated host function goes with its program)
@@ -317,12 +320,13 @@ class _Recorder:
         if _is_kernel(fn):
             fn(*args)
         elif getattr(fn, "takes_serial", False):  # (a parallel variant, as :meth:`call`)
-            if fn.fn is None:
-                refuse("a parallel variant not compiled yet")
-                fn(*args)
-                return
             fn(*args)
-            self.leaf(fn.fn, args[1:], team=True)
+            if fn.fn is not None:
+                self.leaf(fn.fn, args[1:], team=True)
+            elif getattr(fn, "failed", None) is not None:  # (never compiled: the serial one)
+                self.leaf(args[0], args[1:])
+            else:
+                refuse("a parallel variant not compiled yet")
             return
         else:
             if _kind_of(fn) == "leaves":
