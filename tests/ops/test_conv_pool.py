@@ -378,10 +378,12 @@ def test_conv_epilogue_runs_block_by_block_and_matches_numpy(fresh_programs):
     report = _report(exe, main, feed, [out, out2])
     # the blocked kernel calls the convolution per block, a batch of one through split_work
     blocked = "_nn.split_work(_nn.conv._fwd_range, 1, W, r0, r1, r2, "
-    assert "_nn.conv._fwd_range(r0, r1, r2, b0, b1" in report and report.count(blocked) == 1
+    # (a host loop calls through the replay recorder's hook, ``_kc``)
+    assert "_kc(_nn.conv._fwd_range, r0, r1, r2, b0, b1" in report and \
+        report.count(blocked) == 1
     assert report.count("_nn.split_work(") == 2
     rest = report.replace(blocked, "")
-    assert "_nn.conv._fwd_range(" in rest.split("_nn.split_work(")[1]  # the strided one
+    assert "_nn.conv._fwd_range" in rest.split("_nn.split_work(")[1]  # the strided one
 
 
 def test_conv_epilogue_inside_a_native_loop(fresh_programs):
