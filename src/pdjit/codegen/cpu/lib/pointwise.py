@@ -788,15 +788,14 @@ def _split(parts, work, x, w, ap, y, sh, sw, pt, pl, dh, dw, groups, bias, lo, h
     if kind > 1 and w.shape[2] * w.shape[3] > 1 and work >= _conv._TEAM_MIN_WORK and \
             y.shape[2] >= 2:  # (a wider filter: reading its taps, or its patches)
         k = min(parts, y.shape[2])
-        rows = np.array([y.shape[2] * i // k for i in range(k + 1)], np.int64)
-        call = (x, ap, y, rows, _step(kind), geo, bias, float(lo), float(hi), res)
+        tail = (_step(kind), geo, bias, float(lo), float(hi), res)
         if _taps_pays(w.shape[0], w.shape[2], w.shape[3], y.shape[3]) and team.run(
-                _taps_parts, call[:3] + _taps_plan(k, y, kind, ap.size > x[0].size) +
-                call[4:]):
+                _taps_parts, (x, ap, y) + _taps_plan(k, y, kind, ap.size > x[0].size) + tail):
             return True
+        rows = np.array([y.shape[2] * i // k for i in range(k + 1)], np.int64)
         most = -(-y.shape[2] // k) * y.shape[3]
-        if COLS_BY_ROWS and team.run(_cols_by_rows,
-                                     call + (_patch_scratch(k * k_ * most),)):
+        if COLS_BY_ROWS and team.run(_cols_by_rows, (x, ap, y, rows) + tail +
+                                     (_patch_scratch(k * k_ * most),)):
             return True
     found = _tile_bounds(parts, y.shape[1], kind)
     if found is None:
