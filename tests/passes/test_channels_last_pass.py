@@ -3,8 +3,8 @@
 Oracle: a MobileNetV2-like model (a 3x3 stem, inverted residual blocks of 1x1 and depthwise
 convolutions with batch norm and relu6, a residual add, global pooling, fc) written in NumPy
 here from the values of the scope it was saved from. Through the Predictor, the chain of
-blocks runs on NHWC images (its convolutions and global pool switched, transposes at its
-ends) and gives the oracle's values, every step natively; a value of the chain that is fetched
+the stem and the blocks runs on NHWC images (its convolutions and global pool switched,
+transposes at its ends) and gives the oracle's values, every step natively; a value of the chain that is fetched
 keeps its name, layout and value; squeeze-and-excitation blocks (MobileNetV3's) stay in the
 chain; a chain whose conversions would cost more than it gains, and a program optimized for no
 target, are left alone; an ahead-of-time artifact runs the chain as the Predictor does.
@@ -65,7 +65,7 @@ def _build(fluid, h):
                      bias_attr=False)
         return L.batch_norm(t, act=act)
 
-    t = cbr(x, 16, 3, stride=2)                        # stem: NCHW (3x3, not switched)
+    t = cbr(x, 16, 3, stride=2)                        # stem: 3x3 stride 2 onto 6x6
     t = cbr(t, 48, 1)
     inner = cbr(t, 48, 3, groups=48)                   # depthwise
     t = cbr(inner, 24, 1, act=None)                    # projection
@@ -124,12 +124,13 @@ def test_the_chain_runs_channels_last_and_gives_the_oracle(saved):
     ops = pred.program().global_block().ops
     kinds = collections.Counter(op.type for op in ops)
     switched = [op for op in ops if op.all_attrs().get("data_format") == "NHWC"]
-    # every 1x1 and depthwise convolution after the stem (12x12 planes) and the global pool,
-    # converted at the chain's two ends (into it after the stem, out of it after the pool:
-    # [N, 40, 1, 1]) and where the depthwise layer's output is fetched
-    assert len(switched) == 8 and kinds["transpose"] == 3
+    # every convolution (the stem's 3x3 stride 2 onto a 6x6 plane, 1x1 and depthwise ones
+    # after it) and the global pool, converted at the chain's two ends (into it before the
+    # stem, out of it after the pool: [N, 40, 1, 1]) and where the depthwise layer's output
+    # is fetched
+    assert len(switched) == 9 and kinds["transpose"] == 3
     assert [op.type for op in switched].count("pool2d") == 1
-    assert all(op.all_attrs().get("data_format", "NCHW") == "NCHW" for op in ops
+    assert all(op.all_attrs().get("data_format") == "NHWC" for op in ops
                if op.type == "conv2d" and op.input("Filter") == ["conv2d_0.w_0"])
     xv = RNG.standard_normal((2, 3, 12, 12)).astype(np.float32)
     y, inner = pred.run([xv])
@@ -151,7 +152,8 @@ def test_no_target_and_chains_that_do_not_pay_are_left_alone(fresh_programs):
     main, startup = fresh_programs
     L = fluid.layers
     x = L.data("x", [8, 6, 6])
-    # 3x3 convolutions (not switched) around one 1x1 one: two conversions for one switch
+    # three convolutions in a row, converted at both ends: three switched ops for two
+    # conversions (each conversion needs two)
     t = L.conv2d(x, 8, 3, padding=1, act="relu")
     t = L.conv2d(t, 16, 1, act="relu")
     y = L.conv2d(t, 8, 3, padding=1)
@@ -183,7 +185,7 @@ def test_an_ahead_of_time_artifact_runs_the_chain_as_the_predictor(saved):
     model = load_model(str(d / "m.pdmodel"), str(d / "m.pdiparams"))
     prog, _ = optimize(model.program, model.params, target=get_target("aot"))
     assert sum(op.all_attrs().get("data_format") == "NHWC"
-               for op in prog.global_block().ops) == 8
+               for op in prog.global_block().ops) == 9
     compile_model(str(d / "m.pdmodel"), str(d / "out"), batch=2,
                   params_file=str(d / "m.pdiparams"))
     spec = importlib.util.spec_from_file_location("chain_artifact", d / "out" / "__init__.py",

@@ -22,7 +22,8 @@ the rest). Its key is a SHA-256 of:
   that shows in their times);
 - the passes applied, in order;
 - pdjit's version and the size and modification time of every source file of the packages
-  that decide the result (``framework``, ``ops``, ``passes``, ``io``, ``proto``).
+  that decide the result (``framework``, ``ops``, ``passes``, ``io``, ``proto``, and the
+  targets' lowerings and library that answer the passes which ask the target).
 
 The file: a magic line, the length of a JSON header and the header (feed and fetch names,
 each parameter's name, dtype, shape and offset, the key, the lengths of the parts and the
@@ -65,7 +66,11 @@ _ALIGN = 64
 #: a parameter file changed less than this many seconds ago is racy: its entry holds the
 #: files' digest (``model_key``, ``_content_matches``)
 RACY_SECONDS = 2.0
-_SOURCE_PACKAGES = ("framework", "ops", "passes", "io", "proto")
+_SOURCE_PACKAGES = ("framework", "ops", "passes", "io", "proto",
+                    # (the targets' answers to the passes that ask them: which convolutions
+                    # run channels-last, which attention fuses)
+                    "codegen", "codegen/cpu/lowerings", "codegen/cpu/lib", "codegen/cuda",
+                    "codegen/cuda/lowerings")
 _stamp: list = []
 #: what reading an entry that is not right may raise (it is then made again)
 _NOT_RIGHT = (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError,

@@ -2,7 +2,7 @@
 images where the target has kernels for them, the layout converted once at each chain's ends.
 
 A target says which convolutions it runs faster on NHWC images (``target.channels_last(op)``,
-asked of the op as the program has it; the CPU target: 1x1 and depthwise convolutions whose
+asked of the op as the program has it; the CPU target: convolutions onto small planes whose
 filter is a weight, see ``pdjit.codegen.cpu.lib.channels_last``). Without a target that asks,
 the pass changes nothing. In the global block:
 

@@ -1,7 +1,7 @@
 """The channels-last (NHWC) convolution kernels (``pdjit.codegen.cpu.lib.channels_last``)
-against NumPy oracles written here (naive loops over the taps): 1x1 on both tile widths and
-depthwise over windows, strides, paddings and dilations, channel counts that are no multiple
-of a vector, each piece of the epilogue (hard_swish and hard_sigmoid after the clamp too),
+against NumPy oracles written here (naive loops over the taps): 1x1 on both tile widths,
+depthwise and other convolutions of one group over windows, strides, paddings and
+dilations, channel counts that are no multiple of a vector, each piece of the epilogue (hard_swish and hard_sigmoid after the clamp too),
 ranges of samples; the one-sample splits over threads
 give the same bits as one call; compiled code (rearranging the filter at each call) the same
 values."""
@@ -54,6 +54,26 @@ def _depthwise_oracle(x, w, stride, pads, dil, bias, res, lo, hi, gate=E):
                     if 0 <= ih < h and 0 <= iw < wd:
                         y[:, i, j, :] += x[:, ih, iw, :].astype(np.float64) * w[:, 0, a, b]
     return _epilogue(y, bias, res, lo, hi, gate)
+
+
+def _conv_oracle(x, w, stride, pads, dil, bias, res, lo, hi):
+    """``x`` [N, H, W, C], ``w`` [M, C, KH, KW] (one group); pads (top, bottom, left,
+    right)."""
+    n, h, wd, c = x.shape
+    kh, kw = w.shape[2:]
+    (sh, sw), (pt, pb, pl, pr), (dh, dw) = stride, pads, dil
+    oh = (h + pt + pb - (dh * (kh - 1) + 1)) // sh + 1
+    ow = (wd + pl + pr - (dw * (kw - 1) + 1)) // sw + 1
+    y = np.zeros((n, oh, ow, w.shape[0]))
+    for i in range(oh):
+        for j in range(ow):
+            for a in range(kh):
+                for b in range(kw):
+                    ih, iw = i * sh - pt + a * dh, j * sw - pl + b * dw
+                    if 0 <= ih < h and 0 <= iw < wd:
+                        y[:, i, j, :] += x[:, ih, iw, :].astype(np.float64) @ \
+                            w[:, :, a, b].T.astype(np.float64)
+    return _epilogue(y, bias, res, lo, hi)
 
 
 def _cases(m, shape):
@@ -132,6 +152,59 @@ def test_depthwise_against_numpy(c, h, wd, k, stride, pads, dil):
     assert np.isnan(y[0]).all()
 
 
+@pytest.mark.parametrize("c,m,h,wd,k,stride,pads,dil", [
+    (3, 16, 9, 9, 3, (2, 2), (1, 1, 1, 1), (1, 1)),      # a stem: 3 channels, rows of 5
+    (37, 69, 14, 14, 3, (1, 1), (1, 1, 1, 1), (1, 1)),   # panels of 48, a partial one
+    (16, 128, 10, 10, 3, (1, 1), (1, 1, 1, 1), (1, 1)),  # panels of 64: rows of 10
+    (20, 50, 11, 9, 5, (2, 1), (2, 1, 0, 2), (1, 1)),    # unequal strides and pads
+    (8, 24, 9, 9, 3, (1, 1), (2, 2, 2, 2), (2, 2)),      # dilated
+    (33, 70, 14, 14, 1, (2, 2), (0, 0, 0, 0), (1, 1)),   # 1x1 stride 2: the image in place
+    (24, 40, 8, 12, 3, (1, 1), (0, 0, 0, 0), (1, 1)),    # unpadded: in place, whole rows
+    (5, 9, 1, 1, 3, (1, 1), (1, 1, 1, 1), (1, 1)),       # a 1x1 plane: all padding
+])
+def test_conv_against_numpy(c, m, h, wd, k, stride, pads, dil):
+    n = 2
+    x = RNG.standard_normal((n, h, wd, c)).astype(np.float32)
+    w = RNG.standard_normal((m, c, k, k)).astype(np.float32)
+    want0 = _conv_oracle(x, w, stride, pads, dil, E, E, -INF, INF)
+    oh, ow = want0.shape[1:3]
+    bp = cl.conv_nhwc_weight(w, ow)
+    nr = cl.conv_panel(m, ow)
+    assert bp.size == -(-m // nr) * nr * c * k * k and cl.conv_nhwc_weight(w, ow) is bp
+    geo = (stride[0], stride[1], pads[0], pads[2], dil[0], dil[1], k, k)
+    for bias, res, lo, hi, _ in _cases(m, (n, oh, ow, m))[:5]:
+        y = np.full((n, oh, ow, m), np.nan, np.float32)
+        cl.conv_nhwc(x, bp, y, 0, n, *geo, bias, lo, hi, res)
+        np.testing.assert_allclose(y, _conv_oracle(x, w, stride, pads, dil, bias, res, lo, hi),
+                                   rtol=1e-4, atol=1e-4)
+    y = np.full((n, oh, ow, m), np.nan, np.float32)
+    cl.conv_nhwc(x, bp, y, 1, 2, *geo, E, -INF, INF, E)
+    np.testing.assert_allclose(y[1], want0[1], rtol=1e-4, atol=1e-4)
+    assert np.isnan(y[0]).all()
+
+
+def test_conv_sums_across_chunks_of_the_filter_rows(monkeypatch):
+    """A long sum (3x3 over 400 channels: 3600 rows of 48, 19 chunks) reads back the sums of
+    the chunks before it from the output; the residual added once, the clamp at the end."""
+    x = RNG.standard_normal((1, 7, 7, 400)).astype(np.float32)
+    w = (RNG.standard_normal((60, 400, 3, 3)) * 0.05).astype(np.float32)
+    bias = RNG.standard_normal(60).astype(np.float32)
+    res = RNG.standard_normal(7 * 7 * 60).astype(np.float32)
+    bp = cl.conv_nhwc_weight(w, 7)
+    y = np.empty((1, 7, 7, 60), np.float32)
+    cl.conv_nhwc(x, bp, y, 0, 1, 1, 1, 1, 1, 1, 1, 3, 3, bias, -0.5, 0.5, res)
+    want = _conv_oracle(x, w, (1, 1), (1, 1, 1, 1), (1, 1), bias, res, -0.5, 0.5)
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+    assert 0 < (want == 0.5).mean() < 1  # (the clamp bites)
+
+
+def test_conv_panel_follows_the_waste():
+    # 48 wide (tiles of 7 pixels) where it wastes fewer lanes and pixels than 64 (tiles of 6)
+    assert [cl.conv_panel(m, ow) for m, ow in ((512, 7), (256, 14), (2048, 7), (128, 28),
+                                               (64, 56), (64, 14), (128, 12))] == \
+        [48, 48, 48, 64, 64, 64, 64]
+
+
 def test_one_sample_splits_give_the_same_bits():
     x = RNG.standard_normal((1, 14, 14, 40)).astype(np.float32)
     w = RNG.standard_normal((72, 40, 1, 1)).astype(np.float32)
@@ -155,6 +228,15 @@ def test_one_sample_splits_give_the_same_bits():
     np.testing.assert_array_equal(two, one)
     # too little work: not split (the caller runs it whole)
     assert not cl._split_depthwise(2, 10, x, wt, two, *geo, bias[:40], 0.0, 6.0, E, E)
+
+    f = RNG.standard_normal((72, 40, 3, 3)).astype(np.float32)
+    bp = cl.conv_nhwc_weight(f, 7)
+    one = np.empty((1, 7, 7, 72), np.float32)
+    cl.conv_nhwc(x, bp, one, 0, 1, 2, 2, 1, 1, 1, 1, 3, 3, bias, 0.0, 6.0, E)
+    two = np.full_like(one, np.nan)
+    assert cl._split_conv(2, 1 << 30, x, bp, two, 2, 2, 1, 1, 1, 1, 3, 3, bias, 0.0, 6.0, E)
+    np.testing.assert_array_equal(two, one)
+    assert not cl._split_conv(2, 10, x, bp, two, 2, 2, 1, 1, 1, 1, 3, 3, bias, 0.0, 6.0, E)
 
 
 @pytest.mark.parametrize("hw,c,m,parts", [(7, 160, 960, 2), (7, 96, 320, 2), (7, 24, 200, 3),
@@ -189,6 +271,55 @@ def test_a_sample_split_by_panels_or_pixels_on_the_team_gives_one_calls_bits(
             # (by panels: a group of the parts' own panels each, then the panels left)
             assert (pans.size > 3) == (panels and by_panels)
             np.testing.assert_array_equal(got, one)
+
+
+@pytest.mark.parametrize("hw,c,m,parts", [(7, 64, 200, 2), (28, 16, 24, 2), (7, 48, 100, 3)])
+def test_a_conv_split_by_panels_or_rows_on_the_team_gives_one_calls_bits(
+        team_loops, monkeypatch, hw, c, m, parts):
+    """One sample of ``conv_nhwc`` (3x3, padded) on a parallel loop: by panels of output
+    channels where the packed filter outweighs the image (5 panels of 48 on two threads, the
+    one left by rows; 3 on three), else by ranges of output rows (28 rows of a 16-channel
+    image into 24); the one call's bits either way, the residual in another buffer and in
+    the output's own."""
+    x = RNG.standard_normal((1, hw, hw, c)).astype(np.float32)
+    w = RNG.standard_normal((m, c, 3, 3)).astype(np.float32)
+    bias = RNG.standard_normal(m).astype(np.float32)
+    res = RNG.standard_normal(hw * hw * m).astype(np.float32)
+    bp = cl.conv_nhwc_weight(w, hw)
+    geo = (1, 1, 1, 1, 1, 1, 3, 3)
+    one = np.empty((1, hw, hw, m), np.float32)
+    cl.conv_nhwc(x, bp, one, 0, 1, *geo, bias, 0.0, 6.0, res)
+    np.testing.assert_allclose(one, _conv_oracle(x, w, (1, 1), (1, 1, 1, 1), (1, 1), bias, res,
+                                                 0.0, 6.0), rtol=1e-4, atol=1e-4)
+    by_panels = bp.size > x.size
+    for panels in (True, False):
+        monkeypatch.setattr(cl, "BY_PANELS", [panels])
+        for in_place in (False, True):
+            got = res.reshape(one.shape).copy() if in_place else np.full_like(one, np.nan)
+            team_loops.clear()
+            assert cl._split_conv(parts, 1 << 30, x, bp, got, *geo, bias, 0.0, 6.0,
+                                  got.reshape(-1) if in_place else res)
+            (loop, pans, ran), = team_loops
+            assert loop is cl._conv_parts and ran
+            assert (pans.size > 3) == (panels and by_panels)
+            np.testing.assert_array_equal(got, one)
+
+
+def test_compiled_code_packs_a_conv_filter_at_each_call():
+    @caller
+    def conv(x, w, y, bias):
+        bp = cl.conv_nhwc_weight(w, y.shape[2])
+        cl.conv_nhwc(x, bp, y, 0, x.shape[0], 2, 2, 1, 1, 1, 1, 3, 3, bias, 0.0, np.inf,
+                     bias[:0])
+
+    x = RNG.standard_normal((2, 9, 9, 10)).astype(np.float32)
+    for m in (20, 64):  # (panels of 48 onto rows of 5 pixels, of 64)
+        w = RNG.standard_normal((m, 10, 3, 3)).astype(np.float32)
+        bias = RNG.standard_normal(m).astype(np.float32)
+        y = np.empty((2, 5, 5, m), np.float32)
+        conv(x, w, y, bias)
+        np.testing.assert_allclose(y, _conv_oracle(x, w, (2, 2), (1, 1, 1, 1), (1, 1), bias, E,
+                                                   0.0, INF), rtol=1e-4, atol=1e-4)
 
 
 def test_compiled_code_rearranges_the_filter_at_each_call():

@@ -108,10 +108,11 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
     values ``pfo`` past the row it loads into the L2 cache (rather than ``pf`` rows ahead into
     L1), so that a tile can fetch the next chunk of a panel that the tiles after it read.
 
-    ``taps`` (with ``trans`` and ``far``): two more arguments, ``off`` (int64) and ``k0``:
-    ``a[a0 + r*ka + off[k0 + k]]`` for ``a[a0 + r + k*ka]``, the left operand read where each
-    step ``k`` of the sum finds it (a convolution's image, ``off`` the offsets of its taps,
-    ``ka`` the stride between the tile's pixels), not from patches.
+    ``taps`` (with ``far``): two more arguments, ``off`` (int64) and ``k0``: ``a[a0 + r*ka +
+    off[k0 + k]]`` for ``a[a0 + r + k*ka]`` (``trans``) or ``a[a0 + r*lda + k]``, the left
+    operand read where each step ``k`` of the sum finds it (a convolution's image, ``off`` the
+    offsets of its taps, ``ka``/``lda`` the stride between the tile's pixels), not from
+    patches.
 
     ``gate`` (neither ``conv``, ``trans`` nor ``far``): one more argument, ``gate``, an array
     of the data's type applied after the clamp (:func:`.tile.gate_of`: hard_swish or
@@ -123,8 +124,8 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
     (allocas LLVM promotes) until the one store of the tile."""
     if gate and (conv or trans or far):
         raise ValueError("pdjit: a gated tile is a plain one")
-    if taps and not (trans and far):
-        raise ValueError("pdjit: a tile reading the taps is a transposed far one")
+    if taps and not far:
+        raise ValueError("pdjit: a tile reading the taps is a far one")
     if trans and mr > _TRANS_ROWS:
         raise ValueError(f"pdjit: a transposed tile has at most {_TRANS_ROWS} rows, not {mr}")
 

@@ -100,9 +100,11 @@ def channels_last(op) -> bool:
     ``op`` on NHWC images (what the inference pass ``channels_last`` asks the target): float32,
     planes of at most ``MAX_PLANE`` pixels (known when lowering; on larger ones the NCHW
     kernels measured faster), a filter that is a weight (persistable, written by no op), and
-    either 1x1, stride 1, no
-    padding, one group (:func:`~pdjit.codegen.cpu.lib.channels_last.pointwise_nhwc`) or one
-    filter per channel (:func:`~pdjit.codegen.cpu.lib.channels_last.depthwise_nhwc`)."""
+    either 1x1, stride 1, no padding, one group
+    (:func:`~pdjit.codegen.cpu.lib.channels_last.pointwise_nhwc`), one filter per channel
+    (:func:`~pdjit.codegen.cpu.lib.channels_last.depthwise_nhwc`), or any other of one group
+    onto a plane of at most ``MAX_PLANE`` pixels from one at most the strides' product larger
+    (:func:`~pdjit.codegen.cpu.lib.channels_last.conv_nhwc`)."""
     return _channels_last_kind(op) is not None
 
 
@@ -128,14 +130,23 @@ def _channels_last_kind(op) -> str | None:
     nhwc = attrs.get("data_format") == "NHWC"
     c = x.shape[3] if nhwc else x.shape[1]
     h, w_ = (x.shape[1], x.shape[2]) if nhwc else (x.shape[2], x.shape[3])
-    if h < 1 or w_ < 1 or h * w_ > MAX_PLANE:
+    if h < 1 or w_ < 1:
         return None
-    if groups == 1 and kh == kw == 1 and tuple(g.strides) == (1, 1) and \
-            (g.algo != "EXPLICIT" or not any(g.pads)):
-        return "pointwise_nhwc"
-    if cg == 1 and m == groups and (c < 0 or c == m):
-        return "depthwise_nhwc"
-    return None
+    if h * w_ <= MAX_PLANE:
+        if groups == 1 and kh == kw == 1 and tuple(g.strides) == (1, 1) and \
+                (g.algo != "EXPLICIT" or not any(g.pads)):
+            return "pointwise_nhwc"
+        if cg == 1 and m == groups and (c < 0 or c == m):
+            return "depthwise_nhwc"
+    # (a strided one may read a larger plane: ResNet-50's 3x3 and 1x1 stride-2 layers into
+    # 14x14 from 28x28)
+    if groups != 1 or h * w_ > MAX_PLANE * g.strides[0] * g.strides[1]:
+        return None
+    try:
+        out = g.conv_out(0, h, kh) * g.conv_out(1, w_, kw)
+    except ValueError:  # (a window larger than the image: its lowering says so)
+        return None
+    return "conv_nhwc" if out <= MAX_PLANE else None
 
 
 def _nhwc_blocked(ctx, g: Geometry):
@@ -147,16 +158,19 @@ def _nhwc_blocked(ctx, g: Geometry):
     oh, ow = g.src_conv_out(0, h, kh), g.src_conv_out(1, w, kw)
     y = ctx.out("Output", shape=f"({n}, {oh}, {ow}, {W}.shape[0])")
     lines = [f"_rt.check({X}.shape[3] == {W}.shape[1] * {ctx.attrs['groups']})"]
-    epi = ctx.channel_epilogue(ctx.T("Output"), lines, residual=True, gate=True)
+    # (conv_nhwc's tiles take no gate: a hard_swish after it runs as an op of its own)
+    epi = ctx.channel_epilogue(ctx.T("Output"), lines, residual=True,
+                               gate=kind != "conv_nhwc")
     wt = ctx.tmp("wt")
-    lines.append(f"{wt} = {ctx.lib_fn(kind + '_weight')}({W})")
+    lines.append(f"{wt} = {ctx.lib_fn(kind + '_weight')}({W}"
+                 f"{f', {ow}' if kind == 'conv_nhwc' else ''})")
     fn = ctx.lib_fn(kind)
     if kind == "pointwise_nhwc":
         return lines, fn, [X, wt, y], epi, f"{y}.size * {W}.shape[1]"
     pt, _, dh = g.src_window(0, f"{X}.shape[1]", kh)
     pl, _, dw = g.src_window(1, f"{X}.shape[2]", kw)
     geo = [str(g.strides[0]), str(g.strides[1]), pt, pl, dh, dw, str(kh), str(kw)]
-    return lines, fn, [X, wt, y], geo + epi, f"{y}.size * {kh * kw}"
+    return lines, fn, [X, wt, y], geo + epi, f"{y}.size * {W}[0].size"
 
 
 def _packed_args(g: Geometry, X: str, kh: int, kw: int, args: list, wino: bool) -> str:
