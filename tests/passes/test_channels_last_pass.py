@@ -4,10 +4,11 @@ Oracle: a MobileNetV2-like model (a 3x3 stem, inverted residual blocks of 1x1 an
 convolutions with batch norm and relu6, a residual add, global pooling, fc) written in NumPy
 here from the values of the scope it was saved from. Through the Predictor, the chain of
 the stem and the blocks runs on NHWC images (its convolutions and global pool switched,
-transposes at its ends) and gives the oracle's values, every step natively; a value of the chain that is fetched
-keeps its name, layout and value; squeeze-and-excitation blocks (MobileNetV3's) stay in the
-chain; a chain whose conversions would cost more than it gains, and a program optimized for no
-target, are left alone; an ahead-of-time artifact runs the chain as the Predictor does.
+transposes at its ends) and gives the oracle's values, every step natively; a value of the
+chain that is fetched keeps its name, layout and value; squeeze-and-excitation blocks
+(MobileNetV3's) stay in the chain; a chain whose conversions would cost more than it gains,
+and a program optimized for no target, are left alone; an ahead-of-time artifact runs the
+chain as the Predictor does.
 """
 import collections
 import importlib.util

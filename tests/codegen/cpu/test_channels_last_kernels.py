@@ -1,10 +1,10 @@
 """The channels-last (NHWC) convolution kernels (``pdjit.codegen.cpu.lib.channels_last``)
 against NumPy oracles written here (naive loops over the taps): 1x1 on both tile widths,
 depthwise and other convolutions of one group over windows, strides, paddings and
-dilations, channel counts that are no multiple of a vector, each piece of the epilogue (hard_swish and hard_sigmoid after the clamp too),
-ranges of samples; the one-sample splits over threads
-give the same bits as one call; compiled code (rearranging the filter at each call) the same
-values."""
+dilations, channel counts that are no multiple of a vector, each piece of the epilogue
+(hard_swish and hard_sigmoid after the clamp too), ranges of samples; the one-sample splits
+over threads give the same bits as one call; compiled code (rearranging the filter at each
+call) the same values."""
 import numpy as np
 import pytest
 
