@@ -154,8 +154,8 @@ def test_depthwise_against_numpy(c, h, wd, k, stride, pads, dil):
 
 @pytest.mark.parametrize("c,m,h,wd,k,stride,pads,dil", [
     (3, 16, 9, 9, 3, (2, 2), (1, 1, 1, 1), (1, 1)),      # a stem: 3 channels, rows of 5
-    (37, 69, 14, 14, 3, (1, 1), (1, 1, 1, 1), (1, 1)),   # panels of 48, a partial one
-    (16, 128, 10, 10, 3, (1, 1), (1, 1, 1, 1), (1, 1)),  # panels of 64: rows of 10
+    (37, 69, 14, 14, 3, (1, 1), (1, 1, 1, 1), (1, 1)),   # two panels, the second 5 wide
+    (16, 128, 10, 10, 3, (1, 1), (1, 1, 1, 1), (1, 1)),  # rows of a tile and a partial one
     (20, 50, 11, 9, 5, (2, 1), (2, 1, 0, 2), (1, 1)),    # unequal strides and pads
     (8, 24, 9, 9, 3, (1, 1), (2, 2, 2, 2), (2, 2)),      # dilated
     (33, 70, 14, 14, 1, (2, 2), (0, 0, 0, 0), (1, 1)),   # 1x1 stride 2: the image in place
@@ -168,9 +168,8 @@ def test_conv_against_numpy(c, m, h, wd, k, stride, pads, dil):
     w = RNG.standard_normal((m, c, k, k)).astype(np.float32)
     want0 = _conv_oracle(x, w, stride, pads, dil, E, E, -INF, INF)
     oh, ow = want0.shape[1:3]
-    bp = cl.conv_nhwc_weight(w, ow)
-    nr = cl.conv_panel(m, ow)
-    assert bp.size == -(-m // nr) * nr * c * k * k and cl.conv_nhwc_weight(w, ow) is bp
+    bp = cl.conv_nhwc_weight(w)
+    assert bp.size == -(-m // 64) * 64 * c * k * k and cl.conv_nhwc_weight(w) is bp
     geo = (stride[0], stride[1], pads[0], pads[2], dil[0], dil[1], k, k)
     for bias, res, lo, hi, _ in _cases(m, (n, oh, ow, m))[:5]:
         y = np.full((n, oh, ow, m), np.nan, np.float32)
@@ -184,25 +183,18 @@ def test_conv_against_numpy(c, m, h, wd, k, stride, pads, dil):
 
 
 def test_conv_sums_across_chunks_of_the_filter_rows(monkeypatch):
-    """A long sum (3x3 over 400 channels: 3600 rows of 48, 19 chunks) reads back the sums of
+    """A long sum (3x3 over 400 channels: 3600 rows of 64, 29 chunks) reads back the sums of
     the chunks before it from the output; the residual added once, the clamp at the end."""
     x = RNG.standard_normal((1, 7, 7, 400)).astype(np.float32)
     w = (RNG.standard_normal((60, 400, 3, 3)) * 0.05).astype(np.float32)
     bias = RNG.standard_normal(60).astype(np.float32)
     res = RNG.standard_normal(7 * 7 * 60).astype(np.float32)
-    bp = cl.conv_nhwc_weight(w, 7)
+    bp = cl.conv_nhwc_weight(w)
     y = np.empty((1, 7, 7, 60), np.float32)
     cl.conv_nhwc(x, bp, y, 0, 1, 1, 1, 1, 1, 1, 1, 3, 3, bias, -0.5, 0.5, res)
     want = _conv_oracle(x, w, (1, 1), (1, 1, 1, 1), (1, 1), bias, res, -0.5, 0.5)
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
     assert 0 < (want == 0.5).mean() < 1  # (the clamp bites)
-
-
-def test_conv_panel_follows_the_waste():
-    # 48 wide (tiles of 7 pixels) where it wastes fewer lanes and pixels than 64 (tiles of 6)
-    assert [cl.conv_panel(m, ow) for m, ow in ((512, 7), (256, 14), (2048, 7), (128, 28),
-                                               (64, 56), (64, 14), (128, 12))] == \
-        [48, 48, 48, 64, 64, 64, 64]
 
 
 def test_one_sample_splits_give_the_same_bits():
@@ -230,7 +222,7 @@ def test_one_sample_splits_give_the_same_bits():
     assert not cl._split_depthwise(2, 10, x, wt, two, *geo, bias[:40], 0.0, 6.0, E, E)
 
     f = RNG.standard_normal((72, 40, 3, 3)).astype(np.float32)
-    bp = cl.conv_nhwc_weight(f, 7)
+    bp = cl.conv_nhwc_weight(f)
     one = np.empty((1, 7, 7, 72), np.float32)
     cl.conv_nhwc(x, bp, one, 0, 1, 2, 2, 1, 1, 1, 1, 3, 3, bias, 0.0, 6.0, E)
     two = np.full_like(one, np.nan)
@@ -273,19 +265,18 @@ def test_a_sample_split_by_panels_or_pixels_on_the_team_gives_one_calls_bits(
             np.testing.assert_array_equal(got, one)
 
 
-@pytest.mark.parametrize("hw,c,m,parts", [(7, 64, 200, 2), (28, 16, 24, 2), (7, 48, 100, 3)])
+@pytest.mark.parametrize("hw,c,m,parts", [(7, 64, 200, 2), (28, 16, 24, 2), (7, 48, 150, 3)])
 def test_a_conv_split_by_panels_or_rows_on_the_team_gives_one_calls_bits(
         team_loops, monkeypatch, hw, c, m, parts):
     """One sample of ``conv_nhwc`` (3x3, padded) on a parallel loop: by panels of output
-    channels where the packed filter outweighs the image (5 panels of 48 on two threads, the
-    one left by rows; 3 on three), else by ranges of output rows (28 rows of a 16-channel
-    image into 24); the one call's bits either way, the residual in another buffer and in
-    the output's own."""
+    channels where the packed filter outweighs the image (4 panels of 64 on two threads; 3 on
+    three), else by ranges of output rows (28 rows of a 16-channel image into 24); the one
+    call's bits either way, the residual in another buffer and in the output's own."""
     x = RNG.standard_normal((1, hw, hw, c)).astype(np.float32)
     w = RNG.standard_normal((m, c, 3, 3)).astype(np.float32)
     bias = RNG.standard_normal(m).astype(np.float32)
     res = RNG.standard_normal(hw * hw * m).astype(np.float32)
-    bp = cl.conv_nhwc_weight(w, hw)
+    bp = cl.conv_nhwc_weight(w)
     geo = (1, 1, 1, 1, 1, 1, 3, 3)
     one = np.empty((1, hw, hw, m), np.float32)
     cl.conv_nhwc(x, bp, one, 0, 1, *geo, bias, 0.0, 6.0, res)
@@ -308,12 +299,12 @@ def test_a_conv_split_by_panels_or_rows_on_the_team_gives_one_calls_bits(
 def test_compiled_code_packs_a_conv_filter_at_each_call():
     @caller
     def conv(x, w, y, bias):
-        bp = cl.conv_nhwc_weight(w, y.shape[2])
+        bp = cl.conv_nhwc_weight(w)
         cl.conv_nhwc(x, bp, y, 0, x.shape[0], 2, 2, 1, 1, 1, 1, 3, 3, bias, 0.0, np.inf,
                      bias[:0])
 
     x = RNG.standard_normal((2, 9, 9, 10)).astype(np.float32)
-    for m in (20, 64):  # (panels of 48 onto rows of 5 pixels, of 64)
+    for m in (20, 70):  # (one partial panel; a whole one and a partial one)
         w = RNG.standard_normal((m, 10, 3, 3)).astype(np.float32)
         bias = RNG.standard_normal(m).astype(np.float32)
         y = np.empty((2, 5, 5, m), np.float32)

@@ -19,8 +19,8 @@ serve, so that the image is converted once at the chain's ends instead of at eac
 - :func:`conv_nhwc`: any other convolution of one group (3x3, and 1x1 at stride 2: ResNet's
   layers onto 14x14 and 7x7 planes): pgemm's tile reading each step's tap in the image (a
   zero-padded copy of the rows a call reads where the window reaches past the image), 7
-  pixels of an output row by 48 output channels or 6 by 64 (:func:`conv_panel`), the filter
-  packed in panels of the taps' channels (:func:`conv_nhwc_weight`), each panel taken by
+  pixels of an output row by 64 output channels, the filter packed in panels of the taps'
+  channels (:func:`conv_nhwc_weight`), each panel taken by
   chunks that stay in the L1 cache while every tile reads them (:data:`CONV_CHUNK_BYTES`);
   bias, residual and clamp in registers, stored by rows.
 
@@ -52,7 +52,7 @@ from pdjit.codegen.cpu.lib.pgemm import (
 )
 from pdjit.codegen.cpu.lib.tile import _masked, _offset, _splat, _vectors, gate_of, gated
 
-__all__ = ["MAX_PLANE", "conv_nhwc", "conv_nhwc_weight", "conv_panel", "depthwise_nhwc",
+__all__ = ["MAX_PLANE", "conv_nhwc", "conv_nhwc_weight", "depthwise_nhwc",
            "depthwise_nhwc_weight", "panel_of", "pointwise_nhwc", "pointwise_nhwc_weight"]
 
 #: the narrow tile: ``NARROW_MR`` pixels by ``NARROW_NV`` vectors of output channels
@@ -512,11 +512,17 @@ _conv.CHANNEL_SPLITS[depthwise_nhwc] = _split_depthwise
 
 
 # ---- other convolutions of one group ---------------------------------------------------------
-#: conv_nhwc's tiles: 7 pixels of an output row by 3 vectors of output channels (panels of
-#: 48) or 6 by 4 (panels of 64), each step of the sum reading its tap's channels where the
-#: image holds them (pgemm's tile reading the taps, stored by rows: no transposes)
-_conv7 = _micro_kernel(7, 3, PREFETCH_ROWS, far=True, taps=True)
-_conv6 = _micro_kernel(6, NV, PREFETCH_ROWS, far=True, taps=True)
+#: conv_nhwc's tile: 7 pixels of an output row (ResNet's rows of 56, 28, 14 and 7 pixels
+#: fill whole tiles) by 4 vectors of output channels (panels of 64), each step of the sum
+#: reading its tap's channels where the image holds them (pgemm's tile reading the taps,
+#: stored by rows: no transposes); its 28 sums and 4 vectors of weights fill the 32 vector
+#: registers, the image's values broadcast from memory. Measured alone against ONNX Runtime's
+#: NCHWc kernels (one thread, batch 1, by turns in one process, ms), this tile / 7 by 48 / 6
+#: by 64 / ONNX Runtime: 3x3 14x14 256 -> 256 2.42 / 2.64 / 2.88 / 2.26; 28x28 128 -> 128
+#: 1.69 / 1.95 / 1.80 / 1.79; 56x56 64 -> 64 2.10 / 3.32 / 2.43 / 2.09; 7x7 512 -> 512 2.08 /
+#: 2.12 / 3.11 / 2.27; stride 2 14x14 512 -> 512 2.08 / 2.30 / 3.17 / 2.25
+_CONV_MR, _CONV_NR = 7, NV * 16
+_conv_tile = _micro_kernel(_CONV_MR, NV, PREFETCH_ROWS, far=True, taps=True)
 #: the bytes of a panel's rows (of the filter packed by conv_nhwc_weight) that every tile of
 #: the output rows reads before the next rows are read: they stay in the L1 cache, the sums so
 #: far read back from the output (cheap: channels-last, by rows). Measured alone on a 2-vCPU
@@ -527,17 +533,6 @@ _conv6 = _micro_kernel(6, NV, PREFETCH_ROWS, far=True, taps=True)
 CONV_CHUNK_BYTES = 1 << 15
 #: tiles after a chunk's first that fetch the next chunk into the L2 cache as they read theirs
 _CONV_FAR_TILES = 3
-
-
-@register_jitable
-def conv_panel(m: int, ow: int) -> int:
-    """The output channels of :func:`conv_nhwc`'s panels, for ``m`` output channels onto
-    rows of ``ow`` pixels: 48 (tiles of 7 pixels) or 64 (of 6), whichever fills more of its
-    tiles' lanes (64 on a tie): ResNet-50's 7x7 planes take 48, its 28x28 ones of 128
-    channels 64."""
-    u48 = m / (((m + 47) // 48) * 48) * ow / (((ow + 6) // 7) * 7)
-    u64 = m / (((m + 63) // 64) * 64) * ow / (((ow + 5) // 6) * 6)
-    return 48 if u48 > u64 else 64
 
 
 @jit
@@ -563,21 +558,20 @@ def _packed_conv(w, nr):
     return out
 
 
-def conv_nhwc_weight(w, ow):
-    """The filter ``w`` ([M, C, KH, KW], float32) packed for :func:`conv_nhwc` onto output rows
-    of ``ow`` pixels (panels of :func:`conv_panel` channels), kept beside ``w``."""
-    nr = conv_panel(w.shape[0], ow)
-    return params.derived(w, ("conv_nhwc", nr), lambda: _packed_conv(w, nr))
+def conv_nhwc_weight(w):
+    """The filter ``w`` ([M, C, KH, KW], float32) packed for :func:`conv_nhwc` (panels of 64
+    output channels), kept beside ``w``."""
+    return params.derived(w, ("conv_nhwc",), lambda: _packed_conv(w, _CONV_NR))
 
 
 replay.declare("derived", conv_nhwc_weight)
 
 
 @overload(conv_nhwc_weight)
-def _conv_nhwc_weight_native(w, ow):
-    def impl(w, ow):
+def _conv_nhwc_weight_native(w):
+    def impl(w):
         m = w.shape[0]
-        nr = conv_panel(m, ow)
+        nr = _CONV_NR
         out = np.empty(((m + nr - 1) // nr) * nr * (w.size // max(1, m)), w.dtype)
         _pack_conv(np.ascontiguousarray(w), nr, out)
         return out
@@ -594,8 +588,7 @@ def _conv_rows(x, bp, kh, kw, y, n0, n1, o0, o1, sh, sw, pt, pl, dh, dw, bias, l
     reads in turn (the residual added with the first, the bias and clamp with the last)."""
     n, h, w_, c = x.shape
     oh, ow, m = y.shape[1], y.shape[2], y.shape[3]
-    nr = conv_panel(m, ow)
-    mr = 7 if nr == 48 else 6
+    nr, mr = _CONV_NR, _CONV_MR
     k = kh * kw * c
     npan = (m + nr - 1) // nr
     p1 = npan if p1 < 0 else min(p1, npan)
@@ -645,15 +638,9 @@ def _conv_rows(x, bp, kh, kw, y, n0, n1, o0, o1, sh, sw, pt, pl, dh, dw, bias, l
                     a_row = xb + (oy - o0) * sh * wp * c
                     for ox in range(0, ow, mr):
                         pfo = (k1 - k0) * nr if 1 <= t <= _CONV_FAR_TILES else PREFETCH_ROWS * nr
-                        a0, c0 = a_row + ox * sw * c, yb + (oy * ow + ox) * m + j * nr
-                        if mr == 7:
-                            _conv7(xp, a0, sw * c, min(mr, ow - ox), k1 - k0, bp,
-                                   (j * k + k0) * nr, yf, c0, m, width, bs, j * nr, rs, lo_, hi_,
-                                   pfo, off, k0)
-                        else:
-                            _conv6(xp, a0, sw * c, min(mr, ow - ox), k1 - k0, bp,
-                                   (j * k + k0) * nr, yf, c0, m, width, bs, j * nr, rs, lo_, hi_,
-                                   pfo, off, k0)
+                        _conv_tile(xp, a_row + ox * sw * c, sw * c, min(mr, ow - ox), k1 - k0, bp,
+                                   (j * k + k0) * nr, yf, yb + (oy * ow + ox) * m + j * nr, m,
+                                   width, bs, j * nr, rs, lo_, hi_, pfo, off, k0)
                         t += 1
 
 
@@ -690,8 +677,7 @@ def _split_conv(parts, work, x, bp, y, sh, sw, pt, pl, dh, dw, kh, kw, bias, lo,
         return False
     parts = min(parts, rows)
     call = (x, bp, kh, kw, y, sh, sw, pt, pl, dh, dw, bias, float(lo), float(hi), res)
-    m = y.shape[3]
-    npan = -(-m // conv_panel(m, y.shape[2]))
+    npan = -(-y.shape[3] // _CONV_NR)
     if team.run(_conv_parts, call + team.plan(parts, rows, npan, BY_PANELS[0] and
                                               bp.size > x.size)):
         return True

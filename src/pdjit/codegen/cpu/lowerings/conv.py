@@ -162,8 +162,7 @@ def _nhwc_blocked(ctx, g: Geometry):
     epi = ctx.channel_epilogue(ctx.T("Output"), lines, residual=True,
                                gate=kind != "conv_nhwc")
     wt = ctx.tmp("wt")
-    lines.append(f"{wt} = {ctx.lib_fn(kind + '_weight')}({W}"
-                 f"{f', {ow}' if kind == 'conv_nhwc' else ''})")
+    lines.append(f"{wt} = {ctx.lib_fn(kind + '_weight')}({W})")
     fn = ctx.lib_fn(kind)
     if kind == "pointwise_nhwc":
         return lines, fn, [X, wt, y], epi, f"{y}.size * {W}.shape[1]"
