@@ -20,9 +20,9 @@ serve, so that the image is converted once at the chain's ends instead of at eac
   layers onto 14x14 and 7x7 planes): pgemm's tile reading each step's tap in the image (a
   zero-padded copy of the rows a call reads where the window reaches past the image), 7
   pixels of an output row by 64 output channels, the filter packed in panels of the taps'
-  channels (:func:`conv_nhwc_weight`), each panel taken by
-  chunks that stay in the L1 cache while every tile reads them (:data:`CONV_CHUNK_BYTES`);
-  bias, residual and clamp in registers, stored by rows.
+  channels (:func:`conv_nhwc_weight`), each panel taken by chunks that stay in the L1 cache
+  while every tile reads them (:data:`CONV_CHUNK_BYTES`); bias, residual and clamp in
+  registers, stored by rows.
 
 Each takes the samples ``n0 .. n1`` (``Opaque.blocked``); one sample is split over threads by
 rows of pixels or panels of output channels (:func:`_split_pointwise`,
@@ -526,22 +526,23 @@ _conv_tile = _micro_kernel(_CONV_MR, NV, PREFETCH_ROWS, far=True, taps=True)
 #: the bytes of a panel's rows (of the filter packed by conv_nhwc_weight) that every tile of
 #: the output rows reads before the next rows are read: they stay in the L1 cache, the sums so
 #: far read back from the output (cheap: channels-last, by rows). Measured alone on a 2-vCPU
-#: Intel Xeon (one thread, batch 1, ms, against ONNX Runtime's NCHWc kernels by turns in one
-#: process): 3x3 14x14 256 -> 256 3.1 / 2.3 with 256 KiB, 1.9 / 1.7 with 32 KiB, 2.5 / 1.9
-#: with 64 KiB, 3.0 / 2.4 with 16 KiB; 7x7 512 -> 512 3.3 / 3.0, 2.2 / 2.2, 2.4 / 2.2, 2.6 /
-#: 2.7
+#: Intel Xeon (one thread, batch 1, ms, tiles of 7 pixels by 48 channels, against ONNX
+#: Runtime's NCHWc kernels by turns in one process): 3x3 14x14 256 -> 256 3.1 / 2.3 with 256
+#: KiB, 1.9 / 1.7 with 32 KiB, 2.5 / 1.9 with 64 KiB, 3.0 / 2.4 with 16 KiB; 7x7 512 -> 512
+#: 3.3 / 3.0, 2.2 / 2.2, 2.4 / 2.2, 2.6 / 2.7
 CONV_CHUNK_BYTES = 1 << 15
 #: tiles after a chunk's first that fetch the next chunk into the L2 cache as they read theirs
 _CONV_FAR_TILES = 3
 
 
 @jit
-def _pack_conv(w, nr, out):
-    """``w`` ([M, C, KH, KW]) into ``out``: panels of ``nr`` output channels, each ``KH * KW *
-    C`` rows of ``nr`` (row ``(ty * KW + tx) * C + c``: the tap's channels in the image's
-    order), zero past ``M``."""
+def _packed_conv(w, nr):
+    """``w`` ([M, C, KH, KW]) packed in panels of ``nr`` output channels, each ``KH * KW * C``
+    rows of ``nr`` (row ``(ty * KW + tx) * C + c``: the tap's channels in the image's order),
+    zero past ``M``."""
     m, c, kh, kw = w.shape
     k = kh * kw * c
+    out = np.empty(((m + nr - 1) // nr) * nr * k, w.dtype)
     for j in range((m + nr - 1) // nr):
         for t in range(kh * kw):
             for ci in range(c):
@@ -549,12 +550,6 @@ def _pack_conv(w, nr, out):
                 for q in range(nr):
                     r = j * nr + q
                     out[base + q] = w[r, ci, t // kw, t % kw] if r < m else 0
-
-
-def _packed_conv(w, nr):
-    m = w.shape[0]
-    out = np.empty(((m + nr - 1) // nr) * nr * (w.size // max(1, m)), w.dtype)
-    _pack_conv(np.ascontiguousarray(w), nr, out)
     return out
 
 
@@ -570,11 +565,7 @@ replay.declare("derived", conv_nhwc_weight)
 @overload(conv_nhwc_weight)
 def _conv_nhwc_weight_native(w):
     def impl(w):
-        m = w.shape[0]
-        nr = _CONV_NR
-        out = np.empty(((m + nr - 1) // nr) * nr * (w.size // max(1, m)), w.dtype)
-        _pack_conv(np.ascontiguousarray(w), nr, out)
-        return out
+        return _packed_conv(w, _CONV_NR)
     return impl
 
 
@@ -651,7 +642,7 @@ def conv_nhwc(x, bp, y, n0, n1, sh, sw, pt, pl, dh, dw, kh, kw, bias, lo, hi, re
     ``bp``, strides, top/left pads and dilations as the convolution's (the bottom/right pads
     follow from ``y``'s size); ``bias``, ``res``, ``lo``, ``hi`` as :func:`pointwise_nhwc`'s.
     Each output sums its products in the packed rows' order (tap by tap, each tap's channels
-    in order), each a fused multiply-add."""
+    in order), each a fused multiply-add, the residual added to the first chunk's sum."""
     replay.kernel_call(_conv_rows, x, bp, kh, kw, y, n0, n1, 0, y.shape[1], sh, sw, pt, pl, dh,
                        dw, bias, float(lo), float(hi), res, 0, -1)
 
