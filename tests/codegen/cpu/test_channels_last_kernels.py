@@ -76,6 +76,13 @@ def _conv_oracle(x, w, stride, pads, dil, bias, res, lo, hi):
     return _epilogue(y, bias, res, lo, hi)
 
 
+@pytest.fixture
+def conv_kernel(monkeypatch):
+    """``conv_nhwc`` on its kernel from the first call (else NumPy's stand-in serves until the
+    kernel is compiled ahead and loaded, ``channels_last._conv_ready``)."""
+    monkeypatch.setattr(cl, "_conv_ready", lambda: True)
+
+
 def _cases(m, shape):
     bias = RNG.standard_normal(m).astype(np.float32)
     res = RNG.standard_normal(int(np.prod(shape))).astype(np.float32)
@@ -162,7 +169,9 @@ def test_depthwise_against_numpy(c, h, wd, k, stride, pads, dil):
     (24, 40, 8, 12, 3, (1, 1), (0, 0, 0, 0), (1, 1)),    # unpadded: in place, whole rows
     (5, 9, 1, 1, 3, (1, 1), (1, 1, 1, 1), (1, 1)),       # a 1x1 plane: all padding
 ])
-def test_conv_against_numpy(c, m, h, wd, k, stride, pads, dil):
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "stand-in"])
+def test_conv_against_numpy(monkeypatch, kernel, c, m, h, wd, k, stride, pads, dil):
+    monkeypatch.setattr(cl, "_conv_ready", lambda: kernel)
     n = 2
     x = RNG.standard_normal((n, h, wd, c)).astype(np.float32)
     w = RNG.standard_normal((m, c, k, k)).astype(np.float32)
@@ -182,7 +191,7 @@ def test_conv_against_numpy(c, m, h, wd, k, stride, pads, dil):
     assert np.isnan(y[0]).all()
 
 
-def test_conv_sums_across_chunks_of_the_filter_rows(monkeypatch):
+def test_conv_sums_across_chunks_of_the_filter_rows(conv_kernel):
     """A long sum (3x3 over 400 channels: 3600 rows of 64, 29 chunks) reads back the sums of
     the chunks before it from the output; the residual added once, the clamp at the end."""
     x = RNG.standard_normal((1, 7, 7, 400)).astype(np.float32)
@@ -197,7 +206,7 @@ def test_conv_sums_across_chunks_of_the_filter_rows(monkeypatch):
     assert 0 < (want == 0.5).mean() < 1  # (the clamp bites)
 
 
-def test_one_sample_splits_give_the_same_bits():
+def test_one_sample_splits_give_the_same_bits(conv_kernel):
     x = RNG.standard_normal((1, 14, 14, 40)).astype(np.float32)
     w = RNG.standard_normal((72, 40, 1, 1)).astype(np.float32)
     bias = RNG.standard_normal(72).astype(np.float32)
@@ -229,6 +238,25 @@ def test_one_sample_splits_give_the_same_bits():
     assert cl._split_conv(2, 1 << 30, x, bp, two, 2, 2, 1, 1, 1, 1, 3, 3, bias, 0.0, 6.0, E)
     np.testing.assert_array_equal(two, one)
     assert not cl._split_conv(2, 10, x, bp, two, 2, 2, 1, 1, 1, 1, 3, 3, bias, 0.0, 6.0, E)
+
+
+def test_a_conv_waits_for_its_kernel_on_numpys_calls(monkeypatch):
+    """Until its kernel is ready ``conv_nhwc`` runs NumPy's calls (nothing compiled in a cold
+    process's first results) and splits nothing; a host driver's recording is refused."""
+    calls = []
+    monkeypatch.setattr(cl, "_conv_ready", lambda: False)
+    monkeypatch.setattr(cl, "_conv_rows", lambda *a: calls.append(a))
+    x = RNG.standard_normal((1, 9, 9, 12)).astype(np.float32)
+    w = RNG.standard_normal((20, 12, 3, 3)).astype(np.float32)
+    bias = RNG.standard_normal(20).astype(np.float32)
+    res = RNG.standard_normal(5 * 5 * 20).astype(np.float32)
+    bp = cl.conv_nhwc_weight(w)
+    y = np.full((1, 5, 5, 20), np.nan, np.float32)
+    assert not cl._split_conv(2, 1 << 30, x, bp, y, 2, 2, 1, 1, 1, 1, 3, 3, bias, 0.0, 6.0, res)
+    cl.conv_nhwc(x, bp, y, 0, 1, 2, 2, 1, 1, 1, 1, 3, 3, bias, 0.0, 6.0, res)
+    assert not calls
+    np.testing.assert_allclose(y, _conv_oracle(x, w, (2, 2), (1, 1, 1, 1), (1, 1), bias, res,
+                                               0.0, 6.0), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("hw,c,m,parts", [(7, 160, 960, 2), (7, 96, 320, 2), (7, 24, 200, 3),

@@ -535,11 +535,20 @@ CONV_CHUNK_BYTES = 1 << 15
 _CONV_FAR_TILES = 3
 
 
-@jit
 def _packed_conv(w, nr):
     """``w`` ([M, C, KH, KW]) packed in panels of ``nr`` output channels, each ``KH * KW * C``
     rows of ``nr`` (row ``(ty * KW + tx) * C + c``: the tap's channels in the image's order),
-    zero past ``M``."""
+    zero past ``M`` (NumPy's copies: nothing to compile in a cold process)."""
+    m, c, kh, kw = w.shape
+    npan = -(-m // nr)
+    wt = np.zeros((npan * nr, kh, kw, c), w.dtype)
+    wt[:m] = w.transpose(0, 2, 3, 1)
+    return np.ascontiguousarray(wt.reshape(npan, nr, kh * kw * c).transpose(0, 2, 1)).reshape(-1)
+
+
+@jit
+def _packed_conv_native(w, nr):
+    """:func:`_packed_conv` in compiled code."""
     m, c, kh, kw = w.shape
     k = kh * kw * c
     out = np.empty(((m + nr - 1) // nr) * nr * k, w.dtype)
@@ -565,7 +574,7 @@ replay.declare("derived", conv_nhwc_weight)
 @overload(conv_nhwc_weight)
 def _conv_nhwc_weight_native(w):
     def impl(w):
-        return _packed_conv(w, _CONV_NR)
+        return _packed_conv_native(w, _CONV_NR)
     return impl
 
 
@@ -642,9 +651,52 @@ def conv_nhwc(x, bp, y, n0, n1, sh, sw, pt, pl, dh, dw, kh, kw, bias, lo, hi, re
     ``bp``, strides, top/left pads and dilations as the convolution's (the bottom/right pads
     follow from ``y``'s size); ``bias``, ``res``, ``lo``, ``hi`` as :func:`pointwise_nhwc`'s.
     Each output sums its products in the packed rows' order (tap by tap, each tap's channels
-    in order), each a fused multiply-add, the residual added to the first chunk's sum."""
+    in order), each a fused multiply-add, the residual added to the first chunk's sum; until
+    the kernel is ready (:func:`_conv_ready`), NumPy's calls (:func:`_conv_numpy`)."""
+    if not _conv_ready():
+        _conv_numpy(x, bp, y, n0, n1, sh, sw, pt, pl, dh, dw, kh, kw, bias, lo, hi, res)
+        return
     replay.kernel_call(_conv_rows, x, bp, kh, kw, y, n0, n1, 0, y.shape[1], sh, sw, pt, pl, dh,
                        dw, bias, float(lo), float(hi), res, 0, -1)
+
+
+#: a call of :func:`_conv_rows` of the types warmup compiles it for (:func:`_conv_ready`)
+_CONV_CALL: list = []
+
+
+def _conv_ready() -> bool:
+    """Whether :func:`_conv_rows` may serve :func:`conv_nhwc`: compiled ahead by ``pdjit
+    warmup`` and the background warmup, loaded from the disk cache from a process's few first
+    runs on, as ``lib.team`` makes its parallel loops ready. Until then :func:`_conv_numpy`
+    serves: its compile (3.2 s of CPU, the largest of a ResNet-50's channels-last kernels) stays
+    out of a cold process's first results."""
+    if not _CONV_CALL:
+        a4, a1 = np.empty((1, 1, 1, 1), np.float32), np.empty(0, np.float32)
+        _CONV_CALL.append((a4, a1, 0, 0, a4, *(0,) * 10, a1, 0.0, 0.0, a1, 0, 0))
+    return team.ready(_conv_rows, _CONV_CALL[0])
+
+
+def _conv_numpy(x, bp, y, n0, n1, sh, sw, pt, pl, dh, dw, kh, kw, bias, lo, hi, res):
+    """:func:`conv_nhwc` by NumPy's calls: the samples' patches in the packed rows' order (tap
+    by tap, each tap's channels), one product by the packed filter (BLAS), then the bias, the
+    residual and the clamp (not replayed: a recording of it is refused)."""
+    replay.refuse("conv_nhwc's kernel is not ready")
+    n, h, w_, c = x.shape
+    oh, ow, m = y.shape[1], y.shape[2], y.shape[3]
+    k, npan = kh * kw * c, -(-m // _CONV_NR)
+    wt = bp.reshape(npan, k, _CONV_NR).transpose(1, 0, 2).reshape(k, npan * _CONV_NR)[:, :m]
+    pb = max(0, (oh - 1) * sh + (kh - 1) * dh + 1 - h - pt)
+    pr = max(0, (ow - 1) * sw + (kw - 1) * dw + 1 - w_ - pl)
+    xp = np.pad(x[n0:n1], ((0, 0), (pt, pb), (pl, pr), (0, 0)))
+    patches = np.concatenate(
+        [xp[:, ty * dh:ty * dh + (oh - 1) * sh + 1:sh, tx * dw:tx * dw + (ow - 1) * sw + 1:sw]
+         for ty in range(kh) for tx in range(kw)], axis=3).reshape(-1, k)
+    out = patches @ wt
+    if bias.size:
+        out += bias
+    if res.size:
+        out += res.reshape(y.shape)[n0:n1].reshape(-1, m)
+    y[n0:n1] = np.minimum(np.maximum(out, lo), hi).reshape(n1 - n0, oh, ow, m)
 
 
 replay.declare("leaves", conv_nhwc)
@@ -664,7 +716,7 @@ def _split_conv(parts, work, x, bp, y, sh, sw, pt, pl, dh, dw, kh, kw, bias, lo,
     channels where the packed weight outweighs the image, else by ranges of output rows; else
     by ranges of output rows on ``run_parts``' helpers); whether it split."""
     rows = y.shape[1]
-    if x.shape[0] != 1 or rows < 2 or work < _conv._TEAM_MIN_WORK:
+    if x.shape[0] != 1 or rows < 2 or work < _conv._TEAM_MIN_WORK or not _conv_ready():
         return False
     parts = min(parts, rows)
     call = (x, bp, kh, kw, y, sh, sw, pt, pl, dh, dw, bias, float(lo), float(hi), res)
