@@ -38,41 +38,37 @@ def _pointwise_oracle(x, w, bias, res, lo, hi, gate=E):
     return _epilogue(y, bias, res, lo, hi, gate)
 
 
-def _depthwise_oracle(x, w, stride, pads, dil, bias, res, lo, hi, gate=E):
-    """``x`` [N, H, W, C], ``w`` [C, 1, KH, KW]; pads (top, bottom, left, right)."""
+def _window_sums(x, kh, kw, stride, pads, dil, m, tap):
+    """``sum over the window's taps (a, b) inside the image of tap(x[:, ih, iw, :], a, b)``
+    for each output pixel ([N, OH, OW, m], float64); ``x`` [N, H, W, C], pads (top, bottom,
+    left, right)."""
     n, h, wd, c = x.shape
-    kh, kw = w.shape[2:]
     (sh, sw), (pt, pb, pl, pr), (dh, dw) = stride, pads, dil
     oh = (h + pt + pb - (dh * (kh - 1) + 1)) // sh + 1
     ow = (wd + pl + pr - (dw * (kw - 1) + 1)) // sw + 1
-    y = np.zeros((n, oh, ow, c))
+    y = np.zeros((n, oh, ow, m))
     for i in range(oh):
         for j in range(ow):
             for a in range(kh):
                 for b in range(kw):
                     ih, iw = i * sh - pt + a * dh, j * sw - pl + b * dw
                     if 0 <= ih < h and 0 <= iw < wd:
-                        y[:, i, j, :] += x[:, ih, iw, :].astype(np.float64) * w[:, 0, a, b]
+                        y[:, i, j, :] += tap(x[:, ih, iw, :].astype(np.float64), a, b)
+    return y
+
+
+def _depthwise_oracle(x, w, stride, pads, dil, bias, res, lo, hi, gate=E):
+    """``x`` [N, H, W, C], ``w`` [C, 1, KH, KW]; pads (top, bottom, left, right)."""
+    y = _window_sums(x, *w.shape[2:], stride, pads, dil, w.shape[0],
+                     lambda v, a, b: v * w[:, 0, a, b])
     return _epilogue(y, bias, res, lo, hi, gate)
 
 
 def _conv_oracle(x, w, stride, pads, dil, bias, res, lo, hi):
     """``x`` [N, H, W, C], ``w`` [M, C, KH, KW] (one group); pads (top, bottom, left,
     right)."""
-    n, h, wd, c = x.shape
-    kh, kw = w.shape[2:]
-    (sh, sw), (pt, pb, pl, pr), (dh, dw) = stride, pads, dil
-    oh = (h + pt + pb - (dh * (kh - 1) + 1)) // sh + 1
-    ow = (wd + pl + pr - (dw * (kw - 1) + 1)) // sw + 1
-    y = np.zeros((n, oh, ow, w.shape[0]))
-    for i in range(oh):
-        for j in range(ow):
-            for a in range(kh):
-                for b in range(kw):
-                    ih, iw = i * sh - pt + a * dh, j * sw - pl + b * dw
-                    if 0 <= ih < h and 0 <= iw < wd:
-                        y[:, i, j, :] += x[:, ih, iw, :].astype(np.float64) @ \
-                            w[:, :, a, b].T.astype(np.float64)
+    y = _window_sums(x, *w.shape[2:], stride, pads, dil, w.shape[0],
+                     lambda v, a, b: v @ w[:, :, a, b].T.astype(np.float64))
     return _epilogue(y, bias, res, lo, hi)
 
 
