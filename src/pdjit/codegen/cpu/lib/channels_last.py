@@ -758,10 +758,10 @@ jobs("pointwise_nhwc")(lambda T: [] if np.dtype(T) != np.float32 else [
     (pointwise_nhwc, ((T, 4), (T, 1), (T, 4), int, int) + _ep(T))])
 jobs("depthwise_nhwc")(lambda T: [(_dw_rows, ((T, 4), (T, 2), int, int, (T, 4)) + (int,) * 10
                                    + _ep(T))])
-jobs("conv_nhwc")(lambda T: [] if np.dtype(T) != np.float32 else [
-    (_conv_rows, ((T, 4), (T, 1), int, int, (T, 4)) + (int,) * 10 + _ep(T)[:4] + (int, int))])
-# (the splits of one sample by parallel loops: compiled ahead by warmup only, see team.ready)
+# (the splits of one sample by parallel loops, and conv_nhwc's kernel, which NumPy's calls
+# stand in for until it is ready: compiled ahead by warmup only, see team.ready)
 jobs("channels_last (warmup)")(lambda T: [] if np.dtype(T) != np.float32 else [
+    (_conv_rows, ((T, 4), (T, 1), int, int, (T, 4)) + (int,) * 10 + _ep(T)[:4] + (int, int)),
     (_pixel_parts, ((T, 2), (T, 1), (T, 2)) + _ep(T) + ((np.int64, 2), (np.int64, 1))),
     (_dw_parts, ((T, 4), (T, 2), int, int, (T, 4)) + (int,) * 6 + _ep(T) + (int,)),
     (_conv_parts, ((T, 4), (T, 1), int, int, (T, 4)) + (int,) * 6 + _ep(T)[:4]
