@@ -684,14 +684,15 @@ def _conv_numpy(x, bp, y, n0, n1, sh, sw, pt, pl, dh, dw, kh, kw, bias, lo, hi, 
     n, h, w_, c = x.shape
     oh, ow, m = y.shape[1], y.shape[2], y.shape[3]
     k, npan = kh * kw * c, -(-m // _CONV_NR)
-    wt = bp.reshape(npan, k, _CONV_NR).transpose(1, 0, 2).reshape(k, npan * _CONV_NR)[:, :m]
     pb = max(0, (oh - 1) * sh + (kh - 1) * dh + 1 - h - pt)
     pr = max(0, (ow - 1) * sw + (kw - 1) * dw + 1 - w_ - pl)
     xp = np.pad(x[n0:n1], ((0, 0), (pt, pb), (pl, pr), (0, 0)))
     patches = np.concatenate(
         [xp[:, ty * dh:ty * dh + (oh - 1) * sh + 1:sh, tx * dw:tx * dw + (ow - 1) * sw + 1:sw]
          for ty in range(kh) for tx in range(kw)], axis=3).reshape(-1, k)
-    out = patches @ wt
+    # (a product per panel of the packed filter, each [K, 64] contiguous: no copy of it)
+    out = np.matmul(patches, bp.reshape(npan, k, _CONV_NR)).transpose(1, 0, 2).reshape(
+        patches.shape[0], npan * _CONV_NR)[:, :m]
     if bias.size:
         out += bias
     if res.size:
