@@ -173,6 +173,27 @@ def test_no_target_and_chains_that_do_not_pay_are_left_alone(fresh_programs):
     del y
 
 
+def test_the_cpu_target_takes_convolutions_onto_small_planes(fresh_programs):
+    """What the CPU target answers the pass (``lowerings.conv.channels_last``): any convolution
+    of one group onto a plane of at most 14x14 from one at most its strides' product larger
+    (3x3 and 1x1 at stride 2 from 28x28, 3x3 at stride 1 on 14x14); not 3x3 at stride 1 on
+    28x28 nor at stride 2 onto 28x28, nor a grouped one that is not depthwise."""
+    from pdjit.codegen.cpu.lowerings.conv import channels_last
+
+    L = fluid.layers
+    x28, x14 = L.data("x28", [16, 28, 28]), L.data("x14", [16, 14, 14])
+    x56 = L.data("x56", [16, 56, 56])
+    L.conv2d(x28, 8, 3, stride=2, padding=1)
+    L.conv2d(x28, 8, 1, stride=2)
+    L.conv2d(x14, 8, 3, padding=1)
+    L.conv2d(x28, 8, 3, padding=1)
+    L.conv2d(x14, 8, 3, padding=1, groups=4)
+    L.conv2d(x56, 8, 3, stride=2, padding=1)
+    main, _ = fresh_programs
+    convs = [op for op in main.global_block().ops if op.type == "conv2d"]
+    assert [channels_last(op) for op in convs] == [True, True, True, False, False, False]
+
+
 @pytest.mark.xdist_group("aot")
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler 'cc'")
 def test_an_ahead_of_time_artifact_runs_the_chain_as_the_predictor(saved):

@@ -69,8 +69,8 @@ RACY_SECONDS = 2.0
 _SOURCE_PACKAGES = ("framework", "ops", "passes", "io", "proto",
                     # (the targets' answers to the passes that ask them: which convolutions
                     # run channels-last, which attention fuses)
-                    "codegen", "codegen/cpu/lowerings", "codegen/cpu/lib", "codegen/cuda",
-                    "codegen/cuda/lowerings")
+                    "codegen", "codegen/cpu", "codegen/cpu/lowerings", "codegen/cpu/lib",
+                    "codegen/cuda", "codegen/cuda/lowerings", "codegen/cuda/lib")
 _stamp: list = []
 #: what reading an entry that is not right may raise (it is then made again)
 _NOT_RIGHT = (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError,

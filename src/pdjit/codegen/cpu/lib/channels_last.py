@@ -594,7 +594,8 @@ def _conv_rows(x, bp, kh, kw, y, n0, n1, o0, o1, sh, sw, pt, pl, dh, dw, bias, l
     p1 = npan if p1 < 0 else min(p1, npan)
     if y.shape[0] != n or bp.size != npan * nr * k or n0 < 0 or n1 > n or o0 < 0 or \
             o1 > oh or (bias.size != 0 and bias.size != m) or \
-            (res.size != 0 and res.size != y.size) or min(kh, kw, sh, sw, dh, dw) < 1:
+            (res.size != 0 and res.size != y.size) or min(kh, kw, sh, sw, dh, dw) < 1 or \
+            x.itemsize != 4:  # (float32: the tile's 4 vectors make the panels' 64 columns)
         raise ValueError("pdjit: conv_nhwc: the operands do not fit")
     if o1 <= o0 or n1 <= n0 or p1 <= p0:
         return
@@ -770,4 +771,4 @@ jobs("channels_last (warmup)")(lambda T: [] if np.dtype(T) != np.float32 else [
 compile_cost(1.3, pointwise_nhwc)  # (its gated tiles: +0.1 s)
 compile_cost(1.1, _dw_rows)
 compile_cost(1.6, _pixel_parts, _dw_parts, _conv_parts)
-compile_cost(1.2, _conv_rows)
+compile_cost(3.2, _conv_rows)

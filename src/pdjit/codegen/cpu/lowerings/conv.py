@@ -98,10 +98,10 @@ def _conv_blocked(ctx):
 def channels_last(op) -> bool:
     """Whether a kernel of :mod:`pdjit.codegen.cpu.lib.channels_last` serves the convolution
     ``op`` on NHWC images (what the inference pass ``channels_last`` asks the target): float32,
-    planes of at most ``MAX_PLANE`` pixels (known when lowering; on larger ones the NCHW
-    kernels measured faster), a filter that is a weight (persistable, written by no op), and
-    either 1x1, stride 1, no padding, one group
-    (:func:`~pdjit.codegen.cpu.lib.channels_last.pointwise_nhwc`), one filter per channel
+    planes known when lowering (on larger ones than these the NCHW kernels measured faster), a
+    filter that is a weight (persistable, written by no op), and
+    either, on a plane of at most ``MAX_PLANE`` pixels, 1x1, stride 1, no padding, one group
+    (:func:`~pdjit.codegen.cpu.lib.channels_last.pointwise_nhwc`) or one filter per channel
     (:func:`~pdjit.codegen.cpu.lib.channels_last.depthwise_nhwc`), or any other of one group
     onto a plane of at most ``MAX_PLANE`` pixels from one at most the strides' product larger
     (:func:`~pdjit.codegen.cpu.lib.channels_last.conv_nhwc`)."""
