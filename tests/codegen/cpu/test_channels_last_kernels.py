@@ -226,26 +226,20 @@ def test_one_sample_splits_give_the_same_bits(conv_kernel):
     # too little work: not split (the caller runs it whole)
     assert not cl._split_depthwise(2, 10, x, wt, two, *geo, bias[:40], 0.0, 6.0, E, E)
 
-    f = RNG.standard_normal((72, 40, 3, 3)).astype(np.float32)
-    bp = cl.conv_nhwc_weight(f)
-    one = np.empty((1, 7, 7, 72), np.float32)
-    cl.conv_nhwc(x, bp, one, 0, 1, 2, 2, 1, 1, 1, 1, 3, 3, bias, 0.0, 6.0, E)
-    np.testing.assert_allclose(one, _conv_oracle(x, f, (2, 2), (1, 1, 1, 1), (1, 1), bias, E,
-                                                 0.0, 6.0), rtol=1e-4, atol=1e-4)
-    two = np.full_like(one, np.nan)
-    assert cl._split_conv(2, 1 << 30, x, bp, two, 2, 2, 1, 1, 1, 1, 3, 3, bias, 0.0, 6.0, E)
-    np.testing.assert_array_equal(two, one)
-    assert not cl._split_conv(2, 10, x, bp, two, 2, 2, 1, 1, 1, 1, 3, 3, bias, 0.0, 6.0, E)
-    # a 1x1 stride-2 filter reads the image in place, each part from its own first row
-    f = RNG.standard_normal((72, 40, 1, 1)).astype(np.float32)
-    bp = cl.conv_nhwc_weight(f)
-    one = np.empty((1, 7, 7, 72), np.float32)
-    cl.conv_nhwc(x, bp, one, 0, 1, 2, 2, 0, 0, 1, 1, 1, 1, bias, 0.0, 6.0, E)
-    np.testing.assert_allclose(one, _conv_oracle(x, f, (2, 2), (0, 0, 0, 0), (1, 1), bias, E,
-                                                 0.0, 6.0), rtol=1e-4, atol=1e-4)
-    two = np.full_like(one, np.nan)
-    assert cl._split_conv(2, 1 << 30, x, bp, two, 2, 2, 0, 0, 1, 1, 1, 1, bias, 0.0, 6.0, E)
-    np.testing.assert_array_equal(two, one)
+    # a 3x3 stride-2 filter on a padded copy; a 1x1 stride-2 one reads the image in place,
+    # each part from its own first row
+    for k, pad in ((3, 1), (1, 0)):
+        f = RNG.standard_normal((72, 40, k, k)).astype(np.float32)
+        bp = cl.conv_nhwc_weight(f)
+        geo = (2, 2, pad, pad, 1, 1, k, k)
+        one = np.empty((1, 7, 7, 72), np.float32)
+        cl.conv_nhwc(x, bp, one, 0, 1, *geo, bias, 0.0, 6.0, E)
+        np.testing.assert_allclose(one, _conv_oracle(x, f, (2, 2), (pad,) * 4, (1, 1), bias, E,
+                                                     0.0, 6.0), rtol=1e-4, atol=1e-4)
+        two = np.full_like(one, np.nan)
+        assert cl._split_conv(2, 1 << 30, x, bp, two, *geo, bias, 0.0, 6.0, E)
+        np.testing.assert_array_equal(two, one)
+        assert not cl._split_conv(2, 10, x, bp, two, *geo, bias, 0.0, 6.0, E)
 
 
 def test_a_conv_waits_for_its_kernel_on_numpys_calls(monkeypatch):

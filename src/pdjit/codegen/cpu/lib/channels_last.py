@@ -535,31 +535,17 @@ CONV_CHUNK_BYTES = 1 << 15
 _CONV_FAR_TILES = 3
 
 
+@register_jitable
 def _packed_conv(w, nr):
     """``w`` ([M, C, KH, KW]) packed in panels of ``nr`` output channels, each ``KH * KW * C``
     rows of ``nr`` (row ``(ty * KW + tx) * C + c``: the tap's channels in the image's order),
-    zero past ``M`` (NumPy's copies: nothing to compile in a cold process)."""
+    zero past ``M`` (NumPy's copies: called from Python, nothing to compile in a cold
+    process; compiled code compiles the same lines)."""
     m, c, kh, kw = w.shape
-    npan = -(-m // nr)
+    npan = (m + nr - 1) // nr
     wt = np.zeros((npan * nr, kh, kw, c), w.dtype)
     wt[:m] = w.transpose(0, 2, 3, 1)
     return np.ascontiguousarray(wt.reshape(npan, nr, kh * kw * c).transpose(0, 2, 1)).reshape(-1)
-
-
-@jit
-def _packed_conv_native(w, nr):
-    """:func:`_packed_conv` in compiled code."""
-    m, c, kh, kw = w.shape
-    k = kh * kw * c
-    out = np.empty(((m + nr - 1) // nr) * nr * k, w.dtype)
-    for j in range((m + nr - 1) // nr):
-        for t in range(kh * kw):
-            for ci in range(c):
-                base = (j * k + t * c + ci) * nr
-                for q in range(nr):
-                    r = j * nr + q
-                    out[base + q] = w[r, ci, t // kw, t % kw] if r < m else 0
-    return out
 
 
 def conv_nhwc_weight(w):
@@ -574,7 +560,7 @@ replay.declare("derived", conv_nhwc_weight)
 @overload(conv_nhwc_weight)
 def _conv_nhwc_weight_native(w):
     def impl(w):
-        return _packed_conv_native(w, _CONV_NR)
+        return _packed_conv(w, _CONV_NR)
     return impl
 
 
