@@ -249,3 +249,34 @@ def test_helpers_emit_machine_code_only_when_asked(monkeypatch):
     assert numba.njit(lambda x: user_helper(x) + 1.0)(1.0) == 8.0
     (ures,) = user_helper.overloads.values()
     assert in_engine(ures)
+
+
+def test_compile_flags_compare_and_hash_as_numba_defines_them():
+    """Numba's flags (``TargetConfig``) are equal where every option's value (the set one, else
+    its default) is; pdjit's faster comparison and hash give the same answers."""
+    from numba.core.compiler import Flags
+    from numba.core.targetconfig import TargetConfig
+
+    assert TargetConfig.__eq__.pdjit_fast
+
+    def values(f):  # Numba's definition, written out here
+        return {k: getattr(f, k) for k in type(f).options}
+
+    settings = [{}, {"nrt": True}, {"nrt": False}, {"nrt": True, "boundscheck": False},
+                {"boundscheck": True}, {"error_model": "numpy"}, {"error_model": "python"},
+                {"fastmath": {"contract"}}, {"fastmath": {"contract", "reassoc"}},
+                {"fastmath": False}, {"no_cfunc_wrapper": True, "nrt": True}]
+    flags = []
+    for s in settings:
+        f = Flags()
+        for k, v in s.items():
+            setattr(f, k, v)
+        flags.append(f)
+    pairs = [(a, b) for a in flags for b in flags]
+    assert any(values(a) == values(b) and a._values != b._values for a, b in pairs)
+    assert any(values(a) != values(b) for a, b in pairs)
+    for a, b in pairs:
+        assert (a == b) == (values(a) == values(b)), (a, b)
+        if a == b:
+            assert hash(a) == hash(b)
+    assert flags[0] != object() and flags[0] != 1

@@ -8,7 +8,16 @@ import weakref
 from types import MethodType
 
 import numba
-from numba.core import cgutils, compiler, errors, ir, typed_passes, types, untyped_passes
+from numba.core import (
+    cgutils,
+    compiler,
+    errors,
+    ir,
+    targetconfig,
+    typed_passes,
+    types,
+    untyped_passes,
+)
 from numba.core import codegen as numba_codegen
 from numba.core.compiler_machinery import FunctionPass, register_pass
 from numba.extending import intrinsic, register_jitable
@@ -343,6 +352,54 @@ def _scope_pipelines() -> None:
 
 
 _scope_pipelines()
+
+
+# ---- Numba's compile flags as dictionary keys ---------------------------------------------------
+# Type inference looks up every call of an overloaded function (NumPy's implementations, pdjit's
+# ``@overload``s, the math functions) in a cache keyed by the compile's flags
+# (``numba.core.targetconfig.TargetConfig``), each time the call is resolved (several times per
+# call site). Numba hashes flags by the sorted names of their options (a constant of the class)
+# and compares two by building a dictionary of every option's value through its property, each
+# time: measured on tests/ops/test_elementwise.py (serial, cold cache) 20% of all CPU time went
+# to building those dictionaries. Here the hash is computed once per class, and two flags of a
+# class are compared by the options set on either (an option set on neither has its default on
+# both): the same answers, for every compile of the process (pdjit's or not).
+
+
+def _flag_hash(self):
+    cls = type(self)
+    found = _FLAG_HASHES.get(cls)
+    if found is None:
+        found = _FLAG_HASHES[cls] = hash(tuple(sorted(cls.options)))
+    return found
+
+
+def _fast_flag_equality(original):
+    def equal(self, other):
+        if type(other) is not type(self):
+            return original(self, other)
+        mine, theirs = self._values, other._values
+        if self is other or mine == theirs:
+            return True
+        options = type(self).options  # (an option set on neither side has its default on both)
+        return all(mine.get(k, options[k].default) == theirs.get(k, options[k].default)
+                   for k in mine.keys() | theirs.keys())
+
+    equal.pdjit_fast = True
+    return equal
+
+
+_FLAG_HASHES: dict = {}
+
+
+def _fast_flag_keys() -> None:
+    config = targetconfig.TargetConfig
+    if not getattr(config.__eq__, "pdjit_fast", False):
+        config.__eq__ = _fast_flag_equality(config.__eq__)
+        config.__hash__ = _flag_hash
+
+
+_fast_flag_keys()
 
 
 # ---- Python's cyclic garbage collector during a compile ------------------------------------------
