@@ -116,30 +116,48 @@ def run_op(op_type: str, inputs: Mapping, attrs: Mapping | None = None, mode: st
     """Run one op; returns ``{slot: array or [arrays]}`` and checks infer_shape on the way.
 
     With ``return_lod`` an output that carries a LoD comes back as a ``LoDTensor``."""
-    prog, feed, out_vars = build_op_program(op_type, inputs, attrs, batch_unknown, outputs)
-    opdef = registry.get(op_type)
-    fetch = [v for vs in out_vars.values() for v in vs]
-    if mode == CUDA:
-        from pdjit.runtime.place import CUDAPlace
+    return OpRun(op_type, inputs, attrs, mode, batch_unknown, outputs)(return_lod)
 
-        exe = Executor(CUDAPlace(0), mode="compiled", strict=True)
-    else:
-        exe = Executor(mode=mode, cold_runs="compile")
-    results = exe.run(prog, feed=feed, fetch_list=fetch, scope=Scope(), return_numpy=False)
-    results = [np.asarray(r) if isinstance(r, LoDTensor) and not (return_lod and r.lod())
-               else r for r in results]
-    if mode == CUDA:  # the op itself ran on the device
-        assert_native(exe, _describe(op_type, inputs, attrs) + " [cuda]")
-    _check_native(exe, op_type, inputs, attrs)
-    got, it = {}, iter(results)
-    for slot in opdef.outputs:
-        if slot.name not in out_vars:
-            continue
-        arrays = [next(it) for _ in out_vars[slot.name]]
-        for v, a in zip(out_vars[slot.name], arrays):
-            _check_meta(op_type, inputs, attrs, v, a)
-        got[slot.name] = arrays if slot.duplicable else arrays[0]
-    return got
+
+class OpRun:
+    """One op's program and executor (:func:`run_op`), built once: each call runs the op on
+    the values its inputs' arrays hold at the time (finite differences change them in place)
+    and checks, unless told not to, that native code ran and infer_shape said what ran."""
+
+    def __init__(self, op_type: str, inputs: Mapping, attrs: Mapping | None = None,
+                 mode: str = "reference", batch_unknown: bool = False,
+                 outputs: Mapping | None = None):
+        self.op_type, self.inputs, self.attrs, self.mode = op_type, inputs, attrs, mode
+        self.prog, self.feed, self.out_vars = build_op_program(op_type, inputs, attrs,
+                                                               batch_unknown, outputs)
+        self.fetch = [v for vs in self.out_vars.values() for v in vs]
+        if mode == CUDA:
+            from pdjit.runtime.place import CUDAPlace
+
+            self.exe = Executor(CUDAPlace(0), mode="compiled", strict=True)
+        else:
+            self.exe = Executor(mode=mode, cold_runs="compile")
+
+    def __call__(self, return_lod: bool = False, check: bool = True) -> dict:
+        results = self.exe.run(self.prog, feed=self.feed, fetch_list=self.fetch, scope=Scope(),
+                               return_numpy=False)
+        results = [np.asarray(r) if isinstance(r, LoDTensor) and not (return_lod and r.lod())
+                   else r for r in results]
+        if check:
+            if self.mode == CUDA:  # the op itself ran on the device
+                assert_native(self.exe, _describe(self.op_type, self.inputs, self.attrs) +
+                              " [cuda]")
+            _check_native(self.exe, self.op_type, self.inputs, self.attrs)
+        got, it = {}, iter(results)
+        for slot in registry.get(self.op_type).outputs:
+            if slot.name not in self.out_vars:
+                continue
+            arrays = [next(it) for _ in self.out_vars[slot.name]]
+            if check:
+                for v, a in zip(self.out_vars[slot.name], arrays):
+                    _check_meta(self.op_type, self.inputs, self.attrs, v, a)
+            got[slot.name] = arrays if slot.duplicable else arrays[0]
+        return got
 
 
 def _check_native(exe, op_type, inputs, attrs) -> None:
