@@ -13,6 +13,7 @@ from typing import Mapping
 
 import numpy as np
 
+from pdjit.framework import registry
 from pdjit.passes.backward import gradients
 from pdjit.runtime.executor import Executor
 from pdjit.runtime.scope import Scope
@@ -55,9 +56,13 @@ def numeric_grad(op_type, inputs, attrs, output_name, name, weights, out_index=0
     flat, gflat = x.reshape(-1), grad.reshape(-1)
     run = OpRun(op_type, inputs, attrs, outputs=outputs)
     run()  # (checked once: each run below changes one value)
+    # (an op drawing random numbers draws new ones on each run of one executor, the same on
+    # each first run: it gets a program and executor of its own each time)
+    again = registry.get(op_type).has(registry.RANDOM)
 
     def f():
-        o = _pick(run(check=False)[output_name], out_index)
+        runs = OpRun(op_type, inputs, attrs, outputs=outputs) if again else run
+        o = _pick(runs(check=False)[output_name], out_index)
         return float(np.sum(weights * o))
 
     for i in range(flat.size):

@@ -122,7 +122,9 @@ def run_op(op_type: str, inputs: Mapping, attrs: Mapping | None = None, mode: st
 class OpRun:
     """One op's program and executor (:func:`run_op`), built once: each call runs the op on
     the values its inputs' arrays hold at the time (finite differences change them in place)
-    and checks, unless told not to, that native code ran and infer_shape said what ran."""
+    and checks, unless told not to, that native code ran and infer_shape said what ran. Each
+    call is a further run of one executor: an op drawing random numbers without a fixed seed
+    draws new ones each time (a fresh ``OpRun``'s first call draws what :func:`run_op` does)."""
 
     def __init__(self, op_type: str, inputs: Mapping, attrs: Mapping | None = None,
                  mode: str = "reference", batch_unknown: bool = False,
