@@ -255,7 +255,7 @@ def test_compile_flags_compare_and_hash_as_numba_defines_them():
     """Numba's flags (``TargetConfig``) are equal where every option's value (the set one, else
     its default) is; pdjit's faster comparison and hash give the same answers."""
     from numba.core.compiler import Flags
-    from numba.core.targetconfig import TargetConfig
+    from numba.core.targetconfig import Option, TargetConfig
 
     assert TargetConfig.__eq__.pdjit_fast
 
@@ -272,6 +272,14 @@ def test_compile_flags_compare_and_hash_as_numba_defines_them():
         for k, v in s.items():
             setattr(f, k, v)
         flags.append(f)
+
+    class Other(TargetConfig):  # another kind of flags, with options of its own
+        nrt = Option(type=bool, default=False, doc="")
+        extra = Option(type=int, default=0, doc="")
+
+    other = Other()
+    other.extra = 5
+    flags += [Flags(copy_from=other), Other(), other]  # (a copy holds a name Flags lacks)
     pairs = [(a, b) for a in flags for b in flags]
     assert any(values(a) == values(b) and a._values != b._values for a, b in pairs)
     assert any(values(a) != values(b) for a, b in pairs)
@@ -279,4 +287,6 @@ def test_compile_flags_compare_and_hash_as_numba_defines_them():
         assert (a == b) == (values(a) == values(b)), (a, b)
         if a == b:
             assert hash(a) == hash(b)
-    assert flags[0] != object() and flags[0] != 1
+    for a in flags:
+        assert hash(a) == hash(tuple(sorted(values(a))))
+    assert TargetConfig.__eq__(flags[0], object()) is NotImplemented

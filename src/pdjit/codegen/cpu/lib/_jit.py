@@ -381,9 +381,12 @@ def _fast_flag_equality(original):
         mine, theirs = self._values, other._values
         if self is other or mine == theirs:
             return True
-        options = type(self).options  # (an option set on neither side has its default on both)
-        return all(mine.get(k, options[k].default) == theirs.get(k, options[k].default)
-                   for k in mine.keys() | theirs.keys())
+        # (an option set on neither side has its default on both; a name that is no option of
+        # the class, copied from another kind of flags, is not one of Numba's values either)
+        options = type(self).options
+        keys = (mine.keys() | theirs.keys()) & options.keys()
+        return ({k: mine.get(k, options[k].default) for k in keys} ==
+                {k: theirs.get(k, options[k].default) for k in keys})
 
     equal.pdjit_fast = True
     return equal
