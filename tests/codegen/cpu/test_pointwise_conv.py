@@ -97,13 +97,16 @@ def test_row_tiles_last_panel_of_one_vector():
     panels and 16 pixels), 65 pixels (one panel and one), 10 pixels alone, 729 (11 panels
     and 25), 83 (one and 19), 111 (one and 47), in float32 and float64 (vectors of 8),
     against the NumPy oracle; in float32 each output the same bits in two ranges split at a
-    panel (the parts of a split by pixels, ``pgemm.rows_by_pixels``)."""
+    panel (the parts of a split by pixels, ``pgemm.rows_by_pixels``). Channels below and from
+    ``PACK_MIN_TILES`` tiles and ``PACK_MIN_CHANNELS``: the image read in place by every tile,
+    or packed by the first tile of each block for the others (``pgemm._rows_pixels``)."""
     e = np.empty(0, np.float32)
     for dtype in (np.float32, np.float64):
         lanes = 64 // np.dtype(dtype).itemsize
         nr = pgemm.NV * lanes
         for c, m, h, wd in [(40, 13, 28, 28), (17, 7, 5, 13), (9, 12, 2, 5), (33, 20, 27, 27),
-                            (8, 6, 1, 83), (20, 9, 3, 37)]:
+                            (8, 6, 1, 83), (20, 9, 3, 37), (130, 31, 28, 28), (128, 26, 5, 13),
+                            (140, 37, 2, 5), (129, 30, 3, 37), (127, 31, 3, 37)]:
             p_ = h * wd
             x = RNG.standard_normal((1, c, h, wd)).astype(dtype)
             w = RNG.standard_normal((m, c, 1, 1)).astype(dtype)
@@ -123,6 +126,9 @@ def test_row_tiles_last_panel_of_one_vector():
                     pgemm.rows_by_pixels(x, ap, parts, bounds, b, lo, hi, r)
                     assert np.array_equal(parts, y)
         assert (28 * 28) % (pgemm.NV * 16) == 16  # (the case this is for, in float32)
+    # (the channels above straddle the packing's thresholds)
+    assert -(-20 // pgemm.MR) < pgemm.PACK_MIN_TILES <= -(-26 // pgemm.MR)
+    assert 127 < pgemm.PACK_MIN_CHANNELS <= 128
 
 
 def _net(x, res_in):

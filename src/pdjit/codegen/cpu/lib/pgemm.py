@@ -82,7 +82,8 @@ def packed_b_size(k: int, n: int, itemsize: int) -> int:
 
 
 def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool = False,
-                  far: bool = False, gate: bool = False, taps: bool = False):
+                  far: bool = False, gate: bool = False, taps: bool = False,
+                  copy: bool = False):
     """The intrinsic of a tile of ``mr`` rows by ``nv`` vectors of columns of a product.
 
     ``micro(a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0, res, lo, hi)``
@@ -118,6 +119,10 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
     of the data's type applied after the clamp (:func:`.tile.gate_of`: hard_swish or
     hard_sigmoid; empty: none).
 
+    ``copy`` (with ``conv``): two more arguments, ``pk`` and ``pk0``: each row ``k`` of ``b``
+    the tile loads is also stored whole (``nv`` vectors, zero past ``cols``) at ``pk[pk0 +
+    k*nv*lanes]``, so that the tiles after it read the panel packed (``ldb`` its width).
+
     ``bias``, ``res`` empty: no add; ``clamp`` as :func:`.tile.clamp_run` (``lo``, ``hi``
     float64, infinite: none). All arrays flat and C-contiguous; offsets the caller's to keep
     in bounds. The sums run in order of ``k``, each a fused multiply-add, in vector registers
@@ -126,6 +131,8 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
         raise ValueError("pdjit: a gated tile is a plain one")
     if taps and not far:
         raise ValueError("pdjit: a tile reading the taps is a far one")
+    if copy and not conv:
+        raise ValueError("pdjit: a tile copying its panel reads the right operand in place")
     if trans and mr > _TRANS_ROWS:
         raise ValueError(f"pdjit: a transposed tile has at most {_TRANS_ROWS} rows, not {mr}")
 
@@ -135,6 +142,9 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
             ia, ib, ic, ibias, ires, ilo = 0, 4, 7, 11, 13, 14
             a0v, rowsv, kkv, b0v, ldbv, c0v, ldcv, colsv, n0v = (
                 _offset(context, builder, at[i], args[i]) for i in (1, 2, 3, 5, 6, 8, 9, 10, 12))
+            if copy:
+                pkptr = context.make_array(at[16])(context, builder, args[16]).data
+                pk0v = _offset(context, builder, at[17], args[17])
         else:  # a, a0, lda (trans: ka), rows, kk, bp, b0, c, c0, ldc (ldq), cols, bias, n0,
             # res, lo, hi (far: pfo)
             ia, ib, ic, ibias, ires, ilo = 0, 5, 7, 11, 13, 14
@@ -204,6 +214,11 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
                                         vty.as_pointer())
                     bv.append(builder.call(mload, [p, i32, masks[v], zero]) if masked else
                               builder.load(p, align=size))
+                if copy:  # the row packed for the tiles after this one
+                    pkb = builder.add(pk0v, builder.mul(k, const(nr)))
+                    for v in range(nv):
+                        q = builder.gep(pkptr, [builder.add(pkb, const(v * lanes))])
+                        builder.store(bv[v], builder.bitcast(q, vty.as_pointer()), align=4)
                 for r in range(mr):
                     ai = builder.add(abase, const(r)) if conv else builder.add(
                         arow[r], tapk if taps else builder.mul(k, ldav) if trans else k)
@@ -279,6 +294,16 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
         return all(isinstance(x, types.Array) and x.ndim == 1 for x in arrays) and \
             len({x.dtype for x in arrays}) == 1 and dtype in (types.float32, types.float64) \
             and all(isinstance(t, types.Float) for t in floats)
+
+    if copy:
+        @intrinsic
+        def micro(typingctx, a, a0, rows, kk, b, b0, ldb, c, c0, ldc, cols, bias, m0, res, lo,
+                  hi, pk, pk0):
+            if not typed((a, b, c, bias, res, pk), (lo, hi), a.dtype):
+                return None
+            return types.void(a, a0, rows, kk, b, b0, ldb, c, c0, ldc, cols, bias, m0, res, lo,
+                              hi, pk, pk0), codegen
+        return micro
 
     if conv:
         @intrinsic
@@ -872,6 +897,8 @@ _conv_micro = _micro_kernel(MR, NV, 0, conv=True)
 #: panel; a tile of two vectors as well, for tails of 17-32 pixels, gained 1-4 % alone on
 #: 27x27 and 55x55 planes: not kept)
 _conv_micro1 = _micro_kernel(MR, 1, 0, conv=True)
+#: ... and the first tile of a block, which stores the panels it reads for the tiles after it
+_copy_micro = _micro_kernel(MR, NV, 0, conv=True, copy=True)
 #: the bytes of the image's columns :func:`pointwise_rows` sweeps under every tile of output
 #: channels before the next block of pixels (the L2 cache's share of the image: half of a
 #: megabyte; blocks of 256 KiB and 1 MiB measured within noise of it on 56x56 and 28x28
@@ -944,12 +971,13 @@ def pointwise_rows(x, ap, y, n0, n1, bias, lo, hi, res):
     ``bias`` [M] or empty, ``res`` ``y``'s shape flat or empty; ``lo``, ``hi`` the clamp
     (infinite: none), all applied to each tile in registers.
 
-    Each sample's image is the right operand in place (rows of ``C``, ``H * W`` contiguous
-    pixels: no im2col, no copy), swept by blocks of pixels whose columns fit
-    :data:`_BLOCK_BYTES` (the whole plane where it fits), each block under every tile of
-    ``MR`` output channels in turn while it stays in the L2 cache, so that the outputs are
-    written by rows of the block (a panel of one tile's pixels under every tile writes to all
-    the rows at once: 1.5-2x slower at batch 16)."""
+    Each sample's image is the right operand (rows of ``C``, ``H * W`` contiguous pixels: no
+    im2col), swept by blocks of pixels whose columns fit :data:`_BLOCK_BYTES` (the whole plane
+    where it fits), each block under every tile of ``MR`` output channels in turn while it
+    stays in the L2 cache, so that the outputs are written by rows of the block (a panel of
+    one tile's pixels under every tile writes to all the rows at once: 1.5-2x slower at batch
+    16). The first tile of a block reads the image in place and stores each panel it loads
+    packed (:func:`_rows_pixels`); the tiles after it read the packed panels."""
     m_, c_ = y.shape[1], x.shape[1]
     p_ = y.shape[2] * y.shape[3]
     nb = (m_ + MR - 1) // MR
@@ -959,38 +987,89 @@ def pointwise_rows(x, ap, y, n0, n1, bias, lo, hi, res):
         raise ValueError("pdjit: pointwise convolution operands do not fit")
     xf = x.reshape(x.size)
     yf = y.reshape(y.size)
+    buf = _panels_buffer(xf, c_, m_, p_)
     for n in range(n0, n1):
-        _rows_pixels(xf, ap, yf, n, c_, m_, p_, 0, p_, bias, lo, hi, res)
+        _rows_pixels(xf, ap, yf, n, c_, m_, p_, 0, p_, bias, lo, hi, res, buf)
 
 
 @register_jitable
-def _rows_pixels(xf, ap, yf, n, c_, m_, p_, q_lo, q_hi, bias, lo, hi, res):
+def _block_pixels(c_: int, itemsize: int) -> int:
+    """The pixels of a block of :func:`_rows_pixels` (a multiple of its tile's columns)."""
+    nr = NV * (64 // itemsize)
+    return max(nr, _BLOCK_BYTES // (c_ * itemsize) // nr * nr)
+
+
+#: the fewest tiles of output channels (``MR`` each) and input channels for which
+#: :func:`_rows_pixels` packs the image's panels: with fewer tiles the first one's stores cost
+#: about what the others save (measured alone, one thread, the image just written, packed / in
+#: place: MobileNetV2's 112x112 32 -> 16 1.16x at batch 1, 1.04x at batch 4; 56x56 96 -> 24
+#: 1.09x, 0.92x; 144 -> 24 0.93x, 1.02x; 28x28 192 -> 32 0.89x, 0.91x); with fewer input
+#: channels the panel's rows in place span few pages (in ResNet-50 at batch 1, one thread, by
+#: turns in one process: 56x56 64 -> 64 1.45x, 64 -> 256 0.98-1.07x; 28x28 128 -> 512
+#: 0.76-1.15x, 0.92x in all; 256 and 512 channels 0.83-0.98x)
+PACK_MIN_TILES, PACK_MIN_CHANNELS = 5, 128
+
+
+@register_jitable
+def _panels_buffer(xf, c_: int, m_: int, p_: int):
+    """Room for one block of :func:`_rows_pixels`' packed panels, 64 bytes of slack to align
+    them; empty where the tiles of output channels or the input channels are too few to pay
+    for the packing (:data:`PACK_MIN_TILES`, :data:`PACK_MIN_CHANNELS`)."""
+    if (m_ + MR - 1) // MR < PACK_MIN_TILES or c_ < PACK_MIN_CHANNELS:
+        return np.empty(0, xf.dtype)
+    nr = NV * (64 // xf.itemsize)
+    span = min(_block_pixels(c_, xf.itemsize), -(-p_ // nr) * nr)
+    return np.empty(span * c_ + 64 // xf.itemsize, xf.dtype)
+
+
+@register_jitable
+def _rows_pixels(xf, ap, yf, n, c_, m_, p_, q_lo, q_hi, bias, lo, hi, res, buf):
     """Pixels ``q_lo .. q_hi`` (``q_lo`` a multiple of ``NR``) of sample ``n`` of
     :func:`pointwise_rows` (flat operands): the pixels by blocks whose columns of the image fit
     :data:`_BLOCK_BYTES` (the whole range where it does), every tile of output channels swept
-    over one block before the next. Each output's sum is the whole call's, bit for bit."""
+    over one block before the next. The block's first tile reads the image in place (rows
+    ``p_`` apart) and stores each panel of ``NR`` pixels it loads into ``buf``
+    (:func:`_panels_buffer`; empty: no packing), ``C`` rows of ``NR`` values one after
+    another; the tiles after it read those. Measured alone, batch 1, one thread, against every
+    tile reading the image in place: ResNet-50's 56x56 256 -> 64 0.80x, 256 -> 128 0.79x, 64
+    -> 256 0.82x, 28x28 512 -> 128 0.80x, 512 -> 256 0.77-0.99x, 128 -> 512 0.87-1.0x, 56x56
+    64 -> 64 0.87-1.03x (rows of the image far apart: each tile's panel of 64 rows of 256
+    bytes spanned as many pages; packed, the rows follow one another); in ResNet-50 these ops
+    took 0.94-0.98x their time (one process, both ways by turns), the model 0.967x at batch 1
+    and 0.966x at batch 16 on one thread (alternating processes). Each output's sum is the
+    whole call's, bit for bit."""
     nb = (m_ + MR - 1) // MR
     lanes = 64 // xf.itemsize
     nr = NV * lanes
-    pb = max(nr, _BLOCK_BYTES // (c_ * xf.itemsize) // nr * nr)
+    pb = _block_pixels(c_, xf.itemsize)
     xb, yb = n * c_ * p_, n * m_ * p_
+    packed = buf.shape[0] != 0
+    sh = (-(buf.ctypes.data // xf.itemsize)) % lanes if packed else 0  # (64-byte aligned)
     for b0 in range(q_lo, q_hi, pb):
         b1 = q_hi if q_hi - b0 < pb else b0 + pb
         for i in range(nb):
             m0 = i * MR
             rows = m_ - m0 if m_ - m0 < MR else MR
-            whole = b0 + (b1 - b0) // nr * nr
-            for q0 in range(b0, whole, nr):
-                _conv_micro(ap, i * c_ * MR, rows, c_, xf, xb + q0, p_, yf,
-                            yb + m0 * p_ + q0, p_, nr, bias, m0, res, lo, hi)
-            cols = b1 - whole  # (a last panel of fewer pixels: of one vector, a narrower
-            if cols > 0:       # tile)
-                a0, c0 = i * c_ * MR, yb + m0 * p_ + whole
-                if cols <= lanes:
-                    _conv_micro1(ap, a0, rows, c_, xf, xb + whole, p_, yf, c0, p_, cols, bias,
+            a0 = i * c_ * MR
+            for q0 in range(b0, b1, nr):
+                cols = b1 - q0 if b1 - q0 < nr else nr
+                c0 = yb + m0 * p_ + q0
+                pk0 = sh + (q0 - b0) * c_  # (this panel's packed rows)
+                if packed and i == 0:
+                    _copy_micro(ap, a0, rows, c_, xf, xb + q0, p_, yf, c0, p_, cols, bias, m0,
+                                res, lo, hi, buf, pk0)
+                elif packed:
+                    if cols <= lanes:  # (a last panel of one vector: a narrower tile)
+                        _conv_micro1(ap, a0, rows, c_, buf, pk0, nr, yf, c0, p_, cols, bias,
+                                     m0, res, lo, hi)
+                    else:
+                        _conv_micro(ap, a0, rows, c_, buf, pk0, nr, yf, c0, p_, cols, bias,
+                                    m0, res, lo, hi)
+                elif cols <= lanes:
+                    _conv_micro1(ap, a0, rows, c_, xf, xb + q0, p_, yf, c0, p_, cols, bias,
                                  m0, res, lo, hi)
                 else:
-                    _conv_micro(ap, a0, rows, c_, xf, xb + whole, p_, yf, c0, p_, cols, bias,
+                    _conv_micro(ap, a0, rows, c_, xf, xb + q0, p_, yf, c0, p_, cols, bias,
                                 m0, res, lo, hi)
 
 
@@ -999,12 +1078,14 @@ def rows_by_pixels(x, ap, y, bounds, bias, lo, hi, res):
     """:func:`pointwise_rows` of one sample in the ranges of pixels ``bounds`` (multiples of
     ``NR`` but the end), one per thread of a parallel loop (``lib.team``): each part reads its
     own pixels of the image and the whole packed filter, and writes its pixels of every
-    output channel; the same bits as one call."""
+    output channel (its panels packed in a buffer of its own); the same bits as one call."""
     c_, m_, p_ = x.shape[1], y.shape[1], y.shape[2] * y.shape[3]
     xf = x.reshape(x.size)
     yf = y.reshape(y.size)
     for p in numba.prange(bounds.shape[0] - 1):
-        _rows_pixels(xf, ap, yf, 0, c_, m_, p_, bounds[p], bounds[p + 1], bias, lo, hi, res)
+        buf = _panels_buffer(xf, c_, m_, bounds[p + 1] - bounds[p])
+        _rows_pixels(xf, ap, yf, 0, c_, m_, p_, bounds[p], bounds[p + 1], bias, lo, hi, res,
+                     buf)
 
 
 #: the transposed tile (``pointwise.pointwise_cols``, ``conv_cols``): ``MR`` pixels by ``NV``
