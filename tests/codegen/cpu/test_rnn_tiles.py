@@ -321,29 +321,36 @@ def test_a_batch_on_tiles_is_sliced_by_whole_vectors_of_sequences():
 
 def test_the_weight_table_is_kept_while_its_arrays_and_copies_are():
     """A run's table is the one made before while its arrays are the same and so are their
-    packed copies; a run that may write a weight (its copy packed again), or other arrays,
-    get a new one; a table goes with its arrays."""
+    packed copies, handed out as a copy (the caller's to write); a run that may write a weight
+    (its copy packed again), or other arrays, get a new one; a table goes with its arrays."""
     import gc
 
     from pdjit.codegen import params
 
     rng = np.random.default_rng(5)
     ws = [rng.standard_normal(s).astype(np.float32) for s in [(36, 8), (36, 12), (36,), (36,)]]
+    key = (tuple(map(id, ws)), True)
     t1 = K.rnn_weight_table(ws[:2], ws[2:], 24, 1, True)
-    assert K.rnn_weight_table(ws[:2], ws[2:], 24, 1, True) is t1
+    kept = K._TABLES[key][2]
+    again = K.rnn_weight_table(ws[:2], ws[2:], 24, 1, True)
+    assert K._TABLES[key][2] is kept and again is not t1 and np.array_equal(again, t1)
+    again[:] = np.iinfo(np.int64).max  # (what a recorder fills a call's result with)
+    assert np.array_equal(K.rnn_weight_table(ws[:2], ws[2:], 24, 1, True), t1)
     copy = pgemm.packed_weight(ws[0], True, pgemm.PACKED_MIN_ROWS)
     assert t1[4, 0] == copy.ctypes.data and t1[0, 0] == ws[0].ctypes.data
     params.written([ws[0]])  # packed again at the next ask
     t2 = K.rnn_weight_table(ws[:2], ws[2:], 24, 1, True)
-    assert t2 is not t1
+    assert K._TABLES[key][2] is not kept
+    kept = K._TABLES[key][2]
     assert t2[4, 0] == pgemm.packed_weight(ws[0], True, pgemm.PACKED_MIN_ROWS).ctypes.data
     before = set(K._TABLES)
     others = [w.copy() for w in ws]
     t3 = K.rnn_weight_table(others[:2], others[2:], 24, 1, True)
     assert t3 is not t2 and t3[0, 0] == others[0].ctypes.data
-    (key,) = set(K._TABLES) - before
+    (gone,) = set(K._TABLES) - before
     del others, t3
     gc.collect()
     # (its entry gone; the tables of arrays that stay, kept: other tests' may go meanwhile)
-    assert key not in K._TABLES
-    assert K.rnn_weight_table(ws[:2], ws[2:], 24, 1, True) is t2
+    assert gone not in K._TABLES
+    assert np.array_equal(K.rnn_weight_table(ws[:2], ws[2:], 24, 1, True), t2)
+    assert K._TABLES[key][2] is kept

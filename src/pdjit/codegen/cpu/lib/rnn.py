@@ -328,7 +328,11 @@ def rnn_weight_table(weights, biases, steps=0, batch=0, kept=False):
     the forward then runs on: always where the copies are ``kept`` from run to run (no op of
     the program writes the weights), else where packing at each run pays
     (:data:`PACK_EVERY_RUN_MIN`). Compiled code packs into the table itself, after its
-    rows (it keeps no copies)."""
+    rows (it keeps no copies).
+
+    The table is made once for the same arrays and handed out as a copy of its own to each
+    caller (a few rows): a caller may write it (a host driver's recorder fills what each call
+    returned with NaN before checking a replay) without changing what the next call gets."""
     weights, biases = tuple(weights), tuple(biases)
     arrays = weights + biases
     packs = bool(weights) and bool(kept or _pays_every_run(steps, batch))
@@ -339,7 +343,7 @@ def rnn_weight_table(weights, biases, steps=0, batch=0, kept=False):
         if all(r() is a for r, a in zip(refs, arrays)) and \
                 all(_pg.packed_weight(w, True, _pg.PACKED_MIN_ROWS) is c
                     for w, c in zip(weights, copies)):
-            return table
+            return table.copy()
     dt = arrays[0].dtype if arrays else None
     for i, a in enumerate(arrays):
         if type(a) is not np.ndarray or a.dtype != dt or not a.flags.c_contiguous \
@@ -357,7 +361,7 @@ def rnn_weight_table(weights, biases, steps=0, batch=0, kept=False):
         _TABLES.clear()
     gone = _forget(key)
     _TABLES[key] = (tuple(weakref.ref(a, gone) for a in arrays), copies, table)
-    return table
+    return table.copy()
 
 
 #: the tables :func:`rnn_weight_table` made, kept while their arrays and packed copies are the
