@@ -28,10 +28,13 @@ def _pack(b):
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_packed_gemm_against_numpy(dtype):
     nr = pgemm.panel_width(dtype)
+    # (the last: more rows than _packed_rows keeps as one block, ROWS_WHOLE_BYTES)
     sizes = [(1, 1, 1), (5, 3, 7), (pgemm.MR, 16, nr), (13, 17, nr + 1), (2 * pgemm.MR + 1,
-                                                                          33, 2 * nr + 5)]
-    tol = 1e-5 if dtype == np.float32 else 1e-12
+                                                                          33, 2 * nr + 5),
+             (150, 1800, nr + 3)]
+    assert 150 * 1800 * 4 > pgemm.ROWS_WHOLE_BYTES
     for m, k, n in sizes:
+        tol = (1e-5 if dtype == np.float32 else 1e-12) * (10 if k > 100 else 1)  # (long sums)
         a = RNG.uniform(-1, 1, (m, k)).astype(dtype)
         b = RNG.uniform(-1, 1, (k, n)).astype(dtype)
         bias = RNG.uniform(-1, 1, n).astype(dtype)
