@@ -345,7 +345,7 @@ def test_a_replayed_gru_step_keeps_its_weight_table_whole():
     arrays must come out of that whole (it had been the very array handed out: the table's
     sizes came out as the largest int64, and the step fell back to the NumPy references from
     its fourth run on, for good). Every run against the NumPy oracle, strict (no fallback),
-    until a few runs after the step's first replays."""
+    until a few runs after the step's first replays (float64, as the file's other tests)."""
     import pdjit as fluid
     from pdjit.layers.layer_helper import LayerHelper
     from pdjit.param_attr import ParamAttr
@@ -353,35 +353,35 @@ def test_a_replayed_gru_step_keeps_its_weight_table_whole():
     T, B, I, H = 6, 2, 5, 8
     main, startup = fluid.Program(), fluid.Program()
     with fluid.program_guard(main, startup):
-        x = fluid.layers.data(name="x", shape=[T, I], dtype="float32")
+        x = fluid.layers.data(name="x", shape=[T, I], dtype="float64")
         helper = LayerHelper("gru")
-        ws = [helper.create_parameter(ParamAttr(), s, "float32")
+        ws = [helper.create_parameter(ParamAttr(), s, "float64")
               for s in ([3 * H, I], [3 * H, H], [3 * H], [3 * H])]
-        h0 = fluid.layers.fill_constant_batch_size_like(x, [1, -1, H], "float32", 0.0,
+        h0 = fluid.layers.fill_constant_batch_size_like(x, [1, -1, H], "float64", 0.0,
                                                         input_dim_idx=0, output_dim_idx=1)
-        out = helper.create_variable_for_type_inference("float32")
-        state = helper.create_variable_for_type_inference("float32")
+        out = helper.create_variable_for_type_inference("float64")
+        state = helper.create_variable_for_type_inference("float64")
         helper.append_op(
             "rnn", inputs={"Input": [fluid.layers.transpose(x, [1, 0, 2])],
                            "PreState": [h0], "WeightList": ws},
             outputs={"Out": [out], "State": [state],
-                     "Reserve": [helper.create_variable_for_type_inference("float32")],
+                     "Reserve": [helper.create_variable_for_type_inference("float64")],
                      "DropoutState": [helper.create_variable_for_type_inference("uint8")]},
             attrs={"mode": "GRU", "hidden_size": H, "input_size": I, "num_layers": 1,
                    "is_bidirec": False, "is_test": True, "dropout_prob": 0.0, "seed": 0})
     scope = fluid.Scope()
     exe = Executor(native_drivers="auto", strict=True)
     exe.run(startup, scope=scope)
-    values = [(RNG.normal(size=w.shape) * 0.4).astype(np.float32) for w in ws]
+    values = [(RNG.normal(size=w.shape) * 0.4) for w in ws]
     for w, v in zip(ws, values):
         scope.find_var(w.name).value = v
     main = main.clone(for_test=True)
     replayed, after = 0, 0
     for _ in range(40):
-        xv = RNG.normal(size=(B, T, I)).astype(np.float32)
+        xv = RNG.normal(size=(B, T, I))
         (got,) = exe.run(main, feed={"x": xv}, fetch_list=[out], scope=scope)
         want = np_rnn("GRU", xv.transpose(1, 0, 2), np.zeros((1, B, H)), None, values, 1, False)
-        np.testing.assert_allclose(got, want[0], rtol=2e-5, atol=2e-6)
+        np.testing.assert_allclose(got, want[0], rtol=1e-10, atol=1e-12)
         replayed = sum(s.tiers.replay.replays for _, plan in exe._plans.values()
                        for s in plan.walk() if getattr(s, "tiers", None) is not None
                        and s.tiers.replay is not None)
