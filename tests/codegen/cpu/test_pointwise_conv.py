@@ -33,14 +33,14 @@ def _oracle(x, w, bias, res, lo, hi):
 def test_both_orientations_against_numpy():
     e = np.empty(0, np.float32)
     # (batch, C, M, H, W, the kernel): planes of 35 and 24 pixels take the transposed tiles
-    # (2), 144 too (a compression onto one panel), 196 and 256 (long sums onto whole panels
-    # of 64 and 48), the others the row tiles (1), any number of input channels: 169 pixels
-    # of short sums, 1056 (16 panels and 32 pixels), an image of 130 channels over 600
-    # pixels, one of 90 beyond pgemm._BLOCK_BYTES
+    # (2), the others the row tiles (1), any number of input channels: 144, 196 and 256
+    # pixels of long sums (their panels packed), 169 pixels of short sums, 1056 (16 panels
+    # and 32 pixels), an image of 130 channels over 600 pixels, one of 90 beyond
+    # pgemm._BLOCK_BYTES
     for n, c, m, h, wd, kind in [(1, 19, 23, 5, 7, 2), (3, 16, 70, 4, 6, 2),
-                                 (1, 130, 64, 12, 12, 2), (1, 256, 128, 14, 14, 2),
-                                 (2, 300, 70, 14, 14, 2), (1, 48, 40, 13, 13, 1),
-                                 (1, 256, 128, 16, 16, 2), (2, 21, 17, 32, 33, 1),
+                                 (1, 130, 64, 12, 12, 1), (1, 256, 128, 14, 14, 1),
+                                 (2, 300, 70, 14, 14, 1), (1, 48, 40, 13, 13, 1),
+                                 (1, 256, 128, 16, 16, 1), (2, 21, 17, 32, 33, 1),
                                  (1, 23, 16, 32, 32, 1), (1, 130, 37, 24, 25, 1),
                                  (2, 90, 20, 40, 41, 1)]:
         assert pointwise._choice(m, c, h * wd) == kind

@@ -20,8 +20,7 @@ Two orientations of the tile, picked by the plane's size and the channels
 - :func:`pointwise_cols`: the product transposed, tiles of pixels by panels of output
   channels (6 by 64 or 7 by 48), ``W^T`` packed in panels as :func:`.pgemm.packed_weight`
   packs a product's weight, the tile transposed in registers into the channels' rows, for planes
-  of at most :data:`COLS_MAX_PLANE` pixels (7x7: 49 pixels fill vectors of ``NR`` badly), and
-  14x14 ones onto whole panels of output channels from long sums (:data:`COLS_WIDE_PLANE`).
+  of at most :data:`COLS_MAX_PLANE` pixels (7x7: 49 pixels fill vectors of ``NR`` badly).
 
 Fewer than :data:`MIN_CHANNELS` channels stay with the kernels of :func:`.conv._fwd_range`
 (OpenBLAS per sample or the taps kernel).
@@ -84,21 +83,14 @@ __all__ = ["conv_cols", "pointwise_cols", "pointwise_range", "pointwise_range_co
 
 #: planes of at most this many pixels take the transposed tiles (:func:`pointwise_cols`)
 COLS_MAX_PLANE = 100
-#: planes of at most this many pixels (14x14) take the transposed tiles where the output
-#: channels fill one panel of ``NR`` and are at most half the input channels (a compression
-#: read once: MobileNetV2's 384 -> 64 in the model 0.063-0.077 ms against 0.089-0.102 at
-#: batch 1, 2.14 against 2.60 at batch 16), or fill at least one panel and the input channels
-#: are :data:`COLS_WIDE_MIN_IN` or more (long sums): ResNet-50's 1024 -> 256 in the model
-#: 1.13-1.15 -> 0.97-0.99 ms at batch 1, one thread, 256 -> 1024 with its residual 1.24-1.32
-#: -> 1.17-1.22, 1024 -> 512 2.22 -> 1.96; the model 0.984x at batch 1 on one thread, 0.967x on
-#: two, 0.994x at batch 16 (on and off in one process, two predictors by turns). (Before the
-#: panels were swept by chunks with the next one fetched ahead, the model took as long at
-#: batch 1 and 3 % longer at batch 16.) The expansions 64 -> 384 and 96 -> 576 (short sums,
-#: many scatters) were slower, and so were ResNet-50's 28x28 layers (128 -> 512 1.10-1.16 ->
-#: 1.37-1.47 ms)
+#: planes of at most this many pixels (14x14) take the transposed tiles over their patches
+#: (a convolution wider than 1x1 or strided: :data:`PATCHES_WIDE_MIN_K`). A 1x1 one takes the
+#: row tiles there, which read the image's panels packed (``pgemm._rows_pixels``): alone, one
+#: thread, rows / transposed tiles, ms (``bench_pointwise.py --contenders rows,cols``):
+#: ResNet-50's 14x14 1024 -> 256 1.08-1.14 / 1.34-1.76 at batch 1, 17.0-22.0 / 28.7-34.2 at
+#: batch 16; 256 -> 1024 1.04-1.25 / 1.17-1.47, 16.8-21.3 / 21.2-26.9; MobileNetV2's 384 -> 64
+#: 0.127 / 0.136, 2.20 / 2.66; 576 -> 96 0.261 / 0.377, 4.70 / 7.41
 COLS_WIDE_PLANE = 256
-#: the fewest input channels of a 14x14 plane's wide 1x1 convolution on the transposed tiles
-COLS_WIDE_MIN_IN = 256
 #: ... and the fewest products per output of another convolution onto a 14x14 plane on them
 #: (over its patches; whole panels of output channels): ResNet-50's 3x3 stride-2 256 -> 256
 #: in the model 2.76 -> 2.61 ms, its 1x1 stride-2 512 -> 1024 shortcut 2.36 -> 2.20 (batch 1,
@@ -167,7 +159,7 @@ def _choice(m_, c_, p_) -> int:
     of :func:`.conv._fwd_range` (fewer than :data:`MIN_CHANNELS` channels).
 
     The row tiles take every plane the transposed tiles do not (larger than
-    :data:`COLS_MAX_PLANE` pixels, and not the sums :data:`COLS_WIDE_PLANE` sends there), any
+    :data:`COLS_MAX_PLANE` pixels: 14x14 too, see :data:`COLS_WIDE_PLANE`), any
     number of channels (the image swept by blocks of pixels that stay in the L2 cache,
     :data:`.pgemm._BLOCK_BYTES`). Alone, one thread, batch 1 then 16, ms, against OpenBLAS
     per sample (its Haswell kernel on an AVX-512 machine; ``bench_pointwise.py --contenders
@@ -184,12 +176,7 @@ def _choice(m_, c_, p_) -> int:
     3.3-3.4 -> 3.8 s (5.8 -> 6.5 s of CPU; ``bench_coldstart.py --models resnet50``)."""
     if m_ < MIN_CHANNELS or c_ < MIN_CHANNELS:
         return 0
-    if p_ <= COLS_MAX_PLANE:
-        return 2
-    if p_ <= COLS_WIDE_PLANE and (m_ == _NR and c_ >= 2 * m_ or
-                                  m_ >= _NR and c_ >= COLS_WIDE_MIN_IN):
-        return 2
-    return 1
+    return 2 if p_ <= COLS_MAX_PLANE else 1
 
 
 @register_jitable
@@ -249,7 +236,7 @@ def _kind(m_, k_, p_, in_place, taps=0) -> int:
         return 0
     if taps:
         return taps
-    if p_ > COLS_MAX_PLANE:  # 14x14: long sums onto whole panels, as the 1x1 ones
+    if p_ > COLS_MAX_PLANE:  # 14x14: long sums onto whole panels
         return 2 if p_ <= COLS_WIDE_PLANE and m_ % _NR == 0 and \
             k_ >= PATCHES_WIDE_MIN_K else 0
     k, share = _cols_kind(m_, p_)
