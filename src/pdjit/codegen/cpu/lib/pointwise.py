@@ -41,7 +41,8 @@ relu, medians of thread time on the shared 2-vCPU machine at load 0.9, ms, the p
 / :func:`.conv._fwd_range`, batch 1 then 16): the transposed tiles on 7x7 planes: ResNet-50
 2048->512 0.80 / 1.00 and 13.1 / 17.4, 512->2048 0.81 / 1.02 and 12.1 / 17.2; MobileNetV2
 160->960 0.119 / 0.144 and 2.16 / 2.40, 960->160 0.121 / 0.153 and 2.04 / 2.46, 320->1280
-0.309 / 0.378 and 4.72 / 6.25; 14x14 384->64 0.066 / 0.091 and 1.21 / 1.59. The row tiles:
+0.309 / 0.378 and 4.72 / 6.25 (on 14x14 planes, 384->64 0.066 / 0.091 and 1.21 / 1.59, the
+row tiles are faster still: :data:`COLS_WIDE_PLANE`). The row tiles:
 MobileNetV2 112x112 16->96 0.43 / 0.47 and 8.7 / 9.9, 56x56 24->144 0.189 / 0.225 and 3.21 /
 3.49, 28x28 32->192 0.082 / 0.098 and 1.39 / 1.38 (slower there: ResNet-50 56x56 64->256
 0.89 / 0.83 and 17.6 / 15.1, MobileNetV2 112x112 32->16 0.179 / 0.164; faster on a machine
@@ -171,8 +172,9 @@ def _choice(m_, c_, p_) -> int:
     batch 1 on one thread, 0.96-0.99x on two, 0.96-0.98x at batch 16 on one; MobileNetV2
     0.97-0.99x, 0.95-0.97x and 0.96-0.98x; SqueezeNet's 13x13 layers at batch 1 (us) 256 ->
     48 61 -> 28, 384 -> 48 80 -> 39, 48 -> 192 37 -> 20, 64 -> 256 61 -> 33 (its 384 -> 64,
-    512 -> 64 and 512 -> 1000 stay on the transposed tiles: on the row tiles 49 -> 51, 59 ->
-    65, 780 -> 891). The kernel is then compiled for ResNet-50 as well: its cold first result
+    512 -> 64 and 512 -> 1000 on the transposed tiles / on row tiles reading the image in
+    place: 49 / 51, 59 / 65, 780 / 891; not measured with the panels packed, which serve them
+    now). The kernel is then compiled for ResNet-50 as well: its cold first result
     3.3-3.4 -> 3.8 s (5.8 -> 6.5 s of CPU; ``bench_coldstart.py --models resnet50``)."""
     if m_ < MIN_CHANNELS or c_ < MIN_CHANNELS:
         return 0
