@@ -1070,19 +1070,15 @@ def _rows_pixels(xf, ap, yf, n, c_, m_, p_, q_lo, q_hi, bias, lo, hi, res, buf):
                 if packed and i == 0:
                     _copy_micro(ap, a0, rows, c_, xf, xb + q0, p_, yf, c0, p_, cols, bias, m0,
                                 res, lo, hi, buf, pk0)
-                elif packed:
-                    if cols <= lanes:  # (a last panel of one vector: a narrower tile)
-                        _conv_micro1(ap, a0, rows, c_, buf, pk0, nr, yf, c0, p_, cols, bias,
-                                     m0, res, lo, hi)
-                    else:
-                        _conv_micro(ap, a0, rows, c_, buf, pk0, nr, yf, c0, p_, cols, bias,
-                                    m0, res, lo, hi)
-                elif cols <= lanes:
-                    _conv_micro1(ap, a0, rows, c_, xf, xb + q0, p_, yf, c0, p_, cols, bias,
-                                 m0, res, lo, hi)
+                    continue
+                # (the panel packed by the block's first tile, else the image in place)
+                src, s0, ld = (buf, pk0, nr) if packed else (xf, xb + q0, p_)
+                if cols <= lanes:  # (a last panel of one vector: a narrower tile)
+                    _conv_micro1(ap, a0, rows, c_, src, s0, ld, yf, c0, p_, cols, bias, m0, res,
+                                 lo, hi)
                 else:
-                    _conv_micro(ap, a0, rows, c_, xf, xb + q0, p_, yf, c0, p_, cols, bias,
-                                m0, res, lo, hi)
+                    _conv_micro(ap, a0, rows, c_, src, s0, ld, yf, c0, p_, cols, bias, m0, res,
+                                lo, hi)
 
 
 @pjit
