@@ -479,6 +479,41 @@ def test_a_numpy_function_of_the_driver_is_made_again():
     assert rp.replays == 7 - replay.AFTER_RUNS - 1
 
 
+def test_a_concat_a_transpose_and_a_copy_are_written_into_the_recorded_arrays():
+    """A concat, a transpose's ``permuted`` and an array's ``copy`` made again at each replay
+    write into the arrays the recording keeps for them (one copy a replay, not a new array
+    copied over it): the driver's values at every run, and the recorded calls are the forms
+    that write (their result the array a later call reads)."""
+    from pdjit.codegen.cpu.lib import indexing
+
+    src = """def segment(a0, a1):
+    s1 = np.empty(a0.shape, np.float32)
+    _double(a0, s1)
+    s2 = np.concatenate((s1, a0), 1)
+    s3 = permuted(s2, (1, 0))
+    s4 = s3.copy()
+    s5 = np.empty(s4.shape, np.float32)
+    _double(s4, s5)
+    return (s5, s3)
+"""
+    rp = replay.HostReplay(_Driver(src, permuted=indexing.permuted), params=[1])
+    w = np.ones(3, np.float32)
+    for i in range(7):
+        x = RNG.standard_normal((2, 3)).astype(np.float32)
+        s5, s3 = rp.call([x, w])
+        want = np.concatenate((2 * x, x), 1).T
+        np.testing.assert_array_equal(s3, want)
+        np.testing.assert_array_equal(s5, 2 * want)
+    assert rp.replays == 7 - replay.AFTER_RUNS - 1
+    (rec,) = rp.recordings.values()
+    made = {getattr(f, "__name__", f): (args, kwargs, out) for f, args, kwargs, out in rec.ops}
+    assert set(made) == {"_double", "concatenate", "permuted_into", "copyto"}, made
+    assert all(out is None for _, _, out in made.values())
+    joined, into = made["concatenate"][1]["out"], made["permuted_into"][0]
+    assert into[1] is joined and into[2] == (1, 0)  # (the transpose reads the concat's array)
+    assert made["copyto"][0][1] is into[0]  # (the copy reads the transpose's)
+
+
 def test_shape_values_written_into_arrays_and_counters_are_replayed():
     """``v[i] = x`` (a shape's dims written into a tensor, a constant filled) made again at
     each replay; ``t += n`` on a number (a channel shuffle's offsets) computed; an array's

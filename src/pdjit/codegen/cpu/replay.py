@@ -26,7 +26,9 @@ What a recording holds is checked, never assumed:
   during the run must come from a parameter's memory) or ``"pure"`` (a value of shapes and
   thread counts), another entry point of the library, a NumPy function returning arrays (a concat's
   ``np.concatenate``) or an array's ``copy`` (called again at each replay, what it returns
-  copied into what it returned then), ``np.empty``, views, the shape arithmetic; anything else
+  copied into what it returned then; a concat, a ``copy`` and an entry point declared with
+  a form that writes into an array (:func:`declare_into`: a transpose's ``permuted``) write
+  there directly), ``np.empty``, views, the shape arithmetic; anything else
   (a kernel returning a scalar, a value read from an array, a ``reshape`` that copies, a split
   on ``run_parts``' helpers, a parallel variant not compiled yet, an argument of an unknown
   kind) leaves the driver's run as it was and keeps nothing, and the key is recorded again
@@ -91,6 +93,7 @@ MAX_BYTES = 64 << 20
 VERSION = [0]
 
 _KINDS: dict = {}   # id(function) -> (kind, a weak reference to the function)
+_INTO: dict = {}    # id(function) -> (its form writing into an array, a weak reference to it)
 _local = threading.local()
 
 
@@ -106,6 +109,15 @@ def declare(kind: str, *fns) -> None:
         raise ValueError(f"pdjit: replay: no kind {kind!r}")
     for f in fns:  # (a generated host function goes with its program)
         _KINDS[id(f)] = (kind, weakref.ref(f, _forget(id(f))))
+
+
+def declare_into(f, into) -> None:
+    """Declare that a call of the library entry point ``f`` that a recording makes again at
+    each replay (its result a new array) may write its result straight into the array the
+    recording keeps for it: ``into(out, *args)`` (the same values, ``out`` as the result of
+    ``f(*args)``). Without it each replay makes the new array, then copies it over. Held
+    weakly, as :func:`declare`."""
+    _INTO[id(f)] = (into, weakref.ref(f, lambda _, key=id(f): _INTO.pop(key, None)))
 
 
 def _forget(key):
@@ -416,7 +428,26 @@ class _Recorder:
                 isinstance(out, tuple) and all(isinstance(o, np.ndarray) for o in out)):
             refuse(f"{getattr(f, '__qualname__', f)!r} returned a {type(out).__name__}")
         if self.why is None:
-            self.ops.append((f, args, kwargs, out))
+            self.ops.append(_writing_into(f, args, kwargs, out) or (f, args, kwargs, out))
+
+
+def _writing_into(f, args, kwargs, out):
+    """A call made again at each replay (:meth:`_Recorder._result`) as a call that writes its
+    result into ``out`` (what it returned when recorded, kept by the recording), so that
+    each replay copies it once, not twice (a new array, then copied over ``out``): a concat
+    (``np.concatenate(..., out=out)``), an array's ``copy`` (``np.copyto``), an entry point
+    declared with such a form (:func:`declare_into`); else None."""
+    if not isinstance(out, np.ndarray) or not out.flags.c_contiguous:
+        return None
+    kwargs = kwargs or {}
+    if f is np.concatenate and "out" not in kwargs and "dtype" not in kwargs:
+        return (f, args, {**kwargs, "out": out}, None)
+    if f is np.ndarray.copy and len(args) == 1 and not kwargs:  # (order C: out's layout)
+        return (np.copyto, (out, args[0]), None, None)
+    into = _INTO.get(id(f))
+    if into is not None and into[1]() is f and not kwargs:
+        return (into[0], (out, *args), None, None)
+    return None
 
 
 def _is_kernel(f) -> bool:

@@ -19,6 +19,7 @@ names the op and the index. Outputs are arguments (the driver allocates them).
 import numpy as np
 from numba.extending import overload
 
+from pdjit.codegen.cpu import replay
 from pdjit.codegen.cpu.lib._jit import compile_cost, jit, jobs
 from pdjit.codegen.cpu.threads import loop_threads, run_parts
 
@@ -555,15 +556,24 @@ PERMUTE_SPLIT_MIN = 1 << 21
 
 def permuted(x, perm):
     """``x.transpose(perm)`` as a new C-contiguous array (transpose ops: the data laid out
-    anew, as Paddle's kernel does). A large one is copied in slices of the first output axis
-    of at least two values, one per loop thread (NumPy's copy runs without the GIL); each value
-    is copied as one thread copies it."""
+    anew, as Paddle's kernel does), by :func:`permuted_into`."""
+    out = np.empty(x.transpose(perm).shape, x.dtype)
+    permuted_into(out, x, perm)
+    return out
+
+
+def permuted_into(out, x, perm) -> None:
+    """``out[...] = x.transpose(perm)`` (``out`` C-contiguous, of the permuted shape). A large
+    one is copied in slices of the first output axis of at least two values, one per loop
+    thread (NumPy's copy runs without the GIL); each value is copied as one thread copies it.
+    A host replay writes a transpose's result this way into the array it keeps for it
+    (``replay.declare_into``)."""
     view = x.transpose(perm)
     parts = loop_threads() if view.size >= PERMUTE_SPLIT_MIN else 1
     axis = next((i for i, d in enumerate(view.shape) if d >= 2), None)
     if parts < 2 or axis is None:
-        return view.copy()
-    out = np.empty(view.shape, view.dtype)
+        np.copyto(out, view)
+        return
     n = view.shape[axis]
     parts = min(parts, n)
     cut = [slice(None)] * axis
@@ -572,7 +582,9 @@ def permuted(x, perm):
         part = tuple(cut + [slice(p * n // parts, (p + 1) * n // parts)])
         calls.append((out[part], view[part]))
     run_parts(np.copyto, calls, parts - 1)
-    return out
+
+
+replay.declare_into(permuted, permuted_into)
 
 
 @overload(permuted)
