@@ -498,7 +498,7 @@ def test_a_concat_a_transpose_and_a_copy_are_written_into_the_recorded_arrays():
 """
     rp = replay.HostReplay(_Driver(src, permuted=indexing.permuted), params=[1])
     w = np.ones(3, np.float32)
-    for i in range(7):
+    for _ in range(7):
         x = RNG.standard_normal((2, 3)).astype(np.float32)
         s5, s3 = rp.call([x, w])
         want = np.concatenate((2 * x, x), 1).T

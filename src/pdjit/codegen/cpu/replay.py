@@ -117,7 +117,8 @@ def declare_into(f, into) -> None:
     recording keeps for it: ``into(out, *args)`` (the same values, ``out`` as the result of
     ``f(*args)``). Without it each replay makes the new array, then copies it over. Held
     weakly, as :func:`declare`."""
-    _INTO[id(f)] = (into, weakref.ref(f, lambda _, key=id(f): _INTO.pop(key, None)))
+    key = id(f)
+    _INTO[key] = (into, weakref.ref(f, lambda _: _INTO.pop(key, None)))
 
 
 def _forget(key):
