@@ -18,7 +18,11 @@ statistics near 0 / 1, layer norms near 1 / 0), saved with ``save_inference_mode
 - ``gru`` (not in the default set): a GRU classifier, one layer of 128 hidden over 32 steps
   of 64 inputs (the ``rnn`` op), fc 10 on the last step;
 - ``lstm`` (not in the default set): a 2-layer bidirectional LSTM classifier, 256 hidden over
-  64 steps of 128 inputs, fc 10 on the last step.
+  64 steps of 128 inputs, fc 10 on the last step;
+- ``densenet121``, ``shufflenetv2`` (not in the default set): DenseNet-121 (dense blocks of 6,
+  12, 24, 16 layers of growth 32, each layer batch norm - relu - 1x1 of 128 - batch norm -
+  relu - 3x3 of 32 joined to its input by a concat) and ShuffleNetV2 x1.0 (units of split,
+  1x1 - depthwise 3x3 - 1x1, concat, channel shuffle), fc 1000, x [B, 3, 224, 224].
 
 Contenders, each in a process of its own for each thread count: pdjit's Predictor
 (``pdjit.inference``, ir optim on, ``set_cpu_math_library_num_threads``); ONNX Runtime on the
@@ -66,7 +70,7 @@ import numpy as np
 
 HERE = pathlib.Path(__file__).resolve().parent
 DEFAULT_MODELS = ("resnet50", "mobilenetv2", "bert")
-ALL_MODELS = DEFAULT_MODELS + ("gru", "lstm")
+ALL_MODELS = DEFAULT_MODELS + ("gru", "lstm", "densenet121", "shufflenetv2")
 SEED = 0
 _SETTLE_S = 0.2     # a pause before each process's round: the last one's idle threads stop
 _REWARM = 2         # untimed runs before each round's timed runs
@@ -190,12 +194,88 @@ def _rnn_classifier(fluid, mode, steps, inputs, hidden, layers, bidirec, classes
     return main, startup, ["x"], [y], {"x": (steps, inputs)}
 
 
+def _densenet121(fluid):
+    """DenseNet-121 (growth 32, blocks of 6, 12, 24, 16 layers, bottlenecks of 4 x 32, each
+    transition halving the channels): batch norm and relu before each convolution."""
+    L = fluid.layers
+    main, startup = fluid.Program(), fluid.Program()
+    startup.random_seed = 1
+
+    def bn_relu_conv(x, c, k, stride=1):
+        x = L.batch_norm(x, act="relu", is_test=True)
+        return L.conv2d(x, num_filters=c, filter_size=k, stride=stride, padding=(k - 1) // 2,
+                        bias_attr=False)
+
+    with fluid.program_guard(main, startup):
+        x = L.data(name="x", shape=[3, 224, 224], dtype="float32")
+        h = L.conv2d(x, num_filters=64, filter_size=7, stride=2, padding=3, bias_attr=False)
+        h = L.batch_norm(h, act="relu", is_test=True)
+        h = L.pool2d(h, pool_size=3, pool_stride=2, pool_padding=1, pool_type="max")
+        c = 64
+        for b, layers in enumerate((6, 12, 24, 16)):
+            for _ in range(layers):
+                new = bn_relu_conv(bn_relu_conv(h, 4 * 32, 1), 32, 3)
+                h = L.concat([h, new], axis=1)
+                c += 32
+            if b < 3:
+                c //= 2
+                h = L.pool2d(bn_relu_conv(h, c, 1), pool_size=2, pool_stride=2,
+                             pool_type="avg")
+        h = L.batch_norm(h, act="relu", is_test=True)
+        h = L.pool2d(h, pool_type="avg", global_pooling=True)
+        out = L.fc(h, 1000)
+    return main, startup, ["x"], [out], {"x": (3, 224, 224)}
+
+
+def _shufflenetv2(fluid):
+    """ShuffleNetV2 x1.0 (stages of 4, 8, 4 units onto 116, 232, 464 channels): each unit's
+    halves split, one through 1x1 - depthwise 3x3 - 1x1, joined by concat and a channel
+    shuffle (reshape, transpose, reshape)."""
+    L = fluid.layers
+    main, startup = fluid.Program(), fluid.Program()
+    startup.random_seed = 1
+
+    def conv_bn(x, c, k, stride=1, groups=1, act="relu"):
+        x = L.conv2d(x, num_filters=c, filter_size=k, stride=stride, padding=(k - 1) // 2,
+                     groups=groups, bias_attr=False)
+        return L.batch_norm(x, act=act, is_test=True)
+
+    def branch(x, cin, c, stride):
+        h = conv_bn(x, c, 1)
+        h = conv_bn(h, c, 3, stride, groups=c, act=None)
+        return conv_bn(h, c, 1)
+
+    def shuffle(x, c, hw):
+        x = L.reshape(x, [-1, 2, c // 2, hw, hw])
+        return L.reshape(L.transpose(x, [0, 2, 1, 3, 4]), [-1, c, hw, hw])
+
+    with fluid.program_guard(main, startup):
+        x = L.data(name="x", shape=[3, 224, 224], dtype="float32")
+        h = conv_bn(x, 24, 3, 2)
+        h = L.pool2d(h, pool_size=3, pool_stride=2, pool_padding=1, pool_type="max")
+        cin, hw = 24, 56
+        for c, units in ((116, 4), (232, 8), (464, 4)):
+            hw //= 2
+            left = conv_bn(conv_bn(h, cin, 3, 2, groups=cin, act=None), c // 2, 1)
+            h = shuffle(L.concat([left, branch(h, cin, c // 2, 2)], axis=1), c, hw)
+            for _ in range(units - 1):
+                a, b = L.split(h, 2, dim=1)
+                h = shuffle(L.concat([a, branch(b, c // 2, c // 2, 1)], axis=1), c, hw)
+            cin = c
+        h = conv_bn(h, 1024, 1)
+        h = L.pool2d(h, pool_type="avg", global_pooling=True)
+        out = L.fc(h, 1000)
+    return main, startup, ["x"], [out], {"x": (3, 224, 224)}
+
+
 BUILDERS = {
     "resnet50": _resnet50,
     "mobilenetv2": _mobilenetv2,
     "bert": _bert,
     "gru": lambda fluid: _rnn_classifier(fluid, "GRU", 32, 64, 128, 1, False),
     "lstm": lambda fluid: _rnn_classifier(fluid, "LSTM", 64, 128, 256, 2, True),
+    "densenet121": _densenet121,
+    "shufflenetv2": _shufflenetv2,
 }
 
 
