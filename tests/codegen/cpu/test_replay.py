@@ -9,6 +9,7 @@ by its check and never kept; a driver the recorder does not know is never replay
 """
 import gc
 import threading
+import weakref
 
 import numba
 import numpy as np
@@ -507,11 +508,132 @@ def test_a_concat_a_transpose_and_a_copy_are_written_into_the_recorded_arrays():
     assert rp.replays == 7 - replay.AFTER_RUNS - 1
     (rec,) = rp.recordings.values()
     made = {getattr(f, "__name__", f): (args, kwargs, out) for f, args, kwargs, out in rec.ops}
-    assert set(made) == {"_double", "concatenate", "permuted_into", "copyto"}, made
-    assert all(out is None for _, _, out in made.values())
-    joined, into = made["concatenate"][1]["out"], made["permuted_into"][0]
-    assert into[1] is joined and into[2] == (1, 0)  # (the transpose reads the concat's array)
-    assert made["copyto"][0][1] is into[0]  # (the copy reads the transpose's)
+    assert set(made) == {"_double", "concatenate", "permuted_into", "_copy_into"}, made
+    joined, into, copy = made["concatenate"], made["permuted_into"], made["_copy_into"]
+    # (each writes the array it returns: the op's result, poisoned before a recording's check)
+    assert joined[1]["out"] is joined[2] and into[0][0] is into[2] and copy[0][0] is copy[2]
+    assert into[0][1] is joined[2] and into[0][2] == (1, 0)  # (the transpose reads the concat)
+    assert copy[0][1] is into[2]  # (the copy reads the transpose's)
+
+
+def test_a_form_writing_into_an_array_that_writes_nothing_is_caught(monkeypatch):
+    """The array a call made again writes into is poisoned before a new recording's check like
+    any result: a form that leaves it as the recording's run wrote it is caught there (the
+    check's run has the recording's inputs: what it holds then is right), never kept."""
+    from pdjit.codegen.cpu.lib import indexing
+
+    monkeypatch.setitem(replay._INTO, id(indexing.permuted),
+                        (lambda out, x, perm: out, weakref.ref(indexing.permuted)))
+    src = """def segment(a0, a1):
+    s1 = np.empty(a0.shape, np.float32)
+    _double(a0, s1)
+    s2 = permuted(s1, (1, 0))
+    s3 = np.empty(s2.shape, np.float32)
+    _double(s2, s3)
+    return (s3, a1)
+"""
+    rp = replay.HostReplay(_Driver(src, permuted=indexing.permuted), params=[1])
+    w = np.ones(3, np.float32)
+    for _ in range(7):
+        x = RNG.standard_normal((2, 3)).astype(np.float32)
+        s3, _ = rp.call([x, w])
+        np.testing.assert_array_equal(s3, 4 * x.T)
+    assert rp.replays == 0 and not rp.recordings
+    assert rp.why == "its replay differed from the driver's run"
+
+
+_DENSE = """def segment(a0, a1):
+    s1 = np.empty(a0.shape, np.float32)
+    _double(a0, s1)
+    s2 = np.empty(a0.shape, np.float32)
+    _double(s1, s2)
+    c1 = np.concatenate((s1, s2), axis={axis})
+    s3 = np.empty(c1.shape, np.float32)
+    _double(c1, s3)
+    c2 = np.concatenate((c1, s3), axis={axis})
+    s4 = np.empty(c2.shape, np.float32)
+    _double(c2, s4)
+    {after}
+    return (s4, a1)
+"""
+
+
+def _dense(x, axis):
+    c1 = np.concatenate((2 * x, 4 * x), axis)
+    return 2 * np.concatenate((c1, 2 * c1), axis)
+
+
+def _dense_replay(shape, axis=1, after="", **ns):
+    rp = replay.HostReplay(_Driver(_DENSE.format(axis=axis, after=after), **ns), params=[1])
+    w = np.ones(3, np.float32)
+    for _ in range(7):
+        x = RNG.standard_normal(shape).astype(np.float32)
+        s4, _ = rp.call([x, w])
+        np.testing.assert_array_equal(s4, _dense(x, axis))
+    return rp
+
+
+def test_concats_of_one_sample_are_elided_their_parts_written_in_place():
+    """A concat whose result is each part in one run (a batch of one along the channels) of
+    parts read by nothing after it: the calls making the parts write them into the result,
+    a concat of a concat into the last result (a DenseNet block); the driver's values."""
+    rp = _dense_replay((1, 2, 3))
+    assert rp.replays == 7 - replay.AFTER_RUNS - 1
+    (rec,) = rp.recordings.values()
+    names = [getattr(f, "__name__", f) for f, _, _, _ in rec.ops]
+    assert "concatenate" not in names and names.count("_joined") == 2, names
+    last = [out for f, _, _, out in rec.ops if f is replay._joined][-1]
+    doubles = [args for f, args, _, _ in rec.ops if f is _double]
+    # (s1, s2 and s3 written where the last concat's result holds them)
+    for args, at in zip(doubles[:3], (0, 2, 4)):
+        assert np.may_share_memory(args[1], last)
+        assert replay._address(args[1]) == replay._address(last) + at * 3 * 4
+
+
+@pytest.mark.parametrize("shape, axis, after", [
+    ((2, 2, 3), 1, ""),                  # two samples: each part is two runs of the result
+    ((1, 2, 3), 1, "_double(s2, s1)"),   # a part written after the concat
+    ((1, 2, 3), 1, "_double(s1, s4)"),   # a part read after it
+])
+def test_a_concat_whose_parts_cannot_be_written_in_place_stays(shape, axis, after):
+    rp = _dense_replay(shape, axis, after)
+    (rec,) = rp.recordings.values()
+    names = [getattr(f, "__name__", f) for f, _, _, _ in rec.ops]
+    assert "concatenate" in names, names
+
+
+def test_an_elided_concat_that_is_not_safe_is_caught_by_the_check(monkeypatch):
+    """A new recording's check runs on poisoned buffers: a concat elided against the rule (a
+    part read after it, here hidden from the elision) leaves that reader NaN, the check sees
+    the replay differ, and nothing is kept."""
+    elided = replay._elided
+
+    def blind(ops, *rest):  # (the calls after the concat not shown to it)
+        k = next(i for i, op in enumerate(ops) if op[0] is np.concatenate)
+        return elided(ops[:k + 1], *rest) + list(ops[k + 1:])
+
+    monkeypatch.setattr(replay, "_elided", blind)
+    src = """def segment(a0, a1):
+    s1 = np.empty(a0.shape, np.float32)
+    _double(a0, s1)
+    s2 = np.empty(a0.shape, np.float32)
+    _double(s1, s2)
+    c1 = np.concatenate((s1, s2), axis=1)
+    s3 = np.empty(c1.shape, np.float32)
+    _double(c1, s3)
+    s4 = np.empty(a0.shape, np.float32)
+    _double(s1, s4)
+    return (s3, s4)
+"""
+    rp = replay.HostReplay(_Driver(src), params=[1])
+    w = np.ones(3, np.float32)
+    for _ in range(7):
+        x = RNG.standard_normal((1, 2, 3)).astype(np.float32)
+        s3, s4 = rp.call([x, w])
+        np.testing.assert_array_equal(s3, 2 * np.concatenate((2 * x, 4 * x), 1))
+        np.testing.assert_array_equal(s4, 4 * x)
+    assert rp.replays == 0 and not rp.recordings
+    assert rp.why == "its replay differed from the driver's run"
 
 
 def test_shape_values_written_into_arrays_and_counters_are_replayed():

@@ -114,9 +114,9 @@ def declare(kind: str, *fns) -> None:
 def declare_into(f, into) -> None:
     """Declare that a call of the library entry point ``f`` that a recording makes again at
     each replay (its result a new array) may write its result straight into the array the
-    recording keeps for it: ``into(out, *args)`` (the same values, ``out`` as the result of
-    ``f(*args)``). Without it each replay makes the new array, then copies it over. Held
-    weakly, as :func:`declare`."""
+    recording keeps for it: ``into(out, *args)`` writes the values of ``f(*args)`` into
+    ``out`` (C-contiguous, of their shape and dtype) and returns ``out``. Without it each
+    replay makes the new array, then copies it over. Held weakly, as :func:`declare`."""
     key = id(f)
     _INTO[key] = (into, weakref.ref(f, lambda _: _INTO.pop(key, None)))
 
@@ -434,21 +434,28 @@ class _Recorder:
 
 def _writing_into(f, args, kwargs, out):
     """A call made again at each replay (:meth:`_Recorder._result`) as a call that writes its
-    result into ``out`` (what it returned when recorded, kept by the recording), so that
-    each replay copies it once, not twice (a new array, then copied over ``out``): a concat
-    (``np.concatenate(..., out=out)``), an array's ``copy`` (``np.copyto``), an entry point
-    declared with such a form (:func:`declare_into`); else None."""
+    result into ``out`` (what it returned when recorded, kept by the recording) and returns
+    it, so that each replay copies once, not twice (a new array, then copied over ``out``): a
+    concat (``np.concatenate(..., out=out)``), an array's ``copy``, an entry point declared
+    with such a form (:func:`declare_into`); else None. ``out`` stays the op's result: the
+    check of a new recording poisons it first, as any result a call is to write."""
     if not isinstance(out, np.ndarray) or not out.flags.c_contiguous:
         return None
     kwargs = kwargs or {}
     if f is np.concatenate and "out" not in kwargs and "dtype" not in kwargs:
-        return (f, args, {**kwargs, "out": out}, None)
+        return (f, args, {**kwargs, "out": out}, out)
     if f is np.ndarray.copy and len(args) == 1 and not kwargs:  # (order C: out's layout)
-        return (np.copyto, (out, args[0]), None, None)
+        return (_copy_into, (out, args[0]), None, out)
     into = _INTO.get(id(f))
     if into is not None and into[1]() is f and not kwargs:
-        return (into[0], (out, *args), None, None)
+        return (into[0], (out, *args), None, out)
     return None
+
+
+def _copy_into(out, a):
+    """``out[...] = a``; ``out``."""
+    np.copyto(out, a)
+    return out
 
 
 def _is_kernel(f) -> bool:
@@ -564,6 +571,114 @@ def _results(out) -> tuple:
 
 def _address(a) -> int:
     return a.__array_interface__["data"][0]
+
+
+def _bounds(x) -> tuple:
+    """The first byte of array ``x`` and the byte past its last."""
+    lo = hi = _address(x)
+    for n, st in zip(x.shape, x.strides):
+        lo, hi = (lo + (n - 1) * st, hi) if st < 0 else (lo, hi + (n - 1) * st)
+    return lo, hi + x.itemsize
+
+
+def _joined(parts, axis, out):
+    """What an elided concat leaves in a recording (:func:`_elided`): its parts already wrote
+    ``out``; ``out``, the op's result (poisoned before a new recording's check like any)."""
+    return out
+
+
+def _elided(ops, outs, allocs, theirs):
+    """``ops`` with the concats whose parts can be written in place elided: a concat along an
+    axis after which its result is one run of each part in turn (the axes before it all of
+    size 1: a batch of one along the channels) of parts that are each a whole buffer of the
+    driver's (``allocs``) or the whole result of an earlier call, no output, none of the
+    run's inputs or parameters (``theirs``), not read or written after the concat and not
+    the same memory twice. Every earlier call's reference to a part becomes a view of that
+    part's run of the result, so that the calls making a part write it where the concat
+    would copy it; the concat becomes :func:`_joined`. A concat of a concat (a DenseNet block:
+    each layer's output joined to all before it) then writes the first into the second's
+    result, and so on: every layer's output is written once, into the last result, instead
+    of copied again by every concat after it."""
+    if not any(op[0] is np.concatenate for op in ops):
+        return ops
+    ops = list(ops)
+    spans = {}  # start address -> (end, the buffer or result)
+    for a in list(allocs) + [o for op in ops for o in _results(op[3])]:
+        if a.nbytes:
+            spans.setdefault(_address(a), (_address(a) + a.nbytes, a))
+    starts = sorted(spans)
+    refs: dict = {}  # start of a span -> the ops that reference its memory, in order
+
+    def span_of(x):
+        at = _address(x)
+        i = bisect.bisect_right(starts, at) - 1
+        return starts[i] if i >= 0 and at < spans[starts[i]][0] else None
+
+    for j, op in enumerate(ops):
+        for x in _arrays(op[1:]):
+            sp = span_of(x) if x.nbytes else None
+            if sp is not None and (not refs.get(sp) or refs[sp][-1] != j):
+                refs.setdefault(sp, []).append(j)
+    alien = [_bounds(x) for x in list(_arrays(outs)) + list(theirs) if x.nbytes]
+    dest = {}  # start of a part's span -> (the result it is written into, at which byte)
+    for k, (fn, args, kwargs, out) in enumerate(ops):
+        if fn is not np.concatenate or not isinstance(out, np.ndarray) or \
+                not isinstance(args[0], (tuple, list)) or len(args) > 2:
+            continue
+        axis = args[1] if len(args) > 1 else (kwargs or {}).get("axis", 0)
+        if axis is None or set(kwargs or {}) - {"axis", "out"} or not out.flags.c_contiguous:
+            continue
+        parts = list(args[0])
+        axis %= out.ndim
+        if math.prod(out.shape[:axis]) != 1 or not all(
+                isinstance(p, np.ndarray) and p.nbytes and p.dtype == out.dtype and
+                p.flags.c_contiguous for p in parts):
+            continue
+        at = [_address(p) for p in parts]
+        if len(set(at)) < len(at) or any(  # (each a whole span, read by no call after)
+                span_of(p) != a or spans[a][0] != a + p.nbytes or refs[a][-1] > k
+                for p, a in zip(parts, at)) or any(
+                lo < a + p.nbytes and a < hi for p, a in zip(parts, at) for lo, hi in alien):
+            continue
+        off = 0
+        for p, a in zip(parts, at):
+            dest[a] = (out, off)
+            off += p.nbytes
+        ops[k] = (_joined, (tuple(parts), axis, out), None, out)
+    return _relocated(ops, spans, span_of, dest) if dest else ops
+
+
+def _relocated(ops, spans, span_of, dest):
+    """``ops`` with every array in a span moved by :func:`_elided` (``dest``: its start ->
+    ``(result, byte)``, a result that may itself be moved) a view of the last result it goes
+    into, the same view for the same array."""
+    views: dict = {}
+
+    def final(start):
+        base, off = spans[start][1], 0
+        while start in dest:
+            base, at = dest[start]
+            off += at
+            start = _address(base)
+        return base, off
+
+    def relocated(x):
+        if isinstance(x, np.ndarray):
+            if id(x) not in views:
+                sp = span_of(x) if x.nbytes else None
+                if sp is None or sp not in dest:
+                    return x
+                base, off = final(sp)
+                views[id(x)] = np.ndarray(x.shape, x.dtype, base, off + _address(x) - sp,
+                                          x.strides)
+            return views[id(x)]
+        if isinstance(x, (tuple, list)):
+            return type(x)(relocated(v) for v in x)
+        if isinstance(x, dict):
+            return {n: relocated(v) for n, v in x.items()}
+        return x
+
+    return [relocated(op) for op in ops]
 
 
 def _planned(ops, outs, allocs):
@@ -761,8 +876,10 @@ class HostReplay:
         """Replay ``rec`` on the run's ``values`` with its buffers and the results it copies
         into poisoned, and keep it where it gives the driver's outputs ``expected`` bit for
         bit (None; else why not)."""
+        theirs = [b for _, b in inputs] + fixed
         try:
-            ops, outs, arena = _planned(rec.ops, outs, rec.allocs)
+            ops, outs, arena = _planned(_elided(rec.ops, outs, rec.allocs, theirs), outs,
+                                        rec.allocs)
         except TypeError as e:
             self.off = f"a call it records takes {e}"
             return self.off
@@ -771,7 +888,6 @@ class HostReplay:
             self._runs[key] = _NEVER
             return f"its buffers would hold {own} bytes"
         _poison(arena)  # (its bytes 0xFF: NaN in every float, -1 in every int)
-        theirs = [b for _, b in inputs] + fixed
         for _, _, _, out in ops:  # (what a call returned, unless it is an input's memory)
             for o in _results(out):
                 if o.flags.writeable and not any(np.may_share_memory(o, b) for b in theirs):

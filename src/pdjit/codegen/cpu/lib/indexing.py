@@ -557,23 +557,21 @@ PERMUTE_SPLIT_MIN = 1 << 21
 def permuted(x, perm):
     """``x.transpose(perm)`` as a new C-contiguous array (transpose ops: the data laid out
     anew, as Paddle's kernel does), by :func:`permuted_into`."""
-    out = np.empty(x.transpose(perm).shape, x.dtype)
-    permuted_into(out, x, perm)
-    return out
+    return permuted_into(np.empty(x.transpose(perm).shape, x.dtype), x, perm)
 
 
-def permuted_into(out, x, perm) -> None:
-    """``out[...] = x.transpose(perm)`` (``out`` C-contiguous, of the permuted shape). A large
-    one is copied in slices of the first output axis of at least two values, one per loop
-    thread (NumPy's copy runs without the GIL); each value is copied as one thread copies it.
-    A host replay writes a transpose's result this way into the array it keeps for it
-    (``replay.declare_into``)."""
+def permuted_into(out, x, perm):
+    """``out[...] = x.transpose(perm)`` (``out`` C-contiguous, of the permuted shape); returns
+    ``out``. A large one is copied in slices of the first output axis of at least two values,
+    one per loop thread (NumPy's copy runs without the GIL); each value is copied as one thread
+    copies it. A host replay writes a transpose's result this way into the array it keeps for
+    it (``replay.declare_into``)."""
     view = x.transpose(perm)
     parts = loop_threads() if view.size >= PERMUTE_SPLIT_MIN else 1
     axis = next((i for i, d in enumerate(view.shape) if d >= 2), None)
     if parts < 2 or axis is None:
         np.copyto(out, view)
-        return
+        return out
     n = view.shape[axis]
     parts = min(parts, n)
     cut = [slice(None)] * axis
@@ -582,6 +580,7 @@ def permuted_into(out, x, perm) -> None:
         part = tuple(cut + [slice(p * n // parts, (p + 1) * n // parts)])
         calls.append((out[part], view[part]))
     run_parts(np.copyto, calls, parts - 1)
+    return out
 
 
 replay.declare_into(permuted, permuted_into)
