@@ -88,15 +88,21 @@ def _resnet50(fluid):
     return main, startup, ["x"], [logits], {"x": (3, 224, 224)}
 
 
+def _conv_bn(L, x, c, k, stride=1, groups=1, act="relu"):
+    """A convolution of ``c`` k x k filters ("same" padding, no bias), then a batch norm and
+    ``act``."""
+    x = L.conv2d(x, num_filters=c, filter_size=k, stride=stride, padding=(k - 1) // 2,
+                 groups=groups, bias_attr=False)
+    return L.batch_norm(x, act=act, is_test=True)
+
+
 def _mobilenetv2(fluid):
     L = fluid.layers
     main, startup = fluid.Program(), fluid.Program()
     startup.random_seed = 1
 
     def conv_bn(x, c, k, stride=1, groups=1, act="relu6"):
-        x = L.conv2d(x, num_filters=c, filter_size=k, stride=stride, padding=(k - 1) // 2,
-                     groups=groups, bias_attr=False)
-        return L.batch_norm(x, act=act, is_test=True)
+        return _conv_bn(L, x, c, k, stride, groups, act)
 
     def inverted(x, cin, cout, stride, t):
         h = conv_bn(x, cin * t, 1) if t != 1 else x
@@ -236,11 +242,9 @@ def _shufflenetv2(fluid):
     startup.random_seed = 1
 
     def conv_bn(x, c, k, stride=1, groups=1, act="relu"):
-        x = L.conv2d(x, num_filters=c, filter_size=k, stride=stride, padding=(k - 1) // 2,
-                     groups=groups, bias_attr=False)
-        return L.batch_norm(x, act=act, is_test=True)
+        return _conv_bn(L, x, c, k, stride, groups, act)
 
-    def branch(x, cin, c, stride):
+    def branch(x, c, stride):
         h = conv_bn(x, c, 1)
         h = conv_bn(h, c, 3, stride, groups=c, act=None)
         return conv_bn(h, c, 1)
@@ -257,10 +261,10 @@ def _shufflenetv2(fluid):
         for c, units in ((116, 4), (232, 8), (464, 4)):
             hw //= 2
             left = conv_bn(conv_bn(h, cin, 3, 2, groups=cin, act=None), c // 2, 1)
-            h = shuffle(L.concat([left, branch(h, cin, c // 2, 2)], axis=1), c, hw)
+            h = shuffle(L.concat([left, branch(h, c // 2, 2)], axis=1), c, hw)
             for _ in range(units - 1):
                 a, b = L.split(h, 2, dim=1)
-                h = shuffle(L.concat([a, branch(b, c // 2, c // 2, 1)], axis=1), c, hw)
+                h = shuffle(L.concat([a, branch(b, c // 2, 1)], axis=1), c, hw)
             cin = c
         h = conv_bn(h, 1024, 1)
         h = L.pool2d(h, pool_type="avg", global_pooling=True)

@@ -480,6 +480,18 @@ def test_a_numpy_function_of_the_driver_is_made_again():
     assert rp.replays == 7 - replay.AFTER_RUNS - 1
 
 
+def _replayed(src, shape, want, runs=7, **ns):
+    """A host replay of driver ``src`` (its second argument a parameter) served ``runs`` runs
+    on new inputs of ``shape``, each run's results those of ``want(x)``."""
+    rp = replay.HostReplay(_Driver(src, **ns), params=[1])
+    w = np.ones(3, np.float32)
+    for _ in range(runs):
+        x = RNG.standard_normal(shape).astype(np.float32)
+        for got, expected in zip(rp.call([x, w]), want(x)):
+            np.testing.assert_array_equal(got, expected)
+    return rp
+
+
 def test_a_concat_a_transpose_and_a_copy_are_written_into_the_recorded_arrays():
     """A concat, a transpose's ``permuted`` and an array's ``copy`` made again at each replay
     write into the arrays the recording keeps for them (one copy a replay, not a new array
@@ -497,14 +509,11 @@ def test_a_concat_a_transpose_and_a_copy_are_written_into_the_recorded_arrays():
     _double(s4, s5)
     return (s5, s3)
 """
-    rp = replay.HostReplay(_Driver(src, permuted=indexing.permuted), params=[1])
-    w = np.ones(3, np.float32)
-    for _ in range(7):
-        x = RNG.standard_normal((2, 3)).astype(np.float32)
-        s5, s3 = rp.call([x, w])
-        want = np.concatenate((2 * x, x), 1).T
-        np.testing.assert_array_equal(s3, want)
-        np.testing.assert_array_equal(s5, 2 * want)
+    def want(x):
+        t = np.concatenate((2 * x, x), 1).T
+        return 2 * t, t
+
+    rp = _replayed(src, (2, 3), want, permuted=indexing.permuted)
     assert rp.replays == 7 - replay.AFTER_RUNS - 1
     (rec,) = rp.recordings.values()
     made = {getattr(f, "__name__", f): (args, kwargs, out) for f, args, kwargs, out in rec.ops}
@@ -532,12 +541,7 @@ def test_a_form_writing_into_an_array_that_writes_nothing_is_caught(monkeypatch)
     _double(s2, s3)
     return (s3, a1)
 """
-    rp = replay.HostReplay(_Driver(src, permuted=indexing.permuted), params=[1])
-    w = np.ones(3, np.float32)
-    for _ in range(7):
-        x = RNG.standard_normal((2, 3)).astype(np.float32)
-        s3, _ = rp.call([x, w])
-        np.testing.assert_array_equal(s3, 4 * x.T)
+    rp = _replayed(src, (2, 3), lambda x: (4 * x.T,), permuted=indexing.permuted)
     assert rp.replays == 0 and not rp.recordings
     assert rp.why == "its replay differed from the driver's run"
 
@@ -563,14 +567,8 @@ def _dense(x, axis):
     return 2 * np.concatenate((c1, 2 * c1), axis)
 
 
-def _dense_replay(shape, axis=1, after="", **ns):
-    rp = replay.HostReplay(_Driver(_DENSE.format(axis=axis, after=after), **ns), params=[1])
-    w = np.ones(3, np.float32)
-    for _ in range(7):
-        x = RNG.standard_normal(shape).astype(np.float32)
-        s4, _ = rp.call([x, w])
-        np.testing.assert_array_equal(s4, _dense(x, axis))
-    return rp
+def _dense_replay(shape, axis=1, after=""):
+    return _replayed(_DENSE.format(axis=axis, after=after), shape, lambda x: (_dense(x, axis),))
 
 
 def test_concats_of_one_sample_are_elided_their_parts_written_in_place():
@@ -625,13 +623,7 @@ def test_an_elided_concat_that_is_not_safe_is_caught_by_the_check(monkeypatch):
     _double(s1, s4)
     return (s3, s4)
 """
-    rp = replay.HostReplay(_Driver(src), params=[1])
-    w = np.ones(3, np.float32)
-    for _ in range(7):
-        x = RNG.standard_normal((1, 2, 3)).astype(np.float32)
-        s3, s4 = rp.call([x, w])
-        np.testing.assert_array_equal(s3, 2 * np.concatenate((2 * x, 4 * x), 1))
-        np.testing.assert_array_equal(s4, 4 * x)
+    rp = _replayed(src, (1, 2, 3), lambda x: (2 * np.concatenate((2 * x, 4 * x), 1), 4 * x))
     assert rp.replays == 0 and not rp.recordings
     assert rp.why == "its replay differed from the driver's run"
 
