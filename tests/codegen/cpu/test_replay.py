@@ -31,9 +31,13 @@ HW = 12
 def _untimed(monkeypatch):
     """A recording serves its key at once (no timed trial against the driver: the runs here
     are too short to time; the trial has a test of its own), and a plan's runs keep the
-    threads they are given (no trial of one thread against several, whose runs would each
-    be another key)."""
+    threads they are given (no trial of one thread against several, and the free cores as
+    they were: either would make runs of another key)."""
     monkeypatch.setattr(replay, "TRIAL_RUNS", 0)
+    # (the cores other processes leave free, read once: a key holds the loop threads, which
+    # would change with them, and a test's runs be counted again under a new key)
+    free = threads.free_cores()
+    monkeypatch.setattr(threads, "free_cores", lambda: free)
     monkeypatch.setattr(threads.RunChoice, "begin", lambda self, key: None)
     monkeypatch.setattr(threads.RunChoice, "end", lambda self, key, seconds: None)
 
