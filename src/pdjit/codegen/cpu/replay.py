@@ -645,40 +645,30 @@ def _elided(ops, outs, allocs, theirs):
             dest[a] = (out, off)
             off += p.nbytes
         ops[k] = (_joined, (tuple(parts), axis, out), None, out)
-    return _relocated(ops, spans, span_of, dest) if dest else ops
+    return _relocated(ops, span_of, dest) if dest else ops
 
 
-def _relocated(ops, spans, span_of, dest):
+def _relocated(ops, span_of, dest):
     """``ops`` with every array in a span moved by :func:`_elided` (``dest``: its start ->
     ``(result, byte)``, a result that may itself be moved) a view of the last result it goes
     into, the same view for the same array."""
     views: dict = {}
 
-    def final(start):
-        base, off = spans[start][1], 0
-        while start in dest:
-            base, at = dest[start]
-            off += at
-            start = _address(base)
-        return base, off
-
     def relocated(x):
-        if isinstance(x, np.ndarray):
-            if id(x) not in views:
-                sp = span_of(x) if x.nbytes else None
-                if sp is None or sp not in dest:
-                    return x
-                base, off = final(sp)
-                views[id(x)] = np.ndarray(x.shape, x.dtype, base, off + _address(x) - sp,
-                                          x.strides)
-            return views[id(x)]
-        if isinstance(x, (tuple, list)):
-            return type(x)(relocated(v) for v in x)
-        if isinstance(x, dict):
-            return {n: relocated(v) for n, v in x.items()}
-        return x
+        if id(x) not in views:
+            start = span_of(x) if x.nbytes else None
+            if start not in dest:
+                return x
+            at, off = start, 0
+            while at in dest:  # (a part of a result that is itself a part)
+                base, byte = dest[at]
+                off += byte
+                at = _address(base)
+            views[id(x)] = np.ndarray(x.shape, x.dtype, base, off + _address(x) - start,
+                                      x.strides)
+        return views[id(x)]
 
-    return [relocated(op) for op in ops]
+    return [_mapped(op, relocated) for op in ops]
 
 
 def _planned(ops, outs, allocs):
@@ -726,17 +716,23 @@ def _planned(ops, outs, allocs):
     arena = raw[base:base + total]
 
     def moved(x):
-        if isinstance(x, np.ndarray):
-            j = root(x)
-            return x if j is None else np.ndarray(
-                x.shape, x.dtype, arena, offset[j] + _address(x) - bufs[j][0], x.strides)
-        if isinstance(x, (tuple, list)):
-            return type(x)(moved(v) for v in x)
-        if isinstance(x, dict):
-            return {n: moved(v) for n, v in x.items()}
-        return x
+        j = root(x)
+        return x if j is None else np.ndarray(
+            x.shape, x.dtype, arena, offset[j] + _address(x) - bufs[j][0], x.strides)
 
-    return [moved(op) for op in ops], moved(outs), arena
+    return [_mapped(op, moved) for op in ops], _mapped(outs, moved), arena
+
+
+def _mapped(x, fn):
+    """``x`` (a recorded call, an argument) with each array in it (in tuples, lists, dicts)
+    as ``fn`` gives it."""
+    if isinstance(x, np.ndarray):
+        return fn(x)
+    if isinstance(x, (tuple, list)):
+        return type(x)(_mapped(v, fn) for v in x)
+    if isinstance(x, dict):
+        return {n: _mapped(v, fn) for n, v in x.items()}
+    return x
 
 
 def _state() -> tuple:
