@@ -1,8 +1,8 @@
 """Pointwise (1x1, stride 1) convolutions of ResNet-50 and MobileNetV2: pdjit's kernels side by
-side, one thread, float32, NCHW.
+side, one thread, float32, NCHW (``nhwc``: channels-last).
 
     python benchmarks/bench_pointwise.py [--batches 1,16] [--repeat N] [--only SHAPES]
-        [--contenders pdjit,current,numpy,ort] [--rounds R]
+        [--contenders pdjit,current,numpy,ort] [--rounds R] [--cold MB]
 
 Contenders, each in a process of its own (one after another), every shape with a bias and a
 relu after the product (the epilogue of a convolution with its batch norm folded):
@@ -15,13 +15,29 @@ relu after the product (the epilogue of a convolution with its batch norm folded
 - ``current``: ``conv._fwd_range``: the taps kernel or one OpenBLAS product per sample
   (``_use_gemm``), the epilogue after;
 - ``numpy``: ``np.matmul(W, x.reshape(N, C, H*W))`` (OpenBLAS sgemm per sample, no epilogue);
+- ``nhwc``: ``channels_last.pointwise_nhwc`` on the image channels-last (the kernel of a
+  model's 1x1 layers on planes of at most 14x14, whose chains run channels-last);
 - ``ort``: ONNX Runtime, one ``Conv`` + ``Relu`` node pair (fused by its optimiser), one
-  intra-op thread.
+  intra-op thread, timed as its ``Conv`` node's kernel time in ONNX Runtime's own profile:
+  around a lone convolution it converts the image into its blocked layout and the output
+  back, which a model's run does once at its ends, not per convolution (the whole call,
+  conversions included, took 1.4-1.7x the node's time on ResNet-50's 14x14 and 7x7 shapes).
 
 Each shape is warmed up, then timed ``--repeat`` times (fewer for large shapes); the table
-shows medians of thread (CPU) time, so that other processes on the machine count less (ms),
-and GFLOP/s (2 * N * M * C * H * W / time), with the load average (``uptime``) before each
-process.
+shows medians of thread (CPU) time (ONNX Runtime's: its node's), so that other processes on
+the machine count less (ms), and GFLOP/s (2 * N * M * C * H * W / time), with the load
+average (``uptime``) before each process.
+
+``--cold MB`` writes an array of that many megabytes before each timed call (more than the
+last-level cache: the weights then come from memory, as in a model's run, where the other
+layers' weights pass through the caches between two runs of a layer), then writes the image
+again (in a model the layer before has just written it). On a 2-vCPU Intel Xeon (300 MiB of
+L3 shared with other guests; ``--contenders nhwc,ort --batches 1 --rounds 3``, load 1.3-1.6)
+ResNet-50's channels-last 1x1 layers took 1.18-1.31x ONNX Runtime's node time with ``--cold
+600`` (14x14 256 -> 1024 1.42 / 1.14 ms, 1024 -> 256 1.28 / 1.09; 7x7 512 -> 2048 1.62 /
+1.24, 2048 -> 512 1.62 / 1.24) and 1.08-1.20x with ``--cold 16`` (the weights in L3: 1.13 /
+1.00, 1.12 / 1.03, 1.29 / 1.08, 1.27 / 1.08): in ResNet-50's run, layer by layer, they take
+1.12-1.25x ONNX Runtime's nodes.
 """
 from __future__ import annotations
 
@@ -30,6 +46,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS",
@@ -85,6 +102,14 @@ def _runner(kind, x, w, b):
     if kind == "current":
         from pdjit.codegen.cpu.lib import conv
         return lambda: conv._fwd_range(x, w, y, 0, n, 1, 1, 0, 0, 1, 1, 1, b, 0.0, np.inf, e)
+    if kind == "nhwc":
+        from pdjit.codegen.cpu.lib import channels_last
+        xl = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+        yl = np.empty((n, h, h, m), np.float32)
+        bp = channels_last.pointwise_nhwc_weight(w)
+        fn = lambda: channels_last.pointwise_nhwc(xl, bp, yl, 0, n, b, 0.0, np.inf, e, e)  # noqa: E731
+        fn.image = xl
+        return fn
     if kind == "numpy":
         x3, w2, y3 = x.reshape(n, x.shape[1], -1), w.reshape(m, -1), y.reshape(n, m, -1)
         return lambda: np.matmul(w2, x3, out=y3)
@@ -101,27 +126,50 @@ def _runner(kind, x, w, b):
         model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)])
         so = ort.SessionOptions()
         so.intra_op_num_threads = so.inter_op_num_threads = 1
+        so.enable_profiling = True
+        so.profile_file_prefix = os.path.join(tempfile.gettempdir(), f"bench_pw_{os.getpid()}")
         s = ort.InferenceSession(model.SerializeToString(), so,
                                  providers=["CPUExecutionProvider"])
         onnx.checker.check_model(model)
-        return lambda: s.run(None, {"x": x})
+        fn = lambda: s.run(None, {"x": x})  # noqa: E731
+        fn.node_times = lambda: _conv_node_times(s)
+        return fn
     raise SystemExit(f"unknown contender {kind}")
 
 
-def child(kind, batches, shapes, repeat):
+def _conv_node_times(sess) -> list:
+    """The ``Conv`` node's kernel times (s) in ONNX Runtime's profile of ``sess``, in order."""
+    path = sess.end_profiling()
+    try:
+        with open(path) as f:
+            events = json.load(f)
+    finally:
+        os.remove(path)
+    return [e["dur"] * 1e-6 for e in events if e.get("cat") == "Node" and
+            e["name"].endswith("_kernel_time") and e.get("args", {}).get("op_name") == "Conv"]
+
+
+def child(kind, batches, shapes, repeat, cold_mb=0):
     out = {}
+    junk = np.ones(cold_mb << 18, np.float32)
     for n in batches:
         for name, c, m, h in shapes:
             x, w, b = _operands(n, c, m, h)
             fn = _runner(kind, x, w, b)
+            image = getattr(fn, "image", x)
             fn()
             flops = 2.0 * n * m * c * h * h
             reps = max(3, min(repeat, int(2e10 / flops)))
             ts = []
             for _ in range(reps):
+                if cold_mb:
+                    junk += 1.0
+                    np.add(image, 0.0, out=image)
                 t = time.thread_time()
                 fn()
                 ts.append(time.thread_time() - t)
+            if hasattr(fn, "node_times"):
+                ts = fn.node_times()[-reps:]
             med = float(np.median(ts))
             out[f"{name} b{n}"] = (med * 1e3, flops / med / 1e9)
     print(json.dumps(out))
@@ -135,19 +183,22 @@ def main():
     ap.add_argument("--contenders", default="pdjit,current,numpy,ort")
     ap.add_argument("--rounds", type=int, default=1,
                     help="rounds of the contenders taking turns (the medians of the rounds)")
+    ap.add_argument("--cold", type=int, default=0, metavar="MB",
+                    help="write this many megabytes before each call (weights from memory)")
     ap.add_argument("--child", default="")
     a = ap.parse_args()
     batches = [int(v) for v in a.batches.split(",")]
     shapes = [s for s in SHAPES if not a.only or any(o in s[0] for o in a.only.split(","))]
     if a.child:
-        child(a.child, batches, shapes, a.repeat)
+        child(a.child, batches, shapes, a.repeat, a.cold)
         return
     runs, loads = {}, {}
     for _ in range(a.rounds):
         for kind in a.contenders.split(","):
             loads.setdefault(kind, []).append(os.getloadavg()[0])
             r = subprocess.run([sys.executable, __file__, "--child", kind, "--batches",
-                                a.batches, "--repeat", str(a.repeat), "--only", a.only],
+                                a.batches, "--repeat", str(a.repeat), "--only", a.only,
+                                "--cold", str(a.cold)],
                                capture_output=True, text=True)
             if r.returncode:
                 print(f"{kind}: failed\n{r.stderr[-2000:]}")
