@@ -839,6 +839,8 @@ class HostReplay:
         return len(values), tuple(shapes), threads.loop_threads(), threading.get_ident()
 
     def _record(self, key, values):
+        threads.LOADS[0] += 1  # (a run that records, then replays to check: no sample of a
+        # trial of the run's threads, see threads.LOADS)
         fn = self._capture_fn()
         if fn is None:
             return self.compiled.fn(*values)
