@@ -55,6 +55,7 @@ tables; ``--json`` writes every number.
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import os
@@ -101,8 +102,7 @@ def _mobilenetv2(fluid):
     main, startup = fluid.Program(), fluid.Program()
     startup.random_seed = 1
 
-    def conv_bn(x, c, k, stride=1, groups=1, act="relu6"):
-        return _conv_bn(L, x, c, k, stride, groups, act)
+    conv_bn = functools.partial(_conv_bn, L, act="relu6")
 
     def inverted(x, cin, cout, stride, t):
         h = conv_bn(x, cin * t, 1) if t != 1 else x
@@ -241,8 +241,7 @@ def _shufflenetv2(fluid):
     main, startup = fluid.Program(), fluid.Program()
     startup.random_seed = 1
 
-    def conv_bn(x, c, k, stride=1, groups=1, act="relu"):
-        return _conv_bn(L, x, c, k, stride, groups, act)
+    conv_bn = functools.partial(_conv_bn, L)
 
     def branch(x, c, stride):
         h = conv_bn(x, c, 1)

@@ -108,7 +108,7 @@ def declare(kind: str, *fns) -> None:
     if kind not in ("leaves", "derived", "pure"):
         raise ValueError(f"pdjit: replay: no kind {kind!r}")
     for f in fns:  # (a generated host function goes with its program)
-        _KINDS[id(f)] = (kind, weakref.ref(f, _forget(id(f))))
+        _KINDS[id(f)] = (kind, weakref.ref(f, _forget(_KINDS, id(f))))
 
 
 def declare_into(f, into) -> None:
@@ -117,13 +117,12 @@ def declare_into(f, into) -> None:
     recording keeps for it: ``into(out, *args)`` writes the values of ``f(*args)`` into
     ``out`` (C-contiguous, of their shape and dtype) and returns ``out``. Without it each
     replay makes the new array, then copies it over. Held weakly, as :func:`declare`."""
-    key = id(f)
-    _INTO[key] = (into, weakref.ref(f, lambda _: _INTO.pop(key, None)))
+    _INTO[id(f)] = (into, weakref.ref(f, _forget(_INTO, id(f))))
 
 
-def _forget(key):
-    """The callback that drops ``_KINDS[key]`` once its function is gone."""
-    return lambda _: _KINDS.pop(key, None)
+def _forget(table, key):
+    """The callback that drops ``table[key]`` once its function is gone."""
+    return lambda _: table.pop(key, None)
 
 
 def _kind_of(f):
@@ -573,6 +572,18 @@ def _address(a) -> int:
     return a.__array_interface__["data"][0]
 
 
+def _finder(starts, ends):
+    """``find(x)``: the index of the span (``starts[i]`` .. ``ends[i]``, sorted, apart) that
+    holds array ``x``'s first byte, or None (an empty array: None)."""
+    def find(x):
+        if not x.nbytes:
+            return None
+        at = _address(x)
+        i = bisect.bisect_right(starts, at) - 1
+        return i if i >= 0 and at < ends[i] else None
+    return find
+
+
 def _bounds(x) -> tuple:
     """The first byte of array ``x`` and the byte past its last."""
     lo = hi = _address(x)
@@ -607,16 +618,16 @@ def _elided(ops, outs, allocs, theirs):
         if a.nbytes:
             spans.setdefault(_address(a), (_address(a) + a.nbytes, a))
     starts = sorted(spans)
+    find = _finder(starts, [spans[a][0] for a in starts])
     refs: dict = {}  # start of a span -> the ops that reference its memory, in order
 
     def span_of(x):
-        at = _address(x)
-        i = bisect.bisect_right(starts, at) - 1
-        return starts[i] if i >= 0 and at < spans[starts[i]][0] else None
+        i = find(x)
+        return None if i is None else starts[i]
 
     for j, op in enumerate(ops):
         for x in _arrays(op[1:]):
-            sp = span_of(x) if x.nbytes else None
+            sp = span_of(x)
             if sp is not None and (not refs.get(sp) or refs[sp][-1] != j):
                 refs.setdefault(sp, []).append(j)
     alien = [_bounds(x) for x in list(_arrays(outs)) + list(theirs) if x.nbytes]
@@ -656,7 +667,7 @@ def _relocated(ops, span_of, dest):
 
     def relocated(x):
         if id(x) not in views:
-            start = span_of(x) if x.nbytes else None
+            start = span_of(x)
             if start not in dest:
                 return x
             at, off = start, 0
@@ -680,15 +691,8 @@ def _planned(ops, outs, allocs):
     batch 1 on one thread took 6 % longer replayed on its recorded buffers than by its
     driver). An argument of a kind it does not know raises ``TypeError``."""
     bufs = sorted((_address(a), _address(a) + a.nbytes) for a in allocs if a.nbytes)
-    starts = [b[0] for b in bufs]
+    root = _finder([b[0] for b in bufs], [b[1] for b in bufs])
     life = {}  # buffer -> [first op, last op]
-
-    def root(a):
-        if not a.nbytes:
-            return None
-        at = _address(a)
-        j = bisect.bisect_right(starts, at) - 1
-        return j if j >= 0 and at < bufs[j][1] else None
 
     for k, (_, args, kwargs, out) in enumerate(ops):
         for a in _arrays((args, kwargs, out)):
