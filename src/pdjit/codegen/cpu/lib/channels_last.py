@@ -522,7 +522,7 @@ _conv.CHANNEL_SPLITS[depthwise_nhwc] = _split_depthwise
 #: 1.69 / 1.95 / 1.80 / 1.79; 56x56 64 -> 64 2.10 / 3.32 / 2.43 / 2.09; 7x7 512 -> 512 2.08 /
 #: 2.12 / 3.11 / 2.27; stride 2 14x14 512 -> 512 2.08 / 2.30 / 3.17 / 2.25
 _CONV_MR, _CONV_NR = 7, NV * 16
-_conv_tile = _micro_kernel(_CONV_MR, NV, PREFETCH_ROWS, far=True, taps=True)
+_conv_tile = _micro_kernel(_CONV_MR, NV, PREFETCH_ROWS, far=True, taps=True, spread=True)
 #: the bytes of a panel's rows (of the filter packed by conv_nhwc_weight) that every tile of
 #: the output rows reads before the next rows are read: they stay in the L1 cache, the sums so
 #: far read back from the output (cheap: channels-last, by rows). Measured alone on a 2-vCPU
@@ -531,8 +531,14 @@ _conv_tile = _micro_kernel(_CONV_MR, NV, PREFETCH_ROWS, far=True, taps=True)
 #: KiB, 1.9 / 1.7 with 32 KiB, 2.5 / 1.9 with 64 KiB, 3.0 / 2.4 with 16 KiB; 7x7 512 -> 512
 #: 3.3 / 3.0, 2.2 / 2.2, 2.4 / 2.2, 2.6 / 2.7
 CONV_CHUNK_BYTES = 1 << 15
-#: tiles after a chunk's first that fetch the next chunk into the L2 cache as they read theirs
-_CONV_FAR_TILES = 3
+#: each tile after a chunk's first fetches its share of the next chunk's lines into the L2
+#: cache, a line a step, so that the filter streams from memory while the tiles sum (where the
+#: first three tiles each fetched the whole next chunk, a line each step at four times the
+#: rate, the fetches queued behind each other and a 7x7 plane's seven tiles a chunk had
+#: waited for them). Measured alone, one thread, batch 1, the filter one of 40 copies (read
+#: from memory, as a model's are), by turns, spread / the first three: 3x3 7x7 512 -> 512
+#: 0.83-0.85x, 14x14 256 -> 256 0.93-0.95x, stride 2 14x14 512 -> 512 0.89x; 28x28 128 -> 128
+#: 1.02x, 56x56 64 -> 64 0.99-1.04x
 
 
 @register_jitable
@@ -599,6 +605,9 @@ def _conv_rows(x, bp, kh, kw, y, n0, n1, o0, o1, sh, sw, pt, pl, dh, dw, bias, l
     xp = xf if inside else np.empty(rows * cols * c, x.dtype)
     yf = y.reshape(y.size)
     kc = max(1, CONV_CHUNK_BYTES // (nr * x.itemsize))
+    lanes = 64 // x.itemsize
+    tiles = (o1 - o0) * ((ow + mr - 1) // mr)  # (a chunk's; each after the first fetches
+    share = -(-kc * NV // max(1, tiles - 1))  # this many lines of the next chunk)
     for s in range(n0, n1):
         xb = ((s * h + r0) * w_) * c if inside else 0
         if not inside:
@@ -624,10 +633,15 @@ def _conv_rows(x, bp, kh, kw, y, n0, n1, o0, o1, sh, sw, pt, pl, dh, dw, bias, l
                 for oy in range(o0, o1):
                     a_row = xb + (oy - o0) * sh * wp * c
                     for ox in range(0, ow, mr):
-                        pfo = (k1 - k0) * nr if 1 <= t <= _CONV_FAR_TILES else PREFETCH_ROWS * nr
+                        # (the first tile, and those past the chunk's lines: one line of this
+                        # chunk again, already read)
+                        pfb, pfl = (j * k + k0) * nr, 1
+                        if t >= 1 and (t - 1) * share < kc * NV:
+                            pfb, pfl = (j * k + k1) * nr + (t - 1) * share * lanes, share
                         _conv_tile(xp, a_row + ox * sw * c, sw * c, min(mr, ow - ox), k1 - k0, bp,
                                    (j * k + k0) * nr, yf, yb + (oy * ow + ox) * m + j * nr, m,
-                                   width, bs, j * nr, rs, lo_, hi_, pfo, off, k0)
+                                   width, bs, j * nr, rs, lo_, hi_, PREFETCH_ROWS * nr, off, k0,
+                                   pfb, pfl)
                         t += 1
 
 

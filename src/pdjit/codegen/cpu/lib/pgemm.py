@@ -83,7 +83,7 @@ def packed_b_size(k: int, n: int, itemsize: int) -> int:
 
 def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool = False,
                   far: bool = False, gate: bool = False, taps: bool = False,
-                  copy: bool = False):
+                  copy: bool = False, spread: bool = False):
     """The intrinsic of a tile of ``mr`` rows by ``nv`` vectors of columns of a product.
 
     ``micro(a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0, res, lo, hi)``
@@ -115,6 +115,11 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
     offsets of its taps, ``ka``/``lda`` the stride between the tile's pixels), not from
     patches.
 
+    ``spread`` (with ``far``): two more arguments after the others, ``pfb`` and ``pfl``: each
+    step ``k`` also prefetches line ``min(k, pfl - 1)`` of the lines from ``bp[pfb]`` into the
+    L2 cache (a tile's share of the panel's next chunk, which the tiles of this one fetch
+    between them, a line each a step; ``pfl`` 1 and ``pfb`` a line already read: none).
+
     ``gate`` (neither ``conv``, ``trans`` nor ``far``): one more argument, ``gate``, an array
     of the data's type applied after the clamp (:func:`.tile.gate_of`: hard_swish or
     hard_sigmoid; empty: none).
@@ -133,6 +138,8 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
         raise ValueError("pdjit: a tile reading the taps is a far one")
     if copy and not conv:
         raise ValueError("pdjit: a tile copying its panel reads the right operand in place")
+    if spread and not far:
+        raise ValueError("pdjit: a tile spreading its prefetches is a far one")
     if trans and mr > _TRANS_ROWS:
         raise ValueError(f"pdjit: a transposed tile has at most {_TRANS_ROWS} rows, not {mr}")
 
@@ -154,6 +161,9 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
         if taps:
             offp = context.make_array(at[17])(context, builder, args[17]).data
             k0v = _offset(context, builder, at[18], args[18])
+        if spread:  # the first value of the tile's share of lines to prefetch, and how many
+            pfbv, pflv = (_offset(context, builder, at[i], args[i])
+                          for i in ((19, 20) if taps else (17, 18)))
         ptr = [context.make_array(at[i])(context, builder, args[i]) for i in (ia, ib, ic, ibias)]
         aptr, bptr, cptr, biasa = ptr[0].data, ptr[1].data, ptr[2].data, ptr[3]
         fty, size, lanes, vty, i64, zero, fma = _vectors(context, builder, at[0].dtype)
@@ -203,6 +213,11 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
                     # the panel's row pf steps ahead (far: pfo values past, into L2)
                     ahead = builder.add(base, pfov) if far else \
                         builder.add(base, const(pf * nr))
+                    if spread:  # line min(k, pfl - 1) of the tile's share
+                        last = builder.sub(pflv, const(1))
+                        line = builder.select(builder.icmp_signed("<", k, last), k, last)
+                        _prefetch(builder, bptr, builder.add(pfbv, builder.mul(
+                            line, const(lanes))), locality=2)
                     for v in range(nv if pf or far else 0):
                         _prefetch(builder, bptr, builder.add(ahead, const(v * lanes)),
                                   locality=2 if far else 3)
@@ -323,6 +338,27 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
                 return None
             return types.void(a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0, res,
                               lo, hi, gate), codegen
+        return micro
+
+    if taps and spread:
+        @intrinsic
+        def micro(typingctx, a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0, res, lo,
+                  hi, pfo, off, k0, pfb, pfl):
+            if not typed((a, bp, c, bias, res), (lo, hi), a.dtype) or not (
+                    isinstance(off, types.Array) and off.ndim == 1 and off.dtype == types.int64):
+                return None
+            return types.void(a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0, res,
+                              lo, hi, pfo, off, k0, pfb, pfl), codegen
+        return micro
+
+    if spread:
+        @intrinsic
+        def micro(typingctx, a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0, res, lo,
+                  hi, pfo, pfb, pfl):
+            if not typed((a, bp, c, bias, res), (lo, hi), a.dtype):
+                return None
+            return types.void(a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0, res,
+                              lo, hi, pfo, pfb, pfl), codegen
         return micro
 
     if taps:
