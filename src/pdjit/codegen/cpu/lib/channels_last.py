@@ -49,6 +49,7 @@ from pdjit.codegen.cpu.lib.pgemm import (
     _micro_kernel,
     _packed_rows,
     run_chunks,
+    spread_share,
 )
 from pdjit.codegen.cpu.lib.tile import _masked, _offset, _splat, _vectors, gate_of, gated
 
@@ -606,8 +607,7 @@ def _conv_rows(x, bp, kh, kw, y, n0, n1, o0, o1, sh, sw, pt, pl, dh, dw, bias, l
     yf = y.reshape(y.size)
     kc = max(1, CONV_CHUNK_BYTES // (nr * x.itemsize))
     lanes = 64 // x.itemsize
-    tiles = (o1 - o0) * ((ow + mr - 1) // mr)  # (a chunk's; each after the first fetches
-    share = -(-kc * NV // max(1, tiles - 1))  # this many lines of the next chunk)
+    tiles = (o1 - o0) * ((ow + mr - 1) // mr)  # (a chunk's)
     for s in range(n0, n1):
         xb = ((s * h + r0) * w_) * c if inside else 0
         if not inside:
@@ -633,11 +633,8 @@ def _conv_rows(x, bp, kh, kw, y, n0, n1, o0, o1, sh, sw, pt, pl, dh, dw, bias, l
                 for oy in range(o0, o1):
                     a_row = xb + (oy - o0) * sh * wp * c
                     for ox in range(0, ow, mr):
-                        # (the first tile, and those past the chunk's lines: one line of this
-                        # chunk again, already read)
-                        pfb, pfl = (j * k + k0) * nr, 1
-                        if t >= 1 and (t - 1) * share < kc * NV:
-                            pfb, pfl = (j * k + k1) * nr + (t - 1) * share * lanes, share
+                        pfb, pfl = spread_share(t, tiles, kc * NV, (j * k + k0) * nr,
+                                                (j * k + k1) * nr, lanes)
                         _conv_tile(xp, a_row + ox * sw * c, sw * c, min(mr, ow - ox), k1 - k0, bp,
                                    (j * k + k0) * nr, yf, yb + (oy * ow + ox) * m + j * nr, m,
                                    width, bs, j * nr, rs, lo_, hi_, PREFETCH_ROWS * nr, off, k0,

@@ -618,6 +618,18 @@ _micro1 = _micro_kernel(1, NV, PREFETCH_ROWS)
 #: are), by turns, spread / not: ResNet-50's 1x1 layers 7x7 512 -> 2048 0.88x, 2048 -> 512
 #: 0.90x, 14x14 256 -> 1024 and 1024 -> 256 0.98x
 _micro_spread = _micro_kernel(MR, NV, PREFETCH_ROWS, spread=True)
+
+
+@register_jitable
+def spread_share(t, tiles, lines, here, ahead, lanes):
+    """``(pfb, pfl)`` of a spread tile (:func:`_micro_kernel`): tile ``t`` of the ``tiles``
+    that read a chunk (or panel) starting at ``bp[here]``, the ``lines`` lines of the next
+    one starting at ``bp[ahead]`` fetched by the tiles after the first, an even share each
+    (the first, and any past the lines: one line of this chunk again, already read)."""
+    share = -(-lines // max(1, tiles - 1))
+    if t >= 1 and (t - 1) * share < lines:
+        return ahead + (t - 1) * share * lanes, share
+    return here, 1
 #: the tile with a gate after its clamp (:func:`_packed_rows`)
 _micro_gated = _micro_kernel(MR, NV, PREFETCH_ROWS, gate=True)
 
@@ -675,18 +687,14 @@ def _packed_rows(a, bp, n, bias, c, r0, r1, res, lo, hi, gate=None, p0=0, p1=-1)
     for i0 in range(r0, r1, mc):
         i1 = min(r1, i0 + mc)
         tiles = (i1 - i0 + MR - 1) // MR
-        share = -(-K * NV // max(1, tiles - 1))
         for j in range(p0, p1):
             n0 = j * nr
             cols = min(nr, n - n0)
             for i in range(i0, i1, MR):
                 if gate is None:  # (pruned where compiled for no gate)
-                    # each tile after the panel's first fetches its share of the next panel
-                    # (the first: a line of its own again)
-                    t = (i - i0) // MR
-                    pfb, pfl = j * K * nr, 1
-                    if t >= 1 and (t - 1) * share < K * NV:
-                        pfb, pfl = (j + 1) * K * nr + (t - 1) * share * lanes, share
+                    # (the tiles after the panel's first fetch the next panel between them)
+                    pfb, pfl = spread_share((i - i0) // MR, tiles, K * NV, j * K * nr,
+                                            (j + 1) * K * nr, lanes)
                     _micro_spread(af, i * K, K, min(MR, i1 - i), K, bp, j * K * nr, cf,
                                   i * n + n0, n, cols, bias, n0, res, lo, hi, pfb, pfl)
                 else:
