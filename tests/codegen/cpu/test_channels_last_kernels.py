@@ -202,6 +202,33 @@ def test_conv_sums_across_chunks_of_the_filter_rows(conv_kernel):
     assert 0 < (want == 0.5).mean() < 1  # (the clamp bites)
 
 
+@pytest.mark.parametrize("c,k,stride,pads", [
+    (64, 3, (2, 2), (1, 1, 1, 1)),  # by phases of the stride, by blocks of output rows
+    (64, 3, (1, 1), (1, 1, 1, 1)),  # by blocks of output rows
+    (64, 5, (2, 3), (2, 1, 2, 0)),  # phases of unequal strides and pads
+])
+def test_conv_of_an_image_past_a_block(conv_kernel, c, k, stride, pads):
+    """An image larger than ``CONV_BLOCK_BYTES`` (48x48 of 64 channels: 576 KiB) is swept by
+    blocks of output rows, each under every chunk of the filter; a strided window's image is
+    read from planes of the stride's phases; every output row the same, whole or by ranges of
+    rows (as threads split a sample)."""
+    x = RNG.standard_normal((1, 48, 48, c)).astype(np.float32)
+    assert x.nbytes > cl.CONV_BLOCK_BYTES
+    w = (RNG.standard_normal((70, c, k, k)) * 0.05).astype(np.float32)
+    bias = RNG.standard_normal(70).astype(np.float32)
+    want = _conv_oracle(x, w, stride, pads, (1, 1), bias, E, 0.0, INF)
+    oh, ow = want.shape[1:3]
+    bp = cl.conv_nhwc_weight(w)
+    y = np.full((1, oh, ow, 70), np.nan, np.float32)
+    cl.conv_nhwc(x, bp, y, 0, 1, *stride, pads[0], pads[2], 1, 1, k, k, bias, 0.0, INF, E)
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+    parts = np.full_like(y, np.nan)
+    for o0, o1 in ((0, 3), (3, oh - 2), (oh - 2, oh)):
+        cl._conv_rows(x, bp, k, k, parts, 0, 1, o0, o1, *stride, pads[0], pads[2], 1, 1, bias,
+                      0.0, INF, E, 0, -1)
+    np.testing.assert_array_equal(parts, y)
+
+
 def test_one_sample_splits_give_the_same_bits(conv_kernel):
     x = RNG.standard_normal((1, 14, 14, 40)).astype(np.float32)
     w = RNG.standard_normal((72, 40, 1, 1)).astype(np.float32)

@@ -532,6 +532,12 @@ _conv_tile = _micro_kernel(_CONV_MR, NV, PREFETCH_ROWS, far=True, taps=True, spr
 #: KiB, 1.9 / 1.7 with 32 KiB, 2.5 / 1.9 with 64 KiB, 3.0 / 2.4 with 16 KiB; 7x7 512 -> 512
 #: 3.3 / 3.0, 2.2 / 2.2, 2.4 / 2.2, 2.6 / 2.7
 CONV_CHUNK_BYTES = 1 << 15
+#: the bytes of the image's rows under one block of output rows: an image larger than this
+#: (a stride-2 layer's: four times its output) is swept by blocks of output rows, each under
+#: every chunk of every panel before the next, rather than whole under each chunk (a 56x56
+#: image of 128 channels, 1.6 MB, read again from beyond the L2 cache for each of its 9 chunks
+#: of each panel)
+CONV_BLOCK_BYTES = 1 << 19
 #: each tile after a chunk's first fetches its share of the next chunk's lines into the L2
 #: cache, a line a step, so that the filter streams from memory while the tiles sum (where the
 #: first three tiles each fetched the whole next chunk, a line each step at four times the
@@ -578,7 +584,8 @@ def _conv_rows(x, bp, kh, kw, y, n0, n1, o0, o1, sh, sw, pt, pl, dh, dw, bias, l
     output channels of the panels ``p0 .. p1`` (-1: to the last). The image rows they read go
     to a zero-padded copy where they reach past the image (else the tiles read the image in
     place); each panel's rows are taken by chunks of :data:`CONV_CHUNK_BYTES` that every tile
-    reads in turn (the residual added with the first, the bias and clamp with the last)."""
+    of a block of output rows (:data:`CONV_BLOCK_BYTES`) reads in turn (the residual added
+    with the first, the bias and clamp with the last)."""
     n, h, w_, c = x.shape
     oh, ow, m = y.shape[1], y.shape[2], y.shape[3]
     nr, mr = _CONV_NR, _CONV_MR
@@ -595,19 +602,32 @@ def _conv_rows(x, bp, kh, kw, y, n0, n1, o0, o1, sh, sw, pt, pl, dh, dw, bias, l
     r0 = o0 * sh - pt  # the first image row read, and the rows and columns read
     rows = (o1 - 1 - o0) * sh + (kh - 1) * dh + 1
     cols = (ow - 1) * sw + (kw - 1) * dw + 1
-    inside = r0 >= 0 and r0 + rows <= h and pl == 0 and cols <= w_
+    # a strided window that covers its stride (3x3 stride 2): the rows read copied into one
+    # plane per phase of the stride (the rows and columns of each remainder by it), where each
+    # tap reads a tile's pixels next to each other, as at stride 1
+    phased = (sh > 1 or sw > 1) and dh == 1 and dw == 1 and kh >= sh and kw >= sw
+    inside = r0 >= 0 and r0 + rows <= h and pl == 0 and cols <= w_ and not phased
     wp = w_ if inside else cols  # (the row stride of what the tiles read)
+    hq, wq = -(-rows // sh), -(-cols // sw)  # (a phase's plane)
     off = np.empty(k, np.int64)
     for t in range(kh * kw):
-        at = ((t // kw) * dh * wp + (t % kw) * dw) * c
+        ty, tx = t // kw, t % kw
+        if phased:
+            at = (((ty % sh) * sw + tx % sw) * hq * wq + (ty // sh) * wq + tx // sw) * c
+        else:
+            at = (ty * dh * wp + tx * dw) * c
         for ci in range(c):
             off[t * c + ci] = at + ci
     xf = x.reshape(x.size)
-    xp = xf if inside else np.empty(rows * cols * c, x.dtype)
+    xp = xf if inside else np.empty((sh * sw * hq * wq if phased else rows * cols) * c, x.dtype)
+    # where a tile's output row starts, and its pixels' stride, in what the tiles read
+    row_step, px_step = (wq * c, c) if phased else (sh * wp * c, sw * c)
     yf = y.reshape(y.size)
     kc = max(1, CONV_CHUNK_BYTES // (nr * x.itemsize))
     lanes = 64 // x.itemsize
-    tiles = (o1 - o0) * ((ow + mr - 1) // mr)  # (a chunk's)
+    # blocks of output rows whose image rows fit CONV_BLOCK_BYTES (all of them where they do)
+    ob = max(1, (CONV_BLOCK_BYTES // (wp * c * x.itemsize) - (kh - 1) * dh) // sh)
+    ob = o1 - o0 if ob >= o1 - o0 else ob
     for s in range(n0, n1):
         xb = ((s * h + r0) * w_) * c if inside else 0
         if not inside:
@@ -615,31 +635,35 @@ def _conv_rows(x, bp, kh, kw, y, n0, n1, o0, o1, sh, sw, pt, pl, dh, dw, bias, l
                 ii = r0 + i
                 for jj in range(cols):
                     xx = jj - pl
-                    d = (i * cols + jj) * c
+                    d = ((((i % sh) * sw + jj % sw) * hq + i // sh) * wq + jj // sw) * c \
+                        if phased else (i * cols + jj) * c
                     if 0 <= ii < h and 0 <= xx < w_:
                         xp[d:d + c] = x[s, ii, xx]
                     else:
                         xp[d:d + c] = 0
         yb = s * oh * ow * m
-        for j in range(p0, p1):
-            width = min(nr, m - j * nr)
-            for k0 in range(0, k, kc):
-                k1 = min(k, k0 + kc)
-                last = k1 == k
-                bs = bias if last else bias[:0]
-                rs = res if k0 == 0 else yf
-                lo_, hi_ = (lo, hi) if last else (-np.inf, np.inf)
-                t = 0
-                for oy in range(o0, o1):
-                    a_row = xb + (oy - o0) * sh * wp * c
-                    for ox in range(0, ow, mr):
-                        pfb, pfl = spread_share(t, tiles, kc * NV, (j * k + k0) * nr,
-                                                (j * k + k1) * nr, lanes)
-                        _conv_tile(xp, a_row + ox * sw * c, sw * c, min(mr, ow - ox), k1 - k0, bp,
-                                   (j * k + k0) * nr, yf, yb + (oy * ow + ox) * m + j * nr, m,
-                                   width, bs, j * nr, rs, lo_, hi_, PREFETCH_ROWS * nr, off, k0,
-                                   pfb, pfl)
-                        t += 1
+        for b0 in range(o0, o1, ob):
+            b1 = min(o1, b0 + ob)
+            tiles = (b1 - b0) * ((ow + mr - 1) // mr)  # (a chunk's)
+            for j in range(p0, p1):
+                width = min(nr, m - j * nr)
+                for k0 in range(0, k, kc):
+                    k1 = min(k, k0 + kc)
+                    last = k1 == k
+                    bs = bias if last else bias[:0]
+                    rs = res if k0 == 0 else yf
+                    lo_, hi_ = (lo, hi) if last else (-np.inf, np.inf)
+                    t = 0
+                    for oy in range(b0, b1):
+                        a_row = xb + (oy - o0) * row_step
+                        for ox in range(0, ow, mr):
+                            pfb, pfl = spread_share(t, tiles, kc * NV, (j * k + k0) * nr,
+                                                    (j * k + k1) * nr, lanes)
+                            _conv_tile(xp, a_row + ox * px_step, px_step, min(mr, ow - ox), k1 - k0,
+                                       bp, (j * k + k0) * nr, yf,
+                                       yb + (oy * ow + ox) * m + j * nr, m, width, bs, j * nr, rs,
+                                       lo_, hi_, PREFETCH_ROWS * nr, off, k0, pfb, pfl)
+                            t += 1
 
 
 def conv_nhwc(x, bp, y, n0, n1, sh, sw, pt, pl, dh, dw, kh, kw, bias, lo, hi, res):
