@@ -115,8 +115,8 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
     offsets of its taps, ``ka``/``lda`` the stride between the tile's pixels), not from
     patches.
 
-    ``spread`` (a plain or ``far`` tile): two more arguments after the others, ``pfb`` and
-    ``pfl``: each step ``k`` also prefetches line ``min(k, pfl - 1)`` of the lines from
+    ``spread`` (a plain, gated or ``far`` tile): two more arguments after the others, ``pfb``
+    and ``pfl``: each step ``k`` also prefetches line ``min(k, pfl - 1)`` of the lines from
     ``bp[pfb]`` into the L2 cache (a tile's share of the panel's next chunk, which the tiles of
     this one fetch between them, a line each a step; ``pfl`` 1 and ``pfb`` a line already
     read: none).
@@ -139,8 +139,8 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
         raise ValueError("pdjit: a tile reading the taps is a far one")
     if copy and not conv:
         raise ValueError("pdjit: a tile copying its panel reads the right operand in place")
-    if spread and (conv or gate or trans):
-        raise ValueError("pdjit: a tile spreading its prefetches is a plain or far one")
+    if spread and (conv or trans or (gate and far)):
+        raise ValueError("pdjit: a tile spreading its prefetches is a plain, gated or far one")
     if trans and mr > _TRANS_ROWS:
         raise ValueError(f"pdjit: a transposed tile has at most {_TRANS_ROWS} rows, not {mr}")
 
@@ -164,7 +164,7 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
             k0v = _offset(context, builder, at[18], args[18])
         if spread:  # the first value of the tile's share of lines to prefetch, and how many
             pfbv, pflv = (_offset(context, builder, at[i], args[i])
-                          for i in ((19, 20) if taps else (17, 18) if far else (16, 17)))
+                          for i in ((19, 20) if taps else (17, 18) if far or gate else (16, 17)))
         ptr = [context.make_array(at[i])(context, builder, args[i]) for i in (ia, ib, ic, ibias)]
         aptr, bptr, cptr, biasa = ptr[0].data, ptr[1].data, ptr[2].data, ptr[3]
         fty, size, lanes, vty, i64, zero, fma = _vectors(context, builder, at[0].dtype)
@@ -329,6 +329,16 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
                 return None
             return types.void(a, a0, rows, kk, b, b0, ldb, c, c0, ldc, cols, bias, m0, res, lo,
                               hi), codegen
+        return micro
+
+    if gate and spread:
+        @intrinsic
+        def micro(typingctx, a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0, res, lo,
+                  hi, gate, pfb, pfl):
+            if not typed((a, bp, c, bias, res, gate), (lo, hi), a.dtype):
+                return None
+            return types.void(a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0, res,
+                              lo, hi, gate, pfb, pfl), codegen
         return micro
 
     if gate:
@@ -630,8 +640,10 @@ def spread_share(t, tiles, lines, here, ahead, lanes):
     if t >= 1 and (t - 1) * share < lines:
         return ahead + (t - 1) * share * lanes, share
     return here, 1
-#: the tile with a gate after its clamp (:func:`_packed_rows`)
-_micro_gated = _micro_kernel(MR, NV, PREFETCH_ROWS, gate=True)
+
+
+#: the tile with a gate after its clamp (:func:`_packed_rows`; spread as the plain one)
+_micro_gated = _micro_kernel(MR, NV, PREFETCH_ROWS, gate=True, spread=True)
 
 
 @jit
@@ -691,15 +703,15 @@ def _packed_rows(a, bp, n, bias, c, r0, r1, res, lo, hi, gate=None, p0=0, p1=-1)
             n0 = j * nr
             cols = min(nr, n - n0)
             for i in range(i0, i1, MR):
+                # (the tiles after the panel's first fetch the next panel between them)
+                pfb, pfl = spread_share((i - i0) // MR, tiles, K * NV, j * K * nr,
+                                        (j + 1) * K * nr, lanes)
                 if gate is None:  # (pruned where compiled for no gate)
-                    # (the tiles after the panel's first fetch the next panel between them)
-                    pfb, pfl = spread_share((i - i0) // MR, tiles, K * NV, j * K * nr,
-                                            (j + 1) * K * nr, lanes)
                     _micro_spread(af, i * K, K, min(MR, i1 - i), K, bp, j * K * nr, cf,
                                   i * n + n0, n, cols, bias, n0, res, lo, hi, pfb, pfl)
                 else:
                     _micro_gated(af, i * K, K, min(MR, i1 - i), K, bp, j * K * nr, cf,
-                                 i * n + n0, n, cols, bias, n0, res, lo, hi, gate)
+                                 i * n + n0, n, cols, bias, n0, res, lo, hi, gate, pfb, pfl)
 
 
 def run_chunks(fn, n, parts, chunks, *args):
