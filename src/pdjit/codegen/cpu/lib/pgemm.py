@@ -115,11 +115,11 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
     offsets of its taps, ``ka``/``lda`` the stride between the tile's pixels), not from
     patches.
 
-    ``spread`` (a plain, gated or ``far`` tile): two more arguments after the others, ``pfb``
-    and ``pfl``: each step ``k`` also prefetches line ``min(k, pfl - 1)`` of the lines from
-    ``bp[pfb]`` into the L2 cache (a tile's share of the panel's next chunk, which the tiles of
-    this one fetch between them, a line each a step; ``pfl`` 1 and ``pfb`` a line already
-    read: none).
+    ``spread`` (a plain or gated tile, or a ``far`` one reading the taps): two more arguments
+    after the others, ``pfb`` and ``pfl``: each step ``k`` also prefetches line ``min(k, pfl -
+    1)`` of the lines from ``bp[pfb]`` into the L2 cache (a tile's share of the panel's next
+    chunk, which the tiles of this one fetch between them, a line each a step; ``pfl`` 1 and
+    ``pfb`` a line already read: none).
 
     ``gate`` (neither ``conv``, ``trans`` nor ``far``): one more argument, ``gate``, an array
     of the data's type applied after the clamp (:func:`.tile.gate_of`: hard_swish or
@@ -139,8 +139,8 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
         raise ValueError("pdjit: a tile reading the taps is a far one")
     if copy and not conv:
         raise ValueError("pdjit: a tile copying its panel reads the right operand in place")
-    if spread and (conv or trans or (gate and far)):
-        raise ValueError("pdjit: a tile spreading its prefetches is a plain, gated or far one")
+    if spread and (conv or trans or far != taps):
+        raise ValueError("pdjit: a tile spreading its prefetches is a plain, gated or taps one")
     if trans and mr > _TRANS_ROWS:
         raise ValueError(f"pdjit: a transposed tile has at most {_TRANS_ROWS} rows, not {mr}")
 
@@ -164,7 +164,7 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
             k0v = _offset(context, builder, at[18], args[18])
         if spread:  # the first value of the tile's share of lines to prefetch, and how many
             pfbv, pflv = (_offset(context, builder, at[i], args[i])
-                          for i in ((19, 20) if taps else (17, 18) if far or gate else (16, 17)))
+                          for i in ((19, 20) if taps else (17, 18) if gate else (16, 17)))
         ptr = [context.make_array(at[i])(context, builder, args[i]) for i in (ia, ib, ic, ibias)]
         aptr, bptr, cptr, biasa = ptr[0].data, ptr[1].data, ptr[2].data, ptr[3]
         fty, size, lanes, vty, i64, zero, fma = _vectors(context, builder, at[0].dtype)
@@ -362,7 +362,7 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
                               lo, hi, pfo, off, k0, pfb, pfl), codegen
         return micro
 
-    if spread and not far:
+    if spread:
         @intrinsic
         def micro(typingctx, a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0, res, lo,
                   hi, pfb, pfl):
@@ -370,16 +370,6 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
                 return None
             return types.void(a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0, res,
                               lo, hi, pfb, pfl), codegen
-        return micro
-
-    if spread:
-        @intrinsic
-        def micro(typingctx, a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0, res, lo,
-                  hi, pfo, pfb, pfl):
-            if not typed((a, bp, c, bias, res), (lo, hi), a.dtype):
-                return None
-            return types.void(a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0, res,
-                              lo, hi, pfo, pfb, pfl), codegen
         return micro
 
     if taps:
