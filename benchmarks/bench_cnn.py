@@ -162,9 +162,9 @@ def lenet_pdjit(params: dict, native_drivers="auto"):
                            for s in plan.steps if s.kind == "native" and s.tiers is not None]
     # runs that went on slices of the batch so far (a split driver runs unsplit while
     # another process keeps a core busy: ``threads.free_cores``)
-    run.split_runs = lambda: sum(s.tiers._split[1].runs for _, plan in exe._plans.values()
+    run.split_runs = lambda: sum(sp.runs for _, plan in exe._plans.values()
                                  for s in plan.steps if s.kind == "native" and s.tiers
-                                 and s.tiers._split and s.tiers._split[1] is not None)
+                                 and s.tiers._split for sp in s.tiers._split[1])
     return run
 
 

@@ -73,7 +73,12 @@ HERE = pathlib.Path(__file__).resolve().parent
 DEFAULT_MODELS = ("resnet50", "mobilenetv2", "bert")
 ALL_MODELS = DEFAULT_MODELS + ("gru", "lstm", "densenet121", "shufflenetv2")
 SEED = 0
-_SETTLE_S = 0.2     # a pause before each process's round: the last one's idle threads stop
+# a pause before each process's round: the last one's idle threads stop, and it is longer than
+# pdjit's ``threads.IDLE_S`` (0.25 s), after which a process that was idle drops the load window
+# in which the last contender ran: after shorter pauses pdjit's first runs took that burst for a
+# busy core and ran on one thread (MobileNetV2 at batch 1 on two threads, rounds of 20 runs
+# right after another process's: 5.9-6.1 ms against 3.6-3.9 when it ran first)
+_SETTLE_S = 0.3
 _REWARM = 2         # untimed runs before each round's timed runs
 
 

@@ -110,10 +110,16 @@ def pytest_configure(config):
 def counted_trials(monkeypatch):
     """Driver and thread trials of the lengths a test counts (``_WARM + _TIMED`` runs of each
     candidate): runs of microseconds are otherwise timed ``threads.SHORT_TRIAL_RUNS`` times
-    as often (tested on its own in ``tests/codegen/cpu/test_run_threads.py``)."""
-    from pdjit.codegen.cpu import threads
+    as often (tested on its own in ``tests/codegen/cpu/test_run_threads.py``), and a driver
+    trial's runs in which a host replay was not yet steady are otherwise run again
+    (``tiers.UNSETTLED_REDOS``, tested in ``tests/runtime/test_split_trials.py``); one size
+    of call for the host driver's slices (each size is a candidate of the trial: tested in
+    ``tests/runtime/test_batch_split_drivers.py``)."""
+    from pdjit.codegen.cpu import threads, tiers
 
     monkeypatch.setattr(threads, "SHORT_TRIAL_RUNS", 1)
+    monkeypatch.setattr(tiers, "UNSETTLED_REDOS", 0)
+    monkeypatch.setattr(tiers, "HOST_CHUNK_ROWS", tiers.HOST_CHUNK_ROWS[:1])
 
 
 @pytest.hookimpl(tryfirst=True)

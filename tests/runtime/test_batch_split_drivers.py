@@ -173,7 +173,7 @@ def test_a_split_that_loses_its_trial_is_tried_again_a_few_times(two_threads, mo
             (out,) = exe.run(program, feed={"x": xv}, fetch_list=[y], scope=scope)
             np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
     assert step.tiers.picked[BATCH] is step.native.fn
-    assert step.tiers._split[1].runs == 4 * (1 + tiers_mod.SPLIT_RETRIES)
+    assert step.tiers._split[1][0].runs == 4 * (1 + tiers_mod.SPLIT_RETRIES)
 
 
 def test_a_split_step_serves_concurrent_runs(two_threads):
@@ -316,7 +316,7 @@ def test_the_slices_replay_the_host_driver_on_their_threads(two_threads, monkeyp
         xv = rng.standard_normal((BATCH, 6)).astype("float32")
         (out,) = exe.run(program, feed={"x": xv}, fetch_list=[y], scope=scope)
         np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
-    chunk = tiers_mod.HOST_CHUNK_ROWS
+    (chunk,) = tiers_mod.HOST_CHUNK_ROWS
     by = {k[3] for k in rp.recordings if k[1][0][0] == chunk}
     assert len(by) == 2 and rp.replays > 0, (rp.off, rp.why, list(rp.recordings))
 
@@ -337,7 +337,7 @@ def test_a_step_without_a_native_driver_runs_the_host_driver_on_slices(two_threa
     assert "would not pay" in tiers.native_failed
     sp = tiers.picked[BATCH]
     assert isinstance(sp, tiers_mod.SplitDriver) and sp.parts == 2 and sp.runs > 0
-    chunk = tiers_mod.HOST_CHUNK_ROWS
+    (chunk,) = tiers_mod.HOST_CHUNK_ROWS
     assert sp.chunk == chunk and BATCH // 2 > chunk
     name = f"host split x2 by {chunk} rows"
     assert tiers.drivers()[BATCH] == name and name in step.describe()
@@ -379,7 +379,7 @@ def test_a_step_without_a_native_driver_runs_the_host_driver_on_slices(two_threa
     # a batch of 3: a row a slice, then the last row on the host driver with both threads
     # (the slices not a row apart)
     rest = []
-    sp = tiers._split[1]
+    (sp,) = tiers._split[1]
     assert sp.rest == tiers._host_fn  # (the host driver, replayed where recorded)
     sp.rest = lambda *a: (rest.append((threading.current_thread().name, a[0].shape[0],
                                        threads.loop_threads())), host(*a))[1]
@@ -396,6 +396,41 @@ def test_a_step_without_a_native_driver_runs_the_host_driver_on_slices(two_threa
                                                        for r in range(3)]))
 
 
+def test_each_size_of_call_of_the_host_drivers_slices_is_a_candidate(two_threads,
+                                                                     monkeypatch):
+    """With more than one size in ``HOST_CHUNK_ROWS``, the trial has a split driver for each
+    (the best size depends on the model: its activations beside its weights); the one picked
+    runs its slices by its own size of call, and gives the host driver's values on those
+    rows and NumPy's."""
+    monkeypatch.setattr(tiers_mod, "HOST_CHUNK_ROWS", (4, 1))
+    monkeypatch.setattr(tiers_mod, "DRIVER_MAX_CALLS", 0)
+    monkeypatch.setattr(tiers_mod, "TIER_UP_THREAD", False)
+    seen_times = []
+    monkeypatch.setattr(tiers_mod.DriverTiers, "_fastest", staticmethod(
+        lambda t: (seen_times.append(len(t)), len(t) - 1)[1]))  # (the last: a row a call)
+    exe, program, scope, y, rng, step = _host_driven(BATCH, 6)
+    tiers = step.tiers
+    for _ in range(4):  # (a candidate more than the host driver and one split: 4 more runs)
+        xv = rng.standard_normal((BATCH, 6)).astype("float32")
+        (out,) = exe.run(program, feed={"x": xv}, fetch_list=[y], scope=scope)
+        np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
+    assert seen_times == [3]  # the host driver and two split drivers
+    assert [sp.chunk for sp in tiers._split[1]] == [4, 1]
+    sp = tiers.picked[BATCH]
+    assert isinstance(sp, tiers_mod.SplitDriver) and sp.chunk == 1 and sp.runs > 0
+    assert tiers.drivers()[BATCH] == "host split x2 by 1 rows"
+    seen, host = [], tiers.native.host
+    tiers.native.host = lambda *a: (seen.append(a[0].shape[0]), host(*a))[1]
+    xv = rng.standard_normal((BATCH, 6)).astype("float32")
+    (out,) = exe.run(program, feed={"x": xv}, fetch_list=[y], scope=scope)
+    per = -(-BATCH // 2 // tiers_mod.HOST_MAX_CHUNKS)  # (at most HOST_MAX_CHUNKS calls a slice)
+    assert seen == [per] * (BATCH // per)
+    args = [xv] + [np.asarray(scope.find_var(n).value) for n in step.args[1:]]
+    np.testing.assert_array_equal(out, np.concatenate(
+        [host(xv[lo:lo + per], *args[1:])[0] for lo in range(0, BATCH, per)]))
+    np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
+
+
 def test_on_one_thread_the_host_driver_is_tried_by_calls_of_a_few_rows(monkeypatch):
     """On one loop thread, a step without a native driver whose ops keep batch rows
     independent is tried, from a batch of more than ``HOST_CHUNK_ROWS`` rows, against itself
@@ -409,7 +444,7 @@ def test_on_one_thread_the_host_driver_is_tried_by_calls_of_a_few_rows(monkeypat
     # the chunked driver picked whenever it is a candidate (the trial's timing is the
     # machine's, not the test's)
     monkeypatch.setattr(tiers_mod.DriverTiers, "_fastest", staticmethod(lambda t: len(t) - 1))
-    chunk = tiers_mod.HOST_CHUNK_ROWS
+    (chunk,) = tiers_mod.HOST_CHUNK_ROWS
     batch = 2 * chunk + 1  # (two whole calls and one of a row)
     exe, program, scope, y, rng, step = _host_driven(batch, 5)
     tiers = step.tiers
@@ -446,7 +481,7 @@ def test_a_large_batch_is_run_in_at_most_a_few_calls_a_slice(monkeypatch):
         rows_seen.append(x.shape[0])
         return (x * w, x[:, :1])
 
-    chunk, most = tiers_mod.HOST_CHUNK_ROWS, tiers_mod.HOST_MAX_CHUNKS
+    (chunk,), most = tiers_mod.HOST_CHUNK_ROWS, tiers_mod.HOST_MAX_CHUNKS
     x, w = np.arange(300.0).reshape(100, 3), np.array([1.0, 2.0, 3.0])
     one = tiers_mod.SplitDriver(fn, (0,), 1, chunk)
     out = one(x, w)

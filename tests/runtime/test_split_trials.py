@@ -342,12 +342,52 @@ def test_a_split_that_ran_unsplit_is_no_candidate(machine, monkeypatch):
     assert split == float("inf") and host < split and native < split
     retry = step.tiers.picked[BATCH]
     assert isinstance(retry, tiers_mod.Retry) and retry.fn is step.native.fn
-    assert step.tiers._split[1].runs == 0 and step.tiers._split_tries.get(BATCH, 0) == 0
+    assert step.tiers._split[1][0].runs == 0 and step.tiers._split_tries.get(BATCH, 0) == 0
     machine["free"] = 2
     s.run(tiers_mod.RETRY_RUNS + TRIAL)
     sp = step.tiers.picked[BATCH]
     assert isinstance(sp, tiers_mod.SplitDriver) and sp.runs == 4
     assert BATCH not in step.tiers._unfair_tries  # (a win forgets the busy-core losses)
+
+
+def test_a_trial_run_that_was_not_steady_is_run_again(machine, monkeypatch):
+    """A trial's run in which a kernel was loaded or a host replay was not yet steady
+    (``threads.LOADS`` moved: a driver new to a batch size, its slices new shapes to their
+    replays) is run again rather than timed, up to UNSETTLED_REDOS runs a trial for each of
+    its candidates; past that, such runs are timed (a trial always ends)."""
+    from pdjit.codegen.cpu import replay
+
+    monkeypatch.setattr(tiers_mod, "UNSETTLED_REDOS", 1)  # (3 candidates: 3 runs again)
+    monkeypatch.setattr(replay, "ENABLED", False)  # (only the split's runs move LOADS here)
+    unsteady = [2]  # the split driver's next runs that move LOADS
+    call = tiers_mod.SplitDriver.__call__
+
+    def split_call(self, *values):
+        if unsteady[0] > 0:
+            unsteady[0] -= 1
+            threads.LOADS[0] += 1
+        return call(self, *values)
+
+    monkeypatch.setattr(tiers_mod.SplitDriver, "__call__", split_call)
+    seen = []
+    fastest = tiers_mod.DriverTiers._fastest
+    monkeypatch.setattr(tiers_mod.DriverTiers, "_fastest",
+                        staticmethod(lambda t: (seen.append(list(t)), fastest(t))[1]))
+    machine["pick"] = 2
+    s = _Served()
+    s.run(TRIAL + 1)
+    step = s.step
+    assert BATCH not in step.tiers.picked and not seen  # two runs not counted: not yet
+    s.run(1)
+    assert len(seen) == 1 and isinstance(step.tiers.picked[BATCH], tiers_mod.SplitDriver)
+    assert step.tiers.picked[BATCH].runs == 4 + 2  # (its timed runs and the two run again)
+    # every split run unsteady: UNSETTLED_REDOS of them run again, then they count
+    unsteady[0] = 1 << 30
+    step.tiers.picked.clear()
+    s.run(TRIAL + 2)
+    assert BATCH not in step.tiers.picked
+    s.run(1)
+    assert len(seen) == 2 and isinstance(step.tiers.picked[BATCH], tiers_mod.SplitDriver)
 
 
 def test_retry_checks_after_runs_or_seconds(monkeypatch):

@@ -90,8 +90,13 @@ HOST_SPLIT_MIN_BATCH = 2
 #: calls of 4 rows): two threads, ResNet-50 630 / 607, MobileNetV2 68.0 / 65.7, the encoder
 #: 114.7 / 114.4; one thread (the host driver itself against its calls of 4 rows) MobileNetV2
 #: 134 / 127 (ResNet-50, whose weights are read again at each call, 1175 / 1189: the trial
-#: keeps the host driver there)
-HOST_CHUNK_ROWS = 4
+#: keeps the host driver there). The best size depends on the model, so the trial has a
+#: candidate for each size here: at batch 16 on two threads (a 2-vCPU AMD EPYC, 1 MiB of L2 a
+#: core, 32 MiB of L3; by turns in one process, calls of 1 / 2 / 4 rows) MobileNetV2 41.1 /
+#: 42.0 / 46.0 ms (its activations are large beside its weights: one row's stay in the L3
+#: that the two threads share), the encoder 76.2 / 72.9 / 69.0, ResNet-50 473 / 457 / 422 (its
+#: 100 MB of weights read again at each call)
+HOST_CHUNK_ROWS = (4, 1)
 #: ... and in at most this many calls (a larger batch by more rows a call: each call pays the
 #: host driver's own time again)
 HOST_MAX_CHUNKS = 8
@@ -123,7 +128,8 @@ class DriverTiers:
         self.native_failed = None  # why the native driver was given up, if it was
         self._split_info = split if split is not None else _NO_SPLIT
         self.replay = replay  # the host driver's calls recorded and replayed, or None
-        self._split = None                 # (native driver, its SplitDriver)
+        self._split = None                 # (native driver, its SplitDrivers)
+        self._unsettled_runs: dict = {}    # batch size -> its trial's runs not counted (LOADS)
         self._unsplit_runs: dict = {}      # batch size -> its trial's split runs that did not
         self._split_tries: dict = {}       # batch size -> trials the split driver lost
         self._unfair_tries: dict = {}      # batch size -> ... lost while a core was busy
@@ -259,16 +265,20 @@ class DriverTiers:
         self.split_rows  # noqa: B018 - resolves _split_info
         return self._split_info[1]
 
-    def _split_driver(self, nd):
-        """The native driver ``nd`` run on slices of the batch (None: this step's may not be)."""
+    def _split_drivers(self, nd) -> list:
+        """The native driver ``nd`` run on slices of the batch: one split driver, or one for
+        each size of call of the host driver's slices (:data:`HOST_CHUNK_ROWS`); none where
+        this step's may not be."""
         if self.split_rows is None or nd.parallel:
-            return None
+            return []
         if self._split is None or self._split[0] is not nd:
             parts = threads.max_loop_threads()
-            chunk = HOST_CHUNK_ROWS if isinstance(nd, HostSlices) else 0
-            rest = self._host_fn if chunk else None
-            self._split = (nd, SplitDriver(nd.fn, self.split_rows, parts, chunk, rest)
-                           if parts > 1 or chunk else None)
+            if isinstance(nd, HostSlices):
+                splits = [SplitDriver(nd.fn, self.split_rows, parts, chunk, self._host_fn)
+                          for chunk in HOST_CHUNK_ROWS]
+            else:
+                splits = [SplitDriver(nd.fn, self.split_rows, parts)] if parts > 1 else []
+            self._split = (nd, splits)
         return self._split[1]
 
     def pick(self, values, key):
@@ -280,20 +290,23 @@ class DriverTiers:
         if nd is None:  # (given up by another thread's trial)
             return self.host(values)
         least = HOST_SPLIT_MIN_BATCH if isinstance(nd, HostSlices) else SPLIT_MIN_BATCH
-        split = self._split_driver(nd) if key >= least else None
+        splits = self._split_drivers(nd) if key >= least else []
         host = self._host_fn
         if isinstance(nd, HostSlices):  # the host driver, or it on slices of the batch
-            if split is None or not split.splits(key):  # (nothing to slice at this size)
+            splits = [sp for sp in splits if sp.splits(key)]
+            if not splits:  # (nothing to slice at this size)
                 self.picked[key] = host
                 return host(*values)
-            drivers = (host, split)
+            drivers = (host, *splits)
         else:
-            drivers = (host, nd.fn) if split is None else (host, nd.fn, split)
+            drivers = (host, nd.fn, *splits)
         times = self._trials.get(key)
         if times is None or len(times) != len(drivers):
             times = self._trials[key] = tuple([] for _ in drivers)
         which = min(range(len(drivers)), key=lambda k: len(times[k]))
-        split_runs = split.runs if drivers[which] is split else 0
+        split = drivers[which] if isinstance(drivers[which], SplitDriver) else None
+        split_runs = split.runs if split is not None else 0
+        loads = threads.LOADS[0]
         t0 = time.perf_counter()
         if which:
             try:
@@ -309,8 +322,13 @@ class DriverTiers:
         else:
             results = host(*values)
         elapsed = time.perf_counter() - t0
+        if threads.LOADS[0] != loads:  # (a kernel loaded, a replay not yet steady: no sample)
+            unsettled = self._unsettled_runs.get(key, 0) + 1
+            self._unsettled_runs[key] = unsettled
+            if unsettled <= UNSETTLED_REDOS * len(drivers):
+                return results
         # (the split driver ran unsplit: a core was busy)
-        if drivers[which] is split and split.runs == split_runs:
+        if split is not None and split.runs == split_runs:
             redo = self._unsplit_runs.get(key, 0) + 1
             self._unsplit_runs[key] = redo
             if redo <= UNSPLIT_REDOS:  # not a time of the split: it runs again next time
@@ -330,7 +348,7 @@ class DriverTiers:
             unsplit = self._unsplit_runs.get(key, 0) > UNSPLIT_REDOS
             if len(self.picked) > 64:
                 self.picked.clear()
-            if split is not None and best is not split:
+            if splits and not isinstance(best, SplitDriver):
                 # the split driver ran unsplit or lost while a core was busy (another
                 # process's burst: a trial is a few runs), or lost: tried again once the
                 # cores are free; after a loss on free cores a few times only, later each time
@@ -346,9 +364,10 @@ class DriverTiers:
                     self._split_tries[key] = tries + 1
                     best = Retry(best, self, key, RETRY_AFTER * 4 ** tries,
                                  RETRY_RUNS * 4 ** tries)
-            elif split is not None:
+            elif splits:
                 self._unfair_tries.pop(key, None)
             self._unsplit_runs.pop(key, None)
+            self._unsettled_runs.pop(key, None)
             self.picked[key] = best
             self._trials.pop(key, None)
         return results
@@ -383,11 +402,12 @@ class HostSlices:
     (:class:`SplitDriver`), each slice's kernels on its own thread alone
     (``threads.one_thread``): each core runs the whole network on its rows, with no
     hand-over between layers and its activations in its own caches; each slice by
-    :data:`HOST_CHUNK_ROWS` rows a call (on one thread: the whole batch by such calls). At
-    batch 16 on two threads, the two drivers by turns in one process, medians (ms, split /
-    host driver with each kernel split over the threads): MobileNetV2 69.8 /
-    73.7, a 6-layer BERT-like encoder 119 / 124, ResNet-50 637 / 640 (each of its kernels
-    splits well); by 4 rows a call 65.7, 114.4 and 607."""
+    few rows a call, a split driver for each size of :data:`HOST_CHUNK_ROWS` (on one
+    thread: the whole batch by such calls). At batch 16 on two threads, the two drivers by
+    turns in one process, medians (ms, split / host driver with each kernel split over the
+    threads): MobileNetV2 69.8 / 73.7, a 6-layer BERT-like encoder 119 / 124, ResNet-50 637 /
+    640 (each of its kernels splits well); by 4 rows a call 65.7, 114.4 and 607 (on a 2-vCPU
+    AMD EPYC, MobileNetV2 by 4 rows a call 49.7 against the host driver's 63.0)."""
     parallel = False
 
     def __init__(self, host):
@@ -484,6 +504,14 @@ RETRY_AFTER = 1.0
 #: the trial takes an unsplit run's time as the split's (a burst of another process's work
 #: then does not decide the pick)
 UNSPLIT_REDOS = 8
+#: runs of a batch size's driver trial in which a kernel was loaded or a host replay was not
+#: yet steady (``threads.LOADS`` moved) that are run again rather than timed, for each
+#: candidate of the trial, before the trial takes such runs' times. A driver new to a batch size is slow for its first few runs (the
+#: split driver's slices are new shapes to their replays: recorded after a few runs, then
+#: tried): MobileNetV2 at batch 16 on two threads, each trial's one timed split run took
+#: 110-223 ms against the host driver's 51, and the host driver served at 58-65 ms a run
+#: where the split one, once steady, took 38-40
+UNSETTLED_REDOS = 8
 #: runs of that batch size from such a pick to the first check, when they come before
 #: :data:`RETRY_AFTER` seconds (4x more at each of its next trials after a fair loss): a model
 #: served often gets its split driver back a few tens of milliseconds after another process's
