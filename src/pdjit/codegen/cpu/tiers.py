@@ -506,9 +506,9 @@ RETRY_AFTER = 1.0
 UNSPLIT_REDOS = 8
 #: runs of a batch size's driver trial in which a kernel was loaded or a host replay was not
 #: yet steady (``threads.LOADS`` moved) that are run again rather than timed, for each
-#: candidate of the trial, before the trial takes such runs' times. A driver new to a batch size is slow for its first few runs (the
-#: split driver's slices are new shapes to their replays: recorded after a few runs, then
-#: tried): MobileNetV2 at batch 16 on two threads, each trial's one timed split run took
+#: candidate of the trial, before the trial takes such runs' times. A driver new to a batch
+#: size is slow for its first few runs (the split driver's slices are new shapes to their
+#: replays: recorded after a few runs, then tried): MobileNetV2 at batch 16 on two threads, each trial's one timed split run took
 #: 110-223 ms against the host driver's 51, and the host driver served at 58-65 ms a run
 #: where the split one, once steady, took 38-40
 UNSETTLED_REDOS = 8
