@@ -508,9 +508,9 @@ UNSPLIT_REDOS = 8
 #: yet steady (``threads.LOADS`` moved) that are run again rather than timed, for each
 #: candidate of the trial, before the trial takes such runs' times. A driver new to a batch
 #: size is slow for its first few runs (the split driver's slices are new shapes to their
-#: replays: recorded after a few runs, then tried): MobileNetV2 at batch 16 on two threads, each trial's one timed split run took
-#: 110-223 ms against the host driver's 51, and the host driver served at 58-65 ms a run
-#: where the split one, once steady, took 38-40
+#: replays: recorded after a few runs, then tried): MobileNetV2 at batch 16 on two threads,
+#: each trial's one timed split run took 110-223 ms against the host driver's 51, and the host
+#: driver served (63.0 ms a run by turns, against the steady split's 49.7)
 UNSETTLED_REDOS = 8
 #: runs of that batch size from such a pick to the first check, when they come before
 #: :data:`RETRY_AFTER` seconds (4x more at each of its next trials after a fair loss): a model
