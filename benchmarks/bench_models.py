@@ -32,9 +32,11 @@ every graph optimisation); Paddle Inference (ir optim on) where ``paddle`` is im
 compiles or loads its kernels), warms up (about 3 s of runs, 2 to 300), then the timed runs go
 in ``--rounds`` rounds, each
 round every process in turn (the order rotated), so that the machine's load hits them alike;
-the tables show the median of all timed runs of each. Outputs are checked against pdjit's
-1-thread run (max abs error). ``--busy``: a Python busy loop keeps one core busy while every
-run is timed (the threads target: 2 threads within 1.2x of 1 thread). Before each round a
+the tables show the median of all timed runs of each. Every one-thread process runs on the
+same core (:func:`one_core`: a core of a virtual machine may be slowed for minutes while the
+other is not). Outputs are checked against pdjit's
+1-thread run (max abs error). ``--busy``: a Python busy loop keeps the other core busy while
+every run is timed (the threads target: 2 threads within 1.2x of 1 thread). Before each round a
 probe times how fast one core reads what the other has just written (``handoff_probe``: on
 some machines this changes within minutes, and two-thread runs with it); the table shows its
 range beside the figures.
@@ -388,9 +390,24 @@ def _handle(state, req):
     raise ValueError(f"unknown request {cmd!r}")
 
 
+def one_core():
+    """The core every one-thread contender runs on, all on the same one (None: one core
+    allowed). A virtual machine's core can be slowed for minutes at a time while the other is
+    not (on the 2-vCPU AMD EPYC, a 3x3 convolution alone took 2.92 ms pinned to one core and
+    1.34 ms on the other, in the same minute), and a one-thread process stays on the core it
+    started on: unpinned, two contenders' one-thread runs could each meet a different core."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    return cores[-1] if len(cores) > 1 else None
+
+
+def _pinned(core):
+    """A ``preexec_fn`` that keeps the child (and every thread it starts) on ``core``."""
+    return None if core is None else (lambda: os.sched_setaffinity(0, {core}))
+
+
 class Engine:
     """A contender in its process: pdjit (this script as a worker) or a peer
-    (``pdjit.tools._peer_worker``)."""
+    (``pdjit.tools._peer_worker``); a one-thread contender pinned to :func:`one_core`."""
 
     def __init__(self, name: str, threads: int):
         from pdjit.tools import bench as tb
@@ -406,7 +423,8 @@ class Engine:
             cmd = [sys.executable, tb._WORKER]
         self.log = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.log, env=env)
+                                     stderr=self.log, env=env,
+                                     preexec_fn=_pinned(one_core() if threads == 1 else None))
         self._tb = tb
 
     def ask(self, req: dict) -> dict:
@@ -444,8 +462,11 @@ class Engine:
 
 
 def start_busy():
-    """A Python busy loop (one core kept busy), or None."""
-    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    """A Python busy loop (one core kept busy: not the one-thread contenders' own, which
+    would slow them and not the two-thread ones), or None."""
+    core = one_core()
+    other = None if core is None else min(os.sched_getaffinity(0) - {core})
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"], preexec_fn=_pinned(other))
 
 
 def stop(proc) -> None:
