@@ -111,7 +111,7 @@ def counted_trials(monkeypatch):
     """Driver and thread trials of the lengths a test counts (``_WARM + _TIMED`` runs of each
     candidate): runs of microseconds are otherwise timed ``threads.SHORT_TRIAL_RUNS`` times
     as often (tested on its own in ``tests/codegen/cpu/test_run_threads.py``), and a driver
-    trial's runs in which a host replay was not yet steady are otherwise run again
+    trial's runs in which a kernel was loaded or a host replay recorded are otherwise run again
     (``tiers.UNSETTLED_REDOS``, tested in ``tests/runtime/test_split_trials.py``); one size
     of call for the host driver's slices (each size is a candidate of the trial: tested in
     ``tests/runtime/test_batch_split_drivers.py``)."""

@@ -269,7 +269,8 @@ def test_a_native_driver_that_fails_where_the_host_one_works_is_given_up():
     assert "RuntimeError: a wrong native driver" in step.describe()
     # inputs that the host driver refuses too are the inputs' fault: the native driver stays
     step.tiers.native = _Broken()
-    step.tiers._trials[2] = ([1.0], [])  # the next trial of batch size 2 is the native driver's
+    step.tiers._trials[2] = ([1.0], [])  # the next trial run of batch size 2 is the native
+    step.tiers._turns[2] = [1, 0]        # driver's (its turn: the host driver ran once)
     good, step.compiled = step.compiled, _Failing()
     values = [xv if i == step.batch_arg else None for i in range(len(step.args))]
     with pytest.raises(ValueError, match="host refuses"):

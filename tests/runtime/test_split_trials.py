@@ -351,10 +351,10 @@ def test_a_split_that_ran_unsplit_is_no_candidate(machine, monkeypatch):
 
 
 def test_a_trial_run_that_was_not_steady_is_run_again(machine, monkeypatch):
-    """A trial's run in which a kernel was loaded or a host replay was not yet steady
-    (``threads.LOADS`` moved: a driver new to a batch size, its slices new shapes to their
-    replays) is run again rather than timed, up to UNSETTLED_REDOS runs a trial for each of
-    its candidates; past that, such runs are timed (a trial always ends)."""
+    """A trial's run in which a kernel was loaded or a host replay recorded (``threads.LOADS``
+    moved) is run again at the driver's next turn rather than timed, up to UNSETTLED_REDOS
+    runs a trial for each of its candidates; past that, such runs are timed (a trial always
+    ends)."""
     from pdjit.codegen.cpu import replay
 
     monkeypatch.setattr(tiers_mod, "UNSETTLED_REDOS", 1)  # (3 candidates: 3 runs again)
@@ -388,6 +388,25 @@ def test_a_trial_run_that_was_not_steady_is_run_again(machine, monkeypatch):
     assert BATCH not in step.tiers.picked
     s.run(1)
     assert len(seen) == 2 and isinstance(step.tiers.picked[BATCH], tiers_mod.SplitDriver)
+
+
+def test_a_trial_of_long_runs_times_each_drivers_second_run(machine, monkeypatch):
+    """Where runs are long (``threads.LONG_TRIAL_S``: one timed run each) a driver's first run
+    at a batch size is still not timed (its slowest: a split driver's slices are new shapes
+    to their replays and packed weights); the drivers take turns, one run each, and the pick
+    comes after two runs of each."""
+    monkeypatch.setattr(threads, "LONG_TRIAL_S", 0.0)
+    seen = []
+    fastest = tiers_mod.DriverTiers._fastest
+    monkeypatch.setattr(tiers_mod.DriverTiers, "_fastest",
+                        staticmethod(lambda t: (seen.append(list(t)), fastest(t))[1]))
+    s = _Served()
+    s.run(3 * 2 - 1)  # (the host, native and split drivers, by turns: not yet)
+    step = s.step
+    assert BATCH not in step.tiers.picked and not seen
+    s.run(1)
+    (times,) = seen
+    assert len(times) == 3 and BATCH in step.tiers.picked
 
 
 def test_retry_checks_after_runs_or_seconds(monkeypatch):

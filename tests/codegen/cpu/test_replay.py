@@ -269,23 +269,19 @@ def test_a_kernel_call_of_the_driver_is_replayed():
     assert threads._team_owner[0] is owner  # (no parallel loop: no team started for it)
 
 
-def test_runs_before_a_replay_is_steady_are_no_samples_of_a_trial(monkeypatch):
-    """A key's driver runs just before its recording, the run that records (the driver's run,
-    then the recording's to check it) and the recording's trial runs move ``threads.LOADS``,
-    so a run-choice or driver trial times that setting again; replayed runs do not, nor do
-    the driver's runs of a key whose recording lost its trial."""
-    monkeypatch.setattr(replay, "TRIAL_RUNS", 2)
+def test_a_run_that_records_is_no_sample_of_a_trial_of_threads():
+    """The run that records a replay (the driver's run, then the recording's to check it)
+    moves ``threads.LOADS``, so a run-choice trial times that setting again; plain and
+    replayed runs do not."""
     rp = replay.HostReplay(_Driver(_SOURCE.format(call="_double")), params=[1])
     w = np.ones(3, np.float32)
     moved = []
-    for i in range(replay.AFTER_RUNS + 1 + 2 * replay.TRIAL_RUNS + 3):
+    for i in range(replay.AFTER_RUNS + 3):
         before = threads.LOADS[0]
         rp.call([np.full((2, 2), i, np.float32), w])
         moved.append(threads.LOADS[0] != before)
-    assert moved == [True] * (replay.AFTER_RUNS + 1 + 2 * replay.TRIAL_RUNS) + [False] * 3
-    (rec,) = rp.recordings.values()
-    assert rec.trial is None
-    assert rp.replays == replay.TRIAL_RUNS + (0 if rec.lost else 3)
+    assert moved == [False] * replay.AFTER_RUNS + [True, False, False]
+    assert rp.replays == 2
 
 
 @numba.njit(cache=False)

@@ -773,7 +773,6 @@ class HostReplay:
             if rec.fits(values):
                 if rec.trial is None:
                     return self.compiled.fn(*values) if rec.lost else self._replay(rec, values)
-                threads.LOADS[0] += 1  # (a run of the recording's trial: no sample either)
                 return self._trial(rec, values)
             # a parameter given a new array, a value derived from one made again, a kernel
             # ready: every recording is as stale (and holds what it named)
@@ -791,8 +790,6 @@ class HostReplay:
                 with self._lock:
                     self._runs = {}
             self._runs[key] = runs
-            if runs > 0:  # (the driver's runs just before a recording: no steady sample of
-                threads.LOADS[0] += 1  # this key's speed, see threads.LOADS)
             return self.compiled.fn(*values)
         self._runs[key] = 0
         return self._record(key, values)

@@ -635,9 +635,9 @@ TINY_RUNS = 256
 
 #: kernels loaded (or compiled) within runs so far (``lib.team.ready``: a parallel loop, or a
 #: kernel compiled ahead that replaces a slower one, loaded from disk in a run) and host
-#: replays not yet serving steadily (``replay.HostReplay``: a key's driver runs just before its
-#: recording, the run that records, the recording's trial runs): a run that did any is no
-#: sample of a :class:`RunChoice` trial, nor of a driver trial (``tiers``) (ResNet-50 at batch
+#: replays recorded (``replay.HostReplay``: the driver's run, then the recording's to check
+#: it): a run that did either is no sample of a :class:`RunChoice` trial, nor of a driver
+#: trial (``tiers``) (ResNet-50 at batch
 #: 1 on two threads had its one timed wide run take a 75 ms load, 157 ms against 84 on one
 #: thread, and ran on one thread from then on: 80 ms against 48; the BERT-like encoder at
 #: batch 16 on two threads had its one timed wide run record, 233 ms, against a plain run on

@@ -134,6 +134,7 @@ class DriverTiers:
         self._split_tries: dict = {}       # batch size -> trials the split driver lost
         self._unfair_tries: dict = {}      # batch size -> ... lost while a core was busy
         self._trials: dict = {}            # batch size -> ([host], [native], [split] times)
+        self._turns: dict = {}             # batch size -> each driver's runs in its trial
         self.picked: dict = {}             # batch size -> the driver chosen for it
 
     def call(self, values):
@@ -249,8 +250,20 @@ class DriverTiers:
         self.tiering.start()
 
     # how many runs of a batch size each driver gets before one is chosen: the first of each
-    # compiles or loads, the rest are timed (runs of threads.LONG_TRIAL_S or more: one each)
+    # compiles or loads, the rest are timed (runs of threads.LONG_TRIAL_S or more: one each,
+    # after the first: :meth:`_lengths`)
     _WARM, _TIMED = 1, 3
+
+    def _lengths(self, times) -> tuple:
+        """``(untimed, timed)`` runs of each driver of a trial whose runs so far took
+        ``times`` (``threads.trial_runs``; long runs: one timed each), the first run of each
+        never timed: a driver's first runs at a batch size are its slowest (MobileNetV2 at
+        batch 16 on two threads, where runs are long: the split driver's first run, its slices
+        new shapes to their replays and packed weights, took 110-223 ms against the host
+        driver's 51, and the host driver served at 63.0 ms a run against the split's 49.7)."""
+        warm, timed = threads.trial_runs([t for ts in times for t in ts if t != float("inf")],
+                                         self._WARM, self._TIMED)
+        return max(warm, 1), timed
 
     @property
     def split_rows(self):
@@ -300,10 +313,17 @@ class DriverTiers:
             drivers = (host, *splits)
         else:
             drivers = (host, nd.fn, *splits)
-        times = self._trials.get(key)
-        if times is None or len(times) != len(drivers):
+        times, turns = self._trials.get(key), self._turns.get(key)
+        if times is None or len(times) != len(drivers) or turns is None or \
+                len(turns) != len(drivers):
             times = self._trials[key] = tuple([] for _ in drivers)
-        which = min(range(len(drivers)), key=lambda k: len(times[k]))
+            turns = self._turns[key] = [0] * len(drivers)
+        # the drivers by turns, each run counted (a run not timed too: the others' first runs
+        # go on meanwhile), among those still short of their timed runs
+        need = sum(self._lengths(times))
+        which = min([k for k in range(len(drivers)) if len(times[k]) < need] or
+                    range(len(drivers)), key=turns.__getitem__)
+        turns[which] += 1
         split = drivers[which] if isinstance(drivers[which], SplitDriver) else None
         split_runs = split.runs if split is not None else 0
         loads = threads.LOADS[0]
@@ -322,7 +342,7 @@ class DriverTiers:
         else:
             results = host(*values)
         elapsed = time.perf_counter() - t0
-        if threads.LOADS[0] != loads:  # (a kernel loaded, a replay not yet steady: no sample)
+        if threads.LOADS[0] != loads:  # (a kernel loaded, a replay recorded: no sample)
             unsettled = self._unsettled_runs.get(key, 0) + 1
             self._unsettled_runs[key] = unsettled
             if unsettled <= UNSETTLED_REDOS * len(drivers):
@@ -331,15 +351,14 @@ class DriverTiers:
         if split is not None and split.runs == split_runs:
             redo = self._unsplit_runs.get(key, 0) + 1
             self._unsplit_runs[key] = redo
-            if redo <= UNSPLIT_REDOS:  # not a time of the split: it runs again next time
+            if redo <= UNSPLIT_REDOS:  # not a time of the split: it runs again at its turn
                 return results
             # no time of the split either: a split driver that never split in its trial is
             # no candidate (under another process's load, LeNet's child picked "native split
             # x2" from unsplit times, native ones by another name, then ran 0 of 40 runs split)
             elapsed = float("inf")
         times[which].append(elapsed)
-        warm, timed = threads.trial_runs([t for ts in times for t in ts if t != float("inf")],
-                                         self._WARM, self._TIMED)  # (long runs: one each)
+        warm, timed = self._lengths(times)
         if all(len(t) >= warm + timed for t in times):
             # each driver's best timed run: what other processes do on a shared machine only
             # adds time (with medians of three, one LeNet benchmark process of two kept the
@@ -370,6 +389,7 @@ class DriverTiers:
             self._unsettled_runs.pop(key, None)
             self.picked[key] = best
             self._trials.pop(key, None)
+            self._turns.pop(key, None)
         return results
 
     @staticmethod
@@ -504,13 +524,10 @@ RETRY_AFTER = 1.0
 #: the trial takes an unsplit run's time as the split's (a burst of another process's work
 #: then does not decide the pick)
 UNSPLIT_REDOS = 8
-#: runs of a batch size's driver trial in which a kernel was loaded or a host replay was not
-#: yet steady (``threads.LOADS`` moved) that are run again rather than timed, for each
-#: candidate of the trial, before the trial takes such runs' times. A driver new to a batch
-#: size is slow for its first few runs (the split driver's slices are new shapes to their
-#: replays: recorded after a few runs, then tried): MobileNetV2 at batch 16 on two threads,
-#: each trial's one timed split run took 110-223 ms against the host driver's 51, and the host
-#: driver served (63.0 ms a run by turns, against the steady split's 49.7)
+#: runs of a batch size's driver trial in which a kernel was loaded or a host replay recorded
+#: (``threads.LOADS`` moved: the recording run replays to check itself, about twice a run's
+#: time) that are run again rather than timed, for each candidate of the trial, before the
+#: trial takes such runs' times
 UNSETTLED_REDOS = 8
 #: runs of that batch size from such a pick to the first check, when they come before
 #: :data:`RETRY_AFTER` seconds (4x more at each of its next trials after a fair loss): a model
