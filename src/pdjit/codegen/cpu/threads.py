@@ -637,12 +637,11 @@ TINY_RUNS = 256
 #: kernel compiled ahead that replaces a slower one, loaded from disk in a run) and host
 #: replays recorded (``replay.HostReplay``: the driver's run, then the recording's to check
 #: it): a run that did either is no sample of a :class:`RunChoice` trial, nor of a driver
-#: trial (``tiers``) (ResNet-50 at batch
-#: 1 on two threads had its one timed wide run take a 75 ms load, 157 ms against 84 on one
-#: thread, and ran on one thread from then on: 80 ms against 48; the BERT-like encoder at
-#: batch 16 on two threads had its one timed wide run record, 233 ms, against a plain run on
-#: one thread, and in some processes ran its next 30 runs on one thread: ~197 ms against
-#: 95-140)
+#: trial (``tiers``) (ResNet-50 at batch 1 on two threads had its one timed wide run take a
+#: 75 ms load, 157 ms against 84 on one thread, and ran on one thread from then on: 80 ms
+#: against 48; the BERT-like encoder at batch 16 on two threads had its one timed wide run
+#: record, 233 ms, against a plain run on one thread, and in some processes ran its next 30
+#: runs on one thread: ~197 ms against 95-140)
 LOADS = [0]
 
 
