@@ -34,9 +34,9 @@ in ``--rounds`` rounds, each
 round every process in turn (the order rotated), so that the machine's load hits them alike;
 the tables show the median of all timed runs of each. Every one-thread process runs on the
 same core (:func:`one_core`: a core of a virtual machine may be slowed for minutes while the
-other is not). Outputs are checked against pdjit's
-1-thread run (max abs error). ``--busy``: a Python busy loop keeps the other core busy while
-every run is timed (the threads target: 2 threads within 1.2x of 1 thread). Before each round a
+other is not). Outputs are checked against pdjit's 1-thread run (max abs error). ``--busy``:
+a Python busy loop keeps the other core busy while every run is timed (the threads target: 2
+threads within 1.2x of 1 thread). Before each round a
 probe times how fast one core reads what the other has just written (``handoff_probe``: on
 some machines this changes within minutes, and two-thread runs with it); the table shows its
 range beside the figures.

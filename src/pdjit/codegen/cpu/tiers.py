@@ -426,8 +426,7 @@ class HostSlices:
     thread: the whole batch by such calls). At batch 16 on two threads, the two drivers by
     turns in one process, medians (ms, split / host driver with each kernel split over the
     threads): MobileNetV2 69.8 / 73.7, a 6-layer BERT-like encoder 119 / 124, ResNet-50 637 /
-    640 (each of its kernels splits well); by 4 rows a call 65.7, 114.4 and 607 (on a 2-vCPU
-    AMD EPYC, MobileNetV2 by 4 rows a call 49.7 against the host driver's 63.0)."""
+    640 (each of its kernels splits well); by 4 rows a call 65.7, 114.4 and 607."""
     parallel = False
 
     def __init__(self, host):
