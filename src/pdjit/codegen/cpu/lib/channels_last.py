@@ -523,7 +523,14 @@ _conv.CHANNEL_SPLITS[depthwise_nhwc] = _split_depthwise
 #: 1.69 / 1.95 / 1.80 / 1.79; 56x56 64 -> 64 2.10 / 3.32 / 2.43 / 2.09; 7x7 512 -> 512 2.08 /
 #: 2.12 / 3.11 / 2.27; stride 2 14x14 512 -> 512 2.08 / 2.30 / 3.17 / 2.25
 _CONV_MR, _CONV_NR = 7, NV * 16
-_conv_tile = _micro_kernel(_CONV_MR, NV, PREFETCH_ROWS, far=True, taps=True, spread=True)
+#: no rows fetched ahead (the tiles before a chunk's first fetch it between them): the 7x4
+#: tile's 28 sums, 4 filter vectors and a broadcast need 33 of the 32 vector registers, and
+#: each instruction more in its step counts on a core shared with another thread. Alone at
+#: batch 1, one thread, a 2-vCPU Intel Xeon, against ONNX Runtime's node by turns, with the
+#: rows ahead and a prefetch of the share at every step / without, the share's in its first
+#: steps only: 3x3 14x14 256 -> 256 1.09-1.10x / 1.01x, stride 2 28x28 256 -> 256 1.13x /
+#: 1.05x, 1x1 stride 2 28x28 512 -> 1024 1.04x / 0.99x, 7x7 512 -> 512 0.84x / 0.86x
+_conv_tile = _micro_kernel(_CONV_MR, NV, 0, taps=True, spread=True)
 #: the bytes of a panel's rows (of the filter packed by conv_nhwc_weight) that every tile of
 #: the output rows reads before the next rows are read: they stay in the L1 cache, the sums so
 #: far read back from the output (cheap: channels-last, by rows). Measured alone on a 2-vCPU
@@ -662,7 +669,7 @@ def _conv_rows(x, bp, kh, kw, y, n0, n1, o0, o1, sh, sw, pt, pl, dh, dw, bias, l
                             _conv_tile(xp, a_row + ox * px_step, px_step, min(mr, ow - ox), k1 - k0,
                                        bp, (j * k + k0) * nr, yf,
                                        yb + (oy * ow + ox) * m + j * nr, m, width, bs, j * nr, rs,
-                                       lo_, hi_, PREFETCH_ROWS * nr, off, k0, pfb, pfl)
+                                       lo_, hi_, off, k0, pfb, pfl)
                             t += 1
 
 

@@ -107,19 +107,21 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
 
     ``far`` (not with ``conv``): one more argument, ``pfo``: each step prefetches the panel's
     values ``pfo`` past the row it loads into the L2 cache (rather than ``pf`` rows ahead into
-    L1), so that a tile can fetch the next chunk of a panel that the tiles after it read.
+    L1), so that a tile can fetch the next chunk of a panel that the tiles after it read;
+    ``pfo`` 0: none (a tile whose rows an earlier tile brought in: its loop then has no
+    prefetch to issue).
 
-    ``taps`` (with ``far``): two more arguments, ``off`` (int64) and ``k0``: ``a[a0 + r*ka +
-    off[k0 + k]]`` for ``a[a0 + r + k*ka]`` (``trans``) or ``a[a0 + r*lda + k]``, the left
-    operand read where each step ``k`` of the sum finds it (a convolution's image, ``off`` the
-    offsets of its taps, ``ka``/``lda`` the stride between the tile's pixels), not from
-    patches.
+    ``taps`` (with ``far`` or ``spread``): two more arguments, ``off`` (int64) and ``k0``:
+    ``a[a0 + r*ka + off[k0 + k]]`` for ``a[a0 + r + k*ka]`` (``trans``) or ``a[a0 + r*lda +
+    k]``, the left operand read where each step ``k`` of the sum finds it (a convolution's
+    image, ``off`` the offsets of its taps, ``ka``/``lda`` the stride between the tile's
+    pixels), not from patches.
 
-    ``spread`` (a plain or gated tile, or a ``far`` one reading the taps): two more arguments
-    after the others, ``pfb`` and ``pfl``: each step ``k`` also prefetches line ``min(k, pfl -
-    1)`` of the lines from ``bp[pfb]`` into the L2 cache (a tile's share of the panel's next
-    chunk, which the tiles of this one fetch between them, a line each a step; ``pfl`` 1 and
-    ``pfb`` a line already read: none).
+    ``spread`` (a plain or gated tile, or one reading the taps; not ``far``): two more
+    arguments after the others, ``pfb`` and ``pfl``: each step ``k < pfl`` also prefetches
+    line ``k`` of the lines from ``bp[pfb]`` into the L2 cache (a tile's share of the panel's
+    next chunk, which the tiles of this one fetch between them, a line each a step; ``pfl``
+    0: none).
 
     ``gate`` (neither ``conv``, ``trans`` nor ``far``): one more argument, ``gate``, an array
     of the data's type applied after the clamp (:func:`.tile.gate_of`: hard_swish or
@@ -135,11 +137,11 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
     (allocas LLVM promotes) until the one store of the tile."""
     if gate and (conv or trans or far):
         raise ValueError("pdjit: a gated tile is a plain one")
-    if taps and not far:
-        raise ValueError("pdjit: a tile reading the taps is a far one")
+    if taps and not (far or spread):
+        raise ValueError("pdjit: a tile reading the taps is a far or spread one")
     if copy and not conv:
         raise ValueError("pdjit: a tile copying its panel reads the right operand in place")
-    if spread and (conv or trans or far != taps):
+    if spread and (conv or trans or far):
         raise ValueError("pdjit: a tile spreading its prefetches is a plain, gated or taps one")
     if trans and mr > _TRANS_ROWS:
         raise ValueError(f"pdjit: a transposed tile has at most {_TRANS_ROWS} rows, not {mr}")
@@ -159,12 +161,13 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
             a0v, ldav, rowsv, kkv, b0v, c0v, ldcv, colsv, n0v = (
                 _offset(context, builder, at[i], args[i]) for i in (1, 2, 3, 4, 6, 8, 9, 10, 12))
             pfov = _offset(context, builder, at[16], args[16]) if far else None
+        more = 17 if far or gate else 16  # (the index of the arguments after those)
         if taps:
-            offp = context.make_array(at[17])(context, builder, args[17]).data
-            k0v = _offset(context, builder, at[18], args[18])
+            offp = context.make_array(at[more])(context, builder, args[more]).data
+            k0v = _offset(context, builder, at[more + 1], args[more + 1])
+            more += 2
         if spread:  # the first value of the tile's share of lines to prefetch, and how many
-            pfbv, pflv = (_offset(context, builder, at[i], args[i])
-                          for i in ((19, 20) if taps else (17, 18) if gate else (16, 17)))
+            pfbv, pflv = (_offset(context, builder, at[i], args[i]) for i in (more, more + 1))
         ptr = [context.make_array(at[i])(context, builder, args[i]) for i in (ia, ib, ic, ibias)]
         aptr, bptr, cptr, biasa = ptr[0].data, ptr[1].data, ptr[2].data, ptr[3]
         fty, size, lanes, vty, i64, zero, fma = _vectors(context, builder, at[0].dtype)
@@ -201,47 +204,68 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
                                         else rr))
         def sums(masked: bool):
             """The loop over ``k`` of the tile's fused multiply-adds (``masked``: conv's rows
-            of b loaded under the columns' mask)."""
-            with cgutils.for_range(builder, kkv) as loop:
-                k = loop.index
-                if conv:  # row k of b in place
-                    base = builder.add(b0v, builder.mul(k, ldbv))
-                    for v in range(nv if pf else 0):  # the next panel's row k
-                        _prefetch(builder, bptr, builder.add(base, const(nr + v * lanes)))
-                    abase = builder.add(a0v, builder.mul(k, const(mr)))
-                else:
-                    base = builder.add(b0v, builder.mul(k, const(nr)))
-                    # the panel's row pf steps ahead (far: pfo values past, into L2)
-                    ahead = builder.add(base, pfov) if far else \
-                        builder.add(base, const(pf * nr))
-                    if spread:  # line min(k, pfl - 1) of the tile's share
-                        last = builder.sub(pflv, const(1))
-                        line = builder.select(builder.icmp_signed("<", k, last), k, last)
-                        _prefetch(builder, bptr, builder.add(pfbv, builder.mul(
-                            line, const(lanes))), locality=2)
-                    for v in range(nv if pf or far else 0):
-                        _prefetch(builder, bptr, builder.add(ahead, const(v * lanes)),
-                                  locality=2 if far else 3)
-                if taps:  # where step k's tap starts
-                    tapk = builder.load(builder.gep(offp, [builder.add(k0v, k)]))
-                bv = []
+            of b loaded under the columns' mask); a far tile's given ``pfo`` 0, a loop without
+            its prefetches."""
+            if far:
+                with builder.if_else(builder.icmp_signed("==", pfov, const(0))) as (near, ahead):
+                    with near:
+                        steps(masked, False)
+                    with ahead:
+                        steps(masked, True)
+            else:
+                steps(masked, bool(pf))
+
+        def steps(masked: bool, fetch: bool):
+            """The steps ``k`` of the sum (``fetch``: each prefetching the panel's row ahead);
+            a spread tile's first ``pfl`` each fetching a line of its share, then the rest
+            (a step that kept fetching the share's last line again took an instruction count
+            the multiply-adds need on a core shared with another thread)."""
+            if not spread:
+                with cgutils.for_range(builder, kkv) as loop:
+                    step(loop.index, masked, fetch, False)
+                return
+            n1 = builder.select(builder.icmp_signed("<", pflv, kkv), pflv, kkv)
+            with cgutils.for_range_slice(builder, const(0), n1, const(1), inc=True) as (k, _):
+                step(k, masked, fetch, True)
+            with cgutils.for_range_slice(builder, n1, kkv, const(1), inc=True) as (k, _):
+                step(k, masked, fetch, False)
+
+        def step(k, masked: bool, fetch: bool, share: bool):
+            if conv:  # row k of b in place
+                base = builder.add(b0v, builder.mul(k, ldbv))
+                for v in range(nv if pf else 0):  # the next panel's row k
+                    _prefetch(builder, bptr, builder.add(base, const(nr + v * lanes)))
+                abase = builder.add(a0v, builder.mul(k, const(mr)))
+            else:
+                base = builder.add(b0v, builder.mul(k, const(nr)))
+                if share:  # line k of the tile's share
+                    _prefetch(builder, bptr, builder.add(pfbv, builder.mul(k, const(lanes))),
+                              locality=2)
+                # the panel's row pf steps ahead (far: pfo values past, into L2)
+                ahead = builder.add(base, pfov) if far else builder.add(base, const(pf * nr))
+                for v in range(nv if fetch else 0):
+                    _prefetch(builder, bptr, builder.add(ahead, const(v * lanes)),
+                              locality=2 if far else 3)
+            if taps:  # where step k's tap starts
+                tapk = builder.load(builder.gep(offp, [builder.add(k0v, k)]))
+            bv = []
+            for v in range(nv):
+                p = builder.bitcast(builder.gep(bptr, [builder.add(base, const(v * lanes))]),
+                                    vty.as_pointer())
+                bv.append(builder.call(mload, [p, i32, masks[v], zero]) if masked else
+                          builder.load(p, align=size))
+            if copy:  # the row packed for the tiles after this one
+                pkb = builder.add(pk0v, builder.mul(k, const(nr)))
                 for v in range(nv):
-                    p = builder.bitcast(builder.gep(bptr, [builder.add(base, const(v * lanes))]),
-                                        vty.as_pointer())
-                    bv.append(builder.call(mload, [p, i32, masks[v], zero]) if masked else
-                              builder.load(p, align=size))
-                if copy:  # the row packed for the tiles after this one
-                    pkb = builder.add(pk0v, builder.mul(k, const(nr)))
-                    for v in range(nv):
-                        q = builder.gep(pkptr, [builder.add(pkb, const(v * lanes))])
-                        builder.store(bv[v], builder.bitcast(q, vty.as_pointer()), align=4)
-                for r in range(mr):
-                    ai = builder.add(abase, const(r)) if conv else builder.add(
-                        arow[r], tapk if taps else builder.mul(k, ldav) if trans else k)
-                    wb = _splat(builder, vty, builder.load(builder.gep(aptr, [ai])))
-                    for v in range(nv):
-                        builder.store(builder.call(fma, [wb, bv[v], builder.load(acc[r][v])]),
-                                      acc[r][v])
+                    q = builder.gep(pkptr, [builder.add(pkb, const(v * lanes))])
+                    builder.store(bv[v], builder.bitcast(q, vty.as_pointer()), align=4)
+            for r in range(mr):
+                ai = builder.add(abase, const(r)) if conv else builder.add(
+                    arow[r], tapk if taps else builder.mul(k, ldav) if trans else k)
+                wb = _splat(builder, vty, builder.load(builder.gep(aptr, [ai])))
+                for v in range(nv):
+                    builder.store(builder.call(fma, [wb, bv[v], builder.load(acc[r][v])]),
+                                  acc[r][v])
 
         resa = context.make_array(at[ires])(context, builder, args[ires])
         has_res = builder.icmp_signed("!=", cgutils.unpack_tuple(builder, resa.shape)[0],
@@ -354,12 +378,12 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
     if taps and spread:
         @intrinsic
         def micro(typingctx, a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0, res, lo,
-                  hi, pfo, off, k0, pfb, pfl):
+                  hi, off, k0, pfb, pfl):
             if not typed((a, bp, c, bias, res), (lo, hi), a.dtype) or not (
                     isinstance(off, types.Array) and off.ndim == 1 and off.dtype == types.int64):
                 return None
             return types.void(a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0, res,
-                              lo, hi, pfo, off, k0, pfb, pfl), codegen
+                              lo, hi, off, k0, pfb, pfl), codegen
         return micro
 
     if spread:
@@ -625,11 +649,11 @@ def spread_share(t, tiles, lines, here, ahead, lanes):
     """``(pfb, pfl)`` of a spread tile (:func:`_micro_kernel`): tile ``t`` of the ``tiles``
     that read a chunk (or panel) starting at ``bp[here]``, the ``lines`` lines of the next
     one starting at ``bp[ahead]`` fetched by the tiles after the first, an even share each
-    (the first, and any past the lines: one line of this chunk again, already read)."""
+    (the first, and any past the lines: none)."""
     share = -(-lines // max(1, tiles - 1))
     if t >= 1 and (t - 1) * share < lines:
-        return ahead + (t - 1) * share * lanes, share
-    return here, 1
+        return ahead + (t - 1) * share * lanes, min(share, lines - (t - 1) * share)
+    return here, 0
 
 
 #: the tile with a gate after its clamp (:func:`_packed_rows`; spread as the plain one)
