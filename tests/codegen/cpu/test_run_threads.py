@@ -132,18 +132,32 @@ def test_run_choice_keeps_the_faster_setting_and_tries_again(two_asked, monkeypa
     assert choice.begin(1) is None                     # another batch size: its own warm-up
     assert choice.keys[16].interval == threads.CHOICE_RETRY_RUNS   # (the pick changed)
 
-    def again(cost_wide, cost_narrow):  # the pick's runs and seconds, then a trial
+    def again(cost_wide, cost_narrow, check=False, full=True):
+        """The pick's runs and seconds, then a trial: a check (one timed run of each, the
+        pick's first) where the last pick won clearly, a full trial where it did not or the
+        check found no clear win; the interval after it."""
         st = choice.keys[16]
+        assert st.check == check
         assert set(run(1.0, 2.0) for _ in range(st.interval)) == {None}
         now[0] += threads.CHOICE_RETRY_S * st.interval / threads.CHOICE_RETRY_RUNS
-        caps = [run(cost_wide, cost_narrow) for _ in range(2 * (threads.CHOICE_RUNS + 1))]
-        assert caps == [None, 1] * (threads.CHOICE_RUNS + 1)
+        n = 2 * (threads.CHOICE_RUNS + 1) * full + 2 * check
+        caps = [run(cost_wide, cost_narrow) for _ in range(n)]
+        assert caps == [None, 1] * (n // 2)
+        assert choice.picks()[16] == "every free core"
         return st.interval
 
     r = threads.CHOICE_RETRY_RUNS
-    assert again(1.0, 2.0) == 8 * r      # kept by a clear win: tried again 8x as late
-    assert again(1.0, 1.1) == 16 * r     # kept, by a narrow one: 2x
+    assert again(1.0, 2.0, check=True, full=False) == 8 * r  # kept by a clear win, checked:
+    # tried again 8x as late, by one run of each
+    assert again(1.0, 1.1, check=True) == 16 * r   # no clear win: a full trial; kept: 2x
     assert again(1.0, 2.0) == 64 * r     # (at most 64x)
+    assert choice.keys[16].check
+    st = choice.keys[16]     # a check the other setting wins: a full trial, which it wins too
+    assert set(run(1.0, 2.0) for _ in range(st.interval)) == {None}
+    now[0] += threads.CHOICE_RETRY_S * st.interval / threads.CHOICE_RETRY_RUNS
+    caps = [run(2.0, 1.0) for _ in range(2 + 2 * (threads.CHOICE_RUNS + 1))]
+    assert caps == [None, 1] * (threads.CHOICE_RUNS + 2)
+    assert choice.picks()[16] == "one thread" and st.interval == r and st.check
     # a first pick by a clear win: tried again 8x as late too
     for _ in range(threads.CHOICE_AFTER):
         choice.begin(4), choice.end(4, 1.0)

@@ -647,7 +647,7 @@ LOADS = [0]
 
 class _Choice:
     __slots__ = ("warm", "pick", "trial", "times", "timing", "left", "until", "interval",
-                 "tiny", "loads")
+                 "tiny", "loads", "check")
 
     def __init__(self):
         self.tiny = 0                  # runs left that keep the settings (but RunChoice.tiny_left)
@@ -659,6 +659,7 @@ class _Choice:
         self.left, self.until = 0, 0.0  # the pick's runs and deadline before the next trial
         self.interval = CHOICE_RETRY_RUNS
         self.loads = 0                 # LOADS when the timed run began
+        self.check = False             # the last pick won clearly: its next trial is a check
 
 
 class RunChoice:
@@ -667,7 +668,11 @@ class RunChoice:
     each (an untimed one, then :data:`CHOICE_RUNS` timed) and keeps the faster by its best
     time; trials repeat while the plan serves (after :data:`CHOICE_RETRY_RUNS` runs and
     :data:`CHOICE_RETRY_S` seconds, twice as long each time the pick stays, eight times where
-    it won by :data:`CHOICE_CLEAR_WIN` or more, the first pick too, up to 64x). It
+    it won by :data:`CHOICE_CLEAR_WIN` or more, the first pick too, up to 64x). The trial after
+    a clear win is a check: one timed run of the pick, then one of the other setting; where the
+    pick wins clearly again it stays, else a full trial follows at once (a full trial runs four
+    of its eight runs the slower way: MobileNetV2 at batch 1 on two threads, 10 ms one-thread
+    runs among 7.5 ms ones). It
     decides only when more than one thread may run (threads asked for, or loops on every core,
     and two cores free); otherwise every run goes as :func:`begin_run` sets it. Work too small
     to pay for its threads, a core another process keeps half busy (``free_cores`` rounds that
@@ -719,7 +724,9 @@ class RunChoice:
                 st.warm = CHOICE_AFTER  # (asked again then)
                 return 1 if st.pick == 1 else None
             st.trial, st.times = True, ([], [])
-        which = 0 if len(st.times[0]) <= len(st.times[1]) else 1
+        first = st.pick if st.check else 0  # (a check times the pick first: it is warm)
+        which = first if len(st.times[0]) == len(st.times[1]) else \
+            int(len(st.times[0]) > len(st.times[1]))
         st.timing, st.loads = which, LOADS[0]
         return None if which == 0 else 1
 
@@ -739,11 +746,15 @@ class RunChoice:
         wide, narrow = st.times
         st.times[st.timing].append(seconds)
         st.timing = -1
-        skip, need = trial_runs(wide + narrow, 1, CHOICE_RUNS)
+        skip, need = (0, 1) if st.check else trial_runs(wide + narrow, 1, CHOICE_RUNS)
         if len(wide) >= skip + need and len(narrow) >= skip + need:
             best_wide, best_narrow = min(wide[skip:]), min(narrow[skip:])
             pick = 1 if best_narrow < best_wide else 0
             clear = max(best_wide, best_narrow) >= CHOICE_CLEAR_WIN * min(best_wide, best_narrow)
+            if st.check and not (clear and pick == st.pick):  # (a full trial, at once)
+                st.check, st.times = False, ([], [])
+                return
+            st.check = clear
             if st.pick is None:  # (the first pick)
                 st.interval = CHOICE_RETRY_RUNS * (8 if clear else 1)
             elif pick == st.pick:
