@@ -546,11 +546,11 @@ CONV_CHUNK_BYTES = 1 << 15
 #: of each panel)
 CONV_BLOCK_BYTES = 1 << 19
 #: each tile after a chunk's first fetches its share of the next chunk's lines into the L2
-#: cache, a line a step, so that the filter streams from memory while the tiles sum (where the
-#: first three tiles each fetched the whole next chunk, a line each step at four times the
-#: rate, the fetches queued behind each other and a 7x7 plane's seven tiles a chunk had
-#: waited for them). Measured alone, one thread, batch 1, the filter one of 40 copies (read
-#: from memory, as a model's are), by turns, spread / the first three: 3x3 7x7 512 -> 512
+#: cache, a line in each of its first steps, so that the filter streams from memory while the
+#: tiles sum (where the first three tiles each fetched the whole next chunk, a line each step
+#: at four times the rate, the fetches queued behind each other and a 7x7 plane's seven tiles a
+#: chunk had waited for them). Measured alone, one thread, batch 1, the filter one of 40 copies
+#: (read from memory, as a model's are), by turns, spread / the first three: 3x3 7x7 512 -> 512
 #: 0.83-0.85x, 14x14 256 -> 256 0.93-0.95x, stride 2 14x14 512 -> 512 0.89x; 28x28 128 -> 128
 #: 1.02x, 56x56 64 -> 64 0.99-1.04x
 

@@ -116,11 +116,11 @@ _TAP_LANES = 16
 _TAPS_MARGIN = 1.05
 #: the bytes of a panel of the transposed tiles that its tiles of pixels sweep at a time
 CHUNK_BYTES = 1 << 18
-#: the tiles after a chunk's first that fetch the next chunk into the L2 cache as they sweep
-#: it (the others fetch their own rows ahead, as the first does): measured alone, one thread,
-#: batch 1, a filter from memory at each call, us, every tile / the next three: 14x14 1024 ->
-#: 256 451 / 426, 256 -> 1024 464 / 451; 7x7 2048 -> 512 444 / 444, 512 -> 2048 427 / 426 (the
-#: second tile alone: 427, 450, 492, 480)
+#: the tiles after a chunk's first that fetch the next chunk into the L2 cache as they sweep it
+#: (the others find their rows in the cache and fetch none; the first chunk's first tile
+#: fetches its rows ahead): measured alone, one thread, batch 1, a filter from memory at each
+#: call, us, every tile / the next three: 14x14 1024 -> 256 451 / 426, 256 -> 1024 464 / 451;
+#: 7x7 2048 -> 512 444 / 444, 512 -> 2048 427 / 426 (the second tile alone: 427, 450, 492, 480)
 FAR_TILES = 3
 #: the fewest output and input channels the packed kernels serve
 MIN_CHANNELS = 16
