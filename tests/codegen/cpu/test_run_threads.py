@@ -158,6 +158,10 @@ def test_run_choice_keeps_the_faster_setting_and_tries_again(two_asked, monkeypa
     caps = [run(2.0, 1.0) for _ in range(2 + 2 * (threads.CHOICE_RUNS + 1))]
     assert caps == [None, 1] * (threads.CHOICE_RUNS + 2)
     assert choice.picks()[16] == "one thread" and st.interval == r and st.check
+    assert set(run(2.0, 1.0) for _ in range(st.interval)) == {1}
+    now[0] += threads.CHOICE_RETRY_S * st.interval / threads.CHOICE_RETRY_RUNS
+    assert [run(2.0, 1.0) for _ in range(2)] == [1, None]   # a check: the pick's run first
+    assert choice.picks()[16] == "one thread" and st.interval == 8 * r
     # a first pick by a clear win: tried again 8x as late too
     for _ in range(threads.CHOICE_AFTER):
         choice.begin(4), choice.end(4, 1.0)
