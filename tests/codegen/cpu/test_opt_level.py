@@ -290,3 +290,37 @@ def test_compile_flags_compare_and_hash_as_numba_defines_them():
     for a in flags:
         assert hash(a) == hash(tuple(sorted(values(a))))
     assert TargetConfig.__eq__(flags[0], object()) is NotImplemented
+
+
+def _assign_rows(a, b, i):
+    a[i:i + 2] = b
+    return a
+
+
+def test_slice_assignments_of_pdjit_code_raise_a_cheap_shape_error_user_code_numbas():
+    """A slice assigned from an array: the copy is right in both; on a shape mismatch pdjit's
+    compiled code raises the ValueError of Numba's generic target (no string formatting
+    compiled in: none of Numba's formatted message is in its LLVM IR), a user's
+    function compiled after it keeps Numba's formatted message (the swap of Numba's trampoline
+    ended with the compile)."""
+    name = f"_assign_rows_{uuid.uuid4().hex}"  # a fresh function: compiled here, not cached
+    fn = type(_assign_rows)(_assign_rows.__code__, _assign_rows.__globals__, name)
+    kernel = numba.njit(pipeline_class=_jit.PdjitCompiler)(fn)
+    a, b = np.zeros((5, 3)), np.arange(6.0).reshape(2, 3)
+    want = a.copy()
+    want[1:3] = b
+    np.testing.assert_array_equal(kernel(a.copy(), b, 1), want)
+    with pytest.raises(ValueError) as e:
+        kernel(a.copy(), np.ones((3, 3)), 1)
+    assert e.value.args == ("cannot assign slice from input of different size",)
+    ir = next(iter(kernel.inspect_llvm().values()))
+    assert "cannot assign slice from input of different size" in ir
+    assert "cannot assign slice of shape" not in ir
+    assert numba.np.arrayobj.raise_with_shape_context is _jit._numba_shape_mismatch
+
+    user = numba.njit(type(_assign_rows)(_assign_rows.__code__, _assign_rows.__globals__,
+                                         name + "_user"))
+    np.testing.assert_array_equal(user(a.copy(), b, 1), want)
+    with pytest.raises(ValueError, match=r"cannot assign slice of shape \(2, 3\) from input "
+                                         r"of shape \(3, 3\)"):
+        user(a.copy(), np.ones((3, 3)), 1)

@@ -20,7 +20,8 @@ from numba.core import (
 )
 from numba.core import codegen as numba_codegen
 from numba.core.compiler_machinery import FunctionPass, register_pass
-from numba.extending import intrinsic, register_jitable
+from numba.extending import intrinsic, overload, register_jitable
+from numba.np import arrayobj as numba_arrayobj
 
 from pdjit.codegen.diskcache import cached
 
@@ -405,6 +406,39 @@ def _fast_flag_keys() -> None:
 _fast_flag_keys()
 
 
+# ---- the error of a slice assigned from an array of another shape --------------------------------
+# Numba lowers ``a[i:j] = b`` (``b`` an array) with a check of the two shapes whose error, on the
+# CPU, formats both shapes into its message (f-strings of ``str(int)`` and ``', '.join``): that
+# compiles Numba's string machinery for each rank of the shapes, and every function with such
+# an assignment links it and has LLVM optimise and emit it again. Measured on this project's
+# 2-vCPU Intel Xeon, one function of one such assignment: 8.3 s for the first in a process
+# (1.3 s with the error below), 5.8 s for the first of rank 2 (0.45 s), 0.8-1.7 s for each
+# later one (0.3-0.4 s, against 0.2 s for a function with a loop instead); a cold compile of
+# the RNN's forward kernel spent a fifth of its time there (profiled). A pdjit compile (its
+# nested compiles included) raises the ValueError of Numba's generic target, without the
+# shapes (pdjit's kernels check their arrays' shapes before: this error is a kernel's bug);
+# the check and the copy are Numba's own. (The shapes as the error's arguments, not formatted,
+# failed to box in pdjit's compiled code.) Numba's module global is swapped for the
+# length of the outermost pdjit compile only (Numba's global compiler lock is held: no other
+# compile runs meanwhile): other code compiled in the process keeps Numba's message. Pinned by
+# tests/codegen/cpu/test_opt_level.py.
+
+
+def _shape_mismatch(src_shapes, index_shape):
+    """The trampoline a pdjit compile's slice assignments call on a shape mismatch."""
+    raise ValueError("cannot assign slice from input of different size")
+
+
+@overload(_shape_mismatch)
+def _shape_mismatch_impl(src_shapes, index_shape):
+    def impl(src_shapes, index_shape):
+        raise ValueError("cannot assign slice from input of different size")
+    return impl
+
+
+_numba_shape_mismatch = numba_arrayobj.raise_with_shape_context
+
+
 # ---- Python's cyclic garbage collector during a compile ------------------------------------------
 # A Numba compile allocates a great many small objects (IR, types, llvmlite's IR), enough to
 # run CPython's collector hundreds of times, and every tenth young collection or so a full one
@@ -420,22 +454,28 @@ class PdjitCompiler(compiler.Compiler):
     """Numba's default pipeline, its LLVM passes at :attr:`opt_level` (and Numba's per-function
     passes on wrappers skipped below O3; two front-end passes only where they apply) for the
     length of the compile (on this thread, nested compiles included unless they set their
-    own), Python's cyclic garbage collector paused while the outermost one runs."""
+    own), Python's cyclic garbage collector paused and slice assignments given a cheaper
+    shape error (above) while the outermost one runs."""
 
     opt_level = OPT_LEVEL
 
     def _compile_core(self):
         _scope_codegen(self.state.targetctx)
         before = getattr(_scope, "level", None), function_passes_on()
-        pause = before[0] is None and gc.isenabled()
+        outermost = before[0] is None
+        pause = outermost and gc.isenabled()
         _scope.level = self.opt_level
         _scope.function_passes = self.opt_level >= 3
         if pause:
             gc.disable()
+        if outermost:
+            numba_arrayobj.raise_with_shape_context = _shape_mismatch
         try:
             return super()._compile_core()
         finally:
             _scope.level, _scope.function_passes = before
+            if outermost:
+                numba_arrayobj.raise_with_shape_context = _numba_shape_mismatch
             if pause:
                 gc.enable()
 
