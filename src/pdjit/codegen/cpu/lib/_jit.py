@@ -425,8 +425,9 @@ _fast_flag_keys()
 
 
 def _shape_mismatch(src_shapes, index_shape):
-    """The trampoline a pdjit compile's slice assignments call on a shape mismatch."""
-    raise ValueError("cannot assign slice from input of different size")
+    """The trampoline a pdjit compile's slice assignments call on a shape mismatch (compiled
+    code only: its overload below)."""
+    raise NotImplementedError
 
 
 @overload(_shape_mismatch)
