@@ -45,9 +45,12 @@ def _rnn_program(static_t=True):
 def _numpy_rnn(x, h0, wx, wh, b):
     h, c = h0, np.full_like(h0, 0.25)
     hs, cs = [], []
+    # ``h * 0.1`` is a scale op: its factor is a float32 attribute, as in Fluid (0.1 rounded
+    # to float32 is 0.1 + 1.5e-9, visible where c's two terms cancel)
+    tenth = float(np.float32(0.1))
     for t in range(x.shape[0]):
         h = np.tanh(x[t] @ wx + h @ wh + b + c)
-        c = c * 0.5 + h * 0.1
+        c = c * 0.5 + h * tenth
         hs.append(h)
         cs.append(c)
     return np.stack(hs), np.stack(cs)
