@@ -27,12 +27,15 @@ def gemm(a, b):
     return np.dot(a, b) if n == 1 else threads.numpy_gemm(a, b, n)
 
 
-@overload(bdim, inline="always")
+# Not ``inline="always"``: Numba's inlining re-runs its untyped passes on the callee at every
+# call site, which made typing a broadcast kernel's call sites cost more than the rest of its
+# compile. The calls sit outside the loops, and LLVM inlines the small callees anyway.
+@overload(bdim)
 def _bdim_native(acc, d):
     return bdim
 
 
-@overload(check, inline="always")
+@overload(check)
 def _check_native(cond):
     return check
 
