@@ -44,6 +44,28 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ.setdefault("PDJIT_COMPILE_WORKERS", "0")
 
 
+@pytest.fixture(autouse=True)
+def _thread_count_restored():
+    """The process's thread setting as it was before each test: a test that asks for a count
+    (``set_num_threads``) leaves the next ones in its worker to build plans for the count it
+    left (no parallel variants after a ``set_num_threads(1)``), not for every core as a
+    process that never asked does."""
+    import sys
+
+    mod = sys.modules.get("pdjit.codegen.cpu.threads")
+    before = mod._applied if mod is not None else None
+    yield
+    mod = sys.modules.get("pdjit.codegen.cpu.threads")
+    if mod is None or mod._applied == before:
+        return
+    if before is not None:
+        mod.set_num_threads(before)
+        return
+    mod._applied = None  # never asked: the defaults again, applied before the next run
+    mod._default_applied = False
+    mod._run_blas[0] = mod._run_local.loops = mod._run_local.key = None
+
+
 @pytest.fixture
 def fresh_programs():
     """A fresh (main, startup) pair installed as the defaults, with fresh unique names."""
