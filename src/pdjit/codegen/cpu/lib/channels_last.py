@@ -51,7 +51,15 @@ from pdjit.codegen.cpu.lib.pgemm import (
     run_chunks,
     spread_share,
 )
-from pdjit.codegen.cpu.lib.tile import _masked, _offset, _splat, _vectors, gate_of, gated
+from pdjit.codegen.cpu.lib.tile import (
+    _masked,
+    _offset,
+    _splat,
+    _vectors,
+    gate_of,
+    gated,
+    sum_passes,
+)
 
 __all__ = ["MAX_PLANE", "conv_nhwc", "conv_nhwc_weight", "depthwise_nhwc",
            "depthwise_nhwc_weight", "panel_of", "pointwise_nhwc", "pointwise_nhwc_weight"]
@@ -311,32 +319,34 @@ def _dw_kernel(npix: int, nv: int, kw_: int = 0, sw_: int = 0):
         def fma_into(p, v, xv, wv):
             builder.store(builder.call(fma, [xv, wv, builder.load(acc[v][p])]), acc[v][p])
 
-        def by_taps(xi, wi):  # each tap's pixels loaded for it
+        def by_taps(xi, wi, ps, vs):  # each tap's pixels loaded for it
             with cgutils.for_range(builder, kw) as taps:
                 xt = builder.add(xi, builder.mul(taps.index, xj))
-                wv = [load(wa, builder.add(wi, builder.mul(taps.index, ys)), v)
-                      for v in range(nv)]
-                for p in range(npix):
+                wv = {v: load(wa, builder.add(wi, builder.mul(taps.index, ys)), v) for v in vs}
+                for p in ps:
                     xp = builder.add(xt, poff[p])
-                    for v in range(nv):
+                    for v in vs:
                         fma_into(p, v, load(xa, xp, v), wv[v])
 
-        def by_columns(xi, wi):  # each column of the row loaded once (see above)
+        def by_columns(xi, wi, ps, vs):  # each column of the row loaded once (see above)
             kmax = builder.add(builder.mul(last, const(sw_)), const(kw_ - 1))
-            wv = [[load(wa, builder.add(wi, builder.mul(const(j), ys)), v) for v in range(nv)]
+            wv = [{v: load(wa, builder.add(wi, builder.mul(const(j), ys)), v) for v in vs}
                   for j in range(kw_)]
-            for k in range((npix - 1) * sw_ + kw_):
+            for k in range(ps[0] * sw_, (ps[-1]) * sw_ + kw_):
                 kk = builder.select(builder.icmp_signed("<=", const(k), kmax), const(k), kmax)
                 xk = builder.add(xi, builder.mul(kk, xj))
-                xv = [load(xa, xk, v) for v in range(nv)]
-                for p in range(npix):
+                xv = {v: load(xa, xk, v) for v in vs}
+                for p in ps:
                     if 0 <= k - p * sw_ < kw_:
-                        for v in range(nv):
+                        for v in vs:
                             fma_into(p, v, xv[v], wv[k - p * sw_][v])
 
-        with cgutils.for_range(builder, nrows) as rows:
-            (by_columns if kw_ else by_taps)(builder.add(x0, builder.mul(rows.index, xr)),
-                                             builder.add(w0, builder.mul(rows.index, wr)))
+        # (by passes of pixels and vectors that fit the registers: .tile.sum_passes)
+        for p0, p1, v0, v1 in sum_passes(npix, nv):
+            with cgutils.for_range(builder, nrows) as rows:
+                (by_columns if kw_ else by_taps)(builder.add(x0, builder.mul(rows.index, xr)),
+                                                 builder.add(w0, builder.mul(rows.index, wr)),
+                                                 range(p0, p1), range(v0, v1))
         has_res = builder.icmp_signed("!=", cgutils.unpack_tuple(builder, ra.shape)[0],
                                       const(0))
         lov, hiv = (_splat(builder, vty, context.cast(builder, args[i], at[i], at[0].dtype))

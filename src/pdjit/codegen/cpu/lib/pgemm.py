@@ -51,6 +51,7 @@ from pdjit.codegen.cpu.lib.tile import (
     _vectors,
     gate_of,
     gated,
+    sum_passes,
 )
 
 __all__ = ["pack_a", "pack_b", "pack_scaled", "packed_batches", "packed_gemm",
@@ -203,37 +204,43 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
                 arow.append(builder.add(a0v, builder.mul(rr, ldav) if taps or not trans
                                         else rr))
         def sums(masked: bool):
-            """The loop over ``k`` of the tile's fused multiply-adds (``masked``: conv's rows
-            of b loaded under the columns' mask); a far tile's given ``pfo`` 0, a loop without
-            its prefetches."""
-            if far:
-                with builder.if_else(builder.icmp_signed("==", pfov, const(0))) as (near, ahead):
-                    with near:
-                        steps(masked, False)
-                    with ahead:
-                        steps(masked, True)
-            else:
-                steps(masked, bool(pf))
+            """The loops over ``k`` of the tile's fused multiply-adds, one per pass
+            (:func:`.tile.sum_passes`; the first makes the prefetches) (``masked``: conv's
+            rows of b loaded under the columns' mask); a far tile's given ``pfo`` 0, loops
+            without its prefetches."""
+            for i, part in enumerate(sum_passes(mr, nv)):
+                if far and i == 0:
+                    with builder.if_else(builder.icmp_signed("==", pfov, const(0))) as (
+                            near, ahead):
+                        with near:
+                            steps(masked, False, part, False)
+                        with ahead:
+                            steps(masked, True, part, True)
+                else:
+                    steps(masked, bool(pf) and i == 0 and not far, part, i == 0)
 
-        def steps(masked: bool, fetch: bool):
-            """The steps ``k`` of the sum (``fetch``: each prefetching the panel's row ahead);
-            a spread tile's first ``pfl`` each fetching a line of its share, then the rest
-            (a step that kept fetching the share's last line again took an instruction count
-            the multiply-adds need on a core shared with another thread)."""
-            if not spread:
+        def steps(masked: bool, fetch: bool, part, first: bool):
+            """The steps ``k`` of the sum of the rows and vectors ``part`` (``fetch``: each
+            prefetching the panel's row ahead; ``first``: the first pass, which makes the
+            prefetches and the copies); a spread tile's first ``pfl`` each fetching a line
+            of its share, then the rest (a step that kept fetching the share's last line
+            again took an instruction count the multiply-adds need on a core shared with
+            another thread)."""
+            if not (spread and first):
                 with cgutils.for_range(builder, kkv) as loop:
-                    step(loop.index, masked, fetch, False)
+                    step(loop.index, masked, fetch, False, part, first)
                 return
             n1 = builder.select(builder.icmp_signed("<", pflv, kkv), pflv, kkv)
             with cgutils.for_range_slice(builder, const(0), n1, const(1), inc=True) as (k, _):
-                step(k, masked, fetch, True)
+                step(k, masked, fetch, True, part, first)
             with cgutils.for_range_slice(builder, n1, kkv, const(1), inc=True) as (k, _):
-                step(k, masked, fetch, False)
+                step(k, masked, fetch, False, part, first)
 
-        def step(k, masked: bool, fetch: bool, share: bool):
+        def step(k, masked: bool, fetch: bool, share: bool, part, first: bool):
+            r0, r1, v0, v1 = part
             if conv:  # row k of b in place
                 base = builder.add(b0v, builder.mul(k, ldbv))
-                for v in range(nv if pf else 0):  # the next panel's row k, into L2
+                for v in range(nv if pf and first else 0):  # the next panel's row k, into L2
                     _prefetch(builder, bptr, builder.add(base, const(nr + v * lanes)),
                               locality=2)
                 abase = builder.add(a0v, builder.mul(k, const(mr)))
@@ -249,22 +256,22 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
                               locality=2 if far else 3)
             if taps:  # where step k's tap starts
                 tapk = builder.load(builder.gep(offp, [builder.add(k0v, k)]))
-            bv = []
-            for v in range(nv):
+            bv = {}
+            for v in range(v0, v1):
                 p = builder.bitcast(builder.gep(bptr, [builder.add(base, const(v * lanes))]),
                                     vty.as_pointer())
-                bv.append(builder.call(mload, [p, i32, masks[v], zero]) if masked else
-                          builder.load(p, align=size))
-            if copy:  # the row packed for the tiles after this one
+                bv[v] = (builder.call(mload, [p, i32, masks[v], zero]) if masked else
+                         builder.load(p, align=size))
+            if copy and r0 == 0:  # the row packed for the tiles after this one
                 pkb = builder.add(pk0v, builder.mul(k, const(nr)))
-                for v in range(nv):
+                for v in range(v0, v1):
                     q = builder.gep(pkptr, [builder.add(pkb, const(v * lanes))])
                     builder.store(bv[v], builder.bitcast(q, vty.as_pointer()), align=4)
-            for r in range(mr):
+            for r in range(r0, r1):
                 ai = builder.add(abase, const(r)) if conv else builder.add(
                     arow[r], tapk if taps else builder.mul(k, ldav) if trans else k)
                 wb = _splat(builder, vty, builder.load(builder.gep(aptr, [ai])))
-                for v in range(nv):
+                for v in range(v0, v1):
                     builder.store(builder.call(fma, [wb, bv[v], builder.load(acc[r][v])]),
                                   acc[r][v])
 

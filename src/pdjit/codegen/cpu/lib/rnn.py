@@ -71,7 +71,13 @@ from numba.extending import intrinsic, overload, register_jitable
 from pdjit.codegen.cpu import mathfuncs as _m
 from pdjit.codegen.cpu.lib import pgemm as _pg
 from pdjit.codegen.cpu.lib._jit import compile_cost, jit, jobs
-from pdjit.codegen.cpu.lib.tile import TILE_BYTES, _offset, _vectors, tile_kernel
+from pdjit.codegen.cpu.lib.tile import (
+    TILE_BYTES,
+    _offset,
+    _vectors,
+    sum_passes,
+    tile_kernel,
+)
 from pdjit.codegen.cpu.threads import asked_threads, free_cores, loop_threads, run_parts
 
 __all__ = ["rnn_forward", "rnn_forward_at", "rnn_weight_table", "rnn_backward", "rnn_gates",
@@ -465,15 +471,16 @@ def _gemv_kernel(rows: int):
             acc = [cgutils.alloca_once_value(builder, zero) for _ in range(nrows)]
             starts = [builder.add(w0v, builder.mul(ldv, ir.Constant(i64, r)))
                       for r in range(nrows)]
-            with cgutils.for_range(builder, kvv) as loop:
-                k = builder.mul(loop.index, ir.Constant(i64, lanes))
-                hv = builder.load(builder.bitcast(builder.gep(hptr, [k]), vty.as_pointer()),
-                                  align=size)
-                for r in range(nrows):
-                    p = builder.bitcast(builder.gep(wptr, [builder.add(starts[r], k)]),
-                                        vty.as_pointer())
-                    builder.store(builder.call(fma, [builder.load(p, align=size), hv,
-                                                     builder.load(acc[r])]), acc[r])
+            for r0, r1, _, _ in sum_passes(nrows, 1):  # (rows that fit the registers)
+                with cgutils.for_range(builder, kvv) as loop:
+                    k = builder.mul(loop.index, ir.Constant(i64, lanes))
+                    hv = builder.load(builder.bitcast(builder.gep(hptr, [k]),
+                                                      vty.as_pointer()), align=size)
+                    for r in range(r0, r1):
+                        p = builder.bitcast(builder.gep(wptr, [builder.add(starts[r], k)]),
+                                            vty.as_pointer())
+                        builder.store(builder.call(fma, [builder.load(p, align=size), hv,
+                                                         builder.load(acc[r])]), acc[r])
             sums = [builder.load(a) for a in acc]
             if not rows:
                 # each level halves the partial sums of every row: x's rows then y's, each

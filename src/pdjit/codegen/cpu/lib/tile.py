@@ -27,10 +27,54 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 __all__ = ["tile_kernel", "plane_kernel", "pool_plane_kernel", "max22_plane", "avg22_plane",
-           "clamp_run", "TILE_BYTES"]
+           "clamp_run", "TILE_BYTES", "PASS_ROWS", "sum_passes"]
 
-#: the width of one vector of the tile, in bytes (an AVX-512 register)
+#: the width of one vector of the tile, in bytes (an AVX-512 register; two AVX2 registers)
 TILE_BYTES = 64
+
+
+def _pass_rows(features: str | None = None) -> int:
+    """:data:`PASS_ROWS` for the CPU Numba compiles for (``NUMBA_CPU_FEATURES`` where set, as
+    Numba's code generator reads it, else the host's features)."""
+    if features is None:
+        from numba.core import config
+
+        features = config.CPU_FEATURES
+    if features is None:
+        import llvmlite.binding as llvm
+
+        try:
+            features = llvm.get_host_cpu_features().flatten()
+        except RuntimeError:  # (LLVM knows no features of this host)
+            features = ""
+    have = set(features.split(","))
+    return 0 if "+avx512f" in have else 6 if "+avx" in have else 3
+
+
+#: How many rows of one vector (of :data:`TILE_BYTES`) one pass over a tile's sum keeps in
+#: registers: 0, all of the tile at once, with AVX-512's 32 registers of 64 bytes; with AVX2's
+#: 16 registers of 32 bytes a vector takes two, and a tile of more than 6 (12 registers, the
+#: rest for the loads and a broadcast) sums by passes over its ``k`` of at most 6 rows by one
+#: vector each (:func:`sum_passes`), each sum in the same order of ``k`` as in one pass (the
+#: same bits). Measured on a 2-vCPU AMD EPYC (Zen 1, AVX2), ``pgemm.weight_gemm`` float32, one
+#: thread: the 6 x 4 tile in one pass (48 registers' worth: spilled) 13-18 GFLOP/s, by passes
+#: 24-35, OpenBLAS's ``sgemm`` 28-35. Numba's cache keys compiled code by the CPU's features, so
+#: a cache copied to another kind of machine compiles its own.
+PASS_ROWS = _pass_rows()
+
+
+def sum_passes(mr: int, nv: int) -> list:
+    """The passes over the sum of a tile of ``mr`` rows by ``nv`` vectors (see
+    :data:`PASS_ROWS`): ``(r0, r1, v0, v1)``, rows ``r0 .. r1`` by vectors ``v0 .. v1`` each."""
+    if not PASS_ROWS or mr * nv <= PASS_ROWS:
+        return [(0, mr, 0, nv)]
+    if mr <= PASS_ROWS:  # whole rows, by groups of vectors
+        parts = -(-nv // (PASS_ROWS // mr))
+        vb = [nv * i // parts for i in range(parts + 1)]
+        return [(0, mr, vb[i], vb[i + 1]) for i in range(parts)]
+    parts = -(-mr // PASS_ROWS)  # rows in parts of as even sizes as may be, a vector each
+    rb = [mr * i // parts for i in range(parts + 1)]
+    return [(rb[i], rb[i + 1], v, v + 1) for v in range(nv) for i in range(parts)]
 
 
 def _offset(context, builder, ty, value):
@@ -182,24 +226,27 @@ def _tile_sums(context, builder, at, args, mr: int, nv: int):
             for v in range(nv):
                 builder.store(builder.load(cell(r, v), align=size), acc[r][v])
     xq = builder.add(xbv, q0v)
-    with cgutils.for_range(builder, kkv) as loop:
-        k = loop.index
-        t = builder.load(builder.gep(tptr, [builder.add(t0v, k)]))
-        base = builder.add(xq, context.cast(builder, t, at[6].dtype, types.int64))
-        xv = []
-        for v in range(nv):
-            p = builder.gep(xptr, [builder.add(base, ir.Constant(i64, v * lanes))])
-            xv.append(builder.load(builder.bitcast(p, vty.as_pointer()), align=size))
-            if nv > 1:  # the same tap's vectors of the next strip, which the caller's next
-                # tile reads (measured: ResNet-50's convolutions at batch 1, 89.6 -> 83.1 ms)
-                _prefetch(builder, xptr, builder.add(base, ir.Constant(i64, (v + nv) * lanes)))
-        for r in range(mr):
-            wi = builder.add(builder.add(w0v, builder.mul(wkv, ir.Constant(i64, r))), k)
-            w = builder.load(builder.gep(wptr, [wi]))
-            wb = _splat(builder, vty, w)
-            for v in range(nv):
-                builder.store(builder.call(fma, [wb, xv[v], builder.load(acc[r][v])]),
-                              acc[r][v])
+    for r0, r1, v0, v1 in sum_passes(mr, nv):
+        with cgutils.for_range(builder, kkv) as loop:
+            k = loop.index
+            t = builder.load(builder.gep(tptr, [builder.add(t0v, k)]))
+            base = builder.add(xq, context.cast(builder, t, at[6].dtype, types.int64))
+            xv = {}
+            for v in range(v0, v1):
+                p = builder.gep(xptr, [builder.add(base, ir.Constant(i64, v * lanes))])
+                xv[v] = builder.load(builder.bitcast(p, vty.as_pointer()), align=size)
+                if nv > 1 and r0 == 0:  # the same tap's vectors of the next strip, which the
+                    # caller's next tile reads (measured: ResNet-50's convolutions at batch
+                    # 1, 89.6 -> 83.1 ms)
+                    _prefetch(builder, xptr,
+                              builder.add(base, ir.Constant(i64, (v + nv) * lanes)))
+            for r in range(r0, r1):
+                wi = builder.add(builder.add(w0v, builder.mul(wkv, ir.Constant(i64, r))), k)
+                w = builder.load(builder.gep(wptr, [wi]))
+                wb = _splat(builder, vty, w)
+                for v in range(v0, v1):
+                    builder.store(builder.call(fma, [wb, xv[v], builder.load(acc[r][v])]),
+                                  acc[r][v])
     return acc, cell, size
 
 
