@@ -60,7 +60,8 @@ __all__ = ["pack_a", "pack_b", "pack_scaled", "packed_batches", "packed_gemm",
            "weight_split_work"]
 
 #: rows of a block of ``c`` (broadcast values of ``a``) and vectors of columns per panel: 24
-#: accumulators of the 32 vector registers of AVX-512
+#: accumulators of the 32 vector registers of AVX-512 (with fewer registers the tile sums by
+#: passes: :data:`.tile.PASS_ROWS`)
 MR, NV = 6, 4
 #: the fewest multiply-adds a product is split over threads for (where threads are given)
 SPLIT_MIN_WORK = 1 << 22

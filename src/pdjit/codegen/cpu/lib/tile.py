@@ -8,7 +8,8 @@ output rows by ``NV`` vectors of positions (a vector: 64 bytes, 16 float32 or 8 
 
 for ``r < MR`` and ``q < NV * lanes``, added to what ``df`` holds there where ``more`` is true
 (a block of taps after the first: the caller splits long sums into blocks whose inputs stay in
-the L1 cache). The ``MR * NV`` sums stay in vector registers over all ``kk`` taps and are
+the L1 cache). The ``MR * NV`` sums stay in vector registers over all ``kk`` taps (by passes
+where they do not fit: :data:`PASS_ROWS`) and are
 stored once; each tap loads ``NV`` vectors of inputs and broadcasts ``MR`` weights. Every
 output sums its products in tap order, each a fused multiply-add. The caller applies an
 epilogue (:func:`clamp_run`) to a few strips of tiles while they are in cache: measured, a tile
