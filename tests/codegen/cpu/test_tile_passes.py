@@ -83,7 +83,7 @@ def _gemm_tile(monkeypatch, limit):
 
 @pytest.mark.parametrize("rows,cols", [(pgemm.MR, 64), (5, 61), (1, 17)])
 def test_gemm_tile_by_passes_sums_as_one_pass(monkeypatch, rows, cols):
-    kk = 45
+    kk = 150
     a = RNG.standard_normal((rows, kk)).astype(np.float32)
     b = RNG.standard_normal((kk, cols)).astype(np.float32)
     bp = np.empty(pgemm.packed_b_size(kk, cols, 4), np.float32)

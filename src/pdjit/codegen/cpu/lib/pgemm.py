@@ -214,7 +214,7 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
                     with builder.if_else(builder.icmp_signed("==", pfov, const(0))) as (
                             near, ahead):
                         with near:
-                            steps(masked, False, part, False)
+                            steps(masked, False, part, True)
                         with ahead:
                             steps(masked, True, part, True)
                 else:
