@@ -108,3 +108,10 @@ def test_gemm_tile_by_passes_sums_as_one_pass(monkeypatch, rows, cols):
     for other in results[1:]:
         for name in ("plain", "epilogue"):
             assert np.array_equal(results[0][name], other[name])
+
+
+def test_the_pass_size_follows_the_cpus_registers():
+    assert tile._pass_rows("+avx512f,+avx2,+avx,+fma") == 0       # 32 registers of 64 bytes
+    assert tile._pass_rows("-avx512f,+avx2,+avx,+fma") == 6       # 16 of 32 bytes
+    assert tile._pass_rows("-avx512f,-avx2,-avx,+sse4.2") == 3    # 16 of 16 bytes
+    assert tile._pass_rows("") == 3
