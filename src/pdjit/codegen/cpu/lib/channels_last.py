@@ -332,7 +332,7 @@ def _dw_kernel(npix: int, nv: int, kw_: int = 0, sw_: int = 0):
             kmax = builder.add(builder.mul(last, const(sw_)), const(kw_ - 1))
             wv = [{v: load(wa, builder.add(wi, builder.mul(const(j), ys)), v) for v in vs}
                   for j in range(kw_)]
-            for k in range(ps[0] * sw_, (ps[-1]) * sw_ + kw_):
+            for k in range(ps[0] * sw_, ps[-1] * sw_ + kw_):
                 kk = builder.select(builder.icmp_signed("<=", const(k), kmax), const(k), kmax)
                 xk = builder.add(xi, builder.mul(kk, xj))
                 xv = {v: load(xa, xk, v) for v in vs}

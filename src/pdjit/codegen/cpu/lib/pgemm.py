@@ -218,7 +218,7 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
                         with ahead:
                             steps(masked, True, part, True)
                 else:
-                    steps(masked, bool(pf) and i == 0 and not far, part, i == 0)
+                    steps(masked, bool(pf) and i == 0, part, i == 0)
 
         def steps(masked: bool, fetch: bool, part, first: bool):
             """The steps ``k`` of the sum of the rows and vectors ``part`` (``fetch``: each
