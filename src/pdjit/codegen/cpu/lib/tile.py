@@ -34,9 +34,9 @@ __all__ = ["tile_kernel", "plane_kernel", "pool_plane_kernel", "max22_plane", "a
 TILE_BYTES = 64
 
 
-def _pass_rows(features: str | None = None) -> int:
-    """:data:`PASS_ROWS` for the CPU Numba compiles for (``NUMBA_CPU_FEATURES`` where set, as
-    Numba's code generator reads it, else the host's features)."""
+def _features(features: str | None = None) -> set:
+    """The CPU features Numba compiles for (``NUMBA_CPU_FEATURES`` where set, as Numba's code
+    generator reads it, else the host's), as a set of ``"+avx2"``-style names."""
     if features is None:
         from numba.core import config
 
@@ -48,8 +48,19 @@ def _pass_rows(features: str | None = None) -> int:
             features = llvm.get_host_cpu_features().flatten()
         except RuntimeError:  # (LLVM knows no features of this host)
             features = ""
-    have = set(features.split(","))
+    return set(features.split(","))
+
+
+def _pass_rows(features: str | None = None) -> int:
+    """:data:`PASS_ROWS` for the CPU of ``features`` (see :func:`_features`)."""
+    have = _features(features)
     return 0 if "+avx512f" in have else 6 if "+avx" in have else 3
+
+
+def _plane_bytes(features: str | None = None) -> int:
+    """:data:`PLANE_BYTES` for the CPU of ``features`` (see :func:`_features`)."""
+    have = _features(features)
+    return 64 if "+avx512f" in have else 32 if "+avx" in have else 16
 
 
 #: How many rows of one vector (of :data:`TILE_BYTES`) one pass over a tile's sum keeps in
@@ -62,6 +73,12 @@ def _pass_rows(features: str | None = None) -> int:
 #: 24-35, OpenBLAS's ``sgemm`` 28-35. Numba's cache keys compiled code by the CPU's features, so
 #: a cache copied to another kind of machine compiles its own.
 PASS_ROWS = _pass_rows()
+
+#: The width in bytes of the vectors of the kernels that stream over an image plane with no
+#: register tile and no packed layout (:func:`plane_kernel`): one register of the CPU. Their
+#: loops hold a filter's taps, a vector of sums per filter row and a row's loads at once, which
+#: in vectors of 64 bytes took twice the 16 registers of an AVX2 CPU and spilled.
+PLANE_BYTES = _plane_bytes()
 
 
 def sum_passes(mr: int, nv: int) -> list:
@@ -83,12 +100,12 @@ def _offset(context, builder, ty, value):
     return context.cast(builder, value, ty, types.int64)
 
 
-def _vectors(context, builder, dtype):
+def _vectors(context, builder, dtype, nbytes: int = TILE_BYTES):
     """``(element type, its bytes, lanes, vector type, i64, zero vector, llvm.fma of
-    vectors)`` for vectors of :data:`TILE_BYTES` of ``dtype``."""
+    vectors)`` for vectors of ``nbytes`` (:data:`TILE_BYTES`) of ``dtype``."""
     fty = context.get_value_type(dtype)
     size = context.get_abi_sizeof(fty)
-    lanes = TILE_BYTES // size
+    lanes = nbytes // size
     vty = ir.VectorType(fty, lanes)
     zero = ir.Constant(vty, [ir.Constant(fty, 0.0)] * lanes)
     fma = cgutils.get_or_insert_function(
@@ -290,27 +307,38 @@ def _masked(builder, vty, name: str):
                                           f"llvm.masked.{name}.v{vty.count}{el}.p0")
 
 
+def _store(builder, store, value, p, align, mask) -> None:
+    """Store the vector ``value`` at ``p``: its lanes in ``mask`` by ``store`` (a
+    :func:`_masked` store), every lane where ``mask`` is None."""
+    if mask is None:
+        builder.store(value, p, align=align.constant)
+    else:
+        builder.call(store, [value, p, align, mask])
+
+
 def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, fill, combine,
                  put, rows_first: bool = False):
     """The loops of a filter of ``kh x kw`` taps at stride ``stride`` (1 or 2) over one plane
     (:func:`plane_kernel`, :func:`pool_plane_kernel`): ``geo`` the LLVM i64 values ``(b0, h, w,
     oh, ow, pt, pl)``, ``align`` the elements' alignment (an i32 constant); each output vector
     starts at ``fill`` (also what a lane outside the image reads), takes its taps in order by
-    ``combine(tap, x, acc)`` and is stored by ``put(row, q0, value, mask)``. ``rows_first``
-    (an associative ``combine`` that ignores ``tap``, whose ``fill`` it returns its other
-    operand for: a max pool's): each input row's taps are combined first, once for all the
-    output rows that read it, then the rows, in the same order (a chain of ``kh`` combines a
-    row of outputs instead of ``kh * kw``: a max pool's steps were bound by that chain's
-    latency. 3x3 max pools at stride 2, one thread, us: [1, 64, 112, 112] 159 -> 109 (ResNet's,
-    padded by 1: 159 -> 108), [1, 128, 55, 55] 79 -> 53, [1, 256, 27, 27] 41 -> 26).
+    ``combine(tap, x, acc)`` and is stored by ``put(row, q0, value, mask)`` (``mask`` None:
+    every lane, see :func:`_store`). ``rows_first`` (an associative ``combine`` that ignores
+    ``tap``, whose ``fill`` it returns its other operand for: a max pool's): each input row's
+    taps are combined first, once for all the output rows that read it, then the rows, in the
+    same order (a chain of ``kh`` combines a row of outputs instead of ``kh * kw``: a max
+    pool's steps were bound by that chain's latency. 3x3 max pools at stride 2, one thread,
+    us: [1, 64, 112, 112] 159 -> 109 (ResNet's, padded by 1: 159 -> 108), [1, 128, 55, 55]
+    79 -> 53, [1, 256, 27, 27] 41 -> 26).
 
-    The outputs go by columns of vectors, down the rows; a tap's inputs are one masked load
-    (stride 2: the even or odd lanes of a pair of loads, picked by a shuffle; one pair serves
-    two neighbouring taps), the lanes outside the image masked off, so the plane is read in
-    place: no padded copy. Each input row is loaded once for all the output rows that read it
-    (their partial results stay in registers, rolled down an output row per step): at stride 2
-    this measured 1.1-1.4x faster than loading each output row's inputs (MobileNetV2's
-    depthwise layers of stride 2, float32, one thread, batch 1)."""
+    The outputs go by columns of vectors, down the rows; a tap's inputs are one load (stride
+    2: the even or odd lanes of a pair of loads, picked by a shuffle; one pair serves two
+    neighbouring taps), masked only in the columns at the image's edges, so the plane is read
+    in place: no padded copy (a row above or below the image reads ``fill``). Each input row
+    is loaded once for all the output rows that read it (their partial results stay in
+    registers, rolled down an output row per step): at stride 2 this measured 1.1-1.4x faster
+    than loading each output row's inputs (MobileNetV2's depthwise layers of stride 2,
+    float32, one thread, batch 1)."""
     b0v, hv, wv, ohv, owv, ptv, plv = geo
     lanes = vty.count
     i64 = ir.IntType(64)
@@ -332,54 +360,94 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
             builder.icmp_signed(">=", cols, _splat(builder, ity, builder.trunc(lo_, i32))),
             builder.icmp_signed("<", cols, _splat(builder, ity, builder.trunc(hi_, i32))))
 
-    def row_inside(ih):
-        return _splat(builder, bty, builder.and_(builder.icmp_signed(">=", ih, c(0)),
-                                                 builder.icmp_signed("<", ih, hv)))
+    def row(ih, masked):
+        """Input row ``ih``: its first element's index (a row outside the image: row 0's, where
+        the loads are not masked) and whether it lies in the image (``masked``: as a mask of
+        every lane, else one flag)."""
+        ok = builder.and_(builder.icmp_signed(">=", ih, c(0)), builder.icmp_signed("<", ih, hv))
+        if masked:
+            return builder.add(b0v, builder.mul(ih, wv)), _splat(builder, bty, ok)
+        return builder.add(b0v, builder.mul(builder.select(ok, ih, c(0)), wv)), ok
 
-    def vload(at_, mask):
+    def vload(at_, mask, ok):
+        """The vector at ``xptr[at_:]``: its lanes in ``mask`` and ``ok`` (``mask`` None: every
+        lane, ``fill`` where the flag ``ok`` is false)."""
         p = builder.bitcast(builder.gep(xptr, [at_]), vty.as_pointer())
-        return builder.call(load, [p, align, mask, fill])
+        if mask is None:
+            return builder.select(ok, builder.load(p, align=align.constant), fill)
+        return builder.call(load, [p, align, builder.and_(mask, ok), fill])
 
-    def ahead(base, cols_):
-        """Prefetch the elements ``base + col`` of the input row :data:`PLANE_AHEAD` on."""
-        at_ = builder.add(base, builder.mul(wv, c(PLANE_AHEAD)))
+    def ahead(ih, cols_):
+        """Prefetch the elements ``col`` of the input row :data:`PLANE_AHEAD` after ``ih``."""
+        at_ = builder.add(b0v, builder.mul(wv, builder.add(ih, c(PLANE_AHEAD))))
         for col in cols_:
             _prefetch(builder, xptr, builder.add(at_, col))
+
+    def columns(q0, first, last, body):
+        """``body(masked, partial)`` for the column of output vectors at ``q0``, whose loads
+        read the input columns ``first .. last``: its loads masked where a lane lies outside
+        the image, its stores where a lane lies outside the plane (``partial``: then both).
+        AMD's Zen 1 and 2 run a masked store as dozens of micro-ops: a depthwise 3x3 layer
+        masked throughout ran 2-3x slower there."""
+        whole = builder.and_(builder.icmp_signed(">=", first, c(0)),
+                             builder.icmp_signed("<", last, wv))
+        with builder.if_else(builder.icmp_signed("<=", builder.add(q0, c(lanes)), owv)) as (
+                stored, partial):
+            with stored:
+                with builder.if_else(whole) as (yes, no):
+                    with yes:
+                        body(False, False)
+                    with no:
+                        body(True, False)
+            with partial:
+                body(True, True)
+
+    def column(q):
+        """The first output of column ``q``: the last column of a plane at least a vector
+        wide ends at its edge (overlapping the one before: the same values stored again), so
+        that only a plane narrower than a vector stores through a mask."""
+        q0 = builder.mul(q, c(lanes))
+        return builder.select(builder.icmp_signed("<", owv, c(lanes)), q0,
+                              builder.select(builder.icmp_signed(">", builder.add(q0, c(lanes)),
+                                                                 owv),
+                                             builder.sub(owv, c(lanes)), q0))
 
     nq = builder.sdiv(builder.add(owv, c(lanes - 1)), c(lanes))
     if stride == 1:
         acc = [cgutils.alloca_once_value(builder, fill) for _ in range(kh)]
         with cgutils.for_range(builder, nq) as qloop:
-            q0 = builder.mul(qloop.index, c(lanes))
-            smask = inside(q0, c(0), owv)
+            q0 = column(qloop.index)
             cols = [builder.sub(builder.add(q0, c(j)), plv) for j in range(kw)]
-            lmask = [inside(col, c(0), wv) for col in cols]
-            for i in range(kh):
-                builder.store(fill, acc[i])
-            with cgutils.for_range(builder, builder.add(ohv, c(kh - 1))) as loop:
-                r = loop.index  # output row r - i reads this input row as its row i
-                ih = builder.sub(r, ptv)
-                okv = row_inside(ih)
-                base = builder.add(b0v, builder.mul(ih, wv))
-                ahead(base, (cols[0], builder.add(cols[kw - 1], c(lanes - 1))))
-                xv = [vload(builder.add(base, cols[j]), builder.and_(lmask[j], okv))
-                      for j in range(kw)]
-                if rows_first:
-                    xv = [_fold(combine, xv)]
-                sums = []
+
+            def rows1(masked, partial):
+                smask = inside(q0, c(0), owv) if partial else None
+                lmask = [inside(col, c(0), wv) if masked else None for col in cols]
                 for i in range(kh):
-                    s = builder.load(acc[i]) if i else fill
+                    builder.store(fill, acc[i])
+                with cgutils.for_range(builder, builder.add(ohv, c(kh - 1))) as loop:
+                    r = loop.index  # output row r - i reads this input row as its row i
+                    ih = builder.sub(r, ptv)
+                    base, ok = row(ih, masked)
+                    ahead(ih, (cols[0], builder.add(cols[kw - 1], c(lanes - 1))))
+                    xv = [vload(builder.add(base, cols[j]), lmask[j], ok) for j in range(kw)]
                     if rows_first:
-                        s = combine(i * kw, xv[0], s) if i else xv[0]
-                    else:
-                        for j in range(kw):
-                            s = combine(i * kw + j, xv[j], s)
-                    sums.append(s)
-                o = builder.sub(r, c(kh - 1))
-                with builder.if_then(builder.icmp_signed(">=", o, c(0))):
-                    put(o, q0, sums[kh - 1], smask)
-                for i in range(1, kh):
-                    builder.store(sums[i - 1], acc[i])
+                        xv = [_fold(combine, xv)]
+                    sums = []
+                    for i in range(kh):
+                        s = builder.load(acc[i]) if i else fill
+                        if rows_first:
+                            s = combine(i * kw, xv[0], s) if i else xv[0]
+                        else:
+                            for j in range(kw):
+                                s = combine(i * kw + j, xv[j], s)
+                        sums.append(s)
+                    o = builder.sub(r, c(kh - 1))
+                    with builder.if_then(builder.icmp_signed(">=", o, c(0))):
+                        put(o, q0, sums[kh - 1], smask)
+                    for i in range(1, kh):
+                        builder.store(sums[i - 1], acc[i])
+
+            columns(q0, cols[0], builder.add(cols[kw - 1], c(lanes - 1)), rows1)
         return
     # stride 2: step t reads input rows 2t and 2t + 1 (less the top padding); output row
     # t - u takes their taps 2u and 2u + 1, so each input row is loaded once for every output
@@ -391,45 +459,48 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
     steps = (kh + 1) // 2
     acc = [cgutils.alloca_once_value(builder, fill) for _ in range(steps)]
     with cgutils.for_range(builder, nq) as qloop:
-        q0 = builder.mul(qloop.index, c(lanes))
-        smask = inside(q0, c(0), owv)
+        q0 = column(qloop.index)
         cols = [[builder.add(builder.sub(builder.add(builder.mul(q0, c(2)), c(j)), plv),
                              c(h2 * lanes)) for h2 in range(2)] for j in range(0, kw, 2)]
-        lmask = [[inside(cc, c(0), wv) for cc in pair] for pair in cols]
-        for u in range(steps):
-            builder.store(fill, acc[u])
-        with cgutils.for_range(builder, builder.add(ohv, c(steps - 1))) as loop:
-            t = loop.index
-            rows = []  # per input row of the step, the inputs of each tap column
-            for e in range(2):
-                ih = builder.sub(builder.add(builder.mul(t, c(2)), c(e)), ptv)
-                okv = row_inside(ih)
-                base = builder.add(b0v, builder.mul(ih, wv))
-                ahead(base, (cols[0][0], cols[0][1], builder.add(cols[-1][1], c(lanes - 1))))
-                xv = []
-                for p_, pair in enumerate(cols):
-                    lo_, hi_ = (vload(builder.add(base, pair[h2]),
-                                      builder.and_(lmask[p_][h2], okv)) for h2 in range(2))
-                    xv.append(builder.shuffle_vector(lo_, hi_, even))
-                    if 2 * p_ + 1 < kw:
-                        xv.append(builder.shuffle_vector(lo_, hi_, odd))
-                rows.append([_fold(combine, xv)] if rows_first else xv)
-            sums = []
+
+        def rows2(masked, partial):
+            smask = inside(q0, c(0), owv) if partial else None
+            lmask = [[inside(cc, c(0), wv) if masked else None for cc in pair] for pair in cols]
             for u in range(steps):
-                acc_u = builder.load(acc[u]) if u else fill
+                builder.store(fill, acc[u])
+            with cgutils.for_range(builder, builder.add(ohv, c(steps - 1))) as loop:
+                t = loop.index
+                rows = []  # per input row of the step, the inputs of each tap column
                 for e in range(2):
-                    i = 2 * u + e
-                    if i < kh and rows_first:
-                        acc_u = rows[e][0] if i == 0 else combine(i * kw, rows[e][0], acc_u)
-                    elif i < kh:
-                        for j in range(kw):
-                            acc_u = combine(i * kw + j, rows[e][j], acc_u)
-                sums.append(acc_u)
-            o = builder.sub(t, c(steps - 1))
-            with builder.if_then(builder.icmp_signed(">=", o, c(0))):
-                put(o, q0, sums[steps - 1], smask)
-            for u in range(1, steps):
-                builder.store(sums[u - 1], acc[u])
+                    ih = builder.sub(builder.add(builder.mul(t, c(2)), c(e)), ptv)
+                    base, ok = row(ih, masked)
+                    ahead(ih, (cols[0][0], cols[0][1], builder.add(cols[-1][1], c(lanes - 1))))
+                    xv = []
+                    for p_, pair in enumerate(cols):
+                        lo_, hi_ = (vload(builder.add(base, pair[h2]), lmask[p_][h2], ok)
+                                    for h2 in range(2))
+                        xv.append(builder.shuffle_vector(lo_, hi_, even))
+                        if 2 * p_ + 1 < kw:
+                            xv.append(builder.shuffle_vector(lo_, hi_, odd))
+                    rows.append([_fold(combine, xv)] if rows_first else xv)
+                sums = []
+                for u in range(steps):
+                    acc_u = builder.load(acc[u]) if u else fill
+                    for e in range(2):
+                        i = 2 * u + e
+                        if i < kh and rows_first:
+                            acc_u = rows[e][0] if i == 0 else combine(i * kw, rows[e][0], acc_u)
+                        elif i < kh:
+                            for j in range(kw):
+                                acc_u = combine(i * kw + j, rows[e][j], acc_u)
+                    sums.append(acc_u)
+                o = builder.sub(t, c(steps - 1))
+                with builder.if_then(builder.icmp_signed(">=", o, c(0))):
+                    put(o, q0, sums[steps - 1], smask)
+                for u in range(1, steps):
+                    builder.store(sums[u - 1], acc[u])
+
+        columns(q0, cols[0][0], builder.add(cols[-1][1], c(lanes - 1)), rows2)
 
 
 #: how many rows ahead :func:`_plane_loops` prefetches the input rows it will read and the
@@ -500,7 +571,8 @@ def plane_kernel(kh: int, kw: int, stride: int):
             dptr = context.make_array(at[6])(context, builder, args[6]).data
             w0v, b0v, hv, wv, d0v, ohv, owv, ptv, plv = (
                 _offset(context, builder, at[i], args[i]) for i in (1, 3, 4, 5, 7, 8, 9, 10, 11))
-            fty, size, lanes, vty, i64, zero, fma = _vectors(context, builder, at[0].dtype)
+            fty, size, lanes, vty, i64, zero, fma = _vectors(context, builder, at[0].dtype,
+                                                             PLANE_BYTES)
             store = _masked(builder, vty, "store")
             align = ir.Constant(ir.IntType(32), size)
             wb = [_splat(builder, vty, builder.load(builder.gep(
@@ -518,9 +590,9 @@ def plane_kernel(kh: int, kw: int, stride: int):
                 p = _row_out(builder, dptr, d0v, owv, row, q0, vty)
                 with builder.if_else(ep) as (yes, no):
                     with yes:
-                        builder.call(store, [apply(s, bvec), p, align, smask])
+                        _store(builder, store, apply(s, bvec), p, align, smask)
                     with no:
-                        builder.call(store, [s, p, align, smask])
+                        _store(builder, store, s, p, align, smask)
 
             _plane_loops(builder, xptr, (b0v, hv, wv, ohv, owv, ptv, plv), vty, align, kh, kw,
                          stride, zero, lambda t, x, s: builder.call(fma, [wb[t], x, s]), put)
@@ -561,14 +633,15 @@ def pool_plane_kernel(k: int, stride: int):
             dptr = context.make_array(at[4])(context, builder, args[4]).data
             b0v, hv, wv, d0v, ohv, owv, ptv, plv = (
                 _offset(context, builder, at[i], args[i]) for i in (1, 2, 3, 5, 6, 7, 8, 9))
-            fty, size, lanes, vty, i64, zero, _ = _vectors(context, builder, at[0].dtype)
+            fty, size, lanes, vty, i64, zero, _ = _vectors(context, builder, at[0].dtype,
+                                                           PLANE_BYTES)
             store = _masked(builder, vty, "store")
             align = ir.Constant(ir.IntType(32), size)
             low = _splat(builder, vty, ir.Constant(fty, float("-inf")))
 
             def put(row, q0, s, smask):
-                builder.call(store, [s, _row_out(builder, dptr, d0v, owv, row, q0, vty),
-                                     align, smask])
+                _store(builder, store, s, _row_out(builder, dptr, d0v, owv, row, q0, vty), align,
+                       smask)
 
             _plane_loops(builder, xptr, (b0v, hv, wv, ohv, owv, ptv, plv), vty, align, k, k,
                          stride, low, lambda t, x, m: _larger(builder, x, m), put,
