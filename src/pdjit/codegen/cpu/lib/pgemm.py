@@ -44,6 +44,8 @@ from pdjit.codegen.cpu.lib._jit import blas_gemm, compile_cost, jit, jobs, may_s
 from pdjit.codegen.cpu.lib.tile import (
     TILE_BYTES,
     _clamp,
+    _edge_load,
+    _edge_store,
     _masked,
     _offset,
     _prefetch,
@@ -189,6 +191,8 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
             masks.append(builder.icmp_signed("<", q, colvec))
         mload, mstore = _masked(builder, vty, "load"), _masked(builder, vty, "store")
         i32 = ir.Constant(ir.IntType(32), size)
+        in_cols = [builder.icmp_signed("<=", const((v + 1) * lanes), colsv)  # (vector v whole)
+                   for v in range(nv)]
 
         def cell(r, v):  # (not ``trans``: its stores are :func:`_store_transposed`'s)
             off = builder.add(builder.add(c0v, builder.mul(ldcv, const(r))), const(v * lanes))
@@ -308,8 +312,8 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
             else:  # a bias per column (masked loads: it holds N values)
                 for v in range(nv):
                     p = builder.gep(biasa.data, [builder.add(n0v, const(v * lanes))])
-                    b = builder.call(mload, [builder.bitcast(p, vty.as_pointer()), i32,
-                                             masks[v], zero])
+                    b = _edge_load(builder, mload, builder.bitcast(p, vty.as_pointer()), i32,
+                                   masks[v], in_cols[v], zero)
                     for r in range(mr):
                         builder.store(builder.fadd(builder.load(acc[r][v]), b), acc[r][v])
         lov, hiv = (_splat(builder, vty, context.cast(builder, args[i], at[i],
@@ -328,15 +332,15 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
                     x = builder.load(acc[r][v])
                     with builder.if_then(has_res):
                         p = builder.gep(resa.data, [off])
-                        rv = builder.call(mload, [builder.bitcast(p, vty.as_pointer()), i32,
-                                                  masks[v], zero])
+                        rv = _edge_load(builder, mload, builder.bitcast(p, vty.as_pointer()),
+                                        i32, masks[v], in_cols[v], zero)
                         builder.store(builder.fadd(x, rv), acc[r][v])
                     x = builder.load(acc[r][v])
                     x = builder.select(builder.fcmp_unordered(">=", x, lov), x, lov)
                     x = builder.select(builder.fcmp_unordered("<=", x, hiv), x, hiv)
                     if gate:
                         x = gated(builder, has_gate, gv, x)
-                    builder.call(mstore, [x, cp, i32, masks[v]])
+                    _edge_store(builder, mstore, x, cp, i32, masks[v], in_cols[v])
         return context.get_dummy_value()
 
     def typed(arrays, floats, dtype):
@@ -498,6 +502,7 @@ def _store_transposed(context, builder, tile, cptr, rptr, has_res, c0, ldq, rows
     in_rows = builder.icmp_signed("<", ir.Constant(m32, list(range(_TRANS_ROWS))),
                                   _splat(builder, m32, builder.trunc(rows, i32)))
     none = ir.Constant(ir.VectorType(ir.IntType(1), _TRANS_ROWS), [0] * _TRANS_ROWS)
+    full = builder.icmp_signed(">=", rows, ir.Constant(i64, _TRANS_ROWS))  # (every row)
     zero = ir.Constant(rty, [ir.Constant(fty, 0.0)] * _TRANS_ROWS)
     lo8, hi8 = (builder.shuffle_vector(v, ir.Constant(vty, ir.Undefined), ir.Constant(
         m32, list(range(_TRANS_ROWS)))) for v in (lo, hi))
@@ -510,10 +515,12 @@ def _store_transposed(context, builder, tile, cptr, rptr, has_res, c0, ldq, rows
                                   in_rows, none)
             at = builder.add(c0, builder.mul(ldq, ir.Constant(i64, col)))
             rp = builder.bitcast(builder.gep(rptr, [at]), rty.as_pointer())
-            rv = builder.call(mload, [rp, align, builder.select(has_res, mask, none), zero])
+            whole = builder.and_(builder.icmp_signed("<", ir.Constant(i64, col), cols), full)
+            rv = _edge_load(builder, mload, rp, align, builder.select(has_res, mask, none),
+                            builder.and_(whole, has_res), zero)
             x = _clamp(builder, has_res, x, rv, lo8, hi8)
-            builder.call(mstore, [x, builder.bitcast(builder.gep(cptr, [at]), rty.as_pointer()),
-                                  align, mask])
+            _edge_store(builder, mstore, x, builder.bitcast(builder.gep(cptr, [at]),
+                                                            rty.as_pointer()), align, mask, whole)
 
 
 #: the panel's rows ahead of the sum that each step prefetches: weights read from beyond the

@@ -316,6 +316,34 @@ def _store(builder, store, value, p, align, mask) -> None:
         builder.call(store, [value, p, align, mask])
 
 
+def _edge_store(builder, store, value, p, align, mask, whole) -> None:
+    """Store the vector ``value`` at ``p``: plainly where ``whole`` (an i1) holds, else its
+    lanes in ``mask`` by ``store`` (a :func:`_masked` store). For a tile's epilogue, whose
+    vectors are all whole but at a product's last columns: AMD's Zen 1 and 2 run a masked
+    store as dozens of micro-ops."""
+    with builder.if_else(whole) as (yes, no):
+        with yes:
+            builder.store(value, p, align=align.constant)
+        with no:
+            builder.call(store, [value, p, align, mask])
+
+
+def _edge_load(builder, load, p, align, mask, whole, fill):
+    """The vector at ``p``: loaded plainly where ``whole`` (an i1) holds, else its lanes in
+    ``mask`` by ``load`` (a :func:`_masked` load), ``fill`` in the others."""
+    with builder.if_else(whole) as (yes, no):
+        with yes:
+            plain = builder.load(p, align=align.constant)
+            from_yes = builder.block
+        with no:
+            masked = builder.call(load, [p, align, mask, fill])
+            from_no = builder.block
+    got = builder.phi(fill.type)
+    got.add_incoming(plain, from_yes)
+    got.add_incoming(masked, from_no)
+    return got
+
+
 def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, fill, combine,
                  put, rows_first: bool = False):
     """The loops of a filter of ``kh x kw`` taps at stride ``stride`` (1 or 2) over one plane
