@@ -55,6 +55,7 @@ from pdjit.codegen.cpu.lib.tile import (
     _masked,
     _offset,
     _splat,
+    _store,
     _vectors,
     gate_of,
     gated,
@@ -273,7 +274,8 @@ def _dw_kernel(npix: int, nv: int, kw_: int = 0, sw_: int = 0):
     ``ys``, the channels), every tap of every pixel in the image (the caller's border loop
     takes the others). The ``npix * nv`` sums stay in registers over the taps (each tap loads
     ``nv`` vectors of the filter and ``npix * nv`` of the image), in tap order, each a fused
-    multiply-add; then the residual, the clamp, the gate and one masked store. Pixels past
+    multiply-add; then the residual, the clamp, the gate and one store (loads and stores
+    masked only in a tile of fewer than ``nv`` whole vectors of channels). Pixels past
     ``pixels`` read the last one again (never stored). ``bias``, ``res`` empty: none.
 
     With ``kw_`` and ``sw_`` (a filter row of ``kw_`` taps one column apart, pixels ``sw_``
@@ -302,68 +304,84 @@ def _dw_kernel(npix: int, nv: int, kw_: int = 0, sw_: int = 0):
         mload, mstore = _masked(builder, vty, "load"), _masked(builder, vty, "store")
         align = ir.Constant(i32t, size)
 
-        def load(arr, off, v):
-            p = builder.bitcast(builder.gep(arr.data, [builder.add(off, const(v * lanes))]),
-                                vty.as_pointer())
-            return builder.call(mload, [p, align, masks[v], zero])
+        def body(masked: bool):
+            """The tile, its loads and stores masked (the last channels of a row) or not
+            (AMD's Zen 1 and 2 run a masked store as dozens of micro-ops)."""
+            def load(arr, off, v):
+                p = builder.bitcast(builder.gep(arr.data, [builder.add(off, const(v * lanes))]),
+                                    vty.as_pointer())
+                if masked:
+                    return builder.call(mload, [p, align, masks[v], zero])
+                return builder.load(p, align=size)
 
-        has_bias = builder.icmp_signed("!=", cgutils.unpack_tuple(builder, ba.shape)[0],
-                                       const(0))
-        acc = []
-        for v in range(nv):
-            start = builder.select(has_bias, load(ba, b0, v), zero)
-            acc.append([cgutils.alloca_once_value(builder, start) for _ in range(npix)])
-        last = builder.sub(pixels, const(1))
-        poff = [builder.mul(builder.select(builder.icmp_signed("<", const(p), pixels),
-                                           const(p), last), xs) for p in range(npix)]
-        def fma_into(p, v, xv, wv):
-            builder.store(builder.call(fma, [xv, wv, builder.load(acc[v][p])]), acc[v][p])
+            has_bias = builder.icmp_signed("!=", cgutils.unpack_tuple(builder, ba.shape)[0],
+                                           const(0))
+            acc = []
+            for v in range(nv):
+                start = cgutils.alloca_once_value(builder, zero)
+                with builder.if_then(has_bias):  # (an empty bias: nothing to read)
+                    builder.store(load(ba, b0, v), start)
+                start = builder.load(start)
+                acc.append([cgutils.alloca_once_value(builder, start) for _ in range(npix)])
+            last = builder.sub(pixels, const(1))
+            poff = [builder.mul(builder.select(builder.icmp_signed("<", const(p), pixels),
+                                               const(p), last), xs) for p in range(npix)]
+            def fma_into(p, v, xv, wv):
+                builder.store(builder.call(fma, [xv, wv, builder.load(acc[v][p])]), acc[v][p])
 
-        def by_taps(xi, wi, ps, vs):  # each tap's pixels loaded for it
-            with cgutils.for_range(builder, kw) as taps:
-                xt = builder.add(xi, builder.mul(taps.index, xj))
-                wv = {v: load(wa, builder.add(wi, builder.mul(taps.index, ys)), v) for v in vs}
-                for p in ps:
-                    xp = builder.add(xt, poff[p])
-                    for v in vs:
-                        fma_into(p, v, load(xa, xp, v), wv[v])
-
-        def by_columns(xi, wi, ps, vs):  # each column of the row loaded once (see above)
-            kmax = builder.add(builder.mul(last, const(sw_)), const(kw_ - 1))
-            wv = [{v: load(wa, builder.add(wi, builder.mul(const(j), ys)), v) for v in vs}
-                  for j in range(kw_)]
-            for k in range(ps[0] * sw_, ps[-1] * sw_ + kw_):
-                kk = builder.select(builder.icmp_signed("<=", const(k), kmax), const(k), kmax)
-                xk = builder.add(xi, builder.mul(kk, xj))
-                xv = {v: load(xa, xk, v) for v in vs}
-                for p in ps:
-                    if 0 <= k - p * sw_ < kw_:
+            def by_taps(xi, wi, ps, vs):  # each tap's pixels loaded for it
+                with cgutils.for_range(builder, kw) as taps:
+                    xt = builder.add(xi, builder.mul(taps.index, xj))
+                    wv = {v: load(wa, builder.add(wi, builder.mul(taps.index, ys)), v) for v in vs}
+                    for p in ps:
+                        xp = builder.add(xt, poff[p])
                         for v in vs:
-                            fma_into(p, v, xv[v], wv[k - p * sw_][v])
+                            fma_into(p, v, load(xa, xp, v), wv[v])
 
-        # (by passes of pixels and vectors that fit the registers: .tile.sum_passes)
-        for p0, p1, v0, v1 in sum_passes(npix, nv):
-            with cgutils.for_range(builder, nrows) as rows:
-                (by_columns if kw_ else by_taps)(builder.add(x0, builder.mul(rows.index, xr)),
-                                                 builder.add(w0, builder.mul(rows.index, wr)),
-                                                 range(p0, p1), range(v0, v1))
-        has_res = builder.icmp_signed("!=", cgutils.unpack_tuple(builder, ra.shape)[0],
-                                      const(0))
-        lov, hiv = (_splat(builder, vty, context.cast(builder, args[i], at[i], at[0].dtype))
-                    for i in (18, 19))
-        has_gate, gv = gate_of(context, builder, at[20], args[20], vty)
-        for p in range(npix):
-            with builder.if_then(builder.icmp_signed("<", const(p), pixels)):
-                yp = builder.add(y0, builder.mul(const(p), ys))
-                for v in range(nv):
-                    val = builder.load(acc[v][p])
-                    val = builder.select(has_res, builder.fadd(val, load(ra, yp, v)), val)
-                    val = builder.select(builder.fcmp_unordered(">=", val, lov), val, lov)
-                    val = builder.select(builder.fcmp_unordered("<=", val, hiv), val, hiv)
-                    val = gated(builder, has_gate, gv, val)
-                    ptr = builder.bitcast(builder.gep(ya.data, [builder.add(yp, const(
-                        v * lanes))]), vty.as_pointer())
-                    builder.call(mstore, [val, ptr, align, masks[v]])
+            def by_columns(xi, wi, ps, vs):  # each column of the row loaded once (see above)
+                kmax = builder.add(builder.mul(last, const(sw_)), const(kw_ - 1))
+                wv = [{v: load(wa, builder.add(wi, builder.mul(const(j), ys)), v) for v in vs}
+                      for j in range(kw_)]
+                for k in range(ps[0] * sw_, ps[-1] * sw_ + kw_):
+                    kk = builder.select(builder.icmp_signed("<=", const(k), kmax), const(k), kmax)
+                    xk = builder.add(xi, builder.mul(kk, xj))
+                    xv = {v: load(xa, xk, v) for v in vs}
+                    for p in ps:
+                        if 0 <= k - p * sw_ < kw_:
+                            for v in vs:
+                                fma_into(p, v, xv[v], wv[k - p * sw_][v])
+
+            # (by passes of pixels and vectors that fit the registers: .tile.sum_passes)
+            for p0, p1, v0, v1 in sum_passes(npix, nv):
+                with cgutils.for_range(builder, nrows) as rows:
+                    (by_columns if kw_ else by_taps)(builder.add(x0, builder.mul(rows.index, xr)),
+                                                     builder.add(w0, builder.mul(rows.index, wr)),
+                                                     range(p0, p1), range(v0, v1))
+            has_res = builder.icmp_signed("!=", cgutils.unpack_tuple(builder, ra.shape)[0],
+                                          const(0))
+            lov, hiv = (_splat(builder, vty, context.cast(builder, args[i], at[i], at[0].dtype))
+                        for i in (18, 19))
+            has_gate, gv = gate_of(context, builder, at[20], args[20], vty)
+            for p in range(npix):
+                with builder.if_then(builder.icmp_signed("<", const(p), pixels)):
+                    yp = builder.add(y0, builder.mul(const(p), ys))
+                    for v in range(nv):
+                        with builder.if_then(has_res):
+                            builder.store(builder.fadd(builder.load(acc[v][p]), load(ra, yp, v)),
+                                          acc[v][p])
+                        val = builder.load(acc[v][p])
+                        val = builder.select(builder.fcmp_unordered(">=", val, lov), val, lov)
+                        val = builder.select(builder.fcmp_unordered("<=", val, hiv), val, hiv)
+                        val = gated(builder, has_gate, gv, val)
+                        ptr = builder.bitcast(builder.gep(ya.data, [builder.add(yp, const(
+                            v * lanes))]), vty.as_pointer())
+                        _store(builder, mstore, val, ptr, align, masks[v] if masked else None)
+
+        with builder.if_else(builder.icmp_signed("<=", const(nv * lanes), cols)) as (whole, part):
+            with whole:
+                body(False)
+            with part:
+                body(True)
         return context.get_dummy_value()
 
     @intrinsic
