@@ -47,7 +47,9 @@ def test_against_a_float64_convolution():
     cases = [(1, 3, 5, 5, 7, 1, 1, 1, 1, False), (3, 17, 33, 8, 8, 0, 0, 0, 0, True),
              (1, 17, 5, 13, 13, 1, 1, 1, 1, True), (3, 16, 40, 7, 5, 1, 0, 0, 1, False),
              (1, 4, 20, 6, 9, 2, 2, 2, 2, True), (1, 33, 17, 3, 4, 1, 1, 1, 1, True),
-             (1, 8, 18, 1, 1, 2, 2, 2, 2, False)]
+             (1, 8, 18, 1, 1, 2, 2, 2, 2, False),
+             # rows of more than a vector of tiles: whole vectors stored plainly, then a part
+             (1, 5, 7, 9, 70, 1, 1, 1, 1, True), (2, 3, 4, 6, 66, 0, 0, 0, 0, False)]
     for n, c, m, h, wd, pt, pl, pb, pr, ep in cases:
         x = RNG.normal(size=(n, c, h, wd)).astype(F32)
         w = RNG.normal(size=(m, c, 3, 3)).astype(F32)

@@ -49,7 +49,7 @@ from numba.extending import intrinsic, register_jitable
 from pdjit.codegen import params
 from pdjit.codegen.cpu.lib._jit import compile_cost, jit, jit_o3
 from pdjit.codegen.cpu.lib.pgemm import _micro_kernel
-from pdjit.codegen.cpu.lib.tile import _masked, _offset, _splat, _vectors
+from pdjit.codegen.cpu.lib.tile import _edge_load, _edge_store, _masked, _offset, _splat, _vectors
 
 __all__ = ["may_take", "takes", "transformed", "conv3x3", "conv3x3_rows"]
 
@@ -139,6 +139,7 @@ def _tiles_in(typingctx, x, r0, rows, w_, col0, cnt, v, d0, cs):
         t = [[builder.fsub(c[0], c[2]), builder.fadd(c[1], c[2]), builder.fsub(c[2], c[1]),
               builder.fsub(c[1], c[3])] for c in cols]
         mask = _lane_mask(builder, i64, lanes, 0, cntv)
+        whole = builder.icmp_signed(">=", cntv, ir.Constant(i64, lanes))
         for i in range(4):  # (B^T d) B: the same across the columns
             e0, o0, e1, o1 = t[0][i], t[1][i], t[2][i], t[3][i]
             out = (builder.fsub(e0, e1), builder.fadd(o0, e1), builder.fsub(e1, o0),
@@ -146,7 +147,7 @@ def _tiles_in(typingctx, x, r0, rows, w_, col0, cnt, v, d0, cs):
             for j in range(4):
                 off = builder.add(d0v, builder.mul(csv, ir.Constant(i64, 4 * i + j)))
                 p = builder.bitcast(builder.gep(vp, [off]), vty.as_pointer())
-                builder.call(mstore, [out[j], p, i32, mask])
+                _edge_store(builder, mstore, out[j], p, i32, mask, whole)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -205,16 +206,18 @@ def _tiles_out(typingctx, mo, k0, ms, cnt, b, y, o0, ld, cols, two, res, lo, hi)
                 for h in range(2):
                     x = builder.shuffle_vector(ys[r][0], ys[r][1], halves[h])
                     mask = _lane_mask(builder, i64, lanes, h * lanes, limit)
+                    whole = builder.icmp_signed(">=", limit, ir.Constant(i64, (h + 1) * lanes))
                     off = builder.add(row, ir.Constant(i64, h * lanes))
                     acc = cgutils.alloca_once_value(builder, x)
                     with builder.if_then(has_res):
                         p = builder.bitcast(builder.gep(resa.data, [off]), vty.as_pointer())
-                        builder.store(add(x, builder.call(mload, [p, i32, mask, zero])), acc)
+                        builder.store(add(x, _edge_load(builder, mload, p, i32, mask, whole,
+                                                        zero)), acc)
                     x = builder.load(acc)
                     x = builder.select(builder.fcmp_unordered(">=", x, lov), x, lov)
                     x = builder.select(builder.fcmp_unordered("<=", x, hiv), x, hiv)
                     p = builder.bitcast(builder.gep(yp, [off]), vty.as_pointer())
-                    builder.call(mstore, [x, p, i32, mask])
+                    _edge_store(builder, mstore, x, p, i32, mask, whole)
         return context.get_dummy_value()
 
     return sig, codegen
