@@ -262,7 +262,7 @@ def _depthwise_nhwc_weight_native(w):
 DW_R, DW_NV = 6, 2
 
 
-def _dw_kernel(npix: int, nv: int, kw_: int = 0, sw_: int = 0):
+def _dw_kernel(npix: int, nv: int, kw_: int = 0, sw_: int = 0, whole: bool = False):
     """The intrinsic of a depthwise tile of ``npix`` output pixels of one row by ``nv`` vectors
     of channels:
 
@@ -283,7 +283,11 @@ def _dw_kernel(npix: int, nv: int, kw_: int = 0, sw_: int = 0):
     image that the tile's pixels read in a filter row is loaded once and multiplied into
     every sum that reads it (3x3, stride 1, six pixels: 8 columns loaded for 18 products,
     not 18), the filter row's ``kw_`` taps held in registers; the same products in the same
-    order. Pixels past ``pixels`` read the last column again."""
+    order. Pixels past ``pixels`` read the last column again.
+
+    ``whole``: the caller passes ``cols == nv * lanes`` alone (the tile's code made once,
+    unmasked); else the tile is made twice, unmasked for such a call and masked for others
+    (AMD's Zen 1 and 2 run a masked store as dozens of micro-ops)."""
     def codegen(context, builder, signature, args):
         at = signature.args
         (x0, xr, xj, xs, nrows, kw, w0, wr, y0, ys, pixels, cols, b0) = (
@@ -305,8 +309,7 @@ def _dw_kernel(npix: int, nv: int, kw_: int = 0, sw_: int = 0):
         align = ir.Constant(i32t, size)
 
         def body(masked: bool):
-            """The tile, its loads and stores masked (the last channels of a row) or not
-            (AMD's Zen 1 and 2 run a masked store as dozens of micro-ops)."""
+            """The tile, its loads and stores masked (the last channels of a row) or not."""
             def load(arr, off, v):
                 p = builder.bitcast(builder.gep(arr.data, [builder.add(off, const(v * lanes))]),
                                     vty.as_pointer())
@@ -377,8 +380,11 @@ def _dw_kernel(npix: int, nv: int, kw_: int = 0, sw_: int = 0):
                             v * lanes))]), vty.as_pointer())
                         _store(builder, mstore, val, ptr, align, masks[v] if masked else None)
 
-        with builder.if_else(builder.icmp_signed("<=", const(nv * lanes), cols)) as (whole, part):
-            with whole:
+        if whole:
+            body(False)
+            return context.get_dummy_value()
+        with builder.if_else(builder.icmp_signed("<=", const(nv * lanes), cols)) as (all_, part):
+            with all_:
                 body(False)
             with part:
                 body(True)
@@ -402,11 +408,12 @@ _dw_tile = _dw_kernel(DW_R, DW_NV)
 #: a 5x5 tile loads 10 columns for 150 products at stride 1 where by taps it loaded 150
 #: (alone, one thread, us, by taps / by columns: [1, 14, 14, 240] 43.7 / 26.1, [1, 7, 7, 576]
 #: 31.6 / 24.2, [1, 28, 28, 96] at stride 2 16.7 / 13.6; the same bits). The two 5x5 tiles
-#: add ~0.2 s to :func:`_dw_rows`' compile (0.8 -> 1.0 s alone)
-_dw_tile_3s1 = _dw_kernel(DW_R, DW_NV, 3, 1)
-_dw_tile_3s2 = _dw_kernel(DW_R, DW_NV, 3, 2)
-_dw_tile_5s1 = _dw_kernel(DW_R, DW_NV, 5, 1)
-_dw_tile_5s2 = _dw_kernel(DW_R, DW_NV, 5, 2)
+#: add ~0.2 s to :func:`_dw_rows`' compile (0.8 -> 1.0 s alone). They take whole vectors
+#: of channels alone (made once, unmasked): a row's last, partial tile goes by taps
+_dw_tile_3s1 = _dw_kernel(DW_R, DW_NV, 3, 1, whole=True)
+_dw_tile_3s2 = _dw_kernel(DW_R, DW_NV, 3, 2, whole=True)
+_dw_tile_5s1 = _dw_kernel(DW_R, DW_NV, 5, 1, whole=True)
+_dw_tile_5s2 = _dw_kernel(DW_R, DW_NV, 5, 2, whole=True)
 #: the tile of a pixel of the padded border (its taps in the image): ``DW_EDGE_NV`` vectors
 DW_EDGE_NV = 4
 _dw_edge = _dw_kernel(1, DW_EDGE_NV)
@@ -454,8 +461,12 @@ def _dw_rows(x, wt, kh, kw, y, n0, n1, o0, o1, sh, sw, pt, pl, dh, dw, bias, lo,
                     x0, w0, y0 = (xrow + q * sw - pl) * c_ + c0, i0 * kw * c_ + c0, \
                         yb + q * c_ + c0
                     npix, cols = min(DW_R, b - q), min(nc, c_ - c0)
-                    # (the same arguments for each tile: an intrinsic is no value to pick)
-                    if kind == 1:
+                    # (the same arguments for each tile: an intrinsic is no value to pick;
+                    # the tiles by columns take whole vectors alone)
+                    if cols < nc:
+                        _dw_tile(xf, x0, xr, xj, xs, i1 - i0, kw, wf, w0, wr, yf, y0, c_,
+                                 npix, cols, bias, c0, res, lo, hi, gate)
+                    elif kind == 1:
                         _dw_tile_3s1(xf, x0, xr, xj, xs, i1 - i0, kw, wf, w0, wr, yf, y0, c_,
                                      npix, cols, bias, c0, res, lo, hi, gate)
                     elif kind == 2:

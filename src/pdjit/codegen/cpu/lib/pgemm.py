@@ -45,11 +45,11 @@ from pdjit.codegen.cpu.lib.tile import (
     TILE_BYTES,
     _clamp,
     _edge_load,
-    _edge_store,
     _masked,
     _offset,
     _prefetch,
     _splat,
+    _store,
     _vectors,
     gate_of,
     gated,
@@ -340,7 +340,7 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
                     x = builder.select(builder.fcmp_unordered("<=", x, hiv), x, hiv)
                     if gate:
                         x = gated(builder, has_gate, gv, x)
-                    _edge_store(builder, mstore, x, cp, i32, masks[v], in_cols[v])
+                    _store(builder, mstore, x, cp, i32, masks[v], in_cols[v])
         return context.get_dummy_value()
 
     def typed(arrays, floats, dtype):
@@ -519,7 +519,7 @@ def _store_transposed(context, builder, tile, cptr, rptr, has_res, c0, ldq, rows
             rv = _edge_load(builder, mload, rp, align, builder.select(has_res, mask, none),
                             builder.and_(whole, has_res), zero)
             x = _clamp(builder, has_res, x, rv, lo8, hi8)
-            _edge_store(builder, mstore, x, builder.bitcast(builder.gep(cptr, [at]),
+            _store(builder, mstore, x, builder.bitcast(builder.gep(cptr, [at]),
                                                             rty.as_pointer()), align, mask, whole)
 
 

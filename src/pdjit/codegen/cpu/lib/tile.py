@@ -307,25 +307,21 @@ def _masked(builder, vty, name: str):
                                           f"llvm.masked.{name}.v{vty.count}{el}.p0")
 
 
-def _store(builder, store, value, p, align, mask) -> None:
-    """Store the vector ``value`` at ``p``: its lanes in ``mask`` by ``store`` (a
-    :func:`_masked` store), every lane where ``mask`` is None."""
+def _store(builder, store, value, p, align, mask=None, whole=None) -> None:
+    """Store the vector ``value`` at ``p``: every lane where ``mask`` is None, else its lanes
+    in ``mask`` by ``store`` (a :func:`_masked` store), unless ``whole`` (an i1, where given)
+    holds at run time. AMD's Zen 1 and 2 run a masked store as dozens of micro-ops: a tile's
+    vectors, all whole but at a product's last columns, store plainly."""
     if mask is None:
         builder.store(value, p, align=align.constant)
-    else:
+    elif whole is None:
         builder.call(store, [value, p, align, mask])
-
-
-def _edge_store(builder, store, value, p, align, mask, whole) -> None:
-    """Store the vector ``value`` at ``p``: plainly where ``whole`` (an i1) holds, else its
-    lanes in ``mask`` by ``store`` (a :func:`_masked` store). For a tile's epilogue, whose
-    vectors are all whole but at a product's last columns: AMD's Zen 1 and 2 run a masked
-    store as dozens of micro-ops."""
-    with builder.if_else(whole) as (yes, no):
-        with yes:
-            builder.store(value, p, align=align.constant)
-        with no:
-            builder.call(store, [value, p, align, mask])
+    else:
+        with builder.if_else(whole) as (yes, no):
+            with yes:
+                builder.store(value, p, align=align.constant)
+            with no:
+                builder.call(store, [value, p, align, mask])
 
 
 def _edge_load(builder, load, p, align, mask, whole, fill):
@@ -412,23 +408,19 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
             _prefetch(builder, xptr, builder.add(at_, col))
 
     def columns(q0, first, last, body):
-        """``body(masked, partial)`` for the column of output vectors at ``q0``, whose loads
-        read the input columns ``first .. last``: its loads masked where a lane lies outside
-        the image, its stores where a lane lies outside the plane (``partial``: then both).
-        AMD's Zen 1 and 2 run a masked store as dozens of micro-ops: a depthwise 3x3 layer
-        masked throughout ran 2-3x slower there."""
-        whole = builder.and_(builder.icmp_signed(">=", first, c(0)),
-                             builder.icmp_signed("<", last, wv))
-        with builder.if_else(builder.icmp_signed("<=", builder.add(q0, c(lanes)), owv)) as (
-                stored, partial):
-            with stored:
-                with builder.if_else(whole) as (yes, no):
-                    with yes:
-                        body(False, False)
-                    with no:
-                        body(True, False)
-            with partial:
-                body(True, True)
+        """``body(masked)`` for the column of output vectors at ``q0``, whose loads read the
+        input columns ``first .. last``: plain loads and stores where every lane lies inside
+        the image and the plane, else masked (a store's mask only where the column passes
+        the plane's edge). AMD's Zen 1 and 2 run a masked store as dozens of micro-ops: a
+        depthwise 3x3 layer masked throughout ran 2-3x slower there."""
+        whole = builder.and_(builder.and_(
+            builder.icmp_signed(">=", first, c(0)), builder.icmp_signed("<", last, wv)),
+            builder.icmp_signed("<=", builder.add(q0, c(lanes)), owv))
+        with builder.if_else(whole) as (yes, no):
+            with yes:
+                body(False)
+            with no:
+                body(True)
 
     def column(q):
         """The first output of column ``q``: the last column of a plane at least a vector
@@ -447,8 +439,8 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
             q0 = column(qloop.index)
             cols = [builder.sub(builder.add(q0, c(j)), plv) for j in range(kw)]
 
-            def rows1(masked, partial):
-                smask = inside(q0, c(0), owv) if partial else None
+            def rows1(masked):
+                smask = inside(q0, c(0), owv) if masked else None
                 lmask = [inside(col, c(0), wv) if masked else None for col in cols]
                 for i in range(kh):
                     builder.store(fill, acc[i])
@@ -491,8 +483,8 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
         cols = [[builder.add(builder.sub(builder.add(builder.mul(q0, c(2)), c(j)), plv),
                              c(h2 * lanes)) for h2 in range(2)] for j in range(0, kw, 2)]
 
-        def rows2(masked, partial):
-            smask = inside(q0, c(0), owv) if partial else None
+        def rows2(masked):
+            smask = inside(q0, c(0), owv) if masked else None
             lmask = [[inside(cc, c(0), wv) if masked else None for cc in pair] for pair in cols]
             for u in range(steps):
                 builder.store(fill, acc[u])
@@ -540,6 +532,12 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
 #: [1, 144, 56, 56] 223 -> 121, at stride 2 159 -> 53, [1, 192, 28, 28] 58 -> 43; ResNet's
 #: 3x3 max pool [1, 64, 112, 112] 364 -> 150
 PLANE_AHEAD, OUT_AHEAD = 16, 8
+
+
+def _in_plane(builder, q0, owv, lanes: int):
+    """Whether the vector of outputs ``q0 ..`` lies inside its row of ``ow`` (an i1)."""
+    i64 = ir.IntType(64)
+    return builder.icmp_signed("<=", builder.add(q0, ir.Constant(i64, lanes)), owv)
 
 
 def _row_out(builder, dptr, d0v, owv, row, q0, vty):
@@ -616,11 +614,12 @@ def plane_kernel(kh: int, kw: int, stride: int):
 
             def put(row, q0, s, smask):
                 p = _row_out(builder, dptr, d0v, owv, row, q0, vty)
+                stored = _in_plane(builder, q0, owv, lanes)
                 with builder.if_else(ep) as (yes, no):
                     with yes:
-                        _store(builder, store, apply(s, bvec), p, align, smask)
+                        _store(builder, store, apply(s, bvec), p, align, smask, stored)
                     with no:
-                        _store(builder, store, s, p, align, smask)
+                        _store(builder, store, s, p, align, smask, stored)
 
             _plane_loops(builder, xptr, (b0v, hv, wv, ohv, owv, ptv, plv), vty, align, kh, kw,
                          stride, zero, lambda t, x, s: builder.call(fma, [wb[t], x, s]), put)
@@ -669,7 +668,7 @@ def pool_plane_kernel(k: int, stride: int):
 
             def put(row, q0, s, smask):
                 _store(builder, store, s, _row_out(builder, dptr, d0v, owv, row, q0, vty), align,
-                       smask)
+                       smask, _in_plane(builder, q0, owv, lanes))
 
             _plane_loops(builder, xptr, (b0v, hv, wv, ohv, owv, ptv, plv), vty, align, k, k,
                          stride, low, lambda t, x, m: _larger(builder, x, m), put,

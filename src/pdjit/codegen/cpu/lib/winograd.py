@@ -49,7 +49,7 @@ from numba.extending import intrinsic, register_jitable
 from pdjit.codegen import params
 from pdjit.codegen.cpu.lib._jit import compile_cost, jit, jit_o3
 from pdjit.codegen.cpu.lib.pgemm import _micro_kernel
-from pdjit.codegen.cpu.lib.tile import _edge_load, _edge_store, _masked, _offset, _splat, _vectors
+from pdjit.codegen.cpu.lib.tile import _edge_load, _masked, _offset, _splat, _store, _vectors
 
 __all__ = ["may_take", "takes", "transformed", "conv3x3", "conv3x3_rows"]
 
@@ -147,7 +147,7 @@ def _tiles_in(typingctx, x, r0, rows, w_, col0, cnt, v, d0, cs):
             for j in range(4):
                 off = builder.add(d0v, builder.mul(csv, ir.Constant(i64, 4 * i + j)))
                 p = builder.bitcast(builder.gep(vp, [off]), vty.as_pointer())
-                _edge_store(builder, mstore, out[j], p, i32, mask, whole)
+                _store(builder, mstore, out[j], p, i32, mask, whole)
         return context.get_dummy_value()
 
     return sig, codegen
@@ -217,7 +217,7 @@ def _tiles_out(typingctx, mo, k0, ms, cnt, b, y, o0, ld, cols, two, res, lo, hi)
                     x = builder.select(builder.fcmp_unordered(">=", x, lov), x, lov)
                     x = builder.select(builder.fcmp_unordered("<=", x, hiv), x, hiv)
                     p = builder.bitcast(builder.gep(yp, [off]), vty.as_pointer())
-                    _edge_store(builder, mstore, x, p, i32, mask, whole)
+                    _store(builder, mstore, x, p, i32, mask, whole)
         return context.get_dummy_value()
 
     return sig, codegen
