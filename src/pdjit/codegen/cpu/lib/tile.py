@@ -474,8 +474,7 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
     # row that reads it (the partial sums roll down an output row per step, as at stride 1).
     # A row's taps j and j + 1 are the even and odd lanes of one pair of vectors loaded at
     # column 2 * q0 + j - pl (j even)
-    even = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [2 * t for t in range(lanes)])
-    odd = ir.Constant(ir.VectorType(ir.IntType(32), lanes), [2 * t + 1 for t in range(lanes)])
+    even, odd, order = _deinterleave(lanes, 4 if vty.element == ir.FloatType() else 8)
     steps = (kh + 1) // 2
     acc = [cgutils.alloca_once_value(builder, fill) for _ in range(steps)]
     with cgutils.for_range(builder, nq) as qloop:
@@ -516,7 +515,9 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
                     sums.append(acc_u)
                 o = builder.sub(t, c(steps - 1))
                 with builder.if_then(builder.icmp_signed(">=", o, c(0))):
-                    put(o, q0, sums[steps - 1], smask)
+                    last = sums[steps - 1]
+                    put(o, q0, last if order is None else builder.shuffle_vector(
+                        last, last, order), smask)
                 for u in range(1, steps):
                     builder.store(sums[u - 1], acc[u])
 
@@ -532,6 +533,26 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
 #: [1, 144, 56, 56] 223 -> 121, at stride 2 159 -> 53, [1, 192, 28, 28] 58 -> 43; ResNet's
 #: 3x3 max pool [1, 64, 112, 112] 364 -> 150
 PLANE_AHEAD, OUT_AHEAD = 16, 8
+
+
+def _deinterleave(lanes: int, size: int):
+    """The shuffles of a stride-2 plane kernel: ``(even, odd, order)``, the lanes of a pair
+    of vectors (``lanes`` elements of ``size`` bytes each) that give a tap's inputs for the
+    even and the odd taps, and the shuffle that puts a vector of sums back in the outputs'
+    order (None: already in it). In vectors of 32 bytes (AVX) the pair's even elements are
+    picked within each 16-byte half, as AVX's one-instruction shuffles do; every tap's inputs
+    then lie in the same mixed order, and so do the sums, set in order once before their
+    store (picked in order, each pair took two more cross-half permutes: on Zen 1, a
+    depthwise 3x3 layer at stride 2 was bound by its shuffles)."""
+    ity = ir.VectorType(ir.IntType(32), lanes)
+    if lanes * size != 32:
+        return (*(ir.Constant(ity, [2 * t + o for t in range(lanes)]) for o in (0, 1)), None)
+    half = 16 // size  # (elements in a 16-byte half)
+    picked = [k * half + 2 * i + h * lanes for k in range(lanes // half) for h in range(2)
+              for i in range(half // 2)]  # (the elements of the pair at each lane, even taps)
+    order = [picked.index(next(e for e in picked if e // 2 == q)) for q in range(lanes)]
+    return (*(ir.Constant(ity, [e + o for e in picked]) for o in (0, 1)),
+            ir.Constant(ity, order) if order != list(range(lanes)) else None)
 
 
 def _in_plane(builder, q0, owv, lanes: int):
