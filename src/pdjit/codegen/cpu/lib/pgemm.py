@@ -309,7 +309,7 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
                             biasa.data, [builder.add(n0v, const(r))])))
                         for v in range(nv):
                             builder.store(builder.fadd(builder.load(acc[r][v]), b), acc[r][v])
-            else:  # a bias per column (masked loads: it holds N values)
+            else:  # a bias per column (the last vector's load masked: it holds N values)
                 for v in range(nv):
                     p = builder.gep(biasa.data, [builder.add(n0v, const(v * lanes))])
                     b = _edge_load(builder, mload, builder.bitcast(p, vty.as_pointer()), i32,
@@ -519,8 +519,8 @@ def _store_transposed(context, builder, tile, cptr, rptr, has_res, c0, ldq, rows
             rv = _edge_load(builder, mload, rp, align, builder.select(has_res, mask, none),
                             builder.and_(whole, has_res), zero)
             x = _clamp(builder, has_res, x, rv, lo8, hi8)
-            _store(builder, mstore, x, builder.bitcast(builder.gep(cptr, [at]),
-                                                            rty.as_pointer()), align, mask, whole)
+            cp = builder.bitcast(builder.gep(cptr, [at]), rty.as_pointer())
+            _store(builder, mstore, x, cp, align, mask, whole)
 
 
 #: the panel's rows ahead of the sum that each step prefetches: weights read from beyond the
