@@ -108,3 +108,20 @@ def test_max_pool_planes_at_every_vector_width(monkeypatch, stride):
                 np.testing.assert_array_equal(y[:-3].reshape(want.shape), want,
                                               err_msg=f"s {stride} {h}x{wd} pad {p} bytes {nb}")
                 assert np.isnan(y[-3:]).all()
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_a_plane_of_no_rows_reads_nothing(monkeypatch, stride):
+    """An image of no rows, padded into output rows: every output is the bias alone (no row
+    read, not even row 0's in place of one outside the image)."""
+    c, wd, p = 2, 20, 2
+    for nb in WIDTHS:
+        run = _plane(monkeypatch, nb, 3, stride)
+        oh, ow = (2 * p - 3) // stride + 1, (wd + 2 * p - 3) // stride + 1
+        x = np.empty(0, np.float32)
+        w = RNG.standard_normal(c * 9).astype(np.float32)
+        bias = RNG.standard_normal(c).astype(np.float32)
+        y = np.full(c * oh * ow, np.nan, np.float32)
+        run(w, x, 0, wd, y, oh, ow, p, p, bias, True, -np.inf, np.inf)
+        np.testing.assert_array_equal(y.reshape(c, oh, ow),
+                                      np.broadcast_to(bias[:, None, None], (c, oh, ow)))

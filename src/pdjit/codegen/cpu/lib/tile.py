@@ -415,7 +415,8 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
         depthwise 3x3 layer masked throughout ran 2-3x slower there."""
         whole = builder.and_(builder.and_(
             builder.icmp_signed(">=", first, c(0)), builder.icmp_signed("<", last, wv)),
-            builder.icmp_signed("<=", builder.add(q0, c(lanes)), owv))
+            builder.and_(builder.icmp_signed("<=", builder.add(q0, c(lanes)), owv),
+                         builder.icmp_signed(">", hv, c(0))))  # (a row 0 to read instead)
         with builder.if_else(whole) as (yes, no):
             with yes:
                 body(False)
