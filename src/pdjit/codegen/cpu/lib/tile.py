@@ -346,8 +346,9 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
     (:func:`plane_kernel`, :func:`pool_plane_kernel`): ``geo`` the LLVM i64 values ``(b0, h, w,
     oh, ow, pt, pl)``, ``align`` the elements' alignment (an i32 constant); each output vector
     starts at ``fill`` (also what a lane outside the image reads), takes its taps in order by
-    ``combine(tap, x, acc)`` and is stored by ``put(row, q0, value, mask)`` (``mask`` None:
-    every lane, see :func:`_store`). ``rows_first`` (an associative ``combine`` that ignores
+    ``combine(tap, x, acc)`` and is stored by ``put(row, q0, value, mask, whole)`` (as
+    :func:`_store` takes them: ``mask`` None, every lane; else ``whole``, whether the vector
+    lies inside the row after all). ``rows_first`` (an associative ``combine`` that ignores
     ``tap``, whose ``fill`` it returns its other operand for: a max pool's): each input row's
     taps are combined first, once for all the output rows that read it, then the rows, in the
     same order (a chain of ``kh`` combines a row of outputs instead of ``kh * kw``: a max
@@ -415,13 +416,16 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
         depthwise 3x3 layer masked throughout ran 2-3x slower there."""
         whole = builder.and_(builder.and_(
             builder.icmp_signed(">=", first, c(0)), builder.icmp_signed("<", last, wv)),
-            builder.and_(builder.icmp_signed("<=", builder.add(q0, c(lanes)), owv),
-                         builder.icmp_signed(">", hv, c(0))))  # (a row 0 to read instead)
+            builder.and_(in_row(q0), builder.icmp_signed(">", hv, c(0))))  # (a row 0 to read)
         with builder.if_else(whole) as (yes, no):
             with yes:
                 body(False)
             with no:
                 body(True)
+
+    def in_row(q0):
+        """Whether the vector of outputs ``q0 ..`` lies inside its row (an i1)."""
+        return builder.icmp_signed("<=", builder.add(q0, c(lanes)), owv)
 
     def column(q):
         """The first output of column ``q``: the last column of a plane at least a vector
@@ -441,7 +445,7 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
             cols = [builder.sub(builder.add(q0, c(j)), plv) for j in range(kw)]
 
             def rows1(masked):
-                smask = inside(q0, c(0), owv) if masked else None
+                smask, stored = (inside(q0, c(0), owv), in_row(q0)) if masked else (None, None)
                 lmask = [inside(col, c(0), wv) if masked else None for col in cols]
                 for i in range(kh):
                     builder.store(fill, acc[i])
@@ -464,7 +468,7 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
                         sums.append(s)
                     o = builder.sub(r, c(kh - 1))
                     with builder.if_then(builder.icmp_signed(">=", o, c(0))):
-                        put(o, q0, sums[kh - 1], smask)
+                        put(o, q0, sums[kh - 1], smask, stored)
                     for i in range(1, kh):
                         builder.store(sums[i - 1], acc[i])
 
@@ -484,7 +488,7 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
                              c(h2 * lanes)) for h2 in range(2)] for j in range(0, kw, 2)]
 
         def rows2(masked):
-            smask = inside(q0, c(0), owv) if masked else None
+            smask, stored = (inside(q0, c(0), owv), in_row(q0)) if masked else (None, None)
             lmask = [[inside(cc, c(0), wv) if masked else None for cc in pair] for pair in cols]
             for u in range(steps):
                 builder.store(fill, acc[u])
@@ -518,7 +522,7 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
                 with builder.if_then(builder.icmp_signed(">=", o, c(0))):
                     last = sums[steps - 1]
                     put(o, q0, last if order is None else builder.shuffle_vector(
-                        last, last, order), smask)
+                        last, last, order), smask, stored)
                 for u in range(1, steps):
                     builder.store(sums[u - 1], acc[u])
 
@@ -554,12 +558,6 @@ def _deinterleave(lanes: int, size: int):
     order = [picked.index(next(e for e in picked if e // 2 == q)) for q in range(lanes)]
     return (*(ir.Constant(ity, [e + o for e in picked]) for o in (0, 1)),
             ir.Constant(ity, order) if order != list(range(lanes)) else None)
-
-
-def _in_plane(builder, q0, owv, lanes: int):
-    """Whether the vector of outputs ``q0 ..`` lies inside its row of ``ow`` (an i1)."""
-    i64 = ir.IntType(64)
-    return builder.icmp_signed("<=", builder.add(q0, ir.Constant(i64, lanes)), owv)
 
 
 def _row_out(builder, dptr, d0v, owv, row, q0, vty):
@@ -634,9 +632,8 @@ def plane_kernel(kh: int, kw: int, stride: int):
             nobias = cgutils.alloca_once_value(builder, ir.Constant(fty, 0.0))
             bvec = splat(builder.load(builder.select(add, builder.gep(bptr, [c0v]), nobias)))
 
-            def put(row, q0, s, smask):
+            def put(row, q0, s, smask, stored):
                 p = _row_out(builder, dptr, d0v, owv, row, q0, vty)
-                stored = _in_plane(builder, q0, owv, lanes)
                 with builder.if_else(ep) as (yes, no):
                     with yes:
                         _store(builder, store, apply(s, bvec), p, align, smask, stored)
@@ -688,9 +685,9 @@ def pool_plane_kernel(k: int, stride: int):
             align = ir.Constant(ir.IntType(32), size)
             low = _splat(builder, vty, ir.Constant(fty, float("-inf")))
 
-            def put(row, q0, s, smask):
+            def put(row, q0, s, smask, stored):
                 _store(builder, store, s, _row_out(builder, dptr, d0v, owv, row, q0, vty), align,
-                       smask, _in_plane(builder, q0, owv, lanes))
+                       smask, stored)
 
             _plane_loops(builder, xptr, (b0v, hv, wv, ohv, owv, ptv, plv), vty, align, k, k,
                          stride, low, lambda t, x, m: _larger(builder, x, m), put,
