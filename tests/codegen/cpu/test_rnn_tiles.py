@@ -319,6 +319,48 @@ def test_a_batch_on_tiles_is_sliced_by_whole_vectors_of_sequences():
     assert K._batch_slices(2 * (K.TILE_BYTES // 8), 2, 8) == 2  # (float64: shorter vectors)
 
 
+@pytest.mark.parametrize("mode", ["GRU", "LSTM"])
+def test_a_batch_on_the_packed_weights_is_sliced_by_tiles_of_sequences(mode):
+    """With ``W_hh`` packed (each step on pdjit's GEMM, ``pgemm.MR`` sequences a tile) a batch
+    is cut in as many slices as it fills tiles, at most one per thread (16 sequences on two
+    threads: two slices of 8, not one of 16 as on register tiles of a vector of 16); each
+    slice's results are the whole batch's bit for bit, and the oracle's."""
+    assert K._batch_slices(16, 2, 4, True) == 2 and K._batch_slices(16, 2, 4) == 1
+    assert K._batch_slices(pgemm.MR, 2, 4, True) == 1
+    assert K._batch_slices(pgemm.MR + 1, 2, 4, True) == 2
+    assert K._batch_slices(3 * pgemm.MR, 8, 4, True) == 3
+    assert K._batch_slices(K.TILE_MIN_BATCH - 1, 2, 4, True) == 2
+    code, G = CODES[mode]
+    T, I, H, B = 5, 3, 9, 16
+    ws, x, h0, c0 = _network(G, H, 1, 1, T, B, I)
+    lens = np.full(B, T, np.int64)
+    lens[3] = T - 2
+    table = K.rnn_weight_table(ws[:2], ws[2:], T, B, kept=True)
+    assert table.shape[0] >= 6  # (the matrices packed after the WeightList's rows)
+    want = oracle(mode, x, h0, c0 if mode == "LSTM" else np.zeros_like(h0), ws, 1, 1, lens)
+    seen, real = [], K.run_parts
+
+    def run_parts(fn, parts, most=None):
+        seen.append([p[15:17] for p in parts])
+        return real(fn, parts, most)
+
+    got = {}
+    for parts in (1, 2):
+        out, hn, cn = np.empty((T, B, H)), np.empty_like(h0), np.empty_like(h0)
+        K.run_parts = run_parts
+        try:
+            K.rnn_forward_at(x, h0, c0, table, lens, code, 1, 1, False, np.empty(0, np.uint8),
+                             1.0, out, hn, cn, np.empty(0), parts=parts)
+        finally:
+            K.run_parts = real
+        got[parts] = (out, hn) + ((cn,) if mode == "LSTM" else ())
+    assert seen == [[(0, 8), (8, 16)]]
+    np.testing.assert_allclose(got[1][0], want[0], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(got[1][1], want[1], rtol=1e-10, atol=1e-12)
+    for a, b in zip(got[1], got[2]):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_the_weight_table_is_kept_while_its_arrays_and_copies_are():
     """A run's table is the one made before while its arrays are the same and so are their
     packed copies, handed out as a copy (the caller's to write); a run that may write a weight

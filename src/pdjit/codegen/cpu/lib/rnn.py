@@ -940,14 +940,18 @@ def _bwd_part(x, w, lens, mode, num_layers, ndir, hidden, reserve, drop_mask, dr
 SPLIT_MIN_WORK = 1 << 22
 
 
-def _batch_slices(B, threads, itemsize):
-    """How many slices of a batch of ``B`` sequences the forward runs on ``threads``: from
-    :data:`TILE_MIN_BATCH` sequences, whose steps run on tiles of a vector of sequences, no
-    more slices than whole vectors (a GRU classifier at batch 16 on two threads took 1.27 ms
-    in two slices of 8, each padded to a vector of 16, against 1.04 ms in one)."""
+def _batch_slices(B, threads, itemsize, packed=False):
+    """How many slices of a batch of ``B`` sequences the forward runs on ``threads``. With
+    ``W_hh`` packed (each step's product on pdjit's GEMM, tiles of ``pgemm.MR`` sequences): no
+    more slices than such tiles, since a tile costs what a whole one does (a GRU classifier,
+    128 over 32 steps, at batch 16 on a 2-vCPU AMD EPYC of the Zen 1 kind: 3.2-3.3 ms in one
+    slice, 2.2-2.5 ms in two of 8, each two tiles where the batch took three); fewer than
+    :data:`TILE_MIN_BATCH` sequences, one a slice. Else from :data:`TILE_MIN_BATCH` sequences,
+    whose steps run on tiles of a vector of sequences, no more slices than whole vectors (a
+    GRU classifier at batch 16 on two threads took 1.27 ms in two slices of 8, each padded to
+    a vector of 16, against 1.04 ms in one)."""
     if B >= TILE_MIN_BATCH:
-        lanes = TILE_BYTES // itemsize
-        B = -(-B // lanes)
+        B = -(-B // (_pg.MR if packed else TILE_BYTES // itemsize))
     return max(1, min(threads, B))
 
 
@@ -1008,17 +1012,18 @@ def rnn_forward_at(x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask,
     threads = _threads(T * B * G * H * (x.shape[2] + H) * L * D, parts)
     args = (x, h0, c0, wt, lens, mode, L, D, save, drop_mask, drop_scale, out, hn, cn,
             reserve)
+    packed = wt.shape[0] >= 6 * L * D  # (as _fwd_part reads the table)
     if D == 2 and threads >= 2 and drop_mask.size == 0:
         # the two directions of each layer at once, each on the whole batch or on slices
         # of it (a layer's dropout, in training, would need both done first: not here)
-        n = _batch_slices(B, threads // 2, x.itemsize)
+        n = _batch_slices(B, threads // 2, x.itemsize, packed)
         mid = np.empty((2, T, B, D * H) if L > 1 and not save else (0, 0, 0, 0), x.dtype)
         for layer in range(L):
             calls = [(*args, p * B // n, (p + 1) * B // n, layer, layer + 1, d, d + 1, mid)
                      for d in range(D) for p in range(n)]
             run_parts(_fwd_part, calls, len(calls) - 1)
         return
-    n = _batch_slices(B, threads, x.itemsize)
+    n = _batch_slices(B, threads, x.itemsize, packed)
     whole = (0, L, 0, D, np.empty((0, 0, 0, 0), x.dtype))
     if n == 1:
         _fwd_part(*args, 0, B, *whole)
