@@ -273,6 +273,13 @@ def _weight_at(wt, i, n, like):
     return numba.carray(_pointer(wt[i, 0], like), (n,))
 
 
+@register_jitable
+def _holds_packed(wt, num_layers, ndir):
+    """Whether the weight table ``wt`` holds the matrices packed transposed after the
+    WeightList's rows (:func:`rnn_weight_table`), or not."""
+    return wt.shape[0] >= 6 * num_layers * ndir
+
+
 @jit
 def _packed_at(wt, i, k, n, like):
     """Row ``i`` of the table ``wt`` where it has one: the right operand ``[k, n]`` of a
@@ -562,8 +569,7 @@ def _fwd_part(x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask, drop
     Bs = b1 - b0
     Hu = U(H)
     offs, sizes, total = _offsets(mode, I, H, L, D)
-    # the matrices packed transposed after the WeightList's rows (rnn_weight_table), or not
-    packed = wt.shape[0] >= 6 * L * D
+    packed = _holds_packed(wt, L, D)
     if (not packed and wt.shape[0] != 4 * L * D or wt.shape[1] != 2 or h0.shape[0] != L * D
             or h0.shape[1] != B or hn.shape != h0.shape
             or out.shape != (T, B, DH) or (lens.size != 0 and lens.size != B)
@@ -941,15 +947,14 @@ SPLIT_MIN_WORK = 1 << 22
 
 
 def _batch_slices(B, threads, itemsize, packed=False):
-    """How many slices of a batch of ``B`` sequences the forward runs on ``threads``. With
-    ``W_hh`` packed (each step's product on pdjit's GEMM, tiles of ``pgemm.MR`` sequences): no
-    more slices than such tiles, since a tile costs what a whole one does (a GRU classifier,
-    128 over 32 steps, at batch 16 on a 2-vCPU AMD EPYC of the Zen 1 kind: 3.2-3.3 ms in one
-    slice, 2.2-2.5 ms in two of 8, each two tiles where the batch took three); fewer than
-    :data:`TILE_MIN_BATCH` sequences, one a slice. Else from :data:`TILE_MIN_BATCH` sequences,
-    whose steps run on tiles of a vector of sequences, no more slices than whole vectors (a
-    GRU classifier at batch 16 on two threads took 1.27 ms in two slices of 8, each padded to
-    a vector of 16, against 1.04 ms in one)."""
+    """How many slices of a batch of ``B`` sequences the forward runs on ``threads``: fewer
+    than :data:`TILE_MIN_BATCH` sequences, one a slice; more, no more slices than the tiles
+    their steps run on. With ``W_hh`` packed, pdjit's GEMM: tiles of ``pgemm.MR`` sequences, a
+    tile of fewer costing what a whole one does (a GRU classifier, 128 over 32 steps, at batch
+    16 on two threads of a 2-vCPU AMD EPYC of the Zen 1 kind: 3.2-3.3 ms in one slice, 2.2-2.5
+    ms in two of 8, each two tiles where the batch took three). Else register tiles of a
+    vector of sequences (a GRU classifier at batch 16 on two threads took 1.27 ms in two
+    slices of 8, each padded to a vector of 16, against 1.04 ms in one)."""
     if B >= TILE_MIN_BATCH:
         B = -(-B // (_pg.MR if packed else TILE_BYTES // itemsize))
     return max(1, min(threads, B))
@@ -1012,7 +1017,7 @@ def rnn_forward_at(x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask,
     threads = _threads(T * B * G * H * (x.shape[2] + H) * L * D, parts)
     args = (x, h0, c0, wt, lens, mode, L, D, save, drop_mask, drop_scale, out, hn, cn,
             reserve)
-    packed = wt.shape[0] >= 6 * L * D  # (as _fwd_part reads the table)
+    packed = _holds_packed(wt, L, D)
     if D == 2 and threads >= 2 and drop_mask.size == 0:
         # the two directions of each layer at once, each on the whole batch or on slices
         # of it (a layer's dropout, in training, would need both done first: not here)
