@@ -427,6 +427,11 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
         """Whether the vector of outputs ``q0 ..`` lies inside its row (an i1)."""
         return builder.icmp_signed("<=", builder.add(q0, c(lanes)), owv)
 
+    def out_masks(q0, masked: bool):
+        """``put``'s ``mask`` and ``whole`` for the vector of outputs ``q0 ..`` (unmasked:
+        None, None)."""
+        return (inside(q0, c(0), owv), in_row(q0)) if masked else (None, None)
+
     def column(q):
         """The first output of column ``q``: the last column of a plane at least a vector
         wide ends at its edge (overlapping the one before: the same values stored again), so
@@ -445,7 +450,7 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
             cols = [builder.sub(builder.add(q0, c(j)), plv) for j in range(kw)]
 
             def rows1(masked):
-                smask, stored = (inside(q0, c(0), owv), in_row(q0)) if masked else (None, None)
+                smask, stored = out_masks(q0, masked)
                 lmask = [inside(col, c(0), wv) if masked else None for col in cols]
                 for i in range(kh):
                     builder.store(fill, acc[i])
@@ -488,7 +493,7 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
                              c(h2 * lanes)) for h2 in range(2)] for j in range(0, kw, 2)]
 
         def rows2(masked):
-            smask, stored = (inside(q0, c(0), owv), in_row(q0)) if masked else (None, None)
+            smask, stored = out_masks(q0, masked)
             lmask = [[inside(cc, c(0), wv) if masked else None for cc in pair] for pair in cols]
             for u in range(steps):
                 builder.store(fill, acc[u])
