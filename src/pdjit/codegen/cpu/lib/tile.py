@@ -388,19 +388,35 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
     def row(ih, masked):
         """Input row ``ih``: its first element's index (a row outside the image: row 0's, where
         the loads are not masked) and whether it lies in the image (``masked``: as a mask of
-        every lane, else one flag)."""
+        every lane and as the flag, else the flag)."""
         ok = builder.and_(builder.icmp_signed(">=", ih, c(0)), builder.icmp_signed("<", ih, hv))
         if masked:
-            return builder.add(b0v, builder.mul(ih, wv)), _splat(builder, bty, ok)
+            return builder.add(b0v, builder.mul(ih, wv)), (_splat(builder, bty, ok), ok)
         return builder.add(b0v, builder.mul(builder.select(ok, ih, c(0)), wv)), ok
 
     def vload(at_, mask, ok):
-        """The vector at ``xptr[at_:]``: its lanes in ``mask`` and ``ok`` (``mask`` None: every
-        lane, ``fill`` where the flag ``ok`` is false)."""
+        """The vector at ``xptr[at_:]``: its lanes in ``mask`` (:func:`load_mask`'s) and in
+        the row ``ok`` (:func:`row`'s); ``mask`` None: every lane, ``fill`` where the flag
+        ``ok`` is false."""
         p = builder.bitcast(builder.gep(xptr, [at_]), vty.as_pointer())
         if mask is None:
             return builder.select(ok, builder.load(p, align=align.constant), fill)
-        return builder.call(load, [p, align, builder.and_(mask, ok), fill])
+        (lanes_in, whole), (row_in, row_ok) = mask, ok
+        return _edge_load(builder, load, p, align, builder.and_(lanes_in, row_in),
+                          builder.and_(whole, row_ok), fill)
+
+    def load_mask(col):
+        """A masked column's load at input column ``col``: the lanes inside the image, and
+        whether all are (an i1: the load is then a plain one where its row is in the image).
+        In a column at the image's edge only one of a row's loads passes the edge, and AMD's
+        Zen 1 runs a masked load as several micro-ops: masking them all made the edge columns
+        2-4x slower than the others. Measured, depthwise 3x3 with bias and relu6 (one thread,
+        batch 1, MobileNetV2's NCHW layers, us, all masked / this): [1, 32, 112, 112] 548 /
+        444, at stride 2 [1, 96, 112, 112] 839 / 617, [1, 144, 56, 56] 740 / 543, at stride 2
+        467 / 288, [1, 192, 28, 28] 363 / 240, at stride 2 231 / 130."""
+        return inside(col, c(0), wv), builder.and_(
+            builder.icmp_signed(">=", col, c(0)),
+            builder.icmp_signed("<=", builder.add(col, c(lanes)), wv))
 
     def ahead(ih, cols_):
         """Prefetch the elements ``col`` of the input row :data:`PLANE_AHEAD` after ``ih``."""
@@ -451,7 +467,7 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
 
             def rows1(masked):
                 smask, stored = out_masks(q0, masked)
-                lmask = [inside(col, c(0), wv) if masked else None for col in cols]
+                lmask = [load_mask(col) if masked else None for col in cols]
                 for i in range(kh):
                     builder.store(fill, acc[i])
                 with cgutils.for_range(builder, builder.add(ohv, c(kh - 1))) as loop:
@@ -494,7 +510,7 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
 
         def rows2(masked):
             smask, stored = out_masks(q0, masked)
-            lmask = [[inside(cc, c(0), wv) if masked else None for cc in pair] for pair in cols]
+            lmask = [[load_mask(cc) if masked else None for cc in pair] for pair in cols]
             for u in range(steps):
                 builder.store(fill, acc[u])
             with cgutils.for_range(builder, builder.add(ohv, c(steps - 1))) as loop:
