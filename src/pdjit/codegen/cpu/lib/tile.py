@@ -414,9 +414,12 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
         batch 1, MobileNetV2's NCHW layers, us, all masked / this): [1, 32, 112, 112] 548 /
         444, at stride 2 [1, 96, 112, 112] 839 / 617, [1, 144, 56, 56] 740 / 543, at stride 2
         467 / 288, [1, 192, 28, 28] 363 / 240, at stride 2 231 / 130."""
-        return inside(col, c(0), wv), builder.and_(
-            builder.icmp_signed(">=", col, c(0)),
-            builder.icmp_signed("<=", builder.add(col, c(lanes)), wv))
+        return inside(col, c(0), wv), in_image(col, builder.add(col, c(lanes - 1)))
+
+    def in_image(first, last):
+        """Whether the input columns ``first .. last`` all lie in the image (an i1)."""
+        return builder.and_(builder.icmp_signed(">=", first, c(0)),
+                            builder.icmp_signed("<", last, wv))
 
     def ahead(ih, cols_):
         """Prefetch the elements ``col`` of the input row :data:`PLANE_AHEAD` after ``ih``."""
@@ -430,9 +433,8 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
         the image and the plane, else masked (a store's mask only where the column passes
         the plane's edge). AMD's Zen 1 and 2 run a masked store as dozens of micro-ops: a
         depthwise 3x3 layer masked throughout ran 2-3x slower there."""
-        whole = builder.and_(builder.and_(
-            builder.icmp_signed(">=", first, c(0)), builder.icmp_signed("<", last, wv)),
-            builder.and_(in_row(q0), builder.icmp_signed(">", hv, c(0))))  # (a row 0 to read)
+        whole = builder.and_(in_image(first, last), builder.and_(
+            in_row(q0), builder.icmp_signed(">", hv, c(0))))  # (a row 0 to read)
         with builder.if_else(whole) as (yes, no):
             with yes:
                 body(False)
