@@ -177,8 +177,9 @@ def test_the_cpu_target_takes_convolutions_onto_small_planes(fresh_programs):
     """What the CPU target answers the pass (``lowerings.conv.channels_last``): any convolution
     of one group onto a plane of at most 14x14 from one at most its strides' product larger
     (3x3 and 1x1 at stride 2 from 28x28, 3x3 at stride 1 on 14x14); not 3x3 at stride 1 on
-    28x28 nor at stride 2 onto 28x28, nor a grouped one that is not depthwise."""
-    from pdjit.codegen.cpu.lowerings.conv import channels_last
+    28x28 nor at stride 2 onto 28x28, nor a grouped one that is not depthwise; and which
+    kernel serves each."""
+    from pdjit.codegen.cpu.lowerings.conv import _channels_last_kind, channels_last
 
     L = fluid.layers
     x28, x14 = L.data("x28", [16, 28, 28]), L.data("x14", [16, 14, 14])
@@ -189,9 +190,18 @@ def test_the_cpu_target_takes_convolutions_onto_small_planes(fresh_programs):
     L.conv2d(x28, 8, 3, padding=1)
     L.conv2d(x14, 8, 3, padding=1, groups=4)
     L.conv2d(x56, 8, 3, stride=2, padding=1)
+    x7 = L.data("x7", [16, 7, 7])
+    L.conv2d(x14, 32, 3, padding=1)
+    L.conv2d(x7, 32, 3, padding=2)
+    L.conv2d(x7, 32, 3, padding=3)
     main, _ = fresh_programs
     convs = [op for op in main.global_block().ops if op.type == "conv2d"]
-    assert [channels_last(op) for op in convs] == [True, True, True, False, False, False]
+    assert [channels_last(op) for op in convs] == [True, True, True, False, False, False,
+                                                   True, True, True]
+    # the kernels: a 3x3 stride-1 filter of 32 output channels or more padded by at most 2
+    # on Winograd's, the others on the direct one
+    assert [_channels_last_kind(op) for op in convs if channels_last(op)] == \
+        ["conv_nhwc", "conv_nhwc", "conv_nhwc", "winograd_nhwc", "winograd_nhwc", "conv_nhwc"]
 
 
 @pytest.mark.xdist_group("aot")
@@ -348,3 +358,47 @@ def test_the_gates_hard_swish_and_hard_sigmoid_declare(fresh_programs):
     assert [g.values() if g is not None else None for g in got] == [
         (1.0, 3.0, 0.0, 6.0, 6.0), (1.0, 2.0, 0.0, 8.0, 4.0), None,
         (0.25, pytest.approx(0.4), 0.0, 1.0, 0.0)]
+
+
+def test_a_bottleneck_chain_runs_its_3x3_layers_on_winograd(fresh_programs, tmp_path,
+                                                            monkeypatch):
+    """ResNet's bottleneck blocks on an 8x8 plane (1x1, 3x3 padded, 1x1, the residual add):
+    its 3x3 layers of 32 and 48 output channels run Winograd's NHWC kernel inside the chain;
+    the values are the NumPy oracle's, every step native, for two samples and one (each
+    split over threads by panels)."""
+    from pdjit.codegen.cpu.lib import channels_last as cl
+
+    monkeypatch.setenv("PDJIT_CACHE_DIR", str(tmp_path / "cache"))
+    main, startup = fresh_programs
+    L = fluid.layers
+    x = L.data("x", [32, 8, 8])
+    t = L.conv2d(x, 32, 1, act="relu")
+    t = L.conv2d(t, 48, 3, padding=1, act="relu")
+    t = L.conv2d(t, 32, 3, padding=1)
+    t = L.relu(L.elementwise_add(t, x))
+    y = L.conv2d(t, 40, 1)
+
+    def draw(name, shape):
+        return RNG.standard_normal(shape) * (0.2 if len(shape) > 1 else 0.5)
+    values = save_drawn(main, startup, [x], [y], tmp_path, draw)
+    pred = _predictor(tmp_path)
+    ops = pred.program().global_block().ops
+    assert sum(op.type == "conv2d" and op.all_attrs().get("data_format") == "NHWC"
+               for op in ops) == 4
+    xv = RNG.standard_normal((2, 32, 8, 8)).astype(np.float32)
+
+    def forward(xv):
+        def conv(t, i, pad=0):
+            return _conv(t, values[f"conv2d_{i}.w_0"], 1, pad) + \
+                values[f"conv2d_{i}.b_0"].reshape(1, -1, 1, 1)
+        t = np.maximum(conv(xv, 0), 0)
+        t = np.maximum(conv(t, 1, 1), 0)
+        t = np.maximum(conv(t, 2, 1) + xv, 0)
+        return conv(t, 3)
+
+    calls = cl.WINO_CALLS[0]
+    for xs in (xv, xv[:1]):
+        got, = pred.run([xs])
+        np.testing.assert_allclose(got, forward(xs.astype(np.float64)), rtol=1e-4, atol=1e-4)
+    assert cl.WINO_CALLS[0] >= calls + 4
+    assert_native(pred._exe)

@@ -442,3 +442,95 @@ def test_gates_keep_nans_infinities_and_signed_zeros():
             with np.errstate(invalid="ignore"):
                 want = _gate_f32(plain, gate)
             assert np.array_equal(got.view(np.int32), want.view(np.int32))
+
+
+@pytest.mark.parametrize("n,c,m,h,wd,pads", [
+    (2, 16, 32, 14, 14, (1, 1, 1, 1)),   # ResNet's padding, one panel, 49 tiles a sample
+    (2, 20, 40, 7, 9, (1, 1, 1, 1)),     # odd planes (tiles past the last row and column),
+                                         # channels no multiple of a vector
+    (1, 33, 70, 6, 5, (2, 2, 1, 0)),     # pads of 2 and of none, two panels (64 + 6)
+    (3, 16, 130, 5, 6, (0, 0, 0, 0)),    # unpadded: a 3x4 output, three panels
+    (2, 24, 32, 1, 1, (1, 1, 1, 1)),     # a 1x1 plane: one tap inside
+    (2, 16, 32, 30, 30, (1, 1, 1, 1)),   # 450 tiles: two blocks
+])
+def test_winograd_against_numpy(n, c, m, h, wd, pads):
+    """``winograd_nhwc`` (3x3, stride 1, F(2x2, 3x3)) against the direct sum in float64,
+    each piece of the epilogue, a range of samples; the transformed filter packed once."""
+    x = RNG.standard_normal((n, h, wd, c)).astype(np.float32)
+    w = RNG.standard_normal((m, c, 3, 3)).astype(np.float32)
+    want0 = _conv_oracle(x, w, (1, 1), pads, (1, 1), E, E, -INF, INF)
+    oh, ow = want0.shape[1:3]
+    up = cl.winograd_nhwc_weight(w)
+    assert up.size == 16 * -(-m // 64) * 64 * c and cl.winograd_nhwc_weight(w) is up
+    geo = (1, 1, pads[0], pads[2], 1, 1, 3, 3)
+    calls = cl.WINO_CALLS[0]
+    for bias, res, lo, hi, _ in _cases(m, (n, oh, ow, m))[:5]:
+        y = np.full((n, oh, ow, m), np.nan, np.float32)
+        cl.winograd_nhwc(x, up, y, 0, n, *geo, bias, lo, hi, res)
+        np.testing.assert_allclose(y, _conv_oracle(x, w, (1, 1), pads, (1, 1), bias, res, lo,
+                                                   hi), rtol=1e-4, atol=1e-4)
+    assert cl.WINO_CALLS[0] == calls + 5
+    y = np.full((n, oh, ow, m), np.nan, np.float32)
+    cl.winograd_nhwc(x, up, y, n - 1, n, *geo, E, -INF, INF, E)
+    np.testing.assert_allclose(y[n - 1], want0[n - 1], rtol=1e-4, atol=1e-4)
+    assert np.isnan(y[:n - 1]).all()
+
+
+def test_winograd_refuses_what_it_does_not_compute():
+    x = np.zeros((1, 6, 6, 16), np.float32)
+    w = np.zeros((32, 16, 3, 3), np.float32)
+    up = cl.winograd_nhwc_weight(w)
+    y = np.zeros((1, 3, 3, 32), np.float32)
+    with pytest.raises(ValueError, match="stride 1"):
+        cl.winograd_nhwc(x, up, y, 0, 1, 2, 2, 1, 1, 1, 1, 3, 3, E, -INF, INF, E)
+    with pytest.raises(ValueError, match="do not fit"):  # a filter of other channels
+        cl.winograd_nhwc(x, up[:-1], np.zeros((1, 6, 6, 32), np.float32), 0, 1, 1, 1, 1, 1,
+                         1, 1, 3, 3, E, -INF, INF, E)
+
+
+@pytest.mark.parametrize("hw,c,m,parts", [(14, 32, 256, 2), (7, 48, 150, 3)])
+def test_a_winograd_sample_split_by_panels_gives_one_calls_bits(team_loops, monkeypatch,
+                                                                 hw, c, m, parts):
+    """One sample of ``winograd_nhwc`` split by panels of output channels, on a parallel
+    loop and on ``run_parts``' helpers: the one call's bits, the residual in another buffer
+    and in the output's own; too little work is not split."""
+    x = RNG.standard_normal((1, hw, hw, c)).astype(np.float32)
+    w = RNG.standard_normal((m, c, 3, 3)).astype(np.float32)
+    bias = RNG.standard_normal(m).astype(np.float32)
+    res = RNG.standard_normal(hw * hw * m).astype(np.float32)
+    up = cl.winograd_nhwc_weight(w)
+    geo = (1, 1, 1, 1, 1, 1, 3, 3)
+    one = np.empty((1, hw, hw, m), np.float32)
+    cl.winograd_nhwc(x, up, one, 0, 1, *geo, bias, 0.0, 6.0, res)
+    np.testing.assert_allclose(one, _conv_oracle(x, w, (1, 1), (1, 1, 1, 1), (1, 1), bias, res,
+                                                 0.0, 6.0), rtol=1e-4, atol=1e-4)
+    for on_team in (True, False):
+        if not on_team:
+            monkeypatch.setattr(cl.team, "ready", lambda loop, args: False)
+        for in_place in (False, True):
+            got = res.reshape(one.shape).copy() if in_place else np.full_like(one, np.nan)
+            team_loops.clear()
+            assert cl._split_wino(parts, 1 << 30, x, up, got, *geo, bias, 0.0, 6.0,
+                                  got.reshape(-1) if in_place else res)
+            (loop, pans, ran), = team_loops
+            assert loop is cl._wino_parts and ran == on_team
+            assert pans.size == min(parts, -(-m // 64)) + 1
+            np.testing.assert_array_equal(got, one)
+    assert not cl._split_wino(parts, 10, x, up, one, *geo, bias, 0.0, 6.0, res)
+
+
+def test_compiled_code_transforms_a_winograd_filter_at_each_call():
+    @caller
+    def conv(x, w, y, bias):
+        up = cl.winograd_nhwc_weight(w)
+        cl.winograd_nhwc(x, up, y, 0, x.shape[0], 1, 1, 1, 1, 1, 1, 3, 3, bias, 0.0, np.inf,
+                         bias[:0])
+
+    x = RNG.standard_normal((2, 9, 7, 20)).astype(np.float32)
+    for m in (40, 70):  # (one partial panel; a whole one and a partial one)
+        w = RNG.standard_normal((m, 20, 3, 3)).astype(np.float32)
+        bias = RNG.standard_normal(m).astype(np.float32)
+        y = np.empty((2, 9, 7, m), np.float32)
+        conv(x, w, y, bias)
+        np.testing.assert_allclose(y, _conv_oracle(x, w, (1, 1), (1, 1, 1, 1), (1, 1), bias, E,
+                                                   0.0, INF), rtol=1e-4, atol=1e-4)

@@ -42,16 +42,20 @@ from pdjit.codegen import params
 from pdjit.codegen.cpu import replay
 from pdjit.codegen.cpu.lib import conv as _conv
 from pdjit.codegen.cpu.lib import team
+from pdjit.codegen.cpu.lib import winograd as _wino
 from pdjit.codegen.cpu.lib._jit import compile_cost, jit, jobs, pjit
 from pdjit.codegen.cpu.lib.pgemm import (
+    MR,
     NV,
     PREFETCH_ROWS,
     _micro_kernel,
+    _micro_spread,
     _packed_rows,
     run_chunks,
     spread_share,
 )
 from pdjit.codegen.cpu.lib.tile import (
+    _edge_load,
     _masked,
     _offset,
     _splat,
@@ -63,7 +67,8 @@ from pdjit.codegen.cpu.lib.tile import (
 )
 
 __all__ = ["MAX_PLANE", "conv_nhwc", "conv_nhwc_weight", "depthwise_nhwc",
-           "depthwise_nhwc_weight", "panel_of", "pointwise_nhwc", "pointwise_nhwc_weight"]
+           "depthwise_nhwc_weight", "panel_of", "pointwise_nhwc", "pointwise_nhwc_weight",
+           "winograd_nhwc", "winograd_nhwc_weight"]
 
 #: the narrow tile: ``NARROW_MR`` pixels by ``NARROW_NV`` vectors of output channels
 NARROW_MR, NARROW_NV = 12, 2
@@ -839,3 +844,353 @@ compile_cost(1.3, pointwise_nhwc)  # (its gated tiles: +0.1 s)
 compile_cost(1.1, _dw_rows)
 compile_cost(1.6, _pixel_parts, _dw_parts, _conv_parts)
 compile_cost(3.2, _conv_rows)
+
+
+# ---- 3x3 stride-1 convolutions by Winograd's F(2x2, 3x3) on channels-last images ------------
+# The transforms of :mod:`.winograd` (its module says the algorithm and its rounding), laid out
+# for NHWC: a tile's 4x4 inputs are 16 vectors of its pixels' channels, contiguous in the
+# image, so both transforms are vector adds across the channels (no shuffles, no strided
+# reads), ``V_xi`` is [tiles, C] (the products' left operand by rows, read in place) and each
+# product ``M_xi [tiles, M] = V_xi @ U_xi^T`` runs on pgemm's tile over ``U_xi^T`` packed in
+# panels of 64 output channels (:func:`winograd_nhwc_weight`), as the 1x1 layers' products do.
+
+@intrinsic
+def _wnhwc_in(typingctx, x, base, rs, cs, rows, cols, cnt, v, d0, vs):
+    """``V = B^T d B`` of one tile for a vector of channels: ``d[i][j]`` the ``cnt`` values
+    (one vector's lanes at most) at ``x[base + i * rs + j * cs ..]``, zero where bit ``i`` of
+    ``rows`` or bit ``j`` of ``cols`` is clear (outside the image: never read); element ``xi``
+    stored at ``v[d0 + xi * vs ..]`` (``cnt`` lanes)."""
+    if not all(isinstance(a, types.Array) and a.ndim == 1 for a in (x, v)) or \
+            x.dtype != v.dtype or x.dtype != types.float32:
+        return None
+    sig = types.void(x, base, rs, cs, rows, cols, cnt, v, d0, vs)
+
+    def codegen(context, builder, signature, args):
+        at = signature.args
+        xp = context.make_array(at[0])(context, builder, args[0]).data
+        vp = context.make_array(at[7])(context, builder, args[7]).data
+        bv, rsv, csv, rowsv, colsv, cntv, d0v, vsv = (
+            _offset(context, builder, at[i], args[i]) for i in (1, 2, 3, 4, 5, 6, 8, 9))
+        fty, size, lanes, vty, i64, zero, _ = _vectors(context, builder, at[0].dtype)
+        mload, mstore = _masked(builder, vty, "load"), _masked(builder, vty, "store")
+        align = ir.Constant(ir.IntType(32), size)
+        i32t = ir.IntType(32)
+        idx = ir.Constant(ir.VectorType(i32t, lanes), list(range(lanes)))
+        mask = builder.icmp_signed("<", idx, _splat(builder, idx.type,
+                                                    builder.trunc(cntv, i32t)))
+        whole = builder.icmp_signed(">=", cntv, ir.Constant(i64, lanes))
+
+        def const(k):
+            return ir.Constant(i64, k)
+
+        def bit(word, k):
+            return builder.icmp_signed("!=", builder.and_(word, const(1 << k)), const(0))
+
+        d = [[None] * 4 for _ in range(4)]
+        for i in range(4):
+            for j in range(4):
+                inside = builder.and_(bit(rowsv, i), bit(colsv, j))
+                off = builder.add(bv, builder.add(builder.mul(rsv, const(i)),
+                                                  builder.mul(csv, const(j))))
+                with builder.if_else(inside) as (yes, no):
+                    with yes:
+                        p = builder.bitcast(builder.gep(xp, [off]), vty.as_pointer())
+                        got = _edge_load(builder, mload, p, align, mask, whole, zero)
+                        from_yes = builder.block
+                    with no:
+                        from_no = builder.block
+                phi = builder.phi(vty)
+                phi.add_incoming(got, from_yes)
+                phi.add_incoming(zero, from_no)
+                d[i][j] = phi
+        add, sub = builder.fadd, builder.fsub
+        # B^T d (rows d0 - d2, d1 + d2, d2 - d1, d1 - d3), then (B^T d) B likewise by columns
+        t = [[sub(d[0][j], d[2][j]) for j in range(4)], [add(d[1][j], d[2][j]) for j in range(4)],
+             [sub(d[2][j], d[1][j]) for j in range(4)], [sub(d[1][j], d[3][j]) for j in range(4)]]
+        for i in range(4):
+            r = t[i]
+            out = (sub(r[0], r[2]), add(r[1], r[2]), sub(r[2], r[1]), sub(r[1], r[3]))
+            for j in range(4):
+                off = builder.add(d0v, builder.mul(vsv, const(4 * i + j)))
+                p = builder.bitcast(builder.gep(vp, [off]), vty.as_pointer())
+                _store(builder, mstore, out[j], p, align, mask, whole)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def _wnhwc_out(typingctx, mo, m0, ms, cnt, bias, b0, y, o0, rs, cs, rows, cols, res, lo, hi):
+    """``Y = A^T M A`` of one tile for a vector of channels (element ``xi`` at ``mo[m0 + xi *
+    ms ..]``, a whole vector readable), plus ``bias[b0 ..]`` (empty: none), plus ``res`` at
+    the outputs' places (empty: none), clamped to ``lo, hi`` (infinite: none; NaN kept), the
+    ``cnt`` lanes stored at ``y[o0 + a * rs + b * cs ..]`` for the tile's output rows ``a <
+    rows`` and columns ``b < cols`` (1 or 2 each: a tile past the plane's last row or column
+    stores the ones inside)."""
+    if not all(isinstance(a, types.Array) and a.ndim == 1 for a in (mo, bias, y, res)) or \
+            len({mo.dtype, bias.dtype, y.dtype, res.dtype}) != 1 or mo.dtype != types.float32:
+        return None
+    sig = types.void(mo, m0, ms, cnt, bias, b0, y, o0, rs, cs, rows, cols, res, lo, hi)
+
+    def codegen(context, builder, signature, args):
+        at = signature.args
+        mp = context.make_array(at[0])(context, builder, args[0]).data
+        biasa = context.make_array(at[4])(context, builder, args[4])
+        yp = context.make_array(at[6])(context, builder, args[6]).data
+        resa = context.make_array(at[12])(context, builder, args[12])
+        m0v, msv, cntv, b0v, o0v, rsv, csv, rowsv, colsv = (
+            _offset(context, builder, at[i], args[i]) for i in (1, 2, 3, 5, 7, 8, 9, 10, 11))
+        fty, size, lanes, vty, i64, zero, _ = _vectors(context, builder, at[0].dtype)
+        mload, mstore = _masked(builder, vty, "load"), _masked(builder, vty, "store")
+        align = ir.Constant(ir.IntType(32), size)
+        i32t = ir.IntType(32)
+        idx = ir.Constant(ir.VectorType(i32t, lanes), list(range(lanes)))
+        mask = builder.icmp_signed("<", idx, _splat(builder, idx.type,
+                                                    builder.trunc(cntv, i32t)))
+        whole = builder.icmp_signed(">=", cntv, ir.Constant(i64, lanes))
+
+        def const(k):
+            return ir.Constant(i64, k)
+
+        m = []
+        for xi in range(16):
+            off = builder.add(m0v, builder.mul(msv, const(xi)))
+            m.append(builder.load(builder.bitcast(builder.gep(mp, [off]), vty.as_pointer()),
+                                  align=size))
+        add, sub = builder.fadd, builder.fsub
+        # A^T M A, A^T = [[1, 1, 1, 0], [0, 1, -1, -1]]: across the columns, then the rows
+        c0 = [add(add(m[4 * i], m[4 * i + 1]), m[4 * i + 2]) for i in range(4)]
+        c1 = [sub(sub(m[4 * i + 1], m[4 * i + 2]), m[4 * i + 3]) for i in range(4)]
+        ys = [[add(add(c[0], c[1]), c[2]), sub(sub(c[1], c[2]), c[3])] for c in (c0, c1)]
+        nb = cgutils.unpack_tuple(builder, biasa.shape)[0]
+        with builder.if_else(builder.icmp_signed("!=", nb, const(0))) as (yes, no):
+            with yes:
+                p = builder.bitcast(builder.gep(biasa.data, [b0v]), vty.as_pointer())
+                bvec = _edge_load(builder, mload, p, align, mask, whole, zero)
+                from_yes = builder.block
+            with no:
+                from_no = builder.block
+        bias_v = builder.phi(vty)
+        bias_v.add_incoming(bvec, from_yes)
+        bias_v.add_incoming(zero, from_no)
+        has_res = builder.icmp_signed("!=", cgutils.unpack_tuple(builder, resa.shape)[0],
+                                      const(0))
+        lov, hiv = (_splat(builder, vty, context.cast(builder, args[i], at[i], at[0].dtype))
+                    for i in (13, 14))
+        for b in range(2):  # (ys[b][a]: output column b of row a)
+            for a in range(2):
+                cond = builder.and_(builder.icmp_signed("<", const(a), rowsv),
+                                    builder.icmp_signed("<", const(b), colsv))
+                with builder.if_then(cond):
+                    off = builder.add(o0v, builder.add(builder.mul(rsv, const(a)),
+                                                       builder.mul(csv, const(b))))
+                    acc = cgutils.alloca_once_value(builder, add(ys[b][a], bias_v))
+                    with builder.if_then(has_res):
+                        p = builder.bitcast(builder.gep(resa.data, [off]), vty.as_pointer())
+                        builder.store(add(builder.load(acc), _edge_load(
+                            builder, mload, p, align, mask, whole, zero)), acc)
+                    x = builder.load(acc)
+                    x = builder.select(builder.fcmp_unordered(">=", x, lov), x, lov)
+                    x = builder.select(builder.fcmp_unordered("<=", x, hiv), x, hiv)
+                    p = builder.bitcast(builder.gep(yp, [off]), vty.as_pointer())
+                    _store(builder, mstore, x, p, align, mask, whole)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+#: tiles of a block of :func:`_wino_range`: its ``V`` and products (``16 (C + M)`` values a
+#: tile) within :data:`.winograd.BLOCK_BYTES`, at least :data:`.winograd.MIN_BLOCK_TILES` (the
+#: transformed filter is read once per block)
+@register_jitable
+def _wino_block(c_: int, m_: int, tiles: int) -> int:
+    tb = max(_wino.MIN_BLOCK_TILES, _wino.BLOCK_BYTES // (64 * (c_ + m_)))
+    blocks = (tiles + tb - 1) // tb
+    return (tiles + blocks - 1) // max(1, blocks)  # (even blocks)
+
+
+@register_jitable
+def wino_scratch_size(c_: int, m_: int, tiles: int) -> int:
+    """The values of :func:`_wino_range`'s buffer for ``tiles`` tiles of ``c_`` input and
+    ``m_`` output channels: a block's ``V`` and products, a vector of slack after each."""
+    tb = _wino_block(c_, m_, tiles)
+    return 16 * (tb * c_ + 16) + 16 * (tb * m_ + 16) + 16
+
+
+@jit
+def _wino_range(x, up, y, n0, n1, pt, pl, bias, lo, hi, res, scratch, q0, q1):
+    """:func:`winograd_nhwc`'s kernel for the samples ``n0 .. n1``, the output channels of the
+    panels ``q0 .. q1`` of ``up`` (-1: to the last; a part of a sample split over threads:
+    each output the same sums whatever the part), ``scratch`` of :func:`wino_scratch_size`
+    values or more (finite values: its padding lanes are transformed, never stored). By blocks
+    of tiles: the input transform of a block into ``V`` [16, tiles, C], the 16 products into
+    [16, tiles, M], the output transform with the epilogue into the image."""
+    c_, h_, w_ = x.shape[3], x.shape[1], x.shape[2]
+    oh_, ow_, m_ = y.shape[1], y.shape[2], y.shape[3]
+    nr = _WIDE_NR
+    npan = (m_ + nr - 1) // nr
+    psize = npan * c_ * nr
+    q1 = npan if q1 < 0 else min(q1, npan)
+    th, tw = (oh_ + 1) // 2, (ow_ + 1) // 2
+    per = th * tw
+    tiles = (n1 - n0) * per
+    if up.shape[0] != 16 * psize or x.shape[0] != y.shape[0] or n0 < 0 or n1 > x.shape[0] or \
+            q0 < 0 or (bias.shape[0] != 0 and bias.shape[0] != m_) or \
+            (res.shape[0] != 0 and res.shape[0] != y.size) or \
+            scratch.shape[0] < wino_scratch_size(c_, m_, tiles) or \
+            oh_ + 2 < h_ + pt or ow_ + 2 < w_ + pl or pt < 0 or pl < 0 or pt > 2 or pl > 2:
+        raise ValueError("pdjit: winograd_nhwc: the operands do not fit")
+    if tiles <= 0 or q0 >= q1:
+        return
+    tb = _wino_block(c_, m_, tiles)
+    vs, ms = tb * c_ + 16, tb * m_ + 16
+    v = scratch[:16 * vs]
+    mo = scratch[16 * vs:]
+    xf = x.reshape(x.size)
+    yf = y.reshape(y.size)
+    none = bias[:0]
+    lanes = 16
+    ch0, ch1 = q0 * nr, min(q1 * nr, m_)
+    for t0 in range(0, tiles, tb):
+        nt = min(tb, tiles - t0)
+        for t in range(nt):  # the input transform
+            n = n0 + (t0 + t) // per
+            r = (t0 + t) % per
+            iy, ix = 2 * (r // tw) - pt, 2 * (r % tw) - pl
+            rows, cols = 0, 0
+            for k in range(4):
+                if 0 <= iy + k < h_:
+                    rows |= 1 << k
+                if 0 <= ix + k < w_:
+                    cols |= 1 << k
+            base = ((n * h_ + iy) * w_ + ix) * c_
+            for c0 in range(0, c_, lanes):
+                _wnhwc_in(xf, base + c0, w_ * c_, c_, rows, cols, min(lanes, c_ - c0), v,
+                          t * c_ + c0, vs)
+        ntiles = (nt + MR - 1) // MR
+        for xi in range(16):  # the products, each panel under every tile of the block
+            for j in range(q0, q1):
+                here = xi * psize + j * c_ * nr
+                ahead = here + c_ * nr if j + 1 < q1 else (xi + 1) * psize + q0 * c_ * nr
+                for i in range(0, nt, MR):
+                    pfb, pfl = spread_share(i // MR, ntiles, c_ * NV, here, ahead, lanes)
+                    _micro_spread(v, xi * vs + i * c_, c_, min(MR, nt - i), c_, up, here, mo,
+                                 xi * ms + i * m_ + j * nr, m_, min(nr, m_ - j * nr), none, 0,
+                                 none, -np.inf, np.inf, pfb, pfl)
+        for t in range(nt):  # the output transform, the epilogue, the stores
+            n = n0 + (t0 + t) // per
+            r = (t0 + t) % per
+            oy, ox = 2 * (r // tw), 2 * (r % tw)
+            o = ((n * oh_ + oy) * ow_ + ox) * m_
+            for c0 in range(ch0, ch1, lanes):
+                _wnhwc_out(mo, t * m_ + c0, ms, min(lanes, ch1 - c0), bias, c0, yf, o + c0,
+                           ow_ * m_, m_, min(2, oh_ - oy), min(2, ow_ - ox), res, lo, hi)
+
+
+def _wino_pack(w):
+    """``U_xi^T`` ([C, M]) of each of the 16 transformed filters of ``w`` packed as pgemm's
+    right operand (panels of 64 output channels), one after another."""
+    ut = _wino._make(np.ascontiguousarray(w))
+    return np.concatenate([_pack_panels(ut[xi], _WIDE_NR) for xi in range(16)])
+
+
+def winograd_nhwc_weight(w):
+    """The filter ``w`` ([M, C, 3, 3], float32) transformed and packed for
+    :func:`winograd_nhwc`, kept beside ``w`` (:func:`pdjit.codegen.params.derived`)."""
+    return params.derived(w, ("winograd_nhwc",), lambda: _wino_pack(w))
+
+
+replay.declare("derived", winograd_nhwc_weight)
+
+
+@overload(winograd_nhwc_weight)
+def _winograd_nhwc_weight_native(w):
+    def impl(w):
+        m_, c_ = w.shape[0], w.shape[1]
+        ut = np.empty((16, m_, c_), w.dtype)
+        _wino._filter_transform(np.ascontiguousarray(w), ut)
+        psize = (m_ + _WIDE_NR - 1) // _WIDE_NR * _WIDE_NR * c_
+        out = np.empty(16 * psize, w.dtype)
+        for xi in range(16):
+            _pack_native(ut[xi], _WIDE_NR, out[xi * psize:(xi + 1) * psize])
+        return out
+    return impl
+
+
+#: calls of :func:`winograd_nhwc` (for tests that assert which kernel ran)
+WINO_CALLS = [0]
+
+
+def winograd_nhwc(x, up, y, n0, n1, sh, sw, pt, pl, dh, dw, kh, kw, bias, lo, hi, res):
+    """``y[n] = clamp(conv3x3(x[n], W) + bias + res[n], lo, hi)`` for the samples ``n0 ..
+    n1``, stride 1, no dilation, top/left pads ``pt``, ``pl`` of at most 2 (the bottom/right
+    ones follow from ``y``'s size) by Winograd's F(2x2, 3x3): ``x`` [N, H, W, C], ``y`` [N, OH,
+    OW, M] (float32, C-contiguous), ``W`` ([M, C, 3, 3]) transformed and packed by
+    :func:`winograd_nhwc_weight` into ``up``; ``bias``, ``res``, ``lo``, ``hi`` as
+    :func:`pointwise_nhwc`'s. The arguments are :func:`conv_nhwc`'s."""
+    if sh != 1 or sw != 1 or dh != 1 or dw != 1 or kh != 3 or kw != 3:
+        raise ValueError("pdjit: winograd_nhwc: a 3x3 filter of stride 1, no dilation")
+    WINO_CALLS[0] += 1
+    tiles = (n1 - n0) * ((y.shape[1] + 1) // 2) * ((y.shape[2] + 1) // 2)
+    scratch = _wino._scratch(wino_scratch_size(x.shape[3], y.shape[3], tiles))
+    replay.kernel_call(_wino_range, x, up, y, n0, n1, pt, pl, bias, float(lo), float(hi), res,
+                       scratch, 0, -1)
+
+
+replay.declare("leaves", winograd_nhwc)
+
+
+@overload(winograd_nhwc)
+def _winograd_nhwc_native(x, up, y, n0, n1, sh, sw, pt, pl, dh, dw, kh, kw, bias, lo, hi, res):
+    def impl(x, up, y, n0, n1, sh, sw, pt, pl, dh, dw, kh, kw, bias, lo, hi, res):
+        tiles = (n1 - n0) * ((y.shape[1] + 1) // 2) * ((y.shape[2] + 1) // 2)
+        scratch = np.zeros(wino_scratch_size(x.shape[3], y.shape[3], tiles), x.dtype)
+        _wino_range(x, up, y, n0, n1, pt, pl, bias, float(lo), float(hi), res, scratch, 0, -1)
+    return impl
+
+
+def _split_wino(parts, work, x, up, y, sh, sw, pt, pl, dh, dw, kh, kw, bias, lo, hi, res):
+    """One sample of :func:`winograd_nhwc` in parts on ``parts`` threads, by panels of output
+    channels (each part transforms the whole input, reads its panels of the transformed filter
+    and writes its channels: the same sums as one call), on a parallel loop where it is ready
+    (``lib.team``), else on ``run_parts``' helpers; whether it split."""
+    m_ = y.shape[3]
+    npan = -(-m_ // _WIDE_NR)
+    parts = min(parts, npan)
+    if x.shape[0] != 1 or parts < 2 or work < _conv._TEAM_MIN_WORK:
+        return False
+    tiles = ((y.shape[1] + 1) // 2) * ((y.shape[2] + 1) // 2)
+    need = wino_scratch_size(x.shape[3], m_, tiles)
+    scratch = _wino._scratch(need * parts).reshape(-1)[:need * parts].reshape(parts, need)
+    pans = np.array([npan * p // parts for p in range(parts + 1)], np.int64)
+    call = (x, up, y, pt, pl, bias, float(lo), float(hi), res, scratch, pans)
+    if team.run(_wino_parts, call):
+        return True
+    if work < _conv._CHANNELS_MIN_WORK:
+        return False
+
+    def part(p0, p1):
+        k = int(np.searchsorted(pans, p0))
+        _wino_range(x, up, y, 0, 1, pt, pl, bias, float(lo), float(hi), res, scratch[k], p0, p1)
+
+    run_chunks(part, npan, parts, parts)
+    return True
+
+
+@pjit
+def _wino_parts(x, up, y, pt, pl, bias, lo, hi, res, scratch, pans):
+    """:func:`_split_wino`'s parts, one per thread of a parallel loop: part ``k`` the panels
+    ``pans[k] .. pans[k + 1]`` of the one sample, on ``scratch[k]``."""
+    for k in numba.prange(pans.shape[0] - 1):
+        _wino_range(x, up, y, 0, 1, pt, pl, bias, lo, hi, res, scratch[k], pans[k],
+                    pans[k + 1])
+
+
+_conv.CHANNEL_SPLITS[winograd_nhwc] = _split_wino
+jobs("winograd_nhwc")(lambda T: [] if np.dtype(T) != np.float32 else [
+    (_wino_range, ((T, 4), (T, 1), (T, 4), int, int, int, int) + _ep(T)[:4] + ((T, 1), int,
+                                                                               int))])
+jobs("channels_last.winograd (warmup)")(lambda T: [] if np.dtype(T) != np.float32 else [
+    (_wino_parts, ((T, 4), (T, 1), (T, 4), int, int) + _ep(T)[:4] + ((T, 2), (np.int64, 1)))])
+compile_cost(1.5, _wino_range)
+compile_cost(1.5, _wino_parts)

@@ -104,7 +104,9 @@ def channels_last(op) -> bool:
     (:func:`~pdjit.codegen.cpu.lib.channels_last.pointwise_nhwc`) or one filter per channel
     (:func:`~pdjit.codegen.cpu.lib.channels_last.depthwise_nhwc`), or any other of one group
     onto a plane of at most ``MAX_PLANE`` pixels from one at most the strides' product larger
-    (:func:`~pdjit.codegen.cpu.lib.channels_last.conv_nhwc`)."""
+    (:func:`~pdjit.codegen.cpu.lib.channels_last.conv_nhwc`; a 3x3 stride-1 one that
+    Winograd's kernel may take, :func:`~pdjit.codegen.cpu.lib.winograd.may_take`, padded by
+    at most 2: :func:`~pdjit.codegen.cpu.lib.channels_last.winograd_nhwc`)."""
     return _channels_last_kind(op) is not None
 
 
@@ -146,7 +148,12 @@ def _channels_last_kind(op) -> str | None:
         out = g.conv_out(0, h, kh) * g.conv_out(1, w_, kw)
     except ValueError:  # (a window larger than the image: its lowering says so)
         return None
-    return "conv_nhwc" if out <= MAX_PLANE else None
+    if out > MAX_PLANE:
+        return None
+    if may_take(m, cg, kh, kw, g.strides, g.dilations, groups) and \
+            (g.algo != "EXPLICIT" or max(g.pads) <= 2):
+        return "winograd_nhwc"
+    return "conv_nhwc"
 
 
 def _nhwc_blocked(ctx, g: Geometry):
@@ -158,9 +165,10 @@ def _nhwc_blocked(ctx, g: Geometry):
     oh, ow = g.src_conv_out(0, h, kh), g.src_conv_out(1, w, kw)
     y = ctx.out("Output", shape=f"({n}, {oh}, {ow}, {W}.shape[0])")
     lines = [f"_rt.check({X}.shape[3] == {W}.shape[1] * {ctx.attrs['groups']})"]
-    # (conv_nhwc's tiles take no gate: a hard_swish after it runs as an op of its own)
+    # (conv_nhwc's tiles and Winograd's output transform take no gate: a hard_swish after
+    # them runs as an op of its own)
     epi = ctx.channel_epilogue(ctx.T("Output"), lines, residual=True,
-                               gate=kind != "conv_nhwc")
+                               gate=kind in ("pointwise_nhwc", "depthwise_nhwc"))
     wt = ctx.tmp("wt")
     lines.append(f"{wt} = {ctx.lib_fn(kind + '_weight')}({W})")
     fn = ctx.lib_fn(kind)
