@@ -453,9 +453,15 @@ def test_gates_keep_nans_infinities_and_signed_zeros():
     (2, 24, 32, 1, 1, (1, 1, 1, 1)),     # a 1x1 plane: one tap inside
     (2, 16, 32, 30, 30, (1, 1, 1, 1)),   # 450 tiles: two blocks
 ])
-def test_winograd_against_numpy(n, c, m, h, wd, pads):
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "stand-in"])
+def test_winograd_against_numpy(monkeypatch, kernel, n, c, m, h, wd, pads):
     """``winograd_nhwc`` (3x3, stride 1, F(2x2, 3x3)) against the direct sum in float64,
-    each piece of the epilogue, a range of samples; the transformed filter packed once."""
+    each piece of the epilogue, a range of samples; the transformed filter packed once; its
+    kernel, and NumPy's calls that stand in for it until it is compiled ahead."""
+    monkeypatch.setattr(cl, "_wino_ready", lambda: kernel)
+    ran = []
+    if not kernel:
+        monkeypatch.setattr(cl, "_wino_range", lambda *a: ran.append(a))
     x = RNG.standard_normal((n, h, wd, c)).astype(np.float32)
     w = RNG.standard_normal((m, c, 3, 3)).astype(np.float32)
     want0 = _conv_oracle(x, w, (1, 1), pads, (1, 1), E, E, -INF, INF)
@@ -474,6 +480,7 @@ def test_winograd_against_numpy(n, c, m, h, wd, pads):
     cl.winograd_nhwc(x, up, y, n - 1, n, *geo, E, -INF, INF, E)
     np.testing.assert_allclose(y[n - 1], want0[n - 1], rtol=1e-4, atol=1e-4)
     assert np.isnan(y[:n - 1]).all()
+    assert not ran
 
 
 def test_winograd_refuses_what_it_does_not_compute():
@@ -493,7 +500,8 @@ def test_a_winograd_sample_split_by_panels_gives_one_calls_bits(team_loops, monk
                                                                  hw, c, m, parts):
     """One sample of ``winograd_nhwc`` split by panels of output channels, on a parallel
     loop and on ``run_parts``' helpers: the one call's bits, the residual in another buffer
-    and in the output's own; too little work is not split."""
+    and in the output's own; too little work, or the kernel not ready, is not split."""
+    monkeypatch.setattr(cl, "_wino_ready", lambda: True)
     x = RNG.standard_normal((1, hw, hw, c)).astype(np.float32)
     w = RNG.standard_normal((m, c, 3, 3)).astype(np.float32)
     bias = RNG.standard_normal(m).astype(np.float32)
@@ -517,6 +525,8 @@ def test_a_winograd_sample_split_by_panels_gives_one_calls_bits(team_loops, monk
             assert pans.size == min(parts, -(-m // 64)) + 1
             np.testing.assert_array_equal(got, one)
     assert not cl._split_wino(parts, 10, x, up, one, *geo, bias, 0.0, 6.0, res)
+    monkeypatch.setattr(cl, "_wino_ready", lambda: False)
+    assert not cl._split_wino(parts, 1 << 30, x, up, one, *geo, bias, 0.0, 6.0, res)
 
 
 def test_compiled_code_transforms_a_winograd_filter_at_each_call():

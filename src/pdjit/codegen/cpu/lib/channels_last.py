@@ -1130,7 +1130,14 @@ def winograd_nhwc(x, up, y, n0, n1, sh, sw, pt, pl, dh, dw, kh, kw, bias, lo, hi
     :func:`pointwise_nhwc`'s. The arguments are :func:`conv_nhwc`'s."""
     if sh != 1 or sw != 1 or dh != 1 or dw != 1 or kh != 3 or kw != 3:
         raise ValueError("pdjit: winograd_nhwc: a 3x3 filter of stride 1, no dilation")
+    want = 16 * -(-y.shape[3] // _WIDE_NR) * _WIDE_NR * x.shape[3]
+    if up.shape != (want,):
+        raise ValueError(f"pdjit: winograd_nhwc: the operands do not fit: a transformed filter "
+                         f"of {want} values expected, got {up.shape}")
     WINO_CALLS[0] += 1
+    if not _wino_ready():
+        _wino_numpy(x, up, y, n0, n1, pt, pl, bias, lo, hi, res)
+        return
     tiles = (n1 - n0) * ((y.shape[1] + 1) // 2) * ((y.shape[2] + 1) // 2)
     scratch = _wino._scratch(wino_scratch_size(x.shape[3], y.shape[3], tiles))
     replay.kernel_call(_wino_range, x, up, y, n0, n1, pt, pl, bias, float(lo), float(hi), res,
@@ -1138,6 +1145,54 @@ def winograd_nhwc(x, up, y, n0, n1, sh, sw, pt, pl, dh, dw, kh, kw, bias, lo, hi
 
 
 replay.declare("leaves", winograd_nhwc)
+
+#: a call of :func:`_wino_range` of the types warmup compiles it for (:func:`_wino_ready`)
+_WINO_CALL: list = []
+
+
+def _wino_ready() -> bool:
+    """Whether :func:`_wino_range` may serve :func:`winograd_nhwc`: compiled ahead by ``pdjit
+    warmup`` and the background warmup, loaded from the disk cache from a process's few first
+    runs on (as :func:`_conv_ready`); until then :func:`_wino_numpy` serves, so that its
+    compile stays out of a cold process's first results."""
+    if not _WINO_CALL:
+        a4, a1 = np.empty((1, 1, 1, 1), np.float32), np.empty(0, np.float32)
+        _WINO_CALL.append((a4, a1, a4, 0, 0, 0, 0, a1, 0.0, 0.0, a1, a1, 0, 0))
+    return team.ready(_wino_range, _WINO_CALL[0])
+
+
+def _wino_numpy(x, up, y, n0, n1, pt, pl, bias, lo, hi, res):
+    """:func:`winograd_nhwc` by NumPy's calls: the same transforms on whole arrays of tiles,
+    a product per panel of each packed ``U_xi^T`` (BLAS), then the bias, the residual and the
+    clamp (not replayed: a recording of it is refused)."""
+    replay.refuse("winograd_nhwc's kernel is not ready")
+    n, h, w_, c = x.shape
+    oh, ow, m = y.shape[1], y.shape[2], y.shape[3]
+    th, tw = (oh + 1) // 2, (ow + 1) // 2
+    npan = -(-m // _WIDE_NR)
+    xp = np.zeros((n1 - n0, 2 * th + 2, 2 * tw + 2, c), x.dtype)
+    hh, ww = min(h, 2 * th + 2 - pt), min(w_, 2 * tw + 2 - pl)
+    xp[:, pt:pt + hh, pl:pl + ww] = x[n0:n1, :hh, :ww]
+    d = [[xp[:, i:i + 2 * th:2, j:j + 2 * tw:2] for j in range(4)] for i in range(4)]
+    t = [[d[0][j] - d[2][j] for j in range(4)], [d[1][j] + d[2][j] for j in range(4)],
+         [d[2][j] - d[1][j] for j in range(4)], [d[1][j] - d[3][j] for j in range(4)]]
+    v = [f(r) for r in t for f in (lambda r: r[0] - r[2], lambda r: r[1] + r[2],
+                                   lambda r: r[2] - r[1], lambda r: r[1] - r[3])]
+    panels = up.reshape(16, npan, c, _WIDE_NR)
+    mo = [np.matmul(v[xi].reshape(-1, c), panels[xi]).transpose(1, 0, 2).reshape(
+        -1, npan * _WIDE_NR)[:, :m].reshape(n1 - n0, th, tw, m) for xi in range(16)]
+    c0 = [mo[4 * i] + mo[4 * i + 1] + mo[4 * i + 2] for i in range(4)]
+    c1 = [mo[4 * i + 1] - mo[4 * i + 2] - mo[4 * i + 3] for i in range(4)]
+    out = np.empty((n1 - n0, th, 2, tw, 2, m), x.dtype)
+    for b, cb in enumerate((c0, c1)):
+        out[:, :, 0, :, b] = cb[0] + cb[1] + cb[2]
+        out[:, :, 1, :, b] = cb[1] - cb[2] - cb[3]
+    out = out.reshape(n1 - n0, 2 * th, 2 * tw, m)[:, :oh, :ow]
+    if bias.size:
+        out += bias
+    if res.size:
+        out += res.reshape(y.shape)[n0:n1]
+    y[n0:n1] = np.minimum(np.maximum(out, lo), hi)
 
 
 @overload(winograd_nhwc)
@@ -1157,7 +1212,7 @@ def _split_wino(parts, work, x, up, y, sh, sw, pt, pl, dh, dw, kh, kw, bias, lo,
     m_ = y.shape[3]
     npan = -(-m_ // _WIDE_NR)
     parts = min(parts, npan)
-    if x.shape[0] != 1 or parts < 2 or work < _conv._TEAM_MIN_WORK:
+    if x.shape[0] != 1 or parts < 2 or work < _conv._TEAM_MIN_WORK or not _wino_ready():
         return False
     tiles = ((y.shape[1] + 1) // 2) * ((y.shape[2] + 1) // 2)
     need = wino_scratch_size(x.shape[3], m_, tiles)
@@ -1187,10 +1242,11 @@ def _wino_parts(x, up, y, pt, pl, bias, lo, hi, res, scratch, pans):
 
 
 _conv.CHANNEL_SPLITS[winograd_nhwc] = _split_wino
-jobs("winograd_nhwc")(lambda T: [] if np.dtype(T) != np.float32 else [
-    (_wino_range, ((T, 4), (T, 1), (T, 4), int, int, int, int) + _ep(T)[:4] + ((T, 1), int,
-                                                                               int))])
+# (the kernel, which NumPy's calls stand in for until it is ready, and the split of one sample
+# by a parallel loop: compiled ahead by warmup only, see team.ready)
 jobs("channels_last.winograd (warmup)")(lambda T: [] if np.dtype(T) != np.float32 else [
+    (_wino_range, ((T, 4), (T, 1), (T, 4), int, int, int, int) + _ep(T)[:4] + ((T, 1), int,
+                                                                               int)),
     (_wino_parts, ((T, 4), (T, 1), (T, 4), int, int) + _ep(T)[:4] + ((T, 2), (np.int64, 1)))])
 compile_cost(1.5, _wino_range)
 compile_cost(1.5, _wino_parts)
