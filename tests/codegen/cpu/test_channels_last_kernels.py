@@ -529,7 +529,9 @@ def test_a_winograd_sample_split_by_panels_gives_one_calls_bits(team_loops, monk
     assert not cl._split_wino(parts, 1 << 30, x, up, one, *geo, bias, 0.0, 6.0, res)
 
 
-def test_compiled_code_transforms_a_winograd_filter_at_each_call():
+def test_compiled_code_runs_a_winograd_layer_on_the_direct_kernel():
+    """In compiled code (where a derived weight is made at each call) a layer lowered to
+    ``winograd_nhwc`` runs the direct kernel on its filter packed for it: the same values."""
     @caller
     def conv(x, w, y, bias):
         up = cl.winograd_nhwc_weight(w)

@@ -23,6 +23,12 @@ serve, so that the image is converted once at the chain's ends instead of at eac
   channels (:func:`conv_nhwc_weight`), each panel taken by chunks that stay in the L1 cache
   while every tile reads them (:data:`CONV_CHUNK_BYTES`); bias, residual and clamp in
   registers, stored by rows.
+- :func:`winograd_nhwc`: a 3x3 stride-1 convolution by Winograd's F(2x2, 3x3) (the transforms
+  of :mod:`.winograd`): each tile's 4x4 inputs are 16 vectors of its pixels' channels, so
+  both transforms are vector adds across the channels, and the 16 products run on pgemm's
+  tile over the transformed filter packed once, as the 1x1 layers' do. Alone, one thread, ms,
+  against :func:`conv_nhwc`: ResNet-50's 14x14 256 -> 256 at batch 1 3.4 / 7.1, 7x7 512 ->
+  512 6.6 / 9.8; at batch 16 53 / 117 and 64 / 120 (the NCHW Winograd kernel 76 and 81).
 
 Each takes the samples ``n0 .. n1`` (``Opaque.blocked``); one sample is split over threads by
 rows of pixels or panels of output channels (:func:`_split_pointwise`,
@@ -1103,20 +1109,6 @@ def winograd_nhwc_weight(w):
 replay.declare("derived", winograd_nhwc_weight)
 
 
-@overload(winograd_nhwc_weight)
-def _winograd_nhwc_weight_native(w):
-    def impl(w):
-        m_, c_ = w.shape[0], w.shape[1]
-        ut = np.empty((16, m_, c_), w.dtype)
-        _wino._filter_transform(np.ascontiguousarray(w), ut)
-        psize = (m_ + _WIDE_NR - 1) // _WIDE_NR * _WIDE_NR * c_
-        out = np.empty(16 * psize, w.dtype)
-        for xi in range(16):
-            _pack_native(ut[xi], _WIDE_NR, out[xi * psize:(xi + 1) * psize])
-        return out
-    return impl
-
-
 #: calls of :func:`winograd_nhwc` (for tests that assert which kernel ran)
 WINO_CALLS = [0]
 
@@ -1195,12 +1187,24 @@ def _wino_numpy(x, up, y, n0, n1, pt, pl, bias, lo, hi, res):
     y[n0:n1] = np.minimum(np.maximum(out, lo), hi)
 
 
+# Inside compiled code (a native driver, an ahead-of-time artifact) a weight derived from a
+# filter is made at each call, and a transformed filter costs more than Winograd saves at batch
+# 1 (in native code, one thread: 256 x 256 channels 6.5 ms, 512 x 512 27 ms, against 1.8 and
+# 10.5 for the direct kernel's packing; the 14x14 and 7x7 layers' products take 3.4 and 6.5
+# ms, the direct kernel's 7.1 and 9.8): there these layers run on the direct kernel, its filter
+# packed for it, as the NCHW Winograd layers run on the taps kernel in compiled code.
+@overload(winograd_nhwc_weight)
+def _winograd_nhwc_weight_native(w):
+    def impl(w):
+        return conv_nhwc_weight(w)
+    return impl
+
+
 @overload(winograd_nhwc)
 def _winograd_nhwc_native(x, up, y, n0, n1, sh, sw, pt, pl, dh, dw, kh, kw, bias, lo, hi, res):
     def impl(x, up, y, n0, n1, sh, sw, pt, pl, dh, dw, kh, kw, bias, lo, hi, res):
-        tiles = (n1 - n0) * ((y.shape[1] + 1) // 2) * ((y.shape[2] + 1) // 2)
-        scratch = np.zeros(wino_scratch_size(x.shape[3], y.shape[3], tiles), x.dtype)
-        _wino_range(x, up, y, n0, n1, pt, pl, bias, float(lo), float(hi), res, scratch, 0, -1)
+        _conv_rows(x, up, kh, kw, y, n0, n1, 0, y.shape[1], sh, sw, pt, pl, dh, dw, bias,
+                   float(lo), float(hi), res, 0, -1)
     return impl
 
 
