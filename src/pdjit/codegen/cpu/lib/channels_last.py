@@ -860,6 +860,16 @@ compile_cost(3.2, _conv_rows)
 # product ``M_xi [tiles, M] = V_xi @ U_xi^T`` runs on pgemm's tile over ``U_xi^T`` packed in
 # panels of 64 output channels (:func:`winograd_nhwc_weight`), as the 1x1 layers' products do.
 
+def _counted(context, builder, dtype, cntv):
+    """``(vector type, element bytes, i64, zero vector, masked load, masked store, alignment,
+    mask, whole)`` for vectors of ``dtype`` (:func:`.tile._vectors`) of which ``cntv`` (an i64)
+    lanes count: ``mask`` its first ``cntv`` lanes, ``whole`` whether that is all of them."""
+    _, size, lanes, vty, i64, zero, _ = _vectors(context, builder, dtype)
+    return (vty, size, i64, zero, _masked(builder, vty, "load"), _masked(builder, vty, "store"),
+            ir.Constant(ir.IntType(32), size), _wino._lane_mask(builder, i64, lanes, 0, cntv),
+            builder.icmp_signed(">=", cntv, ir.Constant(i64, lanes)))
+
+
 @intrinsic
 def _wnhwc_in(typingctx, x, base, rs, cs, rows, cols, cnt, v, d0, vs):
     """``V = B^T d B`` of one tile for a vector of channels: ``d[i][j]`` the ``cnt`` values
@@ -877,14 +887,8 @@ def _wnhwc_in(typingctx, x, base, rs, cs, rows, cols, cnt, v, d0, vs):
         vp = context.make_array(at[7])(context, builder, args[7]).data
         bv, rsv, csv, rowsv, colsv, cntv, d0v, vsv = (
             _offset(context, builder, at[i], args[i]) for i in (1, 2, 3, 4, 5, 6, 8, 9))
-        fty, size, lanes, vty, i64, zero, _ = _vectors(context, builder, at[0].dtype)
-        mload, mstore = _masked(builder, vty, "load"), _masked(builder, vty, "store")
-        align = ir.Constant(ir.IntType(32), size)
-        i32t = ir.IntType(32)
-        idx = ir.Constant(ir.VectorType(i32t, lanes), list(range(lanes)))
-        mask = builder.icmp_signed("<", idx, _splat(builder, idx.type,
-                                                    builder.trunc(cntv, i32t)))
-        whole = builder.icmp_signed(">=", cntv, ir.Constant(i64, lanes))
+        vty, size, i64, zero, mload, mstore, align, mask, whole = _counted(
+            context, builder, at[0].dtype, cntv)
 
         def const(k):
             return ir.Constant(i64, k)
@@ -909,13 +913,9 @@ def _wnhwc_in(typingctx, x, base, rs, cs, rows, cols, cnt, v, d0, vs):
                 phi.add_incoming(got, from_yes)
                 phi.add_incoming(zero, from_no)
                 d[i][j] = phi
-        add, sub = builder.fadd, builder.fsub
-        # B^T d (rows d0 - d2, d1 + d2, d2 - d1, d1 - d3), then (B^T d) B likewise by columns
-        t = [[sub(d[0][j], d[2][j]) for j in range(4)], [add(d[1][j], d[2][j]) for j in range(4)],
-             [sub(d[2][j], d[1][j]) for j in range(4)], [sub(d[1][j], d[3][j]) for j in range(4)]]
+        v = _wino.input_transform(builder, d)
         for i in range(4):
-            r = t[i]
-            out = (sub(r[0], r[2]), add(r[1], r[2]), sub(r[2], r[1]), sub(r[1], r[3]))
+            out = v[i]
             for j in range(4):
                 off = builder.add(d0v, builder.mul(vsv, const(4 * i + j)))
                 p = builder.bitcast(builder.gep(vp, [off]), vty.as_pointer())
@@ -946,14 +946,8 @@ def _wnhwc_out(typingctx, mo, m0, ms, cnt, bias, b0, y, o0, rs, cs, rows, cols, 
         resa = context.make_array(at[12])(context, builder, args[12])
         m0v, msv, cntv, b0v, o0v, rsv, csv, rowsv, colsv = (
             _offset(context, builder, at[i], args[i]) for i in (1, 2, 3, 5, 7, 8, 9, 10, 11))
-        fty, size, lanes, vty, i64, zero, _ = _vectors(context, builder, at[0].dtype)
-        mload, mstore = _masked(builder, vty, "load"), _masked(builder, vty, "store")
-        align = ir.Constant(ir.IntType(32), size)
-        i32t = ir.IntType(32)
-        idx = ir.Constant(ir.VectorType(i32t, lanes), list(range(lanes)))
-        mask = builder.icmp_signed("<", idx, _splat(builder, idx.type,
-                                                    builder.trunc(cntv, i32t)))
-        whole = builder.icmp_signed(">=", cntv, ir.Constant(i64, lanes))
+        vty, size, i64, zero, mload, mstore, align, mask, whole = _counted(
+            context, builder, at[0].dtype, cntv)
 
         def const(k):
             return ir.Constant(i64, k)
@@ -963,11 +957,8 @@ def _wnhwc_out(typingctx, mo, m0, ms, cnt, bias, b0, y, o0, rs, cs, rows, cols, 
             off = builder.add(m0v, builder.mul(msv, const(xi)))
             m.append(builder.load(builder.bitcast(builder.gep(mp, [off]), vty.as_pointer()),
                                   align=size))
-        add, sub = builder.fadd, builder.fsub
-        # A^T M A, A^T = [[1, 1, 1, 0], [0, 1, -1, -1]]: across the columns, then the rows
-        c0 = [add(add(m[4 * i], m[4 * i + 1]), m[4 * i + 2]) for i in range(4)]
-        c1 = [sub(sub(m[4 * i + 1], m[4 * i + 2]), m[4 * i + 3]) for i in range(4)]
-        ys = [[add(add(c[0], c[1]), c[2]), sub(sub(c[1], c[2]), c[3])] for c in (c0, c1)]
+        add = builder.fadd
+        ys = _wino.output_transform(builder, m)
         nb = cgutils.unpack_tuple(builder, biasa.shape)[0]
         with builder.if_else(builder.icmp_signed("!=", nb, const(0))) as (yes, no):
             with yes:
@@ -983,14 +974,14 @@ def _wnhwc_out(typingctx, mo, m0, ms, cnt, bias, b0, y, o0, rs, cs, rows, cols, 
                                       const(0))
         lov, hiv = (_splat(builder, vty, context.cast(builder, args[i], at[i], at[0].dtype))
                     for i in (13, 14))
-        for b in range(2):  # (ys[b][a]: output column b of row a)
+        for b in range(2):
             for a in range(2):
                 cond = builder.and_(builder.icmp_signed("<", const(a), rowsv),
                                     builder.icmp_signed("<", const(b), colsv))
                 with builder.if_then(cond):
                     off = builder.add(o0v, builder.add(builder.mul(rsv, const(a)),
                                                        builder.mul(csv, const(b))))
-                    acc = cgutils.alloca_once_value(builder, add(ys[b][a], bias_v))
+                    acc = cgutils.alloca_once_value(builder, add(ys[a][b], bias_v))
                     with builder.if_then(has_res):
                         p = builder.bitcast(builder.gep(resa.data, [off]), vty.as_pointer())
                         builder.store(add(builder.load(acc), _edge_load(

@@ -83,6 +83,26 @@ def _lane_mask(builder, i64, lanes, first, count):
     return builder.icmp_signed("<", idx, _splat(builder, ivty, builder.trunc(count, i32)))
 
 
+def input_transform(builder, d):
+    """``V = B^T d B`` of a tile's 4x4 inputs ``d[i][j]`` (vectors; ``i`` the row): its
+    elements ``[i][j]``, B^T's rows ``d0 - d2, d1 + d2, d2 - d1, d1 - d3`` applied down the
+    columns, then across the rows."""
+    add, sub = builder.fadd, builder.fsub
+    t = [[sub(d[0][j], d[2][j]) for j in range(4)], [add(d[1][j], d[2][j]) for j in range(4)],
+         [sub(d[2][j], d[1][j]) for j in range(4)], [sub(d[1][j], d[3][j]) for j in range(4)]]
+    return [[sub(r[0], r[2]), add(r[1], r[2]), sub(r[2], r[1]), sub(r[1], r[3])] for r in t]
+
+
+def output_transform(builder, m):
+    """``Y = A^T M A`` of a tile's 16 products ``m[4 i + j]`` (vectors), ``A^T = [[1, 1, 1,
+    0], [0, 1, -1, -1]]``: ``[[y00, y01], [y10, y11]]`` (by output rows)."""
+    add, sub = builder.fadd, builder.fsub
+    c0 = [add(add(m[4 * i], m[4 * i + 1]), m[4 * i + 2]) for i in range(4)]  # (column 0)
+    c1 = [sub(sub(m[4 * i + 1], m[4 * i + 2]), m[4 * i + 3]) for i in range(4)]
+    return [[add(add(c[0], c[1]), c[2]) for c in (c0, c1)],
+            [sub(sub(c[1], c[2]), c[3]) for c in (c0, c1)]]
+
+
 @intrinsic
 def _tiles_in(typingctx, x, r0, rows, w_, col0, cnt, v, d0, cs):
     """``V = B^T d B`` of ``cnt`` tiles (one vector's lanes at most) of one channel and tile
@@ -135,15 +155,11 @@ def _tiles_in(typingctx, x, r0, rows, w_, col0, cnt, v, d0, cs):
                         builder.and_(masks[shift + h], inside), zero]))
                 cols[shift].append(builder.shuffle_vector(half[0], half[1], even))
                 cols[shift + 1].append(builder.shuffle_vector(half[0], half[1], odd))
-        # B^T d: rows d0 - d2, d1 + d2, d2 - d1, d1 - d3 (per input column)
-        t = [[builder.fsub(c[0], c[2]), builder.fadd(c[1], c[2]), builder.fsub(c[2], c[1]),
-              builder.fsub(c[1], c[3])] for c in cols]
+        v = input_transform(builder, [[cols[j][i] for j in range(4)] for i in range(4)])
         mask = _lane_mask(builder, i64, lanes, 0, cntv)
         whole = builder.icmp_signed(">=", cntv, ir.Constant(i64, lanes))
-        for i in range(4):  # (B^T d) B: the same across the columns
-            e0, o0, e1, o1 = t[0][i], t[1][i], t[2][i], t[3][i]
-            out = (builder.fsub(e0, e1), builder.fadd(o0, e1), builder.fsub(e1, o0),
-                   builder.fsub(o0, o1))
+        for i in range(4):
+            out = v[i]
             for j in range(4):
                 off = builder.add(d0v, builder.mul(csv, ir.Constant(i64, 4 * i + j)))
                 p = builder.bitcast(builder.gep(vp, [off]), vty.as_pointer())
@@ -185,11 +201,8 @@ def _tiles_out(typingctx, mo, k0, ms, cnt, b, y, o0, ld, cols, two, res, lo, hi)
             off = builder.add(k0v, builder.mul(msv, ir.Constant(i64, xi)))
             p = builder.bitcast(builder.gep(mp, [off]), vty.as_pointer())
             m.append(builder.load(p, align=size))
-        add, sub = builder.fadd, builder.fsub
-        r0 = [add(add(m[4 * i], m[4 * i + 1]), m[4 * i + 2]) for i in range(4)]
-        r1 = [sub(sub(m[4 * i + 1], m[4 * i + 2]), m[4 * i + 3]) for i in range(4)]
-        ys = ((add(add(add(r0[0], r0[1]), r0[2]), bv), add(add(add(r1[0], r1[1]), r1[2]), bv)),
-              (add(sub(sub(r0[1], r0[2]), r0[3]), bv), add(sub(sub(r1[1], r1[2]), r1[3]), bv)))
+        add = builder.fadd
+        ys = [[add(y, bv) for y in row] for row in output_transform(builder, m)]
         ity = ir.VectorType(ir.IntType(32), lanes)
         halves = [ir.Constant(ity, [(k // 2) + (k % 2) * lanes + h * lanes // 2
                                     for k in range(lanes)]) for h in range(2)]
