@@ -1194,8 +1194,7 @@ def _winograd_nhwc_weight_native(w):
 @overload(winograd_nhwc)
 def _winograd_nhwc_native(x, up, y, n0, n1, sh, sw, pt, pl, dh, dw, kh, kw, bias, lo, hi, res):
     def impl(x, up, y, n0, n1, sh, sw, pt, pl, dh, dw, kh, kw, bias, lo, hi, res):
-        _conv_rows(x, up, kh, kw, y, n0, n1, 0, y.shape[1], sh, sw, pt, pl, dh, dw, bias,
-                   float(lo), float(hi), res, 0, -1)
+        conv_nhwc(x, up, y, n0, n1, sh, sw, pt, pl, dh, dw, kh, kw, bias, lo, hi, res)
     return impl
 
 
@@ -1211,7 +1210,7 @@ def _split_wino(parts, work, x, up, y, sh, sw, pt, pl, dh, dw, kh, kw, bias, lo,
         return False
     tiles = ((y.shape[1] + 1) // 2) * ((y.shape[2] + 1) // 2)
     need = wino_scratch_size(x.shape[3], m_, tiles)
-    scratch = _wino._scratch(need * parts).reshape(-1)[:need * parts].reshape(parts, need)
+    scratch = _wino._scratch(need * parts)[:need * parts].reshape(parts, need)
     pans = np.array([npan * p // parts for p in range(parts + 1)], np.int64)
     call = (x, up, y, pt, pl, bias, float(lo), float(hi), res, scratch, pans)
     if team.run(_wino_parts, call):
