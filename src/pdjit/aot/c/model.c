@@ -13,6 +13,7 @@
 
 #define API __attribute__((visibility("default")))
 #define MAX_THREADS 64
+#define POOL_THREAD_NAME "pdjit-slice"   /* a split run's worker threads */
 
 #include "arena.h"
 #include "model_spec.h"   /* generated per model: sizes, names, options, the entry */
@@ -602,6 +603,10 @@ static void pool_start(pdjit_model *m) {
         m->slices[k].m = m;
         pool->started[k] = pthread_create(&pool->tid[k], NULL, pool_worker,
                                           &m->slices[k]) == 0;
+#ifdef __linux__
+        /* named before pool_start returns, as top, gdb and /proc see it */
+        if (pool->started[k]) pthread_setname_np(pool->tid[k], POOL_THREAD_NAME);
+#endif
     }
 }
 
