@@ -47,15 +47,21 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 @pytest.fixture(autouse=True)
 def _thread_count_restored():
     """The process's thread setting as it was before each test: a test that asks for a count
-    (``set_num_threads``) leaves the next ones in its worker to build plans for the count it
-    left (no parallel variants after a ``set_num_threads(1)``), not for every core as a
-    process that never asked does."""
+    (``set_num_threads``, or ``PDJIT_NUM_THREADS`` read again) leaves the next ones in its
+    worker to build plans for the count it left (no parallel variants after a
+    ``set_num_threads(1)``), not for every core as a process that never asked does."""
     import sys
 
     mod = sys.modules.get("pdjit.codegen.cpu.threads")
     before = mod._applied if mod is not None else None
+    # (the variable as last read, and whether it was set: a test that reads it again while
+    # it is set restores what it read, not whether it was set)
+    env = (mod._default_threads, mod._env_asked) if mod is not None else (None, False)
     yield
     mod = sys.modules.get("pdjit.codegen.cpu.threads")
+    if mod is not None and (mod._default_threads, mod._env_asked) != env:
+        mod._default_threads, mod._env_asked = env
+        mod._default_applied = False  # (the defaults applied again before the next run)
     if mod is None or mod._applied == before:
         return
     if before is not None:
