@@ -54,8 +54,8 @@ def _thread_count_restored():
 
     mod = sys.modules.get("pdjit.codegen.cpu.threads")
     before = mod._applied if mod is not None else None
-    # (the variable as last read, and whether it was set: a test that reads it again while
-    # it is set restores what it read, not whether it was set)
+    # (PDJIT_NUM_THREADS as last read and whether it was set: a test that monkeypatches
+    # ``_default_threads`` to read the variable again restores the first, not the second)
     env = (mod._default_threads, mod._env_asked) if mod is not None else (None, False)
     yield
     mod = sys.modules.get("pdjit.codegen.cpu.threads")
