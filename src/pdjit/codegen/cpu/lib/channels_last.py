@@ -866,8 +866,8 @@ def _counted(context, builder, dtype, cntv):
     lanes count: ``mask`` its first ``cntv`` lanes, ``whole`` whether that is all of them."""
     _, size, lanes, vty, i64, zero, _ = _vectors(context, builder, dtype)
     return (vty, size, i64, zero, _masked(builder, vty, "load"), _masked(builder, vty, "store"),
-            ir.Constant(ir.IntType(32), size), _wino._lane_mask(builder, i64, lanes, 0, cntv),
-            builder.icmp_signed(">=", cntv, ir.Constant(i64, lanes)))
+            ir.Constant(ir.IntType(32), size),
+            *_wino.counted_lanes(builder, i64, lanes, 0, cntv))
 
 
 @intrinsic
@@ -914,8 +914,7 @@ def _wnhwc_in(typingctx, x, base, rs, cs, rows, cols, cnt, v, d0, vs):
                 phi.add_incoming(zero, from_no)
                 d[i][j] = phi
         v = _wino.input_transform(builder, d)
-        for i in range(4):
-            out = v[i]
+        for i, out in enumerate(v):
             for j in range(4):
                 off = builder.add(d0v, builder.mul(vsv, const(4 * i + j)))
                 p = builder.bitcast(builder.gep(vp, [off]), vty.as_pointer())

@@ -74,13 +74,15 @@ PREFETCH_BLOCKS = 1
 CALLS = [0]
 
 
-def _lane_mask(builder, i64, lanes, first, count):
-    """The lanes ``first + l < count`` (``first`` a Python int, ``count`` an i64 value),
-    compared in 32-bit lanes (one mask register a vector)."""
+def counted_lanes(builder, i64, lanes, first, count):
+    """``(mask, whole)`` of a vector of ``lanes`` from lane ``first`` (a Python int) of which
+    ``count`` (an i64 value) count: ``mask`` the lanes ``first + l < count``, compared in
+    32-bit lanes (one mask register a vector), ``whole`` whether that is all of them."""
     i32 = ir.IntType(32)
     ivty = ir.VectorType(i32, lanes)
     idx = ir.Constant(ivty, [first + k for k in range(lanes)])
-    return builder.icmp_signed("<", idx, _splat(builder, ivty, builder.trunc(count, i32)))
+    mask = builder.icmp_signed("<", idx, _splat(builder, ivty, builder.trunc(count, i32)))
+    return mask, builder.icmp_signed(">=", count, ir.Constant(i64, first + lanes))
 
 
 def input_transform(builder, d):
@@ -156,10 +158,8 @@ def _tiles_in(typingctx, x, r0, rows, w_, col0, cnt, v, d0, cs):
                 cols[shift].append(builder.shuffle_vector(half[0], half[1], even))
                 cols[shift + 1].append(builder.shuffle_vector(half[0], half[1], odd))
         v = input_transform(builder, [[cols[j][i] for j in range(4)] for i in range(4)])
-        mask = _lane_mask(builder, i64, lanes, 0, cntv)
-        whole = builder.icmp_signed(">=", cntv, ir.Constant(i64, lanes))
-        for i in range(4):
-            out = v[i]
+        mask, whole = counted_lanes(builder, i64, lanes, 0, cntv)
+        for i, out in enumerate(v):
             for j in range(4):
                 off = builder.add(d0v, builder.mul(csv, ir.Constant(i64, 4 * i + j)))
                 p = builder.bitcast(builder.gep(vp, [off]), vty.as_pointer())
@@ -218,8 +218,7 @@ def _tiles_out(typingctx, mo, k0, ms, cnt, b, y, o0, ld, cols, two, res, lo, hi)
                 row = o0v if r == 0 else builder.add(o0v, ldv)
                 for h in range(2):
                     x = builder.shuffle_vector(ys[r][0], ys[r][1], halves[h])
-                    mask = _lane_mask(builder, i64, lanes, h * lanes, limit)
-                    whole = builder.icmp_signed(">=", limit, ir.Constant(i64, (h + 1) * lanes))
+                    mask, whole = counted_lanes(builder, i64, lanes, h * lanes, limit)
                     off = builder.add(row, ir.Constant(i64, h * lanes))
                     acc = cgutils.alloca_once_value(builder, x)
                     with builder.if_then(has_res):
