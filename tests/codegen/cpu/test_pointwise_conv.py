@@ -99,7 +99,9 @@ def test_row_tiles_last_panel_of_one_vector():
     against the NumPy oracle; in float32 each output the same bits in two ranges split at a
     panel (the parts of a split by pixels, ``pgemm.rows_by_pixels``). Channels below and from
     ``PACK_MIN_TILES`` tiles and ``PACK_MIN_CHANNELS``: the image read in place by every tile,
-    or packed by the first tile of each block for the others (``pgemm._rows_pixels``)."""
+    or packed by the first tile of each block for the others (``pgemm._rows_pixels``); and
+    tiles up to and past ``PANEL_MAX_TILES``: each panel under every tile, or blocks of
+    pixels under one tile after another."""
     e = np.empty(0, np.float32)
     for dtype in (np.float32, np.float64):
         lanes = 64 // np.dtype(dtype).itemsize
@@ -129,6 +131,7 @@ def test_row_tiles_last_panel_of_one_vector():
     # (the channels above straddle the packing's thresholds)
     assert -(-20 // pgemm.MR) < pgemm.PACK_MIN_TILES <= -(-26 // pgemm.MR)
     assert 127 < pgemm.PACK_MIN_CHANNELS <= 128
+    assert -(-31 // pgemm.MR) <= pgemm.PANEL_MAX_TILES < -(-37 // pgemm.MR)
 
 
 def _net(x, res_in):

@@ -1113,8 +1113,10 @@ def pointwise_rows(x, ap, y, n0, n1, bias, lo, hi, res):
     where it fits), each block under every tile of ``MR`` output channels in turn while it
     stays in the L2 cache, so that the outputs are written by rows of the block (a panel of
     one tile's pixels under every tile writes to all the rows at once: 1.5-2x slower at batch
-    16). The first tile of a block reads the image in place and stores each panel it loads
-    packed (:func:`_rows_pixels`); the tiles after it read the packed panels."""
+    16), except where the tiles are few (:data:`PANEL_MAX_TILES`): there each panel goes
+    under every tile while it is in the L1 cache. The first tile of a block reads the image
+    in place and stores each panel it loads packed (:func:`_rows_pixels`); the tiles after it
+    read the packed panels."""
     m_, c_ = y.shape[1], x.shape[1]
     p_ = y.shape[2] * y.shape[3]
     nb = (m_ + MR - 1) // MR
@@ -1129,10 +1131,26 @@ def pointwise_rows(x, ap, y, n0, n1, bias, lo, hi, res):
         _rows_pixels(xf, ap, yf, n, c_, m_, p_, 0, p_, bias, lo, hi, res, buf)
 
 
+#: the most tiles of output channels (``MR`` each) for which :func:`_rows_pixels` takes its
+#: pixels a panel at a time, each panel under every tile while it is in the L1 cache, rather
+#: than by blocks of :data:`_BLOCK_BYTES` (so few output rows written at once cost nothing).
+#: Measured alone, one thread, by turns in processes of their own, us, blocks / panels:
+#: MobileNetV2's 112x112 32 -> 16 at batch 1 565, 527 / 468, 476; 56x56 96 -> 24 486, 468 /
+#: 449, 457; 144 -> 24 862, 872 / 688, 688; 28x28 144 -> 32 322, 258 / 292, 237; 192 -> 32
+#: 441, 393 / 324, 321; at batch 16, ms, 32 -> 16 19.8, 15.4 / 16.3, 13.9, 144 -> 24 16.4,
+#: 17.5 / 16.1, 16.3, 192 -> 32 9.8, 7.7 / 7.5, 8.2. With more tiles blocks won or tied (16
+#: tiles, 112x112 16 -> 96: 2118, 1905 / 2221, 2202; 56x56 64 -> 64 822, 824 / 1025, 871)
+PANEL_MAX_TILES = 6
+
+
 @register_jitable
-def _block_pixels(c_: int, itemsize: int) -> int:
-    """The pixels of a block of :func:`_rows_pixels` (a multiple of its tile's columns)."""
+def _block_pixels(c_: int, m_: int, itemsize: int) -> int:
+    """The pixels of a block of :func:`_rows_pixels` (a multiple of its tile's columns) for
+    ``c_`` input and ``m_`` output channels: one panel where the tiles are few
+    (:data:`PANEL_MAX_TILES`), else as many as :data:`_BLOCK_BYTES` of the image hold."""
     nr = NV * (64 // itemsize)
+    if (m_ + MR - 1) // MR <= PANEL_MAX_TILES:
+        return nr
     return max(nr, _BLOCK_BYTES // (c_ * itemsize) // nr * nr)
 
 
@@ -1155,7 +1173,7 @@ def _panels_buffer(xf, c_: int, m_: int, p_: int):
     if (m_ + MR - 1) // MR < PACK_MIN_TILES or c_ < PACK_MIN_CHANNELS:
         return np.empty(0, xf.dtype)
     nr = NV * (64 // xf.itemsize)
-    span = min(_block_pixels(c_, xf.itemsize), -(-p_ // nr) * nr)
+    span = min(_block_pixels(c_, m_, xf.itemsize), -(-p_ // nr) * nr)
     return np.empty(span * c_ + 64 // xf.itemsize, xf.dtype)
 
 
@@ -1178,7 +1196,7 @@ def _rows_pixels(xf, ap, yf, n, c_, m_, p_, q_lo, q_hi, bias, lo, hi, res, buf):
     nb = (m_ + MR - 1) // MR
     lanes = 64 // xf.itemsize
     nr = NV * lanes
-    pb = _block_pixels(c_, xf.itemsize)
+    pb = _block_pixels(c_, m_, xf.itemsize)
     xb, yb = n * c_ * p_, n * m_ * p_
     packed = buf.shape[0] != 0
     sh = (-(buf.ctypes.data // xf.itemsize)) % lanes if packed else 0  # (64-byte aligned)
