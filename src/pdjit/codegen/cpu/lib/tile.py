@@ -427,20 +427,6 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
         for col in cols_:
             _prefetch(builder, xptr, builder.add(at_, col))
 
-    def columns(q0, first, last, body):
-        """``body(masked)`` for the column of output vectors at ``q0``, whose loads read the
-        input columns ``first .. last``: plain loads and stores where every lane lies inside
-        the image and the plane, else masked (a store's mask only where the column passes
-        the plane's edge). AMD's Zen 1 and 2 run a masked store as dozens of micro-ops: a
-        depthwise 3x3 layer masked throughout ran 2-3x slower there."""
-        whole = builder.and_(in_image(first, last), builder.and_(
-            in_row(q0), builder.icmp_signed(">", hv, c(0))))  # (a row 0 to read)
-        with builder.if_else(whole) as (yes, no):
-            with yes:
-                body(False)
-            with no:
-                body(True)
-
     def in_row(q0):
         """Whether the vector of outputs ``q0 ..`` lies inside its row (an i1)."""
         return builder.icmp_signed("<=", builder.add(q0, c(lanes)), owv)
@@ -461,41 +447,110 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
                                              builder.sub(owv, c(lanes)), q0))
 
     nq = builder.sdiv(builder.add(owv, c(lanes - 1)), c(lanes))
+    # the input columns the loads of the output vector at q0 read, first and last
     if stride == 1:
-        acc = [cgutils.alloca_once_value(builder, fill) for _ in range(kh)]
-        with cgutils.for_range(builder, nq) as qloop:
-            q0 = column(qloop.index)
-            cols = [builder.sub(builder.add(q0, c(j)), plv) for j in range(kw)]
+        def span(q0):
+            return builder.sub(q0, plv), builder.add(builder.sub(q0, plv), c(kw - 1 + lanes - 1))
+    else:
+        def span(q0):
+            first = builder.sub(builder.mul(q0, c(2)), plv)
+            return first, builder.add(first, c(((kw - 1) // 2 * 2) + 2 * lanes - 1))
 
-            def rows1(masked):
-                smask, stored = out_masks(q0, masked)
-                lmask = [load_mask(col) if masked else None for col in cols]
+    def whole(q0):
+        """Whether every load and store of the column of output vectors at ``q0`` is plain:
+        inside the image and the plane (an i1)."""
+        first, last = span(q0)
+        return builder.and_(in_image(first, last), builder.and_(
+            in_row(q0), builder.icmp_signed(">", hv, c(0))))  # (a row 0 to read)
+
+    def alone(body, q0):
+        """``body([q0], masked)``: plain loads and stores where every lane lies inside the
+        image and the plane, else masked (a load's and a store's mask only where the column
+        passes the edge). AMD's Zen 1 and 2 run a masked store as dozens of micro-ops: a
+        depthwise 3x3 layer masked throughout ran 2-3x slower there."""
+        with builder.if_else(whole(q0)) as (yes, no):
+            with yes:
+                body([q0], False)
+            with no:
+                body([q0], True)
+
+    def by_columns(body, pairs: bool):
+        """``body(qs, masked)`` for each column of output vectors (``qs`` their first
+        outputs), where ``pairs`` two columns at a time in one loop where both are plain
+        (:func:`alone` otherwise, and for the last where they are odd): twice the independent
+        chains of fused multiply-adds, where one column's (a tap row's taps onto the partial
+        sum of the rows above) left the FMA units idle. Measured at stride 1 (one thread,
+        batch 1, the image rewritten before each call, us, one column / two, by turns in
+        processes of their own): depthwise 3x3 [1, 32, 112, 112] 630-711 / 535-560, [1, 144,
+        56, 56] 745-813 / 643-672, [1, 192, 28, 28] 289-305 / 264-288 (planes of one column
+        alike: 14x14, 7x7); at stride 2 (two input rows
+        a step: twice the chains already) within noise, so not there; nor for filters of
+        more than 3x3 taps (a row's taps then take as long as its chain)."""
+        if not pairs:
+            with cgutils.for_range(builder, nq) as qloop:
+                alone(body, column(qloop.index))
+            return
+        # (one loop, each step one column or two: each body compiled once)
+        kv = cgutils.alloca_once_value(builder, c(0))
+        test = builder.append_basic_block("columns.test")
+        step = builder.append_basic_block("columns.step")
+        done = builder.append_basic_block("columns.done")
+        builder.branch(test)
+        builder.position_at_end(test)
+        builder.cbranch(builder.icmp_signed("<", builder.load(kv), nq), step, done)
+        builder.position_at_end(step)
+        k = builder.load(kv)
+        qs = [column(k), column(builder.add(k, c(1)))]
+        two = builder.and_(builder.icmp_signed("<", builder.add(k, c(1)), nq),
+                           builder.and_(whole(qs[0]), whole(qs[1])))
+        with builder.if_else(two) as (yes, no):
+            with yes:
+                body(qs, False)
+            with no:
+                alone(body, qs[0])
+        builder.store(builder.add(k, builder.select(two, c(2), c(1))), kv)
+        builder.branch(test)
+        builder.position_at_end(done)
+
+    if stride == 1:
+        def rows1(qs, masked):
+            per = []  # each column's: q0, input columns, store masks, load masks, partial sums
+            for q0 in qs:
+                cols = [builder.sub(builder.add(q0, c(j)), plv) for j in range(kw)]
+                acc = [cgutils.alloca_once_value(builder, fill) for _ in range(kh)]
                 for i in range(kh):
                     builder.store(fill, acc[i])
-                with cgutils.for_range(builder, builder.add(ohv, c(kh - 1))) as loop:
-                    r = loop.index  # output row r - i reads this input row as its row i
-                    ih = builder.sub(r, ptv)
-                    base, ok = row(ih, masked)
+                per.append((q0, cols, out_masks(q0, masked),
+                            [load_mask(col) if masked else None for col in cols], acc))
+            with cgutils.for_range(builder, builder.add(ohv, c(kh - 1))) as loop:
+                r = loop.index  # output row r - i reads this input row as its row i
+                ih = builder.sub(r, ptv)
+                base, ok = row(ih, masked)
+                done = []
+                for q0, cols, (smask, stored), lmask, acc in per:
                     ahead(ih, (cols[0], builder.add(cols[kw - 1], c(lanes - 1))))
                     xv = [vload(builder.add(base, cols[j]), lmask[j], ok) for j in range(kw)]
                     if rows_first:
                         xv = [_fold(combine, xv)]
                     sums = []
                     for i in range(kh):
-                        s = builder.load(acc[i]) if i else fill
+                        s_ = builder.load(acc[i]) if i else fill
                         if rows_first:
-                            s = combine(i * kw, xv[0], s) if i else xv[0]
+                            s_ = combine(i * kw, xv[0], s_) if i else xv[0]
                         else:
                             for j in range(kw):
-                                s = combine(i * kw + j, xv[j], s)
-                        sums.append(s)
-                    o = builder.sub(r, c(kh - 1))
-                    with builder.if_then(builder.icmp_signed(">=", o, c(0))):
+                                s_ = combine(i * kw + j, xv[j], s_)
+                        sums.append(s_)
+                    done.append((q0, smask, stored, acc, sums))
+                o = builder.sub(r, c(kh - 1))
+                with builder.if_then(builder.icmp_signed(">=", o, c(0))):
+                    for q0, smask, stored, _, sums in done:
                         put(o, q0, sums[kh - 1], smask, stored)
+                for _, _, _, acc, sums in done:
                     for i in range(1, kh):
                         builder.store(sums[i - 1], acc[i])
 
-            columns(q0, cols[0], builder.add(cols[kw - 1], c(lanes - 1)), rows1)
+        by_columns(rows1, kh * kw <= 9)
         return
     # stride 2: step t reads input rows 2t and 2t + 1 (less the top padding); output row
     # t - u takes their taps 2u and 2u + 1, so each input row is loaded once for every output
@@ -504,23 +559,28 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
     # column 2 * q0 + j - pl (j even)
     even, odd, order = _deinterleave(lanes, 4 if vty.element == ir.FloatType() else 8)
     steps = (kh + 1) // 2
-    acc = [cgutils.alloca_once_value(builder, fill) for _ in range(steps)]
-    with cgutils.for_range(builder, nq) as qloop:
-        q0 = column(qloop.index)
-        cols = [[builder.add(builder.sub(builder.add(builder.mul(q0, c(2)), c(j)), plv),
-                             c(h2 * lanes)) for h2 in range(2)] for j in range(0, kw, 2)]
 
-        def rows2(masked):
-            smask, stored = out_masks(q0, masked)
-            lmask = [[load_mask(cc) if masked else None for cc in pair] for pair in cols]
+    def rows2(qs, masked):
+        per = []  # each column's: q0, pairs of input columns, store masks, load masks, sums
+        for q0 in qs:
+            cols = [[builder.add(builder.sub(builder.add(builder.mul(q0, c(2)), c(j)), plv),
+                                 c(h2 * lanes)) for h2 in range(2)] for j in range(0, kw, 2)]
+            acc = [cgutils.alloca_once_value(builder, fill) for _ in range(steps)]
             for u in range(steps):
                 builder.store(fill, acc[u])
-            with cgutils.for_range(builder, builder.add(ohv, c(steps - 1))) as loop:
-                t = loop.index
+            per.append((q0, cols, out_masks(q0, masked),
+                        [[load_mask(cc) if masked else None for cc in pair] for pair in cols],
+                        acc))
+        with cgutils.for_range(builder, builder.add(ohv, c(steps - 1))) as loop:
+            t = loop.index
+            bases = []
+            for e in range(2):
+                ih = builder.sub(builder.add(builder.mul(t, c(2)), c(e)), ptv)
+                bases.append((ih, *row(ih, masked)))
+            done = []
+            for q0, cols, (smask, stored), lmask, acc in per:
                 rows = []  # per input row of the step, the inputs of each tap column
-                for e in range(2):
-                    ih = builder.sub(builder.add(builder.mul(t, c(2)), c(e)), ptv)
-                    base, ok = row(ih, masked)
+                for ih, base, ok in bases:
                     ahead(ih, (cols[0][0], cols[0][1], builder.add(cols[-1][1], c(lanes - 1))))
                     xv = []
                     for p_, pair in enumerate(cols):
@@ -541,15 +601,18 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
                             for j in range(kw):
                                 acc_u = combine(i * kw + j, rows[e][j], acc_u)
                     sums.append(acc_u)
-                o = builder.sub(t, c(steps - 1))
-                with builder.if_then(builder.icmp_signed(">=", o, c(0))):
+                done.append((q0, smask, stored, acc, sums))
+            o = builder.sub(t, c(steps - 1))
+            with builder.if_then(builder.icmp_signed(">=", o, c(0))):
+                for q0, smask, stored, _, sums in done:
                     last = sums[steps - 1]
                     put(o, q0, last if order is None else builder.shuffle_vector(
                         last, last, order), smask, stored)
+            for _, _, _, acc, sums in done:
                 for u in range(1, steps):
                     builder.store(sums[u - 1], acc[u])
 
-        columns(q0, cols[0][0], builder.add(cols[-1][1], c(lanes - 1)), rows2)
+    by_columns(rows2, False)
 
 
 #: how many rows ahead :func:`_plane_loops` prefetches the input rows it will read and the
