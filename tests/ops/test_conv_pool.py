@@ -461,11 +461,14 @@ def test_depthwise_and_max_pool_plane_kernels_over_rows_of_several_vectors():
     """The plane kernels (float32: rows of 16-lane vectors) of depthwise filters 3x3, 5x5 and
     7x7 and of the 3x3 max pool, at strides 1 and 2, on planes whose rows span several
     vectors and end part-way through one (a 3x3 filter's columns of vectors at stride 1 by
-    twos where both lie inside the image, else one at a time), every padding the filter
-    allows, against loops written here."""
+    twos where both lie inside the image, else one at a time; at stride 2 a last column
+    whose loads read one column past the row, unused: plain where the array goes on, masked
+    in its last plane), every padding the filter allows, against loops written here."""
     from pdjit.codegen.cpu.lib import conv, pool
 
     r = np.random.default_rng(7)
+    # (50 columns padded by 1 at stride 2: the last column of vectors, outputs 17..24 of 25,
+    # reads input columns up to 50 and uses up to 49)
     for k in (3, 5, 7):
         for s in (1, 2):
             for h, wd in ((9, 37), (20, 50), (6, 70)):
