@@ -344,11 +344,12 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
                  put, rows_first: bool = False):
     """The loops of a filter of ``kh x kw`` taps at stride ``stride`` (1 or 2) over one plane
     (:func:`plane_kernel`, :func:`pool_plane_kernel`): ``geo`` the LLVM i64 values ``(b0, h, w,
-    oh, ow, pt, pl)``, ``align`` the elements' alignment (an i32 constant); each output vector
-    starts at ``fill`` (also what a lane outside the image reads), takes its taps in order by
-    ``combine(tap, x, acc)`` and is stored by ``put(row, q0, value, mask, whole)`` (as
-    :func:`_store` takes them: ``mask`` None, every lane; else ``whole``, whether the vector
-    lies inside the row after all). ``rows_first`` (an associative ``combine`` that ignores
+    oh, ow, pt, pl, size)`` (``size``: the elements of the array the plane lies in), ``align``
+    the elements' alignment (an i32 constant); each output vector starts at ``fill`` (also
+    what a lane outside the image reads), takes its taps in order by ``combine(tap, x, acc)``
+    and is stored by ``put(row, q0, value, mask, whole)`` (as :func:`_store` takes them:
+    ``mask`` None, every lane; else ``whole``, whether the vector lies inside the row after
+    all). ``rows_first`` (an associative ``combine`` that ignores
     ``tap``, whose ``fill`` it returns its other operand for: a max pool's): each input row's
     taps are combined first, once for all the output rows that read it, then the rows, in the
     same order (a chain of ``kh`` combines a row of outputs instead of ``kh * kw``: a max
@@ -463,7 +464,7 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
         end, the next row's first element, which the plane's last row may read only where
         the array goes on (else the column goes masked): a 28x28 plane at stride 2, padded
         by 1, had both its columns masked for that one column (MobileNetV2's 192 channels,
-        one thread, the image rewritten before each call, 157 -> 118 us)."""
+        one thread, the image rewritten before each call, 156-166 -> 126-130 us)."""
         first, last = span(q0)
         ok = builder.and_(in_image(first, last), builder.and_(
             in_row(q0), builder.icmp_signed(">", hv, c(0))))  # (a row 0 to read)
@@ -492,10 +493,10 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
         sum of the rows above) left the FMA units idle. Measured at stride 1 (one thread,
         batch 1, the image rewritten before each call, us, one column / two, by turns in
         processes of their own): depthwise 3x3 [1, 32, 112, 112] 630-711 / 535-560, [1, 144,
-        56, 56] 745-813 / 643-672, [1, 192, 28, 28] 289-305 / 264-288 (planes of one column
-        alike: 14x14, 7x7); at stride 2 (two input rows
-        a step: twice the chains already) within noise, so not there; nor for filters of
-        more than 3x3 taps (a row's taps then take as long as its chain)."""
+        56, 56] 745-813 / 643-672, [1, 192, 28, 28] 289-305 / 257-288 (planes of one column
+        alike: 14x14, 7x7); at stride 2 (two input rows a step: twice the chains already)
+        within noise, so not there; nor for filters of more than 3x3 taps (a row's taps
+        then take as long as its chain)."""
         if not pairs:
             with cgutils.for_range(builder, nq) as qloop:
                 alone(body, column(qloop.index))
