@@ -572,56 +572,47 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
     steps = (kh + 1) // 2
 
     def rows2(qs, masked):
-        per = []  # each column's: q0, pairs of input columns, store masks, load masks, sums
-        for q0 in qs:
-            cols = [[builder.add(builder.sub(builder.add(builder.mul(q0, c(2)), c(j)), plv),
-                                 c(h2 * lanes)) for h2 in range(2)] for j in range(0, kw, 2)]
-            acc = [cgutils.alloca_once_value(builder, fill) for _ in range(steps)]
-            for u in range(steps):
-                builder.store(fill, acc[u])
-            per.append((q0, cols, out_masks(q0, masked),
-                        [[load_mask(cc) if masked else None for cc in pair] for pair in cols],
-                        acc))
+        (q0,) = qs  # (one column a loop at stride 2: see by_columns)
+        smask, stored = out_masks(q0, masked)
+        cols = [[builder.add(builder.sub(builder.add(builder.mul(q0, c(2)), c(j)), plv),
+                             c(h2 * lanes)) for h2 in range(2)] for j in range(0, kw, 2)]
+        lmask = [[load_mask(cc) if masked else None for cc in pair] for pair in cols]
+        acc = [cgutils.alloca_once_value(builder, fill) for _ in range(steps)]
+        for u in range(steps):
+            builder.store(fill, acc[u])
         with cgutils.for_range(builder, builder.add(ohv, c(steps - 1))) as loop:
             t = loop.index
-            bases = []
+            rows = []  # per input row of the step, the inputs of each tap column
             for e in range(2):
                 ih = builder.sub(builder.add(builder.mul(t, c(2)), c(e)), ptv)
-                bases.append((ih, *row(ih, masked)))
-            done = []
-            for q0, cols, (smask, stored), lmask, acc in per:
-                rows = []  # per input row of the step, the inputs of each tap column
-                for ih, base, ok in bases:
-                    ahead(ih, (cols[0][0], cols[0][1], builder.add(cols[-1][1], c(lanes - 1))))
-                    xv = []
-                    for p_, pair in enumerate(cols):
-                        lo_, hi_ = (vload(builder.add(base, pair[h2]), lmask[p_][h2], ok)
-                                    for h2 in range(2))
-                        xv.append(builder.shuffle_vector(lo_, hi_, even))
-                        if 2 * p_ + 1 < kw:
-                            xv.append(builder.shuffle_vector(lo_, hi_, odd))
-                    rows.append([_fold(combine, xv)] if rows_first else xv)
-                sums = []
-                for u in range(steps):
-                    acc_u = builder.load(acc[u]) if u else fill
-                    for e in range(2):
-                        i = 2 * u + e
-                        if i < kh and rows_first:
-                            acc_u = rows[e][0] if i == 0 else combine(i * kw, rows[e][0], acc_u)
-                        elif i < kh:
-                            for j in range(kw):
-                                acc_u = combine(i * kw + j, rows[e][j], acc_u)
-                    sums.append(acc_u)
-                done.append((q0, smask, stored, acc, sums))
+                base, ok = row(ih, masked)
+                ahead(ih, (cols[0][0], cols[0][1], builder.add(cols[-1][1], c(lanes - 1))))
+                xv = []
+                for p_, pair in enumerate(cols):
+                    lo_, hi_ = (vload(builder.add(base, pair[h2]), lmask[p_][h2], ok)
+                                for h2 in range(2))
+                    xv.append(builder.shuffle_vector(lo_, hi_, even))
+                    if 2 * p_ + 1 < kw:
+                        xv.append(builder.shuffle_vector(lo_, hi_, odd))
+                rows.append([_fold(combine, xv)] if rows_first else xv)
+            sums = []
+            for u in range(steps):
+                acc_u = builder.load(acc[u]) if u else fill
+                for e in range(2):
+                    i = 2 * u + e
+                    if i < kh and rows_first:
+                        acc_u = rows[e][0] if i == 0 else combine(i * kw, rows[e][0], acc_u)
+                    elif i < kh:
+                        for j in range(kw):
+                            acc_u = combine(i * kw + j, rows[e][j], acc_u)
+                sums.append(acc_u)
             o = builder.sub(t, c(steps - 1))
             with builder.if_then(builder.icmp_signed(">=", o, c(0))):
-                for q0, smask, stored, _, sums in done:
-                    last = sums[steps - 1]
-                    put(o, q0, last if order is None else builder.shuffle_vector(
-                        last, last, order), smask, stored)
-            for _, _, _, acc, sums in done:
-                for u in range(1, steps):
-                    builder.store(sums[u - 1], acc[u])
+                last = sums[steps - 1]
+                put(o, q0, last if order is None else builder.shuffle_vector(last, last, order),
+                    smask, stored)
+            for u in range(1, steps):
+                builder.store(sums[u - 1], acc[u])
 
     by_columns(rows2, False)
 
