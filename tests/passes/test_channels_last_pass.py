@@ -204,6 +204,81 @@ def test_the_cpu_target_takes_convolutions_onto_small_planes(fresh_programs):
         ["conv_nhwc", "conv_nhwc", "conv_nhwc", "winograd_nhwc", "winograd_nhwc", "conv_nhwc"]
 
 
+def test_the_cpu_target_takes_wide_convolutions_on_any_plane(fresh_programs):
+    """On planes larger than ``MAX_PLANE`` (56x56, 30x30) a convolution of one group reading
+    ``WIDE_CHANNELS`` channels or more runs channels-last (1x1 at stride 1 and 2, 3x3 at
+    stride 1 and 2); not one reading fewer (63, a 3-channel stem), a grouped or depthwise one,
+    and each kernel as on small planes."""
+    from pdjit.codegen.cpu.lowerings.conv import (
+        MAX_PLANE,
+        WIDE_CHANNELS,
+        _channels_last_kind,
+        channels_last,
+    )
+
+    assert 30 * 30 > MAX_PLANE and WIDE_CHANNELS == 64
+    L = fluid.layers
+    x56, x30 = L.data("x56", [64, 56, 56]), L.data("x30", [256, 30, 30])
+    L.conv2d(x56, 256, 1)
+    L.conv2d(x56, 64, 3, padding=1)
+    L.conv2d(x30, 128, 3, stride=2, padding=1)
+    L.conv2d(x30, 512, 1, stride=2)
+    L.conv2d(L.data("x63", [63, 30, 30]), 64, 1)
+    L.conv2d(L.data("stem", [3, 224, 224]), 64, 7, stride=2, padding=3)
+    L.conv2d(x56, 64, 3, padding=1, groups=2)
+    L.conv2d(x56, 64, 3, padding=1, groups=64)
+    main, _ = fresh_programs
+    convs = [op for op in main.global_block().ops if op.type == "conv2d"]
+    assert [channels_last(op) for op in convs] == [True] * 4 + [False] * 4
+    assert [_channels_last_kind(op) for op in convs[:4]] == \
+        ["pointwise_nhwc", "winograd_nhwc", "conv_nhwc", "conv_nhwc"]
+
+
+def test_a_wide_block_on_a_large_plane_runs_channels_last(fresh_programs, tmp_path,
+                                                          monkeypatch):
+    """A bottleneck block of 64 channels on a 30x30 plane (ResNet's first stages, smaller):
+    its five convolutions (1x1, 3x3 on Winograd's kernel, 1x1 to 128, the 1x1 shortcut, a 3x3
+    stride 2 onto 15x15 after the residual add) on NHWC images, converted only at the input
+    and the output, giving the oracle's values (NumPy loops here) and the NCHW kernels'."""
+    monkeypatch.setenv("PDJIT_CACHE_DIR", str(tmp_path / "cache"))
+    main, startup = fresh_programs
+    L = fluid.layers
+    x = L.data("x", [64, 30, 30])
+    t = L.conv2d(x, 64, 1, act="relu")
+    t = L.conv2d(t, 64, 3, padding=1, act="relu")
+    t = L.conv2d(t, 128, 1)
+    u = L.relu(L.elementwise_add(t, L.conv2d(x, 128, 1)))
+    y = L.conv2d(u, 64, 3, stride=2, padding=1, act="relu")
+
+    def draw(name, shape):
+        if len(shape) == 4:
+            return RNG.standard_normal(shape) * np.sqrt(2.0 / np.prod(shape[1:]))
+        return RNG.standard_normal(shape) * 0.1
+    values = save_drawn(main, startup, [x], [y], tmp_path, draw)
+    pred = _predictor(tmp_path)
+    ops = pred.program().global_block().ops
+    assert sum(op.all_attrs().get("data_format") == "NHWC" for op in ops
+               if op.type == "conv2d") == 5
+    assert sum(op.type == "transpose" for op in ops) == 2
+    xv = RNG.standard_normal((2, 64, 30, 30)).astype(np.float32)
+    (got,) = pred.run([xv])
+
+    def conv(t, i, stride=1):
+        w = values[f"conv2d_{i}.w_0"]
+        out = _conv(t, w, stride, (w.shape[2] - 1) // 2)
+        return out + values[f"conv2d_{i}.b_0"].reshape(1, -1, 1, 1)
+
+    relu = lambda t: np.maximum(t, 0)  # noqa: E731
+    x64 = xv.astype(np.float64)
+    t = conv(relu(conv(relu(conv(x64, 0)), 1)), 2)
+    want = relu(conv(relu(t + conv(x64, 3)), 4, stride=2))
+    assert got.shape == (2, 64, 15, 15)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert_native(pred._exe)
+    (nchw,) = _predictor(tmp_path, layout=False).run([xv])
+    np.testing.assert_allclose(got, nchw, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.xdist_group("aot")
 @pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler 'cc'")
 def test_an_ahead_of_time_artifact_runs_the_chain_as_the_predictor(saved, monkeypatch):

@@ -95,18 +95,31 @@ def _conv_blocked(ctx):
     return lines, fn, before, args + epi, f"{y}.size * {W}[0].size"
 
 
+#: the fewest input channels of a convolution of one group that runs on NHWC images whatever
+#: its plane (above ``MAX_PLANE`` too): its 1x1 layers are products of ``K`` >= 64 on the
+#: packed GEMM's tile, its 3x3 stride-1 ones on Winograd's NHWC kernel. Measured on a 2-vCPU
+#: AMD EPYC (Zen 3, AVX2), ResNet-50 at batch 1, one thread, ms, NCHW kernels / NHWC: 56x56
+#: 64->64 1x1 0.60 / 0.35, 64->256 2.09 / 1.50, 256->64 1.70 / 1.46, 3x3 64->64 2.48 / 1.71,
+#: 28x28 3x3 128->128 2.50 / 1.66, 1x1 512->128 1.47 / 1.42, its stride-2 layers from 56x56
+#: 3.4 / 3.8 (3x3) and 3.0 / 3.1 (1x1); MobileNetV2's 56x56 1x1 144->24 0.48 / 0.36, but
+#: 32->16 0.36 / 0.46, 24->144 0.40 / 0.46 and its 3x3 stem from 3 channels 0.73 / 1.53
+WIDE_CHANNELS = 64
+
+
 def channels_last(op) -> bool:
     """Whether a kernel of :mod:`pdjit.codegen.cpu.lib.channels_last` serves the convolution
     ``op`` on NHWC images (what the inference pass ``channels_last`` asks the target): float32,
-    planes known when lowering (on larger ones than these the NCHW kernels measured faster), a
-    filter that is a weight (persistable, written by no op), and
+    planes known when lowering, a filter that is a weight (persistable, written by no op), and
     either, on a plane of at most ``MAX_PLANE`` pixels, 1x1, stride 1, no padding, one group
     (:func:`~pdjit.codegen.cpu.lib.channels_last.pointwise_nhwc`) or one filter per channel
     (:func:`~pdjit.codegen.cpu.lib.channels_last.depthwise_nhwc`), or any other of one group
     onto a plane of at most ``MAX_PLANE`` pixels from one at most the strides' product larger
     (:func:`~pdjit.codegen.cpu.lib.channels_last.conv_nhwc`; a 3x3 stride-1 one that
     Winograd's kernel may take, :func:`~pdjit.codegen.cpu.lib.winograd.may_take`, padded by
-    at most 2: :func:`~pdjit.codegen.cpu.lib.channels_last.winograd_nhwc`)."""
+    at most 2: :func:`~pdjit.codegen.cpu.lib.channels_last.winograd_nhwc`); on a larger plane
+    the same kernels for one of one group that reads at least :data:`WIDE_CHANNELS` channels
+    (on larger planes with fewer channels, and for depthwise ones, the NCHW kernels measured
+    faster)."""
     return _channels_last_kind(op) is not None
 
 
@@ -134,21 +147,22 @@ def _channels_last_kind(op) -> str | None:
     h, w_ = (x.shape[1], x.shape[2]) if nhwc else (x.shape[2], x.shape[3])
     if h < 1 or w_ < 1:
         return None
-    if h * w_ <= MAX_PLANE:
+    small, wide = h * w_ <= MAX_PLANE, groups == 1 and cg >= WIDE_CHANNELS
+    if small or wide:
         if groups == 1 and kh == kw == 1 and tuple(g.strides) == (1, 1) and \
                 (g.algo != "EXPLICIT" or not any(g.pads)):
             return "pointwise_nhwc"
-        if cg == 1 and m == groups and (c < 0 or c == m):
+        if small and cg == 1 and m == groups and (c < 0 or c == m):
             return "depthwise_nhwc"
     # (a strided one may read a larger plane: ResNet-50's 3x3 and 1x1 stride-2 layers into
     # 14x14 from 28x28)
-    if groups != 1 or h * w_ > MAX_PLANE * g.strides[0] * g.strides[1]:
+    if groups != 1 or not wide and h * w_ > MAX_PLANE * g.strides[0] * g.strides[1]:
         return None
     try:
         out = g.conv_out(0, h, kh) * g.conv_out(1, w_, kw)
     except ValueError:  # (a window larger than the image: its lowering says so)
         return None
-    if out > MAX_PLANE:
+    if out > MAX_PLANE and not wide:
         return None
     if may_take(m, cg, kh, kw, g.strides, g.dilations, groups) and \
             (g.algo != "EXPLICIT" or max(g.pads) <= 2):
