@@ -266,6 +266,38 @@ def test_weight_gemm_in_compiled_code_equals_the_host():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_long_sum_by_chunks_of_the_panel(dtype):
+    """A panel larger than ``PANEL_WHOLE_BYTES`` (1500 rows) is summed by chunks of
+    ``PANEL_CHUNK_BYTES`` (12 of them) whose sums are read back from ``c``: the residual added
+    once (also where it is ``c`` itself, in place), the bias, the clamp and the gate
+    (hard_swish) once, at the end."""
+    nr = pgemm.panel_width(dtype)
+    m, k, n = 2 * pgemm.MR + 1, 1500, nr + 9
+    size = np.dtype(dtype).itemsize
+    assert k * nr * size > pgemm.PANEL_WHOLE_BYTES and \
+        -(-k // (pgemm.PANEL_CHUNK_BYTES // (nr * size))) == 12
+    tol = 1e-4 if dtype == np.float32 else 1e-11
+    a = RNG.uniform(-1, 1, (m, k)).astype(dtype)
+    b = (RNG.uniform(-1, 1, (k, n)) / 8).astype(dtype)
+    bias = RNG.uniform(-1, 1, n).astype(dtype)
+    res = RNG.uniform(-1, 1, (m, n)).astype(dtype)
+    bp = _pack(b)
+    want = a.astype(np.float64) @ b + bias + res
+    clipped = np.clip(want, -1.5, 2.0)
+    swish = clipped * np.clip(clipped + 3, 0, 6) / 6  # hard_swish: x * relu6(x + 3) / 6
+    gate = np.array([1.0, 3.0, 0.0, 6.0, 6.0], dtype)
+    for in_place in (False, True):
+        c = res.copy() if in_place else np.full((m, n), np.nan, dtype)
+        r = c.ravel() if in_place else res.ravel()
+        pgemm._packed_rows(a, bp, n, bias, c, 0, m, r, -1.5, 2.0, gate)
+        np.testing.assert_allclose(c, swish, rtol=tol, atol=tol, err_msg=f"in place {in_place}")
+        c = np.full((m, n), np.nan, dtype)
+        pgemm._packed_rows(a, bp, n, bias, c, 0, m, res.ravel(), -1.5, 2.0)
+        np.testing.assert_allclose(c, clipped, rtol=tol, atol=tol)
+    assert 0 < (clipped == 2.0).mean() < 0.5 and 0 < (clipped == -1.5).mean() < 0.5
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_weight_rows_with_its_epilogue(dtype):
     """``weight_rows``: samples ``n0 .. n1`` of ``r`` rows, bias + residual + clamp; blocks of
     fewer than ``PACKED_MIN_ROWS`` rows by BLAS then the same epilogue; transposed weights."""
