@@ -342,11 +342,10 @@ def test_weight_rows_with_its_epilogue(dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_a_product_by_a_wider_weight_splits_by_its_panels(dtype, monkeypatch):
-    """One sample's product by a weight of more columns than the sample has rows and two of
-    its panels a part or more splits by ranges of the panels (each part all the rows, its
-    share of the weight), on the parallel loop: the same bits as one thread, with the bias,
-    residual and clamp; a weight of fewer panels splits by rows."""
+def test_a_product_by_a_wider_weight_splits_by_rows(dtype, monkeypatch):
+    """One sample's product by a weight of more columns than the sample has rows splits by
+    ranges of blocks of rows as any other, on the parallel loop: the same bits as one thread,
+    with the bias, residual and clamp, whatever the parts and panels."""
     tol = 1e-5 if dtype == np.float32 else 1e-12
     nr = pgemm.NV * (64 // np.dtype(dtype).itemsize)
     monkeypatch.setattr(threads, "loop_threads", lambda: 3)
@@ -355,10 +354,10 @@ def test_a_product_by_a_wider_weight_splits_by_its_panels(dtype, monkeypatch):
     monkeypatch.setattr(team, "COMPILE", True)
     ran = []
     real = team.run
-    monkeypatch.setattr(team, "run", lambda loop, call: ran.append((loop, call[-2:])) or
+    monkeypatch.setattr(team, "run", lambda loop, call: ran.append((loop, call[-1])) or
                         real(loop, call))
-    for rows, cols, parts, panels in ((24, 7 * nr + 5, 3, True), (20, 5 * nr, 2, True),
-                                      (40, 3 * nr, 2, False), (24, 5 * nr, 3, False)):
+    for rows, cols, parts in ((24, 7 * nr + 5, 3), (20, 5 * nr, 2), (40, 3 * nr, 2),
+                              (24, 5 * nr, 3)):
         x = RNG.uniform(-1, 1, (rows, 13)).astype(dtype)
         w = RNG.uniform(-1, 1, (13, cols)).astype(dtype)
         bias = RNG.uniform(-1, 1, cols).astype(dtype)
@@ -369,11 +368,10 @@ def test_a_product_by_a_wider_weight_splits_by_its_panels(dtype, monkeypatch):
         np.testing.assert_allclose(one, np.clip(x.astype(np.float64) @ w + bias +
                                                 res.reshape(rows, cols), -0.75, 0.5),
                                    rtol=tol, atol=tol)
-        assert pgemm._by_panels(x, one, parts) == panels, (rows, cols, parts)
         monkeypatch.setattr(threads, "loop_threads", lambda parts=parts: parts)
         two = np.full((rows, cols), np.nan, dtype)
         pgemm.weight_rows(x, w, False, bp, 0, 1, two, rows, bias, res, -0.75, 0.5)
-        assert ran[-1] == (pgemm._row_parts, (parts, panels))
+        assert ran[-1] == (pgemm._row_parts, parts)
         np.testing.assert_array_equal(two, one)
     assert team._READY[(pgemm._row_parts, np.dtype(dtype))]
 

@@ -922,8 +922,14 @@ def _split_rows(x, bp, out, bias, res, lo, hi, parts) -> bool:
     (:func:`_row_parts`) where it is ready, else on ``run_parts``' helpers where
     ``threads.gemm_threads`` splits a product of its size (below it the helpers' hand-overs
     cost more than they save), each part on the packed kernel whatever its rows: the same bits
-    as one thread's call. Whether it split (else nothing is computed)."""
-    call = (x, bp, out, bias, res, float(lo), float(hi), parts, _by_panels(x, out, parts))
+    as one thread's call. Whether it split (else nothing is computed).
+
+    Not by ranges of ``b``'s panels (each part its share of the weight, all of ``x``): on a
+    2-vCPU AMD EPYC (Zen 3) two threads took 0.69-0.83 ms that way for 128x256x1024 against
+    0.48-0.61 by rows (one thread 0.97-1.06), and a BERT-like encoder at batch 1, by turns,
+    15.3-18.6 ms against 10.8-13.4 in one hour, alike in another (10.3-10.6, 10.3-12.2); on
+    an Intel Xeon panels were 1-2.5 % faster."""
+    call = (x, bp, out, bias, res, float(lo), float(hi), parts)
     if team.run(_row_parts, call):
         return True
     if threads.gemm_threads(x.shape[0] * x.shape[1] * out.shape[1]) < 2:
@@ -933,23 +939,6 @@ def _split_rows(x, bp, out, bias, res, lo, hi, parts) -> bool:
     return True
 
 
-#: whether a product split over threads may be split by panels of its columns (see
-#: :func:`_by_panels`; a switch for benchmarks, tests)
-BY_PANELS = [True]
-
-
-def _by_panels(x, out, parts) -> bool:
-    """Whether :func:`_split_rows` splits ``out = x @ b`` by ranges of ``b``'s panels rather
-    than of ``x``'s rows: where ``b`` (a weight, read from the caches or the memory at each
-    call) is larger than ``x`` and has two panels a part or more, each part then reads its
-    share of ``b`` and all of ``x`` (by rows each reads all of ``b``). Measured on two
-    threads, float32, a different weight at each call (us, by rows / by panels): 128x256x1024
-    139 / 135, 128x1024x256 137 / 132, 128x256x768 104 / 102; a 6-layer BERT-like encoder at
-    batch 1, both ways by turns in one process, 0.975-0.990x."""
-    return BY_PANELS[0] and out.shape[1] >= x.shape[0] and \
-        -(-out.shape[1] // panel_width(x.dtype)) >= 2 * parts
-
-
 def _row_blocks(x, bp, out, bias, res, lo, hi, b0, b1):
     """Blocks ``b0 .. b1`` of ``MR`` rows of :func:`_split_rows` (one helper's part)."""
     _packed_rows(x, bp, out.shape[1], bias, out, b0 * MR, min(x.shape[0], b1 * MR), res, lo,
@@ -957,23 +946,16 @@ def _row_blocks(x, bp, out, bias, res, lo, hi, b0, b1):
 
 
 @pjit
-def _row_parts(x, bp, out, bias, res, lo, hi, parts, panels):
+def _row_parts(x, bp, out, bias, res, lo, hi, parts):
     """:func:`weight_rows` of a whole sample split into ``parts`` ranges of blocks of ``MR``
-    rows (``panels``: of ``b``'s panels, :func:`_by_panels`), one per thread of a parallel loop
-    (``lib.team``: native threads, no GIL; each part on the packed kernel whatever its rows
-    and columns, the same bits as one thread's call)."""
+    rows, one per thread of a parallel loop (``lib.team``: native threads, no GIL; each part
+    on the packed kernel whatever its rows, the same bits as one thread's call)."""
     m, n = x.shape[0], out.shape[1]
     blocks = (m + MR - 1) // MR
-    nr = NV * (64 // x.itemsize)
-    npan = (n + nr - 1) // nr
     for p in numba.prange(parts):
-        if panels:
-            _packed_rows(x, bp, n, bias, out, 0, m, res, lo, hi, None, p * npan // parts,
-                         (p + 1) * npan // parts)
-        else:
-            r0 = (p * blocks // parts) * MR
-            r1 = min(m, ((p + 1) * blocks // parts) * MR)
-            _packed_rows(x, bp, n, bias, out, r0, r1, res, lo, hi)
+        r0 = (p * blocks // parts) * MR
+        r1 = min(m, ((p + 1) * blocks // parts) * MR)
+        _packed_rows(x, bp, n, bias, out, r0, r1, res, lo, hi)
 
 
 @overload(weight_rows)
@@ -1292,7 +1274,7 @@ jobs("weight_rows")(lambda T: [_pack_job(T), (_weight_rows, (
     (T, 2), (T, 2), bool, (T, 1), int, int, (T, 2), int, (T, 1), (T, 1), float, float))])
 # (its split over the team: compiled ahead by warmup only, see lib.team.ready)
 jobs("weight_rows (warmup)")(lambda T: [
-    (_row_parts, ((T, 2), (T, 1), (T, 2), (T, 1), (T, 1), float, float, int, bool)),
+    (_row_parts, ((T, 2), (T, 1), (T, 2), (T, 1), (T, 1), float, float, int)),
     (batches_by_team, ((T, 3), (T, 3), bool, float, (T, 3), int))])
 jobs("batched_gemm")(lambda T: [(packed_batches, ((T, 3), (T, 3), bool, float, (T, 3), int,
                                                   int))])
