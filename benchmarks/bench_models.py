@@ -387,6 +387,12 @@ def _handle(state, req):
             run(inputs)
             times.append(clock() - t0)
         return {"times": times}
+    if cmd == "waiting":
+        # the parallel loops of one sample that were asked for and are not compiled (a
+        # library changed since `pdjit warmup`): their splits ran on helper threads instead
+        from pdjit.codegen.cpu.lib import team
+        return {"loops": sorted({loop.py_func.__name__ for (loop, _), state
+                                 in team._READY.items() if state is not True})}
     raise ValueError(f"unknown request {cmd!r}")
 
 
@@ -604,6 +610,14 @@ def bench_model(name: str, args, tmp: str, peers: list, notes: list) -> list:
                 probes: list = []
                 med = timed_rounds(live, args.rounds, args.repeat,
                                    probes if max(args.threads) > 1 else None)
+                for e in live:
+                    if e.name == "pdjit" and e.threads > 1:
+                        loops = e.ask({"cmd": "waiting"})["loops"]
+                        if loops:
+                            notes.append(f"{name} batch {batch}: {e.label}: the parallel loops "
+                                         f"{', '.join(loops)} were not compiled (`pdjit "
+                                         f"warmup` compiles them): those splits ran on helper "
+                                         f"threads, slower")
             finally:
                 stop(busy)
             ref = firsts.get(f"pdjit {args.threads[0]}t")
