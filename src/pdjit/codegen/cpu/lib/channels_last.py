@@ -57,6 +57,7 @@ from pdjit.codegen.cpu.lib.pgemm import (
     _micro_kernel,
     _micro_spread,
     _packed_rows,
+    chunk_epilogue,
     run_chunks,
     spread_share,
 )
@@ -706,10 +707,7 @@ def _conv_rows(x, bp, kh, kw, y, n0, n1, o0, o1, sh, sw, pt, pl, dh, dw, bias, l
                 width = min(nr, m - j * nr)
                 for k0 in range(0, k, kc):
                     k1 = min(k, k0 + kc)
-                    last = k1 == k
-                    bs = bias if last else bias[:0]
-                    rs = res if k0 == 0 else yf
-                    lo_, hi_ = (lo, hi) if last else (-np.inf, np.inf)
+                    bs, rs, lo_, hi_ = chunk_epilogue(k0, k1 == k, bias, res, yf, lo, hi)
                     t = 0
                     for oy in range(b0, b1):
                         a_row = xb + (oy - o0) * row_step

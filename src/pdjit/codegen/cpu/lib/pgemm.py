@@ -719,6 +719,18 @@ PANEL_WHOLE_BYTES = 1 << 18
 PANEL_CHUNK_BYTES = 1 << 15
 
 
+@register_jitable
+def chunk_epilogue(k0, last, bias, res, c, lo, hi):
+    """``(bias, res, lo, hi)`` of a tile's sum over the chunk of rows from ``k0`` of a sum
+    taken by chunks, its output flat in ``c``: the residual with the first chunk, the sums so
+    far (``c``) with the others; the bias and the clamp with the last (a gate too)."""
+    bs = bias if last else bias[:0]
+    rs = res if k0 == 0 else c
+    if last:
+        return bs, rs, lo, hi
+    return bs, rs, -np.inf, np.inf
+
+
 @jit
 def _packed_rows(a, bp, n, bias, c, r0, r1, res, lo, hi, gate=None, p0=0, p1=-1):
     """Rows ``r0 .. r1`` of ``c = gate(minimum(maximum(a @ b + bias + res, lo), hi))`` (``b``
@@ -754,11 +766,7 @@ def _packed_rows(a, bp, n, bias, c, r0, r1, res, lo, hi, gate=None, p0=0, p1=-1)
             for k0 in range(0, K, kc):
                 k1 = min(K, k0 + kc)
                 last = k1 == K
-                # (the residual added to the first chunk's sums, the bias, clamp and gate to
-                # the last's)
-                bs = bias if last else bias[:0]
-                rs = res if k0 == 0 else cf
-                lo_, hi_ = (lo, hi) if last else (-np.inf, np.inf)
+                bs, rs, lo_, hi_ = chunk_epilogue(k0, last, bias, res, cf, lo, hi)
                 b0 = (j * K + k0) * nr
                 for i in range(i0, i1, MR):
                     # (the tiles after the chunk's first fetch the next chunk between them)
