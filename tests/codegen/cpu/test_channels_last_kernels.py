@@ -495,12 +495,19 @@ def test_winograd_refuses_what_it_does_not_compute():
                          1, 1, 3, 3, E, -INF, INF, E)
 
 
-@pytest.mark.parametrize("hw,c,m,parts", [(14, 32, 256, 2), (7, 48, 150, 3)])
-def test_a_winograd_sample_split_by_panels_gives_one_calls_bits(team_loops, monkeypatch,
-                                                                 hw, c, m, parts):
-    """One sample of ``winograd_nhwc`` split by panels of output channels, on a parallel
-    loop and on ``run_parts``' helpers: the one call's bits, the residual in another buffer
-    and in the output's own; too little work, or the kernel not ready, is not split."""
+@pytest.mark.parametrize("hw,c,m,parts,by", [
+    (14, 32, 256, 2, "panels"),   # the transformed filter outweighs the image: by panels
+    (7, 48, 150, 3, "panels"),    # three panels (64 + 64 + 22) on three threads
+    (40, 16, 24, 2, "tiles"),     # one panel (ResNet-50's 64 channels on 56x56 alike): tiles
+    (29, 20, 70, 3, "tiles"),     # an odd plane (a last row and column of half tiles), 2 panels
+])
+def test_a_winograd_sample_split_gives_one_calls_bits(team_loops, monkeypatch, hw, c, m,
+                                                      parts, by):
+    """One sample of ``winograd_nhwc`` split over threads, on a parallel loop and on
+    ``run_parts``' helpers: by panels of output channels where the transformed filter
+    outweighs the image, else by ranges of tiles (one panel cannot split by panels); the one
+    call's bits, the residual in another buffer and in the output's own; too little work, or
+    the kernel not ready, is not split."""
     monkeypatch.setattr(cl, "_wino_ready", lambda: True)
     x = RNG.standard_normal((1, hw, hw, c)).astype(np.float32)
     w = RNG.standard_normal((m, c, 3, 3)).astype(np.float32)
@@ -512,18 +519,36 @@ def test_a_winograd_sample_split_by_panels_gives_one_calls_bits(team_loops, monk
     cl.winograd_nhwc(x, up, one, 0, 1, *geo, bias, 0.0, 6.0, res)
     np.testing.assert_allclose(one, _conv_oracle(x, w, (1, 1), (1, 1, 1, 1), (1, 1), bias, res,
                                                  0.0, 6.0), rtol=1e-4, atol=1e-4)
+    npan, tiles = -(-m // 64), ((hw + 1) // 2) ** 2
+    real, ranges = cl._wino_range, []
+
+    def recorded(*a):  # (the helpers' calls: the parallel loop calls the kernel in itself)
+        ranges.append(a[-4:])
+        return real(*a)
+
     for on_team in (True, False):
-        if not on_team:
+        if not on_team:  # (the parallel loop compiled first: it calls the kernel it finds)
             monkeypatch.setattr(cl.team, "ready", lambda loop, args: False)
+            monkeypatch.setattr(cl, "_wino_range", recorded)
         for in_place in (False, True):
             got = res.reshape(one.shape).copy() if in_place else np.full_like(one, np.nan)
             team_loops.clear()
+            ranges.clear()
             assert cl._split_wino(parts, 1 << 30, x, up, got, *geo, bias, 0.0, 6.0,
                                   got.reshape(-1) if in_place else res)
             (loop, pans, ran), = team_loops
-            assert loop is cl._wino_parts and ran == on_team
-            assert pans.size == min(parts, -(-m // 64)) + 1
+            assert loop is cl._wino_parts and ran == on_team and pans[-1] == npan
             np.testing.assert_array_equal(got, one)
+            if on_team:
+                assert not ranges
+                continue
+            assert len(ranges) == parts
+            if by == "panels":
+                assert sorted(q for q0, q1, _, _ in ranges for q in range(q0, q1)) == \
+                    list(range(npan)) and all(r[2:] == (0, -1) for r in ranges)
+            else:
+                assert sorted(t for _, _, s0, s1 in ranges for t in range(s0, s1)) == \
+                    list(range(tiles)) and all(r[:2] == (0, -1) for r in ranges)
     assert not cl._split_wino(parts, 10, x, up, one, *geo, bias, 0.0, 6.0, res)
     monkeypatch.setattr(cl, "_wino_ready", lambda: False)
     assert not cl._split_wino(parts, 1 << 30, x, up, one, *geo, bias, 0.0, 6.0, res)

@@ -1012,13 +1012,15 @@ def wino_scratch_size(c_: int, m_: int, tiles: int) -> int:
 
 
 @jit
-def _wino_range(x, up, y, n0, n1, pt, pl, bias, lo, hi, res, scratch, q0, q1):
+def _wino_range(x, up, y, n0, n1, pt, pl, bias, lo, hi, res, scratch, q0, q1, s0, s1):
     """:func:`winograd_nhwc`'s kernel for the samples ``n0 .. n1``, the output channels of the
-    panels ``q0 .. q1`` of ``up`` (-1: to the last; a part of a sample split over threads:
-    each output the same sums whatever the part), ``scratch`` of :func:`wino_scratch_size`
-    values or more (finite values: its padding lanes are transformed, never stored). By blocks
-    of tiles: the input transform of a block into ``V`` [16, tiles, C], the 16 products into
-    [16, tiles, M], the output transform with the epilogue into the image."""
+    panels ``q0 .. q1`` of ``up`` and the tiles ``s0 .. s1`` of those samples (counted from
+    the first tile of sample ``n0``, a row of tiles after another; -1: to the last; a part of a
+    sample split over threads: each output the same sums whatever the part), ``scratch`` of
+    :func:`wino_scratch_size` values for ``s1 - s0`` tiles or more (finite values: its padding
+    lanes are transformed, never stored). By blocks of tiles: the input transform of a block
+    into ``V`` [16, tiles, C], the 16 products into [16, tiles, M], the output transform with
+    the epilogue into the image."""
     c_, h_, w_ = x.shape[3], x.shape[1], x.shape[2]
     oh_, ow_, m_ = y.shape[1], y.shape[2], y.shape[3]
     nr = _WIDE_NR
@@ -1027,7 +1029,9 @@ def _wino_range(x, up, y, n0, n1, pt, pl, bias, lo, hi, res, scratch, q0, q1):
     q1 = npan if q1 < 0 else min(q1, npan)
     th, tw = (oh_ + 1) // 2, (ow_ + 1) // 2
     per = th * tw
-    tiles = (n1 - n0) * per
+    s1 = (n1 - n0) * per if s1 < 0 else min(s1, (n1 - n0) * per)
+    s0 = max(s0, 0)
+    tiles = s1 - s0
     if up.shape[0] != 16 * psize or x.shape[0] != y.shape[0] or n0 < 0 or n1 > x.shape[0] or \
             q0 < 0 or (bias.shape[0] != 0 and bias.shape[0] != m_) or \
             (res.shape[0] != 0 and res.shape[0] != y.size) or \
@@ -1045,8 +1049,8 @@ def _wino_range(x, up, y, n0, n1, pt, pl, bias, lo, hi, res, scratch, q0, q1):
     none = bias[:0]
     lanes = 16
     ch0, ch1 = q0 * nr, min(q1 * nr, m_)
-    for t0 in range(0, tiles, tb):
-        nt = min(tb, tiles - t0)
+    for t0 in range(s0, s1, tb):
+        nt = min(tb, s1 - t0)
         for t in range(nt):  # the input transform
             n = n0 + (t0 + t) // per
             r = (t0 + t) % per
@@ -1121,7 +1125,7 @@ def winograd_nhwc(x, up, y, n0, n1, sh, sw, pt, pl, dh, dw, kh, kw, bias, lo, hi
     tiles = (n1 - n0) * ((y.shape[1] + 1) // 2) * ((y.shape[2] + 1) // 2)
     scratch = _wino._scratch(wino_scratch_size(x.shape[3], y.shape[3], tiles))
     replay.kernel_call(_wino_range, x, up, y, n0, n1, pt, pl, bias, float(lo), float(hi), res,
-                       scratch, 0, -1)
+                       scratch, 0, -1, 0, -1)
 
 
 replay.declare("leaves", winograd_nhwc)
@@ -1137,7 +1141,7 @@ def _wino_ready() -> bool:
     compile stays out of a cold process's first results."""
     if not _WINO_CALL:
         a4, a1 = np.empty((1, 1, 1, 1), np.float32), np.empty(0, np.float32)
-        _WINO_CALL.append((a4, a1, a4, 0, 0, 0, 0, a1, 0.0, 0.0, a1, a1, 0, 0))
+        _WINO_CALL.append((a4, a1, a4, 0, 0, 0, 0, a1, 0.0, 0.0, a1, a1, 0, 0, 0, 0))
     return team.ready(_wino_range, _WINO_CALL[0])
 
 
@@ -1196,40 +1200,50 @@ def _winograd_nhwc_native(x, up, y, n0, n1, sh, sw, pt, pl, dh, dw, kh, kw, bias
 
 
 def _split_wino(parts, work, x, up, y, sh, sw, pt, pl, dh, dw, kh, kw, bias, lo, hi, res):
-    """One sample of :func:`winograd_nhwc` in parts on ``parts`` threads, by panels of output
-    channels (each part transforms the whole input, reads its panels of the transformed filter
-    and writes its channels: the same sums as one call), on a parallel loop where it is ready
-    (``lib.team``), else on ``run_parts``' helpers; whether it split."""
+    """One sample of :func:`winograd_nhwc` in parts on ``parts`` threads (as
+    :func:`_split_conv`: on a parallel loop by :func:`.team.plan`, by panels of output channels
+    where the transformed filter outweighs the image, each part transforming the whole input,
+    else by ranges of tiles, each part transforming its own; else by panels, or ranges of
+    tiles where the panels are fewer than the parts, on ``run_parts``' helpers); whether it
+    split. Each output the same sums as in one call."""
     m_ = y.shape[3]
     npan = -(-m_ // _WIDE_NR)
-    parts = min(parts, npan)
+    tiles = ((y.shape[1] + 1) // 2) * ((y.shape[2] + 1) // 2)
+    parts = min(parts, tiles)
     if x.shape[0] != 1 or parts < 2 or work < _conv._TEAM_MIN_WORK or not _wino_ready():
         return False
-    tiles = ((y.shape[1] + 1) // 2) * ((y.shape[2] + 1) // 2)
-    need = wino_scratch_size(x.shape[3], m_, tiles)
+    # (a part's range of tiles needs at most a whole block's buffer, or all its tiles')
+    need = wino_scratch_size(x.shape[3], m_, min(tiles, _wino_block(x.shape[3], m_, 1 << 40)))
     scratch = _wino._scratch(need * parts)[:need * parts].reshape(parts, need)
-    pans = np.array([npan * p // parts for p in range(parts + 1)], np.int64)
-    call = (x, up, y, pt, pl, bias, float(lo), float(hi), res, scratch, pans)
-    if team.run(_wino_parts, call):
+    call = (x, up, y, pt, pl, bias, float(lo), float(hi), res, scratch)
+    if team.run(_wino_parts, call + team.plan(parts, tiles, npan, BY_PANELS[0] and
+                                              up.size > x.size)):
         return True
     if work < _conv._CHANNELS_MIN_WORK:
         return False
+    by_panels = npan >= parts
+    units = npan if by_panels else tiles
+    starts = [units * k // parts for k in range(parts)]  # (a range's buffer: its own)
 
     def part(p0, p1):
-        k = int(np.searchsorted(pans, p0))
-        _wino_range(x, up, y, 0, 1, pt, pl, bias, float(lo), float(hi), res, scratch[k], p0, p1)
+        q0, q1, s0, s1 = (p0, p1, 0, -1) if by_panels else (0, -1, p0, p1)
+        _wino_range(x, up, y, 0, 1, pt, pl, bias, float(lo), float(hi), res,
+                    scratch[starts.index(p0)], q0, q1, s0, s1)
 
-    run_chunks(part, npan, parts, parts)
+    run_chunks(part, units, parts, parts)
     return True
 
 
 @pjit
-def _wino_parts(x, up, y, pt, pl, bias, lo, hi, res, scratch, pans):
-    """:func:`_split_wino`'s parts, one per thread of a parallel loop: part ``k`` the panels
-    ``pans[k] .. pans[k + 1]`` of the one sample, on ``scratch[k]``."""
-    for k in numba.prange(pans.shape[0] - 1):
-        _wino_range(x, up, y, 0, 1, pt, pl, bias, lo, hi, res, scratch[k], pans[k],
-                    pans[k + 1])
+def _wino_parts(x, up, y, pt, pl, bias, lo, hi, res, scratch, bounds, pans):
+    """:func:`_split_wino`'s parts, one per thread of a parallel loop: part ``k`` the tiles
+    ``bounds[g, k] .. bounds[g, k + 1]`` of the panels ``pans[g] .. pans[g + 1]`` for every
+    ``g`` (:func:`.team.plan`), on ``scratch[k]``."""
+    for k in numba.prange(bounds.shape[1] - 1):
+        for g in range(bounds.shape[0]):
+            if pans[g + 1] > pans[g] and bounds[g, k + 1] > bounds[g, k]:
+                _wino_range(x, up, y, 0, 1, pt, pl, bias, lo, hi, res, scratch[k], pans[g],
+                            pans[g + 1], bounds[g, k], bounds[g, k + 1])
 
 
 _conv.CHANNEL_SPLITS[winograd_nhwc] = _split_wino
@@ -1237,7 +1251,8 @@ _conv.CHANNEL_SPLITS[winograd_nhwc] = _split_wino
 # by a parallel loop: compiled ahead by warmup only, see team.ready)
 jobs("channels_last.winograd (warmup)")(lambda T: [] if np.dtype(T) != np.float32 else [
     (_wino_range, ((T, 4), (T, 1), (T, 4), int, int, int, int) + _ep(T)[:4] + ((T, 1), int,
-                                                                               int)),
-    (_wino_parts, ((T, 4), (T, 1), (T, 4), int, int) + _ep(T)[:4] + ((T, 2), (np.int64, 1)))])
+                                                                               int, int, int)),
+    (_wino_parts, ((T, 4), (T, 1), (T, 4), int, int) + _ep(T)[:4] + ((T, 2), (np.int64, 2),
+                                                                    (np.int64, 1)))])
 compile_cost(1.5, _wino_range)
 compile_cost(1.5, _wino_parts)
