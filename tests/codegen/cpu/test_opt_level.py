@@ -324,3 +324,54 @@ def test_slice_assignments_of_pdjit_code_raise_a_cheap_shape_error_user_code_num
     with pytest.raises(ValueError, match=r"cannot assign slice of shape \(2, 3\) from input "
                                          r"of shape \(3, 3\)"):
         user(a.copy(), np.ones((3, 3)), 1)
+
+
+def _gelu_like_loop(x, out):  # (a float32 loop the vectoriser takes: a math function inlined)
+    for i in range(x.size):
+        v = x[i]
+        out[i] = v * np.float32(0.5) * (np.float32(1) + np.tanh(v * np.float32(0.79)))
+
+
+@pytest.mark.parametrize("wide", [True, False])
+def test_pdjit_functions_ask_for_wide_loop_vectors_user_functions_do_not(monkeypatch, wide):
+    """Where ``wide_vectors`` holds, every function a pdjit compile defines carries LLVM's
+    ``"prefer-vector-width"="512"`` (Intel's AVX-512 cores otherwise vectorise loops 256 bits
+    wide); a user's Numba function never does; the values are the loop's either way."""
+    here = _jit.wide_vectors()  # (this machine's own answer)
+    monkeypatch.setattr(_jit, "wide_vectors", lambda: wide)
+    # (a fresh function each time: Numba's cache of compiled libraries is per function object)
+    kernel = numba.njit(pipeline_class=_jit.PdjitCompiler, error_model="numpy")(
+        _copy_function(_gelu_like_loop))
+    user = numba.njit(error_model="numpy")(_copy_function(_gelu_like_loop))
+    x = np.linspace(-4, 4, 1001).astype(np.float32)
+    want = (x * 0.5 * (1 + np.tanh(x * np.float32(0.79)))).astype(np.float32)
+    for fn in (kernel, user):
+        out = np.empty_like(x)
+        fn(x, out)
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+    (ir_k,), (ir_u,) = kernel.inspect_llvm().values(), user.inspect_llvm().values()
+    assert (_jit._WIDE_ATTR in ir_k) == wide
+    assert _jit._WIDE_ATTR not in ir_u
+    if wide and here:  # (and the machine code: 512-bit registers)
+        (asm,) = kernel.inspect_asm().values()
+        assert "zmm" in asm
+
+
+def _copy_function(fn):
+    import types
+
+    return types.FunctionType(fn.__code__, fn.__globals__, fn.__name__ + uuid.uuid4().hex[:8])
+
+
+@pytest.mark.parametrize("name,features,wide", [
+    ("sapphirerapids", "+avx512f,+avx2,+fma", True),
+    ("znver4", "+avx2,+avx512f", True),
+    ("skylake-avx512", "+avx512f,+avx2", False),   # the first AVX-512 server cores
+    ("cascadelake", "+avx512f,+avx2", False),
+    ("znver3", "+avx2,+fma,-avx512f", False),       # no AVX-512
+    ("generic", "+avx512f", False),                 # a portable build (NUMBA_CPU_NAME=generic)
+])
+def test_which_cpus_get_wide_loop_vectors(monkeypatch, name, features, wide):
+    monkeypatch.setattr(config, "CPU_NAME", name)
+    monkeypatch.setattr(config, "CPU_FEATURES", features)
+    assert _jit.wide_vectors.__wrapped__() is wide
