@@ -499,3 +499,34 @@ def test_a_large_batch_is_run_in_at_most_a_few_calls_a_slice(monkeypatch):
     rows_seen.clear()  # a batch of `chunk` rows or fewer on one thread: not cut
     assert not one.splits(chunk) and one(x[:chunk], w)[0].shape == (chunk, 3)
     assert rows_seen == [chunk]
+
+
+def test_a_chunked_driver_without_free_cores_runs_by_its_chunks_on_the_caller(monkeypatch):
+    """A driver of two slices by chunks whose cores are not free (another process keeps one
+    busy: ``slice_threads`` 1) runs the whole batch by its chunks on the caller's thread, as
+    a one-part driver does, and does not count the run as split; a driver without chunks runs
+    the batch at once, as before."""
+    monkeypatch.setattr(threads, "slice_threads", lambda: 1)
+    callers, rows_seen = set(), []
+
+    def fn(x, w):
+        callers.add(threading.get_ident())
+        rows_seen.append(x.shape[0])
+        return (x * w,)
+
+    (chunk,) = tiers_mod.HOST_CHUNK_ROWS[:1]
+    x, w = np.arange(48.0).reshape(16, 3), np.array([1.0, 2.0, 3.0])
+    two = tiers_mod.SplitDriver(fn, (0,), 2, chunk)
+    (out,) = two(x, w)
+    np.testing.assert_array_equal(out, x * w)
+    assert rows_seen == [chunk] * (16 // chunk) and callers == {threading.get_ident()}
+    assert two.runs == 0
+    rows_seen.clear()
+    (out,) = tiers_mod.SplitDriver(fn, (0,), 2)(x, w)
+    np.testing.assert_array_equal(out, x * w)
+    assert rows_seen == [16]
+    monkeypatch.setattr(threads, "slice_threads", lambda: 2)
+    rows_seen.clear()
+    (out,) = two(x, w)  # (the cores free again: two slices, each by its chunks)
+    np.testing.assert_array_equal(out, x * w)
+    assert rows_seen == [chunk] * (16 // chunk) and two.runs == 1
