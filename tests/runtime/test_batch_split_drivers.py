@@ -530,3 +530,49 @@ def test_a_chunked_driver_without_free_cores_runs_by_its_chunks_on_the_caller(mo
     (out,) = two(x, w)  # (the cores free again: two slices, each by its chunks)
     np.testing.assert_array_equal(out, x * w)
     assert rows_seen == [chunk] * (16 // chunk) and two.runs == 1
+
+
+def test_a_split_by_chunks_tried_while_a_core_is_busy_is_timed_by_its_chunks(two_threads,
+                                                                             monkeypatch):
+    """A trial of the host driver's slices while another process keeps a core busy: the
+    split drivers by chunks run the batch by their chunks on the caller's thread and those
+    times count (no infinite time, as for a native split driver that cannot split); the one
+    picked serves so, by its chunks, and the drivers are tried again once the cores are free,
+    when it splits. Every result is NumPy's."""
+    monkeypatch.setattr(tiers_mod, "DRIVER_MAX_CALLS", 0)
+    monkeypatch.setattr(tiers_mod, "TIER_UP_THREAD", False)
+    monkeypatch.setattr(tiers_mod, "RETRY_AFTER", 1e6)  # (only runs bring the next trial)
+    free = [1]
+    monkeypatch.setattr(threads, "free_cores", lambda: free[0])
+    seen_times = []
+    monkeypatch.setattr(tiers_mod.DriverTiers, "_fastest", staticmethod(
+        lambda t: (seen_times.append(list(t)), len(t) - 1)[1]))  # (the last: a split one)
+    exe, program, scope, y, rng, step = _host_driven(BATCH, 7)
+    tiers = step.tiers
+    (times,) = seen_times
+    assert len(times) == 1 + len(tiers_mod.HOST_CHUNK_ROWS) and max(times) < float("inf")
+    retry = tiers.picked[BATCH]
+    assert isinstance(retry, tiers_mod.Retry) and isinstance(retry.fn, tiers_mod.SplitDriver)
+    assert retry.fn.runs == 0 and "drivers to be tried when the cores are free" in \
+        tiers.drivers()[BATCH]
+    seen, host = [], tiers.native.host
+    tiers.native.host = lambda *a: (seen.append((threading.current_thread().name,
+                                                 a[0].shape[0])), host(*a))[1]
+
+    def run():
+        xv = rng.standard_normal((BATCH, 6)).astype("float32")
+        (out,) = exe.run(program, feed={"x": xv}, fetch_list=[y], scope=scope)
+        np.testing.assert_allclose(out, _want(scope, xv), rtol=1e-5, atol=1e-6)
+
+    run()
+    chunk = retry.fn.chunk
+    assert seen == [("MainThread", chunk)] * (BATCH // chunk)
+    free[0] = 2  # the cores free: the pick dropped at its next check, the drivers tried again
+    trial = 3 * (tiers_mod.DriverTiers._WARM + tiers_mod.DriverTiers._TIMED)  # (runs)
+    for _ in range(tiers_mod.RETRY_RUNS + trial):
+        run()
+    sp = tiers.picked[BATCH]
+    assert isinstance(sp, tiers_mod.SplitDriver) and sp.runs > 0 and len(seen_times) == 2
+    seen.clear()
+    run()
+    assert {name for name, _ in seen} == {"MainThread", "pdjit-split"}

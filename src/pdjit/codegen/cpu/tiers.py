@@ -351,12 +351,17 @@ class DriverTiers:
         if split is not None and split.runs == split_runs:
             redo = self._unsplit_runs.get(key, 0) + 1
             self._unsplit_runs[key] = redo
-            if redo <= UNSPLIT_REDOS:  # not a time of the split: it runs again at its turn
-                return results
-            # no time of the split either: a split driver that never split in its trial is
-            # no candidate (under another process's load, LeNet's child picked "native split
-            # x2" from unsplit times, native ones by another name, then ran 0 of 40 runs split)
-            elapsed = float("inf")
+            # (one by chunks ran them on this thread, as a one-part driver does: a time of
+            # what it does while the core is busy, counted; it is tried again once the cores
+            # are free, below)
+            if not split.chunk:
+                if redo <= UNSPLIT_REDOS:  # not a time of the split: it runs again at its turn
+                    return results
+                # no time of the split either: a split driver that never split in its trial
+                # is no candidate (under another process's load, LeNet's child picked "native
+                # split x2" from unsplit times, native ones by another name, then ran 0 of 40
+                # runs split)
+                elapsed = float("inf")
         times[which].append(elapsed)
         warm, timed = self._lengths(times)
         if all(len(t) >= warm + timed for t in times):
@@ -383,6 +388,12 @@ class DriverTiers:
                     self._split_tries[key] = tries + 1
                     best = Retry(best, self, key, RETRY_AFTER * 4 ** tries,
                                  RETRY_RUNS * 4 ** tries)
+            elif splits and best.chunk and self._unsplit_runs.get(key, 0):
+                # a split by chunks picked from runs a busy core kept on this thread: the
+                # drivers tried again once the cores are free
+                k = self._unfair_tries.get(key, 0)
+                self._unfair_tries[key] = k + 1
+                best = Retry(best, self, key, RETRY_AFTER, RETRY_RUNS * 2 ** min(k, 5))
             elif splits:
                 self._unfair_tries.pop(key, None)
             self._unsplit_runs.pop(key, None)
@@ -404,7 +415,8 @@ class DriverTiers:
 
         def name(fn):
             if isinstance(fn, Retry):
-                return f"{name(fn.fn)} (split to be tried when the cores are free)"
+                again = "drivers" if isinstance(fn.fn, SplitDriver) else "split"
+                return f"{name(fn.fn)} ({again} to be tried when the cores are free)"
             if isinstance(fn, SplitDriver):
                 by = f" by {fn.chunk} rows" if fn.chunk else ""
                 if fn.parts < 2:
@@ -547,7 +559,8 @@ SPLIT_RETRIES = 3
 
 
 class Retry:
-    """The driver ``fn`` picked for a batch size over its split driver: it serves, and the
+    """The driver ``fn`` picked for a batch size over its split driver (or a split one by
+    chunks picked from runs a busy core kept on the caller's thread): it serves, and the
     first run at least ``wait`` seconds or ``runs`` runs after the pick (then
     :data:`RETRY_AFTER` seconds or :data:`RETRY_RUNS` runs after each check) that finds the
     cores free drops the pick, so that the next run of that size tries the drivers again."""
