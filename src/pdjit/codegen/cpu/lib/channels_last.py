@@ -997,8 +997,13 @@ def _wnhwc_out(typingctx, mo, m0, ms, cnt, bias, b0, y, o0, rs, cs, rows, cols, 
 #: tile) within :data:`.winograd.BLOCK_BYTES`, at least :data:`.winograd.MIN_BLOCK_TILES` (the
 #: transformed filter is read once per block)
 @register_jitable
+def _wino_block_most(c_: int, m_: int) -> int:
+    return max(_wino.MIN_BLOCK_TILES, _wino.BLOCK_BYTES // (64 * (c_ + m_)))
+
+
+@register_jitable
 def _wino_block(c_: int, m_: int, tiles: int) -> int:
-    tb = max(_wino.MIN_BLOCK_TILES, _wino.BLOCK_BYTES // (64 * (c_ + m_)))
+    tb = _wino_block_most(c_, m_)
     blocks = (tiles + tb - 1) // tb
     return (tiles + blocks - 1) // max(1, blocks)  # (even blocks)
 
@@ -1213,7 +1218,7 @@ def _split_wino(parts, work, x, up, y, sh, sw, pt, pl, dh, dw, kh, kw, bias, lo,
     if x.shape[0] != 1 or parts < 2 or work < _conv._TEAM_MIN_WORK or not _wino_ready():
         return False
     # (a part's range of tiles needs at most a whole block's buffer, or all its tiles')
-    need = wino_scratch_size(x.shape[3], m_, min(tiles, _wino_block(x.shape[3], m_, 1 << 40)))
+    need = wino_scratch_size(x.shape[3], m_, min(tiles, _wino_block_most(x.shape[3], m_)))
     scratch = _wino._scratch(need * parts)[:need * parts].reshape(parts, need)
     call = (x, up, y, pt, pl, bias, float(lo), float(hi), res, scratch)
     if team.run(_wino_parts, call + team.plan(parts, tiles, npan, BY_PANELS[0] and
