@@ -298,6 +298,40 @@ def test_a_long_sum_by_chunks_of_the_panel(dtype):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_panels_summed_by_groups(dtype):
+    """Whole panels are taken by groups of ``GROUP_BYTES`` (three a group here, the last group
+    short), each tile summing the group's panels in turn: against NumPy with a bias, a
+    residual, a clamp and a gate, also for a range of panels that starts and ends inside
+    groups; the same bits as the panels taken one call each."""
+    nr = pgemm.panel_width(dtype)
+    size = np.dtype(dtype).itemsize
+    k = pgemm.GROUP_BYTES // (3 * nr * size)
+    m, n = 4 * pgemm.MR + 5, 6 * nr + 10  # (7 panels: groups of 3, 3 and 1)
+    assert pgemm.GROUP_BYTES // (k * nr * size) == 3 and k * nr * size <= pgemm.PANEL_WHOLE_BYTES
+    tol = 1e-4 if dtype == np.float32 else 1e-11
+    a = RNG.uniform(-1, 1, (m, k)).astype(dtype)
+    b = (RNG.uniform(-1, 1, (k, n)) / 8).astype(dtype)
+    bias = RNG.uniform(-1, 1, n).astype(dtype)
+    res = RNG.uniform(-1, 1, (m, n)).astype(dtype)
+    gate = np.array([1.0, 3.0, 0.0, 6.0, 6.0], dtype)  # hard_swish
+    bp = _pack(b)
+    clipped = np.clip(a.astype(np.float64) @ b + bias + res, -1.5, 2.0)
+    want = clipped * np.clip(clipped + 3, 0, 6) / 6
+    c = np.full((m, n), np.nan, dtype)
+    pgemm._packed_rows(a, bp, n, bias, c, 0, m, res.ravel(), -1.5, 2.0, gate)
+    np.testing.assert_allclose(c, want, rtol=tol, atol=tol)
+    one = np.full((m, n), np.nan, dtype)
+    for j in range(7):
+        pgemm._packed_rows(a, bp, n, bias, one, 0, m, res.ravel(), -1.5, 2.0, gate, j, j + 1)
+    np.testing.assert_array_equal(c, one)
+    part = np.full((m, n), 7.0, dtype)  # panels 1 .. 5: groups [1, 4) and [4, 5)
+    pgemm._packed_rows(a, bp, n, bias, part, 3, m, res.ravel(), -1.5, 2.0, gate, 1, 5)
+    np.testing.assert_array_equal(part[3:, nr:5 * nr], c[3:, nr:5 * nr])
+    assert (part[:3] == 7.0).all() and (part[:, :nr] == 7.0).all() and \
+        (part[:, 5 * nr:] == 7.0).all()
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_weight_rows_with_its_epilogue(dtype):
     """``weight_rows``: samples ``n0 .. n1`` of ``r`` rows, bias + residual + clamp; blocks of
     fewer than ``PACKED_MIN_ROWS`` rows by BLAS then the same epilogue; transposed weights."""
