@@ -10,7 +10,8 @@ column, a residual of ``c``'s shape, a clamp: :func:`weight_rows`) is applied to
 the block stored once (masked on the last columns, rows past ``M`` not stored), so ``c`` is
 never zeroed (nor read, but by a sum by chunks). The driver walks blocks of rows of ``a`` that
 stay in the L2 cache and, for each, every panel (a long one by chunks of its rows,
-:data:`PANEL_WHOLE_BYTES`). The sums run in order of ``k``, each a fused multiply-add.
+:data:`PANEL_WHOLE_BYTES`; short ones by groups, each tile over a group's panels in turn,
+:data:`GROUP_BYTES`). The sums run in order of ``k``, each a fused multiply-add.
 
 Weights (a product's right operand that is a parameter no op of the program writes, see
 ``pdjit.codegen.cpu.lowerings.matmul``) are packed once: :func:`packed_weight` keeps the packed
