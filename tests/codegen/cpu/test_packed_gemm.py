@@ -299,15 +299,19 @@ def test_a_long_sum_by_chunks_of_the_panel(dtype):
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_panels_summed_by_groups(dtype):
-    """Whole panels are taken by groups of ``GROUP_BYTES`` (three a group here, the last group
-    short), each tile summing the group's panels in turn: against NumPy with a bias, a
-    residual, a clamp and a gate, also for a range of panels that starts and ends inside
-    groups; the same bits as the panels taken one call each."""
+    """Whole panels are taken by groups of ``GROUP_BYTES`` where the block of rows of ``c`` is
+    larger than ``GROUP_MIN_OUT_BYTES`` (three panels a group here, the last group short), each
+    tile summing the group's panels in turn: against NumPy with a bias, a residual, a clamp
+    and a gate, also for a range of panels that starts and ends inside groups; the same bits
+    as the panels taken one call each."""
     nr = pgemm.panel_width(dtype)
     size = np.dtype(dtype).itemsize
     k = pgemm.GROUP_BYTES // (3 * nr * size)
-    m, n = 4 * pgemm.MR + 5, 6 * nr + 10  # (7 panels: groups of 3, 3 and 1)
-    assert pgemm.GROUP_BYTES // (k * nr * size) == 3 and k * nr * size <= pgemm.PANEL_WHOLE_BYTES
+    n = 394  # (7 panels of 64 float32, 13 of 32 float64: a short group last)
+    npan = -(-n // nr)
+    m = pgemm.ROWS_WHOLE_BYTES // (k * size) - 3  # (one block of rows)
+    assert pgemm.GROUP_BYTES // (k * nr * size) == 3 and npan % 3 == 1 and \
+        k * nr * size <= pgemm.PANEL_WHOLE_BYTES and m * n * size > pgemm.GROUP_MIN_OUT_BYTES
     tol = 1e-4 if dtype == np.float32 else 1e-11
     a = RNG.uniform(-1, 1, (m, k)).astype(dtype)
     b = (RNG.uniform(-1, 1, (k, n)) / 8).astype(dtype)
@@ -321,7 +325,7 @@ def test_panels_summed_by_groups(dtype):
     pgemm._packed_rows(a, bp, n, bias, c, 0, m, res.ravel(), -1.5, 2.0, gate)
     np.testing.assert_allclose(c, want, rtol=tol, atol=tol)
     one = np.full((m, n), np.nan, dtype)
-    for j in range(7):
+    for j in range(npan):
         pgemm._packed_rows(a, bp, n, bias, one, 0, m, res.ravel(), -1.5, 2.0, gate, j, j + 1)
     np.testing.assert_array_equal(c, one)
     part = np.full((m, n), 7.0, dtype)  # panels 1 .. 5: groups [1, 4) and [4, 5)

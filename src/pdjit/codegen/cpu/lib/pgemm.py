@@ -730,6 +730,11 @@ PANEL_CHUNK_BYTES = 1 << 15
 #: four 56x56 64 -> 256 layers 0.75-0.84 / 0.62-0.67 ms; against ONNX Runtime's NCHWc
 #: kernel in one process (a chain of six), 56x56 1.19x -> 1.07x its time
 GROUP_BYTES = 1 << 18
+#: panels go by groups only where a block of rows of ``c`` is larger than this (else one at a
+#: time, the next fetched while the tiles sum this one): grouped, MobileNetV2's 1x1 layers at
+#: batch 1 (14x14 and 7x7 planes, 0.3 MB out or less, each filter read from memory) took ~4 %
+#: more in all (the model 5.1-5.4 -> 5.5-5.7 ms, one thread, by turns)
+GROUP_MIN_OUT_BYTES = 1 << 20
 
 
 @register_jitable
@@ -772,7 +777,8 @@ def _packed_rows(a, bp, n, bias, c, r0, r1, res, lo, hi, gate=None, p0=0, p1=-1)
         max(1, PANEL_CHUNK_BYTES // (nr * a.itemsize))
     # whole panels are taken by groups of GROUP_BYTES, each tile summing every panel of a
     # group in turn (its rows of c stored whole, in order); chunked ones one at a time
-    g = max(1, GROUP_BYTES // (K * nr * a.itemsize)) if kc == K else 1
+    g = max(1, GROUP_BYTES // (K * nr * a.itemsize)) if kc == K and \
+        min(mc, r1 - r0) * n * a.itemsize > GROUP_MIN_OUT_BYTES else 1
     for i0 in range(r0, r1, mc):
         i1 = min(r1, i0 + mc)
         tiles = (i1 - i0 + MR - 1) // MR
