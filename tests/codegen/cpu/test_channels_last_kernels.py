@@ -5,6 +5,8 @@ dilations, channel counts that are no multiple of a vector, each piece of the ep
 (hard_swish and hard_sigmoid after the clamp too), ranges of samples; the one-sample splits
 over threads give the same bits as one call; compiled code (rearranging the filter at each
 call) the same values."""
+import itertools
+
 import numpy as np
 import pytest
 
@@ -227,6 +229,38 @@ def test_conv_of_an_image_past_a_block(conv_kernel, c, k, stride, pads):
         cl._conv_rows(x, bp, k, k, parts, 0, 1, o0, o1, *stride, pads[0], pads[2], 1, 1, bias,
                       0.0, INF, E, 0, -1)
     np.testing.assert_array_equal(parts, y)
+
+
+def test_a_strided_1x1_conv_gathers_its_pixels(conv_kernel):
+    """A 1x1 unpadded window at a stride (ResNet's projections) gathers the pixels its outputs
+    read and runs the 1x1 layers' product on them: against NumPy with a bias, a residual (in
+    another buffer and in the output's own) and a clamp, odd planes and a last panel 22 wide;
+    ranges of output rows and of panels (as threads split a sample) give the whole call's
+    bits; an output plane larger than the stride allows is refused."""
+    n, h, wd, c, m = 2, 15, 13, 96, 150
+    x = RNG.standard_normal((n, h, wd, c)).astype(np.float32)
+    w = (RNG.standard_normal((m, c, 1, 1)) * 0.1).astype(np.float32)
+    bias = RNG.standard_normal(m).astype(np.float32)
+    oh, ow = 8, 7
+    res = RNG.standard_normal(n * oh * ow * m).astype(np.float32)
+    bp = cl.conv_nhwc_weight(w)
+    geo = (2, 2, 0, 0, 1, 1, 1, 1)
+    want = _conv_oracle(x, w, (2, 2), (0, 0, 0, 0), (1, 1), bias, res, -1.0, 1.5)
+    assert want.shape == (n, oh, ow, m) and 0 < (want == 1.5).mean() < 0.5
+    one = np.full((n, oh, ow, m), np.nan, np.float32)
+    cl.conv_nhwc(x, bp, one, 0, n, *geo, bias, -1.0, 1.5, res)
+    np.testing.assert_allclose(one, want, rtol=1e-4, atol=1e-4)
+    inplace = res.reshape(one.shape).copy()
+    cl.conv_nhwc(x, bp, inplace, 0, n, *geo, bias, -1.0, 1.5, inplace.reshape(-1))
+    np.testing.assert_array_equal(inplace, one)
+    parts = np.full_like(one, np.nan)
+    for (o0, o1), (p0, p1) in itertools.product(((0, 3), (3, oh)), ((0, 1), (1, 3))):
+        cl._conv_rows(x, bp, 1, 1, parts, 0, n, o0, o1, 2, 2, 0, 0, 1, 1, bias, -1.0, 1.5,
+                      res, p0, p1)
+    np.testing.assert_array_equal(parts, one)
+    with pytest.raises(ValueError, match="do not fit"):
+        cl._conv_rows(x, bp, 1, 1, np.empty((n, oh + 1, ow, m), np.float32), 0, n, 0, oh, 2,
+                      2, 0, 0, 1, 1, bias, -1.0, 1.5, E, 0, -1)
 
 
 def test_one_sample_splits_give_the_same_bits(conv_kernel):
