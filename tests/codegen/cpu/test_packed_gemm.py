@@ -16,6 +16,12 @@ from pdjit.codegen.cpu.lib._jit import caller
 from pdjit.testing import assert_native
 
 RNG = np.random.default_rng(37)
+#: the gate array of hard_swish (``.tile.gate_of``), and its oracle: x * relu6(x + 3) / 6
+HARD_SWISH = (1.0, 3.0, 0.0, 6.0, 6.0)
+
+
+def _hard_swish(v):
+    return v * np.clip(v + 3, 0, 6) / 6
 
 
 def _pack(b):
@@ -284,8 +290,8 @@ def test_a_long_sum_by_chunks_of_the_panel(dtype):
     bp = _pack(b)
     want = a.astype(np.float64) @ b + bias + res
     clipped = np.clip(want, -1.5, 2.0)
-    swish = clipped * np.clip(clipped + 3, 0, 6) / 6  # hard_swish: x * relu6(x + 3) / 6
-    gate = np.array([1.0, 3.0, 0.0, 6.0, 6.0], dtype)
+    swish = _hard_swish(clipped)
+    gate = np.array(HARD_SWISH, dtype)
     for in_place in (False, True):
         c = res.copy() if in_place else np.full((m, n), np.nan, dtype)
         r = c.ravel() if in_place else res.ravel()
@@ -317,10 +323,9 @@ def test_panels_summed_by_groups(dtype):
     b = (RNG.uniform(-1, 1, (k, n)) / 8).astype(dtype)
     bias = RNG.uniform(-1, 1, n).astype(dtype)
     res = RNG.uniform(-1, 1, (m, n)).astype(dtype)
-    gate = np.array([1.0, 3.0, 0.0, 6.0, 6.0], dtype)  # hard_swish
+    gate = np.array(HARD_SWISH, dtype)
     bp = _pack(b)
-    clipped = np.clip(a.astype(np.float64) @ b + bias + res, -1.5, 2.0)
-    want = clipped * np.clip(clipped + 3, 0, 6) / 6
+    want = _hard_swish(np.clip(a.astype(np.float64) @ b + bias + res, -1.5, 2.0))
     c = np.full((m, n), np.nan, dtype)
     pgemm._packed_rows(a, bp, n, bias, c, 0, m, res.ravel(), -1.5, 2.0, gate)
     np.testing.assert_allclose(c, want, rtol=tol, atol=tol)
