@@ -322,16 +322,18 @@ def test_a_conv_waits_for_its_kernel_on_numpys_calls(monkeypatch):
                                                0.0, 6.0), rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("hw,c,m,parts", [(7, 160, 960, 2), (7, 96, 320, 2), (7, 24, 200, 3),
-                                           (14, 8, 40, 2)])
+@pytest.mark.parametrize("hw,c,m,parts,by_panels", [
+    (7, 160, 960, 2, True), (7, 96, 320, 2, True), (7, 24, 200, 3, True), (14, 8, 40, 2, False),
+    (14, 64, 384, 2, False)])
 def test_a_sample_split_by_panels_or_pixels_on_the_team_gives_one_calls_bits(
-        team_loops, monkeypatch, hw, c, m, parts):
+        team_loops, monkeypatch, hw, c, m, parts, by_panels):
     """One sample on a parallel loop: by panels of output channels where the packed weight
-    outweighs the image (each part its own panels, every pixel, the panels left over by
-    pixels: 15 wide panels on two threads, 10 narrow ones, 7 narrow ones on two threads of
-    three, 49 pixels being too few for three), else by ranges of pixels (a 14x14 image of 8
-    channels into 40); either way the one call's bits, against NumPy, the residual in another
-    buffer and in the output's own."""
+    is more than ``PANELS_OVER_IMAGE`` times the image (each part its own panels, every pixel,
+    the panels left over by pixels: 15 wide panels on two threads, 10 narrow ones, 7 narrow
+    ones on two threads of three, 49 pixels being too few for three), else by ranges of
+    pixels (a 14x14 image of 8 channels into 40; of 64 into 384, the weight twice the image);
+    either way the one call's bits, against NumPy, the residual in another buffer and in the
+    output's own."""
     x = RNG.standard_normal((1, hw, hw, c)).astype(np.float32)
     w = RNG.standard_normal((m, c, 1, 1)).astype(np.float32)
     bias = RNG.standard_normal(m).astype(np.float32)
@@ -341,7 +343,6 @@ def test_a_sample_split_by_panels_or_pixels_on_the_team_gives_one_calls_bits(
     cl.pointwise_nhwc(x, bp, one, 0, 1, bias, 0.0, 6.0, res, HARD_SWISH)
     np.testing.assert_allclose(one, _pointwise_oracle(x, w, bias, res, 0.0, 6.0, HARD_SWISH),
                                rtol=1e-4, atol=1e-4)
-    by_panels = bp.size > hw * hw * c
     for panels in (True, False):
         monkeypatch.setattr(cl, "BY_PANELS", [panels])
         for in_place in (False, True):

@@ -210,8 +210,9 @@ def _split_pointwise(parts, work, x, bp, y, bias, lo, hi, res, gate):
     parts = min(parts, p // SPLIT_MIN_PIXELS)
     call = (x2, bp, y2, bias, float(lo), float(hi), res, gate)
     m = y.shape[3]
-    if team.run(_pixel_parts, call + team.plan(parts, -(-p // NARROW_MR), -(-m // panel_of(m)),
-                                               BY_PANELS[0] and bp.size > x2.size)):
+    if team.run(_pixel_parts, call + team.plan(
+            parts, -(-p // NARROW_MR), -(-m // panel_of(m)),
+            BY_PANELS[0] and bp.size > PANELS_OVER_IMAGE * x2.size)):
         return True
     if work < _conv._CHANNELS_MIN_WORK:
         return False
@@ -223,6 +224,19 @@ def _split_pointwise(parts, work, x, bp, y, bias, lo, hi, res, gate):
 #: whether a one-sample pointwise convolution may split by panels of its output channels
 #: (:func:`_split_pointwise`; a switch for benchmarks, tests)
 BY_PANELS = [True]
+#: a one-sample pointwise convolution splits by panels where its packed weight is more than
+#: this many times its image, else by ranges of pixels. By pixels, each thread reads the whole
+#: weight (clean lines, from the shared cache); by panels, each reads the whole image, half of
+#: it just written by the other core (each line fetched from that core's cache), and the layer
+#: after it (a depthwise one by rows, another 1x1 by pixels) reads half its input from there
+#: too. In MobileNetV2 at batch 1 on two threads (its replayed kernels timed one by one, us,
+#: by panels / by pixels): 14x14 64 -> 384 (weight twice the image) 38 / 38, the depthwise
+#: layer after it 22 / 18; 96 -> 576 (2.9 times) 75 / 74, the depthwise after it 30 / 25; its
+#: 7x7 layers (weights 3-26 times their image) lost 6-19 us each by pixels (49 pixels: 5
+#: blocks, 3 and 2 a thread). The model, five runs taking turns with the split by panels
+#: wherever the weight outweighs the image: 3.41-3.61 ms against 3.55-3.77, faster in each
+#: pair. ResNet-50's 14x14 256 -> 1024 (5.2 times) stays by panels
+PANELS_OVER_IMAGE = 4
 
 
 @jit
