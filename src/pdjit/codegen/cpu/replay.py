@@ -496,16 +496,18 @@ class Recording:
         return tuple([np.array(o) for o in self.replay(values)])
 
     def replay(self, values):
-        place, teams, uses = threads.place_team, self.teams, self.uses
+        uses = self.uses
         u, nu = 0, len(uses)
+        if self.teams:
+            # its loops' threads kept off this thread's core, as team.run does, once a run
+            # (a look at the core each loop cost MobileNetV2 ~50 us a run on two threads)
+            threads.place_team()
         for k, (fn, args, kwargs, out) in enumerate(self.ops):
             if u < nu and uses[u][0] == k:
                 args = list(args)
                 while u < nu and uses[u][0] == k:
                     args[uses[u][1]] = values[uses[u][2]]
                     u += 1
-            if k in teams:
-                place()  # (its threads kept off this thread's core, as team.run does)
             got = fn(*args, **kwargs) if kwargs else fn(*args)
             if out is None or got is out:
                 continue
