@@ -120,6 +120,8 @@ def test_replayed_runs_give_the_oracle_and_the_drivers_bits(monkeypatch):
     (rp,) = _replays(exe)
     assert rp.off is None and rp.recordings and rp.replays > len(xs)
     assert_native(exe)
+    # (its kernel calls made by native calls, each a run of them: callchain's)
+    assert any(type(p) is tuple for rec in rp.recordings.values() for p in rec.parts or ())
     ops = [fn for rec in rp.recordings.values() for fn, *_ in rec.ops]
     # (the 1x1 convolutions' entry point replayed as the packed kernel it ends in)
     assert {pointwise.pointwise_rows, pointwise.pointwise_cols} & set(ops) and not any(
