@@ -37,8 +37,9 @@ def _compiled(fn, args):
 
 
 def _chain(*calls):
-    return callchain.build([(*callchain.native(*_compiled(fn, args)), args)
-                            for fn, args in calls])
+    (chain,) = callchain.build([[(*callchain.native(*_compiled(fn, args)), args)
+                                 for fn, args in calls]])
+    return chain
 
 
 def test_a_chain_makes_each_call_with_its_arguments_in_order():

@@ -50,36 +50,50 @@ def native(fn, args):
     return cres, sig
 
 
-def _value(ctx, builder, ty, a):
-    """The LLVM value of the argument ``a`` of Numba type ``ty`` (an array: its address,
-    shape and strides, no owner)."""
+_ARRAY_FIELDS = ("meminfo", "parent", "nitems", "itemsize", "data", "shape", "strides")
+
+
+def _flatten(t):
+    if isinstance(t, tuple):
+        for u in t:
+            yield from _flatten(u)
+    else:
+        yield t
+
+
+def _constants(ctx, ty, a) -> list:
+    """The LLVM constants the argument ``a`` of Numba type ``ty`` is passed as (a struct's
+    members one by one, as Numba's calling convention flattens them): an array its address,
+    shape and strides (no owner), a number itself."""
+    model = ctx.data_model_manager[ty]
+    flat = list(_flatten(model.get_argument_type()))
     if isinstance(ty, types.Array):
-        if not a.flags.aligned:
-            raise Unsupported("an unaligned array")
-        ary = ctx.make_array(ty)(ctx, builder)
-        intp = ctx.get_value_type(types.intp)
-        data = builder.inttoptr(ir.Constant(intp, a.ctypes.data), ary.data.type)
-        ctx.populate_array(ary, data=data, shape=[intp(int(s)) for s in a.shape],
-                           strides=[intp(int(s)) for s in a.strides], itemsize=a.itemsize,
-                           meminfo=None)
-        return ary._getvalue()
-    if isinstance(ty, (types.Integer, types.Float, types.Boolean)):
-        return ctx.get_constant(ty, a.item() if isinstance(a, np.generic) else a)
+        if tuple(getattr(model, "_fields", ())) != _ARRAY_FIELDS or \
+                len(flat) != 5 + 2 * a.ndim or not a.flags.aligned:
+            raise Unsupported(f"an array of type {ty}")
+        values = [None, None, a.size, a.itemsize, a.ctypes.data, *a.shape, *a.strides]
+        out = []
+        for t, v in zip(flat, values):
+            if isinstance(t, ir.PointerType):
+                out.append(ir.Constant(t, None) if v is None else
+                           ir.Constant(ir.IntType(64), v).inttoptr(t))
+            elif isinstance(t, ir.IntType) and v is not None:
+                out.append(ir.Constant(t, int(v)))
+            else:
+                raise Unsupported(f"an array of type {ty}")
+        return out
+    if len(flat) == 1 and isinstance(ty, (types.Integer, types.Boolean)) and \
+            isinstance(flat[0], ir.IntType):
+        return [ir.Constant(flat[0], int(a))]
+    if len(flat) == 1 and isinstance(ty, types.Float) and \
+            isinstance(flat[0], (ir.FloatType, ir.DoubleType)):
+        return [ir.Constant(flat[0], float(a))]
     raise Unsupported(f"an argument of type {ty}")
 
 
-@global_compiler_lock
-def build(calls):
-    """The native function of ``calls`` (``[(compile result, argument types, args)]``, as
-    :func:`native` gives them, with the arguments): a ``ctypes`` function of no arguments
-    returning 0, or ``k + 1`` where call ``k`` raised (the Python state untouched: the
-    caller makes that call again from Python, which raises its error), called with the GIL
-    held. The compiled library is kept on the function (``.library``)."""
-    ctx = cpu_target.target_context
-    lib = ctx.codegen().create_library("pdjit_callchain")
-    module = lib.create_ir_module("pdjit_callchain")
+def _function(module, name, calls) -> None:
+    """Define ``i64 name()`` in ``module``: the ``calls`` in turn (:func:`build`)."""
     i64 = ir.IntType(64)
-    name = f"pdjit_callchain_{next(_names)}"
     fn = ir.Function(module, ir.FunctionType(i64, []), name=name)
     entry = fn.append_basic_block("entry")
     body = fn.append_basic_block("calls")
@@ -87,11 +101,12 @@ def build(calls):
     for k, (cres, sig, args) in enumerate(calls):
         cctx = cres.target_context
         fnty = cctx.call_conv.get_function_type(cres.fndesc.restype, cres.fndesc.argtypes)
+        packed = [c for ty, a in zip(sig, args) for c in _constants(cctx, ty, a)]
+        if [c.type for c in packed] != list(fnty.args[2:]):
+            raise Unsupported(f"the arguments of {cres.fndesc.llvm_func_name}")
         addr = cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)
         if not addr:
             raise Unsupported(f"no address for {cres.fndesc.llvm_func_name}")
-        values = [_value(cctx, builder, ty, a) for ty, a in zip(sig, args)]
-        packed = list(cctx.call_conv._get_arg_packer(sig).as_arguments(builder, values))
         with builder.goto_block(entry):  # (the return slot and the error's, allocated once)
             ret = builder.alloca(fnty.args[0].pointee)
             exc = builder.alloca(fnty.args[1].pointee)
@@ -104,8 +119,37 @@ def build(calls):
     builder.ret(ir.Constant(i64, 0))
     with builder.goto_block(entry):
         builder.branch(body)
+
+
+@global_compiler_lock
+def build(chains) -> list:
+    """The native function of each list of calls in ``chains`` (``[(compile result, argument
+    types, args)]``, as :func:`native` gives them, with the arguments), all compiled as one
+    library (MobileNetV2's three runs of calls: ~0.1 s): a ``ctypes`` function of no arguments
+    returning 0, or ``k + 1`` where call ``k`` raised (the Python state untouched: the caller
+    makes that call again from Python, which raises its error), called with the GIL held; None
+    for a list it cannot take (:class:`Unsupported`). Each function keeps the library
+    (``.library``)."""
+    lib = cpu_target.target_context.codegen().create_library("pdjit_callchain")
+    module = lib.create_ir_module("pdjit_callchain")
+    names = []
+    for calls in chains:
+        name = f"pdjit_callchain_{next(_names)}"
+        try:
+            _function(module, name, calls)
+        except Unsupported:
+            module.globals.pop(name, None)
+            name = None
+        names.append(name)
+    if not any(names):
+        return names
     lib.add_ir_module(module)
     lib.finalize()
-    chain = ctypes.PYFUNCTYPE(ctypes.c_int64)(lib.get_pointer_to_function(name))
-    chain.library = lib
-    return chain
+    out = []
+    for name in names:
+        chain = None
+        if name is not None:
+            chain = ctypes.PYFUNCTYPE(ctypes.c_int64)(lib.get_pointer_to_function(name))
+            chain.library = lib
+        out.append(chain)
+    return out

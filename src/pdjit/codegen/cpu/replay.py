@@ -545,22 +545,8 @@ class Recording:
     def go_native(self) -> bool:
         """Make each run of two or more ops that are kernel calls with the same arguments at
         every run (no input passed in place, nothing returned to copy) one native call
-        (:mod:`.callchain`): whether any did."""
-        parts, run = [], []
-
-        def close():
-            chain = None
-            if len(run) > 1:
-                try:
-                    chain = callchain.build([c for _, c in run])
-                except callchain.Unsupported:
-                    pass
-            if chain is None:
-                parts.extend(k for k, _ in run)
-            else:
-                parts.append((run[0][0], run[-1][0] + 1, chain))
-            run.clear()
-
+        (:mod:`.callchain`, all compiled at once): whether any did."""
+        runs, run = [], []  # (runs of (op, call)), the run so far
         for k, (fn, args, kwargs, out) in enumerate(self.ops):
             call = None
             if not kwargs and out is None and k not in self.uses:
@@ -568,14 +554,28 @@ class Recording:
                     call = (*callchain.native(fn, args), args)
                 except callchain.Unsupported:
                     pass
-            if call is None:
-                close()
-                parts.append(k)
-            else:
+            if call is not None:
                 run.append((k, call))
-        close()
-        if all(type(p) is int for p in parts):
+                continue
+            if len(run) > 1:
+                runs.append(run)
+            run = []
+        if len(run) > 1:
+            runs.append(run)
+        chains = callchain.build([[c for _, c in r] for r in runs]) if runs else []
+        starts = {r[0][0]: (r[-1][0] + 1, chain) for r, chain in zip(runs, chains)
+                  if chain is not None}
+        if not starts:
             return False
+        parts, k = [], 0
+        while k < len(self.ops):
+            if k in starts:
+                end, chain = starts[k]
+                parts.append((k, end, chain))
+                k = end
+            else:
+                parts.append(k)
+                k += 1
         self.parts = parts
         return True
 
