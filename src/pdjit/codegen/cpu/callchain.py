@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+from typing import NamedTuple
 
 import llvmlite.ir as ir
 import numpy as np
@@ -25,7 +26,7 @@ from numba.core.compiler_lock import global_compiler_lock
 from numba.core.dispatcher import Dispatcher
 from numba.core.registry import cpu_target
 
-__all__ = ["build", "native"]
+__all__ = ["Call", "Unsupported", "build", "native"]
 
 _names = itertools.count()
 
@@ -34,10 +35,19 @@ class Unsupported(Exception):
     """A call :func:`build` does not take (it stays in Python)."""
 
 
-def native(fn, args):
-    """``(compile result, argument types)`` of the compiled kernel that the dispatcher ``fn``
-    runs for ``args`` (:class:`Unsupported`: not a dispatcher, an argument not an array, an
-    int, a float or a bool, no compiled version for their types)."""
+class Call(NamedTuple):
+    """A kernel call :func:`build` takes: the compiled kernel, its argument types, whether it
+    runs without the GIL, the arguments."""
+    cres: object
+    sig: tuple
+    nogil: bool
+    args: tuple
+
+
+def native(fn, args) -> Call:
+    """The :class:`Call` of the compiled kernel that the dispatcher ``fn`` runs for ``args``
+    (:class:`Unsupported`: not a dispatcher, an argument not an array, an int, a float or a
+    bool, no compiled version for their types)."""
     if not isinstance(fn, Dispatcher):
         raise Unsupported(f"{fn!r} is no kernel")
     for a in args:
@@ -47,7 +57,7 @@ def native(fn, args):
     cres = fn.overloads.get(sig)
     if cres is None or cres.objectmode:
         raise Unsupported(f"no compiled {fn.__name__} for {sig}")
-    return cres, sig
+    return Call(cres, sig, bool(fn.targetoptions.get("nogil")), tuple(args))
 
 
 _ARRAY_FIELDS = ("meminfo", "parent", "nitems", "itemsize", "data", "shape", "strides")
@@ -98,7 +108,7 @@ def _function(module, name, calls) -> None:
     entry = fn.append_basic_block("entry")
     body = fn.append_basic_block("calls")
     builder = ir.IRBuilder(body)
-    for k, (cres, sig, args) in enumerate(calls):
+    for k, (cres, sig, _, args) in enumerate(calls):
         cctx = cres.target_context
         fnty = cctx.call_conv.get_function_type(cres.fndesc.restype, cres.fndesc.argtypes)
         packed = [c for ty, a in zip(sig, args) for c in _constants(cctx, ty, a)]
@@ -123,13 +133,13 @@ def _function(module, name, calls) -> None:
 
 @global_compiler_lock
 def build(chains) -> list:
-    """The native function of each list of calls in ``chains`` (``[(compile result, argument
-    types, args)]``, as :func:`native` gives them, with the arguments), all compiled as one
+    """The native function of each list of :class:`Call` in ``chains``, all compiled as one
     library (MobileNetV2's three runs of calls: ~0.1 s): a ``ctypes`` function of no arguments
     returning 0, or ``k + 1`` where call ``k`` raised (the Python state untouched: the caller
-    makes that call again from Python, which raises its error), called with the GIL held; None
-    for a list it cannot take (:class:`Unsupported`). Each function keeps the library
-    (``.library``)."""
+    makes that call again from Python, which raises its error); None for a list it cannot take
+    (:class:`Unsupported`). It releases the GIL while it runs where every kernel of it does
+    (Numba's ``nogil``: a predictor on each of several threads runs at once), else holds it.
+    Each function keeps the library (``.library``)."""
     lib = cpu_target.target_context.codegen().create_library("pdjit_callchain")
     module = lib.create_ir_module("pdjit_callchain")
     names = []
@@ -146,10 +156,11 @@ def build(chains) -> list:
     lib.add_ir_module(module)
     lib.finalize()
     out = []
-    for name in names:
+    for name, calls in zip(names, chains):
         chain = None
         if name is not None:
-            chain = ctypes.PYFUNCTYPE(ctypes.c_int64)(lib.get_pointer_to_function(name))
+            kind = ctypes.CFUNCTYPE if all(c.nogil for c in calls) else ctypes.PYFUNCTYPE
+            chain = kind(ctypes.c_int64)(lib.get_pointer_to_function(name))
             chain.library = lib
         out.append(chain)
     return out

@@ -551,7 +551,7 @@ class Recording:
             call = None
             if not kwargs and out is None and k not in self.uses:
                 try:
-                    call = (*callchain.native(fn, args), args)
+                    call = callchain.native(fn, args)
                 except callchain.Unsupported:
                     pass
             if call is not None:
