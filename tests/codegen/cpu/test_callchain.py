@@ -117,7 +117,7 @@ def test_a_recording_goes_native_where_it_may_and_raises_from_python():
 
 def _spin_body(out, n):
     x = 0.0
-    for i in range(n):
+    for _ in range(n):
         x = x * 0.999999 + 1.0
     out[0] = x
 
