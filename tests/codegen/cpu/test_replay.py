@@ -112,6 +112,7 @@ def _settle(exe, main, scope, out, b=2):
 
 
 def test_replayed_runs_give_the_oracle_and_the_drivers_bits(monkeypatch):
+    monkeypatch.setattr(replay, "NATIVE_AFTER", 2)  # (its calls native from its 2nd run)
     exe, main, scope, out = _executor()
     _settle(exe, main, scope, out)
     xs = [_image() for _ in range(5)]
@@ -130,6 +131,26 @@ def test_replayed_runs_give_the_oracle_and_the_drivers_bits(monkeypatch):
     for x, g, k in zip(xs, got, kept):
         np.testing.assert_allclose(g, _oracle(x.astype(np.float64), v), rtol=2e-4, atol=1e-6)
         np.testing.assert_array_equal(g, k)  # (a later run wrote no earlier result)
+    monkeypatch.setattr(rp, "off", "compared")  # the host driver itself
+    for x, g in zip(xs, got):
+        np.testing.assert_array_equal(_run(exe, main, scope, out, x), g)
+
+
+def test_a_recording_goes_native_after_its_runs_with_the_drivers_bits(monkeypatch):
+    """Its runs of kernel calls made by native calls (``callchain``) once it has served
+    ``NATIVE_AFTER`` runs, not before; the results the host driver's, bit for bit."""
+    monkeypatch.setattr(replay, "NATIVE_AFTER", 5)
+    exe, main, scope, out = _executor()
+    _settle(exe, main, scope, out)
+    (rp,) = _replays(exe)
+    (rec,) = rp.recordings.values()
+    xs = [_image() for _ in range(8)]
+    got = []
+    for x in xs:
+        native = rec.runs + 1 >= replay.NATIVE_AFTER  # (this run's)
+        got.append(_run(exe, main, scope, out, x))
+        assert (rec.parts is not None) == native, (rec.runs, rec.parts)
+    assert rec.runs > replay.NATIVE_AFTER and any(type(p) is tuple for p in rec.parts)
     monkeypatch.setattr(rp, "off", "compared")  # the host driver itself
     for x, g in zip(xs, got):
         np.testing.assert_array_equal(_run(exe, main, scope, out, x), g)

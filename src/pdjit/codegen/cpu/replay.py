@@ -37,9 +37,10 @@ What a recording holds is checked, never assumed:
   after :data:`RETRY_RUNS` runs;
 - a recording is replayed once on the run's inputs, its arena and the arrays it copies
   results into filled with NaN first, and kept only if it gives the driver's outputs bit for
-  bit (a kernel call it missed leaves NaN); its native calls are checked the same way (else
-  its calls are made from Python); after :data:`MAX_FAILURES` recordings of a step
-  fail that check (or go stale), its driver serves for good;
+  bit (a kernel call it missed leaves NaN); once it has served :data:`NATIVE_AFTER` runs,
+  its runs of kernel calls go native, kept only if a run so, poisoned the same way, gives the
+  bits of a replay from Python; after :data:`MAX_FAILURES` recordings of a step fail their
+  first check (or go stale), its driver serves for good;
 - then its runs are timed against the driver's, by turns (:data:`TRIAL_RUNS` each), and the
   faster serves its key (a step of a few small kernels gains nothing: its inputs and outputs
   are copied);
@@ -81,8 +82,12 @@ AFTER_RUNS = 3
 RETRY_RUNS = 50
 _NEVER = -(1 << 62)  # (a key's count of host runs that never reaches its recording)
 #: make a kept recording's runs of kernel calls one native call each (``callchain``;
-#: ``PDJIT_REPLAY_NATIVE=0``: never)
+#: ``PDJIT_REPLAY_NATIVE=0``: never) ...
 NATIVE = os.environ.get("PDJIT_REPLAY_NATIVE", "1") != "0"
+#: ... once it has served this many runs: compiling them takes 10-100 ms (MobileNetV2's 55
+#: calls ~0.1 s), a few microseconds saved a call, so not for a program run a few times (a
+#: script, a test: the suite's recordings cost ~3 % of its CPU time made native at once)
+NATIVE_AFTER = 32
 #: timed runs each of a new recording and of the driver before the faster serves its key
 TRIAL_RUNS = 3
 #: recordings of a step that may fail their check or go stale (its parameters new arrays at
@@ -494,6 +499,8 @@ class Recording:
         # the ops in parts, each an op made from Python (its index) or a run of ops made by
         # one native call (callchain: (first op, end, the call)); None: all from Python
         self.parts = None
+        self.runs = 0          # runs served (the native calls made at NATIVE_AFTER)
+        self.poison = None     # fills its buffers with NaN (the check of the native calls)
 
     def fits(self, values) -> bool:
         return self.made == _state() and self.thread == threading.get_ident() and \
@@ -502,7 +509,26 @@ class Recording:
     def run(self, values):
         for i, buf in self.copies:
             np.copyto(buf, values[i])
+        self.runs += 1
+        if self.runs == NATIVE_AFTER and NATIVE and self.poison is not None:
+            self._go_native_checked(values)
         return tuple([np.array(o) for o in self.replay(values)])
+
+    def _go_native_checked(self, values) -> None:
+        """:meth:`go_native`, kept only where a replay by the native calls, its buffers filled
+        with NaN first, gives the bits of one from Python on the same values (as the
+        recording's own check: a call it missed would leave NaN)."""
+        want = [np.array(o) for o in self.replay(values)]
+        try:
+            if not self.go_native():
+                return
+            self.poison()
+            got = self.replay(values)
+            if all(g.tobytes() == w.tobytes() for g, w in zip(got, want)):
+                return
+        except Exception:  # noqa: BLE001 - the calls from Python serve
+            pass
+        self.parts = None
 
     def replay(self, values):
         if self.teams:
@@ -578,6 +604,19 @@ class Recording:
                 k += 1
         self.parts = parts
         return True
+
+
+def _poisoner(arena, ops, theirs):
+    """What fills a recording's buffers with NaN before a check: its arena and what its calls
+    returned (unless an input's memory, or a parameter's: ``theirs``)."""
+    returned = [o for _, _, _, out in ops for o in _results(out)
+                if o.flags.writeable and not any(np.may_share_memory(o, b) for b in theirs)]
+
+    def poisoned() -> None:
+        _poison(arena)  # (its bytes 0xFF: NaN in every float, -1 in every int)
+        for o in returned:
+            _poison(o)
+    return poisoned
 
 
 def _uses(ops, outputs, buf):
@@ -952,29 +991,20 @@ class HostReplay:
             self._runs[key] = _NEVER
             return f"its buffers would hold {own} bytes"
 
-        def same(r) -> bool:  # (its run's results, each buffer poisoned first)
-            _poison(arena)  # (its bytes 0xFF: NaN in every float, -1 in every int)
-            for _, _, _, out in ops:  # (what a call returned, unless an input's memory)
-                for o in _results(out):
-                    if o.flags.writeable and not any(np.may_share_memory(o, b) for b in theirs):
-                        _poison(o)
-            return all(g.dtype == e.dtype and g.shape == e.shape and g.tobytes() == e.tobytes()
-                       for g, e in zip(r.run(values), expected))
+        poisoned = _poisoner(arena, ops, theirs)
 
+        poisoned()
         r = Recording(ops, rec.teams, inputs, fixed, at, outs, made)
         try:
-            if not same(r):
-                self._failed("its replay differed from the driver's run")
-                return "its replay differed from the driver's run"
+            got = r.run(values)
         except Exception as e:  # noqa: BLE001 - the driver's own run gave the results
             self._failed(f"its replay raised {type(e).__name__}: {e}")
             return f"its replay raised {type(e).__name__}"
-        # its kernel calls made natively where they may be, checked the same way
-        try:
-            if NATIVE and r.go_native() and not same(r):
-                r.parts = None
-        except Exception:  # noqa: BLE001 - a replay from Python serves
-            r.parts = None
+        if not all(g.dtype == e.dtype and g.shape == e.shape and g.tobytes() == e.tobytes()
+                   for g, e in zip(got, expected)):
+            self._failed("its replay differed from the driver's run")
+            return "its replay differed from the driver's run"
+        r.poison = poisoned  # (for the check of its native calls, later)
         if made != _state():
             return "a kernel became ready while it was recorded"
         with self._lock:
