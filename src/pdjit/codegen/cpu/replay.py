@@ -85,8 +85,8 @@ _NEVER = -(1 << 62)  # (a key's count of host runs that never reaches its record
 #: ``PDJIT_REPLAY_NATIVE=0``: never) ...
 NATIVE = os.environ.get("PDJIT_REPLAY_NATIVE", "1") != "0"
 #: ... once it has served this many runs: compiling them takes 10-100 ms (MobileNetV2's 55
-#: calls ~0.1 s), a few microseconds saved a call, so not for a program run a few times (a
-#: script, a test: the suite's recordings cost ~3 % of its CPU time made native at once)
+#: calls ~0.1 s) for a few microseconds saved a call, so not in the run that records (a
+#: served model's fourth), nor for a program run a few times (a script, a test)
 NATIVE_AFTER = 32
 #: timed runs each of a new recording and of the driver before the faster serves its key
 TRIAL_RUNS = 3
