@@ -157,3 +157,22 @@ def test_a_chain_releases_the_gil_where_its_kernels_do(kernel, frees):
     assert out[0] > 0 and alone > 0.04, alone
     gap = float(np.diff(stamps).max())
     assert (gap < 0.5 * alone) == frees, (gap, alone)
+
+
+@numba.njit(nogil=True)
+def _put(out, u, i, flag):
+    out[0] = u
+    out[1] = i
+    out[2] = 1 if flag else 0
+
+
+def test_numbers_reach_the_kernel_as_its_types_hold_them():
+    """An unsigned 64-bit value past the signed range, a negative int and a bool, as the
+    kernel called from Python gets them."""
+    out = np.zeros(3, np.uint64)
+    want = np.zeros(3, np.uint64)
+    args = (out, np.uint64(2**64 - 3), -5, True)
+    _put(want, *args[1:])
+    assert _chain((_put, args), (_put, args))() == 0
+    np.testing.assert_array_equal(out, want)
+    assert out[0] == 2**64 - 3
