@@ -167,12 +167,13 @@ def _put(out, u, i, flag):
 
 
 def test_numbers_reach_the_kernel_as_its_types_hold_them():
-    """An unsigned 64-bit value past the signed range, a negative int and a bool, as the
-    kernel called from Python gets them."""
-    out = np.zeros(3, np.uint64)
-    want = np.zeros(3, np.uint64)
-    args = (out, np.uint64(2**64 - 3), -5, True)
-    _put(want, *args[1:])
-    assert _chain((_put, args), (_put, args))() == 0
-    np.testing.assert_array_equal(out, want)
-    assert out[0] == 2**64 - 3
+    """An unsigned 64-bit value past the signed range, a negative int, a bool and NumPy's
+    bool, as the kernel called from Python gets them."""
+    for flag in (True, np.bool_(True)):
+        out = np.zeros(3, np.uint64)
+        want = np.zeros(3, np.uint64)
+        args = (out, np.uint64(2**64 - 3), -5, flag)
+        _put(want, *args[1:])
+        assert _chain((_put, args), (_put, args))() == 0
+        np.testing.assert_array_equal(out, want)
+        assert out[0] == 2**64 - 3 and out[2] == 1

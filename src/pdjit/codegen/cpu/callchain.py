@@ -51,7 +51,7 @@ def native(fn, args) -> Call:
     if not isinstance(fn, Dispatcher):
         raise Unsupported(f"{fn!r} is no kernel")
     for a in args:
-        if not isinstance(a, (np.ndarray, int, float, bool, np.integer, np.floating)):
+        if not isinstance(a, (np.ndarray, int, float, bool, np.integer, np.floating, np.bool_)):
             raise Unsupported(f"an argument of type {type(a).__name__}")
     sig = tuple(fn.typeof_pyval(a) for a in args)
     cres = fn.overloads.get(sig)
