@@ -990,9 +990,7 @@ class HostReplay:
         if own > MAX_BYTES:
             self._runs[key] = _NEVER
             return f"its buffers would hold {own} bytes"
-
         poisoned = _poisoner(arena, ops, theirs)
-
         poisoned()
         r = Recording(ops, rec.teams, inputs, fixed, at, outs, made)
         try:
