@@ -144,9 +144,10 @@ LAZY_THREAD = True
 
 
 class _LazyKernel:
-    """A parallel variant, compiled once a run first reaches its size (few do), on a thread of
-    its own for that run's argument types: until it is ready, the serial kernel (``serial``)
-    serves, so no run waits for it (a softmax's took 1.7 s). ``compiling``: that thread."""
+    """A parallel variant, compiled once a run on more than one loop thread first reaches its
+    size, on a thread of its own for that run's argument types: until it is ready, the serial
+    kernel (``serial``) serves, so no run waits for it (a softmax's took 1.7 s); on one loop
+    thread the serial kernel serves. ``compiling``: that thread."""
 
     #: called as ``(serial kernel, *args)``, its compiled variant ``fn`` once ready (what a
     #: host driver's recording records: ``replay``)
@@ -157,6 +158,8 @@ class _LazyKernel:
         self._lock = threading.Lock()
 
     def __call__(self, serial, *args):
+        if threads.loop_threads() < 2:  # (one thread asked for, a slice's, or a busy core:
+            return serial(*args)        # nothing to split, nor to compile for)
         fn = self.fn
         if fn is not None:
             threads.place_team()  # (its threads off this one's core: see there)
@@ -170,6 +173,13 @@ class _LazyKernel:
             if self.fn is not None:  # (compiled in this run: LAZY_THREAD off)
                 return self.fn(*args)
         return serial(*args)
+
+    def kernel_for(self, serial):
+        """The kernel a call made now runs: ``serial`` where nothing is to be split (one loop
+        thread) or the variant failed, else the variant (None while it is not compiled)."""
+        if self.failed is not None or threads.loop_threads() < 2:
+            return serial
+        return self.fn
 
     def _start(self, args) -> None:
         import numba
