@@ -5,7 +5,7 @@ import pytest
 
 import pdjit as fluid
 from pdjit.codegen.cpu import threads
-from pdjit.codegen.cpu.target import LOOP_PARALLEL_MIN
+from pdjit.codegen.cpu.target import PARALLEL_MIN_SIZE
 from pdjit.testing import assert_native
 
 
@@ -37,7 +37,6 @@ def test_the_parallel_variant_compiles_only_when_a_run_reaches_its_size(monkeypa
     monkeypatch.setattr(threads, "_default_threads", None)
     monkeypatch.setattr(threads, "free_cores", lambda: 2)  # (a busy core: the serial kernel)
     if threads.max_loop_threads() < 2:
-        import pytest
         pytest.skip("one core: no parallel loops")
     main = fluid.Program()
     with fluid.program_guard(main, fluid.Program()):
@@ -51,7 +50,7 @@ def test_the_parallel_variant_compiles_only_when_a_run_reaches_its_size(monkeypa
     ns = step.compiled.fn.__globals__
     (lazy,) = [ns[g] for g, _ in step.compiled.lazy]
     assert lazy.fn is None                      # small: the serial kernel ran, nothing more
-    big = np.linspace(-1, 1, LOOP_PARALLEL_MIN + 7, dtype=np.float32)
+    big = np.linspace(-1, 1, PARALLEL_MIN_SIZE + 7, dtype=np.float32)
     for _ in range(2):   # the serial kernel serves while the variant compiles, then the variant
         (got,) = exe.run(main, feed={"x": big}, fetch_list=[y], scope=fluid.Scope())
         np.testing.assert_allclose(got, np.tanh(big * 3) - big, rtol=1e-6, atol=1e-6)
@@ -78,7 +77,7 @@ def test_a_loop_kernel_on_one_loop_thread_runs_serial_and_compiles_no_variant(mo
                                   append_batch_size=False)
             y = fluid.layers.tanh(x * 3.0) - x
         exe = fluid.Executor()
-        big = np.linspace(-1, 1, LOOP_PARALLEL_MIN + 7, dtype=np.float32)
+        big = np.linspace(-1, 1, PARALLEL_MIN_SIZE + 7, dtype=np.float32)
         for _ in range(3):
             (got,) = exe.run(main, feed={"x": big}, fetch_list=[y], scope=fluid.Scope())
             np.testing.assert_allclose(got, np.tanh(big * 3) - big, rtol=1e-6, atol=1e-6)
@@ -144,12 +143,13 @@ def _with_params(main, scope):
 def test_a_blocked_epilogue_of_one_sample_runs_its_parallel_variant(monkeypatch):
     """A product by a weight over one sample's sequence, its bias and gelu the epilogue of its
     blocks: the host driver cannot split one sample by samples, so a block of
-    ``parallel_min_elements`` runs the epilogue's parallel
+    ``parallel_min_elements`` (a math function: 16x fewer) runs the epilogue's parallel
     variant (compiled when first reached; here in the run, ``LAZY_THREAD`` off), the memory
     plan's in-place variant of it too; a smaller block runs the serial kernel."""
     import math
 
     from pdjit.codegen.cpu import target
+    from pdjit.codegen.cpu.target import MATH_WORK
 
     monkeypatch.setattr(target, "LAZY_THREAD", False)
     monkeypatch.setattr(threads, "free_cores", lambda: 2)  # (a busy core: the serial kernel)
@@ -169,7 +169,7 @@ def test_a_blocked_epilogue_of_one_sample_runs_its_parallel_variant(monkeypatch)
         w, b = (np.asarray(scope.find_var(n).get_tensor()) for n in ("fc_0.w_0", "fc_0.b_0"))
         erf = np.vectorize(math.erf)
         lazies = []
-        for rows in (8, LOOP_PARALLEL_MIN // 1024):  # below, at the threshold
+        for rows in (8, PARALLEL_MIN_SIZE // MATH_WORK // 1024):  # below, at the threshold
             xv = np.random.default_rng(rows).normal(size=(1, rows, 32)).astype(np.float32)
             (got,) = exe.run(main, feed={"x": xv}, fetch_list=[y], scope=scope)
             h = xv.astype(np.float64) @ w + b

@@ -12,7 +12,7 @@ broadcast the form did not cover.
 
 The loops are the sequential ones of :mod:`pdjit.codegen.sequential`, compiled by Numba.
 Parallel variants (``numba.prange`` over the outer loop) of the flat and row forms are rendered
-separately and compiled only when a run first reaches :data:`LOOP_PARALLEL_MIN` elements.
+separately and compiled only when a run first reaches :data:`PARALLEL_MIN_SIZE` elements.
 """
 from __future__ import annotations
 
@@ -46,21 +46,23 @@ JIT_OPTIONS = ("error_model='numpy', nogil=True, no_cfunc_wrapper=True, "
                "pipeline_class=_PdjitCompiler")
 PARALLEL_OPTIONS = JIT_OPTIONS + ", parallel=True"
 
-#: the elements from which a lowering's own loop (``ctx.loop``, divided by its ``work``) runs
-#: in parallel (the target's ``parallel_min_size``)
+# Below this many elements a parallel loop loses to its thread start-up. Alone, the break-even
+# of numba's prange on 2 cores is ~1e3-1e4 elements (at 6.5e4 two threads win); between other
+# kernels of a network, whose threads the waiting OpenMP threads must wake after, it is far
+# higher (measured: LeNet's bias + relu over 221,184 elements took 337 us on 2 threads and
+# 56 us on one). From 64 K elements (an 8-layer ResNet-style training step at batch 16 on two
+# threads 41 -> 44-47 ms, LeNet-5 at batch 64 +4 %, though DenseNet-121 at batch 1 was 5 %
+# faster: its batch-norm + relu kernels over each concat split)
 PARALLEL_MIN_SIZE = 1 << 20
-#: a loop kernel (the flat, row and mid forms: a fused chain of elementwise ops) runs
-#: its parallel variant from this many elements, math or not: the team's threads poll for
-#: their next loop and are kept off the caller's core (``threads.place_team``), so a split
-#: costs a few microseconds, against 15-30 us of such a loop on one thread. DenseNet-121 at
-#: batch 1 on two threads (its 52 batch-norm + relu kernels of 25-400 K elements over each
-#: concat, between the convolutions): those kernels 3.8 -> 2.1 ms of a 29 ms run
-LOOP_PARALLEL_MIN = 1 << 16
+#: a loop kernel that calls math functions (exp, tanh, erf: tens of instructions an element)
+#: runs on the threads from this many times fewer elements (as softmax's rows do, measured:
+#: ``ctx.loop``'s ``work``)
+MATH_WORK = 16
 
 
 def parallel_min_elements(k: LoopKernel) -> int:
     """The elements from which the loop kernel ``k`` runs its parallel variant."""
-    return LOOP_PARALLEL_MIN
+    return PARALLEL_MIN_SIZE // (MATH_WORK if k.math else 1)
 
 
 def call_site(k: LoopKernel, fresh, flats: dict, leaves: list, stores: list,

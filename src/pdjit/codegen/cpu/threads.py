@@ -3,7 +3,7 @@
 Two kinds of threads, set apart because they were measured apart on a 2-vCPU machine:
 
 - Large elementwise loops (the ``flat``, ``row`` and ``mid`` forms, at least
-  ``target.LOOP_PARALLEL_MIN`` elements) run on every core by default: their parallel variant
+  ``PARALLEL_MIN_SIZE`` elements) run on every core by default: their parallel variant
   (``numba.prange``) is compiled when a run first reaches that size, and the chain benchmark
   then runs near the all-core memory bound. The threads of Numba's OpenMP threading layer
   poll for their next loop for ~0.2-0.3 ms before they sleep (``GOMP_SPINCOUNT``,
