@@ -1,7 +1,6 @@
 """Threads where they win: large elementwise loops run on every core by default, their parallel
 variant compiled only when a run first reaches the size; BLAS stays on one thread."""
 import numpy as np
-import pytest
 
 import pdjit as fluid
 from pdjit.codegen.cpu import threads
@@ -35,8 +34,8 @@ def test_the_parallel_variant_compiles_only_when_a_run_reaches_its_size(monkeypa
     monkeypatch.delenv("PDJIT_NUM_THREADS", raising=False)
     monkeypatch.setattr(threads, "_applied", None)
     monkeypatch.setattr(threads, "_default_threads", None)
-    monkeypatch.setattr(threads, "free_cores", lambda: 2)  # (a busy core: the serial kernel)
     if threads.max_loop_threads() < 2:
+        import pytest
         pytest.skip("one core: no parallel loops")
     main = fluid.Program()
     with fluid.program_guard(main, fluid.Program()):
@@ -59,42 +58,6 @@ def test_the_parallel_variant_compiles_only_when_a_run_reaches_its_size(monkeypa
         assert lazy.fn is not None and lazy.failed is None
     assert lazy.fn.signatures and "parallel=True" in step.compiled.text
     assert_native(exe)
-
-
-@pytest.mark.parametrize("why", ["one thread", "a busy core"])
-def test_a_loop_kernel_on_one_loop_thread_runs_serial_and_compiles_no_variant(monkeypatch, why):
-    """Above its size, on one loop thread (asked for, or the other core busy) a loop kernel
-    runs its serial kernel: no variant compiled for it, the values NumPy's; what a host
-    driver's recording records for it (``kernel_for``) is the serial kernel, and with a free
-    core the variant (None until compiled: the recording waits for it)."""
-    monkeypatch.setattr(threads, "free_cores", lambda: 1 if why == "a busy core" else 2)
-    before = threads.get_num_threads()
-    fluid.set_num_threads(1 if why == "one thread" else 2)
-    try:
-        main = fluid.Program()
-        with fluid.program_guard(main, fluid.Program()):
-            x = fluid.layers.data(name="x", shape=[-1], dtype="float32",
-                                  append_batch_size=False)
-            y = fluid.layers.tanh(x * 3.0) - x
-        exe = fluid.Executor()
-        big = np.linspace(-1, 1, PARALLEL_MIN_SIZE + 7, dtype=np.float32)
-        for _ in range(3):
-            (got,) = exe.run(main, feed={"x": big}, fetch_list=[y], scope=fluid.Scope())
-            np.testing.assert_allclose(got, np.tanh(big * 3) - big, rtol=1e-6, atol=1e-6)
-        (step,) = [s for _, p in exe._plans.values() for s in p.walk() if s.kind == "native"]
-        ns = step.compiled.fn.__globals__
-        lazies = [ns[g] for g, _ in step.compiled.lazy]  # (one thread asked: none planned)
-        assert len(lazies) == (1 if why == "a busy core" else 0)
-        for lazy in lazies:
-            assert lazy.fn is None and lazy.compiling is None  # (nothing compiled, nor started)
-
-            def serial():
-                pass
-            assert lazy.kernel_for(serial) is serial
-            monkeypatch.setattr(threads, "free_cores", lambda: 2)
-            assert lazy.kernel_for(serial) is None
-    finally:
-        fluid.set_num_threads(before)
 
 
 def test_the_users_numpy_blas_keeps_its_threads(monkeypatch):
@@ -152,7 +115,6 @@ def test_a_blocked_epilogue_of_one_sample_runs_its_parallel_variant(monkeypatch)
     from pdjit.codegen.cpu.target import MATH_WORK
 
     monkeypatch.setattr(target, "LAZY_THREAD", False)
-    monkeypatch.setattr(threads, "free_cores", lambda: 2)  # (a busy core: the serial kernel)
     fluid.set_num_threads(2)
     try:
         if threads.max_loop_threads() < 2:

@@ -344,11 +344,12 @@ class _Recorder:
             fn(*args)
         elif getattr(fn, "takes_serial", False):  # (a parallel variant, as :meth:`call`)
             fn(*args)
-            kernel = fn.kernel_for(args[0])
-            if kernel is None:
-                refuse("a parallel variant not compiled yet")
+            if fn.fn is not None:
+                self.leaf(fn.fn, args[1:], team=True)
+            elif getattr(fn, "failed", None) is not None:  # (never compiled: the serial one)
+                self.leaf(args[0], args[1:])
             else:
-                self.leaf(kernel, args[1:], team=kernel is not args[0])
+                refuse("a parallel variant not compiled yet")
             return
         else:
             if _kind_of(fn) == "leaves":
@@ -408,16 +409,13 @@ class _Recorder:
             out = f(*args, **kwargs)
             self._result(f, args, kwargs, out)
             return out
-        if getattr(f, "takes_serial", False):  # (a parallel variant: its kernel once ready,
-            # the serial one where it splits nothing)
-            kernel = f.kernel_for(args[0])
-            if kernel is None:
+        if getattr(f, "takes_serial", False):  # (a parallel variant: its kernel once ready)
+            if f.fn is None:
                 refuse("a parallel variant not compiled yet")
                 return f(*args, **kwargs)
             out = f(*args, **kwargs)
-            if kernel is not args[0]:
-                self.teams.add(len(self.ops))
-            self._result(kernel, args[1:], kwargs, out)
+            self.teams.add(len(self.ops))
+            self._result(f.fn, args[1:], kwargs, out)
             return out
         module = getattr(f, "__module__", None) or ""
         if module.startswith("pdjit.codegen.") or module == "numpy":  # an entry point, or

@@ -50,9 +50,7 @@ PARALLEL_OPTIONS = JIT_OPTIONS + ", parallel=True"
 # of numba's prange on 2 cores is ~1e3-1e4 elements (at 6.5e4 two threads win); between other
 # kernels of a network, whose threads the waiting OpenMP threads must wake after, it is far
 # higher (measured: LeNet's bias + relu over 221,184 elements took 337 us on 2 threads and
-# 56 us on one). From 64 K elements (an 8-layer ResNet-style training step at batch 16 on two
-# threads 41 -> 44-47 ms, LeNet-5 at batch 64 +4 %, though DenseNet-121 at batch 1 was 5 %
-# faster: its batch-norm + relu kernels over each concat split)
+# 56 us on one).
 PARALLEL_MIN_SIZE = 1 << 20
 #: a loop kernel that calls math functions (exp, tanh, erf: tens of instructions an element)
 #: runs on the threads from this many times fewer elements (as softmax's rows do, measured:
@@ -146,10 +144,9 @@ LAZY_THREAD = True
 
 
 class _LazyKernel:
-    """A parallel variant, compiled once a run on more than one loop thread first reaches its
-    size, on a thread of its own for that run's argument types: until it is ready, the serial
-    kernel (``serial``) serves, so no run waits for it (a softmax's took 1.7 s); on one loop
-    thread the serial kernel serves. ``compiling``: that thread."""
+    """A parallel variant, compiled once a run first reaches its size (few do), on a thread of
+    its own for that run's argument types: until it is ready, the serial kernel (``serial``)
+    serves, so no run waits for it (a softmax's took 1.7 s). ``compiling``: that thread."""
 
     #: called as ``(serial kernel, *args)``, its compiled variant ``fn`` once ready (what a
     #: host driver's recording records: ``replay``)
@@ -160,8 +157,6 @@ class _LazyKernel:
         self._lock = threading.Lock()
 
     def __call__(self, serial, *args):
-        if threads.loop_threads() < 2:  # (one thread asked for, a slice's, or a busy core:
-            return serial(*args)        # nothing to split, nor to compile for)
         fn = self.fn
         if fn is not None:
             threads.place_team()  # (its threads off this one's core: see there)
@@ -175,13 +170,6 @@ class _LazyKernel:
             if self.fn is not None:  # (compiled in this run: LAZY_THREAD off)
                 return self.fn(*args)
         return serial(*args)
-
-    def kernel_for(self, serial):
-        """The kernel a call made now runs: ``serial`` where nothing is to be split (one loop
-        thread) or the variant failed, else the variant (None while it is not compiled)."""
-        if self.failed is not None or threads.loop_threads() < 2:
-            return serial
-        return self.fn
 
     def _start(self, args) -> None:
         import numba
