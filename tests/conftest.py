@@ -150,7 +150,7 @@ def counted_trials(monkeypatch):
     monkeypatch.setattr(tiers, "HOST_CHUNK_ROWS", tiers.HOST_CHUNK_ROWS[:1])
 
 
-@pytest.hookimpl(tryfirst=True)
+@pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
     # Under pytest-xdist (--dist loadgroup) a module's tests run on one worker: they share
     # what they compile (library kernels for their types, test-local compiled callers) and
@@ -158,3 +158,23 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
+    result = yield
+    # pytest-xdist groups a worker's tests by an "@group" suffix its own hook writes into each
+    # node id; from pytest 9.2 (node ids kept as structured ``_id``) that write has no effect
+    # and every test is scheduled on its own: the suffix written here where it is missing.
+    if getattr(config.option, "loadgroup", False):
+        for item in items:
+            if "@" not in item.nodeid:
+                _suffix_group(item)
+    return result
+
+
+def _suffix_group(item):
+    """``item``'s node id with ``@group`` appended, as pytest-xdist's loadgroup reads it."""
+    names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                    for m in item.iter_markers("xdist_group")})
+    nodeid = f"{item.nodeid}@{'_'.join(names)}"
+    try:
+        item._id = type(item._id).parse(nodeid)  # (pytest >= 9.2)
+    except AttributeError:
+        item._nodeid = nodeid
