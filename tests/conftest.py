@@ -150,6 +150,26 @@ def counted_trials(monkeypatch):
     monkeypatch.setattr(tiers, "HOST_CHUNK_ROWS", tiers.HOST_CHUNK_ROWS[:1])
 
 
+@pytest.fixture
+def background_compiles(monkeypatch):
+    """The compiles of the test run as work beside the runs (``threads.background``): the
+    list of what ``threads.BACKGROUND`` was within each."""
+    import contextlib
+
+    from pdjit.codegen.cpu import threads
+
+    seen, real = [], threads.background
+
+    @contextlib.contextmanager
+    def recorded():
+        with real():
+            seen.append(threads.BACKGROUND[0])
+            yield
+
+    monkeypatch.setattr(threads, "background", recorded)
+    return seen
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_collection_modifyitems(config, items):
     # Under pytest-xdist (--dist loadgroup) a module's tests run on one worker: they share

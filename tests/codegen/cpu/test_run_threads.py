@@ -191,6 +191,36 @@ def test_a_run_that_loads_a_kernel_is_no_sample_of_a_trial(two_asked):
     assert choice.keys[16].times[0] == [] or 9.0 not in choice.keys[16].times[0]
 
 
+def test_a_compile_beside_the_runs_holds_the_trial_and_spoils_its_samples(two_asked):
+    """While a compile goes on beside the runs (``threads.background``: a parallel variant or
+    a native driver compiled on a thread of this process, on a core the runs share) a due
+    trial times no run; a timed run in which such a compile started or ended is no sample:
+    the pick is the one the undisturbed runs say."""
+    choice = threads.RunChoice(ready=lambda key: True)
+    for _ in range(threads.CHOICE_AFTER):
+        choice.begin(16), choice.end(16, 1.0)
+    with threads.background():
+        assert threads.BACKGROUND[0] == 1
+        for _ in range(4 * (threads.CHOICE_RUNS + 1)):   # the wide runs slowed by the compile
+            cap = choice.begin(16)
+            assert cap is None
+            choice.end(16, 9.0)
+        assert choice.picks() == {16: "not chosen"} and choice.keys[16].times == ([], [])
+    assert threads.BACKGROUND[0] == 0
+    spoiled = False
+    while choice.picks()[16] in ("not chosen", "on trial"):
+        cap = choice.begin(16)
+        if cap is None and not spoiled:  # a compile starts (and ends) in this wide run
+            spoiled = True
+            with threads.background():
+                pass
+            choice.end(16, 9.0)
+            continue
+        choice.end(16, 2.0 if cap == 1 else 1.0)
+    assert spoiled and choice.picks() == {16: "every free core"}
+    assert 9.0 not in choice.keys[16].times[0]
+
+
 def test_a_served_plan_measures_its_threads(two_asked):
     """Through the Executor: after its warm-up runs a plan's threads are on trial, then
     picked; every run's result is the same."""

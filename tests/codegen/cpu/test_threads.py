@@ -103,7 +103,8 @@ def _with_params(main, scope):
     return scope
 
 
-def test_a_blocked_epilogue_of_one_sample_runs_its_parallel_variant(monkeypatch):
+def test_a_blocked_epilogue_of_one_sample_runs_its_parallel_variant(monkeypatch,
+                                                                    background_compiles):
     """A product by a weight over one sample's sequence, its bias and gelu the epilogue of its
     blocks: the host driver cannot split one sample by samples, so a block of
     ``parallel_min_elements`` (a math function: 16x fewer) runs the epilogue's parallel
@@ -148,6 +149,7 @@ def test_a_blocked_epilogue_of_one_sample_runs_its_parallel_variant(monkeypatch)
         (small, before), (big, after) = lazies
         assert small is big and before is None     # the small block: the serial kernel
         assert after is not None and big.failed is None and after.signatures
+        assert background_compiles == [1]  # (its compile: work beside the runs)
         assert_native(exe)
         # the same bits as one thread's serial epilogue
         fluid.set_num_threads(1)

@@ -183,9 +183,11 @@ class _LazyKernel:
 
         def work():
             try:
-                fn = compile_function(self.source, "kernel", parallel=True, target=NAME).fn
-                if sig is not None:
-                    fn.compile(sig)
+                with threads.background():
+                    fn = compile_function(self.source, "kernel", parallel=True,
+                                          target=NAME).fn
+                    if sig is not None:
+                        fn.compile(sig)
                 self.fn = fn
             except Exception as e:  # noqa: BLE001 - the serial kernel goes on serving
                 self.failed = f"{type(e).__name__}: {e}"

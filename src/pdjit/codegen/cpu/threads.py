@@ -75,6 +75,7 @@ on small work, or lose to a core another process keeps half busy, are not used.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import glob
 import os
@@ -643,6 +644,29 @@ TINY_RUNS = 256
 #: record, 233 ms, against a plain run on one thread, and in some processes ran its next 30
 #: runs on one thread: ~197 ms against 95-140)
 LOADS = [0]
+#: compiles going on beside the runs, on threads of this process (:func:`background`: a
+#: loop's parallel variant, a step's native driver; seconds each, on one of the cores the
+#: runs' threads share): a run that begins while one goes on is not timed by a trial, and
+#: ``LOADS`` moves as each starts and ends (the BERT-like encoder at batch 16 on two threads
+#: had its one timed wide run share a core with a driver's compile, 393 ms against 177 on one
+#: thread, and ran on one thread from then on: ~170 ms against ~85)
+BACKGROUND = [0]
+_background_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def background():
+    """Around a compile on a thread of this process beside its runs: the runs it overlaps
+    are no samples of a trial (:data:`BACKGROUND`)."""
+    with _background_lock:
+        BACKGROUND[0] += 1
+        LOADS[0] += 1
+    try:
+        yield
+    finally:
+        with _background_lock:
+            BACKGROUND[0] -= 1
+            LOADS[0] += 1
 
 
 class _Choice:
@@ -719,6 +743,8 @@ class RunChoice:
                 return None if st.pick == 0 else 1  # (a busy core: begin_run caps it)
         if max(max_loop_threads(), get_num_threads()) < 2 or free_cores() < 2:
             return None  # (one thread whatever the pick: nothing to choose)
+        if BACKGROUND[0]:  # (a compile beside the runs: the trial waits for it to end)
+            return 1 if st.pick == 1 else None
         if not st.trial:
             if self.ready is not None and not self.ready(key):
                 st.warm = CHOICE_AFTER  # (asked again then)

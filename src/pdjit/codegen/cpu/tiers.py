@@ -222,9 +222,10 @@ class DriverTiers:
 
         def work():
             try:
-                nd = build()
-                if nd is not None and sig is not None:
-                    nd.fn.compile(sig)
+                with threads.background():
+                    nd = build()
+                    if nd is not None and sig is not None:
+                        nd.fn.compile(sig)
             except (NumbaError, Declined) as e:  # the host driver goes on serving
                 self.native_failed = f"{type(e).__name__}: {str(e).splitlines()[0]}"
                 return
@@ -326,7 +327,8 @@ class DriverTiers:
         turns[which] += 1
         split = drivers[which] if isinstance(drivers[which], SplitDriver) else None
         split_runs = split.runs if split is not None else 0
-        loads = threads.LOADS[0]
+        # (a compile beside the runs, threads.BACKGROUND: no sample either)
+        loads = threads.LOADS[0] if not threads.BACKGROUND[0] else None
         t0 = time.perf_counter()
         if which:
             try:
