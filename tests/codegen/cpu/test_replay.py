@@ -138,7 +138,9 @@ def test_replayed_runs_give_the_oracle_and_the_drivers_bits(monkeypatch):
 
 def test_a_recording_goes_native_after_its_runs_with_the_drivers_bits(monkeypatch):
     """Its runs of kernel calls made by native calls (``callchain``) once it has served
-    ``NATIVE_AFTER`` runs, not before; the results the host driver's, bit for bit."""
+    ``NATIVE_AFTER`` runs, not before; the results the host driver's, bit for bit. The run
+    that builds them (a compile, two more replays to check) moves ``threads.LOADS``: no
+    sample of a trial of threads."""
     monkeypatch.setattr(replay, "NATIVE_AFTER", 5)
     exe, main, scope, out = _executor()
     _settle(exe, main, scope, out)
@@ -148,8 +150,11 @@ def test_a_recording_goes_native_after_its_runs_with_the_drivers_bits(monkeypatc
     got = []
     for x in xs:
         native = rec.runs + 1 >= replay.NATIVE_AFTER  # (this run's)
+        built = rec.runs + 1 == replay.NATIVE_AFTER
+        loads = threads.LOADS[0]
         got.append(_run(exe, main, scope, out, x))
         assert (rec.parts is not None) == native, (rec.runs, rec.parts)
+        assert (threads.LOADS[0] != loads) == built, (rec.runs, loads)
     assert rec.runs > replay.NATIVE_AFTER and any(type(p) is tuple for p in rec.parts)
     monkeypatch.setattr(rp, "off", "compared")  # the host driver itself
     for x, g in zip(xs, got):

@@ -635,21 +635,23 @@ TINY_RUNS = 256
 
 
 #: kernels loaded (or compiled) within runs so far (``lib.team.ready``: a parallel loop, or a
-#: kernel compiled ahead that replaces a slower one, loaded from disk in a run) and host
-#: replays recorded (``replay.HostReplay``: the driver's run, then the recording's to check
-#: it): a run that did either is no sample of a :class:`RunChoice` trial, nor of a driver
-#: trial (``tiers``) (ResNet-50 at batch 1 on two threads had its one timed wide run take a
-#: 75 ms load, 157 ms against 84 on one thread, and ran on one thread from then on: 80 ms
-#: against 48; the BERT-like encoder at batch 16 on two threads had its one timed wide run
-#: record, 233 ms, against a plain run on one thread, and in some processes ran its next 30
-#: runs on one thread: ~197 ms against 95-140)
+#: kernel compiled ahead that replaces a slower one, loaded from disk in a run), host replays
+#: recorded (``replay.HostReplay``: the driver's run, then the recording's to check it) and
+#: recordings whose calls were made native (``replay.Recording._go_native_checked``: a compile
+#: and two more replays): a run that did any of these is no sample of a :class:`RunChoice`
+#: trial, nor of a driver trial (``tiers``). Measured where one was: ResNet-50 at batch 1 on
+#: two threads had its one timed wide run take a 75 ms load, 157 ms against 84 on one thread,
+#: and ran on one thread from then on: 80 ms against 48; the BERT-like encoder at batch 16 on
+#: two threads had its one timed wide run record, 233 ms, against a plain run on one thread,
+#: and in some processes ran its next 30 runs on one thread: ~197 ms against 95-140; the same
+#: encoder's one timed wide run made two recordings native (0.16 and 0.22 s), 393 ms against
+#: 177 on one thread, and in about one process of five it ran on one thread from then on:
+#: ~170 ms against ~85
 LOADS = [0]
 #: compiles going on beside the runs, on threads of this process (:func:`background`: a
-#: loop's parallel variant, a step's native driver; seconds each, on one of the cores the
-#: runs' threads share): a run that begins while one goes on is not timed by a trial, and
-#: ``LOADS`` moves as each starts and ends (the BERT-like encoder at batch 16 on two threads
-#: had its one timed wide run share a core with a driver's compile, 393 ms against 177 on one
-#: thread, and ran on one thread from then on: ~170 ms against ~85)
+#: loop's parallel variant, a step's native driver; up to seconds each with a cold cache, on
+#: one of the cores the runs' threads share): a run that begins while one goes on is not timed
+#: by a trial, and ``LOADS`` moves as each starts and ends
 BACKGROUND = [0]
 _background_lock = threading.Lock()
 
