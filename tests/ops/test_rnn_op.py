@@ -338,6 +338,40 @@ def test_rnn_kernels_split_the_batch_over_threads(mode, code):
 
 
 # ---- an inference plan's host replay ---------------------------------------------------------
+def _gru_inference(T, I, H, native_drivers, dtype="float64"):
+    """A GRU over ``x [B, T, I]`` on weights that are parameters (random values, kept in the
+    scope): ``(inference program, scope, executor, the rnn's Out, the weights' names)``."""
+    import pdjit as fluid
+    from pdjit.layers.layer_helper import LayerHelper
+    from pdjit.param_attr import ParamAttr
+
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup):
+        x = fluid.layers.data(name="x", shape=[T, I], dtype=dtype)
+        helper = LayerHelper("gru")
+        ws = [helper.create_parameter(ParamAttr(), s, dtype)
+              for s in ([3 * H, I], [3 * H, H], [3 * H], [3 * H])]
+        h0 = fluid.layers.fill_constant_batch_size_like(x, [1, -1, H], dtype, 0.0,
+                                                        input_dim_idx=0, output_dim_idx=1)
+        out = helper.create_variable_for_type_inference(dtype)
+        state = helper.create_variable_for_type_inference(dtype)
+        helper.append_op(
+            "rnn", inputs={"Input": [fluid.layers.transpose(x, [1, 0, 2])],
+                           "PreState": [h0], "WeightList": ws},
+            outputs={"Out": [out], "State": [state],
+                     "Reserve": [helper.create_variable_for_type_inference(dtype)],
+                     "DropoutState": [helper.create_variable_for_type_inference("uint8")]},
+            attrs={"mode": "GRU", "hidden_size": H, "input_size": I, "num_layers": 1,
+                   "is_bidirec": False, "is_test": True, "dropout_prob": 0.0, "seed": 0})
+    scope = fluid.Scope()
+    exe = Executor(native_drivers=native_drivers, strict=True)
+    exe.run(startup, scope=scope)
+    values = [(RNG.normal(size=w.shape) * 0.4).astype(dtype) for w in ws]
+    for w, v in zip(ws, values):
+        scope.find_var(w.name).value = v
+    return main.clone(for_test=True), scope, exe, out, [w.name for w in ws]
+
+
 def test_a_replayed_gru_step_keeps_its_weight_table_whole():
     """A GRU on weights that are parameters, in an inference plan whose step replays its
     host driver's kernel calls: before a recording serves, the recorder fills what each call
@@ -346,36 +380,9 @@ def test_a_replayed_gru_step_keeps_its_weight_table_whole():
     sizes came out as the largest int64, and the step fell back to the NumPy references from
     its fourth run on, for good). Every run against the NumPy oracle, strict (no fallback),
     until a few runs after the step's first replays (float64, as the file's other tests)."""
-    import pdjit as fluid
-    from pdjit.layers.layer_helper import LayerHelper
-    from pdjit.param_attr import ParamAttr
-
     T, B, I, H = 6, 2, 5, 8
-    main, startup = fluid.Program(), fluid.Program()
-    with fluid.program_guard(main, startup):
-        x = fluid.layers.data(name="x", shape=[T, I], dtype="float64")
-        helper = LayerHelper("gru")
-        ws = [helper.create_parameter(ParamAttr(), s, "float64")
-              for s in ([3 * H, I], [3 * H, H], [3 * H], [3 * H])]
-        h0 = fluid.layers.fill_constant_batch_size_like(x, [1, -1, H], "float64", 0.0,
-                                                        input_dim_idx=0, output_dim_idx=1)
-        out = helper.create_variable_for_type_inference("float64")
-        state = helper.create_variable_for_type_inference("float64")
-        helper.append_op(
-            "rnn", inputs={"Input": [fluid.layers.transpose(x, [1, 0, 2])],
-                           "PreState": [h0], "WeightList": ws},
-            outputs={"Out": [out], "State": [state],
-                     "Reserve": [helper.create_variable_for_type_inference("float64")],
-                     "DropoutState": [helper.create_variable_for_type_inference("uint8")]},
-            attrs={"mode": "GRU", "hidden_size": H, "input_size": I, "num_layers": 1,
-                   "is_bidirec": False, "is_test": True, "dropout_prob": 0.0, "seed": 0})
-    scope = fluid.Scope()
-    exe = Executor(native_drivers="auto", strict=True)
-    exe.run(startup, scope=scope)
-    values = [(RNG.normal(size=w.shape) * 0.4) for w in ws]
-    for w, v in zip(ws, values):
-        scope.find_var(w.name).value = v
-    main = main.clone(for_test=True)
+    main, scope, exe, out, names = _gru_inference(T, I, H, "auto")
+    values = [scope.find_var(n).value for n in names]
     replayed, after = 0, 0
     for _ in range(40):
         xv = RNG.normal(size=(B, T, I))
@@ -390,3 +397,53 @@ def test_a_replayed_gru_step_keeps_its_weight_table_whole():
             break
     assert replayed > 0, "the step never replayed its kernel calls"
     assert not reference_steps(exe)
+
+
+def test_a_gru_native_driver_takes_its_packed_weights_from_the_host(monkeypatch):
+    """The native driver a hot inference step gets takes the GRU's weight table (the
+    matrices packed for pdjit's GEMM) as an argument that the host makes once for the same
+    weight arrays, not packed again by compiled code at each run; a weight given a new array
+    is packed again, and so is one a run may write (``params.written``). Every run against
+    the NumPy oracle, strict, with the native driver serving (float32, at a size that packs)."""
+    from pdjit.codegen import params
+    from pdjit.codegen.cpu import threads, tiers
+    from pdjit.codegen.cpu.target import DerivedArgs
+
+    monkeypatch.setattr(tiers, "HOT_RUNS", 2)
+    monkeypatch.setattr(tiers, "TIER_UP_THREAD", False)
+    monkeypatch.setattr(threads, "SHORT_TRIAL_RUNS", 1)
+    T, B, I, H = 5, 1, 6, 16
+    main, scope, exe, out, names = _gru_inference(T, I, H, "auto", "float32")
+
+    def check(runs):
+        for _ in range(runs):
+            xv = RNG.normal(size=(B, T, I)).astype(np.float32)
+            (got,) = exe.run(main, feed={"x": xv}, fetch_list=[out], scope=scope)
+            values = [np.asarray(scope.find_var(n).value, np.float64) for n in names]
+            want = np_rnn("GRU", xv.transpose(1, 0, 2), np.zeros((1, B, H)), None, values, 1,
+                          False)
+            np.testing.assert_allclose(got, want[0], rtol=2e-5, atol=2e-6)
+
+    check(4)
+    (step,) = [s for _, plan in exe._plans.values() for s in plan.walk()
+               if s.kind == "native" and "rnn" in s.description]
+    nd = step.tiers.native
+    assert nd is not None and isinstance(nd.fn, DerivedArgs)
+    assert "dv0" in nd.text and "rnn_weight_table" not in nd.text
+    step.tiers.picked[B] = nd.fn  # (the native driver serves, whatever the trial picked)
+    calls = []
+    real = nd.fn.requests[0][0]
+    nd.fn.requests[0] = (lambda *a: calls.append(1) or real(*a),) + nd.fn.requests[0][1:]
+    check(3)
+    assert len(nd.fn.fn.signatures) == 1
+    table = nd.fn._values[0]
+    check(2)
+    assert nd.fn._values[0] is table  # the same weights: the same table
+    scope.find_var(names[1]).value = np.asarray(scope.find_var(names[1]).value) * 0.5
+    check(2)
+    assert nd.fn._values[0] is not table  # a new array: packed again
+    table = nd.fn._values[0]
+    params.written([scope.find_var(names[1]).value])
+    check(2)
+    assert nd.fn._values[0] is not table
+    assert len(calls) == 2  # (first made for the driver's compile) once after each change

@@ -146,7 +146,7 @@ class _Native:
         self.fn = self
         built.append(self)
 
-    def compile(self, sig):
+    def compile(self, values, sig):
         self.sig = sig
 
 

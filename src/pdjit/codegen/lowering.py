@@ -230,6 +230,23 @@ class LowerContext:
         self.library_calls.append(name)
         return f"{self._target.library}.{name}"
 
+    def derived(self, name: str, args: list, consts: tuple = ()) -> "str | None":
+        """Where the driver is a native one built to take derived values
+        (``SegmentGen.derived_args``): the argument holding ``name(*args, *consts)``, a function
+        of the target's library deriving a value from weights (:func:`weight_var`): ``args``
+        the op's inputs, ``(slot, index)`` each, or a list of them for a tuple of arrays;
+        ``consts`` Python values. The host computes it before each call from the weights'
+        arrays, kept while they are the same arrays: no compiled code makes it again at each
+        run. Else None (the lines compute the value themselves)."""
+        if not self.gen.derived_args:
+            return None
+        names = [[self.op.input(s)[i] for s, i in a] if isinstance(a, list)
+                 else self.op.input(a[0])[a[1]] for a in args]
+        flat = [n for a in names for n in (a if isinstance(a, list) else [a])]
+        if any(weight_var(self.op, n) is None for n in flat):
+            return None
+        return self.gen.derived_arg(name, names, consts)
+
     @property
     def device(self) -> bool:
         """Whether the lines are for a device target (values in device memory; the host
@@ -648,12 +665,15 @@ class SegmentGen:
     the flat and row loop kernels do too; ``parallel_loops`` (default: ``parallel``): a host
     driver calls a parallel variant of its flat and row loop kernels above the target's
     ``parallel_min_size`` elements, compiled when first called. ``native``: the driver will be
-    compiled by Numba (a loop body): no lazily compiled variants. ``target``: the name of the
-    target that renders the kernels.
+    compiled by Numba (a loop body): no lazily compiled variants; with ``derived_args`` it
+    takes the values its lowerings derive from weights as arguments (``derived_requests``,
+    after the random keys: ``dv0...``; ``LowerContext.derived``), which its caller computes.
+    ``target``: the name of the target that renders the kernels.
     """
 
     def __init__(self, segment: Segment, block, needed_after: set, parallel: bool = False,
-                 native: bool = False, target: str = "cpu", parallel_loops: bool | None = None):
+                 native: bool = False, target: str = "cpu", parallel_loops: bool | None = None,
+                 derived_args: bool = False):
         self.segment, self.block, self.parallel = segment, block, parallel
         self.parallel_loops = parallel if parallel_loops is None else parallel_loops
         self.target = get_target(target)
@@ -669,6 +689,10 @@ class SegmentGen:
         self.defined: set = set()     # env names this segment writes (in place ones included)
         self.lod_requests: list = []  # (op, env name, level, optional) per offsets argument
         self.rng_requests: list = []  # the op per random key argument (rng0...)
+        # (library function, indices of the arguments it reads, constants) per derived
+        # value argument (dv0...): ``LowerContext.derived``, a native driver's only
+        self.derived_args = native and derived_args
+        self.derived_requests: list = []
         self.calls: list = []         # (global name, Compiled)
         self.lazy: list = []          # (global name, kernel source): parallel variants
         self.jobs: list = []          # (Compiled, predicted argument types): see precompile
@@ -724,6 +748,24 @@ class SegmentGen:
                 return f"rng{k}"
         self.rng_requests.append(op)
         return f"rng{len(self.rng_requests) - 1}"
+
+    def derived_arg(self, fn: str, names: list, consts: tuple) -> "str | None":
+        """The argument holding ``fn``'s value derived from the segment's arguments ``names``
+        (a name, or a list of names: a tuple), see ``LowerContext.derived``; None where one
+        of them is not an argument (a value the segment computes)."""
+        def index(n):
+            if n in self.defined or n not in self.args:
+                raise KeyError(n)
+            return self.args.index(n)
+        try:
+            where = tuple(tuple(map(index, a)) if isinstance(a, list) else index(a)
+                          for a in names)
+        except KeyError:
+            return None
+        key = (fn, where, tuple(consts))
+        if key not in self.derived_requests:
+            self.derived_requests.append(key)
+        return f"dv{self.derived_requests.index(key)}"
 
     def define(self, name: str) -> str:
         local = self.fresh("s")
@@ -840,7 +882,8 @@ class SegmentGen:
             return f"def {fn_name}({head.split('(', 1)[1]}\n{rest}"
         params = [f"a{i}" for i in range(len(self.args))] + \
             [f"lod{k}" for k in range(len(self.lod_requests))] + \
-            [f"rng{k}" for k in range(len(self.rng_requests))]
+            [f"rng{k}" for k in range(len(self.rng_requests))] + \
+            [f"dv{k}" for k in range(len(self.derived_requests))]
         head = f"def {fn_name}({', '.join(params)}):"
         ret = "    return (" + "".join(f"{self.current[n]}, " for n in self.outputs) + ")"
         return "\n".join([head] + self.lines + [ret])

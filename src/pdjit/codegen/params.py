@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import weakref
 
+import numpy as np
+
 #: (id of an array, key) -> (a weak reference to the array, the value derived from it)
 _DERIVED: dict = {}
 #: how many values :func:`derived` has made (whoever keeps them elsewhere, the optimized-model
@@ -46,10 +48,31 @@ def derived(array, key, make):
     entry = _DERIVED.get(k)
     if entry is not None and entry[0]() is array:
         return entry[1]
-    value = make()
+    value = aligned(make())
     _DERIVED[k] = (weakref.ref(array, _gone(k)), value)
     _MADE[0] += 1
     return value
+
+
+#: the alignment (bytes) of the arrays :func:`derived` keeps: a cache line, which a kernel's
+#: vector loads then never straddle (a GRU classifier's recurrent products on weights packed
+#: at an address 16 bytes past a line took 25 % longer)
+ALIGN = 64
+
+
+def aligned(value):
+    """``value``, an array (or a tuple of them) copied where it does not start at a multiple
+    of :data:`ALIGN` bytes (other values as they are)."""
+    if type(value) is tuple:
+        return tuple(aligned(v) for v in value)
+    if not isinstance(value, np.ndarray) or value.ctypes.data % ALIGN == 0 or \
+            not value.flags.c_contiguous:
+        return value
+    raw = np.empty(value.nbytes + ALIGN, np.uint8)
+    at = -raw.ctypes.data % ALIGN
+    out = raw[at:at + value.nbytes].view(value.dtype).reshape(value.shape)
+    out[...] = value
+    return out
 
 
 def made() -> int:

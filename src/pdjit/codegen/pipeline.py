@@ -324,7 +324,8 @@ def steps(program, block, ops, part, gens, loops, index, target, memory_optim: b
                 # compile (cached by content) serves every thread count; with more threads a
                 # batch runs on slices of it (tiers.SplitDriver), and its trial against the
                 # host driver (which runs parallel loop variants) keeps the faster
-                step.build_native = functools.partial(_native_driver, gen, target, (1, 1))
+                step.build_native = functools.partial(_native_driver, gen, target, (1, 1),
+                                                      derived=True)
             if gen.rng_requests or gen.lod_requests:
                 step.split = lambda: (None, "its ops draw random numbers or read LoD offsets")
             else:
@@ -497,11 +498,14 @@ def _batch_arg(block, names) -> int:
     return 0
 
 
-def _native_driver(gen, target, threads: tuple):
+def _native_driver(gen, target, threads: tuple, derived: bool = False):
     """The segment of ``gen`` as one native function (None when a lowering declines to be
-    compiled code, or the native driver would bind other values)."""
+    compiled code, or the native driver would bind other values); ``derived``: taking the
+    values its lowerings derive from weights as arguments (a driver only the plan calls: not
+    one an ahead-of-time artifact compiles)."""
     ngen = SegmentGen(gen.segment, gen.block, gen.needed_after,
-                      parallel=threads[0] > 1, native=True, target=target.name)
+                      parallel=threads[0] > 1, native=True, target=target.name,
+                      derived_args=derived)
     try:
         ngen.generate()
     except Declined:

@@ -97,6 +97,66 @@ def test_weight_gemm_packs_once_and_splits_over_threads(monkeypatch):
     assert key not in params._DERIVED
 
 
+def test_derived_values_start_on_a_cache_line():
+    """What ``params.derived`` keeps starts at a multiple of 64 bytes (a vector load of an
+    AVX-512 kernel then never straddles two lines), copied where ``make`` gave an array that
+    does not; tuples of arrays too; the values are unchanged."""
+    from pdjit.codegen import params
+
+    w = np.zeros(3, np.float32)
+    raw = np.arange(70, dtype=np.float32)
+    off = raw[next(i for i in range(16) if raw[i:].ctypes.data % 64 == 16):][:40]
+    assert off.ctypes.data % 64 == 16
+    got = params.derived(w, ("test", "off"), lambda: off.reshape(5, 8))
+    assert got.ctypes.data % 64 == 0 and got.shape == (5, 8) and got.dtype == np.float32
+    np.testing.assert_array_equal(got.ravel(), off)
+    assert params.derived(w, ("test", "off"), lambda: None) is got  # kept
+    pair = params.derived(w, ("test", "pair"), lambda: (off[1:], np.int64(4)))
+    assert pair[0].ctypes.data % 64 == 0 and pair[1] == 4
+    np.testing.assert_array_equal(pair[0], off[1:])
+
+
+def test_a_native_driver_takes_its_packed_weight_from_the_host(monkeypatch):
+    """The native driver a hot inference step gets (an fc over each position of a sequence,
+    bias and relu in its stores) takes the weight packed by the host, kept beside the weight,
+    as an argument: its compiled code packs nothing at each run. Every run against NumPy, the
+    native driver serving."""
+    from pdjit.codegen.cpu import tiers
+    from pdjit.codegen.cpu.target import DerivedArgs
+
+    monkeypatch.setattr(tiers, "HOT_RUNS", 2)
+    monkeypatch.setattr(tiers, "TIER_UP_THREAD", False)
+    monkeypatch.setattr(threads, "SHORT_TRIAL_RUNS", 1)
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        x = fluid.layers.data("x", [20, 12])
+        y = fluid.layers.fc(x, 24, num_flatten_dims=2, act="relu",
+                            param_attr=fluid.ParamAttr(name="w"),
+                            bias_attr=fluid.ParamAttr(name="b"))
+    scope = fluid.Scope()
+    exe = fluid.Executor(native_drivers="auto", strict=True)
+    exe.run(startup, scope=scope)
+    infer = main.clone(for_test=True)
+    w, b = (np.asarray(scope.find_var(n).value, np.float64) for n in ("w", "b"))
+
+    def check(runs):
+        for _ in range(runs):
+            xv = RNG.standard_normal((2, 20, 12)).astype(np.float32)
+            (got,) = exe.run(infer, feed={"x": xv}, fetch_list=[y], scope=scope)
+            np.testing.assert_allclose(got, np.maximum(xv @ w + b, 0), rtol=1e-5, atol=1e-5)
+
+    check(4)
+    (step,) = [s for _, plan in exe._plans.values() for s in plan.walk()
+               if s.kind == "native" and s.tiers is not None]
+    nd = step.tiers.native
+    assert isinstance(nd.fn, DerivedArgs) and "dv0" in nd.text
+    assert "packed_weight" not in nd.text and "weight_rows" in nd.text
+    step.tiers.picked[2] = nd.fn  # (the native driver serves, whatever the trial picked)
+    check(3)
+    assert len(nd.fn.fn.signatures) == 1
+    assert nd.fn._values[0] is pgemm.packed_weight(scope.find_var("w").value)
+
+
 def _model(main, startup):
     """fc (rank 3 input) -> fc by a matmul_v2 with a transposed weight."""
     x = fluid.layers.data("x", [pgemm.PACKED_MIN_ROWS + 1, 9])

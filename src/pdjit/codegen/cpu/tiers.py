@@ -225,7 +225,7 @@ class DriverTiers:
                 with threads.background():
                     nd = build()
                     if nd is not None and sig is not None:
-                        nd.fn.compile(sig)
+                        nd.compile(values, sig)
             except (NumbaError, Declined) as e:  # the host driver goes on serving
                 self.native_failed = f"{type(e).__name__}: {str(e).splitlines()[0]}"
                 return

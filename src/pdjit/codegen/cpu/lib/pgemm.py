@@ -848,7 +848,9 @@ replay.declare("derived", packed_weight)
 
 @overload(packed_weight)
 def _packed_weight_native(w, trans=False, rows=PACKED_MIN_ROWS):
-    """In compiled code: ``w`` packed at each call (for ``PACKED_MIN_ROWS`` rows or more)."""
+    """In compiled code: ``w`` packed at each call (for ``PACKED_MIN_ROWS`` rows or more; a
+    native driver the plan builds once its step is hot takes it from the host instead:
+    ``LowerContext.derived``)."""
     def impl(w, trans=False, rows=PACKED_MIN_ROWS):
         if rows < PACKED_MIN_ROWS:
             return np.empty(0, w.dtype)

@@ -113,8 +113,11 @@ def _weight_blocked(ctx, xn: int, trans: bool):
     out = ctx.out("Out", shape=ctx.tuple_src(dims))
     lx, x2 = _as_matrix(ctx, X, rx, xn)
     o2, bp = ctx.tmp("o"), ctx.tmp("bp")
+    dv = ctx.derived("packed_weight", [("Y", 0)], (trans, PACKED_MIN_ROWS))
     lines += lx + [f"{o2} = {out}.reshape(({x2}.shape[0], {n}))",
-                   f"{bp} = {ctx.lib_fn('packed_weight')}({Y}, {trans}, {x2}.shape[0])"]
+                   f"{bp} = {ctx.lib_fn('packed_weight')}({Y}, {trans}, {x2}.shape[0])"
+                   if dv is None else
+                   f"{bp} = {dv} if {x2}.shape[0] >= {PACKED_MIN_ROWS} else {dv}[:0]"]
     return (lines, ctx.lib_fn("weight_rows"), [x2, Y, str(trans), bp],
             [o2, ctx.prod(X, 1, xn), bias, res, lo, hi],
             f"{ctx.lib_fn('weight_split_work')}({x2}, {Y})")

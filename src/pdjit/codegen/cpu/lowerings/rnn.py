@@ -27,12 +27,19 @@ def _flat_weights(ctx, lines, n) -> str:
 def _weight_table(ctx, lines, n, x) -> str:
     """The (address, size) table of the WeightList where its arrays lie (no copy per run),
     and of its matrices packed transposed where that pays: kept from run to run where no op
-    of the program writes them (``_nn.rnn_weight_table``)."""
+    of the program writes them (``_nn.rnn_weight_table``; a native driver then takes the
+    table as an argument, ``LowerContext.derived``)."""
     ws = [ctx.inp("WeightList", i) for i in range(n)]
-    wt = ctx.tmp("wt")
     half = n // 2
     kept = all(weight_var(ctx.op, ctx.op.input("WeightList")[i]) is not None
                for i in range(half))
+    if kept:
+        dv = ctx.derived("rnn_weight_table", [[("WeightList", i) for i in range(half)],
+                                              [("WeightList", i) for i in range(half, n)]],
+                         (0, 0, True))
+        if dv is not None:
+            return dv
+    wt = ctx.tmp("wt")
     lines.append(f"{wt} = {ctx.lib_fn('rnn_weight_table')}("
                  f"({''.join(f'{w}, ' for w in ws[:half])}), "
                  f"({''.join(f'{w}, ' for w in ws[half:])}), {x}.shape[0], {x}.shape[1], "
