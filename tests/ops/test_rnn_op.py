@@ -404,7 +404,7 @@ def test_a_gru_native_driver_takes_its_packed_weights_from_the_host(monkeypatch)
     matrices packed for pdjit's GEMM) as an argument that the host makes once for the same
     weight arrays, not packed again by compiled code at each run; a weight given a new array
     is packed again, and so is one a run may write (``params.written``). Every run against
-    the NumPy oracle, strict, with the native driver serving (float32, at a size that packs)."""
+    the NumPy oracle, strict, with the native driver serving."""
     from pdjit.codegen import params
     from pdjit.codegen.cpu import threads, tiers
     from pdjit.codegen.cpu.target import DerivedArgs
@@ -413,16 +413,16 @@ def test_a_gru_native_driver_takes_its_packed_weights_from_the_host(monkeypatch)
     monkeypatch.setattr(tiers, "TIER_UP_THREAD", False)
     monkeypatch.setattr(threads, "SHORT_TRIAL_RUNS", 1)
     T, B, I, H = 5, 1, 6, 16
-    main, scope, exe, out, names = _gru_inference(T, I, H, "auto", "float32")
+    main, scope, exe, out, names = _gru_inference(T, I, H, "auto")
 
     def check(runs):
         for _ in range(runs):
-            xv = RNG.normal(size=(B, T, I)).astype(np.float32)
+            xv = RNG.normal(size=(B, T, I))
             (got,) = exe.run(main, feed={"x": xv}, fetch_list=[out], scope=scope)
-            values = [np.asarray(scope.find_var(n).value, np.float64) for n in names]
+            values = [scope.find_var(n).value for n in names]
             want = np_rnn("GRU", xv.transpose(1, 0, 2), np.zeros((1, B, H)), None, values, 1,
                           False)
-            np.testing.assert_allclose(got, want[0], rtol=2e-5, atol=2e-6)
+            np.testing.assert_allclose(got, want[0], rtol=1e-10, atol=1e-12)
 
     check(4)
     (step,) = [s for _, plan in exe._plans.values() for s in plan.walk()
