@@ -664,8 +664,7 @@ class SegmentGen:
     ``parallel``: opaque lowerings may loop on threads (``ctx.loop``), and in a native driver
     the flat and row loop kernels do too; ``parallel_loops`` (default: ``parallel``): a host
     driver calls a parallel variant of its flat and row loop kernels above the target's
-    ``parallel_min_size`` elements (``inference``, a plan that writes no persistable: its
-    ``inference_parallel_min_size``), compiled when first called. ``native``: the driver will be
+    ``parallel_min_size`` elements, compiled when first called. ``native``: the driver will be
     compiled by Numba (a loop body): no lazily compiled variants; with ``derived_args`` it
     takes the values its lowerings derive from weights as arguments (``derived_requests``,
     after the random keys: ``dv0...``; ``LowerContext.derived``), which its caller computes.
@@ -674,7 +673,7 @@ class SegmentGen:
 
     def __init__(self, segment: Segment, block, needed_after: set, parallel: bool = False,
                  native: bool = False, target: str = "cpu", parallel_loops: bool | None = None,
-                 derived_args: bool = False, inference: bool = False):
+                 derived_args: bool = False):
         self.segment, self.block, self.parallel = segment, block, parallel
         self.parallel_loops = parallel if parallel_loops is None else parallel_loops
         self.target = get_target(target)
@@ -694,9 +693,6 @@ class SegmentGen:
         # value argument (dv0...): ``LowerContext.derived``, a native driver's only
         self.derived_args = native and derived_args
         self.derived_requests: list = []
-        # the elements from which the host driver calls a loop kernel's parallel variant
-        # (None: the target's ``parallel_min_size``)
-        self.loop_min_size = self.target.inference_parallel_min_size if inference else None
         self.calls: list = []         # (global name, Compiled)
         self.lazy: list = []          # (global name, kernel source): parallel variants
         self.jobs: list = []          # (Compiled, predicted argument types): see precompile
@@ -1300,8 +1296,7 @@ class SegmentGen:
             _, fn, before, after, _ = blocks  # the whole batch, then this group as usual
             self.emit(f"{fn}({', '.join(before + ['0', f'{y}.shape[0]'] + after)})")
         for line in self.target.call_site(kernel, self.fresh, self.flats, locals_, store_locals,
-                                          red_local, params, kname, pname,
-                                          parallel_min_size=self.loop_min_size):
+                                          red_local, params, kname, pname):
             self.emit(line)
         self._named(kname, pname)
         if spec is None:

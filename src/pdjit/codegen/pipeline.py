@@ -180,7 +180,7 @@ def fusion(block, ops, live, target, declined: set):
     return partition(block, ops, live, declined, target)
 
 
-def generate(part, block, live, target, threads: tuple, inference: bool = False) -> list:
+def generate(part, block, live, target, threads: tuple) -> list:
     """A :class:`SegmentGen` (source generated, kernels made) per native segment of ``part``,
     None per reference one; raises :class:`Declined` naming an op whose lowering declines.
 
@@ -188,8 +188,7 @@ def generate(part, block, live, target, threads: tuple, inference: bool = False)
     returns its ``outputs`` (the values a later segment or ``live`` needs); kernels are keyed
     by content (equal kernels are one compiled function); nothing is compiled yet but what a
     lowering's library needs. ``threads``: ``(threads a parallel loop may use, threads a
-    host driver may run loops on)`` the code is generated for; ``inference``: the plan writes
-    no persistable (its host drivers' loops split from fewer elements)."""
+    host driver may run loops on)`` the code is generated for."""
     num_threads, loop_threads = threads
     gens = []
     for si, seg in enumerate(part.segments):
@@ -202,8 +201,7 @@ def generate(part, block, live, target, threads: tuple, inference: bool = False)
                 for op in g.ops:
                     later.update(op.input_arg_names)
         gen = SegmentGen(seg, block, later, parallel=num_threads > 1,
-                         parallel_loops=loop_threads > 1, target=target.name,
-                         inference=inference)
+                         parallel_loops=loop_threads > 1, target=target.name)
         gen.generate()
         gens.append(gen)
     return gens
@@ -368,8 +366,7 @@ def compile_block(program, block=None, fetch_names=(), target=None, memory_optim
     while True:  # an op whose lowering declines runs its reference: partition again
         part = fusion(block, ops, live, target, declined)
         try:
-            gens = generate(part, block, live, target, threads,
-                            inference=not _writes_persistable(block, ops))
+            gens = generate(part, block, live, target, threads)
             break
         except Declined as d:
             declined.add(id(d.op))

@@ -123,9 +123,6 @@ class Target:
     base: str = ""
     #: elements from which a loop runs on threads (its parallel variant, ``ctx.loop``)
     parallel_min_size: int = 1 << 20
-    #: ... a loop kernel's call in the host driver of an inference plan (one that writes no
-    #: persistable variable: ``SegmentGen(inference=True)``), where that differs (None: the same)
-    inference_parallel_min_size: int | None = None
     #: loop kernels get ``numba.prange`` variants, used from ``parallel_min_size`` on
     parallel_variants: bool = False
     #: kernels are compiled ahead of their first call, with the types the plan predicts
@@ -264,11 +261,9 @@ class Target:
         raise NotImplementedError
 
     def call_site(self, k, fresh, flats: dict, leaves: list, stores: list, red_out,
-                  params: list, kname, pname=None, inplace: dict | None = None,
-                  parallel_min_size: int | None = None):
+                  params: list, kname, pname=None, inplace: dict | None = None):
         """The driver lines that check shapes, allocate the outputs and call the kernel
-        (``kname=None``: ``(lines, arguments)`` without the call); the parallel variant
-        ``pname`` from ``parallel_min_size`` elements where given."""
+        (``kname=None``: ``(lines, arguments)`` without the call)."""
         raise NotImplementedError
 
     def module_text(self, fn_source: str, fn_name: str, header: str, parallel: bool = False,

@@ -297,45 +297,6 @@ def test_a_kernel_call_of_the_driver_is_replayed():
     assert threads._team_owner[0] is owner  # (no parallel loop: no team started for it)
 
 
-@numba.njit(cache=False)
-def _double_too(x, out):  # (the "parallel variant" of _double below)
-    for i in range(x.size):
-        out.flat[i] = x.flat[i] + x.flat[i]
-
-
-class _Variant:
-    """A loop kernel's parallel variant as the host driver calls it (``target._LazyKernel``:
-    ``(serial kernel, *args)``), compiled, running where ``wide`` says its loop has threads."""
-    takes_serial = True
-
-    def __init__(self, wide):
-        self.fn, self.failed, self.wide, self.ran = _double_too, None, wide, []
-
-    def splits(self):
-        return self.wide
-
-    def __call__(self, serial, *args):
-        fn = self.fn if self.splits() else serial
-        self.ran.append(fn)
-        return fn(*args)
-
-
-@pytest.mark.parametrize("wide", [True, False])
-def test_a_recording_replays_the_loop_that_ran(wide):
-    """A parallel variant's call is recorded as what ran: the variant where its loop has
-    threads (a team marked for it), the serial kernel where it has one thread (a slice of a
-    batch, a one-thread run: the variant's outlined loop on one thread was what the replays
-    of a batch's slices ran before)."""
-    var = _Variant(wide)
-    rp, outs = _serve(_Driver(_SOURCE.format(call="P").replace("P(a0", "P(_double, a0"),
-                              P=var))
-    assert rp.off is None and rp.replays == 6 - replay.AFTER_RUNS - 1
-    (rec,) = rp.recordings.values()
-    kernels = {op[0] for op in rec.ops if op[0] in (_double, _double_too)}
-    assert kernels == ({_double_too} if wide else {_double})
-    assert bool(rec.teams) == wide
-
-
 def test_a_run_that_records_is_no_sample_of_a_trial_of_threads():
     """The run that records a replay (the driver's run, then the recording's to check it)
     moves ``threads.LOADS``, so a run-choice trial times that setting again; plain and

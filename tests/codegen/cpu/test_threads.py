@@ -31,14 +31,9 @@ def test_default_threads_every_core_for_loops_one_for_blas(monkeypatch):
 
 
 def test_the_parallel_variant_compiles_only_when_a_run_reaches_its_size(monkeypatch):
-    """... and where its loop has threads: with the other core busy the serial kernel runs,
-    and nothing is compiled for it."""
-    import threading
-
     monkeypatch.delenv("PDJIT_NUM_THREADS", raising=False)
     monkeypatch.setattr(threads, "_applied", None)
     monkeypatch.setattr(threads, "_default_threads", None)
-    monkeypatch.setattr(threads, "_run_local", threading.local())
     if threads.max_loop_threads() < 2:
         import pytest
         pytest.skip("one core: no parallel loops")
@@ -55,11 +50,6 @@ def test_the_parallel_variant_compiles_only_when_a_run_reaches_its_size(monkeypa
     (lazy,) = [ns[g] for g, _ in step.compiled.lazy]
     assert lazy.fn is None                      # small: the serial kernel ran, nothing more
     big = np.linspace(-1, 1, PARALLEL_MIN_SIZE + 7, dtype=np.float32)
-    monkeypatch.setattr(threads, "free_cores", lambda: 1)  # another process on the other core
-    (got,) = exe.run(main, feed={"x": big}, fetch_list=[y], scope=fluid.Scope())
-    np.testing.assert_allclose(got, np.tanh(big * 3) - big, rtol=1e-6, atol=1e-6)
-    assert lazy.compiling is None and lazy.fn is None
-    monkeypatch.setattr(threads, "free_cores", lambda: 64)  # (whatever the other tests do)
     for _ in range(2):   # the serial kernel serves while the variant compiles, then the variant
         (got,) = exe.run(main, feed={"x": big}, fetch_list=[y], scope=fluid.Scope())
         np.testing.assert_allclose(got, np.tanh(big * 3) - big, rtol=1e-6, atol=1e-6)
@@ -67,43 +57,6 @@ def test_the_parallel_variant_compiles_only_when_a_run_reaches_its_size(monkeypa
         lazy.compiling.join(300)
         assert lazy.fn is not None and lazy.failed is None
     assert lazy.fn.signatures and "parallel=True" in step.compiled.text
-    assert_native(exe)
-
-
-def test_an_inference_plans_loops_split_from_fewer_elements(monkeypatch):
-    """A loop kernel's call in the host driver of an inference plan (no persistable written)
-    runs its parallel variant from ``INFERENCE_PARALLEL_MIN_SIZE`` elements, a training
-    plan's from ``PARALLEL_MIN_SIZE``; both give the oracle's values."""
-    from pdjit.codegen.cpu.target import INFERENCE_PARALLEL_MIN_SIZE
-
-    assert INFERENCE_PARALLEL_MIN_SIZE < PARALLEL_MIN_SIZE
-    monkeypatch.setattr(threads, "free_cores", lambda: 64)
-    main, startup = fluid.Program(), fluid.Program()
-    with fluid.program_guard(main, startup), fluid.unique_name.guard():
-        x = fluid.layers.data(name="x", shape=[-1, 8], dtype="float32", append_batch_size=False)
-        h = fluid.layers.fc(x, 8, bias_attr=False)
-        y = fluid.layers.relu(h * 3.0 - h)
-        loss = fluid.layers.mean(y)
-    test = main.clone(for_test=True)
-    fluid.optimizer.SGD(0.1).minimize(loss, startup_program=startup)
-    scope = fluid.Scope()
-    exe = fluid.Executor()
-    exe.run(startup, scope=scope)
-    xv = np.random.default_rng(3).normal(size=(4, 8)).astype(np.float32)
-    w = np.array(scope.find_var("fc_0.w_0").value)
-    (got,) = exe.run(test, feed={"x": xv}, fetch_list=[y], scope=scope)
-    np.testing.assert_allclose(got, np.maximum(2 * (xv @ w), 0), rtol=1e-5, atol=1e-6)
-    exe.run(main, feed={"x": xv}, fetch_list=[loss], scope=scope)
-
-    def thresholds(program):
-        texts = [s.compiled.text for (pid, _), (_, p) in exe._plans.items()
-                 if pid == id(program) for s in p.walk() if s.kind == "native"]
-        return {int(line.split(">=")[1].rstrip(": ")) for t in texts
-                for line in t.splitlines() if line.strip().startswith("if ") and ">=" in line
-                and "size" not in line}
-    assert thresholds(test) == {INFERENCE_PARALLEL_MIN_SIZE}
-    assert PARALLEL_MIN_SIZE in thresholds(main)
-    assert INFERENCE_PARALLEL_MIN_SIZE not in thresholds(main)
     assert_native(exe)
 
 
@@ -163,7 +116,6 @@ def test_a_blocked_epilogue_of_one_sample_runs_its_parallel_variant(monkeypatch,
     from pdjit.codegen.cpu.target import MATH_WORK
 
     monkeypatch.setattr(target, "LAZY_THREAD", False)
-    monkeypatch.setattr(threads, "free_cores", lambda: 64)  # (not the other workers' load)
     fluid.set_num_threads(2)
     try:
         if threads.max_loop_threads() < 2:

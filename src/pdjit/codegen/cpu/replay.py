@@ -344,9 +344,7 @@ class _Recorder:
             fn(*args)
         elif getattr(fn, "takes_serial", False):  # (a parallel variant, as :meth:`call`)
             fn(*args)
-            if not fn.splits():  # (the serial kernel ran)
-                self.leaf(args[0], args[1:])
-            elif fn.fn is not None:
+            if fn.fn is not None:
                 self.leaf(fn.fn, args[1:], team=True)
             elif getattr(fn, "failed", None) is not None:  # (never compiled: the serial one)
                 self.leaf(args[0], args[1:])
@@ -412,10 +410,6 @@ class _Recorder:
             self._result(f, args, kwargs, out)
             return out
         if getattr(f, "takes_serial", False):  # (a parallel variant: its kernel once ready)
-            if not f.splits():  # (the serial kernel ran: it is what is recorded)
-                out = f(*args, **kwargs)
-                self._result(args[0], args[1:], kwargs, out)
-                return out
             if f.fn is None:
                 refuse("a parallel variant not compiled yet")
                 return f(*args, **kwargs)

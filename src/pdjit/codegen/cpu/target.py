@@ -62,32 +62,18 @@ PARALLEL_MIN_SIZE = 1 << 20
 MATH_WORK = 16
 
 
-#: ... the threshold of a loop kernel's call in an inference plan's host driver. From 64 K
-#: elements, on two threads, alternating processes: DenseNet-121 at batch 1 27.8 -> 26.2 ms
-#: (median of 5; its 52 batch-norm + relu kernels over each concat, 25-400 K elements, split),
-#: at batch 16 (slices of one row) 359 -> 356, MobileNetV2, ShuffleNetV2, ResNet-50 and a
-#: BERT-like encoder within noise (their loops are fused into their convolutions and
-#: products). Not in training plans: an 8-layer ResNet-style training step at batch 32 took
-#: 36.2-36.9 ms at 1 M and 41.3-41.8 ms at 64 K
-INFERENCE_PARALLEL_MIN_SIZE = 1 << 16
-
-
-def parallel_min_elements(k: LoopKernel, least: int = PARALLEL_MIN_SIZE) -> int:
-    """The elements from which the loop kernel ``k`` runs its parallel variant: ``least``,
-    and for a kernel that calls math functions :data:`MATH_WORK` times fewer than
-    ``PARALLEL_MIN_SIZE`` where that is fewer still."""
-    return min(least, PARALLEL_MIN_SIZE // MATH_WORK) if k.math else least
+def parallel_min_elements(k: LoopKernel) -> int:
+    """The elements from which the loop kernel ``k`` runs its parallel variant."""
+    return PARALLEL_MIN_SIZE // (MATH_WORK if k.math else 1)
 
 
 def call_site(k: LoopKernel, fresh, flats: dict, leaves: list, stores: list,
               red_out: str | None, params: list, kname: str, pname: str | None = None,
-              inplace: dict | None = None, parallel_min_size: int | None = None) -> list:
+              inplace: dict | None = None) -> list:
     """The shared call site (:func:`pdjit.codegen.driver.call_site`): outputs allocated with
-    NumPy, the parallel variant ``pname`` called from :func:`parallel_min_elements` (of
-    ``parallel_min_size`` where given)."""
+    NumPy, the parallel variant ``pname`` called from :func:`parallel_min_elements`."""
     return driver.call_site(k, fresh, flats, leaves, stores, red_out, params, kname, pname,
-                            inplace=inplace, parallel_min_size=parallel_min_elements(
-                                k, parallel_min_size or PARALLEL_MIN_SIZE))
+                            inplace=inplace, parallel_min_size=parallel_min_elements(k))
 
 
 # ---- an opaque op computed by blocks of samples, its epilogue after each block ---------------
@@ -175,8 +161,6 @@ class _LazyKernel:
         self._lock = threading.Lock()
 
     def __call__(self, serial, *args):
-        if not self.splits():  # (one loop thread: the serial kernel, no variant compiled)
-            return serial(*args)
         fn = self.fn
         if fn is not None:
             threads.place_team()  # (its threads off this one's core: see there)
@@ -190,14 +174,6 @@ class _LazyKernel:
             if self.fn is not None:  # (compiled in this run: LAZY_THREAD off)
                 return self.fn(*args)
         return serial(*args)
-
-    @staticmethod
-    def splits() -> bool:
-        """Whether a call now runs the variant (once compiled): not where its loop has one
-        thread (asked for, a slice of a batch, the other cores busy: the variant's outlined
-        loop on one thread is no faster than the serial kernel, and a host replay records
-        what ran)."""
-        return threads.loop_threads() > 1
 
     def _start(self, args) -> None:
         import numba
@@ -335,7 +311,6 @@ class CpuTarget(Target):
     lowerings = LOWERINGS
     generic_lowerings = True
     parallel_min_size = PARALLEL_MIN_SIZE
-    inference_parallel_min_size = INFERENCE_PARALLEL_MIN_SIZE
     parallel_variants = True
     precompile = True
     inplace_forms = INPLACE_FORMS
