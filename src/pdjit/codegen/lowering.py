@@ -753,15 +753,11 @@ class SegmentGen:
         """The argument holding ``fn``'s value derived from the segment's arguments ``names``
         (a name, or a list of names: a tuple), see ``LowerContext.derived``; None where one
         of them is not an argument (a value the segment computes)."""
-        def index(n):
-            if n in self.defined or n not in self.args:
-                raise KeyError(n)
-            return self.args.index(n)
-        try:
-            where = tuple(tuple(map(index, a)) if isinstance(a, list) else index(a)
-                          for a in names)
-        except KeyError:
+        if any(n in self.defined or n not in self.args
+               for a in names for n in (a if isinstance(a, list) else [a])):
             return None
+        index = self.args.index
+        where = tuple(tuple(map(index, a)) if isinstance(a, list) else index(a) for a in names)
         key = (fn, where, tuple(consts))
         if key not in self.derived_requests:
             self.derived_requests.append(key)

@@ -300,7 +300,7 @@ class DerivedArgs:
                      for w in where], *consts)
                 for fn, where, consts in self.requests)
             self._refs = tuple(weakref.ref(args[i]) for i in self.reads)
-            self._generation = params.generation()
+            self._generation = gen  # (as before making them: a write meanwhile makes them again)
         return self._values
 
 
