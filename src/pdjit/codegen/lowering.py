@@ -97,6 +97,35 @@ def weight_var(op, name: str):
     return v
 
 
+def _channel_vector(op, spec, var, made: set, shape: tuple, dt, axis: int):
+    """``("scale", name)`` or ``("shift", name)`` where ``op`` (declared
+    :class:`~pdjit.framework.registry.ChannelAffine`, ``spec``) multiplies or adds a vector
+    ``name`` of one value per channel along ``axis`` of an input of ``shape`` (any shape the
+    declaration reads as ``[C]``: ``[1, C, 1, 1]``), a value of type ``dt`` not made in
+    ``made``; else None. ``var`` finds a variable by name."""
+    if len(spec.params) != 1 or spec.axis % len(shape) != axis % len(shape):
+        return None
+    (slot,) = spec.params
+    ys = [n for n in op.input(slot) if n != registry.EMPTY_VAR_NAME]
+    v = var(ys[0]) if len(ys) == 1 and ys[0] not in made else None
+    m = shape[axis]
+    if v is None or m < 1 or math.prod(v.shape) != m or np.dtype(v.dtype) != dt:
+        return None
+    # (a probe of the vector's own shape: the declaration says whether values of that shape
+    # are one per channel)
+    probe = np.arange(1.0, m + 1.0)
+    try:
+        coef = spec.coefficients({slot: probe.reshape(v.shape)})
+    except Exception:  # noqa: BLE001 - a declaration that does not take a probe
+        return None
+    if coef is None or (coef[0] is None) == (coef[1] is None):
+        return None
+    got = coef[0] if coef[0] is not None else coef[1]
+    if not np.array_equal(np.asarray(got, np.float64), probe):
+        return None
+    return ("scale" if coef[0] is not None else "shift"), ys[0]
+
+
 class Declined(Exception):
     """An opaque op's lowering returned None: the op must run its reference instead."""
 
@@ -147,6 +176,19 @@ class ChannelEpilogue:
         return ChannelEpilogue(self.names[:-1], self.bias, self.lo, self.hi, self.residual)
 
 
+class ChannelPrologue:
+    """What an opaque op may apply to its input ``name`` as it reads it (see
+    ``LowerContext.channel_prologue``): ``minimum(maximum(source * scale[c] + shift[c], lo),
+    hi)`` per channel ``c`` of ``source``, the value the elementwise ops of ``names`` (in
+    order; ``name`` the last) compute from it; ``scale``, ``shift``: the names of the vectors
+    (None: no product, no sum)."""
+
+    def __init__(self, source: str, names: list, scale: str | None, shift: str | None,
+                 lo: float, hi: float):
+        self.source, self.names, self.name = source, names, names[-1]
+        self.scale, self.shift, self.lo, self.hi = scale, shift, lo, hi
+
+
 class LowerContext:
     """What an ``Opaque.lower`` sees: value names, ranks, dtypes, attributes, fresh names."""
 
@@ -159,8 +201,13 @@ class LowerContext:
         # (an in-place op such as an optimizer update writes ParamOut into Param's name); a
         # value a prologue computes row by row is never an array
         fed = prologue.name if prologue is not None else None
+        # (a value an offered channel prologue computes is read as its source)
+        self.pre_offer = pre = getattr(gen, "prologue_offer", None)
+        through = pre.name if pre is not None and pre.name in self.op.input_arg_names else None
         self._inputs = {n: gen.read(n) for n in self.op.input_arg_names
-                        if n != registry.EMPTY_VAR_NAME and n != fed}
+                        if n != registry.EMPTY_VAR_NAME and n != fed and n != through}
+        if through is not None:
+            self._inputs[through] = gen.read(pre.source)
         self.offer = None      # a ChannelEpilogue the op may apply (see channel_epilogue)
         self.taken = False
         self.residual = None   # (the flat view passed, the local of the value) once taken
@@ -211,6 +258,30 @@ class LowerContext:
             lines.append(f"{g} = np.array(({', '.join(literal(v) for v in off.gate.values())}"
                          f"), {T})")
         return [b, literal(off.lo), literal(off.hi)] + tail + ([g] if gate else [])
+
+    def channel_prologue(self, slot: str, T: str, lines: list) -> list | None:
+        """Source of ``[scale, shift, lo, hi]`` for a lowering that declares
+        ``Opaque.channel_prologue`` (the input ``slot`` it names for this op), whose function
+        reads that input as ``minimum(maximum(x * scale[c] + shift[c], lo), hi)`` per channel
+        ``c`` (``scale``, ``shift`` arrays of type ``T``, empty: none; ``lo``, ``hi`` floats):
+        where the code generator offered the elementwise ops before the op that compute the
+        input so, ``ctx.inp(slot)`` is already their source and calling this takes them (they
+        never run); else None. A lowering whose declaration names the slot for the op must
+        call this. Lines that bind the vectors are appended to ``lines``."""
+        off = self.pre_offer
+        if off is None or self.op.input(slot) != [off.name]:
+            return None
+        self.gen.prologue_offer = None  # (taken)
+        vecs = []
+        for v in (off.scale, off.shift):
+            t = self.tmp("pv")
+            if v is None:
+                lines.append(f"{t} = np.empty(0, {T})")
+            else:
+                src = self.gen.read(v)
+                lines.append(f"{t} = {src}.reshape({src}.size)")
+            vecs.append(t)
+        return vecs + [literal(off.lo), literal(off.hi)]
 
     @property
     def _target(self):
@@ -706,6 +777,8 @@ class SegmentGen:
         self._at = 0                  # the index of the group being generated
         self._rest = None             # (see _blocked) the ops left of the next group
         self._taken: list = []
+        # the elementwise ops before the next group's op that it may apply as it reads
+        self.prologue_offer: ChannelPrologue | None = None  # (see _channel_prologue)
         self.memory_plan = None       # after plan_memory(): what the memory plan decided
         self._planned = None          # ... and the rewritten driver
         self._globals: dict = {}      # module name -> global name
@@ -833,6 +906,13 @@ class SegmentGen:
                 blocks = self._blocked(group, nxt, gi)
                 if blocks is None:
                     self._opaque(group)
+                if self.prologue_offer is not None:
+                    raise AssertionError(f"pdjit: the lowering of {group.nodes[0].label} "
+                                         f"declares a channel prologue it did not take")
+            elif blocks is None and (pro := self._channel_prologue(groups, gi)) is not None:
+                self.prologue_offer = pro
+                self.emit(f"# (read through by the {groups[gi + 1].nodes[0].op.type} after "
+                          f"it: applied as it reads its input)")
             else:
                 rest = self._rest if blocks is not None else None
                 if blocks is not None:
@@ -1002,29 +1082,14 @@ class SegmentGen:
 
         def channel_bias(op, spec):
             """The bias vector's name where ``op`` adds one per channel to ``name``."""
-            if not isinstance(spec, registry.ChannelAffine) or len(spec.params) != 1:
+            if not isinstance(spec, registry.ChannelAffine):
                 return None
-            (slot,) = spec.params
-            ys = [n for n in op.input(slot) if n != registry.EMPTY_VAR_NAME]
-            b = var(ys[0]) if len(ys) == 1 and ys[0] not in made else None
             outs = op.output(spec.out)
-            m = out.shape[axis]
-            if b is None or op.input(spec.x) != [name] or len(outs) != 1 or \
-                    math.prod(b.shape) != m or np.dtype(b.dtype) != dt or \
-                    spec.axis % len(out.shape) != axis or not same(outs[0]) or \
+            if op.input(spec.x) != [name] or len(outs) != 1 or not same(outs[0]) or \
                     not sole_reader(name, 0):
                 return None
-            # (a probe of the bias's own shape: the declaration says whether values of that
-            # shape are one per channel, [1, C, 1, 1] as [C])
-            probe = np.arange(1.0, m + 1.0)
-            try:
-                coef = spec.coefficients({slot: probe.reshape(b.shape)})
-            except Exception:  # noqa: BLE001 - a declaration that does not take a probe
-                return None
-            if coef is None or coef[0] is not None or coef[1] is None or \
-                    not np.array_equal(np.asarray(coef[1], np.float64), probe):
-                return None
-            return ys[0]
+            found = _channel_vector(op, spec, var, made, tuple(out.shape), dt, axis)
+            return found[1] if found is not None and found[0] == "shift" else None
 
         def residual_of(op, cur, k):
             """The value ``op`` adds to ``cur`` where it is a residual connection: declared an
@@ -1076,6 +1141,69 @@ class SegmentGen:
             names.append(op.output(spec.out)[0])
             return ChannelEpilogue(names, bias, lo, hi, residual, spec)
         return ChannelEpilogue(names, bias, lo, hi, residual) if names else None
+
+    def _channel_prologue(self, groups: list, at: int) -> ChannelPrologue | None:
+        """The :class:`ChannelPrologue` the op of the group after the elementwise group ``at``
+        of ``groups`` applies (its lowering's ``Opaque.channel_prologue`` names the input slot
+        for that op; a host lowering, a target of blocked forms) where that group is a
+        per-channel product by a vector, a per-channel sum of one (declared
+        ``ChannelAffine``, along the input's axis 1) and a clamp (declared ``Clamp``), in that
+        order, each optional but not all missing, computing that input from a value made
+        before it: every value it computes read by the next of its ops alone, the last by the
+        op alone (not stored for later, not fetched). None where it does not fit."""
+        group = groups[at]
+        nxt = groups[at + 1] if at + 1 < len(groups) else None
+        if nxt is None or nxt.kind != OPAQUE or len(nxt.nodes) != 1 or \
+                not self.target.block_forms or not nxt.nodes[0].lowering.host or \
+                len(group.shape) < 2 or not 1 <= len(group.nodes) <= 3:
+            return None
+        rule = getattr(nxt.nodes[0].lowering, "channel_prologue", None)
+        slot = rule(nxt.nodes[0].op) if rule is not None else None
+        if slot is None:
+            return None
+        var = self.block._find_var_recursive
+        made = {o for nd in group.nodes for o in nd.op.output_arg_names}
+        first = group.nodes[0].op
+        d = registry.lookup(first.type)
+        spec = d.inference(first) if d is not None and d.inference is not None else None
+        if not isinstance(spec, (registry.ChannelAffine, registry.Clamp)) or \
+                len(first.input(spec.x)) != 1:
+            return None
+        source = cur = first.input(spec.x)[0]
+        src = var(source)
+        if src is None or source in made or tuple(src.shape) != tuple(group.shape):
+            return None
+        dt = np.dtype(src.dtype)
+        names, coef, lo, hi = [], {}, -math.inf, math.inf
+        for k, nd in enumerate(group.nodes):
+            op = nd.op
+            d = registry.lookup(op.type)
+            spec = d.inference(op) if d is not None and d.inference is not None else None
+            outs = op.output(spec.out) if spec is not None else []
+            out = var(outs[0]) if len(outs) == 1 else None
+            if out is None or op.input(spec.x) != [cur] or \
+                    tuple(out.shape) != tuple(src.shape) or np.dtype(out.dtype) != dt:
+                return None
+            if cur != source and (self._read_after(cur, at) or any(
+                    cur in o.op.input_arg_names for o in group.nodes[k + 1:])):
+                return None  # (a value between the ops that something else reads)
+            if isinstance(spec, registry.ChannelAffine):
+                found = _channel_vector(op, spec, var, made, src.shape, dt, 1)
+                if found is None or found[0] in coef or found[0] == "scale" and coef:
+                    return None  # (one product, then one sum)
+                coef[found[0]] = found[1]
+            elif isinstance(spec, registry.Clamp) and k == len(group.nodes) - 1 and \
+                    not any(math.isnan(v) for v in (spec.lo, spec.hi)):
+                lo, hi = float(spec.lo), float(spec.hi)
+            else:
+                return None
+            cur = outs[0]
+            names.append(cur)
+        last = names[-1]
+        if nxt.nodes[0].op.input(slot) != [last] or self._read_after(last, at + 1) or \
+                any(n in nxt.nodes[0].op.input_arg_names for n in names[:-1]):
+            return None
+        return ChannelPrologue(source, names, coef.get("scale"), coef.get("shift"), lo, hi)
 
     # -- opaque ops ----------------------------------------------------------------------------
     def _opaque(self, group: Group) -> None:

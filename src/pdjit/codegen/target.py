@@ -58,15 +58,17 @@ class Lowerings:
         self._loaded = False
 
     def lowering(self, *op_types: str, host: bool = False, flat: bool = False,
-                 blocked=None, blas: bool = False, channel_axis=1, channels_last=None):
+                 blocked=None, blas: bool = False, channel_axis=1, channels_last=None,
+                 channel_prologue=None):
         """Decorator: ``fn(ctx) -> [source lines] | None`` lowers ``op_types`` on this target
-        (``host``, ``flat``, ``blocked``, ``blas``, ``channel_axis``, ``channels_last``: as
-        ``Opaque`` declares them)."""
+        (``host``, ``flat``, ``blocked``, ``blas``, ``channel_axis``, ``channels_last``,
+        ``channel_prologue``: as ``Opaque`` declares them)."""
         def register(fn):
             for op_type in op_types:
                 self._add(op_type, Opaque(fn, host=host, flat=flat, blocked=blocked,
                                           blas=blas, channel_axis=channel_axis,
-                                          channels_last=channels_last))
+                                          channels_last=channels_last,
+                                          channel_prologue=channel_prologue))
             return fn
         return register
 

@@ -407,6 +407,12 @@ class Opaque:
     ``blas=True`` (host lowerings): the lines call the host's BLAS (a GEMM, a batched GEMM),
     a fact the code generator records on the driver (``calls_blas``) so that the run sets
     BLAS's threads around it.
+
+    ``channel_prologue(op) -> slot or None`` (host lowerings, optional): the input slot whose
+    value the lowering can read through a per-channel product, sum and clamp applied as it
+    reads (a batch norm and relu at inference before a 1x1 convolution: the code generator
+    then runs no kernel of their own, ``LowerContext.channel_prologue``); None: not for this
+    op. Where it names a slot, the lowering must take what it is offered there.
     """
     lower: Callable | None = None
     host: bool = False
@@ -415,6 +421,7 @@ class Opaque:
     blas: bool = False
     channel_axis: int | Callable = 1
     channels_last: Callable | None = None
+    channel_prologue: Callable | None = None
 
 
 # ---- control flow ------------------------------------------------------------------------

@@ -61,13 +61,15 @@ from pdjit.codegen.cpu.lib.tile import (
 
 __all__ = ["pack_a", "pack_b", "pack_scaled", "packed_batches", "packed_gemm",
            "packed_b_size", "packed_rows_size", "packed_weight", "panel_width",
-           "pointwise_rows", "rows_by_pixels", "weight_gemm", "weight_rows",
+           "pointwise_rows", "pointwise_rows_prologue", "rows_by_pixels",
+           "rows_by_pixels_prologue", "weight_gemm", "weight_rows",
            "weight_split_work"]
 
 #: rows of a block of ``c`` (broadcast values of ``a``) and vectors of columns per panel: 24
 #: accumulators of the 32 vector registers of AVX-512 (with fewer registers the tile sums by
 #: passes: :data:`.tile.PASS_ROWS`)
 MR, NV = 6, 4
+_U = numba.uint64
 #: the fewest multiply-adds a product is split over threads for (where threads are given)
 SPLIT_MIN_WORK = 1 << 22
 #: the fewest rows of a product on the packed GEMM: a block of ``MR`` rows costs the same for
@@ -1167,9 +1169,35 @@ def pointwise_rows(x, ap, y, n0, n1, bias, lo, hi, res):
         raise ValueError("pdjit: pointwise convolution operands do not fit")
     xf = x.reshape(x.size)
     yf = y.reshape(y.size)
-    buf = _panels_buffer(xf, c_, m_, p_)
+    none = np.empty(0, xf.dtype)
+    buf = _panels_buffer(xf, c_, m_, p_, False)
     for n in range(n0, n1):
-        _rows_pixels(xf, ap, yf, n, c_, m_, p_, 0, p_, bias, lo, hi, res, buf)
+        _rows_pixels(xf, ap, yf, n, c_, m_, p_, 0, p_, bias, lo, hi, res, buf, none, none,
+                     -np.inf, np.inf)
+
+
+@jit
+def pointwise_rows_prologue(x, ap, y, n0, n1, bias, lo, hi, res, scale, shift, plo, phi):
+    """:func:`pointwise_rows` of the image seen through a per-channel affine and clamp,
+    ``clamp(x[n, c] * scale[c] + shift[c], plo, phi)`` (``scale``, ``shift`` [C] or empty:
+    none; infinite bounds: no clamp; an inference program's batch norm and relu before a 1x1
+    convolution), applied as each panel of the image is packed (:func:`_pack_prologue`): the
+    image so transformed is never stored whole."""
+    m_, c_ = y.shape[1], x.shape[1]
+    p_ = y.shape[2] * y.shape[3]
+    nb = (m_ + MR - 1) // MR
+    if x.shape[0] != y.shape[0] or x.shape[2] * x.shape[3] != p_ or \
+            ap.shape[0] != nb * c_ * MR or (bias.shape[0] != 0 and bias.shape[0] != m_) or \
+            (res.shape[0] != 0 and res.shape[0] != y.size) or n0 < 0 or n1 > x.shape[0] or \
+            (scale.shape[0] != 0 and scale.shape[0] != c_) or \
+            (shift.shape[0] != 0 and shift.shape[0] != c_):
+        raise ValueError("pdjit: pointwise convolution operands do not fit")
+    xf = x.reshape(x.size)
+    yf = y.reshape(y.size)
+    buf = _panels_buffer(xf, c_, m_, p_, True)
+    for n in range(n0, n1):
+        _rows_pixels(xf, ap, yf, n, c_, m_, p_, 0, p_, bias, lo, hi, res, buf, scale, shift,
+                     plo, phi)
 
 
 #: the most tiles of output channels (``MR`` each) for which :func:`_rows_pixels` takes its
@@ -1207,11 +1235,12 @@ PACK_MIN_TILES, PACK_MIN_CHANNELS = 5, 128
 
 
 @register_jitable
-def _panels_buffer(xf, c_: int, m_: int, p_: int):
+def _panels_buffer(xf, c_: int, m_: int, p_: int, always: bool):
     """Room for one block of :func:`_rows_pixels`' packed panels, 64 bytes of slack to align
     them; empty where the tiles of output channels or the input channels are too few to pay
-    for the packing (:data:`PACK_MIN_TILES`, :data:`PACK_MIN_CHANNELS`)."""
-    if (m_ + MR - 1) // MR < PACK_MIN_TILES or c_ < PACK_MIN_CHANNELS:
+    for the packing (:data:`PACK_MIN_TILES`, :data:`PACK_MIN_CHANNELS`), unless ``always``
+    (a prologue, applied as the panels are packed)."""
+    if not always and ((m_ + MR - 1) // MR < PACK_MIN_TILES or c_ < PACK_MIN_CHANNELS):
         return np.empty(0, xf.dtype)
     nr = NV * (64 // xf.itemsize)
     span = min(_block_pixels(c_, m_, xf.itemsize), -(-p_ // nr) * nr)
@@ -1219,7 +1248,31 @@ def _panels_buffer(xf, c_: int, m_: int, p_: int):
 
 
 @register_jitable
-def _rows_pixels(xf, ap, yf, n, c_, m_, p_, q_lo, q_hi, bias, lo, hi, res, buf):
+def _pack_prologue(xf, x0, p_, cols, c_, buf, pk0, nr, scale, shift, plo, phi):
+    """Panel ``x0 ..`` (``cols`` pixels of ``c_`` rows ``p_`` apart) packed into ``buf`` at
+    ``pk0`` (rows ``nr`` apart) through the prologue ``clamp(x * scale[c] + shift[c], plo,
+    phi)`` of :func:`pointwise_rows_prologue` (a product, then a sum, each rounded, as the
+    elementwise ops it replaces compute them; a NaN stays NaN)."""
+    ns, nt = scale.shape[0] != 0, shift.shape[0] != 0
+    one, zero = xf.dtype.type(1), xf.dtype.type(0)
+    lo_, hi_ = xf.dtype.type(plo), xf.dtype.type(phi)
+    for k in range(c_):
+        a = scale[k] if ns else one
+        b = shift[k] if nt else zero
+        s0 = _U(x0 + k * p_)  # (unsigned: no wraparound of negative indices, so that the
+        d0 = _U(pk0 + k * nr)  # loop vectorises)
+        for j in range(_U(cols)):
+            v = xf[s0 + j] * a + b
+            if v < lo_:
+                v = lo_
+            if v > hi_:
+                v = hi_
+            buf[d0 + j] = v
+
+
+@register_jitable
+def _rows_pixels(xf, ap, yf, n, c_, m_, p_, q_lo, q_hi, bias, lo, hi, res, buf, scale, shift,
+                 plo, phi):
     """Pixels ``q_lo .. q_hi`` (``q_lo`` a multiple of ``NR``) of sample ``n`` of
     :func:`pointwise_rows` (flat operands): the pixels by blocks whose columns of the image fit
     :data:`_BLOCK_BYTES` (the whole range where it does), every tile of output channels swept
@@ -1233,13 +1286,18 @@ def _rows_pixels(xf, ap, yf, n, c_, m_, p_, q_lo, q_hi, bias, lo, hi, res, buf):
     bytes spanned as many pages; packed, the rows follow one another); in ResNet-50 these ops
     took 0.94-0.98x their time (one process, both ways by turns), the model 0.967x at batch 1
     and 0.966x at batch 16 on one thread (alternating processes). Each output's sum is the
-    whole call's, bit for bit."""
+    whole call's, bit for bit.
+
+    A prologue (``scale``, ``shift`` not both empty or finite ``plo``, ``phi``: see
+    :func:`pointwise_rows_prologue`) packs every panel (``buf`` never empty), transformed, by
+    :func:`_pack_prologue` before its first tile; every tile then reads the packed panel."""
     nb = (m_ + MR - 1) // MR
     lanes = 64 // xf.itemsize
     nr = NV * lanes
     pb = _block_pixels(c_, m_, xf.itemsize)
     xb, yb = n * c_ * p_, n * m_ * p_
     packed = buf.shape[0] != 0
+    pro = scale.shape[0] != 0 or shift.shape[0] != 0 or plo != -np.inf or phi != np.inf
     sh = (-(buf.ctypes.data // xf.itemsize)) % lanes if packed else 0  # (64-byte aligned)
     for b0 in range(q_lo, q_hi, pb):
         b1 = q_hi if q_hi - b0 < pb else b0 + pb
@@ -1251,7 +1309,10 @@ def _rows_pixels(xf, ap, yf, n, c_, m_, p_, q_lo, q_hi, bias, lo, hi, res, buf):
                 cols = b1 - q0 if b1 - q0 < nr else nr
                 c0 = yb + m0 * p_ + q0
                 pk0 = sh + (q0 - b0) * c_  # (this panel's packed rows)
-                if packed and i == 0:
+                if pro and i == 0:
+                    _pack_prologue(xf, xb + q0, p_, cols, c_, buf, pk0, nr, scale, shift, plo,
+                                   phi)
+                elif packed and i == 0:
                     _copy_micro(ap, a0, rows, c_, xf, xb + q0, p_, yf, c0, p_, cols, bias, m0,
                                 res, lo, hi, buf, pk0)
                     continue
@@ -1287,10 +1348,24 @@ def rows_by_pixels(x, ap, y, bounds, bias, lo, hi, res):
     c_, m_, p_ = x.shape[1], y.shape[1], y.shape[2] * y.shape[3]
     xf = x.reshape(x.size)
     yf = y.reshape(y.size)
+    none = np.empty(0, xf.dtype)
     for p in numba.prange(bounds.shape[0] - 1):
-        buf = _panels_buffer(xf, c_, m_, bounds[p + 1] - bounds[p])
+        buf = _panels_buffer(xf, c_, m_, bounds[p + 1] - bounds[p], False)
         _rows_pixels(xf, ap, yf, 0, c_, m_, p_, bounds[p], bounds[p + 1], bias, lo, hi, res,
-                     buf)
+                     buf, none, none, -np.inf, np.inf)
+
+
+@pjit
+def rows_by_pixels_prologue(x, ap, y, bounds, bias, lo, hi, res, scale, shift, plo, phi):
+    """:func:`rows_by_pixels` of :func:`pointwise_rows_prologue`: each part packs its own
+    panels through the prologue."""
+    c_, m_, p_ = x.shape[1], y.shape[1], y.shape[2] * y.shape[3]
+    xf = x.reshape(x.size)
+    yf = y.reshape(y.size)
+    for p in numba.prange(bounds.shape[0] - 1):
+        buf = _panels_buffer(xf, c_, m_, bounds[p + 1] - bounds[p], True)
+        _rows_pixels(xf, ap, yf, 0, c_, m_, p_, bounds[p], bounds[p + 1], bias, lo, hi, res,
+                     buf, scale, shift, plo, phi)
 
 
 #: the transposed tile (``pointwise.pointwise_cols``, ``conv_cols``): ``MR`` pixels by ``NV``

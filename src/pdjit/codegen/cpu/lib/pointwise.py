@@ -72,13 +72,17 @@ from pdjit.codegen.cpu.lib.pgemm import (
     PREFETCH_ROWS,
     _convt_micro,
     _micro_kernel,
+    _pack_prologue,
     pack_rows,
     pointwise_rows,
+    pointwise_rows_prologue,
     rows_by_pixels,
+    rows_by_pixels_prologue,
 )
 from pdjit.codegen.cpu.lib.winograd import enough_tiles, may_take
 
 __all__ = ["conv_cols", "pointwise_cols", "pointwise_range", "pointwise_range_cols",
+           "pointwise_range_prologue",
            "pointwise_range_patches", "pointwise_range_patches_3x3", "pointwise_range_rows",
            "pointwise_weight"]
 
@@ -718,6 +722,95 @@ def _pointwise_range_native(x, w, ap, y, n0, n1, sh, sw, pt, pl, dh, dw, groups,
     return impl
 
 
+@jit
+def prologue_into(x, n0, n1, scale, shift, plo, phi, out):
+    """``out[n - n0] = clamp(x[n, c] * scale[c] + shift[c], plo, phi)`` for the samples ``n0
+    .. n1`` of ``x`` ([N, C, ...], C-contiguous; ``scale``, ``shift`` empty: none; infinite
+    bounds: no clamp): the prologue of :func:`pointwise_range_prologue` where no packed
+    tile applies it, computed as :func:`.pgemm._pack_prologue` computes it."""
+    c_ = x.shape[1]
+    per = x[0].size if x.shape[0] else 0
+    plane = per // c_ if c_ else 0
+    if out.size != (n1 - n0) * per or (scale.size != 0 and scale.size != c_) or \
+            (shift.size != 0 and shift.size != c_) or n0 < 0 or n1 > x.shape[0]:
+        raise ValueError("pdjit: a convolution's prologue does not fit its image")
+    xf = x.reshape(x.size)
+    of = out.reshape(out.size)
+    for n in range(n0, n1):
+        _pack_prologue(xf, n * per, plane, plane, c_, of, (n - n0) * per, plane, scale,
+                           shift, plo, phi)
+
+
+def pointwise_range_prologue(x, w, ap, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi,
+                             res, scale, shift, plo, phi):
+    """:func:`pointwise_range` of the image seen through ``clamp(x[n, c] * scale[c] +
+    shift[c], plo, phi)`` (``scale``, ``shift`` [C] or empty: none; infinite bounds: no
+    clamp): an inference program's batch norm and relu before a 1x1 convolution, applied on
+    the row tiles as they pack the image's panels (:func:`.pgemm.pointwise_rows_prologue`,
+    the transformed image never stored whole), elsewhere into a copy of the samples first
+    (:func:`prologue_into`). Declared ``"leaves"``."""
+    call = replay.kernel_call
+    if ap.size and x.dtype == np.float32 and groups == 1 and \
+            _packed_kind(x, w, ap, y, sh, sw, pt, pl, bias, res)[0] == 1:
+        call(pointwise_rows_prologue, x, ap, y, n0, n1, bias, lo, hi, res, scale, shift, plo,
+             phi)
+        return
+    xs = np.empty((n1 - n0,) + x.shape[1:], x.dtype)
+    call(prologue_into, x, n0, n1, scale, shift, plo, phi, xs)
+    per = y[0].size if y.shape[0] else 0
+    pointwise_range(xs, w, ap, y[n0:n1], 0, n1 - n0, sh, sw, pt, pl, dh, dw, groups, bias, lo,
+                    hi, res[n0 * per:n1 * per] if res.size else res)
+
+
+replay.declare("leaves", pointwise_range_prologue)
+
+
+@register_jitable
+def _prologue_copy_then_range(x, w, ap, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo,
+                              hi, res, scale, shift, plo, phi):
+    """In compiled code, :func:`pointwise_range_prologue` where no row tile applies the
+    prologue: the samples through it first (:func:`prologue_into`), then the kernel."""
+    xs = np.empty((n1 - n0, x.shape[1], x.shape[2], x.shape[3]), x.dtype)
+    prologue_into(x, n0, n1, scale, shift, float(plo), float(phi), xs)
+    per = y[0].size if y.shape[0] else 0
+    pointwise_range(xs, w, ap, y[n0:n1], 0, n1 - n0, sh, sw, pt, pl, dh, dw, groups, bias, lo,
+                    hi, res[n0 * per:n1 * per] if res.size else res)
+
+
+@overload(pointwise_range_prologue)
+def _pointwise_range_prologue_native(x, w, ap, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias,
+                                     lo, hi, res, scale, shift, plo, phi):
+    """In compiled code: as in Python."""
+    if not (isinstance(x, types.Array) and x.dtype == types.float32):
+        return _prologue_copy_then_range
+
+    def impl(x, w, ap, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res, scale,
+             shift, plo, phi):
+        if ap.size and groups == 1 and \
+                _packed_kind(x, w, ap, y, sh, sw, pt, pl, bias, res)[0] == 1:
+            pointwise_rows_prologue(x, ap, y, n0, n1, bias, float(lo), float(hi), res, scale,
+                                    shift, float(plo), float(phi))
+            return
+        _prologue_copy_then_range(x, w, ap, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias,
+                                  lo, hi, res, scale, shift, plo, phi)
+    return impl
+
+
+def _split_prologue(parts, work, x, w, ap, y, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi,
+                    res, scale, shift, plo, phi):
+    """A one-sample :func:`pointwise_range_prologue` split over at most ``parts`` ranges of
+    its pixels on the row tiles, each part packing its own panels through the prologue
+    (:func:`.pgemm.rows_by_pixels_prologue`, by a parallel loop where ready; the same bits as
+    one call); whether it split the call (else it runs whole)."""
+    kind, _ = _packed(x, w, ap, y, sh, sw, pt, pl, groups, bias, res)
+    if kind != 1 or work < _conv._TEAM_MIN_WORK:
+        return False
+    pixels = _pixel_bounds(parts, y.shape[2] * y.shape[3])
+    return pixels is not None and team.run(rows_by_pixels_prologue, (
+        x, ap, y, pixels, bias, float(lo), float(hi), res, scale, shift, float(plo),
+        float(phi)))
+
+
 def _packed(x, w, ap, y, sh, sw, pt, pl, groups, bias, res):
     """:func:`_packed_kind` of a one-sample :func:`pointwise_range` call (0: not on the
     packed kernels)."""
@@ -954,6 +1047,7 @@ def _patch_scratch(n: int):
 
 
 _conv.CHANNEL_SPLITS[pointwise_range] = _split
+_conv.CHANNEL_SPLITS[pointwise_range_prologue] = _split_prologue
 
 
 #: :func:`pointwise_range` under the names a lowering calls where the sizes it knows say which
@@ -979,6 +1073,11 @@ def _jobs(T, kinds=(1, 2)):
 
 jobs("pointwise_range")(_jobs)
 jobs("pointwise_range_rows")(lambda T: _jobs(T, (1,)))
+jobs("pointwise_range_prologue")(lambda T: [
+    (prologue_into, ((T, 4), int, int, (T, 1), (T, 1), float, float, (T, 4)))] + ([
+        (pointwise_rows_prologue, ((T, 4), (T, 1), (T, 4), int, int, (T, 1), float, float,
+                                   (T, 1), (T, 1), (T, 1), float, float))]
+        if np.dtype(T) == np.float32 else JOBS["conv._fwd_range"](T)))
 jobs("pointwise_range_cols")(lambda T: _jobs(T, (2,)))
 jobs("pointwise_range_patches")(lambda T: JOBS["conv._fwd_range"](T))
 jobs("pointwise_range_patches_3x3")(lambda T: JOBS["conv._fwd_range_3x3"](T))
@@ -988,7 +1087,8 @@ jobs("pointwise.conv_cols (warmup)")(lambda T: [] if np.dtype(T) != np.float32 e
 # compile time (CPU seconds, a cold compile alone in a fresh process, the machine at load ~8:
 # 0.70-0.76 s each; 0.41 s for the second after the first; the row tiles' narrow tail adds
 # ~0.2 s)
-compile_cost(0.95, pointwise_rows)
+compile_cost(0.95, pointwise_rows, pointwise_rows_prologue)
+compile_cost(0.2, prologue_into)
 compile_cost(0.9, pointwise_cols)
 compile_cost(1.6, conv_cols)
 compile_cost(1.6, _by_channels)
@@ -998,13 +1098,15 @@ jobs("pointwise._by_channels (warmup)")(lambda T: [] if np.dtype(T) != np.float3
     (_by_channels, ((T, 4), (T, 1), (T, 4), (np.int64, 1), (np.int64, 1), int,
                     (np.int64, 1), (T, 1), float, float, (T, 1))),
     (rows_by_pixels, ((T, 4), (T, 1), (T, 4), (np.int64, 1), (T, 1), float, float, (T, 1))),
+    (rows_by_pixels_prologue, ((T, 4), (T, 1), (T, 4), (np.int64, 1), (T, 1), float, float,
+                               (T, 1), (T, 1), (T, 1), float, float)),
     (_patches_by_channels, ((T, 4), (T, 1), (T, 4), (np.int64, 1), (np.int64, 1), int,
                             (np.int64, 1), (T, 1), float, float, (T, 1), (T, 1))),
     (_cols_by_rows, ((T, 4), (T, 1), (T, 4), (np.int64, 1), int, (np.int64, 1), (T, 1),
                      float, float, (T, 1), (T, 1))),
     (_taps_parts, ((T, 4), (T, 1), (T, 4), (np.int64, 2), (np.int64, 1), int,
                    (np.int64, 1), (T, 1), float, float, (T, 1)))])
-compile_cost(0.9, rows_by_pixels)
+compile_cost(0.9, rows_by_pixels, rows_by_pixels_prologue)
 compile_cost(1.6, _patches_by_channels)
 compile_cost(1.6, _cols_by_rows)
 compile_cost(1.6, conv_taps, _taps_parts)

@@ -73,6 +73,10 @@ def _conv_blocked(ctx):
     args = _arg_list(g, X, kh, kw, groups)
     packed = "" if direct else _pointwise(ctx, g, m, cg, kh, kw, args)
     lines = [f"_rt.check({ctx.lib_fn('conv._fits_native')}({X}, {y}, {W}, {groups}))"]
+    pro = ctx.channel_prologue("Input", ctx.T("Input"), lines)
+    if pro is not None and packed != "pointwise_range_rows":  # (the image through it first)
+        X = _through(ctx, X, pro, lines)
+        pro = None
     if not direct and not packed and _subsampled(ctx, g, m, cg, kh, kw, args):
         # a 1x1 strided filter: the image's rows and columns it reads, then a stride-1 one
         xs = ctx.tmp("xs")
@@ -80,7 +84,8 @@ def _conv_blocked(ctx):
                   f"{ctx.T('Input')})",
                   f"{ctx.lib_fn('conv.subsample')}({X}, {args[0]}, {args[1]}, {xs})"]
         X, args, packed = xs, ["1", "1", "0", "0"] + args[4:], "pointwise_range_rows"
-    fn = ctx.lib_fn("conv._direct_range" if direct else packed or
+    fn = ctx.lib_fn("conv._direct_range" if direct else
+                    "pointwise_range_prologue" if pro is not None else packed or
                     ("conv._fwd_range_3x3" if wino else "conv._fwd_range"))
     # the per-channel bias, residual (not for the direct loops) and clamp after it, applied as
     # the kernels store (when they fit)
@@ -92,7 +97,41 @@ def _conv_blocked(ctx):
         lines.append(f"{ap} = {ctx.lib_fn('pointwise_weight')}({W}, "
                      f"{_packed_args(g, X, kh, kw, args, wino)})")
         before = [X, W, ap, y]
-    return lines, fn, before, args + epi, f"{y}.size * {W}[0].size"
+    return lines, fn, before, args + epi + (pro or []), f"{y}.size * {W}[0].size"
+
+
+def _through(ctx, X: str, pro: list, lines: list) -> str:
+    """A copy of image ``X`` through the channel prologue ``pro`` (``ctx.channel_prologue``'s
+    arguments), made by the lines appended to ``lines``: for a kernel that does not apply one
+    as it reads."""
+    xs = ctx.tmp("xp")
+    lines += [f"{xs} = np.empty({X}.shape, {ctx.T('Input')})",
+              f"{ctx.lib_fn('prologue_into')}({X}, 0, {X}.shape[0], {', '.join(pro)}, {xs})"]
+    return xs
+
+
+def _prologue_slot(op) -> str | None:
+    """``"Input"`` where the convolution ``op`` reads its image through a per-channel product,
+    sum and clamp as the packed row tiles pack its panels (``Opaque.channel_prologue``;
+    ``pointwise.pointwise_range_prologue``): NCHW, float32, a filter that is a weight, 1x1,
+    stride 1, unpadded, one group, onto a plane known when lowering that the row tiles
+    serve (``pointwise.usable``)."""
+    xs = op.input("Input")
+    x = op.block._find_var_recursive(xs[0]) if len(xs) == 1 else None
+    w = _weight_filter(op)
+    attrs = op.opdef.attr_values(op.all_attrs())
+    if x is None or w is None or len(x.shape) != 4 or len(w.shape) != 4 or \
+            attrs.get("data_format") == "NHWC" or np.dtype(x.dtype) != np.float32 or \
+            np.dtype(w.dtype) != np.float32 or min(x.shape[1:]) < 1:
+        return None
+    g = _geometry({**attrs, "data_format": "NCHW"}, op.type)
+    m, cg, kh, kw = w.shape
+    if kh != 1 or kw != 1 or tuple(g.strides) != (1, 1) or any(g.pads) or \
+            int(attrs.get("groups", 1) or 1) != 1 or x.shape[1] != cg:
+        return None
+    p = x.shape[2] * x.shape[3]
+    return "Input" if usable(m, cg, 1, 1, 1, 1, 0, 0, 1, 1, 1, p=p) == \
+        "pointwise_range_rows" else None
 
 
 #: the fewest input channels of a convolution of one group that runs on NHWC images whatever
@@ -269,18 +308,24 @@ def _served_weight(op) -> bool:
 
 
 @lowering("conv2d", "depthwise_conv2d", host=True, blocked=_conv_blocked,
-          channel_axis=_channel_axis, channels_last=channels_last)
+          channel_axis=_channel_axis, channels_last=channels_last,
+          channel_prologue=_prologue_slot)
 def _conv_lower(ctx):
     if not _float_ok(ctx, "Input", "Filter"):
         return None
-    if ctx.gen.target.block_forms and _served_weight(ctx.op):
+    if ctx.gen.target.block_forms and (_served_weight(ctx.op) or ctx.pre_offer is not None):
         spec = _conv_blocked(ctx)  # the kernels of the blocked form (packed filters,
         if spec is not None:       # Winograd's), with no epilogue
             return ctx.whole_batch("Output", spec)
     g = _geometry(ctx.attrs, ctx.op.type)
     X, W = ctx.inp("Input"), ctx.inp("Filter")
     _, _, kh, kw = ctx.shape("Filter")
-    lines, xc = as_nchw(ctx, g, X)
+    lines = []
+    pro = ctx.channel_prologue("Input", ctx.T("Input"), lines)
+    if pro is not None:
+        X = _through(ctx, X, pro, lines)
+    more, xc = as_nchw(ctx, g, X)
+    lines += more
     n, _, h, w = image_dims(g, X)
     y, pre, post = nchw_dest(ctx, g, "Output", n, f"{W}.shape[0]", g.src_conv_out(0, h, kh),
                          g.src_conv_out(1, w, kw))
