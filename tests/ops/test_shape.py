@@ -100,12 +100,37 @@ def test_reshape_hypothesis(dims, data):
 @pytest.mark.parametrize("op", ["transpose2", "transpose"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape,perm", [((3, 4), [1, 0]), ((2, 3, 4), [2, 0, 1]),
-                                        ((2, 3, 4), [-1, 0, 1]), ((5,), [0]), ((), [])])
+                                        ((2, 3, 4), [-1, 0, 1]), ((5,), [0]), ((), []),
+                                        ((2, 1, 1, 6), [0, 3, 1, 2]), ((3, 1, 5), [1, 0, 2]),
+                                        ((2, 1, 4, 3), [0, 2, 1, 3])])
 def test_transpose(op, dtype, shape, perm):
     x = _x(dtype, shape)
     check_output(op, {"X": x}, {"axis": perm}, {"Out": np.transpose(x, perm)},
                  batch_unknown=len(shape) > 1,
                  outputs={"XShape": 1} if op == "transpose2" else None)
+
+
+def test_a_transpose_moving_only_unit_axes_is_a_view(fresh_programs):
+    """A channels-last ``[N, 1, 1, C]`` back to ``[N, C, 1, 1]`` (the order of the values
+    unchanged) and ``[N, 4, 1, 6]`` to ``[N, 1, 4, 6]``: the driver views its input, no
+    copy; a permutation that reorders axes of more than one value copies. Against NumPy, native code asserted."""
+    import pdjit as fluid
+    from pdjit.testing import assert_native
+
+    x = fluid.layers.data("x", [1, 1, 6])
+    x2 = fluid.layers.data("x2", [4, 1, 6])
+    ys = [fluid.layers.transpose(x, [0, 3, 1, 2]), fluid.layers.transpose(x2, [0, 2, 1, 3]),
+          fluid.layers.transpose(x2, [0, 3, 1, 2])]
+    exe = Executor(strict=True)
+    xv, xv2 = _x("float32", (3, 1, 1, 6)), _x("float32", (3, 4, 1, 6))
+    got = exe.run(fluid.default_main_program(), feed={"x": xv, "x2": xv2}, fetch_list=ys)
+    assert_native(exe)
+    np.testing.assert_array_equal(got[0], xv.transpose(0, 3, 1, 2))
+    np.testing.assert_array_equal(got[1], xv2.transpose(0, 2, 1, 3))
+    np.testing.assert_array_equal(got[2], xv2.transpose(0, 3, 1, 2))
+    texts = "\n".join(s.compiled.text for _, plan in exe._plans.values() for s in plan.walk()
+                      if s.kind == "native")
+    assert texts.count("_nn.permuted(") == 1 and texts.count(".reshape((") >= 2
 
 
 @pytest.mark.parametrize("perm", [[0, 0, 1], [0, 1], [0, 1, 3]])

@@ -183,11 +183,18 @@ def _numpy_permuted(ctx, X, perm) -> str:
 
 
 def _transpose_lower(ctx, permuted=_numpy_permuted):
-    """``Out`` = ``X`` permuted, by ``permuted(ctx, X, perm)`` (a target may copy otherwise)."""
+    """``Out`` = ``X`` permuted, by ``permuted(ctx, X, perm)`` (a target may copy otherwise);
+    a view of ``X`` where the permutation moves only axes of size 1 (known when lowering)
+    among the others, whose order it keeps: the values then lie in the same order (a
+    channels-last ``[N, 1, 1, C]`` after a global pool back to ``[N, C, 1, 1]``)."""
     X, r = ctx.inp("X"), ctx.rank("X")
     perm = [int(a) % max(r, 1) for a in ctx.attrs["axis"]]
     if sorted(perm) != list(range(r)):
         return None  # an error the reference reports
+    shape = ctx.shape("X")
+    kept = [p for p in perm if shape is None or shape[p] != 1]
+    if kept == sorted(kept):
+        return _view_lines(ctx, [f"{X}.shape[{p}]" for p in perm])
     return _xshape_line(ctx, X) + [f"{ctx.out('Out')} = {permuted(ctx, X, perm)}"]
 
 
