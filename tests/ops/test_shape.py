@@ -113,7 +113,8 @@ def test_transpose(op, dtype, shape, perm):
 def test_a_transpose_moving_only_unit_axes_is_a_view(fresh_programs):
     """A channels-last ``[N, 1, 1, C]`` back to ``[N, C, 1, 1]`` (the order of the values
     unchanged) and ``[N, 4, 1, 6]`` to ``[N, 1, 4, 6]``: the driver views its input, no
-    copy; a permutation that reorders axes of more than one value copies. Against NumPy, native code asserted."""
+    copy; a permutation that reorders axes of more than one value copies. Against NumPy,
+    native code asserted."""
     import pdjit as fluid
     from pdjit.testing import assert_native
 

@@ -350,6 +350,34 @@ def test_subsample_against_numpy_slicing():
         conv.subsample(x, 2, 2, np.empty((2, 4, 5, 4), np.float32))  # channels
 
 
+def test_uneven_panels_split_by_channels_instead(monkeypatch, team_loops):
+    """On two threads a 13x13 plane's three panels (the last of 41 pixels) would split 1 : 2
+    by pixels: the call splits by tiles of output channels instead (``_by_channels``), and a
+    28x28 plane (13 panels) still by pixels; the one call's bits, NumPy's values."""
+    from pdjit.codegen.cpu.lib import conv
+
+    monkeypatch.setattr(conv, "loop_threads", lambda: 2)
+    for h, loop in [(13, pointwise._by_channels), (28, pgemm.rows_by_pixels)]:
+        c, m = 64, 96
+        assert pointwise._choice(m, c, h * h) == 1
+        x = RNG.standard_normal((1, c, h, h)).astype(np.float32)
+        w = RNG.standard_normal((m, c, 1, 1)).astype(np.float32)
+        bias = RNG.standard_normal(m).astype(np.float32)
+        none = np.empty(0, np.float32)
+        ap = pointwise.pointwise_weight(w, h * h)
+        one = np.full((1, m, h, h), np.nan, np.float32)
+        pointwise.pointwise_range(x, w, ap, one, 0, 1, 1, 1, 0, 0, 1, 1, 1, bias, 0.0, np.inf,
+                                  none)
+        np.testing.assert_allclose(one, _oracle(x, w, bias, none, 0.0, np.inf), rtol=1e-4,
+                                   atol=1e-4)
+        y = np.full((1, m, h, h), np.nan, np.float32)
+        team_loops.clear()
+        conv.split_work(pointwise.pointwise_range, 1, 1 << 30, x, w, ap, y, 1, 1, 0, 0, 1, 1,
+                        1, bias, 0.0, np.inf, none, head=4)
+        assert [(f, ran) for f, _, ran in team_loops] == [(loop, True)]
+        assert np.array_equal(y, one)
+
+
 def test_subsample_split_over_the_team_as_one_thread(monkeypatch, team_loops):
     """A copy large enough for the parallel loops' threads, split by rows there (the loop
     made ready at once): the same values as NumPy's slicing, and the loop ran."""
