@@ -199,3 +199,61 @@ def test_values_read_elsewhere_keep_their_kernel(fresh_programs):
     texts = [s.compiled.text for _, p in exe._plans.values() for s in p.walk()
              if s.kind == "native"]
     assert not any("read through" in t or "pointwise_range_prologue" in t for t in texts)
+
+
+# (the ops before the convolution, each (kind, argument); whether the convolution takes them)
+CHAINS = {
+    "shift relu6": ([("add", "[C]"), ("relu6", None)], True),
+    "scale": ([("mul", "[C]")], True),
+    "scale of [1, C, 1, 1] then relu": ([("mul", "[1,C,1,1]"), ("relu", None)], True),
+    "relu alone": ([("relu", None)], True),
+    "relu then scale": ([("relu", None), ("mul", "[C]")], False),
+    "shift then scale": ([("add", "[C]"), ("mul", "[C]")], False),
+    "a scale per pixel": ([("mul", "[H]")], False),
+}
+
+
+@pytest.mark.parametrize("name", list(CHAINS))
+def test_which_chains_the_convolution_takes(fresh_programs, name):
+    """A product by a vector per channel, then a sum of one, then a clamp, each optional, in
+    that order, is taken; any other chain runs as its own kernel before the convolution. The
+    values against NumPy either way (host driver, strict)."""
+    ops, taken = CHAINS[name]
+    main, startup = fresh_programs
+    x = fluid.layers.data("x", [C, H, H])
+    cur, steps = x, []
+    for k, (kind, arg) in enumerate(ops):
+        if kind in ("relu", "relu6"):
+            cur = getattr(fluid.layers, kind)(cur)
+            steps.append(lambda v, kind=kind: np.minimum(np.maximum(v, 0), 6 if kind == "relu6"
+                                                         else np.inf))
+            continue
+        shape = {"[C]": [C], "[1,C,1,1]": [1, C, 1, 1], "[H]": [H]}[arg]
+        p = fluid.layers.create_parameter(shape, "float32", name=f"p{k}",
+                                          default_initializer=fluid.initializer.Uniform(0.5, 1.5))
+        op = fluid.layers.elementwise_mul if kind == "mul" else fluid.layers.elementwise_add
+        cur = op(cur, p, axis=-1 if arg != "[C]" else 1)
+        steps.append((kind, f"p{k}", shape))
+    y = fluid.layers.conv2d(cur, M, 1)
+    scope = fluid.Scope()
+    exe = fluid.Executor(fluid.CPUPlace(), strict=True)
+    exe.run(startup, scope=scope)
+    xv = RNG.normal(size=(2, C, H, H)).astype(np.float32)
+    (got,) = exe.run(main, feed={"x": xv}, fetch_list=[y], scope=scope)
+    assert_native(exe)
+    v = xv.astype(np.float64)
+    for s in steps:
+        if callable(s):
+            v = s(v)
+            continue
+        kind, pname, shape = s
+        pv = np.asarray(scope.find_var(pname).get_tensor()).astype(np.float64)
+        pv = pv[:, None, None] if shape == [C] else pv
+        v = v * pv if kind == "mul" else v + pv
+    w = np.asarray(scope.find_var("conv2d_0.w_0").get_tensor())[:, :, 0, 0]
+    b = np.asarray(scope.find_var("conv2d_0.b_0").get_tensor())
+    np.testing.assert_allclose(got, _want(v, w, b, NONE, NONE, -np.inf, np.inf), rtol=1e-4,
+                               atol=1e-4)
+    texts = "\n".join(s.compiled.text for _, p in exe._plans.values() for s in p.walk()
+                      if s.kind == "native")
+    assert ("pointwise_range_prologue" in texts) == taken
