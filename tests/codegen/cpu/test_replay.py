@@ -710,6 +710,37 @@ def test_shape_values_written_into_arrays_and_counters_are_replayed():
     assert rp.replays == 0 and rp.why == "a value changed in place"
 
 
+def test_an_array_of_constants_and_shapes_is_made_once():
+    """``np.array`` of literals (an epilogue's gate) and of shapes (a batched product's
+    dims): made at the recording and kept by the kernel calls that read it, no op of the
+    recording; each replay gives the driver's values. One of an input's values is refused."""
+    src = """def segment(a0, a1):
+    g = np.array((3.0, 0.5), np.float32)
+    d = np.array((a0.shape[0], a0.shape[1]), np.float32)
+    s1 = np.empty(a0.shape, np.float32)
+    _mul(a0, g, s1)
+    s2 = np.empty(a0.shape, np.float32)
+    _mul(s1, d, s2)
+    return (s2.reshape((s2.size, )), a1)
+"""
+    rp = replay.HostReplay(_Driver(src, _mul=_mul), params=[1])
+    w = np.ones(3, np.float32)
+    for i in range(7):
+        x = np.full((2, 3), i, np.float32)
+        flat = x.reshape(-1)  # (_mul: the factors by flat index, cyclically)
+        np.testing.assert_array_equal(rp.call([x, w])[0],
+                                      flat * np.resize([3.0, 0.5], 6) * np.resize([2.0, 3.0], 6))
+    assert rp.why is None and rp.replays == 7 - replay.AFTER_RUNS - 1
+    (rec,) = rp.recordings.values()
+    assert [op[0] for op in rec.ops] == [_mul, _mul]
+    reading = src.replace("(a0.shape[0], a0.shape[1])", "(a0[0, 0], a0.shape[1])")
+    rp = replay.HostReplay(_Driver(reading, _mul=_mul), params=[1])
+    for i in range(5):
+        x = np.full((2, 3), i, np.float32)
+        rp.call([x, w])
+    assert rp.replays == 0 and rp.why is not None
+
+
 def test_arithmetic_on_an_array_is_refused():
     """``a0 * 2`` in the driver's lines would be computed once, at the recording."""
     src = _SOURCE.format(call="_double").replace(

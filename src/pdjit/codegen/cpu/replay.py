@@ -30,7 +30,8 @@ What a recording holds is checked, never assumed:
   ``np.concatenate``) or an array's ``copy`` (called again at each replay, what it returns
   copied into what it returned then; a concat, a ``copy`` and an entry point declared with
   a form that writes into an array (:func:`declare_into`: a transpose's ``permuted``) write
-  there directly), ``np.empty``, views, the shape arithmetic; anything else
+  there directly), ``np.empty``, views, the shape arithmetic, ``np.array`` of constants and
+  shapes (made once, kept); anything else
   (a kernel returning a scalar, a value read from an array, a ``reshape`` that copies, a split
   on ``run_parts``' helpers, a parallel variant not compiled yet, an argument of an unknown
   kind) leaves the driver's run as it was and keeps nothing, and the key is recorded again
@@ -392,6 +393,11 @@ class _Recorder:
             # (shape arithmetic, a constant of a NumPy type)
             if any(isinstance(a, np.ndarray) for a in args):
                 refuse("a value read from an array")
+            return f(*args, **kwargs)
+        if f is np.array and not any(_arrays((args, kwargs))):
+            # (an array of constants and shapes: the same at every run of the key, made once
+            # and kept by the calls that read it, not made again from Python at each replay:
+            # MobileNetV3-small's 23 hard_swish gates)
             return f(*args, **kwargs)
         owner = getattr(f, "__self__", None)
         if isinstance(owner, np.ndarray) and getattr(f, "__name__", "") in _VIEWS:
