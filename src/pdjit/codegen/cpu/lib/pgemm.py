@@ -1143,6 +1143,19 @@ def pack_rows(w, step, out):
                     out[base + k * step] = 0
 
 
+@register_jitable
+def _rows_check(x, ap, y, n0, n1, bias, res, scale, shift) -> None:
+    """The operands of :func:`pointwise_rows` (and its prologue's vectors) fit each other."""
+    m_, c_ = y.shape[1], x.shape[1]
+    nb = (m_ + MR - 1) // MR
+    if x.shape[0] != y.shape[0] or x.shape[2] * x.shape[3] != y.shape[2] * y.shape[3] or \
+            ap.shape[0] != nb * c_ * MR or (bias.shape[0] != 0 and bias.shape[0] != m_) or \
+            (res.shape[0] != 0 and res.shape[0] != y.size) or n0 < 0 or n1 > x.shape[0] or \
+            (scale.shape[0] != 0 and scale.shape[0] != c_) or \
+            (shift.shape[0] != 0 and shift.shape[0] != c_):
+        raise ValueError("pdjit: pointwise convolution operands do not fit")
+
+
 @jit
 def pointwise_rows(x, ap, y, n0, n1, bias, lo, hi, res):
     """``y[n] = clamp(W @ x[n] + bias[:, None] + res[n], lo, hi)`` for the samples ``n0 ..
@@ -1162,14 +1175,10 @@ def pointwise_rows(x, ap, y, n0, n1, bias, lo, hi, res):
     read the packed panels."""
     m_, c_ = y.shape[1], x.shape[1]
     p_ = y.shape[2] * y.shape[3]
-    nb = (m_ + MR - 1) // MR
-    if x.shape[0] != y.shape[0] or x.shape[2] * x.shape[3] != p_ or \
-            ap.shape[0] != nb * c_ * MR or (bias.shape[0] != 0 and bias.shape[0] != m_) or \
-            (res.shape[0] != 0 and res.shape[0] != y.size) or n0 < 0 or n1 > x.shape[0]:
-        raise ValueError("pdjit: pointwise convolution operands do not fit")
+    none = np.empty(0, x.dtype)
+    _rows_check(x, ap, y, n0, n1, bias, res, none, none)
     xf = x.reshape(x.size)
     yf = y.reshape(y.size)
-    none = np.empty(0, xf.dtype)
     buf = _panels_buffer(xf, c_, m_, p_, False)
     for n in range(n0, n1):
         _rows_pixels(xf, ap, yf, n, c_, m_, p_, 0, p_, bias, lo, hi, res, buf, none, none,
@@ -1185,13 +1194,7 @@ def pointwise_rows_prologue(x, ap, y, n0, n1, bias, lo, hi, res, scale, shift, p
     image so transformed is never stored whole."""
     m_, c_ = y.shape[1], x.shape[1]
     p_ = y.shape[2] * y.shape[3]
-    nb = (m_ + MR - 1) // MR
-    if x.shape[0] != y.shape[0] or x.shape[2] * x.shape[3] != p_ or \
-            ap.shape[0] != nb * c_ * MR or (bias.shape[0] != 0 and bias.shape[0] != m_) or \
-            (res.shape[0] != 0 and res.shape[0] != y.size) or n0 < 0 or n1 > x.shape[0] or \
-            (scale.shape[0] != 0 and scale.shape[0] != c_) or \
-            (shift.shape[0] != 0 and shift.shape[0] != c_):
-        raise ValueError("pdjit: pointwise convolution operands do not fit")
+    _rows_check(x, ap, y, n0, n1, bias, res, scale, shift)
     xf = x.reshape(x.size)
     yf = y.reshape(y.size)
     buf = _panels_buffer(xf, c_, m_, p_, True)
