@@ -737,8 +737,8 @@ def prologue_into(x, n0, n1, scale, shift, plo, phi, out):
     xf = x.reshape(x.size)
     of = out.reshape(out.size)
     for n in range(n0, n1):
-        _pack_prologue(xf, n * per, plane, plane, c_, of, (n - n0) * per, plane, scale,
-                           shift, plo, phi)
+        _pack_prologue(xf, n * per, plane, plane, c_, of, (n - n0) * per, plane, scale, shift,
+                       plo, phi)
 
 
 def pointwise_range_prologue(x, w, ap, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi,
