@@ -4,7 +4,6 @@ norm and relu, as DenseNet and pre-activation ResNets place them) when nothing e
 values they compute: no elementwise kernel runs for them, the tiles apply them as they pack the
 image's panels. Against NumPy written here; the kernels, the native drivers called directly
 and the executor's host driver (strict), one and two threads."""
-import numba
 import numpy as np
 import pytest
 
@@ -86,10 +85,11 @@ def test_a_nan_stays_nan_through_the_prologue():
 
 
 @pytest.mark.parametrize("plane", [(14, 14), (7, 7)])
-def test_the_entry_serves_any_plane_and_compiled_code(plane):
-    """``pointwise_range_prologue`` from Python and from compiled code: on the row tiles where
-    the plane takes them (14x14), else through ``prologue_into``'s copy and the kernel that
-    serves (7x7: the transposed tiles); samples 1..3 of 3 only."""
+def test_the_entry_serves_any_plane(plane):
+    """``pointwise_range_prologue`` on the row tiles where the plane takes them (14x14), else
+    through ``prologue_into``'s copy and the kernel that serves (7x7: the transposed tiles);
+    samples 1..3 of 3 only. (Its compiled form runs in the native drivers below: the same
+    calls, typed for both.)"""
     c, m = 48, 32
     x = RNG.normal(size=(3, c) + plane).astype(np.float32)
     w = RNG.normal(size=(m, c, 1, 1)).astype(np.float32)
@@ -98,22 +98,11 @@ def test_the_entry_serves_any_plane_and_compiled_code(plane):
     bias = RNG.normal(size=m).astype(np.float32)
     ap = pointwise.pointwise_weight(w, plane[0] * plane[1], 3)
     want = _want(x, w[:, :, 0, 0], bias, scale, shift, 0.0, 6.0, 0.0, np.inf)
-
-    @numba.njit
-    def native(x, w, ap, y, bias, scale, shift):
-        pointwise.pointwise_range_prologue(x, w, ap, y, 1, 3, 1, 1, 0, 0, 1, 1, 1, bias, 0.0,
-                                           np.inf, np.empty(0, np.float32), scale, shift, 0.0,
-                                           6.0)
-
-    for run in ("python", "native"):
-        y = np.full((3, m) + plane, np.nan, np.float32)
-        if run == "python":
-            pointwise.pointwise_range_prologue(x, w, ap, y, 1, 3, 1, 1, 0, 0, 1, 1, 1, bias,
-                                               0.0, np.inf, NONE, scale, shift, 0.0, 6.0)
-        else:
-            native(x, w, ap, y, bias, scale, shift)
-        assert np.isnan(y[0]).all()  # (sample 0 not computed)
-        np.testing.assert_allclose(y[1:], want[1:], rtol=1e-5, atol=1e-4)
+    y = np.full((3, m) + plane, np.nan, np.float32)
+    pointwise.pointwise_range_prologue(x, w, ap, y, 1, 3, 1, 1, 0, 0, 1, 1, 1, bias, 0.0,
+                                       np.inf, NONE, scale, shift, 0.0, 6.0)
+    assert np.isnan(y[0]).all()  # (sample 0 not computed)
+    np.testing.assert_allclose(y[1:], want[1:], rtol=1e-5, atol=1e-4)
 
 
 C, M, H = 40, 48, 15  # (a sample's 1x1 convolution large enough to split over threads)
