@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -178,6 +179,32 @@ def test_workers_end_on_an_interrupt_and_may_be_reaped_elsewhere():
     out = _run(None, WORKERS_SCRIPT)
     assert out["sigint_s"] < 5, out
     assert out["reaped_elsewhere"] == []
+
+
+DETACHED_SCRIPT = textwrap.dedent("""
+    import os, sys, time
+    from pdjit.codegen import compiler
+
+    class Job:  # a compile job whose compile takes long, in Python
+        name, cost, affinity = "slow", 1.0, None
+        class fn:
+            @staticmethod
+            def compile(sig):
+                time.sleep(20)
+
+    (pid,), rd = compiler._fork_workers([[(Job, ())]], 1, refresh=False)
+    print("RESULT {}", flush=True)
+    os._exit(0)  # (a rank that dies: no wait for the worker at exit)
+""")
+
+
+def test_a_process_that_exits_is_not_held_by_its_compile_worker():
+    """The worker forked to compile keeps none of its parent's output pipes: a caller reading
+    them (as ``mpiexec`` watches a rank) sees the parent end when it exits, not when the
+    worker's 20 s compile ends."""
+    t0 = time.monotonic()
+    assert _run(None, DETACHED_SCRIPT) == {}
+    assert time.monotonic() - t0 < 15
 
 
 THREADS_SCRIPT = textwrap.dedent("""

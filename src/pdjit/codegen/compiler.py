@@ -705,6 +705,26 @@ def _wait_background() -> None:
         _background.pop().wait()
 
 
+def _detach() -> None:
+    """In a forked worker: its standard input and outputs on ``os.devnull``, and the socket an
+    MPI launcher gave its parent closed (MPICH's ``PMI_FD``), so that whatever waits for the
+    parent to end by watching them (a caller reading its output pipes, ``mpiexec`` watching a
+    rank) does not wait for the worker too: a rank that exited during a compile was otherwise
+    seen alive until its workers were done, and the job's other ranks waited out their
+    collectives' timeout. A worker writes nothing of its own (what it cannot compile is
+    compiled, and reported, at the first call)."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
+    pmi = os.environ.get("PMI_FD", "")
+    if pmi.isdigit() and int(pmi) > 2:
+        try:
+            os.close(int(pmi))
+        except OSError:
+            pass
+
+
 def _fork_workers(todo: list, n: int = 1, refresh: bool = True) -> tuple:
     """Fork ``n`` workers that compile ``todo``'s groups of jobs from one queue into the disk
     cache; returns ``(their pids, the queue's read end)`` (this process may take groups from
@@ -733,6 +753,7 @@ def _fork_workers(todo: list, n: int = 1, refresh: bool = True) -> tuple:
                 break
             if pid == 0:  # a worker: compile into the disk cache, then leave without cleanup
                 try:
+                    _detach()
                     # (an interrupt, Ctrl-C reaching the whole process group, ends it: this
                     # process does not wait for it then, at exit or in a run)
                     _drain(rd, todo, Exception)
