@@ -1156,6 +1156,22 @@ def _rows_check(x, ap, y, n0, n1, bias, res, scale, shift) -> None:
         raise ValueError("pdjit: pointwise convolution operands do not fit")
 
 
+@register_jitable
+def _rows_samples(x, ap, y, n0, n1, bias, lo, hi, res, scale, shift, plo, phi) -> None:
+    """The samples ``n0 .. n1`` of :func:`pointwise_rows`, through the prologue of
+    :func:`pointwise_rows_prologue` where there is one (every panel packed then)."""
+    m_, c_ = y.shape[1], x.shape[1]
+    p_ = y.shape[2] * y.shape[3]
+    _rows_check(x, ap, y, n0, n1, bias, res, scale, shift)
+    xf = x.reshape(x.size)
+    yf = y.reshape(y.size)
+    pro = scale.shape[0] != 0 or shift.shape[0] != 0 or plo != -np.inf or phi != np.inf
+    buf = _panels_buffer(xf, c_, m_, p_, pro)
+    for n in range(n0, n1):
+        _rows_pixels(xf, ap, yf, n, c_, m_, p_, 0, p_, bias, lo, hi, res, buf, scale, shift,
+                     plo, phi)
+
+
 @jit
 def pointwise_rows(x, ap, y, n0, n1, bias, lo, hi, res):
     """``y[n] = clamp(W @ x[n] + bias[:, None] + res[n], lo, hi)`` for the samples ``n0 ..
@@ -1173,16 +1189,8 @@ def pointwise_rows(x, ap, y, n0, n1, bias, lo, hi, res):
     under every tile while it is in the L1 cache. The first tile of a block reads the image
     in place and stores each panel it loads packed (:func:`_rows_pixels`); the tiles after it
     read the packed panels."""
-    m_, c_ = y.shape[1], x.shape[1]
-    p_ = y.shape[2] * y.shape[3]
     none = np.empty(0, x.dtype)
-    _rows_check(x, ap, y, n0, n1, bias, res, none, none)
-    xf = x.reshape(x.size)
-    yf = y.reshape(y.size)
-    buf = _panels_buffer(xf, c_, m_, p_, False)
-    for n in range(n0, n1):
-        _rows_pixels(xf, ap, yf, n, c_, m_, p_, 0, p_, bias, lo, hi, res, buf, none, none,
-                     -np.inf, np.inf)
+    _rows_samples(x, ap, y, n0, n1, bias, lo, hi, res, none, none, -np.inf, np.inf)
 
 
 @jit
@@ -1192,15 +1200,7 @@ def pointwise_rows_prologue(x, ap, y, n0, n1, bias, lo, hi, res, scale, shift, p
     none; infinite bounds: no clamp; an inference program's batch norm and relu before a 1x1
     convolution), applied as each panel of the image is packed (:func:`_pack_prologue`): the
     image so transformed is never stored whole."""
-    m_, c_ = y.shape[1], x.shape[1]
-    p_ = y.shape[2] * y.shape[3]
-    _rows_check(x, ap, y, n0, n1, bias, res, scale, shift)
-    xf = x.reshape(x.size)
-    yf = y.reshape(y.size)
-    buf = _panels_buffer(xf, c_, m_, p_, True)
-    for n in range(n0, n1):
-        _rows_pixels(xf, ap, yf, n, c_, m_, p_, 0, p_, bias, lo, hi, res, buf, scale, shift,
-                     plo, phi)
+    _rows_samples(x, ap, y, n0, n1, bias, lo, hi, res, scale, shift, plo, phi)
 
 
 #: the most tiles of output channels (``MR`` each) for which :func:`_rows_pixels` takes its
