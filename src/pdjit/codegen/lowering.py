@@ -179,13 +179,12 @@ class ChannelEpilogue:
 class ChannelPrologue:
     """What an opaque op may apply to its input ``name`` as it reads it (see
     ``LowerContext.channel_prologue``): ``minimum(maximum(source * scale[c] + shift[c], lo),
-    hi)`` per channel ``c`` of ``source``, the value the elementwise ops of ``names`` (in
-    order; ``name`` the last) compute from it; ``scale``, ``shift``: the names of the vectors
-    (None: no product, no sum)."""
+    hi)`` per channel ``c`` of ``source``, the value the elementwise ops before the op compute
+    from it; ``scale``, ``shift``: the names of the vectors (None: no product, no sum)."""
 
-    def __init__(self, source: str, names: list, scale: str | None, shift: str | None,
+    def __init__(self, source: str, name: str, scale: str | None, shift: str | None,
                  lo: float, hi: float):
-        self.source, self.names, self.name = source, names, names[-1]
+        self.source, self.name = source, name
         self.scale, self.shift, self.lo, self.hi = scale, shift, lo, hi
 
 
@@ -1075,8 +1074,7 @@ class SegmentGen:
 
         def declared(k):
             op = nxt.nodes[k].op
-            d = registry.lookup(op.type)
-            return op, (d.inference(op) if d is not None and d.inference is not None else None)
+            return op, registry.inference_of(op)
 
         made = {o for nd in nxt.nodes for o in nd.op.output_arg_names}
 
@@ -1157,28 +1155,24 @@ class SegmentGen:
                 not self.target.block_forms or not nxt.nodes[0].lowering.host or \
                 len(group.shape) < 2 or not 1 <= len(group.nodes) <= 3:
             return None
-        rule = getattr(nxt.nodes[0].lowering, "channel_prologue", None)
+        rule = nxt.nodes[0].lowering.channel_prologue
         slot = rule(nxt.nodes[0].op) if rule is not None else None
         if slot is None:
             return None
         var = self.block._find_var_recursive
         made = {o for nd in group.nodes for o in nd.op.output_arg_names}
-        first = group.nodes[0].op
-        d = registry.lookup(first.type)
-        spec = d.inference(first) if d is not None and d.inference is not None else None
-        if not isinstance(spec, (registry.ChannelAffine, registry.Clamp)) or \
-                len(first.input(spec.x)) != 1:
+        specs = [registry.inference_of(nd.op) for nd in group.nodes]
+        if not isinstance(specs[0], (registry.ChannelAffine, registry.Clamp)) or \
+                len(group.nodes[0].op.input(specs[0].x)) != 1:
             return None
-        source = cur = first.input(spec.x)[0]
+        source = cur = group.nodes[0].op.input(specs[0].x)[0]
         src = var(source)
         if src is None or source in made or tuple(src.shape) != tuple(group.shape):
             return None
         dt = np.dtype(src.dtype)
         names, coef, lo, hi = [], {}, -math.inf, math.inf
-        for k, nd in enumerate(group.nodes):
+        for k, (nd, spec) in enumerate(zip(group.nodes, specs)):
             op = nd.op
-            d = registry.lookup(op.type)
-            spec = d.inference(op) if d is not None and d.inference is not None else None
             outs = op.output(spec.out) if spec is not None else []
             out = var(outs[0]) if len(outs) == 1 else None
             if out is None or op.input(spec.x) != [cur] or \
@@ -1203,7 +1197,7 @@ class SegmentGen:
         if nxt.nodes[0].op.input(slot) != [last] or self._read_after(last, at + 1) or \
                 any(n in nxt.nodes[0].op.input_arg_names for n in names[:-1]):
             return None
-        return ChannelPrologue(source, names, coef.get("scale"), coef.get("shift"), lo, hi)
+        return ChannelPrologue(source, last, coef.get("scale"), coef.get("shift"), lo, hi)
 
     # -- opaque ops ----------------------------------------------------------------------------
     def _opaque(self, group: Group) -> None:

@@ -951,6 +951,14 @@ def lookup(type: str) -> OpDef | None:
     return _REGISTRY.get(type)
 
 
+def inference_of(op):
+    """What ``op`` is at inference by its definition's ``inference`` rule (a
+    :class:`ChannelAffine`, :class:`Clamp`, :class:`Gate`, ...); ``None`` where its type is not
+    registered, has no such rule, or the rule declines this op."""
+    d = lookup(op.type)
+    return None if d is None or d.inference is None else d.inference(op)
+
+
 def get(type: str) -> OpDef:
     """The definition of ``type``; :class:`UnregisteredOpError` when there is none."""
     d = lookup(type)

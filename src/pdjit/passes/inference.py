@@ -201,13 +201,6 @@ class _Uses:
         return bool(self.blocks.get(name))
 
 
-def _inference(op):
-    opdef = registry.lookup(op.type)
-    if opdef is None or opdef.inference is None:
-        return None
-    return opdef.inference(op)
-
-
 def _single(names) -> str | None:
     names = [n for n in names if n != EMPTY_VAR_NAME]
     return names[0] if len(names) == 1 else None
@@ -313,7 +306,7 @@ def _remove_one_noop(prog: Program) -> bool:
     uses = _Uses(prog)
     for b in prog.blocks:
         for i, op in enumerate(b.ops):
-            spec = _inference(op)
+            spec = registry.inference_of(op)
             if isinstance(spec, Passthrough) and _drop_passthrough(prog, b, i, op, spec, uses):
                 return True
             if isinstance(spec, Rewrite) and _rewrite(prog, b, i, op, spec, uses):
@@ -408,7 +401,7 @@ def _fold_one_chain(prog: Program, params: dict, start, uses: _Uses, taken: set,
         for i, op in enumerate(b.ops):
             if b.idx == start[0] and i < start[1]:
                 continue
-            spec = _inference(op)
+            spec = registry.inference_of(op)
             if isinstance(spec, ChannelLinear) and \
                     _fold_chain(prog, b, i, op, spec, uses, params, taken, overwrite):
                 return (b.idx, i)
@@ -472,7 +465,7 @@ def _fold_chain(prog, b: Block, i: int, op, spec: ChannelLinear, uses: _Uses,
             break
         j = rd[0][1]
         nxt = b.ops[j]
-        aff = _inference(nxt)
+        aff = registry.inference_of(nxt)
         if not isinstance(aff, ChannelAffine) or _single(nxt.input(aff.x)) != cur:
             break
         out = _single(nxt.output(aff.out))
@@ -556,7 +549,7 @@ def affine_elementwise(program: Program, params: dict):
 def _affine_ops(prog: Program, b: Block, i: int, uses: _Uses, params: dict, taken: set) -> int:
     """Rewrite op ``i`` of ``b`` when it is such an affine; how many ops now stand there."""
     op = b.ops[i]
-    spec, opdef = _inference(op), registry.lookup(op.type)
+    spec, opdef = registry.inference_of(op), registry.lookup(op.type)
     if not isinstance(spec, ChannelAffine) or not opdef.has(registry.OPAQUE):
         return 1
     x, out = _single(op.input(spec.x)), _single(op.output(spec.out))

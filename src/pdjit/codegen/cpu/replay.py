@@ -394,7 +394,7 @@ class _Recorder:
             if any(isinstance(a, np.ndarray) for a in args):
                 refuse("a value read from an array")
             return f(*args, **kwargs)
-        if f is np.array and not any(_arrays((args, kwargs))):
+        if f is np.array and _constant((args, kwargs)):
             # (an array of constants and shapes: the same at every run of the key, made once
             # and kept by the calls that read it, not made again from Python at each replay:
             # MobileNetV3-small's 23 hard_swish gates)
@@ -663,6 +663,15 @@ def _arrays(x):
     elif not isinstance(x, _SCALARS) and not _is_kernel(x) and \
             not isinstance(x, pytypes.FunctionType) and not getattr(x, "takes_serial", False):
         raise TypeError(f"an argument of type {type(x).__name__}")
+
+
+def _constant(x) -> bool:
+    """Whether a recorded argument holds no array (and nothing of a kind :func:`_arrays` does
+    not know): literals and shapes."""
+    try:
+        return not any(_arrays(x))
+    except TypeError:
+        return False
 
 
 def _poison(a) -> None:

@@ -1157,6 +1157,13 @@ def _rows_check(x, ap, y, n0, n1, bias, res, scale, shift) -> None:
 
 
 @register_jitable
+def _has_prologue(scale, shift, plo, phi) -> bool:
+    """Whether ``scale``, ``shift``, ``plo``, ``phi`` ask for a prologue
+    (:func:`pointwise_rows_prologue`): a vector, or a finite bound."""
+    return scale.shape[0] != 0 or shift.shape[0] != 0 or plo != -np.inf or phi != np.inf
+
+
+@register_jitable
 def _rows_samples(x, ap, y, n0, n1, bias, lo, hi, res, scale, shift, plo, phi) -> None:
     """The samples ``n0 .. n1`` of :func:`pointwise_rows`, through the prologue of
     :func:`pointwise_rows_prologue` where there is one (every panel packed then)."""
@@ -1165,8 +1172,7 @@ def _rows_samples(x, ap, y, n0, n1, bias, lo, hi, res, scale, shift, plo, phi) -
     _rows_check(x, ap, y, n0, n1, bias, res, scale, shift)
     xf = x.reshape(x.size)
     yf = y.reshape(y.size)
-    pro = scale.shape[0] != 0 or shift.shape[0] != 0 or plo != -np.inf or phi != np.inf
-    buf = _panels_buffer(xf, c_, m_, p_, pro)
+    buf = _panels_buffer(xf, c_, m_, p_, _has_prologue(scale, shift, plo, phi))
     for n in range(n0, n1):
         _rows_pixels(xf, ap, yf, n, c_, m_, p_, 0, p_, bias, lo, hi, res, buf, scale, shift,
                      plo, phi)
@@ -1300,7 +1306,7 @@ def _rows_pixels(xf, ap, yf, n, c_, m_, p_, q_lo, q_hi, bias, lo, hi, res, buf, 
     pb = _block_pixels(c_, m_, xf.itemsize)
     xb, yb = n * c_ * p_, n * m_ * p_
     packed = buf.shape[0] != 0
-    pro = scale.shape[0] != 0 or shift.shape[0] != 0 or plo != -np.inf or phi != np.inf
+    pro = _has_prologue(scale, shift, plo, phi)
     sh = (-(buf.ctypes.data // xf.itemsize)) % lanes if packed else 0  # (64-byte aligned)
     for b0 in range(q_lo, q_hi, pb):
         b1 = q_hi if q_hi - b0 < pb else b0 + pb

@@ -299,9 +299,9 @@ def _served_weight(op) -> bool:
     out = op.output("Output")
     for o in op.block.ops:
         if out and out[0] in o.input_arg_names:
-            d = registry.lookup(o.type)
-            spec = d.inference(o) if d is not None and d.inference is not None else None
-            if isinstance(spec, registry.ChannelAffine) and d.has(registry.OPAQUE) and \
+            spec = registry.inference_of(o)
+            if isinstance(spec, registry.ChannelAffine) and \
+                    registry.get(o.type).has(registry.OPAQUE) and \
                     o.input(spec.x) == out:
                 return False
     return True
