@@ -176,6 +176,7 @@ EPI_CASES = [
     ((2, 3, 3, 5), (5, 3, 3, 3), 1, 1, 1, "_fwd_blas", "BLAS, then a pass"),
     ((2, 32, 4, 4), (32, 32, 1, 1), 1, 0, 1, "_fwd_gemm", "1x1 by BLAS, per sample"),
     ((1, 40, 5, 5), (16, 40, 3, 3), 1, 1, 1, "_fwd_taps", "8 rows, taps in blocks"),
+    ((1, 3, 23, 23), (16, 3, 3, 3), 2, 0, 1, "_fwd_taps", "11x11: the last vector aside"),
 ]
 # (bias?, lo, hi): relu6, a bias alone, relu without a bias, narrow bounds
 EPILOGUES = [(True, 0.0, 6.0), (True, -np.inf, np.inf), (False, 0.0, np.inf),

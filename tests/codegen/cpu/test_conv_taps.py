@@ -49,10 +49,10 @@ def counted(monkeypatch, ready):
 
 # (batch, C, M, H, W, k, stride, pad, dilation)
 CASES = [(1, 3, 64, 60, 61, 7, 2, 3, 1),      # a network's first layer (7x7/2, 3 channels)
-         (2, 3, 64, 61, 58, 3, 2, 0, 1),      # ... 3x3/2 unpadded, odd sizes, two samples
+         (2, 6, 64, 61, 58, 3, 2, 0, 1),      # ... 3x3/2 unpadded, odd sizes, two samples
          (1, 24, 128, 57, 57, 3, 2, 1, 1),    # a ResNet's stride-2 3x3 (rows of 29: 4 x 6 + 5)
          (1, 16, 64, 28, 30, 5, 1, 2, 1),     # 5x5 stride 1
-         (1, 5, 64, 33, 40, 3, 1, 2, 2),      # dilated
+         (1, 6, 64, 33, 40, 3, 1, 2, 2),      # dilated
          (1, 160, 64, 30, 30, 3, 1, 1, 1),    # 1440 products: the panel by chunks
          # tiles of 7 pixels by 48 channels (kind 3) onto rows of 7 or 14 pixels:
          (1, 40, 144, 7, 7, 3, 1, 1, 1),      # 3x3 onto 7x7, whole panels
@@ -63,7 +63,7 @@ CASES = [(1, 3, 64, 60, 61, 7, 2, 3, 1),      # a network's first layer (7x7/2, 
 @pytest.mark.parametrize("n,c,m,h,wd,k,s,p,d", CASES)
 def test_taps_against_numpy(n, c, m, h, wd, k, s, p, d, ready, counted):
     oh, ow = _out(h, k, s, p, d), _out(wd, k, s, p, d)
-    kind = pointwise._taps_pays(m, k, k, ow)
+    kind = pointwise._taps_pays(m, c, k, k, ow)
     assert kind == (3 if ow < pointwise.TAPS_MIN_ROW else 2) and \
         pointwise._kind(m, c * k * k, oh * ow, False, kind) == kind
     nr = pointwise._step(kind)
@@ -107,7 +107,8 @@ def test_padding_only_before_or_after(ready, counted):
 
 def test_where_the_taps_pay(ready, monkeypatch):
     """Whole panels of output channels over rows of 28 pixels or more: a first layer of 3
-    input channels included (which the other packed kernels leave); not 96 channels (a
+    input channels included (which the other packed kernels leave), but not sums of fewer
+    than 48 products (a 3x3 filter on 3 channels); not 96 channels (a
     quarter of two panels empty), 128 channels onto rows of 14 (the patches; tiles of 7 pixels
     by 48 channels take 96, 200 or 512 there), a 1x1 filter (strided:
     the subsample or the patches), nor any until the kernel is ready (the taps kernel then
@@ -118,10 +119,15 @@ def test_where_the_taps_pay(ready, monkeypatch):
                             q=112 * 112) == ""                      # (rows unknown)
     assert pointwise.usable(96, 3, 7, 7, 2, 2, 0, 0, 1, 1, 1, p=224 * 224, q=109 * 109,
                             ow=109) == ""
-    assert not pointwise._taps_pays(128, 3, 3, 14) and pointwise._taps_pays(128, 3, 3, 28)
-    assert not pointwise._taps_pays(512, 1, 1, 28)
+    # sums of fewer than TAPS_MIN_K products (a 3x3 filter on 3 channels: 27) are left to
+    # the taps kernel of conv._fwd_range
+    assert pointwise.usable(64, 3, 3, 3, 2, 2, 0, 0, 1, 1, 1, p=224 * 224, q=111 * 111,
+                            ow=111) == ""
+    assert [pointwise._taps_pays(64, c, 3, 3, 111) for c in (3, 5, 6, 16)] == [0, 0, 2, 2]
+    assert not pointwise._taps_pays(128, 8, 3, 3, 14) and pointwise._taps_pays(128, 8, 3, 3, 28)
+    assert not pointwise._taps_pays(512, 64, 1, 1, 28)
     # rows of 7 or 14 pixels on tiles of 7 by 48 channels: whole panels, or enough of them
-    assert [pointwise._taps_pays(m, 3, 3, ow) for m, ow in (
+    assert [pointwise._taps_pays(m, 8, 3, 3, ow) for m, ow in (
         (96, 7), (512, 14), (200, 7), (128, 7), (512, 15), (512, 0), (512, 21), (192, 14),
         (190, 7))] == [3, 3, 3, 0, 0, 0, 3, 0, 0]
     # (192 channels pack to one size in panels of 48 and of 64: a filter packed for the patches
@@ -147,9 +153,9 @@ def test_where_the_taps_pay(ready, monkeypatch):
                                rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("c,h,k,s,p,m", [(3, 60, 7, 2, 3, 128), (5, 61, 3, 2, 1, 128),
+@pytest.mark.parametrize("c,h,k,s,p,m", [(3, 60, 7, 2, 3, 128), (5, 61, 5, 2, 2, 128),
                                          (40, 28, 3, 1, 1, 128), (17, 14, 3, 2, 1, 200),
-                                         (9, 14, 3, 2, 1, 480), (3, 120, 3, 2, 1, 192)])
+                                         (9, 14, 3, 2, 1, 480), (3, 120, 5, 2, 2, 192)])
 def test_split_over_threads_gives_the_one_calls_bits(ready, monkeypatch, counted, c, h, k, s,
                                                      p, m):
     """A one-sample call split by a parallel loop into three parts: the parts pad the image
@@ -174,7 +180,7 @@ def test_split_over_threads_gives_the_one_calls_bits(ready, monkeypatch, counted
     for rows in _split_by_rows(x, w, ap, geo, bias, res, one, loops, pointwise._taps_parts):
         # (by panels where the packed filter outweighs the image: a group of rows per part)
         assert rows.shape[1] == 4 and (rows[:, 0] == 0).all() and (rows[:, -1] == oh).all()
-        npan = -(-m // pointwise._step(pointwise._taps_pays(m, k, k, oh)))
+        npan = -(-m // pointwise._step(pointwise._taps_pays(m, c, k, k, oh)))
         assert rows.shape[0] == (4 if ap.size > x[0].size and npan >= 3 else 2)
 
 

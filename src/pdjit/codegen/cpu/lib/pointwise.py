@@ -139,6 +139,14 @@ MIN_CHANNELS = 16
 #: (256 -> 512 3x3 stride 2 771 / 575), and 96 channels (two panels, a quarter empty: 7x7
 #: stride 2 1719 / 1961)
 TAPS_MIN_ROW = 28
+#: ... and where each output sums this many products or more: shorter sums leave the tiles'
+#: transposing stores a large share of the work, and the taps kernel of
+#: :func:`.conv._fwd_range` (output pixels in the vectors, stored as they are) serves them.
+#: Measured alone (one thread, batch 1, us, these tiles / that kernel): 3 -> 64 3x3 stride 2
+#: from 224x224 (SqueezeNet's stem, 27 products) 649 / 475, padded 589 / 449, 3 -> 128 1310
+#: / 827, stride 1 from 112x112 567 / 404; 5x5 from 3 channels (75) 995 / 1108, 3x3 from 8
+#: (72) 1099 / 1135, 7x7 from 3 (147) 1583 / 1640, 3x3 from 32 (288) 201 / 248
+TAPS_MIN_K = 48
 #: ... and on tiles of 7 pixels by 48 channels (kind 3) onto shorter rows of whole tiles (7, 14
 #: or 21 pixels), where the channels are a multiple of 48 or this many (a last panel part
 #: empty). Measured alone (batch
@@ -197,17 +205,18 @@ def _cols_kind(m_, p_):
 
 
 @register_jitable
-def _taps_pays(m_, kh, kw, ow_) -> int:
+def _taps_pays(m_, c_, kh, kw, ow_) -> int:
     """The transposed tiles (kind 2 or 3, :data:`_NR`) on which a convolution of ``m_``
-    output channels, a ``kh x kw`` filter (wider than 1x1) and output rows of ``ow_`` pixels
-    runs reading its taps, rather than over its patches (0): kind 2 where the channels fill
+    output and ``c_`` input channels, a ``kh x kw`` filter (wider than 1x1, at least
+    :data:`TAPS_MIN_K` products an output) and output rows of ``ow_`` pixels runs reading its
+    taps, rather than over its patches (0): kind 2 where the channels fill
     whole panels of 64 and the rows are long (:data:`TAPS_MIN_ROW`), kind 3 where shorter rows
     are whole tiles of 7 pixels (7x7, 14x14 planes) and the channels fill panels of 48 or
     leave little of them empty (:data:`TAPS3_MIN_CHANNELS`), and pack to another size than in
     panels of 64 (192, 384, ... channels do not: a filter packed for the patches of a plane
     whose rows were not given, :func:`pointwise_weight`, then fits the taps' kind too, and a
     call would take it for the wrong one)."""
-    if kh * kw < 2 or m_ < 1:
+    if kh * kw < 2 or m_ < 1 or c_ * kh * kw < TAPS_MIN_K:
         return 0
     if m_ % _NR == 0 and ow_ >= TAPS_MIN_ROW:
         return 2
@@ -281,7 +290,7 @@ def usable(m: int, c: int, kh: int, kw: int, sh: int, sw: int, pt: int, pl: int,
     (``pointwise_range_rows``, ``_cols``; ``pointwise_range_patches`` and ``_3x3`` for other
     filters, over their patches or reading their taps, the latter where Winograd's kernel
     serves larger batches; ``""`` for neither)."""
-    taps = _taps_pays(m, kh, kw, ow) if ow > 0 else 0  # (any input channels: a first layer)
+    taps = _taps_pays(m, c, kh, kw, ow) if ow > 0 else 0  # (any input channels: a first layer)
     if groups != 1 or m < MIN_CHANNELS or c < MIN_CHANNELS and not taps:
         return ""
     if kh == 1 and kw == 1 and sh == 1 and sw == 1 and pt == 0 and pl == 0:
@@ -351,7 +360,7 @@ def _pick(key, w, p_, n_, in_place, tiles, ow) -> tuple:
     """:data:`_PICKS`' entry ``key`` for a call of :func:`pointwise_weight`, made and kept."""
     k, taps = 0, False
     if w.dtype == np.float32 and w.ndim == 4 and type(w) is np.ndarray:
-        taps = _taps_pays(w.shape[0], w.shape[2], w.shape[3], ow)  # (0 for a 1x1 filter)
+        taps = _taps_pays(w.shape[0], w.shape[1], w.shape[2], w.shape[3], ow)  # (0: 1x1)
         k = _kind(w.shape[0], w.size // max(1, w.shape[0]), p_, in_place, taps)
         if tiles > 0 and enough_tiles(n_ * tiles, w.shape[0], w.shape[1]):
             k = 0
@@ -376,7 +385,7 @@ def _pointwise_weight_native(w, p_, n_=1, in_place=True, tiles=0, ow=0):
     def impl(w, p_, n_=1, in_place=True, tiles=0, ow=0):
         m_ = w.shape[0]
         k_ = w.size // m_ if m_ > 0 else 0
-        k = _kind(m_, k_, p_, in_place, _taps_pays(m_, w.shape[2], w.shape[3], ow))
+        k = _kind(m_, k_, p_, in_place, _taps_pays(m_, w.shape[1], w.shape[2], w.shape[3], ow))
         if k == 0 or n_ * p_ < NATIVE_MIN_PIXELS or \
                 tiles > 0 and enough_tiles(n_ * tiles, m_, w.shape[1]):
             return np.empty(0, w.dtype)
@@ -400,7 +409,7 @@ def _packed_kind(x, w, ap, y, sh, sw, pt, pl, bias, res):
         return 0, in_place
     k_ = w.size // m_
     k = _kind(m_, k_, y.shape[2] * y.shape[3], in_place,
-              _taps_pays(m_, w.shape[2], w.shape[3], y.shape[3]))
+              _taps_pays(m_, w.shape[1], w.shape[2], w.shape[3], y.shape[3]))
     return (k if ap.size == _packed_size(m_, k_, k) else 0), in_place
 
 
@@ -656,7 +665,7 @@ def _route(k, in_place, w, y) -> int:
         return 1
     if in_place:
         return 2
-    return 3 if _taps_pays(w.shape[0], w.shape[2], w.shape[3], y.shape[3]) else 4
+    return 3 if _taps_pays(w.shape[0], w.shape[1], w.shape[2], w.shape[3], y.shape[3]) else 4
 
 
 @register_jitable
@@ -901,7 +910,7 @@ def _split(parts, work, x, w, ap, y, sh, sw, pt, pl, dh, dw, groups, bias, lo, h
             y.shape[2] >= 2:  # (a wider filter: reading its taps, or its patches)
         k = min(parts, y.shape[2])
         tail = (_step(kind), geo, bias, float(lo), float(hi), res)
-        if _taps_pays(w.shape[0], w.shape[2], w.shape[3], y.shape[3]) and team.run(
+        if _taps_pays(w.shape[0], w.shape[1], w.shape[2], w.shape[3], y.shape[3]) and team.run(
                 _taps_parts, (x, ap, y) + _taps_plan(k, y, kind, ap.size > x[0].size) + tail):
             return True
         rows = np.array([y.shape[2] * i // k for i in range(k + 1)], np.int64)
