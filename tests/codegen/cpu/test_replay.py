@@ -8,6 +8,7 @@ written by a run, and serve no other thread; a recording that misses a kernel ca
 by its check and never kept; a driver the recorder does not know is never replayed.
 """
 import gc
+import math
 import threading
 import weakref
 
@@ -822,3 +823,54 @@ def test_a_pools_kernels_are_replayed_not_its_entry():
             np.testing.assert_array_equal(a, b)
     finally:
         rp.off = before
+
+
+# (the memory plan would give the parts' buffers to s5 and s6: the parts die with the concat's
+# result, and the later values are of their size)
+_SQUEEZE = """def segment(a0, a1):
+    # group 0: opaque [k] rank 0
+    s1 = np.empty(a0.shape, np.float32)
+    _double(a0, s1)
+    # group 1: opaque [k] rank 0
+    s2 = np.empty(a0.shape, np.float32)
+    _double(s1, s2)
+    # group 2: opaque [concat] rank 0
+    c3 = np.concatenate((s1, s2), axis=1)
+    # group 3: opaque [k] rank 0
+    s4 = np.empty(c3.shape, np.float32)
+    _double(c3, s4)
+    # group 4: opaque [k] rank 0
+    s5 = np.empty(a0.shape, np.float32)
+    _double(a0, s5)
+    # group 5: opaque [k] rank 0
+    s6 = np.empty(a0.shape, np.float32)
+    _double(s5, s6)
+    return (s4, s6)
+"""
+
+
+@pytest.mark.parametrize("keep", [True, False])
+def test_the_memory_plan_leaves_a_concats_parts_their_buffers(monkeypatch, keep):
+    """The driver's memory plan gives no later value the buffer of a concat's part (each keeps
+    its own allocation), so that a replay writes the parts into the concat's result (a
+    SqueezeNet fire module); where the plan let a later value take one (``keep`` off), the
+    concat stays a copy. The driver's values either way."""
+    from pdjit.codegen import memplan
+
+    if not keep:
+        monkeypatch.setattr(memplan, "_joined_parts", lambda nodes: set())
+    lines = _SQUEEZE.splitlines()
+    groups = [i + 1 for i, line in enumerate(lines) if line.strip().startswith("# group")]
+    src, plan = memplan._plan_driver(_SQUEEZE, None, None, None, groups)
+    parts = {t.local for t, why in plan.kept if why.startswith("a part of a concat")}
+    slotted = {t.local for _, ts in plan.slots for t in ts}
+    assert parts == ({"s1", "s2"} if keep else set())
+    assert bool(slotted & {"s1", "s2"}) is not keep, plan.describe()
+
+    def want(x):
+        return 2 * np.concatenate((2 * x, 4 * x), 1), 4 * x
+
+    rp = _replayed(src, (1, 2, 3), want, math=math, _mp=memplan)
+    (rec,) = rp.recordings.values()
+    names = [getattr(f, "__name__", f) for f, _, _, _ in rec.ops]
+    assert names.count("_joined" if keep else "concatenate") == 1, names
