@@ -420,7 +420,7 @@ class LowerContext:
         if not (self.gen.parallel and size):
             return [f"for {var} in range({count}):"] + indented
         self.gen.uses_prange = True
-        return ([f"if {size} >= {max(1, self._target.parallel_min_size // work)}:",
+        return ([f"if {size} >= {max(1, self.gen.parallel_min_size // work)}:",
                  f"    for {var} in numba.prange({count}):"]
                 + ["    " + line for line in indented]
                 + ["else:", f"    for {var} in range({count}):"]
@@ -667,7 +667,7 @@ class _KernelScope:
         self.gen = gen
         self.target = gen.target      # the target rendering the driver (and this kernel)
         self.block, self.segment, self.needed_after = gen.block, gen.segment, gen.needed_after
-        self.parallel = gen.parallel
+        self.parallel, self.parallel_min_size = gen.parallel, gen.parallel_min_size
         self.uses_prange = False
         self.params: list = []        # kernel parameter -> the driver's local
         self.kinds: list = []         # per parameter: "array", "lod", "rng" or "number"
@@ -743,10 +743,15 @@ class SegmentGen:
 
     def __init__(self, segment: Segment, block, needed_after: set, parallel: bool = False,
                  native: bool = False, target: str = "cpu", parallel_loops: bool | None = None,
-                 derived_args: bool = False):
+                 derived_args: bool = False, inference: bool = False):
         self.segment, self.block, self.parallel = segment, block, parallel
         self.parallel_loops = parallel if parallel_loops is None else parallel_loops
         self.target = get_target(target)
+        # (elements from which a loop runs on threads: the target's threshold for an
+        # inference block where it has one of its own)
+        self.inference = inference
+        self.parallel_min_size = (inference and self.target.inference_parallel_min_size) or \
+            self.target.parallel_min_size
         self.native = native
         self.uses_prange = False      # whether a parallel loop was emitted (native drivers)
         self.calls_blas = False       # whether the driver's lines call the host's BLAS
@@ -1414,7 +1419,8 @@ class SegmentGen:
             _, fn, before, after, _ = blocks  # the whole batch, then this group as usual
             self.emit(f"{fn}({', '.join(before + ['0', f'{y}.shape[0]'] + after)})")
         for line in self.target.call_site(kernel, self.fresh, self.flats, locals_, store_locals,
-                                          red_local, params, kname, pname):
+                                          red_local, params, kname, pname,
+                                          parallel_min_size=self.parallel_min_size):
             self.emit(line)
         self._named(kname, pname)
         if spec is None:
@@ -1559,7 +1565,8 @@ class SegmentGen:
         name, fn, before, after, work = blocks
         y = self.current[name]
         lines, args = self.target.call_site(kernel, self.fresh, self.flats, locals_,
-                                            store_locals, None, params, None, inplace=inplace)
+                                            store_locals, None, params, None, inplace=inplace,
+                                            parallel_min_size=self.parallel_min_size)
         for line in lines:
             self.emit(line)
         epi = next(c for g, c in self.calls if g == kname)
@@ -1583,7 +1590,8 @@ class SegmentGen:
         no copy of the library kernel is compiled into it; ``parallel``: it takes the
         epilogue's parallel variant (a host driver's)."""
         src = self.target.blocked_kernel(kernel, fn, nbefore, nafter, parallel,
-                                         host=not self.native)
+                                         host=not self.native,
+                                         parallel_min_size=self.parallel_min_size)
         if self.native:
             return compile_function(src, "kernel", target=self.target.name, calls=[("E", epi)])
         return HostFunction(src, "kernel", calls=[("E", epi)], target=self.target.name)

@@ -190,6 +190,8 @@ def generate(part, block, live, target, threads: tuple) -> list:
     lowering's library needs. ``threads``: ``(threads a parallel loop may use, threads a
     host driver may run loops on)`` the code is generated for."""
     num_threads, loop_threads = threads
+    inference = not _writes_persistable(block, [op for seg in part.segments
+                                                for g in seg.groups for op in g.ops])
     gens = []
     for si, seg in enumerate(part.segments):
         if not seg.native:
@@ -201,7 +203,8 @@ def generate(part, block, live, target, threads: tuple) -> list:
                 for op in g.ops:
                     later.update(op.input_arg_names)
         gen = SegmentGen(seg, block, later, parallel=num_threads > 1,
-                         parallel_loops=loop_threads > 1, target=target.name)
+                         parallel_loops=loop_threads > 1, target=target.name,
+                         inference=inference)
         gen.generate()
         gens.append(gen)
     return gens
@@ -505,7 +508,7 @@ def _native_driver(gen, target, threads: tuple, derived: bool = False):
     one an ahead-of-time artifact compiles)."""
     ngen = SegmentGen(gen.segment, gen.block, gen.needed_after,
                       parallel=threads[0] > 1, native=True, target=target.name,
-                      derived_args=derived)
+                      derived_args=derived, inference=gen.inference)
     try:
         ngen.generate()
     except Declined:

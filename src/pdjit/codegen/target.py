@@ -125,6 +125,9 @@ class Target:
     base: str = ""
     #: elements from which a loop runs on threads (its parallel variant, ``ctx.loop``)
     parallel_min_size: int = 1 << 20
+    #: ... in a block that writes no persistable (inference: no optimizer, no moving
+    #: statistics; 0: ``parallel_min_size`` too)
+    inference_parallel_min_size: int = 0
     #: loop kernels get ``numba.prange`` variants, used from ``parallel_min_size`` on
     parallel_variants: bool = False
     #: kernels are compiled ahead of their first call, with the types the plan predicts
@@ -263,9 +266,11 @@ class Target:
         raise NotImplementedError
 
     def call_site(self, k, fresh, flats: dict, leaves: list, stores: list, red_out,
-                  params: list, kname, pname=None, inplace: dict | None = None):
+                  params: list, kname, pname=None, inplace: dict | None = None,
+                  parallel_min_size: int = 0):
         """The driver lines that check shapes, allocate the outputs and call the kernel
-        (``kname=None``: ``(lines, arguments)`` without the call)."""
+        (``kname=None``: ``(lines, arguments)`` without the call); the parallel variant
+        ``pname`` from ``parallel_min_size`` elements (0: the target's own) on."""
         raise NotImplementedError
 
     def module_text(self, fn_source: str, fn_name: str, header: str, parallel: bool = False,
@@ -296,10 +301,12 @@ class Target:
         raise NotImplementedError(f"the {self.name} target has no native drivers")
 
     def blocked_kernel(self, k, fn: str, nbefore: int, nafter: int,
-                       parallel: bool = False, host: bool = False) -> str:
+                       parallel: bool = False, host: bool = False,
+                       parallel_min_size: int = 0) -> str:
         """An opaque op computed by blocks, ``k`` its epilogue (``block_forms`` only);
-        ``parallel``: the kernel takes the epilogue's parallel variant after ``N``; ``host``:
-        the source of a host function (``compiler.HostFunction``), not of a compiled one."""
+        ``parallel``: the kernel takes the epilogue's parallel variant after ``N`` (from
+        ``parallel_min_size`` elements, 0: the target's threshold); ``host``: the source of a
+        host function (``compiler.HostFunction``), not of a compiled one."""
         raise NotImplementedError(f"the {self.name} target has no blocked epilogues")
 
     def loop_kernel(self, var: str, params: list, before: list, body: list) -> str:

@@ -698,29 +698,63 @@ def test_transpose_ops_copy_through_the_library(fresh_programs):
 
 def test_softmax_rows_split_from_fewer_elements_than_elementwise_loops(two_asked):
     """An element of softmax's rows costs ~16 elementwise ops: its loop runs on the threads
-    from ``PARALLEL_MIN_SIZE // SOFTMAX_WORK`` elements (512 rows of 128: a BERT-like
-    encoder's attention at batch 1), where an elementwise loop would run on one. The values
-    are a NumPy oracle's, and the one-thread run's bit for bit."""
-    from pdjit.codegen.cpu.target import PARALLEL_MIN_SIZE
+    from ``INFERENCE_PARALLEL_MIN_SIZE // SOFTMAX_WORK`` elements in an inference program
+    (64 rows of 128), where an elementwise loop would run on one. The values are a NumPy
+    oracle's, and the one-thread run's bit for bit."""
+    from pdjit.codegen.cpu.target import INFERENCE_PARALLEL_MIN_SIZE as MIN_SIZE
     from pdjit.ops.nn import SOFTMAX_WORK
 
     free, _ = two_asked
     main, startup = fluid.Program(), fluid.Program()
     with fluid.program_guard(main, startup):
-        x = fluid.layers.data(name="x", shape=[512, 128], dtype="float32",
+        x = fluid.layers.data(name="x", shape=[64, 128], dtype="float32",
                               append_batch_size=False)
         y = fluid.layers.softmax(x * 2.0)
-    assert 512 * 128 >= PARALLEL_MIN_SIZE // SOFTMAX_WORK and 512 * 128 < PARALLEL_MIN_SIZE
-    xv = np.random.default_rng(8).standard_normal((512, 128)).astype(np.float32)
+    assert 64 * 128 >= MIN_SIZE // SOFTMAX_WORK and 64 * 128 < MIN_SIZE
+    xv = np.random.default_rng(8).standard_normal((64, 128)).astype(np.float32)
     exe = fluid.Executor(native_drivers=False, strict=True)
     outs = {}
     for n in (2, 1):
         free[0] = n
         (outs[n],) = exe.run(main, feed={"x": xv}, fetch_list=[y], scope=fluid.Scope())
     (step,) = [s for _, p in exe._plans.values() for s in p.walk() if s.kind == "native"]
-    assert f">= {PARALLEL_MIN_SIZE // SOFTMAX_WORK}:" in step.compiled.text
+    assert f">= {MIN_SIZE // SOFTMAX_WORK}:" in step.compiled.text
     assert "numba.prange" in step.compiled.text and "parallel=True" in step.compiled.text
     assert_native(exe)
     assert np.array_equal(outs[2], outs[1])
     e = np.exp(2.0 * xv.astype(np.float64) - (2.0 * xv).max(axis=1, keepdims=True))
     np.testing.assert_allclose(outs[2], e / e.sum(axis=1, keepdims=True), rtol=1e-5, atol=1e-7)
+
+
+def test_an_inference_block_runs_its_loops_on_the_threads_from_fewer_elements(two_asked):
+    """A block that writes no persistable (inference) runs an elementwise loop on the threads
+    from ``INFERENCE_PARALLEL_MIN_SIZE`` elements, a training block (its optimizer writes
+    the parameters) from ``PARALLEL_MIN_SIZE``; the values are NumPy's either way."""
+    from pdjit.codegen.cpu.target import INFERENCE_PARALLEL_MIN_SIZE, PARALLEL_MIN_SIZE
+
+    free, _ = two_asked
+    assert INFERENCE_PARALLEL_MIN_SIZE < PARALLEL_MIN_SIZE
+    rng = np.random.default_rng(9)
+    xv = rng.standard_normal((4, 64)).astype(np.float32)
+    for train in (False, True):
+        main, startup = fluid.Program(), fluid.Program()
+        with fluid.program_guard(main, startup):
+            x = fluid.layers.data(name="x", shape=[4, 64], dtype="float32",
+                                  append_batch_size=False)
+            h = fluid.layers.fc(x, 8, param_attr=fluid.ParamAttr(name="w"), bias_attr=False)
+            y = fluid.layers.relu(h * 2.0 + 1.0)  # (no math function: a lower threshold)
+            if train:
+                fluid.optimizer.SGD(0.1).minimize(fluid.layers.mean(y))
+        exe = fluid.Executor(native_drivers=False, strict=True)
+        scope = fluid.Scope()
+        exe.run(startup, scope=scope)
+        w = np.array(scope.find_var("w").get_tensor())
+        got, = exe.run(main, feed={"x": xv}, fetch_list=[y], scope=scope)
+        np.testing.assert_allclose(got, np.maximum((xv @ w) * 2.0 + 1.0, 0.0),
+                                   rtol=1e-5, atol=1e-6)
+        texts = [s.compiled.text for _, p in exe._plans.values() for s in p.walk()
+                 if s.kind == "native"]
+        want = PARALLEL_MIN_SIZE if train else INFERENCE_PARALLEL_MIN_SIZE
+        other = INFERENCE_PARALLEL_MIN_SIZE if train else PARALLEL_MIN_SIZE
+        assert any(f">= {want}:" in t for t in texts), texts
+        assert not any(f">= {other}:" in t for t in texts)

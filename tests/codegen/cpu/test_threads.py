@@ -107,13 +107,14 @@ def test_a_blocked_epilogue_of_one_sample_runs_its_parallel_variant(monkeypatch,
                                                                     background_compiles):
     """A product by a weight over one sample's sequence, its bias and gelu the epilogue of its
     blocks: the host driver cannot split one sample by samples, so a block of
-    ``parallel_min_elements`` (a math function: 16x fewer) runs the epilogue's parallel
+    ``parallel_min_elements`` (a math function: 16x fewer; an inference block's threshold)
+    runs the epilogue's parallel
     variant (compiled when first reached; here in the run, ``LAZY_THREAD`` off), the memory
     plan's in-place variant of it too; a smaller block runs the serial kernel."""
     import math
 
     from pdjit.codegen.cpu import target
-    from pdjit.codegen.cpu.target import MATH_WORK
+    from pdjit.codegen.cpu.target import INFERENCE_PARALLEL_MIN_SIZE, MATH_WORK
 
     monkeypatch.setattr(target, "LAZY_THREAD", False)
     fluid.set_num_threads(2)
@@ -132,7 +133,8 @@ def test_a_blocked_epilogue_of_one_sample_runs_its_parallel_variant(monkeypatch,
         w, b = (np.asarray(scope.find_var(n).get_tensor()) for n in ("fc_0.w_0", "fc_0.b_0"))
         erf = np.vectorize(math.erf)
         lazies = []
-        for rows in (8, PARALLEL_MIN_SIZE // MATH_WORK // 1024):  # below, at the threshold
+        # below, at the threshold (an inference block's: the program writes no persistable)
+        for rows in (2, INFERENCE_PARALLEL_MIN_SIZE // MATH_WORK // 1024):
             xv = np.random.default_rng(rows).normal(size=(1, rows, 32)).astype(np.float32)
             (got,) = exe.run(main, feed={"x": xv}, fetch_list=[y], scope=scope)
             h = xv.astype(np.float64) @ w + b

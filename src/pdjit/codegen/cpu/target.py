@@ -56,24 +56,34 @@ PARALLEL_OPTIONS = JIT_OPTIONS + ", parallel=True"
 # batch-norm + relu kernels over each concat split), but an 8-layer ResNet-style training step
 # at batch 16 41 -> 44-47 ms and LeNet-5 at batch 64 4 % slower.
 PARALLEL_MIN_SIZE = 1 << 20
+#: ... in an inference block (one that writes no persistable), from 64 K elements: there the
+#: elementwise ops left between the library's kernels (whose own threads are the ones then
+#: awake) are an activation a convolution's epilogue does not take, or a gate's product
+#: (measured, PaddlePaddle's MobileNetV3-small at batch 1 on two threads, its hard_swish over
+#: the stem's 16 x 112 x 112 outputs 58 -> 31 us, the run 1.64 -> 1.45 ms; LeNet-5 at batch
+#: 64 as fast). A training block keeps the larger threshold (the ResNet-style training step
+#: above, measured again: 43-44 ms, one run of two 50 ms, at 64 K)
+INFERENCE_PARALLEL_MIN_SIZE = 1 << 16
 #: a loop kernel that calls math functions (exp, tanh, erf: tens of instructions an element)
 #: runs on the threads from this many times fewer elements (as softmax's rows do, measured:
 #: ``ctx.loop``'s ``work``)
 MATH_WORK = 16
 
 
-def parallel_min_elements(k: LoopKernel) -> int:
-    """The elements from which the loop kernel ``k`` runs its parallel variant."""
-    return PARALLEL_MIN_SIZE // (MATH_WORK if k.math else 1)
+def parallel_min_elements(k: LoopKernel, size: int = 0) -> int:
+    """The elements from which the loop kernel ``k`` runs its parallel variant (``size``:
+    the block's threshold for elementwise loops, 0: :data:`PARALLEL_MIN_SIZE`)."""
+    return (size or PARALLEL_MIN_SIZE) // (MATH_WORK if k.math else 1)
 
 
 def call_site(k: LoopKernel, fresh, flats: dict, leaves: list, stores: list,
               red_out: str | None, params: list, kname: str, pname: str | None = None,
-              inplace: dict | None = None) -> list:
+              inplace: dict | None = None, parallel_min_size: int = 0) -> list:
     """The shared call site (:func:`pdjit.codegen.driver.call_site`): outputs allocated with
     NumPy, the parallel variant ``pname`` called from :func:`parallel_min_elements`."""
     return driver.call_site(k, fresh, flats, leaves, stores, red_out, params, kname, pname,
-                            inplace=inplace, parallel_min_size=parallel_min_elements(k))
+                            inplace=inplace,
+                            parallel_min_size=parallel_min_elements(k, parallel_min_size))
 
 
 # ---- an opaque op computed by blocks of samples, its epilogue after each block ---------------
@@ -84,7 +94,7 @@ BLOCK_ELEMS = 1 << 16
 
 
 def blocked_kernel(k: LoopKernel, fn: str, nbefore: int, nafter: int,
-                   parallel: bool = False, host: bool = False) -> str:
+                   parallel: bool = False, host: bool = False, parallel_min_size: int = 0) -> str:
     """Source of ``kernel(n0, n1, N, r0.., L0.., O0.., p0.., sizes)``: for each block
     ``b0..b1`` of the samples ``n0..n1`` (of ``N``), ``fn(r<before>, b0, b1, r<after>)``
     computes the block of an opaque op's output, then the epilogue kernel ``E`` (global: the
@@ -92,7 +102,8 @@ def blocked_kernel(k: LoopKernel, fn: str, nbefore: int, nafter: int,
     ``L``/``O``) sliced to the block, its other leaves whole, its sizes (those of the whole
     batch) scaled to the block. ``parallel`` (a host driver's): ``kernel(n0, n1, N, EP, W,
     ...)`` where ``EP`` is the epilogue's parallel variant (a :class:`_LazyKernel`), which
-    runs a block of :func:`parallel_min_elements` or more where the call has the whole batch
+    runs a block of :func:`parallel_min_elements` (of ``parallel_min_size``: the block's
+    threshold, 0: the target's) or more where the call has the whole batch
     (one the host driver did not split by samples over threads, whose parts would each start
     a team of their own: a batch of one, an encoder's gelu after its first feed-forward
     product); and a batch of one sample goes through ``split_work`` (``W``: the op's work),
@@ -120,7 +131,8 @@ def blocked_kernel(k: LoopKernel, fn: str, nbefore: int, nafter: int,
 
     epilogue = [f"        {called('E', ', '.join(args))}"]
     if parallel:
-        epilogue = [f"        if hi - lo >= {parallel_min_elements(k)} and n1 - n0 == N:",
+        epilogue = [f"        if hi - lo >= {parallel_min_elements(k, parallel_min_size)} "
+                    "and n1 - n0 == N:",
                     f"            {called('EP', ', '.join(['E'] + args))}",
                     "        else:", "    " + epilogue[0]]
     body = [f"        {called(fn, call)}"]
@@ -311,6 +323,7 @@ class CpuTarget(Target):
     lowerings = LOWERINGS
     generic_lowerings = True
     parallel_min_size = PARALLEL_MIN_SIZE
+    inference_parallel_min_size = INFERENCE_PARALLEL_MIN_SIZE
     parallel_variants = True
     precompile = True
     inplace_forms = INPLACE_FORMS

@@ -439,7 +439,7 @@ class CudaTarget(Target):
         return [device.offsets(h) for h in offsets]
 
     def call_site(self, k, fresh, flats, leaves, stores, red_out, params, kname, pname=None,
-                  inplace=None):
+                  inplace=None, parallel_min_size=0):
         if inplace:
             raise ValueError("the cuda target has no in-place variants")
         return call_site(k, fresh, flats, leaves, stores, red_out, params, kname, pname)

@@ -45,7 +45,7 @@ class PythonTarget(Target):
         return sequential.render(k)
 
     def call_site(self, k, fresh, flats, leaves, stores, red_out, params, kname, pname=None,
-                  inplace=None):
+                  inplace=None, parallel_min_size=0):
         return driver.call_site(k, fresh, flats, leaves, stores, red_out, params, kname)
 
     def module_text(self, fn_source: str, fn_name: str, header: str, parallel: bool = False,
