@@ -978,26 +978,43 @@ def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, re
     :func:`.winograd.takes` says so (results within rounding of the taps kernel's, by a
     larger rounding error: see :mod:`.winograd`), else the taps kernel or im2col + BLAS, as
     :func:`_use_taps` picks. Each is a kernel of its own, so that a program compiles only the
-    ones its shapes take. (Compiled code, :func:`_fwd_range_native`, runs the taps.)"""
+    ones its shapes take. (Compiled code, :func:`_fwd_range_native`, runs the taps.) Declared
+    ``"leaves"``: a recording replays the kernel it calls (in a native chain with the calls
+    around it: MobileNetV3's squeeze-and-excitation products were Python calls between two
+    chains)."""
     ep = _has_epilogue(bias, lo, hi) or res.size > 0
     if ep and res.size and res.size != y.size:
         raise ValueError(_MISFIT)
+    call = replay.kernel_call
     if _use_gemm(x, w, y, sh, sw, pt, pl, groups, n1 - n0):
-        _fwd_gemm(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
+        call(_fwd_gemm, x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
         return
     # (Winograd or not by the whole batch's size, not the range's: a batch split over
     # threads takes the kernel the whole takes, the same bits)
     if winograd.takes(x, w, y, x.shape[0], sh, sw, pt, pl, dh, dw, groups):
-        winograd.conv3x3(x, w, y, n0, n1, pt, pl, bias, lo, hi, res)
+        call(winograd.conv3x3, x, w, y, n0, n1, pt, pl, bias, lo, hi, res)
         return
     if _use_taps(w.shape[0] // groups, w[0].size, y.shape[2] * y.shape[3]):
-        _fwd_taps(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
+        call(_taps_range, x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res,
+             0, -1)
         return
     if res.size and may_share(res, y):  # (a residual in y's buffer: read before written)
-        res = res.copy()
-    _fwd_blas(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups)
+        call(_blas_range, x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
+        return
+    call(_fwd_blas, x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups)
     if ep:
-        _bias_clamp_range(y, n0, n1, bias, lo, hi, res)
+        call(_bias_clamp_range, y, n0, n1, bias, lo, hi, res)
+
+
+def _blas_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res):
+    """:func:`_fwd_range` by im2col + BLAS with a residual in ``y``'s own buffer, copied
+    first (a call a recording makes again: the copy is made at each run)."""
+    res = res.copy()
+    _fwd_blas(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups)
+    _bias_clamp_range(y, n0, n1, bias, lo, hi, res)
+
+
+replay.declare("leaves", _fwd_range)
 
 
 # ---- the entry points: whole batches, split over threads when large ---------------------------
