@@ -874,3 +874,43 @@ def test_the_memory_plan_leaves_a_concats_parts_their_buffers(monkeypatch, keep)
     (rec,) = rp.recordings.values()
     names = [getattr(f, "__name__", f) for f, _, _, _ in rec.ops]
     assert names.count("_joined" if keep else "concatenate") == 1, names
+
+
+def test_a_convolutions_entry_is_replayed_as_the_kernels_it_calls():
+    """``conv._fwd_range`` (the host's entry for the convolutions the packed kernels leave) is
+    declared ``"leaves"``: a recording holds the kernels it called (a 1x1 filter of few
+    channels on a small plane: im2col + BLAS, then the epilogue), not a Python call between
+    native chains; with the residual in the output's own buffer, the call that copies it first
+    is made again at each replay. The oracle's values at every run."""
+    from pdjit.codegen.cpu.lib import conv as convlib
+
+    rng = np.random.default_rng(5)
+    w = rng.standard_normal((4, 4, 1, 1)).astype(np.float32)
+    b = rng.standard_normal(4).astype(np.float32)
+    empty = np.empty(0, np.float32)
+    src = """def segment(a0, a1):
+    s1 = np.empty(a0.shape, np.float32)
+    _fwd_range(a0, W, s1, 0, a0.shape[0], 1, 1, 0, 0, 1, 1, 1, B, 0.0, math.inf, E)
+    s2 = np.empty(a0.shape, np.float32)
+    _double(s1, s2)
+    _fwd_range(a0, W, s2, 0, a0.shape[0], 1, 1, 0, 0, 1, 1, 1, B, -math.inf, math.inf,
+               s2.reshape(s2.size))
+    return (s1, s2)
+"""
+
+    def want(x):
+        y = np.einsum("mc,nchw->nmhw", w[:, :, 0, 0], x) + b[None, :, None, None]
+        return np.maximum(y, 0), np.einsum("mc,nchw->nmhw", w[:, :, 0, 0], x) + \
+            b[None, :, None, None] + 2 * np.maximum(y, 0)
+
+    rp = replay.HostReplay(_Driver(src, _fwd_range=convlib._fwd_range, W=w, B=b, E=empty,
+                                   math=math), params=[1])
+    param = np.ones(3, np.float32)
+    for _ in range(7):
+        x = RNG.standard_normal((1, 4, 3, 3)).astype(np.float32)
+        for g, e in zip(rp.call([x, param]), want(x)):
+            np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-5)
+    (rec,) = rp.recordings.values()
+    got = [getattr(f, "__name__", f) for f, _, _, _ in rec.ops]
+    assert got == ["_fwd_blas", "_bias_clamp_range", "_double", "_blas_range"], got
+    assert rp.replays
