@@ -116,13 +116,11 @@ def _prologue_slot(op) -> str | None:
     ``pointwise.pointwise_range_prologue``): NCHW, float32, a filter that is a weight, 1x1,
     stride 1, unpadded, one group, onto a plane known when lowering that the row tiles
     serve (``pointwise.usable``)."""
-    xs = op.input("Input")
-    x = op.block._find_var_recursive(xs[0]) if len(xs) == 1 else None
-    w = _weight_filter(op)
-    attrs = op.opdef.attr_values(op.all_attrs())
-    if x is None or w is None or len(x.shape) != 4 or len(w.shape) != 4 or \
-            attrs.get("data_format") == "NHWC" or np.dtype(x.dtype) != np.float32 or \
-            np.dtype(w.dtype) != np.float32 or min(x.shape[1:]) < 1:
+    got = _float32_image_and_weight(op)
+    if got is None:
+        return None
+    x, w, attrs = got
+    if attrs.get("data_format") == "NHWC" or min(x.shape[1:]) < 1:
         return None
     g = _geometry({**attrs, "data_format": "NCHW"}, op.type)
     m, cg, kh, kw = w.shape
@@ -169,15 +167,24 @@ def _weight_filter(op):
     return weight_var(op, ws[0]) if len(ws) == 1 else None
 
 
-def _channels_last_kind(op) -> str | None:
+def _float32_image_and_weight(op):
+    """``(image variable, filter variable, attributes)`` of the convolution ``op`` where its
+    image and its filter are float32 of rank 4 and the filter is a weight (``_weight_filter``);
+    else None."""
     xs = op.input("Input")
     x = op.block._find_var_recursive(xs[0]) if len(xs) == 1 else None
     w = _weight_filter(op)
-    if x is None or w is None or len(w.shape) != 4 or \
-            len(x.shape) != 4 or np.dtype(x.dtype) != np.float32 or \
-            np.dtype(w.dtype) != np.float32 or min(w.shape) < 1:
+    if x is None or w is None or len(x.shape) != 4 or len(w.shape) != 4 or \
+            np.dtype(x.dtype) != np.float32 or np.dtype(w.dtype) != np.float32:
         return None
-    attrs = op.opdef.attr_values(op.all_attrs())
+    return x, w, op.opdef.attr_values(op.all_attrs())
+
+
+def _channels_last_kind(op) -> str | None:
+    got = _float32_image_and_weight(op)
+    if got is None or min(got[1].shape) < 1:
+        return None
+    x, w, attrs = got
     m, cg, kh, kw = w.shape
     groups = int(attrs.get("groups", 1) or 1)
     g = _geometry({**attrs, "data_format": "NCHW"}, op.type)
