@@ -131,7 +131,7 @@ def test_a_transpose_moving_only_unit_axes_is_a_view(fresh_programs):
     np.testing.assert_array_equal(got[2], xv2.transpose(0, 3, 1, 2))
     texts = "\n".join(s.compiled.text for _, plan in exe._plans.values() for s in plan.walk()
                       if s.kind == "native")
-    assert texts.count("_nn.permuted(") == 1 and texts.count(".reshape((") >= 2
+    assert texts.count("_nn.permute_into(") == 1 and texts.count(".reshape((") >= 2
 
 
 @pytest.mark.parametrize("perm", [[0, 0, 1], [0, 1], [0, 1, 3]])

@@ -177,13 +177,15 @@ def _permute_form(op):
 def _keeps_batch_axis(v):
     perm = list(v.attr("axis") or [])
     return None if perm and int(perm[0]) == 0 else f"axis={perm} moves the batch axis"
-def _numpy_permuted(ctx, X, perm) -> str:
-    """Source of ``X`` permuted by ``perm`` as a new array (NumPy's copy)."""
-    return f"{X}.transpose({ctx.tuple_src(perm)}).copy()"
+def _numpy_permuted(ctx, X, perm, slot) -> list:
+    """The lines binding output ``slot`` to ``X`` permuted by ``perm`` as a new array (NumPy's
+    copy)."""
+    return [f"{ctx.out(slot)} = {X}.transpose({ctx.tuple_src(perm)}).copy()"]
 
 
 def _transpose_lower(ctx, permuted=_numpy_permuted):
-    """``Out`` = ``X`` permuted, by ``permuted(ctx, X, perm)`` (a target may copy otherwise);
+    """``Out`` = ``X`` permuted, by the lines ``permuted(ctx, X, perm, "Out")`` (a target may
+    copy otherwise);
     a view of ``X`` where the permutation moves only axes of size 1 (known when lowering)
     among the others, whose order it keeps: the values then lie in the same order (a
     channels-last ``[N, 1, 1, C]`` after a global pool back to ``[N, C, 1, 1]``)."""
@@ -195,7 +197,7 @@ def _transpose_lower(ctx, permuted=_numpy_permuted):
     kept = [p for p in perm if shape[p] != 1]
     if kept == sorted(kept):
         return _view_lines(ctx, [f"{X}.shape[{p}]" for p in perm])
-    return _xshape_line(ctx, X) + [f"{ctx.out('Out')} = {permuted(ctx, X, perm)}"]
+    return _xshape_line(ctx, X) + permuted(ctx, X, perm, "Out")
 
 
 register_op("transpose2", inputs=["X"], outputs=["Out", "XShape~"], attrs=dict(_AXIS_PERM),
@@ -409,7 +411,7 @@ def _transpose_grad_lower(ctx, permuted=_numpy_permuted):
     if sorted(perm) != list(range(r)):
         return None  # an error the reference reports
     inv = [perm.index(i) for i in range(r)]
-    return [f"{ctx.out('X@GRAD')} = {permuted(ctx, ctx.inp('Out@GRAD'), inv)}"]
+    return permuted(ctx, ctx.inp("Out@GRAD"), inv, "X@GRAD")
 
 
 register_op(

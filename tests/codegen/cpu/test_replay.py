@@ -10,7 +10,6 @@ by its check and never kept; a driver the recorder does not know is never replay
 import gc
 import math
 import threading
-import weakref
 
 import numba
 import numpy as np
@@ -540,18 +539,20 @@ def _replayed(src, shape, want, runs=7, **ns):
     return rp
 
 
-def test_a_concat_a_transpose_and_a_copy_are_written_into_the_recorded_arrays():
-    """A concat, a transpose's ``permuted`` and an array's ``copy`` made again at each replay
-    write into the arrays the recording keeps for them (one copy a replay, not a new array
-    copied over it): the driver's values at every run, and the recorded calls are the forms
-    that write (their result the array a later call reads)."""
+def test_a_concat_and_a_copy_are_written_into_the_recorded_arrays():
+    """A concat and an array's ``copy`` made again at each replay write into the arrays the
+    recording keeps for them (one copy a replay, not a new array copied over it), and a
+    transpose's ``permute_into`` (declared ``"leaves"``) is recorded as the copy it made: the
+    driver's values at every run, and the recorded calls are the forms that write (their
+    result the array a later call reads)."""
     from pdjit.codegen.cpu.lib import indexing
 
     src = """def segment(a0, a1):
     s1 = np.empty(a0.shape, np.float32)
     _double(a0, s1)
     s2 = np.concatenate((s1, a0), 1)
-    s3 = permuted(s2, (1, 0))
+    s3 = np.empty((s2.shape[1], s2.shape[0]), np.float32)
+    permute_into(s2, (1, 0), s3)
     s4 = s3.copy()
     s5 = np.empty(s4.shape, np.float32)
     _double(s4, s5)
@@ -561,35 +562,34 @@ def test_a_concat_a_transpose_and_a_copy_are_written_into_the_recorded_arrays():
         t = np.concatenate((2 * x, x), 1).T
         return 2 * t, t
 
-    rp = _replayed(src, (2, 3), want, permuted=indexing.permuted)
+    rp = _replayed(src, (2, 3), want, permute_into=indexing.permute_into)
     assert rp.replays == 7 - replay.AFTER_RUNS - 1
     (rec,) = rp.recordings.values()
     made = {getattr(f, "__name__", f): (args, kwargs, out) for f, args, kwargs, out in rec.ops}
-    assert set(made) == {"_double", "concatenate", "permuted_into", "_copy_into"}, made
-    joined, into, copy = made["concatenate"], made["permuted_into"], made["_copy_into"]
-    # (each writes the array it returns: the op's result, poisoned before a recording's check)
-    assert joined[1]["out"] is joined[2] and into[0][0] is into[2] and copy[0][0] is copy[2]
-    assert into[0][1] is joined[2] and into[0][2] == (1, 0)  # (the transpose reads the concat)
-    assert copy[0][1] is into[2]  # (the copy reads the transpose's)
+    assert set(made) == {"_double", "concatenate", "_copy_permuted", "_copy_into"}, made
+    joined, moved, copy = made["concatenate"], made["_copy_permuted"], made["_copy_into"]
+    # (each writes the array it returns or is given: the op's result, poisoned before a
+    # recording's check)
+    assert joined[1]["out"] is joined[2] and copy[0][0] is copy[2]
+    # (the transpose reads the concat, the copy the transpose's result)
+    assert np.shares_memory(moved[0][1], joined[2]) and moved[0][2] == (1, 0)
+    assert np.shares_memory(copy[0][1], moved[0][0])
 
 
 def test_a_form_writing_into_an_array_that_writes_nothing_is_caught(monkeypatch):
     """The array a call made again writes into is poisoned before a new recording's check like
     any result: a form that leaves it as the recording's run wrote it is caught there (the
     check's run has the recording's inputs: what it holds then is right), never kept."""
-    from pdjit.codegen.cpu.lib import indexing
-
-    monkeypatch.setitem(replay._INTO, id(indexing.permuted),
-                        (lambda out, x, perm: out, weakref.ref(indexing.permuted)))
+    monkeypatch.setattr(replay, "_copy_into", lambda out, a: out)
     src = """def segment(a0, a1):
     s1 = np.empty(a0.shape, np.float32)
     _double(a0, s1)
-    s2 = permuted(s1, (1, 0))
+    s2 = s1.copy()
     s3 = np.empty(s2.shape, np.float32)
     _double(s2, s3)
     return (s3, a1)
 """
-    rp = _replayed(src, (2, 3), lambda x: (4 * x.T,), permuted=indexing.permuted)
+    rp = _replayed(src, (2, 3), lambda x: (4 * x,))
     assert rp.replays == 0 and not rp.recordings
     assert rp.why == "its replay differed from the driver's run"
 

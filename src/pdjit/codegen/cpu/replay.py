@@ -28,9 +28,8 @@ What a recording holds is checked, never assumed:
   during the run must come from a parameter's memory) or ``"pure"`` (a value of shapes and
   thread counts), another entry point of the library, a NumPy function returning arrays (a concat's
   ``np.concatenate``) or an array's ``copy`` (called again at each replay, what it returns
-  copied into what it returned then; a concat, a ``copy`` and an entry point declared with
-  a form that writes into an array (:func:`declare_into`: a transpose's ``permuted``) write
-  there directly), ``np.empty``, views, the shape arithmetic, ``np.array`` of constants and
+  copied into what it returned then; a concat and a ``copy`` write there directly),
+  ``np.empty``, views, the shape arithmetic, ``np.array`` of constants and
   shapes (made once, kept); anything else
   (a kernel returning a scalar, a value read from an array, a ``reshape`` that copies, a split
   on ``run_parts``' helpers, a parallel variant not compiled yet, an argument of an unknown
@@ -105,7 +104,6 @@ MAX_BYTES = 64 << 20
 VERSION = [0]
 
 _KINDS: dict = {}   # id(function) -> (kind, a weak reference to the function)
-_INTO: dict = {}    # id(function) -> (its form writing into an array, a weak reference to it)
 _local = threading.local()
 
 
@@ -121,15 +119,6 @@ def declare(kind: str, *fns) -> None:
         raise ValueError(f"pdjit: replay: no kind {kind!r}")
     for f in fns:  # (a generated host function goes with its program)
         _KINDS[id(f)] = (kind, weakref.ref(f, _forget(_KINDS, id(f))))
-
-
-def declare_into(f, into) -> None:
-    """Declare that a call of the library entry point ``f`` that a recording makes again at
-    each replay (its result a new array) may write its result straight into the array the
-    recording keeps for it: ``into(out, *args)`` writes the values of ``f(*args)`` into
-    ``out`` (C-contiguous, of their shape and dtype) and returns ``out``. Without it each
-    replay makes the new array, then copies it over. Held weakly, as :func:`declare`."""
-    _INTO[id(f)] = (into, weakref.ref(f, _forget(_INTO, id(f))))
 
 
 def _forget(table, key):
@@ -452,9 +441,9 @@ def _writing_into(f, args, kwargs, out):
     """A call made again at each replay (:meth:`_Recorder._result`) as a call that writes its
     result into ``out`` (what it returned when recorded, kept by the recording) and returns
     it, so that each replay copies once, not twice (a new array, then copied over ``out``): a
-    concat (``np.concatenate(..., out=out)``), an array's ``copy``, an entry point declared
-    with such a form (:func:`declare_into`); else None. ``out`` stays the op's result: the
-    check of a new recording poisons it first, as any result a call is to write."""
+    concat (``np.concatenate(..., out=out)``), an array's ``copy``; else None. ``out`` stays
+    the op's result: the check of a new recording poisons it first, as any result a call is
+    to write."""
     if not isinstance(out, np.ndarray) or not out.flags.c_contiguous:
         return None
     kwargs = kwargs or {}
@@ -462,9 +451,6 @@ def _writing_into(f, args, kwargs, out):
         return (f, args, {**kwargs, "out": out}, out)
     if f is np.ndarray.copy and len(args) == 1 and not kwargs:  # (order C: out's layout)
         return (_copy_into, (out, args[0]), None, out)
-    into = _INTO.get(id(f))
-    if into is not None and into[1]() is f and not kwargs:
-        return (into[0], (out, *args), None, out)
     return None
 
 

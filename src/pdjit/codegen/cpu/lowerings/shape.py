@@ -1,7 +1,7 @@
 """The tiling ops of :mod:`pdjit.ops.shape` (expand, tile, expand_v2, expand_as_v2) and their
 gradients on the CPU: ``_nn.tile_nd`` / ``_nn.untile_nd`` over the flat arrays, the dims as
-run-time arguments; transpose(2) and its gradient: ``_nn.permuted`` (large copies on the loop
-threads)."""
+run-time arguments; transpose(2) and its gradient: ``_nn.permute_into`` (into the array the
+driver allocates)."""
 from __future__ import annotations
 
 from pdjit.codegen.cpu.lowerings import lowering
@@ -86,10 +86,12 @@ for _op in _TILING:
     lowering(f"{_op}_grad", host=True)(_untile_lower)
 
 
-def _permuted(ctx, X, perm) -> str:
-    """Source of ``X`` permuted as a new array, large data copied on the loop threads
-    (``_nn.permuted``; in compiled code, on its own thread)."""
-    return f"{ctx.lib_fn('permuted')}({X}, {ctx.tuple_src(perm)})"
+def _permuted(ctx, X, perm, slot) -> list:
+    """The lines writing output ``slot`` (allocated by the driver) = ``X`` permuted by
+    ``_nn.permute_into`` (two groups of axes swapped, NCHW <-> NHWC: blocks transposed in
+    registers on the loop threads; else NumPy's copy, large data on the loop threads)."""
+    out = ctx.out(slot, shape=ctx.tuple_src(f"{X}.shape[{p}]" for p in perm))
+    return [f"{ctx.lib_fn('permute_into')}({X}, {ctx.tuple_src(perm)}, {out})"]
 
 
 @lowering("transpose2", host=True)
