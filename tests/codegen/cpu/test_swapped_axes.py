@@ -1,7 +1,8 @@
-"""Transposes that swap two groups of axes (NCHW <-> NHWC images, a matrix's ``.T``): the
-kernel that moves blocks of one vector register's lanes square through registers
-(``indexing._swapped_parts``) against NumPy's transpose, over sizes that are not multiples
-of the block, several batches, every split of the output's rows; ``_nn.permute_into``'s choice
+"""Transposes that swap two groups of axes (NCHW <-> NHWC images, a matrix's ``.T``, a
+channel shuffle): the kernel that moves blocks of one vector register's lanes square through
+registers, or copies the runs of the axes after the groups (``indexing._swapped_parts``),
+against NumPy's transpose, over sizes that are not multiples of the block, several batches,
+every split of the output's rows; ``_nn.permute_into``'s choice
 between that loop and NumPy's copy; a channels-last model's boundary transposes recorded by a
 host replay as the parallel loop (native code), the model's values against NumPy."""
 import numpy as np
@@ -21,24 +22,28 @@ RNG = np.random.default_rng(61)
     ((33, 17), (1, 0)),                # a matrix
     ((4, 16, 32), (0, 2, 1)),          # whole blocks only
     ((1, 5, 3, 2), (0, 2, 3, 1)),      # smaller than one block
+    ((2, 2, 29, 5, 3), (0, 2, 1, 3, 4)),  # a channel shuffle: runs of 15 values
+    ((3, 7, 4, 16), (0, 2, 1, 3)),     # attention's heads
 ])
 def test_swapped_parts_against_numpy(dtype, shape, perm):
     x = RNG.standard_normal(shape).astype(dtype)
     want = np.ascontiguousarray(np.transpose(x, perm))
-    nb, r, s = indexing._swapped_groups(shape, perm)
-    assert nb * r * s == x.size
+    nb, r, s, e = indexing._swapped_groups(shape, perm)
+    assert nb * r * s * e == x.size
     for parts in (1, 2, 3):
         got = np.full(want.shape, np.nan, dtype)
-        indexing._swapped_parts(x.reshape(x.size), got.reshape(got.size), nb, r, s, parts)
+        indexing._swapped_parts(x.reshape(x.size), got.reshape(got.size), nb, r, s, e, parts)
         np.testing.assert_array_equal(got, want, err_msg=f"{shape} {perm} in {parts}")
 
 
-def test_swapped_groups_only_for_two_groups_that_end_at_the_last_axis():
-    assert indexing._swapped_groups((2, 3, 4, 5), (0, 2, 3, 1)) == (2, 3, 20)
-    assert indexing._swapped_groups((2, 3, 4, 5), (0, 3, 1, 2)) == (2, 12, 5)
-    assert indexing._swapped_groups((2, 3, 4, 5), (2, 3, 0, 1)) == (1, 6, 20)
-    assert indexing._swapped_groups((2, 3, 4, 5), (0, 1, 3, 2)) == (6, 4, 5)
-    for perm in ((0, 1, 2, 3), (0, 2, 1, 3), (1, 0, 2, 3), (3, 2, 1, 0), (2, 0, 1, 3)):
+def test_swapped_groups_of_axes():
+    assert indexing._swapped_groups((2, 3, 4, 5), (0, 2, 3, 1)) == (2, 3, 20, 1)
+    assert indexing._swapped_groups((2, 3, 4, 5), (0, 3, 1, 2)) == (2, 12, 5, 1)
+    assert indexing._swapped_groups((2, 3, 4, 5), (2, 3, 0, 1)) == (1, 6, 20, 1)
+    assert indexing._swapped_groups((2, 3, 4, 5), (0, 1, 3, 2)) == (6, 4, 5, 1)
+    assert indexing._swapped_groups((2, 3, 4, 5), (0, 2, 1, 3)) == (2, 3, 4, 5)
+    assert indexing._swapped_groups((2, 3, 4, 5), (1, 2, 0, 3)) == (1, 2, 12, 5)
+    for perm in ((0, 1, 2, 3), (3, 2, 1, 0), (2, 0, 3, 1), (1, 0, 3, 2)):
         assert indexing._swapped_groups((2, 3, 4, 5), perm) is None, perm
 
 
@@ -54,7 +59,7 @@ def test_permute_into_on_the_team_or_numpy(monkeypatch, team_loops):
     assert ran == [(indexing._swapped_parts, 2, True)]
     np.testing.assert_array_equal(out, x.transpose(0, 2, 3, 1))
     small = x[:, :2, :4, :4].copy()
-    for xs, perm in ((x.astype(np.int32), (0, 2, 3, 1)), (x, (0, 2, 1, 3)),
+    for xs, perm in ((x.astype(np.int32), (0, 2, 3, 1)), (x, (2, 1, 3, 0)),
                      (small, (0, 2, 3, 1))):
         ran.clear()
         got = np.empty(np.transpose(xs, perm).shape, xs.dtype)
@@ -68,9 +73,9 @@ def test_permute_into_on_the_team_or_numpy(monkeypatch, team_loops):
 
 
 def test_transposes_replayed_as_the_loop(monkeypatch, team_loops):
-    """A transpose into NHWC and one back (an image, a relu and a scale between): a host
-    replay records each as the parallel loop (its native chain calls it), not as a call from
-    Python; NumPy's values, at every run."""
+    """A transpose into NHWC, one back (an image, a relu and a scale between) and a channel
+    shuffle: a host replay records each as the parallel loop (its native chain calls it), not
+    as a call from Python; NumPy's values, at every run."""
     monkeypatch.setattr(indexing, "SWAP_MIN", 1)
     L = fluid.layers
     main, startup = fluid.Program(), fluid.Program()
@@ -78,16 +83,20 @@ def test_transposes_replayed_as_the_loop(monkeypatch, team_loops):
         img = L.data("img", [24, 9, 7])
         last = L.transpose(L.relu(img), [0, 2, 3, 1])
         first = L.transpose(L.scale(last, 2.0), [0, 3, 1, 2])
+        shuffled = L.reshape(L.transpose(L.reshape(first, [-1, 2, 12, 9, 7]),
+                                         [0, 2, 1, 3, 4]), [-1, 24, 9, 7])
     main = main.clone(for_test=True)
     exe, scope = fluid.Executor(native_drivers="auto"), fluid.Scope()
     exe.run(startup, scope=scope)
     replays = []
     for _ in range(40):
         x = RNG.standard_normal((1, 24, 9, 7)).astype(np.float32)
-        got_last, got_first = exe.run(main, feed={"img": x}, fetch_list=[last, first],
-                                      scope=scope)
+        got_last, got_first, got_shuffled = exe.run(
+            main, feed={"img": x}, fetch_list=[last, first, shuffled], scope=scope)
         np.testing.assert_array_equal(got_last, np.maximum(x, 0).transpose(0, 2, 3, 1))
         np.testing.assert_array_equal(got_first, 2 * np.maximum(x, 0))
+        np.testing.assert_array_equal(got_shuffled, 2 * np.maximum(x, 0).reshape(
+            1, 2, 12, 9, 7).transpose(0, 2, 1, 3, 4).reshape(1, 24, 9, 7))
         replays = [s.tiers.replay for _, plan in exe._plans.values() for s in plan.walk()
                    if getattr(s, "tiers", None) is not None and s.tiers.replay is not None]
         if any(r.replays for r in replays):
@@ -96,5 +105,5 @@ def test_transposes_replayed_as_the_loop(monkeypatch, team_loops):
     assert rp.replays, rp.why
     (rec,) = rp.recordings.values()
     loops = [k for k, (fn, *_) in enumerate(rec.ops) if fn is indexing._swapped_parts]
-    assert len(loops) == 2 and set(loops) <= rec.teams, rec.ops
+    assert len(loops) == 3 and set(loops) <= rec.teams, rec.ops
     assert not any(fn is indexing._copy_permuted for fn, *_ in rec.ops)

@@ -21,7 +21,7 @@ import math
 import llvmlite.ir as ir
 import numba
 import numpy as np
-from numba.core import types
+from numba.core import cgutils, types
 from numba.extending import intrinsic, overload
 
 from pdjit.codegen.cpu import replay
@@ -623,14 +623,40 @@ def _block_transposed(typingctx, xs, x0, xr, ys, y0, yr):
     return types.void(xs, x0, xr, ys, y0, yr), codegen
 
 
+@intrinsic
+def _copy_run(typingctx, xs, x0, ys, y0, n):
+    """``ys[y0:y0 + n] = xs[x0:x0 + n]`` by ``memcpy`` (the arrays' memory apart)."""
+    if not (isinstance(xs, types.Array) and isinstance(ys, types.Array)) or \
+            xs.dtype != ys.dtype or not all(isinstance(t, types.Integer) for t in (x0, y0, n)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        at = signature.args
+        xptr = context.make_array(at[0])(context, builder, args[0]).data
+        yptr = context.make_array(at[2])(context, builder, args[2]).data
+        x0v, y0v, nv = (_offset(context, builder, at[i], args[i]) for i in (1, 3, 4))
+        size = context.get_abi_sizeof(context.get_value_type(at[0].dtype))
+        cgutils.raw_memcpy(builder, builder.gep(yptr, [y0v]), builder.gep(xptr, [x0v]), nv,
+                           size)
+        return context.get_dummy_value()
+
+    return types.void(xs, x0, ys, y0, n), codegen
+
+
 @jit
-def _swapped_range(x, y, nb, r_, s_, s0, s1):
-    """``y[b, j, i] = x[b, i, j]`` (``x`` [nb, r_, s_], ``y`` [nb, s_, r_], flat) for ``j`` in
-    ``s0 .. s1``: by blocks of one vector register's lanes square (:func:`_block_transposed`),
-    the values at the edges one by one."""
+def _swapped_range(x, y, nb, r_, s_, e_, s0, s1):
+    """``y[b, j, i, :] = x[b, i, j, :]`` (``x`` [nb, r_, s_, e_], ``y`` [nb, s_, r_, e_],
+    flat) for ``j`` in ``s0 .. s1``: where ``e_`` is 1, by blocks of one vector register's
+    lanes square (:func:`_block_transposed`), the values at the edges one by one; else each
+    run of ``e_`` values copied whole (:func:`_copy_run`)."""
     lanes = PLANE_BYTES // x.itemsize
     for b in range(nb):
-        base = b * r_ * s_
+        base = b * r_ * s_ * e_
+        if e_ != 1:
+            for j in range(s0, s1):
+                for i in range(r_):
+                    _copy_run(x, base + (i * s_ + j) * e_, y, base + (j * r_ + i) * e_, e_)
+            continue
         for j0 in range(s0, s1, lanes):
             j1 = min(j0 + lanes, s1)
             for i0 in range(0, r_, lanes):
@@ -644,31 +670,36 @@ def _swapped_range(x, y, nb, r_, s_, s0, s1):
 
 
 @pjit
-def _swapped_parts(x, y, nb, r_, s_, parts):
-    """:func:`_swapped_range` in ``parts`` ranges of ``j`` (whole blocks but the last), one a
-    thread of a parallel loop (``lib.team``)."""
-    lanes = PLANE_BYTES // x.itemsize
+def _swapped_parts(x, y, nb, r_, s_, e_, parts):
+    """:func:`_swapped_range` in ``parts`` ranges of ``j`` (whole blocks but the last where
+    ``e_`` is 1), one a thread of a parallel loop (``lib.team``)."""
+    step = PLANE_BYTES // x.itemsize if e_ == 1 else 1
     for p in numba.prange(parts):
-        s0 = s_ * p // parts // lanes * lanes
-        s1 = s_ if p == parts - 1 else s_ * (p + 1) // parts // lanes * lanes
-        _swapped_range(x, y, nb, r_, s_, s0, s1)
+        s0 = s_ * p // parts // step * step
+        s1 = s_ if p == parts - 1 else s_ * (p + 1) // parts // step * step
+        _swapped_range(x, y, nb, r_, s_, e_, s0, s1)
 
 
 jobs("indexing._swapped_parts (warmup)")(lambda T: [
-    (_swapped_parts, ((T, 1), (T, 1), int, int, int, int))])
+    (_swapped_parts, ((T, 1), (T, 1), int, int, int, int, int))])
 compile_cost(1.0, _swapped_parts)
 
 
 def _swapped_groups(shape, perm):
-    """``(B, R, S)`` where ``perm`` keeps the first axes (``B`` values) and swaps the two
-    groups of axes after them (``R`` and ``S`` values; the last group ends at the last axis),
-    as NCHW <-> NHWC images do; else None."""
+    """``(B, R, S, E)`` where ``perm`` keeps the first axes (``B`` values) and the last ones
+    (``E`` values) and swaps the two groups of axes between them (``R`` and ``S`` values), as
+    NCHW <-> NHWC images (``E`` 1) and a channel shuffle ([N, G, C / G, H, W] by (0, 2, 1, 3,
+    4): ``E`` the planes) do; else None."""
     n = len(perm)
     a = next((i for i in range(n) if perm[i] != i), n)
-    if a == n or list(perm) != [*range(a), *range(perm[a], n), *range(a, perm[a])]:
+    if a == n:
         return None
     b = perm[a]
-    return math.prod(shape[:a]), math.prod(shape[a:b]), math.prod(shape[b:])
+    c = next(i for i in range(b, n + 1) if i == n or perm[a + i - b] != i)
+    if list(perm) != [*range(a), *range(b, c), *range(a, b), *range(c, n)]:
+        return None
+    return (math.prod(shape[:a]), math.prod(shape[a:b]), math.prod(shape[b:c]),
+            math.prod(shape[c:]))
 
 
 #: the fewest values of a permuted copy that swaps two groups of axes
@@ -679,9 +710,10 @@ SWAP_MIN = 1 << 12
 def permute_into(x, perm, out) -> None:
     """``out[...] = x.transpose(perm)`` (``out`` C-contiguous, of the permuted shape: a
     transpose op's result, as Paddle's kernel lays it out anew). Where the permutation swaps
-    two groups of axes that end at the last one (NCHW <-> NHWC) and the values are floats, by
-    blocks transposed in registers on the loop threads (:func:`_swapped_parts`, once its loop
-    is ready: ``lib.team``); else :func:`_copy_permuted`. Declared ``"leaves"``: a host replay
+    two groups of axes (NCHW <-> NHWC, a channel shuffle: :func:`_swapped_groups`) and the
+    values are floats, on the loop threads by :func:`_swapped_parts` (once its loop is ready:
+    ``lib.team``): blocks transposed in registers, or runs of the axes after the groups copied
+    whole; else :func:`_copy_permuted`. Declared ``"leaves"``: a host replay
     makes the same calls, the parallel loop's from its native chain. MobileNetV2's [1, 192,
     14, 14] into NHWC after the layer that wrote it, two threads: 47-52 us a run by NumPy's
     copy made again from Python, 16 us this way; alone, cache hot,
@@ -691,10 +723,11 @@ def permute_into(x, perm, out) -> None:
             x.flags.c_contiguous and out.flags.c_contiguous and out.dtype == x.dtype:
         groups = _swapped_groups(x.shape, perm)
         if groups is not None:
-            nb, r_, s_ = groups
-            parts = max(1, min(loop_threads(), s_ // (PLANE_BYTES // x.itemsize)))
+            nb, r_, s_, e_ = groups
+            step = PLANE_BYTES // x.itemsize if e_ == 1 else 1
+            parts = max(1, min(loop_threads(), s_ // step))
             if team.run(_swapped_parts, (x.reshape(x.size), out.reshape(out.size), nb, r_,
-                                         s_, parts)):
+                                         s_, e_, parts)):
                 return
     replay.kernel_call(_copy_permuted, out, x, perm)
 
