@@ -185,10 +185,9 @@ def _numpy_permuted(ctx, X, perm, slot) -> list:
 
 def _transpose_lower(ctx, permuted=_numpy_permuted):
     """``Out`` = ``X`` permuted, by the lines ``permuted(ctx, X, perm, "Out")`` (a target may
-    copy otherwise);
-    a view of ``X`` where the permutation moves only axes of size 1 (known when lowering)
-    among the others, whose order it keeps: the values then lie in the same order (a
-    channels-last ``[N, 1, 1, C]`` after a global pool back to ``[N, C, 1, 1]``)."""
+    copy otherwise); a view of ``X`` where the permutation moves only axes of size 1 (known
+    when lowering) among the others, whose order it keeps: the values then lie in the same
+    order (a channels-last ``[N, 1, 1, C]`` after a global pool back to ``[N, C, 1, 1]``)."""
     X, r = ctx.inp("X"), ctx.rank("X")
     perm = [int(a) % max(r, 1) for a in ctx.attrs["axis"]]
     if sorted(perm) != list(range(r)):

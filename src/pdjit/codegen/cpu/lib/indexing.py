@@ -600,12 +600,11 @@ def _block_transposed(typingctx, xs, x0, xr, ys, y0, yr):
         _, size, lanes, vty, i64, _, _ = _vectors(context, builder, at[0].dtype, PLANE_BYTES)
         ity = ir.VectorType(ir.IntType(32), lanes)
 
-        def at_(base, stride, k):
-            p = builder.gep(xptr if base is x0v else yptr,
-                            [builder.add(base, builder.mul(stride, ir.Constant(i64, k)))])
+        def at_(ptr, base, stride, k):
+            p = builder.gep(ptr, [builder.add(base, builder.mul(stride, ir.Constant(i64, k)))])
             return builder.bitcast(p, vty.as_pointer())
 
-        rows = [builder.load(at_(x0v, xrv, i), align=size) for i in range(lanes)]
+        rows = [builder.load(at_(xptr, x0v, xrv, i), align=size) for i in range(lanes)]
         s = lanes // 2
         while s:
             low = ir.Constant(ity, [m if not m & s else lanes + m - s for m in range(lanes)])
@@ -617,7 +616,7 @@ def _block_transposed(typingctx, xs, x0, xr, ys, y0, yr):
                     rows[i + s] = builder.shuffle_vector(a, b, high)
             s //= 2
         for j in range(lanes):
-            builder.store(rows[j], at_(y0v, yrv, j), align=size)
+            builder.store(rows[j], at_(yptr, y0v, yrv, j), align=size)
         return context.get_dummy_value()
 
     return types.void(xs, x0, xr, ys, y0, yr), codegen
@@ -713,12 +712,13 @@ def permute_into(x, perm, out) -> None:
     two groups of axes (NCHW <-> NHWC, a channel shuffle: :func:`_swapped_groups`) and the
     values are floats, on the loop threads by :func:`_swapped_parts` (once its loop is ready:
     ``lib.team``): blocks transposed in registers, or runs of the axes after the groups copied
-    whole; else :func:`_copy_permuted`. Declared ``"leaves"``: a host replay
-    makes the same calls, the parallel loop's from its native chain. MobileNetV2's [1, 192,
-    14, 14] into NHWC after the layer that wrote it, two threads: 47-52 us a run by NumPy's
-    copy made again from Python, 16 us this way; alone, cache hot,
-    us, NumPy's copy on one thread / this on one / on two: [1, 192, 14, 14] 10.1 / 7.3 / 5.5,
-    [1, 144, 28, 28] 40.3 / 17.0 / 10.9, [1, 96, 56, 56] 171 / 119 / 27."""
+    whole; else :func:`_copy_permuted`. Declared ``"leaves"``: a host replay makes the same
+    calls, the parallel loop's from its native chain. MobileNetV2's [1, 192, 14, 14] into
+    NHWC after the layer that wrote it, two threads: 47-52 us a run by NumPy's copy made again
+    from Python, 16 us this way. Alone, cache hot, us, NumPy's copy on one thread / this on
+    one / on two: [1, 192, 14, 14] into NHWC 10.1 / 7.3 / 5.5, [1, 144, 28, 28] 40.3 / 17.0 /
+    10.9, [1, 96, 56, 56] 171 / 119 / 27; ShuffleNetV2's shuffle of [1, 2, 58, 28, 28] 8.5 /
+    9.9 / 6.2, [16, 128, 4, 64] heads (0, 2, 1, 3) 174 / 171 / 94."""
     if x.size >= SWAP_MIN and x.dtype in (np.float32, np.float64) and \
             x.flags.c_contiguous and out.flags.c_contiguous and out.dtype == x.dtype:
         groups = _swapped_groups(x.shape, perm)

@@ -88,8 +88,8 @@ for _op in _TILING:
 
 def _permuted(ctx, X, perm, slot) -> list:
     """The lines writing output ``slot`` (allocated by the driver) = ``X`` permuted by
-    ``_nn.permute_into`` (two groups of axes swapped, NCHW <-> NHWC: blocks transposed in
-    registers on the loop threads; else NumPy's copy, large data on the loop threads)."""
+    ``_nn.permute_into`` (two groups of axes swapped, NCHW <-> NHWC or a channel shuffle: on
+    the loop threads by a parallel loop; else NumPy's copy)."""
     out = ctx.out(slot, shape=ctx.tuple_src(f"{X}.shape[{p}]" for p in perm))
     return [f"{ctx.lib_fn('permute_into')}({X}, {ctx.tuple_src(perm)}, {out})"]
 
