@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import pdjit as fluid
-from pdjit.codegen.cpu.lib import indexing
+from pdjit.codegen.cpu.lib import indexing, team
 
 RNG = np.random.default_rng(61)
 
@@ -49,12 +49,13 @@ def test_swapped_groups_of_axes():
 
 def test_permute_into_on_the_team_or_numpy(monkeypatch, team_loops):
     """A float swap of enough values runs the parallel loop once it is ready (by ranges of
-    the output's rows over the loop threads); an integer array, a permutation of another
-    kind, a small one or a loop not ready yet take NumPy's copy: each against NumPy."""
+    the output's rows over the loop threads), a smaller one only while the team polls; an
+    integer array, a permutation of another kind, a small one or a loop not ready yet take
+    NumPy's copy: each against NumPy."""
     ran = team_loops
     monkeypatch.setattr(indexing, "loop_threads", lambda: 2)
-    x = RNG.standard_normal((1, 48, 14, 14)).astype(np.float32)
-    out = np.full((1, 14, 14, 48), np.nan, np.float32)
+    x = RNG.standard_normal((1, 192, 14, 14)).astype(np.float32)   # (over SWAP_MIN)
+    out = np.full((1, 14, 14, 192), np.nan, np.float32)
     indexing.permute_into(x, (0, 2, 3, 1), out)
     assert ran == [(indexing._swapped_parts, 2, True)]
     np.testing.assert_array_equal(out, x.transpose(0, 2, 3, 1))
@@ -66,6 +67,17 @@ def test_permute_into_on_the_team_or_numpy(monkeypatch, team_loops):
         indexing.permute_into(xs, perm, got)
         assert ran == [], (xs.shape, xs.dtype, perm)
         np.testing.assert_array_equal(got, np.transpose(xs, perm))
+    # between SWAP_POLLING and SWAP_MIN values: the loop only while the team still polls
+    # (a loop ran moments ago), else NumPy's copy (its sleeping thread's wake-up not repaid)
+    mid = x[:, :96].copy()
+    assert indexing.SWAP_POLLING <= mid.size < indexing.SWAP_MIN
+    for ended, loop in ((team.time.perf_counter(), True), (-1.0, False)):
+        ran.clear()
+        monkeypatch.setattr(team, "_ended", [ended])
+        got = np.full((1, 14, 14, 96), np.nan, np.float32)
+        indexing.permute_into(mid, (0, 2, 3, 1), got)
+        assert bool(ran) is loop, ran
+        np.testing.assert_array_equal(got, mid.transpose(0, 2, 3, 1))
     monkeypatch.setattr(indexing.team, "run", lambda loop, call: False)  # not ready
     got = np.full(out.shape, np.nan, np.float32)
     indexing.permute_into(x, (0, 2, 3, 1), got)
@@ -77,6 +89,7 @@ def test_transposes_replayed_as_the_loop(monkeypatch, team_loops):
     shuffle: a host replay records each as the parallel loop (its native chain calls it), not
     as a call from Python; NumPy's values, at every run."""
     monkeypatch.setattr(indexing, "SWAP_MIN", 1)
+    monkeypatch.setattr(indexing, "SWAP_POLLING", 1)
     L = fluid.layers
     main, startup = fluid.Program(), fluid.Program()
     with fluid.program_guard(main, startup), fluid.unique_name.guard():

@@ -702,8 +702,14 @@ def _swapped_groups(shape, perm):
 
 
 #: the fewest values of a permuted copy that swaps two groups of axes
-#: (:func:`_swapped_groups`) by :func:`_swapped_parts`
-SWAP_MIN = 1 << 12
+#: (:func:`_swapped_groups`) by :func:`_swapped_parts`: ``SWAP_MIN`` anywhere, ``SWAP_POLLING``
+#: shortly after another parallel loop (``team.polling``: the team's threads still poll). A
+#: parallel loop after a long kernel of one thread wakes the team's sleeping thread (~50-70
+#: us), which a small copy does not repay: a bidirectional LSTM classifier at batch 1, [1, 64,
+#: 128] into [64, 1, 128] after a recurrent layer's 2.9 ms, 77 us by the loop against 12 by
+#: NumPy's copy; MobileNetV3-small's [1, 96, 14, 14] into NHWC 8 us after a convolution's
+#: loop, 11 against 28-33
+SWAP_MIN, SWAP_POLLING = 1 << 15, 1 << 12
 
 
 def permute_into(x, perm, out) -> None:
@@ -719,7 +725,8 @@ def permute_into(x, perm, out) -> None:
     one / on two: [1, 192, 14, 14] into NHWC 10.1 / 7.3 / 5.5, [1, 144, 28, 28] 40.3 / 17.0 /
     10.9, [1, 96, 56, 56] 171 / 119 / 27; ShuffleNetV2's shuffle of [1, 2, 58, 28, 28] 8.5 /
     9.9 / 6.2, [16, 128, 4, 64] heads (0, 2, 1, 3) 174 / 171 / 94."""
-    if x.size >= SWAP_MIN and x.dtype in (np.float32, np.float64) and \
+    if x.size >= (SWAP_POLLING if team.polling() else SWAP_MIN) and \
+            x.dtype in (np.float32, np.float64) and \
             x.flags.c_contiguous and out.flags.c_contiguous and out.dtype == x.dtype:
         groups = _swapped_groups(x.shape, perm)
         if groups is not None:

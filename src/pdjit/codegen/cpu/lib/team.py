@@ -24,7 +24,7 @@ from numba.extending import intrinsic
 from pdjit.codegen.cpu import replay, threads
 from pdjit.codegen.cpu.lib._jit import compile_cost, jobs, pjit
 
-__all__ = ["plan", "ready", "run", "thread_ids"]
+__all__ = ["plan", "polling", "ready", "run", "thread_ids"]
 
 #: Linux's number of the ``gettid`` system call on this machine (None: no ids taken)
 _GETTID = {"x86_64": 186, "amd64": 186, "aarch64": 178, "arm64": 178}.get(
@@ -126,10 +126,25 @@ def run(loop, call) -> bool:
         return False
     threads.place_team()
     loop(*call)
+    _ended[0] = time.perf_counter()
     rec = replay.recording()
     if rec is not None:
         rec.leaf(loop, call, team=True)
     return True
+
+
+#: how long after a parallel loop its team's threads surely still poll for the next one
+#: (``GOMP_SPINCOUNT``: ~0.2-0.3 ms on the machine this project is measured on)
+POLLING_S = 1e-4
+_ended = [-1.0]  # when the last loop :func:`run` ran ended (``time.perf_counter``)
+
+
+def polling() -> bool:
+    """Whether a loop :func:`run` ran ended less than :data:`POLLING_S` ago: the team's threads
+    then still poll, so that one more loop costs a few microseconds, not a sleeping thread's
+    wake-up (tens). A host replay makes its calls in the order of the recording's run, each
+    sooner: what held there holds at each replay."""
+    return time.perf_counter() - _ended[0] < POLLING_S
 
 
 def plan(parts, units, npan, by_panels) -> tuple:
