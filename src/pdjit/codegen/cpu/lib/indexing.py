@@ -22,7 +22,7 @@ import llvmlite.ir as ir
 import numba
 import numpy as np
 from numba.core import cgutils, types
-from numba.extending import intrinsic, overload
+from numba.extending import intrinsic, overload, register_jitable
 
 from pdjit.codegen.cpu import replay
 from pdjit.codegen.cpu.lib import team
@@ -668,11 +668,18 @@ def _swapped_range(x, y, nb, r_, s_, e_, s0, s1):
                             y[base + j * r_ + i] = x[base + i * s_ + j]
 
 
+@register_jitable
+def _swap_step(itemsize, e_) -> int:
+    """The ``j`` by which :func:`_swapped_parts` splits: a block's (one register's lanes)
+    where ``e_`` is 1, else one."""
+    return PLANE_BYTES // itemsize if e_ == 1 else 1
+
+
 @pjit
 def _swapped_parts(x, y, nb, r_, s_, e_, parts):
-    """:func:`_swapped_range` in ``parts`` ranges of ``j`` (whole blocks but the last where
-    ``e_`` is 1), one a thread of a parallel loop (``lib.team``)."""
-    step = PLANE_BYTES // x.itemsize if e_ == 1 else 1
+    """:func:`_swapped_range` in ``parts`` ranges of ``j`` (multiples of :func:`_swap_step`
+    but the last), one a thread of a parallel loop (``lib.team``)."""
+    step = _swap_step(x.itemsize, e_)
     for p in numba.prange(parts):
         s0 = s_ * p // parts // step * step
         s1 = s_ if p == parts - 1 else s_ * (p + 1) // parts // step * step
@@ -731,8 +738,7 @@ def permute_into(x, perm, out) -> None:
         groups = _swapped_groups(x.shape, perm)
         if groups is not None:
             nb, r_, s_, e_ = groups
-            step = PLANE_BYTES // x.itemsize if e_ == 1 else 1
-            parts = max(1, min(loop_threads(), s_ // step))
+            parts = max(1, min(loop_threads(), s_ // _swap_step(x.itemsize, e_)))
             if team.run(_swapped_parts, (x.reshape(x.size), out.reshape(out.size), nb, r_,
                                          s_, e_, parts)):
                 return
