@@ -161,6 +161,31 @@ def test_a_recording_goes_native_after_its_runs_with_the_drivers_bits(monkeypatc
         np.testing.assert_array_equal(_run(exe, main, scope, out, x), g)
 
 
+def test_runs_served_as_they_will_not_be_for_long_move_warming(monkeypatch):
+    """A key's driver runs before it is recorded, its recording's trial against the driver and
+    the recording's replays from Python before its calls go native each move
+    ``threads.WARMING`` (the run that records moves ``threads.LOADS``): no sample of a trial of
+    threads. The native replays after move neither."""
+    monkeypatch.setattr(replay, "NATIVE_AFTER", 5)
+    exe, main, scope, out = _executor()
+    _settle(exe, main, scope, out)
+    (rp,) = _replays(exe)
+    seen = []  # (how the run was served, whether WARMING moved, whether LOADS moved)
+    for _ in range(2 * (replay.AFTER_RUNS + 2 * replay.TRIAL_RUNS + replay.NATIVE_AFTER)):
+        w, loads = threads.WARMING[0], threads.LOADS[0]
+        _run(exe, main, scope, out, _image(3))  # (a new batch size: a key of its own)
+        rec = next((r for k, r in rp.recordings.items() if k[1][0][0] == 3), None)
+        how = "driver" if rec is None else "native" if rec.parts is not None else "python"
+        seen.append((how, threads.WARMING[0] != w, threads.LOADS[0] != loads))
+    hows = [h for h, _, _ in seen]
+    assert hows[:replay.AFTER_RUNS] == ["driver"] * replay.AFTER_RUNS, seen
+    assert "python" in hows and hows[-1] == "native", seen
+    first = hows.index("native")  # (its run made the calls native: LOADS)
+    assert all(warming and not loads for _, warming, loads in seen[:replay.AFTER_RUNS]), seen
+    assert all(warming or loads for _, warming, loads in seen[:first + 1]), seen
+    assert not any(warming or loads for _, warming, loads in seen[first + 1:]), seen
+
+
 def test_a_new_batch_size_is_recorded_apart():
     exe, main, scope, out = _executor()
     _settle(exe, main, scope, out)

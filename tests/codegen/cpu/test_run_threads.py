@@ -191,6 +191,44 @@ def test_a_run_that_loads_a_kernel_is_no_sample_of_a_trial(two_asked):
     assert choice.keys[16].times[0] == [] or 9.0 not in choice.keys[16].times[0]
 
 
+def test_a_short_run_served_as_it_will_not_be_for_long_is_no_sample(two_asked):
+    """A trial's timed run shorter than ``LONG_TRIAL_S`` that moved ``threads.WARMING`` (a host
+    replay's driver runs, trial or replays from Python before its calls go native) is not
+    counted: that setting runs again until its runs are served as they will be, and the pick
+    is the one the settled runs say (the wide setting's first runs from Python took twice a
+    native one's time: one process in three picked one thread). Up to ``WARMING_REDOS`` a
+    trial; a long run is counted whatever moved it."""
+    choice = threads.RunChoice(ready=lambda key: True)
+    for _ in range(threads.CHOICE_AFTER):
+        choice.begin(16), choice.end(16, 0.001)
+    warming = {None: 6, 1: 4}  # each setting's runs still from Python
+    caps = []
+    while choice.picks().get(16) != "every free core" and len(caps) < 60:
+        cap = choice.begin(16)
+        caps.append(cap)
+        if warming[cap]:
+            warming[cap] -= 1
+            threads.WARMING[0] += 1
+            choice.end(16, 0.004 if cap is None else 0.0025)
+            continue
+        choice.end(16, 0.002 if cap == 1 else 0.001)
+    assert choice.picks() == {16: "every free core"}, caps
+    # the wide setting ran until it settled, then the narrow one, then by turns
+    assert caps[:8] == [None] * 7 + [1], caps
+    assert choice.keys[16].times == ([0.001] * 4, [0.002] * 4)
+
+    # never settling: counted after WARMING_REDOS runs; a long run at once
+    for seconds, redos in ((0.001, threads.WARMING_REDOS), (threads.LONG_TRIAL_S, 0)):
+        choice = threads.RunChoice(ready=lambda key: True)
+        for _ in range(threads.CHOICE_AFTER):
+            choice.begin(32), choice.end(32, seconds)
+        for _ in range(redos + 1):
+            choice.begin(32)
+            threads.WARMING[0] += 1
+            choice.end(32, seconds)
+        assert len(choice.keys[32].times[0]) == 1 and choice.keys[32].redos == redos
+
+
 def test_a_compile_beside_the_runs_holds_the_trial_and_spoils_its_samples(two_asked):
     """While a compile goes on beside the runs (``threads.background``: a parallel variant or
     a native driver compiled on a thread of this process, on a core the runs share) a due

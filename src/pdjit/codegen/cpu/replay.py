@@ -502,8 +502,11 @@ class Recording:
         for i, buf in self.copies:
             np.copyto(buf, values[i])
         self.runs += 1
-        if self.runs == NATIVE_AFTER and NATIVE and self.poison is not None:
-            self._go_native_checked(values)
+        if self.parts is None and NATIVE and self.poison is not None:
+            if self.runs == NATIVE_AFTER:
+                self._go_native_checked(values)
+            elif self.runs < NATIVE_AFTER:  # (from Python until then: threads.WARMING)
+                threads.WARMING[0] += 1
         return tuple([np.array(o) for o in self.replay(values)])
 
     def _go_native_checked(self, values) -> None:
@@ -890,6 +893,8 @@ class HostReplay:
                 self._runs = {k: min(n, 0) for k, n in list(self._runs.items())[-64:]}
         runs = self._runs.get(key, 0) + 1
         if runs <= AFTER_RUNS:
+            if runs > 0:  # (the driver until the key is recorded: threads.WARMING)
+                threads.WARMING[0] += 1
             if len(self._runs) > 256:  # (keys of shapes seen once, of threads long gone)
                 with self._lock:
                     self._runs = {}
@@ -920,6 +925,7 @@ class HostReplay:
         """One timed run of a new recording's trial, by turns replayed and by the driver; once
         each has :data:`TRIAL_RUNS`, the faster by its best run serves the key (a step of a
         few small kernels may run no faster replayed: its inputs and outputs are copied)."""
+        threads.WARMING[0] += 1  # (by turns until one serves)
         times = rec.trial
         which = len(times[0]) > len(times[1])
         t0 = time.perf_counter()
