@@ -139,14 +139,17 @@ def counted_trials(monkeypatch):
     """Driver and thread trials of the lengths a test counts (``_WARM + _TIMED`` runs of each
     candidate): runs of microseconds are otherwise timed ``threads.SHORT_TRIAL_RUNS`` times
     as often (tested on its own in ``tests/codegen/cpu/test_run_threads.py``), and a driver
-    trial's runs in which a kernel was loaded or a host replay recorded are otherwise run again
-    (``tiers.UNSETTLED_REDOS``, tested in ``tests/runtime/test_split_trials.py``); one size
+    trial's runs in which a kernel was loaded or a host replay recorded, or (short ones) in
+    which a host replay was still warming up, are otherwise run again
+    (``tiers.UNSETTLED_REDOS``, ``threads.WARMING_REDOS``, tested in
+    ``tests/runtime/test_split_trials.py`` and ``tests/codegen/cpu/test_run_threads.py``); one size
     of call for the host driver's slices (each size is a candidate of the trial: tested in
     ``tests/runtime/test_batch_split_drivers.py``)."""
     from pdjit.codegen.cpu import threads, tiers
 
     monkeypatch.setattr(threads, "SHORT_TRIAL_RUNS", 1)
     monkeypatch.setattr(tiers, "UNSETTLED_REDOS", 0)
+    monkeypatch.setattr(threads, "WARMING_REDOS", 0)
     monkeypatch.setattr(tiers, "HOST_CHUNK_ROWS", tiers.HOST_CHUNK_ROWS[:1])
 
 

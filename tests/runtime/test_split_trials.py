@@ -390,6 +390,43 @@ def test_a_trial_run_that_was_not_steady_is_run_again(machine, monkeypatch):
     assert len(seen) == 2 and isinstance(step.tiers.picked[BATCH], tiers_mod.SplitDriver)
 
 
+def test_a_trial_run_served_as_it_will_not_be_for_long_is_run_again(machine, monkeypatch):
+    """A trial's short run that moved ``threads.WARMING`` (the host driver's replay still
+    from Python, its recording's trial) is run again at the driver's next turn rather than
+    timed, up to ``threads.WARMING_REDOS`` runs a trial; past that such runs are timed."""
+    from pdjit.codegen.cpu import replay
+
+    monkeypatch.setattr(replay, "ENABLED", False)  # (only the host runs here move WARMING)
+    monkeypatch.setattr(threads, "WARMING_REDOS", 4)
+    warming = [3]  # the host driver's next runs in a trial that move WARMING
+    host = tiers_mod.DriverTiers.host
+
+    def host_warming(self, values):
+        if warming[0] > 0 and self._trials.get(BATCH) is not None:
+            warming[0] -= 1
+            threads.WARMING[0] += 1
+        return host(self, values)
+
+    monkeypatch.setattr(tiers_mod.DriverTiers, "host", host_warming)
+    seen = []
+    fastest = tiers_mod.DriverTiers._fastest
+    monkeypatch.setattr(tiers_mod.DriverTiers, "_fastest",
+                        staticmethod(lambda t: (seen.append(list(t)), fastest(t))[1]))
+    s = _Served()
+    s.run(TRIAL + 2)
+    step = s.step
+    assert BATCH not in step.tiers.picked and not seen and warming[0] == 0  # three run again
+    s.run(1)
+    assert len(seen) == 1 and BATCH in step.tiers.picked
+    # every host run warming: WARMING_REDOS of them run again, then they count
+    warming[0] = 1 << 30
+    step.tiers.picked.clear()
+    s.run(TRIAL + 3)
+    assert len(seen) == 1
+    s.run(1)
+    assert len(seen) == 2 and BATCH in step.tiers.picked
+
+
 def test_a_trial_of_long_runs_times_each_drivers_second_run(machine, monkeypatch):
     """Where runs are long (``threads.LONG_TRIAL_S``: one timed run each) a driver's first run
     at a batch size is still not timed (its slowest: a split driver's slices are new shapes

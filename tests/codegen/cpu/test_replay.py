@@ -337,6 +337,54 @@ def test_a_run_that_records_is_no_sample_of_a_trial_of_threads():
     assert rp.replays == 2
 
 
+def _split_asked(x, out):
+    """Asks how many threads its work may start on, as a split kernel does; then ``_double``."""
+    threads.loop_threads()
+    replay.kernel_call(_double, x, out)
+
+
+replay.declare("leaves", _split_asked)
+
+
+def test_a_run_that_a_busy_core_narrowed_is_not_kept(monkeypatch):
+    """A run in which work started on fewer free cores than the run began with (another
+    process took a core meanwhile: ``threads.NARROWED`` moved) is not kept as a recording: it
+    would replay the narrowed calls after the core is free again. Recorded once the cores
+    stay free; a run that began with the core busy is recorded (for one thread: its key)."""
+    free = [2]
+    monkeypatch.setattr(threads, "max_loop_threads", lambda: 2)
+    monkeypatch.setattr(threads, "free_cores", lambda: free[0])
+    monkeypatch.setattr(replay, "RETRY_RUNS", 1)
+    monkeypatch.setattr(threads._run_local, "free", None, raising=False)
+    rp = replay.HostReplay(_Driver(_SOURCE.format(call="_split_asked"),
+                                   _split_asked=_split_asked), params=[1])
+    w = np.ones(3, np.float32)
+
+    recorder, later = replay._Recorder, [2]
+
+    def recording_from_here(*args):  # (the cores free from the recording's start on)
+        free[0] = later[0]
+        return recorder(*args)
+
+    monkeypatch.setattr(replay, "_Recorder", recording_from_here)
+
+    def run(at_start, in_run):
+        free[0], later[0] = at_start, in_run
+        threads._run_local.free = at_start  # (as threads.begin_run leaves it)
+        x = np.full((2, 2), 3, np.float32)
+        np.testing.assert_array_equal(rp.call([x, w])[0], 2 * x.reshape(-1))
+
+    for _ in range(replay.AFTER_RUNS + 1):
+        run(2, 1)  # (the recording's run: a core taken)
+    assert not rp.recordings and "busy core" in rp.why, rp.why
+    for _ in range(replay.AFTER_RUNS + 2):
+        run(2, 2)
+    assert [k[2] for k in rp.recordings] == [2]
+    for _ in range(replay.AFTER_RUNS + 2):
+        run(1, 1)
+    assert sorted(k[2] for k in rp.recordings) == [1, 2]
+
+
 @numba.njit(cache=False)
 def _add_pair(pair, out):
     for i in range(out.size):

@@ -966,12 +966,15 @@ class HostReplay:
             args[i] = buf
         made = _state()
         rec = _Recorder(fixed, [b for _, b in inputs])
+        narrowed = threads.NARROWED[0]
         _local.rec = rec
         try:
             outs = fn(*args)
         finally:
             _local.rec = None
         why = rec.why
+        if why is None and threads.NARROWED[0] != narrowed:
+            why = "a busy core kept a split from its threads while it was recorded"
         if why is None and (not isinstance(outs, tuple) or
                             not all(isinstance(o, np.ndarray) for o in outs)):
             why = "its results are not a tuple of arrays"

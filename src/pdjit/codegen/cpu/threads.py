@@ -466,7 +466,18 @@ def _usable(slices: bool = False) -> int:
     if cap is not None and cap <= 1 or not slices and other_team():
         return 1  # (the free cores not counted: a one-thread run asks at every kernel call)
     n = free_cores()
+    if n < getattr(_run_local, "free", 0) and (cap is None or cap > n):
+        NARROWED[0] += 1
     return n if cap is None or cap >= n else cap
+
+
+#: the times work started on fewer free cores than its run began with (:func:`_usable`: a
+#: core another process took meanwhile, or one our own threads waited for): a host replay's
+#: recording made meanwhile is not kept (it would replay the narrowed calls at every run after
+#: the core is free again: an LSTM classifier at batch 1 on two threads, recorded while its
+#: threads waited for a core, ran its two directions one after the other for good, 5.3-5.5 ms
+#: a run against 2.9-3.1)
+NARROWED = [0]
 
 
 def loop_threads() -> int:
@@ -536,6 +547,7 @@ def begin_run(cap: int | None = None) -> None:
     # (a run kept on one thread needs no count of the free cores: read each run otherwise)
     # (another thread's team: every loop and split of this thread's runs on it alone)
     free = 1 if cap == 1 or other_team() else free_cores()
+    local.free = free  # (fewer free cores later in the run: NARROWED)
     key = (cap, free, _applied)
     if getattr(local, "key", None) == key and _run_blas[0] == local.blas:
         return  # (as the last run on this thread: ~1 us a run)

@@ -130,6 +130,7 @@ class DriverTiers:
         self.replay = replay  # the host driver's calls recorded and replayed, or None
         self._split = None                 # (native driver, its SplitDrivers)
         self._unsettled_runs: dict = {}    # batch size -> its trial's runs not counted (LOADS)
+        self._warming_runs: dict = {}      # ... (threads.WARMING)
         self._unsplit_runs: dict = {}      # batch size -> its trial's split runs that did not
         self._split_tries: dict = {}       # batch size -> trials the split driver lost
         self._unfair_tries: dict = {}      # batch size -> ... lost while a core was busy
@@ -329,6 +330,7 @@ class DriverTiers:
         split_runs = split.runs if split is not None else 0
         # (a compile beside the runs, threads.BACKGROUND: no sample either)
         loads = threads.LOADS[0] if not threads.BACKGROUND[0] else None
+        warming = threads.WARMING[0]
         t0 = time.perf_counter()
         if which:
             try:
@@ -348,6 +350,14 @@ class DriverTiers:
             unsettled = self._unsettled_runs.get(key, 0) + 1
             self._unsettled_runs[key] = unsettled
             if unsettled <= UNSETTLED_REDOS * len(drivers):
+                return results
+        elif threads.WARMING[0] != warming and elapsed < threads.LONG_TRIAL_S:
+            # (served as it will not be for long, a host replay still from Python: run again,
+            # as a run choice's trial does; an LSTM classifier's host driver, its two
+            # directions on two threads, lost to the native driver's 5.1 ms one after the other)
+            warmed = self._warming_runs.get(key, 0) + 1
+            self._warming_runs[key] = warmed
+            if warmed <= threads.WARMING_REDOS:
                 return results
         # (the split driver ran unsplit: a core was busy)
         if split is not None and split.runs == split_runs:
@@ -400,6 +410,7 @@ class DriverTiers:
                 self._unfair_tries.pop(key, None)
             self._unsplit_runs.pop(key, None)
             self._unsettled_runs.pop(key, None)
+            self._warming_runs.pop(key, None)
             self.picked[key] = best
             self._trials.pop(key, None)
             self._turns.pop(key, None)
