@@ -162,28 +162,33 @@ def test_a_recording_goes_native_after_its_runs_with_the_drivers_bits(monkeypatc
 
 
 def test_runs_served_as_they_will_not_be_for_long_move_warming(monkeypatch):
-    """A key's driver runs before it is recorded, its recording's trial against the driver and
-    the recording's replays from Python before its calls go native each move
-    ``threads.WARMING`` (the run that records moves ``threads.LOADS``): no sample of a trial of
-    threads. The native replays after move neither."""
+    """A key's driver runs before it is recorded and its recording's trial against the driver
+    move ``threads.WARMING`` (the run that records moves ``threads.LOADS``), the recording's
+    replays from Python before its calls go native ``threads.PY_REPLAYS``: no samples of a
+    trial of threads. The native replays after move none of them."""
     monkeypatch.setattr(replay, "NATIVE_AFTER", 5)
+    monkeypatch.setattr(replay, "TRIAL_RUNS", 2)
     exe, main, scope, out = _executor()
     _settle(exe, main, scope, out)
     (rp,) = _replays(exe)
-    seen = []  # (how the run was served, whether WARMING moved, whether LOADS moved)
+    seen = []  # (how the run was served, which counters moved)
+    counters = (threads.WARMING, threads.PY_REPLAYS, threads.LOADS)
     for _ in range(2 * (replay.AFTER_RUNS + 2 * replay.TRIAL_RUNS + replay.NATIVE_AFTER)):
-        w, loads = threads.WARMING[0], threads.LOADS[0]
+        before = [c[0] for c in counters]
         _run(exe, main, scope, out, _image(3))  # (a new batch size: a key of its own)
         rec = next((r for k, r in rp.recordings.items() if k[1][0][0] == 3), None)
         how = "driver" if rec is None else "native" if rec.parts is not None else "python"
-        seen.append((how, threads.WARMING[0] != w, threads.LOADS[0] != loads))
-    hows = [h for h, _, _ in seen]
+        seen.append((how, "".join("wpl"[i] for i, c in enumerate(counters)
+                                  if c[0] != before[i])))
+    hows = [h for h, _ in seen]
     assert hows[:replay.AFTER_RUNS] == ["driver"] * replay.AFTER_RUNS, seen
     assert "python" in hows and hows[-1] == "native", seen
     first = hows.index("native")  # (its run made the calls native: LOADS)
-    assert all(warming and not loads for _, warming, loads in seen[:replay.AFTER_RUNS]), seen
-    assert all(warming or loads for _, warming, loads in seen[:first + 1]), seen
-    assert not any(warming or loads for _, warming, loads in seen[first + 1:]), seen
+    assert all(m == "w" for _, m in seen[:replay.AFTER_RUNS]), seen
+    assert all(m for _, m in seen[:first + 1]), seen
+    after = [m for _, m in seen[replay.AFTER_RUNS + 1:first]]  # (after the recording's run)
+    assert any("w" in m for m in after) and after[-1] == "p", seen  # its trial, then Python
+    assert not any(m for _, m in seen[first + 1:]), seen
 
 
 def test_a_new_batch_size_is_recorded_apart():

@@ -193,11 +193,12 @@ def test_a_run_that_loads_a_kernel_is_no_sample_of_a_trial(two_asked):
 
 def test_a_short_run_served_as_it_will_not_be_for_long_is_no_sample(two_asked):
     """A trial's timed run shorter than ``LONG_TRIAL_S`` that moved ``threads.WARMING`` (a host
-    replay's driver runs, trial or replays from Python before its calls go native) is not
-    counted: that setting runs again until its runs are served as they will be, and the pick
-    is the one the settled runs say (the wide setting's first runs from Python took twice a
-    native one's time: one process in three picked one thread). Up to ``WARMING_REDOS`` a
-    trial; a long run is counted whatever moved it."""
+    replay's driver runs before its recording, its trial) or ``threads.PY_REPLAYS`` (its
+    replays from Python before its calls go native) is not counted: that setting runs again
+    until its runs are served as they will be, and the pick is the one the settled runs say
+    (the wide setting's first runs from Python took twice a native one's time: one process in
+    three picked one thread). Up to ``WARMING_REDOS`` a trial; a long run is counted whatever
+    moved it."""
     choice = threads.RunChoice(ready=lambda key: True)
     for _ in range(threads.CHOICE_AFTER):
         choice.begin(16), choice.end(16, 0.001)
@@ -208,7 +209,7 @@ def test_a_short_run_served_as_it_will_not_be_for_long_is_no_sample(two_asked):
         caps.append(cap)
         if warming[cap]:
             warming[cap] -= 1
-            threads.WARMING[0] += 1
+            (threads.WARMING if warming[cap] % 2 else threads.PY_REPLAYS)[0] += 1
             choice.end(16, 0.004 if cap is None else 0.0025)
             continue
         choice.end(16, 0.002 if cap == 1 else 0.001)

@@ -505,8 +505,8 @@ class Recording:
         if self.parts is None and NATIVE and self.poison is not None:
             if self.runs == NATIVE_AFTER:
                 self._go_native_checked(values)
-            elif self.runs < NATIVE_AFTER:  # (from Python until then: threads.WARMING)
-                threads.WARMING[0] += 1
+            elif self.runs < NATIVE_AFTER:  # (from Python until then)
+                threads.PY_REPLAYS[0] += 1
         return tuple([np.array(o) for o in self.replay(values)])
 
     def _go_native_checked(self, values) -> None:

@@ -666,18 +666,22 @@ LOADS = [0]
 #: by a trial, and ``LOADS`` moves as each starts and ends
 BACKGROUND = [0]
 _background_lock = threading.Lock()
-#: runs served as they will not be served for long (a host replay's driver runs before its
-#: recording, a recording's trial against the driver, its replays from Python before its calls
-#: go native: ``replay``): a :class:`RunChoice` trial's run shorter than
-#: :data:`LONG_TRIAL_S` that moved this is no sample either (up to :data:`WARMING_REDOS` a
-#: trial), so that a trial compares each setting as it will run. Measured where it was
-#: counted: MobileNetV3-small at batch 1 on two threads, each setting's first runs on its own
-#: recording, the wide ones still from Python (2.5-4.1 ms against 1.25 once native, one thread
-#: 2.1-3.1 against 2.2): about one process of three picked one thread and ran 2.2-2.6 ms a run
-#: for the next seconds against 1.25-1.3
+#: runs served as they will not be served for long: a host replay's driver runs before its
+#: recording and its recording's trial against the driver (``WARMING``), and its replays from
+#: Python before its calls go native (``PY_REPLAYS``) (:mod:`.replay`). A :class:`RunChoice`
+#: trial's run shorter than :data:`LONG_TRIAL_S` that moved either is no sample (up to
+#: :data:`WARMING_REDOS` a trial), so that a trial compares each setting as it will run;
+#: a driver trial (``tiers``) skips the runs that moved ``WARMING`` alike. Measured where
+#: they were counted: MobileNetV3-small at batch 1 on two threads, each setting's first runs on
+#: its own recording, the wide ones still from Python (2.5-4.1 ms against 1.25 once native,
+#: one thread 2.1-3.1 against 2.2): about one process of three picked one thread and ran
+#: 2.2-2.6 ms a run for the next seconds against 1.25-1.3. (A driver trial does not wait for
+#: the replays to go native: waiting, LeNet-5 at batch 1 took 33-35 us a run over
+#: ``bench_cnn.py``'s timed runs, against 23-29 us.)
 WARMING = [0]
-#: a trial's runs that moved :data:`WARMING` not counted, at most (then counted: a setting whose
-#: replay never settles is timed as it runs); a recording's calls go native at its 32nd run
+PY_REPLAYS = [0]
+#: a trial's runs not counted for those, at most (then counted: a setting whose replay never
+#: settles is timed as it runs); a recording's calls go native at its 32nd run
 WARMING_REDOS = 96
 
 
@@ -711,8 +715,8 @@ class _Choice:
         self.interval = CHOICE_RETRY_RUNS
         self.loads = 0                 # LOADS when the timed run began
         self.check = False             # the last pick won clearly: its next trial is a check
-        self.warming = 0               # WARMING when the timed run began
-        self.redos = 0                 # the trial's runs not counted for WARMING
+        self.warming = 0               # WARMING + PY_REPLAYS when the timed run began
+        self.redos = 0                 # the trial's runs not counted for them
 
 
 class RunChoice:
@@ -782,7 +786,7 @@ class RunChoice:
         first = st.pick if st.check else 0  # (a check times the pick first: it is warm)
         which = first if len(st.times[0]) == len(st.times[1]) else \
             int(len(st.times[0]) > len(st.times[1]))
-        st.timing, st.loads, st.warming = which, LOADS[0], WARMING[0]
+        st.timing, st.loads, st.warming = which, LOADS[0], WARMING[0] + PY_REPLAYS[0]
         return None if which == 0 else 1
 
     def end(self, key, seconds: float) -> None:
@@ -798,7 +802,8 @@ class RunChoice:
         if LOADS[0] != st.loads:  # (a kernel loaded in the run: no sample; timed again)
             st.timing = -1
             return
-        if WARMING[0] != st.warming and seconds < LONG_TRIAL_S and st.redos < WARMING_REDOS:
+        if WARMING[0] + PY_REPLAYS[0] != st.warming and seconds < LONG_TRIAL_S and \
+                st.redos < WARMING_REDOS:
             st.redos += 1  # (served as it will not be for long: that setting runs again)
             st.timing = -1
             return

@@ -352,9 +352,10 @@ class DriverTiers:
             if unsettled <= UNSETTLED_REDOS * len(drivers):
                 return results
         elif threads.WARMING[0] != warming and elapsed < threads.LONG_TRIAL_S:
-            # (served as it will not be for long, a host replay still from Python: run again,
-            # as a run choice's trial does; an LSTM classifier's host driver, its two
-            # directions on two threads, lost to the native driver's 5.1 ms one after the other)
+            # (served as it will not be for long: the host driver's runs before its replay's
+            # recording, the recording's trial; run again, as a run choice's trial does: an
+            # LSTM classifier's host driver, its two directions on two threads, lost to the
+            # native driver's 5.1 ms, one after the other)
             warmed = self._warming_runs.get(key, 0) + 1
             self._warming_runs[key] = warmed
             if warmed <= threads.WARMING_REDOS:
