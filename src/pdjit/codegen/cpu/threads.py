@@ -676,8 +676,8 @@ _background_lock = threading.Lock()
 #: its own recording, the wide ones still from Python (2.5-4.1 ms against 1.25 once native,
 #: one thread 2.1-3.1 against 2.2): about one process of three picked one thread and ran
 #: 2.2-2.6 ms a run for the next seconds against 1.25-1.3. (A driver trial does not wait for
-#: the replays to go native: waiting, LeNet-5 at batch 1 took 33-35 us a run over
-#: ``bench_cnn.py``'s timed runs, against 23-29 us.)
+#: the replays to go native: a small program's trial would run its host driver some 30 runs
+#: longer, past the warm-up after which a benchmark times it.)
 WARMING = [0]
 PY_REPLAYS = [0]
 #: a trial's runs not counted for those, at most (then counted: a setting whose replay never
