@@ -1,8 +1,8 @@
-"""One sample's product by a weight (``_nn.weight_vector``, a classifier's last layer at batch
-1): the kernel against NumPy in float64 over sizes that are not multiples of its steps (rows
-of four, columns of a vector), every split of the columns giving one part's bits; the entry
-point's choice between the parallel loop and BLAS; a program's ``fc`` at batch 1 lowered onto
-it, against NumPy, in native code."""
+"""A few samples' product by a weight (``_nn.weight_vector``, a classifier's last layer at
+batch 1 to 4): the kernel against NumPy in float64 over sizes that are not multiples of its
+steps (rows of four, columns of a vector), every split of the columns and each row alone giving
+one call's bits; the entry point's choice between the parallel loop and BLAS; a program's
+``fc`` at batch 1 and 3 lowered onto it, against NumPy, in native code."""
 import numpy as np
 import pytest
 
@@ -17,23 +17,28 @@ RNG = np.random.default_rng(53)
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_vector_parts_against_numpy_and_one_part(dtype):
     tol = 2e-5 if dtype == np.float32 else 1e-12
-    for k, n in ((1, 5), (3, 37), (1027, 1000), (8, 16)):
-        x = RNG.uniform(-1, 1, (1, k)).astype(dtype)
+    for m, k, n in ((1, 1, 5), (1, 3, 37), (1, 1027, 1000), (1, 8, 16), (2, 5, 37),
+                    (3, 1027, 1000), (4, 9, 40)):
+        x = RNG.uniform(-1, 1, (m, k)).astype(dtype)
         w = RNG.uniform(-1, 1, (k, n)).astype(dtype)
         want = x.astype(np.float64) @ w.astype(np.float64)
-        one = np.full((1, n), np.nan, dtype)
+        one = np.full((m, n), np.nan, dtype)
         gemm._vector_parts(x, w, one, 1)
-        np.testing.assert_allclose(one, want, rtol=tol, atol=tol, err_msg=f"{k}x{n}")
+        np.testing.assert_allclose(one, want, rtol=tol, atol=tol, err_msg=f"{m}x{k}x{n}")
         for parts in (2, 3):
-            split = np.full((1, n), np.nan, dtype)
+            split = np.full((m, n), np.nan, dtype)
             gemm._vector_parts(x, w, split, parts)
-            np.testing.assert_array_equal(split, one, err_msg=f"{k}x{n} in {parts}")
+            np.testing.assert_array_equal(split, one, err_msg=f"{m}x{k}x{n} in {parts}")
+        for i in range(m):  # (a row alone: its bits in any batch)
+            row = np.full((1, n), np.nan, dtype)
+            gemm._vector_parts(x[i:i + 1].copy(), w, row, 2)
+            np.testing.assert_array_equal(row[0], one[i], err_msg=f"{m}x{k}x{n} row {i}")
 
 
 def test_weight_vector_on_the_team_or_blas(monkeypatch, team_loops):
-    """One row by a weight large enough runs the parallel loop once it is ready (by ranges of
-    columns over the loop threads); a transposed weight, two rows, a small weight or a loop
-    not ready yet run BLAS: each against NumPy."""
+    """One to four rows by a weight large enough run the parallel loop once it is ready (by
+    ranges of columns over the loop threads); a transposed weight, five rows, a small weight
+    or a loop not ready yet run BLAS: each against NumPy."""
     ran = team_loops
     monkeypatch.setattr(threads, "loop_threads", lambda: 2)
     monkeypatch.setattr(gemm, "VECTOR_MIN_VALUES", 64 * 40)
@@ -47,8 +52,15 @@ def test_weight_vector_on_the_team_or_blas(monkeypatch, team_loops):
     one = np.full((1, n), np.nan, np.float32)
     gemm._vector_parts(x, w, one, 1)
     np.testing.assert_array_equal(out, one)       # two threads: one thread's bits
+    x4 = RNG.uniform(-1, 1, (gemm.VECTOR_MAX_ROWS, k)).astype(np.float32)
+    ran.clear()
+    out4 = np.full((len(x4), n), np.nan, np.float32)
+    gemm.weight_vector(x4, w, False, out4)
+    assert ran == [(gemm._vector_parts, 2, True)]
+    np.testing.assert_allclose(out4, x4.astype(np.float64) @ w, rtol=2e-5, atol=2e-5)
     for xs, ws, trans in ((x, w.T.copy(), True),                       # transposed
-                          (RNG.uniform(-1, 1, (2, k)).astype(np.float32), w, False),
+                          (RNG.uniform(-1, 1, (gemm.VECTOR_MAX_ROWS + 1, k)).astype(
+                              np.float32), w, False),
                           (x[:, :50].copy(), w[:50].copy(), False)):   # small
         ran.clear()
         got = np.full((xs.shape[0], n), np.nan, np.float32)
@@ -65,8 +77,8 @@ def test_weight_vector_on_the_team_or_blas(monkeypatch, team_loops):
 def test_an_fc_at_batch_one_runs_on_the_vector_product(fresh_programs, monkeypatch,
                                                        team_loops):
     """A classifier's last layer (``fc`` of a pooled image, its weight a parameter): at batch
-    1 the parallel loop over the weight's columns, at batch 3 BLAS; the bias and softmax after
-    it, against NumPy, in native code."""
+    1 and 3 the parallel loop over the weight's columns, at batch 6 BLAS; the bias and softmax
+    after it, against NumPy, in native code."""
     main, startup = fresh_programs
     k, n = 96, 1500   # (144 000 values: above the size threshold, set lower here)
     with fluid.program_guard(main, startup):
@@ -79,7 +91,7 @@ def test_an_fc_at_batch_one_runs_on_the_vector_product(fresh_programs, monkeypat
     exe.run(startup)
     wv = np.asarray(scope.find_var("wv_w").get_tensor()).astype(np.float64)
     bv = np.asarray(scope.find_var("wv_b").get_tensor()).astype(np.float64)
-    for batch in (1, 3):
+    for batch in (1, 3, 6):
         team_loops.clear()
         xv = RNG.normal(size=(batch, k, 1, 1)).astype(np.float32)
         got, = exe.run(main, feed={"x": xv}, fetch_list=[y])
@@ -89,7 +101,8 @@ def test_an_fc_at_batch_one_runs_on_the_vector_product(fresh_programs, monkeypat
         want /= want.sum(1, keepdims=True)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
         ran = [loop for loop, _, done in team_loops if done]
-        assert (gemm._vector_parts in ran) == (batch == 1), (batch, team_loops)
+        assert (gemm._vector_parts in ran) == (batch <= gemm.VECTOR_MAX_ROWS), \
+            (batch, team_loops)
     report = exe.explain(main, feed={"x": xv}, fetch_list=[y])
     assert "_nn.weight_vector(" in report, report
 

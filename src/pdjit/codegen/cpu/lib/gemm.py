@@ -182,54 +182,67 @@ def gemm_split_work(x, y) -> int:
     return work if threads.gemm_threads(work) > 1 else 0
 
 
-# ---- one sample's product by a weight: a classifier's last layer at batch 1 ------------------
-#: the fewest values of a weight whose product by one row :func:`weight_vector` takes from BLAS
-#: (a weight read from beyond the L2 cache at each run, where a second core's bandwidth pays)
+# ---- a few samples' product by a weight: a classifier's last layer at batch 1 to 4 ------------
+#: the fewest values of a weight whose product by a few rows :func:`weight_vector` takes from
+#: BLAS (a weight read from beyond the L2 cache at each run, where a second core's bandwidth
+#: pays)
 VECTOR_MIN_VALUES = 1 << 18
+#: the most rows it takes: each row's outputs are updated while the weight's rows are in the L1
+#: cache, the weight streamed once. Measured (one thread, float32, us, this / BLAS, MobileNetV3's
+#: 576 x 1024 and 1024 x 1000, the weight from memory at each call): 2 rows 144 / 340, 307 /
+#: 510; 4 rows 179 / 336, 398 / 542; 8 rows 276 / 372, 533 / 611, but with the weight in the
+#: caches 339 / 301 (16 rows 657 / 447): from 8 rows BLAS's blocked product pays
+VECTOR_MAX_ROWS = 4
 
 
 @jit_fma
-def _vector_cols(xf, wf, yf, n, n0, n1):
-    """``yf[n0:n1]`` = columns ``n0 .. n1`` of ``xf @ w`` (``w`` ``[K, n]`` flat, ``xf``
-    ``[K]``): ``w``'s rows four at a time, each a stream of contiguous values, the outputs
-    updated in the L1 cache. Each output sums its products in the order of ``K``, each a fused
-    multiply-add, whatever its range: every split of the columns gives one call's bits."""
-    k_ = xf.shape[0]
-    y = yf[n0:n1]
+def _vector_cols(x, wf, y, n, n0, n1):
+    """``y[:, n0:n1]`` = columns ``n0 .. n1`` of ``x @ w`` (``w`` ``[K, n]`` flat, ``x`` ``[M,
+    K]``): ``w``'s rows four at a time, each a stream of contiguous values read once for every
+    row of ``x``, the outputs updated in the L1 cache. Each output sums its products in the
+    order of ``K``, each a fused multiply-add, whatever its range and the other rows: every
+    split of the columns, and each row alone, gives one call's bits."""
+    m_, k_ = x.shape
     w = n1 - n0
-    for j in range(w):
-        y[j] = 0.0
+    for m in range(m_):
+        ym = y[m, n0:n1]
+        for j in range(w):
+            ym[j] = 0.0
     k = 0
     while k + 4 <= k_:
-        x0, x1, x2, x3 = xf[k], xf[k + 1], xf[k + 2], xf[k + 3]
         b = k * n
         r0 = wf[b + n0:b + n1]
         r1 = wf[b + n + n0:b + n + n1]
         r2 = wf[b + 2 * n + n0:b + 2 * n + n1]
         r3 = wf[b + 3 * n + n0:b + 3 * n + n1]
-        for j in range(w):
-            y[j] = x3 * r3[j] + (x2 * r2[j] + (x1 * r1[j] + (x0 * r0[j] + y[j])))
+        for m in range(m_):
+            x0, x1, x2, x3 = x[m, k], x[m, k + 1], x[m, k + 2], x[m, k + 3]
+            ym = y[m, n0:n1]
+            for j in range(w):
+                ym[j] = x3 * r3[j] + (x2 * r2[j] + (x1 * r1[j] + (x0 * r0[j] + ym[j])))
         k += 4
     while k < k_:
-        xk = xf[k]
         r = wf[k * n + n0:k * n + n1]
-        for j in range(w):
-            y[j] = xk * r[j] + y[j]
+        for m in range(m_):
+            xk = x[m, k]
+            ym = y[m, n0:n1]
+            for j in range(w):
+                ym[j] = xk * r[j] + ym[j]
         k += 1
 
 
 @pjit
 def _vector_parts(x, w, y, parts):
-    """``y = x @ w`` (``x`` ``[1, K]``, ``w`` ``[K, N]``, ``y`` ``[1, N]``, C-contiguous) in
+    """``y = x @ w`` (``x`` ``[M, K]``, ``w`` ``[K, N]``, ``y`` ``[M, N]``, C-contiguous) in
     ``parts`` ranges of columns (multiples of 16 but the end), one a thread of a parallel loop
     (``lib.team``): each part streams its share of every row of ``w``; the same bits as one
     part."""
     n = w.shape[1]
-    xf, wf, yf = x.reshape(x.size), w.reshape(w.size), y.reshape(y.size)
+    wf = w.reshape(w.size)
     for p in numba.prange(parts):
         n0 = n * p // parts // 16 * 16
         n1 = n if p == parts - 1 else n * (p + 1) // parts // 16 * 16
-        _vector_cols(xf, wf, yf, n, n0, n1)
+        _vector_cols(x, wf, y, n, n0, n1)
 
 
 def _blas_into(x, w, trans, out):
@@ -239,17 +252,17 @@ def _blas_into(x, w, trans, out):
 def weight_vector(x, w, trans, out):
     """``out = x @ w`` (``w.T`` where ``trans``; 2-D operands) for a weight ``w`` (a parameter
     no op of the program writes) and rows of ``x`` that are a batch's samples (the lowering's
-    ``_vector_weight``: a classifier's last layer). One row by a weight of
-    :data:`VECTOR_MIN_VALUES` or more (float, C-contiguous, not transposed) runs
+    ``_vector_weight``: a classifier's last layer). At most :data:`VECTOR_MAX_ROWS` rows by a
+    weight of :data:`VECTOR_MIN_VALUES` or more (float, C-contiguous, not transposed) run
     :func:`_vector_parts` by ranges of columns over the loop threads (one part on one) once its
     loop is ready (``lib.team``: compiled ahead); any other product is BLAS's
     (``rt.gemm``). Measured (2-vCPU machine, float32, a weight from memory at each call, us,
     BLAS one thread / this on one / on two): ResNet-50's 2048 x 1000 188 / 192 / 149; from
     the L3 cache, MobileNetV2's 1280 x 1000 49 / 53 / 38."""
-    if not trans and x.shape[0] == 1 and x.ndim == 2 and w.ndim == 2 and \
+    if not trans and 1 <= x.shape[0] <= VECTOR_MAX_ROWS and x.ndim == 2 and w.ndim == 2 and \
             w.size >= VECTOR_MIN_VALUES and x.dtype == w.dtype == out.dtype and \
             x.dtype.kind == "f" and x.shape[1] == w.shape[0] and \
-            out.shape == (1, w.shape[1]) and x.flags.c_contiguous and \
+            out.shape == (x.shape[0], w.shape[1]) and x.flags.c_contiguous and \
             w.flags.c_contiguous and out.flags.c_contiguous:
         parts = max(1, min(threads.loop_threads(), w.shape[1] // 16))
         if team.run(_vector_parts, (x, w, out, parts)):

@@ -178,7 +178,7 @@ def _vector_weight(ctx, xn: int) -> bool:
     """Whether the product of ``flatten(X, xn)`` by Y has a row per sample (X's dims
     ``1 .. xn-1`` all one: a classifier's last layer) and Y is a weight (a float matrix of X's
     dtype that no op of the program writes) of ``VECTOR_MIN_VALUES`` or more:
-    ``_nn.weight_vector``, which splits one sample's product over the loop threads (smaller
+    ``_nn.weight_vector``, which splits a few samples' product over the loop threads (smaller
     products stay the op's own GEMM line)."""
     return 1 <= xn < ctx.rank("X") and all(d == 1 for d in ctx.shape("X")[1:xn]) and \
         _prod(ctx.shape("Y")) >= _gemm.VECTOR_MIN_VALUES and _weight_operand(ctx)
