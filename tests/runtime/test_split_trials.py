@@ -78,10 +78,12 @@ class _Clock:
 @pytest.fixture
 def fake_load(monkeypatch):
     """free_cores on a fake clock, fake /proc/stat totals and fake scheduler counts: returns a
-    function ``sample(dt, others, ran, waited, tid=1)`` that advances the clock by ``dt``
-    seconds, in which other processes used ``others`` cores and this process's threads ran
-    ``ran`` and waited ``waited`` seconds, and returns free_cores()."""
-    clock, state = _Clock(), {"busy": 1000.0, "mine": 10.0, "run": 5.0, "wait": 1.0, "tid": 1}
+    function ``sample(dt, others, ran, waited, tid=1, own=None)`` that advances the clock by
+    ``dt`` seconds, in which other processes used ``others`` cores, the threads that ask (the
+    caller and the split helpers) ran ``ran`` and waited ``waited`` seconds and all of this
+    process's threads ran ``own`` seconds (``ran`` where None), and returns free_cores()."""
+    clock, state = _Clock(), {"busy": 1000.0, "mine": 10.0, "run": 5.0, "wait": 1.0, "tid": 1,
+                              "own": 20.0}
     monkeypatch.setattr(threads, "time", clock)
     monkeypatch.setattr(threads, "_CORES", 2)
     monkeypatch.setattr(threads, "_load", [None, 0.0])
@@ -90,9 +92,11 @@ def fake_load(monkeypatch):
     monkeypatch.setattr(threads, "_cpu_seconds", lambda: (state["busy"], state["mine"]))
     monkeypatch.setattr(threads, "sched_times",
                         lambda: (state["tid"], state["run"], state["wait"]))
+    monkeypatch.setattr(threads, "_process_seconds", lambda: state["own"])
 
-    def sample(dt, others, ran, waited, tid=1):
+    def sample(dt, others, ran, waited, tid=1, own=None):
         clock.t += dt
+        state["own"] += ran if own is None else own
         state["mine"] += ran
         state["busy"] += ran + others * dt
         state["run"] += ran
@@ -145,6 +149,18 @@ def test_free_cores_judges_waits_over_milliseconds(fake_load):
     assert fake_load(0.5 * w, others=0.0, ran=0.002, waited=0.0) == 1   # (the same window)
     assert fake_load(1.2 * w, others=0.0, ran=0.006, waited=0.0) == 2
     assert fake_load(1.2 * w, others=0.0, ran=0.006, waited=0.0001) == 2
+
+
+def test_waits_while_this_process_kept_every_core_busy_are_its_own(fake_load):
+    """Waits in a window in which this process's threads ran on (nearly) every core are its
+    threads waiting for each other (a split's hand-offs, its team polling beside the split
+    helpers): no core counts busy for them; the same waits while they ran on one core do."""
+    w, slack = threads.WAITED_WINDOW * 1.2, threads.OWN_BUSY_SLACK
+    assert fake_load(w, others=0.0, ran=w, waited=0.25 * w, own=1.45 * w) == 2
+    assert fake_load(w, others=0.0, ran=w, waited=0.25 * w, own=(2 - slack) * w * 1.01) == 2
+    assert fake_load(w, others=0.0, ran=w, waited=0.25 * w, own=(2 - slack) * w * 0.99) == 1
+    assert fake_load(w, others=0.0, ran=w, waited=0.25 * w, own=1.0 * w) == 1
+    assert fake_load(w, others=0.0, ran=w, waited=0.0, own=1.0 * w) == 2
 
 
 def test_sched_times_reads_this_threads_counts():
@@ -295,6 +311,36 @@ def test_a_lost_split_is_tried_again_after_a_number_of_runs(machine):
     s.run(TRIAL)
     sp = step.tiers.picked[BATCH]
     assert isinstance(sp, tiers_mod.SplitDriver) and sp.runs == 3 * 4  # its trials' runs
+
+
+def test_a_picked_split_tells_the_plan_its_threads_were_measured(machine):
+    """A step whose trial picked its split driver (run split, on every free core, against its
+    drivers on every thread) reports its best trial time as split time
+    (``DriverTiers.split_seconds``); the plan counts its threads measured for runs of which
+    such time is THREADS_MEASURED_SHARE or more (``Plan.threads_measured``, which the
+    executor's run choice asks before its first trial); a step that picked another driver
+    reports none."""
+    from pdjit.runtime import plan as plan_mod
+
+    machine["pick"] = 2
+    s = _Served()
+    s.run(TRIAL)
+    step = s.step
+    sp = step.tiers.picked[BATCH]
+    assert isinstance(sp, tiers_mod.SplitDriver) and sp.runs
+    split = step.tiers.split_seconds(BATCH)
+    assert split > 0.0 and split == step.tiers._picked_s[BATCH]
+    assert step.tiers.split_seconds(BATCH + 1) == 0.0  # (a size not tried)
+    (plan,) = [p for (pid, _), (_, p) in s.exe._plans.items() if pid == id(s.program)]
+    share = plan_mod.THREADS_MEASURED_SHARE
+    assert plan.threads_measured(BATCH, split / share * 0.99)
+    assert not plan.threads_measured(BATCH, split / share * 1.01)
+    assert plan.threads_choice.measured == plan.threads_measured
+    machine["pick"] = 1
+    other = _Served()
+    other.run(TRIAL)
+    assert other.step.tiers.picked[BATCH] is not None
+    assert other.step.tiers.split_seconds(BATCH) == 0.0
 
 
 def test_a_split_lost_while_a_core_is_busy_does_not_count(machine):

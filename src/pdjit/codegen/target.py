@@ -217,8 +217,9 @@ class Target:
 
     def run_threads(self):
         """The host's thread control around each run (the host target's): an object with
-        ``begin_run(cap)`` (this run's thread cap), ``RunChoice(settled)`` (measures, per plan
-        and batch size, whether a run uses the free cores or one thread; its ``tiny_key`` and
+        ``begin_run(cap)`` (this run's thread cap), ``RunChoice(settled, measured)`` (measures,
+        per plan and batch size, whether a run uses the free cores or one thread, unless
+        ``measured(batch, seconds)`` says the plan's driver trials did; its ``tiny_key`` and
         ``tiny_left`` count down runs too short to measure) and ``numpy_blas()``
         (a context in which NumPy's BLAS uses the plan's threads)."""
         host = host_target()
@@ -234,7 +235,9 @@ class Target:
 
     def step_tiers(self, step, native=None, build=None, mode=False, split=None):
         """The object that picks, run by run, which of a native step's drivers serves it
-        (``call(values)``, ``settled(batch)``, ``describe()``; the step's ``native`` driver
+        (``call(values)``, ``settled(batch)``, ``split_seconds(batch)``: the time of its
+        run spent on slices of the batch on every free core, ``describe()``; the step's
+        ``native`` driver
         built with the plan, the ``build`` of one built once the step is hot under the
         ``native_drivers`` ``mode``, ``split()``: which arguments carry the batch's rows), or
         None: the step's host driver always serves (a target without ``native_drivers``)."""

@@ -303,7 +303,7 @@ class Executor:
                     choice = plan.threads_choice
                     if choice is None:
                         choice = plan.threads_choice = self._run_choice(
-                            plan.drivers_settled)
+                            plan.drivers_settled, plan.threads_measured)
                     try:
                         batch = feed_values[0].shape[0]
                     except (IndexError, AttributeError, TypeError):  # (none, a scalar, a LoD)

@@ -25,6 +25,11 @@ from pdjit.runtime.steps import LoopStep, NativeStep, ReferenceStep
 
 __all__ = ["LoopStep", "NativeStep", "Plan", "ReferenceStep", "build_plan"]
 
+#: the least share of a run taken by steps that split its batch over every free core, each
+#: measured so against its drivers on every thread, for a plan's threads to need no trial of
+#: their own (``Plan.threads_measured``)
+THREADS_MEASURED_SHARE = 0.8
+
 
 class Plan:
     """The steps of one block (``block_idx``), run in order. ``fresh``: names whose final
@@ -65,6 +70,17 @@ class Plan:
             if s.tiers is not None and not s.tiers.settled(batch):
                 return False
         return True
+
+    def threads_measured(self, batch: int, seconds: float) -> bool:
+        """Whether this plan's steps that split a batch of this size over every free core
+        (their driver trials measured that against their drivers on every thread) took
+        :data:`THREADS_MEASURED_SHARE` or more of a run of ``seconds``: a one-thread run
+        (``threads.RunChoice``'s trial) has little left to win there."""
+        split = 0.0
+        for s in self.walk():
+            if s.tiers is not None:
+                split += s.tiers.split_seconds(batch)
+        return split >= THREADS_MEASURED_SHARE * seconds
 
     def report(self) -> str:
         """The fusion groups and steps of this plan, its sub-plans indented under their

@@ -170,6 +170,40 @@ def test_run_choice_keeps_the_faster_setting_and_tries_again(two_asked, monkeypa
     assert choice.picks()[4] == "every free core" and choice.keys[4].interval == 8 * r
 
 
+def test_threads_the_driver_trials_measured_are_picked_without_a_trial(two_asked):
+    """Where ``measured(key, seconds)`` says the plan's driver trials measured its threads for
+    runs like its fastest (most of it on slices of the batch on every free core), the first
+    pick is every free core with no one-thread run, kept as a clear win: the next trial,
+    after 8x the runs and seconds, is a check (one run of each). Where it does not, a full
+    trial, as before."""
+    now = [0.0]
+    asked, measured = [], [True]
+    choice = threads.RunChoice(ready=lambda key: True, clock=lambda: now[0],
+                               measured=lambda key, s: asked.append((key, s)) or measured[0])
+
+    def run(key, cost_wide, cost_narrow):
+        cap = choice.begin(key)
+        choice.end(key, cost_narrow if cap == 1 else cost_wide)
+        return cap
+
+    # (the run before the first trial was slow: a recording; its fastest run is asked about)
+    caps = [run(16, 1.0 + 0.5 * (k == threads.CHOICE_AFTER - 1), 2.0)
+            for k in range(threads.CHOICE_AFTER + 8)]
+    assert caps == [None] * len(caps)
+    assert choice.picks() == {16: "every free core"} and asked == [(16, 1.0)]
+    st = choice.keys[16]
+    assert st.check and st.interval == 8 * threads.CHOICE_RETRY_RUNS
+    caps = [run(16, 1.0, 2.0) for _ in range(st.left)]
+    now[0] += 8 * threads.CHOICE_RETRY_S
+    caps = [run(16, 1.0, 2.0) for _ in range(2)]
+    assert caps == [None, 1]                           # the check: one run of each
+    assert choice.picks() == {16: "every free core"} and len(asked) == 1
+    measured[0] = False
+    caps = [run(4, 1.0, 2.0) for _ in range(threads.CHOICE_AFTER + 2 * (threads.CHOICE_RUNS + 1))]
+    assert caps == [None] * threads.CHOICE_AFTER + [None, 1] * (threads.CHOICE_RUNS + 1)
+    assert choice.picks()[4] == "every free core" and asked[1:] == [(4, 1.0)]
+
+
 def test_a_run_that_loads_a_kernel_is_no_sample_of_a_trial(two_asked):
     """A trial's timed run in which a kernel was loaded (``threads.LOADS`` moved: a loop or
     a kernel compiled ahead loaded from disk, tens of ms) is not counted: the run of that

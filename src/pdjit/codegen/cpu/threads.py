@@ -288,6 +288,18 @@ def _forget_proc_fds() -> None:
 #: split most: it waits for both cores. The window is short (the scheduler counts in
 #: nanoseconds), so that a trial of a few milliseconds is judged on its own waits.
 WAITED_SHARE, WAITED_MIN, WAITED_WINDOW = 0.05, 0.0005, 0.005
+#: ... unless this process's threads together ran on more than all but this share of a core
+#: of every core over the window: then they waited for each other (a split's hand-offs, each
+#: wake-up ~0.1-0.2 ms on this machine's virtual cores), not for another process. DenseNet-121
+#: at batch 16 on two threads, each kernel split over the team's threads and the split
+#: helpers, windows of 5-12 ms: with the other core idle, the caller waited 6-35 % of them
+#: while the process ran 1.09-1.48 cores (8 windows of 10 counted a core busy without this
+#: test, 2 with it, and the split driver tried after such a run ran on one thread in every
+#: trial: 0.85-1.2 s against 0.4-0.5 split); with a busy loop on the other core, 0.52-1.02
+#: cores (15 windows of 15 still counted busy)
+OWN_BUSY_SLACK = 0.8
+#: this process's CPU seconds, every thread's (``CLOCK_PROCESS_CPUTIME_ID``: nanoseconds)
+_process_seconds = time.process_time
 
 _CORES = os.cpu_count() or 1
 # [(time, busy seconds of every core, this process's cpu seconds), others]
@@ -300,7 +312,8 @@ _load = [None, 0.0]
 #: busy loop on the other core, 2 threads took 0.88-1.01x the one-thread runs
 IDLE_S = 0.25
 _asked = [float("-inf")]  # when free_cores was last asked
-# [(time, sched_times()) of the last window's start, whether our threads waited in it]
+# [(time, sched_times(), process CPU seconds) of the last window's start, whether our threads
+# waited in it]
 _waits = [None, False]
 
 
@@ -379,13 +392,17 @@ def free_cores() -> int:
         _load[0] = (now, busy, mine)
     w = _waits[0]
     if w is None or now - w[0] >= WAITED_WINDOW:
-        sched = sched_times()
+        sched, own = sched_times(), _process_seconds()
         if sched is None:
             _waits[1] = False
         elif w is not None and w[1][0] == sched[0]:  # (another thread's counts: no window)
             ran, waited = sched[1] - w[1][1], sched[2] - w[1][2]
-            _waits[1] = waited >= WAITED_MIN and waited > WAITED_SHARE * (ran + waited)
-        _waits[0] = None if sched is None else (now, sched)
+            # (waits while this process's own threads kept the cores busy are no other
+            # process's: its team's threads, polling after a parallel loop, beside a split's
+            # helpers, or more parts than cores)
+            _waits[1] = waited >= WAITED_MIN and waited > WAITED_SHARE * (ran + waited) and \
+                own - w[2] < (cores - OWN_BUSY_SLACK) * (now - w[0])
+        _waits[0] = None if sched is None else (now, sched, own)
     others = max(_load[1], 1.0) if _waits[1] else _load[1]
     return max(1, cores - int(others + 0.5))
 
@@ -540,6 +557,10 @@ def begin_run(cap: int | None = None) -> None:
     core keeps waiting holds up every step; with the counts capped at the free cores each
     run, the two-thread runs are the one-thread runs."""
     runs[0] += 1
+    now = time.perf_counter()
+    if _began[0] is not None and now - _began[0] < _began[1]:
+        _began[1] = now - _began[0]
+    _began[0] = now
     if not _default_applied and _applied is None:
         ensure_applied()
     local = _run_local
@@ -702,7 +723,7 @@ def background():
 
 class _Choice:
     __slots__ = ("warm", "pick", "trial", "times", "timing", "left", "until", "interval",
-                 "tiny", "loads", "check", "warming", "redos")
+                 "tiny", "loads", "check", "warming", "redos", "least")
 
     def __init__(self):
         self.tiny = 0                  # runs left that keep the settings (but RunChoice.tiny_left)
@@ -717,6 +738,7 @@ class _Choice:
         self.check = False             # the last pick won clearly: its next trial is a check
         self.warming = 0               # WARMING + PY_REPLAYS when the timed run began
         self.redos = 0                 # the trial's runs not counted for them
+        self.least = float("inf")      # the least time of a run so far
 
 
 class RunChoice:
@@ -743,15 +765,21 @@ class RunChoice:
     instead of calling ``begin`` (a 3-op program's run is ~8 us).
     ``ready(key)``: whether a trial may start (the plan's own driver trials are over: a run
     kept on one thread would run a split driver unsplit); asked only when one is due, else
-    again :data:`CHOICE_AFTER` runs later. Safe under concurrent runs (a sample lost at
-    worst)."""
-    __slots__ = ("keys", "clock", "ready", "tiny_key", "tiny_left")
+    again :data:`CHOICE_AFTER` runs later. ``measured(key, seconds)``: whether the plan's
+    driver trials measured its threads for runs like its fastest so far (of ``seconds``):
+    most of the run splits its batch over every free core, faster than its drivers on every
+    thread, so that a one-thread run has little to win; the first pick is then every free core without
+    a trial, a clear one (checked later as such). ResNet-50 at batch 16 on two threads: the
+    trial's two one-thread runs took 1.27 and 1.11 s among 0.57 s ones. Safe under
+    concurrent runs (a sample lost at worst)."""
+    __slots__ = ("keys", "clock", "ready", "measured", "tiny_key", "tiny_left")
     KEEP = False
 
-    def __init__(self, ready=None, clock=time.monotonic):
+    def __init__(self, ready=None, measured=None, clock=time.monotonic):
         self.keys: dict = {}
         self.clock = clock
         self.ready = ready
+        self.measured = measured
         self.tiny_key, self.tiny_left = None, 0  # the latest tiny key, its runs still kept
 
     def begin(self, key):
@@ -782,6 +810,10 @@ class RunChoice:
             if self.ready is not None and not self.ready(key):
                 st.warm = CHOICE_AFTER  # (asked again then)
                 return 1 if st.pick == 1 else None
+            if st.pick is None and self.measured is not None and st.least < float("inf") \
+                    and self.measured(key, st.least):
+                self._choose(st, 0, clear=True)
+                return None
             st.trial, st.times, st.redos = True, ([], []), 0
         first = st.pick if st.check else 0  # (a check times the pick first: it is warm)
         which = first if len(st.times[0]) == len(st.times[1]) else \
@@ -793,6 +825,8 @@ class RunChoice:
         st = self.keys.get(key)
         if st is None:
             return
+        if seconds < st.least:
+            st.least = seconds
         if seconds < TINY_RUN_S:  # (a trial of a tiny run is given up: nothing to choose)
             st.trial, st.timing = False, -1
             self._count_tiny(key, TINY_RUNS)
@@ -818,16 +852,20 @@ class RunChoice:
             if st.check and not (clear and pick == st.pick):  # (a full trial, at once)
                 st.check, st.times = False, ([], [])
                 return
-            st.check = clear
-            if st.pick is None:  # (the first pick)
-                st.interval = CHOICE_RETRY_RUNS * (8 if clear else 1)
-            elif pick == st.pick:
-                st.interval = min(st.interval * (8 if clear else 2), CHOICE_RETRY_RUNS * 64)
-            else:
-                st.interval = CHOICE_RETRY_RUNS
-            st.pick, st.trial = pick, False
-            st.left = st.interval
-            st.until = self.clock() + CHOICE_RETRY_S * st.interval / CHOICE_RETRY_RUNS
+            self._choose(st, pick, clear)
+
+    def _choose(self, st, pick: int, clear: bool) -> None:
+        """``pick`` kept until the next trial, a check where it won clearly."""
+        st.check = clear
+        if st.pick is None:  # (the first pick)
+            st.interval = CHOICE_RETRY_RUNS * (8 if clear else 1)
+        elif pick == st.pick:
+            st.interval = min(st.interval * (8 if clear else 2), CHOICE_RETRY_RUNS * 64)
+        else:
+            st.interval = CHOICE_RETRY_RUNS
+        st.pick, st.trial = pick, False
+        st.left = st.interval
+        st.until = self.clock() + CHOICE_RETRY_S * st.interval / CHOICE_RETRY_RUNS
 
     def _count_tiny(self, key, runs: int) -> None:
         """``runs`` tiny runs of ``key`` to keep, counted by the shortcut (``tiny_key``,
@@ -1004,6 +1042,14 @@ _getcpu = _sched_getcpu()
 _teams: dict = {}  # a thread's kernel id -> [the ids of its loops' other threads, their core]
 #: the runs this process has begun (:func:`begin_run`)
 runs = [0]
+_began = [None, float("inf")]  # when the last run began, the shortest run so far
+
+
+def shortest_run() -> float:
+    """The least time from one run's start to the next's in this process so far, in seconds
+    (a bound on its shortest run, whatever its threads: runs of the same model at another
+    batch size, another plan's; inf before two runs)."""
+    return _began[1]
 #: ``lib.team.thread_ids``, set when that module loads (it names a thread's team)
 _thread_ids = [None]
 

@@ -137,6 +137,7 @@ class DriverTiers:
         self._trials: dict = {}            # batch size -> ([host], [native], [split] times)
         self._turns: dict = {}             # batch size -> each driver's runs in its trial
         self.picked: dict = {}             # batch size -> the driver chosen for it
+        self._picked_s: dict = {}          # batch size -> its pick's best time in the trial
 
     def call(self, values):
         """The step's results for the run's arguments ``values``, from the driver that serves
@@ -187,6 +188,16 @@ class DriverTiers:
             if fn is None or isinstance(fn, Retry):
                 return False
         return True
+
+    def split_seconds(self, batch: int) -> float:
+        """The time of a run of this step at this batch size spent in slices of the batch on
+        every free core, as its trial measured it: its pick's best time where the pick splits
+        the batch over two threads or more and won against the step's drivers on every thread
+        (0.0 otherwise): ``threads.RunChoice`` need not try such a step on one thread."""
+        fn = self.picked.get(batch)
+        if isinstance(fn, SplitDriver) and fn.parts > 1 and fn.runs:
+            return self._picked_s.get(batch, 0.0)
+        return 0.0
 
     def describe(self) -> str:
         """What the step's description adds: the driver of each batch size, or why the
@@ -381,10 +392,13 @@ class DriverTiers:
             # each driver's best timed run: what other processes do on a shared machine only
             # adds time (with medians of three, one LeNet benchmark process of two kept the
             # native driver at batch 64, 0.53 ms, over the split one, 0.33 ms)
-            best = drivers[self._fastest([min(t[warm:]) for t in times])]
+            bests = [min(t[warm:]) for t in times]
+            best = drivers[self._fastest(bests)]
+            self._picked_s[key] = min(bests)
             unsplit = self._unsplit_runs.get(key, 0) > UNSPLIT_REDOS
             if len(self.picked) > 64:
                 self.picked.clear()
+                self._picked_s.clear()
             if splits and not isinstance(best, SplitDriver):
                 # the split driver ran unsplit or lost while a core was busy (another
                 # process's burst: a trial is a few runs), or lost: tried again once the

@@ -80,7 +80,10 @@ COMPILE = False
 AFTER_RUNS = 3
 #: how often a loop not on disk yet is looked for again (seconds)
 LOOK_AGAIN_S = 2.0
-_loaded = [0]  # the run that loaded a loop last
+#: the share of the process's shortest run (``threads.shortest_run``) that one run's loads
+#: may take before the next loop waits for the next run (the first load of a run never waits)
+LOAD_SHARE = 1.0
+_loaded = [0, 0.0]  # the run that loaded a loop last, the seconds its loads took
 
 
 def ready(loop, args) -> bool:
@@ -92,27 +95,37 @@ def ready(loop, args) -> bool:
     a process starts for a cache directory (``diskcache.start_background_warmup``), since
     they are library jobs. A run from the process's :data:`AFTER_RUNS`-th on loads one found
     on disk (~10-70 ms, at most one a run: four in one run held it 0.29 s), and a loop not
-    there is looked for again every :data:`LOOK_AGAIN_S`. A loop that fails to load is
-    never used. (A kernel too costly to compile in a first run that has a slower stand-in,
+    there is looked for again every :data:`LOOK_AGAIN_S`. More in one run while their
+    loads took less than :data:`LOAD_SHARE` of the process's shortest run: every load makes
+    the host drivers' recordings stale, and a model whose runs take a second would otherwise
+    record again and redo its drivers' trials for ten runs and more (DenseNet-121 at batch 16
+    on two threads: a loop loaded in 13 of its first 20 runs, ~15 s to its steady runs). A
+    loop that fails to load is never used. (A kernel too costly to compile in a first run that has a slower stand-in,
     ``pointwise.conv_cols``, is made ready the same way.)"""
     key = (loop, args[0].dtype)
     state = _READY.get(key, 0.0)
     if state is True:
         return True
-    if state is None or time.monotonic() < state or threads.runs[0] < AFTER_RUNS or \
-            _loaded[0] == threads.runs[0] and not COMPILE:
+    run = threads.runs[0]
+    if state is None or time.monotonic() < state or run < AFTER_RUNS or \
+            _loaded[0] == run and not COMPILE and \
+            _loaded[1] >= LOAD_SHARE * threads.shortest_run():
         return False
     sig = tuple(numba.typeof(a) for a in args)
     if not (COMPILE or sig in loop.overloads or _on_disk(loop, sig)):
         _READY[key] = time.monotonic() + LOOK_AGAIN_S
         return False
-    _loaded[0] = threads.runs[0]
+    if _loaded[0] != run:
+        _loaded[:] = run, 0.0
     threads.LOADS[0] += 1  # (this run is no sample of a trial of the run's threads)
+    t0 = time.perf_counter()
     try:
         loop.compile(sig)
     except Exception:  # noqa: BLE001 - the split on run_parts' helpers serves
         _READY[key] = None
         return False
+    finally:
+        _loaded[1] += time.perf_counter() - t0
     _READY[key] = True
     replay.VERSION[0] += 1  # (a host driver's recordings made before name its stand-in)
     return True
