@@ -768,10 +768,10 @@ class RunChoice:
     again :data:`CHOICE_AFTER` runs later. ``measured(key, seconds)``: whether the plan's
     driver trials measured its threads for runs like its fastest so far (of ``seconds``):
     most of the run splits its batch over every free core, faster than its drivers on every
-    thread, so that a one-thread run has little to win; the first pick is then every free core without
-    a trial, a clear one (checked later as such). ResNet-50 at batch 16 on two threads: the
-    trial's two one-thread runs took 1.27 and 1.11 s among 0.57 s ones. Safe under
-    concurrent runs (a sample lost at worst)."""
+    thread, so that a one-thread run has little to win; the first pick is then every free
+    core without a trial, a clear one (checked later as such). ResNet-50 at batch 16 on two
+    threads: the trial's two one-thread runs took 1.27 and 1.11 s among 0.57 s ones. Safe
+    under concurrent runs (a sample lost at worst)."""
     __slots__ = ("keys", "clock", "ready", "measured", "tiny_key", "tiny_left")
     KEEP = False
 

@@ -100,8 +100,8 @@ def ready(loop, args) -> bool:
     the host drivers' recordings stale, and a model whose runs take a second would otherwise
     record again and redo its drivers' trials for ten runs and more (DenseNet-121 at batch 16
     on two threads: a loop loaded in 13 of its first 20 runs, ~15 s to its steady runs). A
-    loop that fails to load is never used. (A kernel too costly to compile in a first run that has a slower stand-in,
-    ``pointwise.conv_cols``, is made ready the same way.)"""
+    loop that fails to load is never used. (A kernel too costly to compile in a first run
+    that has a slower stand-in, ``pointwise.conv_cols``, is made ready the same way.)"""
     key = (loop, args[0].dtype)
     state = _READY.get(key, 0.0)
     if state is True:
