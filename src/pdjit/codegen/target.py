@@ -237,10 +237,10 @@ class Target:
         """The object that picks, run by run, which of a native step's drivers serves it
         (``call(values)``, ``settled(batch)``, ``split_seconds(batch)``: the time of its
         run spent on slices of the batch on every free core, ``describe()``; the step's
-        ``native`` driver
-        built with the plan, the ``build`` of one built once the step is hot under the
-        ``native_drivers`` ``mode``, ``split()``: which arguments carry the batch's rows), or
-        None: the step's host driver always serves (a target without ``native_drivers``)."""
+        ``native`` driver built with the plan, the ``build`` of one built once the step is
+        hot under the ``native_drivers`` ``mode``, ``split()``: which arguments carry the
+        batch's rows), or None: the step's host driver always serves (a target without
+        ``native_drivers``)."""
         return None
 
     def lod_offsets(self, offsets: list) -> list:

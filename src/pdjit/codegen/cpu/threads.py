@@ -1042,6 +1042,8 @@ _getcpu = _sched_getcpu()
 _teams: dict = {}  # a thread's kernel id -> [the ids of its loops' other threads, their core]
 #: the runs this process has begun (:func:`begin_run`)
 runs = [0]
+#: ``lib.team.thread_ids``, set when that module loads (it names a thread's team)
+_thread_ids = [None]
 _began = [None, float("inf")]  # when the last run began, the shortest run so far
 
 
@@ -1050,8 +1052,6 @@ def shortest_run() -> float:
     (a bound on its shortest run, whatever its threads: runs of the same model at another
     batch size, another plan's; inf before two runs)."""
     return _began[1]
-#: ``lib.team.thread_ids``, set when that module loads (it names a thread's team)
-_thread_ids = [None]
 
 
 def place_team(discover: bool = True) -> None:

@@ -93,14 +93,14 @@ def ready(loop, args) -> bool:
     of CPU; on a thread of the process it held the GIL from the runs, and ResNet-50's cold
     first result took 8.4 s against 3.4): by ``pdjit warmup`` and the background warmup that
     a process starts for a cache directory (``diskcache.start_background_warmup``), since
-    they are library jobs. A run from the process's :data:`AFTER_RUNS`-th on loads one found
-    on disk (~10-70 ms, at most one a run: four in one run held it 0.29 s), and a loop not
-    there is looked for again every :data:`LOOK_AGAIN_S`. More in one run while their
-    loads took less than :data:`LOAD_SHARE` of the process's shortest run: every load makes
-    the host drivers' recordings stale, and a model whose runs take a second would otherwise
-    record again and redo its drivers' trials for ten runs and more (DenseNet-121 at batch 16
-    on two threads: a loop loaded in 13 of its first 20 runs, ~15 s to its steady runs). A
-    loop that fails to load is never used. (A kernel too costly to compile in a first run
+    they are library jobs. A run from the process's :data:`AFTER_RUNS`-th on loads those
+    found on disk (~10-70 ms each), one, then more while their loads took less than
+    :data:`LOAD_SHARE` of the process's shortest run (four in one run held a short run
+    0.29 s; but every load makes the host drivers' recordings stale, and a model whose runs
+    take half a second recorded again and redid its drivers' trials for ten runs and more:
+    DenseNet-121 at batch 16 on two threads loaded one loop a run in 13 of its first 20).
+    A loop not there is looked for again every :data:`LOOK_AGAIN_S`; one that fails to load
+    is never used. (A kernel too costly to compile in a first run
     that has a slower stand-in, ``pointwise.conv_cols``, is made ready the same way.)"""
     key = (loop, args[0].dtype)
     state = _READY.get(key, 0.0)
