@@ -161,6 +161,30 @@ def test_a_recording_goes_native_after_its_runs_with_the_drivers_bits(monkeypatc
         np.testing.assert_array_equal(_run(exe, main, scope, out, x), g)
 
 
+def test_a_new_key_goes_native_sooner_once_a_recording_of_its_step_did(monkeypatch):
+    """Once a recording of a step went native (the step is served), a new key's recording
+    (another batch size here; the same program at other threads, another slice of a batch, or
+    one made again after a kernel became ready) makes its calls native at its
+    ``HOT_NATIVE_AFTER``-th run, not after ``NATIVE_AFTER``; its results the oracle's."""
+    monkeypatch.setattr(replay, "NATIVE_AFTER", 6)
+    exe, main, scope, out = _executor()
+    _settle(exe, main, scope, out)
+    (rp,) = _replays(exe)
+    (rec,) = rp.recordings.values()
+    assert not rp.hot
+    for _ in range(replay.NATIVE_AFTER):
+        _run(exe, main, scope, out, _image())
+    assert rec.parts is not None and rp.hot
+    v = _values(scope)
+    for _ in range(replay.AFTER_RUNS + 2 * replay.TRIAL_RUNS + 2):
+        x = _image(3)
+        np.testing.assert_allclose(_run(exe, main, scope, out, x),
+                                   _oracle(x.astype(np.float64), v), rtol=2e-4, atol=1e-6)
+    new = next(r for k, r in rp.recordings.items() if k[1][0][0] == 3)
+    assert new.native_after == replay.HOT_NATIVE_AFTER <= new.runs < replay.NATIVE_AFTER
+    assert new.parts is not None and any(type(p) is tuple for p in new.parts)
+
+
 def test_runs_served_as_they_will_not_be_for_long_move_warming(monkeypatch):
     """A key's driver runs before it is recorded and its recording's trial against the driver
     move ``threads.WARMING`` (the run that records moves ``threads.LOADS``), the recording's

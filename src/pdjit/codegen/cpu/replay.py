@@ -37,8 +37,9 @@ What a recording holds is checked, never assumed:
   after :data:`RETRY_RUNS` runs;
 - a recording is replayed once on the run's inputs, its arena and the arrays it copies
   results into filled with NaN first, and kept only if it gives the driver's outputs bit for
-  bit (a kernel call it missed leaves NaN); once it has served :data:`NATIVE_AFTER` runs,
-  its runs of kernel calls go native, kept only if a run so, poisoned the same way, gives the
+  bit (a kernel call it missed leaves NaN); once it has served :data:`NATIVE_AFTER` runs
+  (:data:`HOT_NATIVE_AFTER` where one of the step's recordings went native before), its
+  runs of kernel calls go native, kept only if a run so, poisoned the same way, gives the
   bits of a replay from Python; after :data:`MAX_FAILURES` recordings of a step fail their
   first check (or go stale), its driver serves for good;
 - then its runs are timed against the driver's, by turns (:data:`TRIAL_RUNS` each), and the
@@ -88,6 +89,12 @@ NATIVE = os.environ.get("PDJIT_REPLAY_NATIVE", "1") != "0"
 #: calls ~0.1 s) for a few microseconds saved a call, so not in the run that records (a
 #: served model's fourth), nor for a program run a few times (a script, a test)
 NATIVE_AFTER = 32
+#: ... or this many, where a recording of the same step went native before (the step is
+#: served, and its new key is the same program at other threads, another slice of the batch,
+#: or made again after a kernel became ready): a run choice's one-thread trial of ResNet-18 at
+#: batch 1 waited 38 runs of 25 ms for its new key's calls to go native (its runs from Python
+#: are no samples), a benchmark's whole window
+HOT_NATIVE_AFTER = 2
 #: timed runs each of a new recording and of the driver before the faster serves its key
 TRIAL_RUNS = 3
 #: recordings of a step that may fail their check or go stale (its parameters new arrays at
@@ -491,7 +498,8 @@ class Recording:
         # the ops in parts, each an op made from Python (its index) or a run of ops made by
         # one native call (callchain: (first op, end, the call)); None: all from Python
         self.parts = None
-        self.runs = 0          # runs served (the native calls made at NATIVE_AFTER)
+        self.runs = 0          # runs served (the native calls made at native_after)
+        self.native_after = NATIVE_AFTER
         self.poison = None     # fills its buffers with NaN (the check of the native calls)
 
     def fits(self, values) -> bool:
@@ -503,9 +511,9 @@ class Recording:
             np.copyto(buf, values[i])
         self.runs += 1
         if self.parts is None and NATIVE and self.poison is not None:
-            if self.runs == NATIVE_AFTER:
+            if self.runs == self.native_after:
                 self._go_native_checked(values)
-            elif self.runs < NATIVE_AFTER:  # (from Python until then)
+            elif self.runs < self.native_after:  # (from Python until then)
                 threads.PY_REPLAYS[0] += 1
         return tuple([np.array(o) for o in self.replay(values)])
 
@@ -867,6 +875,7 @@ class HostReplay:
         self._failures = 0           # recordings that failed their check, or went stale
         self.recordings: dict = {}   # key -> Recording
         self.replays = 0             # runs served by a recording
+        self.hot = False             # whether a recording of it went native
 
     def call(self, values):
         """The step's results for ``values``: a recording's, else the host driver's."""
@@ -919,6 +928,8 @@ class HostReplay:
                 self.recordings.clear()
             return self.compiled.fn(*values)
         self.replays += 1
+        if rec.parts is not None and not self.hot:
+            self.hot = True  # (its next recordings go native sooner: HOT_NATIVE_AFTER)
         return out
 
     def _trial(self, rec, values):
@@ -1015,6 +1026,8 @@ class HostReplay:
             self._failed("its replay differed from the driver's run")
             return "its replay differed from the driver's run"
         r.poison = poisoned  # (for the check of its native calls, later)
+        if self.hot:
+            r.native_after = HOT_NATIVE_AFTER
         if made != _state():
             return "a kernel became ready while it was recorded"
         with self._lock:
