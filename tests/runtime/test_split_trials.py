@@ -336,6 +336,8 @@ def test_a_picked_split_tells_the_plan_its_threads_were_measured(machine):
     assert plan.threads_measured(BATCH, split / share * 0.99)
     assert not plan.threads_measured(BATCH, split / share * 1.01)
     assert plan.threads_choice.measured == plan.threads_measured
+    # (settled, asked when a trial of the threads is due, hurries the step's replays native)
+    assert step.tiers.settled(BATCH) and step.tiers.replay.hot
     machine["pick"] = 1
     other = _Served()
     other.run(TRIAL)

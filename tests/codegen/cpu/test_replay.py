@@ -185,6 +185,26 @@ def test_a_new_key_goes_native_sooner_once_a_recording_of_its_step_did(monkeypat
     assert new.parts is not None and any(type(p) is tuple for p in new.parts)
 
 
+def test_a_hurried_recording_goes_native_at_its_next_run():
+    """``HostReplay.hurry`` (the step is served and a trial of its plan's threads is due:
+    ``DriverTiers.settled`` says so): a recording still replayed from Python makes its calls
+    native at its next run, not at its ``NATIVE_AFTER``-th; its results the oracle's."""
+    exe, main, scope, out = _executor()
+    _settle(exe, main, scope, out)
+    (rp,) = _replays(exe)
+    (rec,) = rp.recordings.values()
+    assert rec.parts is None and rec.runs + 2 < replay.NATIVE_AFTER and not rp.hot
+    rp.hurry()
+    assert rp.hot and rec.native_after == max(rec.runs + 1, replay.HOT_NATIVE_AFTER)
+    x = _image()
+    loads = threads.LOADS[0]
+    got = _run(exe, main, scope, out, x)
+    assert rec.parts is not None and any(type(p) is tuple for p in rec.parts)
+    assert threads.LOADS[0] != loads  # (the run that compiled them: no sample of a trial)
+    np.testing.assert_allclose(got, _oracle(x.astype(np.float64), _values(scope)), rtol=2e-4,
+                               atol=1e-6)
+
+
 def test_runs_served_as_they_will_not_be_for_long_move_warming(monkeypatch):
     """A key's driver runs before it is recorded and its recording's trial against the driver
     move ``threads.WARMING`` (the run that records moves ``threads.LOADS``), the recording's

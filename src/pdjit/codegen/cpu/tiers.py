@@ -179,7 +179,10 @@ class DriverTiers:
     def settled(self, batch: int) -> bool:
         """Whether no driver of this step is still to be tried for this batch size (one
         compiling or waiting to be built, a trial going on, a split driver to be tried
-        again): ``threads.RunChoice`` measures a plan's threads only then."""
+        again): ``threads.RunChoice`` measures a plan's threads only then. It asks when a
+        trial is due, in a plan served run after run: a settled step's host replays make
+        their calls native now (``HostReplay.hurry``), whose replays from Python are no
+        samples of that trial."""
         if self._hot is not None or self.tiering is not None and self.tiering.is_alive():
             return False
         if self.native is not None and \
@@ -187,6 +190,8 @@ class DriverTiers:
             fn = self.picked.get(batch)
             if fn is None or isinstance(fn, Retry):
                 return False
+        if self.replay is not None:
+            self.replay.hurry()
         return True
 
     def split_seconds(self, batch: int) -> float:
