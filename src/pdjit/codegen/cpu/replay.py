@@ -938,7 +938,7 @@ class HostReplay:
                 self.recordings.clear()
             return self.compiled.fn(*values)
         self.replays += 1
-        if rec.parts is not None and not self.hot:
+        if not self.hot and rec.parts is not None:
             self.hot = True  # (its next recordings go native sooner: HOT_NATIVE_AFTER)
         return out
 

@@ -810,8 +810,7 @@ class RunChoice:
             if self.ready is not None and not self.ready(key):
                 st.warm = CHOICE_AFTER  # (asked again then)
                 return 1 if st.pick == 1 else None
-            if st.pick is None and self.measured is not None and st.least < float("inf") \
-                    and self.measured(key, st.least):
+            if st.pick is None and self.measured is not None and self.measured(key, st.least):
                 self._choose(st, 0, clear=True)
                 return None
             st.trial, st.times, st.redos = True, ([], []), 0

@@ -398,8 +398,9 @@ class DriverTiers:
             # adds time (with medians of three, one LeNet benchmark process of two kept the
             # native driver at batch 64, 0.53 ms, over the split one, 0.33 ms)
             bests = [min(t[warm:]) for t in times]
-            best = drivers[self._fastest(bests)]
-            self._picked_s[key] = min(bests)
+            fastest = self._fastest(bests)
+            best = drivers[fastest]
+            self._picked_s[key] = bests[fastest]
             unsplit = self._unsplit_runs.get(key, 0) > UNSPLIT_REDOS
             if len(self.picked) > 64:
                 self.picked.clear()
