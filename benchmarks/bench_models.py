@@ -2,7 +2,7 @@
 
     python benchmarks/bench_models.py [--quick] [--models resnet50,mobilenetv2,bert,gru,lstm]
         [--batch 1,16] [--threads 1,2] [--rounds R] [--repeat N] [--busy]
-        [--no-convs | --convs-only] [--conv-batch 16] [--fma-units 2] [--ghz G] [--json FILE]
+        [--no-convs | --convs-only] [--conv-batch 16] [--fma-units U] [--ghz G] [--json FILE]
 
 Models, built with pdjit's Fluid API at their real layer sizes, weights drawn from a fixed seed
 (convolutions He-normal, fully connected layers uniform +-1/sqrt(fan in), batch norms with
@@ -47,9 +47,12 @@ the GFLOP/s reached (2 * N * M * OH * OW * C/groups * KH * KW flops) against one
 FMA peak: clock (measured on a chain of dependent integer additions, one a cycle: the busy
 core's turbo clock, not ``/proc/cpuinfo``'s nominal ``cpu MHz``; or ``--ghz``) x fp32 lanes of
 the widest vector unit (16 with AVX-512, 8 with AVX2/FMA, 4 otherwise; from the CPU flags) x
-FMA units per core (``--fma-units``, default 2: two 512-bit FMA units per core on the Xeon
-Scalable processors with AVX-512 that this benchmark was written on (ports 0 and 5), which the
-CPU does not report) x 2 flops per FMA.
+FMA units per core x 2 flops per FMA. The CPU does not report its FMA units, and they differ
+where the flags agree (two 512-bit units on most Xeon Scalable processors with AVX-512, one on
+AMD's Zen 4, which runs a 512-bit FMA on its two 256-bit units), so ``fma_throughput`` measures
+them: 16 independent chains of FMAs on vectors of that width, in LLVM IR compiled for this CPU
+(its throughput, not its latency, bounds the loop), the units the rate / (clock x lanes x 2),
+rounded to a half (``--fma-units`` gives them instead).
 
 ``--quick``: batch 1, 2 rounds of 2 timed runs, the convolutions at batch 1. Print: markdown
 tables; ``--json`` writes every number.
@@ -717,7 +720,59 @@ def measured_ghz() -> float:
     return 2e8 / best / 1e9
 
 
-def cpu_peak(fma_units: int, ghz: float | None) -> tuple:
+def fma_throughput(lanes: int, chains: int = 16, steps: int = 10 ** 7) -> float:
+    """GFLOP/s of one core on FP32 fused multiply-adds of ``lanes``-wide vectors: ``chains``
+    independent chains ``a = fma(a, 0.75, 0.75)`` (exact in binary, converging to 3: no
+    overflow, no subnormals) in one loop of LLVM IR compiled for this CPU, ``steps`` steps, the
+    best of three."""
+    import ctypes
+
+    import llvmlite.binding as llvm
+
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    vt = f"<{lanes} x float>"
+    c = "<" + ", ".join(["float 0.75"] * lanes) + ">"
+    phis = "\n".join(f"  %a{k} = phi {vt} [{c}, %entry], [%b{k}, %loop]" for k in range(chains))
+    fmas = "\n".join(f"  %b{k} = call {vt} @llvm.fma.v{lanes}f32({vt} %a{k}, {vt} {c}, {vt} {c})"
+                     for k in range(chains))
+    sums = "\n".join(f"  %s{k} = fadd {vt} %s{k - 1}, %b{k}" for k in range(1, chains))
+    ir = f"""
+declare {vt} @llvm.fma.v{lanes}f32({vt}, {vt}, {vt})
+define float @fmas(i64 %n) {{
+entry:
+  br label %loop
+loop:
+  %i = phi i64 [0, %entry], [%j, %loop]
+{phis}
+{fmas}
+  %j = add i64 %i, 1
+  %more = icmp ult i64 %j, %n
+  br i1 %more, label %loop, label %exit
+exit:
+  %s0 = fadd {vt} %b0, {c}
+{sums}
+  %r = extractelement {vt} %s{chains - 1}, i32 0
+  ret float %r
+}}
+"""
+    mod = llvm.parse_assembly(ir)
+    mod.verify()
+    tm = llvm.Target.from_default_triple().create_target_machine(
+        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=2)
+    engine = llvm.create_mcjit_compiler(mod, tm)
+    engine.finalize_object()
+    run = ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_int64)(engine.get_function_address("fmas"))
+    run(1000)
+    best = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        run(steps)
+        best = min(best, time.perf_counter() - t)
+    return steps * chains * lanes * 2 / best / 1e9
+
+
+def cpu_peak(fma_units: float | None, ghz: float | None) -> tuple:
     """(GFLOP/s of one core, clock GHz, fp32 lanes, how each was found)."""
     flags, mhz = set(), None
     try:
@@ -739,10 +794,16 @@ def cpu_peak(fma_units: int, ghz: float | None) -> tuple:
         clock = measured_ghz()
         where = ("measured: dependent integer adds, one a cycle"
                  + (f"; /proc/cpuinfo's nominal {mhz / 1000:.2f}" if mhz else ""))
-    peak = clock * lanes * fma_units * 2
+    if fma_units:
+        units, found = fma_units, "--fma-units"
+    else:
+        rate = fma_throughput(lanes)
+        units = max(0.5, round(rate / (clock * lanes * 2) * 2) / 2)
+        found = (f"measured: 16 independent chains of {lanes}-lane FMAs ran {rate:.1f} GFLOP/s, "
+                 f"{rate / (clock * lanes * 2):.2f} units at this clock")
+    peak = clock * lanes * units * 2
     how = (f"peak = {clock:.2f} GHz ({where}) x {lanes} fp32 lanes ({unit}, CPU flags) x "
-           f"{fma_units} FMA units (--fma-units) x 2 flops per FMA = {peak:.1f} GFLOP/s per "
-           f"core")
+           f"{units:g} FMA units ({found}) x 2 flops per FMA = {peak:.1f} GFLOP/s per core")
     return peak, clock, lanes, how
 
 
@@ -876,7 +937,8 @@ def main() -> None:
     ap.add_argument("--no-convs", action="store_true")
     ap.add_argument("--convs-only", action="store_true")
     ap.add_argument("--conv-batch", type=int, default=None)
-    ap.add_argument("--fma-units", type=int, default=2)
+    ap.add_argument("--fma-units", type=float, default=None,
+                    help="FMA units per core (default: measured)")
     ap.add_argument("--ghz", type=float, default=None)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()

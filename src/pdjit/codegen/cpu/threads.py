@@ -634,7 +634,10 @@ CHOICE_CLEAR_WIN = 1.25
 #: runs from this long on are tried with one timed run of each setting and none untimed: at
 #: ResNet-50's batch 16 (about a second a run) the run choice's trial took 8 runs (a step's
 #: driver trial 12 more, where it has a native driver), half of them on the slower setting;
-#: at that length a run's noise is small beside the differences a trial is for
+#: at that length a run's noise is small beside the differences a trial is for; where the two
+#: runs are within :data:`CHOICE_CLEAR_WIN` of each other each setting runs again, up to
+#: :data:`CHOICE_RUNS` (on a machine whose second core slows for seconds at a time, a wide run
+#: of ResNet-50 at batch 1 took 73 ms, a narrow one 74: a pick by one run each is a coin toss)
 LONG_TRIAL_S = 0.05
 
 
@@ -690,9 +693,14 @@ _background_lock = threading.Lock()
 #: runs served as they will not be served for long: a host replay's driver runs before its
 #: recording and its recording's trial against the driver (``WARMING``), and its replays from
 #: Python before its calls go native (``PY_REPLAYS``) (:mod:`.replay`). A :class:`RunChoice`
-#: trial's run shorter than :data:`LONG_TRIAL_S` that moved either is no sample (up to
+#: trial's run that moved ``WARMING``, or ``PY_REPLAYS`` and was shorter than
+#: :data:`LONG_TRIAL_S` (a long run's replay from Python costs it little), is no sample (up to
 #: :data:`WARMING_REDOS` a trial), so that a trial compares each setting as it will run;
-#: a driver trial (``tiers``) skips the runs that moved ``WARMING`` alike. Measured where
+#: a driver trial (``tiers``) skips the short runs that moved ``WARMING`` alike. Measured
+#: where a long run's ``WARMING`` counted: ResNet-50 at batch 1 on two threads (38 ms a run
+#: served, 70 on one thread) had its one timed wide run served by the host driver while the
+#: machine was slow, 151 ms against 74 on one thread, and ran on one thread for the next 256
+#: runs. Measured where
 #: they were counted: MobileNetV3-small at batch 1 on two threads, each setting's first runs on
 #: its own recording, the wide ones still from Python (2.5-4.1 ms against 1.25 once native,
 #: one thread 2.1-3.1 against 2.2): about one process of three picked one thread and ran
@@ -723,7 +731,7 @@ def background():
 
 class _Choice:
     __slots__ = ("warm", "pick", "trial", "times", "timing", "left", "until", "interval",
-                 "tiny", "loads", "check", "warming", "redos", "least")
+                 "tiny", "loads", "check", "warming", "replays", "redos", "least")
 
     def __init__(self):
         self.tiny = 0                  # runs left that keep the settings (but RunChoice.tiny_left)
@@ -736,7 +744,8 @@ class _Choice:
         self.interval = CHOICE_RETRY_RUNS
         self.loads = 0                 # LOADS when the timed run began
         self.check = False             # the last pick won clearly: its next trial is a check
-        self.warming = 0               # WARMING + PY_REPLAYS when the timed run began
+        self.warming = 0               # WARMING when the timed run began
+        self.replays = 0               # PY_REPLAYS then
         self.redos = 0                 # the trial's runs not counted for them
         self.least = float("inf")      # the least time of a run so far
 
@@ -817,7 +826,7 @@ class RunChoice:
         first = st.pick if st.check else 0  # (a check times the pick first: it is warm)
         which = first if len(st.times[0]) == len(st.times[1]) else \
             int(len(st.times[0]) > len(st.times[1]))
-        st.timing, st.loads, st.warming = which, LOADS[0], WARMING[0] + PY_REPLAYS[0]
+        st.timing, st.loads, st.warming, st.replays = which, LOADS[0], WARMING[0], PY_REPLAYS[0]
         return None if which == 0 else 1
 
     def end(self, key, seconds: float) -> None:
@@ -835,8 +844,8 @@ class RunChoice:
         if LOADS[0] != st.loads:  # (a kernel loaded in the run: no sample; timed again)
             st.timing = -1
             return
-        if WARMING[0] + PY_REPLAYS[0] != st.warming and seconds < LONG_TRIAL_S and \
-                st.redos < WARMING_REDOS:
+        if st.redos < WARMING_REDOS and (WARMING[0] != st.warming or (
+                PY_REPLAYS[0] != st.replays and seconds < LONG_TRIAL_S)):
             st.redos += 1  # (served as it will not be for long: that setting runs again)
             st.timing = -1
             return
@@ -848,6 +857,9 @@ class RunChoice:
             best_wide, best_narrow = min(wide[skip:]), min(narrow[skip:])
             pick = 1 if best_narrow < best_wide else 0
             clear = max(best_wide, best_narrow) >= CHOICE_CLEAR_WIN * min(best_wide, best_narrow)
+            if not clear and not st.check and need < CHOICE_RUNS and \
+                    min(len(wide), len(narrow)) < skip + CHOICE_RUNS:
+                return  # (long runs close by one each: timed again, up to CHOICE_RUNS each)
             if st.check and not (clear and pick == st.pick):  # (a full trial, at once)
                 st.check, st.times = False, ([], [])
                 return
