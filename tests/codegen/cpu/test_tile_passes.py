@@ -115,3 +115,12 @@ def test_the_pass_size_follows_the_cpus_registers():
     assert tile._pass_rows("-avx512f,+avx2,+avx,+fma") == 6       # 16 of 32 bytes
     assert tile._pass_rows("-avx512f,-avx2,-avx,+sse4.2") == 3    # 16 of 16 bytes
     assert tile._pass_rows("") == 3
+
+
+def test_prefetches_fill_l1_on_amds_zen_cores_only():
+    """A prefetch for L2 fills L1 too on AMD's Zen cores (the conv tiles then fetch nothing
+    ahead: each fetch would evict a line of the chunk they read); not on Intel's."""
+    for name in ("znver1", "znver3", "znver4", "znver5"):
+        assert tile._prefetch_fills_l1(name)
+    for name in ("sapphirerapids", "skylake-avx512", "icelake-server", "haswell", "generic"):
+        assert not tile._prefetch_fills_l1(name)

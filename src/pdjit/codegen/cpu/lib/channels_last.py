@@ -63,6 +63,7 @@ from pdjit.codegen.cpu.lib.pgemm import (
     spread_share,
 )
 from pdjit.codegen.cpu.lib.tile import (
+    PREFETCH_FILLS_L1,
     _edge_load,
     _masked,
     _offset,
@@ -619,6 +620,13 @@ CONV_BLOCK_BYTES = 1 << 19
 #: (read from memory, as a model's are), by turns, spread / the first three: 3x3 7x7 512 -> 512
 #: 0.83-0.85x, 14x14 256 -> 256 0.93-0.95x, stride 2 14x14 512 -> 512 0.89x; 28x28 128 -> 128
 #: 1.02x, 56x56 64 -> 64 0.99-1.04x
+#: Not where a prefetch fills the L1 cache too (:data:`.tile.PREFETCH_FILLS_L1`): there each
+#: evicts a line of the chunk the tiles are reading, all of a 32 KiB L1. Measured on a 2-vCPU
+#: AMD EPYC (Zen 4), medians of ResNet-50's processes by turns, the fetches / none: batch 1 one
+#: thread 70.4-73.5 / 68.6-70.0 ms, two threads 36.9-37.7 / 35.2-35.7, batch 16 two threads
+#: 597-619 / 540-556 ms; its 3x3 stride-2 14x14 512 -> 512 alone (the filter in L3) 3.8 / 2.2
+#: ms, two rows of its seven 1.06 / 0.61. (The 1x1 layers' tiles, ``pgemm._micro_spread``,
+#: keep theirs: without them too, batch 16 two threads 615-627 ms against 558-594.)
 
 
 @register_jitable
@@ -732,6 +740,8 @@ def _conv_rows(x, bp, kh, kw, y, n0, n1, o0, o1, sh, sw, pt, pl, dh, dw, bias, l
                         for ox in range(0, ow, mr):
                             pfb, pfl = spread_share(t, tiles, kc * NV, (j * k + k0) * nr,
                                                     (j * k + k1) * nr, lanes)
+                            if PREFETCH_FILLS_L1:  # (they evict the chunk: see CONV_BLOCK_BYTES)
+                                pfl = 0
                             _conv_tile(xp, a_row + ox * px_step, px_step, min(mr, ow - ox), k1 - k0,
                                        bp, (j * k + k0) * nr, yf,
                                        yb + (oy * ow + ox) * m + j * nr, m, width, bs, j * nr, rs,

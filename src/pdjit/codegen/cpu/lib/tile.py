@@ -57,6 +57,23 @@ def _pass_rows(features: str | None = None) -> int:
     return 0 if "+avx512f" in have else 6 if "+avx" in have else 3
 
 
+def _prefetch_fills_l1(name: str | None = None) -> bool:
+    """:data:`PREFETCH_FILLS_L1` for the CPU of LLVM's ``name`` (``NUMBA_CPU_NAME`` where set, as
+    Numba's code generator reads it, else the host's)."""
+    if name is None:
+        from numba.core import config
+
+        name = config.CPU_NAME
+    if name is None:
+        import llvmlite.binding as llvm
+
+        try:
+            name = llvm.get_host_cpu_name()
+        except RuntimeError:
+            name = "generic"
+    return name.startswith("znver")
+
+
 def _plane_bytes(features: str | None = None) -> int:
     """:data:`PLANE_BYTES` for the CPU of ``features`` (see :func:`_features`)."""
     have = _features(features)
@@ -73,6 +90,11 @@ def _plane_bytes(features: str | None = None) -> int:
 #: 24-35, OpenBLAS's ``sgemm`` 28-35. Numba's cache keys compiled code by the CPU's features, so
 #: a cache copied to another kind of machine compiles its own.
 PASS_ROWS = _pass_rows()
+
+#: Whether a prefetch that asks for the L2 cache (``_prefetch``'s ``locality`` 2) fills the L1
+#: cache too, as on AMD's Zen cores (Intel's keep it out of L1). Numba's cache keys compiled
+#: code by the CPU's name, so a cache copied to another kind of machine compiles its own.
+PREFETCH_FILLS_L1 = _prefetch_fills_l1()
 
 #: The width in bytes of the vectors of the kernels that stream over an image plane with no
 #: register tile and no packed layout (:func:`plane_kernel`): one register of the CPU. Their
