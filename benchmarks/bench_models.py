@@ -562,9 +562,14 @@ def warm(e, seconds: float = 3.0, most: int = 300) -> None:
     """Untimed runs, about ``seconds`` of them (2 to ``most``): pdjit's plans try their
     drivers and measure their threads in their first runs (a BERT-like encoder at batch 1
     needed more than 30 runs of 10 ms for both, and its 2-thread runs were timed while they
-    still tried)."""
-    (t,) = e.ask({"cmd": "time", "n": 1})["times"]
-    e.ask({"cmd": "time", "n": max(2, min(most, int(seconds / max(t, 1e-6))))})
+    still tried). The runs go by batches sized by the fastest run so far (a count from the
+    first run alone, one that still records, gave ResNet-50 at batch 1 about 12 runs of
+    warm-up, and its two-thread runs were timed in their thread trial)."""
+    spent, runs, least = 0.0, 0, float("inf")
+    while runs < 2 or (spent < seconds and runs < most):
+        n = 1 if runs == 0 else max(1, min(most - runs, int((seconds - spent) / least / 2)))
+        times = e.ask({"cmd": "time", "n": n})["times"]
+        spent, runs, least = spent + sum(times), runs + len(times), min(least, *times)
 
 
 def peers_available(notes: list) -> list:
