@@ -698,10 +698,9 @@ _background_lock = threading.Lock()
 #: :data:`WARMING_REDOS` a trial), so that a trial compares each setting as it will run;
 #: a driver trial (``tiers``) skips the short runs that moved ``WARMING`` alike. Measured
 #: where a long run's ``WARMING`` counted: ResNet-50 at batch 1 on two threads (38 ms a run
-#: served, 70 on one thread) had its one timed wide run served by the host driver while the
-#: machine was slow, 151 ms against 74 on one thread, and ran on one thread for the next 256
-#: runs. Measured where
-#: they were counted: MobileNetV3-small at batch 1 on two threads, each setting's first runs on
+#: served, 70 on one thread) timed its one wide run while the host driver still served (73-151
+#: ms), and in one process of four ran on one thread for the next 256 runs. Where short runs
+#: were counted: MobileNetV3-small at batch 1 on two threads, each setting's first runs on
 #: its own recording, the wide ones still from Python (2.5-4.1 ms against 1.25 once native,
 #: one thread 2.1-3.1 against 2.2): about one process of three picked one thread and ran
 #: 2.2-2.6 ms a run for the next seconds against 1.25-1.3. (A driver trial does not wait for
