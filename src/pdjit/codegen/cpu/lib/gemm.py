@@ -31,7 +31,14 @@ from numba.extending import overload
 from pdjit.codegen.cpu import replay, rt, threads
 from pdjit.codegen.cpu.lib import team
 from pdjit.codegen.cpu.lib._jit import blas_gemm, jit, jit_fma, jobs, pjit
-from pdjit.codegen.cpu.lib.pgemm import PACKED_MIN_ROWS, batches_by_team, packed_batches, run_chunks
+from pdjit.codegen.cpu.lib.pgemm import (
+    PACKED_MIN_ROWS,
+    batches_by_team,
+    packed_batches,
+    packed_weight,
+    run_chunks,
+    weight_rows,
+)
 
 __all__ = ["blas_gemm", "batched_gemm", "gemm_rows", "gemm_split_work", "weight_vector",
            "dropout_fwd", "dropout_bwd", "dropout_key", "softmax_axis", "softmax_axis_grad"]
@@ -255,19 +262,33 @@ def weight_vector(x, w, trans, out):
     ``_vector_weight``: a classifier's last layer). At most :data:`VECTOR_MAX_ROWS` rows by a
     weight of :data:`VECTOR_MIN_VALUES` or more (float, C-contiguous, not transposed) run
     :func:`_vector_parts` by ranges of columns over the loop threads (one part on one) once its
-    loop is ready (``lib.team``: compiled ahead); any other product is BLAS's
-    (``rt.gemm``). Measured (2-vCPU machine, float32, a weight from memory at each call, us,
-    BLAS one thread / this on one / on two): ResNet-50's 2048 x 1000 188 / 192 / 149; from
-    the L3 cache, MobileNetV2's 1280 x 1000 49 / 53 / 38."""
-    if not trans and 1 <= x.shape[0] <= VECTOR_MAX_ROWS and x.ndim == 2 and w.ndim == 2 and \
-            w.size >= VECTOR_MIN_VALUES and x.dtype == w.dtype == out.dtype and \
-            x.dtype.kind == "f" and x.shape[1] == w.shape[0] and \
-            out.shape == (x.shape[0], w.shape[1]) and x.flags.c_contiguous and \
-            w.flags.c_contiguous and out.flags.c_contiguous:
-        parts = max(1, min(threads.loop_threads(), w.shape[1] // 16))
-        if team.run(_vector_parts, (x, w, out, parts)):
+    loop is ready (``lib.team``: compiled ahead); ``PACKED_MIN_ROWS`` rows or more (float32 or
+    float64), the packed GEMM on the weight packed once (``pgemm.weight_rows``: BLAS packs it
+    again at every call); any other product is BLAS's (``rt.gemm``). Measured (2-vCPU
+    machine, float32, a weight from memory at each call, us, BLAS one thread / this on one /
+    on two): ResNet-50's 2048 x 1000 188 / 192 / 149; from the L3 cache, MobileNetV2's 1280
+    x 1000 49 / 53 / 38. At 16 rows (AMD EPYC Zen 4, one thread, the weight in the caches /
+    from memory, us, BLAS / packed): MobileNetV3's 576 x 1024 399 / 207 and 454 / 283, 1024
+    x 1000 440 / 328 and 700 / 423; ResNet-50's 2048 x 1000 949 / 685 and 1525 / 1018."""
+    m = x.shape[0]
+    if x.ndim == 2 and w.ndim == 2 and x.dtype == w.dtype == out.dtype and \
+            x.dtype.kind == "f" and x.shape[1] == w.shape[1 if trans else 0] and \
+            out.shape == (m, w.shape[0 if trans else 1]) and x.flags.c_contiguous and \
+            w.flags.c_contiguous and out.flags.c_contiguous and w.size >= VECTOR_MIN_VALUES:
+        if not trans and 1 <= m <= VECTOR_MAX_ROWS:
+            parts = max(1, min(threads.loop_threads(), w.shape[1] // 16))
+            if team.run(_vector_parts, (x, w, out, parts)):
+                return
+        elif m >= PACKED_MIN_ROWS and x.dtype in _PACKED and type(w) is np.ndarray:
+            none = _EMPTY[x.dtype]
+            weight_rows(x, w, trans, packed_weight(w, trans, m), 0, 1, out, m, none, none,
+                        -np.inf, np.inf)
             return
     replay.kernel_call(_blas_into, x, w, trans, out)
+
+
+_PACKED = (np.dtype(np.float32), np.dtype(np.float64))
+_EMPTY = {t: np.empty(0, t) for t in _PACKED}
 
 
 replay.declare("leaves", weight_vector)
