@@ -253,12 +253,14 @@ def test_the_weight_table_refuses_what_does_not_fit():
 
 
 @pytest.mark.parametrize("mode,L", [("LSTM", 3), ("GRU", 2)])
-def test_the_directions_of_a_layer_run_at_once_with_one_threads_results(mode, L):
+def test_the_directions_of_a_layer_run_at_once_with_one_threads_results(mode, L, monkeypatch):
     """A bidirectional network on several threads runs the two directions of each layer at
     once (each on the whole batch, or on slices of it from four threads), a layer's outputs
     but the last's in a buffer of two layers (three layers: the first's overwritten by the
     third's); the results are one thread's bit for bit and the oracle's, with the reserve of
-    a training run (no dropout) too."""
+    a training run (no dropout) too. (On ``run_parts``' helpers: the parallel loop that takes
+    the split once it is ready, below, is not.)"""
+    monkeypatch.setattr(K.team, "run", lambda loop, call: False)
     code, G = CODES[mode]
     T, I, H, D = 6, 4, 7, 2
     seen = []
@@ -306,6 +308,35 @@ def test_the_directions_of_a_layer_run_at_once_with_one_threads_results(mode, L)
                     np.testing.assert_array_equal(a, b)
 
 
+def test_the_split_runs_on_the_team_with_one_threads_results(team_loops):
+    """Once its parallel loop is ready (``lib.team``), a split forward runs its parts on the
+    team (one loop a layer: the two directions at once, or the slices of a batch), not on
+    ``run_parts``' helpers; the results are one thread's bit for bit and the oracle's."""
+    code, G = CODES["GRU"]
+    T, I, H, L = 5, 4, 7, 2
+    lanes = K.TILE_BYTES // 8  # (float64)
+    B = 2 * lanes + 3
+    for D, parts in ((2, 2), (1, 2)):
+        ws, x, h0, c0 = _network(G, H, L, D, T, B, I)
+        lens = np.full(B, T, np.int64)
+        want = oracle("GRU", x, h0, np.zeros_like(h0), ws, L, D, lens)
+        table = K.rnn_weight_table(ws[:2 * L * D], ws[2 * L * D:])
+        got = {}
+        for p in (1, parts):
+            team_loops.clear()
+            out, hn = np.empty((T, B, D * H)), np.empty_like(h0)
+            K.rnn_forward_at(x, h0, c0, table, lens, code, L, D, False, np.empty(0, np.uint8),
+                             1.0, out, hn, np.empty_like(h0), np.empty(0), parts=p)
+            got[p] = out, hn
+            ran = [(loop, n) for loop, n, done in team_loops if done]
+            assert ran == ([] if p == 1 else [(K._fwd_parts, parts)] * (L if D == 2 else 1)), \
+                (D, p, team_loops)
+        np.testing.assert_allclose(got[1][0], want[0], rtol=1e-10, atol=1e-12)
+        np.testing.assert_allclose(got[1][1], want[1], rtol=1e-10, atol=1e-12)
+        np.testing.assert_array_equal(got[parts][0], got[1][0])
+        np.testing.assert_array_equal(got[parts][1], got[1][1])
+
+
 def test_a_batch_on_tiles_is_sliced_by_whole_vectors_of_sequences():
     """From ``TILE_MIN_BATCH`` sequences (whose steps run on tiles of a vector of sequences)
     a batch is cut in no more slices than it fills vectors: a slice of half a vector would
@@ -320,11 +351,12 @@ def test_a_batch_on_tiles_is_sliced_by_whole_vectors_of_sequences():
 
 
 @pytest.mark.parametrize("mode", ["GRU", "LSTM"])
-def test_a_batch_on_the_packed_weights_is_sliced_by_tiles_of_sequences(mode):
+def test_a_batch_on_the_packed_weights_is_sliced_by_tiles_of_sequences(mode, monkeypatch):
     """With ``W_hh`` packed (each step on pdjit's GEMM, ``pgemm.MR`` sequences a tile) a batch
     is cut in as many slices as it fills tiles, at most one per thread (16 sequences on two
     threads: two slices of 8, not one of 16 as on register tiles of a vector of 16); each
     slice's results are the whole batch's bit for bit, and the oracle's."""
+    monkeypatch.setattr(K.team, "run", lambda loop, call: False)  # (the slices on helpers)
     assert K._batch_slices(16, 2, 4, True) == 2 and K._batch_slices(16, 2, 4) == 1
     assert K._batch_slices(pgemm.MR, 2, 4, True) == 1
     assert K._batch_slices(pgemm.MR + 1, 2, 4, True) == 2
