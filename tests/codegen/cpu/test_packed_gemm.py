@@ -35,9 +35,13 @@ def _pack(b):
 def test_packed_gemm_against_numpy(dtype):
     nr = pgemm.panel_width(dtype)
     # (the last: more rows than _packed_rows keeps as one block, ROWS_WHOLE_BYTES)
+    # (a block's last rows past whole tiles: 1 to TAIL_ROWS on the tail tile, more on a
+    # whole one)
     sizes = [(1, 1, 1), (5, 3, 7), (pgemm.MR, 16, nr), (13, 17, nr + 1), (2 * pgemm.MR + 1,
                                                                           33, 2 * nr + 5),
+             (pgemm.MR + 2, 4, nr - 1), (2 * pgemm.MR + 3, 7, 5), (16, 9, nr + 2),
              (150, 1800, nr + 3)]
+    assert {m % pgemm.MR for m, _, _ in sizes} >= set(range(1, pgemm.TAIL_ROWS + 2))
     assert 150 * 1800 * 4 > pgemm.ROWS_WHOLE_BYTES
     for m, k, n in sizes:
         tol = (1e-5 if dtype == np.float32 else 1e-12) * (10 if k > 100 else 1)  # (long sums)
