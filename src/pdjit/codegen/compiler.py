@@ -563,6 +563,8 @@ def _make_numba_type(t):
         return types.int64
     if t is bool:
         return types.boolean
+    if t is None:  # (an argument passed as None: a default given explicitly)
+        return types.none
     if t == "lod":  # LoD offsets are read-only int64 arrays
         return types.Array(types.int64, 1, "C", readonly=True)
     dtype, ndim = t

@@ -84,11 +84,18 @@ def test_weight_gemm_packs_once_and_splits_over_threads(monkeypatch):
     assert pgemm.packed_weight(w) is first                      # kept beside the weight
     np.testing.assert_allclose(pgemm.weight_gemm(a, w.T.copy(), True), want, rtol=1e-5,
                                atol=1e-5)
-    # rows split over two loop threads: the same values
+    # rows split over two loop threads: the same values; the helpers pass every argument
+    # (a default left out is typed again at each call: a slow path holding the GIL)
     monkeypatch.setattr(threads, "loop_threads", lambda: 2)
     monkeypatch.setattr(threads, "gemm_threads", lambda work: 2)  # (the helpers' split)
+    monkeypatch.setattr(team, "run", lambda loop, call: False)      # (the team's not ready)
     monkeypatch.setattr(pgemm, "SPLIT_MIN_WORK", 1)
+    calls, real = [], pgemm._packed_rows
+    monkeypatch.setattr(pgemm, "_packed_rows", lambda *args: calls.append(len(args)) or
+                        real(*args))
     np.testing.assert_array_equal(pgemm.weight_gemm(a, w), got)
+    assert calls and set(calls) == {13}, calls
+    monkeypatch.setattr(pgemm, "_packed_rows", real)
     # a run that may write the weight in place: packed again; the copy goes with its array
     from pdjit.codegen import params
     params.written([w])

@@ -990,9 +990,12 @@ def _split_rows(x, bp, out, bias, res, lo, hi, parts) -> bool:
 
 
 def _row_blocks(x, bp, out, bias, res, lo, hi, b0, b1):
-    """Blocks ``b0 .. b1`` of ``MR`` rows of :func:`_split_rows` (one helper's part)."""
+    """Blocks ``b0 .. b1`` of ``MR`` rows of :func:`_split_rows` (one helper's part). Every
+    argument passed: a call from Python that leaves a default out is typed again at each call
+    (Numba's dispatcher finds its compiled code only for the arguments given: ~60-100 us and
+    the GIL held, against ~1 us)."""
     _packed_rows(x, bp, out.shape[1], bias, out, b0 * MR, min(x.shape[0], b1 * MR), res, lo,
-                 hi)
+                 hi, None, 0, -1)
 
 
 @pjit
@@ -1407,6 +1410,9 @@ jobs("weight_rows")(lambda T: [_pack_job(T), (_weight_rows, (
 # (its split over the team: compiled ahead by warmup only, see lib.team.ready)
 jobs("weight_rows (warmup)")(lambda T: [
     (_row_parts, ((T, 2), (T, 1), (T, 2), (T, 1), (T, 1), float, float, int)),
+    # (the helpers' split where the team's is not ready: _row_blocks)
+    (_packed_rows, ((T, 2), (T, 1), int, (T, 1), (T, 2), int, int, (T, 1), float, float, None,
+                    int, int)),
     (batches_by_team, ((T, 3), (T, 3), bool, float, (T, 3), int))])
 jobs("batched_gemm")(lambda T: [(packed_batches, ((T, 3), (T, 3), bool, float, (T, 3), int,
                                                   int))])
