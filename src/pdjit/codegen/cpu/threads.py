@@ -6,7 +6,7 @@ Two kinds of threads, set apart because they were measured apart on a 2-vCPU mac
   ``PARALLEL_MIN_SIZE`` elements) run on every core by default: their parallel variant
   (``numba.prange``) is compiled when a run first reaches that size, and the chain benchmark
   then runs near the all-core memory bound. The threads of Numba's OpenMP threading layer
-  poll for their next loop for ~0.2-0.3 ms before they sleep (``GOMP_SPINCOUNT``,
+  poll for their next loop for ~0.2-0.7 ms (by the CPU) before they sleep (``GOMP_SPINCOUNT``,
   :data:`TEAM_SPINS`, set when pdjit is imported unless the user set it or
   ``OMP_WAIT_POLICY``), and are kept off the core of the thread that starts the loops
   (:func:`place_team`): a loop then starts in microseconds, not in the tens of an idle core's
@@ -85,8 +85,11 @@ import time
 import numpy as np
 
 #: how long a thread of the parallel loops' team polls for its next loop before it sleeps, in
-#: OpenMP's (libgomp's) count of polls: ~0.2-0.3 ms on the 2-vCPU machine (a loop started 0.2
-#: ms after the last found the team polling, 0.4 ms after, asleep). Set before the OpenMP
+#: OpenMP's (libgomp's) count of polls: ~0.2-0.3 ms on the 2-vCPU Intel Xeon (a loop started
+#: 0.2 ms after the last found the team polling, 0.4 ms after, asleep); a poll's pause is
+#: longer on an AMD EPYC of the Zen 4 kind: there a loop started 0.6 ms after the last took
+#: 8 us, 0.8 ms after, 41 us (asleep), so that a ``run_parts`` helper started within ~0.7 ms
+#: of a parallel loop shares its core with the polling thread. Set before the OpenMP
 #: runtime loads (Numba loads it at the first parallel loop), unless the user set its wait
 #: policy or count (``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT``).
 TEAM_SPINS = 30000
