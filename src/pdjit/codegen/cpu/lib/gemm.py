@@ -32,6 +32,8 @@ from pdjit.codegen.cpu import replay, rt, threads
 from pdjit.codegen.cpu.lib import team
 from pdjit.codegen.cpu.lib._jit import blas_gemm, jit, jit_fma, jobs, pjit
 from pdjit.codegen.cpu.lib.pgemm import (
+    _EMPTY,
+    _FLOATS,
     PACKED_MIN_ROWS,
     batches_by_team,
     packed_batches,
@@ -279,16 +281,13 @@ def weight_vector(x, w, trans, out):
             parts = max(1, min(threads.loop_threads(), w.shape[1] // 16))
             if team.run(_vector_parts, (x, w, out, parts)):
                 return
-        elif m >= PACKED_MIN_ROWS and x.dtype in _PACKED and type(w) is np.ndarray:
+        elif m >= PACKED_MIN_ROWS and x.dtype in _FLOATS and type(w) is np.ndarray:
             none = _EMPTY[x.dtype]
             weight_rows(x, w, trans, packed_weight(w, trans, m), 0, 1, out, m, none, none,
                         -np.inf, np.inf)
             return
     replay.kernel_call(_blas_into, x, w, trans, out)
 
-
-_PACKED = (np.dtype(np.float32), np.dtype(np.float64))
-_EMPTY = {t: np.empty(0, t) for t in _PACKED}
 
 
 replay.declare("leaves", weight_vector)

@@ -836,7 +836,7 @@ def run_chunks(fn, n, parts, chunks, *args):
 
 # ---- weights packed once -------------------------------------------------------------------
 _FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
-_EMPTY: dict = {}  # dtype -> an empty bias
+_EMPTY = {t: np.empty(0, t) for t in _FLOATS}  # dtype -> an empty bias
 
 
 def _pack(w, trans: bool):
@@ -1043,9 +1043,7 @@ def weight_gemm(a, w, trans=False):
     m, n = a.shape[0], wt.shape[1]
     nt = split_threads(m * a.shape[1] * n)
     c = np.empty((m, n), a.dtype)
-    bias = _EMPTY.get(a.dtype)
-    if bias is None:
-        bias = _EMPTY[a.dtype] = np.empty(0, a.dtype)
+    bias = _EMPTY[a.dtype]
     bp = packed_weight(w, trans)
     if not (nt > 1 and m >= 2 * MR and
             _split_rows(a, bp, c, bias, bias, -np.inf, np.inf, min(nt, m // MR))):
