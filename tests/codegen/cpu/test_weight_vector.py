@@ -1,7 +1,7 @@
 """A batch's product by a weight (``_nn.weight_vector``, a classifier's last layer): the
 vector kernel of batch 1 to 4 against NumPy in float64 over sizes that are not multiples of its
 steps (rows of four, columns of a vector), every split of the columns and each row alone giving
-one call's bits; the entry point's choice between the parallel loop, the packed GEMM (16 rows
+one call's bits; the entry point's choice between the parallel loop, the packed GEMM (five rows
 and more) and BLAS; a program's ``fc`` at batch 1, 3, 6 and 17 lowered onto it, against NumPy,
 in native code."""
 import numpy as np
@@ -38,8 +38,8 @@ def test_vector_parts_against_numpy_and_one_part(dtype):
 
 def test_weight_vector_on_the_team_or_blas(monkeypatch, team_loops):
     """One to four rows by a weight large enough run the parallel loop once it is ready (by
-    ranges of columns over the loop threads); a transposed weight, five rows, a small weight
-    or a loop not ready yet run BLAS: each against NumPy."""
+    ranges of columns over the loop threads); a transposed weight, a small weight or a loop
+    not ready yet run BLAS: each against NumPy."""
     ran = team_loops
     monkeypatch.setattr(threads, "loop_threads", lambda: 2)
     monkeypatch.setattr(gemm, "VECTOR_MIN_VALUES", 64 * 40)
@@ -60,8 +60,6 @@ def test_weight_vector_on_the_team_or_blas(monkeypatch, team_loops):
     assert ran == [(gemm._vector_parts, 2, True)]
     np.testing.assert_allclose(out4, x4.astype(np.float64) @ w, rtol=2e-5, atol=2e-5)
     for xs, ws, trans in ((x, w.T.copy(), True),                       # transposed
-                          (RNG.uniform(-1, 1, (gemm.VECTOR_MAX_ROWS + 1, k)).astype(
-                              np.float32), w, False),
                           (x[:, :50].copy(), w[:50].copy(), False)):   # small
         ran.clear()
         got = np.full((xs.shape[0], n), np.nan, np.float32)
@@ -77,35 +75,43 @@ def test_weight_vector_on_the_team_or_blas(monkeypatch, team_loops):
 
 @pytest.fixture
 def packed_calls(monkeypatch):
-    """Every call of the packed GEMM's row kernel (``pgemm._weight_rows``) recorded: its
-    ``(rows, packed weight's size)``."""
-    calls, real = [], pgemm._weight_rows
+    """Every call of the packed GEMM's kernels (``pgemm._weight_rows``, of ``weight_rows``, and
+    ``packed_gemm``) recorded: ``(its name, rows, packed weight's size)``."""
+    calls, real_rows, real_gemm = [], pgemm._weight_rows, gemm.packed_gemm
 
     def rows(x, w, trans, bp, n0, n1, out, r, *rest):
-        calls.append(((n1 - n0) * r, bp.size))
-        real(x, w, trans, bp, n0, n1, out, r, *rest)
+        calls.append(("_weight_rows", (n1 - n0) * r, bp.size))
+        real_rows(x, w, trans, bp, n0, n1, out, r, *rest)
+
+    def whole(a, bp, n, bias, c):
+        calls.append(("packed_gemm", a.shape[0], bp.size))
+        real_gemm(a, bp, n, bias, c)
     monkeypatch.setattr(pgemm, "_weight_rows", rows)
+    monkeypatch.setattr(gemm, "packed_gemm", whole)
     return calls
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_weight_vector_of_sixteen_rows_and_more_runs_the_packed_gemm(dtype, monkeypatch,
-                                                                   team_loops, packed_calls):
-    """From ``PACKED_MIN_ROWS`` rows the product runs on the weight packed once (BLAS packs it
-    at every call), transposed or not, rows no multiple of the tile's; split by blocks of rows
-    over two threads, the same bits as one thread's call; each against NumPy in float64."""
+def test_weight_vector_of_five_rows_and_more_runs_the_packed_gemm(dtype, monkeypatch,
+                                                                  team_loops, packed_calls):
+    """From five rows the product runs on the weight packed once (BLAS packs it at every
+    call), transposed or not, rows no multiple of the tile's; from ``PACKED_MIN_ROWS`` rows
+    split by blocks of rows over two threads, the same bits as one thread's call (fewer: on
+    one); each against NumPy in float64."""
     monkeypatch.setattr(gemm, "VECTOR_MIN_VALUES", 64 * 40)
     tol = 2e-5 if dtype == np.float32 else 1e-12
     k, n = 70, 45
     w = RNG.uniform(-1, 1, (k, n)).astype(dtype)
-    for m in (pgemm.PACKED_MIN_ROWS, 23):
+    for m in (gemm.VECTOR_MAX_ROWS + 1, 13, pgemm.PACKED_MIN_ROWS, 23):
+        rows = m >= pgemm.PACKED_MIN_ROWS
         x = RNG.uniform(-1, 1, (m, k)).astype(dtype)
         want = x.astype(np.float64) @ w.astype(np.float64)
         for ws, trans in ((w, False), (w.T.copy(), True)):
             packed_calls.clear()
             one = np.full((m, n), np.nan, dtype)
             gemm.weight_vector(x, ws, trans, one)
-            assert packed_calls == [(m, pgemm.packed_b_size(k, n, x.itemsize))], packed_calls
+            assert packed_calls == [("_weight_rows" if rows else "packed_gemm", m,
+                                     pgemm.packed_b_size(k, n, x.itemsize))], packed_calls
             np.testing.assert_allclose(one, want, rtol=tol, atol=tol, err_msg=f"{m} {trans}")
             with monkeypatch.context() as two_threads:
                 two_threads.setattr(threads, "loop_threads", lambda: 2)
@@ -113,15 +119,15 @@ def test_weight_vector_of_sixteen_rows_and_more_runs_the_packed_gemm(dtype, monk
                 team_loops.clear()
                 two = np.full((m, n), np.nan, dtype)
                 gemm.weight_vector(x, ws, trans, two)
-            assert team_loops == [(pgemm._row_parts, 2, True)], team_loops
+            assert team_loops == ([(pgemm._row_parts, 2, True)] if rows else []), team_loops
             np.testing.assert_array_equal(two, one, err_msg=f"{m} {trans}")
 
 
 def test_an_fc_at_batch_one_runs_on_the_vector_product(fresh_programs, monkeypatch,
                                                        team_loops, packed_calls):
     """A classifier's last layer (``fc`` of a pooled image, its weight a parameter): at batch
-    1 and 3 the parallel loop over the weight's columns, at batch 6 BLAS, at batch 17 the
-    packed GEMM; the bias and softmax after it, against NumPy, in native code."""
+    1 and 3 the parallel loop over the weight's columns, at batch 6 and 17 the packed GEMM;
+    the bias and softmax after it, against NumPy, in native code."""
     main, startup = fresh_programs
     k, n = 96, 1500   # (144 000 values: above the size threshold, set lower here)
     with fluid.program_guard(main, startup):
@@ -147,7 +153,7 @@ def test_an_fc_at_batch_one_runs_on_the_vector_product(fresh_programs, monkeypat
         ran = [loop for loop, _, done in team_loops if done]
         assert (gemm._vector_parts in ran) == (batch <= gemm.VECTOR_MAX_ROWS), \
             (batch, team_loops)
-        assert bool(packed_calls) == (batch >= pgemm.PACKED_MIN_ROWS), (batch, packed_calls)
+        assert bool(packed_calls) == (batch > gemm.VECTOR_MAX_ROWS), (batch, packed_calls)
     report = exe.explain(main, feed={"x": xv}, fetch_list=[y])
     assert "_nn.weight_vector(" in report, report
 

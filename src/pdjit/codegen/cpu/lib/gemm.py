@@ -37,6 +37,7 @@ from pdjit.codegen.cpu.lib.pgemm import (
     PACKED_MIN_ROWS,
     batches_by_team,
     packed_batches,
+    packed_gemm,
     packed_weight,
     run_chunks,
     weight_rows,
@@ -200,7 +201,10 @@ VECTOR_MIN_VALUES = 1 << 18
 #: cache, the weight streamed once. Measured (one thread, float32, us, this / BLAS, MobileNetV3's
 #: 576 x 1024 and 1024 x 1000, the weight from memory at each call): 2 rows 144 / 340, 307 /
 #: 510; 4 rows 179 / 336, 398 / 542; 8 rows 276 / 372, 533 / 611, but with the weight in the
-#: caches 339 / 301 (16 rows 657 / 447): from 8 rows BLAS's blocked product pays
+#: caches 339 / 301 (16 rows 657 / 447): from 8 rows BLAS's blocked product paid, and the
+#: packed GEMM more (:func:`weight_vector`; on an AMD EPYC Zen 4, one thread, the weight in the
+#: caches, us, packed / this: 1 row 44 / 35, 74 / 53; 4 rows 43 / 100, 74 / 140, where two
+#: threads split this one by columns)
 VECTOR_MAX_ROWS = 4
 
 
@@ -264,14 +268,16 @@ def weight_vector(x, w, trans, out):
     ``_vector_weight``: a classifier's last layer). At most :data:`VECTOR_MAX_ROWS` rows by a
     weight of :data:`VECTOR_MIN_VALUES` or more (float, C-contiguous, not transposed) run
     :func:`_vector_parts` by ranges of columns over the loop threads (one part on one) once its
-    loop is ready (``lib.team``: compiled ahead); ``PACKED_MIN_ROWS`` rows or more (float32 or
-    float64), the packed GEMM on the weight packed once (``pgemm.weight_rows``: BLAS packs it
-    again at every call); any other product is BLAS's (``rt.gemm``). Measured (2-vCPU
+    loop is ready (``lib.team``: compiled ahead); more rows (float32 or float64), the packed
+    GEMM on the weight packed once (BLAS packs it again at every call), from
+    ``PACKED_MIN_ROWS`` rows by ``pgemm.weight_rows`` (split by blocks of rows over the loop
+    threads where it pays); any other product is BLAS's (``rt.gemm``). Measured (2-vCPU
     machine, float32, a weight from memory at each call, us, BLAS one thread / this on one /
     on two): ResNet-50's 2048 x 1000 188 / 192 / 149; from the L3 cache, MobileNetV2's 1280
-    x 1000 49 / 53 / 38. At 16 rows (AMD EPYC Zen 4, one thread, the weight in the caches /
-    from memory, us, BLAS / packed): MobileNetV3's 576 x 1024 399 / 207 and 454 / 283, 1024
-    x 1000 440 / 328 and 700 / 423; ResNet-50's 2048 x 1000 949 / 685 and 1525 / 1018."""
+    x 1000 49 / 53 / 38. More rows (AMD EPYC Zen 4, one thread, the weight in the caches /
+    from memory, us, BLAS / packed): MobileNetV3's 576 x 1024 at 16 rows 399 / 207 and 454 /
+    283, 1024 x 1000 440 / 328 and 700 / 423; ResNet-50's 2048 x 1000 949 / 685 and 1525 /
+    1018; at 8 rows 311 / 103 and 451 / 229, 294 / 182 and 530 / 223, 667 / 394."""
     m = x.shape[0]
     if x.ndim == 2 and w.ndim == 2 and x.dtype == w.dtype == out.dtype and \
             x.dtype.kind == "f" and x.shape[1] == w.shape[1 if trans else 0] and \
@@ -281,10 +287,12 @@ def weight_vector(x, w, trans, out):
             parts = max(1, min(threads.loop_threads(), w.shape[1] // 16))
             if team.run(_vector_parts, (x, w, out, parts)):
                 return
-        elif m >= PACKED_MIN_ROWS and x.dtype in _FLOATS and type(w) is np.ndarray:
-            none = _EMPTY[x.dtype]
-            weight_rows(x, w, trans, packed_weight(w, trans, m), 0, 1, out, m, none, none,
-                        -np.inf, np.inf)
+        elif m > VECTOR_MAX_ROWS and x.dtype in _FLOATS and type(w) is np.ndarray:
+            none, bp = _EMPTY[x.dtype], packed_weight(w, trans)
+            if m >= PACKED_MIN_ROWS:  # (split over the loop threads where it pays)
+                weight_rows(x, w, trans, bp, 0, 1, out, m, none, none, -np.inf, np.inf)
+            else:
+                replay.kernel_call(packed_gemm, x, bp, out.shape[1], none, out)
             return
     replay.kernel_call(_blas_into, x, w, trans, out)
 
