@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import pdjit as fluid
-from pdjit.codegen.cpu import threads
+from pdjit.codegen.cpu import replay, threads
 from pdjit.codegen.cpu.lib import gemm, pgemm, team
 from pdjit.testing import assert_native
 
@@ -76,18 +76,17 @@ def test_weight_vector_on_the_team_or_blas(monkeypatch, team_loops):
 @pytest.fixture
 def packed_calls(monkeypatch):
     """Every call of the packed GEMM's kernels (``pgemm._weight_rows``, of ``weight_rows``, and
-    ``packed_gemm``) recorded: ``(its name, rows, packed weight's size)``."""
-    calls, real_rows, real_gemm = [], pgemm._weight_rows, gemm.packed_gemm
+    ``packed_gemm``) made through ``replay.kernel_call`` recorded: ``(its name, rows, packed
+    weight's size)``."""
+    calls, real = [], replay.kernel_call
 
-    def rows(x, w, trans, bp, n0, n1, out, r, *rest):
-        calls.append(("_weight_rows", (n1 - n0) * r, bp.size))
-        real_rows(x, w, trans, bp, n0, n1, out, r, *rest)
-
-    def whole(a, bp, n, bias, c):
-        calls.append(("packed_gemm", a.shape[0], bp.size))
-        real_gemm(a, bp, n, bias, c)
-    monkeypatch.setattr(pgemm, "_weight_rows", rows)
-    monkeypatch.setattr(gemm, "packed_gemm", whole)
+    def kernel_call(fn, *args):
+        if fn is pgemm._weight_rows:
+            calls.append(("_weight_rows", (args[5] - args[4]) * args[7], args[3].size))
+        elif fn is pgemm.packed_gemm:
+            calls.append(("packed_gemm", args[0].shape[0], args[1].size))
+        real(fn, *args)
+    monkeypatch.setattr(replay, "kernel_call", kernel_call)
     return calls
 
 
@@ -97,7 +96,8 @@ def test_weight_vector_of_five_rows_and_more_runs_the_packed_gemm(dtype, monkeyp
     """From five rows the product runs on the weight packed once (BLAS packs it at every
     call), transposed or not, rows no multiple of the tile's; from ``PACKED_MIN_ROWS`` rows
     split by blocks of rows over two threads, the same bits as one thread's call (fewer: on
-    one); each against NumPy in float64."""
+    one); BLAS while the kernel is not ready (compiled ahead); each against NumPy in
+    float64."""
     monkeypatch.setattr(gemm, "VECTOR_MIN_VALUES", 64 * 40)
     tol = 2e-5 if dtype == np.float32 else 1e-12
     k, n = 70, 45
@@ -121,6 +121,13 @@ def test_weight_vector_of_five_rows_and_more_runs_the_packed_gemm(dtype, monkeyp
                 gemm.weight_vector(x, ws, trans, two)
             assert team_loops == ([(pgemm._row_parts, 2, True)] if rows else []), team_loops
             np.testing.assert_array_equal(two, one, err_msg=f"{m} {trans}")
+            with monkeypatch.context() as not_on_disk:  # (a kernel not compiled ahead: BLAS)
+                not_on_disk.setattr(team, "ready", lambda kernel, call: False)
+                packed_calls.clear()
+                blas = np.full((m, n), np.nan, dtype)
+                gemm.weight_vector(x, ws, trans, blas)
+            assert packed_calls == []
+            np.testing.assert_allclose(blas, want, rtol=tol, atol=tol, err_msg=f"{m} {trans}")
 
 
 def test_an_fc_at_batch_one_runs_on_the_vector_product(fresh_programs, monkeypatch,

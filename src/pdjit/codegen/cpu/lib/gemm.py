@@ -35,6 +35,7 @@ from pdjit.codegen.cpu.lib.pgemm import (
     _EMPTY,
     _FLOATS,
     PACKED_MIN_ROWS,
+    _weight_rows,
     batches_by_team,
     packed_batches,
     packed_gemm,
@@ -269,9 +270,10 @@ def weight_vector(x, w, trans, out):
     weight of :data:`VECTOR_MIN_VALUES` or more (float, C-contiguous, not transposed) run
     :func:`_vector_parts` by ranges of columns over the loop threads (one part on one) once its
     loop is ready (``lib.team``: compiled ahead); more rows (float32 or float64), the packed
-    GEMM on the weight packed once (BLAS packs it again at every call), from
-    ``PACKED_MIN_ROWS`` rows by ``pgemm.weight_rows`` (split by blocks of rows over the loop
-    threads where it pays); any other product is BLAS's (``rt.gemm``). Measured (2-vCPU
+    GEMM on the weight packed once (BLAS packs it again at every call) once its kernel is
+    ready the same way, from ``PACKED_MIN_ROWS`` rows by ``pgemm.weight_rows`` (split by
+    blocks of rows over the loop threads where it pays); any other product is BLAS's
+    (``rt.gemm``). Measured (2-vCPU
     machine, float32, a weight from memory at each call, us, BLAS one thread / this on one /
     on two): ResNet-50's 2048 x 1000 188 / 192 / 149; from the L3 cache, MobileNetV2's 1280
     x 1000 49 / 53 / 38. More rows (AMD EPYC Zen 4, one thread, the weight in the caches /
@@ -288,12 +290,19 @@ def weight_vector(x, w, trans, out):
             if team.run(_vector_parts, (x, w, out, parts)):
                 return
         elif m > VECTOR_MAX_ROWS and x.dtype in _FLOATS and type(w) is np.ndarray:
-            none, bp = _EMPTY[x.dtype], packed_weight(w, trans)
+            none = _EMPTY[x.dtype]
+            # (once its kernel is on disk, compiled ahead as a parallel loop is, ``team.ready``:
+            # compiled in a run, it held a first result 1.2 s; till then BLAS)
             if m >= PACKED_MIN_ROWS:  # (split over the loop threads where it pays)
-                weight_rows(x, w, trans, bp, 0, 1, out, m, none, none, -np.inf, np.inf)
-            else:
-                replay.kernel_call(packed_gemm, x, bp, out.shape[1], none, out)
-            return
+                if team.ready(_weight_rows, (x, w, trans, none, 0, 1, out, m, none, none,
+                                             -np.inf, np.inf)):
+                    weight_rows(x, w, trans, packed_weight(w, trans), 0, 1, out, m, none, none,
+                                -np.inf, np.inf)
+                    return
+            elif team.ready(packed_gemm, (x, none, out.shape[1], none, out)):
+                replay.kernel_call(packed_gemm, x, packed_weight(w, trans), out.shape[1], none,
+                                   out)
+                return
     replay.kernel_call(_blas_into, x, w, trans, out)
 
 
