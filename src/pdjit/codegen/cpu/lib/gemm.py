@@ -273,13 +273,13 @@ def weight_vector(x, w, trans, out):
     GEMM on the weight packed once (BLAS packs it again at every call) once its kernel is
     ready the same way, from ``PACKED_MIN_ROWS`` rows by ``pgemm.weight_rows`` (split by
     blocks of rows over the loop threads where it pays); any other product is BLAS's
-    (``rt.gemm``). Measured (2-vCPU
-    machine, float32, a weight from memory at each call, us, BLAS one thread / this on one /
-    on two): ResNet-50's 2048 x 1000 188 / 192 / 149; from the L3 cache, MobileNetV2's 1280
-    x 1000 49 / 53 / 38. More rows (AMD EPYC Zen 4, one thread, the weight in the caches /
-    from memory, us, BLAS / packed): MobileNetV3's 576 x 1024 at 16 rows 399 / 207 and 454 /
-    283, 1024 x 1000 440 / 328 and 700 / 423; ResNet-50's 2048 x 1000 949 / 685 and 1525 /
-    1018; at 8 rows 311 / 103 and 451 / 229, 294 / 182 and 530 / 223, 667 / 394."""
+    (``rt.gemm``). Measured (2-vCPU machine, float32, a weight from memory at each call, us,
+    BLAS one thread / this on one / on two): ResNet-50's 2048 x 1000 188 / 192 / 149; from
+    the L3 cache, MobileNetV2's 1280 x 1000 49 / 53 / 38. More rows (AMD EPYC Zen 4, one
+    thread, the weight in the caches / from memory, us, BLAS / packed): MobileNetV3's 576 x
+    1024 at 16 rows 399 / 207 and 454 / 283, 1024 x 1000 440 / 328 and 700 / 423; ResNet-50's
+    2048 x 1000 949 / 685 and 1525 / 1018; at 8 rows 311 / 103 and 451 / 229, 294 / 182 and
+    530 / 223, 667 / 394."""
     m = x.shape[0]
     if x.ndim == 2 and w.ndim == 2 and x.dtype == w.dtype == out.dtype and \
             x.dtype.kind == "f" and x.shape[1] == w.shape[1 if trans else 0] and \
@@ -304,7 +304,6 @@ def weight_vector(x, w, trans, out):
                                    out)
                 return
     replay.kernel_call(_blas_into, x, w, trans, out)
-
 
 
 replay.declare("leaves", weight_vector)

@@ -674,7 +674,7 @@ TAIL_ROWS = 4
 #: the tile of :func:`_packed_rows` for a block's last ``TAIL_ROWS`` rows or fewer (spread as
 #: the whole one): ``TAIL_ROWS / MR`` of its multiply-adds. Measured alone (AMD EPYC Zen 4,
 #: one thread, float32, 256 x 1024 packed, us, whole tiles / this): 16 rows (a recurrent
-#: step at batch 16) 83 / 75, 13 rows 83 / 62
+#: step at batch 16) 83 / 74, 13 rows 83 / 74
 _micro_tail = _micro_kernel(TAIL_ROWS, NV, PREFETCH_ROWS, spread=True)
 
 
