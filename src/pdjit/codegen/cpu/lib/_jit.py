@@ -211,18 +211,30 @@ NARROW_CPUS = frozenset({"skylake-avx512", "cascadelake", "cooperlake", "knl", "
 _WIDE_ATTR = '"prefer-vector-width"="512"'
 
 
+def target_cpu() -> tuple:
+    """``(name, features)`` of the CPU Numba compiles for, as LLVM writes them
+    (``NUMBA_CPU_NAME`` / ``NUMBA_CPU_FEATURES`` where set, as Numba's code generator reads
+    them, else the host's; ``"generic"`` and ``""`` where LLVM knows none)."""
+    import llvmlite.binding as ll
+    from numba.core import config
+
+    name, features = config.CPU_NAME, config.CPU_FEATURES
+    try:
+        name = name or ll.get_host_cpu_name()
+    except RuntimeError:
+        name = "generic"
+    try:
+        features = features if features is not None else \
+            ll.get_host_cpu_features().flatten()
+    except RuntimeError:  # (LLVM knows no features of this host)
+        features = ""
+    return name, features
+
+
 @functools.cache
 def wide_vectors() -> bool:
     """Whether pdjit's functions ask LLVM for 512-bit loop vectors (see above)."""
-    from numba.core import config
-
-    try:
-        import llvmlite.binding as ll
-
-        name = config.CPU_NAME or ll.get_host_cpu_name()
-        features = config.CPU_FEATURES or ll.get_host_cpu_features().flatten()
-    except Exception:  # noqa: BLE001 - LLVM's default then
-        return False
+    name, features = target_cpu()
     return "+avx512f" in features.split(",") and name not in NARROW_CPUS and name != "generic"
 
 

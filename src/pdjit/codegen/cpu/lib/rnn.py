@@ -1024,36 +1024,37 @@ def rnn_forward_at(x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask,
         # of it (a layer's dropout, in training, would need both done first: not here)
         n = _batch_slices(B, threads // 2, x.itemsize, packed)
         mid = np.empty((2, T, B, D * H) if L > 1 and not save else (0, 0, 0, 0), x.dtype)
-        parts = [(p * B // n, (p + 1) * B // n, d, d + 1) for d in range(D) for p in range(n)]
+        parts = np.array([(p * B // n, (p + 1) * B // n, d, d + 1) for d in range(D)
+                          for p in range(n)], np.int64)
         for layer in range(L):
-            _run_parts(args, parts, layer, layer + 1, mid)
+            _fwd_split(args, parts, layer, layer + 1, mid)
         return
     n = _batch_slices(B, threads, x.itemsize, packed)
     mid = np.empty((0, 0, 0, 0), x.dtype)
     if n == 1:
         _fwd_part(*args, 0, B, 0, L, 0, D, mid)
         return
-    _run_parts(args, [(p * B // n, (p + 1) * B // n, 0, D) for p in range(n)], 0, L, mid)
+    _fwd_split(args, np.array([(p * B // n, (p + 1) * B // n, 0, D) for p in range(n)],
+                              np.int64), 0, L, mid)
 
 
-def _run_parts(args, parts, l0, l1, mid):
-    """:func:`_fwd_part` of the layers ``l0 .. l1`` for each ``(b0, b1, d0, d1)`` of ``parts``
-    (sequences, directions) at once: by a parallel loop (:func:`_fwd_parts`, ``lib.team``)
+def _fwd_split(args, parts, l0, l1, mid):
+    """:func:`_fwd_part` of the layers ``l0 .. l1`` for each row ``(b0, b1, d0, d1)`` of
+    ``parts`` (sequences, directions) at once: by a parallel loop (:func:`_fwd_parts`, ``lib.team``)
     where it is ready, else on ``run_parts``' helpers. A helper after another kernel's
     parallel loop shares the second core with the team's thread while it polls for its next
     loop: a GRU classifier at batch 16 on two threads (two slices of 8, after the transpose
     of its input on the team) ran 0.7 or 1.4 ms by turns, 0.95 on one thread; by the loop 0.7."""
-    bounds = np.array(parts, np.int64)
-    if team.run(_fwd_parts, (*args, bounds, l0, l1, mid, len(parts))):
+    if team.run(_fwd_parts, (*args, parts, l0, l1, mid, len(parts))):
         return
-    run_parts(_fwd_part, [(*args, b0, b1, l0, l1, d0, d1, mid) for b0, b1, d0, d1 in parts],
-              len(parts) - 1)
+    run_parts(_fwd_part, [(*args, int(b0), int(b1), l0, l1, int(d0), int(d1), mid)
+                          for b0, b1, d0, d1 in parts], len(parts) - 1)
 
 
 @pjit
 def _fwd_parts(x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask, drop_scale,
                out, hn, cn, reserve, bounds, l0, l1, mid, parts):
-    """:func:`_run_parts`' split, part ``p`` (sequences ``bounds[p, 0] .. bounds[p, 1]``,
+    """:func:`_fwd_split`'s split, part ``p`` (sequences ``bounds[p, 0] .. bounds[p, 1]``,
     directions ``bounds[p, 2] .. bounds[p, 3]``) on a thread of a parallel loop."""
     for p in numba.prange(parts):
         _fwd_part(x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask, drop_scale,

@@ -27,6 +27,8 @@ import llvmlite.ir as ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
+from pdjit.codegen.cpu.lib._jit import target_cpu
+
 __all__ = ["tile_kernel", "plane_kernel", "pool_plane_kernel", "max22_plane", "avg22_plane",
            "clamp_run", "TILE_BYTES", "PASS_ROWS", "sum_passes"]
 
@@ -35,20 +37,9 @@ TILE_BYTES = 64
 
 
 def _features(features: str | None = None) -> set:
-    """The CPU features Numba compiles for (``NUMBA_CPU_FEATURES`` where set, as Numba's code
-    generator reads it, else the host's), as a set of ``"+avx2"``-style names."""
-    if features is None:
-        from numba.core import config
-
-        features = config.CPU_FEATURES
-    if features is None:
-        import llvmlite.binding as llvm
-
-        try:
-            features = llvm.get_host_cpu_features().flatten()
-        except RuntimeError:  # (LLVM knows no features of this host)
-            features = ""
-    return set(features.split(","))
+    """The CPU features Numba compiles for (``_jit.target_cpu``), or ``features``, as a set of
+    ``"+avx2"``-style names."""
+    return set((target_cpu()[1] if features is None else features).split(","))
 
 
 def _pass_rows(features: str | None = None) -> int:
@@ -58,20 +49,9 @@ def _pass_rows(features: str | None = None) -> int:
 
 
 def _prefetch_fills_l1(name: str | None = None) -> bool:
-    """:data:`PREFETCH_FILLS_L1` for the CPU of LLVM's ``name`` (``NUMBA_CPU_NAME`` where set, as
-    Numba's code generator reads it, else the host's)."""
-    if name is None:
-        from numba.core import config
-
-        name = config.CPU_NAME
-    if name is None:
-        import llvmlite.binding as llvm
-
-        try:
-            name = llvm.get_host_cpu_name()
-        except RuntimeError:
-            name = "generic"
-    return name.startswith("znver")
+    """:data:`PREFETCH_FILLS_L1` for the CPU of LLVM's ``name`` (default: the one Numba compiles
+    for, ``_jit.target_cpu``)."""
+    return (target_cpu()[0] if name is None else name).startswith("znver")
 
 
 def _plane_bytes(features: str | None = None) -> int:
