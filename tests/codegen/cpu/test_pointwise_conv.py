@@ -101,14 +101,19 @@ def test_row_tiles_last_panel_of_one_vector():
     ``PACK_MIN_TILES`` tiles and ``PACK_MIN_CHANNELS``: the image read in place by every tile,
     or packed by the first tile of each block for the others (``pgemm._rows_pixels``); and
     tiles up to and past ``PANEL_MAX_TILES``: each panel under every tile, or blocks of
-    pixels under one tile after another."""
+    pixels under one tile after another. Output channels of every remainder of ``MR``: a
+    last tile of 1-4 (``TAIL_ROWS``) channels on the narrower tile
+    (``pgemm._conv_micro_tail``), of 5 on a whole one."""
     e = np.empty(0, np.float32)
+    shapes = [(40, 13, 28, 28), (17, 7, 5, 13), (9, 12, 2, 5), (33, 20, 27, 27), (8, 6, 1, 83),
+              (20, 9, 3, 37), (130, 31, 28, 28), (128, 26, 5, 13), (140, 37, 2, 5),
+              (129, 30, 3, 37), (127, 31, 3, 37), (64, 16, 11, 11), (24, 11, 4, 33)]
+    assert {m % pgemm.MR for _, m, _, _ in shapes} == set(range(pgemm.MR))
+    assert pgemm.TAIL_ROWS == 4
     for dtype in (np.float32, np.float64):
         lanes = 64 // np.dtype(dtype).itemsize
         nr = pgemm.NV * lanes
-        for c, m, h, wd in [(40, 13, 28, 28), (17, 7, 5, 13), (9, 12, 2, 5), (33, 20, 27, 27),
-                            (8, 6, 1, 83), (20, 9, 3, 37), (130, 31, 28, 28), (128, 26, 5, 13),
-                            (140, 37, 2, 5), (129, 30, 3, 37), (127, 31, 3, 37)]:
+        for c, m, h, wd in shapes:
             p_ = h * wd
             x = RNG.standard_normal((1, c, h, wd)).astype(dtype)
             w = RNG.standard_normal((m, c, 1, 1)).astype(dtype)

@@ -92,7 +92,7 @@ def packed_b_size(k: int, n: int, itemsize: int) -> int:
 
 def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool = False,
                   far: bool = False, gate: bool = False, taps: bool = False,
-                  copy: bool = False, spread: bool = False):
+                  copy: bool = False, spread: bool = False, astep: int = 0):
     """The intrinsic of a tile of ``mr`` rows by ``nv`` vectors of columns of a product.
 
     ``micro(a, a0, lda, rows, kk, bp, b0, c, c0, ldc, cols, bias, n0, res, lo, hi)``
@@ -106,6 +106,9 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
     in place): ``c[c0 + r*ldc + q] = clamp(sum_k a[a0 + k*mr + r] * b[b0 + k*ldb + q] +
     bias[m0 + r] + res[c0 + r*ldc + q], lo, hi)``, ``b``'s rows loaded under the columns'
     mask (nothing read past ``cols``); ``pf``: the next panel's row prefetched into L2.
+    ``astep`` (with ``conv``; 0: ``mr``): the values a step ``k`` of the packed left operand
+    holds, ``a[a0 + k*astep + r]``: a tile of fewer rows than the blocks it reads
+    (:data:`_conv_micro_tail`).
 
     ``trans``: ``micro(a, a0, ka, rows, kk, bp, b0, c, c0, ldq, cols, bias, n0, res, lo,
     hi)`` (:func:`_convt_micro`): as :func:`_micro` with ``a``'s rows and ``c``'s columns
@@ -152,6 +155,8 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
         raise ValueError("pdjit: a tile copying its panel reads the right operand in place")
     if spread and (conv or trans or far):
         raise ValueError("pdjit: a tile spreading its prefetches is a plain, gated or taps one")
+    if astep and (not conv or astep < mr):
+        raise ValueError("pdjit: a step of the packed rows is a conv tile's, at least its rows")
     if trans and mr > _TRANS_ROWS:
         raise ValueError(f"pdjit: a transposed tile has at most {_TRANS_ROWS} rows, not {mr}")
 
@@ -253,7 +258,7 @@ def _micro_kernel(mr: int, nv: int, pf: int = 0, conv: bool = False, trans: bool
                 for v in range(nv if pf and first else 0):  # the next panel's row k, into L2
                     _prefetch(builder, bptr, builder.add(base, const(nr + v * lanes)),
                               locality=2)
-                abase = builder.add(a0v, builder.mul(k, const(mr)))
+                abase = builder.add(a0v, builder.mul(k, const(astep or mr)))
             else:
                 base = builder.add(b0v, builder.mul(k, const(nr)))
                 if share:  # line k of the tile's share
@@ -1084,6 +1089,10 @@ _conv_micro = _micro_kernel(MR, NV, 0, conv=True)
 #: panel; a tile of two vectors as well, for tails of 17-32 pixels, gained 1-4 % alone on
 #: 27x27 and 55x55 planes: not kept)
 _conv_micro1 = _micro_kernel(MR, 1, 0, conv=True)
+#: ... and the last tile of output channels where it holds ``TAIL_ROWS`` rows or fewer (16
+#: channels: tiles of 6, 6 and 4), on its block of ``MR`` rows a step (the rows past ``M``
+#: zero): ``TAIL_ROWS / MR`` of a whole tile's multiply-adds
+_conv_micro_tail = _micro_kernel(TAIL_ROWS, NV, 0, conv=True, astep=MR)
 #: ... and the first tile of a block, which stores the panels it reads for the tiles after it
 #: and fetches the next panel's rows into L2 as it reads each row (the image's rows lie a
 #: plane apart, one page each: no hardware prefetcher follows them). Measured alone, batch 1,
@@ -1350,12 +1359,18 @@ def _rows_pixels(xf, ap, yf, n, c_, m_, p_, q_lo, q_hi, bias, lo, hi, res, buf, 
                     if cols <= lanes:
                         _conv_micro1(ap, a0, rows, c_, buf, pk0, nr, yf, c0, p_, cols, bias, m0,
                                      res, lo, hi)
+                    elif rows <= TAIL_ROWS:
+                        _conv_micro_tail(ap, a0, rows, c_, buf, pk0, nr, yf, c0, p_, cols,
+                                         bias, m0, res, lo, hi)
                     else:
                         _conv_micro(ap, a0, rows, c_, buf, pk0, nr, yf, c0, p_, cols, bias, m0,
                                     res, lo, hi)
                 elif cols <= lanes:
                     _conv_micro1(ap, a0, rows, c_, xf, xb + q0, p_, yf, c0, p_, cols, bias, m0,
                                  res, lo, hi)
+                elif rows <= TAIL_ROWS:
+                    _conv_micro_tail(ap, a0, rows, c_, xf, xb + q0, p_, yf, c0, p_, cols, bias,
+                                     m0, res, lo, hi)
                 else:
                     _conv_micro(ap, a0, rows, c_, xf, xb + q0, p_, yf, c0, p_, cols, bias, m0,
                                 res, lo, hi)
