@@ -177,6 +177,7 @@ EPI_CASES = [
     ((2, 32, 4, 4), (32, 32, 1, 1), 1, 0, 1, "_fwd_gemm", "1x1 by BLAS, per sample"),
     ((1, 40, 5, 5), (16, 40, 3, 3), 1, 1, 1, "_fwd_taps", "8 rows, taps in blocks"),
     ((1, 3, 23, 23), (16, 3, 3, 3), 2, 0, 1, "_fwd_taps", "11x11: the last vector aside"),
+    ((2, 3, 16, 20), (14, 3, 3, 3), 1, 1, 1, "_fwd_taps", "14 rows: the last tile overlapping"),
 ]
 # (bias?, lo, hi): relu6, a bias alone, relu without a bias, narrow bounds
 EPILOGUES = [(True, 0.0, 6.0), (True, -np.inf, np.inf), (False, 0.0, np.inf),
@@ -232,7 +233,9 @@ def test_the_epilogue_is_the_elementwise_ops_bit_for_bit(case, blas_same):
     """``y = minimum(maximum(conv + bias[m] (+ res), lo), hi)`` as the kernel stores (float32,
     on samples 1.. of the batch; ``res`` a residual of y's shape, for the taps and BLAS paths)
     equals the convolution (same kernel, no epilogue) followed by NumPy's float32 adds and
-    clamp, bit for bit (NaNs included); the convolution against a NumPy oracle."""
+    clamp, bit for bit (NaNs included); the convolution against a NumPy oracle. (The taps
+    kernel's wide tiles apply it as they store where their sums are whole and no residual is
+    added, a pass over the stored outputs the rest.)"""
     xs, ws, s, p, groups, name, _ = case
     x, w, y, b, want = _epi_arrays(case, 3, np.float32)
     geo = (s, s, p, p, 1, 1, groups)

@@ -277,21 +277,51 @@ def _tile_types(wf, xs, df, tap) -> bool:
         isinstance(tap.dtype, types.Integer)
 
 
-def tile_kernel(mr: int, nv: int):
-    """The intrinsic for tiles of ``mr`` rows by ``nv`` vectors (see the module docstring)."""
+def tile_kernel(mr: int, nv: int, epilogue: bool = False):
+    """The intrinsic for tiles of ``mr`` rows by ``nv`` vectors (see the module docstring).
+
+    ``epilogue``: five more arguments, ``bias, b0, add, lo, hi``: each sum stored through
+    ``minimum(maximum(sum + bias[b0 + r], lo), hi)`` (row ``r`` of the tile; no add where
+    ``add`` is false; ``lo``, ``hi`` floats), the values :func:`clamp_run` gives on the
+    stored sums, for a tile whose sums are whole (no ``more`` after it)."""
+    def codegen(context, builder, signature, args):
+        at = signature.args
+        acc, cell, size = _tile_sums(context, builder, at, args, mr, nv)
+        if epilogue:
+            et = at[0].dtype
+            fty, _, _, vty, i64, _, _ = _vectors(context, builder, et)
+            add = _flag(context, builder, at[15], args[15])
+            lo, hi = (context.cast(builder, args[i], at[i], types.float64) for i in (16, 17))
+            apply, splat = _clamper(context, builder, et, vty, add, lo, hi)
+            bptr = context.make_array(at[13])(context, builder, args[13]).data
+            b0v = _offset(context, builder, at[14], args[14])
+        for r in range(mr):
+            if epilogue:  # (the bias read only where it is added: it may be empty)
+                at_ = builder.gep(bptr, [builder.add(b0v, ir.Constant(i64, r))])
+                b = splat(_where(builder, add, lambda p=at_: builder.load(p),
+                                 ir.Constant(fty, 0)))
+            for v in range(nv):
+                x = builder.load(acc[r][v])
+                builder.store(apply(x, b) if epilogue else x, cell(r, v), align=size)
+        return context.get_dummy_value()
+
+    if epilogue:
+        @intrinsic
+        def tile(typingctx, wf, w0, wk, kk, xs, xb, tap, t0, df, d0, ds, q0, more, bias, b0,
+                 add, lo, hi):
+            if not _tile_types(wf, xs, df, tap) or not isinstance(t0, types.Integer) or \
+                    not isinstance(more, types.Boolean) or \
+                    not _epilogue_types(bias, b0, add, add, lo, hi) or bias.dtype != wf.dtype:
+                return None
+            return types.void(wf, w0, wk, kk, xs, xb, tap, t0, df, d0, ds, q0, more, bias, b0,
+                              add, lo, hi), codegen
+        return tile
+
     @intrinsic
     def tile(typingctx, wf, w0, wk, kk, xs, xb, tap, t0, df, d0, ds, q0, more):
         if not _tile_types(wf, xs, df, tap) or not isinstance(t0, types.Integer) or \
                 not isinstance(more, types.Boolean):
             return None
-
-        def codegen(context, builder, signature, args):
-            acc, cell, size = _tile_sums(context, builder, signature.args, args, mr, nv)
-            for r in range(mr):
-                for v in range(nv):
-                    builder.store(builder.load(acc[r][v]), cell(r, v), align=size)
-            return context.get_dummy_value()
-
         return types.void(wf, w0, wk, kk, xs, xb, tap, t0, df, d0, ds, q0, more), codegen
 
     return tile
