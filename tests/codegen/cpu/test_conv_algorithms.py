@@ -234,8 +234,8 @@ def test_the_epilogue_is_the_elementwise_ops_bit_for_bit(case, blas_same):
     on samples 1.. of the batch; ``res`` a residual of y's shape, for the taps and BLAS paths)
     equals the convolution (same kernel, no epilogue) followed by NumPy's float32 adds and
     clamp, bit for bit (NaNs included); the convolution against a NumPy oracle. (The taps
-    kernel's wide tiles apply it as they store where their sums are whole and no residual is
-    added, a pass over the stored outputs the rest.)"""
+    kernel's wide tiles of 8 rows apply it as they store where their sums are whole and no
+    residual is added, a pass over the stored outputs the rest.)"""
     xs, ws, s, p, groups, name, _ = case
     x, w, y, b, want = _epi_arrays(case, 3, np.float32)
     geo = (s, s, p, p, 1, 1, groups)

@@ -393,9 +393,10 @@ def _block(n, k_, p_):
 _tile44, _tile41 = tile_kernel(4, 4), tile_kernel(4, 1)
 _tile64, _tile61 = tile_kernel(6, 4), tile_kernel(6, 1)
 _tile83, _tile81 = tile_kernel(8, 3), tile_kernel(8, 1)
-#: ... the wide ones with the epilogue (bias, clamp) applied as they store (see _taps_range)
-_tile44e, _tile64e, _tile83e = (tile_kernel(r, v, epilogue=True) for r, v in ((4, 4), (6, 4),
-                                                                              (8, 3)))
+#: ... the wide one of 8 rows with the epilogue (bias, clamp) applied as it stores (see
+#: _taps_range; a network's first layer of 16, 32 or 64 channels: the other tiles' sums go
+#: through a pass after them, one tile less to compile)
+_tile83e = tile_kernel(8, 3, epilogue=True)
 
 
 @register_jitable
@@ -416,18 +417,6 @@ def _tiles(rb, wide, wp, wo, wk, kk, xs, xb, tap, t0, df, do, ds, q0, more):
         _tile44(wp, wo, wk, kk, xs, xb, tap, t0, df, do, ds, q0, more)
     else:
         _tile41(wp, wo, wk, kk, xs, xb, tap, t0, df, do, ds, q0, more)
-
-
-@register_jitable
-def _tiles_ep(rb, wp, wo, wk, kk, xs, xb, tap, t0, df, do, ds, q0, bias, b0, nb, lo, hi):
-    """:func:`_tiles`' wide tile of whole sums (all the taps), stored through the epilogue
-    ``minimum(maximum(sum + bias[b0 + r], lo), hi)`` (``nb``: a bias)."""
-    if rb == 8:
-        _tile83e(wp, wo, wk, kk, xs, xb, tap, t0, df, do, ds, q0, False, bias, b0, nb, lo, hi)
-    elif rb == 6:
-        _tile64e(wp, wo, wk, kk, xs, xb, tap, t0, df, do, ds, q0, False, bias, b0, nb, lo, hi)
-    else:
-        _tile44e(wp, wo, wk, kk, xs, xb, tap, t0, df, do, ds, q0, False, bias, b0, nb, lo, hi)
 
 
 @register_jitable
@@ -646,8 +635,8 @@ def _taps_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, r
     keep = epr and shared
     # the epilogue applied by the wide tiles as they store, where their sums are whole (one
     # block of taps) and no residual is added: no pass over the stored outputs (SqueezeNet's
-    # 3 -> 64 stem onto 112x112 with its bias and relu, one thread: 594 -> 4xx us)
-    fuse = epr and res.size == 0 and kc == k_
+    # 3 -> 64 stem onto 112x112 with its bias and relu, one thread: 594 -> 500 us)
+    fuse = epr and res.size == 0 and kc == k_ and rb == 8
     rk = np.empty(_EPILOGUE_BYTES // x.itemsize + mq * nv * vw if keep else 0, x.dtype)
     # a 1x1 convolution reading the image in place, stored in place, whose filter is
     # larger than a sample's image (more output channels than positions): every sample of
@@ -722,10 +711,10 @@ def _taps_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, r
                             if last:
                                 _tiles(rb, wide, wp, (g * mq + mr) * k_ + k0, k_, k1 - k0,
                                        xs, xbs, tap, k0, tl, mr * vw - q0, vw, q0, k0 > 0)
-                            elif fz:
-                                _tiles_ep(rb, wp, (g * mq + mr) * k_, k_, k_, xs, xbs, tap, 0,
-                                          df, d0s + mr * ds, ds, q0, bias, g * mg + mr, nb,
-                                          lo, hi)
+                            elif fz:  # (8 rows by 3 vectors, all the taps)
+                                _tile83e(wp, (g * mq + mr) * k_, k_, k_, xs, xbs, tap, 0, df,
+                                         d0s + mr * ds, ds, q0, False, bias, g * mg + mr, nb,
+                                         lo, hi)
                             else:
                                 _tiles(rb, wide, wp, (g * mq + mr) * k_ + k0, k_, k1 - k0,
                                        xs, xbs, tap, k0, df, d0s + mr * ds, ds, q0, k0 > 0)

@@ -1355,22 +1355,20 @@ def _rows_pixels(xf, ap, yf, n, c_, m_, p_, q_lo, q_hi, bias, lo, hi, res, buf, 
                 # 0.93x, 256 -> 128 0.96x, 28x28 128 -> 512 0.89x; in the models (their
                 # recorded calls on either kernel, by turns) ResNet-50's 17 such layers 0.99x,
                 # MobileNetV2 0.94x
-                if packed:
+                if rows <= TAIL_ROWS and cols > lanes:  # (one call site: the last tile)
+                    _conv_micro_tail(ap, a0, rows, c_, buf if packed else xf,
+                                     pk0 if packed else xb + q0, nr if packed else p_, yf, c0,
+                                     p_, cols, bias, m0, res, lo, hi)
+                elif packed:
                     if cols <= lanes:
                         _conv_micro1(ap, a0, rows, c_, buf, pk0, nr, yf, c0, p_, cols, bias, m0,
                                      res, lo, hi)
-                    elif rows <= TAIL_ROWS:
-                        _conv_micro_tail(ap, a0, rows, c_, buf, pk0, nr, yf, c0, p_, cols,
-                                         bias, m0, res, lo, hi)
                     else:
                         _conv_micro(ap, a0, rows, c_, buf, pk0, nr, yf, c0, p_, cols, bias, m0,
                                     res, lo, hi)
                 elif cols <= lanes:
                     _conv_micro1(ap, a0, rows, c_, xf, xb + q0, p_, yf, c0, p_, cols, bias, m0,
                                  res, lo, hi)
-                elif rows <= TAIL_ROWS:
-                    _conv_micro_tail(ap, a0, rows, c_, xf, xb + q0, p_, yf, c0, p_, cols, bias,
-                                     m0, res, lo, hi)
                 else:
                     _conv_micro(ap, a0, rows, c_, xf, xb + q0, p_, yf, c0, p_, cols, bias, m0,
                                 res, lo, hi)

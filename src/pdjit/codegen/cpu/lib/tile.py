@@ -282,8 +282,9 @@ def tile_kernel(mr: int, nv: int, epilogue: bool = False):
 
     ``epilogue``: five more arguments, ``bias, b0, add, lo, hi``: each sum stored through
     ``minimum(maximum(sum + bias[b0 + r], lo), hi)`` (row ``r`` of the tile; no add where
-    ``add`` is false; ``lo``, ``hi`` floats), the values :func:`clamp_run` gives on the
-    stored sums, for a tile whose sums are whole (no ``more`` after it)."""
+    ``add`` is false; the bias converted to the data's type, as :func:`clamp_run` takes
+    it), the values :func:`clamp_run` gives on the stored sums, for a tile whose sums are
+    whole (no ``more`` after it)."""
     def codegen(context, builder, signature, args):
         at = signature.args
         acc, cell, size = _tile_sums(context, builder, at, args, mr, nv)
@@ -298,8 +299,8 @@ def tile_kernel(mr: int, nv: int, epilogue: bool = False):
         for r in range(mr):
             if epilogue:  # (the bias read only where it is added: it may be empty)
                 at_ = builder.gep(bptr, [builder.add(b0v, ir.Constant(i64, r))])
-                b = splat(_where(builder, add, lambda p=at_: builder.load(p),
-                                 ir.Constant(fty, 0)))
+                b = splat(_where(builder, add, lambda p=at_: context.cast(
+                    builder, builder.load(p), at[13].dtype, et), ir.Constant(fty, 0)))
             for v in range(nv):
                 x = builder.load(acc[r][v])
                 builder.store(apply(x, b) if epilogue else x, cell(r, v), align=size)
@@ -310,8 +311,11 @@ def tile_kernel(mr: int, nv: int, epilogue: bool = False):
         def tile(typingctx, wf, w0, wk, kk, xs, xb, tap, t0, df, d0, ds, q0, more, bias, b0,
                  add, lo, hi):
             if not _tile_types(wf, xs, df, tap) or not isinstance(t0, types.Integer) or \
-                    not isinstance(more, types.Boolean) or \
-                    not _epilogue_types(bias, b0, add, add, lo, hi) or bias.dtype != wf.dtype:
+                    not isinstance(more, types.Boolean) or not isinstance(bias, types.Array) \
+                    or not isinstance(bias.dtype, types.Float) or \
+                    not isinstance(b0, types.Integer) or \
+                    not isinstance(add, (types.Boolean, types.Integer)) or \
+                    not all(isinstance(t, (types.Float, types.Integer)) for t in (lo, hi)):
                 return None
             return types.void(wf, w0, wk, kk, xs, xb, tap, t0, df, d0, ds, q0, more, bias, b0,
                               add, lo, hi), codegen
