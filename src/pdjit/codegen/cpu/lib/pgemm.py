@@ -1091,7 +1091,9 @@ _conv_micro = _micro_kernel(MR, NV, 0, conv=True)
 _conv_micro1 = _micro_kernel(MR, 1, 0, conv=True)
 #: ... and the last tile of output channels where it holds ``TAIL_ROWS`` rows or fewer (16
 #: channels: tiles of 6, 6 and 4), on its block of ``MR`` rows a step (the rows past ``M``
-#: zero): ``TAIL_ROWS / MR`` of a whole tile's multiply-adds
+#: zero): ``TAIL_ROWS / MR`` of a whole tile's multiply-adds. Measured alone (AMD EPYC Zen 4,
+#: one thread, batch 1, bias + relu, us, whole tiles / this, processes by turns): 55x55 64 ->
+#: 16 67 / 62, 128 -> 16 130 / 119, 112x112 32 -> 16 143 / 134, 27x27 256 -> 32 131 / 125
 _conv_micro_tail = _micro_kernel(TAIL_ROWS, NV, 0, conv=True, astep=MR)
 #: ... and the first tile of a block, which stores the panels it reads for the tiles after it
 #: and fetches the next panel's rows into L2 as it reads each row (the image's rows lie a
