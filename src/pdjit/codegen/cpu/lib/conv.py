@@ -633,9 +633,10 @@ def _taps_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, r
     ep = nb or lo > -np.inf or hi < np.inf or res.size > 0
     epr = ep and not aside
     keep = epr and shared
-    # the epilogue applied by the wide tiles as they store, where their sums are whole (one
-    # block of taps) and no residual is added: no pass over the stored outputs (SqueezeNet's
-    # 3 -> 64 stem onto 112x112 with its bias and relu, one thread: 594 -> 500 us)
+    # the epilogue applied by the wide tiles of 8 rows as they store (_tile83e), where their
+    # sums are whole (one block of taps) and no residual is added: no pass over those stored
+    # outputs (SqueezeNet's 3 -> 64 stem onto 112x112 with its bias and relu, one thread:
+    # 594 -> 500 us)
     fuse = epr and res.size == 0 and kc == k_ and rb == 8
     rk = np.empty(_EPILOGUE_BYTES // x.itemsize + mq * nv * vw if keep else 0, x.dtype)
     # a 1x1 convolution reading the image in place, stored in place, whose filter is
