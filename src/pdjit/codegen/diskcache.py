@@ -158,7 +158,27 @@ class _Locator(caching._CacheLocator):
 
 
 class _Impl(caching.CompileResultCacheImpl):
+    """Numba's compile results as cache data, with the symbols the code needs defined by
+    other libraries (:func:`needs_of`): resolved before a loaded library is finalized, and a
+    load whose symbols cannot be defined is a miss (compiled again), never an unresolved
+    symbol (which LLVM answers by ending the process)."""
+
     _locator_classes = [_Locator]
+
+    def reduce(self, cres):
+        return super().reduce(cres), tuple(sorted(needs_of(cres.library).items()))
+
+    def rebuild(self, target_context, payload):
+        if not (isinstance(payload, tuple) and len(payload) == 2 and
+                isinstance(payload[1], tuple)):
+            return None  # (an entry of another layout)
+        data, needs = payload
+        for symbol, how in needs:
+            if not define_symbol(symbol, how):
+                return None
+        cres = super().rebuild(target_context, data)
+        cres.library._pdjit_needs = dict(needs)
+        return cres
 
     def __init__(self, py_func, locator):  # given its locator (Numba's searches for one)
         self._lineno = py_func.__code__.co_firstlineno
@@ -215,6 +235,80 @@ class PdjitCache(caching.FunctionCache):
         super().save_overload(sig, data)
         if self._library:  # a library kernel compiled here: the rest compiled in the background
             start_background_warmup()
+
+
+# ---- symbols one library's code needs another to define ------------------------------------
+# A library kernel called by address (``cpu.lib._jit.by_address``) is not linked into the code
+# that calls it: its callers declare a symbol of its own, published in the process (LLVM's
+# symbol table) when the kernel is compiled or loaded. A caller kept on disk records the
+# symbols it needs and how each is defined (the kernel's module, name and argument types);
+# loading it compiles or loads those kernels first.
+
+
+def needs_of(library) -> dict:
+    """``{symbol: (module, qualified name, argument types)}`` of the kernels ``library``'s code
+    calls by address, its linked libraries' included."""
+    found, seen, todo = {}, set(), [library]
+    while todo:
+        lib = todo.pop()
+        if id(lib) in seen:
+            continue
+        seen.add(id(lib))
+        found.update(getattr(lib, "_pdjit_needs", ()))
+        todo += getattr(lib, "_linking_libraries", ())
+    return found
+
+
+def _compiled(how: tuple):
+    """The compile result of the kernel ``how`` names (:func:`needs_of`), compiled or loaded
+    (which publishes its symbol)."""
+    import importlib
+
+    module, qualname, argtypes = how
+    kernel = importlib.import_module(module)
+    for part in qualname.split("."):
+        kernel = getattr(kernel, part)
+    kernel.compile(tuple(argtypes))
+    return kernel.overloads[tuple(argtypes)]
+
+
+def define_symbol(symbol: str, how: tuple) -> bool:
+    """Compile or load the kernel ``how`` names (:func:`needs_of`), which publishes
+    ``symbol``; False where that fails or publishes another symbol."""
+    import llvmlite.binding as ll
+
+    try:
+        _compiled(how)
+    except Exception:  # noqa: BLE001 - any failure: the caller is compiled again
+        return False
+    return bool(ll.address_of_symbol(symbol))
+
+
+def link_called_kernels(library, context) -> None:
+    """Link into ``library`` (code that must hold its callees: an ahead-of-time library, not
+    finalized yet) every kernel its code calls by address (:func:`needs_of`: its linked
+    libraries' calls included, compiled for the JIT), each under the symbol its callers call:
+    a function of that name calling the kernel's own, inlined by LLVM."""
+    import llvmlite.ir as llvm_ir
+
+    done = set()
+    while True:
+        todo = {s: how for s, how in needs_of(library).items() if s not in done}
+        if not todo:
+            return
+        module = llvm_ir.Module(name="pdjit_called_kernels")
+        for symbol, how in sorted(todo.items()):
+            cres = _compiled(how)
+            library.add_linking_library(cres.library)
+            fnty = context.call_conv.get_function_type(cres.fndesc.restype,
+                                                       cres.fndesc.argtypes)
+            kernel = llvm_ir.Function(module, fnty, cres.fndesc.llvm_func_name)
+            wrapper = llvm_ir.Function(module, fnty, symbol)
+            wrapper.attributes.add("alwaysinline")
+            builder = llvm_ir.IRBuilder(wrapper.append_basic_block())
+            builder.ret(builder.call(kernel, wrapper.args))
+            done.add(symbol)
+        library.add_ir_module(module)
 
 
 _loading_ready: list = []

@@ -20,6 +20,8 @@ from __future__ import annotations
 import numba
 from numba.core import types
 
+from pdjit.codegen.diskcache import link_called_kernels
+
 _SCALARS = {"int64": types.int64, "int32": types.int32}
 
 
@@ -77,6 +79,7 @@ def compile_object(func, argtypes, symbol: str, cpu: str = "host") -> tuple:
                              types.int32, flags, locals={}, library=library)
         llvm_func = cres.library.get_function(cres.fndesc.llvm_func_name)
         llvm_func.name = symbol
+        link_called_kernels(library, ctx)
         for fn in library._final_module.functions:
             if fn.name.startswith("__excinfo_unwrap_args"):
                 fn.linkage = "linkonce_odr"

@@ -1,6 +1,7 @@
 """The decorators of the library kernels (Numba's options as generated kernels use them), the
 compile jobs they declare, and the one BLAS product they call in compiled code
 (:func:`blas_gemm`: here, so that every kernel module can import it without a cycle)."""
+import copy
 import functools
 import gc
 import threading
@@ -586,6 +587,90 @@ jit_fma = _typed_by_value(cached(numba.njit(**OPTIONS, fastmath={"contract"},
 #: at :data:`OPT_LEVEL`), not cached: the tests' compiled callers (measured, a caller of two
 #: pooling kernels: 1.8-2.4 s of CPU to compile against 3.3-3.5 s with ``numba.njit``'s O3)
 caller = numba.njit(**OPTIONS, pipeline_class=PdjitCompiler)
+
+
+# ---- large kernels called by address -----------------------------------------------------------
+# Numba links a called function's IR into its caller's library, where LLVM optimises it and
+# emits its machine code again: a native segment calling the convolution's kernel re-emits the
+# whole kernel (the rnn's forward ~8 s of CPU, the taps kernel ~2.4 s), and so does every
+# library kernel calling another (a team loop around its part). A kernel declared with
+# :func:`by_address` is instead called through a symbol of its own, published in LLVM's symbol
+# table of the process with the address of its compiled code (each signature once, when it is
+# compiled or loaded): a pdjit compile calling it compiles the call alone. A caller kept on
+# disk records the symbols it needs (``diskcache.needs_of``); loading it compiles or loads
+# those kernels first. Code that must hold its callees links them as Numba does: an
+# ahead-of-time library (no process to find the symbol in), and any compile that is not
+# pdjit's (a user's function, which Numba's own disk cache may keep without the record).
+# Declare it on kernels whose work per call dwarfs a call (a layer's loop nest, a team's part),
+# and that are large to compile: a call by address is never inlined. Numba's internals this
+# relies on (the user-function implementations of ``BaseContext._defns``, keyed by a compiled
+# overload's entry point; ``add_linking_libs``; ``declare_function``'s attributes) are pinned
+# by tests/codegen/cpu/test_by_address.py.
+
+
+def by_address(dispatcher):
+    """``dispatcher`` (a library kernel of this package), called by address from pdjit's
+    compiles (see above)."""
+    dispatcher.add_overload = MethodType(_add_overload_by_address, dispatcher)
+    return dispatcher
+
+
+def kernel_symbol(dispatcher, argtypes) -> str:
+    """The symbol under which ``dispatcher``'s code for ``argtypes`` is published: the same
+    in every process for the same kernel and types."""
+    import hashlib
+
+    fn = dispatcher.py_func
+    key = f"{fn.__module__}:{fn.__qualname__}:{tuple(argtypes)}"
+    return "pdjit.kernel." + hashlib.sha256(key.encode()).hexdigest()[:32]
+
+
+def _add_overload_by_address(self, cres):
+    type(self).add_overload(self, cres)
+    if cres.objectmode or not isinstance(cres.library, numba_codegen.JITCodeLibrary):
+        return
+    import llvmlite.binding as ll
+    from numba.core.base import OverloadSelector
+
+    argtypes = tuple(cres.signature.args)
+    symbol = kernel_symbol(self, argtypes)
+    ll.add_symbol(symbol, cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name))
+    impl = _call_by_address(cres, symbol, (self.py_func.__module__, self.py_func.__qualname__,
+                                           argtypes))
+    chosen = OverloadSelector()
+    chosen.append(impl, impl.signature)
+    self.targetctx._defns[cres.entry_point] = chosen
+
+
+def _call_by_address(cres, symbol, how):
+    """The implementation of a call of ``cres`` (Numba's ``imputils.user_function``), calling
+    ``symbol`` in a pdjit compile for the JIT, else the function linked in."""
+    from numba.core.imputils import fix_returning_optional, impl_ret_new_ref
+
+    fndesc, library = cres.fndesc, cres.library
+    published = copy.copy(fndesc)  # (declared under the symbol, with the same attributes)
+    published.mangled_name = symbol
+
+    def imp(context, builder, sig, args):
+        if getattr(context, "aot_mode", False) or getattr(_scope, "level", None) is None:
+            fn = context.declare_function(builder.module, fndesc)
+            context.add_linking_libs((library,))
+        else:
+            fn = context.declare_function(builder.module, published)
+            caller = context.active_code_library
+            if getattr(caller, "_pdjit_needs", None) is None:
+                caller._pdjit_needs = {}
+            caller._pdjit_needs[symbol] = how
+        status, ret = context.call_conv.call_function(builder, fn, fndesc.restype,
+                                                      fndesc.argtypes, args)
+        with cgutils.if_unlikely(builder, status.is_error):
+            context.call_conv.return_status_propagate(builder, status)
+        ret = fix_returning_optional(context, builder, sig, status, ret)
+        return impl_ret_new_ref(context, builder, fndesc.restype, ret)
+
+    imp.signature = fndesc.argtypes
+    imp.libs = ()
+    return imp
 
 
 #: entry point name -> ``jobs(T)``: the compiled functions a call of it runs for float arrays

@@ -25,7 +25,7 @@ from numba.extending import intrinsic, overload, register_jitable
 from pdjit.codegen.cpu import mathfuncs as _m
 from pdjit.codegen.cpu import replay, threads
 from pdjit.codegen.cpu.lib import team
-from pdjit.codegen.cpu.lib._jit import compile_cost, jit, jobs, pjit
+from pdjit.codegen.cpu.lib._jit import by_address, compile_cost, jit, jobs, pjit
 from pdjit.codegen.cpu.lib.conv import split_work
 from pdjit.codegen.cpu.lib.pgemm import MR, NV, _micro, _panel_row, packed_b_size
 from pdjit.codegen.cpu.lib.tile import TILE_BYTES, _splat, _vectors
@@ -52,6 +52,7 @@ def _at(st, row, h):
     return o
 
 
+@by_address
 @jit
 def _heads(qf, kf, vf, mf, of, st, alpha, sq, sk, d, dv, h0, h1):
     """Matrices ``h0 .. h1`` of the batch (see the module): the operands flat from their

@@ -50,7 +50,7 @@ from pdjit.codegen.cpu import replay
 from pdjit.codegen.cpu.lib import conv as _conv
 from pdjit.codegen.cpu.lib import team
 from pdjit.codegen.cpu.lib import winograd as _wino
-from pdjit.codegen.cpu.lib._jit import compile_cost, jit, jobs, pjit
+from pdjit.codegen.cpu.lib._jit import by_address, compile_cost, jit, jobs, pjit
 from pdjit.codegen.cpu.lib.pgemm import (
     MR,
     NV,
@@ -178,6 +178,7 @@ def _rows(x2, bp, y2, r0, r1, bias, lo, hi, res, gate, p0, p1):
                         min(nr, m - n0), bias, n0, res, lo, hi, gate)
 
 
+@by_address
 @jit
 def pointwise_nhwc(x, bp, y, n0, n1, bias, lo, hi, res, gate):
     """``y[n] = gate(clamp(conv1x1(x[n], W) + bias + res[n], lo, hi))`` for the samples ``n0
@@ -447,6 +448,7 @@ DW_EDGE_NV = 4
 _dw_edge = _dw_kernel(1, DW_EDGE_NV)
 
 
+@by_address
 @jit
 def _dw_rows(x, wt, kh, kw, y, n0, n1, o0, o1, sh, sw, pt, pl, dh, dw, bias, lo, hi, res,
              gate):
@@ -658,6 +660,7 @@ def _conv_nhwc_weight_native(w):
     return impl
 
 
+@by_address
 @jit
 def _conv_rows(x, bp, kh, kw, y, n0, n1, o0, o1, sh, sw, pt, pl, dh, dw, bias, lo, hi, res,
                p0, p1):
@@ -1080,6 +1083,7 @@ def wino_scratch_size(c_: int, m_: int, tiles: int) -> int:
     return 16 * (tb * c_ + 16) + 16 * (tb * m_ + 16) + 16
 
 
+@by_address
 @jit
 def _wino_range(x, up, y, n0, n1, pt, pl, bias, lo, hi, res, scratch, q0, q1, s0, s1):
     """:func:`winograd_nhwc`'s kernel for the samples ``n0 .. n1``, the output channels of the

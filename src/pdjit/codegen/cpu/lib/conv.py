@@ -39,7 +39,15 @@ from numba.extending import overload, register_jitable
 
 from pdjit.codegen.cpu import replay
 from pdjit.codegen.cpu.lib import team, winograd
-from pdjit.codegen.cpu.lib._jit import blas_gemm, compile_cost, jit, jobs, may_share, pjit
+from pdjit.codegen.cpu.lib._jit import (
+    blas_gemm,
+    by_address,
+    compile_cost,
+    jit,
+    jobs,
+    may_share,
+    pjit,
+)
 from pdjit.codegen.cpu.lib.deint import copy_run, deint, vcopy, zero_run
 from pdjit.codegen.cpu.lib.tile import TILE_BYTES, clamp_run, plane_kernel, tile_kernel
 from pdjit.codegen.cpu.threads import loop_threads, run_parts
@@ -244,6 +252,7 @@ def _planes(x, w, y, n0, n1, sh, pt, pl, groups, bias, lo, hi):
                 _plane77s2(*a)
 
 
+@by_address
 @_fma_jit
 def _direct_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi):
     """``y[n] = conv(x[n], w)`` for the samples ``n0..n1`` by direct loops (one input channel
@@ -456,6 +465,7 @@ def _tap_offsets(tap, k_, zero, kw_, kh_, sh, dh, pp, ow_):
                 c += 1
 
 
+@by_address
 @jit
 def _fwd_blas(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups):
     """``y[n] = conv(x[n], w)`` for the samples ``n0..n1`` by im2col of blocks of samples and
@@ -499,6 +509,7 @@ def _fwd_taps(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res
     _taps_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res, 0, -1)
 
 
+@by_address
 @jit
 def _taps_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res, qa, qb):
     """``y[n] = conv(x[n], w)`` for the samples ``n0..n1`` by taps (tiles of :mod:`.tile`),
@@ -800,6 +811,7 @@ def _gather_dy(dy, b0, b1, g, mg, p_, width):
     return d2
 
 
+@by_address
 @jit
 def _bwd_data_range(dy, w, dx, n0, n1, sh, sw, pt, pl, dh, dw, groups):
     """``dx[n] = conv^T(dy[n], w)`` for the samples ``n0..n1``."""
@@ -834,6 +846,7 @@ def _dw_by_taps(p_, mg, k_) -> bool:
         p_ >= _TAPS_DW_MIN_SMALL and mg <= _TAPS_DW_SMALL_ROWS and mg * k_ <= _TAPS_DW_SMALL))
 
 
+@by_address
 @jit
 def _bwd_filter_range(x, dy, dwt, n0, n1, sh, sw, pt, pl, dh, dw, groups):
     """``dwt = sum over the samples n0..n1 of dy[n] @ col(x[n])^T``, per group, where
@@ -959,6 +972,7 @@ def _use_gemm(x, w, y, sh, sw, pt, pl, groups, n) -> bool:
         m_ // groups >= _GEMM_CHANNELS and cg >= _GEMM_CHANNELS
 
 
+@by_address
 @jit
 def _fwd_gemm(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res):
     """``y[n] = conv(x[n], w)`` for the samples ``n0..n1`` of a 1x1 convolution that

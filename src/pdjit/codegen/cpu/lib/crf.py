@@ -17,7 +17,7 @@ import math
 
 import numpy as np
 
-from pdjit.codegen.cpu.lib._jit import compile_cost, jit, jobs
+from pdjit.codegen.cpu.lib._jit import by_address, compile_cost, jit, jobs
 
 __all__ = ["crf_nll", "crf_nll_grad", "crf_viterbi"]
 
@@ -63,6 +63,7 @@ def _normalise(a, k, D):
     return t
 
 
+@by_address
 @jit
 def crf_nll(x, w, label, offs, lens, padded, stride, alpha, eexp, wexp, nll):
     """``nll[s, 0]`` = ``log Z - score(labels)`` of each sequence (0 for an empty one);
@@ -116,6 +117,7 @@ def crf_nll(x, w, label, offs, lens, padded, stride, alpha, eexp, wexp, nll):
         nll[s, 0] = logz - score
 
 
+@by_address
 @jit
 def crf_nll_grad(eexp, wexp, label, alpha, dnll, offs, lens, padded, stride, dx, dw):
     """The gradients of :func:`crf_nll`'s ``nll`` (weighted by ``dnll[s]``): ``dx`` (rows
@@ -199,6 +201,7 @@ def crf_nll_grad(eexp, wexp, label, alpha, dnll, offs, lens, padded, stride, dx,
                 dw[label[b0 + k - 1] + 2, label[b0 + k]] -= g
 
 
+@by_address
 @jit
 def crf_viterbi(x, w, label, offs, lens, padded, stride, path):
     """``path[r]`` = the tag of row ``r`` on the best path of its sequence (ties: the lowest

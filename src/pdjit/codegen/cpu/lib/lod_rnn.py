@@ -21,7 +21,7 @@ reference, which names the problem).
 import numpy as np
 
 from pdjit.codegen.cpu import mathfuncs as _m
-from pdjit.codegen.cpu.lib._jit import compile_cost, jit, jobs
+from pdjit.codegen.cpu.lib._jit import by_address, compile_cost, jit, jobs
 
 __all__ = ["lod_batch_order", "lod_lstm", "lod_lstm_grad", "lod_gru",
            "lod_gru_grad", "seq_conv", "seq_conv_grad"]
@@ -168,6 +168,7 @@ def _lstm_check(x, w, b, h0, c0, n, peep):
         raise ValueError("pdjit: lstm: H0/C0 do not fit the sequences")
 
 
+@by_address
 @jit
 def lod_lstm(x, offs, w, b, h0, c0, peep, reverse, ga, ca, cda, hidden, cell, gate, cact):
     """Fluid's ``lstm`` over the sequences ``offs`` of ``x`` ([rows, 4H], gates {c~, i, f, o}
@@ -228,6 +229,7 @@ def lod_lstm(x, offs, w, b, h0, c0, peep, reverse, ga, ca, cda, hidden, cell, ga
     _scatter_rows(cb, rows, T, cell)
 
 
+@by_address
 @jit
 def lod_lstm_grad(offs, w, b, h0, c0, hidden, cell, gate, cact, dh_in, dc_in, peep, reverse,
                   ga, ca, cda, dx, dw, db, dh0, dc0):
@@ -342,6 +344,7 @@ def _gru_weights(w):
     return wf[:2 * H * H].reshape((H, 2 * H)), wf[2 * H * H:].reshape((H, H))
 
 
+@by_address
 @jit
 def lod_gru(x, offs, w, b, h0, reverse, ga, act, origin, hidden, gate, rhp, hb):
     """Fluid's ``gru`` over the sequences ``offs`` of ``x`` ([rows, 3H], gates {u, r, c}
@@ -397,6 +400,7 @@ def lod_gru(x, offs, w, b, h0, reverse, ga, act, origin, hidden, gate, rhp, hb):
     _scatter_rows(hb, rows, T, hidden)
 
 
+@by_address
 @jit
 def lod_gru_grad(offs, w, b, h0, gate, rhp, hb, dh_in, reverse, ga, act, origin, dx, dw, db,
                  dh0):
@@ -522,6 +526,7 @@ def _context_cols(x, offs, pad, length, start, cols):
                         row[j * D + q] = 0.0
 
 
+@by_address
 @jit
 def seq_conv(x, offs, filt, pad, length, start, out):
     """``out = cols @ filt``: the context window of each row (see :func:`_context_cols`) times
@@ -534,6 +539,7 @@ def seq_conv(x, offs, filt, pad, length, start, out):
     _copy_rows(np.dot(cols, filt), 0, T, out, 0)
 
 
+@by_address
 @jit
 def seq_conv_grad(x, offs, filt, pad, dout, length, start, dx, dfilt, dpad):
     """The gradients of :func:`seq_conv`: ``dx``, ``dfilt`` and ``dpad`` (no rows when the

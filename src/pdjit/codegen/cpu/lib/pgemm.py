@@ -42,7 +42,15 @@ from numba.extending import intrinsic, overload, register_jitable
 from pdjit.codegen import params
 from pdjit.codegen.cpu import replay, rt, threads
 from pdjit.codegen.cpu.lib import team
-from pdjit.codegen.cpu.lib._jit import blas_gemm, compile_cost, jit, jobs, may_share, pjit
+from pdjit.codegen.cpu.lib._jit import (
+    blas_gemm,
+    by_address,
+    compile_cost,
+    jit,
+    jobs,
+    may_share,
+    pjit,
+)
 from pdjit.codegen.cpu.lib.tile import (
     PASS_ROWS,
     TILE_BYTES,
@@ -881,6 +889,7 @@ def _packed_weight_native(w, trans=False, rows=PACKED_MIN_ROWS):
     return impl
 
 
+@by_address
 @jit
 def _weight_rows(x, w, trans, bp, n0, n1, out, r, bias, res, lo, hi):
     """Rows ``n0 * r .. n1 * r`` (samples ``n0 .. n1`` of ``r`` rows each) of
@@ -1202,6 +1211,7 @@ def _rows_samples(x, ap, y, n0, n1, bias, lo, hi, res, scale, shift, plo, phi) -
                      plo, phi)
 
 
+@by_address
 @jit
 def pointwise_rows(x, ap, y, n0, n1, bias, lo, hi, res):
     """``y[n] = clamp(W @ x[n] + bias[:, None] + res[n], lo, hi)`` for the samples ``n0 ..
@@ -1223,6 +1233,7 @@ def pointwise_rows(x, ap, y, n0, n1, bias, lo, hi, res):
     _rows_samples(x, ap, y, n0, n1, bias, lo, hi, res, none, none, -np.inf, np.inf)
 
 
+@by_address
 @jit
 def pointwise_rows_prologue(x, ap, y, n0, n1, bias, lo, hi, res, scale, shift, plo, phi):
     """:func:`pointwise_rows` of the image seen through a per-channel affine and clamp,

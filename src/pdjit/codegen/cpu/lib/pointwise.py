@@ -64,7 +64,7 @@ from pdjit.codegen import params
 from pdjit.codegen.cpu import replay
 from pdjit.codegen.cpu.lib import conv as _conv
 from pdjit.codegen.cpu.lib import team
-from pdjit.codegen.cpu.lib._jit import JOBS, compile_cost, jit, jobs, pjit
+from pdjit.codegen.cpu.lib._jit import JOBS, by_address, compile_cost, jit, jobs, pjit
 from pdjit.codegen.cpu.lib.deint import copy_run, zero_run
 from pdjit.codegen.cpu.lib.pgemm import (
     MR,
@@ -615,6 +615,7 @@ def _tap_planes(c_, y, kh, kw, sh, sw, dh, dw):
     return hp, wp, np.empty(c_ * hp * wp, y.dtype), _tap_table(c_, kh, kw, dh, dw, hp, wp)
 
 
+@by_address
 @jit
 def conv_taps(x, bp, nr, y, n0, n1, kh, kw, sh, sw, pt, pl, dh, dw, bias, lo, hi, res):
     """:func:`conv_cols` without patches: each sample's image copied once into padded planes

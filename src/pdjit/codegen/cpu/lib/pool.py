@@ -20,7 +20,7 @@ from numba.extending import overload, register_jitable
 from pdjit.codegen.cpu import replay
 from pdjit.codegen.cpu.lib import conv as _conv
 from pdjit.codegen.cpu.lib import team
-from pdjit.codegen.cpu.lib._jit import compile_cost, jit, jit_sum, jobs, pjit
+from pdjit.codegen.cpu.lib._jit import by_address, compile_cost, jit, jit_sum, jobs, pjit
 from pdjit.codegen.cpu.lib.conv import _cols, _plain, split_work
 from pdjit.codegen.cpu.lib.tile import avg22_plane, max22_plane, pool_plane_kernel
 
@@ -86,6 +86,7 @@ def _max33(x, y, q0, q1, sh, pt, pl):
             _pool33s2(xf, q * h_ * w_, h_, w_, yf, q * oh_ * ow_, oh_, ow_, pt, pl)
 
 
+@by_address
 @jit
 def _fwd_planes(x, y, q0, q1, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptive):
     """The planes ``q0..q1`` (sample, channel) of ``y`` = the pool of ``x``'s, any windows, by

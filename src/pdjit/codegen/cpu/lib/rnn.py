@@ -71,7 +71,7 @@ from numba.extending import intrinsic, overload, register_jitable
 from pdjit.codegen.cpu import mathfuncs as _m
 from pdjit.codegen.cpu.lib import pgemm as _pg
 from pdjit.codegen.cpu.lib import team
-from pdjit.codegen.cpu.lib._jit import compile_cost, jit, jobs, pjit
+from pdjit.codegen.cpu.lib._jit import by_address, compile_cost, jit, jobs, pjit
 from pdjit.codegen.cpu.lib.tile import (
     TILE_BYTES,
     _offset,
@@ -550,6 +550,7 @@ def _step_gemv(whf, GH, H, h, out, lanes):
         out[r] = acc
 
 
+@by_address
 @jit
 def _fwd_part(x, h0, c0, wt, lens, mode, num_layers, ndir, save, drop_mask, drop_scale,
               out, hn, cn, reserve, b0, b1, l0, l1, d0, d1, mid):
@@ -773,6 +774,7 @@ def _weight_grad(ap, src, dw):
                        ap[:0], -np.inf, np.inf, dw.reshape(m_ * n_))
 
 
+@by_address
 @jit
 def _bwd_part(x, w, lens, mode, num_layers, ndir, hidden, reserve, drop_mask, drop_scale,
               dout, dhn, dcn, dx, dh0, dc0, dw, b0, b1):

@@ -47,7 +47,7 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic, register_jitable
 
 from pdjit.codegen import params
-from pdjit.codegen.cpu.lib._jit import compile_cost, jit, jit_o3
+from pdjit.codegen.cpu.lib._jit import by_address, compile_cost, jit, jit_o3
 from pdjit.codegen.cpu.lib.pgemm import _micro_kernel
 from pdjit.codegen.cpu.lib.tile import _edge_load, _masked, _offset, _splat, _store, _vectors
 
@@ -409,6 +409,7 @@ def scratch_size(c_, m_, oh_, ow_, n):
     return 16 * (c_ * tmax + 16) + 16 * (m_ * tmax + 16) + LANES
 
 
+@by_address
 @jit_o3
 def _wino_range(x, ut, row, y, n0, n1, pt, pl, bias, lo, hi, res, scratch, t0, t1):
     """:func:`conv3x3`'s kernel: ``ut`` the transformed filters (``[16, M_all, C]``), ``y``'s
