@@ -38,8 +38,8 @@ def test_vector_parts_against_numpy_and_one_part(dtype):
 
 def test_weight_vector_on_the_team_or_blas(monkeypatch, team_loops):
     """One to four rows by a weight large enough run the parallel loop once it is ready (by
-    ranges of columns over the loop threads); a transposed weight, a small weight or a loop
-    not ready yet run BLAS: each against NumPy."""
+    ranges of columns over the loop threads; one row on one thread is BLAS's); a transposed
+    weight, a small weight or a loop not ready yet run BLAS: each against NumPy."""
     ran = team_loops
     monkeypatch.setattr(threads, "loop_threads", lambda: 2)
     monkeypatch.setattr(gemm, "VECTOR_MIN_VALUES", 64 * 40)
@@ -67,6 +67,14 @@ def test_weight_vector_on_the_team_or_blas(monkeypatch, team_loops):
         assert ran == []
         np.testing.assert_allclose(got, xs.astype(np.float64) @ (ws.T if trans else ws),
                                    rtol=2e-5, atol=2e-5)
+    monkeypatch.setattr(threads, "loop_threads", lambda: 1)  # one thread: one row is BLAS's,
+    for xs, want in ((x, []), (x4, [(gemm._vector_parts, 1, True)])):  # more rows the loop's
+        ran.clear()
+        got = np.full((xs.shape[0], n), np.nan, np.float32)
+        gemm.weight_vector(xs, w, False, got)
+        assert ran == want, (xs.shape, ran)
+        np.testing.assert_allclose(got, xs.astype(np.float64) @ w, rtol=2e-5, atol=2e-5)
+    monkeypatch.setattr(threads, "loop_threads", lambda: 2)
     monkeypatch.setattr(team, "run", lambda loop, call: False)   # not ready: BLAS
     got = np.full((1, n), np.nan, np.float32)
     gemm.weight_vector(x, w, False, got)
@@ -142,6 +150,7 @@ def test_an_fc_at_batch_one_runs_on_the_vector_product(fresh_programs, monkeypat
         y = fluid.layers.fc(x, n, act="softmax", param_attr=fluid.ParamAttr(name="wv_w"),
                             bias_attr=fluid.ParamAttr(name="wv_b"))
     monkeypatch.setattr(gemm, "VECTOR_MIN_VALUES", 1 << 16)
+    monkeypatch.setattr(threads, "loop_threads", lambda: 2)  # (one row on one thread: BLAS)
     exe = fluid.Executor(fluid.CPUPlace(), strict=True)
     scope = fluid.global_scope()
     exe.run(startup)
@@ -178,6 +187,7 @@ def test_a_matmul_by_a_weight_takes_it_and_a_transposed_one_stays_blas(fresh_pro
         y = fluid.layers.matmul(x, w)
         yt = fluid.layers.matmul(x, wt, transpose_y=True)
     monkeypatch.setattr(gemm, "VECTOR_MIN_VALUES", 1 << 16)
+    monkeypatch.setattr(threads, "loop_threads", lambda: 2)  # (one row on one thread: BLAS)
     exe = fluid.Executor(fluid.CPUPlace(), strict=True)
     scope = fluid.global_scope()
     exe.run(startup)

@@ -268,8 +268,11 @@ def weight_vector(x, w, trans, out):
     no op of the program writes) and rows of ``x`` that are a batch's samples (the lowering's
     ``_vector_weight``: a classifier's last layer). At most :data:`VECTOR_MAX_ROWS` rows by a
     weight of :data:`VECTOR_MIN_VALUES` or more (float, C-contiguous, not transposed) run
-    :func:`_vector_parts` by ranges of columns over the loop threads (one part on one) once its
-    loop is ready (``lib.team``: compiled ahead); more rows (float32 or float64), the packed
+    :func:`_vector_parts` by ranges of columns over the loop threads (one part on one; one row
+    on one thread is BLAS's gemv, which streams a weight from memory faster: on an AMD EPYC
+    Zen 4, float32, us, this / BLAS, MobileNetV3's 576 x 1024 150-160 / 92-104 and 1024 x
+    1000 240-270 / 165-180, in the caches 36 / 30 and 58 / 51) once its loop is ready
+    (``lib.team``: compiled ahead); more rows (float32 or float64), the packed
     GEMM on the weight packed once (BLAS packs it again at every call) once its kernel is
     ready the same way, from ``PACKED_MIN_ROWS`` rows by ``pgemm.weight_rows`` (split by
     blocks of rows over the loop threads where it pays); any other product is BLAS's
@@ -285,8 +288,8 @@ def weight_vector(x, w, trans, out):
             x.dtype.kind == "f" and x.shape[1] == w.shape[1 if trans else 0] and \
             out.shape == (m, w.shape[0 if trans else 1]) and x.flags.c_contiguous and \
             w.flags.c_contiguous and out.flags.c_contiguous and w.size >= VECTOR_MIN_VALUES:
-        if not trans and 1 <= m <= VECTOR_MAX_ROWS:
-            parts = max(1, min(threads.loop_threads(), w.shape[1] // 16))
+        parts = max(1, min(threads.loop_threads(), w.shape[1] // 16))
+        if not trans and 1 <= m <= VECTOR_MAX_ROWS and m * parts > 1:
             if team.run(_vector_parts, (x, w, out, parts)):
                 return
         elif m > VECTOR_MAX_ROWS and x.dtype in _FLOATS and type(w) is np.ndarray:
