@@ -657,10 +657,7 @@ def _call_by_address(cres, symbol, how):
             context.add_linking_libs((library,))
         else:
             fn = context.declare_function(builder.module, published)
-            caller = context.active_code_library
-            if getattr(caller, "_pdjit_needs", None) is None:
-                caller._pdjit_needs = {}
-            caller._pdjit_needs[symbol] = how
+            vars(context.active_code_library).setdefault("_pdjit_needs", {})[symbol] = how
         status, ret = context.call_conv.call_function(builder, fn, fndesc.restype,
                                                       fndesc.argtypes, args)
         with cgutils.if_unlikely(builder, status.is_error):

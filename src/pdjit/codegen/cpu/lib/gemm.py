@@ -288,9 +288,9 @@ def weight_vector(x, w, trans, out):
             x.dtype.kind == "f" and x.shape[1] == w.shape[1 if trans else 0] and \
             out.shape == (m, w.shape[0 if trans else 1]) and x.flags.c_contiguous and \
             w.flags.c_contiguous and out.flags.c_contiguous and w.size >= VECTOR_MIN_VALUES:
-        parts = max(1, min(threads.loop_threads(), w.shape[1] // 16))
-        if not trans and 1 <= m <= VECTOR_MAX_ROWS and m * parts > 1:
-            if team.run(_vector_parts, (x, w, out, parts)):
+        if not trans and 1 <= m <= VECTOR_MAX_ROWS:
+            parts = max(1, min(threads.loop_threads(), w.shape[1] // 16))
+            if m * parts > 1 and team.run(_vector_parts, (x, w, out, parts)):
                 return
         elif m > VECTOR_MAX_ROWS and x.dtype in _FLOATS and type(w) is np.ndarray:
             none = _EMPTY[x.dtype]
