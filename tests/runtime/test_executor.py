@@ -174,3 +174,49 @@ def test_random_initialisers_are_reproducible_with_random_seed():
     np.testing.assert_array_equal(a, b)
     assert not np.array_equal(a, c)
     assert abs(a.mean()) < 0.1 and abs(a.std() - 1) < 0.05
+
+
+def _fc_program():
+    """main: y = x @ W + b (W, b parameters, written by no op of main)."""
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        x = fluid.layers.data(name="x", shape=[4], dtype="float32")
+        y = fluid.layers.fc(x, size=3)
+    w, b = (p.name for p in main.global_block().all_parameters())
+    return main, startup, y, w, b
+
+
+def test_a_step_sees_its_parameters_replaced_between_runs():
+    """A native step passes on the parameters it found last run without looking them up again
+    while nothing moved them: a value set again, a variable erased and made again, another
+    Scope: each run computes with the Scope's parameters of that run (NumPy's product)."""
+    main, startup, y, w, b = _fc_program()
+    exe = fluid.Executor(fluid.CPUPlace())
+    scopes = [fluid.Scope(), fluid.Scope()]
+    for s in scopes:
+        exe.run(startup, scope=s)
+    x = np.arange(8, dtype=np.float32).reshape(2, 4) / 8
+
+    def check(scope):
+        (got,) = exe.run(main, feed={"x": x}, fetch_list=[y], scope=scope)
+        want = x @ scope.find_var(w).value + scope.find_var(b).value
+        np.testing.assert_allclose(got, want, rtol=1e-6)
+
+    for _ in range(4):
+        check(scopes[0])
+    steps = [s for _, plan in exe._plans.values() for s in plan.steps if s.kind == "native"]
+    assert steps and any(s._kept is not None for s in steps)  # (the shortcut serves)
+    rng = np.random.default_rng(0)
+    scopes[0].find_var(w).value = rng.standard_normal((4, 3)).astype(np.float32)
+    check(scopes[0])
+    scopes[0].find_var(b).get_tensor().set(np.full(3, 2.0, np.float32), fluid.CPUPlace())
+    check(scopes[0])
+    scopes[0].find_var(w).value[0] = 5.0  # (in place: the same array)
+    check(scopes[0])
+    scopes[0].erase([w])
+    scopes[0].var(w).value = rng.standard_normal((4, 3)).astype(np.float32)
+    check(scopes[0])
+    check(scopes[0])
+    for _ in range(3):  # (two Scopes by turns)
+        check(scopes[1])
+        check(scopes[0])

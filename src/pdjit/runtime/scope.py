@@ -45,6 +45,12 @@ class _BoundTensor(LoDTensor):
         self._holder.value = LoDTensor(self._array, self._lod) if self._lod else self._array
 
 
+#: bumped whenever a scope gains or loses a variable: while it is unchanged, the ScopeVar a
+#: lookup found is the one it would find again (a step keeps its parameters' ScopeVars:
+#: ``pdjit.runtime.steps.NativeStep``)
+LAYOUT = [0]
+
+
 class Scope:
     def __init__(self, parent: "Scope | None" = None):
         self.parent = parent
@@ -56,6 +62,7 @@ class Scope:
         v = self._vars.get(name)
         if v is None:
             v = self._vars[name] = ScopeVar(name)
+            LAYOUT[0] += 1
         return v
 
     def find_var(self, name: str) -> ScopeVar | None:
@@ -76,6 +83,7 @@ class Scope:
     def erase(self, names) -> None:
         for n in names:
             self._vars.pop(n, None)
+        LAYOUT[0] += 1
 
     def new_scope(self) -> "Scope":
         kid = Scope(self)
