@@ -482,3 +482,81 @@ def test_a_bottleneck_chain_runs_its_3x3_layers_on_winograd(fresh_programs, tmp_
         np.testing.assert_allclose(got, forward(xs.astype(np.float64)), rtol=1e-4, atol=1e-4)
     assert cl.WINO_CALLS[0] >= calls + 4
     assert_native(pred._exe)
+
+
+def _fire(L, t, s, e):
+    """SqueezeNet's fire module: a 1x1 squeeze, then 1x1 and 3x3 expansions joined."""
+    t = L.conv2d(t, s, 1, act="relu")
+    return L.concat([L.conv2d(t, e, 1, act="relu"), L.conv2d(t, e, 3, padding=1, act="relu")],
+                    axis=1)
+
+
+
+def test_a_chain_runs_on_through_a_concat_of_its_images(fresh_programs, tmp_path, monkeypatch):
+    """SqueezeNet's fire modules on a 7x7 plane: each concat of a module's two expansions
+    joins the chain (its ``axis`` 1 becomes 3), so that four modules and the last 1x1
+    convolution run on NHWC images between two conversions; a concat of a value from
+    outside the chain converts that value; a concat with no image of a chain, and the joins of
+    a chain that would copy more than its kernels gain (a conversion each), stay NCHW.
+    Oracle: NumPy, from the saved values."""
+    monkeypatch.setenv("PDJIT_CACHE_DIR", str(tmp_path / "cache"))
+    main, startup = fresh_programs
+    L = fluid.layers
+    x = L.data("x", [24, 7, 7])
+    t = x
+    for _ in range(4):
+        t = _fire(L, t, 8, 16)
+    t = L.concat([t, x], axis=1)  # (x comes from outside the chain: converted)
+    t = L.conv2d(t, 10, 1, act="relu")
+    outside = L.concat([x, x], axis=1)  # (no image of a chain)
+    y = L.pool2d(t, pool_type="avg", global_pooling=True)
+    v = save_drawn(main, startup, [x], [y, outside], tmp_path,
+                   lambda name, shape: RNG.standard_normal(shape) * 0.3)
+    pred = _predictor(tmp_path)
+    ops = pred.program().global_block().ops
+    joins = [op.all_attrs()["axis"] for op in ops if op.type == "concat"]
+    switched = collections.Counter(op.type for op in ops
+                                   if op.all_attrs().get("data_format") == "NHWC")
+    assert sorted(joins) == [1, 3, 3, 3, 3, 3] and switched == {"conv2d": 13, "pool2d": 1}
+    # into the chain: x, read by the first module and by the third concat; out: the pool's
+    assert collections.Counter(op.type for op in ops)["transpose"] == 2
+
+    xv = RNG.standard_normal((2, 24, 7, 7)).astype(np.float32)
+    w = [v[f"conv2d_{k}.w_0"] for k in range(13)]
+    b = [v[f"conv2d_{k}.b_0"].reshape(1, -1, 1, 1) for k in range(13)]
+    w = [(wk, bk) for wk, bk in zip(w, b)]
+
+    def conv(t, k, pad=0):
+        return _conv(t, w[k][0], pad=pad) + w[k][1]
+
+    def fire(t, k):
+        t = np.maximum(conv(t, k), 0)
+        return np.concatenate([np.maximum(conv(t, k + 1), 0),
+                               np.maximum(conv(t, k + 2, pad=1), 0)], axis=1)
+
+    x64 = xv.astype(np.float64)
+    t = x64
+    for k in range(0, 12, 3):
+        t = fire(t, k)
+    want = np.maximum(conv(np.concatenate([t, x64], axis=1), 12), 0).mean(axis=(2, 3),
+                                                                           keepdims=True)
+    got, got_outside = pred.run([xv])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    np.testing.assert_array_equal(got_outside, np.concatenate([xv, xv], axis=1))
+    assert_native(pred._exe)
+
+    # a DenseNet-like block (each layer's output joined to all before it) on that plane:
+    # the chain's joins would cost more than its kernels gain; it stays NCHW
+    main2, startup2 = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main2, startup2):
+        t = x2 = L.data("x", [24, 7, 7])
+        for _ in range(3):
+            t = L.concat([t, L.conv2d(L.conv2d(t, 16, 1, act="relu"), 8, 3, padding=1)],
+                         axis=1)
+    params = {p.name: np.zeros(p.shape, np.float32)
+              for p in main2.global_block().all_parameters()}
+    new, _ = optimize(main2.clone(for_test=True), params, target=get_target("cpu"))
+    ops = new.global_block().ops
+    assert [op.all_attrs()["axis"] for op in ops if op.type == "concat"] == [1, 1, 1]
+    assert not any(op.type == "transpose" for op in ops)
+    del x2

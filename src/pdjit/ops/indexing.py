@@ -28,6 +28,7 @@ from pdjit.framework.registry import (
     GradOpSpec,
     Int,
     Ints,
+    Layout,
     Long,
     Longs,
     Opaque,
@@ -125,6 +126,8 @@ register_op(
     traits=[OPAQUE], infer_shape=_concat_infer, reference=_concat_ref,
     emit=Opaque(_concat_lower, host=True),
     grad=default_grad("concat_grad", fwd_inputs=("X", "AxisTensor")),
+    # (along the channels of NCHW images, axis 1; of NHWC ones, axis 3)
+    layout=Layout(inputs=("X",), outputs=("Out",), attr="axis", first=1, last=3, follow=True),
     doc="Out = the inputs joined along axis (AxisTensor overrides axis).")
 
 

@@ -7,7 +7,12 @@ filter is a weight, see ``pdjit.codegen.cpu.lib.channels_last``). Without a targ
 the pass changes nothing. In the global block:
 
 1. Each op that declares a :class:`~pdjit.framework.registry.Layout` and that the target asks
-   for is *switched*: its layout attribute set to channels-last.
+   for is *switched*: its layout attribute set to channels-last. One whose declaration says
+   it follows (``follow``: a concat along the channels, reading images alone) is switched where
+   an image it reads is made by an op of step 1 or 2: the chain runs on through it (a
+   SqueezeNet fire module's join). In step 3 it counts as a conversion does: a concat of
+   NHWC images copies them, where the parts of an NCHW one are written in place (a DenseNet
+   block, a concat of each layer's output to the one before, stays NCHW).
 2. An op declared ``ELEMENTWISE`` that reads an image made by an op of step 1 or 2 (a bias
    add, an activation, a residual add, a squeeze-and-excitation scaling by a pooled
    [N, C, 1, 1] value) runs on NHWC images as it does on NCHW ones (its other images of its
@@ -16,7 +21,8 @@ the pass changes nothing. In the global block:
    ``axis`` 3; a one-element operand broadcasts anywhere). Any other operand keeps the op out.
 3. The ops of steps 1-2, connected by the values they pass on, form chains. A chain is kept
    where it switches at least :data:`MIN_SWITCHED` ops and at least :data:`PER_CONVERSION`
-   of them per conversion it needs; the others go back as they were.
+   of them per conversion it needs (and per op that follows); the others go back as they
+   were.
 4. Each value a kept chain makes gets an NHWC variable of its own (``<name>.nhwc``), and so
    does a rank-4 constant a member broadcasts (a bias of shape [1, C, 1, 1]: a parameter of
    its own, the value permuted; the original stays for other readers); where the
@@ -80,10 +86,19 @@ def _members(block, uses: _Uses, constant, ask) -> tuple:
         if opdef.layout is not None:
             lay = opdef.layout
             images = [n for s in lay.inputs for n in _real(op.input(s))]
-            if lay.is_last(op) or len(images) != 1 or not _rank4(block, images[0]) or \
-                    not ask(op):
+            if not lay.is_first(op) or not images or \
+                    not all(_rank4(block, n) for n in images):
                 continue
-            member[i] = "switch"
+            if lay.follow:  # (inside a chain only, reading images alone: see Layout)
+                if not any(n in made for n in images) or \
+                        len(_real(op.input_arg_names)) != len(images) or \
+                        not all(_rank4(block, n) for n in _real(op.output_arg_names)):
+                    continue
+                member[i] = "follow"
+            elif len(images) != 1 or not ask(op):
+                continue
+            else:
+                member[i] = "switch"
         elif opdef.has(registry.ELEMENTWISE) and not opdef.has(registry.SIDE_EFFECT) and \
                 not opdef.has(registry.RANDOM) and not opdef.has(registry.SEQUENCE):
             what = _elementwise(block, op, opdef, made, constant)
@@ -166,7 +181,9 @@ def _rewrite(prog: Program, params: dict, ask) -> None:
         ops = set(chain)
         into, out = _boundary(block, uses, ops, made)
         switched = sum(1 for i in chain if member[i] == "switch")
-        if switched >= MIN_SWITCHED and switched >= PER_CONVERSION * (len(into) + len(out)):
+        # (a concat of NHWC images copies them: see step 1)
+        copies = len(into) + len(out) + sum(1 for i in chain if member[i] == "follow")
+        if switched >= MIN_SWITCHED and switched >= PER_CONVERSION * copies:
             keep |= ops
     if not keep:
         return
@@ -209,7 +226,7 @@ def _rewrite(prog: Program, params: dict, ask) -> None:
                 i += 1
                 op._rename_input(n, src)
         what = member[k]
-        if what == "switch":
+        if what in ("switch", "follow"):
             lay = registry.lookup(op.type).layout
             op._set_attr(lay.attr, lay.last)
         elif what == _CHANNELS_AXIS:
