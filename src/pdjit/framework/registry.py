@@ -515,10 +515,11 @@ class Column:
 class Layout:
     """Attribute ``attr`` says the layout of the rank-4 images in the input slots ``inputs``
     and output slots ``outputs``: ``first`` (channels on axis 1, NCHW) or ``last`` (channels
-    on axis 3, NHWC); the op's other slots (a filter) do not change with it. ``follow``: the
-    op computes as fast on either layout, so the pass switches it only where the images it
-    reads are a chain's (a concat along the channels, whose ``axis`` 1 becomes 3: a chain
-    runs on through it)."""
+    on axis 3, NHWC; any value but ``last`` reads as ``first``); the op's other slots (a
+    filter) do not change with it. ``follow``: the op computes as fast on either layout, so
+    the pass switches it, from ``first`` exactly, only where the images it reads are a
+    chain's (a concat along the channels, whose ``axis`` 1 becomes 3: a chain runs on
+    through it)."""
     inputs: tuple
     outputs: tuple
     attr: str = "data_format"

@@ -86,11 +86,10 @@ def _members(block, uses: _Uses, constant, ask) -> tuple:
         if opdef.layout is not None:
             lay = opdef.layout
             images = [n for s in lay.inputs for n in _real(op.input(s))]
-            if not lay.is_first(op) or not images or \
-                    not all(_rank4(block, n) for n in images):
+            if lay.is_last(op) or not images or not all(_rank4(block, n) for n in images):
                 continue
             if lay.follow:  # (inside a chain only, reading images alone: see Layout)
-                if not any(n in made for n in images) or \
+                if not lay.is_first(op) or not any(n in made for n in images) or \
                         len(_real(op.input_arg_names)) != len(images) or \
                         not all(_rank4(block, n) for n in _real(op.output_arg_names)):
                     continue
