@@ -176,47 +176,55 @@ def test_random_initialisers_are_reproducible_with_random_seed():
     assert abs(a.mean()) < 0.1 and abs(a.std() - 1) < 0.05
 
 
-def _fc_program():
-    """main: y = x @ W + b (W, b parameters, written by no op of main)."""
+def _mlp_program():
+    """main: y = x @ W0 + b0 ... @ W3 + b3 (eight parameters, written by no op of main)."""
     main, startup = fluid.Program(), fluid.Program()
     with fluid.program_guard(main, startup), fluid.unique_name.guard():
-        x = fluid.layers.data(name="x", shape=[4], dtype="float32")
-        y = fluid.layers.fc(x, size=3)
-    w, b = (p.name for p in main.global_block().all_parameters())
-    return main, startup, y, w, b
+        t = x = fluid.layers.data(name="x", shape=[4], dtype="float32")
+        for _ in range(4):
+            t = fluid.layers.fc(t, size=4)
+    names = [p.name for p in main.global_block().all_parameters()]
+    assert len(names) == 8
+    return main, startup, x, t, names
 
 
 def test_a_step_sees_its_parameters_replaced_between_runs():
-    """A native step passes on the parameters it found last run without looking them up again
-    while nothing moved them: a value set again, a variable erased and made again, another
-    Scope: each run computes with the Scope's parameters of that run (NumPy's product)."""
-    main, startup, y, w, b = _fc_program()
+    """A native step of enough parameters passes on the ones it found last run without
+    looking them up again while nothing moved them: a value set again, a variable erased and
+    made again, another Scope: each run computes with the Scope's parameters of that run
+    (NumPy's products)."""
+    main, startup, x, y, names = _mlp_program()
     exe = fluid.Executor(fluid.CPUPlace())
     scopes = [fluid.Scope(), fluid.Scope()]
     for s in scopes:
         exe.run(startup, scope=s)
-    x = np.arange(8, dtype=np.float32).reshape(2, 4) / 8
+    xv = np.arange(8, dtype=np.float32).reshape(2, 4) / 8
 
     def check(scope):
-        (got,) = exe.run(main, feed={"x": x}, fetch_list=[y], scope=scope)
-        want = x @ scope.find_var(w).value + scope.find_var(b).value
-        np.testing.assert_allclose(got, want, rtol=1e-6)
+        (got,) = exe.run(main, feed={"x": xv}, fetch_list=[y], scope=scope)
+        want = xv
+        for k in range(4):
+            w, b = (scope.find_var(names[2 * k + j]).value for j in range(2))
+            want = want @ w + b
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
     for _ in range(4):
         check(scopes[0])
     steps = [s for _, plan in exe._plans.values() for s in plan.steps if s.kind == "native"]
     assert steps and any(s._kept is not None for s in steps)  # (the shortcut serves)
+    w, b = names[2], names[3]
     rng = np.random.default_rng(0)
-    scopes[0].find_var(w).value = rng.standard_normal((4, 3)).astype(np.float32)
+    scopes[0].find_var(w).value = rng.standard_normal((4, 4)).astype(np.float32)
     check(scopes[0])
-    scopes[0].find_var(b).get_tensor().set(np.full(3, 2.0, np.float32), fluid.CPUPlace())
+    scopes[0].find_var(b).get_tensor().set(np.full(4, 2.0, np.float32), fluid.CPUPlace())
     check(scopes[0])
     scopes[0].find_var(w).value[0] = 5.0  # (in place: the same array)
     check(scopes[0])
     scopes[0].erase([w])
-    scopes[0].var(w).value = rng.standard_normal((4, 3)).astype(np.float32)
+    scopes[0].var(w).value = rng.standard_normal((4, 4)).astype(np.float32)
     check(scopes[0])
     check(scopes[0])
     for _ in range(3):  # (two Scopes by turns)
         check(scopes[1])
         check(scopes[0])
+    del x

@@ -42,6 +42,10 @@ from pdjit.runtime.scope import LAYOUT as scope_layout
 from pdjit.runtime.tensor import LoDTensor
 
 _NOTHING = object()
+#: the fewest parameters for which a step keeps them from run to run (``NativeStep.run``):
+#: with fewer, looking them up costs less than checking the kept ones (a 3-op program with
+#: none took 8.5 us a run with the check against 7.3 without)
+KEEP_MIN_PARAMS = 8
 
 
 class ReferenceStep:
@@ -90,8 +94,10 @@ class NativeStep:
         self._order = [place[i] for i in range(len(self.args))]
         self._param_names = frozenset(self.args[i] for i in self._param_list)
         # (the Scope (weakly), its layout then, the parameters' ScopeVars, their arrays): the
-        # parameters as a run of a block's top-level env found them (see run)
+        # parameters as a run of a block's top-level env found them (see run), for a step of
+        # enough of them to pay for the check
         self._kept = None
+        self._keeps = len(self._param_list) >= KEEP_MIN_PARAMS
         self._guard_seen: dict = {}
         self.fallbacks = 0                 # how many runs fell back to the references
         self.retired = None                # why the native code was given up, if it was
@@ -136,7 +142,8 @@ class NativeStep:
             # the parameters as the Scope held them last run, where nothing moved them: passed
             # on without a lookup each (at batch 1 the lookups of a model's hundred or more
             # weights, ~0.5 us each from cold caches: MobileNetV3-small 2-3 % faster without)
-            kept = self._kept if top else None
+            keeps = top and self._keeps
+            kept = self._kept if keeps else None
             if kept is not None and kept[0]() is env.scope and kept[1] == scope_layout[0] and \
                     self._param_names.isdisjoint(env.values):
                 now = [sv.value for sv in kept[2]]
@@ -146,7 +153,7 @@ class NativeStep:
                 kept = None
             indices = self._varying if kept is not None else range(len(self._bind))
             values = [None] * len(self._bind)
-            kept_vars = [] if top and kept is None else None  # (the parameters' ScopeVars)
+            kept_vars = [] if keeps and kept is None else None  # (the parameters' ScopeVars)
             # the args: the run's env, else the Scope (a block's top-level env has no parent:
             # its lookups are inlined here, the same as Env.get)
             local, find, get = env.values.get, env.scope.find_var, env.get
