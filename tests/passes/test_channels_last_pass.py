@@ -492,13 +492,11 @@ def _fire(L, t, s, e):
 
 
 
-def test_a_chain_runs_on_through_a_concat_of_its_images(fresh_programs, tmp_path, monkeypatch):
-    """SqueezeNet's fire modules on a 7x7 plane: each concat of a module's two expansions
-    joins the chain (its ``axis`` 1 becomes 3), so that four modules and the last 1x1
-    convolution run on NHWC images between two conversions; a concat of a value from
-    outside the chain converts that value; a concat with no image of a chain, and the joins of
-    a chain that would copy more than its kernels gain (a conversion each), stay NCHW.
-    Oracle: NumPy, from the saved values."""
+@pytest.fixture
+def fire_saved(fresh_programs, tmp_path, monkeypatch):
+    """Four of SqueezeNet's fire modules on a 7x7 plane, a concat of their output with the
+    input, a 1x1 convolution, the global pool (outputs: it, then a concat of the input with
+    itself), saved with random weights; ``(dir, values)``."""
     monkeypatch.setenv("PDJIT_CACHE_DIR", str(tmp_path / "cache"))
     main, startup = fresh_programs
     L = fluid.layers
@@ -510,9 +508,20 @@ def test_a_chain_runs_on_through_a_concat_of_its_images(fresh_programs, tmp_path
     t = L.conv2d(t, 10, 1, act="relu")
     outside = L.concat([x, x], axis=1)  # (no image of a chain)
     y = L.pool2d(t, pool_type="avg", global_pooling=True)
-    v = save_drawn(main, startup, [x], [y, outside], tmp_path,
-                   lambda name, shape: RNG.standard_normal(shape) * 0.3)
-    pred = _predictor(tmp_path)
+    return tmp_path, save_drawn(main, startup, [x], [y, outside], tmp_path,
+                                lambda name, shape: RNG.standard_normal(shape) * 0.3)
+
+
+def test_a_chain_runs_on_through_a_concat_of_its_images(fire_saved):
+    """SqueezeNet's fire modules: each concat of a module's two expansions joins the chain
+    (its ``axis`` 1 becomes 3), so that four modules and the last 1x1 convolution run on NHWC
+    images between two conversions; a concat of a value from outside the chain converts that
+    value; a concat with no image of a chain, and the joins of a chain that would copy more
+    than its kernels gain (a conversion each), stay NCHW. Oracle: NumPy, from the saved
+    values."""
+    L = fluid.layers
+    d, v = fire_saved
+    pred = _predictor(d)
     ops = pred.program().global_block().ops
     joins = [op.all_attrs()["axis"] for op in ops if op.type == "concat"]
     switched = collections.Counter(op.type for op in ops
@@ -548,7 +557,7 @@ def test_a_chain_runs_on_through_a_concat_of_its_images(fresh_programs, tmp_path
     # a DenseNet-like block (each layer's output joined to all before it) on that plane:
     # the chain's joins would cost more than its kernels gain; it stays NCHW
     main2, startup2 = fluid.Program(), fluid.Program()
-    with fluid.program_guard(main2, startup2):
+    with fluid.program_guard(main2, startup2), fluid.unique_name.guard():
         t = x2 = L.data("x", [24, 7, 7])
         for _ in range(3):
             t = L.concat([t, L.conv2d(L.conv2d(t, 16, 1, act="relu"), 8, 3, padding=1)],
@@ -560,3 +569,29 @@ def test_a_chain_runs_on_through_a_concat_of_its_images(fresh_programs, tmp_path
     assert [op.all_attrs()["axis"] for op in ops if op.type == "concat"] == [1, 1, 1]
     assert not any(op.type == "transpose" for op in ops)
     del x2
+
+
+def test_an_ahead_of_time_artifact_runs_the_concats_of_a_chain(fire_saved, monkeypatch):
+    """The artifact of the fire modules (its concats on NHWC images, in native code) gives
+    the Predictor's values bit for bit."""
+    from pdjit.aot import compile_model
+    from pdjit.codegen.cpu.lib import channels_last as cl
+    from pdjit.io.inference_model import load_model
+
+    monkeypatch.setattr(cl, "_conv_ready", lambda: True)
+    d, _ = fire_saved
+    model = load_model(str(d / "m.pdmodel"), str(d / "m.pdiparams"))
+    prog, _ = optimize(model.program, model.params, target=get_target("aot"))
+    assert sorted(op.all_attrs()["axis"] for op in prog.global_block().ops
+                  if op.type == "concat") == [1, 3, 3, 3, 3, 3]
+    compile_model(str(d / "m.pdmodel"), str(d / "out"), batch=2,
+                  params_file=str(d / "m.pdiparams"))
+    spec = importlib.util.spec_from_file_location("fire_artifact", d / "out" / "__init__.py",
+                                                  submodule_search_locations=[str(d / "out")])
+    artifact = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(artifact)
+    xv = RNG.standard_normal((2, 24, 7, 7)).astype(np.float32)
+    got = artifact.load().run({"x": xv})
+    want = _predictor(d).run([xv])
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
