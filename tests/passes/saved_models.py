@@ -1,4 +1,7 @@
-"""A program saved as an inference model with drawn parameters (the inference passes' tests)."""
+"""A program saved as an inference model with drawn parameters, and its ahead-of-time
+artifact (the inference passes' tests)."""
+import importlib.util
+
 import numpy as np
 
 import pdjit as fluid
@@ -20,3 +23,17 @@ def save_drawn(main, startup, feeds, fetches, d, draw):
         static.save_inference_model(str(d / "m"), feeds, fetches, exe,
                                     program=main.clone(for_test=True))
     return values
+
+
+def load_artifact(d, name: str, batch: int = 2):
+    """The model saved at ``d / "m"`` compiled ahead of time for ``batch`` into ``d / "out"``
+    and loaded (``artifact.load()``), as module ``name``."""
+    from pdjit.aot import compile_model
+
+    compile_model(str(d / "m.pdmodel"), str(d / "out"), batch=batch,
+                  params_file=str(d / "m.pdiparams"))
+    spec = importlib.util.spec_from_file_location(name, d / "out" / "__init__.py",
+                                                  submodule_search_locations=[str(d / "out")])
+    artifact = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(artifact)
+    return artifact.load()

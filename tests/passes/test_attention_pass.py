@@ -15,7 +15,7 @@ import shutil
 
 import numpy as np
 import pytest
-from saved_models import save_drawn
+from saved_models import load_artifact, save_drawn
 
 import pdjit as fluid
 import pdjit.inference as inference
@@ -232,23 +232,14 @@ def test_a_transposed_left_operand_and_no_target_are_left_alone():
 def test_an_ahead_of_time_artifact_runs_the_core_as_the_predictor(cache):
     """The ahead-of-time compiler applies the pass for its target too: the artifact's native
     code runs the core's kernel and gives the Predictor's values bit for bit."""
-    import importlib.util
-
-    from pdjit.aot import compile_model
     from pdjit.io.inference_model import load_model
 
     values = _save(cache)
     model = load_model(str(cache / "m.pdmodel"), str(cache / "m.pdiparams"))
     prog, _ = optimize(model.program, model.params, target=get_target("aot"))
     assert CORE in {op.type for op in prog.global_block().ops}
-    compile_model(str(cache / "m.pdmodel"), str(cache / "out"), batch=2,
-                  params_file=str(cache / "m.pdiparams"))
-    spec = importlib.util.spec_from_file_location("core_artifact", cache / "out" / "__init__.py",
-                                                  submodule_search_locations=[str(cache / "out")])
-    artifact = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(artifact)
     xv, mv = _inputs(2)
-    (got,) = artifact.load().run({"x": xv, "mask": mv})
+    (got,) = load_artifact(cache, "core_artifact").run({"x": xv, "mask": mv})
     pred = _predictor(cache)
     feed = {"x": xv, "mask": mv}
     (want,) = pred.run([feed[k] for k in pred.get_input_names()])

@@ -11,12 +11,11 @@ and a program optimized for no target, are left alone; an ahead-of-time artifact
 chain as the Predictor does.
 """
 import collections
-import importlib.util
 import shutil
 
 import numpy as np
 import pytest
-from saved_models import save_drawn
+from saved_models import load_artifact, save_drawn
 
 import pdjit as fluid
 import pdjit.inference as inference
@@ -286,7 +285,6 @@ def test_an_ahead_of_time_artifact_runs_the_chain_as_the_predictor(saved, monkey
     code runs the NHWC kernels (the filters rearranged at each call) and gives the
     Predictor's values bit for bit (the Predictor on the stem's kernel, not on the NumPy
     calls that stand in for it in a process's first runs before warmup compiled it)."""
-    from pdjit.aot import compile_model
     from pdjit.codegen.cpu.lib import channels_last as cl
     from pdjit.io.inference_model import load_model
 
@@ -297,14 +295,8 @@ def test_an_ahead_of_time_artifact_runs_the_chain_as_the_predictor(saved, monkey
     prog, _ = optimize(model.program, model.params, target=get_target("aot"))
     assert sum(op.all_attrs().get("data_format") == "NHWC"
                for op in prog.global_block().ops) == 9
-    compile_model(str(d / "m.pdmodel"), str(d / "out"), batch=2,
-                  params_file=str(d / "m.pdiparams"))
-    spec = importlib.util.spec_from_file_location("chain_artifact", d / "out" / "__init__.py",
-                                                  submodule_search_locations=[str(d / "out")])
-    artifact = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(artifact)
     xv = RNG.standard_normal((2, 3, 12, 12)).astype(np.float32)
-    got = artifact.load().run({"x": xv})
+    got = load_artifact(d, "chain_artifact").run({"x": xv})
     want = _predictor(d).run([xv])
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
@@ -571,10 +563,11 @@ def test_a_chain_runs_on_through_a_concat_of_its_images(fire_saved):
     del x2
 
 
+@pytest.mark.xdist_group("aot")
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler 'cc'")
 def test_an_ahead_of_time_artifact_runs_the_concats_of_a_chain(fire_saved, monkeypatch):
     """The artifact of the fire modules (its concats on NHWC images, in native code) gives
     the Predictor's values bit for bit."""
-    from pdjit.aot import compile_model
     from pdjit.codegen.cpu.lib import channels_last as cl
     from pdjit.io.inference_model import load_model
 
@@ -584,14 +577,8 @@ def test_an_ahead_of_time_artifact_runs_the_concats_of_a_chain(fire_saved, monke
     prog, _ = optimize(model.program, model.params, target=get_target("aot"))
     assert sorted(op.all_attrs()["axis"] for op in prog.global_block().ops
                   if op.type == "concat") == [1, 3, 3, 3, 3, 3]
-    compile_model(str(d / "m.pdmodel"), str(d / "out"), batch=2,
-                  params_file=str(d / "m.pdiparams"))
-    spec = importlib.util.spec_from_file_location("fire_artifact", d / "out" / "__init__.py",
-                                                  submodule_search_locations=[str(d / "out")])
-    artifact = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(artifact)
     xv = RNG.standard_normal((2, 24, 7, 7)).astype(np.float32)
-    got = artifact.load().run({"x": xv})
+    got = load_artifact(d, "fire_artifact").run({"x": xv})
     want = _predictor(d).run([xv])
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
