@@ -183,6 +183,8 @@ class NativeStep:
                         arg_lods = arg_lods or {}
                         arg_lods[name] = a._lod
                     a = a._array
+                    if i in params:
+                        kept_vars = None  # (the Scope holds the LoDTensor, not its array)
                 if a.dtype != dtype or a.ndim != ndim:
                     if a.size == 1 and a.ndim + ndim == 1 and a.dtype == dtype:
                         a = a.reshape((1,) if ndim else ())  # one value, declared [] or [1]
