@@ -525,6 +525,59 @@ def test_2x2_pool_plane_kernels_max_and_average(dtype):
                                                atol=4 * np.finfo(dtype).eps, err_msg=where)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_3x3_average_pool_plane_kernel(dtype):
+    """The 3x3 average windows at strides 1 and 2 (vectors of outputs, each input row's taps
+    summed once for the output rows that read it, then divided per lane by the window's
+    count): exclusive or not, padded by 0, 1 or 2 (windows that reach past the image and,
+    in ceil mode, past its padding), on planes narrower than a vector, spanning several
+    and ending part-way through one, through the entry the lowering calls, the general
+    one, and on the team's ranges of planes, against :func:`naive_pool`."""
+    from pdjit.codegen.cpu.lib import pool
+
+    r = np.random.default_rng(12)
+    for h, wd in ((3, 5), (9, 37), (17, 17), (35, 35), (8, 70)):
+        x = r.normal(size=(2, 3, h, wd)).astype(dtype)
+        for s in (1, 2):
+            for p in (0, 1, 2):
+                for exclusive in (True, False):
+                    for ceil in (False, True):
+                        with np.errstate(invalid="ignore"):  # (a window past the image)
+                            want = naive_pool(x.astype(np.float64), (3, 3), (s, s), [p, p],
+                                              False, exclusive, ceil)
+                        for call in ("entry", "general", "team"):
+                            y = np.full(want.shape, np.nan, dtype)
+                            if call == "entry":
+                                pool.pool2d_avg33(x, y, s, p, p, exclusive)
+                            elif call == "general":
+                                pool.pool2d_fwd(x, y, 3, 3, s, s, p, p, False, exclusive, False)
+                            else:
+                                pool._planes_by_team(x, y, 3, s, p, p, False, exclusive, 2)
+                            np.testing.assert_allclose(
+                                y, want, rtol=8 * np.finfo(dtype).eps,
+                                atol=8 * np.finfo(dtype).eps,
+                                err_msg=f"{h}x{wd} stride {s} pad {p} exclusive {exclusive} "
+                                        f"ceil {ceil} {call} {np.dtype(dtype)}")
+
+
+def test_3x3_average_pools_of_a_program_run_natively(fresh_programs):
+    """Inception's branch pool (3x3, stride 1, padded by 1, not exclusive) and a strided
+    exclusive one, in a program, on the plane kernel: native code, NumPy's values."""
+    main, startup = fresh_programs
+    x = fluid.layers.data("x", [6, 35, 35])
+    inc = fluid.layers.pool2d(x, 3, "avg", 1, 1, exclusive=False)
+    exc = fluid.layers.pool2d(x, 3, "avg", 2, 1)
+    exe = fluid.Executor(fluid.CPUPlace())
+    exe.run(startup)
+    xb = RNG.normal(size=(2, 6, 35, 35)).astype(np.float32)
+    got = exe.run(main, feed={"x": xb}, fetch_list=[inc, exc])
+    assert_native(exe)
+    np.testing.assert_allclose(got[0], naive_pool(xb, (3, 3), (1, 1), [1, 1], False, False),
+                               rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(got[1], naive_pool(xb, (3, 3), (2, 2), [1, 1], False, True),
+                               rtol=1e-6, atol=1e-6)
+
+
 def test_2x2_pools_of_a_program_run_natively(fresh_programs):
     main, startup = fresh_programs
     x = fluid.layers.data("x", [5, 12, 34])

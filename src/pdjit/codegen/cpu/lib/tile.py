@@ -782,49 +782,108 @@ def _larger(builder, x, m):
     return builder.select(take, x, m)
 
 
-def pool_plane_kernel(k: int, stride: int):
+def pool_plane_kernel(k: int, stride: int, mean: bool = False):
     """The max pool of ``k x k`` windows at stride ``stride`` (1 or 2) over one plane:
     ``pool(xs, b0, h, w, df, d0, oh, ow, pt, pl)`` writes ``df[d0 + o * ow + q]`` = the max of
     the window's inputs inside the ``h x w`` image at ``xs[b0:]`` (rows ``o * s - pt`` on,
     columns ``q * s - pl`` on), ``-inf`` where there are none, by :func:`_plane_loops`. As
     NumPy's ``max``: a NaN in a window makes its max NaN; otherwise the first of equal values
-    is kept (``-0.0`` before ``0.0``)."""
+    is kept (``-0.0`` before ``0.0``).
+
+    ``mean``: the average pool, ``pool(xs, b0, h, w, df, d0, oh, ow, pt, pl, exclusive)``: the
+    window's inputs inside the image summed (each input row's taps first, then the rows: the
+    same sums, in another order than a window's own) and divided by their count where
+    ``exclusive``, else by the window's length, clipped at the padding past the image
+    (``pdjit.ops.pool``'s rule: ``min(o * s - pt + k, h + pt) - (o * s - pt)`` rows)."""
+
+    def codegen(context, builder, signature, args):
+        at = signature.args
+        xptr = context.make_array(at[0])(context, builder, args[0]).data
+        dptr = context.make_array(at[4])(context, builder, args[4]).data
+        b0v, hv, wv, d0v, ohv, owv, ptv, plv = (
+            _offset(context, builder, at[i], args[i]) for i in (1, 2, 3, 5, 6, 7, 8, 9))
+        fty, size, lanes, vty, i64, zero, _ = _vectors(context, builder, at[0].dtype,
+                                                       PLANE_BYTES)
+        store = _masked(builder, vty, "store")
+        align = ir.Constant(ir.IntType(32), size)
+        if mean:
+            excl = builder.icmp_signed("!=", _offset(context, builder, at[10], args[10]),
+                                       ir.Constant(i64, 0))
+            divisor = _window_counts(builder, vty, hv, wv, ptv, plv, k, stride, excl)
+
+        def put(row, q0, s, smask, stored):
+            if mean:
+                s = builder.fdiv(s, divisor(row, q0))
+            _store(builder, store, s, _row_out(builder, dptr, d0v, owv, row, q0, vty), align,
+                   smask, stored)
+
+        xsize = context.make_array(at[0])(context, builder, args[0]).nitems
+        fill = zero if mean else _splat(builder, vty, ir.Constant(fty, float("-inf")))
+
+        def combine(t, x, m):
+            return builder.fadd(m, x) if mean else _larger(builder, x, m)
+
+        _plane_loops(builder, xptr, (b0v, hv, wv, ohv, owv, ptv, plv, xsize), vty, align,
+                     k, k, stride, fill, combine, put, rows_first=True)
+        return context.get_dummy_value()
+
+    def typed(xs, df, ints):
+        return isinstance(xs, types.Array) and isinstance(df, types.Array) and \
+            xs.dtype == df.dtype and xs.dtype in (types.float32, types.float64) and \
+            all(isinstance(t, (types.Integer, types.Boolean)) for t in ints)
+
+    if mean:
+        @intrinsic
+        def pool(typingctx, xs, b0, h, w, df, d0, oh, ow, pt, pl, exclusive):
+            if not typed(xs, df, (b0, h, w, d0, oh, ow, pt, pl, exclusive)):
+                return None
+            return types.void(xs, b0, h, w, df, d0, oh, ow, pt, pl, exclusive), codegen
+        return pool
 
     @intrinsic
     def pool(typingctx, xs, b0, h, w, df, d0, oh, ow, pt, pl):
-        if not (isinstance(xs, types.Array) and isinstance(df, types.Array)) or \
-                xs.dtype != df.dtype or xs.dtype not in (types.float32, types.float64):
+        if not typed(xs, df, (b0, h, w, d0, oh, ow, pt, pl)):
             return None
-        if not all(isinstance(t, types.Integer) for t in (b0, h, w, d0, oh, ow, pt, pl)):
-            return None
-        sig = types.void(xs, b0, h, w, df, d0, oh, ow, pt, pl)
-
-        def codegen(context, builder, signature, args):
-            at = signature.args
-            xptr = context.make_array(at[0])(context, builder, args[0]).data
-            dptr = context.make_array(at[4])(context, builder, args[4]).data
-            b0v, hv, wv, d0v, ohv, owv, ptv, plv = (
-                _offset(context, builder, at[i], args[i]) for i in (1, 2, 3, 5, 6, 7, 8, 9))
-            fty, size, lanes, vty, i64, zero, _ = _vectors(context, builder, at[0].dtype,
-                                                           PLANE_BYTES)
-            store = _masked(builder, vty, "store")
-            align = ir.Constant(ir.IntType(32), size)
-            low = _splat(builder, vty, ir.Constant(fty, float("-inf")))
-
-            def put(row, q0, s, smask, stored):
-                _store(builder, store, s, _row_out(builder, dptr, d0v, owv, row, q0, vty), align,
-                       smask, stored)
-
-            xsize = context.make_array(at[0])(context, builder, args[0]).nitems
-            _plane_loops(builder, xptr, (b0v, hv, wv, ohv, owv, ptv, plv, xsize), vty, align,
-                         k, k,
-                         stride, low, lambda t, x, m: _larger(builder, x, m), put,
-                         rows_first=True)
-            return context.get_dummy_value()
-
-        return sig, codegen
+        return types.void(xs, b0, h, w, df, d0, oh, ow, pt, pl), codegen
 
     return pool
+
+
+def _window_counts(builder, vty, hv, wv, ptv, plv, k: int, stride: int, excl):
+    """``divisor(row, q0)``: the vector of an average pool's divisors for the outputs ``q0 ..``
+    of output row ``row`` (i64 values) of ``k x k`` windows at ``stride`` over an ``h x w``
+    image padded by ``pt`` rows and ``pl`` columns before it: per axis, the window's inputs
+    inside the image where ``excl`` (an i1), else its length clipped at the padding past the
+    image (``pdjit.ops.pool``'s rule); the rows' count times the columns'."""
+    ity = ir.VectorType(ir.IntType(32), vty.count)
+
+    def splat(v):
+        return _splat(builder, ity, builder.trunc(v, ity.element) if v.type != ity.element
+                      else v)
+
+    def smin(a, b):
+        return builder.select(builder.icmp_signed("<", a, b), a, b)
+
+    def count(first, size, pad):
+        """The count along one axis of the windows starting at ``first`` (vectors)."""
+        end = builder.add(first, splat(ir.Constant(ity.element, k)))
+        zero = ir.Constant(ity, [0] * vty.count)
+        inside = builder.sub(smin(end, size), builder.select(
+            builder.icmp_signed(">", first, zero), first, zero))
+        length = builder.sub(smin(end, builder.add(size, pad)), first)
+        return builder.select(splat_excl, inside, length)
+
+    splat_excl = _splat(builder, ir.VectorType(ir.IntType(1), vty.count), excl)
+    step = ir.Constant(ity, [stride] * vty.count)
+    iota = ir.Constant(ity, list(range(vty.count)))
+    h, w, pt, pl = splat(hv), splat(wv), splat(ptv), splat(plv)
+
+    def divisor(row, q0):
+        rows = count(builder.sub(builder.mul(splat(row), step), pt), h, pt)
+        cols = count(builder.sub(builder.mul(builder.add(splat(q0), iota), step), pl), w, pl)
+        return builder.sitofp(builder.mul(rows, cols), vty)
+
+    return divisor
 
 
 def _pool22_plane(mean: bool):

@@ -50,7 +50,7 @@ def _pool_lower(ctx):
 
 def _window_call(ctx, p: _Pool, xc: str, y: str, h: str, w: str) -> str | None:
     """The call of the library's entry of the pool whose windows the attributes fix (2x2 at
-    stride 2 unpadded, max or average; 3x3 max at one stride of 1 or 2 on both axes), so that
+    stride 2 unpadded, max or average; 3x3 at one stride of 1 or 2 on both axes), so that
     the plan's compile jobs name that kernel alone; else None (the general entry)."""
     if p.adaptive or p.global_:
         return None
@@ -58,8 +58,10 @@ def _window_call(ctx, p: _Pool, xc: str, y: str, h: str, w: str) -> str | None:
     kw, sw, pl, _ = p.src_window(1, w)
     if (kh, kw, sh, sw, pt, pl) == ("2", "2", "2", "2", "0", "0"):
         return f"{ctx.lib_fn('pool2d_max22' if p.is_max else 'pool2d_avg22')}({xc}, {y})"
-    if p.is_max and kh == kw == "3" and sh == sw and sh in ("1", "2"):
-        return f"{ctx.lib_fn('pool2d_max33')}({xc}, {y}, {sh}, {pt}, {pl})"
+    if kh == kw == "3" and sh == sw and sh in ("1", "2"):
+        if p.is_max:
+            return f"{ctx.lib_fn('pool2d_max33')}({xc}, {y}, {sh}, {pt}, {pl})"
+        return f"{ctx.lib_fn('pool2d_avg33')}({xc}, {y}, {sh}, {pt}, {pl}, {p.exclusive})"
     return None
 
 
