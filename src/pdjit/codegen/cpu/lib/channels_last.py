@@ -715,11 +715,6 @@ def _conv_rows(x, bp, kh, kw, y, n0, n1, o0, o1, sh, sw, pt, pl, dh, dw, bias, l
     # blocks of output rows whose image rows fit CONV_BLOCK_BYTES (all of them where they do)
     ob = max(1, (CONV_BLOCK_BYTES // (wp * c * x.itemsize) - (kh - 1) * dh) // sh)
     ob = o1 - o0 if ob >= o1 - o0 else ob
-    # a window one column wide at stride 1 (Inception's 7x1 and 3x1 layers): the pixels of
-    # the block's output rows follow one another in what the tiles read as in y, so the
-    # tiles run on over the rows' ends (a 17-pixel row took tiles of 7, 7 and 3 pixels, each
-    # as long as a whole one)
-    flat = not phased and sh == 1 and sw == 1 and wp == ow
     for s in range(n0, n1):
         xb = ((s * h + r0) * w_) * c if inside else 0
         if not inside:
@@ -736,24 +731,22 @@ def _conv_rows(x, bp, kh, kw, y, n0, n1, o0, o1, sh, sw, pt, pl, dh, dw, bias, l
         yb = s * oh * ow * m
         for b0 in range(o0, o1, ob):
             b1 = min(o1, b0 + ob)
-            # (the block's output rows as one run of pixels where they follow one another)
-            runs, run = (1, (b1 - b0) * ow) if flat else (b1 - b0, ow)
-            tiles = runs * ((run + mr - 1) // mr)  # (a chunk's)
+            tiles = (b1 - b0) * ((ow + mr - 1) // mr)  # (a chunk's)
             for j in range(p0, p1):
                 width = min(nr, m - j * nr)
                 for k0 in range(0, k, kc):
                     k1 = min(k, k0 + kc)
                     bs, rs, lo_, hi_ = chunk_epilogue(k0, k1 == k, bias, res, yf, lo, hi)
                     t = 0
-                    for oy in range(b0, b0 + runs):
+                    for oy in range(b0, b1):
                         a_row = xb + (oy - o0) * row_step
-                        for ox in range(0, run, mr):
+                        for ox in range(0, ow, mr):
                             pfb, pfl = spread_share(t, tiles, kc * NV, (j * k + k0) * nr,
                                                     (j * k + k1) * nr, lanes)
                             if PREFETCH_FILLS_L1:  # (they evict the chunk: see CONV_BLOCK_BYTES)
                                 pfl = 0
-                            _conv_tile(xp, a_row + ox * px_step, px_step, min(mr, run - ox),
-                                       k1 - k0, bp, (j * k + k0) * nr, yf,
+                            _conv_tile(xp, a_row + ox * px_step, px_step, min(mr, ow - ox), k1 - k0,
+                                       bp, (j * k + k0) * nr, yf,
                                        yb + (oy * ow + ox) * m + j * nr, m, width, bs, j * nr, rs,
                                        lo_, hi_, off, k0, pfb, pfl)
                             t += 1
