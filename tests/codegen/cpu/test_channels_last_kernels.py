@@ -231,6 +231,35 @@ def test_conv_of_an_image_past_a_block(conv_kernel, c, k, stride, pads):
     np.testing.assert_array_equal(parts, y)
 
 
+@pytest.mark.parametrize("c,m,h,wd,kh,kw,pads,dil", [
+    (24, 70, 17, 17, 7, 1, (3, 3, 0, 0), (1, 1)),   # Inception's 7x1 on 17x17
+    (24, 70, 17, 17, 1, 7, (0, 0, 3, 3), (1, 1)),   # ... and its 1x7
+    (40, 64, 8, 8, 3, 1, (1, 1, 0, 0), (1, 1)),     # its 3x1 on 8x8
+    (16, 30, 9, 5, 3, 1, (2, 2, 0, 0), (2, 1)),     # dilated down the rows
+    (64, 70, 48, 48, 1, 3, (0, 0, 1, 1), (1, 1)),   # past a block of rows (CONV_BLOCK_BYTES)
+])
+def test_a_window_one_row_or_column_wide(conv_kernel, c, m, h, wd, kh, kw, pads, dil):
+    """Windows of one row or one column (Inception's 1x7, 7x1, 1x3, 3x1 layers): the
+    oracle's values with each epilogue, whole and by ranges of output rows (as threads split
+    a sample: the same bits)."""
+    n = 2
+    x = RNG.standard_normal((n, h, wd, c)).astype(np.float32)
+    w = (RNG.standard_normal((m, c, kh, kw)) * 0.1).astype(np.float32)
+    oh, ow = _conv_oracle(x, w, (1, 1), pads, dil, E, E, -INF, INF).shape[1:3]
+    bp = cl.conv_nhwc_weight(w)
+    geo = (1, 1, pads[0], pads[2], dil[0], dil[1], kh, kw)
+    for bias, res, lo, hi, _ in _cases(m, (n, oh, ow, m))[:5]:
+        y = np.full((n, oh, ow, m), np.nan, np.float32)
+        cl.conv_nhwc(x, bp, y, 0, n, *geo, bias, lo, hi, res)
+        np.testing.assert_allclose(y, _conv_oracle(x, w, (1, 1), pads, dil, bias, res, lo, hi),
+                                   rtol=1e-4, atol=1e-4)
+        parts = np.full_like(y, np.nan)
+        for o0, o1 in ((0, 2), (2, oh - 3), (oh - 3, oh)):
+            cl._conv_rows(x, bp, kh, kw, parts, 0, n, o0, o1, 1, 1, pads[0], pads[2], dil[0],
+                          dil[1], bias, float(lo), float(hi), res, 0, -1)
+        np.testing.assert_array_equal(parts, y)
+
+
 def test_a_strided_1x1_conv_gathers_its_pixels(conv_kernel):
     """A 1x1 unpadded window at a stride (ResNet's projections) gathers the pixels its outputs
     read and runs the 1x1 layers' product on them: against NumPy with a bias, a residual (in
