@@ -600,6 +600,7 @@ _CONV_MR, _CONV_NR = 7, NV * 16
 #: steps only: 3x3 14x14 256 -> 256 1.09-1.10x / 1.01x, stride 2 28x28 256 -> 256 1.13x /
 #: 1.05x, 1x1 stride 2 28x28 512 -> 1024 1.04x / 0.99x, 7x7 512 -> 512 0.84x / 0.86x
 _conv_tile = _micro_kernel(_CONV_MR, NV, 0, taps=True, spread=True)
+_conv_tail = _micro_kernel(3, NV, 0, taps=True, spread=True)
 #: the bytes of a panel's rows (of the filter packed by conv_nhwc_weight) that every tile of
 #: the output rows reads before the next rows are read: they stay in the L1 cache, the sums so
 #: far read back from the output (cheap: channels-last, by rows). Measured alone on a 2-vCPU
@@ -745,10 +746,17 @@ def _conv_rows(x, bp, kh, kw, y, n0, n1, o0, o1, sh, sw, pt, pl, dh, dw, bias, l
                                                     (j * k + k1) * nr, lanes)
                             if PREFETCH_FILLS_L1:  # (they evict the chunk: see CONV_BLOCK_BYTES)
                                 pfl = 0
-                            _conv_tile(xp, a_row + ox * px_step, px_step, min(mr, ow - ox), k1 - k0,
-                                       bp, (j * k + k0) * nr, yf,
-                                       yb + (oy * ow + ox) * m + j * nr, m, width, bs, j * nr, rs,
-                                       lo_, hi_, off, k0, pfb, pfl)
+                            px = min(mr, ow - ox)
+                            if px <= 3:
+                                _conv_tail(xp, a_row + ox * px_step, px_step, px, k1 - k0,
+                                           bp, (j * k + k0) * nr, yf,
+                                           yb + (oy * ow + ox) * m + j * nr, m, width, bs,
+                                           j * nr, rs, lo_, hi_, off, k0, pfb, pfl)
+                            else:
+                                _conv_tile(xp, a_row + ox * px_step, px_step, px, k1 - k0,
+                                           bp, (j * k + k0) * nr, yf,
+                                           yb + (oy * ow + ox) * m + j * nr, m, width, bs,
+                                           j * nr, rs, lo_, hi_, off, k0, pfb, pfl)
                             t += 1
 
 
