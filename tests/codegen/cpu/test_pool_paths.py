@@ -79,9 +79,9 @@ CASES = [
     ((2, 3, 5, 6), (1, 1), 1, 1, 0, False, True, True, "_mean_planes"),     # adaptive 1x1
     ((2, 3, 5, 5), (1, 1), 5, 1, 0, False, False, False, "_mean_planes"),   # global average
     ((2, 3, 5, 5), (1, 1), 5, 1, 0, True, True, False, "_fwd_planes"),      # global max
-    ((2, 3, 3, 3), (1, 1), 3, 1, 1, False, False, False, "_fwd_planes"),    # padded: not whole
+    ((2, 3, 3, 3), (1, 1), 3, 1, 1, False, False, False, "_avg33"),         # padded: not whole
     ((2, 3, 7, 9), (3, 4), 2, 2, 0, True, True, False, "_max22"),           # 2x2 max
-    ((2, 3, 7, 7), (4, 4), 3, 2, 1, False, False, False, "_fwd_planes"),    # 3x3/s2 padded avg
+    ((2, 3, 7, 7), (4, 4), 3, 2, 1, False, False, False, "_avg33"),         # 3x3/s2 padded avg
     ((2, 3, 7, 7), (4, 4), 3, 2, 1, True, True, False, "_max33"),          # 3x3/s2 padded max
     ((2, 3, 5, 5), (3, 3), 2, 2, 0, True, True, False, "_fwd_planes"),     # 2x2, a partial window
     ((2, 3, 7, 5), (3, 2), 1, 1, 0, False, True, True, "_fwd_planes"),     # adaptive 3x2
@@ -288,10 +288,12 @@ def test_2x2_max_pools_by_vectors_match_numpy(xshape, dtype):
 
 
 def test_pools_of_one_sample_by_planes_on_the_team(monkeypatch):
-    """A pool too small for ``split_work``'s threads but above ``conv._TEAM_MIN_WORK`` runs by
-    ranges of planes on a parallel loop (``pool._planes_by_team``) where two threads are
-    free: ResNet-50's stem pool (3x3 stride 2, padded), a 2x2 max and a 2x2 average pool of
-    odd planes; each is one thread's result bit for bit and NumPy's."""
+    """A pool from ``conv._TEAM_MIN_WORK`` runs by ranges of planes on a parallel loop
+    (``pool._planes_by_team``) where two threads are free: ResNet-50's stem pool (3x3 stride
+    2, padded), a 2x2 max and a 2x2 average pool of odd planes, Inception-v3's max pool
+    (above ``split_work``'s threshold: its helpers would refuse a host driver's recording)
+    and its branch pools (3x3 averages, not exclusive, at stride 1; exclusive at stride 2);
+    each is one thread's result bit for bit and NumPy's."""
     from pdjit.codegen.cpu.lib import conv, team
 
     monkeypatch.setattr(team, "COMPILE", True)
@@ -300,18 +302,20 @@ def test_pools_of_one_sample_by_planes_on_the_team(monkeypatch):
     real = team.run
     monkeypatch.setattr(team, "run", lambda loop, call: ran.append(call[-1]) or
                         real(loop, call))
-    cases = [((1, 64, 112, 112), 3, 2, 1, True), ((1, 128, 57, 57), 2, 2, 0, True),
-             ((1, 128, 57, 57), 2, 2, 0, False)]
-    for xshape, k, s, p, is_max in cases:
+    cases = [((1, 64, 112, 112), 3, 2, 1, True, True), ((1, 128, 57, 57), 2, 2, 0, True, True),
+             ((1, 128, 57, 57), 2, 2, 0, False, True), ((1, 64, 147, 147), 3, 2, 0, True, True),
+             ((1, 288, 35, 35), 3, 1, 1, False, False), ((1, 96, 35, 35), 3, 2, 1, False, True)]
+    assert 64 * 73 * 73 * 9 >= conv._PARALLEL_MIN_WORK
+    for xshape, k, s, p, is_max, exclusive in cases:
         x = RNG.standard_normal(xshape).astype(np.float32)
         oh = (xshape[2] + 2 * p - k) // s + 1
-        want = np_pool(x, (oh, oh), k, s, p, is_max, True, False)
+        want = np_pool(x, (oh, oh), k, s, p, is_max, exclusive, False)
         got = {}
         for threads in (2, 1):
             monkeypatch.setattr(conv, "loop_threads", lambda threads=threads: threads)
             ran.clear()
             y = np.full((1, xshape[1], oh, oh), 7.0, np.float32)
-            nnlib.pool2d_fwd(x, y, k, k, s, s, p, p, is_max, True, False)
+            nnlib.pool2d_fwd(x, y, k, k, s, s, p, p, is_max, exclusive, False)
             assert ran == ([2] if threads == 2 else [])
             got[threads] = y
         assert np.array_equal(got[2], got[1])

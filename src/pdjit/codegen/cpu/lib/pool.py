@@ -265,14 +265,17 @@ def pool2d_fwd(x, y, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptive):
 
 
 def _by_team(work, call, planes) -> bool:
-    """A pool of ``work`` too small for ``split_work``'s threads (each part handed over for
-    tens of microseconds) but not for a parallel loop's (a few: ``conv._TEAM_MIN_WORK``), on
-    the team by ranges of planes (:func:`_planes_by_team`) where its loop is ready: whether it
-    ran. ResNet-50's stem pool at batch 1 ([1, 64, 112, 112], 1.8 M window reads) on one of
-    two threads took 0.43 ms against 0.21 on one thread (the stem's output read from the
-    other core's cache); on the team the model's run at batch 1 on two threads took 21.26 ms
-    against 21.42 (medians of 8 turns in one process)."""
-    if planes < 2 or not _conv._TEAM_MIN_WORK <= work < _conv._PARALLEL_MIN_WORK:
+    """A pool of ``work`` enough for a parallel loop's threads (``conv._TEAM_MIN_WORK``: a few
+    microseconds a split, where ``split_work``'s helpers take tens a part), on the team by
+    ranges of planes (:func:`_planes_by_team`) where its loop is ready: whether it ran.
+    ResNet-50's stem pool at batch 1 ([1, 64, 112, 112], 1.8 M window reads) on one of two
+    threads took 0.43 ms against 0.21 on one thread (the stem's output read from the other
+    core's cache); on the team the model's run at batch 1 on two threads took 21.26 ms
+    against 21.42 (medians of 8 turns in one process). A larger pool too: Inception-v3's
+    [1, 64, 147, 147] max pool (3.1 M) split on ``split_work``'s helpers, and a host driver's
+    recording refuses those, so that every two-thread run of the model went op by op from
+    Python."""
+    if planes < 2 or work < _conv._TEAM_MIN_WORK:
         return False
     parts = min(planes, _conv.loop_threads())
     return parts > 1 and team.run(_planes_by_team, call + (parts,))
