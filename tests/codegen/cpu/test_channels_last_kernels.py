@@ -235,11 +235,12 @@ def test_conv_of_an_image_past_a_block(conv_kernel, c, k, stride, pads):
     (24, 70, 17, 17, 7, 1, (3, 3, 0, 0), (1, 1)),   # Inception's 7x1 on 17x17
     (24, 70, 17, 17, 1, 7, (0, 0, 3, 3), (1, 1)),   # ... and its 1x7
     (40, 64, 8, 8, 3, 1, (1, 1, 0, 0), (1, 1)),     # its 3x1 on 8x8
-    (16, 30, 9, 5, 3, 1, (2, 2, 0, 0), (2, 1)),     # dilated down the rows
+    (16, 30, 9, 15, 3, 1, (2, 2, 0, 0), (2, 1)),    # dilated; rows of 7 + 4 + 4 pixels
     (64, 70, 48, 48, 1, 3, (0, 0, 1, 1), (1, 1)),   # past a block of rows (CONV_BLOCK_BYTES)
 ])
 def test_a_window_one_row_or_column_wide(conv_kernel, c, m, h, wd, kh, kw, pads, dil):
-    """Windows of one row or one column (Inception's 1x7, 7x1, 1x3, 3x1 layers): the
+    """Windows of one row or one column (Inception's 1x7, 7x1, 1x3, 3x1 layers), on rows of
+    whole tiles and of a short last one (17: 7 + 7 + 3; 8 and 15 end in two of 4): the
     oracle's values with each epilogue, whole and by ranges of output rows (as threads split
     a sample: the same bits)."""
     n = 2

@@ -592,6 +592,13 @@ _conv.CHANNEL_SPLITS[depthwise_nhwc] = _split_depthwise
 #: 1.69 / 1.95 / 1.80 / 1.79; 56x56 64 -> 64 2.10 / 3.32 / 2.43 / 2.09; 7x7 512 -> 512 2.08 /
 #: 2.12 / 3.11 / 2.27; stride 2 14x14 512 -> 512 2.08 / 2.30 / 3.17 / 2.25
 _CONV_MR, _CONV_NR = 7, NV * 16
+#: a row's last pixels, where they are at most this many, take a tile of this many pixels
+#: (one of 7 took as long for 1, 2 or 3 as for 7), and the last 8 two (Inception's 17x17 rows:
+#: 7 + 7 + 3, its 8x8 rows 4 + 4). Alone, one thread, us, 7-pixel tiles alone / with these
+#: (ONNX Runtime's node by turns): 1x7 160 -> 160 on 17x17 1904 / 1225 (946), 3x1 384 -> 384
+#: on 8x8 883 / 523 (485), 3x3 stride 2 192 -> 320 onto 8x8 933 / 664 (663); rows of whole
+#: tiles (ResNet's 56, 28, 14 and 7) as before
+_CONV_TAIL = 4
 #: no rows fetched ahead (the tiles before a chunk's first fetch it between them): the 7x4
 #: tile's 28 sums, 4 filter vectors and a broadcast need 33 of the 32 vector registers, and
 #: each instruction more in its step counts on a core shared with another thread. Alone at
@@ -600,7 +607,7 @@ _CONV_MR, _CONV_NR = 7, NV * 16
 #: steps only: 3x3 14x14 256 -> 256 1.09-1.10x / 1.01x, stride 2 28x28 256 -> 256 1.13x /
 #: 1.05x, 1x1 stride 2 28x28 512 -> 1024 1.04x / 0.99x, 7x7 512 -> 512 0.84x / 0.86x
 _conv_tile = _micro_kernel(_CONV_MR, NV, 0, taps=True, spread=True)
-_conv_tail = _micro_kernel(3, NV, 0, taps=True, spread=True)
+_conv_tail = _micro_kernel(_CONV_TAIL, NV, 0, taps=True, spread=True)
 #: the bytes of a panel's rows (of the filter packed by conv_nhwc_weight) that every tile of
 #: the output rows reads before the next rows are read: they stay in the L1 cache, the sums so
 #: far read back from the output (cheap: channels-last, by rows). Measured alone on a 2-vCPU
@@ -741,13 +748,14 @@ def _conv_rows(x, bp, kh, kw, y, n0, n1, o0, o1, sh, sw, pt, pl, dh, dw, bias, l
                     t = 0
                     for oy in range(b0, b1):
                         a_row = xb + (oy - o0) * row_step
-                        for ox in range(0, ow, mr):
+                        ox = 0
+                        while ox < ow:
                             pfb, pfl = spread_share(t, tiles, kc * NV, (j * k + k0) * nr,
                                                     (j * k + k1) * nr, lanes)
                             if PREFETCH_FILLS_L1:  # (they evict the chunk: see CONV_BLOCK_BYTES)
                                 pfl = 0
-                            px = min(mr, ow - ox)
-                            if px <= 3:
+                            px = _CONV_TAIL if ow - ox == mr + 1 else min(mr, ow - ox)
+                            if px <= _CONV_TAIL:
                                 _conv_tail(xp, a_row + ox * px_step, px_step, px, k1 - k0,
                                            bp, (j * k + k0) * nr, yf,
                                            yb + (oy * ow + ox) * m + j * nr, m, width, bs,
@@ -758,6 +766,7 @@ def _conv_rows(x, bp, kh, kw, y, n0, n1, o0, o1, sh, sw, pt, pl, dh, dw, bias, l
                                            yb + (oy * ow + ox) * m + j * nr, m, width, bs,
                                            j * nr, rs, lo_, hi_, off, k0, pfb, pfl)
                             t += 1
+                            ox += px
 
 
 @register_jitable
