@@ -3,7 +3,8 @@
     FLAGS_enable_pir_api=0 python benchmarks/export_paddle_models.py DIR [--models a,b]
 
 Run with a Python that has ``paddlepaddle`` (3.3.1, CPU wheel); pdjit is not imported. Each
-model is a ``paddle.vision.models`` network with Paddle's random initial weights, in eval mode,
+model is a ``paddle.vision.models`` network with Paddle's random initial weights, in eval mode
+(224x224 images; Inception-v3's 299x299),
 saved by ``paddle.jit.save`` in the legacy format (``FLAGS_enable_pir_api=0``), or a classifier
 of two ``paddle.nn.GRU`` layers built in static mode and saved by ``save_inference_model``:
 ``DIR/<name>.pdmodel`` + ``DIR/<name>.pdiparams``, and ``DIR/<name>_io.npz`` with one input
@@ -60,6 +61,12 @@ def models(paddle):
         "mobilenetv2": lambda: (vm.mobilenet_v2(), img),
         "shufflenetv2": lambda: (vm.shufflenet_v2_x1_0(), img),
         "densenet121": lambda: (vm.densenet121(), img),
+        "googlenet": lambda: (vm.googlenet(), img),
+        "inceptionv3": lambda: (vm.inception_v3(), [1, 3, 299, 299]),
+        "mobilenetv1": lambda: (vm.mobilenet_v1(), img),
+        "mobilenetv3_large": lambda: (vm.mobilenet_v3_large(), img),
+        "resnext50": lambda: (vm.resnext50_32x4d(), img),
+        "alexnet": lambda: (vm.alexnet(), img),
     }
 
 
