@@ -857,25 +857,25 @@ def _window_counts(builder, vty, hv, wv, ptv, plv, k: int, stride: int, excl):
     image (``pdjit.ops.pool``'s rule); the rows' count times the columns'."""
     ity = ir.VectorType(ir.IntType(32), vty.count)
 
-    def splat(v):
-        return _splat(builder, ity, builder.trunc(v, ity.element) if v.type != ity.element
-                      else v)
+    def splat(v):  # (an i64 value in every lane, as i32)
+        return _splat(builder, ity, builder.trunc(v, ity.element))
+
+    def const(v):
+        return ir.Constant(ity, [v] * vty.count)
 
     def smin(a, b):
         return builder.select(builder.icmp_signed("<", a, b), a, b)
 
     def count(first, size, pad):
         """The count along one axis of the windows starting at ``first`` (vectors)."""
-        end = builder.add(first, splat(ir.Constant(ity.element, k)))
-        zero = ir.Constant(ity, [0] * vty.count)
+        end = builder.add(first, const(k))
         inside = builder.sub(smin(end, size), builder.select(
-            builder.icmp_signed(">", first, zero), first, zero))
+            builder.icmp_signed(">", first, const(0)), first, const(0)))
         length = builder.sub(smin(end, builder.add(size, pad)), first)
         return builder.select(splat_excl, inside, length)
 
     splat_excl = _splat(builder, ir.VectorType(ir.IntType(1), vty.count), excl)
-    step = ir.Constant(ity, [stride] * vty.count)
-    iota = ir.Constant(ity, list(range(vty.count)))
+    step, iota = const(stride), ir.Constant(ity, list(range(vty.count)))
     h, w, pt, pl = splat(hv), splat(wv), splat(ptv), splat(plv)
 
     def divisor(row, q0):
