@@ -320,3 +320,75 @@ def test_pools_of_one_sample_by_planes_on_the_team(monkeypatch):
             got[threads] = y
         assert np.array_equal(got[2], got[1])
         np.testing.assert_allclose(got[2], want, rtol=1e-6, atol=1e-6)
+
+
+@caller
+def _native_nhwc(x, y, kh, kw, sh, sw, pt, pl, is_max, exclusive):
+    nnlib.pool2d_nhwc(x, y, kh, kw, sh, sw, pt, pl, is_max, exclusive)
+
+
+# (x shape NCHW, k, s, p, is_max, exclusive, ceil): channels that fill no vector, odd planes,
+# padding, partial windows (ceil mode), strides 1, 2 and 3, 2x2 and 5x5 windows
+NHWC_CASES = [((2, 5, 9, 11), 3, 2, 1, True, True, False),
+              ((1, 37, 8, 8), 3, 1, 1, False, False, False),
+              ((1, 37, 8, 8), 3, 1, 1, False, True, False),
+              ((2, 16, 7, 7), 2, 2, 0, True, True, True),
+              ((1, 20, 13, 12), 3, 2, 0, False, True, True),
+              ((1, 3, 10, 10), 5, 3, 2, False, False, False),
+              ((3, 64, 6, 5), 2, 2, 0, False, True, False)]
+
+
+@pytest.mark.parametrize("case", NHWC_CASES)
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_pools_of_channels_last_images_match_numpy(case, dtype):
+    """``pool2d_nhwc`` (a pool inside a chain of channels-last convolutions) against the NumPy
+    oracle on the NCHW image: max and average (exclusive or not), through its host and native
+    entries; a NaN in a window makes its max NaN; a misfit is refused."""
+    xshape, k, s, p, is_max, exclusive, ceil = case
+    x = RNG.standard_normal(xshape).astype(dtype)
+    if is_max:
+        x[0, 1, 2, 3] = np.nan
+    oh, ow = ((d + 2 * p - k + (s - 1 if ceil else 0)) // s + 1 for d in xshape[2:])
+    want = np_pool(x, (oh, ow), k, s, p, is_max, exclusive, False)
+    xl = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+    for entry in (nnlib.pool2d_nhwc, _native_nhwc):
+        y = np.full((xshape[0], oh, ow, xshape[1]), 7.0, dtype)
+        entry(xl, y, k, k, s, s, p, p, is_max, exclusive)
+        np.testing.assert_allclose(y.transpose(0, 3, 1, 2), want, rtol=1e-6, atol=1e-6)
+    if is_max:
+        assert np.isnan(want[0, 1]).any() and \
+            np.array_equal(np.isnan(y.transpose(0, 3, 1, 2)), np.isnan(want))
+    assert any(sig[0].dtype == numba.from_dtype(np.dtype(dtype))
+               for sig in pk._nhwc_rows.signatures)
+    with pytest.raises(ValueError, match="do not fit"):
+        nnlib.pool2d_nhwc(xl, np.empty((xshape[0], oh, ow, xshape[1] + 1), dtype), k, k, s, s,
+                          p, p, is_max, exclusive)
+
+
+def test_channels_last_pools_of_one_sample_on_the_team(monkeypatch):
+    """A channels-last pool from ``conv._TEAM_MIN_WORK`` runs by ranges of output rows on a
+    parallel loop where two threads are free (Inception-v3's 3x3 pools): one thread's bits."""
+    from pdjit.codegen.cpu.lib import conv, team
+
+    monkeypatch.setattr(team, "COMPILE", True)
+    monkeypatch.setattr(team, "AFTER_RUNS", 0)
+    ran = []
+    real = team.run
+    monkeypatch.setattr(team, "run", lambda loop, call: ran.append(loop) or real(loop, call))
+    for xshape, k, s, p, is_max, exclusive in [((1, 288, 35, 35), 3, 1, 1, False, False),
+                                               ((1, 192, 71, 71), 3, 2, 0, True, True)]:
+        x = RNG.standard_normal(xshape).astype(np.float32)
+        xl = np.ascontiguousarray(x.transpose(0, 2, 3, 1))
+        oh = (xshape[2] + 2 * p - k) // s + 1
+        got = {}
+        for threads in (2, 1):
+            monkeypatch.setattr(conv, "loop_threads", lambda threads=threads: threads)
+            ran.clear()
+            y = np.full((1, oh, oh, xshape[1]), 7.0, np.float32)
+            nnlib.pool2d_nhwc(xl, y, k, k, s, s, p, p, is_max, exclusive)
+            assert ran == ([pk._nhwc_by_team] if threads == 2 else [])
+            got[threads] = y
+        assert np.array_equal(got[2], got[1])
+        np.testing.assert_allclose(got[2].transpose(0, 3, 1, 2),
+                                   np_pool(x, (oh, oh), k, s, p, is_max, exclusive, False),
+                                   rtol=1e-6, atol=1e-6)

@@ -27,7 +27,7 @@ from pdjit.codegen.cpu.lib.tile import avg22_plane, max22_plane, pool_plane_kern
 __all__ = ["pool2d_fwd", "pool2d_max22", "pool2d_avg22", "pool2d_max33", "pool2d_avg33",
            "pool2d_bwd",
            "pool2d_mean",
-           "pool2d_mean_nhwc",
+           "pool2d_mean_nhwc", "pool2d_nhwc",
            "pool2d_mean_bwd", "max_pool2d_index_fwd", "max_pool2d_index_bwd"]
 
 U = numba.uint64
@@ -439,6 +439,87 @@ def pool2d_mean_nhwc(x, y):
 
 
 jobs("pool2d_mean_nhwc")(lambda T: [(pool2d_mean_nhwc, ((T, 4), (T, 4)))])
+
+
+@jit
+def _nhwc_rows(x, y, r0, r1, kh, kw, sh, sw, pt, pl, is_max, exclusive):
+    """The output rows ``r0 .. r1`` (a sample's rows one after another: row ``n * OH + oh``)
+    of ``y`` [N, OH, OW, C] = the max (``is_max``) or average pool of ``x`` [N, H, W, C] over
+    ``kh x kw`` windows at strides ``sh, sw``, top and left paddings ``pt, pl`` (the windows
+    of :func:`_span`; an average divides by the inputs read where ``exclusive``, else by the
+    window's length). Each output pixel's channels are one contiguous row, accumulated in
+    place over the window's pixels in row-major order (a vector loop over the channels)."""
+    n_, h_, w_, c_ = x.shape
+    oh_, ow_ = y.shape[1], y.shape[2]
+    t = x.dtype.type
+    for r in range(r0, r1):
+        n, oh = r // oh_, r % oh_
+        h0, h1, hl = _span(oh, h_, oh_, kh, sh, pt, False)
+        for ow in range(ow_):
+            w0, w1, wl = _span(ow, w_, ow_, kw, sw, pl, False)
+            out = y[n, oh, ow]
+            if is_max:
+                out[:] = -np.inf
+                for h in range(h0, h1):
+                    for w in range(w0, w1):
+                        row = x[n, h, w]
+                        for c in range(c_):
+                            v, a = row[c], out[c]
+                            out[c] = v if v > a or v != v else a
+            else:
+                out[:] = 0
+                for h in range(h0, h1):
+                    for w in range(w0, w1):
+                        row = x[n, h, w]
+                        for c in range(c_):
+                            out[c] += row[c]
+                cnt = t((h1 - h0) * (w1 - w0) if exclusive else hl * wl)
+                for c in range(c_):
+                    out[c] = out[c] / cnt
+
+
+@pjit
+def _nhwc_by_team(x, y, kh, kw, sh, sw, pt, pl, is_max, exclusive, parts):
+    """:func:`_nhwc_rows` in ``parts`` ranges of output rows, one a thread of a parallel loop
+    (``lib.team``)."""
+    rows = y.shape[0] * y.shape[1]
+    for p in numba.prange(parts):
+        _nhwc_rows(x, y, p * rows // parts, (p + 1) * rows // parts, kh, kw, sh, sw, pt, pl,
+                   is_max, exclusive)
+
+
+def pool2d_nhwc(x, y, kh, kw, sh, sw, pt, pl, is_max, exclusive):
+    """``y`` [N, OH, OW, C] = the max (``is_max``) or average pool of ``x`` [N, H, W, C] over
+    ``kh x kw`` windows (not adaptive, not global: see :func:`pool2d_mean_nhwc`), the output's
+    size taken from ``y`` (ceil mode): a pool inside a chain of channels-last convolutions
+    (the inference pass ``channels_last``) reads and writes their images as they are, no
+    conversion around it. On the team by ranges of output rows where the work pays for it."""
+    if x.shape[0] != y.shape[0] or x.shape[3] != y.shape[3]:
+        raise ValueError(_MISFIT)
+    rows = y.shape[0] * y.shape[1]
+    work = y.size * kh * kw
+    if rows > 1 and work >= _conv._TEAM_MIN_WORK:
+        parts = min(rows, _conv.loop_threads())
+        if parts > 1 and team.run(_nhwc_by_team, (x, y, kh, kw, sh, sw, pt, pl, is_max,
+                                                  exclusive, parts)):
+            return
+    split_work(_nhwc_rows, rows, work, x, y, kh, kw, sh, sw, pt, pl, is_max, exclusive)
+
+
+jobs("pool2d_nhwc")(lambda T: [(_nhwc_rows, ((T, 4), (T, 4)) + (int,) * 8 + (bool,) * 2)])
+jobs("pool._nhwc_by_team (warmup)")(lambda T: [
+    (_nhwc_by_team, ((T, 4), (T, 4)) + (int,) * 6 + (bool,) * 2 + (int,))])
+replay.declare("leaves", pool2d_nhwc)
+
+
+@overload(pool2d_nhwc)
+def _pool2d_nhwc_native(x, y, kh, kw, sh, sw, pt, pl, is_max, exclusive):
+    def impl(x, y, kh, kw, sh, sw, pt, pl, is_max, exclusive):
+        if x.shape[0] != y.shape[0] or x.shape[3] != y.shape[3]:
+            raise ValueError(_MISFIT)
+        _nhwc_rows(x, y, _plain(0), y.shape[0] * y.shape[1], kh, kw, sh, sw, pt, pl, is_max,
+                   exclusive)
+    return impl
 
 
 @jit

@@ -1,7 +1,8 @@
 """The pooling ops of :mod:`pdjit.ops.pool` (``pool2d``, ``max_pool2d_with_index``, and their
-gradients) on the CPU: float32/float64 data calls the library's pooling kernels on NCHW views
-(NHWC copied to and from NCHW around them), the window geometry and flags as arguments; an
-average whose every window is a whole plane calls the global average alone.
+gradients) on the CPU: float32/float64 data calls the library's pooling kernels on NCHW views,
+the window geometry and flags as arguments; an average whose every window is a whole plane
+calls the global average alone. A forward ``pool2d`` on NHWC images but an adaptive one runs
+on them as they are; anything else NHWC is copied to and from NCHW around its kernel.
 """
 from __future__ import annotations
 
@@ -36,6 +37,11 @@ def _pool_lower(ctx):
     if p.g.nhwc and _global_mean(ctx.attrs):
         y = ctx.out("Out", shape=f"({X}.shape[0], 1, 1, {X}.shape[3])")
         return [f"{ctx.lib_fn('pool2d_mean_nhwc')}({X}, {y})"]
+    if p.g.nhwc and not p.adaptive:
+        n, c, h, w = image_dims(p.g, X)
+        y = ctx.out("Out", shape=f"({n}, {p.src_out(0, h)}, {p.src_out(1, w)}, {c})")
+        return [f"{ctx.lib_fn('pool2d_nhwc')}({X}, {y}, {p.args(h, w)}, {p.is_max}, "
+                f"{p.exclusive})"]
     lines, xc = as_nchw(ctx, p.g, X)
     n, c, h, w = image_dims(p.g, X)
     y, pre, post = nchw_dest(ctx, p.g, "Out", n, c, p.src_out(0, h), p.src_out(1, w))
