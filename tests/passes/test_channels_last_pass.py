@@ -582,3 +582,96 @@ def test_an_ahead_of_time_artifact_runs_the_concats_of_a_chain(fire_saved, monke
     want = _predictor(d).run([xv])
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
+
+
+def _np_pool(x, k, s, p, is_max, exclusive=True):
+    """NCHW pool by windows (float64): max, or the average over the inputs read (exclusive)
+    or over the window's length clipped at the padding past the image."""
+    n, c, h, w = x.shape
+    oh, ow = (h + 2 * p - k) // s + 1, (w + 2 * p - k) // s + 1
+    y = np.zeros((n, c, oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            a, b = i * s - p, min(i * s - p + k, h + p)
+            e, f = j * s - p, min(j * s - p + k, w + p)
+            win = x[:, :, max(a, 0):min(b, h), max(e, 0):min(f, w)]
+            cnt = win.shape[2] * win.shape[3] if exclusive else (b - a) * (f - e)
+            y[:, :, i, j] = win.max(axis=(2, 3)) if is_max else win.sum(axis=(2, 3)) / cnt
+    return y
+
+
+@pytest.fixture
+def pools_saved(fresh_programs, tmp_path, monkeypatch):
+    """Six convolutions (1x1 and 3x3, 24-64 channels) on an 11x11 plane with a 3x3 max pool
+    (stride 2) and a 3x3 average pool (stride 1, not exclusive) between them, and a pool of
+    the input alone, saved with random weights (outputs: the last convolution, the max pool,
+    the lone pool); ``(dir, values)``."""
+    monkeypatch.setenv("PDJIT_CACHE_DIR", str(tmp_path / "cache"))
+    main, startup = fresh_programs
+    L = fluid.layers
+    x = L.data("x", [64, 11, 11])
+    alone = L.pool2d(x, 2, pool_stride=2)  # (no chain's image)
+    t = L.conv2d(x, 24, 3, padding=1, act="relu")
+    t = L.conv2d(t, 64, 1, act="relu")
+    mp = L.pool2d(t, 3, pool_stride=2, pool_padding=1)
+    t = L.conv2d(mp, 64, 1, act="relu")
+    t = L.conv2d(t, 24, 3, padding=1, act="relu")
+    t = L.pool2d(t, 3, pool_type="avg", pool_padding=1, exclusive=False)
+    t = L.conv2d(t, 64, 1, act="relu")
+    y = L.conv2d(t, 32, 1)
+    return tmp_path, save_drawn(main, startup, [x], [y, mp, alone], tmp_path,
+                                lambda name, shape: RNG.standard_normal(shape) * 0.1)
+
+
+def test_a_chain_runs_on_through_its_pools(pools_saved):
+    """Pools that read a chain's image join it (``Layout.join``): the six convolutions and
+    the two pools among them run on NHWC images between three conversions (one in, two
+    out), the pools by ``pool2d_nhwc``; the pool of an image from outside a chain stays NCHW;
+    the max pool's output, fetched, keeps its layout and value. Oracle: NumPy, from the saved
+    values."""
+    d, values = pools_saved
+    pred = _predictor(d)
+    ops = pred.program().global_block().ops
+    layout = collections.Counter((op.type, op.all_attrs().get("data_format")) for op in ops)
+    assert layout[("pool2d", "NHWC")] == 2 and layout[("pool2d", "NCHW")] == 1 and \
+        layout[("conv2d", "NHWC")] == 6
+    assert collections.Counter(op.type for op in ops)["transpose"] == 3  # x in; y, mp out
+
+    xv = RNG.standard_normal((2, 64, 11, 11)).astype(np.float32)
+
+    def conv(t, i, pad=0):
+        return _conv(t, values[f"conv2d_{i}.w_0"], 1, pad) + \
+            values[f"conv2d_{i}.b_0"].reshape(1, -1, 1, 1)
+
+    def relu(t):
+        return np.maximum(t, 0)
+    x64 = xv.astype(np.float64)
+    want_mp = _np_pool(relu(conv(relu(conv(x64, 0, 1)), 1)), 3, 2, 1, True)
+    t = relu(conv(relu(conv(want_mp, 2)), 3, 1))
+    t = relu(conv(_np_pool(t, 3, 1, 1, False, exclusive=False), 4))
+    got_y, got_mp, got_alone = pred.run([xv])
+    np.testing.assert_allclose(got_mp, want_mp, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got_y, conv(t, 5), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got_alone, _np_pool(x64, 2, 2, 0, True), rtol=1e-6, atol=1e-6)
+    assert_native(pred._exe)
+
+
+@pytest.mark.xdist_group("aot")
+@pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler 'cc'")
+def test_an_ahead_of_time_artifact_runs_the_pools_of_a_chain(pools_saved, monkeypatch):
+    """The artifact of that program (its pools on NHWC images, in native code) gives the
+    Predictor's values bit for bit."""
+    from pdjit.codegen.cpu.lib import channels_last as cl
+    from pdjit.io.inference_model import load_model
+
+    monkeypatch.setattr(cl, "_conv_ready", lambda: True)
+    d, _ = pools_saved
+    model = load_model(str(d / "m.pdmodel"), str(d / "m.pdiparams"))
+    prog, _ = optimize(model.program, model.params, target=get_target("aot"))
+    assert sum(op.type == "pool2d" and op.all_attrs().get("data_format") == "NHWC"
+               for op in prog.global_block().ops) == 2
+    xv = RNG.standard_normal((2, 64, 11, 11)).astype(np.float32)
+    got = load_artifact(d, "pools_artifact").run({"x": xv})
+    want = _predictor(d).run([xv])
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)

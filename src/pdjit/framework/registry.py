@@ -519,13 +519,16 @@ class Layout:
     filter) do not change with it. ``follow``: the op computes as fast on either layout, so
     the pass switches it, from ``first`` exactly, only where the images it reads are a
     chain's (a concat along the channels, whose ``axis`` 1 becomes 3: a chain runs on
-    through it)."""
+    through it). ``join``: the op gains nothing on ``last`` by itself, so the pass switches
+    it, where the target asks, only where the image it reads is a chain's (a pool: a chain
+    runs on through it, or ends in it, with no conversion around it)."""
     inputs: tuple
     outputs: tuple
     attr: str = "data_format"
     first: Any = "NCHW"
     last: Any = "NHWC"
     follow: bool = False
+    join: bool = False
 
     def is_last(self, op) -> bool:
         return op.all_attrs().get(self.attr, self.first) == self.last

@@ -194,7 +194,7 @@ register_op(
     "pool2d", inputs=["X"], outputs=["Out"], attrs=_POOL_ATTRS, traits=[OPAQUE],
     row_wise=RowWise(),
     infer_shape=_pool_infer, reference=_pool_ref,
-    emit=Opaque(), layout=Layout(inputs=("X",), outputs=("Out",)),
+    emit=Opaque(), layout=Layout(inputs=("X",), outputs=("Out",), join=True),
     grad=default_grad("pool2d_grad", fwd_inputs=("X",), fwd_outputs=("Out",)),
     doc="Out = the max or average of X over 2-D windows.")
 register_op(

@@ -12,7 +12,11 @@ the pass changes nothing. In the global block:
    an image it reads is made by an op of step 1 or 2: the chain runs on through it (a
    SqueezeNet fire module's join). In step 3 it counts as a conversion does: a concat of
    NHWC images copies them, where the parts of an NCHW one are written in place (a DenseNet
-   block, a concat of each layer's output to the one before, stays NCHW).
+   block, a concat of each layer's output to the one before, stays NCHW). One whose
+   declaration says it joins (``join``: a pool) is switched where the target asks for it and
+   the image it reads is made by an op of step 1 or 2: the chain runs on through it (or ends
+   in it, a global pool's one value per channel converted back); in step 3 it counts neither
+   as switched nor as a conversion.
 2. An op declared ``ELEMENTWISE`` that reads an image made by an op of step 1 or 2 (a bias
    add, an activation, a residual add, a squeeze-and-excitation scaling by a pooled
    [N, C, 1, 1] value) runs on NHWC images as it does on NCHW ones (its other images of its
@@ -21,8 +25,9 @@ the pass changes nothing. In the global block:
    ``axis`` 3; a one-element operand broadcasts anywhere). Any other operand keeps the op out.
 3. The ops of steps 1-2, connected by the values they pass on, form chains. A chain is kept
    where it switches at least :data:`MIN_SWITCHED` ops and at least :data:`PER_CONVERSION`
-   of them per conversion it needs (and per op that follows); the others go back as they
-   were.
+   of them per conversion it needs (of a value of more than one pixel per channel: one of a
+   single pixel is the same array in either layout) and per op that follows; the others go
+   back as they were.
 4. Each value a kept chain makes gets an NHWC variable of its own (``<name>.nhwc``), and so
    does a rank-4 constant a member broadcasts (a bias of shape [1, C, 1, 1]: a parameter of
    its own, the value permuted; the original stays for other readers); where the
@@ -96,6 +101,10 @@ def _members(block, uses: _Uses, constant, ask) -> tuple:
                 member[i] = "follow"
             elif len(images) != 1 or not ask(op):
                 continue
+            elif lay.join:  # (inside a chain only: see Layout)
+                if not lay.is_first(op) or images[0] not in made:
+                    continue
+                member[i] = "join"
             else:
                 member[i] = "switch"
         elif opdef.has(registry.ELEMENTWISE) and not opdef.has(registry.SIDE_EFFECT) and \
@@ -180,8 +189,10 @@ def _rewrite(prog: Program, params: dict, ask) -> None:
         ops = set(chain)
         into, out = _boundary(block, uses, ops, made)
         switched = sum(1 for i in chain if member[i] == "switch")
-        # (a concat of NHWC images copies them: see step 1)
-        copies = len(into) + len(out) + sum(1 for i in chain if member[i] == "follow")
+        # (a concat of NHWC images copies them: see step 1; a value of one pixel per channel,
+        # a global pool's, is the same array either way)
+        copies = sum(1 for n in into | out if _pixels(block, n) != 1) + \
+            sum(1 for i in chain if member[i] == "follow")
         if switched >= MIN_SWITCHED and switched >= PER_CONVERSION * copies:
             keep |= ops
     if not keep:
@@ -225,7 +236,7 @@ def _rewrite(prog: Program, params: dict, ask) -> None:
                 i += 1
                 op._rename_input(n, src)
         what = member[k]
-        if what in ("switch", "follow"):
+        if what in ("switch", "follow", "join"):
             lay = registry.lookup(op.type).layout
             op._set_attr(lay.attr, lay.last)
         elif what == _CHANNELS_AXIS:
@@ -240,6 +251,13 @@ def _rewrite(prog: Program, params: dict, ask) -> None:
     for n in last:  # NCHW values the chains made that nothing needs any more
         if n in made and n not in outside:
             block._remove_var(n)
+
+
+def _pixels(block, name) -> int:
+    """The pixels of the rank-4 value ``name`` (NCHW), -1 where not known."""
+    v = block._find_var_recursive(name)
+    h, w = (v.shape[2], v.shape[3]) if v is not None and len(v.shape) == 4 else (-1, -1)
+    return h * w if h >= 0 and w >= 0 else -1
 
 
 def _images(block, op) -> set:

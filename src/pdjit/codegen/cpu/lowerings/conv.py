@@ -139,7 +139,9 @@ def _prologue_slot(op) -> str | None:
 #: 64->64 1x1 0.60 / 0.35, 64->256 2.09 / 1.50, 256->64 1.70 / 1.46, 3x3 64->64 2.48 / 1.71,
 #: 28x28 3x3 128->128 2.50 / 1.66, 1x1 512->128 1.47 / 1.42, its stride-2 layers from 56x56
 #: 3.4 / 3.8 (3x3) and 3.0 / 3.1 (1x1); MobileNetV2's 56x56 1x1 144->24 0.48 / 0.36, but
-#: 32->16 0.36 / 0.46, 24->144 0.40 / 0.46 and its 3x3 stem from 3 channels 0.73 / 1.53
+#: 32->16 0.36 / 0.46, 24->144 0.40 / 0.46 and its 3x3 stem from 3 channels 0.73 / 1.53.
+#: Filters of at most 9 taps only (1x1, 3x3, 1x7): AlexNet's 5x5 64 -> 192 onto 27x27 at
+#: batch 1 on two threads took 3.67 ms on NHWC images against 2.56 on the NCHW taps kernel
 WIDE_CHANNELS = 64
 
 
@@ -155,8 +157,8 @@ def channels_last(op) -> bool:
     Winograd's kernel may take, :func:`~pdjit.codegen.cpu.lib.winograd.may_take`, padded by
     at most 2: :func:`~pdjit.codegen.cpu.lib.channels_last.winograd_nhwc`); on a larger plane
     the same kernels for one of one group that reads at least :data:`WIDE_CHANNELS` channels
-    (on larger planes with fewer channels, and for depthwise ones, the NCHW kernels measured
-    faster)."""
+    through a filter of at most 9 taps (on larger planes with fewer channels or larger
+    filters, and for depthwise ones, the NCHW kernels measured faster)."""
     return _channels_last_kind(op) is not None
 
 
@@ -193,7 +195,7 @@ def _channels_last_kind(op) -> str | None:
     h, w_ = (x.shape[1], x.shape[2]) if nhwc else (x.shape[2], x.shape[3])
     if h < 1 or w_ < 1:
         return None
-    small, wide = h * w_ <= MAX_PLANE, groups == 1 and cg >= WIDE_CHANNELS
+    small, wide = h * w_ <= MAX_PLANE, groups == 1 and cg >= WIDE_CHANNELS and kh * kw <= 9
     if small or wide:
         if groups == 1 and kh == kw == 1 and tuple(g.strides) == (1, 1) and \
                 (g.algo != "EXPLICIT" or not any(g.pads)):

@@ -20,12 +20,16 @@ def _global_mean(attrs) -> bool:
 
 
 def _channels_last(op) -> bool:
-    """The global average pool runs on NHWC images as they are (``pool2d_mean_nhwc``), what
-    the inference pass ``channels_last`` asks: it may then end a chain without converting the
-    image, only its one value per channel."""
+    """A pool runs on NHWC images as they are, what the inference pass ``channels_last`` asks
+    (the pool joins a chain whose image it reads): the global average by
+    ``pool2d_mean_nhwc`` (a chain then ends without converting the image, only its one value
+    per channel), any other but an adaptive one by ``pool2d_nhwc`` (a chain runs on through
+    it: GoogLeNet's and Inception-v3's blocks, VGG's layers)."""
     x = op.block._find_var_recursive(op.input("X")[0]) if len(op.input("X")) == 1 else None
-    return x is not None and native_float(x.dtype) and \
-        _global_mean(op.opdef.attr_values(op.all_attrs()))
+    if x is None or not native_float(x.dtype):
+        return False
+    attrs = op.opdef.attr_values(op.all_attrs())
+    return _global_mean(attrs) or not _Pool(attrs, "pool2d").adaptive
 
 
 @lowering("pool2d", host=True, channels_last=_channels_last)
