@@ -447,35 +447,69 @@ def _nhwc_rows(x, y, r0, r1, kh, kw, sh, sw, pt, pl, is_max, exclusive):
     of ``y`` [N, OH, OW, C] = the max (``is_max``) or average pool of ``x`` [N, H, W, C] over
     ``kh x kw`` windows at strides ``sh, sw``, top and left paddings ``pt, pl`` (the windows
     of :func:`_span`; an average divides by the inputs read where ``exclusive``, else by the
-    window's length). Each output pixel's channels are one contiguous row, accumulated in
-    place over the window's pixels in row-major order (a vector loop over the channels)."""
+    window's length). Per output row, its window's input rows are combined first, a long
+    vector loop over each row's pixels and channels (``col``: one value per input column and
+    channel), then each output pixel combines its window's columns of ``col``, a vector loop
+    over its channels (three rows or columns in one pass: a 3x3 window's, inside the image):
+    a 3x3 window reads 6 rows of channels an output pixel, not 9 (sums in that order: the
+    columns' rows, then the columns). A NaN in a window makes its max NaN."""
     n_, h_, w_, c_ = x.shape
     oh_, ow_ = y.shape[1], y.shape[2]
     t = x.dtype.type
+    wc = w_ * c_
+    col = np.empty(wc, x.dtype)
     for r in range(r0, r1):
         n, oh = r // oh_, r % oh_
         h0, h1, hl = _span(oh, h_, oh_, kh, sh, pt, False)
+        if h1 - h0 == 3:
+            _combine3(col, x[n, h0].reshape(wc), x[n, h0 + 1].reshape(wc),
+                      x[n, h0 + 2].reshape(wc), is_max, t(1))
+        else:
+            col[:] = -np.inf if is_max else 0
+            for h in range(h0, h1):
+                _combine(col, x[n, h].reshape(wc), is_max)
         for ow in range(ow_):
             w0, w1, wl = _span(ow, w_, ow_, kw, sw, pl, False)
+            cnt = t(1) if is_max else t((h1 - h0) * (w1 - w0) if exclusive else hl * wl)
             out = y[n, oh, ow]
-            if is_max:
-                out[:] = -np.inf
-                for h in range(h0, h1):
-                    for w in range(w0, w1):
-                        row = x[n, h, w]
-                        for c in range(c_):
-                            v, a = row[c], out[c]
-                            out[c] = v if v > a or v != v else a
-            else:
-                out[:] = 0
-                for h in range(h0, h1):
-                    for w in range(w0, w1):
-                        row = x[n, h, w]
-                        for c in range(c_):
-                            out[c] += row[c]
-                cnt = t((h1 - h0) * (w1 - w0) if exclusive else hl * wl)
+            if w1 - w0 == 3:
+                _combine3(out, col[w0 * c_:(w0 + 1) * c_], col[(w0 + 1) * c_:(w0 + 2) * c_],
+                          col[(w0 + 2) * c_:(w0 + 3) * c_], is_max, cnt)
+                continue
+            out[:] = -np.inf if is_max else 0
+            for w in range(w0, w1):
+                _combine(out, col[w * c_:(w + 1) * c_], is_max)
+            if not is_max:
                 for c in range(c_):
                     out[c] = out[c] / cnt
+
+
+@register_jitable
+def _combine(acc, row, is_max):
+    """``acc`` = its max with ``row`` (a NaN wins) or its sum with it, element by element."""
+    if is_max:
+        for k in range(acc.size):
+            v, a = row[k], acc[k]
+            acc[k] = v if v > a or v != v else a
+    else:
+        for k in range(acc.size):
+            acc[k] += row[k]
+
+
+@register_jitable
+def _combine3(out, a, b, d, is_max, cnt):
+    """``out`` = the max of ``a``, ``b``, ``d`` (a NaN wins), or their sum over ``cnt``,
+    element by element."""
+    if is_max:
+        for k in range(out.size):
+            m = a[k]
+            v = b[k]
+            m = v if v > m or v != v else m
+            v = d[k]
+            out[k] = v if v > m or v != v else m
+    else:
+        for k in range(out.size):
+            out[k] = (a[k] + b[k] + d[k]) / cnt
 
 
 @pjit
