@@ -251,23 +251,26 @@ def pool2d_fwd(x, y, kh, kw, sh, sw, pt, pl, is_max, exclusive, adaptive):
     # (about a multiply-add per window element: the threshold of split_work)
     path = _path(x, y, kh, kw, sh, sw, pt, pl, is_max, adaptive)
     if path == 1:
-        if not _by_team(y.size * 4, (x, y, path, 2, 0, 0, is_max, True), planes):
+        if not _by_team(_planes_by_team, y.size * 4, (x, y, path, 2, 0, 0, is_max, True), planes):
             split_work(_max22 if is_max else _avg22, planes, y.size * 4, x, y)
     elif path == 2:
-        if not _by_team(y.size * 9, (x, y, path, sh, pt, pl, True, True), planes):
+        if not _by_team(_planes_by_team, y.size * 9, (x, y, path, sh, pt, pl, True, True),
+                        planes):
             split_work(_max33, planes, y.size * 9, x, y, sh, pt, pl)
     elif path == 3:
-        if not _by_team(y.size * 9, (x, y, path, sh, pt, pl, False, exclusive), planes):
+        if not _by_team(_planes_by_team, y.size * 9, (x, y, path, sh, pt, pl, False, exclusive),
+                        planes):
             split_work(_avg33, planes, y.size * 9, x, y, sh, pt, pl, exclusive)
     else:
         split_work(_fwd_planes, planes, y.size * kh * kw, x, y, kh, kw, sh, sw, pt, pl, is_max,
                    exclusive, adaptive)
 
 
-def _by_team(work, call, planes) -> bool:
+def _by_team(loop, work, call, units) -> bool:
     """A pool of ``work`` enough for a parallel loop's threads (``conv._TEAM_MIN_WORK``: a few
     microseconds a split, where ``split_work``'s helpers take tens a part), on the team by
-    ranges of planes (:func:`_planes_by_team`) where its loop is ready: whether it ran.
+    ranges of its ``units`` (planes: :func:`_planes_by_team`; output rows:
+    :func:`_nhwc_by_team`), ``loop(*call, parts)``, where the loop is ready: whether it ran.
     ResNet-50's stem pool at batch 1 ([1, 64, 112, 112], 1.8 M window reads) on one of two
     threads took 0.43 ms against 0.21 on one thread (the stem's output read from the other
     core's cache); on the team the model's run at batch 1 on two threads took 21.26 ms
@@ -275,10 +278,10 @@ def _by_team(work, call, planes) -> bool:
     [1, 64, 147, 147] max pool (3.1 M) split on ``split_work``'s helpers, and a host driver's
     recording refuses those, so that every two-thread run of the model went op by op from
     Python."""
-    if planes < 2 or work < _conv._TEAM_MIN_WORK:
+    if units < 2 or work < _conv._TEAM_MIN_WORK:
         return False
-    parts = min(planes, _conv.loop_threads())
-    return parts > 1 and team.run(_planes_by_team, call + (parts,))
+    parts = min(units, _conv.loop_threads())
+    return parts > 1 and team.run(loop, call + (parts,))
 
 
 @pjit
@@ -532,12 +535,9 @@ def pool2d_nhwc(x, y, kh, kw, sh, sw, pt, pl, is_max, exclusive):
         raise ValueError(_MISFIT)
     rows = y.shape[0] * y.shape[1]
     work = y.size * kh * kw
-    if rows > 1 and work >= _conv._TEAM_MIN_WORK:
-        parts = min(rows, _conv.loop_threads())
-        if parts > 1 and team.run(_nhwc_by_team, (x, y, kh, kw, sh, sw, pt, pl, is_max,
-                                                  exclusive, parts)):
-            return
-    split_work(_nhwc_rows, rows, work, x, y, kh, kw, sh, sw, pt, pl, is_max, exclusive)
+    if not _by_team(_nhwc_by_team, work, (x, y, kh, kw, sh, sw, pt, pl, is_max, exclusive),
+                    rows):
+        split_work(_nhwc_rows, rows, work, x, y, kh, kw, sh, sw, pt, pl, is_max, exclusive)
 
 
 jobs("pool2d_nhwc")(lambda T: [(_nhwc_rows, ((T, 4), (T, 4)) + (int,) * 8 + (bool,) * 2)])

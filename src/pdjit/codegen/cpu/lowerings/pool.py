@@ -41,13 +41,12 @@ def _pool_lower(ctx):
     if p.g.nhwc and _global_mean(ctx.attrs):
         y = ctx.out("Out", shape=f"({X}.shape[0], 1, 1, {X}.shape[3])")
         return [f"{ctx.lib_fn('pool2d_mean_nhwc')}({X}, {y})"]
+    n, c, h, w = image_dims(p.g, X)
     if p.g.nhwc and not p.adaptive:
-        n, c, h, w = image_dims(p.g, X)
         y = ctx.out("Out", shape=f"({n}, {p.src_out(0, h)}, {p.src_out(1, w)}, {c})")
         return [f"{ctx.lib_fn('pool2d_nhwc')}({X}, {y}, {p.args(h, w)}, {p.is_max}, "
                 f"{p.exclusive})"]
     lines, xc = as_nchw(ctx, p.g, X)
-    n, c, h, w = image_dims(p.g, X)
     y, pre, post = nchw_dest(ctx, p.g, "Out", n, c, p.src_out(0, h), p.src_out(1, w))
     if _whole_planes(ctx, p):
         return lines + pre + [f"{ctx.lib_fn('pool2d_mean')}({xc}, {y})"] + post
