@@ -86,7 +86,7 @@ def _recording(ops, outputs, inputs=()):
     return replay.Recording(ops, set(), list(inputs), [], [], outputs, replay._state())
 
 
-def test_a_recording_goes_native_where_it_may_and_raises_from_python():
+def test_a_recording_goes_native_where_it_may_and_raises_from_python(monkeypatch):
     x = RNG.standard_normal((3, 4)).astype(np.float32)
     buf = np.zeros((3, 4), np.float32)  # (an input's buffer: passed in place)
     mid, out = np.zeros_like(x), np.zeros_like(x)
@@ -100,7 +100,9 @@ def test_a_recording_goes_native_where_it_may_and_raises_from_python():
         _compiled(fn, args)
     rec = _recording(ops, (out,), inputs=[(0, buf)])
     assert rec.uses == {0: [(0, 0)]}
-    assert rec.go_native()
+    monkeypatch.setattr(replay, "NATIVE_THREAD", False)  # (compiled here, not on a thread)
+    rec.native()
+    assert rec.built() and rec.go_native()
     assert rec.parts[0] == 0 and rec.parts[1][:2] == (1, 4)  # (op 0 reads the input)
     v = RNG.standard_normal((3, 4)).astype(np.float32)
     (got,) = rec.replay([v])

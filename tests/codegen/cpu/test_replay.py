@@ -113,6 +113,7 @@ def _settle(exe, main, scope, out, b=2):
 
 def test_replayed_runs_give_the_oracle_and_the_drivers_bits(monkeypatch):
     monkeypatch.setattr(replay, "NATIVE_AFTER", 2)  # (its calls native from its 2nd run)
+    monkeypatch.setattr(replay, "NATIVE_THREAD", False)  # (compiled in that run)
     exe, main, scope, out = _executor()
     _settle(exe, main, scope, out)
     xs = [_image() for _ in range(5)]
@@ -138,9 +139,10 @@ def test_replayed_runs_give_the_oracle_and_the_drivers_bits(monkeypatch):
 
 def test_a_recording_goes_native_after_its_runs_with_the_drivers_bits(monkeypatch):
     """Its runs of kernel calls made by native calls (``callchain``) once it has served
-    ``NATIVE_AFTER`` runs, not before; the results the host driver's, bit for bit. The run
-    that builds them (a compile, two more replays to check) moves ``threads.LOADS``: no
-    sample of a trial of threads."""
+    ``NATIVE_AFTER`` runs, not before: that run starts their compile on a thread of its own
+    and is served from Python, as are the runs while it lasts; the first run after it ends
+    checks and takes them (two more replays: it moves ``threads.LOADS``, no sample of a trial
+    of threads). The results the host driver's, bit for bit."""
     monkeypatch.setattr(replay, "NATIVE_AFTER", 5)
     exe, main, scope, out = _executor()
     _settle(exe, main, scope, out)
@@ -149,13 +151,19 @@ def test_a_recording_goes_native_after_its_runs_with_the_drivers_bits(monkeypatc
     xs = [_image() for _ in range(8)]
     got = []
     for x in xs:
-        native = rec.runs + 1 >= replay.NATIVE_AFTER  # (this run's)
-        built = rec.runs + 1 == replay.NATIVE_AFTER
         loads = threads.LOADS[0]
         got.append(_run(exe, main, scope, out, x))
-        assert (rec.parts is not None) == native, (rec.runs, rec.parts)
-        assert (threads.LOADS[0] != loads) == built, (rec.runs, loads)
-    assert rec.runs > replay.NATIVE_AFTER and any(type(p) is tuple for p in rec.parts)
+        if rec.runs < replay.NATIVE_AFTER:
+            assert rec.parts is None and rec.building is None, rec.runs
+        elif rec.runs == replay.NATIVE_AFTER:  # (the compile under way, the run from Python)
+            assert rec.parts is None and rec.building is not None, rec.runs
+            thread = rec.building[0]
+            assert thread is not None and thread is not threading.current_thread()
+            thread.join()
+        else:  # (taken at the first run after it: that one moved LOADS, none after)
+            assert rec.parts is not None and rec.building is None, rec.runs
+            assert (threads.LOADS[0] != loads) == (rec.runs == replay.NATIVE_AFTER + 1)
+    assert rec.runs > replay.NATIVE_AFTER + 1 and any(type(p) is tuple for p in rec.parts)
     monkeypatch.setattr(rp, "off", "compared")  # the host driver itself
     for x, g in zip(xs, got):
         np.testing.assert_array_equal(_run(exe, main, scope, out, x), g)
@@ -167,6 +175,7 @@ def test_a_new_key_goes_native_sooner_once_a_recording_of_its_step_did(monkeypat
     one made again after a kernel became ready) makes its calls native at its
     ``HOT_NATIVE_AFTER``-th run, not after ``NATIVE_AFTER``; its results the oracle's."""
     monkeypatch.setattr(replay, "NATIVE_AFTER", 6)
+    monkeypatch.setattr(replay, "NATIVE_THREAD", False)  # (compiled in the run)
     exe, main, scope, out = _executor()
     _settle(exe, main, scope, out)
     (rp,) = _replays(exe)
@@ -185,10 +194,11 @@ def test_a_new_key_goes_native_sooner_once_a_recording_of_its_step_did(monkeypat
     assert new.parts is not None and any(type(p) is tuple for p in new.parts)
 
 
-def test_a_hurried_recording_goes_native_at_its_next_run():
+def test_a_hurried_recording_goes_native_at_its_next_run(monkeypatch):
     """``HostReplay.hurry`` (the step is served and a trial of its plan's threads is due:
     ``DriverTiers.settled`` says so): a recording still replayed from Python makes its calls
     native at its next run, not at its ``NATIVE_AFTER``-th; its results the oracle's."""
+    monkeypatch.setattr(replay, "NATIVE_THREAD", False)  # (compiled in that run)
     exe, main, scope, out = _executor()
     _settle(exe, main, scope, out)
     (rp,) = _replays(exe)
@@ -211,6 +221,7 @@ def test_runs_served_as_they_will_not_be_for_long_move_warming(monkeypatch):
     replays from Python before its calls go native ``threads.PY_REPLAYS``: no samples of a
     trial of threads. The native replays after move none of them."""
     monkeypatch.setattr(replay, "NATIVE_AFTER", 5)
+    monkeypatch.setattr(replay, "NATIVE_THREAD", False)  # (compiled in the run)
     monkeypatch.setattr(replay, "TRIAL_RUNS", 2)
     exe, main, scope, out = _executor()
     _settle(exe, main, scope, out)
@@ -369,6 +380,22 @@ def test_a_kernel_call_of_the_driver_is_replayed():
     assert rp.off is None and rp.replays == 6 - replay.AFTER_RUNS - 1
     assert outs[-1][1] is not outs[-2][1]  # (copies: no run's result is another's)
     assert threads._team_owner[0] is owner  # (no parallel loop: no team started for it)
+
+
+def test_the_driver_is_rewritten_for_the_recorder_a_run_before_its_recording():
+    """The last driver run before a key's recording rewrites the driver for the recorder, so
+    that the run that records does not do that too (each a cold run's share); the runs'
+    results stay the driver's."""
+    rp = replay.HostReplay(_Driver(_SOURCE.format(call="_double")), params=[1])
+    w = np.ones(3, np.float32)
+    rewritten = []
+    for i in range(replay.AFTER_RUNS + 2):
+        x = np.full((2, 2), i, np.float32)
+        got = rp.call([x, w])
+        np.testing.assert_array_equal(got[0], 2 * x.reshape(-1))
+        rewritten.append((rp._capture is not None, bool(rp.recordings)))
+    assert rewritten == [(False, False)] * (replay.AFTER_RUNS - 1) + [
+        (True, False), (True, True), (True, True)]
 
 
 def test_a_run_that_records_is_no_sample_of_a_trial_of_threads():
@@ -582,6 +609,8 @@ def test_the_counts_of_keys_stay_bounded():
     ("for i in range(2):\n        pass", "a For statement"),
     ("s1[0] += 0", "an assignment into a value"),
     ("t = [v for v in (1, 2)]", "a ListComp"),
+    ("if a1 is not None:\n        for i in range(2):\n            pass", "a For statement"),
+    ("if a1 is not None:\n        t = (lambda: 1)()", "a Lambda"),
 ])
 def test_a_driver_the_recorder_does_not_know_is_not_replayed(line, why):
     src = _SOURCE.format(call="_double").replace("    return", f"    {line}\n    return")

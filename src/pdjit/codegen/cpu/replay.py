@@ -39,16 +39,19 @@ What a recording holds is checked, never assumed:
   results into filled with NaN first, and kept only if it gives the driver's outputs bit for
   bit (a kernel call it missed leaves NaN); once it has served :data:`NATIVE_AFTER` runs
   (:data:`HOT_NATIVE_AFTER` where one of the step's recordings went native before), its
-  runs of kernel calls go native, kept only if a run so, poisoned the same way, gives the
-  bits of a replay from Python; after :data:`MAX_FAILURES` recordings of a step fail their
-  first check (or go stale), its driver serves for good;
+  runs of kernel calls are compiled native on a thread of their own (the runs meanwhile
+  replayed from Python) and taken at the first run after, kept only if a run so, poisoned the
+  same way, gives the bits of a replay from Python; after :data:`MAX_FAILURES` recordings of
+  a step fail their first check (or go stale), its driver serves for good;
 - then its runs are timed against the driver's, by turns (:data:`TRIAL_RUNS` each), and the
   faster serves its key (a step of a few small kernels gains nothing: its inputs and outputs
   are copied);
 - it serves while every parameter is the array it was made with, no value derived from a
   parameter was dropped (``params.generation``: a run that writes it) and no library kernel
   became ready (:data:`VERSION`: it may name the slower path that served until then); a
-  recording is made only after :data:`AFTER_RUNS` runs of its key with none becoming ready.
+  recording is made only after :data:`AFTER_RUNS` runs of its key with none becoming ready,
+  the driver rewritten for the recorder at the last of them (a run's cost each, where both
+  in one run took a cold MobileNetV3-large's ~130 ms against its 7 ms runs).
 
 ``PDJIT_REPLAY=0`` turns it off; ``PDJIT_REPLAY_NATIVE=0`` makes its calls from Python.
 """
@@ -86,8 +89,8 @@ _NEVER = -(1 << 62)  # (a key's count of host runs that never reaches its record
 #: ``PDJIT_REPLAY_NATIVE=0``: never) ...
 NATIVE = os.environ.get("PDJIT_REPLAY_NATIVE", "1") != "0"
 #: ... once it has served this many runs: compiling them takes 10-100 ms (MobileNetV2's 55
-#: calls ~0.1 s) for a few microseconds saved a call, so not in the run that records (a
-#: served model's fourth), nor for a program run a few times (a script, a test)
+#: calls ~0.1 s) for a few microseconds saved a call, so not for a program run a few times (a
+#: script, a test), and on a thread beside the runs (:data:`NATIVE_THREAD`)
 NATIVE_AFTER = 32
 #: ... or this many, where a recording of the same step went native before (the step is
 #: served, and its new key is the same program at other threads, another slice of the batch,
@@ -95,6 +98,8 @@ NATIVE_AFTER = 32
 #: batch 1 waited 38 runs of 25 ms for its new key's calls to go native (its runs from Python
 #: are no samples), a benchmark's whole window
 HOT_NATIVE_AFTER = 2
+#: whether those native calls compile on a thread of their own (off: in the run; tests)
+NATIVE_THREAD = True
 #: timed runs each of a new recording and of the driver before the faster serves its key
 TRIAL_RUNS = 3
 #: recordings of a step that may fail their check or go stale (its parameters new arrays at
@@ -159,46 +164,93 @@ _STATEMENTS = (ast.Assign, ast.AugAssign, ast.Expr, ast.Delete, ast.If, ast.Rais
 
 
 def _source_why(tree) -> str | None:
-    """Why a driver's source is not made of what the recorder knows (None: it is)."""
+    """Why a driver's statements are not what the recorder knows (None: they are; its
+    expressions are :class:`_Calls`' to check as it rewrites them)."""
     fns = [n for n in tree.body if isinstance(n, ast.FunctionDef)]
     if len(fns) != 1 or len(tree.body) != 1:
         return "not one function"
-    for node in ast.walk(fns[0]):
-        if isinstance(node, ast.stmt) and node is not fns[0] and \
-                not isinstance(node, _STATEMENTS):
+    todo = list(fns[0].body)  # (statements lie in the body and its ifs' branches alone)
+    while todo:
+        node = todo.pop()
+        if not isinstance(node, _STATEMENTS):
             return f"a {type(node).__name__} statement"
-        if isinstance(node, ast.Assign) and not all(
+        if isinstance(node, ast.If):
+            todo += node.body + node.orelse
+        elif isinstance(node, ast.Assign) and not all(
                 isinstance(t, ast.Name) or isinstance(t, ast.Tuple) and
                 all(isinstance(e, ast.Name) for e in t.elts) for t in node.targets) and not (
                 len(node.targets) == 1 and isinstance(node.targets[0], ast.Subscript)):
             return "an assignment into a value"
-        if isinstance(node, ast.AugAssign) and not isinstance(node.target, ast.Name) or \
+        elif isinstance(node, ast.AugAssign) and not isinstance(node.target, ast.Name) or \
                 isinstance(node, ast.Delete) and not all(
                     isinstance(t, ast.Name) for t in node.targets):
             return "an assignment into a value"
-        if isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp,
-                             ast.GeneratorExp, ast.NamedExpr, ast.Await, ast.Yield)):
-            return f"a {type(node).__name__}"
     return None
+
+
+def _at(node) -> dict:
+    """``node``'s position, as the keywords of a node :class:`_Calls` makes in its place (each
+    made with one, where ``ast.fix_missing_locations`` walked the whole tree for them after:
+    ~27 ms of the ~104 that MobileNetV3-large's driver of 1,000 lines took to rewrite)."""
+    return {"lineno": node.lineno, "col_offset": node.col_offset,
+            "end_lineno": node.end_lineno, "end_col_offset": node.end_col_offset}
+
+
+def _rp(name: str, args: list, at: dict):
+    """``name(*args)`` at the position ``at`` (:func:`_at`): a call of the recorder's."""
+    return ast.Call(func=ast.Name(name, ast.Load(), **at), args=args, keywords=[], **at)
 
 
 class _Calls(ast.NodeTransformer):
     """Every call ``f(args)`` of the driver as ``_rp_call(f, args)``, every subscript ``v[i]``
     as ``_rp_item(v, i)``, every operand of arithmetic and comparisons through
     ``_rp_number``, ``v[i] = x`` as ``_rp_setitem(x, v, i)``, ``t += n`` as
-    ``t = _rp_aug("Add", t, n)``."""
+    ``t = _rp_aug("Add", t, n)``; ``why``: the first expression met that the recorder does
+    not know (a lambda, a comprehension, ...), else None."""
+    why = None
+
+    def __init__(self):
+        self._methods = {}  # node type -> its visit_ method, or None
+
+    def _unknown(self, node):
+        self.why = self.why or f"a {type(node).__name__}"
+        return node
+
+    visit_Lambda = visit_ListComp = visit_SetComp = visit_DictComp = visit_GeneratorExp = \
+        visit_NamedExpr = visit_Await = visit_Yield = _unknown
+
+    # (``ast.NodeTransformer``'s walk, faster: a node type's method looked up once, names,
+    # constants and contexts not walked into, each method returning one node; with ``_at``
+    # MobileNetV3-large's driver rewritten in 56 ms, not 104, DenseNet-121's in 91, not 150)
+    def visit(self, node):
+        t = type(node)
+        if t in _LEAVES:
+            return node
+        try:
+            method = self._methods[t]
+        except KeyError:
+            method = self._methods[t] = getattr(self, "visit_" + t.__name__, None)
+        return self.generic_visit(node) if method is None else method(node)
+
+    def generic_visit(self, node):
+        for field in node._fields:
+            old = getattr(node, field, None)
+            if type(old) is list:
+                old[:] = [self.visit(v) if isinstance(v, ast.AST) else v for v in old]
+            elif isinstance(old, ast.AST):
+                setattr(node, field, self.visit(old))
+        return node
 
     def visit_Call(self, node):  # noqa: N802 - ast's name
         self.generic_visit(node)
-        return ast.copy_location(ast.Call(func=ast.Name("_rp_call", ast.Load()),
-                                          args=[node.func, *node.args],
-                                          keywords=node.keywords), node)
+        at = _at(node)
+        return ast.Call(func=ast.Name("_rp_call", ast.Load(), **at),
+                        args=[node.func, *node.args], keywords=node.keywords, **at)
 
     def visit_Subscript(self, node):  # noqa: N802 - ast's name
         self.generic_visit(node)
-        return ast.copy_location(ast.Call(func=ast.Name("_rp_item", ast.Load()),
-                                          args=[node.value, _index(node.slice)],
-                                          keywords=[]), node)
+        at = _at(node)
+        return _rp("_rp_item", [node.value, _index(node.slice, at)], at)
 
     def _operands(self, node):
         """Arithmetic, comparisons and truth tests: their operands through ``_rp_number``
@@ -221,21 +273,23 @@ class _Calls(ast.NodeTransformer):
             self.generic_visit(node)
             return node
         # ``v[i] = x``: ``_rp_setitem(x, v, i)``, a call made again at each replay
-        args = [self.visit(node.value), self.visit(t.value), _index(self.visit(t.slice))]
-        return ast.copy_location(ast.Expr(ast.Call(func=ast.Name("_rp_setitem", ast.Load()),
-                                                   args=args, keywords=[])), node)
+        at = _at(node)
+        args = [self.visit(node.value), self.visit(t.value), _index(self.visit(t.slice), at)]
+        return ast.Expr(_rp("_rp_setitem", args, at), **at)
 
     def visit_AugAssign(self, node):  # noqa: N802 - ast's name
         # ``t += x``: ``t = _rp_aug("Add", t, x)`` (``operator.iadd``: in place where ``t``
         # is an array, which is refused)
         self.generic_visit(node)
-        value = ast.Call(func=ast.Name("_rp_aug", ast.Load()),
-                         args=[ast.Constant(type(node.op).__name__),
-                               ast.Name(node.target.id, ast.Load()), node.value], keywords=[])
-        return ast.copy_location(ast.Assign(targets=[ast.Name(node.target.id, ast.Store())],
-                                            value=value), node)
+        at = _at(node)
+        value = _rp("_rp_aug", [ast.Constant(type(node.op).__name__, **at),
+                                  ast.Name(node.target.id, ast.Load(), **at), node.value], at)
+        return ast.Assign(targets=[ast.Name(node.target.id, ast.Store(), **at)], value=value,
+                          **at)
 
 
+#: the nodes :class:`_Calls` leaves as they are, without looking into them
+_LEAVES = frozenset((ast.Name, ast.Constant, ast.Load, ast.Store, ast.Del))
 #: the fields of the nodes :meth:`_Calls._operands` checks
 _OPERANDS = {ast.BinOp: ("left", "right"), ast.UnaryOp: ("operand",),
              ast.Compare: ("left", "comparators"), ast.BoolOp: ("values",),
@@ -245,17 +299,17 @@ _OPERANDS = {ast.BinOp: ("left", "right"), ast.UnaryOp: ("operand",),
 def _number(e):
     """``e`` as ``_rp_number(e)``: arithmetic and comparisons of the driver's lines are on
     numbers (shapes), an array there (a value computed once) is refused."""
-    return ast.Call(func=ast.Name("_rp_number", ast.Load()), args=[e], keywords=[])
+    return _rp("_rp_number", [e], _at(e))
 
 
-def _index(s):
-    """A subscript's index as an expression (a slice as ``slice(...)``)."""
+def _index(s, at: dict):
+    """A subscript's index as an expression (a slice as ``slice(...)``), what it makes at the
+    position ``at``."""
     if isinstance(s, ast.Slice):
-        none = ast.Constant(None)
-        return ast.Call(func=ast.Name("_rp_slice", ast.Load()),
-                        args=[s.lower or none, s.upper or none, s.step or none], keywords=[])
+        none = ast.Constant(None, **at)
+        return _rp("_rp_slice", [s.lower or none, s.upper or none, s.step or none], at)
     if isinstance(s, ast.Tuple):
-        return ast.Tuple([_index(e) for e in s.elts], ast.Load())
+        return ast.Tuple([_index(e, at) for e in s.elts], ast.Load(), **at)
     return s
 
 
@@ -501,6 +555,7 @@ class Recording:
         self.runs = 0          # runs served (the native calls made at native_after)
         self.native_after = NATIVE_AFTER
         self.poison = None     # fills its buffers with NaN (the check of the native calls)
+        self.building = None   # the native calls' compile: [thread, runs, chains] (native)
 
     def fits(self, values) -> bool:
         return self.made == _state() and self.thread == threading.get_ident() and \
@@ -512,16 +567,92 @@ class Recording:
         self.runs += 1
         if self.parts is None and NATIVE and self.poison is not None:
             if self.runs == self.native_after:
+                self.native()
+            if self.built():
                 self._go_native_checked(values)
-            elif self.runs < self.native_after:  # (from Python until then)
-                threads.PY_REPLAYS[0] += 1
+            elif self.runs < self.native_after or self.building is not None:
+                threads.PY_REPLAYS[0] += 1  # (from Python until then)
         return tuple([np.array(o) for o in self.replay(values)])
+
+    def native(self) -> None:
+        """Start compiling each run of two or more ops that are kernel calls with the same
+        arguments at every run (no input passed in place, nothing returned to copy) into one
+        native call (:mod:`.callchain`, all compiled at once): their module made here, LLVM's
+        work on a thread of its own (``callchain.finish``, without the GIL), so that no run
+        waits for it (MobileNetV3-large's 84 calls: ~90 ms of ~120); the run after it ends
+        checks and takes them (:meth:`_go_native_checked`). With ``NATIVE_THREAD`` off (tests),
+        compiled here."""
+        runs, run = [], []  # (runs of (op, call)), the run so far
+        for k, (fn, args, kwargs, out) in enumerate(self.ops):
+            call = None
+            if not kwargs and out is None and k not in self.uses:
+                try:
+                    call = callchain.native(fn, args)
+                except callchain.Unsupported:
+                    pass
+            if call is not None:
+                run.append((k, call))
+                continue
+            if len(run) > 1:
+                runs.append(run)
+            run = []
+        if len(run) > 1:
+            runs.append(run)
+        if not runs:
+            return
+        try:
+            prepared = callchain.prepare([[c for _, c in r] for r in runs])
+        except Exception:  # noqa: BLE001 - the calls from Python serve
+            return
+        building = [None, runs, None]
+
+        def work():
+            try:
+                with threads.background():
+                    building[2] = callchain.finish(prepared)
+            except Exception:  # noqa: BLE001 - the calls from Python serve
+                pass
+
+        if NATIVE_THREAD:
+            # (not a daemon: the interpreter waits for it at exit rather than unloading LLVM
+            # under a compile that runs without the GIL)
+            building[0] = threading.Thread(target=work, name="pdjit-callchain", daemon=False)
+            building[0].start()
+        else:
+            work()
+        self.building = building
+
+    def built(self) -> bool:
+        """Whether :meth:`native`'s compile has ended (its native calls ready, or none)."""
+        return self.building is not None and (
+            self.building[0] is None or not self.building[0].is_alive())
+
+    def go_native(self) -> bool:
+        """The native calls :meth:`native` compiled (:meth:`built`) made the recording's
+        parts: whether any were."""
+        _, runs, chains = self.building
+        self.building = None
+        starts = {r[0][0]: (r[-1][0] + 1, chain) for r, chain in zip(runs, chains or ())
+                  if chain is not None}
+        if not starts:
+            return False
+        parts, k = [], 0
+        while k < len(self.ops):
+            if k in starts:
+                end, chain = starts[k]
+                parts.append((k, end, chain))
+                k = end
+            else:
+                parts.append(k)
+                k += 1
+        self.parts = parts
+        return True
 
     def _go_native_checked(self, values) -> None:
         """:meth:`go_native`, kept only where a replay by the native calls, its buffers filled
         with NaN first, gives the bits of one from Python on the same values (as the
         recording's own check: a call it missed would leave NaN)."""
-        # (a compile and two more replays in this run: no sample of a trial, threads.LOADS)
+        # (two more replays in this run: no sample of a trial, threads.LOADS)
         threads.LOADS[0] += 1
         want = [np.array(o) for o in self.replay(values)]
         try:
@@ -572,44 +703,6 @@ class Recording:
                         np.copyto(o, g)
             else:
                 np.copyto(out, got)
-
-    def go_native(self) -> bool:
-        """Make each run of two or more ops that are kernel calls with the same arguments at
-        every run (no input passed in place, nothing returned to copy) one native call
-        (:mod:`.callchain`, all compiled at once): whether any did."""
-        runs, run = [], []  # (runs of (op, call)), the run so far
-        for k, (fn, args, kwargs, out) in enumerate(self.ops):
-            call = None
-            if not kwargs and out is None and k not in self.uses:
-                try:
-                    call = callchain.native(fn, args)
-                except callchain.Unsupported:
-                    pass
-            if call is not None:
-                run.append((k, call))
-                continue
-            if len(run) > 1:
-                runs.append(run)
-            run = []
-        if len(run) > 1:
-            runs.append(run)
-        chains = callchain.build([[c for _, c in r] for r in runs]) if runs else []
-        starts = {r[0][0]: (r[-1][0] + 1, chain) for r, chain in zip(runs, chains)
-                  if chain is not None}
-        if not starts:
-            return False
-        parts, k = [], 0
-        while k < len(self.ops):
-            if k in starts:
-                end, chain = starts[k]
-                parts.append((k, end, chain))
-                k = end
-            else:
-                parts.append(k)
-                k += 1
-        self.parts = parts
-        return True
-
 
 def _poisoner(arena, ops, theirs):
     """What fills a recording's buffers with NaN before a check: its arena and what its calls
@@ -908,7 +1001,10 @@ class HostReplay:
                 with self._lock:
                     self._runs = {}
             self._runs[key] = runs
-            return self.compiled.fn(*values)
+            out = self.compiled.fn(*values)
+            if runs == AFTER_RUNS:  # (the driver rewritten a run ahead of its recording: a
+                self._capture_fn()  # cold run of each no more than twice a warm one's + 0.1 s)
+            return out
         self._runs[key] = 0
         return self._record(key, values)
 
@@ -1083,7 +1179,10 @@ def _rewritten(source: str):
     why = _source_why(tree)
     if why is not None:
         return why
-    tree = ast.fix_missing_locations(_Calls().visit(tree))
+    calls = _Calls()
+    tree = calls.visit(tree)
+    if calls.why is not None:
+        return calls.why
     return compile(tree, f"<pdjit replay {tree.body[0].name}>", "exec")
 
 
