@@ -250,6 +250,60 @@ def test_a_thread_kept_to_one_thread_starts_no_team(monkeypatch):
     assert list(threads._teams) == [t.native_id]
 
 
+def test_a_team_is_placed_once_the_loop_that_names_it_is_ready(monkeypatch):
+    """While the loop that takes a team's ids is neither compiled nor on disk
+    (``lib.team.thread_ids`` gives None: it is compiled ahead, never in a run) ``place_team``
+    keeps no team and asks again at its next call; once it gives ids, the team is kept."""
+    import threading
+
+    import pytest
+
+    if threads._getcpu is None:
+        pytest.skip("no getcpu: teams are not placed")
+    _no_team_yet(monkeypatch)
+    ready, asked = [False], []
+
+    def ids():
+        asked.append(ready[0])
+        return [] if ready[0] else None
+
+    monkeypatch.setattr(threads, "_thread_ids", [ids])
+    seen = []
+
+    def work():
+        threads.place_team()
+        seen.append(dict(threads._teams))
+        ready[0] = True
+        threads.place_team()
+        threads.place_team()  # (kept: not asked again)
+        seen.append(list(threads._teams))
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    assert asked == [False, True] and seen == [{}, [t.native_id]]
+
+
+def test_the_loop_that_names_a_team_is_not_compiled_in_a_run(monkeypatch):
+    """``lib.team.thread_ids`` without its loop compiled or on disk: None, and nothing
+    compiled (``COMPILE`` off, as outside tests); it looks on disk again only after
+    ``LOOK_AGAIN_S``."""
+    from pdjit.codegen.cpu.lib import team
+
+    if team._GETTID is None:
+        import pytest
+        pytest.skip("no gettid: no ids to take")
+    looked = []
+    monkeypatch.setattr(team, "COMPILE", False)
+    monkeypatch.setattr(team, "_ids_look", [0.0])
+    monkeypatch.setattr(team, "_on_disk", lambda loop, sig: looked.append(sig) or False)
+    monkeypatch.setattr(team._ids, "overloads", {})
+    compiled = []
+    monkeypatch.setattr(team._ids, "compile", lambda sig: compiled.append(sig))
+    assert team.thread_ids() is None and team.thread_ids() is None
+    assert len(looked) == 1 and not compiled
+
+
 def test_work_splits_over_the_cores_from_one_thread_at_a_time(monkeypatch):
     """The first thread that starts a team owns it while it lives: on another thread a run's
     loops and splits stay on that thread (``begin_run``, ``loop_threads``; no team started)

@@ -1093,7 +1093,10 @@ def place_team(discover: bool = True) -> None:
     if team is None:
         if _thread_ids[0] is None:  # (no team: lib.team, which names it, is not loaded)
             return
-        team = _teams[me] = [[t for t in _thread_ids[0]() if t != me], None]
+        ids = _thread_ids[0]()
+        if ids is None:  # (the loop that takes them is not ready: asked again at the next call)
+            return
+        team = _teams[me] = [[t for t in ids if t != me], None]
         _team_owner[0] = (me, threading.current_thread())
     allowed = _allowed()
     if len(allowed) > 1 and cpu in allowed:

@@ -53,17 +53,28 @@ compile_cost(0.6, _ids)
 jobs("team._ids (warmup)")(lambda T: [(_ids, ((np.int64, 1),))])
 
 
-def thread_ids() -> list:
+def thread_ids() -> list | None:
     """The kernel ids of the threads that run the calling thread's parallel loops (itself
     among them where it takes a part): one loop of as many parts as Numba has threads, each
-    part taking its thread's id. Empty where the ids cannot be taken."""
+    part taking its thread's id. Empty where the ids cannot be taken; None while that loop is
+    neither compiled nor on disk (compiled ahead as the others are, see :func:`ready`: compiled
+    in a run, where a generated kernel's parallel variant first served, it held that run
+    0.26 s), looked for again every :data:`LOOK_AGAIN_S`."""
     if _GETTID is None:
         return []
     n = numba.config.NUMBA_NUM_THREADS
+    out = np.zeros(n, np.int64)
+    sig = (numba.typeof(out),)
+    if not (COMPILE or sig in _ids.overloads):
+        now = time.monotonic()
+        if now < _ids_look[0]:
+            return None
+        if not _on_disk(_ids, sig):
+            _ids_look[0] = now + LOOK_AGAIN_S
+            return None
     before = numba.get_num_threads()
     numba.set_num_threads(n)
     try:
-        out = np.zeros(n, np.int64)
         _ids(out)
     finally:
         numba.set_num_threads(before)
@@ -71,6 +82,7 @@ def thread_ids() -> list:
 
 
 threads._thread_ids[0] = thread_ids
+_ids_look = [0.0]  # when thread_ids looks for its loop on disk again
 
 _READY: dict = {}  # (parallel loop, data type) -> True (ready), None (failed), or when to look
 #: whether a loop found on disk in no process's cache is compiled at its first ask, in the run
