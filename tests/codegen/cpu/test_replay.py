@@ -398,6 +398,32 @@ def test_the_driver_is_rewritten_for_the_recorder_a_run_before_its_recording():
         (True, False), (True, True), (True, True)]
 
 
+def test_a_trial_against_the_driver_takes_no_sample_beside_a_background_compile(monkeypatch):
+    """A recording's trial against its driver times no run that begins while a compile goes
+    on beside the runs (``threads.BACKGROUND``: its own calls going native on their thread)
+    nor one that loaded a kernel (``threads.LOADS`` moved); those runs are served all the
+    same, and the next ones are timed."""
+    monkeypatch.setattr(replay, "TRIAL_RUNS", 2)
+    rp = replay.HostReplay(_Driver(_SOURCE.format(call="_double")), params=[1])
+    w = np.ones(3, np.float32)
+
+    def run(i):
+        x = np.full((2, 2), i, np.float32)
+        np.testing.assert_array_equal(rp.call([x, w])[0], 2 * x.reshape(-1))
+
+    for i in range(replay.AFTER_RUNS + 1):
+        run(i)
+    (rec,) = rp.recordings.values()
+    assert rec.trial == ([], [])
+    monkeypatch.setattr(threads, "BACKGROUND", [1])
+    for i in range(3):
+        run(i)
+    assert rec.trial == ([], [])
+    monkeypatch.setattr(threads, "BACKGROUND", [0])
+    run(0)
+    assert len(rec.trial[0]) == 1 and rec.trial[1] == []
+
+
 def test_a_run_that_records_is_no_sample_of_a_trial_of_threads():
     """The run that records a replay (the driver's run, then the recording's to check it)
     moves ``threads.LOADS``, so a run-choice trial times that setting again; plain and
