@@ -295,7 +295,7 @@ def test_the_loop_that_names_a_team_is_not_compiled_in_a_run(monkeypatch):
         pytest.skip("no gettid: no ids to take")
     looked = []
     monkeypatch.setattr(team, "COMPILE", False)
-    monkeypatch.setattr(team, "_ids_look", [0.0])
+    monkeypatch.setattr(team, "_READY", {})
     monkeypatch.setattr(team, "_on_disk", lambda loop, sig: looked.append(sig) or False)
     monkeypatch.setattr(team._ids, "overloads", {})
     compiled = []

@@ -207,9 +207,9 @@ class _Calls(ast.NodeTransformer):
     ``_rp_number``, ``v[i] = x`` as ``_rp_setitem(x, v, i)``, ``t += n`` as
     ``t = _rp_aug("Add", t, n)``; ``why``: the first expression met that the recorder does
     not know (a lambda, a comprehension, ...), else None."""
-    why = None
 
     def __init__(self):
+        self.why = None
         self._methods = {}  # node type -> its visit_ method, or None
 
     def _unknown(self, node):
@@ -1049,7 +1049,7 @@ class HostReplay:
         threads.WARMING[0] += 1  # (by turns until one serves)
         times = rec.trial
         which = len(times[0]) > len(times[1])
-        loads = threads.LOADS[0] if not threads.BACKGROUND[0] else None
+        loads = threads.sample_mark()
         t0 = time.perf_counter()
         out = self.compiled.fn(*values) if which else self._replay(rec, values)
         if loads == threads.LOADS[0]:

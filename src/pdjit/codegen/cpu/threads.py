@@ -716,6 +716,13 @@ PY_REPLAYS = [0]
 WARMING_REDOS = 96
 
 
+def sample_mark():
+    """What a trial's timed run compares ``LOADS`` with when it ends: the run is a sample
+    where ``LOADS[0]`` is still this (None where a compile goes on beside the runs,
+    :data:`BACKGROUND`: never)."""
+    return None if BACKGROUND[0] else LOADS[0]
+
+
 @contextlib.contextmanager
 def background():
     """Around a compile on a thread of this process beside its runs: the runs it overlaps

@@ -344,8 +344,7 @@ class DriverTiers:
         turns[which] += 1
         split = drivers[which] if isinstance(drivers[which], SplitDriver) else None
         split_runs = split.runs if split is not None else 0
-        # (a compile beside the runs, threads.BACKGROUND: no sample either)
-        loads = threads.LOADS[0] if not threads.BACKGROUND[0] else None
+        loads = threads.sample_mark()  # (a compile beside the runs: no sample either)
         warming = threads.WARMING[0]
         t0 = time.perf_counter()
         if which:

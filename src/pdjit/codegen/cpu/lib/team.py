@@ -64,14 +64,8 @@ def thread_ids() -> list | None:
         return []
     n = numba.config.NUMBA_NUM_THREADS
     out = np.zeros(n, np.int64)
-    sig = (numba.typeof(out),)
-    if not (COMPILE or sig in _ids.overloads):
-        now = time.monotonic()
-        if now < _ids_look[0]:
-            return None
-        if not _on_disk(_ids, sig):
-            _ids_look[0] = now + LOOK_AGAIN_S
-            return None
+    if not _found(_ids, (numba.typeof(out),), (_ids, out.dtype)):
+        return None
     before = numba.get_num_threads()
     numba.set_num_threads(n)
     try:
@@ -82,7 +76,6 @@ def thread_ids() -> list | None:
 
 
 threads._thread_ids[0] = thread_ids
-_ids_look = [0.0]  # when thread_ids looks for its loop on disk again
 
 _READY: dict = {}  # (parallel loop, data type) -> True (ready), None (failed), or when to look
 #: whether a loop found on disk in no process's cache is compiled at its first ask, in the run
@@ -119,13 +112,12 @@ def ready(loop, args) -> bool:
     if state is True:
         return True
     run = threads.runs[0]
-    if state is None or time.monotonic() < state or run < AFTER_RUNS or \
+    if state is None or run < AFTER_RUNS or \
             _loaded[0] == run and not COMPILE and \
             _loaded[1] >= LOAD_SHARE * threads.shortest_run():
         return False
     sig = tuple(numba.typeof(a) for a in args)
-    if not (COMPILE or sig in loop.overloads or _on_disk(loop, sig)):
-        _READY[key] = time.monotonic() + LOOK_AGAIN_S
+    if not _found(loop, sig, key):
         return False
     if _loaded[0] != run:
         _loaded[:] = run, 0.0
@@ -196,6 +188,21 @@ def plan(parts, units, npan, by_panels) -> tuple:
     ceil = np.array([-(-units * i // parts) for i in range(parts + 1)], np.int64)
     return np.stack([ceil, even]), np.array(
         [0, npan // 2 if (ceil != even).any() else npan, npan], np.int64)
+
+
+def _found(loop, sig, key) -> bool:
+    """Whether the loop ``loop`` is compiled for ``sig`` in this process or on disk (or may
+    be compiled: ``COMPILE``); one not there is looked for on disk again only after
+    :data:`LOOK_AGAIN_S` (``_READY[key]``: when)."""
+    if COMPILE or sig in loop.overloads:
+        return True
+    state = _READY.get(key, 0.0)
+    if type(state) is float and time.monotonic() < state:
+        return False
+    if _on_disk(loop, sig):
+        return True
+    _READY[key] = time.monotonic() + LOOK_AGAIN_S
+    return False
 
 
 def _on_disk(loop, sig) -> bool:
