@@ -118,6 +118,15 @@ def _predictor(d, layout=True):
     return inference.create_predictor(cfg)
 
 
+def _artifact_as_predictor(d, name, xv):
+    """The outputs of the ahead-of-time artifact ``name`` in ``d`` for ``x`` = ``xv``, each
+    asserted bit for bit the Predictor's on the model saved there."""
+    got = load_artifact(d, name).run({"x": xv})
+    for g, w in zip(got, _predictor(d).run([xv])):
+        np.testing.assert_array_equal(g, w)
+    return got
+
+
 def test_the_chain_runs_channels_last_and_gives_the_oracle(saved):
     d, values = saved
     pred = _predictor(d)
@@ -296,10 +305,7 @@ def test_an_ahead_of_time_artifact_runs_the_chain_as_the_predictor(saved, monkey
     assert sum(op.all_attrs().get("data_format") == "NHWC"
                for op in prog.global_block().ops) == 9
     xv = RNG.standard_normal((2, 3, 12, 12)).astype(np.float32)
-    got = load_artifact(d, "chain_artifact").run({"x": xv})
-    want = _predictor(d).run([xv])
-    for g, w in zip(got, want):
-        np.testing.assert_array_equal(g, w)
+    got = _artifact_as_predictor(d, "chain_artifact", xv)
     np.testing.assert_allclose(got[0], _forward(xv.astype(np.float64), values)[0], rtol=1e-4,
                                atol=1e-4)
 
@@ -578,10 +584,7 @@ def test_an_ahead_of_time_artifact_runs_the_concats_of_a_chain(fire_saved, monke
     assert sorted(op.all_attrs()["axis"] for op in prog.global_block().ops
                   if op.type == "concat") == [1, 3, 3, 3, 3, 3]
     xv = RNG.standard_normal((2, 24, 7, 7)).astype(np.float32)
-    got = load_artifact(d, "fire_artifact").run({"x": xv})
-    want = _predictor(d).run([xv])
-    for g, w in zip(got, want):
-        np.testing.assert_array_equal(g, w)
+    _artifact_as_predictor(d, "fire_artifact", xv)
 
 
 def _np_pool(x, k, s, p, is_max, exclusive=True):
@@ -671,7 +674,4 @@ def test_an_ahead_of_time_artifact_runs_the_pools_of_a_chain(pools_saved, monkey
     assert sum(op.type == "pool2d" and op.all_attrs().get("data_format") == "NHWC"
                for op in prog.global_block().ops) == 2
     xv = RNG.standard_normal((2, 64, 11, 11)).astype(np.float32)
-    got = load_artifact(d, "pools_artifact").run({"x": xv})
-    want = _predictor(d).run([xv])
-    for g, w in zip(got, want):
-        np.testing.assert_array_equal(g, w)
+    _artifact_as_predictor(d, "pools_artifact", xv)
