@@ -196,6 +196,8 @@ QUADS = [
     ((1, 2, 8, 16), 3, 0, 1, 0, 1),    # no top or left padding
     ((1, 2, 14, 16), 3, 1, 1, 1, 1),   # height 14: columns-only split
     ((1, 2, 8, 16), 3, 0, 0, 0, 1),    # 7 output columns: columns-only split
+    ((1, 2, 9, 224), 3, 1, 1, 1, 1),   # wide planes: two columns of vectors a loop,
+    ((1, 3, 6, 130), 3, 1, 1, 1, 1),   # ... and an odd column left over
 ]
 
 
