@@ -347,3 +347,66 @@ def test_a_second_executor_waits_for_the_workers_already_compiling_its_kernels(t
     assert out["cold"] == [True, True] and out["equal"], out
     assert 1 <= out["workers"] <= 2, out
     assert out["taken_over"] == [True, True] and out["close"], out
+
+
+STAND_IN_SCRIPT = textwrap.dedent("""
+    import json, os, time
+    import numpy as np
+    import pdjit as fluid
+    from pdjit.codegen import compiler
+    from pdjit.codegen.cpu.lib import conv
+    from pdjit.runtime import executor as executor_mod
+
+    executor_mod.COLD_RUN_VALUES = 0  # (every program too large to interpret: stand-ins)
+    os.environ["PDJIT_COMPILE_WORKERS"] = "1"  # (a worker whatever the machine's load)
+    calls = [0]
+    numpy_taps = conv._taps_numpy
+    def counted(*args):
+        calls[0] += 1
+        numpy_taps(*args)
+    conv._taps_numpy = counted
+    main, startup = fluid.Program(), fluid.Program()
+    with fluid.program_guard(main, startup), fluid.unique_name.guard():
+        x = fluid.layers.data(name="x", shape=[3, 20, 20], dtype="float32")
+        y = fluid.layers.conv2d(x, 16, 5, stride=2, padding=2, act="relu")
+    rng = np.random.default_rng(0)
+    xv = rng.standard_normal((2, 3, 20, 20)).astype(np.float32)
+    exe, scope = fluid.Executor(), fluid.Scope()
+    exe.run(startup, scope=scope)
+    w = np.array(scope.find_var("conv2d_0.w_0").value, np.float64)
+    b = np.array(scope.find_var("conv2d_0.b_0").value, np.float64)
+    xp = np.pad(xv.astype(np.float64), ((0, 0), (0, 0), (2, 2), (2, 2)))
+    want = np.zeros((2, 16, 10, 10))
+    for i in range(5):
+        for j in range(5):
+            want += np.einsum("nchw,mc->nmhw", xp[:, :, i:i + 20:2, j:j + 20:2], w[:, :, i, j])
+    want = np.maximum(want + b.reshape(1, -1, 1, 1), 0)
+    out = {"runs": []}
+    t_end = time.monotonic() + 120
+    while time.monotonic() < t_end:
+        (got,) = exe.run(main, feed={"x": xv}, fetch_list=[y], scope=scope)
+        out["runs"].append([calls[0], compiler.compiling(conv._taps_range),
+                            len(conv._taps_range.overloads),
+                            float(np.abs(got - want).max() / np.abs(want).max())])
+        if not compiler.compiling(conv._taps_range) and len(out["runs"]) > 1:
+            (got,) = exe.run(main, feed={"x": xv}, fetch_list=[y], scope=scope)
+            out["after"] = [calls[0], len(conv._taps_range.overloads),
+                            float(np.abs(got - want).max() / np.abs(want).max())]
+            break
+        time.sleep(0.05)
+    print("RESULT " + json.dumps(out))
+""")
+
+
+def test_large_program_runs_stand_ins_while_a_worker_compiles(tmp_path):
+    """A program too large for the references (``COLD_RUN_VALUES`` set to 0) plans at once,
+    but the taps kernel of its convolution is left to a worker forked beside its runs
+    (``compiler.stand_ins``): the first runs take its NumPy stand-in (``conv._taps_numpy``),
+    then, the worker done, the kernel loaded from the disk cache; both against NumPy written
+    in the script."""
+    out = _run(tmp_path, STAND_IN_SCRIPT)
+    runs = out["runs"]
+    assert runs[0][:3] == [1, True, 0], runs  # the first run: the stand-in, the worker busy
+    assert all(r[3] < 1e-5 for r in runs), runs
+    calls, loaded, err = out["after"]  # the worker done: the kernel itself, no stand-in more
+    assert calls == runs[-1][0] and loaded == 1 and err < 1e-5, out

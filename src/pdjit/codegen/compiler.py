@@ -531,10 +531,11 @@ class LibraryKernel:
     itself on disk (``diskcache``, under ``PDJIT_CACHE_DIR``), so a worker's compilation serves
     this process too. ``cost``: its compile time (CPU seconds) as its library declares it. Its
     ``affinity`` is its module: the kernels of one module share helpers (see
-    :func:`_affinity`)."""
+    :func:`_affinity`). ``stand_in``: its library serves its calls by a stand-in while a worker
+    compiles it beside the runs (:func:`stand_ins`)."""
 
-    def __init__(self, fn, cost: float = 1.0):
-        self.fn, self.cost = fn, cost
+    def __init__(self, fn, cost: float = 1.0, stand_in: bool = False):
+        self.fn, self.cost, self.stand_in = fn, cost, stand_in
         self.name = f"{fn.py_func.__module__}.{fn.py_func.__qualname__}"
         self.affinity = fn.py_func.__module__
         self.text = ""
@@ -702,6 +703,58 @@ def compile_later():
     bg.start()
 
 
+_stand_ins = threading.local()
+_beside: dict = {}  # id(library kernel) -> the Background whose worker compiles it beside the runs
+
+
+@contextlib.contextmanager
+def stand_ins():
+    """Within it (on this thread), :func:`precompile` leaves the library kernels that have a
+    stand-in to a worker forked once the others are compiled: their callers ask
+    :func:`compiling` and run the stand-in meanwhile (the executor's first plan of a program
+    too large for the references to serve its first runs, ``cold_runs="reference"``). The taps
+    kernel of convolutions, ~2.4 s of CPU, took a cold ResNet-50's first result from 4.1 to
+    5.8 s for its stem, a layer of a few milliseconds."""
+    before = getattr(_stand_ins, "on", False)
+    _stand_ins.on = True
+    try:
+        yield
+    finally:
+        _stand_ins.on = before
+
+
+def _compile_beside(jobs) -> None:
+    """Fork a worker compiling ``jobs`` (library kernels that have a stand-in) into the disk
+    cache; each is :func:`compiling` until it is done (not where no worker could be forked:
+    their first calls compile them, as without a stand-in)."""
+    mine = []
+    for c, sig in jobs:
+        other = _in_flight.get((id(c.fn), sig))
+        if other is not None and not other.done():  # (another plan's worker has it)
+            _beside[id(c.fn)] = other
+        else:
+            mine.append((c, sig))
+    bg = Background()
+    bg.todo = mine
+    bg.start()
+    if bg.pids:
+        for c, _ in mine:
+            _beside[id(c.fn)] = bg
+
+
+def compiling(fn) -> bool:
+    """Whether a worker of this process compiles the library kernel ``fn`` (a dispatcher)
+    beside the runs (:func:`stand_ins`): its caller then runs its stand-in. Once the worker is
+    done, the next call loads it from the disk cache."""
+    bg = _beside.get(id(fn))
+    if bg is None:
+        return False
+    if not bg.done():
+        return True
+    _beside.pop(id(fn), None)  # (threads may ask at once)
+    return False
+
+
 def _wait_background() -> None:
     while _background:
         _background.pop().wait()
@@ -772,7 +825,9 @@ def precompile(jobs) -> int:
     costliest first (the sum of their ``cost``); the worker writes what it compiles
     to the disk cache, from which the first calls here load it. Within :func:`compile_later`,
     they are handed to its :class:`Background` (whose workers take them all once the plan is
-    built) and this process does not wait for them.
+    built) and this process does not wait for them. Within :func:`stand_ins`, the library
+    kernels that have a stand-in are compiled beside the first runs instead (where a worker
+    may be forked: :func:`_compile_beside`).
     Kernels already on disk or in memory are skipped, and a prediction that turns out wrong
     only means the first call compiles as it would have anyway. Returns how many kernels
     the worker compiled (0 without a worker; within :func:`compile_later`, how many were
@@ -804,6 +859,20 @@ def precompile(jobs) -> int:
                 held.add(key)
                 later.todo.append(job)
         return len(todo)
+    beside = [job for job in todo if getattr(job[0], "stand_in", False)] if \
+        getattr(_stand_ins, "on", False) and compile_workers() > 0 else []
+    if beside:
+        todo = [job for job in todo if not getattr(job[0], "stand_in", False)]
+        try:
+            return _precompile_now(todo)
+        finally:
+            _compile_beside(beside)
+    return _precompile_now(todo)
+
+
+def _precompile_now(todo) -> int:
+    """:func:`precompile`'s compile of ``todo`` (``(job, Numba signature)``, none compiled or
+    on disk) before the first calls."""
     if len(todo) < POOL_MIN_JOBS or compile_workers() == 0 or len(todo) > _MAX_JOBS or \
             os.path.abspath(str(cache_dir())) in _disk_off or \
             not hasattr(os, "fork") or \

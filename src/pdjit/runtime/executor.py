@@ -459,11 +459,13 @@ class Executor:
     def _first_plan(self, run):
         """``run``'s compiled plan; or None while forked workers compile its kernels and its
         runs are interpreted (``cold_runs="reference"``: see the class docstring)."""
-        if self.cold_runs != "reference" or self.strict or self._target.device or \
-                _values_held(run.program) > COLD_RUN_VALUES:
+        if self.cold_runs != "reference" or self.strict or self._target.device:
             return self._plan(run)
-        from pdjit.codegen.compiler import compile_later
+        from pdjit.codegen.compiler import compile_later, stand_ins
 
+        if _values_held(run.program) > COLD_RUN_VALUES:
+            with stand_ins():  # (the kernels that have a stand-in compile beside its runs)
+                return self._plan(run)
         with compile_later() as compiled:
             plan = self._plan(run)
         if compiled.done():  # nothing left to compile (or no worker could be forked)

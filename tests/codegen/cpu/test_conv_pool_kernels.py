@@ -296,3 +296,43 @@ def test_depthwise_rolled_rows(dtype):
         tol = 1e-5 if dtype == np.float32 else 1e-12
         np.testing.assert_allclose(a, want, rtol=tol, atol=tol)
         assert np.isfinite(a).sum() == np.isfinite(want).sum()
+
+
+# the taps kernel's NumPy stand-in (conv._taps_numpy, what serves while a worker compiles the
+# kernel beside a program's first runs): (xshape, wshape, stride, pad, dilation, groups)
+STAND_IN = [
+    ((3, 3, 20, 18), (8, 3, 7, 7), 2, 3, 1, 1),    # a stem: 7x7 stride 2
+    ((3, 6, 9, 11), (9, 2, 3, 3), 1, 1, 1, 3),     # groups, odd sizes
+    ((3, 4, 12, 12), (5, 4, 3, 3), 1, 2, 2, 1),    # dilation 2
+    ((3, 2, 8, 7), (3, 2, 2, 4), 2, 0, 1, 1),      # an even, oblong filter, no padding
+]
+
+
+@pytest.mark.parametrize("xshape,wshape,stride,pad,dil,groups", STAND_IN)
+def test_taps_stand_in(xshape, wshape, stride, pad, dil, groups):
+    """``_taps_numpy`` against NumPy written here: samples 1..2 of 3 (the others untouched),
+    with and without the epilogue (bias, a residual, a clamp), the residual also in the
+    output's own buffer."""
+    conv = nnlib.conv
+    x = RNG.standard_normal(xshape).astype(np.float32)
+    w = RNG.standard_normal(wshape).astype(np.float32)
+    if dil == 1:
+        want = np_conv(x, w, stride, pad, groups)
+    else:
+        want = np_conv_dil(x, w, pad, pad, pad, pad, dil, dil, groups)
+    bias = RNG.standard_normal(wshape[0]).astype(np.float32)
+    res = RNG.standard_normal(want.shape).astype(np.float32)
+    empty = np.empty(0, np.float32)
+    for b, r, lo, hi in ((empty, empty, -np.inf, np.inf), (bias, res, 0.0, 6.0)):
+        y = np.full(want.shape, 7.5, np.float32)
+        conv._taps_numpy(x, w, y, 1, 3, stride, stride, pad, pad, dil, dil, groups, b, lo, hi,
+                         r.reshape(-1) if r.size else r)
+        expect = want + (b.reshape(1, -1, 1, 1) if b.size else 0) + (r if r.size else 0)
+        expect = np.minimum(np.maximum(expect, lo), hi)
+        assert (y[0] == 7.5).all()
+        np.testing.assert_allclose(y[1:], expect[1:], rtol=1e-4, atol=1e-4)
+    y = res.copy()  # (the residual in y's buffer: read before it is written over)
+    conv._taps_numpy(x, w, y, 0, 3, stride, stride, pad, pad, dil, dil, groups, bias, -1.0, 2.0,
+                     y.reshape(-1))
+    expect = np.minimum(np.maximum(want + bias.reshape(1, -1, 1, 1) + res, -1.0), 2.0)
+    np.testing.assert_allclose(y, expect, rtol=1e-4, atol=1e-4)

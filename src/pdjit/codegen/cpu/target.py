@@ -370,7 +370,7 @@ class CpuTarget(Target):
     def warmup_jobs(self, dtypes) -> list:
         """Every entry point the library declares jobs for, and each math function through a
         small kernel, for float data of each of ``dtypes``."""
-        jobs = [(LibraryKernel(fn, nnlib.cost_of(fn)), types) for dt in dtypes
+        jobs = [(_library_kernel(fn), types) for dt in dtypes
                 for _, maker in sorted(nnlib.JOBS.items()) for fn, types in maker(np.dtype(dt))]
         for dt in dtypes:
             for fn in mathfuncs.__all__:
@@ -410,8 +410,13 @@ class CpuTarget(Target):
                                  rp)
 
     def library_jobs(self, names: list, dtype) -> list:
-        return [(LibraryKernel(fn, nnlib.cost_of(fn)), types)
-                for fn, types in nnlib.library_jobs(names, dtype)]
+        return [(_library_kernel(fn), types) for fn, types in nnlib.library_jobs(names, dtype)]
+
+
+def _library_kernel(fn) -> LibraryKernel:
+    """The compile job of the library kernel ``fn``: its declared cost, whether it has a
+    stand-in."""
+    return LibraryKernel(fn, nnlib.cost_of(fn), fn in nnlib.STAND_INS)
 
 
 TARGET = register_target(CpuTarget())

@@ -704,6 +704,17 @@ def cost_of(kernel) -> float:
     return COSTS.get(kernel, DEFAULT_COST)
 
 
+#: the library kernels whose callers have a stand-in for them (:func:`stand_in`)
+STAND_INS: set = set()
+
+
+def stand_in(*kernels) -> None:
+    """Declare that every host caller of the library ``kernels`` runs a stand-in while
+    ``team.standing_in`` says so: a program's first plan then has a worker compile them beside
+    its first runs (``compiler.stand_ins``) instead of before them."""
+    STAND_INS.update(kernels)
+
+
 # ---- arrays in one buffer ------------------------------------------------------------------------
 @register_jitable
 def may_share(a, b) -> bool:

@@ -916,8 +916,11 @@ def _ep(T):
     return ((T, 1), float, float, (T, 1), (T, 1))
 
 
+# (with the kernel of its splits on run_parts' helpers: compiled in a run where two cores
+# were free, ResNet-50's first at two, 0.44 s)
 jobs("pointwise_nhwc")(lambda T: [] if np.dtype(T) != np.float32 else [
-    (pointwise_nhwc, ((T, 4), (T, 1), (T, 4), int, int) + _ep(T))])
+    (pointwise_nhwc, ((T, 4), (T, 1), (T, 4), int, int) + _ep(T)),
+    (_pixel_blocks, ((T, 2), (T, 1), (T, 2)) + _ep(T) + (int, int))])
 jobs("depthwise_nhwc")(lambda T: [(_dw_rows, ((T, 4), (T, 2), int, int, (T, 4)) + (int,) * 10
                                    + _ep(T))])
 # (the splits of one sample by parallel loops, and conv_nhwc's kernel, which NumPy's calls

@@ -47,6 +47,7 @@ from pdjit.codegen.cpu.lib._jit import (
     jobs,
     may_share,
     pjit,
+    stand_in,
 )
 from pdjit.codegen.cpu.lib.deint import copy_run, deint, vcopy, zero_run
 from pdjit.codegen.cpu.lib.tile import TILE_BYTES, clamp_run, plane_kernel, tile_kernel
@@ -505,8 +506,50 @@ def _fwd_taps(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res
     """``y[n] = conv(x[n], w)`` for the samples ``n0..n1`` by taps: :func:`_taps_range` of
     whole planes. Not a compiled function of its own: one that calls ``_taps_range``
     optimises and generates its code again (the caller's module links the callee's), 1.4 s of
-    CPU cold for nothing; compiled code calls ``_taps_range`` through the overload below."""
+    CPU cold for nothing; compiled code calls ``_taps_range`` through the overload below.
+    While a worker compiles it beside the runs, :func:`_taps_numpy` stands in."""
+    if team.standing_in(_taps_range):
+        _taps_numpy(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
+        return
     _taps_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res, 0, -1)
+
+
+def _taps_numpy(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res):
+    """:func:`_fwd_taps` by NumPy's calls, what serves while a worker compiles the taps kernel
+    beside a program's first runs (``team.standing_in``: its compile, ~2.4 s of CPU, was most
+    of a cold ResNet-50's first result for its stem alone): the samples' patches by strided
+    views of the padded image, one BLAS product per group, then the epilogue
+    ``minimum(maximum(y + bias[m] + res, lo), hi)`` (the same to rounding; not replayed: a
+    recording of it is refused)."""
+    replay.refuse("the taps kernel compiles beside the runs")
+    n, c_, h_, w_ = x.shape[0], x.shape[1], x.shape[2], x.shape[3]
+    m_, cg, kh_, kw_ = w.shape
+    oh_, ow_ = y.shape[2], y.shape[3]
+    k = n1 - n0
+    if k <= 0 or oh_ <= 0 or ow_ <= 0:
+        return
+    mg = m_ // groups
+    hp = max(h_ + pt, (oh_ - 1) * sh + (kh_ - 1) * dh + 1)
+    wp = max(w_ + pl, (ow_ - 1) * sw + (kw_ - 1) * dw + 1)
+    xp = np.zeros((k, c_, hp, wp), x.dtype)
+    xp[:, :, pt:pt + h_, pl:pl + w_] = x[n0:n1]
+    cols = np.empty((k, c_, kh_, kw_, oh_, ow_), x.dtype)
+    for i in range(kh_):
+        for j in range(kw_):
+            cols[:, :, i, j] = xp[:, :, i * dh:i * dh + (oh_ - 1) * sh + 1:sh,
+                                  j * dw:j * dw + (ow_ - 1) * sw + 1:sw]
+    cols = cols.reshape(k, groups, cg * kh_ * kw_, oh_ * ow_)
+    out = np.matmul(w.reshape(1, groups, mg, cg * kh_ * kw_), cols)
+    out = out.reshape(k, m_, oh_, ow_)
+    if bias.size:
+        out += bias.reshape(1, m_, 1, 1)
+    if res.size:
+        out += res.reshape(n, m_, oh_, ow_)[n0:n1]
+    if lo > -np.inf:
+        np.maximum(out, lo, out=out)
+    if hi < np.inf:
+        np.minimum(out, hi, out=out)
+    y[n0:n1] = out
 
 
 @by_address
@@ -1025,8 +1068,11 @@ def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, re
         call(winograd.conv3x3, x, w, y, n0, n1, pt, pl, bias, lo, hi, res)
         return
     if _use_taps(w.shape[0] // groups, w[0].size, y.shape[2] * y.shape[3]):
-        call(_taps_range, x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res,
-             0, -1)
+        if team.standing_in(_taps_range):
+            _taps_numpy(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
+        else:
+            call(_taps_range, x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi,
+                 res, 0, -1)
         return
     if res.size and may_share(res, y):  # (a residual in y's buffer: read before written)
         call(_blas_range, x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
@@ -1815,6 +1861,7 @@ def nchw_empty(a):
 # compile times (CPU seconds, a cold compile of the signature its jobs predict, alone in a fresh
 # process, 2 cores at load 5-26): the compile worker balances its groups by them
 compile_cost(2.4, _taps_range, _direct_range)  # 2.25-2.5, 2.35 s
+stand_in(_taps_range)  # (_taps_numpy, in its host callers _fwd_taps and _fwd_range)
 compile_cost(1.9, _bwd_filter_range)
 compile_cost(1.25, _bwd_data_range, _fwd_blas)  # 1.23, 1.26 s
 compile_cost(0.7, _fwd_gemm)

@@ -135,6 +135,25 @@ def ready(loop, args) -> bool:
     return True
 
 
+_beside: set = set()  # the kernels a caller has run the stand-in of (standing_in)
+
+
+def standing_in(kernel) -> bool:
+    """Whether the callers of the library ``kernel`` run its stand-in: a worker compiles it
+    beside the runs (``compiler.compiling``, the kernels ``_jit.stand_in`` declares). The run
+    whose call loads it from the disk cache after is no sample of a trial of its threads
+    (``threads.LOADS``)."""
+    from pdjit.codegen import compiler
+
+    if compiler.compiling(kernel):
+        _beside.add(kernel)
+        return True
+    if kernel in _beside:
+        _beside.discard(kernel)
+        threads.LOADS[0] += 1
+    return False
+
+
 def run(loop, call) -> bool:
     """``loop(*call)`` on the team where the loop is :func:`ready` for ``call``, its threads
     first kept off the caller's core (``threads.place_team``): whether it ran (else the caller
