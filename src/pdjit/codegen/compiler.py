@@ -644,10 +644,10 @@ class Background:
             _wait(self.pids[0], deadline)
             del self.pids[0]
 
-    def start(self) -> None:
-        """Fork the workers of ``todo`` (at most one per core, two at most, for all the jobs
-        of the plan and its blocks, from one queue), where a worker can be forked; else its
-        kernels compile at their first calls."""
+    def start(self, most: int = 2) -> None:
+        """Fork the workers of ``todo`` (at most one per core, ``most`` at most, for all the
+        jobs of the plan and its blocks, from one queue), where a worker can be forked; else
+        its kernels compile at their first calls."""
         todo, self.todo = self.todo, []
         if not todo or len(todo) > _MAX_JOBS or not hasattr(os, "fork") or \
                 os.path.abspath(str(cache_dir())) in _disk_off or \
@@ -658,7 +658,7 @@ class Background:
         for job in todo:
             groups.setdefault(_affinity(job[0]), []).append(job)
         todo = sorted(groups.values(), key=lambda g: -sum(c.cost for c, _ in g))
-        pids, rd = _fork_workers(todo, min(len(todo), max(1, os.cpu_count() or 1), 2),
+        pids, rd = _fork_workers(todo, min(len(todo), max(1, os.cpu_count() or 1), most),
                                  refresh=False)
         os.close(rd)
         if not pids:  # no worker could be forked: the kernels compile at their first calls
@@ -704,7 +704,11 @@ def compile_later():
 
 
 _stand_ins = threading.local()
-_beside: dict = {}  # id(library kernel) -> the Background whose worker compiles it beside the runs
+#: id(library kernel) -> [the Background whose worker compiles it beside the runs, its jobs,
+#: when to look on disk for them next]
+_beside: dict = {}
+#: how often :func:`compiling` looks whether a kernel's worker has written it to disk yet
+BESIDE_LOOK_S = 0.25
 
 
 @contextlib.contextmanager
@@ -712,9 +716,9 @@ def stand_ins():
     """Within it (on this thread), :func:`precompile` leaves the library kernels that have a
     stand-in to a worker forked once the others are compiled: their callers ask
     :func:`compiling` and run the stand-in meanwhile (the executor's first plan of a program
-    too large for the references to serve its first runs, ``cold_runs="reference"``). The taps
-    kernel of convolutions, ~2.4 s of CPU, took a cold ResNet-50's first result from 4.1 to
-    5.8 s for its stem, a layer of a few milliseconds."""
+    too large for the references to serve its first runs, ``cold_runs="reference"``). The
+    taps kernel of convolutions, ~2.4 s of CPU, took a cold ResNet-50's first result from 4.1
+    to 5.8 s for its stem, a layer of a few milliseconds."""
     before = getattr(_stand_ins, "on", False)
     _stand_ins.on = True
     try:
@@ -725,32 +729,41 @@ def stand_ins():
 
 def _compile_beside(jobs) -> None:
     """Fork a worker compiling ``jobs`` (library kernels that have a stand-in) into the disk
-    cache; each is :func:`compiling` until it is done (not where no worker could be forked:
-    their first calls compile them, as without a stand-in)."""
-    mine = []
+    cache, one at a time (the runs their stand-ins serve keep a core); each is
+    :func:`compiling` until it is on disk (not where no worker could be forked: their first
+    calls compile them, as without a stand-in)."""
+    mine, theirs = [], []
     for c, sig in jobs:
         other = _in_flight.get((id(c.fn), sig))
         if other is not None and not other.done():  # (another plan's worker has it)
-            _beside[id(c.fn)] = other
+            theirs.append((other, (c, sig)))
         else:
             mine.append((c, sig))
     bg = Background()
     bg.todo = mine
-    bg.start()
+    bg.start(most=1)
     if bg.pids:
-        for c, _ in mine:
-            _beside[id(c.fn)] = bg
+        theirs += [(bg, job) for job in mine]
+    for owner, (c, sig) in theirs:
+        _beside.setdefault(id(c.fn), [owner, [], 0.0])[1].append((c, sig))
 
 
 def compiling(fn) -> bool:
     """Whether a worker of this process compiles the library kernel ``fn`` (a dispatcher)
-    beside the runs (:func:`stand_ins`): its caller then runs its stand-in. Once the worker is
-    done, the next call loads it from the disk cache."""
-    bg = _beside.get(id(fn))
-    if bg is None:
+    beside the runs (:func:`stand_ins`): its caller then runs its stand-in. Once the worker
+    has written it to the disk cache (looked for every :data:`BESIDE_LOOK_S`), or is done, the
+    next call loads it."""
+    entry = _beside.get(id(fn))
+    if entry is None:
         return False
+    bg, jobs, look = entry
     if not bg.done():
-        return True
+        now = time.monotonic()
+        if now < look:
+            return True
+        entry[2] = now + BESIDE_LOOK_S
+        if not all(_is_cached(c, sig) for c, sig in jobs):
+            return True
     _beside.pop(id(fn), None)  # (threads may ask at once)
     return False
 

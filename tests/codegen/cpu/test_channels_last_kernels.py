@@ -333,6 +333,30 @@ def test_one_sample_splits_give_the_same_bits(conv_kernel):
         assert not cl._split_conv(2, 10, x, bp, two, *geo, bias, 0.0, 6.0, E)
 
 
+@pytest.mark.parametrize("n,c,m,h,wd", [(2, 5, 7, 3, 5), (1, 37, 69, 5, 5), (3, 19, 96, 2, 7)])
+def test_pointwise_stand_in_while_its_kernel_compiles(monkeypatch, n, c, m, h, wd):
+    """While a worker compiles ``pointwise_nhwc`` beside the runs (``team.standing_in``),
+    ``split_work`` runs NumPy's calls in its place (``conv.SPLIT_STAND_INS``), unsplit, a
+    recording refused: against the oracle, each piece of the epilogue, both panel widths."""
+    from pdjit.codegen.cpu.lib import conv, team
+
+    calls = []
+    monkeypatch.setattr(team, "standing_in", lambda k: k is cl.pointwise_nhwc)
+    monkeypatch.setattr(conv, "_split", lambda *a, **k: calls.append(a))
+    monkeypatch.setitem(conv.CHANNEL_SPLITS, cl.pointwise_nhwc, lambda *a: calls.append(a))
+    x = RNG.standard_normal((n, h, wd, c)).astype(np.float32)
+    w = RNG.standard_normal((m, c, 1, 1)).astype(np.float32)
+    bp = cl.pointwise_nhwc_weight(w)
+    for bias, res, lo, hi, gate in _cases(m, (n, h, wd, m)):
+        y = np.full((n, h, wd, m), np.nan, np.float32)
+        conv.split_work(cl.pointwise_nhwc, n, 1 << 40, x, bp, y, bias, lo, hi, res, gate,
+                        head=3)
+        np.testing.assert_allclose(y, _pointwise_oracle(x, w, bias, res, lo, hi, gate),
+                                   rtol=1e-4, atol=1e-4)
+    assert not calls  # (neither split over samples nor over a sample's channels)
+    assert not cl._split_pointwise(2, 1 << 40, x[:1], bp, y[:1], E, -INF, INF, E, E)
+
+
 def test_a_conv_waits_for_its_kernel_on_numpys_calls(monkeypatch):
     """Until its kernel is ready ``conv_nhwc`` runs NumPy's calls (nothing compiled in a cold
     process's first results) and splits nothing; a host driver's recording is refused."""

@@ -72,6 +72,33 @@ def test_both_orientations_against_numpy():
     assert pointwise.pointwise_weight(w.astype(np.float64), 256).size == 0
 
 
+def test_stand_in_while_the_packed_kernels_compile(monkeypatch):
+    """While a worker compiles the row or the transposed tiles beside the runs
+    (``team.standing_in``), ``pointwise_range`` runs NumPy's calls in their place
+    (``conv._taps_numpy`` on the unpacked filter): against the oracle, both orientations,
+    the whole epilogue, a range of samples."""
+    from pdjit.codegen.cpu.lib import team
+
+    calls = []
+    for name in ("pointwise_rows", "pointwise_cols"):
+        monkeypatch.setattr(pointwise, name, lambda *a: calls.append(a))
+    monkeypatch.setattr(team, "standing_in",
+                        lambda k: k in (pointwise.pointwise_rows, pointwise.pointwise_cols))
+    for n, c, m, h, wd, kind in [(3, 16, 70, 4, 6, 2), (2, 300, 70, 14, 14, 1)]:
+        assert pointwise._choice(m, c, h * wd) == kind
+        x = RNG.standard_normal((n, c, h, wd)).astype(np.float32)
+        w = RNG.standard_normal((m, c, 1, 1)).astype(np.float32)
+        bias = RNG.standard_normal(m).astype(np.float32)
+        res = RNG.standard_normal(n * m * h * wd).astype(np.float32)
+        ap = pointwise.pointwise_weight(w, h * wd)
+        y = np.full((n, m, h, wd), np.nan, np.float32)
+        pointwise.pointwise_range(x, w, ap, y, 1, n, 1, 1, 0, 0, 1, 1, 1, bias, 0.0, 6.0, res)
+        np.testing.assert_allclose(y[1:], _oracle(x, w, bias, res, 0.0, 6.0)[1:], rtol=1e-4,
+                                   atol=1e-4)
+        assert np.isnan(y[0]).all()
+    assert not calls
+
+
 def test_row_tiles_sweep_wide_images_by_blocks_of_pixels():
     """``pgemm.pointwise_rows`` on images wider than ``pgemm._BLOCK_BYTES``, swept by blocks
     of pixels: 1640 pixels of 100 channels (a block of 1280, then 360: no whole number of

@@ -50,7 +50,7 @@ from pdjit.codegen.cpu import replay
 from pdjit.codegen.cpu.lib import conv as _conv
 from pdjit.codegen.cpu.lib import team
 from pdjit.codegen.cpu.lib import winograd as _wino
-from pdjit.codegen.cpu.lib._jit import by_address, compile_cost, jit, jobs, pjit
+from pdjit.codegen.cpu.lib._jit import by_address, compile_cost, jit, jobs, pjit, stand_in
 from pdjit.codegen.cpu.lib.pgemm import (
     MR,
     NV,
@@ -216,7 +216,7 @@ def _split_pointwise(parts, work, x, bp, y, bias, lo, hi, res, gate):
             parts, -(-p // NARROW_MR), -(-m // panel_of(m)),
             BY_PANELS[0] and bp.size > PANELS_OVER_IMAGE * x2.size)):
         return True
-    if work < _conv._CHANNELS_MIN_WORK:
+    if work < _conv._CHANNELS_MIN_WORK or team.standing_in(_pixel_blocks):
         return False
     blocks = -(-p // NARROW_MR)  # (a multiple of both tiles' rows)
     run_chunks(_pixel_blocks, blocks, parts, min(blocks, 4 * parts), *call)
@@ -239,6 +239,33 @@ BY_PANELS = [True]
 #: wherever the weight outweighs the image: 3.41-3.61 ms against 3.55-3.77, faster in each
 #: pair. ResNet-50's 14x14 256 -> 1024 (5.2 times) stays by panels
 PANELS_OVER_IMAGE = 4
+
+
+def _pointwise_numpy(x, bp, y, n0, n1, bias, lo, hi, res, gate):
+    """:func:`pointwise_nhwc` by NumPy's calls, while a worker compiles it beside the runs
+    (``conv.SPLIT_STAND_INS``): one product per panel of the packed filter (BLAS), then the
+    bias, the residual, the clamp and the gate (not replayed: a recording of it is
+    refused)."""
+    replay.refuse("pointwise_nhwc's kernel compiles beside the runs")
+    k, m = x.shape[3], y.shape[3]
+    nr = panel_of(m)
+    npan = -(-m // nr)
+    x2 = x[n0:n1].reshape(-1, k)
+    out = np.matmul(x2, bp.reshape(npan, k, nr)).transpose(1, 0, 2).reshape(
+        x2.shape[0], npan * nr)[:, :m]
+    if bias.size:
+        out += bias
+    if res.size:
+        out += res.reshape(y.shape)[n0:n1].reshape(-1, m)
+    out = np.minimum(np.maximum(out, lo), hi)
+    if gate.size:  # (tile.gate_of's values: a, b, lo, hi, scale)
+        a, b, glo, ghi, scale = (gate.dtype.type(v) for v in gate[:5])
+        t = np.minimum(np.maximum(out * a + b, glo), ghi)
+        out = out * t / scale if scale != 0 else t
+    y[n0:n1] = out.reshape(n1 - n0, *y.shape[1:])
+
+
+_conv.SPLIT_STAND_INS[pointwise_nhwc] = _pointwise_numpy
 
 
 @jit
@@ -932,6 +959,7 @@ jobs("channels_last (warmup)")(lambda T: [] if np.dtype(T) != np.float32 else [
     (_conv_parts, ((T, 4), (T, 1), int, int, (T, 4)) + (int,) * 6 + _ep(T)[:4]
      + ((np.int64, 2), (np.int64, 1)))])
 compile_cost(1.3, pointwise_nhwc)  # (its gated tiles: +0.1 s)
+stand_in(pointwise_nhwc, _pixel_blocks)  # (_pointwise_numpy; the split: none meanwhile)
 compile_cost(1.1, _dw_rows)
 compile_cost(1.6, _pixel_parts, _dw_parts, _conv_parts)
 compile_cost(3.2, _conv_rows)

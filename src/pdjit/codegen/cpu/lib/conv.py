@@ -517,8 +517,9 @@ def _fwd_taps(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res
 def _taps_numpy(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res):
     """:func:`_fwd_taps` by NumPy's calls, what serves while a worker compiles the taps kernel
     beside a program's first runs (``team.standing_in``: its compile, ~2.4 s of CPU, was most
-    of a cold ResNet-50's first result for its stem alone): the samples' patches by strided
-    views of the padded image, one BLAS product per group, then the epilogue
+    of a cold ResNet-50's first result for its stem alone), and the stand-in of the other
+    convolution kernels that have one: the samples' patches by strided views of the padded
+    image, one BLAS product per group, then the epilogue
     ``minimum(maximum(y + bias[m] + res, lo), hi)`` (the same to rounding; not replayed: a
     recording of it is refused)."""
     replay.refuse("the taps kernel compiles beside the runs")
@@ -1117,7 +1118,12 @@ def split_work(fn, n, work, *args, head=2):
     convolution of one sample (a kernel of :data:`_BY_CHANNELS`, or an entry of
     :data:`CHANNEL_SPLITS` by its own parts) is split over its output channels instead
     (:func:`split_channels`). A convolution on Winograd's kernel has its filter transformed
-    once, before the threads take their parts."""
+    once, before the threads take their parts. A kernel of :data:`SPLIT_STAND_INS` being
+    compiled beside the runs runs its stand-in."""
+    alt = SPLIT_STAND_INS.get(fn)
+    if alt is not None and team.standing_in(fn):
+        alt(*args[:head], 0, n, *args[head:])
+        return
     if n > 1:
         parts = _parts(n, work)
         if parts > 1:
@@ -1144,6 +1150,7 @@ def split_work(fn, n, work, *args, head=2):
 
 
 replay.declare("leaves", split_work)
+
 
 
 def _on_winograd(fn, args) -> bool:
@@ -1483,6 +1490,19 @@ _BY_CHANNELS = frozenset((_fwd_range, _fwd_taps, _fwd_gemm, _fwd_blas, _direct_r
 #: where that pays, and returning whether it did (the entries of other modules register
 #: here: :mod:`.pointwise`; see :func:`split_channels`)
 CHANNEL_SPLITS: dict = {}
+#: kernels that :func:`split_work` runs by a stand-in while a worker compiles them beside the
+#: runs (``team.standing_in``): ``{kernel: stand-in}``, the stand-in taking the kernel's
+#: arguments, unsplit (the entries of other modules register here: :mod:`.channels_last`)
+SPLIT_STAND_INS: dict = {}
+
+
+def _direct_numpy(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi):
+    """:func:`_direct_range` by NumPy's calls (:func:`_taps_numpy`, no residual)."""
+    _taps_numpy(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi,
+                np.empty(0, x.dtype))
+
+
+SPLIT_STAND_INS[_direct_range] = _direct_numpy
 #: entries whose batches :func:`split_work` splits by their own parts rather than by samples on
 #: ``run_parts``' helpers: ``{fn: split(threads, *args)}`` (``fn``'s arguments without the
 #: sample range), ``split`` running the whole batch in at most ``threads`` parts where it can,
@@ -1861,7 +1881,9 @@ def nchw_empty(a):
 # compile times (CPU seconds, a cold compile of the signature its jobs predict, alone in a fresh
 # process, 2 cores at load 5-26): the compile worker balances its groups by them
 compile_cost(2.4, _taps_range, _direct_range)  # 2.25-2.5, 2.35 s
-stand_in(_taps_range)  # (_taps_numpy, in its host callers _fwd_taps and _fwd_range)
+# (the taps: _taps_numpy, in its host callers _fwd_taps and _fwd_range; the direct loops:
+# SPLIT_STAND_INS)
+stand_in(_taps_range, _direct_range)
 compile_cost(1.9, _bwd_filter_range)
 compile_cost(1.25, _bwd_data_range, _fwd_blas)  # 1.23, 1.26 s
 compile_cost(0.7, _fwd_gemm)

@@ -64,7 +64,7 @@ from pdjit.codegen import params
 from pdjit.codegen.cpu import replay
 from pdjit.codegen.cpu.lib import conv as _conv
 from pdjit.codegen.cpu.lib import team
-from pdjit.codegen.cpu.lib._jit import JOBS, by_address, compile_cost, jit, jobs, pjit
+from pdjit.codegen.cpu.lib._jit import JOBS, by_address, compile_cost, jit, jobs, pjit, stand_in
 from pdjit.codegen.cpu.lib.deint import copy_run, zero_run
 from pdjit.codegen.cpu.lib.pgemm import (
     MR,
@@ -697,7 +697,10 @@ def pointwise_range(x, w, ap, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, l
         k, in_place = _packed_kind(x, w, ap, y, sh, sw, pt, pl, bias, res)
         if k:
             r = _route(k, in_place, w, y)
-            if r == 1:
+            if r <= 2 and team.standing_in(pointwise_rows if r == 1 else pointwise_cols):
+                _conv._taps_numpy(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo,
+                                  hi, res)
+            elif r == 1:
                 call(pointwise_rows, x, ap, y, n0, n1, bias, lo, hi, res)
             elif r == 2:
                 call(pointwise_cols, x, ap, _step(k), y, n0, n1, bias, lo, hi, res)
@@ -1119,6 +1122,7 @@ jobs("pointwise.conv_cols (warmup)")(lambda T: [] if np.dtype(T) != np.float32 e
 # 0.70-0.76 s each; 0.41 s for the second after the first; the row tiles' narrow tail adds
 # ~0.2 s)
 compile_cost(0.95, pointwise_rows, pointwise_rows_prologue)
+stand_in(pointwise_rows, pointwise_cols)  # (in pointwise_range: conv._taps_numpy)
 compile_cost(0.2, prologue_into)
 compile_cost(0.9, pointwise_cols)
 compile_cost(1.6, conv_cols)
