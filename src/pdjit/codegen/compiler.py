@@ -644,10 +644,10 @@ class Background:
             _wait(self.pids[0], deadline)
             del self.pids[0]
 
-    def start(self, most: int = 2) -> None:
+    def start(self, most: int = 2, idle: bool = False) -> None:
         """Fork the workers of ``todo`` (at most one per core, ``most`` at most, for all the
-        jobs of the plan and its blocks, from one queue), where a worker can be forked; else
-        its kernels compile at their first calls."""
+        jobs of the plan and its blocks, from one queue; ``idle``: at a low priority), where a
+        worker can be forked; else its kernels compile at their first calls."""
         todo, self.todo = self.todo, []
         if not todo or len(todo) > _MAX_JOBS or not hasattr(os, "fork") or \
                 os.path.abspath(str(cache_dir())) in _disk_off or \
@@ -659,7 +659,7 @@ class Background:
             groups.setdefault(_affinity(job[0]), []).append(job)
         todo = sorted(groups.values(), key=lambda g: -sum(c.cost for c, _ in g))
         pids, rd = _fork_workers(todo, min(len(todo), max(1, os.cpu_count() or 1), most),
-                                 refresh=False)
+                                 refresh=False, idle=idle)
         os.close(rd)
         if not pids:  # no worker could be forked: the kernels compile at their first calls
             return
@@ -729,7 +729,9 @@ def stand_ins():
 
 def _compile_beside(jobs) -> None:
     """Fork a worker compiling ``jobs`` (library kernels that have a stand-in) into the disk
-    cache, one at a time (the runs their stand-ins serve keep a core); each is
+    cache, one at a time, at a low priority (the runs their stand-ins serve, and the threads
+    that compile a run's native code, keep their cores: at the process's priority, a cold
+    SqueezeNet's runs after its first result waited on it, 154 ms against 20); each is
     :func:`compiling` until it is on disk (not where no worker could be forked: their first
     calls compile them, as without a stand-in)."""
     mine, theirs = [], []
@@ -741,7 +743,7 @@ def _compile_beside(jobs) -> None:
             mine.append((c, sig))
     bg = Background()
     bg.todo = mine
-    bg.start(most=1)
+    bg.start(most=1, idle=True)
     if bg.pids:
         theirs += [(bg, job) for job in mine]
     for owner, (c, sig) in theirs:
@@ -766,6 +768,12 @@ def compiling(fn) -> bool:
             return True
     _beside.pop(id(fn), None)  # (threads may ask at once)
     return False
+
+
+def compiling_beside() -> bool:
+    """Whether a worker of this process still compiles kernels beside the runs (their stand-ins
+    serve meanwhile: :func:`stand_ins`)."""
+    return any(not entry[0].done() for entry in list(_beside.values()))
 
 
 def _wait_background() -> None:
@@ -793,12 +801,19 @@ def _detach() -> None:
             pass
 
 
-def _fork_workers(todo: list, n: int = 1, refresh: bool = True) -> tuple:
+#: the ``nice`` increment of a worker that compiles beside the runs (:func:`_fork_workers`)
+IDLE_NICE = 10
+
+
+def _fork_workers(todo: list, n: int = 1, refresh: bool = True, idle: bool = False) -> tuple:
     """Fork ``n`` workers that compile ``todo``'s groups of jobs from one queue into the disk
     cache; returns ``(their pids, the queue's read end)`` (this process may take groups from
     it too; fewer pids where a fork failed, none where every one did). ``refresh``: Numba's
     registries loaded before the fork, for every process (else each worker loads them, off
-    this process's path)."""
+    this process's path). ``idle``: the workers run at the lowest priority the scheduler
+    still shares a core with (``nice`` 10: a tenth of a core beside a busy thread; not
+    ``SCHED_IDLE``, under which a worker that held the disk cache's lock waited on a busy
+    machine, and the processes that wanted it with it)."""
     # the queue: a pipe holding every group's index; a 2-byte read claims one, atomically
     rd, wr = os.pipe()
     os.write(wr, b"".join(i.to_bytes(2, "little") for i in range(len(todo))))
@@ -822,6 +837,9 @@ def _fork_workers(todo: list, n: int = 1, refresh: bool = True) -> tuple:
             if pid == 0:  # a worker: compile into the disk cache, then leave without cleanup
                 try:
                     _detach()
+                    if idle:
+                        with contextlib.suppress(OSError):
+                            os.nice(IDLE_NICE)
                     # (an interrupt, Ctrl-C reaching the whole process group, ends it: this
                     # process does not wait for it then, at exit or in a run)
                     _drain(rd, todo, Exception)

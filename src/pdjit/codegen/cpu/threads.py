@@ -77,6 +77,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import glob
 import os
 import threading
@@ -163,6 +164,19 @@ class numpy_blas:  # noqa: N801 - used as a context manager, like a function
         if self.prev is not None:
             _numpy_blas[0](self.prev)
         return False
+
+
+def numpy_blas_calls(fn):
+    """``fn`` (NumPy's calls standing in for a library kernel) with NumPy's OpenBLAS at the
+    run's BLAS thread count (:class:`numpy_blas`): a plan of library kernels runs outside
+    it, and OpenBLAS's workers, at the machine's core count, spun on the other core after
+    each product (a cold SqueezeNet's stand-ins kept it busy, the worker compiling their
+    kernels beside the runs waited 40 s)."""
+    @functools.wraps(fn)
+    def calls(*args):
+        with numpy_blas():
+            return fn(*args)
+    return calls
 
 
 def set_num_threads(n: int) -> bool:

@@ -74,6 +74,7 @@ from pdjit.codegen.cpu.lib.tile import (
     gated,
     sum_passes,
 )
+from pdjit.codegen.cpu.threads import numpy_blas_calls
 
 __all__ = ["MAX_PLANE", "conv_nhwc", "conv_nhwc_weight", "depthwise_nhwc",
            "depthwise_nhwc_weight", "panel_of", "pointwise_nhwc", "pointwise_nhwc_weight",
@@ -241,6 +242,7 @@ BY_PANELS = [True]
 PANELS_OVER_IMAGE = 4
 
 
+@numpy_blas_calls
 def _pointwise_numpy(x, bp, y, n0, n1, bias, lo, hi, res, gate):
     """:func:`pointwise_nhwc` by NumPy's calls, while a worker compiles it beside the runs
     (``conv.SPLIT_STAND_INS``): one product per panel of the packed filter (BLAS), then the
@@ -251,13 +253,20 @@ def _pointwise_numpy(x, bp, y, n0, n1, bias, lo, hi, res, gate):
     nr = panel_of(m)
     npan = -(-m // nr)
     x2 = x[n0:n1].reshape(-1, k)
-    out = np.matmul(x2, bp.reshape(npan, k, nr)).transpose(1, 0, 2).reshape(
-        x2.shape[0], npan * nr)[:, :m]
+    panels = bp.reshape(npan, k, nr)
+    if k <= x2.shape[0]:  # (the filter unpacked, or the product's panels put in place: the
+        out = x2 @ panels.transpose(1, 0, 2).reshape(k, npan * nr)  # smaller copy)
+    else:
+        out = np.matmul(x2, panels).transpose(1, 0, 2).reshape(x2.shape[0], npan * nr)
+    out = out[:, :m]
     if bias.size:
         out += bias
     if res.size:
         out += res.reshape(y.shape)[n0:n1].reshape(-1, m)
-    out = np.minimum(np.maximum(out, lo), hi)
+    if lo > -np.inf:
+        np.maximum(out, lo, out=out)
+    if hi < np.inf:
+        np.minimum(out, hi, out=out)
     if gate.size:  # (tile.gate_of's values: a, b, lo, hi, scale)
         a, b, glo, ghi, scale = (gate.dtype.type(v) for v in gate[:5])
         t = np.minimum(np.maximum(out * a + b, glo), ghi)
@@ -864,6 +873,7 @@ def _conv_ready() -> bool:
     return team.ready(_conv_rows, _CONV_CALL[0])
 
 
+@numpy_blas_calls
 def _conv_numpy(x, bp, y, n0, n1, sh, sw, pt, pl, dh, dw, kh, kw, bias, lo, hi, res):
     """:func:`conv_nhwc` by NumPy's calls: the samples' patches in the packed rows' order (tap
     by tap, each tap's channels), one product by the packed filter (BLAS), then the bias, the
@@ -1266,6 +1276,7 @@ def _wino_ready() -> bool:
     return team.ready(_wino_range, _WINO_CALL[0])
 
 
+@numpy_blas_calls
 def _wino_numpy(x, up, y, n0, n1, pt, pl, bias, lo, hi, res):
     """:func:`winograd_nhwc` by NumPy's calls: the same transforms on whole arrays of tiles,
     a product per panel of each packed ``U_xi^T`` (BLAS), then the bias, the residual and the

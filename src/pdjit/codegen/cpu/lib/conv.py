@@ -51,7 +51,7 @@ from pdjit.codegen.cpu.lib._jit import (
 )
 from pdjit.codegen.cpu.lib.deint import copy_run, deint, vcopy, zero_run
 from pdjit.codegen.cpu.lib.tile import TILE_BYTES, clamp_run, plane_kernel, tile_kernel
-from pdjit.codegen.cpu.threads import loop_threads, run_parts
+from pdjit.codegen.cpu.threads import loop_threads, numpy_blas_calls, run_parts
 from pdjit.codegen.diskcache import cached
 
 __all__ = ["split_work", "conv2d_fwd", "conv2d_bwd_data", "conv2d_bwd_data_by_taps",
@@ -514,6 +514,7 @@ def _fwd_taps(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res
     _taps_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res, 0, -1)
 
 
+@numpy_blas_calls
 def _taps_numpy(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res):
     """:func:`_fwd_taps` by NumPy's calls, what serves while a worker compiles the taps kernel
     beside a program's first runs (``team.standing_in``: its compile, ~2.4 s of CPU, was most
