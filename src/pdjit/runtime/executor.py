@@ -159,9 +159,12 @@ class Executor:
     done (or at the run after an interpreted one that took over :data:`COLD_RUN_MAX_S`, or
     after :data:`COLD_RUN_MAX_RUNS` interpreted runs: that run waits for it). The first runs'
     results are then the references': equal to the compiled code's up to rounding (as
-    ``mode="reference"``'s are). ``cold_runs="compile"`` (or ``PDJIT_COLD_RUNS=compile``):
-    every run waits for its compiled plan (what ``strict`` mode and a device place always do):
-    results that do not depend on what the cache held."""
+    ``mode="reference"``'s are). A larger program's first plan leaves its library kernels that
+    have a stand-in to a worker compiling beside its first runs (``compiler.stand_ins``),
+    NumPy's calls serving meanwhile (the same to rounding). ``cold_runs="compile"`` (or
+    ``PDJIT_COLD_RUNS=compile``): every run waits for its compiled plan and kernels (what
+    ``strict`` mode and a device place always do): results that do not depend on what the
+    cache held."""
 
     def __init__(self, place: Place | None = None, mode: str | None = None,
                  strict: bool | None = None, memory_optim: bool | None = None,
@@ -458,7 +461,9 @@ class Executor:
 
     def _first_plan(self, run):
         """``run``'s compiled plan; or None while forked workers compile its kernels and its
-        runs are interpreted (``cold_runs="reference"``: see the class docstring)."""
+        runs are interpreted (``cold_runs="reference"``: see the class docstring; a program too
+        large to interpret plans at once, its kernels that have a stand-in compiled beside
+        its runs)."""
         if self.cold_runs != "reference" or self.strict or self._target.device:
             return self._plan(run)
         from pdjit.codegen.compiler import compile_later, stand_ins

@@ -1153,7 +1153,6 @@ def split_work(fn, n, work, *args, head=2):
 replay.declare("leaves", split_work)
 
 
-
 def _on_winograd(fn, args) -> bool:
     """Whether ``fn(*args)`` (``split_work``'s arguments) is :func:`_fwd_range` on Winograd's
     kernel (asked only where the call is split)."""
