@@ -336,7 +336,7 @@ def test_one_sample_splits_give_the_same_bits(conv_kernel):
 @pytest.mark.parametrize("n,c,m,h,wd", [(2, 5, 7, 3, 5), (1, 37, 69, 5, 5), (3, 19, 96, 2, 7)])
 def test_pointwise_stand_in_while_its_kernel_compiles(monkeypatch, n, c, m, h, wd):
     """While a worker compiles ``pointwise_nhwc`` beside the runs (``team.standing_in``),
-    ``split_work`` runs NumPy's calls in its place (``conv.SPLIT_STAND_INS``), unsplit, a
+    ``split_work`` runs NumPy's calls in its place (``replay.STAND_INS``), unsplit, a
     recording refused: against the oracle, each piece of the epilogue, both panel widths."""
     from pdjit.codegen.cpu.lib import conv, team
 

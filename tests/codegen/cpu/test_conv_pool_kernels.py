@@ -340,8 +340,11 @@ def test_taps_stand_in(xshape, wshape, stride, pad, dil, groups):
 
 def test_direct_stand_in_through_split_work(monkeypatch):
     """While a worker compiles the depthwise kernel beside the runs, ``split_work`` runs its
-    stand-in (``conv.SPLIT_STAND_INS``: ``_taps_numpy``, no residual), unsplit: a depthwise
-    filter with two outputs per channel, stride 2, bias and clamp, against NumPy."""
+    stand-in (``replay.STAND_INS``: ``_taps_numpy``, no residual), unsplit, and so does a
+    generated host kernel's direct call (``replay.kernel_call``): a depthwise filter with two
+    outputs per channel, stride 2, bias and clamp, against NumPy."""
+    from pdjit.codegen.cpu import replay
+
     conv = nnlib.conv
     calls = []
     monkeypatch.setattr(nnlib.team, "standing_in", lambda k: k is conv._direct_range)
@@ -350,9 +353,12 @@ def test_direct_stand_in_through_split_work(monkeypatch):
     x = RNG.standard_normal((2, 6, 11, 10)).astype(np.float32)
     w = RNG.standard_normal((12, 1, 3, 3)).astype(np.float32)
     bias = RNG.standard_normal(12).astype(np.float32)
-    y = np.full((2, 12, 6, 5), np.nan, np.float32)
-    conv.split_work(conv._direct_range, 2, 1 << 40, x, w, y, 2, 2, 1, 1, 1, 1, 6, bias, 0.0,
-                    2.0, head=3)
     want = np.minimum(np.maximum(np_conv(x, w, 2, 1, 6) + bias.reshape(1, -1, 1, 1), 0.0), 2.0)
-    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
+    for call in (lambda y: conv.split_work(conv._direct_range, 2, 1 << 40, x, w, y, 2, 2, 1, 1,
+                                           1, 1, 6, bias, 0.0, 2.0, head=3),
+                 lambda y: replay.kernel_call(conv._direct_range, x, w, y, 0, 2, 2, 2, 1, 1, 1,
+                                              1, 6, bias, 0.0, 2.0)):
+        y = np.full((2, 12, 6, 5), np.nan, np.float32)
+        call(y)
+        np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4)
     assert not calls

@@ -1218,10 +1218,27 @@ def _on_derived(array) -> None:
         rec.derived_from(array)
 
 
+#: library kernels that a host call runs by a stand-in while a worker compiles them beside the
+#: runs (``lib.team.standing_in``): ``{kernel: stand-in}``, the stand-in taking the kernel's
+#: arguments and refusing a recording (the library's modules register theirs)
+STAND_INS: dict = {}
+
+
+def standing_in(fn) -> bool:
+    """Whether a host call of ``fn`` runs its stand-in (:data:`STAND_INS`) now."""
+    from pdjit.codegen.cpu.lib import team
+
+    return fn in STAND_INS and team.standing_in(fn)
+
+
 def kernel_call(fn, *args) -> None:
     """``fn(*args)`` (a kernel, or a Python function calling kernels) below an entry point
     declared ``"leaves"``: recorded where a driver is being recorded (each direct kernel call
-    there must come this way, else a recording misses it)."""
+    there must come this way, else a recording misses it); a kernel's stand-in while it
+    compiles beside the runs (:func:`standing_in`)."""
+    if fn in STAND_INS and standing_in(fn):
+        STAND_INS[fn](*args)
+        return
     rec = recording()
     if rec is None:
         fn(*args)

@@ -245,7 +245,7 @@ PANELS_OVER_IMAGE = 4
 @numpy_blas_calls
 def _pointwise_numpy(x, bp, y, n0, n1, bias, lo, hi, res, gate):
     """:func:`pointwise_nhwc` by NumPy's calls, while a worker compiles it beside the runs
-    (``conv.SPLIT_STAND_INS``): one product per panel of the packed filter (BLAS), then the
+    (``replay.STAND_INS``): one product per panel of the packed filter (BLAS), then the
     bias, the residual, the clamp and the gate (not replayed: a recording of it is
     refused)."""
     replay.refuse("pointwise_nhwc's kernel compiles beside the runs")
@@ -274,7 +274,7 @@ def _pointwise_numpy(x, bp, y, n0, n1, bias, lo, hi, res, gate):
     y[n0:n1] = out.reshape(n1 - n0, *y.shape[1:])
 
 
-_conv.SPLIT_STAND_INS[pointwise_nhwc] = _pointwise_numpy
+replay.STAND_INS[pointwise_nhwc] = _pointwise_numpy
 
 
 @jit

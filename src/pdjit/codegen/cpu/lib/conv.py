@@ -1119,11 +1119,10 @@ def split_work(fn, n, work, *args, head=2):
     convolution of one sample (a kernel of :data:`_BY_CHANNELS`, or an entry of
     :data:`CHANNEL_SPLITS` by its own parts) is split over its output channels instead
     (:func:`split_channels`). A convolution on Winograd's kernel has its filter transformed
-    once, before the threads take their parts. A kernel of :data:`SPLIT_STAND_INS` being
-    compiled beside the runs runs its stand-in."""
-    alt = SPLIT_STAND_INS.get(fn)
-    if alt is not None and team.standing_in(fn):
-        alt(*args[:head], 0, n, *args[head:])
+    once, before the threads take their parts. A kernel compiled beside the runs runs its
+    stand-in, unsplit (``replay.STAND_INS``)."""
+    if replay.standing_in(fn):
+        replay.kernel_call(fn, *args[:head], 0, n, *args[head:])
         return
     if n > 1:
         parts = _parts(n, work)
@@ -1490,19 +1489,13 @@ _BY_CHANNELS = frozenset((_fwd_range, _fwd_taps, _fwd_gemm, _fwd_blas, _direct_r
 #: where that pays, and returning whether it did (the entries of other modules register
 #: here: :mod:`.pointwise`; see :func:`split_channels`)
 CHANNEL_SPLITS: dict = {}
-#: kernels that :func:`split_work` runs by a stand-in while a worker compiles them beside the
-#: runs (``team.standing_in``): ``{kernel: stand-in}``, the stand-in taking the kernel's
-#: arguments, unsplit (the entries of other modules register here: :mod:`.channels_last`)
-SPLIT_STAND_INS: dict = {}
-
-
 def _direct_numpy(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi):
     """:func:`_direct_range` by NumPy's calls (:func:`_taps_numpy`, no residual)."""
     _taps_numpy(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi,
                 np.empty(0, x.dtype))
 
 
-SPLIT_STAND_INS[_direct_range] = _direct_numpy
+replay.STAND_INS[_direct_range] = _direct_numpy
 #: entries whose batches :func:`split_work` splits by their own parts rather than by samples on
 #: ``run_parts``' helpers: ``{fn: split(threads, *args)}`` (``fn``'s arguments without the
 #: sample range), ``split`` running the whole batch in at most ``threads`` parts where it can,
@@ -1882,7 +1875,7 @@ def nchw_empty(a):
 # process, 2 cores at load 5-26): the compile worker balances its groups by them
 compile_cost(2.4, _taps_range, _direct_range)  # 2.25-2.5, 2.35 s
 # (the taps: _taps_numpy, in its host callers _fwd_taps and _fwd_range; the direct loops:
-# SPLIT_STAND_INS)
+# replay.STAND_INS)
 stand_in(_taps_range, _direct_range)
 compile_cost(1.9, _bwd_filter_range)
 compile_cost(1.25, _bwd_data_range, _fwd_blas)  # 1.23, 1.26 s
