@@ -154,6 +154,9 @@ def standing_in(kernel) -> bool:
     return False
 
 
+replay.STANDING[0] = lambda fn: standing_in(fn)  # (this module's, as it is at the call)
+
+
 def run(loop, call) -> bool:
     """``loop(*call)`` on the team where the loop is :func:`ready` for ``call``, its threads
     first kept off the caller's core (``threads.place_team``): whether it ran (else the caller
