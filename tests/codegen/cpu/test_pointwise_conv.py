@@ -30,6 +30,14 @@ def _oracle(x, w, bias, res, lo, hi):
     return np.minimum(np.maximum(y, lo), hi)
 
 
+def _operands(n, c, m, h, wd):
+    """An image, a 1x1 filter, a bias and a residual (flat) of these sizes, float32."""
+    return (RNG.standard_normal((n, c, h, wd)).astype(np.float32),
+            RNG.standard_normal((m, c, 1, 1)).astype(np.float32),
+            RNG.standard_normal(m).astype(np.float32),
+            RNG.standard_normal(n * m * h * wd).astype(np.float32))
+
+
 def test_both_orientations_against_numpy():
     e = np.empty(0, np.float32)
     # (batch, C, M, H, W, the kernel): planes of 35 and 24 pixels take the transposed tiles
@@ -44,10 +52,7 @@ def test_both_orientations_against_numpy():
                                  (1, 23, 16, 32, 32, 1), (1, 130, 37, 24, 25, 1),
                                  (2, 90, 20, 40, 41, 1)]:
         assert pointwise._choice(m, c, h * wd) == kind
-        x = RNG.standard_normal((n, c, h, wd)).astype(np.float32)
-        w = RNG.standard_normal((m, c, 1, 1)).astype(np.float32)
-        bias = RNG.standard_normal(m).astype(np.float32)
-        res = RNG.standard_normal(n * m * h * wd).astype(np.float32)
+        x, w, bias, res = _operands(n, c, m, h, wd)
         ap = pointwise.pointwise_weight(w, h * wd)
         step = 48 if pointwise._kind(m, c, h * wd, True) == 3 else 64  # (panels of channels)
         assert ap.size == (pgemm.packed_rows_size(m, c) if kind == 1
@@ -86,10 +91,7 @@ def test_stand_in_while_the_packed_kernels_compile(monkeypatch):
                         lambda k: k in (pointwise.pointwise_rows, pointwise.pointwise_cols))
     for n, c, m, h, wd, kind in [(3, 16, 70, 4, 6, 2), (2, 300, 70, 14, 14, 1)]:
         assert pointwise._choice(m, c, h * wd) == kind
-        x = RNG.standard_normal((n, c, h, wd)).astype(np.float32)
-        w = RNG.standard_normal((m, c, 1, 1)).astype(np.float32)
-        bias = RNG.standard_normal(m).astype(np.float32)
-        res = RNG.standard_normal(n * m * h * wd).astype(np.float32)
+        x, w, bias, res = _operands(n, c, m, h, wd)
         ap = pointwise.pointwise_weight(w, h * wd)
         y = np.full((n, m, h, wd), np.nan, np.float32)
         pointwise.pointwise_range(x, w, ap, y, 1, n, 1, 1, 0, 0, 1, 1, 1, bias, 0.0, 6.0, res)

@@ -416,7 +416,7 @@ class CpuTarget(Target):
 def _library_kernel(fn) -> LibraryKernel:
     """The compile job of the library kernel ``fn``: its declared cost, whether it has a
     stand-in."""
-    return LibraryKernel(fn, nnlib.cost_of(fn), fn in nnlib.STAND_INS)
+    return LibraryKernel(fn, nnlib.cost_of(fn), fn in nnlib.BESIDE)
 
 
 TARGET = register_target(CpuTarget())

@@ -20,7 +20,7 @@ Submodules, one per op family, each re-exported here: ``attention``, ``channels_
 """
 import numpy as np
 
-from pdjit.codegen.cpu.lib._jit import JOBS, STAND_INS, cost_of, jit, pjit  # noqa: F401
+from pdjit.codegen.cpu.lib._jit import BESIDE, JOBS, cost_of, jit, pjit  # noqa: F401
 from pdjit.codegen.cpu.lib.attention import *  # noqa: F401,F403
 from pdjit.codegen.cpu.lib.channels_last import *  # noqa: F401,F403
 from pdjit.codegen.cpu.lib.conv import *  # noqa: F401,F403

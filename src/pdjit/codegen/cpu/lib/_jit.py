@@ -704,15 +704,16 @@ def cost_of(kernel) -> float:
     return COSTS.get(kernel, DEFAULT_COST)
 
 
-#: the library kernels whose callers have a stand-in for them (:func:`stand_in`)
-STAND_INS: set = set()
+#: the library kernels a program's first plan compiles beside its runs (:func:`compile_beside`)
+BESIDE: set = set()
 
 
-def stand_in(*kernels) -> None:
+def compile_beside(*kernels) -> None:
     """Declare that every host caller of the library ``kernels`` runs a stand-in while
-    ``team.standing_in`` says so: a program's first plan then has a worker compile them beside
-    its first runs (``compiler.stand_ins``) instead of before them."""
-    STAND_INS.update(kernels)
+    ``team.standing_in`` says so (``replay.STAND_INS``): a program's first plan then has a
+    worker compile them beside its first runs (``compiler.stand_ins``) instead of before
+    them."""
+    BESIDE.update(kernels)
 
 
 # ---- arrays in one buffer ------------------------------------------------------------------------

@@ -50,7 +50,7 @@ from pdjit.codegen.cpu import replay
 from pdjit.codegen.cpu.lib import conv as _conv
 from pdjit.codegen.cpu.lib import team
 from pdjit.codegen.cpu.lib import winograd as _wino
-from pdjit.codegen.cpu.lib._jit import by_address, compile_cost, jit, jobs, pjit, stand_in
+from pdjit.codegen.cpu.lib._jit import by_address, compile_beside, compile_cost, jit, jobs, pjit
 from pdjit.codegen.cpu.lib.pgemm import (
     MR,
     NV,
@@ -258,20 +258,13 @@ def _pointwise_numpy(x, bp, y, n0, n1, bias, lo, hi, res, gate):
         out = x2 @ panels.transpose(1, 0, 2).reshape(k, npan * nr)  # smaller copy)
     else:
         out = np.matmul(x2, panels).transpose(1, 0, 2).reshape(x2.shape[0], npan * nr)
-    out = out[:, :m]
-    if bias.size:
-        out += bias
-    if res.size:
-        out += res.reshape(y.shape)[n0:n1].reshape(-1, m)
-    if lo > -np.inf:
-        np.maximum(out, lo, out=out)
-    if hi < np.inf:
-        np.minimum(out, hi, out=out)
+    out = _conv.epilogue_numpy(out[:, :m].reshape(n1 - n0, *y.shape[1:]), y, n0, n1, bias,
+                               lo, hi, res, 3)
     if gate.size:  # (tile.gate_of's values: a, b, lo, hi, scale)
         a, b, glo, ghi, scale = (gate.dtype.type(v) for v in gate[:5])
         t = np.minimum(np.maximum(out * a + b, glo), ghi)
         out = out * t / scale if scale != 0 else t
-    y[n0:n1] = out.reshape(n1 - n0, *y.shape[1:])
+    y[n0:n1] = out
 
 
 replay.STAND_INS[pointwise_nhwc] = _pointwise_numpy
@@ -891,11 +884,8 @@ def _conv_numpy(x, bp, y, n0, n1, sh, sw, pt, pl, dh, dw, kh, kw, bias, lo, hi, 
     # (a product per panel of the packed filter, each [K, 64] contiguous: no copy of it)
     out = np.matmul(patches, bp.reshape(npan, k, _CONV_NR)).transpose(1, 0, 2).reshape(
         patches.shape[0], npan * _CONV_NR)[:, :m]
-    if bias.size:
-        out += bias
-    if res.size:
-        out += res.reshape(y.shape)[n0:n1].reshape(-1, m)
-    y[n0:n1] = np.minimum(np.maximum(out, lo), hi).reshape(n1 - n0, oh, ow, m)
+    y[n0:n1] = _conv.epilogue_numpy(out.reshape(n1 - n0, oh, ow, m), y, n0, n1, bias, lo, hi,
+                                    res, 3)
 
 
 replay.declare("leaves", conv_nhwc)
@@ -969,7 +959,7 @@ jobs("channels_last (warmup)")(lambda T: [] if np.dtype(T) != np.float32 else [
     (_conv_parts, ((T, 4), (T, 1), int, int, (T, 4)) + (int,) * 6 + _ep(T)[:4]
      + ((np.int64, 2), (np.int64, 1)))])
 compile_cost(1.3, pointwise_nhwc)  # (its gated tiles: +0.1 s)
-stand_in(pointwise_nhwc, _pixel_blocks)  # (_pointwise_numpy; the split: none meanwhile)
+compile_beside(pointwise_nhwc, _pixel_blocks)  # (_pointwise_numpy; no split meanwhile)
 compile_cost(1.1, _dw_rows)
 compile_cost(1.6, _pixel_parts, _dw_parts, _conv_parts)
 compile_cost(3.2, _conv_rows)
@@ -1304,11 +1294,7 @@ def _wino_numpy(x, up, y, n0, n1, pt, pl, bias, lo, hi, res):
         out[:, :, 0, :, b] = cb[0] + cb[1] + cb[2]
         out[:, :, 1, :, b] = cb[1] - cb[2] - cb[3]
     out = out.reshape(n1 - n0, 2 * th, 2 * tw, m)[:, :oh, :ow]
-    if bias.size:
-        out += bias
-    if res.size:
-        out += res.reshape(y.shape)[n0:n1]
-    y[n0:n1] = np.minimum(np.maximum(out, lo), hi)
+    y[n0:n1] = _conv.epilogue_numpy(out, y, n0, n1, bias, lo, hi, res, 3)
 
 
 # Inside compiled code (a native driver, an ahead-of-time artifact) a weight derived from a

@@ -42,12 +42,12 @@ from pdjit.codegen.cpu.lib import team, winograd
 from pdjit.codegen.cpu.lib._jit import (
     blas_gemm,
     by_address,
+    compile_beside,
     compile_cost,
     jit,
     jobs,
     may_share,
     pjit,
-    stand_in,
 )
 from pdjit.codegen.cpu.lib.deint import copy_run, deint, vcopy, zero_run
 from pdjit.codegen.cpu.lib.tile import TILE_BYTES, clamp_run, plane_kernel, tile_kernel
@@ -508,10 +508,27 @@ def _fwd_taps(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res
     optimises and generates its code again (the caller's module links the callee's), 1.4 s of
     CPU cold for nothing; compiled code calls ``_taps_range`` through the overload below.
     While a worker compiles it beside the runs, :func:`_taps_numpy` stands in."""
-    if team.standing_in(_taps_range):
+    if replay.standing_in(_taps_range):
         _taps_numpy(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
         return
     _taps_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res, 0, -1)
+
+
+def epilogue_numpy(out, y, n0, n1, bias, lo, hi, res, axis):
+    """The NumPy stand-ins' epilogue, in place: ``out`` (the values of ``y[n0:n1]``) plus
+    ``bias`` along its channel ``axis``, plus ``res`` (flat as ``y``) of those samples, then
+    ``minimum(maximum(..., lo), hi)`` (empty ``bias``, ``res`` and infinite bounds: none)."""
+    if bias.size:
+        shape = [1] * out.ndim
+        shape[axis] = -1
+        out += bias.reshape(shape)
+    if res.size:
+        out += res.reshape(y.shape)[n0:n1]
+    if lo > -np.inf:
+        np.maximum(out, lo, out=out)
+    if hi < np.inf:
+        np.minimum(out, hi, out=out)
+    return out
 
 
 @numpy_blas_calls
@@ -524,7 +541,7 @@ def _taps_numpy(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, r
     ``minimum(maximum(y + bias[m] + res, lo), hi)`` (the same to rounding; not replayed: a
     recording of it is refused)."""
     replay.refuse("the taps kernel compiles beside the runs")
-    n, c_, h_, w_ = x.shape[0], x.shape[1], x.shape[2], x.shape[3]
+    c_, h_, w_ = x.shape[1], x.shape[2], x.shape[3]
     m_, cg, kh_, kw_ = w.shape
     oh_, ow_ = y.shape[2], y.shape[3]
     k = n1 - n0
@@ -542,16 +559,16 @@ def _taps_numpy(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, r
                                   j * dw:j * dw + (ow_ - 1) * sw + 1:sw]
     cols = cols.reshape(k, groups, cg * kh_ * kw_, oh_ * ow_)
     out = np.matmul(w.reshape(1, groups, mg, cg * kh_ * kw_), cols)
-    out = out.reshape(k, m_, oh_, ow_)
-    if bias.size:
-        out += bias.reshape(1, m_, 1, 1)
-    if res.size:
-        out += res.reshape(n, m_, oh_, ow_)[n0:n1]
-    if lo > -np.inf:
-        np.maximum(out, lo, out=out)
-    if hi < np.inf:
-        np.minimum(out, hi, out=out)
-    y[n0:n1] = out
+    y[n0:n1] = epilogue_numpy(out.reshape(k, m_, oh_, ow_), y, n0, n1, bias, lo, hi, res, 1)
+
+
+def _taps_range_numpy(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res, qa,
+                      qb):
+    """:func:`_taps_range` of whole planes (its host calls': ``qa, qb = 0, -1``) by
+    :func:`_taps_numpy`."""
+    if qa != 0 or qb != -1:
+        raise ValueError("pdjit: the taps kernel's stand-in takes whole planes")
+    _taps_numpy(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
 
 
 @by_address
@@ -1070,11 +1087,8 @@ def _fwd_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, re
         call(winograd.conv3x3, x, w, y, n0, n1, pt, pl, bias, lo, hi, res)
         return
     if _use_taps(w.shape[0] // groups, w[0].size, y.shape[2] * y.shape[3]):
-        if team.standing_in(_taps_range):
-            _taps_numpy(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
-        else:
-            call(_taps_range, x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi,
-                 res, 0, -1)
+        call(_taps_range, x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res,
+             0, -1)
         return
     if res.size and may_share(res, y):  # (a residual in y's buffer: read before written)
         call(_blas_range, x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
@@ -1496,6 +1510,7 @@ def _direct_numpy(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi)
 
 
 replay.STAND_INS[_direct_range] = _direct_numpy
+replay.STAND_INS[_taps_range] = _taps_range_numpy
 #: entries whose batches :func:`split_work` splits by their own parts rather than by samples on
 #: ``run_parts``' helpers: ``{fn: split(threads, *args)}`` (``fn``'s arguments without the
 #: sample range), ``split`` running the whole batch in at most ``threads`` parts where it can,
@@ -1874,9 +1889,7 @@ def nchw_empty(a):
 # compile times (CPU seconds, a cold compile of the signature its jobs predict, alone in a fresh
 # process, 2 cores at load 5-26): the compile worker balances its groups by them
 compile_cost(2.4, _taps_range, _direct_range)  # 2.25-2.5, 2.35 s
-# (the taps: _taps_numpy, in its host callers _fwd_taps and _fwd_range; the direct loops:
-# replay.STAND_INS)
-stand_in(_taps_range, _direct_range)
+compile_beside(_taps_range, _direct_range)  # (their stand-ins: replay.STAND_INS)
 compile_cost(1.9, _bwd_filter_range)
 compile_cost(1.25, _bwd_data_range, _fwd_blas)  # 1.23, 1.26 s
 compile_cost(0.7, _fwd_gemm)

@@ -64,7 +64,15 @@ from pdjit.codegen import params
 from pdjit.codegen.cpu import replay
 from pdjit.codegen.cpu.lib import conv as _conv
 from pdjit.codegen.cpu.lib import team
-from pdjit.codegen.cpu.lib._jit import JOBS, by_address, compile_cost, jit, jobs, pjit, stand_in
+from pdjit.codegen.cpu.lib._jit import (
+    JOBS,
+    by_address,
+    compile_beside,
+    compile_cost,
+    jit,
+    jobs,
+    pjit,
+)
 from pdjit.codegen.cpu.lib.deint import copy_run, zero_run
 from pdjit.codegen.cpu.lib.pgemm import (
     MR,
@@ -1122,7 +1130,7 @@ jobs("pointwise.conv_cols (warmup)")(lambda T: [] if np.dtype(T) != np.float32 e
 # 0.70-0.76 s each; 0.41 s for the second after the first; the row tiles' narrow tail adds
 # ~0.2 s)
 compile_cost(0.95, pointwise_rows, pointwise_rows_prologue)
-stand_in(pointwise_rows, pointwise_cols)  # (in pointwise_range: conv._taps_numpy)
+compile_beside(pointwise_rows, pointwise_cols)  # (in pointwise_range: conv._taps_numpy)
 compile_cost(0.2, prologue_into)
 compile_cost(0.9, pointwise_cols)
 compile_cost(1.6, conv_cols)

@@ -140,7 +140,7 @@ _beside: set = set()  # the kernels a caller has run the stand-in of (standing_i
 
 def standing_in(kernel) -> bool:
     """Whether the callers of the library ``kernel`` run its stand-in: a worker compiles it
-    beside the runs (``compiler.compiling``, the kernels ``_jit.stand_in`` declares). The run
+    beside the runs (``compiler.compiling``, the kernels ``_jit.compile_beside`` declares). The run
     whose call loads it from the disk cache after is no sample of a trial of its threads
     (``threads.LOADS``)."""
     from pdjit.codegen import compiler
