@@ -304,6 +304,31 @@ def test_a_compile_beside_the_runs_holds_the_trial_and_spoils_its_samples(two_as
     assert 9.0 not in choice.keys[16].times[0]
 
 
+def test_short_runs_beside_a_compile_go_on_one_thread(two_asked):
+    """A plan of short runs (its fastest under ``BESIDE_ONE_S``) runs on the caller's thread
+    while a compile beside the runs keeps one of the two free cores (a loop's part on the
+    other would wait for the compile's time slice); its pick before and after is untouched,
+    a plan of long runs keeps every free core, and so does a short one where cores are left
+    beside the compile."""
+    free, _ = two_asked
+    short, long_ = 0.5 * threads.BESIDE_ONE_S, 2 * threads.BESIDE_ONE_S
+    choice = threads.RunChoice(ready=lambda key: True)
+    for key, seconds in ((1, short), (16, long_)):
+        while choice.picks().get(key, "not chosen") in ("not chosen", "on trial"):
+            cap = choice.begin(key)
+            choice.end(key, seconds * (2 if cap == 1 else 1))
+    assert choice.picks() == {1: "every free core", 16: "every free core"}
+    left = choice.keys[1].left
+    with threads.background():
+        assert [choice.begin(1) for _ in range(3)] == [1, 1, 1]
+        assert choice.begin(16) is None
+        free[0] = 3
+        assert choice.begin(1) is None
+        free[0] = 2
+    assert choice.keys[1].left == left - 1  # (only the run where a core was left counted)
+    assert choice.begin(1) is None and choice.picks()[1] == "every free core"
+
+
 def test_a_served_plan_measures_its_threads(two_asked):
     """Through the Executor: after its warm-up runs a plan's threads are on trial, then
     picked; every run's result is the same."""

@@ -725,6 +725,13 @@ _background_lock = threading.Lock()
 #: longer, past the warm-up after which a benchmark times it.)
 WARMING = [0]
 PY_REPLAYS = [0]
+#: a plan whose fastest run took less than this runs on the caller's thread alone while a
+#: compile of this process beside the runs (:data:`BACKGROUND`) leaves it fewer than two free
+#: cores: a parallel loop's part given to a thread the compile keeps off its core waits for
+#: the scheduler's next slice, 4-8 ms. Measured: MobileNetV3-small at batch 1 on two threads
+#: (1.2-1.5 ms a run, 2.0 on one thread), the runs beside its recordings' native builds (two
+#: of ~0.15 s): one in three took 5.5 or 9.7 ms
+BESIDE_ONE_S = 0.05
 #: a trial's runs not counted for those, at most (then counted: a setting whose replay never
 #: settles is timed as it runs); a recording's calls go native at its 32nd run
 WARMING_REDOS = 96
@@ -787,7 +794,9 @@ class RunChoice:
     decides only when more than one thread may run (threads asked for, or loops on every core,
     and two cores free); otherwise every run goes as :func:`begin_run` sets it. Work too small
     to pay for its threads, a core another process keeps half busy (``free_cores`` rounds that
-    to free): the one-thread runs are faster and are kept.
+    to free): the one-thread runs are faster and are kept. While a compile of this process
+    beside the runs holds a core, a plan of short runs runs on the caller's thread
+    (:data:`BESIDE_ONE_S`), its counts untouched.
 
     ``begin(key)`` returns the cap for the run (None: the free cores; 1: the caller's thread;
     :data:`KEEP`: a run too short for threads to matter, see :data:`TINY_RUN_S`: run it as
@@ -826,10 +835,12 @@ class RunChoice:
         if st.tiny > 0:  # another key's tiny runs (batch sizes taking turns): its count moves
             self._count_tiny(key, st.tiny - 1)  # to the shortcut
             return self.KEEP
+        st.timing = -1
+        if BACKGROUND[0] and st.least < BESIDE_ONE_S and free_cores() - BACKGROUND[0] < 2:
+            return 1  # (a compile beside the runs holds a core: see BESIDE_ONE_S)
         if st.warm > 0:
             st.warm -= 1
             return 1 if st.pick == 1 else None
-        st.timing = -1
         if not st.trial:
             st.left -= 1
             if st.pick is not None and (st.left > 0 or self.clock() < st.until):
