@@ -175,6 +175,25 @@ def test_serialize_round_trip_and_versions(fresh_programs):
     assert main.version == v1  # reading does not change the program
 
 
+def test_written_names_follow_every_change(fresh_programs):
+    """``Program.written_names``: the outputs of the ops of every block, as the program is
+    now (found again after an op is added, an output renamed, an op removed)."""
+    main, _ = fresh_programs
+    x = fluid.layers.data(name="x", shape=[3], dtype="float32")
+    y = fluid.layers.fc(x, size=2)
+    w = main.global_block().all_parameters()[0].name
+    assert y.name in main.written_names() and w not in main.written_names()
+    assert x.name not in main.written_names()
+    block = main.global_block()
+    op = block.append_op(type="scale", inputs={"X": [y]}, outputs={"Out": [w]},
+                         attrs={"scale": 2.0})
+    assert w in main.written_names()
+    op._rename_output(w, x.name)
+    assert w not in main.written_names() and x.name in main.written_names()
+    block._remove_op(len(block.ops) - 1)
+    assert x.name not in main.written_names() and y.name in main.written_names()
+
+
 def test_clone_for_test_drops_backward_and_sets_is_test(fresh_programs):
     main, _ = fresh_programs
     x = fluid.layers.data(name="x", shape=[3], dtype="float32")

@@ -91,8 +91,7 @@ def weight_var(op, name: str):
     by no op of the program (a value derived from it, packed or transformed, made once stays
     valid from run to run); else None."""
     v = op.block._find_var_recursive(name)
-    if v is None or not v.persistable or \
-            any(name in o.output_arg_names for b in op.block.program.blocks for o in b.ops):
+    if v is None or not v.persistable or name in op.block.program.written_names():
         return None
     return v
 

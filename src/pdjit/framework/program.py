@@ -62,6 +62,15 @@ class Program:
     def _bump(self) -> None:
         self._version += 1
 
+    def written_names(self) -> frozenset:
+        """The names some op of the program writes (an output of an op of any block), found
+        once per version."""
+        if getattr(self, "_written_version", None) != self._version:
+            self._written = frozenset(n for b in self.blocks for o in b.ops
+                                      for n in o.output_arg_names)
+            self._written_version = self._version
+        return self._written
+
     def content_key(self) -> str:
         """A hash of what the program computes (its ``ProgramDesc`` and random seed), computed
         once per version."""
