@@ -33,7 +33,8 @@ run's cache, two threads: what compiles again for the new thread count shows in 
 Each: load + first result (wall, CPU), the next 10 runs (the worst as a ratio of the bar, 2x the
 steady latency plus 0.1 s: at most 1 passes; beside it the same in CPU seconds of the calling
 thread, which a loaded machine hardly changes but a compile in a run would), then runs until
-every background tier-up and driver trial is over (``settle``: the CPU seconds from the start to
+pdjit serves the model as it will go on serving it (``Executor.settled``: no compile beside the
+runs, every driver trial and thread trial over; ``settle``: the CPU seconds from the start to
 then, at most ``--settle-cpu``), the steady latency (median of 20 after that), the kernels
 compiled (not loaded from the disk cache) by the first result and in all, and the largest
 difference from Paddle's output for the exported input (relative to its largest magnitude).
@@ -159,23 +160,6 @@ def _tiers(exe):
     return out
 
 
-def _busy(exe, batch: int) -> bool:
-    """Whether a background compile (a plan's kernels while its runs are interpreted, a
-    driver's tier-up, a kernel's parallel variant, kernels compiled beside the runs while
-    their stand-ins serve) or a driver trial of the executor's plans is not over."""
-    import threading
-
-    from pdjit.codegen import compiler
-
-    if compiler.compiling_beside():
-        return True
-    if any(t.name in ("pdjit-tier-up", "pdjit-parallel-variant") for t in threading.enumerate()):
-        return True
-    if not exe._plans:  # (the runs so far interpreted: Executor's cold_runs)
-        return True
-    return any(not plan.drivers_settled(batch) for _, plan in exe._plans.values())
-
-
 def child_paddle(name: str, directory: str, nthreads: str, settle_cpu: str) -> dict:
     t0 = time.perf_counter()
     import pdjit
@@ -202,11 +186,11 @@ def child_paddle(name: str, directory: str, nthreads: str, settle_cpu: str) -> d
         runs.append(time.perf_counter() - t)
         runs_cpu.append(time.thread_time() - c)
     exe, batch = pred._exe, x.shape[0]
-    n_settle, settled = 0, not _busy(exe, batch)
+    n_settle, settled = 0, exe.settled(batch)
     while not settled and _cpu() < float(settle_cpu):
         pred.run([x])
         n_settle += 1
-        settled = not _busy(exe, batch)
+        settled = exe.settled(batch)
         if not settled and n_settle % 50 == 0:
             time.sleep(0.05)  # (a tier-up thread's compile, not only runs)
     settle_s, settle_cpu_s = time.perf_counter() - t0, _cpu()

@@ -379,6 +379,11 @@ def test_bench_table_json_and_a_missing_peer(saved, tmp_path, capsys, monkeypatc
     assert report["threads"] == 1 and report["batches"] == [1, 2]
     assert list(report["engines"]) == ["pdjit"] and report["engines"]["pdjit"]["status"] == "ok"
     assert report["inputs"]["x"] == {"shape": [-1, 8], "dtype": "float32"}
+    # pdjit's warm-up went on until it served each batch size as it goes on serving it
+    settled = report["engines"]["pdjit"]["settled"]
+    assert sorted(settled) == ["1", "2"] and all(ok for _, _, ok in settled.values()), settled
+    assert all(runs >= bench_mod.SETTLED_RUNS for runs, _, _ in settled.values()), settled
+    assert "batch 1: settled after" in stdout and "batch 2: settled after" in stdout
     for r, batch in zip(report["results"], [1, 2]):
         assert r["engine"] == "pdjit" and r["batch"] == batch and r["runs"] == 3
         assert 0 < r["p10_ms"] <= r["median_ms"] <= r["p90_ms"]

@@ -220,8 +220,10 @@ class Target:
         ``begin_run(cap)`` (this run's thread cap), ``RunChoice(settled, measured)`` (measures,
         per plan and batch size, whether a run uses the free cores or one thread, unless
         ``measured(batch, seconds)`` says the plan's driver trials did; its ``tiny_key`` and
-        ``tiny_left`` count down runs too short to measure) and ``numpy_blas()``
-        (a context in which NumPy's BLAS uses the plan's threads)."""
+        ``tiny_left`` count down runs too short to measure; ``settled(batch)``: no trial on
+        or due), ``numpy_blas()`` (a context in which NumPy's BLAS uses the plan's threads),
+        ``BACKGROUND`` (``[n]``: compiles going on beside the runs on threads of this process)
+        and ``marks()`` (counts a run moves where it is served as later runs will not be)."""
         host = host_target()
         if host is self:
             raise NotImplementedError(f"the {self.name} target has no thread control")

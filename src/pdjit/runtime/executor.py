@@ -424,6 +424,30 @@ class Executor:
                     out[(id(program), key)] = (value[0].program, value[1])
         return out
 
+    def settled(self, batch: int) -> bool:
+        """Whether this executor's runs of batch size ``batch`` are served as they will go on
+        being served (a benchmark's warm-up runs until then; ``threads.marks`` says whether a
+        run in between was): its programs' plans built (no run interpreted while they
+        compile), no kernel compiling beside the runs (``compiler.compiling_beside``) nor on a
+        thread of this process (``threads.BACKGROUND``: a driver's tier-up, a loop's parallel
+        variant, a recording's native calls), every plan's driver trials over and its threads
+        chosen for that batch size (``threads.RunChoice``); the plans that never ran it (a
+        startup program's) aside."""
+        from pdjit.codegen import compiler
+
+        if compiler.compiling_beside() or self._target.run_threads().BACKGROUND[0]:
+            return False
+        ran = False
+        for _, plan in self._plans.values():
+            choice = plan.threads_choice
+            if not self._on_device and (choice is None or batch not in choice.keys):
+                continue
+            ran = True
+            if not plan.drivers_settled(batch) or \
+                    (choice is not None and not choice.settled(batch)):
+                return False
+        return ran
+
     def explain(self, program: Program | None = None, feed=None, fetch_list=None) -> str:
         """The fusion groups (with the reasons ops were not fused), the plan's steps (the plans
         of control-flow ops' sub-blocks indented under them) and the generated source for

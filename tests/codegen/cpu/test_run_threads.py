@@ -339,16 +339,41 @@ def test_a_served_plan_measures_its_threads(two_asked):
     scope = fluid.Scope()
     exe = fluid.Executor(native_drivers=False, strict=True)
     exe.run(startup, scope=scope)
+    assert not exe.settled(2)  # (no plan of the main program yet)
     first = exe.run(main, feed=feed, fetch_list=fetch, scope=scope)
+    settled = []  # (Executor.settled before each run: not while its threads are not chosen)
     # (runs under SHORT_TRIAL_S are timed SHORT_TRIAL_RUNS times as often: threads.trial_runs)
     for _ in range(threads.CHOICE_AFTER
                    + 2 * (threads.CHOICE_RUNS * threads.SHORT_TRIAL_RUNS + 1)):
+        settled.append(exe.settled(2))
         got = exe.run(main, feed=feed, fetch_list=fetch, scope=scope)
         for a, b in zip(got, first):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     (choice,) = [p.threads_choice for _, p in exe._plans.values()
                  if 2 in (p.threads_choice or threads.RunChoice()).keys]
     assert choice.picks()[2] in ("every free core", "one thread")
+    assert not settled[0] and settled[-1] and exe.settled(2), settled
+    assert settled.index(True) > threads.CHOICE_AFTER  # (not before the trial's pick)
+    assert not exe.settled(3)  # (a batch size not run: its threads not chosen)
+    with threads.background():  # (a compile beside the runs)
+        assert not exe.settled(2)
+    assert exe.settled(2)
+
+
+def test_run_choice_settled_says_whether_a_trial_is_on_or_due(two_asked):
+    """``RunChoice.settled``: not before a pick nor during a trial; after a pick, and where
+    nothing is to choose (one free core), yes."""
+    free, _ = two_asked
+    choice = threads.RunChoice(ready=lambda key: True)
+    states = []
+    while choice.picks().get(1, "not chosen") in ("not chosen", "on trial"):
+        states.append((choice.picks().get(1, "not chosen"), choice.settled(1)))
+        cap = choice.begin(1)
+        choice.end(1, 0.002 if cap == 1 else 0.001)
+    assert {s for _, s in states} == {False} and ("on trial", False) in states
+    assert choice.settled(1) and not choice.settled(16)
+    free[0] = 1
+    assert choice.settled(16)
 
 
 # (a native driver built with two threads asked for is compiled parallel=True whatever it

@@ -737,6 +737,13 @@ BESIDE_ONE_S = 0.05
 WARMING_REDOS = 96
 
 
+def marks() -> tuple:
+    """The counts a run moves where it is served as later runs will not be (a kernel loaded,
+    a compile beside it begun or ended, a driver run before a recording, a replay from Python
+    before its calls go native): equal before and after a run that was none of these."""
+    return LOADS[0], WARMING[0], PY_REPLAYS[0]
+
+
 def sample_mark():
     """What a trial's timed run compares ``LOADS`` with when it ends: the run is a sample
     where ``LOADS[0]`` is still this (None where a compile goes on beside the runs,
@@ -922,6 +929,16 @@ class RunChoice:
         if st is not None:
             st.tiny = 0
         self.tiny_key, self.tiny_left = key, runs
+
+    def settled(self, key) -> bool:
+        """Whether the runs of ``key`` go on as now: no trial on or due before a pick, or
+        nothing to choose (one thread, no two free cores, runs too short for threads)."""
+        st = self.keys.get(key)
+        if (self.tiny_left > 0 and key == self.tiny_key) or (st is not None and st.tiny > 0):
+            return True
+        if max(max_loop_threads(), get_num_threads()) < 2 or free_cores() < 2:
+            return st is None or not st.trial
+        return st is not None and not st.trial and st.pick is not None
 
     def picks(self) -> dict:
         """``{key: "every free core" | "one thread" | "on trial" | ...}`` (explain, tests)."""
