@@ -571,6 +571,12 @@ def _taps_range_numpy(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo,
     _taps_numpy(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res)
 
 
+def _direct_numpy(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi):
+    """:func:`_direct_range` by NumPy's calls (:func:`_taps_numpy`, no residual)."""
+    _taps_numpy(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi,
+                np.empty(0, x.dtype))
+
+
 @by_address
 @jit
 def _taps_range(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi, res, qa, qb):
@@ -1503,14 +1509,6 @@ _BY_CHANNELS = frozenset((_fwd_range, _fwd_taps, _fwd_gemm, _fwd_blas, _direct_r
 #: where that pays, and returning whether it did (the entries of other modules register
 #: here: :mod:`.pointwise`; see :func:`split_channels`)
 CHANNEL_SPLITS: dict = {}
-def _direct_numpy(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi):
-    """:func:`_direct_range` by NumPy's calls (:func:`_taps_numpy`, no residual)."""
-    _taps_numpy(x, w, y, n0, n1, sh, sw, pt, pl, dh, dw, groups, bias, lo, hi,
-                np.empty(0, x.dtype))
-
-
-replay.STAND_INS[_direct_range] = _direct_numpy
-replay.STAND_INS[_taps_range] = _taps_range_numpy
 #: entries whose batches :func:`split_work` splits by their own parts rather than by samples on
 #: ``run_parts``' helpers: ``{fn: split(threads, *args)}`` (``fn``'s arguments without the
 #: sample range), ``split`` running the whole batch in at most ``threads`` parts where it can,
@@ -1889,7 +1887,9 @@ def nchw_empty(a):
 # compile times (CPU seconds, a cold compile of the signature its jobs predict, alone in a fresh
 # process, 2 cores at load 5-26): the compile worker balances its groups by them
 compile_cost(2.4, _taps_range, _direct_range)  # 2.25-2.5, 2.35 s
-compile_beside(_taps_range, _direct_range)  # (their stand-ins: replay.STAND_INS)
+compile_beside(_taps_range, _direct_range)
+replay.STAND_INS[_taps_range] = _taps_range_numpy
+replay.STAND_INS[_direct_range] = _direct_numpy
 compile_cost(1.9, _bwd_filter_range)
 compile_cost(1.25, _bwd_data_range, _fwd_blas)  # 1.23, 1.26 s
 compile_cost(0.7, _fwd_gemm)
