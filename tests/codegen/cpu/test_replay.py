@@ -762,6 +762,7 @@ def test_a_form_writing_into_an_array_that_writes_nothing_is_caught(monkeypatch)
     s1 = np.empty(a0.shape, np.float32)
     _double(a0, s1)
     s2 = s1.copy()
+    _double(a0, s1)
     s3 = np.empty(s2.shape, np.float32)
     _double(s2, s3)
     return (s3, a1)
@@ -851,6 +852,54 @@ def test_an_elided_concat_that_is_not_safe_is_caught_by_the_check(monkeypatch):
     rp = _replayed(src, (1, 2, 3), lambda x: (2 * np.concatenate((2 * x, 4 * x), 1), 4 * x))
     assert rp.replays == 0 and not rp.recordings
     assert rp.why == "its replay differed from the driver's run"
+
+
+_SPLIT = """def segment(a0, a1):
+    s1 = np.empty(a0.shape, np.float32)
+    _double(a0, s1)
+    s2 = s1[:, :2].copy()
+    s3 = s1[:, 2:].copy()
+    {between}
+    s4 = np.empty(s2.shape, np.float32)
+    _double(s2, s4)
+    s5 = np.empty(s3.shape, np.float32)
+    _double(s3, s5)
+    return ({outs})
+"""
+
+
+def _split_replay(shape, between="", outs="s4, s5"):
+    def want(x):
+        return tuple({"s4": 4 * x[:, :2], "s5": 4 * x[:, 2:], "s2": 2 * x[:, :2]}[n]
+                     for n in outs.split(", "))
+    return _replayed(_SPLIT.format(between=between, outs=outs), shape, want)
+
+
+def test_copies_of_a_part_of_one_sample_are_elided_their_readers_read_the_source():
+    """A ``split`` of a batch of one along the channels copies runs of its input: where
+    nothing writes the input while a copy is read, the calls after it read the input's run
+    instead, and the copies are gone from the recording; the driver's values."""
+    rp = _split_replay((1, 4, 3))
+    assert rp.replays == 7 - replay.AFTER_RUNS - 1
+    (rec,) = rp.recordings.values()
+    names = [getattr(f, "__name__", f) for f, _, _, _ in rec.ops]
+    assert names == ["_double"] * 3, names
+    (_, made), (read2, _), (read3, _) = (args for f, args, _, _ in rec.ops)
+    assert replay._address(read2) == replay._address(made)
+    assert replay._address(read3) == replay._address(made) + 2 * 3 * 4
+
+
+@pytest.mark.parametrize("shape, between, outs, kept", [
+    ((2, 4, 3), "", "s4, s5", 2),                 # two samples: a part is no run of the input
+    ((1, 4, 3), "_double(a0, s1)", "s4, s5", 2),  # the input written while a copy is read
+    ((1, 4, 3), "", "s4, s5, s2", 1),             # a copy is an output (the other goes)
+])
+def test_a_copy_its_source_cannot_stand_for_stays(shape, between, outs, kept):
+    rp = _split_replay(shape, between, outs)
+    assert rp.replays == 7 - replay.AFTER_RUNS - 1
+    (rec,) = rp.recordings.values()
+    names = [getattr(f, "__name__", f) for f, _, _, _ in rec.ops]
+    assert names.count("_copy_into") == kept, names
 
 
 def test_shape_values_written_into_arrays_and_counters_are_replayed():

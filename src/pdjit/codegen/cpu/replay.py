@@ -890,6 +890,69 @@ def _relocated(ops, span_of, dest):
     return [_mapped(op, relocated) for op in ops]
 
 
+def _views(ops, outs, theirs):
+    """``ops`` with the copies elided whose source can stand for their result: a copy
+    (:func:`_copy_into`) of a C-contiguous array into a result of the same shape and type
+    that no call before it references and no array larger than it holds (a part of an elided
+    concat), from memory that is none of the outputs, the run's inputs or the parameters
+    (``theirs``) and that no call references from the copy to the last call that references
+    the result (the driver may reuse the source's memory after that); those calls read a
+    view of the source where they read the copy (a ``split`` of a
+    batch of one along the channels: ShuffleNet's halves after each channel shuffle). The
+    source's buffer then lives as long as the copy was read (:func:`_planned`)."""
+    if not any(op[0] is _copy_into for op in ops):
+        return ops
+    ops = list(ops)
+    alien = [_bounds(x) for x in list(_arrays(outs)) + list(theirs) if x.nbytes]
+
+    def touching(j0, j1, lo, hi) -> list:
+        return [j for j in range(j0, j1) if any(
+            a < hi and lo < b for a, b in map(_bounds, _arrays(ops[j][1:])) if a < b)]
+
+    k = 0
+    while k < len(ops):
+        fn, args, _, out = ops[k]
+        if fn is not _copy_into or not isinstance(out, np.ndarray) or out is not args[0]:
+            k += 1
+            continue
+        src = args[1]
+        lo, hi = _bounds(src)
+        olo, ohi = _bounds(out)
+        if not src.nbytes or src.shape != out.shape or src.dtype != out.dtype or \
+                not src.flags.c_contiguous or not out.flags.c_contiguous or any(
+                a < h and l < b for a, b in alien for l, h in ((lo, hi), (olo, ohi))) or \
+                touching(0, k, olo, ohi):
+            k += 1
+            continue
+        reads = touching(k + 1, len(ops), olo, ohi)
+        last = max(reads, default=k)
+        if touching(k + 1, last + 1, lo, hi) or any(  # (or a larger array holds the result)
+                not (olo <= a and b <= ohi) for j in reads
+                for a, b in map(_bounds, _arrays(ops[j][1:])) if a < ohi and olo < b):
+            k += 1
+            continue
+        moved = _in_source(src, olo, ohi)
+        del ops[k]
+        ops[k:] = [_mapped(op, moved) for op in ops[k:]]
+    return ops
+
+
+def _in_source(src, lo, hi):
+    """``moved(x)``: an array whose first byte is in ``lo .. hi`` (an elided copy's result) as
+    the same view of ``src`` (what it copied), the same view for the same array; any other
+    as it is."""
+    views: dict = {}
+
+    def moved(x):
+        at = _address(x)
+        if not lo <= at < hi:
+            return x
+        if id(x) not in views:
+            views[id(x)] = np.ndarray(x.shape, x.dtype, src, at - lo, x.strides)
+        return views[id(x)]
+    return moved
+
+
 def _planned(ops, outs, allocs):
     """``ops`` and ``outs`` with the buffers the driver allocated (``allocs``) moved into one
     arena, each at an offset no buffer alive at the same time takes (alive from the first op
@@ -1116,8 +1179,8 @@ class HostReplay:
         bit (None; else why not)."""
         theirs = [b for _, b in inputs] + fixed
         try:
-            ops, outs, arena = _planned(_elided(rec.ops, outs, rec.allocs, theirs), outs,
-                                        rec.allocs)
+            ops, outs, arena = _planned(_views(_elided(rec.ops, outs, rec.allocs, theirs),
+                                               outs, theirs), outs, rec.allocs)
         except TypeError as e:
             self.off = f"a call it records takes {e}"
             return self.off
