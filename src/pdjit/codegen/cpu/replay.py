@@ -893,21 +893,25 @@ def _relocated(ops, span_of, dest):
 def _views(ops, outs, theirs):
     """``ops`` with the copies elided whose source can stand for their result: a copy
     (:func:`_copy_into`) of a C-contiguous array into a result of the same shape and type
-    that no call before it references and no array larger than it holds (a part of an elided
+    that no call before it references and no larger array holds (a part of an elided
     concat), from memory that is none of the outputs, the run's inputs or the parameters
-    (``theirs``) and that no call references from the copy to the last call that references
-    the result (the driver may reuse the source's memory after that); those calls read a
-    view of the source where they read the copy (a ``split`` of a
-    batch of one along the channels: ShuffleNet's halves after each channel shuffle). The
-    source's buffer then lives as long as the copy was read (:func:`_planned`)."""
+    (``theirs``) and that no call references from the copy to the last call that reads the
+    result (the driver may reuse the source's memory after that). Those calls read a view of
+    the source where they read the copy (a ``split`` of a batch of one along the channels:
+    ShuffleNet's halves after each channel shuffle); the source's buffer then lives as long
+    as the copy was read (:func:`_planned`)."""
     if not any(op[0] is _copy_into for op in ops):
         return ops
     ops = list(ops)
     alien = [_bounds(x) for x in list(_arrays(outs)) + list(theirs) if x.nbytes]
 
+    def spans_of(op) -> list:
+        return [b for b in map(_bounds, _arrays(op[1:])) if b[0] < b[1]]
+
+    spans = [spans_of(op) for op in ops]  # each call's arrays' bytes
+
     def touching(j0, j1, lo, hi) -> list:
-        return [j for j in range(j0, j1) if any(
-            a < hi and lo < b for a, b in map(_bounds, _arrays(ops[j][1:])) if a < b)]
+        return [j for j in range(j0, j1) if any(a < hi and lo < b for a, b in spans[j])]
 
     k = 0
     while k < len(ops):
@@ -918,22 +922,19 @@ def _views(ops, outs, theirs):
         src = args[1]
         lo, hi = _bounds(src)
         olo, ohi = _bounds(out)
+        reads = touching(k + 1, len(ops), olo, ohi)
         if not src.nbytes or src.shape != out.shape or src.dtype != out.dtype or \
                 not src.flags.c_contiguous or not out.flags.c_contiguous or any(
                 a < h and l < b for a, b in alien for l, h in ((lo, hi), (olo, ohi))) or \
-                touching(0, k, olo, ohi):
-            k += 1
-            continue
-        reads = touching(k + 1, len(ops), olo, ohi)
-        last = max(reads, default=k)
-        if touching(k + 1, last + 1, lo, hi) or any(  # (or a larger array holds the result)
-                not (olo <= a and b <= ohi) for j in reads
-                for a, b in map(_bounds, _arrays(ops[j][1:])) if a < ohi and olo < b):
+                touching(0, k, olo, ohi) or touching(k + 1, max(reads, default=k) + 1, lo, hi) \
+                or any(not olo <= a < b <= ohi for j in reads for a, b in spans[j]
+                       if a < ohi and olo < b):
             k += 1
             continue
         moved = _in_source(src, olo, ohi)
-        del ops[k]
+        del ops[k], spans[k]
         ops[k:] = [_mapped(op, moved) for op in ops[k:]]
+        spans[k:] = [spans_of(op) for op in ops[k:]]
     return ops
 
 
