@@ -922,13 +922,16 @@ def _views(ops, outs, theirs):
         src = args[1]
         lo, hi = _bounds(src)
         olo, ohi = _bounds(out)
-        reads = touching(k + 1, len(ops), olo, ohi)
         if not src.nbytes or src.shape != out.shape or src.dtype != out.dtype or \
                 not src.flags.c_contiguous or not out.flags.c_contiguous or any(
                 a < h and l < b for a, b in alien for l, h in ((lo, hi), (olo, ohi))) or \
-                touching(0, k, olo, ohi) or touching(k + 1, max(reads, default=k) + 1, lo, hi) \
-                or any(not olo <= a < b <= ohi for j in reads for a, b in spans[j]
-                       if a < ohi and olo < b):
+                touching(0, k, olo, ohi):
+            k += 1
+            continue
+        reads = touching(k + 1, len(ops), olo, ohi)  # (the calls after it, only then)
+        if touching(k + 1, max(reads, default=k) + 1, lo, hi) or any(
+                not olo <= a < b <= ohi for j in reads for a, b in spans[j]
+                if a < ohi and olo < b):
             k += 1
             continue
         moved = _in_source(src, olo, ohi)
@@ -1302,8 +1305,9 @@ def kernel_call(fn, *args) -> None:
     declared ``"leaves"``: recorded where a driver is being recorded (each direct kernel call
     there must come this way, else a recording misses it); a kernel's stand-in while it
     compiles beside the runs (:func:`standing_in`)."""
-    if fn in STAND_INS and STANDING[0](fn):  # (standing_in, its membership asked here)
-        STAND_INS[fn](*args)
+    alt = STAND_INS.get(fn)
+    if alt is not None and STANDING[0](fn):  # (standing_in)
+        alt(*args)
         return
     rec = recording()
     if rec is None:
