@@ -347,9 +347,9 @@ def test_a_step_without_a_native_driver_runs_the_host_driver_on_slices(two_threa
                                     host(*a))[1]
     xv = rng.standard_normal((BATCH, 6)).astype("float32")
     (out,) = exe.run(program, feed={"x": xv}, fetch_list=[y], scope=scope)
-    # each half on its own thread, where nothing splits again, by calls of `chunk` rows
-    calls = BATCH // 2 // chunk
-    assert sorted(seen) == [("MainThread", chunk, 1)] * calls + [("pdjit-split", chunk, 1)] * calls
+    # calls of `chunk` rows on the two threads (each at least one), nothing split again
+    assert len(seen) == BATCH // chunk and {s[1:] for s in seen} == {(chunk, 1)}
+    assert {s[0] for s in seen} == {"MainThread", "pdjit-split"}
     assert threads.loop_threads() == 2  # (restored after the slice)
     args = [xv] + [np.asarray(scope.find_var(n).value) for n in step.args[1:]]
     parts = [host(xv[lo:lo + chunk], *args[1:])[0] for lo in range(0, BATCH, chunk)]
@@ -499,6 +499,39 @@ def test_a_large_batch_is_run_in_at_most_a_few_calls_a_slice(monkeypatch):
     rows_seen.clear()  # a batch of `chunk` rows or fewer on one thread: not cut
     assert not one.splits(chunk) and one(x[:chunk], w)[0].shape == (chunk, 3)
     assert rows_seen == [chunk]
+
+
+def test_the_threads_of_a_split_by_chunks_share_its_calls(monkeypatch):
+    """The calls of a split by chunks are taken in turn: a thread whose core runs slower makes
+    fewer of them (here the caller's, each of its calls 100 ms against 1 ms on the helper)
+    rather than half, each thread makes at least one, and the outputs keep the rows' order;
+    a call that fails stops the taking and its error is raised."""
+    import time
+
+    monkeypatch.setattr(threads, "slice_threads", lambda: 2)
+    monkeypatch.setattr(threads, "loop_threads", lambda: 2)
+    main, by = threading.get_ident(), []
+
+    def fn(x, w):
+        me = threading.get_ident()
+        by.append(me)
+        time.sleep(0.1 if me == main else 0.001)
+        return (x * w,)
+
+    (chunk,) = tiers_mod.HOST_CHUNK_ROWS[:1]
+    x, w = np.arange(48.0).reshape(16, 3), np.array([1.0, 2.0, 3.0])
+    two = tiers_mod.SplitDriver(fn, (0,), 2, chunk)
+    (out,) = two(x, w)
+    np.testing.assert_array_equal(out, x * w)
+    assert len(by) == 16 // chunk and by.count(main) == 1 and two.runs == 1
+
+    def failing(x, w):
+        if x[0, 0] == 3.0 * chunk:  # the second call
+            raise ValueError("the second call")
+        return (x * w,)
+
+    with pytest.raises(ValueError, match="the second call"):
+        tiers_mod.SplitDriver(failing, (0,), 2, chunk)(x, w)
 
 
 def test_a_chunked_driver_without_free_cores_runs_by_its_chunks_on_the_caller(monkeypatch):
