@@ -503,27 +503,29 @@ def test_a_large_batch_is_run_in_at_most_a_few_calls_a_slice(monkeypatch):
 
 def test_the_threads_of_a_split_by_chunks_share_its_calls(monkeypatch):
     """The calls of a split by chunks are taken in turn: a thread whose core runs slower makes
-    fewer of them (here the caller's, each of its calls 100 ms against 1 ms on the helper)
-    rather than half, each thread makes at least one, and the outputs keep the rows' order;
-    a call that fails stops the taking and its error is raised."""
+    fewer of them (here the caller's: its first call lasts until the helper has made every
+    other one, or 10 s) rather than half, each thread makes at least one, and the outputs keep
+    the rows' order; a call that fails stops the taking and its error is raised."""
     import time
 
     monkeypatch.setattr(threads, "slice_threads", lambda: 2)
     monkeypatch.setattr(threads, "loop_threads", lambda: 2)
-    main, by = threading.get_ident(), []
+    (chunk,) = tiers_mod.HOST_CHUNK_ROWS[:1]
+    x, w = np.arange(48.0).reshape(16, 3), np.array([1.0, 2.0, 3.0])
+    main, by, calls = threading.get_ident(), [], 16 // chunk
 
     def fn(x, w):
         me = threading.get_ident()
         by.append(me)
-        time.sleep(0.1 if me == main else 0.001)
+        deadline = time.monotonic() + 10
+        while me == main and len(by) < calls and time.monotonic() < deadline:
+            time.sleep(0.001)
         return (x * w,)
 
-    (chunk,) = tiers_mod.HOST_CHUNK_ROWS[:1]
-    x, w = np.arange(48.0).reshape(16, 3), np.array([1.0, 2.0, 3.0])
     two = tiers_mod.SplitDriver(fn, (0,), 2, chunk)
     (out,) = two(x, w)
     np.testing.assert_array_equal(out, x * w)
-    assert len(by) == 16 // chunk and by.count(main) == 1 and two.runs == 1
+    assert len(by) == calls and by.count(main) == 1 and two.runs == 1
 
     def failing(x, w):
         if x[0, 0] == 3.0 * chunk:  # the second call
