@@ -937,7 +937,8 @@ def _views(ops, outs, theirs):
         moved = _in_source(src, olo, ohi)
         del ops[k], spans[k]
         ops[k:] = [_mapped(op, moved) for op in ops[k:]]
-        spans[k:] = [spans_of(op) for op in ops[k:]]
+        for j in reads:  # (the only calls whose bytes moved: one earlier now)
+            spans[j - 1] = spans_of(ops[j - 1])
     return ops
 
 
