@@ -577,10 +577,9 @@ class SplitDriver:
         calls = [[self._sliced(values, lo, hi) for lo, hi in part] for part in pieces]
         if not self.chunk:
             outs = threads.run_parts(self.fn, [part[0] for part in calls], parts - 1)
-        elif parts > 1:
-            outs = self._shared([c for part in calls for c in part], parts)
-        else:
-            outs = [self.fn(*c) for c in calls[0]]
+        else:  # (the parts' calls in the rows' order)
+            calls = [c for part in calls for c in part]
+            outs = self._shared(calls, parts) if parts > 1 else [self.fn(*c) for c in calls]
         if odd:  # the last row, on every thread
             outs.append(self.rest(*self._sliced(values, b - 1, b)))
             pieces.append([(b - 1, b)])
