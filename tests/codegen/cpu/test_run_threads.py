@@ -274,6 +274,25 @@ def test_a_run_served_as_it_will_not_be_for_long_is_no_sample(two_asked):
         assert len(choice.keys[32].times[0]) == 1 and choice.keys[32].redos == redos
 
 
+def test_a_clear_win_of_long_runs_is_taken_from_two_runs_of_each(two_asked, monkeypatch):
+    """Runs of ``LONG_TRIAL_S`` or more are tried one timed run of each setting at a time; a
+    clear win is taken only once each setting ran ``LONG_TRIAL_CONFIRM`` times (its best): a
+    wide run slowed once by what no count tracks does not put the plan on one thread."""
+    monkeypatch.setattr(threads, "LONG_TRIAL_S", 0.05)
+    choice = threads.RunChoice(ready=lambda key: True)
+    for _ in range(threads.CHOICE_AFTER):
+        choice.begin(1), choice.end(1, 0.06)
+    caps = []
+    while choice.picks().get(1, "not chosen") in ("not chosen", "on trial"):
+        cap = choice.begin(1)
+        caps.append(cap)
+        # the first timed wide run slowed 5x, once; else 60 ms wide, 90 on one thread
+        choice.end(1, 0.3 if caps == [None] else 0.09 if cap == 1 else 0.06)
+    assert choice.picks() == {1: "every free core"}
+    assert choice.keys[1].times == ([0.3, 0.06], [0.09, 0.09])
+    assert caps == [None, 1, None, 1]
+
+
 def test_a_compile_beside_the_runs_holds_the_trial_and_spoils_its_samples(two_asked):
     """While a compile goes on beside the runs (``threads.background``: a parallel variant or
     a native driver compiled on a thread of this process, on a core the runs share) a due
@@ -472,9 +491,10 @@ def test_runs_of_microseconds_are_timed_more_often():
     assert threads.trial_runs([short * 2, short * 3, short / 2], 1, 3) == (1, 3)
 
 
-def test_long_runs_are_tried_once_each(two_asked, monkeypatch):
-    """Runs of ``LONG_TRIAL_S`` or more: the run choice tries each setting once, untimed runs
-    none (a trial of two runs); the drivers' trial alike (``trial_runs``)."""
+def test_long_runs_are_tried_one_run_of_each_at_a_time(two_asked, monkeypatch):
+    """Runs of ``LONG_TRIAL_S`` or more: the run choice tries each setting one timed run at a
+    time, untimed runs none, a clear win taken from ``LONG_TRIAL_CONFIRM`` of each (a trial of
+    four runs); the drivers' trial one of each (``trial_runs``)."""
     monkeypatch.setattr(threads, "LONG_TRIAL_S", 0.5)
     assert threads.trial_runs([0.6, 0.7], 1, 3) == (0, 1)
     assert threads.trial_runs([0.6, 0.01], 1, 3) == (1, 3)   # a short one: the full trial
@@ -484,11 +504,11 @@ def test_long_runs_are_tried_once_each(two_asked, monkeypatch):
     for _ in range(threads.CHOICE_AFTER):
         caps.append(choice.begin(16))
         choice.end(16, 1.0)
-    for cost_wide, cost_narrow in ((1.0, 2.0), (1.0, 2.0)):
+    for _ in range(2 * threads.LONG_TRIAL_CONFIRM):
         cap = choice.begin(16)
-        choice.end(16, cost_narrow if cap == 1 else cost_wide)
+        choice.end(16, 2.0 if cap == 1 else 1.0)
         caps.append(cap)
-    assert caps[threads.CHOICE_AFTER:] == [None, 1]        # one run of each
+    assert caps[threads.CHOICE_AFTER:] == [None, 1] * threads.LONG_TRIAL_CONFIRM
     assert choice.picks() == {16: "every free core"}
 
 
@@ -496,8 +516,8 @@ def test_long_runs_are_tried_once_each(two_asked, monkeypatch):
     # one run each within CHOICE_CLEAR_WIN: timed again, the best of up to CHOICE_RUNS each
     ([1.0, 1.5, 1.5], [1.02, 1.6, 1.6], 3, "every free core"),
     ([1.0, 1.5, 1.5], [0.98, 0.9, 0.95], 3, "one thread"),
-    # clear once the wide setting's second run is in: decided there
-    ([1.0, 0.6], [1.02], 1.5, "every free core")])  # (runs: 3 in all)
+    # clear once the wide setting's second run is in: decided once the narrow one's is in
+    ([1.0, 0.6], [1.02, 1.02], 2, "every free core")])
 def test_long_runs_close_by_one_each_are_timed_again(two_asked, monkeypatch, wide, narrow, runs,
                                                       pick):
     """Long runs (``LONG_TRIAL_S``) whose first pair lies within ``CHOICE_CLEAR_WIN`` decide

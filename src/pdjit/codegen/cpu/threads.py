@@ -648,7 +648,7 @@ CHOICE_RETRY_RUNS, CHOICE_RETRY_S = 32, 2.0
 CHOICE_CLEAR_WIN = 1.25
 
 
-#: runs from this long on are tried with one timed run of each setting and none untimed: at
+#: runs from this long on are tried one timed run of each setting at a time, none untimed: at
 #: ResNet-50's batch 16 (about a second a run) the run choice's trial took 8 runs (a step's
 #: driver trial 12 more, where it has a native driver), half of them on the slower setting;
 #: at that length a run's noise is small beside the differences a trial is for; where the two
@@ -656,6 +656,12 @@ CHOICE_CLEAR_WIN = 1.25
 #: :data:`CHOICE_RUNS` (on a machine whose second core slows for seconds at a time, a wide run
 #: of ResNet-50 at batch 1 took 73 ms, a narrow one 74: a pick by one run each is a coin toss)
 LONG_TRIAL_S = 0.05
+#: ... and a clear win of such a trial is taken only from this many timed runs of each
+#: setting (the best of them): one run slowed by what no count tracks (the host, a collection)
+#: decided it otherwise. Measured: ResNet-50 at batch 1 on two threads (36-40 ms a run, 66-69 on
+#: one thread) timed its one wide run at 197 ms in one process of four, picked one thread
+#: clearly and ran on it for the next 256 runs
+LONG_TRIAL_CONFIRM = 2
 
 
 def trial_runs(times, warm: int, timed: int) -> tuple:
@@ -901,6 +907,9 @@ class RunChoice:
             if not clear and not st.check and need < CHOICE_RUNS and \
                     min(len(wide), len(narrow)) < skip + CHOICE_RUNS:
                 return  # (long runs close by one each: timed again, up to CHOICE_RUNS each)
+            if clear and not st.check and need < LONG_TRIAL_CONFIRM and \
+                    min(len(wide), len(narrow)) < skip + LONG_TRIAL_CONFIRM:
+                return  # (a clear win of long runs by one each: each timed again first)
             if st.check and not (clear and pick == st.pick):  # (a full trial, at once)
                 st.check, st.times = False, ([], [])
                 return
