@@ -347,3 +347,48 @@ def test_work_splits_over_the_cores_from_one_thread_at_a_time(monkeypatch):
     third.start()
     third.join()
     assert seen[-1] == ("next", 2, 2, 2, False) and asked == [first.native_id, third.native_id]
+
+
+def test_a_replay_keeps_its_thread_on_the_core_its_team_was_placed_off(monkeypatch):
+    """``hold_caller``: a thread whose team is placed is kept on the core it was placed off
+    for the run (its mask that core alone), then ``release_caller`` gives it its mask back;
+    a thread with no team, or in a one-thread run, is left as it is. A recording's replay with
+    parallel loops does both around its calls."""
+    import os
+    import threading
+
+    import pytest
+
+    from pdjit.codegen.cpu import replay
+
+    if threads._getcpu is None or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("no getcpu, or one core: nothing to hold")
+    monkeypatch.setattr(threads, "_teams", {})
+    seen = []
+
+    def work():
+        before = os.sched_getaffinity(0)
+        seen.append(threads.hold_caller())  # (no team: left alone)
+        cpu = sorted(before)[0]
+        threads._teams[threading.get_native_id()] = [[], cpu]
+        with threads.one_thread():
+            seen.append(threads.hold_caller())  # (a one-thread run: left alone)
+        held = threads.hold_caller()
+        seen.append((held, os.sched_getaffinity(0), threads._getcpu()))
+        threads.release_caller(held)
+        seen.append(os.sched_getaffinity(0) == before)
+
+    t = threading.Thread(target=work)
+    t.start()
+    t.join()
+    cpu = sorted(os.sched_getaffinity(0))[0]
+    assert seen == [None, None, (os.sched_getaffinity(0), {cpu}, cpu), True]
+
+    calls = []
+    monkeypatch.setattr(threads, "place_team", lambda: calls.append("place"))
+    monkeypatch.setattr(threads, "hold_caller", lambda: calls.append("hold") or "mask")
+    monkeypatch.setattr(threads, "release_caller", lambda m: calls.append(("release", m)))
+    rec = replay.Recording.__new__(replay.Recording)
+    rec.teams, rec.parts, rec.ops, rec.outputs = {0}, [], [], ("out",)
+    assert rec.replay([]) == ("out",)
+    assert calls == ["place", "hold", ("release", "mask")]

@@ -667,10 +667,19 @@ class Recording:
         self.parts = None
 
     def replay(self, values):
-        if self.teams:
-            # its loops' threads kept off this thread's core, as team.run does, once a run
-            # (a look at the core each loop cost MobileNetV2 ~50 us a run on two threads)
-            threads.place_team()
+        if not self.teams:
+            return self._replay(values)
+        # its loops' threads kept off this thread's core, as team.run does, once a run (a look
+        # at the core each loop cost MobileNetV2 ~50 us a run on two threads), and this thread
+        # kept on its core for the run (threads.hold_caller)
+        threads.place_team()
+        held = threads.hold_caller()
+        try:
+            return self._replay(values)
+        finally:
+            threads.release_caller(held)
+
+    def _replay(self, values):
         parts = self.parts
         if parts is None:
             self._ops(values, 0, len(self.ops))
