@@ -475,18 +475,24 @@ def test_a_trial_run_served_as_it_will_not_be_for_long_is_run_again(machine, mon
     assert len(seen) == 2 and BATCH in step.tiers.picked
 
 
-def test_a_trial_of_long_runs_times_each_drivers_second_run(machine, monkeypatch):
+@pytest.mark.parametrize("clear", [False, True])
+def test_a_trial_of_long_runs_times_each_drivers_second_run(machine, monkeypatch, clear):
     """Where runs are long (``threads.LONG_TRIAL_S``: one timed run each) a driver's first run
     at a batch size is still not timed (its slowest: a split driver's slices are new shapes
     to their replays and packed weights); the drivers take turns, one run each, and the pick
-    comes after two runs of each."""
+    comes after two runs of each, or, where one of them wins clearly
+    (``threads.CHOICE_CLEAR_WIN``), after three (``threads.LONG_TRIAL_CONFIRM`` timed): one
+    slowed run does not decide it."""
     monkeypatch.setattr(threads, "LONG_TRIAL_S", 0.0)
+    # (every win clear, or none: the drivers' real times decide nothing here)
+    monkeypatch.setattr(threads, "CHOICE_CLEAR_WIN", 1.0 if clear else float("inf"))
     seen = []
     fastest = tiers_mod.DriverTiers._fastest
     monkeypatch.setattr(tiers_mod.DriverTiers, "_fastest",
                         staticmethod(lambda t: (seen.append(list(t)), fastest(t))[1]))
     s = _Served()
-    s.run(3 * 2 - 1)  # (the host, native and split drivers, by turns: not yet)
+    runs = 3 * (1 + (threads.LONG_TRIAL_CONFIRM if clear else 1))
+    s.run(runs - 1)  # (the host, native and split drivers, by turns: not yet)
     step = s.step
     assert BATCH not in step.tiers.picked and not seen
     s.run(1)
