@@ -283,21 +283,22 @@ class DriverTiers:
                                          self._WARM, self._TIMED)
         return max(warm, 1), timed
 
-    def _need(self, times) -> int:
-        """The runs each driver of a trial makes (:meth:`_lengths`); where runs are long (one
-        timed each) and their times so far give a clear win (``threads.CHOICE_CLEAR_WIN``),
-        ``threads.LONG_TRIAL_CONFIRM`` timed each, as the run choice's trial takes one: a
-        driver's one run slowed by what no count tracks would pick another for the next
-        trials' worth of runs (a split driver at batch 16: a run on one core)."""
+    def _need(self, times) -> tuple:
+        """``(untimed, runs)``: the untimed runs of each driver of a trial and all its runs
+        (:meth:`_lengths`); where runs are long (one timed each) and their times so far give a
+        clear win (``threads.CHOICE_CLEAR_WIN``), ``threads.LONG_TRIAL_CONFIRM`` timed each,
+        as the run choice's trial takes one: a driver's one run slowed by what no count tracks
+        would pick another for the next trials' worth of runs (a split driver at batch 16: a
+        run on one core)."""
         warm, timed = self._lengths(times)
         confirm = threads.LONG_TRIAL_CONFIRM
         if timed >= confirm or any(len(t) <= warm for t in times):
-            return warm + timed
+            return warm, warm + timed
         bests = sorted(min(t[warm:]) for t in times)
         if bests[-1] == float("inf") or len(bests) < 2 or \
                 bests[1] < threads.CHOICE_CLEAR_WIN * bests[0]:
-            return warm + timed
-        return warm + confirm
+            return warm, warm + timed
+        return warm, warm + confirm
 
     @property
     def split_rows(self):
@@ -354,7 +355,7 @@ class DriverTiers:
             turns = self._turns[key] = [0] * len(drivers)
         # the drivers by turns, each run counted (a run not timed too: the others' first runs
         # go on meanwhile), among those still short of their timed runs
-        need = self._need(times)
+        _, need = self._need(times)
         which = min([k for k in range(len(drivers)) if len(times[k]) < need] or
                     range(len(drivers)), key=turns.__getitem__)
         turns[which] += 1
@@ -407,8 +408,7 @@ class DriverTiers:
                 # runs split)
                 elapsed = float("inf")
         times[which].append(elapsed)
-        warm, _ = self._lengths(times)
-        need = self._need(times)
+        warm, need = self._need(times)
         if all(len(t) >= need for t in times):
             # each driver's best timed run: what other processes do on a shared machine only
             # adds time (with medians of three, one LeNet benchmark process of two kept the
