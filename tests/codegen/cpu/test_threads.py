@@ -350,9 +350,11 @@ def test_work_splits_over_the_cores_from_one_thread_at_a_time(monkeypatch):
 
 
 def test_a_replay_keeps_its_thread_on_the_core_its_team_was_placed_off(monkeypatch):
-    """``hold_caller``: a thread whose team is placed is kept on the core it was placed off
-    for the run (its mask that core alone), then ``release_caller`` gives it its mask back;
-    a thread with no team, or in a one-thread run, is left as it is. A recording's replay with
+    """``hold_caller``: a thread whose team is placed is watched: ``release_caller`` after its
+    run looks at the core it ended on, and no mask changes while it ends on the core its team
+    was placed off. Once it ended one on another (moved during the run), each later run keeps
+    it on that core (its mask that core alone), and ``release_caller`` gives its mask back. A
+    thread with no team, or in a one-thread run, is left as it is. A recording's replay with
     parallel loops does both around its calls."""
     import os
     import threading
@@ -364,17 +366,26 @@ def test_a_replay_keeps_its_thread_on_the_core_its_team_was_placed_off(monkeypat
     if threads._getcpu is None or len(os.sched_getaffinity(0)) < 2:
         pytest.skip("no getcpu, or one core: nothing to hold")
     monkeypatch.setattr(threads, "_teams", {})
+    monkeypatch.setattr(threads, "MOVED", [0])
     seen = []
 
     def work():
         before = os.sched_getaffinity(0)
         seen.append(threads.hold_caller())  # (no team: left alone)
-        cpu = sorted(before)[0]
-        threads._teams[threading.get_native_id()] = [[], cpu]
+        cpu, other = sorted(before)[:2]
+        team = threads._teams[threading.get_native_id()] = [[], cpu]
         with threads.one_thread():
             seen.append(threads.hold_caller())  # (a one-thread run: left alone)
+        os.sched_setaffinity(0, {cpu})  # (the run's end seen on the core its team is off)
+        watched = threads.hold_caller()
+        threads.release_caller(watched)
+        seen.append((watched is threads._WATCH, os.sched_getaffinity(0), threads.MOVED[0]))
+        team[1] = other  # (a run that ends on the other core: the thread moved)
+        threads.release_caller(threads.hold_caller())
+        os.sched_setaffinity(0, before)
+        team[1] = cpu
         held = threads.hold_caller()
-        seen.append((held, os.sched_getaffinity(0), threads._getcpu()))
+        seen.append((held, os.sched_getaffinity(0), threads._getcpu(), threads.MOVED[0]))
         threads.release_caller(held)
         seen.append(os.sched_getaffinity(0) == before)
 
@@ -382,7 +393,8 @@ def test_a_replay_keeps_its_thread_on_the_core_its_team_was_placed_off(monkeypat
     t.start()
     t.join()
     cpu = sorted(os.sched_getaffinity(0))[0]
-    assert seen == [None, None, (os.sched_getaffinity(0), {cpu}, cpu), True]
+    assert seen == [None, None, (True, {cpu}, 0), (os.sched_getaffinity(0), {cpu}, cpu, 1),
+                    True]
 
     calls = []
     monkeypatch.setattr(threads, "place_team", lambda: calls.append("place"))

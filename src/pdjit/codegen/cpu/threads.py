@@ -1169,17 +1169,23 @@ def place_team(discover: bool = True) -> None:
 def hold_caller():
     """Keep the calling thread on the core :func:`place_team` placed its team off, for the
     length of a run whose parallel loops follow one another in native code (a recording's
-    replay, ``replay.Recording``), and return the mask it had (None: left as it was; give it
-    to :func:`release_caller` after the run). Between two loops the caller waits for the
-    team at each loop's end, sleeping once its polling ends; woken by a team thread, the
-    scheduler may move it onto that thread's core, and every later loop of the run then
-    shared one core (MobileNetV2 at batch 1 on two threads: one process in ten ran 14 of 100
-    runs so, each thread waiting 42 ms in all for the other). Three system calls, ~7 us a run
-    (MobileNetV2's 4 ms runs with and without it by turns in one process: 1.001x, 1.010x;
-    ResNet-50's 36 ms: 1.003x)."""
+    replay, ``replay.Recording``), and return what :func:`release_caller` takes after the run
+    (None: nothing to do). Between two loops the caller waits for the team at each loop's end,
+    sleeping once its polling ends; woken by a team thread, the scheduler may move it onto
+    that thread's core, and every later loop of the run then shared one core (MobileNetV2 at
+    batch 1 on two threads: one process in ten ran 14 of 100 runs so, each thread waiting
+    42 ms in all for the other).
+
+    Holding costs three system calls a run, and the first after the thread waited in a loop
+    ~15-30 us (MobileNetV2's 4 ms runs at batch 1 on two threads: 1.3 % of each, by turns in
+    one process), so a thread is held only once one of its runs ended on another core than
+    its team was placed off (:data:`MOVED`): until then :func:`release_caller` only looks at
+    the core (~1 us)."""
     team = _teams.get(native_id())
     if team is None or team[1] is None or getattr(_run_local, "cap", None) == 1:
         return None
+    if not getattr(_run_local, "moved", False):
+        return _WATCH
     try:
         mask = os.sched_getaffinity(0)
         if len(mask) < 2 or team[1] not in mask:
@@ -1190,8 +1196,23 @@ def hold_caller():
     return mask
 
 
+#: :func:`hold_caller`'s word for a run not held: its end looks where the thread runs
+_WATCH = object()
+#: the threads seen moved off the core their team was placed off at the end of a run, and
+#: held since (:func:`hold_caller`)
+MOVED = [0]
+
+
 def release_caller(mask) -> None:
-    """The calling thread's mask before :func:`hold_caller` again (None: nothing to do)."""
+    """After the run :func:`hold_caller` began: the calling thread's mask before it again;
+    or, for a run not held, whether the thread ended it on another core than its team was
+    placed off (held from its next run)."""
+    if mask is _WATCH:
+        team = _teams.get(native_id())
+        if team is not None and team[1] is not None and _getcpu() != team[1]:
+            _run_local.moved = True
+            MOVED[0] += 1
+        return
     if mask is not None:
         try:
             os.sched_setaffinity(0, mask)
