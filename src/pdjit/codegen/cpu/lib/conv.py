@@ -1212,8 +1212,11 @@ def _channel_bounds(parts, w, groups, unit=_PART_ROWS):
 #: loop (``_by_team``): a split costs a few microseconds while the team polls for work, so
 #: that MobileNetV2's depthwise layers of 0.25-1.4 M multiply-adds (30-60 us) gain from it too
 #: (the model at batch 1 on two threads 2.2 % faster than from 2 M, the median of 30 ratios
-#: of runs taking turns in one process; from 128 K or 512 K as fast as from 256 K)
-_TEAM_MIN_WORK = 1 << 18
+#: of runs taking turns in one process). From 128 K rather than 256 K, the layers between
+#: (replayed calls timed in the model at batch 1 on two threads, us, whole / split):
+#: MobileNetV2's depthwise 14x14 576 at stride 2 33.5 / 21.4, ShuffleNetV2's eight depthwise
+#: layers of 116 channels onto 14x14 and its 14x14 channel shuffle, 197 / 127 in all
+_TEAM_MIN_WORK = 1 << 17
 
 
 def _by_pixels(kernel, parts, args) -> bool:
