@@ -102,8 +102,9 @@ def test_threaded_and_serial_runs_agree(two_asked, monkeypatch):
 def test_run_choice_keeps_the_faster_setting_and_tries_again(two_asked, monkeypatch):
     """A plan's runs on every free core against runs on one thread, on a fake clock: the
     faster by its best timed run is kept, tried again after the runs and the seconds of its
-    interval (doubled while it keeps winning, 8x where it wins clearly), and no trial while
-    a core is busy or while the plan's own driver trials go on."""
+    interval (doubled while it keeps winning, 8x where it wins clearly; a first pick that won
+    by a little after ``CHOICE_FIRST_RETRY_S`` seconds), and no trial while a core is busy or
+    while the plan's own driver trials go on."""
     free, _ = two_asked
     now = [0.0]
     ready = [False]
@@ -125,7 +126,8 @@ def test_run_choice_keeps_the_faster_setting_and_tries_again(two_asked, monkeypa
     assert choice.picks() == {16: "one thread"}        # one thread was faster (not clearly)
     caps = [run(1.0, 2.0) for _ in range(3 * threads.CHOICE_RETRY_RUNS)]
     assert set(caps) == {1}                            # kept: the seconds have not passed
-    now[0] += threads.CHOICE_RETRY_S
+    assert threads.CHOICE_FIRST_RETRY_S < threads.CHOICE_RETRY_S
+    now[0] += threads.CHOICE_FIRST_RETRY_S             # (a first pick by a little: soon)
     free[0] = 1                                        # a core busy: nothing chosen
     assert run(1.0, 2.0) is None and choice.picks() == {16: "one thread"}
     free[0] = 2

@@ -641,6 +641,13 @@ CHOICE_RUNS = 3
 #: runs and seconds (both) from a pick to the next trial; doubled at each trial that keeps the
 #: pick, up to 64x
 CHOICE_RETRY_RUNS, CHOICE_RETRY_S = 32, 2.0
+#: ... but the seconds after a first pick that won by less than :data:`CHOICE_CLEAR_WIN`: a
+#: trial that something outside disturbed (both settings slow while it ran) is tried again
+#: soon. ShuffleNetV2 at batch 1 on two threads, 1 process in 22: its trial timed two threads
+#: at 5.2-8.2 ms and one at 4.7-7.4, picked one thread, and kept it for the next 2 s at 4.7 ms
+#: a run where two threads ran 2.7-3.6 in the others. The trial again costs about one run
+#: (half its runs the slower way, by less than that margin)
+CHOICE_FIRST_RETRY_S = 0.25
 #: ... multiplied by 8 instead where the pick won again by this ratio of best times or more:
 #: each trial runs half its runs the slower way (MobileNetV2 at batch 1 on two threads: 8.1 ms
 #: a one-thread run against 5.1), and one that wins by that much seldom loses before a core
@@ -799,7 +806,8 @@ class RunChoice:
     each (an untimed one, then :data:`CHOICE_RUNS` timed) and keeps the faster by its best
     time; trials repeat while the plan serves (after :data:`CHOICE_RETRY_RUNS` runs and
     :data:`CHOICE_RETRY_S` seconds, twice as long each time the pick stays, eight times where
-    it won by :data:`CHOICE_CLEAR_WIN` or more, the first pick too, up to 64x). The trial after
+    it won by :data:`CHOICE_CLEAR_WIN` or more, the first pick too, up to 64x; a first pick by
+    less than that after :data:`CHOICE_FIRST_RETRY_S` seconds instead). The trial after
     a clear win is a check: one timed run of the pick, then one of the other setting; where the
     pick wins clearly again it stays, else a full trial follows at once (a full trial runs four
     of its eight runs the slower way: MobileNetV2 at batch 1 on two threads, 10 ms one-thread
@@ -918,15 +926,17 @@ class RunChoice:
     def _choose(self, st, pick: int, clear: bool) -> None:
         """``pick`` kept until the next trial, a check where it won clearly."""
         st.check = clear
+        seconds = CHOICE_RETRY_S
         if st.pick is None:  # (the first pick)
             st.interval = CHOICE_RETRY_RUNS * (8 if clear else 1)
+            seconds = seconds if clear else CHOICE_FIRST_RETRY_S
         elif pick == st.pick:
             st.interval = min(st.interval * (8 if clear else 2), CHOICE_RETRY_RUNS * 64)
         else:
             st.interval = CHOICE_RETRY_RUNS
         st.pick, st.trial = pick, False
         st.left = st.interval
-        st.until = self.clock() + CHOICE_RETRY_S * st.interval / CHOICE_RETRY_RUNS
+        st.until = self.clock() + seconds * st.interval / CHOICE_RETRY_RUNS
 
     def _count_tiny(self, key, runs: int) -> None:
         """``runs`` tiny runs of ``key`` to keep, counted by the shortcut (``tiny_key``,
