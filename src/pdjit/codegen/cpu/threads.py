@@ -929,7 +929,8 @@ class RunChoice:
         seconds = CHOICE_RETRY_S
         if st.pick is None:  # (the first pick)
             st.interval = CHOICE_RETRY_RUNS * (8 if clear else 1)
-            seconds = seconds if clear else CHOICE_FIRST_RETRY_S
+            if not clear:
+                seconds = CHOICE_FIRST_RETRY_S
         elif pick == st.pick:
             st.interval = min(st.interval * (8 if clear else 2), CHOICE_RETRY_RUNS * 64)
         else:
