@@ -461,9 +461,10 @@ def test_depthwise_and_max_pool_plane_kernels_over_rows_of_several_vectors():
     """The plane kernels (float32: rows of 16-lane vectors) of depthwise filters 3x3, 5x5 and
     7x7 and of the 3x3 max pool, at strides 1 and 2, on planes whose rows span several
     vectors and end part-way through one (a 3x3 filter's columns of vectors at stride 1 by
-    twos where both lie inside the image, else one at a time; at stride 2 a last column
-    whose loads read one column past the row, unused: plain where the array goes on, masked
-    in its last plane), every padding the filter allows, against loops written here."""
+    fours, then twos, at stride 2 by twos, plain where all lie inside the image, else masked
+    (the rest one at a time); at stride 2 a last column whose loads read one column past the
+    row, unused: plain where the array goes on, masked in its last plane), every padding the
+    filter allows, against loops written here."""
     from pdjit.codegen.cpu.lib import conv, pool
 
     r = np.random.default_rng(7)

@@ -521,23 +521,29 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
             with no:
                 body([q0], True)
 
-    def by_columns(body, pairs: bool):
+    def by_columns(body, groups):
         """``body(qs, masked)`` for each column of output vectors (``qs`` their first
-        outputs), where ``pairs`` two columns at a time in one loop where both are plain
-        (:func:`alone` otherwise, and for the last where they are odd): twice the independent
-        chains of fused multiply-adds, where one column's (a tap row's taps onto the partial
-        sum of the rows above) left the FMA units idle. Measured at stride 1 (one thread,
-        batch 1, the image rewritten before each call, us, one column / two, by turns in
-        processes of their own): depthwise 3x3 [1, 32, 112, 112] 630-711 / 535-560, [1, 144,
-        56, 56] 745-813 / 643-672, [1, 192, 28, 28] 289-305 / 257-288 (planes of one column
-        alike: 14x14, 7x7); at stride 2 (two input rows a step: twice the chains already)
-        within noise, so not there; nor for filters of more than 3x3 taps (a row's taps
-        then take as long as its chain)."""
-        if not pairs:
+        outputs), several at a time in one loop: the first of the sizes ``groups`` that the
+        columns left fill (else one, :func:`alone`), masked where one of them is (each load
+        and store then plain or masked at run time, :func:`_edge_load`, :func:`_store`).
+        Going down the rows with a row's columns together reads each input row once, along
+        the row, where a column at a time went down the whole plane once per column (and
+        with one chain of fused multiply-adds a column). Measured (one thread,
+        batch 1, depthwise 3x3 with bias and relu6 right after the 1x1 layer that writes its
+        input, as in MobileNetV2, the L3 cache flushed before; us): at stride 1 (by 4, else
+        2; one column at a time where some is masked, before) [1, 32, 112, 112] 144 -> 125,
+        [1, 144, 56, 56] 182 -> 144, [1, 192, 28, 28] 59 -> 59; at stride 2 (by 2; one column
+        at a time, before) [1, 96, 112, 112] 350 -> 246, [1, 144, 56, 56] 84 -> 74, [1, 192,
+        28, 28] 31 -> 31 (by 4: 250, 92 and 41, its larger loop slower even where it takes
+        only its single columns); max pools 3x3 at stride 2 [1, 64, 112, 112] 181 -> 169, 2x2
+        148 -> 119. Filters of more than 3x3 taps go a column at a time (a row's taps then
+        take as long as its chain; in groups, 5x5 at stride 2 [1, 72, 56, 56] 73 -> 80,
+        7x7 [1, 64, 56, 56] 141 -> 170)."""
+        if not groups:
             with cgutils.for_range(builder, nq) as qloop:
                 alone(body, column(qloop.index))
             return
-        # (one loop, each step one column or two: each body compiled once)
+        # (one loop, each step a group of columns or one: each body compiled once)
         kv = cgutils.alloca_once_value(builder, c(0))
         test = builder.append_basic_block("columns.test")
         step = builder.append_basic_block("columns.step")
@@ -547,15 +553,30 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
         builder.cbranch(builder.icmp_signed("<", builder.load(kv), nq), step, done)
         builder.position_at_end(step)
         k = builder.load(kv)
-        qs = [column(k), column(builder.add(k, c(1)))]
-        two = builder.and_(builder.icmp_signed("<", builder.add(k, c(1)), nq),
-                           builder.and_(whole(qs[0]), whole(qs[1])))
-        with builder.if_else(two) as (yes, no):
-            with yes:
-                body(qs, False)
-            with no:
-                alone(body, qs[0])
-        builder.store(builder.add(k, builder.select(two, c(2), c(1))), kv)
+
+        def take(sizes):
+            if not sizes:
+                alone(body, column(k))
+                builder.store(builder.add(k, c(1)), kv)
+                return
+            g = sizes[0]
+            with builder.if_else(builder.icmp_signed("<=", builder.add(k, c(g)), nq)) as (
+                    yes, no):
+                with yes:
+                    qs = [column(builder.add(k, c(i))) for i in range(g)]
+                    plain = whole(qs[0])
+                    for q in qs[1:]:
+                        plain = builder.and_(plain, whole(q))
+                    with builder.if_else(plain) as (all_plain, some_masked):
+                        with all_plain:
+                            body(qs, False)
+                        with some_masked:
+                            body(qs, True)
+                    builder.store(builder.add(k, c(g)), kv)
+                with no:
+                    take(sizes[1:])
+
+        take(tuple(groups))
         builder.branch(test)
         builder.position_at_end(done)
 
@@ -597,7 +618,7 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
                     for i in range(1, kh):
                         builder.store(sums[i - 1], acc[i])
 
-        by_columns(rows1, kh * kw <= 9)
+        by_columns(rows1, (4, 2) if kh * kw <= 9 else ())
         return
     # stride 2: step t reads input rows 2t and 2t + 1 (less the top padding); output row
     # t - u takes their taps 2u and 2u + 1, so each input row is loaded once for every output
@@ -608,49 +629,57 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
     steps = (kh + 1) // 2
 
     def rows2(qs, masked):
-        (q0,) = qs  # (one column a loop at stride 2: see by_columns)
-        smask, stored = out_masks(q0, masked)
-        cols = [[builder.add(builder.sub(builder.add(builder.mul(q0, c(2)), c(j)), plv),
-                             c(h2 * lanes)) for h2 in range(2)] for j in range(0, kw, 2)]
-        lmask = [[load_mask(cc) if masked else None for cc in pair] for pair in cols]
-        acc = [cgutils.alloca_once_value(builder, fill) for _ in range(steps)]
-        for u in range(steps):
-            builder.store(fill, acc[u])
+        per = []  # each column's: q0, store masks, load columns, load masks, partial sums
+        for q0 in qs:
+            cols = [[builder.add(builder.sub(builder.add(builder.mul(q0, c(2)), c(j)), plv),
+                                 c(h2 * lanes)) for h2 in range(2)] for j in range(0, kw, 2)]
+            lmask = [[load_mask(cc) if masked else None for cc in pair] for pair in cols]
+            acc = [cgutils.alloca_once_value(builder, fill) for _ in range(steps)]
+            for u in range(steps):
+                builder.store(fill, acc[u])
+            per.append((q0, out_masks(q0, masked), cols, lmask, acc))
         with cgutils.for_range(builder, builder.add(ohv, c(steps - 1))) as loop:
             t = loop.index
-            rows = []  # per input row of the step, the inputs of each tap column
+            done = []
+            rows = [[] for _ in per]  # per column, per input row of the step, each tap's inputs
             for e in range(2):
                 ih = builder.sub(builder.add(builder.mul(t, c(2)), c(e)), ptv)
                 base, ok = row(ih, masked)
-                ahead(ih, (cols[0][0], cols[0][1], builder.add(cols[-1][1], c(lanes - 1))))
-                xv = []
-                for p_, pair in enumerate(cols):
-                    lo_, hi_ = (vload(builder.add(base, pair[h2]), lmask[p_][h2], ok)
-                                for h2 in range(2))
-                    xv.append(builder.shuffle_vector(lo_, hi_, even))
-                    if 2 * p_ + 1 < kw:
-                        xv.append(builder.shuffle_vector(lo_, hi_, odd))
-                rows.append([_fold(combine, xv)] if rows_first else xv)
-            sums = []
-            for u in range(steps):
-                acc_u = builder.load(acc[u]) if u else fill
-                for e in range(2):
-                    i = 2 * u + e
-                    if i < kh and rows_first:
-                        acc_u = rows[e][0] if i == 0 else combine(i * kw, rows[e][0], acc_u)
-                    elif i < kh:
-                        for j in range(kw):
-                            acc_u = combine(i * kw + j, rows[e][j], acc_u)
-                sums.append(acc_u)
+                for k_, (q0, _, cols, lmask, _) in enumerate(per):
+                    ahead(ih, (cols[0][0], cols[0][1], builder.add(cols[-1][1], c(lanes - 1))))
+                    xv = []
+                    for p_, pair in enumerate(cols):
+                        lo_, hi_ = (vload(builder.add(base, pair[h2]), lmask[p_][h2], ok)
+                                    for h2 in range(2))
+                        xv.append(builder.shuffle_vector(lo_, hi_, even))
+                        if 2 * p_ + 1 < kw:
+                            xv.append(builder.shuffle_vector(lo_, hi_, odd))
+                    rows[k_].append([_fold(combine, xv)] if rows_first else xv)
+            for k_, (q0, (smask, stored), _, _, acc) in enumerate(per):
+                sums = []
+                for u in range(steps):
+                    acc_u = builder.load(acc[u]) if u else fill
+                    for e in range(2):
+                        i = 2 * u + e
+                        if i < kh and rows_first:
+                            acc_u = rows[k_][e][0] if i == 0 else combine(i * kw, rows[k_][e][0],
+                                                                          acc_u)
+                        elif i < kh:
+                            for j in range(kw):
+                                acc_u = combine(i * kw + j, rows[k_][e][j], acc_u)
+                    sums.append(acc_u)
+                done.append((q0, smask, stored, acc, sums))
             o = builder.sub(t, c(steps - 1))
             with builder.if_then(builder.icmp_signed(">=", o, c(0))):
-                last = sums[steps - 1]
-                put(o, q0, last if order is None else builder.shuffle_vector(last, last, order),
-                    smask, stored)
-            for u in range(1, steps):
-                builder.store(sums[u - 1], acc[u])
+                for q0, smask, stored, _, sums in done:
+                    last = sums[steps - 1]
+                    put(o, q0, last if order is None else
+                        builder.shuffle_vector(last, last, order), smask, stored)
+            for _, _, _, acc, sums in done:
+                for u in range(1, steps):
+                    builder.store(sums[u - 1], acc[u])
 
-    by_columns(rows2, False)
+    by_columns(rows2, (2,) if kh * kw <= 9 else ())
 
 
 #: how many rows ahead :func:`_plane_loops` prefetches the input rows it will read and the
