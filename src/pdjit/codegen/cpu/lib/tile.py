@@ -645,7 +645,7 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
             for e in range(2):
                 ih = builder.sub(builder.add(builder.mul(t, c(2)), c(e)), ptv)
                 base, ok = row(ih, masked)
-                for k_, (q0, _, cols, lmask, _) in enumerate(per):
+                for k_, (_, _, cols, lmask, _) in enumerate(per):
                     ahead(ih, (cols[0][0], cols[0][1], builder.add(cols[-1][1], c(lanes - 1))))
                     xv = []
                     for p_, pair in enumerate(cols):
