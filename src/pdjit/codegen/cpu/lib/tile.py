@@ -393,10 +393,11 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
     us: [1, 64, 112, 112] 159 -> 109 (ResNet's, padded by 1: 159 -> 108), [1, 128, 55, 55]
     79 -> 53, [1, 256, 27, 27] 41 -> 26).
 
-    The outputs go by columns of vectors, down the rows; a tap's inputs are one load (stride
-    2: the even or odd lanes of a pair of loads, picked by a shuffle; one pair serves two
-    neighbouring taps), masked only in the columns at the image's edges, so the plane is read
-    in place: no padded copy (a row above or below the image reads ``fill``). Each input row
+    The outputs go by columns of vectors (several side by side: ``by_columns``), down the
+    rows; a tap's inputs are one load (stride 2: the even or odd lanes of a pair of loads,
+    picked by a shuffle; one pair serves two neighbouring taps), masked only in the columns
+    at the image's edges, so the plane is read in place: no padded copy (a row above or below
+    the image reads ``fill``). Each input row
     is loaded once for all the output rows that read it (their partial results stay in
     registers, rolled down an output row per step): at stride 2 this measured 1.1-1.4x faster
     than loading each output row's inputs (MobileNetV2's depthwise layers of stride 2,
