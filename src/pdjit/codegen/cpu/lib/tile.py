@@ -529,17 +529,19 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
         and store then plain or masked at run time, :func:`_edge_load`, :func:`_store`).
         Going down the rows with a row's columns together reads each input row once, along
         the row, where a column at a time went down the whole plane once per column (and
-        with one chain of fused multiply-adds a column). Measured (one thread,
-        batch 1, depthwise 3x3 with bias and relu6 right after the 1x1 layer that writes its
-        input, as in MobileNetV2, the L3 cache flushed before; us): at stride 1 (by 4, else
-        2; one column at a time where some is masked, before) [1, 32, 112, 112] 144 -> 125,
-        [1, 144, 56, 56] 182 -> 144, [1, 192, 28, 28] 59 -> 59; at stride 2 (by 2; one column
-        at a time, before) [1, 96, 112, 112] 350 -> 246, [1, 144, 56, 56] 84 -> 74, [1, 192,
-        28, 28] 31 -> 31 (by 4: 250, 92 and 41, its larger loop slower even where it takes
-        only its single columns); max pools 3x3 at stride 2 [1, 64, 112, 112] 181 -> 169, 2x2
-        148 -> 119. Filters of more than 3x3 taps go a column at a time (a row's taps then
-        take as long as its chain; in groups, 5x5 at stride 2 [1, 72, 56, 56] 73 -> 80,
-        7x7 [1, 64, 56, 56] 141 -> 170)."""
+        with one chain of fused multiply-adds a column). Measured on depthwise 3x3 layers
+        with bias and relu6 right after the 1x1 layer that writes their input, as in
+        MobileNetV2, the L3 cache flushed before (batch 1, us), one thread: at stride 1 (by
+        4, else 2; against pairs only where both are plain) [1, 32, 112, 112]
+        144 -> 125, [1, 144, 56, 56] 182 -> 144, [1, 192, 28, 28] 59 -> 59; at stride 2 (by
+        2; against one at a time) [1, 96, 112, 112] 350 -> 246, [1, 144, 56, 56] 84 -> 74,
+        [1, 192, 28, 28] 31 -> 31 (by 4: 250, 92 and 41, its larger loop slower even where it
+        takes only single columns); two threads, each half the channels after a 1x1 layer
+        split by pixels: 71 -> 66, 132 -> 103, 42 -> 39 at stride 1, 180 -> 142 and 59 -> 55
+        at stride 2. ResNet's 3x3 max pool at stride 2, [1, 64, 112, 112], one thread: 181 ->
+        169 (processes by turns: 225-300 -> 140-190). Filters of more than 3x3 taps go a
+        column at a time (a row's taps then take as long as its chain; in groups, 5x5 at
+        stride 2 [1, 72, 56, 56] 73 -> 80, 7x7 [1, 64, 56, 56] 141 -> 170)."""
         if not groups:
             with cgutils.for_range(builder, nq) as qloop:
                 alone(body, column(qloop.index))
