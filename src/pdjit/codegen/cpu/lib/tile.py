@@ -397,11 +397,10 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
     rows; a tap's inputs are one load (stride 2: the even or odd lanes of a pair of loads,
     picked by a shuffle; one pair serves two neighbouring taps), masked only in the columns
     at the image's edges, so the plane is read in place: no padded copy (a row above or below
-    the image reads ``fill``). Each input row
-    is loaded once for all the output rows that read it (their partial results stay in
-    registers, rolled down an output row per step): at stride 2 this measured 1.1-1.4x faster
-    than loading each output row's inputs (MobileNetV2's depthwise layers of stride 2,
-    float32, one thread, batch 1)."""
+    the image reads ``fill``). Each input row is loaded once for all the output rows that read
+    it (their partial results stay in registers, rolled down an output row per step): at
+    stride 2 this measured 1.1-1.4x faster than loading each output row's inputs
+    (MobileNetV2's depthwise layers of stride 2, float32, one thread, batch 1)."""
     b0v, hv, wv, ohv, owv, ptv, plv, size = geo
     lanes = vty.count
     i64 = ir.IntType(64)
@@ -532,11 +531,11 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
         with one chain of fused multiply-adds a column). Measured on depthwise 3x3 layers
         with bias and relu6 right after the 1x1 layer that writes their input, as in
         MobileNetV2, the L3 cache flushed before (batch 1, us), one thread: at stride 1 (by
-        4, else 2; against pairs only where both are plain) [1, 32, 112, 112]
-        144 -> 125, [1, 144, 56, 56] 182 -> 144, [1, 192, 28, 28] 59 -> 59; at stride 2 (by
-        2; against one at a time) [1, 96, 112, 112] 350 -> 246, [1, 144, 56, 56] 84 -> 74,
-        [1, 192, 28, 28] 31 -> 31 (by 4: 250, 92 and 41, its larger loop slower even where it
-        takes only single columns); two threads, each half the channels after a 1x1 layer
+        4, else 2; against pairs only where both are plain) [1, 32, 112, 112] 144 -> 125,
+        [1, 144, 56, 56] 182 -> 144, [1, 192, 28, 28] 59 -> 59; at stride 2 (by 2; against
+        one at a time) [1, 96, 112, 112] 350 -> 246, [1, 144, 56, 56] 84 -> 74, [1, 192, 28,
+        28] 31 -> 31 (by 4: 250, 92 and 41, its larger loop slower even where it takes only
+        single columns); two threads, each half the channels after a 1x1 layer
         split by pixels: 71 -> 66, 132 -> 103, 42 -> 39 at stride 1, 180 -> 142 and 59 -> 55
         at stride 2. ResNet's 3x3 max pool at stride 2, [1, 64, 112, 112], one thread: 181 ->
         169 (processes by turns: 225-300 -> 140-190). Filters of more than 3x3 taps go a
