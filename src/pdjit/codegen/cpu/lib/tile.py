@@ -582,14 +582,20 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
         builder.branch(test)
         builder.position_at_end(done)
 
+    def fresh_sums(n: int):
+        """``n`` slots of partial sums for one column of a body, each set to ``fill`` where the
+        body begins (a body runs again for each column)."""
+        acc = [cgutils.alloca_once_value(builder, fill) for _ in range(n)]
+        for a in acc:
+            builder.store(fill, a)
+        return acc
+
     if stride == 1:
         def rows1(qs, masked):
             per = []  # each column's: q0, input columns, store masks, load masks, partial sums
             for q0 in qs:
                 cols = [builder.sub(builder.add(q0, c(j)), plv) for j in range(kw)]
-                acc = [cgutils.alloca_once_value(builder, fill) for _ in range(kh)]
-                for i in range(kh):
-                    builder.store(fill, acc[i])
+                acc = fresh_sums(kh)
                 per.append((q0, cols, out_masks(q0, masked),
                             [load_mask(col) if masked else None for col in cols], acc))
             with cgutils.for_range(builder, builder.add(ohv, c(kh - 1))) as loop:
@@ -636,9 +642,7 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
             cols = [[builder.add(builder.sub(builder.add(builder.mul(q0, c(2)), c(j)), plv),
                                  c(h2 * lanes)) for h2 in range(2)] for j in range(0, kw, 2)]
             lmask = [[load_mask(cc) if masked else None for cc in pair] for pair in cols]
-            acc = [cgutils.alloca_once_value(builder, fill) for _ in range(steps)]
-            for u in range(steps):
-                builder.store(fill, acc[u])
+            acc = fresh_sums(steps)
             per.append((q0, out_masks(q0, masked), cols, lmask, acc))
         with cgutils.for_range(builder, builder.add(ohv, c(steps - 1))) as loop:
             t = loop.index
