@@ -1,9 +1,10 @@
 """A batch's product by a weight (``_nn.weight_vector``, a classifier's last layer): the
 vector kernel of batch 1 to 4 against NumPy in float64 over sizes that are not multiples of its
 steps (rows of four, columns of a vector), every split of the columns and each row alone giving
-one call's bits; the entry point's choice between the parallel loop, the packed GEMM (five rows
-and more) and BLAS; a program's ``fc`` at batch 1, 3, 6 and 17 lowered onto it, against NumPy,
-in native code."""
+one call's bits, and one row's kernel on the weight packed in panels giving those bits too;
+the entry point's choice between the parallel loops, the packed GEMM (five rows and more) and
+BLAS; a program's ``fc`` at batch 1, 3, 6 and 17 lowered onto it, against NumPy, in native
+code."""
 import numpy as np
 import pytest
 
@@ -36,10 +37,32 @@ def test_vector_parts_against_numpy_and_one_part(dtype):
             np.testing.assert_array_equal(row[0], one[i], err_msg=f"{m}x{k}x{n} row {i}")
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_vector_panels_against_numpy_and_the_column_kernel(dtype):
+    """One row by a weight packed in panels (``pgemm.packed_weight``), whole panels a part:
+    against NumPy in float64, sizes not multiples of a panel (a last one part empty) nor of a
+    vector, fewer panels than parts; the bits of :func:`gemm._vector_parts` in one part, in
+    any number of parts."""
+    tol = 2e-5 if dtype == np.float32 else 1e-12
+    for k, n in ((1, 5), (3, 37), (1027, 1000), (8, 16), (70, 130), (5, 64)):
+        x = RNG.uniform(-1, 1, (1, k)).astype(dtype)
+        w = RNG.uniform(-1, 1, (k, n)).astype(dtype)
+        bp = pgemm.packed_weight(w)
+        cols = np.full((1, n), np.nan, dtype)
+        gemm._vector_parts(x, w, cols, 1)
+        for parts in (1, 2, 3):
+            got = np.full((1, n), np.nan, dtype)
+            gemm._vector_panels(x, bp, got, parts)
+            np.testing.assert_allclose(got, x.astype(np.float64) @ w.astype(np.float64),
+                                       rtol=tol, atol=tol, err_msg=f"{k}x{n} in {parts}")
+            np.testing.assert_array_equal(got, cols, err_msg=f"{k}x{n} in {parts}")
+
+
 def test_weight_vector_on_the_team_or_blas(monkeypatch, team_loops):
-    """One to four rows by a weight large enough run the parallel loop once it is ready (by
-    ranges of columns over the loop threads; one row on one thread is BLAS's); a transposed
-    weight, a small weight or a loop not ready yet run BLAS: each against NumPy."""
+    """One to four rows by a weight large enough run a parallel loop once it is ready (one row
+    by panels of the weight packed once, more by ranges of columns, over the loop threads; one
+    row on one thread is BLAS's); a transposed weight, a small weight or a loop not ready yet
+    run BLAS: each against NumPy."""
     ran = team_loops
     monkeypatch.setattr(threads, "loop_threads", lambda: 2)
     monkeypatch.setattr(gemm, "VECTOR_MIN_VALUES", 64 * 40)
@@ -48,7 +71,7 @@ def test_weight_vector_on_the_team_or_blas(monkeypatch, team_loops):
     x = RNG.uniform(-1, 1, (1, k)).astype(np.float32)
     out = np.full((1, n), np.nan, np.float32)
     gemm.weight_vector(x, w, False, out)
-    assert ran == [(gemm._vector_parts, 2, True)]
+    assert ran == [(gemm._vector_panels, 2, True)]
     np.testing.assert_allclose(out, x.astype(np.float64) @ w, rtol=2e-5, atol=2e-5)
     one = np.full((1, n), np.nan, np.float32)
     gemm._vector_parts(x, w, one, 1)
@@ -141,8 +164,9 @@ def test_weight_vector_of_five_rows_and_more_runs_the_packed_gemm(dtype, monkeyp
 def test_an_fc_at_batch_one_runs_on_the_vector_product(fresh_programs, monkeypatch,
                                                        team_loops, packed_calls):
     """A classifier's last layer (``fc`` of a pooled image, its weight a parameter): at batch
-    1 and 3 the parallel loop over the weight's columns, at batch 6 and 17 the packed GEMM;
-    the bias and softmax after it, against NumPy, in native code."""
+    1 the parallel loop over the weight's panels, at batch 3 the one over its columns, at
+    batch 6 and 17 the packed GEMM; the bias and softmax after it, against NumPy, in native
+    code."""
     main, startup = fresh_programs
     k, n = 96, 1500   # (144 000 values: above the size threshold, set lower here)
     with fluid.program_guard(main, startup):
@@ -167,8 +191,8 @@ def test_an_fc_at_batch_one_runs_on_the_vector_product(fresh_programs, monkeypat
         want /= want.sum(1, keepdims=True)
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
         ran = [loop for loop, _, done in team_loops if done]
-        assert (gemm._vector_parts in ran) == (batch <= gemm.VECTOR_MAX_ROWS), \
-            (batch, team_loops)
+        assert ran == ([gemm._vector_panels] if batch == 1 else [gemm._vector_parts]
+                       if batch <= gemm.VECTOR_MAX_ROWS else []), (batch, team_loops)
         assert bool(packed_calls) == (batch > gemm.VECTOR_MAX_ROWS), (batch, packed_calls)
     report = exe.explain(main, feed={"x": xv}, fetch_list=[y])
     assert "_nn.weight_vector(" in report, report
