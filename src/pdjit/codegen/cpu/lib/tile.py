@@ -590,6 +590,21 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
             builder.store(fill, a)
         return acc
 
+    def store_and_roll(t, n: int, done, order=None):
+        """The end of row step ``t`` of a body whose columns ``done`` (each ``(q0, store
+        mask, whole, slots, sums)``) hold ``n`` partial sums: the last stored as output row
+        ``t - n + 1`` where that is a row (put in the outputs' order by ``order``, None:
+        already in it), the others rolled down a slot for the next step."""
+        o = builder.sub(t, c(n - 1))
+        with builder.if_then(builder.icmp_signed(">=", o, c(0))):
+            for q0, smask, stored, _, sums in done:
+                last = sums[n - 1]
+                put(o, q0, last if order is None else builder.shuffle_vector(last, last, order),
+                    smask, stored)
+        for _, _, _, acc, sums in done:
+            for i in range(1, n):
+                builder.store(sums[i - 1], acc[i])
+
     if stride == 1:
         def rows1(qs, masked):
             per = []  # each column's: q0, input columns, store masks, load masks, partial sums
@@ -618,13 +633,7 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
                                 s_ = combine(i * kw + j, xv[j], s_)
                         sums.append(s_)
                     done.append((q0, smask, stored, acc, sums))
-                o = builder.sub(r, c(kh - 1))
-                with builder.if_then(builder.icmp_signed(">=", o, c(0))):
-                    for q0, smask, stored, _, sums in done:
-                        put(o, q0, sums[kh - 1], smask, stored)
-                for _, _, _, acc, sums in done:
-                    for i in range(1, kh):
-                        builder.store(sums[i - 1], acc[i])
+                store_and_roll(r, kh, done)
 
         by_columns(rows1, (4, 2) if kh * kw <= 9 else ())
         return
@@ -675,15 +684,7 @@ def _plane_loops(builder, xptr, geo, vty, align, kh: int, kw: int, stride: int, 
                                 acc_u = combine(i * kw + j, rows[k_][e][j], acc_u)
                     sums.append(acc_u)
                 done.append((q0, smask, stored, acc, sums))
-            o = builder.sub(t, c(steps - 1))
-            with builder.if_then(builder.icmp_signed(">=", o, c(0))):
-                for q0, smask, stored, _, sums in done:
-                    last = sums[steps - 1]
-                    put(o, q0, last if order is None else
-                        builder.shuffle_vector(last, last, order), smask, stored)
-            for _, _, _, acc, sums in done:
-                for u in range(1, steps):
-                    builder.store(sums[u - 1], acc[u])
+            store_and_roll(t, steps, done, order)
 
     by_columns(rows2, (2,) if kh * kw <= 9 else ())
 
