@@ -16,7 +16,12 @@ pytestmark = pytest.mark.filterwarnings(
     r"ignore:op '(auc)' runs its NumPy reference"
     ":pdjit.framework.errors.ReferenceStepWarning")
 
-sk = pytest.importorskip("sklearn.metrics")
+
+@pytest.fixture(scope="module")
+def sk():
+    """scikit-learn's metrics (imported by the tests that use them: 1.8 s at collection)."""
+    return pytest.importorskip("sklearn.metrics")
+
 
 RNG = np.random.default_rng(7)
 
@@ -32,7 +37,7 @@ def _batches(n_batches=4, n=50):
     return out
 
 
-def test_precision_recall_match_sklearn():
+def test_precision_recall_match_sklearn(sk):
     batches = _batches()
     prec, rec = metrics.Precision(), metrics.Recall("rec")
     for p, lab in batches:
@@ -49,7 +54,7 @@ def test_precision_recall_match_sklearn():
     assert prec.eval() == 0.0 and prec.tp == 0 and prec.fp == 0
 
 
-def test_accuracy_is_the_weighted_mean_of_batch_accuracies():
+def test_accuracy_is_the_weighted_mean_of_batch_accuracies(sk):
     acc = metrics.Accuracy()
     total_right = total = 0
     for p, lab in _batches(3, 40):
@@ -69,7 +74,7 @@ def test_accuracy_is_the_weighted_mean_of_batch_accuracies():
         acc.update("0.5", 3)
 
 
-def test_auc_metric_matches_sklearn_with_many_thresholds():
+def test_auc_metric_matches_sklearn_with_many_thresholds(sk):
     batches = _batches()
     auc = metrics.Auc("auc", num_thresholds=2 ** 16)
     for p, lab in batches:
@@ -220,7 +225,7 @@ def test_chunk_evaluator_against_hand_counts():
         ev.update(1, -1, 0)
 
 
-def test_composite_metric_updates_every_metric():
+def test_composite_metric_updates_every_metric(sk):
     comp = metrics.CompositeMetric()
     comp.add_metric(metrics.Precision())
     comp.add_metric(metrics.Recall())
@@ -262,7 +267,7 @@ def _run_auc(main, start, res, batches):
     return out
 
 
-def test_auc_layer_matches_sklearn_globally_and_over_the_window():
+def test_auc_layer_matches_sklearn_globally_and_over_the_window(sk):
     batches = _batches(3, 40)
     main, start, res = _auc_program(4095, 2)
     outs = _run_auc(main, start, res, batches)
@@ -357,7 +362,7 @@ def test_auc_layer_matches_paddles_recorded_outputs():
         assert (float(g[0]), float(b[0])) == (want_g, want_b)
 
 
-def test_auc_op_compiled_equals_reference_on_edge_values():
+def test_auc_op_compiled_equals_reference_on_edge_values(sk):
     """float64 [N, 1] probabilities with 0 and 1 exactly, int32 labels of rank 1 with a
     negative label (counted in neither histogram): the native kernel gives the reference's
     bits; and the same statistics as counting by hand."""

@@ -5,39 +5,64 @@ vector wide, a vector and a bit (the last column of vectors overlaps the one bef
 vectors with columns inside the image (loaded and stored without masks) and at its edges,
 every padding the filter allows, strides 1 and 2. Each output sums its taps in the same order
 at every width, so all widths give the same bits."""
-import numba
+import functools
+import re
+
 import numpy as np
 import pytest
 
 from pdjit.codegen.cpu.lib import tile
+from pdjit.codegen.cpu.lib._jit import caller
 
 RNG = np.random.default_rng(11)
 WIDTHS = (16, 32, 64)
 
 
-def _plane(monkeypatch, nbytes, k, stride):
-    monkeypatch.setattr(tile, "PLANE_BYTES", nbytes)
+def _at_width(nbytes, run):
+    """``run`` with :data:`tile.PLANE_BYTES` at ``nbytes`` for each call: the plane kernels
+    read it when a caller of theirs compiles, which a Numba function does at its first call
+    for each argument types, not when it is defined."""
+    def call(*args):
+        before = tile.PLANE_BYTES
+        tile.PLANE_BYTES = nbytes
+        try:
+            return run(*args)
+        finally:
+            tile.PLANE_BYTES = before
+
+    call.dispatcher = run
+    return call
+
+
+@functools.cache
+def _plane(nbytes, k, stride):
     kernel = tile.plane_kernel(k, k, stride)
 
-    @numba.njit(no_cfunc_wrapper=True)
+    @caller
     def run(wf, xs, h, w, df, oh, ow, pt, pl, bias, ep, lo, hi):
         for m in range(bias.size):
             kernel(wf, m * k * k, xs, m * h * w, h, w, df, m * oh * ow, oh, ow, pt, pl, bias,
                    m, ep, True, lo, hi)
 
-    return run
+    return _at_width(nbytes, run)
 
 
-def _pool(monkeypatch, nbytes, stride):
-    monkeypatch.setattr(tile, "PLANE_BYTES", nbytes)
+@functools.cache
+def _pool(nbytes, stride):
     kernel = tile.pool_plane_kernel(3, stride)
 
-    @numba.njit(no_cfunc_wrapper=True)
+    @caller
     def run(xs, c, h, w, df, oh, ow, pt, pl):
         for m in range(c):
             kernel(xs, m * h * w, h, w, df, m * oh * ow, oh, ow, pt, pl)
 
-    return run
+    return _at_width(nbytes, run)
+
+
+def _lanes(call) -> set:
+    """The vector lengths (lanes) of the compiled code of ``call``'s function."""
+    return {int(n) for ir in call.dispatcher.inspect_llvm().values()
+            for n in re.findall(r"<(\d+) x (?:float|double)>", ir)}
 
 
 def _depthwise(x, w, s, p, bias, lo, hi):
@@ -60,8 +85,8 @@ PLANES = [(5, 3), (6, 7), (9, 8), (7, 9), (12, 17), (10, 40), (4, 71)]
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("k,stride", [(3, 1), (3, 2), (5, 1), (5, 2)])
-def test_depthwise_planes_at_every_vector_width(monkeypatch, dtype, k, stride):
-    runs = {nb: _plane(monkeypatch, nb, k, stride) for nb in WIDTHS}
+def test_depthwise_planes_at_every_vector_width(dtype, k, stride):
+    runs = {nb: _plane(nb, k, stride) for nb in WIDTHS}
     c = 3
     for h, wd in PLANES:
         for p in range(max(0, (k - min(h, wd) + 1) // 2), k // 2 + 1):
@@ -84,11 +109,13 @@ def test_depthwise_planes_at_every_vector_width(monkeypatch, dtype, k, stride):
             for nb in WIDTHS:
                 for ep in (False, True):
                     assert np.array_equal(got[nb, ep], got[64, ep], equal_nan=True)
+    for nb, run in runs.items():  # each width's code in vectors of its width
+        assert nb // np.dtype(dtype).itemsize in _lanes(run), (nb, _lanes(run))
 
 
 @pytest.mark.parametrize("stride", [1, 2])
-def test_max_pool_planes_at_every_vector_width(monkeypatch, stride):
-    runs = {nb: _pool(monkeypatch, nb, stride) for nb in WIDTHS}
+def test_max_pool_planes_at_every_vector_width(stride):
+    runs = {nb: _pool(nb, stride) for nb in WIDTHS}
     c = 2
     for h, wd in PLANES:
         for p in (0, 1):
@@ -108,15 +135,17 @@ def test_max_pool_planes_at_every_vector_width(monkeypatch, stride):
                 np.testing.assert_array_equal(y[:-3].reshape(want.shape), want,
                                               err_msg=f"s {stride} {h}x{wd} pad {p} bytes {nb}")
                 assert np.isnan(y[-3:]).all()
+    for nb, run in runs.items():
+        assert nb // 4 in _lanes(run), (nb, _lanes(run))
 
 
 @pytest.mark.parametrize("stride", [1, 2])
-def test_a_plane_of_no_rows_reads_nothing(monkeypatch, stride):
+def test_a_plane_of_no_rows_reads_nothing(stride):
     """An image of no rows, padded into output rows: every output is the bias alone (no row
     read, not even row 0's in place of one outside the image)."""
     c, wd, p = 2, 20, 2
     for nb in WIDTHS:
-        run = _plane(monkeypatch, nb, 3, stride)
+        run = _plane(nb, 3, stride)
         oh, ow = (2 * p - 3) // stride + 1, (wd + 2 * p - 3) // stride + 1
         x = np.empty(0, np.float32)
         w = RNG.standard_normal(c * 9).astype(np.float32)

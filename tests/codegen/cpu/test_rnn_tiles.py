@@ -10,12 +10,12 @@ direction from the last step; past a length the state is kept and zeros are writ
 import functools
 import math
 
-import numba
 import numpy as np
 import pytest
 
 from pdjit.codegen.cpu.lib import pgemm
 from pdjit.codegen.cpu.lib import rnn as K
+from pdjit.codegen.cpu.lib._jit import caller
 
 RNG = np.random.default_rng(5)
 CODES = {"LSTM": (0, 4), "GRU": (1, 3), "RNN_TANH": (2, 1)}
@@ -101,7 +101,7 @@ def test_forward_on_both_product_paths_matches_numpy(mode, H, L, D):
                 np.testing.assert_allclose(cn, want[2], rtol=1e-10, atol=1e-12)
 
 
-@numba.njit
+@caller  # (compiled as a generated kernel is)
 def _compiled_table(weights, biases, steps, batch):
     return K.rnn_weight_table(weights, biases, steps, batch, True)
 
