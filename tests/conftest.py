@@ -20,10 +20,11 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 FIXTURES = pathlib.Path(__file__).parent / "fixtures" / "paddle"
 
 # Python threads take turns of the GIL of 0.5 ms, not the default 5 ms: a thread that polls
-# in a loop (the CUDA simulator's block manager, which polls a block's threads, each a Python
-# thread) or compiles (Numba in a background thread) kept it for whole turns while the thread a
-# test waits on queued. Measured in one process: tests/codegen/cuda 75.7 -> 32.8 s; with two
-# workers, tests/runtime, tests/io, tests/distributed and test_run_threads 87-94 -> 73-77 s.
+# in a loop kept it for whole turns while the thread a test waits on queued (the CUDA
+# simulator's block manager polls a block's threads, each a Python thread). Measured in one
+# process, tests/codegen/cuda 75.7 -> 32.8 s; the tests that run threads of their own beside
+# the test's (background compiles, readers, helpers; two workers: tests/runtime, tests/io,
+# tests/distributed and test_run_threads) 87-94 -> 73-77 s.
 sys.setswitchinterval(0.0005)
 
 # The cuda target's tests (tests/codegen/cuda) run on Numba's CUDA simulator where there is no GPU
