@@ -498,9 +498,12 @@ def max_abs(a: list, b: list):
                 for x, y in zip(a, b) if np.size(x)), default=0.0)
 
 
-def timed_rounds(engines: list, rounds: int, repeat: int, probes: list | None = None) -> dict:
+def timed_rounds(engines: list, rounds: int, repeat: int, probes: list | None = None,
+                 runs: dict | None = None) -> dict:
     """Median seconds of each engine's ``rounds * repeat`` timed runs, interleaved; with
-    ``probes``, :func:`handoff_probe` appended before each round."""
+    ``probes``, :func:`handoff_probe` appended before each round; with ``runs``, every timed
+    run's milliseconds, in order, by engine (``--json``: the spread of the runs behind each
+    median, which a virtual machine's slowed core widens)."""
     times = {e.label: [] for e in engines}
     for r in range(rounds):
         if probes is not None:
@@ -510,6 +513,8 @@ def timed_rounds(engines: list, rounds: int, repeat: int, probes: list | None = 
             time.sleep(_SETTLE_S)
             e.ask({"cmd": "time", "n": _REWARM})
             times[e.label] += e.ask({"cmd": "time", "n": repeat})["times"]
+    if runs is not None:
+        runs.update({k: [round(t * 1e3, 4) for t in v] for k, v in times.items()})
     return {k: float(np.median(v)) for k, v in times.items() if v}
 
 
@@ -616,8 +621,9 @@ def bench_model(name: str, args, tmp: str, peers: list, notes: list) -> list:
                     except RuntimeError as err:
                         notes.append(f"{name} batch {batch}: {err}")
                 probes: list = []
+                runs: dict = {}
                 med = timed_rounds(live, args.rounds, args.repeat,
-                                   probes if max(args.threads) > 1 else None)
+                                   probes if max(args.threads) > 1 else None, runs)
                 for e in live:
                     if e.name == "pdjit" and e.threads > 1:
                         loops = e.ask({"cmd": "waiting"})["loops"]
@@ -631,7 +637,7 @@ def bench_model(name: str, args, tmp: str, peers: list, notes: list) -> list:
             ref = firsts.get(f"pdjit {args.threads[0]}t")
             row = {"model": name, "batch": batch, "busy": bool(args.busy), "load1": load0,
                    "handoff_ms": [p for p in probes if p is not None],
-                   "ms": {k: v * 1e3 for k, v in med.items()},
+                   "ms": {k: v * 1e3 for k, v in med.items()}, "runs_ms": runs,
                    "first_s": {k: v[0] for k, v in firsts.items()},
                    "max_abs_err": {k: (max_abs(ref[1], v[1]) if ref else None)
                                    for k, v in firsts.items()},
@@ -874,12 +880,14 @@ def bench_convs(args, tmp: str, peers: list, notes: list) -> list:
                     notes.append(f"conv {key}: {err}")
             busy = start_busy() if args.busy else None
             try:
-                med = timed_rounds(live, args.rounds, args.repeat)
+                runs = {}
+                med = timed_rounds(live, args.rounds, args.repeat, runs=runs)
             finally:
                 stop(busy)
             row = {"conv": f"{c}x{h}x{w} -> {m}, {k}x{k}/{s}", "count": count,
                    "gflop": flops / 1e9,
-                   "ms": {e.name: med[e.label] * 1e3 for e in live if e.label in med}}
+                   "ms": {e.name: med[e.label] * 1e3 for e in live if e.label in med},
+                   "runs_ms": {e.name: runs[e.label] for e in live if e.label in runs}}
             if "pdjit" in firsts and "onnxruntime" in firsts:
                 row["max_abs_err"] = max_abs(firsts["pdjit"], firsts["onnxruntime"])
             rows.append(row)
