@@ -2,6 +2,8 @@
 (``threads.begin_run``): with a thread count asked for, a run on a machine with a busy core
 runs its BLAS calls, parallel loops and split batches on the caller's thread, and gives the
 same results as a run on every thread. Checked with ``free_cores`` forced, never by timing."""
+import time
+
 import numba
 import numpy as np
 import pytest
@@ -173,6 +175,46 @@ def test_run_choice_keeps_the_faster_setting_and_tries_again(two_asked, monkeypa
     for _ in range(2 * (threads.CHOICE_RUNS + 1)):
         choice.end(4, 2.0 if choice.begin(4) == 1 else 1.0)
     assert choice.picks()[4] == "every free core" and choice.keys[4].interval == 8 * r
+
+
+def test_a_run_after_a_pause_is_no_sample_of_a_trial(two_asked, monkeypatch):
+    """A trial's run that begins ``RESTED_S`` or more after the process's last run (slow
+    whatever its threads: its data out of the caches, an idle core woken) runs as the pick
+    does, untimed, and the trial goes on with the runs after it: a check after a clear win is
+    not lost to it (a full trial would follow). Counted among the trial's ``WARMING_REDOS``."""
+    now = [0.0]
+    choice = threads.RunChoice(clock=lambda: now[0])
+
+    def run(cost_wide, cost_narrow, paused=False):
+        if paused:  # (the last run ended, and began, a second ago)
+            monkeypatch.setattr(threads, "_ran", [time.perf_counter() - 1.0])
+            monkeypatch.setattr(threads, "_began", [time.perf_counter() - 1.1, 0.01])
+        cap = choice.begin(16)
+        choice.end(16, cost_narrow if cap == 1 else cost_wide)
+        return cap
+
+    for _ in range(threads.CHOICE_AFTER):
+        run(1.0, 2.0)
+    st = choice.keys[16]
+    assert run(50.0, 50.0, paused=True) is None and st.trial and st.times == ([], [])
+    assert st.redos == 1
+    caps = [run(1.0, 2.0) for _ in range(2 * (threads.CHOICE_RUNS + 1))]
+    assert caps == [None, 1] * (threads.CHOICE_RUNS + 1)
+    assert choice.picks() == {16: "every free core"} and st.check
+    r = threads.CHOICE_RETRY_RUNS
+    assert st.interval == 8 * r
+    assert set(run(1.0, 2.0) for _ in range(st.interval)) == {None}
+    now[0] += threads.CHOICE_RETRY_S * st.interval / r
+    # the check's first run after a pause (50 ms where the pick takes 1): not timed
+    assert run(50.0, 2.0, paused=True) is None and st.trial
+    assert [run(1.0, 2.0) for _ in range(2)] == [None, 1]   # the check, won clearly again
+    assert not st.trial and st.interval == 64 * r and choice.picks() == {16: "every free core"}
+    # where every run follows a pause, the trial times them after WARMING_REDOS of them
+    monkeypatch.setattr(threads, "WARMING_REDOS", 2)
+    now[0] += threads.CHOICE_RETRY_S * 64
+    st.left = 0
+    caps = [run(1.0, 2.0, paused=True) for _ in range(4)]
+    assert caps == [None, None, None, 1] and not st.trial   # two untimed, then the check
 
 
 def test_threads_the_driver_trials_measured_are_picked_without_a_trial(two_asked):

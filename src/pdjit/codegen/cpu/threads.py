@@ -655,6 +655,26 @@ CHOICE_FIRST_RETRY_S = 0.25
 CHOICE_CLEAR_WIN = 1.25
 
 
+#: a run that begins this long or more after the process's last run (its start, or its end
+#: where a :class:`RunChoice` timed it) is no sample of a trial: it runs as the pick does,
+#: untimed. After a pause a run is slow whatever its threads (its data out of the caches, an
+#: idle virtual core woken, the team's threads asleep): MobileNetV2 at batch 1 took 15-17 ms
+#: on two threads and 24-26 on one after 0.3 s idle, 41-44 after 1 s, against 4.0-4.5 and
+#: 7.0-7.5 (ONNX Runtime on two threads 19-26 and 56 against 4.1-4.4). In a benchmark taking
+#: rounds with other processes, a check timed the first run of a round on two threads against
+#: the next on one, found no clear win and ran a full trial in the timed runs: 5.8-9.6 ms
+#: runs in those rounds against 4.0-4.4 in the others. (Counted among a trial's
+#: :data:`WARMING_REDOS`: a process whose every run follows a pause times them after that.)
+RESTED_S = 0.25
+_ran = [float("-inf")]  # when the last run a RunChoice timed ended (time.perf_counter)
+
+
+def _rested() -> bool:
+    """Whether the process ran no run for :data:`RESTED_S` (see there)."""
+    last = max(_ran[0], _began[0] if _began[0] is not None else float("-inf"))
+    return time.perf_counter() - last >= RESTED_S
+
+
 #: runs from this long on are tried one timed run of each setting at a time, none untimed: at
 #: ResNet-50's batch 16 (about a second a run) the run choice's trial took 8 runs (a step's
 #: driver trial 12 more, where it has a native driver), half of them on the slower setting;
@@ -811,7 +831,8 @@ class RunChoice:
     a clear win is a check: one timed run of the pick, then one of the other setting; where the
     pick wins clearly again it stays, else a full trial follows at once (a full trial runs four
     of its eight runs the slower way: MobileNetV2 at batch 1 on two threads, 10 ms one-thread
-    runs among 7.5 ms ones). It
+    runs among 7.5 ms ones). A trial's run that follows a pause of :data:`RESTED_S` or more
+    in the process's runs is no sample (run as the pick, untimed). It
     decides only when more than one thread may run (threads asked for, or loops on every core,
     and two cores free); otherwise every run goes as :func:`begin_run` sets it. Work too small
     to pay for its threads, a core another process keeps half busy (``free_cores`` rounds that
@@ -878,6 +899,9 @@ class RunChoice:
                 self._choose(st, 0, clear=True)
                 return None
             st.trial, st.times, st.redos = True, ([], []), 0
+        if st.redos < WARMING_REDOS and _rested():  # (after a pause: no sample, as the pick)
+            st.redos += 1
+            return 1 if st.pick == 1 else None
         first = st.pick if st.check else 0  # (a check times the pick first: it is warm)
         which = first if len(st.times[0]) == len(st.times[1]) else \
             int(len(st.times[0]) > len(st.times[1]))
@@ -885,6 +909,7 @@ class RunChoice:
         return None if which == 0 else 1
 
     def end(self, key, seconds: float) -> None:
+        _ran[0] = time.perf_counter()
         st = self.keys.get(key)
         if st is None:
             return
