@@ -240,6 +240,57 @@ def conv_model(fresh_programs, tmp_path, monkeypatch):
     return tmp_path, forward
 
 
+def test_the_entries_of_models_from_many_directories_stay_within_a_bound(model, tmp_path,
+                                                                         monkeypatch):
+    """Models loaded from ever new directories (each a location of its own, whose entries no
+    later one replaces) keep at most ``MAX_BYTES`` of entries: after each is written the least
+    recently used others go, a load counting as a use; each copy's Predictor still gives the
+    model's results, from an entry or made again."""
+    import shutil
+
+    d, forward = model
+    xv = np.random.default_rng(5).standard_normal((3, 6)).astype("float32")
+    (out,) = _predictor(d).run([xv])
+    (first,) = _entries(d)
+    size = sum(p.stat().st_size for p in first.parent.iterdir() if not p.name.startswith("."))
+    monkeypatch.setattr(optimized_cache, "MAX_BYTES", int(2.5 * size))  # (two entries fit)
+    copies = []
+    for i in range(4):
+        c = tmp_path / f"copy{i}"
+        c.mkdir()
+        for f in ("m.pdmodel", "m.pdiparams"):
+            shutil.copy2(d / f, c / f)
+        copies.append(c)
+
+    def where(p):
+        names = [n for n, _ in passes.INFERENCE_PASSES]
+        return optimized_cache.model_key((p / "m.pdmodel").read_bytes(), str(p), "m.pdiparams",
+                                         names).where
+
+    def held():
+        return {e.name.split("-", 1)[0] for e in _entries(d)}
+
+    (got,) = _predictor(copies[0]).run([xv])
+    assert held() == {where(d), where(copies[0])}
+    time.sleep(0.02)
+    assert optimized_cache.load(optimized_cache.model_key(
+        (d / "m.pdmodel").read_bytes(), str(d), "m.pdiparams",
+        [n for n, _ in passes.INFERENCE_PASSES])) is not None    # d's entry used again
+    time.sleep(0.02)
+    for i, c in enumerate(copies[1:], 1):
+        (got,) = _predictor(c).run([xv])
+        np.testing.assert_array_equal(got, out)
+        # each write left its own entry and the most recently used other one: copy0's went
+        # first (d's was loaded after it was written)
+        assert held() == {where(c), where(d) if i == 1 else where(copies[i - 1])}
+        time.sleep(0.02)
+    total = sum(p.stat().st_size for p in first.parent.iterdir() if not p.name.startswith("."))
+    assert total <= optimized_cache.MAX_BYTES
+    (again,) = _predictor(d).run([xv])   # gone: made again, the same results
+    np.testing.assert_allclose(again, forward(xv), rtol=1e-5, atol=1e-5)
+    assert where(d) in held() and len(held()) == 2
+
+
 def _written():
     """Wait for the threads writing derived values."""
     import threading

@@ -166,6 +166,50 @@ def entry_path(mk: ModelKey) -> pathlib.Path:
     return _cache_dir() / f"{mk.where}-{mk.key[:40]}.pdopt"
 
 
+#: the most bytes the entries of the cache's ``models`` directory take together (with their
+#: derived values and markers): after an entry is written, the least recently used others
+#: (by modification time, which a load moves on) are removed until the rest fit. One entry is
+#: kept per model location, but a program that loads models from new directories (temporary
+#: ones, a benchmark's) would otherwise add one at each load: ResNet-50's entry and its derived
+#: values take ~160 MB, and a day of benchmarks had left 1.7 GB
+MAX_BYTES = 2 << 30
+
+
+def _trim(keep: pathlib.Path) -> None:
+    """Remove the least recently used entries of ``keep``'s directory, each with its derived
+    values and markers, until the rest take at most :data:`MAX_BYTES` (``keep`` stays)."""
+    groups: dict = {}  # "<where>-<key>" -> [newest modification time, bytes, paths]
+    try:
+        names = list(keep.parent.iterdir())
+    except OSError:
+        return
+    for path in names:
+        if path.name.startswith("."):  # (a file being written: write_whole's)
+            continue
+        stem = path.name.split(".", 1)[0]
+        stem = "-".join(stem.split("-", 2)[:2])  # (an entry's derived values, its markers)
+        try:
+            st = path.stat()
+        except OSError:
+            continue
+        g = groups.setdefault(stem, [0.0, 0, []])
+        g[0], g[1] = max(g[0], st.st_mtime), g[1] + st.st_size
+        g[2].append(path)
+    total = sum(g[1] for g in groups.values())
+    mine = "-".join(keep.name.split(".", 1)[0].split("-", 2)[:2])
+    for stem, (_, size, paths) in sorted(groups.items(), key=lambda kv: kv[1][0]):
+        if total <= MAX_BYTES:
+            break
+        if stem == mine:
+            continue
+        for path in paths:
+            try:
+                path.unlink()
+            except OSError:
+                pass
+        total -= size
+
+
 def _evict_others(mk: ModelKey, keep: pathlib.Path) -> None:
     """Remove the older entries (and markers) of the parameters' location of ``mk``: one
     entry per model location (a script that saves and loads a model every epoch keeps one
@@ -292,6 +336,7 @@ def store(mk: ModelKey, program, params: dict, feed_names, fetch_names,
     if not _write(path, MAGIC, meta, prog, params.values()):
         return None
     _evict_others(mk, path)
+    _trim(path)
     return path
 
 
@@ -349,6 +394,10 @@ def load(mk: ModelKey):
         found = _read(entry_path(mk), MAGIC, accept)
         if found is None:
             return None
+        try:  # (used now: the last its directory's trim removes, see MAX_BYTES)
+            os.utime(entry_path(mk))
+        except OSError:
+            pass
         meta, prog, arrays = found
         if len(meta["params"]) != len(arrays):
             return None
