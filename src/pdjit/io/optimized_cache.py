@@ -175,6 +175,12 @@ def entry_path(mk: ModelKey) -> pathlib.Path:
 MAX_BYTES = 2 << 30
 
 
+def _entry_name(path: pathlib.Path) -> str:
+    """``<where>-<key>``: the entry a file of the directory belongs to (the entry itself, its
+    derived values, its markers)."""
+    return "-".join(path.name.split(".", 1)[0].split("-", 2)[:2])
+
+
 def _trim(keep: pathlib.Path) -> None:
     """Remove the least recently used entries of ``keep``'s directory, each with its derived
     values and markers, until the rest take at most :data:`MAX_BYTES` (``keep`` stays)."""
@@ -186,21 +192,19 @@ def _trim(keep: pathlib.Path) -> None:
     for path in names:
         if path.name.startswith("."):  # (a file being written: write_whole's)
             continue
-        stem = path.name.split(".", 1)[0]
-        stem = "-".join(stem.split("-", 2)[:2])  # (an entry's derived values, its markers)
         try:
             st = path.stat()
         except OSError:
             continue
-        g = groups.setdefault(stem, [0.0, 0, []])
+        g = groups.setdefault(_entry_name(path), [0.0, 0, []])
         g[0], g[1] = max(g[0], st.st_mtime), g[1] + st.st_size
         g[2].append(path)
     total = sum(g[1] for g in groups.values())
-    mine = "-".join(keep.name.split(".", 1)[0].split("-", 2)[:2])
-    for stem, (_, size, paths) in sorted(groups.items(), key=lambda kv: kv[1][0]):
+    mine = _entry_name(keep)
+    for name, (_, size, paths) in sorted(groups.items(), key=lambda kv: kv[1][0]):
         if total <= MAX_BYTES:
             break
-        if stem == mine:
+        if name == mine:
             continue
         for path in paths:
             try:
@@ -391,11 +395,12 @@ def load(mk: ModelKey):
         return meta.get("key") == mk.key and _content_matches(mk, meta.get("params_sha256"))
 
     try:
-        found = _read(entry_path(mk), MAGIC, accept)
+        path = entry_path(mk)
+        found = _read(path, MAGIC, accept)
         if found is None:
             return None
         try:  # (used now: the last its directory's trim removes, see MAX_BYTES)
-            os.utime(entry_path(mk))
+            os.utime(path)
         except OSError:
             pass
         meta, prog, arrays = found
