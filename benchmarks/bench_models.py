@@ -875,6 +875,7 @@ def bench_convs(args, tmp: str, peers: list, notes: list) -> list:
                     e.load(path, tmp)
                     e.ask({"cmd": "set", "inputs": inputs})
                     firsts[e.name] = e.ask({"cmd": "first"})["outputs"]
+                    warm(e)  # (as a model's engines are: pdjit's trials out of the timed runs)
                     live.append(e)
                 except RuntimeError as err:
                     notes.append(f"conv {key}: {err}")
