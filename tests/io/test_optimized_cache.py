@@ -262,10 +262,12 @@ def test_the_entries_of_models_from_many_directories_stay_within_a_bound(model, 
             shutil.copy2(d / f, c / f)
         copies.append(c)
 
-    def where(p):
-        names = [n for n, _ in passes.INFERENCE_PASSES]
+    def key(p):
         return optimized_cache.model_key((p / "m.pdmodel").read_bytes(), str(p), "m.pdiparams",
-                                         names).where
+                                         [n for n, _ in passes.INFERENCE_PASSES])
+
+    def where(p):
+        return key(p).where
 
     def held():
         return {e.name.split("-", 1)[0] for e in _entries(d)}
@@ -273,9 +275,7 @@ def test_the_entries_of_models_from_many_directories_stay_within_a_bound(model, 
     (got,) = _predictor(copies[0]).run([xv])
     assert held() == {where(d), where(copies[0])}
     time.sleep(0.02)
-    assert optimized_cache.load(optimized_cache.model_key(
-        (d / "m.pdmodel").read_bytes(), str(d), "m.pdiparams",
-        [n for n, _ in passes.INFERENCE_PASSES])) is not None    # d's entry used again
+    assert optimized_cache.load(key(d)) is not None    # d's entry used again
     time.sleep(0.02)
     for i, c in enumerate(copies[1:], 1):
         (got,) = _predictor(c).run([xv])

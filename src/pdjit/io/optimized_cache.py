@@ -156,14 +156,20 @@ def content_digest(files) -> str:
     return h.hexdigest()
 
 
+def _stem(mk: ModelKey) -> str:
+    """``<where>-<key>``: the name every file of ``mk``'s entry begins with (the entry, its
+    derived values, its markers; :func:`_entry_name` reads it back from a file's name)."""
+    return f"{mk.where}-{mk.key[:40]}"
+
+
 def _checked_marker(mk: ModelKey, digest: str) -> pathlib.Path:
     """The file saying that the parameter files of ``mk`` were found to hold the bytes of
     ``digest`` at a time their modification times were old enough to tell a later change."""
-    return _cache_dir() / f"{mk.where}-{mk.key[:40]}-{digest[:32]}.checked"
+    return _cache_dir() / f"{_stem(mk)}-{digest[:32]}.checked"
 
 
 def entry_path(mk: ModelKey) -> pathlib.Path:
-    return _cache_dir() / f"{mk.where}-{mk.key[:40]}.pdopt"
+    return _cache_dir() / f"{_stem(mk)}.pdopt"
 
 
 #: the most bytes the entries of the cache's ``models`` directory take together (with their
@@ -219,7 +225,7 @@ def _evict_others(mk: ModelKey, keep: pathlib.Path) -> None:
     entry per model location (a script that saves and loads a model every epoch keeps one
     copy of its weights, not one per epoch)."""
     for old in keep.parent.glob(f"{mk.where}-*"):
-        if old != keep and not old.name.startswith(f"{mk.where}-{mk.key[:40]}-"):
+        if old != keep and not old.name.startswith(f"{_stem(mk)}-"):
             try:
                 old.unlink()
             except OSError:
@@ -429,7 +435,7 @@ _derived_writing: set = set()
 def derived_path(mk: ModelKey) -> pathlib.Path:
     """The file of the values derived from the parameters of the entry under ``mk`` (kept
     and evicted with it)."""
-    return _cache_dir() / f"{mk.where}-{mk.key[:40]}-derived.pdvals"
+    return _cache_dir() / f"{_stem(mk)}-derived.pdvals"
 
 
 def _library() -> str:
