@@ -563,18 +563,27 @@ def handoff_probe():
     return float(np.median(times[3:])) * 1e3
 
 
-def warm(e, seconds: float = 3.0, most: int = 300) -> None:
-    """Untimed runs, about ``seconds`` of them (2 to ``most``): pdjit's plans try their
-    drivers and measure their threads in their first runs (a BERT-like encoder at batch 1
-    needed more than 30 runs of 10 ms for both, and its 2-thread runs were timed while they
-    still tried). The runs go by batches sized by the fastest run so far (a count from the
-    first run alone, one that still records, gave ResNet-50 at batch 1 about 12 runs of
-    warm-up, and its two-thread runs were timed in their thread trial)."""
-    spent, runs, least = 0.0, 0, float("inf")
-    while runs < 2 or (spent < seconds and runs < most):
-        n = 1 if runs == 0 else max(1, min(most - runs, int((seconds - spent) / least / 2)))
+def warm(e, seconds: float = 3.0, least: int = 30, most: int = 300,
+         longest: float = 60.0) -> None:
+    """Untimed runs, about ``seconds`` of them and no fewer than ``least`` (2 at the least; at
+    most ``most`` runs or about ``longest`` seconds), the same for every engine: pdjit's plans
+    try their drivers and measure their threads in their first runs (a BERT-like encoder at
+    batch 1 needed more than 30 runs of 10 ms for both, and its 2-thread runs were timed
+    while they still tried; DenseNet-121 at batch 16 on two threads, ~0.3 s a run, had ten
+    runs in its 3 s and timed four runs of its thread trial on one thread, 0.64-0.77 s each,
+    in its first two rounds). The runs go by batches sized by the fastest run so far (a count
+    from the first run alone, one that still records, gave ResNet-50 at batch 1 about 12 runs
+    of warm-up, and its two-thread runs were timed in their thread trial)."""
+    spent, runs, fastest = 0.0, 0, float("inf")
+    while runs < 2 or ((spent < seconds or runs < least) and runs < most and spent < longest):
+        if runs == 0:
+            n = 1
+        else:
+            by_time = int((seconds - spent) / fastest / 2)
+            n = max(1, min(most - runs, max(least - runs, by_time),
+                           int((longest - spent) / fastest)))
         times = e.ask({"cmd": "time", "n": n})["times"]
-        spent, runs, least = spent + sum(times), runs + len(times), min(least, *times)
+        spent, runs, fastest = spent + sum(times), runs + len(times), min(fastest, *times)
 
 
 def peers_available(notes: list) -> list:
