@@ -570,10 +570,10 @@ def warm(e, seconds: float = 3.0, least: int = 30, most: int = 300,
     try their drivers and measure their threads in their first runs (a BERT-like encoder at
     batch 1 needed more than 30 runs of 10 ms for both, and its 2-thread runs were timed
     while they still tried; DenseNet-121 at batch 16 on two threads, ~0.3 s a run, had ten
-    runs in its 3 s and timed four runs of its thread trial on one thread, 0.64-0.77 s each,
-    in its first two rounds). The runs go by batches sized by the fastest run so far (a count
-    from the first run alone, one that still records, gave ResNet-50 at batch 1 about 12 runs
-    of warm-up, and its two-thread runs were timed in their thread trial)."""
+    runs in its 3 s and timed four runs at one thread's speed, 0.64-0.77 s each, in its first
+    two rounds: none with 30 runs of warm-up). The runs go by batches sized by the fastest run
+    so far (a count from the first run alone, one that still records, gave ResNet-50 at batch
+    1 about 12 runs of warm-up, and its two-thread runs were timed in their thread trial)."""
     spent, runs, fastest = 0.0, 0, float("inf")
     while runs < 2 or ((spent < seconds or runs < least) and runs < most and spent < longest):
         if runs == 0:
