@@ -153,7 +153,8 @@ def compile_model(model_path, out_dir, batch: int = 1, cpu: str = "host",
     func, argtypes = entry.entry(program, plan, spec.inputs, spec.outputs, values)
     t_src = time.perf_counter()
     try:
-        obj, _ = compile_object(func, argtypes, SYMBOL, cpu=cpu)
+        obj, _ = compile_object(func, argtypes, SYMBOL, cpu=cpu,
+                                scope=get_target(entry.NAME).llvm_scope)
     except numba.core.errors.NumbaError as e:
         raise AotError(f"{model_path}: cannot compile ahead of time: {entry.culprit(plan, e)}") \
             from None

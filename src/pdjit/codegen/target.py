@@ -35,6 +35,7 @@ with ``generic``; else the op runs its reference, and the plan report says so.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import pkgutil
 from typing import NamedTuple
@@ -290,6 +291,12 @@ class Target:
         """The globals of a generated function that runs as plain Python and calls compiled
         kernels (``compiler.HostFunction``): those of the target's generated modules."""
         raise NotImplementedError(f"the {self.name} target has no host functions")
+
+    def llvm_scope(self, codegen):
+        """A context manager under which ``codegen`` (Numba's code generator of an object
+        compiled ahead of time, :mod:`pdjit.codegen.aot.numba_aot`) runs LLVM's passes at the
+        level this target compiles its own code at: none here (Numba's level)."""
+        return contextlib.nullcontext()
 
     def warmup_jobs(self, dtypes) -> list:
         """Compile jobs ``(dispatcher or Compiled, argument types)`` that ``pdjit warmup``

@@ -83,6 +83,36 @@ def test_aot_object_and_internal_calling_convention(tmp_path):
     assert status != 0
 
 
+def test_the_entry_compiles_at_the_targets_llvm_level(monkeypatch):
+    """Under the aot target's ``llvm_scope`` the LLVM passes of the entry's compile that take
+    the default level (its functions' passes and the linked module's full ones; Numba's
+    explicit levels, its cheap first round, stay) run at pdjit's level; without a scope, none
+    does (Numba's own ``config.OPT``)."""
+    from numba.core import codegen, types
+
+    from pdjit.codegen.aot.numba_aot import compile_object, pointer
+    from pdjit.codegen.cpu.lib._jit import OPT_LEVEL
+    from pdjit.codegen.target import get_target
+
+    seen = []
+    real = codegen.create_pass_builder
+
+    def spy(tm, opt, *args, **kwargs):
+        seen.append(opt)
+        return real(tm, opt, *args, **kwargs)
+
+    monkeypatch.setattr(codegen, "create_pass_builder", spy)
+    argtypes = [pointer("float32"), types.int64, pointer("float32")]
+    compile_object(_sum_or_raise, argtypes, "pin_level", scope=get_target("aot").llvm_scope)
+    scoped = [int(o) for o in seen]
+    seen.clear()
+    compile_object(_sum_or_raise, argtypes, "pin_numba_level")
+    plain = [int(o) for o in seen]
+    assert OPT_LEVEL in scoped, scoped
+    if int(numba.config.OPT) != OPT_LEVEL:  # (a user's NUMBA_OPT at pdjit's level: the same)
+        assert OPT_LEVEL not in plain and int(numba.config.OPT) in plain, plain
+
+
 @pytest.fixture(scope="module")
 def runtime(tmp_path_factory):
     """The runtime's C, its helpers made visible, linked with NumPy's OpenBLAS."""

@@ -17,6 +17,8 @@ Everything here that touches Numba's internals is in this file (and pinned by
 """
 from __future__ import annotations
 
+import contextlib
+
 import numba
 from numba.core import types
 
@@ -54,10 +56,12 @@ def pointer(dtype) -> types.Type:
     return types.CPointer(numba.from_dtype(np.dtype(dtype)))
 
 
-def compile_object(func, argtypes, symbol: str, cpu: str = "host") -> tuple:
+def compile_object(func, argtypes, symbol: str, cpu: str = "host", scope=None) -> tuple:
     """``(object code, llvm IR text)`` of ``func`` (a plain Python function whose globals hold
     the Numba dispatchers it calls) compiled for ``argtypes``, returning ``int32``, exported as
-    ``symbol`` with Numba's internal calling convention. ``cpu``: ``host`` or ``generic``."""
+    ``symbol`` with Numba's internal calling convention. ``cpu``: ``host`` or ``generic``;
+    ``scope``: given the code generator, the context manager its compile runs under (a
+    target's ``llvm_scope``: LLVM's passes at the target's level; None: Numba's)."""
     if cpu not in ("host", "generic"):
         raise ValueError(f"pdjit.aot: cpu must be 'host' or 'generic', got {cpu!r}")
     Flags, compile_extra, lock, cpu_target, nrtdynmod, Linkage = _internals()
@@ -71,7 +75,7 @@ def compile_object(func, argtypes, symbol: str, cpu: str = "host") -> tuple:
     flags.no_cpython_wrapper = True
     flags.no_cfunc_wrapper = True
     flags.nrt = True
-    with lock:
+    with lock, (contextlib.nullcontext() if scope is None else scope(codegen)):
         library = codegen.create_library(symbol)
         nrt_module, _ = nrtdynmod.create_nrt_module(ctx)
         library.add_ir_module(nrt_module)

@@ -33,6 +33,7 @@ from pdjit.codegen.compiler import (
 )
 from pdjit.codegen.cpu import lib as nnlib
 from pdjit.codegen.cpu import mathfuncs, rt, threads
+from pdjit.codegen.cpu.lib._jit import llvm_level
 from pdjit.codegen.cpu.lowerings import LOWERINGS
 from pdjit.codegen.kernel import FULL, LoopKernel
 from pdjit.codegen.sequential import INPLACE_FORMS, argtypes, render  # noqa: F401
@@ -411,6 +412,9 @@ class CpuTarget(Target):
 
     def library_jobs(self, names: list, dtype) -> list:
         return [(_library_kernel(fn), types) for fn, types in nnlib.library_jobs(names, dtype)]
+
+    def llvm_scope(self, codegen):
+        return llvm_level(codegen)
 
 
 def _library_kernel(fn) -> LibraryKernel:
