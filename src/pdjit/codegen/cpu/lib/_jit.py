@@ -283,8 +283,9 @@ def llvm_level(codegen, level: int = OPT_LEVEL):
     compile sets them (its pass builder read through :func:`_scoped_pass_builder`): for a code
     generator no pdjit compile sets up, the ahead-of-time one (``pdjit.codegen.aot.numba_aot``),
     whose module is an entry function with every kernel it calls linked in, optimised at
-    Numba's O3 otherwise. MobileNetV2's artifact (batch 1, warm caches): 19.4 -> 14.0 s to
-    build, the same bits, its runs 0.99x."""
+    Numba's O3 otherwise. Measured against Numba's level by turns (batch 1, warm caches, one
+    thread): MobileNetV2's artifact 14.5 -> 12.8 s to build (medians of 6), ResNet-50's 15.9
+    -> 13.8 (of 2); the same bits, their runs 0.99-1.03x."""
     builder = getattr(codegen, "_pass_builder", None)
     if builder is not None and not getattr(builder, "pdjit_scoped", False):
         codegen._pass_builder = _scoped_pass_builder(builder)
