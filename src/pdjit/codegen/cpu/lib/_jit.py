@@ -264,11 +264,16 @@ def _scoped_create_library(original):
     return create_library
 
 
-def _scope_codegen(targetctx) -> None:
-    codegen = targetctx.codegen()
+def _scope_pass_builder(codegen) -> None:
+    """``codegen``'s pass builder reads the level of the pdjit compile on its thread."""
     builder = getattr(codegen, "_pass_builder", None)
     if builder is not None and not getattr(builder, "pdjit_scoped", False):
         codegen._pass_builder = _scoped_pass_builder(builder)
+
+
+def _scope_codegen(targetctx) -> None:
+    codegen = targetctx.codegen()
+    _scope_pass_builder(codegen)
     create = getattr(codegen, "create_library", None)
     if create is not None and not getattr(create, "pdjit_scoped", False):
         codegen.create_library = _scoped_create_library(create)
@@ -286,9 +291,7 @@ def llvm_level(codegen, level: int = OPT_LEVEL):
     Numba's O3 otherwise. Measured against Numba's level by turns (batch 1, warm caches, one
     thread): MobileNetV2's artifact 14.5 -> 12.8 s to build (medians of 6), ResNet-50's 15.9
     -> 13.8 (of 2); the same bits, their runs 0.99-1.03x."""
-    builder = getattr(codegen, "_pass_builder", None)
-    if builder is not None and not getattr(builder, "pdjit_scoped", False):
-        codegen._pass_builder = _scoped_pass_builder(builder)
+    _scope_pass_builder(codegen)
     before = getattr(_scope, "level", None)
     _scope.level = level
     try:
