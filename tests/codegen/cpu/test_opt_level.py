@@ -4,6 +4,7 @@ process keep Numba's ``config.OPT`` and passes. The levels are observed where Nu
 LLVM pass pipelines (``numba.core.codegen.create_pass_builder``), the per-function passes where
 it runs them on an added module (``CPUCodeLibrary._optimize_functions``); the values are
 checked against NumPy."""
+import gc
 import unittest.mock
 import uuid
 
@@ -324,6 +325,27 @@ def test_slice_assignments_of_pdjit_code_raise_a_cheap_shape_error_user_code_num
     with pytest.raises(ValueError, match=r"cannot assign slice of shape \(2, 3\) from input "
                                          r"of shape \(3, 3\)"):
         user(a.copy(), np.ones((3, 3)), 1)
+
+
+def test_a_kernel_compiled_under_llvm_level_is_an_outermost_compile():
+    """A pdjit kernel compiled while an ahead-of-time entry's level is set (``llvm_level``: a
+    kernel its link compiles) gets what any outermost pdjit compile gets: the cheap shape
+    error compiled in and the collector paused, both undone after."""
+    from numba.core.registry import cpu_target
+
+    name = f"_assign_rows_{uuid.uuid4().hex}"  # a fresh function: compiled here, not cached
+    fn = type(_assign_rows)(_assign_rows.__code__, _assign_rows.__globals__, name)
+    kernel = numba.njit(pipeline_class=_jit.PdjitCompiler)(fn)
+    codegen = cpu_target.target_context.with_aot_codegen("pin_outer", cpu_name="host").codegen()
+    a, b = np.zeros((5, 3)), np.arange(6.0).reshape(2, 3)
+    collecting = gc.isenabled()
+    with _jit.llvm_level(codegen):
+        kernel.compile((numba.typeof(a), numba.typeof(b), numba.int64))
+    with pytest.raises(ValueError) as e:
+        kernel(a.copy(), np.ones((3, 3)), 1)
+    assert e.value.args == ("cannot assign slice from input of different size",)
+    assert numba.np.arrayobj.raise_with_shape_context is _jit._numba_shape_mismatch
+    assert gc.isenabled() == collecting
 
 
 def _gelu_like_loop(x, out):  # (a float32 loop the vectoriser takes: a math function inlined)

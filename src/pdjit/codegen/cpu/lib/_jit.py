@@ -540,19 +540,23 @@ class PdjitCompiler(compiler.Compiler):
     def _compile_core(self):
         _scope_codegen(self.state.targetctx)
         before = getattr(_scope, "level", None), function_passes_on()
-        outermost = before[0] is None
+        # (outermost: no pdjit compile below it on this thread; a level set by llvm_level, an
+        # ahead-of-time entry's, is none: a kernel compiled while it links gets it all)
+        outermost = not getattr(_scope, "compiling", False)
         pause = outermost and gc.isenabled()
         _scope.level = self.opt_level
         _scope.function_passes = self.opt_level >= 3
         if pause:
             gc.disable()
         if outermost:
+            _scope.compiling = True
             numba_arrayobj.raise_with_shape_context = _shape_mismatch
         try:
             return super()._compile_core()
         finally:
             _scope.level, _scope.function_passes = before
             if outermost:
+                _scope.compiling = False
                 numba_arrayobj.raise_with_shape_context = _numba_shape_mismatch
             if pause:
                 gc.enable()
